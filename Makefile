@@ -1,0 +1,70 @@
+# The two commands of the README: `make demo` and `make test`. Each sets up
+# what it needs: Debian packages (when root), a virtual environment in .venv,
+# the build.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+SYS_PACKAGES := build-essential python3-dev python3-venv libdnnl-dev libturbojpeg0-dev \
+	libjpeg-turbo-progs dataset-fashion-mnist
+
+CC ?= gcc
+CORE_SRC := $(wildcard csrc/core/*.c)
+CORE_HDR := $(wildcard csrc/*/*.h)
+C_TESTS := $(patsubst tests/c/%.c,%,$(wildcard tests/c/test_*.c))
+CFLAGS_TEST := -std=c11 -D_GNU_SOURCE -O2 -g -Wall -Wextra -Werror -Wno-unused-parameter \
+	-Wno-missing-field-initializers -fopenmp -Icsrc -Itests/c
+SAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+
+.PHONY: demo test test-py test-c test-sanitize build sysdeps bench clean
+
+demo: build
+	$(PY) examples/demo.py
+
+test: build test-c test-sanitize test-py
+
+test-py: build
+	$(PY) -m pytest -q tests
+
+sysdeps:
+	@missing=$$(for p in $(SYS_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		if [ "$$(id -u)" = 0 ]; then \
+			echo "installing:" $$missing; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+		else \
+			echo "missing Debian packages:" $$missing "- run: sudo apt-get install" $$missing; exit 1; \
+		fi; \
+	fi
+
+$(VENV)/.ready: pyproject.toml | sysdeps
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q "setuptools>=64" wheel "numpy>=1.25" pytest
+	touch $@
+
+# An in-place build plus a .pth file: the venv imports python/fasttrain
+# directly and rebuilds only what changed.
+build: $(VENV)/.ready
+	$(PY) setup.py -q build_ext --inplace --parallel 2
+	@echo "$(CURDIR)/python" > $$($(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/fasttrain-dev.pth
+
+build/c/%: tests/c/%.c $(CORE_SRC) $(CORE_HDR)
+	@mkdir -p build/c
+	$(CC) $(CFLAGS_TEST) $< $(CORE_SRC) -o $@ -ldl -lm
+
+build/c-san/%: tests/c/%.c $(CORE_SRC) $(CORE_HDR)
+	@mkdir -p build/c-san
+	$(CC) $(CFLAGS_TEST) $(SAN_FLAGS) $< $(CORE_SRC) -o $@ -ldl -lm
+
+test-c: $(addprefix build/c/,$(C_TESTS))
+	@for t in $^; do echo "== $$t"; $$t || exit 1; done
+
+test-sanitize: $(addprefix build/c-san/,$(C_TESTS))
+	@for t in $^; do echo "== $$t (ASan+UBSan)"; ASAN_OPTIONS=detect_leaks=1 $$t || exit 1; done
+
+bench: build
+	@for b in benchmarks/bench_*.py; do echo "== $$b"; env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf build python/fasttrain/*.so python/fasttrain/__pycache__

@@ -1,0 +1,75 @@
+/* Shared declarations of the Python binding: the only C code that includes
+ * Python.h and NumPy. */
+#ifndef FT_BIND_BIND_H
+#define FT_BIND_BIND_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#define PY_ARRAY_UNIQUE_SYMBOL fasttrain_ARRAY_API
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#ifndef FT_BIND_IMPORTS_NUMPY
+#define NO_IMPORT_ARRAY
+#endif
+#include <numpy/arrayobject.h>
+
+#include "core/status.h"
+#include "core/tensor.h"
+
+typedef struct {
+    PyObject_HEAD
+    ft_tensor t;
+    PyObject *weakreflist;
+} ft_tensor_object;
+
+typedef struct {
+    PyTypeObject *tensor_base;  /* fasttrain._C.TensorBase */
+    PyTypeObject *tensor_class; /* the class new tensors get: fasttrain.Tensor once registered */
+} ft_module_state;
+
+extern PyModuleDef ft_module_def;
+
+/* Sets the Python exception for a failed status and returns NULL. */
+PyObject *ft_raise(ft_status status);
+
+/* The module state, found from any object whose type the module defined. */
+ft_module_state *ft_state_of_type(PyTypeObject *type);
+
+/* Wraps t (taking its storage reference) in a new tensor object; on failure
+ * the reference is released. */
+PyObject *ft_wrap(ft_module_state *st, ft_tensor *t);
+
+/* Borrows the ft_tensor of a fasttrain tensor, or raises TypeError naming `what`. */
+ft_tensor *ft_unwrap(ft_module_state *st, PyObject *obj, const char *what);
+
+/* Parses a shape given as an int or a sequence of ints. */
+int ft_parse_shape(PyObject *obj, int64_t *shape, int *ndim);
+
+/* Converts a Python or NumPy number to a scalar, or raises TypeError or
+ * OverflowError; *natural (if not NULL) gets the dtype PyTorch would infer. */
+int ft_parse_scalar(PyObject *obj, ft_scalar *out, ft_dtype *natural);
+
+/* Storage release for memory borrowed from a Python object: drops the
+ * reference under the GIL, from whichever thread releases the storage. */
+void ft_release_pyobject(void *owner);
+
+/* Conversions between fasttrain tensors and NumPy arrays (bind/numpy.c). */
+PyObject *ft_from_numpy(ft_module_state *st, PyObject *arr);
+int ft_dtype_of_descr(PyArray_Descr *descr, ft_dtype *out);
+PyObject *ft_to_numpy(ft_tensor *t);
+
+/* DLPack both ways (bind/dlpack.c). */
+PyObject *ft_dlpack_export(PyObject *self, PyObject *args, PyObject *kwargs);
+PyObject *ft_dlpack_device(ft_tensor *t);
+PyObject *ft_from_dlpack(ft_module_state *st, PyObject *obj);
+
+/* A tensor built from nested sequences of numbers (bind/convert.c). */
+PyObject *ft_tensor_from_data(ft_module_state *st, PyObject *data, int dtype);
+
+/* Type spec of the tensor base type (bind/tensor.c). */
+extern PyType_Spec ft_tensor_spec;
+
+/* Copies below this many bytes keep the GIL: releasing it costs more. */
+#define FT_GIL_FREE_BYTES (1 << 16)
+
+#endif

@@ -1,0 +1,382 @@
+/* fasttrain._C.TensorBase: the C half of fasttrain.Tensor (the Python class
+ * in python/fasttrain/tensor.py derives from it and adds indexing, repr and
+ * the PyTorch-style conveniences). */
+#include "bind/bind.h"
+
+#include <structmember.h>
+
+#include "core/cuda.h"
+
+#define SELF (&((ft_tensor_object *)self)->t)
+
+static ft_module_state *state_of(PyObject *self) { return ft_state_of_type(Py_TYPE(self)); }
+
+static PyObject *tensor_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    (void)type, (void)args, (void)kwargs;
+    PyErr_SetString(PyExc_TypeError, "tensors are made by ft.tensor, ft.empty, ft.zeros, ft.from_numpy, ... "
+                                     "not by calling the class");
+    return NULL;
+}
+
+static void tensor_dealloc(PyObject *self) {
+    PyTypeObject *type = Py_TYPE(self);
+    ft_tensor_object *obj = (ft_tensor_object *)self;
+    if (obj->weakreflist)
+        PyObject_ClearWeakRefs(self);
+    if (obj->t.storage)
+        ft_tensor_release(&obj->t);
+    type->tp_free(self);
+    Py_DECREF(type);
+}
+
+static PyObject *int64_tuple(const int64_t *v, int n) {
+    PyObject *tuple = PyTuple_New(n);
+    for (int i = 0; tuple && i < n; i++) {
+        PyObject *item = PyLong_FromLongLong(v[i]);
+        if (!item) {
+            Py_CLEAR(tuple);
+            break;
+        }
+        PyTuple_SET_ITEM(tuple, i, item);
+    }
+    return tuple;
+}
+
+static PyObject *get_shape(PyObject *self, void *closure) {
+    (void)closure;
+    return int64_tuple(SELF->shape, SELF->ndim);
+}
+
+static PyObject *get_ndim(PyObject *self, void *closure) {
+    (void)closure;
+    return PyLong_FromLong(SELF->ndim);
+}
+
+static PyObject *get_dtype_code(PyObject *self, void *closure) {
+    (void)closure;
+    return PyLong_FromLong(SELF->dtype);
+}
+
+static PyObject *get_device_tuple(PyObject *self, void *closure) {
+    (void)closure;
+    ft_device d = ft_tensor_device(SELF);
+    return Py_BuildValue("(ii)", d.type, d.index);
+}
+
+static PyObject *get_readonly(PyObject *self, void *closure) {
+    (void)closure;
+    return PyBool_FromLong(SELF->storage->readonly);
+}
+
+static PyObject *get_dlpack_device(PyObject *self, PyObject *unused) {
+    (void)unused;
+    return ft_dlpack_device(SELF);
+}
+
+static PyObject *m_stride(PyObject *self, PyObject *args) {
+    PyObject *dim = Py_None;
+    if (!PyArg_ParseTuple(args, "|O:stride", &dim))
+        return NULL;
+    if (dim == Py_None)
+        return int64_tuple(SELF->strides, SELF->ndim);
+    long d = PyLong_AsLong(dim);
+    if (d == -1 && PyErr_Occurred())
+        return NULL;
+    if (d < -SELF->ndim || d >= SELF->ndim)
+        return PyErr_Format(PyExc_IndexError, "dimension %ld out of range for a %d-d tensor", d, SELF->ndim);
+    return PyLong_FromLongLong(SELF->strides[d < 0 ? d + SELF->ndim : d]);
+}
+
+static PyObject *m_data_ptr(PyObject *self, PyObject *unused) {
+    (void)unused;
+    return PyLong_FromVoidPtr(ft_tensor_data(SELF));
+}
+
+static PyObject *m_numel(PyObject *self, PyObject *unused) {
+    (void)unused;
+    return PyLong_FromLongLong(ft_tensor_numel(SELF));
+}
+
+static PyObject *m_element_size(PyObject *self, PyObject *unused) {
+    (void)unused;
+    return PyLong_FromSize_t(ft_dtype_get(SELF->dtype)->itemsize);
+}
+
+static PyObject *m_storage_offset(PyObject *self, PyObject *unused) {
+    (void)unused;
+    return PyLong_FromLongLong(SELF->offset / (int64_t)ft_dtype_get(SELF->dtype)->itemsize);
+}
+
+static PyObject *m_is_contiguous(PyObject *self, PyObject *unused) {
+    (void)unused;
+    return PyBool_FromLong(ft_tensor_is_contiguous(SELF));
+}
+
+static PyObject *m_is_pinned(PyObject *self, PyObject *unused) {
+    (void)unused;
+    return PyBool_FromLong(SELF->storage->pinned);
+}
+
+static PyObject *m_as_strided(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"size", "stride", "storage_offset", NULL};
+    PyObject *size_obj, *stride_obj, *offset_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|O:as_strided", kwlist, &size_obj, &stride_obj, &offset_obj))
+        return NULL;
+    int64_t shape[FT_MAX_DIMS], strides[FT_MAX_DIMS];
+    int ndim, nstrides;
+    if (ft_parse_shape(size_obj, shape, &ndim) < 0 || ft_parse_shape(stride_obj, strides, &nstrides) < 0)
+        return NULL;
+    if (ndim != nstrides)
+        return PyErr_Format(PyExc_ValueError, "as_strided: %d sizes but %d strides", ndim, nstrides);
+    int64_t itemsize = (int64_t)ft_dtype_get(SELF->dtype)->itemsize, offset = SELF->offset;
+    if (offset_obj != Py_None) {
+        long long elems = PyLong_AsLongLong(offset_obj);
+        if (elems == -1 && PyErr_Occurred())
+            return NULL;
+        if (elems < 0 || elems > INT64_MAX / itemsize)
+            return PyErr_Format(PyExc_ValueError, "as_strided: storage_offset %lld is out of range", elems);
+        offset = elems * itemsize;
+    }
+    ft_tensor v;
+    ft_status s = ft_tensor_view(&v, SELF, ndim, shape, strides, offset);
+    return s == FT_OK ? ft_wrap(state_of(self), &v) : ft_raise(s);
+}
+
+static size_t nbytes_of(const ft_tensor *t) {
+    return (size_t)ft_tensor_numel(t) * ft_dtype_get(t->dtype)->itemsize;
+}
+
+static PyObject *m_copy(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"src", "non_blocking", NULL};
+    PyObject *src_obj;
+    int non_blocking = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|p:_copy_from", kwlist, &src_obj, &non_blocking))
+        return NULL;
+    ft_tensor *src = ft_unwrap(state_of(self), src_obj, "copy_: src");
+    if (!src)
+        return NULL;
+    ft_status s;
+    if (nbytes_of(SELF) >= FT_GIL_FREE_BYTES) {
+        Py_BEGIN_ALLOW_THREADS
+        s = ft_tensor_copy(SELF, src, non_blocking);
+        Py_END_ALLOW_THREADS
+    } else {
+        s = ft_tensor_copy(SELF, src, non_blocking);
+    }
+    return s == FT_OK ? Py_NewRef(self) : ft_raise(s);
+}
+
+static PyObject *m_fill(PyObject *self, PyObject *value) {
+    ft_scalar v;
+    if (ft_parse_scalar(value, &v, NULL) < 0)
+        return NULL;
+    ft_status s;
+    Py_BEGIN_ALLOW_THREADS
+    s = ft_tensor_fill(SELF, v);
+    Py_END_ALLOW_THREADS
+    return s == FT_OK ? Py_NewRef(self) : ft_raise(s);
+}
+
+static PyObject *m_to(PyObject *self, PyObject *args) {
+    int dtype, dev_type, dev_index, pinned, non_blocking;
+    if (!PyArg_ParseTuple(args, "iiipp:_to", &dtype, &dev_type, &dev_index, &pinned, &non_blocking))
+        return NULL;
+    if (!ft_dtype_valid(dtype) || (dev_type != FT_DEV_CPU && dev_type != FT_DEV_CUDA))
+        return PyErr_Format(PyExc_ValueError, "_to: bad dtype %d or device type %d", dtype, dev_type);
+    ft_device dev = {dev_type, dev_type == FT_DEV_CPU ? 0 : dev_index};
+    ft_tensor out;
+    ft_status s;
+    Py_BEGIN_ALLOW_THREADS
+    s = ft_tensor_to(&out, SELF, (ft_dtype)dtype, dev, pinned, non_blocking);
+    Py_END_ALLOW_THREADS
+    return s == FT_OK ? ft_wrap(state_of(self), &out) : ft_raise(s);
+}
+
+/* The element of a one-element tensor as a Python number. */
+static PyObject *m_item(PyObject *self, PyObject *unused) {
+    (void)unused;
+    int64_t n = ft_tensor_numel(SELF);
+    if (n != 1)
+        return PyErr_Format(PyExc_ValueError, "a tensor with %lld elements cannot be converted to a Python scalar",
+                            (long long)n);
+    ft_dtype dt = SELF->dtype;
+    ft_dtype wide = ft_dtype_is_complex(dt) ? dt
+                    : ft_dtype_is_float(dt) ? FT_FLOAT64
+                    : dt == FT_UINT64       ? FT_UINT64
+                                            : FT_INT64;
+    union {
+        double f;
+        int64_t i;
+        uint64_t u;
+        double c[2];
+        float c32[2];
+    } value;
+    ft_storage *s;
+    ft_status st = ft_storage_borrow(&s, &value, sizeof value, FT_CPU, false, ft_storage_unowned, NULL);
+    if (st != FT_OK)
+        return ft_raise(st);
+    ft_tensor one = {.storage = s, .dtype = wide, .ndim = SELF->ndim};
+    memcpy(one.shape, SELF->shape, sizeof one.shape);
+    st = ft_tensor_copy(&one, SELF, false);
+    ft_storage_release(s);
+    if (st != FT_OK)
+        return ft_raise(st);
+    switch (wide) {
+    case FT_FLOAT64: return PyFloat_FromDouble(value.f);
+    case FT_UINT64: return PyLong_FromUnsignedLongLong(value.u);
+    case FT_COMPLEX64: return PyComplex_FromDoubles(value.c32[0], value.c32[1]);
+    case FT_COMPLEX128: return PyComplex_FromDoubles(value.c[0], value.c[1]);
+    default: return dt == FT_BOOL ? PyBool_FromLong(value.i != 0) : PyLong_FromLongLong(value.i);
+    }
+}
+
+static PyObject *m_numpy(PyObject *self, PyObject *unused) {
+    (void)unused;
+    return ft_to_numpy(SELF);
+}
+
+static PyObject *m_dlpack(PyObject *self, PyObject *args, PyObject *kwargs) {
+    return ft_dlpack_export(self, args, kwargs);
+}
+
+/* ---- the buffer protocol ---- */
+
+static const char *buffer_format(ft_dtype dt) {
+    switch (dt) {
+    case FT_BOOL: return "?";
+    case FT_UINT8: return "B";
+    case FT_INT8: return "b";
+    case FT_INT16: return "h";
+    case FT_INT32: return "i";
+    case FT_INT64: return "q";
+    case FT_UINT16: return "H";
+    case FT_UINT32: return "I";
+    case FT_UINT64: return "Q";
+    case FT_FLOAT16: return "e";
+    case FT_FLOAT32: return "f";
+    case FT_FLOAT64: return "d";
+    case FT_COMPLEX64: return "Zf";
+    case FT_COMPLEX128: return "Zd";
+    default: return NULL;
+    }
+}
+
+static bool is_f_contiguous(const ft_tensor *t) {
+    int64_t expected = 1;
+    for (int i = 0; i < t->ndim; i++) {
+        if (t->shape[i] == 0)
+            return true;
+        if (t->shape[i] != 1 && t->strides[i] != expected)
+            return false;
+        expected *= t->shape[i];
+    }
+    return true;
+}
+
+static int tensor_getbuffer(PyObject *self, Py_buffer *view, int flags) {
+    ft_tensor *t = SELF;
+    const char *format = buffer_format(t->dtype);
+    bool c_contig = ft_tensor_is_contiguous(t), f_contig = is_f_contiguous(t);
+    const char *problem = NULL;
+    if (ft_tensor_device(t).type == FT_DEV_CUDA)
+        problem = "a cuda tensor has no host buffer: copy it with .cpu() first";
+    else if (!format)
+        problem = "bfloat16 has no buffer-protocol format: use .to(ft.float32) or DLPack";
+    else if ((flags & PyBUF_WRITABLE) && t->storage->readonly)
+        problem = "the tensor is read-only";
+    else if ((flags & PyBUF_C_CONTIGUOUS) == PyBUF_C_CONTIGUOUS && !c_contig)
+        problem = "the tensor is not C-contiguous: call .contiguous() first";
+    else if ((flags & PyBUF_F_CONTIGUOUS) == PyBUF_F_CONTIGUOUS && !f_contig)
+        problem = "the tensor is not Fortran-contiguous";
+    else if ((flags & PyBUF_ANY_CONTIGUOUS) == PyBUF_ANY_CONTIGUOUS && !c_contig && !f_contig)
+        problem = "the tensor is not contiguous: call .contiguous() first";
+    else if ((flags & PyBUF_STRIDES) != PyBUF_STRIDES && !c_contig)
+        problem = "the tensor is not contiguous and the consumer does not accept strides";
+    if (problem) {
+        PyErr_SetString(PyExc_BufferError, problem);
+        view->obj = NULL;
+        return -1;
+    }
+    Py_ssize_t *dims = PyMem_Malloc(sizeof(Py_ssize_t) * 2 * (size_t)(t->ndim ? t->ndim : 1));
+    if (!dims) {
+        PyErr_NoMemory();
+        view->obj = NULL;
+        return -1;
+    }
+    Py_ssize_t itemsize = (Py_ssize_t)ft_dtype_get(t->dtype)->itemsize;
+    for (int i = 0; i < t->ndim; i++) {
+        dims[i] = (Py_ssize_t)t->shape[i];
+        dims[t->ndim + i] = (Py_ssize_t)t->strides[i] * itemsize;
+    }
+    view->buf = ft_tensor_data(t);
+    view->obj = Py_NewRef(self);
+    view->len = (Py_ssize_t)nbytes_of(t);
+    view->readonly = t->storage->readonly;
+    view->itemsize = itemsize;
+    view->format = (flags & PyBUF_FORMAT) ? (char *)format : NULL;
+    view->ndim = t->ndim;
+    view->shape = (flags & PyBUF_ND) ? dims : NULL;
+    view->strides = (flags & PyBUF_STRIDES) == PyBUF_STRIDES ? dims + t->ndim : NULL;
+    view->suboffsets = NULL;
+    view->internal = dims;
+    return 0;
+}
+
+static void tensor_releasebuffer(PyObject *self, Py_buffer *view) {
+    (void)self;
+    PyMem_Free(view->internal);
+}
+
+static PyGetSetDef tensor_getset[] = {
+    {"shape", get_shape, NULL, "The size of each dimension.", NULL},
+    {"ndim", get_ndim, NULL, "The number of dimensions.", NULL},
+    {"_dtype_code", get_dtype_code, NULL, NULL, NULL},
+    {"_device_tuple", get_device_tuple, NULL, NULL, NULL},
+    {"_readonly", get_readonly, NULL, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMethodDef tensor_methods[] = {
+    {"stride", m_stride, METH_VARARGS, "stride(dim=None): strides in elements."},
+    {"data_ptr", m_data_ptr, METH_NOARGS, "Address of the first element."},
+    {"numel", m_numel, METH_NOARGS, "Number of elements."},
+    {"element_size", m_element_size, METH_NOARGS, "Bytes per element."},
+    {"storage_offset", m_storage_offset, METH_NOARGS, "Offset of the first element in its storage, in elements."},
+    {"is_contiguous", m_is_contiguous, METH_NOARGS, "Whether the layout is C-contiguous."},
+    {"is_pinned", m_is_pinned, METH_NOARGS, "Whether the memory is page-locked host memory."},
+    {"as_strided", (PyCFunction)(void (*)(void))m_as_strided, METH_VARARGS | METH_KEYWORDS,
+     "as_strided(size, stride, storage_offset=None): a view of the same storage."},
+    {"_copy_from", (PyCFunction)(void (*)(void))m_copy, METH_VARARGS | METH_KEYWORDS, NULL},
+    {"_fill", m_fill, METH_O, NULL},
+    {"_to", m_to, METH_VARARGS, NULL},
+    {"item", m_item, METH_NOARGS, "The value of a one-element tensor as a Python number."},
+    {"numpy", m_numpy, METH_NOARGS, "A NumPy array sharing this tensor's memory."},
+    {"__dlpack__", (PyCFunction)(void (*)(void))m_dlpack, METH_VARARGS | METH_KEYWORDS,
+     "__dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None)"},
+    {"__dlpack_device__", get_dlpack_device, METH_NOARGS, "(device type, device id) in DLPack's codes."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef tensor_members[] = {
+    {"__weaklistoffset__", T_PYSSIZET, offsetof(ft_tensor_object, weakreflist), READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyType_Slot tensor_slots[] = {
+    {Py_tp_new, tensor_new},
+    {Py_tp_dealloc, tensor_dealloc},
+    {Py_tp_getset, tensor_getset},
+    {Py_tp_methods, tensor_methods},
+    {Py_tp_members, tensor_members},
+    {Py_bf_getbuffer, tensor_getbuffer},
+    {Py_bf_releasebuffer, tensor_releasebuffer},
+    {Py_tp_doc, "The C part of fasttrain.Tensor."},
+    {0, NULL},
+};
+
+PyType_Spec ft_tensor_spec = {
+    .name = "fasttrain._C.TensorBase",
+    .basicsize = sizeof(ft_tensor_object),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .slots = tensor_slots,
+};

@@ -1,0 +1,76 @@
+/* The CUDA backend seen from the core.
+ *
+ * cuda/ builds into its own shared library (libfasttrain_cuda.so) that the
+ * core loads with dlopen on first use. A machine without the CUDA libraries or
+ * without a driver therefore still imports and runs fasttrain on the CPU; the
+ * reason CUDA is unusable is kept for ft.cuda.is_available()'s callers. */
+#ifndef FT_CORE_CUDA_H
+#define FT_CORE_CUDA_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/copy.h"
+#include "core/device.h"
+#include "core/status.h"
+
+#define FT_CUDA_ABI 1
+
+/* What the core lends the backend: its error recording. */
+typedef struct {
+    ft_status (*fail)(ft_status status, const char *fmt, ...);
+} ft_cuda_host;
+
+/* Every function returns FT_OK or a status whose message is the CUDA
+ * runtime's own error string. Streams and events are opaque handles; a NULL
+ * stream is the device's default compute stream. */
+typedef struct {
+    int abi;
+    ft_status (*device_count)(int *count);
+    ft_status (*device_name)(int device, char *name, size_t len);
+    ft_status (*malloc)(void **ptr, size_t nbytes, int device);
+    ft_status (*free)(void *ptr, int device);
+    ft_status (*host_alloc)(void **ptr, size_t nbytes);
+    ft_status (*host_free)(void *ptr);
+    /* Copies nbytes between any two of host, pinned host and device memory;
+     * asynchronous on `stream` when it is not NULL. */
+    ft_status (*memcpy)(void *dst, const void *src, size_t nbytes, int device, void *stream);
+    ft_status (*copy_strided)(const ft_copy_desc *desc, int device, void *stream);
+    ft_status (*stream_create)(void **stream, int device);
+    ft_status (*stream_destroy)(void *stream);
+    ft_status (*stream_synchronize)(void *stream);
+    ft_status (*event_create)(void **event, int device);
+    ft_status (*event_destroy)(void *event);
+    ft_status (*event_record)(void *event, void *stream);
+    ft_status (*event_query)(void *event, bool *done);
+    ft_status (*event_synchronize)(void *event);
+    ft_status (*stream_wait_event)(void *stream, void *event);
+    ft_status (*device_synchronize)(int device);
+} ft_cuda_api;
+
+/* The entry point libfasttrain_cuda.so exports. */
+typedef const ft_cuda_api *(*ft_cuda_open_fn)(const ft_cuda_host *host);
+#define FT_CUDA_OPEN_SYMBOL "ft_cuda_open"
+
+/* Loads the backend from `path` once; later calls return the first result. */
+ft_status ft_cuda_load(const char *path);
+
+/* The backend when it loaded and sees at least one device, else NULL. */
+const ft_cuda_api *ft_cuda(void);
+
+/* Why ft_cuda() is NULL ("" when it is not). */
+const char *ft_cuda_unavailable_reason(void);
+
+/* Number of usable devices (0 without the backend). */
+int ft_cuda_device_count(void);
+
+/* Queues a copy of nbytes on the device's copy stream and makes its compute
+ * (default) stream wait for it, so later device work sees the data while the
+ * host goes on at once. */
+ft_status ft_cuda_copy_async(void *dst, const void *src, size_t nbytes, int device);
+
+/* FT_OK when `index` names a usable CUDA device, else FT_ERR_DEVICE. */
+ft_status ft_cuda_check_device(int index);
+
+#endif

@@ -1,0 +1,19 @@
+#include "core/settings.h"
+
+#include <omp.h>
+#include <stdatomic.h>
+
+static atomic_bool deterministic;
+
+ft_status ft_set_num_threads(int n) {
+    if (n < 1)
+        return ft_fail(FT_ERR_VALUE, "the number of threads must be at least 1, got %d", n);
+    omp_set_num_threads(n);
+    return FT_OK;
+}
+
+int ft_get_num_threads(void) { return omp_get_max_threads(); }
+
+void ft_set_deterministic(bool on) { atomic_store(&deterministic, on); }
+
+bool ft_deterministic(void) { return atomic_load(&deterministic); }

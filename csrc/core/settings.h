@@ -1,0 +1,16 @@
+/* Process-wide settings: the one thread pool (OpenMP, the runtime oneDNN
+ * uses too) and the determinism switch later ops consult. */
+#ifndef FT_CORE_SETTINGS_H
+#define FT_CORE_SETTINGS_H
+
+#include <stdbool.h>
+
+#include "core/status.h"
+
+ft_status ft_set_num_threads(int n);
+int ft_get_num_threads(void);
+
+void ft_set_deterministic(bool on);
+bool ft_deterministic(void);
+
+#endif

@@ -1,0 +1,66 @@
+/* float16 and bfloat16 conversions, rounding to nearest even (IEEE 754, and
+ * the results NumPy and PyTorch give). */
+#ifndef FT_KERNELS_CONVERT_H
+#define FT_KERNELS_CONVERT_H
+
+#include "kernels/hd.h"
+
+static inline FT_HD float ft_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+    if (exp == 0x1f)
+        return ft_bits_f32(sign | 0x7f800000u | (mant << 13));
+    if (exp == 0) {
+        /* zero or subnormal: mant * 2^-24 is exact in float */
+        float m = (float)mant * 5.9604644775390625e-8f;
+        return sign ? -m : m;
+    }
+    return ft_bits_f32(sign | ((exp + 112) << 23) | (mant << 13));
+}
+
+static inline FT_HD uint16_t ft_f32_to_f16(float f) {
+    const uint32_t f32_inf = 255u << 23, f16_max = (127u + 16) << 23;
+    /* Adding 2^-1 (as a float whose ulp is the half subnormal step) leaves a
+     * subnormal half's bits at the bottom of the mantissa, rounded by the FPU. */
+    const uint32_t denorm_magic = ((127u - 15) + (23 - 10) + 1) << 23;
+    uint32_t u = ft_f32_bits(f);
+    uint32_t sign = u & 0x80000000u;
+    uint16_t o;
+    u ^= sign;
+    if (u >= f16_max) {
+        o = u > f32_inf ? 0x7e00 : 0x7c00;
+    } else if (u < (113u << 23)) {
+        o = (uint16_t)(ft_f32_bits(ft_bits_f32(u) + ft_bits_f32(denorm_magic)) - denorm_magic);
+    } else {
+        uint32_t odd = (u >> 13) & 1;
+        u += ((uint32_t)(15 - 127) << 23) + 0xfff + odd;
+        o = (uint16_t)(u >> 13);
+    }
+    return (uint16_t)(o | (sign >> 16));
+}
+
+/* Rounding a double to float with round-to-odd and then to half with
+ * round-to-nearest-even gives the correctly rounded half: float keeps 13
+ * more bits than half, more than the 2 the argument needs. */
+static inline FT_HD uint16_t ft_f64_to_f16(double d) {
+    float f = (float)d;
+    uint32_t u = ft_f32_bits(f);
+    if ((double)f != d && (u & 0x7fffffffu) != 0 && (u & 0x7f800000u) != 0x7f800000u && !(u & 1)) {
+        int away = (f < 0) == ((double)f < d); /* |f| > |d| */
+        u = away ? u - 1 : u + 1;
+        f = ft_bits_f32(u);
+    }
+    return ft_f32_to_f16(f);
+}
+
+static inline FT_HD float ft_bf16_to_f32(uint16_t b) { return ft_bits_f32((uint32_t)b << 16); }
+
+static inline FT_HD uint16_t ft_f32_to_bf16(float f) {
+    uint32_t u = ft_f32_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+
+#endif

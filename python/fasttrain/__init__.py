@@ -1,0 +1,26 @@
+"""fasttrain: neural-network training loops in C, driven from Python.
+
+``import fasttrain as ft`` gives tensors that share memory with NumPy and
+DLPack, counter-based (Philox) seeding that makes runs reproducible for any
+thread count, and the training machinery built on them.
+"""
+from . import _C
+from ._types import DTYPES as _DTYPES, _ALIASES, _BY_NAME, device, dtype
+from ._tensor import Tensor
+from . import cuda
+from .creation import (arange, as_tensor, empty, empty_like, from_dlpack, from_numpy, full, full_like, ones,
+                       ones_like, tensor, zeros, zeros_like)
+from .random import (Generator, default_generator, get_rng_state, initial_seed, manual_seed, rand, randint,
+                     randn, randperm, seed, seed_everything, set_rng_state)
+from .settings import (are_deterministic_algorithms_enabled, empty_cache, get_num_threads, memory_stats,
+                       reset_peak_memory_stats, set_num_threads, use_deterministic_algorithms)
+
+__version__ = "0.1.0"
+
+# ft.float32, ... and PyTorch's aliases ft.float, ft.long, ...; these shadow
+# builtins inside this module only, so nothing below may use int/float/bool.
+for _d in _DTYPES:
+    globals()[_d.name] = _d
+for _alias, _name in _ALIASES.items():
+    globals()[_alias] = _BY_NAME[_name]
+del _d, _alias, _name

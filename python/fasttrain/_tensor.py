@@ -1,0 +1,426 @@
+"""fasttrain.Tensor: the C tensor with NumPy-style indexing and PyTorch's methods."""
+import math
+import operator
+
+import numpy as np
+
+from . import _C
+from ._types import CPU, DTYPES, _BY_NAME, as_device, as_dtype, device, device_of_code, dtype
+
+_FLOAT32 = _BY_NAME["float32"]
+_BFLOAT16 = _BY_NAME["bfloat16"]
+
+
+def _infer_size(shape, numel):
+    """Resolves one -1 in a view/reshape shape."""
+    shape = list(shape)
+    unknown = [i for i, s in enumerate(shape) if s == -1]
+    if len(unknown) > 1:
+        raise ValueError("only one dimension can be inferred (-1)")
+    if any(s < -1 for s in shape):
+        raise ValueError(f"invalid shape {tuple(shape)}")
+    known = math.prod(s for s in shape if s != -1)
+    if unknown:
+        if known == 0 or numel % known:
+            raise ValueError(f"shape {tuple(shape)} is invalid for input of size {numel}")
+        shape[unknown[0]] = numel // known
+    elif known != numel:
+        raise ValueError(f"shape {tuple(shape)} is invalid for input of size {numel}")
+    return tuple(shape)
+
+
+def _view_strides(old_shape, old_strides, new_shape):
+    """Strides that let new_shape view the same elements, or None when the
+    layout needs a copy (PyTorch's rule: only runs of dimensions that are
+    contiguous with each other can be split or merged)."""
+    if math.prod(old_shape) == 0 or not old_shape:
+        return _contiguous_strides(new_shape)
+    new_strides = [0] * len(new_shape)
+    view_d = len(new_shape) - 1
+    chunk_base = old_strides[-1]
+    tensor_numel = view_numel = 1
+    for d in range(len(old_shape) - 1, -1, -1):
+        tensor_numel *= old_shape[d]
+        if d == 0 or (old_shape[d - 1] != 1 and old_strides[d - 1] != tensor_numel * chunk_base):
+            while view_d >= 0 and (view_numel < tensor_numel or new_shape[view_d] == 1):
+                new_strides[view_d] = view_numel * chunk_base
+                view_numel *= new_shape[view_d]
+                view_d -= 1
+            if view_numel != tensor_numel:
+                return None
+            if d > 0:
+                chunk_base = old_strides[d - 1]
+                tensor_numel = view_numel = 1
+    return new_strides if view_d == -1 else None
+
+
+def _contiguous_strides(shape):
+    strides, s = [], 1
+    for n in reversed(shape):
+        strides.append(s)
+        s *= max(n, 1)
+    return strides[::-1]
+
+
+def _sizes(args):
+    """size arguments given as f(2, 3) or f((2, 3))."""
+    if len(args) == 1 and not isinstance(args[0], int):
+        return tuple(args[0])
+    return tuple(args)
+
+
+def _norm_dim(d, ndim, what="dimension"):
+    d = operator.index(d)
+    if not -ndim <= d < max(ndim, 1):
+        raise IndexError(f"{what} {d} is out of range for a {ndim}-d tensor")
+    return d % max(ndim, 1)
+
+
+class Tensor(_C.TensorBase):
+    """An n-dimensional array on a device, sharing memory with NumPy and DLPack
+    without copies. Create with ``ft.tensor``, ``ft.empty``, ``ft.from_numpy`` ..."""
+
+    __slots__ = ()
+
+    # ---- attributes ----
+    @property
+    def dtype(self):
+        return DTYPES[self._dtype_code]
+
+    @property
+    def device(self):
+        return device_of_code(self._device_tuple)
+
+    @property
+    def is_cuda(self):
+        return self._device_tuple[0] == 2
+
+    @property
+    def itemsize(self):
+        return self.element_size()
+
+    @property
+    def nbytes(self):
+        return self.numel() * self.element_size()
+
+    def size(self, dim=None):
+        return self.shape if dim is None else self.shape[_norm_dim(dim, self.ndim)]
+
+    def dim(self):
+        return self.ndim
+
+    def __len__(self):
+        if self.ndim == 0:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]
+
+    # ---- views ----
+    def __getitem__(self, index):
+        shape, strides, offset = self._index(index)
+        return self.as_strided(shape, strides, offset)
+
+    def _index(self, index):
+        """Shape, strides and storage offset of the basic-indexing view self[index]."""
+        if not isinstance(index, tuple):
+            index = (index,)
+        consumed = sum(1 for i in index if i is not None and i is not Ellipsis)
+        if sum(1 for i in index if i is Ellipsis) > 1:
+            raise IndexError("an index can only have a single ellipsis ('...')")
+        if consumed > self.ndim:
+            raise IndexError(f"too many indices for a tensor of dimension {self.ndim}")
+        shape, strides = [], []
+        offset = self.storage_offset()
+        old_shape, old_strides = self.shape, self.stride()
+        d = 0
+        for item in index:
+            if item is Ellipsis:
+                for _ in range(self.ndim - consumed):
+                    shape.append(old_shape[d])
+                    strides.append(old_strides[d])
+                    d += 1
+            elif item is None:
+                shape.append(1)
+                strides.append(0)
+            elif isinstance(item, slice):
+                start, stop, step = item.indices(old_shape[d])
+                n = len(range(start, stop, step))
+                if n:
+                    offset += start * old_strides[d]
+                shape.append(n)
+                strides.append(old_strides[d] * step)
+                d += 1
+            elif isinstance(item, (int, np.integer)) and not isinstance(item, (bool, np.bool_)):
+                i = int(item)
+                if not -old_shape[d] <= i < old_shape[d]:
+                    raise IndexError(f"index {i} is out of bounds for dimension {d} with size {old_shape[d]}")
+                offset += (i % old_shape[d]) * old_strides[d]
+                d += 1
+            else:
+                raise IndexError(
+                    f"only integers, slices, None and ... are valid indices, got {type(item).__name__}: "
+                    "advanced (array or mask) indexing is not supported; copy to NumPy for it")
+        shape += old_shape[d:]
+        strides += old_strides[d:]
+        return shape, strides, offset
+
+    def __setitem__(self, index, value):
+        view = self[index]
+        if isinstance(value, (int, float, bool, np.number, np.bool_)):
+            view.fill_(value)
+        else:
+            view.copy_(value)
+
+    def view(self, *shape):
+        if len(shape) == 1 and isinstance(shape[0], (dtype, str)):
+            raise TypeError("view(dtype) is not supported; use .to(dtype) for a converted copy")
+        shape = _infer_size(_sizes(shape), self.numel())
+        strides = _view_strides(self.shape, self.stride(), shape)
+        if strides is None:
+            raise ValueError("view size is not compatible with the tensor's strides (at least one dimension spans "
+                             "across two contiguous subspaces): use .reshape(...) instead")
+        return self.as_strided(shape, strides, self.storage_offset())
+
+    def reshape(self, *shape):
+        shape = _infer_size(_sizes(shape), self.numel())
+        strides = _view_strides(self.shape, self.stride(), shape)
+        if strides is None:
+            return self.contiguous().view(shape)
+        return self.as_strided(shape, strides, self.storage_offset())
+
+    def flatten(self, start_dim=0, end_dim=-1):
+        if self.ndim == 0:
+            return self.reshape(1)
+        s, e = _norm_dim(start_dim, self.ndim), _norm_dim(end_dim, self.ndim)
+        if s > e:
+            raise ValueError("flatten: start_dim cannot come after end_dim")
+        shape = self.shape
+        return self.reshape(shape[:s] + (math.prod(shape[s:e + 1]),) + shape[e + 1:])
+
+    def permute(self, *dims):
+        dims = [_norm_dim(d, self.ndim) for d in _sizes(dims)]
+        if sorted(dims) != list(range(self.ndim)):
+            raise ValueError(f"permute: {tuple(dims)} is not a permutation of the {self.ndim} dimensions")
+        shape, strides = self.shape, self.stride()
+        return self.as_strided([shape[d] for d in dims], [strides[d] for d in dims], self.storage_offset())
+
+    def transpose(self, dim0, dim1):
+        dims = list(range(self.ndim))
+        a, b = _norm_dim(dim0, self.ndim), _norm_dim(dim1, self.ndim)
+        dims[a], dims[b] = dims[b], dims[a]
+        return self.permute(dims)
+
+    def t(self):
+        if self.ndim > 2:
+            raise ValueError(f"t() expects a tensor with at most 2 dimensions, got {self.ndim}; use transpose")
+        return self if self.ndim < 2 else self.transpose(0, 1)
+
+    @property
+    def T(self):
+        return self.permute(list(range(self.ndim))[::-1])
+
+    def unsqueeze(self, dim):
+        d = _norm_dim(dim, self.ndim + 1)
+        return self[(slice(None),) * d + (None,)]
+
+    def squeeze(self, dim=None):
+        dims = range(self.ndim) if dim is None else [_norm_dim(dim, self.ndim)]
+        keep = [i for i in range(self.ndim) if not (i in dims and self.shape[i] == 1)]
+        shape, strides = self.shape, self.stride()
+        return self.as_strided([shape[i] for i in keep], [strides[i] for i in keep], self.storage_offset())
+
+    def expand(self, *sizes):
+        """A broadcast view with zero strides (no copy), as torch.Tensor.expand."""
+        sizes = _sizes(sizes)
+        if len(sizes) < self.ndim:
+            raise ValueError(f"expand: the number of sizes ({len(sizes)}) must be at least the tensor's "
+                             f"dimensions ({self.ndim})")
+        lead = len(sizes) - self.ndim
+        shape, strides = [], []
+        for i, n in enumerate(sizes):
+            if i < lead:
+                if n < 0:
+                    raise ValueError(f"expand: size {n} is not allowed for a new leading dimension")
+                shape.append(n)
+                strides.append(0)
+                continue
+            have, stride = self.shape[i - lead], self.stride()[i - lead]
+            if n == -1 or n == have:
+                shape.append(have)
+                strides.append(stride)
+            elif have == 1:
+                shape.append(n)
+                strides.append(0)
+            else:
+                raise ValueError(f"expand: cannot broadcast shape {self.shape} to {tuple(sizes)}")
+        return self.as_strided(shape, strides, self.storage_offset())
+
+    def contiguous(self):
+        return self if self.is_contiguous() else self.clone()
+
+    # ---- copies and conversions ----
+    def clone(self):
+        return self._to(self._dtype_code, *self._device_tuple, False, False)
+
+    def copy_(self, src, non_blocking=False):
+        """Copies src (a tensor, array or nested list, broadcast to self's shape) into self, converting dtype
+        and device."""
+        if not isinstance(src, Tensor):
+            from .creation import as_tensor
+            src = as_tensor(src)
+        if src.shape != self.shape:
+            try:
+                src = src.expand(self.shape)
+            except ValueError:
+                raise ValueError(f"copy_: source of shape {src.shape} cannot be broadcast to {self.shape}") from None
+        return self._copy_from(src, non_blocking)
+
+    def fill_(self, value):
+        if isinstance(value, Tensor):
+            value = value.item()
+        return self._fill(value)
+
+    def zero_(self):
+        return self._fill(0)
+
+    def uniform_(self, a=0.0, b=1.0, *, generator=None):
+        from .random import _draw
+        return _draw(_C.uniform_, self, generator, float(a), float(b))
+
+    def normal_(self, mean=0.0, std=1.0, *, generator=None):
+        from .random import _draw
+        return _draw(_C.normal_, self, generator, float(mean), float(std))
+
+    def to(self, *args, dtype=None, device=None, non_blocking=False, copy=False):
+        """to(dtype), to(device), to(device, dtype), to(other): a converted copy, or self when nothing changes."""
+        for a in args:
+            if isinstance(a, Tensor):
+                dtype, device = a.dtype, a.device
+            elif isinstance(a, (dtype_type, np.dtype)) or a in (float, int, bool):
+                dtype = a
+            elif isinstance(a, str) and a.split(":")[0] not in ("cpu", "cuda"):
+                dtype = a
+            else:
+                device = a
+        want_dtype = self.dtype if dtype is None else as_dtype(dtype)
+        want_device = self.device if device is None else as_device(device)
+        if not copy and want_dtype is self.dtype and want_device == self.device:
+            return self
+        kind, index = want_device._code
+        return self._to(want_dtype._code, kind, index, False, non_blocking)
+
+    def cpu(self):
+        return self.to(CPU)
+
+    def cuda(self, device=None, non_blocking=False):
+        return self.to(as_device("cuda" if device is None else device), non_blocking=non_blocking)
+
+    def pin_memory(self):
+        """A copy in page-locked host memory (self if it already is)."""
+        if self.is_pinned():
+            return self
+        if self.is_cuda:
+            raise RuntimeError("pin_memory() applies to CPU tensors; this one is on " + str(self.device))
+        return self._to(self._dtype_code, 1, 0, True, False)
+
+    def float(self):
+        return self.to(_FLOAT32)
+
+    def double(self):
+        return self.to(_BY_NAME["float64"])
+
+    def half(self):
+        return self.to(_BY_NAME["float16"])
+
+    def bfloat16(self):
+        return self.to(_BFLOAT16)
+
+    def int(self):
+        return self.to(_BY_NAME["int32"])
+
+    def long(self):
+        return self.to(_BY_NAME["int64"])
+
+    def bool(self):
+        return self.to(_BY_NAME["bool"])
+
+    # ---- Python and NumPy interop ----
+    def _host_array(self):
+        """A NumPy array of the values: a zero-copy view when possible."""
+        t = self
+        if t.is_cuda:
+            t = t.cpu()
+        if t.dtype is _BFLOAT16:
+            t = t.to(_FLOAT32)
+        return t.numpy()
+
+    def tolist(self):
+        return self._host_array().tolist()
+
+    def __array__(self, dtype=None, copy=None):
+        needs_copy = self.is_cuda or self.dtype is _BFLOAT16
+        if needs_copy and copy is False:
+            raise ValueError(f"a {self.dtype.name} tensor on {self.device} cannot become a NumPy array without a copy")
+        arr = self._host_array()
+        if dtype is not None and np.dtype(dtype) != arr.dtype:
+            if copy is False:
+                raise ValueError(f"converting to {np.dtype(dtype)} needs a copy")
+            return arr.astype(dtype)
+        return arr.copy() if copy and not needs_copy else arr
+
+    @property
+    def __array_interface__(self):
+        if self.is_cuda or self.dtype._typestr is None:
+            raise AttributeError(f"a {self.dtype.name} tensor on {self.device} has no __array_interface__")
+        return {
+            "version": 3,
+            "shape": self.shape,
+            "typestr": self.dtype._typestr,
+            "data": (self.data_ptr(), self._readonly),
+            "strides": None if self.is_contiguous() else tuple(s * self.itemsize for s in self.stride()),
+        }
+
+    def __bool__(self):
+        return bool(self.item())
+
+    def __float__(self):
+        return float(self.item())
+
+    def __int__(self):
+        return int(self.item())
+
+    def __index__(self):
+        if self.dtype.is_floating_point or self.dtype.is_complex or self.numel() != 1:
+            raise TypeError("only integer tensors of a single element can be converted to an index")
+        return int(self.item())
+
+    def __repr__(self):
+        suffix = []
+        if self.dtype not in (_FLOAT32, _BY_NAME["int64"], _BY_NAME["bool"]) or self.numel() == 0:
+            suffix.append(f"dtype={self.dtype!r}")
+        if self.is_cuda:
+            suffix.append(f"device='{self.device}'")
+        if self.numel() == 0 and self.ndim != 1:
+            suffix.insert(0, f"size={self.shape}")
+            body = "[]"
+        else:
+            body = np.array2string(self._host_array(), separator=", ", prefix="tensor(", threshold=1000)
+        return "tensor(" + ", ".join([body] + suffix) + ")"
+
+    def __reduce__(self):
+        return (_rebuild, (self.cpu().to(_FLOAT32).numpy() if self.dtype is _BFLOAT16 else self.cpu().numpy(),
+                           self.dtype.name, str(self.device)))
+
+
+dtype_type = dtype
+
+
+def _rebuild(array, dtype_name, device_name):
+    from .creation import tensor
+    return tensor(array, dtype=_BY_NAME[dtype_name], device=device_name)
+
+
+_C._set_tensor_class(Tensor)

@@ -1,0 +1,135 @@
+"""dtype and device objects, named as in PyTorch."""
+import numpy as np
+
+from . import _C
+
+
+class dtype:
+    """An element type. Compare with ``is`` or ``==``; ``str(ft.float32) == 'fasttrain.float32'``."""
+
+    __slots__ = ("name", "_code", "itemsize", "is_floating_point", "is_complex", "is_signed", "_typestr")
+
+    def __init__(self, name, code, dl_code, bits, itemsize):
+        self.name = name
+        self._code = code
+        self.itemsize = itemsize
+        self.is_floating_point = dl_code in (2, 4)
+        self.is_complex = dl_code == 5
+        self.is_signed = dl_code in (0, 2, 4, 5)
+        # bfloat16 has no NumPy type string.
+        self._typestr = None if name == "bfloat16" else np.dtype(name).str
+
+    def __repr__(self):
+        return f"fasttrain.{self.name}"
+
+    def __reduce__(self):
+        return (_dtype_by_name, (self.name,))
+
+
+DTYPES = [dtype(*entry) for entry in _C.DTYPES]
+_BY_NAME = {d.name: d for d in DTYPES}
+_ALIASES = {"float": "float32", "double": "float64", "half": "float16", "long": "int64", "int": "int32",
+            "short": "int16", "cfloat": "complex64", "cdouble": "complex128"}
+
+
+def _dtype_by_name(name):
+    return _BY_NAME[name]
+
+
+def as_dtype(obj):
+    """A fasttrain dtype from a dtype, a NumPy dtype or type, or a name like 'float32'."""
+    if isinstance(obj, dtype):
+        return obj
+    if isinstance(obj, str):
+        name = _ALIASES.get(obj, obj)
+        if name in _BY_NAME:
+            return _BY_NAME[name]
+        raise TypeError(f"unknown dtype {obj!r}")
+    if obj is bool:
+        return _BY_NAME["bool"]
+    if obj is int:
+        return _BY_NAME["int64"]
+    if obj is float:
+        return _BY_NAME["float32"]
+    try:
+        npd = np.dtype(obj)
+    except TypeError:
+        raise TypeError(f"cannot interpret {obj!r} as a fasttrain dtype") from None
+    name = "bool" if npd.kind == "b" else npd.name
+    if name not in _BY_NAME or not npd.isnative:
+        raise TypeError(f"NumPy dtype {npd} has no fasttrain equivalent")
+    return _BY_NAME[name]
+
+
+DEV_CPU, DEV_CUDA = 1, 2
+
+
+class device:
+    """A device: ``ft.device('cpu')``, ``ft.device('cuda:1')``, ``ft.device('cuda', 0)``."""
+
+    __slots__ = ("type", "index")
+
+    def __init__(self, type, index=None):
+        if isinstance(type, device):
+            type, index = type.type, type.index
+        if not isinstance(type, str):
+            raise TypeError(f"a device is given as a string like 'cpu' or 'cuda:0', not {type!r}")
+        name, sep, num = type.partition(":")
+        if sep:
+            if index is not None:
+                raise ValueError(f"device {type!r} already names an index")
+            if not num.isdigit():
+                raise ValueError(f"invalid device string {type!r}")
+            index = int(num)
+        if name not in ("cpu", "cuda"):
+            raise ValueError(f"unknown device type {name!r}: fasttrain knows 'cpu' and 'cuda'")
+        if index is not None and (not isinstance(index, int) or index < 0):
+            raise ValueError(f"device index must be a non-negative int, got {index!r}")
+        if name == "cpu":
+            index = None
+        elif index is None:
+            index = 0
+        object.__setattr__(self, "type", name)
+        object.__setattr__(self, "index", index)
+
+    def __setattr__(self, key, value):
+        raise AttributeError("device objects are immutable")
+
+    @property
+    def _code(self):
+        return (DEV_CPU, 0) if self.type == "cpu" else (DEV_CUDA, self.index)
+
+    def __eq__(self, other):
+        if isinstance(other, str):
+            other = device(other)
+        return isinstance(other, device) and (self.type, self.index) == (other.type, other.index)
+
+    def __hash__(self):
+        return hash((self.type, self.index))
+
+    def __str__(self):
+        return self.type if self.index is None else f"{self.type}:{self.index}"
+
+    def __repr__(self):
+        if self.index is None:
+            return f"device(type='{self.type}')"
+        return f"device(type='{self.type}', index={self.index})"
+
+    def __reduce__(self):
+        return (device, (str(self),))
+
+
+CPU = device("cpu")
+
+
+def as_device(obj):
+    if obj is None:
+        return CPU
+    if isinstance(obj, int) and not isinstance(obj, bool):
+        return device("cuda", obj)
+    return device(obj)
+
+
+def device_of_code(code):
+    kind, index = code
+    return CPU if kind == DEV_CPU else device("cuda", index)

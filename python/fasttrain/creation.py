@@ -1,0 +1,121 @@
+"""Tensor creation: from sizes, values, NumPy arrays and DLPack producers."""
+import numpy as _np
+
+from . import _C
+from ._types import _BY_NAME, as_device, as_dtype
+from ._tensor import Tensor, _sizes
+
+
+def empty(*size, dtype=None, device=None, pin_memory=False):
+    """An uninitialised tensor."""
+    d = _BY_NAME["float32"] if dtype is None else as_dtype(dtype)
+    kind, index = as_device(device)._code
+    return _C.empty(_sizes(size), d._code, kind, index, bool(pin_memory))
+
+
+def full(size, fill_value, *, dtype=None, device=None, pin_memory=False):
+    """A tensor filled with fill_value; the dtype follows fill_value like PyTorch (bool, int64, float32)."""
+    if dtype is None:
+        dtype = _C.tensor_from_data(fill_value, -1).dtype if not isinstance(fill_value, Tensor) else fill_value.dtype
+    return empty(size, dtype=dtype, device=device, pin_memory=pin_memory).fill_(fill_value)
+
+
+def zeros(*size, dtype=None, device=None, pin_memory=False):
+    return empty(*size, dtype=dtype, device=device, pin_memory=pin_memory).fill_(0)
+
+
+def ones(*size, dtype=None, device=None, pin_memory=False):
+    return empty(*size, dtype=dtype, device=device, pin_memory=pin_memory).fill_(1)
+
+
+def empty_like(t, *, dtype=None, device=None):
+    return empty(t.shape, dtype=t.dtype if dtype is None else dtype, device=t.device if device is None else device)
+
+
+def zeros_like(t, *, dtype=None, device=None):
+    return empty_like(t, dtype=dtype, device=device).fill_(0)
+
+
+def ones_like(t, *, dtype=None, device=None):
+    return empty_like(t, dtype=dtype, device=device).fill_(1)
+
+
+def full_like(t, fill_value, *, dtype=None, device=None):
+    return empty_like(t, dtype=dtype, device=device).fill_(fill_value)
+
+
+def arange(start, end=None, step=1, *, dtype=None, device=None):
+    """Values start, start+step, ... below end; int64 for integer arguments, float32 otherwise."""
+    if end is None:
+        start, end = 0, start
+    if step == 0:
+        raise ValueError("arange: step must be nonzero")
+    values = (start, end, step)
+    if not all(isinstance(v, (int, float, _np.integer, _np.floating)) and not isinstance(v, bool) for v in values):
+        raise TypeError("arange expects real numbers")
+    if dtype is None:
+        is_int = all(isinstance(v, (int, _np.integer)) for v in values)
+        dtype = _BY_NAME["int64"] if is_int else _BY_NAME["float32"]
+    dtype = as_dtype(dtype)
+    if not all(_np.isfinite(float(v)) for v in values):
+        raise ValueError("arange: start, end and step must be finite")
+    n = max(0, int(_np.ceil((end - start) / step)))
+    work = "int64" if not dtype.is_floating_point and all(isinstance(v, (int, _np.integer)) for v in values) \
+        else "float64"
+    out = empty(n, dtype=dtype, device=device)
+    return out.copy_(from_numpy(_np.asarray(start, work) + _np.arange(n, dtype=work) * _np.asarray(step, work)))
+
+
+def from_numpy(array):
+    """A tensor sharing memory with a NumPy array (which it keeps alive)."""
+    return _C.from_numpy(array)
+
+
+def from_dlpack(obj):
+    """A tensor sharing memory with a DLPack producer (any object with __dlpack__, or a capsule)."""
+    return _C.from_dlpack(obj)
+
+
+def _is_nested_data(data):
+    return isinstance(data, (list, tuple, int, float, bool, _np.generic)) or data is None
+
+
+def _as_array(data):
+    """A NumPy view of an object exposing the buffer protocol or NumPy's array protocols."""
+    arr = _np.asarray(data)
+    if arr.dtype == object:
+        raise TypeError(f"cannot make a tensor from {type(data).__name__}")
+    return arr
+
+
+def as_tensor(data, dtype=None, device=None):
+    """A tensor for data, sharing memory whenever it can: the same tensor, a view of a NumPy array or DLPack
+    producer; copied only when dtype or device differ, or when data is a list or scalar."""
+    if isinstance(data, Tensor):
+        return data.to(dtype=dtype, device=device)
+    if isinstance(data, _np.ndarray):
+        t = from_numpy(data)
+    elif _is_nested_data(data):
+        t = _C.tensor_from_data(data, -1 if dtype is None else as_dtype(dtype)._code)
+    elif hasattr(data, "__dlpack__"):
+        t = from_dlpack(data)
+    else:
+        t = from_numpy(_as_array(data))
+    return t.to(dtype=dtype, device=device)
+
+
+def tensor(data, dtype=None, device=None, pin_memory=False):
+    """A new tensor holding a copy of data (nested lists, scalars, arrays, tensors)."""
+    if isinstance(data, Tensor):
+        t = data
+    elif isinstance(data, _np.ndarray):
+        t = from_numpy(data)
+    elif _is_nested_data(data):
+        t = _C.tensor_from_data(data, -1 if dtype is None else as_dtype(dtype)._code)
+        if device is None and not pin_memory:
+            return t
+    else:
+        t = from_numpy(_as_array(data))
+    d = t.dtype if dtype is None else as_dtype(dtype)
+    kind, index = as_device(device)._code
+    return t._to(d._code, kind, index, bool(pin_memory), False)
