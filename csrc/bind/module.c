@@ -86,30 +86,8 @@ int ft_parse_shape(PyObject *obj, int64_t *shape, int *ndim) {
 
 int ft_parse_scalar(PyObject *obj, ft_scalar *out, ft_dtype *natural) {
     ft_dtype dt;
-    if (PyBool_Check(obj)) {
-        *out = (ft_scalar){.kind = FT_SCALAR_INT, .i = obj == Py_True};
-        dt = FT_BOOL;
-    } else if (PyFloat_Check(obj)) {
-        *out = (ft_scalar){.kind = FT_SCALAR_FLOAT, .f = PyFloat_AS_DOUBLE(obj)};
-        dt = FT_FLOAT32;
-    } else if (PyLong_Check(obj)) {
-        int overflow;
-        long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
-        if (v == -1 && PyErr_Occurred())
-            return -1;
-        *out = (ft_scalar){.kind = FT_SCALAR_INT, .i = v};
-        dt = FT_INT64;
-        if (overflow) {
-            unsigned long long u = overflow > 0 ? PyLong_AsUnsignedLongLong(obj) : 0;
-            if (overflow < 0 || (u == (unsigned long long)-1 && PyErr_Occurred())) {
-                PyErr_Clear();
-                PyErr_Format(PyExc_OverflowError, "integer %R does not fit in int64 or uint64", obj);
-                return -1;
-            }
-            *out = (ft_scalar){.kind = FT_SCALAR_UINT, .u = u};
-            dt = FT_UINT64;
-        }
-    } else if (PyArray_IsScalar(obj, Generic)) {
+    /* NumPy scalars first: np.float64 is also a Python float. */
+    if (PyArray_IsScalar(obj, Generic)) {
         PyArray_Descr *descr = PyArray_DescrFromScalar(obj);
         if (!descr)
             return -1;
@@ -131,6 +109,29 @@ int ft_parse_scalar(PyObject *obj, ft_scalar *out, ft_dtype *natural) {
         Py_DECREF(value);
         if (r < 0)
             return -1;
+    } else if (PyBool_Check(obj)) {
+        *out = (ft_scalar){.kind = FT_SCALAR_INT, .i = obj == Py_True};
+        dt = FT_BOOL;
+    } else if (PyFloat_Check(obj)) {
+        *out = (ft_scalar){.kind = FT_SCALAR_FLOAT, .f = PyFloat_AS_DOUBLE(obj)};
+        dt = FT_FLOAT32;
+    } else if (PyLong_Check(obj)) {
+        int overflow;
+        long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
+        if (v == -1 && PyErr_Occurred())
+            return -1;
+        *out = (ft_scalar){.kind = FT_SCALAR_INT, .i = v};
+        dt = FT_INT64;
+        if (overflow) {
+            unsigned long long u = overflow > 0 ? PyLong_AsUnsignedLongLong(obj) : 0;
+            if (overflow < 0 || (u == (unsigned long long)-1 && PyErr_Occurred())) {
+                PyErr_Clear();
+                PyErr_Format(PyExc_OverflowError, "integer %R does not fit in int64 or uint64", obj);
+                return -1;
+            }
+            /* PyTorch still infers int64: storing checks the value fits. */
+            *out = (ft_scalar){.kind = FT_SCALAR_UINT, .u = u};
+        }
     } else {
         PyErr_Format(PyExc_TypeError, "expected a real number (bool, int or float), got %.100s", Py_TYPE(obj)->tp_name);
         return -1;

@@ -299,12 +299,10 @@ class Tensor(_C.TensorBase):
         for a in args:
             if isinstance(a, Tensor):
                 dtype, device = a.dtype, a.device
-            elif isinstance(a, (dtype_type, np.dtype)) or a in (float, int, bool):
-                dtype = a
-            elif isinstance(a, str) and a.split(":")[0] not in ("cpu", "cuda"):
-                dtype = a
-            else:
+            elif isinstance(a, (device_type, int)) or (isinstance(a, str) and a.split(":")[0] in ("cpu", "cuda")):
                 device = a
+            else:
+                dtype = a
         want_dtype = self.dtype if dtype is None else as_dtype(dtype)
         want_device = self.device if device is None else as_device(device)
         if not copy and want_dtype is self.dtype and want_device == self.device:
@@ -416,6 +414,7 @@ class Tensor(_C.TensorBase):
 
 
 dtype_type = dtype
+device_type = device
 
 
 def _rebuild(array, dtype_name, device_name):

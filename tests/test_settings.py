@@ -1,0 +1,75 @@
+"""Threads, memory statistics and the CUDA entry points on a machine without a GPU."""
+import pytest
+
+import fasttrain as ft
+
+
+def test_threads(threads):
+    threads(1)
+    assert ft.get_num_threads() == 1
+    threads(2)
+    assert ft.get_num_threads() == 2
+    with pytest.raises(ValueError):
+        ft.set_num_threads(0)
+    with pytest.raises(TypeError):
+        ft.set_num_threads(1.5)
+    with pytest.raises(OverflowError):
+        ft.set_num_threads(2 ** 40)
+
+
+def test_memory_stats_track_and_cache_large_blocks():
+    ft.empty_cache()
+    base = ft.memory_stats("cpu")
+    t = ft.empty(1 << 20)  # 4 MiB: cached on free
+    s = ft.memory_stats("cpu")
+    assert s["allocated_bytes"] - base["allocated_bytes"] >= 4 << 20
+    assert s["peak_bytes"] >= s["allocated_bytes"]
+    ptr = t.data_ptr()
+    assert ptr % 64 == 0
+    del t
+    after = ft.memory_stats("cpu")
+    assert after["allocated_bytes"] == base["allocated_bytes"]
+    assert after["reserved_bytes"] >= base["reserved_bytes"] + (4 << 20)  # kept for reuse
+    assert ft.empty(1 << 20).data_ptr() == ptr  # the same block comes back
+    ft.empty_cache()
+    assert ft.memory_stats("cpu")["reserved_bytes"] == ft.memory_stats("cpu")["allocated_bytes"]
+    ft.reset_peak_memory_stats("cpu")
+    s = ft.memory_stats("cpu")
+    assert s["peak_bytes"] == s["allocated_bytes"]
+    assert set(ft.memory_stats()) >= {"cpu", "cpu_pinned"}
+
+
+def test_small_blocks_are_aligned():
+    for n in (1, 3, 17, 1000):
+        assert ft.empty(n, dtype=ft.uint8).data_ptr() % 64 == 0
+
+
+def test_cuda_absent_is_clean():
+    assert isinstance(ft.cuda.is_compiled(), bool)
+    if ft.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    assert ft.cuda.device_count() == 0
+    assert ft.cuda.unavailable_reason()
+    with pytest.raises(RuntimeError, match="CUDA is not available"):
+        ft.zeros(2, device="cuda")
+    with pytest.raises(RuntimeError):
+        ft.cuda.synchronize()
+    with pytest.raises(RuntimeError):
+        ft.cuda.get_device_name(0)
+
+
+@pytest.mark.cuda
+def test_cuda_round_trip():
+    a = ft.arange(1 << 20, dtype=ft.float32).reshape(1024, 1024)
+    g = a.to("cuda")
+    assert g.is_cuda and g.device == ft.device("cuda:0")
+    back = g.t().contiguous().to(ft.float16).cpu()
+    assert back.tolist() == a.t().to(ft.float16).tolist()
+    p = a.pin_memory()
+    h = p.to("cuda", non_blocking=True)
+    ft.cuda.synchronize()
+    assert h.cpu().tolist() == a.tolist()
+    r = ft.from_dlpack(g.__dlpack__(max_version=(1, 0), stream=1))
+    assert r.data_ptr() == g.data_ptr()
+    stats = ft.memory_stats("cuda:0")
+    assert stats["allocated_bytes"] >= a.nbytes
