@@ -9,11 +9,12 @@ SYS_PACKAGES := build-essential python3-dev python3-venv libdnnl-dev libturbojpe
 	libjpeg-turbo-progs dataset-fashion-mnist
 
 CC ?= gcc
-CORE_SRC := $(wildcard csrc/core/*.c)
+CORE_SRC := $(wildcard csrc/core/*.c csrc/ops/*.c csrc/optim/*.c csrc/nn/*.c csrc/data/*.c)
 CORE_HDR := $(wildcard csrc/*/*.h)
 C_TESTS := $(patsubst tests/c/%.c,%,$(wildcard tests/c/test_*.c))
 CFLAGS_TEST := -std=c11 -D_GNU_SOURCE -O2 -g -Wall -Wextra -Werror -Wno-unused-parameter \
 	-Wno-missing-field-initializers -fopenmp -Icsrc -Itests/c
+C_LIBS := -ldnnl -lturbojpeg -ldl -lm
 SAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 
 .PHONY: demo test test-py test-c test-sanitize build sysdeps bench clean
@@ -21,7 +22,9 @@ SAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-fr
 demo: build
 	$(PY) examples/demo.py
 
-test: build test-c test-sanitize test-py
+test: build
+	$(MAKE) -j2 test-c test-sanitize
+	$(MAKE) test-py
 
 test-py: build
 	$(PY) -m pytest -q tests
@@ -49,19 +52,41 @@ build: $(VENV)/.ready
 	$(PY) setup.py -q build_ext --inplace --parallel 2
 	@echo "$(CURDIR)/python" > $$($(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/fasttrain-dev.pth
 
-build/c/%: tests/c/%.c $(CORE_SRC) $(CORE_HDR)
+# The C core is compiled once per flavour into a static library the C tests link.
+OBJ := $(patsubst csrc/%.c,build/obj/%.o,$(CORE_SRC))
+OBJ_SAN := $(patsubst csrc/%.c,build/obj-san/%.o,$(CORE_SRC))
+
+build/obj/%.o: csrc/%.c $(CORE_HDR)
+	@mkdir -p $(dir $@)
+	@echo "  CC $<" && $(CC) $(CFLAGS_TEST) -c $< -o $@
+
+build/obj-san/%.o: csrc/%.c $(CORE_HDR)
+	@mkdir -p $(dir $@)
+	@echo "  CC $< (sanitized)" && $(CC) $(CFLAGS_TEST) $(SAN_FLAGS) -c $< -o $@
+
+build/libftcore.a: $(OBJ)
+	@rm -f $@ && ar rcs $@ $^
+
+build/libftcore-san.a: $(OBJ_SAN)
+	@rm -f $@ && ar rcs $@ $^
+
+build/c/%: tests/c/%.c build/libftcore.a
 	@mkdir -p build/c
-	$(CC) $(CFLAGS_TEST) $< $(CORE_SRC) -o $@ -ldl -lm
+	@echo "  LD $@" && $(CC) $(CFLAGS_TEST) $< build/libftcore.a -o $@ $(C_LIBS)
 
-build/c-san/%: tests/c/%.c $(CORE_SRC) $(CORE_HDR)
+build/c-san/%: tests/c/%.c build/libftcore-san.a
 	@mkdir -p build/c-san
-	$(CC) $(CFLAGS_TEST) $(SAN_FLAGS) $< $(CORE_SRC) -o $@ -ldl -lm
+	@echo "  LD $@" && $(CC) $(CFLAGS_TEST) $(SAN_FLAGS) $< build/libftcore-san.a -o $@ $(C_LIBS)
 
+# Every test program runs even when an earlier one fails; the rule fails at the end.
 test-c: $(addprefix build/c/,$(C_TESTS))
-	@for t in $^; do echo "== $$t"; $$t || exit 1; done
+	@failed=; for t in $^; do echo "== $$t"; $$t || failed="$$failed $$t"; done; \
+	if [ -n "$$failed" ]; then echo "FAILED:$$failed"; exit 1; fi
 
 test-sanitize: $(addprefix build/c-san/,$(C_TESTS))
-	@for t in $^; do echo "== $$t (ASan+UBSan)"; ASAN_OPTIONS=detect_leaks=1 $$t || exit 1; done
+	@failed=; for t in $^; do echo "== $$t (ASan+UBSan)"; \
+		ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 $$t || failed="$$failed $$t"; done; \
+	if [ -n "$$failed" ]; then echo "FAILED:$$failed"; exit 1; fi
 
 bench: build
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE $(PY) $$b || exit 1; done

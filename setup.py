@@ -57,7 +57,7 @@ class BuildExt(build_ext):
         ext_path = self.get_ext_fullpath("fasttrain._C")
         out = os.path.join(os.path.dirname(ext_path), "libfasttrain_cuda.so")
         sources = sorted(glob.glob(os.path.join(ROOT, "cuda", "*.cu")))
-        deps = sources + glob.glob(os.path.join(ROOT, "cuda", "*.h")) + glob.glob(os.path.join(ROOT, "csrc", "**", "*.h"), recursive=True)
+        deps = sources + [h for d in ("cuda", "csrc/core", "csrc/kernels") for h in glob.glob(os.path.join(ROOT, d, "*.h"))]
         if os.path.exists(out) and not self.force and all(os.path.getmtime(d) <= os.path.getmtime(out) for d in deps):
             return
         cuda_home = os.path.dirname(os.path.dirname(os.path.realpath(NVCC)))
@@ -70,8 +70,10 @@ class BuildExt(build_ext):
         subprocess.check_call(cmd)
 
 
-sources = sorted(glob.glob("csrc/core/*.c") + glob.glob("csrc/bind/*.c"))
-link = ["-fopenmp", "-ldl"]
+# Every layer of csrc/ (bind last: it is the only one that sees Python).
+LAYERS = ["core", "ops", "optim", "nn", "data", "bind"]
+sources = sorted(f for layer in LAYERS for f in glob.glob(f"csrc/{layer}/*.c"))
+link = ["-fopenmp", "-ldl", "-ldnnl", "-lturbojpeg", "-lm"]
 if os.environ.get("FASTTRAIN_SANITIZE") == "1":
     link += ["-fsanitize=address,undefined"]
 

@@ -20,6 +20,7 @@ typedef struct {
     PyObject_HEAD
     ft_tensor t;
     PyObject *weakreflist;
+    PyObject *grad; /* t.grad: a tensor or NULL (None), as PyTorch's */
 } ft_tensor_object;
 
 typedef struct {
@@ -65,6 +66,11 @@ PyObject *ft_from_dlpack(ft_module_state *st, PyObject *obj);
 
 /* A tensor built from nested sequences of numbers (bind/convert.c). */
 PyObject *ft_tensor_from_data(ft_module_state *st, PyObject *data, int dtype);
+
+/* Each layer's bindings add their functions (and types) to the module. */
+int ft_bind_ops(PyObject *module);
+int ft_bind_nn(PyObject *module);
+int ft_bind_data(PyObject *module);
 
 /* Type spec of the tensor base type (bind/tensor.c). */
 extern PyType_Spec ft_tensor_spec;

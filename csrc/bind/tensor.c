@@ -18,9 +18,22 @@ static PyObject *tensor_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
     return NULL;
 }
 
+static int tensor_traverse(PyObject *self, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(((ft_tensor_object *)self)->grad);
+    return 0;
+}
+
+static int tensor_clear(PyObject *self) {
+    Py_CLEAR(((ft_tensor_object *)self)->grad);
+    return 0;
+}
+
 static void tensor_dealloc(PyObject *self) {
     PyTypeObject *type = Py_TYPE(self);
     ft_tensor_object *obj = (ft_tensor_object *)self;
+    PyObject_GC_UnTrack(self);
+    tensor_clear(self);
     if (obj->weakreflist)
         PyObject_ClearWeakRefs(self);
     if (obj->t.storage)
@@ -66,6 +79,22 @@ static PyObject *get_device_tuple(PyObject *self, void *closure) {
 static PyObject *get_readonly(PyObject *self, void *closure) {
     (void)closure;
     return PyBool_FromLong(SELF->storage->readonly);
+}
+
+static PyObject *get_grad(PyObject *self, void *closure) {
+    (void)closure;
+    PyObject *g = ((ft_tensor_object *)self)->grad;
+    return Py_NewRef(g ? g : Py_None);
+}
+
+static int set_grad(PyObject *self, PyObject *value, void *closure) {
+    (void)closure;
+    if (value && value != Py_None && !PyObject_TypeCheck(value, state_of(self)->tensor_base)) {
+        PyErr_Format(PyExc_TypeError, "grad must be a fasttrain Tensor or None, not %.100s", Py_TYPE(value)->tp_name);
+        return -1;
+    }
+    Py_XSETREF(((ft_tensor_object *)self)->grad, value && value != Py_None ? Py_NewRef(value) : NULL);
+    return 0;
 }
 
 static PyObject *get_dlpack_device(PyObject *self, PyObject *unused) {
@@ -333,6 +362,7 @@ static PyGetSetDef tensor_getset[] = {
     {"_dtype_code", get_dtype_code, NULL, NULL, NULL},
     {"_device_tuple", get_device_tuple, NULL, NULL, NULL},
     {"_readonly", get_readonly, NULL, NULL, NULL},
+    {"grad", get_grad, set_grad, "The gradient the last training step wrote for this parameter (or None).", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -365,6 +395,8 @@ static PyMemberDef tensor_members[] = {
 static PyType_Slot tensor_slots[] = {
     {Py_tp_new, tensor_new},
     {Py_tp_dealloc, tensor_dealloc},
+    {Py_tp_traverse, tensor_traverse},
+    {Py_tp_clear, tensor_clear},
     {Py_tp_getset, tensor_getset},
     {Py_tp_methods, tensor_methods},
     {Py_tp_members, tensor_members},
@@ -377,6 +409,6 @@ static PyType_Slot tensor_slots[] = {
 PyType_Spec ft_tensor_spec = {
     .name = "fasttrain._C.TensorBase",
     .basicsize = sizeof(ft_tensor_object),
-    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
     .slots = tensor_slots,
 };

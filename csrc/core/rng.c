@@ -2,6 +2,7 @@
 
 #include <math.h>
 
+#include "kernels/convert.h"
 #include "kernels/philox.h"
 
 enum { DRAW_UNIFORM, DRAW_NORMAL, DRAW_RANDINT };
@@ -10,6 +11,7 @@ typedef struct {
     int kind;
     int bits; /* random bits per 32-bit float uniform */
     double a, b; /* uniform: low, high; normal: mean, std */
+    double cap;  /* uniform: the largest value of the output dtype below high */
     int64_t low;
     uint64_t range;
 } draw_params;
@@ -38,8 +40,11 @@ static void fill_block(void *buf, ft_dtype dt, const draw_params *p, uint64_t se
         u[j] = dt == FT_FLOAT64 ? ft_uniform_f64(r.v[2 * j], r.v[2 * j + 1]) : ft_uniform_f32(r.v[j], p->bits);
     double v[4];
     if (p->kind == DRAW_UNIFORM) {
-        for (int j = 0; j < nu; j++)
-            v[j] = p->a + u[j] * (p->b - p->a);
+        for (int j = 0; j < nu; j++) {
+            /* low + u (high - low) can round up to high; keep [low, high). */
+            double x = p->a + u[j] * (p->b - p->a);
+            v[j] = x < p->cap ? x : p->cap;
+        }
     } else {
         /* Box-Muller on pairs (u0, u1), (u2, u3): 1 - u0 lies in (0, 1]. */
         for (int j = 0; j < nu; j += 2) {
@@ -89,11 +94,37 @@ static ft_status require_float(const ft_tensor *out, const char *op) {
 
 static int float_bits(ft_dtype dt) { return dt == FT_FLOAT16 ? 11 : dt == FT_BFLOAT16 ? 8 : 24; }
 
+/* One step down from a 16-bit float's bit pattern (toward -inf). */
+static uint16_t half_bits_down(uint16_t h) { return h == 0 || h == 0x8000 ? 0x8001 : (h & 0x8000) ? h + 1 : h - 1; }
+
+/* The largest value of dtype dt below x (x itself when x is the lowest). */
+static double largest_below(double x, ft_dtype dt) {
+    switch (dt) {
+    case FT_FLOAT64: return nextafter(x, -INFINITY);
+    case FT_FLOAT32: {
+        float f = (float)x;
+        while ((double)f >= x)
+            f = nextafterf(f, -INFINITY);
+        return f;
+    }
+    default: {
+        bool half = dt == FT_FLOAT16;
+        uint16_t h = half ? ft_f64_to_f16(x) : ft_f32_to_bf16((float)x);
+        while ((half ? ft_f16_to_f32(h) : ft_bf16_to_f32(h)) >= x)
+            h = half_bits_down(h);
+        return half ? ft_f16_to_f32(h) : ft_bf16_to_f32(h);
+    }
+    }
+}
+
 ft_status ft_rng_uniform(const ft_tensor *out, ft_rng_state *rng, double low, double high) {
     FT_TRY(require_float(out, "uniform_"));
-    if (!(isfinite(low) && isfinite(high) && low <= high))
-        return ft_fail(FT_ERR_VALUE, "uniform_ expects finite from <= to, got from=%g to=%g", low, high);
-    draw_params p = {.kind = DRAW_UNIFORM, .bits = float_bits(out->dtype), .a = low, .b = high};
+    if (!(isfinite(low) && isfinite(high) && low <= high && isfinite(high - low)))
+        return ft_fail(FT_ERR_VALUE, "uniform_ expects finite from <= to with a finite difference, got from=%g to=%g",
+                       low, high);
+    double cap = low < high ? largest_below(high, out->dtype) : low;
+    draw_params p = {.kind = DRAW_UNIFORM, .bits = float_bits(out->dtype), .a = low, .b = high,
+                     .cap = cap > low ? cap : low};
     ft_dtype natural = out->dtype == FT_FLOAT64 ? FT_FLOAT64 : FT_FLOAT32;
     return draw(out, rng, &p, natural, natural == FT_FLOAT64 ? 2 : 4);
 }
@@ -144,7 +175,12 @@ ft_status ft_rng_randperm(const ft_tensor *out, ft_rng_state *rng) {
     if (ft_dtype_is_complex(out->dtype) || out->dtype == FT_BOOL)
         return ft_fail(FT_ERR_DTYPE, "randperm cannot fill a %s tensor", ft_dtype_get(out->dtype)->name);
     FT_TRY(ft_tensor_check_writable(out, "randperm"));
-    int64_t n = out->shape[0];
+    int64_t n = out->shape[0], lo, hi;
+    if (!ft_dtype_is_float(out->dtype)) {
+        int_range(out->dtype, &lo, &hi);
+        if (n - 1 > hi)
+            return ft_fail(FT_ERR_VALUE, "randperm(%lld) does not fit %s", (long long)n, ft_dtype_get(out->dtype)->name);
+    }
     ft_tensor tmp;
     FT_TRY(ft_tensor_empty(&tmp, 1, &n, FT_INT64, FT_CPU, false));
     int64_t *a = (int64_t *)ft_tensor_data(&tmp);

@@ -31,6 +31,9 @@ ft_status ft_shape_numel(int64_t *numel, int ndim, const int64_t *shape, size_t 
 int64_t ft_tensor_numel(const ft_tensor *t) {
     int64_t n = 1;
     for (int i = 0; i < t->ndim; i++)
+        if (t->shape[i] == 0)
+            return 0;
+    for (int i = 0; i < t->ndim; i++)
         n *= t->shape[i];
     return n;
 }
@@ -39,7 +42,10 @@ void ft_contiguous_strides(int64_t *strides, int ndim, const int64_t *shape) {
     int64_t s = 1;
     for (int i = ndim - 1; i >= 0; i--) {
         strides[i] = s;
-        s *= shape[i] > 0 ? shape[i] : 1;
+        /* Only a tensor with a zero dimension can overflow here, and its
+         * strides address nothing. */
+        if (__builtin_mul_overflow(s, shape[i] > 0 ? shape[i] : 1, &s))
+            s = 0;
     }
 }
 
@@ -68,7 +74,8 @@ ft_status ft_tensor_empty(ft_tensor *out, int ndim, const int64_t *shape, ft_dty
     out->storage = s;
     out->dtype = dtype;
     out->ndim = ndim;
-    memcpy(out->shape, shape, (size_t)ndim * sizeof *shape);
+    if (ndim)
+        memcpy(out->shape, shape, (size_t)ndim * sizeof *shape);
     ft_contiguous_strides(out->strides, ndim, shape);
     return FT_OK;
 }
@@ -83,7 +90,8 @@ static bool byte_extent(const ft_tensor *t, int64_t *lo, int64_t *hi) {
             return false;
     }
     return !__builtin_mul_overflow(neg, itemsize, &neg) && !__builtin_mul_overflow(pos, itemsize, &pos) &&
-           !__builtin_add_overflow(t->offset, neg, lo) && !__builtin_add_overflow(t->offset, pos + itemsize, hi);
+           !__builtin_add_overflow(pos, itemsize, &pos) && !__builtin_add_overflow(t->offset, neg, lo) &&
+           !__builtin_add_overflow(t->offset, pos, hi);
 }
 
 ft_status ft_tensor_view(ft_tensor *out, const ft_tensor *base, int ndim, const int64_t *shape,
@@ -91,8 +99,10 @@ ft_status ft_tensor_view(ft_tensor *out, const ft_tensor *base, int ndim, const 
     int64_t numel;
     FT_TRY(ft_shape_numel(&numel, ndim, shape, ft_dtype_get(base->dtype)->itemsize));
     ft_tensor v = {.storage = base->storage, .offset = offset, .dtype = base->dtype, .ndim = ndim};
-    memcpy(v.shape, shape, (size_t)ndim * sizeof *shape);
-    memcpy(v.strides, strides, (size_t)ndim * sizeof *strides);
+    if (ndim) {
+        memcpy(v.shape, shape, (size_t)ndim * sizeof *shape);
+        memcpy(v.strides, strides, (size_t)ndim * sizeof *strides);
+    }
     int64_t lo, hi;
     if (numel > 0 && !(byte_extent(&v, &lo, &hi) && lo >= 0 && hi <= (int64_t)base->storage->nbytes))
         return ft_fail(FT_ERR_SHAPE, "the view's strides and offset reach outside its storage of %zu bytes",
@@ -108,8 +118,10 @@ ft_status ft_tensor_borrow(ft_tensor *out, void *data, int ndim, const int64_t *
     int64_t numel, lo = 0, hi = 0;
     FT_TRY(ft_shape_numel(&numel, ndim, shape, ft_dtype_get(dtype)->itemsize));
     ft_tensor v = {.dtype = dtype, .ndim = ndim};
-    memcpy(v.shape, shape, (size_t)ndim * sizeof *shape);
-    memcpy(v.strides, strides, (size_t)ndim * sizeof *strides);
+    if (ndim) {
+        memcpy(v.shape, shape, (size_t)ndim * sizeof *shape);
+        memcpy(v.strides, strides, (size_t)ndim * sizeof *strides);
+    }
     if (numel > 0 && !byte_extent(&v, &lo, &hi))
         return ft_fail(FT_ERR_SHAPE, "strides reach beyond the 64-bit address space");
     v.offset = -lo;
@@ -137,10 +149,15 @@ ft_status ft_tensor_check_writable(const ft_tensor *t, const char *what) {
     return FT_OK;
 }
 
+/* Whether two host views may touch the same bytes; views of one array can
+ * come through different storages (two from_numpy slices), so compare
+ * addresses, not storages. */
 static bool overlaps(const ft_tensor *a, const ft_tensor *b) {
     int64_t alo, ahi, blo, bhi;
-    return a->storage->data == b->storage->data && byte_extent(a, &alo, &ahi) && byte_extent(b, &blo, &bhi) &&
-           alo < bhi && blo < ahi;
+    if (!byte_extent(a, &alo, &ahi) || !byte_extent(b, &blo, &bhi))
+        return true;
+    uintptr_t a0 = (uintptr_t)a->storage->data, b0 = (uintptr_t)b->storage->data;
+    return a0 + (uintptr_t)alo < b0 + (uintptr_t)bhi && b0 + (uintptr_t)blo < a0 + (uintptr_t)ahi;
 }
 
 static ft_copy_desc describe(const ft_tensor *dst, const ft_tensor *src) {

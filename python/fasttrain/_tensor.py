@@ -296,6 +296,8 @@ class Tensor(_C.TensorBase):
 
     def to(self, *args, dtype=None, device=None, non_blocking=False, copy=False):
         """to(dtype), to(device), to(device, dtype), to(other): a converted copy, or self when nothing changes."""
+        if not args and dtype is None and device is None and not copy:
+            return self
         for a in args:
             if isinstance(a, Tensor):
                 dtype, device = a.dtype, a.device

@@ -101,7 +101,7 @@ def as_tensor(data, dtype=None, device=None):
         t = from_dlpack(data)
     else:
         t = from_numpy(_as_array(data))
-    return t.to(dtype=dtype, device=device)
+    return t if dtype is None and device is None else t.to(dtype=dtype, device=device)
 
 
 def tensor(data, dtype=None, device=None, pin_memory=False):

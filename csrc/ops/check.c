@@ -1,0 +1,126 @@
+#include "ops/check.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+const char *ft_shape_str(char *buf, size_t n, int ndim, const int64_t *shape) {
+    size_t k = 0;
+    int w = snprintf(buf, n, "(");
+    for (int i = 0; i < ndim; i++) {
+        k = w > 0 && (size_t)w < n ? (size_t)w : n - 1;
+        w = (int)k + snprintf(buf + k, n - k, i ? ", %lld" : "%lld", (long long)shape[i]);
+    }
+    k = w > 0 && (size_t)w < n ? (size_t)w : n - 1;
+    snprintf(buf + k, n - k, ndim == 1 ? ",)" : ")");
+    return buf;
+}
+
+ft_status ft_check_cpu(const char *op, const char *arg, const ft_tensor *t) {
+    ft_device d = ft_tensor_device(t);
+    if (d.type == FT_DEV_CPU || d.type == FT_DEV_CUDA_HOST)
+        return FT_OK;
+    if (d.type == FT_DEV_CUDA)
+        return ft_fail(FT_ERR_DEVICE, "%s: %s is on cuda:%d; %s has no CUDA implementation yet", op, arg, d.index,
+                       op);
+    return ft_fail(FT_ERR_DEVICE, "%s: %s is on an unsupported device (type %d)", op, arg, d.type);
+}
+
+ft_status ft_check_float(const char *op, const char *arg, const ft_tensor *t, bool allow_bf16) {
+    if (t->dtype == FT_FLOAT32 || (allow_bf16 && t->dtype == FT_BFLOAT16))
+        return FT_OK;
+    return ft_fail(FT_ERR_DTYPE, "%s: %s must be %s, got %s", op, arg,
+                   allow_bf16 ? "float32 or bfloat16" : "float32", ft_dtype_get(t->dtype)->name);
+}
+
+ft_status ft_check_dtype_as(const char *op, const char *arg, const ft_tensor *t, const char *ref_arg,
+                            const ft_tensor *ref) {
+    if (t->dtype == ref->dtype)
+        return FT_OK;
+    return ft_fail(FT_ERR_DTYPE, "%s: %s must have the dtype of %s (%s), got %s", op, arg, ref_arg,
+                   ft_dtype_get(ref->dtype)->name, ft_dtype_get(t->dtype)->name);
+}
+
+ft_status ft_check_shape(const char *op, const char *arg, const ft_tensor *t, int ndim, const int64_t *shape) {
+    bool ok = t->ndim == ndim;
+    for (int i = 0; ok && i < ndim; i++)
+        ok = t->shape[i] == shape[i];
+    if (ok)
+        return FT_OK;
+    char want[160], have[160];
+    return ft_fail(FT_ERR_SHAPE, "%s: %s should have shape %s, got %s", op, arg,
+                   ft_shape_str(want, sizeof want, ndim, shape), ft_shape_str(have, sizeof have, t->ndim, t->shape));
+}
+
+ft_status ft_check_ndim(const char *op, const char *arg, const ft_tensor *t, int ndim, const char *names) {
+    if (t->ndim == ndim)
+        return FT_OK;
+    char have[160];
+    return ft_fail(FT_ERR_SHAPE, "%s: %s should have %d dimensions %s, got shape %s", op, arg, ndim, names,
+                   ft_shape_str(have, sizeof have, t->ndim, t->shape));
+}
+
+static int cmp_abs_stride(const void *a, const void *b) {
+    const int64_t *x = a, *y = b; /* (|stride|, size) pairs */
+    return x[0] < y[0] ? -1 : x[0] > y[0];
+}
+
+ft_status ft_check_output(const char *op, const char *arg, const ft_tensor *t) {
+    if (t->storage->readonly)
+        return ft_fail(FT_ERR_READONLY, "%s: %s is read-only memory (it comes from a read-only array or DLPack "
+                                        "capsule); clone() it to get a writable tensor",
+                       op, arg);
+    int64_t dims[FT_MAX_DIMS][2];
+    int n = 0;
+    for (int i = 0; i < t->ndim; i++) {
+        if (t->shape[i] == 0)
+            return FT_OK;
+        if (t->shape[i] > 1)
+            dims[n][0] = llabs(t->strides[i]), dims[n][1] = t->shape[i], n++;
+    }
+    qsort(dims, (size_t)n, sizeof dims[0], cmp_abs_stride);
+    int64_t reach = 1; /* elements spanned by the dimensions so far */
+    for (int i = 0; i < n; i++) {
+        if (dims[i][0] < reach)
+            return ft_fail(FT_ERR_VALUE, "%s: %s has elements that share memory (zero or overlapping strides); "
+                                         "it cannot be written",
+                           op, arg);
+        reach = dims[i][0] * (dims[i][1] - 1) + reach;
+    }
+    return FT_OK;
+}
+
+/* [lo, hi): the addresses t's elements touch; false when t is empty. */
+static bool extent(const ft_tensor *t, int64_t *lo, int64_t *hi) {
+    int64_t item = (int64_t)ft_dtype_get(t->dtype)->itemsize;
+    *lo = *hi = (int64_t)(intptr_t)ft_tensor_data(t);
+    for (int i = 0; i < t->ndim; i++) {
+        if (t->shape[i] == 0)
+            return false;
+        int64_t span = (t->shape[i] - 1) * t->strides[i] * item;
+        if (span < 0)
+            *lo += span;
+        else
+            *hi += span;
+    }
+    *hi += item;
+    return true;
+}
+
+bool ft_same_view(const ft_tensor *a, const ft_tensor *b) {
+    if (ft_tensor_data(a) != ft_tensor_data(b) || a->dtype != b->dtype || a->ndim != b->ndim)
+        return false;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->shape[i] != b->shape[i] || (a->shape[i] > 1 && a->strides[i] != b->strides[i]))
+            return false;
+    return true;
+}
+
+ft_status ft_check_alias(const char *op, const char *out_arg, const ft_tensor *out, const char *inp_arg,
+                         const ft_tensor *inp) {
+    int64_t alo, ahi, blo, bhi;
+    if (!extent(out, &alo, &ahi) || !extent(inp, &blo, &bhi) || ahi <= blo || bhi <= alo || ft_same_view(out, inp))
+        return FT_OK;
+    return ft_fail(FT_ERR_VALUE, "%s: %s partly overlaps %s in memory; pass the same tensor (in place) or "
+                                 "separate memory",
+                   op, out_arg, inp_arg);
+}

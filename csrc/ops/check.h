@@ -1,0 +1,57 @@
+/* Argument checks shared by the op entry points. Every message names the op
+ * and the argument and, for shapes, the expected and the actual shape:
+ * "max_pool2d_backward: dout should have shape (8, 3, 4, 4), got (8, 3, 5, 5)". */
+#ifndef FT_OPS_CHECK_H
+#define FT_OPS_CHECK_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "core/tensor.h"
+
+/* "(2, 3, 4)" written into buf (truncated to n bytes). */
+const char *ft_shape_str(char *buf, size_t n, int ndim, const int64_t *shape);
+
+/* FT_ERR_DEVICE for anything but a CPU tensor:
+ * "<op>: <arg> is on cuda:0; <op> has no CUDA implementation yet". */
+ft_status ft_check_cpu(const char *op, const char *arg, const ft_tensor *t);
+
+/* FT_ERR_DTYPE unless t is float32 (or bfloat16 when allow_bf16). */
+ft_status ft_check_float(const char *op, const char *arg, const ft_tensor *t, bool allow_bf16);
+
+/* FT_ERR_DTYPE unless t has ref's dtype. */
+ft_status ft_check_dtype_as(const char *op, const char *arg, const ft_tensor *t, const char *ref_arg,
+                            const ft_tensor *ref);
+
+/* FT_ERR_SHAPE unless t has exactly this shape. */
+ft_status ft_check_shape(const char *op, const char *arg, const ft_tensor *t, int ndim, const int64_t *shape);
+static inline ft_status ft_check_shape_as(const char *op, const char *arg, const ft_tensor *t,
+                                          const ft_tensor *ref) {
+    return ft_check_shape(op, arg, t, ref->ndim, ref->shape);
+}
+
+/* FT_ERR_SHAPE unless t has ndim dimensions; `names` (e.g. "(N, C, H, W)")
+ * goes into the message. */
+ft_status ft_check_ndim(const char *op, const char *arg, const ft_tensor *t, int ndim, const char *names);
+
+/* For tensors an op writes: FT_ERR_READONLY for read-only memory and
+ * FT_ERR_VALUE when two of its elements may share memory (a zero stride over
+ * more than one element, or interleaved strides). */
+ft_status ft_check_output(const char *op, const char *arg, const ft_tensor *t);
+
+/* FT_ERR_VALUE when output `out` partly overlaps input `inp`: they must be
+ * either disjoint or the very same view (an in-place op). */
+ft_status ft_check_alias(const char *op, const char *out_arg, const ft_tensor *out, const char *inp_arg,
+                         const ft_tensor *inp);
+
+/* True when a and b are the same elements in the same order (same memory,
+ * dtype, shape and strides). */
+bool ft_same_view(const ft_tensor *a, const ft_tensor *b);
+
+/* The common first checks of an op: CPU device and a float dtype. */
+static inline ft_status ft_check_cpu_float(const char *op, const char *arg, const ft_tensor *t, bool allow_bf16) {
+    FT_TRY(ft_check_cpu(op, arg, t));
+    return ft_check_float(op, arg, t, allow_bf16);
+}
+
+#endif

@@ -1,0 +1,320 @@
+#include "ops/conv2d.h"
+
+#include <omp.h>
+#include <string.h>
+
+#include "core/settings.h"
+#include "ops/check.h"
+#include "ops/onednn.h"
+#include "ops/reduce.h"
+
+/* Batch chunks of the deterministic backward-weights path: a constant, so
+ * the order of the final sum does not depend on the thread count. */
+#define DET_CHUNKS 8
+
+ft_status ft_conv2d_out_size(int64_t *P, int64_t *Q, int64_t H, int64_t W, int64_t R, int64_t S,
+                             const ft_conv2d_params *p) {
+    for (int i = 0; i < 2; i++)
+        if (p->stride[i] < 1 || p->dilation[i] < 1 || p->padding[i] < 0)
+            return ft_fail(FT_ERR_VALUE, "conv2d: stride and dilation must be >= 1 and padding >= 0");
+    int64_t eh = p->dilation[0] * (R - 1) + 1, ew = p->dilation[1] * (S - 1) + 1;
+    int64_t ph = H + 2 * p->padding[0], pw = W + 2 * p->padding[1];
+    if (ph < eh || pw < ew)
+        return ft_fail(FT_ERR_SHAPE,
+                       "conv2d: the padded input (%lld x %lld) is smaller than the dilated kernel (%lld x %lld)",
+                       (long long)ph, (long long)pw, (long long)eh, (long long)ew);
+    *P = (ph - eh) / p->stride[0] + 1;
+    *Q = (pw - ew) / p->stride[1] + 1;
+    return FT_OK;
+}
+
+/* Everything that identifies a primitive; zeroed before filling so that
+ * padding bytes compare equal. */
+typedef struct {
+    char kind; /* 'F' forward, 'D' backward data, 'W' backward weights */
+    bool bias, sum, single_thread;
+    int act, dt_src, dt_wei, dt_dst;
+    float alpha;
+    ft_conv2d_params p;
+    int64_t src[8], wei[8], dst[8]; /* dims then strides */
+} conv_key;
+
+static void put_dims(int64_t *k, const ft_tensor *t) {
+    memcpy(k, t->shape, 4 * sizeof *k);
+    memcpy(k + 4, t->strides, 4 * sizeof *k);
+}
+
+/* The weight tensor as oneDNN sees it: (G, K/G, C/G, R, S) when grouped. */
+static ft_status weight_md(dnnl_memory_desc_t *md, ft_dtype dt, const int64_t *k, int64_t groups) {
+    if (groups == 1)
+        return ft_dnnl_md_strided(md, dt, 4, k, k + 4);
+    int64_t dims[5] = {groups, k[0] / groups, k[1], k[2], k[3]};
+    int64_t strides[5] = {k[4] * (k[0] / groups), k[4], k[5], k[6], k[7]};
+    return ft_dnnl_md_strided(md, dt, 5, dims, strides);
+}
+
+typedef struct {
+    dnnl_memory_desc_t src, wei, bias, dst;
+    dnnl_dims_t strides, dilates, pad_l, pad_r;
+} conv_mds;
+
+static ft_status make_mds(conv_mds *m, const conv_key *k) {
+    FT_TRY(ft_dnnl_md_strided(&m->src, (ft_dtype)k->dt_src, 4, k->src, k->src + 4));
+    FT_TRY(weight_md(&m->wei, (ft_dtype)k->dt_wei, k->wei, k->p.groups));
+    FT_TRY(ft_dnnl_md_strided(&m->dst, (ft_dtype)k->dt_dst, 4, k->dst, k->dst + 4));
+    int64_t K = k->wei[0], one = 1;
+    FT_TRY(ft_dnnl_md_strided(&m->bias, FT_FLOAT32, 1, &K, &one));
+    for (int i = 0; i < 2; i++) {
+        m->strides[i] = k->p.stride[i];
+        m->dilates[i] = k->p.dilation[i] - 1;
+        m->pad_l[i] = k->p.padding[i];
+        /* oneDNN wants the right padding that produces the output size exactly. */
+        m->pad_r[i] = (k->dst[2 + i] - 1) * k->p.stride[i] + (k->wei[2 + i] - 1) * k->p.dilation[i] + 1 -
+                      k->src[2 + i] - k->p.padding[i];
+    }
+    return FT_OK;
+}
+
+static ft_status forward_desc(dnnl_convolution_desc_t *cd, const conv_mds *m, bool bias) {
+    return ft_dnnl_check(dnnl_dilated_convolution_forward_desc_init(cd, dnnl_forward_training, dnnl_convolution_direct,
+                                                                    &m->src, &m->wei, bias ? &m->bias : NULL, &m->dst,
+                                                                    m->strides, m->dilates, m->pad_l, m->pad_r),
+                         "conv2d forward");
+}
+
+static ft_status build(dnnl_primitive_desc_t *pd, const void *arg) {
+    const conv_key *k = arg;
+    conv_mds m;
+    FT_TRY(make_mds(&m, k));
+    dnnl_engine_t engine;
+    FT_TRY(ft_dnnl_engine(&engine));
+    dnnl_primitive_attr_t attr;
+    FT_TRY(ft_dnnl_attr(&attr));
+    dnnl_convolution_desc_t fwd, cd;
+    dnnl_primitive_desc_t hint = NULL;
+    ft_status s = forward_desc(&fwd, &m, k->kind == 'F' && k->bias);
+    if (s == FT_OK && k->kind == 'F' && (k->act || k->sum)) {
+        dnnl_post_ops_t po;
+        s = ft_dnnl_check(dnnl_post_ops_create(&po), "conv2d post-ops");
+        if (s == FT_OK) {
+            if (k->sum)
+                s = ft_dnnl_check(dnnl_post_ops_append_sum(po, 1.0f), "conv2d sum post-op");
+            if (s == FT_OK && k->act)
+                s = ft_dnnl_append_act(po, (ft_act){(ft_act_kind)k->act, k->alpha});
+            if (s == FT_OK)
+                s = ft_dnnl_check(dnnl_primitive_attr_set_post_ops(attr, po), "conv2d post-ops");
+            dnnl_post_ops_destroy(po);
+        }
+    }
+    /* Backward primitives are created against a forward one (the hint). */
+    if (s == FT_OK && k->kind != 'F')
+        s = ft_dnnl_check(dnnl_primitive_desc_create(&hint, &fwd, NULL, engine, NULL), "conv2d forward hint");
+    if (s == FT_OK && k->kind == 'D')
+        s = ft_dnnl_check(dnnl_dilated_convolution_backward_data_desc_init(&cd, dnnl_convolution_direct, &m.src, &m.wei,
+                                                                           &m.dst, m.strides, m.dilates, m.pad_l,
+                                                                           m.pad_r),
+                          "conv2d backward data");
+    if (s == FT_OK && k->kind == 'W')
+        s = ft_dnnl_check(dnnl_dilated_convolution_backward_weights_desc_init(&cd, dnnl_convolution_direct, &m.src,
+                                                                              &m.wei, NULL, &m.dst, m.strides,
+                                                                              m.dilates, m.pad_l, m.pad_r),
+                          "conv2d backward weights");
+    if (s == FT_OK) {
+        /* The deterministic path runs each chunk on one thread: plan it for one. */
+        int threads = omp_get_max_threads();
+        if (k->single_thread)
+            omp_set_num_threads(1);
+        s = ft_dnnl_check(dnnl_primitive_desc_create(pd, k->kind == 'F' ? &fwd : &cd, attr, engine, hint),
+                          "conv2d primitive");
+        if (k->single_thread)
+            omp_set_num_threads(threads);
+    }
+    if (hint)
+        dnnl_primitive_desc_destroy(hint);
+    dnnl_primitive_attr_destroy(attr);
+    return s;
+}
+
+static conv_key key_of(char kind, const ft_tensor *src, const ft_tensor *wei, const ft_tensor *dst,
+                       const ft_conv2d_params *p) {
+    conv_key k;
+    memset(&k, 0, sizeof k);
+    k.kind = kind;
+    k.p = *p;
+    k.dt_src = src->dtype;
+    k.dt_wei = wei->dtype;
+    k.dt_dst = dst->dtype;
+    put_dims(k.src, src);
+    put_dims(k.wei, wei);
+    put_dims(k.dst, dst);
+    return k;
+}
+
+static ft_status check_common(const ft_tensor *inp, const ft_tensor *w, int64_t *want_out, const ft_conv2d_params *p) {
+    FT_TRY(ft_check_cpu_float("conv2d", "input", inp, true));
+    FT_TRY(ft_check_cpu_float("conv2d", "weight", w, true));
+    if (inp->ndim != 4)
+        return ft_fail(FT_ERR_SHAPE, "conv2d: input must be 4-d (N, C, H, W), got %d dimensions", inp->ndim);
+    if (w->ndim != 4)
+        return ft_fail(FT_ERR_SHAPE, "conv2d: weight must be 4-d (K, C/groups, R, S), got %d dimensions", w->ndim);
+    int64_t G = p->groups, C = inp->shape[1], K = w->shape[0];
+    if (G < 1 || C % G || K % G)
+        return ft_fail(FT_ERR_VALUE, "conv2d: groups=%lld must divide input channels %lld and output channels %lld",
+                       (long long)G, (long long)C, (long long)K);
+    if (w->shape[1] != C / G)
+        return ft_fail(FT_ERR_SHAPE, "conv2d: weight has %lld input channels per group, the input gives %lld",
+                       (long long)w->shape[1], (long long)(C / G));
+    if (inp->dtype != w->dtype)
+        return ft_fail(FT_ERR_DTYPE, "conv2d: input is %s but weight is %s", ft_dtype_get(inp->dtype)->name,
+                       ft_dtype_get(w->dtype)->name);
+    int64_t P, Q;
+    FT_TRY(ft_conv2d_out_size(&P, &Q, inp->shape[2], inp->shape[3], w->shape[2], w->shape[3], p));
+    int64_t shape[4] = {inp->shape[0], K, P, Q};
+    memcpy(want_out, shape, sizeof shape);
+    return FT_OK;
+}
+
+ft_status ft_conv2d_forward(const ft_tensor *out, const ft_tensor *inp, const ft_tensor *w, const ft_tensor *b,
+                            const ft_conv2d_params *p, const ft_conv2d_fusion *fusion) {
+    int64_t want[4];
+    FT_TRY(check_common(inp, w, want, p));
+    FT_TRY(ft_check_cpu_float("conv2d", "out", out, true));
+    FT_TRY(ft_check_shape("conv2d", "out", out, 4, want));
+    FT_TRY(ft_check_output("conv2d", "out", out));
+    if (b) {
+        FT_TRY(ft_check_shape("conv2d", "bias", b, 1, &want[1]));
+        if (b->dtype != FT_FLOAT32 || ft_tensor_device(b).type != FT_DEV_CPU || b->strides[0] != 1)
+            return ft_fail(FT_ERR_DTYPE, "conv2d: bias must be a contiguous float32 CPU tensor");
+    }
+    if (ft_tensor_numel(out) == 0)
+        return FT_OK;
+    conv_key k = key_of('F', inp, w, out, p);
+    k.bias = b != NULL;
+    if (fusion) {
+        k.sum = fusion->sum;
+        k.act = fusion->act.kind;
+        k.alpha = fusion->act.alpha;
+    }
+    const ft_dnnl_prim *prim;
+    FT_TRY(ft_dnnl_get(&prim, &k, sizeof k, build, &k));
+    conv_mds m;
+    FT_TRY(make_mds(&m, &k));
+    ft_dnnl_arg args[4] = {{DNNL_ARG_SRC, &m.src, ft_tensor_data(inp)},
+                           {DNNL_ARG_WEIGHTS, &m.wei, ft_tensor_data(w)},
+                           {DNNL_ARG_DST, &m.dst, ft_tensor_data(out)},
+                           {DNNL_ARG_BIAS, &m.bias, b ? ft_tensor_data(b) : NULL}};
+    return ft_dnnl_run(prim, b ? 4 : 3, args);
+}
+
+/* dw of one batch slice [n0, n0 + n) into dst (a (K, C/G, R, S) float32 buffer). */
+static ft_status backward_weights(const ft_tensor *dw, const ft_tensor *dout, const ft_tensor *inp,
+                                  const ft_conv2d_params *p, bool single_thread) {
+    conv_key k = key_of('W', inp, dw, dout, p);
+    k.single_thread = single_thread;
+    const ft_dnnl_prim *prim;
+    FT_TRY(ft_dnnl_get(&prim, &k, sizeof k, build, &k));
+    conv_mds m;
+    FT_TRY(make_mds(&m, &k));
+    ft_dnnl_arg args[3] = {{DNNL_ARG_SRC, &m.src, ft_tensor_data(inp)},
+                           {DNNL_ARG_DIFF_WEIGHTS, &m.wei, ft_tensor_data(dw)},
+                           {DNNL_ARG_DIFF_DST, &m.dst, ft_tensor_data(dout)}};
+    return ft_dnnl_run(prim, 3, args);
+}
+
+/* The batch split into DET_CHUNKS slices, each slice's dw computed by one
+ * thread, and the slices summed in order: identical for any thread count. */
+static ft_status backward_weights_deterministic(const ft_tensor *dw, const ft_tensor *dout, const ft_tensor *inp,
+                                                const ft_conv2d_params *p) {
+    int64_t N = inp->shape[0], chunks = N < DET_CHUNKS ? N : DET_CHUNKS;
+    int64_t wn = ft_tensor_numel(dw);
+    ft_tensor parts;
+    int64_t pshape[5] = {chunks, dw->shape[0], dw->shape[1], dw->shape[2], dw->shape[3]};
+    FT_TRY(ft_tensor_empty(&parts, 5, pshape, FT_FLOAT32, FT_CPU, false));
+    ft_status st[DET_CHUNKS], s = FT_OK;
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < chunks; c++) {
+        int64_t n0 = N * c / chunks, n1 = N * (c + 1) / chunks;
+        ft_tensor in = *inp, out = *dout, part = *dw;
+        in.shape[0] = out.shape[0] = n1 - n0;
+        in.offset += n0 * inp->strides[0] * (int64_t)ft_dtype_get(inp->dtype)->itemsize;
+        out.offset += n0 * dout->strides[0] * (int64_t)ft_dtype_get(dout->dtype)->itemsize;
+        part.storage = parts.storage;
+        part.offset = c * wn * 4;
+        ft_contiguous_strides(part.strides, 4, dw->shape);
+        st[c] = backward_weights(&part, &out, &in, p, true);
+    }
+    for (int64_t c = 0; c < chunks && s == FT_OK; c++)
+        s = st[c];
+    if (s == FT_OK) {
+        const float *src = (const float *)ft_tensor_data(&parts);
+        ft_tensor sum;
+        int64_t shape1[4] = {dw->shape[0], dw->shape[1], dw->shape[2], dw->shape[3]};
+        s = ft_tensor_empty(&sum, 4, shape1, FT_FLOAT32, FT_CPU, false);
+        if (s == FT_OK) {
+            float *acc = (float *)ft_tensor_data(&sum);
+#pragma omp parallel for schedule(static)
+            for (int64_t i = 0; i < wn; i++) {
+                float v = 0;
+                for (int64_t c = 0; c < chunks; c++)
+                    v += src[c * wn + i];
+                acc[i] = v;
+            }
+            s = ft_tensor_copy(dw, &sum, false);
+            ft_tensor_release(&sum);
+        }
+    }
+    ft_tensor_release(&parts);
+    return s;
+}
+
+ft_status ft_conv2d_backward(const ft_tensor *dinp, const ft_tensor *dw, const ft_tensor *db,
+                             const ft_tensor *dout, const ft_tensor *inp, const ft_tensor *w,
+                             const ft_conv2d_params *p) {
+    int64_t want[4];
+    FT_TRY(check_common(inp, w, want, p));
+    FT_TRY(ft_check_cpu_float("conv2d", "grad_output", dout, true));
+    FT_TRY(ft_check_shape("conv2d", "grad_output", dout, 4, want));
+    if (dinp) {
+        FT_TRY(ft_check_cpu_float("conv2d", "grad_input", dinp, true));
+        FT_TRY(ft_check_shape("conv2d", "grad_input", dinp, 4, inp->shape));
+        FT_TRY(ft_check_output("conv2d_backward", "grad_input", dinp));
+    }
+    if (dw) {
+        FT_TRY(ft_check_cpu_float("conv2d", "grad_weight", dw, true));
+        FT_TRY(ft_check_shape("conv2d", "grad_weight", dw, 4, w->shape));
+        FT_TRY(ft_check_output("conv2d_backward", "grad_weight", dw));
+        if (dw->dtype != FT_FLOAT32)
+            return ft_fail(FT_ERR_DTYPE, "conv2d: grad_weight must be float32 (fp32 accumulation)");
+    }
+    if (db) {
+        FT_TRY(ft_check_shape("conv2d", "grad_bias", db, 1, &want[1]));
+        if (db->dtype != FT_FLOAT32 || ft_tensor_device(db).type != FT_DEV_CPU)
+            return ft_fail(FT_ERR_DTYPE, "conv2d: grad_bias must be a float32 CPU tensor");
+        FT_TRY(ft_check_output("conv2d_backward", "grad_bias", db));
+    }
+    bool empty = ft_tensor_numel(dout) == 0;
+    if (dinp && ft_tensor_numel(dinp) > 0) {
+        if (empty) {
+            FT_TRY(ft_tensor_fill(dinp, (ft_scalar){.kind = FT_SCALAR_FLOAT, .f = 0}));
+        } else {
+            conv_key k = key_of('D', dinp, w, dout, p);
+            const ft_dnnl_prim *prim;
+            FT_TRY(ft_dnnl_get(&prim, &k, sizeof k, build, &k));
+            conv_mds m;
+            FT_TRY(make_mds(&m, &k));
+            ft_dnnl_arg args[3] = {{DNNL_ARG_DIFF_SRC, &m.src, ft_tensor_data(dinp)},
+                                   {DNNL_ARG_WEIGHTS, &m.wei, ft_tensor_data(w)},
+                                   {DNNL_ARG_DIFF_DST, &m.dst, ft_tensor_data(dout)}};
+            FT_TRY(ft_dnnl_run(prim, 3, args));
+        }
+    }
+    if (dw) {
+        if (empty)
+            FT_TRY(ft_tensor_fill(dw, (ft_scalar){.kind = FT_SCALAR_FLOAT, .f = 0}));
+        else if (ft_deterministic())
+            FT_TRY(backward_weights_deterministic(dw, dout, inp, p));
+        else
+            FT_TRY(backward_weights(dw, dout, inp, p, false));
+    }
+    return db ? ft_bias_grad(db, dout) : FT_OK;
+}

@@ -1,0 +1,248 @@
+#include "ops/linear.h"
+
+#include <omp.h>
+#include <string.h>
+
+#include "core/settings.h"
+#include "ops/check.h"
+#include "ops/onednn.h"
+#include "ops/reduce.h"
+
+/* Fixed slices of the deterministic path (see conv2d.c). */
+#define DET_CHUNKS 8
+
+/* A 2-d operand as oneDNN's matmul sees it: dims and strides, possibly a
+ * transposed view of a fasttrain tensor. */
+typedef struct {
+    int64_t dims[2], strides[2];
+    int dtype;
+    char *data;
+} operand;
+
+static operand as_is(const ft_tensor *t) {
+    return (operand){{t->shape[0], t->shape[1]}, {t->strides[0], t->strides[1]}, t->dtype, ft_tensor_data(t)};
+}
+
+static operand transposed(const ft_tensor *t) {
+    return (operand){{t->shape[1], t->shape[0]}, {t->strides[1], t->strides[0]}, t->dtype, ft_tensor_data(t)};
+}
+
+typedef struct {
+    bool bias, single_thread;
+    int act;
+    float alpha;
+    int64_t src[4], wei[4], dst[4]; /* dims then strides */
+    int dt_src, dt_wei, dt_dst;
+} mm_key;
+
+static void put(int64_t *k, const operand *o) {
+    memcpy(k, o->dims, sizeof o->dims);
+    memcpy(k + 2, o->strides, sizeof o->strides);
+}
+
+typedef struct {
+    dnnl_memory_desc_t src, wei, dst, bias;
+} mm_mds;
+
+static ft_status make_mds(mm_mds *m, const mm_key *k) {
+    FT_TRY(ft_dnnl_md_strided(&m->src, (ft_dtype)k->dt_src, 2, k->src, k->src + 2));
+    FT_TRY(ft_dnnl_md_strided(&m->wei, (ft_dtype)k->dt_wei, 2, k->wei, k->wei + 2));
+    FT_TRY(ft_dnnl_md_strided(&m->dst, (ft_dtype)k->dt_dst, 2, k->dst, k->dst + 2));
+    int64_t bdims[2] = {1, k->dst[1]}, bstrides[2] = {k->dst[1], 1};
+    return ft_dnnl_md_strided(&m->bias, FT_FLOAT32, 2, bdims, bstrides);
+}
+
+static ft_status build(dnnl_primitive_desc_t *pd, const void *arg) {
+    const mm_key *k = arg;
+    mm_mds m;
+    FT_TRY(make_mds(&m, k));
+    dnnl_engine_t engine;
+    FT_TRY(ft_dnnl_engine(&engine));
+    dnnl_matmul_desc_t md;
+    FT_TRY(ft_dnnl_check(dnnl_matmul_desc_init(&md, &m.src, &m.wei, k->bias ? &m.bias : NULL, &m.dst), "linear"));
+    dnnl_primitive_attr_t attr;
+    FT_TRY(ft_dnnl_attr(&attr));
+    ft_status s = FT_OK;
+    if (k->act) {
+        dnnl_post_ops_t po;
+        s = ft_dnnl_check(dnnl_post_ops_create(&po), "linear post-ops");
+        if (s == FT_OK) {
+            s = ft_dnnl_append_act(po, (ft_act){(ft_act_kind)k->act, k->alpha});
+            if (s == FT_OK)
+                s = ft_dnnl_check(dnnl_primitive_attr_set_post_ops(attr, po), "linear post-ops");
+            dnnl_post_ops_destroy(po);
+        }
+    }
+    if (s == FT_OK) {
+        int threads = omp_get_max_threads();
+        if (k->single_thread)
+            omp_set_num_threads(1);
+        s = ft_dnnl_check(dnnl_primitive_desc_create(pd, &md, attr, engine, NULL), "linear primitive");
+        if (k->single_thread)
+            omp_set_num_threads(threads);
+    }
+    dnnl_primitive_attr_destroy(attr);
+    return s;
+}
+
+/* dst = act(src @ wei + bias) for one matmul. */
+static ft_status matmul(const operand *src, const operand *wei, const operand *dst, const float *bias, ft_act act,
+                        bool single_thread) {
+    mm_key k;
+    memset(&k, 0, sizeof k);
+    put(k.src, src);
+    put(k.wei, wei);
+    put(k.dst, dst);
+    k.dt_src = src->dtype, k.dt_wei = wei->dtype, k.dt_dst = dst->dtype;
+    k.bias = bias != NULL;
+    k.act = act.kind;
+    k.alpha = act.alpha;
+    k.single_thread = single_thread;
+    const ft_dnnl_prim *prim;
+    FT_TRY(ft_dnnl_get(&prim, &k, sizeof k, build, &k));
+    mm_mds m;
+    FT_TRY(make_mds(&m, &k));
+    ft_dnnl_arg args[4] = {{DNNL_ARG_SRC, &m.src, src->data},
+                           {DNNL_ARG_WEIGHTS, &m.wei, wei->data},
+                           {DNNL_ARG_DST, &m.dst, dst->data},
+                           {DNNL_ARG_BIAS, &m.bias, (void *)bias}};
+    return ft_dnnl_run(prim, bias ? 4 : 3, args);
+}
+
+static operand rows(const operand *o, int64_t r0, int64_t r1) {
+    operand s = *o;
+    s.dims[0] = r1 - r0;
+    s.data += r0 * o->strides[0] * (int64_t)ft_dtype_get((ft_dtype)o->dtype)->itemsize;
+    return s;
+}
+
+static operand cols(const operand *o, int64_t c0, int64_t c1) {
+    operand s = *o;
+    s.dims[1] = c1 - c0;
+    s.data += c0 * o->strides[1] * (int64_t)ft_dtype_get((ft_dtype)o->dtype)->itemsize;
+    return s;
+}
+
+/* Deterministic mode: each fixed slice of rows runs on one thread (with a
+ * primitive planned for one thread), so every row is computed the same way
+ * whatever the thread count. */
+static ft_status matmul_rows(const operand *src, const operand *wei, const operand *dst, const float *bias,
+                             ft_act act) {
+    if (!ft_deterministic())
+        return matmul(src, wei, dst, bias, act, false);
+    int64_t n = src->dims[0], chunks = n < DET_CHUNKS ? n : DET_CHUNKS;
+    ft_status st[DET_CHUNKS];
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < chunks; c++) {
+        operand s = rows(src, n * c / chunks, n * (c + 1) / chunks), d = rows(dst, n * c / chunks, n * (c + 1) / chunks);
+        st[c] = matmul(&s, wei, &d, bias, act, true);
+    }
+    for (int64_t c = 0; c < chunks; c++)
+        FT_TRY(st[c]);
+    return FT_OK;
+}
+
+static ft_status check(const char *arg, const ft_tensor *t, int64_t d0, int64_t d1, bool allow_bf16) {
+    FT_TRY(ft_check_cpu_float("linear", arg, t, allow_bf16));
+    return ft_check_shape("linear", arg, t, 2, (int64_t[]){d0, d1});
+}
+
+static ft_status check_inputs(const ft_tensor *x, const ft_tensor *w) {
+    FT_TRY(ft_check_ndim("linear", "input", x, 2, "(N, I)"));
+    FT_TRY(ft_check_ndim("linear", "weight", w, 2, "(O, I)"));
+    if (x->shape[1] != w->shape[1])
+        return ft_fail(FT_ERR_SHAPE, "linear: input has %lld features but weight expects %lld", (long long)x->shape[1],
+                       (long long)w->shape[1]);
+    FT_TRY(ft_check_cpu_float("linear", "input", x, true));
+    FT_TRY(ft_check_cpu_float("linear", "weight", w, true));
+    FT_TRY(ft_check_dtype_as("linear", "weight", w, "input", x));
+    return FT_OK;
+}
+
+ft_status ft_linear_forward(const ft_tensor *out, const ft_tensor *x, const ft_tensor *w, const ft_tensor *b,
+                            ft_act act) {
+    FT_TRY(check_inputs(x, w));
+    int64_t N = x->shape[0], O = w->shape[0];
+    FT_TRY(check("out", out, N, O, true));
+    FT_TRY(ft_check_output("linear", "out", out));
+    if (b) {
+        FT_TRY(ft_check_cpu_float("linear", "bias", b, false));
+        FT_TRY(ft_check_shape("linear", "bias", b, 1, &O));
+        if (b->strides[0] != 1 && O > 1)
+            return ft_fail(FT_ERR_SHAPE, "linear: bias must be contiguous");
+    }
+    if (N == 0 || O == 0)
+        return FT_OK;
+    if (x->shape[1] == 0) /* an empty sum: out = act(b) */
+        return ft_fail(FT_ERR_SHAPE, "linear: zero input features are not supported");
+    operand src = as_is(x), wei = transposed(w), dst = as_is(out);
+    return matmul_rows(&src, &wei, &dst, b ? (const float *)ft_tensor_data(b) : NULL, act);
+}
+
+/* dw (O, I) = dout^T (O, N) @ x (N, I); deterministic mode sums fixed slices of N in order. */
+static ft_status weight_grad(const ft_tensor *dw, const ft_tensor *dout, const ft_tensor *x) {
+    operand src = transposed(dout), wei = as_is(x), dst = as_is(dw);
+    if (!ft_deterministic())
+        return matmul(&src, &wei, &dst, NULL, (ft_act){FT_ACT_NONE, 0}, false);
+    int64_t N = x->shape[0], chunks = N < DET_CHUNKS ? N : DET_CHUNKS, wn = ft_tensor_numel(dw);
+    ft_tensor parts;
+    int64_t pshape[3] = {chunks, dw->shape[0], dw->shape[1]};
+    FT_TRY(ft_tensor_empty(&parts, 3, pshape, FT_FLOAT32, FT_CPU, false));
+    ft_status st[DET_CHUNKS], s = FT_OK;
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < chunks; c++) {
+        int64_t n0 = N * c / chunks, n1 = N * (c + 1) / chunks;
+        operand part_src = cols(&src, n0, n1), part_wei = rows(&wei, n0, n1);
+        operand part_dst = {{dw->shape[0], dw->shape[1]}, {dw->shape[1], 1}, FT_FLOAT32,
+                            (char *)ft_tensor_data(&parts) + c * wn * 4};
+        st[c] = matmul(&part_src, &part_wei, &part_dst, NULL, (ft_act){FT_ACT_NONE, 0}, true);
+    }
+    for (int64_t c = 0; c < chunks && s == FT_OK; c++)
+        s = st[c];
+    if (s == FT_OK) {
+        const float *p = (const float *)ft_tensor_data(&parts);
+        float *out = (float *)ft_tensor_data(dw);
+        int64_t I = dw->shape[1];
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < wn; i++) {
+            float v = 0;
+            for (int64_t c = 0; c < chunks; c++)
+                v += p[c * wn + i];
+            out[(i / I) * dw->strides[0] + (i % I) * dw->strides[1]] = v;
+        }
+    }
+    ft_tensor_release(&parts);
+    return s;
+}
+
+ft_status ft_linear_backward(const ft_tensor *dx, const ft_tensor *dw, const ft_tensor *db, const ft_tensor *dout,
+                             const ft_tensor *x, const ft_tensor *w) {
+    FT_TRY(check_inputs(x, w));
+    int64_t N = x->shape[0], I = x->shape[1], O = w->shape[0];
+    FT_TRY(check("grad_output", dout, N, O, true));
+    if (dx) {
+        FT_TRY(check("grad_input", dx, N, I, true));
+        FT_TRY(ft_check_output("linear_backward", "grad_input", dx));
+    }
+    if (dw) {
+        FT_TRY(check("grad_weight", dw, O, I, false));
+        FT_TRY(ft_check_output("linear_backward", "grad_weight", dw));
+    }
+    if (db) {
+        FT_TRY(ft_check_cpu_float("linear_backward", "grad_bias", db, false));
+        FT_TRY(ft_check_shape("linear_backward", "grad_bias", db, 1, &O));
+        FT_TRY(ft_check_output("linear_backward", "grad_bias", db));
+    }
+    ft_scalar zero = {.kind = FT_SCALAR_FLOAT, .f = 0};
+    if (dx && N && I) {
+        if (O == 0) {
+            FT_TRY(ft_tensor_fill(dx, zero));
+        } else {
+            operand src = as_is(dout), wei = as_is(w), dst = as_is(dx);
+            FT_TRY(matmul_rows(&src, &wei, &dst, NULL, (ft_act){FT_ACT_NONE, 0}));
+        }
+    }
+    if (dw && O && I)
+        FT_TRY(N ? weight_grad(dw, dout, x) : ft_tensor_fill(dw, zero));
+    return db ? ft_bias_grad(db, dout) : FT_OK;
+}

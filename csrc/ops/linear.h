@@ -1,0 +1,21 @@
+/* Fully connected layers (PyTorch's Linear) on oneDNN's matmul.
+ *
+ * Legend: N rows (the batch, any leading dimensions flattened by the
+ * caller), I input features, O output features. float32, or bfloat16 inputs
+ * and weights with float32 accumulation. */
+#ifndef FT_OPS_LINEAR_H
+#define FT_OPS_LINEAR_H
+
+#include "core/tensor.h"
+#include "kernels/activation.h"
+
+/* out (N, O) = act(x (N, I) @ w (O, I)^T + b (O)); b may be NULL. */
+ft_status ft_linear_forward(const ft_tensor *out, const ft_tensor *x, const ft_tensor *w, const ft_tensor *b,
+                            ft_act act);
+
+/* Gradients from dout (N, O), the gradient of the pre-activation output.
+ * dx (N, I), dw (O, I), db (O) may each be NULL; each is written (=). */
+ft_status ft_linear_backward(const ft_tensor *dx, const ft_tensor *dw, const ft_tensor *db, const ft_tensor *dout,
+                             const ft_tensor *x, const ft_tensor *w);
+
+#endif
