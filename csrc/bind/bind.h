@@ -72,6 +72,16 @@ int ft_bind_ops(PyObject *module);
 int ft_bind_nn(PyObject *module);
 int ft_bind_data(PyObject *module);
 
+/* The C loader behind an ft.data.Loader (bind/data.c), for a C training loop
+ * that pulls batches with ft_loader_next/ft_loader_release and no Python per
+ * step (see data/loader.h for the threading contract). Borrowed: valid while
+ * `obj` is alive and not closed; the caller keeps a reference to obj, holds
+ * the GIL for this call only, and does not iterate the loader from Python at
+ * the same time. NULL with TypeError if obj is not a loader, ValueError if it
+ * is closed. */
+typedef struct ft_loader ft_loader;
+ft_loader *ft_loader_of(PyObject *obj);
+
 /* Type spec of the tensor base type (bind/tensor.c). */
 extern PyType_Spec ft_tensor_spec;
 

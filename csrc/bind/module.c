@@ -414,7 +414,9 @@ static int module_exec(PyObject *module) {
     }
     int r = PyModule_AddObjectRef(module, "DTYPES", names);
     Py_DECREF(names);
-    return r;
+    if (r < 0 || ft_bind_data(module) < 0)
+        return -1;
+    return 0;
 }
 
 static int module_traverse(PyObject *module, visitproc visit, void *arg) {

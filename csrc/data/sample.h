@@ -1,0 +1,22 @@
+/* One sample as a source hands it to the pipeline: encoded JPEG bytes or a
+ * raw uint8 image, and its label. */
+#ifndef FT_DATA_SAMPLE_H
+#define FT_DATA_SAMPLE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum {
+    FT_SAMPLE_JPEG = 1, /* a JPEG file's bytes */
+    FT_SAMPLE_RAW = 2,  /* uint8 pixels (H, W, C), rows of W*C bytes, C = 1 or 3 */
+} ft_sample_kind;
+
+typedef struct {
+    ft_sample_kind kind;
+    const uint8_t *data; /* valid until the next fetch into the same buffer */
+    size_t size;         /* bytes */
+    int64_t label;
+    int height, width, channels; /* FT_SAMPLE_RAW only */
+} ft_sample;
+
+#endif

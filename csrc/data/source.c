@@ -1,0 +1,690 @@
+#include "data/source.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "data/record.h"
+
+typedef enum { SRC_RECORD, SRC_FOLDER, SRC_TAR, SRC_ARRAYS } source_kind;
+
+/* A file-backed sample of a folder or a tar shard. */
+typedef struct {
+    int32_t file;  /* folder: index into paths; tar: shard */
+    uint64_t offset, size; /* tar: the member's bytes inside the shard */
+    int64_t label;
+    char *name;    /* folder: the path; tar: the member name */
+} file_entry;
+
+typedef struct {
+    const uint8_t *map;
+    size_t size;
+    char *path;
+} mapped_file;
+
+struct ft_source {
+    atomic_long refcount;
+    source_kind kind;
+    int64_t count;
+    /* record */
+    ft_record_file *record;
+    /* folder and tar */
+    file_entry *entries;
+    char **classes;
+    int nclasses;
+    mapped_file *shards;
+    int nshards;
+    /* arrays */
+    ft_tensor images, labels; /* (N, H, W[, C]) uint8, (N,) integer */
+    int height, width, channels;
+};
+
+void ft_fetch_buf_free(ft_fetch_buf *b) {
+    free(b->data);
+    b->data = NULL;
+    b->cap = 0;
+}
+
+ft_status ft_fetch_buf_reserve(ft_fetch_buf *b, size_t n) {
+    if (n <= b->cap)
+        return FT_OK;
+    size_t cap = b->cap ? b->cap : 4096;
+    while (cap < n)
+        cap *= 2;
+    uint8_t *grown = realloc(b->data, cap);
+    if (!grown)
+        return ft_fail(FT_ERR_NOMEM, "out of memory reading a sample of %zu bytes", n);
+    b->data = grown;
+    b->cap = cap;
+    return FT_OK;
+}
+
+static ft_source *source_new(source_kind kind) {
+    ft_source *s = calloc(1, sizeof *s);
+    if (s) {
+        atomic_init(&s->refcount, 1);
+        s->kind = kind;
+    }
+    return s;
+}
+
+static void source_free(ft_source *s) {
+    ft_record_close(s->record);
+    for (int64_t i = 0; s->entries && i < s->count; i++)
+        free(s->entries[i].name);
+    free(s->entries);
+    for (int c = 0; c < s->nclasses; c++)
+        free(s->classes[c]);
+    free(s->classes);
+    for (int i = 0; i < s->nshards; i++) {
+        if (s->shards[i].map && s->shards[i].size)
+            munmap((void *)s->shards[i].map, s->shards[i].size);
+        free(s->shards[i].path);
+    }
+    free(s->shards);
+    if (s->images.storage)
+        ft_tensor_release(&s->images);
+    if (s->labels.storage)
+        ft_tensor_release(&s->labels);
+    free(s);
+}
+
+void ft_source_retain(ft_source *s) { atomic_fetch_add_explicit(&s->refcount, 1, memory_order_relaxed); }
+
+void ft_source_release(ft_source *s) {
+    if (s && atomic_fetch_sub_explicit(&s->refcount, 1, memory_order_acq_rel) == 1)
+        source_free(s);
+}
+
+int64_t ft_source_count(const ft_source *s) { return s->count; }
+
+const char *ft_source_kind(const ft_source *s) {
+    static const char *names[] = {"record", "image_folder", "tar", "arrays"};
+    return names[s->kind];
+}
+
+bool ft_source_in_memory(const ft_source *s) { return s->kind != SRC_FOLDER; }
+
+int ft_source_num_classes(const ft_source *s) { return s->nclasses; }
+
+const char *ft_source_class_name(const ft_source *s, int c) {
+    return c >= 0 && c < s->nclasses ? s->classes[c] : NULL;
+}
+
+const char *ft_source_meta(const ft_source *s, size_t *len) {
+    *len = 0;
+    return s->record ? ft_record_meta(s->record, len) : NULL;
+}
+
+/* ---- record ---- */
+
+ft_status ft_source_open_record(ft_source **out, const char *path, bool recover) {
+    ft_source *s = source_new(SRC_RECORD);
+    if (!s)
+        return ft_fail(FT_ERR_NOMEM, "out of memory opening a source");
+    ft_status st = ft_record_open(&s->record, path, recover);
+    if (st != FT_OK) {
+        free(s);
+        return st;
+    }
+    s->count = ft_record_count(s->record);
+    *out = s;
+    return FT_OK;
+}
+
+/* ---- arrays ---- */
+
+ft_status ft_source_from_arrays(ft_source **out, const ft_tensor *images, const ft_tensor *labels) {
+    if (images->dtype != FT_UINT8)
+        return ft_fail(FT_ERR_DTYPE, "images must be uint8 (N, H, W) or (N, H, W, C), got %s",
+                       ft_dtype_get(images->dtype)->name);
+    if (images->ndim != 3 && images->ndim != 4)
+        return ft_fail(FT_ERR_SHAPE, "images must have shape (N, H, W) or (N, H, W, C), got %d dimensions",
+                       images->ndim);
+    int channels = images->ndim == 4 ? (int)images->shape[3] : 1;
+    if (channels != 1 && channels != 3)
+        return ft_fail(FT_ERR_SHAPE, "images must have 1 or 3 channels, got %d", channels);
+    if (images->shape[1] < 1 || images->shape[2] < 1 || images->shape[1] > (1 << 24) || images->shape[2] > (1 << 24))
+        return ft_fail(FT_ERR_SHAPE, "images of %lld x %lld pixels are not supported", (long long)images->shape[1],
+                       (long long)images->shape[2]);
+    if (ft_tensor_device(images).type != FT_DEV_CPU || ft_tensor_device(labels).type != FT_DEV_CPU)
+        return ft_fail(FT_ERR_DEVICE, "images and labels must be in host memory");
+    if (labels->ndim != 1 || labels->shape[0] != images->shape[0])
+        return ft_fail(FT_ERR_SHAPE, "labels must have shape (%lld,), matching the images", (long long)images->shape[0]);
+    switch (labels->dtype) {
+    case FT_UINT8: case FT_INT8: case FT_INT16: case FT_INT32: case FT_INT64: case FT_UINT16: case FT_UINT32:
+    case FT_UINT64: break;
+    default:
+        return ft_fail(FT_ERR_DTYPE, "labels must be integers, got %s", ft_dtype_get(labels->dtype)->name);
+    }
+    ft_source *s = source_new(SRC_ARRAYS);
+    if (!s)
+        return ft_fail(FT_ERR_NOMEM, "out of memory opening a source");
+    ft_tensor_share(&s->images, images);
+    ft_tensor_share(&s->labels, labels);
+    s->count = images->shape[0];
+    s->height = (int)images->shape[1];
+    s->width = (int)images->shape[2];
+    s->channels = channels;
+    *out = s;
+    return FT_OK;
+}
+
+static int64_t label_at(const ft_tensor *t, int64_t i) {
+    const char *p = ft_tensor_data(t) + i * t->strides[0] * (int64_t)ft_dtype_get(t->dtype)->itemsize;
+    switch (t->dtype) {
+    case FT_UINT8: return *(const uint8_t *)p;
+    case FT_INT8: return *(const int8_t *)p;
+    case FT_INT16: return *(const int16_t *)p;
+    case FT_INT32: return *(const int32_t *)p;
+    case FT_UINT16: return *(const uint16_t *)p;
+    case FT_UINT32: return *(const uint32_t *)p;
+    case FT_UINT64: return (int64_t) * (const uint64_t *)p;
+    default: return *(const int64_t *)p;
+    }
+}
+
+static ft_status get_array(const ft_source *s, int64_t i, ft_fetch_buf *buf, ft_sample *out) {
+    const ft_tensor *t = &s->images;
+    int64_t h = s->height, w = s->width, c = s->channels;
+    const int64_t *st = t->strides;
+    const uint8_t *base = (const uint8_t *)ft_tensor_data(t) + i * st[0];
+    int64_t cs = t->ndim == 4 ? st[3] : 1;
+    out->kind = FT_SAMPLE_RAW;
+    out->height = (int)h;
+    out->width = (int)w;
+    out->channels = (int)c;
+    out->size = (size_t)(h * w * c);
+    out->label = label_at(&s->labels, i);
+    if ((c == 1 || cs == 1) && st[2] == c && (h == 1 || st[1] == w * c)) {
+        out->data = base; /* the common case: no copy */
+        return FT_OK;
+    }
+    FT_TRY(ft_fetch_buf_reserve(buf, out->size));
+    uint8_t *d = buf->data;
+    for (int64_t y = 0; y < h; y++)
+        for (int64_t x = 0; x < w; x++)
+            for (int64_t k = 0; k < c; k++)
+                *d++ = base[y * st[1] + x * st[2] + k * cs];
+    out->data = buf->data;
+    return FT_OK;
+}
+
+/* ---- ImageFolder ---- */
+
+typedef struct {
+    char **items;
+    size_t n, cap;
+} str_list;
+
+static int str_push(str_list *l, char *s) {
+    if (!s)
+        return -1;
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 64;
+        char **grown = realloc(l->items, cap * sizeof *grown);
+        if (!grown) {
+            free(s);
+            return -1;
+        }
+        l->items = grown;
+        l->cap = cap;
+    }
+    l->items[l->n++] = s;
+    return 0;
+}
+
+static void str_list_free(str_list *l) {
+    for (size_t i = 0; i < l->n; i++)
+        free(l->items[i]);
+    free(l->items);
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+static char *join_path(const char *dir, const char *name) {
+    size_t n = strlen(dir) + strlen(name) + 2;
+    char *p = malloc(n);
+    if (p)
+        snprintf(p, n, "%s/%s", dir, name);
+    return p;
+}
+
+static bool is_jpeg_name(const char *name) {
+    const char *dot = strrchr(name, '.');
+    return dot && (strcasecmp(dot, ".jpg") == 0 || strcasecmp(dot, ".jpeg") == 0);
+}
+
+static bool is_dir(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode); /* follows links, as os.walk(followlinks=True) */
+}
+
+/* Lists a directory's entries, sorted, split into subdirectories and files. */
+static ft_status list_dir(const char *dir, str_list *dirs, str_list *files) {
+    DIR *d = opendir(dir);
+    if (!d)
+        return ft_fail(FT_ERR_IO, "cannot list %s: %s", dir, strerror(errno));
+    struct dirent *e;
+    ft_status s = FT_OK;
+    while (s == FT_OK && (e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+            continue;
+        char *path = join_path(dir, e->d_name);
+        if (!path) {
+            s = ft_fail(FT_ERR_NOMEM, "out of memory listing %s", dir);
+            break;
+        }
+        bool isdir = is_dir(path);
+        free(path);
+        str_list *into = isdir ? dirs : files;
+        if (into && str_push(into, strdup(e->d_name)) < 0)
+            s = ft_fail(FT_ERR_NOMEM, "out of memory listing %s", dir);
+    }
+    closedir(d);
+    if (dirs)
+        qsort(dirs->items, dirs->n, sizeof *dirs->items, cmp_str);
+    if (files)
+        qsort(files->items, files->n, sizeof *files->items, cmp_str);
+    return s;
+}
+
+/* The order of sorted(os.walk(dir)): directories by their path, each with
+ * its files sorted. Collects every (dir path) first, sorts them, then lists
+ * each one's files. */
+static ft_status walk_dirs(const char *dir, str_list *all, int depth) {
+    if (depth > 64)
+        return ft_fail(FT_ERR_VALUE, "%s: directories nested more than 64 deep (a link loop?)", dir);
+    if (str_push(all, strdup(dir)) < 0)
+        return ft_fail(FT_ERR_NOMEM, "out of memory walking %s", dir);
+    str_list subs = {0};
+    ft_status s = list_dir(dir, &subs, NULL);
+    for (size_t i = 0; s == FT_OK && i < subs.n; i++) {
+        char *p = join_path(dir, subs.items[i]);
+        s = p ? walk_dirs(p, all, depth + 1) : ft_fail(FT_ERR_NOMEM, "out of memory walking %s", dir);
+        free(p);
+    }
+    str_list_free(&subs);
+    return s;
+}
+
+static ft_status push_entry(ft_source *s, size_t *cap, file_entry e) {
+    if ((size_t)s->count == *cap) {
+        size_t grown_cap = *cap ? *cap * 2 : 1024;
+        file_entry *grown = realloc(s->entries, grown_cap * sizeof *grown);
+        if (!grown) {
+            free(e.name);
+            return ft_fail(FT_ERR_NOMEM, "out of memory listing samples");
+        }
+        s->entries = grown;
+        *cap = grown_cap;
+    }
+    s->entries[s->count++] = e;
+    return FT_OK;
+}
+
+ft_status ft_source_open_image_folder(ft_source **out, const char *root) {
+    if (!is_dir(root))
+        return ft_fail(FT_ERR_IO, "ImageFolder root %s is not a directory", root);
+    ft_source *s = source_new(SRC_FOLDER);
+    if (!s)
+        return ft_fail(FT_ERR_NOMEM, "out of memory opening a source");
+    str_list classes = {0};
+    ft_status st = list_dir(root, &classes, NULL);
+    size_t cap = 0;
+    if (st == FT_OK && classes.n > (1u << 30))
+        st = ft_fail(FT_ERR_VALUE, "%s has too many class directories", root);
+    for (size_t c = 0; st == FT_OK && c < classes.n; c++) {
+        char *cdir = join_path(root, classes.items[c]);
+        str_list dirs = {0};
+        st = cdir ? walk_dirs(cdir, &dirs, 0) : ft_fail(FT_ERR_NOMEM, "out of memory");
+        qsort(dirs.items, dirs.n, sizeof *dirs.items, cmp_str);
+        for (size_t d = 0; st == FT_OK && d < dirs.n; d++) {
+            str_list files = {0};
+            st = list_dir(dirs.items[d], NULL, &files);
+            for (size_t f = 0; st == FT_OK && f < files.n; f++) {
+                if (!is_jpeg_name(files.items[f]))
+                    continue;
+                char *path = join_path(dirs.items[d], files.items[f]);
+                st = path ? push_entry(s, &cap, (file_entry){.label = (int64_t)c, .name = path})
+                          : ft_fail(FT_ERR_NOMEM, "out of memory");
+            }
+            str_list_free(&files);
+        }
+        str_list_free(&dirs);
+        free(cdir);
+    }
+    if (st == FT_OK && s->count == 0)
+        st = ft_fail(FT_ERR_VALUE, "ImageFolder %s holds no .jpg or .jpeg files in class subdirectories", root);
+    if (st != FT_OK) {
+        str_list_free(&classes);
+        source_free(s);
+        return st;
+    }
+    s->classes = classes.items;
+    s->nclasses = (int)classes.n;
+    *out = s;
+    return FT_OK;
+}
+
+static ft_status read_file(const char *path, ft_fetch_buf *buf, size_t *size) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return ft_fail(FT_ERR_IO, "cannot open %s: %s", path, strerror(errno));
+    struct stat st;
+    ft_status s = FT_OK;
+    if (fstat(fd, &st) != 0) {
+        s = ft_fail(FT_ERR_IO, "cannot stat %s: %s", path, strerror(errno));
+    } else if ((s = ft_fetch_buf_reserve(buf, (size_t)st.st_size)) == FT_OK) {
+        size_t done = 0, want = (size_t)st.st_size;
+        while (done < want) {
+            ssize_t r = pread(fd, buf->data + done, want - done, (off_t)done);
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r <= 0) {
+                s = ft_fail(FT_ERR_IO, "reading %s: %s", path, r < 0 ? strerror(errno) : "file shrank while read");
+                break;
+            }
+            done += (size_t)r;
+        }
+        *size = done;
+    }
+    close(fd);
+    return s;
+}
+
+/* ---- tar shards (WebDataset) ---- */
+
+static uint64_t tar_number(const uint8_t *p, int n, bool *ok) {
+    if (p[0] & 0x80) { /* GNU base-256 for sizes of 8 GiB and more */
+        uint64_t v = p[0] & 0x7f;
+        for (int i = 1; i < n; i++)
+            v = v << 8 | p[i];
+        return v;
+    }
+    uint64_t v = 0;
+    int i = 0;
+    while (i < n && (p[i] == ' ' || p[i] == 0))
+        i++;
+    for (; i < n && p[i] >= '0' && p[i] <= '7'; i++)
+        v = v * 8 + (uint64_t)(p[i] - '0');
+    for (; i < n; i++)
+        if (p[i] != ' ' && p[i] != 0)
+            *ok = false;
+    return v;
+}
+
+/* WebDataset's split of a member path: key = up to the first dot of the
+ * last component, extension = the rest. */
+static void split_key(const char *path, size_t *key_len, const char **ext) {
+    const char *slash = strrchr(path, '/');
+    const char *base = slash ? slash + 1 : path;
+    const char *dot = strchr(base, '.');
+    *key_len = dot ? (size_t)(dot - path) : strlen(path);
+    *ext = dot ? dot + 1 : "";
+}
+
+typedef struct {
+    char *key;
+    bool has_image, has_label;
+    uint64_t offset, size;
+    int64_t label;
+    char *image_name;
+} tar_group;
+
+static ft_status flush_group(ft_source *s, size_t *cap, tar_group *g, int shard, const char *shard_path) {
+    ft_status st = FT_OK;
+    if (g->key && g->has_image) {
+        if (!g->has_label)
+            st = ft_fail(FT_ERR_FORMAT, "%s: sample '%s' has no .cls member (its label)", shard_path, g->key);
+        else {
+            st = push_entry(s, cap, (file_entry){.file = shard, .offset = g->offset, .size = g->size,
+                                                 .label = g->label, .name = g->image_name});
+            g->image_name = NULL;
+        }
+    }
+    free(g->key);
+    free(g->image_name);
+    *g = (tar_group){0};
+    return st;
+}
+
+static ft_status parse_label(const uint8_t *p, uint64_t n, int64_t *out) {
+    char text[32];
+    if (n == 0 || n >= sizeof text)
+        return FT_ERR_FORMAT;
+    memcpy(text, p, n);
+    text[n] = 0;
+    char *end;
+    errno = 0;
+    long long v = strtoll(text, &end, 10);
+    while (*end == ' ' || *end == '\n' || *end == '\r' || *end == '\t')
+        end++;
+    if (errno || end == text || *end)
+        return FT_ERR_FORMAT;
+    *out = v;
+    return FT_OK;
+}
+
+static ft_status scan_shard(ft_source *s, size_t *cap, int shard) {
+    const mapped_file *mf = &s->shards[shard];
+    const uint8_t *m = mf->map;
+    size_t size = mf->size, off = 0;
+    char long_name[4096];
+    bool have_long = false;
+    uint64_t pax_size = 0;
+    bool have_pax_size = false;
+    tar_group g = {0};
+    ft_status st = FT_OK;
+    while (st == FT_OK) {
+        if (off + 512 > size) {
+            if (off < size || off == 0)
+                st = ft_fail(FT_ERR_FORMAT, "%s: truncated tar file (a header is cut at byte %zu)", mf->path, off);
+            break;
+        }
+        const uint8_t *h = m + off;
+        bool zero = true;
+        for (int i = 0; i < 512 && zero; i++)
+            zero = h[i] == 0;
+        if (zero)
+            break; /* end-of-archive marker */
+        unsigned sum = 0;
+        for (int i = 0; i < 512; i++)
+            sum += i >= 148 && i < 156 ? ' ' : h[i];
+        bool ok = true;
+        uint64_t stored_sum = tar_number(h + 148, 8, &ok);
+        uint64_t msize = tar_number(h + 124, 12, &ok);
+        if (!ok || stored_sum != sum) {
+            st = ft_fail(FT_ERR_FORMAT, "%s: bad tar header at byte %zu (checksum mismatch)", mf->path, off);
+            break;
+        }
+        if (have_pax_size)
+            msize = pax_size;
+        size_t data = off + 512;
+        if (msize > size - data) {
+            st = ft_fail(FT_ERR_FORMAT, "%s: truncated tar file (member at byte %zu needs %llu bytes)", mf->path,
+                         off, (unsigned long long)msize);
+            break;
+        }
+        char type = (char)h[156];
+        size_t next = data + (size_t)((msize + 511) / 512 * 512);
+        if (type == 'L') { /* GNU long name for the next member */
+            size_t n = msize < sizeof long_name ? (size_t)msize : sizeof long_name - 1;
+            memcpy(long_name, m + data, n);
+            long_name[n] = 0;
+            have_long = true;
+            off = next;
+            continue;
+        }
+        if (type == 'x') { /* pax extended header: "len key=value\n" records */
+            size_t p = data, end = data + (size_t)msize;
+            while (p < end) {
+                size_t len = 0, q = p;
+                while (q < end && m[q] >= '0' && m[q] <= '9')
+                    len = len * 10 + (size_t)(m[q++] - '0');
+                if (q >= end || m[q] != ' ' || len == 0 || p + len > end)
+                    break;
+                const char *kv = (const char *)m + q + 1;
+                size_t kvlen = p + len - (q + 1);
+                if (kvlen > 5 && memcmp(kv, "path=", 5) == 0 && kvlen - 6 < sizeof long_name) {
+                    memcpy(long_name, kv + 5, kvlen - 6);
+                    long_name[kvlen - 6] = 0;
+                    have_long = true;
+                } else if (kvlen > 5 && memcmp(kv, "size=", 5) == 0) {
+                    pax_size = strtoull(kv + 5, NULL, 10);
+                    have_pax_size = true;
+                }
+                p += len;
+            }
+            off = next;
+            continue;
+        }
+        char name[4096];
+        if (have_long) {
+            snprintf(name, sizeof name, "%s", long_name);
+        } else {
+            char plain[101], prefix[156];
+            memcpy(plain, h, 100);
+            plain[100] = 0;
+            memcpy(prefix, h + 345, 155);
+            prefix[155] = 0;
+            bool ustar = memcmp(h + 257, "ustar", 5) == 0;
+            if (ustar && prefix[0])
+                snprintf(name, sizeof name, "%s/%s", prefix, plain);
+            else
+                snprintf(name, sizeof name, "%s", plain);
+        }
+        have_long = have_pax_size = false;
+        off = next;
+        if (!(type == '0' || type == 0 || type == '7'))
+            continue; /* directories, links, global headers */
+        size_t key_len;
+        const char *ext;
+        split_key(name, &key_len, &ext);
+        if (!g.key || strlen(g.key) != key_len || memcmp(g.key, name, key_len) != 0) {
+            if ((st = flush_group(s, cap, &g, shard, mf->path)) != FT_OK)
+                break;
+            g.key = strndup(name, key_len);
+            if (!g.key) {
+                st = ft_fail(FT_ERR_NOMEM, "out of memory reading %s", mf->path);
+                break;
+            }
+        }
+        if (strcasecmp(ext, "jpg") == 0 || strcasecmp(ext, "jpeg") == 0) {
+            g.has_image = true;
+            g.offset = data;
+            g.size = msize;
+            free(g.image_name);
+            g.image_name = strdup(name);
+            if (!g.image_name)
+                st = ft_fail(FT_ERR_NOMEM, "out of memory reading %s", mf->path);
+        } else if (strcmp(ext, "cls") == 0) {
+            if (parse_label(m + data, msize, &g.label) != FT_OK)
+                st = ft_fail(FT_ERR_FORMAT, "%s: %s does not hold a decimal label", mf->path, name);
+            g.has_label = true;
+        }
+    }
+    if (st == FT_OK)
+        st = flush_group(s, cap, &g, shard, mf->path);
+    else
+        free(g.key), free(g.image_name);
+    return st;
+}
+
+ft_status ft_source_open_tar(ft_source **out, const char *const *paths, int npaths) {
+    if (npaths < 1)
+        return ft_fail(FT_ERR_VALUE, "no tar shards given");
+    ft_source *s = source_new(SRC_TAR);
+    if (!s || !(s->shards = calloc((size_t)npaths, sizeof *s->shards))) {
+        free(s);
+        return ft_fail(FT_ERR_NOMEM, "out of memory opening a source");
+    }
+    size_t cap = 0;
+    ft_status st = FT_OK;
+    for (int i = 0; st == FT_OK && i < npaths; i++) {
+        mapped_file *mf = &s->shards[i];
+        s->nshards = i + 1;
+        if (!(mf->path = strdup(paths[i]))) {
+            st = ft_fail(FT_ERR_NOMEM, "out of memory");
+            break;
+        }
+        int fd = open(paths[i], O_RDONLY | O_CLOEXEC);
+        struct stat sb;
+        if (fd < 0 || fstat(fd, &sb) != 0) {
+            st = ft_fail(FT_ERR_IO, "cannot open tar shard %s: %s", paths[i], strerror(errno));
+            if (fd >= 0)
+                close(fd);
+            break;
+        }
+        mf->size = (size_t)sb.st_size;
+        if (mf->size) {
+            void *p = mmap(NULL, mf->size, PROT_READ, MAP_SHARED, fd, 0);
+            if (p == MAP_FAILED) {
+                mf->size = 0;
+                st = ft_fail(FT_ERR_IO, "cannot map %s: %s", paths[i], strerror(errno));
+            } else {
+                mf->map = p;
+            }
+        }
+        close(fd);
+        if (st == FT_OK)
+            st = scan_shard(s, &cap, i);
+    }
+    if (st == FT_OK && s->count == 0)
+        st = ft_fail(FT_ERR_VALUE, "the tar shards hold no samples (members KEY.jpg with KEY.cls)");
+    if (st != FT_OK) {
+        source_free(s);
+        return st;
+    }
+    *out = s;
+    return FT_OK;
+}
+
+/* ---- access ---- */
+
+ft_status ft_source_get(const ft_source *s, int64_t i, bool verify, ft_fetch_buf *buf, ft_sample *out) {
+    if (i < 0 || i >= s->count)
+        return ft_fail(FT_ERR_INDEX, "sample %lld is out of range for a source of %lld", (long long)i,
+                       (long long)s->count);
+    switch (s->kind) {
+    case SRC_RECORD:
+        return ft_record_get(s->record, i, verify, out);
+    case SRC_ARRAYS:
+        return get_array(s, i, buf, out);
+    case SRC_FOLDER: {
+        const file_entry *e = &s->entries[i];
+        *out = (ft_sample){.kind = FT_SAMPLE_JPEG, .label = e->label};
+        FT_TRY(read_file(e->name, buf, &out->size));
+        out->data = buf->data;
+        return FT_OK;
+    }
+    case SRC_TAR: {
+        const file_entry *e = &s->entries[i];
+        *out = (ft_sample){.kind = FT_SAMPLE_JPEG, .label = e->label, .data = s->shards[e->file].map + e->offset,
+                           .size = (size_t)e->size};
+        return FT_OK;
+    }
+    }
+    return ft_fail(FT_ERR_RUNTIME, "unknown source kind");
+}
+
+void ft_source_describe(const ft_source *s, int64_t i, char *buf, size_t n) {
+    if (i < 0 || i >= s->count) {
+        snprintf(buf, n, "sample %lld", (long long)i);
+        return;
+    }
+    switch (s->kind) {
+    case SRC_RECORD: snprintf(buf, n, "%s#%lld", ft_record_path(s->record), (long long)i); break;
+    case SRC_ARRAYS: snprintf(buf, n, "array sample %lld", (long long)i); break;
+    case SRC_FOLDER: snprintf(buf, n, "%s", s->entries[i].name); break;
+    case SRC_TAR: snprintf(buf, n, "%s:%s", s->shards[s->entries[i].file].path, s->entries[i].name); break;
+    }
+}

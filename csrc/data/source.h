@@ -1,0 +1,75 @@
+/* Sources: where samples come from. Each gives a count, and for an index in
+ * [0, count) one sample: encoded bytes or raw pixels, and a label.
+ *
+ *   record file   ft_source_open_record: one mmap'ed file (data/record.h)
+ *   ImageFolder   ft_source_open_image_folder: root/CLASS/[SUBDIRS/]NAME.jpg, classes
+ *                 sorted by name and numbered from 0, files in the order of
+ *                 torchvision's ImageFolder (sorted directories, then sorted
+ *                 names); only .jpg and .jpeg files (any case) are samples
+ *   tar shards    ft_source_open_tar: the WebDataset layout, members grouped
+ *                 by key (the path up to the first dot of its last component);
+ *                 a sample is a key with a .jpg or .jpeg member and a .cls
+ *                 member holding its label as decimal text
+ *   arrays        ft_source_from_arrays: uint8 images (N, H, W) or
+ *                 (N, H, W, C) with C = 1 or 3 and integer labels (N,), any
+ *                 strides, shared without a copy (the source holds a
+ *                 reference to both storages)
+ *
+ * Sources are immutable once opened and may be read from any number of
+ * threads at once; they are reference counted so that loaders can share one. */
+#ifndef FT_DATA_SOURCE_H
+#define FT_DATA_SOURCE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/status.h"
+#include "core/tensor.h"
+#include "data/sample.h"
+
+typedef struct ft_source ft_source;
+
+/* Per-thread scratch for sources that must copy bytes (files read with
+ * pread, strided arrays). Zero-initialise; free with ft_fetch_buf_free. */
+typedef struct {
+    uint8_t *data;
+    size_t cap;
+} ft_fetch_buf;
+
+void ft_fetch_buf_free(ft_fetch_buf *b);
+/* Makes b hold at least n bytes. */
+ft_status ft_fetch_buf_reserve(ft_fetch_buf *b, size_t n);
+
+ft_status ft_source_open_record(ft_source **out, const char *path, bool recover);
+ft_status ft_source_open_image_folder(ft_source **out, const char *root);
+ft_status ft_source_open_tar(ft_source **out, const char *const *paths, int npaths);
+ft_status ft_source_from_arrays(ft_source **out, const ft_tensor *images, const ft_tensor *labels);
+
+void ft_source_retain(ft_source *s);
+void ft_source_release(ft_source *s);
+
+int64_t ft_source_count(const ft_source *s);
+
+/* "record", "image_folder", "tar" or "arrays". */
+const char *ft_source_kind(const ft_source *s);
+
+/* Whether samples are already in memory (mapped files, arrays): a cache of
+ * encoded bytes would only duplicate them. */
+bool ft_source_in_memory(const ft_source *s);
+
+/* Sample i. Its bytes point into the source or into buf; with `verify`,
+ * record checksums are checked. Safe from many threads with distinct bufs. */
+ft_status ft_source_get(const ft_source *s, int64_t i, bool verify, ft_fetch_buf *buf, ft_sample *out);
+
+/* A name for sample i in messages: a path, "file.rec#12", "shard.tar:key". */
+void ft_source_describe(const ft_source *s, int64_t i, char *buf, size_t n);
+
+/* Class names of an ImageFolder (label = position); 0 for other sources. */
+int ft_source_num_classes(const ft_source *s);
+const char *ft_source_class_name(const ft_source *s, int c);
+
+/* The record file's meta bytes (NULL elsewhere). */
+const char *ft_source_meta(const ft_source *s, size_t *len);
+
+#endif

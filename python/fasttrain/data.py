@@ -1,0 +1,674 @@
+"""The data pipeline: sources, torchvision-style transforms, and a Loader whose
+worker threads (C, no GIL, no processes) decode, augment and batch samples.
+
+    import fasttrain as ft
+    train = ft.data.FashionMNIST(train=True)
+    loader = ft.data.Loader(train, batch_size=256, shuffle=True, num_workers=2,
+                            transforms=[ft.data.RandomCrop(28, padding=2),
+                                        ft.data.RandomHorizontalFlip(),
+                                        ft.data.Normalize(0.286, 0.353)])
+    for images, labels in loader:     # (256, 1, 28, 28) float32, (256,) int64
+        ...
+
+Randomness is a pure function of (seed, epoch, sample index): batches are
+bitwise identical for any num_workers. docs/data.md has the details.
+"""
+import glob as _glob
+import gzip
+import json
+import math
+import numbers
+import os
+
+import numpy as np
+
+from . import _C
+from ._types import _BY_NAME, as_device, as_dtype
+from .creation import from_numpy
+
+__all__ = [
+    "Loader", "Source", "RecordFile", "ImageFolder", "TarShards", "ArraySource", "from_arrays", "FashionMNIST",
+    "RecordWriter", "write_records", "decode_jpeg", "encode_jpeg", "jpeg_info",
+    "RandomResizedCrop", "Resize", "CenterCrop", "RandomCrop", "RandomHorizontalFlip", "RandomVerticalFlip",
+    "Normalize", "RandomErasing", "Cutout", "ToTensor", "PILToTensor",
+]
+
+# ---------------------------------------------------------------- transforms
+
+# Transform kinds and padding modes as csrc/data/augment.h numbers them.
+_RRC, _RESIZE, _CENTER, _RCROP, _HFLIP, _VFLIP, _NORMALIZE, _ERASE, _CUTOUT = range(1, 10)
+_PAD_MODES = {"constant": 0, "edge": 1, "reflect": 2, "symmetric": 3}
+
+
+def _pair(size, what):
+    if isinstance(size, numbers.Integral):
+        return int(size), int(size)
+    size = tuple(int(s) for s in size)
+    if len(size) == 1:
+        return size[0], size[0]
+    if len(size) != 2:
+        raise ValueError(f"{what}: size must be an int or (h, w), got {size}")
+    return size
+
+
+def _check_interpolation(interpolation, antialias, what):
+    name = getattr(interpolation, "value", interpolation)
+    if str(name).lower() not in ("bilinear", "2"):
+        raise ValueError(f"{what}: only bilinear interpolation is implemented, got {interpolation!r}")
+    if antialias is False:
+        raise ValueError(f"{what}: resizing is always antialiased (as torchvision on PIL images)")
+
+
+class Transform:
+    """Base of the transforms: each describes itself to the C pipeline."""
+
+    def _spec(self):
+        raise NotImplementedError
+
+    def __repr__(self):
+        args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
+        return f"{type(self).__name__}({args})"
+
+
+class RandomResizedCrop(Transform):
+    """torchvision.transforms.RandomResizedCrop: a random area fraction in `scale` and aspect ratio in `ratio`
+    (log-uniform), 10 attempts then a central crop, resized to `size` (bilinear, antialiased)."""
+
+    def __init__(self, size, scale=(0.08, 1.0), ratio=(3.0 / 4.0, 4.0 / 3.0), interpolation="bilinear",
+                 antialias=True):
+        _check_interpolation(interpolation, antialias, "RandomResizedCrop")
+        self.size = _pair(size, "RandomResizedCrop")
+        self.scale = tuple(float(s) for s in scale)
+        self.ratio = tuple(float(r) for r in ratio)
+
+    def _spec(self):
+        return {"kind": _RRC, "height": self.size[0], "width": self.size[1], "scale": self.scale,
+                "ratio": self.ratio}
+
+
+class Resize(Transform):
+    """torchvision.transforms.Resize: an int matches the shorter edge (keeping the aspect ratio, `max_size`
+    caps the longer one); (h, w) resizes to exactly that. Bilinear, antialiased, exactly as Pillow."""
+
+    def __init__(self, size, interpolation="bilinear", max_size=None, antialias=True):
+        _check_interpolation(interpolation, antialias, "Resize")
+        if isinstance(size, numbers.Integral) or len(size) == 1:
+            self.size = int(size) if isinstance(size, numbers.Integral) else int(size[0])
+        else:
+            self.size = _pair(size, "Resize")
+            if max_size is not None:
+                raise ValueError("Resize: max_size is only allowed when size is a single int")
+        self.max_size = max_size
+
+    def _spec(self):
+        if isinstance(self.size, int):
+            return {"kind": _RESIZE, "height": self.size, "width": 0, "max_size": self.max_size or 0}
+        return {"kind": _RESIZE, "height": self.size[0], "width": self.size[1]}
+
+
+class CenterCrop(Transform):
+    """torchvision.transforms.CenterCrop (pads with zeros when the crop is larger than the image)."""
+
+    def __init__(self, size):
+        self.size = _pair(size, "CenterCrop")
+
+    def _spec(self):
+        return {"kind": _CENTER, "height": self.size[0], "width": self.size[1]}
+
+
+def _padding4(padding):
+    if padding is None:
+        return (0, 0, 0, 0)
+    if isinstance(padding, numbers.Integral):
+        return (int(padding),) * 4
+    padding = tuple(int(p) for p in padding)
+    if len(padding) == 1:
+        return padding * 4
+    if len(padding) == 2:
+        return (padding[0], padding[1], padding[0], padding[1])
+    if len(padding) == 4:
+        return padding
+    raise ValueError(f"padding must be an int or 1, 2 or 4 ints, got {padding}")
+
+
+def _fill(value, what):
+    if isinstance(value, numbers.Number):
+        return (float(value),)
+    value = tuple(float(v) for v in value)
+    if len(value) not in (1, 3):
+        raise ValueError(f"{what}: give one fill value or one per channel, got {value}")
+    return value
+
+
+class RandomCrop(Transform):
+    """torchvision.transforms.RandomCrop: optional padding (left, top, right, bottom rules of F.pad) with
+    padding_mode constant (fill), edge, reflect or symmetric, pad_if_needed, then a random crop."""
+
+    def __init__(self, size, padding=None, pad_if_needed=False, fill=0, padding_mode="constant"):
+        if padding_mode not in _PAD_MODES:
+            raise ValueError(f"padding_mode must be one of {sorted(_PAD_MODES)}, got {padding_mode!r}")
+        self.size = _pair(size, "RandomCrop")
+        self.padding = padding
+        self.pad_if_needed = bool(pad_if_needed)
+        self.fill = fill
+        self.padding_mode = padding_mode
+
+    def _spec(self):
+        return {"kind": _RCROP, "height": self.size[0], "width": self.size[1], "padding": _padding4(self.padding),
+                "pad_if_needed": self.pad_if_needed, "padding_mode": _PAD_MODES[self.padding_mode],
+                "fill": _fill(self.fill, "RandomCrop")}
+
+
+class RandomHorizontalFlip(Transform):
+    def __init__(self, p=0.5):
+        self.p = float(p)
+
+    def _spec(self):
+        return {"kind": _HFLIP, "p": self.p}
+
+
+class RandomVerticalFlip(Transform):
+    def __init__(self, p=0.5):
+        self.p = float(p)
+
+    def _spec(self):
+        return {"kind": _VFLIP, "p": self.p}
+
+
+def _per_channel(v, what):
+    if isinstance(v, numbers.Number):
+        return (float(v),) * 3
+    v = tuple(float(x) for x in v)
+    if len(v) == 1:
+        return v * 3
+    if len(v) != 3:
+        raise ValueError(f"{what} needs 1 or 3 values, got {len(v)}")
+    return v
+
+
+class Normalize(Transform):
+    """torchvision.transforms.Normalize on the [0, 1] values: (x - mean) / std per channel, in float32."""
+
+    def __init__(self, mean, std, inplace=False):
+        self.mean = _per_channel(mean, "Normalize mean")
+        self.std = _per_channel(std, "Normalize std")
+
+    def _spec(self):
+        return {"kind": _NORMALIZE, "mean": self.mean, "std": self.std}
+
+
+class RandomErasing(Transform):
+    """torchvision.transforms.RandomErasing on the output tensor; value is a number, one per channel, or
+    'random' (standard normal noise from Philox)."""
+
+    def __init__(self, p=0.5, scale=(0.02, 0.33), ratio=(0.3, 3.3), value=0, inplace=False):
+        self.p = float(p)
+        self.scale = tuple(float(s) for s in scale)
+        self.ratio = tuple(float(r) for r in ratio)
+        if isinstance(value, str) and value != "random":
+            raise ValueError("RandomErasing: value must be a number, a sequence or 'random'")
+        self.value = value
+
+    def _spec(self):
+        spec = {"kind": _ERASE, "p": self.p, "scale": self.scale, "ratio": self.ratio}
+        if self.value == "random":
+            spec["random_fill"] = True
+        else:
+            spec["fill"] = _fill(self.value, "RandomErasing")
+        return spec
+
+
+class Cutout(Transform):
+    """Cutout (DeVries & Taylor 2017): `holes` squares of side `size`, centred at uniform random pixels and
+    clipped at the borders, set to `value` on the output tensor."""
+
+    def __init__(self, size, holes=1, p=1.0, value=0):
+        self.size = int(size)
+        self.holes = int(holes)
+        self.p = float(p)
+        self.value = value
+
+    def _spec(self):
+        return {"kind": _CUTOUT, "length": self.size, "holes": self.holes, "p": self.p,
+                "fill": _fill(self.value, "Cutout")}
+
+
+class ToTensor:
+    """Marks the conversion of the pipeline's uint8 pixels to the batch: values / 255 in `dtype` (float32,
+    bfloat16 or float16), NCHW, or NHWC with channels_last. Without it the Loader's own dtype/channels_last
+    arguments apply (float32, NCHW by default)."""
+
+    def __init__(self, dtype="float32", channels_last=False):
+        self.dtype = as_dtype(dtype)
+        self.channels_last = bool(channels_last)
+
+    def __repr__(self):
+        return f"ToTensor(dtype={self.dtype!r}, channels_last={self.channels_last})"
+
+
+class PILToTensor(ToTensor):
+    """Keeps uint8 pixel values (torchvision's PILToTensor), NCHW unless channels_last."""
+
+    def __init__(self, channels_last=False):
+        super().__init__("uint8", channels_last)
+
+
+# ---------------------------------------------------------------- sources
+
+class Source(_C.DataSource):
+    """A collection of samples the Loader reads from C: len(source), source.get(i)."""
+
+    def __repr__(self):
+        return f"<{type(self).__name__} of {len(self)} samples ({self.kind})>"
+
+
+class RecordFile(Source):
+    """A fasttrain record file (docs/record-format.md), read through mmap. With recover=True a file cut short
+    (its index lost) is read by walking its records and keeping those whose checksum holds."""
+
+    def __new__(cls, path, recover=False):
+        self = super().__new__(cls, "record", os.fspath(path), bool(recover))
+        self.path = os.fspath(path)
+        return self
+
+    def __init__(self, path, recover=False):
+        pass
+
+    @property
+    def metadata(self):
+        """The writer's metadata dict ({} when none)."""
+        m = self.meta
+        return json.loads(m.decode()) if m else {}
+
+    @property
+    def class_names(self):
+        return self.metadata.get("classes", [])
+
+
+class ImageFolder(Source):
+    """torchvision's ImageFolder layout, read directly: root/<class>/.../*.jpg; classes sorted by name and
+    numbered from 0; only .jpg/.jpeg files are samples."""
+
+    def __new__(cls, root):
+        self = super().__new__(cls, "image_folder", os.fspath(root))
+        self.root = os.fspath(root)
+        return self
+
+    def __init__(self, root):
+        pass
+
+    @property
+    def class_names(self):
+        return self.classes
+
+
+class TarShards(Source):
+    """WebDataset tar shards: members KEY.jpg (or .jpeg) with KEY.cls (decimal label), grouped by key.
+    `shards` is a path, a glob pattern, or a list of paths."""
+
+    def __new__(cls, shards):
+        if isinstance(shards, (str, os.PathLike)):
+            pattern = os.fspath(shards)
+            paths = sorted(_glob.glob(pattern)) if any(c in pattern for c in "*?[") else [pattern]
+        else:
+            paths = [os.fspath(p) for p in shards]
+        if not paths:
+            raise FileNotFoundError(f"no tar shards match {shards!r}")
+        self = super().__new__(cls, "tar", paths)
+        self.paths = paths
+        return self
+
+    def __init__(self, shards):
+        pass
+
+
+class ArraySource(Source):
+    """uint8 images (N, H, W) or (N, H, W, C) and integer labels (N,), shared with NumPy without a copy."""
+
+    def __new__(cls, images, labels):
+        if not isinstance(images, np.ndarray):
+            images = np.asarray(images)
+        labels = np.asarray(labels)
+        if images.dtype != np.uint8:
+            raise TypeError(f"images must be uint8, got {images.dtype}")
+        if labels.dtype.kind not in "iu":
+            raise TypeError(f"labels must be integers, got {labels.dtype}")
+        if not labels.dtype.isnative:
+            labels = labels.astype(labels.dtype.newbyteorder("="))
+        self = super().__new__(cls, "arrays", (from_numpy(images), from_numpy(labels)))
+        self.images = images
+        self.labels = labels
+        return self
+
+    def __init__(self, images, labels):
+        pass
+
+
+def from_arrays(images, labels):
+    """A source over NumPy arrays (zero-copy): uint8 images (N, H, W[, C]) and integer labels (N,)."""
+    return ArraySource(images, labels)
+
+
+def _as_source(source):
+    if isinstance(source, _C.DataSource):
+        return source
+    if isinstance(source, tuple) and len(source) == 2:
+        return ArraySource(*source)
+    if isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        if os.path.isdir(path):
+            return ImageFolder(path)
+        if path.endswith(".tar") or any(c in path for c in "*?["):
+            return TarShards(path)
+        return RecordFile(path)
+    raise TypeError(f"cannot read samples from {type(source).__name__}: give a Source, a path or "
+                    f"(images, labels) arrays")
+
+
+# ---------------------------------------------------------------- Fashion-MNIST
+
+_FASHION_DIRS = ("/usr/share/datasets/fashion-mnist",)
+FASHION_MNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker",
+                         "Bag", "Ankle boot"]
+
+
+def _data_home():
+    return os.environ.get("FASTTRAIN_DATA") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "fasttrain")
+
+
+def _unpacked_idx(gz_path, cache_dir):
+    """The IDX file decompressed once into the cache (written atomically), so that it can be mapped."""
+    out = os.path.join(cache_dir, os.path.basename(gz_path)[:-3])
+    if not os.path.exists(out) or os.path.getmtime(out) < os.path.getmtime(gz_path):
+        os.makedirs(cache_dir, exist_ok=True)
+        tmp = f"{out}.tmp{os.getpid()}"
+        with gzip.open(gz_path, "rb") as src, open(tmp, "wb") as dst:
+            while True:
+                chunk = src.read(1 << 20)
+                if not chunk:
+                    break
+                dst.write(chunk)
+        os.replace(tmp, out)
+    return out
+
+
+def _map_idx(path):
+    with open(path, "rb") as f:
+        head = f.read(4)
+        if len(head) != 4 or head[:2] != b"\0\0" or head[2] != 0x08:
+            raise ValueError(f"{path} is not an IDX file of unsigned bytes")
+        ndim = head[3]
+        dims = [int.from_bytes(f.read(4), "big") for _ in range(ndim)]
+    return np.memmap(path, dtype=np.uint8, mode="r", offset=4 + 4 * ndim, shape=tuple(dims))
+
+
+class FashionMNIST(ArraySource):
+    """Fashion-MNIST from Debian's dataset-fashion-mnist package: 60000 training or 10000 test images
+    (N, 28, 28) uint8 and labels (N,) uint8, memory-mapped (the gzip files are unpacked once into
+    $FASTTRAIN_DATA or ~/.cache/fasttrain) and shared with the loader without a copy."""
+
+    classes_names = FASHION_MNIST_CLASSES
+
+    def __new__(cls, train=True, root=None):
+        src_dir = root or next((d for d in _FASHION_DIRS if os.path.isdir(d)), None)
+        if src_dir is None:
+            raise FileNotFoundError("Fashion-MNIST not found: install Debian's dataset-fashion-mnist "
+                                    "(apt-get install dataset-fashion-mnist) or pass root=")
+        prefix = "train" if train else "t10k"
+        cache_dir = os.path.join(_data_home(), "fashion-mnist")
+        paths = []
+        for kind in ("images-idx3-ubyte", "labels-idx1-ubyte"):
+            raw = os.path.join(src_dir, f"{prefix}-{kind}")
+            paths.append(raw if os.path.exists(raw) else _unpacked_idx(raw + ".gz", cache_dir))
+        images, labels = _map_idx(paths[0]), _map_idx(paths[1])
+        if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
+            raise ValueError(f"unexpected Fashion-MNIST shapes {images.shape} and {labels.shape}")
+        self = super().__new__(cls, images, labels)
+        self.train = bool(train)
+        return self
+
+    def __init__(self, train=True, root=None):
+        pass
+
+    @property
+    def class_names(self):
+        return FASHION_MNIST_CLASSES
+
+    def to_records(self, path, quality=None):
+        """Writes the split to a record file (raw pixels, or JPEG at `quality`); returns a RecordFile."""
+        return write_records(path, self, quality=quality, meta={"classes": FASHION_MNIST_CLASSES,
+                                                                 "dataset": "fashion-mnist",
+                                                                 "split": "train" if self.train else "test"})
+
+
+# ---------------------------------------------------------------- writing records
+
+class RecordWriter(_C.RecordWriterBase):
+    """Writes a record file; use as a context manager (a writer left without close() removes its partial
+    file). add_jpeg(bytes, label) stores encoded JPEG; add_image(uint8 (H, W) or (H, W, C), label) raw pixels."""
+
+    def __init__(self, path):
+        super().__init__(os.fspath(path))
+        self.path = os.fspath(path)
+
+    def add_jpeg(self, data, label):
+        self._add(1, data, int(label))
+
+    def add_image(self, pixels, label):
+        a = np.ascontiguousarray(pixels, dtype=np.uint8)
+        if a.ndim == 2:
+            a = a[:, :, None]
+        if a.ndim != 3 or a.shape[2] not in (1, 3):
+            raise ValueError(f"an image must be (H, W), (H, W, 1) or (H, W, 3) uint8, got shape {a.shape}")
+        self._add(2, a, int(label), a.shape[0], a.shape[1], a.shape[2])
+
+    def close(self, meta=None):
+        super().close(json.dumps(meta).encode() if meta is not None else b"")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close(getattr(self, "meta", None))
+        else:
+            self.abort()
+        return False
+
+
+def write_records(path, source, quality=None, meta=None):
+    """Converts any source (a Source, a directory in ImageFolder layout, tar shards, or (images, labels)
+    arrays) into one record file. JPEG samples are copied as they are; raw pixels are stored raw, or encoded
+    as JPEG when `quality` is given. The class names go into the file's metadata. Returns a RecordFile."""
+    src = _as_source(source)
+    if meta is None:
+        meta = {}
+        names = getattr(src, "class_names", None) or getattr(src, "classes", None)
+        if names:
+            meta["classes"] = list(names)
+    with RecordWriter(path) as w:
+        w.meta = meta
+        for i in range(len(src)):
+            kind, data, label, h, wd, c = src.get(i)
+            if kind == "jpeg":
+                w.add_jpeg(data, label)
+            elif quality is not None:
+                px = np.frombuffer(data, np.uint8).reshape(h, wd, c)
+                w.add_jpeg(encode_jpeg(px, quality=quality), label)
+            else:
+                w._add(2, data, label, h, wd, c)
+    return RecordFile(path)
+
+
+# ---------------------------------------------------------------- JPEG helpers
+
+def jpeg_info(data):
+    """{'height', 'width', 'components', 'progressive'} of a JPEG file's bytes."""
+    return _C.jpeg_info(data)
+
+
+def decode_jpeg(data, scale=1, mode="RGB"):
+    """Decodes JPEG bytes with TurboJPEG as the loader does: (H, W, 3) uint8 for mode 'RGB', (H, W, 1) for
+    'L' (libjpeg's luma); scale 1, 1/2, 1/4, 1/8 (any n/8) decodes in the DCT domain at that size."""
+    num = round(float(scale) * 8)
+    if not 1 <= num <= 16 or abs(num / 8 - float(scale)) > 1e-9:
+        raise ValueError(f"scale must be n/8 for n in 1..16, got {scale}")
+    return _C.jpeg_decode(data, num, {"RGB": 3, "L": 1}[mode])
+
+
+def encode_jpeg(pixels, quality=90, subsampling="420", progressive=False):
+    """Encodes uint8 (H, W) or (H, W, 1|3) pixels with TurboJPEG; returns bytes."""
+    return _C.jpeg_encode(np.asarray(pixels, dtype=np.uint8), quality, subsampling, progressive)
+
+
+# ---------------------------------------------------------------- Loader
+
+_ON_ERROR = {"raise": 0, "skip": 1}
+_CACHE = {None: 0, "none": 0, "encoded": 1, "decoded": 2}
+
+
+def _cache_config(cache):
+    if cache is None or cache is False:
+        return 0, 0
+    mode, budget = cache, None
+    if isinstance(cache, dict):
+        mode, budget = cache.get("mode", "decoded"), cache.get("bytes")
+    elif isinstance(cache, (tuple, list)):
+        mode, budget = cache
+    elif isinstance(cache, numbers.Integral) and not isinstance(cache, bool):
+        mode, budget = "decoded", int(cache)
+    if mode not in ("encoded", "decoded"):
+        raise ValueError(f"cache must be None, 'encoded', 'decoded', (mode, bytes) or a byte budget, got {cache!r}")
+    if budget is None:
+        budget = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+    return _CACHE[mode], int(budget)
+
+
+class Loader(_C.LoaderBase):
+    """Batches from a source, made by C worker threads.
+
+    Iterating gives (images, labels): images (N, C, H, W) float32 (or the ToTensor dtype / layout), labels (N,)
+    int64, in order, N = batch_size except in a last partial batch (or when on_error='skip' dropped samples).
+    Each complete pass advances `epoch` by one (set_epoch sets it, as DistributedSampler's). The
+    transforms are given torchvision-style; their random parameters are a pure function of
+    (seed, epoch, sample index), so results do not depend on num_workers.
+
+    source: a Source, a path (record file, ImageFolder directory, .tar shard or glob), or (images, labels).
+    num_workers: C threads (0 runs the pipeline in the calling thread). prefetch: batches prepared ahead.
+    pin_memory: page-locked batch buffers when a CUDA device is present. device='cuda' copies each batch to
+    the device asynchronously. rank/world_size shard the samples as DistributedSampler does, with the same
+    number of batches on every rank. cache: None, 'encoded', 'decoded', (mode, bytes) or a byte budget.
+    on_error: 'raise' (an exception naming the sample) or 'skip' (counted in stats()).
+    """
+
+    def __init__(self, source, batch_size=1, transforms=(), shuffle=False, seed=0, num_workers=None, prefetch=2,
+                 pin_memory=True, device="cpu", drop_last=False, cache=None, on_error="raise", *, rank=0,
+                 world_size=1, dtype=None, channels_last=None, channels=None, image_size=None, dct_scale=True,
+                 verify=True):
+        src = _as_source(source)
+        if on_error not in _ON_ERROR:
+            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        if num_workers is None:
+            num_workers = min(4, os.cpu_count() or 1)
+        out_dtype, layout, ops = _BY_NAME["float32"], False, []
+        for t in transforms:
+            if isinstance(t, ToTensor):
+                out_dtype, layout = t.dtype, t.channels_last
+            elif isinstance(t, Transform):
+                ops.append(t._spec())
+            else:
+                raise TypeError(f"{t!r} is not a fasttrain.data transform (torchvision objects are not accepted: "
+                                f"use ft.data.{type(t).__name__} when it exists)")
+        if dtype is not None:
+            out_dtype = as_dtype(dtype)
+        if channels_last is not None:
+            layout = bool(channels_last)
+        if out_dtype.name not in ("float32", "bfloat16", "float16", "uint8"):
+            raise TypeError(f"batches can be float32, bfloat16, float16 or uint8, not {out_dtype.name}")
+        dev = as_device(device)
+        height = width = 0
+        if image_size is not None:
+            height, width = _pair(image_size, "image_size")
+        cache_mode, cache_bytes = _cache_config(cache)
+        self.batch_size = int(batch_size)
+        self.shuffle = bool(shuffle)
+        self.drop_last = bool(drop_last)
+        self.seed = int(seed) % (1 << 64)
+        self.num_workers = int(num_workers)
+        self.prefetch = int(prefetch)
+        self.device = dev
+        self.rank, self.world_size = int(rank), int(world_size)
+        self.on_error = on_error
+        self.transforms = list(transforms)
+        self.dtype = out_dtype
+        self.epoch = 0
+        self._resume = False
+        super().__init__(
+            src, ops,
+            {"dtype": out_dtype._code, "channels_last": layout, "channels": int(channels or 0), "height": height,
+             "width": width, "dct_scale": bool(dct_scale)},
+            {"batch_size": self.batch_size, "shuffle": self.shuffle, "drop_last": self.drop_last,
+             "seed": self.seed if self.seed < (1 << 63) else self.seed - (1 << 64),
+             "num_workers": self.num_workers, "prefetch": self.prefetch, "pin_memory": bool(pin_memory),
+             "device_type": 2 if dev.type == "cuda" else 1, "device_index": dev.index or 0, "rank": self.rank,
+             "world_size": self.world_size, "on_error": _ON_ERROR[on_error], "cache": cache_mode,
+             "cache_bytes": cache_bytes, "verify": bool(verify)})
+        info = self._info()
+        self.batch_shape = info["batch_shape"]
+        self.num_samples = info["num_samples"]
+        self._num_batches = info["num_batches"]
+
+    def __len__(self):
+        return self._num_batches
+
+    def __iter__(self):
+        if self._resume:
+            self._resume = False
+        else:
+            self._set_epoch(self.epoch)
+        while True:
+            item = self._next()
+            if item is None:
+                break
+            images, labels = item[0], item[1]
+            del item
+            yield images, labels
+            # Drop our references before waiting for the next batch, so that
+            # only the consumer's hold this buffer.
+            del images, labels
+        self.epoch += 1
+
+    def set_epoch(self, epoch):
+        """The epoch the next pass runs (its shuffle order and augmentations); preparation starts now."""
+        epoch = int(epoch)
+        self._set_epoch(epoch)
+        self.epoch = epoch
+        self._resume = False
+
+    def state_dict(self):
+        """Where iteration stands: load_state_dict on a loader built the same way resumes exactly there."""
+        epoch, batch = self._position()
+        return {"epoch": epoch, "batch": batch, "seed": self.seed, "num_samples": len(self.source),
+                "batch_size": self.batch_size, "shuffle": self.shuffle, "drop_last": self.drop_last,
+                "rank": self.rank, "world_size": self.world_size}
+
+    def load_state_dict(self, state):
+        for key in ("seed", "num_samples", "batch_size", "shuffle", "drop_last", "rank", "world_size"):
+            mine = self.state_dict()[key] if key == "num_samples" else getattr(self, key)
+            if key in state and state[key] != mine:
+                raise ValueError(f"the state is for {key}={state[key]!r} but this loader has {key}={mine!r}")
+        self._seek(int(state["epoch"]), int(state["batch"]))
+        self.epoch = int(state["epoch"])
+        self._resume = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.close()
+        return False
+
+    def __repr__(self):
+        state = "closed" if self.closed else f"{len(self)} batches of {tuple(self.batch_shape)} {self.dtype.name}"
+        return f"<fasttrain.data.Loader {state}, {self.num_workers} workers>"
