@@ -399,6 +399,8 @@ static int module_exec(PyObject *module) {
     if (PyModule_AddIntConstant(module, "CUDA_COMPILED", FT_WITH_CUDA) < 0 ||
         PyModule_AddIntConstant(module, "MAX_DIMS", FT_MAX_DIMS) < 0)
         return -1;
+    if (ft_bind_ops(module) < 0)
+        return -1;
     PyObject *names = PyList_New(0);
     if (!names)
         return -1;

@@ -1,0 +1,1079 @@
+/* Python bindings of the ops in csrc/ops/: one function of fasttrain._C per C
+ * entry point, named like it without the ft_ prefix (ft_softmax_forward ->
+ * _C.softmax_forward), re-exported as ft.ops.<name>.
+ *
+ * The convention every function here follows:
+ *
+ *  1. Positional arguments mirror the C entry point: first its outputs, then
+ *     its inputs and saved tensors, in the C order; then its parameters,
+ *     which may also be given by keyword and have defaults where the C op
+ *     has an obvious one (PyTorch's).
+ *  2. Each output argument is
+ *       - a Tensor: the op writes into it (it may be an input itself where
+ *         the C header allows: in-place ops, accumulation with accumulate=True),
+ *       - None: the binding allocates it, with the dtype of the op's
+ *         reference input and its memory format (a channels_last input gives
+ *         a channels_last output), or
+ *       - False: only for outputs the C header marks optional (may be NULL):
+ *         not computed.
+ *     Optional inputs (weight=, the saved inp/out of an activation, ...) are
+ *     None for NULL.
+ *  3. The function returns its outputs: the tensor for a single output, else
+ *     a tuple in C order (None for an output passed as False).
+ *  4. The GIL is released around the C call when the op touches
+ *     FT_GIL_FREE_BYTES or more. A failed C call raises the exception of its
+ *     status (bind/module.c: ft_raise) with the C message, which names the op,
+ *     the argument, and the expected and actual shapes.
+ *
+ * The helpers below (out_arg, parse_in, parse_out, alloc_out, finish, the
+ * parameter parsers) are for every family; add a family as a new section. */
+#include "bind/bind.h"
+
+#include <string.h>
+
+#include "ops/activation.h"
+#include "ops/dropout.h"
+#include "ops/elementwise.h"
+#include "ops/loss.h"
+#include "ops/pool.h"
+#include "ops/softmax.h"
+
+/* ======================= shared helpers ======================= */
+
+static ft_module_state *mstate(PyObject *module) { return PyModule_GetState(module); }
+
+/* An output argument: what the caller passed and, once resolved, the tensor. */
+typedef struct {
+    const char *name;
+    PyObject *obj; /* the caller's tensor (borrowed) or an allocated one (owned) */
+    bool owned;    /* allocated here */
+    bool skip;     /* passed as False */
+    ft_tensor *t;  /* NULL until resolved, and for skipped outputs */
+} out_arg;
+
+/* An input tensor, or NULL for None when `optional`. */
+static int parse_in(ft_module_state *st, PyObject *obj, const char *name, bool optional, const ft_tensor **out) {
+    if (obj == Py_None && optional) {
+        *out = NULL;
+        return 0;
+    }
+    *out = ft_unwrap(st, obj, name);
+    return *out ? 0 : -1;
+}
+
+/* An output argument: a Tensor, None (allocate later) or, when `optional`, False (skip). */
+static int parse_out(ft_module_state *st, PyObject *obj, const char *name, bool optional, out_arg *o) {
+    *o = (out_arg){.name = name};
+    if (obj == Py_None)
+        return 0;
+    if (obj == Py_False) {
+        if (!optional) {
+            PyErr_Format(PyExc_TypeError, "%s cannot be skipped (False): pass a Tensor or None", name);
+            return -1;
+        }
+        o->skip = true;
+        return 0;
+    }
+    o->t = ft_unwrap(st, obj, name);
+    if (!o->t)
+        return -1;
+    o->obj = obj;
+    return 0;
+}
+
+static bool needs_alloc(const out_arg *o) { return !o->skip && !o->t; }
+
+/* Allocates o (if the caller passed None) with `shape` and `dtype` on ref's
+ * device, its dimensions ordered in memory like ref's when ref has the same
+ * number of dimensions (NCHW stays NCHW, NHWC stays NHWC), else contiguous. */
+static int alloc_out(ft_module_state *st, out_arg *o, const ft_tensor *ref, int ndim, const int64_t *shape,
+                     ft_dtype dtype) {
+    if (!needs_alloc(o))
+        return 0;
+    int perm[FT_MAX_DIMS]; /* dims outermost first */
+    for (int d = 0; d < ndim; d++)
+        perm[d] = d;
+    if (ref && ref->ndim == ndim) {
+        for (int i = 1; i < ndim; i++) { /* stable insertion sort by decreasing |stride| */
+            int d = perm[i], k = i;
+            int64_t s = llabs(ref->strides[d]);
+            while (k > 0 && llabs(ref->strides[perm[k - 1]]) < s) {
+                perm[k] = perm[k - 1];
+                k--;
+            }
+            perm[k] = d;
+        }
+    }
+    int64_t pshape[FT_MAX_DIMS] = {0};
+    for (int k = 0; k < ndim; k++)
+        pshape[k] = shape[perm[k]];
+    ft_tensor t;
+    ft_status s = ft_tensor_empty(&t, ndim, pshape, dtype, ref ? ft_tensor_device(ref) : FT_CPU, false);
+    if (s != FT_OK) {
+        ft_raise(s);
+        return -1;
+    }
+    int64_t cstr[FT_MAX_DIMS];
+    memcpy(cstr, t.strides, sizeof cstr);
+    for (int k = 0; k < ndim; k++) {
+        t.shape[perm[k]] = pshape[k];
+        t.strides[perm[k]] = cstr[k];
+    }
+    o->obj = ft_wrap(st, &t);
+    if (!o->obj)
+        return -1;
+    o->owned = true;
+    o->t = &((ft_tensor_object *)o->obj)->t;
+    return 0;
+}
+
+/* Allocates o like ref: same shape and dtype. */
+static int alloc_like(ft_module_state *st, out_arg *o, const ft_tensor *ref) {
+    return alloc_out(st, o, ref, ref->ndim, ref->shape, ref->dtype);
+}
+
+static void drop_outs(out_arg *o, int n) {
+    for (int i = 0; i < n; i++)
+        if (o[i].owned)
+            Py_CLEAR(o[i].obj);
+}
+
+/* The return value after the C call: raises for a failed status (dropping
+ * what was allocated), else the outputs (rule 3). */
+static PyObject *finish(ft_status s, out_arg *o, int n) {
+    if (s != FT_OK) {
+        drop_outs(o, n);
+        return ft_raise(s);
+    }
+    if (n == 1)
+        return o[0].skip ? Py_NewRef(Py_None) : o[0].owned ? o[0].obj : Py_NewRef(o[0].obj);
+    PyObject *tuple = PyTuple_New(n);
+    if (!tuple) {
+        drop_outs(o, n);
+        return NULL;
+    }
+    for (int i = 0; i < n; i++)
+        PyTuple_SET_ITEM(tuple, i, o[i].skip ? Py_NewRef(Py_None) : o[i].owned ? o[i].obj : Py_NewRef(o[i].obj));
+    return tuple;
+}
+
+/* Whether an op over t is worth releasing the GIL for. */
+static bool big(const ft_tensor *t) {
+    return t && (size_t)ft_tensor_numel(t) * ft_dtype_get(t->dtype)->itemsize >= FT_GIL_FREE_BYTES;
+}
+
+/* s = expr, with the GIL released when `release`. */
+#define CALL(s, release, expr)          \
+    do {                                \
+        if (release) {                  \
+            Py_BEGIN_ALLOW_THREADS      \
+            s = (expr);                 \
+            Py_END_ALLOW_THREADS        \
+        } else {                        \
+            s = (expr);                 \
+        }                               \
+    } while (0)
+
+/* "relu", "leaky_relu", "gelu" (erf), "gelu_tanh", "silu", "sigmoid", "tanh",
+ * "identity" / "none" / None; alpha is leaky_relu's negative slope. */
+static int parse_act(PyObject *obj, double alpha, ft_act *act) {
+    *act = (ft_act){FT_ACT_NONE, (float)alpha};
+    if (obj == Py_None)
+        return 0;
+    const char *name = PyUnicode_Check(obj) ? PyUnicode_AsUTF8(obj) : NULL;
+    if (!name) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_TypeError, "an activation is given by name (str), not %.100s", Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    if (!strcmp(name, "none") || !strcmp(name, "identity"))
+        return 0;
+    for (int k = 1; k < FT_NUM_ACTS; k++)
+        if (!strcmp(name, ft_act_name((ft_act_kind)k))) {
+            act->kind = (ft_act_kind)k;
+            return 0;
+        }
+    PyErr_Format(PyExc_ValueError, "unknown activation '%s' (expected relu, leaky_relu, gelu, gelu_tanh, silu, "
+                                   "sigmoid, tanh or identity)",
+                 name);
+    return -1;
+}
+
+/* "none", "mean" or "sum". */
+static int parse_reduction(PyObject *obj, ft_reduction *r) {
+    const char *name = PyUnicode_Check(obj) ? PyUnicode_AsUTF8(obj) : NULL;
+    if (name && !strcmp(name, "none"))
+        *r = FT_REDUCTION_NONE;
+    else if (name && !strcmp(name, "mean"))
+        *r = FT_REDUCTION_MEAN;
+    else if (name && !strcmp(name, "sum"))
+        *r = FT_REDUCTION_SUM;
+    else {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_ValueError, "reduction must be 'none', 'mean' or 'sum', got %R", obj);
+        return -1;
+    }
+    return 0;
+}
+
+/* An int or a sequence of 1 or 2 ints (PyTorch's _pair); `dflt` (may be
+ * NULL) when obj is None or an empty sequence. */
+static int parse_pair(PyObject *obj, const char *name, const int64_t *dflt, int64_t v[2]) {
+    if (obj == Py_None && dflt) {
+        v[0] = dflt[0], v[1] = dflt[1];
+        return 0;
+    }
+    int64_t shape[FT_MAX_DIMS];
+    int n;
+    if (PyBool_Check(obj) || ft_parse_shape(obj, shape, &n) < 0) {
+        if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "%s must be an int or a pair of ints, got %R", name, obj);
+        }
+        return -1;
+    }
+    if (n == 0 && dflt) {
+        v[0] = dflt[0], v[1] = dflt[1];
+    } else if (n == 1 || n == 2) {
+        v[0] = shape[0], v[1] = shape[n - 1];
+    } else {
+        PyErr_Format(PyExc_ValueError, "%s must be an int or a pair of ints, got %R", name, obj);
+        return -1;
+    }
+    return 0;
+}
+
+/* A shape argument (int or sequence of ints). */
+static int parse_shape_arg(PyObject *obj, const char *name, int64_t *shape, int *ndim) {
+    if (ft_parse_shape(obj, shape, ndim) < 0) {
+        if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "%s must be a sequence of ints, got %R", name, obj);
+        }
+        return -1;
+    }
+    return 0;
+}
+
+#define KW(...) (char *[]){__VA_ARGS__, NULL}
+#define FN(name) (PyCFunction)(void (*)(void))(name)
+
+/* ======================= activations ======================= */
+
+static PyObject *py_activation_forward(PyObject *m, PyObject *args, PyObject *kw) {
+    PyObject *o_out, *o_inp, *o_act;
+    double alpha = 0.0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|d:activation_forward", KW("out", "inp", "act", "alpha"), &o_out,
+                                     &o_inp, &o_act, &alpha))
+        return NULL;
+    ft_module_state *st = mstate(m);
+    const ft_tensor *inp;
+    out_arg out;
+    ft_act act;
+    if (parse_act(o_act, alpha, &act) < 0 || parse_in(st, o_inp, "inp", false, &inp) < 0 ||
+        parse_out(st, o_out, "out", false, &out) < 0 || alloc_like(st, &out, inp) < 0)
+        return NULL;
+    ft_status s;
+    CALL(s, big(inp), ft_activation_forward(out.t, inp, act));
+    return finish(s, &out, 1);
+}
+
+static PyObject *py_activation_backward(PyObject *m, PyObject *args, PyObject *kw) {
+    PyObject *o_dinp, *o_dout, *o_inp, *o_out, *o_act;
+    double alpha = 0.0;
+    int accumulate = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOO|dp:activation_backward",
+                                     KW("dinp", "dout", "inp", "out", "act", "alpha", "accumulate"), &o_dinp, &o_dout,
+                                     &o_inp, &o_out, &o_act, &alpha, &accumulate))
+        return NULL;
+    ft_module_state *st = mstate(m);
+    const ft_tensor *dout, *inp, *out;
+    out_arg dinp;
+    ft_act act;
+    if (parse_act(o_act, alpha, &act) < 0 || parse_in(st, o_dout, "dout", false, &dout) < 0 ||
+        parse_in(st, o_inp, "inp", true, &inp) < 0 || parse_in(st, o_out, "out", true, &out) < 0 ||
+        parse_out(st, o_dinp, "dinp", false, &dinp) < 0 || alloc_like(st, &dinp, dout) < 0)
+        return NULL;
+    ft_status s;
+    CALL(s, big(dout), ft_activation_backward(dinp.t, dout, inp, out, act, accumulate));
+    return finish(s, &dinp, 1);
+}
+
+/* ======================= elementwise ======================= */
+
+static PyObject *py_add_forward(PyObject *m, PyObject *args, PyObject *kw) {
+    PyObject *o_out, *o_a, *o_b, *o_act = Py_None;
+    double alpha = 0.0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|Od:add_forward", KW("out", "a", "b", "act", "alpha"), &o_out,
+                                     &o_a, &o_b, &o_act, &alpha))
+        return NULL;
+    ft_module_state *st = mstate(m);
+    const ft_tensor *a, *b;
+    out_arg out;
+    ft_act act;
+    if (parse_act(o_act, alpha, &act) < 0 || parse_in(st, o_a, "a", false, &a) < 0 ||
+        parse_in(st, o_b, "b", false, &b) < 0 || parse_out(st, o_out, "out", false, &out) < 0 ||
+        alloc_like(st, &out, a) < 0)
+        return NULL;
+    ft_status s;
+    CALL(s, big(a), ft_add_forward(out.t, a, b, act));
+    return finish(s, &out, 1);
+}
+
+static PyObject *py_add_backward(PyObject *m, PyObject *args, PyObject *kw) {
+    PyObject *o_da, *o_db, *o_dout, *o_a = Py_None, *o_b = Py_None, *o_out = Py_None, *o_act = Py_None;
+    double alpha = 0.0;
+    int acc_a = 0, acc_b = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OOOOdpp:add_backward",
+                                     KW("da", "db", "dout", "a", "b", "out", "act", "alpha", "accumulate_a",
+                                        "accumulate_b"),
+                                     &o_da, &o_db, &o_dout, &o_a, &o_b, &o_out, &o_act, &alpha, &acc_a, &acc_b))
+        return NULL;
+    ft_module_state *st = mstate(m);
+    const ft_tensor *dout, *a, *b, *out;
+    out_arg d[2];
+    ft_act act;
+    if (parse_act(o_act, alpha, &act) < 0 || parse_in(st, o_dout, "dout", false, &dout) < 0 ||
+        parse_in(st, o_a, "a", true, &a) < 0 || parse_in(st, o_b, "b", true, &b) < 0 ||
+        parse_in(st, o_out, "out", true, &out) < 0 || parse_out(st, o_da, "da", true, &d[0]) < 0 ||
+        parse_out(st, o_db, "db", true, &d[1]) < 0)
+        return NULL;
+    if (alloc_like(st, &d[0], dout) < 0 || alloc_like(st, &d[1], dout) < 0) {
+        drop_outs(d, 2);
+        return NULL;
+    }
+    ft_status s;
+    CALL(s, big(dout), ft_add_backward(d[0].t, d[1].t, dout, a, b, out, act, acc_a, acc_b));
+    return finish(s, d, 2);
+}
+
+static PyObject *py_mul_forward(PyObject *m, PyObject *args, PyObject *kw) {
+    PyObject *o_out, *o_a, *o_b;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO:mul_forward", KW("out", "a", "b"), &o_out, &o_a, &o_b))
+        return NULL;
+    ft_module_state *st = mstate(m);
+    const ft_tensor *a, *b;
+    out_arg out;
+    if (parse_in(st, o_a, "a", false, &a) < 0 || parse_in(st, o_b, "b", false, &b) < 0 ||
+        parse_out(st, o_out, "out", false, &out) < 0 || alloc_like(st, &out, a) < 0)
+        return NULL;
+    ft_status s;
+    CALL(s, big(a), ft_mul_forward(out.t, a, b));
+    return finish(s, &out, 1);
+}
+
+static PyObject *py_mul_backward(PyObject *m, PyObject *args, PyObject *kw) {
+    PyObject *o_da, *o_db, *o_dout, *o_a, *o_b;
+    int acc_a = 0, acc_b = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOO|pp:mul_backward",
+                                     KW("da", "db", "dout", "a", "b", "accumulate_a", "accumulate_b"), &o_da, &o_db,
+                                     &o_dout, &o_a, &o_b, &acc_a, &acc_b))
+        return NULL;
+    ft_module_state *st = mstate(m);
+    const ft_tensor *dout, *a, *b;
+    out_arg d[2];
+    if (parse_in(st, o_dout, "dout", false, &dout) < 0 || parse_in(st, o_a, "a", true, &a) < 0 ||
+        parse_in(st, o_b, "b", true, &b) < 0 || parse_out(st, o_da, "da", true, &d[0]) < 0 ||
+        parse_out(st, o_db, "db", true, &d[1]) < 0)
+        return NULL;
+    if (alloc_like(st, &d[0], dout) < 0 || alloc_like(st, &d[1], dout) < 0) {
+        drop_outs(d, 2);
+        return NULL;
+    }
+    ft_status s;
+    CALL(s, big(dout), ft_mul_backward(d[0].t, d[1].t, dout, a, b, acc_a, acc_b));
+    return finish(s, d, 2);
+}
+
+/* concat takes a sequence of inputs; its backward a sequence of gradient
+ * outputs (each Tensor / None / False, or None for all allocated) and returns
+ * a list of them. */
+static PyObject *py_concat_forward(PyObject *m, PyObject *args, PyObject *kw) {
+    PyObject *o_out, *o_inps;
+    int dim = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|i:concat_forward", KW("out", "inputs", "dim"), &o_out, &o_inps,
+                                     &dim))
+        return NULL;
+    ft_module_state *st = mstate(m);
+    PyObject *seq = PySequence_Fast(o_inps, "concat_forward: inputs must be a sequence of tensors");
+    if (!seq)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    const ft_tensor **inps = PyMem_Calloc((size_t)n + 1, sizeof *inps);
+    out_arg out = {0};
+    PyObject *result = NULL;
+    if (!inps) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (parse_in(st, PySequence_Fast_GET_ITEM(seq, i), "concat_forward: inputs[i]", false, &inps[i]) < 0)
+            goto done;
+    if (parse_out(st, o_out, "out", false, &out) < 0)
+        goto done;
+    if (needs_alloc(&out)) {
+        if (n == 0 || n > INT_MAX) {
+            PyErr_SetString(PyExc_ValueError, "concat_forward: needs at least one tensor");
+            goto done;
+        }
+        const ft_tensor *r = inps[0];
+        int d = dim < 0 ? dim + r->ndim : dim;
+        if (d < 0 || d >= r->ndim) {
+            PyErr_Format(PyExc_IndexError, "concat_forward: dim %d is out of range for %d-d tensors", dim, r->ndim);
+            goto done;
+        }
+        int64_t shape[FT_MAX_DIMS];
+        memcpy(shape, r->shape, sizeof shape);
+        shape[d] = 0;
+        for (Py_ssize_t i = 0; i < n; i++)
+            shape[d] += inps[i]->ndim == r->ndim ? inps[i]->shape[d] : 0;
+        if (alloc_out(st, &out, r, r->ndim, shape, r->dtype) < 0)
+            goto done;
+    }
+    ft_status s;
+    CALL(s, big(out.t), ft_concat_forward(out.t, inps, (int)n, dim));
+    result = finish(s, &out, 1);
+    out.owned = false;
+done:
+    drop_outs(&out, 1);
+    PyMem_Free(inps);
+    Py_DECREF(seq);
+    return result;
+}
+
+static PyObject *py_concat_backward(PyObject *m, PyObject *args, PyObject *kw) {
+    PyObject *o_grads, *o_dout, *o_sizes;
+    int dim = 1, accumulate = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|ip:concat_backward",
+                                     KW("grads", "dout", "sizes", "dim", "accumulate"), &o_grads, &o_dout, &o_sizes,
+                                     &dim, &accumulate))
+        return NULL;
+    ft_module_state *st = mstate(m);
+    const ft_tensor *dout;
+    int64_t sizes[1024];
+    int n;
+    if (parse_in(st, o_dout, "dout", false, &dout) < 0)
+        return NULL;
+    PyObject *sizes_seq = PySequence_Fast(o_sizes, "concat_backward: sizes must be a sequence of ints");
+    if (!sizes_seq)
+        return NULL;
+    n = (int)PySequence_Fast_GET_SIZE(sizes_seq);
+    if (n > 1024 || n < 1) {
+        Py_DECREF(sizes_seq);
+        return PyErr_Format(PyExc_ValueError, "concat_backward: between 1 and 1024 parts, got %d", n);
+    }
+    for (int i = 0; i < n; i++) {
+        sizes[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(sizes_seq, i));
+        if (sizes[i] == -1 && PyErr_Occurred()) {
+            Py_DECREF(sizes_seq);
+            return NULL;
+        }
+    }
+    Py_DECREF(sizes_seq);
+    PyObject *grads_seq = NULL;
+    if (o_grads != Py_None) {
+        grads_seq = PySequence_Fast(o_grads, "concat_backward: grads must be a sequence or None");
+        if (!grads_seq)
+            return NULL;
+        if (PySequence_Fast_GET_SIZE(grads_seq) != n) {
+            Py_DECREF(grads_seq);
+            return PyErr_Format(PyExc_ValueError, "concat_backward: %zd grads for %d sizes",
+                                PySequence_Fast_GET_SIZE(grads_seq), n);
+        }
+    }
+    out_arg *g = PyMem_Calloc((size_t)n, sizeof *g);
+    const ft_tensor **gt = PyMem_Calloc((size_t)n, sizeof *gt);
+    PyObject *result = NULL;
+    int parsed = 0;
+    if (!g || !gt) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int d = dim < 0 ? dim + dout->ndim : dim;
+    for (; parsed < n; parsed++) {
+        int i = parsed;
+        if (parse_out(st, grads_seq ? PySequence_Fast_GET_ITEM(grads_seq, i) : Py_None, "concat_backward: grads[i]",
+                      true, &g[i]) < 0)
+            goto done;
+        if (needs_alloc(&g[i])) {
+            if (d < 0 || d >= dout->ndim) {
+                PyErr_Format(PyExc_IndexError, "concat_backward: dim %d is out of range for %d-d tensors", dim,
+                             dout->ndim);
+                goto done;
+            }
+            if (sizes[i] < 0) {
+                PyErr_Format(PyExc_ValueError, "concat_backward: sizes[%d] is negative (%lld)", i,
+                             (long long)sizes[i]);
+                goto done;
+            }
+            int64_t shape[FT_MAX_DIMS];
+            memcpy(shape, dout->shape, sizeof shape);
+            shape[d] = sizes[i];
+            if (alloc_out(st, &g[i], dout, dout->ndim, shape, dout->dtype) < 0)
+                goto done;
+        }
+        gt[i] = g[i].t;
+    }
+    ft_status s;
+    CALL(s, big(dout), ft_concat_backward(gt, sizes, n, dout, dim, accumulate));
+    if (s != FT_OK) {
+        ft_raise(s);
+        goto done;
+    }
+    result = PyList_New(n);
+    for (int i = 0; result && i < n; i++) {
+        PyList_SET_ITEM(result, i, g[i].skip ? Py_NewRef(Py_None) : Py_NewRef(g[i].obj));
+    }
+done:
+    if (g)
+        drop_outs(g, n);
+    PyMem_Free(g);
+    PyMem_Free(gt);
+    Py_XDECREF(grads_seq);
+    return result;
+}
+
+/* ======================= dropout ======================= */
+
+static int parse_dropout(double p, PyObject *seed, PyObject *offset, ft_dropout_params *dp) {
+    dp->p = p;
+    dp->seed = PyLong_AsUnsignedLongLongMask(seed);
+    if (PyErr_Occurred())
+        return -1;
+    dp->offset = PyLong_AsUnsignedLongLong(offset);
+    return PyErr_Occurred() ? -1 : 0;
+}
+
+static PyObject *py_dropout_forward(PyObject *m, PyObject *args, PyObject *kw) {
+    PyObject *o_out, *o_inp, *o_seed, *o_offset;
+    double p;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOdOO:dropout_forward", KW("out", "inp", "p", "seed", "offset"),
+                                     &o_out, &o_inp, &p, &o_seed, &o_offset))
+        return NULL;
+    ft_module_state *st = mstate(m);
+    const ft_tensor *inp;
+    out_arg out;
+    ft_dropout_params dp;
+    if (parse_dropout(p, o_seed, o_offset, &dp) < 0 || parse_in(st, o_inp, "inp", false, &inp) < 0 ||
+        parse_out(st, o_out, "out", false, &out) < 0 || alloc_like(st, &out, inp) < 0)
+        return NULL;
+    ft_status s;
+    CALL(s, big(inp), ft_dropout_forward(out.t, inp, &dp));
+    return finish(s, &out, 1);
+}
+
+static PyObject *py_dropout_backward(PyObject *m, PyObject *args, PyObject *kw) {
+    PyObject *o_dinp, *o_dout, *o_seed, *o_offset;
+    double p;
+    int accumulate = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOdOO|p:dropout_backward",
+                                     KW("dinp", "dout", "p", "seed", "offset", "accumulate"), &o_dinp, &o_dout, &p,
+                                     &o_seed, &o_offset, &accumulate))
+        return NULL;
+    ft_module_state *st = mstate(m);
+    const ft_tensor *dout;
+    out_arg dinp;
+    ft_dropout_params dp;
+    if (parse_dropout(p, o_seed, o_offset, &dp) < 0 || parse_in(st, o_dout, "dout", false, &dout) < 0 ||
+        parse_out(st, o_dinp, "dinp", false, &dinp) < 0 || alloc_like(st, &dinp, dout) < 0)
+        return NULL;
+    ft_status s;
+    CALL(s, big(dout), ft_dropout_backward(dinp.t, dout, &dp, accumulate));
+    return finish(s, &dinp, 1);
+}
+
+static PyObject *py_dropout_blocks(PyObject *m, PyObject *arg) {
+    long long n = PyLong_AsLongLong(arg);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    return PyLong_FromUnsignedLongLong(ft_dropout_blocks(n));
+}
+
+/* ======================= pooling ======================= */
+
+/* kernel_size, stride (None: kernel_size), padding, dilation, ceil_mode,
+ * count_include_pad, divisor_override (None or 0: none). */
+static int parse_pool(PyObject *kernel, PyObject *stride, PyObject *padding, PyObject *dilation, int ceil_mode,
+                      int count_include_pad, PyObject *divisor, ft_pool2d_params *p) {
+    static const int64_t zero[2] = {0, 0}, one[2] = {1, 1};
+    memset(p, 0, sizeof *p);
+    if (parse_pair(kernel, "kernel_size", NULL, p->kernel) < 0 ||
+        parse_pair(stride, "stride", p->kernel, p->stride) < 0 ||
+        parse_pair(padding, "padding", zero, p->padding) < 0 ||
+        parse_pair(dilation, "dilation", one, p->dilation) < 0)
+        return -1;
+    p->ceil_mode = ceil_mode;
+    p->count_include_pad = count_include_pad;
+    if (divisor && divisor != Py_None) {
+        p->divisor_override = PyLong_AsLongLong(divisor);
+        if (p->divisor_override == -1 && PyErr_Occurred())
+            return -1;
+        if (p->divisor_override <= 0) {
+            PyErr_SetString(PyExc_ValueError, "divisor_override must be positive");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The (N, C, H, W) of a backward's dinp when it is allocated: input_size
+ * ((H, W) or (N, C, H, W)), with N and C from dout. */
+static int input_shape(PyObject *obj, const char *op, const ft_tensor *dout, int64_t *shape) {
+    if (obj == Py_None) {
+        PyErr_Format(PyExc_ValueError, "%s: input_size is needed to allocate dinp", op);
+        return -1;
+    }
+    int64_t v[FT_MAX_DIMS];
+    int n;
+    if (parse_shape_arg(obj, "input_size", v, &n) < 0)
+        return -1;
+    if ((n != 2 && n != 4) || dout->ndim != 4) {
+        PyErr_Format(PyExc_ValueError, "%s: input_size must be (H, W) or (N, C, H, W) for a 4-d dout", op);
+        return -1;
+    }
+    shape[0] = dout->shape[0], shape[1] = dout->shape[1];
+    shape[2] = v[n - 2], shape[3] = v[n - 1];
+    return 0;
+}
+
+static PyObject *py_max_pool2d_forward(PyObject *m, PyObject *args, PyObject *kw) {
+    PyObject *o_out, *o_ind, *o_inp, *kernel, *stride = Py_None, *padding = Py_None, *dilation = Py_None;
+    int ceil_mode = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOO|OOOp:max_pool2d_forward",
+                                     KW("out", "indices", "inp", "kernel_size", "stride", "padding", "dilation",
+                                        "ceil_mode"),
+                                     &o_out, &o_ind, &o_inp, &kernel, &stride, &padding, &dilation, &ceil_mode))
+        return NULL;
+    ft_module_state *st = mstate(m);
+    const ft_tensor *inp;
+    out_arg o[2];
+    ft_pool2d_params p;
+    if (parse_pool(kernel, stride, padding, dilation, ceil_mode, 1, NULL, &p) < 0 ||
+        parse_in(st, o_inp, "inp", false, &inp) < 0 || parse_out(st, o_out, "out", false, &o[0]) < 0 ||
+        parse_out(st, o_ind, "indices", true, &o[1]) < 0)
+        return NULL;
+    if ((needs_alloc(&o[0]) || needs_alloc(&o[1])) && inp->ndim == 4) {
+        int64_t shape[4] = {inp->shape[0], inp->shape[1], 0, 0};
+        ft_status s = ft_pool2d_out_size(&shape[2], &shape[3], inp->shape[2], inp->shape[3], &p, "max_pool2d");
+        if (s != FT_OK)
+            return ft_raise(s);
+        if (alloc_out(st, &o[0], inp, 4, shape, inp->dtype) < 0 || alloc_out(st, &o[1], inp, 4, shape, FT_INT64) < 0) {
+            drop_outs(o, 2);
+            return NULL;
+        }
+    } else if (needs_alloc(&o[0]) || needs_alloc(&o[1])) {
+        return PyErr_Format(PyExc_ValueError, "max_pool2d: inp should have 4 dimensions (N, C, H, W), got %d",
+                            inp->ndim);
+    }
+    ft_status s;
+    CALL(s, big(inp), ft_max_pool2d_forward(o[0].t, o[1].t, inp, &p));
+    return finish(s, o, 2);
+}
+
+static PyObject *py_max_pool2d_backward(PyObject *m, PyObject *args, PyObject *kw) {
+    PyObject *o_dinp, *o_dout, *o_ind, *o_size = Py_None;
+    int accumulate = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|Op:max_pool2d_backward",
+                                     KW("dinp", "dout", "indices", "input_size", "accumulate"), &o_dinp, &o_dout,
+                                     &o_ind, &o_size, &accumulate))
+        return NULL;
+    ft_module_state *st = mstate(m);
+    const ft_tensor *dout, *ind;
+    out_arg dinp;
+    int64_t shape[4];
+    if (parse_in(st, o_dout, "dout", false, &dout) < 0 || parse_in(st, o_ind, "indices", false, &ind) < 0 ||
+        parse_out(st, o_dinp, "dinp", false, &dinp) < 0)
+        return NULL;
+    if (needs_alloc(&dinp) && (input_shape(o_size, "max_pool2d_backward", dout, shape) < 0 ||
+                               alloc_out(st, &dinp, dout, 4, shape, dout->dtype) < 0))
+        return NULL;
+    ft_status s;
+    CALL(s, big(dinp.t), ft_max_pool2d_backward(dinp.t, dout, ind, accumulate));
+    return finish(s, &dinp, 1);
+}
+
+static PyObject *py_avg_pool2d_forward(PyObject *m, PyObject *args, PyObject *kw) {
+    PyObject *o_out, *o_inp, *kernel, *stride = Py_None, *padding = Py_None, *divisor = Py_None;
+    int ceil_mode = 0, cip = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OOppO:avg_pool2d_forward",
+                                     KW("out", "inp", "kernel_size", "stride", "padding", "ceil_mode",
+                                        "count_include_pad", "divisor_override"),
+                                     &o_out, &o_inp, &kernel, &stride, &padding, &ceil_mode, &cip, &divisor))
+        return NULL;
+    ft_module_state *st = mstate(m);
+    const ft_tensor *inp;
+    out_arg out;
+    ft_pool2d_params p;
+    if (parse_pool(kernel, stride, padding, Py_None, ceil_mode, cip, divisor, &p) < 0 ||
+        parse_in(st, o_inp, "inp", false, &inp) < 0 || parse_out(st, o_out, "out", false, &out) < 0)
+        return NULL;
+    if (needs_alloc(&out)) {
+        if (inp->ndim != 4)
+            return PyErr_Format(PyExc_ValueError, "avg_pool2d: inp should have 4 dimensions (N, C, H, W), got %d",
+                                inp->ndim);
+        int64_t shape[4] = {inp->shape[0], inp->shape[1], 0, 0};
+        ft_status s = ft_pool2d_out_size(&shape[2], &shape[3], inp->shape[2], inp->shape[3], &p, "avg_pool2d");
+        if (s != FT_OK)
+            return ft_raise(s);
+        if (alloc_out(st, &out, inp, 4, shape, inp->dtype) < 0)
+            return NULL;
+    }
+    ft_status s;
+    CALL(s, big(inp), ft_avg_pool2d_forward(out.t, inp, &p));
+    return finish(s, &out, 1);
+}
+
+static PyObject *py_avg_pool2d_backward(PyObject *m, PyObject *args, PyObject *kw) {
+    PyObject *o_dinp, *o_dout, *o_size, *kernel, *stride = Py_None, *padding = Py_None, *divisor = Py_None;
+    int ceil_mode = 0, cip = 1, accumulate = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOO|OOppOp:avg_pool2d_backward",
+                                     KW("dinp", "dout", "input_size", "kernel_size", "stride", "padding",
+                                        "ceil_mode", "count_include_pad", "divisor_override", "accumulate"),
+                                     &o_dinp, &o_dout, &o_size, &kernel, &stride, &padding, &ceil_mode, &cip,
+                                     &divisor, &accumulate))
+        return NULL;
+    ft_module_state *st = mstate(m);
+    const ft_tensor *dout;
+    out_arg dinp;
+    ft_pool2d_params p;
+    int64_t shape[4];
+    if (parse_pool(kernel, stride, padding, Py_None, ceil_mode, cip, divisor, &p) < 0 ||
+        parse_in(st, o_dout, "dout", false, &dout) < 0 || parse_out(st, o_dinp, "dinp", false, &dinp) < 0)
+        return NULL;
+    if (needs_alloc(&dinp) && (input_shape(o_size, "avg_pool2d_backward", dout, shape) < 0 ||
+                               alloc_out(st, &dinp, dout, 4, shape, dout->dtype) < 0))
+        return NULL;
+    ft_status s;
+    CALL(s, big(dinp.t), ft_avg_pool2d_backward(dinp.t, dout, &p, accumulate));
+    return finish(s, &dinp, 1);
+}
+
+/* output_size: (P, Q) or an int; needed only to allocate out. */
+static int adaptive_out_shape(PyObject *obj, const char *op, const ft_tensor *inp, int64_t *shape) {
+    if (inp->ndim != 4) {
+        PyErr_Format(PyExc_ValueError, "%s: inp should have 4 dimensions (N, C, H, W), got %d", op, inp->ndim);
+        return -1;
+    }
+    if (obj == Py_None) {
+        PyErr_Format(PyExc_ValueError, "%s: output_size is needed to allocate out", op);
+        return -1;
+    }
+    int64_t pq[2];
+    if (parse_pair(obj, "output_size", NULL, pq) < 0)
+        return -1;
+    if (pq[0] < 0 || pq[1] < 0) {
+        PyErr_Format(PyExc_ValueError, "%s: output_size must be non-negative, got (%lld, %lld)", op,
+                     (long long)pq[0], (long long)pq[1]);
+        return -1;
+    }
+    shape[0] = inp->shape[0], shape[1] = inp->shape[1], shape[2] = pq[0], shape[3] = pq[1];
+    return 0;
+}
+
+static PyObject *py_adaptive_avg_pool2d_forward(PyObject *m, PyObject *args, PyObject *kw) {
+    PyObject *o_out, *o_inp, *o_size = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|O:adaptive_avg_pool2d_forward", KW("out", "inp", "output_size"),
+                                     &o_out, &o_inp, &o_size))
+        return NULL;
+    ft_module_state *st = mstate(m);
+    const ft_tensor *inp;
+    out_arg out;
+    int64_t shape[4];
+    if (parse_in(st, o_inp, "inp", false, &inp) < 0 || parse_out(st, o_out, "out", false, &out) < 0)
+        return NULL;
+    if (needs_alloc(&out) && (adaptive_out_shape(o_size, "adaptive_avg_pool2d", inp, shape) < 0 ||
+                              alloc_out(st, &out, inp, 4, shape, inp->dtype) < 0))
+        return NULL;
+    ft_status s;
+    CALL(s, big(inp), ft_adaptive_avg_pool2d_forward(out.t, inp));
+    return finish(s, &out, 1);
+}
+
+static PyObject *py_adaptive_avg_pool2d_backward(PyObject *m, PyObject *args, PyObject *kw) {
+    PyObject *o_dinp, *o_dout, *o_size = Py_None;
+    int accumulate = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|Op:adaptive_avg_pool2d_backward",
+                                     KW("dinp", "dout", "input_size", "accumulate"), &o_dinp, &o_dout, &o_size,
+                                     &accumulate))
+        return NULL;
+    ft_module_state *st = mstate(m);
+    const ft_tensor *dout;
+    out_arg dinp;
+    int64_t shape[4];
+    if (parse_in(st, o_dout, "dout", false, &dout) < 0 || parse_out(st, o_dinp, "dinp", false, &dinp) < 0)
+        return NULL;
+    if (needs_alloc(&dinp) && (input_shape(o_size, "adaptive_avg_pool2d_backward", dout, shape) < 0 ||
+                               alloc_out(st, &dinp, dout, 4, shape, dout->dtype) < 0))
+        return NULL;
+    ft_status s;
+    CALL(s, big(dinp.t), ft_adaptive_avg_pool2d_backward(dinp.t, dout, accumulate));
+    return finish(s, &dinp, 1);
+}
+
+static PyObject *py_adaptive_max_pool2d_forward(PyObject *m, PyObject *args, PyObject *kw) {
+    PyObject *o_out, *o_ind, *o_inp, *o_size = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|O:adaptive_max_pool2d_forward",
+                                     KW("out", "indices", "inp", "output_size"), &o_out, &o_ind, &o_inp, &o_size))
+        return NULL;
+    ft_module_state *st = mstate(m);
+    const ft_tensor *inp;
+    out_arg o[2];
+    int64_t shape[4];
+    if (parse_in(st, o_inp, "inp", false, &inp) < 0 || parse_out(st, o_out, "out", false, &o[0]) < 0 ||
+        parse_out(st, o_ind, "indices", true, &o[1]) < 0)
+        return NULL;
+    if (needs_alloc(&o[0]) || needs_alloc(&o[1])) {
+        if (needs_alloc(&o[0]) || o_size != Py_None) {
+            if (adaptive_out_shape(o_size, "adaptive_max_pool2d", inp, shape) < 0)
+                return NULL;
+        } else {
+            memcpy(shape, o[0].t->shape, sizeof shape);
+        }
+        if (alloc_out(st, &o[0], inp, 4, shape, inp->dtype) < 0 || alloc_out(st, &o[1], inp, 4, shape, FT_INT64) < 0) {
+            drop_outs(o, 2);
+            return NULL;
+        }
+    }
+    ft_status s;
+    CALL(s, big(inp), ft_adaptive_max_pool2d_forward(o[0].t, o[1].t, inp));
+    return finish(s, o, 2);
+}
+
+static PyObject *py_adaptive_max_pool2d_backward(PyObject *m, PyObject *args, PyObject *kw) {
+    PyObject *o_dinp, *o_dout, *o_ind, *o_size = Py_None;
+    int accumulate = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|Op:adaptive_max_pool2d_backward",
+                                     KW("dinp", "dout", "indices", "input_size", "accumulate"), &o_dinp, &o_dout,
+                                     &o_ind, &o_size, &accumulate))
+        return NULL;
+    ft_module_state *st = mstate(m);
+    const ft_tensor *dout, *ind;
+    out_arg dinp;
+    int64_t shape[4];
+    if (parse_in(st, o_dout, "dout", false, &dout) < 0 || parse_in(st, o_ind, "indices", false, &ind) < 0 ||
+        parse_out(st, o_dinp, "dinp", false, &dinp) < 0)
+        return NULL;
+    if (needs_alloc(&dinp) && (input_shape(o_size, "adaptive_max_pool2d_backward", dout, shape) < 0 ||
+                               alloc_out(st, &dinp, dout, 4, shape, dout->dtype) < 0))
+        return NULL;
+    ft_status s;
+    CALL(s, big(dinp.t), ft_adaptive_max_pool2d_backward(dinp.t, dout, ind, accumulate));
+    return finish(s, &dinp, 1);
+}
+
+/* ======================= softmax ======================= */
+
+static PyObject *softmax_fwd(PyObject *m, PyObject *args, PyObject *kw, bool log) {
+    PyObject *o_out, *o_inp;
+    int dim;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, log ? "OOi:log_softmax_forward" : "OOi:softmax_forward",
+                                     KW("out", "inp", "dim"), &o_out, &o_inp, &dim))
+        return NULL;
+    ft_module_state *st = mstate(m);
+    const ft_tensor *inp;
+    out_arg out;
+    if (parse_in(st, o_inp, "inp", false, &inp) < 0 || parse_out(st, o_out, "out", false, &out) < 0 ||
+        alloc_like(st, &out, inp) < 0)
+        return NULL;
+    ft_status s;
+    CALL(s, big(inp), log ? ft_log_softmax_forward(out.t, inp, dim) : ft_softmax_forward(out.t, inp, dim));
+    return finish(s, &out, 1);
+}
+
+static PyObject *softmax_bwd(PyObject *m, PyObject *args, PyObject *kw, bool log) {
+    PyObject *o_dinp, *o_dout, *o_out;
+    int dim, accumulate = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, log ? "OOOi|p:log_softmax_backward" : "OOOi|p:softmax_backward",
+                                     KW("dinp", "dout", "out", "dim", "accumulate"), &o_dinp, &o_dout, &o_out, &dim,
+                                     &accumulate))
+        return NULL;
+    ft_module_state *st = mstate(m);
+    const ft_tensor *dout, *out;
+    out_arg dinp;
+    if (parse_in(st, o_dout, "dout", false, &dout) < 0 || parse_in(st, o_out, "out", false, &out) < 0 ||
+        parse_out(st, o_dinp, "dinp", false, &dinp) < 0 || alloc_like(st, &dinp, dout) < 0)
+        return NULL;
+    ft_status s;
+    CALL(s, big(dout),
+         log ? ft_log_softmax_backward(dinp.t, dout, out, dim, accumulate)
+             : ft_softmax_backward(dinp.t, dout, out, dim, accumulate));
+    return finish(s, &dinp, 1);
+}
+
+static PyObject *py_softmax_forward(PyObject *m, PyObject *a, PyObject *k) { return softmax_fwd(m, a, k, false); }
+static PyObject *py_log_softmax_forward(PyObject *m, PyObject *a, PyObject *k) { return softmax_fwd(m, a, k, true); }
+static PyObject *py_softmax_backward(PyObject *m, PyObject *a, PyObject *k) { return softmax_bwd(m, a, k, false); }
+static PyObject *py_log_softmax_backward(PyObject *m, PyObject *a, PyObject *k) { return softmax_bwd(m, a, k, true); }
+
+/* ======================= losses ======================= */
+
+static int parse_ce(PyObject *reduction, long long ignore_index, double smoothing, ft_cross_entropy_params *p) {
+    p->ignore_index = ignore_index;
+    p->label_smoothing = smoothing;
+    return parse_reduction(reduction, &p->reduction);
+}
+
+/* The loss's shape: the target's for 'none', () otherwise. */
+static int alloc_loss(ft_module_state *st, out_arg *o, ft_reduction r, const ft_tensor *per_sample,
+                      const ft_tensor *dtype_of) {
+    if (r == FT_REDUCTION_NONE)
+        return alloc_out(st, o, per_sample, per_sample->ndim, per_sample->shape, dtype_of->dtype);
+    int64_t scalar[1] = {1};
+    return alloc_out(st, o, dtype_of, 0, scalar, dtype_of->dtype);
+}
+
+static PyObject *py_cross_entropy_forward(PyObject *m, PyObject *args, PyObject *kw) {
+    PyObject *o_loss, *o_dlogits, *o_logits, *o_target, *o_weight = Py_None, *o_red = NULL;
+    long long ignore_index = -100;
+    double smoothing = 0.0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOO|OOLd:cross_entropy_forward",
+                                     KW("loss", "dlogits", "logits", "target", "weight", "reduction", "ignore_index",
+                                        "label_smoothing"),
+                                     &o_loss, &o_dlogits, &o_logits, &o_target, &o_weight, &o_red, &ignore_index,
+                                     &smoothing))
+        return NULL;
+    ft_module_state *st = mstate(m);
+    const ft_tensor *logits, *target, *weight;
+    out_arg o[2];
+    ft_cross_entropy_params p;
+    PyObject *mean = NULL;
+    if (!o_red)
+        o_red = mean = PyUnicode_FromString("mean");
+    int bad = !o_red || parse_ce(o_red, ignore_index, smoothing, &p) < 0;
+    Py_XDECREF(mean);
+    if (bad || parse_in(st, o_logits, "logits", false, &logits) < 0 ||
+        parse_in(st, o_target, "target", false, &target) < 0 || parse_in(st, o_weight, "weight", true, &weight) < 0 ||
+        parse_out(st, o_loss, "loss", false, &o[0]) < 0 || parse_out(st, o_dlogits, "dlogits", true, &o[1]) < 0)
+        return NULL;
+    if (alloc_loss(st, &o[0], p.reduction, target, logits) < 0 || alloc_like(st, &o[1], logits) < 0) {
+        drop_outs(o, 2);
+        return NULL;
+    }
+    ft_status s;
+    CALL(s, big(logits), ft_cross_entropy_forward(o[0].t, o[1].t, logits, target, weight, &p));
+    return finish(s, o, 2);
+}
+
+static PyObject *py_cross_entropy_backward(PyObject *m, PyObject *args, PyObject *kw) {
+    PyObject *o_dlogits, *o_dloss, *o_logits, *o_target, *o_weight = Py_None, *o_red = NULL;
+    long long ignore_index = -100;
+    double smoothing = 0.0;
+    int accumulate = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOO|OOLdp:cross_entropy_backward",
+                                     KW("dlogits", "dloss", "logits", "target", "weight", "reduction", "ignore_index",
+                                        "label_smoothing", "accumulate"),
+                                     &o_dlogits, &o_dloss, &o_logits, &o_target, &o_weight, &o_red, &ignore_index,
+                                     &smoothing, &accumulate))
+        return NULL;
+    ft_module_state *st = mstate(m);
+    const ft_tensor *dloss, *logits, *target, *weight;
+    out_arg dlogits;
+    ft_cross_entropy_params p;
+    PyObject *mean = NULL;
+    if (!o_red)
+        o_red = mean = PyUnicode_FromString("mean");
+    int bad = !o_red || parse_ce(o_red, ignore_index, smoothing, &p) < 0;
+    Py_XDECREF(mean);
+    if (bad || parse_in(st, o_dloss, "dloss", false, &dloss) < 0 ||
+        parse_in(st, o_logits, "logits", false, &logits) < 0 || parse_in(st, o_target, "target", false, &target) < 0 ||
+        parse_in(st, o_weight, "weight", true, &weight) < 0 ||
+        parse_out(st, o_dlogits, "dlogits", false, &dlogits) < 0 || alloc_like(st, &dlogits, logits) < 0)
+        return NULL;
+    ft_status s;
+    CALL(s, big(logits), ft_cross_entropy_backward(dlogits.t, dloss, logits, target, weight, &p, accumulate));
+    return finish(s, &dlogits, 1);
+}
+
+static PyObject *py_mse_loss_forward(PyObject *m, PyObject *args, PyObject *kw) {
+    PyObject *o_loss, *o_inp, *o_target, *o_red = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|O:mse_loss_forward", KW("loss", "inp", "target", "reduction"),
+                                     &o_loss, &o_inp, &o_target, &o_red))
+        return NULL;
+    ft_module_state *st = mstate(m);
+    const ft_tensor *inp, *target;
+    out_arg loss;
+    ft_reduction r = FT_REDUCTION_MEAN;
+    if ((o_red && parse_reduction(o_red, &r) < 0) || parse_in(st, o_inp, "inp", false, &inp) < 0 ||
+        parse_in(st, o_target, "target", false, &target) < 0 || parse_out(st, o_loss, "loss", false, &loss) < 0 ||
+        alloc_loss(st, &loss, r, inp, inp) < 0)
+        return NULL;
+    ft_status s;
+    CALL(s, big(inp), ft_mse_loss_forward(loss.t, inp, target, r));
+    return finish(s, &loss, 1);
+}
+
+static PyObject *py_mse_loss_backward(PyObject *m, PyObject *args, PyObject *kw) {
+    PyObject *o_dinp, *o_dtarget, *o_dloss, *o_inp, *o_target, *o_red = NULL;
+    int acc_inp = 0, acc_target = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOO|Opp:mse_loss_backward",
+                                     KW("dinp", "dtarget", "dloss", "inp", "target", "reduction", "accumulate_inp",
+                                        "accumulate_target"),
+                                     &o_dinp, &o_dtarget, &o_dloss, &o_inp, &o_target, &o_red, &acc_inp, &acc_target))
+        return NULL;
+    ft_module_state *st = mstate(m);
+    const ft_tensor *dloss, *inp, *target;
+    out_arg d[2];
+    ft_reduction r = FT_REDUCTION_MEAN;
+    if ((o_red && parse_reduction(o_red, &r) < 0) || parse_in(st, o_dloss, "dloss", false, &dloss) < 0 ||
+        parse_in(st, o_inp, "inp", false, &inp) < 0 || parse_in(st, o_target, "target", false, &target) < 0 ||
+        parse_out(st, o_dinp, "dinp", true, &d[0]) < 0 || parse_out(st, o_dtarget, "dtarget", true, &d[1]) < 0)
+        return NULL;
+    if (alloc_like(st, &d[0], inp) < 0 || alloc_like(st, &d[1], target) < 0) {
+        drop_outs(d, 2);
+        return NULL;
+    }
+    ft_status s;
+    CALL(s, big(inp), ft_mse_loss_backward(d[0].t, d[1].t, dloss, inp, target, r, acc_inp, acc_target));
+    return finish(s, d, 2);
+}
+
+/* ======================= registration ======================= */
+
+#define KWFN(name, doc) {#name, FN(py_##name), METH_VARARGS | METH_KEYWORDS, doc}
+
+static PyMethodDef ops_methods[] = {
+    KWFN(activation_forward, "activation_forward(out, inp, act, alpha=0.0) -> out"),
+    KWFN(activation_backward,
+         "activation_backward(dinp, dout, inp, out, act, alpha=0.0, accumulate=False) -> dinp"),
+    KWFN(add_forward, "add_forward(out, a, b, act=None, alpha=0.0) -> out: act(a + b)"),
+    KWFN(add_backward, "add_backward(da, db, dout, a=None, b=None, out=None, act=None, alpha=0.0, "
+                       "accumulate_a=False, accumulate_b=False) -> (da, db)"),
+    KWFN(mul_forward, "mul_forward(out, a, b) -> out"),
+    KWFN(mul_backward, "mul_backward(da, db, dout, a, b, accumulate_a=False, accumulate_b=False) -> (da, db)"),
+    KWFN(concat_forward, "concat_forward(out, inputs, dim=1) -> out"),
+    KWFN(concat_backward, "concat_backward(grads, dout, sizes, dim=1, accumulate=False) -> [grads]"),
+    KWFN(dropout_forward, "dropout_forward(out, inp, p, seed, offset) -> out"),
+    KWFN(dropout_backward, "dropout_backward(dinp, dout, p, seed, offset, accumulate=False) -> dinp"),
+    {"dropout_blocks", py_dropout_blocks, METH_O, "dropout_blocks(numel) -> Philox blocks a mask uses"},
+    KWFN(max_pool2d_forward, "max_pool2d_forward(out, indices, inp, kernel_size, stride=None, padding=0, "
+                             "dilation=1, ceil_mode=False) -> (out, indices)"),
+    KWFN(max_pool2d_backward, "max_pool2d_backward(dinp, dout, indices, input_size=None, accumulate=False) -> dinp"),
+    KWFN(avg_pool2d_forward, "avg_pool2d_forward(out, inp, kernel_size, stride=None, padding=0, ceil_mode=False, "
+                             "count_include_pad=True, divisor_override=None) -> out"),
+    KWFN(avg_pool2d_backward, "avg_pool2d_backward(dinp, dout, input_size, kernel_size, stride=None, padding=0, "
+                              "ceil_mode=False, count_include_pad=True, divisor_override=None, accumulate=False) "
+                              "-> dinp"),
+    KWFN(adaptive_avg_pool2d_forward, "adaptive_avg_pool2d_forward(out, inp, output_size=None) -> out"),
+    KWFN(adaptive_avg_pool2d_backward,
+         "adaptive_avg_pool2d_backward(dinp, dout, input_size=None, accumulate=False) -> dinp"),
+    KWFN(adaptive_max_pool2d_forward,
+         "adaptive_max_pool2d_forward(out, indices, inp, output_size=None) -> (out, indices)"),
+    KWFN(adaptive_max_pool2d_backward,
+         "adaptive_max_pool2d_backward(dinp, dout, indices, input_size=None, accumulate=False) -> dinp"),
+    KWFN(softmax_forward, "softmax_forward(out, inp, dim) -> out"),
+    KWFN(softmax_backward, "softmax_backward(dinp, dout, out, dim, accumulate=False) -> dinp"),
+    KWFN(log_softmax_forward, "log_softmax_forward(out, inp, dim) -> out"),
+    KWFN(log_softmax_backward, "log_softmax_backward(dinp, dout, out, dim, accumulate=False) -> dinp"),
+    KWFN(cross_entropy_forward,
+         "cross_entropy_forward(loss, dlogits, logits, target, weight=None, reduction='mean', ignore_index=-100, "
+         "label_smoothing=0.0) -> (loss, dlogits)"),
+    KWFN(cross_entropy_backward,
+         "cross_entropy_backward(dlogits, dloss, logits, target, weight=None, reduction='mean', ignore_index=-100, "
+         "label_smoothing=0.0, accumulate=False) -> dlogits"),
+    KWFN(mse_loss_forward, "mse_loss_forward(loss, inp, target, reduction='mean') -> loss"),
+    KWFN(mse_loss_backward, "mse_loss_backward(dinp, dtarget, dloss, inp, target, reduction='mean', "
+                            "accumulate_inp=False, accumulate_target=False) -> (dinp, dtarget)"),
+    {NULL, NULL, 0, NULL},
+};
+
+int ft_bind_ops(PyObject *module) { return PyModule_AddFunctions(module, ops_methods); }

@@ -1,0 +1,558 @@
+/* cross_entropy (softmax fused) and mse_loss.
+ *
+ * Legend: C classes (a row: the C logits of one sample), R rows (samples:
+ * N times the extra dimensions d...), RC rows per chunk of a fixed-order sum,
+ * EC elements per chunk of mse_loss's sum. */
+#include "ops/loss.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+
+#include "kernels/convert.h"
+#include "ops/check.h"
+#include "ops/pointwise.h"
+#include "ops/softmax.h"
+
+#define RC 16
+#define EC 4096
+/* Elements below which a loss runs on one thread. */
+#define PARALLEL_WORK (1 << 15)
+
+static float load_f(const char *p, ft_dtype dt) {
+    return dt == FT_BFLOAT16 ? ft_bf16_to_f32(*(const uint16_t *)p) : *(const float *)p;
+}
+
+static void store_f(char *p, ft_dtype dt, float v) {
+    if (dt == FT_BFLOAT16)
+        *(uint16_t *)p = ft_f32_to_bf16(v);
+    else
+        *(float *)p = v;
+}
+
+/* A float tensor viewed by rows: base, strides over the row dimensions, and
+ * the stride along the class dimension. */
+typedef struct {
+    char *base;
+    int64_t st[FT_MAX_DIMS];
+    int64_t cs;
+    ft_dtype dt;
+    int64_t item;
+    bool direct; /* float32 with contiguous rows */
+} rowed;
+
+static void make_rowed(rowed *r, const ft_tensor *t, int class_dim) {
+    r->base = ft_tensor_data(t);
+    ft_rows_strides(r->st, t->ndim, t->strides, class_dim);
+    r->cs = class_dim >= 0 ? t->strides[class_dim] : 1;
+    r->dt = t->dtype;
+    r->item = (int64_t)ft_dtype_get(t->dtype)->itemsize;
+    r->direct = t->dtype == FT_FLOAT32 && (r->cs == 1 || t->shape[class_dim] == 1);
+}
+
+static char *row_at(const rowed *r, const ft_rows *rows, const int64_t *pos) {
+    return r->base + ft_rows_offset(rows, pos, r->st) * r->item;
+}
+
+/* ---- cross entropy ---- */
+
+typedef struct {
+    int64_t C;
+    ft_rows rows;
+    rowed logits, dlogits, loss, dloss; /* loss, dloss: per row (none), class stride unused */
+    bool has_dlogits, has_loss_rows, has_dloss_rows, accumulate;
+    char *target;
+    int64_t tst[FT_MAX_DIMS];
+    bool t32;
+    const float *w; /* (C) or NULL */
+    float W;        /* sum of w, or C */
+    double eps;
+    int64_t ignore;
+    double scale;      /* gradient factor: 1 or 1 / the mean's divisor */
+    float dloss_value; /* dloss for mean and sum */
+    float *bufs;       /* per thread: 2 rows of C */
+} ce_job;
+
+static int64_t target_of(const ce_job *j, const int64_t *pos) {
+    int64_t off = ft_rows_offset(&j->rows, pos, j->tst);
+    return j->t32 ? ((const int32_t *)j->target)[off] : ((const int64_t *)j->target)[off];
+}
+
+FT_VEC_CLONES
+static void ce_grad_loop(float *g, const float *e, float a, float b, const float *w, int64_t n) {
+    if (w)
+        FT_SIMD_FOR(i, n) g[i] = a * e[i] - b * w[i];
+    else
+        FT_SIMD_FOR(i, n) g[i] = a * e[i] - b;
+}
+
+/* The loss of one row; writes its gradient when the job has dlogits. */
+static double ce_row(const ce_job *j, int64_t row, float *buf) {
+    int64_t pos[FT_MAX_DIMS], C = j->C;
+    ft_rows_pos(&j->rows, row, pos);
+    int64_t t = target_of(j, pos);
+    bool ignored = t == j->ignore;
+    char *grow = j->has_dlogits ? row_at(&j->dlogits, &j->rows, pos) : NULL;
+    if (ignored) {
+        if (grow && !j->accumulate)
+            for (int64_t c = 0; c < C; c++)
+                store_f(grow + c * j->dlogits.cs * j->dlogits.item, j->dlogits.dt, 0.0f);
+        if (j->has_loss_rows)
+            store_f(row_at(&j->loss, &j->rows, pos), j->loss.dt, 0.0f);
+        return 0.0;
+    }
+    const float *x;
+    char *xrow = row_at(&j->logits, &j->rows, pos);
+    if (j->logits.direct) {
+        x = (const float *)xrow;
+    } else {
+        ft_row_load(buf, xrow, j->logits.cs, j->logits.dt, C);
+        x = buf;
+    }
+    /* e: exp(x - m), in dlogits' own row when it is written directly */
+    bool in_place = grow && j->dlogits.direct && !j->accumulate;
+    float *e = !grow ? NULL : in_place ? (float *)grow : buf + C;
+    /* everything read from x before e (which may be x itself: dlogits over
+     * logits) is written */
+    float m = ft_row_max(x, C), xt = x[t];
+    double sx = j->eps > 0.0 ? (j->w ? ft_row_dot(x, j->w, C) : ft_row_sum(x, C)) : 0.0;
+    float s = ft_row_exp_sum(e, x, m, C);
+    double lse = (double)m + log((double)s);
+    double wt = j->w ? j->w[t] : 1.0;
+    double l = (1.0 - j->eps) * -wt * ((double)xt - lse);
+    if (j->eps > 0.0)
+        l += j->eps / (double)C * -(sx - lse * (double)j->W);
+    if (j->has_loss_rows)
+        store_f(row_at(&j->loss, &j->rows, pos), j->loss.dt, (float)l);
+    if (grow) {
+        double gs = j->scale * (j->has_dloss_rows ? load_f(row_at(&j->dloss, &j->rows, pos), j->dloss.dt)
+                                                  : j->dloss_value);
+        float a = (float)(gs * ((1.0 - j->eps) * wt + j->eps * j->W / (double)C) / s);
+        float b = (float)(gs * j->eps / (double)C);
+        ce_grad_loop(e, e, a, b, j->w, C);
+        e[t] -= (float)(gs * (1.0 - j->eps) * wt);
+        if (!in_place)
+            ft_row_store(grow, j->dlogits.cs, j->dlogits.dt, e, C, j->accumulate);
+    }
+    return l;
+}
+
+/* Checks targets and returns the divisor of the mean: sum of w[t] over the
+ * rows not ignored, in fixed chunks. */
+static ft_status ce_prepass(const char *op, const ce_job *j, double *divisor) {
+    int64_t R = j->rows.nrows, nchunks = (R + RC - 1) / RC;
+    double *part = malloc((size_t)(nchunks + 1) * sizeof(double));
+    int64_t *bad = malloc((size_t)(nchunks + 1) * sizeof(int64_t));
+    if (!part || !bad) {
+        free(part);
+        free(bad);
+        return ft_fail(FT_ERR_NOMEM, "%s: out of memory", op);
+    }
+#pragma omp parallel for schedule(static) if (R > PARALLEL_WORK)
+    for (int64_t ch = 0; ch < nchunks; ch++) {
+        double sum = 0.0;
+        bad[ch] = -1;
+        int64_t end = (ch + 1) * RC < R ? (ch + 1) * RC : R;
+        for (int64_t row = ch * RC; row < end; row++) {
+            int64_t pos[FT_MAX_DIMS];
+            ft_rows_pos(&j->rows, row, pos);
+            int64_t t = target_of(j, pos);
+            if (t == j->ignore)
+                continue;
+            if (t < 0 || t >= j->C) {
+                if (bad[ch] < 0)
+                    bad[ch] = row;
+                continue;
+            }
+            sum += j->w ? j->w[t] : 1.0;
+        }
+        part[ch] = sum;
+    }
+    double total = 0.0;
+    int64_t first_bad = -1;
+    for (int64_t ch = 0; ch < nchunks; ch++) {
+        total += part[ch];
+        if (first_bad < 0 && bad[ch] >= 0)
+            first_bad = bad[ch];
+    }
+    free(part);
+    free(bad);
+    if (first_bad >= 0) {
+        int64_t pos[FT_MAX_DIMS];
+        ft_rows_pos(&j->rows, first_bad, pos);
+        return ft_fail(FT_ERR_INDEX, "%s: target %lld (sample %lld) is out of bounds for %lld classes "
+                                     "(and is not ignore_index %lld)",
+                       op, (long long)target_of(j, pos), (long long)first_bad, (long long)j->C,
+                       (long long)j->ignore);
+    }
+    *divisor = total;
+    return FT_OK;
+}
+
+static ft_status check_reduction(const char *op, ft_reduction r) {
+    if (r != FT_REDUCTION_NONE && r != FT_REDUCTION_MEAN && r != FT_REDUCTION_SUM)
+        return ft_fail(FT_ERR_VALUE, "%s: unknown reduction %d", op, (int)r);
+    return FT_OK;
+}
+
+/* Checks shared by forward and backward; fills the job's logits, target and
+ * weight (a float copy the caller frees) and C. */
+static ft_status ce_setup(const char *op, ce_job *j, const ft_tensor *logits, const ft_tensor *target,
+                          const ft_tensor *weight, const ft_cross_entropy_params *p, float **wcopy) {
+    *wcopy = NULL;
+    FT_TRY(check_reduction(op, p->reduction));
+    if (!(p->label_smoothing >= 0.0 && p->label_smoothing <= 1.0))
+        return ft_fail(FT_ERR_VALUE, "%s: label_smoothing must be between 0.0 and 1.0, got %g", op,
+                       p->label_smoothing);
+    FT_TRY(ft_check_cpu_float(op, "logits", logits, true));
+    if (logits->ndim < 1)
+        return ft_fail(FT_ERR_SHAPE, "%s: logits should have shape (C), (N, C) or (N, C, d...), got a 0-d tensor",
+                       op);
+    int cd = logits->ndim == 1 ? 0 : 1;
+    j->C = logits->shape[cd];
+    if (j->C < 1)
+        return ft_fail(FT_ERR_SHAPE, "%s: logits need at least one class, got %lld", op, (long long)j->C);
+    FT_TRY(ft_check_cpu(op, "target", target));
+    if (target->dtype != FT_INT64 && target->dtype != FT_INT32)
+        return ft_fail(FT_ERR_DTYPE, "%s: target must hold class indices as int64 or int32, got %s", op,
+                       ft_dtype_get(target->dtype)->name);
+    int64_t tshape[FT_MAX_DIMS];
+    ft_rows_strides(tshape, logits->ndim, logits->shape, cd);
+    FT_TRY(ft_check_shape(op, "target", target, logits->ndim - 1, tshape));
+    ft_rows_init(&j->rows, logits->ndim, logits->shape, cd);
+    make_rowed(&j->logits, logits, cd);
+    j->target = ft_tensor_data(target);
+    ft_rows_strides(j->tst, target->ndim, target->strides, -1);
+    j->t32 = target->dtype == FT_INT32;
+    j->eps = p->label_smoothing;
+    j->ignore = p->ignore_index;
+    j->W = (float)j->C;
+    if (weight) {
+        FT_TRY(ft_check_cpu_float(op, "weight", weight, true));
+        FT_TRY(ft_check_shape(op, "weight", weight, 1, &j->C));
+        float *w = malloc((size_t)j->C * sizeof(float));
+        if (!w)
+            return ft_fail(FT_ERR_NOMEM, "%s: out of memory", op);
+        ft_row_load(w, ft_tensor_data(weight), weight->strides[0], weight->dtype, j->C);
+        double W = 0.0;
+        for (int64_t c = 0; c < j->C; c++)
+            W += w[c];
+        j->W = (float)W;
+        j->w = w;
+        *wcopy = w;
+    }
+    return FT_OK;
+}
+
+/* Runs the rows in fixed chunks; *total = the sum of the row losses. */
+static ft_status ce_rows(const char *op, ce_job *j, double *total) {
+    int64_t R = j->rows.nrows, nchunks = (R + RC - 1) / RC;
+    bool parallel = R * j->C > PARALLEL_WORK;
+    int threads = parallel ? omp_get_max_threads() : 1;
+    double *part = malloc((size_t)(nchunks + 1) * sizeof(double));
+    float *bufs = malloc((size_t)threads * 2 * (size_t)j->C * sizeof(float));
+    if (!part || !bufs) {
+        free(part);
+        free(bufs);
+        return ft_fail(FT_ERR_NOMEM, "%s: out of memory for %lld classes", op, (long long)j->C);
+    }
+#pragma omp parallel for schedule(static) num_threads(threads) if (parallel)
+    for (int64_t ch = 0; ch < nchunks; ch++) {
+        float *buf = bufs + (size_t)omp_get_thread_num() * 2 * (size_t)j->C;
+        double sum = 0.0;
+        int64_t end = (ch + 1) * RC < R ? (ch + 1) * RC : R;
+        for (int64_t row = ch * RC; row < end; row++)
+            sum += ce_row(j, row, buf);
+        part[ch] = sum;
+    }
+    double s = 0.0;
+    for (int64_t ch = 0; ch < nchunks; ch++)
+        s += part[ch];
+    free(part);
+    free(bufs);
+    *total = s;
+    return FT_OK;
+}
+
+static ft_status check_dlogits(const char *op, const ft_tensor *dlogits, const ft_tensor *logits) {
+    FT_TRY(ft_check_cpu_float(op, "dlogits", dlogits, true));
+    FT_TRY(ft_check_shape_as(op, "dlogits", dlogits, logits));
+    FT_TRY(ft_check_output(op, "dlogits", dlogits));
+    return FT_OK;
+}
+
+ft_status ft_cross_entropy_forward(const ft_tensor *loss, const ft_tensor *dlogits, const ft_tensor *logits,
+                                   const ft_tensor *target, const ft_tensor *weight,
+                                   const ft_cross_entropy_params *p) {
+    const char *op = "cross_entropy";
+    ce_job j = {0};
+    float *wcopy;
+    FT_TRY(ce_setup(op, &j, logits, target, weight, p, &wcopy));
+    ft_status st = FT_OK;
+    do {
+        if ((st = ft_check_cpu_float(op, "loss", loss, true)) != FT_OK)
+            break;
+        if (p->reduction == FT_REDUCTION_NONE)
+            st = ft_check_shape_as(op, "loss", loss, target);
+        else
+            st = ft_check_shape(op, "loss", loss, 0, NULL);
+        if (st != FT_OK || (st = ft_check_output(op, "loss", loss)) != FT_OK ||
+            (st = ft_check_alias(op, "loss", loss, "logits", logits)) != FT_OK)
+            break;
+        if (dlogits) {
+            if ((st = check_dlogits(op, dlogits, logits)) != FT_OK ||
+                (st = ft_check_alias(op, "dlogits", dlogits, "logits", logits)) != FT_OK ||
+                (st = ft_check_alias(op, "dlogits", dlogits, "loss", loss)) != FT_OK)
+                break;
+            make_rowed(&j.dlogits, dlogits, logits->ndim == 1 ? 0 : 1);
+            j.has_dlogits = true;
+        }
+        double divisor = 0.0;
+        if ((st = ce_prepass(op, &j, &divisor)) != FT_OK)
+            break;
+        if (p->reduction == FT_REDUCTION_NONE) {
+            make_rowed(&j.loss, loss, -1);
+            j.has_loss_rows = true;
+        }
+        j.scale = p->reduction == FT_REDUCTION_MEAN ? 1.0 / divisor : 1.0;
+        j.dloss_value = 1.0f;
+        double total = 0.0;
+        if ((st = ce_rows(op, &j, &total)) != FT_OK)
+            break;
+        if (p->reduction == FT_REDUCTION_MEAN)
+            store_f(ft_tensor_data(loss), loss->dtype, (float)(total / divisor));
+        else if (p->reduction == FT_REDUCTION_SUM)
+            store_f(ft_tensor_data(loss), loss->dtype, (float)total);
+    } while (0);
+    free(wcopy);
+    return st;
+}
+
+ft_status ft_cross_entropy_backward(const ft_tensor *dlogits, const ft_tensor *dloss, const ft_tensor *logits,
+                                    const ft_tensor *target, const ft_tensor *weight,
+                                    const ft_cross_entropy_params *p, bool accumulate) {
+    const char *op = "cross_entropy_backward";
+    ce_job j = {0};
+    float *wcopy;
+    FT_TRY(ce_setup(op, &j, logits, target, weight, p, &wcopy));
+    ft_status st = FT_OK;
+    do {
+        if ((st = check_dlogits(op, dlogits, logits)) != FT_OK ||
+            (st = ft_check_alias(op, "dlogits", dlogits, "logits", logits)) != FT_OK ||
+            (st = ft_check_cpu_float(op, "dloss", dloss, true)) != FT_OK)
+            break;
+        if (p->reduction == FT_REDUCTION_NONE)
+            st = ft_check_shape_as(op, "dloss", dloss, target);
+        else
+            st = ft_check_shape(op, "dloss", dloss, 0, NULL);
+        if (st != FT_OK || (st = ft_check_alias(op, "dlogits", dlogits, "dloss", dloss)) != FT_OK)
+            break;
+        make_rowed(&j.dlogits, dlogits, logits->ndim == 1 ? 0 : 1);
+        j.has_dlogits = true;
+        j.accumulate = accumulate;
+        double divisor = 0.0;
+        if ((st = ce_prepass(op, &j, &divisor)) != FT_OK)
+            break;
+        if (p->reduction == FT_REDUCTION_NONE) {
+            make_rowed(&j.dloss, dloss, -1);
+            j.has_dloss_rows = true;
+        } else {
+            j.dloss_value = load_f(ft_tensor_data(dloss), dloss->dtype);
+        }
+        j.scale = p->reduction == FT_REDUCTION_MEAN ? 1.0 / divisor : 1.0;
+        double total;
+        st = ce_rows(op, &j, &total);
+    } while (0);
+    free(wcopy);
+    return st;
+}
+
+/* ---- mse ---- */
+
+typedef struct {
+    double sum;
+} mse_acc;
+
+FT_VEC_CLONES
+static float sq_diff_sum(const float *x, const float *y, int64_t n) {
+    float acc[16] = {0};
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int l = 0; l < 16; l++) {
+            float d = x[i + l] - y[i + l];
+            acc[l] += d * d;
+        }
+    for (int l = 0; i + l < n; l++) {
+        float d = x[i + l] - y[i + l];
+        acc[l] += d * d;
+    }
+    for (int w = 8; w >= 1; w /= 2)
+        for (int l = 0; l < w; l++)
+            acc[l] += acc[l + w];
+    return acc[0];
+}
+
+static void mse_sum_kernel(float *const *p, int64_t n, const int64_t *idx, int64_t idx0, const void *vctx) {
+    mse_acc *a = (mse_acc *)vctx;
+    a->sum += sq_diff_sum(p[0], p[1], n);
+}
+
+FT_VEC_CLONES
+static void sq_diff_loop(float *out, const float *x, const float *y, int64_t n) {
+    FT_SIMD_FOR(i, n) {
+        float d = x[i] - y[i];
+        out[i] = d * d;
+    }
+}
+
+static void mse_none_kernel(float *const *p, int64_t n, const int64_t *idx, int64_t idx0, const void *vctx) {
+    sq_diff_loop(p[0], p[1], p[2], n);
+}
+
+ft_status ft_mse_loss_forward(const ft_tensor *loss, const ft_tensor *inp, const ft_tensor *target,
+                              ft_reduction reduction) {
+    const char *op = "mse_loss";
+    FT_TRY(check_reduction(op, reduction));
+    FT_TRY(ft_check_cpu_float(op, "inp", inp, true));
+    FT_TRY(ft_check_cpu_float(op, "target", target, true));
+    FT_TRY(ft_check_cpu_float(op, "loss", loss, true));
+    FT_TRY(ft_check_shape_as(op, "target", target, inp));
+    if (reduction == FT_REDUCTION_NONE)
+        FT_TRY(ft_check_shape_as(op, "loss", loss, inp));
+    else
+        FT_TRY(ft_check_shape(op, "loss", loss, 0, NULL));
+    FT_TRY(ft_check_output(op, "loss", loss));
+    FT_TRY(ft_check_alias(op, "loss", loss, "inp", inp));
+    FT_TRY(ft_check_alias(op, "loss", loss, "target", target));
+    if (reduction == FT_REDUCTION_NONE) {
+        ft_pw_loop l = {.nops = 3, .nout = 1, .t = {loss, inp, target}, .fn = mse_none_kernel};
+        ft_pw_run(&l);
+        return FT_OK;
+    }
+    ft_pw_loop l = {.nops = 2, .nout = 0, .t = {inp, target}, .fn = mse_sum_kernel};
+    ft_pw_plan plan;
+    double total = 0.0;
+    int64_t n = 0;
+    if (ft_pw_plan_make(&plan, &l)) {
+        n = ft_pw_plan_numel(&plan);
+        int64_t nchunks = (n + EC - 1) / EC;
+        double *part = malloc((size_t)nchunks * sizeof(double));
+        if (!part)
+            return ft_fail(FT_ERR_NOMEM, "%s: out of memory", op);
+#pragma omp parallel for schedule(static) if (n > PARALLEL_WORK)
+        for (int64_t ch = 0; ch < nchunks; ch++) {
+            mse_acc acc = {0.0};
+            ft_pw_loop lc = l;
+            lc.ctx = &acc;
+            ft_pw_walk(&lc, &plan, ch * EC, (ch + 1) * EC < n ? (ch + 1) * EC : n);
+            part[ch] = acc.sum;
+        }
+        for (int64_t ch = 0; ch < nchunks; ch++)
+            total += part[ch];
+        free(part);
+    }
+    float v = reduction == FT_REDUCTION_MEAN ? (float)(total / (double)n) : (float)total;
+    store_f(ft_tensor_data(loss), loss->dtype, v);
+    return FT_OK;
+}
+
+typedef struct {
+    int dinp, dtarget, x, y, dloss; /* operand slots, -1 when absent */
+    float scale;                    /* 2 dloss (/ n) for mean and sum; 2 for none */
+    bool acc_inp, acc_target;
+} mse_bwd_ctx;
+
+FT_VEC_CLONES
+static void mse_grad_loop(float *d, const float *x, const float *y, const float *dl, float s, int64_t n, bool acc) {
+    if (dl) {
+        if (acc)
+            FT_SIMD_FOR(i, n) d[i] += s * dl[i] * (x[i] - y[i]);
+        else
+            FT_SIMD_FOR(i, n) d[i] = s * dl[i] * (x[i] - y[i]);
+    } else {
+        if (acc)
+            FT_SIMD_FOR(i, n) d[i] += s * (x[i] - y[i]);
+        else
+            FT_SIMD_FOR(i, n) d[i] = s * (x[i] - y[i]);
+    }
+}
+
+static void mse_bwd_kernel(float *const *p, int64_t n, const int64_t *idx, int64_t idx0, const void *vctx) {
+    const mse_bwd_ctx *c = vctx;
+    const float *dl = c->dloss >= 0 ? p[c->dloss] : NULL;
+    /* dtarget first with the negated scale: dinp may be an input itself */
+    if (c->dtarget >= 0) {
+        if (c->dinp >= 0) {
+            _Alignas(64) float tmp[512];
+            for (int64_t off = 0; off < n; off += 512) {
+                int64_t m = n - off < 512 ? n - off : 512;
+                mse_grad_loop(tmp, p[c->x] + off, p[c->y] + off, dl ? dl + off : NULL, c->scale, m, false);
+                mse_grad_loop(p[c->dtarget] + off, p[c->x] + off, p[c->y] + off, dl ? dl + off : NULL, -c->scale,
+                              m, c->acc_target);
+                if (c->acc_inp)
+                    for (int64_t i = 0; i < m; i++)
+                        p[c->dinp][off + i] += tmp[i];
+                else
+                    for (int64_t i = 0; i < m; i++)
+                        p[c->dinp][off + i] = tmp[i];
+            }
+        } else {
+            mse_grad_loop(p[c->dtarget], p[c->x], p[c->y], dl, -c->scale, n, c->acc_target);
+        }
+    } else {
+        mse_grad_loop(p[c->dinp], p[c->x], p[c->y], dl, c->scale, n, c->acc_inp);
+    }
+}
+
+ft_status ft_mse_loss_backward(const ft_tensor *dinp, const ft_tensor *dtarget, const ft_tensor *dloss,
+                               const ft_tensor *inp, const ft_tensor *target, ft_reduction reduction,
+                               bool accumulate_inp, bool accumulate_target) {
+    const char *op = "mse_loss_backward";
+    FT_TRY(check_reduction(op, reduction));
+    FT_TRY(ft_check_cpu_float(op, "inp", inp, true));
+    FT_TRY(ft_check_cpu_float(op, "target", target, true));
+    FT_TRY(ft_check_cpu_float(op, "dloss", dloss, true));
+    FT_TRY(ft_check_shape_as(op, "target", target, inp));
+    if (reduction == FT_REDUCTION_NONE)
+        FT_TRY(ft_check_shape_as(op, "dloss", dloss, inp));
+    else
+        FT_TRY(ft_check_shape(op, "dloss", dloss, 0, NULL));
+    const ft_tensor *outs[2] = {dinp, dtarget};
+    const char *names[2] = {"dinp", "dtarget"};
+    for (int k = 0; k < 2; k++) {
+        if (!outs[k])
+            continue;
+        FT_TRY(ft_check_cpu_float(op, names[k], outs[k], true));
+        FT_TRY(ft_check_shape_as(op, names[k], outs[k], inp));
+        FT_TRY(ft_check_output(op, names[k], outs[k]));
+        FT_TRY(ft_check_alias(op, names[k], outs[k], "inp", inp));
+        FT_TRY(ft_check_alias(op, names[k], outs[k], "target", target));
+        FT_TRY(ft_check_alias(op, names[k], outs[k], "dloss", dloss));
+    }
+    if (dinp && dtarget && ft_tensor_numel(dinp) > 0 && (ft_same_view(dinp, dtarget) || ft_check_alias(op, "dinp", dinp, "dtarget", dtarget)))
+        return ft_fail(FT_ERR_VALUE, "%s: dinp and dtarget must not share memory", op);
+    if (!dinp && !dtarget)
+        return FT_OK;
+    int64_t n = ft_tensor_numel(inp);
+    mse_bwd_ctx c = {.dinp = -1, .dtarget = -1, .dloss = -1, .acc_inp = accumulate_inp,
+                     .acc_target = accumulate_target, .scale = 2.0f};
+    if (reduction != FT_REDUCTION_NONE) {
+        double s = 2.0 * load_f(ft_tensor_data(dloss), dloss->dtype);
+        if (reduction == FT_REDUCTION_MEAN)
+            s /= (double)n;
+        c.scale = (float)s;
+    }
+    ft_pw_loop l = {.fn = mse_bwd_kernel, .ctx = &c};
+    if (dinp)
+        c.dinp = l.nops, l.t[l.nops++] = dinp;
+    if (dtarget)
+        c.dtarget = l.nops, l.t[l.nops++] = dtarget;
+    l.nout = l.nops;
+    l.read_outputs = (dinp && accumulate_inp) || (dtarget && accumulate_target);
+    c.x = l.nops, l.t[l.nops++] = inp;
+    c.y = l.nops, l.t[l.nops++] = target;
+    if (reduction == FT_REDUCTION_NONE)
+        c.dloss = l.nops, l.t[l.nops++] = dloss;
+    ft_pw_run(&l);
+    return FT_OK;
+}

@@ -1,0 +1,69 @@
+/* The strided loop behind every pointwise op (activations, add, mul,
+ * dropout): operands of one shape, float32 or bfloat16, any strides.
+ *
+ * The kernel always sees contiguous float arrays of n elements. Where every
+ * operand is float32 and the run is contiguous in all of them, those are
+ * pointers into the tensors; otherwise the engine gathers each input (and,
+ * with read_outputs, each output) into a float tile, converting bfloat16,
+ * calls the kernel on the tiles and scatters the outputs back. Dimensions
+ * are visited in the memory order of operand 0 and merged wherever every
+ * operand allows, so NCHW, NHWC and any other dense layout shared by the
+ * operands is one flat run. The work is split statically over the OpenMP
+ * pool; pointwise results never depend on the split.
+ *
+ * Outputs may alias inputs only as the very same view (checked by the ops):
+ * kernels must read element i of every input before writing element i. */
+#ifndef FT_OPS_POINTWISE_H
+#define FT_OPS_POINTWISE_H
+
+#include <stdbool.h>
+
+#include "core/tensor.h"
+
+#define FT_PW_MAX_OPS 6
+
+/* p[0..nout) are outputs, p[nout..nops) inputs, each n floats. With
+ * need_index, element i is element number idx0 + i of the tensors in C
+ * (row-major) order, or idx[i] when idx is not NULL. */
+typedef void (*ft_pw_kernel)(float *const *p, int64_t n, const int64_t *idx, int64_t idx0, const void *ctx);
+
+typedef struct {
+    int nops, nout;
+    const ft_tensor *t[FT_PW_MAX_OPS]; /* all of t[0]'s shape */
+    bool read_outputs;                 /* outputs are read too (accumulation) */
+    bool need_index;
+    ft_pw_kernel fn;
+    const void *ctx;
+} ft_pw_loop;
+
+void ft_pw_run(const ft_pw_loop *l);
+
+/* For reductions with a fixed order: the loop's plan (false when it has no
+ * elements), its element count, and a walk over elements [begin, end) of the
+ * plan's order on the calling thread. Splitting [0, numel) into ranges that
+ * do not depend on the thread count gives thread-count-independent sums. */
+typedef struct {
+    int ndim;
+    int64_t shape[FT_MAX_DIMS];
+    int64_t st[FT_PW_MAX_OPS + 1][FT_MAX_DIMS]; /* bytes; row nops: the C-order index, in elements */
+    char *base[FT_PW_MAX_OPS];
+    bool bf16[FT_PW_MAX_OPS];
+    bool direct; /* every operand float32 and the inner dimension contiguous in all */
+} ft_pw_plan;
+
+bool ft_pw_plan_make(ft_pw_plan *pl, const ft_pw_loop *l);
+int64_t ft_pw_plan_numel(const ft_pw_plan *pl);
+void ft_pw_walk(const ft_pw_loop *l, const ft_pw_plan *pl, int64_t begin, int64_t end);
+
+/* Runs of pointers straight into float32 memory: the kernels mark their
+ * inner loops with these to get AVX-512 / AVX2+FMA code chosen at run time. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+#define FT_VEC_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define FT_VEC_CLONES
+#endif
+
+/* A loop over i in [0, n) without assumed dependencies between iterations. */
+#define FT_SIMD_FOR(i, n) _Pragma("omp simd") for (int64_t i = 0; i < (n); i++)
+
+#endif

@@ -1,0 +1,509 @@
+/* 2-d pooling.
+ *
+ * Legend: N batch, C channels, H W input size, P Q output size, CB a block
+ * of channels (the vector dimension of the channels-last loops).
+ * Every pool is described by its windows: for output row i the input rows
+ * lo, lo + step, ... < hi (already clipped to the input), and likewise for
+ * columns; `padded` is the window's extent counting padding (the
+ * count_include_pad divisor). */
+#include "ops/pool.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "ops/check.h"
+#include "ops/pointwise.h"
+
+#define CB 64
+/* Work (elements touched) below which a pool runs on one thread. */
+#define PARALLEL_WORK (1 << 15)
+
+typedef struct {
+    int64_t lo, hi, step, padded;
+} span;
+
+enum { POOL_MAX, POOL_AVG };
+
+typedef struct {
+    int kind;
+    int64_t N, C, H, W, P, Q;
+    const span *rows, *cols; /* (P), (Q) */
+    int64_t divisor_override;
+    bool count_include_pad;
+    /* forward: x the input, y the output; backward: x = dout, y = dinp */
+    const float *x;
+    float *y;
+    int64_t xs[4], ys[4];
+    void *ind; /* (N, C, P, Q) int64 or int32, or NULL */
+    bool ind32;
+    int64_t is[4];
+    bool accumulate;
+    int64_t bad_index; /* backward: an index outside [-1, H W), or -2 */
+} pool_job;
+
+static int64_t floor_div(int64_t a, int64_t b) { return a / b - (a % b != 0 && (a < 0) != (b < 0)); }
+
+static int64_t out_size(int64_t in, int64_t k, int64_t pad, int64_t stride, int64_t dil, bool ceil_mode) {
+    int64_t o = floor_div(in + 2 * pad - dil * (k - 1) - 1 + (ceil_mode ? stride - 1 : 0), stride) + 1;
+    if (ceil_mode && (o - 1) * stride >= in + pad)
+        o--; /* the last window must start inside the input or its left padding */
+    return o;
+}
+
+ft_status ft_pool2d_out_size(int64_t *P, int64_t *Q, int64_t H, int64_t W, const ft_pool2d_params *p,
+                             const char *op) {
+    for (int i = 0; i < 2; i++) {
+        if (p->kernel[i] < 1 || p->stride[i] < 1 || p->dilation[i] < 1)
+            return ft_fail(FT_ERR_VALUE, "%s: kernel_size, stride and dilation must be positive, got "
+                                         "kernel_size=(%lld, %lld), stride=(%lld, %lld), dilation=(%lld, %lld)",
+                           op, (long long)p->kernel[0], (long long)p->kernel[1], (long long)p->stride[0],
+                           (long long)p->stride[1], (long long)p->dilation[0], (long long)p->dilation[1]);
+        if (p->padding[i] < 0 || p->padding[i] > p->kernel[i] / 2)
+            return ft_fail(FT_ERR_VALUE, "%s: pad should be at most half of kernel size, but got pad=(%lld, %lld) "
+                                         "and kernel_size=(%lld, %lld)",
+                           op, (long long)p->padding[0], (long long)p->padding[1], (long long)p->kernel[0],
+                           (long long)p->kernel[1]);
+        if (p->kernel[i] > (INT64_C(1) << 31) || p->stride[i] > (INT64_C(1) << 31) ||
+            p->dilation[i] > (INT64_C(1) << 31))
+            return ft_fail(FT_ERR_VALUE, "%s: kernel_size, stride or dilation is too large", op);
+    }
+    if (H < 1 || W < 1)
+        return ft_fail(FT_ERR_SHAPE, "%s: the input's height and width must be at least 1, got %lld x %lld", op,
+                       (long long)H, (long long)W);
+    *P = out_size(H, p->kernel[0], p->padding[0], p->stride[0], p->dilation[0], p->ceil_mode);
+    *Q = out_size(W, p->kernel[1], p->padding[1], p->stride[1], p->dilation[1], p->ceil_mode);
+    if (*P < 1 || *Q < 1)
+        return ft_fail(FT_ERR_SHAPE, "%s: given an input of %lld x %lld, the calculated output size %lld x %lld is "
+                                     "too small",
+                       op, (long long)H, (long long)W, (long long)*P, (long long)*Q);
+    return FT_OK;
+}
+
+/* ---- windows ---- */
+
+static void fixed_spans(span *s, int64_t n, int64_t in, int64_t k, int64_t stride, int64_t pad, int64_t dil) {
+    for (int64_t o = 0; o < n; o++) {
+        int64_t start = o * stride - pad;
+        int64_t end = start + (k - 1) * dil + 1;
+        int64_t lo = start;
+        if (lo < 0)
+            lo += (-lo + dil - 1) / dil * dil;
+        int64_t padded_end = start + k < in + pad ? start + k : in + pad; /* dil is 1 for avg pooling */
+        s[o] = (span){lo, end < in ? end : in, dil, padded_end - start};
+    }
+}
+
+static void adaptive_spans(span *s, int64_t n, int64_t in) {
+    for (int64_t o = 0; o < n; o++) {
+        int64_t lo = o * in / n, hi = ((o + 1) * in + n - 1) / n;
+        s[o] = (span){lo, hi, 1, hi - lo};
+    }
+}
+
+static int64_t count(const span *s) { return s->hi > s->lo ? (s->hi - s->lo + s->step - 1) / s->step : 0; }
+
+static float divisor(const pool_job *j, const span *r, const span *c) {
+    if (j->divisor_override > 0)
+        return (float)j->divisor_override;
+    if (j->count_include_pad)
+        return (float)(r->padded * c->padded);
+    return (float)(count(r) * count(c));
+}
+
+static inline void store_index(const pool_job *j, int64_t off, int64_t v) {
+    if (j->ind32)
+        ((int32_t *)j->ind)[off] = (int32_t)v;
+    else
+        ((int64_t *)j->ind)[off] = v;
+}
+
+static inline int64_t load_index(const pool_job *j, int64_t off) {
+    return j->ind32 ? ((const int32_t *)j->ind)[off] : ((const int64_t *)j->ind)[off];
+}
+
+/* ---- forward ---- */
+
+/* One (n, c) plane, W-innermost layouts. */
+static void fwd_plane(const pool_job *j, int64_t n, int64_t c) {
+    const float *x = j->x + n * j->xs[0] + c * j->xs[1];
+    float *y = j->y + n * j->ys[0] + c * j->ys[1];
+    int64_t sh = j->xs[2], sw = j->xs[3];
+    for (int64_t oh = 0; oh < j->P; oh++) {
+        const span *r = &j->rows[oh];
+        for (int64_t ow = 0; ow < j->Q; ow++) {
+            const span *q = &j->cols[ow];
+            float *o = y + oh * j->ys[2] + ow * j->ys[3];
+            bool empty = r->lo >= r->hi || q->lo >= q->hi;
+            if (j->kind == POOL_MAX) {
+                float m = -INFINITY;
+                int64_t at = empty ? -1 : r->lo * j->W + q->lo;
+                for (int64_t h = r->lo; h < r->hi; h += r->step)
+                    for (int64_t w = q->lo; w < q->hi; w += q->step) {
+                        float v = x[h * sh + w * sw];
+                        if (v > m || v != v)
+                            m = v, at = h * j->W + w;
+                    }
+                *o = m;
+                if (j->ind)
+                    store_index(j, n * j->is[0] + c * j->is[1] + oh * j->is[2] + ow * j->is[3], at);
+            } else {
+                float sum = 0.0f;
+                for (int64_t h = r->lo; h < r->hi; h++)
+                    for (int64_t w = q->lo; w < q->hi; w++)
+                        sum += x[h * sh + w * sw];
+                *o = empty ? 0.0f : sum / divisor(j, r, q);
+            }
+        }
+    }
+}
+
+/* One block of channels [c0, c0 + nc) of output row (n, oh), channels-last layouts. */
+FT_VEC_CLONES
+static void fwd_row_cl(const pool_job *j, int64_t n, int64_t oh, int64_t c0, int64_t nc) {
+    const span *r = &j->rows[oh];
+    const float *x = j->x + n * j->xs[0] + c0 * j->xs[1];
+    float *y = j->y + n * j->ys[0] + oh * j->ys[2] + c0 * j->ys[1];
+    int64_t sc = j->xs[1], yc = j->ys[1];
+    _Alignas(64) float acc[CB];
+    _Alignas(64) int64_t at[CB];
+    for (int64_t ow = 0; ow < j->Q; ow++) {
+        const span *q = &j->cols[ow];
+        bool empty = r->lo >= r->hi || q->lo >= q->hi;
+        float *o = y + ow * j->ys[3];
+        if (j->kind == POOL_MAX) {
+            int64_t first = empty ? -1 : r->lo * j->W + q->lo;
+            FT_SIMD_FOR(i, nc) {
+                acc[i] = -INFINITY;
+                at[i] = first;
+            }
+            for (int64_t h = r->lo; h < r->hi; h += r->step)
+                for (int64_t w = q->lo; w < q->hi; w += q->step) {
+                    const float *px = x + h * j->xs[2] + w * j->xs[3];
+                    int64_t pos = h * j->W + w;
+                    FT_SIMD_FOR(i, nc) {
+                        float v = px[i * sc];
+                        bool take = v > acc[i] || v != v;
+                        acc[i] = take ? v : acc[i];
+                        at[i] = take ? pos : at[i];
+                    }
+                }
+            FT_SIMD_FOR(i, nc) o[i * yc] = acc[i];
+            if (j->ind) {
+                int64_t base = n * j->is[0] + oh * j->is[2] + ow * j->is[3] + c0 * j->is[1];
+                for (int64_t i = 0; i < nc; i++)
+                    store_index(j, base + i * j->is[1], at[i]);
+            }
+        } else {
+            FT_SIMD_FOR(i, nc) acc[i] = 0.0f;
+            for (int64_t h = r->lo; h < r->hi; h++)
+                for (int64_t w = q->lo; w < q->hi; w++) {
+                    const float *px = x + h * j->xs[2] + w * j->xs[3];
+                    FT_SIMD_FOR(i, nc) acc[i] += px[i * sc];
+                }
+            float d = empty ? 1.0f : divisor(j, r, q);
+            FT_SIMD_FOR(i, nc) o[i * yc] = empty ? 0.0f : acc[i] / d;
+        }
+    }
+}
+
+/* Channels innermost in t (NHWC, channels_last): C > 1 at stride 1. */
+static bool channels_last(const ft_tensor *t) { return t->shape[1] > 1 && t->strides[1] == 1; }
+
+static int64_t window_size(const pool_job *j) {
+    int64_t h = j->P ? count(&j->rows[0]) : 0, w = j->Q ? count(&j->cols[0]) : 0;
+    return (h > 1 ? h : 1) * (w > 1 ? w : 1);
+}
+
+static void run_forward(const pool_job *j, bool cl) {
+    int64_t work = j->N * j->C * j->P * j->Q * window_size(j);
+    if (cl) {
+        int64_t nb = (j->C + CB - 1) / CB, items = j->N * j->P * nb;
+#pragma omp parallel for schedule(static) if (work > PARALLEL_WORK)
+        for (int64_t it = 0; it < items; it++) {
+            int64_t b = it % nb, row = it / nb;
+            int64_t c0 = b * CB;
+            fwd_row_cl(j, row / j->P, row % j->P, c0, j->C - c0 < CB ? j->C - c0 : CB);
+        }
+    } else {
+        int64_t planes = j->N * j->C;
+#pragma omp parallel for schedule(static) if (work > PARALLEL_WORK)
+        for (int64_t pl = 0; pl < planes; pl++)
+            fwd_plane(j, pl / j->C, pl % j->C);
+    }
+}
+
+/* ---- backward (scatter into dinp: x = dout, y = dinp) ---- */
+
+static void note_bad(pool_job *j, int64_t v) { __atomic_store_n(&j->bad_index, v, __ATOMIC_RELAXED); }
+
+static void bwd_plane(pool_job *j, int64_t n, int64_t c) {
+    const float *g = j->x + n * j->xs[0] + c * j->xs[1];
+    float *d = j->y + n * j->ys[0] + c * j->ys[1];
+    int64_t sh = j->ys[2], sw = j->ys[3], HW = j->H * j->W;
+    if (!j->accumulate)
+        for (int64_t h = 0; h < j->H; h++)
+            for (int64_t w = 0; w < j->W; w++)
+                d[h * sh + w * sw] = 0.0f;
+    for (int64_t oh = 0; oh < j->P; oh++) {
+        const span *r = &j->rows[oh];
+        for (int64_t ow = 0; ow < j->Q; ow++) {
+            float v = g[oh * j->xs[2] + ow * j->xs[3]];
+            if (j->kind == POOL_MAX) {
+                int64_t at = load_index(j, n * j->is[0] + c * j->is[1] + oh * j->is[2] + ow * j->is[3]);
+                if (at < 0 || at >= HW) {
+                    if (at != -1)
+                        note_bad(j, at);
+                    continue;
+                }
+                d[at / j->W * sh + at % j->W * sw] += v;
+            } else {
+                const span *q = &j->cols[ow];
+                if (r->lo >= r->hi || q->lo >= q->hi)
+                    continue;
+                float share = v / divisor(j, r, q);
+                for (int64_t h = r->lo; h < r->hi; h++)
+                    for (int64_t w = q->lo; w < q->hi; w++)
+                        d[h * sh + w * sw] += share;
+            }
+        }
+    }
+}
+
+FT_VEC_CLONES
+static void bwd_block_cl(pool_job *j, int64_t n, int64_t c0, int64_t nc) {
+    const float *g = j->x + n * j->xs[0] + c0 * j->xs[1];
+    float *d = j->y + n * j->ys[0] + c0 * j->ys[1];
+    int64_t gc = j->xs[1], dc = j->ys[1], HW = j->H * j->W;
+    if (!j->accumulate)
+        for (int64_t h = 0; h < j->H; h++)
+            for (int64_t w = 0; w < j->W; w++) {
+                float *pd = d + h * j->ys[2] + w * j->ys[3];
+                FT_SIMD_FOR(i, nc) pd[i * dc] = 0.0f;
+            }
+    _Alignas(64) float share[CB];
+    for (int64_t oh = 0; oh < j->P; oh++) {
+        const span *r = &j->rows[oh];
+        for (int64_t ow = 0; ow < j->Q; ow++) {
+            const float *pg = g + oh * j->xs[2] + ow * j->xs[3];
+            if (j->kind == POOL_MAX) {
+                int64_t base = n * j->is[0] + oh * j->is[2] + ow * j->is[3] + c0 * j->is[1];
+                for (int64_t i = 0; i < nc; i++) {
+                    int64_t at = load_index(j, base + i * j->is[1]);
+                    if (at < 0 || at >= HW) {
+                        if (at != -1)
+                            note_bad(j, at);
+                        continue;
+                    }
+                    d[at / j->W * j->ys[2] + at % j->W * j->ys[3] + i * dc] += pg[i * gc];
+                }
+            } else {
+                const span *q = &j->cols[ow];
+                if (r->lo >= r->hi || q->lo >= q->hi)
+                    continue;
+                float div = divisor(j, r, q);
+                FT_SIMD_FOR(i, nc) share[i] = pg[i * gc] / div;
+                for (int64_t h = r->lo; h < r->hi; h++)
+                    for (int64_t w = q->lo; w < q->hi; w++) {
+                        float *pd = d + h * j->ys[2] + w * j->ys[3];
+                        FT_SIMD_FOR(i, nc) pd[i * dc] += share[i];
+                    }
+            }
+        }
+    }
+}
+
+static void run_backward(pool_job *j, bool cl) {
+    int64_t work = j->N * j->C * (j->P * j->Q * window_size(j) + j->H * j->W);
+    if (cl) {
+        int64_t nb = (j->C + CB - 1) / CB, items = j->N * nb;
+#pragma omp parallel for schedule(static) if (work > PARALLEL_WORK)
+        for (int64_t it = 0; it < items; it++) {
+            int64_t c0 = it % nb * CB;
+            bwd_block_cl(j, it / nb, c0, j->C - c0 < CB ? j->C - c0 : CB);
+        }
+    } else {
+        int64_t planes = j->N * j->C;
+#pragma omp parallel for schedule(static) if (work > PARALLEL_WORK)
+        for (int64_t pl = 0; pl < planes; pl++)
+            bwd_plane(j, pl / j->C, pl % j->C);
+    }
+}
+
+/* ---- entry points ---- */
+
+static void set_strides(int64_t *dst, const ft_tensor *t) {
+    for (int i = 0; i < 4; i++)
+        dst[i] = t->strides[i];
+}
+
+static ft_status check_4d(const char *op, const char *arg, const ft_tensor *t) {
+    FT_TRY(ft_check_cpu_float(op, arg, t, false));
+    return ft_check_ndim(op, arg, t, 4, "(N, C, H, W)");
+}
+
+static ft_status check_indices(const char *op, const ft_tensor *ind, const int64_t *shape, int64_t HW) {
+    FT_TRY(ft_check_cpu(op, "indices", ind));
+    if (ind->dtype != FT_INT64 && ind->dtype != FT_INT32)
+        return ft_fail(FT_ERR_DTYPE, "%s: indices must be int64 or int32, got %s", op,
+                       ft_dtype_get(ind->dtype)->name);
+    if (ind->dtype == FT_INT32 && HW > INT32_MAX)
+        return ft_fail(FT_ERR_VALUE, "%s: int32 indices cannot address a plane of %lld elements; use int64", op,
+                       (long long)HW);
+    return ft_check_shape(op, "indices", ind, 4, shape);
+}
+
+static ft_status alloc_spans(span **rows, span **cols, int64_t P, int64_t Q) {
+    *rows = malloc((size_t)(P + Q + 1) * sizeof(span));
+    if (!*rows)
+        return ft_fail(FT_ERR_NOMEM, "pooling: out of memory for %lld window descriptors", (long long)(P + Q));
+    *cols = *rows + P;
+    return FT_OK;
+}
+
+typedef enum { FIXED, ADAPTIVE } window_rule;
+
+/* The shared forward of the four pools. */
+static ft_status pool_forward(const char *op, int kind, window_rule rule, const ft_tensor *out,
+                              const ft_tensor *ind, const ft_tensor *inp, const ft_pool2d_params *p) {
+    FT_TRY(check_4d(op, "inp", inp));
+    FT_TRY(check_4d(op, "out", out));
+    int64_t N = inp->shape[0], C = inp->shape[1], H = inp->shape[2], W = inp->shape[3], P, Q;
+    if (rule == FIXED) {
+        if (kind == POOL_AVG && (p->dilation[0] != 1 || p->dilation[1] != 1))
+            return ft_fail(FT_ERR_VALUE, "%s: dilation must be 1", op);
+        FT_TRY(ft_pool2d_out_size(&P, &Q, H, W, p, op));
+    } else {
+        P = out->shape[2], Q = out->shape[3];
+        if (H < 1 || W < 1)
+            return ft_fail(FT_ERR_SHAPE, "%s: the input's height and width must be at least 1, got %lld x %lld", op,
+                           (long long)H, (long long)W);
+    }
+    int64_t oshape[4] = {N, C, P, Q};
+    FT_TRY(ft_check_shape(op, "out", out, 4, oshape));
+    FT_TRY(ft_check_output(op, "out", out));
+    FT_TRY(ft_check_alias(op, "out", out, "inp", inp));
+    if (ind) {
+        FT_TRY(check_indices(op, ind, oshape, H * W));
+        FT_TRY(ft_check_output(op, "indices", ind));
+        FT_TRY(ft_check_alias(op, "indices", ind, "inp", inp));
+        FT_TRY(ft_check_alias(op, "indices", ind, "out", out));
+    }
+    if (N * C * P * Q == 0)
+        return FT_OK;
+    pool_job j = {.kind = kind, .N = N, .C = C, .H = H, .W = W, .P = P, .Q = Q,
+                  .x = (const float *)ft_tensor_data(inp), .y = (float *)ft_tensor_data(out),
+                  .ind = ind ? ft_tensor_data(ind) : NULL, .ind32 = ind && ind->dtype == FT_INT32};
+    span *rows = NULL, *cols = NULL;
+    FT_TRY(alloc_spans(&rows, &cols, P, Q));
+    if (rule == FIXED) {
+        fixed_spans(rows, P, H, p->kernel[0], p->stride[0], p->padding[0], p->dilation[0]);
+        fixed_spans(cols, Q, W, p->kernel[1], p->stride[1], p->padding[1], p->dilation[1]);
+        j.divisor_override = p->divisor_override;
+        j.count_include_pad = p->count_include_pad;
+    } else {
+        adaptive_spans(rows, P, H);
+        adaptive_spans(cols, Q, W);
+    }
+    j.rows = rows, j.cols = cols;
+    set_strides(j.xs, inp);
+    set_strides(j.ys, out);
+    if (ind)
+        set_strides(j.is, ind);
+    run_forward(&j, channels_last(inp));
+    free(rows);
+    return FT_OK;
+}
+
+/* The shared backward: max pools from indices (p unused), avg pools from p. */
+static ft_status pool_backward(const char *op, int kind, window_rule rule, const ft_tensor *dinp,
+                               const ft_tensor *dout, const ft_tensor *ind, const ft_pool2d_params *p,
+                               bool accumulate) {
+    FT_TRY(check_4d(op, "dout", dout));
+    FT_TRY(check_4d(op, "dinp", dinp));
+    int64_t N = dinp->shape[0], C = dinp->shape[1], H = dinp->shape[2], W = dinp->shape[3];
+    int64_t P = dout->shape[2], Q = dout->shape[3];
+    if (rule == FIXED && kind == POOL_AVG) {
+        if (p->dilation[0] != 1 || p->dilation[1] != 1)
+            return ft_fail(FT_ERR_VALUE, "%s: dilation must be 1", op);
+        FT_TRY(ft_pool2d_out_size(&P, &Q, H, W, p, op));
+    } else if (H < 1 || W < 1) {
+        return ft_fail(FT_ERR_SHAPE, "%s: the input's height and width must be at least 1, got %lld x %lld", op,
+                       (long long)H, (long long)W);
+    }
+    int64_t oshape[4] = {N, C, P, Q};
+    FT_TRY(ft_check_shape(op, "dout", dout, 4, oshape));
+    FT_TRY(ft_check_output(op, "dinp", dinp));
+    FT_TRY(ft_check_alias(op, "dinp", dinp, "dout", dout));
+    if (kind == POOL_MAX) {
+        if (!ind)
+            return ft_fail(FT_ERR_VALUE, "%s: needs the indices of the forward", op);
+        FT_TRY(check_indices(op, ind, oshape, H * W));
+        FT_TRY(ft_check_alias(op, "dinp", dinp, "indices", ind));
+    }
+    if (N * C * H * W == 0)
+        return FT_OK;
+    pool_job j = {.kind = kind, .N = N, .C = C, .H = H, .W = W, .P = P, .Q = Q,
+                  .x = (const float *)ft_tensor_data(dout), .y = (float *)ft_tensor_data(dinp),
+                  .ind = ind ? ft_tensor_data(ind) : NULL, .ind32 = ind && ind->dtype == FT_INT32,
+                  .accumulate = accumulate, .bad_index = -2};
+    span *rows = NULL, *cols = NULL;
+    FT_TRY(alloc_spans(&rows, &cols, P, Q));
+    if (rule == FIXED && kind == POOL_AVG) {
+        fixed_spans(rows, P, H, p->kernel[0], p->stride[0], p->padding[0], 1);
+        fixed_spans(cols, Q, W, p->kernel[1], p->stride[1], p->padding[1], 1);
+        j.divisor_override = p->divisor_override;
+        j.count_include_pad = p->count_include_pad;
+    } else {
+        adaptive_spans(rows, P, H);
+        adaptive_spans(cols, Q, W);
+    }
+    j.rows = rows, j.cols = cols;
+    set_strides(j.xs, dout);
+    set_strides(j.ys, dinp);
+    if (ind)
+        set_strides(j.is, ind);
+    run_backward(&j, channels_last(dinp));
+    free(rows);
+    if (j.bad_index != -2)
+        return ft_fail(FT_ERR_INDEX, "%s: indices holds %lld, outside [0, %lld) for a %lld x %lld input", op,
+                       (long long)j.bad_index, (long long)(H * W), (long long)H, (long long)W);
+    return FT_OK;
+}
+
+ft_status ft_max_pool2d_forward(const ft_tensor *out, const ft_tensor *indices, const ft_tensor *inp,
+                                const ft_pool2d_params *p) {
+    return pool_forward("max_pool2d", POOL_MAX, FIXED, out, indices, inp, p);
+}
+
+ft_status ft_max_pool2d_backward(const ft_tensor *dinp, const ft_tensor *dout, const ft_tensor *indices,
+                                 bool accumulate) {
+    return pool_backward("max_pool2d_backward", POOL_MAX, FIXED, dinp, dout, indices, NULL, accumulate);
+}
+
+ft_status ft_avg_pool2d_forward(const ft_tensor *out, const ft_tensor *inp, const ft_pool2d_params *p) {
+    return pool_forward("avg_pool2d", POOL_AVG, FIXED, out, NULL, inp, p);
+}
+
+ft_status ft_avg_pool2d_backward(const ft_tensor *dinp, const ft_tensor *dout, const ft_pool2d_params *p,
+                                 bool accumulate) {
+    return pool_backward("avg_pool2d_backward", POOL_AVG, FIXED, dinp, dout, NULL, p, accumulate);
+}
+
+ft_status ft_adaptive_avg_pool2d_forward(const ft_tensor *out, const ft_tensor *inp) {
+    return pool_forward("adaptive_avg_pool2d", POOL_AVG, ADAPTIVE, out, NULL, inp, NULL);
+}
+
+ft_status ft_adaptive_avg_pool2d_backward(const ft_tensor *dinp, const ft_tensor *dout, bool accumulate) {
+    return pool_backward("adaptive_avg_pool2d_backward", POOL_AVG, ADAPTIVE, dinp, dout, NULL, NULL, accumulate);
+}
+
+ft_status ft_adaptive_max_pool2d_forward(const ft_tensor *out, const ft_tensor *indices, const ft_tensor *inp) {
+    return pool_forward("adaptive_max_pool2d", POOL_MAX, ADAPTIVE, out, indices, inp, NULL);
+}
+
+ft_status ft_adaptive_max_pool2d_backward(const ft_tensor *dinp, const ft_tensor *dout, const ft_tensor *indices,
+                                          bool accumulate) {
+    return pool_backward("adaptive_max_pool2d_backward", POOL_MAX, ADAPTIVE, dinp, dout, indices, NULL,
+                         accumulate);
+}

@@ -1,0 +1,212 @@
+"""PyTorch's torch.nn.functional names, arguments and defaults over fasttrain's
+C ops (forward only: new outputs are allocated unless ``inplace=True``).
+
+The backward of each op is ``ft.ops.<op>_backward``; the training step in C
+calls the same entry points.
+"""
+import warnings
+
+from .. import _C
+from .._tensor import Tensor
+from ..random import default_generator
+
+__all__ = [
+    "relu", "relu_", "leaky_relu", "leaky_relu_", "gelu", "silu", "sigmoid", "tanh",
+    "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "adaptive_max_pool2d",
+    "dropout", "softmax", "log_softmax", "cross_entropy", "mse_loss", "add", "mul", "cat",
+]
+
+
+def _check(x, name, fn):
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{fn}: {name} must be a fasttrain Tensor, got {type(x).__name__}")
+
+
+# ---- activations ----
+
+def _act(input, act, alpha=0.0, inplace=False, fn="activation"):
+    _check(input, "input", fn)
+    return _C.activation_forward(input if inplace else None, input, act, alpha)
+
+
+def relu(input, inplace=False):
+    return _act(input, "relu", inplace=inplace, fn="relu")
+
+
+def relu_(input):
+    return _act(input, "relu", inplace=True, fn="relu_")
+
+
+def leaky_relu(input, negative_slope=0.01, inplace=False):
+    return _act(input, "leaky_relu", float(negative_slope), inplace, "leaky_relu")
+
+
+def leaky_relu_(input, negative_slope=0.01):
+    return _act(input, "leaky_relu", float(negative_slope), True, "leaky_relu_")
+
+
+def gelu(input, approximate="none"):
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    return _act(input, "gelu" if approximate == "none" else "gelu_tanh", fn="gelu")
+
+
+def silu(input, inplace=False):
+    return _act(input, "silu", inplace=inplace, fn="silu")
+
+
+def sigmoid(input):
+    return _act(input, "sigmoid", fn="sigmoid")
+
+
+def tanh(input):
+    return _act(input, "tanh", fn="tanh")
+
+
+# ---- pooling: 4-d (N, C, H, W) or unbatched 3-d (C, H, W) inputs ----
+
+def _batched(input, fn):
+    _check(input, "input", fn)
+    if input.ndim == 3:
+        return input.unsqueeze(0), True
+    if input.ndim != 4:
+        raise ValueError(f"{fn}: expected a 3-d (C, H, W) or 4-d (N, C, H, W) input, got shape {tuple(input.shape)}")
+    return input, False
+
+
+def _unbatch(t, squeeze):
+    return t[0] if squeeze else t
+
+
+def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+    x, squeeze = _batched(input, "max_pool2d")
+    out, indices = _C.max_pool2d_forward(None, None if return_indices else False, x, kernel_size,
+                                         stride if stride not in (None, ()) else None, padding, dilation, ceil_mode)
+    if return_indices:
+        return _unbatch(out, squeeze), _unbatch(indices, squeeze)
+    return _unbatch(out, squeeze)
+
+
+def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    x, squeeze = _batched(input, "avg_pool2d")
+    out = _C.avg_pool2d_forward(None, x, kernel_size, stride if stride not in (None, ()) else None, padding,
+                                ceil_mode, count_include_pad, divisor_override)
+    return _unbatch(out, squeeze)
+
+
+def _adaptive_size(output_size, x):
+    if isinstance(output_size, int):
+        output_size = (output_size, output_size)
+    output_size = tuple(output_size)
+    if len(output_size) == 1:
+        output_size = output_size * 2
+    if len(output_size) != 2:
+        raise ValueError(f"output_size must be an int or a pair, got {output_size}")
+    return tuple(x.shape[2 + i] if s is None else int(s) for i, s in enumerate(output_size))
+
+
+def adaptive_avg_pool2d(input, output_size):
+    x, squeeze = _batched(input, "adaptive_avg_pool2d")
+    return _unbatch(_C.adaptive_avg_pool2d_forward(None, x, _adaptive_size(output_size, x)), squeeze)
+
+
+def adaptive_max_pool2d(input, output_size, return_indices=False):
+    x, squeeze = _batched(input, "adaptive_max_pool2d")
+    out, indices = _C.adaptive_max_pool2d_forward(None, None if return_indices else False, x,
+                                                  _adaptive_size(output_size, x))
+    if return_indices:
+        return _unbatch(out, squeeze), _unbatch(indices, squeeze)
+    return _unbatch(out, squeeze)
+
+
+# ---- dropout ----
+
+def _take_blocks(generator, n):
+    """(seed, offset) for a draw of n Philox blocks; the generator moves past them."""
+    g = generator or default_generator
+    with g._lock:
+        seed, offset = g._seed, g._offset
+        g._offset += n
+    return seed, offset
+
+
+def dropout(input, p=0.5, training=True, inplace=False, *, generator=None):
+    """Zeroes each element with probability p and scales the rest by 1 / (1 - p). The mask is a pure function
+    of the generator's (seed, offset) and the element's index; ``ft.ops.dropout_backward`` with the same
+    (p, seed, offset) regenerates it. Returns input itself when not training or p == 0."""
+    _check(input, "input", "dropout")
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+    if not training or p == 0.0:
+        return input
+    seed, offset = _take_blocks(generator, _C.dropout_blocks(input.numel()))
+    return _C.dropout_forward(input if inplace else None, input, float(p), seed, offset)
+
+
+# ---- softmax ----
+
+def _softmax_dim(ndim, fn):
+    warnings.warn(f"Implicit dimension choice for {fn} has been deprecated. Change the call to include dim=X "
+                  "as an argument.", stacklevel=3)
+    return 0 if ndim in (0, 1, 3) else 1
+
+
+def softmax(input, dim=None, _stacklevel=3, dtype=None):
+    _check(input, "input", "softmax")
+    if dtype is not None:
+        input = input.to(dtype)
+    return _C.softmax_forward(None, input, _softmax_dim(input.ndim, "softmax") if dim is None else dim)
+
+
+def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
+    _check(input, "input", "log_softmax")
+    if dtype is not None:
+        input = input.to(dtype)
+    return _C.log_softmax_forward(None, input, _softmax_dim(input.ndim, "log_softmax") if dim is None else dim)
+
+
+# ---- losses ----
+
+def _legacy_reduction(size_average, reduce, reduction):
+    if size_average is None and reduce is None:
+        return reduction
+    size_average = True if size_average is None else size_average
+    reduce = True if reduce is None else reduce
+    return "none" if not reduce else "mean" if size_average else "sum"
+
+
+def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean",
+                  label_smoothing=0.0):
+    """Class-index targets (int64 or int32) of shape (N) or (N, d...) for input (N, C) or (N, C, d...)."""
+    _check(input, "input", "cross_entropy")
+    _check(target, "target", "cross_entropy")
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    loss, _ = _C.cross_entropy_forward(None, False, input, target, weight, reduction, int(ignore_index),
+                                       float(label_smoothing))
+    return loss
+
+
+def mse_loss(input, target, size_average=None, reduce=None, reduction="mean"):
+    _check(input, "input", "mse_loss")
+    _check(target, "target", "mse_loss")
+    if tuple(input.shape) != tuple(target.shape):
+        raise ValueError(f"mse_loss: target should have the shape of input {tuple(input.shape)}, "
+                         f"got {tuple(target.shape)}")
+    return _C.mse_loss_forward(None, input, target, _legacy_reduction(size_average, reduce, reduction))
+
+
+# ---- residual add, mul and concatenation ----
+
+def add(input, other, act=None, alpha=0.0):
+    """input + other (equal shapes), with an activation fused in: ``add(a, b, "relu")`` is relu(a + b)."""
+    return _C.add_forward(None, input, other, act, alpha)
+
+
+def mul(input, other):
+    return _C.mul_forward(None, input, other)
+
+
+def cat(tensors, dim=0):
+    """torch.cat for equally shaped tensors but along dim (concatenation along channels: dim=1)."""
+    return _C.concat_forward(None, list(tensors), dim)
