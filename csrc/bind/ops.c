@@ -32,6 +32,10 @@
 #include <string.h>
 
 #include "ops/activation.h"
+#include "ops/batchnorm.h"
+#include "ops/conv2d.h"
+#include "ops/layernorm.h"
+#include "ops/linear.h"
 #include "ops/dropout.h"
 #include "ops/elementwise.h"
 #include "ops/loss.h"
@@ -1031,7 +1035,286 @@ static PyObject *py_mse_loss_backward(PyObject *m, PyObject *args, PyObject *kw)
 
 #define KWFN(name, doc) {#name, FN(py_##name), METH_VARARGS | METH_KEYWORDS, doc}
 
+/* ======================= convolution and linear (oneDNN) ======================= */
+
+static int parse_conv(PyObject *stride, PyObject *padding, PyObject *dilation, long long groups,
+                      ft_conv2d_params *p) {
+    static const int64_t one[2] = {1, 1}, zero[2] = {0, 0};
+    if (parse_pair(stride, "stride", one, p->stride) < 0 || parse_pair(padding, "padding", zero, p->padding) < 0 ||
+        parse_pair(dilation, "dilation", one, p->dilation) < 0)
+        return -1;
+    p->groups = groups;
+    return 0;
+}
+
+static PyObject *py_conv2d_forward(PyObject *m, PyObject *args, PyObject *kw) {
+    PyObject *o_out, *o_inp, *o_w, *o_b = Py_None, *o_stride = Py_None, *o_pad = Py_None, *o_dil = Py_None;
+    PyObject *o_act = Py_None;
+    long long groups = 1;
+    double alpha = 0.0;
+    int sum = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OOOOLOdp:conv2d_forward",
+                                     KW("out", "inp", "weight", "bias", "stride", "padding", "dilation", "groups",
+                                        "act", "alpha", "sum"),
+                                     &o_out, &o_inp, &o_w, &o_b, &o_stride, &o_pad, &o_dil, &groups, &o_act, &alpha,
+                                     &sum))
+        return NULL;
+    ft_module_state *st = mstate(m);
+    const ft_tensor *inp, *w, *b;
+    out_arg out;
+    ft_conv2d_params p;
+    ft_conv2d_fusion fusion = {.sum = sum};
+    if (parse_conv(o_stride, o_pad, o_dil, groups, &p) < 0 || parse_act(o_act, alpha, &fusion.act) < 0 ||
+        parse_in(st, o_inp, "inp", false, &inp) < 0 || parse_in(st, o_w, "weight", false, &w) < 0 ||
+        parse_in(st, o_b, "bias", true, &b) < 0 || parse_out(st, o_out, "out", false, &out) < 0)
+        return NULL;
+    if (needs_alloc(&out)) {
+        int64_t P = 0, Q = 0;
+        ft_status s = inp->ndim == 4 && w->ndim == 4
+                          ? ft_conv2d_out_size(&P, &Q, inp->shape[2], inp->shape[3], w->shape[2], w->shape[3], &p)
+                          : ft_fail(FT_ERR_SHAPE, "conv2d: input and weight must be 4-d");
+        if (s != FT_OK)
+            return ft_raise(s);
+        if (alloc_out(st, &out, inp, 4, (int64_t[]){inp->shape[0], w->shape[0], P, Q}, FT_FLOAT32) < 0)
+            return NULL;
+    }
+    ft_status s;
+    CALL(s, true, ft_conv2d_forward(out.t, inp, w, b, &p, &fusion));
+    return finish(s, &out, 1);
+}
+
+static PyObject *py_conv2d_backward(PyObject *m, PyObject *args, PyObject *kw) {
+    PyObject *o_dinp, *o_dw, *o_db, *o_dout, *o_inp, *o_w, *o_stride = Py_None, *o_pad = Py_None, *o_dil = Py_None;
+    long long groups = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOO|OOOL:conv2d_backward",
+                                     KW("dinp", "dweight", "dbias", "dout", "inp", "weight", "stride", "padding",
+                                        "dilation", "groups"),
+                                     &o_dinp, &o_dw, &o_db, &o_dout, &o_inp, &o_w, &o_stride, &o_pad, &o_dil, &groups))
+        return NULL;
+    ft_module_state *st = mstate(m);
+    const ft_tensor *dout, *inp, *w;
+    out_arg o[3] = {{0}};
+    ft_conv2d_params p;
+    if (parse_conv(o_stride, o_pad, o_dil, groups, &p) < 0 || parse_in(st, o_dout, "dout", false, &dout) < 0 ||
+        parse_in(st, o_inp, "inp", false, &inp) < 0 || parse_in(st, o_w, "weight", false, &w) < 0 ||
+        parse_out(st, o_dinp, "dinp", true, &o[0]) < 0 || parse_out(st, o_dw, "dweight", true, &o[1]) < 0 ||
+        parse_out(st, o_db, "dbias", true, &o[2]) < 0 || alloc_like(st, &o[0], inp) < 0 ||
+        alloc_out(st, &o[1], w, w->ndim, w->shape, FT_FLOAT32) < 0 ||
+        alloc_out(st, &o[2], NULL, 1, &w->shape[0], FT_FLOAT32) < 0) {
+        drop_outs(o, 3);
+        return NULL;
+    }
+    ft_status s;
+    CALL(s, true, ft_conv2d_backward(o[0].t, o[1].t, o[2].t, dout, inp, w, &p));
+    return finish(s, o, 3);
+}
+
+static PyObject *py_linear_forward(PyObject *m, PyObject *args, PyObject *kw) {
+    PyObject *o_out, *o_inp, *o_w, *o_b = Py_None, *o_act = Py_None;
+    double alpha = 0.0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OOd:linear_forward",
+                                     KW("out", "inp", "weight", "bias", "act", "alpha"), &o_out, &o_inp, &o_w, &o_b,
+                                     &o_act, &alpha))
+        return NULL;
+    ft_module_state *st = mstate(m);
+    const ft_tensor *inp, *w, *b;
+    out_arg out;
+    ft_act act;
+    if (parse_act(o_act, alpha, &act) < 0 || parse_in(st, o_inp, "inp", false, &inp) < 0 ||
+        parse_in(st, o_w, "weight", false, &w) < 0 || parse_in(st, o_b, "bias", true, &b) < 0 ||
+        parse_out(st, o_out, "out", false, &out) < 0)
+        return NULL;
+    if (needs_alloc(&out) &&
+        alloc_out(st, &out, NULL, 2, (int64_t[]){inp->ndim ? inp->shape[0] : 0, w->ndim ? w->shape[0] : 0},
+                  FT_FLOAT32) < 0)
+        return NULL;
+    ft_status s;
+    CALL(s, big(inp) || big(w), ft_linear_forward(out.t, inp, w, b, act));
+    return finish(s, &out, 1);
+}
+
+static PyObject *py_linear_backward(PyObject *m, PyObject *args, PyObject *kw) {
+    PyObject *o_dinp, *o_dw, *o_db, *o_dout, *o_inp, *o_w;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOO:linear_backward",
+                                     KW("dinp", "dweight", "dbias", "dout", "inp", "weight"), &o_dinp, &o_dw, &o_db,
+                                     &o_dout, &o_inp, &o_w))
+        return NULL;
+    ft_module_state *st = mstate(m);
+    const ft_tensor *dout, *inp, *w;
+    out_arg o[3] = {{0}};
+    if (parse_in(st, o_dout, "dout", false, &dout) < 0 || parse_in(st, o_inp, "inp", false, &inp) < 0 ||
+        parse_in(st, o_w, "weight", false, &w) < 0 || parse_out(st, o_dinp, "dinp", true, &o[0]) < 0 ||
+        parse_out(st, o_dw, "dweight", true, &o[1]) < 0 || parse_out(st, o_db, "dbias", true, &o[2]) < 0 ||
+        alloc_out(st, &o[0], NULL, inp->ndim, inp->shape, FT_FLOAT32) < 0 ||
+        alloc_out(st, &o[1], NULL, w->ndim, w->shape, FT_FLOAT32) < 0 ||
+        alloc_out(st, &o[2], NULL, 1, &w->shape[0], FT_FLOAT32) < 0) {
+        drop_outs(o, 3);
+        return NULL;
+    }
+    ft_status s;
+    CALL(s, big(inp) || big(w), ft_linear_backward(o[0].t, o[1].t, o[2].t, dout, inp, w));
+    return finish(s, o, 3);
+}
+
+/* ======================= normalization ======================= */
+
+static PyObject *py_batch_norm_forward(PyObject *m, PyObject *args, PyObject *kw) {
+    PyObject *o_out, *o_mean, *o_invstd, *o_inp, *o_w = Py_None, *o_b = Py_None, *o_rm = Py_None, *o_rv = Py_None;
+    PyObject *o_act = Py_None;
+    ft_batchnorm_params p = {.training = true, .eps = 1e-5, .momentum = 0.1};
+    int training = 1;
+    double alpha = 0.0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOO|OOOOpddOd:batch_norm_forward",
+                                     KW("out", "save_mean", "save_invstd", "inp", "weight", "bias", "running_mean",
+                                        "running_var", "training", "momentum", "eps", "act", "alpha"),
+                                     &o_out, &o_mean, &o_invstd, &o_inp, &o_w, &o_b, &o_rm, &o_rv, &training,
+                                     &p.momentum, &p.eps, &o_act, &alpha))
+        return NULL;
+    p.training = training;
+    ft_module_state *st = mstate(m);
+    const ft_tensor *inp, *w, *b, *rm, *rv;
+    out_arg o[3] = {{0}};
+    if (parse_act(o_act, alpha, &p.act) < 0 || parse_in(st, o_inp, "inp", false, &inp) < 0 ||
+        parse_in(st, o_w, "weight", true, &w) < 0 || parse_in(st, o_b, "bias", true, &b) < 0 ||
+        parse_in(st, o_rm, "running_mean", true, &rm) < 0 || parse_in(st, o_rv, "running_var", true, &rv) < 0 ||
+        parse_out(st, o_out, "out", false, &o[0]) < 0 || parse_out(st, o_mean, "save_mean", false, &o[1]) < 0 ||
+        parse_out(st, o_invstd, "save_invstd", false, &o[2]) < 0)
+        return NULL;
+    int64_t C = inp->ndim >= 2 ? inp->shape[1] : 0;
+    if (alloc_like(st, &o[0], inp) < 0 || alloc_out(st, &o[1], NULL, 1, &C, FT_FLOAT32) < 0 ||
+        alloc_out(st, &o[2], NULL, 1, &C, FT_FLOAT32) < 0) {
+        drop_outs(o, 3);
+        return NULL;
+    }
+    ft_status s;
+    CALL(s, big(inp), ft_batchnorm_forward(o[0].t, o[1].t, o[2].t, inp, w, b, rm, rv, &p));
+    return finish(s, o, 3);
+}
+
+static PyObject *py_batch_norm_backward(PyObject *m, PyObject *args, PyObject *kw) {
+    PyObject *o_dinp, *o_dw, *o_db, *o_dout, *o_inp, *o_out = Py_None, *o_w = Py_None, *o_mean, *o_invstd;
+    PyObject *o_act = Py_None;
+    ft_batchnorm_params p = {.training = true, .eps = 1e-5, .momentum = 0.1};
+    int training = 1;
+    double alpha = 0.0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOOO|pOd:batch_norm_backward",
+                                     KW("dinp", "dweight", "dbias", "dout", "inp", "out", "weight", "save_mean",
+                                        "save_invstd", "training", "act", "alpha"),
+                                     &o_dinp, &o_dw, &o_db, &o_dout, &o_inp, &o_out, &o_w, &o_mean, &o_invstd,
+                                     &training, &o_act, &alpha))
+        return NULL;
+    p.training = training;
+    ft_module_state *st = mstate(m);
+    const ft_tensor *dout, *inp, *out, *w, *mean, *invstd;
+    out_arg o[3] = {{0}};
+    if (parse_act(o_act, alpha, &p.act) < 0 || parse_in(st, o_dout, "dout", false, &dout) < 0 ||
+        parse_in(st, o_inp, "inp", false, &inp) < 0 || parse_in(st, o_out, "out", true, &out) < 0 ||
+        parse_in(st, o_w, "weight", true, &w) < 0 || parse_in(st, o_mean, "save_mean", false, &mean) < 0 ||
+        parse_in(st, o_invstd, "save_invstd", false, &invstd) < 0 ||
+        parse_out(st, o_dinp, "dinp", true, &o[0]) < 0 || parse_out(st, o_dw, "dweight", true, &o[1]) < 0 ||
+        parse_out(st, o_db, "dbias", true, &o[2]) < 0)
+        return NULL;
+    int64_t C = inp->ndim >= 2 ? inp->shape[1] : 0;
+    if (alloc_like(st, &o[0], inp) < 0 || alloc_out(st, &o[1], NULL, 1, &C, FT_FLOAT32) < 0 ||
+        alloc_out(st, &o[2], NULL, 1, &C, FT_FLOAT32) < 0) {
+        drop_outs(o, 3);
+        return NULL;
+    }
+    ft_status s;
+    CALL(s, big(inp), ft_batchnorm_backward(o[0].t, o[1].t, o[2].t, dout, inp, out, w, mean, invstd, &p));
+    return finish(s, o, 3);
+}
+
+static int parse_norm_size(PyObject *obj, int64_t *D) {
+    int64_t shape[FT_MAX_DIMS];
+    int n;
+    if (parse_shape_arg(obj, "normalized_shape", shape, &n) < 0)
+        return -1;
+    *D = 1;
+    for (int i = 0; i < n; i++)
+        *D *= shape[i];
+    return 0;
+}
+
+static PyObject *py_layer_norm_forward(PyObject *m, PyObject *args, PyObject *kw) {
+    PyObject *o_out, *o_mean, *o_rstd, *o_inp, *o_w = Py_None, *o_b = Py_None, *o_shape;
+    double eps = 1e-5;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOO|d:layer_norm_forward",
+                                     KW("out", "save_mean", "save_rstd", "inp", "weight", "bias", "normalized_shape",
+                                        "eps"),
+                                     &o_out, &o_mean, &o_rstd, &o_inp, &o_w, &o_b, &o_shape, &eps))
+        return NULL;
+    ft_module_state *st = mstate(m);
+    const ft_tensor *inp, *w, *b;
+    out_arg o[3] = {{0}};
+    int64_t D;
+    if (parse_norm_size(o_shape, &D) < 0 || parse_in(st, o_inp, "inp", false, &inp) < 0 ||
+        parse_in(st, o_w, "weight", true, &w) < 0 || parse_in(st, o_b, "bias", true, &b) < 0 ||
+        parse_out(st, o_out, "out", false, &o[0]) < 0 || parse_out(st, o_mean, "save_mean", true, &o[1]) < 0 ||
+        parse_out(st, o_rstd, "save_rstd", true, &o[2]) < 0)
+        return NULL;
+    int64_t R = D > 0 ? ft_tensor_numel(inp) / D : 0;
+    if (alloc_out(st, &o[0], NULL, inp->ndim, inp->shape, FT_FLOAT32) < 0 ||
+        alloc_out(st, &o[1], NULL, 1, &R, FT_FLOAT32) < 0 || alloc_out(st, &o[2], NULL, 1, &R, FT_FLOAT32) < 0) {
+        drop_outs(o, 3);
+        return NULL;
+    }
+    ft_status s;
+    CALL(s, big(inp), ft_layernorm_forward(o[0].t, o[1].t, o[2].t, inp, w, b, D, eps));
+    return finish(s, o, 3);
+}
+
+static PyObject *py_layer_norm_backward(PyObject *m, PyObject *args, PyObject *kw) {
+    PyObject *o_dinp, *o_dw, *o_db, *o_dout, *o_inp, *o_w, *o_mean, *o_rstd, *o_shape;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOOO:layer_norm_backward",
+                                     KW("dinp", "dweight", "dbias", "dout", "inp", "weight", "save_mean", "save_rstd",
+                                        "normalized_shape"),
+                                     &o_dinp, &o_dw, &o_db, &o_dout, &o_inp, &o_w, &o_mean, &o_rstd, &o_shape))
+        return NULL;
+    ft_module_state *st = mstate(m);
+    const ft_tensor *dout, *inp, *w, *mean, *rstd;
+    out_arg o[3] = {{0}};
+    int64_t D;
+    if (parse_norm_size(o_shape, &D) < 0 || parse_in(st, o_dout, "dout", false, &dout) < 0 ||
+        parse_in(st, o_inp, "inp", false, &inp) < 0 || parse_in(st, o_w, "weight", true, &w) < 0 ||
+        parse_in(st, o_mean, "save_mean", false, &mean) < 0 || parse_in(st, o_rstd, "save_rstd", false, &rstd) < 0 ||
+        parse_out(st, o_dinp, "dinp", true, &o[0]) < 0 || parse_out(st, o_dw, "dweight", true, &o[1]) < 0 ||
+        parse_out(st, o_db, "dbias", true, &o[2]) < 0)
+        return NULL;
+    if (alloc_out(st, &o[0], NULL, inp->ndim, inp->shape, FT_FLOAT32) < 0 ||
+        alloc_out(st, &o[1], NULL, 1, &D, FT_FLOAT32) < 0 || alloc_out(st, &o[2], NULL, 1, &D, FT_FLOAT32) < 0) {
+        drop_outs(o, 3);
+        return NULL;
+    }
+    ft_status s;
+    CALL(s, big(inp), ft_layernorm_backward(o[0].t, o[1].t, o[2].t, dout, inp, w, mean, rstd, D));
+    return finish(s, o, 3);
+}
+
 static PyMethodDef ops_methods[] = {
+    {"conv2d_forward", FN(py_conv2d_forward), METH_VARARGS | METH_KEYWORDS,
+     "conv2d_forward(out, inp, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, act=None, alpha=0.0, "
+     "sum=False) -> out"},
+    {"conv2d_backward", FN(py_conv2d_backward), METH_VARARGS | METH_KEYWORDS,
+     "conv2d_backward(dinp, dweight, dbias, dout, inp, weight, stride=1, padding=0, dilation=1, groups=1) -> "
+     "(dinp, dweight, dbias)"},
+    {"linear_forward", FN(py_linear_forward), METH_VARARGS | METH_KEYWORDS,
+     "linear_forward(out, inp, weight, bias=None, act=None, alpha=0.0) -> out"},
+    {"linear_backward", FN(py_linear_backward), METH_VARARGS | METH_KEYWORDS,
+     "linear_backward(dinp, dweight, dbias, dout, inp, weight) -> (dinp, dweight, dbias)"},
+    {"batch_norm_forward", FN(py_batch_norm_forward), METH_VARARGS | METH_KEYWORDS,
+     "batch_norm_forward(out, save_mean, save_invstd, inp, weight=None, bias=None, running_mean=None, "
+     "running_var=None, training=True, momentum=0.1, eps=1e-5, act=None, alpha=0.0) -> (out, save_mean, "
+     "save_invstd)"},
+    {"batch_norm_backward", FN(py_batch_norm_backward), METH_VARARGS | METH_KEYWORDS,
+     "batch_norm_backward(dinp, dweight, dbias, dout, inp, out, weight, save_mean, save_invstd, training=True, "
+     "act=None, alpha=0.0) -> (dinp, dweight, dbias)"},
+    {"layer_norm_forward", FN(py_layer_norm_forward), METH_VARARGS | METH_KEYWORDS,
+     "layer_norm_forward(out, save_mean, save_rstd, inp, weight, bias, normalized_shape, eps=1e-5) -> (out, "
+     "save_mean, save_rstd)"},
+    {"layer_norm_backward", FN(py_layer_norm_backward), METH_VARARGS | METH_KEYWORDS,
+     "layer_norm_backward(dinp, dweight, dbias, dout, inp, weight, save_mean, save_rstd, normalized_shape) -> "
+     "(dinp, dweight, dbias)"},
     KWFN(activation_forward, "activation_forward(out, inp, act, alpha=0.0) -> out"),
     KWFN(activation_backward,
          "activation_backward(dinp, dout, inp, out, act, alpha=0.0, accumulate=False) -> dinp"),

@@ -22,6 +22,8 @@ Gradient outputs are written (=) unless their ``accumulate`` flag is set
 from . import _C
 
 __all__ = [
+    "conv2d_forward", "conv2d_backward", "linear_forward", "linear_backward",
+    "batch_norm_forward", "batch_norm_backward", "layer_norm_forward", "layer_norm_backward",
     "activation_forward", "activation_backward",
     "add_forward", "add_backward", "mul_forward", "mul_backward", "concat_forward", "concat_backward",
     "dropout_forward", "dropout_backward", "dropout_blocks",

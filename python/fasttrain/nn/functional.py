@@ -11,6 +11,7 @@ from .._tensor import Tensor
 from ..random import default_generator
 
 __all__ = [
+    "conv2d", "linear", "batch_norm", "layer_norm",
     "relu", "relu_", "leaky_relu", "leaky_relu_", "gelu", "silu", "sigmoid", "tanh",
     "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "adaptive_max_pool2d",
     "dropout", "softmax", "log_softmax", "cross_entropy", "mse_loss", "add", "mul", "cat",
@@ -20,6 +21,44 @@ __all__ = [
 def _check(x, name, fn):
     if not isinstance(x, Tensor):
         raise TypeError(f"{fn}: {name} must be a fasttrain Tensor, got {type(x).__name__}")
+
+
+# ---- convolution, linear, normalization ----
+
+def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    _check(input, "input", "conv2d")
+    if isinstance(padding, str):
+        raise ValueError("conv2d: string padding ('same', 'valid') is not supported; give the padding in pixels")
+    squeeze = input.ndim == 3
+    x = input.unsqueeze(0) if squeeze else input
+    out = _C.conv2d_forward(None, x, weight, bias, stride, padding, dilation, groups)
+    return out[0] if squeeze else out
+
+
+def linear(input, weight, bias=None):
+    _check(input, "input", "linear")
+    if input.ndim == 0:
+        raise ValueError("linear: the input must have at least 1 dimension")
+    lead = input.shape[:-1]
+    x = input.reshape(-1, input.shape[-1]) if input.ndim != 2 else input
+    out = _C.linear_forward(None, x, weight, bias)
+    return out.reshape(*lead, weight.shape[0]) if input.ndim != 2 else out
+
+
+def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
+    _check(input, "input", "batch_norm")
+    out, _, _ = _C.batch_norm_forward(None, None, None, input, weight, bias, running_mean, running_var, training,
+                                      momentum, eps)
+    return out
+
+
+def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+    _check(input, "input", "layer_norm")
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if tuple(input.shape[input.ndim - len(shape):]) != shape:
+        raise ValueError(f"layer_norm: input of shape {input.shape} does not end with normalized_shape {shape}")
+    out, _, _ = _C.layer_norm_forward(None, None, None, input.contiguous(), weight, bias, shape, eps)
+    return out
 
 
 # ---- activations ----

@@ -1,0 +1,147 @@
+#include "ops/layernorm.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "ops/check.h"
+
+/* Rows per partial sum of the parameter gradients (fixes their order). */
+#define CHUNK 64
+
+static ft_status check_rows(const char *op, const char *arg, const ft_tensor *t, const ft_tensor *ref, int64_t D,
+                            int64_t *R) {
+    FT_TRY(ft_check_cpu_float(op, arg, t, false));
+    if (ref)
+        FT_TRY(ft_check_shape_as(op, arg, t, ref));
+    if (!ft_tensor_is_contiguous(t))
+        return ft_fail(FT_ERR_SHAPE, "%s: %s must be contiguous", op, arg);
+    int64_t n = ft_tensor_numel(t);
+    if (D < 1 || n % D || (t->ndim > 0 && t->shape[t->ndim - 1] > D))
+        return ft_fail(FT_ERR_SHAPE, "%s: %s's trailing dimensions do not make up the normalized size %lld", op,
+                       arg, (long long)D);
+    *R = n / D;
+    return FT_OK;
+}
+
+static ft_status check_vec(const char *op, const char *arg, const ft_tensor *t, int64_t n) {
+    if (!t)
+        return FT_OK;
+    FT_TRY(ft_check_cpu_float(op, arg, t, false));
+    if (ft_tensor_numel(t) != n || !ft_tensor_is_contiguous(t))
+        return ft_fail(FT_ERR_SHAPE, "%s: %s must be contiguous with %lld elements", op, arg, (long long)n);
+    return FT_OK;
+}
+
+ft_status ft_layernorm_forward(const ft_tensor *out, const ft_tensor *save_mean, const ft_tensor *save_rstd,
+                               const ft_tensor *inp, const ft_tensor *weight, const ft_tensor *bias,
+                               int64_t norm_size, double eps) {
+    const char *op = "layer_norm";
+    int64_t R, D = norm_size;
+    FT_TRY(check_rows(op, "input", inp, NULL, D, &R));
+    FT_TRY(check_rows(op, "out", out, inp, D, &R));
+    FT_TRY(ft_check_output(op, "out", out));
+    FT_TRY(check_vec(op, "weight", weight, D));
+    FT_TRY(check_vec(op, "bias", bias, D));
+    FT_TRY(check_vec(op, "save_mean", save_mean, R));
+    FT_TRY(check_vec(op, "save_rstd", save_rstd, R));
+    if (!(eps > 0))
+        return ft_fail(FT_ERR_VALUE, "%s: eps must be positive", op);
+    const float *x = (const float *)ft_tensor_data(inp);
+    const float *w = weight ? (const float *)ft_tensor_data(weight) : NULL;
+    const float *b = bias ? (const float *)ft_tensor_data(bias) : NULL;
+    float *y = (float *)ft_tensor_data(out);
+    float *mean = save_mean ? (float *)ft_tensor_data(save_mean) : NULL;
+    float *rstd = save_rstd ? (float *)ft_tensor_data(save_rstd) : NULL;
+#pragma omp parallel for schedule(static) if (R * D > 32768)
+    for (int64_t r = 0; r < R; r++) {
+        const float *xr = x + r * D;
+        double s = 0, q = 0, shift = xr[0]; /* shifted sums keep the variance accurate */
+        for (int64_t d = 0; d < D; d++) {
+            double v = xr[d] - shift;
+            s += v;
+            q += v * v;
+        }
+        double m = s / (double)D, var = q / (double)D - m * m;
+        float mu = (float)(shift + m), rs = (float)(1.0 / sqrt((var > 0 ? var : 0) + eps));
+        for (int64_t d = 0; d < D; d++) {
+            float v = (xr[d] - mu) * rs;
+            y[r * D + d] = (w ? v * w[d] : v) + (b ? b[d] : 0.0f);
+        }
+        if (mean)
+            mean[r] = mu;
+        if (rstd)
+            rstd[r] = rs;
+    }
+    return FT_OK;
+}
+
+ft_status ft_layernorm_backward(const ft_tensor *dinp, const ft_tensor *dweight, const ft_tensor *dbias,
+                                const ft_tensor *dout, const ft_tensor *inp, const ft_tensor *weight,
+                                const ft_tensor *save_mean, const ft_tensor *save_rstd, int64_t norm_size) {
+    const char *op = "layer_norm_backward";
+    int64_t R, D = norm_size;
+    FT_TRY(check_rows(op, "input", inp, NULL, D, &R));
+    FT_TRY(check_rows(op, "grad_output", dout, inp, D, &R));
+    if (dinp) {
+        FT_TRY(check_rows(op, "grad_input", dinp, inp, D, &R));
+        FT_TRY(ft_check_output(op, "grad_input", dinp));
+    }
+    FT_TRY(check_vec(op, "weight", weight, D));
+    FT_TRY(check_vec(op, "grad_weight", dweight, D));
+    FT_TRY(check_vec(op, "grad_bias", dbias, D));
+    if (!save_mean || !save_rstd)
+        return ft_fail(FT_ERR_VALUE, "%s: save_mean and save_rstd are required", op);
+    FT_TRY(check_vec(op, "save_mean", save_mean, R));
+    FT_TRY(check_vec(op, "save_rstd", save_rstd, R));
+    const float *x = (const float *)ft_tensor_data(inp), *dy = (const float *)ft_tensor_data(dout);
+    const float *w = weight ? (const float *)ft_tensor_data(weight) : NULL;
+    const float *mean = (const float *)ft_tensor_data(save_mean), *rstd = (const float *)ft_tensor_data(save_rstd);
+    if (dinp) {
+        float *dx = (float *)ft_tensor_data(dinp);
+#pragma omp parallel for schedule(static) if (R * D > 32768)
+        for (int64_t r = 0; r < R; r++) {
+            const float *xr = x + r * D, *gr = dy + r * D;
+            double a = 0, c = 0; /* sum of g * w and of g * w * xhat */
+            for (int64_t d = 0; d < D; d++) {
+                float g = w ? gr[d] * w[d] : gr[d], xh = (xr[d] - mean[r]) * rstd[r];
+                a += g;
+                c += (double)g * xh;
+            }
+            float ma = (float)(a / (double)D), mc = (float)(c / (double)D);
+            for (int64_t d = 0; d < D; d++) {
+                float g = w ? gr[d] * w[d] : gr[d], xh = (xr[d] - mean[r]) * rstd[r];
+                dx[r * D + d] = rstd[r] * (g - ma - xh * mc);
+            }
+        }
+    }
+    if (dweight || dbias) {
+        int64_t nchunks = (R + CHUNK - 1) / CHUNK;
+        double *part = calloc((size_t)(nchunks ? nchunks : 1) * (size_t)D * 2, sizeof *part); /* (chunks, 2, D) */
+        if (!part)
+            return ft_fail(FT_ERR_NOMEM, "%s: out of memory", op);
+#pragma omp parallel for schedule(static) if (R * D > 32768)
+        for (int64_t k = 0; k < nchunks; k++) {
+            double *pw = part + k * 2 * D, *pb = pw + D;
+            int64_t end = (k + 1) * CHUNK < R ? (k + 1) * CHUNK : R;
+            for (int64_t r = k * CHUNK; r < end; r++)
+                for (int64_t d = 0; d < D; d++) {
+                    float g = dy[r * D + d];
+                    pw[d] += (double)g * ((x[r * D + d] - mean[r]) * rstd[r]);
+                    pb[d] += g;
+                }
+        }
+        for (int64_t d = 0; d < D; d++) {
+            double sw = 0, sb = 0;
+            for (int64_t k = 0; k < nchunks; k++) {
+                sw += part[k * 2 * D + d];
+                sb += part[k * 2 * D + D + d];
+            }
+            if (dweight)
+                ((float *)ft_tensor_data(dweight))[d] = (float)sw;
+            if (dbias)
+                ((float *)ft_tensor_data(dbias))[d] = (float)sb;
+        }
+        free(part);
+    }
+    return FT_OK;
+}

@@ -1,0 +1,245 @@
+"""conv2d, linear, batch_norm and layer_norm (forward and backward) against NumPy references and finite
+differences, in both memory formats, fused and unfused, and bitwise across thread counts."""
+import numpy as np
+import pytest
+
+import fasttrain as ft
+from _opref import bits, fd_grad, n, nhwc, t, torch
+
+RNG = np.random.default_rng(7)
+
+
+def conv_ref(x, w, b, stride, pad, dil, groups):
+    """A direct float64 convolution: out[n, k, p, q] = sum over c, r, s."""
+    N, C, H, W = x.shape
+    K, Cg, R, S = w.shape
+    xp = np.pad(x, ((0, 0), (0, 0), (pad[0], pad[0]), (pad[1], pad[1])))
+    P = (H + 2 * pad[0] - dil[0] * (R - 1) - 1) // stride[0] + 1
+    Q = (W + 2 * pad[1] - dil[1] * (S - 1) - 1) // stride[1] + 1
+    out = np.zeros((N, K, P, Q))
+    Kg = K // groups
+    for g in range(groups):
+        for r in range(R):
+            for s in range(S):
+                patch = xp[:, g * Cg:(g + 1) * Cg, r * dil[0]:r * dil[0] + stride[0] * P:stride[0],
+                           s * dil[1]:s * dil[1] + stride[1] * Q:stride[1]]
+                out[:, g * Kg:(g + 1) * Kg] += np.einsum("nchw,kc->nkhw", patch, w[g * Kg:(g + 1) * Kg, :, r, s])
+    return out + (0 if b is None else b[None, :, None, None])
+
+
+CONV_CASES = [
+    dict(N=2, C=3, H=7, W=6, K=4, R=3, S=3, stride=(1, 1), pad=(1, 1), dil=(1, 1), groups=1),
+    dict(N=3, C=4, H=9, W=8, K=6, R=3, S=2, stride=(2, 1), pad=(0, 1), dil=(1, 2), groups=2),
+    dict(N=2, C=6, H=5, W=5, K=6, R=3, S=3, stride=(1, 1), pad=(1, 1), dil=(1, 1), groups=6),  # depthwise
+    dict(N=1, C=2, H=6, W=7, K=3, R=1, S=1, stride=(2, 2), pad=(0, 0), dil=(1, 1), groups=1),
+]
+
+
+@pytest.mark.parametrize("case", CONV_CASES)
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_conv2d_forward_and_backward(case, layout):
+    c = case
+    x = RNG.standard_normal((c["N"], c["C"], c["H"], c["W"]))
+    w = RNG.standard_normal((c["K"], c["C"] // c["groups"], c["R"], c["S"])) * 0.3
+    b = RNG.standard_normal(c["K"])
+    args = (c["stride"], c["pad"], c["dil"], c["groups"])
+    want = conv_ref(x, w, b, *args)
+    mk = nhwc if layout == "nhwc" else t
+    xt, wt, bt = mk(x), t(w), t(b)
+    out = ft.ops.conv2d_forward(None, xt, wt, bt, *args)
+    if layout == "nhwc":
+        assert out.stride()[1] == 1  # the output keeps the input's memory format
+    np.testing.assert_allclose(n(out), want, rtol=1e-4, atol=1e-4)
+    dy = RNG.standard_normal(want.shape)
+    dx, dw, db = ft.ops.conv2d_backward(None, None, None, mk(dy), xt, wt, *args)
+    np.testing.assert_allclose(n(dx), fd_grad(lambda v: conv_ref(v, w, b, *args), x, dy), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(n(dw), fd_grad(lambda v: conv_ref(x, v, b, *args), w, dy), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(n(db), dy.sum(axis=(0, 2, 3)), rtol=1e-5, atol=1e-5)
+
+
+def test_conv2d_fused_relu_and_residual_sum():
+    x, w, b = RNG.standard_normal((2, 3, 6, 6)), RNG.standard_normal((5, 3, 3, 3)), RNG.standard_normal(5)
+    plain = conv_ref(x, w, b, (1, 1), (1, 1), (1, 1), 1)
+    fused = ft.ops.conv2d_forward(None, t(x), t(w), t(b), padding=1, act="relu")
+    np.testing.assert_allclose(n(fused), np.maximum(plain, 0), rtol=1e-4, atol=1e-4)
+    res = RNG.standard_normal(plain.shape)
+    out = t(res)
+    ft.ops.conv2d_forward(out, t(x), t(w), t(b), padding=1, act="relu", sum=True)
+    np.testing.assert_allclose(n(out), np.maximum(plain + res, 0), rtol=1e-4, atol=1e-4)
+
+
+def test_conv2d_bfloat16_inputs():
+    x, w = RNG.standard_normal((2, 16, 8, 8)), RNG.standard_normal((16, 16, 3, 3)) * 0.1
+    xb, wb = t(x).bfloat16(), t(w).bfloat16()
+    out = ft.ops.conv2d_forward(None, xb, wb, None, padding=1)
+    assert out.dtype is ft.float32
+    want = conv_ref(n(xb), n(wb), None, (1, 1), (1, 1), (1, 1), 1)
+    np.testing.assert_allclose(n(out), want, rtol=1e-3, atol=1e-3)
+
+
+def test_conv2d_bad_inputs():
+    x, w = ft.zeros(2, 3, 8, 8), ft.zeros(4, 3, 3, 3)
+    with pytest.raises(ValueError, match=r"conv2d: weight has 3 input channels per group, the input gives 1"):
+        ft.ops.conv2d_forward(None, x, ft.zeros(6, 3, 3, 3), None, groups=3)
+    with pytest.raises(ValueError, match="groups"):
+        ft.ops.conv2d_forward(None, x, ft.zeros(4, 1, 3, 3), None, groups=2)
+    with pytest.raises(ValueError, match=r"out should have shape \(2, 4, 6, 6\), got \(2, 4, 8, 8\)"):
+        ft.ops.conv2d_forward(ft.zeros(2, 4, 8, 8), x, w)
+    with pytest.raises(ValueError, match="smaller than the dilated kernel"):
+        ft.ops.conv2d_forward(None, ft.zeros(1, 3, 2, 2), w)
+    with pytest.raises(TypeError, match="float32"):
+        ft.ops.conv2d_forward(None, x.to(ft.float64), w)
+    with pytest.raises(ValueError, match="4"):
+        ft.ops.conv2d_forward(None, ft.zeros(3, 8, 8), w)
+    with pytest.raises(ValueError, match="stride"):
+        ft.ops.conv2d_forward(None, x, w, stride=0)
+    empty = ft.ops.conv2d_forward(None, ft.zeros(0, 3, 8, 8), w, padding=1)
+    assert empty.shape == (0, 4, 8, 8)
+    dx, dw, db = ft.ops.conv2d_backward(None, None, None, empty, ft.zeros(0, 3, 8, 8), w, padding=1)
+    assert n(dw).sum() == 0 and db.shape == (4,)
+
+
+def test_linear_forward_backward_and_fusion():
+    x, w, b = RNG.standard_normal((6, 5)), RNG.standard_normal((4, 5)), RNG.standard_normal(4)
+    out = ft.ops.linear_forward(None, t(x), t(w), t(b))
+    np.testing.assert_allclose(n(out), x @ w.T + b, rtol=1e-5, atol=1e-5)
+    fused = ft.ops.linear_forward(None, t(x), t(w), t(b), act="gelu")
+    z = x @ w.T + b
+    from math import erf
+    np.testing.assert_allclose(n(fused), z * 0.5 * (1 + np.vectorize(erf)(z / np.sqrt(2))), rtol=1e-4, atol=1e-4)
+    dy = RNG.standard_normal((6, 4))
+    dx, dw, db = ft.ops.linear_backward(None, None, None, t(dy), t(x), t(w))
+    np.testing.assert_allclose(n(dx), dy @ w, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(n(dw), dy.T @ x, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(n(db), dy.sum(0), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(n(dw), fd_grad(lambda v: x @ v.T + b, w, dy), rtol=1e-5, atol=1e-5)
+    # a transposed (non-contiguous) weight view works without a copy
+    wt = t(w.T.copy()).t()
+    np.testing.assert_allclose(n(ft.ops.linear_forward(None, t(x), wt, None)), x @ w.T, rtol=1e-5, atol=1e-5)
+    # functional form with extra leading dimensions
+    x3 = RNG.standard_normal((2, 3, 5))
+    np.testing.assert_allclose(n(ft.nn.functional.linear(t(x3), t(w), t(b))), x3 @ w.T + b, rtol=1e-5, atol=1e-5)
+
+
+def test_linear_bad_inputs():
+    with pytest.raises(ValueError, match="input has 3 features but weight expects 5"):
+        ft.ops.linear_forward(None, ft.zeros(2, 3), ft.zeros(4, 5))
+    with pytest.raises(ValueError, match=r"bias should have shape \(4,\)"):
+        ft.ops.linear_forward(None, ft.zeros(2, 5), ft.zeros(4, 5), ft.zeros(3))
+    with pytest.raises(TypeError):
+        ft.ops.linear_forward(None, ft.zeros(2, 5, dtype=ft.int32), ft.zeros(4, 5))
+    assert ft.ops.linear_forward(None, ft.zeros(0, 5), ft.zeros(4, 5)).shape == (0, 4)
+
+
+def bn_ref(x, w, b, eps):
+    axes = (0, 2, 3) if x.ndim == 4 else (0,)
+    shape = (1, -1, 1, 1) if x.ndim == 4 else (1, -1)
+    mean, var = x.mean(axes), x.var(axes)
+    return (x - mean.reshape(shape)) / np.sqrt(var.reshape(shape) + eps) * w.reshape(shape) + b.reshape(shape)
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc", "2d"])
+def test_batch_norm_training(layout):
+    shape = (6, 5) if layout == "2d" else (4, 3, 5, 6)
+    C = shape[1]
+    x = RNG.standard_normal(shape) * 3 + 10  # a large mean checks the variance's accuracy
+    w, b = RNG.standard_normal(C), RNG.standard_normal(C)
+    mk = nhwc if layout == "nhwc" else t
+    rm, rv = ft.zeros(C), ft.ones(C)
+    out, mean, invstd = ft.ops.batch_norm_forward(None, None, None, mk(x), t(w), t(b), rm, rv, True, 0.1, 1e-5)
+    np.testing.assert_allclose(n(out), bn_ref(x, w, b, 1e-5), rtol=1e-4, atol=1e-4)
+    axes = (0, 2, 3) if x.ndim == 4 else (0,)
+    M = x.size // C
+    np.testing.assert_allclose(n(rm), 0.1 * x.mean(axes), rtol=1e-5)
+    np.testing.assert_allclose(n(rv), 0.9 + 0.1 * x.var(axes) * M / (M - 1), rtol=1e-5)
+    dy = RNG.standard_normal(shape)
+    dx, dw, db = ft.ops.batch_norm_backward(None, None, None, mk(dy), mk(x), None, t(w), mean, invstd)
+    np.testing.assert_allclose(n(dx), fd_grad(lambda v: bn_ref(v, w, b, 1e-5), x, dy), rtol=2e-3, atol=2e-3)
+    np.testing.assert_allclose(n(dw), fd_grad(lambda v: bn_ref(x, v, b, 1e-5), w, dy), rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(n(db), dy.sum(axes), rtol=1e-5, atol=1e-5)
+
+
+def test_batch_norm_eval_and_fused_relu():
+    x = RNG.standard_normal((2, 4, 3, 3))
+    rm, rv, w, b = RNG.standard_normal(4), RNG.random(4) + 0.5, RNG.standard_normal(4), RNG.standard_normal(4)
+    out, _, _ = ft.ops.batch_norm_forward(None, None, None, t(x), t(w), t(b), t(rm), t(rv), False)
+    want = (x - rm[None, :, None, None]) / np.sqrt(rv[None, :, None, None] + 1e-5) * w[None, :, None, None] \
+        + b[None, :, None, None]
+    np.testing.assert_allclose(n(out), want, rtol=1e-5, atol=1e-5)
+    # BN + ReLU fused equals BN then ReLU, forward and backward
+    xt = nhwc(x)
+    fused, mean, invstd = ft.ops.batch_norm_forward(None, None, None, xt, t(w), t(b), act="relu")
+    plain, _, _ = ft.ops.batch_norm_forward(None, None, None, xt, t(w), t(b))
+    np.testing.assert_array_equal(n(fused), np.maximum(n(plain), 0))
+    dy = nhwc(RNG.standard_normal(x.shape))
+    dfused = ft.ops.batch_norm_backward(None, False, False, dy, xt, fused, t(w), mean, invstd, act="relu")[0]
+    drelu = ft.ops.activation_backward(None, dy, None, fused, "relu")
+    dplain = ft.ops.batch_norm_backward(None, False, False, drelu, xt, None, t(w), mean, invstd)[0]
+    np.testing.assert_allclose(n(dfused), n(dplain), rtol=1e-6, atol=1e-6)
+
+
+def test_batch_norm_bad_inputs():
+    x = ft.zeros(2, 3, 4, 4)
+    with pytest.raises(ValueError, match="eval mode needs running_mean"):
+        ft.ops.batch_norm_forward(None, None, None, x, training=False)
+    with pytest.raises(ValueError, match="more than 1 value per channel"):
+        ft.ops.batch_norm_forward(None, None, None, ft.zeros(1, 3))
+    with pytest.raises(ValueError, match=r"weight must be a contiguous float32 CPU tensor of shape \(3,\)"):
+        ft.ops.batch_norm_forward(None, None, None, x, ft.ones(4))
+    with pytest.raises(ValueError, match="layout"):
+        ft.ops.batch_norm_backward(None, None, None, nhwc(np.zeros((2, 3, 4, 4))), x, None, None,
+                                   ft.zeros(3), ft.ones(3))
+
+
+def test_layer_norm():
+    x, w, b = RNG.standard_normal((4, 3, 8)) + 5, RNG.standard_normal(8), RNG.standard_normal(8)
+
+    def ref(v, w=w, b=b):
+        m, s = v.mean(-1, keepdims=True), v.var(-1, keepdims=True)
+        return (v - m) / np.sqrt(s + 1e-5) * w + b
+
+    out, mean, rstd = ft.ops.layer_norm_forward(None, None, None, t(x), t(w), t(b), (8,))
+    np.testing.assert_allclose(n(out), ref(x), rtol=1e-4, atol=1e-4)
+    dy = RNG.standard_normal(x.shape)
+    dx, dw, db = ft.ops.layer_norm_backward(None, None, None, t(dy), t(x), t(w), mean, rstd, (8,))
+    np.testing.assert_allclose(n(dx), fd_grad(ref, x, dy), rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(n(dw), fd_grad(lambda v: ref(x, v, b), w, dy), rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(n(db), dy.sum((0, 1)), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(n(ft.nn.functional.layer_norm(t(x), 8, t(w), t(b))), ref(x), rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError):
+        ft.nn.functional.layer_norm(t(x), (5,))
+
+
+@pytest.mark.parametrize("op", ["conv", "linear", "bn"])
+def test_bitwise_identical_across_thread_counts(op, threads):
+    x4 = RNG.standard_normal((64, 16, 12, 12)).astype(np.float32)
+    w4 = (RNG.standard_normal((32, 16, 3, 3)) * 0.1).astype(np.float32)
+    x2, w2 = RNG.standard_normal((512, 256)).astype(np.float32), RNG.standard_normal((128, 256)).astype(np.float32)
+
+    def run():
+        if op == "conv":
+            y = ft.ops.conv2d_forward(None, nhwc(x4), t(w4), None, padding=1)
+            return [bits(g) for g in ft.ops.conv2d_backward(None, None, None, y, nhwc(x4), t(w4), padding=1)]
+        if op == "linear":
+            y = ft.ops.linear_forward(None, t(x2), t(w2))
+            return [bits(y)] + [bits(g) for g in ft.ops.linear_backward(None, None, None, y, t(x2), t(w2))]
+        out, m, s = ft.ops.batch_norm_forward(None, None, None, nhwc(x4), None, None)
+        return [bits(out)] + [bits(g) for g in ft.ops.batch_norm_backward(None, None, None, out, nhwc(x4), None,
+                                                                           None, m, s) if g is not None]
+
+    ft.use_deterministic_algorithms(True)
+    try:
+        one = (threads(1), run())[1]
+        two = (threads(2), run())[1]
+    finally:
+        ft.use_deterministic_algorithms(False)
+    assert one == two
+
+
+def test_against_torch():
+    if torch is None:
+        pytest.skip("torch is not installed")
+    x, w, b = RNG.standard_normal((2, 4, 9, 9)), RNG.standard_normal((6, 2, 3, 3)), RNG.standard_normal(6)
+    want = torch.nn.functional.conv2d(torch.tensor(x), torch.tensor(w), torch.tensor(b), 2, 1, 1, 2).numpy()
+    got = ft.nn.functional.conv2d(t(x), t(w), t(b), 2, 1, 1, 2)
+    np.testing.assert_allclose(n(got), want, rtol=1e-4, atol=1e-4)
