@@ -12,7 +12,7 @@ CC ?= gcc
 CORE_SRC := $(wildcard csrc/core/*.c csrc/ops/*.c csrc/optim/*.c csrc/nn/*.c csrc/data/*.c)
 CORE_HDR := $(wildcard csrc/*/*.h)
 C_TESTS := $(patsubst tests/c/%.c,%,$(wildcard tests/c/test_*.c))
-CFLAGS_TEST := -std=c11 -D_GNU_SOURCE -O2 -g -Wall -Wextra -Werror -Wno-unused-parameter \
+CFLAGS_TEST := -std=c11 -D_GNU_SOURCE -O2 -fno-math-errno -g -Wall -Wextra -Werror -Wno-unused-parameter \
 	-Wno-missing-field-initializers -fopenmp -Icsrc -Itests/c
 C_LIBS := -ldnnl -lturbojpeg -ldl -lm
 SAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer

@@ -71,6 +71,20 @@ PyObject *ft_tensor_from_data(ft_module_state *st, PyObject *data, int dtype);
 int ft_bind_ops(PyObject *module);
 int ft_bind_nn(PyObject *module);
 int ft_bind_data(PyObject *module);
+int ft_bind_optim(PyObject *module);
+
+/* The C optimizer behind an ft.optim optimizer (or a _C.Optimizer), for a C
+ * training step that calls ft_optimizer_step itself with no Python per
+ * step. For an ft.optim optimizer this builds or rebuilds the C optimizer
+ * for its params and applies the param_groups' current hyperparameters, so
+ * call it with the GIL held, again after Python changed param_groups (a
+ * scheduler step). The pointer is valid while py_optimizer keeps that C
+ * optimizer: until the next ft_optimizer_of or Python step() finds the
+ * params moved or groups added. Its segments start without grads (skipped):
+ * point them at the gradient buffers with ft_optimizer_set_grads; a Python
+ * step() clears them again. NULL with TypeError if py_optimizer is neither. */
+typedef struct ft_optimizer ft_optimizer;
+ft_optimizer *ft_optimizer_of(PyObject *py_optimizer);
 
 /* The C loader behind an ft.data.Loader (bind/data.c), for a C training loop
  * that pulls batches with ft_loader_next/ft_loader_release and no Python per

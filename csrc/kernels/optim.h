@@ -1,0 +1,127 @@
+/* Per-element optimizer math, shared by the fused CPU pass (optim/optim.c)
+ * and the CUDA kernels.
+ *
+ * Every function is one element of one parameter tensor in float32, as
+ * torch.optim computes it on float32 tensors. The coefficients are worked
+ * out once per tensor and step in double (learning rate, bias corrections,
+ * trust ratios) and rounded to float, as PyTorch rounds its Python-float
+ * scalars when it hands them to a float kernel. The update formulas follow
+ * the operation order of torch.optim's single-tensor code, so the results
+ * agree with it to float rounding. */
+#ifndef FT_KERNELS_OPTIM_H
+#define FT_KERNELS_OPTIM_H
+
+#include <math.h>
+#include <stdbool.h>
+
+#include "kernels/hd.h"
+
+/* The gradient the update sees: scaled (e.g. by 1/loss_scale), then
+ * multiplied by the clipping coefficient (1 without clipping), as
+ * GradScaler.unscale_ followed by clip_grad_norm_ would leave it; negated
+ * for maximize (exact, so it can come last). */
+static inline FT_HD float ft_optim_grad(float g, float scale, float clip, bool maximize) {
+    g = g * scale * clip;
+    return maximize ? -g : g;
+}
+
+/* ---- SGD (torch.optim.SGD) ----
+ * d = g + weight_decay * p
+ * b = d on the first momentum step, else momentum * b + (1 - dampening) * d
+ * d = d + momentum * b with nesterov, else b      (only when momentum != 0)
+ * p = p - lr * d */
+typedef struct {
+    float lr, weight_decay, momentum, one_minus_dampening;
+    bool nesterov;
+    bool first; /* the momentum buffer starts as a copy of d */
+} ft_sgd_coef;
+
+static inline FT_HD float ft_sgd_direction(float g, float p, const ft_sgd_coef *c) {
+    return c->weight_decay != 0.0f ? g + c->weight_decay * p : g;
+}
+
+static inline FT_HD float ft_sgd_momentum(float b, float d, const ft_sgd_coef *c) {
+    return c->first ? d : c->momentum * b + c->one_minus_dampening * d;
+}
+
+static inline FT_HD float ft_sgd_nesterov(float d, float b, const ft_sgd_coef *c) {
+    return c->nesterov ? d + c->momentum * b : b;
+}
+
+static inline FT_HD float ft_sgd_param(float p, float d, const ft_sgd_coef *c) { return p - c->lr * d; }
+
+/* ---- Adam moments (AdamW and LAMB) ----
+ * m = beta1 * m + (1 - beta1) * g
+ * v = beta2 * v + (1 - beta2) * g * g */
+typedef struct {
+    float beta1, one_minus_beta1, beta2, one_minus_beta2;
+} ft_adam_moments;
+
+static inline FT_HD float ft_adam_exp_avg(float m, float g, const ft_adam_moments *c) {
+    return c->beta1 * m + c->one_minus_beta1 * g;
+}
+
+static inline FT_HD float ft_adam_exp_avg_sq(float v, float g, const ft_adam_moments *c) {
+    return c->beta2 * v + c->one_minus_beta2 * g * g;
+}
+
+/* ---- AdamW (torch.optim.AdamW) ----
+ * p = p * (1 - lr * weight_decay)
+ * vmax = max(vmax, v) with amsgrad; the denominator uses vmax, else v
+ * p = p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps) */
+typedef struct {
+    ft_adam_moments mom;
+    float decay;     /* 1 - lr * weight_decay */
+    float step_size; /* lr / (1 - beta1^t) */
+    float bc2_sqrt;  /* sqrt(1 - beta2^t) */
+    float eps;
+} ft_adamw_coef;
+
+/* torch.maximum: NaN wins, so a NaN second moment is not hidden. */
+static inline FT_HD float ft_amsgrad_max(float vmax, float v) { return vmax != vmax || vmax > v ? vmax : v; }
+
+static inline FT_HD float ft_adamw_param(float p, float m, float v, const ft_adamw_coef *c) {
+    float denom = sqrtf(v) / c->bc2_sqrt + c->eps;
+    return p * c->decay - c->step_size * (m / denom);
+}
+
+/* ---- LAMB (You et al., "Large Batch Optimization for Deep Learning",
+ * Algorithm 2, with phi the identity) ----
+ * u = (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps) + weight_decay * p
+ * p = p - lr * trust * u, trust = ||p|| / ||u|| over the tensor (1 when
+ * either norm is 0 or the group is excluded from adaptation) */
+typedef struct {
+    ft_adam_moments mom;
+    float bc1, bc2; /* 1 - beta1^t, 1 - beta2^t */
+    float eps, weight_decay;
+    float lr_trust; /* lr * trust, known after the norm pass */
+} ft_lamb_coef;
+
+static inline FT_HD float ft_lamb_direction(float p, float m, float v, const ft_lamb_coef *c) {
+    return (m / c->bc1) / (sqrtf(v / c->bc2) + c->eps) + c->weight_decay * p;
+}
+
+static inline FT_HD float ft_lamb_param(float p, float u, const ft_lamb_coef *c) { return p - c->lr_trust * u; }
+
+/* ---- LARS (You, Gitman, Ginsburg, "Large Batch Training of Convolutional
+ * Networks", Algorithm 1) ----
+ * local_lr = eta * ||p|| / (||g|| + weight_decay * ||p|| + eps) over the tensor
+ *            (1 when a norm is 0 or the group is excluded from adaptation)
+ * v = momentum * v + lr * local_lr * (g + weight_decay * p)
+ * p = p - v */
+typedef struct {
+    float momentum, weight_decay;
+    float scaled_lr; /* lr * local_lr */
+} ft_lars_coef;
+
+static inline FT_HD float ft_lars_velocity(float v, float g, float p, const ft_lars_coef *c) {
+    return c->momentum * v + c->scaled_lr * (g + c->weight_decay * p);
+}
+
+/* ---- weight EMA: avg = lerp(avg, p, 1 - decay), torch.lerp's formula
+ * (the form torch.optim.swa_utils.get_ema_multi_avg_fn uses) ---- */
+static inline FT_HD float ft_ema_lerp(float avg, float p, float weight) {
+    return weight < 0.5f ? avg + weight * (p - avg) : p - (p - avg) * (1.0f - weight);
+}
+
+#endif

@@ -1,0 +1,778 @@
+#include "optim/optim.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/optim.h"
+#include "ops/pointwise.h"
+
+/* Below this many elements a pass runs on the calling thread: a parallel
+ * region would cost more than it saves. */
+#define PARALLEL_MIN 65536
+
+/* Independent double accumulators of the block sums: enough to hide the
+ * add latency and to vectorise, and the same on every code path, so the
+ * sums do not depend on the instruction set either. */
+#define LANES 16
+
+/* ---- blocks: the fixed partition every pass and reduction uses ---- */
+
+typedef struct {
+    int seg;
+    int64_t start, len; /* elements within the segment */
+} block;
+
+typedef struct {
+    int nseg;
+    int64_t *offset;      /* (nseg + 1): where each segment starts in the flat state */
+    int64_t *first_block; /* (nseg + 1): the blocks of segment i are [first_block[i], first_block[i + 1]) */
+    block *blocks;
+    int64_t nblocks;
+} plan;
+
+static void plan_free(plan *pl) {
+    free(pl->offset);
+    free(pl->first_block);
+    free(pl->blocks);
+    memset(pl, 0, sizeof *pl);
+}
+
+static ft_status plan_build(plan *pl, int nseg, const int64_t *numel, const char *what) {
+    memset(pl, 0, sizeof *pl);
+    if (nseg < 0)
+        return ft_fail(FT_ERR_VALUE, "%s: the number of segments must be >= 0, got %d", what, nseg);
+    pl->nseg = nseg;
+    pl->offset = malloc(((size_t)nseg + 1) * sizeof *pl->offset);
+    pl->first_block = malloc(((size_t)nseg + 1) * sizeof *pl->first_block);
+    if (!pl->offset || !pl->first_block) {
+        plan_free(pl);
+        return ft_fail(FT_ERR_NOMEM, "%s: out of memory for %d segments", what, nseg);
+    }
+    int64_t total = 0, nblocks = 0;
+    for (int i = 0; i < nseg; i++) {
+        if (numel[i] < 0 || numel[i] > (INT64_MAX / 8 - total)) {
+            plan_free(pl);
+            return numel[i] < 0 ? ft_fail(FT_ERR_VALUE, "%s: segment %d has %lld elements", what, i, (long long)numel[i])
+                                : ft_fail(FT_ERR_OVERFLOW, "%s: the segments hold too many elements", what);
+        }
+        pl->offset[i] = total;
+        pl->first_block[i] = nblocks;
+        total += numel[i];
+        nblocks += (numel[i] + FT_OPTIM_BLOCK - 1) / FT_OPTIM_BLOCK;
+    }
+    pl->offset[nseg] = total;
+    pl->first_block[nseg] = nblocks;
+    pl->nblocks = nblocks;
+    pl->blocks = malloc((size_t)(nblocks ? nblocks : 1) * sizeof *pl->blocks);
+    if (!pl->blocks) {
+        plan_free(pl);
+        return ft_fail(FT_ERR_NOMEM, "%s: out of memory for %lld blocks", what, (long long)nblocks);
+    }
+    for (int i = 0; i < nseg; i++)
+        for (int64_t b = pl->first_block[i], start = 0; b < pl->first_block[i + 1]; b++, start += FT_OPTIM_BLOCK)
+            pl->blocks[b] = (block){i, start, numel[i] - start < FT_OPTIM_BLOCK ? numel[i] - start : FT_OPTIM_BLOCK};
+    return FT_OK;
+}
+
+static int64_t plan_total(const plan *pl) { return pl->offset[pl->nseg]; }
+
+/* A zeroed float32 buffer of the plan's size, zeroed block by block on the
+ * pool so that its pages are first touched where the passes will run. */
+static ft_status new_zeroed(ft_storage **out, const plan *pl) {
+    FT_TRY(ft_storage_new(out, (size_t)plan_total(pl) * sizeof(float), FT_CPU, false));
+    float *base = (*out)->data;
+#pragma omp parallel for schedule(static) if (plan_total(pl) >= PARALLEL_MIN)
+    for (int64_t b = 0; b < pl->nblocks; b++) {
+        const block *bk = &pl->blocks[b];
+        memset(base + pl->offset[bk->seg] + bk->start, 0, (size_t)bk->len * sizeof(float));
+    }
+    return FT_OK;
+}
+
+/* ---- fixed-order sums of squares ---- */
+
+static double sum_lanes(const double *acc) {
+    double s = 0;
+    for (int j = 0; j < LANES; j++)
+        s += acc[j];
+    return s;
+}
+
+/* sum over i of (x[i] * scale)^2, the product rounded to float as the
+ * scaled gradient would be, the square and the sum in double. */
+FT_VEC_CLONES
+static double sum_squares(const float *x, int64_t n, float scale) {
+    double acc[LANES] = {0};
+    int64_t i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int j = 0; j < LANES; j++) {
+            double v = x[i + j] * scale;
+            acc[j] += v * v;
+        }
+    for (int j = 0; i + j < n; j++) {
+        double v = x[i + j] * scale;
+        acc[j] += v * v;
+    }
+    return sum_lanes(acc);
+}
+
+/* ---- the optimizer ---- */
+
+typedef struct {
+    float scale, clip;
+} grad_xform;
+
+typedef union {
+    ft_sgd_coef sgd;
+    ft_adamw_coef adamw;
+    ft_lamb_coef lamb;
+    ft_lars_coef lars;
+} coef;
+
+struct ft_optimizer {
+    ft_optim_kind kind;
+    int ngroups;
+    ft_optim_group *groups;
+    ft_optim_segment *segs;
+    ft_optim_segment_state *seg_state;
+    coef *coefs; /* (nseg): this step's coefficients */
+    plan plan;
+    double *partial; /* (nblocks, 2): per-block sums of squares */
+    ft_storage *state[FT_OPTIM_NUM_STATES];
+    int64_t nsteps;
+};
+
+static const char *const kind_names[] = {"SGD", "AdamW", "LAMB", "LARS"};
+
+static bool finite_ge0(double x) { return isfinite(x) && x >= 0; }
+
+const char *ft_optim_kind_name(ft_optim_kind kind) {
+    return (int)kind >= FT_OPTIM_SGD && kind <= FT_OPTIM_LARS ? kind_names[kind] : "unknown optimizer";
+}
+
+static ft_status check_kind(ft_optim_kind kind) {
+    if ((int)kind < FT_OPTIM_SGD || (int)kind > FT_OPTIM_LARS)
+        return ft_fail(FT_ERR_VALUE, "unknown optimizer kind %d", (int)kind);
+    return FT_OK;
+}
+
+ft_status ft_optim_check_group(ft_optim_kind kind, int i, const ft_optim_group *g) {
+    FT_TRY(check_kind(kind));
+    const char *k = kind_names[kind];
+    if (!finite_ge0(g->lr))
+        return ft_fail(FT_ERR_VALUE, "%s group %d: lr must be finite and >= 0, got %g", k, i, g->lr);
+    if (!finite_ge0(g->weight_decay))
+        return ft_fail(FT_ERR_VALUE, "%s group %d: weight_decay must be finite and >= 0, got %g", k, i,
+                       g->weight_decay);
+    if (g->nesterov && kind != FT_OPTIM_SGD)
+        return ft_fail(FT_ERR_VALUE, "%s group %d: nesterov is an SGD option", k, i);
+    if (g->amsgrad && kind != FT_OPTIM_ADAMW)
+        return ft_fail(FT_ERR_VALUE, "%s group %d: amsgrad is an AdamW option", k, i);
+    if (g->lars_exclude && kind != FT_OPTIM_LAMB && kind != FT_OPTIM_LARS)
+        return ft_fail(FT_ERR_VALUE, "%s group %d: lars_exclude is a LAMB and LARS option", k, i);
+    if (kind == FT_OPTIM_SGD || kind == FT_OPTIM_LARS) {
+        if (!finite_ge0(g->momentum))
+            return ft_fail(FT_ERR_VALUE, "%s group %d: momentum must be finite and >= 0, got %g", k, i, g->momentum);
+    }
+    switch (kind) {
+    case FT_OPTIM_SGD:
+        if (!isfinite(g->dampening))
+            return ft_fail(FT_ERR_VALUE, "SGD group %d: dampening must be finite, got %g", i, g->dampening);
+        if (g->nesterov && (g->momentum <= 0 || g->dampening != 0))
+            return ft_fail(FT_ERR_VALUE, "SGD group %d: nesterov momentum requires a momentum > 0 and zero dampening "
+                                         "(got momentum %g, dampening %g)", i, g->momentum, g->dampening);
+        break;
+    case FT_OPTIM_ADAMW:
+    case FT_OPTIM_LAMB:
+        if (!(g->beta1 >= 0 && g->beta1 < 1) || !(g->beta2 >= 0 && g->beta2 < 1))
+            return ft_fail(FT_ERR_VALUE, "%s group %d: betas must be in [0, 1), got (%g, %g)", k, i, g->beta1,
+                           g->beta2);
+        if (!(isfinite(g->eps) && g->eps > 0))
+            return ft_fail(FT_ERR_VALUE, "%s group %d: eps must be finite and > 0, got %g", k, i, g->eps);
+        break;
+    case FT_OPTIM_LARS:
+        if (!(isfinite(g->trust_coefficient) && g->trust_coefficient > 0))
+            return ft_fail(FT_ERR_VALUE, "LARS group %d: trust_coefficient must be finite and > 0, got %g", i,
+                           g->trust_coefficient);
+        if (!finite_ge0(g->eps))
+            return ft_fail(FT_ERR_VALUE, "LARS group %d: eps must be finite and >= 0, got %g", i, g->eps);
+        break;
+    }
+    return FT_OK;
+}
+
+typedef struct {
+    uintptr_t lo, hi;
+    int seg;
+} span;
+
+static int span_cmp(const void *a, const void *b) {
+    uintptr_t x = ((const span *)a)->lo, y = ((const span *)b)->lo;
+    return x < y ? -1 : x > y;
+}
+
+/* Params must not share memory with each other (the pass would update an
+ * element twice, racing) nor with any grad (grads are read after params are
+ * written). */
+static ft_status check_memory(const ft_optimizer *opt, const float *const *grads) {
+    int n = opt->plan.nseg;
+    span *spans = malloc((size_t)(n ? n : 1) * sizeof *spans);
+    if (!spans)
+        return ft_fail(FT_ERR_NOMEM, "out of memory checking %d segments", n);
+    int m = 0;
+    for (int i = 0; i < n; i++)
+        if (opt->segs[i].numel > 0)
+            spans[m++] = (span){(uintptr_t)opt->segs[i].param, (uintptr_t)(opt->segs[i].param + opt->segs[i].numel), i};
+    qsort(spans, (size_t)m, sizeof *spans, span_cmp);
+    ft_status st = FT_OK;
+    for (int k = 1; k < m && st == FT_OK; k++)
+        if (spans[k].lo < spans[k - 1].hi)
+            st = ft_fail(FT_ERR_VALUE, "the params of segments %d and %d overlap in memory", spans[k - 1].seg,
+                         spans[k].seg);
+    for (int i = 0; i < n && st == FT_OK; i++) {
+        if (!grads[i] || opt->segs[i].numel == 0)
+            continue;
+        uintptr_t lo = (uintptr_t)grads[i], hi = (uintptr_t)(grads[i] + opt->segs[i].numel);
+        /* The last span starting below hi is the only one that can overlap. */
+        int a = 0, b = m;
+        while (a < b) {
+            int mid = (a + b) / 2;
+            if (spans[mid].lo < hi)
+                a = mid + 1;
+            else
+                b = mid;
+        }
+        if (a > 0 && spans[a - 1].hi > lo)
+            st = ft_fail(FT_ERR_VALUE, "the grad of segment %d overlaps the params of segment %d", i, spans[a - 1].seg);
+    }
+    free(spans);
+    return st;
+}
+
+static bool needs_state(const ft_optimizer *opt, ft_optim_state s) {
+    for (int i = 0; i < opt->ngroups; i++) {
+        const ft_optim_group *g = &opt->groups[i];
+        switch (opt->kind) {
+        case FT_OPTIM_SGD:
+            if (s == FT_OPTIM_MOMENTUM_BUFFER && g->momentum != 0)
+                return true;
+            break;
+        case FT_OPTIM_ADAMW:
+            if (s == FT_OPTIM_EXP_AVG || s == FT_OPTIM_EXP_AVG_SQ || (s == FT_OPTIM_MAX_EXP_AVG_SQ && g->amsgrad))
+                return true;
+            break;
+        case FT_OPTIM_LAMB:
+            if (s == FT_OPTIM_EXP_AVG || s == FT_OPTIM_EXP_AVG_SQ)
+                return true;
+            break;
+        case FT_OPTIM_LARS:
+            if (s == FT_OPTIM_MOMENTUM_BUFFER)
+                return true;
+            break;
+        }
+    }
+    return false;
+}
+
+/* Allocates the state buffers the current groups need and do not have yet. */
+static ft_status alloc_state(ft_optimizer *opt) {
+    for (int s = 0; s < FT_OPTIM_NUM_STATES; s++)
+        if (!opt->state[s] && needs_state(opt, (ft_optim_state)s))
+            FT_TRY(new_zeroed(&opt->state[s], &opt->plan));
+    return FT_OK;
+}
+
+ft_status ft_optimizer_create(ft_optimizer **out, ft_optim_kind kind, int ngroups, const ft_optim_group *groups,
+                              int nsegments, const ft_optim_segment *segments) {
+    *out = NULL;
+    FT_TRY(check_kind(kind));
+    if (ngroups < 1)
+        return ft_fail(FT_ERR_VALUE, "%s: an optimizer needs at least one parameter group, got %d", kind_names[kind],
+                       ngroups);
+    if (nsegments < 0)
+        return ft_fail(FT_ERR_VALUE, "%s: the number of segments must be >= 0, got %d", kind_names[kind], nsegments);
+    for (int i = 0; i < ngroups; i++)
+        FT_TRY(ft_optim_check_group(kind, i, &groups[i]));
+    for (int i = 0; i < nsegments; i++) {
+        if (segments[i].group < 0 || segments[i].group >= ngroups)
+            return ft_fail(FT_ERR_INDEX, "%s: segment %d is in group %d, but there are %d groups", kind_names[kind], i,
+                           segments[i].group, ngroups);
+        if (!segments[i].param)
+            return ft_fail(FT_ERR_VALUE, "%s: segment %d has no param memory", kind_names[kind], i);
+    }
+    ft_optimizer *opt = calloc(1, sizeof *opt);
+    int64_t *numel = calloc((size_t)(nsegments ? nsegments : 1), sizeof *numel);
+    if (!opt || !numel) {
+        free(opt);
+        free(numel);
+        return ft_fail(FT_ERR_NOMEM, "out of memory creating an optimizer");
+    }
+    opt->kind = kind;
+    opt->ngroups = ngroups;
+    for (int i = 0; i < nsegments; i++)
+        numel[i] = segments[i].numel;
+    ft_status st = plan_build(&opt->plan, nsegments, numel, kind_names[kind]);
+    free(numel);
+    if (st != FT_OK) {
+        ft_optimizer_destroy(opt);
+        return st;
+    }
+    size_t ns = (size_t)(nsegments ? nsegments : 1);
+    opt->groups = malloc((size_t)ngroups * sizeof *opt->groups);
+    opt->segs = malloc(ns * sizeof *opt->segs);
+    opt->seg_state = calloc(ns, sizeof *opt->seg_state);
+    opt->coefs = malloc(ns * sizeof *opt->coefs);
+    opt->partial = malloc((size_t)(opt->plan.nblocks ? opt->plan.nblocks : 1) * 2 * sizeof *opt->partial);
+    const float **grads = malloc(ns * sizeof *grads);
+    if (!opt->groups || !opt->segs || !opt->seg_state || !opt->coefs || !opt->partial || !grads) {
+        free(grads);
+        ft_optimizer_destroy(opt);
+        return ft_fail(FT_ERR_NOMEM, "out of memory creating an optimizer");
+    }
+    memcpy(opt->groups, groups, (size_t)ngroups * sizeof *groups);
+    if (nsegments)
+        memcpy(opt->segs, segments, (size_t)nsegments * sizeof *segments);
+    for (int i = 0; i < nsegments; i++)
+        grads[i] = segments[i].grad;
+    st = check_memory(opt, grads);
+    free(grads);
+    if (st == FT_OK)
+        st = alloc_state(opt);
+    if (st != FT_OK) {
+        ft_optimizer_destroy(opt);
+        return st;
+    }
+    *out = opt;
+    return FT_OK;
+}
+
+void ft_optimizer_destroy(ft_optimizer *opt) {
+    if (!opt)
+        return;
+    for (int s = 0; s < FT_OPTIM_NUM_STATES; s++)
+        ft_storage_release(opt->state[s]);
+    plan_free(&opt->plan);
+    free(opt->groups);
+    free(opt->segs);
+    free(opt->seg_state);
+    free(opt->coefs);
+    free(opt->partial);
+    free(opt);
+}
+
+ft_status ft_optimizer_set_grads(ft_optimizer *opt, const float *const *grads) {
+    FT_TRY(check_memory(opt, grads));
+    for (int i = 0; i < opt->plan.nseg; i++)
+        opt->segs[i].grad = grads[i];
+    return FT_OK;
+}
+
+ft_status ft_optimizer_set_group(ft_optimizer *opt, int group, const ft_optim_group *g) {
+    if (group < 0 || group >= opt->ngroups)
+        return ft_fail(FT_ERR_INDEX, "%s: no parameter group %d (there are %d)", kind_names[opt->kind], group,
+                       opt->ngroups);
+    FT_TRY(ft_optim_check_group(opt->kind, group, g));
+    ft_optim_group old = opt->groups[group];
+    opt->groups[group] = *g;
+    ft_status st = alloc_state(opt);
+    if (st != FT_OK)
+        opt->groups[group] = old;
+    return st;
+}
+
+ft_status ft_optimizer_set_lr(ft_optimizer *opt, int group, double lr) {
+    if (group < 0 || group >= opt->ngroups)
+        return ft_fail(FT_ERR_INDEX, "%s: no parameter group %d (there are %d)", kind_names[opt->kind], group,
+                       opt->ngroups);
+    ft_optim_group g = opt->groups[group];
+    g.lr = lr;
+    return ft_optimizer_set_group(opt, group, &g);
+}
+
+ft_optim_kind ft_optimizer_kind(const ft_optimizer *opt) { return opt->kind; }
+int ft_optimizer_num_groups(const ft_optimizer *opt) { return opt->ngroups; }
+int ft_optimizer_num_segments(const ft_optimizer *opt) { return opt->plan.nseg; }
+const ft_optim_group *ft_optimizer_group(const ft_optimizer *opt, int group) { return &opt->groups[group]; }
+const ft_optim_segment *ft_optimizer_segment(const ft_optimizer *opt, int segment) { return &opt->segs[segment]; }
+int64_t ft_optimizer_num_steps(const ft_optimizer *opt) { return opt->nsteps; }
+ft_storage *ft_optimizer_state(const ft_optimizer *opt, ft_optim_state kind) {
+    return (int)kind >= 0 && kind < FT_OPTIM_NUM_STATES ? opt->state[kind] : NULL;
+}
+int64_t ft_optimizer_offset(const ft_optimizer *opt, int segment) { return opt->plan.offset[segment]; }
+int64_t ft_optimizer_state_numel(const ft_optimizer *opt) { return plan_total(&opt->plan); }
+
+const char *ft_optim_state_name(ft_optim_state kind) {
+    static const char *const names[] = {"momentum_buffer", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+    return (int)kind >= 0 && kind < FT_OPTIM_NUM_STATES ? names[kind] : "";
+}
+
+ft_optim_segment_state ft_optimizer_segment_state(const ft_optimizer *opt, int segment) {
+    return opt->seg_state[segment];
+}
+
+ft_status ft_optimizer_set_segment_state(ft_optimizer *opt, int segment, ft_optim_segment_state st) {
+    if (segment < 0 || segment >= opt->plan.nseg)
+        return ft_fail(FT_ERR_INDEX, "%s: no segment %d (there are %d)", kind_names[opt->kind], segment,
+                       opt->plan.nseg);
+    if (st.steps < 0)
+        return ft_fail(FT_ERR_VALUE, "%s: segment %d: the step count must be >= 0, got %lld", kind_names[opt->kind],
+                       segment, (long long)st.steps);
+    opt->seg_state[segment] = st;
+    return FT_OK;
+}
+
+/* ---- the passes ---- */
+
+static float *state_at(const ft_optimizer *opt, ft_optim_state s, int seg) {
+    return opt->state[s] ? (float *)opt->state[s]->data + opt->plan.offset[seg] : NULL;
+}
+
+FT_VEC_CLONES
+static void sgd_loop(float *p, float *buf, const float *g, int64_t n, grad_xform gx, bool maximize,
+                     const ft_sgd_coef *c) {
+    const ft_sgd_coef k = *c;
+    if (buf) {
+        FT_SIMD_FOR(i, n) {
+            float d = ft_sgd_direction(ft_optim_grad(g[i], gx.scale, gx.clip, maximize), p[i], &k);
+            float b = ft_sgd_momentum(buf[i], d, &k);
+            buf[i] = b;
+            p[i] = ft_sgd_param(p[i], ft_sgd_nesterov(d, b, &k), &k);
+        }
+    } else {
+        FT_SIMD_FOR(i, n) p[i] = ft_sgd_param(p[i], ft_sgd_direction(ft_optim_grad(g[i], gx.scale, gx.clip, maximize), p[i], &k), &k);
+    }
+}
+
+FT_VEC_CLONES
+static void adamw_loop(float *p, float *m, float *v, float *vmax, const float *g, int64_t n, grad_xform gx,
+                       bool maximize, const ft_adamw_coef *c) {
+    const ft_adamw_coef k = *c;
+    if (vmax) {
+        FT_SIMD_FOR(i, n) {
+            float gi = ft_optim_grad(g[i], gx.scale, gx.clip, maximize);
+            float mi = ft_adam_exp_avg(m[i], gi, &k.mom), vi = ft_adam_exp_avg_sq(v[i], gi, &k.mom);
+            float vm = ft_amsgrad_max(vmax[i], vi);
+            m[i] = mi;
+            v[i] = vi;
+            vmax[i] = vm;
+            p[i] = ft_adamw_param(p[i], mi, vm, &k);
+        }
+    } else {
+        FT_SIMD_FOR(i, n) {
+            float gi = ft_optim_grad(g[i], gx.scale, gx.clip, maximize);
+            float mi = ft_adam_exp_avg(m[i], gi, &k.mom), vi = ft_adam_exp_avg_sq(v[i], gi, &k.mom);
+            m[i] = mi;
+            v[i] = vi;
+            p[i] = ft_adamw_param(p[i], mi, vi, &k);
+        }
+    }
+}
+
+/* Updates the moments and returns the sums of squares of the update
+ * direction (sq[0]) and of the params (sq[1]). */
+FT_VEC_CLONES
+static void lamb_moments_loop(float *m, float *v, const float *p, const float *g, int64_t n, grad_xform gx,
+                              bool maximize, const ft_lamb_coef *c, double *sq) {
+    const ft_lamb_coef k = *c;
+    double au[LANES] = {0}, ap[LANES] = {0};
+    for (int64_t i0 = 0; i0 < n; i0 += LANES) {
+        int len = n - i0 < LANES ? (int)(n - i0) : LANES;
+        for (int j = 0; j < len; j++) {
+            int64_t i = i0 + j;
+            float gi = ft_optim_grad(g[i], gx.scale, gx.clip, maximize);
+            float mi = ft_adam_exp_avg(m[i], gi, &k.mom), vi = ft_adam_exp_avg_sq(v[i], gi, &k.mom);
+            m[i] = mi;
+            v[i] = vi;
+            double u = ft_lamb_direction(p[i], mi, vi, &k), pi = p[i];
+            au[j] += u * u;
+            ap[j] += pi * pi;
+        }
+    }
+    sq[0] = sum_lanes(au);
+    sq[1] = sum_lanes(ap);
+}
+
+FT_VEC_CLONES
+static void lamb_param_loop(float *p, const float *m, const float *v, int64_t n, const ft_lamb_coef *c) {
+    const ft_lamb_coef k = *c;
+    FT_SIMD_FOR(i, n) p[i] = ft_lamb_param(p[i], ft_lamb_direction(p[i], m[i], v[i], &k), &k);
+}
+
+FT_VEC_CLONES
+static void lars_loop(float *p, float *vel, const float *g, int64_t n, grad_xform gx, bool maximize,
+                      const ft_lars_coef *c) {
+    const ft_lars_coef k = *c;
+    FT_SIMD_FOR(i, n) {
+        float vi = ft_lars_velocity(vel[i], ft_optim_grad(g[i], gx.scale, gx.clip, maximize), p[i], &k);
+        vel[i] = vi;
+        p[i] = p[i] - vi;
+    }
+}
+
+/* partial[2b] = the sum of squares of block b's scaled grads; with params,
+ * partial[2b + 1] = that of its params. */
+static void norm_pass(ft_optimizer *opt, float scale, bool params, bool parallel) {
+    const plan *pl = &opt->plan;
+#pragma omp parallel for schedule(static) if (parallel)
+    for (int64_t b = 0; b < pl->nblocks; b++) {
+        const block *bk = &pl->blocks[b];
+        const ft_optim_segment *s = &opt->segs[bk->seg];
+        if (!s->grad)
+            continue;
+        opt->partial[2 * b] = sum_squares(s->grad + bk->start, bk->len, scale);
+        if (params)
+            opt->partial[2 * b + 1] = sum_squares(s->param + bk->start, bk->len, 1.0f);
+    }
+}
+
+/* The sum of partial[2b + which] over segment seg's blocks, in block order. */
+static double segment_sum(const ft_optimizer *opt, int seg, int which) {
+    double s = 0;
+    for (int64_t b = opt->plan.first_block[seg]; b < opt->plan.first_block[seg + 1]; b++)
+        s += opt->partial[2 * b + which];
+    return s;
+}
+
+static void lamb_moments_pass(ft_optimizer *opt, grad_xform gx, bool parallel) {
+    const plan *pl = &opt->plan;
+#pragma omp parallel for schedule(static) if (parallel)
+    for (int64_t b = 0; b < pl->nblocks; b++) {
+        const block *bk = &pl->blocks[b];
+        const ft_optim_segment *s = &opt->segs[bk->seg];
+        if (!s->grad)
+            continue;
+        int64_t o = bk->start;
+        lamb_moments_loop(state_at(opt, FT_OPTIM_EXP_AVG, bk->seg) + o, state_at(opt, FT_OPTIM_EXP_AVG_SQ, bk->seg) + o,
+                          s->param + o, s->grad + o, bk->len, gx, opt->groups[s->group].maximize,
+                          &opt->coefs[bk->seg].lamb, &opt->partial[2 * b]);
+    }
+}
+
+static void update_pass(ft_optimizer *opt, grad_xform gx, bool parallel) {
+    const plan *pl = &opt->plan;
+#pragma omp parallel for schedule(static) if (parallel)
+    for (int64_t b = 0; b < pl->nblocks; b++) {
+        const block *bk = &pl->blocks[b];
+        const ft_optim_segment *s = &opt->segs[bk->seg];
+        if (!s->grad)
+            continue;
+        const ft_optim_group *g = &opt->groups[s->group];
+        const coef *c = &opt->coefs[bk->seg];
+        int64_t o = bk->start, n = bk->len;
+        float *p = s->param + o;
+        const float *gr = s->grad + o;
+        switch (opt->kind) {
+        case FT_OPTIM_SGD: {
+            float *buf = g->momentum != 0 ? state_at(opt, FT_OPTIM_MOMENTUM_BUFFER, bk->seg) + o : NULL;
+            sgd_loop(p, buf, gr, n, gx, g->maximize, &c->sgd);
+            break;
+        }
+        case FT_OPTIM_ADAMW: {
+            float *vmax = g->amsgrad ? state_at(opt, FT_OPTIM_MAX_EXP_AVG_SQ, bk->seg) + o : NULL;
+            adamw_loop(p, state_at(opt, FT_OPTIM_EXP_AVG, bk->seg) + o, state_at(opt, FT_OPTIM_EXP_AVG_SQ, bk->seg) + o,
+                       vmax, gr, n, gx, g->maximize, &c->adamw);
+            break;
+        }
+        case FT_OPTIM_LAMB:
+            lamb_param_loop(p, state_at(opt, FT_OPTIM_EXP_AVG, bk->seg) + o,
+                            state_at(opt, FT_OPTIM_EXP_AVG_SQ, bk->seg) + o, n, &c->lamb);
+            break;
+        case FT_OPTIM_LARS:
+            lars_loop(p, state_at(opt, FT_OPTIM_MOMENTUM_BUFFER, bk->seg) + o, gr, n, gx, g->maximize, &c->lars);
+            break;
+        }
+    }
+}
+
+static ft_adam_moments adam_moments(const ft_optim_group *g) {
+    return (ft_adam_moments){(float)g->beta1, (float)(1 - g->beta1), (float)g->beta2, (float)(1 - g->beta2)};
+}
+
+/* The coefficients of segment i that do not depend on a norm pass. */
+static coef segment_coef(const ft_optimizer *opt, int i) {
+    const ft_optim_group *g = &opt->groups[opt->segs[i].group];
+    double t = (double)(opt->seg_state[i].steps + 1);
+    coef c = {0};
+    switch (opt->kind) {
+    case FT_OPTIM_SGD:
+        c.sgd = (ft_sgd_coef){(float)g->lr, (float)g->weight_decay, (float)g->momentum, (float)(1 - g->dampening),
+                              g->nesterov, !opt->seg_state[i].momentum_valid};
+        break;
+    case FT_OPTIM_ADAMW: {
+        double bc1 = 1 - pow(g->beta1, t), bc2 = 1 - pow(g->beta2, t);
+        c.adamw = (ft_adamw_coef){adam_moments(g), (float)(1 - g->lr * g->weight_decay), (float)(g->lr / bc1),
+                                  (float)sqrt(bc2), (float)g->eps};
+        break;
+    }
+    case FT_OPTIM_LAMB:
+        c.lamb = (ft_lamb_coef){adam_moments(g), (float)(1 - pow(g->beta1, t)), (float)(1 - pow(g->beta2, t)),
+                                (float)g->eps, (float)g->weight_decay, 0.0f};
+        break;
+    case FT_OPTIM_LARS:
+        c.lars = (ft_lars_coef){(float)g->momentum, (float)g->weight_decay, 0.0f};
+        break;
+    }
+    return c;
+}
+
+/* ||p|| / ||u|| (LAMB) or eta ||p|| / (||g|| + wd ||p|| + eps) (LARS) for
+ * one tensor; 1 when a norm is 0 or adaptation is off. */
+static double trust_ratio(const ft_optimizer *opt, int i, double clip) {
+    const ft_optim_group *g = &opt->groups[opt->segs[i].group];
+    if (g->lars_exclude)
+        return 1.0;
+    double first = sqrt(segment_sum(opt, i, 0)), pnorm = sqrt(segment_sum(opt, i, 1));
+    if (opt->kind == FT_OPTIM_LAMB)
+        return pnorm > 0 && first > 0 ? pnorm / first : 1.0;
+    /* LARS: the norm pass saw the grads before clipping. */
+    double gnorm = first * clip;
+    return pnorm > 0 && gnorm > 0 ? g->trust_coefficient * pnorm / (gnorm + g->weight_decay * pnorm + g->eps) : 1.0;
+}
+
+ft_status ft_optimizer_step(ft_optimizer *opt, float grad_scale, double max_grad_norm, double *grad_norm) {
+    const char *k = kind_names[opt->kind];
+    if (!(isfinite(grad_scale) && grad_scale > 0))
+        return ft_fail(FT_ERR_VALUE, "%s step: grad_scale must be finite and > 0, got %g", k, (double)grad_scale);
+    if (!finite_ge0(max_grad_norm))
+        return ft_fail(FT_ERR_VALUE, "%s step: max_grad_norm must be finite and >= 0 (0: no clipping), got %g", k,
+                       max_grad_norm);
+    int nseg = opt->plan.nseg;
+    int64_t active = 0;
+    bool any = false;
+    for (int i = 0; i < nseg; i++)
+        if (opt->segs[i].grad) {
+            active += opt->segs[i].numel;
+            any = true;
+        }
+    if (grad_norm)
+        *grad_norm = 0;
+    if (!any)
+        return FT_OK;
+    bool parallel = active >= PARALLEL_MIN;
+    bool lars = opt->kind == FT_OPTIM_LARS;
+    grad_xform gx = {grad_scale, 1.0f};
+    if (max_grad_norm > 0 || grad_norm || lars) {
+        norm_pass(opt, grad_scale, lars, parallel);
+        double sq = 0;
+        for (int i = 0; i < nseg; i++)
+            if (opt->segs[i].grad)
+                sq += segment_sum(opt, i, 0);
+        double norm = sqrt(sq);
+        if (!isfinite(norm))
+            return ft_fail(FT_ERR_VALUE, "%s step: the gradient norm is %g; the step was skipped and the params and "
+                                         "optimizer state are unchanged", k, norm);
+        if (grad_norm)
+            *grad_norm = norm;
+        double clip = max_grad_norm > 0 ? max_grad_norm / (norm + 1e-6) : 1.0;
+        if (clip < 1.0)
+            gx.clip = (float)clip;
+    }
+    for (int i = 0; i < nseg; i++)
+        if (opt->segs[i].grad)
+            opt->coefs[i] = segment_coef(opt, i);
+    if (opt->kind == FT_OPTIM_LAMB)
+        lamb_moments_pass(opt, gx, parallel);
+    if (opt->kind == FT_OPTIM_LAMB || lars)
+        for (int i = 0; i < nseg; i++) {
+            if (!opt->segs[i].grad)
+                continue;
+            double lr = opt->groups[opt->segs[i].group].lr * trust_ratio(opt, i, gx.clip);
+            if (lars)
+                opt->coefs[i].lars.scaled_lr = (float)lr;
+            else
+                opt->coefs[i].lamb.lr_trust = (float)lr;
+        }
+    update_pass(opt, gx, parallel);
+    for (int i = 0; i < nseg; i++) {
+        if (!opt->segs[i].grad)
+            continue;
+        opt->seg_state[i].steps++;
+        if (opt->kind == FT_OPTIM_SGD && opt->groups[opt->segs[i].group].momentum != 0)
+            opt->seg_state[i].momentum_valid = true;
+    }
+    opt->nsteps++;
+    return FT_OK;
+}
+
+/* ---- weight EMA ---- */
+
+struct ft_ema {
+    const float **params;
+    plan plan;
+    ft_storage *avg;
+};
+
+FT_VEC_CLONES
+static void ema_loop(float *avg, const float *p, int64_t n, float weight) {
+    FT_SIMD_FOR(i, n) avg[i] = ft_ema_lerp(avg[i], p[i], weight);
+}
+
+ft_status ft_ema_create(ft_ema **out, int nsegments, const ft_ema_segment *segments) {
+    *out = NULL;
+    if (nsegments < 0)
+        return ft_fail(FT_ERR_VALUE, "EMA: the number of segments must be >= 0, got %d", nsegments);
+    for (int i = 0; i < nsegments; i++)
+        if (!segments[i].param)
+            return ft_fail(FT_ERR_VALUE, "EMA: segment %d has no param memory", i);
+    ft_ema *ema = calloc(1, sizeof *ema);
+    size_t ns = (size_t)(nsegments ? nsegments : 1);
+    int64_t *numel = calloc(ns, sizeof *numel);
+    if (ema)
+        ema->params = malloc(ns * sizeof *ema->params);
+    if (!ema || !numel || !ema->params) {
+        free(numel);
+        ft_ema_destroy(ema);
+        return ft_fail(FT_ERR_NOMEM, "out of memory creating an EMA");
+    }
+    for (int i = 0; i < nsegments; i++) {
+        numel[i] = segments[i].numel;
+        ema->params[i] = segments[i].param;
+    }
+    ft_status st = plan_build(&ema->plan, nsegments, numel, "EMA");
+    free(numel);
+    if (st == FT_OK)
+        st = ft_storage_new(&ema->avg, (size_t)plan_total(&ema->plan) * sizeof(float), FT_CPU, false);
+    if (st != FT_OK) {
+        ft_ema_destroy(ema);
+        return st;
+    }
+    const plan *pl = &ema->plan;
+    float *avg = ema->avg->data;
+#pragma omp parallel for schedule(static) if (plan_total(pl) >= PARALLEL_MIN)
+    for (int64_t b = 0; b < pl->nblocks; b++) {
+        const block *bk = &pl->blocks[b];
+        memcpy(avg + pl->offset[bk->seg] + bk->start, ema->params[bk->seg] + bk->start, (size_t)bk->len * sizeof(float));
+    }
+    *out = ema;
+    return FT_OK;
+}
+
+void ft_ema_destroy(ft_ema *ema) {
+    if (!ema)
+        return;
+    ft_storage_release(ema->avg);
+    plan_free(&ema->plan);
+    free(ema->params);
+    free(ema);
+}
+
+ft_status ft_ema_update(ft_ema *ema, double decay) {
+    if (!(decay >= 0 && decay <= 1))
+        return ft_fail(FT_ERR_VALUE, "EMA: decay must be in [0, 1], got %g", decay);
+    const plan *pl = &ema->plan;
+    float *avg = ema->avg->data, weight = (float)(1 - decay);
+#pragma omp parallel for schedule(static) if (plan_total(pl) >= PARALLEL_MIN)
+    for (int64_t b = 0; b < pl->nblocks; b++) {
+        const block *bk = &pl->blocks[b];
+        ema_loop(avg + pl->offset[bk->seg] + bk->start, ema->params[bk->seg] + bk->start, bk->len, weight);
+    }
+    return FT_OK;
+}
+
+ft_storage *ft_ema_average(const ft_ema *ema) { return ema->avg; }
+int64_t ft_ema_offset(const ft_ema *ema, int segment) { return ema->plan.offset[segment]; }
+int ft_ema_num_segments(const ft_ema *ema) { return ema->plan.nseg; }
+ft_ema_segment ft_ema_get_segment(const ft_ema *ema, int segment) {
+    return (ft_ema_segment){ema->params[segment], ema->plan.offset[segment + 1] - ema->plan.offset[segment]};
+}

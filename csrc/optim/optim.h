@@ -1,0 +1,180 @@
+/* Optimizers as one fused pass over flat float32 buffers.
+ *
+ * An optimizer is created once over a list of segments, one per parameter
+ * tensor (typically views into one flat parameter buffer and one flat
+ * gradient buffer), and then called once per training step. Its state lives
+ * in one allocation per state kind (ft_alloc via ft_storage, so it shows in
+ * the memory statistics), laid out in segment order.
+ *
+ * A step is:
+ *   1. when clipping, a reported norm or LARS asks for it: one read pass over
+ *      the gradients for the global L2 norm of grad * grad_scale (and, for
+ *      LARS, the per-tensor norms of grads and params);
+ *   2. LAMB only: one pass updating the moments and computing the per-tensor
+ *      norms of the update and the params;
+ *   3. one update pass. The clipping coefficient is applied to each gradient
+ *      element inside it, so gradients are never rewritten.
+ * Every pass runs over fixed blocks of at most FT_OPTIM_BLOCK elements of
+ * one segment, split statically over the OpenMP pool; every reduction sums
+ * per-block partials (in double) in block order, so results are bitwise the
+ * same for any thread count.
+ *
+ * The update formulas (per element, csrc/kernels/optim.h):
+ *   SGD    torch.optim.SGD: weight decay, momentum, dampening, nesterov, maximize.
+ *   ADAMW  torch.optim.AdamW with bias correction and amsgrad, maximize.
+ *   LAMB   You et al. 2019, "Large Batch Optimization for Deep Learning",
+ *          Algorithm 2 with bias correction and phi(x) = x:
+ *            m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
+ *            u = (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps) + weight_decay * p
+ *            p = p - lr * (||p|| / ||u||) * u
+ *          norms per parameter tensor; the ratio is 1 when either norm is 0
+ *          or the group has lars_exclude.
+ *   LARS   You, Gitman, Ginsburg 2017, "Large Batch Training of
+ *          Convolutional Networks", Algorithm 1 (momentum inside, the global
+ *          lr applied to the velocity, as in the paper):
+ *            local_lr = trust_coefficient * ||p|| / (||g|| + weight_decay ||p|| + eps)
+ *            v = momentum v + lr * local_lr * (g + weight_decay * p);  p = p - v
+ *          norms per parameter tensor; local_lr is 1 when either norm is 0
+ *          or the group has lars_exclude. eps defaults to 0 in the paper.
+ * maximize negates the gradient for every kind. */
+#ifndef FT_OPTIM_OPTIM_H
+#define FT_OPTIM_OPTIM_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/status.h"
+#include "core/storage.h"
+
+/* Elements per reduction block: the blocks, not the threads, fix the order. */
+#define FT_OPTIM_BLOCK 16384
+
+typedef enum { FT_OPTIM_SGD, FT_OPTIM_ADAMW, FT_OPTIM_LAMB, FT_OPTIM_LARS } ft_optim_kind;
+
+/* Hyperparameters of a parameter group. Each kind reads only its own
+ * fields (SGD: lr, weight_decay, momentum, dampening, nesterov; ADAMW: lr,
+ * weight_decay, beta1, beta2, eps, amsgrad; LAMB: lr, weight_decay, beta1,
+ * beta2, eps, lars_exclude; LARS: lr, weight_decay, momentum, eps,
+ * trust_coefficient, lars_exclude; all: maximize) and refuses options of
+ * other kinds that are switched on (nesterov, amsgrad, lars_exclude). */
+typedef struct {
+    double lr, weight_decay, momentum, dampening;
+    bool nesterov, maximize;
+    double beta1, beta2, eps;
+    bool amsgrad;
+    double trust_coefficient;
+    bool lars_exclude; /* LARS/LAMB adaptation off for this group, e.g. BN and bias */
+} ft_optim_group;
+
+/* One parameter tensor: numel contiguous float32 elements. grad may be NULL:
+ * the segment is then skipped by steps (no update, no state change, not in
+ * the norm), as torch.optim skips a parameter whose .grad is None. */
+typedef struct {
+    float *param;
+    const float *grad;
+    int64_t numel;
+    int group;
+} ft_optim_segment;
+
+typedef struct ft_optimizer ft_optimizer;
+
+/* State kinds, named as in torch.optim's state dicts. SGD has a momentum
+ * buffer when a group has momentum != 0; ADAMW exp_avg and exp_avg_sq, and
+ * max_exp_avg_sq when a group has amsgrad; LAMB exp_avg and exp_avg_sq;
+ * LARS a momentum buffer (the paper's velocity v). */
+typedef enum {
+    FT_OPTIM_MOMENTUM_BUFFER,
+    FT_OPTIM_EXP_AVG,
+    FT_OPTIM_EXP_AVG_SQ,
+    FT_OPTIM_MAX_EXP_AVG_SQ,
+    FT_OPTIM_NUM_STATES
+} ft_optim_state;
+
+/* The per-segment counters a checkpoint needs besides the state buffers. */
+typedef struct {
+    int64_t steps;        /* updates applied to this segment (t - 1 of the next bias correction) */
+    bool momentum_valid;  /* SGD: the momentum buffer holds a value (else the next step copies d) */
+} ft_optim_segment_state;
+
+/* The class name of a kind: "SGD", "AdamW", "LAMB", "LARS". */
+const char *ft_optim_kind_name(ft_optim_kind kind);
+
+/* FT_ERR_VALUE naming group `index` and its first bad hyperparameter (lr
+ * finite and >= 0, betas in [0, 1), eps > 0, ...; see ft_optim_group). */
+ft_status ft_optim_check_group(ft_optim_kind kind, int index, const ft_optim_group *g);
+
+/* Validates every group and segment (params must not overlap each other,
+ * grads must not overlap params) and allocates zeroed state. The optimizer
+ * keeps copies of both arrays but only borrows the memory they point to. */
+ft_status ft_optimizer_create(ft_optimizer **out, ft_optim_kind kind, int ngroups, const ft_optim_group *groups,
+                              int nsegments, const ft_optim_segment *segments);
+void ft_optimizer_destroy(ft_optimizer *opt);
+
+/* One update of every segment that has a gradient. grad_scale (finite, > 0)
+ * multiplies the gradients first (e.g. 1 / loss_scale). max_grad_norm > 0
+ * clips by the global norm as torch.nn.utils.clip_grad_norm_ does (the
+ * coefficient max_grad_norm / (norm + 1e-6), capped at 1); 0 disables it.
+ * *grad_norm (when not NULL) receives the global L2 norm of the scaled
+ * gradients before clipping, or 0 when no segment has a gradient.
+ *
+ * The norm is computed when clipping, when grad_norm is not NULL and for
+ * LARS; when it is not finite, FT_ERR_VALUE is returned and neither params
+ * nor state change. Without it, gradients are not inspected (as with
+ * torch.optim) and non-finite values reach the params. */
+ft_status ft_optimizer_step(ft_optimizer *opt, float grad_scale, double max_grad_norm, double *grad_norm);
+
+/* Points segment i at grads[i] (NULL: skip it) for the following steps,
+ * validated as at creation; on failure nothing changes. */
+ft_status ft_optimizer_set_grads(ft_optimizer *opt, const float *const *grads);
+
+/* Changes a group's hyperparameters, validated as at creation; may allocate
+ * a state buffer that a newly enabled option needs (momentum, amsgrad). */
+ft_status ft_optimizer_set_group(ft_optimizer *opt, int group, const ft_optim_group *g);
+ft_status ft_optimizer_set_lr(ft_optimizer *opt, int group, double lr);
+
+ft_optim_kind ft_optimizer_kind(const ft_optimizer *opt);
+int ft_optimizer_num_groups(const ft_optimizer *opt);
+int ft_optimizer_num_segments(const ft_optimizer *opt);
+const ft_optim_group *ft_optimizer_group(const ft_optimizer *opt, int group);
+const ft_optim_segment *ft_optimizer_segment(const ft_optimizer *opt, int segment);
+
+/* The number of steps that updated at least one segment. */
+int64_t ft_optimizer_num_steps(const ft_optimizer *opt);
+
+/* The flat float32 buffer of a state kind (borrowed; retain it to keep it
+ * beyond the optimizer), or NULL when this optimizer has none. Segment i
+ * occupies elements [offset(i), offset(i) + numel) of every buffer. */
+ft_storage *ft_optimizer_state(const ft_optimizer *opt, ft_optim_state kind);
+int64_t ft_optimizer_offset(const ft_optimizer *opt, int segment);
+int64_t ft_optimizer_state_numel(const ft_optimizer *opt);
+
+/* torch.optim's key of a state kind ("momentum_buffer", "exp_avg", ...). */
+const char *ft_optim_state_name(ft_optim_state kind);
+
+ft_optim_segment_state ft_optimizer_segment_state(const ft_optimizer *opt, int segment);
+ft_status ft_optimizer_set_segment_state(ft_optimizer *opt, int segment, ft_optim_segment_state st);
+
+/* ---- exponential moving average of weights ----
+ * avg = lerp(avg, param, 1 - decay) over every segment in one pass, the
+ * averages in one flat allocation in segment order, starting as copies of
+ * the params. */
+typedef struct {
+    const float *param;
+    int64_t numel;
+} ft_ema_segment;
+
+typedef struct ft_ema ft_ema;
+
+ft_status ft_ema_create(ft_ema **out, int nsegments, const ft_ema_segment *segments);
+void ft_ema_destroy(ft_ema *ema);
+
+/* decay in [0, 1]. */
+ft_status ft_ema_update(ft_ema *ema, double decay);
+
+/* The averages (borrowed), segment i at elements [offset(i), offset(i) + numel). */
+ft_storage *ft_ema_average(const ft_ema *ema);
+int64_t ft_ema_offset(const ft_ema *ema, int segment);
+int ft_ema_num_segments(const ft_ema *ema);
+ft_ema_segment ft_ema_get_segment(const ft_ema *ema, int segment);
+
+#endif

@@ -1,0 +1,65 @@
+"""Exponential moving average of weights, updated for every param in one fused C pass."""
+import numpy as np
+
+from .. import _C
+from .._tensor import Tensor
+from .optimizer import _check_param
+
+
+class EMA:
+    """``shadow = lerp(shadow, param, 1 - decay)`` for every param after each ``update()``: the average
+    ``torch.optim.swa_utils.get_ema_multi_avg_fn(decay)`` keeps (timm's ModelEmaV2 likewise). The averages
+    start as copies of the params and live in one flat buffer; ``shadow`` holds a view per param.
+
+    ``update(decay=None)`` uses ``self.decay`` unless given one (for a warmup schedule of the decay);
+    ``copy_to(params=None)`` writes the averages into the params (for evaluation)."""
+
+    def __init__(self, params, decay=0.999):
+        if isinstance(params, Tensor):
+            raise TypeError("params must be an iterable of Tensors, but got a Tensor")
+        self.params = list(params)
+        for i, p in enumerate(self.params):
+            _check_param(p, f"param {i}")
+        self.decay = self._check_decay(decay)
+        self.num_updates = 0
+        self._c = _C.EMA(self.params)
+        flat = self._c.average()
+        self.shadow = [flat[o:o + p.numel()].view(p.shape) for o, p in zip(self._c.offsets, self.params)]
+
+    @staticmethod
+    def _check_decay(decay):
+        decay = float(decay)
+        if not 0.0 <= decay <= 1.0:
+            raise ValueError(f"EMA decay must be in [0, 1], got {decay}")
+        return decay
+
+    def update(self, decay=None):
+        self._c.update(self.decay if decay is None else self._check_decay(decay))
+        self.num_updates += 1
+
+    def copy_to(self, params=None):
+        params = self.params if params is None else list(params)
+        if len(params) != len(self.shadow):
+            raise ValueError(f"copy_to got {len(params)} params for {len(self.shadow)} averages")
+        for i, (p, s) in enumerate(zip(params, self.shadow)):
+            if tuple(p.shape) != tuple(s.shape):
+                raise ValueError(f"param {i} has shape {tuple(p.shape)}, its average {tuple(s.shape)}")
+        for p, s in zip(params, self.shadow):
+            p.copy_(s)
+
+    def state_dict(self):
+        return {"decay": self.decay, "num_updates": self.num_updates,
+                "shadow": [s.numpy().copy() for s in self.shadow]}
+
+    def load_state_dict(self, state_dict):
+        shadow = [np.asarray(a, dtype=np.float32) for a in state_dict["shadow"]]
+        if len(shadow) != len(self.shadow):
+            raise ValueError(f"the state_dict has {len(shadow)} averages, the EMA {len(self.shadow)}")
+        for i, (a, s) in enumerate(zip(shadow, self.shadow)):
+            if a.shape != tuple(s.shape):
+                raise ValueError(f"average {i} has shape {a.shape} in the state_dict, but the param has shape "
+                                 f"{tuple(s.shape)}")
+        decay = self._check_decay(state_dict["decay"])
+        for a, s in zip(shadow, self.shadow):
+            s.numpy()[...] = a
+        self.decay, self.num_updates = decay, int(state_dict["num_updates"])

@@ -1,0 +1,384 @@
+"""Optimizers with PyTorch's interface whose update is one fused C pass over
+every parameter (csrc/optim/optim.h has the exact formulas)."""
+import math
+import operator
+
+import numpy as np
+
+from .. import _C
+from .._tensor import Tensor
+from .._types import _BY_NAME
+
+_FLOAT32 = _BY_NAME["float32"]
+_STATES = _C.OPTIM_STATES
+
+
+_UNORDERED = ("optimizer parameters must be an ordered collection: the order of a set changes between runs "
+              "(and state_dict indices with it); use a list")
+
+
+class _Required:
+    def __repr__(self):
+        return "<required parameter>"
+
+
+required = _Required()
+
+
+def _check_param(p, what):
+    if not isinstance(p, Tensor):
+        raise TypeError(f"{what} must be a fasttrain Tensor, not {type(p).__name__}")
+    if p.dtype is not _FLOAT32:
+        raise TypeError(f"{what} must be float32, got {p.dtype.name}: the optimizers update float32 master weights")
+    if p.is_cuda:
+        raise RuntimeError(f"{what} is on {p.device}: the optimizers run on CPU tensors for now")
+    if not p.is_contiguous():
+        raise ValueError(f"{what} must be contiguous")
+
+
+def _number(group, key, index):
+    value = group[key]
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"param group {index}: {key} must be a number, got {type(value).__name__}") from None
+
+
+class Optimizer:
+    """PyTorch's ``torch.optim.Optimizer`` interface over one C optimizer.
+
+    ``param_groups`` is a list of dicts as in PyTorch: changing a value (a
+    scheduler changing ``lr``) takes effect at the next ``step()``. The C
+    optimizer is built at the first step (or state_dict use) over every
+    param; a param whose ``.grad`` is None is skipped by that step.
+
+    ``step(closure=None, *, grad_scale=1.0, max_grad_norm=None, check_finite=True)``
+    goes beyond PyTorch: ``grad_scale`` multiplies the grads first (1 / the
+    loss scale), ``max_grad_norm`` clips by the global norm inside the same
+    pass (``torch.nn.utils.clip_grad_norm_``'s coefficient), and with
+    ``check_finite`` a non-finite grad norm raises ValueError before anything
+    is written. The norm is then in ``optimizer.grad_norm`` (None when it was
+    not computed: ``check_finite=False`` without clipping skips one read of
+    the grads)."""
+
+    _kind = None  # index into _C.OPTIM_KINDS
+
+    def __init__(self, params, defaults):
+        self.defaults = defaults
+        self.param_groups = []
+        self.grad_norm = None
+        self._c = None
+        self._params = []
+        self._pushed = []
+        if isinstance(params, Tensor):
+            raise TypeError("params must be an iterable of Tensors or dicts, but got a Tensor")
+        if isinstance(params, (set, frozenset)):
+            raise TypeError(_UNORDERED)
+        groups = list(params)
+        if not groups:
+            raise ValueError("optimizer got an empty parameter list")
+        if not isinstance(groups[0], dict):
+            groups = [{"params": groups}]
+        for group in groups:
+            self.add_param_group(group)
+
+    def __repr__(self):
+        lines = [type(self).__name__ + " ("]
+        for i, group in enumerate(self.param_groups):
+            lines.append(f"Parameter Group {i}")
+            lines += [f"    {k}: {v}" for k, v in sorted(group.items()) if k != "params"]
+        return "\n".join(lines + [")"])
+
+    # ---- groups ----
+    def _group_tuple(self, group, index):
+        """The C group: (lr, weight_decay, momentum, dampening, nesterov, maximize, beta1, beta2, eps,
+        amsgrad, trust_coefficient, lars_exclude)."""
+        raise NotImplementedError
+
+    def _tuple(self, group, index, momentum=0.0, dampening=0.0, nesterov=False, betas=(0.0, 0.0), eps=0.0,
+               amsgrad=False, trust_coefficient=0.0, lars_exclude=False):
+        try:
+            beta1, beta2 = (float(b) for b in betas)
+        except (TypeError, ValueError):
+            raise TypeError(f"param group {index}: betas must be a pair of numbers, got {betas!r}") from None
+        return (_number(group, "lr", index), _number(group, "weight_decay", index), float(momentum),
+                float(dampening), bool(nesterov), bool(group["maximize"]), beta1, beta2, float(eps), bool(amsgrad),
+                float(trust_coefficient), bool(lars_exclude))
+
+    def add_param_group(self, param_group):
+        """Adds a group (a dict with "params" and optional overrides of the defaults)."""
+        if not isinstance(param_group, dict):
+            raise TypeError(f"a param group must be a dict, not {type(param_group).__name__}")
+        group = dict(param_group)
+        params = group.get("params")
+        if isinstance(params, Tensor):
+            params = [params]
+        elif isinstance(params, (set, frozenset)):
+            raise TypeError(_UNORDERED)
+        elif params is None:
+            raise ValueError("a param group needs a 'params' entry")
+        else:
+            params = list(params)
+        index = len(self.param_groups)
+        first = sum(len(g["params"]) for g in self.param_groups)
+        for i, p in enumerate(params):
+            _check_param(p, f"param {first + i}")
+        seen = {id(p) for g in self.param_groups for p in g["params"]}
+        if len({id(p) for p in params}) != len(params) or any(id(p) in seen for p in params):
+            raise ValueError("some parameters appear in more than one parameter group")
+        for key, value in self.defaults.items():
+            if value is required and key not in group:
+                raise ValueError(f"param group {index} does not specify the required value of {key!r}")
+            group.setdefault(key, value)
+        group["params"] = params
+        _C.optim_check_group(self._kind, index, self._group_tuple(group, index))
+        state = self._export_state() if self._c is not None else None
+        self.param_groups.append(group)
+        if state is not None:  # the new params change the layout: rebuild, keeping the state
+            self._build(self._checked_state(state, self.param_groups))
+
+    # ---- the C optimizer ----
+    def _build(self, state):
+        """A new C optimizer over every param, given state in _checked_state's form."""
+        params = [p for g in self.param_groups for p in g["params"]]
+        group_of = [i for i, g in enumerate(self.param_groups) for _ in g["params"]]
+        groups = [self._group_tuple(g, i) for i, g in enumerate(self.param_groups)]
+        self._c = _C.Optimizer(self._kind, groups, params, group_of)
+        self._params, self._group_of, self._pushed = params, group_of, groups
+        if state:
+            self._import_state(state)
+
+    def _sync(self):
+        """The C optimizer, (re)built for the current params and given the current hyperparameters."""
+        if self._c is None:
+            self._build(None)
+        elif self._c.params_moved():
+            self._build(self._checked_state(self._export_state(), self.param_groups))
+        for i, group in enumerate(self.param_groups):
+            t = self._group_tuple(group, i)
+            if t != self._pushed[i]:
+                self._c.set_group(i, t)
+                self._pushed[i] = t
+        return self._c
+
+    def step(self, closure=None, *, grad_scale=1.0, max_grad_norm=None, check_finite=True):
+        """One update of every param that has a .grad; returns closure() when given."""
+        loss = closure() if closure is not None else None
+        c = self._sync()
+        clip = 0.0 if max_grad_norm is None else float(max_grad_norm)
+        self.grad_norm = c.step([p.grad for p in self._params], float(grad_scale), clip,
+                                bool(check_finite) or clip > 0)
+        return loss
+
+    def zero_grad(self, set_to_none=True):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    if set_to_none:
+                        p.grad = None
+                    else:
+                        p.grad.zero_()
+
+    # ---- state ----
+    def _state_keys(self, group):
+        """The state entries of a param of this group that has taken a step, "step" first if any."""
+        raise NotImplementedError
+
+    def _export_state(self):
+        """{param index: {key: value}} in PyTorch's layout, NumPy copies, for params that have state."""
+        c = self._c
+        if c is None:
+            return {}
+        flats = [c.state_buffer(k) for k in range(len(_STATES))]
+        flats = {name: f.numpy() for name, f in zip(_STATES, flats) if f is not None}
+        state = {}
+        for i, (p, off) in enumerate(zip(self._params, c.offsets)):
+            steps, momentum_valid = c.segment_state(i)
+            if steps == 0 or (self._kind == 0 and not momentum_valid):  # torch's SGD keeps no state without momentum
+                continue
+            entry = {}
+            for key in self._state_keys(self.param_groups[self._group_of[i]]):
+                if key == "step":
+                    entry[key] = np.array(steps, dtype=np.float32)
+                else:
+                    entry[key] = flats[key][off:off + p.numel()].reshape(p.shape).copy()
+            state[i] = entry
+        return state
+
+    def _checked_state(self, state, groups):
+        """state with every value converted and checked against the params and groups; raises ValueError."""
+        out = {}
+        n = sum(len(g["params"]) for g in self.param_groups)
+        index_group = [i for i, g in enumerate(self.param_groups) for _ in g["params"]]
+        params = [p for g in self.param_groups for p in g["params"]]
+        for key, entry in state.items():
+            try:
+                i = operator.index(key)
+            except TypeError:
+                raise ValueError(f"optimizer state keys must be param indices, got {key!r}") from None
+            if not 0 <= i < n:
+                raise ValueError(f"optimizer state for param {i}, but the optimizer has {n} params")
+            if not isinstance(entry, dict):
+                raise ValueError(f"the state of param {i} must be a dict, got {type(entry).__name__}")
+            p, checked = params[i], {}
+            for name in self._state_keys(groups[index_group[i]]):
+                if name not in entry and not (name == "momentum_buffer" and self._kind == 0):
+                    raise ValueError(f"the state of param {i} has no {name!r}")
+                value = entry.get(name)
+                if name == "step":
+                    step = float(np.asarray(value))
+                    if not (step >= 0 and step == math.floor(step) and step < 2 ** 62):
+                        raise ValueError(f"the state of param {i}: step must be a whole number >= 0, got {step}")
+                    checked[name] = int(step)
+                elif value is None:
+                    if self._kind != 0:
+                        raise ValueError(f"the state of param {i}: {name} is None")
+                    checked[name] = None
+                else:
+                    arr = np.asarray(value, dtype=np.float32)
+                    if arr.shape != tuple(p.shape):
+                        raise ValueError(f"the state of param {i}: {name} has shape {arr.shape}, but the param "
+                                         f"has shape {tuple(p.shape)}")
+                    checked[name] = arr
+            out[i] = checked
+        return out
+
+    def _import_state(self, state):
+        """Writes checked state into the C buffers; params missing from it start afresh."""
+        c = self._c
+        flats = {name: f.numpy() for name, f in zip(_STATES, (c.state_buffer(k) for k in range(len(_STATES))))
+                 if f is not None}
+        for i, (p, off) in enumerate(zip(self._params, c.offsets)):
+            entry = state.get(i)
+            span = slice(off, off + p.numel())
+            for name, flat in flats.items():
+                value = entry.get(name) if entry else None
+                if value is None:
+                    flat[span] = 0
+                else:
+                    flat[span] = np.asarray(value, dtype=np.float32).reshape(-1)
+            if entry is None:
+                c.set_segment_state(i, 0, False)
+            else:
+                momentum = entry.get("momentum_buffer") is not None
+                c.set_segment_state(i, entry.get("step", 1), momentum)
+
+    def state_dict(self):
+        """PyTorch's layout: {"state": {index: {...}}, "param_groups": [{..., "params": [indices]}]};
+        state values are NumPy copies ("step" a float32 scalar array, as PyTorch's step tensor)."""
+        groups, first = [], 0
+        for g in self.param_groups:
+            entry = {k: v for k, v in g.items() if k != "params"}
+            entry["params"] = list(range(first, first + len(g["params"])))
+            first += len(g["params"])
+            groups.append(entry)
+        return {"state": self._export_state(), "param_groups": groups}
+
+    def load_state_dict(self, state_dict):
+        """Loads a state_dict of this optimizer (or of torch.optim's same class for the same params). Everything
+        is checked before anything changes; a mismatch raises ValueError naming the param and both shapes."""
+        try:
+            saved_groups, saved_state = state_dict["param_groups"], state_dict["state"]
+        except (TypeError, KeyError):
+            raise ValueError("an optimizer state_dict has 'state' and 'param_groups' entries") from None
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError(f"the state_dict has {len(saved_groups)} parameter group(s), the optimizer "
+                             f"{len(self.param_groups)}")
+        groups = []
+        for i, (saved, group) in enumerate(zip(saved_groups, self.param_groups)):
+            if len(saved["params"]) != len(group["params"]):
+                raise ValueError(f"parameter group {i} has {len(saved['params'])} params in the state_dict and "
+                                 f"{len(group['params'])} in the optimizer")
+            new = {k: v for k, v in saved.items() if k != "params"}
+            new["params"] = group["params"]
+            _C.optim_check_group(self._kind, i, self._group_tuple(new, i))
+            groups.append(new)
+        # The saved indices name the params in group order, as ours do.
+        order = {old: i for i, old in enumerate(p for g in saved_groups for p in g["params"])}
+        remapped = {}
+        for key, entry in saved_state.items():
+            if key not in order:
+                raise ValueError(f"the state_dict has state for param {key!r}, which is in none of its groups")
+            remapped[order[key]] = entry
+        state = self._checked_state(remapped, groups)
+        self.param_groups = groups
+        if self._c is None:
+            self._build(state)
+        else:
+            self._sync()
+            self._import_state(state)
+
+
+class SGD(Optimizer):
+    """torch.optim.SGD: momentum, dampening, nesterov, (L2) weight_decay, maximize."""
+
+    _kind = 0
+
+    def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, *,
+                 maximize=False):
+        super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
+                                      nesterov=nesterov, maximize=maximize))
+
+    def _group_tuple(self, g, i):
+        return self._tuple(g, i, momentum=_number(g, "momentum", i), dampening=_number(g, "dampening", i),
+                           nesterov=g["nesterov"])
+
+    def _state_keys(self, group):
+        return ("momentum_buffer",)
+
+
+class AdamW(Optimizer):
+    """torch.optim.AdamW: decoupled weight decay, bias correction, amsgrad, maximize."""
+
+    _kind = 1
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
+                 maximize=False):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+                                      maximize=maximize))
+
+    def _group_tuple(self, g, i):
+        return self._tuple(g, i, betas=g["betas"], eps=_number(g, "eps", i), amsgrad=g["amsgrad"])
+
+    def _state_keys(self, group):
+        return ("step", "exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if group["amsgrad"] else ())
+
+
+class LAMB(Optimizer):
+    """LAMB (You et al. 2019, Algorithm 2): Adam moments with bias correction, decoupled weight decay in the
+    update, scaled per param tensor by the trust ratio ||p|| / ||update||. A group with lars_exclude=True (BN,
+    bias) keeps a ratio of 1."""
+
+    _kind = 2
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=1e-2, *, maximize=False,
+                 lars_exclude=False):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, maximize=maximize,
+                                      lars_exclude=lars_exclude))
+
+    def _group_tuple(self, g, i):
+        return self._tuple(g, i, betas=g["betas"], eps=_number(g, "eps", i), lars_exclude=g["lars_exclude"])
+
+    def _state_keys(self, group):
+        return ("step", "exp_avg", "exp_avg_sq")
+
+
+class LARS(Optimizer):
+    """LARS (You, Gitman, Ginsburg 2017, Algorithm 1): per param tensor the local lr
+    trust_coefficient * ||p|| / (||g|| + weight_decay * ||p|| + eps); v = momentum * v + lr * local_lr *
+    (g + weight_decay * p); p -= v. A group with lars_exclude=True (BN, bias) uses a local lr of 1."""
+
+    _kind = 3
+
+    def __init__(self, params, lr=required, momentum=0.9, weight_decay=0.0, trust_coefficient=1e-3, eps=0.0, *,
+                 maximize=False, lars_exclude=False):
+        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay,
+                                      trust_coefficient=trust_coefficient, eps=eps, maximize=maximize,
+                                      lars_exclude=lars_exclude))
+
+    def _group_tuple(self, g, i):
+        return self._tuple(g, i, momentum=_number(g, "momentum", i), eps=_number(g, "eps", i),
+                           trust_coefficient=_number(g, "trust_coefficient", i), lars_exclude=g["lars_exclude"])
+
+    def _state_keys(self, group):
+        return ("step", "momentum_buffer")

@@ -1,0 +1,718 @@
+"""ft.optim: SGD, AdamW, LAMB and LARS against NumPy implementations of their documented formulas over several
+steps (param groups, nesterov, dampening, amsgrad, maximize, weight decay, grad scaling, clipping, skipped
+params), against torch.optim when torch imports, bitwise equality for 1 and 2 threads, non-finite grads,
+state_dict round trips, the weight EMA, every lr_scheduler against NumPy closed forms (and torch), and bad input."""
+import math
+
+import numpy as np
+import pytest
+
+import fasttrain as ft
+from fasttrain.optim import lr_scheduler as ls
+
+try:
+    import torch
+except Exception:  # not installed, or a broken install
+    torch = None
+
+needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
+
+SHAPES = [(3, 4), (5,), (), (2, 3, 2), (40000,)]  # the last spans several blocks of the fused pass
+STEPS = 5
+
+
+def f32(a):
+    """A float32 ndarray copy (0-d arrays included, which NumPy arithmetic turns into scalars)."""
+    return np.array(a, dtype=np.float32)
+
+
+def make_params(shapes=SHAPES, seed=0):
+    rng = np.random.default_rng(seed)
+    return [f32(rng.standard_normal(s)) for s in shapes]
+
+
+def make_grads(shapes, steps, seed=1, scale=1.0):
+    rng = np.random.default_rng(seed)
+    return [[f32(scale * rng.standard_normal(s)) for s in shapes] for _ in range(steps)]
+
+
+def to_ft(arrays):
+    return [ft.from_numpy(f32(a)) for a in arrays]
+
+
+def close(got, want, rtol=2e-5, atol=2e-6):
+    np.testing.assert_allclose(np.asarray(got, dtype=np.float64), want, rtol=rtol, atol=atol)
+
+
+# ---- NumPy references: torch.optim's documented update of one param, in float64 ----
+
+def ref_sgd(p, g, st, h):
+    d = -g if h["maximize"] else g
+    if h["weight_decay"]:
+        d = d + h["weight_decay"] * p
+    if h["momentum"]:
+        st["buf"] = d.copy() if "buf" not in st else h["momentum"] * st["buf"] + (1 - h["dampening"]) * d
+        d = d + h["momentum"] * st["buf"] if h["nesterov"] else st["buf"]
+    return p - h["lr"] * d
+
+
+def ref_adamw(p, g, st, h):
+    g = -g if h["maximize"] else g
+    b1, b2 = h["betas"]
+    t = st["t"] = st.get("t", 0) + 1
+    st.setdefault("m", np.zeros_like(p))
+    st.setdefault("v", np.zeros_like(p))
+    p = p * (1 - h["lr"] * h["weight_decay"])
+    st["m"] = b1 * st["m"] + (1 - b1) * g
+    st["v"] = b2 * st["v"] + (1 - b2) * g * g
+    v = st["v"]
+    if h["amsgrad"]:
+        v = st["vmax"] = np.maximum(st.get("vmax", np.zeros_like(p)), v)
+    denom = np.sqrt(v) / math.sqrt(1 - b2 ** t) + h["eps"]
+    return p - h["lr"] / (1 - b1 ** t) * st["m"] / denom
+
+
+def ref_lamb(p, g, st, h):
+    g = -g if h["maximize"] else g
+    b1, b2 = h["betas"]
+    t = st["t"] = st.get("t", 0) + 1
+    st["m"] = b1 * st.get("m", 0) + (1 - b1) * g
+    st["v"] = b2 * st.get("v", 0) + (1 - b2) * g * g
+    u = (st["m"] / (1 - b1 ** t)) / (np.sqrt(st["v"] / (1 - b2 ** t)) + h["eps"]) + h["weight_decay"] * p
+    wn, un = np.linalg.norm(p), np.linalg.norm(u)
+    trust = 1.0 if h["lars_exclude"] or wn == 0 or un == 0 else wn / un
+    return p - h["lr"] * trust * u
+
+
+def ref_lars(p, g, st, h):
+    g = -g if h["maximize"] else g
+    wn, gn = np.linalg.norm(p), np.linalg.norm(g)
+    local = 1.0 if h["lars_exclude"] or wn == 0 or gn == 0 else \
+        h["trust_coefficient"] * wn / (gn + h["weight_decay"] * wn + h["eps"])
+    st["v"] = h["momentum"] * st.get("v", 0) + h["lr"] * local * (g + h["weight_decay"] * p)
+    return p - st["v"]
+
+
+REFS = {ft.optim.SGD: ref_sgd, ft.optim.AdamW: ref_adamw, ft.optim.LAMB: ref_lamb, ft.optim.LARS: ref_lars}
+
+
+def run_reference(cls, groups, params, grads, grad_scale=1.0, max_grad_norm=None):
+    """groups: [(param indices, full hyperparameter dict)]; grads[step][i] may be None (skipped)."""
+    ps = [p.astype(np.float64) for p in params]
+    states = [{} for _ in params]
+    for step_grads in grads:
+        gs = [None if g is None else g.astype(np.float32) * np.float32(grad_scale) for g in step_grads]
+        gs = [None if g is None else g.astype(np.float64) for g in gs]
+        if max_grad_norm:
+            norm = math.sqrt(sum(float(np.sum(g * g)) for g in gs if g is not None))
+            coef = min(1.0, max_grad_norm / (norm + 1e-6))
+            gs = [None if g is None else g * coef for g in gs]
+        for indices, h in groups:
+            for i in indices:
+                if gs[i] is not None:
+                    ps[i] = REFS[cls](ps[i], gs[i], states[i], h)
+    return ps
+
+
+def run_ft(cls, param_groups, params, grads, **step_kwargs):
+    """param_groups: [(indices, overrides)]; returns the optimizer and the ft params."""
+    tensors = to_ft(params)
+    spec = [dict(params=[tensors[i] for i in idx], **over) for idx, over in param_groups]
+    opt = cls(spec, **CTOR[cls])
+    for step_grads in grads:
+        for t, g in zip(tensors, step_grads):
+            t.grad = None if g is None else ft.from_numpy(f32(g))
+        opt.step(**step_kwargs)
+    return opt, tensors
+
+
+CTOR = {ft.optim.SGD: dict(lr=0.05), ft.optim.AdamW: dict(lr=1e-2), ft.optim.LAMB: dict(lr=1e-2),
+        ft.optim.LARS: dict(lr=0.5)}
+
+# (class, [(param indices, group overrides)])
+CASES = [
+    (ft.optim.SGD, [([0, 1, 2, 3, 4], {})]),
+    (ft.optim.SGD, [([0, 1, 2, 3, 4], dict(momentum=0.9, weight_decay=1e-2))]),
+    (ft.optim.SGD, [([0, 1], dict(momentum=0.9, dampening=0.3)),
+                    ([2, 3, 4], dict(momentum=0.8, nesterov=True, weight_decay=5e-4, lr=0.1, maximize=True))]),
+    (ft.optim.AdamW, [([0, 1, 2, 3, 4], {})]),
+    (ft.optim.AdamW, [([0, 4], dict(amsgrad=True, weight_decay=0.1)),
+                      ([1, 2, 3], dict(betas=(0.8, 0.99), eps=1e-6, weight_decay=0.0, maximize=True, lr=3e-3))]),
+    (ft.optim.LAMB, [([0, 1, 2, 3, 4], {})]),
+    (ft.optim.LAMB, [([0, 3, 4], dict(weight_decay=0.1)), ([1, 2], dict(lars_exclude=True, weight_decay=0.0))]),
+    (ft.optim.LARS, [([0, 1, 2, 3, 4], {})]),
+    (ft.optim.LARS, [([0, 3, 4], dict(weight_decay=5e-4, trust_coefficient=0.02)),
+                     ([1, 2], dict(lars_exclude=True, lr=0.05, momentum=0.5, maximize=True))]),
+]
+
+
+def full_groups(cls, param_groups):
+    defaults = cls([ft.zeros(1)], **CTOR[cls]).defaults
+    return [(idx, {**defaults, **over}) for idx, over in param_groups]
+
+
+@pytest.mark.parametrize("cls, groups", CASES, ids=lambda c: getattr(c, "__name__", None))
+@pytest.mark.parametrize("clip", [None, 1.5])
+def test_against_numpy(cls, groups, clip):
+    params = make_params()
+    grads = make_grads(SHAPES, STEPS)
+    _, got = run_ft(cls, groups, params, grads, max_grad_norm=clip)
+    want = run_reference(cls, full_groups(cls, groups), params, grads, max_grad_norm=clip)
+    for i, (g, w) in enumerate(zip(got, want)):
+        close(g.numpy(), w)
+
+
+@pytest.mark.parametrize("cls", [ft.optim.SGD, ft.optim.AdamW, ft.optim.LAMB, ft.optim.LARS])
+def test_grad_scale_and_skipped_params(cls):
+    params = make_params()
+    groups = [([0, 1, 2, 3, 4], dict(weight_decay=1e-3) if cls is not ft.optim.SGD else dict(momentum=0.9))]
+    grads = make_grads(SHAPES, STEPS, scale=8.0)
+    for s, step_grads in enumerate(grads):  # param 1 has no grad at first, param 3 only at step 2
+        if s < 2:
+            step_grads[1] = None
+        if s != 2:
+            step_grads[3] = None
+    opt, got = run_ft(cls, groups, params, grads, grad_scale=0.125)
+    want = run_reference(cls, full_groups(cls, groups), params, grads, grad_scale=0.125)
+    for g, w in zip(got, want):
+        close(g.numpy(), w)
+    state = opt.state_dict()["state"]
+    if cls is not ft.optim.SGD:
+        assert [int(state[i]["step"]) for i in range(5)] == [5, 3, 5, 1, 5]
+    # A power-of-two grad_scale is exact: the same as pre-scaled grads, bit for bit.
+    scaled = [[None if g is None else f32(g * np.float32(0.125)) for g in sg] for sg in grads]
+    _, direct = run_ft(cls, groups, params, scaled)
+    for a, b in zip(got, direct):
+        assert a.numpy().tobytes() == b.numpy().tobytes()
+
+
+def test_param_group_lr_changes_take_effect():
+    p = ft.from_numpy(np.zeros(4, np.float32))
+    opt = ft.optim.SGD([p], lr=0.5)
+    total = 0.0
+    for lr in (0.5, 0.25, 0.0, 2.0):
+        opt.param_groups[0]["lr"] = lr
+        p.grad = ft.ones(4)
+        opt.step()
+        total -= lr
+        np.testing.assert_allclose(p.numpy(), total)
+    opt.param_groups[0]["momentum"] = 0.9  # switching momentum on allocates its buffer
+    p.grad = ft.ones(4)
+    opt.step()
+    np.testing.assert_allclose(p.numpy(), total - 2.0)
+    assert opt.state_dict()["state"][0]["momentum_buffer"].tolist() == [1, 1, 1, 1]
+
+
+def test_zero_grad_and_closure():
+    p = ft.from_numpy(np.ones(3, np.float32))
+    opt = ft.optim.SGD([p], lr=0.1)
+    p.grad = ft.ones(3)
+    opt.zero_grad(set_to_none=False)
+    assert p.grad.tolist() == [0, 0, 0]
+    opt.zero_grad()
+    assert p.grad is None
+    assert opt.step(lambda: 42.0) == 42.0  # no grads: nothing changes
+    assert p.tolist() == [1, 1, 1]
+
+
+# ---- against torch.optim ----
+
+def torch_pair(cls, groups, params):
+    tensors = [torch.tensor(f32(p), requires_grad=True) for p in params]
+    spec = [dict(params=[tensors[i] for i in idx], **over) for idx, over in groups]
+    tcls = {ft.optim.SGD: torch.optim.SGD, ft.optim.AdamW: torch.optim.AdamW}[cls]
+    return tcls(spec, foreach=False, **CTOR[cls]), tensors
+
+
+@needs_torch
+@pytest.mark.parametrize("cls, groups", [c for c in CASES if c[0] in (ft.optim.SGD, ft.optim.AdamW)],
+                         ids=lambda c: getattr(c, "__name__", None))
+def test_against_torch(cls, groups):
+    params = make_params()
+    grads = make_grads(SHAPES, STEPS)
+    grads[1][2] = None  # a skipped param
+    topt, tparams = torch_pair(cls, groups, params)
+    for step_grads in grads:
+        for t, g in zip(tparams, step_grads):
+            t.grad = None if g is None else torch.from_numpy(f32(g))
+        torch.nn.utils.clip_grad_norm_([t for t in tparams if t.grad is not None], 2.0)
+        topt.step()
+    opt, got = run_ft(cls, groups, params, grads, max_grad_norm=2.0)
+    for g, t in zip(got, tparams):
+        np.testing.assert_allclose(g.numpy(), t.detach().numpy(), rtol=1e-5, atol=1e-6)
+    # The state_dicts agree in layout and values.
+    ours, theirs = opt.state_dict(), topt.state_dict()
+    assert set(ours["state"]) == set(theirs["state"])
+    for i, entry in theirs["state"].items():
+        assert set(ours["state"][i]) == set(entry)
+        for key, value in entry.items():
+            if value is None:
+                assert ours["state"][i][key] is None
+            else:
+                np.testing.assert_allclose(ours["state"][i][key], value.numpy(), rtol=1e-5, atol=1e-6)
+    for og, tg in zip(ours["param_groups"], theirs["param_groups"]):
+        assert og["params"] == tg["params"]
+        assert all(og[k] == tg[k] for k in og if k != "params")
+
+
+@needs_torch
+def test_state_dict_interchange_with_torch():
+    params = make_params()
+    grads = make_grads(SHAPES, 6)
+    groups = [([0, 1, 2, 3, 4], dict(amsgrad=True))]
+    topt, tparams = torch_pair(ft.optim.AdamW, groups, params)
+    for step_grads in grads[:3]:
+        for t, g in zip(tparams, step_grads):
+            t.grad = torch.from_numpy(f32(g))
+        topt.step()
+    # torch's state continues in fasttrain ...
+    mine = to_ft([t.detach().numpy() for t in tparams])
+    opt = ft.optim.AdamW([dict(params=mine, amsgrad=True)], lr=1e-2)
+    opt.load_state_dict(topt.state_dict())
+    # ... and fasttrain's in torch.
+    back = [torch.tensor(t.detach().numpy().copy(), requires_grad=True) for t in tparams]
+    topt2 = torch.optim.AdamW(back, lr=1e-2, amsgrad=True, foreach=False)
+    sd = opt.state_dict()
+    topt2.load_state_dict({"state": {i: {k: torch.from_numpy(np.array(v)) for k, v in e.items()}
+                                     for i, e in sd["state"].items()}, "param_groups": sd["param_groups"]})
+    for step_grads in grads[3:]:
+        for t, t2, m, g in zip(tparams, back, mine, step_grads):
+            t.grad, t2.grad, m.grad = torch.from_numpy(f32(g)), torch.from_numpy(f32(g)), ft.from_numpy(f32(g))
+        topt.step()
+        topt2.step()
+        opt.step()
+    for t, t2, m in zip(tparams, back, mine):
+        np.testing.assert_allclose(m.numpy(), t.detach().numpy(), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(t2.detach().numpy(), t.detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+# ---- determinism, non-finite grads, state ----
+
+@pytest.mark.parametrize("cls", [ft.optim.SGD, ft.optim.AdamW, ft.optim.LAMB, ft.optim.LARS])
+def test_bitwise_identical_with_1_and_2_threads(cls, threads):
+    shapes = [(300, 500), (7,), (100000,)]
+    params, grads = make_params(shapes), make_grads(shapes, 4)
+    results = []
+    for n in (1, 2):
+        threads(n)
+        opt, got = run_ft(cls, [([0, 1, 2], dict(weight_decay=1e-3))], params, grads, max_grad_norm=50.0)
+        results.append(([t.numpy().tobytes() for t in got], opt.grad_norm))
+    assert results[0] == results[1]
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_nonfinite_grads_change_nothing(bad):
+    params = make_params()
+    tensors = to_ft(params)
+    opt = ft.optim.AdamW(tensors, lr=1e-2)
+    for t, g in zip(tensors, make_grads(SHAPES, 1)[0]):
+        t.grad = ft.from_numpy(f32(g))
+    opt.step()
+    before = [t.numpy().copy() for t in tensors]
+    state = opt.state_dict()["state"]
+    tensors[4].grad.numpy()[123] = bad
+    for kwargs in ({}, dict(max_grad_norm=1.0)):
+        with pytest.raises(ValueError, match="gradient norm is"):
+            opt.step(**kwargs)
+    for t, b in zip(tensors, before):
+        assert t.numpy().tobytes() == b.tobytes()
+    after = opt.state_dict()["state"]
+    for i in state:
+        for key in state[i]:
+            assert np.array_equal(state[i][key], after[i][key])
+    opt.step(check_finite=False)  # as torch.optim: the value goes through
+    assert opt.grad_norm is None
+    assert not np.isfinite(tensors[4].numpy()[123])
+
+
+def test_clipping_reports_the_norm():
+    p = ft.from_numpy(np.zeros(4, np.float32))
+    opt = ft.optim.SGD([p], lr=1.0)
+    p.grad = ft.from_numpy(np.array([3, 4, 0, 0], np.float32))
+    opt.step(max_grad_norm=1.0)
+    assert opt.grad_norm == 5.0
+    np.testing.assert_allclose(p.numpy(), [-0.6 / (1 + 2e-7), -0.8 / (1 + 2e-7), 0, 0], rtol=1e-6)
+    opt.step(max_grad_norm=10.0)  # below the threshold: unchanged grads
+    np.testing.assert_allclose(p.numpy(), [-3.6, -4.8, 0, 0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("cls", [ft.optim.SGD, ft.optim.AdamW, ft.optim.LAMB, ft.optim.LARS])
+def test_state_dict_resumes_exactly(cls):
+    params = make_params()
+    grads = make_grads(SHAPES, 6)
+    groups = [([0, 1, 2, 3, 4], dict(momentum=0.9) if cls is ft.optim.SGD else {})]
+    opt, tensors = run_ft(cls, groups, params, grads[:3])
+    sd = opt.state_dict()
+    resumed = to_ft([t.numpy() for t in tensors])
+    opt2 = cls([dict(params=resumed)], **CTOR[cls])
+    opt2.load_state_dict(sd)
+    for step_grads in grads[3:]:
+        for a, b, g in zip(tensors, resumed, step_grads):
+            a.grad, b.grad = ft.from_numpy(f32(g)), ft.from_numpy(f32(g))
+        opt.step()
+        opt2.step()
+    for a, b in zip(tensors, resumed):
+        assert a.numpy().tobytes() == b.numpy().tobytes()
+    assert opt.state_dict()["param_groups"] == opt2.state_dict()["param_groups"]
+
+
+def test_load_state_dict_mismatches():
+    params = make_params()
+    opt, _ = run_ft(ft.optim.AdamW, [([0, 1, 2, 3, 4], {})], params, make_grads(SHAPES, 2))
+    sd = opt.state_dict()
+    other = to_ft(make_params([(3, 4), (6,), (), (2, 3, 2), (40000,)]))
+    target = ft.optim.AdamW(other)
+    with pytest.raises(ValueError, match=r"param 1: exp_avg has shape \(5,\), but the param has shape \(6,\)"):
+        target.load_state_dict(sd)
+    assert target.state_dict()["state"] == {}  # nothing was loaded
+    with pytest.raises(ValueError, match=r"1 parameter group\(s\), the optimizer 2"):
+        ft.optim.AdamW([dict(params=other[:2]), dict(params=other[2:])]).load_state_dict(sd)
+    with pytest.raises(ValueError, match="has 5 params in the state_dict and 4"):
+        ft.optim.AdamW(other[:4]).load_state_dict(sd)
+    same = to_ft(params)
+    broken = {"state": {0: {"step": np.float32(1), "exp_avg": np.zeros((3, 4))}}, "param_groups": sd["param_groups"]}
+    with pytest.raises(ValueError, match="param 0 has no 'exp_avg_sq'"):
+        ft.optim.AdamW(same).load_state_dict(broken)
+    broken["state"][0].update(exp_avg_sq=np.zeros((3, 4)), step=-1.0)
+    with pytest.raises(ValueError, match="step must be a whole number"):
+        ft.optim.AdamW(same).load_state_dict(broken)
+    with pytest.raises(ValueError, match="param 9"):
+        ft.optim.AdamW(same).load_state_dict({"state": {9: {}}, "param_groups": sd["param_groups"]})
+    bad_lr = {"state": {}, "param_groups": [dict(sd["param_groups"][0], lr=float("nan"))]}
+    with pytest.raises(ValueError, match="lr must be finite"):
+        ft.optim.AdamW(same).load_state_dict(bad_lr)
+    with pytest.raises(ValueError, match="'state' and 'param_groups'"):
+        ft.optim.AdamW(same).load_state_dict({})
+
+
+def test_add_param_group_keeps_state():
+    params = make_params()
+    tensors = to_ft(params)
+    opt = ft.optim.AdamW(tensors[:2], lr=1e-2)
+    for t, g in zip(tensors[:2], make_grads(SHAPES[:2], 1)[0]):
+        t.grad = ft.from_numpy(f32(g))
+    opt.step()
+    before = opt.state_dict()["state"]
+    opt.add_param_group(dict(params=tensors[2:], lr=1e-3))
+    after = opt.state_dict()
+    assert after["param_groups"][1]["lr"] == 1e-3 and after["param_groups"][1]["params"] == [2, 3, 4]
+    for key in ("exp_avg", "exp_avg_sq"):
+        assert np.array_equal(after["state"][1][key], before[1][key])
+    with pytest.raises(ValueError, match="more than one parameter group"):
+        opt.add_param_group(dict(params=[tensors[0]]))
+
+
+def test_state_lives_in_flat_buffers_in_memory_stats():
+    ft.empty_cache()
+    p = ft.zeros(1 << 20)
+    opt = ft.optim.AdamW([p])
+    p.grad = ft.ones(1 << 20)
+    before = ft.memory_stats("cpu")["allocated_bytes"]
+    opt.step()
+    assert ft.memory_stats("cpu")["allocated_bytes"] - before >= 2 * (4 << 20)
+    del opt
+    assert ft.memory_stats("cpu")["allocated_bytes"] == before
+
+
+# ---- EMA ----
+
+def test_ema_against_numpy():
+    params = make_params()
+    tensors = to_ft(params)
+    ema = ft.optim.EMA(tensors, decay=0.9)
+    want = [p.astype(np.float64) for p in params]
+    rng = np.random.default_rng(5)
+    for step in range(4):
+        for t in tensors:
+            t.numpy()[...] += rng.standard_normal(t.shape).astype(np.float32)
+        decay = 0.9 if step < 3 else 0.5
+        ema.update(None if step < 3 else decay)
+        want = [w + (1 - decay) * (t.numpy() - w) for w, t in zip(want, tensors)]
+    for s, w in zip(ema.shadow, want):
+        close(s.numpy(), w, rtol=1e-6, atol=1e-6)
+    sd = ema.state_dict()
+    restored = ft.optim.EMA(tensors, decay=0.1)
+    restored.load_state_dict(sd)
+    assert restored.decay == 0.9 and restored.num_updates == 4
+    assert all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(restored.shadow, ema.shadow))
+    ema.copy_to()
+    assert all(np.array_equal(t.numpy(), s.numpy()) for t, s in zip(tensors, ema.shadow))
+    with pytest.raises(ValueError, match="decay"):
+        ft.optim.EMA(tensors, decay=1.5)
+    with pytest.raises(ValueError, match="decay"):
+        ema.update(float("nan"))
+    with pytest.raises(ValueError, match=r"average 1 has shape \(4,\)"):
+        restored.load_state_dict(dict(sd, shadow=[sd["shadow"][0], np.zeros(4)] + sd["shadow"][2:]))
+    with pytest.raises(ValueError, match="param 0 has shape"):
+        ema.copy_to([ft.zeros(2)] + tensors[1:])
+
+
+@needs_torch
+def test_ema_against_torch():
+    params = make_params()
+    tensors = to_ft(params)
+    ema = ft.optim.EMA(tensors, decay=0.95)
+    tema = [torch.tensor(f32(p)) for p in params]
+    for _ in range(3):
+        for t in tensors:
+            t.numpy()[...] *= np.float32(1.1)
+        ema.update()
+        torch._foreach_lerp_(tema, [torch.from_numpy(t.numpy()) for t in tensors], 1 - 0.95)
+    for s, t in zip(ema.shadow, tema):
+        np.testing.assert_allclose(s.numpy(), t.numpy(), rtol=1e-6, atol=1e-7)
+
+
+# ---- bad input ----
+
+@pytest.mark.parametrize("make, match", [
+    (lambda p: ft.optim.SGD(p, lr=-0.1), "lr must be finite and >= 0"),
+    (lambda p: ft.optim.SGD(p, lr=float("nan")), "lr must be finite"),
+    (lambda p: ft.optim.SGD(p, momentum=-1), "momentum"),
+    (lambda p: ft.optim.SGD(p, weight_decay=-1e-4), "weight_decay"),
+    (lambda p: ft.optim.SGD(p, nesterov=True), "nesterov momentum requires"),
+    (lambda p: ft.optim.SGD(p, momentum=0.9, dampening=0.1, nesterov=True), "nesterov momentum requires"),
+    (lambda p: ft.optim.AdamW(p, betas=(1.0, 0.999)), r"betas must be in \[0, 1\)"),
+    (lambda p: ft.optim.AdamW(p, betas=(0.9, -0.1)), "betas"),
+    (lambda p: ft.optim.AdamW(p, eps=0.0), "eps must be finite and > 0"),
+    (lambda p: ft.optim.AdamW(p, lr=float("inf")), "lr"),
+    (lambda p: ft.optim.LAMB(p, eps=-1.0), "eps"),
+    (lambda p: ft.optim.LARS(p, lr=0.1, trust_coefficient=0.0), "trust_coefficient"),
+    (lambda p: ft.optim.LARS(p), "required value of 'lr'"),
+    (lambda p: ft.optim.AdamW([dict(params=p, lr=-1.0)]), "group 0: lr"),
+    (lambda p: ft.optim.AdamW([dict(params=p[:1]), dict(params=p[1:], eps=-1.0)]), "group 1: eps"),
+    (lambda p: ft.optim.SGD([]), "empty parameter list"),
+    (lambda p: ft.optim.SGD(p + p[:1]), "more than one parameter group"),
+    (lambda p: ft.optim.SGD([dict(params=p), dict(params=p[:1])]), "more than one parameter group"),
+])
+def test_bad_hyperparameters(make, match):
+    with pytest.raises(ValueError, match=match):
+        make([ft.zeros(3), ft.zeros(2)])
+
+
+def test_bad_params_and_grads():
+    with pytest.raises(TypeError, match="float32"):
+        ft.optim.SGD([ft.zeros(3, dtype=ft.float64)])
+    with pytest.raises(TypeError, match="fasttrain Tensor"):
+        ft.optim.SGD([np.zeros(3, np.float32)])
+    with pytest.raises(TypeError, match="but got a Tensor"):
+        ft.optim.SGD(ft.zeros(3))
+    with pytest.raises(TypeError, match="ordered"):
+        ft.optim.SGD({ft.zeros(3)})
+    with pytest.raises(ValueError, match="contiguous"):
+        ft.optim.SGD([ft.zeros((3, 4)).t()])
+    with pytest.raises(TypeError, match="betas"):
+        ft.optim.AdamW([ft.zeros(3)], betas=0.9)
+    with pytest.raises(TypeError, match="lr must be a number"):
+        ft.optim.AdamW([ft.zeros(3)], lr="fast")
+    readonly = np.zeros(3, np.float32)
+    readonly.flags.writeable = False
+    opt = ft.optim.SGD([ft.from_numpy(readonly)])
+    with pytest.raises(ValueError, match="read-only"):
+        opt.step()
+    p = ft.zeros((2, 3))
+    opt = ft.optim.AdamW([ft.zeros(4), p])
+    p.grad = ft.zeros((3, 2))
+    with pytest.raises(ValueError, match=r"the grad of param 1 should have shape \(2, 3\), got \(3, 2\)"):
+        opt.step()
+    p.grad = ft.zeros((2, 3), dtype=ft.float64)
+    with pytest.raises(TypeError, match="the grad of param 1 must be float32"):
+        opt.step()
+    p.grad = ft.zeros((3, 2)).t()
+    with pytest.raises(ValueError, match="contiguous"):
+        opt.step()
+    p.grad = p
+    with pytest.raises(ValueError, match="overlaps"):
+        opt.step()
+    p.grad = ft.zeros((2, 3))
+    for kwargs, match in ((dict(grad_scale=0.0), "grad_scale"), (dict(grad_scale=float("nan")), "grad_scale"),
+                          (dict(max_grad_norm=-1.0), "max_grad_norm"), (dict(max_grad_norm=float("inf")), "max_grad_norm")):
+        with pytest.raises(ValueError, match=match):
+            opt.step(**kwargs)
+    opt.param_groups[0]["lr"] = float("nan")  # a bad value set later is caught at the next step
+    with pytest.raises(ValueError, match="lr must be finite"):
+        opt.step()
+    assert p.tolist() == [[0, 0, 0], [0, 0, 0]]
+
+
+def test_c_optimizer_is_shared():
+    p = ft.zeros(3)
+    opt = ft.optim.SGD([p], lr=0.1)
+    c = opt._sync()
+    assert isinstance(c, ft._C.Optimizer) and opt._sync() is c
+    opt.param_groups[0]["lr"] = 0.2
+    p.grad = ft.ones(3)
+    opt.step()
+    assert opt._c is c and c.num_steps == 1
+    np.testing.assert_allclose(p.numpy(), -0.2)
+
+
+# ---- lr schedulers ----
+
+def lrs_of(scheduler, steps, optimizer):
+    out = [scheduler.get_last_lr()[0]]
+    for _ in range(steps):
+        optimizer.step()
+        scheduler.step()
+        out.append(scheduler.get_last_lr()[0])
+    return np.array(out)
+
+
+def sgd(lr=0.1, **kw):
+    return ft.optim.SGD([ft.zeros(2)], lr=lr, **kw)
+
+
+SCHEDULES = {
+    "step": (lambda o: ls.StepLR(o, step_size=3, gamma=0.5), lambda t: 0.1 * 0.5 ** (t // 3)),
+    "multistep": (lambda o: ls.MultiStepLR(o, milestones=[2, 5, 5], gamma=0.1),
+                  lambda t: 0.1 * 0.1 ** np.searchsorted([2, 5, 5], t, side="right")),
+    "cosine": (lambda o: ls.CosineAnnealingLR(o, T_max=10, eta_min=0.01),
+               lambda t: 0.01 + (0.1 - 0.01) * (1 + np.cos(np.pi * t / 10)) / 2),
+    "linear": (lambda o: ls.LinearLR(o, start_factor=0.25, total_iters=4),
+               lambda t: 0.1 * (0.25 + 0.75 * np.minimum(t, 4) / 4)),
+    "lambda": (lambda o: ls.LambdaLR(o, lambda e: 0.95 ** e), lambda t: 0.1 * 0.95 ** t),
+    "warmup+cosine": (lambda o: ls.SequentialLR(o, [ls.LinearLR(o, start_factor=0.1, total_iters=5),
+                                                   ls.CosineAnnealingLR(o, T_max=15)], milestones=[5]),
+                      lambda t: np.where(t < 5, 0.1 * (0.1 + 0.9 * t / 5),
+                                         0.1 * (1 + np.cos(np.pi * (t - 5) / 15)) / 2)),
+    "warmup+linear decay": (lambda o: ls.SequentialLR(o, [ls.LinearLR(o, start_factor=0.2, total_iters=4),
+                                                         ls.LinearLR(o, start_factor=1.0, end_factor=0.01,
+                                                                     total_iters=16)], milestones=[4]),
+                            lambda t: np.where(t < 4, 0.1 * (0.2 + 0.8 * t / 4),
+                                               0.1 * (1 + (0.01 - 1) * np.minimum(t - 4, 16) / 16))),
+}
+
+
+@pytest.mark.parametrize("name", SCHEDULES)
+def test_scheduler_against_closed_form(name):
+    make, formula = SCHEDULES[name]
+    opt = sgd()
+    got = lrs_of(make(opt), 25, opt)
+    np.testing.assert_allclose(got, formula(np.arange(26)), rtol=1e-9, atol=1e-15)
+    assert opt.param_groups[0]["lr"] == got[-1]
+
+
+def onecycle_reference(total, max_lr, pct, div, final_div, anneal, three_phase, base_m, max_m):
+    init, low = max_lr / div, max_lr / div / final_div
+    if three_phase:
+        phases = [(pct * total - 1, init, max_lr, max_m, base_m), (2 * pct * total - 2, max_lr, init, base_m, max_m),
+                  (total - 1, init, low, max_m, max_m)]
+    else:
+        phases = [(pct * total - 1, init, max_lr, max_m, base_m), (total - 1, max_lr, low, base_m, max_m)]
+    f = (lambda a, b, x: b + (a - b) / 2 * (np.cos(np.pi * x) + 1)) if anneal == "cos" else \
+        (lambda a, b, x: (b - a) * x + a)
+    lrs, moms = [], []
+    for t in range(total):
+        start = 0.0
+        for i, (end, a, b, ma, mb) in enumerate(phases):
+            if t <= end or i == len(phases) - 1:
+                x = (t - start) / (end - start)
+                lrs.append(f(a, b, x))
+                moms.append(f(ma, mb, x))
+                break
+            start = end
+    return np.array(lrs), np.array(moms)
+
+
+@pytest.mark.parametrize("anneal, three_phase, cls", [("cos", False, "sgd"), ("linear", False, "adamw"),
+                                                      ("cos", True, "sgd")])
+def test_onecycle(anneal, three_phase, cls):
+    opt = sgd(momentum=0.9) if cls == "sgd" else ft.optim.AdamW([ft.zeros(2)])
+    sched = ls.OneCycleLR(opt, max_lr=0.5, total_steps=30, anneal_strategy=anneal, three_phase=three_phase)
+    lrs, moms = [sched.get_last_lr()[0]], []
+    for _ in range(29):
+        moms.append(opt.param_groups[0]["momentum"] if cls == "sgd" else opt.param_groups[0]["betas"][0])
+        opt.step()
+        sched.step()
+        lrs.append(sched.get_last_lr()[0])
+    moms.append(opt.param_groups[0]["momentum"] if cls == "sgd" else opt.param_groups[0]["betas"][0])
+    want_lr, want_m = onecycle_reference(30, 0.5, 0.3, 25.0, 1e4, anneal, three_phase, 0.85, 0.95)
+    np.testing.assert_allclose(lrs, want_lr, rtol=1e-12)
+    np.testing.assert_allclose(moms, want_m, rtol=1e-12)
+    with pytest.raises(ValueError, match="Tried to step 31 times"):
+        sched.step()
+        sched.step()
+
+
+def test_schedule_reaches_the_c_optimizer():
+    p = ft.from_numpy(np.zeros(3, np.float32))
+    opt = ft.optim.SGD([p], lr=1.0)
+    sched = ls.StepLR(opt, step_size=2, gamma=0.5)
+    total = 0.0
+    for t in range(6):
+        p.grad = ft.ones(3)
+        total -= 0.5 ** (t // 2)
+        opt.step()
+        sched.step()
+    np.testing.assert_allclose(p.numpy(), total, rtol=1e-6)
+
+
+def test_scheduler_state_dict_and_per_group_lrs():
+    opt = ft.optim.SGD([dict(params=[ft.zeros(2)], lr=0.1), dict(params=[ft.zeros(2)], lr=0.01)])
+    sched = ls.CosineAnnealingLR(opt, T_max=8)
+    for _ in range(3):
+        opt.step()
+        sched.step()
+    np.testing.assert_allclose(sched.get_last_lr(), [0.1 * (1 + math.cos(math.pi * 3 / 8)) / 2,
+                                                     0.01 * (1 + math.cos(math.pi * 3 / 8)) / 2], rtol=1e-12)
+    sd = sched.state_dict()
+    assert "optimizer" not in sd and sd["last_epoch"] == 3
+    opt2 = ft.optim.SGD([dict(params=[ft.zeros(2)], lr=0.1), dict(params=[ft.zeros(2)], lr=0.01)])
+    sched2 = ls.CosineAnnealingLR(opt2, T_max=8)
+    sched2.load_state_dict(sd)
+    opt2.load_state_dict(opt.state_dict())
+    sched.step()
+    sched2.step()
+    assert sched.get_last_lr() == sched2.get_last_lr()
+    seq = ls.SequentialLR(opt, [ls.LinearLR(opt, total_iters=2), ls.StepLR(opt, 2)], milestones=[2])
+    sd = seq.state_dict()
+    assert len(sd["_schedulers"]) == 2 and "optimizer" not in sd
+    seq.load_state_dict(sd)
+
+
+@pytest.mark.parametrize("make, error, match", [
+    (lambda o: ls.LinearLR(o, start_factor=0), ValueError, "Starting multiplicative factor"),
+    (lambda o: ls.LinearLR(o, end_factor=1.5), ValueError, "Ending multiplicative factor"),
+    (lambda o: ls.StepLR(o, step_size=0), ValueError, "step_size"),
+    (lambda o: ls.OneCycleLR(o, max_lr=1.0), ValueError, "total_steps OR"),
+    (lambda o: ls.OneCycleLR(o, max_lr=1.0, total_steps=0), ValueError, "positive integer total_steps"),
+    (lambda o: ls.OneCycleLR(o, max_lr=1.0, total_steps=10, pct_start=1), ValueError, "pct_start"),
+    (lambda o: ls.OneCycleLR(o, max_lr=1.0, total_steps=10, anneal_strategy="exp"), ValueError, "anneal_strategy"),
+    (lambda o: ls.OneCycleLR(o, max_lr=[1.0, 2.0], total_steps=10), ValueError, "one value per param group"),
+    (lambda o: ls.SequentialLR(o, [ls.StepLR(o, 2)], milestones=[3]), ValueError, "number of milestone"),
+    (lambda o: ls.SequentialLR(o, [], milestones=[]), ValueError, "at least one scheduler"),
+    (lambda o: ls.SequentialLR(o, [ls.StepLR(sgd(), 2), ls.StepLR(o, 2)], milestones=[3]), ValueError,
+     "same optimizer"),
+    (lambda o: ls.LambdaLR(o, [lambda e: 1.0] * 2), ValueError, "Expected 1 lr_lambdas"),
+    (lambda o: ls.StepLR(object(), 2), TypeError, "not an ft.optim optimizer"),
+    (lambda o: ls.StepLR(o, 2, last_epoch=3), KeyError, "initial_lr"),
+])
+def test_bad_scheduler_arguments(make, error, match):
+    with pytest.raises(error, match=match):
+        make(sgd())
+
+
+@needs_torch
+@pytest.mark.parametrize("name", ["step", "multistep", "cosine", "linear", "lambda", "warmup+cosine", "onecycle"])
+def test_schedulers_against_torch(name):
+    def build(mod, opt):
+        return {
+            "step": lambda: mod.StepLR(opt, step_size=3, gamma=0.5),
+            "multistep": lambda: mod.MultiStepLR(opt, milestones=[2, 5, 5], gamma=0.1),
+            "cosine": lambda: mod.CosineAnnealingLR(opt, T_max=10, eta_min=0.01),
+            "linear": lambda: mod.LinearLR(opt, start_factor=0.25, total_iters=4),
+            "lambda": lambda: mod.LambdaLR(opt, lambda e: 0.95 ** e),
+            "warmup+cosine": lambda: mod.SequentialLR(opt, [mod.LinearLR(opt, start_factor=0.1, total_iters=5),
+                                                            mod.CosineAnnealingLR(opt, T_max=15)], milestones=[5]),
+            "onecycle": lambda: mod.OneCycleLR(opt, max_lr=0.5, total_steps=30),
+        }[name]()
+
+    topt = torch.optim.SGD([torch.zeros(2, requires_grad=True)], lr=0.1, momentum=0.9)
+    opt = sgd(momentum=0.9)
+    tsched, sched = build(torch.optim.lr_scheduler, topt), build(ls, opt)
+    for _ in range(25):
+        assert sched.get_last_lr() == pytest.approx(tsched.get_last_lr(), rel=1e-14)
+        assert opt.param_groups[0]["momentum"] == pytest.approx(topt.param_groups[0]["momentum"], rel=1e-14)
+        topt.step()
+        opt.step()
+        tsched.step()
+        sched.step()
