@@ -101,8 +101,9 @@ float ft_row_dot(const float *x, const float *y, int64_t n) {
 FT_VEC_CLONES
 static void scale_loop(float *y, float s, int64_t n) { FT_SIMD_FOR(i, n) y[i] *= s; }
 
+/* y = (x - m) - ls: the shift first, so that large x keep their precision. */
 FT_VEC_CLONES
-static void sub_loop(float *y, const float *x, float s, int64_t n) { FT_SIMD_FOR(i, n) y[i] = x[i] - s; }
+static void sub_loop(float *y, const float *x, float m, float ls, int64_t n) { FT_SIMD_FOR(i, n) y[i] = (x[i] - m) - ls; }
 
 FT_VEC_CLONES
 static void softmax_grad_loop(float *dx, const float *dy, const float *y, float dot, int64_t n, bool acc) {
@@ -203,7 +204,7 @@ static void do_row(const sm_job *j, int64_t row, float *buf) {
         float m = ft_row_max(p[1], D);
         if (j->log) {
             float s = ft_row_exp_sum(NULL, p[1], m, D);
-            sub_loop(p[0], p[1], m + logf(s), D);
+            sub_loop(p[0], p[1], m, logf(s), D);
         } else {
             float s = ft_row_exp_sum(p[0], p[1], m, D);
             scale_loop(p[0], 1.0f / s, D);
@@ -222,7 +223,8 @@ static void do_row(const sm_job *j, int64_t row, float *buf) {
 static ft_status run(const char *op, bool log, bool backward, const ft_tensor *const *t, const char *const *names,
                      int nt, int dim, bool accumulate) {
     const ft_tensor *ref = t[1];
-    for (int k = 0; k < nt; k++) {
+    for (int i = 1; i <= nt; i++) { /* inputs first, the output last */
+        int k = i % nt;
         FT_TRY(ft_check_cpu_float(op, names[k], t[k], true));
         if (k != 1)
             FT_TRY(ft_check_shape_as(op, names[k], t[k], ref));

@@ -1,0 +1,355 @@
+/* The CPU ops of fasttrain's own loops under the sanitizers: the elementary
+ * functions of kernels/activation.h against libm in double, the vectorised
+ * loops against the scalar kernels (bitwise), every layout path of the
+ * pointwise engine, pooling, softmax and the losses on odd shapes, strides,
+ * bfloat16 and empty tensors, and the error paths. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "core/tensor.h"
+#include "kernels/activation.h"
+#include "kernels/convert.h"
+#include "ops/activation.h"
+#include "ops/dropout.h"
+#include "ops/elementwise.h"
+#include "ops/loss.h"
+#include "ops/pool.h"
+#include "ops/softmax.h"
+
+#define SHAPE(...) ((int64_t[]){__VA_ARGS__})
+
+static uint64_t lcg = 12345;
+static float frand(void) { /* uniform in [-3, 3) */
+    lcg = lcg * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((lcg >> 40) / 16777216.0 * 6.0 - 3.0);
+}
+
+static ft_tensor make(int ndim, const int64_t *shape, ft_dtype dt) {
+    ft_tensor t;
+    if (ft_tensor_empty(&t, ndim, shape, dt, FT_CPU, false) != FT_OK) {
+        fprintf(stderr, "ft_tensor_empty: %s\n", ft_last_error());
+        exit(2);
+    }
+    return t;
+}
+
+static int64_t offset_of(const ft_tensor *t, const int64_t *idx) {
+    int64_t off = 0;
+    for (int d = 0; d < t->ndim; d++)
+        off += idx[d] * t->strides[d];
+    return off;
+}
+
+static float get(const ft_tensor *t, const int64_t *idx) {
+    int64_t off = offset_of(t, idx);
+    if (t->dtype == FT_BFLOAT16)
+        return ft_bf16_to_f32(((uint16_t *)ft_tensor_data(t))[off]);
+    return ((float *)ft_tensor_data(t))[off];
+}
+
+static void set(const ft_tensor *t, const int64_t *idx, float v) {
+    int64_t off = offset_of(t, idx);
+    if (t->dtype == FT_BFLOAT16)
+        ((uint16_t *)ft_tensor_data(t))[off] = ft_f32_to_bf16(v);
+    else
+        ((float *)ft_tensor_data(t))[off] = v;
+}
+
+/* Advances a multi-index in C order; false after the last. */
+static bool next(int64_t *idx, const ft_tensor *t) {
+    for (int d = t->ndim - 1; d >= 0; d--) {
+        if (++idx[d] < t->shape[d])
+            return true;
+        idx[d] = 0;
+    }
+    return false;
+}
+
+static int64_t numel(const ft_tensor *t) { return ft_tensor_numel(t); }
+
+static void fill_random(const ft_tensor *t) {
+    int64_t idx[FT_MAX_DIMS] = {0};
+    if (numel(t))
+        do
+            set(t, idx, frand());
+        while (next(idx, t));
+}
+
+/* A 4-d (N, C, H, W) tensor stored NHWC. */
+static ft_tensor make_nhwc(const int64_t *s, ft_dtype dt) {
+    ft_tensor base = make(4, SHAPE(s[0], s[2], s[3], s[1]), dt), v;
+    int64_t C = s[1], W = s[3], H = s[2];
+    CHECK_OK(ft_tensor_view(&v, &base, 4, s, SHAPE(H * W * C, 1, W * C, C), base.offset));
+    ft_tensor_release(&base);
+    return v;
+}
+
+/* Every other element of a tensor twice as wide in the last dimension. */
+static ft_tensor make_strided(int ndim, const int64_t *s, ft_dtype dt) {
+    int64_t wide[FT_MAX_DIMS], st[FT_MAX_DIMS];
+    memcpy(wide, s, (size_t)ndim * sizeof *s);
+    wide[ndim - 1] *= 2;
+    ft_tensor base = make(ndim, wide, dt), v;
+    memcpy(st, base.strides, sizeof st);
+    st[ndim - 1] = 2;
+    CHECK_OK(ft_tensor_view(&v, &base, ndim, s, st, base.offset));
+    ft_tensor_release(&base);
+    return v;
+}
+
+/* a[...] == b[...] over their shared shape (NaN equal to NaN, -0 to 0). */
+static bool same_values(const ft_tensor *a, const ft_tensor *b) {
+    int64_t idx[FT_MAX_DIMS] = {0};
+    if (!numel(a))
+        return true;
+    do {
+        float x = get(a, idx), y = get(b, idx);
+        if (!(x == y || (isnan(x) && isnan(y)))) {
+            fprintf(stderr, "  differ: %.9g vs %.9g\n", x, y);
+            return false;
+        }
+    } while (next(idx, a));
+    return true;
+}
+
+static void copy_values(const ft_tensor *dst, const ft_tensor *src) { CHECK_OK(ft_tensor_copy(dst, src, false)); }
+
+/* ---- elementary functions ---- */
+
+static double rel(double got, double want) { return want == 0 ? fabs(got) : fabs(got - want) / fabs(want); }
+
+static void test_elementary(void) {
+    double worst_exp = 0, worst_tanh = 0, worst_cdf = 0, worst_tail = 0;
+    for (double x = -87.0; x <= 88.5; x += 0.00137) {
+        float xf = (float)x;
+        worst_exp = fmax(worst_exp, rel(ft_expf(xf), exp((double)xf)));
+    }
+    for (double x = -12.0; x <= 12.0; x += 0.000731) {
+        float xf = (float)x;
+        worst_tanh = fmax(worst_tanh, rel(ft_tanhf(xf), tanh((double)xf)));
+        worst_cdf = fmax(worst_cdf, fabs(ft_normcdff(xf) - 0.5 * erfc(-(double)xf / sqrt(2.0))));
+    }
+    for (double x = -9.0; x <= 0.0; x += 0.000913) {
+        float xf = (float)x;
+        worst_tail = fmax(worst_tail, rel(ft_normcdff(xf), 0.5 * erfc(-(double)xf / sqrt(2.0))));
+    }
+    CHECKF(worst_exp < 2.5e-7, "exp relative error %.3g", worst_exp);
+    CHECKF(worst_tanh < 2.5e-7, "tanh relative error %.3g", worst_tanh);
+    CHECKF(worst_cdf < 1.5e-7, "normal cdf absolute error %.3g", worst_cdf);
+    CHECKF(worst_tail < 8e-6, "normal cdf lower-tail relative error %.3g", worst_tail);
+    CHECK(ft_expf(-200.0f) == 0.0f && isinf(ft_expf(100.0f)) && isnan(ft_expf(NAN)));
+    CHECK(ft_expf(-100.0f) > 0.0f && ft_expf(-100.0f) < 1e-43f); /* gradual underflow */
+    CHECK(ft_tanhf(30.0f) == 1.0f && ft_tanhf(-30.0f) == -1.0f && isnan(ft_tanhf(NAN)));
+    CHECK(ft_sigmoidf(-200.0f) == 0.0f && ft_sigmoidf(200.0f) == 1.0f);
+    CHECK(ft_relu(-0.0f) == 0.0f && isnan(ft_relu(NAN)));
+    for (int k = 0; k < FT_NUM_ACTS; k++) {
+        ft_act a = {(ft_act_kind)k, 0.1f};
+        if (ft_act_grad_uses_output(a))
+            for (float x = -4.0f; x <= 4.0f; x += 0.37f) {
+                float gi = ft_act_grad_from_input(a, x), go = ft_act_grad_from_output(a, ft_act_forward(a, x));
+                CHECKF(fabsf(gi - go) < 2e-6f, "act %d at %g: %g vs %g", k, x, gi, go);
+            }
+    }
+}
+
+/* ---- the vectorised loops equal the scalar kernels, over every layout path ---- */
+
+static void test_activation_paths(void) {
+    const int64_t *s = SHAPE(3, 5, 7, 9);
+    ft_tensor x = make(4, s, FT_FLOAT32);
+    fill_random(&x);
+    for (int k = 0; k < FT_NUM_ACTS; k++) {
+        ft_act a = {(ft_act_kind)k, 0.05f};
+        ft_tensor y = make(4, s, FT_FLOAT32), want = make(4, s, FT_FLOAT32);
+        int64_t idx[4] = {0};
+        do
+            set(&want, idx, ft_act_forward(a, get(&x, idx)));
+        while (next(idx, &x));
+        CHECK_OK(ft_activation_forward(&y, &x, a));
+        CHECKF(same_values(&y, &want), "act %d contiguous", k);
+        ft_tensor xs = make_strided(4, s, FT_FLOAT32), xl = make_nhwc(s, FT_FLOAT32);
+        copy_values(&xs, &x);
+        copy_values(&xl, &x);
+        ft_tensor ys = make_strided(4, s, FT_FLOAT32);
+        CHECK_OK(ft_activation_forward(&ys, &xs, a));
+        CHECKF(same_values(&ys, &want), "act %d strided", k);
+        CHECK_OK(ft_activation_forward(&xl, &xl, a)); /* in place, channels-last */
+        CHECKF(same_values(&xl, &want), "act %d nhwc in place", k);
+        /* backward from the input through bfloat16 tiles */
+        ft_tensor xb = make(4, s, FT_BFLOAT16), gb = make(4, s, FT_BFLOAT16), g = make(4, s, FT_FLOAT32);
+        copy_values(&xb, &x);
+        CHECK_OK(ft_activation_backward(&gb, &x, &xb, NULL, a, false));
+        memset(idx, 0, sizeof idx);
+        bool ok = true;
+        do {
+            float want_g = get(&x, idx) * ft_act_grad_from_input(a, get(&xb, idx));
+            ok &= ft_bf16_to_f32(ft_f32_to_bf16(want_g)) == get(&gb, idx);
+        } while (next(idx, &x));
+        CHECKF(ok, "act %d bfloat16 backward", k);
+        CHECK_OK(ft_activation_backward(&g, &x, &x, NULL, a, false));
+        CHECK_OK(ft_activation_backward(&g, &x, &x, NULL, a, true));
+        ft_tensor_release(&y), ft_tensor_release(&want), ft_tensor_release(&xs), ft_tensor_release(&xl);
+        ft_tensor_release(&ys), ft_tensor_release(&xb), ft_tensor_release(&gb), ft_tensor_release(&g);
+    }
+    ft_tensor_release(&x);
+}
+
+static void test_elementwise_and_dropout(void) {
+    const int64_t *s = SHAPE(2, 6, 5, 3);
+    ft_tensor a = make(4, s, FT_FLOAT32), b = make_nhwc(s, FT_FLOAT32), o1 = make(4, s, FT_FLOAT32),
+              o2 = make_strided(4, s, FT_FLOAT32), da = make(4, s, FT_FLOAT32), db = make(4, s, FT_FLOAT32);
+    fill_random(&a);
+    fill_random(&b);
+    ft_act gelu = {FT_ACT_GELU, 0};
+    CHECK_OK(ft_add_forward(&o1, &a, &b, gelu));
+    CHECK_OK(ft_add_forward(&o2, &a, &b, (ft_act){FT_ACT_NONE, 0}));
+    CHECK_OK(ft_activation_forward(&o2, &o2, gelu));
+    CHECK(same_values(&o1, &o2));
+    CHECK_OK(ft_add_backward(&da, &db, &o1, &a, &b, NULL, gelu, false, false));
+    CHECK(same_values(&da, &db));
+    CHECK_OK(ft_mul_backward(&da, &db, &o1, &a, &b, false, true));
+    CHECK_STATUS(ft_add_backward(&da, &da, &o1, &a, &b, NULL, gelu, false, false), FT_ERR_VALUE);
+    /* concat along channels of mixed layouts, then split back */
+    ft_tensor cat = make_nhwc(SHAPE(2, 12, 5, 3), FT_FLOAT32);
+    const ft_tensor *parts[2] = {&a, &b};
+    CHECK_OK(ft_concat_forward(&cat, parts, 2, 1));
+    ft_tensor g0 = make(4, s, FT_FLOAT32), g1 = make_strided(4, s, FT_FLOAT32);
+    const ft_tensor *grads[2] = {&g0, &g1};
+    CHECK_OK(ft_concat_backward(grads, SHAPE(6, 6), 2, &cat, 1, false));
+    CHECK(same_values(&g0, &a) && same_values(&g1, &b));
+    /* dropout: the same mask for every layout, regenerated by backward */
+    ft_dropout_params dp = {0.3, 42, 5};
+    CHECK_OK(ft_dropout_forward(&o1, &a, &dp));
+    copy_values(&b, &a);
+    CHECK_OK(ft_dropout_forward(&b, &b, &dp));
+    CHECK(same_values(&o1, &b));
+    CHECK_OK(ft_dropout_backward(&o2, &a, &dp, false));
+    CHECK(same_values(&o1, &o2));
+    dp.p = 1.5;
+    CHECK_STATUS(ft_dropout_forward(&o1, &a, &dp), FT_ERR_VALUE);
+    ft_tensor_release(&a), ft_tensor_release(&b), ft_tensor_release(&o1), ft_tensor_release(&o2);
+    ft_tensor_release(&da), ft_tensor_release(&db), ft_tensor_release(&cat), ft_tensor_release(&g0);
+    ft_tensor_release(&g1);
+}
+
+/* ---- pooling: NCHW and NHWC agree bitwise over many parameter sets ---- */
+
+static void test_pool_layouts(void) {
+    for (int trial = 0; trial < 60; trial++) {
+        int64_t N = 1 + trial % 2, C = 1 + trial % 5 * 17, H = 3 + trial % 7, W = 2 + trial % 9;
+        ft_pool2d_params p = {{1 + trial % 3, 1 + (trial / 3) % 3}, {1 + trial % 2, 1 + (trial / 2) % 3},
+                              {0, 0}, {1 + (trial / 5) % 2, 1}, trial % 4 == 1, trial % 3 != 0, 0};
+        p.padding[0] = p.kernel[0] / 2 * (trial % 2);
+        p.padding[1] = p.kernel[1] / 2;
+        int64_t P, Q;
+        if (ft_pool2d_out_size(&P, &Q, H, W, &p, "max_pool2d") != FT_OK)
+            continue;
+        const int64_t *s = SHAPE(N, C, H, W), *os = SHAPE(N, C, P, Q);
+        ft_tensor x = make(4, s, FT_FLOAT32), xl = make_nhwc(s, FT_FLOAT32);
+        fill_random(&x);
+        copy_values(&xl, &x);
+        ft_tensor o = make(4, os, FT_FLOAT32), ol = make_nhwc(os, FT_FLOAT32), i64 = make(4, os, FT_INT64),
+                  i32 = make(4, os, FT_INT32), d = make(4, s, FT_FLOAT32), dl = make_nhwc(s, FT_FLOAT32);
+        CHECK_OK(ft_max_pool2d_forward(&o, &i64, &x, &p));
+        CHECK_OK(ft_max_pool2d_forward(&ol, &i32, &xl, &p));
+        CHECKF(same_values(&o, &ol), "max pool trial %d", trial);
+        CHECK_OK(ft_max_pool2d_backward(&d, &o, &i64, false));
+        CHECK_OK(ft_max_pool2d_backward(&dl, &ol, &i32, false));
+        CHECKF(same_values(&d, &dl), "max pool backward trial %d", trial);
+        p.dilation[0] = 1;
+        if (ft_pool2d_out_size(&P, &Q, H, W, &p, "avg_pool2d") == FT_OK && P == o.shape[2] && Q == o.shape[3]) {
+            CHECK_OK(ft_avg_pool2d_forward(&o, &x, &p));
+            CHECK_OK(ft_avg_pool2d_forward(&ol, &xl, &p));
+            CHECKF(same_values(&o, &ol), "avg pool trial %d", trial);
+            CHECK_OK(ft_avg_pool2d_backward(&d, &o, &p, false));
+            CHECK_OK(ft_avg_pool2d_backward(&dl, &ol, &p, true));
+            CHECK_OK(ft_avg_pool2d_backward(&dl, &ol, &p, false));
+            CHECKF(same_values(&d, &dl), "avg pool backward trial %d", trial);
+        }
+        CHECK_OK(ft_adaptive_avg_pool2d_forward(&o, &x));
+        CHECK_OK(ft_adaptive_avg_pool2d_forward(&ol, &xl));
+        CHECKF(same_values(&o, &ol), "adaptive avg trial %d", trial);
+        CHECK_OK(ft_adaptive_max_pool2d_forward(&o, &i64, &x));
+        CHECK_OK(ft_adaptive_max_pool2d_backward(&dl, &o, &i64, false));
+        ft_tensor_release(&x), ft_tensor_release(&xl), ft_tensor_release(&o), ft_tensor_release(&ol);
+        ft_tensor_release(&i64), ft_tensor_release(&i32), ft_tensor_release(&d), ft_tensor_release(&dl);
+    }
+    /* bad indices are reported, never written through */
+    ft_tensor x = make(4, SHAPE(1, 1, 4, 4), FT_FLOAT32), o = make(4, SHAPE(1, 1, 2, 2), FT_FLOAT32),
+              i = make(4, SHAPE(1, 1, 2, 2), FT_INT64);
+    fill_random(&x);
+    ft_pool2d_params p = {{2, 2}, {2, 2}, {0, 0}, {1, 1}, false, true, 0};
+    CHECK_OK(ft_max_pool2d_forward(&o, &i, &x, &p));
+    ((int64_t *)ft_tensor_data(&i))[3] = 16;
+    CHECK_STATUS(ft_max_pool2d_backward(&x, &o, &i, false), FT_ERR_INDEX);
+    ((int64_t *)ft_tensor_data(&i))[3] = -7;
+    CHECK_STATUS(ft_max_pool2d_backward(&x, &o, &i, false), FT_ERR_INDEX);
+    p.padding[0] = 2;
+    CHECK_STATUS(ft_max_pool2d_forward(&o, &i, &x, &p), FT_ERR_VALUE);
+    ft_tensor_release(&x), ft_tensor_release(&o), ft_tensor_release(&i);
+}
+
+/* ---- softmax and cross entropy on strided, bfloat16 and degenerate rows ---- */
+
+static void test_softmax_and_losses(void) {
+    const int64_t *s = SHAPE(3, 37, 2, 5);
+    ft_tensor x = make(4, s, FT_FLOAT32), xs = make_strided(4, s, FT_FLOAT32), y = make(4, s, FT_FLOAT32),
+              ys = make_nhwc(s, FT_FLOAT32), g = make(4, s, FT_FLOAT32), gs = make_strided(4, s, FT_FLOAT32);
+    fill_random(&x);
+    copy_values(&xs, &x);
+    for (int dim = -4; dim < 4; dim++) {
+        CHECK_OK(ft_log_softmax_forward(&y, &x, dim));
+        CHECK_OK(ft_log_softmax_forward(&ys, &xs, dim));
+        CHECKF(same_values(&y, &ys), "log_softmax dim %d", dim);
+        CHECK_OK(ft_softmax_backward(&g, &x, &y, dim, false));
+        CHECK_OK(ft_softmax_backward(&gs, &xs, &ys, dim, false));
+        CHECKF(same_values(&g, &gs), "softmax backward dim %d", dim);
+    }
+    CHECK_STATUS(ft_softmax_forward(&y, &x, 4), FT_ERR_INDEX);
+    /* cross entropy over (N, C, d1, d2) in two layouts, all options on */
+    ft_tensor tg = make(3, SHAPE(3, 2, 5), FT_INT32), loss = make(0, SHAPE(0), FT_FLOAT32),
+              loss2 = make(0, SHAPE(0), FT_FLOAT32), w = make(1, SHAPE(37), FT_FLOAT32);
+    int32_t *tv = (int32_t *)ft_tensor_data(&tg);
+    for (int i = 0; i < 30; i++)
+        tv[i] = i % 7 == 3 ? -1 : (i * 11) % 37;
+    fill_random(&w);
+    ft_cross_entropy_params cp = {FT_REDUCTION_MEAN, -1, 0.2};
+    CHECK_OK(ft_cross_entropy_forward(&loss, &g, &x, &tg, &w, &cp));
+    CHECK_OK(ft_cross_entropy_forward(&loss2, &gs, &xs, &tg, &w, &cp));
+    CHECK(same_values(&loss, &loss2) && same_values(&g, &gs));
+    CHECK_OK(ft_cross_entropy_backward(&gs, &loss, &xs, &tg, &w, &cp, false));
+    tv[7] = 37;
+    CHECK_STATUS(ft_cross_entropy_forward(&loss, &g, &x, &tg, &w, &cp), FT_ERR_INDEX);
+    /* one class, empty batch */
+    ft_tensor x1 = make(2, SHAPE(4, 1), FT_FLOAT32), t1 = make(1, SHAPE(4), FT_INT64),
+              g1 = make(2, SHAPE(4, 1), FT_FLOAT32);
+    fill_random(&x1);
+    memset(ft_tensor_data(&t1), 0, 4 * sizeof(int64_t));
+    CHECK_OK(ft_cross_entropy_forward(&loss, &g1, &x1, &t1, NULL, &cp));
+    CHECK(fabsf(*(float *)ft_tensor_data(&loss)) < 1e-6f);
+    ft_tensor x0 = make(2, SHAPE(0, 5), FT_BFLOAT16), t0 = make(1, SHAPE(0), FT_INT64);
+    CHECK_OK(ft_cross_entropy_forward(&loss, NULL, &x0, &t0, NULL, &cp));
+    CHECK(isnan(*(float *)ft_tensor_data(&loss)));
+    /* mse: layouts agree bitwise, mean of nothing is NaN */
+    CHECK_OK(ft_mse_loss_forward(&loss, &x, &xs, FT_REDUCTION_SUM));
+    CHECK(*(float *)ft_tensor_data(&loss) == 0.0f);
+    CHECK_OK(ft_mse_loss_forward(&loss, &x, &y, FT_REDUCTION_MEAN));
+    CHECK_OK(ft_mse_loss_forward(&loss2, &xs, &ys, FT_REDUCTION_MEAN));
+    CHECK(same_values(&loss, &loss2));
+    CHECK_OK(ft_mse_loss_backward(&g, &gs, &loss, &x, &y, FT_REDUCTION_MEAN, false, false));
+    ft_tensor_release(&x), ft_tensor_release(&xs), ft_tensor_release(&y), ft_tensor_release(&ys);
+    ft_tensor_release(&g), ft_tensor_release(&gs), ft_tensor_release(&tg), ft_tensor_release(&loss);
+    ft_tensor_release(&loss2), ft_tensor_release(&w), ft_tensor_release(&x1), ft_tensor_release(&t1);
+    ft_tensor_release(&g1), ft_tensor_release(&x0), ft_tensor_release(&t0);
+}
+
+int main(void) {
+    test_elementary();
+    test_activation_paths();
+    test_elementwise_and_dropout();
+    test_pool_layouts();
+    test_softmax_and_losses();
+    return check_main_result("test_ops");
+}
