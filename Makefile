@@ -5,8 +5,10 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+# golang-1.19-src and python3-sklearn: real JPEG files for the data tests
+# (Go's image/testdata with every chroma subsampling, sklearn's two photos).
 SYS_PACKAGES := build-essential python3-dev python3-venv libdnnl-dev libturbojpeg0-dev \
-	libjpeg-turbo-progs dataset-fashion-mnist
+	libjpeg-turbo-progs dataset-fashion-mnist golang-1.19-src python3-sklearn
 
 CC ?= gcc
 CORE_SRC := $(wildcard csrc/core/*.c csrc/ops/*.c csrc/optim/*.c csrc/nn/*.c csrc/data/*.c)

@@ -38,6 +38,7 @@ typedef struct {
     int64_t batch, n, claimed, done;
     int busy; /* chunks being processed outside the lock */
     int64_t err_pos; /* first failed position in the batch, or -1 */
+    int64_t failed;  /* samples of the batch that failed */
     ft_status err_status;
     char err[512];
     void *event; /* CUDA: the copy of this buffer to the device has completed */
@@ -289,7 +290,7 @@ static bool work_once(ft_loader *l, ft_augment_ctx *ctx, ft_fetch_buf *buf) {
             s->gen = l->gen;
             s->batch = b;
             s->n = l->nsamples - start < l->cfg.batch_size ? l->nsamples - start : l->cfg.batch_size;
-            s->claimed = s->done = 0;
+            s->claimed = s->done = s->failed = 0;
             s->err_pos = -1;
         }
     }
@@ -326,12 +327,6 @@ static bool work_once(ft_loader *l, ft_augment_ctx *ctx, ft_fetch_buf *buf) {
 
     pthread_mutex_lock(&r->mu);
     s->busy--;
-    l->st_samples += k - nfailed;
-    l->st_errors += nfailed;
-    if (l->cfg.on_error == FT_ON_ERROR_SKIP)
-        l->st_skipped += nfailed;
-    if (nfailed)
-        snprintf(l->last_error, sizeof l->last_error, "%s", msg);
     if (s->state == SLOT_ABANDONED) {
         if (s->busy == 0) {
             s->state = SLOT_FREE;
@@ -344,6 +339,7 @@ static bool work_once(ft_loader *l, ft_augment_ctx *ctx, ft_fetch_buf *buf) {
         s->err_status = failed_status;
         snprintf(s->err, sizeof s->err, "%s", msg);
     }
+    s->failed += nfailed;
     s->done += k;
     if (s->done == s->n) {
         s->state = SLOT_READY;
@@ -765,6 +761,13 @@ ft_status ft_loader_next_wait(ft_loader *l, ft_batch *out, bool *done, int timeo
     }
     pthread_cond_broadcast(&r->work_cv);
     l->wait_seconds += now_seconds() - start;
+    /* Counted as delivered, so that batches prepared ahead do not count. */
+    l->st_samples += s->n - s->failed;
+    l->st_errors += s->failed;
+    if (l->cfg.on_error == FT_ON_ERROR_SKIP)
+        l->st_skipped += s->failed;
+    if (s->err_pos >= 0)
+        snprintf(l->last_error, sizeof l->last_error, "%s", s->err);
     bool raise = s->err_pos >= 0 && l->cfg.on_error == FT_ON_ERROR_RAISE;
     if (raise) {
         ft_status f = s->err_status;

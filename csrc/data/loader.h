@@ -87,9 +87,9 @@ typedef struct {
 } ft_batch;
 
 typedef struct {
-    int64_t samples;  /* samples produced */
-    int64_t skipped;  /* samples left out by on_error skip */
-    int64_t errors;   /* failed samples, skipped or raised */
+    int64_t samples;  /* samples delivered */
+    int64_t skipped;  /* samples left out of delivered batches by on_error skip */
+    int64_t errors;   /* failed samples of delivered batches, skipped or raised */
     int64_t batches;  /* batches delivered */
     int64_t ring_buffers;
     size_t ring_bytes; /* bytes of one batch buffer */
