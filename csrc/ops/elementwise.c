@@ -138,7 +138,8 @@ ft_status ft_add_backward(const ft_tensor *da, const ft_tensor *db, const ft_ten
         FT_TRY(check_grad(op, "da", da, dout));
     if (db)
         FT_TRY(check_grad(op, "db", db, dout));
-    if (da && db && ft_tensor_numel(da) > 0 && (ft_same_view(da, db) || ft_check_alias(op, "da", da, "db", db) != FT_OK))
+    if (da && db && ft_tensor_numel(da) > 0 &&
+        (ft_same_view(da, db) || ft_check_alias(op, "da", da, "db", db) != FT_OK))
         return ft_fail(FT_ERR_VALUE, "%s: da and db must not share memory", op);
     if (!da && !db)
         return FT_OK;
@@ -226,7 +227,8 @@ ft_status ft_mul_backward(const ft_tensor *da, const ft_tensor *db, const ft_ten
         FT_TRY(check_grad(op, "da", da, dout));
     if (db)
         FT_TRY(check_grad(op, "db", db, dout));
-    if (da && db && ft_tensor_numel(da) > 0 && (ft_same_view(da, db) || ft_check_alias(op, "da", da, "db", db) != FT_OK))
+    if (da && db && ft_tensor_numel(da) > 0 &&
+        (ft_same_view(da, db) || ft_check_alias(op, "da", da, "db", db) != FT_OK))
         return ft_fail(FT_ERR_VALUE, "%s: da and db must not share memory", op);
     if (!da && !db)
         return FT_OK;

@@ -57,7 +57,7 @@ void ft_pw_walk(const ft_pw_loop *l, const ft_pw_plan *pl, int64_t begin, int64_
 
 /* Runs of pointers straight into float32 memory: the kernels mark their
  * inner loops with these to get AVX-512 / AVX2+FMA code chosen at run time. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && !defined(FT_NO_CLONES)
 #define FT_VEC_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define FT_VEC_CLONES

@@ -31,6 +31,8 @@ typedef struct {
     const span *rows, *cols; /* (P), (Q) */
     int64_t divisor_override;
     bool count_include_pad;
+    /* the column rule of fixed windows (k, stride, pad, dilation), k = 0 for adaptive ones */
+    int64_t ck, cs, cp, cd;
     /* forward: x the input, y the output; backward: x = dout, y = dinp */
     const float *x;
     float *y;
@@ -124,37 +126,116 @@ static inline int64_t load_index(const pool_job *j, int64_t off) {
 
 /* ---- forward ---- */
 
-/* One (n, c) plane, W-innermost layouts. */
+/* Outputs ow of a row whose windows lie inside the input along W: each
+ * window element (h, kw) updates n outputs at once, elements s apart. */
+#define OWB 128
+
+/* The window elements of nb whole-column outputs starting at input column
+ * w0, for input rows r: acc = max (and its position at) or sum. Compiled for
+ * element steps 1 and 2 (stride 1 and 2 over contiguous rows) as constants. */
+static inline __attribute__((always_inline)) void interior(const pool_job *j, const float *x, const span *r,
+                                                           int64_t w0, int64_t nb, float *acc, int64_t *at,
+                                                           int64_t step) {
+    int64_t sh = j->xs[2], W = j->W, cs = j->cs;
+    for (int64_t h = r->lo; h < r->hi; h += r->step)
+        for (int64_t kw = 0; kw < j->ck; kw++) {
+            int64_t w = w0 + kw * j->cd, pos0 = h * W + w;
+            const float *p = x + h * sh + w * j->xs[3];
+            if (j->kind == POOL_MAX) {
+                FT_SIMD_FOR(i, nb) {
+                    float v = p[i * step];
+                    bool take = v > acc[i] || v != v;
+                    acc[i] = take ? v : acc[i];
+                    at[i] = take ? pos0 + i * cs : at[i];
+                }
+            } else {
+                FT_SIMD_FOR(i, nb) acc[i] += p[i * step];
+            }
+        }
+}
+
+FT_VEC_CLONES
+static void interior_run(const pool_job *j, const float *x, const span *r, int64_t w0, int64_t nb, float *acc,
+                         int64_t *at) {
+    int64_t step = j->cs * j->xs[3];
+    if (step == 1)
+        interior(j, x, r, w0, nb, acc, at, 1);
+    else if (step == 2)
+        interior(j, x, r, w0, nb, acc, at, 2);
+    else
+        interior(j, x, r, w0, nb, acc, at, step);
+}
+
+/* One output (oh, ow) of a W-innermost plane. */
+static void fwd_one(const pool_job *j, const float *x, float *y, int64_t idx_base, int64_t oh, int64_t ow) {
+    const span *r = &j->rows[oh], *q = &j->cols[ow];
+    int64_t sh = j->xs[2], sw = j->xs[3];
+    float *o = y + oh * j->ys[2] + ow * j->ys[3];
+    bool empty = r->lo >= r->hi || q->lo >= q->hi;
+    if (j->kind == POOL_MAX) {
+        float m = -INFINITY;
+        int64_t at = empty ? -1 : r->lo * j->W + q->lo;
+        for (int64_t h = r->lo; h < r->hi; h += r->step)
+            for (int64_t w = q->lo; w < q->hi; w += q->step) {
+                float v = x[h * sh + w * sw];
+                if (v > m || v != v)
+                    m = v, at = h * j->W + w;
+            }
+        *o = m;
+        if (j->ind)
+            store_index(j, idx_base + oh * j->is[2] + ow * j->is[3], at);
+    } else {
+        float sum = 0.0f;
+        for (int64_t h = r->lo; h < r->hi; h++)
+            for (int64_t w = q->lo; w < q->hi; w++)
+                sum += x[h * sh + w * sw];
+        *o = empty ? 0.0f : sum / divisor(j, r, q);
+    }
+}
+
+/* One (n, c) plane, W-innermost layouts. Outputs are visited window element
+ * by window element in the scalar order (rows, then columns), so every path
+ * gives the same bits. */
 static void fwd_plane(const pool_job *j, int64_t n, int64_t c) {
     const float *x = j->x + n * j->xs[0] + c * j->xs[1];
     float *y = j->y + n * j->ys[0] + c * j->ys[1];
-    int64_t sh = j->xs[2], sw = j->xs[3];
+    int64_t idx_base = n * j->is[0] + c * j->is[1];
+    /* [q0, q1): outputs whose column window is whole inside the input */
+    int64_t q0 = 0, q1 = 0;
+    if (j->ck > 0) {
+        q0 = (j->cp + j->cs - 1) / j->cs;
+        q1 = floor_div(j->W - (j->ck - 1) * j->cd - 1 + j->cp, j->cs) + 1;
+        q1 = q1 > j->Q ? j->Q : q1;
+        q1 = q1 < q0 ? q0 : q1;
+    }
+    _Alignas(64) float acc[OWB];
+    _Alignas(64) int64_t at[OWB];
     for (int64_t oh = 0; oh < j->P; oh++) {
         const span *r = &j->rows[oh];
-        for (int64_t ow = 0; ow < j->Q; ow++) {
-            const span *q = &j->cols[ow];
-            float *o = y + oh * j->ys[2] + ow * j->ys[3];
-            bool empty = r->lo >= r->hi || q->lo >= q->hi;
-            if (j->kind == POOL_MAX) {
-                float m = -INFINITY;
-                int64_t at = empty ? -1 : r->lo * j->W + q->lo;
-                for (int64_t h = r->lo; h < r->hi; h += r->step)
-                    for (int64_t w = q->lo; w < q->hi; w += q->step) {
-                        float v = x[h * sh + w * sw];
-                        if (v > m || v != v)
-                            m = v, at = h * j->W + w;
-                    }
-                *o = m;
+        for (int64_t ow = 0; ow < q0 && ow < j->Q; ow++)
+            fwd_one(j, x, y, idx_base, oh, ow);
+        for (int64_t ow0 = q0; ow0 < q1; ow0 += OWB) {
+            int64_t nb = q1 - ow0 < OWB ? q1 - ow0 : OWB, w0 = ow0 * j->cs - j->cp;
+            bool max = j->kind == POOL_MAX;
+            for (int64_t i = 0; i < nb; i++) {
+                acc[i] = max ? -INFINITY : 0.0f;
+                at[i] = r->lo < r->hi ? r->lo * j->W + w0 + i * j->cs : -1;
+            }
+            interior_run(j, x, r, w0, nb, acc, at);
+            float *o = y + oh * j->ys[2] + ow0 * j->ys[3];
+            if (max) {
+                for (int64_t i = 0; i < nb; i++)
+                    o[i * j->ys[3]] = acc[i];
                 if (j->ind)
-                    store_index(j, n * j->is[0] + c * j->is[1] + oh * j->is[2] + ow * j->is[3], at);
+                    for (int64_t i = 0; i < nb; i++)
+                        store_index(j, idx_base + oh * j->is[2] + (ow0 + i) * j->is[3], at[i]);
             } else {
-                float sum = 0.0f;
-                for (int64_t h = r->lo; h < r->hi; h++)
-                    for (int64_t w = q->lo; w < q->hi; w++)
-                        sum += x[h * sh + w * sw];
-                *o = empty ? 0.0f : sum / divisor(j, r, q);
+                for (int64_t i = 0; i < nb; i++)
+                    o[i * j->ys[3]] = r->lo < r->hi ? acc[i] / divisor(j, r, &j->cols[ow0 + i]) : 0.0f;
             }
         }
+        for (int64_t ow = q1 > q0 ? q1 : q0; ow < j->Q; ow++)
+            fwd_one(j, x, y, idx_base, oh, ow);
     }
 }
 
@@ -207,6 +288,28 @@ static void fwd_row_cl(const pool_job *j, int64_t n, int64_t oh, int64_t c0, int
     }
 }
 
+/* The global average of 16 planes (n, c0 .. c0 + nc) whose H x W elements
+ * are contiguous: the planes side by side in one vector, each summed in
+ * (h, w) order like the channels-last loop, so both layouts agree bitwise. */
+FT_VEC_CLONES
+static void global_avg_planes(const pool_job *j, int64_t n, int64_t c0, int nc) {
+    const float *x = j->x + n * j->xs[0] + c0 * j->xs[1];
+    int64_t HW = j->H * j->W, sc = j->xs[1];
+    float acc[16] = {0};
+    for (int64_t i = 0; i < HW; i++)
+        FT_SIMD_FOR(k, nc) acc[k] += x[k * sc + i];
+    float d = divisor(j, &j->rows[0], &j->cols[0]);
+    float *y = j->y + n * j->ys[0] + c0 * j->ys[1];
+    for (int k = 0; k < nc; k++)
+        y[k * j->ys[1]] = acc[k] / d;
+}
+
+static bool global_contiguous(const pool_job *j) {
+    return j->kind == POOL_AVG && j->P == 1 && j->Q == 1 && j->rows[0].lo == 0 && j->rows[0].hi == j->H &&
+           j->cols[0].lo == 0 && j->cols[0].hi == j->W && (j->W == 1 || j->xs[3] == 1) &&
+           (j->H == 1 || j->xs[2] == j->W * j->xs[3]);
+}
+
 /* Channels innermost in t (NHWC, channels_last): C > 1 at stride 1. */
 static bool channels_last(const ft_tensor *t) { return t->shape[1] > 1 && t->strides[1] == 1; }
 
@@ -224,6 +327,13 @@ static void run_forward(const pool_job *j, bool cl) {
             int64_t b = it % nb, row = it / nb;
             int64_t c0 = b * CB;
             fwd_row_cl(j, row / j->P, row % j->P, c0, j->C - c0 < CB ? j->C - c0 : CB);
+        }
+    } else if (global_contiguous(j)) {
+        int64_t nb = (j->C + 15) / 16, items = j->N * nb;
+#pragma omp parallel for schedule(static) if (work > PARALLEL_WORK)
+        for (int64_t it = 0; it < items; it++) {
+            int64_t c0 = it % nb * 16;
+            global_avg_planes(j, it / nb, c0, (int)(j->C - c0 < 16 ? j->C - c0 : 16));
         }
     } else {
         int64_t planes = j->N * j->C;
@@ -399,6 +509,7 @@ static ft_status pool_forward(const char *op, int kind, window_rule rule, const 
     if (rule == FIXED) {
         fixed_spans(rows, P, H, p->kernel[0], p->stride[0], p->padding[0], p->dilation[0]);
         fixed_spans(cols, Q, W, p->kernel[1], p->stride[1], p->padding[1], p->dilation[1]);
+        j.ck = p->kernel[1], j.cs = p->stride[1], j.cp = p->padding[1], j.cd = p->dilation[1];
         j.divisor_override = p->divisor_override;
         j.count_include_pad = p->count_include_pad;
     } else {

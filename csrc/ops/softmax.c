@@ -15,6 +15,9 @@
 #include "ops/pointwise.h"
 
 #define L 16
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+/* A loop over the L lanes, vectorised as one (AVX-512) or two (AVX2) registers. */
+#define LANES(l) _Pragma("omp simd") for (int l = 0; l < L; l++)
 /* Elements below which an op runs on one thread. */
 #define PARALLEL_WORK (1 << 15)
 
@@ -34,17 +37,13 @@ float ft_row_max(const float *x, int64_t n) {
         acc[l] = -INFINITY;
     int64_t i = 0;
     for (; i + L <= n; i += L)
-        for (int l = 0; l < L; l++) {
-            float v = x[i + l];
-            acc[l] = v > acc[l] || v != v ? v : acc[l];
-        }
-    for (int l = 0; i + l < n; l++) {
-        float v = x[i + l];
-        acc[l] = v > acc[l] || v != v ? v : acc[l];
-    }
+        LANES(l)
+            acc[l] = x[i + l] > acc[l] ? x[i + l] : acc[l];
+    for (int l = 0; i + l < n; l++)
+        acc[l] = x[i + l] > acc[l] ? x[i + l] : acc[l];
     float m = acc[0];
     for (int l = 1; l < L; l++)
-        m = acc[l] > m || acc[l] != acc[l] ? acc[l] : m;
+        m = acc[l] > m ? acc[l] : m;
     return m;
 }
 
@@ -54,7 +53,7 @@ float ft_row_exp_sum(float *e, const float *x, float shift, int64_t n) {
     int64_t i = 0;
     if (e) {
         for (; i + L <= n; i += L)
-            for (int l = 0; l < L; l++) {
+            LANES(l) {
                 float v = ft_expf(x[i + l] - shift);
                 e[i + l] = v;
                 acc[l] += v;
@@ -66,7 +65,7 @@ float ft_row_exp_sum(float *e, const float *x, float shift, int64_t n) {
         }
     } else {
         for (; i + L <= n; i += L)
-            for (int l = 0; l < L; l++)
+            LANES(l)
                 acc[l] += ft_expf(x[i + l] - shift);
         for (int l = 0; i + l < n; l++)
             acc[l] += ft_expf(x[i + l] - shift);
@@ -79,7 +78,7 @@ float ft_row_sum(const float *x, int64_t n) {
     float acc[L] = {0};
     int64_t i = 0;
     for (; i + L <= n; i += L)
-        for (int l = 0; l < L; l++)
+        LANES(l)
             acc[l] += x[i + l];
     for (int l = 0; i + l < n; l++)
         acc[l] += x[i + l];
@@ -91,7 +90,7 @@ float ft_row_dot(const float *x, const float *y, int64_t n) {
     float acc[L] = {0};
     int64_t i = 0;
     for (; i + L <= n; i += L)
-        for (int l = 0; l < L; l++)
+        LANES(l)
             acc[l] += x[i + l] * y[i + l];
     for (int l = 0; i + l < n; l++)
         acc[l] += x[i + l] * y[i + l];
@@ -103,7 +102,9 @@ static void scale_loop(float *y, float s, int64_t n) { FT_SIMD_FOR(i, n) y[i] *=
 
 /* y = (x - m) - ls: the shift first, so that large x keep their precision. */
 FT_VEC_CLONES
-static void sub_loop(float *y, const float *x, float m, float ls, int64_t n) { FT_SIMD_FOR(i, n) y[i] = (x[i] - m) - ls; }
+static void sub_loop(float *y, const float *x, float m, float ls, int64_t n) {
+    FT_SIMD_FOR(i, n) y[i] = (x[i] - m) - ls;
+}
 
 FT_VEC_CLONES
 static void softmax_grad_loop(float *dx, const float *dy, const float *y, float dot, int64_t n, bool acc) {
@@ -119,6 +120,100 @@ static void log_softmax_grad_loop(float *dx, const float *dy, const float *y, fl
         FT_SIMD_FOR(i, n) dx[i] += dy[i] - ft_expf(y[i]) * sum;
     else
         FT_SIMD_FOR(i, n) dx[i] = dy[i] - ft_expf(y[i]) * sum;
+}
+
+/* ---- column forms: R rows side by side ----
+ * Element d of row r is at x[d * stride + r]. Each row's sum is taken with
+ * the lanes of the row forms (element d into lane d % L, then the same tree),
+ * so both forms give bitwise the same results. */
+
+ALWAYS_INLINE void combine_cols(float (*acc)[FT_COLS], float *s, int R) {
+    for (int w = L / 2; w >= 1; w /= 2)
+        for (int l = 0; l < w; l++)
+            FT_SIMD_FOR(r, R) acc[l][r] += acc[l + w][r];
+    FT_SIMD_FOR(r, R) s[r] = acc[0][r];
+}
+
+ALWAYS_INLINE void zero_cols(float (*acc)[FT_COLS], int R) {
+    for (int l = 0; l < L; l++)
+        FT_SIMD_FOR(r, R) acc[l][r] = 0.0f;
+}
+
+ALWAYS_INLINE void cols_max(float *m, const float *x, int64_t stride, int64_t D, int R) {
+    FT_SIMD_FOR(r, R) m[r] = -INFINITY;
+    for (int64_t d = 0; d < D; d++) {
+        const float *p = x + d * stride;
+        FT_SIMD_FOR(r, R) m[r] = p[r] > m[r] ? p[r] : m[r];
+    }
+}
+
+/* The column loops are compiled once for R = L (a full vector, the common
+ * block of the losses) and once for any R. */
+FT_VEC_CLONES
+void ft_cols_max(float *m, const float *x, int64_t stride, int64_t D, int R) {
+    if (R == L)
+        cols_max(m, x, stride, D, L);
+    else
+        cols_max(m, x, stride, D, R);
+}
+
+ALWAYS_INLINE void cols_exp_sum(float *s, float *e, int64_t estride, const float *x, int64_t stride,
+                                const float *shift, int64_t D, int R) {
+    float acc[L][FT_COLS];
+    zero_cols(acc, R);
+    for (int64_t d = 0; d < D; d++) {
+        const float *p = x + d * stride;
+        float *a = acc[d % L];
+        if (e) {
+            float *q = e + d * estride;
+            FT_SIMD_FOR(r, R) {
+                float v = ft_expf(p[r] - shift[r]);
+                q[r] = v;
+                a[r] += v;
+            }
+        } else {
+            FT_SIMD_FOR(r, R) a[r] += ft_expf(p[r] - shift[r]);
+        }
+    }
+    combine_cols(acc, s, R);
+}
+
+FT_VEC_CLONES
+void ft_cols_exp_sum(float *s, float *e, int64_t estride, const float *x, int64_t stride, const float *shift,
+                     int64_t D, int R) {
+    if (R == L)
+        cols_exp_sum(s, e, estride, x, stride, shift, D, L);
+    else
+        cols_exp_sum(s, e, estride, x, stride, shift, D, R);
+}
+
+ALWAYS_INLINE void cols_dot(float *s, const float *x, int64_t stride, const float *y, int64_t ystride,
+                            const float *w, int64_t D, int R) {
+    float acc[L][FT_COLS];
+    zero_cols(acc, R);
+    for (int64_t d = 0; d < D; d++) {
+        const float *p = x + d * stride;
+        float *a = acc[d % L];
+        if (y) {
+            const float *q = y + d * ystride;
+            FT_SIMD_FOR(r, R) a[r] += p[r] * q[r];
+        } else if (w) {
+            float wd = w[d];
+            FT_SIMD_FOR(r, R) a[r] += p[r] * wd;
+        } else {
+            FT_SIMD_FOR(r, R) a[r] += p[r];
+        }
+    }
+    combine_cols(acc, s, R);
+}
+
+FT_VEC_CLONES
+void ft_cols_dot(float *s, const float *x, int64_t stride, const float *y, int64_t ystride, const float *w,
+                 int64_t D, int R) {
+    if (R == L)
+        cols_dot(s, x, stride, y, ystride, w, D, L);
+    else
+        cols_dot(s, x, stride, y, ystride, w, D, R);
 }
 
 /* ---- rows ---- */
@@ -144,6 +239,14 @@ void ft_rows_pos(const ft_rows *r, int64_t row, int64_t *pos) {
     for (int d = r->nd - 1; d >= 0; d--) {
         pos[d] = row % r->shape[d];
         row /= r->shape[d];
+    }
+}
+
+void ft_rows_next(const ft_rows *r, int64_t *pos) {
+    for (int d = r->nd - 1; d >= 0; d--) {
+        if (++pos[d] < r->shape[d])
+            return;
+        pos[d] = 0;
     }
 }
 
@@ -181,8 +284,58 @@ typedef struct {
     int64_t dstride[3];
     ft_dtype dt[3];
     bool direct[3];
-    float *bufs; /* per thread: nt rows of D */
+    bool cols; /* blocks of rows that are adjacent in every operand (all float32) */
 } sm_job;
+
+/* Rows [row0, row0 + R) as columns: adjacent along the innermost row
+ * dimension of every operand, within one run of it. */
+static void do_cols(const sm_job *j, int64_t row0, int R) {
+    int64_t pos[FT_MAX_DIMS], D = j->D;
+    ft_rows_pos(&j->rows, row0, pos);
+    float *p[3];
+    int64_t ds[3];
+    for (int k = 0; k < j->nt; k++) {
+        p[k] = (float *)j->base[k] + ft_rows_offset(&j->rows, pos, j->st[k]);
+        ds[k] = j->dstride[k];
+    }
+    float a[FT_COLS], b[FT_COLS];
+    if (!j->backward) {
+        ft_cols_max(a, p[1], ds[1], D, R);
+        ft_cols_exp_sum(b, j->log ? NULL : p[0], ds[0], p[1], ds[1], a, D, R);
+        if (j->log) {
+            FT_SIMD_FOR(r, R) b[r] = logf(b[r]);
+            for (int64_t d = 0; d < D; d++) {
+                float *y = p[0] + d * ds[0];
+                const float *x = p[1] + d * ds[1];
+                FT_SIMD_FOR(r, R) y[r] = (x[r] - a[r]) - b[r];
+            }
+        } else {
+            FT_SIMD_FOR(r, R) b[r] = 1.0f / b[r];
+            for (int64_t d = 0; d < D; d++) {
+                float *y = p[0] + d * ds[0];
+                FT_SIMD_FOR(r, R) y[r] *= b[r];
+            }
+        }
+        return;
+    }
+    /* backward: a = sum(dout) (log) or sum(dout * out) */
+    ft_cols_dot(a, p[1], ds[1], j->log ? NULL : p[2], ds[2], NULL, D, R);
+    for (int64_t d = 0; d < D; d++) {
+        float *dx = p[0] + d * ds[0];
+        const float *dy = p[1] + d * ds[1], *y = p[2] + d * ds[2];
+        if (j->log) {
+            if (j->accumulate)
+                FT_SIMD_FOR(r, R) dx[r] += dy[r] - ft_expf(y[r]) * a[r];
+            else
+                FT_SIMD_FOR(r, R) dx[r] = dy[r] - ft_expf(y[r]) * a[r];
+        } else {
+            if (j->accumulate)
+                FT_SIMD_FOR(r, R) dx[r] += y[r] * (dy[r] - a[r]);
+            else
+                FT_SIMD_FOR(r, R) dx[r] = y[r] * (dy[r] - a[r]);
+        }
+    }
+}
 
 static void do_row(const sm_job *j, int64_t row, float *buf) {
     int64_t pos[FT_MAX_DIMS];
@@ -253,6 +406,20 @@ static ft_status run(const char *op, bool log, bool backward, const ft_tensor *c
     }
     int64_t work = j.D * j.rows.nrows;
     int threads = work > PARALLEL_WORK ? omp_get_max_threads() : 1;
+    /* column blocks when the rows are adjacent in every operand */
+    int in = j.rows.nd - 1;
+    j.cols = in >= 0 && j.rows.shape[in] > 1;
+    for (int k = 0; k < nt && j.cols; k++)
+        j.cols = j.dt[k] == FT_FLOAT32 && j.st[k][in] == 1 && j.dstride[k] != 1;
+    if (j.cols) {
+        int64_t run = j.rows.shape[in], per = (run + FT_COLS - 1) / FT_COLS, blocks = j.rows.nrows / run * per;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+        for (int64_t b = 0; b < blocks; b++) {
+            int64_t first = b / per * run + b % per * FT_COLS, left = run - b % per * FT_COLS;
+            do_cols(&j, first, (int)(left < FT_COLS ? left : FT_COLS));
+        }
+        return FT_OK;
+    }
     float *bufs = NULL;
     if (any_buffer) {
         bufs = malloc((size_t)threads * (size_t)nt * (size_t)j.D * sizeof(float));

@@ -30,13 +30,27 @@ ft_status ft_log_softmax_backward(const ft_tensor *dinp, const ft_tensor *dout, 
 
 /* ---- row loops over contiguous floats (n), shared with ops/loss.c ---- */
 
-/* The maximum (NaN if any element is NaN; -inf for n = 0). */
+/* The maximum of the elements that are not NaN (-inf for none): a NaN in a
+ * row reaches every result through exp(x - max) and the sum. */
 float ft_row_max(const float *x, int64_t n);
 /* e (n) = exp(x - shift) (e may be x, or NULL to only sum); returns the sum. */
 float ft_row_exp_sum(float *e, const float *x, float shift, int64_t n);
 /* sum of x; sum of x * y. */
 float ft_row_sum(const float *x, int64_t n);
 float ft_row_dot(const float *x, const float *y, int64_t n);
+
+/* Column forms over R <= FT_COLS rows side by side: element d of row r at
+ * x[d * stride + r]; one result per row. They compute exactly what the row
+ * forms compute (the same lanes and order), so results do not depend on which
+ * form a layout takes. */
+#define FT_COLS 64
+void ft_cols_max(float *m, const float *x, int64_t stride, int64_t D, int R);
+/* s[r] = sum over d of exp(x - shift[r]), stored into e (stride estride) when e is not NULL. */
+void ft_cols_exp_sum(float *s, float *e, int64_t estride, const float *x, int64_t stride, const float *shift,
+                     int64_t D, int R);
+/* s[r] = sum over d of x * y (y not NULL), x * w[d] (w not NULL), or x. */
+void ft_cols_dot(float *s, const float *x, int64_t stride, const float *y, int64_t ystride, const float *w,
+                 int64_t D, int R);
 
 /* The rows of a shape along one dimension: the other dimensions in C order. */
 typedef struct {
@@ -49,8 +63,9 @@ typedef struct {
 void ft_rows_init(ft_rows *r, int ndim, const int64_t *shape, int skip);
 /* dst = strides without dimension `skip` (-1: all of them). */
 void ft_rows_strides(int64_t *dst, int ndim, const int64_t *strides, int skip);
-/* The position of row `row` over the other dimensions. */
+/* The position of row `row` over the other dimensions; the next row's. */
 void ft_rows_pos(const ft_rows *r, int64_t row, int64_t *pos);
+void ft_rows_next(const ft_rows *r, int64_t *pos);
 static inline int64_t ft_rows_offset(const ft_rows *r, const int64_t *pos, const int64_t *st) {
     int64_t off = 0;
     for (int d = 0; d < r->nd; d++)
