@@ -402,6 +402,25 @@ def test_add_param_group_keeps_state():
         opt.add_param_group(dict(params=[tensors[0]]))
 
 
+@pytest.mark.skipif(not hasattr(ft.Tensor, "_rebind"), reason="Tensor._rebind is not built")
+def test_params_moved_into_a_flat_buffer_keep_their_state():
+    params = make_params()
+    grads = make_grads(SHAPES, 4)
+    opt, moved = run_ft(ft.optim.AdamW, [([0, 1, 2, 3, 4], {})], params, grads[:2])
+    flat, offset = ft.zeros(sum(p.size for p in params)), 0
+    for t in moved:  # what model.compile() does: the same objects, now views of one buffer
+        t._rebind(flat, offset)
+        offset += t.numel()
+    ref, still = run_ft(ft.optim.AdamW, [([0, 1, 2, 3, 4], {})], params, grads[:2])
+    for step_grads in grads[2:]:
+        for a, b, g in zip(moved, still, step_grads):
+            a.grad, b.grad = ft.from_numpy(f32(g)), ft.from_numpy(f32(g))
+        opt.step()
+        ref.step()
+    assert np.array_equal(flat.numpy(), np.concatenate([t.numpy().ravel() for t in still]))
+    assert int(opt.state_dict()["state"][4]["step"]) == 4
+
+
 def test_state_lives_in_flat_buffers_in_memory_stats():
     ft.empty_cache()
     p = ft.zeros(1 << 20)
