@@ -29,6 +29,16 @@ static void philox_words(uint32_t *w, uint64_t seed, uint64_t b0, int64_t nb) {
     }
 }
 
+/* w[i] = the word of element idx[i]: word idx % 4 of block offset + idx / 4. */
+FT_VEC_CLONES
+static void indexed_words(uint32_t *w, const int64_t *idx, uint64_t seed, uint64_t offset, int64_t n) {
+    FT_SIMD_FOR(i, n) {
+        ft_philox_block r = ft_philox(seed, 0, offset + (uint64_t)(idx[i] >> 2));
+        int64_t k = idx[i] & 3;
+        w[i] = k == 0 ? r.v[0] : k == 1 ? r.v[1] : k == 2 ? r.v[2] : r.v[3];
+    }
+}
+
 FT_VEC_CLONES
 static void apply_mask(float *y, const float *x, const uint32_t *w, int64_t n, uint32_t threshold, float scale,
                        bool accumulate) {
@@ -44,10 +54,10 @@ static void dropout_kernel(float *const *p, int64_t n, const int64_t *idx, int64
     const float *x = p[1];
     uint32_t w[CHUNK + 8];
     if (idx) { /* elements not consecutive in C order: one block each */
-        for (int64_t i = 0; i < n; i++) {
-            ft_philox_block r = ft_philox(c->seed, 0, c->offset + (uint64_t)(idx[i] >> 2));
-            w[0] = r.v[idx[i] & 3];
-            apply_mask(y + i, x + i, w, 1, c->threshold, c->scale, c->accumulate);
+        for (int64_t off = 0; off < n; off += CHUNK) {
+            int64_t m = n - off < CHUNK ? n - off : CHUNK;
+            indexed_words(w, idx + off, c->seed, c->offset, m);
+            apply_mask(y + off, x + off, w, m, c->threshold, c->scale, c->accumulate);
         }
         return;
     }

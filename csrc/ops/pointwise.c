@@ -27,8 +27,10 @@ bool ft_pw_plan_make(ft_pw_plan *pl, const ft_pw_loop *l) {
         if (t0->shape[d] > 1)
             order[nd++] = d;
     }
-    /* outermost first: by decreasing |stride| of operand 0, stable */
-    for (int i = 1; i < nd; i++) {
+    /* outermost first: by decreasing |stride| of operand 0, stable; kernels
+     * that need the C-order index walk in C order instead, so that their runs
+     * are consecutive elements (dropout draws 4 per Philox block) */
+    for (int i = 1; i < nd && !l->need_index; i++) {
         int d = order[i], j = i;
         int64_t s = llabs(t0->strides[d]);
         while (j > 0 && llabs(t0->strides[order[j - 1]]) < s) {

@@ -6,9 +6,9 @@
  * pointers into the tensors; otherwise the engine gathers each input (and,
  * with read_outputs, each output) into a float tile, converting bfloat16,
  * calls the kernel on the tiles and scatters the outputs back. Dimensions
- * are visited in the memory order of operand 0 and merged wherever every
- * operand allows, so NCHW, NHWC and any other dense layout shared by the
- * operands is one flat run. The work is split statically over the OpenMP
+ * are visited in the memory order of operand 0 (in C order for kernels that
+ * need the element index) and merged wherever every operand allows, so NCHW,
+ * NHWC and any other dense layout shared by the operands is one flat run. The work is split statically over the OpenMP
  * pool; pointwise results never depend on the split.
  *
  * Outputs may alias inputs only as the very same view (checked by the ops):
