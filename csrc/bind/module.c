@@ -403,6 +403,8 @@ static int module_exec(PyObject *module) {
         return -1;
     if (ft_bind_optim(module) < 0)
         return -1;
+    if (ft_bind_nn(module) < 0)
+        return -1;
     PyObject *names = PyList_New(0);
     if (!names)
         return -1;

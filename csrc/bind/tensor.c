@@ -221,6 +221,38 @@ static PyObject *m_to(PyObject *self, PyObject *args) {
     return s == FT_OK ? ft_wrap(state_of(self), &out) : ft_raise(s);
 }
 
+/* Moves this tensor's values into `base`'s storage at element `offset`
+ * (C-contiguous) and makes this object a view there. The object stays the
+ * same, so whoever holds it (an optimizer's parameter list) then sees the
+ * flat buffer: the contiguous-parameters trick without new objects. */
+static PyObject *m_rebind(PyObject *self, PyObject *args) {
+    PyObject *base_obj;
+    long long offset;
+    if (!PyArg_ParseTuple(args, "OL:_rebind", &base_obj, &offset))
+        return NULL;
+    ft_tensor *base = ft_unwrap(state_of(self), base_obj, "base");
+    if (!base)
+        return NULL;
+    if (base->dtype != SELF->dtype || ft_tensor_device(base).type != ft_tensor_device(SELF).type)
+        return PyErr_Format(PyExc_TypeError, "_rebind: the flat buffer must have the tensor's dtype and device");
+    int64_t itemsize = (int64_t)ft_dtype_get(SELF->dtype)->itemsize, strides[FT_MAX_DIMS];
+    if (offset < 0 || offset > INT64_MAX / itemsize)
+        return PyErr_Format(PyExc_ValueError, "_rebind: offset %lld is out of range", offset);
+    ft_contiguous_strides(strides, SELF->ndim, SELF->shape);
+    ft_tensor view = {0};
+    ft_status s = ft_tensor_view(&view, base, SELF->ndim, SELF->shape, strides, base->offset + offset * itemsize);
+    if (s == FT_OK)
+        s = ft_tensor_copy(&view, SELF, false);
+    if (s != FT_OK) {
+        if (view.storage)
+            ft_tensor_release(&view);
+        return ft_raise(s);
+    }
+    ft_tensor_release(SELF);
+    *SELF = view;
+    Py_RETURN_NONE;
+}
+
 /* The element of a one-element tensor as a Python number. */
 static PyObject *m_item(PyObject *self, PyObject *unused) {
     (void)unused;
@@ -379,6 +411,7 @@ static PyMethodDef tensor_methods[] = {
     {"_copy_from", (PyCFunction)(void (*)(void))m_copy, METH_VARARGS | METH_KEYWORDS, NULL},
     {"_fill", m_fill, METH_O, NULL},
     {"_to", m_to, METH_VARARGS, NULL},
+    {"_rebind", m_rebind, METH_VARARGS, NULL},
     {"item", m_item, METH_NOARGS, "The value of a one-element tensor as a Python number."},
     {"numpy", m_numpy, METH_NOARGS, "A NumPy array sharing this tensor's memory."},
     {"__dlpack__", (PyCFunction)(void (*)(void))m_dlpack, METH_VARARGS | METH_KEYWORDS,

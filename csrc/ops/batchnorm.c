@@ -1,8 +1,11 @@
 #include "ops/batchnorm.h"
 
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "ops/pointwise.h"
 
 /* Rows per partial sum in channels-last layout (fixes the reduction order). */
 #define CHUNK 256
@@ -69,81 +72,142 @@ static inline int64_t offset(const layout *l, int64_t n, int64_t c, int64_t s) {
     return l->channels_last ? (n * l->S + s) * l->C + c : (n * l->C + c) * l->S + s;
 }
 
-/* The two per-channel sums the forward (of x - shift and its square) and
- * the backward (of dz and dz * (x - mean)) need, from fixed partials: one
- * per (n, c) plane in NCHW, one per CHUNK rows in channels-last. */
+/* The two per-channel sums the forward (of x - center and its square) and
+ * the backward (of dz and dz * (x - center)) need, from fixed partials: one
+ * per (n, c) plane in NCHW, one per CHUNK rows in channels-last. The inner
+ * loops run over contiguous memory and vectorise. */
 typedef struct {
     const float *x, *y, *dy; /* y, dy: NULL in the forward */
     const float *center;     /* (C) */
     ft_act act;
 } sums_in;
 
-static inline void accumulate(const sums_in *in, int64_t i, float center, double *a, double *b) {
-    float xc = in->x[i] - center;
+/* dz for `n` elements: dy through the fused activation's derivative, taken
+ * from the output y. */
+static inline void grad_through_act(float *restrict dz, const float *restrict dy, const float *restrict y,
+                                    int64_t n, ft_act act) {
+    if (act.kind == FT_ACT_NONE)
+        memcpy(dz, dy, (size_t)n * sizeof *dz);
+    else if (act.kind == FT_ACT_RELU) /* a multiply by the mask, not a branch: signs are random */
+        for (int64_t i = 0; i < n; i++)
+            dz[i] = dy[i] * (float)(y[i] > 0.0f);
+    else
+        for (int64_t i = 0; i < n; i++)
+            dz[i] = dy[i] * ft_act_grad_from_output(act, y[i]);
+}
+
+/* a[k] += (w - center), b[k] += (w - center)^2 (forward) or
+ * a[k] += dz, b[k] += dz * (x - center) (backward) over a run of n values
+ * whose channel is k (cstride 1: consecutive channels; 0: one channel). */
+static inline void sum_run(double *a, double *b, const sums_in *in, int64_t i0, int64_t n, int64_t c0, int cstride,
+                           float *buf) {
+    const float *x = in->x + i0;
     if (!in->dy) {
-        *a += xc;
-        *b += (double)xc * xc;
-    } else {
-        float dz = in->act.kind ? in->dy[i] * ft_act_grad_from_output(in->act, in->y[i]) : in->dy[i];
-        *a += dz;
-        *b += (double)dz * xc;
+        for (int64_t k = 0; k < n; k++) {
+            double v = (double)x[k] - in->center[c0 + k * cstride];
+            a[k * cstride] += v;
+            b[k * cstride] += v * v;
+        }
+        return;
     }
+    if (cstride == 0) /* a plane: its dz here; channels-last chunks pass theirs */
+        grad_through_act(buf, in->dy + i0, in->y ? in->y + i0 : NULL, n, in->act);
+    for (int64_t k = 0; k < n; k++) {
+        double dz = buf[k];
+        a[k * cstride] += dz;
+        b[k * cstride] += dz * ((double)x[k] - in->center[c0 + k * cstride]);
+    }
+}
+
+/* The partial sums of CHUNK channels-last rows [r0, r1) (with their dz in
+ * buf), and of one NCHW plane: separate functions so that each is compiled
+ * for AVX-512, AVX2 and plain x86-64 and picked at run time. */
+FT_VEC_CLONES static void rows_sums(double *pa, double *pb, const sums_in *in, int64_t r0, int64_t r1, int64_t C,
+                                    float *buf) {
+    if (in->dy)
+        grad_through_act(buf, in->dy + r0 * C, in->y ? in->y + r0 * C : NULL, (r1 - r0) * C, in->act);
+    for (int64_t r = r0; r < r1; r++)
+        sum_run(pa, pb, in, r * C, C, 0, 1, in->dy ? buf + (r - r0) * C : NULL);
+}
+
+FT_VEC_CLONES static void plane_sums(double *a, double *b, const sums_in *in, int64_t i0, int64_t S, int64_t c,
+                                     float *buf) {
+    sum_run(a, b, in, i0, S, c, 0, buf);
 }
 
 static ft_status channel_sums(double *sa, double *sb, const layout *l, const sums_in *in) {
     int64_t C = l->C, rows = l->N * l->S;
-    int64_t nparts = l->channels_last ? (rows + CHUNK - 1) / CHUNK : l->N;
-    double *part = calloc((size_t)(nparts ? nparts : 1) * (size_t)C * 2, sizeof *part); /* (parts, C, 2) */
-    if (!part)
+    int64_t nparts = l->channels_last ? (rows + CHUNK - 1) / CHUNK : l->N * C;
+    int64_t run = l->channels_last ? CHUNK * C : l->S;
+    double *part = calloc((size_t)(nparts ? nparts : 1) * (l->channels_last ? (size_t)C : 1) * 2, sizeof *part);
+    float *bufs = malloc((size_t)omp_get_max_threads() * (size_t)(run ? run : 1) * sizeof *bufs);
+    if (!part || !bufs) {
+        free(part), free(bufs);
         return ft_fail(FT_ERR_NOMEM, "batch_norm: out of memory for partial sums");
+    }
     bool parallel = rows * C > PARALLEL_ELEMS;
-    if (l->channels_last) {
+    if (l->channels_last) { /* part: (chunks, 2, C) */
 #pragma omp parallel for schedule(static) if (parallel)
         for (int64_t k = 0; k < nparts; k++) {
-            double *p = part + k * C * 2;
+            double *pa = part + k * 2 * C, *pb = pa + C;
             int64_t end = (k + 1) * CHUNK < rows ? (k + 1) * CHUNK : rows;
-            for (int64_t r = k * CHUNK; r < end; r++)
-                for (int64_t c = 0; c < C; c++)
-                    accumulate(in, r * C + c, in->center[c], &p[2 * c], &p[2 * c + 1]);
+            /* the whole chunk's dz at once: rows of few channels are short */
+            rows_sums(pa, pb, in, k * CHUNK, end, C, bufs + omp_get_thread_num() * run);
         }
-    } else {
+    } else { /* part: (N * C, 2), one run per plane */
 #pragma omp parallel for schedule(static) if (parallel)
-        for (int64_t nc = 0; nc < l->N * C; nc++) {
-            int64_t c = nc % C;
-            double *p = part + nc * 2;
-            for (int64_t s = 0; s < l->S; s++)
-                accumulate(in, nc * l->S + s, in->center[c], &p[0], &p[1]);
+        for (int64_t nc = 0; nc < nparts; nc++) {
+            double a = 0, b = 0;
+            plane_sums(&a, &b, in, nc * l->S, l->S, nc % C, bufs + omp_get_thread_num() * run);
+            part[2 * nc] = a, part[2 * nc + 1] = b;
         }
     }
     for (int64_t c = 0; c < C; c++) {
         double a = 0, b = 0;
-        for (int64_t k = 0; k < nparts; k++) {
-            a += part[(k * C + c) * 2];
-            b += part[(k * C + c) * 2 + 1];
-        }
+        if (l->channels_last)
+            for (int64_t k = 0; k < nparts; k++)
+                a += part[k * 2 * C + c], b += part[k * 2 * C + C + c];
+        else
+            for (int64_t nn = 0; nn < l->N; nn++)
+                a += part[2 * (nn * C + c)], b += part[2 * (nn * C + c) + 1];
         sa[c] = a;
         sb[c] = b;
     }
     free(part);
+    free(bufs);
     return FT_OK;
 }
 
-/* out[n, c, s] = act(x * scale[c] + shift[c]) over every element. */
+/* out = act(x * scale[c] + shift[c]) over a run of n values (cstride as in sum_run). */
+static inline void normalize_run(float *out, const float *x, const float *scale, const float *shift, int64_t n,
+                                 int cstride, ft_act act) {
+    for (int64_t k = 0; k < n; k++)
+        out[k] = x[k] * scale[k * cstride] + shift[k * cstride];
+    if (act.kind == FT_ACT_RELU)
+        for (int64_t k = 0; k < n; k++)
+            out[k] = out[k] > 0.0f ? out[k] : 0.0f;
+    else if (act.kind != FT_ACT_NONE)
+        for (int64_t k = 0; k < n; k++)
+            out[k] = ft_act_forward(act, out[k]);
+}
+
+FT_VEC_CLONES static void normalize_rows(float *out, const float *x, const float *scale, const float *shift,
+                                         int64_t rows, int64_t C, ft_act act) {
+    for (int64_t r = 0; r < rows; r++)
+        normalize_run(out + r * C, x + r * C, scale, shift, C, 1, act);
+}
+
 static void normalize(float *out, const float *x, const float *scale, const float *shift, ft_act act,
                       const layout *l) {
-    int64_t C = l->C, total = l->N * l->C * l->S;
+    int64_t C = l->C, total = l->N * l->C * l->S, rows = l->N * l->S;
     if (l->channels_last) {
 #pragma omp parallel for schedule(static) if (total > PARALLEL_ELEMS)
-        for (int64_t r = 0; r < l->N * l->S; r++)
-            for (int64_t c = 0; c < C; c++)
-                out[r * C + c] = ft_act_forward(act, x[r * C + c] * scale[c] + shift[c]);
+        for (int64_t r = 0; r < rows; r += CHUNK)
+            normalize_rows(out + r * C, x + r * C, scale, shift, rows - r < CHUNK ? rows - r : CHUNK, C, act);
     } else {
 #pragma omp parallel for schedule(static) if (total > PARALLEL_ELEMS)
-        for (int64_t nc = 0; nc < l->N * C; nc++) {
-            float a = scale[nc % C], b = shift[nc % C];
-            for (int64_t s = 0; s < l->S; s++)
-                out[nc * l->S + s] = ft_act_forward(act, x[nc * l->S + s] * a + b);
-        }
+        for (int64_t nc = 0; nc < l->N * C; nc++)
+            normalize_run(out + nc * l->S, x + nc * l->S, scale + nc % C, shift + nc % C, l->S, 0, act);
     }
 }
 
@@ -215,6 +279,20 @@ ft_status ft_batchnorm_forward(const ft_tensor *out, const ft_tensor *save_mean,
     return s;
 }
 
+/* dx of one run: CHUNK channels-last rows or one NCHW plane of channel c. */
+FT_VEC_CLONES static void dx_run(float *dx, const float *dy, const float *y, const float *x, const float *mean,
+                                 const float *k, int64_t C, int64_t len, bool cl, int64_t c, ft_act act, float *dz) {
+    grad_through_act(dz, dy, y, len, act);
+    if (cl) {
+        for (int64_t j0 = 0; j0 < len; j0 += C)
+            for (int64_t ch = 0; ch < C; ch++)
+                dx[j0 + ch] = k[ch] * (dz[j0 + ch] - k[C + ch] - (x[j0 + ch] - mean[ch]) * k[2 * C + ch]);
+    } else {
+        for (int64_t j = 0; j < len; j++)
+            dx[j] = k[c] * (dz[j] - k[C + c] - (x[j] - mean[c]) * k[2 * C + c]);
+    }
+}
+
 ft_status ft_batchnorm_backward(const ft_tensor *dinp, const ft_tensor *dweight, const ft_tensor *dbias,
                                 const ft_tensor *dout, const ft_tensor *inp, const ft_tensor *out,
                                 const ft_tensor *weight, const ft_tensor *save_mean, const ft_tensor *save_invstd,
@@ -265,13 +343,19 @@ ft_status ft_batchnorm_backward(const ft_tensor *dinp, const ft_tensor *dweight,
     }
     if (s == FT_OK && dinp && M > 0) {
         float *dx = (float *)ft_tensor_data(dinp);
-        int64_t total = M * C;
-#pragma omp parallel for schedule(static) if (total > PARALLEL_ELEMS)
-        for (int64_t i = 0; i < total; i++) {
-            int64_t c = l.channels_last ? i % C : (i / l.S) % C;
-            float dz = p->act.kind ? dy[i] * ft_act_grad_from_output(p->act, y[i]) : dy[i];
-            dx[i] = k[c] * (dz - k[C + c] - (x[i] - mean[c]) * k[2 * C + c]);
+        bool cl = l.channels_last;
+        /* runs: CHUNK rows of all channels (channels-last) or one channel's plane */
+        int64_t total = M * C, run = cl ? CHUNK * C : l.S, nruns = cl ? (M + CHUNK - 1) / CHUNK : l.N * C;
+        float *bufs = malloc((size_t)omp_get_max_threads() * (size_t)run * sizeof *bufs);
+        if (!bufs)
+            s = ft_fail(FT_ERR_NOMEM, "batch_norm: out of memory");
+#pragma omp parallel for schedule(static) if (s == FT_OK && total > PARALLEL_ELEMS)
+        for (int64_t r = 0; r < (s == FT_OK ? nruns : 0); r++) {
+            int64_t i0 = r * run, len = i0 + run < total ? run : total - i0;
+            dx_run(dx + i0, dy + i0, y ? y + i0 : NULL, x + i0, mean, k, C, len, cl, cl ? 0 : r % C, p->act,
+                   bufs + omp_get_thread_num() * run);
         }
+        free(bufs);
     }
     free(sums);
     free(k);

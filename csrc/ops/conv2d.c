@@ -44,13 +44,15 @@ static void put_dims(int64_t *k, const ft_tensor *t) {
     memcpy(k + 4, t->strides, 4 * sizeof *k);
 }
 
-/* The weight tensor as oneDNN sees it: (G, K/G, C/G, R, S) when grouped. */
-static ft_status weight_md(dnnl_memory_desc_t *md, ft_dtype dt, const int64_t *k, int64_t groups) {
-    if (groups == 1)
-        return ft_dnnl_md_strided(md, dt, 4, k, k + 4);
+/* The weight tensor as oneDNN sees it: (G, K/G, C/G, R, S) when grouped;
+ * with `any`, in the layout the primitive prefers (plain weights make oneDNN
+ * fall back to its reference convolution, hundreds of times slower). */
+static ft_status weight_md(dnnl_memory_desc_t *md, ft_dtype dt, const int64_t *k, int64_t groups, bool any) {
     int64_t dims[5] = {groups, k[0] / groups, k[1], k[2], k[3]};
     int64_t strides[5] = {k[4] * (k[0] / groups), k[4], k[5], k[6], k[7]};
-    return ft_dnnl_md_strided(md, dt, 5, dims, strides);
+    int nd = groups == 1 ? 4 : 5;
+    const int64_t *d = groups == 1 ? k : dims, *st = groups == 1 ? k + 4 : strides;
+    return any ? ft_dnnl_md_any(md, dt, nd, d) : ft_dnnl_md_strided(md, dt, nd, d, st);
 }
 
 typedef struct {
@@ -58,9 +60,9 @@ typedef struct {
     dnnl_dims_t strides, dilates, pad_l, pad_r;
 } conv_mds;
 
-static ft_status make_mds(conv_mds *m, const conv_key *k) {
+static ft_status make_mds(conv_mds *m, const conv_key *k, bool any_weights) {
     FT_TRY(ft_dnnl_md_strided(&m->src, (ft_dtype)k->dt_src, 4, k->src, k->src + 4));
-    FT_TRY(weight_md(&m->wei, (ft_dtype)k->dt_wei, k->wei, k->p.groups));
+    FT_TRY(weight_md(&m->wei, (ft_dtype)k->dt_wei, k->wei, k->p.groups, any_weights));
     FT_TRY(ft_dnnl_md_strided(&m->dst, (ft_dtype)k->dt_dst, 4, k->dst, k->dst + 4));
     int64_t K = k->wei[0], one = 1;
     FT_TRY(ft_dnnl_md_strided(&m->bias, FT_FLOAT32, 1, &K, &one));
@@ -85,7 +87,7 @@ static ft_status forward_desc(dnnl_convolution_desc_t *cd, const conv_mds *m, bo
 static ft_status build(dnnl_primitive_desc_t *pd, const void *arg) {
     const conv_key *k = arg;
     conv_mds m;
-    FT_TRY(make_mds(&m, k));
+    FT_TRY(make_mds(&m, k, true));
     dnnl_engine_t engine;
     FT_TRY(ft_dnnl_engine(&engine));
     dnnl_primitive_attr_t attr;
@@ -135,6 +137,22 @@ static ft_status build(dnnl_primitive_desc_t *pd, const void *arg) {
     return s;
 }
 
+/* Size-1 dimensions make a tensor dense in NCHW and NHWC at once, with
+ * arbitrary strides on those dimensions; oneDNN recognises (and has fast
+ * kernels for) one layout at a time, so such a tensor is described in the
+ * layout of the other operand. k holds dims then strides. */
+static void match_layout(int64_t *k, bool channels_last) {
+    int64_t C = k[1], H = k[2], W = k[3];
+    int64_t nchw[4] = {C * H * W, H * W, W, 1}, nhwc[4] = {H * W * C, 1, W * C, C};
+    const int64_t *want = channels_last ? nhwc : nchw;
+    for (int i = 0; i < 4; i++)
+        if (k[i] > 1 && k[4 + i] != want[i])
+            return;
+    memcpy(k + 4, want, sizeof nchw);
+}
+
+static bool is_channels_last(const int64_t *k) { return k[1] > 1 && k[5] == 1; }
+
 static conv_key key_of(char kind, const ft_tensor *src, const ft_tensor *wei, const ft_tensor *dst,
                        const ft_conv2d_params *p) {
     conv_key k;
@@ -147,6 +165,9 @@ static conv_key key_of(char kind, const ft_tensor *src, const ft_tensor *wei, co
     put_dims(k.src, src);
     put_dims(k.wei, wei);
     put_dims(k.dst, dst);
+    bool cl = is_channels_last(k.dst) || (k.dst[1] == 1 && is_channels_last(k.src));
+    match_layout(k.src, cl);
+    match_layout(k.dst, cl);
     return k;
 }
 
@@ -195,10 +216,10 @@ ft_status ft_conv2d_forward(const ft_tensor *out, const ft_tensor *inp, const ft
         k.act = fusion->act.kind;
         k.alpha = fusion->act.alpha;
     }
-    const ft_dnnl_prim *prim;
+    const ft_dnnl_prim *prim = NULL;
     FT_TRY(ft_dnnl_get(&prim, &k, sizeof k, build, &k));
     conv_mds m;
-    FT_TRY(make_mds(&m, &k));
+    FT_TRY(make_mds(&m, &k, false));
     ft_dnnl_arg args[4] = {{DNNL_ARG_SRC, &m.src, ft_tensor_data(inp)},
                            {DNNL_ARG_WEIGHTS, &m.wei, ft_tensor_data(w)},
                            {DNNL_ARG_DST, &m.dst, ft_tensor_data(out)},
@@ -211,10 +232,10 @@ static ft_status backward_weights(const ft_tensor *dw, const ft_tensor *dout, co
                                   const ft_conv2d_params *p, bool single_thread) {
     conv_key k = key_of('W', inp, dw, dout, p);
     k.single_thread = single_thread;
-    const ft_dnnl_prim *prim;
+    const ft_dnnl_prim *prim = NULL;
     FT_TRY(ft_dnnl_get(&prim, &k, sizeof k, build, &k));
     conv_mds m;
-    FT_TRY(make_mds(&m, &k));
+    FT_TRY(make_mds(&m, &k, false));
     ft_dnnl_arg args[3] = {{DNNL_ARG_SRC, &m.src, ft_tensor_data(inp)},
                            {DNNL_ARG_DIFF_WEIGHTS, &m.wei, ft_tensor_data(dw)},
                            {DNNL_ARG_DIFF_DST, &m.dst, ft_tensor_data(dout)}};
@@ -298,10 +319,10 @@ ft_status ft_conv2d_backward(const ft_tensor *dinp, const ft_tensor *dw, const f
             FT_TRY(ft_tensor_fill(dinp, (ft_scalar){.kind = FT_SCALAR_FLOAT, .f = 0}));
         } else {
             conv_key k = key_of('D', dinp, w, dout, p);
-            const ft_dnnl_prim *prim;
+            const ft_dnnl_prim *prim = NULL;
             FT_TRY(ft_dnnl_get(&prim, &k, sizeof k, build, &k));
             conv_mds m;
-            FT_TRY(make_mds(&m, &k));
+            FT_TRY(make_mds(&m, &k, false));
             ft_dnnl_arg args[3] = {{DNNL_ARG_DIFF_SRC, &m.src, ft_tensor_data(dinp)},
                                    {DNNL_ARG_WEIGHTS, &m.wei, ft_tensor_data(w)},
                                    {DNNL_ARG_DIFF_DST, &m.dst, ft_tensor_data(dout)}};

@@ -98,7 +98,7 @@ static ft_status matmul(const operand *src, const operand *wei, const operand *d
     k.act = act.kind;
     k.alpha = act.alpha;
     k.single_thread = single_thread;
-    const ft_dnnl_prim *prim;
+    const ft_dnnl_prim *prim = NULL;
     FT_TRY(ft_dnnl_get(&prim, &k, sizeof k, build, &k));
     mm_mds m;
     FT_TRY(make_mds(&m, &k));

@@ -76,6 +76,16 @@ ft_status ft_dnnl_md_strided(dnnl_memory_desc_t *md, ft_dtype dtype, int ndim, c
     return ft_dnnl_check(dnnl_memory_desc_init_by_strides(md, ndim, d, dt, s), "describing a tensor for oneDNN");
 }
 
+ft_status ft_dnnl_md_any(dnnl_memory_desc_t *md, ft_dtype dtype, int ndim, const int64_t *dims) {
+    dnnl_data_type_t dt = dnnl_f32;
+    FT_TRY(dnnl_dtype(&dt, dtype));
+    dnnl_dims_t d;
+    for (int i = 0; i < ndim; i++)
+        d[i] = dims[i];
+    return ft_dnnl_check(dnnl_memory_desc_init_by_tag(md, ndim, d, dt, dnnl_format_tag_any),
+                         "describing a tensor for oneDNN");
+}
+
 ft_status ft_dnnl_md(dnnl_memory_desc_t *md, const ft_tensor *t) {
     return ft_dnnl_md_strided(md, t->dtype, t->ndim, t->shape, t->strides);
 }
@@ -170,17 +180,64 @@ void ft_dnnl_clear_cache(void) {
 
 #define MAX_ARGS 12
 
+static bool is_output(int arg) {
+    return arg == DNNL_ARG_DST || arg == DNNL_ARG_DIFF_SRC || arg == DNNL_ARG_DIFF_WEIGHTS ||
+           arg == DNNL_ARG_DIFF_BIAS;
+}
+
+typedef struct {
+    dnnl_memory_desc_t from, to;
+} reorder_key;
+
+static ft_status build_reorder(dnnl_primitive_desc_t *pd, const void *arg) {
+    const reorder_key *k = arg;
+    dnnl_engine_t e;
+    FT_TRY(ft_dnnl_engine(&e));
+    return ft_dnnl_check(dnnl_reorder_primitive_desc_create(pd, &k->from, e, &k->to, e, NULL), "a oneDNN reorder");
+}
+
+/* dst (in md `to`) = src (in md `from`). */
+static ft_status reorder(const dnnl_memory_desc_t *from, void *src, const dnnl_memory_desc_t *to, void *dst) {
+    reorder_key k;
+    memset(&k, 0, sizeof k);
+    k.from = *from;
+    k.to = *to;
+    const ft_dnnl_prim *p = NULL;
+    FT_TRY(ft_dnnl_get(&p, &k, sizeof k, build_reorder, &k));
+    ft_dnnl_arg args[2] = {{DNNL_ARG_FROM, from, src}, {DNNL_ARG_TO, to, dst}};
+    return ft_dnnl_run(p, 2, args);
+}
+
 ft_status ft_dnnl_run(const ft_dnnl_prim *p, int n, const ft_dnnl_arg *args) {
     dnnl_engine_t e;
     dnnl_stream_t stream;
     FT_TRY(ft_dnnl_engine(&e));
     FT_TRY(ft_dnnl_stream(&stream));
+    if (n > MAX_ARGS)
+        return ft_fail(FT_ERR_RUNTIME, "too many oneDNN arguments");
+    ft_mem_pool host = {FT_MEM_HOST, 0};
+    /* Arguments the primitive wants in its own layout (weights created with
+     * format "any") go through a temporary in that layout. */
+    void *tmp[MAX_ARGS] = {0};
+    size_t tmp_size[MAX_ARGS] = {0};
+    const dnnl_memory_desc_t *want[MAX_ARGS];
+    ft_status s = FT_OK;
+    for (int i = 0; i < n && s == FT_OK; i++) {
+        want[i] = dnnl_primitive_desc_query_md(p->pd, dnnl_query_exec_arg_md, args[i].arg);
+        if (!want[i] || dnnl_memory_desc_equal(want[i], args[i].md)) {
+            want[i] = args[i].md;
+            continue;
+        }
+        s = ft_alloc(&tmp[i], &tmp_size[i], dnnl_memory_desc_get_size(want[i]), host);
+        if (s == FT_OK && !is_output(args[i].arg))
+            s = reorder(args[i].md, args[i].data, want[i], tmp[i]);
+    }
     dnnl_exec_arg_t exec[MAX_ARGS + 1];
     dnnl_memory_t mems[MAX_ARGS + 1];
     int m = 0;
-    ft_status s = n <= MAX_ARGS ? FT_OK : ft_fail(FT_ERR_RUNTIME, "too many oneDNN arguments");
     for (int i = 0; i < n && s == FT_OK; i++) {
-        s = ft_dnnl_check(dnnl_memory_create(&mems[m], args[i].md, e, args[i].data), "wrapping memory for oneDNN");
+        s = ft_dnnl_check(dnnl_memory_create(&mems[m], want[i], e, tmp[i] ? tmp[i] : args[i].data),
+                          "wrapping memory for oneDNN");
         if (s == FT_OK) {
             exec[m] = (dnnl_exec_arg_t){args[i].arg, mems[m]};
             m++;
@@ -192,7 +249,6 @@ ft_status ft_dnnl_run(const ft_dnnl_prim *p, int n, const ft_dnnl_arg *args) {
     size_t scratch_bytes = scratch_md ? dnnl_memory_desc_get_size(scratch_md) : 0;
     void *scratch = NULL;
     size_t granted = 0;
-    ft_mem_pool host = {FT_MEM_HOST, 0};
     if (s == FT_OK && scratch_bytes) {
         s = ft_alloc(&scratch, &granted, scratch_bytes, host);
         if (s == FT_OK) {
@@ -209,6 +265,13 @@ ft_status ft_dnnl_run(const ft_dnnl_prim *p, int n, const ft_dnnl_arg *args) {
         s = ft_dnnl_check(dnnl_stream_wait(stream), "waiting for oneDNN");
     for (int i = 0; i < m; i++)
         dnnl_memory_destroy(mems[i]);
+    for (int i = 0; i < n; i++) {
+        if (!tmp[i])
+            continue;
+        if (s == FT_OK && is_output(args[i].arg))
+            s = reorder(want[i], tmp[i], args[i].md, args[i].data);
+        ft_free(tmp[i], tmp_size[i], host);
+    }
     if (scratch)
         ft_free(scratch, granted, host);
     return s;

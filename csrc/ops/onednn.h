@@ -26,6 +26,10 @@ ft_status ft_dnnl_md(dnnl_memory_desc_t *md, const ft_tensor *t);
 ft_status ft_dnnl_md_strided(dnnl_memory_desc_t *md, ft_dtype dtype, int ndim, const int64_t *dims,
                              const int64_t *strides);
 
+/* A descriptor that lets the primitive choose the layout ("any"); ft_dnnl_run
+ * reorders between it and the caller's layout. */
+ft_status ft_dnnl_md_any(dnnl_memory_desc_t *md, ft_dtype dtype, int ndim, const int64_t *dims);
+
 /* A cached primitive: its descriptor (for queries) and the primitive. */
 typedef struct {
     dnnl_primitive_desc_t pd;
@@ -42,7 +46,9 @@ ft_status ft_dnnl_get(const ft_dnnl_prim **out, const void *key, size_t key_len,
 void ft_dnnl_clear_cache(void);
 
 /* Runs a primitive on the calling thread's stream with `n` (arg, memory) pairs,
- * each memory made from a raw pointer and its descriptor, then waits. */
+ * each memory made from a raw pointer and its descriptor, then waits. An
+ * argument whose descriptor differs from the one the primitive chose is
+ * reordered into a temporary first (inputs) or out of it afterwards (outputs). */
 typedef struct {
     int arg;
     const dnnl_memory_desc_t *md;

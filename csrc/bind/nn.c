@@ -1,0 +1,411 @@
+/* fasttrain._C.Program: a compiled model (csrc/nn/program.h) and its
+ * training step, with the optimizer update, in one call that releases the
+ * GIL.
+ *
+ * Python describes each node as a dict (python/fasttrain/nn/program.py
+ * builds them): kind, inputs, shape, the parameter/gradient tensors and the
+ * op's arguments. The Program keeps every tensor it was given alive. */
+#include "bind/bind.h"
+
+#include <math.h>
+
+#include "data/loader.h"
+#include "nn/program.h"
+#include "optim/optim.h"
+
+typedef struct {
+    PyObject_HEAD
+    ft_program *prog;
+    PyObject *keep;        /* the node dicts and flat buffers, holding the parameter tensors */
+    ft_tensor params, grads; /* the flat buffers (borrowed from `keep`) */
+} program_object;
+
+static ft_module_state *state_of(PyObject *self) { return ft_state_of_type(Py_TYPE(self)); }
+
+/* ---- parsing a node dict ---- */
+
+static int get_long(PyObject *d, const char *key, long long dflt, long long *out) {
+    PyObject *v = PyDict_GetItemString(d, key);
+    if (!v) {
+        *out = dflt;
+        return 0;
+    }
+    *out = PyLong_AsLongLong(v);
+    return *out == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+static int get_double(PyObject *d, const char *key, double dflt, double *out) {
+    PyObject *v = PyDict_GetItemString(d, key);
+    if (!v) {
+        *out = dflt;
+        return 0;
+    }
+    *out = PyFloat_AsDouble(v);
+    return *out == -1.0 && PyErr_Occurred() ? -1 : 0;
+}
+
+static int get_ints(PyObject *d, const char *key, int64_t *out, int max, int *n) {
+    PyObject *v = PyDict_GetItemString(d, key);
+    if (!v) {
+        *n = 0;
+        return 0;
+    }
+    int64_t vals[FT_MAX_DIMS];
+    int count;
+    if (ft_parse_shape(v, vals, &count) < 0)
+        return -1;
+    if (count > max) {
+        PyErr_Format(PyExc_ValueError, "node field %s has %d entries, at most %d allowed", key, count, max);
+        return -1;
+    }
+    memcpy(out, vals, (size_t)count * sizeof *vals);
+    *n = count;
+    return 0;
+}
+
+static int get_pair(PyObject *d, const char *key, int64_t dflt, int64_t out[2]) {
+    int n;
+    out[0] = out[1] = dflt;
+    if (get_ints(d, key, out, 2, &n) < 0)
+        return -1;
+    if (n == 1)
+        out[1] = out[0];
+    return 0;
+}
+
+static int get_tensor(ft_module_state *st, PyObject *d, const char *key, ft_tensor *out) {
+    PyObject *v = PyDict_GetItemString(d, key);
+    memset(out, 0, sizeof *out);
+    if (!v || v == Py_None)
+        return 0;
+    ft_tensor *t = ft_unwrap(st, v, key);
+    if (!t)
+        return -1;
+    *out = *t; /* borrowed: the node dict keeps the object alive */
+    return 0;
+}
+
+static int parse_node(ft_module_state *st, PyObject *d, ft_node *nd) {
+    if (!PyDict_Check(d)) {
+        PyErr_SetString(PyExc_TypeError, "program nodes must be dicts");
+        return -1;
+    }
+    memset(nd, 0, sizeof *nd);
+    long long kind, groups, act, ceil_mode, include_pad, training;
+    int64_t shape[3];
+    double alpha;
+    int64_t inputs[FT_NODE_MAX_INPUTS];
+    if (get_long(d, "kind", -1, &kind) < 0 || get_ints(d, "inputs", inputs, FT_NODE_MAX_INPUTS, &nd->ninputs) < 0 ||
+        get_ints(d, "shape", shape, 3, &nd->ndim) < 0)
+        return -1;
+    for (int k = 0; k < nd->ninputs; k++)
+        nd->inputs[k] = (int)inputs[k];
+    memcpy(nd->shape, shape, sizeof shape);
+    nd->kind = (ft_node_kind)kind;
+    if (get_tensor(st, d, "weight", &nd->weight) < 0 || get_tensor(st, d, "bias", &nd->bias) < 0 ||
+        get_tensor(st, d, "dweight", &nd->dweight) < 0 || get_tensor(st, d, "dbias", &nd->dbias) < 0 ||
+        get_tensor(st, d, "running_mean", &nd->running_mean) < 0 ||
+        get_tensor(st, d, "running_var", &nd->running_var) < 0)
+        return -1;
+    if (get_long(d, "act", FT_ACT_NONE, &act) < 0 || get_double(d, "alpha", 0.0, &alpha) < 0 ||
+        get_pair(d, "stride", 1, nd->conv.stride) < 0 || get_pair(d, "padding", 0, nd->conv.padding) < 0 ||
+        get_pair(d, "dilation", 1, nd->conv.dilation) < 0 || get_long(d, "groups", 1, &groups) < 0 ||
+        get_pair(d, "kernel", 1, nd->pool.kernel) < 0 || get_long(d, "ceil_mode", 0, &ceil_mode) < 0 ||
+        get_long(d, "count_include_pad", 1, &include_pad) < 0 || get_double(d, "eps", 1e-5, &nd->bn.eps) < 0 ||
+        get_double(d, "momentum", 0.1, &nd->bn.momentum) < 0 || get_long(d, "batch_stats", 1, &training) < 0 ||
+        get_double(d, "p", 0.0, &nd->dropout_p) < 0)
+        return -1;
+    if (act < 0 || act >= FT_NUM_ACTS) {
+        PyErr_Format(PyExc_ValueError, "unknown activation code %lld", act);
+        return -1;
+    }
+    nd->act = (ft_act){(ft_act_kind)act, (float)alpha};
+    nd->conv.groups = groups;
+    memcpy(nd->pool.stride, nd->conv.stride, sizeof nd->pool.stride);
+    memcpy(nd->pool.padding, nd->conv.padding, sizeof nd->pool.padding);
+    memcpy(nd->pool.dilation, nd->conv.dilation, sizeof nd->pool.dilation);
+    nd->pool.ceil_mode = ceil_mode;
+    nd->pool.count_include_pad = include_pad;
+    nd->bn.training = training;
+    return 0;
+}
+
+/* Program(nodes, params, grads, label_smoothing, ignore_index, sum_reduction, batch, channels_last, seed):
+ * params and grads are the model's flat buffers, every parameter (gradient)
+ * a view into them. */
+static PyObject *program_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"nodes", "params", "grads", "label_smoothing", "ignore_index", "sum_reduction", "batch",
+                             "channels_last", "seed", NULL};
+    PyObject *nodes, *params_obj, *grads_obj;
+    ft_loss_spec loss = {0};
+    int sum = 0, channels_last = 1;
+    long long batch, ignore = -100;
+    unsigned long long seed = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!OOdLpLpK:Program", kwlist, &PyList_Type, &nodes, &params_obj,
+                                     &grads_obj, &loss.label_smoothing, &ignore, &sum, &batch, &channels_last, &seed))
+        return NULL;
+    loss.ignore_index = ignore;
+    loss.sum = sum;
+    ft_module_state *st = ft_state_of_type(type);
+    ft_tensor *params = ft_unwrap(st, params_obj, "params"), *grads = params ? ft_unwrap(st, grads_obj, "grads") : NULL;
+    if (!grads)
+        return NULL;
+    if (params->dtype != FT_FLOAT32 || grads->dtype != FT_FLOAT32 || params->ndim != 1 || grads->ndim != 1 ||
+        params->shape[0] != grads->shape[0] || !ft_tensor_is_contiguous(params) || !ft_tensor_is_contiguous(grads))
+        return PyErr_Format(PyExc_ValueError, "Program: params and grads must be flat float32 buffers of one size");
+    Py_ssize_t n = PyList_GET_SIZE(nodes);
+    if (n > 100000)
+        return PyErr_Format(PyExc_ValueError, "a program of %zd nodes is too large", n);
+    ft_node *parsed = PyMem_Calloc((size_t)(n ? n : 1), sizeof *parsed);
+    if (!parsed)
+        return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (parse_node(st, PyList_GET_ITEM(nodes, i), &parsed[i]) < 0) {
+            PyMem_Free(parsed);
+            return NULL;
+        }
+    ft_program *prog;
+    ft_status s;
+    Py_BEGIN_ALLOW_THREADS
+    s = ft_program_create(&prog, (int)n, parsed, &loss, batch, channels_last, seed);
+    Py_END_ALLOW_THREADS
+    PyMem_Free(parsed);
+    if (s != FT_OK)
+        return ft_raise(s);
+    program_object *self = (program_object *)type->tp_alloc(type, 0);
+    if (!self) {
+        ft_program_destroy(prog);
+        return NULL;
+    }
+    self->prog = prog;
+    self->keep = Py_BuildValue("(OOO)", nodes, params_obj, grads_obj);
+    if (!self->keep) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    self->params = *params;
+    self->grads = *grads;
+    return (PyObject *)self;
+}
+
+static int program_traverse(PyObject *self, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(((program_object *)self)->keep);
+    return 0;
+}
+
+static int program_clear(PyObject *self) {
+    Py_CLEAR(((program_object *)self)->keep);
+    return 0;
+}
+
+static void program_dealloc(PyObject *self) {
+    PyTypeObject *type = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    ft_program_destroy(((program_object *)self)->prog);
+    program_clear(self);
+    type->tp_free(self);
+    Py_DECREF(type);
+}
+
+/* ---- the step ---- */
+
+typedef struct {
+    double max_grad_norm;
+    bool skip_nonfinite;
+} step_options;
+
+/* backward + the optimizer update, without the GIL. *skipped is set when a
+ * non-finite loss or gradient norm was skipped instead of raised. */
+static ft_status train_step(ft_program *prog, ft_optimizer *opt, const ft_tensor *x, const ft_tensor *y,
+                            const step_options *o, double *loss, bool *skipped) {
+    *skipped = false;
+    FT_TRY(ft_program_backward(prog, x, y, loss));
+    if (!isfinite(*loss)) {
+        if (o->skip_nonfinite) {
+            *skipped = true;
+            return FT_OK;
+        }
+        return ft_fail(FT_ERR_VALUE, "the loss is %g: no update was applied (pass nan_policy='skip' to skip such "
+                                     "steps, or lower the learning rate)",
+                       *loss);
+    }
+    double norm;
+    ft_status s = ft_optimizer_step(opt, 1.0f, o->max_grad_norm, &norm);
+    if (s != FT_OK && o->skip_nonfinite && !isfinite(norm)) {
+        *skipped = true;
+        return FT_OK;
+    }
+    return s;
+}
+
+/* The C optimizer of opt_obj, synchronised with its param_groups, each
+ * segment's gradient pointed at the matching place of the flat gradient
+ * buffer. Needs the GIL. */
+static ft_optimizer *program_optimizer(program_object *self, PyObject *opt_obj) {
+    ft_optimizer *opt = ft_optimizer_of(opt_obj);
+    if (!opt)
+        return NULL;
+    int n = ft_optimizer_num_segments(opt);
+    const float **grads = PyMem_Malloc((size_t)(n ? n : 1) * sizeof *grads);
+    if (!grads) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    const float *p0 = (const float *)ft_tensor_data(&self->params), *g0 = (const float *)ft_tensor_data(&self->grads);
+    int64_t total = self->params.shape[0];
+    for (int i = 0; i < n; i++) {
+        const ft_optim_segment *seg = ft_optimizer_segment(opt, i);
+        int64_t at = seg->param - p0;
+        if (at < 0 || at + seg->numel > total) {
+            PyMem_Free(grads);
+            PyErr_SetString(PyExc_ValueError, "the optimizer holds a parameter that is not in this model's flat "
+                                              "buffer (an optimizer of another model?)");
+            return NULL;
+        }
+        grads[i] = g0 + at;
+    }
+    ft_status s = ft_optimizer_set_grads(opt, grads);
+    PyMem_Free(grads);
+    return s == FT_OK ? opt : (ft_raise(s), NULL);
+}
+
+static int parse_step_options(PyObject *max_norm, const char *policy, step_options *o) {
+    o->max_grad_norm = max_norm == Py_None ? 0.0 : PyFloat_AsDouble(max_norm);
+    if (o->max_grad_norm == -1.0 && PyErr_Occurred())
+        return -1;
+    if (!(o->max_grad_norm >= 0)) {
+        PyErr_SetString(PyExc_ValueError, "clip_grad_norm must be positive");
+        return -1;
+    }
+    if (strcmp(policy, "raise") && strcmp(policy, "skip")) {
+        PyErr_Format(PyExc_ValueError, "nan_policy must be 'raise' or 'skip', got '%s'", policy);
+        return -1;
+    }
+    o->skip_nonfinite = strcmp(policy, "skip") == 0;
+    return 0;
+}
+
+static PyObject *m_train_step(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"x", "y", "optimizer", "clip_grad_norm", "nan_policy", NULL};
+    PyObject *xo, *yo, *opt_obj, *max_norm = Py_None;
+    const char *policy = "raise";
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|Os:train_step", kwlist, &xo, &yo, &opt_obj, &max_norm,
+                                     &policy))
+        return NULL;
+    ft_module_state *st = state_of(self);
+    ft_tensor *x = ft_unwrap(st, xo, "x"), *y = x ? ft_unwrap(st, yo, "y") : NULL;
+    ft_optimizer *opt = y ? program_optimizer((program_object *)self, opt_obj) : NULL;
+    step_options o;
+    if (!opt || parse_step_options(max_norm, policy, &o) < 0)
+        return NULL;
+    double loss = 0;
+    bool skipped;
+    ft_status s;
+    Py_BEGIN_ALLOW_THREADS
+    s = train_step(((program_object *)self)->prog, opt, x, y, &o, &loss, &skipped);
+    Py_END_ALLOW_THREADS
+    if (s != FT_OK)
+        return ft_raise(s);
+    return Py_BuildValue("(dO)", loss, skipped ? Py_True : Py_False);
+}
+
+static PyObject *m_forward(PyObject *self, PyObject *xo) {
+    ft_module_state *st = state_of(self);
+    ft_tensor *x = ft_unwrap(st, xo, "x");
+    if (!x)
+        return NULL;
+    ft_program *prog = ((program_object *)self)->prog;
+    int64_t classes = 0;
+    ft_tensor out;
+    ft_status s = ft_program_output_size(prog, &classes);
+    if (s == FT_OK)
+        s = ft_tensor_empty(&out, 2, (int64_t[]){x->ndim ? x->shape[0] : 0, classes}, FT_FLOAT32, FT_CPU, false);
+    if (s != FT_OK)
+        return ft_raise(s);
+    Py_BEGIN_ALLOW_THREADS
+    s = ft_program_forward(prog, x, &out);
+    Py_END_ALLOW_THREADS
+    if (s != FT_OK) {
+        ft_tensor_release(&out);
+        return ft_raise(s);
+    }
+    return ft_wrap(st, &out);
+}
+
+static PyObject *m_evaluate(PyObject *self, PyObject *args) {
+    PyObject *xo, *yo;
+    if (!PyArg_ParseTuple(args, "OO:evaluate", &xo, &yo))
+        return NULL;
+    ft_module_state *st = state_of(self);
+    ft_tensor *x = ft_unwrap(st, xo, "x"), *y = x ? ft_unwrap(st, yo, "y") : NULL;
+    if (!y)
+        return NULL;
+    double loss = 0;
+    int64_t correct = 0;
+    ft_status s;
+    Py_BEGIN_ALLOW_THREADS
+    s = ft_program_evaluate(((program_object *)self)->prog, x, y, &loss, &correct);
+    Py_END_ALLOW_THREADS
+    return s == FT_OK ? Py_BuildValue("(dL)", loss, (long long)correct) : ft_raise(s);
+}
+
+static PyObject *m_memory(PyObject *self, PyObject *unused) {
+    (void)unused;
+    int64_t train, eval;
+    ft_program_memory(((program_object *)self)->prog, &train, &eval);
+    return Py_BuildValue("(LL)", (long long)train, (long long)eval);
+}
+
+static PyObject *m_profile(PyObject *self, PyObject *unused) {
+    (void)unused;
+    ft_program *prog = ((program_object *)self)->prog;
+    Py_ssize_t n = PyList_GET_SIZE(PyTuple_GET_ITEM(((program_object *)self)->keep, 0));
+    const double *sec = ft_program_seconds(prog);
+    PyObject *list = PyList_New(n);
+    for (Py_ssize_t i = 0; list && i < n; i++) {
+        PyObject *item = Py_BuildValue("(dd)", sec[2 * i], sec[2 * i + 1]);
+        if (!item) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, i, item);
+    }
+    return list;
+}
+
+static PyMethodDef program_methods[] = {
+    {"profile", m_profile, METH_NOARGS, "[(forward seconds, backward seconds)] per node since creation"},
+    {"train_step", (PyCFunction)(void (*)(void))m_train_step, METH_VARARGS | METH_KEYWORDS,
+     "train_step(x, y, optimizer, clip_grad_norm=None, nan_policy='raise') -> (loss, skipped)"},
+    {"forward", m_forward, METH_O, "forward(x) -> logits, in eval mode"},
+    {"evaluate", m_evaluate, METH_VARARGS, "evaluate(x, y) -> (summed loss, correct predictions)"},
+    {"memory", m_memory, METH_NOARGS, "(training arena bytes, evaluation arena bytes)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot program_slots[] = {
+    {Py_tp_new, program_new},
+    {Py_tp_dealloc, program_dealloc},
+    {Py_tp_traverse, program_traverse},
+    {Py_tp_clear, program_clear},
+    {Py_tp_methods, program_methods},
+    {Py_tp_doc, "A model compiled to a C training program."},
+    {0, NULL},
+};
+
+static PyType_Spec program_spec = {
+    .name = "fasttrain._C.Program",
+    .basicsize = sizeof(program_object),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .slots = program_slots,
+};
+
+int ft_bind_nn(PyObject *module) {
+    PyObject *type = PyType_FromModuleAndSpec(module, &program_spec, NULL);
+    if (!type)
+        return -1;
+    int r = PyModule_AddObjectRef(module, "Program", type);
+    Py_DECREF(type);
+    return r;
+}

@@ -1,0 +1,95 @@
+/* A model compiled to a C program: the node list in topological order, the
+ * activation memory planned by liveness, and the whole training step
+ * (forward, loss, backward, optimizer update) as one call.
+ *
+ * Legend: N the batch (micro-batch) size; per-sample shapes are (C, H, W)
+ * for images and (F,) for features. Images live in channels-last memory
+ * (NHWC strides under an (N, C, H, W) shape) or NCHW, as compiled.
+ *
+ * Gradients follow the ops' rule: the first contribution to a buffer is
+ * written, later ones are added, so nothing is ever zeroed before a step. */
+#ifndef FT_NN_PROGRAM_H
+#define FT_NN_PROGRAM_H
+
+#include "core/tensor.h"
+#include "kernels/activation.h"
+#include "ops/batchnorm.h"
+#include "ops/conv2d.h"
+#include "ops/pool.h"
+
+#define FT_NODE_MAX_INPUTS 8
+
+typedef enum {
+    FT_NODE_INPUT,
+    FT_NODE_CONV2D,
+    FT_NODE_LINEAR,
+    FT_NODE_BATCHNORM,
+    FT_NODE_ACT,
+    FT_NODE_MAXPOOL,
+    FT_NODE_AVGPOOL,
+    FT_NODE_ADAPTIVE_AVGPOOL,
+    FT_NODE_ADAPTIVE_MAXPOOL,
+    FT_NODE_ADD,
+    FT_NODE_CAT,
+    FT_NODE_FLATTEN,
+    FT_NODE_DROPOUT,
+    FT_NODE_IDENTITY,
+} ft_node_kind;
+
+typedef struct {
+    ft_node_kind kind;
+    int ninputs;
+    int inputs[FT_NODE_MAX_INPUTS]; /* indices of earlier nodes */
+    int ndim;
+    int64_t shape[3]; /* per sample */
+    /* Parameters and their gradients: views into the model's flat buffers
+     * (storage NULL when absent). Every gradient shares one storage. */
+    ft_tensor weight, bias, dweight, dbias, running_mean, running_var;
+    ft_act act; /* fused into conv2d, linear, batchnorm and add; the op of FT_NODE_ACT */
+    ft_conv2d_params conv;
+    ft_batchnorm_params bn;
+    ft_pool2d_params pool;
+    double dropout_p;
+} ft_node;
+
+typedef struct {
+    double label_smoothing;
+    int64_t ignore_index;
+    bool sum; /* reduction='sum' instead of 'mean' */
+} ft_loss_spec;
+
+typedef struct ft_program ft_program;
+
+/* Plans the program for micro-batches of up to `batch` samples. The nodes
+ * are copied; their parameter views must outlive the program. */
+ft_status ft_program_create(ft_program **out, int nnodes, const ft_node *nodes, const ft_loss_spec *loss,
+                            int64_t batch, bool channels_last, uint64_t seed);
+void ft_program_destroy(ft_program *p);
+
+/* Forward and backward of one batch x (B, ...) with labels y (B,) (int64),
+ * split into micro-batches of the planned size: parameter gradients are
+ * written for the first and added for the others, so they hold the
+ * gradient of the mean loss over all B samples. *loss gets that loss.
+ * Labels are checked before anything runs: a bad batch changes nothing. */
+ft_status ft_program_backward(ft_program *p, const ft_tensor *x, const ft_tensor *y, double *loss);
+
+/* Eval-mode forward (batch statistics off, dropout off, no activations
+ * kept): out (B, classes) = the model's output. */
+ft_status ft_program_forward(ft_program *p, const ft_tensor *x, const ft_tensor *out);
+
+/* Eval-mode loss and accuracy of one batch: adds the summed loss and the
+ * number of correct argmax predictions. */
+ft_status ft_program_evaluate(ft_program *p, const ft_tensor *x, const ft_tensor *y, double *loss_sum,
+                              int64_t *correct);
+
+/* The number of model outputs per sample (the classes). */
+ft_status ft_program_output_size(const ft_program *p, int64_t *classes);
+
+/* (n, 2): the seconds each node has spent in forward and in backward since
+ * the program was created (a profile of where a step's time goes). */
+const double *ft_program_seconds(const ft_program *p);
+
+/* Bytes of the training and evaluation arenas (for summary()). */
+void ft_program_memory(const ft_program *p, int64_t *train_bytes, int64_t *eval_bytes);
+
+#endif

@@ -1,0 +1,531 @@
+"""Layers with PyTorch's names, arguments, defaults, initialisation and
+state_dict keys. A layer called on a tensor runs eagerly (forward only); called
+on a symbolic ft.nn.Input it records a graph node, and model.compile() turns the
+graph into a C program that trains with no Python per step."""
+import math
+from collections import OrderedDict
+
+from .. import creation
+from .._tensor import Tensor
+from . import init
+from .graph import Symbolic
+
+
+def _pair(v):
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
+class Parameter:
+    """Marks a tensor as a trainable parameter when assigned to a Module attribute."""
+
+    def __new__(cls, tensor):
+        if not isinstance(tensor, Tensor):
+            raise TypeError("Parameter wraps a fasttrain Tensor")
+        tensor._is_param = True
+        return tensor
+
+
+class Module:
+    """Base of every layer: parameters, buffers, children, train/eval mode."""
+
+    def __init__(self):
+        object.__setattr__(self, "_parameters", OrderedDict())
+        object.__setattr__(self, "_buffers", OrderedDict())
+        object.__setattr__(self, "_modules", OrderedDict())
+        object.__setattr__(self, "training", True)
+
+    def __setattr__(self, name, value):
+        for table in ("_parameters", "_buffers", "_modules"):
+            self.__dict__[table].pop(name, None)
+        if isinstance(value, Module):
+            self._modules[name] = value
+        object.__setattr__(self, name, value)
+
+    def register_parameter(self, name, tensor):
+        self.__dict__.pop(name, None)
+        self._parameters[name] = tensor
+        object.__setattr__(self, name, tensor)
+
+    def register_buffer(self, name, tensor):
+        self.__dict__.pop(name, None)
+        self._buffers[name] = tensor
+        object.__setattr__(self, name, tensor)
+
+    # ---- traversal ----
+    def named_modules(self, prefix=""):
+        yield prefix, self
+        for name, child in self._modules.items():
+            yield from child.named_modules(f"{prefix}.{name}" if prefix else name)
+
+    def modules(self):
+        return (m for _, m in self.named_modules())
+
+    def children(self):
+        return iter(self._modules.values())
+
+    def _named(self, table):
+        for prefix, module in self.named_modules():
+            for name, t in getattr(module, table).items():
+                if t is not None:
+                    yield (f"{prefix}.{name}" if prefix else name), t
+
+    def named_parameters(self):
+        return self._named("_parameters")
+
+    def parameters(self):
+        return (p for _, p in self.named_parameters())
+
+    def named_buffers(self):
+        return self._named("_buffers")
+
+    def buffers(self):
+        return (b for _, b in self.named_buffers())
+
+    def state_dict(self):
+        """Parameters and buffers as NumPy arrays (copies), under PyTorch's key names."""
+        out = OrderedDict()
+        for name, t in list(self.named_parameters()) + list(self.named_buffers()):
+            out[name] = t.numpy().copy()
+        return out
+
+    def load_state_dict(self, state, strict=True):
+        """Copies arrays (or tensors) into the parameters and buffers; checks every shape first so that a
+        mismatch changes nothing."""
+        own = OrderedDict(list(self.named_parameters()) + list(self.named_buffers()))
+        missing = [k for k in own if k not in state]
+        unexpected = [k for k in state if k not in own]
+        if strict and (missing or unexpected):
+            raise KeyError(f"state_dict mismatch: missing {missing}, unexpected {unexpected}")
+        staged = []
+        for name, t in own.items():
+            if name not in state:
+                continue
+            value = state[name]
+            shape = tuple(getattr(value, "shape", ()))
+            if shape != t.shape:
+                raise ValueError(f"state_dict: {name} has shape {shape}, the model expects {t.shape}")
+            staged.append((t, value))
+        for t, value in staged:
+            t.copy_(value)
+        return missing, unexpected
+
+    def train(self, mode=True):
+        for m in self.modules():
+            object.__setattr__(m, "training", mode)
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    # ---- calling ----
+    def __call__(self, *inputs):
+        if inputs and all(isinstance(x, Symbolic) for x in inputs):
+            return self._symbolic(*inputs)
+        return self.forward(*inputs)
+
+    def _symbolic(self, *inputs):
+        return Symbolic.record(self, inputs, self.output_shape(*[x.shape for x in inputs]))
+
+    def output_shape(self, *shapes):
+        """The output shape (without the batch dimension) for these input shapes."""
+        return shapes[0]
+
+    def compile(self, optimizer, loss=None, **options):
+        """Compiles this model into a C training program (see ft.nn.program.compile)."""
+        from .program import compile
+        return compile(self, optimizer, loss, **options)
+
+    def extra_repr(self):
+        return ""
+
+    def __repr__(self):
+        lines = [f"  ({name}): " + repr(child).replace("\n", "\n  ") for name, child in self._modules.items()]
+        head = f"{type(self).__name__}({self.extra_repr()}"
+        return head + (")" if not lines else "\n" + "\n".join(lines) + "\n)")
+
+
+def _init_weight_bias(weight, bias, fan_in):
+    # PyTorch's default: kaiming_uniform_(a=sqrt(5)) and U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for the bias.
+    init.kaiming_uniform_(weight, a=math.sqrt(5))
+    if bias is not None:
+        bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
+        init.uniform_(bias, -bound, bound)
+
+
+class Conv2d(Module):
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True,
+                 padding_mode="zeros"):
+        super().__init__()
+        if padding_mode != "zeros":
+            raise ValueError("Conv2d supports padding_mode='zeros' only")
+        if in_channels % groups or out_channels % groups:
+            raise ValueError("in_channels and out_channels must be divisible by groups")
+        self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
+        self.kernel_size, self.stride = _pair(kernel_size), _pair(stride)
+        self.padding, self.dilation = _pair(padding), _pair(dilation)
+        self.register_parameter("weight", creation.empty(out_channels, in_channels // groups, *self.kernel_size))
+        self.register_parameter("bias", creation.empty(out_channels) if bias else None)
+        _init_weight_bias(self.weight, self.bias, in_channels // groups * math.prod(self.kernel_size))
+
+    def output_shape(self, shape):
+        c, h, w = shape
+        if c != self.in_channels:
+            raise ValueError(f"Conv2d expects {self.in_channels} input channels, got {c}")
+        size = []
+        for i, n in enumerate((h, w)):
+            eff = self.dilation[i] * (self.kernel_size[i] - 1) + 1
+            size.append((n + 2 * self.padding[i] - eff) // self.stride[i] + 1)
+        if min(size) < 1:
+            raise ValueError(f"Conv2d: input {h}x{w} is too small for the kernel")
+        return (self.out_channels, *size)
+
+    def forward(self, x):
+        from . import functional as F
+        return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+
+    def extra_repr(self):
+        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
+                f"padding={self.padding}" + ("" if self.bias is not None else ", bias=False"))
+
+
+class Linear(Module):
+    def __init__(self, in_features, out_features, bias=True):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.register_parameter("weight", creation.empty(out_features, in_features))
+        self.register_parameter("bias", creation.empty(out_features) if bias else None)
+        _init_weight_bias(self.weight, self.bias, in_features)
+
+    def output_shape(self, shape):
+        if shape[-1] != self.in_features:
+            raise ValueError(f"Linear expects {self.in_features} input features, got {shape[-1]}")
+        return (*shape[:-1], self.out_features)
+
+    def forward(self, x):
+        from . import functional as F
+        return F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self):
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class BatchNorm2d(Module):
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True):
+        super().__init__()
+        if momentum is None:
+            raise ValueError("BatchNorm2d: momentum=None (cumulative averages) is not supported")
+        self.num_features, self.eps, self.momentum = num_features, eps, momentum
+        self.affine, self.track_running_stats = affine, track_running_stats
+        self.register_parameter("weight", creation.ones(num_features) if affine else None)
+        self.register_parameter("bias", creation.zeros(num_features) if affine else None)
+        if track_running_stats:
+            self.register_buffer("running_mean", creation.zeros(num_features))
+            self.register_buffer("running_var", creation.ones(num_features))
+            self.register_buffer("num_batches_tracked", creation.zeros((), dtype="int64"))
+
+    def output_shape(self, shape):
+        if shape[0] != self.num_features:
+            raise ValueError(f"BatchNorm2d expects {self.num_features} channels, got {shape[0]}")
+        return shape
+
+    def forward(self, x):
+        from . import functional as F
+        use_batch = self.training or not self.track_running_stats
+        return F.batch_norm(x, getattr(self, "running_mean", None), getattr(self, "running_var", None), self.weight,
+                            self.bias, use_batch, self.momentum, self.eps)
+
+    def extra_repr(self):
+        return f"{self.num_features}, eps={self.eps}, momentum={self.momentum}"
+
+
+class LayerNorm(Module):
+    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True):
+        super().__init__()
+        self.normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        self.eps = eps
+        self.register_parameter("weight", creation.ones(self.normalized_shape) if elementwise_affine else None)
+        self.register_parameter("bias", creation.zeros(self.normalized_shape) if elementwise_affine else None)
+
+    def output_shape(self, shape):
+        if tuple(shape[-len(self.normalized_shape):]) != self.normalized_shape:
+            raise ValueError(f"LayerNorm expects trailing shape {self.normalized_shape}, got {shape}")
+        return shape
+
+    def forward(self, x):
+        from . import functional as F
+        return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+
+class _Activation(Module):
+    act = None
+
+    def __init__(self, inplace=False):
+        super().__init__()
+        self.inplace = inplace
+
+    def forward(self, x):
+        from . import functional as F
+        return getattr(F, self.act)(x)
+
+
+class ReLU(_Activation):
+    act = "relu"
+
+
+class SiLU(_Activation):
+    act = "silu"
+
+
+class Sigmoid(_Activation):
+    act = "sigmoid"
+
+    def __init__(self):
+        super().__init__()
+
+
+class Tanh(_Activation):
+    act = "tanh"
+
+    def __init__(self):
+        super().__init__()
+
+
+class GELU(_Activation):
+    act = "gelu"
+
+    def __init__(self, approximate="none"):
+        super().__init__()
+        if approximate not in ("none", "tanh"):
+            raise ValueError("GELU approximate must be 'none' or 'tanh'")
+        self.approximate = approximate
+
+    def forward(self, x):
+        from . import functional as F
+        return F.gelu(x, approximate=self.approximate)
+
+
+class LeakyReLU(_Activation):
+    act = "leaky_relu"
+
+    def __init__(self, negative_slope=0.01, inplace=False):
+        super().__init__(inplace)
+        self.negative_slope = negative_slope
+
+    def forward(self, x):
+        from . import functional as F
+        return F.leaky_relu(x, self.negative_slope)
+
+
+class _Pool2d(Module):
+    def __init__(self, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, count_include_pad=True):
+        super().__init__()
+        self.kernel_size = _pair(kernel_size)
+        self.stride = self.kernel_size if stride is None else _pair(stride)
+        self.padding, self.dilation = _pair(padding), _pair(dilation)
+        self.ceil_mode, self.count_include_pad = ceil_mode, count_include_pad
+
+    def output_shape(self, shape):
+        c, h, w = shape
+        size = []
+        for i, n in enumerate((h, w)):
+            eff = self.dilation[i] * (self.kernel_size[i] - 1) + 1
+            span = n + 2 * self.padding[i] - eff
+            out = (-(-span // self.stride[i]) if self.ceil_mode else span // self.stride[i]) + 1
+            # PyTorch: the last window must start inside the input or left padding
+            if self.ceil_mode and (out - 1) * self.stride[i] >= n + self.padding[i]:
+                out -= 1
+            size.append(out)
+        if min(size) < 1:
+            raise ValueError(f"{type(self).__name__}: input {h}x{w} is too small")
+        return (c, *size)
+
+
+class MaxPool2d(_Pool2d):
+    def __init__(self, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
+        super().__init__(kernel_size, stride, padding, dilation, ceil_mode)
+
+    def forward(self, x):
+        from . import functional as F
+        return F.max_pool2d(x, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode)
+
+
+class AvgPool2d(_Pool2d):
+    def __init__(self, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
+        super().__init__(kernel_size, stride, padding, 1, ceil_mode, count_include_pad)
+
+    def forward(self, x):
+        from . import functional as F
+        return F.avg_pool2d(x, self.kernel_size, self.stride, self.padding, self.ceil_mode, self.count_include_pad)
+
+
+class _AdaptivePool2d(Module):
+    def __init__(self, output_size):
+        super().__init__()
+        self.output_size = _pair(output_size)
+
+    def output_shape(self, shape):
+        return (shape[0], *(s if o is None else o for o, s in zip(self.output_size, shape[1:])))
+
+
+class AdaptiveAvgPool2d(_AdaptivePool2d):
+    def forward(self, x):
+        from . import functional as F
+        return F.adaptive_avg_pool2d(x, self.output_size)
+
+
+class AdaptiveMaxPool2d(_AdaptivePool2d):
+    def forward(self, x):
+        from . import functional as F
+        return F.adaptive_max_pool2d(x, self.output_size)
+
+
+class Dropout(Module):
+    def __init__(self, p=0.5, inplace=False):
+        super().__init__()
+        if not 0 <= p < 1:
+            raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+        self.p = p
+
+    def forward(self, x):
+        from . import functional as F
+        return F.dropout(x, self.p, self.training)
+
+
+class Flatten(Module):
+    def __init__(self, start_dim=1, end_dim=-1):
+        super().__init__()
+        self.start_dim, self.end_dim = start_dim, end_dim
+
+    def output_shape(self, shape):
+        full = (None, *shape)
+        s = self.start_dim % len(full)
+        e = self.end_dim % len(full)
+        if s == 0:
+            raise ValueError("Flatten in a model keeps the batch dimension: start_dim must be >= 1")
+        return (*shape[:s - 1], math.prod(shape[s - 1:e]), *shape[e:])
+
+    def forward(self, x):
+        return x.flatten(self.start_dim, self.end_dim)
+
+
+class Identity(Module):
+    def forward(self, x):
+        return x
+
+
+class Sequential(Module):
+    def __init__(self, *modules):
+        super().__init__()
+        if len(modules) == 1 and isinstance(modules[0], OrderedDict):
+            modules = modules[0].items()
+        else:
+            modules = ((str(i), m) for i, m in enumerate(modules))
+        for name, m in modules:
+            if not isinstance(m, Module):
+                raise TypeError(f"Sequential takes Modules, got {type(m).__name__}")
+            setattr(self, name, m)
+
+    def __getitem__(self, i):
+        return list(self._modules.values())[i]
+
+    def __len__(self):
+        return len(self._modules)
+
+    def _symbolic(self, x):
+        for m in self._modules.values():
+            x = m(x)
+        return x
+
+    def forward(self, x):
+        for m in self._modules.values():
+            x = m(x)
+        return x
+
+
+class CrossEntropyLoss(Module):
+    def __init__(self, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
+        super().__init__()
+        if reduction not in ("mean", "sum"):
+            raise ValueError("CrossEntropyLoss: reduction must be 'mean' or 'sum'")
+        if not 0.0 <= label_smoothing <= 1.0:
+            raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
+        self.weight, self.ignore_index = weight, ignore_index
+        self.reduction, self.label_smoothing = reduction, label_smoothing
+
+    def forward(self, logits, target):
+        from . import functional as F
+        return F.cross_entropy(logits, target, self.weight, ignore_index=self.ignore_index, reduction=self.reduction,
+                               label_smoothing=self.label_smoothing)
+
+
+class MSELoss(Module):
+    def __init__(self, reduction="mean"):
+        super().__init__()
+        if reduction not in ("mean", "sum"):
+            raise ValueError("MSELoss: reduction must be 'mean' or 'sum'")
+        self.reduction = reduction
+
+    def forward(self, pred, target):
+        from . import functional as F
+        return F.mse_loss(pred, target, reduction=self.reduction)
+
+
+class Add(Module):
+    """a + b, the residual sum (fused with a following activation when compiled)."""
+
+    def output_shape(self, a, b):
+        if a != b:
+            raise ValueError(f"Add: shapes {a} and {b} differ")
+        return a
+
+    def forward(self, a, b):
+        from . import functional as F
+        return F.add(a, b)
+
+
+class Cat(Module):
+    """Concatenation along the channel dimension."""
+
+    def __init__(self, dim=1):
+        super().__init__()
+        if dim != 1:
+            raise ValueError("cat joins along the channel dimension (dim=1)")
+        self.dim = dim
+
+    def output_shape(self, *shapes):
+        if any(s[1:] != shapes[0][1:] for s in shapes):
+            raise ValueError(f"cat: shapes {shapes} differ outside the channel dimension")
+        return (sum(s[0] for s in shapes), *shapes[0][1:])
+
+    def forward(self, *xs):
+        from . import functional as F
+        return F.cat(xs, self.dim)
+
+
+class Model(Module):
+    """A model from symbolic inputs to outputs (one input, one output)."""
+
+    def __init__(self, inputs, outputs):
+        super().__init__()
+        from .graph import topological
+        if not isinstance(inputs, Symbolic) or not isinstance(outputs, Symbolic):
+            raise TypeError("Model takes one symbolic input and one symbolic output")
+        nodes = topological([outputs.node])
+        if nodes[0] is not inputs.node or sum(n.module is None for n in nodes) != 1:
+            raise ValueError("the output does not depend on exactly the given input")
+        object.__setattr__(self, "_nodes", nodes)
+        index = 0
+        for n in nodes:
+            if n.module is not None and n.module not in self._modules.values():
+                setattr(self, str(index), n.module)
+                index += 1
+
+    @property
+    def input_shape(self):
+        return self._nodes[0].shape
+
+    def forward(self, x):
+        values = {}
+        for n in self._nodes:
+            values[id(n)] = x if n.module is None else n.module(*[values[id(i)] for i in n.inputs])
+        return values[id(self._nodes[-1])]

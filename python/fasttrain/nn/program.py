@@ -1,0 +1,300 @@
+"""model.compile(): a model graph turned into a C training program.
+
+The compiler walks the graph in topological order, fuses what the C ops can
+fuse (conv/linear/batch-norm/add followed by an activation), drops conv biases
+that a following batch norm cancels, moves every parameter into one flat
+buffer and every gradient into another (each parameter object becomes a view,
+so optimizers built earlier see the flat memory), and hands the node list to C,
+which plans the activation memory and runs whole training steps."""
+import math
+import time
+
+from .. import _C, creation
+from .._tensor import Tensor
+from .._types import _BY_NAME
+from . import modules as M
+from .graph import Input, Symbolic, topological
+
+(INPUT, CONV2D, LINEAR, BATCHNORM, ACT, MAXPOOL, AVGPOOL, ADAPTIVE_AVGPOOL, ADAPTIVE_MAXPOOL, ADD, CAT, FLATTEN,
+ DROPOUT, IDENTITY) = range(14)
+ACTS = {"relu": 1, "leaky_relu": 2, "gelu": 3, "gelu_tanh": 4, "silu": 5, "sigmoid": 6, "tanh": 7}
+# Activations whose derivative follows from their output: these can be fused
+# into an op that does not keep the activation's input.
+FROM_OUTPUT = {"relu", "sigmoid", "tanh", "leaky_relu"}
+KIND_NAMES = {v: k for k, v in dict(input=INPUT, conv2d=CONV2D, linear=LINEAR, batch_norm=BATCHNORM, act=ACT,
+                                    max_pool2d=MAXPOOL, avg_pool2d=AVGPOOL, adaptive_avg_pool2d=ADAPTIVE_AVGPOOL,
+                                    adaptive_max_pool2d=ADAPTIVE_MAXPOOL, add=ADD, cat=CAT, flatten=FLATTEN,
+                                    dropout=DROPOUT, identity=IDENTITY).items()}
+
+
+def _act_of(m):
+    name = m.act
+    if isinstance(m, M.GELU) and m.approximate == "tanh":
+        name = "gelu_tanh"
+    alpha = m.negative_slope if isinstance(m, M.LeakyReLU) else 0.0
+    return name, alpha
+
+
+def _node_of(module):
+    """(kind, fields) for one layer."""
+    m = module
+    if isinstance(m, M.Conv2d):
+        return CONV2D, dict(stride=m.stride, padding=m.padding, dilation=m.dilation, groups=m.groups)
+    if isinstance(m, M.Linear):
+        return LINEAR, {}
+    if isinstance(m, M.BatchNorm2d):
+        return BATCHNORM, dict(eps=m.eps, momentum=m.momentum)
+    if isinstance(m, M._Activation):
+        name, alpha = _act_of(m)
+        return ACT, dict(act=name, alpha=alpha)
+    if isinstance(m, M.MaxPool2d):
+        return MAXPOOL, dict(kernel=m.kernel_size, stride=m.stride, padding=m.padding, dilation=m.dilation,
+                             ceil_mode=int(m.ceil_mode))
+    if isinstance(m, M.AvgPool2d):
+        return AVGPOOL, dict(kernel=m.kernel_size, stride=m.stride, padding=m.padding, ceil_mode=int(m.ceil_mode),
+                             count_include_pad=int(m.count_include_pad))
+    if isinstance(m, M.AdaptiveAvgPool2d):
+        return ADAPTIVE_AVGPOOL, {}
+    if isinstance(m, M.AdaptiveMaxPool2d):
+        return ADAPTIVE_MAXPOOL, {}
+    if isinstance(m, M.Add):
+        return ADD, {}
+    if isinstance(m, M.Cat):
+        return CAT, {}
+    if isinstance(m, M.Flatten):
+        return FLATTEN, {}
+    if isinstance(m, M.Dropout):
+        return DROPOUT, dict(p=m.p)
+    if isinstance(m, M.Identity):
+        return IDENTITY, {}
+    raise NotImplementedError(f"{type(m).__name__} cannot be compiled into a training program yet")
+
+
+class _Entry:
+    __slots__ = ("kind", "module", "inputs", "shape", "fields", "act", "alpha", "drop_bias", "fused")
+
+    def __init__(self, kind, module, inputs, shape, fields):
+        self.kind, self.module, self.inputs, self.shape, self.fields = kind, module, inputs, shape, fields
+        self.act, self.alpha, self.drop_bias, self.fused = None, 0.0, False, []
+
+
+def _graph(model, input_shape):
+    if isinstance(model, M.Model):
+        nodes = model._nodes
+    else:
+        if input_shape is None:
+            raise ValueError("compile: give input_shape, the per-sample shape such as (1, 28, 28)")
+        out = model(Input(input_shape))
+        if not isinstance(out, Symbolic):
+            raise TypeError("compile: the model did not produce a symbolic output")
+        nodes = topological([out.node])
+    index = {id(n): i for i, n in enumerate(nodes)}
+    entries = []
+    for n in nodes:
+        kind, fields = (INPUT, {}) if n.module is None else _node_of(n.module)
+        entries.append(_Entry(kind, n.module, [index[id(i)] for i in n.inputs], n.shape, fields))
+    return entries
+
+
+def _consumers(entries):
+    users = [[] for _ in entries]
+    for j, e in enumerate(entries):
+        for i in e.inputs:
+            users[i].append(j)
+    return users
+
+
+def _fuse(entries):
+    """Folds single-consumer activations into their producer and drops conv
+    biases a batch norm cancels. Returns the surviving entries, re-indexed."""
+    users = _consumers(entries)
+    remap = list(range(len(entries)))
+    for j, e in enumerate(entries):
+        if e.kind != ACT:
+            continue
+        src = remap[e.inputs[0]]
+        prod = entries[src]
+        name = e.fields["act"]
+        ok = prod.act is None and len(users[e.inputs[0]]) == 1 and (
+            prod.kind == ADD or (prod.kind in (CONV2D, LINEAR, BATCHNORM) and name in FROM_OUTPUT))
+        if name == "leaky_relu" and e.fields["alpha"] < 0:
+            ok = False
+        if ok:
+            prod.act, prod.alpha = name, e.fields["alpha"]
+            prod.fused.append(type(e.module).__name__)
+            remap[j] = src
+    # A conv whose output reaches a batch norm only through max/avg pooling
+    # (which commute with adding a per-channel constant) needs no bias.
+    for i, e in enumerate(entries):
+        if e.kind != CONV2D or e.module.bias is None or e.act is not None:
+            continue
+        k = i
+        while len(users[k]) == 1 and entries[users[k][0]].kind in (MAXPOOL, AVGPOOL) and remap[users[k][0]] == users[k][0]:
+            k = users[k][0]
+            if entries[k].act is not None:
+                break
+        nxt = users[k][0] if len(users[k]) == 1 else None
+        if nxt is not None and entries[nxt].kind == BATCHNORM and entries[k].act is None:
+            e.drop_bias = True
+    keep = [i for i in range(len(entries)) if remap[i] == i]
+    new_index = {old: new for new, old in enumerate(keep)}
+    out = []
+    for i in keep:
+        e = entries[i]
+        e.inputs = [new_index[remap[x]] for x in e.inputs]
+        out.append(e)
+    return out
+
+
+def _flatten_parameters(model):
+    """Moves every float32 parameter into one flat buffer (and its gradient into another); idempotent."""
+    params = list(dict.fromkeys(model.parameters()))
+    flat = getattr(model, "_flat", None)
+    if flat is not None and flat[2] == [id(p) for p in params]:
+        return flat[0], flat[1]
+    for p in params:
+        if p.dtype is not _BY_NAME["float32"] or p.is_cuda:
+            raise TypeError("compile: parameters must be float32 CPU tensors")
+    total = sum(p.numel() for p in params)
+    buf, grads = creation.empty(max(total, 1)), creation.zeros(max(total, 1))
+    offset = 0
+    for p in params:
+        n = p.numel()
+        p._rebind(buf, offset)
+        p.grad = grads.as_strided(p.shape, _contiguous(p.shape), offset)
+        offset += n
+    object.__setattr__(model, "_flat", (buf, grads, [id(p) for p in params]))
+    return buf, grads
+
+
+def _contiguous(shape):
+    strides, s = [], 1
+    for n in reversed(shape):
+        strides.append(s)
+        s *= max(n, 1)
+    return strides[::-1]
+
+
+def _node_dict(e):
+    d = dict(kind=e.kind, inputs=tuple(e.inputs), shape=tuple(e.shape))
+    for key, value in e.fields.items():
+        if key not in ("act", "alpha"):
+            d[key] = value
+    if e.act is not None or e.kind == ACT:
+        d["act"] = ACTS[e.act if e.kind != ACT else e.fields["act"]]
+        d["alpha"] = e.alpha if e.kind != ACT else e.fields["alpha"]
+    m = e.module
+    if e.kind in (CONV2D, LINEAR, BATCHNORM):
+        d["weight"], d["dweight"] = m.weight, m.weight.grad if m.weight is not None else None
+        if m.bias is not None and not e.drop_bias:
+            d["bias"], d["dbias"] = m.bias, m.bias.grad
+    if e.kind == BATCHNORM:
+        d["running_mean"] = getattr(m, "running_mean", None)
+        d["running_var"] = getattr(m, "running_var", None)
+        d["batch_stats"] = 1
+    return d
+
+
+def _flops(e, inputs):
+    """Multiply-adds x 2 of one forward pass per sample."""
+    m = e.module
+    if e.kind == CONV2D:
+        c, k = m.in_channels // m.groups, m.out_channels
+        return 2 * k * c * math.prod(m.kernel_size) * math.prod(e.shape[1:])
+    if e.kind == LINEAR:
+        return 2 * m.in_features * m.out_features
+    return math.prod(e.shape)
+
+
+class Program:
+    """A compiled model: train_step, predict and evaluate run in C."""
+
+    def __init__(self, model, optimizer, loss, batch_size, input_shape, memory_format, accumulate_steps,
+                 clip_grad_norm, nan_policy, seed):
+        if not isinstance(loss, (M.CrossEntropyLoss,)):
+            raise NotImplementedError("compiled programs train with CrossEntropyLoss")
+        if loss.weight is not None:
+            raise NotImplementedError("compiled programs do not take class weights yet")
+        if accumulate_steps < 1 or batch_size % accumulate_steps:
+            raise ValueError(f"batch_size {batch_size} must be a multiple of accumulate_steps {accumulate_steps}")
+        if memory_format not in ("channels_last", "contiguous"):
+            raise ValueError("memory_format must be 'channels_last' or 'contiguous'")
+        self.model, self.optimizer, self.loss = model, optimizer, loss
+        self.batch_size, self.accumulate_steps = batch_size, accumulate_steps
+        self.clip_grad_norm, self.nan_policy = clip_grad_norm, nan_policy
+        self.entries = _fuse(_graph(model, input_shape))
+        if self.entries[-1].shape.__len__() != 1:
+            raise ValueError(f"the model's output must be (N, classes), got per-sample shape {self.entries[-1].shape}")
+        self.flat_params, self.flat_grads = _flatten_parameters(model)
+        ids = {id(p) for g in optimizer.param_groups for p in g["params"]}
+        missing = [n for n, p in model.named_parameters() if id(p) not in ids]
+        if missing:
+            raise ValueError(f"compile: the optimizer does not hold these parameters of the model: {missing}")
+        self._nodes = [_node_dict(e) for e in self.entries]
+        self._c = _C.Program(self._nodes, self.flat_params, self.flat_grads, float(loss.label_smoothing),
+                             int(loss.ignore_index),
+                             loss.reduction == "sum", batch_size // accumulate_steps,
+                             memory_format == "channels_last", seed)
+        self.step_count = 0
+        self.skipped_steps = 0
+
+    @property
+    def input_shape(self):
+        return self.entries[0].shape
+
+    def train_step(self, x, y):
+        """One optimizer step on the batch (x, y): forward, loss, backward, update, all in C. Returns the loss."""
+        from ..creation import as_tensor
+        x = as_tensor(x, dtype="float32")
+        y = as_tensor(y, dtype="int64")
+        loss, skipped = self._c.train_step(x, y, self.optimizer, self.clip_grad_norm, self.nan_policy)
+        self.step_count += 1
+        self.skipped_steps += skipped
+        return loss
+
+    def predict(self, x):
+        """Logits for x, in eval mode (running batch-norm statistics, no dropout)."""
+        from ..creation import as_tensor
+        return self._c.forward(as_tensor(x, dtype="float32"))
+
+    def evaluate(self, x, y):
+        """(mean loss, accuracy) of one batch in eval mode."""
+        from ..creation import as_tensor
+        loss_sum, correct = self._c.evaluate(as_tensor(x, dtype="float32"), as_tensor(y, dtype="int64"))
+        n = len(y)
+        return loss_sum / n, correct / n
+
+    def summary(self):
+        """A table of the compiled nodes: output shapes, parameters, FLOPs, fusions and memory."""
+        lines = [f"{'#':>3}  {'node':<22}{'output':<18}{'params':>10}{'MFLOP':>10}  notes"]
+        total_params = total_flops = 0
+        for i, e in enumerate(self.entries):
+            name = "input" if e.module is None else type(e.module).__name__
+            params = sum(p.numel() for p in (e.module.parameters() if e.module is not None else []))
+            flops = 0 if e.kind == INPUT else _flops(e, None)
+            total_params += params
+            total_flops += flops
+            notes = []
+            if e.act:
+                notes.append(f"+{e.act} fused")
+            if e.drop_bias:
+                notes.append("bias dropped (a batch norm follows)")
+            lines.append(f"{i:>3}  {name:<22}{str(tuple(e.shape)):<18}{params:>10,}{flops / 1e6:>10.2f}  "
+                         + ", ".join(notes))
+        train_bytes, eval_bytes = self._c.memory()
+        lines.append(f"parameters: {total_params:,}   forward MFLOP per sample: {total_flops / 1e6:.2f}")
+        lines.append(f"activation memory: training {train_bytes / 2**20:.1f} MiB for {self.batch_size // self.accumulate_steps}"
+                     f" samples, evaluation {eval_bytes / 2**20:.1f} MiB")
+        return "\n".join(lines)
+
+    def flops_per_sample(self):
+        return sum(0 if e.kind == INPUT else _flops(e, None) for e in self.entries)
+
+
+def compile(model, optimizer, loss=None, *, batch_size, input_shape=None, memory_format="channels_last",
+            accumulate_steps=1, clip_grad_norm=None, nan_policy="raise", seed=0):
+    """Compiles `model` for training with `optimizer` on batches of `batch_size` samples."""
+    if loss is None:
+        loss = M.CrossEntropyLoss()
+    return Program(model, optimizer, loss, batch_size, input_shape, memory_format, accumulate_steps,
+                   clip_grad_norm, nan_policy, seed)
