@@ -121,7 +121,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="1M params and fewer repetitions")
     args = parser.parse_args()
-    n, reps, rounds = (1_000_000, 10, 2) if args.quick else (10_000_000, 20, 5)
+    n, reps, rounds = (1_000_000, 10, 2) if args.quick else (10_000_000, 20, 8)
     label = "1M" if args.quick else "10M"
     threads = ft.get_num_threads()
     if torch is not None:
