@@ -8,6 +8,7 @@
 #include "bind/bind.h"
 
 #include <math.h>
+#include <omp.h>
 
 #include "data/loader.h"
 #include "nn/program.h"
@@ -310,6 +311,24 @@ static PyObject *m_train_step(PyObject *self, PyObject *args, PyObject *kwargs) 
     return Py_BuildValue("(dO)", loss, skipped ? Py_True : Py_False);
 }
 
+/* backward(x, y) -> loss: the gradients into the flat buffer (each
+ * parameter's .grad), without an optimizer update. */
+static PyObject *m_backward(PyObject *self, PyObject *args) {
+    PyObject *xo, *yo;
+    if (!PyArg_ParseTuple(args, "OO:backward", &xo, &yo))
+        return NULL;
+    ft_module_state *st = state_of(self);
+    ft_tensor *x = ft_unwrap(st, xo, "x"), *y = x ? ft_unwrap(st, yo, "y") : NULL;
+    if (!y)
+        return NULL;
+    double loss = 0;
+    ft_status s;
+    Py_BEGIN_ALLOW_THREADS
+    s = ft_program_backward(((program_object *)self)->prog, x, y, &loss);
+    Py_END_ALLOW_THREADS
+    return s == FT_OK ? PyFloat_FromDouble(loss) : ft_raise(s);
+}
+
 static PyObject *m_forward(PyObject *self, PyObject *xo) {
     ft_module_state *st = state_of(self);
     ft_tensor *x = ft_unwrap(st, xo, "x");
@@ -335,7 +354,8 @@ static PyObject *m_forward(PyObject *self, PyObject *xo) {
 
 static PyObject *m_evaluate(PyObject *self, PyObject *args) {
     PyObject *xo, *yo;
-    if (!PyArg_ParseTuple(args, "OO:evaluate", &xo, &yo))
+    int tta = 0;
+    if (!PyArg_ParseTuple(args, "OO|p:evaluate", &xo, &yo, &tta))
         return NULL;
     ft_module_state *st = state_of(self);
     ft_tensor *x = ft_unwrap(st, xo, "x"), *y = x ? ft_unwrap(st, yo, "y") : NULL;
@@ -345,9 +365,163 @@ static PyObject *m_evaluate(PyObject *self, PyObject *args) {
     int64_t correct = 0;
     ft_status s;
     Py_BEGIN_ALLOW_THREADS
-    s = ft_program_evaluate(((program_object *)self)->prog, x, y, &loss, &correct);
+    s = ft_program_evaluate(((program_object *)self)->prog, x, y, tta, &loss, &correct);
     Py_END_ALLOW_THREADS
     return s == FT_OK ? Py_BuildValue("(dL)", loss, (long long)correct) : ft_raise(s);
+}
+
+/* Calls callback(steps, loss, samples) with the GIL; -1 with an exception
+ * set, 1 when it asked to stop (returned True), else 0. */
+static int report(PyObject *callback, int64_t steps, double loss, int64_t samples) {
+    PyObject *r = PyObject_CallFunction(callback, "LdL", (long long)steps, loss, (long long)samples);
+    if (!r)
+        return -1;
+    int stop = PyObject_IsTrue(r);
+    Py_DECREF(r);
+    return stop;
+}
+
+/* fit_epoch(loader, optimizer, lrs=None, callback=None, interval=0.25, clip_grad_norm=None, nan_policy="raise")
+ * -> (loss_sum, samples, steps, skipped): one epoch of a fasttrain loader in C. Python runs only for the
+ * progress callback, every `interval` seconds; lrs[k] gives the learning rate of each parameter group at step k. */
+static PyObject *m_fit_epoch(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *kwlist[] = {"loader", "optimizer", "lrs", "callback", "interval", "clip_grad_norm", "nan_policy",
+                             NULL};
+    PyObject *loader_obj, *opt_obj, *lrs_obj = Py_None, *callback = Py_None, *max_norm = Py_None;
+    double interval = 0.25;
+    const char *policy = "raise";
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OOdOs:fit_epoch", kwlist, &loader_obj, &opt_obj, &lrs_obj,
+                                     &callback, &interval, &max_norm, &policy))
+        return NULL;
+    program_object *po = (program_object *)self;
+    step_options o;
+    ft_loader *l = ft_loader_of(loader_obj);
+    ft_optimizer *opt = l ? program_optimizer(po, opt_obj) : NULL;
+    if (!opt || parse_step_options(max_norm, policy, &o) < 0)
+        return NULL;
+    int ngroups = ft_optimizer_num_groups(opt);
+    Py_ssize_t nlrs = 0;
+    double *lrs = NULL;
+    if (lrs_obj != Py_None) {
+        PyObject *seq = PySequence_Fast(lrs_obj, "lrs must be a sequence of per-step learning rates");
+        if (!seq)
+            return NULL;
+        nlrs = PySequence_Fast_GET_SIZE(seq);
+        lrs = PyMem_Malloc((size_t)(nlrs ? nlrs : 1) * (size_t)ngroups * sizeof *lrs);
+        for (Py_ssize_t k = 0; lrs && k < nlrs; k++) {
+            PyObject *row = PySequence_Fast(PySequence_Fast_GET_ITEM(seq, k), "each step's lrs must be a sequence");
+            if (!row || PySequence_Fast_GET_SIZE(row) != ngroups) {
+                if (row)
+                    PyErr_Format(PyExc_ValueError, "step %zd gives %zd learning rates for %d parameter groups", k,
+                                 PySequence_Fast_GET_SIZE(row), ngroups);
+                Py_XDECREF(row);
+                PyMem_Free(lrs);
+                lrs = NULL;
+                break;
+            }
+            for (int g = 0; g < ngroups; g++)
+                lrs[k * ngroups + g] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(row, g));
+            Py_DECREF(row);
+        }
+        Py_DECREF(seq);
+        if (!lrs || PyErr_Occurred()) {
+            PyMem_Free(lrs);
+            return lrs ? NULL : (PyErr_Occurred() ? NULL : PyErr_NoMemory());
+        }
+    }
+    Py_INCREF(loader_obj); /* the C loader lives as long as this object */
+    double loss_sum = 0, last_report = omp_get_wtime(), loss = 0;
+    int64_t samples = 0, steps = 0, skipped_steps = 0;
+    ft_status s = FT_OK;
+    int stop = 0;
+    PyThreadState *ts = PyEval_SaveThread();
+    for (;;) {
+        ft_batch b;
+        bool done = false, timed_out = false, skipped = false;
+        s = ft_loader_next_wait(l, &b, &done, 100, &timed_out);
+        if (s != FT_OK || done)
+            break;
+        if (timed_out) { /* waiting for data: a moment to notice Ctrl-C */
+            PyEval_RestoreThread(ts);
+            stop = PyErr_CheckSignals() < 0 ? -1 : 0;
+            ts = PyEval_SaveThread();
+            if (stop)
+                break;
+            continue;
+        }
+        for (int g = 0; s == FT_OK && steps < nlrs && g < ngroups; g++)
+            s = ft_optimizer_set_lr(opt, g, lrs[steps * ngroups + g]);
+        if (s == FT_OK)
+            s = train_step(po->prog, opt, &b.images, &b.labels, &o, &loss, &skipped);
+        int64_t n = b.size;
+        ft_loader_release(l, &b);
+        if (s != FT_OK)
+            break;
+        loss_sum += loss * (double)n;
+        samples += n;
+        steps++;
+        skipped_steps += skipped;
+        double now = omp_get_wtime();
+        if (now - last_report >= interval) {
+            PyEval_RestoreThread(ts);
+            stop = PyErr_CheckSignals() < 0 ? -1 : callback != Py_None ? report(callback, steps, loss, samples) : 0;
+            ts = PyEval_SaveThread();
+            last_report = now;
+            if (stop)
+                break;
+        }
+    }
+    PyEval_RestoreThread(ts);
+    Py_DECREF(loader_obj);
+    PyMem_Free(lrs);
+    if (stop < 0)
+        return NULL;
+    if (s != FT_OK)
+        return ft_raise(s);
+    return Py_BuildValue("(dLLLO)", loss_sum, (long long)samples, (long long)steps, (long long)skipped_steps,
+                         stop ? Py_True : Py_False);
+}
+
+/* eval_epoch(loader, tta_flip=False) -> (loss_sum, correct, count), in eval mode, in C. */
+static PyObject *m_eval_epoch(PyObject *self, PyObject *args) {
+    PyObject *loader_obj;
+    int tta = 0;
+    if (!PyArg_ParseTuple(args, "O|p:eval_epoch", &loader_obj, &tta))
+        return NULL;
+    ft_loader *l = ft_loader_of(loader_obj);
+    if (!l)
+        return NULL;
+    Py_INCREF(loader_obj);
+    double loss = 0;
+    int64_t correct = 0, count = 0;
+    ft_status s = FT_OK;
+    int stop = 0;
+    PyThreadState *ts = PyEval_SaveThread();
+    for (;;) {
+        ft_batch b;
+        bool done = false, timed_out = false;
+        s = ft_loader_next_wait(l, &b, &done, 100, &timed_out);
+        if (s != FT_OK || done)
+            break;
+        if (timed_out) {
+            PyEval_RestoreThread(ts);
+            stop = PyErr_CheckSignals() < 0;
+            ts = PyEval_SaveThread();
+            if (stop)
+                break;
+            continue;
+        }
+        s = ft_program_evaluate(((program_object *)self)->prog, &b.images, &b.labels, tta, &loss, &correct);
+        count += b.size;
+        ft_loader_release(l, &b);
+        if (s != FT_OK)
+            break;
+    }
+    PyEval_RestoreThread(ts);
+    Py_DECREF(loader_obj);
+    if (stop)
+        return NULL;
+    return s == FT_OK ? Py_BuildValue("(dLL)", loss, (long long)correct, (long long)count) : ft_raise(s);
 }
 
 static PyObject *m_memory(PyObject *self, PyObject *unused) {
@@ -379,8 +553,13 @@ static PyMethodDef program_methods[] = {
     {"train_step", (PyCFunction)(void (*)(void))m_train_step, METH_VARARGS | METH_KEYWORDS,
      "train_step(x, y, optimizer, clip_grad_norm=None, nan_policy='raise') -> (loss, skipped)"},
     {"forward", m_forward, METH_O, "forward(x) -> logits, in eval mode"},
+    {"backward", m_backward, METH_VARARGS, "backward(x, y) -> loss; the gradients, without an update"},
     {"evaluate", m_evaluate, METH_VARARGS, "evaluate(x, y) -> (summed loss, correct predictions)"},
     {"memory", m_memory, METH_NOARGS, "(training arena bytes, evaluation arena bytes)"},
+    {"fit_epoch", (PyCFunction)(void (*)(void))m_fit_epoch, METH_VARARGS | METH_KEYWORDS,
+     "fit_epoch(loader, optimizer, lrs=None, callback=None, interval=0.25, clip_grad_norm=None, "
+     "nan_policy='raise') -> (loss_sum, samples, steps, skipped, stopped)"},
+    {"eval_epoch", m_eval_epoch, METH_VARARGS, "eval_epoch(loader, tta_flip=False) -> (loss_sum, correct, count)"},
     {NULL, NULL, 0, NULL},
 };
 

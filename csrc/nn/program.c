@@ -32,7 +32,7 @@ struct ft_program {
     bool channels_last;
     uint64_t seed, dropout_offset;
     int *alias;             /* (n) the node whose output a node's output is, or -1 */
-    int *last_consumer;     /* (n) */
+    int *last_consumer;     /* (n) the plan's last user of each node (see last_users) */
     block *train, *eval;    /* (n, NBUF) */
     ft_storage *train_arena, *eval_arena;
     int64_t train_bytes, eval_bytes;
@@ -141,19 +141,40 @@ static bool is_alias_kind(const ft_program *p, int i, bool training) {
     }
 }
 
+static bool shares_grad(const ft_program *p, int i);
+
+/* The last node that reads node i's output (training=false) or first writes
+ * its gradient (training=true), looking through the alias nodes that read
+ * (or write) on their input's behalf. Nodes come in topological order, so
+ * one pass from the end settles every chain. */
+static void last_users(const ft_program *p, bool training, int *last) {
+    for (int i = p->n - 1; i >= 0; i--) {
+        last[i] = i;
+        for (int j = i + 1; j < p->n; j++)
+            for (int k = 0; k < p->nodes[j].ninputs; k++)
+                if (p->nodes[j].inputs[k] == i) {
+                    bool through = training ? shares_grad(p, j) : is_alias_kind(p, j, false);
+                    int user = through ? last[j] : j;
+                    if (user > last[i])
+                        last[i] = user;
+                }
+    }
+}
+
 static ft_status plan(ft_program *p, bool training, block *b, ft_storage **arena, int64_t *bytes) {
     int n = p->n;
+    last_users(p, training, p->last_consumer);
     for (int i = 0; i < n; i++) {
         const ft_node *nd = &p->nodes[i];
         block *bi = &b[i * NBUF];
         memset(bi, 0, NBUF * sizeof *bi);
         int64_t out_bytes = p->batch * sample_numel(nd) * 4;
-        int64_t end = training ? 2 * n - i : (i == n - 1 ? n : p->last_consumer[i]);
+        int64_t end = training ? 2 * n - i : (p->last_consumer[i] == i ? n : p->last_consumer[i]);
         if (!is_alias_kind(p, i, training))
             bi[OUT] = (block){out_bytes, i, end, 0};
         bi[AUX] = (block){aux_bytes(p, nd, p->batch), i, training ? 2 * n - i : i, 0};
-        if (training && nd->kind != FT_NODE_INPUT)
-            bi[DOUT] = (block){out_bytes, i == n - 1 ? n : 2 * n - p->last_consumer[i], 2 * n - i, 0};
+        if (training && nd->kind != FT_NODE_INPUT && !shares_grad(p, i))
+            bi[DOUT] = (block){out_bytes, p->last_consumer[i] == i ? n : 2 * n - p->last_consumer[i], 2 * n - i, 0};
     }
     int64_t size = place(b, n * NBUF);
     if (size < 0)
@@ -206,18 +227,21 @@ static ft_tensor node_dout(const ft_program *p, int i, int64_t rows) {
         t.strides[1] = 1;
         return t;
     }
-    if (nd->kind == FT_NODE_IDENTITY || (nd->kind == FT_NODE_DROPOUT && nd->dropout_p == 0))
+    if (shares_grad(p, i))
         return node_dout(p, nd->inputs[0], rows);
     return view_at(p, nd, p->train_arena, p->train[i * NBUF + DOUT].offset, rows, FT_FLOAT32);
 }
 
-/* The alias nodes share their input's gradient buffer, so a write to
- * theirs is a write to their input's. */
-static int grad_owner(const ft_program *p, int i) {
+/* Alias nodes share their input's gradient buffer: a write to theirs is a
+ * write to their input's. */
+static bool shares_grad(const ft_program *p, int i) {
     const ft_node *nd = &p->nodes[i];
-    bool shares = nd->kind == FT_NODE_IDENTITY || (nd->kind == FT_NODE_DROPOUT && nd->dropout_p == 0) ||
-                  (nd->kind == FT_NODE_FLATTEN && is_alias_kind(p, i, true));
-    return shares ? grad_owner(p, nd->inputs[0]) : i;
+    return nd->kind == FT_NODE_IDENTITY || (nd->kind == FT_NODE_DROPOUT && nd->dropout_p == 0) ||
+           (nd->kind == FT_NODE_FLATTEN && is_alias_kind(p, i, true));
+}
+
+static int grad_owner(const ft_program *p, int i) {
+    return shares_grad(p, i) ? grad_owner(p, p->nodes[i].inputs[0]) : i;
 }
 
 static ft_tensor rows_of(const ft_tensor *t, int64_t r0, int64_t rows) {
@@ -314,15 +338,9 @@ ft_status ft_program_create(ft_program **out, int nnodes, const ft_node *nodes, 
         s = validate(p);
     }
     int64_t max_sample = 0;
-    for (int i = 0; s == FT_OK && i < nnodes; i++) {
-        p->last_consumer[i] = i;
-        for (int j = i + 1; j < nnodes; j++)
-            for (int k = 0; k < nodes[j].ninputs; k++)
-                if (nodes[j].inputs[k] == i)
-                    p->last_consumer[i] = j;
+    for (int i = 0; s == FT_OK && i < nnodes; i++)
         if (sample_numel(&nodes[i]) > max_sample)
             max_sample = sample_numel(&nodes[i]);
-    }
     if (s == FT_OK)
         s = plan(p, true, p->train, &p->train_arena, &p->train_bytes);
     if (s == FT_OK)
@@ -694,29 +712,66 @@ ft_status ft_program_forward(ft_program *p, const ft_tensor *x, const ft_tensor 
     return FT_OK;
 }
 
-ft_status ft_program_evaluate(ft_program *p, const ft_tensor *x, const ft_tensor *y, double *loss_sum,
+/* Logits of x for `rows` samples into `logits` (a (rows, classes) view of
+ * the loss scratch space), averaged with those of the horizontally mirrored
+ * images when tta_flip is set. */
+static ft_status eval_logits(ft_program *p, const ft_tensor *x, int64_t rows, bool tta_flip, ft_tensor *logits) {
+    FT_TRY(forward(p, false, rows, x));
+    ft_tensor out = node_out(p, false, p->n - 1, rows, x);
+    FT_TRY(ft_tensor_copy(logits, &out, false));
+    if (!tta_flip)
+        return FT_OK;
+    if (x->ndim != 4)
+        return ft_fail(FT_ERR_VALUE, "program: test-time flipping needs image inputs");
+    ft_tensor mirror = *x, flipped;
+    mirror.offset += (x->shape[3] - 1) * x->strides[3] * 4;
+    mirror.strides[3] = -x->strides[3];
+    FT_TRY(ft_tensor_empty(&flipped, 4, x->shape, FT_FLOAT32, FT_CPU, false));
+    ft_status s = ft_tensor_copy(&flipped, &mirror, false);
+    if (s == FT_OK)
+        s = forward(p, false, rows, &flipped);
+    if (s == FT_OK) {
+        out = node_out(p, false, p->n - 1, rows, &flipped);
+        s = ft_add_forward(logits, logits, &out, (ft_act){FT_ACT_NONE, 0});
+    }
+    ft_tensor_release(&flipped);
+    if (s == FT_OK) {
+        float *l = (float *)ft_tensor_data(logits);
+        for (int64_t k = 0; k < ft_tensor_numel(logits); k++)
+            l[k] *= 0.5f;
+    }
+    return s;
+}
+
+ft_status ft_program_evaluate(ft_program *p, const ft_tensor *x, const ft_tensor *y, bool tta_flip, double *loss_sum,
                               int64_t *correct) {
     FT_TRY(check_input(p, x));
     int64_t B = x->shape[0], classes = p->nodes[p->n - 1].shape[0];
     FT_TRY(check_labels(p, y, B));
-    for (int64_t r0 = 0; r0 < B; r0 += p->batch) {
+    ft_tensor logits;
+    FT_TRY(ft_tensor_empty(&logits, 2, (int64_t[]){p->batch, classes}, FT_FLOAT32, FT_CPU, false));
+    ft_status s = FT_OK;
+    for (int64_t r0 = 0; s == FT_OK && r0 < B; r0 += p->batch) {
         int64_t rows = B - r0 < p->batch ? B - r0 : p->batch;
-        ft_tensor xm = rows_of(x, r0, rows), ym = rows_of(y, r0, rows);
-        FT_TRY(forward(p, false, rows, &xm));
-        ft_tensor logits = node_out(p, false, p->n - 1, rows, &xm);
+        ft_tensor xm = rows_of(x, r0, rows), ym = rows_of(y, r0, rows), lm = rows_of(&logits, 0, rows);
+        s = eval_logits(p, &xm, rows, tta_flip, &lm);
         ft_cross_entropy_params ce = {.label_smoothing = p->loss.label_smoothing,
                                       .ignore_index = p->loss.ignore_index, .reduction = FT_REDUCTION_SUM};
-        FT_TRY(ft_cross_entropy_forward(&p->loss_value, NULL, &logits, &ym, NULL, &ce));
+        if (s == FT_OK)
+            s = ft_cross_entropy_forward(&p->loss_value, NULL, &lm, &ym, NULL, &ce);
+        if (s != FT_OK)
+            break;
         *loss_sum += ((const float *)ft_tensor_data(&p->loss_value))[0];
-        const float *l = (const float *)ft_tensor_data(&logits);
+        const float *l = (const float *)ft_tensor_data(&lm);
         for (int64_t r = 0; r < rows; r++) {
             int64_t best = 0, label;
             for (int64_t c = 1; c < classes; c++)
-                if (l[r * logits.strides[0] + c] > l[r * logits.strides[0] + best])
+                if (l[r * classes + c] > l[r * classes + best])
                     best = c;
             memcpy(&label, (const char *)ft_tensor_data(&ym) + r * ym.strides[0] * 8, 8);
             *correct += best == label;
         }
     }
-    return FT_OK;
+    ft_tensor_release(&logits);
+    return s;
 }

@@ -78,8 +78,10 @@ ft_status ft_program_backward(ft_program *p, const ft_tensor *x, const ft_tensor
 ft_status ft_program_forward(ft_program *p, const ft_tensor *x, const ft_tensor *out);
 
 /* Eval-mode loss and accuracy of one batch: adds the summed loss and the
- * number of correct argmax predictions. */
-ft_status ft_program_evaluate(ft_program *p, const ft_tensor *x, const ft_tensor *y, double *loss_sum,
+ * number of correct argmax predictions. With tta_flip the logits are the
+ * average of the images' and of their horizontal mirrors' (test-time
+ * augmentation). */
+ft_status ft_program_evaluate(ft_program *p, const ft_tensor *x, const ft_tensor *y, bool tta_flip, double *loss_sum,
                               int64_t *correct);
 
 /* The number of model outputs per sample (the classes). */

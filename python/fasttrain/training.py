@@ -9,27 +9,59 @@ def _lr(optimizer):
     return optimizer.param_groups[0]["lr"]
 
 
+def _is_c_loader(loader):
+    from .data import Loader
+    return isinstance(loader, Loader)
+
+
 def evaluate(program, loader, tta_flip=False):
     """(mean loss, accuracy) of the program over a loader, in eval mode. With tta_flip the logits of each image
-    and its horizontal mirror are averaged (test-time augmentation)."""
-    loss_sum, correct, count = 0.0, 0, 0
-    for x, y in loader:
-        n = len(y)
-        if tta_flip:
-            import numpy as np
-            logits = program.predict(x).numpy() + program.predict(x[..., ::-1].contiguous()).numpy()
-            labels = y.numpy() if hasattr(y, "numpy") else np.asarray(y)
-            correct += int((logits.argmax(1) == labels).sum())
-            # the loss of the averaged logits is not defined by the program: report the plain one
-            loss_sum += program.evaluate(x, y)[0] * n
-        else:
-            loss, acc = program.evaluate(x, y)
-            loss_sum += loss * n
-            correct += round(acc * n)
-        count += n
+    and of its horizontal mirror are averaged (test-time augmentation). A fasttrain loader runs entirely in C."""
+    if _is_c_loader(loader):
+        loss_sum, correct, count = program._c.eval_epoch(loader, tta_flip)
+    else:
+        from .creation import as_tensor
+        loss_sum, correct, count = 0.0, 0, 0
+        for x, y in loader:
+            s, c = program._c.evaluate(as_tensor(x, dtype="float32"), as_tensor(y, dtype="int64"), tta_flip)
+            loss_sum, correct, count = loss_sum + s, correct + c, count + len(y)
     if count == 0:
         raise ValueError("evaluate: the loader gave no samples")
     return loss_sum / count, correct / count
+
+
+def _fit_epoch_in_c(program, loader, scheduler, interval, bar, start):
+    """One epoch in C: the per-step learning rates are computed up front by stepping the scheduler, and Python
+    runs only for the progress bar. Returns (loss sum, samples, last lr)."""
+    groups = program.optimizer.param_groups
+    lrs = None
+    if scheduler is not None and interval == "step":
+        # The scheduler's last step of the epoch waits until the epoch is done, so that the optimizer starts the
+        # epoch with its first step's rate and never sees a rate from beyond the schedule's end.
+        lrs = [[g["lr"] for g in groups]]
+        for _ in range(len(loader) - 1):
+            scheduler.step()
+            lrs.append([g["lr"] for g in groups])
+        for g, lr in zip(groups, lrs[0]):
+            g["lr"] = lr
+    shown = lrs or [[g["lr"] for g in groups]]
+
+    def progress(steps, loss, samples):
+        if bar:
+            bar.update(steps - bar.count, loss=loss, lr=shown[min(steps, len(shown)) - 1][0],
+                       img_s=samples / max(time.perf_counter() - start, 1e-9))
+
+    loss_sum, samples, steps, skipped, _ = program._c.fit_epoch(loader, program.optimizer, lrs, progress, 0.25,
+                                                                program.clip_grad_norm, program.nan_policy)
+    program.step_count += steps
+    program.skipped_steps += skipped
+    if lrs is not None:
+        for g, lr in zip(groups, lrs[-1]):
+            g["lr"] = lr
+        scheduler.step()
+    if bar:
+        bar.update(steps - bar.count)
+    return loss_sum, samples, shown[-1][0]
 
 
 def fit(program, loader, epochs=1, *, val_loader=None, scheduler=None, scheduler_interval="step", tta_flip=False,
@@ -50,16 +82,19 @@ def fit(program, loader, epochs=1, *, val_loader=None, scheduler=None, scheduler
         bar = ProgressBar(len(loader), f"epoch {epoch + 1}/{epochs}", stream=stream) if progress else None
         start = time.perf_counter()
         loss_sum, samples, lr = 0.0, 0, _lr(program.optimizer)
-        for x, y in loader:
-            lr = _lr(program.optimizer)
-            loss = program.train_step(x, y)
-            n = len(y)
-            loss_sum += loss * n
-            samples += n
-            if scheduler is not None and scheduler_interval == "step":
-                scheduler.step()
-            if bar:
-                bar.update(1, loss=loss, lr=lr, img_s=samples / max(time.perf_counter() - start, 1e-9))
+        if _is_c_loader(loader):
+            loss_sum, samples, lr = _fit_epoch_in_c(program, loader, scheduler, scheduler_interval, bar, start)
+        else:
+            for x, y in loader:
+                lr = _lr(program.optimizer)
+                loss = program.train_step(x, y)
+                n = len(y)
+                loss_sum += loss * n
+                samples += n
+                if scheduler is not None and scheduler_interval == "step":
+                    scheduler.step()
+                if bar:
+                    bar.update(1, loss=loss, lr=lr, img_s=samples / max(time.perf_counter() - start, 1e-9))
         seconds = time.perf_counter() - start
         if scheduler is not None and scheduler_interval == "epoch":
             scheduler.step()

@@ -252,6 +252,12 @@ class Program:
         self.skipped_steps += skipped
         return loss
 
+    def backward(self, x, y):
+        """Forward and backward of the batch in training mode, without an update: the loss, with every
+        parameter's .grad holding its gradient (batch-norm running statistics are updated as in a step)."""
+        from ..creation import as_tensor
+        return self._c.backward(as_tensor(x, dtype="float32"), as_tensor(y, dtype="int64"))
+
     def predict(self, x):
         """Logits for x, in eval mode (running batch-norm statistics, no dropout)."""
         from ..creation import as_tensor
