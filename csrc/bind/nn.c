@@ -381,6 +381,37 @@ static int report(PyObject *callback, int64_t steps, double loss, int64_t sample
     return stop;
 }
 
+/* lrs[k][g] (a sequence of per-step sequences, one rate per parameter
+ * group) as a flat (steps, groups) array the caller frees. */
+static int parse_lrs(PyObject *obj, int ngroups, double **out, Py_ssize_t *nsteps) {
+    PyObject *seq = PySequence_Fast(obj, "lrs must be a sequence of per-step learning rates");
+    if (!seq)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    double *lrs = PyMem_Malloc((size_t)(n ? n : 1) * (size_t)(ngroups ? ngroups : 1) * sizeof *lrs);
+    if (!lrs)
+        PyErr_NoMemory();
+    for (Py_ssize_t k = 0; lrs && k < n; k++) {
+        PyObject *row = PySequence_Fast(PySequence_Fast_GET_ITEM(seq, k), "each step's lrs must be a sequence");
+        if (row && PySequence_Fast_GET_SIZE(row) != ngroups)
+            PyErr_Format(PyExc_ValueError, "step %zd gives %zd learning rates for %d parameter groups", k,
+                         PySequence_Fast_GET_SIZE(row), ngroups);
+        for (int g = 0; row && !PyErr_Occurred() && g < ngroups; g++)
+            lrs[k * ngroups + g] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(row, g));
+        Py_XDECREF(row);
+        if (PyErr_Occurred()) {
+            PyMem_Free(lrs);
+            lrs = NULL;
+        }
+    }
+    Py_DECREF(seq);
+    if (!lrs)
+        return -1;
+    *out = lrs;
+    *nsteps = n;
+    return 0;
+}
+
 /* fit_epoch(loader, optimizer, lrs=None, callback=None, interval=0.25, clip_grad_norm=None, nan_policy="raise")
  * -> (loss_sum, samples, steps, skipped): one epoch of a fasttrain loader in C. Python runs only for the
  * progress callback, every `interval` seconds; lrs[k] gives the learning rate of each parameter group at step k. */
@@ -402,33 +433,8 @@ static PyObject *m_fit_epoch(PyObject *self, PyObject *args, PyObject *kwargs) {
     int ngroups = ft_optimizer_num_groups(opt);
     Py_ssize_t nlrs = 0;
     double *lrs = NULL;
-    if (lrs_obj != Py_None) {
-        PyObject *seq = PySequence_Fast(lrs_obj, "lrs must be a sequence of per-step learning rates");
-        if (!seq)
-            return NULL;
-        nlrs = PySequence_Fast_GET_SIZE(seq);
-        lrs = PyMem_Malloc((size_t)(nlrs ? nlrs : 1) * (size_t)ngroups * sizeof *lrs);
-        for (Py_ssize_t k = 0; lrs && k < nlrs; k++) {
-            PyObject *row = PySequence_Fast(PySequence_Fast_GET_ITEM(seq, k), "each step's lrs must be a sequence");
-            if (!row || PySequence_Fast_GET_SIZE(row) != ngroups) {
-                if (row)
-                    PyErr_Format(PyExc_ValueError, "step %zd gives %zd learning rates for %d parameter groups", k,
-                                 PySequence_Fast_GET_SIZE(row), ngroups);
-                Py_XDECREF(row);
-                PyMem_Free(lrs);
-                lrs = NULL;
-                break;
-            }
-            for (int g = 0; g < ngroups; g++)
-                lrs[k * ngroups + g] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(row, g));
-            Py_DECREF(row);
-        }
-        Py_DECREF(seq);
-        if (!lrs || PyErr_Occurred()) {
-            PyMem_Free(lrs);
-            return lrs ? NULL : (PyErr_Occurred() ? NULL : PyErr_NoMemory());
-        }
-    }
+    if (lrs_obj != Py_None && parse_lrs(lrs_obj, ngroups, &lrs, &nlrs) < 0)
+        return NULL;
     Py_INCREF(loader_obj); /* the C loader lives as long as this object */
     double loss_sum = 0, last_report = omp_get_wtime(), loss = 0;
     int64_t samples = 0, steps = 0, skipped_steps = 0;

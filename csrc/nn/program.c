@@ -31,7 +31,6 @@ struct ft_program {
     int64_t batch;
     bool channels_last;
     uint64_t seed, dropout_offset;
-    int *alias;             /* (n) the node whose output a node's output is, or -1 */
     int *last_consumer;     /* (n) the plan's last user of each node (see last_users) */
     block *train, *eval;    /* (n, NBUF) */
     ft_storage *train_arena, *eval_arena;
@@ -297,7 +296,6 @@ void ft_program_destroy(ft_program *p) {
     if (p->loss_value.storage)
         ft_tensor_release(&p->loss_value);
     free(p->nodes);
-    free(p->alias);
     free(p->last_consumer);
     free(p->train);
     free(p->eval);
@@ -322,14 +320,13 @@ ft_status ft_program_create(ft_program **out, int nnodes, const ft_node *nodes, 
     p->seed = seed;
     p->loss = *loss;
     p->nodes = malloc((size_t)nnodes * sizeof *p->nodes);
-    p->alias = malloc((size_t)nnodes * sizeof *p->alias);
     p->last_consumer = malloc((size_t)nnodes * sizeof *p->last_consumer);
     p->train = malloc((size_t)nnodes * NBUF * sizeof *p->train);
     p->eval = malloc((size_t)nnodes * NBUF * sizeof *p->eval);
     p->written = calloc((size_t)nnodes, sizeof *p->written);
     p->dropout_at = calloc((size_t)nnodes, sizeof *p->dropout_at);
     p->seconds = calloc((size_t)nnodes * 2, sizeof *p->seconds);
-    ft_status s = p->nodes && p->alias && p->last_consumer && p->train && p->eval && p->written && p->dropout_at &&
+    ft_status s = p->nodes && p->last_consumer && p->train && p->eval && p->written && p->dropout_at &&
                           p->seconds
                       ? FT_OK
                       : ft_fail(FT_ERR_NOMEM, "out of memory creating a program");
@@ -600,12 +597,14 @@ static ft_status backward_node(ft_program *p, int i, int64_t rows, const ft_tens
     case FT_NODE_ADD: {
         int src2 = nd->inputs[1], owner2 = grad_owner(p, src2);
         ft_tensor in2 = node_out(p, true, src2, rows, x), dx2 = owner2 ? node_dout(p, src2, rows) : in2;
-        if (owner2 == owner && owner != 0) /* x + x: both halves go to one buffer */
-            s = ft_add_backward(&dx, NULL, &g, &in, &in2, &out, nd->act, acc, false),
-            s = s == FT_OK ? ft_add_backward(&dx, NULL, &g, &in, &in2, &out, nd->act, true, false) : s;
-        else
+        if (owner2 == owner && owner != 0) { /* x + x: both halves go to one buffer */
+            s = ft_add_backward(&dx, NULL, &g, &in, &in2, &out, nd->act, acc, false);
+            if (s == FT_OK)
+                s = ft_add_backward(&dx, NULL, &g, &in, &in2, &out, nd->act, true, false);
+        } else {
             s = ft_add_backward(need_dx ? &dx : NULL, owner2 ? &dx2 : NULL, &g, &in, &in2, &out, nd->act, acc,
                                 owner2 && p->written[owner2]);
+        }
         if (owner2)
             p->written[owner2] = true;
         break;
