@@ -243,3 +243,22 @@ def test_against_torch():
     want = torch.nn.functional.conv2d(torch.tensor(x), torch.tensor(w), torch.tensor(b), 2, 1, 1, 2).numpy()
     got = ft.nn.functional.conv2d(t(x), t(w), t(b), 2, 1, 1, 2)
     np.testing.assert_allclose(n(got), want, rtol=1e-4, atol=1e-4)
+
+
+def test_autotuner_gives_the_same_results_and_persists_choices(tmp_path, monkeypatch):
+    monkeypatch.setenv("FASTTRAIN_CACHE_DIR", str(tmp_path))
+    x, w = RNG.standard_normal((8, 16, 10, 12)), RNG.standard_normal((24, 16, 3, 3)) * 0.2
+    plain = ft.ops.conv2d_forward(None, nhwc(x), t(w), None, padding=1)
+    dplain = ft.ops.conv2d_backward(None, None, False, plain, nhwc(x), t(w), padding=1)
+    assert ft.backends.benchmark is False
+    ft.backends.benchmark = True
+    try:
+        tuned = ft.ops.conv2d_forward(None, nhwc(x), t(w), None, padding=1)
+        dtuned = ft.ops.conv2d_backward(None, None, False, tuned, nhwc(x), t(w), padding=1)
+    finally:
+        ft.backends.benchmark = False
+    np.testing.assert_allclose(n(tuned), n(plain), rtol=1e-5, atol=1e-5)
+    for a, b in zip(dtuned[:2], dplain[:2]):
+        np.testing.assert_allclose(n(a), n(b), rtol=1e-4, atol=1e-4)
+    lines = (tmp_path / "fasttrain-autotune.txt").read_text().split()
+    assert len(lines) == 6 and set(lines[1::2]) <= {"0", "1"}  # one choice per op kind: forward, data, weights

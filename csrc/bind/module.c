@@ -305,6 +305,20 @@ static PyObject *py_get_deterministic(PyObject *module, PyObject *unused) {
     return PyBool_FromLong(ft_deterministic());
 }
 
+static PyObject *py_set_benchmark(PyObject *module, PyObject *arg) {
+    (void)module;
+    int on = PyObject_IsTrue(arg);
+    if (on < 0)
+        return NULL;
+    ft_set_benchmark(on);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_get_benchmark(PyObject *module, PyObject *unused) {
+    (void)module, (void)unused;
+    return PyBool_FromLong(ft_benchmark());
+}
+
 static PyObject *py_cuda_load(PyObject *module, PyObject *arg) {
     (void)module;
     const char *path = PyUnicode_AsUTF8(arg);
@@ -377,6 +391,8 @@ static PyMethodDef module_methods[] = {
     {"get_num_threads", py_get_num_threads, METH_NOARGS, NULL},
     {"set_deterministic", py_set_deterministic, METH_O, NULL},
     {"get_deterministic", py_get_deterministic, METH_NOARGS, NULL},
+    {"set_benchmark", py_set_benchmark, METH_O, NULL},
+    {"get_benchmark", py_get_benchmark, METH_NOARGS, NULL},
     {"cuda_load", py_cuda_load, METH_O, "Load the CUDA backend library at this path (once)."},
     {"cuda_device_count", py_cuda_device_count, METH_NOARGS, NULL},
     {"cuda_unavailable_reason", py_cuda_unavailable_reason, METH_NOARGS, NULL},

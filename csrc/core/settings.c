@@ -3,7 +3,7 @@
 #include <omp.h>
 #include <stdatomic.h>
 
-static atomic_bool deterministic;
+static atomic_bool deterministic, benchmark;
 
 ft_status ft_set_num_threads(int n) {
     if (n < 1)
@@ -17,3 +17,7 @@ int ft_get_num_threads(void) { return omp_get_max_threads(); }
 void ft_set_deterministic(bool on) { atomic_store(&deterministic, on); }
 
 bool ft_deterministic(void) { return atomic_load(&deterministic); }
+
+void ft_set_benchmark(bool on) { atomic_store(&benchmark, on); }
+
+bool ft_benchmark(void) { return atomic_load(&benchmark); }

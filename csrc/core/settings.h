@@ -13,4 +13,8 @@ int ft_get_num_threads(void);
 void ft_set_deterministic(bool on);
 bool ft_deterministic(void);
 
+/* ft.backends.benchmark: time candidate implementations per shape (see ops/autotune.h). */
+void ft_set_benchmark(bool on);
+bool ft_benchmark(void);
+
 #endif

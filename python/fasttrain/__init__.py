@@ -7,7 +7,7 @@ thread count, and the training machinery built on them.
 from . import _C
 from ._types import DTYPES as _DTYPES, _ALIASES, _BY_NAME, device, dtype
 from ._tensor import Tensor
-from . import cuda
+from . import backends, cuda
 from . import optim
 from . import nn, ops
 from .creation import (arange, as_tensor, empty, empty_like, from_dlpack, from_numpy, full, full_like, ones,

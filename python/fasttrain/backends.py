@@ -1,0 +1,25 @@
+"""ft.backends.benchmark: like torch.backends.cudnn.benchmark, on the CPU.
+
+With benchmark on, the first call of each convolution shape times the
+candidate implementations (the caller's memory layout against oneDNN's
+blocked layout with reorders) and later calls use the fastest. Choices are
+kept for the process and, with FASTTRAIN_CACHE_DIR set, in
+$FASTTRAIN_CACHE_DIR/fasttrain-autotune.txt across runs. With it off (the
+default) the caller's layout is used directly."""
+import sys
+import types
+
+from . import _C
+
+
+class _Backends(types.ModuleType):
+    @property
+    def benchmark(self):
+        return _C.get_benchmark()
+
+    @benchmark.setter
+    def benchmark(self, value):
+        _C.set_benchmark(bool(value))
+
+
+sys.modules[__name__].__class__ = _Backends
