@@ -106,8 +106,13 @@ static int parse_node(ft_module_state *st, PyObject *d, ft_node *nd) {
     if (get_tensor(st, d, "weight", &nd->weight) < 0 || get_tensor(st, d, "bias", &nd->bias) < 0 ||
         get_tensor(st, d, "dweight", &nd->dweight) < 0 || get_tensor(st, d, "dbias", &nd->dbias) < 0 ||
         get_tensor(st, d, "running_mean", &nd->running_mean) < 0 ||
-        get_tensor(st, d, "running_var", &nd->running_var) < 0)
+        get_tensor(st, d, "running_var", &nd->running_var) < 0 ||
+        get_tensor(st, d, "num_batches_tracked", &nd->num_batches) < 0)
         return -1;
+    if (nd->num_batches.storage && (nd->num_batches.dtype != FT_INT64 || nd->num_batches.ndim != 0)) {
+        PyErr_SetString(PyExc_TypeError, "num_batches_tracked must be a 0-d int64 tensor");
+        return -1;
+    }
     if (get_long(d, "act", FT_ACT_NONE, &act) < 0 || get_double(d, "alpha", 0.0, &alpha) < 0 ||
         get_pair(d, "stride", 1, nd->conv.stride) < 0 || get_pair(d, "padding", 0, nd->conv.padding) < 0 ||
         get_pair(d, "dilation", 1, nd->conv.dilation) < 0 || get_long(d, "groups", 1, &groups) < 0 ||
@@ -216,10 +221,23 @@ typedef struct {
     bool skip_nonfinite;
 } step_options;
 
+/* Whether every value of a flat float32 buffer is finite (a fixed-order sum
+ * is finite exactly then, barring overflow, which also deserves a skip). */
+static bool all_finite(const ft_tensor *t) {
+    const float *v = (const float *)ft_tensor_data(t);
+    int64_t n = ft_tensor_numel(t);
+    double sum = 0;
+#pragma omp parallel for reduction(+ : sum) schedule(static) if (n > 65536)
+    for (int64_t k = 0; k < n; k++)
+        sum += (double)v[k] * 0.0; /* 0 for finite values, NaN for inf and NaN */
+    return sum == 0;
+}
+
 /* backward + the optimizer update, without the GIL. *skipped is set when a
- * non-finite loss or gradient norm was skipped instead of raised. */
-static ft_status train_step(ft_program *prog, ft_optimizer *opt, const ft_tensor *x, const ft_tensor *y,
-                            const step_options *o, double *loss, bool *skipped) {
+ * step with a non-finite loss or gradient was skipped instead of refused;
+ * either way the model is left as it was. */
+static ft_status train_step(ft_program *prog, const ft_tensor *grads, ft_optimizer *opt, const ft_tensor *x,
+                            const ft_tensor *y, const step_options *o, double *loss, bool *skipped) {
     *skipped = false;
     FT_TRY(ft_program_backward(prog, x, y, loss));
     if (!isfinite(*loss)) {
@@ -231,12 +249,14 @@ static ft_status train_step(ft_program *prog, ft_optimizer *opt, const ft_tensor
                                      "steps, or lower the learning rate)",
                        *loss);
     }
-    double norm;
-    ft_status s = ft_optimizer_step(opt, 1.0f, o->max_grad_norm, &norm);
-    if (s != FT_OK && o->skip_nonfinite && !isfinite(norm)) {
+    if (o->skip_nonfinite && !all_finite(grads)) {
+        ft_program_undo_statistics(prog);
         *skipped = true;
         return FT_OK;
     }
+    ft_status s = ft_optimizer_step(opt, 1.0f, o->max_grad_norm, NULL);
+    if (s != FT_OK)
+        ft_program_undo_statistics(prog);
     return s;
 }
 
@@ -304,7 +324,7 @@ static PyObject *m_train_step(PyObject *self, PyObject *args, PyObject *kwargs) 
     bool skipped;
     ft_status s;
     Py_BEGIN_ALLOW_THREADS
-    s = train_step(((program_object *)self)->prog, opt, x, y, &o, &loss, &skipped);
+    s = train_step(((program_object *)self)->prog, &((program_object *)self)->grads, opt, x, y, &o, &loss, &skipped);
     Py_END_ALLOW_THREADS
     if (s != FT_OK)
         return ft_raise(s);
@@ -458,7 +478,7 @@ static PyObject *m_fit_epoch(PyObject *self, PyObject *args, PyObject *kwargs) {
         for (int g = 0; s == FT_OK && steps < nlrs && g < ngroups; g++)
             s = ft_optimizer_set_lr(opt, g, lrs[steps * ngroups + g]);
         if (s == FT_OK)
-            s = train_step(po->prog, opt, &b.images, &b.labels, &o, &loss, &skipped);
+            s = train_step(po->prog, &po->grads, opt, &b.images, &b.labels, &o, &loss, &skipped);
         int64_t n = b.size;
         ft_loader_release(l, &b);
         if (s != FT_OK)
@@ -482,8 +502,11 @@ static PyObject *m_fit_epoch(PyObject *self, PyObject *args, PyObject *kwargs) {
     PyMem_Free(lrs);
     if (stop < 0)
         return NULL;
-    if (s != FT_OK)
-        return ft_raise(s);
+    if (s != FT_OK) { /* say where in the epoch it happened */
+        char message[1024];
+        snprintf(message, sizeof message, "%s", ft_last_error());
+        return ft_raise(ft_fail(s, "step %lld of the epoch: %s", (long long)steps + 1, message));
+    }
     return Py_BuildValue("(dLLLO)", loss_sum, (long long)samples, (long long)steps, (long long)skipped_steps,
                          stop ? Py_True : Py_False);
 }
@@ -530,6 +553,21 @@ static PyObject *m_eval_epoch(PyObject *self, PyObject *args) {
     return s == FT_OK ? Py_BuildValue("(dLL)", loss, (long long)correct, (long long)count) : ft_raise(s);
 }
 
+static PyObject *m_get_dropout_state(PyObject *self, PyObject *unused) {
+    (void)unused;
+    uint64_t seed, offset;
+    ft_program_dropout_state(((program_object *)self)->prog, &seed, &offset);
+    return Py_BuildValue("(KK)", (unsigned long long)seed, (unsigned long long)offset);
+}
+
+static PyObject *m_set_dropout_state(PyObject *self, PyObject *args) {
+    unsigned long long seed, offset;
+    if (!PyArg_ParseTuple(args, "KK:set_dropout_state", &seed, &offset))
+        return NULL;
+    ft_program_set_dropout_state(((program_object *)self)->prog, seed, offset);
+    Py_RETURN_NONE;
+}
+
 static PyObject *m_memory(PyObject *self, PyObject *unused) {
     (void)unused;
     int64_t train, eval;
@@ -562,6 +600,8 @@ static PyMethodDef program_methods[] = {
     {"backward", m_backward, METH_VARARGS, "backward(x, y) -> loss; the gradients, without an update"},
     {"evaluate", m_evaluate, METH_VARARGS, "evaluate(x, y) -> (summed loss, correct predictions)"},
     {"memory", m_memory, METH_NOARGS, "(training arena bytes, evaluation arena bytes)"},
+    {"get_dropout_state", m_get_dropout_state, METH_NOARGS, "(seed, offset) of the next dropout mask"},
+    {"set_dropout_state", m_set_dropout_state, METH_VARARGS, "set_dropout_state(seed, offset)"},
     {"fit_epoch", (PyCFunction)(void (*)(void))m_fit_epoch, METH_VARARGS | METH_KEYWORDS,
      "fit_epoch(loader, optimizer, lrs=None, callback=None, interval=0.25, clip_grad_norm=None, "
      "nan_policy='raise') -> (loss_sum, samples, steps, skipped, stopped)"},

@@ -41,6 +41,8 @@ struct ft_program {
     bool *written;          /* (n) whether dout[i] holds a first contribution */
     uint64_t *dropout_at;   /* (n) the Philox offset of each dropout node's last mask */
     double *seconds;        /* (n, 2) time spent in each node's forward and backward */
+    float *stats_backup;    /* the batch-norm running statistics before the current step */
+    int64_t stats_floats;
 };
 
 /* ---- shapes and buffers ---- */
@@ -302,6 +304,7 @@ void ft_program_destroy(ft_program *p) {
     free(p->written);
     free(p->dropout_at);
     free(p->seconds);
+    free(p->stats_backup);
     free(p);
 }
 
@@ -349,9 +352,19 @@ ft_status ft_program_create(ft_program **out, int nnodes, const ft_node *nodes, 
     for (int i = 0; s == FT_OK && i < nnodes; i++) {
         const ft_tensor *g = nodes[i].dweight.storage ? &nodes[i].dweight : &nodes[i].dbias;
         if (g->storage && !p->grad_scratch.storage) {
+            /* Zeroed once: gradients that no node writes (a dropped bias) must add nothing. */
             int64_t numel = (int64_t)(g->storage->nbytes / 4);
             s = ft_tensor_empty(&p->grad_scratch, 1, &numel, FT_FLOAT32, FT_CPU, false);
+            if (s == FT_OK)
+                s = ft_tensor_fill(&p->grad_scratch, (ft_scalar){.kind = FT_SCALAR_FLOAT, .f = 0});
         }
+        if (nodes[i].kind == FT_NODE_BATCHNORM && nodes[i].running_mean.storage)
+            p->stats_floats += 2 * nodes[i].shape[0] + 2; /* mean, var, and the int64 count as 2 floats */
+    }
+    if (s == FT_OK && p->stats_floats) {
+        p->stats_backup = malloc((size_t)p->stats_floats * sizeof *p->stats_backup);
+        if (!p->stats_backup)
+            s = ft_fail(FT_ERR_NOMEM, "out of memory creating a program");
     }
     if (s != FT_OK) {
         ft_program_destroy(p);
@@ -371,6 +384,39 @@ const double *ft_program_seconds(const ft_program *p) { return p->seconds; }
 void ft_program_memory(const ft_program *p, int64_t *train_bytes, int64_t *eval_bytes) {
     *train_bytes = p->train_bytes;
     *eval_bytes = p->eval_bytes;
+}
+
+/* ---- batch-norm running statistics ---- */
+
+/* Copies every batch norm's running mean, variance and count to or from
+ * the backup (all contiguous: they are the model's own buffers). */
+static void copy_statistics(ft_program *p, bool save) {
+    float *at = p->stats_backup;
+    for (int i = 0; at && i < p->n; i++) {
+        const ft_node *nd = &p->nodes[i];
+        if (nd->kind != FT_NODE_BATCHNORM || !nd->running_mean.storage)
+            continue;
+        void *parts[3] = {ft_tensor_data(&nd->running_mean), ft_tensor_data(&nd->running_var),
+                          nd->num_batches.storage ? ft_tensor_data(&nd->num_batches) : NULL};
+        size_t bytes[3] = {(size_t)nd->shape[0] * 4, (size_t)nd->shape[0] * 4, 8};
+        for (int k = 0; k < 3; k++) {
+            if (parts[k])
+                memcpy(save ? (void *)at : parts[k], save ? parts[k] : (void *)at, bytes[k]);
+            at += bytes[k] / 4;
+        }
+    }
+}
+
+void ft_program_undo_statistics(ft_program *p) { copy_statistics(p, false); }
+
+void ft_program_dropout_state(const ft_program *p, uint64_t *seed, uint64_t *offset) {
+    *seed = p->seed;
+    *offset = p->dropout_offset;
+}
+
+void ft_program_set_dropout_state(ft_program *p, uint64_t seed, uint64_t offset) {
+    p->seed = seed;
+    p->dropout_offset = offset;
 }
 
 /* ---- forward ---- */
@@ -396,6 +442,8 @@ static ft_status forward_node(ft_program *p, bool training, int i, int64_t rows,
         ft_batchnorm_params bn = nd->bn;
         bn.training = training && nd->bn.training;
         bn.act = nd->act;
+        if (bn.training && nd->num_batches.storage)
+            ++*(int64_t *)ft_tensor_data(&nd->num_batches);
         return ft_batchnorm_forward(&out, &mean, &invstd, &in, w, b, nd->running_mean.storage ? &nd->running_mean : NULL,
                                     nd->running_var.storage ? &nd->running_var : NULL, &bn);
     }
@@ -677,6 +725,7 @@ ft_status ft_program_backward(ft_program *p, const ft_tensor *x, const ft_tensor
     int64_t B = x->shape[0];
     FT_TRY(check_labels(p, y, B));
     *loss = 0;
+    copy_statistics(p, true);
     const ft_storage *grads = grad_storage(p);
     for (int64_t r0 = 0, m = 0; r0 < B; r0 += p->batch, m++) {
         int64_t rows = B - r0 < p->batch ? B - r0 : p->batch;
@@ -684,6 +733,10 @@ ft_status ft_program_backward(ft_program *p, const ft_tensor *x, const ft_tensor
         FT_TRY(forward(p, true, rows, &xm));
         memset(p->written, 0, (size_t)p->n * sizeof *p->written);
         FT_TRY(loss_and_grad(p, rows, &ym, p->loss.sum ? 1.0 : (double)rows / (double)B, loss));
+        if (!isfinite(*loss)) { /* the caller refuses or skips this step: leave no trace of it */
+            copy_statistics(p, false);
+            return FT_OK;
+        }
         for (int i = p->n - 1; i > 0; i--) {
             double t0 = omp_get_wtime();
             FT_TRY(backward_node(p, i, rows, &xm, m > 0));

@@ -45,6 +45,7 @@ typedef struct {
     /* Parameters and their gradients: views into the model's flat buffers
      * (storage NULL when absent). Every gradient shares one storage. */
     ft_tensor weight, bias, dweight, dbias, running_mean, running_var;
+    ft_tensor num_batches; /* batch norm: () int64, counts training forwards as PyTorch's num_batches_tracked */
     ft_act act; /* fused into conv2d, linear, batchnorm and add; the op of FT_NODE_ACT */
     ft_conv2d_params conv;
     ft_batchnorm_params bn;
@@ -70,8 +71,18 @@ void ft_program_destroy(ft_program *p);
  * split into micro-batches of the planned size: parameter gradients are
  * written for the first and added for the others, so they hold the
  * gradient of the mean loss over all B samples. *loss gets that loss.
- * Labels are checked before anything runs: a bad batch changes nothing. */
+ * Labels are checked before anything runs: a bad batch changes nothing.
+ * A non-finite loss stops the step: the batch-norm running statistics are
+ * put back as they were and *loss tells the caller. */
 ft_status ft_program_backward(ft_program *p, const ft_tensor *x, const ft_tensor *y, double *loss);
+
+/* Puts the batch-norm running statistics (and batch counts) back as they
+ * were before the last ft_program_backward: for a step the caller drops. */
+void ft_program_undo_statistics(ft_program *p);
+
+/* The Philox key and offset of the next dropout mask (checkpoints save them). */
+void ft_program_dropout_state(const ft_program *p, uint64_t *seed, uint64_t *offset);
+void ft_program_set_dropout_state(ft_program *p, uint64_t seed, uint64_t offset);
 
 /* Eval-mode forward (batch statistics off, dropout off, no activations
  * kept): out (B, classes) = the model's output. */

@@ -183,9 +183,9 @@ static inline void normalize_run(float *out, const float *x, const float *scale,
                                  int cstride, ft_act act) {
     for (int64_t k = 0; k < n; k++)
         out[k] = x[k] * scale[k * cstride] + shift[k * cstride];
-    if (act.kind == FT_ACT_RELU)
+    if (act.kind == FT_ACT_RELU) /* NaN passes through, as in ft_relu */
         for (int64_t k = 0; k < n; k++)
-            out[k] = out[k] > 0.0f ? out[k] : 0.0f;
+            out[k] = out[k] < 0.0f ? 0.0f : out[k];
     else if (act.kind != FT_ACT_NONE)
         for (int64_t k = 0; k < n; k++)
             out[k] = ft_act_forward(act, out[k]);

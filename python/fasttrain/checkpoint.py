@@ -8,6 +8,7 @@ hyperparameters, the scheduler, the random generator, the data loader's
 position and the epoch/step, atomically (a temporary file, fsync, rename).
 ft.load checks everything before it changes anything."""
 import json
+import math
 import os
 import struct
 import tempfile
@@ -32,7 +33,9 @@ def save_file(path, tensors, metadata=None):
     """Writes {name: ndarray} and string metadata to `path` atomically."""
     header, offset, arrays = {}, 0, []
     for name, value in tensors.items():
-        a = np.ascontiguousarray(value)
+        a = np.asarray(value)
+        if not a.flags.c_contiguous:  # (np.ascontiguousarray would also turn 0-d arrays into 1-d ones)
+            a = a.copy(order="C")
         n = a.nbytes
         header[name] = {"dtype": _dtype_code(a), "shape": list(a.shape), "data_offsets": [offset, offset + n]}
         arrays.append(a)
@@ -79,17 +82,21 @@ def load_file(path):
     if not isinstance(header, dict):
         raise ValueError(f"{path}: corrupt safetensors header")
     metadata = header.pop("__metadata__", {}) or {}
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise ValueError(f"{path}: the safetensors metadata must map names to strings")
     body = memoryview(data)[8 + n:]
     tensors, spans = {}, []
     for name, info in header.items():
         try:
-            dtype, shape, (begin, end) = info["dtype"], [int(s) for s in info["shape"]], info["data_offsets"]
-        except (KeyError, TypeError, ValueError):
-            raise ValueError(f"{path}: corrupt entry for tensor {name!r}") from None
-        if dtype not in _DTYPES or any(s < 0 for s in shape):
-            raise ValueError(f"{path}: tensor {name!r} has an unsupported dtype {dtype!r} or shape {shape}")
+            dtype, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
+            if not isinstance(dtype, str) or dtype not in _DTYPES:
+                raise ValueError(f"unsupported dtype {dtype!r}")
+            if not all(isinstance(v, int) and v >= 0 for v in [*shape, begin, end]):
+                raise ValueError("shape and offsets must be non-negative integers")
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{path}: corrupt entry for tensor {name!r}: {e}") from None
         itemsize = 2 if dtype == "BF16" else np.dtype(_DTYPES[dtype]).itemsize
-        if not (0 <= begin <= end <= len(body)) or end - begin != int(np.prod(shape, dtype=np.int64)) * itemsize:
+        if not begin <= end <= len(body) or end - begin != math.prod(shape) * itemsize:  # exact Python ints
             raise ValueError(f"{path}: tensor {name!r} lies outside the file or has the wrong size (truncated?)")
         spans.append((begin, end, name))
         raw = np.frombuffer(body[begin:end], dtype=np.uint16 if dtype == "BF16" else _DTYPES[dtype])
@@ -147,6 +154,7 @@ def save(path, obj, *, optimizer=None, scheduler=None, loader=None, epoch=None, 
         meta["step"] = str(step)
     if program is not None:
         meta["program.step"] = str(program.step_count)
+        meta["program.dropout"] = json.dumps(program._c.get_dropout_state())
     meta.update({str(k): str(v) for k, v in (metadata or {}).items()})
     save_file(path, tensors, meta)
 
@@ -171,7 +179,13 @@ def load(path, into=None, *, optimizer=None, scheduler=None, loader=None):
                              f"{t.shape} in the model")
     opt_state = None
     if optimizer is not None and "optimizer.param_groups" in meta:
-        groups = json.loads(meta["optimizer.param_groups"])
+        saved_class = meta.get("optimizer.class")
+        if saved_class is not None and saved_class != type(optimizer).__name__:
+            raise ValueError(f"{path}: the checkpoint holds {saved_class} state, the optimizer is "
+                             f"{type(optimizer).__name__}")
+        # JSON has no tuples: hyperparameters such as betas come back as lists
+        groups = [{k: tuple(v) if isinstance(v, list) and k != "params" else v for k, v in g.items()}
+                  for g in json.loads(meta["optimizer.param_groups"])]
         state = {}
         for key, value in tensors.items():
             if key.startswith("optimizer.state."):
@@ -181,9 +195,16 @@ def load(path, into=None, *, optimizer=None, scheduler=None, loader=None):
             if key.startswith("optimizer.state."):
                 state.setdefault(int(key[len("optimizer.state."):]), {}).update(json.loads(value))
         opt_state = {"state": state, "param_groups": groups}
+    # The model is written first (the optimizer checks its state against the parameters); if the optimizer then
+    # refuses its part, the model gets its previous values back, so a failed load changes nothing.
+    previous = model.state_dict()
     model.load_state_dict({k: tensors[k] for k in own})
-    if opt_state is not None:
-        optimizer.load_state_dict(opt_state)
+    try:
+        if opt_state is not None:
+            optimizer.load_state_dict(opt_state)
+    except Exception:
+        model.load_state_dict(previous)
+        raise
     if scheduler is not None and "scheduler" in meta:
         scheduler.load_state_dict(json.loads(meta["scheduler"]))
     if loader is not None and "loader" in meta:
@@ -194,4 +215,6 @@ def load(path, into=None, *, optimizer=None, scheduler=None, loader=None):
         default_generator._offset = offset
     if program is not None and "program.step" in meta:
         program.step_count = int(meta["program.step"])
+    if program is not None and "program.dropout" in meta:
+        program._c.set_dropout_state(*json.loads(meta["program.dropout"]))
     return meta

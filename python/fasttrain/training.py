@@ -20,10 +20,10 @@ def evaluate(program, loader, tta_flip=False):
     if _is_c_loader(loader):
         loss_sum, correct, count = program._c.eval_epoch(loader, tta_flip)
     else:
-        from .creation import as_tensor
+        from .nn.program import _batch
         loss_sum, correct, count = 0.0, 0, 0
         for x, y in loader:
-            s, c = program._c.evaluate(as_tensor(x, dtype="float32"), as_tensor(y, dtype="int64"), tta_flip)
+            s, c = program._c.evaluate(*_batch(x, y), tta_flip)
             loss_sum, correct, count = loss_sum + s, correct + c, count + len(y)
     if count == 0:
         raise ValueError("evaluate: the loader gave no samples")
@@ -85,9 +85,12 @@ def fit(program, loader, epochs=1, *, val_loader=None, scheduler=None, scheduler
         if _is_c_loader(loader):
             loss_sum, samples, lr = _fit_epoch_in_c(program, loader, scheduler, scheduler_interval, bar, start)
         else:
-            for x, y in loader:
+            for step, (x, y) in enumerate(loader):
                 lr = _lr(program.optimizer)
-                loss = program.train_step(x, y)
+                try:
+                    loss = program.train_step(x, y)
+                except (ValueError, TypeError, IndexError, RuntimeError) as e:  # say where it happened
+                    raise type(e)(f"epoch {epoch + 1}, step {step + 1}: {e}") from e
                 n = len(y)
                 loss_sum += loss * n
                 samples += n

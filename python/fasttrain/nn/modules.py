@@ -231,6 +231,8 @@ class BatchNorm2d(Module):
     def forward(self, x):
         from . import functional as F
         use_batch = self.training or not self.track_running_stats
+        if self.training and self.track_running_stats:
+            self.num_batches_tracked.fill_(self.num_batches_tracked.item() + 1)
         return F.batch_norm(x, getattr(self, "running_mean", None), getattr(self, "running_var", None), self.weight,
                             self.bias, use_batch, self.momentum, self.eps)
 

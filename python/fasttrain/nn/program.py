@@ -104,6 +104,15 @@ def _consumers(entries):
     return users
 
 
+def _commutes_with_shift(e):
+    """Whether pooling(x + b) == pooling(x) + b for a per-channel constant b: max pooling always; average
+    pooling when no padded zero enters a window's average."""
+    if e.kind == MAXPOOL:
+        return True
+    m = e.module
+    return e.kind == AVGPOOL and (m.padding == (0, 0) or not m.count_include_pad) and not m.ceil_mode
+
+
 def _fuse(entries):
     """Folds single-consumer activations into their producer and drops conv
     biases a batch norm cancels. Returns the surviving entries, re-indexed."""
@@ -123,13 +132,13 @@ def _fuse(entries):
             prod.act, prod.alpha = name, e.fields["alpha"]
             prod.fused.append(type(e.module).__name__)
             remap[j] = src
-    # A conv whose output reaches a batch norm only through max/avg pooling
-    # (which commute with adding a per-channel constant) needs no bias.
+    # A conv whose output reaches a batch norm only through pooling that
+    # commutes with adding a per-channel constant needs no bias.
     for i, e in enumerate(entries):
         if e.kind != CONV2D or e.module.bias is None or e.act is not None:
             continue
         k = i
-        while len(users[k]) == 1 and entries[users[k][0]].kind in (MAXPOOL, AVGPOOL) and remap[users[k][0]] == users[k][0]:
+        while len(users[k]) == 1 and _commutes_with_shift(entries[users[k][0]]) and remap[users[k][0]] == users[k][0]:
             k = users[k][0]
             if entries[k].act is not None:
                 break
@@ -191,6 +200,7 @@ def _node_dict(e):
     if e.kind == BATCHNORM:
         d["running_mean"] = getattr(m, "running_mean", None)
         d["running_var"] = getattr(m, "running_var", None)
+        d["num_batches_tracked"] = getattr(m, "num_batches_tracked", None)
         d["batch_stats"] = 1
     return d
 
@@ -206,6 +216,15 @@ def _flops(e, inputs):
     return math.prod(e.shape)
 
 
+def _batch(x, y):
+    """Images as float32 and labels as int64 tensors; labels that are not integers are refused, not truncated."""
+    from ..creation import as_tensor
+    y = as_tensor(y)
+    if y.dtype.is_floating_point or y.dtype.is_complex:
+        raise TypeError(f"labels must be integers, got {y.dtype.name}")
+    return as_tensor(x, dtype="float32"), y.to(_BY_NAME["int64"])
+
+
 class Program:
     """A compiled model: train_step, predict and evaluate run in C."""
 
@@ -215,6 +234,11 @@ class Program:
             raise NotImplementedError("compiled programs train with CrossEntropyLoss")
         if loss.weight is not None:
             raise NotImplementedError("compiled programs do not take class weights yet")
+        if nan_policy not in ("raise", "skip"):
+            raise ValueError(f"nan_policy must be 'raise' or 'skip', got {nan_policy!r}")
+        if clip_grad_norm is not None and not (isinstance(clip_grad_norm, (int, float)) and clip_grad_norm > 0
+                                               and math.isfinite(clip_grad_norm)):
+            raise ValueError(f"clip_grad_norm must be a positive number or None, got {clip_grad_norm!r}")
         if accumulate_steps < 1 or batch_size % accumulate_steps:
             raise ValueError(f"batch_size {batch_size} must be a multiple of accumulate_steps {accumulate_steps}")
         if memory_format not in ("channels_last", "contiguous"):
@@ -230,7 +254,15 @@ class Program:
         missing = [n for n, p in model.named_parameters() if id(p) not in ids]
         if missing:
             raise ValueError(f"compile: the optimizer does not hold these parameters of the model: {missing}")
+        for e in self.entries:
+            if e.drop_bias:
+                # The compiled model computes the convolution without it; a zero keeps the saved model (and
+                # the batch norm's running mean) describing the function that is trained.
+                e.module.bias.fill_(0)
         self._nodes = [_node_dict(e) for e in self.entries]
+        if seed is None:  # dropout masks follow ft.manual_seed, as PyTorch's follow torch.manual_seed
+            from ..random import randint
+            seed = int(randint(0, 2 ** 62, (1,)).item())
         self._c = _C.Program(self._nodes, self.flat_params, self.flat_grads, float(loss.label_smoothing),
                              int(loss.ignore_index),
                              loss.reduction == "sum", batch_size // accumulate_steps,
@@ -244,10 +276,7 @@ class Program:
 
     def train_step(self, x, y):
         """One optimizer step on the batch (x, y): forward, loss, backward, update, all in C. Returns the loss."""
-        from ..creation import as_tensor
-        x = as_tensor(x, dtype="float32")
-        y = as_tensor(y, dtype="int64")
-        loss, skipped = self._c.train_step(x, y, self.optimizer, self.clip_grad_norm, self.nan_policy)
+        loss, skipped = self._c.train_step(*_batch(x, y), self.optimizer, self.clip_grad_norm, self.nan_policy)
         self.step_count += 1
         self.skipped_steps += skipped
         return loss
@@ -255,8 +284,7 @@ class Program:
     def backward(self, x, y):
         """Forward and backward of the batch in training mode, without an update: the loss, with every
         parameter's .grad holding its gradient (batch-norm running statistics are updated as in a step)."""
-        from ..creation import as_tensor
-        return self._c.backward(as_tensor(x, dtype="float32"), as_tensor(y, dtype="int64"))
+        return self._c.backward(*_batch(x, y))
 
     def predict(self, x):
         """Logits for x, in eval mode (running batch-norm statistics, no dropout)."""
@@ -265,8 +293,7 @@ class Program:
 
     def evaluate(self, x, y):
         """(mean loss, accuracy) of one batch in eval mode."""
-        from ..creation import as_tensor
-        loss_sum, correct = self._c.evaluate(as_tensor(x, dtype="float32"), as_tensor(y, dtype="int64"))
+        loss_sum, correct = self._c.evaluate(*_batch(x, y))
         n = len(y)
         return loss_sum / n, correct / n
 
@@ -284,7 +311,7 @@ class Program:
             if e.act:
                 notes.append(f"+{e.act} fused")
             if e.drop_bias:
-                notes.append("bias dropped (a batch norm follows)")
+                notes.append("bias dropped and zeroed (a batch norm follows)")
             lines.append(f"{i:>3}  {name:<22}{str(tuple(e.shape)):<18}{params:>10,}{flops / 1e6:>10.2f}  "
                          + ", ".join(notes))
         train_bytes, eval_bytes = self._c.memory()
@@ -298,8 +325,10 @@ class Program:
 
 
 def compile(model, optimizer, loss=None, *, batch_size, input_shape=None, memory_format="channels_last",
-            accumulate_steps=1, clip_grad_norm=None, nan_policy="raise", seed=0):
-    """Compiles `model` for training with `optimizer` on batches of `batch_size` samples."""
+            accumulate_steps=1, clip_grad_norm=None, nan_policy="raise", seed=None):
+    """Compiles `model` for training with `optimizer` on batches of `batch_size` samples.
+
+    seed keys the dropout masks (by default drawn from fasttrain's generator, so ft.manual_seed fixes it)."""
     if loss is None:
         loss = M.CrossEntropyLoss()
     return Program(model, optimizer, loss, batch_size, input_shape, memory_format, accumulate_steps,
