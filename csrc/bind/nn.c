@@ -214,6 +214,14 @@ static void program_dealloc(PyObject *self) {
     Py_DECREF(type);
 }
 
+/* x and y as fasttrain tensors, or -1 with TypeError. */
+static int unwrap_xy(PyObject *self, PyObject *xo, PyObject *yo, ft_tensor **x, ft_tensor **y) {
+    ft_module_state *st = state_of(self);
+    *x = ft_unwrap(st, xo, "x");
+    *y = *x ? ft_unwrap(st, yo, "y") : NULL;
+    return *y ? 0 : -1;
+}
+
 /* ---- the step ---- */
 
 typedef struct {
@@ -314,9 +322,8 @@ static PyObject *m_train_step(PyObject *self, PyObject *args, PyObject *kwargs) 
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|Os:train_step", kwlist, &xo, &yo, &opt_obj, &max_norm,
                                      &policy))
         return NULL;
-    ft_module_state *st = state_of(self);
-    ft_tensor *x = ft_unwrap(st, xo, "x"), *y = x ? ft_unwrap(st, yo, "y") : NULL;
-    ft_optimizer *opt = y ? program_optimizer((program_object *)self, opt_obj) : NULL;
+    ft_tensor *x, *y;
+    ft_optimizer *opt = unwrap_xy(self, xo, yo, &x, &y) == 0 ? program_optimizer((program_object *)self, opt_obj) : NULL;
     step_options o;
     if (!opt || parse_step_options(max_norm, policy, &o) < 0)
         return NULL;
@@ -335,11 +342,8 @@ static PyObject *m_train_step(PyObject *self, PyObject *args, PyObject *kwargs) 
  * parameter's .grad), without an optimizer update. */
 static PyObject *m_backward(PyObject *self, PyObject *args) {
     PyObject *xo, *yo;
-    if (!PyArg_ParseTuple(args, "OO:backward", &xo, &yo))
-        return NULL;
-    ft_module_state *st = state_of(self);
-    ft_tensor *x = ft_unwrap(st, xo, "x"), *y = x ? ft_unwrap(st, yo, "y") : NULL;
-    if (!y)
+    ft_tensor *x, *y;
+    if (!PyArg_ParseTuple(args, "OO:backward", &xo, &yo) || unwrap_xy(self, xo, yo, &x, &y) < 0)
         return NULL;
     double loss = 0;
     ft_status s;
@@ -375,11 +379,8 @@ static PyObject *m_forward(PyObject *self, PyObject *xo) {
 static PyObject *m_evaluate(PyObject *self, PyObject *args) {
     PyObject *xo, *yo;
     int tta = 0;
-    if (!PyArg_ParseTuple(args, "OO|p:evaluate", &xo, &yo, &tta))
-        return NULL;
-    ft_module_state *st = state_of(self);
-    ft_tensor *x = ft_unwrap(st, xo, "x"), *y = x ? ft_unwrap(st, yo, "y") : NULL;
-    if (!y)
+    ft_tensor *x, *y;
+    if (!PyArg_ParseTuple(args, "OO|p:evaluate", &xo, &yo, &tta) || unwrap_xy(self, xo, yo, &x, &y) < 0)
         return NULL;
     double loss = 0;
     int64_t correct = 0;
@@ -399,6 +400,26 @@ static int report(PyObject *callback, int64_t steps, double loss, int64_t sample
     int stop = PyObject_IsTrue(r);
     Py_DECREF(r);
     return stop;
+}
+
+/* The next batch of an epoch, for a loop that runs without the GIL (*ts
+ * holds the thread state): 1 with a batch, 0 at the end of the epoch, -1
+ * after a failure (*s) or Ctrl-C (a Python exception), noticed while
+ * waiting for data. */
+static int next_batch(ft_loader *l, ft_batch *b, PyThreadState **ts, ft_status *s) {
+    for (;;) {
+        bool done = false, timed_out = false;
+        *s = ft_loader_next_wait(l, b, &done, 100, &timed_out);
+        if (*s != FT_OK)
+            return -1;
+        if (!timed_out)
+            return done ? 0 : 1;
+        PyEval_RestoreThread(*ts);
+        int interrupted = PyErr_CheckSignals() < 0;
+        *ts = PyEval_SaveThread();
+        if (interrupted)
+            return -1;
+    }
 }
 
 /* lrs[k][g] (a sequence of per-step sequences, one rate per parameter
@@ -463,17 +484,11 @@ static PyObject *m_fit_epoch(PyObject *self, PyObject *args, PyObject *kwargs) {
     PyThreadState *ts = PyEval_SaveThread();
     for (;;) {
         ft_batch b;
-        bool done = false, timed_out = false, skipped = false;
-        s = ft_loader_next_wait(l, &b, &done, 100, &timed_out);
-        if (s != FT_OK || done)
+        bool skipped = false;
+        int got = next_batch(l, &b, &ts, &s);
+        if (got <= 0) {
+            stop = got < 0 && s == FT_OK ? -1 : 0;
             break;
-        if (timed_out) { /* waiting for data: a moment to notice Ctrl-C */
-            PyEval_RestoreThread(ts);
-            stop = PyErr_CheckSignals() < 0 ? -1 : 0;
-            ts = PyEval_SaveThread();
-            if (stop)
-                break;
-            continue;
         }
         for (int g = 0; s == FT_OK && steps < nlrs && g < ngroups; g++)
             s = ft_optimizer_set_lr(opt, g, lrs[steps * ngroups + g]);
@@ -528,17 +543,10 @@ static PyObject *m_eval_epoch(PyObject *self, PyObject *args) {
     PyThreadState *ts = PyEval_SaveThread();
     for (;;) {
         ft_batch b;
-        bool done = false, timed_out = false;
-        s = ft_loader_next_wait(l, &b, &done, 100, &timed_out);
-        if (s != FT_OK || done)
+        int got = next_batch(l, &b, &ts, &s);
+        if (got <= 0) {
+            stop = got < 0 && s == FT_OK;
             break;
-        if (timed_out) {
-            PyEval_RestoreThread(ts);
-            stop = PyErr_CheckSignals() < 0;
-            ts = PyEval_SaveThread();
-            if (stop)
-                break;
-            continue;
         }
         s = ft_program_evaluate(((program_object *)self)->prog, &b.images, &b.labels, tta, &loss, &correct);
         count += b.size;

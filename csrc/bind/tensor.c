@@ -322,22 +322,10 @@ static const char *buffer_format(ft_dtype dt) {
     }
 }
 
-static bool is_f_contiguous(const ft_tensor *t) {
-    int64_t expected = 1;
-    for (int i = 0; i < t->ndim; i++) {
-        if (t->shape[i] == 0)
-            return true;
-        if (t->shape[i] != 1 && t->strides[i] != expected)
-            return false;
-        expected *= t->shape[i];
-    }
-    return true;
-}
-
 static int tensor_getbuffer(PyObject *self, Py_buffer *view, int flags) {
     ft_tensor *t = SELF;
     const char *format = buffer_format(t->dtype);
-    bool c_contig = ft_tensor_is_contiguous(t), f_contig = is_f_contiguous(t);
+    bool c_contig = ft_tensor_is_contiguous(t), f_contig = ft_tensor_is_f_contiguous(t);
     const char *problem = NULL;
     if (ft_tensor_device(t).type == FT_DEV_CUDA)
         problem = "a cuda tensor has no host buffer: copy it with .cpu() first";

@@ -49,9 +49,12 @@ void ft_contiguous_strides(int64_t *strides, int ndim, const int64_t *shape) {
     }
 }
 
-bool ft_tensor_is_contiguous(const ft_tensor *t) {
+/* Dense with strides growing from the last dimension (C order) or from the
+ * first (Fortran order); size-1 dimensions may have any stride. */
+static bool dense_in_order(const ft_tensor *t, bool fortran) {
     int64_t expected = 1;
-    for (int i = t->ndim - 1; i >= 0; i--) {
+    for (int k = 0; k < t->ndim; k++) {
+        int i = fortran ? k : t->ndim - 1 - k;
         if (t->shape[i] == 0)
             return true;
         if (t->shape[i] != 1 && t->strides[i] != expected)
@@ -60,6 +63,10 @@ bool ft_tensor_is_contiguous(const ft_tensor *t) {
     }
     return true;
 }
+
+bool ft_tensor_is_contiguous(const ft_tensor *t) { return dense_in_order(t, false); }
+
+bool ft_tensor_is_f_contiguous(const ft_tensor *t) { return dense_in_order(t, true); }
 
 ft_status ft_tensor_empty(ft_tensor *out, int ndim, const int64_t *shape, ft_dtype dtype, ft_device device,
                           bool pinned) {

@@ -30,6 +30,7 @@ static inline ft_device ft_tensor_device(const ft_tensor *t) { return t->storage
 ft_status ft_shape_numel(int64_t *numel, int ndim, const int64_t *shape, size_t itemsize);
 int64_t ft_tensor_numel(const ft_tensor *t);
 bool ft_tensor_is_contiguous(const ft_tensor *t);
+bool ft_tensor_is_f_contiguous(const ft_tensor *t); /* Fortran order */
 
 /* Fills strides for a C-contiguous layout of `shape`. */
 void ft_contiguous_strides(int64_t *strides, int ndim, const int64_t *shape);

@@ -252,6 +252,16 @@ static ft_tensor rows_of(const ft_tensor *t, int64_t r0, int64_t rows) {
     return v;
 }
 
+/* A batch norm's saved mean and invstd (C), the two rows of its aux block. */
+static void bn_statistics(const ft_program *p, bool training, int i, ft_tensor *mean, ft_tensor *invstd) {
+    ft_tensor aux = node_aux(p, training, i, 0);
+    *mean = rows_of(&aux, 0, 1);
+    *invstd = rows_of(&aux, 1, 1);
+    mean->ndim = invstd->ndim = 1;
+    mean->shape[0] = invstd->shape[0] = p->nodes[i].shape[0];
+    mean->strides[0] = invstd->strides[0] = 1;
+}
+
 /* ---- creation ---- */
 
 static ft_status validate(const ft_program *p) {
@@ -435,10 +445,8 @@ static ft_status forward_node(ft_program *p, bool training, int i, int64_t rows,
     }
     case FT_NODE_LINEAR: return ft_linear_forward(&out, &in, w, b, nd->act);
     case FT_NODE_BATCHNORM: {
-        ft_tensor aux = node_aux(p, training, i, rows);
-        ft_tensor mean = rows_of(&aux, 0, 1), invstd = rows_of(&aux, 1, 1);
-        mean.ndim = invstd.ndim = 1, mean.shape[0] = invstd.shape[0] = nd->shape[0];
-        mean.strides[0] = invstd.strides[0] = 1;
+        ft_tensor mean, invstd;
+        bn_statistics(p, training, i, &mean, &invstd);
         ft_batchnorm_params bn = nd->bn;
         bn.training = training && nd->bn.training;
         bn.act = nd->act;
@@ -609,10 +617,8 @@ static ft_status backward_node(ft_program *p, int i, int64_t rows, const ft_tens
         break;
     }
     case FT_NODE_BATCHNORM: {
-        ft_tensor aux = node_aux(p, true, i, rows);
-        ft_tensor mean = rows_of(&aux, 0, 1), invstd = rows_of(&aux, 1, 1);
-        mean.ndim = invstd.ndim = 1, mean.shape[0] = invstd.shape[0] = nd->shape[0];
-        mean.strides[0] = invstd.strides[0] = 1;
+        ft_tensor mean, invstd;
+        bn_statistics(p, true, i, &mean, &invstd);
         ft_batchnorm_params bn = nd->bn;
         bn.act = nd->act;
         ft_tensor target = write_target(p, &dx, acc);
