@@ -1430,3 +1430,38 @@ def test_fit_names_the_step_of_a_nonfinite_loss():
     with pytest.raises(ValueError, match=r"(?i)nan") as info:
         ft.fit(program, batches, 1, progress=False)
     assert re.search(r"(?i)step\D{0,3}(3|4|5)\b", str(info.value)), str(info.value)
+
+
+@pytest.mark.parametrize("fmt", ["channels_last", "contiguous"])
+def test_layer_norm_in_a_program_matches_finite_differences(fmt):
+    """LayerNorm inside compiled programs (over features, and over (C, H, W) in NCHW memory): every parameter
+    gradient against central differences of the program's own float64-accumulated loss."""
+    ft.manual_seed(3)
+    if fmt == "channels_last":
+        model = nn.Sequential(nn.Linear(6, 8), nn.LayerNorm(8), nn.GELU(), nn.Linear(8, CLASSES))
+        shape = (6,)
+    else:
+        model = nn.Sequential(nn.Conv2d(1, 2, 3, padding=1), nn.LayerNorm((2, 4, 4)), nn.ReLU(), nn.Flatten(),
+                              nn.Linear(32, CLASSES))
+        shape = (1, 4, 4)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=4, input_shape=shape,
+                            memory_format=fmt)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((4, *shape)).astype(np.float32)
+    y = rng.integers(0, CLASSES, 4)
+    program.backward(x, y)
+    for name, p in model.named_parameters():
+        values, grad = p.numpy(), p.grad.numpy().copy()
+        for idx in list(np.ndindex(values.shape))[:4]:
+            old = values[idx]
+            values[idx] = old + 1e-2
+            up = program.backward(x, y)
+            values[idx] = old - 1e-2
+            down = program.backward(x, y)
+            values[idx] = old
+            assert abs((up - down) / 2e-2 - grad[idx]) < 2e-3 + 2e-2 * abs(grad[idx]), (name, idx)
+    if fmt == "channels_last":
+        with pytest.raises(ValueError, match="contiguous"):
+            m2 = nn.Sequential(nn.Conv2d(1, 2, 3, padding=1), nn.LayerNorm((2, 4, 4)), nn.Flatten(),
+                               nn.Linear(32, CLASSES))
+            m2.compile(ft.optim.SGD(m2.parameters(), lr=0.1), batch_size=4, input_shape=(1, 4, 4))

@@ -92,7 +92,7 @@ static int parse_node(ft_module_state *st, PyObject *d, ft_node *nd) {
         return -1;
     }
     memset(nd, 0, sizeof *nd);
-    long long kind, groups, act, ceil_mode, include_pad, training;
+    long long kind, groups, act, ceil_mode, include_pad, training, norm_dims;
     int64_t shape[3];
     double alpha;
     int64_t inputs[FT_NODE_MAX_INPUTS];
@@ -119,8 +119,10 @@ static int parse_node(ft_module_state *st, PyObject *d, ft_node *nd) {
         get_pair(d, "kernel", 1, nd->pool.kernel) < 0 || get_long(d, "ceil_mode", 0, &ceil_mode) < 0 ||
         get_long(d, "count_include_pad", 1, &include_pad) < 0 || get_double(d, "eps", 1e-5, &nd->bn.eps) < 0 ||
         get_double(d, "momentum", 0.1, &nd->bn.momentum) < 0 || get_long(d, "batch_stats", 1, &training) < 0 ||
-        get_double(d, "p", 0.0, &nd->dropout_p) < 0)
+        get_double(d, "p", 0.0, &nd->dropout_p) < 0 || get_long(d, "norm_dims", 0, &norm_dims) < 0 ||
+        get_double(d, "layer_eps", 1e-5, &nd->eps) < 0)
         return -1;
+    nd->norm_dims = (int)norm_dims;
     if (act < 0 || act >= FT_NUM_ACTS) {
         PyErr_Format(PyExc_ValueError, "unknown activation code %lld", act);
         return -1;

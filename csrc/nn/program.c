@@ -9,6 +9,7 @@
 #include "ops/check.h"
 #include "ops/dropout.h"
 #include "ops/elementwise.h"
+#include "ops/layernorm.h"
 #include "ops/linear.h"
 #include "ops/loss.h"
 
@@ -76,9 +77,20 @@ static bool flatten_is_view(const ft_program *p, const ft_node *in) {
     return !is_image(in) || !p->channels_last || (in->shape[1] == 1 && in->shape[2] == 1) || in->shape[0] == 1;
 }
 
+/* The elements a layer norm normalizes together (the trailing norm_dims of
+ * its per-sample shape) and how many such rows one sample holds. */
+static int64_t norm_size(const ft_node *nd) {
+    int64_t d = 1;
+    for (int k = nd->ndim - nd->norm_dims; k < nd->ndim; k++)
+        d *= nd->shape[k];
+    return d;
+}
+
 static int64_t aux_bytes(const ft_program *p, const ft_node *nd, int64_t rows) {
     if (nd->kind == FT_NODE_BATCHNORM)
         return 2 * nd->shape[0] * 4; /* mean and invstd */
+    if (nd->kind == FT_NODE_LAYERNORM)
+        return 2 * rows * (sample_numel(nd) / norm_size(nd)) * 4; /* each row's mean and rstd */
     if (nd->kind == FT_NODE_MAXPOOL || nd->kind == FT_NODE_ADAPTIVE_MAXPOOL)
         return rows * sample_numel(nd) * 4; /* int32 argmax indices */
     (void)p;
@@ -216,6 +228,18 @@ static ft_tensor node_aux(const ft_program *p, bool training, int i, int64_t row
         return t;
     }
     return view_at(p, nd, arena, b->offset, rows, FT_INT32);
+}
+
+/* A layer norm's saved mean and rstd (rows * R each) in its aux block. */
+static void ln_statistics(const ft_program *p, bool training, int i, int64_t rows, ft_tensor *mean, ft_tensor *rstd) {
+    const ft_node *nd = &p->nodes[i];
+    const block *b = &(training ? p->train : p->eval)[i * NBUF + AUX];
+    int64_t n = rows * (sample_numel(nd) / norm_size(nd));
+    ft_tensor t = {.storage = training ? p->train_arena : p->eval_arena, .offset = b->offset, .dtype = FT_FLOAT32,
+                   .ndim = 1, .shape = {n}, .strides = {1}};
+    *mean = t;
+    *rstd = t;
+    rstd->offset += n * 4;
 }
 
 static ft_tensor node_dout(const ft_program *p, int i, int64_t rows) {
@@ -456,6 +480,11 @@ static ft_status forward_node(ft_program *p, bool training, int i, int64_t rows,
                                     nd->running_var.storage ? &nd->running_var : NULL, &bn);
     }
     case FT_NODE_ACT: return ft_activation_forward(&out, &in, nd->act);
+    case FT_NODE_LAYERNORM: {
+        ft_tensor mean, rstd;
+        ln_statistics(p, training, i, rows, &mean, &rstd);
+        return ft_layernorm_forward(&out, &mean, &rstd, &in, w, b, norm_size(nd), nd->eps);
+    }
     case FT_NODE_MAXPOOL: {
         ft_tensor idx = node_aux(p, training, i, rows);
         return ft_max_pool2d_forward(&out, &idx, &in, &nd->pool);
@@ -632,6 +661,15 @@ static ft_status backward_node(ft_program *p, int i, int64_t rows, const ft_tens
         if (need_dx)
             s = ft_activation_backward(&dx, &g, &in, &out, nd->act, acc);
         break;
+    case FT_NODE_LAYERNORM: {
+        ft_tensor mean, rstd, target = write_target(p, &dx, acc);
+        ln_statistics(p, true, i, rows, &mean, &rstd);
+        s = ft_layernorm_backward(need_dx ? &target : NULL, dw, db, &g, &in, nd->weight.storage ? &nd->weight : NULL,
+                                  &mean, &rstd, norm_size(nd));
+        if (s == FT_OK && need_dx)
+            s = finish_write(&dx, &target, acc);
+        break;
+    }
     case FT_NODE_MAXPOOL:
     case FT_NODE_ADAPTIVE_MAXPOOL: {
         ft_tensor idx = node_aux(p, true, i, rows);

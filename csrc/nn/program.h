@@ -34,6 +34,7 @@ typedef enum {
     FT_NODE_FLATTEN,
     FT_NODE_DROPOUT,
     FT_NODE_IDENTITY,
+    FT_NODE_LAYERNORM, /* over the trailing norm_dims dimensions of the per-sample shape */
 } ft_node_kind;
 
 typedef struct {
@@ -51,6 +52,8 @@ typedef struct {
     ft_batchnorm_params bn;
     ft_pool2d_params pool;
     double dropout_p;
+    int norm_dims; /* layer norm */
+    double eps;    /* layer norm */
 } ft_node;
 
 typedef struct {

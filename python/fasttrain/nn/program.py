@@ -16,15 +16,11 @@ from . import modules as M
 from .graph import Input, Symbolic, topological
 
 (INPUT, CONV2D, LINEAR, BATCHNORM, ACT, MAXPOOL, AVGPOOL, ADAPTIVE_AVGPOOL, ADAPTIVE_MAXPOOL, ADD, CAT, FLATTEN,
- DROPOUT, IDENTITY) = range(14)
+ DROPOUT, IDENTITY, LAYERNORM) = range(15)
 ACTS = {"relu": 1, "leaky_relu": 2, "gelu": 3, "gelu_tanh": 4, "silu": 5, "sigmoid": 6, "tanh": 7}
 # Activations whose derivative follows from their output: these can be fused
 # into an op that does not keep the activation's input.
 FROM_OUTPUT = {"relu", "sigmoid", "tanh", "leaky_relu"}
-KIND_NAMES = {v: k for k, v in dict(input=INPUT, conv2d=CONV2D, linear=LINEAR, batch_norm=BATCHNORM, act=ACT,
-                                    max_pool2d=MAXPOOL, avg_pool2d=AVGPOOL, adaptive_avg_pool2d=ADAPTIVE_AVGPOOL,
-                                    adaptive_max_pool2d=ADAPTIVE_MAXPOOL, add=ADD, cat=CAT, flatten=FLATTEN,
-                                    dropout=DROPOUT, identity=IDENTITY).items()}
 
 
 def _act_of(m):
@@ -67,6 +63,8 @@ def _node_of(module):
         return DROPOUT, dict(p=m.p)
     if isinstance(m, M.Identity):
         return IDENTITY, {}
+    if isinstance(m, M.LayerNorm):
+        return LAYERNORM, dict(norm_dims=len(m.normalized_shape), layer_eps=m.eps)
     raise NotImplementedError(f"{type(m).__name__} cannot be compiled into a training program yet")
 
 
@@ -193,8 +191,8 @@ def _node_dict(e):
         d["act"] = ACTS[e.act if e.kind != ACT else e.fields["act"]]
         d["alpha"] = e.alpha if e.kind != ACT else e.fields["alpha"]
     m = e.module
-    if e.kind in (CONV2D, LINEAR, BATCHNORM):
-        d["weight"], d["dweight"] = m.weight, m.weight.grad if m.weight is not None else None
+    if e.kind in (CONV2D, LINEAR, BATCHNORM, LAYERNORM) and m.weight is not None:
+        d["weight"], d["dweight"] = m.weight, m.weight.grad
         if m.bias is not None and not e.drop_bias:
             d["bias"], d["dbias"] = m.bias, m.bias.grad
     if e.kind == BATCHNORM:
@@ -247,6 +245,9 @@ class Program:
         self.batch_size, self.accumulate_steps = batch_size, accumulate_steps
         self.clip_grad_norm, self.nan_policy = clip_grad_norm, nan_policy
         self.entries = _fuse(_graph(model, input_shape))
+        if memory_format == "channels_last" and any(e.kind == LAYERNORM and len(e.shape) == 3 for e in self.entries):
+            raise ValueError("compile: LayerNorm over images needs memory_format='contiguous' (its weight follows "
+                             "the (C, H, W) order)")
         if self.entries[-1].shape.__len__() != 1:
             raise ValueError(f"the model's output must be (N, classes), got per-sample shape {self.entries[-1].shape}")
         self.flat_params, self.flat_grads = _flatten_parameters(model)
