@@ -1465,3 +1465,32 @@ def test_layer_norm_in_a_program_matches_finite_differences(fmt):
             m2 = nn.Sequential(nn.Conv2d(1, 2, 3, padding=1), nn.LayerNorm((2, 4, 4)), nn.Flatten(),
                                nn.Linear(32, CLASSES))
             m2.compile(ft.optim.SGD(m2.parameters(), lr=0.1), batch_size=4, input_shape=(1, 4, 4))
+
+
+def test_mse_regression_program_matches_numpy():
+    """A compiled MLP with MSELoss (mean over every output): loss and gradients against NumPy, and a few steps
+    of SGD lower the loss."""
+    ft.manual_seed(4)
+    model = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3))
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=6, input_shape=(5,))
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((6, 5)).astype(np.float32)
+    t = rng.standard_normal((6, 3)).astype(np.float32)
+    P = {k: v.astype(np.float64) for k, v in model.state_dict().items()}
+    h = np.tanh(x @ P["0.weight"].T + P["0.bias"])
+    out = h @ P["2.weight"].T + P["2.bias"]
+    loss = program.backward(x, t)
+    np.testing.assert_allclose(loss, ((out - t) ** 2).mean(), rtol=1e-5)
+    d_out = 2 * (out - t) / out.size
+    d_h = d_out @ P["2.weight"] * (1 - h ** 2)
+    grads = {"2.weight": d_out.T @ h, "2.bias": d_out.sum(0), "0.weight": d_h.T @ x, "0.bias": d_h.sum(0)}
+    for name, p in model.named_parameters():
+        np.testing.assert_allclose(p.grad.numpy(), grads[name], rtol=1e-4, atol=1e-6)
+    first = program.train_step(x, t)
+    for _ in range(20):
+        last = program.train_step(x, t)
+    assert last < 0.8 * first
+    mean_loss, accuracy = program.evaluate(x, t)
+    assert accuracy is None and mean_loss > 0
+    with pytest.raises(ValueError, match="targets"):
+        program.train_step(x, t[:, :2])

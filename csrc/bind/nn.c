@@ -138,20 +138,22 @@ static int parse_node(ft_module_state *st, PyObject *d, ft_node *nd) {
     return 0;
 }
 
-/* Program(nodes, params, grads, label_smoothing, ignore_index, sum_reduction, batch, channels_last, seed):
+/* Program(nodes, params, grads, label_smoothing, ignore_index, sum_reduction, batch, channels_last, seed, mse):
  * params and grads are the model's flat buffers, every parameter (gradient)
  * a view into them. */
 static PyObject *program_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"nodes", "params", "grads", "label_smoothing", "ignore_index", "sum_reduction", "batch",
-                             "channels_last", "seed", NULL};
+                             "channels_last", "seed", "mse", NULL};
     PyObject *nodes, *params_obj, *grads_obj;
     ft_loss_spec loss = {0};
-    int sum = 0, channels_last = 1;
+    int sum = 0, channels_last = 1, mse = 0;
     long long batch, ignore = -100;
     unsigned long long seed = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!OOdLpLpK:Program", kwlist, &PyList_Type, &nodes, &params_obj,
-                                     &grads_obj, &loss.label_smoothing, &ignore, &sum, &batch, &channels_last, &seed))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!OOdLpLpK|p:Program", kwlist, &PyList_Type, &nodes, &params_obj,
+                                     &grads_obj, &loss.label_smoothing, &ignore, &sum, &batch, &channels_last, &seed,
+                                     &mse))
         return NULL;
+    loss.mse = mse;
     loss.ignore_index = ignore;
     loss.sum = sum;
     ft_module_state *st = ft_state_of_type(type);

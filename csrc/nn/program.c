@@ -39,6 +39,7 @@ struct ft_program {
     ft_tensor scratch;      /* a gradient computed before it is added to another */
     ft_tensor grad_scratch; /* parameter gradients of micro-batches after the first */
     ft_tensor loss_value;   /* () float32 */
+    ft_tensor one;          /* () float32 1: the loss's own gradient */
     bool *written;          /* (n) whether dout[i] holds a first contribution */
     uint64_t *dropout_at;   /* (n) the Philox offset of each dropout node's last mask */
     double *seconds;        /* (n, 2) time spent in each node's forward and backward */
@@ -331,6 +332,8 @@ void ft_program_destroy(ft_program *p) {
         ft_tensor_release(&p->grad_scratch);
     if (p->loss_value.storage)
         ft_tensor_release(&p->loss_value);
+    if (p->one.storage)
+        ft_tensor_release(&p->one);
     free(p->nodes);
     free(p->last_consumer);
     free(p->train);
@@ -383,6 +386,10 @@ ft_status ft_program_create(ft_program **out, int nnodes, const ft_node *nodes, 
         s = ft_tensor_empty(&p->scratch, 1, (int64_t[]){batch * max_sample}, FT_FLOAT32, FT_CPU, false);
     if (s == FT_OK)
         s = ft_tensor_empty(&p->loss_value, 0, NULL, FT_FLOAT32, FT_CPU, false);
+    if (s == FT_OK)
+        s = ft_tensor_empty(&p->one, 0, NULL, FT_FLOAT32, FT_CPU, false);
+    if (s == FT_OK)
+        s = ft_tensor_fill(&p->one, (ft_scalar){.kind = FT_SCALAR_FLOAT, .f = 1});
     for (int i = 0; s == FT_OK && i < nnodes; i++) {
         const ft_tensor *g = nodes[i].dweight.storage ? &nodes[i].dweight : &nodes[i].dbias;
         if (g->storage && !p->grad_scratch.storage) {
@@ -547,6 +554,10 @@ static ft_status check_input(const ft_program *p, const ft_tensor *x) {
 
 static ft_status check_labels(const ft_program *p, const ft_tensor *y, int64_t rows) {
     int64_t classes = p->nodes[p->n - 1].shape[0];
+    if (p->loss.mse) {
+        FT_TRY(ft_check_cpu_float("program", "targets", y, false));
+        return ft_check_shape("program", "targets", y, 2, (int64_t[]){rows, classes});
+    }
     if (y->ndim != 1 || y->shape[0] != rows || y->dtype != FT_INT64 || ft_tensor_device(y).type == FT_DEV_CUDA)
         return ft_fail(FT_ERR_SHAPE, "program: labels must be an int64 CPU tensor of shape (%lld,)", (long long)rows);
     const char *base = ft_tensor_data(y);
@@ -562,14 +573,25 @@ static ft_status check_labels(const ft_program *p, const ft_tensor *y, int64_t r
 
 /* ---- loss and backward ---- */
 
+/* loss (()) of the outputs against y with the given reduction, and its
+ * gradient into dout when that is not NULL. */
+static ft_status compute_loss(ft_program *p, const ft_tensor *out, const ft_tensor *y, ft_reduction r,
+                              const ft_tensor *dout) {
+    if (!p->loss.mse) {
+        ft_cross_entropy_params ce = {.label_smoothing = p->loss.label_smoothing, .ignore_index = p->loss.ignore_index,
+                                      .reduction = r};
+        return ft_cross_entropy_forward(&p->loss_value, dout, out, y, NULL, &ce);
+    }
+    FT_TRY(ft_mse_loss_forward(&p->loss_value, out, y, r));
+    return dout ? ft_mse_loss_backward(dout, NULL, &p->one, out, y, r, false, false) : FT_OK;
+}
+
 /* The loss of the output logits against y, scaled by `scale`, and its
  * gradient written into the output node's gradient buffer. */
 static ft_status loss_and_grad(ft_program *p, int64_t rows, const ft_tensor *y, double scale, double *loss) {
     int last = p->n - 1;
     ft_tensor logits = node_out(p, true, last, rows, NULL), dlogits = node_dout(p, last, rows);
-    ft_cross_entropy_params ce = {.label_smoothing = p->loss.label_smoothing, .ignore_index = p->loss.ignore_index,
-                                  .reduction = p->loss.sum ? FT_REDUCTION_SUM : FT_REDUCTION_MEAN};
-    FT_TRY(ft_cross_entropy_forward(&p->loss_value, &dlogits, &logits, y, NULL, &ce));
+    FT_TRY(compute_loss(p, &logits, y, p->loss.sum ? FT_REDUCTION_SUM : FT_REDUCTION_MEAN, &dlogits));
     *loss += scale * ((const float *)ft_tensor_data(&p->loss_value))[0];
     if (scale != 1.0) { /* a micro-batch's share of the whole batch's mean */
         float *g = (float *)ft_tensor_data(&dlogits);
@@ -851,15 +873,13 @@ ft_status ft_program_evaluate(ft_program *p, const ft_tensor *x, const ft_tensor
         int64_t rows = B - r0 < p->batch ? B - r0 : p->batch;
         ft_tensor xm = rows_of(x, r0, rows), ym = rows_of(y, r0, rows), lm = rows_of(&logits, 0, rows);
         s = eval_logits(p, &xm, rows, tta_flip, &lm);
-        ft_cross_entropy_params ce = {.label_smoothing = p->loss.label_smoothing,
-                                      .ignore_index = p->loss.ignore_index, .reduction = FT_REDUCTION_SUM};
         if (s == FT_OK)
-            s = ft_cross_entropy_forward(&p->loss_value, NULL, &lm, &ym, NULL, &ce);
+            s = compute_loss(p, &lm, &ym, FT_REDUCTION_SUM, NULL);
         if (s != FT_OK)
             break;
         *loss_sum += ((const float *)ft_tensor_data(&p->loss_value))[0];
         const float *l = (const float *)ft_tensor_data(&lm);
-        for (int64_t r = 0; r < rows; r++) {
+        for (int64_t r = 0; !p->loss.mse && r < rows; r++) {
             int64_t best = 0, label;
             for (int64_t c = 1; c < classes; c++)
                 if (l[r * classes + c] > l[r * classes + best])

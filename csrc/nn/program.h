@@ -57,9 +57,10 @@ typedef struct {
 } ft_node;
 
 typedef struct {
-    double label_smoothing;
-    int64_t ignore_index;
-    bool sum; /* reduction='sum' instead of 'mean' */
+    bool mse;               /* mean squared error against float targets (N, F), else cross-entropy */
+    double label_smoothing; /* cross-entropy */
+    int64_t ignore_index;   /* cross-entropy */
+    bool sum;               /* reduction='sum' instead of 'mean' */
 } ft_loss_spec;
 
 typedef struct ft_program ft_program;
@@ -70,7 +71,8 @@ ft_status ft_program_create(ft_program **out, int nnodes, const ft_node *nodes, 
                             int64_t batch, bool channels_last, uint64_t seed);
 void ft_program_destroy(ft_program *p);
 
-/* Forward and backward of one batch x (B, ...) with labels y (B,) (int64),
+/* Forward and backward of one batch x (B, ...) with labels y (B,) (int64;
+ * float32 targets (B, F) for the MSE loss),
  * split into micro-batches of the planned size: parameter gradients are
  * written for the first and added for the others, so they hold the
  * gradient of the mean loss over all B samples. *loss gets that loss.
@@ -92,7 +94,7 @@ void ft_program_set_dropout_state(ft_program *p, uint64_t seed, uint64_t offset)
 ft_status ft_program_forward(ft_program *p, const ft_tensor *x, const ft_tensor *out);
 
 /* Eval-mode loss and accuracy of one batch: adds the summed loss and the
- * number of correct argmax predictions. With tta_flip the logits are the
+ * number of correct argmax predictions (none for the MSE loss). With tta_flip the logits are the
  * average of the images' and of their horizontal mirrors' (test-time
  * augmentation). */
 ft_status ft_program_evaluate(ft_program *p, const ft_tensor *x, const ft_tensor *y, bool tta_flip, double *loss_sum,

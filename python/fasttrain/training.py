@@ -23,7 +23,7 @@ def evaluate(program, loader, tta_flip=False):
         from .nn.program import _batch
         loss_sum, correct, count = 0.0, 0, 0
         for x, y in loader:
-            s, c = program._c.evaluate(*_batch(x, y), tta_flip)
+            s, c = program._c.evaluate(*_batch(x, y, program.regression), tta_flip)
             loss_sum, correct, count = loss_sum + s, correct + c, count + len(y)
     if count == 0:
         raise ValueError("evaluate: the loader gave no samples")

@@ -214,10 +214,13 @@ def _flops(e, inputs):
     return math.prod(e.shape)
 
 
-def _batch(x, y):
-    """Images as float32 and labels as int64 tensors; labels that are not integers are refused, not truncated."""
+def _batch(x, y, regression=False):
+    """Inputs as float32 tensors, and labels as int64 (refused, not truncated, when they are not integers) or
+    regression targets as float32."""
     from ..creation import as_tensor
     y = as_tensor(y)
+    if regression:
+        return as_tensor(x, dtype="float32"), y.to(_BY_NAME["float32"])
     if y.dtype.is_floating_point or y.dtype.is_complex:
         raise TypeError(f"labels must be integers, got {y.dtype.name}")
     return as_tensor(x, dtype="float32"), y.to(_BY_NAME["int64"])
@@ -228,9 +231,9 @@ class Program:
 
     def __init__(self, model, optimizer, loss, batch_size, input_shape, memory_format, accumulate_steps,
                  clip_grad_norm, nan_policy, seed):
-        if not isinstance(loss, (M.CrossEntropyLoss,)):
-            raise NotImplementedError("compiled programs train with CrossEntropyLoss")
-        if loss.weight is not None:
+        if not isinstance(loss, (M.CrossEntropyLoss, M.MSELoss)):
+            raise TypeError("compiled programs train with CrossEntropyLoss or MSELoss")
+        if getattr(loss, "weight", None) is not None:
             raise NotImplementedError("compiled programs do not take class weights yet")
         if nan_policy not in ("raise", "skip"):
             raise ValueError(f"nan_policy must be 'raise' or 'skip', got {nan_policy!r}")
@@ -264,10 +267,12 @@ class Program:
         if seed is None:  # dropout masks follow ft.manual_seed, as PyTorch's follow torch.manual_seed
             from ..random import randint
             seed = int(randint(0, 2 ** 62, (1,)).item())
-        self._c = _C.Program(self._nodes, self.flat_params, self.flat_grads, float(loss.label_smoothing),
-                             int(loss.ignore_index),
+        mse = isinstance(loss, M.MSELoss)
+        self._c = _C.Program(self._nodes, self.flat_params, self.flat_grads,
+                             0.0 if mse else float(loss.label_smoothing), -100 if mse else int(loss.ignore_index),
                              loss.reduction == "sum", batch_size // accumulate_steps,
-                             memory_format == "channels_last", seed)
+                             memory_format == "channels_last", seed, mse)
+        self.regression = mse
         self.step_count = 0
         self.skipped_steps = 0
 
@@ -277,7 +282,8 @@ class Program:
 
     def train_step(self, x, y):
         """One optimizer step on the batch (x, y): forward, loss, backward, update, all in C. Returns the loss."""
-        loss, skipped = self._c.train_step(*_batch(x, y), self.optimizer, self.clip_grad_norm, self.nan_policy)
+        loss, skipped = self._c.train_step(*_batch(x, y, self.regression), self.optimizer, self.clip_grad_norm,
+                                           self.nan_policy)
         self.step_count += 1
         self.skipped_steps += skipped
         return loss
@@ -285,7 +291,7 @@ class Program:
     def backward(self, x, y):
         """Forward and backward of the batch in training mode, without an update: the loss, with every
         parameter's .grad holding its gradient (batch-norm running statistics are updated as in a step)."""
-        return self._c.backward(*_batch(x, y))
+        return self._c.backward(*_batch(x, y, self.regression))
 
     def predict(self, x):
         """Logits for x, in eval mode (running batch-norm statistics, no dropout)."""
@@ -293,10 +299,11 @@ class Program:
         return self._c.forward(as_tensor(x, dtype="float32"))
 
     def evaluate(self, x, y):
-        """(mean loss, accuracy) of one batch in eval mode."""
-        loss_sum, correct = self._c.evaluate(*_batch(x, y))
+        """(mean loss, accuracy) of one batch in eval mode (accuracy None for a regression loss). The loss is
+        summed over the batch and divided by its length; for MSE that is the sum over a sample's outputs."""
+        loss_sum, correct = self._c.evaluate(*_batch(x, y, self.regression))
         n = len(y)
-        return loss_sum / n, correct / n
+        return loss_sum / n, None if self.regression else correct / n
 
     def summary(self):
         """A table of the compiled nodes: output shapes, parameters, FLOPs, fusions and memory."""
