@@ -1494,3 +1494,15 @@ def test_mse_regression_program_matches_numpy():
     assert accuracy is None and mean_loss > 0
     with pytest.raises(ValueError, match="targets"):
         program.train_step(x, t[:, :2])
+
+
+def test_model_summary_before_compiling():
+    ft.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(4 * 8 * 8, CLASSES))
+    bias = model[0].bias.numpy().copy()
+    text = model.summary((1, 8, 8), batch_size=2)
+    assert "bias dropped" in text and "relu fused" in text
+    assert f"parameters: {sum(p.numel() for p in model.parameters()):,}" in text
+    assert "MFLOP" in text and "(4, 8, 8)" in text
+    np.testing.assert_array_equal(model[0].bias.numpy(), bias)  # summary changes nothing

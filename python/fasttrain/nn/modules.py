@@ -130,6 +130,11 @@ class Module:
         """The output shape (without the batch dimension) for these input shapes."""
         return shapes[0]
 
+    def summary(self, input_shape=None, batch_size=1):
+        """Layers, output shapes, parameter counts, FLOPs and activation memory (see ft.nn.program.summary)."""
+        from .program import summary
+        return summary(self, input_shape, batch_size)
+
     def compile(self, optimizer, loss=None, **options):
         """Compiles this model into a C training program (see ft.nn.program.compile)."""
         from .program import compile

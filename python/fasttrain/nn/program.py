@@ -214,6 +214,37 @@ def _flops(e, inputs):
     return math.prod(e.shape)
 
 
+def _table(entries):
+    """The node table of summary(): shapes, parameters, forward FLOPs, fusions and dropped biases."""
+    lines = [f"{'#':>3}  {'node':<22}{'output':<18}{'params':>10}{'MFLOP':>10}  notes"]
+    total_params = total_flops = 0
+    for i, e in enumerate(entries):
+        name = "input" if e.module is None else type(e.module).__name__
+        params = sum(p.numel() for p in (e.module.parameters() if e.module is not None else []))
+        flops = 0 if e.kind == INPUT else _flops(e, None)
+        total_params += params
+        total_flops += flops
+        notes = []
+        if e.act:
+            notes.append(f"+{e.act} fused")
+        if e.drop_bias:
+            notes.append("bias dropped and zeroed (a batch norm follows)")
+        lines.append(f"{i:>3}  {name:<22}{str(tuple(e.shape)):<18}{params:>10,}{flops / 1e6:>10.2f}  "
+                     + ", ".join(notes))
+    lines.append(f"parameters: {total_params:,}   forward MFLOP per sample: {total_flops / 1e6:.2f}")
+    return "\n".join(lines)
+
+
+def summary(model, input_shape=None, batch_size=1):
+    """What compile() would make of the model: its nodes with output shapes, parameters, FLOPs, fusions and
+    dropped biases, and an estimate of the activation memory of a training step (every output and its
+    gradient kept; the compiled program plans less). Changes nothing."""
+    entries = _fuse(_graph(model, input_shape))
+    per_sample = sum(math.prod(e.shape) for e in entries[1:]) * 4
+    return _table(entries) + (f"\nactivation memory (upper bound): {2 * per_sample * batch_size / 2**20:.1f} MiB "
+                              f"for {batch_size} samples")
+
+
 def _batch(x, y, regression=False):
     """Inputs as float32 tensors, and labels as int64 (refused, not truncated, when they are not integers) or
     regression targets as float32."""
@@ -307,26 +338,10 @@ class Program:
 
     def summary(self):
         """A table of the compiled nodes: output shapes, parameters, FLOPs, fusions and memory."""
-        lines = [f"{'#':>3}  {'node':<22}{'output':<18}{'params':>10}{'MFLOP':>10}  notes"]
-        total_params = total_flops = 0
-        for i, e in enumerate(self.entries):
-            name = "input" if e.module is None else type(e.module).__name__
-            params = sum(p.numel() for p in (e.module.parameters() if e.module is not None else []))
-            flops = 0 if e.kind == INPUT else _flops(e, None)
-            total_params += params
-            total_flops += flops
-            notes = []
-            if e.act:
-                notes.append(f"+{e.act} fused")
-            if e.drop_bias:
-                notes.append("bias dropped and zeroed (a batch norm follows)")
-            lines.append(f"{i:>3}  {name:<22}{str(tuple(e.shape)):<18}{params:>10,}{flops / 1e6:>10.2f}  "
-                         + ", ".join(notes))
         train_bytes, eval_bytes = self._c.memory()
-        lines.append(f"parameters: {total_params:,}   forward MFLOP per sample: {total_flops / 1e6:.2f}")
-        lines.append(f"activation memory: training {train_bytes / 2**20:.1f} MiB for {self.batch_size // self.accumulate_steps}"
-                     f" samples, evaluation {eval_bytes / 2**20:.1f} MiB")
-        return "\n".join(lines)
+        return _table(self.entries) + (
+            f"\nactivation memory: training {train_bytes / 2**20:.1f} MiB for "
+            f"{self.batch_size // self.accumulate_steps} samples, evaluation {eval_bytes / 2**20:.1f} MiB")
 
     def flops_per_sample(self):
         return sum(0 if e.kind == INPUT else _flops(e, None) for e in self.entries)
