@@ -83,24 +83,25 @@ typedef struct {
 } sums_in;
 
 /* dz for `n` elements: dy through the fused activation's derivative, taken
- * from the output y. */
-static inline void grad_through_act(float *restrict dz, const float *restrict dy, const float *restrict y,
-                                    int64_t n, ft_act act) {
+ * from the output y, written into dz (dy itself when there is none). */
+static inline const float *grad_through_act(float *restrict dz, const float *restrict dy, const float *restrict y,
+                                            int64_t n, ft_act act) {
     if (act.kind == FT_ACT_NONE)
-        memcpy(dz, dy, (size_t)n * sizeof *dz);
-    else if (act.kind == FT_ACT_RELU) /* a multiply by the mask, not a branch: signs are random */
+        return dy; /* nothing to apply: no copy */
+    if (act.kind == FT_ACT_RELU) /* a multiply by the mask, not a branch: signs are random */
         for (int64_t i = 0; i < n; i++)
             dz[i] = dy[i] * (float)(y[i] > 0.0f);
     else
         for (int64_t i = 0; i < n; i++)
             dz[i] = dy[i] * ft_act_grad_from_output(act, y[i]);
+    return dz;
 }
 
 /* a[k] += (w - center), b[k] += (w - center)^2 (forward) or
  * a[k] += dz, b[k] += dz * (x - center) (backward) over a run of n values
  * whose channel is k (cstride 1: consecutive channels; 0: one channel). */
 static inline void sum_run(double *a, double *b, const sums_in *in, int64_t i0, int64_t n, int64_t c0, int cstride,
-                           float *buf) {
+                           const float *dz) {
     const float *x = in->x + i0;
     if (!in->dy) {
         for (int64_t k = 0; k < n; k++) {
@@ -110,12 +111,10 @@ static inline void sum_run(double *a, double *b, const sums_in *in, int64_t i0, 
         }
         return;
     }
-    if (cstride == 0) /* a plane: its dz here; channels-last chunks pass theirs */
-        grad_through_act(buf, in->dy + i0, in->y ? in->y + i0 : NULL, n, in->act);
     for (int64_t k = 0; k < n; k++) {
-        double dz = buf[k];
-        a[k * cstride] += dz;
-        b[k * cstride] += dz * ((double)x[k] - in->center[c0 + k * cstride]);
+        double g = dz[k];
+        a[k * cstride] += g;
+        b[k * cstride] += g * ((double)x[k] - in->center[c0 + k * cstride]);
     }
 }
 
@@ -124,15 +123,17 @@ static inline void sum_run(double *a, double *b, const sums_in *in, int64_t i0, 
  * for AVX-512, AVX2 and plain x86-64 and picked at run time. */
 FT_VEC_CLONES static void rows_sums(double *pa, double *pb, const sums_in *in, int64_t r0, int64_t r1, int64_t C,
                                     float *buf) {
-    if (in->dy)
-        grad_through_act(buf, in->dy + r0 * C, in->y ? in->y + r0 * C : NULL, (r1 - r0) * C, in->act);
+    const float *dz = in->dy ? grad_through_act(buf, in->dy + r0 * C, in->y ? in->y + r0 * C : NULL, (r1 - r0) * C,
+                                                in->act)
+                             : NULL;
     for (int64_t r = r0; r < r1; r++)
-        sum_run(pa, pb, in, r * C, C, 0, 1, in->dy ? buf + (r - r0) * C : NULL);
+        sum_run(pa, pb, in, r * C, C, 0, 1, dz ? dz + (r - r0) * C : NULL);
 }
 
 FT_VEC_CLONES static void plane_sums(double *a, double *b, const sums_in *in, int64_t i0, int64_t S, int64_t c,
                                      float *buf) {
-    sum_run(a, b, in, i0, S, c, 0, buf);
+    sum_run(a, b, in, i0, S, c, 0,
+            in->dy ? grad_through_act(buf, in->dy + i0, in->y ? in->y + i0 : NULL, S, in->act) : NULL);
 }
 
 static ft_status channel_sums(double *sa, double *sb, const layout *l, const sums_in *in) {
@@ -281,8 +282,8 @@ ft_status ft_batchnorm_forward(const ft_tensor *out, const ft_tensor *save_mean,
 
 /* dx of one run: CHUNK channels-last rows or one NCHW plane of channel c. */
 FT_VEC_CLONES static void dx_run(float *dx, const float *dy, const float *y, const float *x, const float *mean,
-                                 const float *k, int64_t C, int64_t len, bool cl, int64_t c, ft_act act, float *dz) {
-    grad_through_act(dz, dy, y, len, act);
+                                 const float *k, int64_t C, int64_t len, bool cl, int64_t c, ft_act act, float *buf) {
+    const float *dz = grad_through_act(buf, dy, y, len, act);
     if (cl) {
         for (int64_t j0 = 0; j0 < len; j0 += C)
             for (int64_t ch = 0; ch < C; ch++)

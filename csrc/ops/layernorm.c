@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include "ops/check.h"
+#include "ops/pointwise.h"
 
 /* Rows per partial sum of the parameter gradients (fixes their order). */
 #define CHUNK 64
@@ -32,6 +33,56 @@ static ft_status check_vec(const char *op, const char *arg, const ft_tensor *t, 
     return FT_OK;
 }
 
+/* One row: its statistics (shifted sums in double keep the variance
+ * accurate) and its normalized values. Compiled for AVX-512, AVX2 and plain
+ * x86-64, picked at run time. */
+FT_VEC_CLONES static void forward_row(float *y, float *mean, float *rstd, const float *x, const float *w,
+                                      const float *b, int64_t D, double eps) {
+    double s = 0, q = 0, shift = x[0];
+    for (int64_t d = 0; d < D; d++) {
+        double v = x[d] - shift;
+        s += v;
+        q += v * v;
+    }
+    double m = s / (double)D, var = q / (double)D - m * m;
+    float mu = (float)(shift + m), rs = (float)(1.0 / sqrt((var > 0 ? var : 0) + eps));
+    for (int64_t d = 0; d < D; d++) {
+        float v = (x[d] - mu) * rs;
+        y[d] = (w ? v * w[d] : v) + (b ? b[d] : 0.0f);
+    }
+    if (mean)
+        *mean = mu;
+    if (rstd)
+        *rstd = rs;
+}
+
+/* One row's input gradient. */
+FT_VEC_CLONES static void backward_row(float *dx, const float *x, const float *dy, const float *w, float mean,
+                                       float rstd, int64_t D) {
+    double a = 0, c = 0; /* sums of g = dy * w and of g * xhat */
+    for (int64_t d = 0; d < D; d++) {
+        float g = w ? dy[d] * w[d] : dy[d], xh = (x[d] - mean) * rstd;
+        a += g;
+        c += (double)g * xh;
+    }
+    float ma = (float)(a / (double)D), mc = (float)(c / (double)D);
+    for (int64_t d = 0; d < D; d++) {
+        float g = w ? dy[d] * w[d] : dy[d], xh = (x[d] - mean) * rstd;
+        dx[d] = rstd * (g - ma - xh * mc);
+    }
+}
+
+/* The parameter-gradient partial sums of rows [r0, r1). */
+FT_VEC_CLONES static void param_sums(double *pw, double *pb, const float *x, const float *dy, const float *mean,
+                                     const float *rstd, int64_t r0, int64_t r1, int64_t D) {
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t d = 0; d < D; d++) {
+            float g = dy[r * D + d];
+            pw[d] += (double)g * ((x[r * D + d] - mean[r]) * rstd[r]);
+            pb[d] += g;
+        }
+}
+
 ft_status ft_layernorm_forward(const ft_tensor *out, const ft_tensor *save_mean, const ft_tensor *save_rstd,
                                const ft_tensor *inp, const ft_tensor *weight, const ft_tensor *bias,
                                int64_t norm_size, double eps) {
@@ -53,25 +104,8 @@ ft_status ft_layernorm_forward(const ft_tensor *out, const ft_tensor *save_mean,
     float *mean = save_mean ? (float *)ft_tensor_data(save_mean) : NULL;
     float *rstd = save_rstd ? (float *)ft_tensor_data(save_rstd) : NULL;
 #pragma omp parallel for schedule(static) if (R * D > 32768)
-    for (int64_t r = 0; r < R; r++) {
-        const float *xr = x + r * D;
-        double s = 0, q = 0, shift = xr[0]; /* shifted sums keep the variance accurate */
-        for (int64_t d = 0; d < D; d++) {
-            double v = xr[d] - shift;
-            s += v;
-            q += v * v;
-        }
-        double m = s / (double)D, var = q / (double)D - m * m;
-        float mu = (float)(shift + m), rs = (float)(1.0 / sqrt((var > 0 ? var : 0) + eps));
-        for (int64_t d = 0; d < D; d++) {
-            float v = (xr[d] - mu) * rs;
-            y[r * D + d] = (w ? v * w[d] : v) + (b ? b[d] : 0.0f);
-        }
-        if (mean)
-            mean[r] = mu;
-        if (rstd)
-            rstd[r] = rs;
-    }
+    for (int64_t r = 0; r < R; r++)
+        forward_row(y + r * D, mean ? mean + r : NULL, rstd ? rstd + r : NULL, x + r * D, w, b, D, eps);
     return FT_OK;
 }
 
@@ -99,20 +133,8 @@ ft_status ft_layernorm_backward(const ft_tensor *dinp, const ft_tensor *dweight,
     if (dinp) {
         float *dx = (float *)ft_tensor_data(dinp);
 #pragma omp parallel for schedule(static) if (R * D > 32768)
-        for (int64_t r = 0; r < R; r++) {
-            const float *xr = x + r * D, *gr = dy + r * D;
-            double a = 0, c = 0; /* sum of g * w and of g * w * xhat */
-            for (int64_t d = 0; d < D; d++) {
-                float g = w ? gr[d] * w[d] : gr[d], xh = (xr[d] - mean[r]) * rstd[r];
-                a += g;
-                c += (double)g * xh;
-            }
-            float ma = (float)(a / (double)D), mc = (float)(c / (double)D);
-            for (int64_t d = 0; d < D; d++) {
-                float g = w ? gr[d] * w[d] : gr[d], xh = (xr[d] - mean[r]) * rstd[r];
-                dx[r * D + d] = rstd[r] * (g - ma - xh * mc);
-            }
-        }
+        for (int64_t r = 0; r < R; r++)
+            backward_row(dx + r * D, x + r * D, dy + r * D, w, mean[r], rstd[r], D);
     }
     if (dweight || dbias) {
         int64_t nchunks = (R + CHUNK - 1) / CHUNK;
@@ -121,14 +143,8 @@ ft_status ft_layernorm_backward(const ft_tensor *dinp, const ft_tensor *dweight,
             return ft_fail(FT_ERR_NOMEM, "%s: out of memory", op);
 #pragma omp parallel for schedule(static) if (R * D > 32768)
         for (int64_t k = 0; k < nchunks; k++) {
-            double *pw = part + k * 2 * D, *pb = pw + D;
             int64_t end = (k + 1) * CHUNK < R ? (k + 1) * CHUNK : R;
-            for (int64_t r = k * CHUNK; r < end; r++)
-                for (int64_t d = 0; d < D; d++) {
-                    float g = dy[r * D + d];
-                    pw[d] += (double)g * ((x[r * D + d] - mean[r]) * rstd[r]);
-                    pb[d] += g;
-                }
+            param_sums(part + k * 2 * D, part + k * 2 * D + D, x, dy, mean, rstd, k * CHUNK, end, D);
         }
         for (int64_t d = 0; d < D; d++) {
             double sw = 0, sb = 0;
