@@ -1,0 +1,168 @@
+"""Images/s of whole training steps (forward, loss, backward, SGD update) on Fashion-MNIST-shaped batches,
+for the demo network and a ResNet-style network, at batch 256 and 512, against the FMA peak of this machine
+and against the same network, recipe and thread count in PyTorch (channels_last) when torch imports.
+
+JSON lines: {"name", "value", "unit"} plus "peak_fraction" (the step's model FLOPs per second, 3x the forward
+FLOPs, over the FMA peak measured in the same run with bench_ops.Limits; the nominal count includes the
+zero-padding taps, so small images overstate the work a little) and, with torch, "reference" (torch's
+images/s) and "ratio" (ours / torch). Medians of timed steps after warm-up; fasttrain and torch steps
+alternate so that load on a shared machine hits both alike.
+
+With --full it also trains both to accuracy with the demo's recipe (examples/demo.py against
+benchmarks/reference/torch_fashion_mnist.py) and reports the time to 92% and 93% test accuracy.
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE PYTHONPATH=python python benchmarks/bench_train.py [--quick] [--full]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path[:0] = [HERE, os.path.join(ROOT, "examples"), os.path.join(HERE, "reference")]
+
+import fasttrain as ft  # noqa: E402
+from bench_ops import Limits  # noqa: E402
+
+try:
+    import torch
+except ImportError:
+    torch = None
+
+
+def emit(name, value, unit, **extra):
+    print(json.dumps({"name": name, "value": round(value, 4) if isinstance(value, float) else value, "unit": unit,
+                      **extra}), flush=True)
+
+
+def resnet(M, cat_residual=True):
+    """A small ResNet for 1x28x28: a stem, per stage a residual block and a strided transition, global average
+    pooling and a linear classifier. M is ft.nn or torch.nn; ft builds it functionally."""
+    widths = (32, 64, 128)
+    if M is ft.nn:
+        x = M.Input((1, 28, 28))
+        h = M.ReLU()(M.BatchNorm2d(32)(M.Conv2d(1, 32, 3, padding=1, bias=False)(x)))
+        for i, w in enumerate(widths):
+            y = M.ReLU()(M.BatchNorm2d(w)(M.Conv2d(w, w, 3, padding=1, bias=False)(h)))
+            y = M.BatchNorm2d(w)(M.Conv2d(w, w, 3, padding=1, bias=False)(y))
+            h = M.ReLU()(y + h)
+            if i + 1 < len(widths):
+                h = M.ReLU()(M.BatchNorm2d(widths[i + 1])(M.Conv2d(w, widths[i + 1], 3, stride=2, padding=1,
+                                                                    bias=False)(h)))
+        out = M.Linear(widths[-1], 10)(M.Flatten()(M.AdaptiveAvgPool2d(1)(h)))
+        return M.Model(x, out)
+
+    class Block(M.Module):
+        def __init__(self, w):
+            super().__init__()
+            self.c1, self.b1 = M.Conv2d(w, w, 3, padding=1, bias=False), M.BatchNorm2d(w)
+            self.c2, self.b2 = M.Conv2d(w, w, 3, padding=1, bias=False), M.BatchNorm2d(w)
+
+        def forward(self, h):
+            y = torch.relu(self.b1(self.c1(h)))
+            return torch.relu(self.b2(self.c2(y)) + h)
+
+    layers = [M.Conv2d(1, 32, 3, padding=1, bias=False), M.BatchNorm2d(32), M.ReLU()]
+    for i, w in enumerate(widths):
+        layers.append(Block(w))
+        if i + 1 < len(widths):
+            layers += [M.Conv2d(w, widths[i + 1], 3, stride=2, padding=1, bias=False), M.BatchNorm2d(widths[i + 1]),
+                       M.ReLU()]
+    return M.Sequential(*layers, M.AdaptiveAvgPool2d(1), M.Flatten(), M.Linear(widths[-1], 10))
+
+
+def ft_step(net, batch):
+    import demo
+    model = demo.make_model() if net == "demo" else resnet(ft.nn)
+    opt = ft.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True, weight_decay=5e-4)
+    program = model.compile(opt, ft.nn.CrossEntropyLoss(label_smoothing=0.1), batch_size=batch,
+                            input_shape=(1, 28, 28))
+    rng = np.random.default_rng(0)
+    x = ft.tensor(rng.standard_normal((batch, 1, 28, 28)).astype(np.float32))
+    y = ft.tensor(rng.integers(0, 10, batch))
+    return (lambda: program.train_step(x, y)), 3 * program.flops_per_sample()
+
+
+def torch_step(net, batch):
+    import torch_fashion_mnist as ref
+    model = (ref.make_model() if net == "demo" else resnet(torch.nn)).to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True, weight_decay=5e-4)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(batch, 1, 28, 28, generator=gen).contiguous(memory_format=torch.channels_last)
+    y = torch.randint(0, 10, (batch,), generator=gen)
+
+    def step():
+        loss = torch.nn.functional.cross_entropy(model(x), y, label_smoothing=0.1)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return step
+
+
+def timed(fn):
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def full_runs(threads, epochs):
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    runs = [("fasttrain", [sys.executable, os.path.join(ROOT, "examples", "demo.py"), "--epochs", str(epochs),
+                           "--threads", str(threads), "--out", "/tmp/fasttrain-bench"])]
+    if torch is not None:
+        runs.append(("torch", [sys.executable, os.path.join(HERE, "reference", "torch_fashion_mnist.py"),
+                               "--epochs", str(epochs), "--threads", str(threads)]))
+    for name, cmd in runs:
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
+        for line in out.splitlines():
+            if line.startswith("time to") or line.startswith("{"):
+                print(json.dumps({"name": f"{name}_full_run", "line": line}), flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--full", action="store_true", help="also train both to accuracy (minutes)")
+    ap.add_argument("--epochs", type=int, default=6)
+    args = ap.parse_args()
+    ft.set_num_threads(args.threads)
+    if torch is not None:
+        torch.set_num_threads(args.threads)
+    limits = Limits(args.threads, fma_iters=20_000_000 if not args.quick else 2_000_000, triad_elems=1 << 24)
+    fma_peak = statistics.median(limits.fma_sample() for _ in range(3))
+    emit("fma_peak", fma_peak, "GFLOP/s", isa=limits.isa, threads=args.threads)
+    steps = 3 if args.quick else 12
+    for net in ("demo", "resnet"):
+        for batch in ((256,) if args.quick else (256, 512)):
+            ours, flops = ft_step(net, batch)
+            theirs = torch_step(net, batch) if torch is not None else None
+            for _ in range(2):  # warm-up: oneDNN JIT, first-touch of buffers
+                ours()
+                if theirs:
+                    theirs()
+            a, b = [], []
+            for _ in range(steps):
+                a.append(timed(ours))
+                if theirs:
+                    b.append(timed(theirs))
+            ips = batch / statistics.median(a)
+            extra = {"peak_fraction": round(ips * flops / 1e9 / fma_peak, 3),
+                     "gflops": round(ips * flops / 1e9, 1)}
+            if theirs:
+                ref = batch / statistics.median(b)
+                extra.update(reference=round(ref, 1), reference_name=f"torch {torch.__version__}",
+                             ratio=round(ips / ref, 3))
+            emit(f"train_step_{net}_b{batch}", ips, "images/s", **extra)
+    if args.full:
+        full_runs(args.threads, args.epochs)
+
+
+if __name__ == "__main__":
+    main()
