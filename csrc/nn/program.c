@@ -78,8 +78,8 @@ static bool flatten_is_view(const ft_program *p, const ft_node *in) {
     return !is_image(in) || !p->channels_last || (in->shape[1] == 1 && in->shape[2] == 1) || in->shape[0] == 1;
 }
 
-/* The elements a layer norm normalizes together (the trailing norm_dims of
- * its per-sample shape) and how many such rows one sample holds. */
+/* The number of elements a layer norm normalizes together: the trailing
+ * norm_dims of its per-sample shape. */
 static int64_t norm_size(const ft_node *nd) {
     int64_t d = 1;
     for (int k = nd->ndim - nd->norm_dims; k < nd->ndim; k++)
@@ -87,14 +87,13 @@ static int64_t norm_size(const ft_node *nd) {
     return d;
 }
 
-static int64_t aux_bytes(const ft_program *p, const ft_node *nd, int64_t rows) {
+static int64_t aux_bytes(const ft_node *nd, int64_t rows) {
     if (nd->kind == FT_NODE_BATCHNORM)
         return 2 * nd->shape[0] * 4; /* mean and invstd */
     if (nd->kind == FT_NODE_LAYERNORM)
         return 2 * rows * (sample_numel(nd) / norm_size(nd)) * 4; /* each row's mean and rstd */
     if (nd->kind == FT_NODE_MAXPOOL || nd->kind == FT_NODE_ADAPTIVE_MAXPOOL)
         return rows * sample_numel(nd) * 4; /* int32 argmax indices */
-    (void)p;
     return 0;
 }
 
@@ -186,7 +185,7 @@ static ft_status plan(ft_program *p, bool training, block *b, ft_storage **arena
         int64_t end = training ? 2 * n - i : (p->last_consumer[i] == i ? n : p->last_consumer[i]);
         if (!is_alias_kind(p, i, training))
             bi[OUT] = (block){out_bytes, i, end, 0};
-        bi[AUX] = (block){aux_bytes(p, nd, p->batch), i, training ? 2 * n - i : i, 0};
+        bi[AUX] = (block){aux_bytes(nd, p->batch), i, training ? 2 * n - i : i, 0};
         if (training && nd->kind != FT_NODE_INPUT && !shares_grad(p, i))
             bi[DOUT] = (block){out_bytes, p->last_consumer[i] == i ? n : 2 * n - p->last_consumer[i], 2 * n - i, 0};
     }
@@ -303,6 +302,9 @@ static ft_status validate(const ft_program *p) {
                                nd->inputs[k]);
         if (nd->ndim != 1 && nd->ndim != 3)
             return ft_fail(FT_ERR_VALUE, "program: node %d has a %d-d per-sample shape", i, nd->ndim);
+        if (nd->kind == FT_NODE_LAYERNORM && (nd->norm_dims < 1 || nd->norm_dims > nd->ndim))
+            return ft_fail(FT_ERR_VALUE, "program: layer norm node %d normalizes %d of %d dimensions", i,
+                           nd->norm_dims, nd->ndim);
         const ft_tensor *g[2] = {&nd->dweight, &nd->dbias};
         for (int k = 0; k < 2; k++) {
             if (!g[k]->storage)
