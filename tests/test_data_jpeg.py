@@ -152,9 +152,7 @@ def test_sources_agree_and_workers_do_not_matter(tmp_path):
 def test_dct_scaled_decode_matches_box_resampling():
     path = photos()[0]  # 640 x 427
     data = read(path)
-    images = [data]
     for scale_den, size in ((8, (40, 60)), (4, (100, 150)), (2, (200, 300))):
-        src_dir = None
         loader = D.Loader(D.RecordFile(_one_record(data)), batch_size=1, transforms=[D.Resize(size)],
                           num_workers=0, dct_scale=True, dtype="uint8")
         (x, _), = list(loader)

@@ -1,6 +1,5 @@
 """max/avg/adaptive pooling: forward against NumPy loops, backward against the analytic scatter and central
 differences, NCHW vs NHWC, int32/int64 indices, determinism and bad input."""
-import math
 
 import numpy as np
 import pytest

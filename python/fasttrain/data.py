@@ -16,7 +16,6 @@ bitwise identical for any num_workers. docs/data.md has the details.
 import glob as _glob
 import gzip
 import json
-import math
 import numbers
 import os
 

@@ -8,7 +8,7 @@ import threading
 import numpy as np
 
 from . import _C
-from ._types import _BY_NAME, as_device, as_dtype
+from ._types import _BY_NAME, as_device
 from ._tensor import Tensor, _sizes
 from .creation import empty, tensor
 

@@ -7,10 +7,8 @@ buffer and every gradient into another (each parameter object becomes a view,
 so optimizers built earlier see the flat memory), and hands the node list to C,
 which plans the activation memory and runs whole training steps."""
 import math
-import time
 
 from .. import _C, creation
-from .._tensor import Tensor
 from .._types import _BY_NAME
 from . import modules as M
 from .graph import Input, Symbolic, topological
@@ -203,7 +201,7 @@ def _node_dict(e):
     return d
 
 
-def _flops(e, inputs):
+def _flops(e):
     """Multiply-adds x 2 of one forward pass per sample."""
     m = e.module
     if e.kind == CONV2D:
@@ -221,7 +219,7 @@ def _table(entries):
     for i, e in enumerate(entries):
         name = "input" if e.module is None else type(e.module).__name__
         params = sum(p.numel() for p in (e.module.parameters() if e.module is not None else []))
-        flops = 0 if e.kind == INPUT else _flops(e, None)
+        flops = 0 if e.kind == INPUT else _flops(e)
         total_params += params
         total_flops += flops
         notes = []
@@ -344,7 +342,7 @@ class Program:
             f"{self.batch_size // self.accumulate_steps} samples, evaluation {eval_bytes / 2**20:.1f} MiB")
 
     def flops_per_sample(self):
-        return sum(0 if e.kind == INPUT else _flops(e, None) for e in self.entries)
+        return sum(0 if e.kind == INPUT else _flops(e) for e in self.entries)
 
 
 def compile(model, optimizer, loss=None, *, batch_size, input_shape=None, memory_format="channels_last",
