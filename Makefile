@@ -44,8 +44,8 @@ sysdeps:
 
 $(VENV)/.ready: pyproject.toml | sysdeps
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q "setuptools>=64" wheel "numpy>=1.25" pytest matplotlib safetensors
+	$(VENV)/bin/pip install -q --upgrade pip "setuptools>=70.1"
+	$(VENV)/bin/pip install -q "numpy>=1.25" pytest matplotlib safetensors
 	touch $@
 
 # An in-place build plus a .pth file: the venv imports python/fasttrain

@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 import numpy
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -81,7 +81,7 @@ if os.environ.get("FASTTRAIN_SANITIZE") == "1":
 
 setup(
     package_dir={"": "python"},
-    packages=["fasttrain"],
+    packages=find_packages("python"),
     ext_modules=[
         Extension(
             "fasttrain._C",
