@@ -54,6 +54,9 @@ def save_file(path, tensors, metadata=None):
                 f.write(a.tobytes())
             f.flush()
             os.fsync(f.fileno())
+        umask = os.umask(0)  # mkstemp makes the file private; give it the mode a plain open() would
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
         dir_fd = os.open(directory, os.O_RDONLY)
         try:
