@@ -261,4 +261,4 @@ def test_autotuner_gives_the_same_results_and_persists_choices(tmp_path, monkeyp
     for a, b in zip(dtuned[:2], dplain[:2]):
         np.testing.assert_allclose(n(a), n(b), rtol=1e-4, atol=1e-4)
     lines = (tmp_path / "fasttrain-autotune.txt").read_text().split()
-    assert len(lines) == 6 and set(lines[1::2]) <= {"0", "1"}  # one choice per op kind: forward, data, weights
+    assert len(lines) == 6 and set(lines[1::2]) <= {"0", "1", "2", "3"}  # a choice per kind: forward, data, weights

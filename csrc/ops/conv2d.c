@@ -35,6 +35,7 @@ typedef struct {
     char kind; /* 'F' forward, 'D' backward data, 'W' backward weights */
     bool bias, sum, single_thread;
     bool blocked; /* activations in oneDNN's own (blocked) layout, reordered from and to the caller's */
+    bool automatic; /* oneDNN picks the algorithm (e.g. Winograd) instead of the direct one */
     int act, dt_src, dt_wei, dt_dst;
     float alpha;
     ft_conv2d_params p;
@@ -85,8 +86,12 @@ static ft_status make_mds(conv_mds *m, const conv_key *k, bool for_primitive) {
     return FT_OK;
 }
 
-static ft_status forward_desc(dnnl_convolution_desc_t *cd, const conv_mds *m, bool bias) {
-    return ft_dnnl_check(dnnl_dilated_convolution_forward_desc_init(cd, dnnl_forward_training, dnnl_convolution_direct,
+static dnnl_alg_kind_t algorithm(const conv_key *k) {
+    return k->automatic ? dnnl_convolution_auto : dnnl_convolution_direct;
+}
+
+static ft_status forward_desc(dnnl_convolution_desc_t *cd, const conv_mds *m, const conv_key *k, bool bias) {
+    return ft_dnnl_check(dnnl_dilated_convolution_forward_desc_init(cd, dnnl_forward_training, algorithm(k),
                                                                     &m->src, &m->wei, bias ? &m->bias : NULL, &m->dst,
                                                                     m->strides, m->dilates, m->pad_l, m->pad_r),
                          "conv2d forward");
@@ -102,7 +107,7 @@ static ft_status build(dnnl_primitive_desc_t *pd, const void *arg) {
     FT_TRY(ft_dnnl_attr(&attr));
     dnnl_convolution_desc_t fwd, cd;
     dnnl_primitive_desc_t hint = NULL;
-    ft_status s = forward_desc(&fwd, &m, k->kind == 'F' && k->bias);
+    ft_status s = forward_desc(&fwd, &m, k, k->kind == 'F' && k->bias);
     if (s == FT_OK && k->kind == 'F' && (k->act || k->sum)) {
         dnnl_post_ops_t po;
         s = ft_dnnl_check(dnnl_post_ops_create(&po), "conv2d post-ops");
@@ -120,12 +125,12 @@ static ft_status build(dnnl_primitive_desc_t *pd, const void *arg) {
     if (s == FT_OK && k->kind != 'F')
         s = ft_dnnl_check(dnnl_primitive_desc_create(&hint, &fwd, NULL, engine, NULL), "conv2d forward hint");
     if (s == FT_OK && k->kind == 'D')
-        s = ft_dnnl_check(dnnl_dilated_convolution_backward_data_desc_init(&cd, dnnl_convolution_direct, &m.src, &m.wei,
+        s = ft_dnnl_check(dnnl_dilated_convolution_backward_data_desc_init(&cd, algorithm(k), &m.src, &m.wei,
                                                                            &m.dst, m.strides, m.dilates, m.pad_l,
                                                                            m.pad_r),
                           "conv2d backward data");
     if (s == FT_OK && k->kind == 'W')
-        s = ft_dnnl_check(dnnl_dilated_convolution_backward_weights_desc_init(&cd, dnnl_convolution_direct, &m.src,
+        s = ft_dnnl_check(dnnl_dilated_convolution_backward_weights_desc_init(&cd, algorithm(k), &m.src,
                                                                               &m.wei, NULL, &m.dst, m.strides,
                                                                               m.dilates, m.pad_l, m.pad_r),
                           "conv2d backward weights");
@@ -206,20 +211,25 @@ typedef struct {
 
 static ft_status run_candidate(int c, void *arg) {
     tune_ctx *t = arg;
-    t->k.blocked = c == 1;
+    t->k.blocked = c & 1;
+    t->k.automatic = c >> 1;
     return run(&t->k, t->d);
 }
 
-/* With ft.backends.benchmark on, the first call of each shape times the
- * caller's layout against oneDNN's blocked one (reorders included) and
- * every later call uses the faster. An op that adds into its output (the
- * sum fusion) cannot be run repeatedly, so it keeps the caller's layout. */
+/* With ft.backends.benchmark on, the first call of each shape times four
+ * candidates, the caller's layout or oneDNN's blocked one (reorders
+ * included) with the direct algorithm or the one oneDNN picks, and every
+ * later call uses the fastest. Timing decides, so two runs may pick
+ * differently and round differently: deterministic mode does not tune. An
+ * op that adds into its output (the sum fusion) cannot be run repeatedly,
+ * so it keeps the caller's layout. */
 static ft_status execute(conv_key *k, const conv_data *d) {
-    if (ft_benchmark() && !k->sum && !k->single_thread) {
+    if (ft_benchmark() && !ft_deterministic() && !k->sum && !k->single_thread) {
         tune_ctx t = {*k, d};
         int choice;
-        FT_TRY(ft_tune_pick(&choice, k, sizeof *k, 2, run_candidate, &t));
-        k->blocked = choice == 1;
+        FT_TRY(ft_tune_pick(&choice, k, sizeof *k, 4, run_candidate, &t));
+        k->blocked = choice & 1;
+        k->automatic = choice >> 1;
     }
     return run(k, d);
 }

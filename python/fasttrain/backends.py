@@ -1,11 +1,14 @@
 """ft.backends.benchmark: like torch.backends.cudnn.benchmark, on the CPU.
 
 With benchmark on, the first call of each convolution shape times the
-candidate implementations (the caller's memory layout against oneDNN's
-blocked layout with reorders) and later calls use the fastest. Choices are
+candidate implementations (the caller's memory layout or oneDNN's blocked
+layout with reorders, each with the direct algorithm or the one oneDNN
+picks, such as Winograd) and later calls use the fastest. Choices are
 kept for the process and, with FASTTRAIN_CACHE_DIR set, in
 $FASTTRAIN_CACHE_DIR/fasttrain-autotune.txt across runs. With it off (the
-default) the caller's layout is used directly."""
+default) the caller's layout is used directly. As with cudnn.benchmark, the
+choice follows timings, so two runs may round differently;
+ft.use_deterministic_algorithms(True) turns the tuning off."""
 import sys
 import types
 
