@@ -502,7 +502,8 @@ static PyObject *m_fit_epoch(PyObject *self, PyObject *args, PyObject *kwargs) {
         ft_loader_release(l, &b);
         if (s != FT_OK)
             break;
-        loss_sum += loss * (double)n;
+        if (!skipped) /* a skipped step's loss is not finite: it says nothing about the epoch */
+            loss_sum += loss * (double)n;
         samples += n;
         steps++;
         skipped_steps += skipped;

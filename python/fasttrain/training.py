@@ -87,12 +87,14 @@ def fit(program, loader, epochs=1, *, val_loader=None, scheduler=None, scheduler
         else:
             for step, (x, y) in enumerate(loader):
                 lr = _lr(program.optimizer)
+                skipped_before = program.skipped_steps
                 try:
                     loss = program.train_step(x, y)
                 except (ValueError, TypeError, IndexError, RuntimeError) as e:  # say where it happened
                     raise type(e)(f"epoch {epoch + 1}, step {step + 1}: {e}") from e
                 n = len(y)
-                loss_sum += loss * n
+                if program.skipped_steps == skipped_before:  # a skipped step's loss is not finite
+                    loss_sum += loss * n
                 samples += n
                 if scheduler is not None and scheduler_interval == "step":
                     scheduler.step()
