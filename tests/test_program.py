@@ -1506,3 +1506,11 @@ def test_model_summary_before_compiling():
     assert f"parameters: {sum(p.numel() for p in model.parameters()):,}" in text
     assert "MFLOP" in text and "(4, 8, 8)" in text
     np.testing.assert_array_equal(model[0].bias.numpy(), bias)  # summary changes nothing
+
+
+def test_fit_with_skipped_steps_reports_a_finite_loss():
+    program = nan_loss_program("skip")
+    batches = [batch(8, seed=k) for k in range(4)]
+    batches[2][0][0, 0, 0, 0] = np.nan
+    history = ft.fit(program, batches, 1, progress=False)
+    assert program.skipped_steps == 1 and np.isfinite(history["train_loss"][0])
