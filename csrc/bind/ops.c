@@ -674,12 +674,19 @@ static PyObject *py_max_pool2d_forward(PyObject *m, PyObject *args, PyObject *kw
     return finish(s, o, 2);
 }
 
-static PyObject *py_max_pool2d_backward(PyObject *m, PyObject *args, PyObject *kw) {
+/* The backward of both max poolings: dinp from dout and the saved argmax
+ * indices (their C entry points share one signature). */
+typedef ft_status (*max_pool_backward_fn)(const ft_tensor *dinp, const ft_tensor *dout, const ft_tensor *indices,
+                                          bool accumulate);
+
+static PyObject *max_pool_backward(PyObject *m, PyObject *args, PyObject *kw, const char *name,
+                                   max_pool_backward_fn fn) {
     PyObject *o_dinp, *o_dout, *o_ind, *o_size = Py_None;
     int accumulate = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|Op:max_pool2d_backward",
-                                     KW("dinp", "dout", "indices", "input_size", "accumulate"), &o_dinp, &o_dout,
-                                     &o_ind, &o_size, &accumulate))
+    char format[96];
+    snprintf(format, sizeof format, "OOO|Op:%s", name);
+    if (!PyArg_ParseTupleAndKeywords(args, kw, format, KW("dinp", "dout", "indices", "input_size", "accumulate"),
+                                     &o_dinp, &o_dout, &o_ind, &o_size, &accumulate))
         return NULL;
     ft_module_state *st = mstate(m);
     const ft_tensor *dout, *ind;
@@ -688,12 +695,16 @@ static PyObject *py_max_pool2d_backward(PyObject *m, PyObject *args, PyObject *k
     if (parse_in(st, o_dout, "dout", false, &dout) < 0 || parse_in(st, o_ind, "indices", false, &ind) < 0 ||
         parse_out(st, o_dinp, "dinp", false, &dinp) < 0)
         return NULL;
-    if (needs_alloc(&dinp) && (input_shape(o_size, "max_pool2d_backward", dout, shape) < 0 ||
+    if (needs_alloc(&dinp) && (input_shape(o_size, name, dout, shape) < 0 ||
                                alloc_out(st, &dinp, dout, 4, shape, dout->dtype) < 0))
         return NULL;
     ft_status s;
-    CALL(s, big(dinp.t), ft_max_pool2d_backward(dinp.t, dout, ind, accumulate));
+    CALL(s, big(dinp.t), fn(dinp.t, dout, ind, accumulate));
     return finish(s, &dinp, 1);
+}
+
+static PyObject *py_max_pool2d_backward(PyObject *m, PyObject *args, PyObject *kw) {
+    return max_pool_backward(m, args, kw, "max_pool2d_backward", ft_max_pool2d_backward);
 }
 
 static PyObject *py_avg_pool2d_forward(PyObject *m, PyObject *args, PyObject *kw) {
@@ -844,25 +855,7 @@ static PyObject *py_adaptive_max_pool2d_forward(PyObject *m, PyObject *args, PyO
 }
 
 static PyObject *py_adaptive_max_pool2d_backward(PyObject *m, PyObject *args, PyObject *kw) {
-    PyObject *o_dinp, *o_dout, *o_ind, *o_size = Py_None;
-    int accumulate = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|Op:adaptive_max_pool2d_backward",
-                                     KW("dinp", "dout", "indices", "input_size", "accumulate"), &o_dinp, &o_dout,
-                                     &o_ind, &o_size, &accumulate))
-        return NULL;
-    ft_module_state *st = mstate(m);
-    const ft_tensor *dout, *ind;
-    out_arg dinp;
-    int64_t shape[4];
-    if (parse_in(st, o_dout, "dout", false, &dout) < 0 || parse_in(st, o_ind, "indices", false, &ind) < 0 ||
-        parse_out(st, o_dinp, "dinp", false, &dinp) < 0)
-        return NULL;
-    if (needs_alloc(&dinp) && (input_shape(o_size, "adaptive_max_pool2d_backward", dout, shape) < 0 ||
-                               alloc_out(st, &dinp, dout, 4, shape, dout->dtype) < 0))
-        return NULL;
-    ft_status s;
-    CALL(s, big(dinp.t), ft_adaptive_max_pool2d_backward(dinp.t, dout, ind, accumulate));
-    return finish(s, &dinp, 1);
+    return max_pool_backward(m, args, kw, "adaptive_max_pool2d_backward", ft_adaptive_max_pool2d_backward);
 }
 
 /* ======================= softmax ======================= */
