@@ -19,7 +19,7 @@ CFLAGS_TEST := -std=c11 -D_GNU_SOURCE -O2 -fno-math-errno -g -Wall -Wextra -Werr
 C_LIBS := -ldnnl -lturbojpeg -ldl -lm
 SAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 
-.PHONY: demo test test-py test-c test-sanitize build sysdeps bench clean
+.PHONY: demo test test-py test-c test-sanitize build sysdeps bench clean gpu-bundle test-gpu
 
 demo: build
 	$(PY) examples/demo.py
@@ -95,3 +95,25 @@ bench: build
 
 clean:
 	rm -rf build python/fasttrain/*.so python/fasttrain/__pycache__
+
+# ---- GPU machines ----
+# A GPU machine has nvcc, cuDNN (PyTorch's pip package), NumPy and pytest under
+# its own python3, but no package registry: the Debian packages the C core
+# links (oneDNN, TurboJPEG, and the OpenCL loader oneDNN links) travel as .deb
+# files. `make gpu-bundle` fetches them here into GPU_BUNDLE; that folder goes
+# along with the tree (build/ is ignored by git: name it when copying the tree)
+# and `make test-gpu` there unpacks, builds in place and runs the GPU checks
+# (tools/test-gpu.sh says what, and which variables adjust it).
+GPU_BUNDLE ?= build/gpu-bundle
+GPU_PYTHON ?= python3
+GPU_DEBS := libdnnl-dev libdnnl2 libturbojpeg0-dev libturbojpeg0 ocl-icd-libopencl1
+
+# (APT::Sandbox::User=root: apt's own download user may not write into the tree)
+gpu-bundle:
+	@rm -rf $(GPU_BUNDLE) && mkdir -p $(GPU_BUNDLE)
+	cd $(GPU_BUNDLE) && { apt-get -q -o APT::Sandbox::User=root download $(GPU_DEBS) || \
+		{ [ "$$(id -u)" = 0 ] && apt-get -q update && apt-get -q -o APT::Sandbox::User=root download $(GPU_DEBS); }; }
+	cd $(GPU_BUNDLE) && sha256sum *.deb > SHA256SUMS && du -ch *.deb | tail -n 1
+
+test-gpu:
+	GPU_BUNDLE=$(GPU_BUNDLE) GPU_PYTHON=$(GPU_PYTHON) bash tools/test-gpu.sh

@@ -6,9 +6,13 @@ Environment:
   FASTTRAIN_CUDA=0|1    force the CUDA backend off / on (default: on when nvcc is found)
   FASTTRAIN_NATIVE=1    compile the C core with -march=native
   FASTTRAIN_SANITIZE=1  compile and link with AddressSanitizer and UBSan
+  CUDNN_HOME            where cuDNN's include/ and lib/ are, when not beside the CUDA toolkit
+                        (default: found there or in the nvidia-cudnn pip package)
 """
 import glob
 import os
+import sysconfig
+from concurrent.futures import ThreadPoolExecutor
 import shutil
 import subprocess
 import sys
@@ -56,20 +60,70 @@ class BuildExt(build_ext):
             self.build_cuda()
 
     def build_cuda(self):
+        """Compiles each .cu file on its own (in parallel, only when it or a
+        header changed), then links them with cuBLAS(Lt) and cuDNN."""
         ext_path = self.get_ext_fullpath("fasttrain._C")
         out = os.path.join(os.path.dirname(ext_path), "libfasttrain_cuda.so")
-        sources = sorted(glob.glob(os.path.join(ROOT, "cuda", "*.cu")))
-        deps = sources + [h for d in ("cuda", "csrc/core", "csrc/kernels") for h in glob.glob(os.path.join(ROOT, d, "*.h"))]
-        if os.path.exists(out) and not self.force and all(os.path.getmtime(d) <= os.path.getmtime(out) for d in deps):
-            return
-        cuda_home = os.path.dirname(os.path.dirname(os.path.realpath(NVCC)))
-        libdir = os.path.join(cuda_home, "lib64")
+        objdir = os.path.join(self.build_temp, "cuda")
+        os.makedirs(objdir, exist_ok=True)
         os.makedirs(os.path.dirname(out), exist_ok=True)
-        cmd = [NVCC, "-O3", "-std=c++17", "-Xcompiler", "-fPIC,-Wall,-fvisibility=hidden", "-shared",
-               *CUDA_ARCHS, "-I", os.path.join(ROOT, "csrc"), *sources, "-o", out,
-               "-L", libdir, f"-Xlinker=-rpath,{libdir}", "-lcudart"]
-        print(" ".join(cmd))
+        cuda_home = os.path.dirname(os.path.dirname(os.path.realpath(NVCC)))
+        cudnn_inc, cudnn_lib, cudnn_name = find_cudnn(cuda_home)
+        headers = glob.glob(os.path.join(ROOT, "cuda", "*.h")) + glob.glob(os.path.join(ROOT, "csrc", "*", "*.h"))
+        newest_header = max(os.path.getmtime(h) for h in headers)
+
+        def compile_one(src):
+            obj = os.path.join(objdir, os.path.basename(src) + ".o")
+            if (not self.force and os.path.exists(obj)
+                    and os.path.getmtime(obj) >= max(os.path.getmtime(src), newest_header)):
+                return obj
+            # --fmad=false: the FT_HD math shared with the CPU loops never
+            # contracts a * b + c implicitly there, so the kernels must not
+            # either, or their results differ from the CPU's in the last bit.
+            cmd = [NVCC, "-O3", "-std=c++17", "--expt-relaxed-constexpr", "--fmad=false", "-Xcompiler",
+                   "-fPIC,-Wall,-fvisibility=hidden", *CUDA_ARCHS, "-I", os.path.join(ROOT, "csrc"),
+                   "-I", cudnn_inc, "-c", src, "-o", obj]
+            print(" ".join(cmd), flush=True)
+            subprocess.check_call(cmd)
+            return obj
+
+        sources = sorted(glob.glob(os.path.join(ROOT, "cuda", "*.cu")))
+        with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+            objects = list(pool.map(compile_one, sources))
+        if os.path.exists(out) and all(os.path.getmtime(o) <= os.path.getmtime(out) for o in objects):
+            return
+        libdir = os.path.join(cuda_home, "lib64")
+        # --no-undefined: the library may call nothing of the core's but
+        # through the host table, so a stray core symbol fails the build here
+        # instead of the dlopen at import.
+        cmd = [NVCC, "-shared", *CUDA_ARCHS, *objects, "-o", out, "-Xlinker=--no-undefined", "-L", libdir,
+               "-L", cudnn_lib,
+               f"-Xlinker=-rpath,{libdir}", f"-Xlinker=-rpath,{cudnn_lib}",
+               "-lcublasLt", "-lcublas", f"-l{cudnn_name}", "-lcudart"]
+        print(" ".join(cmd), flush=True)
         subprocess.check_call(cmd)
+
+
+def find_cudnn(cuda_home):
+    """(include dir, lib dir, -l name) of cuDNN 9: CUDNN_HOME, the CUDA
+    toolkit, the system, or the nvidia-cudnn pip package (whose library has
+    only a versioned name)."""
+    purelib = sysconfig.get_paths()["purelib"]
+    candidates = [os.environ.get("CUDNN_HOME"), cuda_home, "/usr",
+                  *glob.glob(os.path.join(purelib, "nvidia", "cudnn")),
+                  *glob.glob("/usr/local/lib/python3*/*-packages/nvidia/cudnn"),
+                  *glob.glob("/usr/lib/python3/dist-packages/nvidia/cudnn")]
+    for home in filter(None, candidates):
+        if not os.path.exists(os.path.join(home, "include", "cudnn.h")):
+            continue
+        for lib in ("lib64", "lib", "lib/x86_64-linux-gnu"):
+            libdir = os.path.join(home, lib)
+            if os.path.exists(os.path.join(libdir, "libcudnn.so")):
+                return os.path.join(home, "include"), libdir, "cudnn"
+            if os.path.exists(os.path.join(libdir, "libcudnn.so.9")):
+                return os.path.join(home, "include"), libdir, ":libcudnn.so.9"
+    sys.exit("cuDNN 9 was not found beside the CUDA toolkit, in /usr or in the nvidia-cudnn package; "
+             "set CUDNN_HOME, or FASTTRAIN_CUDA=0 to build without CUDA")
 
 
 # Every layer of csrc/ (bind last: it is the only one that sees Python).

@@ -12,8 +12,18 @@ Prints one JSON object per line: {"name", "value", "unit"} and, where a referenc
   photos_{N}t_torch     the same with torchvision's ImageFolder + PIL + DataLoader(num_workers=N),
                         reference: that, ratio = fasttrain / torch
 
+With --device cuda (cudabench.py has the options) every batch is delivered on the CUDA device: fasttrain's
+Loader(device="cuda") (page-locked batch buffers, an asynchronous copy per batch), and torch's DataLoader with
+pin_memory=True and .cuda(non_blocking=True) on each batch; each timing ends with a device synchronisation,
+so the figures count the copies. The "h2d_pinned_copy" line is the device's limit for those copies: GB/s of a
+64 MiB page-locked host -> device copy (fasttrain's copy_, non_blocking).
+
+Without Debian's Fashion-MNIST (a GPU machine may lack it) the fmnist lines run on synthetic images of its
+shape (60000 28x28 uint8 images of 4x4 blocks, random labels), and an "fmnist" line says so.
+
     python benchmarks/bench_loader.py [--quick]
     PYTHONPATH=python /opt/torchref/bin/python benchmarks/bench_loader.py   # with torch/torchvision
+    python benchmarks/bench_loader.py --device cuda [--quick]
 """
 import argparse
 import json
@@ -25,6 +35,7 @@ import time
 import numpy as np
 
 import fasttrain as ft
+import cudabench
 
 D = ft.data
 try:
@@ -49,18 +60,24 @@ def emit(name, value, unit, reference=None, reference_name=None):
     print(json.dumps(row), flush=True)
 
 
-def loader_rate(make, min_images, repeats):
+def no_sync():
+    pass
+
+
+def loader_rate(make, min_images, repeats, sync=no_sync):
     """Median images/s over `repeats` timings of whole epochs adding up to at least min_images, after one
-    warm-up epoch (which faults in the batch ring and the page cache)."""
+    warm-up epoch (which faults in the batch ring and the page cache); each timing ends with sync()."""
     loader = make()
     for _ in loader:
         pass
     rates = []
     for _ in range(repeats):
+        sync()
         n, t = 0, time.perf_counter()
         while n < min_images:
             for x, y in loader:
                 n += len(y)
+        sync()
         rates.append(n / (time.perf_counter() - t))
     loader.close()
     return statistics.median(rates)
@@ -73,19 +90,49 @@ def decode_rate(files, threads, min_images):
                              for _ in range(3))
 
 
-def torch_rate(dataset, batch, workers, min_images, repeats):
+def torch_rate(dataset, batch, workers, min_images, repeats, cuda=False):
+    """As loader_rate for a torch DataLoader; with cuda, pinned batches moved with .cuda(non_blocking=True)."""
     dl = torch.utils.data.DataLoader(dataset, batch_size=batch, shuffle=True, num_workers=workers,
-                                     persistent_workers=workers > 0, drop_last=False)
-    for _ in dl:
-        pass
+                                     persistent_workers=workers > 0, drop_last=False, pin_memory=cuda)
+    sync = cudabench.torch_sync if cuda else no_sync
+
+    def epoch():
+        n = 0
+        for x, y in dl:
+            if cuda:
+                x, y = x.cuda(non_blocking=True), y.cuda(non_blocking=True)
+            n += len(y)
+        return n
+    epoch()
     rates = []
     for _ in range(repeats):
+        sync()
         n, t = 0, time.perf_counter()
         while n < min_images:
-            for x, y in dl:
-                n += len(y)
+            n += epoch()
+        sync()
         rates.append(n / (time.perf_counter() - t))
     return statistics.median(rates)
+
+
+def h2d_bandwidth(nbytes=64 << 20, rounds=5):
+    """GB/s of a page-locked host -> device copy of nbytes, the best of `rounds` samples of 4 copies."""
+    host = ft.empty(nbytes // 4, pin_memory=True)
+    dev = ft.empty(nbytes // 4, device="cuda")
+    return nbytes / min(cudabench.samples(lambda: dev.copy_(host, non_blocking=True), cudabench.ft_sync, 4,
+                                          rounds)) / 1e9
+
+
+def fashion_mnist(n):
+    """(images, labels, synthetic): the first n Fashion-MNIST training samples, or images of its shape made
+    of random 4x4 blocks (compressible, as photos are) and random labels where the dataset is not installed."""
+    try:
+        train = D.FashionMNIST(train=True)
+    except FileNotFoundError:
+        rng = np.random.default_rng(0)
+        blocks = rng.integers(0, 256, (n, 7, 7), dtype=np.uint8)
+        return blocks.repeat(4, axis=1).repeat(4, axis=2), rng.integers(0, 10, n).astype(np.int64), True
+    return np.asarray(train.images[:n]), np.asarray(train.labels[:n]).astype(np.int64), False
 
 
 def make_photos(folder, count):
@@ -113,22 +160,32 @@ def make_photos(folder, count):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer samples and epochs")
+    cudabench.add_arguments(ap)
     args = ap.parse_args()
+    torch_cuda = cudabench.setup(args, ap, torch)
+    cuda = args.device == "cuda"
+    sync = cudabench.ft_sync if cuda else no_sync
+    if cuda:
+        print(json.dumps({"name": "h2d_pinned_copy", "value": round(h2d_bandwidth(), 1), "unit": "GB/s"}),
+              flush=True)
+    with_torch = torch_cuda if cuda else torch is not None
     repeats = 3
     scale = 0.25 if args.quick else 1.0
     tmp = tempfile.mkdtemp(prefix="ft_bench_loader_")
     threads = (1, 2)
 
     # (1) Fashion-MNIST.
-    train = D.FashionMNIST(train=True)
     n = 60000
-    images, labels = np.asarray(train.images[:n]), np.asarray(train.labels[:n]).astype(np.int64)
+    images, labels, synthetic = fashion_mnist(n)
+    if synthetic:
+        print(json.dumps({"name": "fmnist", "synthetic": "Fashion-MNIST is not installed: the fmnist lines use "
+                                                          "synthetic images of its shape"}), flush=True)
     raw = D.write_records(os.path.join(tmp, "fmnist.rec"), (images, labels))
     jpg = D.write_records(os.path.join(tmp, "fmnist-jpeg.rec"), (images, labels), quality=90)
     jpeg_files = [jpg.get(i)[1] for i in range(len(jpg))]
     tf = [D.Normalize(0.286, 0.353)]
     torch_fmnist = {}
-    if torch is not None:
+    if with_torch:
         class Arrays(torch.utils.data.Dataset):
             def __len__(self):
                 return len(labels)
@@ -137,15 +194,16 @@ def main():
                 x = torch.from_numpy(images[i]).float().div_(255).sub_(0.286).div_(0.353)
                 return x[None], int(labels[i])
         for t in threads:
-            torch_fmnist[t] = torch_rate(Arrays(), 256, t, int(60000 * scale), repeats)
+            torch_fmnist[t] = torch_rate(Arrays(), 256, t, int(60000 * scale), repeats, cuda)
     for t in threads:
-        rate = loader_rate(lambda: D.Loader(raw, batch_size=256, transforms=tf, shuffle=True, num_workers=t),
-                           int(600000 * scale), repeats)
-        emit(f"fmnist_raw_{t}t", rate, "images/s", torch_fmnist.get(t), f"torch DataLoader num_workers={t}")
+        rate = loader_rate(lambda: D.Loader(raw, batch_size=256, transforms=tf, shuffle=True, num_workers=t,
+                                            device=args.device), int(600000 * scale), repeats, sync)
+        emit(f"fmnist_raw_{t}t", rate, "images/s", torch_fmnist.get(t), f"torch DataLoader num_workers={t}"
+             + (", pin_memory, .cuda(non_blocking=True)" if cuda else ""))
     for t in threads:
         before = decode_rate(jpeg_files, t, int(60000 * scale))
-        rate = loader_rate(lambda: D.Loader(jpg, batch_size=256, transforms=tf, shuffle=True, num_workers=t),
-                           int(120000 * scale), repeats)
+        rate = loader_rate(lambda: D.Loader(jpg, batch_size=256, transforms=tf, shuffle=True, num_workers=t,
+                                            device=args.device), int(120000 * scale), repeats, sync)
         limit = (before + decode_rate(jpeg_files, t, int(60000 * scale))) / 2
         emit(f"fmnist_jpeg_{t}t", rate, "images/s", limit, f"TurboJPEG decode, {t} threads")
 
@@ -158,16 +216,17 @@ def main():
     tf = [D.RandomResizedCrop(224), D.RandomHorizontalFlip(), D.Normalize(MEAN, STD)]
     for t in threads:
         before = decode_rate(files, t, int(1000 * scale * t))
-        rate = loader_rate(lambda: D.Loader(rec, batch_size=64, transforms=tf, shuffle=True, num_workers=t),
-                           int(1500 * scale * t), repeats)
+        rate = loader_rate(lambda: D.Loader(rec, batch_size=64, transforms=tf, shuffle=True, num_workers=t,
+                                            device=args.device), int(1500 * scale * t), repeats, sync)
         limit = (before + decode_rate(files, t, int(1000 * scale * t))) / 2
         emit(f"photos_{t}t", rate, "images/s", limit, f"TurboJPEG decode, {t} threads")
-        if torchvision is not None:
+        if torchvision is not None and with_torch:
             T = torchvision.transforms
             ds = torchvision.datasets.ImageFolder(os.path.join(tmp, "tree"), T.Compose(
                 [T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)]))
-            ref = torch_rate(ds, 64, t, int(600 * scale * t), repeats)
-            emit(f"photos_{t}t_torch", rate, "images/s", ref, f"torchvision ImageFolder+PIL, DataLoader num_workers={t}")
+            ref = torch_rate(ds, 64, t, int(600 * scale * t), repeats, cuda)
+            emit(f"photos_{t}t_torch", rate, "images/s", ref, f"torchvision ImageFolder+PIL, DataLoader num_workers={t}"
+                 + (", pin_memory, .cuda(non_blocking=True)" if cuda else ""))
 
 
 if __name__ == "__main__":

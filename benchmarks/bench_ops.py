@@ -54,8 +54,17 @@ what jemalloc or tcmalloc, which PyTorch's CPU tuning guide recommends, also giv
 10-20 ms per 64 MiB output here, which would be counted against torch. "reference_faults_per_call" (minor page
 faults per torch call, median) shows which torch figures include such faults.
 
+With --device cuda (cudabench.py has the options and the timing) the same ops run on the CUDA device, and
+torch's on the same device beside them, at batch 256 with or without --quick (the device needs training-size
+problems; --quick takes 3 rounds instead of 7). Each sample times enough calls between two device
+synchronisations to last about 2 ms (10 ms without --quick); the figures are medians over the rounds. The
+limits are the device's, measured once before the ops: "device_copy" (GB/s of a large device-to-device copy,
+2 x its size moved) for the GB/s ops and "fp32_fma_peak" (an FMA kernel built with nvcc) for the GFLOP/s ones.
+No contention figures and no page-fault counts there (the host only queues the work).
+
     python benchmarks/bench_ops.py            # batch 256: about 30 s on a quiet 2-core machine, 70 s under load
     python benchmarks/bench_ops.py --quick    # batch 32 and fewer repetitions: a smoke run
+    python benchmarks/bench_ops.py --device cuda [--quick] [--tf32]
 """
 import argparse
 import ctypes
@@ -71,6 +80,7 @@ import time
 import numpy as np
 
 import fasttrain as ft
+import cudabench
 
 try:
     import torch
@@ -269,17 +279,17 @@ def randn(*shape):
     return RNG.standard_normal(shape, dtype=np.float32)
 
 
-def ft_nhwc(a):
-    """An (N, C, H, W) fasttrain tensor stored channels-last, holding a's values."""
-    return ft.from_numpy(np.ascontiguousarray(a.transpose(0, 2, 3, 1))).permute(0, 3, 1, 2)
+def ft_nhwc(a, dev="cpu"):
+    """An (N, C, H, W) fasttrain tensor on dev stored channels-last, holding a's values."""
+    return ft.from_numpy(np.ascontiguousarray(a.transpose(0, 2, 3, 1))).to(dev).permute(0, 3, 1, 2)
 
 
-def ft_plain(a):
-    return ft.from_numpy(np.ascontiguousarray(a))
+def ft_plain(a, dev="cpu"):
+    return ft.from_numpy(np.ascontiguousarray(a)).to(dev)
 
 
-def th(a, channels_last=False):
-    t = torch.from_numpy(np.array(a, copy=True))
+def th(a, channels_last=False, dev="cpu"):
+    t = torch.from_numpy(np.array(a, copy=True)).to(dev)
     return t.contiguous(memory_format=torch.channels_last) if channels_last else t
 
 
@@ -288,18 +298,19 @@ def th(a, channels_last=False):
 
 class Case:
     """One line of output: `amount` flops or bytes per call of `ours`; `theirs` the same op in torch (None
-    without torch); `inner` calls per sample."""
+    without torch); `inner` calls per sample on the CPU (on a device, calls_by_key: picked per function)."""
 
     def __init__(self, name, unit, amount, ours, theirs=None, inner=1):
         self.name, self.unit, self.amount, self.inner = name, unit, float(amount), inner
         self.fns = {"ours": ours, "theirs": theirs}
+        self.calls_by_key = {}
 
 
-def conv_cases(N, C, H, channels_last, kinds):
+def conv_cases(N, C, H, channels_last, kinds, dev="cpu"):
     K = C
     x, w, dy = randn(N, C, H, H), randn(K, C, 3, 3) * (1 / (9 * C)) ** 0.5, randn(N, K, H, H)
     to_ft = ft_nhwc if channels_last else ft_plain
-    fx, fdy, fw = to_ft(x), to_ft(dy), ft_plain(w)
+    fx, fdy, fw = to_ft(x, dev), to_ft(dy, dev), ft_plain(w, dev)
     flops = 2.0 * N * K * C * 9 * H * H
     ours = {
         "fwd": lambda: ft.ops.conv2d_forward(None, fx, fw, None, 1, 1),
@@ -308,7 +319,7 @@ def conv_cases(N, C, H, channels_last, kinds):
     }
     theirs = {}
     if torch is not None:
-        tx, tw, tdy = th(x, channels_last), th(w, channels_last), th(dy, channels_last)
+        tx, tw, tdy = th(x, channels_last, dev), th(w, channels_last, dev), th(dy, channels_last, dev)
 
         def tbwd(mask):
             return lambda: torch.ops.aten.convolution_backward(tdy, tx, tw, None, [1, 1], [1, 1], [1, 1], False,
@@ -319,16 +330,16 @@ def conv_cases(N, C, H, channels_last, kinds):
     return [Case(f"conv3x3_{layout}_n{N}_c{C}_h{H}_{k}", "GFLOP/s", flops, ours[k], theirs.get(k)) for k in kinds]
 
 
-def linear_cases(N, I, O):
+def linear_cases(N, I, O, dev="cpu"):
     x, w, b, dy = randn(N, I), randn(O, I) * (1 / I) ** 0.5, randn(O), randn(N, O)
-    fx, fw, fb, fdy = ft_plain(x), ft_plain(w), ft_plain(b), ft_plain(dy)
+    fx, fw, fb, fdy = ft_plain(x, dev), ft_plain(w, dev), ft_plain(b, dev), ft_plain(dy, dev)
     flops = 2.0 * N * I * O
     inner = max(1, int(2e9 // flops))  # small problems: several calls per sample
     ours_f = lambda: ft.ops.linear_forward(None, fx, fw, fb)
     ours_b = lambda: ft.ops.linear_backward(None, None, None, fdy, fx, fw)
     theirs_f = theirs_b = None
     if torch is not None:
-        tx, tw, tb, tdy = th(x), th(w), th(b), th(dy)
+        tx, tw, tb, tdy = th(x, dev=dev), th(w, dev=dev), th(b, dev=dev), th(dy, dev=dev)
         theirs_f = lambda: F.linear(tx, tw, tb)
         theirs_b = lambda: (torch.mm(tdy, tw), torch.mm(tdy.t(), tx), tdy.sum(0))
     name = f"linear_n{N}_{I}x{O}"
@@ -336,21 +347,24 @@ def linear_cases(N, I, O):
             Case(f"{name}_bwd", "GFLOP/s", 2 * flops, ours_b, theirs_b, inner)]
 
 
-def memory_cases(N, C, H, rows, D, classes):
+def memory_cases(N, C, H, rows, D, classes, dev="cpu"):
     n = N * C * H * H
     shape = f"{N}x{C}x{H}x{H}"
     x, dy, other = randn(N, C, H, H), randn(N, C, H, H), randn(N, C, H, H)
-    fx, fdy, fother = ft_nhwc(x), ft_nhwc(dy), ft_nhwc(other)
-    w, b = ft_plain(RNG.random(C, dtype=np.float32) + 0.5), ft_plain(randn(C))
-    rm, rv = ft.zeros(C), ft.ones(C)
+    fx, fdy, fother = ft_nhwc(x, dev), ft_nhwc(dy, dev), ft_nhwc(other, dev)
+    wn, bn = RNG.random(C, dtype=np.float32) + 0.5, randn(C)
+    w, b = ft_plain(wn, dev), ft_plain(bn, dev)
+    rm, rv = ft.zeros(C, device=dev), ft.ones(C, device=dev)
     fy = ft.ops.activation_forward(None, fx, "relu")
     _, fmean, finvstd = ft.ops.batch_norm_forward(None, None, None, fx, w, b, None, None, training=True)
-    pdy = ft_nhwc(randn(N, C, H // 2, H // 2))
+    pdyn = randn(N, C, H // 2, H // 2)
+    pdy = ft_nhwc(pdyn, dev)
     _, find = ft.ops.max_pool2d_forward(None, None, fx, 2)
     logits = [(r, k, randn(r, k), RNG.integers(0, k, r)) for r, k in classes]
     lx, ldy = randn(rows, D), randn(rows, D)
-    flx, fldy = ft_plain(lx), ft_plain(ldy)
-    lw, lb = ft_plain(RNG.random(D, dtype=np.float32) + 0.5), ft_plain(randn(D))
+    flx, fldy = ft_plain(lx, dev), ft_plain(ldy, dev)
+    lwn, lbn = RNG.random(D, dtype=np.float32) + 0.5, randn(D)
+    lw, lb = ft_plain(lwn, dev), ft_plain(lbn, dev)
     _, lmean, lrstd = ft.ops.layer_norm_forward(None, None, None, flx, lw, lb, (D,))
 
     ours = {  # name: (bytes, fn)
@@ -366,7 +380,7 @@ def memory_cases(N, C, H, rows, D, classes):
         f"add_nhwc_{shape}": (12 * n, lambda: ft.ops.add_forward(None, fx, fother)),
     }
     for r, k, lg, tg in logits:
-        flg, ftg = ft_plain(lg), ft.from_numpy(tg.astype(np.int64))
+        flg, ftg = ft_plain(lg, dev), ft_plain(tg.astype(np.int64), dev)
         ours[f"cross_entropy_fused_{r}x{k}"] = (
             8 * r * k + 8 * r, lambda flg=flg, ftg=ftg: ft.ops.cross_entropy_forward(None, None, flg, ftg))
     ours[f"layer_norm_{rows}x{D}_fwd"] = (
@@ -377,14 +391,14 @@ def memory_cases(N, C, H, rows, D, classes):
     theirs = {}
     if torch is not None:
         aten = torch.ops.aten
-        tx, tdy, tother = th(x, True), th(dy, True), th(other, True)
-        tw, tb = th(w.numpy()), th(b.numpy())
-        trm, trv = torch.zeros(C), torch.ones(C)
+        tx, tdy, tother = th(x, True, dev), th(dy, True, dev), th(other, True, dev)
+        tw, tb = th(wn, dev=dev), th(bn, dev=dev)
+        trm, trv = torch.zeros(C, device=dev), torch.ones(C, device=dev)
         ty = torch.relu(tx)
         _, tmean, tinvstd = aten.native_batch_norm(tx, tw, tb, trm.clone(), trv.clone(), True, 0.1, 1e-5)
-        tpdy = th(pdy.numpy(), True)  # pdy.numpy(): the (N, C, P, Q) view
+        tpdy = th(pdyn, True, dev)
         _, tind = aten.max_pool2d_with_indices(tx, [2, 2], [2, 2])
-        tlx, tldy, tlw, tlb = th(lx), th(ldy), th(lw.numpy()), th(lb.numpy())
+        tlx, tldy, tlw, tlb = th(lx, dev=dev), th(ldy, dev=dev), th(lwn, dev=dev), th(lbn, dev=dev)
         _, tlmean, tlrstd = aten.native_layer_norm(tlx, [D], tlw, tlb, 1e-5)
         theirs = {
             f"relu_nhwc_{shape}_fwd": lambda: torch.relu(tx),
@@ -401,7 +415,7 @@ def memory_cases(N, C, H, rows, D, classes):
                 tldy, tlx, [D], tlmean, tlrstd, tlw, tlb, [True, True, True]),
         }
         for r, k, lg, tg in logits:
-            tlg, ttg, one = th(lg), torch.from_numpy(tg.astype(np.int64)), torch.ones(())
+            tlg, ttg, one = th(lg, dev=dev), th(tg.astype(np.int64), dev=dev), torch.ones((), device=dev)
 
             def ce(tlg=tlg, ttg=ttg, one=one):  # what F.cross_entropy and its backward run, op by op
                 ls = aten._log_softmax(tlg, 1, False)
@@ -418,13 +432,18 @@ def memory_cases(N, C, H, rows, D, classes):
 # ---------------------------------------------------------------- main
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="batch 32, fewer repetitions: a smoke run")
-    parser.add_argument("--torch-default-malloc", action="store_true",
-                        help="leave glibc's malloc as it is: torch then maps (and page-faults) every output over "
-                             "32 MiB afresh on each call")
-    args = parser.parse_args()
+def all_cases(N, dev="cpu"):
+    cases = []
+    for C, H in [(32, 32), (64, 32), (128, 16), (256, 16)]:
+        cases += conv_cases(N, C, H, True, ("fwd", "bwd_data", "bwd_weights"), dev)
+    cases += conv_cases(N, 64, 32, False, ("fwd",), dev)
+    for width in (512, 1024, 4096):
+        cases += linear_cases(N, width, width, dev)
+    cases += memory_cases(N, 64, 32, rows=N * 64, D=1024, classes=[(N, 1000), (N, 32768)], dev=dev)
+    return cases
+
+
+def run_cpu(args):
     if torch is not None and not args.torch_default_malloc:
         keep_freed_memory()
     q = args.quick
@@ -441,13 +460,7 @@ def main():
     if torch is not None:
         print(json.dumps({"name": "torch_version", "value": torch.__version__, "unit": "version"}), flush=True)
 
-    cases = []
-    for C, H in [(32, 32), (64, 32), (128, 16), (256, 16)]:
-        cases += conv_cases(N, C, H, True, ("fwd", "bwd_data", "bwd_weights"))
-    cases += conv_cases(N, 64, 32, False, ("fwd",))
-    for width in (512, 1024, 4096):
-        cases += linear_cases(N, width, width)
-    cases += memory_cases(N, 64, 32, rows=N * 64, D=1024, classes=[(N, 1000), (N, 32768)])
+    cases = all_cases(N)
 
     gc.disable()
     for case in cases:  # warm-up: oneDNN primitives built, caches and pools filled
@@ -494,6 +507,64 @@ def main():
         emit(case.name, value, case.unit, **extra)
     emit("loadavg_1min_end", os.getloadavg()[0], "load")
     emit("total_seconds", time.perf_counter() - start, "s")
+
+
+def run_cuda(args, torch_cuda):
+    """The same cases on the CUDA device (torch's on it too when torch_cuda), timed between synchronisations."""
+    rounds = 3 if args.quick else 7
+    target = 0.002 if args.quick else 0.01
+    start = time.perf_counter()
+    limits = cudabench.DeviceLimits(torch_cuda)
+    limits.emit()
+    cases = all_cases(256, "cuda")
+    syncs = {"ours": cudabench.ft_sync, "theirs": cudabench.torch_sync}
+    for case in cases:
+        if not torch_cuda:
+            case.fns["theirs"] = None
+        for key, fn in case.fns.items():
+            if fn is not None:  # warm-up: cuDNN/cuBLAS plans, allocator caches; then the calls per sample
+                fn()
+                fn()
+                case.calls_by_key[key] = cudabench.calls_for(fn, syncs[key], target)
+    # Rounds over every case, fasttrain and torch back to back within a case, as on the CPU.
+    gc.disable()
+    rows = []  # per round: {(case index, fn key): seconds per call}
+    for _ in range(rounds):
+        row = {}
+        for i, case in enumerate(cases):
+            for key, fn in case.fns.items():
+                if fn is not None:
+                    row[i, key] = cudabench.per_call(fn, syncs[key], case.calls_by_key[key])
+        rows.append(row)
+    gc.enable()
+    for i, case in enumerate(cases):
+        def rate(key):
+            return case.amount / statistics.median(r[i, key] for r in rows) / 1e9
+
+        value = rate("ours")
+        limit = limits.fma if case.unit == "GFLOP/s" else limits.copy
+        extra = {"ms": case.amount / value / 1e6, "peak_fraction": value / limit if limit else None}
+        if case.fns["theirs"] is not None:
+            ref = rate("theirs")
+            extra.update(reference=ref, ratio=value / ref)
+        emit(case.name, value, case.unit, **extra)
+    emit("total_seconds", time.perf_counter() - start, "s")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="batch 32, fewer repetitions: a smoke run (with "
+                                                             "--device cuda: batch 256, fewer rounds)")
+    parser.add_argument("--torch-default-malloc", action="store_true",
+                        help="leave glibc's malloc as it is: torch then maps (and page-faults) every output over "
+                             "32 MiB afresh on each call")
+    cudabench.add_arguments(parser)
+    args = parser.parse_args()
+    torch_cuda = cudabench.setup(args, parser, torch)
+    if args.device == "cuda":
+        run_cuda(args, torch_cuda)
+    else:
+        run_cpu(args)
 
 
 if __name__ == "__main__":

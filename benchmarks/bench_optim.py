@@ -23,8 +23,17 @@ Bytes per param: SGD with momentum 20 (read p, g, buf; write p, buf); AdamW 28 (
 v); the _checked variants (the default step(): the grad norm is computed to refuse non-finite grads) and the
 _clip variants (max_grad_norm) read the grads once more: +4.
 
+With --device cuda (cudabench.py has the options and the timing) the params, grads and state live on the
+CUDA device, torch's too (plus torch_sgd_fused), and the bound is the device's: "device_copy", GB/s of a
+1 GiB device-to-device copy counted as 2 x its size, replaces stream_triad. The buffers are 100M params
+(25M with --quick) so that they do not fit in the L2 cache. A sample is the mean step time over enough steps
+between two device synchronisations to last about 20 ms (5 ms with --quick); the figure is the best sample.
+The target is a step within 1.2x of the bound (the "target" field of the _step lines); it is reported, not
+asserted.
+
     python benchmarks/bench_optim.py            # 10M params
     python benchmarks/bench_optim.py --quick    # 1M params, fewer repetitions
+    python benchmarks/bench_optim.py --device cuda [--quick]
 """
 import argparse
 import ctypes
@@ -38,6 +47,7 @@ import time
 import numpy as np
 
 import fasttrain as ft
+import cudabench
 
 try:
     import torch
@@ -97,46 +107,65 @@ def best_ms(fn, reps, warmup=2):
     return min(times) * 1e3
 
 
-def flat_ft(values):
+def flat_ft(values, dev="cpu"):
     """A tensor first touched by the pool's threads (a parallel copy), as a training run's buffers are."""
-    t = ft.empty(values.shape)
+    t = ft.empty(values.shape, device=dev)
     t.copy_(ft.from_numpy(values))
     return t
 
 
-def flat_torch(values):
-    t = torch.empty(values.shape)
+def flat_torch(values, dev="cpu"):
+    t = torch.empty(values.shape, device=dev)
     t.copy_(torch.from_numpy(values))
     return t
 
 
-def emit(name, value, unit, reference=None, ratio=None):
+def emit(name, value, unit, reference=None, ratio=None, **extra):
     line = {"name": name, "value": round(value, 4), "unit": unit}
     if reference is not None:
         line.update(reference=round(reference, 4), ratio=round(ratio, 4))
+    line.update(extra)
     print(json.dumps(line), flush=True)
+
+
+def best_ms_cuda(steps, rounds, target_s):
+    """{name: ms} of each (fn, sync) in steps: the best over `rounds` of the mean step time of enough steps
+    between two synchronisations to last about target_s; the rounds interleave all the steps."""
+    calls = {}
+    for name, (fn, sync) in steps.items():
+        fn()
+        fn()
+        calls[name] = cudabench.calls_for(fn, sync, target_s)
+    best = {}
+    for _ in range(rounds):
+        for name, (fn, sync) in steps.items():
+            ms = cudabench.samples(fn, sync, calls[name], 1)[0] * 1e3
+            best[name] = min(best.get(name, ms), ms)
+    return best
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="1M params and fewer repetitions")
+    parser.add_argument("--quick", action="store_true",
+                        help="1M params and fewer repetitions (with --device cuda: 25M params)")
+    cudabench.add_arguments(parser)
     args = parser.parse_args()
-    n, reps, rounds = (1_000_000, 10, 2) if args.quick else (10_000_000, 20, 8)
-    label = "1M" if args.quick else "10M"
-    threads = ft.get_num_threads()
-    if torch is not None:
-        torch.set_num_threads(threads)
-    emit("threads", threads, "threads")
+    torch_cuda = cudabench.setup(args, parser, torch)
+    cuda, dev = args.device == "cuda", args.device
+    if cuda:
+        n, rounds = (25_000_000, 3) if args.quick else (100_000_000, 8)
+        label = "25M" if args.quick else "100M"
+    else:
+        n, reps, rounds = (1_000_000, 10, 2) if args.quick else (10_000_000, 20, 8)
+        label = "1M" if args.quick else "10M"
+        threads = ft.get_num_threads()
+        if torch is not None:
+            torch.set_num_threads(threads)
+        emit("threads", threads, "threads")
 
     rng = np.random.default_rng(0)
     p0 = rng.standard_normal(n).astype(np.float32)
     g0 = (1e-3 * rng.standard_normal(n)).astype(np.float32)
-
-    triad_kernel = compile_triad()
-    a, b, c = (ft.empty(n) for _ in range(3))
-
-    def triad():
-        return triad_kernel(a.data_ptr(), b.data_ptr(), c.data_ptr(), n, reps) * 1e3
 
     ours = [  # (name, optimizer class, kwargs, step kwargs, bytes per param)
         ("sgd_momentum", ft.optim.SGD, dict(lr=1e-3, momentum=0.9), dict(check_finite=False), 20),
@@ -145,10 +174,14 @@ def main():
         ("adamw_checked", ft.optim.AdamW, dict(lr=1e-3), {}, 32),
         ("adamw_clip", ft.optim.AdamW, dict(lr=1e-3), dict(max_grad_norm=1.0), 32),
     ]
-    steps = {"triad": triad}
+    steps = {}
+    if not cuda:
+        triad_kernel = compile_triad()
+        a, b, c = (ft.empty(n) for _ in range(3))
+        steps["triad"] = lambda: triad_kernel(a.data_ptr(), b.data_ptr(), c.data_ptr(), n, reps) * 1e3
     for name, cls, kwargs, step_kwargs, _ in ours:
-        p = flat_ft(p0)
-        p.grad = flat_ft(g0)
+        p = flat_ft(p0, dev)
+        p.grad = flat_ft(g0, dev)
         opt = cls([p], **kwargs)
         steps[name] = lambda opt=opt, kw=step_kwargs: opt.step(**kw)
 
@@ -158,11 +191,14 @@ def main():
         ("torch_adamw_foreach", "adamw", lambda ps: torch.optim.AdamW(ps, lr=1e-3, foreach=True), False),
         ("torch_adamw_fused", "adamw", lambda ps: torch.optim.AdamW(ps, lr=1e-3, fused=True), False),
         ("torch_clip_adamw_foreach", "adamw_clip", lambda ps: torch.optim.AdamW(ps, lr=1e-3, foreach=True), True),
-    ] if torch is not None else []
+    ] if (torch_cuda if cuda else torch is not None) else []
+    if theirs and cuda:
+        theirs.insert(1, ("torch_sgd_fused", "sgd_momentum",
+                          lambda ps: torch.optim.SGD(ps, lr=1e-3, momentum=0.9, fused=True), False))
     skipped = {}
     for name, _, make, clip in theirs:
-        p = flat_torch(p0).requires_grad_(True)
-        p.grad = flat_torch(g0)
+        p = flat_torch(p0, dev).requires_grad_(True)
+        p.grad = flat_torch(g0, dev)
         try:
             opt = make([p])
         except (RuntimeError, TypeError, ValueError) as e:  # e.g. a torch without the CPU fused AdamW
@@ -176,17 +212,25 @@ def main():
                 opt.step()
         steps[name] = step
 
-    best = {}
-    for _ in range(rounds):
-        for name, fn in steps.items():
-            ms = fn() if name == "triad" else best_ms(fn, reps)
-            best[name] = min(best.get(name, ms), ms)
-
-    triad_gbps = 12 * n / (best["triad"] * 1e-3) / 1e9
-    emit("stream_triad", triad_gbps, "GB/s")
+    if cuda:
+        ours_names = {name for name, *_ in ours}
+        limits = cudabench.DeviceLimits(torch_cuda, fma=False)
+        limits.emit()
+        bandwidth = limits.copy
+        best = best_ms_cuda({name: (fn, cudabench.ft_sync if name in ours_names else cudabench.torch_sync)
+                             for name, fn in steps.items()}, rounds, 0.005 if args.quick else 0.02)
+    else:
+        best = {}
+        for _ in range(rounds):
+            for name, fn in steps.items():
+                ms = fn() if name == "triad" else best_ms(fn, reps)
+                best[name] = min(best.get(name, ms), ms)
+        bandwidth = 12 * n / (best["triad"] * 1e-3) / 1e9
+        emit("stream_triad", bandwidth, "GB/s")
+    target = {"target": "ratio <= 1.2"} if cuda else {}
     for name, _, _, _, bytes_per_param in ours:
-        ms, bound_ms = best[name], bytes_per_param * n / (triad_gbps * 1e9) * 1e3
-        emit(f"{name}_step_{label}", ms, "ms", bound_ms, ms / bound_ms)
+        ms, bound_ms = best[name], bytes_per_param * n / (bandwidth * 1e9) * 1e3
+        emit(f"{name}_step_{label}", ms, "ms", bound_ms, ms / bound_ms, **target)
         emit(f"{name}_step_{label}_GBps", bytes_per_param * n / (ms * 1e-3) / 1e9, "GB/s")
     for name, mine, _, _ in theirs:
         key = f"{mine}_step_{label}_vs_{name}"

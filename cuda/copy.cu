@@ -219,6 +219,8 @@ static const int dtype_sizes[] = {
 #undef FT_DTYPE_SIZE
 };
 
+size_t ft_cuda_itemsize(ft_dtype dt) { return (size_t)dtype_sizes[dt]; }
+
 static bool is_complex(ft_dtype dt) { return dt == FT_COMPLEX64 || dt == FT_COMPLEX128; }
 
 /* Drops size-1 dimensions and merges each dimension into its outer

@@ -8,6 +8,7 @@
 #include <stdio.h>
 
 #include "backend.h"
+#include "ops/cuda_ops.h"
 
 /* Set once by ft_cuda_open, which the core calls before anything else. */
 static const ft_cuda_host *host;
@@ -24,11 +25,33 @@ ft_status ft_cuda_fail(ft_status status, const char *fmt, ...) {
 ft_status ft_cuda_check(cudaError_t err, const char *what) {
     if (err == cudaSuccess)
         return FT_OK;
+    /* Reported now: clear the thread's last-error slot so that the check of
+     * a later kernel launch sees only that launch (sticky errors stay). */
+    (void)cudaGetLastError();
     ft_status status = err == cudaErrorMemoryAllocation ? FT_ERR_NOMEM : FT_ERR_CUDA;
     return ft_cuda_fail(status, "%s failed: %s", what, cudaGetErrorString(err));
 }
 
 static ft_status set_device(int device) { return ft_cuda_check(cudaSetDevice(device), "cudaSetDevice"); }
+
+bool ft_cuda_deterministic(void) { return host->deterministic(); }
+
+bool ft_cuda_benchmark(void) { return host->benchmark(); }
+
+bool ft_cuda_allow_tf32(void) { return host->allow_tf32(); }
+
+ft_status ft_cuda_use_device(const ft_tensor *t) { return set_device(ft_tensor_device(t).index); }
+
+ft_status ft_cuda_scratch_alloc(ft_cuda_scratch *s, size_t nbytes, int device) {
+    s->device = device;
+    return host->alloc(&s->ptr, &s->granted, nbytes, device);
+}
+
+void ft_cuda_scratch_free(ft_cuda_scratch *s) {
+    if (s->ptr)
+        host->free(s->ptr, s->granted, s->device);
+    s->ptr = NULL;
+}
 
 static ft_status rt_device_count(int *count) {
     *count = 0;
@@ -142,9 +165,12 @@ static ft_status rt_event_record(void *event, void *stream) {
 static ft_status rt_event_query(void *event, bool *done) {
     cudaError_t err = cudaEventQuery((cudaEvent_t)event);
     *done = err == cudaSuccess;
-    /* cudaErrorNotReady is an answer, not a failure. */
-    if (err == cudaErrorNotReady)
+    /* cudaErrorNotReady is an answer, not a failure; it still sets the
+     * last-error slot, which a later launch check must not see. */
+    if (err == cudaErrorNotReady) {
+        (void)cudaGetLastError();
         return FT_OK;
+    }
     return ft_cuda_check(err, "cudaEventQuery");
 }
 
@@ -166,6 +192,9 @@ static ft_status rt_device_synchronize(int device) {
  * here: many members share one pointer type, and C++ rejects designators out
  * of declaration order, so a reordered cuda.h fails to compile instead of
  * silently swapping two entries. */
+/* Filled by the ops' register functions when the library is opened. */
+static ft_cuda_ops ops;
+
 static const ft_cuda_api api = {
     .abi = FT_CUDA_ABI,
     .device_count = rt_device_count,
@@ -186,13 +215,22 @@ static const ft_cuda_api api = {
     .event_synchronize = rt_event_synchronize,
     .stream_wait_event = rt_stream_wait_event,
     .device_synchronize = rt_device_synchronize,
+    .ops = &ops,
 };
 
 /* Touches no CUDA API: a machine without a driver must still load the
  * library, and learns why CUDA is unusable from device_count. */
 extern "C" __attribute__((visibility("default"))) const ft_cuda_api *ft_cuda_open(const ft_cuda_host *h) {
-    if (!h || !h->fail)
+    if (!h || !h->fail || !h->alloc || !h->free || !h->deterministic || !h->benchmark || !h->allow_tf32)
         return NULL;
     host = h;
+    ft_cuda_register_layout(&ops);
+    ft_cuda_register_conv(&ops);
+    ft_cuda_register_linear(&ops);
+    ft_cuda_register_norm(&ops);
+    ft_cuda_register_optim(&ops);
+    ft_cuda_register_pool(&ops);
+    ft_cuda_register_pointwise(&ops);
+    ft_cuda_register_softmax(&ops);
     return &api;
 }

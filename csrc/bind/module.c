@@ -319,6 +319,20 @@ static PyObject *py_get_benchmark(PyObject *module, PyObject *unused) {
     return PyBool_FromLong(ft_benchmark());
 }
 
+static PyObject *py_set_allow_tf32(PyObject *module, PyObject *arg) {
+    (void)module;
+    int on = PyObject_IsTrue(arg);
+    if (on < 0)
+        return NULL;
+    ft_set_allow_tf32(on);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_get_allow_tf32(PyObject *module, PyObject *unused) {
+    (void)module, (void)unused;
+    return PyBool_FromLong(ft_allow_tf32());
+}
+
 static PyObject *py_cuda_load(PyObject *module, PyObject *arg) {
     (void)module;
     const char *path = PyUnicode_AsUTF8(arg);
@@ -393,6 +407,8 @@ static PyMethodDef module_methods[] = {
     {"get_deterministic", py_get_deterministic, METH_NOARGS, NULL},
     {"set_benchmark", py_set_benchmark, METH_O, NULL},
     {"get_benchmark", py_get_benchmark, METH_NOARGS, NULL},
+    {"set_allow_tf32", py_set_allow_tf32, METH_O, NULL},
+    {"get_allow_tf32", py_get_allow_tf32, METH_NOARGS, NULL},
     {"cuda_load", py_cuda_load, METH_O, "Load the CUDA backend library at this path (once)."},
     {"cuda_device_count", py_cuda_device_count, METH_NOARGS, NULL},
     {"cuda_unavailable_reason", py_cuda_unavailable_reason, METH_NOARGS, NULL},

@@ -12,6 +12,7 @@
 
 #include "data/loader.h"
 #include "nn/program.h"
+#include "ops/check.h"
 #include "optim/optim.h"
 
 typedef struct {
@@ -163,6 +164,8 @@ static PyObject *program_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
     if (params->dtype != FT_FLOAT32 || grads->dtype != FT_FLOAT32 || params->ndim != 1 || grads->ndim != 1 ||
         params->shape[0] != grads->shape[0] || !ft_tensor_is_contiguous(params) || !ft_tensor_is_contiguous(grads))
         return PyErr_Format(PyExc_ValueError, "Program: params and grads must be flat float32 buffers of one size");
+    if (!ft_device_eq(ft_op_device(params), ft_op_device(grads)))
+        return PyErr_Format(PyExc_RuntimeError, "Program: params and grads must be on one device");
     Py_ssize_t n = PyList_GET_SIZE(nodes);
     if (n > 100000)
         return PyErr_Format(PyExc_ValueError, "a program of %zd nodes is too large", n);
@@ -177,7 +180,7 @@ static PyObject *program_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
     ft_program *prog;
     ft_status s;
     Py_BEGIN_ALLOW_THREADS
-    s = ft_program_create(&prog, (int)n, parsed, &loss, batch, channels_last, seed);
+    s = ft_program_create(&prog, (int)n, parsed, &loss, batch, channels_last, seed, ft_op_device(params));
     Py_END_ALLOW_THREADS
     PyMem_Free(parsed);
     if (s != FT_OK)
@@ -233,22 +236,10 @@ typedef struct {
     bool skip_nonfinite;
 } step_options;
 
-/* Whether every value of a flat float32 buffer is finite (a fixed-order sum
- * is finite exactly then, barring overflow, which also deserves a skip). */
-static bool all_finite(const ft_tensor *t) {
-    const float *v = (const float *)ft_tensor_data(t);
-    int64_t n = ft_tensor_numel(t);
-    double sum = 0;
-#pragma omp parallel for reduction(+ : sum) schedule(static) if (n > 65536)
-    for (int64_t k = 0; k < n; k++)
-        sum += (double)v[k] * 0.0; /* 0 for finite values, NaN for inf and NaN */
-    return sum == 0;
-}
-
 /* backward + the optimizer update, without the GIL. *skipped is set when a
  * step with a non-finite loss or gradient was skipped instead of refused;
  * either way the model is left as it was. */
-static ft_status train_step(ft_program *prog, const ft_tensor *grads, ft_optimizer *opt, const ft_tensor *x,
+static ft_status train_step(ft_program *prog, ft_optimizer *opt, const ft_tensor *x,
                             const ft_tensor *y, const step_options *o, double *loss, bool *skipped) {
     *skipped = false;
     FT_TRY(ft_program_backward(prog, x, y, loss));
@@ -261,14 +252,19 @@ static ft_status train_step(ft_program *prog, const ft_tensor *grads, ft_optimiz
                                      "steps, or lower the learning rate)",
                        *loss);
     }
-    if (o->skip_nonfinite && !all_finite(grads)) {
-        ft_program_undo_statistics(prog);
+    /* With nan_policy='skip' the optimizer computes the gradient norm, and
+     * refuses a non-finite one leaving params and state unchanged. */
+    double norm = 0;
+    ft_status s = ft_optimizer_step(opt, 1.0f, o->max_grad_norm, o->skip_nonfinite ? &norm : NULL);
+    if (s == FT_OK)
+        return FT_OK;
+    ft_status undo = ft_program_undo_statistics(prog);
+    if (undo != FT_OK)
+        return undo;
+    if (o->skip_nonfinite && !isfinite(norm)) {
         *skipped = true;
         return FT_OK;
     }
-    ft_status s = ft_optimizer_step(opt, 1.0f, o->max_grad_norm, NULL);
-    if (s != FT_OK)
-        ft_program_undo_statistics(prog);
     return s;
 }
 
@@ -335,7 +331,7 @@ static PyObject *m_train_step(PyObject *self, PyObject *args, PyObject *kwargs) 
     bool skipped;
     ft_status s;
     Py_BEGIN_ALLOW_THREADS
-    s = train_step(((program_object *)self)->prog, &((program_object *)self)->grads, opt, x, y, &o, &loss, &skipped);
+    s = train_step(((program_object *)self)->prog, opt, x, y, &o, &loss, &skipped);
     Py_END_ALLOW_THREADS
     if (s != FT_OK)
         return ft_raise(s);
@@ -367,7 +363,8 @@ static PyObject *m_forward(PyObject *self, PyObject *xo) {
     ft_tensor out;
     ft_status s = ft_program_output_size(prog, &classes);
     if (s == FT_OK)
-        s = ft_tensor_empty(&out, 2, (int64_t[]){x->ndim ? x->shape[0] : 0, classes}, FT_FLOAT32, FT_CPU, false);
+        s = ft_tensor_empty(&out, 2, (int64_t[]){x->ndim ? x->shape[0] : 0, classes}, FT_FLOAT32,
+                            ft_op_device(&((program_object *)self)->params), false);
     if (s != FT_OK)
         return ft_raise(s);
     Py_BEGIN_ALLOW_THREADS
@@ -497,7 +494,7 @@ static PyObject *m_fit_epoch(PyObject *self, PyObject *args, PyObject *kwargs) {
         for (int g = 0; s == FT_OK && steps < nlrs && g < ngroups; g++)
             s = ft_optimizer_set_lr(opt, g, lrs[steps * ngroups + g]);
         if (s == FT_OK)
-            s = train_step(po->prog, &po->grads, opt, &b.images, &b.labels, &o, &loss, &skipped);
+            s = train_step(po->prog, opt, &b.images, &b.labels, &o, &loss, &skipped);
         int64_t n = b.size;
         ft_loader_release(l, &b);
         if (s != FT_OK)

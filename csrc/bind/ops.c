@@ -32,6 +32,7 @@
 #include <string.h>
 
 #include "ops/activation.h"
+#include "ops/check.h"
 #include "ops/batchnorm.h"
 #include "ops/conv2d.h"
 #include "ops/layernorm.h"
@@ -88,16 +89,17 @@ static int parse_out(ft_module_state *st, PyObject *obj, const char *name, bool 
 static bool needs_alloc(const out_arg *o) { return !o->skip && !o->t; }
 
 /* Allocates o (if the caller passed None) with `shape` and `dtype` on ref's
- * device, its dimensions ordered in memory like ref's when ref has the same
- * number of dimensions (NCHW stays NCHW, NHWC stays NHWC), else contiguous. */
-static int alloc_out(ft_module_state *st, out_arg *o, const ft_tensor *ref, int ndim, const int64_t *shape,
-                     ft_dtype dtype) {
+ * device (the CPU without ref), its dimensions ordered in memory like ref's
+ * when `follow` and ref has the same number of dimensions (NCHW stays NCHW,
+ * NHWC stays NHWC), else contiguous. */
+static int alloc_layout(ft_module_state *st, out_arg *o, const ft_tensor *ref, bool follow, int ndim,
+                        const int64_t *shape, ft_dtype dtype) {
     if (!needs_alloc(o))
         return 0;
     int perm[FT_MAX_DIMS]; /* dims outermost first */
     for (int d = 0; d < ndim; d++)
         perm[d] = d;
-    if (ref && ref->ndim == ndim) {
+    if (ref && follow && ref->ndim == ndim) {
         for (int i = 1; i < ndim; i++) { /* stable insertion sort by decreasing |stride| */
             int d = perm[i], k = i;
             int64_t s = llabs(ref->strides[d]);
@@ -112,7 +114,7 @@ static int alloc_out(ft_module_state *st, out_arg *o, const ft_tensor *ref, int 
     for (int k = 0; k < ndim; k++)
         pshape[k] = shape[perm[k]];
     ft_tensor t;
-    ft_status s = ft_tensor_empty(&t, ndim, pshape, dtype, ref ? ft_tensor_device(ref) : FT_CPU, false);
+    ft_status s = ft_tensor_empty(&t, ndim, pshape, dtype, ref ? ft_op_device(ref) : FT_CPU, false);
     if (s != FT_OK) {
         ft_raise(s);
         return -1;
@@ -129,6 +131,18 @@ static int alloc_out(ft_module_state *st, out_arg *o, const ft_tensor *ref, int 
     o->owned = true;
     o->t = &((ft_tensor_object *)o->obj)->t;
     return 0;
+}
+
+/* Allocates o in ref's memory order (see alloc_layout). */
+static int alloc_out(ft_module_state *st, out_arg *o, const ft_tensor *ref, int ndim, const int64_t *shape,
+                     ft_dtype dtype) {
+    return alloc_layout(st, o, ref, true, ndim, shape, dtype);
+}
+
+/* Allocates o contiguous, on ref's device. */
+static int alloc_on(ft_module_state *st, out_arg *o, const ft_tensor *ref, int ndim, const int64_t *shape,
+                    ft_dtype dtype) {
+    return alloc_layout(st, o, ref, false, ndim, shape, dtype);
 }
 
 /* Allocates o like ref: same shape and dtype. */
@@ -1093,7 +1107,7 @@ static PyObject *py_conv2d_backward(PyObject *m, PyObject *args, PyObject *kw) {
         parse_out(st, o_dinp, "dinp", true, &o[0]) < 0 || parse_out(st, o_dw, "dweight", true, &o[1]) < 0 ||
         parse_out(st, o_db, "dbias", true, &o[2]) < 0 || alloc_like(st, &o[0], inp) < 0 ||
         alloc_out(st, &o[1], w, w->ndim, w->shape, FT_FLOAT32) < 0 ||
-        alloc_out(st, &o[2], NULL, 1, &w->shape[0], FT_FLOAT32) < 0) {
+        alloc_out(st, &o[2], inp, 1, &w->shape[0], FT_FLOAT32) < 0) {
         drop_outs(o, 3);
         return NULL;
     }
@@ -1118,8 +1132,8 @@ static PyObject *py_linear_forward(PyObject *m, PyObject *args, PyObject *kw) {
         parse_out(st, o_out, "out", false, &out) < 0)
         return NULL;
     if (needs_alloc(&out) &&
-        alloc_out(st, &out, NULL, 2, (int64_t[]){inp->ndim ? inp->shape[0] : 0, w->ndim ? w->shape[0] : 0},
-                  FT_FLOAT32) < 0)
+        alloc_on(st, &out, inp, 2, (int64_t[]){inp->ndim ? inp->shape[0] : 0, w->ndim ? w->shape[0] : 0},
+                 FT_FLOAT32) < 0)
         return NULL;
     ft_status s;
     CALL(s, big(inp) || big(w), ft_linear_forward(out.t, inp, w, b, act));
@@ -1138,9 +1152,9 @@ static PyObject *py_linear_backward(PyObject *m, PyObject *args, PyObject *kw) {
     if (parse_in(st, o_dout, "dout", false, &dout) < 0 || parse_in(st, o_inp, "inp", false, &inp) < 0 ||
         parse_in(st, o_w, "weight", false, &w) < 0 || parse_out(st, o_dinp, "dinp", true, &o[0]) < 0 ||
         parse_out(st, o_dw, "dweight", true, &o[1]) < 0 || parse_out(st, o_db, "dbias", true, &o[2]) < 0 ||
-        alloc_out(st, &o[0], NULL, inp->ndim, inp->shape, FT_FLOAT32) < 0 ||
-        alloc_out(st, &o[1], NULL, w->ndim, w->shape, FT_FLOAT32) < 0 ||
-        alloc_out(st, &o[2], NULL, 1, &w->shape[0], FT_FLOAT32) < 0) {
+        alloc_on(st, &o[0], inp, inp->ndim, inp->shape, FT_FLOAT32) < 0 ||
+        alloc_on(st, &o[1], w, w->ndim, w->shape, FT_FLOAT32) < 0 ||
+        alloc_on(st, &o[2], inp, 1, &w->shape[0], FT_FLOAT32) < 0) {
         drop_outs(o, 3);
         return NULL;
     }
@@ -1174,8 +1188,8 @@ static PyObject *py_batch_norm_forward(PyObject *m, PyObject *args, PyObject *kw
         parse_out(st, o_invstd, "save_invstd", false, &o[2]) < 0)
         return NULL;
     int64_t C = inp->ndim >= 2 ? inp->shape[1] : 0;
-    if (alloc_like(st, &o[0], inp) < 0 || alloc_out(st, &o[1], NULL, 1, &C, FT_FLOAT32) < 0 ||
-        alloc_out(st, &o[2], NULL, 1, &C, FT_FLOAT32) < 0) {
+    if (alloc_like(st, &o[0], inp) < 0 || alloc_out(st, &o[1], inp, 1, &C, FT_FLOAT32) < 0 ||
+        alloc_out(st, &o[2], inp, 1, &C, FT_FLOAT32) < 0) {
         drop_outs(o, 3);
         return NULL;
     }
@@ -1208,8 +1222,8 @@ static PyObject *py_batch_norm_backward(PyObject *m, PyObject *args, PyObject *k
         parse_out(st, o_db, "dbias", true, &o[2]) < 0)
         return NULL;
     int64_t C = inp->ndim >= 2 ? inp->shape[1] : 0;
-    if (alloc_like(st, &o[0], inp) < 0 || alloc_out(st, &o[1], NULL, 1, &C, FT_FLOAT32) < 0 ||
-        alloc_out(st, &o[2], NULL, 1, &C, FT_FLOAT32) < 0) {
+    if (alloc_like(st, &o[0], inp) < 0 || alloc_out(st, &o[1], inp, 1, &C, FT_FLOAT32) < 0 ||
+        alloc_out(st, &o[2], inp, 1, &C, FT_FLOAT32) < 0) {
         drop_outs(o, 3);
         return NULL;
     }
@@ -1247,8 +1261,8 @@ static PyObject *py_layer_norm_forward(PyObject *m, PyObject *args, PyObject *kw
         parse_out(st, o_rstd, "save_rstd", true, &o[2]) < 0)
         return NULL;
     int64_t R = D > 0 ? ft_tensor_numel(inp) / D : 0;
-    if (alloc_out(st, &o[0], NULL, inp->ndim, inp->shape, FT_FLOAT32) < 0 ||
-        alloc_out(st, &o[1], NULL, 1, &R, FT_FLOAT32) < 0 || alloc_out(st, &o[2], NULL, 1, &R, FT_FLOAT32) < 0) {
+    if (alloc_out(st, &o[0], inp, inp->ndim, inp->shape, FT_FLOAT32) < 0 ||
+        alloc_out(st, &o[1], inp, 1, &R, FT_FLOAT32) < 0 || alloc_out(st, &o[2], inp, 1, &R, FT_FLOAT32) < 0) {
         drop_outs(o, 3);
         return NULL;
     }
@@ -1274,8 +1288,8 @@ static PyObject *py_layer_norm_backward(PyObject *m, PyObject *args, PyObject *k
         parse_out(st, o_dinp, "dinp", true, &o[0]) < 0 || parse_out(st, o_dw, "dweight", true, &o[1]) < 0 ||
         parse_out(st, o_db, "dbias", true, &o[2]) < 0)
         return NULL;
-    if (alloc_out(st, &o[0], NULL, inp->ndim, inp->shape, FT_FLOAT32) < 0 ||
-        alloc_out(st, &o[1], NULL, 1, &D, FT_FLOAT32) < 0 || alloc_out(st, &o[2], NULL, 1, &D, FT_FLOAT32) < 0) {
+    if (alloc_out(st, &o[0], inp, inp->ndim, inp->shape, FT_FLOAT32) < 0 ||
+        alloc_out(st, &o[1], inp, 1, &D, FT_FLOAT32) < 0 || alloc_out(st, &o[2], inp, 1, &D, FT_FLOAT32) < 0) {
         drop_outs(o, 3);
         return NULL;
     }

@@ -31,10 +31,12 @@ static ft_module_state *state_of(PyObject *self) { return ft_state_of_type(Py_TY
 
 /* ---- shared: params ---- */
 
-/* Checks the params (float32, contiguous, writable CPU tensors) and takes a
- * reference to each one's storage; `what` names the caller in messages. */
+/* Checks the params (float32, contiguous, writable tensors, all on the
+ * device of the first, which *device_out receives: the CPU when there are
+ * none) and takes a reference to each one's storage; `what` names the caller
+ * in messages. */
 static int take_params(ft_module_state *st, PyObject *params, const char *what, PyObject **tuple_out,
-                       ft_storage ***storages_out) {
+                       ft_storage ***storages_out, ft_device *device_out) {
     PyObject *tuple = PySequence_Tuple(params);
     if (!tuple)
         return -1;
@@ -51,12 +53,15 @@ static int take_params(ft_module_state *st, PyObject *params, const char *what, 
         return -1;
     }
     char arg[32];
+    ft_device device = FT_CPU;
     for (Py_ssize_t i = 0; i < n; i++) {
         snprintf(arg, sizeof arg, "param %zd", i);
         ft_tensor *t = ft_unwrap(st, PyTuple_GET_ITEM(tuple, i), arg);
         ft_status s = FT_OK;
         if (t) {
-            s = ft_check_cpu_float(what, arg, t, false);
+            if (i == 0)
+                device = ft_op_device(t);
+            s = ft_check_float_on(what, arg, t, device, "param 0", false);
             if (s == FT_OK && !ft_tensor_is_contiguous(t))
                 s = ft_fail(FT_ERR_VALUE, "%s: %s must be contiguous (call .contiguous() before handing it over)",
                             what, arg);
@@ -77,6 +82,7 @@ static int take_params(ft_module_state *st, PyObject *params, const char *what, 
     }
     *tuple_out = tuple;
     *storages_out = storages;
+    *device_out = device;
     return 0;
 }
 
@@ -164,7 +170,8 @@ static PyObject *optimizer_new(PyTypeObject *type, PyObject *args, PyObject *kwa
     PyObject *groups = NULL, *group_of = NULL;
     ft_optim_group *g = NULL;
     ft_optim_segment *segs = NULL;
-    if (take_params(st, params_obj, ft_optim_kind_name(kind), &self->params, &self->storages) < 0)
+    ft_device device;
+    if (take_params(st, params_obj, ft_optim_kind_name(kind), &self->params, &self->storages, &device) < 0)
         goto error;
     groups = PySequence_Tuple(groups_obj);
     group_of = groups ? PySequence_Tuple(group_of_obj) : NULL;
@@ -190,7 +197,7 @@ static PyObject *optimizer_new(PyTypeObject *type, PyObject *args, PyObject *kwa
             goto error;
         segs[i] = (ft_optim_segment){param_data(self->params, i), NULL, param_numel(self->params, i), group};
     }
-    ft_status s = ft_optimizer_create(&self->opt, kind, (int)ng, g, (int)ns, segs);
+    ft_status s = ft_optimizer_create_on(&self->opt, device, kind, (int)ng, g, (int)ns, segs);
     if (s != FT_OK) {
         ft_raise(s);
         goto error;
@@ -275,7 +282,7 @@ static PyObject *optimizer_step(PyObject *self, PyObject *args) {
         if (!g)
             goto error;
         const ft_tensor *p = &((ft_tensor_object *)PyTuple_GET_ITEM(o->params, i))->t;
-        s = ft_check_cpu_float(what, arg, g, false);
+        s = ft_check_float_on(what, arg, g, ft_optimizer_device(o->opt), "the params", false);
         if (s == FT_OK)
             s = ft_check_shape_as(what, arg, g, p);
         if (s == FT_OK && !ft_tensor_is_contiguous(g))
@@ -437,7 +444,8 @@ static PyObject *ema_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     ema_object *self = (ema_object *)type->tp_alloc(type, 0);
     if (!self)
         return NULL;
-    if (take_params(ft_state_of_type(type), params_obj, "EMA", &self->params, &self->storages) < 0) {
+    ft_device device;
+    if (take_params(ft_state_of_type(type), params_obj, "EMA", &self->params, &self->storages, &device) < 0) {
         Py_DECREF(self);
         return NULL;
     }
@@ -449,7 +457,7 @@ static PyObject *ema_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     }
     for (Py_ssize_t i = 0; i < n; i++)
         segs[i] = (ft_ema_segment){param_data(self->params, i), param_numel(self->params, i)};
-    ft_status s = ft_ema_create(&self->ema, (int)n, segs);
+    ft_status s = ft_ema_create_on(&self->ema, device, (int)n, segs);
     PyMem_RawFree(segs);
     if (s != FT_OK) {
         Py_DECREF(self);

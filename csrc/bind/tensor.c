@@ -222,9 +222,10 @@ static PyObject *m_to(PyObject *self, PyObject *args) {
 }
 
 /* Moves this tensor's values into `base`'s storage at element `offset`
- * (C-contiguous) and makes this object a view there. The object stays the
- * same, so whoever holds it (an optimizer's parameter list) then sees the
- * flat buffer: the contiguous-parameters trick without new objects. */
+ * (C-contiguous, on any device) and makes this object a view there. The
+ * object stays the same, so whoever holds it (an optimizer's parameter
+ * list) then sees the flat buffer: the contiguous-parameters trick without
+ * new objects, and Module.to's move to another device. */
 static PyObject *m_rebind(PyObject *self, PyObject *args) {
     PyObject *base_obj;
     long long offset;
@@ -233,8 +234,8 @@ static PyObject *m_rebind(PyObject *self, PyObject *args) {
     ft_tensor *base = ft_unwrap(state_of(self), base_obj, "base");
     if (!base)
         return NULL;
-    if (base->dtype != SELF->dtype || ft_tensor_device(base).type != ft_tensor_device(SELF).type)
-        return PyErr_Format(PyExc_TypeError, "_rebind: the flat buffer must have the tensor's dtype and device");
+    if (base->dtype != SELF->dtype)
+        return PyErr_Format(PyExc_TypeError, "_rebind: the flat buffer must have the tensor's dtype");
     int64_t itemsize = (int64_t)ft_dtype_get(SELF->dtype)->itemsize, strides[FT_MAX_DIMS];
     if (offset < 0 || offset > INT64_MAX / itemsize)
         return PyErr_Format(PyExc_ValueError, "_rebind: offset %lld is out of range", offset);

@@ -1,5 +1,8 @@
 #include "core/cuda.h"
 
+#include "core/alloc.h"
+#include "core/settings.h"
+
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -12,7 +15,20 @@ static char reason[512] = "the CUDA backend has not been loaded";
 
 static void *copy_streams[FT_MAX_CUDA_DEVICES];
 
-static const ft_cuda_host host = {.fail = ft_fail};
+static ft_status device_alloc(void **ptr, size_t *granted, size_t nbytes, int device) {
+    return ft_alloc(ptr, granted, nbytes, (ft_mem_pool){FT_MEM_CUDA, device});
+}
+
+static void device_free(void *ptr, size_t granted, int device) {
+    ft_free(ptr, granted, (ft_mem_pool){FT_MEM_CUDA, device});
+}
+
+static const ft_cuda_host host = {.fail = ft_fail,
+                                  .alloc = device_alloc,
+                                  .free = device_free,
+                                  .deterministic = ft_deterministic,
+                                  .benchmark = ft_benchmark,
+                                  .allow_tf32 = ft_allow_tf32};
 
 ft_status ft_cuda_load(const char *path) {
     pthread_mutex_lock(&load_lock);
@@ -49,6 +65,8 @@ done:
 
 const ft_cuda_api *ft_cuda(void) { return api; }
 
+const struct ft_cuda_ops *ft_cuda_op_table(void) { return api ? api->ops : NULL; }
+
 const char *ft_cuda_unavailable_reason(void) { return reason; }
 
 int ft_cuda_device_count(void) { return device_count; }
@@ -68,13 +86,24 @@ ft_status ft_cuda_copy_async(void *dst, const void *src, size_t nbytes, int devi
     ft_status st = copy_streams[device] ? FT_OK : api->stream_create(&copy_streams[device], device);
     pthread_mutex_unlock(&load_lock);
     FT_TRY(st);
-    void *done;
-    FT_TRY(api->event_create(&done, device));
-    st = api->memcpy(dst, src, nbytes, device, copy_streams[device]);
+    void *queued, *done;
+    FT_TRY(api->event_create(&queued, device));
+    st = api->event_create(&done, device);
+    if (st != FT_OK) {
+        api->event_destroy(queued);
+        return st;
+    }
+    st = api->event_record(queued, NULL);
+    if (st == FT_OK)
+        st = api->stream_wait_event(copy_streams[device], queued);
+    if (st == FT_OK)
+        st = api->memcpy(dst, src, nbytes, device, copy_streams[device]);
     if (st == FT_OK)
         st = api->event_record(done, copy_streams[device]);
     if (st == FT_OK)
         st = api->stream_wait_event(NULL, done);
-    api->event_destroy(done); /* CUDA frees it once the wait has passed */
+    /* CUDA frees the events once the waits on them have passed */
+    api->event_destroy(queued);
+    api->event_destroy(done);
     return st;
 }

@@ -15,11 +15,21 @@
 #include "core/device.h"
 #include "core/status.h"
 
-#define FT_CUDA_ABI 1
+#define FT_CUDA_ABI 2
 
-/* What the core lends the backend: its error recording. */
+/* The op table (ops/cuda_ops.h): an op layer type the core only carries. */
+struct ft_cuda_ops;
+
+/* What the core lends the backend: its error recording, device memory from
+ * the caching allocator (for workspaces and scratch of the ops), and the
+ * settings the ops consult (core/settings.h). */
 typedef struct {
     ft_status (*fail)(ft_status status, const char *fmt, ...);
+    ft_status (*alloc)(void **ptr, size_t *granted, size_t nbytes, int device);
+    void (*free)(void *ptr, size_t granted, int device);
+    bool (*deterministic)(void);
+    bool (*benchmark)(void);
+    bool (*allow_tf32)(void);
 } ft_cuda_host;
 
 /* Every function returns FT_OK or a status whose message is the CUDA
@@ -47,6 +57,7 @@ typedef struct {
     ft_status (*event_synchronize)(void *event);
     ft_status (*stream_wait_event)(void *stream, void *event);
     ft_status (*device_synchronize)(int device);
+    const struct ft_cuda_ops *ops;
 } ft_cuda_api;
 
 /* The entry point libfasttrain_cuda.so exports. */
@@ -62,12 +73,16 @@ const ft_cuda_api *ft_cuda(void);
 /* Why ft_cuda() is NULL ("" when it is not). */
 const char *ft_cuda_unavailable_reason(void);
 
+/* The backend's op table, or NULL when CUDA is unavailable. */
+const struct ft_cuda_ops *ft_cuda_op_table(void);
+
 /* Number of usable devices (0 without the backend). */
 int ft_cuda_device_count(void);
 
-/* Queues a copy of nbytes on the device's copy stream and makes its compute
- * (default) stream wait for it, so later device work sees the data while the
- * host goes on at once. */
+/* Queues a copy of nbytes on the device's copy stream, after the work queued
+ * on its compute (default) stream so far (the destination may be memory that
+ * work has just given back to the allocator), and makes the compute stream
+ * wait for it, so later device work sees the data while the host goes on. */
 ft_status ft_cuda_copy_async(void *dst, const void *src, size_t nbytes, int device);
 
 /* FT_OK when `index` names a usable CUDA device, else FT_ERR_DEVICE. */

@@ -3,7 +3,7 @@
 #include <omp.h>
 #include <stdatomic.h>
 
-static atomic_bool deterministic, benchmark;
+static atomic_bool deterministic, benchmark, allow_tf32;
 
 ft_status ft_set_num_threads(int n) {
     if (n < 1)
@@ -21,3 +21,7 @@ bool ft_deterministic(void) { return atomic_load(&deterministic); }
 void ft_set_benchmark(bool on) { atomic_store(&benchmark, on); }
 
 bool ft_benchmark(void) { return atomic_load(&benchmark); }
+
+void ft_set_allow_tf32(bool on) { atomic_store(&allow_tf32, on); }
+
+bool ft_allow_tf32(void) { return atomic_load(&allow_tf32); }

@@ -17,4 +17,9 @@ bool ft_deterministic(void);
 void ft_set_benchmark(bool on);
 bool ft_benchmark(void);
 
+/* ft.backends.allow_tf32: float32 convolutions and matmuls on CUDA may use
+ * TF32 tensor cores (10-bit mantissa products). Off by default. */
+void ft_set_allow_tf32(bool on);
+bool ft_allow_tf32(void);
+
 #endif

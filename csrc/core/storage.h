@@ -6,7 +6,9 @@
 #ifndef FT_CORE_STORAGE_H
 #define FT_CORE_STORAGE_H
 
+#ifndef __cplusplus
 #include <stdatomic.h>
+#endif
 #include <stdbool.h>
 #include <stddef.h>
 
@@ -14,8 +16,17 @@
 #include "core/device.h"
 #include "core/status.h"
 
+#ifdef __cplusplus
+/* The CUDA backend (C++) reads storages but never counts references. */
+typedef long ft_refcount;
+#else
+typedef atomic_long ft_refcount;
+_Static_assert(sizeof(atomic_long) == sizeof(long) && _Alignof(atomic_long) == _Alignof(long),
+               "the C++ view of ft_storage needs atomic_long to have long's layout");
+#endif
+
 typedef struct ft_storage {
-    atomic_long refcount;
+    ft_refcount refcount;
     void *data;
     size_t nbytes;
     ft_device device;

@@ -7,6 +7,7 @@
 
 #include "ops/activation.h"
 #include "ops/check.h"
+#include "ops/cuda_ops.h"
 #include "ops/dropout.h"
 #include "ops/elementwise.h"
 #include "ops/layernorm.h"
@@ -31,6 +32,7 @@ struct ft_program {
     ft_loss_spec loss;
     int64_t batch;
     bool channels_last;
+    ft_device device;       /* where the parameters, the arenas and every op of a step are */
     uint64_t seed, dropout_offset;
     int *last_consumer;     /* (n) the plan's last user of each node (see last_users) */
     block *train, *eval;    /* (n, NBUF) */
@@ -40,11 +42,12 @@ struct ft_program {
     ft_tensor grad_scratch; /* parameter gradients of micro-batches after the first */
     ft_tensor loss_value;   /* () float32 */
     ft_tensor one;          /* () float32 1: the loss's own gradient */
+    ft_tensor share;        /* () float32: a micro-batch's share of the batch's mean loss */
     bool *written;          /* (n) whether dout[i] holds a first contribution */
     uint64_t *dropout_at;   /* (n) the Philox offset of each dropout node's last mask */
     double *seconds;        /* (n, 2) time spent in each node's forward and backward */
-    float *stats_backup;    /* the batch-norm running statistics before the current step */
-    int64_t stats_floats;
+    ft_tensor stats_backup; /* (bytes) uint8: the batch-norm running statistics before the current step */
+    int64_t stats_bytes;
 };
 
 /* ---- shapes and buffers ---- */
@@ -193,7 +196,7 @@ static ft_status plan(ft_program *p, bool training, block *b, ft_storage **arena
     if (size < 0)
         return ft_fail(FT_ERR_NOMEM, "out of memory planning the activations");
     *bytes = size;
-    return ft_storage_new(arena, (size_t)size, FT_CPU, false);
+    return ft_storage_new(arena, (size_t)size, p->device, false);
 }
 
 /* The output view of node i for `rows` samples (x for the input node). */
@@ -305,6 +308,12 @@ static ft_status validate(const ft_program *p) {
         if (nd->kind == FT_NODE_LAYERNORM && (nd->norm_dims < 1 || nd->norm_dims > nd->ndim))
             return ft_fail(FT_ERR_VALUE, "program: layer norm node %d normalizes %d of %d dimensions", i,
                            nd->norm_dims, nd->ndim);
+        const ft_tensor *on[7] = {&nd->weight, &nd->bias, &nd->dweight, &nd->dbias, &nd->running_mean,
+                                  &nd->running_var, &nd->num_batches};
+        for (int k = 0; k < 7; k++)
+            if (on[k]->storage && !ft_device_eq(ft_op_device(on[k]), p->device))
+                return ft_fail(FT_ERR_DEVICE, "program: node %d has a parameter or buffer on another device than "
+                                              "the model's flat parameters", i);
         const ft_tensor *g[2] = {&nd->dweight, &nd->dbias};
         for (int k = 0; k < 2; k++) {
             if (!g[k]->storage)
@@ -336,6 +345,10 @@ void ft_program_destroy(ft_program *p) {
         ft_tensor_release(&p->loss_value);
     if (p->one.storage)
         ft_tensor_release(&p->one);
+    if (p->share.storage)
+        ft_tensor_release(&p->share);
+    if (p->stats_backup.storage)
+        ft_tensor_release(&p->stats_backup);
     free(p->nodes);
     free(p->last_consumer);
     free(p->train);
@@ -343,12 +356,11 @@ void ft_program_destroy(ft_program *p) {
     free(p->written);
     free(p->dropout_at);
     free(p->seconds);
-    free(p->stats_backup);
     free(p);
 }
 
 ft_status ft_program_create(ft_program **out, int nnodes, const ft_node *nodes, const ft_loss_spec *loss,
-                            int64_t batch, bool channels_last, uint64_t seed) {
+                            int64_t batch, bool channels_last, uint64_t seed, ft_device device) {
     if (nnodes < 2)
         return ft_fail(FT_ERR_VALUE, "program: a model needs an input and at least one layer");
     if (batch < 1)
@@ -359,6 +371,7 @@ ft_status ft_program_create(ft_program **out, int nnodes, const ft_node *nodes, 
     p->n = nnodes;
     p->batch = batch;
     p->channels_last = channels_last;
+    p->device = device;
     p->seed = seed;
     p->loss = *loss;
     p->nodes = malloc((size_t)nnodes * sizeof *p->nodes);
@@ -385,11 +398,13 @@ ft_status ft_program_create(ft_program **out, int nnodes, const ft_node *nodes, 
     if (s == FT_OK)
         s = plan(p, false, p->eval, &p->eval_arena, &p->eval_bytes);
     if (s == FT_OK)
-        s = ft_tensor_empty(&p->scratch, 1, (int64_t[]){batch * max_sample}, FT_FLOAT32, FT_CPU, false);
+        s = ft_tensor_empty(&p->scratch, 1, (int64_t[]){batch * max_sample}, FT_FLOAT32, device, false);
     if (s == FT_OK)
-        s = ft_tensor_empty(&p->loss_value, 0, NULL, FT_FLOAT32, FT_CPU, false);
+        s = ft_tensor_empty(&p->loss_value, 0, NULL, FT_FLOAT32, device, false);
     if (s == FT_OK)
-        s = ft_tensor_empty(&p->one, 0, NULL, FT_FLOAT32, FT_CPU, false);
+        s = ft_tensor_empty(&p->one, 0, NULL, FT_FLOAT32, device, false);
+    if (s == FT_OK)
+        s = ft_tensor_empty(&p->share, 0, NULL, FT_FLOAT32, device, false);
     if (s == FT_OK)
         s = ft_tensor_fill(&p->one, (ft_scalar){.kind = FT_SCALAR_FLOAT, .f = 1});
     for (int i = 0; s == FT_OK && i < nnodes; i++) {
@@ -397,18 +412,15 @@ ft_status ft_program_create(ft_program **out, int nnodes, const ft_node *nodes, 
         if (g->storage && !p->grad_scratch.storage) {
             /* Zeroed once: gradients that no node writes (a dropped bias) must add nothing. */
             int64_t numel = (int64_t)(g->storage->nbytes / 4);
-            s = ft_tensor_empty(&p->grad_scratch, 1, &numel, FT_FLOAT32, FT_CPU, false);
+            s = ft_tensor_empty(&p->grad_scratch, 1, &numel, FT_FLOAT32, device, false);
             if (s == FT_OK)
                 s = ft_tensor_fill(&p->grad_scratch, (ft_scalar){.kind = FT_SCALAR_FLOAT, .f = 0});
         }
         if (nodes[i].kind == FT_NODE_BATCHNORM && nodes[i].running_mean.storage)
-            p->stats_floats += 2 * nodes[i].shape[0] + 2; /* mean, var, and the int64 count as 2 floats */
+            p->stats_bytes += 8 * nodes[i].shape[0] + 8; /* mean, var, and the int64 count */
     }
-    if (s == FT_OK && p->stats_floats) {
-        p->stats_backup = malloc((size_t)p->stats_floats * sizeof *p->stats_backup);
-        if (!p->stats_backup)
-            s = ft_fail(FT_ERR_NOMEM, "out of memory creating a program");
-    }
+    if (s == FT_OK && p->stats_bytes)
+        s = ft_tensor_empty(&p->stats_backup, 1, &p->stats_bytes, FT_UINT8, device, false);
     if (s != FT_OK) {
         ft_program_destroy(p);
         return s;
@@ -431,26 +443,37 @@ void ft_program_memory(const ft_program *p, int64_t *train_bytes, int64_t *eval_
 
 /* ---- batch-norm running statistics ---- */
 
+/* `bytes` bytes at t's data as a flat uint8 tensor: byte copies between any
+ * two devices. */
+static ft_tensor bytes_of(const ft_tensor *t, int64_t bytes) {
+    ft_tensor v = {.storage = t->storage, .offset = t->offset, .dtype = FT_UINT8, .ndim = 1, .shape = {bytes},
+                   .strides = {1}};
+    return v;
+}
+
 /* Copies every batch norm's running mean, variance and count to or from
  * the backup (all contiguous: they are the model's own buffers). */
-static void copy_statistics(ft_program *p, bool save) {
-    float *at = p->stats_backup;
-    for (int i = 0; at && i < p->n; i++) {
+static ft_status copy_statistics(ft_program *p, bool save) {
+    int64_t at = 0;
+    for (int i = 0; p->stats_bytes && i < p->n; i++) {
         const ft_node *nd = &p->nodes[i];
         if (nd->kind != FT_NODE_BATCHNORM || !nd->running_mean.storage)
             continue;
-        void *parts[3] = {ft_tensor_data(&nd->running_mean), ft_tensor_data(&nd->running_var),
-                          nd->num_batches.storage ? ft_tensor_data(&nd->num_batches) : NULL};
-        size_t bytes[3] = {(size_t)nd->shape[0] * 4, (size_t)nd->shape[0] * 4, 8};
+        const ft_tensor *parts[3] = {&nd->running_mean, &nd->running_var, &nd->num_batches};
+        int64_t bytes[3] = {nd->shape[0] * 4, nd->shape[0] * 4, 8};
         for (int k = 0; k < 3; k++) {
-            if (parts[k])
-                memcpy(save ? (void *)at : parts[k], save ? parts[k] : (void *)at, bytes[k]);
-            at += bytes[k] / 4;
+            if (parts[k]->storage) {
+                ft_tensor model = bytes_of(parts[k], bytes[k]), backup = bytes_of(&p->stats_backup, bytes[k]);
+                backup.offset += at;
+                FT_TRY(ft_tensor_copy(save ? &backup : &model, save ? &model : &backup, false));
+            }
+            at += bytes[k];
         }
     }
+    return FT_OK;
 }
 
-void ft_program_undo_statistics(ft_program *p) { copy_statistics(p, false); }
+ft_status ft_program_undo_statistics(ft_program *p) { return copy_statistics(p, false); }
 
 void ft_program_dropout_state(const ft_program *p, uint64_t *seed, uint64_t *offset) {
     *seed = p->seed;
@@ -463,6 +486,14 @@ void ft_program_set_dropout_state(ft_program *p, uint64_t seed, uint64_t offset)
 }
 
 /* ---- forward ---- */
+
+/* counter (() int64) += 1 where it lives. */
+static ft_status count_batch(const ft_tensor *counter) {
+    if (ft_op_device(counter).type == FT_DEV_CUDA)
+        return FT_CUDA_CALL("batch_norm", increment, counter);
+    ++*(int64_t *)ft_tensor_data(counter);
+    return FT_OK;
+}
 
 static ft_status forward_node(ft_program *p, bool training, int i, int64_t rows, const ft_tensor *x) {
     const ft_node *nd = &p->nodes[i];
@@ -484,7 +515,7 @@ static ft_status forward_node(ft_program *p, bool training, int i, int64_t rows,
         bn.training = training && nd->bn.training;
         bn.act = nd->act;
         if (bn.training && nd->num_batches.storage)
-            ++*(int64_t *)ft_tensor_data(&nd->num_batches);
+            FT_TRY(count_batch(&nd->num_batches));
         return ft_batchnorm_forward(&out, &mean, &invstd, &in, w, b, nd->running_mean.storage ? &nd->running_mean : NULL,
                                     nd->running_var.storage ? &nd->running_var : NULL, &bn);
     }
@@ -547,44 +578,77 @@ static ft_status check_input(const ft_program *p, const ft_tensor *x) {
     const ft_node *in = &p->nodes[0];
     int64_t want[4] = {x->ndim ? x->shape[0] : 0};
     memcpy(want + 1, in->shape, (size_t)in->ndim * sizeof *want);
-    FT_TRY(ft_check_cpu_float("program", "input", x, false));
+    FT_TRY(ft_check_float("program", "input", x, false));
     FT_TRY(ft_check_shape("program", "input", x, in->ndim + 1, want));
     if (x->shape[0] < 1)
         return ft_fail(FT_ERR_SHAPE, "program: the batch is empty");
     return FT_OK;
 }
 
-static ft_status check_labels(const ft_program *p, const ft_tensor *y, int64_t rows) {
+/* A batch tensor where the program runs: t itself, or a copy (queued
+ * without waiting when t is in page-locked memory). The caller releases it. */
+static ft_status on_device(const ft_program *p, const ft_tensor *t, ft_tensor *out) {
+    if (ft_device_eq(ft_op_device(t), p->device)) {
+        ft_tensor_share(out, t);
+        return FT_OK;
+    }
+    return ft_tensor_to(out, t, t->dtype, p->device, false, true);
+}
+
+/* Labels checked on the host (a CUDA tensor is copied there first): *host
+ * gets them on the CPU, *dev where the program runs. On failure neither is
+ * held. */
+static ft_status labels(const ft_program *p, const ft_tensor *y, int64_t rows, ft_tensor *host, ft_tensor *dev) {
     int64_t classes = p->nodes[p->n - 1].shape[0];
     if (p->loss.mse) {
-        FT_TRY(ft_check_cpu_float("program", "targets", y, false));
-        return ft_check_shape("program", "targets", y, 2, (int64_t[]){rows, classes});
+        FT_TRY(ft_check_float("program", "targets", y, false));
+        FT_TRY(ft_check_shape("program", "targets", y, 2, (int64_t[]){rows, classes}));
+    } else if (y->ndim != 1 || y->shape[0] != rows || y->dtype != FT_INT64) {
+        return ft_fail(FT_ERR_SHAPE, "program: labels must be an int64 tensor of shape (%lld,)", (long long)rows);
     }
-    if (y->ndim != 1 || y->shape[0] != rows || y->dtype != FT_INT64 || ft_tensor_device(y).type == FT_DEV_CUDA)
-        return ft_fail(FT_ERR_SHAPE, "program: labels must be an int64 CPU tensor of shape (%lld,)", (long long)rows);
-    const char *base = ft_tensor_data(y);
-    for (int64_t r = 0; r < rows; r++) {
+    if (ft_op_device(y).type == FT_DEV_CPU)
+        ft_tensor_share(host, y);
+    else
+        FT_TRY(ft_tensor_to(host, y, y->dtype, FT_CPU, false, false));
+    const char *base = ft_tensor_data(host);
+    for (int64_t r = 0; !p->loss.mse && r < rows; r++) {
         int64_t v;
-        memcpy(&v, base + r * y->strides[0] * 8, 8);
-        if ((v < 0 || v >= classes) && v != p->loss.ignore_index)
+        memcpy(&v, base + r * host->strides[0] * 8, 8);
+        if ((v < 0 || v >= classes) && v != p->loss.ignore_index) {
+            ft_tensor_release(host);
             return ft_fail(FT_ERR_INDEX, "program: label %lld at position %lld is outside [0, %lld)", (long long)v,
                            (long long)r, (long long)classes);
+        }
     }
-    return FT_OK;
+    ft_status s = on_device(p, y, dev);
+    if (s != FT_OK)
+        ft_tensor_release(host);
+    return s;
+}
+
+/* The value of a () float32 tensor on any device (waits for a CUDA one). */
+static ft_status scalar_value(const ft_tensor *t, double *v) {
+    float f;
+    ft_tensor host;
+    FT_TRY(ft_tensor_borrow(&host, &f, 0, NULL, NULL, FT_FLOAT32, FT_CPU, false, ft_storage_unowned, NULL));
+    ft_status s = ft_tensor_copy(&host, t, false);
+    ft_tensor_release(&host);
+    *v = f;
+    return s;
 }
 
 /* ---- loss and backward ---- */
 
 /* loss (()) of the outputs against y with the given reduction, and its
  * gradient into dout when that is not NULL. */
-static ft_status compute_loss(ft_program *p, const ft_tensor *out, const ft_tensor *y, ft_reduction r,
-                              const ft_tensor *dout) {
+static ft_status compute_loss(ft_program *p, const ft_tensor *loss, const ft_tensor *out, const ft_tensor *y,
+                              ft_reduction r, const ft_tensor *dout) {
     if (!p->loss.mse) {
         ft_cross_entropy_params ce = {.label_smoothing = p->loss.label_smoothing, .ignore_index = p->loss.ignore_index,
                                       .reduction = r};
-        return ft_cross_entropy_forward(&p->loss_value, dout, out, y, NULL, &ce);
+        return ft_cross_entropy_forward(loss, dout, out, y, NULL, &ce);
     }
-    FT_TRY(ft_mse_loss_forward(&p->loss_value, out, y, r));
+    FT_TRY(ft_mse_loss_forward(loss, out, y, r));
     return dout ? ft_mse_loss_backward(dout, NULL, &p->one, out, y, r, false, false) : FT_OK;
 }
 
@@ -593,12 +657,17 @@ static ft_status compute_loss(ft_program *p, const ft_tensor *out, const ft_tens
 static ft_status loss_and_grad(ft_program *p, int64_t rows, const ft_tensor *y, double scale, double *loss) {
     int last = p->n - 1;
     ft_tensor logits = node_out(p, true, last, rows, NULL), dlogits = node_dout(p, last, rows);
-    FT_TRY(compute_loss(p, &logits, y, p->loss.sum ? FT_REDUCTION_SUM : FT_REDUCTION_MEAN, &dlogits));
-    *loss += scale * ((const float *)ft_tensor_data(&p->loss_value))[0];
+    FT_TRY(compute_loss(p, &p->loss_value, &logits, y, p->loss.sum ? FT_REDUCTION_SUM : FT_REDUCTION_MEAN,
+                        &dlogits));
+    double value;
+    FT_TRY(scalar_value(&p->loss_value, &value));
+    *loss += scale * value;
     if (scale != 1.0) { /* a micro-batch's share of the whole batch's mean */
-        float *g = (float *)ft_tensor_data(&dlogits);
-        for (int64_t k = 0; k < ft_tensor_numel(&dlogits); k++)
-            g[k] *= (float)scale;
+        FT_TRY(ft_tensor_fill(&p->share, (ft_scalar){.kind = FT_SCALAR_FLOAT, .f = (float)scale}));
+        ft_tensor share = p->share; /* broadcast over dlogits by zero strides */
+        share.ndim = dlogits.ndim;
+        memcpy(share.shape, dlogits.shape, sizeof share.shape);
+        FT_TRY(ft_mul_forward(&dlogits, &dlogits, &share));
     }
     p->written[grad_owner(p, last)] = true;
     return FT_OK;
@@ -769,16 +838,13 @@ static ft_status backward_node(ft_program *p, int i, int64_t rows, const ft_tens
 }
 
 /* grads += scratch over the whole flat gradient buffer. */
-static void add_flat(const ft_program *p, const ft_storage *grads) {
-    float *dst = grads->data;
-    const float *src = p->grad_scratch.storage->data;
+static ft_status add_flat(const ft_program *p, ft_storage *grads) {
     int64_t n = (int64_t)(grads->nbytes / 4);
-#pragma omp parallel for schedule(static) if (n > 65536)
-    for (int64_t k = 0; k < n; k++)
-        dst[k] += src[k];
+    ft_tensor g = {.storage = grads, .dtype = FT_FLOAT32, .ndim = 1, .shape = {n}, .strides = {1}};
+    return ft_add_forward(&g, &g, &p->grad_scratch, (ft_act){FT_ACT_NONE, 0});
 }
 
-static const ft_storage *grad_storage(const ft_program *p) {
+static ft_storage *grad_storage(const ft_program *p) {
     for (int i = 0; i < p->n; i++) {
         if (p->nodes[i].dweight.storage)
             return p->nodes[i].dweight.storage;
@@ -788,32 +854,43 @@ static const ft_storage *grad_storage(const ft_program *p) {
     return NULL;
 }
 
-ft_status ft_program_backward(ft_program *p, const ft_tensor *x, const ft_tensor *y, double *loss) {
-    FT_TRY(check_input(p, x));
+/* The steps of ft_program_backward over x and y where the program runs. */
+static ft_status backward_batches(ft_program *p, const ft_tensor *x, const ft_tensor *y, double *loss) {
     int64_t B = x->shape[0];
-    FT_TRY(check_labels(p, y, B));
-    *loss = 0;
-    copy_statistics(p, true);
-    const ft_storage *grads = grad_storage(p);
+    FT_TRY(copy_statistics(p, true));
+    ft_storage *grads = grad_storage(p);
     for (int64_t r0 = 0, m = 0; r0 < B; r0 += p->batch, m++) {
         int64_t rows = B - r0 < p->batch ? B - r0 : p->batch;
         ft_tensor xm = rows_of(x, r0, rows), ym = rows_of(y, r0, rows);
         FT_TRY(forward(p, true, rows, &xm));
         memset(p->written, 0, (size_t)p->n * sizeof *p->written);
         FT_TRY(loss_and_grad(p, rows, &ym, p->loss.sum ? 1.0 : (double)rows / (double)B, loss));
-        if (!isfinite(*loss)) { /* the caller refuses or skips this step: leave no trace of it */
-            copy_statistics(p, false);
-            return FT_OK;
-        }
+        if (!isfinite(*loss)) /* the caller refuses or skips this step: leave no trace of it */
+            return copy_statistics(p, false);
         for (int i = p->n - 1; i > 0; i--) {
             double t0 = omp_get_wtime();
             FT_TRY(backward_node(p, i, rows, &xm, m > 0));
             p->seconds[2 * i + 1] += omp_get_wtime() - t0;
         }
         if (m > 0 && grads)
-            add_flat(p, grads);
+            FT_TRY(add_flat(p, grads));
     }
     return FT_OK;
+}
+
+ft_status ft_program_backward(ft_program *p, const ft_tensor *x, const ft_tensor *y, double *loss) {
+    FT_TRY(check_input(p, x));
+    ft_tensor yh, yd, xd;
+    FT_TRY(labels(p, y, x->shape[0], &yh, &yd));
+    ft_status s = on_device(p, x, &xd);
+    if (s == FT_OK) {
+        *loss = 0;
+        s = backward_batches(p, &xd, &yd, loss);
+        ft_tensor_release(&xd);
+    }
+    ft_tensor_release(&yh);
+    ft_tensor_release(&yd);
+    return s;
 }
 
 ft_status ft_program_forward(ft_program *p, const ft_tensor *x, const ft_tensor *out) {
@@ -822,20 +899,27 @@ ft_status ft_program_forward(ft_program *p, const ft_tensor *x, const ft_tensor 
     const ft_node *last = &p->nodes[p->n - 1];
     FT_TRY(ft_check_shape("program", "out", out, 2, (int64_t[]){B, last->shape[0]}));
     FT_TRY(ft_check_output("program", "out", out));
-    for (int64_t r0 = 0; r0 < B; r0 += p->batch) {
+    ft_tensor xd;
+    FT_TRY(on_device(p, x, &xd));
+    ft_status s = FT_OK;
+    for (int64_t r0 = 0; s == FT_OK && r0 < B; r0 += p->batch) {
         int64_t rows = B - r0 < p->batch ? B - r0 : p->batch;
-        ft_tensor xm = rows_of(x, r0, rows), om = rows_of(out, r0, rows);
-        FT_TRY(forward(p, false, rows, &xm));
-        ft_tensor logits = node_out(p, false, p->n - 1, rows, &xm);
-        FT_TRY(ft_tensor_copy(&om, &logits, false));
+        ft_tensor xm = rows_of(&xd, r0, rows), om = rows_of(out, r0, rows);
+        s = forward(p, false, rows, &xm);
+        if (s == FT_OK) {
+            ft_tensor logits = node_out(p, false, p->n - 1, rows, &xm);
+            s = ft_tensor_copy(&om, &logits, false);
+        }
     }
-    return FT_OK;
+    ft_tensor_release(&xd);
+    return s;
 }
 
-/* Logits of x for `rows` samples into `logits` (a (rows, classes) view of
- * the loss scratch space), averaged with those of the horizontally mirrored
- * images when tta_flip is set. */
-static ft_status eval_logits(ft_program *p, const ft_tensor *x, int64_t rows, bool tta_flip, ft_tensor *logits) {
+/* Logits of x (where the program runs) for `rows` samples into the CPU
+ * tensor `logits`, averaged with those of the horizontally mirrored images
+ * when tta_flip is set; `other` is CPU space of logits' shape. */
+static ft_status eval_logits(ft_program *p, const ft_tensor *x, int64_t rows, bool tta_flip, const ft_tensor *logits,
+                             const ft_tensor *other) {
     FT_TRY(forward(p, false, rows, x));
     ft_tensor out = node_out(p, false, p->n - 1, rows, x);
     FT_TRY(ft_tensor_copy(logits, &out, false));
@@ -846,15 +930,17 @@ static ft_status eval_logits(ft_program *p, const ft_tensor *x, int64_t rows, bo
     ft_tensor mirror = *x, flipped;
     mirror.offset += (x->shape[3] - 1) * x->strides[3] * 4;
     mirror.strides[3] = -x->strides[3];
-    FT_TRY(ft_tensor_empty(&flipped, 4, x->shape, FT_FLOAT32, FT_CPU, false));
+    FT_TRY(ft_tensor_empty(&flipped, 4, x->shape, FT_FLOAT32, p->device, false));
     ft_status s = ft_tensor_copy(&flipped, &mirror, false);
     if (s == FT_OK)
         s = forward(p, false, rows, &flipped);
     if (s == FT_OK) {
         out = node_out(p, false, p->n - 1, rows, &flipped);
-        s = ft_add_forward(logits, logits, &out, (ft_act){FT_ACT_NONE, 0});
+        s = ft_tensor_copy(other, &out, false);
     }
     ft_tensor_release(&flipped);
+    if (s == FT_OK)
+        s = ft_add_forward(logits, logits, other, (ft_act){FT_ACT_NONE, 0});
     if (s == FT_OK) {
         float *l = (float *)ft_tensor_data(logits);
         for (int64_t k = 0; k < ft_tensor_numel(logits); k++)
@@ -863,23 +949,25 @@ static ft_status eval_logits(ft_program *p, const ft_tensor *x, int64_t rows, bo
     return s;
 }
 
-ft_status ft_program_evaluate(ft_program *p, const ft_tensor *x, const ft_tensor *y, bool tta_flip, double *loss_sum,
-                              int64_t *correct) {
-    FT_TRY(check_input(p, x));
+/* ft_program_evaluate over x where the program runs and CPU labels y:
+ * the loss and the argmax are taken on the CPU copy of the logits. */
+static ft_status evaluate_batches(ft_program *p, const ft_tensor *x, const ft_tensor *y, bool tta_flip,
+                                  double *loss_sum, int64_t *correct, const ft_tensor *logits, const ft_tensor *other) {
     int64_t B = x->shape[0], classes = p->nodes[p->n - 1].shape[0];
-    FT_TRY(check_labels(p, y, B));
-    ft_tensor logits;
-    FT_TRY(ft_tensor_empty(&logits, 2, (int64_t[]){p->batch, classes}, FT_FLOAT32, FT_CPU, false));
+    float loss_value;
+    ft_tensor loss;
+    FT_TRY(ft_tensor_borrow(&loss, &loss_value, 0, NULL, NULL, FT_FLOAT32, FT_CPU, false, ft_storage_unowned, NULL));
     ft_status s = FT_OK;
     for (int64_t r0 = 0; s == FT_OK && r0 < B; r0 += p->batch) {
         int64_t rows = B - r0 < p->batch ? B - r0 : p->batch;
-        ft_tensor xm = rows_of(x, r0, rows), ym = rows_of(y, r0, rows), lm = rows_of(&logits, 0, rows);
-        s = eval_logits(p, &xm, rows, tta_flip, &lm);
+        ft_tensor xm = rows_of(x, r0, rows), ym = rows_of(y, r0, rows), lm = rows_of(logits, 0, rows),
+                  om = rows_of(other, 0, rows);
+        s = eval_logits(p, &xm, rows, tta_flip, &lm, &om);
         if (s == FT_OK)
-            s = compute_loss(p, &lm, &ym, FT_REDUCTION_SUM, NULL);
+            s = compute_loss(p, &loss, &lm, &ym, FT_REDUCTION_SUM, NULL);
         if (s != FT_OK)
             break;
-        *loss_sum += ((const float *)ft_tensor_data(&p->loss_value))[0];
+        *loss_sum += loss_value;
         const float *l = (const float *)ft_tensor_data(&lm);
         for (int64_t r = 0; !p->loss.mse && r < rows; r++) {
             int64_t best = 0, label;
@@ -890,6 +978,33 @@ ft_status ft_program_evaluate(ft_program *p, const ft_tensor *x, const ft_tensor
             *correct += best == label;
         }
     }
-    ft_tensor_release(&logits);
+    ft_tensor_release(&loss);
+    return s;
+}
+
+ft_status ft_program_evaluate(ft_program *p, const ft_tensor *x, const ft_tensor *y, bool tta_flip, double *loss_sum,
+                              int64_t *correct) {
+    FT_TRY(check_input(p, x));
+    int64_t classes = p->nodes[p->n - 1].shape[0];
+    ft_tensor yh, yd, xd, logits, other;
+    FT_TRY(labels(p, y, x->shape[0], &yh, &yd));
+    ft_tensor_release(&yd);
+    ft_status s = on_device(p, x, &xd);
+    if (s != FT_OK) {
+        ft_tensor_release(&yh);
+        return s;
+    }
+    int64_t shape[2] = {p->batch, classes};
+    s = ft_tensor_empty(&logits, 2, shape, FT_FLOAT32, FT_CPU, false);
+    if (s == FT_OK) {
+        s = ft_tensor_empty(&other, 2, shape, FT_FLOAT32, FT_CPU, false);
+        if (s == FT_OK) {
+            s = evaluate_batches(p, &xd, &yh, tta_flip, loss_sum, correct, &logits, &other);
+            ft_tensor_release(&other);
+        }
+        ft_tensor_release(&logits);
+    }
+    ft_tensor_release(&xd);
+    ft_tensor_release(&yh);
     return s;
 }

@@ -65,10 +65,14 @@ typedef struct {
 
 typedef struct ft_program ft_program;
 
-/* Plans the program for micro-batches of up to `batch` samples. The nodes
- * are copied; their parameter views must outlive the program. */
+/* Plans the program for micro-batches of up to `batch` samples on
+ * `device`, where every parameter must be and where its activations, and
+ * every op of its steps, will be. Batches may come from any device (a CUDA
+ * program copies CPU batches over, without waiting when they are in
+ * page-locked memory). The nodes are copied; their parameter views must
+ * outlive the program. */
 ft_status ft_program_create(ft_program **out, int nnodes, const ft_node *nodes, const ft_loss_spec *loss,
-                            int64_t batch, bool channels_last, uint64_t seed);
+                            int64_t batch, bool channels_last, uint64_t seed, ft_device device);
 void ft_program_destroy(ft_program *p);
 
 /* Forward and backward of one batch x (B, ...) with labels y (B,) (int64;
@@ -83,7 +87,7 @@ ft_status ft_program_backward(ft_program *p, const ft_tensor *x, const ft_tensor
 
 /* Puts the batch-norm running statistics (and batch counts) back as they
  * were before the last ft_program_backward: for a step the caller drops. */
-void ft_program_undo_statistics(ft_program *p);
+ft_status ft_program_undo_statistics(ft_program *p);
 
 /* The Philox key and offset of the next dropout mask (checkpoints save them). */
 void ft_program_dropout_state(const ft_program *p, uint64_t *seed, uint64_t *offset);

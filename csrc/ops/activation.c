@@ -6,6 +6,7 @@
 #include <stdio.h>
 
 #include "ops/check.h"
+#include "ops/cuda_ops.h"
 #include "ops/pointwise.h"
 
 const char *ft_act_name(ft_act_kind kind) {
@@ -122,11 +123,14 @@ static ft_status check_act(const char *op, ft_act act) {
 ft_status ft_activation_forward(const ft_tensor *out, const ft_tensor *inp, ft_act act) {
     const char *op = ft_act_name(act.kind);
     FT_TRY(check_act(op, act));
-    FT_TRY(ft_check_cpu_float(op, "inp", inp, true));
-    FT_TRY(ft_check_cpu_float(op, "out", out, true));
+    ft_device dev = ft_op_device(inp);
+    FT_TRY(ft_check_float_on(op, "inp", inp, dev, "inp", true));
+    FT_TRY(ft_check_float_on(op, "out", out, dev, "inp", true));
     FT_TRY(ft_check_shape_as(op, "out", out, inp));
     FT_TRY(ft_check_output(op, "out", out));
     FT_TRY(ft_check_alias(op, "out", out, "inp", inp));
+    if (dev.type == FT_DEV_CUDA)
+        FT_CUDA_DISPATCH(op, activation_forward, out, inp, act);
     act_ctx c = {act, false, false};
     ft_pw_loop l = {.nops = 2, .nout = 1, .t = {out, inp}, .fn = fwd_kernel, .ctx = &c};
     ft_pw_run(&l);
@@ -148,14 +152,17 @@ ft_status ft_activation_backward(const ft_tensor *dinp, const ft_tensor *dout, c
                        op, ft_act_name(act.kind), act.kind == FT_ACT_LEAKY_RELU ? " for a negative slope" : "");
     }
     const char *saved_arg = from_output ? "out" : "inp";
-    FT_TRY(ft_check_cpu_float(op, "dout", dout, true));
-    FT_TRY(ft_check_cpu_float(op, "dinp", dinp, true));
-    FT_TRY(ft_check_cpu_float(op, saved_arg, saved, true));
+    ft_device dev = ft_op_device(dout);
+    FT_TRY(ft_check_float_on(op, "dout", dout, dev, "dout", true));
+    FT_TRY(ft_check_float_on(op, "dinp", dinp, dev, "dout", true));
+    FT_TRY(ft_check_float_on(op, saved_arg, saved, dev, "dout", true));
     FT_TRY(ft_check_shape_as(op, "dinp", dinp, dout));
     FT_TRY(ft_check_shape_as(op, saved_arg, saved, dout));
     FT_TRY(ft_check_output(op, "dinp", dinp));
     FT_TRY(ft_check_alias(op, "dinp", dinp, "dout", dout));
     FT_TRY(ft_check_alias(op, "dinp", dinp, saved_arg, saved));
+    if (dev.type == FT_DEV_CUDA)
+        FT_CUDA_DISPATCH(op, activation_backward, dinp, dout, inp, out, act, accumulate);
     act_ctx c = {act, from_output, accumulate};
     ft_pw_loop l = {.nops = 3, .nout = 1, .t = {dinp, dout, saved}, .read_outputs = accumulate,
                     .fn = bwd_kernel, .ctx = &c};

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ops/check.h"
+#include "ops/cuda_ops.h"
 #include "ops/pointwise.h"
 
 /* Rows per partial sum in channels-last layout (fixes the reduction order). */
@@ -29,15 +31,14 @@ static bool is_channels_last(const ft_tensor *t) {
     return ft_tensor_is_contiguous(&nhwc);
 }
 
-static ft_status layout_of(layout *l, const ft_tensor *t, const char *arg) {
+/* Every tensor of a call is on dev, the input's device. */
+static ft_status layout_of(layout *l, const ft_tensor *t, const char *arg, ft_device dev) {
     if (t->ndim != 2 && t->ndim != 4)
         return ft_fail(FT_ERR_SHAPE, "batch_norm: %s must be (N, C) or (N, C, H, W), got %d dimensions", arg,
                        t->ndim);
     if (t->dtype != FT_FLOAT32)
         return ft_fail(FT_ERR_DTYPE, "batch_norm: %s must be float32, got %s", arg, ft_dtype_get(t->dtype)->name);
-    if (ft_tensor_device(t).type != FT_DEV_CPU)
-        return ft_fail(FT_ERR_DEVICE, "batch_norm: %s is on a CUDA device; batch_norm has no CUDA implementation yet",
-                       arg);
+    FT_TRY(ft_check_on("batch_norm", arg, t, dev, "input"));
     l->N = t->shape[0];
     l->C = t->shape[1];
     l->S = t->ndim == 4 ? t->shape[2] * t->shape[3] : 1;
@@ -47,9 +48,10 @@ static ft_status layout_of(layout *l, const ft_tensor *t, const char *arg) {
     return FT_OK;
 }
 
-static ft_status same_layout(const layout *want, const ft_tensor *t, const ft_tensor *ref, const char *arg) {
+static ft_status same_layout(const layout *want, const ft_tensor *t, const ft_tensor *ref, const char *arg,
+                             ft_device dev) {
     layout l;
-    FT_TRY(layout_of(&l, t, arg));
+    FT_TRY(layout_of(&l, t, arg, dev));
     if (t->ndim != ref->ndim || memcmp(t->shape, ref->shape, (size_t)t->ndim * sizeof *t->shape) != 0)
         return ft_fail(FT_ERR_SHAPE, "batch_norm: %s must have the input's shape", arg);
     if (l.channels_last != want->channels_last)
@@ -58,13 +60,13 @@ static ft_status same_layout(const layout *want, const ft_tensor *t, const ft_te
     return FT_OK;
 }
 
-static ft_status channel_vector(const ft_tensor *t, int64_t C, const char *arg) {
+static ft_status channel_vector(const ft_tensor *t, int64_t C, const char *arg, ft_device dev) {
     if (!t)
         return FT_OK;
-    if (t->ndim != 1 || t->shape[0] != C || t->dtype != FT_FLOAT32 || t->strides[0] != 1 ||
-        ft_tensor_device(t).type != FT_DEV_CPU)
-        return ft_fail(FT_ERR_SHAPE, "batch_norm: %s must be a contiguous float32 CPU tensor of shape (%lld,)", arg,
-                       (long long)C);
+    FT_TRY(ft_check_on("batch_norm", arg, t, dev, "input"));
+    if (t->ndim != 1 || t->shape[0] != C || t->dtype != FT_FLOAT32 || t->strides[0] != 1)
+        return ft_fail(FT_ERR_SHAPE, "batch_norm: %s must be a contiguous float32 %s tensor of shape (%lld,)", arg,
+                       dev.type == FT_DEV_CUDA ? "CUDA" : "CPU", (long long)C);
     return FT_OK;
 }
 
@@ -216,26 +218,32 @@ ft_status ft_batchnorm_forward(const ft_tensor *out, const ft_tensor *save_mean,
                                const ft_tensor *inp, const ft_tensor *weight, const ft_tensor *bias,
                                const ft_tensor *running_mean, const ft_tensor *running_var,
                                const ft_batchnorm_params *p) {
+    ft_device dev = ft_op_device(inp);
     layout l;
-    FT_TRY(layout_of(&l, inp, "input"));
-    FT_TRY(same_layout(&l, out, inp, "out"));
+    FT_TRY(layout_of(&l, inp, "input", dev));
+    FT_TRY(same_layout(&l, out, inp, "out", dev));
     FT_TRY(ft_tensor_check_writable(out, "batch_norm"));
     int64_t C = l.C, M = l.N * l.S;
-    FT_TRY(channel_vector(save_mean, C, "save_mean"));
-    FT_TRY(channel_vector(save_invstd, C, "save_invstd"));
-    FT_TRY(channel_vector(weight, C, "weight"));
-    FT_TRY(channel_vector(bias, C, "bias"));
-    FT_TRY(channel_vector(running_mean, C, "running_mean"));
-    FT_TRY(channel_vector(running_var, C, "running_var"));
+    FT_TRY(channel_vector(save_mean, C, "save_mean", dev));
+    FT_TRY(channel_vector(save_invstd, C, "save_invstd", dev));
+    FT_TRY(channel_vector(weight, C, "weight", dev));
+    FT_TRY(channel_vector(bias, C, "bias", dev));
+    FT_TRY(channel_vector(running_mean, C, "running_mean", dev));
+    FT_TRY(channel_vector(running_var, C, "running_var", dev));
     if (!save_mean || !save_invstd)
         return ft_fail(FT_ERR_VALUE, "batch_norm: save_mean and save_invstd are required");
     if (!(p->eps > 0) || !(p->momentum >= 0 && p->momentum <= 1))
         return ft_fail(FT_ERR_VALUE, "batch_norm: eps must be > 0 and momentum in [0, 1]");
     if (!p->training && (!running_mean || !running_var))
         return ft_fail(FT_ERR_VALUE, "batch_norm: eval mode needs running_mean and running_var");
+    if (!running_mean != !running_var)
+        return ft_fail(FT_ERR_VALUE, "batch_norm: running_mean and running_var go together");
     if (p->training && M <= 1)
         return ft_fail(FT_ERR_VALUE, "batch_norm: training needs more than 1 value per channel, got %lld",
                        (long long)M);
+    if (dev.type == FT_DEV_CUDA)
+        FT_CUDA_DISPATCH("batch_norm", batchnorm_forward, out, save_mean, save_invstd, inp, weight, bias,
+                         running_mean, running_var, p);
     float *mean = (float *)ft_tensor_data(save_mean), *invstd = (float *)ft_tensor_data(save_invstd);
     const float *x = (const float *)ft_tensor_data(inp);
     float *scale = malloc((size_t)(2 * C + 1) * sizeof *scale), *shift = scale ? scale + C : NULL;
@@ -298,28 +306,32 @@ ft_status ft_batchnorm_backward(const ft_tensor *dinp, const ft_tensor *dweight,
                                 const ft_tensor *dout, const ft_tensor *inp, const ft_tensor *out,
                                 const ft_tensor *weight, const ft_tensor *save_mean, const ft_tensor *save_invstd,
                                 const ft_batchnorm_params *p) {
+    ft_device dev = ft_op_device(inp);
     layout l;
-    FT_TRY(layout_of(&l, inp, "input"));
-    FT_TRY(same_layout(&l, dout, inp, "grad_output"));
+    FT_TRY(layout_of(&l, inp, "input", dev));
+    FT_TRY(same_layout(&l, dout, inp, "grad_output", dev));
     if (p->act.kind != FT_ACT_NONE) {
         if (!out)
             return ft_fail(FT_ERR_VALUE, "batch_norm: the fused activation's backward needs the forward output");
         if (!ft_act_grad_uses_output(p->act))
             return ft_fail(FT_ERR_VALUE, "batch_norm: only relu, leaky relu, sigmoid and tanh can be fused");
-        FT_TRY(same_layout(&l, out, inp, "out"));
+        FT_TRY(same_layout(&l, out, inp, "out", dev));
     }
     if (dinp) {
-        FT_TRY(same_layout(&l, dinp, inp, "grad_input"));
+        FT_TRY(same_layout(&l, dinp, inp, "grad_input", dev));
         FT_TRY(ft_tensor_check_writable(dinp, "batch_norm backward"));
     }
     int64_t C = l.C, M = l.N * l.S;
-    FT_TRY(channel_vector(weight, C, "weight"));
-    FT_TRY(channel_vector(save_mean, C, "save_mean"));
-    FT_TRY(channel_vector(save_invstd, C, "save_invstd"));
-    FT_TRY(channel_vector(dweight, C, "grad_weight"));
-    FT_TRY(channel_vector(dbias, C, "grad_bias"));
+    FT_TRY(channel_vector(weight, C, "weight", dev));
+    FT_TRY(channel_vector(save_mean, C, "save_mean", dev));
+    FT_TRY(channel_vector(save_invstd, C, "save_invstd", dev));
+    FT_TRY(channel_vector(dweight, C, "grad_weight", dev));
+    FT_TRY(channel_vector(dbias, C, "grad_bias", dev));
     if (!save_mean || !save_invstd)
         return ft_fail(FT_ERR_VALUE, "batch_norm: save_mean and save_invstd are required");
+    if (dev.type == FT_DEV_CUDA)
+        FT_CUDA_DISPATCH("batch_norm", batchnorm_backward, dinp, dweight, dbias, dout, inp, out, weight, save_mean,
+                         save_invstd, p);
     const float *x = (const float *)ft_tensor_data(inp), *dy = (const float *)ft_tensor_data(dout);
     const float *y = out ? (const float *)ft_tensor_data(out) : NULL;
     const float *mean = (const float *)ft_tensor_data(save_mean), *invstd = (const float *)ft_tensor_data(save_invstd);

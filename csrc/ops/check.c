@@ -25,6 +25,23 @@ ft_status ft_check_cpu(const char *op, const char *arg, const ft_tensor *t) {
     return ft_fail(FT_ERR_DEVICE, "%s: %s is on an unsupported device (type %d)", op, arg, d.type);
 }
 
+static const char *device_str(char *buf, size_t n, ft_device d) {
+    if (d.type == FT_DEV_CUDA)
+        snprintf(buf, n, "cuda:%d", d.index);
+    else
+        snprintf(buf, n, "cpu");
+    return buf;
+}
+
+ft_status ft_check_on(const char *op, const char *arg, const ft_tensor *t, ft_device dev, const char *ref_arg) {
+    ft_device d = ft_op_device(t);
+    if (ft_device_eq(d, dev))
+        return FT_OK;
+    char have[24], want[24];
+    return ft_fail(FT_ERR_DEVICE, "%s: %s is on %s, %s on %s; move them to one device", op, arg,
+                   device_str(have, sizeof have, d), ref_arg, device_str(want, sizeof want, dev));
+}
+
 ft_status ft_check_float(const char *op, const char *arg, const ft_tensor *t, bool allow_bf16) {
     if (t->dtype == FT_FLOAT32 || (allow_bf16 && t->dtype == FT_BFLOAT16))
         return FT_OK;

@@ -6,6 +6,7 @@
 #include "core/settings.h"
 #include "ops/autotune.h"
 #include "ops/check.h"
+#include "ops/cuda_ops.h"
 #include "ops/onednn.h"
 #include "ops/reduce.h"
 
@@ -235,8 +236,9 @@ static ft_status execute(conv_key *k, const conv_data *d) {
 }
 
 static ft_status check_common(const ft_tensor *inp, const ft_tensor *w, int64_t *want_out, const ft_conv2d_params *p) {
-    FT_TRY(ft_check_cpu_float("conv2d", "input", inp, true));
-    FT_TRY(ft_check_cpu_float("conv2d", "weight", w, true));
+    ft_device dev = ft_op_device(inp);
+    FT_TRY(ft_check_float_on("conv2d", "input", inp, dev, "input", true));
+    FT_TRY(ft_check_float_on("conv2d", "weight", w, dev, "input", true));
     if (inp->ndim != 4)
         return ft_fail(FT_ERR_SHAPE, "conv2d: input must be 4-d (N, C, H, W), got %d dimensions", inp->ndim);
     if (w->ndim != 4)
@@ -262,16 +264,21 @@ ft_status ft_conv2d_forward(const ft_tensor *out, const ft_tensor *inp, const ft
                             const ft_conv2d_params *p, const ft_conv2d_fusion *fusion) {
     int64_t want[4];
     FT_TRY(check_common(inp, w, want, p));
-    FT_TRY(ft_check_cpu_float("conv2d", "out", out, true));
+    ft_device dev = ft_op_device(inp);
+    FT_TRY(ft_check_float_on("conv2d", "out", out, dev, "input", true));
     FT_TRY(ft_check_shape("conv2d", "out", out, 4, want));
     FT_TRY(ft_check_output("conv2d", "out", out));
+    FT_TRY(ft_check_alias("conv2d", "out", out, "input", inp));
     if (b) {
+        FT_TRY(ft_check_on("conv2d", "bias", b, dev, "input"));
         FT_TRY(ft_check_shape("conv2d", "bias", b, 1, &want[1]));
-        if (b->dtype != FT_FLOAT32 || ft_tensor_device(b).type != FT_DEV_CPU || b->strides[0] != 1)
-            return ft_fail(FT_ERR_DTYPE, "conv2d: bias must be a contiguous float32 CPU tensor");
+        if (b->dtype != FT_FLOAT32 || (b->strides[0] != 1 && want[1] > 1))
+            return ft_fail(FT_ERR_DTYPE, "conv2d: bias must be a contiguous float32 tensor");
     }
     if (ft_tensor_numel(out) == 0)
         return FT_OK;
+    if (dev.type == FT_DEV_CUDA)
+        FT_CUDA_DISPATCH("conv2d", conv2d_forward, out, inp, w, b, p, fusion);
     conv_key k = key_of('F', inp, w, out, p);
     k.bias = b != NULL;
     if (fusion) {
@@ -343,27 +350,34 @@ ft_status ft_conv2d_backward(const ft_tensor *dinp, const ft_tensor *dw, const f
                              const ft_conv2d_params *p) {
     int64_t want[4];
     FT_TRY(check_common(inp, w, want, p));
-    FT_TRY(ft_check_cpu_float("conv2d", "grad_output", dout, true));
+    ft_device dev = ft_op_device(inp);
+    FT_TRY(ft_check_float_on("conv2d", "grad_output", dout, dev, "input", true));
     FT_TRY(ft_check_shape("conv2d", "grad_output", dout, 4, want));
     if (dinp) {
-        FT_TRY(ft_check_cpu_float("conv2d", "grad_input", dinp, true));
+        FT_TRY(ft_check_float_on("conv2d", "grad_input", dinp, dev, "input", true));
         FT_TRY(ft_check_shape("conv2d", "grad_input", dinp, 4, inp->shape));
         FT_TRY(ft_check_output("conv2d_backward", "grad_input", dinp));
     }
     if (dw) {
-        FT_TRY(ft_check_cpu_float("conv2d", "grad_weight", dw, true));
+        FT_TRY(ft_check_float_on("conv2d", "grad_weight", dw, dev, "input", true));
         FT_TRY(ft_check_shape("conv2d", "grad_weight", dw, 4, w->shape));
         FT_TRY(ft_check_output("conv2d_backward", "grad_weight", dw));
         if (dw->dtype != FT_FLOAT32)
             return ft_fail(FT_ERR_DTYPE, "conv2d: grad_weight must be float32 (fp32 accumulation)");
     }
     if (db) {
+        FT_TRY(ft_check_on("conv2d", "grad_bias", db, dev, "input"));
         FT_TRY(ft_check_shape("conv2d", "grad_bias", db, 1, &want[1]));
-        if (db->dtype != FT_FLOAT32 || ft_tensor_device(db).type != FT_DEV_CPU)
-            return ft_fail(FT_ERR_DTYPE, "conv2d: grad_bias must be a float32 CPU tensor");
+        if (db->dtype != FT_FLOAT32)
+            return ft_fail(FT_ERR_DTYPE, "conv2d: grad_bias must be float32");
         FT_TRY(ft_check_output("conv2d_backward", "grad_bias", db));
     }
     bool empty = ft_tensor_numel(dout) == 0;
+    if (dev.type == FT_DEV_CUDA && !empty) {
+        bool any_dinp = dinp && ft_tensor_numel(dinp) > 0;
+        FT_TRY(FT_CUDA_CALL("conv2d_backward", conv2d_backward, any_dinp ? dinp : NULL, dw, NULL, dout, inp, w, p));
+        return db ? ft_bias_grad(db, dout) : FT_OK;
+    }
     if (dinp && ft_tensor_numel(dinp) > 0) {
         if (empty) {
             FT_TRY(ft_tensor_fill(dinp, (ft_scalar){.kind = FT_SCALAR_FLOAT, .f = 0}));

@@ -6,6 +6,7 @@
 
 #include "kernels/philox.h"
 #include "ops/check.h"
+#include "ops/cuda_ops.h"
 #include "ops/pointwise.h"
 
 #define CHUNK 256
@@ -71,15 +72,21 @@ static void dropout_kernel(float *const *p, int64_t n, const int64_t *idx, int64
 
 uint64_t ft_dropout_blocks(int64_t numel) { return numel > 0 ? ((uint64_t)numel + 3) / 4 : 0; }
 
-static ft_status run(const char *op, const ft_tensor *out, const char *out_arg, const ft_tensor *inp,
+static ft_status run(const char *op, bool backward, const ft_tensor *out, const char *out_arg, const ft_tensor *inp,
                      const char *inp_arg, const ft_dropout_params *p, bool accumulate) {
     if (!(p->p >= 0.0 && p->p <= 1.0))
         return ft_fail(FT_ERR_VALUE, "%s: dropout probability has to be between 0 and 1, but got %g", op, p->p);
-    FT_TRY(ft_check_cpu_float(op, inp_arg, inp, true));
-    FT_TRY(ft_check_cpu_float(op, out_arg, out, true));
+    ft_device dev = ft_op_device(inp);
+    FT_TRY(ft_check_float_on(op, inp_arg, inp, dev, inp_arg, true));
+    FT_TRY(ft_check_float_on(op, out_arg, out, dev, inp_arg, true));
     FT_TRY(ft_check_shape_as(op, out_arg, out, inp));
     FT_TRY(ft_check_output(op, out_arg, out));
     FT_TRY(ft_check_alias(op, out_arg, out, inp_arg, inp));
+    if (dev.type == FT_DEV_CUDA) {
+        if (backward)
+            FT_CUDA_DISPATCH(op, dropout_backward, out, inp, p, accumulate);
+        FT_CUDA_DISPATCH(op, dropout_forward, out, inp, p);
+    }
     dropout_ctx c = {p->seed, p->offset, (uint32_t)ceil(p->p * 16777216.0),
                      p->p < 1.0 ? (float)(1.0 / (1.0 - p->p)) : 0.0f, accumulate};
     ft_pw_loop l = {.nops = 2, .nout = 1, .t = {out, inp}, .read_outputs = accumulate, .need_index = true,
@@ -89,10 +96,10 @@ static ft_status run(const char *op, const ft_tensor *out, const char *out_arg, 
 }
 
 ft_status ft_dropout_forward(const ft_tensor *out, const ft_tensor *inp, const ft_dropout_params *p) {
-    return run("dropout", out, "out", inp, "inp", p, false);
+    return run("dropout", false, out, "out", inp, "inp", p, false);
 }
 
 ft_status ft_dropout_backward(const ft_tensor *dinp, const ft_tensor *dout, const ft_dropout_params *p,
                               bool accumulate) {
-    return run("dropout_backward", dinp, "dinp", dout, "dout", p, accumulate);
+    return run("dropout_backward", true, dinp, "dinp", dout, "dout", p, accumulate);
 }

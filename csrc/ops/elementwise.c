@@ -8,6 +8,7 @@
 
 #include "ops/activation.h"
 #include "ops/check.h"
+#include "ops/cuda_ops.h"
 #include "ops/pointwise.h"
 
 #define CHUNK 512
@@ -58,14 +59,17 @@ ft_status ft_add_forward(const ft_tensor *out, const ft_tensor *a, const ft_tens
     const char *op = "add";
     if ((int)act.kind < 0 || act.kind >= FT_NUM_ACTS)
         return ft_fail(FT_ERR_VALUE, "%s: unknown activation kind %d", op, (int)act.kind);
-    FT_TRY(ft_check_cpu_float(op, "a", a, true));
-    FT_TRY(ft_check_cpu_float(op, "b", b, true));
-    FT_TRY(ft_check_cpu_float(op, "out", out, true));
+    ft_device dev = ft_op_device(a);
+    FT_TRY(ft_check_float_on(op, "a", a, dev, "a", true));
+    FT_TRY(ft_check_float_on(op, "b", b, dev, "a", true));
+    FT_TRY(ft_check_float_on(op, "out", out, dev, "a", true));
     FT_TRY(ft_check_shape_as(op, "b", b, a));
     FT_TRY(ft_check_shape_as(op, "out", out, a));
     FT_TRY(ft_check_output(op, "out", out));
     FT_TRY(ft_check_alias(op, "out", out, "a", a));
     FT_TRY(ft_check_alias(op, "out", out, "b", b));
+    if (dev.type == FT_DEV_CUDA)
+        FT_CUDA_DISPATCH(op, add_forward, out, a, b, act);
     add_fwd_ctx c = {act};
     ft_pw_loop l = {.nops = 3, .nout = 1, .t = {out, a, b}, .fn = add_fwd_kernel, .ctx = &c};
     ft_pw_run(&l);
@@ -107,17 +111,18 @@ static void add_bwd_kernel(float *const *p, int64_t n, const int64_t *idx, int64
     }
 }
 
-/* The checks of a backward's optional gradient output `d` against dout. */
-static ft_status check_grad(const char *op, const char *arg, const ft_tensor *d, const ft_tensor *dout) {
-    FT_TRY(ft_check_cpu_float(op, arg, d, true));
+/* The checks of a backward's optional gradient output `d` against dout (on dev). */
+static ft_status check_grad(const char *op, const char *arg, const ft_tensor *d, const ft_tensor *dout,
+                            ft_device dev) {
+    FT_TRY(ft_check_float_on(op, arg, d, dev, "dout", true));
     FT_TRY(ft_check_shape_as(op, arg, d, dout));
     FT_TRY(ft_check_output(op, arg, d));
     return ft_check_alias(op, arg, d, "dout", dout);
 }
 
 static ft_status check_saved(const char *op, const char *arg, const ft_tensor *t, const ft_tensor *dout,
-                             const char *const *out_args, const ft_tensor *const *outs) {
-    FT_TRY(ft_check_cpu_float(op, arg, t, true));
+                             ft_device dev, const char *const *out_args, const ft_tensor *const *outs) {
+    FT_TRY(ft_check_float_on(op, arg, t, dev, "dout", true));
     FT_TRY(ft_check_shape_as(op, arg, t, dout));
     for (int i = 0; i < 2; i++)
         if (outs[i])
@@ -131,13 +136,14 @@ ft_status ft_add_backward(const ft_tensor *da, const ft_tensor *db, const ft_ten
     const char *op = "add_backward";
     if ((int)act.kind < 0 || act.kind >= FT_NUM_ACTS)
         return ft_fail(FT_ERR_VALUE, "%s: unknown activation kind %d", op, (int)act.kind);
-    FT_TRY(ft_check_cpu_float(op, "dout", dout, true));
+    ft_device dev = ft_op_device(dout);
+    FT_TRY(ft_check_float_on(op, "dout", dout, dev, "dout", true));
     const char *out_args[2] = {"da", "db"};
     const ft_tensor *outs[2] = {da, db};
     if (da)
-        FT_TRY(check_grad(op, "da", da, dout));
+        FT_TRY(check_grad(op, "da", da, dout, dev));
     if (db)
-        FT_TRY(check_grad(op, "db", db, dout));
+        FT_TRY(check_grad(op, "db", db, dout, dev));
     if (da && db && ft_tensor_numel(da) > 0 &&
         (ft_same_view(da, db) || ft_check_alias(op, "da", da, "db", db) != FT_OK))
         return ft_fail(FT_ERR_VALUE, "%s: da and db must not share memory", op);
@@ -156,18 +162,20 @@ ft_status ft_add_backward(const ft_tensor *da, const ft_tensor *db, const ft_ten
     if (act.kind != FT_ACT_NONE) {
         c.from_output = out && ft_act_grad_uses_output(act);
         if (c.from_output) {
-            FT_TRY(check_saved(op, "out", out, dout, out_args, outs));
+            FT_TRY(check_saved(op, "out", out, dout, dev, out_args, outs));
             c.s0 = l.nops, l.t[l.nops++] = out;
         } else {
             if (!a || !b)
                 return ft_fail(FT_ERR_VALUE, "%s: the derivative of %s needs the inputs a and b%s", op,
                                ft_act_name(act.kind), ft_act_grad_uses_output(act) ? " or the output out" : "");
-            FT_TRY(check_saved(op, "a", a, dout, out_args, outs));
-            FT_TRY(check_saved(op, "b", b, dout, out_args, outs));
+            FT_TRY(check_saved(op, "a", a, dout, dev, out_args, outs));
+            FT_TRY(check_saved(op, "b", b, dout, dev, out_args, outs));
             c.s0 = l.nops, l.t[l.nops++] = a;
             c.s1 = l.nops, l.t[l.nops++] = b;
         }
     }
+    if (dev.type == FT_DEV_CUDA)
+        FT_CUDA_DISPATCH(op, add_backward, da, db, dout, a, b, out, act, accumulate_a, accumulate_b);
     ft_pw_run(&l);
     return FT_OK;
 }
@@ -180,14 +188,17 @@ static void mul_fwd_kernel(float *const *p, int64_t n, const int64_t *idx, int64
 
 ft_status ft_mul_forward(const ft_tensor *out, const ft_tensor *a, const ft_tensor *b) {
     const char *op = "mul";
-    FT_TRY(ft_check_cpu_float(op, "a", a, true));
-    FT_TRY(ft_check_cpu_float(op, "b", b, true));
-    FT_TRY(ft_check_cpu_float(op, "out", out, true));
+    ft_device dev = ft_op_device(a);
+    FT_TRY(ft_check_float_on(op, "a", a, dev, "a", true));
+    FT_TRY(ft_check_float_on(op, "b", b, dev, "a", true));
+    FT_TRY(ft_check_float_on(op, "out", out, dev, "a", true));
     FT_TRY(ft_check_shape_as(op, "b", b, a));
     FT_TRY(ft_check_shape_as(op, "out", out, a));
     FT_TRY(ft_check_output(op, "out", out));
     FT_TRY(ft_check_alias(op, "out", out, "a", a));
     FT_TRY(ft_check_alias(op, "out", out, "b", b));
+    if (dev.type == FT_DEV_CUDA)
+        FT_CUDA_DISPATCH(op, mul_forward, out, a, b);
     ft_pw_loop l = {.nops = 3, .nout = 1, .t = {out, a, b}, .fn = mul_fwd_kernel};
     ft_pw_run(&l);
     return FT_OK;
@@ -220,13 +231,14 @@ static void mul_bwd_kernel(float *const *p, int64_t n, const int64_t *idx, int64
 ft_status ft_mul_backward(const ft_tensor *da, const ft_tensor *db, const ft_tensor *dout, const ft_tensor *a,
                           const ft_tensor *b, bool accumulate_a, bool accumulate_b) {
     const char *op = "mul_backward";
-    FT_TRY(ft_check_cpu_float(op, "dout", dout, true));
+    ft_device dev = ft_op_device(dout);
+    FT_TRY(ft_check_float_on(op, "dout", dout, dev, "dout", true));
     const char *out_args[2] = {"da", "db"};
     const ft_tensor *outs[2] = {da, db};
     if (da)
-        FT_TRY(check_grad(op, "da", da, dout));
+        FT_TRY(check_grad(op, "da", da, dout, dev));
     if (db)
-        FT_TRY(check_grad(op, "db", db, dout));
+        FT_TRY(check_grad(op, "db", db, dout, dev));
     if (da && db && ft_tensor_numel(da) > 0 &&
         (ft_same_view(da, db) || ft_check_alias(op, "da", da, "db", db) != FT_OK))
         return ft_fail(FT_ERR_VALUE, "%s: da and db must not share memory", op);
@@ -244,13 +256,15 @@ ft_status ft_mul_backward(const ft_tensor *da, const ft_tensor *db, const ft_ten
     l.read_outputs = (da && accumulate_a) || (db && accumulate_b);
     c.dout = l.nops, l.t[l.nops++] = dout;
     if (db) {
-        FT_TRY(check_saved(op, "a", a, dout, out_args, outs));
+        FT_TRY(check_saved(op, "a", a, dout, dev, out_args, outs));
         c.a = l.nops, l.t[l.nops++] = a;
     }
     if (da) {
-        FT_TRY(check_saved(op, "b", b, dout, out_args, outs));
+        FT_TRY(check_saved(op, "b", b, dout, dev, out_args, outs));
         c.b = l.nops, l.t[l.nops++] = b;
     }
+    if (dev.type == FT_DEV_CUDA)
+        FT_CUDA_DISPATCH(op, mul_backward, da, db, dout, a, b, accumulate_a, accumulate_b);
     ft_pw_run(&l);
     return FT_OK;
 }
@@ -298,7 +312,8 @@ static ft_status check_part(const char *op, const char *arg, const ft_tensor *pa
 
 ft_status ft_concat_forward(const ft_tensor *out, const ft_tensor *const *inps, int n, int dim) {
     const char *op = "concat";
-    FT_TRY(ft_check_cpu_float(op, "out", out, true));
+    ft_device dev = ft_op_device(out);
+    FT_TRY(ft_check_float_on(op, "out", out, dev, "out", true));
     FT_TRY(concat_dim(op, &dim, out, n));
     FT_TRY(ft_check_output(op, "out", out));
     int64_t total = 0;
@@ -307,7 +322,7 @@ ft_status ft_concat_forward(const ft_tensor *out, const ft_tensor *const *inps, 
         snprintf(arg, sizeof arg, "inputs[%d]", i);
         if (!inps[i])
             return ft_fail(FT_ERR_VALUE, "%s: %s is missing", op, arg);
-        FT_TRY(ft_check_cpu_float(op, arg, inps[i], true));
+        FT_TRY(ft_check_float_on(op, arg, inps[i], dev, "out", true));
         if (inps[i]->ndim != out->ndim)
             FT_TRY(ft_check_ndim(op, arg, inps[i], out->ndim, "(those of out)"));
         FT_TRY(check_part(op, arg, inps[i], out, dim, -1));
@@ -325,6 +340,8 @@ ft_status ft_concat_forward(const ft_tensor *out, const ft_tensor *const *inps, 
             FT_TRY(ft_check_alias(op, "out", out, arg, inps[i]));
         start += inps[i]->shape[dim];
     }
+    if (dev.type == FT_DEV_CUDA)
+        FT_CUDA_DISPATCH(op, concat_forward, out, inps, n, dim);
     copy_ctx c = {false};
     start = 0;
     for (int i = 0; i < n; i++) {
@@ -341,7 +358,8 @@ ft_status ft_concat_forward(const ft_tensor *out, const ft_tensor *const *inps, 
 ft_status ft_concat_backward(const ft_tensor *const *dinps, const int64_t *sizes, int n, const ft_tensor *dout,
                              int dim, bool accumulate) {
     const char *op = "concat_backward";
-    FT_TRY(ft_check_cpu_float(op, "dout", dout, true));
+    ft_device dev = ft_op_device(dout);
+    FT_TRY(ft_check_float_on(op, "dout", dout, dev, "dout", true));
     FT_TRY(concat_dim(op, &dim, dout, n));
     int64_t total = 0;
     char arg[32];
@@ -363,13 +381,15 @@ ft_status ft_concat_backward(const ft_tensor *const *dinps, const int64_t *sizes
         if (!dinps[i])
             continue;
         snprintf(arg, sizeof arg, "grads[%d]", i);
-        FT_TRY(ft_check_cpu_float(op, arg, dinps[i], true));
+        FT_TRY(ft_check_float_on(op, arg, dinps[i], dev, "dout", true));
         FT_TRY(check_part(op, arg, dinps[i], dout, dim, sizes[i]));
         FT_TRY(ft_check_output(op, arg, dinps[i]));
         if (!accumulate && ft_same_view(&slice, dinps[i]))
             continue;
         FT_TRY(ft_check_alias(op, arg, dinps[i], "dout", dout));
     }
+    if (dev.type == FT_DEV_CUDA)
+        FT_CUDA_DISPATCH(op, concat_backward, dinps, sizes, n, dout, dim, accumulate);
     copy_ctx c = {accumulate};
     int64_t start = 0;
     for (int i = 0; i < n; i++) {

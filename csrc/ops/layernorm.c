@@ -4,14 +4,16 @@
 #include <stdlib.h>
 
 #include "ops/check.h"
+#include "ops/cuda_ops.h"
 #include "ops/pointwise.h"
 
 /* Rows per partial sum of the parameter gradients (fixes their order). */
 #define CHUNK 64
 
+/* Every tensor of a call is on dev, the input's device. */
 static ft_status check_rows(const char *op, const char *arg, const ft_tensor *t, const ft_tensor *ref, int64_t D,
-                            int64_t *R) {
-    FT_TRY(ft_check_cpu_float(op, arg, t, false));
+                            int64_t *R, ft_device dev) {
+    FT_TRY(ft_check_float_on(op, arg, t, dev, "input", false));
     if (ref)
         FT_TRY(ft_check_shape_as(op, arg, t, ref));
     if (!ft_tensor_is_contiguous(t))
@@ -24,10 +26,10 @@ static ft_status check_rows(const char *op, const char *arg, const ft_tensor *t,
     return FT_OK;
 }
 
-static ft_status check_vec(const char *op, const char *arg, const ft_tensor *t, int64_t n) {
+static ft_status check_vec(const char *op, const char *arg, const ft_tensor *t, int64_t n, ft_device dev) {
     if (!t)
         return FT_OK;
-    FT_TRY(ft_check_cpu_float(op, arg, t, false));
+    FT_TRY(ft_check_float_on(op, arg, t, dev, "input", false));
     if (ft_tensor_numel(t) != n || !ft_tensor_is_contiguous(t))
         return ft_fail(FT_ERR_SHAPE, "%s: %s must be contiguous with %lld elements", op, arg, (long long)n);
     return FT_OK;
@@ -87,16 +89,19 @@ ft_status ft_layernorm_forward(const ft_tensor *out, const ft_tensor *save_mean,
                                const ft_tensor *inp, const ft_tensor *weight, const ft_tensor *bias,
                                int64_t norm_size, double eps) {
     const char *op = "layer_norm";
+    ft_device dev = ft_op_device(inp);
     int64_t R, D = norm_size;
-    FT_TRY(check_rows(op, "input", inp, NULL, D, &R));
-    FT_TRY(check_rows(op, "out", out, inp, D, &R));
+    FT_TRY(check_rows(op, "input", inp, NULL, D, &R, dev));
+    FT_TRY(check_rows(op, "out", out, inp, D, &R, dev));
     FT_TRY(ft_check_output(op, "out", out));
-    FT_TRY(check_vec(op, "weight", weight, D));
-    FT_TRY(check_vec(op, "bias", bias, D));
-    FT_TRY(check_vec(op, "save_mean", save_mean, R));
-    FT_TRY(check_vec(op, "save_rstd", save_rstd, R));
+    FT_TRY(check_vec(op, "weight", weight, D, dev));
+    FT_TRY(check_vec(op, "bias", bias, D, dev));
+    FT_TRY(check_vec(op, "save_mean", save_mean, R, dev));
+    FT_TRY(check_vec(op, "save_rstd", save_rstd, R, dev));
     if (!(eps > 0))
         return ft_fail(FT_ERR_VALUE, "%s: eps must be positive", op);
+    if (dev.type == FT_DEV_CUDA)
+        FT_CUDA_DISPATCH(op, layernorm_forward, out, save_mean, save_rstd, inp, weight, bias, D, eps);
     const float *x = (const float *)ft_tensor_data(inp);
     const float *w = weight ? (const float *)ft_tensor_data(weight) : NULL;
     const float *b = bias ? (const float *)ft_tensor_data(bias) : NULL;
@@ -113,20 +118,23 @@ ft_status ft_layernorm_backward(const ft_tensor *dinp, const ft_tensor *dweight,
                                 const ft_tensor *dout, const ft_tensor *inp, const ft_tensor *weight,
                                 const ft_tensor *save_mean, const ft_tensor *save_rstd, int64_t norm_size) {
     const char *op = "layer_norm_backward";
+    ft_device dev = ft_op_device(inp);
     int64_t R, D = norm_size;
-    FT_TRY(check_rows(op, "input", inp, NULL, D, &R));
-    FT_TRY(check_rows(op, "grad_output", dout, inp, D, &R));
+    FT_TRY(check_rows(op, "input", inp, NULL, D, &R, dev));
+    FT_TRY(check_rows(op, "grad_output", dout, inp, D, &R, dev));
     if (dinp) {
-        FT_TRY(check_rows(op, "grad_input", dinp, inp, D, &R));
+        FT_TRY(check_rows(op, "grad_input", dinp, inp, D, &R, dev));
         FT_TRY(ft_check_output(op, "grad_input", dinp));
     }
-    FT_TRY(check_vec(op, "weight", weight, D));
-    FT_TRY(check_vec(op, "grad_weight", dweight, D));
-    FT_TRY(check_vec(op, "grad_bias", dbias, D));
+    FT_TRY(check_vec(op, "weight", weight, D, dev));
+    FT_TRY(check_vec(op, "grad_weight", dweight, D, dev));
+    FT_TRY(check_vec(op, "grad_bias", dbias, D, dev));
     if (!save_mean || !save_rstd)
         return ft_fail(FT_ERR_VALUE, "%s: save_mean and save_rstd are required", op);
-    FT_TRY(check_vec(op, "save_mean", save_mean, R));
-    FT_TRY(check_vec(op, "save_rstd", save_rstd, R));
+    FT_TRY(check_vec(op, "save_mean", save_mean, R, dev));
+    FT_TRY(check_vec(op, "save_rstd", save_rstd, R, dev));
+    if (dev.type == FT_DEV_CUDA)
+        FT_CUDA_DISPATCH(op, layernorm_backward, dinp, dweight, dbias, dout, inp, weight, save_mean, save_rstd, D);
     const float *x = (const float *)ft_tensor_data(inp), *dy = (const float *)ft_tensor_data(dout);
     const float *w = weight ? (const float *)ft_tensor_data(weight) : NULL;
     const float *mean = (const float *)ft_tensor_data(save_mean), *rstd = (const float *)ft_tensor_data(save_rstd);

@@ -5,6 +5,7 @@
 
 #include "core/settings.h"
 #include "ops/check.h"
+#include "ops/cuda_ops.h"
 #include "ops/onednn.h"
 #include "ops/reduce.h"
 
@@ -142,9 +143,17 @@ static ft_status matmul_rows(const operand *src, const operand *wei, const opera
     return FT_OK;
 }
 
-static ft_status check(const char *arg, const ft_tensor *t, int64_t d0, int64_t d1, bool allow_bf16) {
-    FT_TRY(ft_check_cpu_float("linear", arg, t, allow_bf16));
+/* Every tensor on the device of the input x. */
+static ft_status check(const char *arg, const ft_tensor *t, const ft_tensor *x, int64_t d0, int64_t d1,
+                       bool allow_bf16) {
+    FT_TRY(ft_check_float_on("linear", arg, t, ft_op_device(x), "input", allow_bf16));
     return ft_check_shape("linear", arg, t, 2, (int64_t[]){d0, d1});
+}
+
+/* A float32 vector of n elements on x's device. */
+static ft_status check1(const char *op, const char *arg, const ft_tensor *t, const ft_tensor *x, int64_t n) {
+    FT_TRY(ft_check_float_on(op, arg, t, ft_op_device(x), "input", false));
+    return ft_check_shape(op, arg, t, 1, &n);
 }
 
 static ft_status check_inputs(const ft_tensor *x, const ft_tensor *w) {
@@ -153,8 +162,8 @@ static ft_status check_inputs(const ft_tensor *x, const ft_tensor *w) {
     if (x->shape[1] != w->shape[1])
         return ft_fail(FT_ERR_SHAPE, "linear: input has %lld features but weight expects %lld", (long long)x->shape[1],
                        (long long)w->shape[1]);
-    FT_TRY(ft_check_cpu_float("linear", "input", x, true));
-    FT_TRY(ft_check_cpu_float("linear", "weight", w, true));
+    FT_TRY(ft_check_float_on("linear", "input", x, ft_op_device(x), "input", true));
+    FT_TRY(ft_check_float_on("linear", "weight", w, ft_op_device(x), "input", true));
     FT_TRY(ft_check_dtype_as("linear", "weight", w, "input", x));
     return FT_OK;
 }
@@ -163,11 +172,10 @@ ft_status ft_linear_forward(const ft_tensor *out, const ft_tensor *x, const ft_t
                             ft_act act) {
     FT_TRY(check_inputs(x, w));
     int64_t N = x->shape[0], O = w->shape[0];
-    FT_TRY(check("out", out, N, O, true));
+    FT_TRY(check("out", out, x, N, O, true));
     FT_TRY(ft_check_output("linear", "out", out));
     if (b) {
-        FT_TRY(ft_check_cpu_float("linear", "bias", b, false));
-        FT_TRY(ft_check_shape("linear", "bias", b, 1, &O));
+        FT_TRY(check1("linear", "bias", b, x, O));
         if (b->strides[0] != 1 && O > 1)
             return ft_fail(FT_ERR_SHAPE, "linear: bias must be contiguous");
     }
@@ -175,6 +183,8 @@ ft_status ft_linear_forward(const ft_tensor *out, const ft_tensor *x, const ft_t
         return FT_OK;
     if (x->shape[1] == 0) /* an empty sum: out = act(b) */
         return ft_fail(FT_ERR_SHAPE, "linear: zero input features are not supported");
+    if (ft_op_device(x).type == FT_DEV_CUDA)
+        FT_CUDA_DISPATCH("linear", linear_forward, out, x, w, b, act);
     operand src = as_is(x), wei = transposed(w), dst = as_is(out);
     return matmul_rows(&src, &wei, &dst, b ? (const float *)ft_tensor_data(b) : NULL, act);
 }
@@ -219,30 +229,38 @@ ft_status ft_linear_backward(const ft_tensor *dx, const ft_tensor *dw, const ft_
                              const ft_tensor *x, const ft_tensor *w) {
     FT_TRY(check_inputs(x, w));
     int64_t N = x->shape[0], I = x->shape[1], O = w->shape[0];
-    FT_TRY(check("grad_output", dout, N, O, true));
+    FT_TRY(check("grad_output", dout, x, N, O, true));
     if (dx) {
-        FT_TRY(check("grad_input", dx, N, I, true));
+        FT_TRY(check("grad_input", dx, x, N, I, true));
         FT_TRY(ft_check_output("linear_backward", "grad_input", dx));
     }
     if (dw) {
-        FT_TRY(check("grad_weight", dw, O, I, false));
+        FT_TRY(check("grad_weight", dw, x, O, I, false));
         FT_TRY(ft_check_output("linear_backward", "grad_weight", dw));
     }
     if (db) {
-        FT_TRY(ft_check_cpu_float("linear_backward", "grad_bias", db, false));
-        FT_TRY(ft_check_shape("linear_backward", "grad_bias", db, 1, &O));
+        FT_TRY(check1("linear_backward", "grad_bias", db, x, O));
         FT_TRY(ft_check_output("linear_backward", "grad_bias", db));
     }
     ft_scalar zero = {.kind = FT_SCALAR_FLOAT, .f = 0};
+    bool cuda = ft_op_device(x).type == FT_DEV_CUDA;
     if (dx && N && I) {
         if (O == 0) {
             FT_TRY(ft_tensor_fill(dx, zero));
+        } else if (cuda) {
+            FT_TRY(FT_CUDA_CALL("linear_backward", linear_backward, dx, NULL, NULL, dout, x, w));
         } else {
             operand src = as_is(dout), wei = as_is(w), dst = as_is(dx);
             FT_TRY(matmul_rows(&src, &wei, &dst, NULL, (ft_act){FT_ACT_NONE, 0}));
         }
     }
-    if (dw && O && I)
-        FT_TRY(N ? weight_grad(dw, dout, x) : ft_tensor_fill(dw, zero));
+    if (dw && O && I) {
+        if (N == 0)
+            FT_TRY(ft_tensor_fill(dw, zero));
+        else if (cuda)
+            FT_TRY(FT_CUDA_CALL("linear_backward", linear_backward, NULL, dw, NULL, dout, x, w));
+        else
+            FT_TRY(weight_grad(dw, dout, x));
+    }
     return db ? ft_bias_grad(db, dout) : FT_OK;
 }

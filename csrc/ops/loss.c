@@ -11,6 +11,7 @@
 
 #include "kernels/convert.h"
 #include "ops/check.h"
+#include "ops/cuda_ops.h"
 #include "ops/pointwise.h"
 #include "ops/softmax.h"
 
@@ -47,7 +48,7 @@ static void make_rowed(rowed *r, const ft_tensor *t, int class_dim) {
     r->cs = class_dim >= 0 ? t->strides[class_dim] : 1;
     r->dt = t->dtype;
     r->item = (int64_t)ft_dtype_get(t->dtype)->itemsize;
-    r->direct = t->dtype == FT_FLOAT32 && (r->cs == 1 || t->shape[class_dim] == 1);
+    r->direct = t->dtype == FT_FLOAT32 && (r->cs == 1 || (class_dim >= 0 && t->shape[class_dim] == 1));
 }
 
 static char *row_at(const rowed *r, const ft_rows *rows, const int64_t *pos) {
@@ -275,16 +276,15 @@ static ft_status check_reduction(const char *op, ft_reduction r) {
     return FT_OK;
 }
 
-/* Checks shared by forward and backward; fills the job's logits, target and
- * weight (a float copy the caller frees) and C. */
+/* Checks shared by forward and backward (every tensor on dev, that of
+ * logits); fills the job's logits, target and C. */
 static ft_status ce_setup(const char *op, ce_job *j, const ft_tensor *logits, const ft_tensor *target,
-                          const ft_tensor *weight, const ft_cross_entropy_params *p, float **wcopy) {
-    *wcopy = NULL;
+                          const ft_tensor *weight, const ft_cross_entropy_params *p, ft_device dev) {
     FT_TRY(check_reduction(op, p->reduction));
     if (!(p->label_smoothing >= 0.0 && p->label_smoothing <= 1.0))
         return ft_fail(FT_ERR_VALUE, "%s: label_smoothing must be between 0.0 and 1.0, got %g", op,
                        p->label_smoothing);
-    FT_TRY(ft_check_cpu_float(op, "logits", logits, true));
+    FT_TRY(ft_check_float_on(op, "logits", logits, dev, "logits", true));
     if (logits->ndim < 1)
         return ft_fail(FT_ERR_SHAPE, "%s: logits should have shape (C), (N, C) or (N, C, d...), got a 0-d tensor",
                        op);
@@ -292,7 +292,7 @@ static ft_status ce_setup(const char *op, ce_job *j, const ft_tensor *logits, co
     j->C = logits->shape[cd];
     if (j->C < 1)
         return ft_fail(FT_ERR_SHAPE, "%s: logits need at least one class, got %lld", op, (long long)j->C);
-    FT_TRY(ft_check_cpu(op, "target", target));
+    FT_TRY(ft_check_on(op, "target", target, dev, "logits"));
     if (target->dtype != FT_INT64 && target->dtype != FT_INT32)
         return ft_fail(FT_ERR_DTYPE, "%s: target must hold class indices as int64 or int32, got %s", op,
                        ft_dtype_get(target->dtype)->name);
@@ -306,10 +306,19 @@ static ft_status ce_setup(const char *op, ce_job *j, const ft_tensor *logits, co
     j->t32 = target->dtype == FT_INT32;
     j->eps = p->label_smoothing;
     j->ignore = p->ignore_index;
+    if (weight) {
+        FT_TRY(ft_check_float_on(op, "weight", weight, dev, "logits", true));
+        FT_TRY(ft_check_shape(op, "weight", weight, 1, &j->C));
+    }
+    return FT_OK;
+}
+
+/* The job's class weights: w, a float copy of weight that the caller frees
+ * (*wcopy; NULL without weight), and their sum W. */
+static ft_status ce_weights(const char *op, ce_job *j, const ft_tensor *weight, float **wcopy) {
+    *wcopy = NULL;
     j->W = (float)j->C;
     if (weight) {
-        FT_TRY(ft_check_cpu_float(op, "weight", weight, true));
-        FT_TRY(ft_check_shape(op, "weight", weight, 1, &j->C));
         float *w = malloc((size_t)j->C * sizeof(float));
         if (!w)
             return ft_fail(FT_ERR_NOMEM, "%s: out of memory", op);
@@ -368,8 +377,8 @@ static ft_status ce_rows(const char *op, ce_job *j, double *total) {
     return FT_OK;
 }
 
-static ft_status check_dlogits(const char *op, const ft_tensor *dlogits, const ft_tensor *logits) {
-    FT_TRY(ft_check_cpu_float(op, "dlogits", dlogits, true));
+static ft_status check_dlogits(const char *op, const ft_tensor *dlogits, const ft_tensor *logits, ft_device dev) {
+    FT_TRY(ft_check_float_on(op, "dlogits", dlogits, dev, "logits", true));
     FT_TRY(ft_check_shape_as(op, "dlogits", dlogits, logits));
     FT_TRY(ft_check_output(op, "dlogits", dlogits));
     return FT_OK;
@@ -380,27 +389,28 @@ ft_status ft_cross_entropy_forward(const ft_tensor *loss, const ft_tensor *dlogi
                                    const ft_cross_entropy_params *p) {
     const char *op = "cross_entropy";
     ce_job j = {0};
+    ft_device dev = ft_op_device(logits);
+    FT_TRY(ce_setup(op, &j, logits, target, weight, p, dev));
+    FT_TRY(ft_check_float_on(op, "loss", loss, dev, "logits", true));
+    if (p->reduction == FT_REDUCTION_NONE)
+        FT_TRY(ft_check_shape_as(op, "loss", loss, target));
+    else
+        FT_TRY(ft_check_shape(op, "loss", loss, 0, NULL));
+    FT_TRY(ft_check_output(op, "loss", loss));
+    FT_TRY(ft_check_alias(op, "loss", loss, "logits", logits));
+    if (dlogits) {
+        FT_TRY(check_dlogits(op, dlogits, logits, dev));
+        FT_TRY(ft_check_alias(op, "dlogits", dlogits, "logits", logits));
+        FT_TRY(ft_check_alias(op, "dlogits", dlogits, "loss", loss));
+        make_rowed(&j.dlogits, dlogits, logits->ndim == 1 ? 0 : 1);
+        j.has_dlogits = true;
+    }
+    if (dev.type == FT_DEV_CUDA)
+        FT_CUDA_DISPATCH(op, cross_entropy_forward, loss, dlogits, logits, target, weight, p);
     float *wcopy;
-    FT_TRY(ce_setup(op, &j, logits, target, weight, p, &wcopy));
+    FT_TRY(ce_weights(op, &j, weight, &wcopy));
     ft_status st = FT_OK;
     do {
-        if ((st = ft_check_cpu_float(op, "loss", loss, true)) != FT_OK)
-            break;
-        if (p->reduction == FT_REDUCTION_NONE)
-            st = ft_check_shape_as(op, "loss", loss, target);
-        else
-            st = ft_check_shape(op, "loss", loss, 0, NULL);
-        if (st != FT_OK || (st = ft_check_output(op, "loss", loss)) != FT_OK ||
-            (st = ft_check_alias(op, "loss", loss, "logits", logits)) != FT_OK)
-            break;
-        if (dlogits) {
-            if ((st = check_dlogits(op, dlogits, logits)) != FT_OK ||
-                (st = ft_check_alias(op, "dlogits", dlogits, "logits", logits)) != FT_OK ||
-                (st = ft_check_alias(op, "dlogits", dlogits, "loss", loss)) != FT_OK)
-                break;
-            make_rowed(&j.dlogits, dlogits, logits->ndim == 1 ? 0 : 1);
-            j.has_dlogits = true;
-        }
         double divisor = 0.0;
         if ((st = ce_prepass(op, &j, &divisor)) != FT_OK)
             break;
@@ -427,23 +437,25 @@ ft_status ft_cross_entropy_backward(const ft_tensor *dlogits, const ft_tensor *d
                                     const ft_cross_entropy_params *p, bool accumulate) {
     const char *op = "cross_entropy_backward";
     ce_job j = {0};
+    ft_device dev = ft_op_device(logits);
+    FT_TRY(ce_setup(op, &j, logits, target, weight, p, dev));
+    FT_TRY(check_dlogits(op, dlogits, logits, dev));
+    FT_TRY(ft_check_alias(op, "dlogits", dlogits, "logits", logits));
+    FT_TRY(ft_check_float_on(op, "dloss", dloss, dev, "logits", true));
+    if (p->reduction == FT_REDUCTION_NONE)
+        FT_TRY(ft_check_shape_as(op, "dloss", dloss, target));
+    else
+        FT_TRY(ft_check_shape(op, "dloss", dloss, 0, NULL));
+    FT_TRY(ft_check_alias(op, "dlogits", dlogits, "dloss", dloss));
+    if (dev.type == FT_DEV_CUDA)
+        FT_CUDA_DISPATCH(op, cross_entropy_backward, dlogits, dloss, logits, target, weight, p, accumulate);
+    make_rowed(&j.dlogits, dlogits, logits->ndim == 1 ? 0 : 1);
+    j.has_dlogits = true;
+    j.accumulate = accumulate;
     float *wcopy;
-    FT_TRY(ce_setup(op, &j, logits, target, weight, p, &wcopy));
+    FT_TRY(ce_weights(op, &j, weight, &wcopy));
     ft_status st = FT_OK;
     do {
-        if ((st = check_dlogits(op, dlogits, logits)) != FT_OK ||
-            (st = ft_check_alias(op, "dlogits", dlogits, "logits", logits)) != FT_OK ||
-            (st = ft_check_cpu_float(op, "dloss", dloss, true)) != FT_OK)
-            break;
-        if (p->reduction == FT_REDUCTION_NONE)
-            st = ft_check_shape_as(op, "dloss", dloss, target);
-        else
-            st = ft_check_shape(op, "dloss", dloss, 0, NULL);
-        if (st != FT_OK || (st = ft_check_alias(op, "dlogits", dlogits, "dloss", dloss)) != FT_OK)
-            break;
-        make_rowed(&j.dlogits, dlogits, logits->ndim == 1 ? 0 : 1);
-        j.has_dlogits = true;
-        j.accumulate = accumulate;
         double divisor = 0.0;
         if ((st = ce_prepass(op, &j, &divisor)) != FT_OK)
             break;
@@ -507,9 +519,10 @@ ft_status ft_mse_loss_forward(const ft_tensor *loss, const ft_tensor *inp, const
                               ft_reduction reduction) {
     const char *op = "mse_loss";
     FT_TRY(check_reduction(op, reduction));
-    FT_TRY(ft_check_cpu_float(op, "inp", inp, true));
-    FT_TRY(ft_check_cpu_float(op, "target", target, true));
-    FT_TRY(ft_check_cpu_float(op, "loss", loss, true));
+    ft_device dev = ft_op_device(inp);
+    FT_TRY(ft_check_float_on(op, "inp", inp, dev, "inp", true));
+    FT_TRY(ft_check_float_on(op, "target", target, dev, "inp", true));
+    FT_TRY(ft_check_float_on(op, "loss", loss, dev, "inp", true));
     FT_TRY(ft_check_shape_as(op, "target", target, inp));
     if (reduction == FT_REDUCTION_NONE)
         FT_TRY(ft_check_shape_as(op, "loss", loss, inp));
@@ -518,6 +531,8 @@ ft_status ft_mse_loss_forward(const ft_tensor *loss, const ft_tensor *inp, const
     FT_TRY(ft_check_output(op, "loss", loss));
     FT_TRY(ft_check_alias(op, "loss", loss, "inp", inp));
     FT_TRY(ft_check_alias(op, "loss", loss, "target", target));
+    if (dev.type == FT_DEV_CUDA)
+        FT_CUDA_DISPATCH(op, mse_loss_forward, loss, inp, target, reduction);
     if (reduction == FT_REDUCTION_NONE) {
         ft_pw_loop l = {.nops = 3, .nout = 1, .t = {loss, inp, target}, .fn = mse_none_kernel};
         ft_pw_run(&l);
@@ -603,9 +618,10 @@ ft_status ft_mse_loss_backward(const ft_tensor *dinp, const ft_tensor *dtarget, 
                                bool accumulate_inp, bool accumulate_target) {
     const char *op = "mse_loss_backward";
     FT_TRY(check_reduction(op, reduction));
-    FT_TRY(ft_check_cpu_float(op, "inp", inp, true));
-    FT_TRY(ft_check_cpu_float(op, "target", target, true));
-    FT_TRY(ft_check_cpu_float(op, "dloss", dloss, true));
+    ft_device dev = ft_op_device(inp);
+    FT_TRY(ft_check_float_on(op, "inp", inp, dev, "inp", true));
+    FT_TRY(ft_check_float_on(op, "target", target, dev, "inp", true));
+    FT_TRY(ft_check_float_on(op, "dloss", dloss, dev, "inp", true));
     FT_TRY(ft_check_shape_as(op, "target", target, inp));
     if (reduction == FT_REDUCTION_NONE)
         FT_TRY(ft_check_shape_as(op, "dloss", dloss, inp));
@@ -616,7 +632,7 @@ ft_status ft_mse_loss_backward(const ft_tensor *dinp, const ft_tensor *dtarget, 
     for (int k = 0; k < 2; k++) {
         if (!outs[k])
             continue;
-        FT_TRY(ft_check_cpu_float(op, names[k], outs[k], true));
+        FT_TRY(ft_check_float_on(op, names[k], outs[k], dev, "inp", true));
         FT_TRY(ft_check_shape_as(op, names[k], outs[k], inp));
         FT_TRY(ft_check_output(op, names[k], outs[k]));
         FT_TRY(ft_check_alias(op, names[k], outs[k], "inp", inp));
@@ -628,6 +644,9 @@ ft_status ft_mse_loss_backward(const ft_tensor *dinp, const ft_tensor *dtarget, 
         return ft_fail(FT_ERR_VALUE, "%s: dinp and dtarget must not share memory", op);
     if (!dinp && !dtarget)
         return FT_OK;
+    if (dev.type == FT_DEV_CUDA)
+        FT_CUDA_DISPATCH(op, mse_loss_backward, dinp, dtarget, dloss, inp, target, reduction, accumulate_inp,
+                         accumulate_target);
     int64_t n = ft_tensor_numel(inp);
     mse_bwd_ctx c = {.dinp = -1, .dtarget = -1, .dloss = -1, .acc_inp = accumulate_inp,
                      .acc_target = accumulate_target, .scale = 2.0f};

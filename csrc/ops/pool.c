@@ -2,26 +2,26 @@
  *
  * Legend: N batch, C channels, H W input size, P Q output size, CB a block
  * of channels (the vector dimension of the channels-last loops).
- * Every pool is described by its windows: for output row i the input rows
- * lo, lo + step, ... < hi (already clipped to the input), and likewise for
- * columns; `padded` is the window's extent counting padding (the
- * count_include_pad divisor). */
+ * Every pool is described by its windows (kernels/pool.h, shared with the
+ * CUDA kernels): for output row i the input rows lo, lo + step, ... < hi
+ * (already clipped to the input), and likewise for columns; `padded` is the
+ * window's extent counting padding (the count_include_pad divisor). */
 #include "ops/pool.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "kernels/pool.h"
 #include "ops/check.h"
+#include "ops/cuda_ops.h"
 #include "ops/pointwise.h"
 
 #define CB 64
 /* Work (elements touched) below which a pool runs on one thread. */
 #define PARALLEL_WORK (1 << 15)
 
-typedef struct {
-    int64_t lo, hi, step, padded;
-} span;
+typedef ft_pool_span span;
 
 enum { POOL_MAX, POOL_AVG };
 
@@ -41,13 +41,12 @@ typedef struct {
     bool ind32;
     int64_t is[4];
     bool accumulate;
-    int64_t bad_index; /* backward: an index outside [-1, H W), or -2 */
+    bool bad;          /* backward: an index outside [-1, H W) was met... */
+    int64_t bad_index; /* ...this one (any of them, when threads race) */
 } pool_job;
 
-static int64_t floor_div(int64_t a, int64_t b) { return a / b - (a % b != 0 && (a < 0) != (b < 0)); }
-
 static int64_t out_size(int64_t in, int64_t k, int64_t pad, int64_t stride, int64_t dil, bool ceil_mode) {
-    int64_t o = floor_div(in + 2 * pad - dil * (k - 1) - 1 + (ceil_mode ? stride - 1 : 0), stride) + 1;
+    int64_t o = ft_floor_div(in + 2 * pad - dil * (k - 1) - 1 + (ceil_mode ? stride - 1 : 0), stride) + 1;
     if (ceil_mode && (o - 1) * stride >= in + pad)
         o--; /* the last window must start inside the input or its left padding */
     return o;
@@ -85,32 +84,19 @@ ft_status ft_pool2d_out_size(int64_t *P, int64_t *Q, int64_t H, int64_t W, const
 /* ---- windows ---- */
 
 static void fixed_spans(span *s, int64_t n, int64_t in, int64_t k, int64_t stride, int64_t pad, int64_t dil) {
-    for (int64_t o = 0; o < n; o++) {
-        int64_t start = o * stride - pad;
-        int64_t end = start + (k - 1) * dil + 1;
-        int64_t lo = start;
-        if (lo < 0)
-            lo += (-lo + dil - 1) / dil * dil;
-        int64_t padded_end = start + k < in + pad ? start + k : in + pad; /* dil is 1 for avg pooling */
-        s[o] = (span){lo, end < in ? end : in, dil, padded_end - start};
-    }
+    for (int64_t o = 0; o < n; o++)
+        s[o] = ft_pool_fixed_span(o, in, k, stride, pad, dil);
 }
 
 static void adaptive_spans(span *s, int64_t n, int64_t in) {
-    for (int64_t o = 0; o < n; o++) {
-        int64_t lo = o * in / n, hi = ((o + 1) * in + n - 1) / n;
-        s[o] = (span){lo, hi, 1, hi - lo};
-    }
+    for (int64_t o = 0; o < n; o++)
+        s[o] = ft_pool_adaptive_span(o, n, in);
 }
 
-static int64_t count(const span *s) { return s->hi > s->lo ? (s->hi - s->lo + s->step - 1) / s->step : 0; }
+static int64_t count(const span *s) { return ft_pool_span_count(*s); }
 
 static float divisor(const pool_job *j, const span *r, const span *c) {
-    if (j->divisor_override > 0)
-        return (float)j->divisor_override;
-    if (j->count_include_pad)
-        return (float)(r->padded * c->padded);
-    return (float)(count(r) * count(c));
+    return ft_pool_divisor(*r, *c, j->divisor_override, j->count_include_pad);
 }
 
 static inline void store_index(const pool_job *j, int64_t off, int64_t v) {
@@ -204,7 +190,7 @@ static void fwd_plane(const pool_job *j, int64_t n, int64_t c) {
     int64_t q0 = 0, q1 = 0;
     if (j->ck > 0) {
         q0 = (j->cp + j->cs - 1) / j->cs;
-        q1 = floor_div(j->W - (j->ck - 1) * j->cd - 1 + j->cp, j->cs) + 1;
+        q1 = ft_floor_div(j->W - (j->ck - 1) * j->cd - 1 + j->cp, j->cs) + 1;
         q1 = q1 > j->Q ? j->Q : q1;
         q1 = q1 < q0 ? q0 : q1;
     }
@@ -345,7 +331,10 @@ static void run_forward(const pool_job *j, bool cl) {
 
 /* ---- backward (scatter into dinp: x = dout, y = dinp) ---- */
 
-static void note_bad(pool_job *j, int64_t v) { __atomic_store_n(&j->bad_index, v, __ATOMIC_RELAXED); }
+static void note_bad(pool_job *j, int64_t v) {
+    __atomic_store_n(&j->bad_index, v, __ATOMIC_RELAXED);
+    __atomic_store_n(&j->bad, true, __ATOMIC_RELAXED);
+}
 
 static void bwd_plane(pool_job *j, int64_t n, int64_t c) {
     const float *g = j->x + n * j->xs[0] + c * j->xs[1];
@@ -447,13 +436,16 @@ static void set_strides(int64_t *dst, const ft_tensor *t) {
         dst[i] = t->strides[i];
 }
 
-static ft_status check_4d(const char *op, const char *arg, const ft_tensor *t) {
-    FT_TRY(ft_check_cpu_float(op, arg, t, false));
+/* Every tensor of a call is on dev, the device of its first input `ref`
+ * (inp forward, dout backward). */
+static ft_status check_4d(const char *op, const char *arg, const ft_tensor *t, ft_device dev, const char *ref) {
+    FT_TRY(ft_check_float_on(op, arg, t, dev, ref, false));
     return ft_check_ndim(op, arg, t, 4, "(N, C, H, W)");
 }
 
-static ft_status check_indices(const char *op, const ft_tensor *ind, const int64_t *shape, int64_t HW) {
-    FT_TRY(ft_check_cpu(op, "indices", ind));
+static ft_status check_indices(const char *op, const ft_tensor *ind, const int64_t *shape, int64_t HW, ft_device dev,
+                               const char *ref) {
+    FT_TRY(ft_check_on(op, "indices", ind, dev, ref));
     if (ind->dtype != FT_INT64 && ind->dtype != FT_INT32)
         return ft_fail(FT_ERR_DTYPE, "%s: indices must be int64 or int32, got %s", op,
                        ft_dtype_get(ind->dtype)->name);
@@ -476,8 +468,9 @@ typedef enum { FIXED, ADAPTIVE } window_rule;
 /* The shared forward of the four pools. */
 static ft_status pool_forward(const char *op, int kind, window_rule rule, const ft_tensor *out,
                               const ft_tensor *ind, const ft_tensor *inp, const ft_pool2d_params *p) {
-    FT_TRY(check_4d(op, "inp", inp));
-    FT_TRY(check_4d(op, "out", out));
+    ft_device dev = ft_op_device(inp);
+    FT_TRY(check_4d(op, "inp", inp, dev, "inp"));
+    FT_TRY(check_4d(op, "out", out, dev, "inp"));
     int64_t N = inp->shape[0], C = inp->shape[1], H = inp->shape[2], W = inp->shape[3], P, Q;
     if (rule == FIXED) {
         if (kind == POOL_AVG && (p->dilation[0] != 1 || p->dilation[1] != 1))
@@ -494,13 +487,22 @@ static ft_status pool_forward(const char *op, int kind, window_rule rule, const 
     FT_TRY(ft_check_output(op, "out", out));
     FT_TRY(ft_check_alias(op, "out", out, "inp", inp));
     if (ind) {
-        FT_TRY(check_indices(op, ind, oshape, H * W));
+        FT_TRY(check_indices(op, ind, oshape, H * W, dev, "inp"));
         FT_TRY(ft_check_output(op, "indices", ind));
         FT_TRY(ft_check_alias(op, "indices", ind, "inp", inp));
         FT_TRY(ft_check_alias(op, "indices", ind, "out", out));
     }
     if (N * C * P * Q == 0)
         return FT_OK;
+    if (dev.type == FT_DEV_CUDA) {
+        if (kind == POOL_MAX && rule == FIXED)
+            FT_CUDA_DISPATCH(op, max_pool2d_forward, out, ind, inp, p);
+        if (kind == POOL_MAX)
+            FT_CUDA_DISPATCH(op, adaptive_max_pool2d_forward, out, ind, inp);
+        if (rule == FIXED)
+            FT_CUDA_DISPATCH(op, avg_pool2d_forward, out, inp, p);
+        FT_CUDA_DISPATCH(op, adaptive_avg_pool2d_forward, out, inp);
+    }
     pool_job j = {.kind = kind, .N = N, .C = C, .H = H, .W = W, .P = P, .Q = Q,
                   .x = (const float *)ft_tensor_data(inp), .y = (float *)ft_tensor_data(out),
                   .ind = ind ? ft_tensor_data(ind) : NULL, .ind32 = ind && ind->dtype == FT_INT32};
@@ -530,8 +532,9 @@ static ft_status pool_forward(const char *op, int kind, window_rule rule, const 
 static ft_status pool_backward(const char *op, int kind, window_rule rule, const ft_tensor *dinp,
                                const ft_tensor *dout, const ft_tensor *ind, const ft_pool2d_params *p,
                                bool accumulate) {
-    FT_TRY(check_4d(op, "dout", dout));
-    FT_TRY(check_4d(op, "dinp", dinp));
+    ft_device dev = ft_op_device(dout);
+    FT_TRY(check_4d(op, "dout", dout, dev, "dout"));
+    FT_TRY(check_4d(op, "dinp", dinp, dev, "dout"));
     int64_t N = dinp->shape[0], C = dinp->shape[1], H = dinp->shape[2], W = dinp->shape[3];
     int64_t P = dout->shape[2], Q = dout->shape[3];
     if (rule == FIXED && kind == POOL_AVG) {
@@ -549,15 +552,23 @@ static ft_status pool_backward(const char *op, int kind, window_rule rule, const
     if (kind == POOL_MAX) {
         if (!ind)
             return ft_fail(FT_ERR_VALUE, "%s: needs the indices of the forward", op);
-        FT_TRY(check_indices(op, ind, oshape, H * W));
+        FT_TRY(check_indices(op, ind, oshape, H * W, dev, "dout"));
         FT_TRY(ft_check_alias(op, "dinp", dinp, "indices", ind));
     }
     if (N * C * H * W == 0)
         return FT_OK;
+    if (dev.type == FT_DEV_CUDA) {
+        /* both max poolings scatter by their saved indices */
+        if (kind == POOL_MAX)
+            FT_CUDA_DISPATCH(op, max_pool2d_backward, dinp, dout, ind, accumulate);
+        if (rule == FIXED)
+            FT_CUDA_DISPATCH(op, avg_pool2d_backward, dinp, dout, p, accumulate);
+        FT_CUDA_DISPATCH(op, adaptive_avg_pool2d_backward, dinp, dout, accumulate);
+    }
     pool_job j = {.kind = kind, .N = N, .C = C, .H = H, .W = W, .P = P, .Q = Q,
                   .x = (const float *)ft_tensor_data(dout), .y = (float *)ft_tensor_data(dinp),
                   .ind = ind ? ft_tensor_data(ind) : NULL, .ind32 = ind && ind->dtype == FT_INT32,
-                  .accumulate = accumulate, .bad_index = -2};
+                  .accumulate = accumulate};
     span *rows = NULL, *cols = NULL;
     FT_TRY(alloc_spans(&rows, &cols, P, Q));
     if (rule == FIXED && kind == POOL_AVG) {
@@ -576,7 +587,7 @@ static ft_status pool_backward(const char *op, int kind, window_rule rule, const
         set_strides(j.is, ind);
     run_backward(&j, channels_last(dinp));
     free(rows);
-    if (j.bad_index != -2)
+    if (j.bad)
         return ft_fail(FT_ERR_INDEX, "%s: indices holds %lld, outside [0, %lld) for a %lld x %lld input", op,
                        (long long)j.bad_index, (long long)(H * W), (long long)H, (long long)W);
     return FT_OK;

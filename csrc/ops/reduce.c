@@ -4,6 +4,8 @@
 #include <string.h>
 
 #include "kernels/convert.h"
+#include "ops/check.h"
+#include "ops/cuda_ops.h"
 
 /* Rows per partial sum: the partials, not the threads, fix the order. */
 #define CHUNK 256
@@ -63,6 +65,16 @@ ft_status ft_channel_sums(double *sums, double *sq, const float *shift, const ft
 }
 
 ft_status ft_bias_grad(const ft_tensor *db, const ft_tensor *dout) {
+    const char *op = "bias_grad";
+    ft_device dev = ft_op_device(dout);
+    FT_TRY(ft_check_float(op, "dout", dout, true));
+    FT_TRY(ft_check_float_on(op, "db", db, dev, "dout", false));
+    if (dout->ndim != 2 && dout->ndim != 4)
+        return ft_fail(FT_ERR_SHAPE, "%s: dout must be (N, C) or (N, C, H, W), got %d dimensions", op, dout->ndim);
+    FT_TRY(ft_check_shape(op, "db", db, 1, &dout->shape[1]));
+    FT_TRY(ft_check_output(op, "db", db));
+    if (dev.type == FT_DEV_CUDA)
+        FT_CUDA_DISPATCH(op, bias_grad, db, dout);
     int64_t C = db->shape[0];
     double *sums = malloc((size_t)(C ? C : 1) * sizeof *sums);
     if (!sums)

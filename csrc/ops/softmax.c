@@ -12,6 +12,7 @@
 #include "kernels/activation.h"
 #include "kernels/convert.h"
 #include "ops/check.h"
+#include "ops/cuda_ops.h"
 #include "ops/pointwise.h"
 
 #define L 16
@@ -376,9 +377,10 @@ static void do_row(const sm_job *j, int64_t row, float *buf) {
 static ft_status run(const char *op, bool log, bool backward, const ft_tensor *const *t, const char *const *names,
                      int nt, int dim, bool accumulate) {
     const ft_tensor *ref = t[1];
+    ft_device dev = ft_op_device(ref);
     for (int i = 1; i <= nt; i++) { /* inputs first, the output last */
         int k = i % nt;
-        FT_TRY(ft_check_cpu_float(op, names[k], t[k], true));
+        FT_TRY(ft_check_float_on(op, names[k], t[k], dev, names[1], true));
         if (k != 1)
             FT_TRY(ft_check_shape_as(op, names[k], t[k], ref));
     }
@@ -390,6 +392,11 @@ static ft_status run(const char *op, bool log, bool backward, const ft_tensor *c
         return ft_fail(FT_ERR_INDEX, "%s: dim %d is out of range for a %d-d tensor", op, dim, ndim);
     if (dim < 0)
         dim += ndim > 0 ? ndim : 1;
+    if (dev.type == FT_DEV_CUDA) {
+        if (backward)
+            FT_CUDA_DISPATCH(op, softmax_backward, t[0], t[1], t[2], dim, accumulate, log);
+        FT_CUDA_DISPATCH(op, softmax_forward, t[0], t[1], dim, log);
+    }
     sm_job j = {.log = log, .backward = backward, .accumulate = accumulate, .nt = nt};
     j.D = ndim ? ref->shape[dim] : 1;
     ft_rows_init(&j.rows, ndim, ref->shape, ndim ? dim : -1);

@@ -4,8 +4,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/cuda.h"
 #include "kernels/optim.h"
+#include "ops/cuda_ops.h"
 #include "ops/pointwise.h"
+#include "optim/trust.h"
 
 /* Below this many elements a pass runs on the calling thread: a parallel
  * region would cost more than it saves. */
@@ -77,10 +80,19 @@ static ft_status plan_build(plan *pl, int nseg, const int64_t *numel, const char
 
 static int64_t plan_total(const plan *pl) { return pl->offset[pl->nseg]; }
 
-/* A zeroed float32 buffer of the plan's size, zeroed block by block on the
- * pool so that its pages are first touched where the passes will run. */
-static ft_status new_zeroed(ft_storage **out, const plan *pl) {
-    FT_TRY(ft_storage_new(out, (size_t)plan_total(pl) * sizeof(float), FT_CPU, false));
+/* A zeroed float32 buffer of the plan's size on `device`; on the CPU zeroed
+ * block by block on the pool so that its pages are first touched where the
+ * passes will run. */
+static ft_status new_zeroed(ft_storage **out, const plan *pl, ft_device device) {
+    FT_TRY(ft_storage_new(out, (size_t)plan_total(pl) * sizeof(float), device, false));
+    if (device.type == FT_DEV_CUDA) {
+        ft_status st = FT_CUDA_CALL("optimizer state", optim_zero, (*out)->data, plan_total(pl), device.index);
+        if (st != FT_OK) {
+            ft_storage_release(*out);
+            *out = NULL;
+        }
+        return st;
+    }
     float *base = (*out)->data;
 #pragma omp parallel for schedule(static) if (plan_total(pl) >= PARALLEL_MIN)
     for (int64_t b = 0; b < pl->nblocks; b++) {
@@ -123,24 +135,24 @@ typedef struct {
     float scale, clip;
 } grad_xform;
 
-typedef union {
-    ft_sgd_coef sgd;
-    ft_adamw_coef adamw;
-    ft_lamb_coef lamb;
-    ft_lars_coef lars;
-} coef;
+typedef ft_optim_coef coef;
 
 struct ft_optimizer {
     ft_optim_kind kind;
+    ft_device device;
     int ngroups;
     ft_optim_group *groups;
     ft_optim_segment *segs;
     ft_optim_segment_state *seg_state;
     coef *coefs; /* (nseg): this step's coefficients */
     plan plan;
-    double *partial; /* (nblocks, 2): per-block sums of squares */
+    double *partial; /* CPU: (nblocks, 2) per-block sums of squares */
     ft_storage *state[FT_OPTIM_NUM_STATES];
     int64_t nsteps;
+    /* CUDA: the partials, the total and the table of ft_cuda_optim in device
+     * memory, and the host side of the table */
+    ft_storage *workspace;
+    ft_cuda_optim_segment *table; /* (nseg) */
 };
 
 static const char *const kind_names[] = {"SGD", "AdamW", "LAMB", "LARS"};
@@ -149,6 +161,22 @@ static bool finite_ge0(double x) { return isfinite(x) && x >= 0; }
 
 const char *ft_optim_kind_name(ft_optim_kind kind) {
     return (int)kind >= FT_OPTIM_SGD && kind <= FT_OPTIM_LARS ? kind_names[kind] : "unknown optimizer";
+}
+
+/* The device whose memory the params are in, with page-locked host memory
+ * counted as the CPU; FT_ERR_DEVICE when the passes cannot run there. */
+static ft_status check_device(ft_device *device, const char *what) {
+    if (device->type == FT_DEV_CPU || device->type == FT_DEV_CUDA_HOST) {
+        *device = FT_CPU;
+        return FT_OK;
+    }
+    if (device->type != FT_DEV_CUDA)
+        return ft_fail(FT_ERR_DEVICE, "%s: the params are on an unsupported device (type %d)", what, device->type);
+    FT_TRY(ft_cuda_check_device(device->index));
+    const struct ft_cuda_ops *ops = ft_cuda_op_table();
+    if (!ops->optim_zero || !ops->optim_upload || !ops->optim_grad_sumsq || !ops->optim_update || !ops->ema_update)
+        return ft_fail(FT_ERR_DEVICE, "%s: has no CUDA implementation in this build", what);
+    return FT_OK;
 }
 
 static ft_status check_kind(ft_optim_kind kind) {
@@ -279,14 +307,20 @@ static bool needs_state(const ft_optimizer *opt, ft_optim_state s) {
 static ft_status alloc_state(ft_optimizer *opt) {
     for (int s = 0; s < FT_OPTIM_NUM_STATES; s++)
         if (!opt->state[s] && needs_state(opt, (ft_optim_state)s))
-            FT_TRY(new_zeroed(&opt->state[s], &opt->plan));
+            FT_TRY(new_zeroed(&opt->state[s], &opt->plan, opt->device));
     return FT_OK;
 }
 
 ft_status ft_optimizer_create(ft_optimizer **out, ft_optim_kind kind, int ngroups, const ft_optim_group *groups,
                               int nsegments, const ft_optim_segment *segments) {
+    return ft_optimizer_create_on(out, FT_CPU, kind, ngroups, groups, nsegments, segments);
+}
+
+ft_status ft_optimizer_create_on(ft_optimizer **out, ft_device device, ft_optim_kind kind, int ngroups,
+                                 const ft_optim_group *groups, int nsegments, const ft_optim_segment *segments) {
     *out = NULL;
     FT_TRY(check_kind(kind));
+    FT_TRY(check_device(&device, kind_names[kind]));
     if (ngroups < 1)
         return ft_fail(FT_ERR_VALUE, "%s: an optimizer needs at least one parameter group, got %d", kind_names[kind],
                        ngroups);
@@ -309,6 +343,7 @@ ft_status ft_optimizer_create(ft_optimizer **out, ft_optim_kind kind, int ngroup
         return ft_fail(FT_ERR_NOMEM, "out of memory creating an optimizer");
     }
     opt->kind = kind;
+    opt->device = device;
     opt->ngroups = ngroups;
     for (int i = 0; i < nsegments; i++)
         numel[i] = segments[i].numel;
@@ -322,10 +357,16 @@ ft_status ft_optimizer_create(ft_optimizer **out, ft_optim_kind kind, int ngroup
     opt->groups = malloc((size_t)ngroups * sizeof *opt->groups);
     opt->segs = malloc(ns * sizeof *opt->segs);
     opt->seg_state = calloc(ns, sizeof *opt->seg_state);
-    opt->coefs = malloc(ns * sizeof *opt->coefs);
-    opt->partial = malloc((size_t)(opt->plan.nblocks ? opt->plan.nblocks : 1) * 2 * sizeof *opt->partial);
+    /* zeroed: the CUDA table copies the coefficients of segments that have not had a step yet too */
+    opt->coefs = calloc(ns, sizeof *opt->coefs);
+    bool cuda = device.type == FT_DEV_CUDA;
+    if (cuda)
+        opt->table = malloc(ns * sizeof *opt->table);
+    else
+        opt->partial = malloc((size_t)(opt->plan.nblocks ? opt->plan.nblocks : 1) * 2 * sizeof *opt->partial);
     const float **grads = malloc(ns * sizeof *grads);
-    if (!opt->groups || !opt->segs || !opt->seg_state || !opt->coefs || !opt->partial || !grads) {
+    bool have_scratch = cuda ? opt->table != NULL : opt->partial != NULL;
+    if (!opt->groups || !opt->segs || !opt->seg_state || !opt->coefs || !have_scratch || !grads) {
         free(grads);
         ft_optimizer_destroy(opt);
         return ft_fail(FT_ERR_NOMEM, "out of memory creating an optimizer");
@@ -337,6 +378,10 @@ ft_status ft_optimizer_create(ft_optimizer **out, ft_optim_kind kind, int ngroup
         grads[i] = segments[i].grad;
     st = check_memory(opt, grads);
     free(grads);
+    if (st == FT_OK && cuda)
+        st = ft_storage_new(&opt->workspace,
+                            ((size_t)opt->plan.nblocks * 2 + 1) * sizeof(double) + ns * sizeof *opt->table, device,
+                            false);
     if (st == FT_OK)
         st = alloc_state(opt);
     if (st != FT_OK) {
@@ -352,12 +397,14 @@ void ft_optimizer_destroy(ft_optimizer *opt) {
         return;
     for (int s = 0; s < FT_OPTIM_NUM_STATES; s++)
         ft_storage_release(opt->state[s]);
+    ft_storage_release(opt->workspace);
     plan_free(&opt->plan);
     free(opt->groups);
     free(opt->segs);
     free(opt->seg_state);
     free(opt->coefs);
     free(opt->partial);
+    free(opt->table);
     free(opt);
 }
 
@@ -391,6 +438,7 @@ ft_status ft_optimizer_set_lr(ft_optimizer *opt, int group, double lr) {
 }
 
 ft_optim_kind ft_optimizer_kind(const ft_optimizer *opt) { return opt->kind; }
+ft_device ft_optimizer_device(const ft_optimizer *opt) { return opt->device; }
 int ft_optimizer_num_groups(const ft_optimizer *opt) { return opt->ngroups; }
 int ft_optimizer_num_segments(const ft_optimizer *opt) { return opt->plan.nseg; }
 const ft_optim_group *ft_optimizer_group(const ft_optimizer *opt, int group) { return &opt->groups[group]; }
@@ -616,18 +664,54 @@ static coef segment_coef(const ft_optimizer *opt, int i) {
     return c;
 }
 
-/* ||p|| / ||u|| (LAMB) or eta ||p|| / (||g|| + wd ||p|| + eps) (LARS) for
- * one tensor; 1 when a norm is 0 or adaptation is off. */
 static double trust_ratio(const ft_optimizer *opt, int i, double clip) {
     const ft_optim_group *g = &opt->groups[opt->segs[i].group];
-    if (g->lars_exclude)
-        return 1.0;
-    double first = sqrt(segment_sum(opt, i, 0)), pnorm = sqrt(segment_sum(opt, i, 1));
-    if (opt->kind == FT_OPTIM_LAMB)
-        return pnorm > 0 && first > 0 ? pnorm / first : 1.0;
-    /* LARS: the norm pass saw the grads before clipping. */
-    double gnorm = first * clip;
-    return pnorm > 0 && gnorm > 0 ? g->trust_coefficient * pnorm / (gnorm + g->weight_decay * pnorm + g->eps) : 1.0;
+    return ft_optim_trust_ratio(opt->kind == FT_OPTIM_LARS, g->lars_exclude, segment_sum(opt, i, 0),
+                                segment_sum(opt, i, 1), clip, g->trust_coefficient, g->weight_decay, g->eps);
+}
+
+static float *state_base(const ft_optimizer *opt, ft_optim_state s) {
+    return opt->state[s] ? opt->state[s]->data : NULL;
+}
+
+/* The optimizer's device memory as the CUDA passes take it. */
+static ft_cuda_optim cuda_view(const ft_optimizer *opt) {
+    double *partial = opt->workspace->data;
+    int64_t nb = opt->plan.nblocks;
+    return (ft_cuda_optim){
+        .device = opt->device.index,
+        .kind = opt->kind,
+        .nseg = opt->plan.nseg,
+        .nblocks = nb,
+        .table = (ft_cuda_optim_segment *)(partial + 2 * nb + 1),
+        .momentum_buffer = state_base(opt, FT_OPTIM_MOMENTUM_BUFFER),
+        .exp_avg = state_base(opt, FT_OPTIM_EXP_AVG),
+        .exp_avg_sq = state_base(opt, FT_OPTIM_EXP_AVG_SQ),
+        .max_exp_avg_sq = state_base(opt, FT_OPTIM_MAX_EXP_AVG_SQ),
+        .partial = partial,
+        .total = partial + 2 * nb,
+    };
+}
+
+/* The host side of this step's CUDA table, from the segments, their groups
+ * and the coefficients. */
+static void fill_table(ft_optimizer *opt) {
+    for (int i = 0; i < opt->plan.nseg; i++) {
+        const ft_optim_segment *s = &opt->segs[i];
+        const ft_optim_group *g = &opt->groups[s->group];
+        opt->table[i] = (ft_cuda_optim_segment){
+            .flat = {s->param, s->grad, s->numel, opt->plan.offset[i], opt->plan.first_block[i]},
+            .coef = opt->coefs[i],
+            .lr = g->lr,
+            .weight_decay = g->weight_decay,
+            .trust_coefficient = g->trust_coefficient,
+            .eps = g->eps,
+            .maximize = g->maximize,
+            .lars_exclude = g->lars_exclude,
+            .momentum = g->momentum != 0,
+            .amsgrad = g->amsgrad,
+        };
+    }
 }
 
 ft_status ft_optimizer_step(ft_optimizer *opt, float grad_scale, double max_grad_norm, double *grad_norm) {
@@ -651,39 +735,54 @@ ft_status ft_optimizer_step(ft_optimizer *opt, float grad_scale, double max_grad
         return FT_OK;
     bool parallel = active >= PARALLEL_MIN;
     bool lars = opt->kind == FT_OPTIM_LARS;
+    bool cuda = opt->device.type == FT_DEV_CUDA;
     grad_xform gx = {grad_scale, 1.0f};
+    for (int i = 0; i < nseg; i++)
+        if (opt->segs[i].grad)
+            opt->coefs[i] = segment_coef(opt, i);
+    ft_cuda_optim o = {0};
+    if (cuda) {
+        o = cuda_view(opt);
+        fill_table(opt);
+        FT_TRY(FT_CUDA_CALL(k, optim_upload, &o, opt->table));
+    }
     if (max_grad_norm > 0 || grad_norm || lars) {
-        norm_pass(opt, grad_scale, lars, parallel);
         double sq = 0;
-        for (int i = 0; i < nseg; i++)
-            if (opt->segs[i].grad)
-                sq += segment_sum(opt, i, 0);
+        if (cuda) {
+            FT_TRY(FT_CUDA_CALL(k, optim_grad_sumsq, &o, grad_scale, lars, &sq));
+        } else {
+            norm_pass(opt, grad_scale, lars, parallel);
+            for (int i = 0; i < nseg; i++)
+                if (opt->segs[i].grad)
+                    sq += segment_sum(opt, i, 0);
+        }
         double norm = sqrt(sq);
+        if (grad_norm)
+            *grad_norm = norm;
         if (!isfinite(norm))
             return ft_fail(FT_ERR_VALUE, "%s step: the gradient norm is %g; the step was skipped and the params and "
                                          "optimizer state are unchanged", k, norm);
-        if (grad_norm)
-            *grad_norm = norm;
         double clip = max_grad_norm > 0 ? max_grad_norm / (norm + 1e-6) : 1.0;
         if (clip < 1.0)
             gx.clip = (float)clip;
     }
-    for (int i = 0; i < nseg; i++)
-        if (opt->segs[i].grad)
-            opt->coefs[i] = segment_coef(opt, i);
-    if (opt->kind == FT_OPTIM_LAMB)
-        lamb_moments_pass(opt, gx, parallel);
-    if (opt->kind == FT_OPTIM_LAMB || lars)
-        for (int i = 0; i < nseg; i++) {
-            if (!opt->segs[i].grad)
-                continue;
-            double lr = opt->groups[opt->segs[i].group].lr * trust_ratio(opt, i, gx.clip);
-            if (lars)
-                opt->coefs[i].lars.scaled_lr = (float)lr;
-            else
-                opt->coefs[i].lamb.lr_trust = (float)lr;
-        }
-    update_pass(opt, gx, parallel);
+    if (cuda) {
+        FT_TRY(FT_CUDA_CALL(k, optim_update, &o, gx.scale, gx.clip));
+    } else {
+        if (opt->kind == FT_OPTIM_LAMB)
+            lamb_moments_pass(opt, gx, parallel);
+        if (opt->kind == FT_OPTIM_LAMB || lars)
+            for (int i = 0; i < nseg; i++) {
+                if (!opt->segs[i].grad)
+                    continue;
+                double lr = opt->groups[opt->segs[i].group].lr * trust_ratio(opt, i, gx.clip);
+                if (lars)
+                    opt->coefs[i].lars.scaled_lr = (float)lr;
+                else
+                    opt->coefs[i].lamb.lr_trust = (float)lr;
+            }
+        update_pass(opt, gx, parallel);
+    }
     for (int i = 0; i < nseg; i++) {
         if (!opt->segs[i].grad)
             continue;
@@ -700,7 +799,9 @@ ft_status ft_optimizer_step(ft_optimizer *opt, float grad_scale, double max_grad
 struct ft_ema {
     const float **params;
     plan plan;
+    ft_device device;
     ft_storage *avg;
+    ft_storage *table; /* CUDA: the segments as ft_cuda_flat_segment, in device memory */
 };
 
 FT_VEC_CLONES
@@ -708,8 +809,47 @@ static void ema_loop(float *avg, const float *p, int64_t n, float weight) {
     FT_SIMD_FOR(i, n) avg[i] = ft_ema_lerp(avg[i], p[i], weight);
 }
 
+/* The averages start as copies of the params. */
+static void ema_init_cpu(ft_ema *ema) {
+    const plan *pl = &ema->plan;
+    float *avg = ema->avg->data;
+#pragma omp parallel for schedule(static) if (plan_total(pl) >= PARALLEL_MIN)
+    for (int64_t b = 0; b < pl->nblocks; b++) {
+        const block *bk = &pl->blocks[b];
+        memcpy(avg + pl->offset[bk->seg] + bk->start, ema->params[bk->seg] + bk->start, (size_t)bk->len * sizeof(float));
+    }
+}
+
+/* The same on the device, and the segment table for its update pass. */
+static ft_status ema_init_cuda(ft_ema *ema) {
+    const plan *pl = &ema->plan;
+    const ft_cuda_api *cuda = ft_cuda();
+    int dev = ema->device.index;
+    size_t ns = (size_t)(pl->nseg ? pl->nseg : 1);
+    ft_cuda_flat_segment *table = malloc(ns * sizeof *table);
+    if (!table)
+        return ft_fail(FT_ERR_NOMEM, "out of memory creating an EMA");
+    float *avg = ema->avg->data;
+    ft_status st = ft_storage_new(&ema->table, ns * sizeof *table, ema->device, false);
+    for (int i = 0; i < pl->nseg && st == FT_OK; i++) {
+        int64_t n = pl->offset[i + 1] - pl->offset[i];
+        /* the kernels only read the params of an EMA */
+        table[i] = (ft_cuda_flat_segment){(float *)ema->params[i], NULL, n, pl->offset[i], pl->first_block[i]};
+        st = cuda->memcpy(avg + pl->offset[i], ema->params[i], (size_t)n * sizeof(float), dev, NULL);
+    }
+    if (st == FT_OK)
+        st = cuda->memcpy(ema->table->data, table, (size_t)pl->nseg * sizeof *table, dev, NULL);
+    free(table);
+    return st;
+}
+
 ft_status ft_ema_create(ft_ema **out, int nsegments, const ft_ema_segment *segments) {
+    return ft_ema_create_on(out, FT_CPU, nsegments, segments);
+}
+
+ft_status ft_ema_create_on(ft_ema **out, ft_device device, int nsegments, const ft_ema_segment *segments) {
     *out = NULL;
+    FT_TRY(check_device(&device, "EMA"));
     if (nsegments < 0)
         return ft_fail(FT_ERR_VALUE, "EMA: the number of segments must be >= 0, got %d", nsegments);
     for (int i = 0; i < nsegments; i++)
@@ -725,6 +865,7 @@ ft_status ft_ema_create(ft_ema **out, int nsegments, const ft_ema_segment *segme
         ft_ema_destroy(ema);
         return ft_fail(FT_ERR_NOMEM, "out of memory creating an EMA");
     }
+    ema->device = device;
     for (int i = 0; i < nsegments; i++) {
         numel[i] = segments[i].numel;
         ema->params[i] = segments[i].param;
@@ -732,17 +873,16 @@ ft_status ft_ema_create(ft_ema **out, int nsegments, const ft_ema_segment *segme
     ft_status st = plan_build(&ema->plan, nsegments, numel, "EMA");
     free(numel);
     if (st == FT_OK)
-        st = ft_storage_new(&ema->avg, (size_t)plan_total(&ema->plan) * sizeof(float), FT_CPU, false);
+        st = ft_storage_new(&ema->avg, (size_t)plan_total(&ema->plan) * sizeof(float), device, false);
+    if (st == FT_OK) {
+        if (device.type == FT_DEV_CUDA)
+            st = ema_init_cuda(ema);
+        else
+            ema_init_cpu(ema);
+    }
     if (st != FT_OK) {
         ft_ema_destroy(ema);
         return st;
-    }
-    const plan *pl = &ema->plan;
-    float *avg = ema->avg->data;
-#pragma omp parallel for schedule(static) if (plan_total(pl) >= PARALLEL_MIN)
-    for (int64_t b = 0; b < pl->nblocks; b++) {
-        const block *bk = &pl->blocks[b];
-        memcpy(avg + pl->offset[bk->seg] + bk->start, ema->params[bk->seg] + bk->start, (size_t)bk->len * sizeof(float));
     }
     *out = ema;
     return FT_OK;
@@ -752,6 +892,7 @@ void ft_ema_destroy(ft_ema *ema) {
     if (!ema)
         return;
     ft_storage_release(ema->avg);
+    ft_storage_release(ema->table);
     plan_free(&ema->plan);
     free(ema->params);
     free(ema);
@@ -762,6 +903,9 @@ ft_status ft_ema_update(ft_ema *ema, double decay) {
         return ft_fail(FT_ERR_VALUE, "EMA: decay must be in [0, 1], got %g", decay);
     const plan *pl = &ema->plan;
     float *avg = ema->avg->data, weight = (float)(1 - decay);
+    if (ema->device.type == FT_DEV_CUDA)
+        return FT_CUDA_CALL("EMA", ema_update, avg, ema->table->data, pl->nseg, pl->nblocks, weight,
+                            ema->device.index);
 #pragma omp parallel for schedule(static) if (plan_total(pl) >= PARALLEL_MIN)
     for (int64_t b = 0; b < pl->nblocks; b++) {
         const block *bk = &pl->blocks[b];
@@ -773,6 +917,7 @@ ft_status ft_ema_update(ft_ema *ema, double decay) {
 ft_storage *ft_ema_average(const ft_ema *ema) { return ema->avg; }
 int64_t ft_ema_offset(const ft_ema *ema, int segment) { return ema->plan.offset[segment]; }
 int ft_ema_num_segments(const ft_ema *ema) { return ema->plan.nseg; }
+ft_device ft_ema_device(const ft_ema *ema) { return ema->device; }
 ft_ema_segment ft_ema_get_segment(const ft_ema *ema, int segment) {
     return (ft_ema_segment){ema->params[segment], ema->plan.offset[segment + 1] - ema->plan.offset[segment]};
 }

@@ -36,13 +36,23 @@
  *            v = momentum v + lr * local_lr * (g + weight_decay * p);  p = p - v
  *          norms per parameter tensor; local_lr is 1 when either norm is 0
  *          or the group has lars_exclude. eps defaults to 0 in the paper.
- * maximize negates the gradient for every kind. */
+ * maximize negates the gradient for every kind.
+ *
+ * On a CUDA device (ft_optimizer_create_on) the params, grads and state all
+ * live in that device's memory and the passes run there (cuda/optim.cu),
+ * queued on its compute stream; a step waits for the device only to read
+ * back the global norm when it computes one. Sums of squares add the same
+ * terms in double as on the CPU, in a fixed tree order instead of the CPU's
+ * block order: they agree with the CPU's to double rounding (LAMB's, whose
+ * terms come from float math, to float rounding) and are bitwise the same
+ * from run to run. */
 #ifndef FT_OPTIM_OPTIM_H
 #define FT_OPTIM_OPTIM_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "core/device.h"
 #include "core/status.h"
 #include "core/storage.h"
 
@@ -108,6 +118,12 @@ ft_status ft_optim_check_group(ft_optim_kind kind, int index, const ft_optim_gro
  * keeps copies of both arrays but only borrows the memory they point to. */
 ft_status ft_optimizer_create(ft_optimizer **out, ft_optim_kind kind, int ngroups, const ft_optim_group *groups,
                               int nsegments, const ft_optim_segment *segments);
+
+/* The same for params and grads in the memory of `device` (the CPU or a CUDA
+ * device; the caller vouches for the pointers), where the state is then
+ * allocated too: FT_ERR_DEVICE when that device cannot be used. */
+ft_status ft_optimizer_create_on(ft_optimizer **out, ft_device device, ft_optim_kind kind, int ngroups,
+                                 const ft_optim_group *groups, int nsegments, const ft_optim_segment *segments);
 void ft_optimizer_destroy(ft_optimizer *opt);
 
 /* One update of every segment that has a gradient. grad_scale (finite, > 0)
@@ -115,7 +131,8 @@ void ft_optimizer_destroy(ft_optimizer *opt);
  * clips by the global norm as torch.nn.utils.clip_grad_norm_ does (the
  * coefficient max_grad_norm / (norm + 1e-6), capped at 1); 0 disables it.
  * *grad_norm (when not NULL) receives the global L2 norm of the scaled
- * gradients before clipping, or 0 when no segment has a gradient.
+ * gradients before clipping (also when it is not finite and the step is
+ * refused), or 0 when no segment has a gradient.
  *
  * The norm is computed when clipping, when grad_norm is not NULL and for
  * LARS; when it is not finite, FT_ERR_VALUE is returned and neither params
@@ -133,6 +150,7 @@ ft_status ft_optimizer_set_group(ft_optimizer *opt, int group, const ft_optim_gr
 ft_status ft_optimizer_set_lr(ft_optimizer *opt, int group, double lr);
 
 ft_optim_kind ft_optimizer_kind(const ft_optimizer *opt);
+ft_device ft_optimizer_device(const ft_optimizer *opt);
 int ft_optimizer_num_groups(const ft_optimizer *opt);
 int ft_optimizer_num_segments(const ft_optimizer *opt);
 const ft_optim_group *ft_optimizer_group(const ft_optimizer *opt, int group);
@@ -141,9 +159,10 @@ const ft_optim_segment *ft_optimizer_segment(const ft_optimizer *opt, int segmen
 /* The number of steps that updated at least one segment. */
 int64_t ft_optimizer_num_steps(const ft_optimizer *opt);
 
-/* The flat float32 buffer of a state kind (borrowed; retain it to keep it
- * beyond the optimizer), or NULL when this optimizer has none. Segment i
- * occupies elements [offset(i), offset(i) + numel) of every buffer. */
+/* The flat float32 buffer of a state kind on the optimizer's device
+ * (borrowed; retain it to keep it beyond the optimizer), or NULL when this
+ * optimizer has none. Segment i occupies elements [offset(i), offset(i) +
+ * numel) of every buffer. */
 ft_storage *ft_optimizer_state(const ft_optimizer *opt, ft_optim_state kind);
 int64_t ft_optimizer_offset(const ft_optimizer *opt, int segment);
 int64_t ft_optimizer_state_numel(const ft_optimizer *opt);
@@ -166,6 +185,8 @@ typedef struct {
 typedef struct ft_ema ft_ema;
 
 ft_status ft_ema_create(ft_ema **out, int nsegments, const ft_ema_segment *segments);
+/* The same for params in the memory of `device`, where the averages live. */
+ft_status ft_ema_create_on(ft_ema **out, ft_device device, int nsegments, const ft_ema_segment *segments);
 void ft_ema_destroy(ft_ema *ema);
 
 /* decay in [0, 1]. */
@@ -175,6 +196,7 @@ ft_status ft_ema_update(ft_ema *ema, double decay);
 ft_storage *ft_ema_average(const ft_ema *ema);
 int64_t ft_ema_offset(const ft_ema *ema, int segment);
 int ft_ema_num_segments(const ft_ema *ema);
+ft_device ft_ema_device(const ft_ema *ema);
 ft_ema_segment ft_ema_get_segment(const ft_ema *ema, int segment);
 
 #endif

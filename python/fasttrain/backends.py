@@ -8,7 +8,12 @@ kept for the process and, with FASTTRAIN_CACHE_DIR set, in
 $FASTTRAIN_CACHE_DIR/fasttrain-autotune.txt across runs. With it off (the
 default) the caller's layout is used directly. As with cudnn.benchmark, the
 choice follows timings, so two runs may round differently;
-ft.use_deterministic_algorithms(True) turns the tuning off."""
+ft.use_deterministic_algorithms(True) turns the tuning off. On CUDA the
+same switch lets cuDNN time its algorithms per convolution shape.
+
+ft.backends.allow_tf32 (off by default): float32 convolutions and matmuls
+on CUDA may run on TF32 tensor cores, as torch.backends.cuda.matmul.allow_tf32
+and torch.backends.cudnn.allow_tf32 allow together."""
 import sys
 import types
 
@@ -23,6 +28,14 @@ class _Backends(types.ModuleType):
     @benchmark.setter
     def benchmark(self, value):
         _C.set_benchmark(bool(value))
+
+    @property
+    def allow_tf32(self):
+        return _C.get_allow_tf32()
+
+    @allow_tf32.setter
+    def allow_tf32(self, value):
+        _C.set_allow_tf32(bool(value))
 
 
 sys.modules[__name__].__class__ = _Backends

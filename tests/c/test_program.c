@@ -74,7 +74,7 @@ static ft_status make_program(ft_program **out, const net *m, int64_t batch) {
     nodes[8] = (ft_node){.kind = FT_NODE_LINEAR, .ninputs = 1, .inputs = {7}, .ndim = 1, .shape = {CLASSES},
                          .weight = m->lw, .dweight = m->dlw, .bias = m->lb, .dbias = m->dlb};
     ft_loss_spec loss = {.label_smoothing = 0.1, .ignore_index = -100};
-    return ft_program_create(out, 9, nodes, &loss, batch, true, 1);
+    return ft_program_create(out, 9, nodes, &loss, batch, true, 1, FT_CPU);
 }
 
 static void copy_floats(float *dst, const ft_tensor *t) { memcpy(dst, ft_tensor_data(t), (size_t)ft_tensor_numel(t) * 4); }

@@ -7,6 +7,7 @@ from collections import OrderedDict
 
 from .. import creation
 from .._tensor import Tensor
+from .._types import as_device
 from . import init
 from .graph import Symbolic
 
@@ -81,11 +82,31 @@ class Module:
     def buffers(self):
         return (b for _, b in self.named_buffers())
 
+    # ---- devices ----
+    def to(self, device):
+        """Moves every parameter and buffer to `device` in place, as PyTorch's Module.to: the tensor objects
+        stay the same, so build optimizers and compile after moving (they bind the memory they see then)."""
+        dev = as_device(device)
+        for t in list(dict.fromkeys(list(self.parameters()) + list(self.buffers()))):
+            if t.device != dev:
+                t._rebind(creation.empty(max(t.numel(), 1), dtype=t.dtype, device=dev), 0)
+                if t.grad is not None:
+                    t.grad = t.grad.to(dev)
+        for m in self.modules():
+            m.__dict__.pop("_flat", None)  # the model's flat buffers no longer hold its parameters
+        return self
+
+    def cuda(self, device=None):
+        return self.to("cuda" if device is None else device)
+
+    def cpu(self):
+        return self.to("cpu")
+
     def state_dict(self):
         """Parameters and buffers as NumPy arrays (copies), under PyTorch's key names."""
         out = OrderedDict()
         for name, t in list(self.named_parameters()) + list(self.named_buffers()):
-            out[name] = t.numpy().copy()
+            out[name] = t.cpu().numpy().copy()
         return out
 
     def load_state_dict(self, state, strict=True):

@@ -158,10 +158,16 @@ def _flatten_parameters(model):
     if flat is not None and flat[2] == [id(p) for p in params]:
         return flat[0], flat[1]
     for p in params:
-        if p.dtype is not _BY_NAME["float32"] or p.is_cuda:
-            raise TypeError("compile: parameters must be float32 CPU tensors")
+        if p.dtype is not _BY_NAME["float32"]:
+            raise TypeError("compile: parameters must be float32 tensors")
+    devices = {p.device for p in params} | {b.device for b in model.buffers()}
+    if len(devices) > 1:
+        raise RuntimeError(f"compile: the model's parameters and buffers are on several devices "
+                           f"({', '.join(sorted(map(str, devices)))}); move the model with model.to(device)")
+    device = devices.pop() if devices else "cpu"
     total = sum(p.numel() for p in params)
-    buf, grads = creation.empty(max(total, 1)), creation.zeros(max(total, 1))
+    buf = creation.empty(max(total, 1), device=device)
+    grads = creation.zeros(max(total, 1), device=device)
     offset = 0
     for p in params:
         n = p.numel()

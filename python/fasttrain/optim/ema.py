@@ -9,7 +9,8 @@ from .optimizer import _check_param
 class EMA:
     """``shadow = lerp(shadow, param, 1 - decay)`` for every param after each ``update()``: the average
     ``torch.optim.swa_utils.get_ema_multi_avg_fn(decay)`` keeps (timm's ModelEmaV2 likewise). The averages
-    start as copies of the params and live in one flat buffer; ``shadow`` holds a view per param.
+    start as copies of the params and live in one flat buffer on the params' device; ``shadow`` holds a view
+    per param.
 
     ``update(decay=None)`` uses ``self.decay`` unless given one (for a warmup schedule of the decay);
     ``copy_to(params=None)`` writes the averages into the params (for evaluation)."""
@@ -49,7 +50,7 @@ class EMA:
 
     def state_dict(self):
         return {"decay": self.decay, "num_updates": self.num_updates,
-                "shadow": [s.numpy().copy() for s in self.shadow]}
+                "shadow": [np.array(s.cpu().numpy()) for s in self.shadow]}
 
     def load_state_dict(self, state_dict):
         shadow = [np.asarray(a, dtype=np.float32) for a in state_dict["shadow"]]
@@ -61,5 +62,5 @@ class EMA:
                                  f"{tuple(s.shape)}")
         decay = self._check_decay(state_dict["decay"])
         for a, s in zip(shadow, self.shadow):
-            s.numpy()[...] = a
+            s.copy_(a)
         self.decay, self.num_updates = decay, int(state_dict["num_updates"])

@@ -1,5 +1,6 @@
 """Optimizers with PyTorch's interface whose update is one fused C pass over
-every parameter (csrc/optim/optim.h has the exact formulas)."""
+every parameter (csrc/optim/optim.h has the exact formulas), on the CPU or on
+the CUDA device that holds the parameters."""
 import math
 import operator
 
@@ -30,8 +31,6 @@ def _check_param(p, what):
         raise TypeError(f"{what} must be a fasttrain Tensor, not {type(p).__name__}")
     if p.dtype is not _FLOAT32:
         raise TypeError(f"{what} must be float32, got {p.dtype.name}: the optimizers update float32 master weights")
-    if p.is_cuda:
-        raise RuntimeError(f"{what} is on {p.device}: the optimizers run on CPU tensors for now")
     if not p.is_contiguous():
         raise ValueError(f"{what} must be contiguous")
 
@@ -190,7 +189,8 @@ class Optimizer:
         if c is None:
             return {}
         flats = [c.state_buffer(k) for k in range(len(_STATES))]
-        flats = {name: f.numpy() for name, f in zip(_STATES, flats) if f is not None}
+        # .cpu(): one copy of each buffer when the state is on a device, none on the CPU
+        flats = {name: f.cpu().numpy() for name, f in zip(_STATES, flats) if f is not None}
         state = {}
         for i, (p, off) in enumerate(zip(self._params, c.offsets)):
             steps, momentum_valid = c.segment_state(i)
@@ -246,8 +246,10 @@ class Optimizer:
     def _import_state(self, state):
         """Writes checked state into the C buffers; params missing from it start afresh."""
         c = self._c
-        flats = {name: f.numpy() for name, f in zip(_STATES, (c.state_buffer(k) for k in range(len(_STATES))))
-                 if f is not None}
+        buffers = {name: c.state_buffer(k) for k, name in enumerate(_STATES)}
+        # Every param's span is written below, so a device buffer is filled on the host and copied in one go.
+        flats = {name: np.empty(f.numel(), np.float32) if f.is_cuda else f.numpy()
+                 for name, f in buffers.items() if f is not None}
         for i, (p, off) in enumerate(zip(self._params, c.offsets)):
             entry = state.get(i)
             span = slice(off, off + p.numel())
@@ -262,6 +264,9 @@ class Optimizer:
             else:
                 momentum = entry.get("momentum_buffer") is not None
                 c.set_segment_state(i, entry.get("step", 1), momentum)
+        for name, flat in flats.items():
+            if buffers[name].is_cuda:
+                buffers[name].copy_(flat)
 
     def state_dict(self):
         """PyTorch's layout: {"state": {index: {...}}, "param_groups": [{..., "params": [indices]}]};

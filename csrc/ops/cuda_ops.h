@@ -1,0 +1,178 @@
+/* The ops the CUDA backend implements, with the signatures of the CPU entry
+ * points that dispatch to them.
+ *
+ * Each op entry point (ops/<op>.c) validates its arguments, then calls the
+ * entry of this table when the tensors are on a CUDA device (the backend
+ * receives only arguments the checks have accepted: same device, dtypes,
+ * shapes, no partial aliasing). A NULL entry is an op the backend does not
+ * implement; FT_CUDA_DISPATCH reports it. The work is queued on the device's
+ * compute stream (the legacy default stream, so that copies made by the core
+ * and by user code are ordered with it); an op returns before it has run,
+ * except where it must read a result back (e.g. validating targets). */
+#ifndef FT_OPS_CUDA_OPS_H
+#define FT_OPS_CUDA_OPS_H
+
+#include "core/cuda.h"
+#include "kernels/optim.h"
+#include "ops/activation.h"
+#include "ops/batchnorm.h"
+#include "ops/conv2d.h"
+#include "ops/dropout.h"
+#include "ops/elementwise.h"
+#include "ops/layernorm.h"
+#include "ops/linear.h"
+#include "ops/loss.h"
+#include "ops/pool.h"
+#include "ops/softmax.h"
+
+/* ---- optim/optim.h on a CUDA device ----
+ * An optimizer's (or EMA's) flat buffers are cut into segments, one per
+ * param tensor, and each segment into blocks of FT_OPTIM_BLOCK elements,
+ * numbered across the segments in order. The passes run one thread block
+ * per such block, and every reduction sums per-block partials in a fixed
+ * tree order, so results do not depend on the launch configuration. */
+typedef union {
+    ft_sgd_coef sgd;
+    ft_adamw_coef adamw;
+    ft_lamb_coef lamb;
+    ft_lars_coef lars;
+} ft_optim_coef;
+
+/* A param tensor and its place in the flat buffers. */
+typedef struct {
+    float *param;        /* (numel) */
+    const float *grad;   /* (numel); NULL: the segment sits this step out (always NULL for an EMA) */
+    int64_t numel;
+    int64_t offset;      /* of its first element in the flat state (or averages) */
+    int64_t first_block; /* its blocks are [first_block, first_block + ceil(numel / FT_OPTIM_BLOCK)) */
+} ft_cuda_flat_segment;
+
+/* A segment in one optimizer step: its coefficients and its group's options. */
+typedef struct {
+    ft_cuda_flat_segment flat;
+    ft_optim_coef coef; /* LAMB's lr_trust and LARS's scaled_lr are worked out on the device */
+    double lr, weight_decay, trust_coefficient, eps; /* the group's, for the trust ratios */
+    bool maximize, lars_exclude;
+    bool momentum; /* SGD: the segment has a momentum buffer */
+    bool amsgrad;
+} ft_cuda_optim_segment;
+
+/* One optimizer's device memory (all of it on `device`). */
+typedef struct {
+    int device;
+    int kind; /* ft_optim_kind */
+    int nseg;
+    int64_t nblocks;
+    ft_cuda_optim_segment *table; /* (nseg): this step's, from optim_upload */
+    float *momentum_buffer, *exp_avg, *exp_avg_sq, *max_exp_avg_sq; /* flat state; NULL when absent */
+    double *partial; /* (nblocks, 2): per-block sums of squares */
+    double *total;   /* (1) */
+} ft_cuda_optim;
+
+struct ft_cuda_ops {
+    /* activation.h */
+    ft_status (*activation_forward)(const ft_tensor *out, const ft_tensor *inp, ft_act act);
+    ft_status (*activation_backward)(const ft_tensor *dinp, const ft_tensor *dout, const ft_tensor *inp,
+                                     const ft_tensor *out, ft_act act, bool accumulate);
+    /* elementwise.h */
+    ft_status (*add_forward)(const ft_tensor *out, const ft_tensor *a, const ft_tensor *b, ft_act act);
+    ft_status (*add_backward)(const ft_tensor *da, const ft_tensor *db, const ft_tensor *dout, const ft_tensor *a,
+                              const ft_tensor *b, const ft_tensor *out, ft_act act, bool accumulate_a,
+                              bool accumulate_b);
+    ft_status (*mul_forward)(const ft_tensor *out, const ft_tensor *a, const ft_tensor *b);
+    ft_status (*mul_backward)(const ft_tensor *da, const ft_tensor *db, const ft_tensor *dout, const ft_tensor *a,
+                              const ft_tensor *b, bool accumulate_a, bool accumulate_b);
+    ft_status (*concat_forward)(const ft_tensor *out, const ft_tensor *const *inps, int n, int dim);
+    ft_status (*concat_backward)(const ft_tensor *const *dinps, const int64_t *sizes, int n,
+                                 const ft_tensor *dout, int dim, bool accumulate);
+    /* dropout.h */
+    ft_status (*dropout_forward)(const ft_tensor *out, const ft_tensor *inp, const ft_dropout_params *p);
+    ft_status (*dropout_backward)(const ft_tensor *dinp, const ft_tensor *dout, const ft_dropout_params *p,
+                                  bool accumulate);
+    /* softmax.h: `log` selects log_softmax */
+    ft_status (*softmax_forward)(const ft_tensor *out, const ft_tensor *inp, int dim, bool log);
+    ft_status (*softmax_backward)(const ft_tensor *dinp, const ft_tensor *dout, const ft_tensor *out, int dim,
+                                  bool accumulate, bool log);
+    /* loss.h */
+    ft_status (*cross_entropy_forward)(const ft_tensor *loss, const ft_tensor *dlogits, const ft_tensor *logits,
+                                       const ft_tensor *target, const ft_tensor *weight,
+                                       const ft_cross_entropy_params *p);
+    ft_status (*cross_entropy_backward)(const ft_tensor *dlogits, const ft_tensor *dloss, const ft_tensor *logits,
+                                        const ft_tensor *target, const ft_tensor *weight,
+                                        const ft_cross_entropy_params *p, bool accumulate);
+    ft_status (*mse_loss_forward)(const ft_tensor *loss, const ft_tensor *inp, const ft_tensor *target,
+                                  ft_reduction reduction);
+    ft_status (*mse_loss_backward)(const ft_tensor *dinp, const ft_tensor *dtarget, const ft_tensor *dloss,
+                                   const ft_tensor *inp, const ft_tensor *target, ft_reduction reduction,
+                                   bool accumulate_inp, bool accumulate_target);
+    /* pool.h */
+    ft_status (*max_pool2d_forward)(const ft_tensor *out, const ft_tensor *indices, const ft_tensor *inp,
+                                    const ft_pool2d_params *p);
+    ft_status (*max_pool2d_backward)(const ft_tensor *dinp, const ft_tensor *dout, const ft_tensor *indices,
+                                     bool accumulate);
+    ft_status (*avg_pool2d_forward)(const ft_tensor *out, const ft_tensor *inp, const ft_pool2d_params *p);
+    ft_status (*avg_pool2d_backward)(const ft_tensor *dinp, const ft_tensor *dout, const ft_pool2d_params *p,
+                                     bool accumulate);
+    ft_status (*adaptive_avg_pool2d_forward)(const ft_tensor *out, const ft_tensor *inp);
+    ft_status (*adaptive_avg_pool2d_backward)(const ft_tensor *dinp, const ft_tensor *dout, bool accumulate);
+    ft_status (*adaptive_max_pool2d_forward)(const ft_tensor *out, const ft_tensor *indices, const ft_tensor *inp);
+    /* max_pool2d_backward serves adaptive_max_pool2d too: both scatter by indices */
+    /* batchnorm.h */
+    ft_status (*batchnorm_forward)(const ft_tensor *out, const ft_tensor *save_mean, const ft_tensor *save_invstd,
+                                   const ft_tensor *inp, const ft_tensor *weight, const ft_tensor *bias,
+                                   const ft_tensor *running_mean, const ft_tensor *running_var,
+                                   const ft_batchnorm_params *p);
+    ft_status (*batchnorm_backward)(const ft_tensor *dinp, const ft_tensor *dweight, const ft_tensor *dbias,
+                                    const ft_tensor *dout, const ft_tensor *inp, const ft_tensor *out,
+                                    const ft_tensor *weight, const ft_tensor *save_mean,
+                                    const ft_tensor *save_invstd, const ft_batchnorm_params *p);
+    /* layernorm.h */
+    ft_status (*layernorm_forward)(const ft_tensor *out, const ft_tensor *save_mean, const ft_tensor *save_rstd,
+                                   const ft_tensor *inp, const ft_tensor *weight, const ft_tensor *bias,
+                                   int64_t norm_size, double eps);
+    ft_status (*layernorm_backward)(const ft_tensor *dinp, const ft_tensor *dweight, const ft_tensor *dbias,
+                                    const ft_tensor *dout, const ft_tensor *inp, const ft_tensor *weight,
+                                    const ft_tensor *save_mean, const ft_tensor *save_rstd, int64_t norm_size);
+    /* reduce.h: db (C) = the channel sums of dout */
+    ft_status (*bias_grad)(const ft_tensor *db, const ft_tensor *dout);
+    /* conv2d.h: cuDNN */
+    ft_status (*conv2d_forward)(const ft_tensor *out, const ft_tensor *inp, const ft_tensor *w, const ft_tensor *b,
+                                const ft_conv2d_params *p, const ft_conv2d_fusion *fusion);
+    ft_status (*conv2d_backward)(const ft_tensor *dinp, const ft_tensor *dw, const ft_tensor *db,
+                                 const ft_tensor *dout, const ft_tensor *inp, const ft_tensor *w,
+                                 const ft_conv2d_params *p);
+    /* linear.h: cuBLASLt */
+    ft_status (*linear_forward)(const ft_tensor *out, const ft_tensor *x, const ft_tensor *w, const ft_tensor *b,
+                                ft_act act);
+    ft_status (*linear_backward)(const ft_tensor *dx, const ft_tensor *dw, const ft_tensor *db,
+                                 const ft_tensor *dout, const ft_tensor *x, const ft_tensor *w);
+    /* nn/program.c: counter (() int64) += 1, a batch norm's num_batches_tracked */
+    ft_status (*increment)(const ft_tensor *counter);
+    /* optim/optim.h: the passes of ft_optimizer_step and ft_ema_update; each returns once its work is queued,
+     * except optim_grad_sumsq, which waits for the sum it returns */
+    /* x (n) = 0 */
+    ft_status (*optim_zero)(float *x, int64_t n, int device);
+    /* o->table = table (o->nseg entries in host memory, free to reuse on return) */
+    ft_status (*optim_upload)(const ft_cuda_optim *o, const ft_cuda_optim_segment *table);
+    /* partial[2b] = the sum over block b of (grad * grad_scale)^2 (0 in a segment without grad), with params
+     * partial[2b + 1] = that of the params (else 0); *sumsq = the sum of every partial[2b] */
+    ft_status (*optim_grad_sumsq)(const ft_cuda_optim *o, float grad_scale, bool params, double *sumsq);
+    /* The update of every segment with a grad, the grads scaled by grad_scale * clip; LAMB and LARS first
+     * work out their trust ratios (LARS from the partials the last optim_grad_sumsq left, with params) */
+    ft_status (*optim_update)(const ft_cuda_optim *o, float grad_scale, float clip);
+    /* avg[offset + i] = lerp(avg[offset + i], param[i], weight) for every segment of table (nseg, device
+     * memory, nblocks blocks in all) */
+    ft_status (*ema_update)(float *avg, const ft_cuda_flat_segment *table, int nseg, int64_t nblocks, float weight,
+                            int device);
+};
+
+/* In an entry point whose tensors are on a CUDA device: the status of the
+ * backend's `entry` called with the arguments, or FT_ERR_DEVICE when the
+ * backend has none. FT_CUDA_DISPATCH returns it. */
+#define FT_CUDA_CALL(op, entry, ...)                                                                     \
+    (ft_cuda_op_table() && ft_cuda_op_table()->entry                                                     \
+         ? ft_cuda_op_table()->entry(__VA_ARGS__)                                                        \
+         : ft_fail(FT_ERR_DEVICE, "%s: has no CUDA implementation in this build", (op)))
+#define FT_CUDA_DISPATCH(op, entry, ...) return FT_CUDA_CALL(op, entry, __VA_ARGS__)
+
+#endif

@@ -1,0 +1,272 @@
+/* Pointwise ops on the device: activations, add (+ act), mul, concat and
+ * dropout, forward and backward.
+ *
+ * Each is one walk of cuda/strided.h over its operands with the scalar math
+ * of kernels/activation.h and kernels/philox.h, computing exactly what the
+ * CPU loops compute (ops/activation.c, elementwise.c, dropout.c). Operands
+ * sit in fixed slots per op, absent ones left empty. */
+#include "backend.h"
+#include "kernels/activation.h"
+#include "kernels/philox.h"
+#include "ops/cuda_ops.h"
+#include "strided.h"
+
+namespace {
+
+/* dy * act'(s), s the forward output when from_output, else its input. relu
+ * and leaky relu select rather than multiply, as the CPU loops do, so that
+ * 0 * inf gives 0. */
+__device__ float act_grad(ft_act act, bool from_output, float dy, float s) {
+    if (act.kind == FT_ACT_RELU || act.kind == FT_ACT_LEAKY_RELU) {
+        float alpha = act.kind == FT_ACT_LEAKY_RELU ? act.alpha : 0.0f;
+        return s > 0.0f ? dy : alpha == 0.0f ? 0.0f : dy * alpha;
+    }
+    return dy * (from_output ? ft_act_grad_from_output(act, s) : ft_act_grad_from_input(act, s));
+}
+
+__device__ float put(float old, float g, bool accumulate) { return accumulate ? old + g : g; }
+
+/* slots: out, inp */
+struct act_fwd_op {
+    ft_act act;
+    __device__ void operator()(float *v, int64_t) const { v[0] = ft_act_forward(act, v[1]); }
+};
+
+/* slots: dinp, dout, the saved input or output */
+struct act_bwd_op {
+    ft_act act;
+    bool from_output, accumulate;
+    __device__ void operator()(float *v, int64_t) const {
+        v[0] = put(v[0], act_grad(act, from_output, v[1], v[2]), accumulate);
+    }
+};
+
+/* slots: out, a, b */
+struct add_fwd_op {
+    ft_act act;
+    __device__ void operator()(float *v, int64_t) const { v[0] = ft_act_forward(act, v[1] + v[2]); }
+};
+
+/* slots: da, db, dout, then out (from_output) or a and b; none for identity */
+struct add_bwd_op {
+    ft_act act;
+    bool from_output, has_da, has_db, acc_a, acc_b;
+    __device__ void operator()(float *v, int64_t) const {
+        float g = v[2];
+        if (act.kind != FT_ACT_NONE)
+            g = act_grad(act, from_output, g, from_output ? v[3] : v[3] + v[4]);
+        if (has_da)
+            v[0] = put(v[0], g, acc_a);
+        if (has_db)
+            v[1] = put(v[1], g, acc_b);
+    }
+};
+
+/* slots: out, a, b */
+struct mul_fwd_op {
+    __device__ void operator()(float *v, int64_t) const { v[0] = v[1] * v[2]; }
+};
+
+/* slots: da, db, dout, a (for db), b (for da) */
+struct mul_bwd_op {
+    bool has_da, has_db, acc_a, acc_b;
+    __device__ void operator()(float *v, int64_t) const {
+        if (has_da)
+            v[0] = put(v[0], v[2] * v[4], acc_a);
+        if (has_db)
+            v[1] = put(v[1], v[2] * v[3], acc_b);
+    }
+};
+
+/* slots: dst, src */
+struct copy_op {
+    bool accumulate;
+    __device__ void operator()(float *v, int64_t) const { v[0] = put(v[0], v[1], accumulate); }
+};
+
+/* slots: out, inp. Element number i (C order) is kept when word i % 4 of
+ * Philox block offset + i / 4 has (word >> 8) >= threshold. The block last
+ * drawn is kept: a thread's consecutive elements mostly share it. */
+struct dropout_op {
+    uint64_t seed, offset;
+    uint32_t threshold;
+    float scale;
+    bool accumulate;
+    bool drawn;
+    uint64_t block;
+    ft_philox_block r;
+    __device__ void operator()(float *v, int64_t i) {
+        uint64_t b = offset + (uint64_t)(i >> 2);
+        if (!drawn || b != block) {
+            r = ft_philox(seed, 0, b);
+            block = b;
+            drawn = true;
+        }
+        int64_t k = i & 3;
+        uint32_t w = k == 0 ? r.v[0] : k == 1 ? r.v[1] : k == 2 ? r.v[2] : r.v[3];
+        v[0] = put(v[0], v[1] * ((w >> 8) >= threshold ? scale : 0.0f), accumulate);
+    }
+};
+
+} // namespace
+
+/* ---- activations ---- */
+
+static ft_status activation_forward(const ft_tensor *out, const ft_tensor *inp, ft_act act) {
+    FT_TRY(ft_cuda_use_device(out));
+    const ft_tensor *t[] = {out, inp};
+    ft_cuda_pw p;
+    if (!ft_cuda_pw_make(&p, t, 2, 1, false, false))
+        return FT_OK;
+    return ft_cuda_pw_run<1>(p, act_fwd_op{act}, "activation_forward kernel launch");
+}
+
+static ft_status activation_backward(const ft_tensor *dinp, const ft_tensor *dout, const ft_tensor *inp,
+                                     const ft_tensor *out, ft_act act, bool accumulate) {
+    FT_TRY(ft_cuda_use_device(dinp));
+    bool from_output = out && ft_act_grad_uses_output(act);
+    const ft_tensor *t[] = {dinp, dout, from_output ? out : inp};
+    ft_cuda_pw p;
+    if (!ft_cuda_pw_make(&p, t, 3, 1, accumulate, false))
+        return FT_OK;
+    return ft_cuda_pw_run<1>(p, act_bwd_op{act, from_output, accumulate}, "activation_backward kernel launch");
+}
+
+/* ---- add, mul ---- */
+
+static ft_status add_forward(const ft_tensor *out, const ft_tensor *a, const ft_tensor *b, ft_act act) {
+    FT_TRY(ft_cuda_use_device(out));
+    const ft_tensor *t[] = {out, a, b};
+    ft_cuda_pw p;
+    if (!ft_cuda_pw_make(&p, t, 3, 1, false, false))
+        return FT_OK;
+    return ft_cuda_pw_run<1>(p, add_fwd_op{act}, "add_forward kernel launch");
+}
+
+/* At least one of da, db. The entry point has checked only what act needs:
+ * out when the derivative comes from it, else a and b, and none of them for
+ * identity. */
+static ft_status add_backward(const ft_tensor *da, const ft_tensor *db, const ft_tensor *dout, const ft_tensor *a,
+                              const ft_tensor *b, const ft_tensor *out, ft_act act, bool accumulate_a,
+                              bool accumulate_b) {
+    FT_TRY(ft_cuda_use_device(dout));
+    bool from_output = act.kind != FT_ACT_NONE && out && ft_act_grad_uses_output(act);
+    bool from_input = act.kind != FT_ACT_NONE && !from_output;
+    const ft_tensor *t[] = {da, db, dout, from_output ? out : from_input ? a : NULL, from_input ? b : NULL};
+    ft_cuda_pw p;
+    if (!ft_cuda_pw_make(&p, t, 5, 2, (da && accumulate_a) || (db && accumulate_b), false))
+        return FT_OK;
+    add_bwd_op op = {act, from_output, da != NULL, db != NULL, accumulate_a, accumulate_b};
+    return ft_cuda_pw_run<1>(p, op, "add_backward kernel launch");
+}
+
+static ft_status mul_forward(const ft_tensor *out, const ft_tensor *a, const ft_tensor *b) {
+    FT_TRY(ft_cuda_use_device(out));
+    const ft_tensor *t[] = {out, a, b};
+    ft_cuda_pw p;
+    if (!ft_cuda_pw_make(&p, t, 3, 1, false, false))
+        return FT_OK;
+    return ft_cuda_pw_run<1>(p, mul_fwd_op{}, "mul_forward kernel launch");
+}
+
+/* At least one of da, db; a is checked only when db is wanted, b only when da is. */
+static ft_status mul_backward(const ft_tensor *da, const ft_tensor *db, const ft_tensor *dout, const ft_tensor *a,
+                              const ft_tensor *b, bool accumulate_a, bool accumulate_b) {
+    FT_TRY(ft_cuda_use_device(dout));
+    const ft_tensor *t[] = {da, db, dout, db ? a : NULL, da ? b : NULL};
+    ft_cuda_pw p;
+    if (!ft_cuda_pw_make(&p, t, 5, 2, (da && accumulate_a) || (db && accumulate_b), false))
+        return FT_OK;
+    mul_bwd_op op = {da != NULL, db != NULL, accumulate_a, accumulate_b};
+    return ft_cuda_pw_run<1>(p, op, "mul_backward kernel launch");
+}
+
+/* ---- concat ---- */
+
+/* The view of t that holds [start, start + size) along dim. */
+static ft_tensor narrow(const ft_tensor *t, int dim, int64_t start, int64_t size) {
+    ft_tensor v = *t;
+    v.shape[dim] = size;
+    if (size > 0)
+        v.offset += start * t->strides[dim] * (t->dtype == FT_BFLOAT16 ? 2 : 4);
+    return v;
+}
+
+/* dst = (or +=) src. The entry point has checked that a part either is its
+ * slice of the whole (the very same view) or does not overlap the whole, so
+ * a part that starts where its slice starts is that slice. */
+static ft_status copy_part(const ft_tensor *dst, const ft_tensor *src, bool accumulate) {
+    const ft_tensor *t[] = {dst, src};
+    ft_cuda_pw p;
+    if (!ft_cuda_pw_make(&p, t, 2, 1, accumulate, false))
+        return FT_OK;
+    if (!accumulate && ft_tensor_data(dst) == ft_tensor_data(src))
+        return FT_OK;
+    return ft_cuda_pw_run<1>(p, copy_op{accumulate}, "concat kernel launch");
+}
+
+/* dim is in [0, ndim): the entry point has resolved a negative one. */
+static ft_status concat_forward(const ft_tensor *out, const ft_tensor *const *inps, int n, int dim) {
+    FT_TRY(ft_cuda_use_device(out));
+    int64_t start = 0;
+    for (int i = 0; i < n; i++) {
+        ft_tensor slice = narrow(out, dim, start, inps[i]->shape[dim]);
+        start += inps[i]->shape[dim];
+        FT_TRY(copy_part(&slice, inps[i], false));
+    }
+    return FT_OK;
+}
+
+static ft_status concat_backward(const ft_tensor *const *dinps, const int64_t *sizes, int n, const ft_tensor *dout,
+                                 int dim, bool accumulate) {
+    FT_TRY(ft_cuda_use_device(dout));
+    int64_t start = 0;
+    for (int i = 0; i < n; i++) {
+        ft_tensor slice = narrow(dout, dim, start, sizes[i]);
+        start += sizes[i];
+        if (dinps[i])
+            FT_TRY(copy_part(dinps[i], &slice, accumulate));
+    }
+    return FT_OK;
+}
+
+/* ---- dropout ---- */
+
+static ft_status dropout_run(const ft_tensor *out, const ft_tensor *inp, const ft_dropout_params *dp,
+                             bool accumulate, const char *kernel) {
+    FT_TRY(ft_cuda_use_device(out));
+    const ft_tensor *t[] = {out, inp};
+    ft_cuda_pw p;
+    if (!ft_cuda_pw_make(&p, t, 2, 1, accumulate, true))
+        return FT_OK;
+    dropout_op op = {};
+    op.seed = dp->seed;
+    op.offset = dp->offset;
+    op.threshold = (uint32_t)ceil(dp->p * 16777216.0);
+    op.scale = dp->p < 1.0 ? (float)(1.0 / (1.0 - dp->p)) : 0.0f;
+    op.accumulate = accumulate;
+    /* 4 elements a thread: one Philox block serves 4 consecutive ones */
+    return ft_cuda_pw_run<4>(p, op, kernel);
+}
+
+static ft_status dropout_forward(const ft_tensor *out, const ft_tensor *inp, const ft_dropout_params *p) {
+    return dropout_run(out, inp, p, false, "dropout_forward kernel launch");
+}
+
+static ft_status dropout_backward(const ft_tensor *dinp, const ft_tensor *dout, const ft_dropout_params *p,
+                                  bool accumulate) {
+    return dropout_run(dinp, dout, p, accumulate, "dropout_backward kernel launch");
+}
+
+void ft_cuda_register_pointwise(struct ft_cuda_ops *ops) {
+    ops->activation_forward = activation_forward;
+    ops->activation_backward = activation_backward;
+    ops->add_forward = add_forward;
+    ops->add_backward = add_backward;
+    ops->mul_forward = mul_forward;
+    ops->mul_backward = mul_backward;
+    ops->concat_forward = concat_forward;
+    ops->concat_backward = concat_backward;
+    ops->dropout_forward = dropout_forward;
+    ops->dropout_backward = dropout_backward;
+}

@@ -1,0 +1,240 @@
+"""Compiled training programs on CUDA against the same programs on the CPU: losses, gradients, parameters and
+batch-norm statistics after several steps of each optimizer (clipping, micro-batches, dropout, both memory
+formats), an MLP with LayerNorm, GELU and MSE, predict/evaluate, bitwise repeatable steps in deterministic
+mode, device inputs, steady memory, checkpoints that move between devices, and ft.fit.
+
+The API is PyTorch's: model.to("cuda") moves the parameters and buffers (the same Tensor objects); an
+optimizer built and a program compiled afterwards run on the device, with the flat parameter and gradient
+buffers there; train_step, backward, predict and evaluate take host (NumPy) or device batches."""
+import numpy as np
+import pytest
+
+import fasttrain as ft
+from _cudaref import assert_close, host, mixed_devices, rng
+
+pytestmark = pytest.mark.cuda
+nn = ft.nn
+CLASSES = 5
+
+
+@pytest.fixture(autouse=True)
+def full_fp32():
+    tf32 = ft.backends.allow_tf32
+    ft.backends.allow_tf32 = False
+    yield
+    ft.backends.allow_tf32 = tf32
+
+
+@pytest.fixture
+def deterministic():
+    ft.use_deterministic_algorithms(True)
+    yield
+    ft.use_deterministic_algorithms(False)
+
+
+def resnet(seed, width=6, dropout=0.2):
+    """conv -> BN -> ReLU -> (+ conv) -> ReLU -> maxpool -> conv -> ReLU -> global avg pool -> dropout -> linear."""
+    ft.manual_seed(seed)
+    x = nn.Input((3, 16, 16))
+    h1 = nn.ReLU()(nn.BatchNorm2d(width)(nn.Conv2d(3, width, 3, padding=1)(x)))
+    s = nn.ReLU()(h1 + nn.Conv2d(width, width, 3, padding=1)(h1))
+    h3 = nn.ReLU()(nn.Conv2d(width, 2 * width, 3, padding=1)(nn.MaxPool2d(2)(s)))
+    out = nn.Linear(2 * width, CLASSES)(nn.Dropout(dropout)(nn.Flatten()(nn.AdaptiveAvgPool2d(1)(h3))))
+    return nn.Model(x, out)
+
+
+def mlp(seed):
+    ft.manual_seed(seed)
+    return nn.Sequential(nn.Linear(20, 64), nn.LayerNorm(64), nn.GELU(), nn.Dropout(0.1), nn.Linear(64, 48),
+                         nn.SiLU(), nn.Linear(48, 3))
+
+
+OPTIMIZERS = {
+    "sgd": lambda p: ft.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True, weight_decay=5e-4),
+    "adamw": lambda p: ft.optim.AdamW(p, lr=1e-2),
+    "lamb": lambda p: ft.optim.LAMB(p, lr=1e-2),
+    "lars": lambda p: ft.optim.LARS(p, lr=0.5, weight_decay=1e-4),
+}
+
+
+def compiled(model, device, opt="sgd", loss=None, batch_size=16, input_shape=None, **kw):
+    assert model.to(device) is model
+    optimizer = OPTIMIZERS[opt](model.parameters())
+    loss = loss or nn.CrossEntropyLoss(label_smoothing=0.1)
+    kwargs = dict(batch_size=batch_size, seed=1234, **kw)
+    if input_shape is not None:
+        kwargs["input_shape"] = input_shape
+    return model.compile(optimizer, loss, **kwargs)
+
+
+def batch(n, seed, shape=(3, 16, 16), classes=CLASSES):
+    r = rng(seed)
+    return r.standard_normal((n, *shape)).astype(np.float32), r.integers(0, classes, n).astype(np.int64)
+
+
+def state_of(model):
+    """{name: float64 array} of every parameter and buffer, read from any device."""
+    named = list(model.named_parameters()) + list(model.named_buffers())
+    return {k: host(t).astype(np.float64) for k, t in named}
+
+
+def assert_models_close(got, want, rtol=1e-4):
+    g, w = state_of(got), state_of(want)
+    assert g.keys() == w.keys()
+    for name in w:
+        scale = max(np.abs(w[name]).max(initial=0.0), 1e-3)
+        err = np.abs(g[name] - w[name]).max(initial=0.0)
+        assert err <= rtol * scale, f"{name}: max difference {err:.3g} for values up to {scale:.3g}"
+
+
+def assert_losses_close(got, want, rtol=1e-4):
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=1e-6)
+
+
+@pytest.mark.parametrize("memory_format", ["channels_last", "contiguous"])
+@pytest.mark.parametrize("opt", list(OPTIMIZERS))
+def test_train_steps_match_cpu(opt, memory_format):
+    mc, mg = resnet(0), resnet(0)
+    pc = compiled(mc, "cpu", opt, memory_format=memory_format, clip_grad_norm=2.0 if opt != "sgd" else None)
+    pg = compiled(mg, "cuda", opt, memory_format=memory_format, clip_grad_norm=2.0 if opt != "sgd" else None)
+    assert all(p.is_cuda and p.grad.is_cuda for p in mg.parameters())
+    assert all(b.is_cuda for b in mg.buffers())
+    losses_c, losses_g = [], []
+    for step in range(4):
+        x, y = batch(16, seed=10 + step)
+        losses_c.append(pc.train_step(x, y))
+        losses_g.append(pg.train_step(x, y))
+    assert all(isinstance(v, float) for v in losses_g)
+    assert_losses_close(losses_g, losses_c)
+    assert_models_close(mg, mc)
+
+
+def test_micro_batches_match_cpu():
+    mc, mg = resnet(1), resnet(1)
+    pc = compiled(mc, "cpu", "sgd", batch_size=16, accumulate_steps=2)
+    pg = compiled(mg, "cuda", "sgd", batch_size=16, accumulate_steps=2)
+    for step in range(3):
+        x, y = batch(16, seed=20 + step)
+        assert_losses_close([pg.train_step(x, y)], [pc.train_step(x, y)])
+    assert_models_close(mg, mc)
+
+
+def test_backward_gradients_match_cpu():
+    mc, mg = resnet(2, width=16), resnet(2, width=16)
+    pc, pg = compiled(mc, "cpu", batch_size=32), compiled(mg, "cuda", batch_size=32)
+    x, y = batch(32, seed=30)
+    assert_losses_close([pg.backward(x, y)], [pc.backward(x, y)], 1e-5)
+    for (name, p_g), (_, p_c) in zip(mg.named_parameters(), mc.named_parameters()):
+        assert p_g.grad.is_cuda
+        assert_close(p_g.grad, p_c.grad, 1e-4, 1e-4)
+    # the conv bias that batch norm cancels is dropped: zero gradient
+    assert np.abs(host(dict(mg.named_parameters())["0.bias"].grad)).max() <= 1e-6
+
+
+def test_mse_mlp_with_layer_norm_and_dropout_matches_cpu():
+    mc, mg = mlp(3), mlp(3)
+    kw = dict(opt="adamw", loss=nn.MSELoss(), batch_size=24, input_shape=(20,), clip_grad_norm=1.0)
+    pc, pg = compiled(mc, "cpu", **kw), compiled(mg, "cuda", **kw)
+    r = rng(40)
+    losses_c, losses_g = [], []
+    for _ in range(4):
+        x, y = r.standard_normal((24, 20)).astype(np.float32), r.standard_normal((24, 3)).astype(np.float32)
+        losses_c.append(pc.train_step(x, y))
+        losses_g.append(pg.train_step(x, y))
+    assert_losses_close(losses_g, losses_c)
+    assert_models_close(mg, mc)
+    xe = r.standard_normal((24, 20)).astype(np.float32)
+    assert_close(pg.predict(xe), pc.predict(xe), 1e-4, 1e-4)
+
+
+def test_predict_and_evaluate_match_cpu():
+    mc, mg = resnet(4), resnet(4)
+    pc, pg = compiled(mc, "cpu"), compiled(mg, "cuda")
+    for step in range(2):
+        x, y = batch(16, seed=50 + step)
+        pc.train_step(x, y)
+        pg.train_step(x, y)
+    x, y = batch(16, seed=59)
+    logits = pg.predict(x)
+    assert logits.is_cuda and logits.shape == (16, CLASSES)
+    assert_close(logits, pc.predict(x), 1e-4, 1e-4)
+    (lg, ag), (lc, ac) = pg.evaluate(x, y), pc.evaluate(x, y)
+    assert abs(lg - lc) <= 1e-4 * abs(lc) and ag == ac
+    assert "Conv2d" in pg.summary()
+
+
+def test_deterministic_steps_are_bitwise_repeatable(deterministic):
+    runs = []
+    for _ in range(2):
+        m = resnet(5, width=16)
+        p = compiled(m, "cuda", "adamw", batch_size=32, clip_grad_norm=1.0)
+        losses = [p.train_step(*batch(32, seed=60 + s)) for s in range(3)]
+        runs.append((losses, {k: v.tobytes() for k, v in state_of(m).items()}))
+    assert runs[0][0] == runs[1][0]
+    assert runs[0][1] == runs[1][1]
+
+
+def test_device_batches_equal_host_batches(deterministic):
+    ma, mb = resnet(6), resnet(6)
+    pa, pb = compiled(ma, "cuda"), compiled(mb, "cuda")
+    for step in range(2):
+        x, y = batch(16, seed=70 + step)
+        la = pa.train_step(x, y)
+        lb = pb.train_step(ft.from_numpy(x).to("cuda"), ft.from_numpy(y).to("cuda"))
+        assert la == lb
+    assert {k: v.tobytes() for k, v in state_of(ma).items()} == {k: v.tobytes() for k, v in state_of(mb).items()}
+
+
+def test_memory_is_steady_across_steps():
+    m = resnet(7, width=16)
+    p = compiled(m, "cuda", "adamw", batch_size=32)
+    for step in range(2):
+        p.train_step(*batch(32, seed=80 + step))
+    ft.cuda.synchronize()
+    before = ft.memory_stats("cuda:0")["allocated_bytes"]
+    for step in range(4):
+        p.train_step(*batch(32, seed=90 + step))
+    ft.cuda.synchronize()
+    assert ft.memory_stats("cuda:0")["allocated_bytes"] == before
+
+
+def test_state_dict_and_checkpoints_move_between_devices(tmp_path):
+    mg, mc = resnet(8), resnet(9)  # different initial values: the checkpoint must overwrite them
+    pg, pc = compiled(mg, "cuda", "adamw"), compiled(mc, "cpu", "adamw")
+    for step in range(2):
+        pg.train_step(*batch(16, seed=100 + step))
+    sd = mg.state_dict()
+    assert all(isinstance(v, np.ndarray) for v in sd.values())
+    for name, value in state_of(mg).items():
+        np.testing.assert_array_equal(np.asarray(sd[name], np.float64), value)
+    path = tmp_path / "cuda.safetensors"
+    ft.save(str(path), pg)
+    ft.load(str(path), pc)
+    assert_models_close(mc, mg, 0)
+    for step in range(2):
+        x, y = batch(16, seed=110 + step)
+        assert_losses_close([pg.train_step(x, y)], [pc.train_step(x, y)])
+    assert_models_close(mg, mc)
+
+
+def test_fit_matches_cpu():
+    mc, mg = resnet(10), resnet(10)
+    pc, pg = compiled(mc, "cpu"), compiled(mg, "cuda")
+    batches = [batch(16, seed=120 + s) for s in range(4)]
+    hc = ft.fit(pc, batches, epochs=2, progress=False, val_loader=batches[:1])
+    hg = ft.fit(pg, batches, epochs=2, progress=False, val_loader=batches[:1])
+    assert_losses_close(hg["train_loss"], hc["train_loss"])
+    assert_losses_close(hg["val_loss"], hc["val_loss"])
+    assert_models_close(mg, mc)
+
+
+def test_a_model_on_two_devices_is_refused():
+    m = mlp(11)
+    m[0].to("cuda")
+    assert m[0].weight.is_cuda and not m[4].weight.is_cuda
+    mixed_devices(lambda: m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.MSELoss(), batch_size=4,
+                                    input_shape=(20,)))
+    m.cuda()
+    assert all(p.is_cuda for p in m.parameters())
+    m.cpu()
+    assert not any(p.is_cuda for p in m.parameters())
