@@ -127,6 +127,9 @@ FT_CUDA_HIDDEN ft_status ft_cuda_copy_back(const ft_tensor *dst, const void *src
  * where the libraries' own fusions do not apply. */
 FT_CUDA_HIDDEN ft_status ft_cuda_bias_act(const ft_tensor *out, const ft_tensor *b, int dim, ft_act act);
 
+/* The op table, for an op that runs another (e.g. linear's bias gradient). */
+FT_CUDA_HIDDEN const struct ft_cuda_ops *ft_cuda_table(void);
+
 /* Each .cu file of ops fills its entries of the table; runtime.cu calls them all. */
 FT_CUDA_HIDDEN void ft_cuda_register_layout(struct ft_cuda_ops *ops);
 FT_CUDA_HIDDEN void ft_cuda_register_conv(struct ft_cuda_ops *ops);

@@ -7,7 +7,7 @@
  * choice is cached per shape, and ft.use_deterministic_algorithms(True)
  * keeps only algorithms cuDNN reports deterministic. float32 runs with FMA
  * math unless ft.backends.allow_tf32; bfloat16 on tensor cores with float
- * accumulation.
+ * accumulation when every operand of the pass is bfloat16, else in float32.
  *
  * The fused bias and activation are a kernel of their own after the
  * convolution (ft_cuda_bias_act): cuDNN's fused forward takes only ReLU and
@@ -46,12 +46,20 @@ static ft_status handle_of(cudnnHandle_t *h, int device) {
 static cudnnDataType_t cudnn_dtype(ft_dtype dt) { return dt == FT_BFLOAT16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT; }
 
 /* True when every dimension of more than one element has a positive stride
- * (cuDNN takes any such strides for activations). */
+ * that fits cuDNN's int (cuDNN takes any such strides for activations). */
 static bool positive_strides(const ft_tensor *t) {
     for (int k = 0; k < 4; k++)
-        if (t->shape[k] > 1 && t->strides[k] <= 0)
+        if (t->shape[k] > 1 && (t->strides[k] <= 0 || t->strides[k] > INT32_MAX))
             return false;
     return true;
+}
+
+/* cuDNN's convolution takes one dtype for all its operands: bfloat16 only
+ * when every one is, else float32, into which bfloat16 converts exactly (a
+ * bfloat16 pass would round a float32 output to bfloat16). */
+static ft_dtype pass_dtype(const ft_tensor *a, const ft_tensor *b, const ft_tensor *c) {
+    bool bf16 = a->dtype == FT_BFLOAT16 && b->dtype == FT_BFLOAT16 && c->dtype == FT_BFLOAT16;
+    return bf16 ? FT_BFLOAT16 : FT_FLOAT32;
 }
 
 /* An activation operand (x, y, dx, dy): the tensor itself when cuDNN can
@@ -72,7 +80,7 @@ struct operand {
             /* a size-1 dimension's stride is free; keep the caller's unless
              * it is one cuDNN refuses */
             for (int k = 0; k < 4; k++)
-                strides[k] = t->strides[k] > 0 ? t->strides[k] : 1;
+                strides[k] = t->strides[k] > 0 && t->strides[k] <= INT32_MAX ? t->strides[k] : 1;
             return FT_OK;
         }
         FT_TRY(ft_cuda_stage(&staged, t, dtype, copy));
@@ -90,8 +98,11 @@ struct operand {
 };
 
 /* A filter operand (w, dw): cuDNN takes only dense KCRS ("NCHW") or KRSC
- * ("NHWC") filters. */
+ * ("NHWC") filters, and its fast kernels for channels-last activations want
+ * a KRSC filter: a filter in the other order is staged (weights are small
+ * next to activations). */
 struct filter {
+    ft_tensor view; /* the tensor, its dimensions in the memory order wanted */
     const ft_tensor *t;
     ft_cuda_scratch staged = {NULL, 0, 0};
     void *ptr = NULL;
@@ -99,23 +110,38 @@ struct filter {
 
     ~filter() { ft_cuda_scratch_free(&staged); }
 
-    ft_status init(const ft_tensor *tensor, ft_dtype dtype, bool copy) {
+    /* nhwc: the activations are channels-last */
+    ft_status init(const ft_tensor *tensor, ft_dtype dtype, bool copy, bool nhwc) {
         t = tensor;
-        const int64_t *n = t->shape, *s = t->strides;
-        bool kcrs = s[3] == 1 && s[2] == n[3] && s[1] == n[2] * n[3] && s[0] == n[1] * n[2] * n[3];
-        bool krsc = s[1] == 1 && s[3] == n[1] && s[2] == n[1] * n[3] && s[0] == n[1] * n[2] * n[3];
-        if (t->dtype == dtype && (kcrs || krsc)) {
+        view = *t;
+        if (nhwc) { /* (K, C, R, S) seen as (K, R, S, C) */
+            const int perm[4] = {0, 2, 3, 1};
+            for (int k = 0; k < 4; k++) {
+                view.shape[k] = t->shape[perm[k]];
+                view.strides[k] = t->strides[perm[k]];
+            }
+        }
+        format = nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+        bool dense = true;
+        int64_t step = 1;
+        for (int k = 3; k >= 0; k--) {
+            dense = dense && (view.shape[k] == 1 || view.strides[k] == step);
+            step *= view.shape[k];
+        }
+        if (t->dtype == dtype && dense) {
             ptr = ft_tensor_data(t);
-            format = kcrs ? CUDNN_TENSOR_NCHW : CUDNN_TENSOR_NHWC;
             return FT_OK;
         }
-        FT_TRY(ft_cuda_stage(&staged, t, dtype, copy));
+        FT_TRY(ft_cuda_stage(&staged, &view, dtype, copy));
         ptr = staged.ptr;
         return FT_OK;
     }
 
-    ft_status finish(ft_dtype dtype) { return staged.ptr ? ft_cuda_copy_back(t, staged.ptr, dtype) : FT_OK; }
+    ft_status finish(ft_dtype dtype) { return staged.ptr ? ft_cuda_copy_back(&view, staged.ptr, dtype) : FT_OK; }
 };
+
+/* Whether an activation operand is channels-last (NHWC memory order). */
+static bool channels_last(const operand &a) { return a.strides[1] < a.strides[3]; }
 
 /* The four descriptors of one convolution. */
 struct descriptors {
@@ -223,11 +249,12 @@ static algo_key key_of(char kind, const operand &x, const filter &w, const opera
 #define MAX_ALGOS 16
 
 /* Runs one pass (forward, backward data or backward filter) with the
- * algorithm cached for key k, or else with the candidates `search` lists
- * (cudnnFind* or cudnnGet*_v7, best first) in order: a candidate cuDNN
- * turns down for these descriptors (not supported, no workspace size) is
- * skipped, and the first that runs is cached. workspace(algo, &bytes) and
- * run(algo, workspace, bytes) wrap the pass's cuDNN calls. */
+ * algorithm cached for key k, or else (or when cuDNN turns it down for
+ * these pointers) with the candidates `search` lists (cudnnFind* or
+ * cudnnGet*_v7, best first) in order: a candidate cuDNN turns down for these
+ * descriptors, or whose workspace does not fit in memory, is skipped, and
+ * the first that runs is cached. workspace(algo, &bytes) and run(algo,
+ * workspace, bytes) wrap the pass's cuDNN calls. */
 template <typename Perf, typename Search, typename Workspace, typename Run>
 static ft_status run_pass(const algo_key &k, const char *what, Search search, Workspace workspace, Run run) {
     std::string key((const char *)&k, sizeof k);
@@ -239,36 +266,48 @@ static ft_status run_pass(const algo_key &k, const char *what, Search search, Wo
             cached = it->second;
     }
     Perf perf[MAX_ALGOS];
-    int n = 0;
-    if (cached >= 0) {
-        perf[0].algo = (decltype(perf[0].algo))cached;
-        perf[0].status = CUDNN_STATUS_SUCCESS;
-        perf[0].determinism = CUDNN_DETERMINISTIC;
-        n = 1;
-    } else {
-        FT_TRY(cudnn_check(search(perf, &n), what));
-    }
     cudnnStatus_t last = CUDNN_STATUS_NOT_SUPPORTED;
-    for (int i = 0; i < n; i++) {
-        if (perf[i].status != CUDNN_STATUS_SUCCESS || (k.deterministic && perf[i].determinism != CUDNN_DETERMINISTIC))
-            continue;
-        size_t bytes = 0;
-        last = workspace(perf[i].algo, &bytes);
-        if (last == CUDNN_STATUS_NOT_SUPPORTED)
-            continue;
-        FT_TRY(cudnn_check(last, what));
-        ft_cuda_scratch ws;
-        FT_TRY(ft_cuda_scratch_alloc(&ws, bytes, k.device));
-        last = run(perf[i].algo, ws.ptr, bytes);
-        ft_cuda_scratch_free(&ws);
-        if (last == CUDNN_STATUS_NOT_SUPPORTED)
-            continue;
-        if (last == CUDNN_STATUS_SUCCESS && cached < 0) {
-            std::lock_guard<std::mutex> g(lock);
-            algo_cache[key] = (int)perf[i].algo;
+    for (bool searched = cached < 0; ; searched = true) {
+        int n = 1;
+        if (searched) {
+            FT_TRY(cudnn_check(search(perf, &n), what));
+        } else {
+            perf[0].algo = (decltype(perf[0].algo))cached;
+            perf[0].status = CUDNN_STATUS_SUCCESS;
+            perf[0].determinism = CUDNN_DETERMINISTIC;
         }
-        return cudnn_check(last, what);
+        for (int i = 0; i < n; i++) {
+            if (perf[i].status != CUDNN_STATUS_SUCCESS ||
+                (k.deterministic && perf[i].determinism != CUDNN_DETERMINISTIC))
+                continue;
+            size_t bytes = 0;
+            last = workspace(perf[i].algo, &bytes);
+            if (last == CUDNN_STATUS_NOT_SUPPORTED)
+                continue;
+            FT_TRY(cudnn_check(last, what));
+            ft_cuda_scratch ws;
+            ft_status got = ft_cuda_scratch_alloc(&ws, bytes, k.device);
+            if (got == FT_ERR_NOMEM) { /* a candidate with a smaller workspace may fit */
+                last = CUDNN_STATUS_ALLOC_FAILED;
+                continue;
+            }
+            FT_TRY(got);
+            last = run(perf[i].algo, ws.ptr, bytes);
+            ft_cuda_scratch_free(&ws);
+            if (last == CUDNN_STATUS_NOT_SUPPORTED)
+                continue;
+            if (last == CUDNN_STATUS_SUCCESS && searched) {
+                std::lock_guard<std::mutex> g(lock);
+                algo_cache[key] = (int)perf[i].algo;
+            }
+            return cudnn_check(last, what);
+        }
+        if (searched)
+            break;
     }
+    if (last == CUDNN_STATUS_ALLOC_FAILED)
+        return ft_cuda_fail(FT_ERR_NOMEM, "conv2d: out of device memory for the workspace of every %scuDNN algorithm "
+                                          "(%s)", k.deterministic ? "deterministic " : "", what);
     return ft_cuda_fail(FT_ERR_CUDA, "conv2d: cuDNN has no %salgorithm for this convolution (%s: %s)",
                         k.deterministic ? "deterministic " : "", what, cudnnGetErrorString(last));
 }
@@ -348,12 +387,12 @@ static ft_status conv2d_forward(const ft_tensor *out, const ft_tensor *inp, cons
     FT_TRY(ft_cuda_use_device(inp));
     cudnnHandle_t h;
     FT_TRY(handle_of(&h, ft_tensor_device(inp).index));
-    ft_dtype dtype = inp->dtype; /* w has it too; out may differ */
+    ft_dtype dtype = pass_dtype(inp, w, out);
     bool sum = fusion && fusion->sum;
     operand x, y;
     filter wf;
     FT_TRY(x.init(inp, dtype, true));
-    FT_TRY(wf.init(w, dtype, true));
+    FT_TRY(wf.init(w, dtype, true, channels_last(x)));
     FT_TRY(y.init(out, dtype, sum));
     FT_TRY(forward(h, x, wf, y, p, dtype, sum));
     FT_TRY(y.finish(dtype));
@@ -369,16 +408,14 @@ static ft_status conv2d_backward(const ft_tensor *dinp, const ft_tensor *dw, con
     FT_TRY(ft_cuda_use_device(dout));
     cudnnHandle_t h;
     FT_TRY(handle_of(&h, ft_tensor_device(dout).index));
-    /* bfloat16 inputs with the float32 dw the entry point demands: cuDNN
-     * wants one dtype, so the filter pass then runs in float32 */
-    ft_dtype dtype = inp->dtype;
-    operand dy;
-    FT_TRY(dy.init(dout, dtype, true));
+    /* the float32 dw the entry point demands makes the filter pass float32 */
     if (dinp) {
-        operand dx;
+        ft_dtype dtype = pass_dtype(dinp, w, dout);
+        operand dx, dy;
         filter wf;
-        FT_TRY(wf.init(w, dtype, true));
+        FT_TRY(dy.init(dout, dtype, true));
         FT_TRY(dx.init(dinp, dtype, false));
+        FT_TRY(wf.init(w, dtype, true, channels_last(dx)));
         FT_TRY(backward_data(h, dx, wf, dy, p, dtype));
         FT_TRY(dx.finish(dtype));
     }
@@ -388,7 +425,7 @@ static ft_status conv2d_backward(const ft_tensor *dinp, const ft_tensor *dw, con
         filter dwf;
         FT_TRY(x.init(inp, wdtype, true));
         FT_TRY(dy_w.init(dout, wdtype, true));
-        FT_TRY(dwf.init(dw, wdtype, false));
+        FT_TRY(dwf.init(dw, wdtype, false, channels_last(x)));
         FT_TRY(backward_filter(h, x, dwf, dy_w, p, wdtype));
         FT_TRY(dwf.finish(wdtype));
     }

@@ -12,7 +12,9 @@
  *   - to an integer from double: NaN is 0; saturate to int64 (to [0,
  *     UINT64_MAX] for uint64), then C conversion to the narrower type.
  *   - to float16: ft_f64_to_f16; to bfloat16: ft_f32_to_bf16((float)v);
- *     integers reach the float types through double.
+ *     integers reach float16 and float64 through double, float32 and
+ *     bfloat16 by one C conversion to float (through double, an int64 above
+ *     2^53 would be rounded twice).
  * A same-dtype copy moves the bytes unchanged, which is also the only copy
  * complex dtypes allow.
  *
@@ -85,6 +87,14 @@ static inline FT_HD double ft_wide_as_f64(ft_wide w) {
     }
 }
 
+static inline FT_HD float ft_wide_as_f32(ft_wide w) {
+    switch (w.kind) {
+    case FT_WIDE_I64: return (float)w.v.i;
+    case FT_WIDE_U64: return (float)w.v.u;
+    default: return (float)w.v.f;
+    }
+}
+
 /* Saturating first keeps the double -> integer conversion defined (C leaves
  * out-of-range values undefined); the narrowing that follows then wraps. */
 static inline FT_HD int64_t ft_wide_as_i64(ft_wide w) {
@@ -138,8 +148,8 @@ static inline FT_HD void ft_store_wide(void *p, ft_dtype dt, ft_wide w) {
     case FT_UINT32: *(uint32_t *)p = (uint32_t)ft_wide_as_i64(w); break;
     case FT_UINT64: *(uint64_t *)p = ft_wide_as_u64(w); break;
     case FT_FLOAT16: *(uint16_t *)p = ft_f64_to_f16(ft_wide_as_f64(w)); break;
-    case FT_BFLOAT16: *(uint16_t *)p = ft_f32_to_bf16((float)ft_wide_as_f64(w)); break;
-    case FT_FLOAT32: *(float *)p = (float)ft_wide_as_f64(w); break;
+    case FT_BFLOAT16: *(uint16_t *)p = ft_f32_to_bf16(ft_wide_as_f32(w)); break;
+    case FT_FLOAT32: *(float *)p = ft_wide_as_f32(w); break;
     case FT_FLOAT64: *(double *)p = ft_wide_as_f64(w); break;
     default: break; /* complex: the caller never gets here */
     }

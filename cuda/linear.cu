@@ -120,10 +120,12 @@ static ft_status layout(cublasLtMatrixLayout_t *l, const matrix &m) {
                     "cublasLtMatrixLayoutCreate");
 }
 
-/* D (column-major, the transpose of tensor D) = op(A) op(B), with the
- * epilogue and its bias (float32, length D's rows) when given. */
+/* D (column-major) = op(A) op(B), with the epilogue and its float32 vector:
+ * the bias it adds, or the bias gradient it writes. With `supported` not
+ * NULL, a product cuBLASLt has no algorithm for (an epilogue it lacks for
+ * these types) sets *supported false and runs nothing. */
 static ft_status matmul(const matrix &A, cublasOperation_t opa, const matrix &B, cublasOperation_t opb,
-                        const matrix &D, cublasLtEpilogue_t epilogue, const float *bias) {
+                        const matrix &D, cublasLtEpilogue_t epilogue, const float *bias, bool *supported) {
     int device = ft_tensor_device(D.t).index;
     cublasLtHandle_t h;
     FT_TRY(handle_of(&h, device));
@@ -165,9 +167,14 @@ static ft_status matmul(const matrix &A, cublasOperation_t opa, const matrix &B,
                     "cublasLtMatmulPreferenceSetAttribute"));
     cublasLtMatmulHeuristicResult_t result;
     int found = 0;
-    FT_TRY(lt_check(cublasLtMatmulAlgoGetHeuristic(h, ds.op, ds.a, ds.b, ds.d, ds.d, ds.pref, 1, &result, &found),
-                    "cublasLtMatmulAlgoGetHeuristic"));
-    if (found < 1)
+    cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(h, ds.op, ds.a, ds.b, ds.d, ds.d, ds.pref, 1, &result, &found);
+    if (hs != CUBLAS_STATUS_NOT_SUPPORTED)
+        FT_TRY(lt_check(hs, "cublasLtMatmulAlgoGetHeuristic"));
+    if (supported)
+        *supported = hs == CUBLAS_STATUS_SUCCESS && found > 0;
+    if (supported && !*supported)
+        return FT_OK;
+    if (hs != CUBLAS_STATUS_SUCCESS || found < 1)
         return ft_cuda_fail(FT_ERR_CUDA, "linear: cuBLASLt has no algorithm for a %llux%llu by %llux%llu product",
                             (unsigned long long)A.rows, (unsigned long long)A.cols, (unsigned long long)B.rows,
                             (unsigned long long)B.cols);
@@ -216,12 +223,14 @@ static ft_status linear_forward(const ft_tensor *out, const ft_tensor *x, const 
             epi = CUBLASLT_EPILOGUE_BIAS;
     }
     /* out^T (O x N) = w (O x I) x^T (I x N) */
-    FT_TRY(matmul(W, W.op(false), X, X.op(true), D, epi, fuse ? bias : NULL));
+    FT_TRY(matmul(W, W.op(false), X, X.op(true), D, epi, fuse ? bias : NULL, NULL));
     FT_TRY(D.finish());
     return fuse ? FT_OK : ft_cuda_bias_act(out, b, 1, act);
 }
 
-/* db is left to the entry point (ft_bias_grad). */
+/* db (float32, given only with dw) comes out of dw's product as cuBLASLt's
+ * bias-gradient epilogue where it has one for these types, else from the
+ * bias_grad op. */
 static ft_status linear_backward(const ft_tensor *dx, const ft_tensor *dw, const ft_tensor *db,
                                  const ft_tensor *dout, const ft_tensor *x, const ft_tensor *w) {
     FT_TRY(ft_cuda_use_device(dout));
@@ -233,24 +242,36 @@ static ft_status linear_backward(const ft_tensor *dx, const ft_tensor *dw, const
         FT_TRY(W.init(w, dt, true));
         FT_TRY(DX.init(dx, out_dtype(dt, dx), false));
         if (DX.stored_transposed) { /* dx^T (I x N) = w^T (I x O) dout^T (O x N) */
-            FT_TRY(matmul(W, W.op(true), G, G.op(true), DX, CUBLASLT_EPILOGUE_DEFAULT, NULL));
+            FT_TRY(matmul(W, W.op(true), G, G.op(true), DX, CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL));
         } else { /* dx (N x I) = dout (N x O) w (O x I) */
-            FT_TRY(matmul(G, G.op(false), W, W.op(false), DX, CUBLASLT_EPILOGUE_DEFAULT, NULL));
+            FT_TRY(matmul(G, G.op(false), W, W.op(false), DX, CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL));
         }
         FT_TRY(DX.finish());
     }
-    if (dw) {
-        matrix X, DW;
-        FT_TRY(X.init(x, dt, true));
-        FT_TRY(DW.init(dw, FT_FLOAT32, false)); /* the entry point demands float32 */
-        if (DW.stored_transposed) { /* dw^T (I x O) = x^T (I x N) dout (N x O) */
-            FT_TRY(matmul(X, X.op(true), G, G.op(false), DW, CUBLASLT_EPILOGUE_DEFAULT, NULL));
-        } else { /* dw (O x I) = dout^T (O x N) x (N x I) */
-            FT_TRY(matmul(G, G.op(true), X, X.op(false), DW, CUBLASLT_EPILOGUE_DEFAULT, NULL));
-        }
-        FT_TRY(DW.finish());
+    if (!dw)
+        return FT_OK;
+    matrix X, DW;
+    FT_TRY(X.init(x, dt, true));
+    FT_TRY(DW.init(dw, FT_FLOAT32, false)); /* the entry point demands float32 */
+    /* db[o] sums dout over the batch, the product's inner dimension: dout is
+     * the second factor of dw^T = x^T dout (BGRADB), the first of
+     * dw = dout^T x (BGRADA) */
+    bool dense = db && (db->strides[0] == 1 || db->shape[0] == 1) && alignment(ft_tensor_data(db)) >= 16;
+    float *grad = dense ? (float *)ft_tensor_data(db) : NULL;
+    bool fused = false;
+    if (DW.stored_transposed) { /* dw^T (I x O) = x^T (I x N) dout (N x O) */
+        if (grad)
+            FT_TRY(matmul(X, X.op(true), G, G.op(false), DW, CUBLASLT_EPILOGUE_BGRADB, grad, &fused));
+        if (!fused)
+            FT_TRY(matmul(X, X.op(true), G, G.op(false), DW, CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL));
+    } else { /* dw (O x I) = dout^T (O x N) x (N x I) */
+        if (grad)
+            FT_TRY(matmul(G, G.op(true), X, X.op(false), DW, CUBLASLT_EPILOGUE_BGRADA, grad, &fused));
+        if (!fused)
+            FT_TRY(matmul(G, G.op(true), X, X.op(false), DW, CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL));
     }
-    return FT_OK;
+    FT_TRY(DW.finish());
+    return db && !fused ? ft_cuda_table()->bias_grad(db, dout) : FT_OK;
 }
 
 void ft_cuda_register_linear(ft_cuda_ops *ops) {

@@ -580,6 +580,23 @@ static ft_status ln_backward(const ft_tensor *dinp, const ft_tensor *dweight, co
     const float *x = (const float *)ft_tensor_data(inp), *dy = (const float *)ft_tensor_data(dout);
     const float *w = weight ? (const float *)ft_tensor_data(weight) : NULL;
     const float *mean = (const float *)ft_tensor_data(save_mean), *rstd = (const float *)ft_tensor_data(save_rstd);
+    /* The parameter sums first: a dinp that is dout overwrites it. */
+    if (dweight || dbias) {
+        sums_plan plan = plan_sums(false, R, D);
+        ft_cuda_scratch scratch;
+        FT_TRY(ft_cuda_scratch_alloc(&scratch, sums_doubles(plan) * sizeof(double), ft_tensor_device(inp).index));
+        ln_param_view v = {x, dy, mean, rstd, D};
+        const double *ta = NULL, *tb = NULL;
+        ft_status st = queue_sums(plan, v, (double *)scratch.ptr, &ta, &tb);
+        if (st == FT_OK) {
+            store_sums<<<ft_cuda_blocks(D, THREADS), THREADS, 0, FT_CUDA_STREAM>>>(
+                ta, tb, D, dweight ? (float *)ft_tensor_data(dweight) : NULL, 1,
+                dbias ? (float *)ft_tensor_data(dbias) : NULL, 1);
+            st = ft_cuda_launched("store_sums");
+        }
+        ft_cuda_scratch_free(&scratch);
+        FT_TRY(st);
+    }
     if (dinp && R > 0) {
         float *dx = (float *)ft_tensor_data(dinp);
         if (D <= LN_WARP_MAX)
@@ -590,23 +607,7 @@ static ft_status ln_backward(const ft_tensor *dinp, const ft_tensor *dweight, co
                                                                                            R, D);
         FT_TRY(ft_cuda_launched("ln_backward_rows"));
     }
-    if (!dweight && !dbias)
-        return FT_OK;
-    /* Like the CPU, after dx: a dinp that is dout is read as overwritten. */
-    sums_plan plan = plan_sums(false, R, D);
-    ft_cuda_scratch scratch;
-    FT_TRY(ft_cuda_scratch_alloc(&scratch, sums_doubles(plan) * sizeof(double), ft_tensor_device(inp).index));
-    ln_param_view v = {x, dy, mean, rstd, D};
-    const double *ta = NULL, *tb = NULL;
-    ft_status st = queue_sums(plan, v, (double *)scratch.ptr, &ta, &tb);
-    if (st == FT_OK) {
-        store_sums<<<ft_cuda_blocks(D, THREADS), THREADS, 0, FT_CUDA_STREAM>>>(
-            ta, tb, D, dweight ? (float *)ft_tensor_data(dweight) : NULL, 1,
-            dbias ? (float *)ft_tensor_data(dbias) : NULL, 1);
-        st = ft_cuda_launched("store_sums");
-    }
-    ft_cuda_scratch_free(&scratch);
-    return st;
+    return FT_OK;
 }
 
 /* ---- bias gradient ------------------------------------------------------- */

@@ -347,8 +347,9 @@ static ft_status queue_max_backward(const ft_tensor *dinp, const ft_tensor *dout
     return ft_cuda_launched("max_backward_kernel");
 }
 
-static ft_status max_pool2d_backward(const ft_tensor *dinp, const ft_tensor *dout, const ft_tensor *indices,
-                                     bool accumulate) {
+/* Both max poolings scatter by their saved indices; `op` names the one in errors. */
+static ft_status max_backward(const char *op, const ft_tensor *dinp, const ft_tensor *dout, const ft_tensor *indices,
+                              bool accumulate) {
     FT_TRY(ft_cuda_use_device(dinp));
     int64_t H = dinp->shape[2], W = dinp->shape[3];
     if (dinp->shape[0] * dinp->shape[1] * H * W == 0)
@@ -365,10 +366,19 @@ static ft_status max_pool2d_backward(const ft_tensor *dinp, const ft_tensor *dou
         st = ft_cuda_check(cudaMemcpy(found, bad, sizeof found, cudaMemcpyDeviceToHost), "cudaMemcpy");
     ft_cuda_scratch_free(&scratch);
     if (st == FT_OK && found[0])
-        return ft_cuda_fail(FT_ERR_INDEX, "max_pool2d_backward: indices holds %lld, outside [0, %lld) for a %lld x "
-                                          "%lld input",
+        return ft_cuda_fail(FT_ERR_INDEX, "%s: indices holds %lld, outside [0, %lld) for a %lld x %lld input", op,
                             (long long)(found[1] ^ (1ull << 63)), (long long)(H * W), (long long)H, (long long)W);
     return st;
+}
+
+static ft_status max_pool2d_backward(const ft_tensor *dinp, const ft_tensor *dout, const ft_tensor *indices,
+                                     bool accumulate) {
+    return max_backward("max_pool2d_backward", dinp, dout, indices, accumulate);
+}
+
+static ft_status adaptive_max_pool2d_backward(const ft_tensor *dinp, const ft_tensor *dout, const ft_tensor *indices,
+                                              bool accumulate) {
+    return max_backward("adaptive_max_pool2d_backward", dinp, dout, indices, accumulate);
 }
 
 } // namespace
@@ -381,4 +391,5 @@ void ft_cuda_register_pool(struct ft_cuda_ops *ops) {
     ops->adaptive_avg_pool2d_forward = adaptive_avg_pool2d_forward;
     ops->adaptive_avg_pool2d_backward = adaptive_avg_pool2d_backward;
     ops->adaptive_max_pool2d_forward = adaptive_max_pool2d_forward;
+    ops->adaptive_max_pool2d_backward = adaptive_max_pool2d_backward;
 }

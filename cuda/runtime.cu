@@ -195,6 +195,8 @@ static ft_status rt_device_synchronize(int device) {
 /* Filled by the ops' register functions when the library is opened. */
 static ft_cuda_ops ops;
 
+const ft_cuda_ops *ft_cuda_table(void) { return &ops; }
+
 static const ft_cuda_api api = {
     .abi = FT_CUDA_ABI,
     .device_count = rt_device_count,

@@ -205,6 +205,11 @@ def test_layer_norm():
     np.testing.assert_allclose(n(dx), fd_grad(ref, x, dy), rtol=1e-3, atol=1e-3)
     np.testing.assert_allclose(n(dw), fd_grad(lambda v: ref(x, v, b), w, dy), rtol=1e-3, atol=1e-3)
     np.testing.assert_allclose(n(db), dy.sum((0, 1)), rtol=1e-5, atol=1e-5)
+    g = t(dy)  # in place: the input gradient over the output gradient leaves the parameter gradients as they were
+    ft.ops.layer_norm_backward(g, dw, db, g, t(x), t(w), mean, rstd, (8,))
+    np.testing.assert_array_equal(n(g), n(dx))
+    np.testing.assert_allclose(n(db), dy.sum((0, 1)), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(n(dw), fd_grad(lambda v: ref(x, v, b), w, dy), rtol=1e-3, atol=1e-3)
     np.testing.assert_allclose(n(ft.nn.functional.layer_norm(t(x), 8, t(w), t(b))), ref(x), rtol=1e-4, atol=1e-4)
     with pytest.raises(ValueError):
         ft.nn.functional.layer_norm(t(x), (5,))

@@ -189,6 +189,28 @@ static ft_status copy_across(const ft_tensor *dst, const ft_tensor *src, bool no
         ft_copy_desc d = describe(dst, src);
         return cuda->copy_strided(&d, ddev.index, NULL);
     }
+    bool broadcast = false;
+    for (int k = 0; k < src->ndim; k++)
+        broadcast |= src->strides[k] == 0 && src->shape[k] > 1;
+    if (broadcast && on_host(src) && !on_host(dst)) {
+        /* fill_ and expanded views: only the distinct elements cross, and
+         * the device spreads them */
+        ft_tensor compact = *src, crossed;
+        for (int k = 0; k < src->ndim; k++)
+            if (src->strides[k] == 0)
+                compact.shape[k] = 1;
+        FT_TRY(ft_tensor_to(&crossed, &compact, src->dtype, ddev, false, false));
+        ft_tensor spread = crossed;
+        for (int k = 0; k < src->ndim; k++)
+            if (src->strides[k] == 0) {
+                spread.shape[k] = src->shape[k];
+                spread.strides[k] = 0;
+            }
+        ft_copy_desc d = describe(dst, &spread);
+        ft_status st = cuda->copy_strided(&d, ddev.index, NULL);
+        ft_tensor_release(&crossed);
+        return st;
+    }
     ft_tensor s_buf = {0}, d_buf = {0};
     ft_status st = FT_OK;
     const ft_tensor *s = src, *d = dst;

@@ -655,9 +655,18 @@ static ft_status deliver(ft_loader *l, slot *s, int64_t n, ft_batch *out) {
         const ft_cuda_api *cu = ft_cuda();
         int dev = l->cfg.device.index;
         if (st == FT_OK) {
-            /* Asynchronous copies on the loader's stream; the compute stream
-             * waits for them, and the buffer is reused once they are done. */
-            st = cu->memcpy(ft_tensor_data(&out->images), s->images, (size_t)n * l->sample_bytes, dev, l->stream);
+            /* Asynchronous copies on the loader's stream, after the work
+             * queued on the compute stream so far (the new tensors may be
+             * memory that work has just given back); the compute stream waits
+             * for them, and the buffer is reused once they are done. A wait
+             * takes the event as recorded at the call, so it is recorded
+             * again for the copies. */
+            st = cu->event_record(s->event, NULL);
+            if (st == FT_OK)
+                st = cu->stream_wait_event(l->stream, s->event);
+            if (st == FT_OK)
+                st = cu->memcpy(ft_tensor_data(&out->images), s->images, (size_t)n * l->sample_bytes, dev,
+                                l->stream);
             if (st == FT_OK)
                 st = cu->memcpy(ft_tensor_data(&out->labels), s->labels, (size_t)n * sizeof(int64_t), dev,
                                 l->stream);

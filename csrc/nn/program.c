@@ -585,19 +585,21 @@ static ft_status check_input(const ft_program *p, const ft_tensor *x) {
     return FT_OK;
 }
 
-/* A batch tensor where the program runs: t itself, or a copy (queued
- * without waiting when t is in page-locked memory). The caller releases it. */
-static ft_status on_device(const ft_program *p, const ft_tensor *t, ft_tensor *out) {
+/* A batch tensor where the program runs: t itself, or a copy. With
+ * `queued`, a copy from page-locked memory returns before it is done: for
+ * callers that wait for the device (reading a loss) before they return, and
+ * with it the caller's hold on t. The caller releases *out. */
+static ft_status on_device(const ft_program *p, const ft_tensor *t, bool queued, ft_tensor *out) {
     if (ft_device_eq(ft_op_device(t), p->device)) {
         ft_tensor_share(out, t);
         return FT_OK;
     }
-    return ft_tensor_to(out, t, t->dtype, p->device, false, true);
+    return ft_tensor_to(out, t, t->dtype, p->device, false, queued);
 }
 
 /* Labels checked on the host (a CUDA tensor is copied there first): *host
- * gets them on the CPU, *dev where the program runs. On failure neither is
- * held. */
+ * gets them on the CPU, and *dev (when not NULL) where the program runs. On
+ * failure neither is held. */
 static ft_status labels(const ft_program *p, const ft_tensor *y, int64_t rows, ft_tensor *host, ft_tensor *dev) {
     int64_t classes = p->nodes[p->n - 1].shape[0];
     if (p->loss.mse) {
@@ -620,7 +622,7 @@ static ft_status labels(const ft_program *p, const ft_tensor *y, int64_t rows, f
                            (long long)r, (long long)classes);
         }
     }
-    ft_status s = on_device(p, y, dev);
+    ft_status s = dev ? on_device(p, y, true, dev) : FT_OK;
     if (s != FT_OK)
         ft_tensor_release(host);
     return s;
@@ -882,7 +884,7 @@ ft_status ft_program_backward(ft_program *p, const ft_tensor *x, const ft_tensor
     FT_TRY(check_input(p, x));
     ft_tensor yh, yd, xd;
     FT_TRY(labels(p, y, x->shape[0], &yh, &yd));
-    ft_status s = on_device(p, x, &xd);
+    ft_status s = on_device(p, x, true, &xd);
     if (s == FT_OK) {
         *loss = 0;
         s = backward_batches(p, &xd, &yd, loss);
@@ -900,7 +902,7 @@ ft_status ft_program_forward(ft_program *p, const ft_tensor *x, const ft_tensor 
     FT_TRY(ft_check_shape("program", "out", out, 2, (int64_t[]){B, last->shape[0]}));
     FT_TRY(ft_check_output("program", "out", out));
     ft_tensor xd;
-    FT_TRY(on_device(p, x, &xd));
+    FT_TRY(on_device(p, x, false, &xd));
     ft_status s = FT_OK;
     for (int64_t r0 = 0; s == FT_OK && r0 < B; r0 += p->batch) {
         int64_t rows = B - r0 < p->batch ? B - r0 : p->batch;
@@ -986,10 +988,9 @@ ft_status ft_program_evaluate(ft_program *p, const ft_tensor *x, const ft_tensor
                               int64_t *correct) {
     FT_TRY(check_input(p, x));
     int64_t classes = p->nodes[p->n - 1].shape[0];
-    ft_tensor yh, yd, xd, logits, other;
-    FT_TRY(labels(p, y, x->shape[0], &yh, &yd));
-    ft_tensor_release(&yd);
-    ft_status s = on_device(p, x, &xd);
+    ft_tensor yh, xd, logits, other;
+    FT_TRY(labels(p, y, x->shape[0], &yh, NULL));
+    ft_status s = on_device(p, x, true, &xd);
     if (s != FT_OK) {
         ft_tensor_release(&yh);
         return s;

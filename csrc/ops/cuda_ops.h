@@ -116,7 +116,8 @@ struct ft_cuda_ops {
     ft_status (*adaptive_avg_pool2d_forward)(const ft_tensor *out, const ft_tensor *inp);
     ft_status (*adaptive_avg_pool2d_backward)(const ft_tensor *dinp, const ft_tensor *dout, bool accumulate);
     ft_status (*adaptive_max_pool2d_forward)(const ft_tensor *out, const ft_tensor *indices, const ft_tensor *inp);
-    /* max_pool2d_backward serves adaptive_max_pool2d too: both scatter by indices */
+    ft_status (*adaptive_max_pool2d_backward)(const ft_tensor *dinp, const ft_tensor *dout, const ft_tensor *indices,
+                                              bool accumulate);
     /* batchnorm.h */
     ft_status (*batchnorm_forward)(const ft_tensor *out, const ft_tensor *save_mean, const ft_tensor *save_invstd,
                                    const ft_tensor *inp, const ft_tensor *weight, const ft_tensor *bias,
@@ -141,7 +142,7 @@ struct ft_cuda_ops {
     ft_status (*conv2d_backward)(const ft_tensor *dinp, const ft_tensor *dw, const ft_tensor *db,
                                  const ft_tensor *dout, const ft_tensor *inp, const ft_tensor *w,
                                  const ft_conv2d_params *p);
-    /* linear.h: cuBLASLt */
+    /* linear.h: cuBLASLt; db is given only with dw (it comes out of dw's product) */
     ft_status (*linear_forward)(const ft_tensor *out, const ft_tensor *x, const ft_tensor *w, const ft_tensor *b,
                                 ft_act act);
     ft_status (*linear_backward)(const ft_tensor *dx, const ft_tensor *dw, const ft_tensor *db,

@@ -138,12 +138,7 @@ ft_status ft_layernorm_backward(const ft_tensor *dinp, const ft_tensor *dweight,
     const float *x = (const float *)ft_tensor_data(inp), *dy = (const float *)ft_tensor_data(dout);
     const float *w = weight ? (const float *)ft_tensor_data(weight) : NULL;
     const float *mean = (const float *)ft_tensor_data(save_mean), *rstd = (const float *)ft_tensor_data(save_rstd);
-    if (dinp) {
-        float *dx = (float *)ft_tensor_data(dinp);
-#pragma omp parallel for schedule(static) if (R * D > 32768)
-        for (int64_t r = 0; r < R; r++)
-            backward_row(dx + r * D, x + r * D, dy + r * D, w, mean[r], rstd[r], D);
-    }
+    /* The parameter sums first: a dinp that is dout overwrites it. */
     if (dweight || dbias) {
         int64_t nchunks = (R + CHUNK - 1) / CHUNK;
         double *part = calloc((size_t)(nchunks ? nchunks : 1) * (size_t)D * 2, sizeof *part); /* (chunks, 2, D) */
@@ -166,6 +161,12 @@ ft_status ft_layernorm_backward(const ft_tensor *dinp, const ft_tensor *dweight,
                 ((float *)ft_tensor_data(dbias))[d] = (float)sb;
         }
         free(part);
+    }
+    if (dinp) {
+        float *dx = (float *)ft_tensor_data(dinp);
+#pragma omp parallel for schedule(static) if (R * D > 32768)
+        for (int64_t r = 0; r < R; r++)
+            backward_row(dx + r * D, x + r * D, dy + r * D, w, mean[r], rstd[r], D);
     }
     return FT_OK;
 }

@@ -254,13 +254,16 @@ ft_status ft_linear_backward(const ft_tensor *dx, const ft_tensor *dw, const ft_
             FT_TRY(matmul_rows(&src, &wei, &dst, NULL, (ft_act){FT_ACT_NONE, 0}));
         }
     }
+    bool db_done = false; /* CUDA computes db with dw's product */
     if (dw && O && I) {
-        if (N == 0)
+        if (N == 0) {
             FT_TRY(ft_tensor_fill(dw, zero));
-        else if (cuda)
-            FT_TRY(FT_CUDA_CALL("linear_backward", linear_backward, NULL, dw, NULL, dout, x, w));
-        else
+        } else if (cuda) {
+            FT_TRY(FT_CUDA_CALL("linear_backward", linear_backward, NULL, dw, db, dout, x, w));
+            db_done = true;
+        } else {
             FT_TRY(weight_grad(dw, dout, x));
+        }
     }
-    return db ? ft_bias_grad(db, dout) : FT_OK;
+    return db && !db_done ? ft_bias_grad(db, dout) : FT_OK;
 }

@@ -558,9 +558,10 @@ static ft_status pool_backward(const char *op, int kind, window_rule rule, const
     if (N * C * H * W == 0)
         return FT_OK;
     if (dev.type == FT_DEV_CUDA) {
-        /* both max poolings scatter by their saved indices */
-        if (kind == POOL_MAX)
+        if (kind == POOL_MAX && rule == FIXED)
             FT_CUDA_DISPATCH(op, max_pool2d_backward, dinp, dout, ind, accumulate);
+        if (kind == POOL_MAX)
+            FT_CUDA_DISPATCH(op, adaptive_max_pool2d_backward, dinp, dout, ind, accumulate);
         if (rule == FIXED)
             FT_CUDA_DISPATCH(op, avg_pool2d_backward, dinp, dout, p, accumulate);
         FT_CUDA_DISPATCH(op, adaptive_avg_pool2d_backward, dinp, dout, accumulate);
