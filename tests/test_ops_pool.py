@@ -273,6 +273,9 @@ def test_bad_input():
     idx.fill_(25)
     with pytest.raises(IndexError, match=r"max_pool2d_backward: indices holds 25, outside \[0, 25\)"):
         ft.ops.max_pool2d_backward(None, out, idx, (5, 5))
+    idx.fill_(-2)  # -1 marks a window with nothing in it; below that is an error too
+    with pytest.raises(IndexError, match=r"max_pool2d_backward: indices holds -2, outside \[0, 25\)"):
+        ft.ops.max_pool2d_backward(None, out, idx, (5, 5))
     with pytest.raises(ValueError, match=r"max_pool2d_backward: indices should have shape \(1, 2, 3, 2\), got \(1, 2, 2, "):
         ft.ops.max_pool2d_backward(None, ft.zeros(1, 2, 3, 2), idx, (5, 5))
     with pytest.raises(ValueError, match="input_size is needed"):
