@@ -26,17 +26,25 @@ CUDA_ARCHS = ["-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=comput
               "-gencode", "arch=compute_90,code=compute_90"]
 
 
-def nvcc_path():
+def cuda_toolchain():
+    """(nvcc, (cuDNN include dir, lib dir, -l name)), or (None, None) to build without the CUDA backend."""
     flag = os.environ.get("FASTTRAIN_CUDA")
     if flag == "0":
-        return None
+        return None, None
     nvcc = shutil.which("nvcc") or (os.path.exists("/usr/local/cuda/bin/nvcc") and "/usr/local/cuda/bin/nvcc")
-    if flag == "1" and not nvcc:
-        sys.exit("FASTTRAIN_CUDA=1 but nvcc was not found on PATH")
-    return nvcc or None
-
-
-NVCC = nvcc_path()
+    if not nvcc:
+        if flag == "1":
+            sys.exit("FASTTRAIN_CUDA=1 but nvcc was not found on PATH")
+        return None, None
+    cudnn = find_cudnn(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))))
+    if not cudnn:
+        message = ("cuDNN 9 was not found beside the CUDA toolkit, in /usr, in CUDNN_HOME or in the nvidia-cudnn "
+                   "package")
+        if flag == "1":
+            sys.exit(f"FASTTRAIN_CUDA=1 but {message}")
+        print(f"warning: {message}: building without the CUDA backend", file=sys.stderr)
+        return None, None
+    return nvcc, cudnn
 
 
 def c_flags():
@@ -68,7 +76,7 @@ class BuildExt(build_ext):
         os.makedirs(objdir, exist_ok=True)
         os.makedirs(os.path.dirname(out), exist_ok=True)
         cuda_home = os.path.dirname(os.path.dirname(os.path.realpath(NVCC)))
-        cudnn_inc, cudnn_lib, cudnn_name = find_cudnn(cuda_home)
+        cudnn_inc, cudnn_lib, cudnn_name = CUDNN
         headers = glob.glob(os.path.join(ROOT, "cuda", "*.h")) + glob.glob(os.path.join(ROOT, "csrc", "*", "*.h"))
         newest_header = max(os.path.getmtime(h) for h in headers)
 
@@ -105,9 +113,9 @@ class BuildExt(build_ext):
 
 
 def find_cudnn(cuda_home):
-    """(include dir, lib dir, -l name) of cuDNN 9: CUDNN_HOME, the CUDA
+    """(include dir, lib dir, -l name) of cuDNN 9 from CUDNN_HOME, the CUDA
     toolkit, the system, or the nvidia-cudnn pip package (whose library has
-    only a versioned name)."""
+    only a versioned name); None when there is none."""
     purelib = sysconfig.get_paths()["purelib"]
     candidates = [os.environ.get("CUDNN_HOME"), cuda_home, "/usr",
                   *glob.glob(os.path.join(purelib, "nvidia", "cudnn")),
@@ -122,8 +130,10 @@ def find_cudnn(cuda_home):
                 return os.path.join(home, "include"), libdir, "cudnn"
             if os.path.exists(os.path.join(libdir, "libcudnn.so.9")):
                 return os.path.join(home, "include"), libdir, ":libcudnn.so.9"
-    sys.exit("cuDNN 9 was not found beside the CUDA toolkit, in /usr or in the nvidia-cudnn package; "
-             "set CUDNN_HOME, or FASTTRAIN_CUDA=0 to build without CUDA")
+    return None
+
+
+NVCC, CUDNN = cuda_toolchain()
 
 
 # Every layer of csrc/ (bind last: it is the only one that sees Python).

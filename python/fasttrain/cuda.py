@@ -25,7 +25,7 @@ def is_available():
 def unavailable_reason():
     """Why is_available() is False ('' when it is True)."""
     if not is_compiled():
-        return "this fasttrain build has no CUDA backend (nvcc was not found, or FASTTRAIN_CUDA=0)"
+        return "this fasttrain build has no CUDA backend (nvcc or cuDNN was not found, or FASTTRAIN_CUDA=0)"
     return _C.cuda_unavailable_reason()
 
 
