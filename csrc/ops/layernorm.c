@@ -10,6 +10,18 @@
 /* Rows per partial sum of the parameter gradients (fixes their order). */
 #define CHUNK 64
 
+/* A row's sums run in LANES double accumulators, element d in lane
+ * d % LANES, combined by a fixed tree: the loops vectorize without
+ * reassociation, and every instruction set adds in the same order. */
+#define LANES 16
+
+static inline double lanes_total(double *acc) {
+    for (int w = LANES / 2; w >= 1; w /= 2)
+        for (int k = 0; k < w; k++)
+            acc[k] += acc[k + w];
+    return acc[0];
+}
+
 /* Every tensor of a call is on dev, the input's device. */
 static ft_status check_rows(const char *op, const char *arg, const ft_tensor *t, const ft_tensor *ref, int64_t D,
                             int64_t *R, ft_device dev) {
@@ -40,13 +52,21 @@ static ft_status check_vec(const char *op, const char *arg, const ft_tensor *t, 
  * x86-64, picked at run time. */
 FT_VEC_CLONES static void forward_row(float *y, float *mean, float *rstd, const float *x, const float *w,
                                       const float *b, int64_t D, double eps) {
-    double s = 0, q = 0, shift = x[0];
-    for (int64_t d = 0; d < D; d++) {
-        double v = x[d] - shift;
-        s += v;
-        q += v * v;
+    double s[LANES] = {0}, q[LANES] = {0}, v[LANES] = {0}, shift = x[0];
+    for (int64_t d0 = 0; d0 < D; d0 += LANES) {
+        int n = D - d0 < LANES ? (int)(D - d0) : LANES;
+        if (n < LANES) /* the last, partial block adds zeros in its empty lanes */
+            for (int k = 0; k < LANES; k++)
+                v[k] = k < n ? (double)x[d0 + k] - shift : 0.0;
+        else
+            for (int k = 0; k < LANES; k++)
+                v[k] = (double)x[d0 + k] - shift;
+        for (int k = 0; k < LANES; k++)
+            s[k] += v[k];
+        for (int k = 0; k < LANES; k++)
+            q[k] += v[k] * v[k];
     }
-    double m = s / (double)D, var = q / (double)D - m * m;
+    double m = lanes_total(s) / (double)D, var = lanes_total(q) / (double)D - m * m;
     float mu = (float)(shift + m), rs = (float)(1.0 / sqrt((var > 0 ? var : 0) + eps));
     for (int64_t d = 0; d < D; d++) {
         float v = (x[d] - mu) * rs;
@@ -61,16 +81,30 @@ FT_VEC_CLONES static void forward_row(float *y, float *mean, float *rstd, const 
 /* One row's input gradient. */
 FT_VEC_CLONES static void backward_row(float *dx, const float *x, const float *dy, const float *w, float mean,
                                        float rstd, int64_t D) {
-    double a = 0, c = 0; /* sums of g = dy * w and of g * xhat */
-    for (int64_t d = 0; d < D; d++) {
-        float g = w ? dy[d] * w[d] : dy[d], xh = (x[d] - mean) * rstd;
-        a += g;
-        c += (double)g * xh;
+    double a[LANES] = {0}, c[LANES] = {0}; /* sums of g = dy * w and of g * xhat */
+    float g[LANES] = {0}, xh[LANES] = {0};
+    for (int64_t d0 = 0; d0 < D; d0 += LANES) {
+        int n = D - d0 < LANES ? (int)(D - d0) : LANES;
+        if (n < LANES) { /* the last, partial block adds zeros in its empty lanes */
+            for (int k = 0; k < LANES; k++) {
+                g[k] = k >= n ? 0.0f : w ? dy[d0 + k] * w[d0 + k] : dy[d0 + k];
+                xh[k] = k < n ? (x[d0 + k] - mean) * rstd : 0.0f;
+            }
+        } else {
+            for (int k = 0; k < LANES; k++) {
+                g[k] = w ? dy[d0 + k] * w[d0 + k] : dy[d0 + k];
+                xh[k] = (x[d0 + k] - mean) * rstd;
+            }
+        }
+        for (int k = 0; k < LANES; k++)
+            a[k] += g[k];
+        for (int k = 0; k < LANES; k++)
+            c[k] += (double)g[k] * xh[k];
     }
-    float ma = (float)(a / (double)D), mc = (float)(c / (double)D);
+    float ma = (float)(lanes_total(a) / (double)D), mc = (float)(lanes_total(c) / (double)D);
     for (int64_t d = 0; d < D; d++) {
-        float g = w ? dy[d] * w[d] : dy[d], xh = (x[d] - mean) * rstd;
-        dx[d] = rstd * (g - ma - xh * mc);
+        float gd = w ? dy[d] * w[d] : dy[d], xd = (x[d] - mean) * rstd;
+        dx[d] = rstd * (gd - ma - xd * mc);
     }
 }
 
