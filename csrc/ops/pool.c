@@ -225,6 +225,24 @@ static void fwd_plane(const pool_job *j, int64_t n, int64_t c) {
     }
 }
 
+/* The maximum and its position over window rows r by columns q of nc
+ * channels at stride sc (inlined, so that a constant sc of 1 specializes it). */
+static inline __attribute__((always_inline)) void max_window_cl(const pool_job *j, const span *r, const span *q,
+                                                                const float *x, int64_t sc, int64_t nc, float *acc,
+                                                                int64_t *at) {
+    for (int64_t h = r->lo; h < r->hi; h += r->step)
+        for (int64_t w = q->lo; w < q->hi; w += q->step) {
+            const float *px = x + h * j->xs[2] + w * j->xs[3];
+            int64_t pos = h * j->W + w;
+            FT_SIMD_FOR(i, nc) {
+                float v = px[i * sc];
+                bool take = v > acc[i] || v != v;
+                acc[i] = take ? v : acc[i];
+                at[i] = take ? pos : at[i];
+            }
+        }
+}
+
 /* One block of channels [c0, c0 + nc) of output row (n, oh), channels-last layouts. */
 FT_VEC_CLONES
 static void fwd_row_cl(const pool_job *j, int64_t n, int64_t oh, int64_t c0, int64_t nc) {
@@ -244,22 +262,20 @@ static void fwd_row_cl(const pool_job *j, int64_t n, int64_t oh, int64_t c0, int
                 acc[i] = -INFINITY;
                 at[i] = first;
             }
-            for (int64_t h = r->lo; h < r->hi; h += r->step)
-                for (int64_t w = q->lo; w < q->hi; w += q->step) {
-                    const float *px = x + h * j->xs[2] + w * j->xs[3];
-                    int64_t pos = h * j->W + w;
-                    FT_SIMD_FOR(i, nc) {
-                        float v = px[i * sc];
-                        bool take = v > acc[i] || v != v;
-                        acc[i] = take ? v : acc[i];
-                        at[i] = take ? pos : at[i];
-                    }
-                }
+            if (sc == 1) /* the usual dense channels: contiguous vector loads */
+                max_window_cl(j, r, q, x, 1, nc, acc, at);
+            else
+                max_window_cl(j, r, q, x, sc, nc, acc, at);
             FT_SIMD_FOR(i, nc) o[i * yc] = acc[i];
             if (j->ind) {
-                int64_t base = n * j->is[0] + oh * j->is[2] + ow * j->is[3] + c0 * j->is[1];
-                for (int64_t i = 0; i < nc; i++)
-                    store_index(j, base + i * j->is[1], at[i]);
+                int64_t base = n * j->is[0] + oh * j->is[2] + ow * j->is[3] + c0 * j->is[1], is = j->is[1];
+                if (j->ind32) {
+                    int32_t *ind = (int32_t *)j->ind + base;
+                    FT_SIMD_FOR(i, nc) ind[i * is] = (int32_t)at[i];
+                } else {
+                    int64_t *ind = (int64_t *)j->ind + base;
+                    FT_SIMD_FOR(i, nc) ind[i * is] = at[i];
+                }
             }
         } else {
             FT_SIMD_FOR(i, nc) acc[i] = 0.0f;
