@@ -1,4 +1,5 @@
 """Threads, memory statistics and the CUDA entry points on a machine without a GPU."""
+import numpy as np
 import pytest
 
 import fasttrain as ft
@@ -56,6 +57,32 @@ def test_cuda_absent_is_clean():
         ft.cuda.synchronize()
     with pytest.raises(RuntimeError):
         ft.cuda.get_device_name(0)
+
+
+def test_allow_tf32_is_off_by_default_and_switchable():
+    assert ft.backends.allow_tf32 is False
+    try:
+        ft.backends.allow_tf32 = 1
+        assert ft.backends.allow_tf32 is True
+    finally:
+        ft.backends.allow_tf32 = False
+    assert ft.backends.allow_tf32 is False
+
+
+def test_module_to_moves_in_place_and_refuses_cleanly():
+    model = ft.nn.Sequential(ft.nn.Conv2d(1, 4, 3), ft.nn.BatchNorm2d(4), ft.nn.Flatten(), ft.nn.Linear(64, 3))
+    before = {k: v.copy() for k, v in model.state_dict().items()}
+    params = list(model.parameters())
+    assert model.to("cpu") is model and model.cpu() is model
+    assert list(model.parameters()) == params
+    with pytest.raises(ValueError):
+        model.to("tpu")
+    if not ft.cuda.is_available():  # refused before anything moves: the model is as it was
+        with pytest.raises(RuntimeError, match="CUDA is not available"):
+            model.cuda()
+        assert all(not t.is_cuda for t in list(model.parameters()) + list(model.buffers()))
+    for k, v in model.state_dict().items():
+        np.testing.assert_array_equal(v, before[k])
 
 
 @pytest.mark.cuda
