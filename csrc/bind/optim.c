@@ -197,7 +197,7 @@ static PyObject *optimizer_new(PyTypeObject *type, PyObject *args, PyObject *kwa
             goto error;
         segs[i] = (ft_optim_segment){param_data(self->params, i), NULL, param_numel(self->params, i), group};
     }
-    ft_status s = ft_optimizer_create_on(&self->opt, device, kind, (int)ng, g, (int)ns, segs);
+    ft_status s = ft_optimizer_create(&self->opt, device, kind, (int)ng, g, (int)ns, segs);
     if (s != FT_OK) {
         ft_raise(s);
         goto error;
@@ -457,7 +457,7 @@ static PyObject *ema_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     }
     for (Py_ssize_t i = 0; i < n; i++)
         segs[i] = (ft_ema_segment){param_data(self->params, i), param_numel(self->params, i)};
-    ft_status s = ft_ema_create_on(&self->ema, device, (int)n, segs);
+    ft_status s = ft_ema_create(&self->ema, device, (int)n, segs);
     PyMem_RawFree(segs);
     if (s != FT_OK) {
         Py_DECREF(self);

@@ -15,16 +15,6 @@ const char *ft_shape_str(char *buf, size_t n, int ndim, const int64_t *shape) {
     return buf;
 }
 
-ft_status ft_check_cpu(const char *op, const char *arg, const ft_tensor *t) {
-    ft_device d = ft_tensor_device(t);
-    if (d.type == FT_DEV_CPU || d.type == FT_DEV_CUDA_HOST)
-        return FT_OK;
-    if (d.type == FT_DEV_CUDA)
-        return ft_fail(FT_ERR_DEVICE, "%s: %s is on cuda:%d; %s has no CUDA implementation yet", op, arg, d.index,
-                       op);
-    return ft_fail(FT_ERR_DEVICE, "%s: %s is on an unsupported device (type %d)", op, arg, d.type);
-}
-
 static const char *device_str(char *buf, size_t n, ft_device d) {
     if (d.type == FT_DEV_CUDA)
         snprintf(buf, n, "cuda:%d", d.index);

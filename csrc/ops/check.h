@@ -12,10 +12,6 @@
 /* "(2, 3, 4)" written into buf (truncated to n bytes). */
 const char *ft_shape_str(char *buf, size_t n, int ndim, const int64_t *shape);
 
-/* FT_ERR_DEVICE for anything but a CPU tensor:
- * "<op>: <arg> is on cuda:0; <op> has no CUDA implementation yet". */
-ft_status ft_check_cpu(const char *op, const char *arg, const ft_tensor *t);
-
 /* The device an op on t runs on: t's, with page-locked host memory counted
  * as the CPU. */
 static inline ft_device ft_op_device(const ft_tensor *t) {
@@ -59,13 +55,7 @@ ft_status ft_check_alias(const char *op, const char *out_arg, const ft_tensor *o
  * dtype, shape and strides). */
 bool ft_same_view(const ft_tensor *a, const ft_tensor *b);
 
-/* The common first checks of an op: CPU device and a float dtype. */
-static inline ft_status ft_check_cpu_float(const char *op, const char *arg, const ft_tensor *t, bool allow_bf16) {
-    FT_TRY(ft_check_cpu(op, arg, t));
-    return ft_check_float(op, arg, t, allow_bf16);
-}
-
-/* The same for an op with a CUDA implementation: on dev (that of ref_arg) and a float dtype. */
+/* The common first checks of an op: on dev (that of ref_arg) and a float dtype. */
 static inline ft_status ft_check_float_on(const char *op, const char *arg, const ft_tensor *t, ft_device dev,
                                           const char *ref_arg, bool allow_bf16) {
     FT_TRY(ft_check_on(op, arg, t, dev, ref_arg));

@@ -311,12 +311,7 @@ static ft_status alloc_state(ft_optimizer *opt) {
     return FT_OK;
 }
 
-ft_status ft_optimizer_create(ft_optimizer **out, ft_optim_kind kind, int ngroups, const ft_optim_group *groups,
-                              int nsegments, const ft_optim_segment *segments) {
-    return ft_optimizer_create_on(out, FT_CPU, kind, ngroups, groups, nsegments, segments);
-}
-
-ft_status ft_optimizer_create_on(ft_optimizer **out, ft_device device, ft_optim_kind kind, int ngroups,
+ft_status ft_optimizer_create(ft_optimizer **out, ft_device device, ft_optim_kind kind, int ngroups,
                                  const ft_optim_group *groups, int nsegments, const ft_optim_segment *segments) {
     *out = NULL;
     FT_TRY(check_kind(kind));
@@ -843,11 +838,7 @@ static ft_status ema_init_cuda(ft_ema *ema) {
     return st;
 }
 
-ft_status ft_ema_create(ft_ema **out, int nsegments, const ft_ema_segment *segments) {
-    return ft_ema_create_on(out, FT_CPU, nsegments, segments);
-}
-
-ft_status ft_ema_create_on(ft_ema **out, ft_device device, int nsegments, const ft_ema_segment *segments) {
+ft_status ft_ema_create(ft_ema **out, ft_device device, int nsegments, const ft_ema_segment *segments) {
     *out = NULL;
     FT_TRY(check_device(&device, "EMA"));
     if (nsegments < 0)

@@ -38,7 +38,7 @@
  *          or the group has lars_exclude. eps defaults to 0 in the paper.
  * maximize negates the gradient for every kind.
  *
- * On a CUDA device (ft_optimizer_create_on) the params, grads and state all
+ * On a CUDA device (ft_optimizer_create) the params, grads and state all
  * live in that device's memory and the passes run there (cuda/optim.cu),
  * queued on its compute stream; a step waits for the device only to read
  * back the global norm when it computes one. Sums of squares add the same
@@ -114,16 +114,13 @@ const char *ft_optim_kind_name(ft_optim_kind kind);
 ft_status ft_optim_check_group(ft_optim_kind kind, int index, const ft_optim_group *g);
 
 /* Validates every group and segment (params must not overlap each other,
- * grads must not overlap params) and allocates zeroed state. The optimizer
- * keeps copies of both arrays but only borrows the memory they point to. */
-ft_status ft_optimizer_create(ft_optimizer **out, ft_optim_kind kind, int ngroups, const ft_optim_group *groups,
-                              int nsegments, const ft_optim_segment *segments);
-
-/* The same for params and grads in the memory of `device` (the CPU or a CUDA
- * device; the caller vouches for the pointers), where the state is then
- * allocated too: FT_ERR_DEVICE when that device cannot be used. */
-ft_status ft_optimizer_create_on(ft_optimizer **out, ft_device device, ft_optim_kind kind, int ngroups,
-                                 const ft_optim_group *groups, int nsegments, const ft_optim_segment *segments);
+ * grads must not overlap params) and allocates zeroed state. The params and
+ * grads are in the memory of `device` (the CPU or a CUDA device; the caller
+ * vouches for the pointers), where the state is allocated too: FT_ERR_DEVICE
+ * when that device cannot be used. The optimizer keeps copies of both arrays
+ * but only borrows the memory they point to. */
+ft_status ft_optimizer_create(ft_optimizer **out, ft_device device, ft_optim_kind kind, int ngroups,
+                              const ft_optim_group *groups, int nsegments, const ft_optim_segment *segments);
 void ft_optimizer_destroy(ft_optimizer *opt);
 
 /* One update of every segment that has a gradient. grad_scale (finite, > 0)
@@ -184,9 +181,8 @@ typedef struct {
 
 typedef struct ft_ema ft_ema;
 
-ft_status ft_ema_create(ft_ema **out, int nsegments, const ft_ema_segment *segments);
-/* The same for params in the memory of `device`, where the averages live. */
-ft_status ft_ema_create_on(ft_ema **out, ft_device device, int nsegments, const ft_ema_segment *segments);
+/* The params are in the memory of `device`, where the averages live. */
+ft_status ft_ema_create(ft_ema **out, ft_device device, int nsegments, const ft_ema_segment *segments);
 void ft_ema_destroy(ft_ema *ema);
 
 /* decay in [0, 1]. */

@@ -137,7 +137,7 @@ static void run_against_reference(const char *name, ft_optim_kind kind, int ngro
             ref[s].p[i] = m.param[s][i];
     }
     ft_optimizer *opt = NULL;
-    CHECK_OK(ft_optimizer_create(&opt, kind, ngroups, groups, NSEG, m.seg));
+    CHECK_OK(ft_optimizer_create(&opt, FT_CPU, kind, ngroups, groups, NSEG, m.seg));
     for (int step = 0; opt && step < STEPS; step++) {
         model_grads(&m, step, 1.0f);
         double norm = -1, sq = 0;
@@ -250,7 +250,7 @@ static double run_threads(ft_optim_kind kind, const ft_optim_group *g, int ngrou
     model_init(&m, ngroups);
     ft_optimizer *opt = NULL;
     double norm = 0;
-    CHECK_OK(ft_optimizer_create(&opt, kind, ngroups, g, NSEG, m.seg));
+    CHECK_OK(ft_optimizer_create(&opt, FT_CPU, kind, ngroups, g, NSEG, m.seg));
     for (int step = 0; opt && step < STEPS; step++) {
         model_grads(&m, step, 1.0f);
         CHECK_OK(ft_optimizer_step(opt, 1.0f, 0.5, &norm));
@@ -294,7 +294,7 @@ static void test_nonfinite_and_skips(void) {
     model_init(&m, 1);
     ft_optim_group g = adam(1e-2, 1e-2, 0.9, 0.999, 1e-8, true, false);
     ft_optimizer *opt = NULL;
-    CHECK_OK(ft_optimizer_create(&opt, FT_OPTIM_ADAMW, 1, &g, NSEG, m.seg));
+    CHECK_OK(ft_optimizer_create(&opt, FT_CPU, FT_OPTIM_ADAMW, 1, &g, NSEG, m.seg));
     model_grads(&m, 0, 1.0f);
     CHECK_OK(ft_optimizer_step(opt, 1.0f, 0, NULL));
     float *before = malloc((size_t)SIZES[3] * sizeof(float));
@@ -365,42 +365,42 @@ static void test_validation(void) {
         {FT_OPTIM_LARS, {.lr = 1, .momentum = 0.9, .trust_coefficient = 1e-3, .eps = -1}, "eps must be finite and >= 0"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        CHECK_STATUS(ft_optimizer_create(&opt, bad[i].kind, 1, &bad[i].g, NSEG, m.seg), FT_ERR_VALUE);
+        CHECK_STATUS(ft_optimizer_create(&opt, FT_CPU, bad[i].kind, 1, &bad[i].g, NSEG, m.seg), FT_ERR_VALUE);
         CHECKF(strstr(ft_last_error(), bad[i].msg) != NULL, "case %zu: '%s' lacks '%s'", i, ft_last_error(),
                bad[i].msg);
         CHECK(opt == NULL);
         CHECK_STATUS(ft_optim_check_group(bad[i].kind, 0, &bad[i].g), FT_ERR_VALUE);
     }
     ft_optim_group g = sgd(0.1, 0, 0, 0, false, false);
-    CHECK_STATUS(ft_optimizer_create(&opt, (ft_optim_kind)7, 1, &g, NSEG, m.seg), FT_ERR_VALUE);
-    CHECK_STATUS(ft_optimizer_create(&opt, FT_OPTIM_SGD, 0, &g, NSEG, m.seg), FT_ERR_VALUE);
-    CHECK_STATUS(ft_optimizer_create(&opt, FT_OPTIM_SGD, 1, &g, -1, m.seg), FT_ERR_VALUE);
+    CHECK_STATUS(ft_optimizer_create(&opt, FT_CPU, (ft_optim_kind)7, 1, &g, NSEG, m.seg), FT_ERR_VALUE);
+    CHECK_STATUS(ft_optimizer_create(&opt, FT_CPU, FT_OPTIM_SGD, 0, &g, NSEG, m.seg), FT_ERR_VALUE);
+    CHECK_STATUS(ft_optimizer_create(&opt, FT_CPU, FT_OPTIM_SGD, 1, &g, -1, m.seg), FT_ERR_VALUE);
     ft_optim_segment segs[NSEG];
     memcpy(segs, m.seg, sizeof segs);
     segs[1].group = 1;
-    CHECK_STATUS(ft_optimizer_create(&opt, FT_OPTIM_SGD, 1, &g, NSEG, segs), FT_ERR_INDEX);
+    CHECK_STATUS(ft_optimizer_create(&opt, FT_CPU, FT_OPTIM_SGD, 1, &g, NSEG, segs), FT_ERR_INDEX);
     memcpy(segs, m.seg, sizeof segs);
     segs[2].numel = -1;
-    CHECK_STATUS(ft_optimizer_create(&opt, FT_OPTIM_SGD, 1, &g, NSEG, segs), FT_ERR_VALUE);
+    CHECK_STATUS(ft_optimizer_create(&opt, FT_CPU, FT_OPTIM_SGD, 1, &g, NSEG, segs), FT_ERR_VALUE);
     memcpy(segs, m.seg, sizeof segs);
     segs[0].param = NULL;
-    CHECK_STATUS(ft_optimizer_create(&opt, FT_OPTIM_SGD, 1, &g, NSEG, segs), FT_ERR_VALUE);
+    CHECK_STATUS(ft_optimizer_create(&opt, FT_CPU, FT_OPTIM_SGD, 1, &g, NSEG, segs), FT_ERR_VALUE);
     /* Overlaps: two params sharing memory, a grad inside a param. */
     memcpy(segs, m.seg, sizeof segs);
     segs[2].param = m.param[1] + 10;
-    CHECK_STATUS(ft_optimizer_create(&opt, FT_OPTIM_SGD, 1, &g, NSEG, segs), FT_ERR_VALUE);
+    CHECK_STATUS(ft_optimizer_create(&opt, FT_CPU, FT_OPTIM_SGD, 1, &g, NSEG, segs), FT_ERR_VALUE);
     CHECK(strstr(ft_last_error(), "overlap") != NULL);
     memcpy(segs, m.seg, sizeof segs);
     segs[0].grad = m.param[3] + SIZES[3] - 3;
-    CHECK_STATUS(ft_optimizer_create(&opt, FT_OPTIM_SGD, 1, &g, NSEG, segs), FT_ERR_VALUE);
+    CHECK_STATUS(ft_optimizer_create(&opt, FT_CPU, FT_OPTIM_SGD, 1, &g, NSEG, segs), FT_ERR_VALUE);
     CHECK(strstr(ft_last_error(), "the grad of segment 0 overlaps the params of segment 3") != NULL);
     memcpy(segs, m.seg, sizeof segs);
     segs[3].grad = m.param[3]; /* in place is refused too */
-    CHECK_STATUS(ft_optimizer_create(&opt, FT_OPTIM_SGD, 1, &g, NSEG, segs), FT_ERR_VALUE);
+    CHECK_STATUS(ft_optimizer_create(&opt, FT_CPU, FT_OPTIM_SGD, 1, &g, NSEG, segs), FT_ERR_VALUE);
     /* Adjacent memory is fine. */
     float *flat = malloc(20 * sizeof(float)), *gflat = calloc(20, sizeof(float));
     ft_optim_segment adj[2] = {{flat, gflat, 10, 0}, {flat + 10, gflat + 10, 10, 0}};
-    CHECK_OK(ft_optimizer_create(&opt, FT_OPTIM_SGD, 1, &g, 2, adj));
+    CHECK_OK(ft_optimizer_create(&opt, FT_CPU, FT_OPTIM_SGD, 1, &g, 2, adj));
     const float *overlap[2] = {flat + 5, NULL};
     CHECK_STATUS(ft_optimizer_set_grads(opt, overlap), FT_ERR_VALUE);
     CHECK(ft_optimizer_segment(opt, 0)->grad == gflat); /* unchanged on failure */
@@ -425,7 +425,7 @@ static void test_validation(void) {
     free(gflat);
 
     /* No segments at all is a valid, empty optimizer. */
-    CHECK_OK(ft_optimizer_create(&opt, FT_OPTIM_ADAMW, 1, &(ft_optim_group){.lr = 1, .beta1 = 0.5, .beta2 = 0.5, .eps = 1},
+    CHECK_OK(ft_optimizer_create(&opt, FT_CPU, FT_OPTIM_ADAMW, 1, &(ft_optim_group){.lr = 1, .beta1 = 0.5, .beta2 = 0.5, .eps = 1},
                                  0, NULL));
     double norm = -1;
     CHECK_OK(ft_optimizer_step(opt, 1.0f, 1.0, &norm));
@@ -446,7 +446,7 @@ static void test_state_buffers(void) {
     int64_t before = ft_memory_stats(host).allocated;
     ft_optim_group g = sgd(0.1, 0, 0, 0, false, false);
     ft_optimizer *opt = NULL;
-    CHECK_OK(ft_optimizer_create(&opt, FT_OPTIM_SGD, 1, &g, NSEG, m.seg));
+    CHECK_OK(ft_optimizer_create(&opt, FT_CPU, FT_OPTIM_SGD, 1, &g, NSEG, m.seg));
     CHECK(ft_optimizer_state(opt, FT_OPTIM_MOMENTUM_BUFFER) == NULL);
     CHECK(ft_optimizer_state_numel(opt) == total);
     model_grads(&m, 0, 1.0f);
@@ -472,7 +472,7 @@ static void test_state_buffers(void) {
     CHECK(ft_memory_stats(host).allocated == before);
 
     ft_optim_group a = adam(1e-3, 0, 0.9, 0.999, 1e-8, false, false);
-    CHECK_OK(ft_optimizer_create(&opt, FT_OPTIM_ADAMW, 1, &a, NSEG, m.seg));
+    CHECK_OK(ft_optimizer_create(&opt, FT_CPU, FT_OPTIM_ADAMW, 1, &a, NSEG, m.seg));
     CHECK(ft_optimizer_state(opt, FT_OPTIM_EXP_AVG) && ft_optimizer_state(opt, FT_OPTIM_EXP_AVG_SQ));
     CHECK(!ft_optimizer_state(opt, FT_OPTIM_MAX_EXP_AVG_SQ) && !ft_optimizer_state(opt, FT_OPTIM_MOMENTUM_BUFFER));
     a.amsgrad = true;
@@ -492,7 +492,7 @@ static void test_ema(void) {
     for (int s = 0; s < NSEG; s++)
         segs[s] = (ft_ema_segment){m.param[s], SIZES[s]};
     ft_ema *ema = NULL;
-    CHECK_OK(ft_ema_create(&ema, NSEG, segs));
+    CHECK_OK(ft_ema_create(&ema, FT_CPU, NSEG, segs));
     const float *avg = ema ? ft_ema_average(ema)->data : NULL;
     CHECK(ema && ft_ema_num_segments(ema) == NSEG);
     for (int s = 0; ema && s < NSEG; s++)
@@ -510,8 +510,8 @@ static void test_ema(void) {
     CHECK(ft_ema_get_segment(ema, 2).param == m.param[2] && ft_ema_get_segment(ema, 2).numel == SIZES[2]);
     ft_ema_destroy(ema);
     segs[0].param = NULL;
-    CHECK_STATUS(ft_ema_create(&ema, NSEG, segs), FT_ERR_VALUE);
-    CHECK_STATUS(ft_ema_create(&ema, -1, segs), FT_ERR_VALUE);
+    CHECK_STATUS(ft_ema_create(&ema, FT_CPU, NSEG, segs), FT_ERR_VALUE);
+    CHECK_STATUS(ft_ema_create(&ema, FT_CPU, -1, segs), FT_ERR_VALUE);
     model_free(&m);
 }
 
