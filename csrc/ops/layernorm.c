@@ -78,45 +78,46 @@ FT_VEC_CLONES static void forward_row(float *y, float *mean, float *rstd, const 
         *rstd = rs;
 }
 
-/* One row's input gradient. */
-FT_VEC_CLONES static void backward_row(float *dx, const float *x, const float *dy, const float *w, float mean,
-                                       float rstd, int64_t D) {
-    double a[LANES] = {0}, c[LANES] = {0}; /* sums of g = dy * w and of g * xhat */
-    float g[LANES] = {0}, xh[LANES] = {0};
-    for (int64_t d0 = 0; d0 < D; d0 += LANES) {
-        int n = D - d0 < LANES ? (int)(D - d0) : LANES;
-        if (n < LANES) { /* the last, partial block adds zeros in its empty lanes */
-            for (int k = 0; k < LANES; k++) {
-                g[k] = k >= n ? 0.0f : w ? dy[d0 + k] * w[d0 + k] : dy[d0 + k];
-                xh[k] = k < n ? (x[d0 + k] - mean) * rstd : 0.0f;
+/* One row of the backward: its input gradient into dx (NULL: none; dx may
+ * be dy itself, each element being read before it is written), and its
+ * terms of the parameter gradients added to pw and pb (NULL: none), all in
+ * one pass after the row's sums. */
+FT_VEC_CLONES static void backward_row(float *dx, double *pw, double *pb, const float *x, const float *dy,
+                                       const float *w, float mean, float rstd, int64_t D) {
+    float ma = 0.0f, mc = 0.0f;
+    if (dx) {
+        double a[LANES] = {0}, c[LANES] = {0}; /* sums of g = dy * w and of g * xhat */
+        float g[LANES] = {0}, xh[LANES] = {0};
+        for (int64_t d0 = 0; d0 < D; d0 += LANES) {
+            int n = D - d0 < LANES ? (int)(D - d0) : LANES;
+            if (n < LANES) { /* the last, partial block adds zeros in its empty lanes */
+                for (int k = 0; k < LANES; k++) {
+                    g[k] = k >= n ? 0.0f : w ? dy[d0 + k] * w[d0 + k] : dy[d0 + k];
+                    xh[k] = k < n ? (x[d0 + k] - mean) * rstd : 0.0f;
+                }
+            } else {
+                for (int k = 0; k < LANES; k++) {
+                    g[k] = w ? dy[d0 + k] * w[d0 + k] : dy[d0 + k];
+                    xh[k] = (x[d0 + k] - mean) * rstd;
+                }
             }
-        } else {
-            for (int k = 0; k < LANES; k++) {
-                g[k] = w ? dy[d0 + k] * w[d0 + k] : dy[d0 + k];
-                xh[k] = (x[d0 + k] - mean) * rstd;
-            }
+            for (int k = 0; k < LANES; k++)
+                a[k] += g[k];
+            for (int k = 0; k < LANES; k++)
+                c[k] += (double)g[k] * xh[k];
         }
-        for (int k = 0; k < LANES; k++)
-            a[k] += g[k];
-        for (int k = 0; k < LANES; k++)
-            c[k] += (double)g[k] * xh[k];
+        ma = (float)(lanes_total(a) / (double)D);
+        mc = (float)(lanes_total(c) / (double)D);
     }
-    float ma = (float)(lanes_total(a) / (double)D), mc = (float)(lanes_total(c) / (double)D);
     for (int64_t d = 0; d < D; d++) {
-        float gd = w ? dy[d] * w[d] : dy[d], xd = (x[d] - mean) * rstd;
-        dx[d] = rstd * (gd - ma - xd * mc);
-    }
-}
-
-/* The parameter-gradient partial sums of rows [r0, r1). */
-FT_VEC_CLONES static void param_sums(double *pw, double *pb, const float *x, const float *dy, const float *mean,
-                                     const float *rstd, int64_t r0, int64_t r1, int64_t D) {
-    for (int64_t r = r0; r < r1; r++)
-        for (int64_t d = 0; d < D; d++) {
-            float g = dy[r * D + d];
-            pw[d] += (double)g * ((x[r * D + d] - mean[r]) * rstd[r]);
-            pb[d] += g;
+        float dyd = dy[d], xd = (x[d] - mean) * rstd;
+        if (pw) {
+            pw[d] += (double)dyd * xd;
+            pb[d] += dyd;
         }
+        if (dx)
+            dx[d] = rstd * ((w ? dyd * w[d] : dyd) - ma - xd * mc);
+    }
 }
 
 ft_status ft_layernorm_forward(const ft_tensor *out, const ft_tensor *save_mean, const ft_tensor *save_rstd,
@@ -172,35 +173,32 @@ ft_status ft_layernorm_backward(const ft_tensor *dinp, const ft_tensor *dweight,
     const float *x = (const float *)ft_tensor_data(inp), *dy = (const float *)ft_tensor_data(dout);
     const float *w = weight ? (const float *)ft_tensor_data(weight) : NULL;
     const float *mean = (const float *)ft_tensor_data(save_mean), *rstd = (const float *)ft_tensor_data(save_rstd);
-    /* The parameter sums first: a dinp that is dout overwrites it. */
-    if (dweight || dbias) {
-        int64_t nchunks = (R + CHUNK - 1) / CHUNK;
-        double *part = calloc((size_t)(nchunks ? nchunks : 1) * (size_t)D * 2, sizeof *part); /* (chunks, 2, D) */
-        if (!part)
-            return ft_fail(FT_ERR_NOMEM, "%s: out of memory", op);
+    /* Rows in chunks of CHUNK, each chunk's parameter sums apart: the order
+     * of every sum is fixed, whatever the thread count. */
+    int64_t nchunks = (R + CHUNK - 1) / CHUNK;
+    bool params = dweight || dbias;
+    double *part = params ? calloc((size_t)(nchunks ? nchunks : 1) * (size_t)D * 2, sizeof *part) : NULL;
+    if (params && !part)
+        return ft_fail(FT_ERR_NOMEM, "%s: out of memory", op);
+    float *dx = dinp ? (float *)ft_tensor_data(dinp) : NULL;
 #pragma omp parallel for schedule(static) if (R * D > 32768)
+    for (int64_t k = 0; k < nchunks; k++) {
+        double *pw = part ? part + k * 2 * D : NULL, *pb = part ? part + k * 2 * D + D : NULL;
+        int64_t end = (k + 1) * CHUNK < R ? (k + 1) * CHUNK : R;
+        for (int64_t r = k * CHUNK; r < end; r++)
+            backward_row(dx ? dx + r * D : NULL, pw, pb, x + r * D, dy + r * D, w, mean[r], rstd[r], D);
+    }
+    for (int64_t d = 0; params && d < D; d++) {
+        double sw = 0, sb = 0;
         for (int64_t k = 0; k < nchunks; k++) {
-            int64_t end = (k + 1) * CHUNK < R ? (k + 1) * CHUNK : R;
-            param_sums(part + k * 2 * D, part + k * 2 * D + D, x, dy, mean, rstd, k * CHUNK, end, D);
+            sw += part[k * 2 * D + d];
+            sb += part[k * 2 * D + D + d];
         }
-        for (int64_t d = 0; d < D; d++) {
-            double sw = 0, sb = 0;
-            for (int64_t k = 0; k < nchunks; k++) {
-                sw += part[k * 2 * D + d];
-                sb += part[k * 2 * D + D + d];
-            }
-            if (dweight)
-                ((float *)ft_tensor_data(dweight))[d] = (float)sw;
-            if (dbias)
-                ((float *)ft_tensor_data(dbias))[d] = (float)sb;
-        }
-        free(part);
+        if (dweight)
+            ((float *)ft_tensor_data(dweight))[d] = (float)sw;
+        if (dbias)
+            ((float *)ft_tensor_data(dbias))[d] = (float)sb;
     }
-    if (dinp) {
-        float *dx = (float *)ft_tensor_data(dinp);
-#pragma omp parallel for schedule(static) if (R * D > 32768)
-        for (int64_t r = 0; r < R; r++)
-            backward_row(dx + r * D, x + r * D, dy + r * D, w, mean[r], rstd[r], D);
-    }
+    free(part);
     return FT_OK;
 }
