@@ -11,6 +11,15 @@ import fasttrain as ft
 LAYOUTS = ("contiguous", "nhwc", "strided", "transposed")
 
 
+@pytest.fixture(autouse=True)
+def full_fp32():
+    """float32 math for convolutions and matmuls (no TF32) in every test of a module that imports it."""
+    tf32 = ft.backends.allow_tf32
+    ft.backends.allow_tf32 = False
+    yield
+    ft.backends.allow_tf32 = tf32
+
+
 def rng(seed):
     return np.random.default_rng(seed)
 

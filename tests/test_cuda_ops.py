@@ -9,19 +9,12 @@ import pytest
 
 import fasttrain as ft
 from _cudaref import LAYOUTS, assert_close, assert_same, assert_ulp, host, mixed_devices, pair, rng, same_error
+from _cudaref import full_fp32  # noqa: F401 (an autouse fixture)
+from _poolcases import AVG_CASES, MAX_CASES, avg_args, max_args
 
 pytestmark = pytest.mark.cuda
 F = ft.nn.functional
 ops = ft.ops
-
-
-@pytest.fixture(autouse=True)
-def full_fp32():
-    """Every test here runs with float32 math (no TF32) and the default, non-deterministic settings."""
-    tf32 = ft.backends.allow_tf32
-    ft.backends.allow_tf32 = False
-    yield
-    ft.backends.allow_tf32 = tf32
 
 
 # ================================================================ activations
@@ -511,23 +504,6 @@ def test_mse_large_sums_and_bfloat16():
 
 
 # ================================================================ pooling
-
-MAX_CASES = [dict(k=2), dict(k=3, s=2, p=1), dict(k=3, s=2, p=1, ceil=True), dict(k=2, s=1, p=1, d=2),
-             dict(k=(3, 2), s=(2, 1), p=(1, 0), d=(1, 2), ceil=True), dict(k=3, s=3, ceil=True)]
-AVG_CASES = [dict(k=2), dict(k=3, s=2, p=1), dict(k=3, s=2, p=1, count_include_pad=False),
-             dict(k=3, s=2, p=1, ceil=True), dict(k=(3, 2), s=(2, 1), p=(1, 1), ceil=True, count_include_pad=False),
-             dict(k=2, s=1, divisor_override=3), dict(k=3, s=2, p=1, ceil=True, count_include_pad=True)]
-
-
-def max_args(c):
-    return dict(kernel_size=c["k"], stride=c.get("s"), padding=c.get("p", 0), dilation=c.get("d", 1),
-                ceil_mode=c.get("ceil", False))
-
-
-def avg_args(c):
-    return dict(kernel_size=c["k"], stride=c.get("s"), padding=c.get("p", 0), ceil_mode=c.get("ceil", False),
-                count_include_pad=c.get("count_include_pad", True), divisor_override=c.get("divisor_override"))
-
 
 @pytest.mark.parametrize("layout", ["contiguous", "nhwc", "strided"])
 @pytest.mark.parametrize("case", MAX_CASES, ids=str)

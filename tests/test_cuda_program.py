@@ -11,18 +11,11 @@ import pytest
 
 import fasttrain as ft
 from _cudaref import assert_close, host, mixed_devices, rng
+from _cudaref import full_fp32  # noqa: F401 (an autouse fixture)
 
 pytestmark = pytest.mark.cuda
 nn = ft.nn
 CLASSES = 5
-
-
-@pytest.fixture(autouse=True)
-def full_fp32():
-    tf32 = ft.backends.allow_tf32
-    ft.backends.allow_tf32 = False
-    yield
-    ft.backends.allow_tf32 = tf32
 
 
 @pytest.fixture

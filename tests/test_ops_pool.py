@@ -6,6 +6,7 @@ import pytest
 
 import fasttrain as ft
 from _opref import bits, fd_grad, n, nhwc, strided, t, torch
+from _poolcases import AVG_CASES, MAX_CASES, avg_args, max_args
 
 F = ft.nn.functional
 rng = np.random.default_rng(0)
@@ -84,23 +85,6 @@ def scatter(idx, dy, shape):
         for c in range(C):
             np.add.at(g[a, c].reshape(-1), idx[a, c].reshape(-1), dy[a, c].reshape(-1))
     return g
-
-
-MAX_CASES = [dict(k=2), dict(k=3, s=2, p=1), dict(k=3, s=2, p=1, ceil=True), dict(k=2, s=1, p=1, d=2),
-             dict(k=(3, 2), s=(2, 1), p=(1, 0), d=(1, 2), ceil=True), dict(k=3, s=3, ceil=True)]
-AVG_CASES = [dict(k=2), dict(k=3, s=2, p=1), dict(k=3, s=2, p=1, count_include_pad=False),
-             dict(k=3, s=2, p=1, ceil=True), dict(k=(3, 2), s=(2, 1), p=(1, 1), ceil=True, count_include_pad=False),
-             dict(k=2, s=1, divisor_override=3), dict(k=3, s=2, p=1, ceil=True, count_include_pad=True)]
-
-
-def max_args(c):
-    return dict(kernel_size=c["k"], stride=c.get("s"), padding=c.get("p", 0), dilation=c.get("d", 1),
-                ceil_mode=c.get("ceil", False))
-
-
-def avg_args(c):
-    return dict(kernel_size=c["k"], stride=c.get("s"), padding=c.get("p", 0), ceil_mode=c.get("ceil", False),
-                count_include_pad=c.get("count_include_pad", True), divisor_override=c.get("divisor_override"))
 
 
 @pytest.mark.parametrize("case", MAX_CASES)

@@ -120,6 +120,21 @@ static ft_status check_grad(const char *op, const char *arg, const ft_tensor *d,
     return ft_check_alias(op, arg, d, "dout", dout);
 }
 
+/* dout, and the gradients da and db (either may be NULL) a backward writes:
+ * each like dout, and never sharing memory with each other. */
+static ft_status check_grads(const char *op, const ft_tensor *da, const ft_tensor *db, const ft_tensor *dout,
+                             ft_device dev) {
+    FT_TRY(ft_check_float_on(op, "dout", dout, dev, "dout", true));
+    if (da)
+        FT_TRY(check_grad(op, "da", da, dout, dev));
+    if (db)
+        FT_TRY(check_grad(op, "db", db, dout, dev));
+    if (da && db && ft_tensor_numel(da) > 0 &&
+        (ft_same_view(da, db) || ft_check_alias(op, "da", da, "db", db) != FT_OK))
+        return ft_fail(FT_ERR_VALUE, "%s: da and db must not share memory", op);
+    return FT_OK;
+}
+
 static ft_status check_saved(const char *op, const char *arg, const ft_tensor *t, const ft_tensor *dout,
                              ft_device dev, const char *const *out_args, const ft_tensor *const *outs) {
     FT_TRY(ft_check_float_on(op, arg, t, dev, "dout", true));
@@ -137,16 +152,9 @@ ft_status ft_add_backward(const ft_tensor *da, const ft_tensor *db, const ft_ten
     if ((int)act.kind < 0 || act.kind >= FT_NUM_ACTS)
         return ft_fail(FT_ERR_VALUE, "%s: unknown activation kind %d", op, (int)act.kind);
     ft_device dev = ft_op_device(dout);
-    FT_TRY(ft_check_float_on(op, "dout", dout, dev, "dout", true));
+    FT_TRY(check_grads(op, da, db, dout, dev));
     const char *out_args[2] = {"da", "db"};
     const ft_tensor *outs[2] = {da, db};
-    if (da)
-        FT_TRY(check_grad(op, "da", da, dout, dev));
-    if (db)
-        FT_TRY(check_grad(op, "db", db, dout, dev));
-    if (da && db && ft_tensor_numel(da) > 0 &&
-        (ft_same_view(da, db) || ft_check_alias(op, "da", da, "db", db) != FT_OK))
-        return ft_fail(FT_ERR_VALUE, "%s: da and db must not share memory", op);
     if (!da && !db)
         return FT_OK;
     add_bwd_ctx c = {.act = act, .da = -1, .db = -1, .s0 = -1, .s1 = -1, .acc_a = accumulate_a,
@@ -232,16 +240,9 @@ ft_status ft_mul_backward(const ft_tensor *da, const ft_tensor *db, const ft_ten
                           const ft_tensor *b, bool accumulate_a, bool accumulate_b) {
     const char *op = "mul_backward";
     ft_device dev = ft_op_device(dout);
-    FT_TRY(ft_check_float_on(op, "dout", dout, dev, "dout", true));
+    FT_TRY(check_grads(op, da, db, dout, dev));
     const char *out_args[2] = {"da", "db"};
     const ft_tensor *outs[2] = {da, db};
-    if (da)
-        FT_TRY(check_grad(op, "da", da, dout, dev));
-    if (db)
-        FT_TRY(check_grad(op, "db", db, dout, dev));
-    if (da && db && ft_tensor_numel(da) > 0 &&
-        (ft_same_view(da, db) || ft_check_alias(op, "da", da, "db", db) != FT_OK))
-        return ft_fail(FT_ERR_VALUE, "%s: da and db must not share memory", op);
     if (!da && !db)
         return FT_OK;
     if ((da && !b) || (db && !a))

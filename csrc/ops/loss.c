@@ -515,19 +515,25 @@ static void mse_none_kernel(float *const *p, int64_t n, const int64_t *idx, int6
     sq_diff_loop(p[0], p[1], p[2], n);
 }
 
+/* The reduction, inp and target, and the loss (or its gradient) `arg`:
+ * inp's shape for no reduction, else (). */
+static ft_status check_mse(const char *op, const char *arg, const ft_tensor *l, const ft_tensor *inp,
+                           const ft_tensor *target, ft_reduction reduction, ft_device dev) {
+    FT_TRY(check_reduction(op, reduction));
+    FT_TRY(ft_check_float_on(op, "inp", inp, dev, "inp", true));
+    FT_TRY(ft_check_float_on(op, "target", target, dev, "inp", true));
+    FT_TRY(ft_check_float_on(op, arg, l, dev, "inp", true));
+    FT_TRY(ft_check_shape_as(op, "target", target, inp));
+    if (reduction == FT_REDUCTION_NONE)
+        return ft_check_shape_as(op, arg, l, inp);
+    return ft_check_shape(op, arg, l, 0, NULL);
+}
+
 ft_status ft_mse_loss_forward(const ft_tensor *loss, const ft_tensor *inp, const ft_tensor *target,
                               ft_reduction reduction) {
     const char *op = "mse_loss";
-    FT_TRY(check_reduction(op, reduction));
     ft_device dev = ft_op_device(inp);
-    FT_TRY(ft_check_float_on(op, "inp", inp, dev, "inp", true));
-    FT_TRY(ft_check_float_on(op, "target", target, dev, "inp", true));
-    FT_TRY(ft_check_float_on(op, "loss", loss, dev, "inp", true));
-    FT_TRY(ft_check_shape_as(op, "target", target, inp));
-    if (reduction == FT_REDUCTION_NONE)
-        FT_TRY(ft_check_shape_as(op, "loss", loss, inp));
-    else
-        FT_TRY(ft_check_shape(op, "loss", loss, 0, NULL));
+    FT_TRY(check_mse(op, "loss", loss, inp, target, reduction, dev));
     FT_TRY(ft_check_output(op, "loss", loss));
     FT_TRY(ft_check_alias(op, "loss", loss, "inp", inp));
     FT_TRY(ft_check_alias(op, "loss", loss, "target", target));
@@ -617,16 +623,8 @@ ft_status ft_mse_loss_backward(const ft_tensor *dinp, const ft_tensor *dtarget, 
                                const ft_tensor *inp, const ft_tensor *target, ft_reduction reduction,
                                bool accumulate_inp, bool accumulate_target) {
     const char *op = "mse_loss_backward";
-    FT_TRY(check_reduction(op, reduction));
     ft_device dev = ft_op_device(inp);
-    FT_TRY(ft_check_float_on(op, "inp", inp, dev, "inp", true));
-    FT_TRY(ft_check_float_on(op, "target", target, dev, "inp", true));
-    FT_TRY(ft_check_float_on(op, "dloss", dloss, dev, "inp", true));
-    FT_TRY(ft_check_shape_as(op, "target", target, inp));
-    if (reduction == FT_REDUCTION_NONE)
-        FT_TRY(ft_check_shape_as(op, "dloss", dloss, inp));
-    else
-        FT_TRY(ft_check_shape(op, "dloss", dloss, 0, NULL));
+    FT_TRY(check_mse(op, "dloss", dloss, inp, target, reduction, dev));
     const ft_tensor *outs[2] = {dinp, dtarget};
     const char *names[2] = {"dinp", "dtarget"};
     for (int k = 0; k < 2; k++) {
