@@ -11,7 +11,8 @@
 #include <omp.h>
 
 #include "data/loader.h"
-#include "nn/program.h"
+#include "nn/node.h"
+#include "ops/activation.h"
 #include "ops/check.h"
 #include "optim/optim.h"
 
@@ -94,11 +95,11 @@ static int parse_node(ft_module_state *st, PyObject *d, ft_node *nd) {
     }
     memset(nd, 0, sizeof *nd);
     long long kind, groups, act, ceil_mode, include_pad, training, norm_dims;
-    int64_t shape[3];
+    int64_t shape[FT_NODE_MAX_DIMS];
     double alpha;
     int64_t inputs[FT_NODE_MAX_INPUTS];
     if (get_long(d, "kind", -1, &kind) < 0 || get_ints(d, "inputs", inputs, FT_NODE_MAX_INPUTS, &nd->ninputs) < 0 ||
-        get_ints(d, "shape", shape, 3, &nd->ndim) < 0)
+        get_ints(d, "shape", shape, FT_NODE_MAX_DIMS, &nd->ndim) < 0)
         return -1;
     for (int k = 0; k < nd->ninputs; k++)
         nd->inputs[k] = (int)inputs[k];
@@ -359,12 +360,10 @@ static PyObject *m_forward(PyObject *self, PyObject *xo) {
     if (!x)
         return NULL;
     ft_program *prog = ((program_object *)self)->prog;
-    int64_t classes = 0;
+    int64_t classes = ft_program_output_size(prog);
     ft_tensor out;
-    ft_status s = ft_program_output_size(prog, &classes);
-    if (s == FT_OK)
-        s = ft_tensor_empty(&out, 2, (int64_t[]){x->ndim ? x->shape[0] : 0, classes}, FT_FLOAT32,
-                            ft_op_device(&((program_object *)self)->params), false);
+    ft_status s = ft_tensor_empty(&out, 2, (int64_t[]){x->ndim ? x->shape[0] : 0, classes}, FT_FLOAT32,
+                                  ft_op_device(&((program_object *)self)->params), false);
     if (s != FT_OK)
         return ft_raise(s);
     Py_BEGIN_ALLOW_THREADS
@@ -636,11 +635,35 @@ static PyType_Spec program_spec = {
     .slots = program_slots,
 };
 
+/* {name: code} of `n` names, for module attribute `attr`: the Python side
+ * reads the C enums from here instead of mirroring them. */
+static int add_codes(PyObject *module, const char *attr, int n, const char *(*name_of)(int)) {
+    PyObject *d = PyDict_New();
+    for (int k = 0; d && k < n; k++) {
+        PyObject *code = PyLong_FromLong(k);
+        int r = code ? PyDict_SetItemString(d, name_of(k), code) : -1;
+        Py_XDECREF(code);
+        if (r < 0)
+            Py_CLEAR(d);
+    }
+    int r = d ? PyModule_AddObjectRef(module, attr, d) : -1;
+    Py_XDECREF(d);
+    return r;
+}
+
+static const char *node_kind_name(int k) { return ft_node_kinds[k].name; }
+
+static const char *act_name(int k) { return ft_act_name((ft_act_kind)k); }
+
 int ft_bind_nn(PyObject *module) {
     PyObject *type = PyType_FromModuleAndSpec(module, &program_spec, NULL);
     if (!type)
         return -1;
     int r = PyModule_AddObjectRef(module, "Program", type);
     Py_DECREF(type);
+    if (r == 0)
+        r = add_codes(module, "NODE_KINDS", FT_NODE_NKINDS, node_kind_name);
+    if (r == 0)
+        r = add_codes(module, "ACTIVATIONS", FT_NUM_ACTS, act_name);
     return r;
 }

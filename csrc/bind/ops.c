@@ -86,6 +86,21 @@ static int parse_out(ft_module_state *st, PyObject *obj, const char *name, bool 
     return 0;
 }
 
+/* accumulate=True: every gradient output of the op adds. */
+#define ALL_ACC(a) ((ft_grad_acc){(a), (a), (a)})
+
+/* accumulate=True adds into the caller's tensors: a gradient the binding
+ * allocated would add to uninitialised memory. */
+static int check_accumulate(const out_arg *o, int n, bool accumulate, const char *op) {
+    for (int k = 0; accumulate && k < n; k++)
+        if (o[k].owned) {
+            PyErr_Format(PyExc_ValueError, "%s: accumulate=True adds into the gradient tensors given; pass every "
+                                           "gradient to compute (False to skip one)", op);
+            return -1;
+        }
+    return 0;
+}
+
 static bool needs_alloc(const out_arg *o) { return !o->skip && !o->t; }
 
 /* Allocates o (if the caller passed None) with `shape` and `dtype` on ref's
@@ -96,34 +111,13 @@ static int alloc_layout(ft_module_state *st, out_arg *o, const ft_tensor *ref, b
                         const int64_t *shape, ft_dtype dtype) {
     if (!needs_alloc(o))
         return 0;
-    int perm[FT_MAX_DIMS]; /* dims outermost first */
-    for (int d = 0; d < ndim; d++)
-        perm[d] = d;
-    if (ref && follow && ref->ndim == ndim) {
-        for (int i = 1; i < ndim; i++) { /* stable insertion sort by decreasing |stride| */
-            int d = perm[i], k = i;
-            int64_t s = llabs(ref->strides[d]);
-            while (k > 0 && llabs(ref->strides[perm[k - 1]]) < s) {
-                perm[k] = perm[k - 1];
-                k--;
-            }
-            perm[k] = d;
-        }
-    }
-    int64_t pshape[FT_MAX_DIMS] = {0};
-    for (int k = 0; k < ndim; k++)
-        pshape[k] = shape[perm[k]];
     ft_tensor t;
-    ft_status s = ft_tensor_empty(&t, ndim, pshape, dtype, ref ? ft_op_device(ref) : FT_CPU, false);
+    ft_device dev = ref ? ft_op_device(ref) : FT_CPU;
+    ft_status s = ref && follow && ref->ndim == ndim ? ft_tensor_empty_like(&t, ref, ndim, shape, dtype, dev)
+                                                    : ft_tensor_empty(&t, ndim, shape, dtype, dev, false);
     if (s != FT_OK) {
         ft_raise(s);
         return -1;
-    }
-    int64_t cstr[FT_MAX_DIMS];
-    memcpy(cstr, t.strides, sizeof cstr);
-    for (int k = 0; k < ndim; k++) {
-        t.shape[perm[k]] = pshape[k];
-        t.strides[perm[k]] = cstr[k];
     }
     o->obj = ft_wrap(st, &t);
     if (!o->obj)
@@ -1093,10 +1087,12 @@ static PyObject *py_conv2d_forward(PyObject *m, PyObject *args, PyObject *kw) {
 static PyObject *py_conv2d_backward(PyObject *m, PyObject *args, PyObject *kw) {
     PyObject *o_dinp, *o_dw, *o_db, *o_dout, *o_inp, *o_w, *o_stride = Py_None, *o_pad = Py_None, *o_dil = Py_None;
     long long groups = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOO|OOOL:conv2d_backward",
+    int accumulate = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOO|OOOLp:conv2d_backward",
                                      KW("dinp", "dweight", "dbias", "dout", "inp", "weight", "stride", "padding",
-                                        "dilation", "groups"),
-                                     &o_dinp, &o_dw, &o_db, &o_dout, &o_inp, &o_w, &o_stride, &o_pad, &o_dil, &groups))
+                                        "dilation", "groups", "accumulate"),
+                                     &o_dinp, &o_dw, &o_db, &o_dout, &o_inp, &o_w, &o_stride, &o_pad, &o_dil, &groups,
+                                     &accumulate))
         return NULL;
     ft_module_state *st = mstate(m);
     const ft_tensor *dout, *inp, *w;
@@ -1111,8 +1107,12 @@ static PyObject *py_conv2d_backward(PyObject *m, PyObject *args, PyObject *kw) {
         drop_outs(o, 3);
         return NULL;
     }
+    if (check_accumulate(o, 3, accumulate, "conv2d_backward") < 0) {
+        drop_outs(o, 3);
+        return NULL;
+    }
     ft_status s;
-    CALL(s, true, ft_conv2d_backward(o[0].t, o[1].t, o[2].t, dout, inp, w, &p));
+    CALL(s, true, ft_conv2d_backward(o[0].t, o[1].t, o[2].t, dout, inp, w, &p, ALL_ACC(accumulate)));
     return finish(s, o, 3);
 }
 
@@ -1142,9 +1142,10 @@ static PyObject *py_linear_forward(PyObject *m, PyObject *args, PyObject *kw) {
 
 static PyObject *py_linear_backward(PyObject *m, PyObject *args, PyObject *kw) {
     PyObject *o_dinp, *o_dw, *o_db, *o_dout, *o_inp, *o_w;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOO:linear_backward",
-                                     KW("dinp", "dweight", "dbias", "dout", "inp", "weight"), &o_dinp, &o_dw, &o_db,
-                                     &o_dout, &o_inp, &o_w))
+    int accumulate = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOO|p:linear_backward",
+                                     KW("dinp", "dweight", "dbias", "dout", "inp", "weight", "accumulate"), &o_dinp,
+                                     &o_dw, &o_db, &o_dout, &o_inp, &o_w, &accumulate))
         return NULL;
     ft_module_state *st = mstate(m);
     const ft_tensor *dout, *inp, *w;
@@ -1158,8 +1159,12 @@ static PyObject *py_linear_backward(PyObject *m, PyObject *args, PyObject *kw) {
         drop_outs(o, 3);
         return NULL;
     }
+    if (check_accumulate(o, 3, accumulate, "linear_backward") < 0) {
+        drop_outs(o, 3);
+        return NULL;
+    }
     ft_status s;
-    CALL(s, big(inp) || big(w), ft_linear_backward(o[0].t, o[1].t, o[2].t, dout, inp, w));
+    CALL(s, big(inp) || big(w), ft_linear_backward(o[0].t, o[1].t, o[2].t, dout, inp, w, ALL_ACC(accumulate)));
     return finish(s, o, 3);
 }
 
@@ -1202,13 +1207,13 @@ static PyObject *py_batch_norm_backward(PyObject *m, PyObject *args, PyObject *k
     PyObject *o_dinp, *o_dw, *o_db, *o_dout, *o_inp, *o_out = Py_None, *o_w = Py_None, *o_mean, *o_invstd;
     PyObject *o_act = Py_None;
     ft_batchnorm_params p = {.training = true, .eps = 1e-5, .momentum = 0.1};
-    int training = 1;
+    int training = 1, accumulate = 0;
     double alpha = 0.0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOOO|pOd:batch_norm_backward",
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOOO|pOdp:batch_norm_backward",
                                      KW("dinp", "dweight", "dbias", "dout", "inp", "out", "weight", "save_mean",
-                                        "save_invstd", "training", "act", "alpha"),
+                                        "save_invstd", "training", "act", "alpha", "accumulate"),
                                      &o_dinp, &o_dw, &o_db, &o_dout, &o_inp, &o_out, &o_w, &o_mean, &o_invstd,
-                                     &training, &o_act, &alpha))
+                                     &training, &o_act, &alpha, &accumulate))
         return NULL;
     p.training = training;
     ft_module_state *st = mstate(m);
@@ -1227,8 +1232,12 @@ static PyObject *py_batch_norm_backward(PyObject *m, PyObject *args, PyObject *k
         drop_outs(o, 3);
         return NULL;
     }
+    if (check_accumulate(o, 3, accumulate, "batch_norm_backward") < 0) {
+        drop_outs(o, 3);
+        return NULL;
+    }
     ft_status s;
-    CALL(s, big(inp), ft_batchnorm_backward(o[0].t, o[1].t, o[2].t, dout, inp, out, w, mean, invstd, &p));
+    CALL(s, big(inp), ft_batchnorm_backward(o[0].t, o[1].t, o[2].t, dout, inp, out, w, mean, invstd, &p, ALL_ACC(accumulate)));
     return finish(s, o, 3);
 }
 
@@ -1273,10 +1282,12 @@ static PyObject *py_layer_norm_forward(PyObject *m, PyObject *args, PyObject *kw
 
 static PyObject *py_layer_norm_backward(PyObject *m, PyObject *args, PyObject *kw) {
     PyObject *o_dinp, *o_dw, *o_db, *o_dout, *o_inp, *o_w, *o_mean, *o_rstd, *o_shape;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOOO:layer_norm_backward",
+    int accumulate = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOOO|p:layer_norm_backward",
                                      KW("dinp", "dweight", "dbias", "dout", "inp", "weight", "save_mean", "save_rstd",
-                                        "normalized_shape"),
-                                     &o_dinp, &o_dw, &o_db, &o_dout, &o_inp, &o_w, &o_mean, &o_rstd, &o_shape))
+                                        "normalized_shape", "accumulate"),
+                                     &o_dinp, &o_dw, &o_db, &o_dout, &o_inp, &o_w, &o_mean, &o_rstd, &o_shape,
+                                     &accumulate))
         return NULL;
     ft_module_state *st = mstate(m);
     const ft_tensor *dout, *inp, *w, *mean, *rstd;
@@ -1293,8 +1304,12 @@ static PyObject *py_layer_norm_backward(PyObject *m, PyObject *args, PyObject *k
         drop_outs(o, 3);
         return NULL;
     }
+    if (check_accumulate(o, 3, accumulate, "layer_norm_backward") < 0) {
+        drop_outs(o, 3);
+        return NULL;
+    }
     ft_status s;
-    CALL(s, big(inp), ft_layernorm_backward(o[0].t, o[1].t, o[2].t, dout, inp, w, mean, rstd, D));
+    CALL(s, big(inp), ft_layernorm_backward(o[0].t, o[1].t, o[2].t, dout, inp, w, mean, rstd, D, ALL_ACC(accumulate)));
     return finish(s, o, 3);
 }
 
@@ -1303,24 +1318,26 @@ static PyMethodDef ops_methods[] = {
      "conv2d_forward(out, inp, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, act=None, alpha=0.0, "
      "sum=False) -> out"},
     {"conv2d_backward", FN(py_conv2d_backward), METH_VARARGS | METH_KEYWORDS,
-     "conv2d_backward(dinp, dweight, dbias, dout, inp, weight, stride=1, padding=0, dilation=1, groups=1) -> "
+     "conv2d_backward(dinp, dweight, dbias, dout, inp, weight, stride=1, padding=0, dilation=1, groups=1, "
+     "accumulate=False) -> "
      "(dinp, dweight, dbias)"},
     {"linear_forward", FN(py_linear_forward), METH_VARARGS | METH_KEYWORDS,
      "linear_forward(out, inp, weight, bias=None, act=None, alpha=0.0) -> out"},
     {"linear_backward", FN(py_linear_backward), METH_VARARGS | METH_KEYWORDS,
-     "linear_backward(dinp, dweight, dbias, dout, inp, weight) -> (dinp, dweight, dbias)"},
+     "linear_backward(dinp, dweight, dbias, dout, inp, weight, accumulate=False) -> (dinp, dweight, dbias)"},
     {"batch_norm_forward", FN(py_batch_norm_forward), METH_VARARGS | METH_KEYWORDS,
      "batch_norm_forward(out, save_mean, save_invstd, inp, weight=None, bias=None, running_mean=None, "
      "running_var=None, training=True, momentum=0.1, eps=1e-5, act=None, alpha=0.0) -> (out, save_mean, "
      "save_invstd)"},
     {"batch_norm_backward", FN(py_batch_norm_backward), METH_VARARGS | METH_KEYWORDS,
      "batch_norm_backward(dinp, dweight, dbias, dout, inp, out, weight, save_mean, save_invstd, training=True, "
-     "act=None, alpha=0.0) -> (dinp, dweight, dbias)"},
+     "act=None, alpha=0.0, accumulate=False) -> (dinp, dweight, dbias)"},
     {"layer_norm_forward", FN(py_layer_norm_forward), METH_VARARGS | METH_KEYWORDS,
      "layer_norm_forward(out, save_mean, save_rstd, inp, weight, bias, normalized_shape, eps=1e-5) -> (out, "
      "save_mean, save_rstd)"},
     {"layer_norm_backward", FN(py_layer_norm_backward), METH_VARARGS | METH_KEYWORDS,
-     "layer_norm_backward(dinp, dweight, dbias, dout, inp, weight, save_mean, save_rstd, normalized_shape) -> "
+     "layer_norm_backward(dinp, dweight, dbias, dout, inp, weight, save_mean, save_rstd, normalized_shape, "
+     "accumulate=False) -> "
      "(dinp, dweight, dbias)"},
     KWFN(activation_forward, "activation_forward(out, inp, act, alpha=0.0) -> out"),
     KWFN(activation_backward,

@@ -87,6 +87,25 @@ ft_status ft_tensor_empty(ft_tensor *out, int ndim, const int64_t *shape, ft_dty
     return FT_OK;
 }
 
+ft_status ft_tensor_empty_like(ft_tensor *out, const ft_tensor *ref, int ndim, const int64_t *shape, ft_dtype dtype,
+                               ft_device device) {
+    int perm[FT_MAX_DIMS]; /* dims outermost first */
+    int64_t pshape[FT_MAX_DIMS] = {0};
+    for (int d = 0; d < ndim; d++)
+        perm[d] = d;
+    ft_sort_dims_by_stride(perm, ndim, ref->strides);
+    for (int k = 0; k < ndim; k++)
+        pshape[k] = shape[perm[k]];
+    FT_TRY(ft_tensor_empty(out, ndim, pshape, dtype, device, false));
+    int64_t cstr[FT_MAX_DIMS];
+    memcpy(cstr, out->strides, sizeof cstr);
+    for (int k = 0; k < ndim; k++) {
+        out->shape[perm[k]] = pshape[k];
+        out->strides[perm[k]] = cstr[k];
+    }
+    return FT_OK;
+}
+
 /* The byte range [lo, hi) that a non-empty view touches, relative to the
  * storage; false when it does not fit in int64. */
 static bool byte_extent(const ft_tensor *t, int64_t *lo, int64_t *hi) {

@@ -8,6 +8,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "core/copy.h"
 #include "core/dtype.h"
@@ -35,9 +36,30 @@ bool ft_tensor_is_f_contiguous(const ft_tensor *t); /* Fortran order */
 /* Fills strides for a C-contiguous layout of `shape`. */
 void ft_contiguous_strides(int64_t *strides, int ndim, const int64_t *shape);
 
+/* Sorts the n dimensions listed in dims from the outermost in memory (the
+ * largest |stride|) to the innermost, keeping ties in their order: the one
+ * way layouts are read from strides (NCHW, NHWC, transposed views). */
+static inline void ft_sort_dims_by_stride(int *dims, int n, const int64_t *strides) {
+    for (int i = 1; i < n; i++) {
+        int d = dims[i], j = i;
+        int64_t s = llabs(strides[d]);
+        while (j > 0 && llabs(strides[dims[j - 1]]) < s) {
+            dims[j] = dims[j - 1];
+            j--;
+        }
+        dims[j] = d;
+    }
+}
+
 /* A new, uninitialised, C-contiguous tensor. */
 ft_status ft_tensor_empty(ft_tensor *out, int ndim, const int64_t *shape, ft_dtype dtype, ft_device device,
                           bool pinned);
+
+/* A new, uninitialised, dense tensor of `shape` and `dtype` on `device`
+ * whose dimensions lie in memory in the order of ref's (ref has ndim
+ * dimensions): NCHW stays NCHW, channels-last stays channels-last. */
+ft_status ft_tensor_empty_like(ft_tensor *out, const ft_tensor *ref, int ndim, const int64_t *shape, ft_dtype dtype,
+                               ft_device device);
 
 /* A view of base's storage; every element it addresses must lie inside it. */
 ft_status ft_tensor_view(ft_tensor *out, const ft_tensor *base, int ndim, const int64_t *shape,

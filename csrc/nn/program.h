@@ -2,12 +2,15 @@
  * activation memory planned by liveness, and the whole training step
  * (forward, loss, backward, optimizer update) as one call.
  *
- * Legend: N the batch (micro-batch) size; per-sample shapes are (C, H, W)
- * for images and (F,) for features. Images live in channels-last memory
+ * Legend: N the batch (micro-batch) size; per-sample shapes have up to
+ * FT_NODE_MAX_DIMS dimensions: (C, H, W) for images, (F,) for features,
+ * (T, C) for sequences. Images live in channels-last memory
  * (NHWC strides under an (N, C, H, W) shape) or NCHW, as compiled.
  *
- * Gradients follow the ops' rule: the first contribution to a buffer is
- * written, later ones are added, so nothing is ever zeroed before a step. */
+ * Gradients follow the ops' rule (ops/gradient.h): the first contribution to
+ * a buffer in a step is written, later ones (another reader of the same
+ * tensor, a tied weight, the next micro-batch) are added, so nothing is
+ * zeroed or staged. */
 #ifndef FT_NN_PROGRAM_H
 #define FT_NN_PROGRAM_H
 
@@ -18,7 +21,10 @@
 #include "ops/pool.h"
 
 #define FT_NODE_MAX_INPUTS 8
+#define FT_NODE_MAX_DIMS (FT_MAX_DIMS - 1) /* per sample */
 
+/* The kinds of node, each a row of ft_node_kinds (nn/node.h) that also
+ * names it; the Python side reads names and numbers from the extension. */
 typedef enum {
     FT_NODE_INPUT,
     FT_NODE_CONV2D,
@@ -35,6 +41,7 @@ typedef enum {
     FT_NODE_DROPOUT,
     FT_NODE_IDENTITY,
     FT_NODE_LAYERNORM, /* over the trailing norm_dims dimensions of the per-sample shape */
+    FT_NODE_NKINDS
 } ft_node_kind;
 
 typedef struct {
@@ -42,9 +49,10 @@ typedef struct {
     int ninputs;
     int inputs[FT_NODE_MAX_INPUTS]; /* indices of earlier nodes */
     int ndim;
-    int64_t shape[3]; /* per sample */
+    int64_t shape[FT_NODE_MAX_DIMS]; /* per sample */
     /* Parameters and their gradients: views into the model's flat buffers
-     * (storage NULL when absent). Every gradient shares one storage. */
+     * (storage NULL when absent, and a gradient absent for a frozen
+     * parameter). Every gradient shares one storage. */
     ft_tensor weight, bias, dweight, dbias, running_mean, running_var;
     ft_tensor num_batches; /* batch norm: () int64, counts training forwards as PyTorch's num_batches_tracked */
     ft_act act; /* fused into conv2d, linear, batchnorm and add; the op of FT_NODE_ACT */
@@ -105,7 +113,7 @@ ft_status ft_program_evaluate(ft_program *p, const ft_tensor *x, const ft_tensor
                               int64_t *correct);
 
 /* The number of model outputs per sample (the classes). */
-ft_status ft_program_output_size(const ft_program *p, int64_t *classes);
+int64_t ft_program_output_size(const ft_program *p);
 
 /* (n, 2): the seconds each node has spent in forward and in backward since
  * the program was created (a profile of where a step's time goes). */

@@ -7,6 +7,7 @@
 
 #include "ops/check.h"
 #include "ops/cuda_ops.h"
+#include "ops/gradient.h"
 #include "ops/pointwise.h"
 
 /* Rows per partial sum in channels-last layout (fixes the reduction order). */
@@ -290,22 +291,27 @@ ft_status ft_batchnorm_forward(const ft_tensor *out, const ft_tensor *save_mean,
 
 /* dx of one run: CHUNK channels-last rows or one NCHW plane of channel c. */
 FT_VEC_CLONES static void dx_run(float *dx, const float *dy, const float *y, const float *x, const float *mean,
-                                 const float *k, int64_t C, int64_t len, bool cl, int64_t c, ft_act act, float *buf) {
+                                 const float *k, int64_t C, int64_t len, bool cl, int64_t c, ft_act act, bool acc,
+                                 float *buf) {
     const float *dz = grad_through_act(buf, dy, y, len, act);
     if (cl) {
         for (int64_t j0 = 0; j0 < len; j0 += C)
-            for (int64_t ch = 0; ch < C; ch++)
-                dx[j0 + ch] = k[ch] * (dz[j0 + ch] - k[C + ch] - (x[j0 + ch] - mean[ch]) * k[2 * C + ch]);
+            for (int64_t ch = 0; ch < C; ch++) {
+                float v = k[ch] * (dz[j0 + ch] - k[C + ch] - (x[j0 + ch] - mean[ch]) * k[2 * C + ch]);
+                dx[j0 + ch] = acc ? dx[j0 + ch] + v : v;
+            }
     } else {
-        for (int64_t j = 0; j < len; j++)
-            dx[j] = k[c] * (dz[j] - k[C + c] - (x[j] - mean[c]) * k[2 * C + c]);
+        for (int64_t j = 0; j < len; j++) {
+            float v = k[c] * (dz[j] - k[C + c] - (x[j] - mean[c]) * k[2 * C + c]);
+            dx[j] = acc ? dx[j] + v : v;
+        }
     }
 }
 
 ft_status ft_batchnorm_backward(const ft_tensor *dinp, const ft_tensor *dweight, const ft_tensor *dbias,
                                 const ft_tensor *dout, const ft_tensor *inp, const ft_tensor *out,
                                 const ft_tensor *weight, const ft_tensor *save_mean, const ft_tensor *save_invstd,
-                                const ft_batchnorm_params *p) {
+                                const ft_batchnorm_params *p, ft_grad_acc acc) {
     ft_device dev = ft_op_device(inp);
     layout l;
     FT_TRY(layout_of(&l, inp, "input", dev));
@@ -320,6 +326,8 @@ ft_status ft_batchnorm_backward(const ft_tensor *dinp, const ft_tensor *dweight,
     if (dinp) {
         FT_TRY(same_layout(&l, dinp, inp, "grad_input", dev));
         FT_TRY(ft_tensor_check_writable(dinp, "batch_norm backward"));
+        if (acc.inp && dinp->storage == dout->storage && dinp->offset == dout->offset)
+            return ft_fail(FT_ERR_VALUE, "batch_norm: grad_input cannot accumulate into grad_output itself");
     }
     int64_t C = l.C, M = l.N * l.S;
     FT_TRY(channel_vector(weight, C, "weight", dev));
@@ -329,9 +337,18 @@ ft_status ft_batchnorm_backward(const ft_tensor *dinp, const ft_tensor *dweight,
     FT_TRY(channel_vector(dbias, C, "grad_bias", dev));
     if (!save_mean || !save_invstd)
         return ft_fail(FT_ERR_VALUE, "batch_norm: save_mean and save_invstd are required");
-    if (dev.type == FT_DEV_CUDA)
-        FT_CUDA_DISPATCH("batch_norm", batchnorm_backward, dinp, dweight, dbias, dout, inp, out, weight, save_mean,
-                         save_invstd, p);
+    if (dev.type == FT_DEV_CUDA) { /* the backend writes: accumulation is staged */
+        ft_grad_out gx, gw, gb;
+        const ft_tensor *dx_to, *dw_to, *db_to;
+        FT_TRY(ft_grad_out_begin(&gx, dinp, acc.inp, &dx_to));
+        ft_status s = ft_grad_out_begin(&gw, dweight, acc.weight, &dw_to);
+        if (s == FT_OK)
+            s = ft_grad_out_begin(&gb, dbias, acc.bias, &db_to);
+        if (s == FT_OK)
+            s = FT_CUDA_CALL("batch_norm", batchnorm_backward, dx_to, dw_to, db_to, dout, inp, out, weight, save_mean,
+                             save_invstd, p);
+        return ft_grad_out_end(&gb, ft_grad_out_end(&gw, ft_grad_out_end(&gx, s)));
+    }
     const float *x = (const float *)ft_tensor_data(inp), *dy = (const float *)ft_tensor_data(dout);
     const float *y = out ? (const float *)ft_tensor_data(out) : NULL;
     const float *mean = (const float *)ft_tensor_data(save_mean), *invstd = (const float *)ft_tensor_data(save_invstd);
@@ -344,10 +361,15 @@ ft_status ft_batchnorm_backward(const ft_tensor *dinp, const ft_tensor *dweight,
     if (s == FT_OK) {
         for (int64_t c = 0; c < C; c++) {
             float w = weight ? ((const float *)ft_tensor_data(weight))[c] : 1.0f;
-            if (dweight)
-                ((float *)ft_tensor_data(dweight))[c] = (float)(sums[C + c] * invstd[c]);
-            if (dbias)
-                ((float *)ft_tensor_data(dbias))[c] = (float)sums[c];
+            float gw = (float)(sums[C + c] * invstd[c]), gb = (float)sums[c];
+            if (dweight) {
+                float *o = (float *)ft_tensor_data(dweight) + c * dweight->strides[0];
+                *o = acc.weight ? *o + gw : gw;
+            }
+            if (dbias) {
+                float *o = (float *)ft_tensor_data(dbias) + c * dbias->strides[0];
+                *o = acc.bias ? *o + gb : gb;
+            }
             k[c] = w * invstd[c];
             /* In training, the mean and variance depend on x too. */
             k[C + c] = p->training ? (float)(sums[c] / (double)M) : 0.0f;
@@ -366,7 +388,7 @@ ft_status ft_batchnorm_backward(const ft_tensor *dinp, const ft_tensor *dweight,
         for (int64_t r = 0; r < (s == FT_OK ? nruns : 0); r++) {
             int64_t i0 = r * run, len = i0 + run < total ? run : total - i0;
             dx_run(dx + i0, dy + i0, y ? y + i0 : NULL, x + i0, mean, k, C, len, cl, cl ? 0 : r % C, p->act,
-                   bufs + omp_get_thread_num() * run);
+                   acc.inp, bufs + omp_get_thread_num() * run);
         }
         free(bufs);
     }

@@ -11,6 +11,7 @@
 
 #include "core/tensor.h"
 #include "kernels/activation.h"
+#include "ops/gradient.h"
 
 typedef struct {
     bool training;   /* batch statistics (and running-stat updates) vs running statistics */
@@ -31,11 +32,12 @@ ft_status ft_batchnorm_forward(const ft_tensor *out, const ft_tensor *save_mean,
 
 /* Gradients from dout (the gradient of out). `out` is needed only when
  * p->act is not FT_ACT_NONE (its backward is taken from the output).
- * dinp, dweight (C), dbias (C) may each be NULL; each is written (=). dinp
- * may alias dout (in-place backward). */
+ * dinp, dweight (C), dbias (C) may each be NULL; each is written (=), or
+ * added to (+=) as `acc` says (ops/gradient.h). dinp may alias dout
+ * (in-place backward) when it is written. */
 ft_status ft_batchnorm_backward(const ft_tensor *dinp, const ft_tensor *dweight, const ft_tensor *dbias,
                                 const ft_tensor *dout, const ft_tensor *inp, const ft_tensor *out,
                                 const ft_tensor *weight, const ft_tensor *save_mean, const ft_tensor *save_invstd,
-                                const ft_batchnorm_params *p);
+                                const ft_batchnorm_params *p, ft_grad_acc acc);
 
 #endif

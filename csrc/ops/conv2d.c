@@ -7,6 +7,7 @@
 #include "ops/autotune.h"
 #include "ops/check.h"
 #include "ops/cuda_ops.h"
+#include "ops/gradient.h"
 #include "ops/onednn.h"
 #include "ops/reduce.h"
 
@@ -300,13 +301,14 @@ static ft_status backward_weights(const ft_tensor *dw, const ft_tensor *dout, co
 }
 
 /* The batch split into DET_CHUNKS slices, each slice's dw computed by one
- * thread, and the slices summed in order: identical for any thread count. */
+ * thread, and the slices summed in order (onto dw's own values when
+ * accumulating): identical for any thread count. */
 static ft_status backward_weights_deterministic(const ft_tensor *dw, const ft_tensor *dout, const ft_tensor *inp,
-                                                const ft_conv2d_params *p) {
+                                                const ft_conv2d_params *p, bool accumulate) {
     int64_t N = inp->shape[0], chunks = N < DET_CHUNKS ? N : DET_CHUNKS;
     int64_t wn = ft_tensor_numel(dw);
     ft_tensor parts;
-    int64_t pshape[5] = {chunks, dw->shape[0], dw->shape[1], dw->shape[2], dw->shape[3]};
+    int64_t pshape[5] = {chunks + 1, dw->shape[0], dw->shape[1], dw->shape[2], dw->shape[3]};
     FT_TRY(ft_tensor_empty(&parts, 5, pshape, FT_FLOAT32, FT_CPU, false));
     ft_status st[DET_CHUNKS], s = FT_OK;
 #pragma omp parallel for schedule(static)
@@ -323,23 +325,24 @@ static ft_status backward_weights_deterministic(const ft_tensor *dw, const ft_te
     }
     for (int64_t c = 0; c < chunks && s == FT_OK; c++)
         s = st[c];
+    /* the last slot of parts holds the sum, in dw's shape and dense order */
+    ft_tensor sum = parts;
+    sum.offset = chunks * wn * 4;
+    sum.ndim = 4;
+    memcpy(sum.shape, dw->shape, sizeof sum.shape);
+    ft_contiguous_strides(sum.strides, 4, sum.shape);
+    if (s == FT_OK && accumulate)
+        s = ft_tensor_copy(&sum, dw, false);
     if (s == FT_OK) {
-        const float *src = (const float *)ft_tensor_data(&parts);
-        ft_tensor sum;
-        int64_t shape1[4] = {dw->shape[0], dw->shape[1], dw->shape[2], dw->shape[3]};
-        s = ft_tensor_empty(&sum, 4, shape1, FT_FLOAT32, FT_CPU, false);
-        if (s == FT_OK) {
-            float *acc = (float *)ft_tensor_data(&sum);
+        float *part = (float *)ft_tensor_data(&parts), *acc = part + chunks * wn;
 #pragma omp parallel for schedule(static)
-            for (int64_t i = 0; i < wn; i++) {
-                float v = 0;
-                for (int64_t c = 0; c < chunks; c++)
-                    v += src[c * wn + i];
-                acc[i] = v;
-            }
-            s = ft_tensor_copy(dw, &sum, false);
-            ft_tensor_release(&sum);
+        for (int64_t i = 0; i < wn; i++) {
+            float v = accumulate ? acc[i] : 0.0f;
+            for (int64_t c = 0; c < chunks; c++)
+                v += part[c * wn + i];
+            acc[i] = v;
         }
+        s = ft_tensor_copy(dw, &sum, false);
     }
     ft_tensor_release(&parts);
     return s;
@@ -347,7 +350,7 @@ static ft_status backward_weights_deterministic(const ft_tensor *dw, const ft_te
 
 ft_status ft_conv2d_backward(const ft_tensor *dinp, const ft_tensor *dw, const ft_tensor *db,
                              const ft_tensor *dout, const ft_tensor *inp, const ft_tensor *w,
-                             const ft_conv2d_params *p) {
+                             const ft_conv2d_params *p, ft_grad_acc acc) {
     int64_t want[4];
     FT_TRY(check_common(inp, w, want, p));
     ft_device dev = ft_op_device(inp);
@@ -373,27 +376,32 @@ ft_status ft_conv2d_backward(const ft_tensor *dinp, const ft_tensor *dw, const f
         FT_TRY(ft_check_output("conv2d_backward", "grad_bias", db));
     }
     bool empty = ft_tensor_numel(dout) == 0;
-    if (dev.type == FT_DEV_CUDA && !empty) {
-        bool any_dinp = dinp && ft_tensor_numel(dinp) > 0;
-        FT_TRY(FT_CUDA_CALL("conv2d_backward", conv2d_backward, any_dinp ? dinp : NULL, dw, NULL, dout, inp, w, p));
-        return db ? ft_bias_grad(db, dout) : FT_OK;
+    if (empty) { /* an empty batch contributes nothing */
+        ft_scalar zero = {.kind = FT_SCALAR_FLOAT, .f = 0};
+        if (!acc.inp && dinp)
+            FT_TRY(ft_tensor_fill(dinp, zero));
+        if (!acc.weight && dw)
+            FT_TRY(ft_tensor_fill(dw, zero));
+        return db && !acc.bias ? ft_tensor_fill(db, zero) : FT_OK;
     }
-    if (dinp && ft_tensor_numel(dinp) > 0) {
-        if (empty) {
-            FT_TRY(ft_tensor_fill(dinp, (ft_scalar){.kind = FT_SCALAR_FLOAT, .f = 0}));
-        } else {
-            conv_key k = key_of('D', dinp, w, dout, p);
-            conv_data d = {ft_tensor_data(dinp), ft_tensor_data(w), ft_tensor_data(dout), NULL};
-            FT_TRY(execute(&k, &d));
+    bool cuda = dev.type == FT_DEV_CUDA;
+    ft_grad_out gx, gw;
+    const ft_tensor *dx_to, *dw_to;
+    FT_TRY(ft_grad_out_begin(&gx, dinp && ft_tensor_numel(dinp) > 0 ? dinp : NULL, acc.inp, &dx_to));
+    ft_status s = ft_grad_out_begin(&gw, dw, acc.weight && (cuda || !ft_deterministic()), &dw_to);
+    if (s == FT_OK && cuda) {
+        s = FT_CUDA_CALL("conv2d_backward", conv2d_backward, dx_to, dw_to, NULL, dout, inp, w, p);
+    } else if (s == FT_OK) {
+        if (dx_to) {
+            conv_key k = key_of('D', dx_to, w, dout, p);
+            conv_data d = {ft_tensor_data(dx_to), ft_tensor_data(w), ft_tensor_data(dout), NULL};
+            s = execute(&k, &d);
         }
+        if (s == FT_OK && dw_to)
+            s = ft_deterministic() ? backward_weights_deterministic(dw_to, dout, inp, p, acc.weight)
+                                   : backward_weights(dw_to, dout, inp, p, false);
     }
-    if (dw) {
-        if (empty)
-            FT_TRY(ft_tensor_fill(dw, (ft_scalar){.kind = FT_SCALAR_FLOAT, .f = 0}));
-        else if (ft_deterministic())
-            FT_TRY(backward_weights_deterministic(dw, dout, inp, p));
-        else
-            FT_TRY(backward_weights(dw, dout, inp, p, false));
-    }
-    return db ? ft_bias_grad(db, dout) : FT_OK;
+    s = ft_grad_out_end(&gw, ft_grad_out_end(&gx, s));
+    FT_TRY(s);
+    return db ? ft_bias_grad(db, dout, acc.bias) : FT_OK;
 }

@@ -10,6 +10,7 @@
 
 #include "core/tensor.h"
 #include "kernels/activation.h"
+#include "ops/gradient.h"
 
 typedef struct {
     int64_t stride[2];
@@ -35,9 +36,9 @@ ft_status ft_conv2d_forward(const ft_tensor *out, const ft_tensor *inp, const ft
 /* Gradients from dout (N, K, P, Q), the gradient of the convolution's own
  * output (before any fused activation: the caller applies its backward
  * first). Each of dinp (N, C, H, W), dw (K, C/G, R, S), db (K) may be NULL;
- * each is written (=), never accumulated. */
+ * each is written (=), or added to (+=) as `acc` says (ops/gradient.h). */
 ft_status ft_conv2d_backward(const ft_tensor *dinp, const ft_tensor *dw, const ft_tensor *db,
                              const ft_tensor *dout, const ft_tensor *inp, const ft_tensor *w,
-                             const ft_conv2d_params *p);
+                             const ft_conv2d_params *p, ft_grad_acc acc);
 
 #endif

@@ -5,6 +5,7 @@
 
 #include "ops/check.h"
 #include "ops/cuda_ops.h"
+#include "ops/gradient.h"
 #include "ops/pointwise.h"
 
 /* Rows per partial sum of the parameter gradients (fixes their order). */
@@ -78,12 +79,13 @@ FT_VEC_CLONES static void forward_row(float *y, float *mean, float *rstd, const 
         *rstd = rs;
 }
 
-/* One row of the backward: its input gradient into dx (NULL: none; dx may
- * be dy itself, each element being read before it is written), and its
+/* One row of the backward: its input gradient into dx (NULL: none; added
+ * to it with acc; dx may be dy itself, each element being read before it is
+ * written), and its
  * terms of the parameter gradients added to pw and pb (NULL: none), all in
  * one pass after the row's sums. */
 FT_VEC_CLONES static void backward_row(float *dx, double *pw, double *pb, const float *x, const float *dy,
-                                       const float *w, float mean, float rstd, int64_t D) {
+                                       const float *w, float mean, float rstd, int64_t D, bool acc) {
     float ma = 0.0f, mc = 0.0f;
     if (dx) {
         double a[LANES] = {0}, c[LANES] = {0}; /* sums of g = dy * w and of g * xhat */
@@ -115,8 +117,10 @@ FT_VEC_CLONES static void backward_row(float *dx, double *pw, double *pb, const 
             pw[d] += (double)dyd * xd;
             pb[d] += dyd;
         }
-        if (dx)
-            dx[d] = rstd * ((w ? dyd * w[d] : dyd) - ma - xd * mc);
+        if (dx) {
+            float v = rstd * ((w ? dyd * w[d] : dyd) - ma - xd * mc);
+            dx[d] = acc ? dx[d] + v : v;
+        }
     }
 }
 
@@ -151,7 +155,8 @@ ft_status ft_layernorm_forward(const ft_tensor *out, const ft_tensor *save_mean,
 
 ft_status ft_layernorm_backward(const ft_tensor *dinp, const ft_tensor *dweight, const ft_tensor *dbias,
                                 const ft_tensor *dout, const ft_tensor *inp, const ft_tensor *weight,
-                                const ft_tensor *save_mean, const ft_tensor *save_rstd, int64_t norm_size) {
+                                const ft_tensor *save_mean, const ft_tensor *save_rstd, int64_t norm_size,
+                                ft_grad_acc acc) {
     const char *op = "layer_norm_backward";
     ft_device dev = ft_op_device(inp);
     int64_t R, D = norm_size;
@@ -168,8 +173,19 @@ ft_status ft_layernorm_backward(const ft_tensor *dinp, const ft_tensor *dweight,
         return ft_fail(FT_ERR_VALUE, "%s: save_mean and save_rstd are required", op);
     FT_TRY(check_vec(op, "save_mean", save_mean, R, dev));
     FT_TRY(check_vec(op, "save_rstd", save_rstd, R, dev));
-    if (dev.type == FT_DEV_CUDA)
-        FT_CUDA_DISPATCH(op, layernorm_backward, dinp, dweight, dbias, dout, inp, weight, save_mean, save_rstd, D);
+    if (dinp && acc.inp && dinp->storage == dout->storage && dinp->offset == dout->offset)
+        return ft_fail(FT_ERR_VALUE, "%s: grad_input cannot accumulate into grad_output itself", op);
+    if (dev.type == FT_DEV_CUDA) { /* the backend writes: accumulation is staged */
+        ft_grad_out gx, gw, gb;
+        const ft_tensor *dx_to, *dw_to, *db_to;
+        FT_TRY(ft_grad_out_begin(&gx, dinp, acc.inp, &dx_to));
+        ft_status s = ft_grad_out_begin(&gw, dweight, acc.weight, &dw_to);
+        if (s == FT_OK)
+            s = ft_grad_out_begin(&gb, dbias, acc.bias, &db_to);
+        if (s == FT_OK)
+            s = FT_CUDA_CALL(op, layernorm_backward, dx_to, dw_to, db_to, dout, inp, weight, save_mean, save_rstd, D);
+        return ft_grad_out_end(&gb, ft_grad_out_end(&gw, ft_grad_out_end(&gx, s)));
+    }
     const float *x = (const float *)ft_tensor_data(inp), *dy = (const float *)ft_tensor_data(dout);
     const float *w = weight ? (const float *)ft_tensor_data(weight) : NULL;
     const float *mean = (const float *)ft_tensor_data(save_mean), *rstd = (const float *)ft_tensor_data(save_rstd);
@@ -186,7 +202,8 @@ ft_status ft_layernorm_backward(const ft_tensor *dinp, const ft_tensor *dweight,
         double *pw = part ? part + k * 2 * D : NULL, *pb = part ? part + k * 2 * D + D : NULL;
         int64_t end = (k + 1) * CHUNK < R ? (k + 1) * CHUNK : R;
         for (int64_t r = k * CHUNK; r < end; r++)
-            backward_row(dx ? dx + r * D : NULL, pw, pb, x + r * D, dy + r * D, w, mean[r], rstd[r], D);
+            backward_row(dx ? dx + r * D : NULL, pw, pb, x + r * D, dy + r * D, w, mean[r], rstd[r], D,
+                         acc.inp);
     }
     for (int64_t d = 0; params && d < D; d++) {
         double sw = 0, sb = 0;
@@ -194,10 +211,14 @@ ft_status ft_layernorm_backward(const ft_tensor *dinp, const ft_tensor *dweight,
             sw += part[k * 2 * D + d];
             sb += part[k * 2 * D + D + d];
         }
-        if (dweight)
-            ((float *)ft_tensor_data(dweight))[d] = (float)sw;
-        if (dbias)
-            ((float *)ft_tensor_data(dbias))[d] = (float)sb;
+        if (dweight) {
+            float *o = (float *)ft_tensor_data(dweight) + d;
+            *o = acc.weight ? *o + (float)sw : (float)sw;
+        }
+        if (dbias) {
+            float *o = (float *)ft_tensor_data(dbias) + d;
+            *o = acc.bias ? *o + (float)sb : (float)sb;
+        }
     }
     free(part);
     return FT_OK;

@@ -6,6 +6,7 @@
 #include "core/settings.h"
 #include "ops/check.h"
 #include "ops/cuda_ops.h"
+#include "ops/gradient.h"
 #include "ops/onednn.h"
 #include "ops/reduce.h"
 
@@ -29,7 +30,7 @@ static operand transposed(const ft_tensor *t) {
 }
 
 typedef struct {
-    bool bias, single_thread;
+    bool bias, sum, single_thread;
     int act;
     float alpha;
     int64_t src[4], wei[4], dst[4]; /* dims then strides */
@@ -64,15 +65,16 @@ static ft_status build(dnnl_primitive_desc_t *pd, const void *arg) {
     dnnl_primitive_attr_t attr;
     FT_TRY(ft_dnnl_attr(&attr));
     ft_status s = FT_OK;
-    if (k->act) {
+    if (k->act || k->sum) {
         dnnl_post_ops_t po;
         s = ft_dnnl_check(dnnl_post_ops_create(&po), "linear post-ops");
-        if (s == FT_OK) {
+        if (s == FT_OK && k->sum) /* dst += the product: how gradients accumulate */
+            s = ft_dnnl_check(dnnl_post_ops_append_sum(po, 1.0f), "linear sum post-op");
+        if (s == FT_OK && k->act)
             s = ft_dnnl_append_act(po, (ft_act){(ft_act_kind)k->act, k->alpha});
-            if (s == FT_OK)
-                s = ft_dnnl_check(dnnl_primitive_attr_set_post_ops(attr, po), "linear post-ops");
-            dnnl_post_ops_destroy(po);
-        }
+        if (s == FT_OK)
+            s = ft_dnnl_check(dnnl_primitive_attr_set_post_ops(attr, po), "linear post-ops");
+        dnnl_post_ops_destroy(po);
     }
     if (s == FT_OK) {
         int threads = omp_get_max_threads();
@@ -86,9 +88,9 @@ static ft_status build(dnnl_primitive_desc_t *pd, const void *arg) {
     return s;
 }
 
-/* dst = act(src @ wei + bias) for one matmul. */
+/* dst = act(src @ wei + bias), or dst += src @ wei with sum, for one matmul. */
 static ft_status matmul(const operand *src, const operand *wei, const operand *dst, const float *bias, ft_act act,
-                        bool single_thread) {
+                        bool sum, bool single_thread) {
     mm_key k;
     memset(&k, 0, sizeof k);
     put(k.src, src);
@@ -98,6 +100,7 @@ static ft_status matmul(const operand *src, const operand *wei, const operand *d
     k.bias = bias != NULL;
     k.act = act.kind;
     k.alpha = act.alpha;
+    k.sum = sum;
     k.single_thread = single_thread;
     const ft_dnnl_prim *prim = NULL;
     FT_TRY(ft_dnnl_get(&prim, &k, sizeof k, build, &k));
@@ -128,15 +131,15 @@ static operand cols(const operand *o, int64_t c0, int64_t c1) {
  * primitive planned for one thread), so every row is computed the same way
  * whatever the thread count. */
 static ft_status matmul_rows(const operand *src, const operand *wei, const operand *dst, const float *bias,
-                             ft_act act) {
+                             ft_act act, bool sum) {
     if (!ft_deterministic())
-        return matmul(src, wei, dst, bias, act, false);
+        return matmul(src, wei, dst, bias, act, sum, false);
     int64_t n = src->dims[0], chunks = n < DET_CHUNKS ? n : DET_CHUNKS;
     ft_status st[DET_CHUNKS];
 #pragma omp parallel for schedule(static)
     for (int64_t c = 0; c < chunks; c++) {
         operand s = rows(src, n * c / chunks, n * (c + 1) / chunks), d = rows(dst, n * c / chunks, n * (c + 1) / chunks);
-        st[c] = matmul(&s, wei, &d, bias, act, true);
+        st[c] = matmul(&s, wei, &d, bias, act, sum, true);
     }
     for (int64_t c = 0; c < chunks; c++)
         FT_TRY(st[c]);
@@ -186,14 +189,15 @@ ft_status ft_linear_forward(const ft_tensor *out, const ft_tensor *x, const ft_t
     if (ft_op_device(x).type == FT_DEV_CUDA)
         FT_CUDA_DISPATCH("linear", linear_forward, out, x, w, b, act);
     operand src = as_is(x), wei = transposed(w), dst = as_is(out);
-    return matmul_rows(&src, &wei, &dst, b ? (const float *)ft_tensor_data(b) : NULL, act);
+    return matmul_rows(&src, &wei, &dst, b ? (const float *)ft_tensor_data(b) : NULL, act, false);
 }
 
-/* dw (O, I) = dout^T (O, N) @ x (N, I); deterministic mode sums fixed slices of N in order. */
-static ft_status weight_grad(const ft_tensor *dw, const ft_tensor *dout, const ft_tensor *x) {
+/* dw (O, I) = (or += with accumulate) dout^T (O, N) @ x (N, I); deterministic
+ * mode sums fixed slices of N in order. */
+static ft_status weight_grad(const ft_tensor *dw, const ft_tensor *dout, const ft_tensor *x, bool accumulate) {
     operand src = transposed(dout), wei = as_is(x), dst = as_is(dw);
     if (!ft_deterministic())
-        return matmul(&src, &wei, &dst, NULL, (ft_act){FT_ACT_NONE, 0}, false);
+        return matmul(&src, &wei, &dst, NULL, (ft_act){FT_ACT_NONE, 0}, accumulate, false);
     int64_t N = x->shape[0], chunks = N < DET_CHUNKS ? N : DET_CHUNKS, wn = ft_tensor_numel(dw);
     ft_tensor parts;
     int64_t pshape[3] = {chunks, dw->shape[0], dw->shape[1]};
@@ -205,7 +209,7 @@ static ft_status weight_grad(const ft_tensor *dw, const ft_tensor *dout, const f
         operand part_src = cols(&src, n0, n1), part_wei = rows(&wei, n0, n1);
         operand part_dst = {{dw->shape[0], dw->shape[1]}, {dw->shape[1], 1}, FT_FLOAT32,
                             (char *)ft_tensor_data(&parts) + c * wn * 4};
-        st[c] = matmul(&part_src, &part_wei, &part_dst, NULL, (ft_act){FT_ACT_NONE, 0}, true);
+        st[c] = matmul(&part_src, &part_wei, &part_dst, NULL, (ft_act){FT_ACT_NONE, 0}, false, true);
     }
     for (int64_t c = 0; c < chunks && s == FT_OK; c++)
         s = st[c];
@@ -215,10 +219,10 @@ static ft_status weight_grad(const ft_tensor *dw, const ft_tensor *dout, const f
         int64_t I = dw->shape[1];
 #pragma omp parallel for schedule(static)
         for (int64_t i = 0; i < wn; i++) {
-            float v = 0;
+            float *o = &out[(i / I) * dw->strides[0] + (i % I) * dw->strides[1]], v = accumulate ? *o : 0.0f;
             for (int64_t c = 0; c < chunks; c++)
                 v += p[c * wn + i];
-            out[(i / I) * dw->strides[0] + (i % I) * dw->strides[1]] = v;
+            *o = v;
         }
     }
     ft_tensor_release(&parts);
@@ -226,7 +230,7 @@ static ft_status weight_grad(const ft_tensor *dw, const ft_tensor *dout, const f
 }
 
 ft_status ft_linear_backward(const ft_tensor *dx, const ft_tensor *dw, const ft_tensor *db, const ft_tensor *dout,
-                             const ft_tensor *x, const ft_tensor *w) {
+                             const ft_tensor *x, const ft_tensor *w, ft_grad_acc acc) {
     FT_TRY(check_inputs(x, w));
     int64_t N = x->shape[0], I = x->shape[1], O = w->shape[0];
     FT_TRY(check("grad_output", dout, x, N, O, true));
@@ -243,27 +247,31 @@ ft_status ft_linear_backward(const ft_tensor *dx, const ft_tensor *dw, const ft_
         FT_TRY(ft_check_output("linear_backward", "grad_bias", db));
     }
     ft_scalar zero = {.kind = FT_SCALAR_FLOAT, .f = 0};
-    bool cuda = ft_op_device(x).type == FT_DEV_CUDA;
-    if (dx && N && I) {
-        if (O == 0) {
-            FT_TRY(ft_tensor_fill(dx, zero));
-        } else if (cuda) {
-            FT_TRY(FT_CUDA_CALL("linear_backward", linear_backward, dx, NULL, NULL, dout, x, w));
-        } else {
-            operand src = as_is(dout), wei = as_is(w), dst = as_is(dx);
-            FT_TRY(matmul_rows(&src, &wei, &dst, NULL, (ft_act){FT_ACT_NONE, 0}));
-        }
+    if (dx && N && I && O == 0 && !acc.inp) /* empty sums */
+        FT_TRY(ft_tensor_fill(dx, zero));
+    if (dw && O && I && N == 0 && !acc.weight)
+        FT_TRY(ft_tensor_fill(dw, zero));
+    bool dx_work = dx && N && I && O, dw_work = dw && O && I && N;
+    if (ft_op_device(x).type == FT_DEV_CUDA) { /* the backend writes: accumulation is staged */
+        ft_grad_out gx, gw, gb;
+        const ft_tensor *dx_to, *dw_to, *db_to;
+        FT_TRY(ft_grad_out_begin(&gx, dx_work ? dx : NULL, acc.inp, &dx_to));
+        ft_status s = ft_grad_out_begin(&gw, dw_work ? dw : NULL, acc.weight, &dw_to);
+        if (s == FT_OK)
+            s = ft_grad_out_begin(&gb, dw_work ? db : NULL, acc.bias, &db_to);
+        if (s == FT_OK && dx_to)
+            s = FT_CUDA_CALL("linear_backward", linear_backward, dx_to, NULL, NULL, dout, x, w);
+        if (s == FT_OK && dw_to) /* CUDA computes db with dw's product */
+            s = FT_CUDA_CALL("linear_backward", linear_backward, NULL, dw_to, db_to, dout, x, w);
+        s = ft_grad_out_end(&gb, ft_grad_out_end(&gw, ft_grad_out_end(&gx, s)));
+        FT_TRY(s);
+        return db && !dw_work ? ft_bias_grad(db, dout, acc.bias) : FT_OK;
     }
-    bool db_done = false; /* CUDA computes db with dw's product */
-    if (dw && O && I) {
-        if (N == 0) {
-            FT_TRY(ft_tensor_fill(dw, zero));
-        } else if (cuda) {
-            FT_TRY(FT_CUDA_CALL("linear_backward", linear_backward, NULL, dw, db, dout, x, w));
-            db_done = true;
-        } else {
-            FT_TRY(weight_grad(dw, dout, x));
-        }
+    if (dx_work) {
+        operand src = as_is(dout), wei = as_is(w), dst = as_is(dx);
+        FT_TRY(matmul_rows(&src, &wei, &dst, NULL, (ft_act){FT_ACT_NONE, 0}, acc.inp));
     }
-    return db && !db_done ? ft_bias_grad(db, dout) : FT_OK;
+    if (dw_work)
+        FT_TRY(weight_grad(dw, dout, x, acc.weight));
+    return db ? ft_bias_grad(db, dout, acc.bias) : FT_OK;
 }

@@ -8,14 +8,16 @@
 
 #include "core/tensor.h"
 #include "kernels/activation.h"
+#include "ops/gradient.h"
 
 /* out (N, O) = act(x (N, I) @ w (O, I)^T + b (O)); b may be NULL. */
 ft_status ft_linear_forward(const ft_tensor *out, const ft_tensor *x, const ft_tensor *w, const ft_tensor *b,
                             ft_act act);
 
 /* Gradients from dout (N, O), the gradient of the pre-activation output.
- * dx (N, I), dw (O, I), db (O) may each be NULL; each is written (=). */
+ * dx (N, I), dw (O, I), db (O) may each be NULL; each is written (=), or
+ * added to (+=) as `acc` says (ops/gradient.h). */
 ft_status ft_linear_backward(const ft_tensor *dx, const ft_tensor *dw, const ft_tensor *db, const ft_tensor *dout,
-                             const ft_tensor *x, const ft_tensor *w);
+                             const ft_tensor *x, const ft_tensor *w, ft_grad_acc acc);
 
 #endif

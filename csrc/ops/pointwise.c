@@ -30,15 +30,8 @@ bool ft_pw_plan_make(ft_pw_plan *pl, const ft_pw_loop *l) {
     /* outermost first: by decreasing |stride| of operand 0, stable; kernels
      * that need the C-order index walk in C order instead, so that their runs
      * are consecutive elements (dropout draws 4 per Philox block) */
-    for (int i = 1; i < nd && !l->need_index; i++) {
-        int d = order[i], j = i;
-        int64_t s = llabs(t0->strides[d]);
-        while (j > 0 && llabs(t0->strides[order[j - 1]]) < s) {
-            order[j] = order[j - 1];
-            j--;
-        }
-        order[j] = d;
-    }
+    if (!l->need_index)
+        ft_sort_dims_by_stride(order, nd, t0->strides);
     pl->ndim = 0;
     for (int i = 0; i < nd; i++) {
         int d = order[i];

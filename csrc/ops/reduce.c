@@ -6,6 +6,7 @@
 #include "kernels/convert.h"
 #include "ops/check.h"
 #include "ops/cuda_ops.h"
+#include "ops/gradient.h"
 
 /* Rows per partial sum: the partials, not the threads, fix the order. */
 #define CHUNK 256
@@ -64,7 +65,7 @@ ft_status ft_channel_sums(double *sums, double *sq, const float *shift, const ft
     return FT_OK;
 }
 
-ft_status ft_bias_grad(const ft_tensor *db, const ft_tensor *dout) {
+ft_status ft_bias_grad(const ft_tensor *db, const ft_tensor *dout, bool accumulate) {
     const char *op = "bias_grad";
     ft_device dev = ft_op_device(dout);
     FT_TRY(ft_check_float(op, "dout", dout, true));
@@ -73,8 +74,12 @@ ft_status ft_bias_grad(const ft_tensor *db, const ft_tensor *dout) {
         return ft_fail(FT_ERR_SHAPE, "%s: dout must be (N, C) or (N, C, H, W), got %d dimensions", op, dout->ndim);
     FT_TRY(ft_check_shape(op, "db", db, 1, &dout->shape[1]));
     FT_TRY(ft_check_output(op, "db", db));
-    if (dev.type == FT_DEV_CUDA)
-        FT_CUDA_DISPATCH(op, bias_grad, db, dout);
+    if (dev.type == FT_DEV_CUDA) {
+        ft_grad_out g;
+        const ft_tensor *to;
+        FT_TRY(ft_grad_out_begin(&g, db, accumulate, &to));
+        return ft_grad_out_end(&g, FT_CUDA_CALL(op, bias_grad, to, dout));
+    }
     int64_t C = db->shape[0];
     double *sums = malloc((size_t)(C ? C : 1) * sizeof *sums);
     if (!sums)
@@ -82,7 +87,7 @@ ft_status ft_bias_grad(const ft_tensor *db, const ft_tensor *dout) {
     ft_status s = ft_channel_sums(sums, NULL, NULL, dout);
     float *out = (float *)ft_tensor_data(db);
     for (int64_t c = 0; s == FT_OK && c < C; c++)
-        out[c * db->strides[0]] = (float)sums[c];
+        out[c * db->strides[0]] = accumulate ? out[c * db->strides[0]] + (float)sums[c] : (float)sums[c];
     free(sums);
     return s;
 }

@@ -11,7 +11,8 @@
  * of (t - shift[c]) too (shift may be NULL for zero). */
 ft_status ft_channel_sums(double *sums, double *sq, const float *shift, const ft_tensor *t);
 
-/* db (C) = the channel sums of dout as float32: the gradient of a bias. */
-ft_status ft_bias_grad(const ft_tensor *db, const ft_tensor *dout);
+/* db (C) = (or += with accumulate, ops/gradient.h) the channel sums of dout
+ * as float32: the gradient of a bias. */
+ft_status ft_bias_grad(const ft_tensor *db, const ft_tensor *dout, bool accumulate);
 
 #endif

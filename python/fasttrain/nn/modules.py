@@ -64,14 +64,19 @@ class Module:
     def children(self):
         return iter(self._modules.values())
 
-    def _named(self, table):
+    def _named(self, table, remove_duplicate=True):
+        seen = set()
         for prefix, module in self.named_modules():
             for name, t in getattr(module, table).items():
-                if t is not None:
-                    yield (f"{prefix}.{name}" if prefix else name), t
+                if t is None or (remove_duplicate and id(t) in seen):
+                    continue
+                seen.add(id(t))
+                yield (f"{prefix}.{name}" if prefix else name), t
 
-    def named_parameters(self):
-        return self._named("_parameters")
+    def named_parameters(self, remove_duplicate=True):
+        """(name, parameter) pairs; a parameter shared by several modules (tied weights) comes once, under its
+        first name, unless remove_duplicate=False (as PyTorch)."""
+        return self._named("_parameters", remove_duplicate)
 
     def parameters(self):
         return (p for _, p in self.named_parameters())
@@ -105,14 +110,14 @@ class Module:
     def state_dict(self):
         """Parameters and buffers as NumPy arrays (copies), under PyTorch's key names."""
         out = OrderedDict()
-        for name, t in list(self.named_parameters()) + list(self.named_buffers()):
+        for name, t in list(self.named_parameters(remove_duplicate=False)) + list(self.named_buffers()):
             out[name] = t.cpu().numpy().copy()
         return out
 
     def load_state_dict(self, state, strict=True):
         """Copies arrays (or tensors) into the parameters and buffers; checks every shape first so that a
         mismatch changes nothing."""
-        own = OrderedDict(list(self.named_parameters()) + list(self.named_buffers()))
+        own = OrderedDict(list(self.named_parameters(remove_duplicate=False)) + list(self.named_buffers()))
         missing = [k for k in own if k not in state]
         unexpected = [k for k in state if k not in own]
         if strict and (missing or unexpected):

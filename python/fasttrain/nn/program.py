@@ -13,9 +13,13 @@ from .._types import _BY_NAME
 from . import modules as M
 from .graph import Input, Symbolic, topological
 
+# Node kinds and activations as the extension numbers them.
+_K = _C.NODE_KINDS
 (INPUT, CONV2D, LINEAR, BATCHNORM, ACT, MAXPOOL, AVGPOOL, ADAPTIVE_AVGPOOL, ADAPTIVE_MAXPOOL, ADD, CAT, FLATTEN,
- DROPOUT, IDENTITY, LAYERNORM) = range(15)
-ACTS = {"relu": 1, "leaky_relu": 2, "gelu": 3, "gelu_tanh": 4, "silu": 5, "sigmoid": 6, "tanh": 7}
+ DROPOUT, IDENTITY, LAYERNORM) = (_K[k] for k in (
+    "input", "conv2d", "linear", "batch_norm", "activation", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
+    "adaptive_max_pool2d", "add", "cat", "flatten", "dropout", "identity", "layer_norm"))
+ACTS = _C.ACTIVATIONS
 # Activations whose derivative follows from their output: these can be fused
 # into an op that does not keep the activation's input.
 FROM_OUTPUT = {"relu", "sigmoid", "tanh", "leaky_relu"}

@@ -1,0 +1,50 @@
+/* A node kind is a row of ft_node_kinds: what the program needs to plan it
+ * (inputs, saved data, whether it is a view of its input) and to run it
+ * (forward, backward). The program (nn/program.c) plans memory and walks the
+ * node list; it prepares every tensor a row reads or writes, so a row only
+ * calls its ops. Adding a kind is adding a row in nn/nodes.c and its name in
+ * FT_NODE_KIND_LIST.
+ *
+ * Legend: N the rows of the (micro-)batch, (...) a node's per-sample shape. */
+#ifndef FT_NN_NODE_H
+#define FT_NN_NODE_H
+
+#include "nn/program.h"
+
+/* Everything one forward or backward of one node reads and writes. */
+typedef struct {
+    const ft_node *nd;
+    bool training; /* the training step: batch statistics, dropout, saved data */
+    int nin;
+    ft_tensor in[FT_NODE_MAX_INPUTS]; /* (N, ...) the inputs' outputs */
+    ft_tensor out;                    /* (N, ...) */
+    ft_tensor aux;                    /* (aux_bytes) uint8: what the node saves for its backward */
+    /* backward */
+    ft_tensor dout;                           /* (N, ...) the gradient of out; the row may overwrite it */
+    const ft_tensor *din[FT_NODE_MAX_INPUTS]; /* the inputs' gradients, NULL where none is wanted */
+    bool din_acc[FT_NODE_MAX_INPUTS];         /* the gradient rule for each: add (true) or write */
+    const ft_tensor *dweight, *dbias;         /* NULL for a frozen or absent parameter */
+    bool dweight_acc, dbias_acc;
+    /* dropout: the Philox key, and where this node's mask starts */
+    uint64_t seed, mask_offset;
+} ft_node_run;
+
+typedef struct {
+    const char *name;
+    int min_inputs, max_inputs;
+    int ndim; /* the per-sample rank every input must have, 0 for any */
+    /* Bytes saved for the backward by a forward over `rows` samples. */
+    int64_t (*aux_bytes)(const ft_node *nd, int64_t rows);
+    /* Whether the output is the (first) input's memory seen anew, with no
+     * op run; `in` is that input's node. NULL: never. */
+    bool (*is_view)(const ft_node *nd, const ft_node *in, bool channels_last, bool training);
+    ft_status (*forward)(const ft_node_run *r);
+    ft_status (*backward)(const ft_node_run *r);
+} ft_node_kind_info;
+
+extern const ft_node_kind_info ft_node_kinds[FT_NODE_NKINDS];
+
+/* The element count of a per-sample shape. */
+int64_t ft_node_numel(const ft_node *nd);
+
+#endif

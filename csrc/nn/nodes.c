@@ -1,0 +1,286 @@
+/* The rows of ft_node_kinds (nn/node.h): one forward and one backward per
+ * kind, each a call of its ops on the tensors the program prepared. */
+#include <string.h>
+
+#include "nn/node.h"
+#include "ops/activation.h"
+#include "ops/check.h"
+#include "ops/cuda_ops.h"
+#include "ops/dropout.h"
+#include "ops/elementwise.h"
+#include "ops/layernorm.h"
+#include "ops/linear.h"
+
+static const ft_act no_act = {FT_ACT_NONE, 0};
+
+int64_t ft_node_numel(const ft_node *nd) {
+    int64_t k = 1;
+    for (int d = 0; d < nd->ndim; d++)
+        k *= nd->shape[d];
+    return k;
+}
+
+static const ft_tensor *param(const ft_tensor *t) { return t->storage ? t : NULL; }
+
+static ft_grad_acc acc_of(const ft_node_run *r) { return (ft_grad_acc){r->din_acc[0], r->dweight_acc, r->dbias_acc}; }
+
+/* aux seen as `n` float32 (or int32) values from element `at`. */
+static ft_tensor aux_vector(const ft_node_run *r, int64_t at, int64_t n) {
+    ft_tensor t = {.storage = r->aux.storage, .offset = r->aux.offset + at * 4, .dtype = FT_FLOAT32, .ndim = 1,
+                   .shape = {n}, .strides = {1}};
+    return t;
+}
+
+/* ---- the input, identity, flatten ---- */
+
+static bool always_view(const ft_node *nd, const ft_node *in, bool channels_last, bool training) { return true; }
+
+static bool is_image(const ft_node *nd) { return nd->ndim == 3; }
+
+/* A flatten is a view when the input's per-sample order is its memory order. */
+static bool flatten_is_view(const ft_node *nd, const ft_node *in, bool channels_last, bool training) {
+    return !is_image(in) || !channels_last || (in->shape[1] == 1 && in->shape[2] == 1) || in->shape[0] == 1;
+}
+
+/* (N, ...) of t's elements as a dense tensor of `like`'s shape. */
+static ft_tensor reshaped(const ft_tensor *t, const ft_tensor *like) {
+    ft_tensor v = *t;
+    v.ndim = like->ndim;
+    memcpy(v.shape, like->shape, sizeof v.shape);
+    ft_contiguous_strides(v.strides, v.ndim, v.shape);
+    return v;
+}
+
+/* The copying flatten of channels-last images: gathered into (C, H, W) order. */
+static ft_status flatten_forward(const ft_node_run *r) {
+    ft_tensor dst = reshaped(&r->out, &r->in[0]);
+    return ft_tensor_copy(&dst, &r->in[0], false);
+}
+
+static ft_status flatten_backward(const ft_node_run *r) {
+    ft_tensor g = reshaped(&r->dout, &r->in[0]);
+    return r->din_acc[0] ? ft_add_forward(r->din[0], r->din[0], &g, no_act) : ft_tensor_copy(r->din[0], &g, false);
+}
+
+/* ---- convolution and linear, with a fused activation ---- */
+
+static ft_status conv2d_forward(const ft_node_run *r) {
+    const ft_node *nd = r->nd;
+    ft_conv2d_fusion fusion = {.act = nd->act};
+    return ft_conv2d_forward(&r->out, &r->in[0], param(&nd->weight), param(&nd->bias), &nd->conv, &fusion);
+}
+
+/* The fused activation's backward, in place on dout: the op's own gradient. */
+static ft_status unfuse(const ft_node_run *r) {
+    if (r->nd->act.kind == FT_ACT_NONE)
+        return FT_OK;
+    return ft_activation_backward(&r->dout, &r->dout, NULL, &r->out, r->nd->act, false);
+}
+
+static ft_status conv2d_backward(const ft_node_run *r) {
+    FT_TRY(unfuse(r));
+    return ft_conv2d_backward(r->din[0], r->dweight, r->dbias, &r->dout, &r->in[0], &r->nd->weight, &r->nd->conv,
+                              acc_of(r));
+}
+
+static ft_status linear_forward(const ft_node_run *r) {
+    return ft_linear_forward(&r->out, &r->in[0], param(&r->nd->weight), param(&r->nd->bias), r->nd->act);
+}
+
+static ft_status linear_backward(const ft_node_run *r) {
+    FT_TRY(unfuse(r));
+    return ft_linear_backward(r->din[0], r->dweight, r->dbias, &r->dout, &r->in[0], &r->nd->weight, acc_of(r));
+}
+
+/* ---- normalization ---- */
+
+static int64_t batchnorm_aux(const ft_node *nd, int64_t rows) { return 2 * nd->shape[0] * 4; /* mean, invstd */ }
+
+/* counter (() int64) += 1 where it lives. */
+static ft_status count_batch(const ft_tensor *counter) {
+    if (ft_op_device(counter).type == FT_DEV_CUDA)
+        return FT_CUDA_CALL("batch_norm", increment, counter);
+    ++*(int64_t *)ft_tensor_data(counter);
+    return FT_OK;
+}
+
+static ft_status batchnorm_forward(const ft_node_run *r) {
+    const ft_node *nd = r->nd;
+    int64_t C = nd->shape[0];
+    ft_tensor mean = aux_vector(r, 0, C), invstd = aux_vector(r, C, C);
+    ft_batchnorm_params bn = nd->bn;
+    bn.training = r->training && nd->bn.training;
+    bn.act = nd->act;
+    if (bn.training && nd->num_batches.storage)
+        FT_TRY(count_batch(&nd->num_batches));
+    return ft_batchnorm_forward(&r->out, &mean, &invstd, &r->in[0], param(&nd->weight), param(&nd->bias),
+                                param(&nd->running_mean), param(&nd->running_var), &bn);
+}
+
+static ft_status batchnorm_backward(const ft_node_run *r) {
+    const ft_node *nd = r->nd;
+    int64_t C = nd->shape[0];
+    ft_tensor mean = aux_vector(r, 0, C), invstd = aux_vector(r, C, C);
+    ft_batchnorm_params bn = nd->bn;
+    bn.act = nd->act;
+    return ft_batchnorm_backward(r->din[0], r->dweight, r->dbias, &r->dout, &r->in[0], &r->out, param(&nd->weight),
+                                 &mean, &invstd, &bn, acc_of(r));
+}
+
+/* The elements a layer norm normalizes together: its trailing norm_dims. */
+static int64_t norm_size(const ft_node *nd) {
+    int64_t d = 1;
+    for (int k = nd->ndim - nd->norm_dims; k < nd->ndim; k++)
+        d *= nd->shape[k];
+    return d;
+}
+
+static int64_t layernorm_aux(const ft_node *nd, int64_t rows) {
+    return 2 * rows * (ft_node_numel(nd) / norm_size(nd)) * 4; /* each row's mean and rstd */
+}
+
+static ft_status layernorm_forward(const ft_node_run *r) {
+    const ft_node *nd = r->nd;
+    int64_t n = r->out.shape[0] * (ft_node_numel(nd) / norm_size(nd));
+    ft_tensor mean = aux_vector(r, 0, n), rstd = aux_vector(r, n, n);
+    return ft_layernorm_forward(&r->out, &mean, &rstd, &r->in[0], param(&nd->weight), param(&nd->bias),
+                                norm_size(nd), nd->eps);
+}
+
+static ft_status layernorm_backward(const ft_node_run *r) {
+    const ft_node *nd = r->nd;
+    int64_t n = r->out.shape[0] * (ft_node_numel(nd) / norm_size(nd));
+    ft_tensor mean = aux_vector(r, 0, n), rstd = aux_vector(r, n, n);
+    return ft_layernorm_backward(r->din[0], r->dweight, r->dbias, &r->dout, &r->in[0], param(&nd->weight), &mean,
+                                 &rstd, norm_size(nd), acc_of(r));
+}
+
+/* ---- activations and dropout ---- */
+
+static ft_status act_forward(const ft_node_run *r) { return ft_activation_forward(&r->out, &r->in[0], r->nd->act); }
+
+static ft_status act_backward(const ft_node_run *r) {
+    return ft_activation_backward(r->din[0], &r->dout, &r->in[0], &r->out, r->nd->act, r->din_acc[0]);
+}
+
+static bool dropout_is_view(const ft_node *nd, const ft_node *in, bool channels_last, bool training) {
+    return !training || nd->dropout_p == 0;
+}
+
+static ft_status dropout_forward(const ft_node_run *r) {
+    ft_dropout_params dp = {r->nd->dropout_p, r->seed, r->mask_offset};
+    return ft_dropout_forward(&r->out, &r->in[0], &dp);
+}
+
+static ft_status dropout_backward(const ft_node_run *r) {
+    ft_dropout_params dp = {r->nd->dropout_p, r->seed, r->mask_offset};
+    return ft_dropout_backward(r->din[0], &r->dout, &dp, r->din_acc[0]);
+}
+
+/* ---- pooling ---- */
+
+static int64_t indices_aux(const ft_node *nd, int64_t rows) { return rows * ft_node_numel(nd) * 4; }
+
+/* The int32 argmax indices, laid out as the output. */
+static ft_tensor indices(const ft_node_run *r) {
+    ft_tensor t = r->out;
+    t.storage = r->aux.storage;
+    t.offset = r->aux.offset;
+    t.dtype = FT_INT32;
+    return t;
+}
+
+static ft_status maxpool_forward(const ft_node_run *r) {
+    ft_tensor idx = indices(r);
+    return ft_max_pool2d_forward(&r->out, &idx, &r->in[0], &r->nd->pool);
+}
+
+static ft_status maxpool_backward(const ft_node_run *r) {
+    ft_tensor idx = indices(r);
+    return ft_max_pool2d_backward(r->din[0], &r->dout, &idx, r->din_acc[0]);
+}
+
+static ft_status adaptive_maxpool_forward(const ft_node_run *r) {
+    ft_tensor idx = indices(r);
+    return ft_adaptive_max_pool2d_forward(&r->out, &idx, &r->in[0]);
+}
+
+static ft_status adaptive_maxpool_backward(const ft_node_run *r) {
+    ft_tensor idx = indices(r);
+    return ft_adaptive_max_pool2d_backward(r->din[0], &r->dout, &idx, r->din_acc[0]);
+}
+
+static ft_status avgpool_forward(const ft_node_run *r) {
+    return ft_avg_pool2d_forward(&r->out, &r->in[0], &r->nd->pool);
+}
+
+static ft_status avgpool_backward(const ft_node_run *r) {
+    return ft_avg_pool2d_backward(r->din[0], &r->dout, &r->nd->pool, r->din_acc[0]);
+}
+
+static ft_status adaptive_avgpool_forward(const ft_node_run *r) {
+    return ft_adaptive_avg_pool2d_forward(&r->out, &r->in[0]);
+}
+
+static ft_status adaptive_avgpool_backward(const ft_node_run *r) {
+    return ft_adaptive_avg_pool2d_backward(r->din[0], &r->dout, r->din_acc[0]);
+}
+
+/* ---- add and concatenation ---- */
+
+static ft_status add_forward(const ft_node_run *r) {
+    return ft_add_forward(&r->out, &r->in[0], &r->in[1], r->nd->act);
+}
+
+static ft_status add_backward(const ft_node_run *r) {
+    const ft_tensor *da = r->din[0], *db = r->din[1];
+    if (da && db && da->storage == db->storage && da->offset == db->offset) { /* x + x: one buffer, two halves */
+        FT_TRY(ft_add_backward(da, NULL, &r->dout, &r->in[0], &r->in[1], &r->out, r->nd->act, r->din_acc[0], false));
+        return ft_add_backward(da, NULL, &r->dout, &r->in[0], &r->in[1], &r->out, r->nd->act, true, false);
+    }
+    return ft_add_backward(da, db, &r->dout, &r->in[0], &r->in[1], &r->out, r->nd->act, r->din_acc[0],
+                           r->din_acc[1]);
+}
+
+static ft_status cat_forward(const ft_node_run *r) {
+    const ft_tensor *ins[FT_NODE_MAX_INPUTS];
+    for (int k = 0; k < r->nin; k++)
+        ins[k] = &r->in[k];
+    return ft_concat_forward(&r->out, ins, r->nin, 1);
+}
+
+/* The inputs that write go first, then those that add: an input read twice
+ * (cat([x, x])) is written by its first slice and added to by its second. */
+static ft_status cat_backward(const ft_node_run *r) {
+    const ft_tensor *fresh[FT_NODE_MAX_INPUTS], *more[FT_NODE_MAX_INPUTS];
+    int64_t sizes[FT_NODE_MAX_INPUTS];
+    bool any_more = false;
+    for (int k = 0; k < r->nin; k++) {
+        sizes[k] = r->in[k].shape[1];
+        fresh[k] = r->din_acc[k] ? NULL : r->din[k];
+        more[k] = r->din_acc[k] ? r->din[k] : NULL;
+        any_more |= more[k] != NULL;
+    }
+    FT_TRY(ft_concat_backward(fresh, sizes, r->nin, &r->dout, 1, false));
+    return any_more ? ft_concat_backward(more, sizes, r->nin, &r->dout, 1, true) : FT_OK;
+}
+
+const ft_node_kind_info ft_node_kinds[FT_NODE_NKINDS] = {
+    [FT_NODE_INPUT] = {"input", 0, 0, 0, NULL, always_view, NULL, NULL},
+    [FT_NODE_CONV2D] = {"conv2d", 1, 1, 3, NULL, NULL, conv2d_forward, conv2d_backward},
+    [FT_NODE_LINEAR] = {"linear", 1, 1, 1, NULL, NULL, linear_forward, linear_backward},
+    [FT_NODE_BATCHNORM] = {"batch_norm", 1, 1, 0, batchnorm_aux, NULL, batchnorm_forward, batchnorm_backward},
+    [FT_NODE_ACT] = {"activation", 1, 1, 0, NULL, NULL, act_forward, act_backward},
+    [FT_NODE_MAXPOOL] = {"max_pool2d", 1, 1, 3, indices_aux, NULL, maxpool_forward, maxpool_backward},
+    [FT_NODE_AVGPOOL] = {"avg_pool2d", 1, 1, 3, NULL, NULL, avgpool_forward, avgpool_backward},
+    [FT_NODE_ADAPTIVE_AVGPOOL] = {"adaptive_avg_pool2d", 1, 1, 3, NULL, NULL, adaptive_avgpool_forward,
+                                  adaptive_avgpool_backward},
+    [FT_NODE_ADAPTIVE_MAXPOOL] = {"adaptive_max_pool2d", 1, 1, 3, indices_aux, NULL, adaptive_maxpool_forward,
+                                  adaptive_maxpool_backward},
+    [FT_NODE_ADD] = {"add", 2, 2, 0, NULL, NULL, add_forward, add_backward},
+    [FT_NODE_CAT] = {"cat", 1, FT_NODE_MAX_INPUTS, 0, NULL, NULL, cat_forward, cat_backward},
+    [FT_NODE_FLATTEN] = {"flatten", 1, 1, 0, NULL, flatten_is_view, flatten_forward, flatten_backward},
+    [FT_NODE_DROPOUT] = {"dropout", 1, 1, 0, NULL, dropout_is_view, dropout_forward, dropout_backward},
+    [FT_NODE_IDENTITY] = {"identity", 1, 1, 0, NULL, always_view, NULL, NULL},
+    [FT_NODE_LAYERNORM] = {"layer_norm", 1, 1, 0, layernorm_aux, NULL, layernorm_forward, layernorm_backward},
+};
