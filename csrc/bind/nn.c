@@ -9,6 +9,7 @@
 
 #include <math.h>
 #include <omp.h>
+#include <stdlib.h>
 
 #include "data/loader.h"
 #include "nn/node.h"
@@ -21,6 +22,8 @@ typedef struct {
     ft_program *prog;
     PyObject *keep;        /* the node dicts and flat buffers, holding the parameter tensors */
     ft_tensor params, grads; /* the flat buffers (borrowed from `keep`) */
+    int64_t *trained;        /* (ntrained) sorted offsets in grads of the gradients the program writes */
+    int ntrained;
 } program_object;
 
 static ft_module_state *state_of(PyObject *self) { return ft_state_of_type(Py_TYPE(self)); }
@@ -94,8 +97,9 @@ static int parse_node(ft_module_state *st, PyObject *d, ft_node *nd) {
         return -1;
     }
     memset(nd, 0, sizeof *nd);
-    long long kind, groups, act, ceil_mode, include_pad, training, norm_dims;
-    int64_t shape[FT_NODE_MAX_DIMS];
+    long long kind, groups, act, ceil_mode, include_pad, training, norm_dims, slice_dim, slice_start, slice_step;
+    int64_t shape[FT_NODE_MAX_DIMS], perm[FT_NODE_MAX_DIMS];
+    int nperm;
     double alpha;
     int64_t inputs[FT_NODE_MAX_INPUTS];
     if (get_long(d, "kind", -1, &kind) < 0 || get_ints(d, "inputs", inputs, FT_NODE_MAX_INPUTS, &nd->ninputs) < 0 ||
@@ -122,8 +126,19 @@ static int parse_node(ft_module_state *st, PyObject *d, ft_node *nd) {
         get_long(d, "count_include_pad", 1, &include_pad) < 0 || get_double(d, "eps", 1e-5, &nd->bn.eps) < 0 ||
         get_double(d, "momentum", 0.1, &nd->bn.momentum) < 0 || get_long(d, "batch_stats", 1, &training) < 0 ||
         get_double(d, "p", 0.0, &nd->dropout_p) < 0 || get_long(d, "norm_dims", 0, &norm_dims) < 0 ||
-        get_double(d, "layer_eps", 1e-5, &nd->eps) < 0)
+        get_double(d, "layer_eps", 1e-5, &nd->eps) < 0 || get_double(d, "scale", 1.0, &nd->scale) < 0 ||
+        get_ints(d, "perm", perm, FT_NODE_MAX_DIMS, &nperm) < 0 || get_long(d, "slice_dim", 0, &slice_dim) < 0 ||
+        get_long(d, "slice_start", 0, &slice_start) < 0 || get_long(d, "slice_step", 1, &slice_step) < 0)
         return -1;
+    if (nperm && nperm != nd->ndim) {
+        PyErr_Format(PyExc_ValueError, "node field perm has %d entries for a %d-d shape", nperm, nd->ndim);
+        return -1;
+    }
+    for (int k = 0; k < nperm; k++)
+        nd->perm[k] = (int)perm[k];
+    nd->slice_dim = (int)slice_dim;
+    nd->slice_start = slice_start;
+    nd->slice_step = slice_step;
     nd->norm_dims = (int)norm_dims;
     if (act < 0 || act >= FT_NUM_ACTS) {
         PyErr_Format(PyExc_ValueError, "unknown activation code %lld", act);
@@ -138,6 +153,28 @@ static int parse_node(ft_module_state *st, PyObject *d, ft_node *nd) {
     nd->pool.count_include_pad = include_pad;
     nd->bn.training = training;
     return 0;
+}
+
+static int compare_offsets(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The sorted, distinct element offsets in grads of the nodes' gradient views. */
+static int trained_offsets(const ft_node *nodes, int n, const ft_tensor *grads, int64_t *out) {
+    int count = 0;
+    for (int i = 0; i < n; i++) {
+        const ft_tensor *g[2] = {&nodes[i].dweight, &nodes[i].dbias};
+        for (int k = 0; k < 2; k++)
+            if (g[k]->storage)
+                out[count++] = (g[k]->offset - grads->offset) / 4;
+    }
+    qsort(out, (size_t)count, sizeof *out, compare_offsets);
+    int distinct = 0;
+    for (int k = 0; k < count; k++)
+        if (distinct == 0 || out[k] != out[distinct - 1])
+            out[distinct++] = out[k];
+    return distinct;
 }
 
 /* Program(nodes, params, grads, label_smoothing, ignore_index, sum_reduction, batch, channels_last, seed, mse):
@@ -178,19 +215,27 @@ static PyObject *program_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
             PyMem_Free(parsed);
             return NULL;
         }
+    int64_t *trained = PyMem_Malloc((size_t)(2 * n + 1) * sizeof *trained);
+    if (!trained) {
+        PyMem_Free(parsed);
+        return PyErr_NoMemory();
+    }
+    int ntrained = trained_offsets(parsed, (int)n, grads, trained);
     ft_program *prog;
     ft_status s;
     Py_BEGIN_ALLOW_THREADS
     s = ft_program_create(&prog, (int)n, parsed, &loss, batch, channels_last, seed, ft_op_device(params));
     Py_END_ALLOW_THREADS
     PyMem_Free(parsed);
-    if (s != FT_OK)
-        return ft_raise(s);
-    program_object *self = (program_object *)type->tp_alloc(type, 0);
+    program_object *self = s == FT_OK ? (program_object *)type->tp_alloc(type, 0) : NULL;
     if (!self) {
-        ft_program_destroy(prog);
-        return NULL;
+        PyMem_Free(trained);
+        if (s == FT_OK)
+            ft_program_destroy(prog);
+        return s == FT_OK ? NULL : ft_raise(s);
     }
+    self->trained = trained;
+    self->ntrained = ntrained;
     self->prog = prog;
     self->keep = Py_BuildValue("(OOO)", nodes, params_obj, grads_obj);
     if (!self->keep) {
@@ -217,6 +262,7 @@ static void program_dealloc(PyObject *self) {
     PyTypeObject *type = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
     ft_program_destroy(((program_object *)self)->prog);
+    PyMem_Free(((program_object *)self)->trained);
     program_clear(self);
     type->tp_free(self);
     Py_DECREF(type);
@@ -271,7 +317,9 @@ static ft_status train_step(ft_program *prog, ft_optimizer *opt, const ft_tensor
 
 /* The C optimizer of opt_obj, synchronised with its param_groups, each
  * segment's gradient pointed at the matching place of the flat gradient
- * buffer. Needs the GIL. */
+ * buffer; a parameter the program computes no gradient for (frozen, or
+ * unused) gets none and is skipped, as torch.optim skips a None .grad.
+ * Needs the GIL. */
 static ft_optimizer *program_optimizer(program_object *self, PyObject *opt_obj) {
     ft_optimizer *opt = ft_optimizer_of(opt_obj);
     if (!opt)
@@ -293,7 +341,8 @@ static ft_optimizer *program_optimizer(program_object *self, PyObject *opt_obj) 
                                               "buffer (an optimizer of another model?)");
             return NULL;
         }
-        grads[i] = g0 + at;
+        bool trained = bsearch(&at, self->trained, (size_t)self->ntrained, sizeof at, compare_offsets) != NULL;
+        grads[i] = trained ? g0 + at : NULL;
     }
     ft_status s = ft_optimizer_set_grads(opt, grads);
     PyMem_Free(grads);

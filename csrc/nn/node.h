@@ -33,6 +33,9 @@ typedef struct {
     const char *name;
     int min_inputs, max_inputs;
     int ndim; /* the per-sample rank every input must have, 0 for any */
+    /* The node's own fields and shape against its inputs' (NULL: none to
+     * check; the ops check the rest when they run). */
+    ft_status (*check)(const ft_node *nd, const ft_node *const *in);
     /* Bytes saved for the backward by a forward over `rows` samples. */
     int64_t (*aux_bytes)(const ft_node *nd, int64_t rows);
     /* Whether the output is the (first) input's memory seen anew, with no

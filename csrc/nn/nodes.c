@@ -10,6 +10,7 @@
 #include "ops/elementwise.h"
 #include "ops/layernorm.h"
 #include "ops/linear.h"
+#include "ops/reduce.h"
 
 static const ft_act no_act = {FT_ACT_NONE, 0};
 
@@ -31,18 +32,33 @@ static ft_tensor aux_vector(const ft_node_run *r, int64_t at, int64_t n) {
     return t;
 }
 
-/* ---- the input, identity, flatten ---- */
+/* ---- the input, identity, reshape, permute, slice, parameters ---- */
 
 static bool always_view(const ft_node *nd, const ft_node *in, bool channels_last, bool training) { return true; }
 
 static bool is_image(const ft_node *nd) { return nd->ndim == 3; }
 
-/* A flatten is a view when the input's per-sample order is its memory order. */
-static bool flatten_is_view(const ft_node *nd, const ft_node *in, bool channels_last, bool training) {
+static ft_status same_numel(const ft_node *nd, const ft_node *const *in) {
+    if (ft_node_numel(nd) != ft_node_numel(in[0]))
+        return ft_fail(FT_ERR_SHAPE, "program: a %s of %lld values into %lld", ft_node_kinds[nd->kind].name,
+                       (long long)ft_node_numel(in[0]), (long long)ft_node_numel(nd));
+    return FT_OK;
+}
+
+static ft_status same_shape(const ft_node *nd, const ft_node *const *in) {
+    for (int k = 0; k < ft_node_kinds[nd->kind].max_inputs && in[k]; k++)
+        if (in[k]->ndim != nd->ndim || memcmp(in[k]->shape, nd->shape, (size_t)nd->ndim * sizeof *nd->shape))
+            return ft_fail(FT_ERR_SHAPE, "program: a %s node's inputs and output differ in shape",
+                           ft_node_kinds[nd->kind].name);
+    return FT_OK;
+}
+
+/* A reshape is a view when the input's memory order is its (C, H, W) order. */
+static bool reshape_is_view(const ft_node *nd, const ft_node *in, bool channels_last, bool training) {
     return !is_image(in) || !channels_last || (in->shape[1] == 1 && in->shape[2] == 1) || in->shape[0] == 1;
 }
 
-/* (N, ...) of t's elements as a dense tensor of `like`'s shape. */
+/* t's elements as a dense tensor of `like`'s shape. */
 static ft_tensor reshaped(const ft_tensor *t, const ft_tensor *like) {
     ft_tensor v = *t;
     v.ndim = like->ndim;
@@ -51,15 +67,105 @@ static ft_tensor reshaped(const ft_tensor *t, const ft_tensor *like) {
     return v;
 }
 
-/* The copying flatten of channels-last images: gathered into (C, H, W) order. */
-static ft_status flatten_forward(const ft_node_run *r) {
+/* dst = src, or dst += src when acc: the backward of the nodes that move values. */
+static ft_status put(const ft_tensor *dst, const ft_tensor *src, bool acc) {
+    return acc ? ft_add_forward(dst, dst, src, no_act) : ft_tensor_copy(dst, src, false);
+}
+
+/* The copying reshape of channels-last images: gathered into (C, H, W) order. */
+static ft_status reshape_forward(const ft_node_run *r) {
     ft_tensor dst = reshaped(&r->out, &r->in[0]);
     return ft_tensor_copy(&dst, &r->in[0], false);
 }
 
-static ft_status flatten_backward(const ft_node_run *r) {
+static ft_status reshape_backward(const ft_node_run *r) {
     ft_tensor g = reshaped(&r->dout, &r->in[0]);
-    return r->din_acc[0] ? ft_add_forward(r->din[0], r->din[0], &g, no_act) : ft_tensor_copy(r->din[0], &g, false);
+    return put(r->din[0], &g, r->din_acc[0]);
+}
+
+static ft_status permute_check(const ft_node *nd, const ft_node *const *in) {
+    unsigned seen = 0;
+    for (int d = 0; d < nd->ndim; d++) {
+        int p = nd->perm[d];
+        if (p < 0 || p >= nd->ndim || (seen >> p & 1) || nd->ndim != in[0]->ndim || nd->shape[d] != in[0]->shape[p])
+            return ft_fail(FT_ERR_SHAPE, "program: a permute's order is not a permutation of its input's dimensions");
+        seen |= 1u << p;
+    }
+    return FT_OK;
+}
+
+/* t (N, ...) with its per-sample dimensions ordered as `perm` says (inverse: undoing it). */
+static ft_tensor permuted(const ft_tensor *t, const int *perm, bool inverse) {
+    ft_tensor v = *t;
+    for (int d = 0; d + 1 < t->ndim; d++) {
+        int from = inverse ? d : perm[d], to = inverse ? perm[d] : d;
+        v.shape[1 + to] = t->shape[1 + from];
+        v.strides[1 + to] = t->strides[1 + from];
+    }
+    return v;
+}
+
+static ft_status permute_forward(const ft_node_run *r) {
+    ft_tensor src = permuted(&r->in[0], r->nd->perm, false);
+    return ft_tensor_copy(&r->out, &src, false);
+}
+
+static ft_status permute_backward(const ft_node_run *r) {
+    ft_tensor g = permuted(&r->dout, r->nd->perm, true);
+    return put(r->din[0], &g, r->din_acc[0]);
+}
+
+static ft_status slice_check(const ft_node *nd, const ft_node *const *in) {
+    int d = nd->slice_dim;
+    bool ok = d >= 0 && d < nd->ndim && nd->ndim == in[0]->ndim && nd->slice_start >= 0 && nd->slice_step >= 1 &&
+              nd->slice_start + (nd->shape[d] - 1) * nd->slice_step < in[0]->shape[d];
+    for (int k = 0; ok && k < nd->ndim; k++)
+        ok = k == d || nd->shape[k] == in[0]->shape[k];
+    return ok ? FT_OK : ft_fail(FT_ERR_SHAPE, "program: a slice reaches outside its input");
+}
+
+/* The sliced elements of t (N, ...). */
+static ft_tensor sliced(const ft_tensor *t, const ft_node *nd) {
+    ft_tensor v = *t;
+    int d = 1 + nd->slice_dim;
+    v.offset += nd->slice_start * t->strides[d] * (int64_t)ft_dtype_get(t->dtype)->itemsize;
+    v.shape[d] = nd->shape[nd->slice_dim];
+    v.strides[d] *= nd->slice_step;
+    return v;
+}
+
+static ft_status slice_forward(const ft_node_run *r) {
+    ft_tensor src = sliced(&r->in[0], r->nd);
+    return ft_tensor_copy(&r->out, &src, false);
+}
+
+/* The unsliced elements get zero (when writing) and the sliced ones dout. */
+static ft_status slice_backward(const ft_node_run *r) {
+    if (!r->din_acc[0])
+        FT_TRY(ft_tensor_fill(r->din[0], (ft_scalar){.kind = FT_SCALAR_FLOAT, .f = 0}));
+    ft_tensor dst = sliced(r->din[0], r->nd);
+    return ft_add_forward(&dst, &dst, &r->dout, no_act);
+}
+
+static ft_status param_check(const ft_node *nd, const ft_node *const *in) {
+    if (!nd->weight.storage || ft_tensor_numel(&nd->weight) != ft_node_numel(nd) ||
+        !ft_tensor_is_contiguous(&nd->weight))
+        return ft_fail(FT_ERR_SHAPE, "program: a parameter node needs a contiguous weight of its shape");
+    return FT_OK;
+}
+
+/* dweight (=, +=) the sum over the samples of dout. */
+static ft_status param_backward(const ft_node_run *r) {
+    int64_t n = ft_node_numel(r->nd);
+    ft_tensor g = r->dout, dw = *r->dweight;
+    g.ndim = 2;
+    g.shape[1] = n;
+    g.strides[0] = n;
+    g.strides[1] = 1;
+    dw.ndim = 1;
+    dw.shape[0] = n;
+    dw.strides[0] = 1;
+    return ft_bias_grad(&dw, &g, r->dweight_acc);
 }
 
 /* ---- convolution and linear, with a fused activation ---- */
@@ -83,13 +189,31 @@ static ft_status conv2d_backward(const ft_node_run *r) {
                               acc_of(r));
 }
 
+/* t (N, ..., F) as the (N * ..., F) rows linear works on (program
+ * buffers of non-image shapes are dense). */
+static ft_tensor as_rows(const ft_tensor *t) {
+    if (t->ndim == 2)
+        return *t;
+    ft_tensor v = *t;
+    v.ndim = 2;
+    v.shape[1] = t->shape[t->ndim - 1];
+    v.shape[0] = ft_tensor_numel(t) / (v.shape[1] ? v.shape[1] : 1);
+    v.strides[0] = v.shape[1];
+    v.strides[1] = 1;
+    return v;
+}
+
 static ft_status linear_forward(const ft_node_run *r) {
-    return ft_linear_forward(&r->out, &r->in[0], param(&r->nd->weight), param(&r->nd->bias), r->nd->act);
+    ft_tensor out = as_rows(&r->out), in = as_rows(&r->in[0]);
+    return ft_linear_forward(&out, &in, param(&r->nd->weight), param(&r->nd->bias), r->nd->act);
 }
 
 static ft_status linear_backward(const ft_node_run *r) {
     FT_TRY(unfuse(r));
-    return ft_linear_backward(r->din[0], r->dweight, r->dbias, &r->dout, &r->in[0], &r->nd->weight, acc_of(r));
+    ft_tensor g = as_rows(&r->dout), in = as_rows(&r->in[0]), din;
+    if (r->din[0])
+        din = as_rows(r->din[0]);
+    return ft_linear_backward(r->din[0] ? &din : NULL, r->dweight, r->dbias, &g, &in, &r->nd->weight, acc_of(r));
 }
 
 /* ---- normalization ---- */
@@ -133,6 +257,12 @@ static int64_t norm_size(const ft_node *nd) {
     for (int k = nd->ndim - nd->norm_dims; k < nd->ndim; k++)
         d *= nd->shape[k];
     return d;
+}
+
+static ft_status layernorm_check(const ft_node *nd, const ft_node *const *in) {
+    if (nd->norm_dims < 1 || nd->norm_dims > nd->ndim)
+        return ft_fail(FT_ERR_VALUE, "program: a layer norm normalizes %d of %d dimensions", nd->norm_dims, nd->ndim);
+    return same_shape(nd, in);
 }
 
 static int64_t layernorm_aux(const ft_node *nd, int64_t rows) {
@@ -226,6 +356,42 @@ static ft_status adaptive_avgpool_backward(const ft_node_run *r) {
     return ft_adaptive_avg_pool2d_backward(r->din[0], &r->dout, r->din_acc[0]);
 }
 
+/* ---- products ---- */
+
+static ft_status mul_forward(const ft_node_run *r) { return ft_mul_forward(&r->out, &r->in[0], &r->in[1]); }
+
+static ft_status mul_backward(const ft_node_run *r) {
+    const ft_tensor *da = r->din[0], *db = r->din[1];
+    if (da && db && da->storage == db->storage && da->offset == db->offset) { /* x * x */
+        FT_TRY(ft_mul_backward(da, NULL, &r->dout, &r->in[0], &r->in[1], r->din_acc[0], false));
+        return ft_mul_backward(NULL, da, &r->dout, &r->in[0], &r->in[1], false, true);
+    }
+    return ft_mul_backward(da, db, &r->dout, &r->in[0], &r->in[1], r->din_acc[0], r->din_acc[1]);
+}
+
+static int64_t scale_aux(const ft_node *nd, int64_t rows) { return 4; }
+
+/* The factor, kept in the aux block where the ops run, broadcast over t's shape. */
+static ft_tensor factor(const ft_node_run *r, const ft_tensor *t) {
+    ft_tensor c = aux_vector(r, 0, 1);
+    c.ndim = t->ndim;
+    memcpy(c.shape, t->shape, sizeof c.shape);
+    memset(c.strides, 0, sizeof c.strides);
+    return c;
+}
+
+static ft_status scale_forward(const ft_node_run *r) {
+    ft_tensor c = aux_vector(r, 0, 1);
+    FT_TRY(ft_tensor_fill(&c, (ft_scalar){.kind = FT_SCALAR_FLOAT, .f = (float)r->nd->scale}));
+    c = factor(r, &r->out);
+    return ft_mul_forward(&r->out, &r->in[0], &c);
+}
+
+static ft_status scale_backward(const ft_node_run *r) {
+    ft_tensor c = factor(r, &r->dout);
+    return ft_mul_backward(r->din[0], NULL, &r->dout, NULL, &c, r->din_acc[0], false);
+}
+
 /* ---- add and concatenation ---- */
 
 static ft_status add_forward(const ft_node_run *r) {
@@ -240,6 +406,19 @@ static ft_status add_backward(const ft_node_run *r) {
     }
     return ft_add_backward(da, db, &r->dout, &r->in[0], &r->in[1], &r->out, r->nd->act, r->din_acc[0],
                            r->din_acc[1]);
+}
+
+static ft_status cat_check(const ft_node *nd, const ft_node *const *in) {
+    int64_t total = 0;
+    for (int k = 0; k < nd->ninputs; k++) {
+        bool ok = in[k]->ndim == nd->ndim;
+        for (int d = 1; ok && d < nd->ndim; d++)
+            ok = in[k]->shape[d] == nd->shape[d];
+        if (!ok)
+            return ft_fail(FT_ERR_SHAPE, "program: a cat's inputs differ in more than their first dimension");
+        total += in[k]->shape[0];
+    }
+    return total == nd->shape[0] ? FT_OK : ft_fail(FT_ERR_SHAPE, "program: a cat's sizes do not add up");
 }
 
 static ft_status cat_forward(const ft_node_run *r) {
@@ -266,21 +445,29 @@ static ft_status cat_backward(const ft_node_run *r) {
 }
 
 const ft_node_kind_info ft_node_kinds[FT_NODE_NKINDS] = {
-    [FT_NODE_INPUT] = {"input", 0, 0, 0, NULL, always_view, NULL, NULL},
-    [FT_NODE_CONV2D] = {"conv2d", 1, 1, 3, NULL, NULL, conv2d_forward, conv2d_backward},
-    [FT_NODE_LINEAR] = {"linear", 1, 1, 1, NULL, NULL, linear_forward, linear_backward},
-    [FT_NODE_BATCHNORM] = {"batch_norm", 1, 1, 0, batchnorm_aux, NULL, batchnorm_forward, batchnorm_backward},
-    [FT_NODE_ACT] = {"activation", 1, 1, 0, NULL, NULL, act_forward, act_backward},
-    [FT_NODE_MAXPOOL] = {"max_pool2d", 1, 1, 3, indices_aux, NULL, maxpool_forward, maxpool_backward},
-    [FT_NODE_AVGPOOL] = {"avg_pool2d", 1, 1, 3, NULL, NULL, avgpool_forward, avgpool_backward},
-    [FT_NODE_ADAPTIVE_AVGPOOL] = {"adaptive_avg_pool2d", 1, 1, 3, NULL, NULL, adaptive_avgpool_forward,
+    /* name, inputs (min, max), input rank, check, aux bytes, is a view, forward, backward */
+    [FT_NODE_INPUT] = {"input", 0, 0, 0, NULL, NULL, always_view, NULL, NULL},
+    [FT_NODE_CONV2D] = {"conv2d", 1, 1, 3, NULL, NULL, NULL, conv2d_forward, conv2d_backward},
+    [FT_NODE_LINEAR] = {"linear", 1, 1, 0, NULL, NULL, NULL, linear_forward, linear_backward},
+    [FT_NODE_BATCHNORM] = {"batch_norm", 1, 1, 0, same_shape, batchnorm_aux, NULL, batchnorm_forward,
+                           batchnorm_backward},
+    [FT_NODE_ACT] = {"activation", 1, 1, 0, same_shape, NULL, NULL, act_forward, act_backward},
+    [FT_NODE_MAXPOOL] = {"max_pool2d", 1, 1, 3, NULL, indices_aux, NULL, maxpool_forward, maxpool_backward},
+    [FT_NODE_AVGPOOL] = {"avg_pool2d", 1, 1, 3, NULL, NULL, NULL, avgpool_forward, avgpool_backward},
+    [FT_NODE_ADAPTIVE_AVGPOOL] = {"adaptive_avg_pool2d", 1, 1, 3, NULL, NULL, NULL, adaptive_avgpool_forward,
                                   adaptive_avgpool_backward},
-    [FT_NODE_ADAPTIVE_MAXPOOL] = {"adaptive_max_pool2d", 1, 1, 3, indices_aux, NULL, adaptive_maxpool_forward,
+    [FT_NODE_ADAPTIVE_MAXPOOL] = {"adaptive_max_pool2d", 1, 1, 3, NULL, indices_aux, NULL, adaptive_maxpool_forward,
                                   adaptive_maxpool_backward},
-    [FT_NODE_ADD] = {"add", 2, 2, 0, NULL, NULL, add_forward, add_backward},
-    [FT_NODE_CAT] = {"cat", 1, FT_NODE_MAX_INPUTS, 0, NULL, NULL, cat_forward, cat_backward},
-    [FT_NODE_FLATTEN] = {"flatten", 1, 1, 0, NULL, flatten_is_view, flatten_forward, flatten_backward},
-    [FT_NODE_DROPOUT] = {"dropout", 1, 1, 0, NULL, dropout_is_view, dropout_forward, dropout_backward},
-    [FT_NODE_IDENTITY] = {"identity", 1, 1, 0, NULL, always_view, NULL, NULL},
-    [FT_NODE_LAYERNORM] = {"layer_norm", 1, 1, 0, layernorm_aux, NULL, layernorm_forward, layernorm_backward},
+    [FT_NODE_ADD] = {"add", 2, 2, 0, same_shape, NULL, NULL, add_forward, add_backward},
+    [FT_NODE_CAT] = {"cat", 1, FT_NODE_MAX_INPUTS, 0, cat_check, NULL, NULL, cat_forward, cat_backward},
+    [FT_NODE_RESHAPE] = {"reshape", 1, 1, 0, same_numel, NULL, reshape_is_view, reshape_forward, reshape_backward},
+    [FT_NODE_DROPOUT] = {"dropout", 1, 1, 0, same_shape, NULL, dropout_is_view, dropout_forward, dropout_backward},
+    [FT_NODE_IDENTITY] = {"identity", 1, 1, 0, same_shape, NULL, always_view, NULL, NULL},
+    [FT_NODE_LAYERNORM] = {"layer_norm", 1, 1, 0, layernorm_check, layernorm_aux, NULL, layernorm_forward,
+                           layernorm_backward},
+    [FT_NODE_MUL] = {"mul", 2, 2, 0, same_shape, NULL, NULL, mul_forward, mul_backward},
+    [FT_NODE_SCALE] = {"scale", 1, 1, 0, same_shape, scale_aux, NULL, scale_forward, scale_backward},
+    [FT_NODE_PERMUTE] = {"permute", 1, 1, 0, permute_check, NULL, NULL, permute_forward, permute_backward},
+    [FT_NODE_SLICE] = {"slice", 1, 1, 0, slice_check, NULL, NULL, slice_forward, slice_backward},
+    [FT_NODE_PARAM] = {"parameter", 0, 0, 0, param_check, NULL, NULL, NULL, param_backward},
 };

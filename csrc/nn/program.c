@@ -64,7 +64,7 @@ static ft_tensor view_at(const ft_program *p, const ft_node *nd, ft_storage *are
     t.shape[0] = rows;
     memcpy(t.shape + 1, nd->shape, (size_t)nd->ndim * sizeof *nd->shape);
     ft_contiguous_strides(t.strides, t.ndim, t.shape);
-    if (is_image(nd) && p->channels_last) {
+    if (is_image(nd) && p->channels_last && nd->kind != FT_NODE_RESHAPE) { /* a reshape keeps (C, H, W) order */
         int64_t C = nd->shape[0], H = nd->shape[1], W = nd->shape[2];
         int64_t s[4] = {H * W * C, 1, W * C, C};
         memcpy(t.strides, s, sizeof s);
@@ -164,7 +164,7 @@ static ft_status plan(ft_program *p, bool training, block *b, ft_storage **arena
         memset(bi, 0, NBUF * sizeof *bi);
         int64_t out_bytes = p->batch * ft_node_numel(&p->nodes[i]) * 4;
         int64_t end = training ? 2 * n - i : (p->last_consumer[i] == i ? n : p->last_consumer[i]);
-        if (!is_view(p, i, training))
+        if (!is_view(p, i, training) && p->nodes[i].kind != FT_NODE_PARAM)
             bi[OUT] = (block){out_bytes, i, end, 0};
         bi[AUX] = (block){aux_bytes(p, i), i, training ? 2 * n - i : i, 0};
         if (training && i > 0 && !shares_grad(p, i))
@@ -177,15 +177,25 @@ static ft_status plan(ft_program *p, bool training, block *b, ft_storage **arena
     return ft_storage_new(arena, (size_t)size, p->device, false);
 }
 
-/* A view's (rows, ...) look at its input's memory: flatten is the only view
- * with a shape of its own. */
+/* A view's (rows, ...) look at its input's memory: a reshape is the only
+ * view with a shape of its own. */
 static ft_tensor seen_as(const ft_node *nd, ft_tensor t) {
-    if (nd->kind == FT_NODE_FLATTEN) {
-        t.ndim = 2;
-        t.shape[1] = ft_node_numel(nd);
-        t.strides[0] = t.shape[1];
-        t.strides[1] = 1;
+    if (nd->kind == FT_NODE_RESHAPE) {
+        t.ndim = nd->ndim + 1;
+        memcpy(t.shape + 1, nd->shape, (size_t)nd->ndim * sizeof *nd->shape);
+        ft_contiguous_strides(t.strides, t.ndim, t.shape);
     }
+    return t;
+}
+
+/* A parameter node's value: its weight, the same for every sample. */
+static ft_tensor broadcast_param(const ft_node *nd, int64_t rows) {
+    ft_tensor t = nd->weight;
+    t.ndim = nd->ndim + 1;
+    t.shape[0] = rows;
+    memcpy(t.shape + 1, nd->shape, (size_t)nd->ndim * sizeof *nd->shape);
+    ft_contiguous_strides(t.strides, t.ndim, t.shape);
+    t.strides[0] = 0;
     return t;
 }
 
@@ -199,6 +209,8 @@ static ft_tensor node_out(const ft_program *p, bool training, int i, int64_t row
     }
     if (is_view(p, i, training))
         return seen_as(nd, node_out(p, training, nd->inputs[0], rows, x));
+    if (nd->kind == FT_NODE_PARAM)
+        return broadcast_param(nd, rows);
     const block *b = &(training ? p->train : p->eval)[i * NBUF + OUT];
     return view_at(p, nd, training ? p->train_arena : p->eval_arena, b->offset, rows, FT_FLOAT32);
 }
@@ -251,9 +263,11 @@ static ft_status validate(const ft_program *p) {
         for (int d = 0; d < nd->ndim; d++)
             if (nd->shape[d] < 1)
                 return ft_fail(FT_ERR_VALUE, "program: node %d has an empty per-sample shape", i);
-        if (nd->kind == FT_NODE_LAYERNORM && (nd->norm_dims < 1 || nd->norm_dims > nd->ndim))
-            return ft_fail(FT_ERR_VALUE, "program: layer norm node %d normalizes %d of %d dimensions", i,
-                           nd->norm_dims, nd->ndim);
+        const ft_node *in[FT_NODE_MAX_INPUTS + 1] = {NULL};
+        for (int j = 0; j < nd->ninputs; j++)
+            in[j] = &p->nodes[nd->inputs[j]];
+        if (k->check)
+            FT_TRY(k->check(nd, in));
         const ft_tensor *on[7] = {&nd->weight, &nd->bias, &nd->dweight, &nd->dbias, &nd->running_mean,
                                   &nd->running_var, &nd->num_batches};
         for (int j = 0; j < 7; j++)
@@ -451,7 +465,7 @@ static ft_node_run run_of(const ft_program *p, bool training, int i, int64_t row
 
 static ft_status forward(ft_program *p, bool training, int64_t rows, const ft_tensor *x) {
     for (int i = 1; i < p->n; i++) {
-        if (is_view(p, i, training))
+        if (is_view(p, i, training) || !row(p, i)->forward)
             continue;
         double t0 = omp_get_wtime();
         if (p->nodes[i].kind == FT_NODE_DROPOUT) { /* each mask takes the next Philox blocks */

@@ -37,10 +37,15 @@ typedef enum {
     FT_NODE_ADAPTIVE_MAXPOOL,
     FT_NODE_ADD,
     FT_NODE_CAT,
-    FT_NODE_FLATTEN,
+    FT_NODE_RESHAPE, /* the per-sample elements in the order (C, H, W) lists them, in a new shape */
     FT_NODE_DROPOUT,
     FT_NODE_IDENTITY,
     FT_NODE_LAYERNORM, /* over the trailing norm_dims dimensions of the per-sample shape */
+    FT_NODE_MUL,       /* a * b, one shape */
+    FT_NODE_SCALE,     /* x * scale */
+    FT_NODE_PERMUTE,   /* the per-sample dimensions in the order perm lists them */
+    FT_NODE_SLICE,     /* elements start, start + step, ... of per-sample dimension slice_dim */
+    FT_NODE_PARAM,     /* a parameter (weight) as a value, the same for every sample */
     FT_NODE_NKINDS
 } ft_node_kind;
 
@@ -62,6 +67,10 @@ typedef struct {
     double dropout_p;
     int norm_dims; /* layer norm */
     double eps;    /* layer norm */
+    double scale;
+    int perm[FT_NODE_MAX_DIMS];
+    int slice_dim;
+    int64_t slice_start, slice_step;
 } ft_node;
 
 typedef struct {

@@ -10,6 +10,7 @@ from ._tensor import Tensor
 from . import backends, cuda
 from . import optim
 from . import nn, ops
+from .nn.functional import cat, flatten
 from .creation import (arange, as_tensor, empty, empty_like, from_dlpack, from_numpy, full, full_like, ones,
                        ones_like, tensor, zeros, zeros_like)
 from .random import (Generator, default_generator, get_rng_state, initial_seed, manual_seed, rand, randint,

@@ -233,7 +233,14 @@ class Tensor(_C.TensorBase):
         return self.as_strided([shape[i] for i in keep], [strides[i] for i in keep], self.storage_offset())
 
     def expand(self, *sizes):
-        """A broadcast view with zero strides (no copy), as torch.Tensor.expand."""
+        """A broadcast view with zero strides (no copy), as torch.Tensor.expand. While a model is traced,
+        expanding over the batch (x.shape[0]) makes the tensor a value of the model (a class token)."""
+        from .nn.graph import BatchSize, constant
+        if sizes and isinstance(sizes[0], BatchSize):
+            if len(sizes) != self.ndim or self.shape[0] != 1:
+                raise ValueError(f"expand: a tensor of shape {self.shape} is expanded over the batch as (N, ...) "
+                                 "from a leading size of 1")
+            return constant(self, tuple(have if n == -1 else n for n, have in zip(sizes[1:], self.shape[1:])))
         sizes = _sizes(sizes)
         if len(sizes) < self.ndim:
             raise ValueError(f"expand: the number of sizes ({len(sizes)}) must be at least the tensor's "

@@ -70,7 +70,7 @@ static ft_status make_program(ft_program **out, const net *m, int64_t batch) {
     nodes[5] = (ft_node){.kind = FT_NODE_MAXPOOL, .ninputs = 1, .inputs = {4}, .ndim = 3, .shape = {C1, HW / 2, HW / 2},
                          .pool = {.kernel = {2, 2}, .stride = {2, 2}, .dilation = {1, 1}}};
     nodes[6] = (ft_node){.kind = FT_NODE_ADAPTIVE_AVGPOOL, .ninputs = 1, .inputs = {5}, .ndim = 3, .shape = {C1, 1, 1}};
-    nodes[7] = (ft_node){.kind = FT_NODE_FLATTEN, .ninputs = 1, .inputs = {6}, .ndim = 1, .shape = {C1}};
+    nodes[7] = (ft_node){.kind = FT_NODE_RESHAPE, .ninputs = 1, .inputs = {6}, .ndim = 1, .shape = {C1}};
     nodes[8] = (ft_node){.kind = FT_NODE_LINEAR, .ninputs = 1, .inputs = {7}, .ndim = 1, .shape = {CLASSES},
                          .weight = m->lw, .dweight = m->dlw, .bias = m->lb, .dbias = m->dlb};
     ft_loss_spec loss = {.label_smoothing = 0.1, .ignore_index = -100};

@@ -4,17 +4,45 @@ C ops (forward only: new outputs are allocated unless ``inplace=True``).
 The backward of each op is ``ft.ops.<op>_backward``; the training step in C
 calls the same entry points.
 """
+import functools
 import warnings
 
 from .. import _C
 from .._tensor import Tensor
 from ..random import default_generator
+from . import modules as M
+from .graph import Symbolic
+
+
+def _traced(layer):
+    """On a traced value (model.compile), the function records layer(*args) applied to it instead of
+    computing: each F.* is the layer of the same name."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def call(input, *args, **kwargs):
+            if isinstance(input, Symbolic):
+                return layer(*args, **kwargs)(input)
+            return fn(input, *args, **kwargs)
+        return call
+    return wrap
+
+
+def _shell(cls, **fields):
+    """A layer of class cls around the caller's own parameters (F.linear(x, self.w, self.b)): the node reads
+    them where the model keeps them, under the model's names."""
+    m = cls.__new__(cls)
+    M.Module.__init__(m)
+    for name in ("weight", "bias"):
+        object.__setattr__(m, name, fields.pop(name))
+    for key, value in fields.items():
+        object.__setattr__(m, key, value)
+    return m
 
 __all__ = [
     "conv2d", "linear", "batch_norm", "layer_norm",
     "relu", "relu_", "leaky_relu", "leaky_relu_", "gelu", "silu", "sigmoid", "tanh",
     "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "adaptive_max_pool2d",
-    "dropout", "softmax", "log_softmax", "cross_entropy", "mse_loss", "add", "mul", "cat",
+    "dropout", "softmax", "log_softmax", "cross_entropy", "mse_loss", "add", "mul", "cat", "flatten",
 ]
 
 
@@ -25,6 +53,14 @@ def _check(x, name, fn):
 
 # ---- convolution, linear, normalization ----
 
+def _conv2d_layer(weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    from .modules import _pair
+    K, Cg, R, S = weight.shape
+    return _shell(M.Conv2d, weight=weight, bias=bias, in_channels=Cg * groups, out_channels=K, groups=groups,
+                  kernel_size=(R, S), stride=_pair(stride), padding=_pair(padding), dilation=_pair(dilation))
+
+
+@_traced(_conv2d_layer)
 def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     _check(input, "input", "conv2d")
     if isinstance(padding, str):
@@ -35,6 +71,8 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     return out[0] if squeeze else out
 
 
+@_traced(lambda weight, bias=None: _shell(M.Linear, weight=weight, bias=bias, in_features=weight.shape[1],
+                                          out_features=weight.shape[0]))
 def linear(input, weight, bias=None):
     _check(input, "input", "linear")
     if input.ndim == 0:
@@ -52,6 +90,12 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     return out
 
 
+def _layer_norm_layer(normalized_shape, weight=None, bias=None, eps=1e-5):
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    return _shell(M.LayerNorm, weight=weight, bias=bias, normalized_shape=shape, eps=eps)
+
+
+@_traced(_layer_norm_layer)
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     _check(input, "input", "layer_norm")
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
@@ -68,36 +112,44 @@ def _act(input, act, alpha=0.0, inplace=False, fn="activation"):
     return _C.activation_forward(input if inplace else None, input, act, alpha)
 
 
+@_traced(lambda inplace=False: M.ReLU())
 def relu(input, inplace=False):
     return _act(input, "relu", inplace=inplace, fn="relu")
 
 
+@_traced(lambda: M.ReLU())
 def relu_(input):
     return _act(input, "relu", inplace=True, fn="relu_")
 
 
+@_traced(lambda negative_slope=0.01, inplace=False: M.LeakyReLU(negative_slope))
 def leaky_relu(input, negative_slope=0.01, inplace=False):
     return _act(input, "leaky_relu", float(negative_slope), inplace, "leaky_relu")
 
 
+@_traced(lambda negative_slope=0.01: M.LeakyReLU(negative_slope))
 def leaky_relu_(input, negative_slope=0.01):
     return _act(input, "leaky_relu", float(negative_slope), True, "leaky_relu_")
 
 
+@_traced(lambda approximate="none": M.GELU(approximate))
 def gelu(input, approximate="none"):
     if approximate not in ("none", "tanh"):
         raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
     return _act(input, "gelu" if approximate == "none" else "gelu_tanh", fn="gelu")
 
 
+@_traced(lambda inplace=False: M.SiLU())
 def silu(input, inplace=False):
     return _act(input, "silu", inplace=inplace, fn="silu")
 
 
+@_traced(lambda: M.Sigmoid())
 def sigmoid(input):
     return _act(input, "sigmoid", fn="sigmoid")
 
 
+@_traced(lambda: M.Tanh())
 def tanh(input):
     return _act(input, "tanh", fn="tanh")
 
@@ -117,6 +169,13 @@ def _unbatch(t, squeeze):
     return t[0] if squeeze else t
 
 
+def _max_pool_layer(kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+    if return_indices:
+        raise TypeError("max_pool2d: return_indices=True cannot be traced")
+    return M.MaxPool2d(kernel_size, stride or None, padding, dilation, ceil_mode)
+
+
+@_traced(_max_pool_layer)
 def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
     x, squeeze = _batched(input, "max_pool2d")
     out, indices = _C.max_pool2d_forward(None, None if return_indices else False, x, kernel_size,
@@ -126,6 +185,14 @@ def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode
     return _unbatch(out, squeeze)
 
 
+def _avg_pool_layer(kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+                    divisor_override=None):
+    if divisor_override is not None:
+        raise TypeError("avg_pool2d: divisor_override cannot be traced")
+    return M.AvgPool2d(kernel_size, stride or None, padding, ceil_mode, count_include_pad)
+
+
+@_traced(_avg_pool_layer)
 def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
                divisor_override=None):
     x, squeeze = _batched(input, "avg_pool2d")
@@ -145,11 +212,13 @@ def _adaptive_size(output_size, x):
     return tuple(x.shape[2 + i] if s is None else int(s) for i, s in enumerate(output_size))
 
 
+@_traced(lambda output_size: M.AdaptiveAvgPool2d(output_size))
 def adaptive_avg_pool2d(input, output_size):
     x, squeeze = _batched(input, "adaptive_avg_pool2d")
     return _unbatch(_C.adaptive_avg_pool2d_forward(None, x, _adaptive_size(output_size, x)), squeeze)
 
 
+@_traced(lambda output_size, return_indices=False: M.AdaptiveMaxPool2d(output_size))
 def adaptive_max_pool2d(input, output_size, return_indices=False):
     x, squeeze = _batched(input, "adaptive_max_pool2d")
     out, indices = _C.adaptive_max_pool2d_forward(None, None if return_indices else False, x,
@@ -170,6 +239,13 @@ def _take_blocks(generator, n):
     return seed, offset
 
 
+def _dropout_layer(p=0.5, training=True, inplace=False, *, generator=None):
+    if generator is not None:
+        raise TypeError("dropout: a generator cannot be traced (compiled programs key masks by their seed)")
+    return M.Dropout(p) if training else M.Identity()
+
+
+@_traced(_dropout_layer)
 def dropout(input, p=0.5, training=True, inplace=False, *, generator=None):
     """Zeroes each element with probability p and scales the rest by 1 / (1 - p). The mask is a pure function
     of the generator's (seed, offset) and the element's index; ``ft.ops.dropout_backward`` with the same
@@ -239,13 +315,28 @@ def mse_loss(input, target, size_average=None, reduce=None, reduction="mean"):
 
 def add(input, other, act=None, alpha=0.0):
     """input + other (equal shapes), with an activation fused in: ``add(a, b, "relu")`` is relu(a + b)."""
+    if isinstance(input, Symbolic):
+        if act is not None:
+            raise TypeError("add: act cannot be traced; write F.relu(a + b) (the compiler fuses it)")
+        return input + other
     return _C.add_forward(None, input, other, act, alpha)
 
 
 def mul(input, other):
+    if isinstance(input, Symbolic):
+        return input * other
     return _C.mul_forward(None, input, other)
 
 
 def cat(tensors, dim=0):
     """torch.cat for equally shaped tensors but along dim (concatenation along channels: dim=1)."""
-    return _C.concat_forward(None, list(tensors), dim)
+    tensors = list(tensors)
+    if any(isinstance(t, Symbolic) for t in tensors):
+        from .graph import cat as traced_cat
+        return traced_cat(tensors, dim)
+    return _C.concat_forward(None, tensors, dim)
+
+
+def flatten(input, start_dim=0, end_dim=-1):
+    """torch.flatten: dimensions start_dim..end_dim merged into one (a view where the strides allow)."""
+    return input.flatten(start_dim, end_dim)

@@ -1,11 +1,57 @@
-"""Symbolic tensors: the functional way to describe a model with branches.
+"""Symbolic values: how a model's forward becomes a graph the compiler turns into a C program.
+
+``model.compile()`` calls the model's ``forward`` once on a Symbolic input (as torch.fx's symbolic tracing
+does). A layer called on a Symbolic records a node; so do the operators and methods below, and the
+``ft.nn.functional`` functions. Python control flow that depends on shapes or constructor arguments simply runs
+(the recorded graph is the unrolled one); control flow on values cannot be recorded and raises TracingError
+naming the line. The functional style builds the same graph by hand::
 
     x = ft.nn.Input((1, 28, 28))
     y = ft.nn.ReLU()(ft.nn.Conv2d(1, 16, 3, padding=1)(x))
     model = ft.nn.Model(x, ft.nn.Linear(16, 10)(ft.nn.Flatten()(ft.nn.AdaptiveAvgPool2d(1)(y))))
 
-Calling a layer on a Symbolic records a node; `a + b` records a residual add
-and ft.nn.cat([a, b]) a concatenation along channels."""
+Shapes seen by ``forward`` are PyTorch's, with the batch first: ``x.shape[0]`` (and ``x.size(0)``) is ``N``, a
+stand-in for the batch size that ``view``/``reshape``/``expand`` accept in the batch position. Node shapes
+(``node.shape``) are per sample."""
+import math
+import os
+import sys
+import traceback
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class TracingError(TypeError):
+    """The model's forward does something a compiled program cannot record."""
+
+
+def _user_line():
+    """'file:line: code' of the innermost frame outside fasttrain (where the user's forward asked for it)."""
+    for frame in reversed(traceback.extract_stack()):
+        if not os.path.abspath(frame.filename).startswith(_PACKAGE + os.sep):
+            return f"{frame.filename}:{frame.lineno}: {(frame.line or '').strip()}"
+    return "<unknown>"
+
+
+def fail(what, instead=""):
+    """Raises TracingError for `what`, naming the user's line and what to write instead."""
+    raise TracingError(f"{what} cannot be compiled (at {_user_line()})" + (f"; {instead}" if instead else ""))
+
+
+class BatchSize:
+    """The batch size N while tracing: usable where a shape names the batch dimension, and nowhere else."""
+
+    def __repr__(self):
+        return "N"
+
+    def _refuse(self, *args):
+        fail("arithmetic on the batch size", "keep the batch dimension as it is (view(N, ...), reshape(N, -1))")
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __floordiv__ = __truediv__ = _refuse
+    __index__ = __int__ = __bool__ = _refuse
+
+
+N = BatchSize()
 
 
 class Node:
@@ -15,45 +61,350 @@ class Node:
         self.module, self.inputs, self.shape = module, list(inputs), tuple(shape)
 
 
+def _layers():
+    from . import modules
+    return modules
+
+
+def _dim(d, ndim):
+    """A per-sample dimension from a PyTorch (batch-first) one; the batch dimension itself is refused."""
+    if not -ndim - 1 <= d <= ndim:
+        raise IndexError(f"dimension {d} is out of range for {ndim + 1} dimensions")
+    d = d % (ndim + 1)
+    if d == 0:
+        fail("an operation over the batch dimension", "compiled models treat samples independently")
+    return d - 1
+
+
+def _per_sample(shape, numel):
+    """The per-sample shape of a batch-first view/reshape target (N or -1 first; one -1 inferred)."""
+    shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
+    if not shape or not (shape[0] is N or shape[0] == -1):
+        fail(f"reshape to {shape}", "keep the batch first: x.view(x.size(0), ...) or x.reshape(N, -1)")
+    rest = list(shape[1:])
+    if shape[0] == -1 and -1 in rest:
+        fail(f"reshape to {shape}", "name the batch dimension with x.size(0)")
+    if rest.count(-1) > 1:
+        raise ValueError(f"reshape: only one dimension can be -1, got {shape}")
+    if -1 in rest:
+        known = math.prod(n for n in rest if n != -1)
+        if known == 0 or numel % known:
+            raise ValueError(f"reshape: {numel} values per sample do not fit {shape}")
+        rest[rest.index(-1)] = numel // known
+    if math.prod(rest) != numel:
+        raise ValueError(f"reshape: {numel} values per sample do not fit {shape}")
+    return tuple(rest)
+
+
 class Symbolic:
-    """A tensor that exists only in the model description (its shape has no batch dimension)."""
+    """A tensor that exists only in the model description: the output of a recorded node."""
 
     __slots__ = ("node",)
+    __array_priority__ = 1000  # NumPy arrays defer to Symbolic's operators
 
     def __init__(self, node):
         self.node = node
-
-    @property
-    def shape(self):
-        return self.node.shape
 
     @staticmethod
     def record(module, inputs, shape):
         return Symbolic(Node(module, [x.node for x in inputs], shape))
 
+    # ---- shape ----
+    @property
+    def shape(self):
+        return (N, *self.node.shape)
+
+    def size(self, dim=None):
+        return self.shape if dim is None else self.shape[dim]
+
+    def dim(self):
+        return len(self.node.shape) + 1
+
+    ndim = property(dim)
+
+    def numel(self):
+        fail("numel() of a traced value", "use the per-sample sizes x.shape[1:]")
+
+    # ---- arithmetic ----
+    def _operand(self, other):
+        """other as a Symbolic: traced values as they are, tensors as constant (or parameter) nodes."""
+        if isinstance(other, Symbolic):
+            return other
+        from .._tensor import Tensor
+        if isinstance(other, Tensor):
+            return constant(other, self.node.shape)
+        return None
+
     def __add__(self, other):
-        from .modules import Add
-        if not isinstance(other, Symbolic):
+        if isinstance(other, (int, float)):
+            return self if other == 0 else self + constant_like(self, float(other))
+        o = self._operand(other)
+        if o is None:
             return NotImplemented
-        return Add()(self, other)
+        return _layers().Add()(self, o)
+
+    __radd__ = __add__
+
+    def __sub__(self, other):
+        if isinstance(other, (int, float)):
+            return self + (-other)
+        o = self._operand(other)
+        if o is None:
+            return NotImplemented
+        return self + (-o)
+
+    def __rsub__(self, other):
+        return (-self) + other
+
+    def __neg__(self):
+        return self * -1.0
+
+    def __mul__(self, other):
+        if isinstance(other, (int, float)):
+            return self if other == 1 else _layers().Scale(float(other))(self)
+        o = self._operand(other)
+        if o is None:
+            return NotImplemented
+        return _layers().Mul()(self, o)
+
+    __rmul__ = __mul__
+
+    def __truediv__(self, other):
+        if isinstance(other, (int, float)):
+            return self * (1.0 / other)
+        fail("division by a traced value or tensor", "multiply by a constant, or by a reciprocal computed outside")
+
+    def __rtruediv__(self, other):
+        fail("division by a traced value")
+
+    def __matmul__(self, other):
+        fail("the @ product of traced values", "use nn.Linear, or F.scaled_dot_product_attention for attention")
+
+    __rmatmul__ = __matmul__
+
+    def __pow__(self, other):
+        if other == 2:
+            return self * self
+        fail(f"x ** {other}")
+
+    # ---- views and movement ----
+    def view(self, *shape):
+        return self.reshape(*shape)
+
+    def reshape(self, *shape):
+        target = _per_sample(shape, math.prod(self.node.shape))
+        return self if target == self.node.shape else _layers().Reshape(target)(self)
+
+    def flatten(self, start_dim=0, end_dim=-1):
+        nd = len(self.node.shape)
+        s, e = start_dim % (nd + 1), end_dim % (nd + 1)
+        if s == 0:
+            fail("flatten(0) (it merges the batch into the samples)", "use x.flatten(1)")
+        shape = self.node.shape
+        return self.reshape(N, *shape[:s - 1], math.prod(shape[s - 1:e]), *shape[e:])
+
+    def unsqueeze(self, dim):
+        nd = len(self.node.shape)
+        d = dim % (nd + 2)
+        if d == 0:
+            fail("unsqueeze(0) (a dimension before the batch)")
+        shape = list(self.node.shape)
+        shape.insert(d - 1, 1)
+        return self.reshape(N, *shape)
+
+    def squeeze(self, dim=None):
+        shape = self.node.shape
+        keep = [n for i, n in enumerate(shape) if not (n == 1 and (dim is None or i == _dim(dim, len(shape))))]
+        return self.reshape(N, *keep)
+
+    def permute(self, *dims):
+        dims = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims
+        nd = len(self.node.shape)
+        if len(dims) != nd + 1 or dims[0] % (nd + 1) != 0:
+            fail(f"permute{tuple(dims)}", "keep the batch dimension first")
+        perm = tuple(_dim(d, nd) for d in dims[1:])
+        if sorted(perm) != list(range(nd)):
+            raise ValueError(f"permute: {dims} is not a permutation of {nd + 1} dimensions")
+        return self if perm == tuple(range(nd)) else _layers().Permute(perm)(self)
+
+    def transpose(self, dim0, dim1):
+        nd = len(self.node.shape)
+        order = list(range(nd + 1))
+        a, b = dim0 % (nd + 1), dim1 % (nd + 1)
+        order[a], order[b] = order[b], order[a]
+        return self.permute(order)
+
+    def contiguous(self, *args, **kwargs):
+        return self
+
+    def float(self):
+        return self
+
+    def expand(self, *sizes):
+        sizes = tuple(sizes[0]) if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)) else sizes
+        if all(s == -1 or s is N or s == have for s, have in zip(sizes, self.shape)) and len(sizes) == self.ndim:
+            return self
+        fail(f"expand{tuple(sizes)} of a traced value")
+
+    def __getitem__(self, index):
+        index = index if isinstance(index, tuple) else (index,)
+        if not index or index[0] != slice(None):
+            fail(f"indexing [{index}]", "keep the batch dimension whole: x[:, ...]")
+        out, dim, drop = self, 0, []
+        for item in index[1:]:
+            if item is Ellipsis:
+                dim = len(self.node.shape) - (len(index) - 1 - index.index(Ellipsis) - 1)
+                continue
+            size = self.node.shape[dim]
+            if isinstance(item, int):
+                k = item % size if -size <= item < size else None
+                if k is None:
+                    raise IndexError(f"index {item} is out of range for size {size}")
+                out = _layers().Slice(dim, k, 1, 1)(out)
+                drop.append(dim)
+            elif isinstance(item, slice):
+                start, stop, step = item.indices(size)
+                if step < 1:
+                    fail("a slice with a negative step")
+                length = len(range(start, stop, step))
+                if length == 0:
+                    raise IndexError(f"the slice {item} is empty")
+                if length != size:
+                    out = _layers().Slice(dim, start, step, length)(out)
+            else:
+                fail(f"indexing with {type(item).__name__}", "use integers and slices")
+            dim += 1
+        if drop:
+            out = out.reshape(N, *(n for i, n in enumerate(out.node.shape) if i not in drop))
+        return out
+
+    def chunk(self, chunks, dim=-1):
+        d = _dim(dim, len(self.node.shape))
+        size = self.node.shape[d]
+        step = -(-size // chunks)
+        return tuple(self[(slice(None),) * (d + 1) + (slice(k, min(k + step, size)),)] for k in range(0, size, step))
+
+    def split(self, split_size, dim=-1):
+        d = _dim(dim, len(self.node.shape))
+        size = self.node.shape[d]
+        sizes = [split_size] * (size // split_size) + ([size % split_size] if size % split_size else []) \
+            if isinstance(split_size, int) else list(split_size)
+        if sum(sizes) != size:
+            raise ValueError(f"split: sizes {sizes} do not add up to {size}")
+        out, at = [], 0
+        for n in sizes:
+            out.append(self[(slice(None),) * (d + 1) + (slice(at, at + n),)])
+            at += n
+        return tuple(out)
+
+    def mean(self, dim=None, keepdim=False):
+        nd = len(self.node.shape)
+        dims = sorted({_dim(d, nd) for d in (dim if isinstance(dim, (tuple, list)) else [dim])}) \
+            if dim is not None else fail("mean() over every dimension", "name the dimensions: x.mean((2, 3))")
+        if nd == 3 and dims == [1, 2]:  # global average pooling of (C, H, W) images
+            out = _layers().AdaptiveAvgPool2d(1)(self)
+            return out if keepdim else out.reshape(N, self.node.shape[0])
+        fail(f"mean over dimensions {dim} of a {nd + 1}-d value", "only the spatial mean x.mean((2, 3)) is supported")
+
+    # ---- activations as methods ----
+    def relu(self):
+        return _layers().ReLU()(self)
+
+    def sigmoid(self):
+        return _layers().Sigmoid()(self)
+
+    def tanh(self):
+        return _layers().Tanh()(self)
+
+    # ---- what cannot be recorded ----
+    def _value(self, *args):
+        fail("Python control flow or conversion on a traced value (if/while/bool/int/float/len/iteration)",
+             "make it depend on shapes or constructor arguments only")
+
+    __bool__ = __int__ = __float__ = __index__ = __len__ = __iter__ = _value
+    item = tolist = numpy = _value
+
+    def __getattr__(self, name):
+        if name.startswith("__"):  # protocol probes (NumPy's, copy's) see a plain object
+            raise AttributeError(name)
+        fail(f"x.{name}", "see docs/models.md for what traced values support")
 
     def __repr__(self):
         kind = "input" if self.node.module is None else type(self.node.module).__name__
         return f"Symbolic(shape={self.shape}, from={kind})"
 
 
+def constant(t, like_shape):
+    """A tensor used as a value in forward: a node reading it (a parameter trains through it). Its leading
+    size-1 dimensions beyond the per-sample rank are the batch's broadcast."""
+    shape = tuple(t.shape)
+    while len(shape) > len(like_shape) and shape[0] == 1:
+        shape = shape[1:]
+    if len(shape) > len(like_shape):
+        fail(f"a tensor of shape {tuple(t.shape)} in a value of shape {(N, *like_shape)}",
+             "a tensor used in forward must be the same for every sample")
+    if shape != like_shape:  # broadcast over the sample's leading dimensions
+        if len(shape) < len(like_shape):
+            shape = (1,) * (len(like_shape) - len(shape)) + shape
+        if any(a != b and a != 1 for a, b in zip(shape, like_shape)):
+            raise ValueError(f"shapes {tuple(t.shape)} and {(N, *like_shape)} do not broadcast")
+        fail(f"broadcasting a tensor of shape {tuple(t.shape)} over {(N, *like_shape)}",
+             "give the tensor the per-sample shape of the value it meets")
+    return Symbolic.record(_layers().Value(t, shape), [], shape)
+
+
+def constant_like(x, value):
+    from .. import creation
+    t = creation.full(x.node.shape, value, device=_device_of(x))
+    return constant(t, x.node.shape)
+
+
+def _device_of(x):
+    stack, seen = [x.node], set()
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        m = n.module
+        for p in (m.parameters() if m is not None else ()):
+            return p.device
+        stack.extend(n.inputs)
+    return "cpu"
+
+
 def Input(shape):
     """The model's input, of per-sample shape `shape` (e.g. (1, 28, 28))."""
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
-    if len(shape) not in (1, 3):
-        raise ValueError(f"an input is (features,) or (channels, height, width), got {shape}")
+    if not shape or any(not isinstance(n, int) or n < 1 for n in shape):
+        raise ValueError(f"an input shape is a tuple of positive sizes per sample, got {shape}")
     return Symbolic(Node(None, [], shape))
 
 
 def cat(tensors, dim=1):
-    """Concatenates symbolic tensors along the channel dimension."""
-    from .modules import Cat
-    return Cat(dim)(*tensors)
+    """Concatenates symbolic values along a dimension (the first per-sample one: channels, or time)."""
+    tensors = list(tensors)
+    if dim % (tensors[0].ndim) != 1:
+        fail(f"cat along dimension {dim}", "concatenate along dimension 1 (channels, or the sequence)")
+    return _layers().Cat(1)(*[t if isinstance(t, Symbolic) else tensors[0]._operand(t) for t in tensors])
+
+
+def trace(model, input_shape):
+    """The output Symbolic of model's forward on a symbolic input of per-sample `input_shape`."""
+    x = Input(input_shape)
+    try:
+        out = model(x)
+    except TracingError:
+        raise
+    except (AttributeError, TypeError) as e:  # a tensor-only function met a traced value
+        tb = traceback.extract_tb(sys.exc_info()[2])
+        where = next((f"{f.filename}:{f.lineno}: {(f.line or '').strip()}" for f in reversed(tb)
+                      if not os.path.abspath(f.filename).startswith(_PACKAGE + os.sep)), "<unknown>")
+        raise TracingError(f"{type(model).__name__}.forward cannot be compiled (at {where}): {e}") from e
+    if not isinstance(out, Symbolic):
+        raise TracingError(f"{type(model).__name__}.forward returned {type(out).__name__}, not the traced output "
+                           "of its input (one output; the loss is given to compile separately)")
+    return out
 
 
 def topological(outputs):
@@ -75,4 +426,5 @@ def topological(outputs):
 
     for o in outputs:
         visit(o)
+    order.sort(key=lambda n: n.module is not None)  # the input first: a constant may have been reached before it
     return order

@@ -144,13 +144,21 @@ class Module:
         return self.train(False)
 
     # ---- calling ----
-    def __call__(self, *inputs):
-        if inputs and all(isinstance(x, Symbolic) for x in inputs):
+    # A layer the compiler knows (a node kind): called on traced values it records one node. Any other
+    # module, a user's own included, is traced through its forward.
+    _leaf = False
+
+    def __call__(self, *inputs, **kwargs):
+        if self._leaf and any(isinstance(x, Symbolic) for x in inputs):
+            if kwargs:
+                raise TypeError(f"{type(self).__name__} takes no keyword arguments when traced")
             return self._symbolic(*inputs)
-        return self.forward(*inputs)
+        return self.forward(*inputs, **kwargs)
 
     def _symbolic(self, *inputs):
-        return Symbolic.record(self, inputs, self.output_shape(*[x.shape for x in inputs]))
+        from .graph import Symbolic as S
+        inputs = [x if isinstance(x, S) else inputs[0]._operand(x) for x in inputs]
+        return Symbolic.record(self, inputs, self.output_shape(*[x.node.shape for x in inputs]))
 
     def output_shape(self, *shapes):
         """The output shape (without the batch dimension) for these input shapes."""
@@ -184,6 +192,8 @@ def _init_weight_bias(weight, bias, fan_in):
 
 
 class Conv2d(Module):
+    _leaf = True
+
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True,
                  padding_mode="zeros"):
         super().__init__()
@@ -220,6 +230,8 @@ class Conv2d(Module):
 
 
 class Linear(Module):
+    _leaf = True
+
     def __init__(self, in_features, out_features, bias=True):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
@@ -241,6 +253,8 @@ class Linear(Module):
 
 
 class BatchNorm2d(Module):
+    _leaf = True
+
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True):
         super().__init__()
         if momentum is None:
@@ -272,6 +286,8 @@ class BatchNorm2d(Module):
 
 
 class LayerNorm(Module):
+    _leaf = True
+
     def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True):
         super().__init__()
         self.normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
@@ -290,6 +306,7 @@ class LayerNorm(Module):
 
 
 class _Activation(Module):
+    _leaf = True
     act = None
 
     def __init__(self, inplace=False):
@@ -350,6 +367,8 @@ class LeakyReLU(_Activation):
 
 
 class _Pool2d(Module):
+    _leaf = True
+
     def __init__(self, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, count_include_pad=True):
         super().__init__()
         self.kernel_size = _pair(kernel_size)
@@ -392,6 +411,8 @@ class AvgPool2d(_Pool2d):
 
 
 class _AdaptivePool2d(Module):
+    _leaf = True
+
     def __init__(self, output_size):
         super().__init__()
         self.output_size = _pair(output_size)
@@ -413,6 +434,8 @@ class AdaptiveMaxPool2d(_AdaptivePool2d):
 
 
 class Dropout(Module):
+    _leaf = True
+
     def __init__(self, p=0.5, inplace=False):
         super().__init__()
         if not 0 <= p < 1:
@@ -425,6 +448,8 @@ class Dropout(Module):
 
 
 class Flatten(Module):
+    _leaf = True
+
     def __init__(self, start_dim=1, end_dim=-1):
         super().__init__()
         self.start_dim, self.end_dim = start_dim, end_dim
@@ -442,6 +467,8 @@ class Flatten(Module):
 
 
 class Identity(Module):
+    _leaf = True
+
     def forward(self, x):
         return x
 
@@ -464,15 +491,81 @@ class Sequential(Module):
     def __len__(self):
         return len(self._modules)
 
-    def _symbolic(self, x):
-        for m in self._modules.values():
-            x = m(x)
-        return x
-
     def forward(self, x):
         for m in self._modules.values():
             x = m(x)
         return x
+
+
+class ModuleList(Module):
+    """Holds modules in a list, registered as children named 0, 1, ... (PyTorch's state_dict keys)."""
+
+    def __init__(self, modules=()):
+        super().__init__()
+        for m in modules:
+            self.append(m)
+
+    def append(self, module):
+        if not isinstance(module, Module):
+            raise TypeError(f"ModuleList holds Modules, got {type(module).__name__}")
+        setattr(self, str(len(self._modules)), module)
+        return self
+
+    def extend(self, modules):
+        for m in modules:
+            self.append(m)
+        return self
+
+    def __getitem__(self, i):
+        items = list(self._modules.values())
+        return ModuleList(items[i]) if isinstance(i, slice) else items[i]
+
+    def __len__(self):
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(self._modules.values())
+
+    def forward(self, *args):
+        raise TypeError("ModuleList is not callable: iterate over it in forward")
+
+
+class ModuleDict(Module):
+    """Holds modules by name, registered as children under those names."""
+
+    def __init__(self, modules=None):
+        super().__init__()
+        for name, m in (modules.items() if isinstance(modules, dict) else modules or ()):
+            self[name] = m
+
+    def __setitem__(self, name, module):
+        if not isinstance(module, Module):
+            raise TypeError(f"ModuleDict holds Modules, got {type(module).__name__}")
+        setattr(self, name, module)
+
+    def __getitem__(self, name):
+        return self._modules[name]
+
+    def __contains__(self, name):
+        return name in self._modules
+
+    def __len__(self):
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(self._modules)
+
+    def keys(self):
+        return self._modules.keys()
+
+    def values(self):
+        return self._modules.values()
+
+    def items(self):
+        return self._modules.items()
+
+    def forward(self, *args):
+        raise TypeError("ModuleDict is not callable: index it in forward")
 
 
 class CrossEntropyLoss(Module):
@@ -506,6 +599,8 @@ class MSELoss(Module):
 class Add(Module):
     """a + b, the residual sum (fused with a following activation when compiled)."""
 
+    _leaf = True
+
     def output_shape(self, a, b):
         if a != b:
             raise ValueError(f"Add: shapes {a} and {b} differ")
@@ -517,7 +612,9 @@ class Add(Module):
 
 
 class Cat(Module):
-    """Concatenation along the channel dimension."""
+    """Concatenation along the first per-sample dimension (channels, or a sequence's steps)."""
+
+    _leaf = True
 
     def __init__(self, dim=1):
         super().__init__()
@@ -533,6 +630,97 @@ class Cat(Module):
     def forward(self, *xs):
         from . import functional as F
         return F.cat(xs, self.dim)
+
+
+class Mul(Module):
+    """a * b of one shape (recorded by the * of traced values)."""
+
+    _leaf = True
+
+    def output_shape(self, a, b):
+        if a != b:
+            raise ValueError(f"Mul: shapes {a} and {b} differ")
+        return a
+
+
+class Scale(Module):
+    """x * factor for a constant factor (recorded by x * c, x / c, -x)."""
+
+    _leaf = True
+
+    def __init__(self, factor):
+        super().__init__()
+        self.factor = float(factor)
+
+    def extra_repr(self):
+        return f"{self.factor}"
+
+
+class Reshape(Module):
+    """The values of a sample in a new per-sample shape (recorded by view, reshape, flatten, squeeze)."""
+
+    _leaf = True
+
+    def __init__(self, shape):
+        super().__init__()
+        self.shape = tuple(shape)
+
+    def output_shape(self, shape):
+        if math.prod(shape) != math.prod(self.shape):
+            raise ValueError(f"Reshape: {shape} cannot become {self.shape}")
+        return self.shape
+
+    def extra_repr(self):
+        return f"{self.shape}"
+
+
+class Permute(Module):
+    """The per-sample dimensions in the order perm gives (recorded by permute, transpose)."""
+
+    _leaf = True
+
+    def __init__(self, perm):
+        super().__init__()
+        self.perm = tuple(perm)
+
+    def output_shape(self, shape):
+        return tuple(shape[d] for d in self.perm)
+
+    def extra_repr(self):
+        return f"{self.perm}"
+
+
+class Slice(Module):
+    """`length` elements start, start + step, ... of per-sample dimension `dim` (recorded by x[:, a:b])."""
+
+    _leaf = True
+
+    def __init__(self, dim, start, step, length):
+        super().__init__()
+        self.dim, self.start, self.step, self.length = dim, start, step, length
+
+    def output_shape(self, shape):
+        if self.start + (self.length - 1) * self.step >= shape[self.dim]:
+            raise IndexError(f"Slice reaches past size {shape[self.dim]}")
+        return (*shape[:self.dim], self.length, *shape[self.dim + 1:])
+
+    def extra_repr(self):
+        return f"dim={self.dim}, start={self.start}, step={self.step}, length={self.length}"
+
+
+class Value(Module):
+    """A tensor used as a value in forward, the same for every sample: a parameter (which trains through it)
+    or a constant."""
+
+    _leaf = True
+
+    def __init__(self, tensor, shape):
+        super().__init__()
+        object.__setattr__(self, "tensor", tensor)  # the model registers it, if it is a parameter
+        self.shape = tuple(shape)
+
+    def extra_repr(self):
+        return f"{self.shape}"
 
 
 class Model(Module):
@@ -560,5 +748,10 @@ class Model(Module):
     def forward(self, x):
         values = {}
         for n in self._nodes:
-            values[id(n)] = x if n.module is None else n.module(*[values[id(i)] for i in n.inputs])
+            if n.module is None:
+                values[id(n)] = x
+            elif not n.inputs and isinstance(x, Symbolic):  # a Value node, traced again
+                values[id(n)] = Symbolic(n)
+            else:
+                values[id(n)] = n.module(*[values[id(i)] for i in n.inputs])
         return values[id(self._nodes[-1])]

@@ -11,14 +11,15 @@ import math
 from .. import _C, creation
 from .._types import _BY_NAME
 from . import modules as M
-from .graph import Input, Symbolic, topological
+from .graph import topological, trace
 
 # Node kinds and activations as the extension numbers them.
 _K = _C.NODE_KINDS
-(INPUT, CONV2D, LINEAR, BATCHNORM, ACT, MAXPOOL, AVGPOOL, ADAPTIVE_AVGPOOL, ADAPTIVE_MAXPOOL, ADD, CAT, FLATTEN,
- DROPOUT, IDENTITY, LAYERNORM) = (_K[k] for k in (
+(INPUT, CONV2D, LINEAR, BATCHNORM, ACT, MAXPOOL, AVGPOOL, ADAPTIVE_AVGPOOL, ADAPTIVE_MAXPOOL, ADD, CAT, RESHAPE,
+ DROPOUT, IDENTITY, LAYERNORM, MUL, SCALE, PERMUTE, SLICE, PARAM) = (_K[k] for k in (
     "input", "conv2d", "linear", "batch_norm", "activation", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
-    "adaptive_max_pool2d", "add", "cat", "flatten", "dropout", "identity", "layer_norm"))
+    "adaptive_max_pool2d", "add", "cat", "reshape", "dropout", "identity", "layer_norm", "mul", "scale", "permute",
+    "slice", "parameter"))
 ACTS = _C.ACTIVATIONS
 # Activations whose derivative follows from their output: these can be fused
 # into an op that does not keep the activation's input.
@@ -59,15 +60,26 @@ def _node_of(module):
         return ADD, {}
     if isinstance(m, M.Cat):
         return CAT, {}
-    if isinstance(m, M.Flatten):
-        return FLATTEN, {}
+    if isinstance(m, (M.Flatten, M.Reshape)):
+        return RESHAPE, {}
     if isinstance(m, M.Dropout):
         return DROPOUT, dict(p=m.p)
     if isinstance(m, M.Identity):
         return IDENTITY, {}
     if isinstance(m, M.LayerNorm):
         return LAYERNORM, dict(norm_dims=len(m.normalized_shape), layer_eps=m.eps)
-    raise NotImplementedError(f"{type(m).__name__} cannot be compiled into a training program yet")
+    if isinstance(m, M.Mul):
+        return MUL, {}
+    if isinstance(m, M.Scale):
+        return SCALE, dict(scale=m.factor)
+    if isinstance(m, M.Permute):
+        return PERMUTE, dict(perm=m.perm)
+    if isinstance(m, M.Slice):
+        return SLICE, dict(slice_dim=m.dim, slice_start=m.start, slice_step=m.step)
+    if isinstance(m, M.Value):
+        return PARAM, {}
+    raise NotImplementedError(f"{type(m).__name__} has no compiled form yet: see docs/models.md for the layers "
+                              "a compiled program supports")
 
 
 class _Entry:
@@ -84,10 +96,7 @@ def _graph(model, input_shape):
     else:
         if input_shape is None:
             raise ValueError("compile: give input_shape, the per-sample shape such as (1, 28, 28)")
-        out = model(Input(input_shape))
-        if not isinstance(out, Symbolic):
-            raise TypeError("compile: the model did not produce a symbolic output")
-        nodes = topological([out.node])
+        nodes = topological([trace(model, input_shape).node])
     index = {id(n): i for i, n in enumerate(nodes)}
     entries = []
     for n in nodes:
@@ -190,7 +199,12 @@ def _contiguous(shape):
     return strides[::-1]
 
 
-def _node_dict(e):
+def _node_dict(e, trainable):
+    """The C node of an entry; `trainable` holds the ids of the parameters that get gradients (the model's,
+    with requires_grad): a frozen one is read, never differentiated."""
+    def grad(p):
+        return p.grad if id(p) in trainable else None
+
     d = dict(kind=e.kind, inputs=tuple(e.inputs), shape=tuple(e.shape))
     for key, value in e.fields.items():
         if key not in ("act", "alpha"):
@@ -199,10 +213,13 @@ def _node_dict(e):
         d["act"] = ACTS[e.act if e.kind != ACT else e.fields["act"]]
         d["alpha"] = e.alpha if e.kind != ACT else e.fields["alpha"]
     m = e.module
-    if e.kind in (CONV2D, LINEAR, BATCHNORM, LAYERNORM) and m.weight is not None:
-        d["weight"], d["dweight"] = m.weight, m.weight.grad
+    if e.kind in (CONV2D, LINEAR, BATCHNORM, LAYERNORM):
+        if m.weight is not None:
+            d["weight"], d["dweight"] = m.weight, grad(m.weight)
         if m.bias is not None and not e.drop_bias:
-            d["bias"], d["dbias"] = m.bias, m.bias.grad
+            d["bias"], d["dbias"] = m.bias, grad(m.bias)
+    if e.kind == PARAM:
+        d["weight"], d["dweight"] = m.tensor, grad(m.tensor)
     if e.kind == BATCHNORM:
         d["running_mean"] = getattr(m, "running_mean", None)
         d["running_var"] = getattr(m, "running_var", None)
@@ -218,7 +235,7 @@ def _flops(e):
         c, k = m.in_channels // m.groups, m.out_channels
         return 2 * k * c * math.prod(m.kernel_size) * math.prod(e.shape[1:])
     if e.kind == LINEAR:
-        return 2 * m.in_features * m.out_features
+        return 2 * m.in_features * m.out_features * math.prod(e.shape[:-1])
     return math.prod(e.shape)
 
 
@@ -293,16 +310,25 @@ class Program:
         if self.entries[-1].shape.__len__() != 1:
             raise ValueError(f"the model's output must be (N, classes), got per-sample shape {self.entries[-1].shape}")
         self.flat_params, self.flat_grads = _flatten_parameters(model)
-        ids = {id(p) for g in optimizer.param_groups for p in g["params"]}
-        missing = [n for n, p in model.named_parameters() if id(p) not in ids]
-        if missing:
-            raise ValueError(f"compile: the optimizer does not hold these parameters of the model: {missing}")
+        if memory_format == "channels_last" and any(e.kind == LINEAR and len(self.entries[e.inputs[0]].shape) == 3
+                                 for e in self.entries):
+            raise ValueError("compile: Linear over the last dimension of images needs memory_format='contiguous' "
+                             "(or flatten first)")
+        # Parameters read by the program but frozen get no gradient; those the optimizer does not hold are
+        # differentiated (their .grad is filled) but not updated, as with torch.optim.
+        self.trainable = {id(p) for p in model.parameters() if getattr(p, "requires_grad", True)}
+        own = {id(p) for p in model.parameters()}
+        held = [p for g in optimizer.param_groups for p in g["params"]]
+        if any(id(p) not in own for p in held):
+            lacking = [n for n, p in model.named_parameters() if id(p) not in {id(q) for q in held}]
+            raise ValueError(f"compile: the optimizer holds tensors that are not parameters of this model (an "
+                             f"optimizer of another model?); of this model's parameters it lacks {lacking}")
         for e in self.entries:
             if e.drop_bias:
                 # The compiled model computes the convolution without it; a zero keeps the saved model (and
                 # the batch norm's running mean) describing the function that is trained.
                 e.module.bias.fill_(0)
-        self._nodes = [_node_dict(e) for e in self.entries]
+        self._nodes = [_node_dict(e, self.trainable) for e in self.entries]
         if seed is None:  # dropout masks follow ft.manual_seed, as PyTorch's follow torch.manual_seed
             from ..random import randint
             seed = int(randint(0, 2 ** 62, (1,)).item())

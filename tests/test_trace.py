@@ -1,0 +1,292 @@
+"""model.compile() on a user's own nn.Module: forward traced once into the C program (torch.fx style), with
+PyTorch's parameter names, the operators and functional calls of everyday PyTorch code, and clear errors."""
+import numpy as np
+import pytest
+
+import fasttrain as ft
+from fasttrain import nn
+from fasttrain.nn import functional as F
+
+CLASSES = 5
+
+
+class Block(nn.Module):
+    """A residual block as a PyTorch user writes it."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.conv1 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c)
+        self.conv2 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c)
+
+    def forward(self, x):
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return F.relu(out + x)
+
+
+class Net(nn.Module):
+    def __init__(self, depth=2, width=6):
+        super().__init__()
+        self.stem = nn.Conv2d(3, width, 3, padding=1)
+        self.layer1 = nn.ModuleList([Block(width) for _ in range(depth)])
+        self.fc = nn.Linear(width, CLASSES)
+
+    def forward(self, x):
+        x = F.relu(self.stem(x))
+        for block in self.layer1:  # unrolled: the loop depends on the constructor only
+            x = block(x)
+        if x.shape[1] == 6:  # control flow on shapes is fine
+            x = F.adaptive_avg_pool2d(x, 1)
+        return self.fc(x.view(x.size(0), -1))
+
+
+def functional_twin(net):
+    """The same network as an ft.nn.Model graph over the same layer objects."""
+    x = nn.Input((3, 8, 8))
+    h = nn.ReLU()(net.stem(x))
+    for b in net.layer1:
+        o = nn.ReLU()(b.bn1(b.conv1(h)))
+        h = nn.ReLU()(b.bn2(b.conv2(o)) + h)
+    return nn.Model(x, net.fc(nn.Flatten()(nn.AdaptiveAvgPool2d(1)(h))))
+
+
+def batch(n, shape=(3, 8, 8), seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((n, *shape)).astype(np.float32), rng.integers(0, CLASSES, n)
+
+
+def grads(model):
+    return {k: p.grad.numpy().copy() for k, p in model.named_parameters()}
+
+
+def fd_check(program, model, x, y, count=3, h=1e-2, names=None):
+    program.backward(x, y)
+    for name, p in model.named_parameters():
+        if names and name not in names:
+            continue
+        values, grad = p.numpy(), p.grad.numpy().copy()
+        for idx in list(np.ndindex(values.shape))[:count]:
+            old = values[idx]
+            values[idx] = old + h
+            up = program.backward(x, y)
+            values[idx] = old - h
+            down = program.backward(x, y)
+            values[idx] = old
+            assert abs((up - down) / (2 * h) - grad[idx]) < 3e-3 + 3e-2 * abs(grad[idx]), (name, idx)
+
+
+def test_a_user_module_compiles_with_pytorch_names():
+    ft.manual_seed(0)
+    net = Net()
+    keys = list(net.state_dict())
+    assert keys[:4] == ["stem.weight", "stem.bias", "layer1.0.conv1.weight", "layer1.0.bn1.weight"]
+    assert "layer1.1.bn2.running_mean" in keys and "layer1.1.bn2.num_batches_tracked" in keys
+    program = net.compile(ft.optim.SGD(net.parameters(), lr=0.1), batch_size=4, input_shape=(3, 8, 8))
+    table = program.summary()
+    assert "Conv2d" in table and "+relu fused" in table
+    x, y = batch(8)
+    losses = [program.train_step(x, y) for _ in range(10)]
+    assert losses[-1] < losses[0]
+
+
+def test_traced_module_runs_the_same_program_as_its_graph():
+    """Tracing records exactly the graph one would build by hand: bitwise equal losses and gradients."""
+    x, y = batch(8, seed=1)
+    results = []
+    for build in (lambda n: n, functional_twin):
+        ft.manual_seed(3)
+        net = Net()
+        model = build(net)
+        program = model.compile(ft.optim.SGD(net.parameters(), lr=0.1), batch_size=8, input_shape=(3, 8, 8))
+        loss = program.backward(x, y)
+        results.append((loss, grads(net), [(e.kind, e.shape, e.act) for e in program.entries]))
+    assert results[0][0] == results[1][0]
+    for k in results[0][1]:
+        assert np.array_equal(results[0][1][k], results[1][1][k]), k
+    assert results[0][2] == results[1][2]
+
+
+def test_traced_gradients_match_finite_differences():
+    ft.manual_seed(4)
+    net = Net(depth=1, width=6)
+    program = net.compile(ft.optim.SGD(net.parameters(), lr=0.1), batch_size=4, input_shape=(3, 8, 8),
+                          memory_format="contiguous")
+    net.eval()  # finite differences of batch norm in training see other samples; evaluate-mode statistics
+    x, y = batch(4, seed=5)
+    fd_check(program, net, x, y, names={"stem.weight", "layer1.0.conv2.weight", "fc.bias"})
+
+
+class Tokens(nn.Module):
+    """Sequence operations: a parameter as a value, a class token, permute, slicing, products and scales."""
+
+    def __init__(self, c=8, t=4):
+        super().__init__()
+        self.proj = nn.Conv2d(1, c, 2, stride=2)  # patches of a 4x4 image: t = 4
+        self.register_parameter("cls", nn.init.normal_(ft.empty(1, 1, c), std=0.1))
+        self.register_parameter("pos", nn.init.normal_(ft.empty(1, t + 1, c), std=0.1))
+        self.norm = nn.LayerNorm(c)
+        self.gate = nn.Linear(c, c)
+        self.head = nn.Linear(c, CLASSES)
+
+    def forward(self, x):
+        x = self.proj(x).flatten(2).transpose(1, 2)  # (N, T, C)
+        x = ft.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1) + self.pos
+        h = self.norm(x)
+        x = x + F.gelu(self.gate(h)) * F.sigmoid(h) - 0.5 * h / 2
+        return self.head(x[:, 0] + x[:, 2])
+
+
+def test_sequence_operations_match_finite_differences():
+    ft.manual_seed(6)
+    model = Tokens()
+    names = [k for k, _ in model.named_parameters()]
+    assert names[:3] == ["cls", "pos", "proj.weight"]  # own parameters first, as PyTorch lists them
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=4, input_shape=(1, 4, 4),
+                            memory_format="contiguous")
+    x, y = batch(4, shape=(1, 4, 4), seed=7)
+    fd_check(program, model, x, y, h=2e-3)
+    losses = [program.train_step(x, y) for _ in range(20)]
+    assert losses[-1] < losses[0]
+
+
+class ValueBranch(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, CLASSES)
+
+    def forward(self, x):
+        if x.mean((1,)) > 0:  # noqa: the line the error must name
+            return self.fc(x)
+        return self.fc(-x)
+
+
+def test_control_flow_on_values_names_the_line():
+    model = ValueBranch()
+    with pytest.raises(ft.nn.TracingError) as info:
+        model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=2, input_shape=(4,))
+    assert "test_trace.py" in str(info.value) and "if x.mean((1,)) > 0" in str(info.value)
+
+
+class Unsupported(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, CLASSES)
+
+    def forward(self, x):
+        return self.fc(x).softmax(-1)
+
+
+def test_an_unsupported_call_names_the_line():
+    model = Unsupported()
+    with pytest.raises(ft.nn.TracingError, match=r"x\.softmax.*test_trace\.py:\d+"):
+        model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=2, input_shape=(4,))
+
+
+def test_batch_dimension_must_stay_whole():
+    class Mixer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, CLASSES)
+
+        def forward(self, x):
+            return self.fc(x.view(-1, 8))  # would mix samples when the features are not 8
+
+    model = Mixer()
+    with pytest.raises(ValueError, match="do not fit"):
+        model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=2, input_shape=(4,))
+    ok = Mixer()
+    ok.compile(ft.optim.SGD(ok.parameters(), lr=0.1), batch_size=2, input_shape=(2, 4))
+
+
+def test_sequential_of_user_modules_and_nested_models():
+    ft.manual_seed(8)
+    model = nn.Sequential(Block(3), nn.Flatten(), nn.Linear(3 * 8 * 8, CLASSES))
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=4, input_shape=(3, 8, 8))
+    x, y = batch(4, seed=9)
+    losses = [program.train_step(x, y) for _ in range(8)]
+    assert losses[-1] < losses[0]
+    assert "0.conv1.weight" in model.state_dict()
+
+
+try:  # an optional oracle
+    import torch
+except ImportError:  # pragma: no cover - depends on the environment
+    torch = None
+needs_torch = pytest.mark.skipif(torch is None, reason="PyTorch is not installed")
+
+
+def torch_twins():
+    """The models above written in PyTorch, with the same attribute names."""
+    tn, tf = torch.nn, torch.nn.functional
+
+    class TBlock(tn.Module):
+        def __init__(self, c):
+            super().__init__()
+            self.conv1 = tn.Conv2d(c, c, 3, padding=1, bias=False)
+            self.bn1 = tn.BatchNorm2d(c)
+            self.conv2 = tn.Conv2d(c, c, 3, padding=1, bias=False)
+            self.bn2 = tn.BatchNorm2d(c)
+
+        def forward(self, x):
+            return tf.relu(self.bn2(self.conv2(tf.relu(self.bn1(self.conv1(x))))) + x)
+
+    class TNet(tn.Module):
+        def __init__(self, depth=2, width=6):
+            super().__init__()
+            self.stem = tn.Conv2d(3, width, 3, padding=1)
+            self.layer1 = tn.ModuleList([TBlock(width) for _ in range(depth)])
+            self.fc = tn.Linear(width, CLASSES)
+
+        def forward(self, x):
+            x = tf.relu(self.stem(x))
+            for block in self.layer1:
+                x = block(x)
+            return self.fc(tf.adaptive_avg_pool2d(x, 1).view(x.size(0), -1))
+
+    class TTokens(tn.Module):
+        def __init__(self, c=8, t=4):
+            super().__init__()
+            self.proj = tn.Conv2d(1, c, 2, stride=2)
+            self.cls = tn.Parameter(torch.zeros(1, 1, c))
+            self.pos = tn.Parameter(torch.zeros(1, t + 1, c))
+            self.norm = tn.LayerNorm(c)
+            self.gate = tn.Linear(c, c)
+            self.head = tn.Linear(c, CLASSES)
+
+        def forward(self, x):
+            x = self.proj(x).flatten(2).transpose(1, 2)
+            x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1) + self.pos
+            h = self.norm(x)
+            x = x + tf.gelu(self.gate(h)) * torch.sigmoid(h) - 0.5 * h / 2
+            return self.head(x[:, 0] + x[:, 2])
+
+    return {"Net": (Net, TNet, (3, 8, 8)), "Tokens": (Tokens, TTokens, (1, 4, 4))}
+
+
+@needs_torch
+@pytest.mark.parametrize("name", ["Net", "Tokens"])
+def test_matches_pytorch_with_state_dicts_both_ways(name):
+    """The same model written in PyTorch: state_dict loads with strict=True both ways; one step's loss, every
+    gradient and the updated weights agree to float32 tolerance."""
+    ours_cls, theirs_cls, shape = torch_twins()[name]
+    ft.manual_seed(10)
+    ours = ours_cls()
+    theirs = theirs_cls().double()
+    theirs.load_state_dict({k: torch.tensor(v, dtype=torch.float64) for k, v in ours.state_dict().items()},
+                           strict=True)
+    back = ours_cls()
+    back.load_state_dict({k: v.float().numpy() for k, v in theirs.state_dict().items()}, strict=True)
+    for k, v in back.state_dict().items():
+        assert np.array_equal(v, ours.state_dict()[k]), k
+    program = ours.compile(ft.optim.SGD(ours.parameters(), lr=0.1), batch_size=4, input_shape=shape,
+                           memory_format="contiguous")
+    x, y = batch(4, shape=shape, seed=11)
+    loss = program.backward(x, y)
+    tloss = torch.nn.functional.cross_entropy(theirs(torch.tensor(x, dtype=torch.float64)), torch.tensor(y))
+    tloss.backward()
+    assert abs(loss - tloss.item()) < 1e-5 * max(1.0, abs(tloss.item()))
+    tgrads = {k: p.grad.numpy() for k, p in theirs.named_parameters()}
+    for k, p in ours.named_parameters():
+        np.testing.assert_allclose(p.grad.numpy(), tgrads[k], rtol=1e-4, atol=1e-6, err_msg=k)
