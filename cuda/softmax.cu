@@ -725,9 +725,84 @@ static ft_status mse_loss_backward(const ft_tensor *dinp, const ft_tensor *dtarg
     return ft_cuda_pw_run<1>(p, op, "mse_loss_backward kernel launch");
 }
 
+/* ---- nll_loss: one thread per sample (the entry point checked the targets) ---- */
+
+struct nll_args {
+    const char *target;
+    int64_t tstride;
+    bool t64;
+    const float *w;
+    int64_t ignore;
+    float *x; /* inp (forward) or dinp (backward) */
+    int64_t xs0, xs1;
+    float *v; /* loss (forward) or dloss (backward) */
+    int64_t vs;
+    int64_t N;
+};
+
+static __device__ int64_t nll_target_at(const nll_args &a, int64_t n) {
+    const char *at = a.target + n * a.tstride * (a.t64 ? 8 : 4);
+    return a.t64 ? *(const int64_t *)at : *(const int32_t *)at;
+}
+
+__global__ void __launch_bounds__(THREADS) nll_forward_kernel(nll_args a) {
+    int64_t n = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (n >= a.N)
+        return;
+    int64_t t = nll_target_at(a, n);
+    a.v[n * a.vs] = t == a.ignore ? 0.0f : -(a.w ? a.w[t] : 1.0f) * a.x[n * a.xs0 + t * a.xs1];
+}
+
+__global__ void __launch_bounds__(THREADS) nll_backward_kernel(nll_args a) {
+    int64_t n = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (n >= a.N)
+        return;
+    int64_t t = nll_target_at(a, n);
+    if (t != a.ignore)
+        a.x[n * a.xs0 + t * a.xs1] -= (a.w ? a.w[t] : 1.0f) * a.v[n * a.vs];
+}
+
+static nll_args nll_make(const ft_tensor *x, const ft_tensor *v, const ft_tensor *target, const ft_tensor *weight,
+                         int64_t ignore_index) {
+    nll_args a = {};
+    a.target = ft_tensor_data(target);
+    a.tstride = target->strides[0];
+    a.t64 = target->dtype == FT_INT64;
+    a.w = weight ? (const float *)ft_tensor_data(weight) : NULL;
+    a.ignore = ignore_index;
+    a.x = (float *)ft_tensor_data(x);
+    a.xs0 = x->strides[0], a.xs1 = x->strides[1];
+    a.v = (float *)ft_tensor_data(v);
+    a.vs = v->strides[0];
+    a.N = x->shape[0];
+    return a;
+}
+
+static ft_status nll_loss_forward(const ft_tensor *loss, const ft_tensor *inp, const ft_tensor *target,
+                                  const ft_tensor *weight, int64_t ignore_index) {
+    FT_TRY(ft_cuda_use_device(inp));
+    nll_args a = nll_make(inp, loss, target, weight, ignore_index);
+    if (a.N == 0)
+        return FT_OK;
+    nll_forward_kernel<<<(unsigned)((a.N + THREADS - 1) / THREADS), THREADS>>>(a);
+    return ft_cuda_launched("nll_loss kernel launch");
+}
+
+static ft_status nll_loss_backward(const ft_tensor *dinp, const ft_tensor *dloss, const ft_tensor *target,
+                                   const ft_tensor *weight, int64_t ignore_index) {
+    FT_TRY(ft_cuda_use_device(dinp));
+    nll_args a = nll_make(dinp, dloss, target, weight, ignore_index);
+    if (a.N == 0)
+        return FT_OK;
+    nll_backward_kernel<<<(unsigned)((a.N + THREADS - 1) / THREADS), THREADS>>>(a);
+    return ft_cuda_launched("nll_loss_backward kernel launch");
+}
+
 } // namespace
 
 void ft_cuda_register_softmax(struct ft_cuda_ops *ops) {
+    ops->nll_loss_forward = nll_loss_forward;
+    ops->nll_loss_backward = nll_loss_backward;
     ops->softmax_forward = softmax_forward;
     ops->softmax_backward = softmax_backward;
     ops->cross_entropy_forward = cross_entropy_forward;

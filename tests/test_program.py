@@ -1407,9 +1407,9 @@ def test_summary_reports_dropped_bias_fusions_shapes_and_counts():
     text = program.summary()
     rows = [line for line in text.splitlines() if line[:3].strip().isdigit()]
     kinds = [r.split()[1] for r in rows]
-    # the ReLUs are fused away: no node of their own
+    # the ReLUs are fused away: no node of their own; the loss's nodes follow the model's
     assert kinds == ["input", "Conv2d", "BatchNorm2d", "Conv2d", "Add", "MaxPool2d", "Conv2d",
-                     "AdaptiveAvgPool2d", "Flatten", "Linear"]
+                     "AdaptiveAvgPool2d", "Flatten", "Linear", "Target", "CrossEntropyLoss"]
     by = dict(zip(range(len(rows)), rows))
     assert "bias dropped" in by[1] and "bias dropped" not in by[3] and "bias dropped" not in by[6]
     for i in (2, 4, 6):

@@ -97,7 +97,8 @@ static int parse_node(ft_module_state *st, PyObject *d, ft_node *nd) {
         return -1;
     }
     memset(nd, 0, sizeof *nd);
-    long long kind, groups, act, ceil_mode, include_pad, training, norm_dims, slice_dim, slice_start, slice_step;
+    long long kind, groups, act, ceil_mode, include_pad, training, norm_dims, slice_dim, slice_start, slice_step, dtype,
+        reduction, ignore_index;
     int64_t shape[FT_NODE_MAX_DIMS], perm[FT_NODE_MAX_DIMS];
     int nperm;
     double alpha;
@@ -128,8 +129,19 @@ static int parse_node(ft_module_state *st, PyObject *d, ft_node *nd) {
         get_double(d, "p", 0.0, &nd->dropout_p) < 0 || get_long(d, "norm_dims", 0, &norm_dims) < 0 ||
         get_double(d, "layer_eps", 1e-5, &nd->eps) < 0 || get_double(d, "scale", 1.0, &nd->scale) < 0 ||
         get_ints(d, "perm", perm, FT_NODE_MAX_DIMS, &nperm) < 0 || get_long(d, "slice_dim", 0, &slice_dim) < 0 ||
-        get_long(d, "slice_start", 0, &slice_start) < 0 || get_long(d, "slice_step", 1, &slice_step) < 0)
+        get_long(d, "slice_start", 0, &slice_start) < 0 || get_long(d, "slice_step", 1, &slice_step) < 0 ||
+        get_long(d, "dtype", FT_FLOAT32, &dtype) < 0 || get_long(d, "reduction", FT_NODE_REDUCE_NONE, &reduction) < 0 ||
+        get_double(d, "label_smoothing", 0.0, &nd->label_smoothing) < 0 ||
+        get_long(d, "ignore_index", -100, &ignore_index) < 0)
         return -1;
+    if ((dtype != FT_FLOAT32 && dtype != FT_INT64) || reduction < 0 || reduction > FT_NODE_REDUCE_BATCHMEAN) {
+        PyErr_Format(PyExc_ValueError, "node dtype code %lld or reduction code %lld is not one a program takes", dtype,
+                     reduction);
+        return -1;
+    }
+    nd->dtype = (ft_dtype)dtype;
+    nd->ignore_index = ignore_index;
+    nd->reduction = (ft_node_reduction)reduction;
     if (nperm && nperm != nd->ndim) {
         PyErr_Format(PyExc_ValueError, "node field perm has %d entries for a %d-d shape", nperm, nd->ndim);
         return -1;
@@ -177,24 +189,18 @@ static int trained_offsets(const ft_node *nodes, int n, const ft_tensor *grads, 
     return distinct;
 }
 
-/* Program(nodes, params, grads, label_smoothing, ignore_index, sum_reduction, batch, channels_last, seed, mse):
- * params and grads are the model's flat buffers, every parameter (gradient)
- * a view into them. */
+/* Program(nodes, params, grads, output, batch, channels_last, seed): params
+ * and grads are the model's flat buffers, every parameter (gradient) a view
+ * into them; nodes[output] is the model's output, the last node the loss. */
 static PyObject *program_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"nodes", "params", "grads", "label_smoothing", "ignore_index", "sum_reduction", "batch",
-                             "channels_last", "seed", "mse", NULL};
+    static char *kwlist[] = {"nodes", "params", "grads", "output", "batch", "channels_last", "seed", NULL};
     PyObject *nodes, *params_obj, *grads_obj;
-    ft_loss_spec loss = {0};
-    int sum = 0, channels_last = 1, mse = 0;
-    long long batch, ignore = -100;
+    int output, channels_last = 1;
+    long long batch;
     unsigned long long seed = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!OOdLpLpK|p:Program", kwlist, &PyList_Type, &nodes, &params_obj,
-                                     &grads_obj, &loss.label_smoothing, &ignore, &sum, &batch, &channels_last, &seed,
-                                     &mse))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!OOiLpK:Program", kwlist, &PyList_Type, &nodes, &params_obj,
+                                     &grads_obj, &output, &batch, &channels_last, &seed))
         return NULL;
-    loss.mse = mse;
-    loss.ignore_index = ignore;
-    loss.sum = sum;
     ft_module_state *st = ft_state_of_type(type);
     ft_tensor *params = ft_unwrap(st, params_obj, "params"), *grads = params ? ft_unwrap(st, grads_obj, "grads") : NULL;
     if (!grads)
@@ -224,7 +230,7 @@ static PyObject *program_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
     ft_program *prog;
     ft_status s;
     Py_BEGIN_ALLOW_THREADS
-    s = ft_program_create(&prog, (int)n, parsed, &loss, batch, channels_last, seed, ft_op_device(params));
+    s = ft_program_create(&prog, (int)n, parsed, output, batch, channels_last, seed, ft_op_device(params));
     Py_END_ALLOW_THREADS
     PyMem_Free(parsed);
     program_object *self = s == FT_OK ? (program_object *)type->tp_alloc(type, 0) : NULL;
@@ -272,8 +278,10 @@ static void program_dealloc(PyObject *self) {
 static int unwrap_xy(PyObject *self, PyObject *xo, PyObject *yo, ft_tensor **x, ft_tensor **y) {
     ft_module_state *st = state_of(self);
     *x = ft_unwrap(st, xo, "x");
-    *y = *x ? ft_unwrap(st, yo, "y") : NULL;
-    return *y ? 0 : -1;
+    if (!*x)
+        return -1;
+    *y = yo == Py_None ? NULL : ft_unwrap(st, yo, "y");
+    return *y || yo == Py_None ? 0 : -1;
 }
 
 /* ---- the step ---- */
@@ -409,10 +417,10 @@ static PyObject *m_forward(PyObject *self, PyObject *xo) {
     if (!x)
         return NULL;
     ft_program *prog = ((program_object *)self)->prog;
-    int64_t classes = ft_program_output_size(prog);
+    int64_t shape[FT_MAX_DIMS] = {x->ndim ? x->shape[0] : 0};
+    int ndim = ft_program_output_shape(prog, shape + 1) + 1;
     ft_tensor out;
-    ft_status s = ft_tensor_empty(&out, 2, (int64_t[]){x->ndim ? x->shape[0] : 0, classes}, FT_FLOAT32,
-                                  ft_op_device(&((program_object *)self)->params), false);
+    ft_status s = ft_tensor_empty(&out, ndim, shape, FT_FLOAT32, ft_op_device(&((program_object *)self)->params), false);
     if (s != FT_OK)
         return ft_raise(s);
     Py_BEGIN_ALLOW_THREADS
@@ -704,6 +712,13 @@ static const char *node_kind_name(int k) { return ft_node_kinds[k].name; }
 
 static const char *act_name(int k) { return ft_act_name((ft_act_kind)k); }
 
+/* PyTorch's names of the reductions a loss node does. */
+static const char *reduction_name(int k) {
+    static const char *names[] = {[FT_NODE_REDUCE_NONE] = "none", [FT_NODE_REDUCE_MEAN] = "mean",
+                                  [FT_NODE_REDUCE_SUM] = "sum", [FT_NODE_REDUCE_BATCHMEAN] = "batchmean"};
+    return names[k];
+}
+
 int ft_bind_nn(PyObject *module) {
     PyObject *type = PyType_FromModuleAndSpec(module, &program_spec, NULL);
     if (!type)
@@ -714,5 +729,7 @@ int ft_bind_nn(PyObject *module) {
         r = add_codes(module, "NODE_KINDS", FT_NODE_NKINDS, node_kind_name);
     if (r == 0)
         r = add_codes(module, "ACTIVATIONS", FT_NUM_ACTS, act_name);
+    if (r == 0)
+        r = add_codes(module, "REDUCTIONS", FT_NODE_REDUCE_BATCHMEAN + 1, reduction_name);
     return r;
 }

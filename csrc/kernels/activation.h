@@ -25,6 +25,11 @@ typedef enum {
     FT_ACT_SILU,       /* x * sigmoid(x) */
     FT_ACT_SIGMOID,    /* 1 / (1 + exp(-x)) */
     FT_ACT_TANH,
+    FT_ACT_HARDSWISH, /* x * min(max(x + 3, 0), 6) / 6 */
+    FT_ACT_ABS,
+    FT_ACT_SOFTPLUS,  /* log(1 + exp(x)) */
+    FT_ACT_HUBER,     /* |x| < alpha ? x^2 / 2 : alpha (|x| - alpha / 2): the Huber and smooth L1 losses */
+    FT_ACT_XLOGX,     /* x log x, 0 at 0: the entropy term of the KL divergence */
     FT_NUM_ACTS
 } ft_act_kind;
 
@@ -120,6 +125,14 @@ static inline FT_HD float ft_gelu_tanh(float x) {
     return 0.5f * x * (1.0f + ft_tanhf(inner));
 }
 static inline FT_HD float ft_silu(float x) { return x * ft_sigmoidf(x); }
+static inline FT_HD float ft_hardswish(float x) { return x * fminf(fmaxf(x + 3.0f, 0.0f), 6.0f) / 6.0f; }
+/* max(x, 0) + log(1 + exp(-|x|)): no overflow for large |x| */
+static inline FT_HD float ft_softplus(float x) { return fmaxf(x, 0.0f) + log1pf(ft_expf(-fabsf(x))); }
+static inline FT_HD float ft_huber(float x, float delta) {
+    float a = fabsf(x);
+    return a < delta ? 0.5f * x * x : delta * (a - 0.5f * delta);
+}
+static inline FT_HD float ft_xlogx(float x) { return x > 0.0f ? x * logf(x) : 0.0f; }
 
 static inline FT_HD float ft_act_forward(ft_act a, float x) {
     switch (a.kind) {
@@ -130,6 +143,11 @@ static inline FT_HD float ft_act_forward(ft_act a, float x) {
     case FT_ACT_SILU: return ft_silu(x);
     case FT_ACT_SIGMOID: return ft_sigmoidf(x);
     case FT_ACT_TANH: return ft_tanhf(x);
+    case FT_ACT_HARDSWISH: return ft_hardswish(x);
+    case FT_ACT_ABS: return fabsf(x);
+    case FT_ACT_SOFTPLUS: return ft_softplus(x);
+    case FT_ACT_HUBER: return ft_huber(x, a.alpha);
+    case FT_ACT_XLOGX: return ft_xlogx(x);
     default: return x;
     }
 }
@@ -179,6 +197,13 @@ static inline FT_HD float ft_tanh_grad(float x) {
     return 1.0f - t * t;
 }
 
+static inline FT_HD float ft_hardswish_grad(float x) {
+    return x < -3.0f ? 0.0f : x > 3.0f ? 1.0f : fmaf(2.0f, x, 3.0f) / 6.0f;
+}
+static inline FT_HD float ft_sign(float x) { return x > 0.0f ? 1.0f : x < 0.0f ? -1.0f : 0.0f; }
+static inline FT_HD float ft_huber_grad(float x, float delta) { return fabsf(x) < delta ? x : delta * ft_sign(x); }
+static inline FT_HD float ft_xlogx_grad(float x) { return x > 0.0f ? logf(x) + 1.0f : 0.0f; }
+
 static inline FT_HD float ft_act_grad_from_input(ft_act a, float x) {
     switch (a.kind) {
     case FT_ACT_RELU: return ft_relu_grad(x);
@@ -188,6 +213,11 @@ static inline FT_HD float ft_act_grad_from_input(ft_act a, float x) {
     case FT_ACT_SILU: return ft_silu_grad(x);
     case FT_ACT_SIGMOID: return ft_sigmoid_grad(x);
     case FT_ACT_TANH: return ft_tanh_grad(x);
+    case FT_ACT_HARDSWISH: return ft_hardswish_grad(x);
+    case FT_ACT_ABS: return ft_sign(x);
+    case FT_ACT_SOFTPLUS: return ft_sigmoidf(x);
+    case FT_ACT_HUBER: return ft_huber_grad(x, a.alpha);
+    case FT_ACT_XLOGX: return ft_xlogx_grad(x);
     default: return 1.0f;
     }
 }

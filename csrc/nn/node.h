@@ -27,6 +27,7 @@ typedef struct {
     bool dweight_acc, dbias_acc;
     /* dropout: the Philox key, and where this node's mask starts */
     uint64_t seed, mask_offset;
+    double norm; /* losses: the batch's normalizer of this node's values (ft_node_reduction) */
 } ft_node_run;
 
 typedef struct {
@@ -37,12 +38,17 @@ typedef struct {
      * check; the ops check the rest when they run). */
     ft_status (*check)(const ft_node *nd, const ft_node *const *in);
     /* Bytes saved for the backward by a forward over `rows` samples. */
-    int64_t (*aux_bytes)(const ft_node *nd, int64_t rows);
+    int64_t (*aux_bytes)(const ft_node *nd, const ft_node *const *in, int64_t rows);
     /* Whether the output is the (first) input's memory seen anew, with no
      * op run; `in` is that input's node. NULL: never. */
     bool (*is_view)(const ft_node *nd, const ft_node *in, bool channels_last, bool training);
     ft_status (*forward)(const ft_node_run *r);
     ft_status (*backward)(const ft_node_run *r);
+    /* Losses: checks the whole batch's targets (B, ...) on the host (y; NULL
+     * when the loss does not read them) and gives the normalizer of its
+     * reduction for a batch of B samples. NULL: not a loss. */
+    ft_status (*prepare)(const ft_node *nd, const ft_node *const *in, const ft_tensor *y, int64_t batch,
+                         double *norm);
 } ft_node_kind_info;
 
 extern const ft_node_kind_info ft_node_kinds[FT_NODE_NKINDS];

@@ -10,6 +10,7 @@
 #include "ops/elementwise.h"
 #include "ops/layernorm.h"
 #include "ops/linear.h"
+#include "ops/loss.h"
 #include "ops/reduce.h"
 
 static const ft_act no_act = {FT_ACT_NONE, 0};
@@ -218,7 +219,9 @@ static ft_status linear_backward(const ft_node_run *r) {
 
 /* ---- normalization ---- */
 
-static int64_t batchnorm_aux(const ft_node *nd, int64_t rows) { return 2 * nd->shape[0] * 4; /* mean, invstd */ }
+static int64_t batchnorm_aux(const ft_node *nd, const ft_node *const *in, int64_t rows) {
+    return 2 * nd->shape[0] * 4; /* mean, invstd */
+}
 
 /* counter (() int64) += 1 where it lives. */
 static ft_status count_batch(const ft_tensor *counter) {
@@ -265,7 +268,7 @@ static ft_status layernorm_check(const ft_node *nd, const ft_node *const *in) {
     return same_shape(nd, in);
 }
 
-static int64_t layernorm_aux(const ft_node *nd, int64_t rows) {
+static int64_t layernorm_aux(const ft_node *nd, const ft_node *const *in, int64_t rows) {
     return 2 * rows * (ft_node_numel(nd) / norm_size(nd)) * 4; /* each row's mean and rstd */
 }
 
@@ -309,7 +312,9 @@ static ft_status dropout_backward(const ft_node_run *r) {
 
 /* ---- pooling ---- */
 
-static int64_t indices_aux(const ft_node *nd, int64_t rows) { return rows * ft_node_numel(nd) * 4; }
+static int64_t indices_aux(const ft_node *nd, const ft_node *const *in, int64_t rows) {
+    return rows * ft_node_numel(nd) * 4;
+}
 
 /* The int32 argmax indices, laid out as the output. */
 static ft_tensor indices(const ft_node_run *r) {
@@ -369,10 +374,16 @@ static ft_status mul_backward(const ft_node_run *r) {
     return ft_mul_backward(da, db, &r->dout, &r->in[0], &r->in[1], r->din_acc[0], r->din_acc[1]);
 }
 
-static int64_t scale_aux(const ft_node *nd, int64_t rows) { return 4; }
+static int64_t factor_aux(const ft_node *nd, const ft_node *const *in, int64_t rows) { return 4; }
 
-/* The factor, kept in the aux block where the ops run, broadcast over t's shape. */
-static ft_tensor factor(const ft_node_run *r, const ft_tensor *t) {
+/* A constant factor, kept at the start of the aux block where the ops run. */
+static ft_status put_factor(const ft_node_run *r, double value) {
+    ft_tensor c = aux_vector(r, 0, 1);
+    return ft_tensor_fill(&c, (ft_scalar){.kind = FT_SCALAR_FLOAT, .f = (float)value});
+}
+
+/* The factor seen with t's shape (zero strides). */
+static ft_tensor factor_as(const ft_node_run *r, const ft_tensor *t) {
     ft_tensor c = aux_vector(r, 0, 1);
     c.ndim = t->ndim;
     memcpy(c.shape, t->shape, sizeof c.shape);
@@ -381,14 +392,13 @@ static ft_tensor factor(const ft_node_run *r, const ft_tensor *t) {
 }
 
 static ft_status scale_forward(const ft_node_run *r) {
-    ft_tensor c = aux_vector(r, 0, 1);
-    FT_TRY(ft_tensor_fill(&c, (ft_scalar){.kind = FT_SCALAR_FLOAT, .f = (float)r->nd->scale}));
-    c = factor(r, &r->out);
+    FT_TRY(put_factor(r, r->nd->scale));
+    ft_tensor c = factor_as(r, &r->out);
     return ft_mul_forward(&r->out, &r->in[0], &c);
 }
 
 static ft_status scale_backward(const ft_node_run *r) {
-    ft_tensor c = factor(r, &r->dout);
+    ft_tensor c = factor_as(r, &r->dout);
     return ft_mul_backward(r->din[0], NULL, &r->dout, NULL, &c, r->din_acc[0], false);
 }
 
@@ -444,6 +454,177 @@ static ft_status cat_backward(const ft_node_run *r) {
     return any_more ? ft_concat_backward(more, sizes, r->nin, &r->dout, 1, true) : FT_OK;
 }
 
+/* ---- losses ---- */
+
+/* A per-sample () value (N,) seen as the (N,) vector the loss ops use. */
+static ft_tensor as_vector(const ft_tensor *t) {
+    ft_tensor v = *t;
+    v.ndim = 1;
+    v.strides[0] = t->ndim ? t->strides[0] : 1;
+    return v;
+}
+
+/* The class targets of a batch, on the host: each in [0, C) or ignore_index;
+ * `weights` (C, on the host) or NULL; the sum of the weights of the targets
+ * not ignored into *total. */
+static ft_status class_targets(const char *op, const ft_tensor *y, int64_t C, int64_t ignore, const float *weights,
+                               double *total) {
+    *total = 0;
+    for (int64_t n = 0; n < y->shape[0]; n++) {
+        int64_t t = *(const int64_t *)(ft_tensor_data(y) + n * y->strides[0] * 8);
+        if (t == ignore)
+            continue;
+        if (t < 0 || t >= C)
+            return ft_fail(FT_ERR_INDEX, "%s: label %lld at position %lld is outside [0, %lld)", op, (long long)t,
+                           (long long)n, (long long)C);
+        *total += weights ? weights[t] : 1.0;
+    }
+    return FT_OK;
+}
+
+/* prepare of cross-entropy and nll: the labels checked, and the mean's
+ * divisor (the sum of the weights of the labels not ignored). */
+static ft_status class_prepare(const ft_node *nd, const ft_node *const *in, const ft_tensor *y, int64_t batch,
+                               double *norm) {
+    const char *op = ft_node_kinds[nd->kind].name;
+    if (!y)
+        return ft_fail(FT_ERR_VALUE, "program: a %s node must read the targets directly", op);
+    ft_tensor w = {0};
+    if (nd->weight.storage)
+        FT_TRY(ft_tensor_to(&w, &nd->weight, FT_FLOAT32, FT_CPU, false, false));
+    double total;
+    ft_status s = class_targets(op, y, in[0]->shape[0], nd->ignore_index,
+                                w.storage ? (const float *)ft_tensor_data(&w) : NULL, &total);
+    if (w.storage)
+        ft_tensor_release(&w);
+    *norm = nd->reduction == FT_NODE_REDUCE_MEAN ? total : 1.0;
+    return s;
+}
+
+static ft_status class_check(const ft_node *nd, const ft_node *const *in) {
+    bool ok = nd->ndim == 0 && in[0]->ndim == 1 && in[1]->kind == FT_NODE_TARGET && in[1]->ndim == 0 &&
+              in[1]->dtype == FT_INT64 && (!nd->weight.storage || ft_tensor_numel(&nd->weight) == in[0]->shape[0]);
+    return ok ? FT_OK
+              : ft_fail(FT_ERR_SHAPE, "program: a %s node takes (classes,) scores and int64 class targets",
+                        ft_node_kinds[nd->kind].name);
+}
+
+static int64_t cross_entropy_aux(const ft_node *nd, const ft_node *const *in, int64_t rows) {
+    return 64 + rows * in[0]->shape[0] * 4; /* the factor, then the saved gradient */
+}
+
+/* The logits' gradient for dloss = 1, kept from the forward (the softmax is
+ * taken once): after the factor's cache line. */
+static ft_tensor saved_dlogits(const ft_node_run *r) {
+    ft_tensor t = r->in[0];
+    t.storage = r->aux.storage;
+    t.offset = r->aux.offset + 64;
+    ft_contiguous_strides(t.strides, t.ndim, t.shape);
+    return t;
+}
+
+static ft_cross_entropy_params ce_params(const ft_node *nd) {
+    return (ft_cross_entropy_params){.reduction = FT_REDUCTION_NONE, .ignore_index = nd->ignore_index,
+                                     .label_smoothing = nd->label_smoothing};
+}
+
+/* out = each sample's loss / norm. */
+static ft_status cross_entropy_forward(const ft_node_run *r) {
+    ft_cross_entropy_params ce = ce_params(r->nd);
+    ft_tensor loss = as_vector(&r->out), dlogits = saved_dlogits(r);
+    FT_TRY(ft_cross_entropy_forward(&loss, r->training ? &dlogits : NULL, &r->in[0], &r->in[1],
+                                    param(&r->nd->weight), &ce));
+    FT_TRY(put_factor(r, 1.0 / r->norm));
+    ft_tensor c = factor_as(r, &loss);
+    return ft_mul_forward(&loss, &loss, &c);
+}
+
+/* dlogits (=, +=) the saved gradient times dout / norm, row by row. */
+static ft_status cross_entropy_backward(const ft_node_run *r) {
+    ft_tensor g = as_vector(&r->dout), c = factor_as(r, &g);
+    FT_TRY(ft_mul_forward(&g, &g, &c));
+    ft_tensor rows = r->in[0];
+    rows.storage = g.storage;
+    rows.offset = g.offset;
+    rows.strides[0] = g.strides[0];
+    rows.strides[1] = 0; /* each sample's dout over its classes */
+    ft_tensor dlogits = saved_dlogits(r);
+    return ft_mul_backward(r->din[0], NULL, &dlogits, NULL, &rows, r->din_acc[0], false);
+}
+
+static ft_status nll_forward(const ft_node_run *r) {
+    ft_tensor loss = as_vector(&r->out), t = as_vector(&r->in[1]);
+    FT_TRY(ft_nll_loss_forward(&loss, &r->in[0], &t, param(&r->nd->weight), r->nd->ignore_index));
+    FT_TRY(put_factor(r, 1.0 / r->norm));
+    ft_tensor c = factor_as(r, &loss);
+    return ft_mul_forward(&loss, &loss, &c);
+}
+
+static ft_status nll_backward(const ft_node_run *r) {
+    ft_tensor g = as_vector(&r->dout), c = factor_as(r, &g), t = as_vector(&r->in[1]);
+    FT_TRY(ft_mul_forward(&g, &g, &c));
+    return ft_nll_loss_backward(r->din[0], &g, &t, param(&r->nd->weight), r->nd->ignore_index, r->din_acc[0]);
+}
+
+static ft_status sum_check(const ft_node *nd, const ft_node *const *in) {
+    return nd->ndim == 0 ? FT_OK : ft_fail(FT_ERR_SHAPE, "program: a sum gives one value per sample");
+}
+
+static ft_status sum_prepare(const ft_node *nd, const ft_node *const *in, const ft_tensor *y, int64_t batch,
+                             double *norm) {
+    int64_t n = ft_node_numel(in[0]);
+    *norm = nd->reduction == FT_NODE_REDUCE_MEAN        ? (double)batch * (double)n
+            : nd->reduction == FT_NODE_REDUCE_BATCHMEAN ? (double)batch
+                                                        : 1.0;
+    return FT_OK;
+}
+
+/* Each sample's values as one dense row: a sample's values are contiguous
+ * in every layout the program plans. */
+static ft_tensor sample_rows(const ft_tensor *t) {
+    ft_tensor v = *t;
+    v.ndim = 2;
+    v.shape[1] = ft_tensor_numel(t) / (t->shape[0] ? t->shape[0] : 1);
+    v.strides[1] = 1;
+    return v;
+}
+
+static int64_t sum_aux(const ft_node *nd, const ft_node *const *in, int64_t rows) {
+    return 4 * ft_node_numel(in[0]);
+}
+
+/* out (N, 1) = in (N, F) @ (1 / norm, ...)^T: a deterministic matmul. */
+static ft_status sum_weights(const ft_node_run *r, ft_tensor *w) {
+    int64_t F = ft_tensor_numel(&r->in[0]) / (r->in[0].shape[0] ? r->in[0].shape[0] : 1);
+    ft_tensor v = aux_vector(r, 0, F);
+    FT_TRY(ft_tensor_fill(&v, (ft_scalar){.kind = FT_SCALAR_FLOAT, .f = (float)(1.0 / r->norm)}));
+    *w = v;
+    w->ndim = 2;
+    w->shape[0] = 1;
+    w->shape[1] = F;
+    w->strides[0] = F;
+    w->strides[1] = 1;
+    return FT_OK;
+}
+
+static ft_status sum_forward(const ft_node_run *r) {
+    ft_tensor w, x = sample_rows(&r->in[0]), out = as_vector(&r->out);
+    FT_TRY(sum_weights(r, &w));
+    out.ndim = 2;
+    out.shape[1] = 1;
+    out.strides[1] = 1;
+    return ft_linear_forward(&out, &x, &w, NULL, no_act);
+}
+
+static ft_status sum_backward(const ft_node_run *r) {
+    ft_tensor w, x = sample_rows(&r->in[0]), g = as_vector(&r->dout), dx = sample_rows(r->din[0]);
+    FT_TRY(sum_weights(r, &w));
+    g.ndim = 2;
+    g.shape[1] = 1;
+    g.strides[1] = 1;
+    return ft_linear_backward(&dx, NULL, NULL, &g, &x, &w, (ft_grad_acc){.inp = r->din_acc[0]});
+}
+
 const ft_node_kind_info ft_node_kinds[FT_NODE_NKINDS] = {
     /* name, inputs (min, max), input rank, check, aux bytes, is a view, forward, backward */
     [FT_NODE_INPUT] = {"input", 0, 0, 0, NULL, NULL, always_view, NULL, NULL},
@@ -466,8 +647,13 @@ const ft_node_kind_info ft_node_kinds[FT_NODE_NKINDS] = {
     [FT_NODE_LAYERNORM] = {"layer_norm", 1, 1, 0, layernorm_check, layernorm_aux, NULL, layernorm_forward,
                            layernorm_backward},
     [FT_NODE_MUL] = {"mul", 2, 2, 0, same_shape, NULL, NULL, mul_forward, mul_backward},
-    [FT_NODE_SCALE] = {"scale", 1, 1, 0, same_shape, scale_aux, NULL, scale_forward, scale_backward},
+    [FT_NODE_SCALE] = {"scale", 1, 1, 0, same_shape, factor_aux, NULL, scale_forward, scale_backward},
     [FT_NODE_PERMUTE] = {"permute", 1, 1, 0, permute_check, NULL, NULL, permute_forward, permute_backward},
     [FT_NODE_SLICE] = {"slice", 1, 1, 0, slice_check, NULL, NULL, slice_forward, slice_backward},
     [FT_NODE_PARAM] = {"parameter", 0, 0, 0, param_check, NULL, NULL, NULL, param_backward},
+    [FT_NODE_TARGET] = {"target", 0, 0, 0, NULL, NULL, always_view, NULL, NULL},
+    [FT_NODE_CROSS_ENTROPY] = {"cross_entropy", 2, 2, 0, class_check, cross_entropy_aux, NULL,
+                               cross_entropy_forward, cross_entropy_backward, class_prepare},
+    [FT_NODE_NLL] = {"nll", 2, 2, 0, class_check, factor_aux, NULL, nll_forward, nll_backward, class_prepare},
+    [FT_NODE_SUM] = {"sum", 1, 1, 0, sum_check, sum_aux, NULL, sum_forward, sum_backward, sum_prepare},
 };

@@ -9,7 +9,7 @@
 #include "ops/check.h"
 #include "ops/dropout.h"
 #include "ops/elementwise.h"
-#include "ops/loss.h"
+#include "ops/reduce.h"
 
 /* Arena blocks start on cache lines. */
 #define ALIGN 64
@@ -26,7 +26,7 @@ enum { OUT, AUX, DOUT, NBUF }; /* the buffers of a node */
 struct ft_program {
     int n;
     ft_node *nodes;
-    ft_loss_spec loss;
+    int output, target;     /* the model's output node; the targets' node (-1: none) */
     int64_t batch;
     bool channels_last;
     ft_device device;       /* where the parameters, the arenas and every op of a step are */
@@ -35,9 +35,10 @@ struct ft_program {
     block *train, *eval;    /* (n, NBUF) */
     ft_storage *train_arena, *eval_arena;
     int64_t train_bytes, eval_bytes;
-    ft_tensor loss_value;   /* () float32 */
-    ft_tensor one;          /* () float32 1: the loss's own gradient */
-    ft_tensor share;        /* () float32: a micro-batch's share of the batch's mean loss */
+    ft_tensor x, y;         /* the micro-batch being run (borrowed views) */
+    double *norm;           /* (n) each loss node's normalizer for the batch being run */
+    ft_tensor loss_value;   /* (1) float32: a micro-batch's loss */
+    bool *trains;           /* (n) whether a node's value depends on a trained parameter (wants a gradient) */
     bool *written;          /* (n) whether dout[i] holds a contribution of this micro-batch */
     /* Parameter gradients, each view once (tied weights share one): which
      * slot each node's dweight and dbias is, and whether the step wrote it. */
@@ -77,8 +78,9 @@ static int64_t round_up(int64_t n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
 /* Greedy placement: largest blocks first, each at the lowest offset free
  * during its lifetime. Returns the arena size. */
 static int64_t place(block *b, int nb) {
-    int *order = malloc((size_t)(nb ? nb : 1) * sizeof *order);
-    bool *placed = calloc((size_t)(nb ? nb : 1), sizeof *placed);
+    size_t count = nb > 0 ? (size_t)nb : 1;
+    int *order = malloc(count * sizeof *order);
+    bool *placed = calloc(count, sizeof *placed);
     int64_t size = 0;
     if (!order || !placed) {
         free(order), free(placed);
@@ -130,7 +132,7 @@ static bool is_view(const ft_program *p, int i, bool training) {
 static bool shares_grad(const ft_program *p, int i) { return i > 0 && is_view(p, i, true); }
 
 static int grad_owner(const ft_program *p, int i) {
-    return shares_grad(p, i) ? grad_owner(p, p->nodes[i].inputs[0]) : i;
+    return shares_grad(p, i) && p->nodes[i].ninputs ? grad_owner(p, p->nodes[i].inputs[0]) : i;
 }
 
 /* The last node that reads node i's output (training=false) or first writes
@@ -151,9 +153,19 @@ static void last_users(const ft_program *p, bool training, int *last) {
     }
 }
 
+/* The nodes node i reads (NULL after the last). */
+static void inputs_of(const ft_program *p, int i, const ft_node **in) {
+    const ft_node *nd = &p->nodes[i];
+    for (int j = 0; j < FT_NODE_MAX_INPUTS; j++)
+        in[j] = j < nd->ninputs ? &p->nodes[nd->inputs[j]] : NULL;
+    in[FT_NODE_MAX_INPUTS] = NULL;
+}
+
 static int64_t aux_bytes(const ft_program *p, int i) {
+    const ft_node *in[FT_NODE_MAX_INPUTS + 1];
+    inputs_of(p, i, in);
     const ft_node_kind_info *k = row(p, i);
-    return k->aux_bytes ? k->aux_bytes(&p->nodes[i], p->batch) : 0;
+    return k->aux_bytes ? k->aux_bytes(&p->nodes[i], in, p->batch) : 0;
 }
 
 static ft_status plan(ft_program *p, bool training, block *b, ft_storage **arena, int64_t *bytes) {
@@ -167,7 +179,7 @@ static ft_status plan(ft_program *p, bool training, block *b, ft_storage **arena
         if (!is_view(p, i, training) && p->nodes[i].kind != FT_NODE_PARAM)
             bi[OUT] = (block){out_bytes, i, end, 0};
         bi[AUX] = (block){aux_bytes(p, i), i, training ? 2 * n - i : i, 0};
-        if (training && i > 0 && !shares_grad(p, i))
+        if (training && p->trains[i] && !shares_grad(p, i))
             bi[DOUT] = (block){out_bytes, p->last_consumer[i] == i ? n : 2 * n - p->last_consumer[i], 2 * n - i, 0};
     }
     int64_t size = place(b, n * NBUF);
@@ -199,16 +211,17 @@ static ft_tensor broadcast_param(const ft_node *nd, int64_t rows) {
     return t;
 }
 
-/* The output view of node i for `rows` samples (x for the input node). */
-static ft_tensor node_out(const ft_program *p, bool training, int i, int64_t rows, const ft_tensor *x) {
+/* The output view of node i for `rows` samples (the micro-batch for the
+ * input and the target nodes). */
+static ft_tensor node_out(const ft_program *p, bool training, int i, int64_t rows) {
     const ft_node *nd = &p->nodes[i];
-    if (i == 0) {
-        ft_tensor t = *x;
+    if (i == 0 || i == p->target) {
+        ft_tensor t = i ? p->y : p->x;
         t.shape[0] = rows;
         return t;
     }
     if (is_view(p, i, training))
-        return seen_as(nd, node_out(p, training, nd->inputs[0], rows, x));
+        return seen_as(nd, node_out(p, training, nd->inputs[0], rows));
     if (nd->kind == FT_NODE_PARAM)
         return broadcast_param(nd, rows);
     const block *b = &(training ? p->train : p->eval)[i * NBUF + OUT];
@@ -238,7 +251,7 @@ static ft_tensor rows_of(const ft_tensor *t, int64_t r0, int64_t rows) {
 
 /* ---- creation ---- */
 
-static ft_status validate(const ft_program *p) {
+static ft_status validate(ft_program *p) {
     const ft_storage *grads = NULL;
     for (int i = 0; i < p->n; i++) {
         const ft_node *nd = &p->nodes[i];
@@ -258,14 +271,13 @@ static ft_status validate(const ft_program *p) {
                 return ft_fail(FT_ERR_VALUE, "program: node %d (%s) needs %d-d samples, its input %d has %d", i,
                                k->name, k->ndim, j, in_ndim);
         }
-        if (nd->ndim < 1 || nd->ndim > FT_NODE_MAX_DIMS)
+        if (nd->ndim < 0 || nd->ndim > FT_NODE_MAX_DIMS)
             return ft_fail(FT_ERR_VALUE, "program: node %d has a %d-d per-sample shape", i, nd->ndim);
         for (int d = 0; d < nd->ndim; d++)
             if (nd->shape[d] < 1)
                 return ft_fail(FT_ERR_VALUE, "program: node %d has an empty per-sample shape", i);
-        const ft_node *in[FT_NODE_MAX_INPUTS + 1] = {NULL};
-        for (int j = 0; j < nd->ninputs; j++)
-            in[j] = &p->nodes[nd->inputs[j]];
+        const ft_node *in[FT_NODE_MAX_INPUTS + 1];
+        inputs_of(p, i, in);
         if (k->check)
             FT_TRY(k->check(nd, in));
         const ft_tensor *on[7] = {&nd->weight, &nd->bias, &nd->dweight, &nd->dbias, &nd->running_mean,
@@ -283,14 +295,21 @@ static ft_status validate(const ft_program *p) {
             grads = g[j]->storage;
         }
     }
-    const ft_node *last = &p->nodes[p->n - 1];
-    if (last->ndim != 1)
-        return ft_fail(FT_ERR_VALUE, "program: the output must be (N, classes), got a per-sample shape of %d dims",
-                       last->ndim);
+    if (p->output < 1 || p->output >= p->n - 1)
+        return ft_fail(FT_ERR_VALUE, "program: the output must be a node before the loss");
+    if (p->nodes[p->n - 1].ndim != 0)
+        return ft_fail(FT_ERR_VALUE, "program: the last node must be the loss, one value per sample");
+    for (int i = 0; i < p->n; i++)
+        if (p->nodes[i].kind == FT_NODE_TARGET) {
+            if (p->target >= 0 || i <= p->output)
+                return ft_fail(FT_ERR_VALUE, "program: one target node, after the output");
+            p->target = i;
+        }
     return FT_OK;
 }
 
-/* Numbers the distinct parameter gradient views (a tied weight's is one). */
+/* Numbers the distinct parameter gradient views (a tied weight's is one)
+ * and marks the nodes that depend on one. */
 static void number_slots(ft_program *p) {
     for (int i = 0; i < p->n; i++)
         for (int j = 0; j < 2; j++) {
@@ -304,7 +323,11 @@ static void number_slots(ft_program *p) {
                 p->slots[s] = *g;
             }
             p->slot_of[2 * i + j] = s;
+            p->trains[i] |= s >= 0;
         }
+    for (int i = 0; i < p->n; i++)
+        for (int k = 0; k < p->nodes[i].ninputs; k++)
+            p->trains[i] |= p->trains[p->nodes[i].inputs[k]];
 }
 
 void ft_program_destroy(ft_program *p) {
@@ -316,17 +339,15 @@ void ft_program_destroy(ft_program *p) {
         ft_storage_release(p->eval_arena);
     if (p->loss_value.storage)
         ft_tensor_release(&p->loss_value);
-    if (p->one.storage)
-        ft_tensor_release(&p->one);
-    if (p->share.storage)
-        ft_tensor_release(&p->share);
     if (p->stats_backup.storage)
         ft_tensor_release(&p->stats_backup);
     free(p->nodes);
     free(p->last_consumer);
     free(p->train);
     free(p->eval);
+    free(p->trains);
     free(p->written);
+    free(p->norm);
     free(p->slots);
     free(p->slot_of);
     free(p->slot_written);
@@ -335,10 +356,10 @@ void ft_program_destroy(ft_program *p) {
     free(p);
 }
 
-ft_status ft_program_create(ft_program **out, int nnodes, const ft_node *nodes, const ft_loss_spec *loss,
-                            int64_t batch, bool channels_last, uint64_t seed, ft_device device) {
-    if (nnodes < 2)
-        return ft_fail(FT_ERR_VALUE, "program: a model needs an input and at least one layer");
+ft_status ft_program_create(ft_program **out, int nnodes, const ft_node *nodes, int output, int64_t batch,
+                            bool channels_last, uint64_t seed, ft_device device) {
+    if (nnodes < 3)
+        return ft_fail(FT_ERR_VALUE, "program: a model needs an input, a layer and a loss");
     if (batch < 1)
         return ft_fail(FT_ERR_VALUE, "program: the batch size must be at least 1, got %lld", (long long)batch);
     ft_program *p = calloc(1, sizeof *p);
@@ -349,19 +370,22 @@ ft_status ft_program_create(ft_program **out, int nnodes, const ft_node *nodes, 
     p->channels_last = channels_last;
     p->device = device;
     p->seed = seed;
-    p->loss = *loss;
+    p->output = output;
+    p->target = -1;
     size_t n = (size_t)nnodes;
     p->nodes = malloc(n * sizeof *p->nodes);
     p->last_consumer = malloc(n * sizeof *p->last_consumer);
     p->train = malloc(n * NBUF * sizeof *p->train);
     p->eval = malloc(n * NBUF * sizeof *p->eval);
+    p->trains = calloc(n, sizeof *p->trains);
     p->written = calloc(n, sizeof *p->written);
+    p->norm = calloc(n, sizeof *p->norm);
     p->slots = calloc(2 * n, sizeof *p->slots);
     p->slot_of = calloc(2 * n, sizeof *p->slot_of);
     p->slot_written = calloc(2 * n, sizeof *p->slot_written);
     p->dropout_at = calloc(n, sizeof *p->dropout_at);
     p->seconds = calloc(n * 2, sizeof *p->seconds);
-    ft_status s = p->nodes && p->last_consumer && p->train && p->eval && p->written && p->slots && p->slot_of &&
+    ft_status s = p->nodes && p->last_consumer && p->train && p->eval && p->trains && p->written && p->norm && p->slots && p->slot_of &&
                           p->slot_written && p->dropout_at && p->seconds
                       ? FT_OK
                       : ft_fail(FT_ERR_NOMEM, "out of memory creating a program");
@@ -376,13 +400,7 @@ ft_status ft_program_create(ft_program **out, int nnodes, const ft_node *nodes, 
     if (s == FT_OK)
         s = plan(p, false, p->eval, &p->eval_arena, &p->eval_bytes);
     if (s == FT_OK)
-        s = ft_tensor_empty(&p->loss_value, 0, NULL, FT_FLOAT32, device, false);
-    if (s == FT_OK)
-        s = ft_tensor_empty(&p->one, 0, NULL, FT_FLOAT32, device, false);
-    if (s == FT_OK)
-        s = ft_tensor_empty(&p->share, 0, NULL, FT_FLOAT32, device, false);
-    if (s == FT_OK)
-        s = ft_tensor_fill(&p->one, (ft_scalar){.kind = FT_SCALAR_FLOAT, .f = 1});
+        s = ft_tensor_empty(&p->loss_value, 1, (int64_t[]){1}, FT_FLOAT32, device, false);
     for (int i = 0; s == FT_OK && i < nnodes; i++)
         if (nodes[i].kind == FT_NODE_BATCHNORM && nodes[i].running_mean.storage)
             p->stats_bytes += 8 * nodes[i].shape[0] + 8; /* mean, var, and the int64 count */
@@ -396,7 +414,11 @@ ft_status ft_program_create(ft_program **out, int nnodes, const ft_node *nodes, 
     return FT_OK;
 }
 
-int64_t ft_program_output_size(const ft_program *p) { return p->nodes[p->n - 1].shape[0]; }
+int ft_program_output_shape(const ft_program *p, int64_t *shape) {
+    const ft_node *o = &p->nodes[p->output];
+    memcpy(shape, o->shape, (size_t)o->ndim * sizeof *shape);
+    return o->ndim;
+}
 
 const double *ft_program_seconds(const ft_program *p) { return p->seconds; }
 
@@ -452,19 +474,20 @@ void ft_program_set_dropout_state(ft_program *p, uint64_t seed, uint64_t offset)
 /* ---- forward ---- */
 
 /* The tensors node i reads and writes in a forward over `rows` samples. */
-static ft_node_run run_of(const ft_program *p, bool training, int i, int64_t rows, const ft_tensor *x) {
+static ft_node_run run_of(const ft_program *p, bool training, int i, int64_t rows) {
     const ft_node *nd = &p->nodes[i];
-    ft_node_run r = {.nd = nd, .training = training, .nin = nd->ninputs, .seed = p->seed};
+    ft_node_run r = {.nd = nd, .training = training, .nin = nd->ninputs, .seed = p->seed, .norm = p->norm[i]};
     for (int k = 0; k < nd->ninputs; k++)
-        r.in[k] = node_out(p, training, nd->inputs[k], rows, x);
-    r.out = node_out(p, training, i, rows, x);
+        r.in[k] = node_out(p, training, nd->inputs[k], rows);
+    r.out = node_out(p, training, i, rows);
     r.aux = node_aux(p, training, i);
     r.mask_offset = p->dropout_at[i];
     return r;
 }
 
-static ft_status forward(ft_program *p, bool training, int64_t rows, const ft_tensor *x) {
-    for (int i = 1; i < p->n; i++) {
+/* Forward of nodes [from, to] over the micro-batch in p->x, p->y. */
+static ft_status forward(ft_program *p, bool training, int64_t rows, int from, int to) {
+    for (int i = from; i <= to; i++) {
         if (is_view(p, i, training) || !row(p, i)->forward)
             continue;
         double t0 = omp_get_wtime();
@@ -472,22 +495,28 @@ static ft_status forward(ft_program *p, bool training, int64_t rows, const ft_te
             p->dropout_at[i] = p->dropout_offset;
             p->dropout_offset += ft_dropout_blocks(rows * ft_node_numel(&p->nodes[i]));
         }
-        ft_node_run r = run_of(p, training, i, rows, x);
+        ft_node_run r = run_of(p, training, i, rows);
         FT_TRY(row(p, i)->forward(&r));
         p->seconds[2 * i] += omp_get_wtime() - t0;
     }
     return FT_OK;
 }
 
+/* FT_ERR_SHAPE or FT_ERR_DTYPE unless t is a batch (B, ...) of node i's samples. */
+static ft_status check_batch(const ft_program *p, int i, const char *arg, const ft_tensor *t, int64_t rows) {
+    const ft_node *nd = &p->nodes[i];
+    int64_t want[FT_MAX_DIMS] = {rows};
+    memcpy(want + 1, nd->shape, (size_t)nd->ndim * sizeof *want);
+    if (t->dtype != nd->dtype)
+        return ft_fail(FT_ERR_DTYPE, "program: %s must be %s, got %s", arg, ft_dtype_get(nd->dtype)->name,
+                       ft_dtype_get(t->dtype)->name);
+    return ft_check_shape("program", arg, t, nd->ndim + 1, want);
+}
+
 static ft_status check_input(const ft_program *p, const ft_tensor *x) {
-    const ft_node *in = &p->nodes[0];
-    int64_t want[FT_MAX_DIMS] = {x->ndim ? x->shape[0] : 0};
-    memcpy(want + 1, in->shape, (size_t)in->ndim * sizeof *want);
-    FT_TRY(ft_check_float("program", "input", x, false));
-    FT_TRY(ft_check_shape("program", "input", x, in->ndim + 1, want));
-    if (x->shape[0] < 1)
+    if (x->ndim < 1 || x->shape[0] < 1)
         return ft_fail(FT_ERR_SHAPE, "program: the batch is empty");
-    return FT_OK;
+    return check_batch(p, 0, "input", x, x->shape[0]);
 }
 
 /* A batch tensor where the program runs: t itself, or a copy. With
@@ -502,83 +531,67 @@ static ft_status on_device(const ft_program *p, const ft_tensor *t, bool queued,
     return ft_tensor_to(out, t, t->dtype, p->device, false, queued);
 }
 
-/* Labels checked on the host (a CUDA tensor is copied there first): *host
- * gets them on the CPU, and *dev (when not NULL) where the program runs. On
- * failure neither is held. */
-static ft_status labels(const ft_program *p, const ft_tensor *y, int64_t rows, ft_tensor *host, ft_tensor *dev) {
-    int64_t classes = p->nodes[p->n - 1].shape[0];
-    if (p->loss.mse) {
-        FT_TRY(ft_check_float("program", "targets", y, false));
-        FT_TRY(ft_check_shape("program", "targets", y, 2, (int64_t[]){rows, classes}));
-    } else if (y->ndim != 1 || y->shape[0] != rows || y->dtype != FT_INT64) {
-        return ft_fail(FT_ERR_SHAPE, "program: labels must be an int64 tensor of shape (%lld,)", (long long)rows);
-    }
-    if (ft_op_device(y).type == FT_DEV_CPU)
-        ft_tensor_share(host, y);
+/* The batch's targets checked (shape, dtype, and by each loss node its
+ * values) and each loss node's normalizer for the batch. *dev gets them
+ * where the program runs (nothing when the loss reads no targets). */
+static ft_status prepare_targets(ft_program *p, const ft_tensor *y, int64_t rows, ft_tensor *dev) {
+    *dev = (ft_tensor){0};
+    if (p->target < 0)
+        y = NULL; /* a loss of the outputs alone: any targets given are not read */
+    else if (!y)
+        return ft_fail(FT_ERR_VALUE, "program: the loss reads targets: give them");
     else
-        FT_TRY(ft_tensor_to(host, y, y->dtype, FT_CPU, false, false));
-    const char *base = ft_tensor_data(host);
-    for (int64_t r = 0; !p->loss.mse && r < rows; r++) {
-        int64_t v;
-        memcpy(&v, base + r * host->strides[0] * 8, 8);
-        if ((v < 0 || v >= classes) && v != p->loss.ignore_index) {
-            ft_tensor_release(host);
-            return ft_fail(FT_ERR_INDEX, "program: label %lld at position %lld is outside [0, %lld)", (long long)v,
-                           (long long)r, (long long)classes);
-        }
+        FT_TRY(check_batch(p, p->target, p->nodes[p->target].dtype == FT_INT64 ? "labels" : "targets", y, rows));
+    ft_tensor host = {0};
+    if (y && ft_op_device(y).type == FT_DEV_CPU)
+        ft_tensor_share(&host, y);
+    else if (y)
+        FT_TRY(ft_tensor_to(&host, y, y->dtype, FT_CPU, false, false));
+    ft_status s = FT_OK;
+    for (int i = 0; s == FT_OK && i < p->n; i++) {
+        if (!row(p, i)->prepare)
+            continue;
+        const ft_node *in[FT_NODE_MAX_INPUTS + 1];
+        inputs_of(p, i, in);
+        bool direct = p->nodes[i].ninputs > 1 && p->nodes[i].inputs[1] == p->target;
+        s = row(p, i)->prepare(&p->nodes[i], in, direct ? &host : NULL, rows, &p->norm[i]);
+        if (s == FT_OK && !(p->norm[i] > 0))
+            s = ft_fail(FT_ERR_VALUE, "program: every target of the batch is ignored: its mean loss is undefined");
     }
-    ft_status s = dev ? on_device(p, y, true, dev) : FT_OK;
-    if (s != FT_OK)
-        ft_tensor_release(host);
+    if (host.storage)
+        ft_tensor_release(&host);
+    if (s == FT_OK && y)
+        s = on_device(p, y, true, dev);
     return s;
 }
 
-/* The value of a () float32 tensor on any device (waits for a CUDA one). */
+/* The value of a (1,) float32 tensor on any device (waits for a CUDA one). */
 static ft_status scalar_value(const ft_tensor *t, double *v) {
     float f;
     ft_tensor host;
-    FT_TRY(ft_tensor_borrow(&host, &f, 0, NULL, NULL, FT_FLOAT32, FT_CPU, false, ft_storage_unowned, NULL));
+    FT_TRY(ft_tensor_borrow(&host, &f, 1, (int64_t[]){1}, (int64_t[]){1}, FT_FLOAT32, FT_CPU, false,
+                            ft_storage_unowned, NULL));
     ft_status s = ft_tensor_copy(&host, t, false);
     ft_tensor_release(&host);
     *v = f;
     return s;
 }
 
-/* ---- loss and backward ---- */
-
-/* loss (()) of the outputs against y with the given reduction, and its
- * gradient into dout when that is not NULL. */
-static ft_status compute_loss(ft_program *p, const ft_tensor *loss, const ft_tensor *out, const ft_tensor *y,
-                              ft_reduction r, const ft_tensor *dout) {
-    if (!p->loss.mse) {
-        ft_cross_entropy_params ce = {.label_smoothing = p->loss.label_smoothing, .ignore_index = p->loss.ignore_index,
-                                      .reduction = r};
-        return ft_cross_entropy_forward(loss, dout, out, y, NULL, &ce);
-    }
-    FT_TRY(ft_mse_loss_forward(loss, out, y, r));
-    return dout ? ft_mse_loss_backward(dout, NULL, &p->one, out, y, r, false, false) : FT_OK;
-}
-
-/* The loss of the output logits against y, scaled by `scale`, and its
- * gradient written into the output node's gradient buffer. */
-static ft_status loss_and_grad(ft_program *p, int64_t rows, const ft_tensor *y, double scale, double *loss) {
-    int last = p->n - 1;
-    ft_tensor logits = node_out(p, true, last, rows, NULL), dlogits = node_dout(p, last, rows);
-    FT_TRY(compute_loss(p, &p->loss_value, &logits, y, p->loss.sum ? FT_REDUCTION_SUM : FT_REDUCTION_MEAN,
-                        &dlogits));
-    double value;
-    FT_TRY(scalar_value(&p->loss_value, &value));
-    *loss += scale * value;
-    if (scale != 1.0) { /* a micro-batch's share of the whole batch's mean */
-        FT_TRY(ft_tensor_fill(&p->share, (ft_scalar){.kind = FT_SCALAR_FLOAT, .f = (float)scale}));
-        ft_tensor share = p->share; /* broadcast over dlogits by zero strides */
-        share.ndim = dlogits.ndim;
-        memcpy(share.shape, dlogits.shape, sizeof share.shape);
-        FT_TRY(ft_mul_forward(&dlogits, &dlogits, &share));
-    }
-    p->written[grad_owner(p, last)] = true;
+/* The micro-batch's share of the loss: the sum of the last node's values
+ * (each sample's share of the batch's loss), added to *loss. */
+static ft_status add_loss(ft_program *p, bool training, int64_t rows, double *loss) {
+    ft_tensor values = node_out(p, training, p->n - 1, rows);
+    values.ndim = 2;
+    values.shape[1] = 1;
+    values.strides[1] = 1;
+    double v;
+    FT_TRY(ft_bias_grad(&p->loss_value, &values, false));
+    FT_TRY(scalar_value(&p->loss_value, &v));
+    *loss += v;
     return FT_OK;
 }
+
+/* ---- backward ---- */
 
 /* A parameter gradient of node i (j 0: weight, 1: bias) and its rule: added
  * when the step has written it already (a tied weight, a micro-batch after
@@ -592,18 +605,18 @@ static const ft_tensor *param_grad(ft_program *p, int i, int j, bool *acc) {
     return &p->slots[s];
 }
 
-static ft_status backward_node(ft_program *p, int i, int64_t rows, const ft_tensor *x) {
+static ft_status backward_node(ft_program *p, int i, int64_t rows) {
     const ft_node *nd = &p->nodes[i];
     if (!p->written[i] || shares_grad(p, i))
         return FT_OK; /* no gradient reaches it, or a view sharing its input's gradient */
-    ft_node_run r = run_of(p, true, i, rows, x);
+    ft_node_run r = run_of(p, true, i, rows);
     r.dout = node_dout(p, i, rows);
     ft_tensor din[FT_NODE_MAX_INPUTS];
     bool any = false;
     for (int k = 0; k < nd->ninputs; k++) {
         int owner = grad_owner(p, nd->inputs[k]);
-        if (owner == 0)
-            continue; /* the batch needs no gradient */
+        if (!p->trains[owner])
+            continue; /* the batch, the targets, a constant or a frozen branch: no gradient wanted */
         din[k] = node_dout(p, nd->inputs[k], rows);
         r.din[k] = &din[k];
         r.din_acc[k] = p->written[owner];
@@ -613,26 +626,34 @@ static ft_status backward_node(ft_program *p, int i, int64_t rows, const ft_tens
     r.dweight = param_grad(p, i, 0, &r.dweight_acc);
     r.dbias = param_grad(p, i, 1, &r.dbias_acc);
     if (!any && !r.dweight && !r.dbias)
-        return FT_OK; /* frozen, and nothing before it trains */
+        return FT_OK;
     return row(p, i)->backward(&r);
 }
 
 /* The steps of ft_program_backward over x and y where the program runs. */
 static ft_status backward_batches(ft_program *p, const ft_tensor *x, const ft_tensor *y, double *loss) {
     int64_t B = x->shape[0];
+    int last = p->n - 1;
     FT_TRY(copy_statistics(p, true));
     memset(p->slot_written, 0, (size_t)p->nslots * sizeof *p->slot_written);
     for (int64_t r0 = 0; r0 < B; r0 += p->batch) {
         int64_t rows = B - r0 < p->batch ? B - r0 : p->batch;
-        ft_tensor xm = rows_of(x, r0, rows), ym = rows_of(y, r0, rows);
-        FT_TRY(forward(p, true, rows, &xm));
-        memset(p->written, 0, (size_t)p->n * sizeof *p->written);
-        FT_TRY(loss_and_grad(p, rows, &ym, p->loss.sum ? 1.0 : (double)rows / (double)B, loss));
+        p->x = rows_of(x, r0, rows);
+        if (y)
+            p->y = rows_of(y, r0, rows);
+        FT_TRY(forward(p, true, rows, 1, last));
+        FT_TRY(add_loss(p, true, rows, loss));
         if (!isfinite(*loss)) /* the caller refuses or skips this step: leave no trace of it */
             return copy_statistics(p, false);
-        for (int i = p->n - 1; i > 0; i--) {
+        if (!p->trains[last])
+            continue; /* nothing trains */
+        memset(p->written, 0, (size_t)p->n * sizeof *p->written);
+        ft_tensor seed = node_dout(p, last, rows); /* d(batch loss) / d(each sample's share) */
+        FT_TRY(ft_tensor_fill(&seed, (ft_scalar){.kind = FT_SCALAR_FLOAT, .f = 1}));
+        p->written[last] = true;
+        for (int i = last; i > 0; i--) {
             double t0 = omp_get_wtime();
-            FT_TRY(backward_node(p, i, rows, &xm));
+            FT_TRY(backward_node(p, i, rows));
             p->seconds[2 * i + 1] += omp_get_wtime() - t0;
         }
     }
@@ -645,130 +666,150 @@ static ft_status backward_batches(ft_program *p, const ft_tensor *x, const ft_te
 
 ft_status ft_program_backward(ft_program *p, const ft_tensor *x, const ft_tensor *y, double *loss) {
     FT_TRY(check_input(p, x));
-    ft_tensor yh, yd, xd;
-    FT_TRY(labels(p, y, x->shape[0], &yh, &yd));
+    ft_tensor yd, xd = {0};
+    FT_TRY(prepare_targets(p, y, x->shape[0], &yd));
     ft_status s = on_device(p, x, true, &xd);
     if (s == FT_OK) {
         *loss = 0;
-        s = backward_batches(p, &xd, &yd, loss);
+        s = backward_batches(p, &xd, yd.storage ? &yd : NULL, loss);
         ft_tensor_release(&xd);
     }
-    ft_tensor_release(&yh);
-    ft_tensor_release(&yd);
+    if (yd.storage)
+        ft_tensor_release(&yd);
     return s;
 }
 
 ft_status ft_program_forward(ft_program *p, const ft_tensor *x, const ft_tensor *out) {
     FT_TRY(check_input(p, x));
     int64_t B = x->shape[0];
-    const ft_node *last = &p->nodes[p->n - 1];
-    FT_TRY(ft_check_shape("program", "out", out, 2, (int64_t[]){B, last->shape[0]}));
+    const ft_node *o = &p->nodes[p->output];
+    int64_t want[FT_MAX_DIMS] = {B};
+    memcpy(want + 1, o->shape, (size_t)o->ndim * sizeof *want);
+    FT_TRY(ft_check_float("program", "out", out, false));
+    FT_TRY(ft_check_shape("program", "out", out, o->ndim + 1, want));
     FT_TRY(ft_check_output("program", "out", out));
     ft_tensor xd;
     FT_TRY(on_device(p, x, false, &xd));
     ft_status s = FT_OK;
     for (int64_t r0 = 0; s == FT_OK && r0 < B; r0 += p->batch) {
         int64_t rows = B - r0 < p->batch ? B - r0 : p->batch;
-        ft_tensor xm = rows_of(&xd, r0, rows), om = rows_of(out, r0, rows);
-        s = forward(p, false, rows, &xm);
+        ft_tensor om = rows_of(out, r0, rows);
+        p->x = rows_of(&xd, r0, rows);
+        s = forward(p, false, rows, 1, p->output);
         if (s == FT_OK) {
-            ft_tensor logits = node_out(p, false, p->n - 1, rows, &xm);
-            s = ft_tensor_copy(&om, &logits, false);
+            ft_tensor o = node_out(p, false, p->output, rows);
+            s = ft_tensor_copy(&om, &o, false);
         }
     }
     ft_tensor_release(&xd);
     return s;
 }
 
-/* Logits of x (where the program runs) for `rows` samples into the CPU
- * tensor `logits`, averaged with those of the horizontally mirrored images
- * when tta_flip is set; `other` is CPU space of logits' shape. */
-static ft_status eval_logits(ft_program *p, const ft_tensor *x, int64_t rows, bool tta_flip, const ft_tensor *logits,
-                             const ft_tensor *other) {
-    FT_TRY(forward(p, false, rows, x));
-    ft_tensor out = node_out(p, false, p->n - 1, rows, x);
-    FT_TRY(ft_tensor_copy(logits, &out, false));
-    if (!tta_flip)
-        return FT_OK;
-    if (x->ndim != 4)
+/* The model's output for the micro-batch p->x averaged with that of its
+ * horizontal mirror, left in the output node (`other`: space for one
+ * output, where the program runs). */
+static ft_status flip_average(ft_program *p, int64_t rows, const ft_tensor *other) {
+    const ft_tensor x = p->x;
+    if (x.ndim != 4)
         return ft_fail(FT_ERR_VALUE, "program: test-time flipping needs image inputs");
-    ft_tensor mirror = *x, flipped;
-    mirror.offset += (x->shape[3] - 1) * x->strides[3] * 4;
-    mirror.strides[3] = -x->strides[3];
-    FT_TRY(ft_tensor_empty(&flipped, 4, x->shape, FT_FLOAT32, p->device, false));
+    ft_tensor out = node_out(p, false, p->output, rows), kept = rows_of(other, 0, rows);
+    FT_TRY(ft_tensor_copy(&kept, &out, false));
+    ft_tensor mirror = x, flipped;
+    mirror.offset += (x.shape[3] - 1) * x.strides[3] * 4;
+    mirror.strides[3] = -x.strides[3];
+    FT_TRY(ft_tensor_empty(&flipped, 4, x.shape, FT_FLOAT32, p->device, false));
     ft_status s = ft_tensor_copy(&flipped, &mirror, false);
+    p->x = flipped;
     if (s == FT_OK)
-        s = forward(p, false, rows, &flipped);
-    if (s == FT_OK) {
-        out = node_out(p, false, p->n - 1, rows, &flipped);
-        s = ft_tensor_copy(other, &out, false);
-    }
+        s = forward(p, false, rows, 1, p->output);
+    p->x = x;
     ft_tensor_release(&flipped);
     if (s == FT_OK)
-        s = ft_add_forward(logits, logits, other, (ft_act){FT_ACT_NONE, 0});
+        s = ft_add_forward(&out, &out, &kept, (ft_act){FT_ACT_NONE, 0});
     if (s == FT_OK) {
-        float *l = (float *)ft_tensor_data(logits);
-        for (int64_t k = 0; k < ft_tensor_numel(logits); k++)
-            l[k] *= 0.5f;
+        ft_tensor half = p->loss_value; /* 0.5, broadcast by zero strides */
+        s = ft_tensor_fill(&half, (ft_scalar){.kind = FT_SCALAR_FLOAT, .f = 0.5f});
+        half.ndim = out.ndim;
+        memcpy(half.shape, out.shape, sizeof half.shape);
+        memset(half.strides, 0, sizeof half.strides);
+        if (s == FT_OK)
+            s = ft_mul_forward(&out, &out, &half);
     }
     return s;
 }
 
-/* ft_program_evaluate over x where the program runs and CPU labels y:
- * the loss and the argmax are taken on the CPU copy of the logits. */
-static ft_status evaluate_batches(ft_program *p, const ft_tensor *x, const ft_tensor *y, bool tta_flip,
-                                  double *loss_sum, int64_t *correct, const ft_tensor *logits, const ft_tensor *other) {
-    int64_t B = x->shape[0], classes = p->nodes[p->n - 1].shape[0];
-    float loss_value;
-    ft_tensor loss;
-    FT_TRY(ft_tensor_borrow(&loss, &loss_value, 0, NULL, NULL, FT_FLOAT32, FT_CPU, false, ft_storage_unowned, NULL));
-    ft_status s = FT_OK;
-    for (int64_t r0 = 0; s == FT_OK && r0 < B; r0 += p->batch) {
+/* Adds to *correct the samples of the micro-batch whose argmax output is
+ * their class target (y on the host). */
+static ft_status count_correct(ft_program *p, int64_t rows, const ft_tensor *y, const ft_tensor *scores,
+                               int64_t *correct) {
+    int64_t classes = p->nodes[p->output].shape[0];
+    ft_tensor out = node_out(p, false, p->output, rows), s = rows_of(scores, 0, rows);
+    FT_TRY(ft_tensor_copy(&s, &out, false));
+    const float *l = (const float *)ft_tensor_data(&s);
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t best = 0, label;
+        for (int64_t c = 1; c < classes; c++)
+            if (l[r * classes + c] > l[r * classes + best])
+                best = c;
+        memcpy(&label, (const char *)ft_tensor_data(y) + r * y->strides[0] * 8, 8);
+        *correct += best == label;
+    }
+    return FT_OK;
+}
+
+/* Whether evaluate counts correct predictions: a (classes,) output and class targets. */
+static bool classifies(const ft_program *p) {
+    return p->target >= 0 && p->nodes[p->target].dtype == FT_INT64 && p->nodes[p->target].ndim == 0 &&
+           p->nodes[p->output].ndim == 1;
+}
+
+/* ft_program_evaluate over x and y where the program runs (yh: y on the
+ * host), with `other` (batch, output) where the program runs and `scores`
+ * (batch, classes) on the CPU. */
+static ft_status evaluate_batches(ft_program *p, const ft_tensor *x, const ft_tensor *y, const ft_tensor *yh,
+                                  bool tta_flip, double *loss_sum, int64_t *correct, const ft_tensor *other,
+                                  const ft_tensor *scores) {
+    int64_t B = x->shape[0];
+    double loss = 0;
+    for (int64_t r0 = 0; r0 < B; r0 += p->batch) {
         int64_t rows = B - r0 < p->batch ? B - r0 : p->batch;
-        ft_tensor xm = rows_of(x, r0, rows), ym = rows_of(y, r0, rows), lm = rows_of(logits, 0, rows),
-                  om = rows_of(other, 0, rows);
-        s = eval_logits(p, &xm, rows, tta_flip, &lm, &om);
-        if (s == FT_OK)
-            s = compute_loss(p, &loss, &lm, &ym, FT_REDUCTION_SUM, NULL);
-        if (s != FT_OK)
-            break;
-        *loss_sum += loss_value;
-        const float *l = (const float *)ft_tensor_data(&lm);
-        for (int64_t r = 0; !p->loss.mse && r < rows; r++) {
-            int64_t best = 0, label;
-            for (int64_t c = 1; c < classes; c++)
-                if (l[r * classes + c] > l[r * classes + best])
-                    best = c;
-            memcpy(&label, (const char *)ft_tensor_data(&ym) + r * ym.strides[0] * 8, 8);
-            *correct += best == label;
+        p->x = rows_of(x, r0, rows);
+        if (y)
+            p->y = rows_of(y, r0, rows);
+        FT_TRY(forward(p, false, rows, 1, p->output));
+        if (tta_flip)
+            FT_TRY(flip_average(p, rows, other));
+        FT_TRY(forward(p, false, rows, p->output + 1, p->n - 1));
+        FT_TRY(add_loss(p, false, rows, &loss));
+        if (classifies(p)) {
+            ft_tensor ym = rows_of(yh, r0, rows);
+            FT_TRY(count_correct(p, rows, &ym, scores, correct));
         }
     }
-    ft_tensor_release(&loss);
-    return s;
+    *loss_sum += loss * (double)B;
+    return FT_OK;
 }
 
 ft_status ft_program_evaluate(ft_program *p, const ft_tensor *x, const ft_tensor *y, bool tta_flip, double *loss_sum,
                               int64_t *correct) {
     FT_TRY(check_input(p, x));
-    int64_t classes = p->nodes[p->n - 1].shape[0];
-    ft_tensor yh, xd, logits, other;
-    FT_TRY(labels(p, y, x->shape[0], &yh, NULL));
+    ft_tensor yd, yh = {0}, xd = {0}, other = {0}, scores = {0};
+    FT_TRY(prepare_targets(p, y, x->shape[0], &yd));
     ft_status s = on_device(p, x, true, &xd);
-    if (s != FT_OK) {
-        ft_tensor_release(&yh);
-        return s;
-    }
-    int64_t shape[2] = {p->batch, classes};
-    s = ft_tensor_empty(&logits, 2, shape, FT_FLOAT32, FT_CPU, false);
-    if (s == FT_OK) {
-        s = ft_tensor_empty(&other, 2, shape, FT_FLOAT32, FT_CPU, false);
-        if (s == FT_OK) {
-            s = evaluate_batches(p, &xd, &yh, tta_flip, loss_sum, correct, &logits, &other);
-            ft_tensor_release(&other);
-        }
-        ft_tensor_release(&logits);
-    }
-    ft_tensor_release(&xd);
-    ft_tensor_release(&yh);
+    if (s == FT_OK && classifies(p))
+        s = ft_tensor_to(&yh, y, y->dtype, FT_CPU, false, false);
+    const ft_node *o = &p->nodes[p->output];
+    int64_t shape[FT_MAX_DIMS] = {p->batch};
+    memcpy(shape + 1, o->shape, (size_t)o->ndim * sizeof *shape);
+    if (s == FT_OK && tta_flip)
+        s = ft_tensor_empty(&other, o->ndim + 1, shape, FT_FLOAT32, p->device, false);
+    if (s == FT_OK && classifies(p))
+        s = ft_tensor_empty(&scores, 2, shape, FT_FLOAT32, FT_CPU, false);
+    if (s == FT_OK)
+        s = evaluate_batches(p, &xd, yd.storage ? &yd : NULL, &yh, tta_flip, loss_sum, correct, &other, &scores);
+    ft_tensor *held[5] = {&xd, &yd, &yh, &other, &scores};
+    for (int k = 0; k < 5; k++)
+        if (held[k]->storage)
+            ft_tensor_release(held[k]);
     return s;
 }

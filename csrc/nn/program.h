@@ -46,8 +46,23 @@ typedef enum {
     FT_NODE_PERMUTE,   /* the per-sample dimensions in the order perm lists them */
     FT_NODE_SLICE,     /* elements start, start + step, ... of per-sample dimension slice_dim */
     FT_NODE_PARAM,     /* a parameter (weight) as a value, the same for every sample */
+    FT_NODE_TARGET,    /* the batch's targets (labels), a second input */
+    FT_NODE_CROSS_ENTROPY, /* of logits (C,) and a class target (): each sample's loss, () */
+    FT_NODE_NLL,       /* of log-probabilities (C,) and a class target (): each sample's loss, () */
+    FT_NODE_SUM,       /* of every per-sample value: (), the batch's reduction of an elementwise loss */
     FT_NODE_NKINDS
 } ft_node_kind;
+
+/* A loss node's value for a sample is its loss divided by the batch's
+ * normalizer, so that the losses of all samples (of every micro-batch) sum
+ * to the batch's loss. */
+typedef enum {
+    FT_NODE_REDUCE_NONE,      /* 1: per-sample losses (a user's loss reduces them later) */
+    FT_NODE_REDUCE_MEAN,      /* the batch size times the values per sample; for cross-entropy and nll the sum
+                                 of the class weights of the samples not ignored, as PyTorch */
+    FT_NODE_REDUCE_SUM,       /* 1 */
+    FT_NODE_REDUCE_BATCHMEAN, /* the batch size */
+} ft_node_reduction;
 
 typedef struct {
     ft_node_kind kind;
@@ -71,35 +86,34 @@ typedef struct {
     int perm[FT_NODE_MAX_DIMS];
     int slice_dim;
     int64_t slice_start, slice_step;
+    ft_dtype dtype;          /* the input's and the targets' */
+    ft_node_reduction reduction; /* losses: how a sample's value is normalized over the batch */
+    double label_smoothing;  /* cross-entropy */
+    int64_t ignore_index;    /* cross-entropy, nll */
 } ft_node;
-
-typedef struct {
-    bool mse;               /* mean squared error against float targets (N, F), else cross-entropy */
-    double label_smoothing; /* cross-entropy */
-    int64_t ignore_index;   /* cross-entropy */
-    bool sum;               /* reduction='sum' instead of 'mean' */
-} ft_loss_spec;
 
 typedef struct ft_program ft_program;
 
 /* Plans the program for micro-batches of up to `batch` samples on
  * `device`, where every parameter must be and where its activations, and
- * every op of its steps, will be. Batches may come from any device (a CUDA
- * program copies CPU batches over, without waiting when they are in
- * page-locked memory). The nodes are copied; their parameter views must
- * outlive the program. */
-ft_status ft_program_create(ft_program **out, int nnodes, const ft_node *nodes, const ft_loss_spec *loss,
-                            int64_t batch, bool channels_last, uint64_t seed, ft_device device);
+ * every op of its steps, will be. Node 0 is the input; `output` is the
+ * model's output (what forward and evaluate return, (classes,) per sample);
+ * the last node is the loss, () per sample, computed from the output and
+ * the targets (a FT_NODE_TARGET node); the nodes after `output` are the
+ * loss's own. Batches may come from any device (a CUDA program copies CPU
+ * batches over, without waiting when they are in page-locked memory). The
+ * nodes are copied; their parameter views must outlive the program. */
+ft_status ft_program_create(ft_program **out, int nnodes, const ft_node *nodes, int output, int64_t batch,
+                            bool channels_last, uint64_t seed, ft_device device);
 void ft_program_destroy(ft_program *p);
 
-/* Forward and backward of one batch x (B, ...) with labels y (B,) (int64;
- * float32 targets (B, F) for the MSE loss),
- * split into micro-batches of the planned size: parameter gradients are
- * written for the first and added for the others, so they hold the
- * gradient of the mean loss over all B samples. *loss gets that loss.
- * Labels are checked before anything runs: a bad batch changes nothing.
- * A non-finite loss stops the step: the batch-norm running statistics are
- * put back as they were and *loss tells the caller. */
+/* Forward and backward of one batch x (B, ...) with targets y (B, ...) of
+ * the target node's shape and dtype, split into micro-batches of the
+ * planned size: parameter gradients are written for the first and added
+ * for the others, so they hold the gradient of the batch's loss. *loss
+ * gets that loss. Targets are checked before anything runs: a bad batch
+ * changes nothing. A non-finite loss stops the step: the batch-norm running
+ * statistics are put back as they were and *loss tells the caller. */
 ft_status ft_program_backward(ft_program *p, const ft_tensor *x, const ft_tensor *y, double *loss);
 
 /* Puts the batch-norm running statistics (and batch counts) back as they
@@ -111,18 +125,20 @@ void ft_program_dropout_state(const ft_program *p, uint64_t *seed, uint64_t *off
 void ft_program_set_dropout_state(ft_program *p, uint64_t seed, uint64_t offset);
 
 /* Eval-mode forward (batch statistics off, dropout off, no activations
- * kept): out (B, classes) = the model's output. */
+ * kept) of the model's nodes: out (B, ...) = the model's output. */
 ft_status ft_program_forward(ft_program *p, const ft_tensor *x, const ft_tensor *out);
 
-/* Eval-mode loss and accuracy of one batch: adds the summed loss and the
- * number of correct argmax predictions (none for the MSE loss). With tta_flip the logits are the
- * average of the images' and of their horizontal mirrors' (test-time
- * augmentation). */
+/* Eval-mode loss and accuracy of one batch of B samples: adds the batch's
+ * loss times B to *loss_sum (so that sums over batches, divided by the
+ * samples, are means) and, for a (classes,) output with class targets, the
+ * number of correct argmax predictions to *correct. With tta_flip the
+ * output is the average of the images' and of their horizontal mirrors'
+ * (test-time augmentation) before the loss reads it. */
 ft_status ft_program_evaluate(ft_program *p, const ft_tensor *x, const ft_tensor *y, bool tta_flip, double *loss_sum,
                               int64_t *correct);
 
-/* The number of model outputs per sample (the classes). */
-int64_t ft_program_output_size(const ft_program *p);
+/* The model output's per-sample shape into shape; returns its rank. */
+int ft_program_output_shape(const ft_program *p, int64_t *shape);
 
 /* (n, 2): the seconds each node has spent in forward and in backward since
  * the program was created (a profile of where a step's time goes). */

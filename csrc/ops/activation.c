@@ -19,6 +19,11 @@ const char *ft_act_name(ft_act_kind kind) {
     case FT_ACT_SILU: return "silu";
     case FT_ACT_SIGMOID: return "sigmoid";
     case FT_ACT_TANH: return "tanh";
+    case FT_ACT_HARDSWISH: return "hardswish";
+    case FT_ACT_ABS: return "abs";
+    case FT_ACT_SOFTPLUS: return "softplus";
+    case FT_ACT_HUBER: return "huber";
+    case FT_ACT_XLOGX: return "xlogx";
     default: return "activation";
     }
 }
@@ -36,6 +41,14 @@ void ft_act_forward_f32(float *y, const float *x, int64_t n, ft_act act) {
     case FT_ACT_SILU: FT_SIMD_FOR(i, n) y[i] = ft_silu(x[i]); break;
     case FT_ACT_SIGMOID: FT_SIMD_FOR(i, n) y[i] = ft_sigmoidf(x[i]); break;
     case FT_ACT_TANH: FT_SIMD_FOR(i, n) y[i] = ft_tanhf(x[i]); break;
+    case FT_ACT_HARDSWISH: FT_SIMD_FOR(i, n) y[i] = ft_hardswish(x[i]); break;
+    case FT_ACT_ABS: FT_SIMD_FOR(i, n) y[i] = fabsf(x[i]); break;
+    case FT_ACT_SOFTPLUS:
+    case FT_ACT_HUBER:
+    case FT_ACT_XLOGX: /* libm's log: not vectorized, rare (losses) */
+        for (int64_t i = 0; i < n; i++)
+            y[i] = ft_act_forward(act, x[i]);
+        break;
     default:
         if (y != x)
             FT_SIMD_FOR(i, n) y[i] = x[i];
@@ -86,6 +99,14 @@ void ft_act_backward_f32(float *dx, const float *dy, const float *s, int64_t n, 
         else
             GRAD_LOOP(ft_tanh_grad(s[i]));
         break;
+    case FT_ACT_HARDSWISH: GRAD_LOOP(ft_hardswish_grad(s[i])); break;
+    case FT_ACT_ABS: GRAD_LOOP(ft_sign(s[i])); break;
+    case FT_ACT_SOFTPLUS: GRAD_LOOP(ft_sigmoidf(s[i])); break;
+    case FT_ACT_HUBER: GRAD_LOOP(ft_huber_grad(s[i], act.alpha)); break;
+    case FT_ACT_XLOGX:
+        for (int64_t i = 0; i < n; i++)
+            dx[i] = (accumulate ? dx[i] : 0.0f) + dy[i] * ft_xlogx_grad(s[i]);
+        break;
     default:
         if (accumulate)
             FT_SIMD_FOR(i, n) dx[i] += dy[i];
@@ -117,6 +138,8 @@ static ft_status check_act(const char *op, ft_act act) {
         return ft_fail(FT_ERR_VALUE, "%s: unknown activation kind %d", op, (int)act.kind);
     if (act.alpha != act.alpha)
         return ft_fail(FT_ERR_VALUE, "%s: the activation parameter is NaN", op);
+    if (act.kind == FT_ACT_HUBER && !(act.alpha > 0))
+        return ft_fail(FT_ERR_VALUE, "%s: delta must be positive, got %g", op, (double)act.alpha);
     return FT_OK;
 }
 

@@ -105,6 +105,11 @@ struct ft_cuda_ops {
     ft_status (*mse_loss_backward)(const ft_tensor *dinp, const ft_tensor *dtarget, const ft_tensor *dloss,
                                    const ft_tensor *inp, const ft_tensor *target, ft_reduction reduction,
                                    bool accumulate_inp, bool accumulate_target);
+    ft_status (*nll_loss_forward)(const ft_tensor *loss, const ft_tensor *inp, const ft_tensor *target,
+                                  const ft_tensor *weight, int64_t ignore_index);
+    /* adds into dinp: the entry point zeroes it first when it writes */
+    ft_status (*nll_loss_backward)(const ft_tensor *dinp, const ft_tensor *dloss, const ft_tensor *target,
+                                   const ft_tensor *weight, int64_t ignore_index);
     /* pool.h */
     ft_status (*max_pool2d_forward)(const ft_tensor *out, const ft_tensor *indices, const ft_tensor *inp,
                                     const ft_pool2d_params *p);

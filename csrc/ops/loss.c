@@ -668,3 +668,87 @@ ft_status ft_mse_loss_backward(const ft_tensor *dinp, const ft_tensor *dtarget, 
     ft_pw_run(&l);
     return FT_OK;
 }
+
+/* ---- nll_loss ---- */
+
+/* Checks for both directions: t (N, C) float32, target (N) integers in
+ * range, weight (C) contiguous float32 or NULL, all on t's device; the
+ * targets are read on the host (copied from a GPU). */
+static ft_status check_nll(const char *op, const ft_tensor *t, const ft_tensor *target, const ft_tensor *weight,
+                           int64_t ignore_index) {
+    ft_device dev = ft_op_device(t);
+    FT_TRY(ft_check_float_on(op, "inp", t, dev, "inp", false));
+    FT_TRY(ft_check_ndim(op, "inp", t, 2, "(N, C)"));
+    FT_TRY(ft_check_on(op, "target", target, dev, "inp"));
+    if (target->dtype != FT_INT64 && target->dtype != FT_INT32)
+        return ft_fail(FT_ERR_DTYPE, "%s: target must be int64 or int32", op);
+    FT_TRY(ft_check_shape(op, "target", target, 1, t->shape));
+    if (weight) {
+        FT_TRY(ft_check_float_on(op, "weight", weight, dev, "inp", false));
+        FT_TRY(ft_check_shape(op, "weight", weight, 1, &t->shape[1]));
+        if (!ft_tensor_is_contiguous(weight))
+            return ft_fail(FT_ERR_SHAPE, "%s: weight must be contiguous", op);
+    }
+    ft_tensor host;
+    if (dev.type == FT_DEV_CUDA)
+        FT_TRY(ft_tensor_to(&host, target, FT_INT64, FT_CPU, false, false));
+    else
+        ft_tensor_share(&host, target);
+    ft_status s = FT_OK;
+    for (int64_t n = 0; s == FT_OK && n < t->shape[0]; n++) {
+        const char *at = ft_tensor_data(&host) + n * host.strides[0] * (int64_t)ft_dtype_get(host.dtype)->itemsize;
+        int64_t v = host.dtype == FT_INT64 ? *(const int64_t *)at : *(const int32_t *)at;
+        if ((v < 0 || v >= t->shape[1]) && v != ignore_index)
+            s = ft_fail(FT_ERR_INDEX, "%s: target %lld at position %lld is outside [0, %lld)", op, (long long)v,
+                        (long long)n, (long long)t->shape[1]);
+    }
+    ft_tensor_release(&host);
+    return s;
+}
+
+static int64_t nll_target(const ft_tensor *target, int64_t n) {
+    const char *at = ft_tensor_data(target) + n * target->strides[0] * (int64_t)ft_dtype_get(target->dtype)->itemsize;
+    return target->dtype == FT_INT64 ? *(const int64_t *)at : *(const int32_t *)at;
+}
+
+ft_status ft_nll_loss_forward(const ft_tensor *loss, const ft_tensor *inp, const ft_tensor *target,
+                              const ft_tensor *weight, int64_t ignore_index) {
+    const char *op = "nll_loss";
+    FT_TRY(check_nll(op, inp, target, weight, ignore_index));
+    FT_TRY(ft_check_float_on(op, "loss", loss, ft_op_device(inp), "inp", false));
+    FT_TRY(ft_check_shape(op, "loss", loss, 1, inp->shape));
+    FT_TRY(ft_check_output(op, "loss", loss));
+    if (ft_op_device(inp).type == FT_DEV_CUDA)
+        FT_CUDA_DISPATCH(op, nll_loss_forward, loss, inp, target, weight, ignore_index);
+    const float *w = weight ? (const float *)ft_tensor_data(weight) : NULL;
+    for (int64_t n = 0; n < inp->shape[0]; n++) {
+        int64_t t = nll_target(target, n);
+        float v = 0.0f;
+        if (t != ignore_index)
+            v = -(w ? w[t] : 1.0f) * ((const float *)ft_tensor_data(inp))[n * inp->strides[0] + t * inp->strides[1]];
+        ((float *)ft_tensor_data(loss))[n * loss->strides[0]] = v;
+    }
+    return FT_OK;
+}
+
+ft_status ft_nll_loss_backward(const ft_tensor *dinp, const ft_tensor *dloss, const ft_tensor *target,
+                               const ft_tensor *weight, int64_t ignore_index, bool accumulate) {
+    const char *op = "nll_loss_backward";
+    FT_TRY(check_nll(op, dinp, target, weight, ignore_index));
+    FT_TRY(ft_check_output(op, "dinp", dinp));
+    FT_TRY(ft_check_float_on(op, "dloss", dloss, ft_op_device(dinp), "dinp", false));
+    FT_TRY(ft_check_shape(op, "dloss", dloss, 1, dinp->shape));
+    if (!accumulate) /* then every device adds the targets' column */
+        FT_TRY(ft_tensor_fill(dinp, (ft_scalar){.kind = FT_SCALAR_FLOAT, .f = 0}));
+    if (ft_op_device(dinp).type == FT_DEV_CUDA)
+        FT_CUDA_DISPATCH(op, nll_loss_backward, dinp, dloss, target, weight, ignore_index);
+    const float *w = weight ? (const float *)ft_tensor_data(weight) : NULL;
+    for (int64_t n = 0; n < dinp->shape[0]; n++) {
+        int64_t t = nll_target(target, n);
+        if (t == ignore_index)
+            continue;
+        float g = ((const float *)ft_tensor_data(dloss))[n * dloss->strides[0]];
+        ((float *)ft_tensor_data(dinp))[n * dinp->strides[0] + t * dinp->strides[1]] -= (w ? w[t] : 1.0f) * g;
+    }
+    return FT_OK;
+}

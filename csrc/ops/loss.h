@@ -60,4 +60,16 @@ ft_status ft_mse_loss_backward(const ft_tensor *dinp, const ft_tensor *dtarget, 
                                const ft_tensor *inp, const ft_tensor *target, ft_reduction reduction,
                                bool accumulate_inp, bool accumulate_target);
 
+/* loss (N) = -w[t] inp[n, t] for log-probabilities inp (N, C), 0 where t ==
+ * ignore_index: the negative log-likelihood of each sample (the compiled
+ * program normalizes and sums). float32 inp, int64 or int32 target (N),
+ * weight (C) or NULL; targets outside [0, C) other than ignore_index are
+ * FT_ERR_INDEX. */
+ft_status ft_nll_loss_forward(const ft_tensor *loss, const ft_tensor *inp, const ft_tensor *target,
+                              const ft_tensor *weight, int64_t ignore_index);
+
+/* dinp (N, C) = (or +=) -w[t] dloss[n] at column t, 0 elsewhere. */
+ft_status ft_nll_loss_backward(const ft_tensor *dinp, const ft_tensor *dloss, const ft_tensor *target,
+                               const ft_tensor *weight, int64_t ignore_index, bool accumulate);
+
 #endif

@@ -298,6 +298,8 @@ ft_status ft_dnnl_append_act(dnnl_post_ops_t po, ft_act act) {
     case FT_ACT_SILU: alg = dnnl_eltwise_swish, alpha = 1; break;
     case FT_ACT_SIGMOID: alg = dnnl_eltwise_logistic; break;
     case FT_ACT_TANH: alg = dnnl_eltwise_tanh; break;
+    case FT_ACT_HARDSWISH: alg = dnnl_eltwise_hardswish; break;
+    case FT_ACT_ABS: alg = dnnl_eltwise_abs; break;
     default: return ft_fail(FT_ERR_VALUE, "unknown activation %d", (int)act.kind);
     }
     return ft_dnnl_check(dnnl_post_ops_append_eltwise(po, 1.0f, alg, alpha, 0.0f), "an activation post-op");

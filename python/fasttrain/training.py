@@ -23,11 +23,11 @@ def evaluate(program, loader, tta_flip=False):
         from .nn.program import _batch
         loss_sum, correct, count = 0.0, 0, 0
         for x, y in loader:
-            s, c = program._c.evaluate(*_batch(x, y, program.regression), tta_flip)
+            s, c = program._c.evaluate(*_batch(x, y, program.target_dtype), tta_flip)
             loss_sum, correct, count = loss_sum + s, correct + c, count + len(y)
     if count == 0:
         raise ValueError("evaluate: the loader gave no samples")
-    return loss_sum / count, correct / count
+    return loss_sum / count, correct / count if program.classifies else None
 
 
 def _fit_epoch_in_c(program, loader, scheduler, interval, bar, start):

@@ -53,10 +53,10 @@ static void make_net(net *m) {
 }
 
 static ft_status make_program(ft_program **out, const net *m, int64_t batch) {
-    ft_node nodes[9];
+    ft_node nodes[11];
     memset(nodes, 0, sizeof nodes);
     ft_conv2d_params conv = {{1, 1}, {1, 1}, {1, 1}, 1};
-    nodes[0] = (ft_node){.kind = FT_NODE_INPUT, .ndim = 3, .shape = {C0, HW, HW}};
+    nodes[0] = (ft_node){.kind = FT_NODE_INPUT, .ndim = 3, .shape = {C0, HW, HW}, .dtype = FT_FLOAT32};
     nodes[1] = (ft_node){.kind = FT_NODE_CONV2D, .ninputs = 1, .inputs = {0}, .ndim = 3, .shape = {C1, HW, HW},
                          .weight = m->w1, .dweight = m->dw1, .conv = conv};
     nodes[2] = (ft_node){.kind = FT_NODE_BATCHNORM, .ninputs = 1, .inputs = {1}, .ndim = 3, .shape = {C1, HW, HW},
@@ -73,8 +73,10 @@ static ft_status make_program(ft_program **out, const net *m, int64_t batch) {
     nodes[7] = (ft_node){.kind = FT_NODE_RESHAPE, .ninputs = 1, .inputs = {6}, .ndim = 1, .shape = {C1}};
     nodes[8] = (ft_node){.kind = FT_NODE_LINEAR, .ninputs = 1, .inputs = {7}, .ndim = 1, .shape = {CLASSES},
                          .weight = m->lw, .dweight = m->dlw, .bias = m->lb, .dbias = m->dlb};
-    ft_loss_spec loss = {.label_smoothing = 0.1, .ignore_index = -100};
-    return ft_program_create(out, 9, nodes, &loss, batch, true, 1, FT_CPU);
+    nodes[9] = (ft_node){.kind = FT_NODE_TARGET, .dtype = FT_INT64};
+    nodes[10] = (ft_node){.kind = FT_NODE_CROSS_ENTROPY, .ninputs = 2, .inputs = {8, 9}, .label_smoothing = 0.1,
+                          .ignore_index = -100, .reduction = FT_NODE_REDUCE_MEAN};
+    return ft_program_create(out, 11, nodes, 8, batch, true, 1, FT_CPU);
 }
 
 static void copy_floats(float *dst, const ft_tensor *t) { memcpy(dst, ft_tensor_data(t), (size_t)ft_tensor_numel(t) * 4); }

@@ -7,7 +7,9 @@ calls the same entry points.
 import functools
 import warnings
 
-from .. import _C
+import numpy as np
+
+from .. import _C, creation
 from .._tensor import Tensor
 from ..random import default_generator
 from . import modules as M
@@ -42,7 +44,8 @@ __all__ = [
     "conv2d", "linear", "batch_norm", "layer_norm",
     "relu", "relu_", "leaky_relu", "leaky_relu_", "gelu", "silu", "sigmoid", "tanh",
     "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "adaptive_max_pool2d",
-    "dropout", "softmax", "log_softmax", "cross_entropy", "mse_loss", "add", "mul", "cat", "flatten",
+    "hardswish", "softplus", "dropout", "softmax", "log_softmax", "cross_entropy", "nll_loss", "mse_loss", "l1_loss",
+    "smooth_l1_loss", "huber_loss", "binary_cross_entropy_with_logits", "kl_div", "add", "mul", "cat", "flatten",
 ]
 
 
@@ -259,6 +262,18 @@ def dropout(input, p=0.5, training=True, inplace=False, *, generator=None):
     return _C.dropout_forward(input if inplace else None, input, float(p), seed, offset)
 
 
+@_traced(lambda inplace=False: M.Hardswish())
+def hardswish(input, inplace=False):
+    return _act(input, "hardswish", inplace=inplace, fn="hardswish")
+
+
+@_traced(lambda beta=1.0, threshold=20.0: M.Softplus(beta, threshold))
+def softplus(input, beta=1.0, threshold=20.0):
+    if beta != 1.0:
+        raise NotImplementedError("softplus with beta != 1 is not supported")
+    return _act(input, "softplus", fn="softplus")
+
+
 # ---- softmax ----
 
 def _softmax_dim(ndim, fn):
@@ -294,21 +309,156 @@ def _legacy_reduction(size_average, reduce, reduction):
 def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean",
                   label_smoothing=0.0):
     """Class-index targets (int64 or int32) of shape (N) or (N, d...) for input (N, C) or (N, C, d...)."""
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    if isinstance(input, Symbolic):
+        return M.CrossEntropyLoss(weight, ignore_index=ignore_index, reduction=reduction,
+                                  label_smoothing=label_smoothing)(input, target)
     _check(input, "input", "cross_entropy")
     _check(target, "target", "cross_entropy")
-    reduction = _legacy_reduction(size_average, reduce, reduction)
     loss, _ = _C.cross_entropy_forward(None, False, input, target, weight, reduction, int(ignore_index),
                                        float(label_smoothing))
     return loss
 
 
-def mse_loss(input, target, size_average=None, reduce=None, reduction="mean"):
-    _check(input, "input", "mse_loss")
-    _check(target, "target", "mse_loss")
+# The losses below are, traced, compositions of recorded ops (an elementwise loss, then its reduction) and,
+# eager, a forward in float64 NumPy: values to look at (the compiled program trains with the traced form).
+
+def _host(t):
+    return np.asarray(t.cpu() if isinstance(t, Tensor) else t, dtype=np.float64)
+
+
+def _eager(values, reduction, like, divisor=None):
+    """PyTorch's reduction of NumPy per-element losses, as a float32 tensor on like's device."""
+    out = values if reduction == "none" else values.sum() / (divisor if divisor is not None else values.size) \
+        if reduction == "mean" else values.sum() / values.shape[0] if reduction == "batchmean" else values.sum()
+    return creation.as_tensor(np.asarray(out, dtype=np.float32)).to(like.device)
+
+
+def _pair_check(input, target, fn):
+    _check(input, "input", fn)
+    _check(target, "target", fn)
     if tuple(input.shape) != tuple(target.shape):
-        raise ValueError(f"mse_loss: target should have the shape of input {tuple(input.shape)}, "
-                         f"got {tuple(target.shape)}")
-    return _C.mse_loss_forward(None, input, target, _legacy_reduction(size_average, reduce, reduction))
+        raise ValueError(f"{fn}: target should have the shape of input {tuple(input.shape)}, got {tuple(target.shape)}")
+
+
+def _reduction_of(fn, reduction, allowed=("none", "mean", "sum")):
+    if reduction not in allowed:
+        raise ValueError(f"{fn}: reduction must be one of {', '.join(map(repr, allowed))}, got {reduction!r}")
+    return reduction
+
+
+def _on_device_of(x, array):
+    """A constant tensor for a traced loss, where x's program runs."""
+    from .graph import _device_of
+    return creation.as_tensor(np.asarray(array, dtype=np.float32)).to(_device_of(x))
+
+
+def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean"):
+    """The negative log-likelihood of log-probabilities input (N, C) for class targets (N,)."""
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    if isinstance(input, Symbolic):
+        return M.NLLLoss(weight, ignore_index=ignore_index, reduction=reduction)(input, target)
+    _check(input, "input", "nll_loss")
+    _check(target, "target", "nll_loss")
+    _reduction_of("nll_loss", reduction)
+    x, t = _host(input), np.asarray(target.cpu()).astype(np.int64)
+    if x.ndim != 2 or t.shape != (x.shape[0],):
+        raise ValueError(f"nll_loss: input (N, C) and target (N,), got {tuple(input.shape)} and {tuple(target.shape)}")
+    keep = t != ignore_index
+    if np.any((t[keep] < 0) | (t[keep] >= x.shape[1])):
+        raise IndexError(f"nll_loss: a target is outside [0, {x.shape[1]})")
+    w = _host(weight) if weight is not None else np.ones(x.shape[1])
+    safe = np.where(keep, t, 0)
+    wt = w[safe] * keep
+    values = -x[np.arange(len(t)), safe] * wt
+    return _eager(values, reduction, input, divisor=wt.sum())
+
+
+def mse_loss(input, target, size_average=None, reduce=None, reduction="mean"):
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    if isinstance(input, Symbolic):
+        d = input - target
+        return (d * d).reduce(_reduction_of("mse_loss", reduction))
+    _pair_check(input, target, "mse_loss")
+    return _C.mse_loss_forward(None, input, target, reduction)
+
+
+def _distance_loss(fn, act, alpha, scale, host_fn, input, target, reduction):
+    """act(input - target) * scale, reduced: L1, smooth L1 and Huber."""
+    _reduction_of(fn, reduction)
+    if isinstance(input, Symbolic):
+        values = M._Elementwise(act, alpha)(input - target)
+        return (values if scale == 1.0 else values * scale).reduce(reduction)
+    _pair_check(input, target, fn)
+    return _eager(host_fn(_host(input) - _host(target)), reduction, input)
+
+
+def _huber(d, delta):
+    a = np.abs(d)
+    return np.where(a < delta, 0.5 * d * d, delta * (a - 0.5 * delta))
+
+
+def l1_loss(input, target, size_average=None, reduce=None, reduction="mean"):
+    return _distance_loss("l1_loss", "abs", 0.0, 1.0, np.abs, input, target,
+                          _legacy_reduction(size_average, reduce, reduction))
+
+
+def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mean", beta=1.0):
+    """0.5 d^2 / beta where |d| < beta, else |d| - 0.5 beta (the Huber loss divided by beta; L1 at beta 0)."""
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    if beta < 0:
+        raise ValueError(f"smooth_l1_loss: beta must be >= 0, got {beta}")
+    if beta == 0:
+        return l1_loss(input, target, reduction=reduction)
+    return _distance_loss("smooth_l1_loss", "huber", beta, 1.0 / beta, lambda d: _huber(d, beta) / beta, input,
+                          target, reduction)
+
+
+def huber_loss(input, target, reduction="mean", delta=1.0):
+    if not delta > 0:
+        raise ValueError(f"huber_loss: delta must be > 0, got {delta}")
+    return _distance_loss("huber_loss", "huber", delta, 1.0, lambda d: _huber(d, delta), input, target, reduction)
+
+
+def binary_cross_entropy_with_logits(input, target, weight=None, size_average=None, reduce=None, reduction="mean",
+                                     pos_weight=None):
+    """-w [p y log sigmoid(x) + (1 - y) log(1 - sigmoid(x))], p the pos_weight (broadcast over the last
+    dimension), computed as softplus(x) (1 + (p - 1) y) - p x y."""
+    reduction = _reduction_of("binary_cross_entropy_with_logits", _legacy_reduction(size_average, reduce, reduction))
+    if isinstance(input, Symbolic):
+        xy = input * target
+        sp = M._Elementwise("softplus")(input)
+        if pos_weight is None:
+            values = sp - xy
+        else:
+            p = _host(pos_weight)
+            values = sp * (target * _on_device_of(input, p - 1) + 1.0) - xy * _on_device_of(input, p)
+        if weight is not None:
+            values = values * weight
+        return values.reduce(reduction)
+    _pair_check(input, target, "binary_cross_entropy_with_logits")
+    x, y = _host(input), _host(target)
+    p = _host(pos_weight) if pos_weight is not None else 1.0
+    values = (np.maximum(x, 0) + np.log1p(np.exp(-np.abs(x)))) * (1 + (p - 1) * y) - p * x * y
+    if weight is not None:
+        values = values * _host(weight)
+    return _eager(values, reduction, input)
+
+
+def kl_div(input, target, size_average=None, reduce=None, reduction="mean", log_target=False):
+    """target (log target - input) for log-probabilities input; reduction='batchmean' is the KL divergence."""
+    reduction = _reduction_of("kl_div", _legacy_reduction(size_average, reduce, reduction),
+                              ("none", "mean", "sum", "batchmean"))
+    if isinstance(input, Symbolic):
+        if log_target:
+            from .graph import fail
+            fail("kl_div with log_target=True", "give the targets as probabilities with log_target=False")
+        cross = target * input
+        return (M._Elementwise("xlogx")(target) - cross).reduce(reduction)
+    _pair_check(input, target, "kl_div")
+    x, t = _host(input), _host(target)
+    values = np.exp(t) * (t - x) if log_target else np.where(t > 0, t * np.log(np.where(t > 0, t, 1)), 0) - t * x
+    return _eager(values, reduction, input)
 
 
 # ---- residual add, mul and concatenation ----

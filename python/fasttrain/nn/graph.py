@@ -55,10 +55,14 @@ N = BatchSize()
 
 
 class Node:
-    __slots__ = ("module", "inputs", "shape")
+    """A recorded op. `reduced`: a loss reduced over the batch, whose per-sample value is each sample's share of
+    the batch's loss (their sum is the loss); such values combine only linearly. The targets' node has shape None
+    until a loss (or compile's target_shape) fixes it."""
+    __slots__ = ("module", "inputs", "shape", "reduced")
 
-    def __init__(self, module, inputs, shape):
-        self.module, self.inputs, self.shape = module, list(inputs), tuple(shape)
+    def __init__(self, module, inputs, shape, reduced=False):
+        self.module, self.inputs, self.reduced = module, list(inputs), reduced
+        self.shape = None if shape is None else tuple(shape)
 
 
 def _layers():
@@ -106,12 +110,22 @@ class Symbolic:
         self.node = node
 
     @staticmethod
-    def record(module, inputs, shape):
-        return Symbolic(Node(module, [x.node for x in inputs], shape))
+    def record(module, inputs, shape, reduced=None):
+        if reduced is None:
+            flags = {x.node.reduced for x in inputs}
+            if True in flags and (len(flags) > 1 or not isinstance(module, (_layers().Add, _layers().Scale))):
+                fail(f"{type(module).__name__} of a loss already reduced over the batch",
+                     "combine reduced losses linearly (a + 0.5 * b), or reduce last (reduction='none', then .mean())")
+            reduced = flags == {True}
+        return Symbolic(Node(module, [x.node for x in inputs], shape, reduced))
 
     # ---- shape ----
     @property
     def shape(self):
+        if self.node.reduced:
+            return ()
+        if self.node.shape is None:
+            fail("the targets' shape before a loss reads them", "give compile(..., target_shape=, target_dtype=)")
         return (N, *self.node.shape)
 
     def size(self, dim=None):
@@ -127,8 +141,12 @@ class Symbolic:
 
     # ---- arithmetic ----
     def _operand(self, other):
-        """other as a Symbolic: traced values as they are, tensors as constant (or parameter) nodes."""
+        """other as a Symbolic: traced values as they are, tensors as constant (or parameter) nodes. Targets of
+        a yet unknown shape meeting a value take its shape, as float32 (and must have it if fixed already)."""
         if isinstance(other, Symbolic):
+            for a, b in ((self, other), (other, self)):
+                if isinstance(a.node.module, _layers().Target) and b.node.shape is not None:
+                    bind_target(a, b.node.shape, "float32")
             return other
         from .._tensor import Tensor
         if isinstance(other, Tensor):
@@ -137,6 +155,8 @@ class Symbolic:
 
     def __add__(self, other):
         if isinstance(other, (int, float)):
+            if other != 0 and self.node.reduced:
+                fail("adding a constant to a loss", "a constant changes no gradient: leave it out")
             return self if other == 0 else self + constant_like(self, float(other))
         o = self._operand(other)
         if o is None:
@@ -297,10 +317,25 @@ class Symbolic:
             at += n
         return tuple(out)
 
+    def reduce(self, reduction):
+        """The batch's loss from per-sample (or per-element) losses: 'mean' over every value, 'sum', or
+        'batchmean' (the sum divided by the batch size); 'none' leaves them."""
+        if reduction == "none":
+            return self
+        if self.node.reduced:
+            fail("reducing a loss already reduced over the batch")
+        return Symbolic.record(_layers().Sum(reduction), [self], (), reduced=True)
+
+    def sum(self, dim=None, keepdim=False):
+        if dim is None:
+            return self.reduce("sum")
+        fail(f"sum over dimensions {dim}", "sum every value (x.sum()), or use a layer")
+
     def mean(self, dim=None, keepdim=False):
+        if dim is None:
+            return self.reduce("mean")
         nd = len(self.node.shape)
-        dims = sorted({_dim(d, nd) for d in (dim if isinstance(dim, (tuple, list)) else [dim])}) \
-            if dim is not None else fail("mean() over every dimension", "name the dimensions: x.mean((2, 3))")
+        dims = sorted({_dim(d, nd) for d in (dim if isinstance(dim, (tuple, list)) else [dim])})
         if nd == 3 and dims == [1, 2]:  # global average pooling of (C, H, W) images
             out = _layers().AdaptiveAvgPool2d(1)(self)
             return out if keepdim else out.reshape(N, self.node.shape[0])
@@ -373,6 +408,29 @@ def _device_of(x):
     return "cpu"
 
 
+def target(shape=None, dtype=None):
+    """The batch's targets as the loss sees them; shape (per sample) and dtype are fixed by the first loss that
+    reads them unless given."""
+    t = Symbolic(Node(_layers().Target(), [], None))
+    if shape is not None:
+        bind_target(t, shape, dtype or "float32")
+    return t
+
+
+def bind_target(t, shape, dtype):
+    """Fixes the per-sample shape and dtype of the targets `t` (a loss reading them as it needs them), or checks
+    them against what an earlier use fixed."""
+    from .._types import as_dtype
+    if not isinstance(t, Symbolic) or not isinstance(t.node.module, _layers().Target):
+        fail(f"a loss reading {t!r} as its targets", "pass the loss the targets as compile gives them")
+    shape, dtype = tuple(shape), as_dtype(dtype)
+    if t.node.shape is None:
+        t.node.shape, t.node.module.dtype = shape, dtype
+    elif (t.node.shape, t.node.module.dtype) != (shape, dtype):
+        raise TracingError(f"the targets are read as {dtype.name} of per-sample shape {shape} at {_user_line()}, "
+                           f"but as {t.node.module.dtype.name} of shape {t.node.shape} elsewhere")
+
+
 def Input(shape):
     """The model's input, of per-sample shape `shape` (e.g. (1, 28, 28))."""
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
@@ -389,22 +447,41 @@ def cat(tensors, dim=1):
     return _layers().Cat(1)(*[t if isinstance(t, Symbolic) else tensors[0]._operand(t) for t in tensors])
 
 
-def trace(model, input_shape):
-    """The output Symbolic of model's forward on a symbolic input of per-sample `input_shape`."""
-    x = Input(input_shape)
+def _call(fn, what, *args):
+    """fn(*args) on traced values, with a tensor-only function's failure turned into a TracingError naming the
+    user's line."""
     try:
-        out = model(x)
+        return fn(*args)
     except TracingError:
         raise
     except (AttributeError, TypeError) as e:  # a tensor-only function met a traced value
         tb = traceback.extract_tb(sys.exc_info()[2])
         where = next((f"{f.filename}:{f.lineno}: {(f.line or '').strip()}" for f in reversed(tb)
                       if not os.path.abspath(f.filename).startswith(_PACKAGE + os.sep)), "<unknown>")
-        raise TracingError(f"{type(model).__name__}.forward cannot be compiled (at {where}): {e}") from e
-    if not isinstance(out, Symbolic):
-        raise TracingError(f"{type(model).__name__}.forward returned {type(out).__name__}, not the traced output "
-                           "of its input (one output; the loss is given to compile separately)")
+        raise TracingError(f"{what} cannot be compiled (at {where}): {e}") from e
+
+
+def trace(model, input_shape):
+    """The outputs of model's forward on a symbolic input of per-sample `input_shape`: one Symbolic, or a tuple
+    of them (the first is what predict returns)."""
+    out = _call(model, f"{type(model).__name__}.forward", Input(input_shape))
+    if not (isinstance(out, Symbolic) or isinstance(out, (tuple, list)) and out
+            and all(isinstance(o, Symbolic) for o in out)):
+        raise TracingError(f"{type(model).__name__}.forward returned {type(out).__name__}, not traced outputs of "
+                           "its input (the loss is given to compile separately)")
     return out
+
+
+def trace_loss(loss, outputs, targets):
+    """The loss Symbolic of loss(outputs, targets): reduced over the batch, one value."""
+    name = getattr(loss, "__name__", type(loss).__name__)
+    value = _call(loss, f"the loss {name}", outputs, targets)
+    if not isinstance(value, Symbolic):
+        raise TracingError(f"the loss {name} returned {type(value).__name__}, not a traced value of the outputs")
+    if not value.node.reduced:
+        raise TracingError(f"the loss {name} returned per-sample values of shape {value.shape}, not one loss: "
+                           "reduce them (.mean(), .sum(), or a loss with reduction='mean')")
+    return value
 
 
 def topological(outputs):

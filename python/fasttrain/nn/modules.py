@@ -354,6 +354,38 @@ class GELU(_Activation):
         return F.gelu(x, approximate=self.approximate)
 
 
+class Hardswish(_Activation):
+    act = "hardswish"
+
+
+class Softplus(_Activation):
+    act = "softplus"
+
+    def __init__(self, beta=1.0, threshold=20.0):
+        super().__init__()
+        if beta != 1.0:
+            raise NotImplementedError("Softplus with beta != 1 is not supported")
+        self.beta, self.threshold = beta, threshold  # log1p(exp(x)) is computed exactly: no threshold needed
+
+    def extra_repr(self):
+        return f"beta={self.beta}, threshold={self.threshold}"
+
+
+class _Elementwise(_Activation):
+    """An activation named by its C op (abs, huber with alpha = delta, xlogx): the pieces of losses."""
+
+    def __init__(self, act, alpha=0.0):
+        super().__init__()
+        self.act, self.alpha = act, float(alpha)
+
+    def forward(self, x):
+        from . import functional as F
+        return F._act(x, self.act, self.alpha)
+
+    def extra_repr(self):
+        return f"{self.act}" + (f", {self.alpha}" if self.alpha else "")
+
+
 class LeakyReLU(_Activation):
     act = "leaky_relu"
 
@@ -568,32 +600,160 @@ class ModuleDict(Module):
         raise TypeError("ModuleDict is not callable: index it in forward")
 
 
-class CrossEntropyLoss(Module):
-    def __init__(self, weight=None, ignore_index=-100, reduction="mean", label_smoothing=0.0):
+_REDUCTIONS = ("none", "mean", "sum")
+
+
+def _reduction(name, reduction, allowed=_REDUCTIONS):
+    if reduction not in allowed:
+        raise ValueError(f"{name}: reduction must be one of {', '.join(map(repr, allowed))}, got {reduction!r}")
+    return reduction
+
+
+class _Loss(Module):
+    """A loss: forward(input, target) as PyTorch's. Called on traced values (model.compile) it records the loss
+    as part of the graph, differentiated with the model."""
+
+    def __init__(self, reduction="mean"):
         super().__init__()
-        if reduction not in ("mean", "sum"):
-            raise ValueError("CrossEntropyLoss: reduction must be 'mean' or 'sum'")
+        self.reduction = _reduction(type(self).__name__, reduction, self._reductions)
+
+    _reductions = _REDUCTIONS
+
+    def extra_repr(self):
+        return f"reduction={self.reduction!r}" if self.reduction != "mean" else ""
+
+
+class _ClassLoss(_Loss):
+    """A loss of (C,) scores per sample and int64 class targets: one node of the compiled program."""
+
+    _leaf = True
+
+    def __init__(self, weight=None, ignore_index=-100, reduction="mean"):
+        super().__init__(reduction)
+        if weight is not None and (not isinstance(weight, Tensor) or weight.ndim != 1):
+            raise TypeError(f"{type(self).__name__}: weight must be a 1-d fasttrain Tensor of class weights")
+        self.register_buffer("weight", weight)
+        self.ignore_index = int(ignore_index)
+
+    def _symbolic(self, scores, target):
+        from .graph import bind_target
+        name = type(self).__name__
+        if len(scores.node.shape) != 1:
+            raise ValueError(f"{name}: compiled, it takes (N, C) scores, got {scores.shape}")
+        if self.weight is not None and self.weight.shape[0] != scores.node.shape[0]:
+            raise ValueError(f"{name}: {self.weight.shape[0]} class weights for {scores.node.shape[0]} classes")
+        bind_target(target, (), "int64")
+        return Symbolic.record(self, [scores, target], (), reduced=self.reduction != "none")
+
+
+class CrossEntropyLoss(_ClassLoss):
+    def __init__(self, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean",
+                 label_smoothing=0.0):
+        from .functional import _legacy_reduction
+        super().__init__(weight, ignore_index, _legacy_reduction(size_average, reduce, reduction))
         if not 0.0 <= label_smoothing <= 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
-        self.weight, self.ignore_index = weight, ignore_index
-        self.reduction, self.label_smoothing = reduction, label_smoothing
+        self.label_smoothing = float(label_smoothing)
 
-    def forward(self, logits, target):
+    def forward(self, input, target):
         from . import functional as F
-        return F.cross_entropy(logits, target, self.weight, ignore_index=self.ignore_index, reduction=self.reduction,
+        return F.cross_entropy(input, target, self.weight, ignore_index=self.ignore_index, reduction=self.reduction,
                                label_smoothing=self.label_smoothing)
 
 
-class MSELoss(Module):
-    def __init__(self, reduction="mean"):
-        super().__init__()
-        if reduction not in ("mean", "sum"):
-            raise ValueError("MSELoss: reduction must be 'mean' or 'sum'")
-        self.reduction = reduction
+class NLLLoss(_ClassLoss):
+    """The negative log-likelihood of log-probabilities (log_softmax outputs) and class targets."""
 
-    def forward(self, pred, target):
+    def __init__(self, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean"):
+        from .functional import _legacy_reduction
+        super().__init__(weight, ignore_index, _legacy_reduction(size_average, reduce, reduction))
+
+    def forward(self, input, target):
         from . import functional as F
-        return F.mse_loss(pred, target, reduction=self.reduction)
+        return F.nll_loss(input, target, self.weight, ignore_index=self.ignore_index, reduction=self.reduction)
+
+
+class MSELoss(_Loss):
+    def forward(self, input, target):
+        from . import functional as F
+        return F.mse_loss(input, target, reduction=self.reduction)
+
+
+class L1Loss(_Loss):
+    def forward(self, input, target):
+        from . import functional as F
+        return F.l1_loss(input, target, reduction=self.reduction)
+
+
+class SmoothL1Loss(_Loss):
+    def __init__(self, size_average=None, reduce=None, reduction="mean", beta=1.0):
+        from .functional import _legacy_reduction
+        super().__init__(_legacy_reduction(size_average, reduce, reduction))
+        if beta < 0:
+            raise ValueError(f"SmoothL1Loss: beta must be >= 0, got {beta}")
+        self.beta = float(beta)
+
+    def forward(self, input, target):
+        from . import functional as F
+        return F.smooth_l1_loss(input, target, reduction=self.reduction, beta=self.beta)
+
+
+class HuberLoss(_Loss):
+    def __init__(self, reduction="mean", delta=1.0):
+        super().__init__(reduction)
+        if not delta > 0:
+            raise ValueError(f"HuberLoss: delta must be > 0, got {delta}")
+        self.delta = float(delta)
+
+    def forward(self, input, target):
+        from . import functional as F
+        return F.huber_loss(input, target, reduction=self.reduction, delta=self.delta)
+
+
+class BCEWithLogitsLoss(_Loss):
+    def __init__(self, weight=None, size_average=None, reduce=None, reduction="mean", pos_weight=None):
+        from .functional import _legacy_reduction
+        super().__init__(_legacy_reduction(size_average, reduce, reduction))
+        self.register_buffer("weight", weight)
+        self.register_buffer("pos_weight", pos_weight)
+
+    def forward(self, input, target):
+        from . import functional as F
+        return F.binary_cross_entropy_with_logits(input, target, self.weight, reduction=self.reduction,
+                                                  pos_weight=self.pos_weight)
+
+
+class KLDivLoss(_Loss):
+    _reductions = _REDUCTIONS + ("batchmean",)
+
+    def __init__(self, size_average=None, reduce=None, reduction="mean", log_target=False):
+        from .functional import _legacy_reduction
+        super().__init__(_legacy_reduction(size_average, reduce, reduction))
+        self.log_target = log_target
+
+    def forward(self, input, target):
+        from . import functional as F
+        return F.kl_div(input, target, reduction=self.reduction, log_target=self.log_target)
+
+
+class Target(Module):
+    """The batch's targets in a traced loss: shape and dtype fixed by the loss that reads them."""
+
+    _leaf = True
+    dtype = None
+
+
+class Sum(Module):
+    """The batch's loss from per-sample values (recorded by .mean(), .sum() and the losses' reductions)."""
+
+    _leaf = True
+
+    def __init__(self, reduction):
+        super().__init__()
+        self.reduction = _reduction("reduce", reduction, ("mean", "sum", "batchmean"))
+
+    def extra_repr(self):
+        return repr(self.reduction)
 
 
 class Add(Module):

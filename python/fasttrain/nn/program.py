@@ -11,16 +11,17 @@ import math
 from .. import _C, creation
 from .._types import _BY_NAME
 from . import modules as M
-from .graph import topological, trace
+from .graph import TracingError, target, topological, trace, trace_loss
 
-# Node kinds and activations as the extension numbers them.
+# Node kinds, activations and reductions as the extension numbers them.
 _K = _C.NODE_KINDS
 (INPUT, CONV2D, LINEAR, BATCHNORM, ACT, MAXPOOL, AVGPOOL, ADAPTIVE_AVGPOOL, ADAPTIVE_MAXPOOL, ADD, CAT, RESHAPE,
- DROPOUT, IDENTITY, LAYERNORM, MUL, SCALE, PERMUTE, SLICE, PARAM) = (_K[k] for k in (
+ DROPOUT, IDENTITY, LAYERNORM, MUL, SCALE, PERMUTE, SLICE, PARAM, TARGET, CROSS_ENTROPY, NLL, SUM) = (_K[k] for k in (
     "input", "conv2d", "linear", "batch_norm", "activation", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
     "adaptive_max_pool2d", "add", "cat", "reshape", "dropout", "identity", "layer_norm", "mul", "scale", "permute",
-    "slice", "parameter"))
+    "slice", "parameter", "target", "cross_entropy", "nll", "sum"))
 ACTS = _C.ACTIVATIONS
+REDUCTIONS = _C.REDUCTIONS
 # Activations whose derivative follows from their output: these can be fused
 # into an op that does not keep the activation's input.
 FROM_OUTPUT = {"relu", "sigmoid", "tanh", "leaky_relu"}
@@ -30,7 +31,7 @@ def _act_of(m):
     name = m.act
     if isinstance(m, M.GELU) and m.approximate == "tanh":
         name = "gelu_tanh"
-    alpha = m.negative_slope if isinstance(m, M.LeakyReLU) else 0.0
+    alpha = m.negative_slope if isinstance(m, M.LeakyReLU) else getattr(m, "alpha", 0.0)
     return name, alpha
 
 
@@ -78,6 +79,15 @@ def _node_of(module):
         return SLICE, dict(slice_dim=m.dim, slice_start=m.start, slice_step=m.step)
     if isinstance(m, M.Value):
         return PARAM, {}
+    if isinstance(m, M.Target):
+        return TARGET, dict(dtype=m.dtype._code)
+    if isinstance(m, M._ClassLoss):
+        fields = dict(reduction=REDUCTIONS[m.reduction], ignore_index=m.ignore_index)
+        if isinstance(m, M.CrossEntropyLoss):
+            return CROSS_ENTROPY, dict(fields, label_smoothing=m.label_smoothing)
+        return NLL, fields
+    if isinstance(m, M.Sum):
+        return SUM, dict(reduction=REDUCTIONS[m.reduction])
     raise NotImplementedError(f"{type(m).__name__} has no compiled form yet: see docs/models.md for the layers "
                               "a compiled program supports")
 
@@ -90,19 +100,28 @@ class _Entry:
         self.act, self.alpha, self.drop_bias, self.fused = None, 0.0, False, []
 
 
-def _graph(model, input_shape):
+def _graph(model, input_shape, loss=None, target_shape=None, target_dtype=None):
+    """The entries of the model's graph, with the loss's after them when a loss is given, and the index of the
+    model's (first) output."""
     if isinstance(model, M.Model):
-        nodes = model._nodes
-    else:
-        if input_shape is None:
-            raise ValueError("compile: give input_shape, the per-sample shape such as (1, 28, 28)")
-        nodes = topological([trace(model, input_shape).node])
+        input_shape = model.input_shape
+    elif input_shape is None:
+        raise ValueError("compile: give input_shape, the per-sample shape such as (1, 28, 28)")
+    outputs = trace(model, input_shape)
+    first = outputs if not isinstance(outputs, (tuple, list)) else outputs[0]
+    roots = [first.node]
+    if loss is not None:
+        value = trace_loss(loss, outputs, target(target_shape, target_dtype))
+        if value.node is first.node:
+            raise TracingError("the loss is the model's output itself: compute it from the output and the targets")
+        roots.append(value.node)
+    nodes = topological(roots)  # the output's ancestors first: the nodes after it are the loss's
     index = {id(n): i for i, n in enumerate(nodes)}
     entries = []
     for n in nodes:
-        kind, fields = (INPUT, {}) if n.module is None else _node_of(n.module)
+        kind, fields = (INPUT, dict(dtype=_BY_NAME["float32"]._code)) if n.module is None else _node_of(n.module)
         entries.append(_Entry(kind, n.module, [index[id(i)] for i in n.inputs], n.shape, fields))
-    return entries
+    return entries, index[id(first.node)]
 
 
 def _consumers(entries):
@@ -220,6 +239,8 @@ def _node_dict(e, trainable):
             d["bias"], d["dbias"] = m.bias, grad(m.bias)
     if e.kind == PARAM:
         d["weight"], d["dweight"] = m.tensor, grad(m.tensor)
+    if e.kind in (CROSS_ENTROPY, NLL):
+        d["weight"] = m.weight  # class weights: constants
     if e.kind == BATCHNORM:
         d["running_mean"] = getattr(m, "running_mean", None)
         d["running_var"] = getattr(m, "running_var", None)
@@ -236,7 +257,7 @@ def _flops(e):
         return 2 * k * c * math.prod(m.kernel_size) * math.prod(e.shape[1:])
     if e.kind == LINEAR:
         return 2 * m.in_features * m.out_features * math.prod(e.shape[:-1])
-    return math.prod(e.shape)
+    return 0 if e.kind in (INPUT, TARGET, PARAM) else math.prod(e.shape)
 
 
 def _table(entries):
@@ -244,9 +265,9 @@ def _table(entries):
     lines = [f"{'#':>3}  {'node':<22}{'output':<18}{'params':>10}{'MFLOP':>10}  notes"]
     total_params = total_flops = 0
     for i, e in enumerate(entries):
-        name = "input" if e.module is None else type(e.module).__name__
+        name = "input" if e.module is None else type(e.module).__name__.lstrip("_")
         params = sum(p.numel() for p in (e.module.parameters() if e.module is not None else []))
-        flops = 0 if e.kind == INPUT else _flops(e)
+        flops = _flops(e)
         total_params += params
         total_flops += flops
         notes = []
@@ -264,33 +285,33 @@ def summary(model, input_shape=None, batch_size=1):
     """What compile() would make of the model: its nodes with output shapes, parameters, FLOPs, fusions and
     dropped biases, and an estimate of the activation memory of a training step (every output and its
     gradient kept; the compiled program plans less). Changes nothing."""
-    entries = _fuse(_graph(model, input_shape))
+    entries = _fuse(_graph(model, input_shape)[0])
     per_sample = sum(math.prod(e.shape) for e in entries[1:]) * 4
     return _table(entries) + (f"\nactivation memory (upper bound): {2 * per_sample * batch_size / 2**20:.1f} MiB "
                               f"for {batch_size} samples")
 
 
-def _batch(x, y, regression=False):
-    """Inputs as float32 tensors, and labels as int64 (refused, not truncated, when they are not integers) or
-    regression targets as float32."""
+def _batch(x, y, dtype):
+    """Inputs as float32 tensors, and the targets as the loss reads them (None when it reads none): labels as
+    int64 (refused, not truncated, when they are not integers), other targets as float32."""
     from ..creation import as_tensor
+    x = as_tensor(x, dtype="float32")
+    if dtype is None:
+        return x, None
     y = as_tensor(y)
-    if regression:
-        return as_tensor(x, dtype="float32"), y.to(_BY_NAME["float32"])
-    if y.dtype.is_floating_point or y.dtype.is_complex:
+    if dtype is _BY_NAME["int64"] and (y.dtype.is_floating_point or y.dtype.is_complex):
         raise TypeError(f"labels must be integers, got {y.dtype.name}")
-    return as_tensor(x, dtype="float32"), y.to(_BY_NAME["int64"])
+    return x, y.to(dtype)
 
 
 class Program:
     """A compiled model: train_step, predict and evaluate run in C."""
 
     def __init__(self, model, optimizer, loss, batch_size, input_shape, memory_format, accumulate_steps,
-                 clip_grad_norm, nan_policy, seed):
-        if not isinstance(loss, (M.CrossEntropyLoss, M.MSELoss)):
-            raise TypeError("compiled programs train with CrossEntropyLoss or MSELoss")
-        if getattr(loss, "weight", None) is not None:
-            raise NotImplementedError("compiled programs do not take class weights yet")
+                 clip_grad_norm, nan_policy, seed, target_shape=None, target_dtype=None):
+        if not callable(loss):
+            raise TypeError(f"compile: the loss must be an ft.nn loss, a Module or a function f(output, target), "
+                            f"got {type(loss).__name__}")
         if nan_policy not in ("raise", "skip"):
             raise ValueError(f"nan_policy must be 'raise' or 'skip', got {nan_policy!r}")
         if clip_grad_norm is not None and not (isinstance(clip_grad_norm, (int, float)) and clip_grad_norm > 0
@@ -303,12 +324,12 @@ class Program:
         self.model, self.optimizer, self.loss = model, optimizer, loss
         self.batch_size, self.accumulate_steps = batch_size, accumulate_steps
         self.clip_grad_norm, self.nan_policy = clip_grad_norm, nan_policy
-        self.entries = _fuse(_graph(model, input_shape))
+        entries, output = _graph(model, input_shape, loss, target_shape, target_dtype)
+        self.entries = _fuse(entries)
+        self.output = next(i for i, e in enumerate(self.entries) if e is entries[output])
         if memory_format == "channels_last" and any(e.kind == LAYERNORM and len(e.shape) == 3 for e in self.entries):
             raise ValueError("compile: LayerNorm over images needs memory_format='contiguous' (its weight follows "
                              "the (C, H, W) order)")
-        if self.entries[-1].shape.__len__() != 1:
-            raise ValueError(f"the model's output must be (N, classes), got per-sample shape {self.entries[-1].shape}")
         self.flat_params, self.flat_grads = _flatten_parameters(model)
         if memory_format == "channels_last" and any(e.kind == LINEAR and len(self.entries[e.inputs[0]].shape) == 3
                                  for e in self.entries):
@@ -332,12 +353,13 @@ class Program:
         if seed is None:  # dropout masks follow ft.manual_seed, as PyTorch's follow torch.manual_seed
             from ..random import randint
             seed = int(randint(0, 2 ** 62, (1,)).item())
-        mse = isinstance(loss, M.MSELoss)
-        self._c = _C.Program(self._nodes, self.flat_params, self.flat_grads,
-                             0.0 if mse else float(loss.label_smoothing), -100 if mse else int(loss.ignore_index),
-                             loss.reduction == "sum", batch_size // accumulate_steps,
-                             memory_format == "channels_last", seed, mse)
-        self.regression = mse
+        self._c = _C.Program(self._nodes, self.flat_params, self.flat_grads, self.output,
+                             batch_size // accumulate_steps, memory_format == "channels_last", seed)
+        targets = [e for e in self.entries if e.kind == TARGET]
+        self.target_dtype = targets[0].module.dtype if targets else None
+        # evaluate() counts correct argmax predictions of (classes,) outputs against class targets
+        self.classifies = self.target_dtype is _BY_NAME["int64"] and targets[0].shape == () \
+            and len(self.entries[self.output].shape) == 1
         self.step_count = 0
         self.skipped_steps = 0
 
@@ -347,7 +369,7 @@ class Program:
 
     def train_step(self, x, y):
         """One optimizer step on the batch (x, y): forward, loss, backward, update, all in C. Returns the loss."""
-        loss, skipped = self._c.train_step(*_batch(x, y, self.regression), self.optimizer, self.clip_grad_norm,
+        loss, skipped = self._c.train_step(*_batch(x, y, self.target_dtype), self.optimizer, self.clip_grad_norm,
                                            self.nan_policy)
         self.step_count += 1
         self.skipped_steps += skipped
@@ -356,19 +378,21 @@ class Program:
     def backward(self, x, y):
         """Forward and backward of the batch in training mode, without an update: the loss, with every
         parameter's .grad holding its gradient (batch-norm running statistics are updated as in a step)."""
-        return self._c.backward(*_batch(x, y, self.regression))
+        return self._c.backward(*_batch(x, y, self.target_dtype))
 
     def predict(self, x):
-        """Logits for x, in eval mode (running batch-norm statistics, no dropout)."""
+        """The model's (first) output for x, in eval mode (running batch-norm statistics, no dropout)."""
         from ..creation import as_tensor
         return self._c.forward(as_tensor(x, dtype="float32"))
 
     def evaluate(self, x, y):
-        """(mean loss, accuracy) of one batch in eval mode (accuracy None for a regression loss). The loss is
-        summed over the batch and divided by its length; for MSE that is the sum over a sample's outputs."""
-        loss_sum, correct = self._c.evaluate(*_batch(x, y, self.regression))
-        n = len(y)
-        return loss_sum / n, None if self.regression else correct / n
+        """(loss, accuracy) of one batch in eval mode: the loss as training computes it, and the fraction of
+        argmax predictions equal to the labels (None unless the model classifies: (classes,) outputs, class
+        targets)."""
+        xt, yt = _batch(x, y, self.target_dtype)
+        loss_sum, correct = self._c.evaluate(xt, yt)
+        n = xt.shape[0]
+        return loss_sum / n, correct / n if self.classifies else None
 
     def summary(self):
         """A table of the compiled nodes: output shapes, parameters, FLOPs, fusions and memory."""
@@ -378,15 +402,22 @@ class Program:
             f"{self.batch_size // self.accumulate_steps} samples, evaluation {eval_bytes / 2**20:.1f} MiB")
 
     def flops_per_sample(self):
-        return sum(0 if e.kind == INPUT else _flops(e) for e in self.entries)
+        return sum(_flops(e) for e in self.entries[:self.output + 1])
 
 
 def compile(model, optimizer, loss=None, *, batch_size, input_shape=None, memory_format="channels_last",
-            accumulate_steps=1, clip_grad_norm=None, nan_policy="raise", seed=None):
+            accumulate_steps=1, clip_grad_norm=None, nan_policy="raise", seed=None, target_shape=None,
+            target_dtype=None):
     """Compiles `model` for training with `optimizer` on batches of `batch_size` samples.
+
+    loss: an ft.nn loss (CrossEntropyLoss by default), a Module whose forward(output, target) returns the loss,
+    or a function f(output, target); traced with the model, it is part of the compiled graph. A model returning
+    several outputs passes them to the loss as a tuple. The targets' per-sample shape and dtype follow from the
+    loss that reads them (class indices: () int64; regression: the output's shape, float32) unless given as
+    target_shape and target_dtype.
 
     seed keys the dropout masks (by default drawn from fasttrain's generator, so ft.manual_seed fixes it)."""
     if loss is None:
         loss = M.CrossEntropyLoss()
     return Program(model, optimizer, loss, batch_size, input_shape, memory_format, accumulate_steps,
-                   clip_grad_norm, nan_policy, seed)
+                   clip_grad_norm, nan_policy, seed, target_shape, target_dtype)

@@ -1,0 +1,298 @@
+"""Losses compiled into the training program: every ft.nn loss (reductions, class weights, ignore_index,
+label smoothing, pos_weight), a user's own loss function or Module, several outputs, and their errors. Each
+loss and gradient is checked against a float64 NumPy reference differentiated by finite differences, and
+against PyTorch where it imports."""
+import numpy as np
+import pytest
+
+import fasttrain as ft
+from fasttrain import nn
+from fasttrain.nn import functional as F
+
+IN, OUT, N = 4, 3, 8
+
+
+def softplus(z):
+    return np.maximum(z, 0) + np.log1p(np.exp(-np.abs(z)))
+
+
+def log_softmax(z):
+    z = z - z.max(axis=1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+
+
+def reduce(values, reduction, divisor=None):
+    if reduction == "none":
+        return values
+    if reduction == "sum":
+        return values.sum()
+    if reduction == "batchmean":
+        return values.sum() / values.shape[0]
+    return values.sum() / (values.size if divisor is None else divisor)
+
+
+def class_loss(logp, y, weight, ignore, reduction, smoothing=0.0):
+    """PyTorch's cross-entropy (nll of log-probabilities when smoothing is 0) with class weights."""
+    C = logp.shape[1]
+    w = np.ones(C) if weight is None else weight
+    keep = y != ignore
+    t = np.where(keep, y, 0)
+    nll = -logp[np.arange(len(y)), t] * w[t]
+    smooth = -(logp * w).sum(axis=1) / C
+    values = ((1 - smoothing) * nll + smoothing * smooth) * keep
+    return reduce(values, reduction, divisor=(w[t] * keep).sum())
+
+
+LOSSES = {
+    "cross_entropy": (lambda: nn.CrossEntropyLoss(), "class",
+                      lambda z, y: class_loss(log_softmax(z), y, None, -100, "mean")),
+    "cross_entropy weighted": (
+        lambda: nn.CrossEntropyLoss(weight=ft.tensor([0.5, 2.0, 1.0]), ignore_index=1, label_smoothing=0.1),
+        "class", lambda z, y: class_loss(log_softmax(z), y, np.array([0.5, 2.0, 1.0]), 1, "mean", 0.1)),
+    "cross_entropy sum": (lambda: nn.CrossEntropyLoss(reduction="sum"), "class",
+                          lambda z, y: class_loss(log_softmax(z), y, None, -100, "sum")),
+    "nll weighted": (lambda: nn.NLLLoss(weight=ft.tensor([1.0, 3.0, 0.5])), "class",
+                     lambda z, y: class_loss(z, y, np.array([1.0, 3.0, 0.5]), -100, "mean")),
+    "mse": (lambda: nn.MSELoss(), "real", lambda z, t: reduce((z - t) ** 2, "mean")),
+    "mse sum": (lambda: nn.MSELoss(reduction="sum"), "real", lambda z, t: reduce((z - t) ** 2, "sum")),
+    "l1": (lambda: nn.L1Loss(), "real", lambda z, t: reduce(np.abs(z - t), "mean")),
+    "smooth_l1": (lambda: nn.SmoothL1Loss(beta=0.5), "real",
+                  lambda z, t: reduce(np.where(np.abs(z - t) < 0.5, 0.5 * (z - t) ** 2 / 0.5, np.abs(z - t) - 0.25),
+                                      "mean")),
+    "huber": (lambda: nn.HuberLoss(delta=0.7, reduction="sum"), "real",
+              lambda z, t: reduce(np.where(np.abs(z - t) < 0.7, 0.5 * (z - t) ** 2, 0.7 * (np.abs(z - t) - 0.35)),
+                                  "sum")),
+    "bce_with_logits": (
+        lambda: nn.BCEWithLogitsLoss(weight=ft.tensor([1.0, 0.5, 2.0]), pos_weight=ft.tensor([3.0, 1.0, 0.5])),
+        "prob", lambda z, t: reduce(np.array([1.0, 0.5, 2.0]) * (
+            -np.array([3.0, 1.0, 0.5]) * t * -softplus(-z) - (1 - t) * -softplus(z)), "mean")),
+    "kl_div batchmean": (lambda: nn.KLDivLoss(reduction="batchmean"), "prob_rows",
+                         lambda z, t: reduce(np.where(t > 0, t * np.log(np.where(t > 0, t, 1)), 0) - t * z,
+                                             "batchmean")),
+}
+
+
+def targets(kind, n=N, seed=1):
+    rng = np.random.default_rng(seed)
+    if kind == "class":
+        return rng.integers(0, OUT, n)
+    if kind == "real":
+        return rng.standard_normal((n, OUT)).astype(np.float32)
+    if kind == "prob":
+        return rng.uniform(0, 1, (n, OUT)).astype(np.float32)
+    p = rng.uniform(0, 1, (n, OUT))
+    p[0, 1] = 0  # a zero probability: its x log x term is 0
+    return (p / p.sum(axis=1, keepdims=True)).astype(np.float32)
+
+
+def make_model(seed=0):
+    ft.manual_seed(seed)
+    model = nn.Linear(IN, OUT)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((N, IN)).astype(np.float32)
+    return model, x
+
+
+def reference_grads(ref, W, b, x, y):
+    """The reference loss in float64 and its gradient by central differences."""
+    def loss(W, b):
+        return ref(x.astype(np.float64) @ W.T + b, y)
+
+    eps = 1e-6
+    gW, gb = np.zeros_like(W), np.zeros_like(b)
+    for p, g in ((W, gW), (b, gb)):
+        for i in np.ndindex(p.shape):
+            old = p[i]
+            p[i] = old + eps
+            hi = loss(W, b)
+            p[i] = old - eps
+            lo = loss(W, b)
+            p[i] = old
+            g[i] = (hi - lo) / (2 * eps)
+    return loss(W, b), gW, gb
+
+
+@pytest.mark.parametrize("name", LOSSES)
+def test_compiled_loss_and_gradient_match_the_reference(name):
+    make, kind, ref = LOSSES[name]
+    model, x = make_model()
+    y = targets(kind)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), make(), batch_size=N, input_shape=(IN,))
+    loss = program.backward(x, y)
+    W, b = model.weight.numpy().astype(np.float64), model.bias.numpy().astype(np.float64)
+    want, gW, gb = reference_grads(ref, W, b, x, y)
+    assert loss == pytest.approx(want, rel=1e-5, abs=1e-6)
+    np.testing.assert_allclose(model.weight.grad.numpy(), gW, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(model.bias.grad.numpy(), gb, rtol=1e-4, atol=1e-5)
+    # eval mode computes the same loss (no batch norm or dropout here); accuracy only for class targets
+    val, acc = program.evaluate(x, y)
+    assert val == pytest.approx(want, rel=1e-5, abs=1e-6)
+    assert (acc is None) == (kind != "class")
+    # the eager forward of the same loss agrees
+    eager = make()(ft.tensor(x @ W.T.astype(np.float32) + b.astype(np.float32)), ft.tensor(y))
+    assert float(eager.item()) == pytest.approx(want, rel=1e-4, abs=1e-5)
+
+
+@pytest.mark.parametrize("name", ["cross_entropy weighted", "nll weighted", "mse", "bce_with_logits",
+                                  "kl_div batchmean"])
+def test_micro_batches_normalize_by_the_whole_batch(name):
+    """accumulate_steps splits the batch, yet the loss and gradient are the whole batch's: a weighted mean's
+    divisor is the weights of all its labels, not a micro-batch's."""
+    make, kind, _ = LOSSES[name]
+    y = targets(kind)
+    results = []
+    for steps in (1, 4):
+        model, x = make_model()
+        program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), make(), batch_size=N, input_shape=(IN,),
+                                 accumulate_steps=steps)
+        results.append((program.backward(x, y), model.weight.grad.numpy().copy()))
+    assert results[1][0] == pytest.approx(results[0][0], rel=1e-6)
+    np.testing.assert_allclose(results[1][1], results[0][1], rtol=1e-5, atol=1e-7)
+
+
+class TwoHeads(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(IN, 6)
+        self.cls = nn.Linear(6, OUT)
+        self.aux = nn.Linear(6, 2)
+
+    def forward(self, x):
+        h = F.relu(self.body(x))
+        return self.cls(h), self.aux(h)
+
+
+def test_user_loss_function_with_two_outputs_and_two_losses():
+    """A weighted sum of cross-entropy on one head and an L2 penalty on the other: part of the traced graph."""
+    def loss_fn(outputs, y):
+        logits, aux = outputs
+        return 0.7 * F.cross_entropy(logits, y) + 0.3 * (aux * aux).mean()
+
+    ft.manual_seed(3)
+    model = TwoHeads()
+    x, y = make_model()[1], targets("class")
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), loss_fn, batch_size=N, input_shape=(IN,))
+    loss = program.backward(x, y)
+    p = {k: v.astype(np.float64) for k, v in model.state_dict().items()}
+
+    def ref(p):
+        h = np.maximum(x @ p["body.weight"].T + p["body.bias"], 0)
+        logits, aux = h @ p["cls.weight"].T + p["cls.bias"], h @ p["aux.weight"].T + p["aux.bias"]
+        return 0.7 * class_loss(log_softmax(logits), y, None, -100, "mean") + 0.3 * (aux ** 2).mean()
+
+    assert loss == pytest.approx(ref(p), rel=1e-5)
+    eps = 1e-6
+    for name in ("aux.weight", "body.bias", "cls.weight"):
+        got = dict(model.named_parameters())[name].grad.numpy()
+        for i in np.ndindex(p[name].shape):
+            q = {k: v.copy() for k, v in p.items()}
+            q[name][i] += eps
+            hi = ref(q)
+            q[name][i] -= 2 * eps
+            assert got[i] == pytest.approx((hi - ref(q)) / (2 * eps), rel=1e-3, abs=1e-5), (name, i)
+    assert program.predict(x).shape == (N, OUT)  # the first output
+    assert program.evaluate(x, y)[1] is not None
+
+
+class ContrastiveLoss(nn.Module):
+    """A user's loss Module: per-sample cross-entropy (reduction='none') weighted, then reduced by hand."""
+
+    def __init__(self):
+        super().__init__()
+        self.ce = nn.CrossEntropyLoss(reduction="none")
+
+    def forward(self, logits, y):
+        return (self.ce(logits, y) * 2.0).mean() + F.l1_loss(logits, logits * 0.5)
+
+
+def test_user_loss_module_reduces_per_sample_losses():
+    model, x = make_model()
+    y = targets("class")
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), ContrastiveLoss(), batch_size=N,
+                            input_shape=(IN,))
+    loss = program.backward(x, y)
+    z = x.astype(np.float64) @ model.weight.numpy().T.astype(np.float64) + model.bias.numpy()
+    want = 2 * class_loss(log_softmax(z), y, None, -100, "mean") + np.abs(0.5 * z).mean()
+    assert loss == pytest.approx(want, rel=1e-5)
+
+
+def test_a_loss_of_the_outputs_alone_reads_no_targets():
+    model, x = make_model()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), lambda out, y: (out * out).sum(),
+                            batch_size=N, input_shape=(IN,))
+    z = x @ model.weight.numpy().T + model.bias.numpy()
+    assert program.backward(x, None) == pytest.approx(float((z.astype(np.float64) ** 2).sum()), rel=1e-5)
+    np.testing.assert_allclose(model.bias.grad.numpy(), 2 * z.sum(axis=0), rtol=1e-4, atol=1e-5)
+    assert program.evaluate(x, np.zeros(N)) [1] is None
+
+
+def test_training_with_each_loss_lowers_it():
+    for name, (make, kind, _) in LOSSES.items():
+        model, x = make_model()
+        y = targets(kind)
+        program = model.compile(ft.optim.SGD(model.parameters(), lr=0.05), make(), batch_size=N, input_shape=(IN,))
+        first = program.train_step(x, y)
+        for _ in range(20):
+            last = program.train_step(x, y)
+        assert last < first, name
+
+
+@pytest.mark.parametrize("loss, error, match", [
+    (nn.CrossEntropyLoss(reduction="none"), ft.nn.TracingError, r"per-sample values.*reduce them"),
+    (lambda out, y: F.mse_loss(out, y) * F.mse_loss(out, y), ft.nn.TracingError, r"already reduced.*linearly"),
+    (lambda out, y: F.mse_loss(out, y) + 1.0, ft.nn.TracingError, r"constant"),
+    (lambda out, y: out, ft.nn.TracingError, r"per-sample values"),
+    (lambda out, y: F.cross_entropy(out, y) + F.mse_loss(out, y), ft.nn.TracingError, r"targets are read as"),
+    (nn.CrossEntropyLoss(weight=ft.tensor([1.0, 2.0])), ValueError, r"2 class weights for 3 classes"),
+    ("mse", TypeError, r"loss must be"),
+])
+def test_bad_losses_are_refused_naming_the_problem(loss, error, match):
+    model, _ = make_model()
+    with pytest.raises(error, match=match):
+        model.compile(ft.optim.SGD(model.parameters(), lr=0.1), loss, batch_size=N, input_shape=(IN,))
+
+
+def test_bad_targets_are_refused_and_change_nothing():
+    model, x = make_model()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=N, input_shape=(IN,))
+    before = model.weight.numpy().copy()
+    with pytest.raises(ValueError, match=r"targets should have shape \(8, 3\)"):
+        program.train_step(x, np.zeros((N, 2), np.float32))
+    classes = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.NLLLoss(ignore_index=0), batch_size=N,
+                            input_shape=(IN,))
+    with pytest.raises(IndexError, match=r"label 3 at position 2 is outside \[0, 3\)"):
+        classes.train_step(x, np.array([0, 1, 3, 0, 0, 0, 0, 0]))
+    with pytest.raises(ValueError, match=r"every target of the batch is ignored"):
+        classes.train_step(x, np.zeros(N, np.int64))
+    np.testing.assert_array_equal(model.weight.numpy(), before)
+
+
+TORCH_LOSSES = {
+    "cross_entropy weighted": lambda torch: torch.nn.CrossEntropyLoss(weight=torch.tensor([0.5, 2.0, 1.0]),
+                                                                      ignore_index=1, label_smoothing=0.1),
+    "nll weighted": lambda torch: torch.nn.NLLLoss(weight=torch.tensor([1.0, 3.0, 0.5])),
+    "l1": lambda torch: torch.nn.L1Loss(),
+    "smooth_l1": lambda torch: torch.nn.SmoothL1Loss(beta=0.5),
+    "huber": lambda torch: torch.nn.HuberLoss(delta=0.7, reduction="sum"),
+    "bce_with_logits": lambda torch: torch.nn.BCEWithLogitsLoss(weight=torch.tensor([1.0, 0.5, 2.0]),
+                                                                pos_weight=torch.tensor([3.0, 1.0, 0.5])),
+    "kl_div batchmean": lambda torch: torch.nn.KLDivLoss(reduction="batchmean"),
+}
+
+
+@pytest.mark.parametrize("name", TORCH_LOSSES)
+def test_losses_match_pytorch(name):
+    torch = pytest.importorskip("torch")
+    make, kind, _ = LOSSES[name]
+    model, x = make_model()
+    y = targets(kind)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), make(), batch_size=N, input_shape=(IN,))
+    loss = program.backward(x, y)
+    tm = torch.nn.Linear(IN, OUT)
+    with torch.no_grad():
+        tm.weight.copy_(torch.from_numpy(model.weight.numpy()))
+        tm.bias.copy_(torch.from_numpy(model.bias.numpy()))
+    want = TORCH_LOSSES[name](torch)(tm(torch.from_numpy(x)), torch.from_numpy(y))
+    want.backward()
+    assert loss == pytest.approx(want.item(), rel=1e-5, abs=1e-6)
+    np.testing.assert_allclose(model.weight.grad.numpy(), tm.weight.grad.numpy(), rtol=1e-4, atol=1e-6)
