@@ -21,6 +21,7 @@ typedef struct {
     ft_tensor t;
     PyObject *weakreflist;
     PyObject *grad; /* t.grad: a tensor or NULL (None), as PyTorch's */
+    char requires_grad; /* whether a compiled program differentiates it (parameters: true unless frozen) */
 } ft_tensor_object;
 
 typedef struct {

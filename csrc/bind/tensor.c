@@ -411,6 +411,8 @@ static PyMethodDef tensor_methods[] = {
 
 static PyMemberDef tensor_members[] = {
     {"__weaklistoffset__", T_PYSSIZET, offsetof(ft_tensor_object, weakreflist), READONLY, NULL},
+    {"requires_grad", T_BOOL, offsetof(ft_tensor_object, requires_grad), 0,
+     "Whether a compiled program computes this tensor's gradient (False freezes a parameter)."},
     {NULL, 0, 0, 0, NULL},
 };
 

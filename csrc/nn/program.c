@@ -627,7 +627,10 @@ static ft_status backward_node(ft_program *p, int i, int64_t rows) {
     r.dbias = param_grad(p, i, 1, &r.dbias_acc);
     if (!any && !r.dweight && !r.dbias)
         return FT_OK;
-    return row(p, i)->backward(&r);
+    double t0 = omp_get_wtime();
+    ft_status s = row(p, i)->backward(&r);
+    p->seconds[2 * i + 1] += omp_get_wtime() - t0;
+    return s;
 }
 
 /* The steps of ft_program_backward over x and y where the program runs. */
@@ -651,11 +654,8 @@ static ft_status backward_batches(ft_program *p, const ft_tensor *x, const ft_te
         ft_tensor seed = node_dout(p, last, rows); /* d(batch loss) / d(each sample's share) */
         FT_TRY(ft_tensor_fill(&seed, (ft_scalar){.kind = FT_SCALAR_FLOAT, .f = 1}));
         p->written[last] = true;
-        for (int i = last; i > 0; i--) {
-            double t0 = omp_get_wtime();
+        for (int i = last; i > 0; i--)
             FT_TRY(backward_node(p, i, rows));
-            p->seconds[2 * i + 1] += omp_get_wtime() - t0;
-        }
     }
     /* A parameter no gradient reached (its branch unused) gets zero, not the last step's. */
     for (int s = 0; s < p->nslots; s++)

@@ -118,6 +118,11 @@ class Tensor(_C.TensorBase):
         for i in range(len(self)):
             yield self[i]
 
+    def requires_grad_(self, requires_grad=True):
+        """Sets requires_grad in place and returns the tensor, as PyTorch's."""
+        self.requires_grad = requires_grad
+        return self
+
     # ---- views ----
     def __getitem__(self, index):
         shape, strides, offset = self._index(index)

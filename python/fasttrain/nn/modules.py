@@ -16,14 +16,25 @@ def _pair(v):
     return (v, v) if isinstance(v, int) else tuple(v)
 
 
-class Parameter:
-    """Marks a tensor as a trainable parameter when assigned to a Module attribute."""
+class Parameter(Tensor):
+    """A tensor that is a module's trainable parameter, as torch.nn.Parameter: assigned to a Module attribute it
+    is registered (named_parameters, state_dict, the optimizer's parameters, compile). It shares the memory of
+    the tensor it is made from. requires_grad=False freezes it: a compiled program computes no gradient for it."""
 
-    def __new__(cls, tensor):
-        if not isinstance(tensor, Tensor):
-            raise TypeError("Parameter wraps a fasttrain Tensor")
-        tensor._is_param = True
-        return tensor
+    __slots__ = ()
+
+    def __new__(cls, data=None, requires_grad=True):
+        if data is None:
+            data = creation.empty(0)
+        if not isinstance(data, Tensor):
+            raise TypeError(f"Parameter wraps a fasttrain Tensor, got {type(data).__name__}")
+        p = data.as_strided(data.shape, data.stride(), data.storage_offset())  # a new object, the same memory
+        p.__class__ = cls
+        p.requires_grad = requires_grad
+        return p
+
+    def __repr__(self):
+        return "Parameter containing:\n" + super().__repr__()
 
 
 class Module:
@@ -36,6 +47,8 @@ class Module:
         object.__setattr__(self, "training", True)
 
     def __setattr__(self, name, value):
+        if isinstance(value, Parameter):
+            return self.register_parameter(name, value)
         for table in ("_parameters", "_buffers", "_modules"):
             self.__dict__[table].pop(name, None)
         if isinstance(value, Module):
@@ -43,9 +56,21 @@ class Module:
         object.__setattr__(self, name, value)
 
     def register_parameter(self, name, tensor):
+        """Registers tensor (made a Parameter if it is not one) under name; None keeps the name for an absent
+        parameter (a layer without bias)."""
+        if tensor is not None and not isinstance(tensor, Parameter):
+            tensor = Parameter(tensor)
+        for table in ("_parameters", "_buffers", "_modules"):
+            self.__dict__[table].pop(name, None)
         self.__dict__.pop(name, None)
         self._parameters[name] = tensor
         object.__setattr__(self, name, tensor)
+
+    def requires_grad_(self, requires_grad=True):
+        """Sets requires_grad of every parameter (False freezes the module for programs compiled after)."""
+        for p in self.parameters():
+            p.requires_grad = requires_grad
+        return self
 
     def register_buffer(self, name, tensor):
         self.__dict__.pop(name, None)

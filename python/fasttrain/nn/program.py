@@ -161,9 +161,10 @@ def _fuse(entries):
             prod.fused.append(type(e.module).__name__)
             remap[j] = src
     # A conv whose output reaches a batch norm only through pooling that
-    # commutes with adding a per-channel constant needs no bias.
+    # commutes with adding a per-channel constant needs no bias (a frozen
+    # bias is kept: it must stay as it was).
     for i, e in enumerate(entries):
-        if e.kind != CONV2D or e.module.bias is None or e.act is not None:
+        if e.kind != CONV2D or e.module.bias is None or not e.module.bias.requires_grad or e.act is not None:
             continue
         k = i
         while len(users[k]) == 1 and _commutes_with_shift(entries[users[k][0]]) and remap[users[k][0]] == users[k][0]:
@@ -337,7 +338,7 @@ class Program:
                              "(or flatten first)")
         # Parameters read by the program but frozen get no gradient; those the optimizer does not hold are
         # differentiated (their .grad is filled) but not updated, as with torch.optim.
-        self.trainable = {id(p) for p in model.parameters() if getattr(p, "requires_grad", True)}
+        self.trainable = {id(p) for p in model.parameters() if p.requires_grad}
         own = {id(p) for p in model.parameters()}
         held = [p for g in optimizer.param_groups for p in g["params"]]
         if any(id(p) not in own for p in held):
@@ -400,6 +401,12 @@ class Program:
         return _table(self.entries) + (
             f"\nactivation memory: training {train_bytes / 2**20:.1f} MiB for "
             f"{self.batch_size // self.accumulate_steps} samples, evaluation {eval_bytes / 2**20:.1f} MiB")
+
+    def profile(self):
+        """[(node, forward seconds, backward seconds)] of each compiled node since compile: where steps spend
+        their time (a frozen node that needs no gradient spends none in backward)."""
+        return [(type(e.module).__name__.lstrip("_") if e.module is not None else "input", f, b)
+                for e, (f, b) in zip(self.entries, self._c.profile())]
 
     def flops_per_sample(self):
         return sum(_flops(e) for e in self.entries[:self.output + 1])
