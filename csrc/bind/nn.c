@@ -98,7 +98,7 @@ static int parse_node(ft_module_state *st, PyObject *d, ft_node *nd) {
     }
     memset(nd, 0, sizeof *nd);
     long long kind, groups, act, ceil_mode, include_pad, training, norm_dims, slice_dim, slice_start, slice_step, dtype,
-        reduction, ignore_index;
+        reduction, ignore_index, dim;
     int64_t shape[FT_NODE_MAX_DIMS], perm[FT_NODE_MAX_DIMS];
     int nperm;
     double alpha;
@@ -128,7 +128,7 @@ static int parse_node(ft_module_state *st, PyObject *d, ft_node *nd) {
         get_double(d, "momentum", 0.1, &nd->bn.momentum) < 0 || get_long(d, "batch_stats", 1, &training) < 0 ||
         get_double(d, "p", 0.0, &nd->dropout_p) < 0 || get_long(d, "norm_dims", 0, &norm_dims) < 0 ||
         get_double(d, "layer_eps", 1e-5, &nd->eps) < 0 || get_double(d, "scale", 1.0, &nd->scale) < 0 ||
-        get_ints(d, "perm", perm, FT_NODE_MAX_DIMS, &nperm) < 0 || get_long(d, "slice_dim", 0, &slice_dim) < 0 ||
+        get_ints(d, "perm", perm, FT_NODE_MAX_DIMS, &nperm) < 0 || get_long(d, "slice_dim", 0, &slice_dim) < 0 || get_long(d, "dim", 0, &dim) < 0 ||
         get_long(d, "slice_start", 0, &slice_start) < 0 || get_long(d, "slice_step", 1, &slice_step) < 0 ||
         get_long(d, "dtype", FT_FLOAT32, &dtype) < 0 || get_long(d, "reduction", FT_NODE_REDUCE_NONE, &reduction) < 0 ||
         get_double(d, "label_smoothing", 0.0, &nd->label_smoothing) < 0 ||
@@ -149,6 +149,7 @@ static int parse_node(ft_module_state *st, PyObject *d, ft_node *nd) {
     for (int k = 0; k < nperm; k++)
         nd->perm[k] = (int)perm[k];
     nd->slice_dim = (int)slice_dim;
+    nd->dim = (int)dim;
     nd->slice_start = slice_start;
     nd->slice_step = slice_step;
     nd->norm_dims = (int)norm_dims;

@@ -33,7 +33,10 @@ typedef struct {
 typedef struct {
     const char *name;
     int min_inputs, max_inputs;
-    int ndim; /* the per-sample rank every input must have, 0 for any */
+    /* Runs on images (C, H, W): sequences (C, L) are presented to it as
+     * (C, 1, L) images, and other ranks are refused (`images` 2), or passed
+     * as they are (1: batch norm also takes (C,) features). */
+    int images;
     /* The node's own fields and shape against its inputs' (NULL: none to
      * check; the ops check the rest when they run). */
     ft_status (*check)(const ft_node *nd, const ft_node *const *in);

@@ -12,6 +12,7 @@
 #include "ops/linear.h"
 #include "ops/loss.h"
 #include "ops/reduce.h"
+#include "ops/softmax.h"
 
 static const ft_act no_act = {FT_ACT_NONE, 0};
 
@@ -171,10 +172,22 @@ static ft_status param_backward(const ft_node_run *r) {
 
 /* ---- convolution and linear, with a fused activation ---- */
 
+/* A 1-d convolution's weight (K, C, S) as the (K, C, 1, S) of the 2-d one it runs as. */
+static ft_tensor conv_weight(const ft_tensor *w) {
+    ft_tensor v = *w;
+    if (w->ndim == 3) {
+        v.ndim = 4;
+        v.shape[3] = w->shape[2], v.strides[3] = w->strides[2];
+        v.shape[2] = 1, v.strides[2] = w->strides[2] * w->shape[2];
+    }
+    return v;
+}
+
 static ft_status conv2d_forward(const ft_node_run *r) {
     const ft_node *nd = r->nd;
     ft_conv2d_fusion fusion = {.act = nd->act};
-    return ft_conv2d_forward(&r->out, &r->in[0], param(&nd->weight), param(&nd->bias), &nd->conv, &fusion);
+    ft_tensor w = conv_weight(&nd->weight);
+    return ft_conv2d_forward(&r->out, &r->in[0], &w, param(&nd->bias), &nd->conv, &fusion);
 }
 
 /* The fused activation's backward, in place on dout: the op's own gradient. */
@@ -186,7 +199,10 @@ static ft_status unfuse(const ft_node_run *r) {
 
 static ft_status conv2d_backward(const ft_node_run *r) {
     FT_TRY(unfuse(r));
-    return ft_conv2d_backward(r->din[0], r->dweight, r->dbias, &r->dout, &r->in[0], &r->nd->weight, &r->nd->conv,
+    ft_tensor w = conv_weight(&r->nd->weight), dw;
+    if (r->dweight)
+        dw = conv_weight(r->dweight);
+    return ft_conv2d_backward(r->din[0], r->dweight ? &dw : NULL, r->dbias, &r->dout, &r->in[0], &w, &r->nd->conv,
                               acc_of(r));
 }
 
@@ -359,6 +375,25 @@ static ft_status adaptive_avgpool_forward(const ft_node_run *r) {
 
 static ft_status adaptive_avgpool_backward(const ft_node_run *r) {
     return ft_adaptive_avg_pool2d_backward(r->din[0], &r->dout, r->din_acc[0]);
+}
+
+/* ---- softmax ---- */
+
+static ft_status softmax_check(const ft_node *nd, const ft_node *const *in) {
+    if (nd->dim < 0 || nd->dim >= nd->ndim)
+        return ft_fail(FT_ERR_SHAPE, "program: a %s along dimension %d of %d-d samples",
+                       ft_node_kinds[nd->kind].name, nd->dim, nd->ndim);
+    return same_shape(nd, in);
+}
+
+static ft_status softmax_forward(const ft_node_run *r) {
+    return (r->nd->kind == FT_NODE_SOFTMAX ? ft_softmax_forward : ft_log_softmax_forward)(&r->out, &r->in[0],
+                                                                                          1 + r->nd->dim);
+}
+
+static ft_status softmax_backward(const ft_node_run *r) {
+    return (r->nd->kind == FT_NODE_SOFTMAX ? ft_softmax_backward : ft_log_softmax_backward)(
+        r->din[0], &r->dout, &r->out, 1 + r->nd->dim, r->din_acc[0]);
 }
 
 /* ---- products ---- */
@@ -626,18 +661,18 @@ static ft_status sum_backward(const ft_node_run *r) {
 }
 
 const ft_node_kind_info ft_node_kinds[FT_NODE_NKINDS] = {
-    /* name, inputs (min, max), input rank, check, aux bytes, is a view, forward, backward */
+    /* name, inputs (min, max), images, check, aux bytes, is a view, forward, backward, prepare */
     [FT_NODE_INPUT] = {"input", 0, 0, 0, NULL, NULL, always_view, NULL, NULL},
-    [FT_NODE_CONV2D] = {"conv2d", 1, 1, 3, NULL, NULL, NULL, conv2d_forward, conv2d_backward},
+    [FT_NODE_CONV2D] = {"conv2d", 1, 1, 2, NULL, NULL, NULL, conv2d_forward, conv2d_backward},
     [FT_NODE_LINEAR] = {"linear", 1, 1, 0, NULL, NULL, NULL, linear_forward, linear_backward},
-    [FT_NODE_BATCHNORM] = {"batch_norm", 1, 1, 0, same_shape, batchnorm_aux, NULL, batchnorm_forward,
+    [FT_NODE_BATCHNORM] = {"batch_norm", 1, 1, 1, same_shape, batchnorm_aux, NULL, batchnorm_forward,
                            batchnorm_backward},
     [FT_NODE_ACT] = {"activation", 1, 1, 0, same_shape, NULL, NULL, act_forward, act_backward},
-    [FT_NODE_MAXPOOL] = {"max_pool2d", 1, 1, 3, NULL, indices_aux, NULL, maxpool_forward, maxpool_backward},
-    [FT_NODE_AVGPOOL] = {"avg_pool2d", 1, 1, 3, NULL, NULL, NULL, avgpool_forward, avgpool_backward},
-    [FT_NODE_ADAPTIVE_AVGPOOL] = {"adaptive_avg_pool2d", 1, 1, 3, NULL, NULL, NULL, adaptive_avgpool_forward,
+    [FT_NODE_MAXPOOL] = {"max_pool2d", 1, 1, 2, NULL, indices_aux, NULL, maxpool_forward, maxpool_backward},
+    [FT_NODE_AVGPOOL] = {"avg_pool2d", 1, 1, 2, NULL, NULL, NULL, avgpool_forward, avgpool_backward},
+    [FT_NODE_ADAPTIVE_AVGPOOL] = {"adaptive_avg_pool2d", 1, 1, 2, NULL, NULL, NULL, adaptive_avgpool_forward,
                                   adaptive_avgpool_backward},
-    [FT_NODE_ADAPTIVE_MAXPOOL] = {"adaptive_max_pool2d", 1, 1, 3, NULL, indices_aux, NULL, adaptive_maxpool_forward,
+    [FT_NODE_ADAPTIVE_MAXPOOL] = {"adaptive_max_pool2d", 1, 1, 2, NULL, indices_aux, NULL, adaptive_maxpool_forward,
                                   adaptive_maxpool_backward},
     [FT_NODE_ADD] = {"add", 2, 2, 0, same_shape, NULL, NULL, add_forward, add_backward},
     [FT_NODE_CAT] = {"cat", 1, FT_NODE_MAX_INPUTS, 0, cat_check, NULL, NULL, cat_forward, cat_backward},
@@ -656,4 +691,6 @@ const ft_node_kind_info ft_node_kinds[FT_NODE_NKINDS] = {
                                cross_entropy_forward, cross_entropy_backward, class_prepare},
     [FT_NODE_NLL] = {"nll", 2, 2, 0, class_check, factor_aux, NULL, nll_forward, nll_backward, class_prepare},
     [FT_NODE_SUM] = {"sum", 1, 1, 0, sum_check, sum_aux, NULL, sum_forward, sum_backward, sum_prepare},
+    [FT_NODE_SOFTMAX] = {"softmax", 1, 1, 0, softmax_check, NULL, NULL, softmax_forward, softmax_backward},
+    [FT_NODE_LOG_SOFTMAX] = {"log_softmax", 1, 1, 0, softmax_check, NULL, NULL, softmax_forward, softmax_backward},
 };

@@ -267,9 +267,9 @@ static ft_status validate(ft_program *p) {
                 return ft_fail(FT_ERR_VALUE, "program: node %d reads node %d, which does not come before it", i,
                                nd->inputs[j]);
             int in_ndim = p->nodes[nd->inputs[j]].ndim;
-            if (k->ndim && in_ndim != k->ndim)
-                return ft_fail(FT_ERR_VALUE, "program: node %d (%s) needs %d-d samples, its input %d has %d", i,
-                               k->name, k->ndim, j, in_ndim);
+            if (k->images == 2 && (in_ndim < 2 || in_ndim > 3 || nd->ndim != in_ndim))
+                return ft_fail(FT_ERR_VALUE, "program: node %d (%s) takes images (C, H, W) or sequences (C, L) to "
+                               "the same rank, its input %d has %d dimensions", i, k->name, j, in_ndim);
         }
         if (nd->ndim < 0 || nd->ndim > FT_NODE_MAX_DIMS)
             return ft_fail(FT_ERR_VALUE, "program: node %d has a %d-d per-sample shape", i, nd->ndim);
@@ -473,13 +473,24 @@ void ft_program_set_dropout_state(ft_program *p, uint64_t seed, uint64_t offset)
 
 /* ---- forward ---- */
 
+/* t as the rows of node i see it: a batch of sequences (N, C, L) as images
+ * (N, C, 1, L) for the rows that run on images. */
+static ft_tensor seen_by(const ft_program *p, int i, ft_tensor t) {
+    if (!row(p, i)->images || t.ndim != 3)
+        return t;
+    t.ndim = 4;
+    t.shape[3] = t.shape[2], t.strides[3] = t.strides[2];
+    t.shape[2] = 1, t.strides[2] = t.strides[3] * t.shape[3];
+    return t;
+}
+
 /* The tensors node i reads and writes in a forward over `rows` samples. */
 static ft_node_run run_of(const ft_program *p, bool training, int i, int64_t rows) {
     const ft_node *nd = &p->nodes[i];
     ft_node_run r = {.nd = nd, .training = training, .nin = nd->ninputs, .seed = p->seed, .norm = p->norm[i]};
     for (int k = 0; k < nd->ninputs; k++)
-        r.in[k] = node_out(p, training, nd->inputs[k], rows);
-    r.out = node_out(p, training, i, rows);
+        r.in[k] = seen_by(p, i, node_out(p, training, nd->inputs[k], rows));
+    r.out = seen_by(p, i, node_out(p, training, i, rows));
     r.aux = node_aux(p, training, i);
     r.mask_offset = p->dropout_at[i];
     return r;
@@ -610,14 +621,14 @@ static ft_status backward_node(ft_program *p, int i, int64_t rows) {
     if (!p->written[i] || shares_grad(p, i))
         return FT_OK; /* no gradient reaches it, or a view sharing its input's gradient */
     ft_node_run r = run_of(p, true, i, rows);
-    r.dout = node_dout(p, i, rows);
+    r.dout = seen_by(p, i, node_dout(p, i, rows));
     ft_tensor din[FT_NODE_MAX_INPUTS];
     bool any = false;
     for (int k = 0; k < nd->ninputs; k++) {
         int owner = grad_owner(p, nd->inputs[k]);
         if (!p->trains[owner])
             continue; /* the batch, the targets, a constant or a frozen branch: no gradient wanted */
-        din[k] = node_dout(p, nd->inputs[k], rows);
+        din[k] = seen_by(p, i, node_dout(p, nd->inputs[k], rows));
         r.din[k] = &din[k];
         r.din_acc[k] = p->written[owner];
         p->written[owner] = true; /* an input read twice adds its second share */

@@ -50,6 +50,8 @@ typedef enum {
     FT_NODE_CROSS_ENTROPY, /* of logits (C,) and a class target (): each sample's loss, () */
     FT_NODE_NLL,       /* of log-probabilities (C,) and a class target (): each sample's loss, () */
     FT_NODE_SUM,       /* of every per-sample value: (), the batch's reduction of an elementwise loss */
+    FT_NODE_SOFTMAX,     /* along per-sample dimension dim */
+    FT_NODE_LOG_SOFTMAX, /* along per-sample dimension dim */
     FT_NODE_NKINDS
 } ft_node_kind;
 
@@ -85,6 +87,7 @@ typedef struct {
     double scale;
     int perm[FT_NODE_MAX_DIMS];
     int slice_dim;
+    int dim; /* softmax, log-softmax */
     int64_t slice_start, slice_step;
     ft_dtype dtype;          /* the input's and the targets' */
     ft_node_reduction reduction; /* losses: how a sample's value is normalized over the batch */

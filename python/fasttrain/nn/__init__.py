@@ -1,8 +1,9 @@
 """fasttrain.nn: functional ops (``ft.nn.functional``, PyTorch's names) and the layers built on them."""
 from . import functional, init
 from .graph import Input, Symbolic, TracingError, cat
-from .modules import (AdaptiveAvgPool2d, AdaptiveMaxPool2d, Add, AvgPool2d, BatchNorm2d, BCEWithLogitsLoss, Cat,
-                      Conv2d, CrossEntropyLoss, Dropout, Flatten, GELU, Hardswish, HuberLoss, Identity, KLDivLoss,
-                      L1Loss, LayerNorm, LeakyReLU, Linear, MaxPool2d, Model, Module, ModuleDict, ModuleList, MSELoss,
-                      NLLLoss, Parameter, ReLU, Sequential, Sigmoid, SiLU, SmoothL1Loss, Softplus, Tanh)
+from .modules import (AdaptiveAvgPool1d, AdaptiveAvgPool2d, AdaptiveMaxPool1d, AdaptiveMaxPool2d, Add, AvgPool1d,
+                      AvgPool2d, BatchNorm1d, BatchNorm2d, BCEWithLogitsLoss, Cat, Conv1d, Conv2d, CrossEntropyLoss,
+                      Dropout, Flatten, GELU, Hardswish, HuberLoss, Identity, KLDivLoss, L1Loss, LayerNorm, LeakyReLU,
+                      Linear, LogSoftmax, MaxPool1d, MaxPool2d, Model, Module, ModuleDict, ModuleList, MSELoss,
+                      NLLLoss, Parameter, ReLU, Sequential, Sigmoid, SiLU, SmoothL1Loss, Softmax, Softplus, Tanh)
 from .program import Program, compile

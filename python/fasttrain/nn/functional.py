@@ -41,9 +41,10 @@ def _shell(cls, **fields):
     return m
 
 __all__ = [
-    "conv2d", "linear", "batch_norm", "layer_norm",
+    "conv1d", "conv2d", "linear", "batch_norm", "layer_norm",
     "relu", "relu_", "leaky_relu", "leaky_relu_", "gelu", "silu", "sigmoid", "tanh",
-    "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "adaptive_max_pool2d",
+    "max_pool1d", "max_pool2d", "avg_pool1d", "avg_pool2d", "adaptive_avg_pool1d", "adaptive_avg_pool2d",
+    "adaptive_max_pool1d", "adaptive_max_pool2d",
     "hardswish", "softplus", "dropout", "softmax", "log_softmax", "cross_entropy", "nll_loss", "mse_loss", "l1_loss",
     "smooth_l1_loss", "huber_loss", "binary_cross_entropy_with_logits", "kl_div", "add", "mul", "cat", "flatten",
 ]
@@ -56,14 +57,38 @@ def _check(x, name, fn):
 
 # ---- convolution, linear, normalization ----
 
-def _conv2d_layer(weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
-    from .modules import _pair
-    K, Cg, R, S = weight.shape
-    return _shell(M.Conv2d, weight=weight, bias=bias, in_channels=Cg * groups, out_channels=K, groups=groups,
-                  kernel_size=(R, S), stride=_pair(stride), padding=_pair(padding), dilation=_pair(dilation))
+def _conv_layer(weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    from .modules import _tuple
+    K, Cg, *kernel = weight.shape
+    n = len(kernel)
+    return _shell(M.Conv2d if n == 2 else M.Conv1d, weight=weight, bias=bias, in_channels=Cg * groups,
+                  out_channels=K, groups=groups, kernel_size=tuple(kernel), stride=_tuple(stride, n),
+                  padding=_tuple(padding, n), dilation=_tuple(dilation, n))
 
 
-@_traced(_conv2d_layer)
+def _lift(v, fill):
+    """A 1-d size as the 2-d one of height 1 (1-d ops run as 2-d ones over (C, 1, L))."""
+    from .modules import _tuple
+    return None if v is None else (fill, *_tuple(v, 1))
+
+
+def _via_2d(fn, input, name):
+    """fn, a 2-d op, applied to sequences (N, C, L) or (C, L) seen as images of height 1."""
+    _check(input, "input", name)
+    if input.ndim not in (2, 3):
+        raise ValueError(f"{name}: expected a 2-d (C, L) or 3-d (N, C, L) input, got shape {tuple(input.shape)}")
+    return fn(input.unsqueeze(-2)).squeeze(-2)
+
+
+@_traced(_conv_layer)
+def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    _check(weight, "weight", "conv1d")
+    w = weight.unsqueeze(2)
+    return _via_2d(lambda x: conv2d(x, w, bias, _lift(stride, 1), _lift(padding, 0), _lift(dilation, 1), groups),
+                   input, "conv1d")
+
+
+@_traced(_conv_layer)
 def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     _check(input, "input", "conv2d")
     if isinstance(padding, str):
@@ -88,6 +113,9 @@ def linear(input, weight, bias=None):
 
 def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
     _check(input, "input", "batch_norm")
+    if input.ndim == 3:  # (N, C, L) sequences as (N, C, 1, L) images
+        return batch_norm(input.unsqueeze(2), running_mean, running_var, weight, bias, training, momentum,
+                          eps).squeeze(2)
     out, _, _ = _C.batch_norm_forward(None, None, None, input, weight, bias, running_mean, running_var, training,
                                       momentum, eps)
     return out
@@ -231,6 +259,30 @@ def adaptive_max_pool2d(input, output_size, return_indices=False):
     return _unbatch(out, squeeze)
 
 
+@_traced(lambda kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False: M.MaxPool1d(
+    kernel_size, stride or None, padding, dilation, ceil_mode))
+def max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
+    return _via_2d(lambda x: max_pool2d(x, _lift(kernel_size, 1), _lift(stride or None, 1), _lift(padding, 0),
+                                        _lift(dilation, 1), ceil_mode), input, "max_pool1d")
+
+
+@_traced(lambda kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True: M.AvgPool1d(
+    kernel_size, stride or None, padding, ceil_mode, count_include_pad))
+def avg_pool1d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
+    return _via_2d(lambda x: avg_pool2d(x, _lift(kernel_size, 1), _lift(stride or None, 1), _lift(padding, 0),
+                                        ceil_mode, count_include_pad), input, "avg_pool1d")
+
+
+@_traced(lambda output_size: M.AdaptiveAvgPool1d(output_size))
+def adaptive_avg_pool1d(input, output_size):
+    return _via_2d(lambda x: adaptive_avg_pool2d(x, _lift(output_size, 1)), input, "adaptive_avg_pool1d")
+
+
+@_traced(lambda output_size: M.AdaptiveMaxPool1d(output_size))
+def adaptive_max_pool1d(input, output_size):
+    return _via_2d(lambda x: adaptive_max_pool2d(x, _lift(output_size, 1)), input, "adaptive_max_pool1d")
+
+
 # ---- dropout ----
 
 def _take_blocks(generator, n):
@@ -282,6 +334,7 @@ def _softmax_dim(ndim, fn):
     return 0 if ndim in (0, 1, 3) else 1
 
 
+@_traced(lambda dim=None, _stacklevel=3, dtype=None: M.Softmax(dim))
 def softmax(input, dim=None, _stacklevel=3, dtype=None):
     _check(input, "input", "softmax")
     if dtype is not None:
@@ -289,6 +342,7 @@ def softmax(input, dim=None, _stacklevel=3, dtype=None):
     return _C.softmax_forward(None, input, _softmax_dim(input.ndim, "softmax") if dim is None else dim)
 
 
+@_traced(lambda dim=None, _stacklevel=3, dtype=None: M.LogSoftmax(dim))
 def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
     _check(input, "input", "log_softmax")
     if dtype is not None:

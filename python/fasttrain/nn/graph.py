@@ -339,7 +339,12 @@ class Symbolic:
         if nd == 3 and dims == [1, 2]:  # global average pooling of (C, H, W) images
             out = _layers().AdaptiveAvgPool2d(1)(self)
             return out if keepdim else out.reshape(N, self.node.shape[0])
-        fail(f"mean over dimensions {dim} of a {nd + 1}-d value", "only the spatial mean x.mean((2, 3)) is supported")
+        if nd == 2 and len(dims) == 1:  # over the steps of (C, L) sequences, or of (T, C) ones
+            x = self if dims == [1] else self.transpose(1, 2)
+            out = _layers().AdaptiveAvgPool1d(1)(x).reshape(N, x.node.shape[0])
+            return out if not keepdim else out.unsqueeze(dims[0] + 1)
+        fail(f"mean over dimensions {dim} of a {nd + 1}-d value",
+             "the spatial mean x.mean((2, 3)) of images and the mean over one dimension of sequences are supported")
 
     # ---- activations as methods ----
     def relu(self):

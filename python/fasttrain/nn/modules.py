@@ -12,10 +12,6 @@ from . import init
 from .graph import Symbolic
 
 
-def _pair(v):
-    return (v, v) if isinstance(v, int) else tuple(v)
-
-
 class Parameter(Tensor):
     """A tensor that is a module's trainable parameter, as torch.nn.Parameter: assigned to a Module attribute it
     is registered (named_parameters, state_dict, the optimizer's parameters, compile). It shares the memory of
@@ -216,42 +212,66 @@ def _init_weight_bias(weight, bias, fan_in):
         init.uniform_(bias, -bound, bound)
 
 
-class Conv2d(Module):
+def _tuple(v, n):
+    return (v,) * n if isinstance(v, int) else tuple(v)
+
+
+class _ConvNd(Module):
+    """Conv1d and Conv2d: a 1-d convolution runs as the 2-d one over (C, 1, L)."""
+
     _leaf = True
+    _dims = 2
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True,
                  padding_mode="zeros"):
         super().__init__()
+        name, n = type(self).__name__, self._dims
         if padding_mode != "zeros":
-            raise ValueError("Conv2d supports padding_mode='zeros' only")
+            raise ValueError(f"{name} supports padding_mode='zeros' only")
+        if isinstance(padding, str):
+            raise ValueError(f"{name}: string padding ('same', 'valid') is not supported; give it in elements")
         if in_channels % groups or out_channels % groups:
             raise ValueError("in_channels and out_channels must be divisible by groups")
         self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
-        self.kernel_size, self.stride = _pair(kernel_size), _pair(stride)
-        self.padding, self.dilation = _pair(padding), _pair(dilation)
+        self.kernel_size, self.stride = _tuple(kernel_size, n), _tuple(stride, n)
+        self.padding, self.dilation = _tuple(padding, n), _tuple(dilation, n)
         self.register_parameter("weight", creation.empty(out_channels, in_channels // groups, *self.kernel_size))
         self.register_parameter("bias", creation.empty(out_channels) if bias else None)
         _init_weight_bias(self.weight, self.bias, in_channels // groups * math.prod(self.kernel_size))
 
     def output_shape(self, shape):
-        c, h, w = shape
-        if c != self.in_channels:
-            raise ValueError(f"Conv2d expects {self.in_channels} input channels, got {c}")
+        name = type(self).__name__
+        if len(shape) != self._dims + 1:
+            raise ValueError(f"{name} takes samples of {self._dims + 1} dimensions, got {shape}")
+        if shape[0] != self.in_channels:
+            raise ValueError(f"{name} expects {self.in_channels} input channels, got {shape[0]}")
         size = []
-        for i, n in enumerate((h, w)):
+        for i, n in enumerate(shape[1:]):
             eff = self.dilation[i] * (self.kernel_size[i] - 1) + 1
             size.append((n + 2 * self.padding[i] - eff) // self.stride[i] + 1)
         if min(size) < 1:
-            raise ValueError(f"Conv2d: input {h}x{w} is too small for the kernel")
+            raise ValueError(f"{name}: input {shape[1:]} is too small for the kernel")
         return (self.out_channels, *size)
 
     def forward(self, x):
         from . import functional as F
-        return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+        conv = F.conv2d if self._dims == 2 else F.conv1d
+        return conv(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
 
     def extra_repr(self):
-        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}, "
-                f"padding={self.padding}" + ("" if self.bias is not None else ", bias=False"))
+        return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
+                + (f", padding={self.padding}" if any(self.padding) else "")
+                + (f", dilation={self.dilation}" if any(d != 1 for d in self.dilation) else "")
+                + (f", groups={self.groups}" if self.groups != 1 else "")
+                + ("" if self.bias is not None else ", bias=False"))
+
+
+class Conv1d(_ConvNd):
+    _dims = 1
+
+
+class Conv2d(_ConvNd):
+    _dims = 2
 
 
 class Linear(Module):
@@ -277,13 +297,16 @@ class Linear(Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
-class BatchNorm2d(Module):
+class _BatchNorm(Module):
+    """BatchNorm1d over (C,) features or (C, L) sequences, BatchNorm2d over (C, H, W) images."""
+
     _leaf = True
+    _ranks = (3,)
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True):
         super().__init__()
         if momentum is None:
-            raise ValueError("BatchNorm2d: momentum=None (cumulative averages) is not supported")
+            raise ValueError(f"{type(self).__name__}: momentum=None (cumulative averages) is not supported")
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
         self.affine, self.track_running_stats = affine, track_running_stats
         self.register_parameter("weight", creation.ones(num_features) if affine else None)
@@ -294,8 +317,11 @@ class BatchNorm2d(Module):
             self.register_buffer("num_batches_tracked", creation.zeros((), dtype="int64"))
 
     def output_shape(self, shape):
+        if len(shape) not in self._ranks:
+            raise ValueError(f"{type(self).__name__} takes samples of {' or '.join(map(str, self._ranks))} "
+                             f"dimensions, got {shape}")
         if shape[0] != self.num_features:
-            raise ValueError(f"BatchNorm2d expects {self.num_features} channels, got {shape[0]}")
+            raise ValueError(f"{type(self).__name__} expects {self.num_features} channels, got {shape[0]}")
         return shape
 
     def forward(self, x):
@@ -308,6 +334,14 @@ class BatchNorm2d(Module):
 
     def extra_repr(self):
         return f"{self.num_features}, eps={self.eps}, momentum={self.momentum}"
+
+
+class BatchNorm1d(_BatchNorm):
+    _ranks = (1, 2)
+
+
+class BatchNorm2d(_BatchNorm):
+    _ranks = (3,)
 
 
 class LayerNorm(Module):
@@ -423,20 +457,25 @@ class LeakyReLU(_Activation):
         return F.leaky_relu(x, self.negative_slope)
 
 
-class _Pool2d(Module):
+class _Pool(Module):
+    """Max and average pooling over (C, H, W) images, or (C, L) sequences in the 1-d layers."""
+
     _leaf = True
+    _dims = 2
 
     def __init__(self, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, count_include_pad=True):
         super().__init__()
-        self.kernel_size = _pair(kernel_size)
-        self.stride = self.kernel_size if stride is None else _pair(stride)
-        self.padding, self.dilation = _pair(padding), _pair(dilation)
+        n = self._dims
+        self.kernel_size = _tuple(kernel_size, n)
+        self.stride = self.kernel_size if stride is None else _tuple(stride, n)
+        self.padding, self.dilation = _tuple(padding, n), _tuple(dilation, n)
         self.ceil_mode, self.count_include_pad = ceil_mode, count_include_pad
 
     def output_shape(self, shape):
-        c, h, w = shape
+        if len(shape) != self._dims + 1:
+            raise ValueError(f"{type(self).__name__} takes samples of {self._dims + 1} dimensions, got {shape}")
         size = []
-        for i, n in enumerate((h, w)):
+        for i, n in enumerate(shape[1:]):
             eff = self.dilation[i] * (self.kernel_size[i] - 1) + 1
             span = n + 2 * self.padding[i] - eff
             out = (-(-span // self.stride[i]) if self.ceil_mode else span // self.stride[i]) + 1
@@ -445,49 +484,114 @@ class _Pool2d(Module):
                 out -= 1
             size.append(out)
         if min(size) < 1:
-            raise ValueError(f"{type(self).__name__}: input {h}x{w} is too small")
-        return (c, *size)
+            raise ValueError(f"{type(self).__name__}: input {shape[1:]} is too small")
+        return (shape[0], *size)
+
+    def extra_repr(self):
+        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
 
 
-class MaxPool2d(_Pool2d):
+class _MaxPool(_Pool):
     def __init__(self, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
         super().__init__(kernel_size, stride, padding, dilation, ceil_mode)
 
     def forward(self, x):
         from . import functional as F
-        return F.max_pool2d(x, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode)
+        pool = F.max_pool2d if self._dims == 2 else F.max_pool1d
+        return pool(x, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode)
 
 
-class AvgPool2d(_Pool2d):
+class _AvgPool(_Pool):
     def __init__(self, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
         super().__init__(kernel_size, stride, padding, 1, ceil_mode, count_include_pad)
 
     def forward(self, x):
         from . import functional as F
-        return F.avg_pool2d(x, self.kernel_size, self.stride, self.padding, self.ceil_mode, self.count_include_pad)
+        pool = F.avg_pool2d if self._dims == 2 else F.avg_pool1d
+        return pool(x, self.kernel_size, self.stride, self.padding, self.ceil_mode, self.count_include_pad)
 
 
-class _AdaptivePool2d(Module):
+class MaxPool1d(_MaxPool):
+    _dims = 1
+
+
+class MaxPool2d(_MaxPool):
+    _dims = 2
+
+
+class AvgPool1d(_AvgPool):
+    _dims = 1
+
+
+class AvgPool2d(_AvgPool):
+    _dims = 2
+
+
+class _AdaptivePool(Module):
     _leaf = True
+    _dims = 2
 
     def __init__(self, output_size):
         super().__init__()
-        self.output_size = _pair(output_size)
+        self.output_size = _tuple(output_size, self._dims)
 
     def output_shape(self, shape):
+        if len(shape) != self._dims + 1:
+            raise ValueError(f"{type(self).__name__} takes samples of {self._dims + 1} dimensions, got {shape}")
         return (shape[0], *(s if o is None else o for o, s in zip(self.output_size, shape[1:])))
 
-
-class AdaptiveAvgPool2d(_AdaptivePool2d):
     def forward(self, x):
         from . import functional as F
-        return F.adaptive_avg_pool2d(x, self.output_size)
+        return getattr(F, f"adaptive_{self._kind}_pool{self._dims}d")(x, self.output_size)
+
+    def extra_repr(self):
+        return f"output_size={self.output_size}"
 
 
-class AdaptiveMaxPool2d(_AdaptivePool2d):
+class AdaptiveAvgPool1d(_AdaptivePool):
+    _kind, _dims = "avg", 1
+
+
+class AdaptiveAvgPool2d(_AdaptivePool):
+    _kind, _dims = "avg", 2
+
+
+class AdaptiveMaxPool1d(_AdaptivePool):
+    _kind, _dims = "max", 1
+
+
+class AdaptiveMaxPool2d(_AdaptivePool):
+    _kind, _dims = "max", 2
+
+
+class Softmax(Module):
+    """softmax along dim (PyTorch's nn.Softmax; dim names a dimension of the batch-first input)."""
+
+    _leaf = True
+
+    def __init__(self, dim=None):
+        super().__init__()
+        if dim is None:
+            raise ValueError(f"{type(self).__name__}: give dim (the implicit choice is deprecated in PyTorch)")
+        self.dim = dim
+
+    def output_shape(self, shape):
+        from .graph import _dim
+        _dim(self.dim, len(shape))  # a dimension of the sample, not the batch
+        return shape
+
     def forward(self, x):
         from . import functional as F
-        return F.adaptive_max_pool2d(x, self.output_size)
+        return F.softmax(x, self.dim)
+
+    def extra_repr(self):
+        return f"dim={self.dim}"
+
+
+class LogSoftmax(Softmax):
+    def forward(self, x):
+        from . import functional as F
+        return F.log_softmax(x, self.dim)
 
 
 class Dropout(Module):

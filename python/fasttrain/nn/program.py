@@ -16,10 +16,11 @@ from .graph import TracingError, target, topological, trace, trace_loss
 # Node kinds, activations and reductions as the extension numbers them.
 _K = _C.NODE_KINDS
 (INPUT, CONV2D, LINEAR, BATCHNORM, ACT, MAXPOOL, AVGPOOL, ADAPTIVE_AVGPOOL, ADAPTIVE_MAXPOOL, ADD, CAT, RESHAPE,
- DROPOUT, IDENTITY, LAYERNORM, MUL, SCALE, PERMUTE, SLICE, PARAM, TARGET, CROSS_ENTROPY, NLL, SUM) = (_K[k] for k in (
+ DROPOUT, IDENTITY, LAYERNORM, MUL, SCALE, PERMUTE, SLICE, PARAM, TARGET, CROSS_ENTROPY, NLL, SUM, SOFTMAX,
+ LOG_SOFTMAX) = (_K[k] for k in (
     "input", "conv2d", "linear", "batch_norm", "activation", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
     "adaptive_max_pool2d", "add", "cat", "reshape", "dropout", "identity", "layer_norm", "mul", "scale", "permute",
-    "slice", "parameter", "target", "cross_entropy", "nll", "sum"))
+    "slice", "parameter", "target", "cross_entropy", "nll", "sum", "softmax", "log_softmax"))
 ACTS = _C.ACTIVATIONS
 REDUCTIONS = _C.REDUCTIONS
 # Activations whose derivative follows from their output: these can be fused
@@ -35,28 +36,35 @@ def _act_of(m):
     return name, alpha
 
 
-def _node_of(module):
-    """(kind, fields) for one layer."""
+def _as_2d(m, name, fill):
+    """A layer's spatial sizes as pairs: 1-d layers run as 2-d ones over (C, 1, L)."""
+    v = getattr(m, name)
+    return (fill, *v) if len(v) == 1 else v
+
+
+def _node_of(module, shape):
+    """(kind, fields) for one layer whose input has per-sample shape `shape`."""
     m = module
-    if isinstance(m, M.Conv2d):
-        return CONV2D, dict(stride=m.stride, padding=m.padding, dilation=m.dilation, groups=m.groups)
+    if isinstance(m, M._ConvNd):
+        return CONV2D, dict(stride=_as_2d(m, "stride", 1), padding=_as_2d(m, "padding", 0),
+                            dilation=_as_2d(m, "dilation", 1), groups=m.groups)
     if isinstance(m, M.Linear):
         return LINEAR, {}
-    if isinstance(m, M.BatchNorm2d):
+    if isinstance(m, M._BatchNorm):
         return BATCHNORM, dict(eps=m.eps, momentum=m.momentum)
     if isinstance(m, M._Activation):
         name, alpha = _act_of(m)
         return ACT, dict(act=name, alpha=alpha)
-    if isinstance(m, M.MaxPool2d):
-        return MAXPOOL, dict(kernel=m.kernel_size, stride=m.stride, padding=m.padding, dilation=m.dilation,
+    if isinstance(m, M._MaxPool):
+        return MAXPOOL, dict(kernel=_as_2d(m, "kernel_size", 1), stride=_as_2d(m, "stride", 1),
+                             padding=_as_2d(m, "padding", 0), dilation=_as_2d(m, "dilation", 1),
                              ceil_mode=int(m.ceil_mode))
-    if isinstance(m, M.AvgPool2d):
-        return AVGPOOL, dict(kernel=m.kernel_size, stride=m.stride, padding=m.padding, ceil_mode=int(m.ceil_mode),
+    if isinstance(m, M._AvgPool):
+        return AVGPOOL, dict(kernel=_as_2d(m, "kernel_size", 1), stride=_as_2d(m, "stride", 1),
+                             padding=_as_2d(m, "padding", 0), ceil_mode=int(m.ceil_mode),
                              count_include_pad=int(m.count_include_pad))
-    if isinstance(m, M.AdaptiveAvgPool2d):
-        return ADAPTIVE_AVGPOOL, {}
-    if isinstance(m, M.AdaptiveMaxPool2d):
-        return ADAPTIVE_MAXPOOL, {}
+    if isinstance(m, M._AdaptivePool):
+        return ADAPTIVE_AVGPOOL if m._kind == "avg" else ADAPTIVE_MAXPOOL, {}
     if isinstance(m, M.Add):
         return ADD, {}
     if isinstance(m, M.Cat):
@@ -86,6 +94,9 @@ def _node_of(module):
         if isinstance(m, M.CrossEntropyLoss):
             return CROSS_ENTROPY, dict(fields, label_smoothing=m.label_smoothing)
         return NLL, fields
+    if isinstance(m, M.Softmax):
+        from .graph import _dim
+        return LOG_SOFTMAX if isinstance(m, M.LogSoftmax) else SOFTMAX, dict(dim=_dim(m.dim, len(shape)))
     if isinstance(m, M.Sum):
         return SUM, dict(reduction=REDUCTIONS[m.reduction])
     raise NotImplementedError(f"{type(m).__name__} has no compiled form yet: see docs/models.md for the layers "
@@ -119,7 +130,8 @@ def _graph(model, input_shape, loss=None, target_shape=None, target_dtype=None):
     index = {id(n): i for i, n in enumerate(nodes)}
     entries = []
     for n in nodes:
-        kind, fields = (INPUT, dict(dtype=_BY_NAME["float32"]._code)) if n.module is None else _node_of(n.module)
+        kind, fields = (INPUT, dict(dtype=_BY_NAME["float32"]._code)) if n.module is None else \
+            _node_of(n.module, n.inputs[0].shape if n.inputs else n.shape)
         entries.append(_Entry(kind, n.module, [index[id(i)] for i in n.inputs], n.shape, fields))
     return entries, index[id(first.node)]
 
@@ -138,7 +150,7 @@ def _commutes_with_shift(e):
     if e.kind == MAXPOOL:
         return True
     m = e.module
-    return e.kind == AVGPOOL and (m.padding == (0, 0) or not m.count_include_pad) and not m.ceil_mode
+    return e.kind == AVGPOOL and (not any(m.padding) or not m.count_include_pad) and not m.ceil_mode
 
 
 def _fuse(entries):

@@ -1,0 +1,177 @@
+"""A zoo of models as PyTorch users write them, each compiled by tracing its forward: its gradients match
+finite differences on a tiny instance, a few steps lower the loss, and where torch imports the same model
+built in PyTorch (weights copied by name) gives the same loss and gradients."""
+import numpy as np
+import pytest
+
+import fasttrain as ft
+from fasttrain import nn
+from fasttrain.nn import functional as F
+
+
+class AudioCNN(nn.Module):
+    """A 1-d CNN over (channels, time) signals."""
+
+    def __init__(self, classes=4):
+        super().__init__()
+        self.conv1 = nn.Conv1d(2, 8, 5, padding=2)
+        self.bn1 = nn.BatchNorm1d(8)
+        self.pool = nn.MaxPool1d(2)
+        self.conv2 = nn.Conv1d(8, 8, 3, padding=2, dilation=2, bias=False)
+        self.bn2 = nn.BatchNorm1d(8)
+        self.head = nn.Linear(8, classes)
+
+    def forward(self, x):
+        x = self.pool(F.relu(self.bn1(self.conv1(x))))
+        x = F.relu(self.bn2(self.conv2(x)) + x)
+        return self.head(x.mean(2))
+
+
+class LogSoftmaxMLP(nn.Module):
+    """log_softmax outputs trained with NLLLoss, features through BatchNorm1d."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(6, 16)
+        self.bn = nn.BatchNorm1d(16)
+        self.fc2 = nn.Linear(16, 4)
+        self.out = nn.LogSoftmax(dim=1)
+
+    def forward(self, x):
+        return self.out(self.fc2(F.silu(self.bn(self.fc1(x)))))
+
+
+class SequenceMLP(nn.Module):
+    """Per-step features (T, C): a linear over the last dimension, layer norm, softmax attention-free pooling."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(5, 8)
+        self.norm = nn.LayerNorm(8)
+        self.score = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        h = self.norm(F.gelu(self.proj(x)))
+        w = F.softmax(self.score(h), dim=1)  # over the steps
+        return self.head((h * w).mean(1))
+
+
+def smooth_hinge(out, y):
+    """A custom loss: cross-entropy plus a small penalty on the logits' size."""
+    return F.cross_entropy(out, y, label_smoothing=0.05) + 0.01 * (out * out).mean()
+
+
+ZOO = {
+    "audio_cnn": (AudioCNN, (2, 16), nn.CrossEntropyLoss(), "contiguous"),
+    "logsoftmax_mlp": (LogSoftmaxMLP, (6,), nn.NLLLoss(), "contiguous"),
+    "sequence_mlp": (SequenceMLP, (7, 5), smooth_hinge, "contiguous"),
+}
+
+
+def data(input_shape, n=8, classes=4, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((n, *input_shape)).astype(np.float32), rng.integers(0, classes, n)
+
+
+def build(name, seed=0):
+    cls, shape, loss, fmt = ZOO[name]
+    ft.manual_seed(seed)
+    model = cls()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), loss, batch_size=8,
+                            input_shape=shape, memory_format=fmt)
+    return model, program, shape
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_gradients_match_finite_differences(name):
+    model, program, shape = build(name)
+    x, y = data(shape)
+    program.backward(x, y)
+    grads = {n: p.grad.numpy().copy() for n, p in model.named_parameters()}
+    rng = np.random.default_rng(1)
+    eps = 1e-3  # small: max pooling and ReLU have kinks a wide step would cross
+    for n, p in model.named_parameters():
+        values = p.numpy()  # shares the parameter's memory
+        for _ in range(3):
+            i = tuple(rng.integers(0, s) for s in values.shape)
+            old = values[i]
+            values[i] = old + eps
+            hi = program.backward(x, y)
+            values[i] = old - eps
+            lo = program.backward(x, y)
+            values[i] = old
+            fd = (hi - lo) / (2 * eps)
+            assert grads[n][i] == pytest.approx(fd, rel=3e-2, abs=2e-3), (n, i)
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_a_few_steps_lower_the_loss(name):
+    model, program, shape = build(name)
+    x, y = data(shape)
+    first = program.train_step(x, y)
+    for _ in range(15):
+        last = program.train_step(x, y)
+    assert last < first, (first, last)
+
+
+def torch_twin(name, torch):
+    tnn, tF = torch.nn, torch.nn.functional
+    if name == "audio_cnn":
+        class T(tnn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv1, self.bn1 = tnn.Conv1d(2, 8, 5, padding=2), tnn.BatchNorm1d(8)
+                self.pool = tnn.MaxPool1d(2)
+                self.conv2, self.bn2 = tnn.Conv1d(8, 8, 3, padding=2, dilation=2, bias=False), tnn.BatchNorm1d(8)
+                self.head = tnn.Linear(8, 4)
+
+            def forward(self, x):
+                x = self.pool(tF.relu(self.bn1(self.conv1(x))))
+                x = tF.relu(self.bn2(self.conv2(x)) + x)
+                return self.head(x.mean(2))
+        return T(), tnn.CrossEntropyLoss()
+    if name == "logsoftmax_mlp":
+        return tnn.Sequential(), None  # built below from the same layer names
+    class S(tnn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj, self.norm = tnn.Linear(5, 8), tnn.LayerNorm(8)
+            self.score, self.head = tnn.Linear(8, 8), tnn.Linear(8, 4)
+
+        def forward(self, x):
+            h = self.norm(tF.gelu(self.proj(x)))
+            return self.head((h * tF.softmax(self.score(h), dim=1)).mean(1))
+    return S(), lambda out, y: tF.cross_entropy(out, y, label_smoothing=0.05) + 0.01 * (out * out).mean()
+
+
+class TorchLogSoftmaxMLP:
+    @staticmethod
+    def make(torch):
+        tnn, tF = torch.nn, torch.nn.functional
+
+        class M(tnn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc1, self.bn, self.fc2 = tnn.Linear(6, 16), tnn.BatchNorm1d(16), tnn.Linear(16, 4)
+
+            def forward(self, x):
+                return tF.log_softmax(self.fc2(tF.silu(self.bn(self.fc1(x)))), dim=1)
+        return M(), tnn.NLLLoss()
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_matches_pytorch(name):
+    torch = pytest.importorskip("torch")
+    model, program, shape = build(name)
+    x, y = data(shape)
+    loss = program.backward(x, y)
+    tm, tloss = TorchLogSoftmaxMLP.make(torch) if name == "logsoftmax_mlp" else torch_twin(name, torch)
+    tm.load_state_dict({k: torch.from_numpy(v) for k, v in model.state_dict().items()}, strict=True)
+    tm.train()
+    want = tloss(tm(torch.from_numpy(x)), torch.from_numpy(y))
+    want.backward()
+    assert loss == pytest.approx(want.item(), rel=1e-4)
+    for n, p in tm.named_parameters():
+        np.testing.assert_allclose(dict(model.named_parameters())[n].grad.numpy(), p.grad.numpy(), rtol=2e-3,
+                                   atol=2e-5, err_msg=n)
