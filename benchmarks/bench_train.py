@@ -54,11 +54,12 @@ def emit(name, value, unit, **extra):
                       **extra}), flush=True)
 
 
-def resnet(M, cat_residual=True):
+def resnet(M, traced=False):
     """A small ResNet for 1x28x28: a stem, per stage a residual block and a strided transition, global average
-    pooling and a linear classifier. M is ft.nn or torch.nn; ft builds it functionally."""
+    pooling and a linear classifier. M is ft.nn or torch.nn; ft builds it as an nn.Model graph, or with
+    traced=True as PyTorch's code is written (an nn.Module subclass in nn.Sequential, traced by compile)."""
     widths = (32, 64, 128)
-    if M is ft.nn:
+    if M is ft.nn and not traced:
         x = M.Input((1, 28, 28))
         h = M.ReLU()(M.BatchNorm2d(32)(M.Conv2d(1, 32, 3, padding=1, bias=False)(x)))
         for i, w in enumerate(widths):
@@ -78,8 +79,8 @@ def resnet(M, cat_residual=True):
             self.c2, self.b2 = M.Conv2d(w, w, 3, padding=1, bias=False), M.BatchNorm2d(w)
 
         def forward(self, h):
-            y = torch.relu(self.b1(self.c1(h)))
-            return torch.relu(self.b2(self.c2(y)) + h)
+            y = M.functional.relu(self.b1(self.c1(h)))
+            return M.functional.relu(self.b2(self.c2(y)) + h)
 
     layers = [M.Conv2d(1, 32, 3, padding=1, bias=False), M.BatchNorm2d(32), M.ReLU()]
     for i, w in enumerate(widths):
@@ -92,7 +93,7 @@ def resnet(M, cat_residual=True):
 
 def ft_step(net, batch, dev="cpu"):
     import demo
-    model = demo.make_model() if net == "demo" else resnet(ft.nn)
+    model = demo.make_model() if net == "demo" else resnet(ft.nn, traced=net == "resnet_traced")
     if dev != "cpu":
         model.to(dev)  # in place, before the optimizer takes the parameters
     opt = ft.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True, weight_decay=5e-4)
@@ -197,24 +198,29 @@ def main():
     for net in ("demo", "resnet"):
         for batch in ((256,) if args.quick else (256, 512)):
             ours, flops = ft_step(net, batch)
+            # the same ResNet written as a PyTorch user writes it and traced: tracing should cost nothing per step
+            traced = ft_step("resnet_traced", batch)[0] if net == "resnet" else None
             theirs = torch_step(net, batch) if torch is not None else None
+            runs = [f for f in (ours, traced, theirs) if f]
             for _ in range(2):  # warm-up: oneDNN JIT, first-touch of buffers
-                ours()
-                if theirs:
-                    theirs()
-            a, b = [], []
+                for f in runs:
+                    f()
+            times = {f: [] for f in runs}
             for _ in range(steps):
-                a.append(timed(ours))
-                if theirs:
-                    b.append(timed(theirs))
-            ips = batch / statistics.median(a)
+                for f in runs:
+                    times[f].append(timed(f))
+            ips = batch / statistics.median(times[ours])
             extra = {"peak_fraction": round(ips * flops / 1e9 / fma_peak, 3),
                      "gflops": round(ips * flops / 1e9, 1)}
             if theirs:
-                ref = batch / statistics.median(b)
+                ref = batch / statistics.median(times[theirs])
                 extra.update(reference=round(ref, 1), reference_name=f"torch {torch.__version__}",
                              ratio=round(ips / ref, 3))
             emit(f"train_step_{net}_b{batch}", ips, "images/s", **extra)
+            if traced:
+                t_ips = batch / statistics.median(times[traced])
+                emit(f"train_step_{net}_traced_b{batch}", t_ips, "images/s", reference=round(ips, 1),
+                     reference_name="the same network as an nn.Model graph", ratio=round(t_ips / ips, 3))
     if args.full:
         full_runs(args.threads, args.epochs)
 
