@@ -121,7 +121,7 @@ def test_backward_gradients_match_cpu():
         assert p_g.grad.is_cuda
         assert_close(p_g.grad, p_c.grad, 1e-4, 1e-4)
     # the conv bias that batch norm cancels is dropped: zero gradient
-    assert np.abs(host(dict(mg.named_parameters())["0.bias"].grad)).max() <= 1e-6
+    assert np.abs(host(dict(mg.named_parameters())["conv2d.bias"].grad)).max() <= 1e-6
 
 
 def test_mse_mlp_with_layer_norm_and_dropout_matches_cpu():

@@ -135,32 +135,32 @@ def ref_net(P, x, y, eps=SMOOTHING, bn_eps=1e-5, aux=None):
     the smallest gap between the largest and the second largest value of the max-pool windows whose maximum
     is positive (a near-tie there could make float32 and float64 pick different elements)."""
     x = x.astype(np.float64)
-    c1 = conv_f(x, P["0.weight"], P["0.bias"], 1)
-    b1, bn_cache = bn_f(c1, P["1.weight"], P["1.bias"], bn_eps)
+    c1 = conv_f(x, P["conv2d.weight"], P["conv2d.bias"], 1)
+    b1, bn_cache = bn_f(c1, P["batch_norm2d.weight"], P["batch_norm2d.bias"], bn_eps)
     h1 = np.maximum(b1, 0)
-    c2 = conv_f(h1, P["3.weight"], P["3.bias"], 1)
+    c2 = conv_f(h1, P["conv2d_1.weight"], P["conv2d_1.bias"], 1)
     s = np.maximum(h1 + c2, 0)
     mp, mp_idx = maxpool2_f(s)
     if aux is not None:
         N, C, H, W = s.shape
         top2 = np.sort(s.reshape(N, C, H // 2, 2, W // 2, 2).transpose(0, 1, 2, 4, 3, 5).reshape(-1, 4))[:, -2:]
         aux["pool_gap"] = np.min(np.diff(top2[top2[:, 1] > 0], axis=1), initial=np.inf)
-    c3 = conv_f(mp, P["7.weight"], P["7.bias"], 1)
+    c3 = conv_f(mp, P["conv2d_2.weight"], P["conv2d_2.bias"], 1)
     h3 = np.maximum(c3, 0)
     g = h3.mean(axis=(2, 3))  # AdaptiveAvgPool2d(1) + Flatten
-    z = g @ P["11.weight"].T + P["11.bias"]
+    z = g @ P["linear.weight"].T + P["linear.bias"]
     loss, dz = ce_f(z, y, eps)
-    G = {"11.weight": dz.T @ g, "11.bias": dz.sum(0)}
-    dg = dz @ P["11.weight"]
+    G = {"linear.weight": dz.T @ g, "linear.bias": dz.sum(0)}
+    dg = dz @ P["linear.weight"]
     dh3 = np.broadcast_to(dg[:, :, None, None] / (h3.shape[2] * h3.shape[3]), h3.shape)
     dc3 = dh3 * (c3 > 0)
-    dmp, G["7.weight"], G["7.bias"] = conv_b(dc3, mp, P["7.weight"], 1)
+    dmp, G["conv2d_2.weight"], G["conv2d_2.bias"] = conv_b(dc3, mp, P["conv2d_2.weight"], 1)
     ds = maxpool2_b(dmp, mp_idx, s.shape) * (h1 + c2 > 0)
-    dh1, G["3.weight"], G["3.bias"] = conv_b(ds, h1, P["3.weight"], 1)
+    dh1, G["conv2d_1.weight"], G["conv2d_1.bias"] = conv_b(ds, h1, P["conv2d_1.weight"], 1)
     dh1 = dh1 + ds  # the residual path
     db1 = dh1 * (b1 > 0)
-    dc1, G["1.weight"], G["1.bias"] = bn_b(db1, P["1.weight"], bn_cache, bn_eps)
-    _, G["0.weight"], G["0.bias"] = conv_b(dc1, x, P["0.weight"], 1)
+    dc1, G["batch_norm2d.weight"], G["batch_norm2d.bias"] = bn_b(db1, P["batch_norm2d.weight"], bn_cache, bn_eps)
+    _, G["conv2d.weight"], G["conv2d.bias"] = conv_b(dc1, x, P["conv2d.weight"], 1)
     m = c1.shape[0] * c1.shape[2] * c1.shape[3]
     return loss, G, (bn_cache[2], bn_cache[1] * m / (m - 1)), z
 
@@ -169,13 +169,13 @@ def ref_predict(S, x, bn_eps=1e-5):
     """Eval-mode logits of make_resnet() in float64 from a state_dict (running statistics)."""
     x = x.astype(np.float64)
     S = {k: np.asarray(v, dtype=np.float64) for k, v in S.items()}
-    c1 = conv_f(x, S["0.weight"], S["0.bias"], 1)
-    inv = 1 / np.sqrt(S["1.running_var"] + bn_eps)
-    h1 = np.maximum(S["1.weight"][None, :, None, None] * (c1 - S["1.running_mean"][None, :, None, None])
-                    * inv[None, :, None, None] + S["1.bias"][None, :, None, None], 0)
-    s = np.maximum(h1 + conv_f(h1, S["3.weight"], S["3.bias"], 1), 0)
-    h3 = np.maximum(conv_f(maxpool2_f(s)[0], S["7.weight"], S["7.bias"], 1), 0)
-    return h3.mean(axis=(2, 3)) @ S["11.weight"].T + S["11.bias"]
+    c1 = conv_f(x, S["conv2d.weight"], S["conv2d.bias"], 1)
+    inv = 1 / np.sqrt(S["batch_norm2d.running_var"] + bn_eps)
+    h1 = np.maximum(S["batch_norm2d.weight"][None, :, None, None] * (c1 - S["batch_norm2d.running_mean"][None, :, None, None])
+                    * inv[None, :, None, None] + S["batch_norm2d.bias"][None, :, None, None], 0)
+    s = np.maximum(h1 + conv_f(h1, S["conv2d_1.weight"], S["conv2d_1.bias"], 1), 0)
+    h3 = np.maximum(conv_f(maxpool2_f(s)[0], S["conv2d_2.weight"], S["conv2d_2.bias"], 1), 0)
+    return h3.mean(axis=(2, 3)) @ S["linear.weight"].T + S["linear.bias"]
 
 
 def make_resnet(seed=0):
@@ -192,7 +192,7 @@ def make_resnet(seed=0):
 def perturb_bn(model, seed=5):
     """Non-trivial BN affine parameters (they start at 1 and 0)."""
     rng = np.random.default_rng(seed)
-    set_params(model, {"1.weight": 1 + 0.3 * rng.standard_normal(6), "1.bias": 0.2 * rng.standard_normal(6)})
+    set_params(model, {"batch_norm2d.weight": 1 + 0.3 * rng.standard_normal(6), "batch_norm2d.bias": 0.2 * rng.standard_normal(6)})
 
 
 def compile_resnet(model, opt=None, batch_size=8, **kw):
@@ -219,7 +219,7 @@ def test_backward_matches_numpy_reference(memory_format):
     for name in P:
         assert_grad_close(got[name], want[name], name)
     # the conv bias that batch norm cancels has (mathematically) zero gradient
-    assert np.abs(got["0.bias"]).max() <= 1e-6
+    assert np.abs(got["conv2d.bias"]).max() <= 1e-6
     # backward is a pure function of (params, batch): a second call gives the same gradients, not twice them
     program.backward(x, y)
     for name in P:
@@ -272,7 +272,7 @@ def test_backward_splits_into_micro_batches_and_averages():
     assert abs(loss - (l0 + l1) / 2) <= 1e-5 * abs(loss)
     got = grads_of(model)
     for name in P:
-        if name != "0.bias":
+        if name != "conv2d.bias":
             assert_grad_close(got[name], (g0[name] + g1[name]) / 2, name)
 
 
@@ -295,7 +295,7 @@ def test_backward_matches_torch():
         assert_grad_close(got[name], p.grad.numpy(), name)
     # the running variance after one training forward (the running mean: see
     # test_running_statistics_and_predict_with_the_conv_bias)
-    assert_grad_close(model.state_dict()["1.running_var"].astype(np.float64), tm[1].running_var.numpy(),
+    assert_grad_close(model.state_dict()["batch_norm2d.running_var"].astype(np.float64), tm[1].running_var.numpy(),
                       "running_var")
 
 
@@ -339,7 +339,7 @@ def test_dropped_bias_is_not_in_the_forward_pass():
     program = compile_resnet(model)
     x, y = batch(8, seed=3)
     loss = program.backward(x, y)
-    set_params(model, {"0.bias": params_of(model)["0.bias"] + 5.0})
+    set_params(model, {"conv2d.bias": params_of(model)["conv2d.bias"] + 5.0})
     P = params_of(model)
     want_loss, want, _, _ = ref_net(P, x, y)
     assert abs(program.backward(x, y) - want_loss) <= 1e-5 * want_loss
@@ -399,7 +399,7 @@ def test_running_statistics_without_the_dropped_bias():
     """BN's running mean and variance after training forwards: (1 - momentum) * old + momentum * batch value,
     with the unbiased batch variance (PyTorch). The conv bias is zero here (see the next test)."""
     model = make_resnet(seed=4)
-    set_params(model, {"0.bias": np.zeros(6)})
+    set_params(model, {"conv2d.bias": np.zeros(6)})
     program = compile_resnet(model)
     x, y = batch(8, seed=5)
     P = params_of(model)
@@ -407,8 +407,8 @@ def test_running_statistics_without_the_dropped_bias():
     program.backward(x, y)
     program.backward(x, y)  # twice: the second update starts from the first
     sd = model.state_dict()
-    np.testing.assert_allclose(sd["1.running_mean"], 0.19 * mean, rtol=1e-4, atol=1e-6)
-    np.testing.assert_allclose(sd["1.running_var"], 0.81 + 0.19 * var, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(sd["batch_norm2d.running_mean"], 0.19 * mean, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(sd["batch_norm2d.running_var"], 0.81 + 0.19 * var, rtol=1e-4, atol=1e-6)
 
 
 def test_num_batches_tracked_counts_training_forwards():
@@ -417,22 +417,22 @@ def test_num_batches_tracked_counts_training_forwards():
     for k in range(3):
         program.train_step(*batch(8, seed=k))
     program.predict(batch(8)[0])  # eval mode: not counted
-    assert int(model.state_dict()["1.num_batches_tracked"]) == 3
+    assert int(model.state_dict()["batch_norm2d.num_batches_tracked"]) == 3
 
 
 def test_running_statistics_and_predict_with_the_conv_bias():
     """A conv bias that a batch norm cancels is dropped and zeroed at compile time, so the saved model, its
     running statistics and the compiled program's eval-mode forward all describe the same function."""
     model = make_resnet(seed=4)
-    assert np.abs(params_of(model)["0.bias"]).max() > 0.01  # PyTorch's default initialisation
+    assert np.abs(params_of(model)["conv2d.bias"]).max() > 0.01  # PyTorch's default initialisation
     program = compile_resnet(model)
     x, y = batch(8, seed=5)
     P = params_of(model)
-    assert np.abs(P["0.bias"]).max() == 0
+    assert np.abs(P["conv2d.bias"]).max() == 0
     _, _, (mean, _), _ = ref_net(P, x, y)
     program.backward(x, y)
     sd = model.state_dict()
-    np.testing.assert_allclose(sd["1.running_mean"], 0.1 * mean, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(sd["batch_norm2d.running_mean"], 0.1 * mean, rtol=1e-4, atol=1e-6)
     xt, _ = batch(6, seed=6)
     np.testing.assert_allclose(program.predict(xt).numpy(), ref_predict(sd, xt), rtol=1e-4, atol=1e-5)
 
@@ -441,13 +441,13 @@ def test_predict_and_evaluate_match_numpy_eval_forward():
     """Eval mode: running statistics (after a few training steps), no batch statistics; batches larger and
     smaller than the compiled one; evaluate's mean loss and accuracy; flip test-time augmentation."""
     model = make_resnet(seed=6)
-    set_params(model, {"0.bias": np.zeros(6)})
+    set_params(model, {"conv2d.bias": np.zeros(6)})
     opt = ft.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     program = compile_resnet(model, opt)
     for k in range(3):
         program.train_step(*batch(8, seed=10 + k))
     sd = model.state_dict()
-    assert np.abs(sd["1.running_mean"]).max() > 1e-3 and np.abs(sd["1.running_var"] - 1).max() > 1e-3
+    assert np.abs(sd["batch_norm2d.running_mean"]).max() > 1e-3 and np.abs(sd["batch_norm2d.running_var"] - 1).max() > 1e-3
     for n in (3, 8, 13):
         x, y = batch(n, seed=20 + n)
         want = ref_predict(sd, x)
@@ -475,15 +475,15 @@ def _eval_with_flip(program, x, y):
 @needs_torch
 def test_predict_matches_torch_eval():
     model = make_resnet(seed=7)
-    set_params(model, {"0.bias": np.zeros(6)})
+    set_params(model, {"conv2d.bias": np.zeros(6)})
     program = compile_resnet(model, ft.optim.AdamW(model.parameters(), lr=0.01))
     for k in range(2):
         program.train_step(*batch(8, seed=30 + k))
     sd = model.state_dict()
     tm = torch_resnet({k: v for k, v in sd.items()})
     with torch.no_grad():
-        tm[1].running_mean.copy_(torch.tensor(sd["1.running_mean"], dtype=torch.float64))
-        tm[1].running_var.copy_(torch.tensor(sd["1.running_var"], dtype=torch.float64))
+        tm[1].running_mean.copy_(torch.tensor(sd["batch_norm2d.running_mean"], dtype=torch.float64))
+        tm[1].running_var.copy_(torch.tensor(sd["batch_norm2d.running_var"], dtype=torch.float64))
         tm.eval()
         x, _ = batch(5, seed=40)
         want = tm(torch.tensor(x, dtype=torch.float64)).numpy()
@@ -872,7 +872,7 @@ def test_checkpoint_keeps_scalar_shapes(tmp_path):
     path = str(tmp_path / "c.safetensors")
     ft.save(path, program)
     tensors = st.load_file(path)
-    assert tensors["1.num_batches_tracked"].shape == ()
+    assert tensors["batch_norm2d.num_batches_tracked"].shape == ()
     assert tensors["optimizer.state.0.step"].shape == ()
 
 
@@ -1342,7 +1342,7 @@ def test_nan_policy_skip_skips_nonfinite_gradients():
 
 def test_optimizer_of_another_model_is_refused():
     model, other = make_resnet(seed=18), make_resnet(seed=19)
-    with pytest.raises(ValueError, match=r"another model.*0\.weight"):
+    with pytest.raises(ValueError, match=r"another model.*conv2d\.weight"):
         compile_resnet(model, ft.optim.SGD(other.parameters(), lr=0.1))
     # holding the model's parameters and another model's too
     with pytest.raises(ValueError, match="another model"):
@@ -1360,13 +1360,13 @@ def test_optimizer_over_a_subset_updates_only_its_parameters():
     """As torch.optim: the parameters the optimizer does not hold get their gradient but keep their values."""
     model = make_resnet(seed=18)
     params = dict(model.named_parameters())
-    program = compile_resnet(model, ft.optim.SGD([p for n, p in params.items() if n != "11.bias"], lr=0.1))
+    program = compile_resnet(model, ft.optim.SGD([p for n, p in params.items() if n != "linear.bias"], lr=0.1))
     before = {n: p.numpy().copy() for n, p in params.items()}
     program.train_step(*batch(8))
     after = {n: p.numpy() for n, p in params.items()}
-    assert np.array_equal(after["11.bias"], before["11.bias"])
-    assert np.abs(params["11.bias"].grad.numpy()).max() > 0
-    assert not np.array_equal(after["11.weight"], before["11.weight"])
+    assert np.array_equal(after["linear.bias"], before["linear.bias"])
+    assert np.abs(params["linear.bias"].grad.numpy()).max() > 0
+    assert not np.array_equal(after["linear.weight"], before["linear.weight"])
 
 
 @pytest.mark.parametrize("lr", [float("nan"), float("inf"), -0.1])

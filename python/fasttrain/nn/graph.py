@@ -58,11 +58,16 @@ class Node:
     """A recorded op. `reduced`: a loss reduced over the batch, whose per-sample value is each sample's share of
     the batch's loss (their sum is the loss); such values combine only linearly. The targets' node has shape None
     until a loss (or compile's target_shape) fixes it."""
-    __slots__ = ("module", "inputs", "shape", "reduced")
+    __slots__ = ("module", "inputs", "shape", "reduced", "owner")
 
     def __init__(self, module, inputs, shape, reduced=False):
         self.module, self.inputs, self.reduced = module, list(inputs), reduced
         self.shape = None if shape is None else tuple(shape)
+        self.owner = callers[0] if callers else module  # the outermost module whose call recorded it
+
+
+# The modules whose forward is being traced, outermost first (nn.Model names its layers after them).
+callers = []
 
 
 def _layers():

@@ -3,6 +3,7 @@ state_dict keys. A layer called on a tensor runs eagerly (forward only); called
 on a symbolic ft.nn.Input it records a graph node, and model.compile() turns the
 graph into a C program that trains with no Python per step."""
 import math
+import re
 from collections import OrderedDict
 
 from .. import creation
@@ -170,11 +171,18 @@ class Module:
     _leaf = False
 
     def __call__(self, *inputs, **kwargs):
-        if self._leaf and any(isinstance(x, Symbolic) for x in inputs):
+        if not any(isinstance(x, Symbolic) for x in inputs):
+            return self.forward(*inputs, **kwargs)
+        if self._leaf:
             if kwargs:
                 raise TypeError(f"{type(self).__name__} takes no keyword arguments when traced")
             return self._symbolic(*inputs)
-        return self.forward(*inputs, **kwargs)
+        from .graph import callers
+        callers.append(self)
+        try:
+            return self.forward(*inputs, **kwargs)
+        finally:
+            callers.pop()
 
     def _symbolic(self, *inputs):
         from .graph import Symbolic as S
@@ -1024,11 +1032,16 @@ class Model(Module):
         if nodes[0] is not inputs.node or sum(n.module is None for n in nodes) != 1:
             raise ValueError("the output does not depend on exactly the given input")
         object.__setattr__(self, "_nodes", nodes)
-        index = 0
+        # Each layer (or block of layers called as one module) is named after its class as Keras does
+        # (conv2d, conv2d_1, ...), so state_dict keys read as the model: "block_1.conv1.weight".
+        counts = {}
         for n in nodes:
-            if n.module is not None and n.module not in self._modules.values():
-                setattr(self, str(index), n.module)
-                index += 1
+            owner = n.owner
+            if owner is None or isinstance(owner, Value) or owner in self._modules.values():
+                continue
+            base = re.sub(r"(?<=[a-z0-9])(?=[A-Z][a-z])", "_", type(owner).__name__).lower().lstrip("_")
+            k = counts[base] = counts.get(base, -1) + 1
+            setattr(self, base if k == 0 else f"{base}_{k}", owner)
 
     @property
     def input_shape(self):
