@@ -290,3 +290,18 @@ def test_matches_pytorch_with_state_dicts_both_ways(name):
     tgrads = {k: p.grad.numpy() for k, p in theirs.named_parameters()}
     for k, p in ours.named_parameters():
         np.testing.assert_allclose(p.grad.numpy(), tgrads[k], rtol=1e-4, atol=1e-6, err_msg=k)
+
+
+def test_model_graphs_name_layers_after_their_classes():
+    """nn.Model names each layer (or block called as one module) after its class, as Keras does."""
+    x = nn.Input((3, 8, 8))
+    h = nn.ReLU()(nn.BatchNorm2d(6)(nn.Conv2d(3, 6, 3, padding=1)(x)))
+    h = Block(6)(Block(6)(h))
+    model = nn.Model(x, nn.Linear(6, CLASSES)(nn.Flatten()(nn.AdaptiveAvgPool2d(1)(h))))
+    names = [n for n, _ in model.named_parameters()]
+    assert names == ["conv2d.weight", "conv2d.bias", "batch_norm2d.weight", "batch_norm2d.bias",
+                     "block.conv1.weight", "block.bn1.weight", "block.bn1.bias", "block.conv2.weight",
+                     "block.bn2.weight", "block.bn2.bias", "block_1.conv1.weight", "block_1.bn1.weight",
+                     "block_1.bn1.bias", "block_1.conv2.weight", "block_1.bn2.weight", "block_1.bn2.bias",
+                     "linear.weight", "linear.bias"]
+    assert "(re_lu)" not in repr(model) and "(relu): ReLU()" in repr(model)
