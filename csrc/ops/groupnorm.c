@@ -86,15 +86,17 @@ static ft_status check_vec(const char *op, const char *arg, const ft_tensor *t, 
 
 /* Adds the n values of run x, less shift, and their squares into the lanes. */
 static inline void add_run(const float *x, int64_t n, double shift, double *s, double *q) {
-    for (int64_t i0 = 0; i0 < n; i0 += LANES) {
-        double v[LANES];
-        int m = n - i0 < LANES ? (int)(n - i0) : LANES;
-        for (int k = 0; k < LANES; k++)
-            v[k] = k < m ? (double)x[i0 + k] - shift : 0.0;
-        for (int k = 0; k < LANES; k++)
-            s[k] += v[k];
-        for (int k = 0; k < LANES; k++)
-            q[k] += v[k] * v[k];
+    int64_t i0 = 0;
+    for (; i0 + LANES <= n; i0 += LANES) /* whole blocks: a branch-free body that vectorizes */
+        for (int k = 0; k < LANES; k++) {
+            double v = (double)x[i0 + k] - shift;
+            s[k] += v;
+            q[k] += v * v;
+        }
+    for (int k = 0; i0 + k < n; k++) {
+        double v = (double)x[i0 + k] - shift;
+        s[k] += v;
+        q[k] += v * v;
     }
 }
 
@@ -201,17 +203,17 @@ FT_VEC_CLONES static void backward_group(const gn_dims *d, float *dx, double *pa
         for (int64_t c = 0; c < Cg; c++) {
             const float *xr = xn + (c0 + c) * S, *gr = gn + (c0 + c) * S;
             double sa[LANES] = {0}, sb[LANES] = {0};
-            for (int64_t p0 = 0; p0 < S; p0 += LANES) {
-                double u[LANES], v[LANES];
-                int m = S - p0 < LANES ? (int)(S - p0) : LANES;
+            int64_t p0 = 0;
+            for (; p0 + LANES <= S; p0 += LANES)
                 for (int k = 0; k < LANES; k++) {
-                    u[k] = k < m ? (double)gr[p0 + k] : 0.0;
-                    v[k] = k < m ? (double)xr[p0 + k] - mu : 0.0;
+                    double u = gr[p0 + k];
+                    sa[k] += u;
+                    sb[k] += u * ((double)xr[p0 + k] - mu);
                 }
-                for (int k = 0; k < LANES; k++)
-                    sa[k] += u[k];
-                for (int k = 0; k < LANES; k++)
-                    sb[k] += u[k] * v[k];
+            for (int k = 0; p0 + k < S; k++) {
+                double u = gr[p0 + k];
+                sa[k] += u;
+                sb[k] += u * ((double)xr[p0 + k] - mu);
             }
             a[c] = lanes_total(sa);
             bb[c] = lanes_total(sb);
