@@ -42,10 +42,14 @@ input twice (a two-pass batch or layer norm over a tensor larger than the cache)
   relu fwd 8 B/elem, relu bwd (dy, y -> dx) 12; batch_norm (training) fwd 8, bwd (dy, x -> dx) 12;
   max_pool2d 2x2 fwd (x -> y, indices) 7 B per input element, bwd (dy, indices -> dx) 7; add 12;
   cross_entropy_fused (logits, target -> loss, dlogits: softmax + CE forward and its gradient in one call)
-  8 B/elem + 8 B/row; layer_norm fwd 8, bwd (dy, x -> dx) 12.
+  8 B/elem + 8 B/row; layer_norm fwd 8, bwd (dy, x -> dx) 12; group_norm (NCHW, 8 groups) fwd 8, bwd
+  (dy, x -> dx, dweight, dbias) 12; embedding fwd (ids -> rows) 8 B per id + 8 B per output element (the
+  table rows read, the output written), bwd (dout, ids -> dense dweight) 4 B per dout element + 8 B per id +
+  4 B per table element (the dense gradient written once).
   torch: relu / threshold_backward, F.batch_norm / native_batch_norm_backward, max_pool2d_with_indices and
   its backward, torch.add, _log_softmax + nll_loss + nll_loss_backward + _log_softmax_backward_data (the
-  four ops F.cross_entropy + backward run), native_layer_norm and its backward.
+  four ops F.cross_entropy + backward run), native_layer_norm and its backward, native_group_norm and its
+  backward, F.embedding and embedding_dense_backward.
 
 Outputs are allocated by each call, as a user calls the ops: fasttrain's outputs passed as None, served by its
 caching allocator; torch's plain calls, with glibc's malloc made to keep freed memory (keep_freed_memory:
@@ -423,6 +427,35 @@ def memory_cases(N, C, H, rows, D, classes, dev="cpu"):
                 dls = aten.nll_loss_backward(one, ls, ttg, None, 1, -100, total)
                 return loss, aten._log_softmax_backward_data(dls, ls, 1, torch.float32)
             theirs[f"cross_entropy_fused_{r}x{k}"] = ce
+
+    # group norm over the (N, C, H, H) input in NCHW, 8 groups
+    gx, gdy = ft_plain(x, dev), ft_plain(dy, dev)
+    _, gmean, grstd = ft.ops.group_norm_forward(None, None, None, gx, w, b, 8)
+    ours[f"group_norm_g8_{shape}_fwd"] = (8 * n, lambda: ft.ops.group_norm_forward(None, None, None, gx, w, b, 8))
+    ours[f"group_norm_g8_{shape}_bwd"] = (
+        12 * n, lambda: ft.ops.group_norm_backward(None, None, None, gdy, gx, gmean, grstd, w, 8))
+    # embedding: GPT-2's vocabulary, (ids_n, 128) ids
+    V, E, ids_n, ids_t = 50257, 256, N, 128
+    table, eids, edy = randn(V, E), RNG.integers(0, V, (ids_n, ids_t)), randn(ids_n, ids_t, E)
+    ftable, fids, fedy = ft_plain(table, dev), ft_plain(eids.astype(np.int64), dev), ft_plain(edy, dev)
+    T = ids_n * ids_t
+    ours[f"embedding_{V}x{E}_ids{ids_n}x{ids_t}_fwd"] = (
+        8 * T + 8 * T * E, lambda: ft.ops.embedding_forward(None, fids, ftable))
+    ours[f"embedding_{V}x{E}_ids{ids_n}x{ids_t}_bwd"] = (
+        4 * T * E + 8 * T + 4 * V * E, lambda: ft.ops.embedding_backward(None, fedy, fids, V))
+
+    if torch is not None:
+        tgx, tgdy = th(x, dev=dev), th(dy, dev=dev)
+        _, tgmean, tgrstd = aten.native_group_norm(tgx, tw, tb, N, C, H * H, 8, 1e-5)
+        ttable, tids, tedy = th(table, dev=dev), th(eids.astype(np.int64), dev=dev), th(edy, dev=dev)
+        theirs.update({
+            f"group_norm_g8_{shape}_fwd": lambda: aten.native_group_norm(tgx, tw, tb, N, C, H * H, 8, 1e-5),
+            f"group_norm_g8_{shape}_bwd": lambda: aten.native_group_norm_backward(
+                tgdy, tgx, tgmean, tgrstd, tw, N, C, H * H, 8, [True, True, True]),
+            f"embedding_{V}x{E}_ids{ids_n}x{ids_t}_fwd": lambda: F.embedding(tids, ttable),
+            f"embedding_{V}x{E}_ids{ids_n}x{ids_t}_bwd": lambda: aten.embedding_dense_backward(
+                tedy, tids, V, -1, False),
+        })
 
     # in-cache problems: several calls per sample
     return [Case(name, "GB/s", nbytes, fn, theirs.get(name), max(1, int(64e6 // nbytes)))

@@ -230,6 +230,9 @@ extern "C" __attribute__((visibility("default"))) const ft_cuda_api *ft_cuda_ope
     ft_cuda_register_conv(&ops);
     ft_cuda_register_linear(&ops);
     ft_cuda_register_norm(&ops);
+    ft_cuda_register_groupnorm(&ops);
+    ft_cuda_register_embedding(&ops);
+    ft_cuda_register_upsample(&ops);
     ft_cuda_register_optim(&ops);
     ft_cuda_register_pool(&ops);
     ft_cuda_register_pointwise(&ops);

@@ -699,6 +699,84 @@ def test_layer_norm(shape, norm, affine):
         assert_close(dg[2], dc[2], 1e-5, 1e-5)
 
 
+GN_CASES = [("contiguous", (4, 6, 5, 7), 3), ("nhwc", (4, 6, 5, 7), 3), ("contiguous", (8, 64, 16, 16), 8),
+            ("nhwc", (8, 64, 16, 16), 8), ("contiguous", (5, 12), 4), ("contiguous", (3, 8, 33), 1),
+            ("nhwc", (2, 32, 1, 1), 32)]
+
+
+@pytest.mark.parametrize("affine", [True, False])
+@pytest.mark.parametrize("layout,shape,G", GN_CASES, ids=str)
+def test_group_norm(layout, shape, G, affine):
+    C = shape[1]
+    x = rng(190).normal(size=shape) * 3 + 10  # a large mean checks the variance's accuracy
+    xc, xg = pair(x, layout)
+    (wc, wg), (bc, bg) = (pair(rng(191).normal(size=C)), pair(rng(192).normal(size=C))) if affine else \
+        ((None, None), (None, None))
+    oc, mc, rc = ops.group_norm_forward(None, None, None, xc, wc, bc, G)
+    og, mg, rg = ops.group_norm_forward(None, None, None, xg, wg, bg, G)
+    assert_close(og, oc, 1e-5, 1e-5)
+    assert_close(mg, mc, 1e-6, 0)
+    assert_close(rg, rc, 1e-5, 0)
+    dyc, dyg = pair(rng(193).normal(size=shape), layout)
+    skip = None if affine else False
+    dc = ops.group_norm_backward(None, skip, skip, dyc, xc, mc, rc, wc, G)
+    dg = ops.group_norm_backward(None, skip, skip, dyg, xg, mg, rg, wg, G)
+    assert_close(dg[0], dc[0], 1e-4, 1e-5)
+    if affine:
+        assert_close(dg[1], dc[1], 1e-5, 1e-5)
+        assert_close(dg[2], dc[2], 1e-5, 1e-5)
+        # accumulation adds to every gradient; in place writes the input gradient over dout
+        held = [pair(rng(194 + i).normal(size=a.shape), layout if i == 0 else "contiguous") for i, a in
+                enumerate(dc)]
+        ops.group_norm_backward(*(h[0] for h in held), dyc, xc, mc, rc, wc, G, accumulate=True)
+        ops.group_norm_backward(*(h[1] for h in held), dyg, xg, mg, rg, wg, G, accumulate=True)
+        for hc, hg in held:
+            assert_close(hg, hc, 1e-4, 1e-5)
+        ops.group_norm_backward(dyg, False, False, dyg, xg, mg, rg, wg, G)
+        assert_close(dyg, dc[0], 1e-4, 1e-5)
+
+
+@pytest.mark.parametrize("V,D,shape", [(11, 6, (3, 5)), (50257, 256, (8, 128)), (7, 33, (200,)), (5, 4, ())],
+                         ids=str)
+def test_embedding(V, D, shape):
+    wc, wg = pair(rng(200).normal(size=(V, D)))
+    ids = rng(201).integers(0, min(V, 40), shape)  # repeats: rows that sum several positions
+    ic, ig = pair(ids, dtype=ft.int64)
+    assert_same(ops.embedding_forward(None, ig, wg), ops.embedding_forward(None, ic, wc))
+    dyc, dyg = pair(rng(202).normal(size=shape + (D,)))
+    for pad in (None, 2):  # the rows of each id add in position order on both: the same bits
+        assert_same(ops.embedding_backward(None, dyg, ig, V, padding_idx=pad),
+                    ops.embedding_backward(None, dyc, ic, V, padding_idx=pad))
+    hc, hg = pair(rng(203).normal(size=(V, D)))
+    ops.embedding_backward(hc, dyc, ic, padding_idx=1, accumulate=True)
+    ops.embedding_backward(hg, dyg, ig, padding_idx=1, accumulate=True)
+    assert_same(hg, hc)
+
+
+def test_embedding_out_of_range_ids_read_as_on_the_cpu():
+    wc, wg = pair(rng(204).normal(size=(6, 3)))
+    ic, ig = pair(np.array([[0, 5, 2], [7, -1, 1]]), dtype=ft.int64)
+    same_error(lambda: ops.embedding_forward(None, ic, wc), lambda: ops.embedding_forward(None, ig, wg), IndexError)
+    dyc, dyg = pair(np.ones((2, 3, 3)))
+    same_error(lambda: ops.embedding_backward(None, dyc, ic, 6), lambda: ops.embedding_backward(None, dyg, ig, 6),
+               IndexError)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("scale", [(2, 2), (3, 1), (2, 3)], ids=str)
+def test_upsample_nearest2d(layout, scale):
+    xc, xg = pair(rng(205).normal(size=(2, 5, 6, 7)), layout)
+    oc, og = ops.upsample_nearest2d_forward(None, xc, scale), ops.upsample_nearest2d_forward(None, xg, scale)
+    assert_same(og, oc)
+    dyc, dyg = pair(rng(206).normal(size=tuple(oc.shape)), layout)
+    assert_same(ops.upsample_nearest2d_backward(None, dyg, scale), ops.upsample_nearest2d_backward(None, dyc, scale))
+    hc, hg = pair(rng(207).normal(size=(2, 5, 6, 7)), layout)
+    ops.upsample_nearest2d_backward(hc, dyc, scale, accumulate=True)
+    ops.upsample_nearest2d_backward(hg, dyg, scale, accumulate=True)
+    assert_same(hg, hc)
+    assert_same(F.interpolate(xg, scale_factor=scale), F.interpolate(xc, scale_factor=scale))
+
+
 # ================================================================ convolution, linear, bias gradients
 
 CONV_CASES = [
@@ -834,6 +912,9 @@ def test_mixed_devices_are_refused_naming_both():
         lambda: ops.avg_pool2d_backward(c, g, None, 1),
         lambda: ops.batch_norm_forward(None, None, None, g, ft.ones(3), ft.zeros(3)),
         lambda: ops.layer_norm_forward(None, None, None, g, ft.ones(4), None, (4,)),
+        lambda: ops.group_norm_forward(None, None, None, g, ft.ones(3), None, 3),
+        lambda: ops.embedding_forward(None, gt, ft.ones(4, 3)),
+        lambda: ops.upsample_nearest2d_backward(c, g, 2),
         lambda: ops.conv2d_forward(None, g, ft.zeros(5, 3, 3, 3)),
         lambda: ops.conv2d_forward(None, c, ft.zeros(5, 3, 3, 3, device="cuda")),
         lambda: ops.conv2d_forward(None, g, ft.zeros(5, 3, 3, 3, device="cuda"), ft.zeros(5)),
@@ -879,6 +960,12 @@ def test_outputs_allocated_by_the_bindings_are_on_the_device():
         "layer_norm_forward": lambda x4, **_: ops.layer_norm_forward(None, None, None, x4.contiguous(), None, None,
                                                                      (6,)),
         "max_pool2d_forward": lambda x4, **_: ops.max_pool2d_forward(None, None, x4, 2),
+        "group_norm_forward": lambda x4, v, **_: ops.group_norm_forward(None, None, None, x4, v, v, 3),
+        "group_norm_backward": lambda x4, v, **_: ops.group_norm_backward(
+            None, None, None, x4, x4, *ops.group_norm_forward(None, None, None, x4, None, None, 1)[1:], v, 1),
+        "embedding_backward": lambda t, x2, **_: ops.embedding_backward(None, x2.reshape(1, 5, 7),
+                                                                         t[:1, :1, :5].reshape(1, 5), 9),
+        "upsample_nearest2d_forward": lambda x4, **_: ops.upsample_nearest2d_forward(None, x4, 2),
         "cross_entropy_forward": lambda x4, t, **_: ops.cross_entropy_forward(None, None, x4, t),
         "mse_loss_forward": lambda x4, **_: ops.mse_loss_forward(None, x4, x4),
         "concat_backward": lambda x4, **_: ops.concat_backward(None, x4, [1, 2], 1),

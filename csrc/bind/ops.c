@@ -39,9 +39,12 @@
 #include "ops/linear.h"
 #include "ops/dropout.h"
 #include "ops/elementwise.h"
+#include "ops/embedding.h"
+#include "ops/groupnorm.h"
 #include "ops/loss.h"
 #include "ops/pool.h"
 #include "ops/softmax.h"
+#include "ops/upsample.h"
 
 /* ======================= shared helpers ======================= */
 
@@ -1313,6 +1316,220 @@ static PyObject *py_layer_norm_backward(PyObject *m, PyObject *args, PyObject *k
     return finish(s, o, 3);
 }
 
+/* ======================= group norm, embedding, upsampling ======================= */
+
+static PyObject *py_group_norm_forward(PyObject *m, PyObject *args, PyObject *kw) {
+    PyObject *o_out, *o_mean, *o_rstd, *o_inp, *o_w, *o_b;
+    long long groups;
+    double eps = 1e-5;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOL|d:group_norm_forward",
+                                     KW("out", "save_mean", "save_rstd", "inp", "weight", "bias", "num_groups",
+                                        "eps"),
+                                     &o_out, &o_mean, &o_rstd, &o_inp, &o_w, &o_b, &groups, &eps))
+        return NULL;
+    ft_module_state *st = mstate(m);
+    const ft_tensor *inp, *w, *b;
+    out_arg o[3] = {{0}};
+    if (parse_in(st, o_inp, "inp", false, &inp) < 0 || parse_in(st, o_w, "weight", true, &w) < 0 ||
+        parse_in(st, o_b, "bias", true, &b) < 0 || parse_out(st, o_out, "out", false, &o[0]) < 0 ||
+        parse_out(st, o_mean, "save_mean", true, &o[1]) < 0 || parse_out(st, o_rstd, "save_rstd", true, &o[2]) < 0)
+        return NULL;
+    /* (N, G); a bad group count allocates nothing and is reported by the op */
+    int64_t NG[2] = {inp->ndim ? inp->shape[0] : 0, groups > 0 ? groups : 0};
+    if (alloc_like(st, &o[0], inp) < 0 || alloc_on(st, &o[1], inp, 2, NG, FT_FLOAT32) < 0 ||
+        alloc_on(st, &o[2], inp, 2, NG, FT_FLOAT32) < 0) {
+        drop_outs(o, 3);
+        return NULL;
+    }
+    ft_status s;
+    CALL(s, big(inp), ft_group_norm_forward(o[0].t, o[1].t, o[2].t, inp, w, b, groups, eps));
+    return finish(s, o, 3);
+}
+
+static PyObject *py_group_norm_backward(PyObject *m, PyObject *args, PyObject *kw) {
+    PyObject *o_dinp, *o_dw, *o_db, *o_dout, *o_inp, *o_mean, *o_rstd, *o_w;
+    long long groups;
+    int accumulate = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOOL|p:group_norm_backward",
+                                     KW("dinp", "dweight", "dbias", "dout", "inp", "save_mean", "save_rstd",
+                                        "weight", "num_groups", "accumulate"),
+                                     &o_dinp, &o_dw, &o_db, &o_dout, &o_inp, &o_mean, &o_rstd, &o_w, &groups,
+                                     &accumulate))
+        return NULL;
+    ft_module_state *st = mstate(m);
+    const ft_tensor *dout, *inp, *w, *mean, *rstd;
+    out_arg o[3] = {{0}};
+    if (parse_in(st, o_dout, "dout", false, &dout) < 0 || parse_in(st, o_inp, "inp", false, &inp) < 0 ||
+        parse_in(st, o_mean, "save_mean", false, &mean) < 0 || parse_in(st, o_rstd, "save_rstd", false, &rstd) < 0 ||
+        parse_in(st, o_w, "weight", true, &w) < 0 || parse_out(st, o_dinp, "dinp", true, &o[0]) < 0 ||
+        parse_out(st, o_dw, "dweight", true, &o[1]) < 0 || parse_out(st, o_db, "dbias", true, &o[2]) < 0)
+        return NULL;
+    int64_t C = inp->ndim >= 2 ? inp->shape[1] : 0;
+    if (alloc_like(st, &o[0], inp) < 0 || alloc_on(st, &o[1], inp, 1, &C, FT_FLOAT32) < 0 ||
+        alloc_on(st, &o[2], inp, 1, &C, FT_FLOAT32) < 0 || check_accumulate(o, 3, accumulate,
+                                                                            "group_norm_backward") < 0) {
+        drop_outs(o, 3);
+        return NULL;
+    }
+    ft_status s;
+    CALL(s, big(inp), ft_group_norm_backward(o[0].t, o[1].t, o[2].t, dout, inp, mean, rstd, w, groups,
+                                             ALL_ACC(accumulate)));
+    return finish(s, o, 3);
+}
+
+/* padding_idx: None (-1: none) or a row, negative counting from the end (PyTorch's). */
+static int parse_padding(PyObject *obj, int64_t V, const char *op, int64_t *p) {
+    *p = -1;
+    if (obj == Py_None)
+        return 0;
+    long long v = PyLong_AsLongLong(obj);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    if (v < -V || v >= V) {
+        PyErr_Format(PyExc_ValueError, "%s: padding_idx must be within the %lld rows of the weight, got %lld", op,
+                     (long long)V, v);
+        return -1;
+    }
+    *p = v < 0 ? v + V : v;
+    return 0;
+}
+
+static PyObject *py_embedding_forward(PyObject *m, PyObject *args, PyObject *kw) {
+    PyObject *o_out, *o_ids, *o_w, *o_pad = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|O:embedding_forward", KW("out", "ids", "weight", "padding_idx"),
+                                     &o_out, &o_ids, &o_w, &o_pad))
+        return NULL;
+    ft_module_state *st = mstate(m);
+    const ft_tensor *ids, *w;
+    out_arg out;
+    int64_t pad;
+    if (parse_in(st, o_ids, "ids", false, &ids) < 0 || parse_in(st, o_w, "weight", false, &w) < 0 ||
+        parse_out(st, o_out, "out", false, &out) < 0)
+        return NULL;
+    ft_status s = ft_check_ndim("embedding", "weight", w, 2, "(V, D)");
+    if (s != FT_OK)
+        return ft_raise(s);
+    if (parse_padding(o_pad, w->shape[0], "embedding", &pad) < 0)
+        return NULL;
+    if (needs_alloc(&out)) {
+        if (ids->ndim >= FT_MAX_DIMS)
+            return PyErr_Format(PyExc_ValueError, "embedding: ids may have at most %d dimensions, got %d",
+                                FT_MAX_DIMS - 1, ids->ndim);
+        int64_t shape[FT_MAX_DIMS];
+        memcpy(shape, ids->shape, (size_t)ids->ndim * sizeof *shape);
+        shape[ids->ndim] = w->shape[1];
+        if (alloc_on(st, &out, w, ids->ndim + 1, shape, FT_FLOAT32) < 0)
+            return NULL;
+    }
+    CALL(s, big(out.t), ft_embedding_forward(out.t, ids, w, pad));
+    return finish(s, &out, 1);
+}
+
+static PyObject *py_embedding_backward(PyObject *m, PyObject *args, PyObject *kw) {
+    PyObject *o_dw, *o_dout, *o_ids, *o_num = Py_None, *o_pad = Py_None;
+    int accumulate = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OOp:embedding_backward",
+                                     KW("dweight", "dout", "ids", "num_weights", "padding_idx", "accumulate"),
+                                     &o_dw, &o_dout, &o_ids, &o_num, &o_pad, &accumulate))
+        return NULL;
+    ft_module_state *st = mstate(m);
+    const ft_tensor *dout, *ids;
+    out_arg dw;
+    int64_t pad;
+    if (parse_in(st, o_dout, "dout", false, &dout) < 0 || parse_in(st, o_ids, "ids", false, &ids) < 0 ||
+        parse_out(st, o_dw, "dweight", false, &dw) < 0)
+        return NULL;
+    if (needs_alloc(&dw)) {
+        long long V = o_num == Py_None ? -1 : PyLong_AsLongLong(o_num);
+        if (V == -1 && PyErr_Occurred())
+            return NULL;
+        if (V < 0 || dout->ndim < 1)
+            return PyErr_Format(PyExc_ValueError, "embedding_backward: num_weights (a non-negative int) is needed "
+                                                  "to allocate dweight, and dout must have a last dimension D");
+        int64_t shape[2] = {V, dout->shape[dout->ndim - 1]};
+        if (alloc_on(st, &dw, dout, 2, shape, FT_FLOAT32) < 0)
+            return NULL;
+    }
+    if (check_accumulate(&dw, 1, accumulate, "embedding_backward") < 0 ||
+        parse_padding(o_pad, dw.t->ndim ? dw.t->shape[0] : 0, "embedding_backward", &pad) < 0) {
+        drop_outs(&dw, 1);
+        return NULL;
+    }
+    ft_status s;
+    CALL(s, big(dw.t) || big(dout), ft_embedding_backward(dw.t, dout, ids, pad, accumulate));
+    return finish(s, &dw, 1);
+}
+
+static int parse_scales(PyObject *obj, const char *op, int64_t v[2]) {
+    if (parse_pair(obj, "scale_factor", NULL, v) < 0)
+        return -1;
+    if (v[0] < 1 || v[1] < 1) {
+        PyErr_Format(PyExc_ValueError, "%s: the scale factors must be positive integers, got (%lld, %lld)", op,
+                     (long long)v[0], (long long)v[1]);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *py_upsample_nearest2d_forward(PyObject *m, PyObject *args, PyObject *kw) {
+    PyObject *o_out, *o_inp, *o_scale;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO:upsample_nearest2d_forward", KW("out", "inp", "scale_factor"),
+                                     &o_out, &o_inp, &o_scale))
+        return NULL;
+    ft_module_state *st = mstate(m);
+    const ft_tensor *inp;
+    out_arg out;
+    int64_t sc[2];
+    if (parse_scales(o_scale, "upsample_nearest2d", sc) < 0 || parse_in(st, o_inp, "inp", false, &inp) < 0 ||
+        parse_out(st, o_out, "out", false, &out) < 0)
+        return NULL;
+    ft_status s;
+    if (needs_alloc(&out)) {
+        if ((s = ft_check_ndim("upsample_nearest2d", "input", inp, 4, "(N, C, H, W)")) != FT_OK)
+            return ft_raise(s);
+        int64_t shape[4] = {inp->shape[0], inp->shape[1], inp->shape[2] * sc[0], inp->shape[3] * sc[1]};
+        if (alloc_out(st, &out, inp, 4, shape, inp->dtype) < 0)
+            return NULL;
+    }
+    CALL(s, big(out.t), ft_upsample_nearest2d_forward(out.t, inp, sc[0], sc[1]));
+    return finish(s, &out, 1);
+}
+
+static PyObject *py_upsample_nearest2d_backward(PyObject *m, PyObject *args, PyObject *kw) {
+    PyObject *o_dinp, *o_dout, *o_scale;
+    int accumulate = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|p:upsample_nearest2d_backward",
+                                     KW("dinp", "dout", "scale_factor", "accumulate"), &o_dinp, &o_dout, &o_scale,
+                                     &accumulate))
+        return NULL;
+    ft_module_state *st = mstate(m);
+    const ft_tensor *dout;
+    out_arg dinp;
+    int64_t sc[2];
+    if (parse_scales(o_scale, "upsample_nearest2d_backward", sc) < 0 ||
+        parse_in(st, o_dout, "dout", false, &dout) < 0 || parse_out(st, o_dinp, "dinp", false, &dinp) < 0)
+        return NULL;
+    ft_status s;
+    if (needs_alloc(&dinp)) {
+        if ((s = ft_check_ndim("upsample_nearest2d_backward", "grad_output", dout, 4, "(N, C, H, W)")) != FT_OK)
+            return ft_raise(s);
+        if (dout->shape[2] % sc[0] || dout->shape[3] % sc[1])
+            return PyErr_Format(PyExc_ValueError, "upsample_nearest2d_backward: grad_output's size %lld x %lld is "
+                                                  "not a multiple of the scale factors (%lld, %lld)",
+                                (long long)dout->shape[2], (long long)dout->shape[3], (long long)sc[0],
+                                (long long)sc[1]);
+        int64_t shape[4] = {dout->shape[0], dout->shape[1], dout->shape[2] / sc[0], dout->shape[3] / sc[1]};
+        if (alloc_out(st, &dinp, dout, 4, shape, dout->dtype) < 0)
+            return NULL;
+    }
+    if (check_accumulate(&dinp, 1, accumulate, "upsample_nearest2d_backward") < 0) {
+        drop_outs(&dinp, 1);
+        return NULL;
+    }
+    CALL(s, big(dout), ft_upsample_nearest2d_backward(dinp.t, dout, sc[0], sc[1], accumulate));
+    return finish(s, &dinp, 1);
+}
+
 static PyMethodDef ops_methods[] = {
     {"conv2d_forward", FN(py_conv2d_forward), METH_VARARGS | METH_KEYWORDS,
      "conv2d_forward(out, inp, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, act=None, alpha=0.0, "
@@ -1380,6 +1597,16 @@ static PyMethodDef ops_methods[] = {
     KWFN(mse_loss_forward, "mse_loss_forward(loss, inp, target, reduction='mean') -> loss"),
     KWFN(mse_loss_backward, "mse_loss_backward(dinp, dtarget, dloss, inp, target, reduction='mean', "
                             "accumulate_inp=False, accumulate_target=False) -> (dinp, dtarget)"),
+    KWFN(group_norm_forward, "group_norm_forward(out, save_mean, save_rstd, inp, weight, bias, num_groups, "
+                             "eps=1e-5) -> (out, save_mean, save_rstd)"),
+    KWFN(group_norm_backward, "group_norm_backward(dinp, dweight, dbias, dout, inp, save_mean, save_rstd, weight, "
+                              "num_groups, accumulate=False) -> (dinp, dweight, dbias)"),
+    KWFN(embedding_forward, "embedding_forward(out, ids, weight, padding_idx=None) -> out"),
+    KWFN(embedding_backward, "embedding_backward(dweight, dout, ids, num_weights=None, padding_idx=None, "
+                             "accumulate=False) -> dweight"),
+    KWFN(upsample_nearest2d_forward, "upsample_nearest2d_forward(out, inp, scale_factor) -> out"),
+    KWFN(upsample_nearest2d_backward,
+         "upsample_nearest2d_backward(dinp, dout, scale_factor, accumulate=False) -> dinp"),
     {NULL, NULL, 0, NULL},
 };
 

@@ -19,11 +19,14 @@
 #include "ops/conv2d.h"
 #include "ops/dropout.h"
 #include "ops/elementwise.h"
+#include "ops/embedding.h"
+#include "ops/groupnorm.h"
 #include "ops/layernorm.h"
 #include "ops/linear.h"
 #include "ops/loss.h"
 #include "ops/pool.h"
 #include "ops/softmax.h"
+#include "ops/upsample.h"
 
 /* ---- optim/optim.h on a CUDA device ----
  * An optimizer's (or EMA's) flat buffers are cut into segments, one per
@@ -139,6 +142,26 @@ struct ft_cuda_ops {
     ft_status (*layernorm_backward)(const ft_tensor *dinp, const ft_tensor *dweight, const ft_tensor *dbias,
                                     const ft_tensor *dout, const ft_tensor *inp, const ft_tensor *weight,
                                     const ft_tensor *save_mean, const ft_tensor *save_rstd, int64_t norm_size);
+    /* groupnorm.h: the backward writes or adds each gradient as acc says */
+    ft_status (*group_norm_forward)(const ft_tensor *out, const ft_tensor *save_mean, const ft_tensor *save_rstd,
+                                    const ft_tensor *inp, const ft_tensor *weight, const ft_tensor *bias,
+                                    int64_t groups, double eps);
+    ft_status (*group_norm_backward)(const ft_tensor *dinp, const ft_tensor *dweight, const ft_tensor *dbias,
+                                     const ft_tensor *dout, const ft_tensor *inp, const ft_tensor *save_mean,
+                                     const ft_tensor *save_rstd, const ft_tensor *weight, int64_t groups,
+                                     ft_grad_acc acc);
+    /* embedding.h; embedding_first_bad_id: *pos = the first position of ids (T, int64) whose id is outside
+     * [0, V) and *value that id, or *pos = -1; it waits for the answer */
+    ft_status (*embedding_first_bad_id)(const ft_tensor *ids, int64_t V, int64_t *pos, int64_t *value);
+    ft_status (*embedding_forward)(const ft_tensor *out, const ft_tensor *ids, const ft_tensor *weight,
+                                   int64_t padding_idx);
+    ft_status (*embedding_backward)(const ft_tensor *dweight, const ft_tensor *dout, const ft_tensor *ids,
+                                    int64_t padding_idx, bool accumulate);
+    /* upsample.h */
+    ft_status (*upsample_nearest2d_forward)(const ft_tensor *out, const ft_tensor *inp, int64_t scale_h,
+                                            int64_t scale_w);
+    ft_status (*upsample_nearest2d_backward)(const ft_tensor *dinp, const ft_tensor *dout, int64_t scale_h,
+                                             int64_t scale_w, bool accumulate);
     /* reduce.h: db (C) = the channel sums of dout */
     ft_status (*bias_grad)(const ft_tensor *db, const ft_tensor *dout);
     /* conv2d.h: cuDNN */

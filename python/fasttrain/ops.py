@@ -32,6 +32,8 @@ __all__ = [
     "adaptive_max_pool2d_forward", "adaptive_max_pool2d_backward",
     "softmax_forward", "softmax_backward", "log_softmax_forward", "log_softmax_backward",
     "cross_entropy_forward", "cross_entropy_backward", "mse_loss_forward", "mse_loss_backward",
+    "group_norm_forward", "group_norm_backward", "embedding_forward", "embedding_backward",
+    "upsample_nearest2d_forward", "upsample_nearest2d_backward",
 ]
 
 

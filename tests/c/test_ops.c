@@ -1,8 +1,9 @@
 /* The CPU ops of fasttrain's own loops under the sanitizers: the elementary
  * functions of kernels/activation.h against libm in double, the vectorised
  * loops against the scalar kernels (bitwise), every layout path of the
- * pointwise engine, pooling, softmax and the losses on odd shapes, strides,
- * bfloat16 and empty tensors, and the error paths. */
+ * pointwise engine, pooling, softmax, the losses, group norm, embedding and
+ * upsampling on odd shapes, strides, bfloat16 and empty tensors, and the
+ * error paths. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,9 +15,12 @@
 #include "ops/activation.h"
 #include "ops/dropout.h"
 #include "ops/elementwise.h"
+#include "ops/embedding.h"
+#include "ops/groupnorm.h"
 #include "ops/loss.h"
 #include "ops/pool.h"
 #include "ops/softmax.h"
+#include "ops/upsample.h"
 
 #define SHAPE(...) ((int64_t[]){__VA_ARGS__})
 
@@ -345,11 +349,127 @@ static void test_softmax_and_losses(void) {
     ft_tensor_release(&g1), ft_tensor_release(&x0), ft_tensor_release(&t0);
 }
 
+/* ---- group norm, embedding, nearest upsampling ---- */
+
+/* |a - b| <= tol (1 + |b|) everywhere. */
+static bool close_values(const ft_tensor *a, const ft_tensor *b, float tol) {
+    int64_t idx[FT_MAX_DIMS] = {0};
+    if (!numel(a))
+        return true;
+    do {
+        float x = get(a, idx), y = get(b, idx);
+        if (!(fabsf(x - y) <= tol * (1.0f + fabsf(y)))) {
+            fprintf(stderr, "  differ: %.9g vs %.9g\n", x, y);
+            return false;
+        }
+    } while (next(idx, a));
+    return true;
+}
+
+static void test_group_norm(void) {
+    const int64_t *s = SHAPE(2, 6, 3, 5);
+    ft_tensor x = make(4, s, FT_FLOAT32), xl = make_nhwc(s, FT_FLOAT32), y = make(4, s, FT_FLOAT32),
+              yl = make_nhwc(s, FT_FLOAT32), dx = make(4, s, FT_FLOAT32), dxl = make_nhwc(s, FT_FLOAT32),
+              w = make(1, SHAPE(6), FT_FLOAT32), b = make(1, SHAPE(6), FT_FLOAT32), m = make(2, SHAPE(2, 3), FT_FLOAT32),
+              r = make(2, SHAPE(2, 3), FT_FLOAT32), ml = make(2, SHAPE(2, 3), FT_FLOAT32),
+              rl = make(2, SHAPE(2, 3), FT_FLOAT32), dw = make(1, SHAPE(6), FT_FLOAT32),
+              db = make(1, SHAPE(6), FT_FLOAT32), dw2 = make(1, SHAPE(6), FT_FLOAT32),
+              db2 = make(1, SHAPE(6), FT_FLOAT32);
+    fill_random(&x), fill_random(&w), fill_random(&b);
+    copy_values(&xl, &x);
+    CHECK_OK(ft_group_norm_forward(&y, &m, &r, &x, &w, &b, 3, 1e-5));
+    CHECK_OK(ft_group_norm_forward(&yl, &ml, &rl, &xl, &w, &b, 3, 1e-5));
+    CHECK(close_values(&yl, &y, 1e-5f) && close_values(&ml, &m, 1e-6f) && close_values(&rl, &r, 1e-5f));
+    /* without weight and bias each group of the output has mean 0 and variance 1 */
+    CHECK_OK(ft_group_norm_forward(&dx, NULL, NULL, &x, NULL, NULL, 2, 1e-5));
+    double sum = 0, sq = 0;
+    for (int i = 0; i < 45; i++) {
+        float v = ((float *)ft_tensor_data(&dx))[i];
+        sum += v, sq += (double)v * v;
+    }
+    CHECK(fabs(sum / 45) < 1e-5 && fabs(sq / 45 - 1) < 1e-3);
+    CHECK_OK(ft_group_norm_backward(&dx, &dw, &db, &y, &x, &m, &r, &w, 3, (ft_grad_acc){false, false, false}));
+    CHECK_OK(ft_group_norm_backward(&dxl, &dw2, &db2, &yl, &xl, &m, &r, &w, 3, (ft_grad_acc){false, false, false}));
+    CHECK(close_values(&dxl, &dx, 1e-4f) && close_values(&dw2, &dw, 1e-4f) && close_values(&db2, &db, 1e-4f));
+    /* accumulating twice gives twice the parameter gradients */
+    CHECK_OK(ft_group_norm_backward(NULL, &dw2, &db2, &yl, &xl, &m, &r, &w, 3, (ft_grad_acc){false, true, true}));
+    for (int c = 0; c < 6; c++) {
+        float a = ((float *)ft_tensor_data(&db))[c], a2 = ((float *)ft_tensor_data(&db2))[c];
+        CHECKF(fabsf(a2 - 2 * a) <= 1e-4f * (1 + fabsf(a)), "group norm accumulated dbias %d", c);
+    }
+    CHECK_STATUS(ft_group_norm_forward(&y, &m, &r, &x, &w, &b, 4, 1e-5), FT_ERR_VALUE);
+    CHECK_STATUS(ft_group_norm_forward(&yl, &m, &r, &x, &w, &b, 3, 1e-5), FT_ERR_SHAPE);
+    CHECK_STATUS(ft_group_norm_backward(&dx, NULL, NULL, &y, &x, NULL, NULL, NULL, 3, (ft_grad_acc){0}), FT_ERR_VALUE);
+    ft_tensor_release(&x), ft_tensor_release(&xl), ft_tensor_release(&y), ft_tensor_release(&yl);
+    ft_tensor_release(&dx), ft_tensor_release(&dxl), ft_tensor_release(&w), ft_tensor_release(&b);
+    ft_tensor_release(&m), ft_tensor_release(&r), ft_tensor_release(&ml), ft_tensor_release(&rl);
+    ft_tensor_release(&dw), ft_tensor_release(&db), ft_tensor_release(&dw2), ft_tensor_release(&db2);
+}
+
+static void test_embedding(void) {
+    ft_tensor w = make(2, SHAPE(7, 33), FT_FLOAT32), ids = make(2, SHAPE(2, 5), FT_INT64),
+              out = make(3, SHAPE(2, 5, 33), FT_FLOAT32), dw = make(2, SHAPE(7, 33), FT_FLOAT32);
+    fill_random(&w);
+    int64_t *id = (int64_t *)ft_tensor_data(&ids);
+    const int64_t vals[10] = {3, 1, 3, 0, 6, 3, 2, 1, 1, 3};
+    memcpy(id, vals, sizeof vals);
+    CHECK_OK(ft_embedding_forward(&out, &ids, &w, -1));
+    const float *wv = (const float *)ft_tensor_data(&w), *ov = (const float *)ft_tensor_data(&out);
+    for (int t = 0; t < 10; t++)
+        CHECKF(!memcmp(ov + t * 33, wv + vals[t] * 33, 33 * sizeof(float)), "embedding row %d", t);
+    fill_random(&dw);
+    CHECK_OK(ft_embedding_backward(&dw, &out, &ids, 1, false));
+    const float *g = (const float *)ft_tensor_data(&dw);
+    for (int d = 0; d < 33; d++) {
+        float want3 = 0.0f;
+        for (int t = 0; t < 10; t++)
+            if (vals[t] == 3)
+                want3 += ov[t * 33 + d];
+        CHECKF(g[3 * 33 + d] == want3 && g[1 * 33 + d] == 0.0f && g[4 * 33 + d] == 0.0f, "embedding grad %d", d);
+    }
+    id[7] = 7;
+    fill_random(&out);
+    float before = ((float *)ft_tensor_data(&out))[0];
+    CHECK_STATUS(ft_embedding_forward(&out, &ids, &w, -1), FT_ERR_INDEX);
+    CHECK(((float *)ft_tensor_data(&out))[0] == before);
+    CHECK_STATUS(ft_embedding_backward(&dw, &out, &ids, -1, true), FT_ERR_INDEX);
+    CHECK_STATUS(ft_embedding_forward(&out, &ids, &w, 7), FT_ERR_VALUE);
+    CHECK_STATUS(ft_embedding_forward(&out, &w, &w, -1), FT_ERR_DTYPE);
+    ft_tensor_release(&w), ft_tensor_release(&ids), ft_tensor_release(&out), ft_tensor_release(&dw);
+}
+
+static void test_upsample(void) {
+    const int64_t *s = SHAPE(2, 3, 4, 5), *bs = SHAPE(2, 3, 8, 15);
+    ft_tensor x = make(4, s, FT_FLOAT32), xl = make_nhwc(s, FT_FLOAT32), y = make(4, bs, FT_FLOAT32),
+              yl = make_nhwc(bs, FT_FLOAT32), ys = make_strided(4, bs, FT_FLOAT32), dx = make(4, s, FT_FLOAT32),
+              dxl = make_nhwc(s, FT_FLOAT32);
+    fill_random(&x);
+    copy_values(&xl, &x);
+    CHECK_OK(ft_upsample_nearest2d_forward(&y, &x, 2, 3));
+    CHECK_OK(ft_upsample_nearest2d_forward(&yl, &xl, 2, 3));
+    CHECK_OK(ft_upsample_nearest2d_forward(&ys, &xl, 2, 3));
+    CHECK(same_values(&yl, &y) && same_values(&ys, &y));
+    CHECK(get(&y, SHAPE(1, 2, 7, 14)) == get(&x, SHAPE(1, 2, 3, 4)));
+    CHECK_OK(ft_upsample_nearest2d_backward(&dx, &y, 2, 3, false));
+    CHECK_OK(ft_upsample_nearest2d_backward(&dxl, &ys, 2, 3, false));
+    CHECK(same_values(&dxl, &dx));
+    CHECK(fabsf(get(&dx, SHAPE(1, 1, 2, 3)) - 6 * get(&x, SHAPE(1, 1, 2, 3))) < 1e-5f);
+    CHECK_OK(ft_upsample_nearest2d_backward(&dxl, &ys, 2, 3, true));
+    CHECK(fabsf(get(&dxl, SHAPE(0, 2, 1, 0)) - 12 * get(&x, SHAPE(0, 2, 1, 0))) < 1e-5f);
+    CHECK_STATUS(ft_upsample_nearest2d_forward(&y, &x, 3, 3), FT_ERR_SHAPE);
+    CHECK_STATUS(ft_upsample_nearest2d_forward(&y, &x, 0, 3), FT_ERR_VALUE);
+    ft_tensor_release(&x), ft_tensor_release(&xl), ft_tensor_release(&y), ft_tensor_release(&yl);
+    ft_tensor_release(&ys), ft_tensor_release(&dx), ft_tensor_release(&dxl);
+}
+
 int main(void) {
     test_elementary();
     test_activation_paths();
     test_elementwise_and_dropout();
     test_pool_layouts();
     test_softmax_and_losses();
+    test_group_norm();
+    test_embedding();
+    test_upsample();
     return check_main_result("test_ops");
 }

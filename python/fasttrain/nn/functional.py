@@ -41,7 +41,7 @@ def _shell(cls, **fields):
     return m
 
 __all__ = [
-    "conv1d", "conv2d", "linear", "batch_norm", "layer_norm",
+    "conv1d", "conv2d", "linear", "batch_norm", "layer_norm", "group_norm", "embedding", "interpolate",
     "relu", "relu_", "leaky_relu", "leaky_relu_", "gelu", "silu", "sigmoid", "tanh",
     "max_pool1d", "max_pool2d", "avg_pool1d", "avg_pool2d", "adaptive_avg_pool1d", "adaptive_avg_pool2d",
     "adaptive_max_pool1d", "adaptive_max_pool2d",
@@ -134,6 +134,37 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
         raise ValueError(f"layer_norm: input of shape {input.shape} does not end with normalized_shape {shape}")
     out, _, _ = _C.layer_norm_forward(None, None, None, input.contiguous(), weight, bias, shape, eps)
     return out
+
+
+def _norm_layout(x):
+    """x itself when group norm takes its layout (contiguous, or channels-last 4-d), else a contiguous copy."""
+    if x.is_contiguous():
+        return x
+    if x.ndim == 4:
+        N, C, H, W = x.shape
+        if all(n == 1 or s == want for n, s, want in zip(x.shape, x.stride(), (H * W * C, 1, W * C, C))):
+            return x
+    return x.contiguous()
+
+
+def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
+    _check(input, "input", "group_norm")
+    weight, bias = (None if p is None else p.contiguous() for p in (weight, bias))
+    out, _, _ = _C.group_norm_forward(None, False, False, _norm_layout(input), weight, bias, int(num_groups), eps)
+    return out
+
+
+def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False, sparse=False):
+    _check(input, "input", "embedding")
+    _check(weight, "weight", "embedding")
+    for name, given in (("max_norm", max_norm is not None), ("scale_grad_by_freq", scale_grad_by_freq),
+                        ("sparse", sparse)):
+        if given:
+            raise NotImplementedError(f"embedding: {name} is not supported (fasttrain's embedding gradient is "
+                                      f"dense and leaves the weight as it is)")
+    if input.dtype.name in ("int32", "int16", "int8", "uint8"):
+        input = input.long()
+    return _C.embedding_forward(None, input.contiguous(), weight.contiguous(), padding_idx)
 
 
 # ---- activations ----
@@ -281,6 +312,44 @@ def adaptive_avg_pool1d(input, output_size):
 @_traced(lambda output_size: M.AdaptiveMaxPool1d(output_size))
 def adaptive_max_pool1d(input, output_size):
     return _via_2d(lambda x: adaptive_max_pool2d(x, _lift(output_size, 1)), input, "adaptive_max_pool1d")
+
+
+def _nearest_factors(input, size, scale_factor):
+    """The integer (h, w) factors of a nearest upsampling to `size` or by `scale_factor`."""
+    if (size is None) == (scale_factor is None):
+        raise ValueError("interpolate: give exactly one of size and scale_factor")
+    H, W = input.shape[2:]
+    if size is not None:
+        size = (size, size) if isinstance(size, int) else tuple(int(v) for v in size)
+        if len(size) != 2:
+            raise ValueError(f"interpolate: size must be an int or a pair for a 4-d input, got {size}")
+        if H == 0 or W == 0 or size[0] % H or size[1] % W or size[0] < H or size[1] < W:
+            raise NotImplementedError(f"interpolate: size {size} is not an integer multiple of the input's size "
+                                      f"{(H, W)}; only integer upsampling factors are supported")
+        return size[0] // H, size[1] // W
+    factors = (scale_factor, scale_factor) if not isinstance(scale_factor, (tuple, list)) else tuple(scale_factor)
+    if len(factors) != 2:
+        raise ValueError(f"interpolate: scale_factor must be a number or a pair for a 4-d input, got {scale_factor}")
+    if not all(float(f) >= 1 and float(f).is_integer() for f in factors):
+        raise NotImplementedError(f"interpolate: scale_factor {scale_factor} is not supported; only integer "
+                                  f"upsampling factors (1, 2, 3, ...) are")
+    return int(factors[0]), int(factors[1])
+
+
+def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corners=None,
+                recompute_scale_factor=None, antialias=False):
+    _check(input, "input", "interpolate")
+    if mode != "nearest":
+        raise NotImplementedError(f"interpolate: mode={mode!r} is not supported; only mode='nearest' is")
+    if align_corners is not None:
+        raise ValueError("interpolate: align_corners can only be set with the interpolating modes (linear, "
+                         "bilinear, bicubic, trilinear)")
+    if antialias:
+        raise NotImplementedError("interpolate: antialias=True is not supported")
+    if input.ndim != 4:
+        raise NotImplementedError(f"interpolate: only 4-d (N, C, H, W) inputs are supported, got shape "
+                                  f"{tuple(input.shape)}")
+    return _C.upsample_nearest2d_forward(None, input, _nearest_factors(input, size, scale_factor))
 
 
 # ---- dropout ----

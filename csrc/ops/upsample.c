@@ -1,0 +1,142 @@
+#include "ops/upsample.h"
+
+#include "ops/check.h"
+#include "ops/cuda_ops.h"
+
+/* Elements below which an op runs on one thread. */
+#define PARALLEL_WORK 32768
+
+static ft_status check_4d(const char *op, const char *arg, const ft_tensor *t, ft_device dev, const char *ref) {
+    FT_TRY(ft_check_float_on(op, arg, t, dev, ref, false));
+    return ft_check_ndim(op, arg, t, 4, "(N, C, H, W)");
+}
+
+static ft_status check_scales(const char *op, int64_t sh, int64_t sw) {
+    if (sh < 1 || sw < 1 || sh > INT32_MAX || sw > INT32_MAX)
+        return ft_fail(FT_ERR_VALUE, "%s: the scale factors must be positive integers, got (%lld, %lld)", op,
+                       (long long)sh, (long long)sw);
+    return FT_OK;
+}
+
+/* Whether a loop over t should take the channels innermost (channels-last memory). */
+static bool channels_inner(const ft_tensor *t) { return t->shape[1] > 1 && t->strides[1] == 1; }
+
+/* y (big) and x (small) as the forward's out and inp, or the backward's dout and dinp. */
+typedef struct {
+    int64_t N, C, H, W, sh, sw;
+    int64_t xs[4], ys[4];
+} up_job;
+
+static up_job job_of(const ft_tensor *small, const ft_tensor *big, int64_t sh, int64_t sw) {
+    up_job j = {small->shape[0], small->shape[1], small->shape[2], small->shape[3], sh, sw, {0}, {0}};
+    for (int d = 0; d < 4; d++)
+        j.xs[d] = small->strides[d], j.ys[d] = big->strides[d];
+    return j;
+}
+
+/* The sh x sw block of y whose top-left element is yb, rows then columns. */
+static inline float block_sum(const up_job *j, const float *yb) {
+    float s = 0.0f;
+    for (int64_t a = 0; a < j->sh; a++)
+        for (int64_t b = 0; b < j->sw; b++)
+            s += yb[a * j->ys[2] + b * j->ys[3]];
+    return s;
+}
+
+ft_status ft_upsample_nearest2d_forward(const ft_tensor *out, const ft_tensor *inp, int64_t scale_h,
+                                        int64_t scale_w) {
+    const char *op = "upsample_nearest2d";
+    ft_device dev = ft_op_device(inp);
+    FT_TRY(check_4d(op, "input", inp, dev, "input"));
+    FT_TRY(check_4d(op, "out", out, dev, "input"));
+    FT_TRY(check_scales(op, scale_h, scale_w));
+    int64_t shape[4] = {inp->shape[0], inp->shape[1], inp->shape[2] * scale_h, inp->shape[3] * scale_w};
+    FT_TRY(ft_check_shape(op, "out", out, 4, shape));
+    FT_TRY(ft_check_output(op, "out", out));
+    FT_TRY(ft_check_alias(op, "out", out, "input", inp));
+    if (ft_tensor_numel(out) == 0)
+        return FT_OK;
+    if (dev.type == FT_DEV_CUDA)
+        FT_CUDA_DISPATCH(op, upsample_nearest2d_forward, out, inp, scale_h, scale_w);
+    up_job j = job_of(inp, out, scale_h, scale_w);
+    const float *x = (const float *)ft_tensor_data(inp);
+    float *y = (float *)ft_tensor_data(out);
+    int64_t P = shape[2], Q = shape[3];
+    if (channels_inner(out)) {
+        /* one output row (n, i) per item, channels innermost */
+#pragma omp parallel for schedule(static) if (ft_tensor_numel(out) > PARALLEL_WORK)
+        for (int64_t r = 0; r < j.N * P; r++) {
+            int64_t n = r / P, i = r % P;
+            const float *xr = x + n * j.xs[0] + (i / j.sh) * j.xs[2];
+            float *yr = y + n * j.ys[0] + i * j.ys[2];
+            for (int64_t q = 0; q < Q; q++) {
+                const float *xp = xr + (q / j.sw) * j.xs[3];
+                float *yp = yr + q * j.ys[3];
+                for (int64_t c = 0; c < j.C; c++)
+                    yp[c * j.ys[1]] = xp[c * j.xs[1]];
+            }
+        }
+    } else {
+        /* one output row (n, c, i) per item, columns innermost */
+#pragma omp parallel for schedule(static) if (ft_tensor_numel(out) > PARALLEL_WORK)
+        for (int64_t r = 0; r < j.N * j.C * P; r++) {
+            int64_t i = r % P, nc = r / P, n = nc / j.C, c = nc % j.C;
+            const float *xr = x + n * j.xs[0] + c * j.xs[1] + (i / j.sh) * j.xs[2];
+            float *yr = y + n * j.ys[0] + c * j.ys[1] + i * j.ys[2];
+            for (int64_t w = 0; w < j.W; w++) {
+                float v = xr[w * j.xs[3]];
+                for (int64_t b = 0; b < j.sw; b++)
+                    yr[(w * j.sw + b) * j.ys[3]] = v;
+            }
+        }
+    }
+    return FT_OK;
+}
+
+ft_status ft_upsample_nearest2d_backward(const ft_tensor *dinp, const ft_tensor *dout, int64_t scale_h,
+                                         int64_t scale_w, bool accumulate) {
+    const char *op = "upsample_nearest2d_backward";
+    ft_device dev = ft_op_device(dout);
+    FT_TRY(check_4d(op, "grad_output", dout, dev, "grad_output"));
+    FT_TRY(check_4d(op, "grad_input", dinp, dev, "grad_output"));
+    FT_TRY(check_scales(op, scale_h, scale_w));
+    int64_t shape[4] = {dinp->shape[0], dinp->shape[1], dinp->shape[2] * scale_h, dinp->shape[3] * scale_w};
+    FT_TRY(ft_check_shape(op, "grad_output", dout, 4, shape));
+    FT_TRY(ft_check_output(op, "grad_input", dinp));
+    FT_TRY(ft_check_alias(op, "grad_input", dinp, "grad_output", dout));
+    if (ft_tensor_numel(dinp) == 0)
+        return FT_OK;
+    if (dev.type == FT_DEV_CUDA)
+        FT_CUDA_DISPATCH(op, upsample_nearest2d_backward, dinp, dout, scale_h, scale_w, accumulate);
+    up_job j = job_of(dinp, dout, scale_h, scale_w);
+    const float *g = (const float *)ft_tensor_data(dout);
+    float *dx = (float *)ft_tensor_data(dinp);
+    if (channels_inner(dinp)) {
+        /* one input row (n, h) per item, channels innermost */
+#pragma omp parallel for schedule(static) if (ft_tensor_numel(dout) > PARALLEL_WORK)
+        for (int64_t r = 0; r < j.N * j.H; r++) {
+            int64_t n = r / j.H, h = r % j.H;
+            for (int64_t w = 0; w < j.W; w++) {
+                const float *gb = g + n * j.ys[0] + h * j.sh * j.ys[2] + w * j.sw * j.ys[3];
+                float *o = dx + n * j.xs[0] + h * j.xs[2] + w * j.xs[3];
+                for (int64_t c = 0; c < j.C; c++) {
+                    float s = block_sum(&j, gb + c * j.ys[1]);
+                    o[c * j.xs[1]] = accumulate ? o[c * j.xs[1]] + s : s;
+                }
+            }
+        }
+    } else {
+        /* one input row (n, c, h) per item, columns innermost */
+#pragma omp parallel for schedule(static) if (ft_tensor_numel(dout) > PARALLEL_WORK)
+        for (int64_t r = 0; r < j.N * j.C * j.H; r++) {
+            int64_t h = r % j.H, nc = r / j.H, n = nc / j.C, c = nc % j.C;
+            const float *gb = g + n * j.ys[0] + c * j.ys[1] + h * j.sh * j.ys[2];
+            float *o = dx + n * j.xs[0] + c * j.xs[1] + h * j.xs[2];
+            for (int64_t w = 0; w < j.W; w++) {
+                float s = block_sum(&j, gb + w * j.sw * j.ys[3]);
+                o[w * j.xs[3]] = accumulate ? o[w * j.xs[3]] + s : s;
+            }
+        }
+    }
+    return FT_OK;
+}

@@ -1,0 +1,95 @@
+/* Nearest 2-d upsampling on CUDA: the CUDA side of ops/upsample.c, with its
+ * results bit for bit.
+ *
+ * Legend: N batch, C channels, H W input size, P = H sh, Q = W sw.
+ *
+ * The backward is a gather: one thread per input element adds its sh x sw
+ * block of dout in the CPU's order (rows, then columns) from 0: no atomics,
+ * and the CPU's bits. Threads are numbered channels innermost when the
+ * tensor they walk is channels-last, so that neighbouring threads touch
+ * neighbouring memory. Tensors have any strides. */
+#include "backend.h"
+#include "ops/cuda_ops.h"
+
+namespace {
+
+constexpr int THREADS = 256;
+
+typedef struct {
+    int64_t N, C, H, W, sh, sw;
+    int64_t xs[4], ys[4]; /* strides of the small (inp, dinp) and the big (out, dout) tensor */
+    bool cl;              /* threads numbered channels innermost */
+
+    /* (n, c, h, w) of thread index i over a tensor of rows x cols pixels */
+    __device__ void coords(int64_t i, int64_t rows, int64_t cols, int64_t *n, int64_t *c, int64_t *h,
+                           int64_t *w) const {
+        if (cl) {
+            *c = i % C, i /= C;
+            *w = i % cols, i /= cols;
+            *h = i % rows, *n = i / rows;
+        } else {
+            *w = i % cols, i /= cols;
+            *h = i % rows, i /= rows;
+            *c = i % C, *n = i / C;
+        }
+    }
+} up_geom;
+
+static up_geom geom_of(const ft_tensor *small, const ft_tensor *big, const ft_tensor *walked, int64_t sh,
+                       int64_t sw) {
+    up_geom g = {};
+    g.N = small->shape[0], g.C = small->shape[1], g.H = small->shape[2], g.W = small->shape[3];
+    g.sh = sh, g.sw = sw;
+    for (int d = 0; d < 4; d++)
+        g.xs[d] = small->strides[d], g.ys[d] = big->strides[d];
+    g.cl = walked->shape[1] > 1 && walked->strides[1] == 1;
+    return g;
+}
+
+__global__ void __launch_bounds__(THREADS) up_forward(up_geom g, const float *x, float *y) {
+    int64_t P = g.H * g.sh, Q = g.W * g.sw, total = g.N * g.C * P * Q, n, c, i, j;
+    for (int64_t k = (int64_t)blockIdx.x * THREADS + threadIdx.x; k < total; k += (int64_t)gridDim.x * THREADS) {
+        g.coords(k, P, Q, &n, &c, &i, &j);
+        y[n * g.ys[0] + c * g.ys[1] + i * g.ys[2] + j * g.ys[3]] =
+            x[n * g.xs[0] + c * g.xs[1] + (i / g.sh) * g.xs[2] + (j / g.sw) * g.xs[3]];
+    }
+}
+
+__global__ void __launch_bounds__(THREADS) up_backward(up_geom g, const float *dy, float *dx, bool acc) {
+    int64_t total = g.N * g.C * g.H * g.W, n, c, h, w;
+    for (int64_t k = (int64_t)blockIdx.x * THREADS + threadIdx.x; k < total; k += (int64_t)gridDim.x * THREADS) {
+        g.coords(k, g.H, g.W, &n, &c, &h, &w);
+        const float *b = dy + n * g.ys[0] + c * g.ys[1] + h * g.sh * g.ys[2] + w * g.sw * g.ys[3];
+        float s = 0.0f;
+        for (int64_t a = 0; a < g.sh; a++)
+            for (int64_t e = 0; e < g.sw; e++)
+                s += b[a * g.ys[2] + e * g.ys[3]];
+        float *o = dx + n * g.xs[0] + c * g.xs[1] + h * g.xs[2] + w * g.xs[3];
+        *o = acc ? *o + s : s;
+    }
+}
+
+static ft_status upsample_forward(const ft_tensor *out, const ft_tensor *inp, int64_t sh, int64_t sw) {
+    FT_TRY(ft_cuda_use_device(inp));
+    up_geom g = geom_of(inp, out, out, sh, sw);
+    int64_t total = g.N * g.C * g.H * sh * g.W * sw;
+    up_forward<<<ft_cuda_blocks(total, THREADS), THREADS, 0, FT_CUDA_STREAM>>>(g, (const float *)ft_tensor_data(inp),
+                                                                              (float *)ft_tensor_data(out));
+    return ft_cuda_launched("up_forward");
+}
+
+static ft_status upsample_backward(const ft_tensor *dinp, const ft_tensor *dout, int64_t sh, int64_t sw,
+                                   bool accumulate) {
+    FT_TRY(ft_cuda_use_device(dout));
+    up_geom g = geom_of(dinp, dout, dinp, sh, sw);
+    up_backward<<<ft_cuda_blocks(g.N * g.C * g.H * g.W, THREADS), THREADS, 0, FT_CUDA_STREAM>>>(
+        g, (const float *)ft_tensor_data(dout), (float *)ft_tensor_data(dinp), accumulate);
+    return ft_cuda_launched("up_backward");
+}
+
+} // namespace
+
+void ft_cuda_register_upsample(struct ft_cuda_ops *ops) {
+    ops->upsample_nearest2d_forward = upsample_forward;
+    ops->upsample_nearest2d_backward = upsample_backward;
+}
