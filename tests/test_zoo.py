@@ -57,6 +57,36 @@ class SequenceMLP(nn.Module):
         return self.head((h * w).mean(1))
 
 
+class TinySegNet(nn.Module):
+    """Group norm and nearest upsampling: an encoder-decoder classifying pixels' sums."""
+
+    def __init__(self):
+        super().__init__()
+        self.down = nn.Conv2d(3, 8, 3, stride=2, padding=1)
+        self.gn = nn.GroupNorm(4, 8)
+        self.up = nn.Upsample(scale_factor=2)
+        self.mix = nn.Conv2d(11, 4, 3, padding=1)
+
+    def forward(self, x):
+        h = self.up(F.silu(self.gn(self.down(x))))
+        return self.mix(ft.cat([h, x], dim=1)).mean((2, 3))
+
+
+class TokenCNN(nn.Module):
+    """Token ids through an embedding (padding row 0), a 1-d convolution over the steps, mean pooling."""
+
+    def __init__(self, vocab=11):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, 6, padding_idx=0)
+        self.conv = nn.Conv1d(6, 8, 3, padding=1)
+        self.norm = nn.GroupNorm(2, 8)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, ids):
+        h = self.embed(ids).transpose(1, 2)  # (N, T, D) -> (N, D, T)
+        return self.head(F.gelu(self.norm(self.conv(h))).mean(2))
+
+
 def smooth_hinge(out, y):
     """A custom loss: cross-entropy plus a small penalty on the logits' size."""
     return F.cross_entropy(out, y, label_smoothing=0.05) + 0.01 * (out * out).mean()
@@ -66,12 +96,17 @@ ZOO = {
     "audio_cnn": (AudioCNN, (2, 16), nn.CrossEntropyLoss(), "contiguous"),
     "logsoftmax_mlp": (LogSoftmaxMLP, (6,), nn.NLLLoss(), "contiguous"),
     "sequence_mlp": (SequenceMLP, (7, 5), smooth_hinge, "contiguous"),
+    "tiny_segnet": (TinySegNet, (3, 6, 6), nn.CrossEntropyLoss(), "channels_last"),
+    "token_cnn": (TokenCNN, (9,), nn.CrossEntropyLoss(), "contiguous"),
 }
 
 
-def data(input_shape, n=8, classes=4, seed=0):
+def data(name, n=8, classes=4, seed=0):
     rng = np.random.default_rng(seed)
-    return rng.standard_normal((n, *input_shape)).astype(np.float32), rng.integers(0, classes, n)
+    shape = ZOO[name][1]
+    x = rng.integers(0, 11, (n, *shape)) if name == "token_cnn" else rng.standard_normal((n, *shape)).astype(
+        np.float32)
+    return x, rng.integers(0, classes, n)
 
 
 def build(name, seed=0):
@@ -79,14 +114,15 @@ def build(name, seed=0):
     ft.manual_seed(seed)
     model = cls()
     program = model.compile(ft.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), loss, batch_size=8,
-                            input_shape=shape, memory_format=fmt)
+                            input_shape=shape, memory_format=fmt,
+                            input_dtype=ft.int64 if name == "token_cnn" else None)
     return model, program, shape
 
 
 @pytest.mark.parametrize("name", ZOO)
 def test_gradients_match_finite_differences(name):
     model, program, shape = build(name)
-    x, y = data(shape)
+    x, y = data(name)
     program.backward(x, y)
     grads = {n: p.grad.numpy().copy() for n, p in model.named_parameters()}
     rng = np.random.default_rng(1)
@@ -108,7 +144,7 @@ def test_gradients_match_finite_differences(name):
 @pytest.mark.parametrize("name", ZOO)
 def test_a_few_steps_lower_the_loss(name):
     model, program, shape = build(name)
-    x, y = data(shape)
+    x, y = data(name)
     first = program.train_step(x, y)
     for _ in range(15):
         last = program.train_step(x, y)
@@ -131,8 +167,27 @@ def torch_twin(name, torch):
                 x = tF.relu(self.bn2(self.conv2(x)) + x)
                 return self.head(x.mean(2))
         return T(), tnn.CrossEntropyLoss()
-    if name == "logsoftmax_mlp":
-        return tnn.Sequential(), None  # built below from the same layer names
+    if name == "tiny_segnet":
+        class G(tnn.Module):
+            def __init__(self):
+                super().__init__()
+                self.down, self.gn = tnn.Conv2d(3, 8, 3, stride=2, padding=1), tnn.GroupNorm(4, 8)
+                self.up, self.mix = tnn.Upsample(scale_factor=2), tnn.Conv2d(11, 4, 3, padding=1)
+
+            def forward(self, x):
+                h = self.up(tF.silu(self.gn(self.down(x))))
+                return self.mix(torch.cat([h, x], dim=1)).mean((2, 3))
+        return G(), tnn.CrossEntropyLoss()
+    if name == "token_cnn":
+        class E(tnn.Module):
+            def __init__(self):
+                super().__init__()
+                self.embed, self.conv = tnn.Embedding(11, 6, padding_idx=0), tnn.Conv1d(6, 8, 3, padding=1)
+                self.norm, self.head = tnn.GroupNorm(2, 8), tnn.Linear(8, 4)
+
+            def forward(self, ids):
+                return self.head(tF.gelu(self.norm(self.conv(self.embed(ids).transpose(1, 2)))).mean(2))
+        return E(), tnn.CrossEntropyLoss()
     class S(tnn.Module):
         def __init__(self):
             super().__init__()
@@ -164,7 +219,7 @@ class TorchLogSoftmaxMLP:
 def test_matches_pytorch(name):
     torch = pytest.importorskip("torch")
     model, program, shape = build(name)
-    x, y = data(shape)
+    x, y = data(name)
     loss = program.backward(x, y)
     tm, tloss = TorchLogSoftmaxMLP.make(torch) if name == "logsoftmax_mlp" else torch_twin(name, torch)
     tm.load_state_dict({k: torch.from_numpy(v) for k, v in model.state_dict().items()}, strict=True)

@@ -8,11 +8,14 @@
 #include "ops/cuda_ops.h"
 #include "ops/dropout.h"
 #include "ops/elementwise.h"
+#include "ops/embedding.h"
+#include "ops/groupnorm.h"
 #include "ops/layernorm.h"
 #include "ops/linear.h"
 #include "ops/loss.h"
 #include "ops/reduce.h"
 #include "ops/softmax.h"
+#include "ops/upsample.h"
 
 static const ft_act no_act = {FT_ACT_NONE, 0};
 
@@ -377,6 +380,74 @@ static ft_status adaptive_avgpool_backward(const ft_node_run *r) {
     return ft_adaptive_avg_pool2d_backward(r->din[0], &r->dout, r->din_acc[0]);
 }
 
+/* ---- group norm, embedding, upsampling ---- */
+
+static ft_status groupnorm_check(const ft_node *nd, const ft_node *const *in) {
+    if (nd->ndim < 1 || nd->groups < 1 || nd->shape[0] % nd->groups)
+        return ft_fail(FT_ERR_SHAPE, "program: a group norm of %lld groups over %lld channels",
+                       (long long)nd->groups, (long long)(nd->ndim ? nd->shape[0] : 0));
+    return same_shape(nd, in);
+}
+
+static int64_t groupnorm_aux(const ft_node *nd, const ft_node *const *in, int64_t rows) {
+    return 2 * rows * nd->groups * 4; /* each (sample, group)'s mean and rstd */
+}
+
+/* The saved mean (which 0) or rstd (1), (N, G). */
+static ft_tensor group_stats(const ft_node_run *r, int which) {
+    int64_t n = r->out.shape[0], G = r->nd->groups;
+    ft_tensor t = aux_vector(r, which * n * G, n * G);
+    t.ndim = 2;
+    t.shape[0] = n, t.shape[1] = G;
+    t.strides[0] = G, t.strides[1] = 1;
+    return t;
+}
+
+static ft_status groupnorm_forward(const ft_node_run *r) {
+    ft_tensor mean = group_stats(r, 0), rstd = group_stats(r, 1);
+    return ft_group_norm_forward(&r->out, &mean, &rstd, &r->in[0], param(&r->nd->weight), param(&r->nd->bias),
+                                 r->nd->groups, r->nd->eps);
+}
+
+static ft_status groupnorm_backward(const ft_node_run *r) {
+    ft_tensor mean = group_stats(r, 0), rstd = group_stats(r, 1);
+    return ft_group_norm_backward(r->din[0], r->dweight, r->dbias, &r->dout, &r->in[0], &mean, &rstd,
+                                  param(&r->nd->weight), r->nd->groups, acc_of(r));
+}
+
+static ft_status embedding_check(const ft_node *nd, const ft_node *const *in) {
+    const ft_tensor *w = &nd->weight;
+    bool ok = in[0]->kind == FT_NODE_INPUT && in[0]->dtype == FT_INT64 && w->storage && w->ndim == 2 &&
+              nd->ndim == in[0]->ndim + 1 && nd->shape[nd->ndim - 1] == w->shape[1] &&
+              !memcmp(nd->shape, in[0]->shape, (size_t)in[0]->ndim * sizeof *nd->shape);
+    return ok ? FT_OK
+              : ft_fail(FT_ERR_SHAPE, "program: an embedding reads the int64 ids of the input and gives their "
+                                      "rows of its (V, D) weight");
+}
+
+static ft_status embedding_forward(const ft_node_run *r) {
+    return ft_embedding_forward(&r->out, &r->in[0], &r->nd->weight, r->nd->padding_idx);
+}
+
+static ft_status embedding_backward(const ft_node_run *r) {
+    return ft_embedding_backward(r->dweight, &r->dout, &r->in[0], r->nd->padding_idx, r->dweight_acc);
+}
+
+static ft_status upsample_check(const ft_node *nd, const ft_node *const *in) {
+    bool ok = nd->factor[0] >= 1 && nd->factor[1] >= 1 && nd->shape[0] == in[0]->shape[0] &&
+              nd->shape[nd->ndim - 1] == in[0]->shape[nd->ndim - 1] * nd->factor[1] &&
+              (nd->ndim == 2 ? nd->factor[0] == 1 : nd->shape[1] == in[0]->shape[1] * nd->factor[0]);
+    return ok ? FT_OK : ft_fail(FT_ERR_SHAPE, "program: an upsampling's shape is not its input's times its factors");
+}
+
+static ft_status upsample_forward(const ft_node_run *r) {
+    return ft_upsample_nearest2d_forward(&r->out, &r->in[0], r->nd->factor[0], r->nd->factor[1]);
+}
+
+static ft_status upsample_backward(const ft_node_run *r) {
+    return ft_upsample_nearest2d_backward(r->din[0], &r->dout, r->nd->factor[0], r->nd->factor[1], r->din_acc[0]);
+}
+
 /* ---- softmax ---- */
 
 static ft_status softmax_check(const ft_node *nd, const ft_node *const *in) {
@@ -693,4 +764,9 @@ const ft_node_kind_info ft_node_kinds[FT_NODE_NKINDS] = {
     [FT_NODE_SUM] = {"sum", 1, 1, 0, sum_check, sum_aux, NULL, sum_forward, sum_backward, sum_prepare},
     [FT_NODE_SOFTMAX] = {"softmax", 1, 1, 0, softmax_check, NULL, NULL, softmax_forward, softmax_backward},
     [FT_NODE_LOG_SOFTMAX] = {"log_softmax", 1, 1, 0, softmax_check, NULL, NULL, softmax_forward, softmax_backward},
+    [FT_NODE_GROUPNORM] = {"group_norm", 1, 1, 0, groupnorm_check, groupnorm_aux, NULL, groupnorm_forward,
+                           groupnorm_backward},
+    [FT_NODE_EMBEDDING] = {"embedding", 1, 1, 0, embedding_check, NULL, NULL, embedding_forward, embedding_backward},
+    [FT_NODE_UPSAMPLE] = {"upsample_nearest", 1, 1, 2, upsample_check, NULL, NULL, upsample_forward,
+                          upsample_backward},
 };

@@ -684,6 +684,8 @@ ft_status ft_program_backward(ft_program *p, const ft_tensor *x, const ft_tensor
         *loss = 0;
         s = backward_batches(p, &xd, yd.storage ? &yd : NULL, loss);
         ft_tensor_release(&xd);
+        if (s != FT_OK) /* an op refused the batch midway (an embedding id out of range): leave no trace */
+            copy_statistics(p, false);
     }
     if (yd.storage)
         ft_tensor_release(&yd);

@@ -52,6 +52,9 @@ typedef enum {
     FT_NODE_SUM,       /* of every per-sample value: (), the batch's reduction of an elementwise loss */
     FT_NODE_SOFTMAX,     /* along per-sample dimension dim */
     FT_NODE_LOG_SOFTMAX, /* along per-sample dimension dim */
+    FT_NODE_GROUPNORM,   /* over groups of channels, (C, ...) samples */
+    FT_NODE_EMBEDDING,   /* the weight's rows of int64 ids (...): (..., D) */
+    FT_NODE_UPSAMPLE,    /* nearest, by integer factors: images (C, H, W) or sequences (C, L) */
     FT_NODE_NKINDS
 } ft_node_kind;
 
@@ -88,6 +91,9 @@ typedef struct {
     int perm[FT_NODE_MAX_DIMS];
     int slice_dim;
     int dim; /* softmax, log-softmax */
+    int64_t groups;      /* group norm */
+    int64_t padding_idx; /* embedding: a row that gets no gradient, or -1 */
+    int64_t factor[2];   /* upsample: along H and W (along L: factor[1]) */
     int64_t slice_start, slice_step;
     ft_dtype dtype;          /* the input's and the targets' */
     ft_node_reduction reduction; /* losses: how a sample's value is normalized over the batch */

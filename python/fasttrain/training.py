@@ -20,10 +20,9 @@ def evaluate(program, loader, tta_flip=False):
     if _is_c_loader(loader):
         loss_sum, correct, count = program._c.eval_epoch(loader, tta_flip)
     else:
-        from .nn.program import _batch
         loss_sum, correct, count = 0.0, 0, 0
         for x, y in loader:
-            s, c = program._c.evaluate(*_batch(x, y, program.target_dtype), tta_flip)
+            s, c = program._c.evaluate(*program._batch(x, y), tta_flip)
             loss_sum, correct, count = loss_sum + s, correct + c, count + len(y)
     if count == 0:
         raise ValueError("evaluate: the loader gave no samples")

@@ -3,7 +3,8 @@ from . import functional, init
 from .graph import Input, Symbolic, TracingError, cat
 from .modules import (AdaptiveAvgPool1d, AdaptiveAvgPool2d, AdaptiveMaxPool1d, AdaptiveMaxPool2d, Add, AvgPool1d,
                       AvgPool2d, BatchNorm1d, BatchNorm2d, BCEWithLogitsLoss, Cat, Conv1d, Conv2d, CrossEntropyLoss,
-                      Dropout, Flatten, GELU, Hardswish, HuberLoss, Identity, KLDivLoss, L1Loss, LayerNorm, LeakyReLU,
-                      Linear, LogSoftmax, MaxPool1d, MaxPool2d, Model, Module, ModuleDict, ModuleList, MSELoss,
-                      NLLLoss, Parameter, ReLU, Sequential, Sigmoid, SiLU, SmoothL1Loss, Softmax, Softplus, Tanh)
+                      Dropout, Embedding, Flatten, GELU, GroupNorm, Hardswish, HuberLoss, Identity, KLDivLoss, L1Loss,
+                      LayerNorm, LeakyReLU, Linear, LogSoftmax, MaxPool1d, MaxPool2d, Model, Module, ModuleDict,
+                      ModuleList, MSELoss, NLLLoss, Parameter, ReLU, Sequential, Sigmoid, SiLU, SmoothL1Loss, Softmax,
+                      Softplus, Tanh, Upsample)
 from .program import Program, compile

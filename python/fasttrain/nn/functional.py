@@ -147,6 +147,9 @@ def _norm_layout(x):
     return x.contiguous()
 
 
+@_traced(lambda num_groups, weight=None, bias=None, eps=1e-5: _shell(
+    M.GroupNorm, weight=weight, bias=bias, num_groups=num_groups, num_channels=None if weight is None else weight.shape[0],
+    eps=eps, affine=weight is not None))
 def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
     _check(input, "input", "group_norm")
     weight, bias = (None if p is None else p.contiguous() for p in (weight, bias))
@@ -154,6 +157,9 @@ def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
     return out
 
 
+@_traced(lambda weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False, sparse=False: _shell(
+    M.Embedding, weight=weight, bias=None, num_embeddings=weight.shape[0], embedding_dim=weight.shape[1],
+    padding_idx=None if padding_idx is None else padding_idx % weight.shape[0]))
 def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False, sparse=False):
     _check(input, "input", "embedding")
     _check(weight, "weight", "embedding")
@@ -336,6 +342,8 @@ def _nearest_factors(input, size, scale_factor):
     return int(factors[0]), int(factors[1])
 
 
+@_traced(lambda size=None, scale_factor=None, mode="nearest", align_corners=None, recompute_scale_factor=None,
+         antialias=False: M.Upsample(size, scale_factor, mode, align_corners))
 def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corners=None,
                 recompute_scale_factor=None, antialias=False):
     _check(input, "input", "interpolate")

@@ -372,6 +372,102 @@ class LayerNorm(Module):
         return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
 
+class GroupNorm(Module):
+    _leaf = True
+
+    def __init__(self, num_groups, num_channels, eps=1e-5, affine=True):
+        super().__init__()
+        if num_groups < 1 or num_channels % num_groups:
+            raise ValueError(f"GroupNorm: num_channels {num_channels} must be divisible by num_groups {num_groups}")
+        self.num_groups, self.num_channels, self.eps, self.affine = num_groups, num_channels, eps, affine
+        self.register_parameter("weight", creation.ones(num_channels) if affine else None)
+        self.register_parameter("bias", creation.zeros(num_channels) if affine else None)
+
+    def output_shape(self, shape):
+        if not shape or shape[0] % self.num_groups or self.num_channels not in (None, shape[0]):
+            raise ValueError(f"GroupNorm of {self.num_groups} groups over {self.num_channels} channels, got samples "
+                             f"of shape {shape}")
+        return shape
+
+    def forward(self, x):
+        from . import functional as F
+        return F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
+
+    def extra_repr(self):
+        return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}"
+
+
+class Embedding(Module):
+    """Rows of a (num_embeddings, embedding_dim) table for int64 ids: compile with input_dtype=ft.int64."""
+
+    _leaf = True
+
+    def __init__(self, num_embeddings, embedding_dim, padding_idx=None, max_norm=None, norm_type=2.0,
+                 scale_grad_by_freq=False, sparse=False):
+        super().__init__()
+        if max_norm is not None or scale_grad_by_freq or sparse:
+            raise NotImplementedError("Embedding: max_norm, scale_grad_by_freq and sparse are not supported")
+        if padding_idx is not None:
+            if not -num_embeddings <= padding_idx < num_embeddings:
+                raise ValueError(f"Embedding: padding_idx {padding_idx} is outside the {num_embeddings} rows")
+            padding_idx %= num_embeddings
+        self.num_embeddings, self.embedding_dim, self.padding_idx = num_embeddings, embedding_dim, padding_idx
+        self.register_parameter("weight", creation.empty(num_embeddings, embedding_dim))
+        init.normal_(self.weight)  # PyTorch's N(0, 1), the padding row zero
+        if padding_idx is not None:
+            self.weight[padding_idx].fill_(0)
+
+    def output_shape(self, shape):
+        return (*shape, self.embedding_dim)
+
+    def forward(self, x):
+        from . import functional as F
+        return F.embedding(x, self.weight, self.padding_idx)
+
+    def extra_repr(self):
+        return f"{self.num_embeddings}, {self.embedding_dim}" + (
+            f", padding_idx={self.padding_idx}" if self.padding_idx is not None else "")
+
+
+class Upsample(Module):
+    """Nearest upsampling by integer factors of (C, H, W) images or (C, L) sequences."""
+
+    _leaf = True
+
+    def __init__(self, size=None, scale_factor=None, mode="nearest", align_corners=None):
+        super().__init__()
+        if mode != "nearest":
+            raise NotImplementedError(f"Upsample: mode={mode!r} is not supported; only 'nearest' is")
+        if (size is None) == (scale_factor is None):
+            raise ValueError("Upsample: give exactly one of size and scale_factor")
+        self.size, self.scale_factor, self.mode = size, scale_factor, mode
+
+    def factors(self, shape):
+        """The integer factors along each spatial dimension of per-sample `shape`."""
+        spatial = shape[1:]
+        if self.size is not None:
+            size = _tuple(self.size, len(spatial))
+            if any(s % n or s < n for s, n in zip(size, spatial)):
+                raise NotImplementedError(f"Upsample: size {size} is not an integer multiple of {spatial}")
+            return tuple(s // n for s, n in zip(size, spatial))
+        f = _tuple(self.scale_factor, len(spatial))
+        if not all(float(v) >= 1 and float(v).is_integer() for v in f):
+            raise NotImplementedError(f"Upsample: scale_factor {self.scale_factor} is not an integer factor")
+        return tuple(int(v) for v in f)
+
+    def output_shape(self, shape):
+        if len(shape) not in (2, 3):
+            raise ValueError(f"Upsample takes (C, L) or (C, H, W) samples, got {shape}")
+        return (shape[0], *(n * f for n, f in zip(shape[1:], self.factors(shape))))
+
+    def forward(self, x):
+        from . import functional as F
+        return F.interpolate(x, self.size, self.scale_factor, self.mode)
+
+    def extra_repr(self):
+        return f"size={self.size}" if self.size is not None else f"scale_factor={self.scale_factor}, mode='nearest'"
+
+
 class _Activation(Module):
     _leaf = True
     act = None

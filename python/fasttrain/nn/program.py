@@ -17,10 +17,10 @@ from .graph import TracingError, target, topological, trace, trace_loss
 _K = _C.NODE_KINDS
 (INPUT, CONV2D, LINEAR, BATCHNORM, ACT, MAXPOOL, AVGPOOL, ADAPTIVE_AVGPOOL, ADAPTIVE_MAXPOOL, ADD, CAT, RESHAPE,
  DROPOUT, IDENTITY, LAYERNORM, MUL, SCALE, PERMUTE, SLICE, PARAM, TARGET, CROSS_ENTROPY, NLL, SUM, SOFTMAX,
- LOG_SOFTMAX) = (_K[k] for k in (
+ LOG_SOFTMAX, GROUPNORM, EMBEDDING, UPSAMPLE) = (_K[k] for k in (
     "input", "conv2d", "linear", "batch_norm", "activation", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
     "adaptive_max_pool2d", "add", "cat", "reshape", "dropout", "identity", "layer_norm", "mul", "scale", "permute",
-    "slice", "parameter", "target", "cross_entropy", "nll", "sum", "softmax", "log_softmax"))
+    "slice", "parameter", "target", "cross_entropy", "nll", "sum", "softmax", "log_softmax", "group_norm", "embedding", "upsample_nearest"))
 ACTS = _C.ACTIVATIONS
 REDUCTIONS = _C.REDUCTIONS
 # Activations whose derivative follows from their output: these can be fused
@@ -94,6 +94,13 @@ def _node_of(module, shape):
         if isinstance(m, M.CrossEntropyLoss):
             return CROSS_ENTROPY, dict(fields, label_smoothing=m.label_smoothing)
         return NLL, fields
+    if isinstance(m, M.GroupNorm):
+        return GROUPNORM, dict(groups=m.num_groups, layer_eps=m.eps)
+    if isinstance(m, M.Embedding):
+        return EMBEDDING, dict(padding_idx=-1 if m.padding_idx is None else m.padding_idx)
+    if isinstance(m, M.Upsample):
+        f = m.factors(shape)
+        return UPSAMPLE, dict(factor=f if len(f) == 2 else (1, *f))
     if isinstance(m, M.Softmax):
         from .graph import _dim
         return LOG_SOFTMAX if isinstance(m, M.LogSoftmax) else SOFTMAX, dict(dim=_dim(m.dim, len(shape)))
@@ -111,7 +118,7 @@ class _Entry:
         self.act, self.alpha, self.drop_bias, self.fused = None, 0.0, False, []
 
 
-def _graph(model, input_shape, loss=None, target_shape=None, target_dtype=None):
+def _graph(model, input_shape, loss=None, target_shape=None, target_dtype=None, input_dtype=_BY_NAME["float32"]):
     """The entries of the model's graph, with the loss's after them when a loss is given, and the index of the
     model's (first) output."""
     if isinstance(model, M.Model):
@@ -130,7 +137,7 @@ def _graph(model, input_shape, loss=None, target_shape=None, target_dtype=None):
     index = {id(n): i for i, n in enumerate(nodes)}
     entries = []
     for n in nodes:
-        kind, fields = (INPUT, dict(dtype=_BY_NAME["float32"]._code)) if n.module is None else \
+        kind, fields = (INPUT, dict(dtype=input_dtype._code)) if n.module is None else \
             _node_of(n.module, n.inputs[0].shape if n.inputs else n.shape)
         entries.append(_Entry(kind, n.module, [index[id(i)] for i in n.inputs], n.shape, fields))
     return entries, index[id(first.node)]
@@ -245,10 +252,10 @@ def _node_dict(e, trainable):
         d["act"] = ACTS[e.act if e.kind != ACT else e.fields["act"]]
         d["alpha"] = e.alpha if e.kind != ACT else e.fields["alpha"]
     m = e.module
-    if e.kind in (CONV2D, LINEAR, BATCHNORM, LAYERNORM):
+    if e.kind in (CONV2D, LINEAR, BATCHNORM, LAYERNORM, GROUPNORM, EMBEDDING):
         if m.weight is not None:
             d["weight"], d["dweight"] = m.weight, grad(m.weight)
-        if m.bias is not None and not e.drop_bias:
+        if getattr(m, "bias", None) is not None and not e.drop_bias:
             d["bias"], d["dbias"] = m.bias, grad(m.bias)
     if e.kind == PARAM:
         d["weight"], d["dweight"] = m.tensor, grad(m.tensor)
@@ -304,24 +311,20 @@ def summary(model, input_shape=None, batch_size=1):
                               f"for {batch_size} samples")
 
 
-def _batch(x, y, dtype):
-    """Inputs as float32 tensors, and the targets as the loss reads them (None when it reads none): labels as
-    int64 (refused, not truncated, when they are not integers), other targets as float32."""
+def _as(t, dtype, what):
+    """t as a tensor of dtype: integers (token ids, labels) refused, not truncated, when given as floats."""
     from ..creation import as_tensor
-    x = as_tensor(x, dtype="float32")
-    if dtype is None:
-        return x, None
-    y = as_tensor(y)
-    if dtype is _BY_NAME["int64"] and (y.dtype.is_floating_point or y.dtype.is_complex):
-        raise TypeError(f"labels must be integers, got {y.dtype.name}")
-    return x, y.to(dtype)
+    t = as_tensor(t)
+    if dtype is _BY_NAME["int64"] and (t.dtype.is_floating_point or t.dtype.is_complex):
+        raise TypeError(f"{what} must be integers, got {t.dtype.name}")
+    return t.to(dtype)
 
 
 class Program:
     """A compiled model: train_step, predict and evaluate run in C."""
 
     def __init__(self, model, optimizer, loss, batch_size, input_shape, memory_format, accumulate_steps,
-                 clip_grad_norm, nan_policy, seed, target_shape=None, target_dtype=None):
+                 clip_grad_norm, nan_policy, seed, target_shape=None, target_dtype=None, input_dtype=None):
         if not callable(loss):
             raise TypeError(f"compile: the loss must be an ft.nn loss, a Module or a function f(output, target), "
                             f"got {type(loss).__name__}")
@@ -337,7 +340,11 @@ class Program:
         self.model, self.optimizer, self.loss = model, optimizer, loss
         self.batch_size, self.accumulate_steps = batch_size, accumulate_steps
         self.clip_grad_norm, self.nan_policy = clip_grad_norm, nan_policy
-        entries, output = _graph(model, input_shape, loss, target_shape, target_dtype)
+        from .._types import as_dtype
+        self.input_dtype = as_dtype(input_dtype or "float32")
+        if self.input_dtype not in (_BY_NAME["float32"], _BY_NAME["int64"]):
+            raise TypeError(f"compile: input_dtype must be float32 or int64 (token ids), got {self.input_dtype.name}")
+        entries, output = _graph(model, input_shape, loss, target_shape, target_dtype, self.input_dtype)
         self.entries = _fuse(entries)
         self.output = next(i for i, e in enumerate(self.entries) if e is entries[output])
         if memory_format == "channels_last" and any(e.kind == LAYERNORM and len(e.shape) == 3 for e in self.entries):
@@ -376,13 +383,18 @@ class Program:
         self.step_count = 0
         self.skipped_steps = 0
 
+    def _batch(self, x, y):
+        """x as the input's dtype, and the targets as the loss reads them (None when it reads none)."""
+        x = _as(x, self.input_dtype, "token ids")
+        return x, None if self.target_dtype is None else _as(y, self.target_dtype, "labels")
+
     @property
     def input_shape(self):
         return self.entries[0].shape
 
     def train_step(self, x, y):
         """One optimizer step on the batch (x, y): forward, loss, backward, update, all in C. Returns the loss."""
-        loss, skipped = self._c.train_step(*_batch(x, y, self.target_dtype), self.optimizer, self.clip_grad_norm,
+        loss, skipped = self._c.train_step(*self._batch(x, y), self.optimizer, self.clip_grad_norm,
                                            self.nan_policy)
         self.step_count += 1
         self.skipped_steps += skipped
@@ -391,18 +403,17 @@ class Program:
     def backward(self, x, y):
         """Forward and backward of the batch in training mode, without an update: the loss, with every
         parameter's .grad holding its gradient (batch-norm running statistics are updated as in a step)."""
-        return self._c.backward(*_batch(x, y, self.target_dtype))
+        return self._c.backward(*self._batch(x, y))
 
     def predict(self, x):
         """The model's (first) output for x, in eval mode (running batch-norm statistics, no dropout)."""
-        from ..creation import as_tensor
-        return self._c.forward(as_tensor(x, dtype="float32"))
+        return self._c.forward(_as(x, self.input_dtype, "token ids"))
 
     def evaluate(self, x, y):
         """(loss, accuracy) of one batch in eval mode: the loss as training computes it, and the fraction of
         argmax predictions equal to the labels (None unless the model classifies: (classes,) outputs, class
         targets)."""
-        xt, yt = _batch(x, y, self.target_dtype)
+        xt, yt = self._batch(x, y)
         loss_sum, correct = self._c.evaluate(xt, yt)
         n = xt.shape[0]
         return loss_sum / n, correct / n if self.classifies else None
@@ -426,17 +437,17 @@ class Program:
 
 def compile(model, optimizer, loss=None, *, batch_size, input_shape=None, memory_format="channels_last",
             accumulate_steps=1, clip_grad_norm=None, nan_policy="raise", seed=None, target_shape=None,
-            target_dtype=None):
+            target_dtype=None, input_dtype=None):
     """Compiles `model` for training with `optimizer` on batches of `batch_size` samples.
 
     loss: an ft.nn loss (CrossEntropyLoss by default), a Module whose forward(output, target) returns the loss,
     or a function f(output, target); traced with the model, it is part of the compiled graph. A model returning
     several outputs passes them to the loss as a tuple. The targets' per-sample shape and dtype follow from the
     loss that reads them (class indices: () int64; regression: the output's shape, float32) unless given as
-    target_shape and target_dtype.
+    target_shape and target_dtype. input_dtype=ft.int64 takes token ids (for a model starting with an Embedding).
 
     seed keys the dropout masks (by default drawn from fasttrain's generator, so ft.manual_seed fixes it)."""
     if loss is None:
         loss = M.CrossEntropyLoss()
     return Program(model, optimizer, loss, batch_size, input_shape, memory_format, accumulate_steps,
-                   clip_grad_norm, nan_policy, seed, target_shape, target_dtype)
+                   clip_grad_norm, nan_policy, seed, target_shape, target_dtype, input_dtype)
