@@ -499,7 +499,8 @@ ft_status ft_loader_new(ft_loader **out, ft_source *source, const ft_transform *
     size_t images_bytes = (size_t)config->batch_size * l->sample_bytes;
     r->labels_offset = (images_bytes + 63) / 64 * 64;
     r->slot_bytes = r->labels_offset + (size_t)config->batch_size * sizeof(int64_t);
-    bool pinned = ft_cuda() && (config->pin_memory || config->device.type == FT_DEV_CUDA);
+    /* in this order: a CPU loader that asks for no pinning loads no CUDA library */
+    bool pinned = (config->pin_memory || config->device.type == FT_DEV_CUDA) && ft_cuda();
     r->pool = (ft_mem_pool){pinned ? FT_MEM_PINNED : FT_MEM_HOST, 0};
     l->ring = r;
 
