@@ -281,7 +281,9 @@ static bool work_once(ft_loader *l, ft_augment_ctx *ctx, ft_fetch_buf *buf) {
         if (c->state == SLOT_FILLING && c->gen == l->gen && c->claimed < c->n && (!s || c->batch < s->batch))
             s = c;
     }
-    int64_t window = l->nthreads ? l->cfg.prefetch : 1;
+    /* cfg, not nthreads: the consumer counts nthreads up while the first
+     * workers already run here */
+    int64_t window = l->cfg.num_workers ? l->cfg.prefetch : 1;
     if (!s && l->fatal == FT_OK && l->claim < l->nbatches && l->claim < l->deliver + window) {
         s = take_slot(l);
         if (s) {
