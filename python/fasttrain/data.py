@@ -186,7 +186,10 @@ def _per_channel(v, what):
 
 
 class Normalize(Transform):
-    """torchvision.transforms.Normalize on the [0, 1] values: (x - mean) / std per channel, in float32."""
+    """torchvision.transforms.Normalize on the [0, 1] values: (x - mean) / std per channel, in float32.
+
+    inplace is torchvision's argument: the pipeline always works in place on a sample no caller sees
+    (torchvision's inplace=True), so both values give the same batches."""
 
     def __init__(self, mean, std, inplace=False):
         self.mean = _per_channel(mean, "Normalize mean")
@@ -198,7 +201,7 @@ class Normalize(Transform):
 
 class RandomErasing(Transform):
     """torchvision.transforms.RandomErasing on the output tensor; value is a number, one per channel, or
-    'random' (standard normal noise from Philox)."""
+    'random' (standard normal noise from Philox). inplace: as Normalize's, both values give the same batches."""
 
     def __init__(self, p=0.5, scale=(0.02, 0.33), ratio=(0.3, 3.3), value=0, inplace=False):
         self.p = float(p)
