@@ -14,7 +14,6 @@ Randomness is a pure function of (seed, epoch, sample index): batches are
 bitwise identical for any num_workers. docs/data.md has the details.
 """
 import glob as _glob
-import gzip
 import json
 import numbers
 import os
@@ -385,6 +384,7 @@ def _unpacked_idx(gz_path, cache_dir):
     if not os.path.exists(out) or os.path.getmtime(out) < os.path.getmtime(gz_path):
         os.makedirs(cache_dir, exist_ok=True)
         tmp = f"{out}.tmp{os.getpid()}"
+        import gzip  # here, not at the top: only Fashion-MNIST's first use needs it, not import fasttrain
         with gzip.open(gz_path, "rb") as src, open(tmp, "wb") as dst:
             while True:
                 chunk = src.read(1 << 20)
