@@ -18,8 +18,14 @@ CFLAGS_TEST := -std=c11 -D_GNU_SOURCE -O2 -fno-math-errno -g -Wall -Wextra -Werr
 	-Wno-missing-field-initializers -fopenmp -Icsrc -Itests/c
 C_LIBS := -ldnnl -lturbojpeg -ldl -lm
 SAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+# ThreadSanitizer instruments target_clones resolvers, which run before its
+# runtime starts: its builds take the plain code paths.
+TSAN_FLAGS := -fsanitize=thread -DFT_NO_CLONES
+# The tests whose threads are the loader's pthreads (OpenMP's runtime is not
+# instrumented, so its regions would only give false reports).
+TSAN_TESTS := test_data_loader test_data_record
 
-.PHONY: demo test test-py test-c test-sanitize build sysdeps bench clean gpu-bundle test-gpu
+.PHONY: demo test test-py test-c test-sanitize test-tsan build sysdeps bench clean gpu-bundle test-gpu
 
 demo: build
 	$(PY) examples/demo.py
@@ -57,6 +63,7 @@ build: $(VENV)/.ready
 # The C core is compiled once per flavour into a static library the C tests link.
 OBJ := $(patsubst csrc/%.c,build/obj/%.o,$(CORE_SRC))
 OBJ_SAN := $(patsubst csrc/%.c,build/obj-san/%.o,$(CORE_SRC))
+OBJ_TSAN := $(patsubst csrc/%.c,build/obj-tsan/%.o,$(CORE_SRC))
 
 build/obj/%.o: csrc/%.c $(CORE_HDR)
 	@mkdir -p $(dir $@)
@@ -66,10 +73,17 @@ build/obj-san/%.o: csrc/%.c $(CORE_HDR)
 	@mkdir -p $(dir $@)
 	@echo "  CC $< (sanitized)" && $(CC) $(CFLAGS_TEST) $(SAN_FLAGS) -c $< -o $@
 
+build/obj-tsan/%.o: csrc/%.c $(CORE_HDR)
+	@mkdir -p $(dir $@)
+	@echo "  CC $< (ThreadSanitizer)" && $(CC) $(CFLAGS_TEST) $(TSAN_FLAGS) -c $< -o $@
+
 build/libftcore.a: $(OBJ)
 	@rm -f $@ && ar rcs $@ $^
 
 build/libftcore-san.a: $(OBJ_SAN)
+	@rm -f $@ && ar rcs $@ $^
+
+build/libftcore-tsan.a: $(OBJ_TSAN)
 	@rm -f $@ && ar rcs $@ $^
 
 build/c/%: tests/c/%.c build/libftcore.a
@@ -80,6 +94,10 @@ build/c-san/%: tests/c/%.c build/libftcore-san.a
 	@mkdir -p build/c-san
 	@echo "  LD $@" && $(CC) $(CFLAGS_TEST) $(SAN_FLAGS) $< build/libftcore-san.a -o $@ $(C_LIBS)
 
+build/c-tsan/%: tests/c/%.c build/libftcore-tsan.a
+	@mkdir -p build/c-tsan
+	@echo "  LD $@" && $(CC) $(CFLAGS_TEST) $(TSAN_FLAGS) $< build/libftcore-tsan.a -o $@ $(C_LIBS)
+
 # Every test program runs even when an earlier one fails; the rule fails at the end.
 test-c: $(addprefix build/c/,$(C_TESTS))
 	@failed=; for t in $^; do echo "== $$t"; $$t || failed="$$failed $$t"; done; \
@@ -88,6 +106,10 @@ test-c: $(addprefix build/c/,$(C_TESTS))
 test-sanitize: $(addprefix build/c-san/,$(C_TESTS))
 	@failed=; for t in $^; do echo "== $$t (ASan+UBSan)"; \
 		ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 $$t || failed="$$failed $$t"; done; \
+	if [ -n "$$failed" ]; then echo "FAILED:$$failed"; exit 1; fi
+
+test-tsan: $(addprefix build/c-tsan/,$(TSAN_TESTS))
+	@failed=; for t in $^; do echo "== $$t (TSan)"; TSAN_OPTIONS=halt_on_error=1 $$t || failed="$$failed $$t"; done; \
 	if [ -n "$$failed" ]; then echo "FAILED:$$failed"; exit 1; fi
 
 bench: build

@@ -146,6 +146,8 @@ if os.environ.get("FASTTRAIN_SANITIZE") == "1":
 setup(
     package_dir={"": "python"},
     packages=find_packages("python"),
+    # the extension's type stub and the PEP 561 marker that makes type checkers read it
+    package_data={"fasttrain": ["_C.pyi", "py.typed"]},
     ext_modules=[
         Extension(
             "fasttrain._C",

@@ -1,5 +1,7 @@
 """softmax and log_softmax along any dim: forward against NumPy float64, backward against the analytic
 gradient and central differences, layouts, in-place use, determinism and bad input."""
+import warnings
+
 import numpy as np
 import pytest
 
@@ -95,6 +97,26 @@ def test_implicit_dim_warns_like_torch():
     with pytest.warns(UserWarning, match="Implicit dimension"):
         y = F.softmax(x)
     np.testing.assert_allclose(n(y), ref_softmax(n(x), 1), rtol=2e-6)
+
+
+def _softmax_through_a_helper(fn, x, stacklevel):
+    return fn(x, _stacklevel=stacklevel)
+
+
+@pytest.mark.parametrize("fn", [F.softmax, F.log_softmax])
+def test_implicit_dim_warning_follows_stacklevel(fn):
+    """_stacklevel, as in torch: 3 (the default) names softmax's caller, 2 softmax itself."""
+    x = t(rng.normal(size=(3, 4)))
+    helper = _softmax_through_a_helper.__code__
+    for stacklevel in (3, 2):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _softmax_through_a_helper(fn, x, stacklevel)
+        assert len(caught) == 1 and "Implicit dimension" in str(caught[0].message)
+        if stacklevel == 3:
+            assert (caught[0].filename, caught[0].lineno) == (helper.co_filename, helper.co_firstlineno + 1)
+        else:
+            assert caught[0].filename == F.__file__
 
 
 def test_deterministic_across_thread_counts(threads):

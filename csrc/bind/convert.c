@@ -75,9 +75,7 @@ static int visit_scalar(walk *w, PyObject *o, int depth) {
         return -1;
     if (w->infer) {
         if (w->seen) {
-            ft_dtype promoted;
-            ft_dtype_promote(&promoted, w->dtype, natural);
-            w->dtype = promoted;
+            w->dtype = ft_dtype_promote(w->dtype, natural);
         } else {
             w->dtype = natural;
             w->seen = true;

@@ -333,26 +333,33 @@ static PyObject *py_get_allow_tf32(PyObject *module, PyObject *unused) {
     return PyBool_FromLong(ft_allow_tf32());
 }
 
-static PyObject *py_cuda_load(PyObject *module, PyObject *arg) {
+static PyObject *py_cuda_set_library(PyObject *module, PyObject *arg) {
     (void)module;
     const char *path = PyUnicode_AsUTF8(arg);
     if (!path)
         return NULL;
-    ft_status s;
-    Py_BEGIN_ALLOW_THREADS
-    s = ft_cuda_load(path);
-    Py_END_ALLOW_THREADS
-    return s == FT_OK ? Py_NewRef(Py_None) : ft_raise(s);
+    ft_cuda_set_library(path);
+    Py_RETURN_NONE;
 }
 
+/* The first CUDA question loads the backend (a dlopen of the CUDA
+ * libraries and the runtime's device query): seconds on some machines. */
 static PyObject *py_cuda_device_count(PyObject *module, PyObject *unused) {
     (void)module, (void)unused;
-    return PyLong_FromLong(ft_cuda_device_count());
+    int n;
+    Py_BEGIN_ALLOW_THREADS
+    n = ft_cuda_device_count();
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(n);
 }
 
 static PyObject *py_cuda_unavailable_reason(PyObject *module, PyObject *unused) {
     (void)module, (void)unused;
-    return PyUnicode_FromString(ft_cuda_unavailable_reason());
+    const char *reason;
+    Py_BEGIN_ALLOW_THREADS
+    reason = ft_cuda_unavailable_reason();
+    Py_END_ALLOW_THREADS
+    return PyUnicode_FromString(reason);
 }
 
 static PyObject *py_cuda_device_name(PyObject *module, PyObject *arg) {
@@ -409,7 +416,8 @@ static PyMethodDef module_methods[] = {
     {"get_benchmark", py_get_benchmark, METH_NOARGS, NULL},
     {"set_allow_tf32", py_set_allow_tf32, METH_O, NULL},
     {"get_allow_tf32", py_get_allow_tf32, METH_NOARGS, NULL},
-    {"cuda_load", py_cuda_load, METH_O, "Load the CUDA backend library at this path (once)."},
+    {"cuda_set_library", py_cuda_set_library, METH_O,
+     "Name the CUDA backend library that the first CUDA use loads (only the first name counts)."},
     {"cuda_device_count", py_cuda_device_count, METH_NOARGS, NULL},
     {"cuda_unavailable_reason", py_cuda_unavailable_reason, METH_NOARGS, NULL},
     {"cuda_device_name", py_cuda_device_name, METH_O, NULL},

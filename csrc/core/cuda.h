@@ -1,9 +1,19 @@
 /* The CUDA backend seen from the core.
  *
  * cuda/ builds into its own shared library (libfasttrain_cuda.so) that the
- * core loads with dlopen on first use. A machine without the CUDA libraries or
- * without a driver therefore still imports and runs fasttrain on the CPU; the
- * reason CUDA is unusable is kept for ft.cuda.is_available()'s callers. */
+ * core loads with dlopen the first time anything asks about CUDA: every
+ * function below except ft_cuda_set_library. So a process that never touches
+ * CUDA never maps cudart, cuBLAS or cuDNN (their load costs more than the
+ * rest of the import together); a machine without a driver (libcuda.so.1)
+ * does not map them either, since the driver's absence is the answer; and a
+ * machine without the CUDA libraries or a device runs fasttrain on the CPU.
+ * Why CUDA is unusable (dlerror's text naming the library that failed to
+ * load, or the runtime's message) is kept for ft.cuda.unavailable_reason()
+ * and for the error of any CUDA request.
+ *
+ * Whether CUDA is usable is decided once per process: page-locked memory
+ * comes from the CUDA runtime exactly when the backend loaded, and its free
+ * must take the same path as its allocation. */
 #ifndef FT_CORE_CUDA_H
 #define FT_CORE_CUDA_H
 
@@ -64,8 +74,10 @@ typedef struct {
 typedef const ft_cuda_api *(*ft_cuda_open_fn)(const ft_cuda_host *host);
 #define FT_CUDA_OPEN_SYMBOL "ft_cuda_open"
 
-/* Loads the backend from `path` once; later calls return the first result. */
-ft_status ft_cuda_load(const char *path);
+/* Names the backend library the first CUDA question loads; without a name
+ * (a build without the backend) CUDA is unavailable. Only the first call
+ * counts, and only before that question. */
+void ft_cuda_set_library(const char *path);
 
 /* The backend when it loaded and sees at least one device, else NULL. */
 const ft_cuda_api *ft_cuda(void);

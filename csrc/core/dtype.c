@@ -16,11 +16,6 @@ bool ft_dtype_is_float(ft_dtype dt) {
 
 bool ft_dtype_is_complex(ft_dtype dt) { return dt == FT_COMPLEX64 || dt == FT_COMPLEX128; }
 
-bool ft_dtype_is_signed(ft_dtype dt) {
-    uint8_t c = dtype_table[dt].dl_code;
-    return c == FT_DL_INT || c == FT_DL_FLOAT || c == FT_DL_BFLOAT || c == FT_DL_COMPLEX;
-}
-
 ft_status ft_dtype_from_dlpack(ft_dtype *out, int code, int bits, int lanes) {
     if (lanes == 1) {
         for (int i = 0; i < FT_NUM_DTYPES; i++) {
@@ -51,42 +46,31 @@ static ft_dtype signed_of_bits(int bits) {
     return bits <= 8 ? FT_INT8 : bits <= 16 ? FT_INT16 : bits <= 32 ? FT_INT32 : FT_INT64;
 }
 
-ft_status ft_dtype_promote(ft_dtype *out, ft_dtype a, ft_dtype b) {
-    if (a == b) {
-        *out = a;
-        return FT_OK;
-    }
+ft_dtype ft_dtype_promote(ft_dtype a, ft_dtype b) {
+    if (a == b)
+        return a;
     int ka = kind_of(a), kb = kind_of(b);
     if (ka != kb) {
         /* The higher kind wins; an integer joins complex as complex64. */
-        *out = ka > kb ? a : b;
-        return FT_OK;
+        return ka > kb ? a : b;
     }
     const ft_dtype_info *ia = &dtype_table[a], *ib = &dtype_table[b];
     switch (ka) {
-    case KIND_INT:
-        if (ia->dl_code == ib->dl_code) {
-            *out = ia->bits >= ib->bits ? a : b;
-        } else {
-            const ft_dtype_info *u = ia->dl_code == FT_DL_UINT ? ia : ib;
-            const ft_dtype_info *s = ia->dl_code == FT_DL_UINT ? ib : ia;
-            if (s->bits > u->bits)
-                *out = s == ia ? a : b;
-            else if (u->bits < 64)
-                *out = signed_of_bits(u->bits * 2);
-            else
-                *out = FT_FLOAT64;
-        }
-        return FT_OK;
+    case KIND_INT: {
+        if (ia->dl_code == ib->dl_code)
+            return ia->bits >= ib->bits ? a : b;
+        const ft_dtype_info *u = ia->dl_code == FT_DL_UINT ? ia : ib;
+        const ft_dtype_info *s = ia->dl_code == FT_DL_UINT ? ib : ia;
+        if (s->bits > u->bits)
+            return s == ia ? a : b;
+        return u->bits < 64 ? signed_of_bits(u->bits * 2) : FT_FLOAT64;
+    }
     case KIND_FLOAT:
         /* float16 with bfloat16 has no exact common 16-bit type. */
         if (ia->bits == 16 && ib->bits == 16)
-            *out = FT_FLOAT32;
-        else
-            *out = ia->bits >= ib->bits ? a : b;
-        return FT_OK;
+            return FT_FLOAT32;
+        return ia->bits >= ib->bits ? a : b;
     default:
-        *out = ia->bits >= ib->bits ? a : b;
-        return FT_OK;
+        return ia->bits >= ib->bits ? a : b;
     }
 }

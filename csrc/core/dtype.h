@@ -51,7 +51,6 @@ const ft_dtype_info *ft_dtype_get(ft_dtype dt);
 bool ft_dtype_valid(int dt);
 bool ft_dtype_is_float(ft_dtype dt);   /* float16, bfloat16, float32, float64 */
 bool ft_dtype_is_complex(ft_dtype dt);
-bool ft_dtype_is_signed(ft_dtype dt);  /* signed integers and floats */
 
 /* The dtype of a DLPack (code, bits, lanes) triple, or FT_ERR_DTYPE. */
 ft_status ft_dtype_from_dlpack(ft_dtype *out, int code, int bits, int lanes);
@@ -59,6 +58,6 @@ ft_status ft_dtype_from_dlpack(ft_dtype *out, int code, int bits, int lanes);
 /* The smallest dtype that holds values of both, as torch.promote_types
  * (uint8 with int8 gives int16; unsigned 16-64 bit with signed give the next
  * signed size, uint64 with a signed type gives float64 like NumPy). */
-ft_status ft_dtype_promote(ft_dtype *out, ft_dtype a, ft_dtype b);
+ft_dtype ft_dtype_promote(ft_dtype a, ft_dtype b);
 
 #endif

@@ -6,6 +6,8 @@
 #ifndef FT_CORE_STATUS_H
 #define FT_CORE_STATUS_H
 
+#include <stdint.h>
+
 typedef enum {
     FT_OK = 0,
     FT_ERR_VALUE,    /* a bad argument value                  -> ValueError */
@@ -30,6 +32,26 @@ ft_status ft_fail(ft_status status, const char *fmt, ...)
 
 /* The message of the calling thread's last failure ("" if none). */
 const char *ft_last_error(void);
+
+#define FT_ERROR_LEN 1024
+
+/* A failure carried to another thread. The message is the failing thread's:
+ * an iteration of an OpenMP parallel region that fails records it on a worker
+ * thread, which the caller never reads, so each iteration keeps its status in
+ * one of these and the caller takes the first with ft_error_first. */
+typedef struct {
+    ft_status status;
+    char message[FT_ERROR_LEN];
+} ft_error;
+
+/* Keeps `status` in *e, with the calling thread's message when it is a
+ * failure; returns `status`. */
+ft_status ft_error_keep(ft_error *e, ft_status status);
+
+/* The first failure of errors[0..n) in index order (so the same one whatever
+ * the thread count), its message recorded for the calling thread; FT_OK when
+ * every one succeeded. */
+ft_status ft_error_first(const ft_error *errors, int64_t n);
 
 #define FT_TRY(expr)                          \
     do {                                      \

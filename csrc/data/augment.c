@@ -5,6 +5,7 @@
 
 #include <immintrin.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -520,8 +521,17 @@ static ft_status materialize(view *v, ft_augment_ctx *ctx) {
     const uint8_t *src, size_t sstride, int rows, uint8_t *dst, size_t dstride, int out_w, const int *bounds, \
         const int32_t *kk, int ksize
 
-__attribute__((target_clones("avx2", "default"))) static void hpass1(HPASS_ARGS) { HPASS_BODY(1) }
-__attribute__((target_clones("avx2", "default"))) static void hpass3(HPASS_ARGS) { HPASS_BODY(3) }
+/* AVX2 code chosen at run time. -DFT_NO_CLONES builds the plain version, as
+ * in ops/pointwise.h: ThreadSanitizer instruments the resolvers, which run
+ * before its runtime does. */
+#if !defined(FT_NO_CLONES)
+#define AVX2_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define AVX2_CLONES
+#endif
+
+AVX2_CLONES static void hpass1(HPASS_ARGS) { HPASS_BODY(1) }
+AVX2_CLONES static void hpass3(HPASS_ARGS) { HPASS_BODY(3) }
 
 /* RGBX: the taps of one output pixel are adjacent input pixels, so one
  * 16-byte load covers four taps of all four channels; each weight is
@@ -600,14 +610,21 @@ static void hpass4_plain(HPASS4_ARGS) {
     }
 }
 
+/* Chosen once for the process: the loader's worker threads all resize, and
+ * pthread_once both orders their first calls and publishes the choice. */
+static pthread_once_t hpass4_once = PTHREAD_ONCE_INIT;
+static void (*hpass4_best)(HPASS4_ARGS);
+
+static void hpass4_choose(void) {
+    __builtin_cpu_init();
+    hpass4_best = __builtin_cpu_supports("avx512f") ? hpass4_avx512
+                  : __builtin_cpu_supports("avx2") ? hpass4_avx2
+                                                   : hpass4_plain;
+}
+
 static void hpass4(HPASS4_ARGS) {
-    static int level = -1; /* 2 AVX-512, 1 AVX2, 0 neither; a benign race: every thread computes the same */
-    if (level < 0) {
-        __builtin_cpu_init();
-        level = __builtin_cpu_supports("avx512f") ? 2 : __builtin_cpu_supports("avx2") ? 1 : 0;
-    }
-    (level == 2 ? hpass4_avx512 : level == 1 ? hpass4_avx2 : hpass4_plain)(src, sstride, rows, dst, dstride, out_w,
-                                                                           bounds, kk4, groups);
+    pthread_once(&hpass4_once, hpass4_choose);
+    hpass4_best(src, sstride, rows, dst, dstride, out_w, bounds, kk4, groups);
 }
 
 /* kk4 (out_w, groups, 16): kk's weights each repeated 4 times, zero past the taps. */
@@ -619,10 +636,8 @@ static void expand_weights(int32_t *kk4, const int32_t *kk, int out_w, int ksize
 }
 
 /* Vertical pass: dst (out_h, n) from src rows; n = row bytes. */
-__attribute__((target_clones("avx2", "default"))) static void vpass(const uint8_t *src, size_t sstride, uint8_t *dst,
-                                                                     size_t dstride, int out_h, int n,
-                                                                     const int *bounds, const int32_t *kk, int ksize,
-                                                                     int32_t *acc /* (n) */) {
+AVX2_CLONES static void vpass(const uint8_t *src, size_t sstride, uint8_t *dst, size_t dstride, int out_h, int n,
+                              const int *bounds, const int32_t *kk, int ksize, int32_t *acc /* (n) */) {
     for (int y = 0; y < out_h; y++) {
         const int32_t *k = kk + (size_t)y * ksize;
         int ymin = bounds[2 * y], taps = bounds[2 * y + 1];

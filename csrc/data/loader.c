@@ -281,7 +281,9 @@ static bool work_once(ft_loader *l, ft_augment_ctx *ctx, ft_fetch_buf *buf) {
         if (c->state == SLOT_FILLING && c->gen == l->gen && c->claimed < c->n && (!s || c->batch < s->batch))
             s = c;
     }
-    int64_t window = l->nthreads ? l->cfg.prefetch : 1;
+    /* cfg, not nthreads: the consumer counts nthreads up while the first
+     * workers already run here */
+    int64_t window = l->cfg.num_workers ? l->cfg.prefetch : 1;
     if (!s && l->fatal == FT_OK && l->claim < l->nbatches && l->claim < l->deliver + window) {
         s = take_slot(l);
         if (s) {
@@ -499,7 +501,8 @@ ft_status ft_loader_new(ft_loader **out, ft_source *source, const ft_transform *
     size_t images_bytes = (size_t)config->batch_size * l->sample_bytes;
     r->labels_offset = (images_bytes + 63) / 64 * 64;
     r->slot_bytes = r->labels_offset + (size_t)config->batch_size * sizeof(int64_t);
-    bool pinned = ft_cuda() && (config->pin_memory || config->device.type == FT_DEV_CUDA);
+    /* in this order: a CPU loader that asks for no pinning loads no CUDA library */
+    bool pinned = (config->pin_memory || config->device.type == FT_DEV_CUDA) && ft_cuda();
     r->pool = (ft_mem_pool){pinned ? FT_MEM_PINNED : FT_MEM_HOST, 0};
     l->ring = r;
 

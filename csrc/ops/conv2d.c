@@ -310,7 +310,7 @@ static ft_status backward_weights_deterministic(const ft_tensor *dw, const ft_te
     ft_tensor parts;
     int64_t pshape[5] = {chunks + 1, dw->shape[0], dw->shape[1], dw->shape[2], dw->shape[3]};
     FT_TRY(ft_tensor_empty(&parts, 5, pshape, FT_FLOAT32, FT_CPU, false));
-    ft_status st[DET_CHUNKS], s = FT_OK;
+    ft_error err[DET_CHUNKS];
 #pragma omp parallel for schedule(static)
     for (int64_t c = 0; c < chunks; c++) {
         int64_t n0 = N * c / chunks, n1 = N * (c + 1) / chunks;
@@ -321,10 +321,9 @@ static ft_status backward_weights_deterministic(const ft_tensor *dw, const ft_te
         part.storage = parts.storage;
         part.offset = c * wn * 4;
         ft_contiguous_strides(part.strides, 4, dw->shape);
-        st[c] = backward_weights(&part, &out, &in, p, true);
+        ft_error_keep(&err[c], backward_weights(&part, &out, &in, p, true));
     }
-    for (int64_t c = 0; c < chunks && s == FT_OK; c++)
-        s = st[c];
+    ft_status s = ft_error_first(err, chunks);
     /* the last slot of parts holds the sum, in dw's shape and dense order */
     ft_tensor sum = parts;
     sum.offset = chunks * wn * 4;

@@ -135,15 +135,13 @@ static ft_status matmul_rows(const operand *src, const operand *wei, const opera
     if (!ft_deterministic())
         return matmul(src, wei, dst, bias, act, sum, false);
     int64_t n = src->dims[0], chunks = n < DET_CHUNKS ? n : DET_CHUNKS;
-    ft_status st[DET_CHUNKS];
+    ft_error err[DET_CHUNKS];
 #pragma omp parallel for schedule(static)
     for (int64_t c = 0; c < chunks; c++) {
         operand s = rows(src, n * c / chunks, n * (c + 1) / chunks), d = rows(dst, n * c / chunks, n * (c + 1) / chunks);
-        st[c] = matmul(&s, wei, &d, bias, act, sum, true);
+        ft_error_keep(&err[c], matmul(&s, wei, &d, bias, act, sum, true));
     }
-    for (int64_t c = 0; c < chunks; c++)
-        FT_TRY(st[c]);
-    return FT_OK;
+    return ft_error_first(err, chunks);
 }
 
 /* Every tensor on the device of the input x. */
@@ -202,17 +200,16 @@ static ft_status weight_grad(const ft_tensor *dw, const ft_tensor *dout, const f
     ft_tensor parts;
     int64_t pshape[3] = {chunks, dw->shape[0], dw->shape[1]};
     FT_TRY(ft_tensor_empty(&parts, 3, pshape, FT_FLOAT32, FT_CPU, false));
-    ft_status st[DET_CHUNKS], s = FT_OK;
+    ft_error err[DET_CHUNKS];
 #pragma omp parallel for schedule(static)
     for (int64_t c = 0; c < chunks; c++) {
         int64_t n0 = N * c / chunks, n1 = N * (c + 1) / chunks;
         operand part_src = cols(&src, n0, n1), part_wei = rows(&wei, n0, n1);
         operand part_dst = {{dw->shape[0], dw->shape[1]}, {dw->shape[1], 1}, FT_FLOAT32,
                             (char *)ft_tensor_data(&parts) + c * wn * 4};
-        st[c] = matmul(&part_src, &part_wei, &part_dst, NULL, (ft_act){FT_ACT_NONE, 0}, false, true);
+        ft_error_keep(&err[c], matmul(&part_src, &part_wei, &part_dst, NULL, (ft_act){FT_ACT_NONE, 0}, false, true));
     }
-    for (int64_t c = 0; c < chunks && s == FT_OK; c++)
-        s = st[c];
+    ft_status s = ft_error_first(err, chunks);
     if (s == FT_OK) {
         const float *p = (const float *)ft_tensor_data(&parts);
         float *out = (float *)ft_tensor_data(dw);

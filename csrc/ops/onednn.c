@@ -37,7 +37,7 @@ static pthread_once_t stream_key_once = PTHREAD_ONCE_INIT;
 static void destroy_stream(void *s) { dnnl_stream_destroy(s); }
 static void create_stream_key(void) { pthread_key_create(&stream_key, destroy_stream); }
 
-ft_status ft_dnnl_stream(dnnl_stream_t *out) {
+static ft_status thread_stream(dnnl_stream_t *out) {
     pthread_once(&stream_key_once, create_stream_key);
     dnnl_stream_t s = pthread_getspecific(stream_key);
     if (!s) {
@@ -84,10 +84,6 @@ ft_status ft_dnnl_md_any(dnnl_memory_desc_t *md, ft_dtype dtype, int ndim, const
         d[i] = dims[i];
     return ft_dnnl_check(dnnl_memory_desc_init_by_tag(md, ndim, d, dt, dnnl_format_tag_any),
                          "describing a tensor for oneDNN");
-}
-
-ft_status ft_dnnl_md(dnnl_memory_desc_t *md, const ft_tensor *t) {
-    return ft_dnnl_md_strided(md, t->dtype, t->ndim, t->shape, t->strides);
 }
 
 /* ---- the primitive cache: open hashing on the key bytes ---- */
@@ -164,20 +160,6 @@ ft_status ft_dnnl_get(const ft_dnnl_prim **out, const void *key, size_t key_len,
     return FT_OK;
 }
 
-void ft_dnnl_clear_cache(void) {
-    pthread_mutex_lock(&cache_lock);
-    for (int b = 0; b < BUCKETS; b++) {
-        for (entry *e = buckets[b], *next; e; e = next) {
-            next = e->next;
-            dnnl_primitive_destroy(e->prim.prim);
-            dnnl_primitive_desc_destroy(e->prim.pd);
-            free(e);
-        }
-        buckets[b] = NULL;
-    }
-    pthread_mutex_unlock(&cache_lock);
-}
-
 #define MAX_ARGS 12
 
 static bool is_output(int arg) {
@@ -212,7 +194,7 @@ ft_status ft_dnnl_run(const ft_dnnl_prim *p, int n, const ft_dnnl_arg *args) {
     dnnl_engine_t e;
     dnnl_stream_t stream;
     FT_TRY(ft_dnnl_engine(&e));
-    FT_TRY(ft_dnnl_stream(&stream));
+    FT_TRY(thread_stream(&stream));
     if (n > MAX_ARGS)
         return ft_fail(FT_ERR_RUNTIME, "too many oneDNN arguments");
     ft_mem_pool host = {FT_MEM_HOST, 0};
@@ -303,10 +285,4 @@ ft_status ft_dnnl_append_act(dnnl_post_ops_t po, ft_act act) {
     default: return ft_fail(FT_ERR_VALUE, "unknown activation %d", (int)act.kind);
     }
     return ft_dnnl_check(dnnl_post_ops_append_eltwise(po, 1.0f, alg, alpha, 0.0f), "an activation post-op");
-}
-
-const char *ft_dnnl_impl(const ft_dnnl_prim *p) {
-    const char *impl = "";
-    dnnl_primitive_desc_query(p->pd, dnnl_query_impl_info_str, 0, &impl);
-    return impl;
 }

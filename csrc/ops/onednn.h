@@ -16,13 +16,11 @@
 /* FT_OK, or the oneDNN status as an ft_status naming `what`. */
 ft_status ft_dnnl_check(dnnl_status_t s, const char *what);
 
-/* The process's CPU engine and the calling thread's stream. */
+/* The process's CPU engine. */
 ft_status ft_dnnl_engine(dnnl_engine_t *engine);
-ft_status ft_dnnl_stream(dnnl_stream_t *stream);
 
-/* A memory descriptor with t's dims and strides (which must be non-negative). */
-ft_status ft_dnnl_md(dnnl_memory_desc_t *md, const ft_tensor *t);
-/* The same with explicit dims and strides (e.g. a grouped weight view). */
+/* A memory descriptor with explicit dims and strides (which must be
+ * non-negative; e.g. a grouped weight view). */
 ft_status ft_dnnl_md_strided(dnnl_memory_desc_t *md, ft_dtype dtype, int ndim, const int64_t *dims,
                              const int64_t *strides);
 
@@ -40,10 +38,10 @@ typedef struct {
 typedef ft_status (*ft_dnnl_build_fn)(dnnl_primitive_desc_t *pd, const void *arg);
 
 /* The primitive for `key` (any bytes that identify it completely), built by
- * `build` on first use. The entry lives until ft_dnnl_clear_cache(). */
+ * `build` on first use. Entries live as long as the process: callers keep
+ * using a primitive after the lookup, without the cache's lock. */
 ft_status ft_dnnl_get(const ft_dnnl_prim **out, const void *key, size_t key_len, ft_dnnl_build_fn build,
                       const void *arg);
-void ft_dnnl_clear_cache(void);
 
 /* Runs a primitive on the calling thread's stream with `n` (arg, memory) pairs,
  * each memory made from a raw pointer and its descriptor, then waits. An
@@ -62,8 +60,5 @@ ft_status ft_dnnl_attr(dnnl_primitive_attr_t *attr);
 
 /* Appends act as an eltwise post-op (nothing for FT_ACT_NONE). */
 ft_status ft_dnnl_append_act(dnnl_post_ops_t po, ft_act act);
-
-/* The implementation oneDNN chose, e.g. "jit:avx512_core". */
-const char *ft_dnnl_impl(const ft_dnnl_prim *p);
 
 #endif

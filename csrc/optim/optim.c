@@ -908,7 +908,6 @@ ft_status ft_ema_update(ft_ema *ema, double decay) {
 ft_storage *ft_ema_average(const ft_ema *ema) { return ema->avg; }
 int64_t ft_ema_offset(const ft_ema *ema, int segment) { return ema->plan.offset[segment]; }
 int ft_ema_num_segments(const ft_ema *ema) { return ema->plan.nseg; }
-ft_device ft_ema_device(const ft_ema *ema) { return ema->device; }
 ft_ema_segment ft_ema_get_segment(const ft_ema *ema, int segment) {
     return (ft_ema_segment){ema->params[segment], ema->plan.offset[segment + 1] - ema->plan.offset[segment]};
 }

@@ -192,7 +192,6 @@ ft_status ft_ema_update(ft_ema *ema, double decay);
 ft_storage *ft_ema_average(const ft_ema *ema);
 int64_t ft_ema_offset(const ft_ema *ema, int segment);
 int ft_ema_num_segments(const ft_ema *ema);
-ft_device ft_ema_device(const ft_ema *ema);
 ft_ema_segment ft_ema_get_segment(const ft_ema *ema, int segment);
 
 #endif

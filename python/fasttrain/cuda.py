@@ -1,5 +1,7 @@
 """The CUDA backend: compiled into libfasttrain_cuda.so when nvcc was found,
-loaded at import, and usable when the machine has a driver and a device."""
+loaded on the first CUDA use (any function here, a tensor, op, loader or
+program on "cuda", page-locked memory), and usable when the machine has a
+driver and a device. ``import fasttrain`` itself maps no CUDA library."""
 import os
 
 from . import _C
@@ -14,7 +16,7 @@ def is_compiled():
 
 
 if is_compiled():
-    _C.cuda_load(_LIBRARY)
+    _C.cuda_set_library(_LIBRARY)
 
 
 def is_available():

@@ -14,7 +14,6 @@ Randomness is a pure function of (seed, epoch, sample index): batches are
 bitwise identical for any num_workers. docs/data.md has the details.
 """
 import glob as _glob
-import gzip
 import json
 import numbers
 import os
@@ -186,7 +185,10 @@ def _per_channel(v, what):
 
 
 class Normalize(Transform):
-    """torchvision.transforms.Normalize on the [0, 1] values: (x - mean) / std per channel, in float32."""
+    """torchvision.transforms.Normalize on the [0, 1] values: (x - mean) / std per channel, in float32.
+
+    inplace is torchvision's argument: the pipeline always works in place on a sample no caller sees
+    (torchvision's inplace=True), so both values give the same batches."""
 
     def __init__(self, mean, std, inplace=False):
         self.mean = _per_channel(mean, "Normalize mean")
@@ -198,7 +200,7 @@ class Normalize(Transform):
 
 class RandomErasing(Transform):
     """torchvision.transforms.RandomErasing on the output tensor; value is a number, one per channel, or
-    'random' (standard normal noise from Philox)."""
+    'random' (standard normal noise from Philox). inplace: as Normalize's, both values give the same batches."""
 
     def __init__(self, p=0.5, scale=(0.02, 0.33), ratio=(0.3, 3.3), value=0, inplace=False):
         self.p = float(p)
@@ -382,6 +384,7 @@ def _unpacked_idx(gz_path, cache_dir):
     if not os.path.exists(out) or os.path.getmtime(out) < os.path.getmtime(gz_path):
         os.makedirs(cache_dir, exist_ok=True)
         tmp = f"{out}.tmp{os.getpid()}"
+        import gzip  # here, not at the top: only Fashion-MNIST's first use needs it, not import fasttrain
         with gzip.open(gz_path, "rb") as src, open(tmp, "wb") as dst:
             while True:
                 chunk = src.read(1 << 20)

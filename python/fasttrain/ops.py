@@ -21,28 +21,8 @@ Gradient outputs are written (=) unless their ``accumulate`` flag is set
 """
 from . import _C
 
-__all__ = [
-    "conv2d_forward", "conv2d_backward", "linear_forward", "linear_backward",
-    "batch_norm_forward", "batch_norm_backward", "layer_norm_forward", "layer_norm_backward",
-    "activation_forward", "activation_backward",
-    "add_forward", "add_backward", "mul_forward", "mul_backward", "concat_forward", "concat_backward",
-    "dropout_forward", "dropout_backward", "dropout_blocks",
-    "max_pool2d_forward", "max_pool2d_backward", "avg_pool2d_forward", "avg_pool2d_backward",
-    "adaptive_avg_pool2d_forward", "adaptive_avg_pool2d_backward",
-    "adaptive_max_pool2d_forward", "adaptive_max_pool2d_backward",
-    "softmax_forward", "softmax_backward", "log_softmax_forward", "log_softmax_backward",
-    "cross_entropy_forward", "cross_entropy_backward", "mse_loss_forward", "mse_loss_backward",
-    "group_norm_forward", "group_norm_backward", "embedding_forward", "embedding_backward",
-    "upsample_nearest2d_forward", "upsample_nearest2d_backward",
-]
-
-
-def __getattr__(name):
-    # ops registered by other families later (conv2d, linear, ...) are found too
-    if not name.startswith("_") and hasattr(_C, name) and (name.endswith("_forward") or name.endswith("_backward")):
-        return getattr(_C, name)
-    raise AttributeError(f"module 'fasttrain.ops' has no attribute '{name}'")
-
+# Read from the extension, so that an op bound in C is here without a second list.
+__all__ = sorted(n for n in dir(_C) if n.endswith(("_forward", "_backward"))) + ["dropout_blocks"]
 
 for _name in __all__:
     globals()[_name] = getattr(_C, _name)

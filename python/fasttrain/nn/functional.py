@@ -405,9 +405,10 @@ def softplus(input, beta=1.0, threshold=20.0):
 
 # ---- softmax ----
 
-def _softmax_dim(ndim, fn):
+def _softmax_dim(ndim, fn, stacklevel):
+    # stacklevel counts from here, as torch's _get_softmax_dim does: 3 names softmax's caller
     warnings.warn(f"Implicit dimension choice for {fn} has been deprecated. Change the call to include dim=X "
-                  "as an argument.", stacklevel=3)
+                  "as an argument.", stacklevel=stacklevel)
     return 0 if ndim in (0, 1, 3) else 1
 
 
@@ -416,7 +417,7 @@ def softmax(input, dim=None, _stacklevel=3, dtype=None):
     _check(input, "input", "softmax")
     if dtype is not None:
         input = input.to(dtype)
-    return _C.softmax_forward(None, input, _softmax_dim(input.ndim, "softmax") if dim is None else dim)
+    return _C.softmax_forward(None, input, _softmax_dim(input.ndim, "softmax", _stacklevel) if dim is None else dim)
 
 
 @_traced(lambda dim=None, _stacklevel=3, dtype=None: M.LogSoftmax(dim))
@@ -424,7 +425,8 @@ def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
     _check(input, "input", "log_softmax")
     if dtype is not None:
         input = input.to(dtype)
-    return _C.log_softmax_forward(None, input, _softmax_dim(input.ndim, "log_softmax") if dim is None else dim)
+    return _C.log_softmax_forward(None, input,
+                                  _softmax_dim(input.ndim, "log_softmax", _stacklevel) if dim is None else dim)
 
 
 # ---- losses ----
