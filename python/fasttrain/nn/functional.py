@@ -417,7 +417,9 @@ def softmax(input, dim=None, _stacklevel=3, dtype=None):
     _check(input, "input", "softmax")
     if dtype is not None:
         input = input.to(dtype)
-    return _C.softmax_forward(None, input, _softmax_dim(input.ndim, "softmax", _stacklevel) if dim is None else dim)
+    # + 1: the frame of _traced's wrapper
+    return _C.softmax_forward(None, input,
+                              _softmax_dim(input.ndim, "softmax", _stacklevel + 1) if dim is None else dim)
 
 
 @_traced(lambda dim=None, _stacklevel=3, dtype=None: M.LogSoftmax(dim))
@@ -426,7 +428,7 @@ def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
     if dtype is not None:
         input = input.to(dtype)
     return _C.log_softmax_forward(None, input,
-                                  _softmax_dim(input.ndim, "log_softmax", _stacklevel) if dim is None else dim)
+                                  _softmax_dim(input.ndim, "log_softmax", _stacklevel + 1) if dim is None else dim)
 
 
 # ---- losses ----
