@@ -32,6 +32,7 @@ __all__ = [
     "adaptive_max_pool2d_forward", "adaptive_max_pool2d_backward",
     "softmax_forward", "softmax_backward", "log_softmax_forward", "log_softmax_backward",
     "cross_entropy_forward", "cross_entropy_backward", "mse_loss_forward", "mse_loss_backward",
+    "sdpa_forward", "sdpa_backward",
 ]
 
 
