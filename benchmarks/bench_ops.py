@@ -36,6 +36,12 @@ Compute-bound ops, GFLOP/s (2 flops per multiply-add, no bias where a batch norm
   linear_n<N>_<in>x<out>_{fwd,bwd}   y = x @ W^T + b: fwd 2*N*in*out flops; bwd (dx, dW, db) 4*N*in*out.
       torch: F.linear; mm(dy, W) + mm(dy^T, x) + dy.sum(0) (what autograd runs for addmm).
 
+  sdpa_n<N>_h<H>_t<T>_d<D>[_causal]_{fwd,fwd_bwd}   scaled dot-product attention, q, k, v (N, H, T, D):
+      fwd 4*N*H*T*T*D flops (two products), fwd_bwd 3.5 times that (the backward's five products), with
+      causal counting only the T*(T+1)/2 scores a query sees; fwd = sdpa_forward with the lse kept, fwd_bwd =
+      sdpa_forward + sdpa_backward. torch: F.scaled_dot_product_attention (1.13: its private
+      _scaled_dot_product_attention) and torch.autograd.grad of its output for (q, k, v).
+
 Memory-bound ops, GB/s over the bytes the op must move at least (each input read once, each output written
 once, float32 values, int64 indices and targets; no write-allocate reads, as STREAM). An op that reads its
 input twice (a two-pass batch or layer norm over a tensor larger than the cache) cannot reach 1.0:
@@ -351,6 +357,41 @@ def linear_cases(N, I, O, dev="cpu"):
             Case(f"{name}_bwd", "GFLOP/s", 2 * flops, ours_b, theirs_b, inner)]
 
 
+def attention_cases(N, H, T, D, dev="cpu"):
+    q, k, v, dy = randn(N, H, T, D), randn(N, H, T, D), randn(N, H, T, D), randn(N, H, T, D)
+    fq, fk, fv, fdy = (ft_plain(a, dev) for a in (q, k, v, dy))
+    sdpa = None
+    if torch is not None:
+        tq, tk, tv = (th(a, dev=dev).requires_grad_() for a in (q, k, v))
+        tdy = th(dy, dev=dev)
+        if hasattr(F, "scaled_dot_product_attention"):
+            sdpa = lambda causal: F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
+        else:
+            sdpa = lambda causal: F._scaled_dot_product_attention(tq, tk, tv, None, 0.0, False, causal)[0]
+    cases = []
+    for causal in (False, True):
+        scores = N * H * (T * (T + 1) // 2 if causal else T * T)
+        flops = 4.0 * scores * D
+
+        def fwd(causal=causal):
+            return ft.ops.sdpa_forward(None, None, fq, fk, fv, causal=causal)
+
+        def fwd_bwd(causal=causal):
+            out, lse = ft.ops.sdpa_forward(None, None, fq, fk, fv, causal=causal)
+            return ft.ops.sdpa_backward(None, None, None, fdy, fq, fk, fv, out, lse, causal=causal)
+        theirs_f = theirs_fb = None
+        if sdpa is not None:
+            def theirs_f(causal=causal):
+                with torch.no_grad():
+                    return sdpa(causal)
+            theirs_fb = lambda causal=causal: torch.autograd.grad(sdpa(causal), (tq, tk, tv), tdy)
+        name = f"sdpa_n{N}_h{H}_t{T}_d{D}{'_causal' if causal else ''}"
+        inner = max(1, int(2e9 // flops))
+        cases += [Case(f"{name}_fwd", "GFLOP/s", flops, fwd, theirs_f, inner),
+                  Case(f"{name}_fwd_bwd", "GFLOP/s", 3.5 * flops, fwd_bwd, theirs_fb, inner)]
+    return cases
+
+
 def memory_cases(N, C, H, rows, D, classes, dev="cpu"):
     n = N * C * H * H
     shape = f"{N}x{C}x{H}x{H}"
@@ -472,6 +513,7 @@ def all_cases(N, dev="cpu"):
     cases += conv_cases(N, 64, 32, False, ("fwd",), dev)
     for width in (512, 1024, 4096):
         cases += linear_cases(N, width, width, dev)
+    cases += attention_cases(8, 4, 256, 64, dev)
     cases += memory_cases(N, 64, 32, rows=N * 64, D=1024, classes=[(N, 1000), (N, 32768)], dev=dev)
     return cases
 

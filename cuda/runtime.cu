@@ -226,6 +226,7 @@ extern "C" __attribute__((visibility("default"))) const ft_cuda_api *ft_cuda_ope
     if (!h || !h->fail || !h->alloc || !h->free || !h->deterministic || !h->benchmark || !h->allow_tf32)
         return NULL;
     host = h;
+    ft_cuda_register_attention(&ops);
     ft_cuda_register_layout(&ops);
     ft_cuda_register_conv(&ops);
     ft_cuda_register_linear(&ops);

@@ -891,6 +891,55 @@ def test_linear_transposed_weight_bfloat16_and_empty():
     assert_close(F.linear(x3g, wg), F.linear(x3c, wc), 1e-5, 1e-5)
 
 
+# ================================================================ attention
+
+# (N, H, Tq, Tk, D, causal): partial tiles, a query longer than the keys, D of one lane's worth and of the most
+SDPA_CASES = [(2, 3, 70, 70, 20, False), (2, 3, 70, 70, 20, True), (1, 2, 130, 67, 64, True),
+              (1, 2, 5, 130, 33, False), (2, 1, 40, 40, 256, True)]
+
+
+def heads_pair(a):
+    """(cpu, cuda) views of (N, H, T, D) values stored as (N, T, H, D), as attention layers feed them."""
+    cpu, gpu = pair(np.ascontiguousarray(a.transpose(0, 2, 1, 3)))
+    return cpu.transpose(1, 2), gpu.transpose(1, 2)
+
+
+@pytest.mark.parametrize("transposed", [False, True], ids=["contiguous", "heads_view"])
+@pytest.mark.parametrize("N,H,Tq,Tk,D,causal", SDPA_CASES, ids=str)
+def test_sdpa_forward_backward(N, H, Tq, Tk, D, causal, transposed):
+    make = heads_pair if transposed else pair
+    r = rng(190)
+    (qc, qg), (kc, kg), (vc, vg), (dc, dg) = (make(r.normal(size=s)) for s in
+                                              ((N, H, Tq, D), (N, H, Tk, D), (N, H, Tk, D), (N, H, Tq, D)))
+    oc, lc = ops.sdpa_forward(None, None, qc, kc, vc, causal=causal)
+    og, lg = ops.sdpa_forward(None, None, qg, kg, vg, causal=causal)
+    assert_close(og, oc, 1e-5, 1e-5)
+    assert_close(lg, lc, 1e-5, 1e-5)
+    for g, c in zip(ops.sdpa_backward(None, None, None, dg, qg, kg, vg, og, lg, causal=causal),
+                    ops.sdpa_backward(None, None, None, dc, qc, kc, vc, oc, lc, causal=causal)):
+        assert_close(g, c, 1e-4, 1e-4)
+
+
+def test_sdpa_accumulate_skip_and_bad_input():
+    r = rng(191)
+    (qc, qg), (kc, kg), (dc, dg) = (pair(r.normal(size=(2, 2, 9, 16))) for _ in range(3))
+    oc, lc = ops.sdpa_forward(None, None, qc, kc, kc, 0.2)
+    og, lg = ops.sdpa_forward(None, None, qg, kg, kg, 0.2)
+    (ac, ag), (bc, bg) = pair(r.normal(size=(2, 2, 9, 16))), pair(r.normal(size=(2, 2, 9, 16)))
+    ops.sdpa_backward(ac, False, bc, dc, qc, kc, kc, oc, lc, 0.2, accumulate=True)
+    ops.sdpa_backward(ag, False, bg, dg, qg, kg, kg, og, lg, 0.2, accumulate=True)
+    assert_close(ag, ac, 1e-4, 1e-4)
+    assert_close(bg, bc, 1e-4, 1e-4)
+    y = F.scaled_dot_product_attention(qg[:, 0], kg[:, 0], kg[:, 0], is_causal=True)
+    assert_close(y, F.scaled_dot_product_attention(qc[:, 0], kc[:, 0], kc[:, 0], is_causal=True), 1e-5, 1e-5)
+    mixed_devices(lambda: ops.sdpa_forward(None, None, qg, kc, kg))
+    same_error(lambda: ops.sdpa_forward(None, None, qc, kc, kc[:, :, :4]),
+               lambda: ops.sdpa_forward(None, None, qg, kg, kg[:, :, :4]), ValueError)
+    with pytest.raises(ValueError, match="the CUDA kernels take a head size D <= 256, got 260"):
+        x = ft.zeros(1, 1, 2, 260, device="cuda")
+        ops.sdpa_forward(None, None, x, x, x)
+
+
 # ================================================================ bad input
 
 def test_mixed_devices_are_refused_naming_both():

@@ -33,6 +33,7 @@
 
 #include "ops/activation.h"
 #include "ops/check.h"
+#include "ops/attention.h"
 #include "ops/batchnorm.h"
 #include "ops/conv2d.h"
 #include "ops/layernorm.h"
@@ -1530,6 +1531,80 @@ static PyObject *py_upsample_nearest2d_backward(PyObject *m, PyObject *args, PyO
     return finish(s, &dinp, 1);
 }
 
+/* ======================= attention ======================= */
+
+/* scale=None (or omitted): 1 / sqrt(D). */
+static int parse_sdpa(PyObject *scale, int causal, ft_sdpa_params *p) {
+    p->scale = 0.0;
+    p->causal = causal;
+    if (!scale || scale == Py_None)
+        return 0;
+    p->scale = PyFloat_AsDouble(scale);
+    if (p->scale == -1.0 && PyErr_Occurred())
+        return -1;
+    if (!(p->scale > 0)) {
+        PyErr_Format(PyExc_ValueError, "sdpa: scale must be positive (or None for 1/sqrt(D)), got %R", scale);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *py_sdpa_forward(PyObject *m, PyObject *args, PyObject *kw) {
+    PyObject *o_out, *o_lse, *o_q, *o_k, *o_v, *o_scale = NULL;
+    int causal = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOO|Op:sdpa_forward",
+                                     KW("out", "lse", "q", "k", "v", "scale", "causal"), &o_out, &o_lse, &o_q, &o_k,
+                                     &o_v, &o_scale, &causal))
+        return NULL;
+    ft_module_state *st = mstate(m);
+    const ft_tensor *q, *k, *v;
+    out_arg o[2] = {{0}};
+    ft_sdpa_params p;
+    if (parse_sdpa(o_scale, causal, &p) < 0 || parse_in(st, o_q, "q", false, &q) < 0 ||
+        parse_in(st, o_k, "k", false, &k) < 0 || parse_in(st, o_v, "v", false, &v) < 0 ||
+        parse_out(st, o_out, "out", false, &o[0]) < 0 || parse_out(st, o_lse, "lse", true, &o[1]) < 0)
+        return NULL;
+    /* a q of another rank gets no lse: the op then names what is wrong with q */
+    if (alloc_like(st, &o[0], q) < 0 || (q->ndim == 4 && alloc_on(st, &o[1], q, 3, q->shape, FT_FLOAT32) < 0)) {
+        drop_outs(o, 2);
+        return NULL;
+    }
+    ft_status s;
+    CALL(s, big(q) || big(k), ft_sdpa_forward(o[0].t, o[1].t, q, k, v, &p));
+    return finish(s, o, 2);
+}
+
+static PyObject *py_sdpa_backward(PyObject *m, PyObject *args, PyObject *kw) {
+    PyObject *o_dq, *o_dk, *o_dv, *o_dout, *o_q, *o_k, *o_v, *o_out, *o_lse, *o_scale = NULL;
+    int causal = 0, accumulate = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOOO|Opp:sdpa_backward",
+                                     KW("dq", "dk", "dv", "dout", "q", "k", "v", "out", "lse", "scale", "causal",
+                                        "accumulate"),
+                                     &o_dq, &o_dk, &o_dv, &o_dout, &o_q, &o_k, &o_v, &o_out, &o_lse, &o_scale, &causal,
+                                     &accumulate))
+        return NULL;
+    ft_module_state *st = mstate(m);
+    const ft_tensor *dout, *q, *k, *v, *out, *lse;
+    out_arg o[3] = {{0}};
+    ft_sdpa_params p;
+    if (parse_sdpa(o_scale, causal, &p) < 0 || parse_in(st, o_dout, "dout", false, &dout) < 0 ||
+        parse_in(st, o_q, "q", false, &q) < 0 || parse_in(st, o_k, "k", false, &k) < 0 ||
+        parse_in(st, o_v, "v", false, &v) < 0 || parse_in(st, o_out, "out", false, &out) < 0 ||
+        parse_in(st, o_lse, "lse", false, &lse) < 0 || parse_out(st, o_dq, "dq", true, &o[0]) < 0 ||
+        parse_out(st, o_dk, "dk", true, &o[1]) < 0 || parse_out(st, o_dv, "dv", true, &o[2]) < 0)
+        return NULL;
+    if (alloc_like(st, &o[0], q) < 0 || alloc_like(st, &o[1], k) < 0 || alloc_like(st, &o[2], v) < 0 ||
+        check_accumulate(o, 3, accumulate, "sdpa_backward") < 0) {
+        drop_outs(o, 3);
+        return NULL;
+    }
+    ft_status s;
+    CALL(s, big(q) || big(k),
+         ft_sdpa_backward(o[0].t, o[1].t, o[2].t, dout, q, k, v, out, lse, &p,
+                          (ft_sdpa_acc){accumulate, accumulate, accumulate}));
+    return finish(s, o, 3);
+}
+
 static PyMethodDef ops_methods[] = {
     {"conv2d_forward", FN(py_conv2d_forward), METH_VARARGS | METH_KEYWORDS,
      "conv2d_forward(out, inp, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, act=None, alpha=0.0, "
@@ -1607,6 +1682,10 @@ static PyMethodDef ops_methods[] = {
     KWFN(upsample_nearest2d_forward, "upsample_nearest2d_forward(out, inp, scale_factor) -> out"),
     KWFN(upsample_nearest2d_backward,
          "upsample_nearest2d_backward(dinp, dout, scale_factor, accumulate=False) -> dinp"),
+    KWFN(sdpa_forward, "sdpa_forward(out, lse, q, k, v, scale=None, causal=False) -> (out, lse): scaled dot-product "
+                       "attention; lse=False when no backward follows"),
+    KWFN(sdpa_backward, "sdpa_backward(dq, dk, dv, dout, q, k, v, out, lse, scale=None, causal=False, "
+                        "accumulate=False) -> (dq, dk, dv)"),
     {NULL, NULL, 0, NULL},
 };
 

@@ -15,6 +15,7 @@
 #include "core/cuda.h"
 #include "kernels/optim.h"
 #include "ops/activation.h"
+#include "ops/attention.h"
 #include "ops/batchnorm.h"
 #include "ops/conv2d.h"
 #include "ops/dropout.h"
@@ -175,6 +176,12 @@ struct ft_cuda_ops {
                                 ft_act act);
     ft_status (*linear_backward)(const ft_tensor *dx, const ft_tensor *dw, const ft_tensor *db,
                                  const ft_tensor *dout, const ft_tensor *x, const ft_tensor *w);
+    /* attention.h; the backward writes its gradients (NULL: not computed) */
+    ft_status (*sdpa_forward)(const ft_tensor *out, const ft_tensor *lse, const ft_tensor *q, const ft_tensor *k,
+                              const ft_tensor *v, const ft_sdpa_params *p);
+    ft_status (*sdpa_backward)(const ft_tensor *dq, const ft_tensor *dk, const ft_tensor *dv, const ft_tensor *dout,
+                               const ft_tensor *q, const ft_tensor *k, const ft_tensor *v, const ft_tensor *out,
+                               const ft_tensor *lse, const ft_sdpa_params *p);
     /* nn/program.c: counter (() int64) += 1, a batch norm's num_batches_tracked */
     ft_status (*increment)(const ft_tensor *counter);
     /* optim/optim.h: the passes of ft_optimizer_step and ft_ema_update; each returns once its work is queued,

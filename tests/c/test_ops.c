@@ -5,6 +5,7 @@
  * upsampling on odd shapes, strides, bfloat16 and empty tensors, and the
  * error paths. */
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,6 +14,7 @@
 #include "kernels/activation.h"
 #include "kernels/convert.h"
 #include "ops/activation.h"
+#include "ops/attention.h"
 #include "ops/dropout.h"
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
@@ -462,6 +464,120 @@ static void test_upsample(void) {
     ft_tensor_release(&ys), ft_tensor_release(&dx), ft_tensor_release(&dxl);
 }
 
+/* Attention of head (n, h) in double: out (Tq, D) and the gradients, the
+ * probabilities in full. */
+static void naive_attention(double *out, double *dq, double *dk, double *dv, const ft_tensor *q, const ft_tensor *k,
+                            const ft_tensor *v, const ft_tensor *dout, int64_t n, int64_t h, double scale,
+                            bool causal) {
+    int64_t Tq = q->shape[2], Tk = k->shape[2], D = q->shape[3];
+    double *p = calloc((size_t)(Tq * Tk), sizeof *p), *dp = calloc((size_t)(Tq * Tk), sizeof *dp);
+    for (int64_t i = 0; i < Tq; i++) {
+        double m = -INFINITY, l = 0, delta = 0;
+        for (int64_t j = 0; j < Tk; j++) {
+            double s = 0;
+            for (int64_t d = 0; d < D; d++)
+                s += (double)get(q, SHAPE(n, h, i, d)) * get(k, SHAPE(n, h, j, d));
+            p[i * Tk + j] = causal && j > i ? -INFINITY : s * scale;
+            m = fmax(m, p[i * Tk + j]);
+        }
+        for (int64_t j = 0; j < Tk; j++)
+            l += (p[i * Tk + j] = exp(p[i * Tk + j] - m));
+        for (int64_t d = 0; d < D; d++) {
+            out[i * D + d] = 0;
+            for (int64_t j = 0; j < Tk; j++)
+                out[i * D + d] += p[i * Tk + j] / l * get(v, SHAPE(n, h, j, d));
+        }
+        for (int64_t j = 0; j < Tk; j++) {
+            p[i * Tk + j] /= l;
+            dp[i * Tk + j] = 0;
+            for (int64_t d = 0; d < D; d++)
+                dp[i * Tk + j] += (double)get(dout, SHAPE(n, h, i, d)) * get(v, SHAPE(n, h, j, d));
+            delta += p[i * Tk + j] * dp[i * Tk + j];
+        }
+        for (int64_t j = 0; j < Tk; j++)
+            dp[i * Tk + j] = p[i * Tk + j] * (dp[i * Tk + j] - delta); /* dS */
+    }
+    for (int64_t d = 0; d < D; d++) {
+        for (int64_t i = 0; i < Tq; i++) {
+            dq[i * D + d] = 0;
+            for (int64_t j = 0; j < Tk; j++)
+                dq[i * D + d] += dp[i * Tk + j] * get(k, SHAPE(n, h, j, d)) * scale;
+        }
+        for (int64_t j = 0; j < Tk; j++) {
+            dk[j * D + d] = dv[j * D + d] = 0;
+            for (int64_t i = 0; i < Tq; i++) {
+                dk[j * D + d] += dp[i * Tk + j] * get(q, SHAPE(n, h, i, d)) * scale;
+                dv[j * D + d] += p[i * Tk + j] * get(dout, SHAPE(n, h, i, d));
+            }
+        }
+    }
+    free(p);
+    free(dp);
+}
+
+/* Largest |got - want| / (1 + |want|) over head (n, h) of t. */
+static double head_err(const ft_tensor *t, const double *want, int64_t n, int64_t h) {
+    double e = 0;
+    for (int64_t i = 0; i < t->shape[2]; i++)
+        for (int64_t d = 0; d < t->shape[3]; d++) {
+            double w = want[i * t->shape[3] + d];
+            e = fmax(e, fabs(get(t, SHAPE(n, h, i, d)) - w) / (1 + fabs(w)));
+        }
+    return e;
+}
+
+static void test_attention(void) {
+    enum { N = 1, H = 2, TQ = 70, TK = 67, D = 20 };
+    ft_tensor q = make(4, SHAPE(N, H, TQ, D), FT_FLOAT32), k = make(4, SHAPE(N, H, TK, D), FT_FLOAT32),
+              v = make(4, SHAPE(N, H, TK, D), FT_FLOAT32), dout = make(4, SHAPE(N, H, TQ, D), FT_FLOAT32);
+    ft_tensor out = make(4, SHAPE(N, H, TQ, D), FT_FLOAT32), lse = make(3, SHAPE(N, H, TQ), FT_FLOAT32);
+    ft_tensor dq = make(4, SHAPE(N, H, TQ, D), FT_FLOAT32), dk = make(4, SHAPE(N, H, TK, D), FT_FLOAT32),
+              dv = make(4, SHAPE(N, H, TK, D), FT_FLOAT32), dq1 = make(4, SHAPE(N, H, TQ, D), FT_FLOAT32);
+    fill_random(&q), fill_random(&k), fill_random(&v), fill_random(&dout);
+    double *want = malloc(sizeof(double) * 4 * TQ * D);
+    double *wq = want + TQ * D, *wk = wq + TQ * D, *wv = wk + TQ * D;
+    int threads = omp_get_max_threads();
+    for (int causal = 0; causal < 2; causal++) {
+        ft_sdpa_params p = {0.3, causal};
+        CHECK_OK(ft_sdpa_forward(&out, &lse, &q, &k, &v, &p));
+        CHECK_OK(ft_sdpa_backward(&dq, &dk, &dv, &dout, &q, &k, &v, &out, &lse, &p, (ft_sdpa_acc){0}));
+        for (int64_t h = 0; h < H; h++) {
+            naive_attention(want, wq, wk, wv, &q, &k, &v, &dout, 0, h, 0.3, causal);
+            CHECKF(head_err(&out, want, 0, h) < 1e-5, "out, causal %d head %lld", causal, (long long)h);
+            CHECKF(head_err(&dq, wq, 0, h) < 1e-4, "dq, causal %d head %lld", causal, (long long)h);
+            CHECKF(head_err(&dk, wk, 0, h) < 1e-4, "dk, causal %d head %lld", causal, (long long)h);
+            CHECKF(head_err(&dv, wv, 0, h) < 1e-4, "dv, causal %d head %lld", causal, (long long)h);
+        }
+        /* one thread computes dq within the key pass, more in a pass of its own: the same bits */
+        omp_set_num_threads(1);
+        CHECK_OK(ft_sdpa_backward(&dq1, &dk, &dv, &dout, &q, &k, &v, &out, &lse, &p, (ft_sdpa_acc){0}));
+        omp_set_num_threads(threads);
+        CHECK(memcmp(ft_tensor_data(&dq), ft_tensor_data(&dq1), sizeof(float) * N * H * TQ * D) == 0);
+        /* accumulate adds the same contribution again */
+        CHECK_OK(ft_sdpa_backward(&dq1, NULL, NULL, &dout, &q, &k, &v, &out, &lse, &p, (ft_sdpa_acc){true}));
+        CHECK(fabsf(get(&dq1, SHAPE(0, 1, 5, 3)) - 2 * get(&dq, SHAPE(0, 1, 5, 3))) < 1e-5f);
+    }
+    /* a transposed (N, T, H, D) buffer as q: the same bits */
+    ft_tensor qt = make(4, SHAPE(N, TQ, H, D), FT_FLOAT32), qv;
+    CHECK_OK(ft_tensor_view(&qv, &qt, 4, SHAPE(N, H, TQ, D), SHAPE(TQ * H * D, D, H * D, 1), qt.offset));
+    copy_values(&qv, &q);
+    ft_sdpa_params p = {0, false};
+    CHECK_OK(ft_sdpa_forward(&out, NULL, &q, &k, &v, &p));
+    CHECK_OK(ft_sdpa_forward(&dq1, NULL, &qv, &k, &v, &p));
+    CHECK(same_values(&out, &dq1));
+    /* errors: D not unit stride, mismatched shapes, an output over an input */
+    ft_tensor ks;
+    CHECK_OK(ft_tensor_view(&ks, &k, 4, SHAPE(N, H, TK, D / 2), SHAPE(TK * D * H, TK * D, D, 2), k.offset));
+    CHECK_STATUS(ft_sdpa_forward(&out, NULL, &q, &ks, &ks, &p), FT_ERR_SHAPE);
+    CHECK_STATUS(ft_sdpa_forward(&out, NULL, &q, &k, &q, &p), FT_ERR_SHAPE);
+    CHECK_STATUS(ft_sdpa_forward(&q, NULL, &q, &k, &v, &p), FT_ERR_VALUE);
+    CHECK_STATUS(ft_sdpa_backward(&dq, &dk, &dv, &dout, &q, &k, &v, &out, NULL, &p, (ft_sdpa_acc){0}), FT_ERR_VALUE);
+    free(want);
+    ft_tensor *all[] = {&q, &k, &v, &dout, &out, &lse, &dq, &dk, &dv, &dq1, &qt, &qv, &ks};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        ft_tensor_release(all[i]);
+}
+
 int main(void) {
     test_elementary();
     test_activation_paths();
@@ -471,5 +587,6 @@ int main(void) {
     test_group_norm();
     test_embedding();
     test_upsample();
+    test_attention();
     return check_main_result("test_ops");
 }

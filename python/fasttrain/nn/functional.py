@@ -47,6 +47,7 @@ __all__ = [
     "adaptive_max_pool1d", "adaptive_max_pool2d",
     "hardswish", "softplus", "dropout", "softmax", "log_softmax", "cross_entropy", "nll_loss", "mse_loss", "l1_loss",
     "smooth_l1_loss", "huber_loss", "binary_cross_entropy_with_logits", "kl_div", "add", "mul", "cat", "flatten",
+    "scaled_dot_product_attention",
 ]
 
 
@@ -429,6 +430,33 @@ def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
         input = input.to(dtype)
     return _C.log_softmax_forward(None, input,
                                   _softmax_dim(input.ndim, "log_softmax", _stacklevel + 1) if dim is None else dim)
+
+
+# ---- attention ----
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    """softmax(query key^T * scale + causal mask) value over (N, H, T, D) or (N, T, D) tensors, fused (the
+    (Tq, Tk) matrix is never stored). query, key and value may be views with any strides except along D, such
+    as ``x.view(N, T, H, D).transpose(1, 2)``. The backward is ``ft.ops.sdpa_backward``, which needs the
+    log-sum-exp that ``ft.ops.sdpa_forward`` returns."""
+    fn = "scaled_dot_product_attention"
+    if attn_mask is not None:
+        raise NotImplementedError(f"{fn}: attn_mask is not supported; only is_causal=True masks")
+    if dropout_p != 0.0:
+        raise NotImplementedError(f"{fn}: dropout_p must be 0.0 (attention dropout is not supported)")
+    if any(isinstance(x, Symbolic) for x in (query, key, value)):
+        raise NotImplementedError(f"{fn}: cannot be traced into a compiled model yet; call it eagerly")
+    for x, name in ((query, "query"), (key, "key"), (value, "value")):
+        _check(x, name, fn)
+    ranks = {query.ndim, key.ndim, value.ndim}
+    if len(ranks) != 1 or query.ndim not in (3, 4):
+        raise ValueError(f"{fn}: query, key and value must all be (N, H, T, D) or all (N, T, D), got shapes "
+                         f"{tuple(query.shape)}, {tuple(key.shape)} and {tuple(value.shape)}")
+    three = query.ndim == 3
+    if three:
+        query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
+    out, _ = _C.sdpa_forward(None, False, query, key, value, scale, is_causal)
+    return out.squeeze(1) if three else out
 
 
 # ---- losses ----

@@ -1,0 +1,226 @@
+"""Scaled dot-product attention (ft.ops.sdpa_forward / sdpa_backward, F.scaled_dot_product_attention): forward
+and log-sum-exp against NumPy float64, causal or not, Tq != Tk, strided and transposed inputs, backward against
+the analytic gradients (checked by central differences), the gradient rule, bitwise equality across thread
+counts, bad input, and PyTorch when it imports."""
+import numpy as np
+import pytest
+
+import fasttrain as ft
+from _opref import bits, fd_grad, n, t
+
+F = ft.nn.functional
+rng = np.random.default_rng(0)
+
+
+def ref_probs(q, k, scale, causal):
+    s = q @ np.swapaxes(k, -1, -2) * scale
+    if causal:  # query i sees keys j <= i (top-left aligned)
+        s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    e = np.exp(s - m)
+    return e / e.sum(-1, keepdims=True), (m + np.log(e.sum(-1, keepdims=True)))[..., 0]
+
+
+def ref_forward(q, k, v, scale, causal):
+    p, lse = ref_probs(q, k, scale, causal)
+    return p @ v, lse
+
+
+def ref_backward(q, k, v, dout, scale, causal):
+    p, _ = ref_probs(q, k, scale, causal)
+    dp = dout @ np.swapaxes(v, -1, -2)
+    ds = p * (dp - (dp * p).sum(-1, keepdims=True))
+    return ds @ k * scale, np.swapaxes(ds, -1, -2) @ q * scale, np.swapaxes(p, -1, -2) @ dout
+
+
+def inputs(N, H, Tq, Tk, D, seed=1):
+    r = np.random.default_rng(seed)
+    return (r.normal(size=(N, H, Tq, D)), r.normal(size=(N, H, Tk, D)), r.normal(size=(N, H, Tk, D)),
+            r.normal(size=(N, H, Tq, D)))
+
+
+# (N, H, Tq, Tk, D, causal): sizes that are and are not whole blocks (64) and whole vectors (16)
+CASES = [(2, 3, 70, 70, 20, False), (2, 3, 70, 70, 20, True), (1, 2, 5, 130, 64, False), (2, 2, 130, 200, 33, True),
+         (1, 1, 200, 65, 16, True), (1, 2, 64, 64, 64, True), (3, 1, 1, 7, 1, False), (1, 1, 9, 3, 8, True)]
+
+
+@pytest.mark.parametrize("N,H,Tq,Tk,D,causal", CASES, ids=str)
+def test_forward(N, H, Tq, Tk, D, causal):
+    q, k, v, _ = inputs(N, H, Tq, Tk, D)
+    want, want_lse = ref_forward(q, k, v, 1 / np.sqrt(D), causal)
+    out, lse = ft.ops.sdpa_forward(None, None, t(q), t(k), t(v), causal=causal)
+    assert out.shape == (N, H, Tq, D) and lse.shape == (N, H, Tq)
+    np.testing.assert_allclose(n(out), want, rtol=1e-5, atol=2e-6)
+    np.testing.assert_allclose(n(lse), want_lse, rtol=1e-5, atol=2e-6)
+    y = F.scaled_dot_product_attention(t(q), t(k), t(v), is_causal=causal)
+    assert bits(y) == bits(out)
+
+
+@pytest.mark.parametrize("N,H,Tq,Tk,D,causal", CASES, ids=str)
+def test_backward(N, H, Tq, Tk, D, causal):
+    q, k, v, dout = inputs(N, H, Tq, Tk, D, seed=2)
+    scale = 0.3
+    out, lse = ft.ops.sdpa_forward(None, None, t(q), t(k), t(v), scale, causal)
+    got = ft.ops.sdpa_backward(None, None, None, t(dout), t(q), t(k), t(v), out, lse, scale, causal)
+    for g, w in zip(got, ref_backward(q, k, v, dout, scale, causal)):
+        np.testing.assert_allclose(n(g), w, rtol=1e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_analytic_gradients_match_finite_differences(causal):
+    q, k, v, dout = inputs(1, 2, 4, 4 if causal else 5, 3, seed=3)
+    scale = 0.7
+    dq, dk, dv = ref_backward(q, k, v, dout, scale, causal)
+    np.testing.assert_allclose(dq, fd_grad(lambda x: ref_forward(x, k, v, scale, causal)[0], q, dout), atol=1e-6)
+    np.testing.assert_allclose(dk, fd_grad(lambda x: ref_forward(q, x, v, scale, causal)[0], k, dout), atol=1e-6)
+    np.testing.assert_allclose(dv, fd_grad(lambda x: ref_forward(q, k, x, scale, causal)[0], v, dout), atol=1e-6)
+    out, lse = ft.ops.sdpa_forward(None, None, t(q), t(k), t(v), scale, causal)
+    got = ft.ops.sdpa_backward(None, None, None, t(dout), t(q), t(k), t(v), out, lse, scale, causal)
+    for g, w in zip(got, (dq, dk, dv)):
+        np.testing.assert_allclose(n(g), w, rtol=1e-5, atol=1e-6)
+
+
+def heads_view(a):
+    """(N, H, T, D) values as the transpose of a (N, T, H, D) tensor: how attention layers feed the op."""
+    return ft.from_numpy(np.ascontiguousarray(np.asarray(a, np.float32).transpose(0, 2, 1, 3))).transpose(1, 2)
+
+
+def every_other_row(a):
+    """(N, H, T, D) values at every other T row of a wider tensor, with a negative-free but odd stride."""
+    a = np.asarray(a, np.float32)
+    wide = np.zeros(a.shape[:2] + (2 * a.shape[2],) + a.shape[3:], np.float32)
+    wide[:, :, ::2] = a
+    return ft.from_numpy(wide)[:, :, ::2]
+
+
+@pytest.mark.parametrize("make", [heads_view, every_other_row])
+@pytest.mark.parametrize("causal", [False, True])
+def test_strided_inputs_and_outputs_are_bitwise_equal(make, causal):
+    q, k, v, dout = inputs(2, 3, 67, 80, 24, seed=4)
+    assert make(q).stride()[-1] == 1 and not make(q).is_contiguous()
+    out, lse = ft.ops.sdpa_forward(None, None, t(q), t(k), t(v), causal=causal)
+    grads = ft.ops.sdpa_backward(None, None, None, t(dout), t(q), t(k), t(v), out, lse, causal=causal)
+    so, slse = ft.ops.sdpa_forward(make(np.zeros(q.shape)), None, make(q), make(k), make(v), causal=causal)
+    assert bits(so.contiguous()) == bits(out) and bits(slse) == bits(lse)
+    outs = [make(np.zeros(x.shape)) for x in (q, k, v)]
+    sg = ft.ops.sdpa_backward(*outs, make(dout), make(q), make(k), make(v), make(n(out)), lse, causal=causal)
+    for a, b in zip(sg, grads):
+        assert bits(a.contiguous()) == bits(b)
+    # outputs allocated for a transposed input follow its memory order
+    assert ft.ops.sdpa_forward(None, False, heads_view(q), t(k), t(v))[0].stride() == heads_view(q).stride()
+
+
+def test_functional_three_dims_scale_and_skipped_outputs():
+    q, k, v, dout = inputs(3, 1, 11, 13, 8, seed=5)
+    y = F.scaled_dot_product_attention(t(q[:, 0]), t(k[:, 0]), t(v[:, 0]), scale=0.5)
+    assert y.shape == (3, 11, 8)
+    np.testing.assert_allclose(n(y), ref_forward(q, k, v, 0.5, False)[0][:, 0], rtol=1e-5, atol=2e-6)
+    out, lse = ft.ops.sdpa_forward(None, False, t(q), t(k), t(v))
+    assert lse is None
+    out, lse = ft.ops.sdpa_forward(None, None, t(q), t(k), t(v))
+    full = ft.ops.sdpa_backward(None, None, None, t(dout), t(q), t(k), t(v), out, lse)
+    for keep in range(3):  # each gradient alone gives the same bits
+        outs = [None if i == keep else False for i in range(3)]
+        got = ft.ops.sdpa_backward(*outs, t(dout), t(q), t(k), t(v), out, lse)
+        assert [g is None for g in got] == [i != keep for i in range(3)]
+        assert bits(got[keep]) == bits(full[keep])
+
+
+def test_gradient_rule_writes_then_adds():
+    q, k, v, dout = inputs(2, 2, 30, 40, 16, seed=6)
+    out, lse = ft.ops.sdpa_forward(None, None, t(q), t(k), t(v), causal=True)
+    want = ref_backward(q, k, v, dout, 0.25, True)
+    garbage = [t(rng.normal(size=x.shape)) for x in (q, k, v)]
+    ft.ops.sdpa_backward(*garbage, t(dout), t(q), t(k), t(v), out, lse, causal=True)  # written, not added
+    for g, w in zip(garbage, want):
+        np.testing.assert_allclose(n(g), w, rtol=1e-4, atol=2e-5)
+    start = [rng.normal(size=x.shape).astype(np.float32) for x in (q, k, v)]
+    acc = [t(s) for s in start]
+    assert ft.ops.sdpa_backward(*acc, t(dout), t(q), t(k), t(v), out, lse, causal=True, accumulate=True)[0] is acc[0]
+    for g, s, w in zip(acc, start, want):
+        np.testing.assert_allclose(n(g), s + w, rtol=1e-4, atol=2e-5)
+    with pytest.raises(ValueError, match="accumulate=True adds into the gradient tensors given"):
+        ft.ops.sdpa_backward(None, acc[1], acc[2], t(dout), t(q), t(k), t(v), out, lse, accumulate=True)
+
+
+@pytest.mark.parametrize("N,H,causal", [(1, 2, False), (2, 1, True), (4, 4, True), (3, 5, False)])
+def test_deterministic_across_thread_counts(threads, N, H, causal):
+    # few heads: dq in a pass of its own at 2 threads, within the key pass at 1; both must give the same bits
+    q, k, v, dout = inputs(N, H, 150, 130, 40, seed=7)
+    res = []
+    for nt in (1, 2):
+        threads(nt)
+        out, lse = ft.ops.sdpa_forward(None, None, t(q), t(k), t(v), causal=causal)
+        grads = ft.ops.sdpa_backward(None, None, None, t(dout), t(q), t(k), t(v), out, lse, causal=causal)
+        dq_alone = ft.ops.sdpa_backward(None, False, False, t(dout), t(q), t(k), t(v), out, lse, causal=causal)[0]
+        res.append([bits(x) for x in (out, lse, *grads, dq_alone)])
+    assert res[0] == res[1]
+    assert res[0][2] == res[0][5]
+
+
+def test_empty_and_keyless():
+    out, lse = ft.ops.sdpa_forward(None, None, ft.zeros(2, 3, 0, 8), ft.zeros(2, 3, 5, 8), ft.zeros(2, 3, 5, 8))
+    assert out.shape == (2, 3, 0, 8) and lse.shape == (2, 3, 0)
+    out, lse = ft.ops.sdpa_forward(None, None, ft.ones(1, 2, 3, 4), ft.zeros(1, 2, 0, 4), ft.zeros(1, 2, 0, 4))
+    assert (n(out) == 0).all() and (n(lse) == -np.inf).all()  # no key to attend to: out 0, lse -inf
+    dq, dk, dv = ft.ops.sdpa_backward(None, None, None, ft.ones(1, 2, 3, 4), ft.ones(1, 2, 3, 4), ft.zeros(1, 2, 0, 4),
+                                      ft.zeros(1, 2, 0, 4), out, lse)
+    assert (n(dq) == 0).all() and dk.shape == (1, 2, 0, 4)
+
+
+def test_bad_input():
+    q, k = ft.zeros(2, 3, 5, 8), ft.zeros(2, 3, 6, 8)
+    with pytest.raises(ValueError, match=r"sdpa: v should have shape \(2, 3, 6, 8\), got \(2, 3, 7, 8\)"):
+        ft.ops.sdpa_forward(None, None, q, k, ft.zeros(2, 3, 7, 8))
+    with pytest.raises(ValueError, match=r"sdpa: k should have shape \(2, 3, 6, 8\), got \(2, 3, 6, 4\)"):
+        ft.ops.sdpa_forward(None, None, q, ft.zeros(2, 3, 6, 4), k)
+    with pytest.raises(ValueError, match=r"sdpa: q should have 4 dimensions \(N, H, T, D\)"):
+        ft.ops.sdpa_forward(None, None, ft.zeros(3, 5, 8), k, k)
+    with pytest.raises(TypeError, match="sdpa: q must be float32, got float64"):
+        ft.ops.sdpa_forward(None, None, ft.zeros(2, 3, 5, 8, dtype=ft.float64), k, k)
+    with pytest.raises(TypeError, match="sdpa: v must be float32, got int64"):
+        ft.ops.sdpa_forward(None, None, q, k, ft.zeros(2, 3, 6, 8, dtype=ft.int64))
+    with pytest.raises(ValueError, match="sdpa: k must have unit stride along D .*got stride 2"):
+        ft.ops.sdpa_forward(None, None, q, ft.zeros(2, 3, 6, 16)[..., ::2], k)
+    with pytest.raises(ValueError, match=r"sdpa: lse should have shape \(2, 3, 5\), got \(2, 3, 6\)"):
+        ft.ops.sdpa_forward(None, ft.zeros(2, 3, 6), q, k, k)
+    with pytest.raises(ValueError, match="sdpa: out cannot be q itself"):
+        ft.ops.sdpa_forward(q, None, q, k, k)
+    with pytest.raises(ValueError, match="sdpa: scale must be positive"):
+        ft.ops.sdpa_forward(None, None, q, k, k, -1.0)
+    out, lse = ft.ops.sdpa_forward(None, None, q, k, k)
+    with pytest.raises(ValueError, match=r"sdpa_backward: dout should have shape \(2, 3, 5, 8\)"):
+        ft.ops.sdpa_backward(None, None, None, k, q, k, k, out, lse)
+    with pytest.raises(ValueError, match=r"sdpa_backward: lse should have shape \(2, 3, 5\)"):
+        ft.ops.sdpa_backward(None, None, None, out, q, k, k, out, ft.zeros(2, 3))
+    with pytest.raises(ValueError, match="sdpa_backward: dk cannot be k itself"):
+        ft.ops.sdpa_backward(False, k, False, out, q, k, ft.zeros(2, 3, 6, 8), out, lse)
+    with pytest.raises(NotImplementedError, match="attn_mask is not supported"):
+        F.scaled_dot_product_attention(q, k, k, attn_mask=ft.zeros(5, 6))
+    with pytest.raises(NotImplementedError, match="dropout_p must be 0.0"):
+        F.scaled_dot_product_attention(q, k, k, dropout_p=0.1)
+    with pytest.raises(ValueError, match=r"all be \(N, H, T, D\) or all \(N, T, D\)"):
+        F.scaled_dot_product_attention(q, ft.zeros(2, 6, 8), k)
+
+
+def torch_sdpa(torch):
+    """PyTorch's SDPA: the public function (2.0 and later) or 1.13's private one."""
+    if hasattr(torch.nn.functional, "scaled_dot_product_attention"):
+        return lambda q, k, v, causal: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    private = torch.nn.functional._scaled_dot_product_attention
+    return lambda q, k, v, causal: private(q, k, v, None, 0.0, False, causal)[0]
+
+
+@pytest.mark.parametrize("N,H,Tq,Tk,D,causal", CASES, ids=str)
+def test_against_torch(N, H, Tq, Tk, D, causal):
+    torch = pytest.importorskip("torch")
+    sdpa = torch_sdpa(torch)
+    q, k, v, dout = (x.astype(np.float32) for x in inputs(N, H, Tq, Tk, D, seed=8))
+    tq, tk, tv = (torch.tensor(x, requires_grad=True) for x in (q, k, v))
+    y = sdpa(tq, tk, tv, causal)
+    y.backward(torch.tensor(dout))
+    out, lse = ft.ops.sdpa_forward(None, None, t(q), t(k), t(v), causal=causal)
+    np.testing.assert_allclose(n(out), y.detach().numpy(), rtol=1e-5, atol=2e-6)
+    grads = ft.ops.sdpa_backward(None, None, None, t(dout), t(q), t(k), t(v), out, lse, causal=causal)
+    for g, w in zip(grads, (tq.grad, tk.grad, tv.grad)):
+        np.testing.assert_allclose(n(g), w.numpy(), rtol=1e-4, atol=2e-5)
