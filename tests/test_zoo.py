@@ -87,6 +87,57 @@ class TokenCNN(nn.Module):
         return self.head(F.gelu(self.norm(self.conv(h))).mean(2))
 
 
+class ViTTiny(nn.Module):
+    """Patch embedding by a strided convolution, a class token, learned positions, two pre-norm encoder
+    layers, the class token's features classified."""
+
+    def __init__(self, dim=16, heads=4, classes=4):
+        super().__init__()
+        self.patch = nn.Conv2d(3, dim, 4, stride=4)  # 8x8 images: 2x2 patches
+        self.cls_token = nn.Parameter(ft.zeros(1, 1, dim))
+        self.pos = nn.Parameter(nn.init.normal_(ft.empty(1, 5, dim), std=0.1))
+        self.blocks = nn.ModuleList([nn.TransformerEncoderLayer(dim, heads, 32, dropout=0.0, activation="gelu",
+                                                                batch_first=True, norm_first=True)
+                                     for _ in range(2)])
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, x):
+        x = self.patch(x).flatten(2).transpose(1, 2)  # (N, 4, dim)
+        x = ft.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + self.pos
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x)[:, 0])
+
+
+class GPTBlock(nn.Module):
+    """A GPT-2 style model of one block: token and position embeddings, causal self-attention and an MLP with
+    pre-norms, the output projection tied to the token embedding."""
+
+    def __init__(self, vocab=13, dim=16, heads=2, steps=8):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, dim)
+        self.wpe = nn.Parameter(nn.init.normal_(ft.empty(1, steps, dim), std=0.1))
+        self.ln_1 = nn.LayerNorm(dim)
+        self.attn = nn.MultiheadAttention(dim, heads, batch_first=True)
+        self.ln_2 = nn.LayerNorm(dim)
+        self.fc = nn.Linear(dim, 4 * dim)
+        self.proj = nn.Linear(4 * dim, dim)
+        self.ln_f = nn.LayerNorm(dim)
+
+    def forward(self, ids):
+        x = self.wte(ids) + self.wpe
+        h = self.ln_1(x)
+        x = x + self.attn(h, h, h, need_weights=False, is_causal=True)[0]
+        x = x + self.proj(F.gelu(self.fc(self.ln_2(x)), approximate="tanh"))
+        return F.linear(self.ln_f(x), self.wte.weight)  # tied: the embedding's transpose
+
+
+def next_token_loss(logits, targets):
+    """Cross-entropy of every position's logits (N, T, V) against the next tokens (N, T)."""
+    return F.cross_entropy(logits.transpose(1, 2), targets)
+
+
 def smooth_hinge(out, y):
     """A custom loss: cross-entropy plus a small penalty on the logits' size."""
     return F.cross_entropy(out, y, label_smoothing=0.05) + 0.01 * (out * out).mean()
@@ -98,13 +149,19 @@ ZOO = {
     "sequence_mlp": (SequenceMLP, (7, 5), smooth_hinge, "contiguous"),
     "tiny_segnet": (TinySegNet, (3, 6, 6), nn.CrossEntropyLoss(), "channels_last"),
     "token_cnn": (TokenCNN, (9,), nn.CrossEntropyLoss(), "contiguous"),
+    "vit_tiny": (ViTTiny, (3, 8, 8), nn.CrossEntropyLoss(), "channels_last"),
+    "gpt_block": (GPTBlock, (8,), next_token_loss, "contiguous"),
 }
+TOKENS = {"token_cnn": 11, "gpt_block": 13}  # the vocabularies of the models that read token ids
 
 
 def data(name, n=8, classes=4, seed=0):
     rng = np.random.default_rng(seed)
     shape = ZOO[name][1]
-    x = rng.integers(0, 11, (n, *shape)) if name == "token_cnn" else rng.standard_normal((n, *shape)).astype(
+    if name == "gpt_block":
+        tokens = rng.integers(0, TOKENS[name], (n, shape[0] + 1))
+        return tokens[:, :-1], tokens[:, 1:]
+    x = rng.integers(0, TOKENS[name], (n, *shape)) if name in TOKENS else rng.standard_normal((n, *shape)).astype(
         np.float32)
     return x, rng.integers(0, classes, n)
 
@@ -115,7 +172,7 @@ def build(name, seed=0):
     model = cls()
     program = model.compile(ft.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), loss, batch_size=8,
                             input_shape=shape, memory_format=fmt,
-                            input_dtype=ft.int64 if name == "token_cnn" else None)
+                            input_dtype=ft.int64 if name in TOKENS else None)
     return model, program, shape
 
 
@@ -188,6 +245,41 @@ def torch_twin(name, torch):
             def forward(self, ids):
                 return self.head(tF.gelu(self.norm(self.conv(self.embed(ids).transpose(1, 2)))).mean(2))
         return E(), tnn.CrossEntropyLoss()
+    if name == "vit_tiny":
+        class V(tnn.Module):
+            def __init__(self):
+                super().__init__()
+                self.patch = tnn.Conv2d(3, 16, 4, stride=4)
+                self.cls_token, self.pos = tnn.Parameter(torch.zeros(1, 1, 16)), tnn.Parameter(torch.zeros(1, 5, 16))
+                self.blocks = tnn.ModuleList([tnn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, activation="gelu",
+                                                                          batch_first=True, norm_first=True)
+                                              for _ in range(2)])
+                self.norm, self.head = tnn.LayerNorm(16), tnn.Linear(16, 4)
+
+            def forward(self, x):
+                x = self.patch(x).flatten(2).transpose(1, 2)
+                x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + self.pos
+                for block in self.blocks:
+                    x = block(x)
+                return self.head(self.norm(x)[:, 0])
+        return V(), tnn.CrossEntropyLoss()
+    if name == "gpt_block":
+        class G2(tnn.Module):
+            def __init__(self):
+                super().__init__()
+                self.wte, self.wpe = tnn.Embedding(13, 16), tnn.Parameter(torch.zeros(1, 8, 16))
+                self.ln_1, self.attn = tnn.LayerNorm(16), tnn.MultiheadAttention(16, 2, batch_first=True)
+                self.ln_2, self.fc, self.proj = tnn.LayerNorm(16), tnn.Linear(16, 64), tnn.Linear(64, 16)
+                self.ln_f = tnn.LayerNorm(16)
+
+            def forward(self, ids):
+                x = self.wte(ids) + self.wpe
+                h = self.ln_1(x)
+                causal = torch.triu(torch.full((8, 8), float("-inf")), diagonal=1)
+                x = x + self.attn(h, h, h, need_weights=False, attn_mask=causal)[0]
+                x = x + self.proj(tF.gelu(self.fc(self.ln_2(x)), approximate="tanh"))
+                return tF.linear(self.ln_f(x), self.wte.weight)
+        return G2(), lambda out, y: tF.cross_entropy(out.transpose(1, 2), y)
     class S(tnn.Module):
         def __init__(self):
             super().__init__()

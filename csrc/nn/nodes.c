@@ -4,6 +4,7 @@
 
 #include "nn/node.h"
 #include "ops/activation.h"
+#include "ops/attention.h"
 #include "ops/check.h"
 #include "ops/cuda_ops.h"
 #include "ops/dropout.h"
@@ -448,6 +449,103 @@ static ft_status upsample_backward(const ft_node_run *r) {
     return ft_upsample_nearest2d_backward(r->din[0], &r->dout, r->nd->factor[0], r->nd->factor[1], r->din_acc[0]);
 }
 
+/* ---- attention ---- */
+
+/* E, the width of the queries (one packed input: a third of its width). */
+static int64_t attention_width(const ft_node *nd, const ft_node *const *in) {
+    return in[0]->shape[1] / (nd->ninputs == 1 ? 3 : 1);
+}
+
+static ft_status attention_check(const ft_node *nd, const ft_node *const *in) {
+    int64_t E = in[0]->ndim == 2 ? attention_width(nd, in) : 0, H = nd->groups;
+    bool ok = nd->ninputs != 2 && in[0]->ndim == 2 && H >= 1 && E % H == 0 && E > 0 && nd->ndim == 2 &&
+              nd->shape[0] == in[0]->shape[0] && nd->shape[1] == E &&
+              (nd->ninputs == 1 ? in[0]->shape[1] == 3 * E
+                                : in[1]->ndim == 2 && in[2]->ndim == 2 && in[1]->shape[1] == E &&
+                                      in[2]->shape[1] == E && in[1]->shape[0] == in[2]->shape[0] &&
+                                      (!nd->causal || in[1]->shape[0] >= 1));
+    return ok ? FT_OK
+              : ft_fail(FT_ERR_SHAPE, "program: attention takes queries (T, E) and keys and values (S, E), or one "
+                                      "packed (T, 3E) input, with E divisible by the %lld heads",
+                        (long long)H);
+}
+
+static int64_t attention_aux(const ft_node *nd, const ft_node *const *in, int64_t rows) {
+    return rows * nd->groups * nd->shape[0] * 4; /* each query row's log-sum-exp */
+}
+
+/* Columns [col, col + E) of t (N, T, W) as the heads (N, H, T, E / H), without a copy. */
+static ft_tensor heads_of(const ft_tensor *t, int64_t col, int64_t E, int64_t H) {
+    ft_tensor v = *t;
+    v.ndim = 4;
+    v.offset += col * 4;
+    int64_t N = t->shape[0], T = t->shape[1], sN = t->strides[0], sT = t->strides[1], Dh = E / H;
+    int64_t shape[4] = {N, H, T, Dh}, strides[4] = {sN, Dh, sT, 1};
+    memcpy(v.shape, shape, sizeof shape);
+    memcpy(v.strides, strides, sizeof strides);
+    return v;
+}
+
+/* The queries, keys and values (k 0, 1, 2) among the inputs (or their gradients) ts. */
+static ft_tensor qkv(const ft_node_run *r, const ft_tensor *const *ts, int k) {
+    int64_t E = r->nd->shape[1];
+    return r->nin == 1 ? heads_of(ts[0], k * E, E, r->nd->groups) : heads_of(ts[k], 0, E, r->nd->groups);
+}
+
+static ft_tensor attention_lse(const ft_node_run *r) {
+    ft_tensor t = aux_vector(r, 0, 0);
+    int64_t shape[3] = {r->out.shape[0], r->nd->groups, r->nd->shape[0]};
+    t.ndim = 3;
+    memcpy(t.shape, shape, sizeof shape);
+    ft_contiguous_strides(t.strides, 3, t.shape);
+    return t;
+}
+
+static ft_sdpa_params sdpa_params(const ft_node *nd) { return (ft_sdpa_params){.scale = nd->scale, .causal = nd->causal}; }
+
+static ft_status attention_forward(const ft_node_run *r) {
+    const ft_tensor *ins[3] = {&r->in[0], &r->in[r->nin > 1], &r->in[r->nin > 1 ? 2 : 0]};
+    ft_tensor q = qkv(r, ins, 0), k = qkv(r, ins, 1), v = qkv(r, ins, 2), out = heads_of(&r->out, 0, r->nd->shape[1],
+                                                                                        r->nd->groups);
+    ft_tensor lse = attention_lse(r);
+    ft_sdpa_params p = sdpa_params(r->nd);
+    return ft_sdpa_forward(&out, r->training ? &lse : NULL, &q, &k, &v, &p);
+}
+
+static bool same_buffer(const ft_tensor *a, const ft_tensor *b) {
+    return a && b && a->storage == b->storage && a->offset == b->offset;
+}
+
+static ft_status attention_backward(const ft_node_run *r) {
+    const ft_tensor *ins[3] = {&r->in[0], &r->in[r->nin > 1], &r->in[r->nin > 1 ? 2 : 0]};
+    ft_tensor q = qkv(r, ins, 0), k = qkv(r, ins, 1), v = qkv(r, ins, 2), lse = attention_lse(r);
+    int64_t E = r->nd->shape[1], H = r->nd->groups;
+    ft_tensor out = heads_of(&r->out, 0, E, H), dout = heads_of(&r->dout, 0, E, H), d[3];
+    ft_sdpa_params p = sdpa_params(r->nd);
+    const ft_tensor *g[3] = {NULL, NULL, NULL};
+    bool acc[3];
+    for (int x = 0; x < 3; x++) {
+        int i = r->nin == 1 ? 0 : x; /* a packed input's gradient holds all three */
+        if (r->din[i]) {
+            const ft_tensor *dins[3] = {r->din[0], r->din[r->nin > 1], r->din[r->nin > 1 ? 2 : 0]};
+            d[x] = qkv(r, dins, x);
+            g[x] = &d[x];
+        }
+        acc[x] = r->din_acc[i];
+    }
+    if (r->nin == 1 || !(same_buffer(r->din[0], r->din[1]) || same_buffer(r->din[0], r->din[2]) ||
+                         same_buffer(r->din[1], r->din[2])))
+        return ft_sdpa_backward(g[0], g[1], g[2], &dout, &q, &k, &v, &out, &lse, &p,
+                                (ft_sdpa_acc){acc[0], acc[1], acc[2]});
+    /* One node read as two of q, k and v (the attention of x to itself): each share in turn, under the rule
+     * the program set for it (the later shares add). */
+    for (int x = 0; x < 3; x++)
+        if (g[x])
+            FT_TRY(ft_sdpa_backward(x == 0 ? g[0] : NULL, x == 1 ? g[1] : NULL, x == 2 ? g[2] : NULL, &dout, &q, &k,
+                                    &v, &out, &lse, &p, (ft_sdpa_acc){acc[0], acc[1], acc[2]}));
+    return FT_OK;
+}
+
 /* ---- softmax ---- */
 
 static ft_status softmax_check(const ft_node *nd, const ft_node *const *in) {
@@ -570,14 +668,15 @@ static ft_tensor as_vector(const ft_tensor *t) {
     return v;
 }
 
-/* The class targets of a batch, on the host: each in [0, C) or ignore_index;
+/* The class targets of a batch (B, d...), on the host: each in [0, C) or ignore_index;
  * `weights` (C, on the host) or NULL; the sum of the weights of the targets
  * not ignored into *total. */
 static ft_status class_targets(const char *op, const ft_tensor *y, int64_t C, int64_t ignore, const float *weights,
                                double *total) {
     *total = 0;
-    for (int64_t n = 0; n < y->shape[0]; n++) {
-        int64_t t = *(const int64_t *)(ft_tensor_data(y) + n * y->strides[0] * 8);
+    const int64_t *labels = (const int64_t *)ft_tensor_data(y); /* contiguous (ft_program_backward) */
+    for (int64_t n = 0; n < ft_tensor_numel(y); n++) {
+        int64_t t = labels[n];
         if (t == ignore)
             continue;
         if (t < 0 || t >= C)
@@ -607,24 +706,47 @@ static ft_status class_prepare(const ft_node *nd, const ft_node *const *in, cons
     return s;
 }
 
+/* Cross-entropy takes scores (C,) or (C, d...) per sample (PyTorch's
+ * K-dimensional form: classes first) with targets (d...); nll (C,) only. */
 static ft_status class_check(const ft_node *nd, const ft_node *const *in) {
-    bool ok = nd->ndim == 0 && in[0]->ndim == 1 && in[1]->kind == FT_NODE_TARGET && in[1]->ndim == 0 &&
-              in[1]->dtype == FT_INT64 && (!nd->weight.storage || ft_tensor_numel(&nd->weight) == in[0]->shape[0]);
+    const ft_node *x = in[0], *t = in[1];
+    bool ok = nd->ndim == 0 && x->ndim >= 1 && (nd->kind == FT_NODE_CROSS_ENTROPY || x->ndim == 1) &&
+              t->kind == FT_NODE_TARGET && t->dtype == FT_INT64 && t->ndim == x->ndim - 1 &&
+              !memcmp(t->shape, x->shape + 1, (size_t)t->ndim * sizeof *t->shape) &&
+              (!nd->weight.storage || ft_tensor_numel(&nd->weight) == x->shape[0]);
     return ok ? FT_OK
-              : ft_fail(FT_ERR_SHAPE, "program: a %s node takes (classes,) scores and int64 class targets",
+              : ft_fail(FT_ERR_SHAPE, "program: a %s node takes scores (classes, ...) and int64 class targets of "
+                                      "the scores' shape after the classes",
                         ft_node_kinds[nd->kind].name);
 }
 
+/* The positions of a sample whose losses cross-entropy sums: 1 for (C,) scores. */
+static int64_t positions(const ft_node *scores) { return ft_node_numel(scores) / scores->shape[0]; }
+
+static int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
+
+/* aux: the weights 1 / norm of the sum over positions (P, a cache line at
+ * least), the logits' gradient for dloss = 1 kept from the forward (the
+ * softmax is taken once), then each position's loss. */
 static int64_t cross_entropy_aux(const ft_node *nd, const ft_node *const *in, int64_t rows) {
-    return 64 + rows * in[0]->shape[0] * 4; /* the factor, then the saved gradient */
+    return 4 * (round16(positions(in[0])) + rows * ft_node_numel(in[0]) + rows * positions(in[0]));
 }
 
-/* The logits' gradient for dloss = 1, kept from the forward (the softmax is
- * taken once): after the factor's cache line. */
 static ft_tensor saved_dlogits(const ft_node_run *r) {
     ft_tensor t = r->in[0];
     t.storage = r->aux.storage;
-    t.offset = r->aux.offset + 64;
+    t.offset = r->aux.offset + 4 * round16(ft_tensor_numel(&t) / (t.shape[0] * t.shape[1]));
+    ft_contiguous_strides(t.strides, t.ndim, t.shape);
+    return t;
+}
+
+/* Each position's loss (N, d...), after the saved gradient. */
+static ft_tensor position_losses(const ft_node_run *r) {
+    ft_tensor g = saved_dlogits(r), t = g;
+    t.offset += 4 * ft_tensor_numel(&g);
+    t.ndim = g.ndim - 1;
+    t.shape[0] = g.shape[0];
+    memmove(t.shape + 1, g.shape + 2, (size_t)(g.ndim - 2) * sizeof *t.shape);
     ft_contiguous_strides(t.strides, t.ndim, t.shape);
     return t;
 }
@@ -634,28 +756,27 @@ static ft_cross_entropy_params ce_params(const ft_node *nd) {
                                      .label_smoothing = nd->label_smoothing};
 }
 
-/* out = each sample's loss / norm. */
+static ft_status sum_rows(const ft_node_run *r, const ft_tensor *values);
+
+/* out = the sum of each sample's position losses / norm. */
 static ft_status cross_entropy_forward(const ft_node_run *r) {
     ft_cross_entropy_params ce = ce_params(r->nd);
-    ft_tensor loss = as_vector(&r->out), dlogits = saved_dlogits(r);
-    FT_TRY(ft_cross_entropy_forward(&loss, r->training ? &dlogits : NULL, &r->in[0], &r->in[1],
+    ft_tensor losses = position_losses(r), dlogits = saved_dlogits(r);
+    FT_TRY(ft_cross_entropy_forward(&losses, r->training ? &dlogits : NULL, &r->in[0], &r->in[1],
                                     param(&r->nd->weight), &ce));
-    FT_TRY(put_factor(r, 1.0 / r->norm));
-    ft_tensor c = factor_as(r, &loss);
-    return ft_mul_forward(&loss, &loss, &c);
+    return sum_rows(r, &losses);
 }
 
-/* dlogits (=, +=) the saved gradient times dout / norm, row by row. */
+/* dlogits (=, +=) the saved gradient times each sample's dout / norm. */
 static ft_status cross_entropy_backward(const ft_node_run *r) {
     ft_tensor g = as_vector(&r->dout), c = factor_as(r, &g);
     FT_TRY(ft_mul_forward(&g, &g, &c));
-    ft_tensor rows = r->in[0];
-    rows.storage = g.storage;
-    rows.offset = g.offset;
-    rows.strides[0] = g.strides[0];
-    rows.strides[1] = 0; /* each sample's dout over its classes */
-    ft_tensor dlogits = saved_dlogits(r);
-    return ft_mul_backward(r->din[0], NULL, &dlogits, NULL, &rows, r->din_acc[0], false);
+    ft_tensor dlogits = saved_dlogits(r), each = dlogits;
+    each.storage = g.storage;
+    each.offset = g.offset;
+    memset(each.strides, 0, sizeof each.strides);
+    each.strides[0] = g.strides[0]; /* a sample's dout over its classes and positions */
+    return ft_mul_backward(r->din[0], NULL, &dlogits, NULL, &each, r->din_acc[0], false);
 }
 
 static ft_status nll_forward(const ft_node_run *r) {
@@ -699,32 +820,32 @@ static int64_t sum_aux(const ft_node *nd, const ft_node *const *in, int64_t rows
     return 4 * ft_node_numel(in[0]);
 }
 
-/* out (N, 1) = in (N, F) @ (1 / norm, ...)^T: a deterministic matmul. */
-static ft_status sum_weights(const ft_node_run *r, ft_tensor *w) {
-    int64_t F = ft_tensor_numel(&r->in[0]) / (r->in[0].shape[0] ? r->in[0].shape[0] : 1);
+/* The weights (1, F) of a sum of F values per sample, each 1 / norm, at the start of aux. */
+static ft_status sum_weights(const ft_node_run *r, int64_t F, ft_tensor *w) {
     ft_tensor v = aux_vector(r, 0, F);
     FT_TRY(ft_tensor_fill(&v, (ft_scalar){.kind = FT_SCALAR_FLOAT, .f = (float)(1.0 / r->norm)}));
     *w = v;
     w->ndim = 2;
-    w->shape[0] = 1;
-    w->shape[1] = F;
-    w->strides[0] = F;
-    w->strides[1] = 1;
+    w->shape[0] = 1, w->shape[1] = F;
+    w->strides[0] = F, w->strides[1] = 1;
     return FT_OK;
 }
 
-static ft_status sum_forward(const ft_node_run *r) {
-    ft_tensor w, x = sample_rows(&r->in[0]), out = as_vector(&r->out);
-    FT_TRY(sum_weights(r, &w));
+/* out (N, 1) = values (N, F) @ (1 / norm, ...)^T: a deterministic matmul. */
+static ft_status sum_rows(const ft_node_run *r, const ft_tensor *values) {
+    ft_tensor w, x = sample_rows(values), out = as_vector(&r->out);
+    FT_TRY(sum_weights(r, x.shape[1], &w));
     out.ndim = 2;
     out.shape[1] = 1;
     out.strides[1] = 1;
     return ft_linear_forward(&out, &x, &w, NULL, no_act);
 }
 
+static ft_status sum_forward(const ft_node_run *r) { return sum_rows(r, &r->in[0]); }
+
 static ft_status sum_backward(const ft_node_run *r) {
     ft_tensor w, x = sample_rows(&r->in[0]), g = as_vector(&r->dout), dx = sample_rows(r->din[0]);
-    FT_TRY(sum_weights(r, &w));
+    FT_TRY(sum_weights(r, x.shape[1], &w));
     g.ndim = 2;
     g.shape[1] = 1;
     g.strides[1] = 1;
@@ -769,4 +890,6 @@ const ft_node_kind_info ft_node_kinds[FT_NODE_NKINDS] = {
     [FT_NODE_EMBEDDING] = {"embedding", 1, 1, 0, embedding_check, NULL, NULL, embedding_forward, embedding_backward},
     [FT_NODE_UPSAMPLE] = {"upsample_nearest", 1, 1, 2, upsample_check, NULL, NULL, upsample_forward,
                           upsample_backward},
+    [FT_NODE_ATTENTION] = {"attention", 1, 3, 0, attention_check, attention_aux, NULL, attention_forward,
+                           attention_backward},
 };

@@ -553,8 +553,8 @@ static ft_status prepare_targets(ft_program *p, const ft_tensor *y, int64_t rows
         return ft_fail(FT_ERR_VALUE, "program: the loss reads targets: give them");
     else
         FT_TRY(check_batch(p, p->target, p->nodes[p->target].dtype == FT_INT64 ? "labels" : "targets", y, rows));
-    ft_tensor host = {0};
-    if (y && ft_op_device(y).type == FT_DEV_CPU)
+    ft_tensor host = {0}; /* contiguous, on the CPU: the loss nodes' prepare reads it */
+    if (y && ft_op_device(y).type == FT_DEV_CPU && ft_tensor_is_contiguous(y))
         ft_tensor_share(&host, y);
     else if (y)
         FT_TRY(ft_tensor_to(&host, y, y->dtype, FT_CPU, false, false));

@@ -55,6 +55,8 @@ typedef enum {
     FT_NODE_GROUPNORM,   /* over groups of channels, (C, ...) samples */
     FT_NODE_EMBEDDING,   /* the weight's rows of int64 ids (...): (..., D) */
     FT_NODE_UPSAMPLE,    /* nearest, by integer factors: images (C, H, W) or sequences (C, L) */
+    FT_NODE_ATTENTION,   /* scaled dot-product attention of `groups` heads: queries (Tq, E), keys and values
+                            (Tk, E) as three inputs, or one packed (T, 3E) projection; out (Tq, E) */
     FT_NODE_NKINDS
 } ft_node_kind;
 
@@ -91,7 +93,8 @@ typedef struct {
     int perm[FT_NODE_MAX_DIMS];
     int slice_dim;
     int dim; /* softmax, log-softmax */
-    int64_t groups;      /* group norm */
+    int64_t groups;      /* group norm: the groups; attention: the heads */
+    bool causal;         /* attention: query i sees keys j <= i */
     int64_t padding_idx; /* embedding: a row that gets no gradient, or -1 */
     int64_t factor[2];   /* upsample: along H and W (along L: factor[1]) */
     int64_t slice_start, slice_step;

@@ -122,10 +122,52 @@ bool ft_same_view(const ft_tensor *a, const ft_tensor *b) {
     return true;
 }
 
+/* t's layout with its dimensions ordered by stride, outermost first, and
+ * those that tile their inner neighbour merged (heads of D columns, H of
+ * them, are E = H D columns): the number of dimensions left. */
+static int merged_layout(const ft_tensor *t, int64_t *shape, int64_t *strides) {
+    int dims[FT_MAX_DIMS], n = 0, m = 0;
+    for (int i = 0; i < t->ndim; i++)
+        if (t->shape[i] > 1)
+            dims[n++] = i;
+    ft_sort_dims_by_stride(dims, n, t->strides);
+    for (int k = 0; k < n; k++) {
+        int64_t size = t->shape[dims[k]], stride = t->strides[dims[k]];
+        if (m > 0 && strides[m - 1] == stride * size) { /* the outer one tiles this one: one dimension */
+            shape[m - 1] *= size;
+            strides[m - 1] = stride;
+        } else {
+            shape[m] = size, strides[m] = stride, m++;
+        }
+    }
+    return m;
+}
+
+/* Whether a and b are disjoint column ranges of the same rows: the same
+ * layout of rows of R elements (every stride a multiple of R but the unit
+ * stride of the columns) at columns (offsets mod R) that do not meet (the
+ * q, k and v of one packed (T, 3E) projection). */
+static bool columns_apart(const ft_tensor *a, const ft_tensor *b) {
+    int64_t sa[FT_MAX_DIMS], ta[FT_MAX_DIMS], sb[FT_MAX_DIMS], tb[FT_MAX_DIMS];
+    int64_t item = (int64_t)ft_dtype_get(a->dtype)->itemsize;
+    if (a->storage != b->storage || a->dtype != b->dtype || a->offset % item || b->offset % item)
+        return false;
+    int n = merged_layout(a, sa, ta);
+    if (n < 2 || n != merged_layout(b, sb, tb) || ta[n - 1] != 1)
+        return false;
+    int64_t R = ta[n - 2], D = sa[n - 1];
+    for (int k = 0; k < n; k++)
+        if (sa[k] != sb[k] || ta[k] != tb[k] || ta[k] < 0 || (k < n - 1 && ta[k] % R))
+            return false;
+    int64_t ca = a->offset / item % R, cb = b->offset / item % R;
+    return ca + D <= R && cb + D <= R && (ca + D <= cb || cb + D <= ca);
+}
+
 ft_status ft_check_alias(const char *op, const char *out_arg, const ft_tensor *out, const char *inp_arg,
                          const ft_tensor *inp) {
     int64_t alo, ahi, blo, bhi;
-    if (!extent(out, &alo, &ahi) || !extent(inp, &blo, &bhi) || ahi <= blo || bhi <= alo || ft_same_view(out, inp))
+    if (!extent(out, &alo, &ahi) || !extent(inp, &blo, &bhi) || ahi <= blo || bhi <= alo || ft_same_view(out, inp) ||
+        columns_apart(out, inp))
         return FT_OK;
     return ft_fail(FT_ERR_VALUE, "%s: %s partly overlaps %s in memory; pass the same tensor (in place) or "
                                  "separate memory",

@@ -47,7 +47,8 @@ ft_status ft_check_ndim(const char *op, const char *arg, const ft_tensor *t, int
 ft_status ft_check_output(const char *op, const char *arg, const ft_tensor *t);
 
 /* FT_ERR_VALUE when output `out` partly overlaps input `inp`: they must be
- * either disjoint or the very same view (an in-place op). */
+ * disjoint (in memory, or as separate column ranges of the same rows) or the
+ * very same view (an in-place op). */
 ft_status ft_check_alias(const char *op, const char *out_arg, const ft_tensor *out, const char *inp_arg,
                          const ft_tensor *inp);
 

@@ -445,7 +445,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if dropout_p != 0.0:
         raise NotImplementedError(f"{fn}: dropout_p must be 0.0 (attention dropout is not supported)")
     if any(isinstance(x, Symbolic) for x in (query, key, value)):
-        raise NotImplementedError(f"{fn}: cannot be traced into a compiled model yet; call it eagerly")
+        from .graph import attention
+        operand = next(x for x in (query, key, value) if isinstance(x, Symbolic))._operand
+        return attention(*(operand(x) for x in (query, key, value)), is_causal, scale)
     for x, name in ((query, "query"), (key, "key"), (value, "value")):
         _check(x, name, fn)
     ranks = {query.ndim, key.ndim, value.ndim}

@@ -218,6 +218,8 @@ class Symbolic:
 
     def reshape(self, *shape):
         target = _per_sample(shape, math.prod(self.node.shape))
+        if isinstance(self.node.module, _layers().Reshape):  # a reshape of a reshape is one reshape
+            return Symbolic(self.node.inputs[0]).reshape(N, *target)
         return self if target == self.node.shape else _layers().Reshape(target)(self)
 
     def flatten(self, start_dim=0, end_dim=-1):
@@ -250,6 +252,9 @@ class Symbolic:
         perm = tuple(_dim(d, nd) for d in dims[1:])
         if sorted(perm) != list(range(nd)):
             raise ValueError(f"permute: {dims} is not a permutation of {nd + 1} dimensions")
+        if isinstance(self.node.module, _layers().Permute):  # two permutes are one (or none: heads split and joined)
+            first = self.node.module.perm
+            return Symbolic(self.node.inputs[0]).permute(0, *(first[p] + 1 for p in perm))
         return self if perm == tuple(range(nd)) else _layers().Permute(perm)(self)
 
     def transpose(self, dim0, dim1):
@@ -377,6 +382,43 @@ class Symbolic:
     def __repr__(self):
         kind = "input" if self.node.module is None else type(self.node.module).__name__
         return f"Symbolic(shape={self.shape}, from={kind})"
+
+
+def _head_rows(x):
+    """The (T, H * D) rows that the heads x (H, T, D) were cut from: the projection itself when x is its
+    .view(N, T, H, D).transpose(1, 2), as attention layers write it; else a copy in that order."""
+    H, T, D = x.node.shape
+    return x.transpose(1, 2).reshape(N, T, H * D)
+
+
+def _packed(rows):
+    """The (T, 3E) projection whose three column thirds are rows (q, k, v), or None."""
+    mods = [r.node.module for r in rows]
+    Slice = _layers().Slice
+    if not all(isinstance(m, Slice) and m.dim == 1 and m.step == 1 for m in mods):
+        return None
+    source = rows[0].node.inputs[0]
+    E = rows[0].node.shape[1]
+    if any(r.node.inputs[0] is not source for r in rows) or source.shape[1] != 3 * E or \
+            [m.start for m in mods] != [0, E, 2 * E]:
+        return None
+    return Symbolic(source)
+
+
+def attention(q, k, v, causal, scale):
+    """Traced scaled dot-product attention of heads (N, H, T, D), or (N, T, D) for one: one node over the
+    (T, H * D) rows of the projections, which reads q, k and v in place when they are column thirds of one
+    packed projection."""
+    if len({len(x.node.shape) for x in (q, k, v)}) != 1 or len(q.node.shape) not in (2, 3):
+        fail("attention of values of different ranks", "give query, key and value as (N, H, T, D) or (N, T, D)")
+    one = len(q.node.shape) == 2
+    H = 1 if one else q.node.shape[0]
+    rows = [x if one else _head_rows(x) for x in (q, k, v)]
+    packed = _packed(rows)
+    Tq, E = rows[0].node.shape
+    node = _layers().Attention(H, causal, scale, keys=rows[1].node.shape[0])
+    out = Symbolic.record(node, [packed] if packed is not None else rows, (Tq, E))
+    return out if one else out.reshape(N, Tq, H, E // H).transpose(1, 2)
 
 
 def constant(t, like_shape):

@@ -870,12 +870,14 @@ class _ClassLoss(_Loss):
 
     def _symbolic(self, scores, target):
         from .graph import bind_target
-        name = type(self).__name__
-        if len(scores.node.shape) != 1:
-            raise ValueError(f"{name}: compiled, it takes (N, C) scores, got {scores.shape}")
-        if self.weight is not None and self.weight.shape[0] != scores.node.shape[0]:
-            raise ValueError(f"{name}: {self.weight.shape[0]} class weights for {scores.node.shape[0]} classes")
-        bind_target(target, (), "int64")
+        name, shape = type(self).__name__, scores.node.shape
+        kdim = isinstance(self, CrossEntropyLoss)  # PyTorch's K-dimensional form: classes first
+        if not shape or (len(shape) > 1 and not kdim):
+            raise ValueError(f"{name}: compiled, it takes (N, C) scores" + (" or (N, C, d...)" if kdim else "")
+                             + f", got {scores.shape}")
+        if self.weight is not None and self.weight.shape[0] != shape[0]:
+            raise ValueError(f"{name}: {self.weight.shape[0]} class weights for {shape[0]} classes")
+        bind_target(target, shape[1:], "int64")
         return Symbolic.record(self, [scores, target], (), reduced=self.reduction != "none")
 
 
@@ -967,6 +969,113 @@ class KLDivLoss(_Loss):
     def forward(self, input, target):
         from . import functional as F
         return F.kl_div(input, target, reduction=self.reduction, log_target=self.log_target)
+
+
+class Attention(Module):
+    """Scaled dot-product attention of `heads` heads over (T, E) rows (recorded by
+    F.scaled_dot_product_attention)."""
+
+    _leaf = True
+
+    def __init__(self, heads, causal=False, scale=None, keys=None):
+        super().__init__()
+        if scale is not None and not scale > 0:
+            raise ValueError(f"attention: scale must be positive (or None for 1/sqrt(D)), got {scale}")
+        self.heads, self.causal, self.scale, self.keys = heads, bool(causal), scale, keys
+
+    def extra_repr(self):
+        return f"heads={self.heads}" + (", causal" if self.causal else "")
+
+
+class MultiheadAttention(Module):
+    """PyTorch's nn.MultiheadAttention (batch_first=True) over fused attention: the packed input projection
+    (in_proj_weight, in_proj_bias), the heads, out_proj. The attention weights are never formed (the fused
+    kernel's point), so forward returns (output, None) and attention dropout is not supported."""
+
+    def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False, add_zero_attn=False,
+                 kdim=None, vdim=None, batch_first=False):
+        super().__init__()
+        if not batch_first:
+            raise ValueError("MultiheadAttention: pass batch_first=True (fasttrain's values are batch first)")
+        if dropout:
+            raise NotImplementedError("MultiheadAttention: dropout on the attention weights is not supported (the "
+                                      "fused kernel never forms them); use dropout=0.0")
+        if add_bias_kv or add_zero_attn or kdim not in (None, embed_dim) or vdim not in (None, embed_dim):
+            raise NotImplementedError("MultiheadAttention: add_bias_kv, add_zero_attn, kdim and vdim are not "
+                                      "supported")
+        if embed_dim % num_heads:
+            raise ValueError(f"MultiheadAttention: embed_dim {embed_dim} must be divisible by num_heads {num_heads}")
+        self.embed_dim, self.num_heads, self.batch_first, self.dropout = embed_dim, num_heads, batch_first, dropout
+        self.register_parameter("in_proj_weight", creation.empty(3 * embed_dim, embed_dim))
+        self.register_parameter("in_proj_bias", creation.zeros(3 * embed_dim) if bias else None)
+        self.out_proj = Linear(embed_dim, embed_dim, bias=bias)
+        init.xavier_uniform_(self.in_proj_weight)  # PyTorch's initialization
+        if bias:
+            init.zeros_(self.out_proj.bias)
+
+    def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
+                average_attn_weights=True, is_causal=False):
+        from . import functional as F
+        if key_padding_mask is not None or attn_mask is not None:
+            raise NotImplementedError("MultiheadAttention: masks other than is_causal=True are not supported")
+        E, H = self.embed_dim, self.num_heads
+        if query is key and key is value:  # self-attention: one packed projection
+            q, k, v = F.linear(query, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)
+        else:  # each input through the whole projection, its third kept
+            q, k, v = (F.linear(x, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)[i]
+                       for i, x in enumerate((query, key, value)))
+        N, T, S = query.shape[0], query.shape[1], key.shape[1]
+        heads = [x.view(N, n, H, E // H).transpose(1, 2) for x, n in ((q, T), (k, S), (v, S))]
+        out = F.scaled_dot_product_attention(*heads, is_causal=is_causal)
+        return self.out_proj(out.transpose(1, 2).reshape(N, T, E)), None
+
+    def extra_repr(self):
+        return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, batch_first=True"
+
+
+class TransformerEncoderLayer(Module):
+    """PyTorch's nn.TransformerEncoderLayer (batch_first=True): self-attention and a feed-forward block, each
+    with dropout, a residual and a layer norm (after it, or before with norm_first=True). Attention dropout is
+    not supported: dropout applies to the residual branches only, so pass dropout=0.0 to match PyTorch."""
+
+    def __init__(self, d_model, nhead, dim_feedforward=2048, dropout=0.1, activation="relu", layer_norm_eps=1e-5,
+                 batch_first=False, norm_first=False, bias=True):
+        super().__init__()
+        if dropout:
+            raise NotImplementedError("TransformerEncoderLayer: PyTorch applies dropout to the attention weights "
+                                      "too, which the fused attention never forms; use dropout=0.0")
+        self.self_attn = MultiheadAttention(d_model, nhead, bias=bias, batch_first=batch_first)
+        self.linear1 = Linear(d_model, dim_feedforward, bias=bias)
+        self.dropout = Dropout(dropout)
+        self.linear2 = Linear(dim_feedforward, d_model, bias=bias)
+        self.norm_first = norm_first
+        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps)
+        self.norm2 = LayerNorm(d_model, eps=layer_norm_eps)
+        self.dropout1, self.dropout2 = Dropout(dropout), Dropout(dropout)
+        if activation not in ("relu", "gelu") and not callable(activation):
+            raise ValueError(f"TransformerEncoderLayer: activation must be 'relu', 'gelu' or a callable, got "
+                             f"{activation!r}")
+        self.activation = activation
+
+    def _act(self, x):
+        from . import functional as F
+        return getattr(F, self.activation)(x) if isinstance(self.activation, str) else self.activation(x)
+
+    def _sa(self, x, is_causal):
+        return self.dropout1(self.self_attn(x, x, x, is_causal=is_causal)[0])
+
+    def _ff(self, x):
+        return self.dropout2(self.linear2(self.dropout(self._act(self.linear1(x)))))
+
+    def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal=False):
+        if src_mask is not None or src_key_padding_mask is not None:
+            raise NotImplementedError("TransformerEncoderLayer: masks other than is_causal=True are not supported")
+        x = src
+        if self.norm_first:
+            x = x + self._sa(self.norm1(x), is_causal)
+            return x + self._ff(self.norm2(x))
+        x = self.norm1(x + self._sa(x, is_causal))
+        return self.norm2(x + self._ff(x))
 
 
 class Target(Module):

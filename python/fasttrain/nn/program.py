@@ -17,10 +17,10 @@ from .graph import TracingError, target, topological, trace, trace_loss
 _K = _C.NODE_KINDS
 (INPUT, CONV2D, LINEAR, BATCHNORM, ACT, MAXPOOL, AVGPOOL, ADAPTIVE_AVGPOOL, ADAPTIVE_MAXPOOL, ADD, CAT, RESHAPE,
  DROPOUT, IDENTITY, LAYERNORM, MUL, SCALE, PERMUTE, SLICE, PARAM, TARGET, CROSS_ENTROPY, NLL, SUM, SOFTMAX,
- LOG_SOFTMAX, GROUPNORM, EMBEDDING, UPSAMPLE) = (_K[k] for k in (
+ LOG_SOFTMAX, GROUPNORM, EMBEDDING, UPSAMPLE, ATTENTION) = (_K[k] for k in (
     "input", "conv2d", "linear", "batch_norm", "activation", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
     "adaptive_max_pool2d", "add", "cat", "reshape", "dropout", "identity", "layer_norm", "mul", "scale", "permute",
-    "slice", "parameter", "target", "cross_entropy", "nll", "sum", "softmax", "log_softmax", "group_norm", "embedding", "upsample_nearest"))
+    "slice", "parameter", "target", "cross_entropy", "nll", "sum", "softmax", "log_softmax", "group_norm", "embedding", "upsample_nearest", "attention"))
 ACTS = _C.ACTIVATIONS
 REDUCTIONS = _C.REDUCTIONS
 # Activations whose derivative follows from their output: these can be fused
@@ -101,6 +101,8 @@ def _node_of(module, shape):
     if isinstance(m, M.Upsample):
         f = m.factors(shape)
         return UPSAMPLE, dict(factor=f if len(f) == 2 else (1, *f))
+    if isinstance(m, M.Attention):
+        return ATTENTION, dict(groups=m.heads, causal=int(m.causal), scale=m.scale or 0.0)
     if isinstance(m, M.Softmax):
         from .graph import _dim
         return LOG_SOFTMAX if isinstance(m, M.LogSoftmax) else SOFTMAX, dict(dim=_dim(m.dim, len(shape)))
@@ -277,6 +279,9 @@ def _flops(e):
         return 2 * k * c * math.prod(m.kernel_size) * math.prod(e.shape[1:])
     if e.kind == LINEAR:
         return 2 * m.in_features * m.out_features * math.prod(e.shape[:-1])
+    if e.kind == ATTENTION:  # q k^T and p v, half of each under a causal mask
+        Tq, E = e.shape
+        return 4 * Tq * m.keys * E // (2 if m.causal else 1)
     return 0 if e.kind in (INPUT, TARGET, PARAM) else math.prod(e.shape)
 
 
@@ -383,10 +388,14 @@ class Program:
         self.step_count = 0
         self.skipped_steps = 0
 
+    def _inputs(self, x):
+        x = _as(x, self.input_dtype, "token ids")
+        # the embedding reads ids in order (slices of a token stream are strided)
+        return x.contiguous() if x.dtype is _BY_NAME["int64"] else x
+
     def _batch(self, x, y):
         """x as the input's dtype, and the targets as the loss reads them (None when it reads none)."""
-        x = _as(x, self.input_dtype, "token ids")
-        return x, None if self.target_dtype is None else _as(y, self.target_dtype, "labels")
+        return self._inputs(x), None if self.target_dtype is None else _as(y, self.target_dtype, "labels")
 
     @property
     def input_shape(self):
@@ -407,7 +416,7 @@ class Program:
 
     def predict(self, x):
         """The model's (first) output for x, in eval mode (running batch-norm statistics, no dropout)."""
-        return self._c.forward(_as(x, self.input_dtype, "token ids"))
+        return self._c.forward(self._inputs(x))
 
     def evaluate(self, x, y):
         """(loss, accuracy) of one batch in eval mode: the loss as training computes it, and the fraction of
