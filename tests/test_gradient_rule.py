@@ -82,8 +82,9 @@ def test_accumulate_needs_tensors_to_add_into(make, layout):
 def _fd_check(program, model, x, y, count=4, h=1e-2):
     """Every parameter's gradient from one backward against central differences of the program's own loss."""
     program.backward(x, y)
+    grads = {name: p.grad.numpy().copy() for name, p in model.named_parameters()}  # the backwards below add
     for name, p in model.named_parameters():
-        values, grad = p.numpy(), p.grad.numpy().copy()
+        values, grad = p.numpy(), grads[name]
         for idx in list(np.ndindex(values.shape))[:count]:
             old = values[idx]
             values[idx] = old + h
@@ -127,7 +128,8 @@ def test_micro_batches_match_one_big_batch(deterministic):
             program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=8, input_shape=(12,),
                                     accumulate_steps=steps)
             program.backward(x, y)
-            program.backward(x, y)  # a second backward writes again: it does not add to the first
+            program.optimizer.zero_grad()
+            program.backward(x, y)  # after zero_grad a backward writes anew: it does not add to the first
             grads.append({k: p.grad.numpy().copy() for k, p in model.named_parameters()})
     finally:
         ft.use_deterministic_algorithms(False)

@@ -220,7 +220,12 @@ def test_backward_matches_numpy_reference(memory_format):
         assert_grad_close(got[name], want[name], name)
     # the conv bias that batch norm cancels has (mathematically) zero gradient
     assert np.abs(got["conv2d.bias"]).max() <= 1e-6
-    # backward is a pure function of (params, batch): a second call gives the same gradients, not twice them
+    # as PyTorch's backward: a second call adds the same gradients (twice them, exactly), and after zero_grad
+    # it writes them anew
+    program.backward(x, y)
+    for name in P:
+        np.testing.assert_array_equal(grads_of(model)[name], 2 * got[name])
+    program.optimizer.zero_grad()
     program.backward(x, y)
     for name in P:
         np.testing.assert_array_equal(grads_of(model)[name], got[name])
@@ -295,8 +300,8 @@ def test_backward_matches_torch():
         assert_grad_close(got[name], p.grad.numpy(), name)
     # the running variance after one training forward (the running mean: see
     # test_running_statistics_and_predict_with_the_conv_bias)
-    assert_grad_close(model.state_dict()["batch_norm2d.running_var"].astype(np.float64), tm[1].running_var.numpy(),
-                      "running_var")
+    assert_grad_close(model.state_dict()["batch_norm2d.running_var"].astype(np.float64),
+                      tm["batch_norm2d"].running_var.numpy(), "running_var")
 
 
 def torch_resnet(P):
@@ -306,9 +311,9 @@ def torch_resnet(P):
     class Net(T.Module):
         def __init__(self):
             super().__init__()
-            self.m = T.ModuleDict({"0": T.Conv2d(3, 6, 3, padding=1), "1": T.BatchNorm2d(6),
-                                   "3": T.Conv2d(6, 6, 3, padding=1), "7": T.Conv2d(6, 8, 3, padding=1),
-                                   "11": T.Linear(8, CLASSES)})
+            self.m = T.ModuleDict({"conv2d": T.Conv2d(3, 6, 3, padding=1), "batch_norm2d": T.BatchNorm2d(6),
+                                   "conv2d_1": T.Conv2d(6, 6, 3, padding=1), "conv2d_2": T.Conv2d(6, 8, 3, padding=1),
+                                   "linear": T.Linear(8, CLASSES)})
 
         def __getitem__(self, k):
             return self.m[str(k)]
@@ -319,10 +324,10 @@ def torch_resnet(P):
 
         def forward(self, x):
             m = self.m
-            h1 = torch.relu(m["1"](m["0"](x)))
-            s = torch.relu(h1 + m["3"](h1))
-            h3 = torch.relu(m["7"](torch.nn.functional.max_pool2d(s, 2)))
-            return m["11"](h3.mean(dim=(2, 3)))
+            h1 = torch.relu(m["batch_norm2d"](m["conv2d"](x)))
+            s = torch.relu(h1 + m["conv2d_1"](h1))
+            h3 = torch.relu(m["conv2d_2"](torch.nn.functional.max_pool2d(s, 2)))
+            return m["linear"](h3.mean(dim=(2, 3)))
 
     net = Net().double()
     with torch.no_grad():
@@ -342,6 +347,7 @@ def test_dropped_bias_is_not_in_the_forward_pass():
     set_params(model, {"conv2d.bias": params_of(model)["conv2d.bias"] + 5.0})
     P = params_of(model)
     want_loss, want, _, _ = ref_net(P, x, y)
+    program.optimizer.zero_grad()
     assert abs(program.backward(x, y) - want_loss) <= 1e-5 * want_loss
     assert abs(loss - want_loss) <= 1e-5 * want_loss
     got = grads_of(model)
@@ -482,8 +488,8 @@ def test_predict_matches_torch_eval():
     sd = model.state_dict()
     tm = torch_resnet({k: v for k, v in sd.items()})
     with torch.no_grad():
-        tm[1].running_mean.copy_(torch.tensor(sd["batch_norm2d.running_mean"], dtype=torch.float64))
-        tm[1].running_var.copy_(torch.tensor(sd["batch_norm2d.running_var"], dtype=torch.float64))
+        tm["batch_norm2d"].running_mean.copy_(torch.tensor(sd["batch_norm2d.running_mean"], dtype=torch.float64))
+        tm["batch_norm2d"].running_var.copy_(torch.tensor(sd["batch_norm2d.running_var"], dtype=torch.float64))
         tm.eval()
         x, _ = batch(5, seed=40)
         want = tm(torch.tensor(x, dtype=torch.float64)).numpy()
@@ -571,6 +577,7 @@ def run_against_reference(model, program, groups, ref, steps=4, clip=None, batch
     for k in range(steps):
         x, y = batch(batch_size, seed=100 + k)
         P = params_of(model)
+        program.optimizer.zero_grad()
         want_loss = program.backward(x, y)
         G = grads_of(model)
         if clip is not None:
@@ -624,6 +631,7 @@ def test_learning_rate_changes_take_effect_between_steps():
     for k in range(5):
         x, y = batch(8, seed=200 + k)
         P = params_of(model)
+        program.optimizer.zero_grad()
         program.backward(x, y)
         G = grads_of(model)
         h = dict(lr=0.2 * 0.1 ** (k // 2), momentum=0.5)
@@ -671,6 +679,8 @@ def test_accumulated_micro_batches_equal_one_large_batch(k):
             np.testing.assert_allclose(pk[name], p1[name], rtol=2e-5, atol=1e-6, err_msg=f"step {step} {name}")
     # and the gradients themselves (backward splits the batch the same way)
     x, y = batch(k * b, seed=399)
+    one.optimizer.zero_grad()
+    acc.optimizer.zero_grad()
     g1 = (one.backward(x, y), grads_of(m1))
     gk = (acc.backward(x, y), grads_of(mk))
     for name in g1[1]:
@@ -697,6 +707,7 @@ def test_accumulation_with_batch_norm_is_per_micro_batch():
     lk, l1 = acc.backward(x, y), one.backward(x, y)
     parts, gs = [], []
     for i in range(k):  # each micro-batch on its own, in a program compiled for b samples
+        small.optimizer.zero_grad()
         parts.append(small.backward(x[i * b:(i + 1) * b], y[i * b:(i + 1) * b]))
         gs.append(grads_of(ms))
     assert abs(lk - np.mean(parts)) <= 1e-6 * lk
@@ -1463,8 +1474,9 @@ def test_layer_norm_in_a_program_matches_finite_differences(fmt):
     x = rng.standard_normal((4, *shape)).astype(np.float32)
     y = rng.integers(0, CLASSES, 4)
     program.backward(x, y)
+    grads = {name: p.grad.numpy().copy() for name, p in model.named_parameters()}  # the backwards below add
     for name, p in model.named_parameters():
-        values, grad = p.numpy(), p.grad.numpy().copy()
+        values, grad = p.numpy(), grads[name]
         for idx in list(np.ndindex(values.shape))[:4]:
             old = values[idx]
             values[idx] = old + 1e-2

@@ -63,10 +63,11 @@ def grads(model):
 
 def fd_check(program, model, x, y, count=3, h=1e-2, names=None):
     program.backward(x, y)
+    grads = {name: p.grad.numpy().copy() for name, p in model.named_parameters()}  # the backwards below add
     for name, p in model.named_parameters():
         if names and name not in names:
             continue
-        values, grad = p.numpy(), p.grad.numpy().copy()
+        values, grad = p.numpy(), grads[name]
         for idx in list(np.ndindex(values.shape))[:count]:
             old = values[idx]
             values[idx] = old + h

@@ -301,7 +301,7 @@ typedef struct {
 static ft_status train_step(ft_program *prog, ft_optimizer *opt, const ft_tensor *x,
                             const ft_tensor *y, const step_options *o, double *loss, bool *skipped) {
     *skipped = false;
-    FT_TRY(ft_program_backward(prog, x, y, loss));
+    FT_TRY(ft_program_backward(prog, x, y, false, loss));
     if (!isfinite(*loss)) {
         if (o->skip_nonfinite) {
             *skipped = true;
@@ -400,17 +400,19 @@ static PyObject *m_train_step(PyObject *self, PyObject *args, PyObject *kwargs) 
     return Py_BuildValue("(dO)", loss, skipped ? Py_True : Py_False);
 }
 
-/* backward(x, y) -> loss: the gradients into the flat buffer (each
- * parameter's .grad), without an optimizer update. */
+/* backward(x, y, accumulate=False) -> loss: the gradients into the flat
+ * buffer (each parameter's .grad), written or added to, without an
+ * optimizer update. */
 static PyObject *m_backward(PyObject *self, PyObject *args) {
     PyObject *xo, *yo;
     ft_tensor *x, *y;
-    if (!PyArg_ParseTuple(args, "OO:backward", &xo, &yo) || unwrap_xy(self, xo, yo, &x, &y) < 0)
+    int accumulate = 0;
+    if (!PyArg_ParseTuple(args, "OO|p:backward", &xo, &yo, &accumulate) || unwrap_xy(self, xo, yo, &x, &y) < 0)
         return NULL;
     double loss = 0;
     ft_status s;
     Py_BEGIN_ALLOW_THREADS
-    s = ft_program_backward(((program_object *)self)->prog, x, y, &loss);
+    s = ft_program_backward(((program_object *)self)->prog, x, y, accumulate, &loss);
     Py_END_ALLOW_THREADS
     return s == FT_OK ? PyFloat_FromDouble(loss) : ft_raise(s);
 }
@@ -667,7 +669,8 @@ static PyMethodDef program_methods[] = {
     {"train_step", (PyCFunction)(void (*)(void))m_train_step, METH_VARARGS | METH_KEYWORDS,
      "train_step(x, y, optimizer, clip_grad_norm=None, nan_policy='raise') -> (loss, skipped)"},
     {"forward", m_forward, METH_O, "forward(x) -> logits, in eval mode"},
-    {"backward", m_backward, METH_VARARGS, "backward(x, y) -> loss; the gradients, without an update"},
+    {"backward", m_backward, METH_VARARGS,
+     "backward(x, y, accumulate=False) -> loss; the gradients written (or added to), without an update"},
     {"evaluate", m_evaluate, METH_VARARGS, "evaluate(x, y) -> (summed loss, correct predictions)"},
     {"memory", m_memory, METH_NOARGS, "(training arena bytes, evaluation arena bytes)"},
     {"get_dropout_state", m_get_dropout_state, METH_NOARGS, "(seed, offset) of the next dropout mask"},

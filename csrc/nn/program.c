@@ -645,11 +645,12 @@ static ft_status backward_node(ft_program *p, int i, int64_t rows) {
 }
 
 /* The steps of ft_program_backward over x and y where the program runs. */
-static ft_status backward_batches(ft_program *p, const ft_tensor *x, const ft_tensor *y, double *loss) {
+static ft_status backward_batches(ft_program *p, const ft_tensor *x, const ft_tensor *y, bool accumulate,
+                                  double *loss) {
     int64_t B = x->shape[0];
     int last = p->n - 1;
     FT_TRY(copy_statistics(p, true));
-    memset(p->slot_written, 0, (size_t)p->nslots * sizeof *p->slot_written);
+    memset(p->slot_written, accumulate, (size_t)p->nslots * sizeof *p->slot_written);
     for (int64_t r0 = 0; r0 < B; r0 += p->batch) {
         int64_t rows = B - r0 < p->batch ? B - r0 : p->batch;
         p->x = rows_of(x, r0, rows);
@@ -675,14 +676,14 @@ static ft_status backward_batches(ft_program *p, const ft_tensor *x, const ft_te
     return FT_OK;
 }
 
-ft_status ft_program_backward(ft_program *p, const ft_tensor *x, const ft_tensor *y, double *loss) {
+ft_status ft_program_backward(ft_program *p, const ft_tensor *x, const ft_tensor *y, bool accumulate, double *loss) {
     FT_TRY(check_input(p, x));
     ft_tensor yd, xd = {0};
     FT_TRY(prepare_targets(p, y, x->shape[0], &yd));
     ft_status s = on_device(p, x, true, &xd);
     if (s == FT_OK) {
         *loss = 0;
-        s = backward_batches(p, &xd, yd.storage ? &yd : NULL, loss);
+        s = backward_batches(p, &xd, yd.storage ? &yd : NULL, accumulate, loss);
         ft_tensor_release(&xd);
         if (s != FT_OK) /* an op refused the batch midway (an embedding id out of range): leave no trace */
             copy_statistics(p, false);

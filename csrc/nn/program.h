@@ -120,13 +120,15 @@ ft_status ft_program_create(ft_program **out, int nnodes, const ft_node *nodes, 
 void ft_program_destroy(ft_program *p);
 
 /* Forward and backward of one batch x (B, ...) with targets y (B, ...) of
- * the target node's shape and dtype, split into micro-batches of the
- * planned size: parameter gradients are written for the first and added
- * for the others, so they hold the gradient of the batch's loss. *loss
- * gets that loss. Targets are checked before anything runs: a bad batch
+ * the target node's shape and dtype (NULL when the loss reads none), split
+ * into micro-batches of the planned size: parameter gradients are written
+ * for the first and added for the others, so they hold the gradient of the
+ * batch's loss; with `accumulate` they are added to from the first (the
+ * gradients of several batches summed, as PyTorch's backward). *loss gets
+ * the loss. Targets are checked before anything runs: a bad batch
  * changes nothing. A non-finite loss stops the step: the batch-norm running
  * statistics are put back as they were and *loss tells the caller. */
-ft_status ft_program_backward(ft_program *p, const ft_tensor *x, const ft_tensor *y, double *loss);
+ft_status ft_program_backward(ft_program *p, const ft_tensor *x, const ft_tensor *y, bool accumulate, double *loss);
 
 /* Puts the batch-norm running statistics (and batch counts) back as they
  * were before the last ft_program_backward: for a step the caller drops. */

@@ -375,6 +375,7 @@ class Program:
                 # the batch norm's running mean) describing the function that is trained.
                 e.module.bias.fill_(0)
         self._nodes = [_node_dict(e, self.trainable) for e in self.entries]
+        self._grad_views = [(p, p.grad) for p in dict.fromkeys(model.parameters()) if id(p) in self.trainable]
         if seed is None:  # dropout masks follow ft.manual_seed, as PyTorch's follow torch.manual_seed
             from ..random import randint
             seed = int(randint(0, 2 ** 62, (1,)).item())
@@ -410,9 +411,15 @@ class Program:
         return loss
 
     def backward(self, x, y):
-        """Forward and backward of the batch in training mode, without an update: the loss, with every
-        parameter's .grad holding its gradient (batch-norm running statistics are updated as in a step)."""
-        return self._c.backward(*self._batch(x, y))
+        """Forward and backward of the batch in training mode, without an update (batch-norm running statistics
+        are updated as in a step); returns the loss. As PyTorch's loss.backward(), the gradients are added to
+        what .grad holds, so that several batches' gradients sum until optimizer.zero_grad(); after
+        zero_grad(set_to_none=True) (PyTorch's default) they are written anew into .grad."""
+        zeroed = False
+        for p, view in self._grad_views:
+            if p.grad is not view:  # set to None (or replaced): the program's memory is .grad again
+                p.grad, zeroed = view, True
+        return self._c.backward(*self._batch(x, y), not zeroed)
 
     def predict(self, x):
         """The model's (first) output for x, in eval mode (running batch-norm statistics, no dropout)."""
