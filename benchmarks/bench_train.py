@@ -1,6 +1,8 @@
 """Images/s of whole training steps (forward, loss, backward, SGD update) on Fashion-MNIST-shaped batches,
-for the demo network and a ResNet-style network, at batch 256 and 512, against the FMA peak of this machine
-and against the same network, recipe and thread count in PyTorch (channels_last) when torch imports.
+for the demo network and a ResNet-style network (also written as a PyTorch-style subclass and traced), at
+batch 256 and 512, against the FMA peak of this machine and against the same network, recipe and thread count
+in PyTorch (channels_last) when torch imports; then AdamW steps of a ViT on 32x32 images (batch 64) and of
+GPT-2 blocks on 128-token sequences (batch 16, next-token cross-entropy), against the same models in PyTorch.
 
 JSON lines: {"name", "value", "unit"} plus "peak_fraction" (the step's model FLOPs per second, 3x the forward
 FLOPs, over the FMA peak measured in the same run with bench_ops.Limits; the nominal count includes the
@@ -121,6 +123,107 @@ def torch_step(net, batch, dev="cpu"):
     return step
 
 
+def vit(lib, dim=128, depth=4, heads=4, patch=4, image=32, classes=10):
+    """A ViT (pre-norm encoder layers over 4x4 patches of 32x32 images and a class token), written the same
+    way for lib = fasttrain or torch."""
+    nn = lib.nn
+    tokens = (image // patch) ** 2
+
+    class ViT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.patch = nn.Conv2d(3, dim, patch, stride=patch)
+            self.cls_token = nn.Parameter(lib.zeros(1, 1, dim))
+            self.pos = nn.Parameter(lib.zeros(1, tokens + 1, dim))
+            self.blocks = nn.ModuleList([nn.TransformerEncoderLayer(dim, heads, 2 * dim, dropout=0.0, activation="gelu",
+                                                                    batch_first=True, norm_first=True)
+                                         for _ in range(depth)])
+            self.norm, self.head = nn.LayerNorm(dim), nn.Linear(dim, classes)
+
+        def forward(self, x):
+            x = self.patch(x).flatten(2).transpose(1, 2)
+            x = lib.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + self.pos
+            for block in self.blocks:
+                x = block(x)
+            return self.head(self.norm(x)[:, 0])
+    return ViT()
+
+
+def gpt(lib, vocab=512, steps=128, dim=128, heads=4, depth=2):
+    """GPT-2 blocks (causal self-attention and a tanh-GELU MLP, pre-norm) with the output projection tied to
+    the token embedding, written the same way for lib = fasttrain or torch (torch's attention takes the causal
+    mask as attn_mask, fasttrain's as is_causal)."""
+    nn, F = lib.nn, lib.nn.functional
+    causal = dict(is_causal=True) if lib is ft else dict(
+        attn_mask=torch.triu(torch.full((steps, steps), float("-inf")), diagonal=1))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln_1, self.attn = nn.LayerNorm(dim), nn.MultiheadAttention(dim, heads, batch_first=True)
+            self.ln_2, self.fc, self.proj = nn.LayerNorm(dim), nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+
+        def forward(self, x):
+            h = self.ln_1(x)
+            x = x + self.attn(h, h, h, need_weights=False, **causal)[0]
+            return x + self.proj(F.gelu(self.fc(self.ln_2(x)), approximate="tanh"))
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte, self.wpe = nn.Embedding(vocab, dim), nn.Parameter(lib.zeros(1, steps, dim))
+            self.blocks = nn.ModuleList([Block() for _ in range(depth)])
+            self.ln_f = nn.LayerNorm(dim)
+
+        def forward(self, ids):
+            x = self.wte(ids) + self.wpe
+            for block in self.blocks:
+                x = block(x)
+            return F.linear(self.ln_f(x), self.wte.weight)
+    return GPT()
+
+
+def next_token_loss(lib):
+    return lambda logits, targets: lib.nn.functional.cross_entropy(logits.transpose(1, 2), targets)
+
+
+def transformer_steps(net, batch):
+    """(fasttrain's step, FLOPs per sample, torch's step or None, samples' unit) for the ViT or GPT model."""
+    rng = np.random.default_rng(0)
+    if net == "vit":
+        x = rng.standard_normal((batch, 3, 32, 32)).astype(np.float32)
+        y = rng.integers(0, 10, batch)
+        shape, kw, loss, unit = (3, 32, 32), {}, ft.nn.CrossEntropyLoss(), "images/s"
+    else:
+        tokens = rng.integers(0, 512, (batch, 129))
+        x, y = np.ascontiguousarray(tokens[:, :-1]), np.ascontiguousarray(tokens[:, 1:])
+        shape, kw, loss, unit = (128,), dict(input_dtype=ft.int64, memory_format="contiguous"), \
+            next_token_loss(ft), "sequences/s"
+    ft.manual_seed(0)
+    model = vit(ft) if net == "vit" else gpt(ft)
+    program = model.compile(ft.optim.AdamW(model.parameters(), lr=1e-3), loss, batch_size=batch, input_shape=shape,
+                            **kw)
+    xt, yt = ft.tensor(x), ft.tensor(y)
+    ours = lambda: program.train_step(xt, yt)  # noqa: E731
+    if torch is None:
+        return ours, 3 * program.flops_per_sample(), None, unit
+    tm = vit(torch) if net == "vit" else gpt(torch)
+    if net == "vit":
+        tm = tm.to(memory_format=torch.channels_last)
+    topt = torch.optim.AdamW(tm.parameters(), lr=1e-3)
+    tx = torch.from_numpy(x)
+    tx = tx.contiguous(memory_format=torch.channels_last) if net == "vit" else tx
+    ty = torch.from_numpy(y)
+    tloss = torch.nn.CrossEntropyLoss() if net == "vit" else next_token_loss(torch)
+
+    def theirs():
+        out = tloss(tm(tx), ty)
+        topt.zero_grad(set_to_none=True)
+        out.backward()
+        topt.step()
+    return ours, 3 * program.flops_per_sample(), theirs, unit
+
+
 def timed(fn):
     t = time.perf_counter()
     fn()
@@ -221,6 +324,22 @@ def main():
                 t_ips = batch / statistics.median(times[traced])
                 emit(f"train_step_{net}_traced_b{batch}", t_ips, "images/s", reference=round(ips, 1),
                      reference_name="the same network as an nn.Model graph", ratio=round(t_ips / ips, 3))
+    for net, batch in (("vit", 64), ("gpt", 16)):
+        ours, flops, theirs, unit = transformer_steps(net, batch)
+        runs = [f for f in (ours, theirs) if f]
+        for _ in range(2):
+            for f in runs:
+                f()
+        times = {f: [] for f in runs}
+        for _ in range(max(steps // 2, 3)):
+            for f in runs:
+                times[f].append(timed(f))
+        ips = batch / statistics.median(times[ours])
+        extra = {"peak_fraction": round(ips * flops / 1e9 / fma_peak, 3), "gflops": round(ips * flops / 1e9, 1)}
+        if theirs:
+            ref = batch / statistics.median(times[theirs])
+            extra.update(reference=round(ref, 2), reference_name=f"torch {torch.__version__}", ratio=round(ips / ref, 3))
+        emit(f"train_step_{net}_b{batch}", ips, unit, **extra)
     if args.full:
         full_runs(args.threads, args.epochs)
 
