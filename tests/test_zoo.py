@@ -322,3 +322,23 @@ def test_matches_pytorch(name):
     for n, p in tm.named_parameters():
         np.testing.assert_allclose(dict(model.named_parameters())[n].grad.numpy(), p.grad.numpy(), rtol=2e-3,
                                    atol=2e-5, err_msg=n)
+
+
+def test_a_training_loop_by_hand_sums_gradients_as_pytorch():
+    """zero_grad, backward twice, step: the update uses the sum of both batches' gradients (docs/models.md)."""
+    model, program, shape = build("sequence_mlp")
+    (x1, y1), (x2, y2) = data("sequence_mlp", seed=1), data("sequence_mlp", seed=2)
+    single = []
+    for x, y in ((x1, y1), (x2, y2)):
+        program.optimizer.zero_grad()
+        program.backward(x, y)
+        single.append({n: p.grad.numpy().copy() for n, p in model.named_parameters()})
+    program.optimizer.zero_grad()
+    program.backward(x1, y1)
+    program.backward(x2, y2)
+    before = {n: p.numpy().copy() for n, p in model.named_parameters()}
+    program.optimizer.step()
+    for n, p in model.named_parameters():
+        np.testing.assert_allclose(p.grad.numpy(), single[0][n] + single[1][n], rtol=1e-6, atol=1e-7, err_msg=n)
+        # SGD with momentum 0.9, first step: p - lr * grad
+        np.testing.assert_allclose(p.numpy(), before[n] - 0.05 * p.grad.numpy(), rtol=1e-5, atol=1e-7, err_msg=n)
