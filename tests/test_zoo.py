@@ -342,3 +342,11 @@ def test_a_training_loop_by_hand_sums_gradients_as_pytorch():
         np.testing.assert_allclose(p.grad.numpy(), single[0][n] + single[1][n], rtol=1e-6, atol=1e-7, err_msg=n)
         # SGD with momentum 0.9, first step: p - lr * grad
         np.testing.assert_allclose(p.numpy(), before[n] - 0.05 * p.grad.numpy(), rtol=1e-5, atol=1e-7, err_msg=n)
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_summary_counts_every_parameter_once(name):
+    """Parameters read through F.linear, a value node or a tied weight are counted, the tied one once."""
+    model, program, _ = build(name)
+    total = sum(p.numel() for p in model.parameters())
+    assert f"parameters: {total:,}" in program.summary()

@@ -288,12 +288,14 @@ def _flops(e):
 def _table(entries):
     """The node table of summary(): shapes, parameters, forward FLOPs, fusions and dropped biases."""
     lines = [f"{'#':>3}  {'node':<22}{'output':<18}{'params':>10}{'MFLOP':>10}  notes"]
-    total_params = total_flops = 0
+    counted, total_flops = {}, 0
     for i, e in enumerate(entries):
         name = "input" if e.module is None else type(e.module).__name__.lstrip("_")
-        params = sum(p.numel() for p in (e.module.parameters() if e.module is not None else []))
+        read = [getattr(e.module, k, None) for k in ("weight", "bias", "tensor")]  # a shell's or value's too
+        read = [t for t in read if isinstance(t, M.Parameter)]
+        params = sum(t.numel() for t in read)
+        counted.update((id(t), t.numel()) for t in read)  # a tied weight counts once in the total
         flops = _flops(e)
-        total_params += params
         total_flops += flops
         notes = []
         if e.act:
@@ -302,7 +304,7 @@ def _table(entries):
             notes.append("bias dropped and zeroed (a batch norm follows)")
         lines.append(f"{i:>3}  {name:<22}{str(tuple(e.shape)):<18}{params:>10,}{flops / 1e6:>10.2f}  "
                      + ", ".join(notes))
-    lines.append(f"parameters: {total_params:,}   forward MFLOP per sample: {total_flops / 1e6:.2f}")
+    lines.append(f"parameters: {sum(counted.values()):,}   forward MFLOP per sample: {total_flops / 1e6:.2f}")
     return "\n".join(lines)
 
 
