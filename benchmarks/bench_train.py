@@ -338,7 +338,8 @@ def main():
         extra = {"peak_fraction": round(ips * flops / 1e9 / fma_peak, 3), "gflops": round(ips * flops / 1e9, 1)}
         if theirs:
             ref = batch / statistics.median(times[theirs])
-            extra.update(reference=round(ref, 2), reference_name=f"torch {torch.__version__}", ratio=round(ips / ref, 3))
+            extra.update(reference=round(ref, 2), reference_name=f"torch {torch.__version__}",
+                         ratio=round(ips / ref, 3))
         emit(f"train_step_{net}_b{batch}", ips, unit, **extra)
     if args.full:
         full_runs(args.threads, args.epochs)

@@ -171,7 +171,8 @@ def ref_predict(S, x, bn_eps=1e-5):
     S = {k: np.asarray(v, dtype=np.float64) for k, v in S.items()}
     c1 = conv_f(x, S["conv2d.weight"], S["conv2d.bias"], 1)
     inv = 1 / np.sqrt(S["batch_norm2d.running_var"] + bn_eps)
-    h1 = np.maximum(S["batch_norm2d.weight"][None, :, None, None] * (c1 - S["batch_norm2d.running_mean"][None, :, None, None])
+    h1 = np.maximum(S["batch_norm2d.weight"][None, :, None, None]
+                    * (c1 - S["batch_norm2d.running_mean"][None, :, None, None])
                     * inv[None, :, None, None] + S["batch_norm2d.bias"][None, :, None, None], 0)
     s = np.maximum(h1 + conv_f(h1, S["conv2d_1.weight"], S["conv2d_1.bias"], 1), 0)
     h3 = np.maximum(conv_f(maxpool2_f(s)[0], S["conv2d_2.weight"], S["conv2d_2.bias"], 1), 0)
@@ -192,7 +193,8 @@ def make_resnet(seed=0):
 def perturb_bn(model, seed=5):
     """Non-trivial BN affine parameters (they start at 1 and 0)."""
     rng = np.random.default_rng(seed)
-    set_params(model, {"batch_norm2d.weight": 1 + 0.3 * rng.standard_normal(6), "batch_norm2d.bias": 0.2 * rng.standard_normal(6)})
+    set_params(model, {"batch_norm2d.weight": 1 + 0.3 * rng.standard_normal(6),
+                       "batch_norm2d.bias": 0.2 * rng.standard_normal(6)})
 
 
 def compile_resnet(model, opt=None, batch_size=8, **kw):
@@ -453,7 +455,8 @@ def test_predict_and_evaluate_match_numpy_eval_forward():
     for k in range(3):
         program.train_step(*batch(8, seed=10 + k))
     sd = model.state_dict()
-    assert np.abs(sd["batch_norm2d.running_mean"]).max() > 1e-3 and np.abs(sd["batch_norm2d.running_var"] - 1).max() > 1e-3
+    assert np.abs(sd["batch_norm2d.running_mean"]).max() > 1e-3
+    assert np.abs(sd["batch_norm2d.running_var"] - 1).max() > 1e-3
     for n in (3, 8, 13):
         x, y = batch(n, seed=20 + n)
         want = ref_predict(sd, x)

@@ -128,8 +128,9 @@ static int parse_node(ft_module_state *st, PyObject *d, ft_node *nd) {
         get_double(d, "momentum", 0.1, &nd->bn.momentum) < 0 || get_long(d, "batch_stats", 1, &training) < 0 ||
         get_double(d, "p", 0.0, &nd->dropout_p) < 0 || get_long(d, "norm_dims", 0, &norm_dims) < 0 ||
         get_double(d, "layer_eps", 1e-5, &nd->eps) < 0 || get_double(d, "scale", 1.0, &nd->scale) < 0 ||
-        get_ints(d, "perm", perm, FT_NODE_MAX_DIMS, &nperm) < 0 || get_long(d, "slice_dim", 0, &slice_dim) < 0 || get_long(d, "dim", 0, &dim) < 0 ||
-        get_long(d, "padding_idx", -1, &padding_idx) < 0 || get_long(d, "causal", 0, &causal) < 0 || get_pair(d, "factor", 1, nd->factor) < 0 ||
+        get_ints(d, "perm", perm, FT_NODE_MAX_DIMS, &nperm) < 0 || get_long(d, "slice_dim", 0, &slice_dim) < 0 ||
+        get_long(d, "dim", 0, &dim) < 0 || get_long(d, "padding_idx", -1, &padding_idx) < 0 ||
+        get_long(d, "causal", 0, &causal) < 0 || get_pair(d, "factor", 1, nd->factor) < 0 ||
         get_long(d, "slice_start", 0, &slice_start) < 0 || get_long(d, "slice_step", 1, &slice_step) < 0 ||
         get_long(d, "dtype", FT_FLOAT32, &dtype) < 0 || get_long(d, "reduction", FT_NODE_REDUCE_NONE, &reduction) < 0 ||
         get_double(d, "label_smoothing", 0.0, &nd->label_smoothing) < 0 ||
@@ -385,7 +386,8 @@ static PyObject *m_train_step(PyObject *self, PyObject *args, PyObject *kwargs) 
                                      &policy))
         return NULL;
     ft_tensor *x, *y;
-    ft_optimizer *opt = unwrap_xy(self, xo, yo, &x, &y) == 0 ? program_optimizer((program_object *)self, opt_obj) : NULL;
+    ft_optimizer *opt =
+        unwrap_xy(self, xo, yo, &x, &y) == 0 ? program_optimizer((program_object *)self, opt_obj) : NULL;
     step_options o;
     if (!opt || parse_step_options(max_norm, policy, &o) < 0)
         return NULL;
@@ -426,7 +428,8 @@ static PyObject *m_forward(PyObject *self, PyObject *xo) {
     int64_t shape[FT_MAX_DIMS] = {x->ndim ? x->shape[0] : 0};
     int ndim = ft_program_output_shape(prog, shape + 1) + 1;
     ft_tensor out;
-    ft_status s = ft_tensor_empty(&out, ndim, shape, FT_FLOAT32, ft_op_device(&((program_object *)self)->params), false);
+    ft_status s =
+        ft_tensor_empty(&out, ndim, shape, FT_FLOAT32, ft_op_device(&((program_object *)self)->params), false);
     if (s != FT_OK)
         return ft_raise(s);
     Py_BEGIN_ALLOW_THREADS

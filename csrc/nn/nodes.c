@@ -501,7 +501,9 @@ static ft_tensor attention_lse(const ft_node_run *r) {
     return t;
 }
 
-static ft_sdpa_params sdpa_params(const ft_node *nd) { return (ft_sdpa_params){.scale = nd->scale, .causal = nd->causal}; }
+static ft_sdpa_params sdpa_params(const ft_node *nd) {
+    return (ft_sdpa_params){.scale = nd->scale, .causal = nd->causal};
+}
 
 static ft_status attention_forward(const ft_node_run *r) {
     const ft_tensor *ins[3] = {&r->in[0], &r->in[r->nin > 1], &r->in[r->nin > 1 ? 2 : 0]};

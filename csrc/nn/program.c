@@ -385,8 +385,8 @@ ft_status ft_program_create(ft_program **out, int nnodes, const ft_node *nodes, 
     p->slot_written = calloc(2 * n, sizeof *p->slot_written);
     p->dropout_at = calloc(n, sizeof *p->dropout_at);
     p->seconds = calloc(n * 2, sizeof *p->seconds);
-    ft_status s = p->nodes && p->last_consumer && p->train && p->eval && p->trains && p->written && p->norm && p->slots && p->slot_of &&
-                          p->slot_written && p->dropout_at && p->seconds
+    ft_status s = p->nodes && p->last_consumer && p->train && p->eval && p->trains && p->written && p->norm &&
+                          p->slots && p->slot_of && p->slot_written && p->dropout_at && p->seconds
                       ? FT_OK
                       : ft_fail(FT_ERR_NOMEM, "out of memory creating a program");
     if (s == FT_OK) {

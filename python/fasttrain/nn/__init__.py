@@ -5,6 +5,6 @@ from .modules import (AdaptiveAvgPool1d, AdaptiveAvgPool2d, AdaptiveMaxPool1d, A
                       AvgPool2d, BatchNorm1d, BatchNorm2d, BCEWithLogitsLoss, Cat, Conv1d, Conv2d, CrossEntropyLoss,
                       Dropout, Embedding, Flatten, GELU, GroupNorm, Hardswish, HuberLoss, Identity, KLDivLoss, L1Loss,
                       LayerNorm, LeakyReLU, Linear, LogSoftmax, MaxPool1d, MaxPool2d, Model, Module, ModuleDict,
-                      ModuleList, MSELoss, MultiheadAttention, NLLLoss, Parameter, ReLU, Sequential, Sigmoid, SiLU, SmoothL1Loss, Softmax,
-                      Softplus, Tanh, TransformerEncoderLayer, Upsample)
+                      ModuleList, MSELoss, MultiheadAttention, NLLLoss, Parameter, ReLU, Sequential, Sigmoid, SiLU,
+                      SmoothL1Loss, Softmax, Softplus, Tanh, TransformerEncoderLayer, Upsample)
 from .program import Program, compile

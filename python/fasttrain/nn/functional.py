@@ -149,8 +149,8 @@ def _norm_layout(x):
 
 
 @_traced(lambda num_groups, weight=None, bias=None, eps=1e-5: _shell(
-    M.GroupNorm, weight=weight, bias=bias, num_groups=num_groups, num_channels=None if weight is None else weight.shape[0],
-    eps=eps, affine=weight is not None))
+    M.GroupNorm, weight=weight, bias=bias, num_groups=num_groups,
+    num_channels=None if weight is None else weight.shape[0], eps=eps, affine=weight is not None))
 def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
     _check(input, "input", "group_norm")
     weight, bias = (None if p is None else p.contiguous() for p in (weight, bias))

@@ -20,7 +20,8 @@ _K = _C.NODE_KINDS
  LOG_SOFTMAX, GROUPNORM, EMBEDDING, UPSAMPLE, ATTENTION) = (_K[k] for k in (
     "input", "conv2d", "linear", "batch_norm", "activation", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
     "adaptive_max_pool2d", "add", "cat", "reshape", "dropout", "identity", "layer_norm", "mul", "scale", "permute",
-    "slice", "parameter", "target", "cross_entropy", "nll", "sum", "softmax", "log_softmax", "group_norm", "embedding", "upsample_nearest", "attention"))
+    "slice", "parameter", "target", "cross_entropy", "nll", "sum", "softmax", "log_softmax", "group_norm",
+    "embedding", "upsample_nearest", "attention"))
 ACTS = _C.ACTIVATIONS
 REDUCTIONS = _C.REDUCTIONS
 # Activations whose derivative follows from their output: these can be fused
