@@ -528,10 +528,14 @@ static ft_status scan_shard(ft_source *s, size_t *cap, int shard) {
             size_t p = data, end = data + (size_t)msize;
             while (p < end) {
                 size_t len = 0, q = p;
-                while (q < end && m[q] >= '0' && m[q] <= '9')
+                /* Bounded as it is read: a length near 2^64 would wrap p
+                 * backwards and loop forever. */
+                while (q < end && m[q] >= '0' && m[q] <= '9' && len <= end - p)
                     len = len * 10 + (size_t)(m[q++] - '0');
-                if (q >= end || m[q] != ' ' || len == 0 || p + len > end)
+                if (q >= end || m[q] != ' ' || len <= q + 1 - p || len > end - p) {
+                    st = ft_fail(FT_ERR_FORMAT, "%s: bad pax extended header record at byte %zu", mf->path, p);
                     break;
+                }
                 const char *kv = (const char *)m + q + 1;
                 size_t kvlen = p + len - (q + 1);
                 if (kvlen > 5 && memcmp(kv, "path=", 5) == 0 && kvlen - 6 < sizeof long_name) {
@@ -545,6 +549,8 @@ static ft_status scan_shard(ft_source *s, size_t *cap, int shard) {
                 p += len;
             }
             off = next;
+            if (st != FT_OK)
+                break;
             continue;
         }
         char name[4096];
