@@ -109,3 +109,19 @@ def test_pax_length_near_2_64_is_an_error(tmp_path):
                          + tar_member("a.cls", b"1") + b"\0" * 1024)
         with pytest.raises(ValueError, match=r"evil\.tar: bad pax extended header record at byte 51[25]"):
             D.TarShards(path)
+
+
+def test_named_pipes_in_an_image_folder_never_block(tmp_path):
+    import os
+    root = tmp_path / "folder"
+    (root / "a").mkdir(parents=True)
+    (root / "a" / "good.jpg").write_bytes(D.encode_jpeg(np.zeros((8, 8, 3), np.uint8)))
+    os.mkfifo(root / "a" / "x.jpg")
+    folder = D.ImageFolder(root)
+    assert len(folder) == 1
+    assert [len(y) for _, y in D.Loader(folder, num_workers=1)] == [1]
+    # A sample replaced by a pipe after the listing fails instead of blocking the worker in open().
+    os.unlink(root / "a" / "good.jpg")
+    os.mkfifo(root / "a" / "good.jpg")
+    with pytest.raises(OSError, match=r"good\.jpg is not a regular file"):
+        list(D.Loader(folder, num_workers=1))
