@@ -6,6 +6,7 @@
 #include <immintrin.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -236,6 +237,10 @@ typedef struct {
 /* Every image buffer keeps 64 bytes of slack past `n`: hpass4 reads whole
  * 16-byte groups. */
 static ft_status reserve(buffer *b, size_t n) {
+    /* Sizes can come from a damaged file: doubling past half the address
+     * space would wrap to 0 and never end. */
+    if (n > SIZE_MAX / 4)
+        return ft_fail(FT_ERR_NOMEM, "an image buffer of %zu bytes is too large", n);
     n += 64;
     if (n <= b->cap)
         return FT_OK;
@@ -894,6 +899,10 @@ ft_status ft_augment_sample(const ft_plan *p, ft_augment_ctx *ctx, const ft_samp
         H = decoded->height, W = decoded->width;
     } else if (s->kind == FT_SAMPLE_RAW) {
         H = s->height, W = s->width;
+        if (H < 1 || W < 1 || H > (1 << 24) || W > (1 << 24) || !(s->channels == 1 || s->channels == 3) ||
+            (uint64_t)H * (uint64_t)W * (uint64_t)s->channels != (uint64_t)s->size)
+            return ft_fail(FT_ERR_FORMAT, "a raw sample of %d x %d x %d pixels cannot hold %zu bytes", H, W,
+                           s->channels, s->size);
     } else if (s->kind == FT_SAMPLE_JPEG) {
         FT_TRY(ft_jpeg_read_info(s->data, s->size, &info));
         H = info.height, W = info.width;

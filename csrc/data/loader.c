@@ -271,6 +271,21 @@ static ft_status process_sample(ft_loader *l, ft_augment_ctx *ctx, ft_fetch_buf 
     return FT_OK;
 }
 
+/* The last error, naming sample i once: sources that read files name them
+ * already ("cannot open PATH: ..."), and a record file's "PATH: record 5 ..."
+ * becomes "PATH#5: record 5 ...". */
+static void sample_error(const ft_loader *l, int64_t i, char *msg, size_t n) {
+    char name[256];
+    ft_source_describe(l->source, i, name, sizeof name);
+    const char *err = ft_last_error(), *colon = strstr(err, ": ");
+    if (strstr(err, name))
+        snprintf(msg, n, "%s", err);
+    else if (colon && colon > err && strncmp(name, err, (size_t)(colon - err)) == 0)
+        snprintf(msg, n, "%s: %s", name, colon + 2);
+    else
+        snprintf(msg, n, "%s: %s", name, err);
+}
+
 /* Claims and runs one chunk of samples; called and returning with the lock
  * held. False when there is nothing to do now. */
 static bool work_once(ft_loader *l, ft_augment_ctx *ctx, ft_fetch_buf *buf) {
@@ -318,9 +333,7 @@ static bool work_once(ft_loader *l, ft_augment_ctx *ctx, ft_fetch_buf *buf) {
         if (st != FT_OK) {
             nfailed++;
             if (failed_pos < 0) {
-                char name[256];
-                ft_source_describe(l->source, idx[j], name, sizeof name);
-                snprintf(msg, sizeof msg, "%s: %s", name, ft_last_error());
+                sample_error(l, idx[j], msg, sizeof msg);
                 failed_pos = pos;
                 failed_status = st;
             }
@@ -443,10 +456,12 @@ static ft_status make_plan(ft_loader *l, const ft_transform *ops, int nops, cons
         st = ft_source_get(l->source, i, l->cfg.verify, &l->inline_buf, &smp);
         if (st == FT_OK)
             st = ft_plan_new(&l->plan, ops, nops, output, &smp);
-        if (st == FT_OK || l->cfg.on_error == FT_ON_ERROR_RAISE)
+        if (st == FT_OK)
             return st;
         if (!first_error[0])
-            snprintf(first_error, sizeof first_error, "%s", ft_last_error());
+            sample_error(l, i, first_error, sizeof first_error);
+        if (l->cfg.on_error == FT_ON_ERROR_RAISE)
+            return ft_fail(st, "%s", first_error);
     }
     return ft_fail(st, "no readable sample among the first %lld to fix the batch shape: %s", (long long)tries,
                    first_error);

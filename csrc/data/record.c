@@ -103,6 +103,13 @@ static uint64_t get_u64(const uint8_t *p) {
 
 static size_t pad8(size_t n) { return (8 - (n & 7)) & 7; }
 
+bool ft_raw_size_ok(uint32_t height, uint32_t width, uint32_t channels, size_t n) {
+    /* Sides are bounded before multiplying: the product of three 32-bit
+     * fields can wrap around 64 bits onto a small byte count. */
+    return height >= 1 && height <= FT_RECORD_MAX_SIDE && width >= 1 && width <= FT_RECORD_MAX_SIDE &&
+           (channels == 1 || channels == 3) && (uint64_t)height * width * channels == (uint64_t)n;
+}
+
 /* ---- writer ---- */
 
 struct ft_record_writer {
@@ -162,11 +169,10 @@ ft_status ft_record_writer_add(ft_record_writer *w, ft_sample_kind kind, const v
                                uint32_t height, uint32_t width, uint32_t channels) {
     if (kind != FT_SAMPLE_JPEG && kind != FT_SAMPLE_RAW)
         return ft_fail(FT_ERR_VALUE, "unknown record kind %d", (int)kind);
-    if (kind == FT_SAMPLE_RAW &&
-        (!(channels == 1 || channels == 3) || (uint64_t)height * width * channels != (uint64_t)n))
-        return ft_fail(FT_ERR_VALUE, "a raw record of %u x %u x %u pixels must have 1 or 3 channels and %llu bytes, "
-                                     "got %zu bytes", height, width, channels,
-                       (unsigned long long)height * width * channels, n);
+    if (kind == FT_SAMPLE_RAW && !ft_raw_size_ok(height, width, channels, n))
+        return ft_fail(FT_ERR_VALUE, "a raw record of %u x %u x %u pixels must have 1 to %u rows and columns, 1 or 3 "
+                                     "channels and one byte per value, got %zu bytes",
+                       height, width, channels, FT_RECORD_MAX_SIDE, n);
     if (w->count == w->cap) {
         int64_t cap = w->cap ? w->cap * 2 : 1024;
         uint64_t *grown = realloc(w->offsets, (size_t)cap * sizeof *grown);
@@ -314,6 +320,10 @@ static ft_status check_layout(ft_record_file *f) {
     if (version != FT_RECORD_VERSION)
         return ft_fail(FT_ERR_FORMAT, "%s: record format version %u, this build reads version %u", f->path, version,
                        FT_RECORD_VERSION);
+    /* A writer that sets a flag means something this reader does not know. */
+    if (get_u32(h + 12) != 0)
+        return ft_fail(FT_ERR_FORMAT, "%s: header flags 0x%x are not known to this build (reserved, must be 0)",
+                       f->path, get_u32(h + 12));
     uint64_t count = get_u64(h + 16), index_off = get_u64(h + 24), meta_off = get_u64(h + 32),
              meta_len = get_u64(h + 40);
     if (index_off % 8 || index_off < FT_RECORD_HEADER_SIZE || count > (UINT64_MAX - index_off) / 8 ||
@@ -409,9 +419,7 @@ ft_status ft_record_get(const ft_record_file *f, int64_t i, bool verify, ft_samp
     out->width = (int)get_u32(h + 28);
     out->channels = (int)get_u32(h + 32);
     if (kind == FT_SAMPLE_RAW) {
-        uint64_t want = (uint64_t)get_u32(h + 24) * get_u32(h + 28) * get_u32(h + 32);
-        if (!(out->channels == 1 || out->channels == 3) || want != out->size || out->height > (1 << 24) ||
-            out->width > (1 << 24))
+        if (!ft_raw_size_ok(get_u32(h + 24), get_u32(h + 28), get_u32(h + 32), out->size))
             return ft_fail(FT_ERR_FORMAT, "%s: record %lld claims %u x %u x %u pixels but holds %zu bytes", f->path,
                            (long long)i, get_u32(h + 24), get_u32(h + 28), get_u32(h + 32), out->size);
     } else if (kind != FT_SAMPLE_JPEG) {

@@ -34,6 +34,8 @@
 #define FT_RECORD_VERSION 1u
 #define FT_RECORD_HEADER_SIZE 64
 #define FT_RECORD_ENTRY_SIZE 40
+/* The largest height or width of a raw record, as for array sources. */
+#define FT_RECORD_MAX_SIDE (1u << 24)
 
 /* CRC-32C (Castagnoli, as iSCSI and ext4): ft_crc32c(0, "123456789", 9) is
  * 0xe3069283; pass a previous result as `crc` to continue a sum. */
@@ -43,8 +45,12 @@ typedef struct ft_record_writer ft_record_writer;
 
 ft_status ft_record_writer_open(ft_record_writer **out, const char *path);
 
+/* Whether a raw record of these sizes may hold n bytes: sides in
+ * [1, FT_RECORD_MAX_SIDE], channels 1 or 3, height * width * channels == n. */
+bool ft_raw_size_ok(uint32_t height, uint32_t width, uint32_t channels, size_t n);
+
 /* Appends one record. JPEG records may give 0 for the sizes; raw records
- * need height * width * channels == n and channels 1 or 3. */
+ * need ft_raw_size_ok. */
 ft_status ft_record_writer_add(ft_record_writer *w, ft_sample_kind kind, const void *data, size_t n, int64_t label,
                                uint32_t height, uint32_t width, uint32_t channels);
 

@@ -268,6 +268,13 @@ static bool is_dir(const char *path) {
     return stat(path, &st) == 0 && S_ISDIR(st.st_mode); /* follows links, as os.walk(followlinks=True) */
 }
 
+/* Named pipes, sockets and devices are not samples: opening a pipe blocks
+ * until a writer comes, which would hang a worker. */
+static bool is_regular(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
 /* Lists a directory's entries, sorted, split into subdirectories and files. */
 static ft_status list_dir(const char *dir, str_list *dirs, str_list *files) {
     DIR *d = opendir(dir);
@@ -354,6 +361,10 @@ ft_status ft_source_open_image_folder(ft_source **out, const char *root) {
                 if (!is_jpeg_name(files.items[f]))
                     continue;
                 char *path = join_path(dirs.items[d], files.items[f]);
+                if (path && !is_regular(path)) {
+                    free(path);
+                    continue;
+                }
                 st = path ? push_entry(s, &cap, (file_entry){.label = (int64_t)c, .name = path})
                           : ft_fail(FT_ERR_NOMEM, "out of memory");
             }
@@ -376,13 +387,17 @@ ft_status ft_source_open_image_folder(ft_source **out, const char *root) {
 }
 
 static ft_status read_file(const char *path, ft_fetch_buf *buf, size_t *size) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a file replaced by a named pipe after the listing must
+     * not block the open; regular files ignore the flag. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
         return ft_fail(FT_ERR_IO, "cannot open %s: %s", path, strerror(errno));
     struct stat st;
     ft_status s = FT_OK;
     if (fstat(fd, &st) != 0) {
         s = ft_fail(FT_ERR_IO, "cannot stat %s: %s", path, strerror(errno));
+    } else if (!S_ISREG(st.st_mode)) {
+        s = ft_fail(FT_ERR_IO, "%s is not a regular file", path);
     } else if ((s = ft_fetch_buf_reserve(buf, (size_t)st.st_size)) == FT_OK) {
         size_t done = 0, want = (size_t)st.st_size;
         while (done < want) {
@@ -528,10 +543,14 @@ static ft_status scan_shard(ft_source *s, size_t *cap, int shard) {
             size_t p = data, end = data + (size_t)msize;
             while (p < end) {
                 size_t len = 0, q = p;
-                while (q < end && m[q] >= '0' && m[q] <= '9')
+                /* Bounded as it is read: a length near 2^64 would wrap p
+                 * backwards and loop forever. */
+                while (q < end && m[q] >= '0' && m[q] <= '9' && len <= end - p)
                     len = len * 10 + (size_t)(m[q++] - '0');
-                if (q >= end || m[q] != ' ' || len == 0 || p + len > end)
+                if (q >= end || m[q] != ' ' || len <= q + 1 - p || len > end - p) {
+                    st = ft_fail(FT_ERR_FORMAT, "%s: bad pax extended header record at byte %zu", mf->path, p);
                     break;
+                }
                 const char *kv = (const char *)m + q + 1;
                 size_t kvlen = p + len - (q + 1);
                 if (kvlen > 5 && memcmp(kv, "path=", 5) == 0 && kvlen - 6 < sizeof long_name) {
@@ -545,6 +564,8 @@ static ft_status scan_shard(ft_source *s, size_t *cap, int shard) {
                 p += len;
             }
             off = next;
+            if (st != FT_OK)
+                break;
             continue;
         }
         char name[4096];

@@ -5,7 +5,8 @@
  *   ImageFolder   ft_source_open_image_folder: root/CLASS/[SUBDIRS/]NAME.jpg, classes
  *                 sorted by name and numbered from 0, files in the order of
  *                 torchvision's ImageFolder (sorted directories, then sorted
- *                 names); only .jpg and .jpeg files (any case) are samples
+ *                 names); only regular .jpg and .jpeg files (any case) are
+ *                 samples (named pipes and other special files are left out)
  *   tar shards    ft_source_open_tar: the WebDataset layout, members grouped
  *                 by key (the path up to the first dot of its last component);
  *                 a sample is a key with a .jpg or .jpeg member and a .cls

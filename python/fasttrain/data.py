@@ -23,6 +23,7 @@ import numpy as np
 from . import _C
 from ._types import _BY_NAME, as_device, as_dtype
 from .creation import from_numpy
+from .random import initial_seed
 
 __all__ = [
     "Loader", "Source", "RecordFile", "ImageFolder", "TarShards", "ArraySource", "from_arrays", "FashionMNIST",
@@ -547,6 +548,36 @@ def _cache_config(cache):
     return _CACHE[mode], int(budget)
 
 
+class _LoaderIterator:
+    """One pass over a Loader. A batch that fails (on_error='raise') raises from next() and the pass goes on
+    with the following batch: calling next() again, or a new `for` loop over the loader, continues there."""
+
+    def __init__(self, loader):
+        self._loader = loader
+        self._done = False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._done:
+            raise StopIteration
+        loader = self._loader
+        try:
+            item = loader._next()
+        except (ValueError, OSError):
+            # The C loader has moved past the bad batch: a new pass resumes after it instead of replaying it.
+            loader._resume = True
+            raise
+        if item is None:
+            self._done = True
+            loader._resume = False
+            loader.epoch += 1
+            raise StopIteration
+        # No reference to the batch stays here: once the consumer drops it, its buffer can be reused.
+        return item[0], item[1]
+
+
 class Loader(_C.LoaderBase):
     """Batches from a source, made by C worker threads.
 
@@ -561,10 +592,12 @@ class Loader(_C.LoaderBase):
     pin_memory: page-locked batch buffers when a CUDA device is present. device='cuda' copies each batch to
     the device asynchronously. rank/world_size shard the samples as DistributedSampler does, with the same
     number of batches on every rank. cache: None, 'encoded', 'decoded', (mode, bytes) or a byte budget.
-    on_error: 'raise' (an exception naming the sample) or 'skip' (counted in stats()).
+    on_error: 'raise' (an exception naming the sample; iterating again continues with the next batch) or
+    'skip' (counted in stats()). seed: the seed of shuffling and augmentation; by default the global seed
+    (ft.seed_everything, ft.manual_seed) at construction.
     """
 
-    def __init__(self, source, batch_size=1, transforms=(), shuffle=False, seed=0, num_workers=None, prefetch=2,
+    def __init__(self, source, batch_size=1, transforms=(), shuffle=False, seed=None, num_workers=None, prefetch=2,
                  pin_memory=True, device="cpu", drop_last=False, cache=None, on_error="raise", *, rank=0,
                  world_size=1, dtype=None, channels_last=None, channels=None, image_size=None, dct_scale=True,
                  verify=True):
@@ -596,7 +629,9 @@ class Loader(_C.LoaderBase):
         self.batch_size = int(batch_size)
         self.shuffle = bool(shuffle)
         self.drop_last = bool(drop_last)
-        self.seed = int(seed) % (1 << 64)
+        # Without a seed of its own the loader follows ft.seed_everything / ft.manual_seed, so that a seed
+        # sweep also varies the data order and augmentations.
+        self.seed = int(initial_seed() if seed is None else seed) % (1 << 64)
         self.num_workers = int(num_workers)
         self.prefetch = int(prefetch)
         self.device = dev
@@ -629,17 +664,7 @@ class Loader(_C.LoaderBase):
             self._resume = False
         else:
             self._set_epoch(self.epoch)
-        while True:
-            item = self._next()
-            if item is None:
-                break
-            images, labels = item[0], item[1]
-            del item
-            yield images, labels
-            # Drop our references before waiting for the next batch, so that
-            # only the consumer's hold this buffer.
-            del images, labels
-        self.epoch += 1
+        return _LoaderIterator(self)
 
     def set_epoch(self, epoch):
         """The epoch the next pass runs (its shuffle order and augmentations); preparation starts now."""

@@ -18,6 +18,8 @@ def evaluate(program, loader, tta_flip=False):
     """(mean loss, accuracy) of the program over a loader, in eval mode. With tta_flip the logits of each image
     and of its horizontal mirror are averaged (test-time augmentation). A fasttrain loader runs entirely in C."""
     if _is_c_loader(loader):
+        # The whole split, wherever an earlier iteration (or a restored state) left the loader.
+        loader.set_epoch(loader.epoch)
         loss_sum, correct, count = program._c.eval_epoch(loader, tta_flip)
     else:
         loss_sum, correct, count = 0.0, 0, 0

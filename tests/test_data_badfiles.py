@@ -1,0 +1,127 @@
+"""Damaged and hostile inputs to the data pipeline: each must raise a clear
+error naming the file, never hang, crash or give silently wrong batches."""
+import struct
+
+import numpy as np
+import pytest
+
+import fasttrain as ft
+
+D = ft.data
+
+
+def write_raw(path, records):
+    """A record file of raw records (height, width, channels, payload) whose headers claim what they are given,
+    written byte by byte as record-format.md lays it out (the writer refuses bad sizes)."""
+    body, offsets = b"", []
+    for height, width, channels, payload in records:
+        offsets.append(64 + len(body))
+        fields = struct.pack("<IQqIIII", 2, len(payload), 7, height, width, channels, 0)
+        body += struct.pack("<I", ft._C.crc32c(fields + payload)) + fields + payload + b"\0" * (-len(payload) % 8)
+    index = struct.pack(f"<{len(offsets)}Q", *offsets)
+    index_off = 64 + len(body)
+    head = b"FTRECORD" + struct.pack("<IIQQQQI", 1, 0, len(offsets), index_off, index_off + len(index), 0,
+                                     ft._C.crc32c(index))
+    head += struct.pack("<I", ft._C.crc32c(head)) + b"\0" * 8
+    path.write_bytes(head + body + index)
+
+
+# 2900561549 * 4239809835 * 3 = 2^64 + 13: the product wraps around 64 bits onto 13 bytes.
+WRAP_H, WRAP_W = 2900561549, 4239809835
+
+
+def test_raw_sizes_whose_product_wraps_are_refused(tmp_path):
+    with D.RecordWriter(tmp_path / "w.rec") as w:
+        with pytest.raises(ValueError, match="raw record"):
+            w._add(2, b"x" * 13, 0, WRAP_H, WRAP_W, 3)
+        w.add_image(np.zeros((2, 3), np.uint8), 0)
+    path = tmp_path / "wrap.rec"
+    write_raw(path, [(4, 4, 1, bytes(16)), (WRAP_H, WRAP_W, 3, b"x" * 13)])
+    rf = D.RecordFile(path)
+    with pytest.raises(ValueError, match=r"wrap\.rec: record 1 claims 2900561549 x 4239809835 x 3"):
+        rf.get(1)
+    for transforms in ([D.RandomHorizontalFlip(), D.Resize((4, 4))], [D.Resize((4, 4))], [D.CenterCrop(4)]):
+        with pytest.raises(ValueError, match=r"wrap\.rec#1: record 1 claims"):
+            list(D.Loader(path, transforms=transforms, num_workers=1))
+        loader = D.Loader(path, transforms=transforms, num_workers=1, on_error="skip")
+        assert sum(len(y) for _, y in loader) == 1
+        assert loader.stats()["errors"] == 1
+    # The first sample fixes the batch shape when the loader is built.
+    first = tmp_path / "first.rec"
+    write_raw(first, [(WRAP_H, WRAP_W, 3, b"x" * 13)])
+    with pytest.raises(ValueError, match=r"first\.rec#0: record 0 claims"):
+        D.Loader(first, transforms=[D.Resize((4, 4))])
+
+
+def test_zero_sided_raw_record_is_refused(tmp_path):
+    path = tmp_path / "zero.rec"
+    write_raw(path, [(0, 5, 1, b"")])
+    with pytest.raises(ValueError, match="claims 0 x 5 x 1"):
+        D.RecordFile(path).get(0)
+
+
+def test_nonzero_header_flags_are_refused(tmp_path):
+    path = tmp_path / "flags.rec"
+    D.write_records(path, (np.zeros((2, 3, 3), np.uint8), np.arange(2)))
+    data = bytearray(path.read_bytes())
+    data[12:16] = struct.pack("<I", 4)
+    data[52:56] = struct.pack("<I", ft._C.crc32c(bytes(data[:52])))
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"flags\.rec: header flags 0x4"):
+        D.RecordFile(path)
+
+
+def test_loader_errors_name_the_sample_once(tmp_path):
+    path = tmp_path / "once.rec"
+    D.write_records(path, (np.arange(3 * 16, dtype=np.uint8).reshape(3, 4, 4), np.arange(3)))
+    data = bytearray(path.read_bytes())
+    data[64 + 56 + 40] ^= 0x55  # record 1's first pixel
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError) as e:
+        list(D.Loader(path, batch_size=3, num_workers=1))
+    assert str(e.value).count(str(path)) == 1 and str(e.value).startswith(f"{path}#1: record 1 fails")
+    root = tmp_path / "folder"
+    (root / "a").mkdir(parents=True)
+    (root / "a" / "bad.jpg").write_bytes(b"not a jpeg")
+    with pytest.raises(ValueError) as e:
+        list(D.Loader(root, batch_size=1, num_workers=1, image_size=8))
+    assert str(e.value).count("bad.jpg") == 1
+
+
+def tar_member(name, payload, kind=b"0"):
+    import tarfile
+    info = tarfile.TarInfo(name)
+    info.size = len(payload)
+    info.type = kind
+    return info.tobuf(format=tarfile.USTAR_FORMAT) + payload + b"\0" * (-len(payload) % 512)
+
+
+def test_pax_length_near_2_64_is_an_error(tmp_path):
+    jpeg = D.encode_jpeg(np.zeros((8, 8, 3), np.uint8))
+    good = tmp_path / "good.tar"
+    good.write_bytes(tar_member("PaxHeader", b"16 path=s/a.jpg\n", b"x") + tar_member("ignored", jpeg)
+                     + tar_member("s/a.cls", b"3") + b"\0" * 1024)
+    assert len(D.TarShards(good)) == 1 and D.TarShards(good).get(0)[2] == 3
+    for record in (b"18446744073709551610 path=a.jpg\n", b"99999999999999999999999999 path=a.jpg\n",
+                   b"3 path=a.jpg\n", b"x path=a.jpg\n"):
+        path = tmp_path / "evil.tar"
+        path.write_bytes(tar_member("PaxHeader", record, b"x") + tar_member("a.jpg", jpeg)
+                         + tar_member("a.cls", b"1") + b"\0" * 1024)
+        with pytest.raises(ValueError, match=r"evil\.tar: bad pax extended header record at byte 51[25]"):
+            D.TarShards(path)
+
+
+def test_named_pipes_in_an_image_folder_never_block(tmp_path):
+    import os
+    root = tmp_path / "folder"
+    (root / "a").mkdir(parents=True)
+    (root / "a" / "good.jpg").write_bytes(D.encode_jpeg(np.zeros((8, 8, 3), np.uint8)))
+    os.mkfifo(root / "a" / "x.jpg")
+    folder = D.ImageFolder(root)
+    assert len(folder) == 1
+    assert [len(y) for _, y in D.Loader(folder, num_workers=1)] == [1]
+    # A sample replaced by a pipe after the listing fails instead of blocking the worker in open().
+    os.unlink(root / "a" / "good.jpg")
+    os.mkfifo(root / "a" / "good.jpg")
+    with pytest.raises(OSError, match=r"good\.jpg is not a regular file"):
+        list(D.Loader(folder, num_workers=1))

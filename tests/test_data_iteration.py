@@ -1,0 +1,80 @@
+"""The Loader's public iteration state: errors mid-epoch, evaluate over a loader already iterated, the default
+seed, and close() from another thread while an epoch runs in C."""
+import numpy as np
+import pytest
+
+import fasttrain as ft
+
+D = ft.data
+nn = ft.nn
+
+
+def bad_record_file(path, n=6, bad=2):
+    """n raw 4x4 records labelled 0..n-1; record `bad`'s payload is damaged (its CRC fails)."""
+    D.write_records(path, (np.arange(n * 16, dtype=np.uint8).reshape(n, 4, 4), np.arange(n)))
+    data = bytearray(path.read_bytes())
+    data[64 + bad * 56 + 40] ^= 0x55
+    path.write_bytes(bytes(data))
+    return path
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_raise_then_the_iterator_continues_with_the_next_batch(tmp_path, workers):
+    loader = D.Loader(bad_record_file(tmp_path / "b.rec"), batch_size=1, num_workers=workers)
+    it = iter(loader)
+    got = [int(next(it)[1][0]), int(next(it)[1][0])]
+    with pytest.raises(ValueError, match=r"b\.rec#2"):
+        next(it)
+    got += [int(y[0]) for _, y in it]
+    assert got == [0, 1, 3, 4, 5] and loader.epoch == 1
+    # A new `for` loop after the error goes on from the next batch too, not from batch 0.
+    seen = []
+    with pytest.raises(ValueError, match=r"b\.rec#2"):
+        for _, y in loader:
+            seen.append(int(y[0]))
+    assert seen == [0, 1]
+    assert [int(y[0]) for _, y in loader] == [3, 4, 5] and loader.epoch == 2
+    it = iter(loader)  # the next epoch starts from its first batch
+    assert [int(next(it)[1][0]), int(next(it)[1][0])] == [0, 1]
+
+
+def test_loader_seed_follows_the_global_seed():
+    images, labels = np.zeros((64, 2, 2), np.uint8), np.arange(64)
+
+    def order(**kw):
+        return np.concatenate([y.numpy() for _, y in D.Loader((images, labels), batch_size=16, shuffle=True,
+                                                               num_workers=1, **kw)])
+
+    ft.seed_everything(1)
+    a = order()
+    ft.seed_everything(2)
+    b = order()
+    ft.manual_seed(1)
+    assert np.array_equal(order(), a) and not np.array_equal(a, b)
+    assert D.Loader((images, labels)).seed == 1
+    ft.seed_everything(2)
+    assert np.array_equal(order(seed=7), order(seed=7)) and D.Loader((images, labels), seed=7).seed == 7
+
+
+def small_program():
+    ft.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(16, 4))
+    return model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=4,
+                         input_shape=(1, 4, 4))
+
+
+def test_evaluate_covers_the_whole_split_after_partial_iteration():
+    rng = np.random.default_rng(0)
+    images, labels = rng.integers(0, 256, (20, 4, 4), np.uint8), rng.integers(0, 4, 20)
+    program = small_program()
+    val = D.Loader((images, labels), batch_size=4, num_workers=1)
+    whole = ft.evaluate(program, val)
+    next(iter(val))
+    assert ft.evaluate(program, val) == whole
+    it = iter(val)
+    next(it), next(it), next(it)
+    assert ft.evaluate(program, val) == whole
+    val.load_state_dict({"epoch": 0, "batch": 3})
+    assert ft.evaluate(program, val) == whole
+    # The loader itself still iterates whole epochs afterwards.
+    assert sum(len(y) for _, y in val) == 20
