@@ -148,3 +148,18 @@ def test_freezing_matches_pytorch():
         if p.requires_grad:
             np.testing.assert_allclose(dict(model.named_parameters())[name].grad.numpy(), p.grad.numpy(),
                                        rtol=1e-4, atol=1e-5)
+
+
+def test_inplace_layers_overwrite_their_input_in_eager_calls():
+    """inplace=True is honoured as in PyTorch (eager), not accepted and ignored."""
+    x = ft.tensor(np.array([-1.0, 2.0], np.float32))
+    y = nn.ReLU(inplace=True)(x)
+    assert y.data_ptr() == x.data_ptr() and x.numpy().tolist() == [0.0, 2.0]
+    x = ft.tensor(np.array([-1.0, 2.0], np.float32))
+    nn.LeakyReLU(0.5, inplace=True)(x)
+    assert x.numpy().tolist() == [-0.5, 2.0]
+    x = ft.tensor(np.array([-1.0, 2.0], np.float32))
+    assert nn.ReLU()(x).data_ptr() != x.data_ptr() and x.numpy().tolist() == [-1.0, 2.0]
+    x = ft.ones(1000)
+    out = nn.Dropout(0.5, inplace=True)(x)
+    assert out.data_ptr() == x.data_ptr() and set(np.unique(x.numpy())) == {0.0, 2.0}

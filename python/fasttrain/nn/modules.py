@@ -469,6 +469,9 @@ class Upsample(Module):
 
 
 class _Activation(Module):
+    """An activation layer. inplace=True overwrites the input in eager calls, as PyTorch's; a compiled program
+    plans its memory itself (and fuses the activation where it can), so there it changes nothing."""
+
     _leaf = True
     act = None
 
@@ -478,7 +481,7 @@ class _Activation(Module):
 
     def forward(self, x):
         from . import functional as F
-        return getattr(F, self.act)(x)
+        return F._act(x, self.act, getattr(self, "alpha", 0.0), self.inplace, self.act)
 
 
 class ReLU(_Activation):
@@ -558,7 +561,7 @@ class LeakyReLU(_Activation):
 
     def forward(self, x):
         from . import functional as F
-        return F.leaky_relu(x, self.negative_slope)
+        return F.leaky_relu(x, self.negative_slope, self.inplace)
 
 
 class _Pool(Module):
@@ -705,11 +708,11 @@ class Dropout(Module):
         super().__init__()
         if not 0 <= p < 1:
             raise ValueError(f"dropout probability must be in [0, 1), got {p}")
-        self.p = p
+        self.p, self.inplace = p, inplace  # inplace: eager calls only, as for the activations
 
     def forward(self, x):
         from . import functional as F
-        return F.dropout(x, self.p, self.training)
+        return F.dropout(x, self.p, self.training, self.inplace)
 
 
 class Flatten(Module):
