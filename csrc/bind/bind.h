@@ -59,6 +59,9 @@ void ft_release_pyobject(void *owner);
 PyObject *ft_from_numpy(ft_module_state *st, PyObject *arr);
 int ft_dtype_of_descr(PyArray_Descr *descr, ft_dtype *out);
 PyObject *ft_to_numpy(ft_tensor *t);
+/* A 1-d uint8 array over all of a host storage's bytes that holds the storage
+ * (the `data` of __array_interface__, so that the array outlives a rebind). */
+PyObject *ft_storage_bytes(ft_storage *s);
 
 /* DLPack both ways (bind/dlpack.c). */
 PyObject *ft_dlpack_export(PyObject *self, PyObject *args, PyObject *kwargs);

@@ -391,7 +391,10 @@ class Tensor(_C.TensorBase):
             "version": 3,
             "shape": self.shape,
             "typestr": self.dtype._typestr,
-            "data": (self.data_ptr(), self._readonly),
+            # The data is an array that holds the storage (a raw address would be held only through this
+            # object, which model.compile() rebinds to the flat buffer, releasing the memory it pointed at).
+            "data": self._storage_bytes(),
+            "offset": self.storage_offset() * self.itemsize,
             "strides": None if self.is_contiguous() else tuple(s * self.itemsize for s in self.stride()),
         }
 
