@@ -69,3 +69,154 @@ def test_dlpack_device_not_a_tuple_is_a_type_error():
     for device in ([1, 0], 1, None, (1,), ("cpu", 0)):
         with pytest.raises(TypeError, match="__dlpack_device__"):
             ft.from_dlpack(Bad(device))
+
+
+# ---------------------------------------------------------------- checkpoints (7, 8, 11, 17, 22)
+
+def _saved(tmp_path, **kw):
+    model = small_net()
+    program = compile_small(model, ft.optim.AdamW(model.parameters(), lr=1e-3))
+    x, y = np.ones((4, 1, 6, 6), np.float32), np.arange(4) % CLASSES
+    program.train_step(x, y)
+    path = str(tmp_path / "c.safetensors")
+    ft.save(path, program, **kw)
+    return path, program
+
+
+def _rewrite(path, edit_header=None, header_len_delta=0):
+    import json
+    import struct
+    with open(path, "rb") as f:
+        raw = f.read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header, body = raw[8:8 + n], raw[8 + n:]
+    if edit_header is not None:
+        h = json.loads(header)
+        edit_header(h)
+        header = json.dumps(h).encode()
+        header += b" " * (-len(header) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(header) + header_len_delta) + header + body)
+
+
+def test_header_length_one_byte_short_is_refused(tmp_path):
+    path, _ = _saved(tmp_path)
+    _rewrite(path, header_len_delta=-1)  # still valid JSON: the header ends in padding
+    with pytest.raises(ValueError, match="data"):
+        ft.load(path)
+
+
+def test_a_gap_between_tensors_is_refused(tmp_path):
+    path, _ = _saved(tmp_path)
+
+    def shrink(h):
+        name = next(k for k in h if k != "__metadata__" and h[k]["shape"] == [CLASSES])
+        h[name]["shape"] = [CLASSES - 1]
+        h[name]["data_offsets"][1] -= 4
+    _rewrite(path, shrink)
+    with pytest.raises(ValueError, match="belong to no tensor"):
+        ft.load(path)
+
+
+@pytest.mark.parametrize("change", ["delete", "rename"])
+def test_lost_optimizer_state_tensor_is_refused(tmp_path, change):
+    path, program = _saved(tmp_path)
+
+    def edit(h):
+        # moving the last tensor keeps the data contiguous; its bytes go to the tensor before it
+        names = sorted((k for k in h if k != "__metadata__"), key=lambda k: h[k]["data_offsets"])
+        assert names[-1].startswith("optimizer.state.")
+        if change == "rename":
+            h[names[-1].replace("optimizer.state.", "optimizer.state.9")] = h.pop(names[-1])
+        else:
+            h[names[-2]]["shape"] = [(h[names[-1]]["data_offsets"][1] - h[names[-2]]["data_offsets"][0]) // 4]
+            h[names[-2]]["data_offsets"][1] = h.pop(names[-1])["data_offsets"][1]
+    _rewrite(path, edit)
+    model = small_net(5)
+    other = compile_small(model, ft.optim.AdamW(model.parameters(), lr=1e-3))
+    with pytest.raises(ValueError, match="optimizer"):
+        ft.load(path, other)
+
+
+def test_deeply_nested_header_is_a_value_error(tmp_path):
+    import struct
+    path = str(tmp_path / "deep.safetensors")
+    header = b"[" * 100000 + b"]" * 100000
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(header)) + header)
+    with pytest.raises(ValueError, match="corrupt safetensors header"):
+        ft.load(path)
+
+
+def test_stale_temporaries_of_the_target_are_cleaned(tmp_path):
+    import fcntl
+    import os
+    target = tmp_path / "c.safetensors"
+    stale = tmp_path / ".tmp-c.safetensors-dead1.safetensors"
+    stale.write_bytes(b"half a checkpoint")
+    live = tmp_path / ".tmp-c.safetensors-live1.safetensors"  # a save in progress elsewhere holds its lock
+    live.write_bytes(b"being written")
+    other = tmp_path / ".tmp-d.safetensors-dead2.safetensors"  # another target's: not ours to judge
+    other.write_bytes(b"x")
+    fd = os.open(live, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        ft.save(str(target), small_net())
+    finally:
+        os.close(fd)
+    assert not stale.exists() and live.exists() and other.exists() and target.exists()
+    assert sorted(os.listdir(tmp_path)) == sorted([target.name, live.name, other.name])
+
+
+def _state_bits(model):
+    return {k: np.ascontiguousarray(v).tobytes() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("key,value", [("rng", '[0, "x"]'), ("rng", "[1]"), ("program.step", '"x"'),
+                                        ("program.dropout", "[1, -2]"), ("loader", '{"epoch": "a", "batch": 0}'),
+                                        ("scheduler", '{"unrelated": 1}')])
+def test_load_checks_all_metadata_before_changing_anything(tmp_path, key, value):
+    images = np.zeros((8, 6, 6), np.uint8)
+    loader = ft.data.Loader(ft.data.from_arrays(images, np.zeros(8, np.int64)), 4, num_workers=1)
+    model = small_net()
+    program = compile_small(model)
+    sched = ft.optim.lr_scheduler.StepLR(program.optimizer, 2)
+    path = str(tmp_path / "c.safetensors")
+    ft.save(path, program, scheduler=sched, loader=loader)
+    _rewrite(path, lambda h: h["__metadata__"].__setitem__(key, value))
+    fresh = small_net(3)
+    target = compile_small(fresh)
+    target_sched = ft.optim.lr_scheduler.StepLR(target.optimizer, 2)
+    before = _state_bits(fresh)
+    ft.manual_seed(77)
+    rng_before = ft.random.default_generator.get_state().numpy().tobytes()
+    sched_before = target_sched.state_dict()
+    with pytest.raises(ValueError, match=key):
+        ft.load(path, target, scheduler=target_sched, loader=loader, restore_rng=True)
+    assert _state_bits(fresh) == before
+    assert ft.random.default_generator.get_state().numpy().tobytes() == rng_before
+    assert target_sched.state_dict() == sched_before and target.step_count == 0
+
+
+def test_loading_weights_keeps_the_global_rng(tmp_path):
+    path, program = _saved(tmp_path)
+    fresh = small_net(1)
+    ft.seed_everything(123)
+    want = ft.rand(4).numpy().copy()
+    ft.seed_everything(123)
+    ft.load(path, fresh)  # weights only: for inference or fine-tuning
+    assert np.array_equal(ft.rand(4).numpy(), want)
+    ft.manual_seed(5)
+    ft.load(path, fresh, restore_rng=True)
+    assert ft.random.default_generator.initial_seed() == 0  # the seed small_net() set before the save
+
+
+def test_metadata_types_round_trip(tmp_path):
+    path, program = _saved(tmp_path, epoch=3, step=17, metadata={"note": "hi", "best": 0.5, "tags": ["a", 1],
+                                                                 "digits": "42"})
+    _, meta = ft.load(path)
+    assert meta["epoch"] == 3 and meta["step"] == 17 and meta["best"] == 0.5 and meta["tags"] == ["a", 1]
+    assert meta["note"] == "hi" and meta["digits"] == "42"
+    assert ft.load(path, small_net())["epoch"] == 3
+    with pytest.raises(TypeError, match="when"):
+        ft.save(path, program, metadata={"when": object()})
