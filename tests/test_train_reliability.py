@@ -220,3 +220,92 @@ def test_metadata_types_round_trip(tmp_path):
     assert ft.load(path, small_net())["epoch"] == 3
     with pytest.raises(TypeError, match="when"):
         ft.save(path, program, metadata={"when": object()})
+
+
+# ---------------------------------------------------------------- ft.fit: epochs, resume, schedules (12, 13, 22)
+
+def _images(n=24, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 256, (n, 6, 6), dtype=np.uint8), rng.integers(0, CLASSES, n)
+
+
+def _loader(n=24):
+    images, labels = _images(n)
+    return ft.data.Loader(ft.data.from_arrays(images, labels), 4, shuffle=True, seed=3, num_workers=1,
+                          transforms=[ft.data.RandomHorizontalFlip(), ft.data.Normalize(0.5, 0.25)])
+
+
+def _run(make_opt, sched=None):
+    model = small_net()
+    program = compile_small(model, make_opt(model.parameters()))
+    return model, program, (sched(program.optimizer) if sched else None)
+
+
+def test_fit_twice_equals_fit_two_epochs_and_resume_equals_both(tmp_path):
+    def opt(ps):
+        return ft.optim.SGD(ps, lr=0.05, momentum=0.9)
+
+    def sched(o):
+        return ft.optim.lr_scheduler.StepLR(o, 5, gamma=0.5)
+
+    a, pa, sa = _run(opt, sched)
+    la = _loader()
+    history = ft.fit(pa, la, 2, scheduler=sa, progress=False)
+    assert history["epoch"] == [1, 2]
+    b, pb, sb = _run(opt, sched)
+    lb = _loader()
+    seen = []
+    ft.fit(pb, lb, 1, scheduler=sb, progress=False, callbacks=[lambda e, m: seen.append((e, m["epoch"]))])
+    path = str(tmp_path / "c.safetensors")
+    ft.save(path, pb, scheduler=sb, loader=lb)
+    ft.fit(pb, lb, 1, scheduler=sb, progress=False, callbacks=[lambda e, m: seen.append((e, m["epoch"]))])
+    assert seen == [(1, 1), (2, 2)]  # the callback's epoch is metrics["epoch"]
+    assert _state_bits(b) == _state_bits(a)
+    c, pc, sc = _run(opt, sched)
+    ft.manual_seed(99)
+    lc = _loader()
+    ft.load(path, pc, scheduler=sc, loader=lc)
+    assert ft.fit(pc, lc, 1, scheduler=sc, progress=False)["epoch"] == [2]
+    assert _state_bits(c) == _state_bits(a)
+
+
+def test_resume_mid_epoch_through_fit_equals_an_uninterrupted_run(tmp_path):
+    def opt(ps):
+        return ft.optim.SGD(ps, lr=0.05, momentum=0.9)
+
+    a, pa, _ = _run(opt)
+    la = _loader()
+    it = iter(la)
+    for _ in range(2):
+        pa.train_step(*next(it))
+    path = str(tmp_path / "c.safetensors")
+    ft.save(path, pa, loader=la)
+    for x, y in it:  # the rest of epoch 0
+        pa.train_step(x, y)
+    for x, y in la:  # epoch 1
+        pa.train_step(x, y)
+    b, pb, _ = _run(opt)
+    lb = _loader()
+    ft.load(path, pb, loader=lb)
+    assert ft.fit(pb, lb, 2, progress=False)["epoch"] == [1, 2]
+    assert _state_bits(b) == _state_bits(a)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_fit_schedules_one_cycle_momentum_per_step_as_the_manual_loop(optimizer):
+    def opt(ps):
+        return ft.optim.SGD(ps, lr=0.05, momentum=0.9) if optimizer == "sgd" else ft.optim.AdamW(ps, lr=1e-3)
+
+    def sched(o):
+        return ft.optim.lr_scheduler.OneCycleLR(o, max_lr=0.1, total_steps=12, cycle_momentum=True)
+
+    a, pa, sa = _run(opt, sched)
+    la = _loader()
+    for _ in range(2):
+        for x, y in la:
+            pa.train_step(x, y)
+            sa.step()
+    b, pb, sb = _run(opt, sched)
+    ft.fit(pb, _loader(), 2, scheduler=sb, progress=False)
+    assert _state_bits(b) == _state_bits(a)
+    assert pb.optimizer.param_groups[0]["lr"] == pa.optimizer.param_groups[0]["lr"]

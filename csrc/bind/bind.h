@@ -15,6 +15,7 @@
 
 #include "core/status.h"
 #include "core/tensor.h"
+#include "optim/optim.h"
 
 typedef struct {
     PyObject_HEAD
@@ -89,6 +90,10 @@ int ft_bind_optim(PyObject *module);
  * step() clears them again. NULL with TypeError if py_optimizer is neither. */
 typedef struct ft_optimizer ft_optimizer;
 ft_optimizer *ft_optimizer_of(PyObject *py_optimizer);
+/* A parameter group's hyperparameters from the tuple ft.optim builds
+ * (Optimizer._group_tuple); -1 with TypeError otherwise. */
+int ft_parse_optim_group(PyObject *obj, ft_optim_group *g);
+
 
 /* The C loader behind an ft.data.Loader (bind/data.c), for a C training loop
  * that pulls batches with ft_loader_next/ft_loader_release and no Python per
