@@ -309,3 +309,43 @@ def test_fit_schedules_one_cycle_momentum_per_step_as_the_manual_loop(optimizer)
     ft.fit(pb, _loader(), 2, scheduler=sb, progress=False)
     assert _state_bits(b) == _state_bits(a)
     assert pb.optimizer.param_groups[0]["lr"] == pa.optimizer.param_groups[0]["lr"]
+
+
+# ---------------------------------------------------------------- 20. output_shape
+
+def test_output_shape_of_composite_modules():
+    m = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(16, CLASSES))
+    assert m.output_shape((1, 6, 6)) == (CLASSES,)
+    assert nn.Sequential(nn.Conv2d(1, 4, 3, stride=2)).output_shape((1, 7, 7)) == (4, 3, 3)
+
+    class Head(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(6, 2)
+
+        def forward(self, x):
+            return self.fc(x).relu()
+
+    assert Head().output_shape((4, 6)) == (4, 2)
+    x = nn.Input((1, 6, 6))
+    assert nn.Model(x, nn.Flatten()(nn.Conv2d(1, 2, 3)(x))).output_shape((1, 6, 6)) == (32,)
+    assert nn.MultiheadAttention(8, 2, batch_first=True).output_shape((5, 8), (5, 8), (5, 8)) == ((5, 8), None)
+    assert nn.ReLU().output_shape((3, 4)) == (3, 4)
+    with pytest.raises(ValueError):
+        m.output_shape((2, 6, 6))
+
+
+# ---------------------------------------------------------------- 19. comparisons
+
+def test_tensor_comparisons_are_elementwise():
+    a, b = ft.tensor([1.0, 2.0]), ft.tensor([1.0, 3.0])
+    assert (a == ft.tensor([1.0, 2.0])).tolist() == [True, True]
+    assert (a == b).tolist() == [True, False] and (a != b).tolist() == [False, True]
+    assert (a > 1).tolist() == [False, True] and (a >= 2).tolist() == [False, True]
+    assert (a < b).tolist() == [False, True] and (a <= np.array([0.0, 2.0])).tolist() == [False, True]
+    assert (2 < a).tolist() == [False, False] and (a == [1, 5]).tolist() == [True, False]
+    assert (a == b).dtype is ft.bool
+    with pytest.raises(ValueError):
+        bool(a == b)  # an ambiguous truth value, never a silent identity test
+    assert bool(ft.tensor(3) == 3)
+    assert {a: 1}[a] == 1  # hashing stays by identity
