@@ -831,7 +831,7 @@ def test_checkpoint_resume_is_bitwise_exact(case, tmp_path):
     pb = comp(b, opt(b.parameters()))
     assert state_bits(b) != saved
     meta = ft.load(path, into=pb)
-    assert meta["epoch"] == "1" and pb.step_count == n
+    assert meta["epoch"] == 1 and pb.step_count == n
     assert state_bits(b) == saved
     assert train(pb, n, m) == want_losses
     assert state_bits(b) == state_bits(a)
@@ -856,7 +856,7 @@ def test_checkpoint_round_trip_values(tmp_path):
     state = program.optimizer.state_dict()["state"]
     for i, entry in state.items():
         assert tensors[f"optimizer.state.{i}.momentum_buffer"].tobytes() == entry["momentum_buffer"].tobytes()
-    assert meta["epoch"] == "4" and meta["step"] == "7" and meta["note"] == "hello"
+    assert meta["epoch"] == 4 and meta["step"] == 7 and meta["note"] == "hello"
     assert json.loads(meta["optimizer.param_groups"])[0]["lr"] == 0.05
     assert not [f for f in os.listdir(tmp_path) if f != "c.safetensors"]  # no temporary file left behind
 

@@ -15,6 +15,7 @@
 
 #include "core/status.h"
 #include "core/tensor.h"
+#include "optim/optim.h"
 
 typedef struct {
     PyObject_HEAD
@@ -59,6 +60,9 @@ void ft_release_pyobject(void *owner);
 PyObject *ft_from_numpy(ft_module_state *st, PyObject *arr);
 int ft_dtype_of_descr(PyArray_Descr *descr, ft_dtype *out);
 PyObject *ft_to_numpy(ft_tensor *t);
+/* A 1-d uint8 array over all of a host storage's bytes that holds the storage
+ * (the `data` of __array_interface__, so that the array outlives a rebind). */
+PyObject *ft_storage_bytes(ft_storage *s);
 
 /* DLPack both ways (bind/dlpack.c). */
 PyObject *ft_dlpack_export(PyObject *self, PyObject *args, PyObject *kwargs);
@@ -86,6 +90,10 @@ int ft_bind_optim(PyObject *module);
  * step() clears them again. NULL with TypeError if py_optimizer is neither. */
 typedef struct ft_optimizer ft_optimizer;
 ft_optimizer *ft_optimizer_of(PyObject *py_optimizer);
+/* A parameter group's hyperparameters from the tuple ft.optim builds
+ * (Optimizer._group_tuple); -1 with TypeError otherwise. */
+int ft_parse_optim_group(PyObject *obj, ft_optim_group *g);
+
 
 /* The C loader behind an ft.data.Loader (bind/data.c), for a C training loop
  * that pulls batches with ft_loader_next/ft_loader_release and no Python per

@@ -172,7 +172,7 @@ static PyObject *request_capsule(PyObject *obj) {
     PyObject *kwargs = Py_BuildValue("{s(ii)}", "max_version", DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION);
     PyObject *dev = kwargs ? PyObject_CallMethod(obj, "__dlpack_device__", NULL) : NULL;
     int dev_type = 0, dev_id = 0;
-    if (dev && !PyArg_ParseTuple(dev, "ii", &dev_type, &dev_id))
+    if (dev && parse_int_pair(dev, "__dlpack_device__()'s result", &dev_type, &dev_id) < 0)
         Py_CLEAR(dev);
     /* A CUDA producer orders its work before the legacy default stream (1),
      * the stream fasttrain's device work runs on. */

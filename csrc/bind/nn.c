@@ -488,47 +488,50 @@ static int next_batch(ft_loader *l, ft_batch *b, PyThreadState **ts, ft_status *
     }
 }
 
-/* lrs[k][g] (a sequence of per-step sequences, one rate per parameter
- * group) as a flat (steps, groups) array the caller frees. */
-static int parse_lrs(PyObject *obj, int ngroups, double **out, Py_ssize_t *nsteps) {
-    PyObject *seq = PySequence_Fast(obj, "lrs must be a sequence of per-step learning rates");
+/* schedule[k][g] (a sequence of per-step sequences of the optimizer's group
+ * tuples, one per parameter group) as a flat (steps, groups) array the
+ * caller frees. */
+static int parse_schedule(PyObject *obj, int ngroups, ft_optim_group **out, Py_ssize_t *nsteps) {
+    PyObject *seq = PySequence_Fast(obj, "schedule must be a sequence of per-step parameter groups");
     if (!seq)
         return -1;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    double *lrs = PyMem_Malloc((size_t)(n ? n : 1) * (size_t)(ngroups ? ngroups : 1) * sizeof *lrs);
-    if (!lrs)
+    ft_optim_group *groups = PyMem_Malloc((size_t)(n ? n : 1) * (size_t)(ngroups ? ngroups : 1) * sizeof *groups);
+    if (!groups)
         PyErr_NoMemory();
-    for (Py_ssize_t k = 0; lrs && k < n; k++) {
-        PyObject *row = PySequence_Fast(PySequence_Fast_GET_ITEM(seq, k), "each step's lrs must be a sequence");
+    for (Py_ssize_t k = 0; groups && k < n; k++) {
+        PyObject *row = PySequence_Fast(PySequence_Fast_GET_ITEM(seq, k), "each step's groups must be a sequence");
         if (row && PySequence_Fast_GET_SIZE(row) != ngroups)
-            PyErr_Format(PyExc_ValueError, "step %zd gives %zd learning rates for %d parameter groups", k,
+            PyErr_Format(PyExc_ValueError, "step %zd gives %zd groups for %d parameter groups", k,
                          PySequence_Fast_GET_SIZE(row), ngroups);
         for (int g = 0; row && !PyErr_Occurred() && g < ngroups; g++)
-            lrs[k * ngroups + g] = PyFloat_AsDouble(PySequence_Fast_GET_ITEM(row, g));
+            ft_parse_optim_group(PySequence_Fast_GET_ITEM(row, g), &groups[k * ngroups + g]);
         Py_XDECREF(row);
         if (PyErr_Occurred()) {
-            PyMem_Free(lrs);
-            lrs = NULL;
+            PyMem_Free(groups);
+            groups = NULL;
         }
     }
     Py_DECREF(seq);
-    if (!lrs)
+    if (!groups)
         return -1;
-    *out = lrs;
+    *out = groups;
     *nsteps = n;
     return 0;
 }
 
-/* fit_epoch(loader, optimizer, lrs=None, callback=None, interval=0.25, clip_grad_norm=None, nan_policy="raise")
- * -> (loss_sum, samples, steps, skipped): one epoch of a fasttrain loader in C. Python runs only for the
- * progress callback, every `interval` seconds; lrs[k] gives the learning rate of each parameter group at step k. */
+/* fit_epoch(loader, optimizer, schedule=None, callback=None, interval=0.25, clip_grad_norm=None,
+ * nan_policy="raise") -> (loss_sum, samples, steps, skipped, stopped): one epoch of a fasttrain loader in C.
+ * Python runs only for the progress callback, every `interval` seconds; schedule[k] gives every parameter
+ * group's hyperparameters at step k (the learning rate and whatever else a scheduler moves, such as
+ * OneCycleLR's momentum or betas), as the tuples of Optimizer._group_tuple. */
 static PyObject *m_fit_epoch(PyObject *self, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"loader", "optimizer", "lrs", "callback", "interval", "clip_grad_norm", "nan_policy",
-                             NULL};
-    PyObject *loader_obj, *opt_obj, *lrs_obj = Py_None, *callback = Py_None, *max_norm = Py_None;
+    static char *kwlist[] = {"loader", "optimizer", "schedule", "callback", "interval", "clip_grad_norm",
+                             "nan_policy", NULL};
+    PyObject *loader_obj, *opt_obj, *schedule_obj = Py_None, *callback = Py_None, *max_norm = Py_None;
     double interval = 0.25;
     const char *policy = "raise";
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OOdOs:fit_epoch", kwlist, &loader_obj, &opt_obj, &lrs_obj,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OOdOs:fit_epoch", kwlist, &loader_obj, &opt_obj, &schedule_obj,
                                      &callback, &interval, &max_norm, &policy))
         return NULL;
     program_object *po = (program_object *)self;
@@ -538,9 +541,9 @@ static PyObject *m_fit_epoch(PyObject *self, PyObject *args, PyObject *kwargs) {
     if (!opt || parse_step_options(max_norm, policy, &o) < 0)
         return NULL;
     int ngroups = ft_optimizer_num_groups(opt);
-    Py_ssize_t nlrs = 0;
-    double *lrs = NULL;
-    if (lrs_obj != Py_None && parse_lrs(lrs_obj, ngroups, &lrs, &nlrs) < 0)
+    Py_ssize_t nscheduled = 0;
+    ft_optim_group *schedule = NULL;
+    if (schedule_obj != Py_None && parse_schedule(schedule_obj, ngroups, &schedule, &nscheduled) < 0)
         return NULL;
     Py_INCREF(loader_obj); /* the C loader lives as long as this object */
     double loss_sum = 0, last_report = omp_get_wtime(), loss = 0;
@@ -556,8 +559,8 @@ static PyObject *m_fit_epoch(PyObject *self, PyObject *args, PyObject *kwargs) {
             stop = got < 0 && s == FT_OK ? -1 : 0;
             break;
         }
-        for (int g = 0; s == FT_OK && steps < nlrs && g < ngroups; g++)
-            s = ft_optimizer_set_lr(opt, g, lrs[steps * ngroups + g]);
+        for (int g = 0; s == FT_OK && steps < nscheduled && g < ngroups; g++)
+            s = ft_optimizer_set_group(opt, g, &schedule[steps * ngroups + g]);
         if (s == FT_OK)
             s = train_step(po->prog, opt, &b.images, &b.labels, &o, &loss, &skipped);
         int64_t n = b.size;
@@ -581,7 +584,7 @@ static PyObject *m_fit_epoch(PyObject *self, PyObject *args, PyObject *kwargs) {
     }
     PyEval_RestoreThread(ts);
     Py_DECREF(loader_obj);
-    PyMem_Free(lrs);
+    PyMem_Free(schedule);
     if (stop < 0)
         return NULL;
     if (s != FT_OK) { /* say where in the epoch it happened */
@@ -679,7 +682,7 @@ static PyMethodDef program_methods[] = {
     {"get_dropout_state", m_get_dropout_state, METH_NOARGS, "(seed, offset) of the next dropout mask"},
     {"set_dropout_state", m_set_dropout_state, METH_VARARGS, "set_dropout_state(seed, offset)"},
     {"fit_epoch", (PyCFunction)(void (*)(void))m_fit_epoch, METH_VARARGS | METH_KEYWORDS,
-     "fit_epoch(loader, optimizer, lrs=None, callback=None, interval=0.25, clip_grad_norm=None, "
+     "fit_epoch(loader, optimizer, schedule=None, callback=None, interval=0.25, clip_grad_norm=None, "
      "nan_policy='raise') -> (loss_sum, samples, steps, skipped, stopped)"},
     {"eval_epoch", m_eval_epoch, METH_VARARGS, "eval_epoch(loader, tta_flip=False) -> (loss_sum, correct, count)"},
     {NULL, NULL, 0, NULL},

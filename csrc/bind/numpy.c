@@ -111,3 +111,20 @@ PyObject *ft_to_numpy(ft_tensor *t) {
     }
     return arr;
 }
+
+PyObject *ft_storage_bytes(ft_storage *s) {
+    npy_intp n = (npy_intp)s->nbytes;
+    PyObject *base = PyCapsule_New(s, "fasttrain.storage", storage_capsule_release);
+    if (!base)
+        return NULL;
+    ft_storage_retain(s);
+    PyObject *arr = PyArray_New(&PyArray_Type, 1, &n, NPY_UINT8, NULL, s->data, 1,
+                                s->readonly ? 0 : NPY_ARRAY_WRITEABLE, NULL);
+    if (!arr || PyArray_SetBaseObject((PyArrayObject *)arr, base) < 0) {
+        if (!arr)
+            Py_DECREF(base);
+        Py_XDECREF(arr);
+        return NULL;
+    }
+    return arr;
+}

@@ -134,7 +134,7 @@ static int parse_kind(PyObject *obj, ft_optim_kind *out) {
 /* A group given as the tuple (lr, weight_decay, momentum, dampening,
  * nesterov, maximize, beta1, beta2, eps, amsgrad, trust_coefficient,
  * lars_exclude) that ft.optim builds from a param_groups dict. */
-static int parse_group(PyObject *obj, ft_optim_group *g) {
+int ft_parse_optim_group(PyObject *obj, ft_optim_group *g) {
     if (!PyTuple_Check(obj)) {
         PyErr_Format(PyExc_TypeError, "an optimizer group must be a tuple, not %.100s", Py_TYPE(obj)->tp_name);
         return -1;
@@ -189,7 +189,7 @@ static PyObject *optimizer_new(PyTypeObject *type, PyObject *args, PyObject *kwa
         goto error;
     }
     for (Py_ssize_t i = 0; i < ng; i++)
-        if (parse_group(PyTuple_GET_ITEM(groups, i), &g[i]) < 0)
+        if (ft_parse_optim_group(PyTuple_GET_ITEM(groups, i), &g[i]) < 0)
             goto error;
     for (Py_ssize_t i = 0; i < ns; i++) {
         int group = PyLong_Check(PyTuple_GET_ITEM(group_of, i)) ? (int)PyLong_AsLong(PyTuple_GET_ITEM(group_of, i)) : -1;
@@ -319,7 +319,8 @@ static PyObject *optimizer_set_group(PyObject *self, PyObject *args) {
     int index;
     PyObject *tuple;
     ft_optim_group g;
-    if (!PyArg_ParseTuple(args, "iO", &index, &tuple) || refuse_busy(OPT(self)->busy) < 0 || parse_group(tuple, &g) < 0)
+    if (!PyArg_ParseTuple(args, "iO", &index, &tuple) || refuse_busy(OPT(self)->busy) < 0 ||
+        ft_parse_optim_group(tuple, &g) < 0)
         return NULL;
     ft_status s = ft_optimizer_set_group(OPT(self)->opt, index, &g);
     return s == FT_OK ? Py_NewRef(Py_None) : ft_raise(s);
@@ -563,7 +564,7 @@ static PyObject *py_optim_check_group(PyObject *module, PyObject *args) {
     ft_optim_kind kind;
     ft_optim_group g;
     if (!PyArg_ParseTuple(args, "OiO", &kind_obj, &index, &tuple) || parse_kind(kind_obj, &kind) < 0 ||
-        parse_group(tuple, &g) < 0)
+        ft_parse_optim_group(tuple, &g) < 0)
         return NULL;
     ft_status s = ft_optim_check_group(kind, index, &g);
     return s == FT_OK ? Py_NewRef(Py_None) : ft_raise(s);

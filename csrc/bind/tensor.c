@@ -297,6 +297,13 @@ static PyObject *m_numpy(PyObject *self, PyObject *unused) {
     return ft_to_numpy(SELF);
 }
 
+static PyObject *m_storage_bytes(PyObject *self, PyObject *unused) {
+    (void)unused;
+    if (SELF->storage->device.type == FT_DEV_CUDA)
+        return PyErr_Format(PyExc_TypeError, "a cuda tensor has no host memory");
+    return ft_storage_bytes(SELF->storage);
+}
+
 static PyObject *m_dlpack(PyObject *self, PyObject *args, PyObject *kwargs) {
     return ft_dlpack_export(self, args, kwargs);
 }
@@ -323,6 +330,11 @@ static const char *buffer_format(ft_dtype dt) {
     }
 }
 
+struct buffer_export {
+    ft_storage *storage;
+    Py_ssize_t dims[]; // shape (ndim), then strides in bytes (ndim)
+};
+
 static int tensor_getbuffer(PyObject *self, Py_buffer *view, int flags) {
     ft_tensor *t = SELF;
     const char *format = buffer_format(t->dtype);
@@ -347,12 +359,18 @@ static int tensor_getbuffer(PyObject *self, Py_buffer *view, int flags) {
         view->obj = NULL;
         return -1;
     }
-    Py_ssize_t *dims = PyMem_Malloc(sizeof(Py_ssize_t) * 2 * (size_t)(t->ndim ? t->ndim : 1));
-    if (!dims) {
+    /* The export holds the storage, not only the tensor object: model.compile()
+     * rebinds a parameter object to the flat buffer and releases its old
+     * storage, which an array taken before must still be able to read. */
+    struct buffer_export *ex = PyMem_Malloc(sizeof *ex + sizeof(Py_ssize_t) * 2 * (size_t)t->ndim);
+    if (!ex) {
         PyErr_NoMemory();
         view->obj = NULL;
         return -1;
     }
+    ex->storage = t->storage;
+    ft_storage_retain(ex->storage);
+    Py_ssize_t *dims = ex->dims;
     Py_ssize_t itemsize = (Py_ssize_t)ft_dtype_get(t->dtype)->itemsize;
     for (int i = 0; i < t->ndim; i++) {
         dims[i] = (Py_ssize_t)t->shape[i];
@@ -368,13 +386,15 @@ static int tensor_getbuffer(PyObject *self, Py_buffer *view, int flags) {
     view->shape = (flags & PyBUF_ND) ? dims : NULL;
     view->strides = (flags & PyBUF_STRIDES) == PyBUF_STRIDES ? dims + t->ndim : NULL;
     view->suboffsets = NULL;
-    view->internal = dims;
+    view->internal = ex;
     return 0;
 }
 
 static void tensor_releasebuffer(PyObject *self, Py_buffer *view) {
     (void)self;
-    PyMem_Free(view->internal);
+    struct buffer_export *ex = view->internal;
+    ft_storage_release(ex->storage);
+    PyMem_Free(ex);
 }
 
 static PyGetSetDef tensor_getset[] = {
@@ -403,6 +423,7 @@ static PyMethodDef tensor_methods[] = {
     {"_rebind", m_rebind, METH_VARARGS, NULL},
     {"item", m_item, METH_NOARGS, "The value of a one-element tensor as a Python number."},
     {"numpy", m_numpy, METH_NOARGS, "A NumPy array sharing this tensor's memory."},
+    {"_storage_bytes", m_storage_bytes, METH_NOARGS, NULL},
     {"__dlpack__", (PyCFunction)(void (*)(void))m_dlpack, METH_VARARGS | METH_KEYWORDS,
      "__dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None)"},
     {"__dlpack_device__", get_dlpack_device, METH_NOARGS, "(device type, device id) in DLPack's codes."},

@@ -391,9 +391,41 @@ class Tensor(_C.TensorBase):
             "version": 3,
             "shape": self.shape,
             "typestr": self.dtype._typestr,
-            "data": (self.data_ptr(), self._readonly),
+            # The data is an array that holds the storage (a raw address would be held only through this
+            # object, which model.compile() rebinds to the flat buffer, releasing the memory it pointed at).
+            "data": self._storage_bytes(),
+            "offset": self.storage_offset() * self.itemsize,
             "strides": None if self.is_contiguous() else tuple(s * self.itemsize for s in self.stride()),
         }
+
+    # ---- comparisons: elementwise, as NumPy and PyTorch (a bool tensor), never identity ----
+    def _compare(self, other, op):
+        if isinstance(other, Tensor):
+            other = other._host_array()
+        elif not isinstance(other, (int, float, bool, complex, np.number, np.bool_, np.ndarray, list, tuple)):
+            return NotImplemented
+        from .creation import tensor
+        return tensor(op(self._host_array(), np.asarray(other)), device=self.device)
+
+    def __eq__(self, other):
+        return self._compare(other, operator.eq)
+
+    def __ne__(self, other):
+        return self._compare(other, operator.ne)
+
+    def __lt__(self, other):
+        return self._compare(other, operator.lt)
+
+    def __le__(self, other):
+        return self._compare(other, operator.le)
+
+    def __gt__(self, other):
+        return self._compare(other, operator.gt)
+
+    def __ge__(self, other):
+        return self._compare(other, operator.ge)
+
+    __hash__ = _C.TensorBase.__hash__  # identity, as PyTorch's: tensors stay usable as dict keys
 
     def __bool__(self):
         return bool(self.item())

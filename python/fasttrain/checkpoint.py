@@ -7,6 +7,7 @@ the optimizer's state, and in the string metadata the optimizer's
 hyperparameters, the scheduler, the random generator, the data loader's
 position and the epoch/step, atomically (a temporary file, fsync, rename).
 ft.load checks everything before it changes anything."""
+import fcntl
 import json
 import math
 import os
@@ -28,6 +29,28 @@ def _dtype_code(a):
     return code
 
 
+def _remove_stale_temporaries(directory, prefix):
+    """Deletes the temporaries that killed saves of the same target left behind. A live save holds a lock on
+    its temporary (released by the kernel when its process dies), so a lock we can take marks a stale one."""
+    try:
+        names = [n for n in os.listdir(directory) if n.startswith(prefix) and n.endswith(".safetensors")]
+    except OSError:
+        return
+    for name in names:
+        stale = os.path.join(directory, name)
+        try:
+            fd = os.open(stale, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.unlink(stale)
+        except OSError:  # locked by a save in progress, or already gone
+            pass
+        finally:
+            os.close(fd)
+
+
 def save_file(path, tensors, metadata=None):
     """Writes {name: ndarray} and string metadata to `path` atomically."""
     header, offset, arrays = {}, 0, []
@@ -43,10 +66,13 @@ def save_file(path, tensors, metadata=None):
         header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
-    directory = os.path.dirname(os.path.abspath(path))
+    directory, target = os.path.split(os.path.abspath(path))
+    prefix = f".tmp-{target}-"
+    _remove_stale_temporaries(directory, prefix)
     import tempfile  # here, not at the top: with shutil and random it is a tenth of import fasttrain's own time
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".safetensors")
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=prefix, suffix=".safetensors")
     try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # held until the file is closed, after the rename: marks a live save
         with os.fdopen(fd, "wb") as f:
             f.write(struct.pack("<Q", len(raw)))
             f.write(raw)
@@ -54,10 +80,10 @@ def save_file(path, tensors, metadata=None):
                 f.write(a.tobytes())
             f.flush()
             os.fsync(f.fileno())
-        umask = os.umask(0)  # mkstemp makes the file private; give it the mode a plain open() would
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
+            umask = os.umask(0)  # mkstemp makes the file private; give it the mode a plain open() would
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)
+            os.replace(tmp, path)
         dir_fd = os.open(directory, os.O_RDONLY)
         try:
             os.fsync(dir_fd)
@@ -82,6 +108,8 @@ def load_file(path):
         header = json.loads(data[8:8 + n])
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"{path}: corrupt safetensors header: {e}") from None
+    except RecursionError:
+        raise ValueError(f"{path}: corrupt safetensors header: nested too deeply") from None
     if not isinstance(header, dict):
         raise ValueError(f"{path}: corrupt safetensors header")
     metadata = header.pop("__metadata__", {}) or {}
@@ -104,10 +132,19 @@ def load_file(path):
         spans.append((begin, end, name))
         raw = np.frombuffer(body[begin:end], dtype=np.uint16 if dtype == "BF16" else _DTYPES[dtype])
         tensors[name] = (raw.reshape(shape), dtype)
+    # The format requires the tensors to fill the body exactly, one after the other: a header length one byte
+    # short (its JSON ending in padding) would otherwise shift every tensor by a byte and still load.
     spans.sort()
-    for (b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
-        if b1 < e0:
-            raise ValueError(f"{path}: tensors {n0!r} and {n1!r} overlap")
+    at = 0
+    for begin, end, name in spans:
+        if begin < at:
+            raise ValueError(f"{path}: tensor {name!r} overlaps the one before it")
+        if begin > at:
+            raise ValueError(f"{path}: bytes {at}..{begin} of the data belong to no tensor (corrupt header length?)")
+        at = end
+    if at != len(body):
+        raise ValueError(f"{path}: the tensors end at byte {at} of the data, the file at {len(body)} "
+                         "(corrupt header length, or a truncated or appended file)")
     out = {}
     for name, (arr, dtype) in tensors.items():
         if dtype == "BF16":  # widened exactly: bfloat16 is the top half of a float32
@@ -127,7 +164,9 @@ def _program_parts(obj):
 
 
 def save(path, obj, *, optimizer=None, scheduler=None, loader=None, epoch=None, step=None, metadata=None):
-    """Saves a model or a compiled program (with its optimizer) and the training position to `path`."""
+    """Saves a model or a compiled program (with its optimizer) and the training position to `path`.
+    `epoch`, `step` and the values of `metadata` come back from ft.load with their types: strings as they are,
+    anything else through JSON."""
     from .random import default_generator
     model, program = _program_parts(obj)
     if optimizer is None and program is not None:
@@ -136,37 +175,156 @@ def save(path, obj, *, optimizer=None, scheduler=None, loader=None, epoch=None, 
     meta = {"format": "fasttrain", "rng": json.dumps([default_generator.initial_seed(), default_generator._offset])}
     if optimizer is not None:
         state = optimizer.state_dict()
+        names = []
         for idx, entries in state["state"].items():
             scalars = {}
             for key, value in entries.items():
                 if isinstance(value, np.ndarray):
                     tensors[f"optimizer.state.{idx}.{key}"] = value
+                    names.append(f"{idx}.{key}")
                 else:
                     scalars[key] = value
             if scalars:
                 meta[f"optimizer.state.{idx}"] = json.dumps(scalars)
         meta["optimizer.param_groups"] = json.dumps(state["param_groups"])
         meta["optimizer.class"] = type(optimizer).__name__
+        meta["optimizer.tensors"] = json.dumps(names)  # what ft.load must find: a lost entry is an error
     if scheduler is not None:
         meta["scheduler"] = json.dumps(scheduler.state_dict(), default=str)
     if loader is not None:
         meta["loader"] = json.dumps(loader.state_dict())
-    if epoch is not None:
-        meta["epoch"] = str(epoch)
-    if step is not None:
-        meta["step"] = str(step)
     if program is not None:
         meta["program.step"] = str(program.step_count)
         meta["program.dropout"] = json.dumps(program._c.get_dropout_state())
-    meta.update({str(k): str(v) for k, v in (metadata or {}).items()})
+    user = dict(metadata or {})
+    if epoch is not None:
+        user["epoch"] = epoch
+    if step is not None:
+        user["step"] = step
+    typed = []
+    for key, value in user.items():
+        key = str(key)
+        if key in meta or key == _TYPED:
+            raise ValueError(f"ft.save: metadata key {key!r} is one fasttrain uses itself")
+        if isinstance(value, str):
+            meta[key] = value
+            continue
+        try:
+            meta[key] = json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"ft.save: metadata {key!r} must be a string or JSON-serializable: {e}") from None
+        typed.append(key)
+    if typed:
+        meta[_TYPED] = json.dumps(typed)
     save_file(path, tensors, meta)
 
 
-def load(path, into=None, *, optimizer=None, scheduler=None, loader=None):
+_TYPED = "fasttrain.json_keys"  # the metadata keys whose values were not strings, stored as JSON
+
+
+def _decoded_metadata(path, meta):
+    """The metadata with the values save() encoded as JSON decoded again (and the list of them removed)."""
+    if _TYPED not in meta:
+        return dict(meta)
+    out = dict(meta)
+    try:
+        keys = json.loads(out.pop(_TYPED))
+        if not isinstance(keys, list) or not all(isinstance(k, str) and k in out for k in keys):
+            raise ValueError("not a list of its metadata keys")
+        for key in keys:
+            out[key] = json.loads(out[key])
+    except (ValueError, RecursionError) as e:
+        raise ValueError(f"{path}: corrupt metadata: {_TYPED}: {e}") from None
+    return out
+
+
+def _json_meta(path, meta, key):
+    try:
+        return json.loads(meta[key])
+    except (ValueError, RecursionError) as e:
+        raise ValueError(f"{path}: corrupt metadata {key!r}: {e}") from None
+
+
+def _uint64(value):
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 64
+
+
+def _optimizer_state(path, meta, tensors, optimizer):
+    """The optimizer's state_dict from the checkpoint, with every state tensor it lists present and no other."""
+    saved_class = meta.get("optimizer.class")
+    if saved_class is not None and saved_class != type(optimizer).__name__:
+        raise ValueError(f"{path}: the checkpoint holds {saved_class} state, the optimizer is "
+                         f"{type(optimizer).__name__}")
+    groups = _json_meta(path, meta, "optimizer.param_groups")
+    if not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups):
+        raise ValueError(f"{path}: corrupt metadata 'optimizer.param_groups': not a list of groups")
+    # JSON has no tuples: hyperparameters such as betas come back as lists
+    groups = [{k: tuple(v) if isinstance(v, list) and k != "params" else v for k, v in g.items()} for g in groups]
+    present = {key[len("optimizer.state."):] for key in tensors if key.startswith("optimizer.state.")}
+    if "optimizer.tensors" in meta:
+        listed = _json_meta(path, meta, "optimizer.tensors")
+        if not isinstance(listed, list) or not all(isinstance(k, str) for k in listed):
+            raise ValueError(f"{path}: corrupt metadata 'optimizer.tensors'")
+        missing, unknown = sorted(set(listed) - present), sorted(present - set(listed))
+        if missing:
+            raise ValueError(f"{path}: the checkpoint lacks optimizer state tensor 'optimizer.state.{missing[0]}'")
+        if unknown:
+            raise ValueError(f"{path}: the checkpoint has an unexpected optimizer state tensor "
+                             f"'optimizer.state.{unknown[0]}'")
+    state = {}
+
+    def entry(idx, key):
+        try:
+            i = int(idx)
+        except ValueError:
+            raise ValueError(f"{path}: optimizer state {key!r} does not name a param index") from None
+        return state.setdefault(i, {})
+
+    for name in present:
+        idx, _, key = name.partition(".")
+        entry(idx, f"optimizer.state.{name}")[key] = tensors[f"optimizer.state.{name}"]
+    for key in meta:
+        if key.startswith("optimizer.state."):
+            scalars = _json_meta(path, meta, key)
+            if not isinstance(scalars, dict):
+                raise ValueError(f"{path}: corrupt metadata {key!r}")
+            entry(key[len("optimizer.state."):], key).update(scalars)
+    keys_of = optimizer._state_keys
+    for i, entries in state.items():
+        group_keys = {k for g in optimizer.param_groups for k in keys_of(g)}
+        for key in entries:
+            if key not in group_keys:
+                raise ValueError(f"{path}: optimizer state {key!r} of param {i} is not one "
+                                 f"{type(optimizer).__name__} keeps")
+    return {"state": state, "param_groups": groups}
+
+
+def _loader_state(path, meta, loader):
+    state = _json_meta(path, meta, "loader")
+    if not isinstance(state, dict) or not all(isinstance(state.get(k), int) and not isinstance(state.get(k), bool)
+                                              and state[k] >= 0 for k in ("epoch", "batch")):
+        raise ValueError(f"{path}: corrupt metadata 'loader': epoch and batch must be integers >= 0")
+    if state["batch"] > len(loader):
+        raise ValueError(f"{path}: the loader position is batch {state['batch']} of an epoch of {len(loader)}")
+    return state
+
+
+def _scheduler_state(path, meta, scheduler):
+    state = _json_meta(path, meta, "scheduler")
+    if not isinstance(state, dict) or set(state) != set(scheduler.state_dict()):
+        raise ValueError(f"{path}: the checkpoint's scheduler state is not one of a {type(scheduler).__name__}")
+    return state
+
+
+def load(path, into=None, *, optimizer=None, scheduler=None, loader=None, restore_rng=None):
     """Without `into`: ({name: ndarray}, metadata). With a model or program: loads into it (and into the given
-    or the program's optimizer, the scheduler, the loader and the random generator) and returns the metadata.
-    Every shape is checked before anything is written: a mismatch names the first tensor that differs."""
-    tensors, meta = load_file(path)
+    or the program's optimizer, the scheduler, the loader) and returns the metadata. Everything is checked before
+    anything is written: a mismatch names the first tensor that differs, and a failed load changes nothing.
+
+    The global random generator gets the checkpoint's state when the load resumes training (an optimizer's state
+    or a loader's position is restored) or restore_rng=True; loading weights alone leaves it as it is."""
+    tensors, raw_meta = load_file(path)
+    meta = _decoded_metadata(path, raw_meta)
     if into is None:
         return tensors, meta
     from .random import default_generator
@@ -181,43 +339,54 @@ def load(path, into=None, *, optimizer=None, scheduler=None, loader=None):
             raise ValueError(f"{path}: tensor {name!r} has shape {tuple(tensors[name].shape)} in the checkpoint, "
                              f"{t.shape} in the model")
     opt_state = None
-    if optimizer is not None and "optimizer.param_groups" in meta:
-        saved_class = meta.get("optimizer.class")
-        if saved_class is not None and saved_class != type(optimizer).__name__:
-            raise ValueError(f"{path}: the checkpoint holds {saved_class} state, the optimizer is "
-                             f"{type(optimizer).__name__}")
-        # JSON has no tuples: hyperparameters such as betas come back as lists
-        groups = [{k: tuple(v) if isinstance(v, list) and k != "params" else v for k, v in g.items()}
-                  for g in json.loads(meta["optimizer.param_groups"])]
-        state = {}
-        for key, value in tensors.items():
-            if key.startswith("optimizer.state."):
-                idx, name = key[len("optimizer.state."):].split(".", 1)
-                state.setdefault(int(idx), {})[name] = value
-        for key, value in meta.items():
-            if key.startswith("optimizer.state."):
-                state.setdefault(int(key[len("optimizer.state."):]), {}).update(json.loads(value))
-        opt_state = {"state": state, "param_groups": groups}
-    # The model is written first (the optimizer checks its state against the parameters); if the optimizer then
-    # refuses its part, the model gets its previous values back, so a failed load changes nothing.
+    if optimizer is not None and "optimizer.param_groups" in raw_meta:
+        opt_state = _optimizer_state(path, raw_meta, tensors, optimizer)
+    sched_state = _scheduler_state(path, raw_meta, scheduler) if scheduler is not None and "scheduler" in raw_meta \
+        else None
+    loader_state = _loader_state(path, raw_meta, loader) if loader is not None and "loader" in raw_meta else None
+    if restore_rng is None:
+        restore_rng = opt_state is not None or loader_state is not None
+    rng = None
+    if restore_rng and "rng" in raw_meta:
+        rng = _json_meta(path, raw_meta, "rng")
+        if not (isinstance(rng, list) and len(rng) == 2 and all(_uint64(v) for v in rng)):
+            raise ValueError(f"{path}: corrupt metadata 'rng': expected [seed, offset], two integers in [0, 2**64)")
+    program_step = dropout = None
+    if program is not None and "program.step" in raw_meta:
+        program_step = _json_meta(path, raw_meta, "program.step")
+        if not (_uint64(program_step) and program_step < 1 << 63):
+            raise ValueError(f"{path}: corrupt metadata 'program.step': {raw_meta['program.step']!r}")
+    if program is not None and "program.dropout" in raw_meta:
+        dropout = _json_meta(path, raw_meta, "program.dropout")
+        if not (isinstance(dropout, list) and len(dropout) == 2 and all(_uint64(v) for v in dropout)):
+            raise ValueError(f"{path}: corrupt metadata 'program.dropout': expected two integers in [0, 2**64)")
+
+    # Everything read; the parts whose own checks run as they load go first, and a refusal puts back what was
+    # already written. The model goes first: the optimizer checks its state against the parameters.
     previous = model.state_dict()
-    model.load_state_dict({k: tensors[k] for k in own})
+    previous_opt = optimizer.state_dict() if opt_state is not None else None
+    previous_sched = scheduler.state_dict() if sched_state is not None else None
+    done = []
     try:
+        model.load_state_dict({k: tensors[k] for k in own})
+        done.append(lambda: model.load_state_dict(previous))
         if opt_state is not None:
             optimizer.load_state_dict(opt_state)
+            done.append(lambda: optimizer.load_state_dict(previous_opt))
+        if sched_state is not None:
+            scheduler.load_state_dict(sched_state)
+            done.append(lambda: scheduler.load_state_dict(previous_sched))
+        if loader_state is not None:
+            loader.load_state_dict(loader_state)
     except Exception:
-        model.load_state_dict(previous)
+        for undo in reversed(done):
+            undo()
         raise
-    if scheduler is not None and "scheduler" in meta:
-        scheduler.load_state_dict(json.loads(meta["scheduler"]))
-    if loader is not None and "loader" in meta:
-        loader.load_state_dict(json.loads(meta["loader"]))
-    if "rng" in meta:
-        seed, offset = json.loads(meta["rng"])
-        default_generator.manual_seed(seed)
-        default_generator._offset = offset
-    if program is not None and "program.step" in meta:
-        program.step_count = int(meta["program.step"])
-    if program is not None and "program.dropout" in meta:
-        program._c.set_dropout_state(*json.loads(meta["program.dropout"]))
+    if rng is not None:
+        default_generator.manual_seed(rng[0])
+        default_generator._offset = rng[1]
+    if program_step is not None:
+        program.step_count = program_step
+    if dropout is not None:
+        program._c.set_dropout_state(*dropout)
     return meta

@@ -32,37 +32,47 @@ def evaluate(program, loader, tta_flip=False):
 
 
 def _fit_epoch_in_c(program, loader, scheduler, interval, bar, start):
-    """One epoch in C: the per-step learning rates are computed up front by stepping the scheduler, and Python
-    runs only for the progress bar. Returns (loss sum, samples, last lr)."""
-    groups = program.optimizer.param_groups
-    lrs = None
+    """One epoch (or what is left of it, after a restored position) in C: every step's hyperparameters (the
+    learning rate, and the momentum or betas a scheduler cycles) are computed up front by stepping the scheduler,
+    and Python runs only for the progress bar. Returns (loss sum, samples, last lr)."""
+    optimizer = program.optimizer
+    groups = optimizer.param_groups
+
+    def hyper():
+        return [optimizer._group_tuple(g, i) for i, g in enumerate(groups)]
+
+    schedule = None
     if scheduler is not None and interval == "step":
         # The scheduler's last step of the epoch waits until the epoch is done, so that the optimizer starts the
-        # epoch with its first step's rate and never sees a rate from beyond the schedule's end.
-        lrs = [[g["lr"] for g in groups]]
-        for _ in range(len(loader) - 1):
+        # epoch with its first step's values and never sees one from beyond the schedule's end.
+        steps = len(loader) - loader._position()[1]
+        first = [dict(g) for g in groups]
+        schedule = [hyper()]
+        for _ in range(steps - 1):
             scheduler.step()
-            lrs.append([g["lr"] for g in groups])
-        for g, lr in zip(groups, lrs[0]):
-            g["lr"] = lr
-    shown = lrs or [[g["lr"] for g in groups]]
+            schedule.append(hyper())
+        last = [dict(g) for g in groups]
+        for g, saved in zip(groups, first):
+            g.update(saved)
+    lrs = [[t[0] for t in row] for row in schedule] if schedule else [[g["lr"] for g in groups]]
 
     def progress(steps, loss, samples):
         if bar:
-            bar.update(steps - bar.count, loss=loss, lr=shown[min(steps, len(shown)) - 1][0],
+            bar.update(steps - bar.count, loss=loss, lr=lrs[min(steps, len(lrs)) - 1][0],
                        img_s=samples / max(time.perf_counter() - start, 1e-9))
 
-    loss_sum, samples, steps, skipped, _ = program._c.fit_epoch(loader, program.optimizer, lrs, progress, 0.25,
+    loss_sum, samples, steps, skipped, _ = program._c.fit_epoch(loader, optimizer, schedule, progress, 0.25,
                                                                 program.clip_grad_norm, program.nan_policy)
     program.step_count += steps
     program.skipped_steps += skipped
-    if lrs is not None:
-        for g, lr in zip(groups, lrs[-1]):
-            g["lr"] = lr
+    if schedule is not None:
+        for g, saved in zip(groups, last):
+            g.update(saved)
+        optimizer._pushed = list(schedule[steps - 1] if steps else schedule[0])  # what C holds now
         scheduler.step()
     if bar:
         bar.update(steps - bar.count)
-    return loss_sum, samples, shown[-1][0]
+    return loss_sum, samples, lrs[-1][0]
 
 
 def fit(program, loader, epochs=1, *, val_loader=None, scheduler=None, scheduler_interval="step", tta_flip=False,
@@ -71,16 +81,33 @@ def fit(program, loader, epochs=1, *, val_loader=None, scheduler=None, scheduler
     per-epoch lists of train_loss, val_loss, val_accuracy, lr, seconds and images_per_second.
 
     scheduler: an ft.optim.lr_scheduler stepped after every batch ("step") or every epoch ("epoch").
-    callbacks: functions called as cb(epoch, metrics) after each epoch; one returning True stops training."""
+    callbacks: functions called as cb(epoch, metrics) after each epoch, epoch being metrics["epoch"] (counted
+    from 1); one returning True stops training.
+
+    A fasttrain Loader says which epoch runs (its shuffle order and augmentations): its own count of epochs
+    done, or the position ft.load restored, whose epoch is finished first. So fit(1) twice is fit(2), and a
+    resumed run equals an uninterrupted one."""
     if scheduler_interval not in ("step", "epoch"):
         raise ValueError("scheduler_interval must be 'step' or 'epoch'")
     history = {k: [] for k in ("epoch", "train_loss", "val_loss", "val_accuracy", "lr", "seconds",
                                "images_per_second")}
-    for epoch in range(epochs):
+    c_loader = _is_c_loader(loader)
+    for count in range(epochs):
         program.model.train()
-        if hasattr(loader, "set_epoch"):
-            loader.set_epoch(epoch)
-        bar = ProgressBar(len(loader), f"epoch {epoch + 1}/{epochs}", stream=stream) if progress else None
+        if c_loader:
+            epoch = loader.epoch
+            if loader._resume and loader._position()[1] < len(loader):
+                loader._resume = False  # finish the restored epoch from its position
+            else:
+                if loader._resume:  # a position restored at an epoch's end: the next one
+                    epoch += 1
+                loader.set_epoch(epoch)
+        else:
+            epoch = count
+            if hasattr(loader, "set_epoch"):
+                loader.set_epoch(epoch)
+        bar = ProgressBar(len(loader), f"epoch {epoch + 1} ({count + 1}/{epochs})", stream=stream) \
+            if progress else None
         start = time.perf_counter()
         loss_sum, samples, lr = 0.0, 0, _lr(program.optimizer)
         if _is_c_loader(loader):
@@ -102,6 +129,8 @@ def fit(program, loader, epochs=1, *, val_loader=None, scheduler=None, scheduler
                 if bar:
                     bar.update(1, loss=loss, lr=lr, img_s=samples / max(time.perf_counter() - start, 1e-9))
         seconds = time.perf_counter() - start
+        if c_loader:
+            loader.epoch = epoch + 1
         if scheduler is not None and scheduler_interval == "epoch":
             scheduler.step()
         metrics = {"epoch": epoch + 1, "train_loss": loss_sum / max(samples, 1), "lr": lr, "seconds": seconds,
@@ -117,6 +146,6 @@ def fit(program, loader, epochs=1, *, val_loader=None, scheduler=None, scheduler
             bar.close(**shown)
         for k in history:
             history[k].append(metrics[k])
-        if any(cb(epoch, metrics) for cb in callbacks):
+        if any(cb(metrics["epoch"], metrics) for cb in callbacks):
             break
     return history

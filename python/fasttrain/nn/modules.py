@@ -190,8 +190,18 @@ class Module:
         return Symbolic.record(self, inputs, self.output_shape(*[x.node.shape for x in inputs]))
 
     def output_shape(self, *shapes):
-        """The output shape (without the batch dimension) for these input shapes."""
-        return shapes[0]
+        """The output shape (without the batch dimension) for these input shapes. A layer keeps its input's shape
+        unless it says otherwise; a module made of layers (Sequential, Model, a forward of one's own) is traced.
+        Where forward returns several outputs, the shape of each (None for an output that is not a tensor)."""
+        if self._leaf:
+            return shapes[0]
+        from .graph import Input, Symbolic, _call
+        out = _call(self, f"{type(self).__name__}.forward", *[Input(s) for s in shapes])
+        if isinstance(out, Symbolic):
+            return tuple(out.shape[1:])
+        if isinstance(out, (tuple, list)) and any(isinstance(o, Symbolic) for o in out):
+            return tuple(tuple(o.shape[1:]) if isinstance(o, Symbolic) else None for o in out)
+        raise TypeError(f"{type(self).__name__}.forward returned {type(out).__name__}, not traced values")
 
     def summary(self, input_shape=None, batch_size=1):
         """Layers, output shapes, parameter counts, FLOPs and activation memory (see ft.nn.program.summary)."""
