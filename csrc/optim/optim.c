@@ -423,15 +423,6 @@ ft_status ft_optimizer_set_group(ft_optimizer *opt, int group, const ft_optim_gr
     return st;
 }
 
-ft_status ft_optimizer_set_lr(ft_optimizer *opt, int group, double lr) {
-    if (group < 0 || group >= opt->ngroups)
-        return ft_fail(FT_ERR_INDEX, "%s: no parameter group %d (there are %d)", kind_names[opt->kind], group,
-                       opt->ngroups);
-    ft_optim_group g = opt->groups[group];
-    g.lr = lr;
-    return ft_optimizer_set_group(opt, group, &g);
-}
-
 ft_optim_kind ft_optimizer_kind(const ft_optimizer *opt) { return opt->kind; }
 ft_device ft_optimizer_device(const ft_optimizer *opt) { return opt->device; }
 int ft_optimizer_num_groups(const ft_optimizer *opt) { return opt->ngroups; }

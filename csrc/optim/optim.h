@@ -144,7 +144,6 @@ ft_status ft_optimizer_set_grads(ft_optimizer *opt, const float *const *grads);
 /* Changes a group's hyperparameters, validated as at creation; may allocate
  * a state buffer that a newly enabled option needs (momentum, amsgrad). */
 ft_status ft_optimizer_set_group(ft_optimizer *opt, int group, const ft_optim_group *g);
-ft_status ft_optimizer_set_lr(ft_optimizer *opt, int group, double lr);
 
 ft_optim_kind ft_optimizer_kind(const ft_optimizer *opt);
 ft_device ft_optimizer_device(const ft_optimizer *opt);

@@ -412,11 +412,14 @@ static void test_validation(void) {
     CHECK_STATUS(ft_optimizer_step(opt, 1.0f, -1, NULL), FT_ERR_VALUE);
     CHECK_STATUS(ft_optimizer_step(opt, 1.0f, NAN, NULL), FT_ERR_VALUE);
     CHECK_STATUS(ft_optimizer_step(opt, 1.0f, INFINITY, NULL), FT_ERR_VALUE);
-    CHECK_STATUS(ft_optimizer_set_lr(opt, 0, NAN), FT_ERR_VALUE);
-    CHECK_STATUS(ft_optimizer_set_lr(opt, 1, 0.1), FT_ERR_INDEX);
-    CHECK_STATUS(ft_optimizer_set_lr(opt, -1, 0.1), FT_ERR_INDEX);
+    ft_optim_group h = *ft_optimizer_group(opt, 0);
+    h.lr = NAN;
+    CHECK_STATUS(ft_optimizer_set_group(opt, 0, &h), FT_ERR_VALUE);
+    h.lr = 0.25;
+    CHECK_STATUS(ft_optimizer_set_group(opt, 1, &h), FT_ERR_INDEX);
+    CHECK_STATUS(ft_optimizer_set_group(opt, -1, &h), FT_ERR_INDEX);
     CHECK(ft_optimizer_group(opt, 0)->lr == 0.1);
-    CHECK_OK(ft_optimizer_set_lr(opt, 0, 0.25));
+    CHECK_OK(ft_optimizer_set_group(opt, 0, &h));
     CHECK(ft_optimizer_group(opt, 0)->lr == 0.25);
     CHECK_STATUS(ft_optimizer_set_segment_state(opt, 2, (ft_optim_segment_state){0, false}), FT_ERR_INDEX);
     CHECK_STATUS(ft_optimizer_set_segment_state(opt, 0, (ft_optim_segment_state){-1, false}), FT_ERR_VALUE);
