@@ -1,5 +1,5 @@
 /* Group normalization on CUDA: the CUDA side of ops/groupnorm.c, with its
- * per-element arithmetic (kernels/groupnorm.h).
+ * per-element arithmetic (kernels/norm.h).
  *
  * Legend: N batch, C channels, S spatial size, G groups, Cg = C / G; a
  * tensor is (N, C, S) contiguous or channels-last (the entry point accepts
@@ -11,10 +11,8 @@
  * the parameter gradients add the per-sample sums in n order, one thread
  * per channel. Every run gives the same bits; only the order of the double
  * additions differs from the CPU's. */
-#include <math.h>
-
 #include "backend.h"
-#include "kernels/groupnorm.h"
+#include "kernels/norm.h"
 #include "ops/cuda_ops.h"
 
 namespace {
@@ -90,12 +88,12 @@ __global__ void __launch_bounds__(THREADS) gn_forward(gn_geom d, const float *x,
             q += v * v;
         }
         block_sum2(s, q, sh);
-        double m = s / (double)M, var = q / (double)M - m * m;
-        float mu = (float)(shift + m), rs = (float)(1.0 / sqrt((var > 0 ? var : 0) + eps));
+        float mu, rs;
+        ft_norm_stats(s, q, (double)M, shift, eps, &mu, &rs);
         for (int64_t i = threadIdx.x; i < M; i += THREADS) {
             int64_t off = d.at(n, g, i, &c);
-            float sc = ft_gn_scale(rs, w ? w[c] : 1.0f);
-            y[off] = ft_gn_apply(x[off], sc, ft_gn_shift(mu, sc, b ? b[c] : 0.0f));
+            float sc = ft_norm_scale(rs, w ? w[c] : 1.0f);
+            y[off] = ft_norm_apply(x[off], sc, ft_norm_shift(mu, sc, b ? b[c] : 0.0f));
         }
         if (threadIdx.x == 0 && mean)
             mean[item] = mu;
@@ -146,7 +144,7 @@ __global__ void __launch_bounds__(THREADS) gn_backward_dx(gn_geom d, const float
         float ma = (float)(ta / (double)M), mc = (float)(tb * rs / (double)M);
         for (int64_t i = threadIdx.x; i < M; i += THREADS) {
             int64_t off = d.at(n, g, i, &c);
-            float v = ft_gn_dx(dy[off], x[off], w ? w[c] : 1.0f, mu, rs, ma, mc);
+            float v = ft_norm_dx(dy[off], w ? w[c] : 1.0f, ft_norm_xhat(x[off], mu, rs), rs, ma, mc);
             dx[off] = acc ? dx[off] + v : v;
         }
     }

@@ -12,14 +12,11 @@
  * 32 columns) in a fixed tree, then one block per channel adds the parts in
  * order. Only the order of the double additions differs from the CPU's.
  *
- * The float steps around the statistics (scale and shift, normalize, the
- * input gradients) are rounded one operation at a time, as the CPU's loops
- * are (they are compiled without contraction into fma): mul_rn and friends
- * keep nvcc from contracting them, so given the same statistics those steps
- * give the CPU's bits. */
-#include <math.h>
-
+ * The arithmetic around the sums (the statistics, scale and shift,
+ * normalize, the input gradients) is the CPU's own, kernels/norm.h, so given
+ * the same sums it gives the CPU's bits. */
 #include "backend.h"
+#include "kernels/norm.h"
 #include "ops/cuda_ops.h"
 
 namespace {
@@ -32,30 +29,6 @@ constexpr int RUN_PER_PART = 4096;
 constexpr int ROWS_PER_PART = 256;
 /* Layer norm rows of up to this many values get a warp each, longer ones a block. */
 constexpr int LN_WARP_MAX = 1024;
-
-static inline FT_HD float mul_rn(float a, float b) {
-#ifdef __CUDA_ARCH__
-    return __fmul_rn(a, b);
-#else
-    return a * b;
-#endif
-}
-
-static inline FT_HD float add_rn(float a, float b) {
-#ifdef __CUDA_ARCH__
-    return __fadd_rn(a, b);
-#else
-    return a + b;
-#endif
-}
-
-static inline FT_HD float sub_rn(float a, float b) {
-#ifdef __CUDA_ARCH__
-    return __fsub_rn(a, b);
-#else
-    return a - b;
-#endif
-}
 
 /* a / b for a, b >= 0, in 32 bits when both fit: a 64-bit division is a long
  * software sequence on the GPU, and this one is in the index math of every
@@ -299,24 +272,18 @@ typedef struct {
 static inline FT_HD void bn_stats_one(const bn_stats &s, int64_t c) {
     float mu, is;
     if (s.training) {
-        double m = s.ta[c] / (double)s.M, var = s.tb[c] / (double)s.M - m * m;
-        if (var < 0)
-            var = 0;
-        mu = (float)((double)s.x[c * s.center_step] + m);
-        is = (float)(1.0 / sqrt(var + s.eps));
-        if (s.rm) {
-            s.rm[c] = (float)((1 - s.momentum) * s.rm[c] + s.momentum * mu);
-            s.rv[c] = (float)((1 - s.momentum) * s.rv[c] + s.momentum * var * (double)s.M / (double)(s.M - 1));
-        }
+        double var = ft_norm_stats(s.ta[c], s.tb[c], (double)s.M, s.x[c * s.center_step], s.eps, &mu, &is);
+        if (s.rm)
+            ft_bn_running(&s.rm[c], &s.rv[c], mu, var, s.M, s.momentum);
     } else {
         mu = s.rm[c];
-        is = (float)(1.0 / sqrt((double)s.rv[c] + s.eps));
+        is = ft_norm_rstd(s.rv[c], s.eps);
     }
     s.mean[c] = mu;
     s.invstd[c] = is;
-    float scale = mul_rn(s.w ? s.w[c] : 1.0f, is);
+    float scale = ft_norm_scale(is, s.w ? s.w[c] : 1.0f);
     s.scale[c] = scale;
-    s.shift[c] = sub_rn(s.b ? s.b[c] : 0.0f, mul_rn(mu, scale));
+    s.shift[c] = ft_norm_shift(mu, scale, s.b ? s.b[c] : 0.0f);
 }
 
 __global__ void __launch_bounds__(THREADS) bn_stats_kernel(bn_stats s) {
@@ -328,7 +295,7 @@ __global__ void __launch_bounds__(THREADS) bn_stats_kernel(bn_stats s) {
 static inline FT_HD void bn_normalize_one(const bn_view &v, float *out, const float *scale, const float *shift,
                                           int64_t i) {
     int64_t c = v.channel(i);
-    out[i] = ft_act_forward(v.act, add_rn(mul_rn(v.x[i], scale[c]), shift[c]));
+    out[i] = ft_act_forward(v.act, ft_norm_apply(v.x[i], scale[c], shift[c]));
 }
 
 __global__ void __launch_bounds__(THREADS) bn_normalize(bn_view v, float *out, const float *scale, const float *shift,
@@ -390,15 +357,14 @@ typedef struct {
 } bn_grads;
 
 static inline FT_HD void bn_grads_one(const bn_grads &g, int64_t c) {
-    float is = g.invstd[c];
-    double sa = g.ta[c], sb = g.tb[c];
+    ft_bn_grad r = ft_bn_grads(g.ta[c], g.tb[c], g.w ? g.w[c] : 1.0f, g.invstd[c], g.M, g.training);
     if (g.dw)
-        g.dw[c] = (float)(sb * is);
+        g.dw[c] = r.dweight;
     if (g.db)
-        g.db[c] = (float)sa;
-    g.k[c] = mul_rn(g.w ? g.w[c] : 1.0f, is);
-    g.k[g.C + c] = g.training ? (float)(sa / (double)g.M) : 0.0f;
-    g.k[2 * g.C + c] = g.training ? (float)(sb / (double)g.M * is * is) : 0.0f;
+        g.db[c] = r.dbias;
+    g.k[c] = r.k0;
+    g.k[g.C + c] = r.k1;
+    g.k[2 * g.C + c] = r.k2;
 }
 
 __global__ void __launch_bounds__(THREADS) bn_grads_kernel(bn_grads g) {
@@ -406,11 +372,9 @@ __global__ void __launch_bounds__(THREADS) bn_grads_kernel(bn_grads g) {
         bn_grads_one(g, c);
 }
 
-/* dx = k0 (dz - k1 - (x - mean) k2) */
 static inline FT_HD void bn_dx_one(const bn_view &v, float *dx, const float *mean, const float *k, int64_t i) {
     int64_t c = v.channel(i);
-    float t = mul_rn(sub_rn(v.x[i], mean[c]), k[2 * v.C + c]);
-    dx[i] = mul_rn(k[c], sub_rn(sub_rn(v.dz(i), k[v.C + c]), t));
+    dx[i] = ft_bn_dx(v.dz(i), v.x[i], mean[c], k[c], k[v.C + c], k[2 * v.C + c]);
 }
 
 __global__ void __launch_bounds__(THREADS) bn_dx(bn_view v, float *dx, const float *mean, const float *k,
@@ -470,12 +434,6 @@ template <int T> static __device__ void team_sum2(double &a, double &b, double *
         block_sum2(a, b, sh);
 }
 
-/* y = (x - mean) rstd w + b, with the CPU's roundings (w, b may be NULL) */
-static inline FT_HD float ln_value(float x, float mean, float rstd, const float *w, const float *b, int64_t d) {
-    float v = mul_rn(sub_rn(x, mean), rstd);
-    return add_rn(w ? mul_rn(v, w[d]) : v, b ? b[d] : 0.0f);
-}
-
 /* One team of T threads per row of D values: the row's shifted sums in
  * double (centered on its first value), then its normalized values; as the
  * CPU's forward_row. */
@@ -495,20 +453,17 @@ __global__ void __launch_bounds__(THREADS) ln_forward_rows(const float *x, const
             q += v * v;
         }
         team_sum2<T>(s, q, sh);
-        double m = s / (double)D, var = q / (double)D - m * m;
-        float mu = (float)(shift + m), rs = (float)(1.0 / sqrt((var > 0 ? var : 0) + eps));
+        float mu, rs;
+        ft_norm_stats(s, q, (double)D, shift, eps, &mu, &rs);
         float *yr = y + r * D;
         for (int64_t d = lane; d < D; d += T)
-            yr[d] = ln_value(xr[d], mu, rs, w, b, d);
+            yr[d] = ft_ln_value(xr[d], mu, rs, w ? w[d] : 1.0f, b ? b[d] : 0.0f);
         if (lane == 0 && mean)
             mean[r] = mu;
         if (lane == 0 && rstd)
             rstd[r] = rs;
     }
 }
-
-/* g = dy w (dy without a weight) */
-static inline FT_HD float ln_g(const float *dy, const float *w, int64_t d) { return w ? mul_rn(dy[d], w[d]) : dy[d]; }
 
 /* One team per row: the sums of g and g xhat in double, then dx; as the CPU's backward_row. */
 template <int T>
@@ -523,17 +478,15 @@ __global__ void __launch_bounds__(THREADS) ln_backward_rows(const float *x, cons
         float mu = mean[r], rs = rstd[r];
         double a = 0, c = 0;
         for (int64_t d = lane; d < D; d += T) {
-            float g = ln_g(gr, w, d), xh = mul_rn(sub_rn(xr[d], mu), rs);
+            float g = w ? gr[d] * w[d] : gr[d], xh = ft_norm_xhat(xr[d], mu, rs);
             a += g;
             c += (double)g * xh;
         }
         team_sum2<T>(a, c, sh);
         float ma = (float)(a / (double)D), mc = (float)(c / (double)D);
         float *dxr = dx + r * D;
-        for (int64_t d = lane; d < D; d += T) {
-            float g = ln_g(gr, w, d), xh = mul_rn(sub_rn(xr[d], mu), rs);
-            dxr[d] = mul_rn(rs, sub_rn(sub_rn(g, ma), mul_rn(xh, mc)));
-        }
+        for (int64_t d = lane; d < D; d += T)
+            dxr[d] = ft_norm_dx(gr[d], w ? w[d] : 1.0f, ft_norm_xhat(xr[d], mu, rs), rs, ma, mc);
     }
 }
 
@@ -545,7 +498,7 @@ typedef struct {
     FT_HD void add(int64_t r, int64_t d, double &a, double &b) const {
         int64_t i = r * D + d;
         float g = dy[i];
-        a += (double)g * mul_rn(sub_rn(x[i], mean[r]), rstd[r]);
+        a += (double)g * ft_norm_xhat(x[i], mean[r], rstd[r]);
         b += g;
     }
 } ln_param_view;

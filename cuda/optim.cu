@@ -19,6 +19,7 @@
 #include "kernels/optim.h"
 #include "ops/cuda_ops.h"
 #include "optim/optim.h"
+#include "optim/state.h"
 #include "optim/trust.h"
 
 namespace {

@@ -4,16 +4,16 @@
  * A row (the D elements along the softmax dimension, the C logits of a
  * sample) is reduced exactly as the CPU reduces it (ops/softmax.c): element
  * d goes to lane d % 16, each lane adds its elements in order, then a fixed
- * tree combines the lanes. Two forms run that order:
+ * tree combines the lanes. The per-element and per-row math is the CPU's own
+ * (kernels/softmax.h). Two forms run that order:
  *   - rows of contiguous (or scattered) elements: the 16 lanes are the 16
  *     threads of a half warp, combined by shuffles;
  *   - rows that lie side by side in memory (softmax over the channels of
  *     NCHW, cross_entropy over (N, C, d...)): one thread per row, the 16 lanes
  *     in its registers, so that neighbouring threads read neighbouring
  *     memory.
- * Both give the CPU's floats (log_softmax's logarithm aside, see there; the
- * build's --fmad=false keeps nvcc from contracting a multiply-add that the
- * CPU rounds twice). An element is only ever read and written by the thread of
+ * Both give the CPU's floats (the build's --fmad=false keeps nvcc from
+ * contracting a multiply-add that the CPU rounds twice). An element is only ever read and written by the thread of
  * its lane, so an output may be the very same view as an input (in place)
  * without any synchronisation.
  *
@@ -26,11 +26,11 @@
 #include <math.h>
 
 #include "backend.h"
-#include "kernels/activation.h"
+#include "kernels/softmax.h"
 #include "ops/cuda_ops.h"
 #include "strided.h"
 
-#define L 16 /* lanes of a row reduction */
+#define L FT_ROW_LANES
 #define THREADS 256
 #define ROW_OPS 4
 /* Rows per chunk of cross_entropy's divisor, as the CPU's. */
@@ -121,22 +121,19 @@ struct half_warp {
         float acc = 0.0f;
         for (int64_t d = lane; d < n; d += L)
             acc += f(d);
-        /* lane l += lane l + w for w = 8, 4, 2, 1: the CPU's tree, ending in lane 0 */
+        /* lane l += lane l + w for w = 8, 4, 2, 1: ft_lanes_sum's tree, ending in lane 0 */
         for (int w = L / 2; w >= 1; w /= 2)
             acc += __shfl_down_sync(mask, acc, w, L);
         return __shfl_sync(mask, acc, 0, L);
     }
     template <class F> __device__ float max(int64_t n, F f) const {
         float acc = -INFINITY;
-        for (int64_t d = lane; d < n; d += L) {
-            float x = f(d);
-            acc = x > acc ? x : acc;
-        }
+        for (int64_t d = lane; d < n; d += L)
+            acc = ft_max_step(acc, f(d));
+        /* ft_lanes_max's order, lane 0 first */
         float m = __shfl_sync(mask, acc, 0, L);
-        for (int l = 1; l < L; l++) {
-            float v = __shfl_sync(mask, acc, l, L);
-            m = v > m ? v : m;
-        }
+        for (int l = 1; l < L; l++)
+            m = ft_max_step(m, __shfl_sync(mask, acc, l, L));
         return m;
     }
     /* f(d), read by the lane that owns d, for every lane */
@@ -164,18 +161,7 @@ struct one_thread {
             for (int l = 0; l < L; l++)
                 if (d0 + l < n)
                     acc[l] += f(d0 + l);
-        /* lane l += lane l + w for w = 8, 4, 2, 1, written out so that acc
-         * stays in registers */
-        static_assert(L == 16, "the tree below is for 16 lanes");
-#pragma unroll
-        for (int l = 0; l < 8; l++)
-            acc[l] += acc[l + 8];
-#pragma unroll
-        for (int l = 0; l < 4; l++)
-            acc[l] += acc[l + 4];
-        acc[0] += acc[2];
-        acc[1] += acc[3];
-        return acc[0] + acc[1];
+        return ft_lanes_sum(acc);
     }
     template <class F> __device__ float max(int64_t n, F f) const {
         float acc[L];
@@ -185,15 +171,9 @@ struct one_thread {
         for (int64_t d0 = 0; d0 < n; d0 += L)
 #pragma unroll
             for (int l = 0; l < L; l++)
-                if (d0 + l < n) {
-                    float x = f(d0 + l);
-                    acc[l] = x > acc[l] ? x : acc[l];
-                }
-        float m = acc[0];
-#pragma unroll
-        for (int l = 1; l < L; l++)
-            m = acc[l] > m ? acc[l] : m;
-        return m;
+                if (d0 + l < n)
+                    acc[l] = ft_max_step(acc[l], f(d0 + l));
+        return ft_lanes_max(acc);
     }
     template <class F> __device__ float pick(int64_t d, F f) const { return f(d); }
     template <class G> __device__ void each(int64_t n, G g) const {
@@ -317,23 +297,20 @@ struct softmax_rows {
         int64_t D = a.D;
         if (!a.backward) {
             float m = ln.max(D, [&](int64_t d) { return at(1, d); });
-            float s = ln.sum(D, [&](int64_t d) { return ft_expf(at(1, d) - m); });
+            float s = ln.sum(D, [&](int64_t d) { return ft_softmax_exp(at(1, d), m); });
             if (a.log) {
-                /* rounded from double: correctly rounded, as glibc's logf
-                 * on the CPU is for all but about one argument in a
-                 * thousand */
-                float ls = (float)log((double)s);
-                ln.each(D, [&](int64_t d) { put(d, (at(1, d) - m) - ls); });
+                float ls = ft_log_softmax_log_sum(s);
+                ln.each(D, [&](int64_t d) { put(d, ft_log_softmax_value(at(1, d), m, ls)); });
             } else {
-                float inv = 1.0f / s;
-                ln.each(D, [&](int64_t d) { put(d, ft_expf(at(1, d) - m) * inv); });
+                float inv = ft_softmax_inv(s);
+                ln.each(D, [&](int64_t d) { put(d, ft_softmax_value(ft_softmax_exp(at(1, d), m), inv)); });
             }
         } else if (a.log) {
             float s = ln.sum(D, [&](int64_t d) { return at(1, d); });
-            ln.each(D, [&](int64_t d) { put(d, at(1, d) - ft_expf(at(2, d)) * s); });
+            ln.each(D, [&](int64_t d) { put(d, ft_log_softmax_grad(at(1, d), at(2, d), s)); });
         } else {
             float dot = ln.sum(D, [&](int64_t d) { return at(1, d) * at(2, d); });
-            ln.each(D, [&](int64_t d) { put(d, at(2, d) * (at(1, d) - dot)); });
+            ln.each(D, [&](int64_t d) { put(d, ft_softmax_grad(at(1, d), at(2, d), dot)); });
         }
     }
 };
@@ -410,8 +387,8 @@ static __device__ int64_t target_at(const ce_args &a, int64_t off) {
     return a.t32 ? ((const int32_t *)a.target)[off] : ((const int64_t *)a.target)[off];
 }
 
-/* One row: its loss and, with dlogits, its gradient; the arithmetic of the
- * CPU's ce_row, in the same order. */
+/* One row: its loss and, with dlogits, its gradient; the CPU's ce_row with
+ * the same row math (kernels/softmax.h), in the same order. */
 struct ce_rows {
     ce_args a;
     template <class Lanes> __device__ void operator()(const Lanes &ln, int64_t row) const {
@@ -433,13 +410,11 @@ struct ce_rows {
         float sx = 0.0f;
         if (a.eps > 0.0)
             sx = a.w ? ln.sum(C, [&](int64_t d) { return x(d) * a.w[d]; }) : ln.sum(C, x);
-        float s = ln.sum(C, [&](int64_t d) { return ft_expf(x(d) - m); });
-        double lse = (double)m + log((double)s);
+        float s = ln.sum(C, [&](int64_t d) { return ft_softmax_exp(x(d), m); });
+        double lse = ft_ce_lse(m, s);
         double wt = a.w ? a.w[t] : 1.0;
         float W = a.w ? a.w[C] : (float)C;
-        double l = (1.0 - a.eps) * -wt * ((double)xt - lse);
-        if (a.eps > 0.0)
-            l += a.eps / (double)C * -((double)sx - lse * (double)W);
+        double l = ft_ce_loss(lse, xt, sx, wt, W, a.eps, C);
         if (ln.leader() && a.loss_rows)
             ft_cuda_store_f(a.base[2], off[2], a.bf16[2], (float)l);
         if (ln.leader() && a.row_loss)
@@ -450,14 +425,11 @@ struct ce_rows {
                     : a.dloss                 ? ft_cuda_load_f(a.dloss, 0, a.dloss_bf16)
                                               : 1.0f;
         double gs = (a.divisor ? 1.0 / *a.divisor : 1.0) * dl;
-        float ca = (float)(gs * ((1.0 - a.eps) * wt + a.eps * W / (double)C) / s);
-        float cb = (float)(gs * a.eps / (double)C);
-        float cc = (float)(gs * (1.0 - a.eps) * wt);
+        ft_ce_coef k = ft_ce_coef_of(gs, wt, W, a.eps, C, s);
         ln.each(C, [&](int64_t d) {
-            float e = ft_expf(x(d) - m);
-            float g = a.w ? ca * e - cb * a.w[d] : ca * e - cb;
+            float g = ft_ce_grad(ft_softmax_exp(x(d), m), a.w ? a.w[d] : 1.0f, k.a, k.b);
             if (d == t)
-                g -= cc;
+                g -= k.c;
             int64_t i = off[1] + d * a.cs[1];
             ft_cuda_store_f(a.base[1], i, a.bf16[1], a.accumulate ? ft_cuda_load_f(a.base[1], i, a.bf16[1]) + g : g);
         });

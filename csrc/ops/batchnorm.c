@@ -1,10 +1,10 @@
 #include "ops/batchnorm.h"
 
-#include <math.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/norm.h"
 #include "ops/check.h"
 #include "ops/cuda_ops.h"
 #include "ops/gradient.h"
@@ -186,7 +186,7 @@ static ft_status channel_sums(double *sa, double *sb, const layout *l, const sum
 static inline void normalize_run(float *out, const float *x, const float *scale, const float *shift, int64_t n,
                                  int cstride, ft_act act) {
     for (int64_t k = 0; k < n; k++)
-        out[k] = x[k] * scale[k * cstride] + shift[k * cstride];
+        out[k] = ft_norm_apply(x[k], scale[k * cstride], shift[k * cstride]);
     if (act.kind == FT_ACT_RELU) /* NaN passes through, as in ft_relu */
         for (int64_t k = 0; k < n; k++)
             out[k] = out[k] < 0.0f ? 0.0f : out[k];
@@ -257,30 +257,24 @@ ft_status ft_batchnorm_forward(const ft_tensor *out, const ft_tensor *save_mean,
         sums_in in = {.x = x, .center = shift};
         s = channel_sums(sums, sums + C, &l, &in);
         for (int64_t c = 0; s == FT_OK && c < C; c++) {
-            double m = sums[c] / (double)M, var = sums[C + c] / (double)M - m * m;
-            if (var < 0)
-                var = 0;
-            mean[c] = (float)(shift[c] + m);
-            invstd[c] = (float)(1.0 / sqrt(var + p->eps));
-            if (running_mean) {
-                float *rm = (float *)ft_tensor_data(running_mean), *rv = (float *)ft_tensor_data(running_var);
-                rm[c] = (float)((1 - p->momentum) * rm[c] + p->momentum * mean[c]);
-                rv[c] = (float)((1 - p->momentum) * rv[c] + p->momentum * var * (double)M / (double)(M - 1));
-            }
+            double var = ft_norm_stats(sums[c], sums[C + c], (double)M, shift[c], p->eps, &mean[c], &invstd[c]);
+            if (running_mean)
+                ft_bn_running((float *)ft_tensor_data(running_mean) + c, (float *)ft_tensor_data(running_var) + c,
+                              mean[c], var, M, p->momentum);
         }
     } else if (s == FT_OK) {
         const float *rm = (const float *)ft_tensor_data(running_mean), *rv = (const float *)ft_tensor_data(running_var);
         for (int64_t c = 0; c < C; c++) {
             mean[c] = rm[c];
-            invstd[c] = (float)(1.0 / sqrt((double)rv[c] + p->eps));
+            invstd[c] = ft_norm_rstd(rv[c], p->eps);
         }
     }
     if (s == FT_OK) {
         for (int64_t c = 0; c < C; c++) {
             float w = weight ? ((const float *)ft_tensor_data(weight))[c] : 1.0f;
             float b = bias ? ((const float *)ft_tensor_data(bias))[c] : 0.0f;
-            scale[c] = w * invstd[c];
-            shift[c] = b - mean[c] * scale[c];
+            scale[c] = ft_norm_scale(invstd[c], w);
+            shift[c] = ft_norm_shift(mean[c], scale[c], b);
         }
         normalize((float *)ft_tensor_data(out), x, scale, shift, p->act, &l);
     }
@@ -297,12 +291,12 @@ FT_VEC_CLONES static void dx_run(float *dx, const float *dy, const float *y, con
     if (cl) {
         for (int64_t j0 = 0; j0 < len; j0 += C)
             for (int64_t ch = 0; ch < C; ch++) {
-                float v = k[ch] * (dz[j0 + ch] - k[C + ch] - (x[j0 + ch] - mean[ch]) * k[2 * C + ch]);
+                float v = ft_bn_dx(dz[j0 + ch], x[j0 + ch], mean[ch], k[ch], k[C + ch], k[2 * C + ch]);
                 dx[j0 + ch] = acc ? dx[j0 + ch] + v : v;
             }
     } else {
         for (int64_t j = 0; j < len; j++) {
-            float v = k[c] * (dz[j] - k[C + c] - (x[j] - mean[c]) * k[2 * C + c]);
+            float v = ft_bn_dx(dz[j], x[j], mean[c], k[c], k[C + c], k[2 * C + c]);
             dx[j] = acc ? dx[j] + v : v;
         }
     }
@@ -361,19 +355,16 @@ ft_status ft_batchnorm_backward(const ft_tensor *dinp, const ft_tensor *dweight,
     if (s == FT_OK) {
         for (int64_t c = 0; c < C; c++) {
             float w = weight ? ((const float *)ft_tensor_data(weight))[c] : 1.0f;
-            float gw = (float)(sums[C + c] * invstd[c]), gb = (float)sums[c];
+            ft_bn_grad g = ft_bn_grads(sums[c], sums[C + c], w, invstd[c], M, p->training);
             if (dweight) {
                 float *o = (float *)ft_tensor_data(dweight) + c * dweight->strides[0];
-                *o = acc.weight ? *o + gw : gw;
+                *o = acc.weight ? *o + g.dweight : g.dweight;
             }
             if (dbias) {
                 float *o = (float *)ft_tensor_data(dbias) + c * dbias->strides[0];
-                *o = acc.bias ? *o + gb : gb;
+                *o = acc.bias ? *o + g.dbias : g.dbias;
             }
-            k[c] = w * invstd[c];
-            /* In training, the mean and variance depend on x too. */
-            k[C + c] = p->training ? (float)(sums[c] / (double)M) : 0.0f;
-            k[2 * C + c] = p->training ? (float)(sums[C + c] / (double)M * invstd[c] * invstd[c]) : 0.0f;
+            k[c] = g.k0, k[C + c] = g.k1, k[2 * C + c] = g.k2;
         }
     }
     if (s == FT_OK && dinp && M > 0) {

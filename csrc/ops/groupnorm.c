@@ -1,9 +1,8 @@
 #include "ops/groupnorm.h"
 
-#include <math.h>
 #include <stdlib.h>
 
-#include "kernels/groupnorm.h"
+#include "kernels/norm.h"
 #include "ops/check.h"
 #include "ops/cuda_ops.h"
 #include "ops/pointwise.h"
@@ -115,24 +114,24 @@ FT_VEC_CLONES static void forward_group(const gn_dims *d, float *y, float *mean_
             add_run(xn + p * C + c0, Cg, shift, s, q);
     else
         add_run(xn + c0 * S, Cg * S, shift, s, q);
-    double M = (double)(Cg * S), m = lanes_total(s) / M, var = lanes_total(q) / M - m * m;
-    float mu = (float)(shift + m), rs = (float)(1.0 / sqrt((var > 0 ? var : 0) + eps));
+    float mu, rs;
+    ft_norm_stats(lanes_total(s), lanes_total(q), (double)(Cg * S), shift, eps, &mu, &rs);
     if (d->cl) {
         for (int64_t p = 0; p < S; p++) {
             const float *xr = xn + p * C + c0;
             float *yr = yn + p * C + c0;
             for (int64_t c = 0; c < Cg; c++) {
-                float sc = ft_gn_scale(rs, w ? w[c0 + c] : 1.0f);
-                yr[c] = ft_gn_apply(xr[c], sc, ft_gn_shift(mu, sc, b ? b[c0 + c] : 0.0f));
+                float sc = ft_norm_scale(rs, w ? w[c0 + c] : 1.0f);
+                yr[c] = ft_norm_apply(xr[c], sc, ft_norm_shift(mu, sc, b ? b[c0 + c] : 0.0f));
             }
         }
     } else {
         for (int64_t c = c0; c < c0 + Cg; c++) {
-            float sc = ft_gn_scale(rs, w ? w[c] : 1.0f), sh = ft_gn_shift(mu, sc, b ? b[c] : 0.0f);
+            float sc = ft_norm_scale(rs, w ? w[c] : 1.0f), sh = ft_norm_shift(mu, sc, b ? b[c] : 0.0f);
             const float *xr = xn + c * S;
             float *yr = yn + c * S;
             for (int64_t p = 0; p < S; p++)
-                yr[p] = ft_gn_apply(xr[p], sc, sh);
+                yr[p] = ft_norm_apply(xr[p], sc, sh);
         }
     }
     if (mean_out)
@@ -235,7 +234,7 @@ FT_VEC_CLONES static void backward_group(const gn_dims *d, float *dx, double *pa
             const float *xr = xn + p * C + c0, *gr = gn + p * C + c0;
             float *o = dxn + p * C + c0;
             for (int64_t c = 0; c < Cg; c++) {
-                float v = ft_gn_dx(gr[c], xr[c], w ? w[c0 + c] : 1.0f, mu, rs, ma, mc);
+                float v = ft_norm_dx(gr[c], w ? w[c0 + c] : 1.0f, ft_norm_xhat(xr[c], mu, rs), rs, ma, mc);
                 o[c] = acc ? o[c] + v : v;
             }
         }
@@ -244,7 +243,7 @@ FT_VEC_CLONES static void backward_group(const gn_dims *d, float *dx, double *pa
             const float *xr = xn + c * S, *gr = gn + c * S;
             float *o = dxn + c * S, wc = w ? w[c] : 1.0f;
             for (int64_t p = 0; p < S; p++) {
-                float v = ft_gn_dx(gr[p], xr[p], wc, mu, rs, ma, mc);
+                float v = ft_norm_dx(gr[p], wc, ft_norm_xhat(xr[p], mu, rs), rs, ma, mc);
                 o[p] = acc ? o[p] + v : v;
             }
         }

@@ -1,8 +1,8 @@
 #include "ops/layernorm.h"
 
-#include <math.h>
 #include <stdlib.h>
 
+#include "kernels/norm.h"
 #include "ops/check.h"
 #include "ops/cuda_ops.h"
 #include "ops/gradient.h"
@@ -67,12 +67,10 @@ FT_VEC_CLONES static void forward_row(float *y, float *mean, float *rstd, const 
         for (int k = 0; k < LANES; k++)
             q[k] += v[k] * v[k];
     }
-    double m = lanes_total(s) / (double)D, var = lanes_total(q) / (double)D - m * m;
-    float mu = (float)(shift + m), rs = (float)(1.0 / sqrt((var > 0 ? var : 0) + eps));
-    for (int64_t d = 0; d < D; d++) {
-        float v = (x[d] - mu) * rs;
-        y[d] = (w ? v * w[d] : v) + (b ? b[d] : 0.0f);
-    }
+    float mu, rs;
+    ft_norm_stats(lanes_total(s), lanes_total(q), (double)D, shift, eps, &mu, &rs);
+    for (int64_t d = 0; d < D; d++)
+        y[d] = ft_ln_value(x[d], mu, rs, w ? w[d] : 1.0f, b ? b[d] : 0.0f);
     if (mean)
         *mean = mu;
     if (rstd)
@@ -95,12 +93,12 @@ FT_VEC_CLONES static void backward_row(float *dx, double *pw, double *pb, const 
             if (n < LANES) { /* the last, partial block adds zeros in its empty lanes */
                 for (int k = 0; k < LANES; k++) {
                     g[k] = k >= n ? 0.0f : w ? dy[d0 + k] * w[d0 + k] : dy[d0 + k];
-                    xh[k] = k < n ? (x[d0 + k] - mean) * rstd : 0.0f;
+                    xh[k] = k < n ? ft_norm_xhat(x[d0 + k], mean, rstd) : 0.0f;
                 }
             } else {
                 for (int k = 0; k < LANES; k++) {
                     g[k] = w ? dy[d0 + k] * w[d0 + k] : dy[d0 + k];
-                    xh[k] = (x[d0 + k] - mean) * rstd;
+                    xh[k] = ft_norm_xhat(x[d0 + k], mean, rstd);
                 }
             }
             for (int k = 0; k < LANES; k++)
@@ -112,13 +110,13 @@ FT_VEC_CLONES static void backward_row(float *dx, double *pw, double *pb, const 
         mc = (float)(lanes_total(c) / (double)D);
     }
     for (int64_t d = 0; d < D; d++) {
-        float dyd = dy[d], xd = (x[d] - mean) * rstd;
+        float dyd = dy[d], xd = ft_norm_xhat(x[d], mean, rstd);
         if (pw) {
             pw[d] += (double)dyd * xd;
             pb[d] += dyd;
         }
         if (dx) {
-            float v = rstd * ((w ? dyd * w[d] : dyd) - ma - xd * mc);
+            float v = ft_norm_dx(dyd, w ? w[d] : 1.0f, xd, rstd, ma, mc);
             dx[d] = acc ? dx[d] + v : v;
         }
     }

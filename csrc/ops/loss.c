@@ -5,11 +5,11 @@
  * EC elements per chunk of mse_loss's sum. */
 #include "ops/loss.h"
 
-#include <math.h>
 #include <omp.h>
 #include <stdlib.h>
 
 #include "kernels/convert.h"
+#include "kernels/softmax.h"
 #include "ops/check.h"
 #include "ops/cuda_ops.h"
 #include "ops/pointwise.h"
@@ -80,11 +80,11 @@ static int64_t target_of(const ce_job *j, const int64_t *pos) {
 }
 
 FT_VEC_CLONES
-static void ce_grad_loop(float *g, const float *e, float a, float b, const float *w, int64_t n) {
+static void ce_grad_loop(float *g, const float *e, ft_ce_coef k, const float *w, int64_t n) {
     if (w)
-        FT_SIMD_FOR(i, n) g[i] = a * e[i] - b * w[i];
+        FT_SIMD_FOR(i, n) g[i] = ft_ce_grad(e[i], w[i], k.a, k.b);
     else
-        FT_SIMD_FOR(i, n) g[i] = a * e[i] - b;
+        FT_SIMD_FOR(i, n) g[i] = ft_ce_grad(e[i], 1.0f, k.a, k.b);
 }
 
 /* The loss of one row; writes its gradient when the job has dlogits. */
@@ -116,22 +116,19 @@ static double ce_row(const ce_job *j, int64_t row, float *buf) {
     /* everything read from x before e (which may be x itself: dlogits over
      * logits) is written */
     float m = ft_row_max(x, C), xt = x[t];
-    double sx = j->eps > 0.0 ? (j->w ? ft_row_dot(x, j->w, C) : ft_row_sum(x, C)) : 0.0;
+    float sx = j->eps > 0.0 ? (j->w ? ft_row_dot(x, j->w, C) : ft_row_sum(x, C)) : 0.0f;
     float s = ft_row_exp_sum(e, x, m, C);
-    double lse = (double)m + log((double)s);
+    double lse = ft_ce_lse(m, s);
     double wt = j->w ? j->w[t] : 1.0;
-    double l = (1.0 - j->eps) * -wt * ((double)xt - lse);
-    if (j->eps > 0.0)
-        l += j->eps / (double)C * -(sx - lse * (double)j->W);
+    double l = ft_ce_loss(lse, xt, sx, wt, j->W, j->eps, C);
     if (j->has_loss_rows)
         store_f(row_at(&j->loss, &j->rows, pos), j->loss.dt, (float)l);
     if (grow) {
         double gs = j->scale * (j->has_dloss_rows ? load_f(row_at(&j->dloss, &j->rows, pos), j->dloss.dt)
                                                   : j->dloss_value);
-        float a = (float)(gs * ((1.0 - j->eps) * wt + j->eps * j->W / (double)C) / s);
-        float b = (float)(gs * j->eps / (double)C);
-        ce_grad_loop(e, e, a, b, j->w, C);
-        e[t] -= (float)(gs * (1.0 - j->eps) * wt);
+        ft_ce_coef k = ft_ce_coef_of(gs, wt, j->W, j->eps, C, s);
+        ce_grad_loop(e, e, k, j->w, C);
+        e[t] -= k.c;
         if (!in_place)
             ft_row_store(grow, j->dlogits.cs, j->dlogits.dt, e, C, j->accumulate);
     }
@@ -176,11 +173,9 @@ static void ce_cols(const ce_job *j, int64_t row0, int R, double *l, float *buf)
                         j->loss.dt, 0.0f);
             continue;
         }
-        double lse = (double)m[r] + log((double)s[r]);
+        double lse = ft_ce_lse(m[r], s[r]);
         double wt = j->w ? j->w[t[r]] : 1.0;
-        l[r] = (1.0 - j->eps) * -wt * ((double)xt[r] - lse);
-        if (j->eps > 0.0)
-            l[r] += j->eps / (double)C * -((double)sx[r] - lse * (double)j->W);
+        l[r] = ft_ce_loss(lse, xt[r], sx[r], wt, j->W, j->eps, C);
         if (j->has_loss_rows)
             store_f(j->loss.base + (ft_rows_offset(&j->rows, pos, j->loss.st) + r * j->loss.st[in]) * j->loss.item,
                     j->loss.dt, (float)l[r]);
@@ -190,19 +185,15 @@ static void ce_cols(const ce_job *j, int64_t row0, int R, double *l, float *buf)
                                                                   r * j->dloss.st[in]) * j->dloss.item,
                                                  j->dloss.dt)
                                         : j->dloss_value);
-            a[r] = (float)(gs * ((1.0 - j->eps) * wt + j->eps * j->W / (double)C) / s[r]);
-            b[r] = (float)(gs * j->eps / (double)C);
-            c[r] = (float)(gs * (1.0 - j->eps) * wt);
+            ft_ce_coef k = ft_ce_coef_of(gs, wt, j->W, j->eps, C, s[r]);
+            a[r] = k.a, b[r] = k.b, c[r] = k.c;
         }
     }
     if (!e)
         return;
     for (int64_t d = 0; d < C; d++) {
         float *g = e + d * es, wd = j->w ? j->w[d] : 1.0f;
-        if (j->w)
-            FT_SIMD_FOR(r, R) g[r] = ign[r] ? 0.0f : a[r] * g[r] - b[r] * wd;
-        else
-            FT_SIMD_FOR(r, R) g[r] = ign[r] ? 0.0f : a[r] * g[r] - b[r];
+        FT_SIMD_FOR(r, R) g[r] = ign[r] ? 0.0f : ft_ce_grad(g[r], wd, a[r], b[r]);
     }
     for (int r = 0; r < R; r++)
         if (!ign[r])

@@ -9,13 +9,13 @@
 #include <omp.h>
 #include <stdlib.h>
 
-#include "kernels/activation.h"
 #include "kernels/convert.h"
+#include "kernels/softmax.h"
 #include "ops/check.h"
 #include "ops/cuda_ops.h"
 #include "ops/pointwise.h"
 
-#define L 16
+#define L FT_ROW_LANES
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 /* A loop over the L lanes, vectorised as one (AVX-512) or two (AVX2) registers. */
 #define LANES(l) _Pragma("omp simd") for (int l = 0; l < L; l++)
@@ -23,13 +23,6 @@
 #define PARALLEL_WORK (1 << 15)
 
 /* ---- row loops ---- */
-
-static float combine_sum(float *acc) {
-    for (int w = L / 2; w >= 1; w /= 2)
-        for (int l = 0; l < w; l++)
-            acc[l] += acc[l + w];
-    return acc[0];
-}
 
 FT_VEC_CLONES
 float ft_row_max(const float *x, int64_t n) {
@@ -39,13 +32,10 @@ float ft_row_max(const float *x, int64_t n) {
     int64_t i = 0;
     for (; i + L <= n; i += L)
         LANES(l)
-            acc[l] = x[i + l] > acc[l] ? x[i + l] : acc[l];
+            acc[l] = ft_max_step(acc[l], x[i + l]);
     for (int l = 0; i + l < n; l++)
-        acc[l] = x[i + l] > acc[l] ? x[i + l] : acc[l];
-    float m = acc[0];
-    for (int l = 1; l < L; l++)
-        m = acc[l] > m ? acc[l] : m;
-    return m;
+        acc[l] = ft_max_step(acc[l], x[i + l]);
+    return ft_lanes_max(acc);
 }
 
 FT_VEC_CLONES
@@ -55,23 +45,23 @@ float ft_row_exp_sum(float *e, const float *x, float shift, int64_t n) {
     if (e) {
         for (; i + L <= n; i += L)
             LANES(l) {
-                float v = ft_expf(x[i + l] - shift);
+                float v = ft_softmax_exp(x[i + l], shift);
                 e[i + l] = v;
                 acc[l] += v;
             }
         for (int l = 0; i + l < n; l++) {
-            float v = ft_expf(x[i + l] - shift);
+            float v = ft_softmax_exp(x[i + l], shift);
             e[i + l] = v;
             acc[l] += v;
         }
     } else {
         for (; i + L <= n; i += L)
             LANES(l)
-                acc[l] += ft_expf(x[i + l] - shift);
+                acc[l] += ft_softmax_exp(x[i + l], shift);
         for (int l = 0; i + l < n; l++)
-            acc[l] += ft_expf(x[i + l] - shift);
+            acc[l] += ft_softmax_exp(x[i + l], shift);
     }
-    return combine_sum(acc);
+    return ft_lanes_sum(acc);
 }
 
 FT_VEC_CLONES
@@ -83,7 +73,7 @@ float ft_row_sum(const float *x, int64_t n) {
             acc[l] += x[i + l];
     for (int l = 0; i + l < n; l++)
         acc[l] += x[i + l];
-    return combine_sum(acc);
+    return ft_lanes_sum(acc);
 }
 
 FT_VEC_CLONES
@@ -95,38 +85,38 @@ float ft_row_dot(const float *x, const float *y, int64_t n) {
             acc[l] += x[i + l] * y[i + l];
     for (int l = 0; i + l < n; l++)
         acc[l] += x[i + l] * y[i + l];
-    return combine_sum(acc);
+    return ft_lanes_sum(acc);
 }
 
 FT_VEC_CLONES
-static void scale_loop(float *y, float s, int64_t n) { FT_SIMD_FOR(i, n) y[i] *= s; }
+static void scale_loop(float *y, float inv, int64_t n) { FT_SIMD_FOR(i, n) y[i] = ft_softmax_value(y[i], inv); }
 
-/* y = (x - m) - ls: the shift first, so that large x keep their precision. */
 FT_VEC_CLONES
-static void sub_loop(float *y, const float *x, float m, float ls, int64_t n) {
-    FT_SIMD_FOR(i, n) y[i] = (x[i] - m) - ls;
+static void log_value_loop(float *y, const float *x, float m, float log_sum, int64_t n) {
+    FT_SIMD_FOR(i, n) y[i] = ft_log_softmax_value(x[i], m, log_sum);
 }
 
 FT_VEC_CLONES
 static void softmax_grad_loop(float *dx, const float *dy, const float *y, float dot, int64_t n, bool acc) {
     if (acc)
-        FT_SIMD_FOR(i, n) dx[i] += y[i] * (dy[i] - dot);
+        FT_SIMD_FOR(i, n) dx[i] += ft_softmax_grad(dy[i], y[i], dot);
     else
-        FT_SIMD_FOR(i, n) dx[i] = y[i] * (dy[i] - dot);
+        FT_SIMD_FOR(i, n) dx[i] = ft_softmax_grad(dy[i], y[i], dot);
 }
 
 FT_VEC_CLONES
 static void log_softmax_grad_loop(float *dx, const float *dy, const float *y, float sum, int64_t n, bool acc) {
     if (acc)
-        FT_SIMD_FOR(i, n) dx[i] += dy[i] - ft_expf(y[i]) * sum;
+        FT_SIMD_FOR(i, n) dx[i] += ft_log_softmax_grad(dy[i], y[i], sum);
     else
-        FT_SIMD_FOR(i, n) dx[i] = dy[i] - ft_expf(y[i]) * sum;
+        FT_SIMD_FOR(i, n) dx[i] = ft_log_softmax_grad(dy[i], y[i], sum);
 }
 
 /* ---- column forms: R rows side by side ----
  * Element d of row r is at x[d * stride + r]. Each row's sum is taken with
- * the lanes of the row forms (element d into lane d % L, then the same tree),
- * so both forms give bitwise the same results. */
+ * the lanes of the row forms (element d into lane d % L, then ft_lanes_sum's
+ * tree, here over a vector of rows per lane), so both forms give bitwise the
+ * same results. */
 
 ALWAYS_INLINE void combine_cols(float (*acc)[FT_COLS], float *s, int R) {
     for (int w = L / 2; w >= 1; w /= 2)
@@ -144,7 +134,7 @@ ALWAYS_INLINE void cols_max(float *m, const float *x, int64_t stride, int64_t D,
     FT_SIMD_FOR(r, R) m[r] = -INFINITY;
     for (int64_t d = 0; d < D; d++) {
         const float *p = x + d * stride;
-        FT_SIMD_FOR(r, R) m[r] = p[r] > m[r] ? p[r] : m[r];
+        FT_SIMD_FOR(r, R) m[r] = ft_max_step(m[r], p[r]);
     }
 }
 
@@ -168,12 +158,12 @@ ALWAYS_INLINE void cols_exp_sum(float *s, float *e, int64_t estride, const float
         if (e) {
             float *q = e + d * estride;
             FT_SIMD_FOR(r, R) {
-                float v = ft_expf(p[r] - shift[r]);
+                float v = ft_softmax_exp(p[r], shift[r]);
                 q[r] = v;
                 a[r] += v;
             }
         } else {
-            FT_SIMD_FOR(r, R) a[r] += ft_expf(p[r] - shift[r]);
+            FT_SIMD_FOR(r, R) a[r] += ft_softmax_exp(p[r], shift[r]);
         }
     }
     combine_cols(acc, s, R);
@@ -304,17 +294,18 @@ static void do_cols(const sm_job *j, int64_t row0, int R) {
         ft_cols_max(a, p[1], ds[1], D, R);
         ft_cols_exp_sum(b, j->log ? NULL : p[0], ds[0], p[1], ds[1], a, D, R);
         if (j->log) {
-            FT_SIMD_FOR(r, R) b[r] = logf(b[r]);
+            for (int r = 0; r < R; r++)
+                b[r] = ft_log_softmax_log_sum(b[r]);
             for (int64_t d = 0; d < D; d++) {
                 float *y = p[0] + d * ds[0];
                 const float *x = p[1] + d * ds[1];
-                FT_SIMD_FOR(r, R) y[r] = (x[r] - a[r]) - b[r];
+                FT_SIMD_FOR(r, R) y[r] = ft_log_softmax_value(x[r], a[r], b[r]);
             }
         } else {
-            FT_SIMD_FOR(r, R) b[r] = 1.0f / b[r];
+            FT_SIMD_FOR(r, R) b[r] = ft_softmax_inv(b[r]);
             for (int64_t d = 0; d < D; d++) {
                 float *y = p[0] + d * ds[0];
-                FT_SIMD_FOR(r, R) y[r] *= b[r];
+                FT_SIMD_FOR(r, R) y[r] = ft_softmax_value(y[r], b[r]);
             }
         }
         return;
@@ -326,14 +317,14 @@ static void do_cols(const sm_job *j, int64_t row0, int R) {
         const float *dy = p[1] + d * ds[1], *y = p[2] + d * ds[2];
         if (j->log) {
             if (j->accumulate)
-                FT_SIMD_FOR(r, R) dx[r] += dy[r] - ft_expf(y[r]) * a[r];
+                FT_SIMD_FOR(r, R) dx[r] += ft_log_softmax_grad(dy[r], y[r], a[r]);
             else
-                FT_SIMD_FOR(r, R) dx[r] = dy[r] - ft_expf(y[r]) * a[r];
+                FT_SIMD_FOR(r, R) dx[r] = ft_log_softmax_grad(dy[r], y[r], a[r]);
         } else {
             if (j->accumulate)
-                FT_SIMD_FOR(r, R) dx[r] += y[r] * (dy[r] - a[r]);
+                FT_SIMD_FOR(r, R) dx[r] += ft_softmax_grad(dy[r], y[r], a[r]);
             else
-                FT_SIMD_FOR(r, R) dx[r] = y[r] * (dy[r] - a[r]);
+                FT_SIMD_FOR(r, R) dx[r] = ft_softmax_grad(dy[r], y[r], a[r]);
         }
     }
 }
@@ -358,10 +349,10 @@ static void do_row(const sm_job *j, int64_t row, float *buf) {
         float m = ft_row_max(p[1], D);
         if (j->log) {
             float s = ft_row_exp_sum(NULL, p[1], m, D);
-            sub_loop(p[0], p[1], m, logf(s), D);
+            log_value_loop(p[0], p[1], m, ft_log_softmax_log_sum(s), D);
         } else {
             float s = ft_row_exp_sum(p[0], p[1], m, D);
-            scale_loop(p[0], 1.0f / s, D);
+            scale_loop(p[0], ft_softmax_inv(s), D);
         }
     } else if (j->log) {
         log_softmax_grad_loop(p[0], p[1], p[2], ft_row_sum(p[1], D), D, acc_direct);

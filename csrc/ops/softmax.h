@@ -3,8 +3,8 @@
  * Legend: (...) the shape of inp; D its size along `dim` (the rows are the
  * D elements that vary along dim). float32 or bfloat16 (rows are computed in
  * float), any strides. Each row is reduced by one thread in a fixed order
- * (16 running lanes, then a fixed tree), so results are bitwise identical for
- * any thread count. Gradient rule: dinp is written (=), or added to (+=)
+ * (16 running lanes, then a fixed tree: kernels/softmax.h, whose row math the
+ * CUDA kernels share), so results are bitwise identical for any thread count. Gradient rule: dinp is written (=), or added to (+=)
  * with accumulate. */
 #ifndef FT_OPS_SOFTMAX_H
 #define FT_OPS_SOFTMAX_H

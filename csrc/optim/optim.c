@@ -8,6 +8,7 @@
 #include "kernels/optim.h"
 #include "ops/cuda_ops.h"
 #include "ops/pointwise.h"
+#include "optim/state.h"
 #include "optim/trust.h"
 
 /* Below this many elements a pass runs on the calling thread: a parallel
