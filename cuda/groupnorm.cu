@@ -12,6 +12,7 @@
  * per channel. Every run gives the same bits; only the order of the double
  * additions differs from the CPU's. */
 #include "backend.h"
+#include "blocksum.h"
 #include "kernels/norm.h"
 #include "ops/cuda_ops.h"
 
@@ -19,28 +20,6 @@ namespace {
 
 constexpr int THREADS = 256;
 constexpr int WARPS = THREADS / 32;
-constexpr unsigned FULL_MASK = 0xffffffffu;
-
-/* The sum of (a, b) over a block of THREADS threads, in every thread, in a
- * fixed order; sh holds 2 * WARPS doubles. Every thread must call it. */
-static __device__ void block_sum2(double &a, double &b, double *sh) {
-    for (int o = 16; o > 0; o >>= 1) {
-        a += __shfl_xor_sync(FULL_MASK, a, o);
-        b += __shfl_xor_sync(FULL_MASK, b, o);
-    }
-    int warp = threadIdx.x / 32;
-    if (threadIdx.x % 32 == 0) {
-        sh[warp] = a;
-        sh[WARPS + warp] = b;
-    }
-    __syncthreads();
-    a = 0, b = 0;
-    for (int w = 0; w < WARPS; w++) {
-        a += sh[w];
-        b += sh[WARPS + w];
-    }
-    __syncthreads(); /* sh is free for the next call */
-}
 
 typedef struct {
     int64_t N, C, S, G, Cg;
@@ -87,7 +66,7 @@ __global__ void __launch_bounds__(THREADS) gn_forward(gn_geom d, const float *x,
             s += v;
             q += v * v;
         }
-        block_sum2(s, q, sh);
+        ft_block_sum2<WARPS>(s, q, sh);
         float mu, rs;
         ft_norm_stats(s, q, (double)M, shift, eps, &mu, &rs);
         for (int64_t i = threadIdx.x; i < M; i += THREADS) {
@@ -115,7 +94,7 @@ __global__ void __launch_bounds__(THREADS) gn_channel_sums(gn_geom d, const floa
             a += g;
             b += g * ((double)x[off] - mu);
         }
-        block_sum2(a, b, sh);
+        ft_block_sum2<WARPS>(a, b, sh);
         if (threadIdx.x == 0) {
             pa[item] = a;
             pb[item] = b;
@@ -139,7 +118,7 @@ __global__ void __launch_bounds__(THREADS) gn_backward_dx(gn_geom d, const float
             ta += wc * pa[nc];
             tb += wc * pb[nc];
         }
-        block_sum2(ta, tb, sh);
+        ft_block_sum2<WARPS>(ta, tb, sh);
         float mu = mean[item], rs = rstd[item];
         float ma = (float)(ta / (double)M), mc = (float)(tb * rs / (double)M);
         for (int64_t i = threadIdx.x; i < M; i += THREADS) {

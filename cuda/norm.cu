@@ -16,6 +16,7 @@
  * normalize, the input gradients) is the CPU's own, kernels/norm.h, so given
  * the same sums it gives the CPU's bits. */
 #include "backend.h"
+#include "blocksum.h"
 #include "kernels/norm.h"
 #include "ops/cuda_ops.h"
 
@@ -23,7 +24,6 @@ namespace {
 
 constexpr int THREADS = 256;
 constexpr int WARPS = THREADS / 32;
-constexpr unsigned FULL_MASK = 0xffffffffu;
 /* The share of a reduction one block adds up. */
 constexpr int RUN_PER_PART = 4096;
 constexpr int ROWS_PER_PART = 256;
@@ -46,34 +46,6 @@ static int64_t numel(const ft_tensor *t) {
 
 /* ---- fixed-order sums ---------------------------------------------------- */
 
-/* The sum of (a, b) over the warp, in every lane. Each step adds the same
- * two values in both lanes of a pair (x + y == y + x), so all lanes end
- * with the same bits. */
-static __device__ void warp_sum2(double &a, double &b) {
-    for (int o = 16; o > 0; o >>= 1) {
-        a += __shfl_xor_sync(FULL_MASK, a, o);
-        b += __shfl_xor_sync(FULL_MASK, b, o);
-    }
-}
-
-/* The sum of (a, b) over a block of THREADS threads, in every thread; sh
- * holds 2 * WARPS doubles. Every thread of the block must call it. */
-static __device__ void block_sum2(double &a, double &b, double *sh) {
-    warp_sum2(a, b);
-    int warp = threadIdx.x / 32;
-    if (threadIdx.x % 32 == 0) {
-        sh[warp] = a;
-        sh[WARPS + warp] = b;
-    }
-    __syncthreads();
-    a = 0, b = 0;
-    for (int w = 0; w < WARPS; w++) {
-        a += sh[w];
-        b += sh[WARPS + w];
-    }
-    __syncthreads(); /* sh is free for the next call */
-}
-
 /* Parts of sums over runs: run c is values i = 0 .. len - 1 of channel c
  * (f.add(i, c, a, b) adds value i's terms); part p of run c is the sum over
  * i in [p RUN_PER_PART, (p + 1) RUN_PER_PART), into pa/pb[p * runs + c].
@@ -86,7 +58,7 @@ __global__ void __launch_bounds__(THREADS) run_parts(F f, int64_t len, int64_t r
         double a = 0, b = 0;
         for (int64_t i = i0 + threadIdx.x; i < i1; i += THREADS)
             f.add(i, c, a, b);
-        block_sum2(a, b, sh);
+        ft_block_sum2<WARPS>(a, b, sh);
         if (threadIdx.x == 0) {
             pa[p * runs + c] = a;
             pb[p * runs + c] = b;
@@ -135,7 +107,7 @@ __global__ void __launch_bounds__(THREADS) add_parts(const double *pa, const dou
             a += pa[p * n + c];
             b += pb[p * n + c];
         }
-        block_sum2(a, b, sh);
+        ft_block_sum2<WARPS>(a, b, sh);
         if (threadIdx.x == 0) {
             ta[c] = a;
             tb[c] = b;
@@ -429,9 +401,9 @@ static ft_status bn_backward(const ft_tensor *dinp, const ft_tensor *dweight, co
 /* The sum of (a, b) over a team of T threads (a warp, or the block), in every thread. */
 template <int T> static __device__ void team_sum2(double &a, double &b, double *sh) {
     if constexpr (T == 32)
-        warp_sum2(a, b);
+        ft_warp_sum2(a, b);
     else
-        block_sum2(a, b, sh);
+        ft_block_sum2<WARPS>(a, b, sh);
 }
 
 /* One team of T threads per row of D values: the row's shifted sums in
