@@ -542,6 +542,32 @@ static ft_status on_device(const ft_program *p, const ft_tensor *t, bool queued,
     return ft_tensor_to(out, t, t->dtype, p->device, false, queued);
 }
 
+/* The batch x where the program runs, as on_device, and in the program's
+ * layout: images copied to channels-last when the program is, since
+ * oneDNN convolves mixed layouts with its slow reference kernels. */
+static ft_status input_on_device(const ft_program *p, const ft_tensor *x, bool queued, ft_tensor *out) {
+    bool nhwc = x->ndim == 4 && x->strides[1] == 1 && x->strides[3] == x->shape[1] &&
+                x->strides[2] == x->shape[3] * x->shape[1];
+    if (!p->channels_last || x->ndim != 4 || x->shape[1] == 1 || nhwc)
+        return on_device(p, x, queued, out);
+    ft_tensor dev, nhwc_t;
+    FT_TRY(on_device(p, x, false, &dev));
+    int64_t N = x->shape[0], C = x->shape[1], H = x->shape[2], W = x->shape[3];
+    ft_status s = ft_tensor_empty(&nhwc_t, 4, (int64_t[]){N, H, W, C}, x->dtype, p->device, false);
+    if (s == FT_OK) {
+        nhwc_t.shape[1] = C, nhwc_t.shape[2] = H, nhwc_t.shape[3] = W;
+        int64_t strides[4] = {H * W * C, 1, W * C, C};
+        memcpy(nhwc_t.strides, strides, sizeof strides);
+        s = ft_tensor_copy(&nhwc_t, &dev, false);
+        if (s == FT_OK)
+            *out = nhwc_t;
+        else
+            ft_tensor_release(&nhwc_t);
+    }
+    ft_tensor_release(&dev);
+    return s;
+}
+
 /* The batch's targets checked (shape, dtype, and by each loss node its
  * values) and each loss node's normalizer for the batch. *dev gets them
  * where the program runs (nothing when the loss reads no targets). */
@@ -680,7 +706,7 @@ ft_status ft_program_backward(ft_program *p, const ft_tensor *x, const ft_tensor
     FT_TRY(check_input(p, x));
     ft_tensor yd, xd = {0};
     FT_TRY(prepare_targets(p, y, x->shape[0], &yd));
-    ft_status s = on_device(p, x, true, &xd);
+    ft_status s = input_on_device(p, x, true, &xd);
     if (s == FT_OK) {
         *loss = 0;
         s = backward_batches(p, &xd, yd.storage ? &yd : NULL, accumulate, loss);
@@ -703,7 +729,7 @@ ft_status ft_program_forward(ft_program *p, const ft_tensor *x, const ft_tensor 
     FT_TRY(ft_check_shape("program", "out", out, o->ndim + 1, want));
     FT_TRY(ft_check_output("program", "out", out));
     ft_tensor xd;
-    FT_TRY(on_device(p, x, false, &xd));
+    FT_TRY(input_on_device(p, x, false, &xd));
     ft_status s = FT_OK;
     for (int64_t r0 = 0; s == FT_OK && r0 < B; r0 += p->batch) {
         int64_t rows = B - r0 < p->batch ? B - r0 : p->batch;
@@ -809,7 +835,7 @@ ft_status ft_program_evaluate(ft_program *p, const ft_tensor *x, const ft_tensor
     FT_TRY(check_input(p, x));
     ft_tensor yd, yh = {0}, xd = {0}, other = {0}, scores = {0};
     FT_TRY(prepare_targets(p, y, x->shape[0], &yd));
-    ft_status s = on_device(p, x, true, &xd);
+    ft_status s = input_on_device(p, x, true, &xd);
     if (s == FT_OK && classifies(p))
         s = ft_tensor_to(&yh, y, y->dtype, FT_CPU, false, false);
     const ft_node *o = &p->nodes[p->output];
