@@ -630,7 +630,23 @@ static PyType_Spec loader_spec = {
 typedef struct {
     PyObject_HEAD
     ft_record_writer *w;
+    int busy;    /* an add runs with the GIL released; changed with the GIL only */
+    int closing; /* close() or abort() waits for that add: no other add may start */
 } writer_object;
+
+/* Waits for an add running in another thread, which a large payload does
+ * without the GIL; polling is enough since busy changes only with the GIL,
+ * which this thread gives up between looks. -1 on a signal's exception. */
+static int writer_wait(writer_object *o) {
+    while (o->busy) {
+        Py_BEGIN_ALLOW_THREADS
+        nanosleep(&(struct timespec){0, 1000000}, NULL);
+        Py_END_ALLOW_THREADS
+        if (PyErr_CheckSignals() < 0)
+            return -1;
+    }
+    return 0;
+}
 
 static void writer_dealloc(PyObject *self) {
     PyTypeObject *type = Py_TYPE(self);
@@ -646,6 +662,10 @@ static int writer_init(PyObject *self, PyObject *args, PyObject *kwargs) {
     PyObject *bytes;
     if (!PyArg_ParseTuple(args, "O&:RecordWriter", PyUnicode_FSConverter, &bytes))
         return -1;
+    if (writer_wait(o) < 0) {
+        Py_DECREF(bytes);
+        return -1;
+    }
     if (o->w) {
         ft_record_writer_abort(o->w);
         o->w = NULL;
@@ -660,25 +680,48 @@ static int writer_init(PyObject *self, PyObject *args, PyObject *kwargs) {
 }
 
 static ft_record_writer *open_writer(writer_object *o) {
+    if (o->closing) {
+        PyErr_SetString(PyExc_ValueError, "the record writer is being closed");
+        return NULL;
+    }
+    if (writer_wait(o) < 0)
+        return NULL;
     if (!o->w)
         PyErr_SetString(PyExc_ValueError, "the record writer is closed");
     return o->w;
 }
 
+/* Waits for a running add before close() or abort(), refusing new ones
+ * meanwhile so that a thread adding in a loop cannot keep the writer busy. */
+static int writer_wait_to_end(writer_object *o) {
+    o->closing = 1;
+    int r = writer_wait(o);
+    o->closing = 0;
+    return r;
+}
+
 /* _add(kind, data (buffer), label, height, width, channels) */
 static PyObject *writer_add(PyObject *self, PyObject *args) {
-    ft_record_writer *w = open_writer((writer_object *)self);
+    writer_object *o = (writer_object *)self;
     int kind;
     Py_buffer data;
     long long label;
     unsigned int h = 0, wd = 0, c = 0;
-    if (!w || !PyArg_ParseTuple(args, "iy*L|III:_add", &kind, &data, &label, &h, &wd, &c))
+    if (!PyArg_ParseTuple(args, "iy*L|III:_add", &kind, &data, &label, &h, &wd, &c))
         return NULL;
+    /* Checked after parsing, which can run Python code that closes the writer. */
+    ft_record_writer *w = open_writer(o);
+    if (!w) {
+        PyBuffer_Release(&data);
+        return NULL;
+    }
     ft_status st;
     if (data.len >= FT_GIL_FREE_BYTES) {
+        o->busy = 1;
         Py_BEGIN_ALLOW_THREADS
         st = ft_record_writer_add(w, (ft_sample_kind)kind, data.buf, (size_t)data.len, label, h, wd, c);
         Py_END_ALLOW_THREADS
+        o->busy = 0;
     } else {
         st = ft_record_writer_add(w, (ft_sample_kind)kind, data.buf, (size_t)data.len, label, h, wd, c);
     }
@@ -691,6 +734,10 @@ static PyObject *writer_close(PyObject *self, PyObject *args) {
     Py_buffer meta = {0};
     if (!PyArg_ParseTuple(args, "|y*:close", &meta))
         return NULL;
+    if (writer_wait_to_end(o) < 0) {
+        PyBuffer_Release(&meta);
+        return NULL;
+    }
     if (!o->w) {
         PyBuffer_Release(&meta);
         Py_RETURN_NONE; /* closing twice is harmless */
@@ -707,6 +754,8 @@ static PyObject *writer_close(PyObject *self, PyObject *args) {
 
 static PyObject *writer_abort(PyObject *self, PyObject *unused) {
     writer_object *o = (writer_object *)self;
+    if (writer_wait_to_end(o) < 0)
+        return NULL;
     if (o->w)
         ft_record_writer_abort(o->w);
     o->w = NULL;
@@ -716,6 +765,8 @@ static PyObject *writer_abort(PyObject *self, PyObject *unused) {
 static PyObject *writer_get_count(PyObject *self, void *closure) {
     (void)closure;
     writer_object *o = (writer_object *)self;
+    if (writer_wait(o) < 0)
+        return NULL;
     return PyLong_FromLongLong(o->w ? ft_record_writer_count(o->w) : -1);
 }
 
