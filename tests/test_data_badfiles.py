@@ -125,3 +125,28 @@ def test_named_pipes_in_an_image_folder_never_block(tmp_path):
     os.mkfifo(root / "a" / "good.jpg")
     with pytest.raises(OSError, match=r"good\.jpg is not a regular file"):
         list(D.Loader(folder, num_workers=1))
+
+
+def test_a_record_file_truncated_after_it_was_opened_is_an_error(tmp_path):
+    import os
+    path = tmp_path / "cut.rec"
+    D.write_records(path, (np.zeros((10, 64, 64), np.uint8), np.arange(10)))
+    rf = D.RecordFile(path)
+    loader = D.Loader(path, batch_size=5, num_workers=1)
+    os.truncate(path, 4096)  # the later records and the index were on pages now gone: reading them is SIGBUS
+    with pytest.raises(OSError, match=r"cut\.rec was truncated after it was opened \(\d+ bytes then, 4096 now\)"):
+        rf.get(9)
+    with pytest.raises(OSError, match=r"cut\.rec was truncated after it was opened"):
+        list(loader)
+
+
+def test_a_tar_shard_truncated_after_it_was_opened_is_an_error(tmp_path):
+    import os
+    jpeg = D.encode_jpeg(np.zeros((8, 8, 3), np.uint8))
+    path = tmp_path / "cut.tar"
+    path.write_bytes(b"".join(tar_member(f"{k:02d}.jpg", jpeg + bytes(4096)) + tar_member(f"{k:02d}.cls", b"1")
+                              for k in range(8)) + b"\0" * 1024)
+    shards = D.TarShards(path)
+    os.truncate(path, 4096)
+    with pytest.raises(OSError, match=r"cut\.tar was truncated after it was opened"):
+        shards.get(7)

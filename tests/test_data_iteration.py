@@ -1,5 +1,7 @@
 """The Loader's public iteration state: errors mid-epoch, evaluate over a loader already iterated, the default
 seed, and close() from another thread while an epoch runs in C."""
+import threading
+
 import numpy as np
 import pytest
 
@@ -78,3 +80,70 @@ def test_evaluate_covers_the_whole_split_after_partial_iteration():
     assert ft.evaluate(program, val) == whole
     # The loader itself still iterates whole epochs afterwards.
     assert sum(len(y) for _, y in val) == 20
+
+
+def close_once_running(loader, errors):
+    """Closes `loader` from this thread once an epoch runs in another: the loader says it is in use, or (without
+    a guard) its counters move."""
+    try:
+        while True:
+            try:
+                if loader.stats()["batches"] >= 3:
+                    break
+            except RuntimeError:  # in use by the epoch
+                break
+        loader.close()
+    except BaseException as e:  # surfaced by the test, not lost in the thread
+        errors.append(e)
+
+
+def long_loader():
+    images, labels = np.zeros((200_000, 4, 4), np.uint8), np.zeros(200_000, np.int64)
+    return D.Loader((images, labels), batch_size=4, num_workers=1)
+
+
+@pytest.mark.parametrize("run", ["fit", "evaluate"])
+def test_close_from_another_thread_stops_the_epoch_in_c(run):
+    program, loader, errors = small_program(), long_loader(), []
+    closer = threading.Thread(target=close_once_running, args=(loader, errors))
+    closer.start()
+    with pytest.raises(RuntimeError, match="the loader was closed during the epoch"):
+        if run == "fit":
+            ft.fit(program, loader, 1, progress=False)
+        else:
+            ft.evaluate(program, loader)
+    closer.join()
+    assert not errors and loader.closed
+    with pytest.raises(ValueError, match="closed"):
+        ft.evaluate(program, loader)
+
+
+def test_close_from_the_progress_callback_ends_the_epoch():
+    program, loader, seen = small_program(), long_loader(), []
+
+    def progress(steps, loss, samples):
+        seen.append(steps)
+        loader.close()  # the epoch still runs below this call: the loader goes when it ends
+
+    loader.set_epoch(0)
+    with pytest.raises(RuntimeError, match="the loader was closed during the epoch"):
+        program._c.fit_epoch(loader, program.optimizer, None, progress, 0.0)
+    assert seen == [1] and loader.closed
+
+
+def test_close_from_another_thread_while_iterating():
+    loader, errors, stopped = long_loader(), [], []
+
+    def iterate():
+        try:
+            for _ in loader:
+                pass
+        except (RuntimeError, ValueError) as e:
+            stopped.append(e)
+
+    reader = threading.Thread(target=iterate)
+    reader.start()
+    close_once_running(loader, errors)
+    reader.join()
+    assert not errors and loader.closed
+    assert len(stopped) == 1 and "closed" in str(stopped[0])

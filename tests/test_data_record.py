@@ -1,6 +1,8 @@
 """The record file from Python: writer, round trip, checksums, truncation,
 converters, and Fashion-MNIST."""
 import os
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -124,3 +126,32 @@ def test_fashion_mnist_arrays_and_records(tmp_path):
     for (xa, ya), (xb, yb) in zip(a, b):
         assert np.array_equal(xa.numpy(), xb.numpy()) and np.array_equal(ya.numpy(), yb.numpy())
     assert tuple(xa.shape) == (1000, 1, 28, 28)
+
+
+@pytest.mark.parametrize("end", ["abort", "close"])
+def test_writer_end_from_another_thread_waits_for_a_running_add(tmp_path, end):
+    path = tmp_path / "w.rec"
+    writer = D.RecordWriter(path)
+    payload = b"\xff\xd8" + bytes(8 << 20)  # large: the add runs without the GIL
+    added, outcome = [], []
+
+    def add_until_closed():
+        try:
+            while True:
+                writer.add_jpeg(payload, len(added))
+                added.append(1)
+        except ValueError as e:
+            outcome.append(e)
+
+    adder = threading.Thread(target=add_until_closed)
+    adder.start()
+    while not added:
+        time.sleep(0.001)
+    getattr(writer, end)()
+    adder.join()
+    assert len(outcome) == 1 and "closed" in str(outcome[0])
+    if end == "abort":
+        assert os.listdir(tmp_path) == []
+    else:
+        rf = D.RecordFile(path)
+        assert len(rf) == len(added) and rf.get(len(added) - 1)[1] == payload

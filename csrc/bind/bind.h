@@ -97,13 +97,19 @@ int ft_parse_optim_group(PyObject *obj, ft_optim_group *g);
 
 /* The C loader behind an ft.data.Loader (bind/data.c), for a C training loop
  * that pulls batches with ft_loader_next/ft_loader_release and no Python per
- * step (see data/loader.h for the threading contract). Borrowed: valid while
- * `obj` is alive and not closed; the caller keeps a reference to obj, holds
- * the GIL for this call only, and does not iterate the loader from Python at
- * the same time. NULL with TypeError if obj is not a loader, ValueError if it
- * is closed. */
+ * step (see data/loader.h for the threading contract). With the GIL:
+ * ft_loader_begin marks the loader busy (NULL with TypeError if obj is not a
+ * loader, ValueError if it is closed, RuntimeError if another call is using
+ * it), and ft_loader_end, called once after the loop with the GIL, clears
+ * the mark. The caller keeps a reference to obj in between. A close() meanwhile
+ * (from another thread, or from a callback the loop runs) only raises the
+ * flag that ft_loader_stopping reads, without the GIL: the loop then stops
+ * after its current batch, ft_loader_end frees the loader and returns -1 with
+ * RuntimeError, and a close() from another thread returns once that is done. */
 typedef struct ft_loader ft_loader;
-ft_loader *ft_loader_of(PyObject *obj);
+ft_loader *ft_loader_begin(PyObject *obj);
+bool ft_loader_stopping(PyObject *obj);
+int ft_loader_end(PyObject *obj);
 
 /* Type spec of the tensor base type (bind/tensor.c). */
 extern PyType_Spec ft_tensor_spec;

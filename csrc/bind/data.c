@@ -3,6 +3,7 @@
 #include "bind/bind.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <time.h>
 
 #include "data/jpeg.h"
@@ -198,8 +199,10 @@ static PyType_Spec source_spec = {
 typedef struct {
     PyObject_HEAD
     ft_loader *loader;
-    PyObject *source; /* the DataSource, kept for attribute access */
-    int busy;         /* a call is running with the GIL released */
+    PyObject *source;    /* the DataSource, kept for attribute access */
+    int busy;            /* a call is running with the GIL released; changed with the GIL only */
+    unsigned long owner; /* the thread of that call */
+    atomic_int closing;  /* close() came during that call: read by it without the GIL */
 } loader_object;
 
 static void loader_close_impl(loader_object *o) {
@@ -234,18 +237,53 @@ static int loader_clear(PyObject *self) {
     return 0;
 }
 
-ft_loader *ft_loader_of(PyObject *obj) {
-    for (PyTypeObject *t = Py_TYPE(obj); t; t = t->tp_base) {
-        if (t->tp_dealloc == loader_dealloc) {
-            loader_object *o = (loader_object *)obj;
-            if (!o->loader)
-                PyErr_SetString(PyExc_ValueError, "the loader is closed");
-            return o->loader;
-        }
+static ft_loader *usable(loader_object *o) {
+    if (!o->loader) {
+        PyErr_SetString(PyExc_ValueError, "the loader is closed");
+        return NULL;
     }
+    if (o->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "the loader is in use by another thread");
+        return NULL;
+    }
+    return o->loader;
+}
+
+static ft_loader *loader_begin(loader_object *o) {
+    ft_loader *l = usable(o);
+    if (l) {
+        o->busy = 1;
+        o->owner = PyThread_get_thread_ident();
+    }
+    return l;
+}
+
+/* Ends a busy call; when a close() came during it, frees the loader now and
+ * returns -1 with RuntimeError saying what `during` was cut short. */
+static int loader_end(loader_object *o, const char *during) {
+    int closing = atomic_load(&o->closing);
+    if (closing)
+        loader_close_impl(o); /* still busy meanwhile, so that no other call starts on it */
+    atomic_store(&o->closing, 0);
+    o->busy = 0;
+    if (!closing)
+        return 0;
+    if (!PyErr_Occurred())
+        PyErr_Format(PyExc_RuntimeError, "the loader was closed during %s", during);
+    return -1;
+}
+
+ft_loader *ft_loader_begin(PyObject *obj) {
+    for (PyTypeObject *t = Py_TYPE(obj); t; t = t->tp_base)
+        if (t->tp_dealloc == loader_dealloc)
+            return loader_begin((loader_object *)obj);
     PyErr_Format(PyExc_TypeError, "expected a fasttrain.data.Loader, got %.100s", Py_TYPE(obj)->tp_name);
     return NULL;
 }
+
+bool ft_loader_stopping(PyObject *obj) { return atomic_load(&((loader_object *)obj)->closing) != 0; }
+
+int ft_loader_end(PyObject *obj) { return loader_end((loader_object *)obj, "the epoch"); }
 
 /* Dict readers: a missing key keeps the default. */
 static int dict_long(PyObject *d, const char *key, long long *out) {
@@ -419,41 +457,30 @@ static int loader_init(PyObject *self, PyObject *args, PyObject *kwargs) {
     return 0;
 }
 
-static ft_loader *usable(loader_object *o) {
-    if (!o->loader) {
-        PyErr_SetString(PyExc_ValueError, "the loader is closed");
-        return NULL;
-    }
-    if (o->busy) {
-        PyErr_SetString(PyExc_RuntimeError, "the loader is in use by another thread");
-        return NULL;
-    }
-    return o->loader;
-}
-
 /* _next() -> (images, labels, epoch, index), or None at the end of the epoch. */
 static PyObject *loader_next(PyObject *self, PyObject *unused) {
     loader_object *o = (loader_object *)self;
-    ft_loader *l = usable(o);
+    ft_loader *l = loader_begin(o);
     if (!l)
         return NULL;
     ft_batch b;
     bool done = false, timed_out = true;
     ft_status st = FT_OK;
-    o->busy = 1;
-    while (timed_out) {
+    while (timed_out && !atomic_load(&o->closing)) {
         Py_BEGIN_ALLOW_THREADS
         st = ft_loader_next_wait(l, &b, &done, 100, &timed_out);
         Py_END_ALLOW_THREADS
         if (st != FT_OK)
             break;
         /* Ctrl-C while blocked: the KeyboardInterrupt surfaces here. */
-        if (timed_out && PyErr_CheckSignals() < 0) {
-            o->busy = 0;
-            return NULL;
-        }
+        if (timed_out && PyErr_CheckSignals() < 0)
+            break;
     }
-    o->busy = 0;
+    int interrupted = timed_out && st == FT_OK;
+    if (!interrupted && !done && st == FT_OK && atomic_load(&o->closing))
+        ft_loader_release(l, &b); /* closed while this batch arrived: the batch goes with the loader */
+    if (loader_end(o, "the wait for a batch") < 0 || interrupted)
+        return NULL;
     if (st != FT_OK)
         return ft_raise(st);
     if (done)
@@ -528,11 +555,26 @@ static PyObject *loader_stats(PyObject *self, PyObject *unused) {
                          (Py_ssize_t)s.cache.budget);
 }
 
+/* During a busy call, close() asks that call to stop and free the loader
+ * when it ends. From the call's own thread (a progress callback of fit) it
+ * returns at once; from another thread it waits for the end, polling: busy
+ * changes only with the GIL, which this thread gives up between looks. */
 static PyObject *loader_close(PyObject *self, PyObject *unused) {
     loader_object *o = (loader_object *)self;
-    if (o->busy)
-        return PyErr_Format(PyExc_RuntimeError, "the loader is in use by another thread");
-    loader_close_impl(o);
+    if (!o->busy) {
+        loader_close_impl(o);
+        Py_RETURN_NONE;
+    }
+    atomic_store(&o->closing, 1);
+    if (o->owner == PyThread_get_thread_ident())
+        Py_RETURN_NONE;
+    while (o->busy) {
+        Py_BEGIN_ALLOW_THREADS
+        nanosleep(&(struct timespec){0, 1000000}, NULL);
+        Py_END_ALLOW_THREADS
+        if (PyErr_CheckSignals() < 0)
+            return NULL;
+    }
     Py_RETURN_NONE;
 }
 
@@ -588,7 +630,23 @@ static PyType_Spec loader_spec = {
 typedef struct {
     PyObject_HEAD
     ft_record_writer *w;
+    int busy;    /* an add runs with the GIL released; changed with the GIL only */
+    int closing; /* close() or abort() waits for that add: no other add may start */
 } writer_object;
+
+/* Waits for an add running in another thread, which a large payload does
+ * without the GIL; polling is enough since busy changes only with the GIL,
+ * which this thread gives up between looks. -1 on a signal's exception. */
+static int writer_wait(writer_object *o) {
+    while (o->busy) {
+        Py_BEGIN_ALLOW_THREADS
+        nanosleep(&(struct timespec){0, 1000000}, NULL);
+        Py_END_ALLOW_THREADS
+        if (PyErr_CheckSignals() < 0)
+            return -1;
+    }
+    return 0;
+}
 
 static void writer_dealloc(PyObject *self) {
     PyTypeObject *type = Py_TYPE(self);
@@ -604,6 +662,10 @@ static int writer_init(PyObject *self, PyObject *args, PyObject *kwargs) {
     PyObject *bytes;
     if (!PyArg_ParseTuple(args, "O&:RecordWriter", PyUnicode_FSConverter, &bytes))
         return -1;
+    if (writer_wait(o) < 0) {
+        Py_DECREF(bytes);
+        return -1;
+    }
     if (o->w) {
         ft_record_writer_abort(o->w);
         o->w = NULL;
@@ -618,25 +680,48 @@ static int writer_init(PyObject *self, PyObject *args, PyObject *kwargs) {
 }
 
 static ft_record_writer *open_writer(writer_object *o) {
+    if (o->closing) {
+        PyErr_SetString(PyExc_ValueError, "the record writer is being closed");
+        return NULL;
+    }
+    if (writer_wait(o) < 0)
+        return NULL;
     if (!o->w)
         PyErr_SetString(PyExc_ValueError, "the record writer is closed");
     return o->w;
 }
 
+/* Waits for a running add before close() or abort(), refusing new ones
+ * meanwhile so that a thread adding in a loop cannot keep the writer busy. */
+static int writer_wait_to_end(writer_object *o) {
+    o->closing = 1;
+    int r = writer_wait(o);
+    o->closing = 0;
+    return r;
+}
+
 /* _add(kind, data (buffer), label, height, width, channels) */
 static PyObject *writer_add(PyObject *self, PyObject *args) {
-    ft_record_writer *w = open_writer((writer_object *)self);
+    writer_object *o = (writer_object *)self;
     int kind;
     Py_buffer data;
     long long label;
     unsigned int h = 0, wd = 0, c = 0;
-    if (!w || !PyArg_ParseTuple(args, "iy*L|III:_add", &kind, &data, &label, &h, &wd, &c))
+    if (!PyArg_ParseTuple(args, "iy*L|III:_add", &kind, &data, &label, &h, &wd, &c))
         return NULL;
+    /* Checked after parsing, which can run Python code that closes the writer. */
+    ft_record_writer *w = open_writer(o);
+    if (!w) {
+        PyBuffer_Release(&data);
+        return NULL;
+    }
     ft_status st;
     if (data.len >= FT_GIL_FREE_BYTES) {
+        o->busy = 1;
         Py_BEGIN_ALLOW_THREADS
         st = ft_record_writer_add(w, (ft_sample_kind)kind, data.buf, (size_t)data.len, label, h, wd, c);
         Py_END_ALLOW_THREADS
+        o->busy = 0;
     } else {
         st = ft_record_writer_add(w, (ft_sample_kind)kind, data.buf, (size_t)data.len, label, h, wd, c);
     }
@@ -649,6 +734,10 @@ static PyObject *writer_close(PyObject *self, PyObject *args) {
     Py_buffer meta = {0};
     if (!PyArg_ParseTuple(args, "|y*:close", &meta))
         return NULL;
+    if (writer_wait_to_end(o) < 0) {
+        PyBuffer_Release(&meta);
+        return NULL;
+    }
     if (!o->w) {
         PyBuffer_Release(&meta);
         Py_RETURN_NONE; /* closing twice is harmless */
@@ -665,6 +754,8 @@ static PyObject *writer_close(PyObject *self, PyObject *args) {
 
 static PyObject *writer_abort(PyObject *self, PyObject *unused) {
     writer_object *o = (writer_object *)self;
+    if (writer_wait_to_end(o) < 0)
+        return NULL;
     if (o->w)
         ft_record_writer_abort(o->w);
     o->w = NULL;
@@ -674,6 +765,8 @@ static PyObject *writer_abort(PyObject *self, PyObject *unused) {
 static PyObject *writer_get_count(PyObject *self, void *closure) {
     (void)closure;
     writer_object *o = (writer_object *)self;
+    if (writer_wait(o) < 0)
+        return NULL;
     return PyLong_FromLongLong(o->w ? ft_record_writer_count(o->w) : -1);
 }
 

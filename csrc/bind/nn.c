@@ -470,11 +470,13 @@ static int report(PyObject *callback, int64_t steps, double loss, int64_t sample
 
 /* The next batch of an epoch, for a loop that runs without the GIL (*ts
  * holds the thread state): 1 with a batch, 0 at the end of the epoch, -1
- * after a failure (*s) or Ctrl-C (a Python exception), noticed while
- * waiting for data. */
-static int next_batch(ft_loader *l, ft_batch *b, PyThreadState **ts, ft_status *s) {
+ * after a failure (*s), Ctrl-C (a Python exception) or a close() of the
+ * loader (neither: ft_loader_end says it), noticed while waiting for data. */
+static int next_batch(PyObject *loader_obj, ft_loader *l, ft_batch *b, PyThreadState **ts, ft_status *s) {
     for (;;) {
         bool done = false, timed_out = false;
+        if (ft_loader_stopping(loader_obj))
+            return -1;
         *s = ft_loader_next_wait(l, b, &done, 100, &timed_out);
         if (*s != FT_OK)
             return -1;
@@ -536,8 +538,7 @@ static PyObject *m_fit_epoch(PyObject *self, PyObject *args, PyObject *kwargs) {
         return NULL;
     program_object *po = (program_object *)self;
     step_options o;
-    ft_loader *l = ft_loader_of(loader_obj);
-    ft_optimizer *opt = l ? program_optimizer(po, opt_obj) : NULL;
+    ft_optimizer *opt = program_optimizer(po, opt_obj);
     if (!opt || parse_step_options(max_norm, policy, &o) < 0)
         return NULL;
     int ngroups = ft_optimizer_num_groups(opt);
@@ -545,6 +546,11 @@ static PyObject *m_fit_epoch(PyObject *self, PyObject *args, PyObject *kwargs) {
     ft_optim_group *schedule = NULL;
     if (schedule_obj != Py_None && parse_schedule(schedule_obj, ngroups, &schedule, &nscheduled) < 0)
         return NULL;
+    ft_loader *l = ft_loader_begin(loader_obj);
+    if (!l) {
+        PyMem_Free(schedule);
+        return NULL;
+    }
     Py_INCREF(loader_obj); /* the C loader lives as long as this object */
     double loss_sum = 0, last_report = omp_get_wtime(), loss = 0;
     int64_t samples = 0, steps = 0, skipped_steps = 0;
@@ -554,7 +560,7 @@ static PyObject *m_fit_epoch(PyObject *self, PyObject *args, PyObject *kwargs) {
     for (;;) {
         ft_batch b;
         bool skipped = false;
-        int got = next_batch(l, &b, &ts, &s);
+        int got = next_batch(loader_obj, l, &b, &ts, &s);
         if (got <= 0) {
             stop = got < 0 && s == FT_OK ? -1 : 0;
             break;
@@ -583,9 +589,10 @@ static PyObject *m_fit_epoch(PyObject *self, PyObject *args, PyObject *kwargs) {
         }
     }
     PyEval_RestoreThread(ts);
+    int closed = ft_loader_end(loader_obj) < 0;
     Py_DECREF(loader_obj);
     PyMem_Free(schedule);
-    if (stop < 0)
+    if (stop < 0 || closed)
         return NULL;
     if (s != FT_OK) { /* say where in the epoch it happened */
         char message[1024];
@@ -602,7 +609,7 @@ static PyObject *m_eval_epoch(PyObject *self, PyObject *args) {
     int tta = 0;
     if (!PyArg_ParseTuple(args, "O|p:eval_epoch", &loader_obj, &tta))
         return NULL;
-    ft_loader *l = ft_loader_of(loader_obj);
+    ft_loader *l = ft_loader_begin(loader_obj);
     if (!l)
         return NULL;
     Py_INCREF(loader_obj);
@@ -613,7 +620,7 @@ static PyObject *m_eval_epoch(PyObject *self, PyObject *args) {
     PyThreadState *ts = PyEval_SaveThread();
     for (;;) {
         ft_batch b;
-        int got = next_batch(l, &b, &ts, &s);
+        int got = next_batch(loader_obj, l, &b, &ts, &s);
         if (got <= 0) {
             stop = got < 0 && s == FT_OK;
             break;
@@ -625,8 +632,9 @@ static PyObject *m_eval_epoch(PyObject *self, PyObject *args) {
             break;
     }
     PyEval_RestoreThread(ts);
+    int closed = ft_loader_end(loader_obj) < 0;
     Py_DECREF(loader_obj);
-    if (stop)
+    if (stop || closed)
         return NULL;
     return s == FT_OK ? Py_BuildValue("(dLL)", loss, (long long)correct, (long long)count) : ft_raise(s);
 }

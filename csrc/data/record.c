@@ -245,10 +245,21 @@ void ft_record_writer_abort(ft_record_writer *w) { writer_free(w, true); }
 
 /* ---- reader ---- */
 
+ft_status ft_check_not_truncated(int fd, size_t mapped, const char *path) {
+    struct stat st;
+    if (fstat(fd, &st) != 0)
+        return ft_fail(FT_ERR_IO, "cannot stat %s: %s", path, strerror(errno));
+    if ((uint64_t)st.st_size < mapped)
+        return ft_fail(FT_ERR_IO, "%s was truncated after it was opened (%zu bytes then, %lld now)", path, mapped,
+                       (long long)st.st_size);
+    return FT_OK;
+}
+
 struct ft_record_file {
     char *path;
     const uint8_t *map;
     size_t size;
+    int fd; /* kept open while mapped, to check the file's size before reads */
     const uint8_t *index; /* (count) u64, in the mapping; NULL when recovered */
     uint64_t *recovered;  /* (count) offsets found by walking the records */
     int64_t count;
@@ -259,8 +270,10 @@ struct ft_record_file {
 void ft_record_close(ft_record_file *f) {
     if (!f)
         return;
-    if (f->map && f->size)
+    if (f->map && f->size) {
         munmap((void *)f->map, f->size);
+        close(f->fd);
+    }
     free(f->recovered);
     free(f->path);
     free(f);
@@ -372,8 +385,10 @@ ft_status ft_record_open(ft_record_file **out, const char *path, bool recover) {
             return ft_fail(FT_ERR_IO, "cannot map %s: %s", path, strerror(err));
         }
         f->map = m;
+        f->fd = fd;
+    } else {
+        close(fd);
     }
-    close(fd);
     ft_status s = check_layout(f);
     if (s != FT_OK && recover && f->size >= FT_RECORD_HEADER_SIZE && memcmp(f->map, FT_RECORD_MAGIC, 8) == 0) {
         f->index = NULL;
@@ -402,6 +417,7 @@ ft_status ft_record_get(const ft_record_file *f, int64_t i, bool verify, ft_samp
     if (i < 0 || i >= f->count)
         return ft_fail(FT_ERR_INDEX, "record %lld is out of range for %s with %lld records", (long long)i, f->path,
                        (long long)f->count);
+    FT_TRY(ft_check_not_truncated(f->fd, f->size, f->path));
     uint64_t off = f->recovered ? f->recovered[i] : get_u64(f->index + 8 * i);
     uint64_t end = entry_end(f, off);
     if (!end)

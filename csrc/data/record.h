@@ -63,6 +63,12 @@ ft_status ft_record_writer_close(ft_record_writer *w, const void *meta, size_t m
 /* Frees w and removes the partial file. */
 void ft_record_writer_abort(ft_record_writer *w);
 
+/* A file cut short after it was mapped turns reads of its lost pages into
+ * SIGBUS, so readers of a mapping call this before reading: FT_ERR_IO naming
+ * `path` when the file open as `fd` is now smaller than the `mapped` bytes.
+ * (A cut between this check and the read is still a SIGBUS.) */
+ft_status ft_check_not_truncated(int fd, size_t mapped, const char *path);
+
 typedef struct ft_record_file ft_record_file;
 
 /* Maps the file and checks its header and index. With `recover`, a file

@@ -27,6 +27,7 @@ typedef struct {
 typedef struct {
     const uint8_t *map;
     size_t size;
+    int fd; /* kept open while mapped, to check the file's size before reads */
     char *path;
 } mapped_file;
 
@@ -85,8 +86,10 @@ static void source_free(ft_source *s) {
         free(s->classes[c]);
     free(s->classes);
     for (int i = 0; i < s->nshards; i++) {
-        if (s->shards[i].map && s->shards[i].size)
+        if (s->shards[i].map && s->shards[i].size) {
             munmap((void *)s->shards[i].map, s->shards[i].size);
+            close(s->shards[i].fd);
+        }
         free(s->shards[i].path);
     }
     free(s->shards);
@@ -653,9 +656,11 @@ ft_status ft_source_open_tar(ft_source **out, const char *const *paths, int npat
                 st = ft_fail(FT_ERR_IO, "cannot map %s: %s", paths[i], strerror(errno));
             } else {
                 mf->map = p;
+                mf->fd = fd;
             }
         }
-        close(fd);
+        if (!mf->map)
+            close(fd);
         if (st == FT_OK)
             st = scan_shard(s, &cap, i);
     }
@@ -689,6 +694,8 @@ ft_status ft_source_get(const ft_source *s, int64_t i, bool verify, ft_fetch_buf
     }
     case SRC_TAR: {
         const file_entry *e = &s->entries[i];
+        const mapped_file *mf = &s->shards[e->file];
+        FT_TRY(ft_check_not_truncated(mf->fd, mf->size, mf->path));
         *out = (ft_sample){.kind = FT_SAMPLE_JPEG, .label = e->label, .data = s->shards[e->file].map + e->offset,
                            .size = (size_t)e->size};
         return FT_OK;
