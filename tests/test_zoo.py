@@ -133,6 +133,20 @@ class GPTBlock(nn.Module):
         return F.linear(self.ln_f(x), self.wte.weight)  # tied: the embedding's transpose
 
 
+class HandAttention(nn.Module):
+    """Attention written with @ (per-sample matrix products), softmax and a parameter matrix."""
+
+    def __init__(self):
+        super().__init__()
+        self.qk = nn.Linear(5, 6)
+        self.w = nn.Parameter(nn.init.normal_(ft.empty(6, 4), std=0.5))
+
+    def forward(self, x):
+        h = self.qk(x)  # (N, T, 6)
+        scores = h @ h.transpose(1, 2) * (6 ** -0.5)
+        return (F.softmax(scores, dim=-1) @ h @ self.w).mean(1)
+
+
 def next_token_loss(logits, targets):
     """Cross-entropy of every position's logits (N, T, V) against the next tokens (N, T)."""
     return F.cross_entropy(logits.transpose(1, 2), targets)
@@ -151,6 +165,7 @@ ZOO = {
     "token_cnn": (TokenCNN, (9,), nn.CrossEntropyLoss(), "contiguous"),
     "vit_tiny": (ViTTiny, (3, 8, 8), nn.CrossEntropyLoss(), "channels_last"),
     "gpt_block": (GPTBlock, (8,), next_token_loss, "contiguous"),
+    "hand_attention": (HandAttention, (7, 5), nn.CrossEntropyLoss(), "contiguous"),
 }
 TOKENS = {"token_cnn": 11, "gpt_block": 13}  # the vocabularies of the models that read token ids
 
@@ -245,6 +260,16 @@ def torch_twin(name, torch):
             def forward(self, ids):
                 return self.head(tF.gelu(self.norm(self.conv(self.embed(ids).transpose(1, 2)))).mean(2))
         return E(), tnn.CrossEntropyLoss()
+    if name == "hand_attention":
+        class A(tnn.Module):
+            def __init__(self):
+                super().__init__()
+                self.qk, self.w = tnn.Linear(5, 6), tnn.Parameter(torch.zeros(6, 4))
+
+            def forward(self, x):
+                h = self.qk(x)
+                return (tF.softmax(h @ h.transpose(1, 2) * (6 ** -0.5), dim=-1) @ h @ self.w).mean(1)
+        return A(), tnn.CrossEntropyLoss()
     if name == "vit_tiny":
         class V(tnn.Module):
             def __init__(self):

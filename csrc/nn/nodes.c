@@ -449,6 +449,48 @@ static ft_status upsample_backward(const ft_node_run *r) {
     return ft_upsample_nearest2d_backward(r->din[0], &r->dout, r->nd->factor[0], r->nd->factor[1], r->din_acc[0]);
 }
 
+/* ---- matmul ---- */
+
+static ft_status matmul_check(const ft_node *nd, const ft_node *const *in) {
+    bool ok = in[0]->ndim == 2 && in[1]->ndim == 2 && nd->ndim == 2 && in[0]->shape[1] == in[1]->shape[0] &&
+              nd->shape[0] == in[0]->shape[0] && nd->shape[1] == in[1]->shape[1];
+    return ok ? FT_OK : ft_fail(FT_ERR_SHAPE, "program: a matmul takes (M, K) and (K, P) samples to (M, P)");
+}
+
+/* Sample n of t (N, R, C), or its transpose (C, R): the matrices linear works on. */
+static ft_tensor sample(const ft_tensor *t, int64_t n, bool transposed) {
+    ft_tensor v = *t;
+    v.offset += n * t->strides[0] * (int64_t)ft_dtype_get(t->dtype)->itemsize;
+    v.ndim = 2;
+    v.shape[0] = t->shape[transposed ? 2 : 1], v.shape[1] = t->shape[transposed ? 1 : 2];
+    v.strides[0] = t->strides[transposed ? 2 : 1], v.strides[1] = t->strides[transposed ? 1 : 2];
+    return v;
+}
+
+/* out[n] = a[n] @ b[n], as linear's x @ w^T with w = b[n]^T: one matmul per sample. */
+static ft_status matmul_forward(const ft_node_run *r) {
+    for (int64_t n = 0; n < r->out.shape[0]; n++) {
+        ft_tensor out = sample(&r->out, n, false), a = sample(&r->in[0], n, false), bt = sample(&r->in[1], n, true);
+        FT_TRY(ft_linear_forward(&out, &a, &bt, NULL, no_act));
+    }
+    return FT_OK;
+}
+
+/* da[n] = dout[n] @ b[n]^T and db[n] = a[n]^T @ dout[n]: linear's dx and, transposed, its dw. */
+static ft_status matmul_backward(const ft_node_run *r) {
+    for (int64_t n = 0; n < r->dout.shape[0]; n++) {
+        ft_tensor g = sample(&r->dout, n, false), a = sample(&r->in[0], n, false), bt = sample(&r->in[1], n, true);
+        ft_tensor da, dbt;
+        if (r->din[0])
+            da = sample(r->din[0], n, false);
+        if (r->din[1])
+            dbt = sample(r->din[1], n, true);
+        FT_TRY(ft_linear_backward(r->din[0] ? &da : NULL, r->din[1] ? &dbt : NULL, NULL, &g, &a, &bt,
+                                  (ft_grad_acc){.inp = r->din_acc[0], .weight = r->din_acc[1]}));
+    }
+    return FT_OK;
+}
+
 /* ---- attention ---- */
 
 /* E, the width of the queries (one packed input: a third of its width). */
@@ -892,6 +934,7 @@ const ft_node_kind_info ft_node_kinds[FT_NODE_NKINDS] = {
     [FT_NODE_EMBEDDING] = {"embedding", 1, 1, 0, embedding_check, NULL, NULL, embedding_forward, embedding_backward},
     [FT_NODE_UPSAMPLE] = {"upsample_nearest", 1, 1, 2, upsample_check, NULL, NULL, upsample_forward,
                           upsample_backward},
+    [FT_NODE_MATMUL] = {"matmul", 2, 2, 0, matmul_check, NULL, NULL, matmul_forward, matmul_backward},
     [FT_NODE_ATTENTION] = {"attention", 1, 3, 0, attention_check, attention_aux, NULL, attention_forward,
                            attention_backward},
 };

@@ -55,6 +55,7 @@ typedef enum {
     FT_NODE_GROUPNORM,   /* over groups of channels, (C, ...) samples */
     FT_NODE_EMBEDDING,   /* the weight's rows of int64 ids (...): (..., D) */
     FT_NODE_UPSAMPLE,    /* nearest, by integer factors: images (C, H, W) or sequences (C, L) */
+    FT_NODE_MATMUL,      /* a (M, K) @ b (K, P) -> (M, P) per sample (a parameter node's b is every sample's) */
     FT_NODE_ATTENTION,   /* scaled dot-product attention of `groups` heads: queries (Tq, E), keys and values
                             (Tk, E) as three inputs, or one packed (T, 3E) projection; out (Tq, E) */
     FT_NODE_NKINDS

@@ -203,9 +203,16 @@ class Symbolic:
         fail("division by a traced value")
 
     def __matmul__(self, other):
-        fail("the @ product of traced values", "use nn.Linear, or F.scaled_dot_product_attention for attention")
+        o = other if isinstance(other, Symbolic) else _matrix(other)
+        if o is None:
+            return NotImplemented
+        if o.node is self.node:
+            fail("x @ x of one traced value", "multiply by a copy's transpose, x @ x.transpose(1, 2)")
+        return _layers().Matmul()(self, o)
 
-    __rmatmul__ = __matmul__
+    def __rmatmul__(self, other):
+        o = _matrix(other)
+        return NotImplemented if o is None else _layers().Matmul()(o, self)
 
     def __pow__(self, other):
         if other == 2:
@@ -438,6 +445,16 @@ def constant(t, like_shape):
         fail(f"broadcasting a tensor of shape {tuple(t.shape)} over {(N, *like_shape)}",
              "give the tensor the per-sample shape of the value it meets")
     return Symbolic.record(_layers().Value(t, shape), [], shape)
+
+
+def _matrix(t):
+    """A 2-d tensor (a parameter, or a constant) as a value node for @, the same for every sample."""
+    from .._tensor import Tensor
+    if not isinstance(t, Tensor):
+        return None
+    if t.ndim != 2:
+        fail(f"@ with a tensor of shape {tuple(t.shape)}", "multiply traced values by 2-d matrices")
+    return constant(t, tuple(t.shape))
 
 
 def constant_like(x, value):

@@ -1158,6 +1158,18 @@ class Mul(Module):
         return a
 
 
+class Matmul(Module):
+    """a @ b of each sample's matrices (recorded by the @ of traced values)."""
+
+    _leaf = True
+
+    def output_shape(self, a, b):
+        if len(a) != 2 or len(b) != 2 or a[1] != b[0]:
+            raise ValueError(f"@: samples of shapes {a} and {b} are not (M, K) and (K, P)")
+        self.inner = a[1]  # for the FLOP count
+        return (a[0], b[1])
+
+
 class Scale(Module):
     """x * factor for a constant factor (recorded by x * c, x / c, -x)."""
 

@@ -17,11 +17,11 @@ from .graph import TracingError, target, topological, trace, trace_loss
 _K = _C.NODE_KINDS
 (INPUT, CONV2D, LINEAR, BATCHNORM, ACT, MAXPOOL, AVGPOOL, ADAPTIVE_AVGPOOL, ADAPTIVE_MAXPOOL, ADD, CAT, RESHAPE,
  DROPOUT, IDENTITY, LAYERNORM, MUL, SCALE, PERMUTE, SLICE, PARAM, TARGET, CROSS_ENTROPY, NLL, SUM, SOFTMAX,
- LOG_SOFTMAX, GROUPNORM, EMBEDDING, UPSAMPLE, ATTENTION) = (_K[k] for k in (
+ LOG_SOFTMAX, GROUPNORM, EMBEDDING, UPSAMPLE, MATMUL, ATTENTION) = (_K[k] for k in (
     "input", "conv2d", "linear", "batch_norm", "activation", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
     "adaptive_max_pool2d", "add", "cat", "reshape", "dropout", "identity", "layer_norm", "mul", "scale", "permute",
     "slice", "parameter", "target", "cross_entropy", "nll", "sum", "softmax", "log_softmax", "group_norm",
-    "embedding", "upsample_nearest", "attention"))
+    "embedding", "upsample_nearest", "matmul", "attention"))
 ACTS = _C.ACTIVATIONS
 REDUCTIONS = _C.REDUCTIONS
 # Activations whose derivative follows from their output: these can be fused
@@ -102,6 +102,8 @@ def _node_of(module, shape):
     if isinstance(m, M.Upsample):
         f = m.factors(shape)
         return UPSAMPLE, dict(factor=f if len(f) == 2 else (1, *f))
+    if isinstance(m, M.Matmul):
+        return MATMUL, {}
     if isinstance(m, M.Attention):
         return ATTENTION, dict(groups=m.heads, causal=int(m.causal), scale=m.scale or 0.0)
     if isinstance(m, M.Softmax):
@@ -280,6 +282,8 @@ def _flops(e):
         return 2 * k * c * math.prod(m.kernel_size) * math.prod(e.shape[1:])
     if e.kind == LINEAR:
         return 2 * m.in_features * m.out_features * math.prod(e.shape[:-1])
+    if e.kind == MATMUL:
+        return 2 * math.prod(e.shape) * m.inner
     if e.kind == ATTENTION:  # q k^T and p v, half of each under a causal mask
         Tq, E = e.shape
         return 4 * Tq * m.keys * E // (2 if m.causal else 1)
