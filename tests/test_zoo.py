@@ -147,6 +147,24 @@ class HandAttention(nn.Module):
         return (F.softmax(scores, dim=-1) @ h @ self.w).mean(1)
 
 
+class LayerScaleNet(nn.Module):
+    """Tensors broadcast against samples: a per-channel (C, 1, 1) layer scale of images, a (C, 1) scale of
+    sequences, a per-feature bias of (T, D) steps."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.gamma = nn.Parameter(nn.init.normal_(ft.empty(4, 1, 1), 1.0, 0.2))
+        self.seq_scale = nn.Parameter(nn.init.normal_(ft.empty(4, 1), 1.0, 0.2))
+        self.bias = nn.Parameter(nn.init.normal_(ft.empty(6), 0.0, 0.2))
+        self.head = nn.Linear(6, 4)
+
+    def forward(self, x):
+        h = F.relu(self.conv(x) * self.gamma)  # (N, 4, 6, 6)
+        s = h.flatten(2)[:, :, :6] * self.seq_scale  # (N, 4, 6) sequences
+        return self.head(F.gelu(s + self.bias)).mean(1)
+
+
 def next_token_loss(logits, targets):
     """Cross-entropy of every position's logits (N, T, V) against the next tokens (N, T)."""
     return F.cross_entropy(logits.transpose(1, 2), targets)
@@ -166,6 +184,7 @@ ZOO = {
     "vit_tiny": (ViTTiny, (3, 8, 8), nn.CrossEntropyLoss(), "channels_last"),
     "gpt_block": (GPTBlock, (8,), next_token_loss, "contiguous"),
     "hand_attention": (HandAttention, (7, 5), nn.CrossEntropyLoss(), "contiguous"),
+    "layer_scale": (LayerScaleNet, (3, 6, 6), nn.CrossEntropyLoss(), "channels_last"),
 }
 TOKENS = {"token_cnn": 11, "gpt_block": 13}  # the vocabularies of the models that read token ids
 
@@ -260,6 +279,19 @@ def torch_twin(name, torch):
             def forward(self, ids):
                 return self.head(tF.gelu(self.norm(self.conv(self.embed(ids).transpose(1, 2)))).mean(2))
         return E(), tnn.CrossEntropyLoss()
+    if name == "layer_scale":
+        class L(tnn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv, self.head = tnn.Conv2d(3, 4, 3, padding=1), tnn.Linear(6, 4)
+                self.gamma, self.seq_scale = tnn.Parameter(torch.ones(4, 1, 1)), tnn.Parameter(torch.ones(4, 1))
+                self.bias = tnn.Parameter(torch.zeros(6))
+
+            def forward(self, x):
+                h = tF.relu(self.conv(x) * self.gamma)
+                s = h.flatten(2)[:, :, :6] * self.seq_scale
+                return self.head(tF.gelu(s + self.bias)).mean(1)
+        return L(), tnn.CrossEntropyLoss()
     if name == "hand_attention":
         class A(tnn.Module):
             def __init__(self):

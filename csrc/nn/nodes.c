@@ -153,24 +153,38 @@ static ft_status slice_backward(const ft_node_run *r) {
     return ft_add_forward(&dst, &dst, &r->dout, no_act);
 }
 
+/* A parameter node's weight has its shape (dim -1), or varies along its
+ * first dimension (a per-channel scale) or its last (a per-feature bias)
+ * only, the same along the others. */
 static ft_status param_check(const ft_node *nd, const ft_node *const *in) {
-    if (!nd->weight.storage || ft_tensor_numel(&nd->weight) != ft_node_numel(nd) ||
-        !ft_tensor_is_contiguous(&nd->weight))
-        return ft_fail(FT_ERR_SHAPE, "program: a parameter node needs a contiguous weight of its shape");
-    return FT_OK;
+    int64_t want = nd->dim < 0 ? ft_node_numel(nd) : nd->dim < nd->ndim ? nd->shape[nd->dim] : -1;
+    bool ok = nd->weight.storage && ft_tensor_numel(&nd->weight) == want && ft_tensor_is_contiguous(&nd->weight) &&
+              (nd->dim <= 0 || (nd->dim == nd->ndim - 1 && nd->ndim != 3));
+    return ok ? FT_OK
+              : ft_fail(FT_ERR_SHAPE, "program: a parameter node needs a contiguous weight of its shape, or of its "
+                                      "first dimension, or of the last dimension of a non-image sample");
 }
 
-/* dweight (=, +=) the sum over the samples of dout. */
+/* dweight (=, +=) the sum of dout over the samples (and over the dimensions
+ * the weight is the same along): the reduction of a bias gradient. */
 static ft_status param_backward(const ft_node_run *r) {
-    int64_t n = ft_node_numel(r->nd);
+    const ft_node *nd = r->nd;
     ft_tensor g = r->dout, dw = *r->dweight;
-    g.ndim = 2;
-    g.shape[1] = n;
-    g.strides[0] = n;
-    g.strides[1] = 1;
     dw.ndim = 1;
-    dw.shape[0] = n;
+    dw.shape[0] = ft_tensor_numel(&dw);
     dw.strides[0] = 1;
+    if (nd->dim < 0 || nd->dim == nd->ndim - 1) { /* (rows, n): every value its own, or the features last */
+        int64_t n = nd->dim < 0 ? ft_node_numel(nd) : nd->shape[nd->ndim - 1];
+        g.ndim = 2;
+        g.shape[0] = ft_tensor_numel(&r->dout) / n;
+        g.shape[1] = n;
+        g.strides[0] = n;
+        g.strides[1] = 1;
+    } else if (g.ndim == 3) { /* per channel of (C, L) sequences: as (C, 1, L) images */
+        g.ndim = 4;
+        g.shape[3] = g.shape[2], g.strides[3] = g.strides[2];
+        g.shape[2] = 1, g.strides[2] = g.strides[3] * g.shape[3];
+    }
     return ft_bias_grad(&dw, &g, r->dweight_acc);
 }
 

@@ -65,7 +65,8 @@ static ft_tensor view_at(const ft_program *p, const ft_node *nd, ft_storage *are
     t.shape[0] = rows;
     memcpy(t.shape + 1, nd->shape, (size_t)nd->ndim * sizeof *nd->shape);
     ft_contiguous_strides(t.strides, t.ndim, t.shape);
-    if (is_image(nd) && p->channels_last && nd->kind != FT_NODE_RESHAPE) { /* a reshape keeps (C, H, W) order */
+    /* a reshape keeps (C, H, W) order, and a parameter's gradient its weight's */
+    if (is_image(nd) && p->channels_last && nd->kind != FT_NODE_RESHAPE && nd->kind != FT_NODE_PARAM) {
         int64_t C = nd->shape[0], H = nd->shape[1], W = nd->shape[2];
         int64_t s[4] = {H * W * C, 1, W * C, C};
         memcpy(t.strides, s, sizeof s);
@@ -200,7 +201,8 @@ static ft_tensor seen_as(const ft_node *nd, ft_tensor t) {
     return t;
 }
 
-/* A parameter node's value: its weight, the same for every sample. */
+/* A parameter node's value: its weight, the same for every sample, and
+ * along every dimension but `dim` when it varies along that one only. */
 static ft_tensor broadcast_param(const ft_node *nd, int64_t rows) {
     ft_tensor t = nd->weight;
     t.ndim = nd->ndim + 1;
@@ -208,6 +210,8 @@ static ft_tensor broadcast_param(const ft_node *nd, int64_t rows) {
     memcpy(t.shape + 1, nd->shape, (size_t)nd->ndim * sizeof *nd->shape);
     ft_contiguous_strides(t.strides, t.ndim, t.shape);
     t.strides[0] = 0;
+    for (int d = 0; nd->dim >= 0 && d < nd->ndim; d++)
+        t.strides[1 + d] = d == nd->dim;
     return t;
 }
 

@@ -430,21 +430,26 @@ def attention(q, k, v, causal, scale):
 
 def constant(t, like_shape):
     """A tensor used as a value in forward: a node reading it (a parameter trains through it). Its leading
-    size-1 dimensions beyond the per-sample rank are the batch's broadcast."""
+    size-1 dimensions beyond the per-sample rank are the batch's broadcast; it may also broadcast along the
+    sample's dimensions when it varies along the first only (a per-channel (C, 1, 1) scale) or, for
+    samples that are not images, the last only (a per-feature bias)."""
     shape = tuple(t.shape)
     while len(shape) > len(like_shape) and shape[0] == 1:
         shape = shape[1:]
     if len(shape) > len(like_shape):
         fail(f"a tensor of shape {tuple(t.shape)} in a value of shape {(N, *like_shape)}",
              "a tensor used in forward must be the same for every sample")
-    if shape != like_shape:  # broadcast over the sample's leading dimensions
-        if len(shape) < len(like_shape):
-            shape = (1,) * (len(like_shape) - len(shape)) + shape
-        if any(a != b and a != 1 for a, b in zip(shape, like_shape)):
-            raise ValueError(f"shapes {tuple(t.shape)} and {(N, *like_shape)} do not broadcast")
+    if shape == like_shape:
+        return Symbolic.record(_layers().Value(t, shape), [], shape)
+    shape = (1,) * (len(like_shape) - len(shape)) + shape
+    if any(a != b and a != 1 for a, b in zip(shape, like_shape)):
+        raise ValueError(f"shapes {tuple(t.shape)} and {(N, *like_shape)} do not broadcast")
+    varies = [d for d, n in enumerate(shape) if n != 1]
+    if varies not in ([0], [len(shape) - 1]) or (varies == [len(shape) - 1] and len(shape) == 3):
         fail(f"broadcasting a tensor of shape {tuple(t.shape)} over {(N, *like_shape)}",
-             "give the tensor the per-sample shape of the value it meets")
-    return Symbolic.record(_layers().Value(t, shape), [], shape)
+             "broadcast along every dimension but the first (C, 1, 1) or, for sequences, the last (1, D); or give "
+             "the tensor the per-sample shape of the value it meets")
+    return Symbolic.record(_layers().Value(t, like_shape, varies[0]), [], like_shape)
 
 
 def _matrix(t):

@@ -1241,13 +1241,13 @@ class Value(Module):
 
     _leaf = True
 
-    def __init__(self, tensor, shape):
+    def __init__(self, tensor, shape, dim=-1):
         super().__init__()
         object.__setattr__(self, "tensor", tensor)  # the model registers it, if it is a parameter
-        self.shape = tuple(shape)
+        self.shape, self.dim = tuple(shape), dim  # dim: the one dimension it varies along (-1: all)
 
     def extra_repr(self):
-        return f"{self.shape}"
+        return f"{self.shape}" + (f", varying along {self.dim}" if self.dim >= 0 else "")
 
 
 class Model(Module):

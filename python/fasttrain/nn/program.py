@@ -87,7 +87,7 @@ def _node_of(module, shape):
     if isinstance(m, M.Slice):
         return SLICE, dict(slice_dim=m.dim, slice_start=m.start, slice_step=m.step)
     if isinstance(m, M.Value):
-        return PARAM, {}
+        return PARAM, dict(dim=m.dim)
     if isinstance(m, M.Target):
         return TARGET, dict(dtype=m.dtype._code)
     if isinstance(m, M._ClassLoss):
