@@ -170,8 +170,8 @@ static ft_status param_check(const ft_node *nd, const ft_node *const *in) {
 static ft_status param_backward(const ft_node_run *r) {
     const ft_node *nd = r->nd;
     ft_tensor g = r->dout, dw = *r->dweight;
-    dw.ndim = 1;
     dw.shape[0] = ft_tensor_numel(&dw);
+    dw.ndim = 1;
     dw.strides[0] = 1;
     if (nd->dim < 0 || nd->dim == nd->ndim - 1) { /* (rows, n): every value its own, or the features last */
         int64_t n = nd->dim < 0 ? ft_node_numel(nd) : nd->shape[nd->ndim - 1];
