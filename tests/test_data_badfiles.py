@@ -127,6 +127,27 @@ def test_named_pipes_in_an_image_folder_never_block(tmp_path):
         list(D.Loader(folder, num_workers=1))
 
 
+def test_image_files_it_cannot_decode_are_named_in_a_warning(tmp_path):
+    """PNG (and other non-JPEG) images in an ImageFolder are skipped with one warning that counts them,
+    not silently; other files (labels, notes) are not counted."""
+    root = tmp_path / "folder"
+    for c in ("a", "b"):
+        (root / c).mkdir(parents=True)
+        (root / c / "good.jpg").write_bytes(D.encode_jpeg(np.zeros((8, 8, 3), np.uint8)))
+    (root / "a" / "x.png").write_bytes(b"not decoded")
+    (root / "b" / "y.PNG").write_bytes(b"not decoded")
+    (root / "b" / "notes.txt").write_text("not an image")
+    with pytest.warns(UserWarning, match=r"2 image files that are not JPEG .* are skipped") as record:
+        folder = D.ImageFolder(root)
+    assert len(record) == 1 and len(folder) == 2 and folder.skipped_images == 2
+    (root / "a" / "x.png").unlink()
+    (root / "b" / "y.PNG").unlink()
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert D.ImageFolder(root).skipped_images == 0
+
+
 def test_a_record_file_truncated_after_it_was_opened_is_an_error(tmp_path):
     import os
     path = tmp_path / "cut.rec"
@@ -150,3 +171,18 @@ def test_a_tar_shard_truncated_after_it_was_opened_is_an_error(tmp_path):
     os.truncate(path, 4096)
     with pytest.raises(OSError, match=r"cut\.tar was truncated after it was opened"):
         shards.get(7)
+
+
+def test_a_channel_mismatch_names_the_loaders_channels_option(tmp_path):
+    """Grayscale JPEGs decode to 3 channels unless asked; a model of 1 channel says what to pass."""
+    root = tmp_path / "gray"
+    (root / "a").mkdir(parents=True)
+    for i in range(4):
+        (root / "a" / f"{i}.jpg").write_bytes(D.encode_jpeg(np.full((8, 8, 1), 40 * i, np.uint8)))
+    model = ft.nn.Sequential(ft.nn.Conv2d(1, 2, 3), ft.nn.Flatten(), ft.nn.Linear(72, 2))
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=4, input_shape=(1, 8, 8))
+    with pytest.raises(ValueError, match=r"have 3 channels, the model takes 1 .*channels=1"):
+        ft.fit(program, D.Loader(D.ImageFolder(root), batch_size=4, num_workers=1), epochs=1, progress=False)
+    history = ft.fit(program, D.Loader(D.ImageFolder(root), batch_size=4, num_workers=1, channels=1), epochs=1,
+                     progress=False)
+    assert len(history["train_loss"]) == 1

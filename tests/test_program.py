@@ -1222,7 +1222,7 @@ def trained():
 
 @pytest.mark.parametrize("what,make,error,match", [
     ("spatial size", lambda x, y: (x[:, :, :7], y), ValueError, r"shape \(8, 3, 8, 8\)"),
-    ("channels", lambda x, y: (x[:, :2], y), ValueError, r"shape \(8, 3, 8, 8\)"),
+    ("channels", lambda x, y: (x[:, :2], y), ValueError, r"images have 2 channels, the model takes 3"),
     ("no batch dim", lambda x, y: (x[0], y), ValueError, r"shape"),
     ("empty batch", lambda x, y: (x[:0], y[:0]), ValueError, r"empty"),
     ("complex input", lambda x, y: (x.astype(np.complex64), y), TypeError, r"complex"),
@@ -1252,7 +1252,7 @@ def test_wrong_input_shape_in_predict():
     program = compile_resnet(make_resnet())
     with pytest.raises(ValueError, match="shape"):
         program.predict(np.zeros((2, 3, 8, 9), np.float32))
-    with pytest.raises(ValueError, match="shape"):
+    with pytest.raises(ValueError, match="1 channels, the model takes 3"):
         program.predict(np.zeros((2, 1, 8, 8), np.float32))
 
 

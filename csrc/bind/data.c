@@ -107,6 +107,11 @@ static PyObject *source_get_kind(PyObject *self, void *closure) {
     return PyUnicode_FromString(ft_source_kind(((source_object *)self)->src));
 }
 
+static PyObject *source_get_skipped_images(PyObject *self, void *closure) {
+    (void)closure;
+    return PyLong_FromLongLong((long long)ft_source_skipped_images(((source_object *)self)->src));
+}
+
 static PyObject *source_get_classes(PyObject *self, void *closure) {
     (void)closure;
     ft_source *s = ((source_object *)self)->src;
@@ -167,6 +172,8 @@ static PyObject *source_describe(PyObject *self, PyObject *arg) {
 static PyGetSetDef source_getset[] = {
     {"kind", source_get_kind, NULL, "record, image_folder, tar or arrays", NULL},
     {"classes", source_get_classes, NULL, "ImageFolder class names (label = position)", NULL},
+    {"skipped_images", source_get_skipped_images, NULL,
+     "ImageFolder: image files in a format it does not decode (PNG, ...), not samples", NULL},
     {"meta", source_get_meta, NULL, "a record file's meta bytes", NULL},
     {NULL},
 };

@@ -41,6 +41,7 @@ struct ft_source {
     file_entry *entries;
     char **classes;
     int nclasses;
+    int64_t skipped_images; /* folder: image files in a format it does not decode (PNG, ...) */
     mapped_file *shards;
     int nshards;
     /* arrays */
@@ -117,6 +118,7 @@ const char *ft_source_kind(const ft_source *s) {
 bool ft_source_in_memory(const ft_source *s) { return s->kind != SRC_FOLDER; }
 
 int ft_source_num_classes(const ft_source *s) { return s->nclasses; }
+int64_t ft_source_skipped_images(const ft_source *s) { return s->skipped_images; }
 
 const char *ft_source_class_name(const ft_source *s, int c) {
     return c >= 0 && c < s->nclasses ? s->classes[c] : NULL;
@@ -261,9 +263,19 @@ static char *join_path(const char *dir, const char *name) {
     return p;
 }
 
-static bool is_jpeg_name(const char *name) {
+static bool has_extension(const char *name, const char *const *exts) {
     const char *dot = strrchr(name, '.');
-    return dot && (strcasecmp(dot, ".jpg") == 0 || strcasecmp(dot, ".jpeg") == 0);
+    for (int i = 0; dot && exts[i]; i++)
+        if (strcasecmp(dot, exts[i]) == 0)
+            return true;
+    return false;
+}
+
+static bool is_jpeg_name(const char *name) { return has_extension(name, (const char *const[]){".jpg", ".jpeg", 0}); }
+
+/* Images torchvision's ImageFolder would read that only JPEG decoding cannot. */
+static bool is_other_image_name(const char *name) {
+    return has_extension(name, (const char *const[]){".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", 0});
 }
 
 static bool is_dir(const char *path) {
@@ -361,8 +373,10 @@ ft_status ft_source_open_image_folder(ft_source **out, const char *root) {
             str_list files = {0};
             st = list_dir(dirs.items[d], NULL, &files);
             for (size_t f = 0; st == FT_OK && f < files.n; f++) {
-                if (!is_jpeg_name(files.items[f]))
+                if (!is_jpeg_name(files.items[f])) {
+                    s->skipped_images += is_other_image_name(files.items[f]);
                     continue;
+                }
                 char *path = join_path(dirs.items[d], files.items[f]);
                 if (path && !is_regular(path)) {
                     free(path);

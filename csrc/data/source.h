@@ -68,6 +68,9 @@ void ft_source_describe(const ft_source *s, int64_t i, char *buf, size_t n);
 
 /* Class names of an ImageFolder (label = position); 0 for other sources. */
 int ft_source_num_classes(const ft_source *s);
+/* An ImageFolder's image files in a format it does not decode (PNG, BMP, ...):
+ * skipped, not samples. */
+int64_t ft_source_skipped_images(const ft_source *s);
 const char *ft_source_class_name(const ft_source *s, int c);
 
 /* The record file's meta bytes (NULL elsewhere). */

@@ -531,6 +531,11 @@ static ft_status check_batch(const ft_program *p, int i, const char *arg, const 
 static ft_status check_input(const ft_program *p, const ft_tensor *x) {
     if (x->ndim < 1 || x->shape[0] < 1)
         return ft_fail(FT_ERR_SHAPE, "program: the batch is empty");
+    const ft_node *in = &p->nodes[0];
+    if (x->ndim == 4 && in->ndim == 3 && x->shape[1] != in->shape[0]) /* grayscale JPEGs decode as RGB */
+        return ft_fail(FT_ERR_SHAPE, "program: the batch's images have %lld channels, the model takes %lld (a "
+                                     "fasttrain Loader decodes to what channels=%lld asks for)",
+                       (long long)x->shape[1], (long long)in->shape[0], (long long)in->shape[0]);
     return check_batch(p, 0, "input", x, x->shape[0]);
 }
 

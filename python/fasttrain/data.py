@@ -17,6 +17,7 @@ import glob as _glob
 import json
 import numbers
 import os
+import warnings
 
 import numpy as np
 
@@ -294,6 +295,9 @@ class ImageFolder(Source):
     def __new__(cls, root):
         self = super().__new__(cls, "image_folder", os.fspath(root))
         self.root = os.fspath(root)
+        if self.skipped_images:
+            warnings.warn(f"ImageFolder {self.root}: {self.skipped_images} image files that are not JPEG (.png, "
+                          f".bmp, ...) are skipped; only .jpg and .jpeg files are samples", stacklevel=2)
         return self
 
     def __init__(self, root):
