@@ -726,6 +726,41 @@ static ft_tensor as_vector(const ft_tensor *t) {
     return v;
 }
 
+/* Each sample's values as one dense row: a sample's values are contiguous
+ * in every layout the program plans. */
+static ft_tensor sample_rows(const ft_tensor *t) {
+    ft_tensor v = *t;
+    v.ndim = 2;
+    v.shape[1] = ft_tensor_numel(t) / (t->shape[0] ? t->shape[0] : 1);
+    v.strides[1] = 1;
+    return v;
+}
+
+static int64_t sum_aux(const ft_node *nd, const ft_node *const *in, int64_t rows) {
+    return 4 * ft_node_numel(in[0]);
+}
+
+/* The weights (1, F) of a sum of F values per sample, each 1 / norm, at the start of aux. */
+static ft_status sum_weights(const ft_node_run *r, int64_t F, ft_tensor *w) {
+    ft_tensor v = aux_vector(r, 0, F);
+    FT_TRY(ft_tensor_fill(&v, (ft_scalar){.kind = FT_SCALAR_FLOAT, .f = (float)(1.0 / r->norm)}));
+    *w = v;
+    w->ndim = 2;
+    w->shape[0] = 1, w->shape[1] = F;
+    w->strides[0] = F, w->strides[1] = 1;
+    return FT_OK;
+}
+
+/* out (N, 1) = values (N, F) @ (1 / norm, ...)^T: a deterministic matmul. */
+static ft_status sum_rows(const ft_node_run *r, const ft_tensor *values) {
+    ft_tensor w, x = sample_rows(values), out = as_vector(&r->out);
+    FT_TRY(sum_weights(r, x.shape[1], &w));
+    out.ndim = 2;
+    out.shape[1] = 1;
+    out.strides[1] = 1;
+    return ft_linear_forward(&out, &x, &w, NULL, no_act);
+}
+
 /* The class targets of a batch (B, d...), on the host: each in [0, C) or ignore_index;
  * `weights` (C, on the host) or NULL; the sum of the weights of the targets
  * not ignored into *total. */
@@ -814,8 +849,6 @@ static ft_cross_entropy_params ce_params(const ft_node *nd) {
                                      .label_smoothing = nd->label_smoothing};
 }
 
-static ft_status sum_rows(const ft_node_run *r, const ft_tensor *values);
-
 /* out = the sum of each sample's position losses / norm. */
 static ft_status cross_entropy_forward(const ft_node_run *r) {
     ft_cross_entropy_params ce = ce_params(r->nd);
@@ -862,41 +895,6 @@ static ft_status sum_prepare(const ft_node *nd, const ft_node *const *in, const 
             : nd->reduction == FT_NODE_REDUCE_BATCHMEAN ? (double)batch
                                                         : 1.0;
     return FT_OK;
-}
-
-/* Each sample's values as one dense row: a sample's values are contiguous
- * in every layout the program plans. */
-static ft_tensor sample_rows(const ft_tensor *t) {
-    ft_tensor v = *t;
-    v.ndim = 2;
-    v.shape[1] = ft_tensor_numel(t) / (t->shape[0] ? t->shape[0] : 1);
-    v.strides[1] = 1;
-    return v;
-}
-
-static int64_t sum_aux(const ft_node *nd, const ft_node *const *in, int64_t rows) {
-    return 4 * ft_node_numel(in[0]);
-}
-
-/* The weights (1, F) of a sum of F values per sample, each 1 / norm, at the start of aux. */
-static ft_status sum_weights(const ft_node_run *r, int64_t F, ft_tensor *w) {
-    ft_tensor v = aux_vector(r, 0, F);
-    FT_TRY(ft_tensor_fill(&v, (ft_scalar){.kind = FT_SCALAR_FLOAT, .f = (float)(1.0 / r->norm)}));
-    *w = v;
-    w->ndim = 2;
-    w->shape[0] = 1, w->shape[1] = F;
-    w->strides[0] = F, w->strides[1] = 1;
-    return FT_OK;
-}
-
-/* out (N, 1) = values (N, F) @ (1 / norm, ...)^T: a deterministic matmul. */
-static ft_status sum_rows(const ft_node_run *r, const ft_tensor *values) {
-    ft_tensor w, x = sample_rows(values), out = as_vector(&r->out);
-    FT_TRY(sum_weights(r, x.shape[1], &w));
-    out.ndim = 2;
-    out.shape[1] = 1;
-    out.strides[1] = 1;
-    return ft_linear_forward(&out, &x, &w, NULL, no_act);
 }
 
 static ft_status sum_forward(const ft_node_run *r) { return sum_rows(r, &r->in[0]); }
