@@ -7,8 +7,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # golang-1.19-src and python3-sklearn: real JPEG files for the data tests
 # (Go's image/testdata with every chroma subsampling, sklearn's two photos).
+# clang and libomp-14-dev: the libFuzzer harnesses (the core's -fopenmp under
+# clang needs LLVM's OpenMP runtime).
 SYS_PACKAGES := build-essential python3-dev python3-venv libdnnl-dev libturbojpeg0-dev \
-	libjpeg-turbo-progs dataset-fashion-mnist golang-1.19-src python3-sklearn
+	libjpeg-turbo-progs dataset-fashion-mnist golang-1.19-src python3-sklearn clang libomp-14-dev
 
 CC ?= gcc
 CORE_SRC := $(wildcard csrc/core/*.c csrc/ops/*.c csrc/optim/*.c csrc/nn/*.c csrc/data/*.c)
@@ -25,13 +27,15 @@ TSAN_FLAGS := -fsanitize=thread -DFT_NO_CLONES
 # instrumented, so its regions would only give false reports).
 TSAN_TESTS := test_data_loader test_data_record
 
-.PHONY: demo test test-py test-c test-sanitize test-tsan build sysdeps bench clean gpu-bundle test-gpu
+.PHONY: demo test test-py test-c test-sanitize test-tsan build sysdeps bench clean gpu-bundle test-gpu \
+	fuzz fuzz-replay
 
 demo: build
 	$(PY) examples/demo.py
 
 test: build
 	$(MAKE) -j2 test-c test-sanitize
+	$(MAKE) fuzz-replay
 	$(MAKE) test-py
 
 test-py: build
@@ -110,6 +114,53 @@ test-sanitize: $(addprefix build/c-san/,$(C_TESTS))
 
 test-tsan: $(addprefix build/c-tsan/,$(TSAN_TESTS))
 	@failed=; for t in $^; do echo "== $$t (TSan)"; TSAN_OPTIONS=halt_on_error=1 $$t || failed="$$failed $$t"; done; \
+	if [ -n "$$failed" ]; then echo "FAILED:$$failed"; exit 1; fi
+
+# ---- fuzzing ----
+# libFuzzer needs clang; the core is compiled once more with clang and
+# coverage instrumentation (fuzzer-no-link) so the fuzzer steers by the
+# parsers' branches. Only core/ and data/ are needed by the readers.
+FUZZ_CC ?= clang
+FUZZ_TARGETS := record tar jpeg
+FUZZ_SECONDS ?= 60
+FUZZ_SRC := $(wildcard csrc/core/*.c csrc/data/*.c)
+FUZZ_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+OBJ_FUZZ := $(patsubst csrc/%.c,build/obj-fuzz/%.o,$(FUZZ_SRC))
+
+build/obj-fuzz/%.o: csrc/%.c $(CORE_HDR)
+	@mkdir -p $(dir $@)
+	@echo "  CC $< (fuzzing)" && $(FUZZ_CC) $(CFLAGS_TEST) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
+
+build/libftcore-fuzz.a: $(OBJ_FUZZ)
+	@rm -f $@ && ar rcs $@ $^
+
+build/fuzz/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_file.h build/libftcore-fuzz.a
+	@mkdir -p build/fuzz
+	@echo "  LD $@" && $(FUZZ_CC) $(CFLAGS_TEST) $(FUZZ_FLAGS) -fsanitize=fuzzer -Itests/fuzz $< \
+		build/libftcore-fuzz.a -o $@ $(C_LIBS)
+
+FUZZ_BINS := $(addprefix build/fuzz/fuzz_,$(FUZZ_TARGETS))
+
+# Each harness for FUZZ_SECONDS, starting from its checked-in corpus; inputs
+# it finds go to build/fuzz-corpus/NAME (copy the useful ones into
+# tests/fuzz/corpus/NAME), a crash to build/fuzz-crashes/NAME (add it to
+# tests/fuzz/crashes/NAME once fixed, so the replay keeps it fixed).
+fuzz: $(FUZZ_BINS)
+	@failed=; for t in $(FUZZ_TARGETS); do echo "== fuzz_$$t for $(FUZZ_SECONDS) s"; \
+		mkdir -p build/fuzz-corpus/$$t build/fuzz-crashes/$$t; \
+		build/fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+			-artifact_prefix=build/fuzz-crashes/$$t/ build/fuzz-corpus/$$t tests/fuzz/corpus/$$t \
+			|| failed="$$failed fuzz_$$t"; done; \
+	if [ -n "$$failed" ]; then echo "FAILED:$$failed"; exit 1; fi
+
+# Every corpus and crash input once through its harness, without fuzzing.
+fuzz-replay: $(FUZZ_BINS)
+	@failed=; for t in $(FUZZ_TARGETS); do \
+		files=$$(find tests/fuzz/corpus/$$t tests/fuzz/crashes/$$t -type f ! -name .keep | sort); \
+		echo "== fuzz_$$t: replaying $$(echo "$$files" | wc -w) inputs (ASan+UBSan)"; \
+		[ -n "$$files" ] || { failed="$$failed fuzz_$$t(no-inputs)"; continue; }; \
+		build/fuzz/fuzz_$$t -timeout=10 $$files >build/fuzz/replay_$$t.log 2>&1 \
+			|| { tail -n 40 build/fuzz/replay_$$t.log; failed="$$failed fuzz_$$t"; }; done; \
 	if [ -n "$$failed" ]; then echo "FAILED:$$failed"; exit 1; fi
 
 bench: build
