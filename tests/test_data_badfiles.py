@@ -186,3 +186,17 @@ def test_a_channel_mismatch_names_the_loaders_channels_option(tmp_path):
     history = ft.fit(program, D.Loader(D.ImageFolder(root), batch_size=4, num_workers=1, channels=1), epochs=1,
                      progress=False)
     assert len(history["train_loss"]) == 1
+
+
+def test_a_jpeg_header_asking_for_gigabytes_is_refused(tmp_path):
+    """A valid-looking 65535x65535 frame header is refused before any buffer is sized from it."""
+    jpeg = bytearray(D.encode_jpeg(np.zeros((8, 8, 3), np.uint8)))
+    sof = jpeg.index(b"\xff\xc0")
+    jpeg[sof + 5:sof + 9] = b"\xff\xff\xff\xff"  # height, width
+    with pytest.raises(ValueError, match=r"JPEG of 65535x65535 pixels is larger than"):
+        D.jpeg_info(bytes(jpeg))
+    root = tmp_path / "big"
+    (root / "a").mkdir(parents=True)
+    (root / "a" / "huge.jpg").write_bytes(bytes(jpeg))
+    with pytest.raises(ValueError, match=r"huge\.jpg.*65535x65535"):
+        list(D.Loader(D.ImageFolder(root), batch_size=1, num_workers=1, transforms=[D.Resize(8)]))

@@ -51,6 +51,9 @@ ft_status ft_jpeg_read_info(const uint8_t *data, size_t size, ft_jpeg_info *out)
                 return ft_fail(FT_ERR_FORMAT, "JPEG with a zero size (or a DNL marker) is not supported");
             if (out->components != 1 && out->components != 3 && out->components != 4)
                 return ft_fail(FT_ERR_FORMAT, "JPEG with %d components is not supported", out->components);
+            if ((int64_t)out->width * out->height > FT_JPEG_MAX_PIXELS) /* a header alone could ask for 16 GB */
+                return ft_fail(FT_ERR_FORMAT, "JPEG of %dx%d pixels is larger than the %lld pixels decoded",
+                               out->width, out->height, (long long)FT_JPEG_MAX_PIXELS);
             return FT_OK;
         }
         i += 2 + len;

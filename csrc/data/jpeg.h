@@ -24,6 +24,10 @@ typedef struct {
     bool progressive;
 } ft_jpeg_info;
 
+/* The largest frame decoded (16384 x 16384): larger headers are refused
+ * before any buffer is sized from them. */
+#define FT_JPEG_MAX_PIXELS ((int64_t)1 << 28)
+
 /* Reads the frame header (SOFn) of a JPEG file. */
 ft_status ft_jpeg_read_info(const uint8_t *data, size_t size, ft_jpeg_info *out);
 
