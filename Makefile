@@ -28,7 +28,7 @@ TSAN_FLAGS := -fsanitize=thread -DFT_NO_CLONES
 TSAN_TESTS := test_data_loader test_data_record
 
 .PHONY: demo test test-py test-c test-sanitize test-tsan build sysdeps bench clean gpu-bundle test-gpu \
-	fuzz fuzz-replay
+	fuzz fuzz-replay test-stress-sanitize
 
 demo: build
 	$(PY) examples/demo.py
@@ -36,7 +36,21 @@ demo: build
 test: build
 	$(MAKE) -j2 test-c test-sanitize
 	$(MAKE) fuzz-replay
+	$(MAKE) test-stress-sanitize
 	$(MAKE) test-py
+
+# The stress of concurrent misuse (tests/test_stress.py) against the extension
+# built with ASan + UBSan (CPU only) in a copy of the package, the sanitizers
+# preloaded into Python. Leak detection is off: the interpreter's own
+# allocations at exit are not ours.
+ASAN_PY := build/asan-py
+test-stress-sanitize: build
+	FASTTRAIN_SANITIZE=1 FASTTRAIN_CUDA=0 $(PY) setup.py -q build_ext --build-lib build/asan --build-temp build/asan-tmp \
+		--parallel 2
+	rm -rf $(ASAN_PY) && mkdir -p $(ASAN_PY) && cp -r python/fasttrain $(ASAN_PY)/ && rm -f $(ASAN_PY)/fasttrain/*.so \
+		&& cp build/asan/fasttrain/_C*.so $(ASAN_PY)/fasttrain/
+	cd tests && LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-file-name=libubsan.so)" \
+		ASAN_OPTIONS=detect_leaks=0 PYTHONPATH=../$(ASAN_PY) ../$(PY) -m pytest -q -p no:cacheprovider test_stress.py
 
 test-py: build
 	$(PY) -m pytest -q tests
