@@ -63,4 +63,16 @@ static inline ft_status ft_check_float_on(const char *op, const char *arg, const
     return ft_check_float(op, arg, t, allow_bf16);
 }
 
+/* FT_OK for NULL or a contiguous float32 vector of n elements on dev (a
+ * norm's weight, bias or saved statistics). */
+static inline ft_status ft_check_vector(const char *op, const char *arg, const ft_tensor *t, int64_t n,
+                                        ft_device dev) {
+    if (!t)
+        return FT_OK;
+    FT_TRY(ft_check_float_on(op, arg, t, dev, "input", false));
+    if (ft_tensor_numel(t) != n || !ft_tensor_is_contiguous(t))
+        return ft_fail(FT_ERR_SHAPE, "%s: %s must be contiguous with %lld elements", op, arg, (long long)n);
+    return FT_OK;
+}
+
 #endif

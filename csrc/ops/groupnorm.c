@@ -73,16 +73,6 @@ static ft_status check_like_inp(const char *op, const char *arg, const ft_tensor
     return FT_OK;
 }
 
-/* A contiguous float32 vector of n elements on dev, or NULL. */
-static ft_status check_vec(const char *op, const char *arg, const ft_tensor *t, int64_t n, ft_device dev) {
-    if (!t)
-        return FT_OK;
-    FT_TRY(ft_check_float_on(op, arg, t, dev, "input", false));
-    if (ft_tensor_numel(t) != n || !ft_tensor_is_contiguous(t))
-        return ft_fail(FT_ERR_SHAPE, "%s: %s must be contiguous with %lld elements", op, arg, (long long)n);
-    return FT_OK;
-}
-
 /* Adds the n values of run x, less shift, and their squares into the lanes. */
 static inline void add_run(const float *x, int64_t n, double shift, double *s, double *q) {
     int64_t i0 = 0;
@@ -151,10 +141,10 @@ ft_status ft_group_norm_forward(const ft_tensor *out, const ft_tensor *save_mean
     FT_TRY(check_like_inp(op, "out", out, inp, dev));
     FT_TRY(ft_check_output(op, "out", out));
     FT_TRY(ft_check_alias(op, "out", out, "input", inp));
-    FT_TRY(check_vec(op, "weight", weight, d.C, dev));
-    FT_TRY(check_vec(op, "bias", bias, d.C, dev));
-    FT_TRY(check_vec(op, "save_mean", save_mean, d.N * d.G, dev));
-    FT_TRY(check_vec(op, "save_rstd", save_rstd, d.N * d.G, dev));
+    FT_TRY(ft_check_vector(op, "weight", weight, d.C, dev));
+    FT_TRY(ft_check_vector(op, "bias", bias, d.C, dev));
+    FT_TRY(ft_check_vector(op, "save_mean", save_mean, d.N * d.G, dev));
+    FT_TRY(ft_check_vector(op, "save_rstd", save_rstd, d.N * d.G, dev));
     if (save_mean)
         FT_TRY(ft_check_output(op, "save_mean", save_mean));
     if (save_rstd)
@@ -268,17 +258,17 @@ ft_status ft_group_norm_backward(const ft_tensor *dinp, const ft_tensor *dweight
         if (acc.inp && ft_same_view(dinp, dout))
             return ft_fail(FT_ERR_VALUE, "%s: grad_input cannot accumulate into grad_output itself", op);
     }
-    FT_TRY(check_vec(op, "weight", weight, d.C, dev));
-    FT_TRY(check_vec(op, "grad_weight", dweight, d.C, dev));
-    FT_TRY(check_vec(op, "grad_bias", dbias, d.C, dev));
+    FT_TRY(ft_check_vector(op, "weight", weight, d.C, dev));
+    FT_TRY(ft_check_vector(op, "grad_weight", dweight, d.C, dev));
+    FT_TRY(ft_check_vector(op, "grad_bias", dbias, d.C, dev));
     if (dweight)
         FT_TRY(ft_check_output(op, "grad_weight", dweight));
     if (dbias)
         FT_TRY(ft_check_output(op, "grad_bias", dbias));
     if (!save_mean || !save_rstd)
         return ft_fail(FT_ERR_VALUE, "%s: save_mean and save_rstd of the forward are required", op);
-    FT_TRY(check_vec(op, "save_mean", save_mean, d.N * d.G, dev));
-    FT_TRY(check_vec(op, "save_rstd", save_rstd, d.N * d.G, dev));
+    FT_TRY(ft_check_vector(op, "save_mean", save_mean, d.N * d.G, dev));
+    FT_TRY(ft_check_vector(op, "save_rstd", save_rstd, d.N * d.G, dev));
     if (dev.type == FT_DEV_CUDA)
         FT_CUDA_DISPATCH(op, group_norm_backward, dinp, dweight, dbias, dout, inp, save_mean, save_rstd, weight,
                          groups, acc);

@@ -39,15 +39,6 @@ static ft_status check_rows(const char *op, const char *arg, const ft_tensor *t,
     return FT_OK;
 }
 
-static ft_status check_vec(const char *op, const char *arg, const ft_tensor *t, int64_t n, ft_device dev) {
-    if (!t)
-        return FT_OK;
-    FT_TRY(ft_check_float_on(op, arg, t, dev, "input", false));
-    if (ft_tensor_numel(t) != n || !ft_tensor_is_contiguous(t))
-        return ft_fail(FT_ERR_SHAPE, "%s: %s must be contiguous with %lld elements", op, arg, (long long)n);
-    return FT_OK;
-}
-
 /* One row: its statistics (shifted sums in double keep the variance
  * accurate) and its normalized values. Compiled for AVX-512, AVX2 and plain
  * x86-64, picked at run time. */
@@ -131,10 +122,10 @@ ft_status ft_layernorm_forward(const ft_tensor *out, const ft_tensor *save_mean,
     FT_TRY(check_rows(op, "input", inp, NULL, D, &R, dev));
     FT_TRY(check_rows(op, "out", out, inp, D, &R, dev));
     FT_TRY(ft_check_output(op, "out", out));
-    FT_TRY(check_vec(op, "weight", weight, D, dev));
-    FT_TRY(check_vec(op, "bias", bias, D, dev));
-    FT_TRY(check_vec(op, "save_mean", save_mean, R, dev));
-    FT_TRY(check_vec(op, "save_rstd", save_rstd, R, dev));
+    FT_TRY(ft_check_vector(op, "weight", weight, D, dev));
+    FT_TRY(ft_check_vector(op, "bias", bias, D, dev));
+    FT_TRY(ft_check_vector(op, "save_mean", save_mean, R, dev));
+    FT_TRY(ft_check_vector(op, "save_rstd", save_rstd, R, dev));
     if (!(eps > 0))
         return ft_fail(FT_ERR_VALUE, "%s: eps must be positive", op);
     if (dev.type == FT_DEV_CUDA)
@@ -164,13 +155,13 @@ ft_status ft_layernorm_backward(const ft_tensor *dinp, const ft_tensor *dweight,
         FT_TRY(check_rows(op, "grad_input", dinp, inp, D, &R, dev));
         FT_TRY(ft_check_output(op, "grad_input", dinp));
     }
-    FT_TRY(check_vec(op, "weight", weight, D, dev));
-    FT_TRY(check_vec(op, "grad_weight", dweight, D, dev));
-    FT_TRY(check_vec(op, "grad_bias", dbias, D, dev));
+    FT_TRY(ft_check_vector(op, "weight", weight, D, dev));
+    FT_TRY(ft_check_vector(op, "grad_weight", dweight, D, dev));
+    FT_TRY(ft_check_vector(op, "grad_bias", dbias, D, dev));
     if (!save_mean || !save_rstd)
         return ft_fail(FT_ERR_VALUE, "%s: save_mean and save_rstd are required", op);
-    FT_TRY(check_vec(op, "save_mean", save_mean, R, dev));
-    FT_TRY(check_vec(op, "save_rstd", save_rstd, R, dev));
+    FT_TRY(ft_check_vector(op, "save_mean", save_mean, R, dev));
+    FT_TRY(ft_check_vector(op, "save_rstd", save_rstd, R, dev));
     if (dinp && acc.inp && dinp->storage == dout->storage && dinp->offset == dout->offset)
         return ft_fail(FT_ERR_VALUE, "%s: grad_input cannot accumulate into grad_output itself", op);
     if (dev.type == FT_DEV_CUDA) { /* the backend writes: accumulation is staged */
