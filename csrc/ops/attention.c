@@ -343,6 +343,23 @@ static ft_status check_qkv(const char *op, const char *arg, const ft_tensor *t, 
     return FT_OK;
 }
 
+/* q (N, H, Tq, D), and k and v (N, H, Tk, D) of q's N, H and D: *N, *H, *Tq, *D from q. */
+static ft_status check_heads(const char *op, const ft_tensor *q, const ft_tensor *k, const ft_tensor *v, ft_device dev,
+                             int64_t *N, int64_t *H, int64_t *Tq, int64_t *D) {
+    FT_TRY(check_qkv(op, "q", q, dev, -1, 0, 0, 0));
+    FT_TRY(check_qkv(op, "k", k, dev, -1, 0, 0, 0));
+    *N = q->shape[0], *H = q->shape[1], *Tq = q->shape[2], *D = q->shape[3];
+    FT_TRY(check_qkv(op, "k", k, dev, *N, *H, k->shape[2], *D));
+    return check_qkv(op, "v", v, dev, *N, *H, k->shape[2], *D);
+}
+
+/* lse (N, H, Tq) float32 on dev. */
+static ft_status check_lse(const char *op, const ft_tensor *lse, ft_device dev, int64_t N, int64_t H, int64_t Tq) {
+    int64_t shape[3] = {N, H, Tq};
+    FT_TRY(ft_check_float_on(op, "lse", lse, dev, "q", false));
+    return ft_check_shape(op, "lse", lse, 3, shape);
+}
+
 /* An output: writable, and sharing no memory with any of the tensors in, in place or not. */
 static ft_status check_writes(const char *op, const char *arg, const ft_tensor *t, const ft_tensor *const *in,
                               const char *const *names, int n_in) {
@@ -379,20 +396,14 @@ ft_status ft_sdpa_forward(const ft_tensor *out, const ft_tensor *lse, const ft_t
                           const ft_tensor *v, const ft_sdpa_params *p) {
     const char *op = "sdpa";
     ft_device dev = ft_op_device(q);
-    FT_TRY(check_qkv(op, "q", q, dev, -1, 0, 0, 0));
-    int64_t N = q->shape[0], H = q->shape[1], Tq = q->shape[2], D = q->shape[3];
-    FT_TRY(check_qkv(op, "k", k, dev, -1, 0, 0, 0));
-    int64_t Tk = k->shape[2];
-    FT_TRY(check_qkv(op, "k", k, dev, N, H, Tk, D));
-    FT_TRY(check_qkv(op, "v", v, dev, N, H, Tk, D));
+    int64_t N, H, Tq, D;
+    FT_TRY(check_heads(op, q, k, v, dev, &N, &H, &Tq, &D));
     FT_TRY(check_qkv(op, "out", out, dev, N, H, Tq, D));
     const ft_tensor *in[] = {q, k, v};
     const char *names[] = {"q", "k", "v"};
     FT_TRY(check_writes(op, "out", out, in, names, 3));
     if (lse) {
-        int64_t shape[3] = {N, H, Tq};
-        FT_TRY(ft_check_float_on(op, "lse", lse, dev, "q", false));
-        FT_TRY(ft_check_shape(op, "lse", lse, 3, shape));
+        FT_TRY(check_lse(op, lse, dev, N, H, Tq));
         FT_TRY(check_writes(op, "lse", lse, in, names, 3));
         FT_TRY(ft_check_alias(op, "lse", lse, "out", out));
     }
@@ -564,19 +575,13 @@ ft_status ft_sdpa_backward(const ft_tensor *dq, const ft_tensor *dk, const ft_te
                            const ft_tensor *lse, const ft_sdpa_params *p, ft_sdpa_acc acc) {
     const char *op = "sdpa_backward";
     ft_device dev = ft_op_device(q);
-    FT_TRY(check_qkv(op, "q", q, dev, -1, 0, 0, 0));
-    int64_t N = q->shape[0], H = q->shape[1], Tq = q->shape[2], D = q->shape[3];
-    FT_TRY(check_qkv(op, "k", k, dev, -1, 0, 0, 0));
-    int64_t Tk = k->shape[2];
-    FT_TRY(check_qkv(op, "k", k, dev, N, H, Tk, D));
-    FT_TRY(check_qkv(op, "v", v, dev, N, H, Tk, D));
+    int64_t N, H, Tq, D;
+    FT_TRY(check_heads(op, q, k, v, dev, &N, &H, &Tq, &D));
     if (!dout || !out || !lse)
         return ft_fail(FT_ERR_VALUE, "%s: dout, out and lse (the forward's) are required", op);
     FT_TRY(check_qkv(op, "dout", dout, dev, N, H, Tq, D));
     FT_TRY(check_qkv(op, "out", out, dev, N, H, Tq, D));
-    int64_t lshape[3] = {N, H, Tq};
-    FT_TRY(ft_check_float_on(op, "lse", lse, dev, "q", false));
-    FT_TRY(ft_check_shape(op, "lse", lse, 3, lshape));
+    FT_TRY(check_lse(op, lse, dev, N, H, Tq));
     const ft_tensor *in[] = {dout, q, k, v, out, lse, dq, dk, dv};
     const char *names[] = {"dout", "q", "k", "v", "out", "lse", "dq", "dk", "dv"};
     const ft_tensor *grads[] = {dq, dk, dv};
