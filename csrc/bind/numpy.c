@@ -80,6 +80,23 @@ static void storage_capsule_release(PyObject *capsule) {
     ft_storage_release(PyCapsule_GetPointer(capsule, "fasttrain.storage"));
 }
 
+/* arr (new, or NULL on failure) over storage s's memory, holding s through
+ * a capsule as its base: the array stays valid after every tensor view of
+ * the storage is gone. */
+static PyObject *holding_storage(PyObject *arr, ft_storage *s) {
+    PyObject *base = arr ? PyCapsule_New(s, "fasttrain.storage", storage_capsule_release) : NULL;
+    if (!base) {
+        Py_XDECREF(arr);
+        return NULL;
+    }
+    ft_storage_retain(s);
+    if (PyArray_SetBaseObject((PyArrayObject *)arr, base) < 0) { /* it took base's reference all the same */
+        Py_DECREF(arr);
+        return NULL;
+    }
+    return arr;
+}
+
 PyObject *ft_to_numpy(ft_tensor *t) {
     if (t->storage->device.type == FT_DEV_CUDA)
         return PyErr_Format(PyExc_TypeError, "can't convert a cuda tensor to numpy: copy it to the host first "
@@ -94,37 +111,15 @@ PyObject *ft_to_numpy(ft_tensor *t) {
         dims[i] = (npy_intp)t->shape[i];
         strides[i] = (npy_intp)t->strides[i] * itemsize;
     }
-    /* The array's base holds the storage, not the tensor object: the array
-     * stays valid after every tensor view of it is gone. */
-    PyObject *base = PyCapsule_New(t->storage, "fasttrain.storage", storage_capsule_release);
-    if (!base)
-        return NULL;
-    ft_storage_retain(t->storage);
     PyArray_Descr *descr = PyArray_DescrFromType(typenum);
     PyObject *arr = PyArray_NewFromDescr(&PyArray_Type, descr, t->ndim, dims, strides, ft_tensor_data(t),
                                          t->storage->readonly ? 0 : NPY_ARRAY_WRITEABLE, NULL);
-    if (!arr || PyArray_SetBaseObject((PyArrayObject *)arr, base) < 0) {
-        if (!arr)
-            Py_DECREF(base);
-        Py_XDECREF(arr);
-        return NULL;
-    }
-    return arr;
+    return holding_storage(arr, t->storage);
 }
 
 PyObject *ft_storage_bytes(ft_storage *s) {
     npy_intp n = (npy_intp)s->nbytes;
-    PyObject *base = PyCapsule_New(s, "fasttrain.storage", storage_capsule_release);
-    if (!base)
-        return NULL;
-    ft_storage_retain(s);
     PyObject *arr = PyArray_New(&PyArray_Type, 1, &n, NPY_UINT8, NULL, s->data, 1,
                                 s->readonly ? 0 : NPY_ARRAY_WRITEABLE, NULL);
-    if (!arr || PyArray_SetBaseObject((PyArrayObject *)arr, base) < 0) {
-        if (!arr)
-            Py_DECREF(base);
-        Py_XDECREF(arr);
-        return NULL;
-    }
-    return arr;
+    return holding_storage(arr, s);
 }
