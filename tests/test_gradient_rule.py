@@ -6,7 +6,7 @@ import pytest
 
 import fasttrain as ft
 from fasttrain import nn
-from _opref import n, nhwc, t
+from _opref import first, n, nhwc, program_fd, t
 
 RNG = np.random.default_rng(11)
 
@@ -81,18 +81,8 @@ def test_accumulate_needs_tensors_to_add_into(make, layout):
 
 def _fd_check(program, model, x, y, count=4, h=1e-2):
     """Every parameter's gradient from one backward against central differences of the program's own loss."""
-    program.backward(x, y)
-    grads = {name: p.grad.numpy().copy() for name, p in model.named_parameters()}  # the backwards below add
-    for name, p in model.named_parameters():
-        values, grad = p.numpy(), grads[name]
-        for idx in list(np.ndindex(values.shape))[:count]:
-            old = values[idx]
-            values[idx] = old + h
-            up = program.backward(x, y)
-            values[idx] = old - h
-            down = program.backward(x, y)
-            values[idx] = old
-            assert abs((up - down) / (2 * h) - grad[idx]) < 2e-3 + 2e-2 * abs(grad[idx]), (name, idx)
+    for name, idx, grad, fd in program_fd(program, model, x, y, h, first(count)):
+        assert abs(fd - grad) < 2e-3 + 2e-2 * abs(grad), (name, idx)
 
 
 def test_tied_weights_and_residual_fork_match_finite_differences():

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import fasttrain as ft
-from _opref import torch
+from _opref import first, program_fd, torch
 
 nn = ft.nn
 needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
@@ -1476,18 +1476,8 @@ def test_layer_norm_in_a_program_matches_finite_differences(fmt):
     rng = np.random.default_rng(5)
     x = rng.standard_normal((4, *shape)).astype(np.float32)
     y = rng.integers(0, CLASSES, 4)
-    program.backward(x, y)
-    grads = {name: p.grad.numpy().copy() for name, p in model.named_parameters()}  # the backwards below add
-    for name, p in model.named_parameters():
-        values, grad = p.numpy(), grads[name]
-        for idx in list(np.ndindex(values.shape))[:4]:
-            old = values[idx]
-            values[idx] = old + 1e-2
-            up = program.backward(x, y)
-            values[idx] = old - 1e-2
-            down = program.backward(x, y)
-            values[idx] = old
-            assert abs((up - down) / 2e-2 - grad[idx]) < 2e-3 + 2e-2 * abs(grad[idx]), (name, idx)
+    for name, idx, grad, fd in program_fd(program, model, x, y, 1e-2, first(4)):
+        assert abs(fd - grad) < 2e-3 + 2e-2 * abs(grad), (name, idx)
     if fmt == "channels_last":
         with pytest.raises(ValueError, match="contiguous"):
             m2 = nn.Sequential(nn.Conv2d(1, 2, 3, padding=1), nn.LayerNorm((2, 4, 4)), nn.Flatten(),
