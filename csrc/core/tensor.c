@@ -299,3 +299,11 @@ ft_status ft_tensor_to(ft_tensor *out, const ft_tensor *t, ft_dtype dtype, ft_de
         ft_tensor_release(out);
     return st;
 }
+
+ft_status ft_tensor_on_host(ft_tensor *out, const ft_tensor *t, ft_dtype dtype) {
+    if (on_host(t) && t->dtype == dtype && ft_tensor_is_contiguous(t)) {
+        ft_tensor_share(out, t);
+        return FT_OK;
+    }
+    return ft_tensor_to(out, t, dtype, FT_CPU, false, false);
+}

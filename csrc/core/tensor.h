@@ -93,4 +93,9 @@ ft_status ft_tensor_fill(const ft_tensor *dst, ft_scalar v);
 ft_status ft_tensor_to(ft_tensor *out, const ft_tensor *t, ft_dtype dtype, ft_device device, bool pinned,
                        bool non_blocking);
 
+/* t as a contiguous CPU tensor of `dtype` to read on the host: t itself
+ * when it is one, else a copy (which waits for a device). The caller
+ * releases *out. */
+ft_status ft_tensor_on_host(ft_tensor *out, const ft_tensor *t, ft_dtype dtype);
+
 #endif

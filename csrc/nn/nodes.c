@@ -789,7 +789,7 @@ static ft_status class_prepare(const ft_node *nd, const ft_node *const *in, cons
         return ft_fail(FT_ERR_VALUE, "program: a %s node must read the targets directly", op);
     ft_tensor w = {0};
     if (nd->weight.storage)
-        FT_TRY(ft_tensor_to(&w, &nd->weight, FT_FLOAT32, FT_CPU, false, false));
+        FT_TRY(ft_tensor_on_host(&w, &nd->weight, FT_FLOAT32));
     double total;
     ft_status s = class_targets(op, y, in[0]->shape[0], nd->ignore_index,
                                 w.storage ? (const float *)ft_tensor_data(&w) : NULL, &total);

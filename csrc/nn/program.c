@@ -589,10 +589,8 @@ static ft_status prepare_targets(ft_program *p, const ft_tensor *y, int64_t rows
     else
         FT_TRY(check_batch(p, p->target, p->nodes[p->target].dtype == FT_INT64 ? "labels" : "targets", y, rows));
     ft_tensor host = {0}; /* contiguous, on the CPU: the loss nodes' prepare reads it */
-    if (y && ft_op_device(y).type == FT_DEV_CPU && ft_tensor_is_contiguous(y))
-        ft_tensor_share(&host, y);
-    else if (y)
-        FT_TRY(ft_tensor_to(&host, y, y->dtype, FT_CPU, false, false));
+    if (y)
+        FT_TRY(ft_tensor_on_host(&host, y, y->dtype));
     ft_status s = FT_OK;
     for (int i = 0; s == FT_OK && i < p->n; i++) {
         if (!row(p, i)->prepare)
@@ -846,7 +844,7 @@ ft_status ft_program_evaluate(ft_program *p, const ft_tensor *x, const ft_tensor
     FT_TRY(prepare_targets(p, y, x->shape[0], &yd));
     ft_status s = input_on_device(p, x, true, &xd);
     if (s == FT_OK && classifies(p))
-        s = ft_tensor_to(&yh, y, y->dtype, FT_CPU, false, false);
+        s = ft_tensor_on_host(&yh, y, y->dtype);
     const ft_node *o = &p->nodes[p->output];
     int64_t shape[FT_MAX_DIMS] = {p->batch};
     memcpy(shape + 1, o->shape, (size_t)o->ndim * sizeof *shape);
