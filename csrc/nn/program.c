@@ -553,8 +553,12 @@ static ft_status on_device(const ft_program *p, const ft_tensor *t, bool queued,
 
 /* The batch x where the program runs, as on_device, and in the program's
  * layout: images copied to channels-last when the program is, since
- * oneDNN convolves mixed layouts with its slow reference kernels. */
+ * oneDNN convolves mixed layouts with its slow reference kernels, and token
+ * ids contiguous, as an embedding reads them (slices of a token stream are
+ * strided). */
 static ft_status input_on_device(const ft_program *p, const ft_tensor *x, bool queued, ft_tensor *out) {
+    if (x->dtype == FT_INT64 && !ft_tensor_is_contiguous(x))
+        return ft_tensor_to(out, x, x->dtype, p->device, false, false);
     bool nhwc = x->ndim == 4 && x->strides[1] == 1 && x->strides[3] == x->shape[1] &&
                 x->strides[2] == x->shape[3] * x->shape[1];
     if (!p->channels_last || x->ndim != 4 || x->shape[1] == 1 || nhwc)

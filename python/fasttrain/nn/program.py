@@ -396,14 +396,10 @@ class Program:
         self.step_count = 0
         self.skipped_steps = 0
 
-    def _inputs(self, x):
-        x = _as(x, self.input_dtype, "token ids")
-        # the embedding reads ids in order (slices of a token stream are strided)
-        return x.contiguous() if x.dtype is _BY_NAME["int64"] else x
-
     def _batch(self, x, y):
         """x as the input's dtype, and the targets as the loss reads them (None when it reads none)."""
-        return self._inputs(x), None if self.target_dtype is None else _as(y, self.target_dtype, "labels")
+        return _as(x, self.input_dtype, "token ids"), None if self.target_dtype is None else _as(
+            y, self.target_dtype, "labels")
 
     @property
     def input_shape(self):
@@ -430,7 +426,7 @@ class Program:
 
     def predict(self, x):
         """The model's (first) output for x, in eval mode (running batch-norm statistics, no dropout)."""
-        return self._c.forward(self._inputs(x))
+        return self._c.forward(_as(x, self.input_dtype, "token ids"))
 
     def evaluate(self, x, y):
         """(loss, accuracy) of one batch in eval mode: the loss as training computes it, and the fraction of
