@@ -398,3 +398,37 @@ def test_summary_counts_every_parameter_once(name):
     model, program, _ = build(name)
     total = sum(p.numel() for p in model.parameters())
     assert f"parameters: {total:,}" in program.summary()
+
+
+@pytest.mark.parametrize("make, error, match", [
+    (lambda: nn.MultiheadAttention(8, 2), ValueError, r"batch_first=True"),
+    (lambda: nn.MultiheadAttention(8, 2, dropout=0.1, batch_first=True), NotImplementedError, r"dropout=0.0"),
+    (lambda: nn.MultiheadAttention(8, 3, batch_first=True), ValueError, r"divisible by num_heads"),
+    (lambda: nn.TransformerEncoderLayer(8, 2, batch_first=True), NotImplementedError, r"dropout=0.0"),
+    (lambda: nn.TransformerEncoderLayer(8, 2, dropout=0.0, activation="tanh", batch_first=True), ValueError,
+     r"activation"),
+    (lambda: nn.GroupNorm(3, 8), ValueError, r"divisible by num_groups"),
+    (lambda: nn.Embedding(10, 4, padding_idx=10), ValueError, r"padding_idx 10"),
+    (lambda: nn.Embedding(10, 4, max_norm=1.0), NotImplementedError, r"max_norm"),
+    (lambda: nn.Upsample(scale_factor=2, mode="bilinear"), NotImplementedError, r"nearest"),
+    (lambda: nn.Upsample(), ValueError, r"exactly one of size and scale_factor"),
+    (lambda: nn.Conv1d(2, 4, 3, padding="same"), ValueError, r"string padding"),
+    (lambda: nn.Softmax(), ValueError, r"give dim"),
+    (lambda: nn.Softplus(beta=2.0), NotImplementedError, r"beta"),
+])
+def test_unsupported_layer_arguments_are_refused_at_construction(make, error, match):
+    with pytest.raises(error, match=match):
+        make()
+
+
+@pytest.mark.parametrize("build_model, shape, match", [
+    (lambda: nn.Conv1d(2, 4, 3), (2, 8, 8), r"Conv1d takes samples of 2 dimensions"),
+    (lambda: nn.BatchNorm1d(4), (4, 2, 2), r"BatchNorm1d takes samples of 1 or 2 dimensions"),
+    (lambda: nn.Upsample(scale_factor=1.5), (2, 4, 4), r"not an integer factor"),
+    (lambda: nn.Sequential(nn.Linear(4, 4), nn.Softmax(dim=2)), (4,), r"out of range"),
+])
+def test_layers_given_samples_they_cannot_take_say_so_when_compiled(build_model, shape, match):
+    model = build_model()
+    with pytest.raises((ValueError, NotImplementedError, IndexError), match=match):
+        model.compile(ft.optim.SGD(list(model.parameters()) or [ft.nn.Parameter(ft.zeros(1))], lr=0.1),
+                      lambda out, y: out.sum(), batch_size=2, input_shape=shape)

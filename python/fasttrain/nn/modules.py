@@ -231,7 +231,8 @@ def _init_weight_bias(weight, bias, fan_in):
 
 
 def _tuple(v, n):
-    return (v,) * n if isinstance(v, int) else tuple(v)
+    """A size per spatial dimension: v itself when it gives one for each, else v repeated."""
+    return tuple(v) if isinstance(v, (tuple, list)) else (v,) * n
 
 
 class _ConvNd(Module):
