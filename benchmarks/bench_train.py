@@ -188,7 +188,8 @@ def next_token_loss(lib):
 
 
 def transformer_steps(net, batch):
-    """(fasttrain's step, FLOPs per sample, torch's step or None, samples' unit) for the ViT or GPT model."""
+    """(fasttrain's step, FLOPs per sample, torch's eager float32 step and its bf16-autocast step (PyTorch's
+    fastest CPU mode) or None, samples' unit) for the ViT or GPT model."""
     rng = np.random.default_rng(0)
     if net == "vit":
         x = rng.standard_normal((batch, 3, 32, 32)).astype(np.float32)
@@ -206,7 +207,7 @@ def transformer_steps(net, batch):
     xt, yt = ft.tensor(x), ft.tensor(y)
     ours = lambda: program.train_step(xt, yt)  # noqa: E731
     if torch is None:
-        return ours, 3 * program.flops_per_sample(), None, unit
+        return ours, 3 * program.flops_per_sample(), None, None, unit
     tm = vit(torch) if net == "vit" else gpt(torch)
     if net == "vit":
         tm = tm.to(memory_format=torch.channels_last)
@@ -216,12 +217,13 @@ def transformer_steps(net, batch):
     ty = torch.from_numpy(y)
     tloss = torch.nn.CrossEntropyLoss() if net == "vit" else next_token_loss(torch)
 
-    def theirs():
-        out = tloss(tm(tx), ty)
+    def theirs(bf16=False):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            out = tloss(tm(tx), ty)
         topt.zero_grad(set_to_none=True)
         out.backward()
         topt.step()
-    return ours, 3 * program.flops_per_sample(), theirs, unit
+    return ours, 3 * program.flops_per_sample(), theirs, lambda: theirs(bf16=True), unit
 
 
 def timed(fn):
@@ -325,8 +327,8 @@ def main():
                 emit(f"train_step_{net}_traced_b{batch}", t_ips, "images/s", reference=round(ips, 1),
                      reference_name="the same network as an nn.Model graph", ratio=round(t_ips / ips, 3))
     for net, batch in (("vit", 64), ("gpt", 16)):
-        ours, flops, theirs, unit = transformer_steps(net, batch)
-        runs = [f for f in (ours, theirs) if f]
+        ours, flops, theirs, autocast, unit = transformer_steps(net, batch)
+        runs = [f for f in (ours, theirs, autocast) if f]
         for _ in range(2):
             for f in runs:
                 f()
@@ -338,8 +340,10 @@ def main():
         extra = {"peak_fraction": round(ips * flops / 1e9 / fma_peak, 3), "gflops": round(ips * flops / 1e9, 1)}
         if theirs:
             ref = batch / statistics.median(times[theirs])
-            extra.update(reference=round(ref, 2), reference_name=f"torch {torch.__version__}",
-                         ratio=round(ips / ref, 3))
+            bf16 = batch / statistics.median(times[autocast])
+            extra.update(reference=round(ref, 2), reference_name=f"torch {torch.__version__} eager float32",
+                         ratio=round(ips / ref, 3), reference_bf16_autocast=round(bf16, 2),
+                         ratio_bf16_autocast=round(ips / bf16, 3))
         emit(f"train_step_{net}_b{batch}", ips, unit, **extra)
     if args.full:
         full_runs(args.threads, args.epochs)
