@@ -54,6 +54,8 @@ def main():
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="out")
+    ap.add_argument("--precision", default="32-true", choices=("32-true", "bf16-mixed"),
+                    help="bf16-mixed: bfloat16 convolutions and activations, float32 weights and loss")
     args = ap.parse_args()
 
     ft.seed_everything(args.seed)
@@ -76,10 +78,10 @@ def main():
                                              anneal_strategy="linear", div_factor=25.0, final_div_factor=1e3,
                                              cycle_momentum=False)
     program = model.compile(opt, nn.CrossEntropyLoss(label_smoothing=0.1), batch_size=args.batch_size,
-                            input_shape=(1, 28, 28))
+                            input_shape=(1, 28, 28), precision=args.precision)
     print(program.summary())
     print(f"training on {len(train) * args.batch_size} Fashion-MNIST images, {args.threads} threads, "
-          f"{args.epochs} epochs")
+          f"{args.epochs} epochs, precision {program.precision}")
 
     start = time.perf_counter()
     history = ft.fit(program, train, args.epochs, val_loader=test, scheduler=sched, tta_flip=True)
@@ -98,7 +100,8 @@ def main():
     print(f"checkpoint: {os.path.join(args.out, 'demo.safetensors')}")
     plot(history, os.path.join(args.out, "demo_curve.png"))
     print(json.dumps({"name": "demo", "test_accuracy": round(acc, 4), "train_seconds": round(seconds, 2),
-                      "images_per_second": round(images / seconds, 1), "epochs": args.epochs}))
+                      "images_per_second": round(images / seconds, 1), "epochs": args.epochs,
+                      "precision": program.precision}))
 
 
 if __name__ == "__main__":

@@ -194,17 +194,19 @@ static int trained_offsets(const ft_node *nodes, int n, const ft_tensor *grads, 
     return distinct;
 }
 
-/* Program(nodes, params, grads, output, batch, channels_last, seed): params
- * and grads are the model's flat buffers, every parameter (gradient) a view
- * into them; nodes[output] is the model's output, the last node the loss. */
+/* Program(nodes, params, grads, output, batch, channels_last, seed,
+ * compute=float32): params and grads are the model's flat buffers, every
+ * parameter (gradient) a view into them; nodes[output] is the model's
+ * output, the last node the loss; compute bfloat16 or float16 is mixed
+ * precision (ft_program_create). */
 static PyObject *program_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"nodes", "params", "grads", "output", "batch", "channels_last", "seed", NULL};
+    static char *kwlist[] = {"nodes", "params", "grads", "output", "batch", "channels_last", "seed", "compute", NULL};
     PyObject *nodes, *params_obj, *grads_obj;
-    int output, channels_last = 1;
+    int output, channels_last = 1, compute = FT_FLOAT32;
     long long batch;
     unsigned long long seed = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!OOiLpK:Program", kwlist, &PyList_Type, &nodes, &params_obj,
-                                     &grads_obj, &output, &batch, &channels_last, &seed))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!OOiLpK|i:Program", kwlist, &PyList_Type, &nodes, &params_obj,
+                                     &grads_obj, &output, &batch, &channels_last, &seed, &compute))
         return NULL;
     ft_module_state *st = ft_state_of_type(type);
     ft_tensor *params = ft_unwrap(st, params_obj, "params"), *grads = params ? ft_unwrap(st, grads_obj, "grads") : NULL;
@@ -235,7 +237,8 @@ static PyObject *program_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
     ft_program *prog;
     ft_status s;
     Py_BEGIN_ALLOW_THREADS
-    s = ft_program_create(&prog, (int)n, parsed, output, batch, channels_last, seed, ft_op_device(params));
+    s = ft_program_create(&prog, (int)n, parsed, output, batch, channels_last, seed, ft_op_device(params), params,
+                          (ft_dtype)compute);
     Py_END_ALLOW_THREADS
     PyMem_Free(parsed);
     program_object *self = s == FT_OK ? (program_object *)type->tp_alloc(type, 0) : NULL;
@@ -331,15 +334,22 @@ static ft_status train_step(ft_program *prog, ft_optimizer *opt, const ft_tensor
 /* The C optimizer of opt_obj, synchronised with its param_groups, each
  * segment's gradient pointed at the matching place of the flat gradient
  * buffer; a parameter the program computes no gradient for (frozen, or
- * unused) gets none and is skipped, as torch.optim skips a None .grad.
- * Needs the GIL. */
+ * unused) gets none and is skipped, as torch.optim skips a None .grad. In
+ * mixed precision on the CPU its update also writes the program's
+ * low-precision copy of the params (ft_optimizer_set_copies), until
+ * release_optimizer. Needs the GIL. */
 static ft_optimizer *program_optimizer(program_object *self, PyObject *opt_obj) {
     ft_optimizer *opt = ft_optimizer_of(opt_obj);
     if (!opt)
         return NULL;
     int n = ft_optimizer_num_segments(opt);
+    const ft_tensor *low = ft_program_low_params(self->prog);
+    bool copies = low && ft_op_device(low).type == FT_DEV_CPU;
     const float **grads = PyMem_Malloc((size_t)(n ? n : 1) * sizeof *grads);
-    if (!grads) {
+    void **to = copies ? PyMem_Malloc((size_t)(n ? n : 1) * sizeof *to) : NULL;
+    if (!grads || (copies && !to)) {
+        PyMem_Free(grads);
+        PyMem_Free(to);
         PyErr_NoMemory();
         return NULL;
     }
@@ -350,16 +360,40 @@ static ft_optimizer *program_optimizer(program_object *self, PyObject *opt_obj) 
         int64_t at = seg->param - p0;
         if (at < 0 || at + seg->numel > total) {
             PyMem_Free(grads);
+            PyMem_Free(to);
             PyErr_SetString(PyExc_ValueError, "the optimizer holds a parameter that is not in this model's flat "
                                               "buffer (an optimizer of another model?)");
             return NULL;
         }
         bool trained = bsearch(&at, self->trained, (size_t)self->ntrained, sizeof at, compare_offsets) != NULL;
         grads[i] = trained ? g0 + at : NULL;
+        if (to)
+            to[i] = (char *)ft_tensor_data(low) + at * (int64_t)ft_dtype_get(low->dtype)->itemsize;
     }
     ft_status s = ft_optimizer_set_grads(opt, grads);
+    if (s == FT_OK && to)
+        s = ft_optimizer_set_copies(opt, low->dtype, to);
     PyMem_Free(grads);
+    PyMem_Free(to);
     return s == FT_OK ? opt : (ft_raise(s), NULL);
+}
+
+/* Ends what program_optimizer began: the optimizer may outlive the program
+ * (or step on its own), and must not write the program's copy then. Steps
+ * without the copy written (CUDA) leave the program to convert again. */
+static void release_optimizer(program_object *self, ft_optimizer *opt) {
+    ft_optimizer_set_copies(opt, FT_FLOAT32, NULL);
+    if (ft_program_low_params(self->prog) && ft_op_device(ft_program_low_params(self->prog)).type != FT_DEV_CPU)
+        ft_program_params_changed(self->prog);
+}
+
+/* The program of a call from Python: Python code may have written the
+ * params since the last call, so a mixed-precision program converts them
+ * again before it reads them. */
+static ft_program *entered(PyObject *self) {
+    ft_program *prog = ((program_object *)self)->prog;
+    ft_program_params_changed(prog);
+    return prog;
 }
 
 static int parse_step_options(PyObject *max_norm, const char *policy, step_options *o) {
@@ -386,17 +420,19 @@ static PyObject *m_train_step(PyObject *self, PyObject *args, PyObject *kwargs) 
                                      &policy))
         return NULL;
     ft_tensor *x, *y;
-    ft_optimizer *opt =
-        unwrap_xy(self, xo, yo, &x, &y) == 0 ? program_optimizer((program_object *)self, opt_obj) : NULL;
     step_options o;
-    if (!opt || parse_step_options(max_norm, policy, &o) < 0)
+    if (unwrap_xy(self, xo, yo, &x, &y) < 0 || parse_step_options(max_norm, policy, &o) < 0)
+        return NULL;
+    ft_optimizer *opt = program_optimizer((program_object *)self, opt_obj);
+    if (!opt)
         return NULL;
     double loss = 0;
     bool skipped;
     ft_status s;
     Py_BEGIN_ALLOW_THREADS
-    s = train_step(((program_object *)self)->prog, opt, x, y, &o, &loss, &skipped);
+    s = train_step(entered(self), opt, x, y, &o, &loss, &skipped);
     Py_END_ALLOW_THREADS
+    release_optimizer((program_object *)self, opt);
     if (s != FT_OK)
         return ft_raise(s);
     return Py_BuildValue("(dO)", loss, skipped ? Py_True : Py_False);
@@ -414,7 +450,7 @@ static PyObject *m_backward(PyObject *self, PyObject *args) {
     double loss = 0;
     ft_status s;
     Py_BEGIN_ALLOW_THREADS
-    s = ft_program_backward(((program_object *)self)->prog, x, y, accumulate, &loss);
+    s = ft_program_backward(entered(self), x, y, accumulate, &loss);
     Py_END_ALLOW_THREADS
     return s == FT_OK ? PyFloat_FromDouble(loss) : ft_raise(s);
 }
@@ -424,7 +460,7 @@ static PyObject *m_forward(PyObject *self, PyObject *xo) {
     ft_tensor *x = ft_unwrap(st, xo, "x");
     if (!x)
         return NULL;
-    ft_program *prog = ((program_object *)self)->prog;
+    ft_program *prog = entered(self);
     int64_t shape[FT_MAX_DIMS] = {x->ndim ? x->shape[0] : 0};
     int ndim = ft_program_output_shape(prog, shape + 1) + 1;
     ft_tensor out;
@@ -452,7 +488,7 @@ static PyObject *m_evaluate(PyObject *self, PyObject *args) {
     int64_t correct = 0;
     ft_status s;
     Py_BEGIN_ALLOW_THREADS
-    s = ft_program_evaluate(((program_object *)self)->prog, x, y, tta, &loss, &correct);
+    s = ft_program_evaluate(entered(self), x, y, tta, &loss, &correct);
     Py_END_ALLOW_THREADS
     return s == FT_OK ? Py_BuildValue("(dL)", loss, (long long)correct) : ft_raise(s);
 }
@@ -538,19 +574,25 @@ static PyObject *m_fit_epoch(PyObject *self, PyObject *args, PyObject *kwargs) {
         return NULL;
     program_object *po = (program_object *)self;
     step_options o;
+    if (parse_step_options(max_norm, policy, &o) < 0)
+        return NULL;
     ft_optimizer *opt = program_optimizer(po, opt_obj);
-    if (!opt || parse_step_options(max_norm, policy, &o) < 0)
+    if (!opt)
         return NULL;
     int ngroups = ft_optimizer_num_groups(opt);
     Py_ssize_t nscheduled = 0;
     ft_optim_group *schedule = NULL;
-    if (schedule_obj != Py_None && parse_schedule(schedule_obj, ngroups, &schedule, &nscheduled) < 0)
+    if (schedule_obj != Py_None && parse_schedule(schedule_obj, ngroups, &schedule, &nscheduled) < 0) {
+        release_optimizer(po, opt);
         return NULL;
+    }
     ft_loader *l = ft_loader_begin(loader_obj);
     if (!l) {
+        release_optimizer(po, opt);
         PyMem_Free(schedule);
         return NULL;
     }
+    entered(self);
     Py_INCREF(loader_obj); /* the C loader lives as long as this object */
     double loss_sum = 0, last_report = omp_get_wtime(), loss = 0;
     int64_t samples = 0, steps = 0, skipped_steps = 0;
@@ -582,6 +624,7 @@ static PyObject *m_fit_epoch(PyObject *self, PyObject *args, PyObject *kwargs) {
         if (now - last_report >= interval) {
             PyEval_RestoreThread(ts);
             stop = PyErr_CheckSignals() < 0 ? -1 : callback != Py_None ? report(callback, steps, loss, samples) : 0;
+            entered(self); /* the callback may have written the params */
             ts = PyEval_SaveThread();
             last_report = now;
             if (stop)
@@ -589,6 +632,7 @@ static PyObject *m_fit_epoch(PyObject *self, PyObject *args, PyObject *kwargs) {
         }
     }
     PyEval_RestoreThread(ts);
+    release_optimizer(po, opt);
     int closed = ft_loader_end(loader_obj) < 0;
     Py_DECREF(loader_obj);
     PyMem_Free(schedule);
@@ -612,6 +656,7 @@ static PyObject *m_eval_epoch(PyObject *self, PyObject *args) {
     ft_loader *l = ft_loader_begin(loader_obj);
     if (!l)
         return NULL;
+    ft_program *prog = entered(self);
     Py_INCREF(loader_obj);
     double loss = 0;
     int64_t correct = 0, count = 0;
@@ -625,7 +670,7 @@ static PyObject *m_eval_epoch(PyObject *self, PyObject *args) {
             stop = got < 0 && s == FT_OK;
             break;
         }
-        s = ft_program_evaluate(((program_object *)self)->prog, &b.images, &b.labels, tta, &loss, &correct);
+        s = ft_program_evaluate(prog, &b.images, &b.labels, tta, &loss, &correct);
         count += b.size;
         ft_loader_release(l, &b);
         if (s != FT_OK)
@@ -661,6 +706,22 @@ static PyObject *m_memory(PyObject *self, PyObject *unused) {
     return Py_BuildValue("(LL)", (long long)train, (long long)eval);
 }
 
+static PyObject *m_node_dtypes(PyObject *self, PyObject *unused) {
+    (void)unused;
+    ft_program *prog = ((program_object *)self)->prog;
+    Py_ssize_t n = PyList_GET_SIZE(PyTuple_GET_ITEM(((program_object *)self)->keep, 0));
+    PyObject *list = PyList_New(n);
+    for (Py_ssize_t i = 0; list && i < n; i++) {
+        PyObject *name = PyUnicode_FromString(ft_dtype_get(ft_program_node_dtype(prog, (int)i))->name);
+        if (!name) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, i, name);
+    }
+    return list;
+}
+
 static PyObject *m_profile(PyObject *self, PyObject *unused) {
     (void)unused;
     ft_program *prog = ((program_object *)self)->prog;
@@ -680,6 +741,7 @@ static PyObject *m_profile(PyObject *self, PyObject *unused) {
 
 static PyMethodDef program_methods[] = {
     {"profile", m_profile, METH_NOARGS, "[(forward seconds, backward seconds)] per node since creation"},
+    {"node_dtypes", m_node_dtypes, METH_NOARGS, "node_dtypes() -> [each node's output dtype name]"},
     {"train_step", (PyCFunction)(void (*)(void))m_train_step, METH_VARARGS | METH_KEYWORDS,
      "train_step(x, y, optimizer, clip_grad_norm=None, nan_policy='raise') -> (loss, skipped)"},
     {"forward", m_forward, METH_O, "forward(x) -> logits, in eval mode"},

@@ -10,6 +10,7 @@
 #include <omp.h>
 #include <string.h>
 
+#include "core/tensor.h"
 #include "kernels/convert.h"
 
 /* The wide kinds are ft_scalar's, so that a scalar is a run of one. */
@@ -147,9 +148,28 @@ static void move_items(char *dst, int64_t ds, const char *src, int64_t ss, int64
     }
 }
 
+/* The conversions of mixed precision (batches, weights, pooled activations), on dense runs. */
+static void bf16_run(char *dst, const char *src, int64_t n, bool to_bf16) {
+    if (to_bf16) {
+#pragma omp simd
+        for (int64_t i = 0; i < n; i++)
+            ((uint16_t *)dst)[i] = ft_f32_to_bf16(((const float *)src)[i]);
+    } else {
+#pragma omp simd
+        for (int64_t i = 0; i < n; i++)
+            ((float *)dst)[i] = ft_bf16_to_f32(((const uint16_t *)src)[i]);
+    }
+}
+
 static void copy_run(const ft_copy_desc *d, char *dst, int64_t ds, const char *src, int64_t ss, int64_t n) {
     if (d->dst_dtype == d->src_dtype) {
         move_items(dst, ds, src, ss, n, ft_dtype_get(d->src_dtype)->itemsize);
+        return;
+    }
+    bool to_bf16 = d->dst_dtype == FT_BFLOAT16 && d->src_dtype == FT_FLOAT32;
+    if ((to_bf16 || (d->dst_dtype == FT_FLOAT32 && d->src_dtype == FT_BFLOAT16)) &&
+        ds == (int64_t)ft_dtype_get(d->dst_dtype)->itemsize && ss == (int64_t)ft_dtype_get(d->src_dtype)->itemsize) {
+        bf16_run(dst, src, n, to_bf16);
         return;
     }
     wide w[RUN];
@@ -161,6 +181,17 @@ static void copy_run(const ft_copy_desc *d, char *dst, int64_t ds, const char *s
 }
 
 void ft_copy_coalesce(ft_copy_desc *d) {
+    /* in dst's memory order, so that any dense layout (channels-last too) merges into one run */
+    int order[FT_MAX_DIMS];
+    ft_copy_desc in = *d;
+    for (int i = 0; i < d->ndim; i++)
+        order[i] = i;
+    ft_sort_dims_by_stride(order, d->ndim, in.dst_strides);
+    for (int i = 0; i < d->ndim; i++) {
+        d->shape[i] = in.shape[order[i]];
+        d->dst_strides[i] = in.dst_strides[order[i]];
+        d->src_strides[i] = in.src_strides[order[i]];
+    }
     int nd = 0;
     for (int i = 0; i < d->ndim; i++) {
         if (d->shape[i] == 1)

@@ -35,7 +35,8 @@ typedef struct {
  * are storage-only: they copy only to themselves). */
 ft_status ft_copy_check_dtypes(ft_dtype dst, ft_dtype src);
 
-/* Merges dimensions that are contiguous on both sides and drops size-1 ones. */
+/* Orders the dimensions as dst lies in memory, merges those contiguous on
+ * both sides and drops size-1 ones. */
 void ft_copy_coalesce(ft_copy_desc *d);
 
 /* *dst (of dtype dt) = v, with the conversion rules of the copies. */

@@ -63,4 +63,33 @@ static inline FT_HD uint16_t ft_f32_to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
+/* Runs of n floats of a float32 or bfloat16 (bf16) array, at element i0,
+ * for host kernels that compute in float: float32 memory is used in place,
+ * bfloat16 goes through the caller's buffer. */
+#ifndef __CUDACC__
+#include <stdbool.h>
+#include <stdint.h>
+
+static inline const float *ft_floats_in(const void *src, bool bf16, int64_t i0, int64_t n, float *buf) {
+    if (!bf16)
+        return (const float *)src + i0;
+    const uint16_t *s = (const uint16_t *)src + i0;
+    for (int64_t i = 0; i < n; i++)
+        buf[i] = ft_bf16_to_f32(s[i]);
+    return buf;
+}
+
+/* Where a kernel writes n results for dst at element i0: dst itself, or buf
+ * (then ft_floats_out stores them). */
+static inline float *ft_floats_at(void *dst, bool bf16, int64_t i0, float *buf) {
+    return bf16 ? buf : (float *)dst + i0;
+}
+
+static inline void ft_floats_out(void *dst, bool bf16, int64_t i0, int64_t n, const float *buf) {
+    uint16_t *d = (uint16_t *)dst + i0;
+    for (int64_t i = 0; bf16 && i < n; i++)
+        d[i] = ft_f32_to_bf16(buf[i]);
+}
+#endif
+
 #endif

@@ -30,6 +30,14 @@ typedef struct {
     double norm; /* losses: the batch's normalizer of this node's values (ft_node_reduction) */
 } ft_node_run;
 
+/* The dtype a kind runs in when the program computes in a low precision
+ * (bfloat16): see the program's dtype plan (nn/program.c). */
+typedef enum {
+    FT_NODE_FLOAT32, /* float32 inputs and output only */
+    FT_NODE_ANY,     /* any float inputs and output, computed in float: conversions happen as it runs */
+    FT_NODE_LOW,     /* inputs, weights and output in the low precision, accumulating in float32 */
+} ft_node_precision;
+
 typedef struct {
     const char *name;
     int min_inputs, max_inputs;
@@ -52,6 +60,7 @@ typedef struct {
      * reduction for a batch of B samples. NULL: not a loss. */
     ft_status (*prepare)(const ft_node *nd, const ft_node *const *in, const ft_tensor *y, int64_t batch,
                          double *norm);
+    ft_node_precision precision;
 } ft_node_kind_info;
 
 extern const ft_node_kind_info ft_node_kinds[FT_NODE_NKINDS];

@@ -827,6 +827,7 @@ static int64_t cross_entropy_aux(const ft_node *nd, const ft_node *const *in, in
 
 static ft_tensor saved_dlogits(const ft_node_run *r) {
     ft_tensor t = r->in[0];
+    t.dtype = FT_FLOAT32; /* whatever the logits' */
     t.storage = r->aux.storage;
     t.offset = r->aux.offset + 4 * round16(ft_tensor_numel(&t) / (t.shape[0] * t.shape[1]));
     ft_contiguous_strides(t.strides, t.ndim, t.shape);
@@ -909,38 +910,38 @@ static ft_status sum_backward(const ft_node_run *r) {
 }
 
 const ft_node_kind_info ft_node_kinds[FT_NODE_NKINDS] = {
-    /* name, inputs (min, max), images, check, aux bytes, is a view, forward, backward, prepare */
+    /* name, inputs (min, max), images, check, aux bytes, is a view, forward, backward, prepare, precision */
     [FT_NODE_INPUT] = {"input", 0, 0, 0, NULL, NULL, always_view, NULL, NULL},
-    [FT_NODE_CONV2D] = {"conv2d", 1, 1, 2, NULL, NULL, NULL, conv2d_forward, conv2d_backward},
-    [FT_NODE_LINEAR] = {"linear", 1, 1, 0, NULL, NULL, NULL, linear_forward, linear_backward},
+    [FT_NODE_CONV2D] = {"conv2d", 1, 1, 2, NULL, NULL, NULL, conv2d_forward, conv2d_backward, .precision = FT_NODE_LOW},
+    [FT_NODE_LINEAR] = {"linear", 1, 1, 0, NULL, NULL, NULL, linear_forward, linear_backward, .precision = FT_NODE_LOW},
     [FT_NODE_BATCHNORM] = {"batch_norm", 1, 1, 1, same_shape, batchnorm_aux, NULL, batchnorm_forward,
-                           batchnorm_backward},
-    [FT_NODE_ACT] = {"activation", 1, 1, 0, same_shape, NULL, NULL, act_forward, act_backward},
-    [FT_NODE_MAXPOOL] = {"max_pool2d", 1, 1, 2, NULL, indices_aux, NULL, maxpool_forward, maxpool_backward},
-    [FT_NODE_AVGPOOL] = {"avg_pool2d", 1, 1, 2, NULL, NULL, NULL, avgpool_forward, avgpool_backward},
+                           batchnorm_backward, .precision = FT_NODE_ANY},
+    [FT_NODE_ACT] = {"activation", 1, 1, 0, same_shape, NULL, NULL, act_forward, act_backward, .precision = FT_NODE_ANY},
+    [FT_NODE_MAXPOOL] = {"max_pool2d", 1, 1, 2, NULL, indices_aux, NULL, maxpool_forward, maxpool_backward, .precision = FT_NODE_ANY},
+    [FT_NODE_AVGPOOL] = {"avg_pool2d", 1, 1, 2, NULL, NULL, NULL, avgpool_forward, avgpool_backward, .precision = FT_NODE_ANY},
     [FT_NODE_ADAPTIVE_AVGPOOL] = {"adaptive_avg_pool2d", 1, 1, 2, NULL, NULL, NULL, adaptive_avgpool_forward,
-                                  adaptive_avgpool_backward},
+                                  adaptive_avgpool_backward, .precision = FT_NODE_ANY},
     [FT_NODE_ADAPTIVE_MAXPOOL] = {"adaptive_max_pool2d", 1, 1, 2, NULL, indices_aux, NULL, adaptive_maxpool_forward,
-                                  adaptive_maxpool_backward},
-    [FT_NODE_ADD] = {"add", 2, 2, 0, same_shape, NULL, NULL, add_forward, add_backward},
-    [FT_NODE_CAT] = {"cat", 1, FT_NODE_MAX_INPUTS, 0, cat_check, NULL, NULL, cat_forward, cat_backward},
-    [FT_NODE_RESHAPE] = {"reshape", 1, 1, 0, same_numel, NULL, reshape_is_view, reshape_forward, reshape_backward},
-    [FT_NODE_DROPOUT] = {"dropout", 1, 1, 0, same_shape, NULL, dropout_is_view, dropout_forward, dropout_backward},
-    [FT_NODE_IDENTITY] = {"identity", 1, 1, 0, same_shape, NULL, always_view, NULL, NULL},
+                                  adaptive_maxpool_backward, .precision = FT_NODE_ANY},
+    [FT_NODE_ADD] = {"add", 2, 2, 0, same_shape, NULL, NULL, add_forward, add_backward, .precision = FT_NODE_ANY},
+    [FT_NODE_CAT] = {"cat", 1, FT_NODE_MAX_INPUTS, 0, cat_check, NULL, NULL, cat_forward, cat_backward, .precision = FT_NODE_ANY},
+    [FT_NODE_RESHAPE] = {"reshape", 1, 1, 0, same_numel, NULL, reshape_is_view, reshape_forward, reshape_backward, .precision = FT_NODE_ANY},
+    [FT_NODE_DROPOUT] = {"dropout", 1, 1, 0, same_shape, NULL, dropout_is_view, dropout_forward, dropout_backward, .precision = FT_NODE_ANY},
+    [FT_NODE_IDENTITY] = {"identity", 1, 1, 0, same_shape, NULL, always_view, NULL, NULL, .precision = FT_NODE_ANY},
     [FT_NODE_LAYERNORM] = {"layer_norm", 1, 1, 0, layernorm_check, layernorm_aux, NULL, layernorm_forward,
                            layernorm_backward},
-    [FT_NODE_MUL] = {"mul", 2, 2, 0, same_shape, NULL, NULL, mul_forward, mul_backward},
-    [FT_NODE_SCALE] = {"scale", 1, 1, 0, same_shape, factor_aux, NULL, scale_forward, scale_backward},
-    [FT_NODE_PERMUTE] = {"permute", 1, 1, 0, permute_check, NULL, NULL, permute_forward, permute_backward},
-    [FT_NODE_SLICE] = {"slice", 1, 1, 0, slice_check, NULL, NULL, slice_forward, slice_backward},
+    [FT_NODE_MUL] = {"mul", 2, 2, 0, same_shape, NULL, NULL, mul_forward, mul_backward, .precision = FT_NODE_ANY},
+    [FT_NODE_SCALE] = {"scale", 1, 1, 0, same_shape, factor_aux, NULL, scale_forward, scale_backward, .precision = FT_NODE_ANY},
+    [FT_NODE_PERMUTE] = {"permute", 1, 1, 0, permute_check, NULL, NULL, permute_forward, permute_backward, .precision = FT_NODE_ANY},
+    [FT_NODE_SLICE] = {"slice", 1, 1, 0, slice_check, NULL, NULL, slice_forward, slice_backward, .precision = FT_NODE_ANY},
     [FT_NODE_PARAM] = {"parameter", 0, 0, 0, param_check, NULL, NULL, NULL, param_backward},
     [FT_NODE_TARGET] = {"target", 0, 0, 0, NULL, NULL, always_view, NULL, NULL},
     [FT_NODE_CROSS_ENTROPY] = {"cross_entropy", 2, 2, 0, class_check, cross_entropy_aux, NULL,
-                               cross_entropy_forward, cross_entropy_backward, class_prepare},
+                               cross_entropy_forward, cross_entropy_backward, class_prepare, .precision = FT_NODE_ANY},
     [FT_NODE_NLL] = {"nll", 2, 2, 0, class_check, factor_aux, NULL, nll_forward, nll_backward, class_prepare},
     [FT_NODE_SUM] = {"sum", 1, 1, 0, sum_check, sum_aux, NULL, sum_forward, sum_backward, sum_prepare},
-    [FT_NODE_SOFTMAX] = {"softmax", 1, 1, 0, softmax_check, NULL, NULL, softmax_forward, softmax_backward},
-    [FT_NODE_LOG_SOFTMAX] = {"log_softmax", 1, 1, 0, softmax_check, NULL, NULL, softmax_forward, softmax_backward},
+    [FT_NODE_SOFTMAX] = {"softmax", 1, 1, 0, softmax_check, NULL, NULL, softmax_forward, softmax_backward, .precision = FT_NODE_ANY},
+    [FT_NODE_LOG_SOFTMAX] = {"log_softmax", 1, 1, 0, softmax_check, NULL, NULL, softmax_forward, softmax_backward, .precision = FT_NODE_ANY},
     [FT_NODE_GROUPNORM] = {"group_norm", 1, 1, 0, groupnorm_check, groupnorm_aux, NULL, groupnorm_forward,
                            groupnorm_backward},
     [FT_NODE_EMBEDDING] = {"embedding", 1, 1, 0, embedding_check, NULL, NULL, embedding_forward, embedding_backward},

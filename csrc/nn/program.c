@@ -31,6 +31,11 @@ struct ft_program {
     bool channels_last;
     ft_device device;       /* where the parameters, the arenas and every op of a step are */
     uint64_t seed, dropout_offset;
+    ft_dtype compute;       /* float32, or the low precision of a mixed-precision program */
+    ft_dtype *dtype;        /* (n) each node's output and gradient dtype (see plan_dtypes) */
+    ft_tensor params;       /* the model's flat float32 parameters (a borrowed view) */
+    ft_tensor low_params;   /* mixed precision: their copy in the compute dtype, which the nodes read */
+    bool low_stale;         /* whether the params may have changed since low_params was written */
     int *last_consumer;     /* (n) the plan's last user of each node (see last_users) */
     block *train, *eval;    /* (n, NBUF) */
     ft_storage *train_arena, *eval_arena;
@@ -175,7 +180,7 @@ static ft_status plan(ft_program *p, bool training, block *b, ft_storage **arena
     for (int i = 0; i < n; i++) {
         block *bi = &b[i * NBUF];
         memset(bi, 0, NBUF * sizeof *bi);
-        int64_t out_bytes = p->batch * ft_node_numel(&p->nodes[i]) * 4;
+        int64_t out_bytes = p->batch * ft_node_numel(&p->nodes[i]) * (int64_t)ft_dtype_get(p->dtype[i])->itemsize;
         int64_t end = training ? 2 * n - i : (p->last_consumer[i] == i ? n : p->last_consumer[i]);
         if (!is_view(p, i, training) && p->nodes[i].kind != FT_NODE_PARAM)
             bi[OUT] = (block){out_bytes, i, end, 0};
@@ -229,7 +234,7 @@ static ft_tensor node_out(const ft_program *p, bool training, int i, int64_t row
     if (nd->kind == FT_NODE_PARAM)
         return broadcast_param(nd, rows);
     const block *b = &(training ? p->train : p->eval)[i * NBUF + OUT];
-    return view_at(p, nd, training ? p->train_arena : p->eval_arena, b->offset, rows, FT_FLOAT32);
+    return view_at(p, nd, training ? p->train_arena : p->eval_arena, b->offset, rows, p->dtype[i]);
 }
 
 static ft_tensor node_aux(const ft_program *p, bool training, int i) {
@@ -243,7 +248,7 @@ static ft_tensor node_dout(const ft_program *p, int i, int64_t rows) {
     const ft_node *nd = &p->nodes[i];
     if (shares_grad(p, i))
         return seen_as(nd, node_dout(p, nd->inputs[0], rows));
-    return view_at(p, nd, p->train_arena, p->train[i * NBUF + DOUT].offset, rows, FT_FLOAT32);
+    return view_at(p, nd, p->train_arena, p->train[i * NBUF + DOUT].offset, rows, p->dtype[i]);
 }
 
 static ft_tensor rows_of(const ft_tensor *t, int64_t r0, int64_t rows) {
@@ -334,6 +339,95 @@ static void number_slots(ft_program *p) {
             p->trains[i] |= p->trains[p->nodes[i].inputs[k]];
 }
 
+/* Whether node i's output is its first input's output seen anew (always or
+ * in one mode): it has that output's dtype. */
+static bool mirrors(const ft_program *p, int i) { return row(p, i)->is_view && p->nodes[i].ninputs > 0; }
+
+static int source(const ft_program *p, int i) { return mirrors(p, i) ? source(p, p->nodes[i].inputs[0]) : i; }
+
+/* Each node's dtype (of its output and of its gradient). In a mixed-precision
+ * program the model's nodes compute in the low precision where their kind
+ * can, and the loss's in float32; the input is converted as it is copied in.
+ * A float32-only kind needs float32 inputs and a LOW kind low ones: where
+ * they meet, the producer (or the LOW reader) falls back to float32 until
+ * every edge agrees. Dtypes only go from low to float32, so this ends. */
+static void plan_dtypes(ft_program *p) {
+    for (int i = 0; i < p->n; i++) {
+        const ft_node *nd = &p->nodes[i];
+        ft_node_precision k = row(p, i)->precision;
+        bool low = p->compute != FT_FLOAT32 &&
+                   (i == 0 ? nd->dtype == FT_FLOAT32
+                           : i <= p->output && k != FT_NODE_FLOAT32);
+        p->dtype[i] = low ? p->compute : i == 0 ? nd->dtype : FT_FLOAT32;
+    }
+    for (bool changed = p->compute != FT_FLOAT32; changed;) {
+        changed = false;
+        for (int i = 1; i < p->n; i++) {
+            ft_node_precision k = row(p, i)->precision;
+            if (mirrors(p, i) || k == FT_NODE_ANY)
+                continue;
+            bool wants_low = k == FT_NODE_LOW && p->dtype[i] == p->compute;
+            for (int j = 0; j < p->nodes[i].ninputs; j++) {
+                int s = source(p, p->nodes[i].inputs[j]);
+                if (s == p->target || p->dtype[s] == FT_INT64)
+                    continue;
+                bool low = p->dtype[s] == p->compute;
+                if (low && !wants_low) {
+                    p->dtype[s] = FT_FLOAT32;
+                    changed = true;
+                } else if (!low && wants_low) {
+                    p->dtype[i] = FT_FLOAT32;
+                    changed = true;
+                    break;
+                }
+            }
+        }
+    }
+    for (int i = 0; i < p->n; i++)
+        if (mirrors(p, i))
+            p->dtype[i] = p->dtype[source(p, i)];
+}
+
+/* Points the weight of every LOW node that runs in the low precision at its
+ * copy in low_params. */
+static ft_status use_low_weights(ft_program *p) {
+    if (p->compute == FT_FLOAT32)
+        return FT_OK;
+    int64_t numel = ft_tensor_numel(&p->params);
+    FT_TRY(ft_tensor_empty(&p->low_params, 1, &numel, p->compute, p->device, false));
+    size_t low = ft_dtype_get(p->compute)->itemsize;
+    for (int i = 0; i < p->n; i++) {
+        ft_tensor *w = &p->nodes[i].weight;
+        if (p->dtype[i] != p->compute || row(p, i)->precision != FT_NODE_LOW || !w->storage)
+            continue;
+        if (w->storage != p->params.storage || w->dtype != FT_FLOAT32)
+            return ft_fail(FT_ERR_VALUE, "program: node %d's weight is not in the model's flat float32 parameters",
+                           i);
+        w->storage = p->low_params.storage;
+        w->offset = (w->offset - p->params.offset) / 4 * (int64_t)low;
+        w->dtype = p->compute;
+    }
+    p->low_stale = true;
+    return FT_OK;
+}
+
+/* low_params = the params in the compute dtype, when they may have changed. */
+static ft_status refresh_low_weights(ft_program *p) {
+    if (!p->low_params.storage || !p->low_stale)
+        return FT_OK;
+    FT_TRY(ft_tensor_copy(&p->low_params, &p->params, false));
+    p->low_stale = false;
+    return FT_OK;
+}
+
+void ft_program_params_changed(ft_program *p) { p->low_stale = true; }
+
+const ft_tensor *ft_program_low_params(const ft_program *p) {
+    return p->low_params.storage ? &p->low_params : NULL;
+}
+
+ft_dtype ft_program_node_dtype(const ft_program *p, int i) { return p->dtype[i]; }
+
 void ft_program_destroy(ft_program *p) {
     if (!p)
         return;
@@ -345,6 +439,9 @@ void ft_program_destroy(ft_program *p) {
         ft_tensor_release(&p->loss_value);
     if (p->stats_backup.storage)
         ft_tensor_release(&p->stats_backup);
+    if (p->low_params.storage)
+        ft_tensor_release(&p->low_params);
+    free(p->dtype);
     free(p->nodes);
     free(p->last_consumer);
     free(p->train);
@@ -361,11 +458,18 @@ void ft_program_destroy(ft_program *p) {
 }
 
 ft_status ft_program_create(ft_program **out, int nnodes, const ft_node *nodes, int output, int64_t batch,
-                            bool channels_last, uint64_t seed, ft_device device) {
+                            bool channels_last, uint64_t seed, ft_device device, const ft_tensor *params,
+                            ft_dtype compute) {
     if (nnodes < 3)
         return ft_fail(FT_ERR_VALUE, "program: a model needs an input, a layer and a loss");
     if (batch < 1)
         return ft_fail(FT_ERR_VALUE, "program: the batch size must be at least 1, got %lld", (long long)batch);
+    if (compute != FT_FLOAT32 && compute != FT_BFLOAT16 && compute != FT_FLOAT16)
+        return ft_fail(FT_ERR_DTYPE, "program: computes in float32, bfloat16 or float16 (dtype code %d given)",
+                       (int)compute);
+    if (compute != FT_FLOAT32 && (!params || params->dtype != FT_FLOAT32 || !ft_tensor_is_contiguous(params) ||
+                                  params->ndim != 1))
+        return ft_fail(FT_ERR_VALUE, "program: mixed precision needs the model's flat float32 parameters");
     ft_program *p = calloc(1, sizeof *p);
     if (!p)
         return ft_fail(FT_ERR_NOMEM, "out of memory creating a program");
@@ -374,6 +478,9 @@ ft_status ft_program_create(ft_program **out, int nnodes, const ft_node *nodes, 
     p->channels_last = channels_last;
     p->device = device;
     p->seed = seed;
+    p->compute = compute;
+    if (params)
+        p->params = *params;
     p->output = output;
     p->target = -1;
     size_t n = (size_t)nnodes;
@@ -389,8 +496,9 @@ ft_status ft_program_create(ft_program **out, int nnodes, const ft_node *nodes, 
     p->slot_written = calloc(2 * n, sizeof *p->slot_written);
     p->dropout_at = calloc(n, sizeof *p->dropout_at);
     p->seconds = calloc(n * 2, sizeof *p->seconds);
+    p->dtype = calloc(n, sizeof *p->dtype);
     ft_status s = p->nodes && p->last_consumer && p->train && p->eval && p->trains && p->written && p->norm &&
-                          p->slots && p->slot_of && p->slot_written && p->dropout_at && p->seconds
+                          p->slots && p->slot_of && p->slot_written && p->dropout_at && p->seconds && p->dtype
                       ? FT_OK
                       : ft_fail(FT_ERR_NOMEM, "out of memory creating a program");
     if (s == FT_OK) {
@@ -399,8 +507,11 @@ ft_status ft_program_create(ft_program **out, int nnodes, const ft_node *nodes, 
     }
     if (s == FT_OK) {
         number_slots(p);
-        s = plan(p, true, p->train, &p->train_arena, &p->train_bytes);
+        plan_dtypes(p);
+        s = use_low_weights(p);
     }
+    if (s == FT_OK)
+        s = plan(p, true, p->train, &p->train_arena, &p->train_bytes);
     if (s == FT_OK)
         s = plan(p, false, p->eval, &p->eval_arena, &p->eval_bytes);
     if (s == FT_OK)
@@ -522,7 +633,8 @@ static ft_status check_batch(const ft_program *p, int i, const char *arg, const 
     const ft_node *nd = &p->nodes[i];
     int64_t want[FT_MAX_DIMS] = {rows};
     memcpy(want + 1, nd->shape, (size_t)nd->ndim * sizeof *want);
-    if (t->dtype != nd->dtype)
+    bool low_batch = i == 0 && t->dtype == p->dtype[0] && p->dtype[0] == p->compute; /* a loader's bfloat16 */
+    if (t->dtype != nd->dtype && !low_batch)
         return ft_fail(FT_ERR_DTYPE, "program: %s must be %s, got %s", arg, ft_dtype_get(nd->dtype)->name,
                        ft_dtype_get(t->dtype)->name);
     return ft_check_shape("program", arg, t, nd->ndim + 1, want);
@@ -539,34 +651,35 @@ static ft_status check_input(const ft_program *p, const ft_tensor *x) {
     return check_batch(p, 0, "input", x, x->shape[0]);
 }
 
-/* A batch tensor where the program runs: t itself, or a copy. With
- * `queued`, a copy from page-locked memory returns before it is done: for
- * callers that wait for the device (reading a loss) before they return, and
- * with it the caller's hold on t. The caller releases *out. */
-static ft_status on_device(const ft_program *p, const ft_tensor *t, bool queued, ft_tensor *out) {
-    if (ft_device_eq(ft_op_device(t), p->device)) {
+/* A batch tensor of `dtype` where the program runs: t itself, or a copy.
+ * With `queued`, a copy from page-locked memory returns before it is done:
+ * for callers that wait for the device (reading a loss) before they return,
+ * and with it the caller's hold on t. The caller releases *out. */
+static ft_status on_device(const ft_program *p, const ft_tensor *t, ft_dtype dtype, bool queued, ft_tensor *out) {
+    if (ft_device_eq(ft_op_device(t), p->device) && t->dtype == dtype) {
         ft_tensor_share(out, t);
         return FT_OK;
     }
-    return ft_tensor_to(out, t, t->dtype, p->device, false, queued);
+    return ft_tensor_to(out, t, dtype, p->device, false, queued);
 }
 
-/* The batch x where the program runs, as on_device, and in the program's
- * layout: images copied to channels-last when the program is, since
- * oneDNN convolves mixed layouts with its slow reference kernels, and token
- * ids contiguous, as an embedding reads them (slices of a token stream are
- * strided). */
+/* The batch x where the program runs, as on_device, in the input node's
+ * dtype (converted as it is copied) and in the program's layout: images
+ * copied to channels-last when the program is, since oneDNN convolves mixed
+ * layouts with its slow reference kernels, and token ids contiguous, as an
+ * embedding reads them (slices of a token stream are strided). */
 static ft_status input_on_device(const ft_program *p, const ft_tensor *x, bool queued, ft_tensor *out) {
     if (x->dtype == FT_INT64 && !ft_tensor_is_contiguous(x))
         return ft_tensor_to(out, x, x->dtype, p->device, false, false);
+    ft_dtype dtype = p->dtype[0];
     bool nhwc = x->ndim == 4 && x->strides[1] == 1 && x->strides[3] == x->shape[1] &&
                 x->strides[2] == x->shape[3] * x->shape[1];
     if (!p->channels_last || x->ndim != 4 || x->shape[1] == 1 || nhwc)
-        return on_device(p, x, queued, out);
+        return on_device(p, x, dtype, queued, out);
     ft_tensor dev, nhwc_t;
-    FT_TRY(on_device(p, x, false, &dev));
+    FT_TRY(on_device(p, x, x->dtype, false, &dev));
     int64_t N = x->shape[0], C = x->shape[1], H = x->shape[2], W = x->shape[3];
-    ft_status s = ft_tensor_empty(&nhwc_t, 4, (int64_t[]){N, H, W, C}, x->dtype, p->device, false);
+    ft_status s = ft_tensor_empty(&nhwc_t, 4, (int64_t[]){N, H, W, C}, dtype, p->device, false);
     if (s == FT_OK) {
         nhwc_t.shape[1] = C, nhwc_t.shape[2] = H, nhwc_t.shape[3] = W;
         int64_t strides[4] = {H * W * C, 1, W * C, C};
@@ -609,7 +722,7 @@ static ft_status prepare_targets(ft_program *p, const ft_tensor *y, int64_t rows
     if (host.storage)
         ft_tensor_release(&host);
     if (s == FT_OK && y)
-        s = on_device(p, y, true, dev);
+        s = on_device(p, y, y->dtype, true, dev);
     return s;
 }
 
@@ -715,6 +828,7 @@ static ft_status backward_batches(ft_program *p, const ft_tensor *x, const ft_te
 
 ft_status ft_program_backward(ft_program *p, const ft_tensor *x, const ft_tensor *y, bool accumulate, double *loss) {
     FT_TRY(check_input(p, x));
+    FT_TRY(refresh_low_weights(p));
     ft_tensor yd, xd = {0};
     FT_TRY(prepare_targets(p, y, x->shape[0], &yd));
     ft_status s = input_on_device(p, x, true, &xd);
@@ -739,6 +853,7 @@ ft_status ft_program_forward(ft_program *p, const ft_tensor *x, const ft_tensor 
     FT_TRY(ft_check_float("program", "out", out, false));
     FT_TRY(ft_check_shape("program", "out", out, o->ndim + 1, want));
     FT_TRY(ft_check_output("program", "out", out));
+    FT_TRY(refresh_low_weights(p));
     ft_tensor xd;
     FT_TRY(input_on_device(p, x, false, &xd));
     ft_status s = FT_OK;
@@ -766,9 +881,9 @@ static ft_status flip_average(ft_program *p, int64_t rows, const ft_tensor *othe
     ft_tensor out = node_out(p, false, p->output, rows), kept = rows_of(other, 0, rows);
     FT_TRY(ft_tensor_copy(&kept, &out, false));
     ft_tensor mirror = x, flipped;
-    mirror.offset += (x.shape[3] - 1) * x.strides[3] * 4;
+    mirror.offset += (x.shape[3] - 1) * x.strides[3] * (int64_t)ft_dtype_get(x.dtype)->itemsize;
     mirror.strides[3] = -x.strides[3];
-    FT_TRY(ft_tensor_empty(&flipped, 4, x.shape, FT_FLOAT32, p->device, false));
+    FT_TRY(ft_tensor_empty(&flipped, 4, x.shape, x.dtype, p->device, false));
     ft_status s = ft_tensor_copy(&flipped, &mirror, false);
     p->x = flipped;
     if (s == FT_OK)
@@ -844,6 +959,7 @@ static ft_status evaluate_batches(ft_program *p, const ft_tensor *x, const ft_te
 ft_status ft_program_evaluate(ft_program *p, const ft_tensor *x, const ft_tensor *y, bool tta_flip, double *loss_sum,
                               int64_t *correct) {
     FT_TRY(check_input(p, x));
+    FT_TRY(refresh_low_weights(p));
     ft_tensor yd, yh = {0}, xd = {0}, other = {0}, scores = {0};
     FT_TRY(prepare_targets(p, y, x->shape[0], &yd));
     ft_status s = input_on_device(p, x, true, &xd);

@@ -115,10 +115,34 @@ typedef struct ft_program ft_program;
  * the targets (a FT_NODE_TARGET node); the nodes after `output` are the
  * loss's own. Batches may come from any device (a CUDA program copies CPU
  * batches over, without waiting when they are in page-locked memory). The
- * nodes are copied; their parameter views must outlive the program. */
+ * nodes are copied; their parameter views must outlive the program.
+ *
+ * `compute` FT_FLOAT32 runs every node in float32. FT_BFLOAT16 (or
+ * FT_FLOAT16) is mixed precision: the model's nodes whose kinds can run in
+ * it store their outputs and gradients in it, and convolutions and linear
+ * layers multiply its copy of the weights, accumulating in float32; the
+ * loss, normalization statistics and every parameter gradient stay float32.
+ * `params` is then the model's flat float32 parameter buffer (every weight
+ * a view into it), of which the program keeps that copy, and the batches
+ * may come in the compute dtype too. */
 ft_status ft_program_create(ft_program **out, int nnodes, const ft_node *nodes, int output, int64_t batch,
-                            bool channels_last, uint64_t seed, ft_device device);
+                            bool channels_last, uint64_t seed, ft_device device, const ft_tensor *params,
+                            ft_dtype compute);
 void ft_program_destroy(ft_program *p);
+
+/* The program's copy of the params in the compute dtype (NULL in
+ * float32): an optimizer that updates the params writes it as it goes
+ * (ft_optimizer_set_copies), so the next step needs no conversion. */
+const ft_tensor *ft_program_low_params(const ft_program *p);
+
+/* Tells the program that the params were written by anything but an
+ * optimizer writing its copy: its next step, forward or evaluation converts
+ * them again. */
+void ft_program_params_changed(ft_program *p);
+
+/* The dtype of node i's output and gradient (float32, or the compute dtype
+ * where it runs in it). */
+ft_dtype ft_program_node_dtype(const ft_program *p, int i);
 
 /* Forward and backward of one batch x (B, ...) with targets y (B, ...) of
  * the target node's shape and dtype (NULL when the loss reads none), split

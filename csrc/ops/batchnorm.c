@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/convert.h"
 #include "kernels/norm.h"
 #include "ops/check.h"
 #include "ops/cuda_ops.h"
@@ -37,9 +38,7 @@ static ft_status layout_of(layout *l, const ft_tensor *t, const char *arg, ft_de
     if (t->ndim != 2 && t->ndim != 4)
         return ft_fail(FT_ERR_SHAPE, "batch_norm: %s must be (N, C) or (N, C, H, W), got %d dimensions", arg,
                        t->ndim);
-    if (t->dtype != FT_FLOAT32)
-        return ft_fail(FT_ERR_DTYPE, "batch_norm: %s must be float32, got %s", arg, ft_dtype_get(t->dtype)->name);
-    FT_TRY(ft_check_on("batch_norm", arg, t, dev, "input"));
+    FT_TRY(ft_check_float_on("batch_norm", arg, t, dev, "input", true));
     l->N = t->shape[0];
     l->C = t->shape[1];
     l->S = t->ndim == 4 ? t->shape[2] * t->shape[3] : 1;
@@ -78,10 +77,12 @@ static inline int64_t offset(const layout *l, int64_t n, int64_t c, int64_t s) {
 /* The two per-channel sums the forward (of x - center and its square) and
  * the backward (of dz and dz * (x - center)) need, from fixed partials: one
  * per (n, c) plane in NCHW, one per CHUNK rows in channels-last. The inner
- * loops run over contiguous memory and vectorise. */
+ * loops run over contiguous memory and vectorise. x, y and dy are float32
+ * or bfloat16 (each read a run at a time into float). */
 typedef struct {
-    const float *x, *y, *dy; /* y, dy: NULL in the forward */
-    const float *center;     /* (C) */
+    const void *x, *y, *dy; /* y, dy: NULL in the forward */
+    bool x16, y16, dy16;    /* bfloat16 */
+    const float *center;    /* (C) */
     ft_act act;
 } sums_in;
 
@@ -100,15 +101,25 @@ static inline const float *grad_through_act(float *restrict dz, const float *res
     return dz;
 }
 
-/* a[k] += (w - center), b[k] += (w - center)^2 (forward) or
+/* The run [i0, i0 + n) of x as floats, and (backward) its dz: buf holds 4n floats. */
+static inline const float *run_of(const sums_in *in, int64_t i0, int64_t n, float *buf, const float **dz) {
+    const float *x = ft_floats_in(in->x, in->x16, i0, n, buf);
+    if (in->dy) {
+        const float *dy = ft_floats_in(in->dy, in->dy16, i0, n, buf + n);
+        const float *y = in->y ? ft_floats_in(in->y, in->y16, i0, n, buf + 2 * n) : NULL;
+        *dz = grad_through_act(buf + 3 * n, dy, y, n, in->act);
+    }
+    return x;
+}
+
+/* a[k] += (x - center), b[k] += (x - center)^2 (forward, dz NULL) or
  * a[k] += dz, b[k] += dz * (x - center) (backward) over a run of n values
  * whose channel is k (cstride 1: consecutive channels; 0: one channel). */
-static inline void sum_run(double *a, double *b, const sums_in *in, int64_t i0, int64_t n, int64_t c0, int cstride,
-                           const float *dz) {
-    const float *x = in->x + i0;
-    if (!in->dy) {
+static inline void sum_run(double *a, double *b, const float *x, const float *dz, const float *center, int64_t n,
+                           int64_t c0, int cstride) {
+    if (!dz) {
         for (int64_t k = 0; k < n; k++) {
-            double v = (double)x[k] - in->center[c0 + k * cstride];
+            double v = (double)x[k] - center[c0 + k * cstride];
             a[k * cstride] += v;
             b[k * cstride] += v * v;
         }
@@ -117,32 +128,30 @@ static inline void sum_run(double *a, double *b, const sums_in *in, int64_t i0, 
     for (int64_t k = 0; k < n; k++) {
         double g = dz[k];
         a[k * cstride] += g;
-        b[k * cstride] += g * ((double)x[k] - in->center[c0 + k * cstride]);
+        b[k * cstride] += g * ((double)x[k] - center[c0 + k * cstride]);
     }
 }
 
-/* The partial sums of CHUNK channels-last rows [r0, r1) (with their dz in
- * buf), and of one NCHW plane: separate functions so that each is compiled
- * for AVX-512, AVX2 and plain x86-64 and picked at run time. */
+/* The partial sums of CHUNK channels-last rows [r0, r1), and of one NCHW
+ * plane: separate functions so that each is compiled for AVX-512, AVX2 and
+ * plain x86-64 and picked at run time. */
 FT_VEC_CLONES static void rows_sums(double *pa, double *pb, const sums_in *in, int64_t r0, int64_t r1, int64_t C,
                                     float *buf) {
-    const float *dz = in->dy ? grad_through_act(buf, in->dy + r0 * C, in->y ? in->y + r0 * C : NULL, (r1 - r0) * C,
-                                                in->act)
-                             : NULL;
-    for (int64_t r = r0; r < r1; r++)
-        sum_run(pa, pb, in, r * C, C, 0, 1, dz ? dz + (r - r0) * C : NULL);
+    const float *dz = NULL, *x = run_of(in, r0 * C, (r1 - r0) * C, buf, &dz);
+    for (int64_t r = 0; r < r1 - r0; r++)
+        sum_run(pa, pb, x + r * C, dz ? dz + r * C : NULL, in->center, C, 0, 1);
 }
 
 FT_VEC_CLONES static void plane_sums(double *a, double *b, const sums_in *in, int64_t i0, int64_t S, int64_t c,
                                      float *buf) {
-    sum_run(a, b, in, i0, S, c, 0,
-            in->dy ? grad_through_act(buf, in->dy + i0, in->y ? in->y + i0 : NULL, S, in->act) : NULL);
+    const float *dz = NULL, *x = run_of(in, i0, S, buf, &dz);
+    sum_run(a, b, x, dz, in->center, S, c, 0);
 }
 
 static ft_status channel_sums(double *sa, double *sb, const layout *l, const sums_in *in) {
     int64_t C = l->C, rows = l->N * l->S;
     int64_t nparts = l->channels_last ? (rows + CHUNK - 1) / CHUNK : l->N * C;
-    int64_t run = l->channels_last ? CHUNK * C : l->S;
+    int64_t run = 4 * (l->channels_last ? CHUNK * C : l->S);
     double *part = calloc((size_t)(nparts ? nparts : 1) * (l->channels_last ? (size_t)C : 1) * 2, sizeof *part);
     float *bufs = malloc((size_t)omp_get_max_threads() * (size_t)(run ? run : 1) * sizeof *bufs);
     if (!part || !bufs) {
@@ -195,24 +204,41 @@ static inline void normalize_run(float *out, const float *x, const float *scale,
             out[k] = ft_act_forward(act, out[k]);
 }
 
-FT_VEC_CLONES static void normalize_rows(float *out, const float *x, const float *scale, const float *shift,
-                                         int64_t rows, int64_t C, ft_act act) {
-    for (int64_t r = 0; r < rows; r++)
-        normalize_run(out + r * C, x + r * C, scale, shift, C, 1, act);
+/* The tensors of a normalization, float32 or bfloat16 each. */
+typedef struct {
+    void *out;
+    const void *x;
+    bool out16, x16;
+} norm_io;
+
+/* One run: CHUNK channels-last rows [i0, i0 + n) of C channels, or (C 0)
+ * one NCHW plane of channel c; buf holds 2n floats. */
+FT_VEC_CLONES static void normalize_rows(const norm_io *io, int64_t i0, int64_t n, int64_t C, int64_t c,
+                                         const float *scale, const float *shift, ft_act act, float *buf) {
+    const float *x = ft_floats_in(io->x, io->x16, i0, n, buf);
+    float *out = ft_floats_at(io->out, io->out16, i0, buf + n);
+    if (C)
+        for (int64_t r = 0; r < n / C; r++)
+            normalize_run(out + r * C, x + r * C, scale, shift, C, 1, act);
+    else
+        normalize_run(out, x, scale + c, shift + c, n, 0, act);
+    ft_floats_out(io->out, io->out16, i0, n, out);
 }
 
-static void normalize(float *out, const float *x, const float *scale, const float *shift, ft_act act,
-                      const layout *l) {
+static ft_status normalize(const norm_io *io, const float *scale, const float *shift, ft_act act, const layout *l) {
     int64_t C = l->C, total = l->N * l->C * l->S, rows = l->N * l->S;
-    if (l->channels_last) {
+    int64_t run = l->channels_last ? CHUNK * C : l->S, nruns = l->channels_last ? (rows + CHUNK - 1) / CHUNK : l->N * C;
+    float *bufs = malloc((size_t)omp_get_max_threads() * (size_t)(2 * run + 1) * sizeof *bufs);
+    if (!bufs)
+        return ft_fail(FT_ERR_NOMEM, "batch_norm: out of memory");
 #pragma omp parallel for schedule(static) if (total > PARALLEL_ELEMS)
-        for (int64_t r = 0; r < rows; r += CHUNK)
-            normalize_rows(out + r * C, x + r * C, scale, shift, rows - r < CHUNK ? rows - r : CHUNK, C, act);
-    } else {
-#pragma omp parallel for schedule(static) if (total > PARALLEL_ELEMS)
-        for (int64_t nc = 0; nc < l->N * C; nc++)
-            normalize_run(out + nc * l->S, x + nc * l->S, scale + nc % C, shift + nc % C, l->S, 0, act);
+    for (int64_t r = 0; r < nruns; r++) {
+        int64_t i0 = r * run, n = i0 + run < total ? run : total - i0;
+        normalize_rows(io, i0, n, l->channels_last ? C : 0, r % C, scale, shift, act,
+                       bufs + omp_get_thread_num() * (2 * run + 1));
     }
+    free(bufs);
+    return FT_OK;
 }
 
 ft_status ft_batchnorm_forward(const ft_tensor *out, const ft_tensor *save_mean, const ft_tensor *save_invstd,
@@ -246,15 +272,16 @@ ft_status ft_batchnorm_forward(const ft_tensor *out, const ft_tensor *save_mean,
         FT_CUDA_DISPATCH("batch_norm", batchnorm_forward, out, save_mean, save_invstd, inp, weight, bias,
                          running_mean, running_var, p);
     float *mean = (float *)ft_tensor_data(save_mean), *invstd = (float *)ft_tensor_data(save_invstd);
-    const float *x = (const float *)ft_tensor_data(inp);
+    const void *x = ft_tensor_data(inp);
+    bool x16 = inp->dtype == FT_BFLOAT16;
     float *scale = malloc((size_t)(2 * C + 1) * sizeof *scale), *shift = scale ? scale + C : NULL;
     double *sums = malloc((size_t)(2 * C + 1) * sizeof *sums);
     ft_status s = scale && sums ? FT_OK : ft_fail(FT_ERR_NOMEM, "batch_norm: out of memory");
     if (s == FT_OK && p->training) {
         /* Sums of x - x[0, c] keep the variance accurate for large means. */
         for (int64_t c = 0; c < C; c++)
-            shift[c] = x[offset(&l, 0, c, 0)];
-        sums_in in = {.x = x, .center = shift};
+            shift[c] = *ft_floats_in(x, x16, offset(&l, 0, c, 0), 1, &scale[c]);
+        sums_in in = {.x = x, .x16 = x16, .center = shift};
         s = channel_sums(sums, sums + C, &l, &in);
         for (int64_t c = 0; s == FT_OK && c < C; c++) {
             double var = ft_norm_stats(sums[c], sums[C + c], (double)M, shift[c], p->eps, &mean[c], &invstd[c]);
@@ -276,18 +303,20 @@ ft_status ft_batchnorm_forward(const ft_tensor *out, const ft_tensor *save_mean,
             scale[c] = ft_norm_scale(invstd[c], w);
             shift[c] = ft_norm_shift(mean[c], scale[c], b);
         }
-        normalize((float *)ft_tensor_data(out), x, scale, shift, p->act, &l);
+        norm_io io = {ft_tensor_data(out), x, out->dtype == FT_BFLOAT16, x16};
+        s = normalize(&io, scale, shift, p->act, &l);
     }
     free(scale);
     free(sums);
     return s;
 }
 
-/* dx of one run: CHUNK channels-last rows or one NCHW plane of channel c. */
-FT_VEC_CLONES static void dx_run(float *dx, const float *dy, const float *y, const float *x, const float *mean,
-                                 const float *k, int64_t C, int64_t len, bool cl, int64_t c, ft_act act, bool acc,
-                                 float *buf) {
-    const float *dz = grad_through_act(buf, dy, y, len, act);
+/* dx of one run [i0, i0 + len): CHUNK channels-last rows or one NCHW plane
+ * of channel c; buf holds 5 len floats. */
+FT_VEC_CLONES static void dx_run(void *dxp, bool dx16, const sums_in *in, int64_t i0, int64_t len, const float *mean,
+                                 const float *k, int64_t C, bool cl, int64_t c, bool acc, float *buf) {
+    const float *dz = NULL, *x = run_of(in, i0, len, buf, &dz);
+    float *to = buf + 4 * len, *dx = acc ? (float *)ft_floats_in(dxp, dx16, i0, len, to) : ft_floats_at(dxp, dx16, i0, to);
     if (cl) {
         for (int64_t j0 = 0; j0 < len; j0 += C)
             for (int64_t ch = 0; ch < C; ch++) {
@@ -300,6 +329,7 @@ FT_VEC_CLONES static void dx_run(float *dx, const float *dy, const float *y, con
             dx[j] = acc ? dx[j] + v : v;
         }
     }
+    ft_floats_out(dxp, dx16, i0, len, dx);
 }
 
 ft_status ft_batchnorm_backward(const ft_tensor *dinp, const ft_tensor *dweight, const ft_tensor *dbias,
@@ -343,13 +373,16 @@ ft_status ft_batchnorm_backward(const ft_tensor *dinp, const ft_tensor *dweight,
                              save_invstd, p);
         return ft_grad_out_end(&gb, ft_grad_out_end(&gw, ft_grad_out_end(&gx, s)));
     }
-    const float *x = (const float *)ft_tensor_data(inp), *dy = (const float *)ft_tensor_data(dout);
-    const float *y = out ? (const float *)ft_tensor_data(out) : NULL;
     const float *mean = (const float *)ft_tensor_data(save_mean), *invstd = (const float *)ft_tensor_data(save_invstd);
     double *sums = malloc((size_t)(2 * C + 1) * sizeof *sums);
     float *k = malloc((size_t)(3 * C + 1) * sizeof *k); /* scale, k1, k2 per channel */
     ft_status s = sums && k ? FT_OK : ft_fail(FT_ERR_NOMEM, "batch_norm: out of memory");
-    sums_in in = {.x = x, .y = y, .dy = dy, .center = mean, .act = p->act};
+    sums_in in = {.x = ft_tensor_data(inp), .x16 = inp->dtype == FT_BFLOAT16, .dy = ft_tensor_data(dout),
+                  .dy16 = dout->dtype == FT_BFLOAT16, .center = mean, .act = p->act};
+    if (p->act.kind != FT_ACT_NONE) { /* dz needs the output */
+        in.y = ft_tensor_data(out);
+        in.y16 = out->dtype == FT_BFLOAT16;
+    }
     if (s == FT_OK)
         s = channel_sums(sums, sums + C, &l, &in); /* sum dz, sum dz * (x - mean) */
     if (s == FT_OK) {
@@ -368,18 +401,17 @@ ft_status ft_batchnorm_backward(const ft_tensor *dinp, const ft_tensor *dweight,
         }
     }
     if (s == FT_OK && dinp && M > 0) {
-        float *dx = (float *)ft_tensor_data(dinp);
         bool cl = l.channels_last;
         /* runs: CHUNK rows of all channels (channels-last) or one channel's plane */
         int64_t total = M * C, run = cl ? CHUNK * C : l.S, nruns = cl ? (M + CHUNK - 1) / CHUNK : l.N * C;
-        float *bufs = malloc((size_t)omp_get_max_threads() * (size_t)run * sizeof *bufs);
+        float *bufs = malloc((size_t)omp_get_max_threads() * (size_t)(5 * run) * sizeof *bufs);
         if (!bufs)
             s = ft_fail(FT_ERR_NOMEM, "batch_norm: out of memory");
 #pragma omp parallel for schedule(static) if (s == FT_OK && total > PARALLEL_ELEMS)
         for (int64_t r = 0; r < (s == FT_OK ? nruns : 0); r++) {
             int64_t i0 = r * run, len = i0 + run < total ? run : total - i0;
-            dx_run(dx + i0, dy + i0, y ? y + i0 : NULL, x + i0, mean, k, C, len, cl, cl ? 0 : r % C, p->act,
-                   acc.inp, bufs + omp_get_thread_num() * run);
+            dx_run(ft_tensor_data(dinp), dinp->dtype == FT_BFLOAT16, &in, i0, len, mean, k, C, cl, cl ? 0 : r % C,
+                   acc.inp, bufs + omp_get_thread_num() * (5 * run));
         }
         free(bufs);
     }

@@ -101,15 +101,17 @@ static ft_status forward_desc(dnnl_convolution_desc_t *cd, const conv_mds *m, co
 
 static ft_status build(dnnl_primitive_desc_t *pd, const void *arg) {
     const conv_key *k = arg;
-    conv_mds m;
+    conv_mds m, ahead;
     FT_TRY(make_mds(&m, k, true));
+    ahead = m; /* the forward: a bfloat16 one's weights are bfloat16 when their gradient is float32 */
+    FT_TRY(weight_md(&ahead.wei, (ft_dtype)k->dt_src, k->wei, k->p.groups, true));
     dnnl_engine_t engine;
     FT_TRY(ft_dnnl_engine(&engine));
     dnnl_primitive_attr_t attr;
     FT_TRY(ft_dnnl_attr(&attr));
     dnnl_convolution_desc_t fwd, cd;
     dnnl_primitive_desc_t hint = NULL;
-    ft_status s = forward_desc(&fwd, &m, k, k->kind == 'F' && k->bias);
+    ft_status s = forward_desc(&fwd, &ahead, k, k->kind == 'F' && k->bias);
     if (s == FT_OK && k->kind == 'F' && (k->act || k->sum)) {
         dnnl_post_ops_t po;
         s = ft_dnnl_check(dnnl_post_ops_create(&po), "conv2d post-ops");

@@ -455,7 +455,7 @@ static void set_strides(int64_t *dst, const ft_tensor *t) {
 /* Every tensor of a call is on dev, the device of its first input `ref`
  * (inp forward, dout backward). */
 static ft_status check_4d(const char *op, const char *arg, const ft_tensor *t, ft_device dev, const char *ref) {
-    FT_TRY(ft_check_float_on(op, arg, t, dev, ref, false));
+    FT_TRY(ft_check_float_on(op, arg, t, dev, ref, dev.type == FT_DEV_CPU));
     return ft_check_ndim(op, arg, t, 4, "(N, C, H, W)");
 }
 
@@ -480,6 +480,88 @@ static ft_status alloc_spans(span **rows, span **cols, int64_t P, int64_t Q) {
 }
 
 typedef enum { FIXED, ADAPTIVE } window_rule;
+
+/* Samples [n0, n0 + rows) of t. */
+static ft_tensor samples(const ft_tensor *t, int64_t n0, int64_t rows) {
+    ft_tensor v = *t;
+    v.shape[0] = rows;
+    v.offset += n0 * t->strides[0] * (int64_t)ft_dtype_get(t->dtype)->itemsize;
+    return v;
+}
+
+/* A float32 tensor of t's shape for `rows` samples, in t's layout (NCHW or channels-last). */
+static ft_status float_like(ft_tensor *out, const ft_tensor *t, int64_t rows) {
+    int64_t N = rows, C = t->shape[1], H = t->shape[2], W = t->shape[3];
+    if (!channels_last(t))
+        return ft_tensor_empty(out, 4, (int64_t[]){N, C, H, W}, FT_FLOAT32, FT_CPU, false);
+    FT_TRY(ft_tensor_empty(out, 4, (int64_t[]){N, H, W, C}, FT_FLOAT32, FT_CPU, false));
+    int64_t shape[4] = {N, C, H, W}, strides[4] = {H * W * C, 1, W * C, C};
+    memcpy(out->shape, shape, sizeof shape);
+    memcpy(out->strides, strides, sizeof strides);
+    return FT_OK;
+}
+
+/* One float32 pool of src into dst (with the indices of their samples). */
+typedef ft_status (*float_pool)(const ft_tensor *dst, const ft_tensor *src, const ft_tensor *ind, const void *ctx);
+
+/* A pool with a bfloat16 src or dst, as float32 pools over chunks of
+ * samples: each chunk converted into float32 buffers of its layout, pooled,
+ * and the results converted back while the chunk is in cache (with
+ * read_dst, dst's values are read too: an accumulating backward). */
+static ft_status by_float_chunks(const ft_tensor *dst, const ft_tensor *src, const ft_tensor *ind, bool read_dst,
+                                 float_pool run, const void *ctx) {
+    int64_t N = src->shape[0], per = ft_tensor_numel(src) / N + ft_tensor_numel(dst) / N;
+    int64_t chunk = per < (1 << 18) ? (1 << 18) / per : 1;
+    chunk = chunk < N ? chunk : N;
+    ft_tensor d, x;
+    FT_TRY(float_like(&d, dst, chunk));
+    ft_status s = float_like(&x, src, chunk);
+    if (s != FT_OK) {
+        ft_tensor_release(&d);
+        return s;
+    }
+    for (int64_t n0 = 0; s == FT_OK && n0 < N; n0 += chunk) {
+        int64_t rows = N - n0 < chunk ? N - n0 : chunk;
+        ft_tensor dc = samples(dst, n0, rows), xc = samples(src, n0, rows), ic, df = samples(&d, 0, rows),
+                  xf = samples(&x, 0, rows);
+        if (ind)
+            ic = samples(ind, n0, rows);
+        s = ft_tensor_copy(&xf, &xc, false);
+        if (s == FT_OK && read_dst)
+            s = ft_tensor_copy(&df, &dc, false);
+        if (s == FT_OK)
+            s = run(&df, &xf, ind ? &ic : NULL, ctx);
+        if (s == FT_OK)
+            s = ft_tensor_copy(&dc, &df, false);
+    }
+    ft_tensor_release(&d);
+    ft_tensor_release(&x);
+    return s;
+}
+
+typedef struct {
+    const char *op;
+    int kind;
+    window_rule rule;
+    const ft_pool2d_params *p;
+    bool accumulate;
+} pool_call;
+
+static ft_status pool_forward(const char *op, int kind, window_rule rule, const ft_tensor *out,
+                              const ft_tensor *ind, const ft_tensor *inp, const ft_pool2d_params *p);
+static ft_status pool_backward(const char *op, int kind, window_rule rule, const ft_tensor *dinp,
+                               const ft_tensor *dout, const ft_tensor *ind, const ft_pool2d_params *p,
+                               bool accumulate);
+
+static ft_status float_forward(const ft_tensor *dst, const ft_tensor *src, const ft_tensor *ind, const void *ctx) {
+    const pool_call *c = ctx;
+    return pool_forward(c->op, c->kind, c->rule, dst, ind, src, c->p);
+}
+
+static ft_status float_backward(const ft_tensor *dst, const ft_tensor *src, const ft_tensor *ind, const void *ctx) {
+    const pool_call *c = ctx;
+    return pool_backward(c->op, c->kind, c->rule, dst, src, ind, c->p, c->accumulate);
+}
 
 /* The shared forward of the four pools. */
 static ft_status pool_forward(const char *op, int kind, window_rule rule, const ft_tensor *out,
@@ -510,6 +592,8 @@ static ft_status pool_forward(const char *op, int kind, window_rule rule, const 
     }
     if (N * C * P * Q == 0)
         return FT_OK;
+    if (inp->dtype != FT_FLOAT32 || out->dtype != FT_FLOAT32)
+        return by_float_chunks(out, inp, ind, false, float_forward, &(pool_call){op, kind, rule, p, false});
     if (dev.type == FT_DEV_CUDA) {
         if (kind == POOL_MAX && rule == FIXED)
             FT_CUDA_DISPATCH(op, max_pool2d_forward, out, ind, inp, p);
@@ -573,6 +657,9 @@ static ft_status pool_backward(const char *op, int kind, window_rule rule, const
     }
     if (N * C * H * W == 0)
         return FT_OK;
+    if (dout->dtype != FT_FLOAT32 || dinp->dtype != FT_FLOAT32)
+        return by_float_chunks(dinp, dout, ind, accumulate, float_backward,
+                               &(pool_call){op, kind, rule, p, accumulate});
     if (dev.type == FT_DEV_CUDA) {
         if (kind == POOL_MAX && rule == FIXED)
             FT_CUDA_DISPATCH(op, max_pool2d_backward, dinp, dout, ind, accumulate);

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/cuda.h"
+#include "kernels/convert.h"
 #include "kernels/optim.h"
 #include "ops/cuda_ops.h"
 #include "ops/pointwise.h"
@@ -154,6 +155,8 @@ struct ft_optimizer {
      * memory, and the host side of the table */
     ft_storage *workspace;
     ft_cuda_optim_segment *table; /* (nseg) */
+    void **copies;                /* (nseg) or NULL: see ft_optimizer_set_copies */
+    ft_dtype copy_dtype;
 };
 
 static const char *const kind_names[] = {"SGD", "AdamW", "LAMB", "LARS"};
@@ -401,7 +404,27 @@ void ft_optimizer_destroy(ft_optimizer *opt) {
     free(opt->coefs);
     free(opt->partial);
     free(opt->table);
+    free(opt->copies);
     free(opt);
+}
+
+ft_status ft_optimizer_set_copies(ft_optimizer *opt, ft_dtype dtype, void *const *copies) {
+    if (!copies) {
+        free(opt->copies);
+        opt->copies = NULL;
+        return FT_OK;
+    }
+    if (opt->device.type == FT_DEV_CUDA)
+        return ft_fail(FT_ERR_DEVICE, "%s: low-precision copies are written on the CPU only", kind_names[opt->kind]);
+    if (dtype != FT_BFLOAT16 && dtype != FT_FLOAT16)
+        return ft_fail(FT_ERR_DTYPE, "%s: copies are bfloat16 or float16, not %s", kind_names[opt->kind],
+                       ft_dtype_get(dtype)->name);
+    size_t n = (size_t)(opt->plan.nseg ? opt->plan.nseg : 1);
+    if (!opt->copies && !(opt->copies = malloc(n * sizeof *opt->copies)))
+        return ft_fail(FT_ERR_NOMEM, "out of memory");
+    memcpy(opt->copies, copies, (size_t)opt->plan.nseg * sizeof *copies);
+    opt->copy_dtype = dtype;
+    return FT_OK;
 }
 
 ft_status ft_optimizer_set_grads(ft_optimizer *opt, const float *const *grads) {
@@ -476,6 +499,15 @@ static void sgd_loop(float *p, float *buf, const float *g, int64_t n, grad_xform
         }
     } else {
         FT_SIMD_FOR(i, n) p[i] = ft_sgd_param(p[i], ft_sgd_direction(ft_optim_grad(g[i], gx.scale, gx.clip, maximize), p[i], &k), &k);
+    }
+}
+
+FT_VEC_CLONES
+static void copy_loop(uint16_t *dst, const float *p, int64_t n, bool bf16) {
+    if (bf16) {
+        FT_SIMD_FOR(i, n) dst[i] = ft_f32_to_bf16(p[i]);
+    } else {
+        FT_SIMD_FOR(i, n) dst[i] = ft_f32_to_f16(p[i]);
     }
 }
 
@@ -617,6 +649,8 @@ static void update_pass(ft_optimizer *opt, grad_xform gx, bool parallel) {
             lars_loop(p, state_at(opt, FT_OPTIM_MOMENTUM_BUFFER, bk->seg) + o, gr, n, gx, g->maximize, &c->lars);
             break;
         }
+        if (opt->copies && opt->copies[bk->seg]) /* the block is still in cache */
+            copy_loop((uint16_t *)opt->copies[bk->seg] + o, p, n, opt->copy_dtype == FT_BFLOAT16);
     }
 }
 

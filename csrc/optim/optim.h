@@ -53,6 +53,7 @@
 #include <stdint.h>
 
 #include "core/device.h"
+#include "core/dtype.h"
 #include "core/status.h"
 #include "core/storage.h"
 
@@ -140,6 +141,13 @@ ft_status ft_optimizer_step(ft_optimizer *opt, float grad_scale, double max_grad
 /* Points segment i at grads[i] (NULL: skip it) for the following steps,
  * validated as at creation; on failure nothing changes. */
 ft_status ft_optimizer_set_grads(ft_optimizer *opt, const float *const *grads);
+
+/* Has the update pass also write each updated param, rounded to `dtype`
+ * (bfloat16 or float16, to nearest even), at copies[i] (segment i's numel
+ * elements; NULL: none), as it goes: the low-precision weights of a
+ * mixed-precision program without a pass of their own. copies NULL stops
+ * it. CPU only (FT_ERR_DEVICE on CUDA); the caller vouches for the memory. */
+ft_status ft_optimizer_set_copies(ft_optimizer *opt, ft_dtype dtype, void *const *copies);
 
 /* Changes a group's hyperparameters, validated as at creation; may allocate
  * a state buffer that a newly enabled option needs (momentum, amsgrad). */

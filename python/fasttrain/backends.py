@@ -13,11 +13,26 @@ same switch lets cuDNN time its algorithms per convolution shape.
 
 ft.backends.allow_tf32 (off by default): float32 convolutions and matmuls
 on CUDA may run on TF32 tensor cores, as torch.backends.cuda.matmul.allow_tf32
-and torch.backends.cudnn.allow_tf32 allow together."""
+and torch.backends.cudnn.allow_tf32 allow together.
+
+ft.backends.cpu_has_bf16(): whether this CPU multiplies bfloat16 in hardware
+(AVX512-BF16 or AMX-BF16), which precision="bf16-mixed" programs run on."""
+import functools
 import sys
 import types
 
 from . import _C
+
+
+@functools.cache
+def cpu_has_bf16():
+    """Whether the CPU has the AVX512-BF16 (or AMX-BF16) instructions, from /proc/cpuinfo's flags."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 class _Backends(types.ModuleType):

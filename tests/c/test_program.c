@@ -76,7 +76,7 @@ static ft_status make_program(ft_program **out, const net *m, int64_t batch) {
     nodes[9] = (ft_node){.kind = FT_NODE_TARGET, .dtype = FT_INT64};
     nodes[10] = (ft_node){.kind = FT_NODE_CROSS_ENTROPY, .ninputs = 2, .inputs = {8, 9}, .label_smoothing = 0.1,
                           .ignore_index = -100, .reduction = FT_NODE_REDUCE_MEAN};
-    return ft_program_create(out, 11, nodes, 8, batch, true, 1, FT_CPU);
+    return ft_program_create(out, 11, nodes, 8, batch, true, 1, FT_CPU, NULL, FT_FLOAT32);
 }
 
 static void copy_floats(float *dst, const ft_tensor *t) { memcpy(dst, ft_tensor_data(t), (size_t)ft_tensor_numel(t) * 4); }

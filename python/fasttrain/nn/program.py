@@ -290,9 +290,11 @@ def _flops(e):
     return 0 if e.kind in (INPUT, TARGET, PARAM) else math.prod(e.shape)
 
 
-def _table(entries):
-    """The node table of summary(): shapes, parameters, forward FLOPs, fusions and dropped biases."""
-    lines = [f"{'#':>3}  {'node':<22}{'output':<18}{'params':>10}{'MFLOP':>10}  notes"]
+def _table(entries, dtypes=None):
+    """The node table of summary(): shapes, parameters, forward FLOPs, fusions and dropped biases, and with
+    dtypes (a compiled program's) the dtype each node's output is stored in."""
+    lines = [f"{'#':>3}  {'node':<22}{'output':<18}{'params':>10}{'MFLOP':>10}"
+             + (f"  {'dtype':<9}" if dtypes else "") + "  notes"]
     counted, total_flops = {}, 0
     for i, e in enumerate(entries):
         name = "input" if e.module is None else type(e.module).__name__.lstrip("_")
@@ -308,7 +310,7 @@ def _table(entries):
         if e.drop_bias:
             notes.append("bias dropped and zeroed (a batch norm follows)")
         lines.append(f"{i:>3}  {name:<22}{str(tuple(e.shape)):<18}{params:>10,}{flops / 1e6:>10.2f}  "
-                     + ", ".join(notes))
+                     + (f"{dtypes[i]:<9}  " if dtypes else "") + ", ".join(notes))
     lines.append(f"parameters: {sum(counted.values()):,}   forward MFLOP per sample: {total_flops / 1e6:.2f}")
     return "\n".join(lines)
 
@@ -336,7 +338,8 @@ class Program:
     """A compiled model: train_step, predict and evaluate run in C."""
 
     def __init__(self, model, optimizer, loss, batch_size, input_shape, memory_format, accumulate_steps,
-                 clip_grad_norm, nan_policy, seed, target_shape=None, target_dtype=None, input_dtype=None):
+                 clip_grad_norm, nan_policy, seed, target_shape=None, target_dtype=None, input_dtype=None,
+                 precision="32-true"):
         if not callable(loss):
             raise TypeError(f"compile: the loss must be an ft.nn loss, a Module or a function f(output, target), "
                             f"got {type(loss).__name__}")
@@ -349,6 +352,7 @@ class Program:
             raise ValueError(f"batch_size {batch_size} must be a multiple of accumulate_steps {accumulate_steps}")
         if memory_format not in ("channels_last", "contiguous"):
             raise ValueError("memory_format must be 'channels_last' or 'contiguous'")
+        compute, precision = _compute_dtype(precision)
         self.model, self.optimizer, self.loss = model, optimizer, loss
         self.batch_size, self.accumulate_steps = batch_size, accumulate_steps
         self.clip_grad_norm, self.nan_policy = clip_grad_norm, nan_policy
@@ -363,6 +367,10 @@ class Program:
             raise ValueError("compile: LayerNorm over images needs memory_format='contiguous' (its weight follows "
                              "the (C, H, W) order)")
         self.flat_params, self.flat_grads = _flatten_parameters(model)
+        if compute is not _BY_NAME["float32"] and self.flat_params.device.type != "cpu":
+            raise NotImplementedError(f"compile: precision={precision!r} runs on the CPU so far; on CUDA compile "
+                                      f"with precision='32-true'")
+        self.precision = precision
         if memory_format == "channels_last" and any(e.kind == LINEAR and len(self.entries[e.inputs[0]].shape) == 3
                                  for e in self.entries):
             raise ValueError("compile: Linear over the last dimension of images needs memory_format='contiguous' "
@@ -387,7 +395,7 @@ class Program:
             from ..random import randint
             seed = int(randint(0, 2 ** 62, (1,)).item())
         self._c = _C.Program(self._nodes, self.flat_params, self.flat_grads, self.output,
-                             batch_size // accumulate_steps, memory_format == "channels_last", seed)
+                             batch_size // accumulate_steps, memory_format == "channels_last", seed, compute._code)
         targets = [e for e in self.entries if e.kind == TARGET]
         self.target_dtype = targets[0].module.dtype if targets else None
         # evaluate() counts correct argmax predictions of (classes,) outputs against class targets
@@ -396,10 +404,15 @@ class Program:
         self.step_count = 0
         self.skipped_steps = 0
 
+    def _input(self, x):
+        """x as the input's dtype (a bfloat16 batch goes as it is into a bf16-mixed program)."""
+        if self.precision == "bf16-mixed" and getattr(x, "dtype", None) is _BY_NAME["bfloat16"]:
+            return x
+        return _as(x, self.input_dtype, "token ids")
+
     def _batch(self, x, y):
         """x as the input's dtype, and the targets as the loss reads them (None when it reads none)."""
-        return _as(x, self.input_dtype, "token ids"), None if self.target_dtype is None else _as(
-            y, self.target_dtype, "labels")
+        return self._input(x), None if self.target_dtype is None else _as(y, self.target_dtype, "labels")
 
     @property
     def input_shape(self):
@@ -426,7 +439,7 @@ class Program:
 
     def predict(self, x):
         """The model's (first) output for x, in eval mode (running batch-norm statistics, no dropout)."""
-        return self._c.forward(_as(x, self.input_dtype, "token ids"))
+        return self._c.forward(self._input(x))
 
     def evaluate(self, x, y):
         """(loss, accuracy) of one batch in eval mode: the loss as training computes it, and the fraction of
@@ -440,8 +453,8 @@ class Program:
     def summary(self):
         """A table of the compiled nodes: output shapes, parameters, FLOPs, fusions and memory."""
         train_bytes, eval_bytes = self._c.memory()
-        return _table(self.entries) + (
-            f"\nactivation memory: training {train_bytes / 2**20:.1f} MiB for "
+        return _table(self.entries, self._c.node_dtypes()) + (
+            f"\nprecision: {self.precision}\nactivation memory: training {train_bytes / 2**20:.1f} MiB for "
             f"{self.batch_size // self.accumulate_steps} samples, evaluation {eval_bytes / 2**20:.1f} MiB")
 
     def profile(self):
@@ -454,9 +467,32 @@ class Program:
         return sum(_flops(e) for e in self.entries[:self.output + 1])
 
 
+_PRECISIONS = {"32-true": "float32", "32": "float32", "bf16-mixed": "bfloat16", "16-mixed": "float16"}
+
+
+def _compute_dtype(precision):
+    """(the dtype a precision= string computes in, the precision that runs): ValueError for an unknown one;
+    where this CPU has no bfloat16 instructions, bf16-mixed runs as 32-true, with a warning."""
+    if precision not in _PRECISIONS:
+        raise ValueError(f"compile: precision must be one of {', '.join(map(repr, _PRECISIONS))}, got "
+                         f"{precision!r}")
+    if precision == "16-mixed":
+        raise NotImplementedError("compile: precision='16-mixed' (float16 with loss scaling) is not available yet; "
+                                  "use 'bf16-mixed', which needs no loss scaling")
+    if precision == "bf16-mixed":
+        from ..backends import cpu_has_bf16
+        if not cpu_has_bf16():
+            import warnings
+            warnings.warn("compile: this CPU lacks the AVX512-BF16 instructions (avx512_bf16 in /proc/cpuinfo), "
+                          "which bf16-mixed runs on: the program runs as precision='32-true' instead",
+                          RuntimeWarning, stacklevel=5)
+            precision = "32-true"
+    return _BY_NAME[_PRECISIONS[precision]], precision
+
+
 def compile(model, optimizer, loss=None, *, batch_size, input_shape=None, memory_format="channels_last",
             accumulate_steps=1, clip_grad_norm=None, nan_policy="raise", seed=None, target_shape=None,
-            target_dtype=None, input_dtype=None):
+            target_dtype=None, input_dtype=None, precision="32-true"):
     """Compiles `model` for training with `optimizer` on batches of `batch_size` samples.
 
     loss: an ft.nn loss (CrossEntropyLoss by default), a Module whose forward(output, target) returns the loss,
@@ -465,8 +501,13 @@ def compile(model, optimizer, loss=None, *, batch_size, input_shape=None, memory
     loss that reads them (class indices: () int64; regression: the output's shape, float32) unless given as
     target_shape and target_dtype. input_dtype=ft.int64 takes token ids (for a model starting with an Embedding).
 
-    seed keys the dropout masks (by default drawn from fasttrain's generator, so ft.manual_seed fixes it)."""
+    seed keys the dropout masks (by default drawn from fasttrain's generator, so ft.manual_seed fixes it).
+
+    precision: "32-true" (float32 throughout) or "bf16-mixed": convolutions and linear layers multiply bfloat16
+    copies of the weights and activations with float32 accumulation, activations between layers are stored in
+    bfloat16, and the loss, normalization statistics, gradients of the weights, the weights themselves and the
+    optimizer state stay float32 (docs/precision.md). summary() shows each node's dtype."""
     if loss is None:
         loss = M.CrossEntropyLoss()
     return Program(model, optimizer, loss, batch_size, input_shape, memory_format, accumulate_steps,
-                   clip_grad_norm, nan_policy, seed, target_shape, target_dtype, input_dtype)
+                   clip_grad_norm, nan_policy, seed, target_shape, target_dtype, input_dtype, precision)

@@ -1,0 +1,223 @@
+"""precision="bf16-mixed": each node's dtype, gradients and loss curves against float32, float32 weights and
+optimizer state, bitwise reproducibility, the low-precision weight copy kept current, and bad input."""
+import numpy as np
+import pytest
+
+import fasttrain as ft
+import fasttrain.nn.functional as F
+from fasttrain import backends, nn
+
+# bfloat16 keeps 8 significant bits: one rounding is a relative error of at most 2^-8. A layer's output after
+# a bfloat16 product over K terms (float32 accumulation) and a bfloat16 store differs from float32's by a few
+# such roundings; the tolerances below allow for a net of five such layers.
+GRAD_RTOL = 5e-2
+LOSS_RTOL = 3e-2
+
+needs_bf16 = pytest.mark.skipif(not backends.cpu_has_bf16(), reason="this CPU has no AVX512-BF16: bf16-mixed "
+                                                                    "runs as 32-true")
+
+
+def bf16_round(a):
+    """a rounded to bfloat16 (to nearest even), as float32."""
+    u = np.ascontiguousarray(a, np.float32).view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16 << 16
+    return u.astype(np.uint32).view(np.float32)
+
+
+def conv_net():
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 5))
+
+
+def data(n=32, seed=0):
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 5, n)
+    x = rng.standard_normal((n, 3, 12, 12)).astype(np.float32) + y[:, None, None, None] * 0.3  # learnable
+    return x, y
+
+
+def compiled(precision, seed=0, make=conv_net, lr=0.05, **kw):
+    ft.manual_seed(seed)
+    model = make()
+    opt = ft.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    kw.setdefault("input_shape", (3, 12, 12))
+    return model, model.compile(opt, nn.CrossEntropyLoss(), batch_size=32, precision=precision, seed=1, **kw)
+
+
+def weights(model):
+    return {k: np.array(v) for k, v in model.state_dict().items()}
+
+
+@needs_bf16
+def test_summary_shows_each_node_dtype():
+    model, prog = compiled("bf16-mixed")
+    dtypes = prog._c.node_dtypes()
+    kinds = [type(e.module).__name__ if e.module is not None else "input" for e in prog.entries]
+    by_kind = dict(zip(kinds, dtypes))
+    for kind in ("input", "Conv2d", "BatchNorm2d", "MaxPool2d", "AdaptiveAvgPool2d", "Linear"):
+        assert by_kind[kind] == "bfloat16", (kind, by_kind)
+    assert by_kind["CrossEntropyLoss"] == "float32"
+    text = prog.summary()
+    assert "precision: bf16-mixed" in text and "bfloat16" in text
+    assert "bfloat16" not in compiled("32-true")[1].summary()
+
+
+@needs_bf16
+def test_weights_gradients_and_state_stay_float32():
+    model, prog = compiled("bf16-mixed")
+    x, y = data()
+    for _ in range(3):
+        prog.train_step(x, y)
+    for name, p in model.named_parameters():
+        assert p.dtype is ft.float32 and p.grad.dtype is ft.float32, name
+    assert all(v.dtype == np.float32 for k, v in weights(model).items() if "num_batches" not in k)
+    for state in prog.optimizer.state_dict()["state"].values():
+        assert np.asarray(state["momentum_buffer"]).dtype == np.float32
+
+
+@needs_bf16
+def test_gradients_match_float32():
+    x, y = data()
+    grads = {}
+    for precision in ("32-true", "bf16-mixed"):
+        model, prog = compiled(precision)
+        prog.backward(x, y)
+        grads[precision] = {n: np.array(p.grad) for n, p in model.named_parameters()}
+    for name, g32 in grads["32-true"].items():
+        g16 = grads["bf16-mixed"][name]
+        err = np.linalg.norm(g16 - g32) / max(np.linalg.norm(g32), 1e-12)
+        assert err < GRAD_RTOL, (name, err)
+
+
+@needs_bf16
+def test_loss_curve_follows_float32_and_learns():
+    x, y = data(seed=1)
+    curves = {}
+    for precision in ("32-true", "bf16-mixed"):
+        _, prog = compiled(precision)
+        curves[precision] = np.array([prog.train_step(x, y) for _ in range(25)])
+    np.testing.assert_allclose(curves["bf16-mixed"], curves["32-true"], rtol=LOSS_RTOL, atol=0.02)
+    assert curves["bf16-mixed"][-1] < 0.5 * curves["bf16-mixed"][0]
+
+
+@needs_bf16
+def test_bitwise_reproducible_across_runs_and_threads():
+    x, y = data()
+    threads = ft.get_num_threads()
+    results = []
+    try:
+        for n in (threads, threads, 1):
+            ft.set_num_threads(n)
+            model, prog = compiled("bf16-mixed")
+            losses = [prog.train_step(x, y) for _ in range(4)]
+            results.append((losses, weights(model)))
+    finally:
+        ft.set_num_threads(threads)
+    for losses, w in results[1:]:
+        assert losses == results[0][0]
+        for k in w:
+            np.testing.assert_array_equal(w[k], results[0][1][k], err_msg=k)
+
+
+@needs_bf16
+def test_fit_writes_the_copy_as_a_conversion_would():
+    """ft.fit's epoch has the optimizer write the bfloat16 weights as it updates; train_step by hand converts
+    them each call. Both give the same bits."""
+    rng = np.random.default_rng(0)
+    images, labels = rng.integers(0, 256, (64, 12, 12, 3), dtype=np.uint8), rng.integers(0, 5, 64)
+    batches = list(ft.data.Loader(ft.data.from_arrays(images, labels), 32, num_workers=1))
+    by_hand, prog = compiled("bf16-mixed")
+    for xb, yb in batches:
+        prog.train_step(xb, yb)
+    fitted, prog = compiled("bf16-mixed")
+    ft.fit(prog, ft.data.Loader(ft.data.from_arrays(images, labels), 32, num_workers=1), 1, progress=False)
+    a, b = weights(by_hand), weights(fitted)
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+@needs_bf16
+def test_a_weight_written_between_steps_is_read():
+    """The program's bfloat16 copy follows the float32 weights whatever wrote them."""
+    x, y = data()
+    model, prog = compiled("bf16-mixed")
+    prog.train_step(x, y)
+    np.asarray(model[-1].bias)[:] = [0, 0, 0, 0, 50]  # by NumPy, after compile
+    assert (np.asarray(prog.predict(x)).argmax(1) == 4).all()
+    model.load_state_dict({k: v * 0 if k.endswith("weight") and v.ndim == 2 else v for k, v in weights(model).items()})
+    out = np.asarray(prog.predict(x))
+    np.testing.assert_allclose(out, np.broadcast_to([0, 0, 0, 0, 50], out.shape), atol=1e-6)
+
+
+@needs_bf16
+def test_bfloat16_batches_go_straight_in():
+    x, y = data()
+    losses = []
+    for batch in (x, ft.tensor(x).to("bfloat16")):
+        _, prog = compiled("bf16-mixed")
+        losses.append(prog.train_step(batch, y))
+    assert losses[0] == losses[1]  # the program rounds a float32 batch as .to("bfloat16") does
+    _, prog32 = compiled("32-true")
+    with pytest.raises(TypeError, match="input must be float32, got bfloat16"):
+        prog32._c.train_step(ft.tensor(x).to("bfloat16"), ft.tensor(y), prog32.optimizer)
+
+
+@needs_bf16
+def test_layers_without_bfloat16_fall_back_to_float32():
+    """A LayerNorm runs in float32: the linear layer feeding it does too, and the model still trains."""
+    def make():
+        return nn.Sequential(nn.Flatten(), nn.Linear(432, 32), nn.LayerNorm(32), nn.ReLU(), nn.Linear(32, 5))
+    model, prog = compiled("bf16-mixed", make=make, lr=0.01)
+    dtypes = dict(zip([type(e.module).__name__ for e in prog.entries[1:]], prog._c.node_dtypes()[1:]))
+    assert dtypes["LayerNorm"] == "float32" and dtypes["Linear"] == "bfloat16"  # the last Linear
+    assert prog._c.node_dtypes()[2] == "float32"  # the Linear before the LayerNorm
+    x, y = data()
+    losses = [prog.train_step(x, y) for _ in range(10)]
+    assert np.isfinite(losses).all() and losses[-1] < losses[0]
+
+
+def test_unknown_and_unavailable_precisions_are_refused():
+    with pytest.raises(ValueError, match="precision must be one of '32-true', '32', 'bf16-mixed', '16-mixed', "
+                                         "got 'fp8'"):
+        compiled("fp8")
+    with pytest.raises(NotImplementedError, match="16-mixed"):
+        compiled("16-mixed")
+
+
+def test_without_bf16_instructions_it_runs_as_float32(monkeypatch):
+    monkeypatch.setattr(backends, "cpu_has_bf16", lambda: False)
+    with pytest.warns(RuntimeWarning, match="AVX512-BF16"):
+        _, prog = compiled("bf16-mixed")
+    assert prog.precision == "32-true" and set(prog._c.node_dtypes()) <= {"float32", "int64"}
+    x, y = data()
+    assert np.isfinite(prog.train_step(x, y))
+
+
+# ---------------------------------------------------------------- the ops' bfloat16 paths against float32
+
+def test_batch_norm_bfloat16_matches_float32_of_the_rounded_input():
+    rng = np.random.default_rng(0)
+    x = bf16_round(rng.standard_normal((4, 6, 5, 5)) * 3 + 1)
+    w, b = rng.standard_normal(6).astype(np.float32), rng.standard_normal(6).astype(np.float32)
+    outs = []
+    for dtype in ("float32", "bfloat16"):
+        rm, rv = ft.zeros(6), ft.ones(6)
+        out = F.batch_norm(ft.tensor(x).to(dtype), rm, rv, ft.tensor(w), ft.tensor(b), training=True)
+        assert out.dtype.name == dtype
+        outs.append((np.asarray(out.to("float32")), np.array(rm), np.array(rv)))
+    np.testing.assert_allclose(outs[1][0], outs[0][0], rtol=2 ** -8, atol=2 ** -8 * 4)
+    np.testing.assert_array_equal(outs[1][1], outs[0][1])  # statistics in float32 from the same values
+    np.testing.assert_array_equal(outs[1][2], outs[0][2])
+
+
+@pytest.mark.parametrize("pool", ["max", "avg", "adaptive_max", "adaptive_avg"])
+def test_pools_bfloat16_match_float32_of_the_rounded_input(pool):
+    x = bf16_round(np.random.default_rng(1).standard_normal((3, 4, 9, 9)))
+    run = {"max": lambda t: F.max_pool2d(t, 3, 2), "avg": lambda t: F.avg_pool2d(t, 3, 2),
+           "adaptive_max": lambda t: F.adaptive_max_pool2d(t, 2),
+           "adaptive_avg": lambda t: F.adaptive_avg_pool2d(t, 2)}[pool]
+    ref = np.asarray(run(ft.tensor(x)))
+    out = run(ft.tensor(x).to("bfloat16"))
+    assert out.dtype is ft.bfloat16
+    np.testing.assert_array_equal(np.asarray(out.to("float32")), bf16_round(ref))  # one rounding of the result
