@@ -10,6 +10,11 @@ zero-padding taps, so small images overstate the work a little) and, with torch,
 images/s) and "ratio" (ours / torch). Medians of timed steps after warm-up; fasttrain and torch steps
 alternate so that load on a shared machine hits both alike.
 
+Where the CPU has AVX512-BF16, each demo and ResNet line has a "_bf16" twin: the same step compiled with
+precision="bf16-mixed", with "ratio_float32" (over fasttrain's float32 step), "ratio" over PyTorch's step
+under torch.autocast("cpu", dtype=torch.bfloat16) (channels_last), and "peak_fraction" over
+"bf16_matmul_peak", a large bfloat16 matmul's GFLOP/s measured in the same run.
+
 With --full it also trains both to accuracy with the demo's recipe (examples/demo.py against
 benchmarks/reference/torch_fashion_mnist.py) and reports the time to 92% and 93% test accuracy.
 
@@ -93,21 +98,21 @@ def resnet(M, traced=False):
     return M.Sequential(*layers, M.AdaptiveAvgPool2d(1), M.Flatten(), M.Linear(widths[-1], 10))
 
 
-def ft_step(net, batch, dev="cpu"):
+def ft_step(net, batch, dev="cpu", precision="32-true"):
     import demo
     model = demo.make_model() if net == "demo" else resnet(ft.nn, traced=net == "resnet_traced")
     if dev != "cpu":
         model.to(dev)  # in place, before the optimizer takes the parameters
     opt = ft.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True, weight_decay=5e-4)
     program = model.compile(opt, ft.nn.CrossEntropyLoss(label_smoothing=0.1), batch_size=batch,
-                            input_shape=(1, 28, 28))
+                            input_shape=(1, 28, 28), precision=precision)
     rng = np.random.default_rng(0)
     x = ft.tensor(rng.standard_normal((batch, 1, 28, 28)).astype(np.float32)).to(dev)
     y = ft.tensor(rng.integers(0, 10, batch)).to(dev)
     return (lambda: program.train_step(x, y)), 3 * program.flops_per_sample()
 
 
-def torch_step(net, batch, dev="cpu"):
+def torch_step(net, batch, dev="cpu", bf16=False):
     import torch_fashion_mnist as ref
     model = (ref.make_model() if net == "demo" else resnet(torch.nn)).to(dev, memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True, weight_decay=5e-4)
@@ -116,7 +121,8 @@ def torch_step(net, batch, dev="cpu"):
     y = torch.randint(0, 10, (batch,), generator=gen).to(dev)
 
     def step():
-        loss = torch.nn.functional.cross_entropy(model(x), y, label_smoothing=0.1)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = torch.nn.functional.cross_entropy(model(x), y, label_smoothing=0.1)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -279,6 +285,15 @@ def run_cuda(args, torch_cuda):
             emit(f"train_step_{net}_b{batch}", ips, "images/s", **extra)
 
 
+def bf16_peak(threads):
+    """GFLOP/s of a large bfloat16 matmul (oneDNN, float32 accumulation): what this CPU's bfloat16 dot
+    products reach, the ceiling of a bf16-mixed step. The best of 5."""
+    n = 2048
+    a, b = ft.randn(n, n).to("bfloat16"), ft.randn(n, n).to("bfloat16")
+    ft.nn.functional.linear(a, b)
+    return max(2 * n ** 3 / timed(lambda: ft.nn.functional.linear(a, b)) / 1e9 for _ in range(5))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
@@ -299,6 +314,10 @@ def main():
     limits = Limits(args.threads, fma_iters=20_000_000 if not args.quick else 2_000_000, triad_elems=1 << 24)
     fma_peak = statistics.median(limits.fma_sample() for _ in range(3))
     emit("fma_peak", fma_peak, "GFLOP/s", isa=limits.isa, threads=args.threads)
+    bf16 = ft.backends.cpu_has_bf16()
+    mm_peak = bf16_peak(args.threads) if bf16 else None
+    if bf16:
+        emit("bf16_matmul_peak", mm_peak, "GFLOP/s", threads=args.threads)
     steps = 3 if args.quick else 12
     for net in ("demo", "resnet"):
         for batch in ((256,) if args.quick else (256, 512)):
@@ -306,7 +325,9 @@ def main():
             # the same ResNet written as a PyTorch user writes it and traced: tracing should cost nothing per step
             traced = ft_step("resnet_traced", batch)[0] if net == "resnet" else None
             theirs = torch_step(net, batch) if torch is not None else None
-            runs = [f for f in (ours, traced, theirs) if f]
+            ours16 = ft_step(net, batch, precision="bf16-mixed")[0] if bf16 else None
+            theirs16 = torch_step(net, batch, bf16=True) if torch is not None and bf16 else None
+            runs = [f for f in (ours, traced, theirs, ours16, theirs16) if f]
             for _ in range(2):  # warm-up: oneDNN JIT, first-touch of buffers
                 for f in runs:
                     f()
@@ -326,6 +347,15 @@ def main():
                 t_ips = batch / statistics.median(times[traced])
                 emit(f"train_step_{net}_traced_b{batch}", t_ips, "images/s", reference=round(ips, 1),
                      reference_name="the same network as an nn.Model graph", ratio=round(t_ips / ips, 3))
+            if ours16:
+                ips16 = batch / statistics.median(times[ours16])
+                extra = {"precision": "bf16-mixed", "peak_fraction": round(ips16 * flops / 1e9 / mm_peak, 3),
+                         "fasttrain_float32": round(ips, 1), "ratio_float32": round(ips16 / ips, 3)}
+                if theirs16:
+                    ref = batch / statistics.median(times[theirs16])
+                    extra.update(reference=round(ref, 1), ratio=round(ips16 / ref, 3),
+                                 reference_name=f"torch {torch.__version__} bf16 autocast (channels_last)")
+                emit(f"train_step_{net}_b{batch}_bf16", ips16, "images/s", **extra)
     for net, batch in (("vit", 64), ("gpt", 16)):
         ours, flops, theirs, autocast, unit = transformer_steps(net, batch)
         runs = [f for f in (ours, theirs, autocast) if f]
