@@ -151,11 +151,9 @@ static void move_items(char *dst, int64_t ds, const char *src, int64_t ss, int64
 /* The conversions of mixed precision (batches, weights, pooled activations), on dense runs. */
 static void bf16_run(char *dst, const char *src, int64_t n, bool to_bf16) {
     if (to_bf16) {
-#pragma omp simd
         for (int64_t i = 0; i < n; i++)
             ((uint16_t *)dst)[i] = ft_f32_to_bf16(((const float *)src)[i]);
     } else {
-#pragma omp simd
         for (int64_t i = 0; i < n; i++)
             ((float *)dst)[i] = ft_bf16_to_f32(((const uint16_t *)src)[i]);
     }

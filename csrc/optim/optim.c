@@ -504,11 +504,8 @@ static void sgd_loop(float *p, float *buf, const float *g, int64_t n, grad_xform
 
 FT_VEC_CLONES
 static void copy_loop(uint16_t *dst, const float *p, int64_t n, bool bf16) {
-    if (bf16) {
-        FT_SIMD_FOR(i, n) dst[i] = ft_f32_to_bf16(p[i]);
-    } else {
-        FT_SIMD_FOR(i, n) dst[i] = ft_f32_to_f16(p[i]);
-    }
+    for (int64_t i = 0; i < n; i++) /* vectorized where the compiler can: a NaN takes a branch */
+        dst[i] = bf16 ? ft_f32_to_bf16(p[i]) : ft_f32_to_f16(p[i]);
 }
 
 FT_VEC_CLONES
