@@ -228,3 +228,47 @@ def test_pools_bfloat16_match_float32_of_the_rounded_input(pool):
     out = run(ft.tensor(x).to("bfloat16"))
     assert out.dtype is ft.bfloat16
     np.testing.assert_array_equal(np.asarray(out.to("float32")), bf16_round(ref))  # one rounding of the result
+
+
+# ---------------------------------------------------------------- bfloat16 inference copies
+
+def test_bfloat16_inference_copy(tmp_path):
+    model, prog = compiled("32-true")
+    x, y = data()
+    prog.train_step(x, y)
+    full, half = tmp_path / "full.safetensors", tmp_path / "half.safetensors"
+    ft.save(full, prog)
+    ft.save(half, prog, dtype="bf16")
+    tensors, meta = ft.load(half)
+    for k, v in weights(model).items():
+        want = bf16_round(v) if v.dtype == np.float32 else v
+        np.testing.assert_array_equal(tensors[k], want, err_msg=k)
+    assert not any(k.startswith("optimizer") for k in tensors) and "optimizer.class" not in meta
+    weights_only = sum(v.nbytes for v in weights(model).values())
+    assert half.stat().st_size < 0.6 * weights_only + 4096 < full.stat().st_size
+    import json
+    raw = half.read_bytes()
+    header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
+    assert header["0.weight"]["dtype"] == "BF16" and header["1.num_batches_tracked"]["dtype"] == "I64"
+    fresh = conv_net()
+    ft.load(half, fresh)  # widened exactly into a float32 model
+    np.testing.assert_array_equal(np.asarray(fresh[0].weight), bf16_round(np.asarray(model[0].weight)))
+
+
+def test_bfloat16_inference_copy_refuses_training_state(tmp_path):
+    model, prog = compiled("32-true")
+    with pytest.raises(ValueError, match="holds the model only"):
+        ft.save(tmp_path / "a.safetensors", model, optimizer=prog.optimizer, dtype="bfloat16")
+    with pytest.raises(ValueError, match="dtype must be 'bfloat16'"):
+        ft.save(tmp_path / "a.safetensors", model, dtype="float16")
+    assert not list(tmp_path.iterdir())
+
+
+def test_bfloat16_inference_copy_reads_in_torch(tmp_path):
+    torch = pytest.importorskip("torch")
+    st = pytest.importorskip("safetensors.torch")
+    model = conv_net()
+    ft.save(tmp_path / "half.safetensors", model, dtype="bf16")
+    loaded = st.load_file(str(tmp_path / "half.safetensors"))
+    assert loaded["0.weight"].dtype == torch.bfloat16
+    np.testing.assert_array_equal(loaded["0.weight"].float().numpy(), bf16_round(np.asarray(model[0].weight)))

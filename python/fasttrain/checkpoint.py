@@ -51,15 +51,17 @@ def _remove_stale_temporaries(directory, prefix):
             os.close(fd)
 
 
-def save_file(path, tensors, metadata=None):
-    """Writes {name: ndarray} and string metadata to `path` atomically."""
+def save_file(path, tensors, metadata=None, bfloat16=()):
+    """Writes {name: ndarray} and string metadata to `path` atomically; the names in `bfloat16` are uint16
+    arrays of bfloat16 bits, stored as BF16."""
     header, offset, arrays = {}, 0, []
     for name, value in tensors.items():
         a = np.asarray(value)
         if not a.flags.c_contiguous:  # (np.ascontiguousarray would also turn 0-d arrays into 1-d ones)
             a = a.copy(order="C")
         n = a.nbytes
-        header[name] = {"dtype": _dtype_code(a), "shape": list(a.shape), "data_offsets": [offset, offset + n]}
+        code = "BF16" if name in bfloat16 else _dtype_code(a)
+        header[name] = {"dtype": code, "shape": list(a.shape), "data_offsets": [offset, offset + n]}
         arrays.append(a)
         offset += n
     if metadata:
@@ -163,15 +165,35 @@ def _program_parts(obj):
     return model, obj
 
 
-def save(path, obj, *, optimizer=None, scheduler=None, loader=None, epoch=None, step=None, metadata=None):
+def _bfloat16_bits(a):
+    """float32 a rounded to bfloat16 as fasttrain rounds (to nearest even): the uint16 bits safetensors stores."""
+    from .creation import as_tensor
+    wide = np.asarray(as_tensor(np.ascontiguousarray(a, np.float32)).to("bfloat16"))  # exactly widened back
+    return (wide.view(np.uint32) >> 16).astype(np.uint16)
+
+
+def save(path, obj, *, optimizer=None, scheduler=None, loader=None, epoch=None, step=None, metadata=None,
+         dtype=None):
     """Saves a model or a compiled program (with its optimizer) and the training position to `path`.
     `epoch`, `step` and the values of `metadata` come back from ft.load with their types: strings as they are,
-    anything else through JSON."""
+    anything else through JSON.
+
+    dtype="bfloat16" (or "bf16") saves an inference copy instead: the model's float32 parameters and buffers
+    rounded to bfloat16 (half the bytes), without optimizer, scheduler or loader state. safetensors and PyTorch
+    read it as bfloat16; ft.load widens it back to float32 exactly."""
     from .random import default_generator
     model, program = _program_parts(obj)
-    if optimizer is None and program is not None:
+    if dtype is not None:
+        if str(dtype) not in ("bfloat16", "bf16", "fasttrain.bfloat16"):
+            raise ValueError(f"ft.save: dtype must be 'bfloat16' (an inference copy) or None, got {dtype!r}")
+        if optimizer is not None or scheduler is not None or loader is not None:
+            raise ValueError("ft.save: a bfloat16 inference copy holds the model only; save the optimizer, "
+                             "scheduler and loader in a float32 checkpoint")
+    elif optimizer is None and program is not None:
         optimizer = program.optimizer
     tensors = dict(model.state_dict())
+    low = {k for k, v in tensors.items() if dtype is not None and np.asarray(v).dtype == np.float32}
+    tensors.update((k, _bfloat16_bits(tensors[k])) for k in low)
     meta = {"format": "fasttrain", "rng": json.dumps([default_generator.initial_seed(), default_generator._offset])}
     if optimizer is not None:
         state = optimizer.state_dict()
@@ -193,7 +215,7 @@ def save(path, obj, *, optimizer=None, scheduler=None, loader=None, epoch=None, 
         meta["scheduler"] = json.dumps(scheduler.state_dict(), default=str)
     if loader is not None:
         meta["loader"] = json.dumps(loader.state_dict())
-    if program is not None:
+    if program is not None and dtype is None:
         meta["program.step"] = str(program.step_count)
         meta["program.dropout"] = json.dumps(program._c.get_dropout_state())
     user = dict(metadata or {})
@@ -216,7 +238,7 @@ def save(path, obj, *, optimizer=None, scheduler=None, loader=None, epoch=None, 
         typed.append(key)
     if typed:
         meta[_TYPED] = json.dumps(typed)
-    save_file(path, tensors, meta)
+    save_file(path, tensors, meta, low)
 
 
 _TYPED = "fasttrain.json_keys"  # the metadata keys whose values were not strings, stored as JSON
