@@ -13,6 +13,9 @@
 
 /* Rows per partial sum in channels-last layout (fixes the reduction order). */
 #define CHUNK 256
+/* Elements a kernel converts from (or to) bfloat16 at a time: its float
+ * buffers stay in L1. */
+#define SLICE 1024
 #define PARALLEL_ELEMS 32768
 
 /* A tensor seen as (N, C, S) with S = H * W, in one of two dense layouts. */
@@ -101,6 +104,11 @@ static inline const float *grad_through_act(float *restrict dz, const float *res
     return dz;
 }
 
+/* The length of a slice: whole channels-last rows of C channels, or (C 0)
+ * part of a plane. A thread's buffer holds BUFS of them. */
+static int64_t slice_of(int64_t C) { return C == 0 ? SLICE : C < SLICE ? SLICE / C * C : C; }
+enum { BUFS = 5 };
+
 /* The run [i0, i0 + n) of x as floats, and (backward) its dz: buf holds 4n floats. */
 static inline const float *run_of(const sums_in *in, int64_t i0, int64_t n, float *buf, const float **dz) {
     const float *x = ft_floats_in(in->x, in->x16, i0, n, buf);
@@ -137,21 +145,27 @@ static inline void sum_run(double *a, double *b, const float *x, const float *dz
  * plain x86-64 and picked at run time. */
 FT_VEC_CLONES static void rows_sums(double *pa, double *pb, const sums_in *in, int64_t r0, int64_t r1, int64_t C,
                                     float *buf) {
-    const float *dz = NULL, *x = run_of(in, r0 * C, (r1 - r0) * C, buf, &dz);
-    for (int64_t r = 0; r < r1 - r0; r++)
-        sum_run(pa, pb, x + r * C, dz ? dz + r * C : NULL, in->center, C, 0, 1);
+    for (int64_t at = r0 * C, step = slice_of(C); at < r1 * C; at += step) {
+        int64_t n = r1 * C - at < step ? r1 * C - at : step;
+        const float *dz = NULL, *x = run_of(in, at, n, buf, &dz);
+        for (int64_t r = 0; r < n / C; r++)
+            sum_run(pa, pb, x + r * C, dz ? dz + r * C : NULL, in->center, C, 0, 1);
+    }
 }
 
 FT_VEC_CLONES static void plane_sums(double *a, double *b, const sums_in *in, int64_t i0, int64_t S, int64_t c,
                                      float *buf) {
-    const float *dz = NULL, *x = run_of(in, i0, S, buf, &dz);
-    sum_run(a, b, x, dz, in->center, S, c, 0);
+    for (int64_t at = 0; at < S; at += SLICE) {
+        int64_t n = S - at < SLICE ? S - at : SLICE;
+        const float *dz = NULL, *x = run_of(in, i0 + at, n, buf, &dz);
+        sum_run(a, b, x, dz, in->center, n, c, 0);
+    }
 }
 
 static ft_status channel_sums(double *sa, double *sb, const layout *l, const sums_in *in) {
     int64_t C = l->C, rows = l->N * l->S;
     int64_t nparts = l->channels_last ? (rows + CHUNK - 1) / CHUNK : l->N * C;
-    int64_t run = 4 * (l->channels_last ? CHUNK * C : l->S);
+    int64_t run = BUFS * slice_of(l->channels_last ? C : 0);
     double *part = calloc((size_t)(nparts ? nparts : 1) * (l->channels_last ? (size_t)C : 1) * 2, sizeof *part);
     float *bufs = malloc((size_t)omp_get_max_threads() * (size_t)(run ? run : 1) * sizeof *bufs);
     if (!part || !bufs) {
@@ -211,31 +225,36 @@ typedef struct {
     bool out16, x16;
 } norm_io;
 
-/* One run: CHUNK channels-last rows [i0, i0 + n) of C channels, or (C 0)
- * one NCHW plane of channel c; buf holds 2n floats. */
-FT_VEC_CLONES static void normalize_rows(const norm_io *io, int64_t i0, int64_t n, int64_t C, int64_t c,
+/* One run: CHUNK channels-last rows [i0, i0 + len) of C channels, or (C 0)
+ * one NCHW plane of channel c, a slice at a time. */
+FT_VEC_CLONES static void normalize_rows(const norm_io *io, int64_t i0, int64_t len, int64_t C, int64_t c,
                                          const float *scale, const float *shift, ft_act act, float *buf) {
-    const float *x = ft_floats_in(io->x, io->x16, i0, n, buf);
-    float *out = ft_floats_at(io->out, io->out16, i0, buf + n);
-    if (C)
-        for (int64_t r = 0; r < n / C; r++)
-            normalize_run(out + r * C, x + r * C, scale, shift, C, 1, act);
-    else
-        normalize_run(out, x, scale + c, shift + c, n, 0, act);
-    ft_floats_out(io->out, io->out16, i0, n, out);
+    int64_t step = slice_of(C);
+    for (int64_t at = i0; at < i0 + len; at += step) {
+        int64_t n = i0 + len - at < step ? i0 + len - at : step;
+        const float *x = ft_floats_in(io->x, io->x16, at, n, buf);
+        float *out = ft_floats_at(io->out, io->out16, at, buf + step);
+        if (C)
+            for (int64_t r = 0; r < n / C; r++)
+                normalize_run(out + r * C, x + r * C, scale, shift, C, 1, act);
+        else
+            normalize_run(out, x, scale + c, shift + c, n, 0, act);
+        ft_floats_out(io->out, io->out16, at, n, out);
+    }
 }
 
 static ft_status normalize(const norm_io *io, const float *scale, const float *shift, ft_act act, const layout *l) {
     int64_t C = l->C, total = l->N * l->C * l->S, rows = l->N * l->S;
     int64_t run = l->channels_last ? CHUNK * C : l->S, nruns = l->channels_last ? (rows + CHUNK - 1) / CHUNK : l->N * C;
-    float *bufs = malloc((size_t)omp_get_max_threads() * (size_t)(2 * run + 1) * sizeof *bufs);
+    int64_t per = BUFS * slice_of(l->channels_last ? C : 0);
+    float *bufs = malloc((size_t)omp_get_max_threads() * (size_t)per * sizeof *bufs);
     if (!bufs)
         return ft_fail(FT_ERR_NOMEM, "batch_norm: out of memory");
 #pragma omp parallel for schedule(static) if (total > PARALLEL_ELEMS)
     for (int64_t r = 0; r < nruns; r++) {
         int64_t i0 = r * run, n = i0 + run < total ? run : total - i0;
         normalize_rows(io, i0, n, l->channels_last ? C : 0, r % C, scale, shift, act,
-                       bufs + omp_get_thread_num() * (2 * run + 1));
+                       bufs + omp_get_thread_num() * per);
     }
     free(bufs);
     return FT_OK;
@@ -312,24 +331,29 @@ ft_status ft_batchnorm_forward(const ft_tensor *out, const ft_tensor *save_mean,
 }
 
 /* dx of one run [i0, i0 + len): CHUNK channels-last rows or one NCHW plane
- * of channel c; buf holds 5 len floats. */
+ * of channel c, a slice at a time. */
 FT_VEC_CLONES static void dx_run(void *dxp, bool dx16, const sums_in *in, int64_t i0, int64_t len, const float *mean,
                                  const float *k, int64_t C, bool cl, int64_t c, bool acc, float *buf) {
-    const float *dz = NULL, *x = run_of(in, i0, len, buf, &dz);
-    float *to = buf + 4 * len, *dx = acc ? (float *)ft_floats_in(dxp, dx16, i0, len, to) : ft_floats_at(dxp, dx16, i0, to);
-    if (cl) {
-        for (int64_t j0 = 0; j0 < len; j0 += C)
-            for (int64_t ch = 0; ch < C; ch++) {
-                float v = ft_bn_dx(dz[j0 + ch], x[j0 + ch], mean[ch], k[ch], k[C + ch], k[2 * C + ch]);
-                dx[j0 + ch] = acc ? dx[j0 + ch] + v : v;
+    int64_t step = slice_of(cl ? C : 0);
+    for (int64_t at = i0; at < i0 + len; at += step) {
+        int64_t n = i0 + len - at < step ? i0 + len - at : step;
+        const float *dz = NULL, *x = run_of(in, at, n, buf, &dz);
+        float *to = buf + 4 * step;
+        float *dx = acc ? (float *)ft_floats_in(dxp, dx16, at, n, to) : ft_floats_at(dxp, dx16, at, to);
+        if (cl) {
+            for (int64_t j0 = 0; j0 < n; j0 += C)
+                for (int64_t ch = 0; ch < C; ch++) {
+                    float v = ft_bn_dx(dz[j0 + ch], x[j0 + ch], mean[ch], k[ch], k[C + ch], k[2 * C + ch]);
+                    dx[j0 + ch] = acc ? dx[j0 + ch] + v : v;
+                }
+        } else {
+            for (int64_t j = 0; j < n; j++) {
+                float v = ft_bn_dx(dz[j], x[j], mean[c], k[c], k[C + c], k[2 * C + c]);
+                dx[j] = acc ? dx[j] + v : v;
             }
-    } else {
-        for (int64_t j = 0; j < len; j++) {
-            float v = ft_bn_dx(dz[j], x[j], mean[c], k[c], k[C + c], k[2 * C + c]);
-            dx[j] = acc ? dx[j] + v : v;
         }
+        ft_floats_out(dxp, dx16, at, n, dx);
     }
-    ft_floats_out(dxp, dx16, i0, len, dx);
 }
 
 ft_status ft_batchnorm_backward(const ft_tensor *dinp, const ft_tensor *dweight, const ft_tensor *dbias,
@@ -404,14 +428,15 @@ ft_status ft_batchnorm_backward(const ft_tensor *dinp, const ft_tensor *dweight,
         bool cl = l.channels_last;
         /* runs: CHUNK rows of all channels (channels-last) or one channel's plane */
         int64_t total = M * C, run = cl ? CHUNK * C : l.S, nruns = cl ? (M + CHUNK - 1) / CHUNK : l.N * C;
-        float *bufs = malloc((size_t)omp_get_max_threads() * (size_t)(5 * run) * sizeof *bufs);
+        int64_t per = BUFS * slice_of(cl ? C : 0);
+        float *bufs = malloc((size_t)omp_get_max_threads() * (size_t)per * sizeof *bufs);
         if (!bufs)
             s = ft_fail(FT_ERR_NOMEM, "batch_norm: out of memory");
 #pragma omp parallel for schedule(static) if (s == FT_OK && total > PARALLEL_ELEMS)
         for (int64_t r = 0; r < (s == FT_OK ? nruns : 0); r++) {
             int64_t i0 = r * run, len = i0 + run < total ? run : total - i0;
             dx_run(ft_tensor_data(dinp), dinp->dtype == FT_BFLOAT16, &in, i0, len, mean, k, C, cl, cl ? 0 : r % C,
-                   acc.inp, bufs + omp_get_thread_num() * (5 * run));
+                   acc.inp, bufs + omp_get_thread_num() * per);
         }
         free(bufs);
     }

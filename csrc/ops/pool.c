@@ -347,6 +347,12 @@ static void run_forward(const pool_job *j, bool cl) {
 
 /* ---- backward (scatter into dinp: x = dout, y = dinp) ---- */
 
+/* The offset in dinp of plane position at = h W + w: a product where rows
+ * are dense (no division per element). */
+static inline int64_t position(const pool_job *j, int64_t at) {
+    return j->ys[2] == j->W * j->ys[3] ? at * j->ys[3] : at / j->W * j->ys[2] + at % j->W * j->ys[3];
+}
+
 static void note_bad(pool_job *j, int64_t v) {
     __atomic_store_n(&j->bad_index, v, __ATOMIC_RELAXED);
     __atomic_store_n(&j->bad, true, __ATOMIC_RELAXED);
@@ -371,7 +377,7 @@ static void bwd_plane(pool_job *j, int64_t n, int64_t c) {
                         note_bad(j, at);
                     continue;
                 }
-                d[at / j->W * sh + at % j->W * sw] += v;
+                d[position(j, at)] += v;
             } else {
                 const span *q = &j->cols[ow];
                 if (r->lo >= r->hi || q->lo >= q->hi)
@@ -410,7 +416,7 @@ static void bwd_block_cl(pool_job *j, int64_t n, int64_t c0, int64_t nc) {
                             note_bad(j, at);
                         continue;
                     }
-                    d[at / j->W * j->ys[2] + at % j->W * j->ys[3] + i * dc] += pg[i * gc];
+                    d[position(j, at) + i * dc] += pg[i * gc];
                 }
             } else {
                 const span *q = &j->cols[ow];
@@ -511,7 +517,7 @@ typedef ft_status (*float_pool)(const ft_tensor *dst, const ft_tensor *src, cons
 static ft_status by_float_chunks(const ft_tensor *dst, const ft_tensor *src, const ft_tensor *ind, bool read_dst,
                                  float_pool run, const void *ctx) {
     int64_t N = src->shape[0], per = ft_tensor_numel(src) / N + ft_tensor_numel(dst) / N;
-    int64_t chunk = per < (1 << 18) ? (1 << 18) / per : 1;
+    int64_t chunk = per < (1 << 20) ? (1 << 20) / per : 1;
     chunk = chunk < N ? chunk : N;
     ft_tensor d, x;
     FT_TRY(float_like(&d, dst, chunk));
