@@ -193,9 +193,10 @@ def next_token_loss(lib):
     return lambda logits, targets: lib.nn.functional.cross_entropy(logits.transpose(1, 2), targets)
 
 
-def transformer_steps(net, batch):
-    """(fasttrain's step, FLOPs per sample, torch's eager float32 step and its bf16-autocast step (PyTorch's
-    fastest CPU mode) or None, samples' unit) for the ViT or GPT model."""
+def transformer_steps(net, batch, bf16):
+    """(fasttrain's float32 step, its bf16-mixed step (with bf16 true, else None), FLOPs per sample, torch's
+    eager float32 step and its bf16-autocast step (PyTorch's fastest CPU mode) or None, samples' unit) for the
+    ViT or GPT model."""
     rng = np.random.default_rng(0)
     if net == "vit":
         x = rng.standard_normal((batch, 3, 32, 32)).astype(np.float32)
@@ -206,14 +207,18 @@ def transformer_steps(net, batch):
         x, y = np.ascontiguousarray(tokens[:, :-1]), np.ascontiguousarray(tokens[:, 1:])
         shape, kw, loss, unit = (128,), dict(input_dtype=ft.int64, memory_format="contiguous"), \
             next_token_loss(ft), "sequences/s"
-    ft.manual_seed(0)
-    model = vit(ft) if net == "vit" else gpt(ft)
-    program = model.compile(ft.optim.AdamW(model.parameters(), lr=1e-3), loss, batch_size=batch, input_shape=shape,
-                            **kw)
     xt, yt = ft.tensor(x), ft.tensor(y)
-    ours = lambda: program.train_step(xt, yt)  # noqa: E731
+
+    def step(precision):
+        ft.manual_seed(0)
+        model = vit(ft) if net == "vit" else gpt(ft)
+        program = model.compile(ft.optim.AdamW(model.parameters(), lr=1e-3), loss, batch_size=batch,
+                                input_shape=shape, precision=precision, **kw)
+        return (lambda: program.train_step(xt, yt)), 3 * program.flops_per_sample()
+    ours, flops = step("32-true")
+    ours16 = step("bf16-mixed")[0] if bf16 else None
     if torch is None:
-        return ours, 3 * program.flops_per_sample(), None, None, unit
+        return ours, ours16, flops, None, None, unit
     tm = vit(torch) if net == "vit" else gpt(torch)
     if net == "vit":
         tm = tm.to(memory_format=torch.channels_last)
@@ -229,7 +234,7 @@ def transformer_steps(net, batch):
         topt.zero_grad(set_to_none=True)
         out.backward()
         topt.step()
-    return ours, 3 * program.flops_per_sample(), theirs, lambda: theirs(bf16=True), unit
+    return ours, ours16, flops, theirs, lambda: theirs(bf16=True), unit
 
 
 def timed(fn):
@@ -357,8 +362,8 @@ def main():
                                  reference_name=f"torch {torch.__version__} bf16 autocast (channels_last)")
                 emit(f"train_step_{net}_b{batch}_bf16", ips16, "images/s", **extra)
     for net, batch in (("vit", 64), ("gpt", 16)):
-        ours, flops, theirs, autocast, unit = transformer_steps(net, batch)
-        runs = [f for f in (ours, theirs, autocast) if f]
+        ours, ours16, flops, theirs, autocast, unit = transformer_steps(net, batch, bf16)
+        runs = [f for f in (ours, ours16, theirs, autocast) if f]
         for _ in range(2):
             for f in runs:
                 f()
@@ -370,11 +375,19 @@ def main():
         extra = {"peak_fraction": round(ips * flops / 1e9 / fma_peak, 3), "gflops": round(ips * flops / 1e9, 1)}
         if theirs:
             ref = batch / statistics.median(times[theirs])
-            bf16 = batch / statistics.median(times[autocast])
+            auto = batch / statistics.median(times[autocast])
             extra.update(reference=round(ref, 2), reference_name=f"torch {torch.__version__} eager float32",
-                         ratio=round(ips / ref, 3), reference_bf16_autocast=round(bf16, 2),
-                         ratio_bf16_autocast=round(ips / bf16, 3))
+                         ratio=round(ips / ref, 3), reference_bf16_autocast=round(auto, 2),
+                         ratio_bf16_autocast=round(ips / auto, 3))
         emit(f"train_step_{net}_b{batch}", ips, unit, **extra)
+        if ours16:
+            ips16 = batch / statistics.median(times[ours16])
+            extra = {"precision": "bf16-mixed", "peak_fraction": round(ips16 * flops / 1e9 / mm_peak, 3),
+                     "fasttrain_float32": round(ips, 2), "ratio_float32": round(ips16 / ips, 3)}
+            if theirs:
+                extra.update(reference=round(auto, 2), ratio=round(ips16 / auto, 3),
+                             reference_name=f"torch {torch.__version__} bf16 autocast")
+            emit(f"train_step_{net}_b{batch}_bf16", ips16, unit, **extra)
     if args.full:
         full_runs(args.threads, args.epochs)
 

@@ -172,16 +172,40 @@ def test_bfloat16_batches_go_straight_in():
 
 @needs_bf16
 def test_layers_without_bfloat16_fall_back_to_float32():
-    """A LayerNorm runs in float32: the linear layer feeding it does too, and the model still trains."""
+    """A GroupNorm runs in float32: the convolution feeding it does too, and the model still trains."""
     def make():
-        return nn.Sequential(nn.Flatten(), nn.Linear(432, 32), nn.LayerNorm(32), nn.ReLU(), nn.Linear(32, 5))
+        return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.GroupNorm(2, 8), nn.ReLU(),
+                             nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(),
+                             nn.Linear(8 * 144, 5))
     model, prog = compiled("bf16-mixed", make=make, lr=0.01)
-    dtypes = dict(zip([type(e.module).__name__ for e in prog.entries[1:]], prog._c.node_dtypes()[1:]))
-    assert dtypes["LayerNorm"] == "float32" and dtypes["Linear"] == "bfloat16"  # the last Linear
-    assert prog._c.node_dtypes()[2] == "float32"  # the Linear before the LayerNorm
+    names = [type(e.module).__name__ if e.module is not None else "input" for e in prog.entries]
+    dtypes = prog._c.node_dtypes()
+    conv1, gn, conv2 = names.index("Conv2d"), names.index("GroupNorm"), len(names) - 1 - names[::-1].index("Conv2d")
+    assert dtypes[conv1] == dtypes[gn] == "float32" and dtypes[0] == "float32"  # the input feeds a float32 conv
+    assert dtypes[conv2] == dtypes[names.index("Linear")] == "bfloat16"
     x, y = data()
     losses = [prog.train_step(x, y) for _ in range(10)]
     assert np.isfinite(losses).all() and losses[-1] < losses[0]
+
+
+@needs_bf16
+def test_transformer_layers_in_bfloat16():
+    """LayerNorm reads and writes bfloat16; the linear layers around it run in bfloat16; gradients follow
+    float32's."""
+    def make():
+        return nn.Sequential(nn.Flatten(), nn.Linear(432, 64), nn.LayerNorm(64), nn.GELU(), nn.Linear(64, 64),
+                             nn.LayerNorm(64), nn.Linear(64, 5))
+    grads = {}
+    for precision in ("32-true", "bf16-mixed"):
+        model, prog = compiled(precision, make=make)
+        if precision == "bf16-mixed":
+            kinds = {type(e.module).__name__: d for e, d in zip(prog.entries[1:], prog._c.node_dtypes()[1:])}
+            assert kinds["LayerNorm"] == kinds["Linear"] == kinds["GELU"] == "bfloat16"
+        prog.backward(*data())
+        grads[precision] = {n: np.array(p.grad) for n, p in model.named_parameters()}
+    for name, g32 in grads["32-true"].items():
+        err = np.linalg.norm(grads["bf16-mixed"][name] - g32) / max(np.linalg.norm(g32), 1e-12)
+        assert err < GRAD_RTOL, (name, err)
 
 
 def test_unknown_and_unavailable_precisions_are_refused():
@@ -216,6 +240,16 @@ def test_batch_norm_bfloat16_matches_float32_of_the_rounded_input():
     np.testing.assert_allclose(outs[1][0], outs[0][0], rtol=2 ** -8, atol=2 ** -8 * 4)
     np.testing.assert_array_equal(outs[1][1], outs[0][1])  # statistics in float32 from the same values
     np.testing.assert_array_equal(outs[1][2], outs[0][2])
+
+
+def test_layer_norm_bfloat16_matches_float32_of_the_rounded_input():
+    rng = np.random.default_rng(2)
+    x = bf16_round(rng.standard_normal((6, 40)) * 2 + 3)
+    w, b = rng.standard_normal(40).astype(np.float32), rng.standard_normal(40).astype(np.float32)
+    ref = np.asarray(F.layer_norm(ft.tensor(x), (40,), ft.tensor(w), ft.tensor(b)))
+    out = F.layer_norm(ft.tensor(x).to("bfloat16"), (40,), ft.tensor(w), ft.tensor(b))
+    assert out.dtype is ft.bfloat16
+    np.testing.assert_array_equal(np.asarray(out.to("float32")), bf16_round(ref))  # computed in float, rounded once
 
 
 @pytest.mark.parametrize("pool", ["max", "avg", "adaptive_max", "adaptive_avg"])

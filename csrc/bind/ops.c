@@ -1274,7 +1274,7 @@ static PyObject *py_layer_norm_forward(PyObject *m, PyObject *args, PyObject *kw
         parse_out(st, o_rstd, "save_rstd", true, &o[2]) < 0)
         return NULL;
     int64_t R = D > 0 ? ft_tensor_numel(inp) / D : 0;
-    if (alloc_out(st, &o[0], inp, inp->ndim, inp->shape, FT_FLOAT32) < 0 ||
+    if (alloc_out(st, &o[0], inp, inp->ndim, inp->shape, inp->dtype) < 0 ||
         alloc_out(st, &o[1], inp, 1, &R, FT_FLOAT32) < 0 || alloc_out(st, &o[2], inp, 1, &R, FT_FLOAT32) < 0) {
         drop_outs(o, 3);
         return NULL;
@@ -1303,7 +1303,7 @@ static PyObject *py_layer_norm_backward(PyObject *m, PyObject *args, PyObject *k
         parse_out(st, o_dinp, "dinp", true, &o[0]) < 0 || parse_out(st, o_dw, "dweight", true, &o[1]) < 0 ||
         parse_out(st, o_db, "dbias", true, &o[2]) < 0)
         return NULL;
-    if (alloc_out(st, &o[0], inp, inp->ndim, inp->shape, FT_FLOAT32) < 0 ||
+    if (alloc_out(st, &o[0], inp, inp->ndim, inp->shape, inp->dtype) < 0 ||
         alloc_out(st, &o[1], inp, 1, &D, FT_FLOAT32) < 0 || alloc_out(st, &o[2], inp, 1, &D, FT_FLOAT32) < 0) {
         drop_outs(o, 3);
         return NULL;

@@ -929,7 +929,7 @@ const ft_node_kind_info ft_node_kinds[FT_NODE_NKINDS] = {
     [FT_NODE_DROPOUT] = {"dropout", 1, 1, 0, same_shape, NULL, dropout_is_view, dropout_forward, dropout_backward, .precision = FT_NODE_ANY},
     [FT_NODE_IDENTITY] = {"identity", 1, 1, 0, same_shape, NULL, always_view, NULL, NULL, .precision = FT_NODE_ANY},
     [FT_NODE_LAYERNORM] = {"layer_norm", 1, 1, 0, layernorm_check, layernorm_aux, NULL, layernorm_forward,
-                           layernorm_backward},
+                           layernorm_backward, .precision = FT_NODE_ANY},
     [FT_NODE_MUL] = {"mul", 2, 2, 0, same_shape, NULL, NULL, mul_forward, mul_backward, .precision = FT_NODE_ANY},
     [FT_NODE_SCALE] = {"scale", 1, 1, 0, same_shape, factor_aux, NULL, scale_forward, scale_backward, .precision = FT_NODE_ANY},
     [FT_NODE_PERMUTE] = {"permute", 1, 1, 0, permute_check, NULL, NULL, permute_forward, permute_backward, .precision = FT_NODE_ANY},

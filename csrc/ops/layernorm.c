@@ -1,7 +1,9 @@
 #include "ops/layernorm.h"
 
+#include <omp.h>
 #include <stdlib.h>
 
+#include "kernels/convert.h"
 #include "kernels/norm.h"
 #include "ops/check.h"
 #include "ops/cuda_ops.h"
@@ -26,7 +28,7 @@ static inline double lanes_total(double *acc) {
 /* Every tensor of a call is on dev, the input's device. */
 static ft_status check_rows(const char *op, const char *arg, const ft_tensor *t, const ft_tensor *ref, int64_t D,
                             int64_t *R, ft_device dev) {
-    FT_TRY(ft_check_float_on(op, arg, t, dev, "input", false));
+    FT_TRY(ft_check_float_on(op, arg, t, dev, "input", dev.type == FT_DEV_CPU));
     if (ref)
         FT_TRY(ft_check_shape_as(op, arg, t, ref));
     if (!ft_tensor_is_contiguous(t))
@@ -130,15 +132,25 @@ ft_status ft_layernorm_forward(const ft_tensor *out, const ft_tensor *save_mean,
         return ft_fail(FT_ERR_VALUE, "%s: eps must be positive", op);
     if (dev.type == FT_DEV_CUDA)
         FT_CUDA_DISPATCH(op, layernorm_forward, out, save_mean, save_rstd, inp, weight, bias, D, eps);
-    const float *x = (const float *)ft_tensor_data(inp);
+    const void *x = ft_tensor_data(inp);
+    void *y = ft_tensor_data(out);
+    bool x16 = inp->dtype == FT_BFLOAT16, y16 = out->dtype == FT_BFLOAT16;
     const float *w = weight ? (const float *)ft_tensor_data(weight) : NULL;
     const float *b = bias ? (const float *)ft_tensor_data(bias) : NULL;
-    float *y = (float *)ft_tensor_data(out);
     float *mean = save_mean ? (float *)ft_tensor_data(save_mean) : NULL;
     float *rstd = save_rstd ? (float *)ft_tensor_data(save_rstd) : NULL;
+    /* bfloat16 rows go through float buffers, a row at a time */
+    float *bufs = x16 || y16 ? malloc((size_t)omp_get_max_threads() * (size_t)(2 * D) * sizeof *bufs) : NULL;
+    if ((x16 || y16) && !bufs)
+        return ft_fail(FT_ERR_NOMEM, "%s: out of memory", op);
 #pragma omp parallel for schedule(static) if (R * D > 32768)
-    for (int64_t r = 0; r < R; r++)
-        forward_row(y + r * D, mean ? mean + r : NULL, rstd ? rstd + r : NULL, x + r * D, w, b, D, eps);
+    for (int64_t r = 0; r < R; r++) {
+        float *buf = bufs ? bufs + omp_get_thread_num() * 2 * D : NULL, *yr = ft_floats_at(y, y16, r * D, buf);
+        forward_row(yr, mean ? mean + r : NULL, rstd ? rstd + r : NULL, ft_floats_in(x, x16, r * D, D, buf + D), w,
+                    b, D, eps);
+        ft_floats_out(y, y16, r * D, D, yr);
+    }
+    free(bufs);
     return FT_OK;
 }
 
@@ -175,7 +187,8 @@ ft_status ft_layernorm_backward(const ft_tensor *dinp, const ft_tensor *dweight,
             s = FT_CUDA_CALL(op, layernorm_backward, dx_to, dw_to, db_to, dout, inp, weight, save_mean, save_rstd, D);
         return ft_grad_out_end(&gb, ft_grad_out_end(&gw, ft_grad_out_end(&gx, s)));
     }
-    const float *x = (const float *)ft_tensor_data(inp), *dy = (const float *)ft_tensor_data(dout);
+    const void *x = ft_tensor_data(inp), *dy = ft_tensor_data(dout);
+    bool x16 = inp->dtype == FT_BFLOAT16, dy16 = dout->dtype == FT_BFLOAT16, dx16 = dinp && dinp->dtype == FT_BFLOAT16;
     const float *w = weight ? (const float *)ft_tensor_data(weight) : NULL;
     const float *mean = (const float *)ft_tensor_data(save_mean), *rstd = (const float *)ft_tensor_data(save_rstd);
     /* Rows in chunks of CHUNK, each chunk's parameter sums apart: the order
@@ -183,17 +196,31 @@ ft_status ft_layernorm_backward(const ft_tensor *dinp, const ft_tensor *dweight,
     int64_t nchunks = (R + CHUNK - 1) / CHUNK;
     bool params = dweight || dbias;
     double *part = params ? calloc((size_t)(nchunks ? nchunks : 1) * (size_t)D * 2, sizeof *part) : NULL;
-    if (params && !part)
+    bool low = x16 || dy16 || dx16; /* rows through float buffers */
+    float *bufs = low ? malloc((size_t)omp_get_max_threads() * (size_t)(3 * D) * sizeof *bufs) : NULL;
+    if ((params && !part) || (low && !bufs)) {
+        free(part);
+        free(bufs);
         return ft_fail(FT_ERR_NOMEM, "%s: out of memory", op);
-    float *dx = dinp ? (float *)ft_tensor_data(dinp) : NULL;
+    }
+    void *dx = dinp ? ft_tensor_data(dinp) : NULL;
 #pragma omp parallel for schedule(static) if (R * D > 32768)
     for (int64_t k = 0; k < nchunks; k++) {
         double *pw = part ? part + k * 2 * D : NULL, *pb = part ? part + k * 2 * D + D : NULL;
         int64_t end = (k + 1) * CHUNK < R ? (k + 1) * CHUNK : R;
-        for (int64_t r = k * CHUNK; r < end; r++)
-            backward_row(dx ? dx + r * D : NULL, pw, pb, x + r * D, dy + r * D, w, mean[r], rstd[r], D,
-                         acc.inp);
+        float *buf = bufs ? bufs + omp_get_thread_num() * 3 * D : NULL;
+        for (int64_t r = k * CHUNK; r < end; r++) {
+            /* dy is read into its buffer before dx is written: dx may be dy */
+            const float *xr = ft_floats_in(x, x16, r * D, D, buf), *dyr = ft_floats_in(dy, dy16, r * D, D, buf + D);
+            float *dxr = !dx ? NULL
+                         : acc.inp ? (float *)ft_floats_in(dx, dx16, r * D, D, buf + 2 * D)
+                                   : ft_floats_at(dx, dx16, r * D, buf + 2 * D);
+            backward_row(dxr, pw, pb, xr, dyr, w, mean[r], rstd[r], D, acc.inp);
+            if (dx)
+                ft_floats_out(dx, dx16, r * D, D, dxr);
+        }
     }
+    free(bufs);
     for (int64_t d = 0; params && d < D; d++) {
         double sw = 0, sb = 0;
         for (int64_t k = 0; k < nchunks; k++) {

@@ -2,6 +2,7 @@
 
 #include <omp.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kernels/convert.h"
 
@@ -70,22 +71,36 @@ bool ft_pw_plan_make(ft_pw_plan *pl, const ft_pw_loop *l) {
     return true;
 }
 
-static void gather(float *dst, const char *src, int64_t step, bool bf16, int64_t n) {
-    if (bf16)
+/* A tile of n elements at a byte step into floats and back; dense runs
+ * (the usual case) take vectorised loops. */
+FT_VEC_CLONES static void gather(float *dst, const char *src, int64_t step, bool bf16, int64_t n) {
+    if (step == (bf16 ? 2 : 4)) {
+        if (bf16)
+            ft_floats_in(src, true, 0, n, dst);
+        else
+            memcpy(dst, src, (size_t)n * sizeof *dst);
+    } else if (bf16) {
         for (int64_t i = 0; i < n; i++)
             dst[i] = ft_bf16_to_f32(*(const uint16_t *)(src + i * step));
-    else
+    } else {
         for (int64_t i = 0; i < n; i++)
             dst[i] = *(const float *)(src + i * step);
+    }
 }
 
-static void scatter(char *dst, int64_t step, bool bf16, const float *src, int64_t n) {
-    if (bf16)
+FT_VEC_CLONES static void scatter(char *dst, int64_t step, bool bf16, const float *src, int64_t n) {
+    if (step == (bf16 ? 2 : 4)) {
+        if (bf16)
+            ft_floats_out(dst, true, 0, n, src);
+        else
+            memcpy(dst, src, (size_t)n * sizeof *src);
+    } else if (bf16) {
         for (int64_t i = 0; i < n; i++)
             *(uint16_t *)(dst + i * step) = ft_f32_to_bf16(src[i]);
-    else
+    } else {
         for (int64_t i = 0; i < n; i++)
             *(float *)(dst + i * step) = src[i];
+    }
 }
 
 /* One run of n elements along the inner dimension, starting at ptr[]. */
