@@ -145,6 +145,26 @@ def test_fit_writes_the_copy_as_a_conversion_would():
 
 
 @needs_bf16
+def test_loader_bfloat16_batches_feed_fit_directly():
+    """A Loader delivering bfloat16 batches trains a bf16-mixed program as the float32 Loader does: the program
+    rounds float32 batches exactly as the loader rounds its own."""
+    rng = np.random.default_rng(0)
+    images, labels = rng.integers(0, 256, (64, 12, 12, 3), dtype=np.uint8), rng.integers(0, 5, 64)
+    results = []
+    for kw in ({}, {"dtype": "bfloat16"}):
+        model, prog = compiled("bf16-mixed")
+        loader = ft.data.Loader(ft.data.from_arrays(images, labels), 32, num_workers=1,
+                                transforms=[ft.data.Normalize(128.0, 64.0)], **kw)
+        if kw:
+            assert next(iter(loader))[0].dtype is ft.bfloat16
+        history = ft.fit(prog, loader, 2, progress=False)
+        results.append((history["train_loss"], weights(model)))
+    assert results[0][0] == results[1][0]
+    for k in results[0][1]:
+        np.testing.assert_array_equal(results[0][1][k], results[1][1][k], err_msg=k)
+
+
+@needs_bf16
 def test_a_weight_written_between_steps_is_read():
     """The program's bfloat16 copy follows the float32 weights whatever wrote them."""
     x, y = data()
