@@ -210,17 +210,22 @@ def test_layers_without_bfloat16_fall_back_to_float32():
 
 @needs_bf16
 def test_transformer_layers_in_bfloat16():
-    """LayerNorm reads and writes bfloat16; the linear layers around it run in bfloat16; gradients follow
+    """An encoder layer (attention, LayerNorm, GELU MLP) runs every node in bfloat16; gradients follow
     float32's."""
     def make():
-        return nn.Sequential(nn.Flatten(), nn.Linear(432, 64), nn.LayerNorm(64), nn.GELU(), nn.Linear(64, 64),
-                             nn.LayerNorm(64), nn.Linear(64, 5))
+        return nn.Sequential(nn.Flatten(2), nn.Linear(144, 32),
+                             nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, activation="gelu", batch_first=True,
+                                                        norm_first=True),
+                             nn.LayerNorm(32), nn.Flatten(), nn.Linear(96, 5))
     grads = {}
     for precision in ("32-true", "bf16-mixed"):
         model, prog = compiled(precision, make=make)
         if precision == "bf16-mixed":
-            kinds = {type(e.module).__name__: d for e, d in zip(prog.entries[1:], prog._c.node_dtypes()[1:])}
-            assert kinds["LayerNorm"] == kinds["Linear"] == kinds["GELU"] == "bfloat16"
+            kinds = {}
+            for e, d in zip(prog.entries[1:prog.output + 1], prog._c.node_dtypes()[1:prog.output + 1]):
+                kinds.setdefault(type(e.module).__name__, set()).add(d)
+            assert {"Attention", "LayerNorm", "Linear", "GELU"} <= set(kinds), kinds
+            assert set().union(*kinds.values()) == {"bfloat16"}, kinds
         prog.backward(*data())
         grads[precision] = {n: np.array(p.grad) for n, p in model.named_parameters()}
     for name, g32 in grads["32-true"].items():
@@ -268,6 +273,16 @@ def test_layer_norm_bfloat16_matches_float32_of_the_rounded_input():
     w, b = rng.standard_normal(40).astype(np.float32), rng.standard_normal(40).astype(np.float32)
     ref = np.asarray(F.layer_norm(ft.tensor(x), (40,), ft.tensor(w), ft.tensor(b)))
     out = F.layer_norm(ft.tensor(x).to("bfloat16"), (40,), ft.tensor(w), ft.tensor(b))
+    assert out.dtype is ft.bfloat16
+    np.testing.assert_array_equal(np.asarray(out.to("float32")), bf16_round(ref))  # computed in float, rounded once
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_bfloat16_matches_float32_of_the_rounded_inputs(causal):
+    rng = np.random.default_rng(3)
+    q, k, v = (bf16_round(rng.standard_normal((2, 3, 70, 16))) for _ in range(3))
+    ref = np.asarray(F.scaled_dot_product_attention(ft.tensor(q), ft.tensor(k), ft.tensor(v), is_causal=causal))
+    out = F.scaled_dot_product_attention(*(ft.tensor(t).to("bfloat16") for t in (q, k, v)), is_causal=causal)
     assert out.dtype is ft.bfloat16
     np.testing.assert_array_equal(np.asarray(out.to("float32")), bf16_round(ref))  # computed in float, rounded once
 

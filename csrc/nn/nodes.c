@@ -534,7 +534,7 @@ static int64_t attention_aux(const ft_node *nd, const ft_node *const *in, int64_
 static ft_tensor heads_of(const ft_tensor *t, int64_t col, int64_t E, int64_t H) {
     ft_tensor v = *t;
     v.ndim = 4;
-    v.offset += col * 4;
+    v.offset += col * (int64_t)ft_dtype_get(t->dtype)->itemsize;
     int64_t N = t->shape[0], T = t->shape[1], sN = t->strides[0], sT = t->strides[1], Dh = E / H;
     int64_t shape[4] = {N, H, T, Dh}, strides[4] = {sN, Dh, sT, 1};
     memcpy(v.shape, shape, sizeof shape);
@@ -949,5 +949,5 @@ const ft_node_kind_info ft_node_kinds[FT_NODE_NKINDS] = {
                           upsample_backward},
     [FT_NODE_MATMUL] = {"matmul", 2, 2, 0, matmul_check, NULL, NULL, matmul_forward, matmul_backward},
     [FT_NODE_ATTENTION] = {"attention", 1, 3, 0, attention_check, attention_aux, NULL, attention_forward,
-                           attention_backward},
+                           attention_backward, .precision = FT_NODE_ANY},
 };

@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "kernels/convert.h"
 #include "kernels/activation.h"
 #include "ops/check.h"
 #include "ops/cuda_ops.h"
@@ -52,23 +53,38 @@ typedef struct {
     bool causal;
 } geom;
 
-/* A (N, H, T, D) float tensor: its data and its strides over N, H and T. */
+/* A (N, H, T, D) float32 or bfloat16 tensor: its data and its strides (in
+ * elements) over N, H and T. The blocks compute in float32 whatever the
+ * tensors hold: bfloat16 rows are converted as they are loaded and stored. */
 typedef struct {
-    float *p;
+    char *p;
     int64_t sn, sh, st;
+    bool bf16;
 } view4;
 
 static view4 view_of(const ft_tensor *t) {
-    view4 v = {NULL, 0, 0, 0};
+    view4 v = {NULL, 0, 0, 0, false};
     if (t) {
-        v.p = (float *)ft_tensor_data(t);
+        v.p = ft_tensor_data(t);
         v.sn = t->strides[0], v.sh = t->strides[1], v.st = t->strides[2];
+        v.bf16 = t->dtype == FT_BFLOAT16;
     }
     return v;
 }
 
-static inline float *row_at(const view4 *v, int64_t n, int64_t h, int64_t t) {
-    return v->p + n * v->sn + h * v->sh + t * v->st;
+static inline void *row_at(const view4 *v, int64_t n, int64_t h, int64_t t) {
+    return v->p + (n * v->sn + h * v->sh + t * v->st) * (v->bf16 ? 2 : 4);
+}
+
+static inline float elem(const view4 *v, const void *row, int64_t d) {
+    return v->bf16 ? ft_bf16_to_f32(((const uint16_t *)row)[d]) : ((const float *)row)[d];
+}
+
+static inline void put(const view4 *v, void *row, int64_t d, float x) {
+    if (v->bf16)
+        ((uint16_t *)row)[d] = ft_f32_to_bf16(x);
+    else
+        ((float *)row)[d] = x;
 }
 
 /* The valid rows of block b of size bs in a sequence of T. */
@@ -84,17 +100,22 @@ static inline bool block_active(const geom *g, int64_t qb, int64_t kb) {
 
 /* ---- tiles ---- */
 
-/* dst (R, Dp) = the first n rows (of D floats, stride st) at src times mul;
- * zero in the padding. */
-static void load_rows(float *dst, int R, const float *src, int64_t st, int n, const geom *g, float mul) {
+/* dst (R, Dp) = the first n rows from row t0 of head (n0, h) of v, times
+ * mul; zero in the padding. */
+static void load_rows(float *dst, int R, const view4 *v, int64_t n0, int64_t h, int64_t t0, int n, const geom *g,
+                      float mul) {
     int64_t D = g->D, Dp = g->Dp;
     for (int r = 0; r < R; r++) {
         float *d = dst + r * Dp;
         int64_t c = 0;
         if (r < n) {
-            const float *s = src + r * st;
-            for (; c < D; c++)
-                d[c] = s[c] * mul;
+            const void *s = row_at(v, n0, h, t0 + r);
+            if (v->bf16)
+                for (; c < D; c++)
+                    d[c] = ft_bf16_to_f32(((const uint16_t *)s)[c]) * mul;
+            else
+                for (; c < D; c++)
+                    d[c] = ((const float *)s)[c] * mul;
         }
         for (; c < Dp; c++)
             d[c] = 0.0f;
@@ -102,13 +123,14 @@ static void load_rows(float *dst, int R, const float *src, int64_t st, int n, co
 }
 
 /* dst (Dp, R) = load_rows's tile transposed. */
-static void load_cols(float *dst, int R, const float *src, int64_t st, int n, const geom *g, float mul) {
+static void load_cols(float *dst, int R, const view4 *v, int64_t n0, int64_t h, int64_t t0, int n, const geom *g,
+                      float mul) {
     int64_t D = g->D, Dp = g->Dp;
     memset(dst, 0, (size_t)(Dp * R) * sizeof *dst);
     for (int r = 0; r < n; r++) {
-        const float *s = src + r * st;
+        const void *s = row_at(v, n0, h, t0 + r);
         for (int64_t c = 0; c < D; c++)
-            dst[c * R + r] = s[c] * mul;
+            dst[c * R + r] = elem(v, s, c) * mul;
     }
 }
 
@@ -288,15 +310,15 @@ static void forward_block(const fwd_ws *w, const geom *g, const view4 *out, floa
                           const view4 *q, const view4 *k, const view4 *v, int64_t n, int64_t h, int64_t qb) {
     int64_t Dp = g->Dp, i0 = qb * BQ;
     int nq = rows_in(qb, BQ, g->Tq);
-    load_rows(w->qs, BQ, row_at(q, n, h, i0), q->st, nq, g, g->scale);
+    load_rows(w->qs, BQ, q, n, h, i0, nq, g, g->scale);
     memset(w->o, 0, (size_t)(BQ * Dp) * sizeof(float));
     for (int r = 0; r < BQ; r++)
         w->m[r] = -INFINITY, w->l[r] = 0.0f;
     for (int64_t kb = 0; kb < g->nkb && block_active(g, qb, kb); kb++) {
         int64_t j0 = kb * BK;
         int nk = rows_in(kb, BK, g->Tk);
-        load_cols(w->kt, BK, row_at(k, n, h, j0), k->st, nk, g, 1.0f);
-        load_rows(w->vb, BK, row_at(v, n, h, j0), v->st, nk, g, 1.0f);
+        load_cols(w->kt, BK, k, n, h, j0, nk, g, 1.0f);
+        load_rows(w->vb, BK, v, n, h, j0, nk, g, 1.0f);
         memset(w->s, 0, sizeof(float) * BQ * BK);
         gemm(w->s, BK, w->qs, Dp, w->kt, BK, BQ, (int)Dp, BK);
         for (int r = 0; r < BQ; r++) {
@@ -319,9 +341,10 @@ static void forward_block(const fwd_ws *w, const geom *g, const view4 *out, floa
         gemm(w->o, Dp, w->s, BK, w->vb, Dp, BQ, BK, (int)Dp);
     }
     for (int r = 0; r < nq; r++) {
-        float *dst = row_at(out, n, h, i0 + r), *o = w->o + r * Dp, l = w->l[r];
+        void *dst = row_at(out, n, h, i0 + r);
+        float *o = w->o + r * Dp, l = w->l[r];
         for (int64_t d = 0; d < g->D; d++)
-            dst[d] = l > 0.0f ? o[d] / l : 0.0f;
+            put(out, dst, d, l > 0.0f ? o[d] / l : 0.0f);
         if (lse)
             lse[n * lse_st[0] + h * lse_st[1] + (i0 + r) * lse_st[2]] = l > 0.0f ? w->m[r] + logf(l) : -INFINITY;
     }
@@ -331,7 +354,7 @@ static void forward_block(const fwd_ws *w, const geom *g, const view4 *out, floa
 
 static ft_status check_qkv(const char *op, const char *arg, const ft_tensor *t, ft_device dev, int64_t N, int64_t H,
                            int64_t T, int64_t D) {
-    FT_TRY(ft_check_float_on(op, arg, t, dev, "q", false));
+    FT_TRY(ft_check_float_on(op, arg, t, dev, "q", dev.type == FT_DEV_CPU));
     FT_TRY(ft_check_ndim(op, arg, t, 4, "(N, H, T, D)"));
     if (N >= 0) {
         int64_t shape[4] = {N, H, T, D};
@@ -489,10 +512,23 @@ static void load_row_stats(const bwd_ws *w, const bwd_args *a, const geom *g, in
     }
 }
 
-/* dst row (D) = src * mul, or += with accumulate. */
-static void store_row(float *dst, const float *src, int64_t D, float mul, bool accumulate) {
+/* Row t of head (n, h) of v (D) = src * mul, or += with accumulate. */
+static void store_row(const view4 *v, int64_t n, int64_t h, int64_t t, const float *src, int64_t D, float mul,
+                      bool accumulate) {
+    void *dst = row_at(v, n, h, t);
     for (int64_t d = 0; d < D; d++)
-        dst[d] = accumulate ? dst[d] + src[d] * mul : src[d] * mul;
+        put(v, dst, d, accumulate ? elem(v, dst, d) + src[d] * mul : src[d] * mul);
+}
+
+/* The dot product of row t of head (n, h) of a and of b. */
+static float rows_dot(const view4 *a, const view4 *b, int64_t n, int64_t h, int64_t t, int64_t D) {
+    const void *x = row_at(a, n, h, t), *y = row_at(b, n, h, t);
+    if (!a->bf16 && !b->bf16)
+        return ft_row_dot(x, y, D);
+    float s = 0.0f;
+    for (int64_t d = 0; d < D; d++)
+        s += elem(a, x, d) * elem(b, y, d);
+    return s;
 }
 
 /* dk and dv of key block kb over every query block; with dq (the whole
@@ -501,8 +537,8 @@ static void backward_kv(const bwd_ws *w, const bwd_args *a, const geom *g, int64
                         float *dq) {
     int64_t Dp = g->Dp, j0 = kb * BK;
     int nk = rows_in(kb, BK, g->Tk);
-    load_rows(w->kj, BK, row_at(&a->k, n, h, j0), a->k.st, nk, g, 1.0f);
-    load_rows(w->vj, BK, row_at(&a->v, n, h, j0), a->v.st, nk, g, 1.0f);
+    load_rows(w->kj, BK, &a->k, n, h, j0, nk, g, 1.0f);
+    load_rows(w->vj, BK, &a->v, n, h, j0, nk, g, 1.0f);
     memset(w->dk, 0, sizeof(float) * BK * Dp);
     memset(w->dv, 0, sizeof(float) * BK * Dp);
     for (int64_t qb = 0; qb < g->nqb; qb++) {
@@ -510,11 +546,10 @@ static void backward_kv(const bwd_ws *w, const bwd_args *a, const geom *g, int64
             continue;
         int64_t i0 = qb * BQ;
         int nq = rows_in(qb, BQ, g->Tq);
-        const float *qrow = row_at(&a->q, n, h, i0), *drow = row_at(&a->dout, n, h, i0);
-        load_rows(w->qs, BQ, qrow, a->q.st, nq, g, g->scale);
-        load_cols(w->qt, BQ, qrow, a->q.st, nq, g, g->scale);
-        load_rows(w->dob, BQ, drow, a->dout.st, nq, g, 1.0f);
-        load_cols(w->dot, BQ, drow, a->dout.st, nq, g, 1.0f);
+        load_rows(w->qs, BQ, &a->q, n, h, i0, nq, g, g->scale);
+        load_cols(w->qt, BQ, &a->q, n, h, i0, nq, g, g->scale);
+        load_rows(w->dob, BQ, &a->dout, n, h, i0, nq, g, 1.0f);
+        load_cols(w->dot, BQ, &a->dout, n, h, i0, nq, g, 1.0f);
         load_row_stats(w, a, g, n, h, qb);
         /* key j sees the queries i >= j (causal) of the block's valid ones */
         for (int r = 0; r < BK; r++) {
@@ -536,9 +571,9 @@ static void backward_kv(const bwd_ws *w, const bwd_args *a, const geom *g, int64
     }
     for (int r = 0; r < nk; r++) {
         if (a->dk.p)
-            store_row(row_at(&a->dk, n, h, j0 + r), w->dk + r * Dp, g->D, 1.0f, a->acc.k);
+            store_row(&a->dk, n, h, j0 + r, w->dk + r * Dp, g->D, 1.0f, a->acc.k);
         if (a->dv.p)
-            store_row(row_at(&a->dv, n, h, j0 + r), w->dv + r * Dp, g->D, 1.0f, a->acc.v);
+            store_row(&a->dv, n, h, j0 + r, w->dv + r * Dp, g->D, 1.0f, a->acc.v);
     }
 }
 
@@ -546,17 +581,16 @@ static void backward_kv(const bwd_ws *w, const bwd_args *a, const geom *g, int64
 static void backward_q(const bwd_ws *w, const bwd_args *a, const geom *g, int64_t n, int64_t h, int64_t qb) {
     int64_t Dp = g->Dp, i0 = qb * BQ;
     int nq = rows_in(qb, BQ, g->Tq);
-    load_rows(w->qs, BQ, row_at(&a->q, n, h, i0), a->q.st, nq, g, g->scale);
-    load_rows(w->dob, BQ, row_at(&a->dout, n, h, i0), a->dout.st, nq, g, 1.0f);
+    load_rows(w->qs, BQ, &a->q, n, h, i0, nq, g, g->scale);
+    load_rows(w->dob, BQ, &a->dout, n, h, i0, nq, g, 1.0f);
     load_row_stats(w, a, g, n, h, qb);
     memset(w->dq, 0, sizeof(float) * BQ * Dp);
     for (int64_t kb = 0; kb < g->nkb && block_active(g, qb, kb); kb++) {
         int64_t j0 = kb * BK;
         int nk = rows_in(kb, BK, g->Tk);
-        const float *krow = row_at(&a->k, n, h, j0), *vrow = row_at(&a->v, n, h, j0);
-        load_cols(w->kt, BK, krow, a->k.st, nk, g, 1.0f);
-        load_rows(w->kj, BK, krow, a->k.st, nk, g, 1.0f);
-        load_cols(w->vt, BK, vrow, a->v.st, nk, g, 1.0f);
+        load_cols(w->kt, BK, &a->k, n, h, j0, nk, g, 1.0f);
+        load_rows(w->kj, BK, &a->k, n, h, j0, nk, g, 1.0f);
+        load_cols(w->vt, BK, &a->v, n, h, j0, nk, g, 1.0f);
         for (int r = 0; r < BQ; r++)
             w->lo[r] = 0, w->hi[r] = keys_seen(g, i0 + r, kb);
         memset(w->s, 0, sizeof(float) * BQ * BK);
@@ -567,7 +601,7 @@ static void backward_q(const bwd_ws *w, const bwd_args *a, const geom *g, int64_
         gemm(w->dq, Dp, w->dp, BK, w->kj, Dp, BQ, BK, (int)Dp);
     }
     for (int r = 0; r < nq; r++)
-        store_row(row_at(&a->dq, n, h, i0 + r), w->dq + r * Dp, g->D, g->scale, a->acc.q);
+        store_row(&a->dq, n, h, i0 + r, w->dq + r * Dp, g->D, g->scale, a->acc.q);
 }
 
 ft_status ft_sdpa_backward(const ft_tensor *dq, const ft_tensor *dk, const ft_tensor *dv, const ft_tensor *dout,
@@ -634,7 +668,7 @@ ft_status ft_sdpa_backward(const ft_tensor *dq, const ft_tensor *dk, const ft_te
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < rows; i++) {
             int64_t nh = i / (Tq ? Tq : 1);
-            delta[i] = ft_row_dot(row_at(&a.dout, nh / H, nh % H, i % Tq), row_at(&vo, nh / H, nh % H, i % Tq), D);
+            delta[i] = rows_dot(&a.dout, &vo, nh / H, nh % H, i % Tq, D);
         }
         bwd_ws w = bwd_ws_at(ws + per * omp_get_thread_num(), &g, fused);
         if (fused) {
@@ -644,7 +678,7 @@ ft_status ft_sdpa_backward(const ft_tensor *dq, const ft_tensor *dk, const ft_te
                 for (int64_t kb = 0; kb < g.nkb; kb++)
                     backward_kv(&w, &a, &g, nh / H, nh % H, kb, w.dq);
                 for (int64_t i = 0; i < Tq; i++)
-                    store_row(row_at(&a.dq, nh / H, nh % H, i), w.dq + i * g.Dp, D, g.scale, acc.q);
+                    store_row(&a.dq, nh / H, nh % H, i, w.dq + i * g.Dp, D, g.scale, acc.q);
             }
         } else {
             if (dk || dv) {

@@ -5,8 +5,9 @@
  * log-sum-exp, from which the backward recomputes the probabilities block by
  * block.
  *
- * Legend: N batch, H heads, Tq queries, Tk keys, D the head size. float32.
- * The N, H and T dimensions may have any strides (a (N, T, H, D) tensor seen
+ * Legend: N batch, H heads, Tq queries, Tk keys, D the head size. float32,
+ * or on the CPU bfloat16 q, k, v, out and gradients (each its own; computed
+ * in float32, lse float32). The N, H and T dimensions may have any strides (a (N, T, H, D) tensor seen
  * through a transpose works without a copy); D must have unit stride. Each
  * output element is computed by one thread in a fixed order, so results are
  * bitwise identical for any thread count. */
