@@ -358,7 +358,7 @@ static void plan_dtypes(ft_program *p) {
         bool low = p->compute != FT_FLOAT32 &&
                    (i == 0 ? nd->dtype == FT_FLOAT32
                            : i <= p->output && k != FT_NODE_FLOAT32);
-        p->dtype[i] = low ? p->compute : i == 0 ? nd->dtype : FT_FLOAT32;
+        p->dtype[i] = low ? p->compute : i == 0 || i == p->target ? nd->dtype : FT_FLOAT32;
     }
     for (bool changed = p->compute != FT_FLOAT32; changed;) {
         changed = false;
