@@ -190,6 +190,39 @@ def test_bfloat16_batches_go_straight_in():
         prog32._c.train_step(ft.tensor(x).to("bfloat16"), ft.tensor(y), prog32.optimizer)
 
 
+class HandAttention(nn.Module):
+    """Attention written with @, softmax and a parameter matrix, as PyTorch code often has it."""
+
+    def __init__(self):
+        super().__init__()
+        self.qk = nn.Linear(144, 16)
+        self.w = nn.Parameter(nn.init.normal_(ft.empty(16, 5), std=0.5))
+
+    def forward(self, x):
+        h = self.qk(x.flatten(2))  # (N, 3, 16)
+        scores = h @ h.transpose(1, 2) * 0.25
+        return (F.softmax(scores, dim=-1) @ h @ self.w).mean(1)
+
+
+@needs_bf16
+def test_matmuls_by_hand_in_bfloat16():
+    """x @ y of two activations and of an activation and a parameter run in bfloat16 (the parameter's copy);
+    gradients follow float32's, the parameter's included."""
+    grads = {}
+    for precision in ("32-true", "bf16-mixed"):
+        model, prog = compiled(precision, make=HandAttention)
+        if precision == "bf16-mixed":
+            dtypes = prog._c.node_dtypes()
+            kinds = [e.kind for e in prog.entries]
+            from fasttrain.nn.program import MATMUL, PARAM
+            assert {dtypes[i] for i, k in enumerate(kinds) if k in (MATMUL, PARAM)} == {"bfloat16"}
+        prog.backward(*data())
+        grads[precision] = {n: np.array(p.grad) for n, p in model.named_parameters()}
+    for name, g32 in grads["32-true"].items():
+        err = np.linalg.norm(grads["bf16-mixed"][name] - g32) / max(np.linalg.norm(g32), 1e-12)
+        assert err < GRAD_RTOL, (name, err)
+
+
 @needs_bf16
 def test_layers_without_bfloat16_fall_back_to_float32():
     """A GroupNorm runs in float32: the convolution feeding it does too, and the model still trains."""

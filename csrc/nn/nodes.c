@@ -947,7 +947,8 @@ const ft_node_kind_info ft_node_kinds[FT_NODE_NKINDS] = {
     [FT_NODE_EMBEDDING] = {"embedding", 1, 1, 0, embedding_check, NULL, NULL, embedding_forward, embedding_backward},
     [FT_NODE_UPSAMPLE] = {"upsample_nearest", 1, 1, 2, upsample_check, NULL, NULL, upsample_forward,
                           upsample_backward},
-    [FT_NODE_MATMUL] = {"matmul", 2, 2, 0, matmul_check, NULL, NULL, matmul_forward, matmul_backward},
+    [FT_NODE_MATMUL] = {"matmul", 2, 2, 0, matmul_check, NULL, NULL, matmul_forward, matmul_backward,
+                        .precision = FT_NODE_LOW},
     [FT_NODE_ATTENTION] = {"attention", 1, 3, 0, attention_check, attention_aux, NULL, attention_forward,
                            attention_backward, .precision = FT_NODE_ANY},
 };

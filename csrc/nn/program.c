@@ -345,9 +345,19 @@ static bool mirrors(const ft_program *p, int i) { return row(p, i)->is_view && p
 
 static int source(const ft_program *p, int i) { return mirrors(p, i) ? source(p, p->nodes[i].inputs[0]) : i; }
 
+/* Whether a LOW kind reads node i. */
+static bool read_by_low(const ft_program *p, int i) {
+    for (int j = i + 1; j < p->n; j++)
+        for (int k = 0; k < p->nodes[j].ninputs; k++)
+            if (p->nodes[j].inputs[k] == i && row(p, j)->precision == FT_NODE_LOW)
+                return true;
+    return false;
+}
+
 /* Each node's dtype (of its output and of its gradient). In a mixed-precision
  * program the model's nodes compute in the low precision where their kind
- * can, and the loss's in float32; the input is converted as it is copied in.
+ * can, and the loss's in float32; the input is converted as it is copied in,
+ * and a parameter node read by a LOW kind is its weight's low copy.
  * A float32-only kind needs float32 inputs and a LOW kind low ones: where
  * they meet, the producer (or the LOW reader) falls back to float32 until
  * every edge agrees. Dtypes only go from low to float32, so this ends. */
@@ -356,8 +366,9 @@ static void plan_dtypes(ft_program *p) {
         const ft_node *nd = &p->nodes[i];
         ft_node_precision k = row(p, i)->precision;
         bool low = p->compute != FT_FLOAT32 &&
-                   (i == 0 ? nd->dtype == FT_FLOAT32
-                           : i <= p->output && k != FT_NODE_FLOAT32);
+                   (i == 0                       ? nd->dtype == FT_FLOAT32
+                    : nd->kind == FT_NODE_PARAM ? i <= p->output && read_by_low(p, i)
+                                                : i <= p->output && k != FT_NODE_FLOAT32);
         p->dtype[i] = low ? p->compute : i == 0 || i == p->target ? nd->dtype : FT_FLOAT32;
     }
     for (bool changed = p->compute != FT_FLOAT32; changed;) {
@@ -388,8 +399,8 @@ static void plan_dtypes(ft_program *p) {
             p->dtype[i] = p->dtype[source(p, i)];
 }
 
-/* Points the weight of every LOW node that runs in the low precision at its
- * copy in low_params. */
+/* Points the weight of every LOW node that runs in the low precision, and of
+ * every parameter node that is low, at its copy in low_params. */
 static ft_status use_low_weights(ft_program *p) {
     if (p->compute == FT_FLOAT32)
         return FT_OK;
@@ -398,7 +409,8 @@ static ft_status use_low_weights(ft_program *p) {
     size_t low = ft_dtype_get(p->compute)->itemsize;
     for (int i = 0; i < p->n; i++) {
         ft_tensor *w = &p->nodes[i].weight;
-        if (p->dtype[i] != p->compute || row(p, i)->precision != FT_NODE_LOW || !w->storage)
+        bool reads = row(p, i)->precision == FT_NODE_LOW || p->nodes[i].kind == FT_NODE_PARAM;
+        if (p->dtype[i] != p->compute || !reads || !w->storage)
             continue;
         if (w->storage != p->params.storage || w->dtype != FT_FLOAT32)
             return ft_fail(FT_ERR_VALUE, "program: node %d's weight is not in the model's flat float32 parameters",

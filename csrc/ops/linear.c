@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "core/settings.h"
+#include "kernels/convert.h"
 #include "ops/check.h"
 #include "ops/cuda_ops.h"
 #include "ops/gradient.h"
@@ -212,14 +213,19 @@ static ft_status weight_grad(const ft_tensor *dw, const ft_tensor *dout, const f
     ft_status s = ft_error_first(err, chunks);
     if (s == FT_OK) {
         const float *p = (const float *)ft_tensor_data(&parts);
-        float *out = (float *)ft_tensor_data(dw);
+        char *out = ft_tensor_data(dw);
+        bool bf16 = dw->dtype == FT_BFLOAT16; /* a matmul's gradient of an activation */
         int64_t I = dw->shape[1];
 #pragma omp parallel for schedule(static)
         for (int64_t i = 0; i < wn; i++) {
-            float *o = &out[(i / I) * dw->strides[0] + (i % I) * dw->strides[1]], v = accumulate ? *o : 0.0f;
+            int64_t at = (i / I) * dw->strides[0] + (i % I) * dw->strides[1];
+            float v = !accumulate ? 0.0f : bf16 ? ft_bf16_to_f32(((uint16_t *)out)[at]) : ((float *)out)[at];
             for (int64_t c = 0; c < chunks; c++)
                 v += p[c * wn + i];
-            *o = v;
+            if (bf16)
+                ((uint16_t *)out)[at] = ft_f32_to_bf16(v);
+            else
+                ((float *)out)[at] = v;
         }
     }
     ft_tensor_release(&parts);
@@ -236,7 +242,7 @@ ft_status ft_linear_backward(const ft_tensor *dx, const ft_tensor *dw, const ft_
         FT_TRY(ft_check_output("linear_backward", "grad_input", dx));
     }
     if (dw) {
-        FT_TRY(check("grad_weight", dw, x, O, I, false));
+        FT_TRY(check("grad_weight", dw, x, O, I, true));
         FT_TRY(ft_check_output("linear_backward", "grad_weight", dw));
     }
     if (db) {

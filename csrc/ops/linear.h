@@ -2,7 +2,8 @@
  *
  * Legend: N rows (the batch, any leading dimensions flattened by the
  * caller), I input features, O output features. float32, or bfloat16 inputs
- * and weights with float32 accumulation. */
+ * and weights with float32 accumulation (and a float32 or bfloat16 weight
+ * gradient: a matmul of two activations differentiates its second as one). */
 #ifndef FT_OPS_LINEAR_H
 #define FT_OPS_LINEAR_H
 
