@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "kernels/convert.h"
 #include "ops/check.h"
 #include "ops/cuda_ops.h"
 
@@ -33,10 +34,10 @@ static ft_status check_table(const char *op, const char *arg, const ft_tensor *t
     return FT_OK;
 }
 
-/* rows (T, D) of shape (*ids.shape, D): out or dout. */
+/* rows (T, D) of shape (*ids.shape, D): out or dout (float32, or bfloat16 on the CPU). */
 static ft_status check_rows(const char *op, const char *arg, const ft_tensor *t, const ft_tensor *ids, int64_t D,
                             ft_device dev, const char *ref) {
-    FT_TRY(ft_check_float_on(op, arg, t, dev, ref, false));
+    FT_TRY(ft_check_float_on(op, arg, t, dev, ref, dev.type == FT_DEV_CPU));
     int64_t shape[FT_MAX_DIMS];
     memcpy(shape, ids->shape, (size_t)ids->ndim * sizeof *shape);
     shape[ids->ndim] = D;
@@ -101,10 +102,15 @@ ft_status ft_embedding_forward(const ft_tensor *out, const ft_tensor *ids, const
         FT_CUDA_DISPATCH(op, embedding_forward, out, ids, weight, padding_idx);
     const int64_t *id = (const int64_t *)ft_tensor_data(ids);
     const float *w = (const float *)ft_tensor_data(weight);
-    float *y = (float *)ft_tensor_data(out);
+    void *y = ft_tensor_data(out);
+    bool bf16 = out->dtype == FT_BFLOAT16;
 #pragma omp parallel for schedule(static) if (T * D > PARALLEL_WORK)
-    for (int64_t t = 0; t < T; t++)
-        memcpy(y + t * D, w + id[t] * D, (size_t)D * sizeof *y);
+    for (int64_t t = 0; t < T; t++) {
+        if (bf16)
+            ft_floats_out(y, true, t * D, D, w + id[t] * D);
+        else
+            memcpy((float *)y + t * D, w + id[t] * D, (size_t)D * sizeof(float));
+    }
     return FT_OK;
 }
 
@@ -127,7 +133,8 @@ ft_status ft_embedding_backward(const ft_tensor *dweight, const ft_tensor *dout,
     if (dev.type == FT_DEV_CUDA)
         FT_CUDA_DISPATCH(op, embedding_backward, dweight, dout, ids, padding_idx, accumulate);
     const int64_t *id = (const int64_t *)ft_tensor_data(ids);
-    const float *g = (const float *)ft_tensor_data(dout);
+    const void *g = ft_tensor_data(dout);
+    bool bf16 = dout->dtype == FT_BFLOAT16;
     float *dw = (float *)ft_tensor_data(dweight);
 #pragma omp parallel if ((V + T) * D > PARALLEL_WORK)
     {
@@ -148,9 +155,12 @@ ft_status ft_embedding_backward(const ft_tensor *dweight, const ft_tensor *dout,
             if (id[t] == padding_idx)
                 continue;
             float *row = dw + id[t] * D;
-            const float *gr = g + t * D;
-            for (int64_t c = c0; c < c1; c++)
-                row[c] += gr[c];
+            if (bf16)
+                for (int64_t c = c0; c < c1; c++)
+                    row[c] += ft_bf16_to_f32(((const uint16_t *)g)[t * D + c]);
+            else
+                for (int64_t c = c0; c < c1; c++)
+                    row[c] += ((const float *)g)[t * D + c];
         }
     }
     return FT_OK;

@@ -4,6 +4,7 @@
 
 #include "kernels/norm.h"
 #include "ops/check.h"
+#include "ops/chunks.h"
 #include "ops/cuda_ops.h"
 #include "ops/pointwise.h"
 
@@ -64,13 +65,54 @@ static ft_status gn_dims_of(const char *op, const ft_tensor *inp, int64_t groups
 /* A tensor of the input's shape and memory layout (out, dout, dinp). */
 static ft_status check_like_inp(const char *op, const char *arg, const ft_tensor *t, const ft_tensor *inp,
                                 ft_device dev) {
-    FT_TRY(ft_check_float_on(op, arg, t, dev, "input", false));
+    FT_TRY(ft_check_float_on(op, arg, t, dev, "input", dev.type == FT_DEV_CPU));
     FT_TRY(ft_check_shape_as(op, arg, t, inp));
     if (!strides_are(t, inp->strides))
         return ft_fail(FT_ERR_SHAPE, "%s: %s must have the input's memory layout (both contiguous or both "
                                      "channels-last)",
                        op, arg);
     return FT_OK;
+}
+
+/* bfloat16 tensors: chunks of samples in float32 (ops/chunks.h); the
+ * statistics (N G) travel as (N, G). */
+typedef struct {
+    const ft_tensor *weight, *bias, *dweight, *dbias;
+    int64_t groups;
+    double eps;
+    ft_grad_acc acc;
+} gn_call;
+
+static ft_tensor per_sample(const ft_tensor *t, int64_t N) {
+    ft_tensor v = *t;
+    v.ndim = 2;
+    v.shape[0] = N, v.shape[1] = N ? ft_tensor_numel(t) / N : 0;
+    v.strides[0] = v.shape[1], v.strides[1] = 1;
+    return v;
+}
+
+static ft_tensor flat(const ft_tensor *t) {
+    ft_tensor v = *t;
+    v.ndim = 1;
+    v.shape[0] = t->shape[0] * t->shape[1];
+    v.strides[0] = 1;
+    return v;
+}
+
+static ft_status float_forward(const ft_tensor *const *ts, int64_t first, const void *ctx) {
+    const gn_call *c = ctx;
+    ft_tensor m = ts[1] ? flat(ts[1]) : (ft_tensor){0}, r = ts[2] ? flat(ts[2]) : (ft_tensor){0};
+    return ft_group_norm_forward(ts[0], ts[1] ? &m : NULL, ts[2] ? &r : NULL, ts[3], c->weight, c->bias, c->groups,
+                                 c->eps);
+}
+
+static ft_status float_backward(const ft_tensor *const *ts, int64_t first, const void *ctx) {
+    const gn_call *c = ctx;
+    ft_tensor m = flat(ts[3]), r = flat(ts[4]);
+    ft_grad_acc acc = c->acc;
+    acc.weight |= first > 0; /* the parameter gradients sum over the chunks */
+    acc.bias |= first > 0;
+    return ft_group_norm_backward(ts[0], c->dweight, c->dbias, ts[1], ts[2], &m, &r, c->weight, c->groups, acc);
 }
 
 /* Adds the n values of run x, less shift, and their squares into the lanes. */
@@ -136,7 +178,7 @@ ft_status ft_group_norm_forward(const ft_tensor *out, const ft_tensor *save_mean
     const char *op = "group_norm";
     ft_device dev = ft_op_device(inp);
     gn_dims d;
-    FT_TRY(ft_check_float_on(op, "input", inp, dev, "input", false));
+    FT_TRY(ft_check_float_on(op, "input", inp, dev, "input", dev.type == FT_DEV_CPU));
     FT_TRY(gn_dims_of(op, inp, groups, &d));
     FT_TRY(check_like_inp(op, "out", out, inp, dev));
     FT_TRY(ft_check_output(op, "out", out));
@@ -155,6 +197,12 @@ ft_status ft_group_norm_forward(const ft_tensor *out, const ft_tensor *save_mean
         return FT_OK;
     if (dev.type == FT_DEV_CUDA)
         FT_CUDA_DISPATCH(op, group_norm_forward, out, save_mean, save_rstd, inp, weight, bias, groups, eps);
+    ft_tensor m = save_mean ? per_sample(save_mean, d.N) : (ft_tensor){0};
+    ft_tensor r = save_rstd ? per_sample(save_rstd, d.N) : (ft_tensor){0};
+    ft_chunk_arg args[4] = {{out, true, false}, {save_mean ? &m : NULL, true, false},
+                            {save_rstd ? &r : NULL, true, false}, {inp, false, false}};
+    if (ft_chunks_needed(args, 4))
+        return ft_by_float_chunks(args, 4, float_forward, &(gn_call){weight, bias, NULL, NULL, groups, eps, {0}});
     const float *x = (const float *)ft_tensor_data(inp);
     const float *w = weight ? (const float *)ft_tensor_data(weight) : NULL;
     const float *b = bias ? (const float *)ft_tensor_data(bias) : NULL;
@@ -247,7 +295,7 @@ ft_status ft_group_norm_backward(const ft_tensor *dinp, const ft_tensor *dweight
     const char *op = "group_norm_backward";
     ft_device dev = ft_op_device(inp);
     gn_dims d;
-    FT_TRY(ft_check_float_on(op, "input", inp, dev, "input", false));
+    FT_TRY(ft_check_float_on(op, "input", inp, dev, "input", dev.type == FT_DEV_CPU));
     FT_TRY(gn_dims_of(op, inp, groups, &d));
     FT_TRY(check_like_inp(op, "grad_output", dout, inp, dev));
     if (dinp) {
@@ -272,6 +320,12 @@ ft_status ft_group_norm_backward(const ft_tensor *dinp, const ft_tensor *dweight
     if (dev.type == FT_DEV_CUDA)
         FT_CUDA_DISPATCH(op, group_norm_backward, dinp, dweight, dbias, dout, inp, save_mean, save_rstd, weight,
                          groups, acc);
+    ft_tensor m = per_sample(save_mean, d.N), r = per_sample(save_rstd, d.N);
+    ft_chunk_arg args[5] = {{dinp, true, acc.inp}, {dout, false, false}, {inp, false, false}, {&m, false, false},
+                            {&r, false, false}};
+    if (ft_chunks_needed(args, 5))
+        return ft_by_float_chunks(args, 5, float_backward,
+                                  &(gn_call){weight, NULL, dweight, dbias, groups, 0.0, acc});
     bool params = dweight || dbias;
     int64_t NC = d.N * d.C;
     /* Per (n, c) sums: their combination over n runs in n order after the

@@ -14,6 +14,7 @@
 
 #include "kernels/pool.h"
 #include "ops/check.h"
+#include "ops/chunks.h"
 #include "ops/cuda_ops.h"
 #include "ops/pointwise.h"
 
@@ -487,64 +488,6 @@ static ft_status alloc_spans(span **rows, span **cols, int64_t P, int64_t Q) {
 
 typedef enum { FIXED, ADAPTIVE } window_rule;
 
-/* Samples [n0, n0 + rows) of t. */
-static ft_tensor samples(const ft_tensor *t, int64_t n0, int64_t rows) {
-    ft_tensor v = *t;
-    v.shape[0] = rows;
-    v.offset += n0 * t->strides[0] * (int64_t)ft_dtype_get(t->dtype)->itemsize;
-    return v;
-}
-
-/* A float32 tensor of t's shape for `rows` samples, in t's layout (NCHW or channels-last). */
-static ft_status float_like(ft_tensor *out, const ft_tensor *t, int64_t rows) {
-    int64_t N = rows, C = t->shape[1], H = t->shape[2], W = t->shape[3];
-    if (!channels_last(t))
-        return ft_tensor_empty(out, 4, (int64_t[]){N, C, H, W}, FT_FLOAT32, FT_CPU, false);
-    FT_TRY(ft_tensor_empty(out, 4, (int64_t[]){N, H, W, C}, FT_FLOAT32, FT_CPU, false));
-    int64_t shape[4] = {N, C, H, W}, strides[4] = {H * W * C, 1, W * C, C};
-    memcpy(out->shape, shape, sizeof shape);
-    memcpy(out->strides, strides, sizeof strides);
-    return FT_OK;
-}
-
-/* One float32 pool of src into dst (with the indices of their samples). */
-typedef ft_status (*float_pool)(const ft_tensor *dst, const ft_tensor *src, const ft_tensor *ind, const void *ctx);
-
-/* A pool with a bfloat16 src or dst, as float32 pools over chunks of
- * samples: each chunk converted into float32 buffers of its layout, pooled,
- * and the results converted back while the chunk is in cache (with
- * read_dst, dst's values are read too: an accumulating backward). */
-static ft_status by_float_chunks(const ft_tensor *dst, const ft_tensor *src, const ft_tensor *ind, bool read_dst,
-                                 float_pool run, const void *ctx) {
-    int64_t N = src->shape[0], per = ft_tensor_numel(src) / N + ft_tensor_numel(dst) / N;
-    int64_t chunk = per < (1 << 20) ? (1 << 20) / per : 1;
-    chunk = chunk < N ? chunk : N;
-    ft_tensor d, x;
-    FT_TRY(float_like(&d, dst, chunk));
-    ft_status s = float_like(&x, src, chunk);
-    if (s != FT_OK) {
-        ft_tensor_release(&d);
-        return s;
-    }
-    for (int64_t n0 = 0; s == FT_OK && n0 < N; n0 += chunk) {
-        int64_t rows = N - n0 < chunk ? N - n0 : chunk;
-        ft_tensor dc = samples(dst, n0, rows), xc = samples(src, n0, rows), ic, df = samples(&d, 0, rows),
-                  xf = samples(&x, 0, rows);
-        if (ind)
-            ic = samples(ind, n0, rows);
-        s = ft_tensor_copy(&xf, &xc, false);
-        if (s == FT_OK && read_dst)
-            s = ft_tensor_copy(&df, &dc, false);
-        if (s == FT_OK)
-            s = run(&df, &xf, ind ? &ic : NULL, ctx);
-        if (s == FT_OK)
-            s = ft_tensor_copy(&dc, &df, false);
-    }
-    ft_tensor_release(&d);
-    ft_tensor_release(&x);
-    return s;
-}
-
 typedef struct {
     const char *op;
     int kind;
@@ -559,14 +502,14 @@ static ft_status pool_backward(const char *op, int kind, window_rule rule, const
                                const ft_tensor *dout, const ft_tensor *ind, const ft_pool2d_params *p,
                                bool accumulate);
 
-static ft_status float_forward(const ft_tensor *dst, const ft_tensor *src, const ft_tensor *ind, const void *ctx) {
+static ft_status float_forward(const ft_tensor *const *ts, int64_t first, const void *ctx) {
     const pool_call *c = ctx;
-    return pool_forward(c->op, c->kind, c->rule, dst, ind, src, c->p);
+    return pool_forward(c->op, c->kind, c->rule, ts[0], ts[2], ts[1], c->p);
 }
 
-static ft_status float_backward(const ft_tensor *dst, const ft_tensor *src, const ft_tensor *ind, const void *ctx) {
+static ft_status float_backward(const ft_tensor *const *ts, int64_t first, const void *ctx) {
     const pool_call *c = ctx;
-    return pool_backward(c->op, c->kind, c->rule, dst, src, ind, c->p, c->accumulate);
+    return pool_backward(c->op, c->kind, c->rule, ts[0], ts[1], ts[2], c->p, c->accumulate);
 }
 
 /* The shared forward of the four pools. */
@@ -598,8 +541,9 @@ static ft_status pool_forward(const char *op, int kind, window_rule rule, const 
     }
     if (N * C * P * Q == 0)
         return FT_OK;
-    if (inp->dtype != FT_FLOAT32 || out->dtype != FT_FLOAT32)
-        return by_float_chunks(out, inp, ind, false, float_forward, &(pool_call){op, kind, rule, p, false});
+    ft_chunk_arg args[3] = {{out, true, false}, {inp, false, false}, {ind, true, false}};
+    if (ft_chunks_needed(args, 3))
+        return ft_by_float_chunks(args, 3, float_forward, &(pool_call){op, kind, rule, p, false});
     if (dev.type == FT_DEV_CUDA) {
         if (kind == POOL_MAX && rule == FIXED)
             FT_CUDA_DISPATCH(op, max_pool2d_forward, out, ind, inp, p);
@@ -663,9 +607,9 @@ static ft_status pool_backward(const char *op, int kind, window_rule rule, const
     }
     if (N * C * H * W == 0)
         return FT_OK;
-    if (dout->dtype != FT_FLOAT32 || dinp->dtype != FT_FLOAT32)
-        return by_float_chunks(dinp, dout, ind, accumulate, float_backward,
-                               &(pool_call){op, kind, rule, p, accumulate});
+    ft_chunk_arg args[3] = {{dinp, true, accumulate}, {dout, false, false}, {ind, false, false}};
+    if (ft_chunks_needed(args, 3))
+        return ft_by_float_chunks(args, 3, float_backward, &(pool_call){op, kind, rule, p, accumulate});
     if (dev.type == FT_DEV_CUDA) {
         if (kind == POOL_MAX && rule == FIXED)
             FT_CUDA_DISPATCH(op, max_pool2d_backward, dinp, dout, ind, accumulate);

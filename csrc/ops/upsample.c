@@ -1,14 +1,30 @@
 #include "ops/upsample.h"
 
 #include "ops/check.h"
+#include "ops/chunks.h"
 #include "ops/cuda_ops.h"
 
 /* Elements below which an op runs on one thread. */
 #define PARALLEL_WORK 32768
 
 static ft_status check_4d(const char *op, const char *arg, const ft_tensor *t, ft_device dev, const char *ref) {
-    FT_TRY(ft_check_float_on(op, arg, t, dev, ref, false));
+    FT_TRY(ft_check_float_on(op, arg, t, dev, ref, dev.type == FT_DEV_CPU));
     return ft_check_ndim(op, arg, t, 4, "(N, C, H, W)");
+}
+
+typedef struct {
+    int64_t sh, sw;
+    bool accumulate;
+} up_call;
+
+static ft_status float_forward(const ft_tensor *const *ts, int64_t first, const void *ctx) {
+    const up_call *c = ctx;
+    return ft_upsample_nearest2d_forward(ts[0], ts[1], c->sh, c->sw);
+}
+
+static ft_status float_backward(const ft_tensor *const *ts, int64_t first, const void *ctx) {
+    const up_call *c = ctx;
+    return ft_upsample_nearest2d_backward(ts[0], ts[1], c->sh, c->sw, c->accumulate);
 }
 
 static ft_status check_scales(const char *op, int64_t sh, int64_t sw) {
@@ -58,6 +74,9 @@ ft_status ft_upsample_nearest2d_forward(const ft_tensor *out, const ft_tensor *i
         return FT_OK;
     if (dev.type == FT_DEV_CUDA)
         FT_CUDA_DISPATCH(op, upsample_nearest2d_forward, out, inp, scale_h, scale_w);
+    ft_chunk_arg args[2] = {{out, true, false}, {inp, false, false}};
+    if (ft_chunks_needed(args, 2))
+        return ft_by_float_chunks(args, 2, float_forward, &(up_call){scale_h, scale_w, false});
     up_job j = job_of(inp, out, scale_h, scale_w);
     const float *x = (const float *)ft_tensor_data(inp);
     float *y = (float *)ft_tensor_data(out);
@@ -108,6 +127,9 @@ ft_status ft_upsample_nearest2d_backward(const ft_tensor *dinp, const ft_tensor 
         return FT_OK;
     if (dev.type == FT_DEV_CUDA)
         FT_CUDA_DISPATCH(op, upsample_nearest2d_backward, dinp, dout, scale_h, scale_w, accumulate);
+    ft_chunk_arg args[2] = {{dinp, true, accumulate}, {dout, false, false}};
+    if (ft_chunks_needed(args, 2))
+        return ft_by_float_chunks(args, 2, float_backward, &(up_call){scale_h, scale_w, accumulate});
     up_job j = job_of(dinp, dout, scale_h, scale_w);
     const float *g = (const float *)ft_tensor_data(dout);
     float *dx = (float *)ft_tensor_data(dinp);
