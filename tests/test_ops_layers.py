@@ -71,10 +71,12 @@ def test_conv2d_fused_relu_and_residual_sum():
 def test_conv2d_bfloat16_inputs():
     x, w = RNG.standard_normal((2, 16, 8, 8)), RNG.standard_normal((16, 16, 3, 3)) * 0.1
     xb, wb = t(x).bfloat16(), t(w).bfloat16()
-    out = ft.ops.conv2d_forward(None, xb, wb, None, padding=1)
-    assert out.dtype is ft.float32
     want = conv_ref(n(xb), n(wb), None, (1, 1), (1, 1), (1, 1), 1)
-    np.testing.assert_allclose(n(out), want, rtol=1e-3, atol=1e-3)
+    out = ft.ops.conv2d_forward(None, xb, wb, None, padding=1)  # bfloat16 in, bfloat16 out (as PyTorch)
+    assert out.dtype is ft.bfloat16
+    np.testing.assert_allclose(n(out.float()), want, rtol=2 ** -7, atol=2 ** -7)
+    wide = ft.ops.conv2d_forward(ft.empty(2, 16, 8, 8), xb, wb, None, padding=1)  # or float32, when given
+    np.testing.assert_allclose(n(wide), want, rtol=1e-3, atol=1e-3)
 
 
 def test_conv2d_bad_inputs():

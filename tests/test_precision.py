@@ -34,8 +34,8 @@ def conv_net():
 def data(n=32, seed=0):
     rng = np.random.default_rng(seed)
     y = rng.integers(0, 5, n)
-    x = rng.standard_normal((n, 3, 12, 12)).astype(np.float32) + y[:, None, None, None] * 0.3  # learnable
-    return x, y
+    x = rng.standard_normal((n, 3, 12, 12)) + y[:, None, None, None] * 0.3  # learnable
+    return x.astype(np.float32), y
 
 
 def compiled(precision, seed=0, make=conv_net, lr=0.05, loss=None, **kw):
@@ -426,3 +426,40 @@ def test_bfloat16_inference_copy_reads_in_torch(tmp_path):
     loaded = st.load_file(str(tmp_path / "half.safetensors"))
     assert loaded["0.weight"].dtype == torch.bfloat16
     np.testing.assert_array_equal(loaded["0.weight"].float().numpy(), bf16_round(np.asarray(model[0].weight)))
+
+
+# ---------------------------------------------------------------- ft.autocast for eager ops
+
+def test_autocast_runs_products_in_bfloat16_and_nests():
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 10 * 10, 5))
+    x = ft.tensor(data(4)[0])
+    ref = np.asarray(model(x))
+    with ft.autocast():
+        out = model(x)
+        assert out.dtype is ft.bfloat16
+        with ft.autocast(enabled=False):
+            assert model(x).dtype is ft.float32
+        assert F.linear(x.flatten(1), ft.randn(5, 432)).dtype is ft.bfloat16
+    assert model(x).dtype is ft.float32
+    np.testing.assert_allclose(np.asarray(out.to("float32")), ref, rtol=0.03, atol=0.03)
+
+    @ft.autocast()
+    def predict(t):
+        return model(t)
+    assert predict(x).dtype is ft.bfloat16
+
+
+def test_autocast_matches_explicit_bfloat16_operands():
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((6, 32)).astype(np.float32), rng.standard_normal((8, 32)).astype(np.float32)
+    want = F.linear(ft.tensor(x).to("bfloat16"), ft.tensor(w).to("bfloat16"))
+    with ft.autocast(dtype=ft.bfloat16):
+        got = F.linear(ft.tensor(x), ft.tensor(w))
+    np.testing.assert_array_equal(np.asarray(got.to("float32")), np.asarray(want.to("float32")))
+
+
+def test_autocast_bad_arguments():
+    with pytest.raises(ValueError, match="dtype must be bfloat16"):
+        ft.autocast(dtype=ft.float16)
+    with pytest.raises(NotImplementedError, match="device_type must be 'cpu'"):
+        ft.autocast("cuda")

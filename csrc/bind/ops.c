@@ -1080,7 +1080,7 @@ static PyObject *py_conv2d_forward(PyObject *m, PyObject *args, PyObject *kw) {
                           : ft_fail(FT_ERR_SHAPE, "conv2d: input and weight must be 4-d");
         if (s != FT_OK)
             return ft_raise(s);
-        if (alloc_out(st, &out, inp, 4, (int64_t[]){inp->shape[0], w->shape[0], P, Q}, FT_FLOAT32) < 0)
+        if (alloc_out(st, &out, inp, 4, (int64_t[]){inp->shape[0], w->shape[0], P, Q}, inp->dtype) < 0)
             return NULL;
     }
     ft_status s;
@@ -1137,7 +1137,7 @@ static PyObject *py_linear_forward(PyObject *m, PyObject *args, PyObject *kw) {
         return NULL;
     if (needs_alloc(&out) &&
         alloc_on(st, &out, inp, 2, (int64_t[]){inp->ndim ? inp->shape[0] : 0, w->ndim ? w->shape[0] : 0},
-                 FT_FLOAT32) < 0)
+                 inp->dtype) < 0)
         return NULL;
     ft_status s;
     CALL(s, big(inp) || big(w), ft_linear_forward(out.t, inp, w, b, act));
@@ -1157,7 +1157,7 @@ static PyObject *py_linear_backward(PyObject *m, PyObject *args, PyObject *kw) {
     if (parse_in(st, o_dout, "dout", false, &dout) < 0 || parse_in(st, o_inp, "inp", false, &inp) < 0 ||
         parse_in(st, o_w, "weight", false, &w) < 0 || parse_out(st, o_dinp, "dinp", true, &o[0]) < 0 ||
         parse_out(st, o_dw, "dweight", true, &o[1]) < 0 || parse_out(st, o_db, "dbias", true, &o[2]) < 0 ||
-        alloc_on(st, &o[0], inp, inp->ndim, inp->shape, FT_FLOAT32) < 0 ||
+        alloc_on(st, &o[0], inp, inp->ndim, inp->shape, inp->dtype) < 0 ||
         alloc_on(st, &o[1], w, w->ndim, w->shape, FT_FLOAT32) < 0 ||
         alloc_on(st, &o[2], inp, 1, &w->shape[0], FT_FLOAT32) < 0) {
         drop_outs(o, 3);

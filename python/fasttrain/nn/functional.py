@@ -10,6 +10,7 @@ import warnings
 import numpy as np
 
 from .. import _C, creation
+from ..amp import cast
 from .._tensor import Tensor
 from ..random import default_generator
 from . import modules as M
@@ -96,6 +97,7 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
         raise ValueError("conv2d: string padding ('same', 'valid') is not supported; give the padding in pixels")
     squeeze = input.ndim == 3
     x = input.unsqueeze(0) if squeeze else input
+    x, weight = cast(x, weight)
     out = _C.conv2d_forward(None, x, weight, bias, stride, padding, dilation, groups)
     return out[0] if squeeze else out
 
@@ -108,6 +110,7 @@ def linear(input, weight, bias=None):
         raise ValueError("linear: the input must have at least 1 dimension")
     lead = input.shape[:-1]
     x = input.reshape(-1, input.shape[-1]) if input.ndim != 2 else input
+    x, weight = cast(x, weight)
     out = _C.linear_forward(None, x, weight, bias)
     return out.reshape(*lead, weight.shape[0]) if input.ndim != 2 else out
 
@@ -457,6 +460,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     three = query.ndim == 3
     if three:
         query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
+    query, key, value = cast(query, key, value)
     out, _ = _C.sdpa_forward(None, False, query, key, value, scale, is_causal)
     return out.squeeze(1) if three else out
 
