@@ -30,8 +30,11 @@ TSAN_TESTS := test_data_loader test_data_record
 .PHONY: demo test test-py test-c test-sanitize test-tsan build sysdeps bench clean gpu-bundle test-gpu \
 	fuzz fuzz-replay test-stress-sanitize
 
+# make demo PRECISION=bf16-mixed trains in mixed precision (docs/precision.md)
+PRECISION ?= 32-true
+
 demo: build
-	$(PY) examples/demo.py
+	$(PY) examples/demo.py --precision $(PRECISION)
 
 test: build
 	$(MAKE) -j2 test-c test-sanitize
