@@ -111,11 +111,13 @@ def test_loss_curve_follows_float32_and_learns():
 
 
 @needs_bf16
-def test_bitwise_reproducible_across_runs_and_threads():
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_bitwise_reproducible_across_runs_and_threads(deterministic):
     x, y = data()
     threads = ft.get_num_threads()
     results = []
     try:
+        ft.use_deterministic_algorithms(deterministic)
         for n in (threads, threads, 1):
             ft.set_num_threads(n)
             model, prog = compiled("bf16-mixed")
@@ -123,6 +125,7 @@ def test_bitwise_reproducible_across_runs_and_threads():
             results.append((losses, weights(model)))
     finally:
         ft.set_num_threads(threads)
+        ft.use_deterministic_algorithms(False)
     for losses, w in results[1:]:
         assert losses == results[0][0]
         for k in w:

@@ -41,7 +41,7 @@ static ft_status layout_of(layout *l, const ft_tensor *t, const char *arg, ft_de
     if (t->ndim != 2 && t->ndim != 4)
         return ft_fail(FT_ERR_SHAPE, "batch_norm: %s must be (N, C) or (N, C, H, W), got %d dimensions", arg,
                        t->ndim);
-    FT_TRY(ft_check_float_on("batch_norm", arg, t, dev, "input", true));
+    FT_TRY(ft_check_float_on("batch_norm", arg, t, dev, "input", dev.type == FT_DEV_CPU));
     l->N = t->shape[0];
     l->C = t->shape[1];
     l->S = t->ndim == 4 ? t->shape[2] * t->shape[3] : 1;
