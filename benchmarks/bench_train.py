@@ -10,10 +10,10 @@ zero-padding taps, so small images overstate the work a little) and, with torch,
 images/s) and "ratio" (ours / torch). Medians of timed steps after warm-up; fasttrain and torch steps
 alternate so that load on a shared machine hits both alike.
 
-Where the CPU has AVX512-BF16, each demo and ResNet line has a "_bf16" twin: the same step compiled with
-precision="bf16-mixed", with "ratio_float32" (over fasttrain's float32 step), "ratio" over PyTorch's step
-under torch.autocast("cpu", dtype=torch.bfloat16) (channels_last), and "peak_fraction" over
-"bf16_matmul_peak", a large bfloat16 matmul's GFLOP/s measured in the same run.
+Where the CPU has AVX512-BF16, each demo, ResNet, ViT and GPT line has a "_bf16" twin: the same step
+compiled with precision="bf16-mixed", with "ratio_float32" (over fasttrain's float32 step), "ratio" over
+PyTorch's step under torch.autocast("cpu", dtype=torch.bfloat16) (channels_last for the CNNs), and
+"peak_fraction" over "bf16_matmul_peak", a large bfloat16 matmul's GFLOP/s measured in the same run.
 
 With --full it also trains both to accuracy with the demo's recipe (examples/demo.py against
 benchmarks/reference/torch_fashion_mnist.py) and reports the time to 92% and 93% test accuracy.
