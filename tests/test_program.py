@@ -1485,6 +1485,21 @@ def test_layer_norm_in_a_program_matches_finite_differences(fmt):
             m2.compile(ft.optim.SGD(m2.parameters(), lr=0.1), batch_size=4, input_shape=(1, 4, 4))
 
 
+def test_a_model_compiled_again_after_zero_grad_fills_its_gradients():
+    """zero_grad() sets .grad to None; compiling the model again gives each parameter its gradient back."""
+    ft.manual_seed(5)
+    model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, CLASSES))
+    rng = np.random.default_rng(2)
+    x, y = rng.standard_normal((4, 4)).astype(np.float32), rng.integers(0, CLASSES, 4)
+    opt = ft.optim.SGD(model.parameters(), lr=0.1)
+    model.compile(opt, batch_size=4, input_shape=(4,)).backward(x, y)
+    want = [p.grad.numpy().copy() for p in model.parameters()]
+    opt.zero_grad()
+    model.compile(opt, batch_size=4, input_shape=(4,)).backward(x, y)
+    for p, w in zip(model.parameters(), want):
+        np.testing.assert_array_equal(p.grad.numpy(), w)
+
+
 def test_mse_regression_program_matches_numpy():
     """A compiled MLP with MSELoss (mean over every output): loss and gradients against NumPy, and a few steps
     of SGD lower the loss."""
