@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 
 import fasttrain as ft
-from _opref import first, program_fd, torch
+from fasttrain.testing import gradcheck
+
+from _opref import torch
 
 nn = ft.nn
 needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
@@ -1476,8 +1478,7 @@ def test_layer_norm_in_a_program_matches_finite_differences(fmt):
     rng = np.random.default_rng(5)
     x = rng.standard_normal((4, *shape)).astype(np.float32)
     y = rng.integers(0, CLASSES, 4)
-    for name, idx, grad, fd in program_fd(program, model, x, y, 1e-2, first(4)):
-        assert abs(fd - grad) < 2e-3 + 2e-2 * abs(grad), (name, idx)
+    assert gradcheck(program, x, y, eps=1e-3, rtol=2e-2, atol=2e-3)  # eps small: ReLU's kink
     if fmt == "channels_last":
         with pytest.raises(ValueError, match="contiguous"):
             m2 = nn.Sequential(nn.Conv2d(1, 2, 3, padding=1), nn.LayerNorm((2, 4, 4)), nn.Flatten(),
