@@ -1,10 +1,21 @@
-"""fasttrain.testing: assert_close, make_tensor, gradcheck."""
+"""fasttrain.testing (assert_close, make_tensor, gradcheck) and the pytest plugin (fixtures, markers, header),
+the plugin run on small test files by pytest's own pytester, and the example downstream project's suite."""
+import importlib.metadata
+import os
+import re
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
 import fasttrain as ft
 from fasttrain import nn
 from fasttrain.testing import assert_close, gradcheck, make_tensor
+
+pytest_plugins = ["pytester"]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def report(actual, expected, **kwargs):
@@ -206,3 +217,111 @@ def test_gradcheck_skips_frozen_parameters():
     model = conv_net()
     model[0].weight.requires_grad_(False)
     assert gradcheck(model, *conv_batch())
+
+
+# ---------------------------------------------------------------- the pytest plugin
+
+PLUGIN = ["-p", "fasttrain.pytest_plugin"]  # as an installed fasttrain's entry point would register it
+
+
+def seeds(result):
+    return dict(re.findall(r"SEED (\S+) (\S+ \S+ \S+)", result.stdout.str()))
+
+
+def test_ft_seed_follows_the_node_id(pytester):
+    pytester.makepyfile("""
+        import numpy as np
+        import fasttrain as ft
+
+        def test_a(ft_seed):
+            print("SEED a", ft_seed, ft.rand(1).item(), np.random.rand())
+
+        def test_b(ft_seed):
+            print("SEED b", ft_seed, ft.rand(1).item(), np.random.rand())
+    """)
+    first, second = (pytester.runpytest(*PLUGIN, "-s") for _ in range(2))
+    first.assert_outcomes(passed=2)
+    assert seeds(first) == seeds(second) and len(seeds(first)) == 2  # the same seeds and draws every run
+    assert seeds(first)["a"].split()[0] != seeds(first)["b"].split()[0]
+
+
+def test_ft_seed_and_ft_deterministic_put_back_what_they_change(pytester):
+    pytester.makepyfile("""
+        import numpy as np
+        import fasttrain as ft
+
+        ft.manual_seed(5)
+        np.random.seed(5)
+        DRAWS = ft.rand(2).tolist(), np.random.rand(2).tolist()
+        ft.manual_seed(5)
+        np.random.seed(5)
+
+        def test_seeded(ft_seed, ft_deterministic):
+            assert ft.are_deterministic_algorithms_enabled()
+            ft.rand(3), np.random.rand(3)
+
+        def test_after():
+            assert not ft.are_deterministic_algorithms_enabled()
+            assert (ft.rand(2).tolist(), np.random.rand(2).tolist()) == DRAWS
+    """)
+    pytester.runpytest(*PLUGIN).assert_outcomes(passed=2)
+
+
+def test_ft_device_and_the_markers(pytester):
+    pytester.makepyfile("""
+        import pytest
+
+        def test_device(ft_device):
+            assert ft_device in ("cpu", "cuda")
+
+        @pytest.mark.cuda
+        def test_gpu():
+            pass
+
+        @pytest.mark.slow
+        def test_long():
+            pass
+    """)
+    gpu = ft.cuda.is_available()
+    result = pytester.runpytest(*PLUGIN, "-v", "-rs", "--strict-markers")
+    result.assert_outcomes(passed=2 + 2 * gpu, skipped=0 if gpu else 1)
+    result.stdout.fnmatch_lines(["*test_device?cpu? PASSED*"] + (["*test_device?cuda? PASSED*"] if gpu else
+                                                                 ["*test_gpu SKIPPED (no CUDA device*"]))
+    pytester.runpytest(*PLUGIN, "-m", "not slow").assert_outcomes(passed=1 + 2 * gpu, skipped=0 if gpu else 1)
+
+
+def test_the_header_names_version_isa_threads_and_cuda(pytester):
+    pytester.makepyfile("def test_nothing(): pass")
+    result = pytester.runpytest(*PLUGIN)
+    threads = ft.get_num_threads()
+    result.stdout.fnmatch_lines([f"fasttrain {ft.__version__}: CPU *, {threads} threads, CUDA *"])
+    header = next(line for line in result.stdout.lines if line.startswith("fasttrain "))
+    assert ("avx512_bf16" in header) == ("avx512_bf16" in ft.backends._cpu_flags())
+    assert ("CUDA available" in header) == ft.cuda.is_available()
+
+
+def test_installed_and_named_in_a_conftest_it_registers_once(pytester):
+    """An installed fasttrain registers the plugin through setup.py's pytest11 entry point; a conftest that
+    also names it (as tests/conftest.py does) must not register it a second time."""
+    entry = re.search(r'"pytest11": \["([^"]+)"\]', open(os.path.join(ROOT, "setup.py")).read()).group(1)
+    info = pytester.mkdir("site").joinpath("fasttrain_plugin_check-0.dist-info")
+    info.mkdir()
+    info.joinpath("METADATA").write_text("Metadata-Version: 2.1\nName: fasttrain-plugin-check\nVersion: 0\n")
+    info.joinpath("entry_points.txt").write_text(f"[pytest11]\n{entry}\n")
+    pytester.syspathinsert(info.parent)
+    pytester.makepyfile("def test_seeded(ft_seed): pass")
+    pytester.runpytest().assert_outcomes(passed=1)  # the entry point alone
+    pytester.makeconftest('pytest_plugins = ["fasttrain.pytest_plugin"]')
+    pytester.runpytest().assert_outcomes(passed=1)
+
+
+def test_the_downstream_example_passes_its_tests():
+    """examples/downstream: a project of its own, tested with the plugin's fixtures and fasttrain.testing."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.path.join(ROOT, "python"),
+                                                                    os.environ.get("PYTHONPATH")])))
+    installed = any(ep.value == "fasttrain.pytest_plugin" for ep in importlib.metadata.entry_points(group="pytest11"))
+    args = [] if installed else PLUGIN
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args,
+                          "examples/downstream/tests"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert re.search(r"\b5 passed\b", run.stdout), run.stdout
