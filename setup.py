@@ -160,4 +160,7 @@ setup(
         )
     ],
     cmdclass={"build_ext": BuildExt},
+    # The plugin's name is its module's, so that a conftest's pytest_plugins naming the module finds it
+    # registered (fasttrain/pytest_plugin.py).
+    entry_points={"pytest11": ["fasttrain.pytest_plugin = fasttrain.pytest_plugin"]},
 )

@@ -56,28 +56,6 @@ def fd_grad(f, x, dy, eps=1e-6):
     return g
 
 
-def program_fd(program, model, x, y, h, picks):
-    """(name, index, gradient, central difference) for the elements picks(name, shape) chooses of each
-    parameter: the gradient from one program.backward, the difference of the program's own loss at +-h."""
-    program.backward(x, y)
-    grads = {name: p.grad.numpy().copy() for name, p in model.named_parameters()}  # the backwards below add
-    for name, p in model.named_parameters():
-        values = p.numpy()  # shares the parameter's memory
-        for idx in picks(name, values.shape):
-            old = values[idx]
-            values[idx] = old + h
-            up = program.backward(x, y)
-            values[idx] = old - h
-            down = program.backward(x, y)
-            values[idx] = old
-            yield name, idx, grads[name][idx], (up - down) / (2 * h)
-
-
-def first(count):
-    """picks for program_fd: the first `count` elements of every parameter."""
-    return lambda name, shape: list(np.ndindex(shape))[:count]
-
-
 def bits(x):
     """The raw bytes of a tensor's values, to compare results bitwise."""
     return np.ascontiguousarray(x.numpy()).tobytes()

@@ -18,13 +18,6 @@ nn = ft.nn
 CLASSES = 5
 
 
-@pytest.fixture
-def deterministic():
-    ft.use_deterministic_algorithms(True)
-    yield
-    ft.use_deterministic_algorithms(False)
-
-
 def resnet(seed, width=6, dropout=0.2):
     """conv -> BN -> ReLU -> (+ conv) -> ReLU -> maxpool -> conv -> ReLU -> global avg pool -> dropout -> linear."""
     ft.manual_seed(seed)
@@ -156,7 +149,7 @@ def test_predict_and_evaluate_match_cpu():
     assert "Conv2d" in pg.summary()
 
 
-def test_deterministic_steps_are_bitwise_repeatable(deterministic):
+def test_deterministic_steps_are_bitwise_repeatable(ft_deterministic):
     runs = []
     for _ in range(2):
         m = resnet(5, width=16)
@@ -167,7 +160,7 @@ def test_deterministic_steps_are_bitwise_repeatable(deterministic):
     assert runs[0][1] == runs[1][1]
 
 
-def test_device_batches_equal_host_batches(deterministic):
+def test_device_batches_equal_host_batches(ft_deterministic):
     ma, mb = resnet(6), resnet(6)
     pa, pb = compiled(ma, "cuda"), compiled(mb, "cuda")
     for step in range(2):

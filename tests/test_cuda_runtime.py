@@ -14,13 +14,6 @@ ops = ft.ops
 
 
 @pytest.fixture
-def deterministic():
-    ft.use_deterministic_algorithms(True)
-    yield
-    ft.use_deterministic_algorithms(False)
-
-
-@pytest.fixture
 def benchmark():
     ft.backends.benchmark = True
     yield
@@ -174,7 +167,7 @@ def conv_step(layout):
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "nhwc"])
-def test_deterministic_convolution_is_bitwise_repeatable(layout, deterministic, benchmark):
+def test_deterministic_convolution_is_bitwise_repeatable(layout, ft_deterministic, benchmark):
     """cuDNN's backward algorithms may add partial sums in any order; deterministic mode (which also turns off
     the algorithm search of ft.backends.benchmark) must not."""
     run = conv_step(layout)
@@ -183,7 +176,7 @@ def test_deterministic_convolution_is_bitwise_repeatable(layout, deterministic, 
         assert run() == first
 
 
-def test_deterministic_linear_is_bitwise_repeatable(deterministic):
+def test_deterministic_linear_is_bitwise_repeatable(ft_deterministic):
     x = pair(rng(13).standard_normal((512, 1024)))[1]
     w = pair(rng(14).standard_normal((768, 1024)) * 0.03)[1]
     b = pair(rng(15).standard_normal(768))[1]

@@ -6,7 +6,9 @@ import pytest
 
 import fasttrain as ft
 from fasttrain import nn
-from _opref import first, n, nhwc, program_fd, t
+from fasttrain.testing import gradcheck
+
+from _opref import n, nhwc, t
 
 RNG = np.random.default_rng(11)
 
@@ -79,12 +81,6 @@ def test_accumulate_needs_tensors_to_add_into(make, layout):
 
 # ---------------------------------------------------------------- compiled programs
 
-def _fd_check(program, model, x, y, count=4, h=1e-2):
-    """Every parameter's gradient from one backward against central differences of the program's own loss."""
-    for name, idx, grad, fd in program_fd(program, model, x, y, h, first(count)):
-        assert abs(fd - grad) < 2e-3 + 2e-2 * abs(grad), (name, idx)
-
-
 def test_tied_weights_and_residual_fork_match_finite_differences():
     """One weight applied twice (tied), and a residual fork around both uses."""
     ft.manual_seed(2)
@@ -97,7 +93,8 @@ def test_tied_weights_and_residual_fork_match_finite_differences():
     assert len(names) == 6 and len(model.state_dict()) == 7  # the tied weight: one parameter, two state keys
     program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=4, input_shape=(6,))
     rng = np.random.default_rng(3)
-    _fd_check(program, model, rng.standard_normal((4, 6)).astype(np.float32), rng.integers(0, 5, 4))
+    assert gradcheck(program, rng.standard_normal((4, 6)).astype(np.float32), rng.integers(0, 5, 4), eps=1e-2,
+                     rtol=2e-2, atol=2e-3)
 
 
 def _mlp(seed):

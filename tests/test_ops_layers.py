@@ -218,7 +218,7 @@ def test_layer_norm():
 
 
 @pytest.mark.parametrize("op", ["conv", "linear", "bn"])
-def test_bitwise_identical_across_thread_counts(op, threads):
+def test_bitwise_identical_across_thread_counts(op, threads, ft_deterministic):
     x4 = RNG.standard_normal((64, 16, 12, 12)).astype(np.float32)
     w4 = (RNG.standard_normal((32, 16, 3, 3)) * 0.1).astype(np.float32)
     x2, w2 = RNG.standard_normal((512, 256)).astype(np.float32), RNG.standard_normal((128, 256)).astype(np.float32)
@@ -234,12 +234,8 @@ def test_bitwise_identical_across_thread_counts(op, threads):
         return [bits(out)] + [bits(g) for g in ft.ops.batch_norm_backward(None, None, None, out, nhwc(x4), None,
                                                                            None, m, s) if g is not None]
 
-    ft.use_deterministic_algorithms(True)
-    try:
-        one = (threads(1), run())[1]
-        two = (threads(2), run())[1]
-    finally:
-        ft.use_deterministic_algorithms(False)
+    one = (threads(1), run())[1]
+    two = (threads(2), run())[1]
     assert one == two
 
 

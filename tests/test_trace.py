@@ -6,8 +6,7 @@ import pytest
 import fasttrain as ft
 from fasttrain import nn
 from fasttrain.nn import functional as F
-
-from _opref import first, program_fd
+from fasttrain.testing import gradcheck
 
 CLASSES = 5
 
@@ -63,12 +62,6 @@ def grads(model):
     return {k: p.grad.numpy().copy() for k, p in model.named_parameters()}
 
 
-def fd_check(program, model, x, y, count=3, h=1e-2, names=None):
-    picks = lambda name, shape: first(count)(name, shape) if not names or name in names else []  # noqa: E731
-    for name, idx, grad, fd in program_fd(program, model, x, y, h, picks):
-        assert abs(fd - grad) < 3e-3 + 3e-2 * abs(grad), (name, idx)
-
-
 def test_a_user_module_compiles_with_pytorch_names():
     ft.manual_seed(0)
     net = Net()
@@ -107,7 +100,8 @@ def test_traced_gradients_match_finite_differences():
                           memory_format="contiguous")
     net.eval()  # finite differences of batch norm in training see other samples; evaluate-mode statistics
     x, y = batch(4, seed=5)
-    fd_check(program, net, x, y, names={"stem.weight", "layer1.0.conv2.weight", "fc.bias"})
+    # eps small: ReLU and max pooling have kinks a wide step would cross
+    assert gradcheck(program, x, y, eps=1e-3, rtol=3e-2, atol=3e-3)
 
 
 class Tokens(nn.Module):
@@ -138,7 +132,7 @@ def test_sequence_operations_match_finite_differences():
     program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=4, input_shape=(1, 4, 4),
                             memory_format="contiguous")
     x, y = batch(4, shape=(1, 4, 4), seed=7)
-    fd_check(program, model, x, y, h=2e-3)
+    assert gradcheck(program, x, y, eps=2e-3, rtol=3e-2, atol=3e-3)
     losses = [program.train_step(x, y) for _ in range(20)]
     assert losses[-1] < losses[0]
 

@@ -7,8 +7,7 @@ import pytest
 import fasttrain as ft
 from fasttrain import nn
 from fasttrain.nn import functional as F
-
-from _opref import program_fd
+from fasttrain.testing import gradcheck
 
 
 class AudioCNN(nn.Module):
@@ -216,11 +215,10 @@ def build(name, seed=0):
 def test_gradients_match_finite_differences(name):
     model, program, shape = build(name)
     x, y = data(name)
-    rng = np.random.default_rng(1)
-    picks = lambda n, shape: [tuple(rng.integers(0, s) for s in shape) for _ in range(3)]  # noqa: E731
-    # h small: max pooling and ReLU have kinks a wide step would cross
-    for n, i, grad, fd in program_fd(program, model, x, y, 1e-3, picks):
-        assert grad == pytest.approx(fd, rel=3e-2, abs=2e-3), (n, i)
+    if name == "token_cnn":  # the padding row takes no gradient by definition (as in PyTorch): no padding here
+        x = np.maximum(x, 1)
+    # eps small: max pooling and ReLU have kinks a wide step would cross
+    assert gradcheck(program, x, y, eps=1e-3, rtol=3e-2, atol=2e-3)
 
 
 @pytest.mark.parametrize("name", ZOO)

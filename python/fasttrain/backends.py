@@ -25,14 +25,18 @@ from . import _C
 
 
 @functools.cache
-def cpu_has_bf16():
-    """Whether the CPU has the AVX512-BF16 (or AMX-BF16) instructions, from /proc/cpuinfo's flags."""
+def _cpu_flags():
+    """The instruction-set flags of /proc/cpuinfo (none where it cannot be read)."""
     try:
         with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+            return frozenset(next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []))
     except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+        return frozenset()
+
+
+def cpu_has_bf16():
+    """Whether the CPU has the AVX512-BF16 (or AMX-BF16) instructions, from /proc/cpuinfo's flags."""
+    return "avx512_bf16" in _cpu_flags() or "amx_bf16" in _cpu_flags()
 
 
 class _Backends(types.ModuleType):

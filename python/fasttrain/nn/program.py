@@ -213,6 +213,11 @@ def _flatten_parameters(model):
     params = list(dict.fromkeys(model.parameters()))
     flat = getattr(model, "_flat", None)
     if flat is not None and flat[2] == [id(p) for p in params]:
+        offset = 0
+        for p in params:  # a gradient set to None (zero_grad) is its view of the flat gradients again, zeroed
+            if p.grad is None:
+                p.grad = flat[1].as_strided(p.shape, _contiguous(p.shape), offset).zero_()
+            offset += p.numel()
         return flat[0], flat[1]
     for p in params:
         if p.dtype is not _BY_NAME["float32"]:

@@ -1,0 +1,174 @@
+"""Helpers for tests of code that uses fasttrain, as torch.testing gives for PyTorch:
+assert_close, make_tensor and gradcheck (docs/testing.md)."""
+import numpy as np
+
+from ._tensor import Tensor, _sizes
+from ._types import _BY_NAME, as_dtype
+from .creation import empty
+from .random import Generator, randint
+
+# (rtol, atol) of a comparison by dtype, torch.testing's defaults; integers and bool compare exactly.
+_TOLERANCES = {"float16": (1e-3, 1e-5), "bfloat16": (1.6e-2, 1e-5), "float32": (1.3e-6, 1e-5),
+               "float64": (1e-7, 1e-7), "complex64": (1.3e-6, 1e-5), "complex128": (1e-7, 1e-7)}
+
+
+def _values(x):
+    """(values as a NumPy array, fasttrain dtype or None for a Python scalar or list that carries none)."""
+    if isinstance(x, Tensor):
+        return np.asarray(x), x.dtype  # bfloat16 and CUDA tensors arrive as float32 host copies
+    if isinstance(x, (np.ndarray, np.generic)):
+        return np.asarray(x), as_dtype(x.dtype)
+    try:
+        return np.asarray(x), None
+    except ValueError as e:  # ragged nested lists
+        raise TypeError(f"assert_close: cannot compare {type(x).__name__} values: {e}") from None
+
+
+def _index(flat, shape):
+    return tuple(int(i) for i in np.unravel_index(flat, shape)) if shape else ()
+
+
+def assert_close(actual, expected, *, rtol=None, atol=None, equal_nan=False, check_dtype=True, msg=None):
+    """Raises AssertionError unless actual and expected (fasttrain tensors, NumPy arrays, scalars or nested
+    lists) have the same shape and dtype and |actual - expected| <= atol + rtol * |expected| everywhere.
+
+    Without rtol and atol the tolerances follow the dtype as in torch.testing.assert_close (float32: 1.3e-6 and
+    1e-5; integers and bool: exact); with check_dtype=False (or a scalar or list, which carries no dtype) the
+    looser of the two dtypes' tolerances applies. NaNs compare equal only with equal_nan=True. msg replaces the
+    report, or, when callable, is called with it and returns the message."""
+    if (rtol is None) != (atol is None):
+        raise ValueError("assert_close: give both rtol and atol, or neither (for the dtype's defaults)")
+    a, a_dtype = _values(actual)
+    e, e_dtype = _values(expected)
+
+    def fail(report):
+        raise AssertionError(msg(report) if callable(msg) else msg or report)
+
+    if a.shape != e.shape:
+        fail(f"The shapes do not match: {a.shape} != {e.shape}.")
+    if check_dtype and a_dtype is not None and e_dtype is not None and a_dtype is not e_dtype:
+        fail(f"The dtypes do not match: {a_dtype} != {e_dtype}.")
+    dtypes = [d.name for d in (a_dtype, e_dtype) if d is not None] or [
+        "float64" if v.dtype.kind in "fc" else v.dtype.name for v in (a, e)]
+    exact = rtol is None and not any(name in _TOLERANCES for name in dtypes)
+    if rtol is None:
+        rtol, atol = (0.0, 0.0) if exact else max(_TOLERANCES.get(name, (0.0, 0.0)) for name in dtypes)
+    shape, a, e = a.shape, a.reshape(-1), e.reshape(-1)  # 1-d: scalars too take item assignment
+    if exact and a.dtype.kind in "biu" and e.dtype.kind in "biu":
+        close = a == e  # in the integers themselves: int64 values beyond 2**53 stay exact
+        diff = np.abs(a.astype(np.float64) - e.astype(np.float64))
+    else:
+        a64, e64 = (v.astype(np.complex128 if v.dtype.kind == "c" else np.float64) for v in (a, e))
+        close = np.isclose(a64, e64, rtol=rtol, atol=atol, equal_nan=equal_nan)
+        with np.errstate(invalid="ignore"):  # inf - inf
+            diff = np.abs(a64 - e64)
+        diff[a64 == e64] = 0
+    mismatched = int(np.size(close) - np.count_nonzero(close))
+    if not mismatched:
+        return
+    nans = np.flatnonzero(np.isnan(diff) & ~close)  # reported apart, so that they hide no numeric difference
+    diff[np.isnan(diff)] = 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = np.where(diff == 0, 0.0, diff / np.abs(e.astype(np.complex128 if e.dtype.kind == "c" else np.float64)))
+    worst_abs, worst_rel = int(np.argmax(diff)), int(np.argmax(rel))
+    lines = [f"{'Scalars' if not shape else 'Tensor-likes'} are not {'equal' if exact else 'close'}!", "",
+             f"Mismatched elements: {mismatched} / {a.size} ({100 * mismatched / a.size:.1f}%)"]
+    if nans.size:
+        lines.append(f"Mismatched NaNs: {nans.size}, the first at index {_index(nans[0], shape)}")
+    lines += [f"Greatest absolute difference: {diff[worst_abs]:.6g} at index {_index(worst_abs, shape)} "
+              f"(up to {atol:g} allowed)",
+              f"Greatest relative difference: {rel[worst_rel]:.6g} at index {_index(worst_rel, shape)} "
+              f"(up to {rtol:g} allowed)"]
+    fail("\n".join(lines))
+
+
+def make_tensor(*shape, dtype=_BY_NAME["float32"], low=None, high=None, seed=None, device=None):
+    """A tensor of the given shape, uniform in [low, high]: floating values in [-9, 9] by default, integers in
+    [-9, 9] (from 0 for unsigned types), bool True or False. The same seed gives the same tensor; without one
+    the values come from fasttrain's generator (ft.manual_seed)."""
+    dtype = as_dtype(dtype)
+    generator = None if seed is None else Generator().manual_seed(seed)
+    if dtype.is_floating_point:
+        low, high = -9.0 if low is None else low, 9.0 if high is None else high
+        if not low <= high:
+            raise ValueError(f"make_tensor: low {low} must not exceed high {high}")
+        # drawn in float64 and rounded once, so the narrow types keep their full precision
+        values = empty(_sizes(shape), dtype=_BY_NAME["float64"], device=device).uniform_(low, high, generator=generator)
+        return values.to(dtype)
+    if dtype.is_complex:
+        raise TypeError(f"make_tensor: {dtype} is not supported")
+    if dtype is _BY_NAME["bool"]:
+        return randint(0, 2, _sizes(shape), generator=generator, device=device).to(dtype)
+    info = np.iinfo(dtype.name)
+    low = max(info.min, -9) if low is None else low
+    high = min(info.max, 9) if high is None else high
+    if not info.min <= low <= high <= info.max:
+        raise ValueError(f"make_tensor: [{low}, {high}] is not a range of {dtype} values")
+    return randint(low, high + 1, _sizes(shape), generator=generator, device=device).to(dtype)
+
+
+def gradcheck(model, inputs, targets, loss=None, *, eps=1e-3, rtol=1e-2, atol=1e-4, count=20):
+    """Checks the gradients of a compiled model against central differences of its loss; returns True or raises
+    AssertionError naming the parameter and its worst element.
+
+    model: an ft.nn.Module, compiled here for one batch of (inputs, targets) with ft.optim.SGD(lr=0) and `loss`
+    (by default CrossEntropyLoss for integer targets, MSELoss otherwise; integer inputs are token ids), or a
+    compiled ft.nn.Program (its own loss and options). Up to `count` elements of every trainable parameter, picked
+    at random but the same each call, are moved by +-eps; each gradient from program.backward must be within
+    atol + rtol * |difference quotient| of (loss(+eps) - loss(-eps)) / 2eps. The float32 forward rounds the loss
+    by about |loss| * 6e-8, which the quotient divides by eps: large losses need a larger atol or eps, and a kink
+    (ReLU, max pooling) closer than eps to a sample spoils its element. Batch-norm running statistics move as in
+    training steps; .grad is left set to None."""
+    from . import nn, optim
+    if isinstance(model, nn.Program):
+        if loss is not None:
+            raise ValueError("gradcheck: a compiled program computes its own loss; pass loss=None")
+        program = model
+    elif isinstance(model, nn.Module):
+        x, y = np.asarray(inputs), np.asarray(targets)
+        if loss is None:
+            loss = nn.CrossEntropyLoss() if y.dtype.kind in "iu" else nn.MSELoss()
+        program = model.compile(optim.SGD(model.parameters(), lr=0), loss, batch_size=len(x), input_shape=x.shape[1:],
+                                input_dtype=_BY_NAME["int64"] if x.dtype.kind in "iu" else None)
+    else:
+        raise TypeError(f"gradcheck: expected an ft.nn.Module or a compiled ft.nn.Program, got "
+                        f"{type(model).__name__}")
+    if program.flat_params.device.type != "cpu":
+        raise ValueError("gradcheck: finite differences move parameters in place, on the CPU; this program runs "
+                         f"on {program.flat_params.device}")
+    params = [(name, p) for name, p in program.model.named_parameters() if id(p) in program.trainable]
+
+    def zero_grad():  # the next backward writes the gradients instead of adding to them
+        for _, p in params:
+            p.grad = None
+
+    zero_grad()
+    program.backward(inputs, targets)
+    grads = {name: p.grad.numpy().copy() for name, p in params}  # the backwards below overwrite .grad
+    rng = np.random.default_rng(0)
+    try:
+        for name, p in params:
+            values = p.numpy()  # shares the parameter's memory
+            worst = None
+            for flat in rng.choice(values.size, min(count, values.size), replace=False):
+                i = _index(flat, values.shape)
+                old = values[i]
+                values[i] = old + eps
+                up, x_up = program.backward(inputs, targets), float(values[i])
+                values[i] = old - eps
+                down, x_down = program.backward(inputs, targets), float(values[i])
+                values[i] = old
+                fd = (up - down) / (x_up - x_down)  # the step float32 could represent, not eps itself
+                excess = abs(grads[name][i] - fd) - (atol + rtol * abs(fd))
+                excess = np.inf if np.isnan(excess) else excess  # a NaN gradient or loss fails
+                if worst is None or excess > worst[0]:
+                    worst = (excess, i, float(grads[name][i]), fd)
+            if worst is not None and worst[0] > 0:
+                excess, i, grad, fd = worst
+                raise AssertionError(
+                    f"gradcheck: the gradient of {name} at index {i} is {grad:.6g} but central differences give "
+                    f"{fd:.6g}: off by {abs(grad - fd):.3g}, more than atol + rtol * |difference quotient| = "
+                    f"{abs(grad - fd) - excess:.3g} (atol={atol:g}, rtol={rtol:g}, eps={eps:g})")
+    finally:
+        zero_grad()
+    return True
