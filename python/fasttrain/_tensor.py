@@ -1,11 +1,23 @@
 """fasttrain.Tensor: the C tensor with NumPy-style indexing and PyTorch's methods."""
+from __future__ import annotations
+
 import math
 import operator
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from . import _C
 from ._types import CPU, DTYPES, _BY_NAME, as_device, as_dtype, device, device_of_code, dtype
+
+if TYPE_CHECKING:
+    # Tensor's methods int, float and bool and its properties dtype and device shadow these names in the class
+    # body, where type checkers would read the annotations.
+    from builtins import bool as _bool, float as _float, int as _int
+    from typing import Any, Sequence
+
+    from ._types import DeviceLike, DTypeLike, device as _device, dtype as _dtype
+    from .random import Generator
 
 _FLOAT32 = _BY_NAME["float32"]
 _BFLOAT16 = _BY_NAME["bfloat16"]
@@ -84,29 +96,36 @@ class Tensor(_C.TensorBase):
 
     # ---- attributes ----
     @property
-    def dtype(self):
+    def dtype(self) -> _dtype:
+        """The element type (``ft.float32``, ...)."""
         return DTYPES[self._dtype_code]
 
     @property
-    def device(self):
+    def device(self) -> _device:
+        """The device the data lives on: ``device(type='cpu')`` or ``device(type='cuda', index=N)``."""
         return device_of_code(self._device_tuple)
 
     @property
-    def is_cuda(self):
+    def is_cuda(self) -> _bool:
+        """Whether the tensor is on a CUDA device."""
         return self._device_tuple[0] == 2
 
     @property
-    def itemsize(self):
+    def itemsize(self) -> _int:
+        """Bytes per element."""
         return self.element_size()
 
     @property
-    def nbytes(self):
+    def nbytes(self) -> _int:
+        """Bytes of the elements the tensor views (numel() * itemsize), not of its whole storage."""
         return self.numel() * self.element_size()
 
-    def size(self, dim=None):
+    def size(self, dim: _int | None = None) -> tuple[_int, ...] | _int:
+        """The shape as a tuple, or the size of dimension dim (negative counts from the end)."""
         return self.shape if dim is None else self.shape[_norm_dim(dim, self.ndim)]
 
-    def dim(self):
+    def dim(self) -> _int:
+        """The number of dimensions (ndim)."""
         return self.ndim
 
     def __len__(self):
@@ -118,7 +137,7 @@ class Tensor(_C.TensorBase):
         for i in range(len(self)):
             yield self[i]
 
-    def requires_grad_(self, requires_grad=True):
+    def requires_grad_(self, requires_grad: _bool = True) -> Tensor:
         """Sets requires_grad in place and returns the tensor, as PyTorch's."""
         self.requires_grad = requires_grad
         return self
@@ -179,7 +198,10 @@ class Tensor(_C.TensorBase):
         else:
             view.copy_(value)
 
-    def view(self, *shape):
+    def view(self, *shape: _int | Sequence[_int]) -> Tensor:
+        """A view with the given shape (one size may be -1) sharing self's memory, as torch.Tensor.view;
+        raises ValueError where the strides do not allow one (reshape copies then). view(dtype) is not
+        supported."""
         if len(shape) == 1 and isinstance(shape[0], (dtype, str)):
             raise TypeError("view(dtype) is not supported; use .to(dtype) for a converted copy")
         shape = _infer_size(_sizes(shape), self.numel())
@@ -189,14 +211,17 @@ class Tensor(_C.TensorBase):
                              "across two contiguous subspaces): use .reshape(...) instead")
         return self.as_strided(shape, strides, self.storage_offset())
 
-    def reshape(self, *shape):
+    def reshape(self, *shape: _int | Sequence[_int]) -> Tensor:
+        """The given shape (one size may be -1): a view where the strides allow one, else a contiguous copy."""
         shape = _infer_size(_sizes(shape), self.numel())
         strides = _view_strides(self.shape, self.stride(), shape)
         if strides is None:
             return self.contiguous().view(shape)
         return self.as_strided(shape, strides, self.storage_offset())
 
-    def flatten(self, start_dim=0, end_dim=-1):
+    def flatten(self, start_dim: _int = 0, end_dim: _int = -1) -> Tensor:
+        """Dimensions start_dim..end_dim merged into one (through reshape: a view when possible); a 0-d tensor
+        gives shape (1,)."""
         if self.ndim == 0:
             return self.reshape(1)
         s, e = _norm_dim(start_dim, self.ndim), _norm_dim(end_dim, self.ndim)
@@ -205,39 +230,45 @@ class Tensor(_C.TensorBase):
         shape = self.shape
         return self.reshape(shape[:s] + (math.prod(shape[s:e + 1]),) + shape[e + 1:])
 
-    def permute(self, *dims):
+    def permute(self, *dims: _int | Sequence[_int]) -> Tensor:
+        """A view with the dimensions reordered: dimension i of the result is dimension dims[i] of self."""
         dims = [_norm_dim(d, self.ndim) for d in _sizes(dims)]
         if sorted(dims) != list(range(self.ndim)):
             raise ValueError(f"permute: {tuple(dims)} is not a permutation of the {self.ndim} dimensions")
         shape, strides = self.shape, self.stride()
         return self.as_strided([shape[d] for d in dims], [strides[d] for d in dims], self.storage_offset())
 
-    def transpose(self, dim0, dim1):
+    def transpose(self, dim0: _int, dim1: _int) -> Tensor:
+        """A view with dimensions dim0 and dim1 swapped."""
         dims = list(range(self.ndim))
         a, b = _norm_dim(dim0, self.ndim), _norm_dim(dim1, self.ndim)
         dims[a], dims[b] = dims[b], dims[a]
         return self.permute(dims)
 
-    def t(self):
+    def t(self) -> Tensor:
+        """The transpose of a 2-d tensor as a view; a 0-d or 1-d tensor is returned as it is."""
         if self.ndim > 2:
             raise ValueError(f"t() expects a tensor with at most 2 dimensions, got {self.ndim}; use transpose")
         return self if self.ndim < 2 else self.transpose(0, 1)
 
     @property
-    def T(self):
+    def T(self) -> Tensor:
+        """A view with all dimensions in reverse order."""
         return self.permute(list(range(self.ndim))[::-1])
 
-    def unsqueeze(self, dim):
+    def unsqueeze(self, dim: _int) -> Tensor:
+        """A view with a new dimension of size 1 inserted at dim."""
         d = _norm_dim(dim, self.ndim + 1)
         return self[(slice(None),) * d + (None,)]
 
-    def squeeze(self, dim=None):
+    def squeeze(self, dim: _int | None = None) -> Tensor:
+        """A view without the dimensions of size 1 (only dim, when given, and only if its size is 1)."""
         dims = range(self.ndim) if dim is None else [_norm_dim(dim, self.ndim)]
         keep = [i for i in range(self.ndim) if not (i in dims and self.shape[i] == 1)]
         shape, strides = self.shape, self.stride()
         return self.as_strided([shape[i] for i in keep], [strides[i] for i in keep], self.storage_offset())
 
-    def expand(self, *sizes):
+    def expand(self, *sizes: _int | Sequence[_int]) -> Tensor:
         """A broadcast view with zero strides (no copy), as torch.Tensor.expand. While a model is traced,
         expanding over the batch (x.shape[0]) makes the tensor a value of the model (a class token)."""
         from .nn.graph import BatchSize, constant
@@ -270,14 +301,16 @@ class Tensor(_C.TensorBase):
                 raise ValueError(f"expand: cannot broadcast shape {self.shape} to {tuple(sizes)}")
         return self.as_strided(shape, strides, self.storage_offset())
 
-    def contiguous(self):
+    def contiguous(self) -> Tensor:
+        """self if its memory is C-contiguous, else a contiguous copy."""
         return self if self.is_contiguous() else self.clone()
 
     # ---- copies and conversions ----
-    def clone(self):
+    def clone(self) -> Tensor:
+        """A contiguous copy with the same dtype and device."""
         return self._to(self._dtype_code, *self._device_tuple, False, False)
 
-    def copy_(self, src, non_blocking=False):
+    def copy_(self, src: Any, non_blocking: _bool = False) -> Tensor:
         """Copies src (a tensor, array or nested list, broadcast to self's shape) into self, converting dtype
         and device."""
         if not isinstance(src, Tensor):
@@ -290,23 +323,30 @@ class Tensor(_C.TensorBase):
                 raise ValueError(f"copy_: source of shape {src.shape} cannot be broadcast to {self.shape}") from None
         return self._copy_from(src, non_blocking)
 
-    def fill_(self, value):
+    def fill_(self, value: _bool | _int | _float | Tensor) -> Tensor:
+        """Sets every element to value (a number or a one-element tensor) in place; returns self."""
         if isinstance(value, Tensor):
             value = value.item()
         return self._fill(value)
 
-    def zero_(self):
+    def zero_(self) -> Tensor:
+        """Sets every element to zero in place; returns self."""
         return self._fill(0)
 
-    def uniform_(self, a=0.0, b=1.0, *, generator=None):
+    def uniform_(self, a: _float = 0.0, b: _float = 1.0, *, generator: Generator | None = None) -> Tensor:
+        """Fills self in place with values drawn uniformly from [a, b), from generator (default: the global
+        one) by its counter-based (Philox) stream, so the values do not depend on the thread count."""
         from .random import _draw
         return _draw(_C.uniform_, self, generator, float(a), float(b))
 
-    def normal_(self, mean=0.0, std=1.0, *, generator=None):
+    def normal_(self, mean: _float = 0.0, std: _float = 1.0, *, generator: Generator | None = None) -> Tensor:
+        """Fills self in place with values drawn from the normal distribution N(mean, std^2), from generator
+        (default: the global one) by its counter-based (Philox) stream, as uniform_."""
         from .random import _draw
         return _draw(_C.normal_, self, generator, float(mean), float(std))
 
-    def to(self, *args, dtype=None, device=None, non_blocking=False, copy=False):
+    def to(self, *args: Any, dtype: DTypeLike | None = None, device: DeviceLike = None, non_blocking: _bool = False,
+           copy: _bool = False) -> Tensor:
         """to(dtype), to(device), to(device, dtype), to(other): a converted copy, or self when nothing changes."""
         if not args and dtype is None and device is None and not copy:
             return self
@@ -324,13 +364,15 @@ class Tensor(_C.TensorBase):
         kind, index = want_device._code
         return self._to(want_dtype._code, kind, index, False, non_blocking)
 
-    def cpu(self):
+    def cpu(self) -> Tensor:
+        """self if it is on the CPU, else a copy in host memory."""
         return self.to(CPU)
 
-    def cuda(self, device=None, non_blocking=False):
+    def cuda(self, device: DeviceLike = None, non_blocking: _bool = False) -> Tensor:
+        """self if it is on the CUDA device (default cuda:0; an int is an index), else a copy there."""
         return self.to(as_device("cuda" if device is None else device), non_blocking=non_blocking)
 
-    def pin_memory(self):
+    def pin_memory(self) -> Tensor:
         """A copy in page-locked host memory (self if it already is)."""
         if self.is_pinned():
             return self
@@ -338,25 +380,32 @@ class Tensor(_C.TensorBase):
             raise RuntimeError("pin_memory() applies to CPU tensors; this one is on " + str(self.device))
         return self._to(self._dtype_code, 1, 0, True, False)
 
-    def float(self):
+    def float(self) -> Tensor:
+        """self.to(ft.float32)."""
         return self.to(_FLOAT32)
 
-    def double(self):
+    def double(self) -> Tensor:
+        """self.to(ft.float64)."""
         return self.to(_BY_NAME["float64"])
 
-    def half(self):
+    def half(self) -> Tensor:
+        """self.to(ft.float16)."""
         return self.to(_BY_NAME["float16"])
 
-    def bfloat16(self):
+    def bfloat16(self) -> Tensor:
+        """self.to(ft.bfloat16)."""
         return self.to(_BFLOAT16)
 
-    def int(self):
+    def int(self) -> Tensor:
+        """self.to(ft.int32)."""
         return self.to(_BY_NAME["int32"])
 
-    def long(self):
+    def long(self) -> Tensor:
+        """self.to(ft.int64)."""
         return self.to(_BY_NAME["int64"])
 
-    def bool(self):
+    def bool(self) -> Tensor:
+        """self.to(ft.bool)."""
         return self.to(_BY_NAME["bool"])
 
     # ---- Python and NumPy interop ----
@@ -369,7 +418,8 @@ class Tensor(_C.TensorBase):
             t = t.to(_FLOAT32)
         return t.numpy()
 
-    def tolist(self):
+    def tolist(self) -> Any:
+        """The values as nested Python lists (a Python number for a 0-d tensor), as NumPy's tolist."""
         return self._host_array().tolist()
 
     def __array__(self, dtype=None, copy=None):

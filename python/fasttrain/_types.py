@@ -1,4 +1,8 @@
 """dtype and device objects, named as in PyTorch."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from . import _C
@@ -36,7 +40,7 @@ def _dtype_by_name(name):
     return _BY_NAME[name]
 
 
-def as_dtype(obj):
+def as_dtype(obj: DTypeLike) -> dtype:
     """A fasttrain dtype from a dtype, a NumPy dtype or type, or a name like 'float32'."""
     if isinstance(obj, dtype):
         return obj
@@ -122,7 +126,8 @@ class device:
 CPU = device("cpu")
 
 
-def as_device(obj):
+def as_device(obj: DeviceLike) -> device:
+    """A fasttrain device from a device, a string like 'cuda:1', a CUDA index, or None (the CPU)."""
     if obj is None:
         return CPU
     if isinstance(obj, int) and not isinstance(obj, bool):
@@ -133,3 +138,11 @@ def as_device(obj):
 def device_of_code(code):
     kind, index = code
     return CPU if kind == DEV_CPU else device("cuda", index)
+
+
+if TYPE_CHECKING:
+    from typing import Union
+
+    # what the functions taking dtype= and device= accept (as_dtype and as_device say how each is read)
+    DTypeLike = Union[dtype, str, type, np.dtype]
+    DeviceLike = Union[device, str, int, None]

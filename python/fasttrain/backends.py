@@ -34,26 +34,28 @@ def _cpu_flags():
         return frozenset()
 
 
-def cpu_has_bf16():
+def cpu_has_bf16() -> bool:
     """Whether the CPU has the AVX512-BF16 (or AMX-BF16) instructions, from /proc/cpuinfo's flags."""
     return "avx512_bf16" in _cpu_flags() or "amx_bf16" in _cpu_flags()
 
 
 class _Backends(types.ModuleType):
     @property
-    def benchmark(self):
+    def benchmark(self) -> bool:
+        """Whether convolutions pick their implementation by timing (see the module's docstring)."""
         return _C.get_benchmark()
 
     @benchmark.setter
-    def benchmark(self, value):
+    def benchmark(self, value: bool) -> None:
         _C.set_benchmark(bool(value))
 
     @property
-    def allow_tf32(self):
+    def allow_tf32(self) -> bool:
+        """Whether float32 convolutions and matmuls on CUDA may use TF32 tensor cores."""
         return _C.get_allow_tf32()
 
     @allow_tf32.setter
-    def allow_tf32(self, value):
+    def allow_tf32(self, value: bool) -> None:
         _C.set_allow_tf32(bool(value))
 
 

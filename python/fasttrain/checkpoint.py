@@ -7,13 +7,26 @@ the optimizer's state, and in the string metadata the optimizer's
 hyperparameters, the scheduler, the random generator, the data loader's
 position and the epoch/step, atomically (a temporary file, fsync, rename).
 ft.load checks everything before it changes anything."""
+from __future__ import annotations
+
 import fcntl
 import json
 import math
 import os
 import struct
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from typing import Any, Mapping
+
+    from ._types import dtype as _dtype
+    from .data import Loader
+    from .nn.modules import Module
+    from .nn.program import Program
+    from .optim.lr_scheduler import LRScheduler
+    from .optim.optimizer import Optimizer
 
 _DTYPES = {"BOOL": np.bool_, "U8": np.uint8, "I8": np.int8, "I16": np.int16, "I32": np.int32, "I64": np.int64,
            "U16": np.uint16, "U32": np.uint32, "U64": np.uint64, "F16": np.float16, "F32": np.float32,
@@ -172,8 +185,9 @@ def _bfloat16_bits(a):
     return (wide.view(np.uint32) >> 16).astype(np.uint16)
 
 
-def save(path, obj, *, optimizer=None, scheduler=None, loader=None, epoch=None, step=None, metadata=None,
-         dtype=None):
+def save(path: str | os.PathLike[str], obj: Module | Program, *, optimizer: Optimizer | None = None,
+         scheduler: LRScheduler | None = None, loader: Loader | None = None, epoch: int | None = None,
+         step: int | None = None, metadata: Mapping[str, Any] | None = None, dtype: str | _dtype | None = None) -> None:
     """Saves a model or a compiled program (with its optimizer) and the training position to `path`.
     `epoch`, `step` and the values of `metadata` come back from ft.load with their types: strings as they are,
     anything else through JSON.
@@ -338,7 +352,9 @@ def _scheduler_state(path, meta, scheduler):
     return state
 
 
-def load(path, into=None, *, optimizer=None, scheduler=None, loader=None, restore_rng=None):
+def load(path: str | os.PathLike[str], into: Module | Program | None = None, *, optimizer: Optimizer | None = None,
+         scheduler: LRScheduler | None = None, loader: Loader | None = None, restore_rng: bool | None = None
+         ) -> dict[str, Any] | tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Without `into`: ({name: ndarray}, metadata). With a model or program: loads into it (and into the given
     or the program's optimizer, the scheduler, the loader) and returns the metadata. Everything is checked before
     anything is written: a mismatch names the first tensor that differs, and a failed load changes nothing.

@@ -1,50 +1,74 @@
 """Tensor creation: from sizes, values, NumPy arrays and DLPack producers."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import numpy as _np
 
 from . import _C
 from ._types import _BY_NAME, as_device, as_dtype
 from ._tensor import Tensor, _sizes
 
+if TYPE_CHECKING:
+    from typing import Any, Sequence
 
-def empty(*size, dtype=None, device=None, pin_memory=False):
-    """An uninitialised tensor."""
+    from ._types import DeviceLike, DTypeLike
+
+    Number = bool | int | float
+
+
+def empty(*size: int | Sequence[int], dtype: DTypeLike | None = None, device: DeviceLike = None,
+          pin_memory: bool = False) -> Tensor:
+    """An uninitialised tensor of the given size (``empty(2, 3)`` or ``empty((2, 3))``), float32 by default;
+    pin_memory=True allocates page-locked host memory."""
     d = _BY_NAME["float32"] if dtype is None else as_dtype(dtype)
     kind, index = as_device(device)._code
     return _C.empty(_sizes(size), d._code, kind, index, bool(pin_memory))
 
 
-def full(size, fill_value, *, dtype=None, device=None, pin_memory=False):
+def full(size: int | Sequence[int], fill_value: Number | Tensor, *, dtype: DTypeLike | None = None,
+         device: DeviceLike = None, pin_memory: bool = False) -> Tensor:
     """A tensor filled with fill_value; the dtype follows fill_value like PyTorch (bool, int64, float32)."""
     if dtype is None:
         dtype = _C.tensor_from_data(fill_value, -1).dtype if not isinstance(fill_value, Tensor) else fill_value.dtype
     return empty(size, dtype=dtype, device=device, pin_memory=pin_memory).fill_(fill_value)
 
 
-def zeros(*size, dtype=None, device=None, pin_memory=False):
+def zeros(*size: int | Sequence[int], dtype: DTypeLike | None = None, device: DeviceLike = None,
+          pin_memory: bool = False) -> Tensor:
+    """A tensor of zeros of the given size, float32 by default."""
     return empty(*size, dtype=dtype, device=device, pin_memory=pin_memory).fill_(0)
 
 
-def ones(*size, dtype=None, device=None, pin_memory=False):
+def ones(*size: int | Sequence[int], dtype: DTypeLike | None = None, device: DeviceLike = None,
+         pin_memory: bool = False) -> Tensor:
+    """A tensor of ones of the given size, float32 by default."""
     return empty(*size, dtype=dtype, device=device, pin_memory=pin_memory).fill_(1)
 
 
-def empty_like(t, *, dtype=None, device=None):
+def empty_like(t: Tensor, *, dtype: DTypeLike | None = None, device: DeviceLike = None) -> Tensor:
+    """An uninitialised contiguous tensor with t's shape, and t's dtype and device unless given."""
     return empty(t.shape, dtype=t.dtype if dtype is None else dtype, device=t.device if device is None else device)
 
 
-def zeros_like(t, *, dtype=None, device=None):
+def zeros_like(t: Tensor, *, dtype: DTypeLike | None = None, device: DeviceLike = None) -> Tensor:
+    """Zeros with t's shape, and t's dtype and device unless given."""
     return empty_like(t, dtype=dtype, device=device).fill_(0)
 
 
-def ones_like(t, *, dtype=None, device=None):
+def ones_like(t: Tensor, *, dtype: DTypeLike | None = None, device: DeviceLike = None) -> Tensor:
+    """Ones with t's shape, and t's dtype and device unless given."""
     return empty_like(t, dtype=dtype, device=device).fill_(1)
 
 
-def full_like(t, fill_value, *, dtype=None, device=None):
+def full_like(t: Tensor, fill_value: Number | Tensor, *, dtype: DTypeLike | None = None,
+              device: DeviceLike = None) -> Tensor:
+    """fill_value with t's shape, and t's dtype and device unless given (not inferred from fill_value)."""
     return empty_like(t, dtype=dtype, device=device).fill_(fill_value)
 
 
-def arange(start, end=None, step=1, *, dtype=None, device=None):
+def arange(start: int | float, end: int | float | None = None, step: int | float = 1, *,
+           dtype: DTypeLike | None = None, device: DeviceLike = None) -> Tensor:
     """Values start, start+step, ... below end; int64 for integer arguments, float32 otherwise."""
     if end is None:
         start, end = 0, start
@@ -66,12 +90,12 @@ def arange(start, end=None, step=1, *, dtype=None, device=None):
     return out.copy_(from_numpy(_np.asarray(start, work) + _np.arange(n, dtype=work) * _np.asarray(step, work)))
 
 
-def from_numpy(array):
+def from_numpy(array: _np.ndarray) -> Tensor:
     """A tensor sharing memory with a NumPy array (which it keeps alive)."""
     return _C.from_numpy(array)
 
 
-def from_dlpack(obj):
+def from_dlpack(obj: Any) -> Tensor:
     """A tensor sharing memory with a DLPack producer (any object with __dlpack__, or a capsule)."""
     return _C.from_dlpack(obj)
 
@@ -88,7 +112,7 @@ def _as_array(data):
     return arr
 
 
-def as_tensor(data, dtype=None, device=None):
+def as_tensor(data: Any, dtype: DTypeLike | None = None, device: DeviceLike = None) -> Tensor:
     """A tensor for data, sharing memory whenever it can: the same tensor, a view of a NumPy array or DLPack
     producer; copied only when dtype or device differ, or when data is a list or scalar."""
     if isinstance(data, Tensor):
@@ -104,7 +128,7 @@ def as_tensor(data, dtype=None, device=None):
     return t if dtype is None and device is None else t.to(dtype=dtype, device=device)
 
 
-def tensor(data, dtype=None, device=None, pin_memory=False):
+def tensor(data: Any, dtype: DTypeLike | None = None, device: DeviceLike = None, pin_memory: bool = False) -> Tensor:
     """A new tensor holding a copy of data (nested lists, scalars, arrays, tensors)."""
     if isinstance(data, Tensor):
         t = data

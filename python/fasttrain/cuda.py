@@ -2,15 +2,21 @@
 loaded on the first CUDA use (any function here, a tensor, op, loader or
 program on "cuda", page-locked memory), and usable when the machine has a
 driver and a device. ``import fasttrain`` itself maps no CUDA library."""
+from __future__ import annotations
+
 import os
+from typing import TYPE_CHECKING
 
 from . import _C
 from ._types import as_device
 
+if TYPE_CHECKING:
+    from ._types import DeviceLike
+
 _LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "libfasttrain_cuda.so")
 
 
-def is_compiled():
+def is_compiled() -> bool:
     """Whether this build contains the CUDA backend."""
     return bool(_C.CUDA_COMPILED) and os.path.exists(_LIBRARY)
 
@@ -19,19 +25,20 @@ if is_compiled():
     _C.cuda_set_library(_LIBRARY)
 
 
-def is_available():
+def is_available() -> bool:
     """Whether a CUDA device can be used now."""
     return _C.cuda_device_count() > 0
 
 
-def unavailable_reason():
+def unavailable_reason() -> str:
     """Why is_available() is False ('' when it is True)."""
     if not is_compiled():
         return "this fasttrain build has no CUDA backend (nvcc or cuDNN was not found, or FASTTRAIN_CUDA=0)"
     return _C.cuda_unavailable_reason()
 
 
-def device_count():
+def device_count() -> int:
+    """The number of usable CUDA devices (0 without a backend, driver or device)."""
     return _C.cuda_device_count()
 
 
@@ -42,10 +49,11 @@ def _index(device):
     return dev.index
 
 
-def get_device_name(device=None):
+def get_device_name(device: DeviceLike = None) -> str:
+    """The name of a CUDA device (default cuda:0; an int is an index),."""
     return _C.cuda_device_name(_index(device))
 
 
-def synchronize(device=None):
+def synchronize(device: DeviceLike = None) -> None:
     """Waits for all work queued on the device."""
     _C.cuda_synchronize(_index(device))

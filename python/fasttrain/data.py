@@ -160,6 +160,8 @@ class RandomCrop(Transform):
 
 
 class RandomHorizontalFlip(Transform):
+    """torchvision.transforms.RandomHorizontalFlip: mirrors the image left to right with probability p."""
+
     def __init__(self, p=0.5):
         self.p = float(p)
 
@@ -168,6 +170,8 @@ class RandomHorizontalFlip(Transform):
 
 
 class RandomVerticalFlip(Transform):
+    """torchvision.transforms.RandomVerticalFlip: flips the image upside down with probability p."""
+
     def __init__(self, p=0.5):
         self.p = float(p)
 
@@ -285,6 +289,7 @@ class RecordFile(Source):
 
     @property
     def class_names(self):
+        """The class names stored in the file's metadata under 'classes' ([] when none)."""
         return self.metadata.get("classes", [])
 
 
@@ -305,6 +310,7 @@ class ImageFolder(Source):
 
     @property
     def class_names(self):
+        """The class folder names, sorted: label i is class_names[i]."""
         return self.classes
 
 
@@ -440,6 +446,7 @@ class FashionMNIST(ArraySource):
 
     @property
     def class_names(self):
+        """Fashion-MNIST's ten class names: label i is class_names[i]."""
         return FASHION_MNIST_CLASSES
 
     def to_records(self, path, quality=None):
@@ -460,9 +467,11 @@ class RecordWriter(_C.RecordWriterBase):
         self.path = os.fspath(path)
 
     def add_jpeg(self, data, label):
+        """Appends a sample stored as encoded JPEG bytes, with its integer label."""
         self._add(1, data, int(label))
 
     def add_image(self, pixels, label):
+        """Appends a sample stored as raw uint8 pixels (H, W), (H, W, 1) or (H, W, 3), with its integer label."""
         a = np.ascontiguousarray(pixels, dtype=np.uint8)
         if a.ndim == 2:
             a = a[:, :, None]
@@ -685,6 +694,9 @@ class Loader(_C.LoaderBase):
                 "rank": self.rank, "world_size": self.world_size}
 
     def load_state_dict(self, state):
+        """Resumes from state_dict(): the next iteration starts at the saved epoch and batch. The state must come from a
+        loader built the same way (seed, number of samples, batch size, shuffle, drop_last, rank and world size), else
+        ValueError."""
         for key in ("seed", "num_samples", "batch_size", "shuffle", "drop_last", "rank", "world_size"):
             mine = self.state_dict()[key] if key == "num_samples" else getattr(self, key)
             if key in state and state[key] != mine:

@@ -1,9 +1,12 @@
 """Seeding and random tensors. Every value is a pure function of
 (seed, offset, index) through Philox4x32-10, so draws are identical for
 any thread count."""
+from __future__ import annotations
+
 import os
 import random as _pyrandom
 import threading
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -11,6 +14,11 @@ from . import _C
 from ._types import _BY_NAME, as_device
 from ._tensor import Tensor, _sizes
 from .creation import empty, tensor
+
+if TYPE_CHECKING:
+    from typing import Sequence
+
+    from ._types import DeviceLike, DTypeLike
 
 _DEFAULT_SEED = 67280421310721  # PyTorch's default seed
 _U64 = 1 << 64
@@ -28,34 +36,38 @@ def _check_seed(seed):
 class Generator:
     """A Philox generator: a seed and the number of 128-bit blocks drawn so far."""
 
-    def __init__(self, device="cpu"):
+    def __init__(self, device: DeviceLike = "cpu") -> None:
         self.device = as_device(device)
         self._seed = _DEFAULT_SEED
         self._offset = 0
         self._lock = threading.Lock()
 
-    def manual_seed(self, seed):
+    def manual_seed(self, seed: int) -> Generator:
+        """Sets the seed (an int in [-2**63, 2**64), taken modulo 2**64) and restarts the stream at offset 0;
+        returns the generator."""
         seed = _check_seed(seed)
         with self._lock:
             self._seed, self._offset = seed, 0
         return self
 
-    def seed(self):
+    def seed(self) -> int:
         """Seeds from the operating system's entropy and returns the seed."""
         s = int.from_bytes(os.urandom(8), "little")
         self.manual_seed(s)
         return s
 
-    def initial_seed(self):
+    def initial_seed(self) -> int:
+        """The seed the current stream started from (the last manual_seed or seed)."""
         return self._seed
 
-    def get_state(self):
+    def get_state(self) -> Tensor:
         """The state as a uint8 tensor of 16 bytes (seed, offset; little-endian)."""
         with self._lock:
             raw = np.array([self._seed, self._offset], dtype="<u8").view(np.uint8)
         return tensor(raw)
 
-    def set_state(self, state):
+    def set_state(self, state: Tensor) -> Generator:
+        """Restores a state from get_state() (16 uint8 values); returns the generator."""
         if not isinstance(state, Tensor):
             raise TypeError(f"set_state expects a fasttrain uint8 Tensor, got {type(state).__name__}")
         if state.dtype is not _BY_NAME["uint8"] or state.numel() != 16:
@@ -79,28 +91,32 @@ def _draw(fn, out, generator, *args):
     return (generator or default_generator)._call(fn, out, *args)
 
 
-def manual_seed(seed):
+def manual_seed(seed: int) -> Generator:
     """Seeds fasttrain's default generator; returns it."""
     return default_generator.manual_seed(seed)
 
 
-def seed():
+def seed() -> int:
+    """Seeds the default generator from the operating system's entropy and returns the seed."""
     return default_generator.seed()
 
 
-def initial_seed():
+def initial_seed() -> int:
+    """The seed of the default generator's current stream."""
     return default_generator.initial_seed()
 
 
-def get_rng_state():
+def get_rng_state() -> Tensor:
+    """The default generator's state as a uint8 tensor of 16 bytes (seed, offset); see Generator.get_state."""
     return default_generator.get_state()
 
 
-def set_rng_state(state):
+def set_rng_state(state: Tensor) -> None:
+    """Restores the default generator's state from get_rng_state()."""
     default_generator.set_state(state)
 
 
-def seed_everything(seed):
+def seed_everything(seed: int) -> int:
     """Seeds Python's random, NumPy's global RNG and fasttrain, and sets
     PYTHONHASHSEED for child processes. Returns the seed."""
     seed = int(seed)
@@ -116,18 +132,21 @@ def _empty(size, dtype, device, default):
     return empty(_sizes(size), dtype=default if dtype is None else dtype, device=device)
 
 
-def rand(*size, generator=None, dtype=None, device=None):
-    """Uniform samples in [0, 1)."""
+def rand(*size: int | Sequence[int], generator: Generator | None = None, dtype: DTypeLike | None = None,
+         device: DeviceLike = None) -> Tensor:
+    """Uniform samples in [0, 1) of the given size (float32 by default)."""
     return _draw(_C.uniform_, _empty(size, dtype, device, "float32"), generator, 0.0, 1.0)
 
 
-def randn(*size, generator=None, dtype=None, device=None):
-    """Standard normal samples."""
+def randn(*size: int | Sequence[int], generator: Generator | None = None, dtype: DTypeLike | None = None,
+          device: DeviceLike = None) -> Tensor:
+    """Standard normal samples of the given size (float32 by default)."""
     return _draw(_C.normal_, _empty(size, dtype, device, "float32"), generator, 0.0, 1.0)
 
 
-def randint(*args, size=None, generator=None, dtype=None, device=None):
-    """randint(high, size) or randint(low, high, size): uniform integers in [low, high)."""
+def randint(*args: int | Sequence[int], size: int | Sequence[int] | None = None, generator: Generator | None = None,
+            dtype: DTypeLike | None = None, device: DeviceLike = None) -> Tensor:
+    """randint(high, size) or randint(low, high, size): uniform integers in [low, high), int64 by default."""
     if size is not None:
         args = args + (size,)
     if len(args) == 2:
@@ -139,8 +158,9 @@ def randint(*args, size=None, generator=None, dtype=None, device=None):
     return _draw(_C.randint_, _empty((size,), dtype, device, "int64"), generator, int(low), int(high))
 
 
-def randperm(n, *, generator=None, dtype=None, device=None):
-    """A random permutation of 0 .. n-1."""
+def randperm(n: int, *, generator: Generator | None = None, dtype: DTypeLike | None = None,
+             device: DeviceLike = None) -> Tensor:
+    """A random permutation of 0 .. n-1 (int64 by default)."""
     n = int(n)
     if n < 0:
         raise ValueError(f"randperm: n must be non-negative, got {n}")

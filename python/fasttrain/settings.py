@@ -1,6 +1,13 @@
 """Process-wide settings and memory statistics."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from . import _C, cuda
 from ._types import as_device
+
+if TYPE_CHECKING:
+    from ._types import DeviceLike
 
 _POOLS = {"cpu": (0, 0), "cpu_pinned": (1, 0)}
 
@@ -12,7 +19,7 @@ def _pool_of(dev):
     return (0, 0) if d.type == "cpu" else (2, d.index)
 
 
-def memory_stats(device=None):
+def memory_stats(device: DeviceLike = None) -> dict[str, int] | dict[str, dict[str, int]]:
     """Bytes allocated (live), peak (highest since start or reset), reserved (live plus cached) and the number
     of allocations. With no device: a dict per pool ('cpu', 'cpu_pinned', 'cuda:N')."""
     if device is not None:
@@ -23,29 +30,33 @@ def memory_stats(device=None):
     return {name: _C.memory_stats(*code) for name, code in pools.items()}
 
 
-def reset_peak_memory_stats(device=None):
+def reset_peak_memory_stats(device: DeviceLike = None) -> None:
+    """Sets the peak of device's pool ('cpu', 'cpu_pinned', 'cuda:N'; every pool with no device) to its
+    current allocation."""
     for name in ([device] if device is not None else list(memory_stats())):
         _C.reset_peak_memory_stats(*_pool_of(name))
 
 
-def empty_cache():
+def empty_cache() -> None:
     """Returns cached memory blocks to the system."""
     _C.empty_cache()
 
 
-def set_num_threads(n):
+def set_num_threads(n: int) -> None:
     """Threads of fasttrain's one (OpenMP) pool."""
     _C.set_num_threads(n)
 
 
-def get_num_threads():
+def get_num_threads() -> int:
+    """Threads of fasttrain's (OpenMP) pool."""
     return _C.get_num_threads()
 
 
-def use_deterministic_algorithms(mode):
+def use_deterministic_algorithms(mode: bool) -> None:
     """With True, ops give bitwise-identical results across runs and thread counts, or raise RuntimeError."""
     _C.set_deterministic(bool(mode))
 
 
-def are_deterministic_algorithms_enabled():
+def are_deterministic_algorithms_enabled() -> bool:
+    """Whether use_deterministic_algorithms(True) is in effect."""
     return _C.get_deterministic()

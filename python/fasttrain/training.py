@@ -1,8 +1,17 @@
 """ft.fit: the epoch loop around a compiled program, with a progress bar,
 per-epoch metrics, learning-rate schedules and callbacks."""
+from __future__ import annotations
+
 import time
+from typing import TYPE_CHECKING
 
 from .progress import ProgressBar
+
+if TYPE_CHECKING:
+    from typing import Any, Callable, Iterable, Mapping, Sequence, TextIO
+
+    from .nn.program import Program
+    from .optim.lr_scheduler import LRScheduler
 
 
 def _lr(optimizer):
@@ -14,7 +23,7 @@ def _is_c_loader(loader):
     return isinstance(loader, Loader)
 
 
-def evaluate(program, loader, tta_flip=False):
+def evaluate(program: Program, loader: Iterable[Any], tta_flip: bool = False) -> tuple[float, float | None]:
     """(mean loss, accuracy) of the program over a loader, in eval mode. With tta_flip the logits of each image
     and of its horizontal mirror are averaged (test-time augmentation). A fasttrain loader runs entirely in C."""
     if _is_c_loader(loader):
@@ -75,8 +84,10 @@ def _fit_epoch_in_c(program, loader, scheduler, interval, bar, start):
     return loss_sum, samples, lrs[-1][0]
 
 
-def fit(program, loader, epochs=1, *, val_loader=None, scheduler=None, scheduler_interval="step", tta_flip=False,
-        progress=True, callbacks=(), stream=None):
+def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader: Iterable[Any] | None = None,
+        scheduler: LRScheduler | None = None, scheduler_interval: str = "step", tta_flip: bool = False,
+        progress: bool = True, callbacks: Sequence[Callable[[int, Mapping[str, Any]], Any]] = (),
+        stream: TextIO | None = None) -> dict[str, list[Any]]:
     """Trains `program` for `epochs` passes over `loader` (batches of (images, labels)). Returns the history:
     per-epoch lists of train_loss, val_loss, val_accuracy, lr, seconds and images_per_second.
 

@@ -84,6 +84,9 @@ def _via_2d(fn, input, name):
 
 @_traced(_conv_layer)
 def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """1-d convolution of input (N, C_in, L), or unbatched (C_in, L), with weight (C_out, C_in / groups, K), as
+    torch.nn.functional.conv1d; it runs as conv2d over (C_in, 1, L). Padding is given in elements ('same' and 'valid'
+    are not supported)."""
     _check(weight, "weight", "conv1d")
     w = weight.unsqueeze(2)
     return _via_2d(lambda x: conv2d(x, w, bias, _lift(stride, 1), _lift(padding, 0), _lift(dilation, 1), groups),
@@ -92,6 +95,9 @@ def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
 
 @_traced(_conv_layer)
 def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """2-d convolution of input (N, C_in, H, W), or unbatched (C_in, H, W), with weight (C_out, C_in / groups, kH, kW)
+    and an optional bias (C_out,), as torch.nn.functional.conv2d. Padding is given in pixels ('same' and 'valid' are not
+    supported). Under ft.autocast float32 operands are multiplied as bfloat16."""
     _check(input, "input", "conv2d")
     if isinstance(padding, str):
         raise ValueError("conv2d: string padding ('same', 'valid') is not supported; give the padding in pixels")
@@ -105,6 +111,9 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
 @_traced(lambda weight, bias=None: _shell(M.Linear, weight=weight, bias=bias, in_features=weight.shape[1],
                                           out_features=weight.shape[0]))
 def linear(input, weight, bias=None):
+    """input W^T + b, as torch.nn.functional.linear: input (..., in_features), weight (out_features, in_features), bias
+    (out_features,); the output is (..., out_features). Under ft.autocast float32 operands are multiplied as
+    bfloat16."""
     _check(input, "input", "linear")
     if input.ndim == 0:
         raise ValueError("linear: the input must have at least 1 dimension")
@@ -116,6 +125,9 @@ def linear(input, weight, bias=None):
 
 
 def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
+    """Batch normalization of (N, C), (N, C, L) or (N, C, H, W) inputs per channel, as torch.nn.functional.batch_norm:
+    with training=True the batch's statistics, updating running_mean and running_var in place with momentum; else the
+    running ones. Eager only: a model uses nn.BatchNorm1d/2d."""
     _check(input, "input", "batch_norm")
     if input.ndim == 3:  # (N, C, L) sequences as (N, C, 1, L) images
         return batch_norm(input.unsqueeze(2), running_mean, running_var, weight, bias, training, momentum,
@@ -132,6 +144,8 @@ def _layer_norm_layer(normalized_shape, weight=None, bias=None, eps=1e-5):
 
 @_traced(_layer_norm_layer)
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """Layer normalization over the trailing dimensions normalized_shape, with an optional elementwise weight and bias
+    of that shape, as torch.nn.functional.layer_norm."""
     _check(input, "input", "layer_norm")
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     if tuple(input.shape[input.ndim - len(shape):]) != shape:
@@ -155,6 +169,8 @@ def _norm_layout(x):
     M.GroupNorm, weight=weight, bias=bias, num_groups=num_groups,
     num_channels=None if weight is None else weight.shape[0], eps=eps, affine=weight is not None))
 def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
+    """Group normalization of input (N, C, ...): the C channels in num_groups groups, each normalized over its channels
+    and the remaining dimensions, then an optional per-channel weight and bias, as torch.nn.functional.group_norm."""
     _check(input, "input", "group_norm")
     weight, bias = (None if p is None else p.contiguous() for p in (weight, bias))
     out, _, _ = _C.group_norm_forward(None, False, False, _norm_layout(input), weight, bias, int(num_groups), eps)
@@ -165,6 +181,9 @@ def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
     M.Embedding, weight=weight, bias=None, num_embeddings=weight.shape[0], embedding_dim=weight.shape[1],
     padding_idx=None if padding_idx is None else padding_idx % weight.shape[0]))
 def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False, sparse=False):
+    """Rows of weight (num_embeddings, embedding_dim) for integer ids of any shape: the output is (*input.shape,
+    embedding_dim). Ids narrower than int64 are widened first. max_norm, scale_grad_by_freq and sparse are not supported
+    (NotImplementedError)."""
     _check(input, "input", "embedding")
     _check(weight, "weight", "embedding")
     for name, given in (("max_norm", max_norm is not None), ("scale_grad_by_freq", scale_grad_by_freq),
@@ -186,26 +205,32 @@ def _act(input, act, alpha=0.0, inplace=False, fn="activation"):
 
 @_traced(lambda inplace=False: M.ReLU())
 def relu(input, inplace=False):
+    """max(0, input) elementwise; inplace=True overwrites input."""
     return _act(input, "relu", inplace=inplace, fn="relu")
 
 
 @_traced(lambda: M.ReLU())
 def relu_(input):
+    """max(0, input) elementwise, in place; returns input."""
     return _act(input, "relu", inplace=True, fn="relu_")
 
 
 @_traced(lambda negative_slope=0.01, inplace=False: M.LeakyReLU(negative_slope))
 def leaky_relu(input, negative_slope=0.01, inplace=False):
+    """input where input >= 0, negative_slope * input elsewhere; inplace=True overwrites input."""
     return _act(input, "leaky_relu", float(negative_slope), inplace, "leaky_relu")
 
 
 @_traced(lambda negative_slope=0.01: M.LeakyReLU(negative_slope))
 def leaky_relu_(input, negative_slope=0.01):
+    """leaky_relu in place; returns input."""
     return _act(input, "leaky_relu", float(negative_slope), True, "leaky_relu_")
 
 
 @_traced(lambda approximate="none": M.GELU(approximate))
 def gelu(input, approximate="none"):
+    """input * Phi(input) elementwise (Phi the standard normal CDF), or its tanh approximation with approximate='tanh',
+    as torch.nn.functional.gelu."""
     if approximate not in ("none", "tanh"):
         raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
     return _act(input, "gelu" if approximate == "none" else "gelu_tanh", fn="gelu")
@@ -213,16 +238,19 @@ def gelu(input, approximate="none"):
 
 @_traced(lambda inplace=False: M.SiLU())
 def silu(input, inplace=False):
+    """input * sigmoid(input) elementwise; inplace=True overwrites input."""
     return _act(input, "silu", inplace=inplace, fn="silu")
 
 
 @_traced(lambda: M.Sigmoid())
 def sigmoid(input):
+    """1 / (1 + exp(-input)) elementwise."""
     return _act(input, "sigmoid", fn="sigmoid")
 
 
 @_traced(lambda: M.Tanh())
 def tanh(input):
+    """tanh(input) elementwise."""
     return _act(input, "tanh", fn="tanh")
 
 
@@ -249,6 +277,8 @@ def _max_pool_layer(kernel_size, stride=None, padding=0, dilation=1, ceil_mode=F
 
 @_traced(_max_pool_layer)
 def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+    """Max pooling of (N, C, H, W) input, or unbatched (C, H, W), as torch.nn.functional.max_pool2d (stride defaults to
+    kernel_size). With return_indices=True (eagerly only) it returns (output, indices)."""
     x, squeeze = _batched(input, "max_pool2d")
     out, indices = _C.max_pool2d_forward(None, None if return_indices else False, x, kernel_size,
                                          stride if stride not in (None, ()) else None, padding, dilation, ceil_mode)
@@ -267,6 +297,8 @@ def _avg_pool_layer(kernel_size, stride=None, padding=0, ceil_mode=False, count_
 @_traced(_avg_pool_layer)
 def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
                divisor_override=None):
+    """Average pooling of (N, C, H, W) input, or unbatched (C, H, W), as torch.nn.functional.avg_pool2d (stride defaults
+    to kernel_size). divisor_override is taken eagerly only."""
     x, squeeze = _batched(input, "avg_pool2d")
     out = _C.avg_pool2d_forward(None, x, kernel_size, stride if stride not in (None, ()) else None, padding,
                                 ceil_mode, count_include_pad, divisor_override)
@@ -286,12 +318,16 @@ def _adaptive_size(output_size, x):
 
 @_traced(lambda output_size: M.AdaptiveAvgPool2d(output_size))
 def adaptive_avg_pool2d(input, output_size):
+    """Average pooling of (N, C, H, W) input, or unbatched (C, H, W), to output_size (an int, or a pair whose None
+    entries keep the input's size)."""
     x, squeeze = _batched(input, "adaptive_avg_pool2d")
     return _unbatch(_C.adaptive_avg_pool2d_forward(None, x, _adaptive_size(output_size, x)), squeeze)
 
 
 @_traced(lambda output_size, return_indices=False: M.AdaptiveMaxPool2d(output_size))
 def adaptive_max_pool2d(input, output_size, return_indices=False):
+    """Max pooling of (N, C, H, W) input, or unbatched (C, H, W), to output_size (an int, or a pair whose None entries
+    keep the input's size). With return_indices=True (eagerly only) it returns (output, indices)."""
     x, squeeze = _batched(input, "adaptive_max_pool2d")
     out, indices = _C.adaptive_max_pool2d_forward(None, None if return_indices else False, x,
                                                   _adaptive_size(output_size, x))
@@ -303,6 +339,7 @@ def adaptive_max_pool2d(input, output_size, return_indices=False):
 @_traced(lambda kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False: M.MaxPool1d(
     kernel_size, stride or None, padding, dilation, ceil_mode))
 def max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
+    """Max pooling of (N, C, L) input, or unbatched (C, L), as max_pool2d over (C, 1, L); no return_indices."""
     return _via_2d(lambda x: max_pool2d(x, _lift(kernel_size, 1), _lift(stride or None, 1), _lift(padding, 0),
                                         _lift(dilation, 1), ceil_mode), input, "max_pool1d")
 
@@ -310,17 +347,20 @@ def max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode
 @_traced(lambda kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True: M.AvgPool1d(
     kernel_size, stride or None, padding, ceil_mode, count_include_pad))
 def avg_pool1d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
+    """Average pooling of (N, C, L) input, or unbatched (C, L), as avg_pool2d over (C, 1, L)."""
     return _via_2d(lambda x: avg_pool2d(x, _lift(kernel_size, 1), _lift(stride or None, 1), _lift(padding, 0),
                                         ceil_mode, count_include_pad), input, "avg_pool1d")
 
 
 @_traced(lambda output_size: M.AdaptiveAvgPool1d(output_size))
 def adaptive_avg_pool1d(input, output_size):
+    """Average pooling of (N, C, L) input, or unbatched (C, L), to output_size steps."""
     return _via_2d(lambda x: adaptive_avg_pool2d(x, _lift(output_size, 1)), input, "adaptive_avg_pool1d")
 
 
 @_traced(lambda output_size: M.AdaptiveMaxPool1d(output_size))
 def adaptive_max_pool1d(input, output_size):
+    """Max pooling of (N, C, L) input, or unbatched (C, L), to output_size steps; no return_indices."""
     return _via_2d(lambda x: adaptive_max_pool2d(x, _lift(output_size, 1)), input, "adaptive_max_pool1d")
 
 
@@ -350,6 +390,9 @@ def _nearest_factors(input, size, scale_factor):
          antialias=False: M.Upsample(size, scale_factor, mode, align_corners))
 def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corners=None,
                 recompute_scale_factor=None, antialias=False):
+    """Nearest-neighbour upsampling of (N, C, H, W) input to size or by scale_factor. Unlike
+    torch.nn.functional.interpolate, only mode='nearest', 4-d inputs and integer upsampling factors are supported
+    (NotImplementedError otherwise)."""
     _check(input, "input", "interpolate")
     if mode != "nearest":
         raise NotImplementedError(f"interpolate: mode={mode!r} is not supported; only mode='nearest' is")
@@ -397,11 +440,14 @@ def dropout(input, p=0.5, training=True, inplace=False, *, generator=None):
 
 @_traced(lambda inplace=False: M.Hardswish())
 def hardswish(input, inplace=False):
+    """input * relu6(input + 3) / 6 elementwise; inplace=True overwrites input."""
     return _act(input, "hardswish", inplace=inplace, fn="hardswish")
 
 
 @_traced(lambda beta=1.0, threshold=20.0: M.Softplus(beta, threshold))
 def softplus(input, beta=1.0, threshold=20.0):
+    """log(1 + exp(input)) elementwise, computed exactly for every input: only beta=1 is supported, and threshold
+    changes nothing."""
     if beta != 1.0:
         raise NotImplementedError("softplus with beta != 1 is not supported")
     return _act(input, "softplus", fn="softplus")
@@ -418,6 +464,8 @@ def _softmax_dim(ndim, fn, stacklevel):
 
 @_traced(lambda dim=None, _stacklevel=3, dtype=None: M.Softmax(dim))
 def softmax(input, dim=None, _stacklevel=3, dtype=None):
+    """exp(input) normalized to sum 1 along dim, as torch.nn.functional.softmax; dtype converts input first. Without dim
+    it warns and picks PyTorch's implicit dimension."""
     _check(input, "input", "softmax")
     if dtype is not None:
         input = input.to(dtype)
@@ -428,6 +476,8 @@ def softmax(input, dim=None, _stacklevel=3, dtype=None):
 
 @_traced(lambda dim=None, _stacklevel=3, dtype=None: M.LogSoftmax(dim))
 def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
+    """log(softmax(input)) along dim, as torch.nn.functional.log_softmax; dtype converts input first. Without dim it
+    warns and picks PyTorch's implicit dimension."""
     _check(input, "input", "log_softmax")
     if dtype is not None:
         input = input.to(dtype)
@@ -544,6 +594,8 @@ def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, r
 
 
 def mse_loss(input, target, size_average=None, reduce=None, reduction="mean"):
+    """The squared error (input - target)^2 of equally shaped tensors, reduced as reduction says ('none', 'mean',
+    'sum')."""
     reduction = _legacy_reduction(size_average, reduce, reduction)
     if isinstance(input, Symbolic):
         d = input - target
@@ -568,6 +620,9 @@ def _huber(d, delta):
 
 
 def l1_loss(input, target, size_average=None, reduce=None, reduction="mean"):
+    """The absolute error |input - target| of equally shaped tensors, reduced as reduction says. Called eagerly it
+    computes in float64 NumPy and returns a float32 tensor on input's device (a value to look at); traced, it records
+    the elementwise loss and its reduction, which the compiled program differentiates."""
     return _distance_loss("l1_loss", "abs", 0.0, 1.0, np.abs, input, target,
                           _legacy_reduction(size_average, reduce, reduction))
 
@@ -584,6 +639,9 @@ def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mea
 
 
 def huber_loss(input, target, reduction="mean", delta=1.0):
+    """0.5 d^2 where |d| < delta, else delta (|d| - 0.5 delta), for d = input - target, reduced as reduction says.
+    Called eagerly it computes in float64 NumPy and returns a float32 tensor on input's device (a value to look at);
+    traced, it records the elementwise loss and its reduction, which the compiled program differentiates."""
     if not delta > 0:
         raise ValueError(f"huber_loss: delta must be > 0, got {delta}")
     return _distance_loss("huber_loss", "huber", delta, 1.0, lambda d: _huber(d, delta), input, target, reduction)
@@ -642,6 +700,7 @@ def add(input, other, act=None, alpha=0.0):
 
 
 def mul(input, other):
+    """input * other elementwise, of equal shapes."""
     if isinstance(input, Symbolic):
         return input * other
     return _C.mul_forward(None, input, other)

@@ -116,6 +116,9 @@ class Symbolic:
 
     @staticmethod
     def record(module, inputs, shape, reduced=None):
+        """A new node applying module to the traced inputs, with per-sample output shape; returns its output. The output
+        is a loss reduced over the batch when reduced says so (by default: when every input is one). A reduced loss can
+        only be scaled or added to another reduced loss; any other use fails."""
         if reduced is None:
             flags = {x.node.reduced for x in inputs}
             if True in flags and (len(flags) > 1 or not isinstance(module, (_layers().Add, _layers().Scale))):
@@ -127,6 +130,8 @@ class Symbolic:
     # ---- shape ----
     @property
     def shape(self):
+        """(N, *per-sample shape), N standing for the batch size as in PyTorch's batch-first shapes; () for a loss
+        reduced over the batch."""
         if self.node.reduced:
             return ()
         if self.node.shape is None:
@@ -134,14 +139,17 @@ class Symbolic:
         return (N, *self.node.shape)
 
     def size(self, dim=None):
+        """The shape, or the size of dimension dim (0 is the batch)."""
         return self.shape if dim is None else self.shape[dim]
 
     def dim(self):
+        """The number of dimensions, the batch's included."""
         return len(self.node.shape) + 1
 
     ndim = property(dim)
 
     def numel(self):
+        """Fails: the number of elements depends on the batch size; use the per-sample sizes x.shape[1:]."""
         fail("numel() of a traced value", "use the per-sample sizes x.shape[1:]")
 
     # ---- arithmetic ----
@@ -221,15 +229,19 @@ class Symbolic:
 
     # ---- views and movement ----
     def view(self, *shape):
+        """The same as reshape: traced values have no memory layout."""
         return self.reshape(*shape)
 
     def reshape(self, *shape):
+        """Records the values in a new shape, the batch first (``x.reshape(N, -1)``, ``x.view(x.size(0), ...)``); one
+        other size may be -1. A reshape of a reshape is recorded as one."""
         target = _per_sample(shape, math.prod(self.node.shape))
         if isinstance(self.node.module, _layers().Reshape):  # a reshape of a reshape is one reshape
             return Symbolic(self.node.inputs[0]).reshape(N, *target)
         return self if target == self.node.shape else _layers().Reshape(target)(self)
 
     def flatten(self, start_dim=0, end_dim=-1):
+        """Records merging dimensions start_dim..end_dim; start_dim must be at least 1 (the batch stays apart)."""
         nd = len(self.node.shape)
         s, e = start_dim % (nd + 1), end_dim % (nd + 1)
         if s == 0:
@@ -238,6 +250,7 @@ class Symbolic:
         return self.reshape(N, *shape[:s - 1], math.prod(shape[s - 1:e]), *shape[e:])
 
     def unsqueeze(self, dim):
+        """Records a new dimension of size 1 at dim, which must come after the batch."""
         nd = len(self.node.shape)
         d = dim % (nd + 2)
         if d == 0:
@@ -247,11 +260,14 @@ class Symbolic:
         return self.reshape(N, *shape)
 
     def squeeze(self, dim=None):
+        """Records dropping the per-sample dimensions of size 1 (only dim, when given)."""
         shape = self.node.shape
         keep = [n for i, n in enumerate(shape) if not (n == 1 and (dim is None or i == _dim(dim, len(shape))))]
         return self.reshape(N, *keep)
 
     def permute(self, *dims):
+        """Records reordering the dimensions, which must keep the batch first (dims[0] == 0); two permutes in a row are
+        recorded as one."""
         dims = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims
         nd = len(self.node.shape)
         if len(dims) != nd + 1 or dims[0] % (nd + 1) != 0:
@@ -265,6 +281,7 @@ class Symbolic:
         return self if perm == tuple(range(nd)) else _layers().Permute(perm)(self)
 
     def transpose(self, dim0, dim1):
+        """Records swapping dimensions dim0 and dim1 (neither the batch), as permute."""
         nd = len(self.node.shape)
         order = list(range(nd + 1))
         a, b = dim0 % (nd + 1), dim1 % (nd + 1)
@@ -272,12 +289,16 @@ class Symbolic:
         return self.permute(order)
 
     def contiguous(self, *args, **kwargs):
+        """The value itself: traced values have no memory layout."""
         return self
 
     def float(self):
+        """The value itself: the compiled program chooses the dtypes of its values (compile's precision)."""
         return self
 
     def expand(self, *sizes):
+        """The value itself when sizes keep its shape (-1, or N for the batch, where a size stays); any other expand
+        fails."""
         sizes = tuple(sizes[0]) if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)) else sizes
         if all(s == -1 or s is N or s == have for s, have in zip(sizes, self.shape)) and len(sizes) == self.ndim:
             return self
@@ -316,12 +337,16 @@ class Symbolic:
         return out
 
     def chunk(self, chunks, dim=-1):
+        """Records chunks slices along dim, each ceil(size / chunks) long (the last shorter), as torch.chunk; dim is not
+        the batch."""
         d = _dim(dim, len(self.node.shape))
         size = self.node.shape[d]
         step = -(-size // chunks)
         return tuple(self[(slice(None),) * (d + 1) + (slice(k, min(k + step, size)),)] for k in range(0, size, step))
 
     def split(self, split_size, dim=-1):
+        """Records slices along dim: of split_size each (the last shorter), or of the sizes in a list, as torch.split;
+        dim is not the batch."""
         d = _dim(dim, len(self.node.shape))
         size = self.node.shape[d]
         sizes = [split_size] * (size // split_size) + ([size % split_size] if size % split_size else []) \
@@ -344,11 +369,15 @@ class Symbolic:
         return Symbolic.record(_layers().Sum(reduction), [self], (), reduced=True)
 
     def sum(self, dim=None, keepdim=False):
+        """Records the sum of every value (a loss reduced over the batch); sums over given dimensions fail."""
         if dim is None:
             return self.reduce("sum")
         fail(f"sum over dimensions {dim}", "sum every value (x.sum()), or use a layer")
 
     def mean(self, dim=None, keepdim=False):
+        """Records the mean of every value (a loss reduced over the batch), or, with dim, the spatial mean (2, 3) of (N,
+        C, H, W) images or the mean over one dimension of (N, C, L) or (N, T, C) sequences (as adaptive average
+        pooling); other means fail."""
         if dim is None:
             return self.reduce("mean")
         nd = len(self.node.shape)
@@ -365,16 +394,21 @@ class Symbolic:
 
     # ---- activations as methods ----
     def relu(self):
+        """Records F.relu of the value."""
         return _layers().ReLU()(self)
 
     def sigmoid(self):
+        """Records F.sigmoid of the value."""
         return _layers().Sigmoid()(self)
 
     def tanh(self):
+        """Records F.tanh of the value."""
         return _layers().Tanh()(self)
 
     # ---- what cannot be recorded ----
     def _value(self, *args):
+        """Fails with a TracingError: a traced value has no Python value (item, tolist, numpy, bool, int, float, len,
+        iteration), so control flow in forward may depend on shapes and constructor arguments only."""
         fail("Python control flow or conversion on a traced value (if/while/bool/int/float/len/iteration)",
              "make it depend on shapes or constructor arguments only")
 

@@ -12,6 +12,9 @@ def _fans(t):
 
 
 def calculate_gain(nonlinearity, param=None):
+    """The recommended gain for a nonlinearity, as torch.nn.init.calculate_gain: 1 for linear, conv2d, sigmoid and
+    identity; 5/3 for tanh; sqrt(2) for relu; sqrt(2 / (1 + slope^2)) for leaky_relu (param the slope, 0.01 by default);
+    3/4 for selu."""
     if nonlinearity in ("linear", "conv2d", "sigmoid", "identity"):
         return 1.0
     if nonlinearity == "tanh":
@@ -27,26 +30,34 @@ def calculate_gain(nonlinearity, param=None):
 
 
 def uniform_(t, a=0.0, b=1.0, generator=None):
+    """Fills t in place with values from U(a, b), drawn from generator (default: the global one); returns t."""
     return t.uniform_(a, b, generator=generator or default_generator)
 
 
 def normal_(t, mean=0.0, std=1.0, generator=None):
+    """Fills t in place with values from N(mean, std^2), drawn from generator (default: the global one); returns t."""
     return t.normal_(mean, std, generator=generator or default_generator)
 
 
 def zeros_(t):
+    """Fills t with zeros in place; returns t."""
     return t.fill_(0)
 
 
 def ones_(t):
+    """Fills t with ones in place; returns t."""
     return t.fill_(1)
 
 
 def constant_(t, value):
+    """Fills t with value in place; returns t."""
     return t.fill_(value)
 
 
 def kaiming_uniform_(t, a=0.0, mode="fan_in", nonlinearity="leaky_relu", generator=None):
+    """Fills t in place from U(-bound, bound), bound = gain * sqrt(3 / fan) (He et al.), as
+    torch.nn.init.kaiming_uniform_: gain from calculate_gain(nonlinearity, a), fan the fan_in or fan_out of t (at least
+    2-d) as mode says. Returns t."""
     fan_in, fan_out = _fans(t)
     fan = fan_in if mode == "fan_in" else fan_out
     bound = calculate_gain(nonlinearity, a) * math.sqrt(3.0 / fan) if fan else 0.0
@@ -54,17 +65,23 @@ def kaiming_uniform_(t, a=0.0, mode="fan_in", nonlinearity="leaky_relu", generat
 
 
 def kaiming_normal_(t, a=0.0, mode="fan_in", nonlinearity="leaky_relu", generator=None):
+    """Fills t in place from N(0, std^2), std = gain / sqrt(fan) (He et al.), as torch.nn.init.kaiming_normal_: gain
+    from calculate_gain(nonlinearity, a), fan the fan_in or fan_out of t (at least 2-d) as mode says. Returns t."""
     fan_in, fan_out = _fans(t)
     fan = fan_in if mode == "fan_in" else fan_out
     return normal_(t, 0.0, calculate_gain(nonlinearity, a) / math.sqrt(fan) if fan else 0.0, generator)
 
 
 def xavier_uniform_(t, gain=1.0, generator=None):
+    """Fills t in place from U(-bound, bound), bound = gain * sqrt(6 / (fan_in + fan_out)) (Glorot & Bengio), as
+    torch.nn.init.xavier_uniform_; t has at least 2 dimensions. Returns t."""
     fan_in, fan_out = _fans(t)
     bound = gain * math.sqrt(6.0 / (fan_in + fan_out))
     return uniform_(t, -bound, bound, generator)
 
 
 def xavier_normal_(t, gain=1.0, generator=None):
+    """Fills t in place from N(0, std^2), std = gain * sqrt(2 / (fan_in + fan_out)) (Glorot & Bengio), as
+    torch.nn.init.xavier_normal_; t has at least 2 dimensions. Returns t."""
     fan_in, fan_out = _fans(t)
     return normal_(t, 0.0, gain * math.sqrt(2.0 / (fan_in + fan_out)), generator)

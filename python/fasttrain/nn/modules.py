@@ -70,20 +70,27 @@ class Module:
         return self
 
     def register_buffer(self, name, tensor):
+        """Registers tensor under name as a buffer: state that is saved in state_dict and moved by to(), but not a
+        parameter (BatchNorm's running statistics). None keeps the name for an absent buffer. Unlike PyTorch's there is
+        no persistent argument: every buffer is saved."""
         self.__dict__.pop(name, None)
         self._buffers[name] = tensor
         object.__setattr__(self, name, tensor)
 
     # ---- traversal ----
     def named_modules(self, prefix=""):
+        """(name, module) pairs of this module (named prefix) and every module below it, depth first, with dotted names.
+        Unlike PyTorch's, a module reachable along several paths is listed under each."""
         yield prefix, self
         for name, child in self._modules.items():
             yield from child.named_modules(f"{prefix}.{name}" if prefix else name)
 
     def modules(self):
+        """This module and every module below it, depth first (the modules of named_modules)."""
         return (m for _, m in self.named_modules())
 
     def children(self):
+        """The direct child modules, in the order they were assigned."""
         return iter(self._modules.values())
 
     def _named(self, table, remove_duplicate=True):
@@ -101,12 +108,16 @@ class Module:
         return self._named("_parameters", remove_duplicate)
 
     def parameters(self):
+        """The parameters of this module and its children, each once (see named_parameters)."""
         return (p for _, p in self.named_parameters())
 
     def named_buffers(self):
+        """(name, buffer) pairs of this module and its children with dotted names; a buffer shared by several modules
+        comes once, and absent (None) buffers are left out."""
         return self._named("_buffers")
 
     def buffers(self):
+        """The buffers of this module and its children, each once (see named_buffers)."""
         return (b for _, b in self.named_buffers())
 
     # ---- devices ----
@@ -124,9 +135,11 @@ class Module:
         return self
 
     def cuda(self, device=None):
+        """Moves the module to a CUDA device (default cuda:0) in place, as to(); returns self."""
         return self.to("cuda" if device is None else device)
 
     def cpu(self):
+        """Moves the module to the CPU in place, as to(); returns self."""
         return self.to("cpu")
 
     def state_dict(self):
@@ -158,11 +171,14 @@ class Module:
         return missing, unexpected
 
     def train(self, mode=True):
+        """Sets training mode (mode=True) or evaluation mode (False) on this module and every module below it; returns
+        self. Dropout and batch norm behave differently in the two."""
         for m in self.modules():
             object.__setattr__(m, "training", mode)
         return self
 
     def eval(self):
+        """Sets evaluation mode, as train(False); returns self."""
         return self.train(False)
 
     # ---- calling ----
@@ -213,7 +229,16 @@ class Module:
         from .program import compile
         return compile(self, optimizer, loss, **options)
 
+    def forward(self, *inputs):
+        """The module's computation, run by calling the module: ``module(x)``, or ``loss(input, target)`` for a
+        loss. On tensors it computes eagerly; on traced values (model.compile) a layer fasttrain knows records one
+        node of the graph instead, and any other module is traced through its forward. A Module of one's own
+        defines it, as in PyTorch."""
+        raise NotImplementedError(f"{type(self).__name__} has no forward: a Module subclass defines forward()")
+
     def extra_repr(self):
+        """The text inside the parentheses of the module's repr (its constructor arguments, as PyTorch's); empty by
+        default."""
         return ""
 
     def __repr__(self):
@@ -286,14 +311,25 @@ class _ConvNd(Module):
 
 
 class Conv1d(_ConvNd):
+    """1-d convolution of (N, C_in, L) sequences (or unbatched (C_in, L)), as torch.nn.Conv1d; it runs as the 2-d
+    convolution over (C_in, 1, L). Only padding_mode='zeros' and numeric padding (not 'same' or 'valid') are
+    supported."""
+
     _dims = 1
 
 
 class Conv2d(_ConvNd):
+    """2-d convolution of (N, C_in, H, W) images (or unbatched (C_in, H, W)), as torch.nn.Conv2d, with weight (C_out,
+    C_in / groups, kH, kW) initialised as PyTorch does. Only padding_mode='zeros' and numeric padding (not 'same' or
+    'valid') are supported."""
+
     _dims = 2
 
 
 class Linear(Module):
+    """y = x W^T + b over the last dimension, as torch.nn.Linear: input (..., in_features), output (..., out_features);
+    weight (out_features, in_features) and bias (out_features,), initialised as PyTorch does."""
+
     _leaf = True
 
     def __init__(self, in_features, out_features, bias=True):
@@ -356,14 +392,25 @@ class _BatchNorm(Module):
 
 
 class BatchNorm1d(_BatchNorm):
+    """Batch normalization of (N, C) features or (N, C, L) sequences, as torch.nn.BatchNorm1d: batch statistics in
+    training (updating running_mean and running_var with momentum), the running ones in eval mode. momentum=None (a
+    cumulative average) is not supported."""
+
     _ranks = (1, 2)
 
 
 class BatchNorm2d(_BatchNorm):
+    """Batch normalization of (N, C, H, W) images over N, H and W per channel, as torch.nn.BatchNorm2d: batch statistics
+    in training (updating running_mean and running_var with momentum), the running ones in eval mode. momentum=None (a
+    cumulative average) is not supported."""
+
     _ranks = (3,)
 
 
 class LayerNorm(Module):
+    """Layer normalization over the trailing dimensions normalized_shape, with an elementwise weight and bias of that
+    shape, as torch.nn.LayerNorm."""
+
     _leaf = True
 
     def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True):
@@ -384,6 +431,9 @@ class LayerNorm(Module):
 
 
 class GroupNorm(Module):
+    """Group normalization of (N, C, ...) inputs: the C channels in num_groups groups, each normalized over its channels
+    and the spatial dimensions, then a per-channel weight and bias, as torch.nn.GroupNorm."""
+
     _leaf = True
 
     def __init__(self, num_groups, num_channels, eps=1e-5, affine=True):
@@ -496,14 +546,20 @@ class _Activation(Module):
 
 
 class ReLU(_Activation):
+    """max(0, x) elementwise, as torch.nn.ReLU."""
+
     act = "relu"
 
 
 class SiLU(_Activation):
+    """x * sigmoid(x) elementwise, as torch.nn.SiLU."""
+
     act = "silu"
 
 
 class Sigmoid(_Activation):
+    """1 / (1 + exp(-x)) elementwise, as torch.nn.Sigmoid."""
+
     act = "sigmoid"
 
     def __init__(self):
@@ -511,6 +567,8 @@ class Sigmoid(_Activation):
 
 
 class Tanh(_Activation):
+    """tanh(x) elementwise, as torch.nn.Tanh."""
+
     act = "tanh"
 
     def __init__(self):
@@ -518,6 +576,9 @@ class Tanh(_Activation):
 
 
 class GELU(_Activation):
+    """x * Phi(x) elementwise (Phi the standard normal CDF), or its tanh approximation with approximate='tanh', as
+    torch.nn.GELU (which has no inplace argument either)."""
+
     act = "gelu"
 
     def __init__(self, approximate="none"):
@@ -532,10 +593,15 @@ class GELU(_Activation):
 
 
 class Hardswish(_Activation):
+    """x * relu6(x + 3) / 6 elementwise, as torch.nn.Hardswish."""
+
     act = "hardswish"
 
 
 class Softplus(_Activation):
+    """log(1 + exp(x)) elementwise, as torch.nn.Softplus with beta=1 (the only beta supported). It is computed exactly
+    for every x, so threshold is kept for the repr but changes nothing."""
+
     act = "softplus"
 
     def __init__(self, beta=1.0, threshold=20.0):
@@ -564,6 +630,8 @@ class _Elementwise(_Activation):
 
 
 class LeakyReLU(_Activation):
+    """x where x >= 0, negative_slope * x elsewhere, as torch.nn.LeakyReLU."""
+
     act = "leaky_relu"
 
     def __init__(self, negative_slope=0.01, inplace=False):
@@ -630,18 +698,30 @@ class _AvgPool(_Pool):
 
 
 class MaxPool1d(_MaxPool):
+    """Max pooling of (N, C, L) sequences, as torch.nn.MaxPool1d without return_indices (stride defaults to
+    kernel_size); it runs as the 2-d pooling over (C, 1, L)."""
+
     _dims = 1
 
 
 class MaxPool2d(_MaxPool):
+    """Max pooling of (N, C, H, W) images, as torch.nn.MaxPool2d (stride defaults to kernel_size). return_indices is not
+    an argument here: F.max_pool2d gives the indices eagerly."""
+
     _dims = 2
 
 
 class AvgPool1d(_AvgPool):
+    """Average pooling of (N, C, L) sequences, as torch.nn.AvgPool1d (stride defaults to kernel_size); it runs as the
+    2-d pooling over (C, 1, L)."""
+
     _dims = 1
 
 
 class AvgPool2d(_AvgPool):
+    """Average pooling of (N, C, H, W) images, as torch.nn.AvgPool2d (stride defaults to kernel_size). divisor_override
+    is not an argument here (F.avg_pool2d takes it eagerly)."""
+
     _dims = 2
 
 
@@ -667,18 +747,28 @@ class _AdaptivePool(Module):
 
 
 class AdaptiveAvgPool1d(_AdaptivePool):
+    """Average pooling of (N, C, L) sequences to output_size steps, as torch.nn.AdaptiveAvgPool1d."""
+
     _kind, _dims = "avg", 1
 
 
 class AdaptiveAvgPool2d(_AdaptivePool):
+    """Average pooling of (N, C, H, W) images to output_size (an int, or a pair whose None entries keep the input's
+    size), as torch.nn.AdaptiveAvgPool2d."""
+
     _kind, _dims = "avg", 2
 
 
 class AdaptiveMaxPool1d(_AdaptivePool):
+    """Max pooling of (N, C, L) sequences to output_size steps, as torch.nn.AdaptiveMaxPool1d without return_indices."""
+
     _kind, _dims = "max", 1
 
 
 class AdaptiveMaxPool2d(_AdaptivePool):
+    """Max pooling of (N, C, H, W) images to output_size (an int, or a pair whose None entries keep the input's size),
+    as torch.nn.AdaptiveMaxPool2d without return_indices."""
+
     _kind, _dims = "max", 2
 
 
@@ -707,12 +797,17 @@ class Softmax(Module):
 
 
 class LogSoftmax(Softmax):
+    """log(softmax(x)) along dim, as torch.nn.LogSoftmax; dim must be given."""
+
     def forward(self, x):
         from . import functional as F
         return F.log_softmax(x, self.dim)
 
 
 class Dropout(Module):
+    """Zeroes each element with probability p in training and scales the rest by 1 / (1 - p); the identity in eval mode.
+    The mask comes from fasttrain's Philox generator (see F.dropout). Unlike PyTorch's, p = 1 is refused."""
+
     _leaf = True
 
     def __init__(self, p=0.5, inplace=False):
@@ -727,6 +822,9 @@ class Dropout(Module):
 
 
 class Flatten(Module):
+    """Merges dimensions start_dim..end_dim into one (default: everything after the batch), as torch.nn.Flatten. In a
+    compiled model start_dim must be at least 1: the batch stays its own dimension."""
+
     _leaf = True
 
     def __init__(self, start_dim=1, end_dim=-1):
@@ -746,6 +844,8 @@ class Flatten(Module):
 
 
 class Identity(Module):
+    """Returns its input unchanged, as torch.nn.Identity (a placeholder layer)."""
+
     _leaf = True
 
     def forward(self, x):
@@ -753,6 +853,9 @@ class Identity(Module):
 
 
 class Sequential(Module):
+    """Modules applied in order, each to the previous one's output, as torch.nn.Sequential: given as arguments (children
+    named 0, 1, ...) or as one OrderedDict of names to modules. Indexing gives the i-th module."""
+
     def __init__(self, *modules):
         super().__init__()
         if len(modules) == 1 and isinstance(modules[0], OrderedDict):
@@ -785,12 +888,14 @@ class ModuleList(Module):
             self.append(m)
 
     def append(self, module):
+        """Adds module as the next child (named by its position); returns self."""
         if not isinstance(module, Module):
             raise TypeError(f"ModuleList holds Modules, got {type(module).__name__}")
         setattr(self, str(len(self._modules)), module)
         return self
 
     def extend(self, modules):
+        """Appends each module of an iterable; returns self."""
         for m in modules:
             self.append(m)
         return self
@@ -806,6 +911,7 @@ class ModuleList(Module):
         return iter(self._modules.values())
 
     def forward(self, *args):
+        """Not callable: raises TypeError. Iterate over the list in the owner's forward."""
         raise TypeError("ModuleList is not callable: iterate over it in forward")
 
 
@@ -835,15 +941,19 @@ class ModuleDict(Module):
         return iter(self._modules)
 
     def keys(self):
+        """The names of the modules held, in insertion order."""
         return self._modules.keys()
 
     def values(self):
+        """The modules held, in insertion order."""
         return self._modules.values()
 
     def items(self):
+        """(name, module) pairs of the modules held, in insertion order."""
         return self._modules.items()
 
     def forward(self, *args):
+        """Not callable: raises TypeError. Index the dict in the owner's forward."""
         raise TypeError("ModuleDict is not callable: index it in forward")
 
 
@@ -896,6 +1006,10 @@ class _ClassLoss(_Loss):
 
 
 class CrossEntropyLoss(_ClassLoss):
+    """Cross entropy of unnormalized scores (N, C), or (N, C, d...), and class-index targets (N) or (N, d...), with
+    PyTorch's weight, ignore_index, reduction and label_smoothing (see F.cross_entropy). Compiled, it is one node of the
+    program."""
+
     def __init__(self, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean",
                  label_smoothing=0.0):
         from .functional import _legacy_reduction
@@ -923,18 +1037,26 @@ class NLLLoss(_ClassLoss):
 
 
 class MSELoss(_Loss):
+    """The squared error (input - target)^2 of equally shaped tensors, reduced as reduction says."""
+
     def forward(self, input, target):
         from . import functional as F
         return F.mse_loss(input, target, reduction=self.reduction)
 
 
 class L1Loss(_Loss):
+    """The absolute error |input - target| of equally shaped tensors, reduced as reduction says. Called eagerly it
+    computes in float64 NumPy and returns a float32 tensor (see F.l1_loss)."""
+
     def forward(self, input, target):
         from . import functional as F
         return F.l1_loss(input, target, reduction=self.reduction)
 
 
 class SmoothL1Loss(_Loss):
+    """PyTorch's smooth L1 loss: 0.5 d^2 / beta where |d| < beta, else |d| - 0.5 beta, for d = input - target (see
+    F.smooth_l1_loss)."""
+
     def __init__(self, size_average=None, reduce=None, reduction="mean", beta=1.0):
         from .functional import _legacy_reduction
         super().__init__(_legacy_reduction(size_average, reduce, reduction))
@@ -948,6 +1070,9 @@ class SmoothL1Loss(_Loss):
 
 
 class HuberLoss(_Loss):
+    """PyTorch's Huber loss: 0.5 d^2 where |d| < delta, else delta (|d| - 0.5 delta), for d = input - target (see
+    F.huber_loss)."""
+
     def __init__(self, reduction="mean", delta=1.0):
         super().__init__(reduction)
         if not delta > 0:
@@ -960,6 +1085,9 @@ class HuberLoss(_Loss):
 
 
 class BCEWithLogitsLoss(_Loss):
+    """Binary cross entropy of logits and targets in [0, 1] of the same shape, computed through softplus for stability,
+    with PyTorch's weight and pos_weight (see F.binary_cross_entropy_with_logits)."""
+
     def __init__(self, weight=None, size_average=None, reduce=None, reduction="mean", pos_weight=None):
         from .functional import _legacy_reduction
         super().__init__(_legacy_reduction(size_average, reduce, reduction))
@@ -973,6 +1101,9 @@ class BCEWithLogitsLoss(_Loss):
 
 
 class KLDivLoss(_Loss):
+    """Kullback-Leibler divergence of log-probabilities input from target (probabilities, or log-probabilities with
+    log_target=True), as torch.nn.KLDivLoss; reduction='batchmean' gives the true KL divergence (see F.kl_div)."""
+
     _reductions = _REDUCTIONS + ("batchmean",)
 
     def __init__(self, size_average=None, reduce=None, reduction="mean", log_target=False):
@@ -1029,6 +1160,9 @@ class MultiheadAttention(Module):
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True, is_causal=False):
+        """Attention of query (N, T, E) to key and value (N, S, E), batch first; returns (output (N, T, E), None). When
+        query, key and value are one tensor, the packed projection runs once. Masks other than is_causal=True are not
+        supported, and need_weights is ignored: the attention weights are never formed."""
         from . import functional as F
         if key_padding_mask is not None or attn_mask is not None:
             raise NotImplementedError("MultiheadAttention: masks other than is_causal=True are not supported")
@@ -1082,6 +1216,7 @@ class TransformerEncoderLayer(Module):
         return self.dropout2(self.linear2(self.dropout(self._act(self.linear1(x)))))
 
     def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal=False):
+        """The layer applied to src (N, T, d_model), batch first. Masks other than is_causal=True are not supported."""
         if src_mask is not None or src_key_padding_mask is not None:
             raise NotImplementedError("TransformerEncoderLayer: masks other than is_causal=True are not supported")
         x = src
@@ -1276,9 +1411,12 @@ class Model(Module):
 
     @property
     def input_shape(self):
+        """The per-sample shape of the model's input (without the batch dimension)."""
         return self._nodes[0].shape
 
     def forward(self, x):
+        """Runs the recorded layers in order on x: eagerly on a tensor, or recording them again on a traced value (a
+        Model used inside another model)."""
         values = {}
         for n in self._nodes:
             if n.module is None:

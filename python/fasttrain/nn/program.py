@@ -421,6 +421,7 @@ class Program:
 
     @property
     def input_shape(self):
+        """The per-sample shape of the program's input (without the batch dimension)."""
         return self.entries[0].shape
 
     def train_step(self, x, y):
@@ -469,6 +470,8 @@ class Program:
                 for e, (f, b) in zip(self.entries, self._c.profile())]
 
     def flops_per_sample(self):
+        """Floating-point operations (multiply-adds count two) of one forward pass of one sample, up to the model's
+        output (the loss excluded)."""
         return sum(_flops(e) for e in self.entries[:self.output + 1])
 
 

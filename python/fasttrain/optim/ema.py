@@ -35,10 +35,14 @@ class EMA:
         return decay
 
     def update(self, decay=None):
+        """Moves every average towards its param: shadow = lerp(shadow, param, 1 - decay), with self.decay unless decay
+        is given; counts num_updates."""
         self._c.update(self.decay if decay is None else self._check_decay(decay))
         self.num_updates += 1
 
     def copy_to(self, params=None):
+        """Copies the averages into params (default: the params the EMA was built on), which must have their shapes; for
+        evaluating with the averaged weights."""
         params = self.params if params is None else list(params)
         if len(params) != len(self.shadow):
             raise ValueError(f"copy_to got {len(params)} params for {len(self.shadow)} averages")
@@ -49,10 +53,12 @@ class EMA:
             p.copy_(s)
 
     def state_dict(self):
+        """The decay, the number of updates and a NumPy copy of each average."""
         return {"decay": self.decay, "num_updates": self.num_updates,
                 "shadow": [np.array(s.cpu().numpy()) for s in self.shadow]}
 
     def load_state_dict(self, state_dict):
+        """Restores a state_dict() into this EMA; the averages' count and shapes are checked before anything changes."""
         shadow = [np.asarray(a, dtype=np.float32) for a in state_dict["shadow"]]
         if len(shadow) != len(self.shadow):
             raise ValueError(f"the state_dict has {len(shadow)} averages, the EMA {len(self.shadow)}")

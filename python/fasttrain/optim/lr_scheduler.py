@@ -50,15 +50,20 @@ class LRScheduler:
             self._is_initial = False
 
     def get_lr(self):
+        """The learning rate of each param group at the current last_epoch; each scheduler computes it by its formula
+        (step() calls it)."""
         raise NotImplementedError
 
     def get_last_lr(self):
+        """The learning rate of each param group that the last step() set."""
         return self._last_lr
 
     def _group_lrs(self):
         return [group["lr"] for group in self.optimizer.param_groups]
 
     def step(self, epoch=None):
+        """Advances last_epoch by one and writes the new learning rate into each param group. step(epoch) is deprecated,
+        as in PyTorch: it jumps to epoch, through the closed form where the scheduler has one."""
         self._step_count += 1
         if epoch is not None:
             warnings.warn("step(epoch) is deprecated as in PyTorch: it uses the closed form where there is one",
@@ -78,9 +83,11 @@ class LRScheduler:
         self._last_lr = self._group_lrs()
 
     def state_dict(self):
+        """The scheduler's attributes (all but the optimizer) as a dict."""
         return {k: v for k, v in self.__dict__.items() if k != "optimizer"}
 
     def load_state_dict(self, state_dict):
+        """Restores the attributes from state_dict()."""
         self.__dict__.update(state_dict)
 
 

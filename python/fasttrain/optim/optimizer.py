@@ -170,6 +170,8 @@ class Optimizer:
         return loss
 
     def zero_grad(self, set_to_none=True):
+        """Clears the gradients of every parameter: sets them to None (set_to_none=True, the default, as PyTorch), or
+        fills them with zeros."""
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is not None:
