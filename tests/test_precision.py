@@ -366,6 +366,12 @@ def test_group_norm_bfloat16_matches_float32_of_the_rounded_input():
     out = F.group_norm(ft.tensor(x).to("bfloat16"), 3, ft.tensor(w), ft.tensor(b))
     assert out.dtype is ft.bfloat16
     np.testing.assert_array_equal(np.asarray(out.to("float32")), bf16_round(ref))
+    # an empty batch still writes its (zero) parameter gradients
+    empty = ft.zeros(0, 6, 5, 5).to("bfloat16")
+    y, m, r = ft.ops.group_norm_forward(None, None, None, empty, ft.tensor(w), ft.tensor(b), 3)
+    _, dw, db = ft.ops.group_norm_backward(None, ft.full((6,), 7.0), ft.full((6,), 7.0), y, empty, m, r,
+                                           ft.tensor(w), 3)
+    assert y.shape == (0, 6, 5, 5) and not np.asarray(dw).any() and not np.asarray(db).any()
 
 
 def test_upsample_bfloat16_copies_exactly():

@@ -47,8 +47,6 @@ ft_status ft_by_float_chunks(const ft_chunk_arg *args, int n, ft_chunk_op op, co
             if (args[i].t->dtype == FT_BFLOAT16 && N > 0)
                 per += ft_tensor_numel(args[i].t) / N;
         }
-    if (N == 0)
-        return op((const ft_tensor *const[MAX_ARGS]){0}, 0, ctx);
     int64_t chunk = per > 0 && per < CHUNK_ELEMS ? CHUNK_ELEMS / per : 1;
     chunk = chunk < N ? chunk : N;
     ft_tensor buf[MAX_ARGS] = {{0}};
@@ -59,7 +57,8 @@ ft_status ft_by_float_chunks(const ft_chunk_arg *args, int n, ft_chunk_op op, co
         if (low[i])
             s = float_like(&buf[i], args[i].t, chunk);
     }
-    for (int64_t n0 = 0; s == FT_OK && n0 < N; n0 += chunk) {
+    int64_t n0 = 0;
+    do { /* once for an empty batch: the op still writes what it must (a gradient of zero) */
         int64_t rows = N - n0 < chunk ? N - n0 : chunk;
         ft_tensor part[MAX_ARGS], f[MAX_ARGS];
         const ft_tensor *ts[MAX_ARGS] = {NULL};
@@ -77,7 +76,8 @@ ft_status ft_by_float_chunks(const ft_chunk_arg *args, int n, ft_chunk_op op, co
         for (int i = 0; s == FT_OK && i < n; i++)
             if (low[i] && args[i].written)
                 s = ft_tensor_copy(&part[i], &f[i], false);
-    }
+        n0 += rows;
+    } while (s == FT_OK && n0 < N);
     for (int i = 0; i < n; i++)
         if (buf[i].storage)
             ft_tensor_release(&buf[i]);
