@@ -18,6 +18,7 @@ from .random import (Generator, default_generator, get_rng_state, initial_seed, 
 from .settings import (are_deterministic_algorithms_enabled, empty_cache, get_num_threads, memory_stats,
                        reset_peak_memory_stats, set_num_threads, use_deterministic_algorithms)
 from . import data
+from . import metrics
 from .amp import autocast
 from .checkpoint import load, save
 from .training import evaluate, fit
