@@ -123,7 +123,7 @@ def test_loader_pixels_equal_djpeg(tmp_path):
     for k, (cls, name, path) in enumerate(samples):
         want = djpeg(path)
         want = np.repeat(want, 3, axis=2) if want.shape[2] == 1 else want
-        assert np.array_equal(x.numpy()[k], want), path
+        assert np.array_equal(x.numpy()[k].transpose(1, 2, 0), want), path
         assert int(y[k]) == ["a_color", "b_gray"].index(cls)
 
 

@@ -45,10 +45,11 @@ TF = [D.RandomCrop(10, padding=2, padding_mode="reflect"), D.RandomHorizontalFli
 def test_order_len_and_partial_batch():
     images, labels = arrays()
     loader = D.Loader((images, labels), batch_size=10, num_workers=3, dtype="uint8", channels_last=True)
-    assert len(loader) == 11 and loader.batch_shape == (10, 12, 10, 3)
+    # channels_last as PyTorch's memory format: (N, C, H, W) batches over NHWC memory
+    assert len(loader) == 11 and loader.batch_shape == (10, 3, 12, 10)
     batches = collect(loader)
     assert [len(y) for _, y in batches] == [10] * 10 + [3]
-    assert np.array_equal(np.concatenate([x for x, _ in batches]), images)
+    assert np.array_equal(np.concatenate([x for x, _ in batches]).transpose(0, 2, 3, 1), images)
     assert np.array_equal(np.concatenate([y for _, y in batches]), labels)
     dropped = D.Loader((images, labels), batch_size=10, drop_last=True, num_workers=1)
     assert len(dropped) == 10 and len(collect(dropped)) == 10
@@ -150,7 +151,7 @@ def test_held_batches_outlive_the_loader():
     loader.close()
     del loader
     gc.collect()
-    assert np.array_equal(arr, images[12:16]) and list(held[9][1].numpy()) == list(labels[36:40])
+    assert np.array_equal(arr.transpose(0, 2, 3, 1), images[12:16]) and list(held[9][1].numpy()) == list(labels[36:40])
 
 
 def test_shutdown_leaves_no_threads_and_no_memory():

@@ -173,12 +173,13 @@ def test_output_dtypes_and_layouts():
     x, _ = run(images, np.arange(4), ops + [D.PILToTensor()])
     assert x.dtype is ft.uint8 and np.array_equal(x.numpy(), geo.transpose(0, 3, 1, 2))
     x, _ = run(images, np.arange(4), ops + [D.PILToTensor(channels_last=True)])
-    assert tuple(x.shape) == (4, 8, 8, 3) and np.array_equal(x.numpy(), geo)
+    assert tuple(x.shape) == (4, 3, 8, 8) and x.stride()[1] == 1  # PyTorch's channels_last memory format
+    assert np.array_equal(x.numpy().transpose(0, 2, 3, 1), geo)
     mean, std = (0.1, 0.2, 0.3), (0.5, 0.6, 0.7)
     x, _ = run(images, np.arange(4), ops + [D.Normalize(mean, std), D.ToTensor("bfloat16", channels_last=True)])
     want = np.stack([R.to_tensor(g, [(mean, std)]) for g in geo]).transpose(0, 2, 3, 1)
-    assert x.dtype is ft.bfloat16 and tuple(x.shape) == (4, 8, 8, 3)
-    got_bits = x.float().numpy().view(np.uint32) >> 16
+    assert x.dtype is ft.bfloat16 and tuple(x.shape) == (4, 3, 8, 8) and x.stride()[1] == 1
+    got_bits = np.ascontiguousarray(x.float().numpy().transpose(0, 2, 3, 1)).view(np.uint32) >> 16
     assert np.array_equal(got_bits, R.bf16_bits(want))
     x, _ = run(images, np.arange(4), ops, dtype="float16")
     assert np.array_equal(x.numpy(), np.stack([R.to_tensor(g, []) for g in geo]).astype(np.float16))

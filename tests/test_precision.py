@@ -156,7 +156,7 @@ def test_loader_bfloat16_batches_feed_fit_directly():
     rng = np.random.default_rng(0)
     images, labels = rng.integers(0, 256, (64, 12, 12, 3), dtype=np.uint8), rng.integers(0, 5, 64)
     results = []
-    for kw in ({}, {"dtype": "bfloat16"}):
+    for kw in ({}, {"dtype": "bfloat16"}, {"dtype": "bfloat16", "channels_last": True}):
         model, prog = compiled("bf16-mixed")
         loader = ft.data.Loader(ft.data.from_arrays(images, labels), 32, num_workers=1,
                                 transforms=[ft.data.Normalize(128.0, 64.0)], **kw)
@@ -164,9 +164,10 @@ def test_loader_bfloat16_batches_feed_fit_directly():
             assert next(iter(loader))[0].dtype is ft.bfloat16
         history = ft.fit(prog, loader, 2, progress=False)
         results.append((history["train_loss"], weights(model)))
-    assert results[0][0] == results[1][0]
-    for k in results[0][1]:
-        np.testing.assert_array_equal(results[0][1][k], results[1][1][k], err_msg=k)
+    for other in results[1:]:
+        assert other[0] == results[0][0]
+        for k in results[0][1]:
+            np.testing.assert_array_equal(other[1][k], results[0][1][k], err_msg=k)
 
 
 @needs_bf16

@@ -580,10 +580,20 @@ const ft_output *ft_loader_output(const ft_loader *l) { return ft_plan_output(l-
 
 void ft_loader_batch_shape(const ft_loader *l, int64_t shape[4]) {
     shape[0] = l->cfg.batch_size;
-    bool nhwc = ft_plan_output(l->plan)->channels_last;
-    shape[1] = nhwc ? l->H : l->C;
-    shape[2] = nhwc ? l->W : l->H;
-    shape[3] = nhwc ? l->C : l->W;
+    shape[1] = l->C, shape[2] = l->H, shape[3] = l->W;
+}
+
+/* The images of n samples in the batch buffers' layout: NCHW, or NHWC
+ * memory under the (N, C, H, W) shape. */
+static void image_layout(const ft_loader *l, ft_tensor *t, int64_t n) {
+    ft_loader_batch_shape(l, t->shape);
+    t->shape[0] = n;
+    t->ndim = 4;
+    ft_contiguous_strides(t->strides, 4, t->shape);
+    if (ft_plan_output(l->plan)->channels_last) {
+        int64_t C = l->C, H = l->H, W = l->W, s[4] = {H * W * C, 1, W * C, C};
+        memcpy(t->strides, s, sizeof s);
+    }
 }
 
 ft_status ft_loader_set_epoch(ft_loader *l, int64_t epoch) {
@@ -652,12 +662,8 @@ static int64_t compact(ft_loader *l, slot *s) {
 }
 
 static void image_tensor(const ft_loader *l, ft_tensor *t, ft_storage *st, int64_t n) {
-    int64_t shape[4];
-    ft_loader_batch_shape(l, shape);
-    shape[0] = n;
-    *t = (ft_tensor){.storage = st, .offset = 0, .dtype = ft_plan_output(l->plan)->dtype, .ndim = 4};
-    memcpy(t->shape, shape, sizeof shape);
-    ft_contiguous_strides(t->strides, 4, shape);
+    *t = (ft_tensor){.storage = st, .offset = 0, .dtype = ft_plan_output(l->plan)->dtype};
+    image_layout(l, t, n);
 }
 
 /* Hands the buffer over as CPU tensors, or copies it to the device. */
@@ -668,6 +674,8 @@ static ft_status deliver(ft_loader *l, slot *s, int64_t n, ft_batch *out) {
         ft_loader_batch_shape(l, shape);
         shape[0] = n;
         ft_status st = ft_tensor_empty(&out->images, 4, shape, ft_plan_output(l->plan)->dtype, l->cfg.device, false);
+        if (st == FT_OK)
+            image_layout(l, &out->images, n); /* the same bytes, copied as they are */
         if (st == FT_OK && (st = ft_tensor_empty(&out->labels, 1, &n, FT_INT64, l->cfg.device, false)) != FT_OK)
             ft_tensor_release(&out->images);
         const ft_cuda_api *cu = ft_cuda();

@@ -109,7 +109,9 @@ void ft_loader_free(ft_loader *l);
 
 int64_t ft_loader_num_batches(const ft_loader *l);
 int64_t ft_loader_num_samples(const ft_loader *l); /* per epoch, on this rank */
-/* The shape of a full batch's images tensor (4 dimensions). */
+/* The shape (N, C, H, W) of a full batch's images tensor. A channels-last
+ * batch has that shape with NHWC strides, as PyTorch's channels_last
+ * memory format. */
 void ft_loader_batch_shape(const ft_loader *l, int64_t shape[4]);
 const ft_output *ft_loader_output(const ft_loader *l);
 

@@ -242,7 +242,8 @@ class Cutout(Transform):
 
 class ToTensor:
     """Marks the conversion of the pipeline's uint8 pixels to the batch: values / 255 in `dtype` (float32,
-    bfloat16 or float16), NCHW, or NHWC with channels_last. Without it the Loader's own dtype/channels_last
+    bfloat16 or float16), (N, C, H, W) in NCHW memory, or with channels_last in NHWC memory (PyTorch's
+    channels_last memory format: the same shape, NHWC strides). Without it the Loader's own dtype/channels_last
     arguments apply (float32, NCHW by default)."""
 
     def __init__(self, dtype="float32", channels_last=False):
@@ -254,7 +255,7 @@ class ToTensor:
 
 
 class PILToTensor(ToTensor):
-    """Keeps uint8 pixel values (torchvision's PILToTensor), NCHW unless channels_last."""
+    """Keeps uint8 pixel values (torchvision's PILToTensor), (N, C, H, W) in NCHW memory unless channels_last."""
 
     def __init__(self, channels_last=False):
         super().__init__("uint8", channels_last)
