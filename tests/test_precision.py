@@ -313,6 +313,14 @@ def test_unknown_and_unavailable_precisions_are_refused():
         compiled("16-mixed")
 
 
+def test_cpu_capability_reads_the_cpu_flags():
+    with open("/proc/cpuinfo") as f:
+        flags = set(next(line for line in f if line.startswith("flags")).split(":", 1)[1].split())
+    want = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+    assert list(backends.cpu_capability()) == want
+    assert backends.cpu_has_bf16() == bool({"avx512_bf16", "amx_bf16"} & flags)
+
+
 def test_without_bf16_instructions_it_runs_as_float32(monkeypatch):
     monkeypatch.setattr(backends, "cpu_has_bf16", lambda: False)
     with pytest.warns(RuntimeWarning, match="AVX512-BF16"):

@@ -296,7 +296,7 @@ def test_the_header_names_version_isa_threads_and_cuda(pytester):
     threads = ft.get_num_threads()
     result.stdout.fnmatch_lines([f"fasttrain {ft.__version__}: CPU *, {threads} threads, CUDA *"])
     header = next(line for line in result.stdout.lines if line.startswith("fasttrain "))
-    assert ("avx512_bf16" in header) == ("avx512_bf16" in ft.backends._cpu_flags())
+    assert ("avx512_bf16" in header) == ("avx512_bf16" in ft.backends.cpu_capability())
     assert ("CUDA available" in header) == ft.cuda.is_available()
 
 

@@ -15,8 +15,10 @@ ft.backends.allow_tf32 (off by default): float32 convolutions and matmuls
 on CUDA may run on TF32 tensor cores, as torch.backends.cuda.matmul.allow_tf32
 and torch.backends.cudnn.allow_tf32 allow together.
 
-ft.backends.cpu_has_bf16(): whether this CPU multiplies bfloat16 in hardware
-(AVX512-BF16 or AMX-BF16), which precision="bf16-mixed" programs run on."""
+ft.backends.cpu_capability(): the instruction sets fasttrain's kernels use that
+this CPU has (as torch.backends.cpu.get_cpu_capability). ft.backends.cpu_has_bf16():
+whether it multiplies bfloat16 in hardware (AVX512-BF16 or AMX-BF16), which
+precision="bf16-mixed" programs run on."""
 import functools
 import sys
 import types
@@ -34,9 +36,14 @@ def _cpu_flags():
         return frozenset()
 
 
+def cpu_capability() -> tuple:
+    """The instruction sets among avx2, avx512f, avx512_bf16 and amx_bf16 that the CPU has (/proc/cpuinfo)."""
+    return tuple(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in _cpu_flags())
+
+
 def cpu_has_bf16() -> bool:
     """Whether the CPU has the AVX512-BF16 (or AMX-BF16) instructions, from /proc/cpuinfo's flags."""
-    return "avx512_bf16" in _cpu_flags() or "amx_bf16" in _cpu_flags()
+    return "avx512_bf16" in cpu_capability() or "amx_bf16" in cpu_capability()
 
 
 class _Backends(types.ModuleType):

@@ -18,8 +18,7 @@ def pytest_configure(config):
 
 
 def pytest_report_header(config):
-    flags = ft.backends._cpu_flags()
-    isa = " ".join(f for f in ("avx512f", "avx2", "avx512_bf16", "amx_bf16") if f in flags) or "no AVX2"
+    isa = " ".join(ft.backends.cpu_capability()) or "no AVX2"
     cuda = "available" if ft.cuda.is_available() else "not available (" + ft.cuda.unavailable_reason() + ")"
     return f"fasttrain {ft.__version__}: CPU {isa}, {ft.get_num_threads()} threads, CUDA {cuda}"
 
