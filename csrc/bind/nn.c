@@ -701,9 +701,27 @@ static PyObject *m_set_dropout_state(PyObject *self, PyObject *args) {
 
 static PyObject *m_memory(PyObject *self, PyObject *unused) {
     (void)unused;
-    int64_t train, eval;
-    ft_program_memory(((program_object *)self)->prog, &train, &eval);
-    return Py_BuildValue("(LL)", (long long)train, (long long)eval);
+    int64_t train, eval, copy;
+    ft_program_memory(((program_object *)self)->prog, &train, &eval, &copy);
+    return Py_BuildValue("(LLL)", (long long)train, (long long)eval, (long long)copy);
+}
+
+static PyObject *m_node_bytes(PyObject *self, PyObject *unused) {
+    (void)unused;
+    ft_program *prog = ((program_object *)self)->prog;
+    Py_ssize_t n = PyList_GET_SIZE(PyTuple_GET_ITEM(((program_object *)self)->keep, 0));
+    PyObject *list = PyList_New(n);
+    for (Py_ssize_t i = 0; list && i < n; i++) {
+        int64_t b[3];
+        ft_program_node_bytes(prog, (int)i, b);
+        PyObject *item = Py_BuildValue("(LLL)", (long long)b[0], (long long)b[1], (long long)b[2]);
+        if (!item) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, i, item);
+    }
+    return list;
 }
 
 static PyObject *m_node_dtypes(PyObject *self, PyObject *unused) {
@@ -748,7 +766,10 @@ static PyMethodDef program_methods[] = {
     {"backward", m_backward, METH_VARARGS,
      "backward(x, y, accumulate=False) -> loss; the gradients written (or added to), without an update"},
     {"evaluate", m_evaluate, METH_VARARGS, "evaluate(x, y) -> (summed loss, correct predictions)"},
-    {"memory", m_memory, METH_NOARGS, "(training arena bytes, evaluation arena bytes)"},
+    {"memory", m_memory, METH_NOARGS,
+     "(training arena bytes, evaluation arena bytes, low-precision weight copy bytes)"},
+    {"node_bytes", m_node_bytes, METH_NOARGS,
+     "node_bytes() -> [(output, saved, gradient) bytes of each node in the training arena]"},
     {"get_dropout_state", m_get_dropout_state, METH_NOARGS, "(seed, offset) of the next dropout mask"},
     {"set_dropout_state", m_set_dropout_state, METH_VARARGS, "set_dropout_state(seed, offset)"},
     {"fit_epoch", (PyCFunction)(void (*)(void))m_fit_epoch, METH_VARARGS | METH_KEYWORDS,

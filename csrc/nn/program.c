@@ -549,9 +549,17 @@ int ft_program_output_shape(const ft_program *p, int64_t *shape) {
 
 const double *ft_program_seconds(const ft_program *p) { return p->seconds; }
 
-void ft_program_memory(const ft_program *p, int64_t *train_bytes, int64_t *eval_bytes) {
+void ft_program_memory(const ft_program *p, int64_t *train_bytes, int64_t *eval_bytes, int64_t *copy_bytes) {
     *train_bytes = p->train_bytes;
     *eval_bytes = p->eval_bytes;
+    *copy_bytes = p->low_params.storage
+                      ? ft_tensor_numel(&p->low_params) * (int64_t)ft_dtype_get(p->low_params.dtype)->itemsize
+                      : 0;
+}
+
+void ft_program_node_bytes(const ft_program *p, int i, int64_t bytes[3]) {
+    for (int k = 0; k < NBUF; k++)
+        bytes[k] = p->train[i * NBUF + k].bytes;
 }
 
 /* ---- batch-norm running statistics ---- */

@@ -183,7 +183,13 @@ int ft_program_output_shape(const ft_program *p, int64_t *shape);
  * the program was created (a profile of where a step's time goes). */
 const double *ft_program_seconds(const ft_program *p);
 
-/* Bytes of the training and evaluation arenas (for summary()). */
-void ft_program_memory(const ft_program *p, int64_t *train_bytes, int64_t *eval_bytes);
+/* Bytes of the training and evaluation arenas and of the low-precision
+ * copy of the params (0 in float32), for summary() and memory_plan(). */
+void ft_program_memory(const ft_program *p, int64_t *train_bytes, int64_t *eval_bytes, int64_t *copy_bytes);
+
+/* Bytes node i keeps in the training arena: its output (kept for its
+ * backward), what it saves for its backward, and its output's gradient (0
+ * for a view, which shares its input's). */
+void ft_program_node_bytes(const ft_program *p, int i, int64_t bytes[3]);
 
 #endif

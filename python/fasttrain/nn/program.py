@@ -8,6 +8,8 @@ so optimizers built earlier see the flat memory), and hands the node list to C,
 which plans the activation memory and runs whole training steps."""
 import math
 
+import numpy as np
+
 from .. import _C, creation
 from .._types import _BY_NAME
 from . import modules as M
@@ -457,11 +459,34 @@ class Program:
         return loss_sum / n, correct / n if self.classifies else None
 
     def summary(self):
-        """A table of the compiled nodes: output shapes, parameters, FLOPs, fusions and memory."""
-        train_bytes, eval_bytes = self._c.memory()
+        """A table of the compiled nodes: output shapes, parameters, FLOPs, dtypes, fusions, and the memory the
+        program holds (memory_plan())."""
+        plan = self.memory_plan()
+        mib = {k: v / 2**20 for k, v in plan.items() if k != "nodes"}
         return _table(self.entries, self._c.node_dtypes()) + (
-            f"\nprecision: {self.precision}\nactivation memory: training {train_bytes / 2**20:.1f} MiB for "
-            f"{self.batch_size // self.accumulate_steps} samples, evaluation {eval_bytes / 2**20:.1f} MiB")
+            f"\nprecision: {self.precision}\nactivation memory: training {mib['activations']:.1f} MiB for "
+            f"{self.batch_size // self.accumulate_steps} samples, evaluation {mib['evaluation']:.1f} MiB\n"
+            f"memory: parameters {mib['parameters']:.1f} MiB, gradients {mib['gradients']:.1f} MiB, optimizer "
+            f"state {mib['optimizer_state']:.1f} MiB, bfloat16 weight copy {mib['weights_copy']:.1f} MiB; "
+            f"total {mib['total']:.1f} MiB")
+
+    def memory_plan(self):
+        """The bytes the compiled program holds, as a dict: "activations" (the training arena, planned by
+        liveness: every output kept for its backward, saved data, gradients), "evaluation" (its arena),
+        "parameters" and "gradients" (the flat float32 buffers), "optimizer_state" (the optimizer's buffers,
+        once its first step allocated them), "weights_copy" (bf16-mixed's bfloat16 weights), "total", and
+        "nodes": per node a dict of the bytes of its output, of what it saves for its backward and of its
+        gradient in the training arena (the arena reuses memory, so these add up to more than it)."""
+        train, evaluation, copy = self._c.memory()
+        state = sum(v.nbytes for entries in self.optimizer.state_dict()["state"].values()
+                    for v in entries.values() if isinstance(v, np.ndarray))
+        plan = {"activations": train, "evaluation": evaluation, "parameters": self.flat_params.nbytes,
+                "gradients": self.flat_grads.nbytes, "optimizer_state": state, "weights_copy": copy}
+        plan["total"] = sum(plan.values())
+        plan["nodes"] = [{"node": type(e.module).__name__.lstrip("_") if e.module is not None else "input",
+                          "output": o, "saved": a, "gradient": g}
+                         for e, (o, a, g) in zip(self.entries, self._c.node_bytes())]
+        return plan
 
     def profile(self):
         """[(node, forward seconds, backward seconds)] of each compiled node since compile: where steps spend
