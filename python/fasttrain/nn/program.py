@@ -467,8 +467,9 @@ class Program:
             f"\nprecision: {self.precision}\nactivation memory: training {mib['activations']:.1f} MiB for "
             f"{self.batch_size // self.accumulate_steps} samples, evaluation {mib['evaluation']:.1f} MiB\n"
             f"memory: parameters {mib['parameters']:.1f} MiB, gradients {mib['gradients']:.1f} MiB, optimizer "
-            f"state {mib['optimizer_state']:.1f} MiB, bfloat16 weight copy {mib['weights_copy']:.1f} MiB; "
-            f"total {mib['total']:.1f} MiB")
+            f"state {mib['optimizer_state']:.1f} MiB, "
+            + (f"bfloat16 weight copy {mib['weights_copy']:.1f} MiB, " if plan["weights_copy"] else "")
+            + f"total {mib['total']:.1f} MiB")
 
     def memory_plan(self):
         """The bytes the compiled program holds, as a dict: "activations" (the training arena, planned by
