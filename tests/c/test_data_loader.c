@@ -80,7 +80,7 @@ static void test_order_and_values(void) {
     CHECK(ft_loader_num_batches(l) == 8);
     int64_t shape[4];
     ft_loader_batch_shape(l, shape);
-    CHECK(shape[0] == 5 && shape[1] == IH && shape[2] == IW && shape[3] == IC);
+    CHECK(shape[0] == 5 && shape[1] == IC && shape[2] == IH && shape[3] == IW); /* (N, C, H, W) over NHWC memory */
     for (int epoch = 0; epoch < 2; epoch++) {
         int64_t want = 0;
         for (int64_t b = 0;; b++) {
@@ -93,6 +93,7 @@ static void test_order_and_values(void) {
             }
             CHECK(batch.index == b && batch.epoch == epoch);
             CHECK(batch.size == (b == 7 ? 2 : 5) && batch.images.shape[0] == batch.size);
+            CHECK(batch.images.strides[1] == 1 && batch.images.strides[3] == IC && batch.images.strides[2] == IW * IC);
             CHECK(batch.labels.dtype == FT_INT64 && batch.labels.ndim == 1);
             const uint8_t *px = (const uint8_t *)ft_tensor_data(&batch.images);
             const int64_t *lab = (const int64_t *)ft_tensor_data(&batch.labels);
