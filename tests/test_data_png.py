@@ -187,11 +187,11 @@ def damaged_files():
     bad_ancillary = good[:idat - 4] + text[:-1] + bytes([text[-1] ^ 1]) + good[idat - 4:]
     huge = SIGNATURE + chunk(b"IHDR", struct.pack(">IIBBBBB", 100000, 100000, 8, 2, 0, 0, 0)) + good[33:]
     return good, {
-        "truncated_in_idat": (good[: idat + 20], "corrupt or truncated PNG"),
-        "truncated_after_header": (good[:40], "corrupt or truncated PNG"),
-        "header_only": (good[:33], "corrupt or truncated PNG"),
+        "truncated_in_idat": (good[: idat + 20], "truncated file"),
+        "truncated_after_header": (good[:40], "cannot decode PNG"),
+        "header_only": (good[:33], "truncated file"),
         "idat_crc": (bytes(crc_flip), "CRC"),
-        "bad_zlib": (bytes(zlib_bad), "corrupt or truncated PNG"),
+        "bad_zlib": (bytes(zlib_bad), "cannot decode PNG: IDAT"),
         "ancillary_crc": (bad_ancillary, "CRC"),
         "not_png": (b"GIF89a, not a PNG at all", "not a PNG file"),
         "bad_color_type": (SIGNATURE + chunk(b"IHDR", struct.pack(">IIBBBBB", 4, 4, 8, 5, 0, 0, 0)) + good[33:],
@@ -223,3 +223,31 @@ def test_the_first_sample_fixing_the_shape_can_be_damaged(tmp_path):
     (root / "a" / "bad.png").write_bytes(SIGNATURE + b"\0\0\0\x0dIHDR")
     with pytest.raises(ValueError, match=r"bad\.png"):
         D.Loader(D.ImageFolder(root))
+
+
+def test_what_libpng_only_warns_about_decodes(tmp_path):
+    """Not errors: image data split over several IDAT chunks, private and misplaced ancillary chunks, a gAMA
+    of the wrong length (libpng warns and ignores it), bytes after IEND, no IEND (not read: decoding stops
+    after the last row). An unknown critical chunk is an error."""
+    _, good, rgb, _ = case(2, 8, h=6, w=5)
+    idat, iend = good.index(b"IDAT") - 4, good.index(b"IEND") - 4
+    z = good[idat + 8: iend - 4]
+    split = good[:idat] + chunk(b"IDAT", z[:5]) + chunk(b"IDAT", z[5:9]) + chunk(b"IDAT", z[9:]) + good[iend:]
+    files = {
+        "split_idat": split,
+        "private_chunk": good[:idat] + chunk(b"prVt", b"abc") + good[idat:],
+        "bad_gama_length": good[:idat] + chunk(b"gAMA", b"\0\0\1") + good[idat:],
+        "gama_after_idat": good[:iend] + chunk(b"gAMA", struct.pack(">I", 45000)) + good[iend:],
+        "trailing_bytes": good + b"more bytes after the end",
+        "no_iend": good[:iend],
+    }
+    root = tmp_path / "tree"
+    (root / "a").mkdir(parents=True)
+    for name, data in files.items():
+        (root / "a" / f"{name}.png").write_bytes(data)
+    x, _ = batch(D.ImageFolder(root), len(files))
+    for k in range(len(files)):
+        np.testing.assert_array_equal(x[k], rgb)
+    (root / "a" / "z_critical.png").write_bytes(good[:idat] + chunk(b"CRIT", b"") + good[idat:])
+    with pytest.raises(ValueError, match=r"z_critical\.png: cannot decode PNG: CRIT: unhandled critical chunk"):
+        batch(D.ImageFolder(root), len(files) + 1)

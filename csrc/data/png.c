@@ -71,7 +71,7 @@ static void on_warning(png_structp png, png_const_charp msg) {
 static void read_bytes(png_structp png, png_bytep out, size_t n) {
     png_source *src = png_get_io_ptr(png);
     if (n > src->size - src->pos)
-        png_error(png, "the file ends inside a chunk");
+        png_error(png, "truncated file (it ends inside a chunk)");
     memcpy(out, src->data + src->pos, n);
     src->pos += n;
 }
@@ -107,7 +107,7 @@ ft_status ft_png_decode(const uint8_t *data, size_t size, const ft_png_info *inf
     if (setjmp(png_jmpbuf(png))) {
         png_destroy_read_struct(&png, &pi, NULL);
         free(rgb);
-        return ft_fail(FT_ERR_FORMAT, "corrupt or truncated PNG: %s", src.message);
+        return ft_fail(FT_ERR_FORMAT, "cannot decode PNG: %s", src.message);
     }
     png_set_read_fn(png, &src, read_bytes);
     png_set_user_limits(png, FT_PNG_MAX_SIDE, FT_PNG_MAX_SIDE);

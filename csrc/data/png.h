@@ -8,7 +8,8 @@
  *   16-bit samples      the high byte (libpng's png_set_strip_16, which is
  *                       what Pillow's "RGB;16B" raw mode reads; not the
  *                       rounded png_set_scale_16); 16-bit gray too, which
- *                       Pillow opens as an "I;16" image instead
+ *                       Pillow opens as an "I;16" image and clips at 255
+ *                       when converting it
  *   alpha, tRNS         dropped, not composited onto a background
  *   gray -> RGB         the value in all three channels
  *   color -> gray       ITU-R 601-2 luma in Pillow's 16-bit fixed point,
