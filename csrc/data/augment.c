@@ -239,14 +239,13 @@ typedef struct {
     size_t cap;
 } buffer;
 
-/* Every image buffer keeps 64 bytes of slack past `n`: hpass4 reads whole
- * 16-byte groups. */
+/* Every image buffer keeps FT_IMAGE_SLACK bytes past `n`. */
 static ft_status reserve(buffer *b, size_t n) {
     /* Sizes can come from a damaged file: doubling past half the address
      * space would wrap to 0 and never end. */
     if (n > SIZE_MAX / 4)
         return ft_fail(FT_ERR_NOMEM, "an image buffer of %zu bytes is too large", n);
-    n += 64;
+    n += FT_IMAGE_SLACK;
     if (n <= b->cap)
         return FT_OK;
     size_t cap = b->cap ? b->cap : 1 << 16;

@@ -12,6 +12,11 @@ typedef enum {
     FT_SAMPLE_PNG = 3,  /* a PNG file's bytes (not stored in record files) */
 } ft_sample_kind;
 
+/* Bytes readable past the end of a decoded image's last row: the resampler's
+ * hpass4 reads whole 16-byte groups, so every buffer it reads keeps this
+ * slack (augment.c's scratch buffers, the decoded-image cache). */
+#define FT_IMAGE_SLACK 64
+
 typedef struct {
     ft_sample_kind kind;
     const uint8_t *data; /* valid until the next fetch into the same buffer */
