@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 # (Go's image/testdata with every chroma subsampling, sklearn's two photos).
 # clang and libomp-14-dev: the libFuzzer harnesses (the core's -fopenmp under
 # clang needs LLVM's OpenMP runtime).
-SYS_PACKAGES := build-essential python3-dev python3-venv libdnnl-dev libturbojpeg0-dev \
+SYS_PACKAGES := build-essential python3-dev python3-venv libdnnl-dev libturbojpeg0-dev libpng-dev \
 	libjpeg-turbo-progs dataset-fashion-mnist golang-1.19-src python3-sklearn clang libomp-14-dev
 
 CC ?= gcc
@@ -18,7 +18,7 @@ CORE_HDR := $(wildcard csrc/*/*.h)
 C_TESTS := $(patsubst tests/c/%.c,%,$(wildcard tests/c/test_*.c))
 CFLAGS_TEST := -std=c11 -D_GNU_SOURCE -O2 -fno-math-errno -g -Wall -Wextra -Werror -Wno-unused-parameter \
 	-Wno-missing-field-initializers -fopenmp -Icsrc -Itests/c
-C_LIBS := -ldnnl -lturbojpeg -ldl -lm
+C_LIBS := -ldnnl -lturbojpeg -lpng -ldl -lm
 SAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 # ThreadSanitizer instruments target_clones resolvers, which run before its
 # runtime starts: its builds take the plain code paths.
@@ -138,7 +138,7 @@ test-tsan: $(addprefix build/c-tsan/,$(TSAN_TESTS))
 # coverage instrumentation (fuzzer-no-link) so the fuzzer steers by the
 # parsers' branches. Only core/ and data/ are needed by the readers.
 FUZZ_CC ?= clang
-FUZZ_TARGETS := record tar jpeg
+FUZZ_TARGETS := record tar jpeg png
 FUZZ_SECONDS ?= 60
 FUZZ_SRC := $(wildcard csrc/core/*.c csrc/data/*.c)
 FUZZ_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
@@ -189,14 +189,14 @@ clean:
 # ---- GPU machines ----
 # A GPU machine has nvcc, cuDNN (PyTorch's pip package), NumPy and pytest under
 # its own python3, but no package registry: the Debian packages the C core
-# links (oneDNN, TurboJPEG, and the OpenCL loader oneDNN links) travel as .deb
+# links (oneDNN, TurboJPEG, libpng, and the OpenCL loader oneDNN links) travel as .deb
 # files. `make gpu-bundle` fetches them here into GPU_BUNDLE; that folder goes
 # along with the tree (build/ is ignored by git: name it when copying the tree)
 # and `make test-gpu` there unpacks, builds in place and runs the GPU checks
 # (tools/test-gpu.sh says what, and which variables adjust it).
 GPU_BUNDLE ?= build/gpu-bundle
 GPU_PYTHON ?= python3
-GPU_DEBS := libdnnl-dev libdnnl2 libturbojpeg0-dev libturbojpeg0 ocl-icd-libopencl1
+GPU_DEBS := libdnnl-dev libdnnl2 libturbojpeg0-dev libturbojpeg0 libpng-dev libpng16-16 ocl-icd-libopencl1
 
 # (APT::Sandbox::User=root: apt's own download user may not write into the tree)
 gpu-bundle:

@@ -139,7 +139,7 @@ NVCC, CUDNN = cuda_toolchain()
 # Every layer of csrc/ (bind last: it is the only one that sees Python).
 LAYERS = ["core", "ops", "optim", "nn", "data", "bind"]
 sources = sorted(f for layer in LAYERS for f in glob.glob(f"csrc/{layer}/*.c"))
-link = ["-fopenmp", "-ldl", "-ldnnl", "-lturbojpeg", "-lm"]
+link = ["-fopenmp", "-ldl", "-ldnnl", "-lturbojpeg", "-lpng", "-lm"]
 if os.environ.get("FASTTRAIN_SANITIZE") == "1":
     link += ["-fsanitize=address,undefined"]
 

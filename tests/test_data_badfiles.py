@@ -128,20 +128,20 @@ def test_named_pipes_in_an_image_folder_never_block(tmp_path):
 
 
 def test_image_files_it_cannot_decode_are_named_in_a_warning(tmp_path):
-    """PNG (and other non-JPEG) images in an ImageFolder are skipped with one warning that counts them,
+    """Images in a format it does not decode (BMP, WebP, ...) are skipped with one warning that counts them,
     not silently; other files (labels, notes) are not counted."""
     root = tmp_path / "folder"
     for c in ("a", "b"):
         (root / c).mkdir(parents=True)
         (root / c / "good.jpg").write_bytes(D.encode_jpeg(np.zeros((8, 8, 3), np.uint8)))
-    (root / "a" / "x.png").write_bytes(b"not decoded")
-    (root / "b" / "y.PNG").write_bytes(b"not decoded")
+    (root / "a" / "x.bmp").write_bytes(b"not decoded")
+    (root / "b" / "y.WEBP").write_bytes(b"not decoded")
     (root / "b" / "notes.txt").write_text("not an image")
-    with pytest.warns(UserWarning, match=r"2 image files that are not JPEG .* are skipped") as record:
+    with pytest.warns(UserWarning, match=r"2 image files that are not JPEG or PNG .* are skipped") as record:
         folder = D.ImageFolder(root)
     assert len(record) == 1 and len(folder) == 2 and folder.skipped_images == 2
-    (root / "a" / "x.png").unlink()
-    (root / "b" / "y.PNG").unlink()
+    (root / "a" / "x.bmp").unlink()
+    (root / "b" / "y.WEBP").unlink()
     import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -90,7 +90,7 @@ rm -rf "$PREFIX" && mkdir -p "$PREFIX"
 for deb in "$BUNDLE"/*.deb; do
     dpkg-deb -x "$deb" "$PREFIX" || die "could not unpack $deb"
 done
-for f in "$PREFIX"/usr/include/{dnnl,turbojpeg}.h "$LIBDIR"/lib{dnnl,turbojpeg}.so; do
+for f in "$PREFIX"/usr/include/{dnnl,turbojpeg,png}.h "$LIBDIR"/lib{dnnl,turbojpeg,png}.so; do
     [ -e "$f" ] || die "the bundle lacks $f"
 done
 ls "$LIBDIR"

@@ -151,11 +151,13 @@ static PyObject *source_get(PyObject *self, PyObject *args) {
     st = ft_source_get(((source_object *)self)->src, i, verify, &buf, &smp);
     Py_END_ALLOW_THREADS
     PyObject *r = NULL;
-    if (st != FT_OK)
+    if (st != FT_OK) {
         ft_raise(st);
-    else
-        r = Py_BuildValue("(sy#Liii)", smp.kind == FT_SAMPLE_JPEG ? "jpeg" : "raw", (const char *)smp.data,
-                          (Py_ssize_t)smp.size, (long long)smp.label, smp.height, smp.width, smp.channels);
+    } else {
+        const char *kind = smp.kind == FT_SAMPLE_JPEG ? "jpeg" : smp.kind == FT_SAMPLE_PNG ? "png" : "raw";
+        r = Py_BuildValue("(sy#Liii)", kind, (const char *)smp.data, (Py_ssize_t)smp.size, (long long)smp.label,
+                          smp.height, smp.width, smp.channels);
+    }
     ft_fetch_buf_free(&buf);
     return r;
 }

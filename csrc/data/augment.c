@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "data/jpeg.h"
+#include "data/png.h"
 #include "kernels/convert.h"
 #include "kernels/philox.h"
 #include "kernels/resize.h"
@@ -182,6 +183,10 @@ ft_status ft_plan_new(ft_plan **out, const ft_transform *ops, int nops, const ft
     if (s == FT_OK) {
         if (first->kind == FT_SAMPLE_RAW) {
             first_h = first->height, first_w = first->width, first_c = first->channels;
+        } else if (first->kind == FT_SAMPLE_PNG) {
+            ft_png_info info;
+            s = ft_png_read_info(first->data, first->size, &info);
+            first_h = info.height, first_w = info.width;
         } else {
             ft_jpeg_info info;
             s = ft_jpeg_read_info(first->data, first->size, &info);
@@ -234,14 +239,13 @@ typedef struct {
     size_t cap;
 } buffer;
 
-/* Every image buffer keeps 64 bytes of slack past `n`: hpass4 reads whole
- * 16-byte groups. */
+/* Every image buffer keeps FT_IMAGE_SLACK bytes past `n`. */
 static ft_status reserve(buffer *b, size_t n) {
     /* Sizes can come from a damaged file: doubling past half the address
      * space would wrap to 0 and never end. */
     if (n > SIZE_MAX / 4)
         return ft_fail(FT_ERR_NOMEM, "an image buffer of %zu bytes is too large", n);
-    n += 64;
+    n += FT_IMAGE_SLACK;
     if (n <= b->cap)
         return FT_OK;
     size_t cap = b->cap ? b->cap : 1 << 16;
@@ -895,6 +899,7 @@ ft_status ft_augment_sample(const ft_plan *p, ft_augment_ctx *ctx, const ft_samp
     draws d = {seed, epoch, index, 0};
     int H, W;
     ft_jpeg_info info = {0};
+    ft_png_info png = {0};
     if (decoded) {
         H = decoded->height, W = decoded->width;
     } else if (s->kind == FT_SAMPLE_RAW) {
@@ -906,6 +911,9 @@ ft_status ft_augment_sample(const ft_plan *p, ft_augment_ctx *ctx, const ft_samp
     } else if (s->kind == FT_SAMPLE_JPEG) {
         FT_TRY(ft_jpeg_read_info(s->data, s->size, &info));
         H = info.height, W = info.width;
+    } else if (s->kind == FT_SAMPLE_PNG) {
+        FT_TRY(ft_png_read_info(s->data, s->size, &png));
+        H = png.height, W = png.width;
     } else {
         return ft_fail(FT_ERR_FORMAT, "unknown sample kind %d", (int)s->kind);
     }
@@ -931,6 +939,15 @@ ft_status ft_augment_sample(const ft_plan *p, ft_augment_ctx *ctx, const ft_samp
         } else {
             view_set_image(&v, s->data, (size_t)W * s->channels, H, W, s->channels);
         }
+    } else if (s->kind == FT_SAMPLE_PNG) {
+        /* PNG has no reduced-size decode: the full image, then the steps as
+         * for a raw one. */
+        int bpp = p->C;
+        FT_TRY(reserve(&ctx->decode, (size_t)H * W * bpp));
+        FT_TRY(ft_png_decode(s->data, s->size, &png, bpp, ctx->decode.p, (size_t)W * bpp));
+        view_set_image(&v, ctx->decode.p, (size_t)W * bpp, H, W, bpp);
+        ctx->decoded = (ft_image){ctx->decode.p, (size_t)W * bpp, H, W, bpp};
+        ctx->have_decoded = full_decode;
     } else {
         int num = 8;
         ft_transform_kind k0 = p->ngeo ? p->ops[0].kind : 0;

@@ -113,8 +113,9 @@ void ft_augment_ctx_free(ft_augment_ctx *ctx);
 /* Runs the pipeline on one sample into `out` (ft_plan_sample_bytes bytes,
  * the sample's place in the batch). `decoded`, when not NULL, is the
  * sample's full-size decode from a cache and replaces decoding; with
- * `full_decode` the JPEG is decoded at full size whatever dct_scale says
- * (to fill such a cache), and ft_augment_decoded then returns it. */
+ * `full_decode` a JPEG is decoded at full size whatever dct_scale says
+ * (to fill such a cache), and ft_augment_decoded then returns the JPEG's or
+ * PNG's decode. */
 ft_status ft_augment_sample(const ft_plan *p, ft_augment_ctx *ctx, const ft_sample *s, const ft_image *decoded,
                             bool full_decode, uint64_t seed, uint64_t epoch, int64_t index, void *out);
 

@@ -60,7 +60,9 @@ void ft_cache_put(ft_cache *c, int64_t i, const ft_cache_entry *e) {
                                                  memory_order_relaxed))
         return;
     size_t before = atomic_fetch_add_explicit(&c->bytes, e->size, memory_order_relaxed);
-    uint8_t *copy = before + e->size <= c->budget ? malloc(e->size ? e->size : 1) : NULL;
+    /* Decoded images are resampled straight from here: they need the slack
+     * of every image buffer (the budget counts only the image). */
+    uint8_t *copy = before + e->size <= c->budget ? malloc(e->size + FT_IMAGE_SLACK) : NULL;
     if (!copy) {
         atomic_fetch_sub_explicit(&c->bytes, e->size, memory_order_relaxed);
         atomic_store_explicit(&s->state, EMPTY, memory_order_release);

@@ -18,7 +18,7 @@
 typedef enum { FT_CACHE_NONE, FT_CACHE_ENCODED, FT_CACHE_DECODED } ft_cache_mode;
 
 typedef struct {
-    ft_sample_kind kind; /* FT_SAMPLE_JPEG (encoded), or FT_SAMPLE_RAW for a decoded image */
+    ft_sample_kind kind; /* FT_SAMPLE_JPEG or _PNG (encoded), or FT_SAMPLE_RAW for a decoded image */
     const uint8_t *data;
     size_t size;
     int64_t label;

@@ -260,7 +260,7 @@ static ft_status process_sample(ft_loader *l, ft_augment_ctx *ctx, ft_fetch_buf 
         if (mode == FT_CACHE_ENCODED)
             ft_cache_put(l->cache, i, &(ft_cache_entry){smp.kind, smp.data, smp.size, smp.label, smp.height,
                                                         smp.width, smp.channels});
-        fill_decoded = mode == FT_CACHE_DECODED && smp.kind == FT_SAMPLE_JPEG;
+        fill_decoded = mode == FT_CACHE_DECODED && (smp.kind == FT_SAMPLE_JPEG || smp.kind == FT_SAMPLE_PNG);
     }
     FT_TRY(ft_augment_sample(l->plan, ctx, &smp, decoded, fill_decoded, l->cfg.seed, epoch, i, out));
     const ft_image *d = fill_decoded ? ft_augment_decoded(ctx) : NULL;

@@ -19,6 +19,7 @@ typedef enum { SRC_RECORD, SRC_FOLDER, SRC_TAR, SRC_ARRAYS } source_kind;
 /* A file-backed sample of a folder or a tar shard. */
 typedef struct {
     int32_t file;  /* folder: index into paths; tar: shard */
+    ft_sample_kind kind; /* FT_SAMPLE_JPEG or FT_SAMPLE_PNG */
     uint64_t offset, size; /* tar: the member's bytes inside the shard */
     int64_t label;
     char *name;    /* folder: the path; tar: the member name */
@@ -41,7 +42,7 @@ struct ft_source {
     file_entry *entries;
     char **classes;
     int nclasses;
-    int64_t skipped_images; /* folder: image files in a format it does not decode (PNG, ...) */
+    int64_t skipped_images; /* folder: image files in a format it does not decode (BMP, ...) */
     mapped_file *shards;
     int nshards;
     /* arrays */
@@ -273,9 +274,11 @@ static bool has_extension(const char *name, const char *const *exts) {
 
 static bool is_jpeg_name(const char *name) { return has_extension(name, (const char *const[]){".jpg", ".jpeg", 0}); }
 
-/* Images torchvision's ImageFolder would read that only JPEG decoding cannot. */
+static bool is_png_name(const char *name) { return has_extension(name, (const char *const[]){".png", 0}); }
+
+/* Images torchvision's ImageFolder would read that fasttrain does not decode. */
 static bool is_other_image_name(const char *name) {
-    return has_extension(name, (const char *const[]){".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", 0});
+    return has_extension(name, (const char *const[]){".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", 0});
 }
 
 static bool is_dir(const char *path) {
@@ -373,7 +376,10 @@ ft_status ft_source_open_image_folder(ft_source **out, const char *root) {
             str_list files = {0};
             st = list_dir(dirs.items[d], NULL, &files);
             for (size_t f = 0; st == FT_OK && f < files.n; f++) {
-                if (!is_jpeg_name(files.items[f])) {
+                ft_sample_kind kind = is_jpeg_name(files.items[f])  ? FT_SAMPLE_JPEG
+                                      : is_png_name(files.items[f]) ? FT_SAMPLE_PNG
+                                                                    : 0;
+                if (!kind) {
                     s->skipped_images += is_other_image_name(files.items[f]);
                     continue;
                 }
@@ -382,7 +388,7 @@ ft_status ft_source_open_image_folder(ft_source **out, const char *root) {
                     free(path);
                     continue;
                 }
-                st = path ? push_entry(s, &cap, (file_entry){.label = (int64_t)c, .name = path})
+                st = path ? push_entry(s, &cap, (file_entry){.kind = kind, .label = (int64_t)c, .name = path})
                           : ft_fail(FT_ERR_NOMEM, "out of memory");
             }
             str_list_free(&files);
@@ -391,7 +397,7 @@ ft_status ft_source_open_image_folder(ft_source **out, const char *root) {
         free(cdir);
     }
     if (st == FT_OK && s->count == 0)
-        st = ft_fail(FT_ERR_VALUE, "ImageFolder %s holds no .jpg or .jpeg files in class subdirectories", root);
+        st = ft_fail(FT_ERR_VALUE, "ImageFolder %s holds no .jpg, .jpeg or .png files in class subdirectories", root);
     if (st != FT_OK) {
         str_list_free(&classes);
         source_free(s);
@@ -467,6 +473,7 @@ static void split_key(const char *path, size_t *key_len, const char **ext) {
 typedef struct {
     char *key;
     bool has_image, has_label;
+    ft_sample_kind kind; /* of the image member */
     uint64_t offset, size;
     int64_t label;
     char *image_name;
@@ -478,8 +485,8 @@ static ft_status flush_group(ft_source *s, size_t *cap, tar_group *g, int shard,
         if (!g->has_label)
             st = ft_fail(FT_ERR_FORMAT, "%s: sample '%s' has no .cls member (its label)", shard_path, g->key);
         else {
-            st = push_entry(s, cap, (file_entry){.file = shard, .offset = g->offset, .size = g->size,
-                                                 .label = g->label, .name = g->image_name});
+            st = push_entry(s, cap, (file_entry){.file = shard, .kind = g->kind, .offset = g->offset,
+                                                 .size = g->size, .label = g->label, .name = g->image_name});
             g->image_name = NULL;
         }
     }
@@ -616,8 +623,10 @@ static ft_status scan_shard(ft_source *s, size_t *cap, int shard) {
                 break;
             }
         }
-        if (strcasecmp(ext, "jpg") == 0 || strcasecmp(ext, "jpeg") == 0) {
+        bool jpeg = strcasecmp(ext, "jpg") == 0 || strcasecmp(ext, "jpeg") == 0;
+        if (jpeg || strcasecmp(ext, "png") == 0) {
             g.has_image = true;
+            g.kind = jpeg ? FT_SAMPLE_JPEG : FT_SAMPLE_PNG;
             g.offset = data;
             g.size = msize;
             free(g.image_name);
@@ -679,7 +688,7 @@ ft_status ft_source_open_tar(ft_source **out, const char *const *paths, int npat
             st = scan_shard(s, &cap, i);
     }
     if (st == FT_OK && s->count == 0)
-        st = ft_fail(FT_ERR_VALUE, "the tar shards hold no samples (members KEY.jpg with KEY.cls)");
+        st = ft_fail(FT_ERR_VALUE, "the tar shards hold no samples (members KEY.jpg or KEY.png with KEY.cls)");
     if (st != FT_OK) {
         source_free(s);
         return st;
@@ -701,7 +710,7 @@ ft_status ft_source_get(const ft_source *s, int64_t i, bool verify, ft_fetch_buf
         return get_array(s, i, buf, out);
     case SRC_FOLDER: {
         const file_entry *e = &s->entries[i];
-        *out = (ft_sample){.kind = FT_SAMPLE_JPEG, .label = e->label};
+        *out = (ft_sample){.kind = e->kind, .label = e->label};
         FT_TRY(read_file(e->name, buf, &out->size));
         out->data = buf->data;
         return FT_OK;
@@ -710,7 +719,7 @@ ft_status ft_source_get(const ft_source *s, int64_t i, bool verify, ft_fetch_buf
         const file_entry *e = &s->entries[i];
         const mapped_file *mf = &s->shards[e->file];
         FT_TRY(ft_check_not_truncated(mf->fd, mf->size, mf->path));
-        *out = (ft_sample){.kind = FT_SAMPLE_JPEG, .label = e->label, .data = s->shards[e->file].map + e->offset,
+        *out = (ft_sample){.kind = e->kind, .label = e->label, .data = s->shards[e->file].map + e->offset,
                            .size = (size_t)e->size};
         return FT_OK;
     }

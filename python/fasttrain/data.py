@@ -296,14 +296,14 @@ class RecordFile(Source):
 
 class ImageFolder(Source):
     """torchvision's ImageFolder layout, read directly: root/<class>/.../*.jpg; classes sorted by name and
-    numbered from 0; only .jpg/.jpeg files are samples."""
+    numbered from 0; .jpg/.jpeg and .png files are samples."""
 
     def __new__(cls, root):
         self = super().__new__(cls, "image_folder", os.fspath(root))
         self.root = os.fspath(root)
         if self.skipped_images:
-            warnings.warn(f"ImageFolder {self.root}: {self.skipped_images} image files that are not JPEG (.png, "
-                          f".bmp, ...) are skipped; only .jpg and .jpeg files are samples", stacklevel=2)
+            warnings.warn(f"ImageFolder {self.root}: {self.skipped_images} image files that are not JPEG or PNG "
+                          f"(.bmp, .webp, ...) are skipped; only .jpg, .jpeg and .png files are samples", stacklevel=2)
         return self
 
     def __init__(self, root):
@@ -316,7 +316,7 @@ class ImageFolder(Source):
 
 
 class TarShards(Source):
-    """WebDataset tar shards: members KEY.jpg (or .jpeg) with KEY.cls (decimal label), grouped by key.
+    """WebDataset tar shards: members KEY.jpg (or .jpeg, .png) with KEY.cls (decimal label), grouped by key.
     `shards` is a path, a glob pattern, or a list of paths."""
 
     def __new__(cls, shards):
@@ -497,7 +497,8 @@ class RecordWriter(_C.RecordWriterBase):
 def write_records(path, source, quality=None, meta=None):
     """Converts any source (a Source, a directory in ImageFolder layout, tar shards, or (images, labels)
     arrays) into one record file. JPEG samples are copied as they are; raw pixels are stored raw, or encoded
-    as JPEG when `quality` is given. The class names go into the file's metadata. Returns a RecordFile."""
+    as JPEG when `quality` is given; a PNG sample is refused (record files do not store PNG). The class names
+    go into the file's metadata. Returns a RecordFile."""
     src = _as_source(source)
     if meta is None:
         meta = {}
@@ -510,6 +511,8 @@ def write_records(path, source, quality=None, meta=None):
             kind, data, label, h, wd, c = src.get(i)
             if kind == "jpeg":
                 w.add_jpeg(data, label)
+            elif kind == "png":
+                raise ValueError(f"sample {i} is a PNG file, which record files do not store (JPEG or raw pixels)")
             elif quality is not None:
                 px = np.frombuffer(data, np.uint8).reshape(h, wd, c)
                 w.add_jpeg(encode_jpeg(px, quality=quality), label)

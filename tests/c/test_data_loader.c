@@ -329,6 +329,32 @@ static void test_jpeg_records(const char *path) {
     ft_loader_free(l);
 }
 
+/* From the second epoch on, a decoded cache hands the resampler full-size
+ * RGBX images out of its own allocations: the batches must equal the first
+ * epoch's, with every read inside those allocations (ASan's build). */
+static void test_decoded_cache(const char *path) {
+    ft_transform resize = {.kind = FT_XF_RESIZE, .height = 20, .width = 30};
+    ft_output out = {.dtype = FT_UINT8};
+    ft_source *src;
+    CHECK_OK(ft_source_open_record(&src, path, false));
+    ft_loader_config c = config(4, 1);
+    c.on_error = FT_ON_ERROR_SKIP;
+    c.cache = FT_CACHE_DECODED;
+    c.cache_bytes = 1 << 24;
+    ft_loader *l;
+    CHECK_OK(ft_loader_new(&l, src, &resize, 1, &out, &c));
+    ft_source_release(src);
+    int64_t seen[4 * N];
+    uint64_t first, second;
+    CHECK(run_epoch(l, seen, &first) == 11);
+    CHECK(run_epoch(l, seen, &second) == 11);
+    CHECK(first == second);
+    ft_loader_stats st;
+    ft_loader_get_stats(l, &st);
+    CHECKF(st.cache.hits >= 11, "%lld cache hits", (long long)st.cache.hits); /* one per sample of epoch 2 at least */
+    ft_loader_free(l);
+}
+
 static void test_bad_config(void) {
     ft_source *src;
     CHECK_OK(ft_source_from_arrays(&src, &images, &labels));
@@ -362,6 +388,7 @@ int main(void) {
     test_sharding_and_resume();
     test_held_batches();
     test_jpeg_records(path);
+    test_decoded_cache(path);
     test_bad_config();
     unlink(path);
     ft_tensor_release(&images);
