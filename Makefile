@@ -53,7 +53,8 @@ test-stress-sanitize: build
 	rm -rf $(ASAN_PY) && mkdir -p $(ASAN_PY) && cp -r python/fasttrain $(ASAN_PY)/ && rm -f $(ASAN_PY)/fasttrain/*.so \
 		&& cp build/asan/fasttrain/_C*.so $(ASAN_PY)/fasttrain/
 	cd tests && LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-file-name=libubsan.so)" \
-		ASAN_OPTIONS=detect_leaks=0 PYTHONPATH=../$(ASAN_PY) ../$(PY) -m pytest -q -p no:cacheprovider test_stress.py test_precision.py
+		ASAN_OPTIONS=detect_leaks=0 PYTHONPATH=../$(ASAN_PY) ../$(PY) -m pytest -q -p no:cacheprovider test_stress.py test_precision.py \
+		test_data_png.py test_data_badfiles.py test_data_jpeg.py
 
 test-py: build
 	$(PY) -m pytest -q tests

@@ -108,7 +108,7 @@ def write_folder(root, cases):
 def batch(source, n, **kw):
     (x, y), = list(D.Loader(source, batch_size=n, transforms=[D.PILToTensor(channels_last=True)], num_workers=2,
                             **kw))
-    return x.numpy(), y.numpy()
+    return x.numpy().transpose(0, 2, 3, 1), y.numpy()  # (N, H, W, C): the NHWC memory of channels-last batches
 
 
 @pytest.mark.parametrize("interlace", [False, True])

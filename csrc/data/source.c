@@ -315,9 +315,9 @@ static ft_status list_dir(const char *dir, str_list *dirs, str_list *files) {
             s = ft_fail(FT_ERR_NOMEM, "out of memory listing %s", dir);
     }
     closedir(d);
-    if (dirs)
+    if (dirs && dirs->n) /* qsort's array may not be NULL, even empty */
         qsort(dirs->items, dirs->n, sizeof *dirs->items, cmp_str);
-    if (files)
+    if (files && files->n)
         qsort(files->items, files->n, sizeof *files->items, cmp_str);
     return s;
 }
