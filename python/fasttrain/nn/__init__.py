@@ -1,5 +1,5 @@
 """fasttrain.nn: functional ops (``ft.nn.functional``, PyTorch's names) and the layers built on them."""
-from . import functional, init
+from . import functional, init, utils
 from .graph import Input, Symbolic, TracingError, cat
 from .modules import (AdaptiveAvgPool1d, AdaptiveAvgPool2d, AdaptiveMaxPool1d, AdaptiveMaxPool2d, Add, AvgPool1d,
                       AvgPool2d, BatchNorm1d, BatchNorm2d, BCEWithLogitsLoss, Cat, Conv1d, Conv2d, CrossEntropyLoss,

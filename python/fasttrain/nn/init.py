@@ -1,6 +1,9 @@
 """Parameter initialisation with PyTorch's rules, drawn from fasttrain's Philox generator."""
 import math
 
+import numpy as np
+
+from .. import creation
 from ..random import default_generator
 
 
@@ -85,3 +88,34 @@ def xavier_normal_(t, gain=1.0, generator=None):
     torch.nn.init.xavier_normal_; t has at least 2 dimensions. Returns t."""
     fan_in, fan_out = _fans(t)
     return normal_(t, 0.0, gain * math.sqrt(2.0 / (fan_in + fan_out)), generator)
+
+
+def trunc_normal_(t, mean=0.0, std=1.0, a=-2.0, b=2.0, generator=None):
+    """Fills t in place with values from N(mean, std^2) truncated to [a, b] (bounds in the values' units, as
+    torch.nn.init.trunc_normal_), drawn from generator by rejection: draws outside [a, b] are drawn again.
+    Returns t."""
+    if not (std > 0 and a < b and math.isfinite(mean)):
+        raise ValueError(f"trunc_normal_: needs std > 0 and a < b, got std={std}, a={a}, b={b}")
+    gen, n = generator or default_generator, t.numel()
+    if math.erfc(max(a - mean, mean - b) / std / math.sqrt(2)) < 1e-6 and not (a <= mean <= b):
+        raise ValueError(f"trunc_normal_: [{a}, {b}] is more than 5 standard deviations from the mean {mean}")
+    kept = np.empty(0)
+    while kept.size < n:
+        draw = np.asarray(creation.empty(max(2 * (n - kept.size), 64)).normal_(mean, std, generator=gen), np.float64)
+        kept = np.concatenate([kept, draw[(draw >= a) & (draw <= b)]])
+    return t.copy_(creation.tensor(kept[:n].reshape(t.shape).astype(np.float32)))
+
+
+def orthogonal_(t, gain=1.0, generator=None):
+    """Fills t (at least 2-d, seen as rows by the rest) in place with a (semi-)orthogonal matrix times gain, as
+    torch.nn.init.orthogonal_: the Q of a QR factorisation of a normal matrix drawn from generator, its signs
+    fixed by R's diagonal. Returns t."""
+    if t.ndim < 2:
+        raise ValueError(f"orthogonal_: needs a tensor of at least 2 dimensions, got {t.ndim}")
+    rows, cols = t.shape[0], t.numel() // t.shape[0]
+    flat = np.asarray(creation.empty(rows, cols).normal_(0.0, 1.0, generator=generator or default_generator),
+                      np.float64)
+    q, r = np.linalg.qr(flat.T if rows < cols else flat)
+    q *= np.sign(np.diag(r))
+    q = q.T if rows < cols else q
+    return t.copy_(creation.tensor((gain * q).reshape(t.shape).astype(np.float32)))

@@ -63,6 +63,23 @@ class Module:
         self._parameters[name] = tensor
         object.__setattr__(self, name, tensor)
 
+    def apply(self, fn):
+        """Calls fn(module) on every submodule, children before their parent, then on this module, and returns
+        this module, as torch.nn.Module.apply (e.g. to initialise weights by layer type)."""
+        for child in self.children():
+            child.apply(fn)
+        fn(self)
+        return self
+
+    def zero_grad(self, set_to_none=True):
+        """Clears every parameter's gradient: to None (PyTorch's default; a compiled program then writes the next
+        gradients anew), or to zeros in place with set_to_none=False."""
+        for p in self.parameters():
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
+
     def requires_grad_(self, requires_grad=True):
         """Sets requires_grad of every parameter (False freezes the module for programs compiled after)."""
         for p in self.parameters():

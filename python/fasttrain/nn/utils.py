@@ -1,0 +1,34 @@
+"""ft.nn.utils: torch.nn.utils' helpers for loops written by hand (a compiled program clips in its fused step:
+compile(clip_grad_norm=...))."""
+import math
+
+import numpy as np
+
+from .. import creation
+
+
+def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False):
+    """Scales the gradients of parameters (a tensor or an iterable of them; those without .grad are skipped) in
+    place so that their total norm (the norm of the vector of every gradient's norm) is at most max_norm, as
+    torch.nn.utils.clip_grad_norm_ (the factor max_norm / (norm + 1e-6), when below 1). norm_type may be
+    float("inf"). Returns the total norm before clipping, as a 0-d float32 tensor. CPU gradients."""
+    params = [parameters] if hasattr(parameters, "grad") else list(parameters)
+    grads = [p.grad for p in params if p.grad is not None]
+    if any(g.device.type != "cpu" for g in grads):
+        raise ValueError("clip_grad_norm_: the gradients must be CPU tensors (a compiled program on CUDA clips "
+                         "in its step: compile(clip_grad_norm=...))")
+    norm_type = float(norm_type)
+    if not (norm_type > 0):
+        raise ValueError(f"clip_grad_norm_: norm_type must be positive or inf, got {norm_type}")
+    views = [g.numpy() for g in grads]  # share the gradients' memory
+    norms = [np.abs(v).max() if norm_type == math.inf else np.linalg.norm(v.ravel().astype(np.float64), norm_type)
+             for v in views if v.size]
+    total = 0.0 if not norms else float(max(norms) if norm_type == math.inf else
+                                        np.linalg.norm(np.asarray(norms, np.float64), norm_type))
+    if error_if_nonfinite and not math.isfinite(total):
+        raise RuntimeError(f"clip_grad_norm_: the total norm of order {norm_type} of the gradients is {total}")
+    coef = float(max_norm) / (total + 1e-6)
+    if coef < 1:
+        for v in views:
+            v *= np.float32(coef)
+    return creation.tensor(np.float32(total))

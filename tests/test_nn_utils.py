@@ -1,0 +1,120 @@
+"""Module.apply / zero_grad, nn.init.trunc_normal_ / orthogonal_ and nn.utils.clip_grad_norm_ against their
+definitions (and PyTorch when it is installed)."""
+import math
+
+import numpy as np
+import pytest
+
+import fasttrain as ft
+from fasttrain import nn
+
+
+def test_apply_visits_children_before_parents_and_returns_the_module():
+    model = nn.Sequential(nn.Linear(2, 3), nn.Sequential(nn.ReLU(), nn.Linear(3, 1)))
+    seen = []
+    assert model.apply(lambda m: seen.append(type(m).__name__)) is model
+    assert seen == ["Linear", "ReLU", "Linear", "Sequential", "Sequential"]
+    model.apply(lambda m: nn.init.zeros_(m.weight) if isinstance(m, nn.Linear) else None)
+    assert not np.asarray(model[0].weight).any() and not np.asarray(model[1][1].weight).any()
+
+
+def test_zero_grad_as_pytorch_and_a_program_writes_anew():
+    model = nn.Sequential(nn.Linear(4, 3))
+    opt = ft.optim.SGD(model.parameters(), lr=0.1)
+    program = model.compile(opt, nn.MSELoss(), batch_size=8, input_shape=(4,))
+    x, y = np.random.default_rng(0).standard_normal((8, 4), np.float32), np.zeros((8, 3), np.float32)
+    program.backward(x, y)
+    once = np.array(model[0].weight.grad)
+    program.backward(x, y)  # adds, as loss.backward() does
+    np.testing.assert_allclose(np.asarray(model[0].weight.grad), 2 * once, rtol=1e-6)
+    model.zero_grad(set_to_none=False)
+    assert not np.asarray(model[0].weight.grad).any()
+    model.zero_grad()
+    assert model[0].weight.grad is None
+    program.backward(x, y)
+    np.testing.assert_allclose(np.asarray(model[0].weight.grad), once, rtol=1e-6)
+
+
+def truncated_moments(mean, std, a, b):
+    """Mean and standard deviation of N(mean, std^2) truncated to [a, b]."""
+    al, be = (a - mean) / std, (b - mean) / std
+    pdf = lambda z: math.exp(-z * z / 2) / math.sqrt(2 * math.pi)  # noqa: E731
+    cdf = lambda z: 0.5 * (1 + math.erf(z / math.sqrt(2)))  # noqa: E731
+    z = cdf(be) - cdf(al)
+    m = (pdf(al) - pdf(be)) / z
+    var = 1 + (al * pdf(al) - be * pdf(be)) / z - m * m
+    return mean + std * m, std * math.sqrt(var)
+
+
+@pytest.mark.parametrize("mean, std, a, b", [(0.0, 1.0, -2.0, 2.0), (0.0, 0.02, -0.04, 0.04), (1.0, 2.0, 0.0, 5.0)])
+def test_trunc_normal_has_the_truncated_moments(mean, std, a, b):
+    t = nn.init.trunc_normal_(ft.empty(200, 500), mean, std, a, b)
+    v = np.asarray(t, np.float64)
+    assert v.min() >= a and v.max() <= b
+    want_mean, want_std = truncated_moments(mean, std, a, b)
+    assert abs(v.mean() - want_mean) < 5 * want_std / math.sqrt(v.size)
+    assert abs(v.std() - want_std) < 0.01 * want_std
+    ft.manual_seed(3)
+    first = np.array(nn.init.trunc_normal_(ft.empty(50), mean, std, a, b))
+    ft.manual_seed(3)
+    np.testing.assert_array_equal(np.asarray(nn.init.trunc_normal_(ft.empty(50), mean, std, a, b)), first)
+
+
+def test_trunc_normal_bad_arguments():
+    with pytest.raises(ValueError, match="std > 0 and a < b"):
+        nn.init.trunc_normal_(ft.empty(3), 0.0, 1.0, 2.0, -2.0)
+    with pytest.raises(ValueError, match="more than 5 standard deviations"):
+        nn.init.trunc_normal_(ft.empty(3), 0.0, 1.0, 10.0, 11.0)
+
+
+@pytest.mark.parametrize("shape", [(6, 4), (4, 6), (8, 3, 3, 3)])
+def test_orthogonal_rows_or_columns_are_orthonormal(shape):
+    w = np.asarray(nn.init.orthogonal_(ft.empty(*shape), gain=2.0), np.float64).reshape(shape[0], -1)
+    small = min(w.shape)
+    gram = w.T @ w if w.shape[0] >= w.shape[1] else w @ w.T
+    np.testing.assert_allclose(gram, 4.0 * np.eye(small), atol=1e-5)
+    with pytest.raises(ValueError, match="at least 2 dimensions"):
+        nn.init.orthogonal_(ft.empty(5))
+
+
+def grads_model():
+    model = nn.Sequential(nn.Linear(5, 4), nn.Linear(4, 2))
+    rng = np.random.default_rng(1)
+    for p in model.parameters():
+        p.grad = ft.tensor(rng.standard_normal(p.shape).astype(np.float32))
+    return model
+
+
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, math.inf])
+def test_clip_grad_norm_matches_its_definition(norm_type):
+    model = grads_model()
+    before = [np.array(p.grad) for p in model.parameters()]
+    flat = np.concatenate([g.ravel() for g in before]).astype(np.float64)
+    want = np.abs(flat).max() if norm_type == math.inf else np.linalg.norm(flat, norm_type)
+    total = nn.utils.clip_grad_norm_(model.parameters(), 0.5, norm_type)
+    assert total.item() == pytest.approx(want, rel=1e-6)
+    for g, old in zip(model.parameters(), before):
+        np.testing.assert_allclose(np.asarray(g.grad), old * (0.5 / (want + 1e-6)), rtol=1e-5)
+    assert nn.utils.clip_grad_norm_(model.parameters(), 1e9, norm_type).item() == pytest.approx(0.5, rel=1e-5)
+
+
+def test_clip_grad_norm_matches_torch():
+    torch = pytest.importorskip("torch")
+    model = grads_model()
+    tparams = [torch.nn.Parameter(torch.zeros(p.shape)) for p in model.parameters()]
+    for tp, p in zip(tparams, model.parameters()):
+        tp.grad = torch.from_numpy(np.array(p.grad))
+    want = torch.nn.utils.clip_grad_norm_(tparams, 0.7)
+    got = nn.utils.clip_grad_norm_(model.parameters(), 0.7)
+    assert got.item() == pytest.approx(want.item(), rel=1e-6)
+    for tp, p in zip(tparams, model.parameters()):
+        np.testing.assert_allclose(np.asarray(p.grad), tp.grad.numpy(), rtol=1e-6, atol=1e-7)
+
+
+def test_clip_grad_norm_bad_input():
+    model = grads_model()
+    next(iter(model.parameters())).grad.fill_(float("nan"))
+    with pytest.raises(RuntimeError, match="total norm"):
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0, error_if_nonfinite=True)
+    with pytest.raises(ValueError, match="norm_type must be positive"):
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0, norm_type=0)
