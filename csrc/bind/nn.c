@@ -706,56 +706,43 @@ static PyObject *m_memory(PyObject *self, PyObject *unused) {
     return Py_BuildValue("(LLL)", (long long)train, (long long)eval, (long long)copy);
 }
 
-static PyObject *m_node_bytes(PyObject *self, PyObject *unused) {
-    (void)unused;
+/* A list of one item per node, item(prog, i) each (a new reference, or NULL
+ * with an exception set). */
+static PyObject *per_node(PyObject *self, PyObject *(*item)(const ft_program *prog, int i)) {
     ft_program *prog = ((program_object *)self)->prog;
     Py_ssize_t n = PyList_GET_SIZE(PyTuple_GET_ITEM(((program_object *)self)->keep, 0));
     PyObject *list = PyList_New(n);
     for (Py_ssize_t i = 0; list && i < n; i++) {
-        int64_t b[3];
-        ft_program_node_bytes(prog, (int)i, b);
-        PyObject *item = Py_BuildValue("(LLL)", (long long)b[0], (long long)b[1], (long long)b[2]);
-        if (!item) {
+        PyObject *x = item(prog, (int)i);
+        if (!x) {
             Py_CLEAR(list);
             break;
         }
-        PyList_SET_ITEM(list, i, item);
+        PyList_SET_ITEM(list, i, x);
     }
     return list;
 }
 
-static PyObject *m_node_dtypes(PyObject *self, PyObject *unused) {
-    (void)unused;
-    ft_program *prog = ((program_object *)self)->prog;
-    Py_ssize_t n = PyList_GET_SIZE(PyTuple_GET_ITEM(((program_object *)self)->keep, 0));
-    PyObject *list = PyList_New(n);
-    for (Py_ssize_t i = 0; list && i < n; i++) {
-        PyObject *name = PyUnicode_FromString(ft_dtype_get(ft_program_node_dtype(prog, (int)i))->name);
-        if (!name) {
-            Py_CLEAR(list);
-            break;
-        }
-        PyList_SET_ITEM(list, i, name);
-    }
-    return list;
+static PyObject *node_bytes(const ft_program *prog, int i) {
+    int64_t b[3];
+    ft_program_node_bytes(prog, i, b);
+    return Py_BuildValue("(LLL)", (long long)b[0], (long long)b[1], (long long)b[2]);
 }
 
-static PyObject *m_profile(PyObject *self, PyObject *unused) {
-    (void)unused;
-    ft_program *prog = ((program_object *)self)->prog;
-    Py_ssize_t n = PyList_GET_SIZE(PyTuple_GET_ITEM(((program_object *)self)->keep, 0));
+static PyObject *node_dtype(const ft_program *prog, int i) {
+    return PyUnicode_FromString(ft_dtype_get(ft_program_node_dtype(prog, i))->name);
+}
+
+static PyObject *node_seconds(const ft_program *prog, int i) {
     const double *sec = ft_program_seconds(prog);
-    PyObject *list = PyList_New(n);
-    for (Py_ssize_t i = 0; list && i < n; i++) {
-        PyObject *item = Py_BuildValue("(dd)", sec[2 * i], sec[2 * i + 1]);
-        if (!item) {
-            Py_CLEAR(list);
-            break;
-        }
-        PyList_SET_ITEM(list, i, item);
-    }
-    return list;
+    return Py_BuildValue("(dd)", sec[2 * i], sec[2 * i + 1]);
 }
+
+static PyObject *m_node_bytes(PyObject *self, PyObject *unused) { return per_node(self, node_bytes); }
+
+static PyObject *m_node_dtypes(PyObject *self, PyObject *unused) { return per_node(self, node_dtype); }
+
+static PyObject *m_profile(PyObject *self, PyObject *unused) { return per_node(self, node_seconds); }
 
 static PyMethodDef program_methods[] = {
     {"profile", m_profile, METH_NOARGS, "[(forward seconds, backward seconds)] per node since creation"},
