@@ -8,10 +8,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include "data/jpeg.h"
+#include "fuzz_file.h"
 
 /* Larger frames are valid, but decoding them only spends the fuzzer's time
  * and memory limit without reaching other code. */
@@ -22,14 +21,9 @@ static ft_jpeg_decoder *decoder;
 static void decode_guarded(const uint8_t *data, size_t size, const ft_jpeg_info *info, int num, int bpp) {
     size_t w = (size_t)ft_jpeg_scaled(info->width, num), h = (size_t)ft_jpeg_scaled(info->height, num);
     size_t n = w * h * (size_t)bpp;
-    size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    size_t span = (n + page - 1) / page * page;
-    uint8_t *base = mmap(NULL, span + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (base == MAP_FAILED)
-        abort();
-    mprotect(base + span, page, PROT_NONE);
-    ft_jpeg_decode(decoder, data, size, info, num, bpp, base + span - n, w * (size_t)bpp);
-    munmap(base, span + page);
+    uint8_t *out = fuzz_guarded_alloc(n);
+    ft_jpeg_decode(decoder, data, size, info, num, bpp, out, w * (size_t)bpp);
+    fuzz_guarded_free(out, n);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

@@ -7,10 +7,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include "data/png.h"
+#include "fuzz_file.h"
 
 /* Larger images are valid, but decoding them only spends the fuzzer's time
  * and memory limit without reaching other code. */
@@ -18,14 +17,9 @@
 
 static void decode_guarded(const uint8_t *data, size_t size, const ft_png_info *info, int channels) {
     size_t n = (size_t)info->width * info->height * (size_t)channels;
-    size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    size_t span = (n + page - 1) / page * page;
-    uint8_t *base = mmap(NULL, span + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (base == MAP_FAILED)
-        abort();
-    mprotect(base + span, page, PROT_NONE);
-    ft_png_decode(data, size, info, channels, base + span - n, (size_t)info->width * channels);
-    munmap(base, span + page);
+    uint8_t *out = fuzz_guarded_alloc(n);
+    ft_png_decode(data, size, info, channels, out, (size_t)info->width * channels);
+    fuzz_guarded_free(out, n);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
