@@ -47,6 +47,20 @@ def compiled(precision, seed=0, make=conv_net, lr=0.05, loss=None, **kw):
                                 **kw)
 
 
+def gradients_follow_float32(x, y, **kw):
+    """The bf16-mixed program of compiled(precision, **kw), after checking that its parameter gradients of one
+    backward of (x, y) are those of the float32 program within GRAD_RTOL (relative L2)."""
+    grads = {}
+    for precision in ("32-true", "bf16-mixed"):
+        model, prog = compiled(precision, **kw)
+        prog.backward(x, y)
+        grads[precision] = {n: np.array(p.grad) for n, p in model.named_parameters()}
+    for name, g32 in grads["32-true"].items():
+        err = np.linalg.norm(grads["bf16-mixed"][name] - g32) / max(np.linalg.norm(g32), 1e-12)
+        assert err < GRAD_RTOL, (name, err)
+    return prog
+
+
 def weights(model):
     return {k: np.array(v) for k, v in model.state_dict().items()}
 
@@ -87,16 +101,7 @@ def test_weights_gradients_and_state_stay_float32():
 
 @needs_bf16
 def test_gradients_match_float32():
-    x, y = data()
-    grads = {}
-    for precision in ("32-true", "bf16-mixed"):
-        model, prog = compiled(precision)
-        prog.backward(x, y)
-        grads[precision] = {n: np.array(p.grad) for n, p in model.named_parameters()}
-    for name, g32 in grads["32-true"].items():
-        g16 = grads["bf16-mixed"][name]
-        err = np.linalg.norm(g16 - g32) / max(np.linalg.norm(g32), 1e-12)
-        assert err < GRAD_RTOL, (name, err)
+    gradients_follow_float32(*data())
 
 
 @needs_bf16
@@ -214,19 +219,10 @@ class HandAttention(nn.Module):
 def test_matmuls_by_hand_in_bfloat16():
     """x @ y of two activations and of an activation and a parameter run in bfloat16 (the parameter's copy);
     gradients follow float32's, the parameter's included."""
-    grads = {}
-    for precision in ("32-true", "bf16-mixed"):
-        model, prog = compiled(precision, make=HandAttention)
-        if precision == "bf16-mixed":
-            dtypes = prog._c.node_dtypes()
-            kinds = [e.kind for e in prog.entries]
-            from fasttrain.nn.program import MATMUL, PARAM
-            assert {dtypes[i] for i, k in enumerate(kinds) if k in (MATMUL, PARAM)} == {"bfloat16"}
-        prog.backward(*data())
-        grads[precision] = {n: np.array(p.grad) for n, p in model.named_parameters()}
-    for name, g32 in grads["32-true"].items():
-        err = np.linalg.norm(grads["bf16-mixed"][name] - g32) / max(np.linalg.norm(g32), 1e-12)
-        assert err < GRAD_RTOL, (name, err)
+    from fasttrain.nn.program import MATMUL, PARAM
+    prog = gradients_follow_float32(*data(), make=HandAttention)
+    dtypes = prog._c.node_dtypes()
+    assert {dtypes[i] for i, e in enumerate(prog.entries) if e.kind in (MATMUL, PARAM)} == {"bfloat16"}
 
 
 @needs_bf16
@@ -249,17 +245,9 @@ def test_embeddings_in_bfloat16():
         return nn.Sequential(nn.Embedding(20, 8), nn.Flatten(), nn.Linear(48, 16), nn.ReLU(), nn.Linear(16, 5))
     rng = np.random.default_rng(0)
     x, y = rng.integers(0, 20, (32, 6)), rng.integers(0, 5, 32)
-    grads = {}
-    for precision in ("32-true", "bf16-mixed"):
-        model, prog = compiled(precision, make=make, input_shape=(6,), input_dtype=ft.int64,
-                               memory_format="contiguous")
-        if precision == "bf16-mixed":
-            assert set(prog._c.node_dtypes()[1:prog.output + 1]) == {"bfloat16"}
-        prog.backward(x, y)
-        grads[precision] = {n: np.array(p.grad) for n, p in model.named_parameters()}
-    for name, g32 in grads["32-true"].items():
-        err = np.linalg.norm(grads["bf16-mixed"][name] - g32) / max(np.linalg.norm(g32), 1e-12)
-        assert err < GRAD_RTOL, (name, err)
+    prog = gradients_follow_float32(x, y, make=make, input_shape=(6,), input_dtype=ft.int64,
+                                    memory_format="contiguous")
+    assert set(prog._c.node_dtypes()[1:prog.output + 1]) == {"bfloat16"}
 
 
 @needs_bf16
@@ -268,16 +256,8 @@ def test_group_norm_and_upsampling_in_bfloat16():
         return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.GroupNorm(2, 8), nn.ReLU(), nn.MaxPool2d(2),
                              nn.Upsample(scale_factor=2), nn.Conv2d(8, 4, 3, padding=1), nn.AdaptiveAvgPool2d(1),
                              nn.Flatten(), nn.Linear(4, 5))
-    grads = {}
-    for precision in ("32-true", "bf16-mixed"):
-        model, prog = compiled(precision, make=make)
-        if precision == "bf16-mixed":
-            assert set(prog._c.node_dtypes()[:prog.output + 1]) == {"bfloat16"}
-        prog.backward(*data())
-        grads[precision] = {n: np.array(p.grad) for n, p in model.named_parameters()}
-    for name, g32 in grads["32-true"].items():
-        err = np.linalg.norm(grads["bf16-mixed"][name] - g32) / max(np.linalg.norm(g32), 1e-12)
-        assert err < GRAD_RTOL, (name, err)
+    prog = gradients_follow_float32(*data(), make=make)
+    assert set(prog._c.node_dtypes()[:prog.output + 1]) == {"bfloat16"}
 
 
 @needs_bf16
@@ -289,20 +269,12 @@ def test_transformer_layers_in_bfloat16():
                              nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, activation="gelu", batch_first=True,
                                                         norm_first=True),
                              nn.LayerNorm(32), nn.Flatten(), nn.Linear(96, 5))
-    grads = {}
-    for precision in ("32-true", "bf16-mixed"):
-        model, prog = compiled(precision, make=make)
-        if precision == "bf16-mixed":
-            kinds = {}
-            for e, d in zip(prog.entries[1:prog.output + 1], prog._c.node_dtypes()[1:prog.output + 1]):
-                kinds.setdefault(type(e.module).__name__, set()).add(d)
-            assert {"Attention", "LayerNorm", "Linear", "GELU"} <= set(kinds), kinds
-            assert set().union(*kinds.values()) == {"bfloat16"}, kinds
-        prog.backward(*data())
-        grads[precision] = {n: np.array(p.grad) for n, p in model.named_parameters()}
-    for name, g32 in grads["32-true"].items():
-        err = np.linalg.norm(grads["bf16-mixed"][name] - g32) / max(np.linalg.norm(g32), 1e-12)
-        assert err < GRAD_RTOL, (name, err)
+    prog = gradients_follow_float32(*data(), make=make)
+    kinds = {}
+    for e, d in zip(prog.entries[1:prog.output + 1], prog._c.node_dtypes()[1:prog.output + 1]):
+        kinds.setdefault(type(e.module).__name__, set()).add(d)
+    assert {"Attention", "LayerNorm", "Linear", "GELU"} <= set(kinds), kinds
+    assert set().union(*kinds.values()) == {"bfloat16"}, kinds
 
 
 def test_unknown_and_unavailable_precisions_are_refused():
