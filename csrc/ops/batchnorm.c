@@ -233,7 +233,7 @@ FT_VEC_CLONES static void normalize_rows(const norm_io *io, int64_t i0, int64_t 
     for (int64_t at = i0; at < i0 + len; at += step) {
         int64_t n = i0 + len - at < step ? i0 + len - at : step;
         const float *x = ft_floats_in(io->x, io->x16, at, n, buf);
-        float *out = ft_floats_at(io->out, io->out16, at, buf + step);
+        float *out = ft_floats_at(io->out, io->out16, at, buf ? buf + step : NULL);
         if (C)
             for (int64_t r = 0; r < n / C; r++)
                 normalize_run(out + r * C, x + r * C, scale, shift, C, 1, act);
@@ -246,15 +246,16 @@ FT_VEC_CLONES static void normalize_rows(const norm_io *io, int64_t i0, int64_t 
 static ft_status normalize(const norm_io *io, const float *scale, const float *shift, ft_act act, const layout *l) {
     int64_t C = l->C, total = l->N * l->C * l->S, rows = l->N * l->S;
     int64_t run = l->channels_last ? CHUNK * C : l->S, nruns = l->channels_last ? (rows + CHUNK - 1) / CHUNK : l->N * C;
-    int64_t per = BUFS * slice_of(l->channels_last ? C : 0);
-    float *bufs = malloc((size_t)omp_get_max_threads() * (size_t)per * sizeof *bufs);
-    if (!bufs)
+    /* float32 runs are read and written in place: buffers for bfloat16 only */
+    int64_t per = io->x16 || io->out16 ? BUFS * slice_of(l->channels_last ? C : 0) : 0;
+    float *bufs = per ? malloc((size_t)omp_get_max_threads() * (size_t)per * sizeof *bufs) : NULL;
+    if (per && !bufs)
         return ft_fail(FT_ERR_NOMEM, "batch_norm: out of memory");
 #pragma omp parallel for schedule(static) if (total > PARALLEL_ELEMS)
     for (int64_t r = 0; r < nruns; r++) {
         int64_t i0 = r * run, n = i0 + run < total ? run : total - i0;
         normalize_rows(io, i0, n, l->channels_last ? C : 0, r % C, scale, shift, act,
-                       bufs + omp_get_thread_num() * per);
+                       bufs ? bufs + omp_get_thread_num() * per : NULL);
     }
     free(bufs);
     return FT_OK;
