@@ -68,7 +68,7 @@ static int visit_scalar(walk *w, PyObject *o, int depth) {
     }
     ft_scalar s;
     ft_dtype natural;
-    int r = ft_parse_scalar(value, &s, &natural);
+    int r = ft_py_parse_scalar(value, &s, &natural);
     if (value != o)
         Py_DECREF(value);
     if (r < 0)
@@ -122,7 +122,7 @@ static int visit(walk *w, PyObject *o, int depth) {
     return r;
 }
 
-PyObject *ft_tensor_from_data(ft_module_state *st, PyObject *data, int dtype) {
+PyObject *ft_py_tensor_from_data(ft_module_state *st, PyObject *data, int dtype) {
     walk w = {.st = st};
     if (dtype >= 0 && !ft_dtype_valid(dtype))
         return PyErr_Format(PyExc_ValueError, "unknown dtype code %d", dtype);
@@ -143,11 +143,11 @@ PyObject *ft_tensor_from_data(ft_module_state *st, PyObject *data, int dtype) {
     ft_tensor t;
     ft_status s = ft_tensor_empty(&t, w.ndim, w.shape, w.dtype, FT_CPU, false);
     if (s != FT_OK)
-        return ft_raise(s);
+        return ft_py_raise(s);
     w.cursor = ft_tensor_data(&t);
     if (visit(&w, data, 0) < 0) {
         ft_tensor_release(&t);
         return NULL;
     }
-    return ft_wrap(st, &t);
+    return ft_py_wrap(st, &t);
 }

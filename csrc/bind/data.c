@@ -84,11 +84,11 @@ static PyObject *source_tp_new(PyTypeObject *type, PyObject *args, PyObject *kwa
         if (!ok)
             return PyErr_Occurred() ? NULL : PyErr_NoMemory();
     } else if (strcmp(kind, "arrays") == 0) {
-        ft_module_state *ms = ft_state_of_type(type);
+        ft_module_state *ms = ft_py_state_of_type(type);
         PyObject *labels;
         if (!ms || !PyArg_ParseTuple(arg, "OO", &images, &labels))
             return NULL;
-        ft_tensor *ti = ft_unwrap(ms, images, "images"), *tl = ti ? ft_unwrap(ms, labels, "labels") : NULL;
+        ft_tensor *ti = ft_py_unwrap(ms, images, "images"), *tl = ti ? ft_py_unwrap(ms, labels, "labels") : NULL;
         if (!tl)
             return NULL;
         st = ft_source_from_arrays(&src, ti, tl);
@@ -96,7 +96,7 @@ static PyObject *source_tp_new(PyTypeObject *type, PyObject *args, PyObject *kwa
         return PyErr_Format(PyExc_ValueError, "unknown source kind '%s'", kind);
     }
     if (st != FT_OK)
-        return ft_raise(st);
+        return ft_py_raise(st);
     return source_new_object(type, src);
 }
 
@@ -152,7 +152,7 @@ static PyObject *source_get(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS
     PyObject *r = NULL;
     if (st != FT_OK) {
-        ft_raise(st);
+        ft_py_raise(st);
     } else {
         const char *kind = smp.kind == FT_SAMPLE_JPEG ? "jpeg" : smp.kind == FT_SAMPLE_PNG ? "png" : "raw";
         r = Py_BuildValue("(sy#Liii)", kind, (const char *)smp.data, (Py_ssize_t)smp.size, (long long)smp.label,
@@ -282,7 +282,7 @@ static int loader_end(loader_object *o, const char *during) {
     return -1;
 }
 
-ft_loader *ft_loader_begin(PyObject *obj) {
+ft_loader *ft_py_loader_begin(PyObject *obj) {
     for (PyTypeObject *t = Py_TYPE(obj); t; t = t->tp_base)
         if (t->tp_dealloc == loader_dealloc)
             return loader_begin((loader_object *)obj);
@@ -290,9 +290,9 @@ ft_loader *ft_loader_begin(PyObject *obj) {
     return NULL;
 }
 
-bool ft_loader_stopping(PyObject *obj) { return atomic_load(&((loader_object *)obj)->closing) != 0; }
+bool ft_py_loader_stopping(PyObject *obj) { return atomic_load(&((loader_object *)obj)->closing) != 0; }
 
-int ft_loader_end(PyObject *obj) { return loader_end((loader_object *)obj, "the epoch"); }
+int ft_py_loader_end(PyObject *obj) { return loader_end((loader_object *)obj, "the epoch"); }
 
 /* Dict readers: a missing key keeps the default. */
 static int dict_long(PyObject *d, const char *key, long long *out) {
@@ -458,7 +458,7 @@ static int loader_init(PyObject *self, PyObject *args, PyObject *kwargs) {
     st = ft_loader_new(&l, src, ops, (int)nops, &out, &c);
     Py_END_ALLOW_THREADS
     if (st != FT_OK) {
-        ft_raise(st);
+        ft_py_raise(st);
         return -1;
     }
     o->loader = l;
@@ -491,17 +491,17 @@ static PyObject *loader_next(PyObject *self, PyObject *unused) {
     if (loader_end(o, "the wait for a batch") < 0 || interrupted)
         return NULL;
     if (st != FT_OK)
-        return ft_raise(st);
+        return ft_py_raise(st);
     if (done)
         Py_RETURN_NONE;
-    ft_module_state *ms = ft_state_of_type(Py_TYPE(self));
+    ft_module_state *ms = ft_py_state_of_type(Py_TYPE(self));
     if (!ms) {
         ft_loader_release(l, &b);
         return NULL;
     }
-    PyObject *labels = NULL, *images = ft_wrap(ms, &b.images);
+    PyObject *labels = NULL, *images = ft_py_wrap(ms, &b.images);
     if (images)
-        labels = ft_wrap(ms, &b.labels);
+        labels = ft_py_wrap(ms, &b.labels);
     else
         ft_tensor_release(&b.labels);
     if (!labels) {
@@ -517,7 +517,7 @@ static PyObject *loader_set_epoch(PyObject *self, PyObject *arg) {
     if (!l || (e == -1 && PyErr_Occurred()))
         return NULL;
     ft_status st = ft_loader_set_epoch(l, e);
-    return st == FT_OK ? Py_NewRef(Py_None) : ft_raise(st);
+    return st == FT_OK ? Py_NewRef(Py_None) : ft_py_raise(st);
 }
 
 static PyObject *loader_seek(PyObject *self, PyObject *args) {
@@ -526,7 +526,7 @@ static PyObject *loader_seek(PyObject *self, PyObject *args) {
     if (!l || !PyArg_ParseTuple(args, "LL:seek", &e, &b))
         return NULL;
     ft_status st = ft_loader_seek(l, e, b);
-    return st == FT_OK ? Py_NewRef(Py_None) : ft_raise(st);
+    return st == FT_OK ? Py_NewRef(Py_None) : ft_py_raise(st);
 }
 
 static PyObject *loader_position(PyObject *self, PyObject *unused) {
@@ -682,7 +682,7 @@ static int writer_init(PyObject *self, PyObject *args, PyObject *kwargs) {
     ft_status st = ft_record_writer_open(&o->w, PyBytes_AS_STRING(bytes));
     Py_DECREF(bytes);
     if (st != FT_OK) {
-        ft_raise(st);
+        ft_py_raise(st);
         return -1;
     }
     return 0;
@@ -735,7 +735,7 @@ static PyObject *writer_add(PyObject *self, PyObject *args) {
         st = ft_record_writer_add(w, (ft_sample_kind)kind, data.buf, (size_t)data.len, label, h, wd, c);
     }
     PyBuffer_Release(&data);
-    return st == FT_OK ? Py_NewRef(Py_None) : ft_raise(st);
+    return st == FT_OK ? Py_NewRef(Py_None) : ft_py_raise(st);
 }
 
 static PyObject *writer_close(PyObject *self, PyObject *args) {
@@ -758,7 +758,7 @@ static PyObject *writer_close(PyObject *self, PyObject *args) {
     st = ft_record_writer_close(w, meta.buf, meta.buf ? (size_t)meta.len : 0);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&meta);
-    return st == FT_OK ? Py_NewRef(Py_None) : ft_raise(st);
+    return st == FT_OK ? Py_NewRef(Py_None) : ft_py_raise(st);
 }
 
 static PyObject *writer_abort(PyObject *self, PyObject *unused) {
@@ -818,7 +818,7 @@ static PyObject *py_jpeg_info(PyObject *module, PyObject *arg) {
     ft_status st = ft_jpeg_read_info(b.buf, (size_t)b.len, &info);
     PyBuffer_Release(&b);
     if (st != FT_OK)
-        return ft_raise(st);
+        return ft_py_raise(st);
     return Py_BuildValue("{sisisisO}", "height", info.height, "width", info.width, "components", info.components,
                          "progressive", info.progressive ? Py_True : Py_False);
 }
@@ -853,7 +853,7 @@ static PyObject *py_jpeg_decode(PyObject *module, PyObject *args) {
     PyBuffer_Release(&b);
     if (st != FT_OK) {
         Py_XDECREF(arr);
-        return ft_raise(st);
+        return ft_py_raise(st);
     }
     return arr;
 }
@@ -878,7 +878,7 @@ static PyObject *py_jpeg_encode(PyObject *module, PyObject *args, PyObject *kwar
     Py_END_ALLOW_THREADS
     Py_DECREF(a);
     if (st != FT_OK)
-        return ft_raise(st);
+        return ft_py_raise(st);
     PyObject *r = PyBytes_FromStringAndSize((const char *)out, (Py_ssize_t)n);
     free(out);
     return r;
@@ -970,7 +970,7 @@ static PyObject *py_jpeg_decode_time(PyObject *module, PyObject *args) {
     if (got != n)
         return NULL;
     if (st != FT_OK)
-        return ft_raise(ft_fail(st, "%s", err));
+        return ft_py_raise(ft_fail(st, "%s", err));
     return PyFloat_FromDouble(seconds);
 }
 
@@ -994,17 +994,9 @@ static PyMethodDef data_functions[] = {
     {NULL, NULL, 0, NULL},
 };
 
-int ft_bind_data(PyObject *module) {
-    static PyType_Spec *specs[] = {&source_spec, &loader_spec, &writer_spec};
-    static const char *names[] = {"DataSource", "LoaderBase", "RecordWriterBase"};
-    for (int i = 0; i < 3; i++) {
-        PyObject *type = PyType_FromModuleAndSpec(module, specs[i], NULL);
-        if (!type)
-            return -1;
-        int r = PyModule_AddObjectRef(module, names[i], type);
-        Py_DECREF(type);
-        if (r < 0)
-            return -1;
-    }
+int ft_py_bind_data(PyObject *module) {
+    if (ft_py_add_type(module, &source_spec) < 0 || ft_py_add_type(module, &loader_spec) < 0 ||
+        ft_py_add_type(module, &writer_spec) < 0)
+        return -1;
     return PyModule_AddFunctions(module, data_functions);
 }

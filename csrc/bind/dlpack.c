@@ -47,7 +47,7 @@ static DLDevice dl_device_of(const ft_tensor *t) {
     return (DLDevice){d.type == FT_DEV_CUDA ? FT_DEV_CUDA : FT_DEV_CPU, d.index};
 }
 
-PyObject *ft_dlpack_device(ft_tensor *t) {
+PyObject *ft_py_dlpack_device(ft_tensor *t) {
     DLDevice d = dl_device_of(t);
     return Py_BuildValue("(ii)", d.device_type, d.device_id);
 }
@@ -61,7 +61,7 @@ static int parse_int_pair(PyObject *obj, const char *what, int *a, int *b) {
     return 0;
 }
 
-PyObject *ft_dlpack_export(PyObject *self, PyObject *args, PyObject *kwargs) {
+PyObject *ft_py_dlpack_export(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"stream", "max_version", "dl_device", "copy", NULL};
     PyObject *stream = Py_None, *max_version = Py_None, *dl_device = Py_None, *copy_obj = Py_None;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$OOOO:__dlpack__", kwlist, &stream, &max_version, &dl_device,
@@ -114,7 +114,7 @@ PyObject *ft_dlpack_export(PyObject *self, PyObject *args, PyObject *kwargs) {
         if (ctx->t.storage)
             ft_tensor_release(&ctx->t);
         PyMem_RawFree(ctx);
-        return ft_raise(s);
+        return ft_py_raise(s);
     }
     DLTensor dl = {
         .data = ft_tensor_data(&ctx->t),
@@ -236,7 +236,7 @@ static PyObject *import_capsule(ft_module_state *st, PyObject *capsule) {
     case FT_DEV_CUDA_HOST: device = FT_CPU; break;
     case FT_DEV_CUDA:
         if (ft_cuda_check_device(dl->device.device_id) != FT_OK)
-            return ft_raise(FT_ERR_DEVICE);
+            return ft_py_raise(FT_ERR_DEVICE);
         device = (ft_device){FT_DEV_CUDA, dl->device.device_id};
         break;
     default:
@@ -246,7 +246,7 @@ static PyObject *import_capsule(ft_module_state *st, PyObject *capsule) {
     ft_dtype dtype;
     ft_status s = ft_dtype_from_dlpack(&dtype, dl->dtype.code, dl->dtype.bits, dl->dtype.lanes);
     if (s != FT_OK)
-        return ft_raise(s);
+        return ft_py_raise(s);
     if (dl->ndim < 0 || dl->ndim > FT_MAX_DIMS)
         return PyErr_Format(PyExc_BufferError, "DLPack tensor has %d dimensions; fasttrain supports 0 to %d",
                             dl->ndim, FT_MAX_DIMS);
@@ -260,14 +260,14 @@ static PyObject *import_capsule(ft_module_state *st, PyObject *capsule) {
     int64_t numel;
     s = ft_shape_numel(&numel, dl->ndim, dl->shape, ft_dtype_get(dtype)->itemsize);
     if (s != FT_OK)
-        return ft_raise(s);
+        return ft_py_raise(s);
     if (numel > 0 && !dl->data)
         return PyErr_Format(PyExc_BufferError, "DLPack tensor has a NULL data pointer");
     ft_tensor t;
     s = ft_tensor_borrow(&t, (char *)dl->data + dl->byte_offset, dl->ndim, dl->shape, strides, dtype, device, readonly,
                          versioned ? release_versioned : release_legacy, managed);
     if (s != FT_OK)
-        return ft_raise(s);
+        return ft_py_raise(s);
     t.storage->pinned = dl->device.device_type == FT_DEV_CUDA_HOST;
     /* From here the storage owns the managed tensor: the capsule must not delete it. */
     if (PyCapsule_SetName(capsule, versioned ? USED_VERSIONED : USED_LEGACY) < 0 ||
@@ -276,10 +276,10 @@ static PyObject *import_capsule(ft_module_state *st, PyObject *capsule) {
         ft_tensor_release(&t);
         return NULL;
     }
-    return ft_wrap(st, &t);
+    return ft_py_wrap(st, &t);
 }
 
-PyObject *ft_from_dlpack(ft_module_state *st, PyObject *obj) {
+PyObject *ft_py_from_dlpack(ft_module_state *st, PyObject *obj) {
     if (PyCapsule_CheckExact(obj))
         return import_capsule(st, obj);
     PyObject *capsule = request_capsule(obj);

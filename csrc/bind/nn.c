@@ -26,8 +26,6 @@ typedef struct {
     int ntrained;
 } program_object;
 
-static ft_module_state *state_of(PyObject *self) { return ft_state_of_type(Py_TYPE(self)); }
-
 /* ---- parsing a node dict ---- */
 
 static int get_long(PyObject *d, const char *key, long long dflt, long long *out) {
@@ -58,7 +56,7 @@ static int get_ints(PyObject *d, const char *key, int64_t *out, int max, int *n)
     }
     int64_t vals[FT_MAX_DIMS];
     int count;
-    if (ft_parse_shape(v, vals, &count) < 0)
+    if (ft_py_parse_shape(v, vals, &count) < 0)
         return -1;
     if (count > max) {
         PyErr_Format(PyExc_ValueError, "node field %s has %d entries, at most %d allowed", key, count, max);
@@ -84,7 +82,7 @@ static int get_tensor(ft_module_state *st, PyObject *d, const char *key, ft_tens
     memset(out, 0, sizeof *out);
     if (!v || v == Py_None)
         return 0;
-    ft_tensor *t = ft_unwrap(st, v, key);
+    ft_tensor *t = ft_py_unwrap(st, v, key);
     if (!t)
         return -1;
     *out = *t; /* borrowed: the node dict keeps the object alive */
@@ -208,8 +206,9 @@ static PyObject *program_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!OOiLpK|i:Program", kwlist, &PyList_Type, &nodes, &params_obj,
                                      &grads_obj, &output, &batch, &channels_last, &seed, &compute))
         return NULL;
-    ft_module_state *st = ft_state_of_type(type);
-    ft_tensor *params = ft_unwrap(st, params_obj, "params"), *grads = params ? ft_unwrap(st, grads_obj, "grads") : NULL;
+    ft_module_state *st = ft_py_state_of_type(type);
+    ft_tensor *params = ft_py_unwrap(st, params_obj, "params");
+    ft_tensor *grads = params ? ft_py_unwrap(st, grads_obj, "grads") : NULL;
     if (!grads)
         return NULL;
     if (params->dtype != FT_FLOAT32 || grads->dtype != FT_FLOAT32 || params->ndim != 1 || grads->ndim != 1 ||
@@ -246,7 +245,7 @@ static PyObject *program_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
         PyMem_Free(trained);
         if (s == FT_OK)
             ft_program_destroy(prog);
-        return s == FT_OK ? NULL : ft_raise(s);
+        return s == FT_OK ? NULL : ft_py_raise(s);
     }
     self->trained = trained;
     self->ntrained = ntrained;
@@ -284,11 +283,11 @@ static void program_dealloc(PyObject *self) {
 
 /* x and y as fasttrain tensors, or -1 with TypeError. */
 static int unwrap_xy(PyObject *self, PyObject *xo, PyObject *yo, ft_tensor **x, ft_tensor **y) {
-    ft_module_state *st = state_of(self);
-    *x = ft_unwrap(st, xo, "x");
+    ft_module_state *st = ft_py_state_of_type(Py_TYPE(self));
+    *x = ft_py_unwrap(st, xo, "x");
     if (!*x)
         return -1;
-    *y = yo == Py_None ? NULL : ft_unwrap(st, yo, "y");
+    *y = yo == Py_None ? NULL : ft_py_unwrap(st, yo, "y");
     return *y || yo == Py_None ? 0 : -1;
 }
 
@@ -339,7 +338,7 @@ static ft_status train_step(ft_program *prog, ft_optimizer *opt, const ft_tensor
  * low-precision copy of the params (ft_optimizer_set_copies), until
  * release_optimizer. Needs the GIL. */
 static ft_optimizer *program_optimizer(program_object *self, PyObject *opt_obj) {
-    ft_optimizer *opt = ft_optimizer_of(opt_obj);
+    ft_optimizer *opt = ft_py_optimizer_of(opt_obj);
     if (!opt)
         return NULL;
     int n = ft_optimizer_num_segments(opt);
@@ -375,7 +374,7 @@ static ft_optimizer *program_optimizer(program_object *self, PyObject *opt_obj) 
         s = ft_optimizer_set_copies(opt, low->dtype, to);
     PyMem_Free(grads);
     PyMem_Free(to);
-    return s == FT_OK ? opt : (ft_raise(s), NULL);
+    return s == FT_OK ? opt : (ft_py_raise(s), NULL);
 }
 
 /* Ends what program_optimizer began: the optimizer may outlive the program
@@ -412,7 +411,7 @@ static int parse_step_options(PyObject *max_norm, const char *policy, step_optio
     return 0;
 }
 
-static PyObject *m_train_step(PyObject *self, PyObject *args, PyObject *kwargs) {
+static PyObject *program_train_step(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"x", "y", "optimizer", "clip_grad_norm", "nan_policy", NULL};
     PyObject *xo, *yo, *opt_obj, *max_norm = Py_None;
     const char *policy = "raise";
@@ -434,14 +433,14 @@ static PyObject *m_train_step(PyObject *self, PyObject *args, PyObject *kwargs) 
     Py_END_ALLOW_THREADS
     release_optimizer((program_object *)self, opt);
     if (s != FT_OK)
-        return ft_raise(s);
+        return ft_py_raise(s);
     return Py_BuildValue("(dO)", loss, skipped ? Py_True : Py_False);
 }
 
 /* backward(x, y, accumulate=False) -> loss: the gradients into the flat
  * buffer (each parameter's .grad), written or added to, without an
  * optimizer update. */
-static PyObject *m_backward(PyObject *self, PyObject *args) {
+static PyObject *program_backward(PyObject *self, PyObject *args) {
     PyObject *xo, *yo;
     ft_tensor *x, *y;
     int accumulate = 0;
@@ -452,12 +451,12 @@ static PyObject *m_backward(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     s = ft_program_backward(entered(self), x, y, accumulate, &loss);
     Py_END_ALLOW_THREADS
-    return s == FT_OK ? PyFloat_FromDouble(loss) : ft_raise(s);
+    return s == FT_OK ? PyFloat_FromDouble(loss) : ft_py_raise(s);
 }
 
-static PyObject *m_forward(PyObject *self, PyObject *xo) {
-    ft_module_state *st = state_of(self);
-    ft_tensor *x = ft_unwrap(st, xo, "x");
+static PyObject *program_forward(PyObject *self, PyObject *xo) {
+    ft_module_state *st = ft_py_state_of_type(Py_TYPE(self));
+    ft_tensor *x = ft_py_unwrap(st, xo, "x");
     if (!x)
         return NULL;
     ft_program *prog = entered(self);
@@ -467,18 +466,18 @@ static PyObject *m_forward(PyObject *self, PyObject *xo) {
     ft_status s =
         ft_tensor_empty(&out, ndim, shape, FT_FLOAT32, ft_op_device(&((program_object *)self)->params), false);
     if (s != FT_OK)
-        return ft_raise(s);
+        return ft_py_raise(s);
     Py_BEGIN_ALLOW_THREADS
     s = ft_program_forward(prog, x, &out);
     Py_END_ALLOW_THREADS
     if (s != FT_OK) {
         ft_tensor_release(&out);
-        return ft_raise(s);
+        return ft_py_raise(s);
     }
-    return ft_wrap(st, &out);
+    return ft_py_wrap(st, &out);
 }
 
-static PyObject *m_evaluate(PyObject *self, PyObject *args) {
+static PyObject *program_evaluate(PyObject *self, PyObject *args) {
     PyObject *xo, *yo;
     int tta = 0;
     ft_tensor *x, *y;
@@ -490,7 +489,7 @@ static PyObject *m_evaluate(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     s = ft_program_evaluate(entered(self), x, y, tta, &loss, &correct);
     Py_END_ALLOW_THREADS
-    return s == FT_OK ? Py_BuildValue("(dL)", loss, (long long)correct) : ft_raise(s);
+    return s == FT_OK ? Py_BuildValue("(dL)", loss, (long long)correct) : ft_py_raise(s);
 }
 
 /* Calls callback(steps, loss, samples) with the GIL; -1 with an exception
@@ -507,11 +506,11 @@ static int report(PyObject *callback, int64_t steps, double loss, int64_t sample
 /* The next batch of an epoch, for a loop that runs without the GIL (*ts
  * holds the thread state): 1 with a batch, 0 at the end of the epoch, -1
  * after a failure (*s), Ctrl-C (a Python exception) or a close() of the
- * loader (neither: ft_loader_end says it), noticed while waiting for data. */
+ * loader (neither: ft_py_loader_end says it), noticed while waiting for data. */
 static int next_batch(PyObject *loader_obj, ft_loader *l, ft_batch *b, PyThreadState **ts, ft_status *s) {
     for (;;) {
         bool done = false, timed_out = false;
-        if (ft_loader_stopping(loader_obj))
+        if (ft_py_loader_stopping(loader_obj))
             return -1;
         *s = ft_loader_next_wait(l, b, &done, 100, &timed_out);
         if (*s != FT_OK)
@@ -543,7 +542,7 @@ static int parse_schedule(PyObject *obj, int ngroups, ft_optim_group **out, Py_s
             PyErr_Format(PyExc_ValueError, "step %zd gives %zd groups for %d parameter groups", k,
                          PySequence_Fast_GET_SIZE(row), ngroups);
         for (int g = 0; row && !PyErr_Occurred() && g < ngroups; g++)
-            ft_parse_optim_group(PySequence_Fast_GET_ITEM(row, g), &groups[k * ngroups + g]);
+            ft_py_parse_optim_group(PySequence_Fast_GET_ITEM(row, g), &groups[k * ngroups + g]);
         Py_XDECREF(row);
         if (PyErr_Occurred()) {
             PyMem_Free(groups);
@@ -563,7 +562,7 @@ static int parse_schedule(PyObject *obj, int ngroups, ft_optim_group **out, Py_s
  * Python runs only for the progress callback, every `interval` seconds; schedule[k] gives every parameter
  * group's hyperparameters at step k (the learning rate and whatever else a scheduler moves, such as
  * OneCycleLR's momentum or betas), as the tuples of Optimizer._group_tuple. */
-static PyObject *m_fit_epoch(PyObject *self, PyObject *args, PyObject *kwargs) {
+static PyObject *program_fit_epoch(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"loader", "optimizer", "schedule", "callback", "interval", "clip_grad_norm",
                              "nan_policy", NULL};
     PyObject *loader_obj, *opt_obj, *schedule_obj = Py_None, *callback = Py_None, *max_norm = Py_None;
@@ -586,7 +585,7 @@ static PyObject *m_fit_epoch(PyObject *self, PyObject *args, PyObject *kwargs) {
         release_optimizer(po, opt);
         return NULL;
     }
-    ft_loader *l = ft_loader_begin(loader_obj);
+    ft_loader *l = ft_py_loader_begin(loader_obj);
     if (!l) {
         release_optimizer(po, opt);
         PyMem_Free(schedule);
@@ -633,7 +632,7 @@ static PyObject *m_fit_epoch(PyObject *self, PyObject *args, PyObject *kwargs) {
     }
     PyEval_RestoreThread(ts);
     release_optimizer(po, opt);
-    int closed = ft_loader_end(loader_obj) < 0;
+    int closed = ft_py_loader_end(loader_obj) < 0;
     Py_DECREF(loader_obj);
     PyMem_Free(schedule);
     if (stop < 0 || closed)
@@ -641,19 +640,19 @@ static PyObject *m_fit_epoch(PyObject *self, PyObject *args, PyObject *kwargs) {
     if (s != FT_OK) { /* say where in the epoch it happened */
         char message[1024];
         snprintf(message, sizeof message, "%s", ft_last_error());
-        return ft_raise(ft_fail(s, "step %lld of the epoch: %s", (long long)steps + 1, message));
+        return ft_py_raise(ft_fail(s, "step %lld of the epoch: %s", (long long)steps + 1, message));
     }
     return Py_BuildValue("(dLLLO)", loss_sum, (long long)samples, (long long)steps, (long long)skipped_steps,
                          stop ? Py_True : Py_False);
 }
 
 /* eval_epoch(loader, tta_flip=False) -> (loss_sum, correct, count), in eval mode, in C. */
-static PyObject *m_eval_epoch(PyObject *self, PyObject *args) {
+static PyObject *program_eval_epoch(PyObject *self, PyObject *args) {
     PyObject *loader_obj;
     int tta = 0;
     if (!PyArg_ParseTuple(args, "O|p:eval_epoch", &loader_obj, &tta))
         return NULL;
-    ft_loader *l = ft_loader_begin(loader_obj);
+    ft_loader *l = ft_py_loader_begin(loader_obj);
     if (!l)
         return NULL;
     ft_program *prog = entered(self);
@@ -677,21 +676,21 @@ static PyObject *m_eval_epoch(PyObject *self, PyObject *args) {
             break;
     }
     PyEval_RestoreThread(ts);
-    int closed = ft_loader_end(loader_obj) < 0;
+    int closed = ft_py_loader_end(loader_obj) < 0;
     Py_DECREF(loader_obj);
     if (stop || closed)
         return NULL;
-    return s == FT_OK ? Py_BuildValue("(dLL)", loss, (long long)correct, (long long)count) : ft_raise(s);
+    return s == FT_OK ? Py_BuildValue("(dLL)", loss, (long long)correct, (long long)count) : ft_py_raise(s);
 }
 
-static PyObject *m_get_dropout_state(PyObject *self, PyObject *unused) {
+static PyObject *program_get_dropout_state(PyObject *self, PyObject *unused) {
     (void)unused;
     uint64_t seed, offset;
     ft_program_dropout_state(((program_object *)self)->prog, &seed, &offset);
     return Py_BuildValue("(KK)", (unsigned long long)seed, (unsigned long long)offset);
 }
 
-static PyObject *m_set_dropout_state(PyObject *self, PyObject *args) {
+static PyObject *program_set_dropout_state(PyObject *self, PyObject *args) {
     unsigned long long seed, offset;
     if (!PyArg_ParseTuple(args, "KK:set_dropout_state", &seed, &offset))
         return NULL;
@@ -699,7 +698,7 @@ static PyObject *m_set_dropout_state(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyObject *m_memory(PyObject *self, PyObject *unused) {
+static PyObject *program_memory(PyObject *self, PyObject *unused) {
     (void)unused;
     int64_t train, eval, copy;
     ft_program_memory(((program_object *)self)->prog, &train, &eval, &copy);
@@ -738,31 +737,32 @@ static PyObject *node_seconds(const ft_program *prog, int i) {
     return Py_BuildValue("(dd)", sec[2 * i], sec[2 * i + 1]);
 }
 
-static PyObject *m_node_bytes(PyObject *self, PyObject *unused) { return per_node(self, node_bytes); }
+static PyObject *program_node_bytes(PyObject *self, PyObject *unused) { return per_node(self, node_bytes); }
 
-static PyObject *m_node_dtypes(PyObject *self, PyObject *unused) { return per_node(self, node_dtype); }
+static PyObject *program_node_dtypes(PyObject *self, PyObject *unused) { return per_node(self, node_dtype); }
 
-static PyObject *m_profile(PyObject *self, PyObject *unused) { return per_node(self, node_seconds); }
+static PyObject *program_profile(PyObject *self, PyObject *unused) { return per_node(self, node_seconds); }
 
 static PyMethodDef program_methods[] = {
-    {"profile", m_profile, METH_NOARGS, "[(forward seconds, backward seconds)] per node since creation"},
-    {"node_dtypes", m_node_dtypes, METH_NOARGS, "node_dtypes() -> [each node's output dtype name]"},
-    {"train_step", (PyCFunction)(void (*)(void))m_train_step, METH_VARARGS | METH_KEYWORDS,
+    {"profile", program_profile, METH_NOARGS, "[(forward seconds, backward seconds)] per node since creation"},
+    {"node_dtypes", program_node_dtypes, METH_NOARGS, "node_dtypes() -> [each node's output dtype name]"},
+    {"train_step", (PyCFunction)(void (*)(void))program_train_step, METH_VARARGS | METH_KEYWORDS,
      "train_step(x, y, optimizer, clip_grad_norm=None, nan_policy='raise') -> (loss, skipped)"},
-    {"forward", m_forward, METH_O, "forward(x) -> logits, in eval mode"},
-    {"backward", m_backward, METH_VARARGS,
+    {"forward", program_forward, METH_O, "forward(x) -> logits, in eval mode"},
+    {"backward", program_backward, METH_VARARGS,
      "backward(x, y, accumulate=False) -> loss; the gradients written (or added to), without an update"},
-    {"evaluate", m_evaluate, METH_VARARGS, "evaluate(x, y) -> (summed loss, correct predictions)"},
-    {"memory", m_memory, METH_NOARGS,
+    {"evaluate", program_evaluate, METH_VARARGS, "evaluate(x, y) -> (summed loss, correct predictions)"},
+    {"memory", program_memory, METH_NOARGS,
      "(training arena bytes, evaluation arena bytes, low-precision weight copy bytes)"},
-    {"node_bytes", m_node_bytes, METH_NOARGS,
+    {"node_bytes", program_node_bytes, METH_NOARGS,
      "node_bytes() -> [(output, saved, gradient) bytes of each node in the training arena]"},
-    {"get_dropout_state", m_get_dropout_state, METH_NOARGS, "(seed, offset) of the next dropout mask"},
-    {"set_dropout_state", m_set_dropout_state, METH_VARARGS, "set_dropout_state(seed, offset)"},
-    {"fit_epoch", (PyCFunction)(void (*)(void))m_fit_epoch, METH_VARARGS | METH_KEYWORDS,
+    {"get_dropout_state", program_get_dropout_state, METH_NOARGS, "(seed, offset) of the next dropout mask"},
+    {"set_dropout_state", program_set_dropout_state, METH_VARARGS, "set_dropout_state(seed, offset)"},
+    {"fit_epoch", (PyCFunction)(void (*)(void))program_fit_epoch, METH_VARARGS | METH_KEYWORDS,
      "fit_epoch(loader, optimizer, schedule=None, callback=None, interval=0.25, clip_grad_norm=None, "
      "nan_policy='raise') -> (loss_sum, samples, steps, skipped, stopped)"},
-    {"eval_epoch", m_eval_epoch, METH_VARARGS, "eval_epoch(loader, tta_flip=False) -> (loss_sum, correct, count)"},
+    {"eval_epoch", program_eval_epoch, METH_VARARGS,
+     "eval_epoch(loader, tta_flip=False) -> (loss_sum, correct, count)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -783,22 +783,6 @@ static PyType_Spec program_spec = {
     .slots = program_slots,
 };
 
-/* {name: code} of `n` names, for module attribute `attr`: the Python side
- * reads the C enums from here instead of mirroring them. */
-static int add_codes(PyObject *module, const char *attr, int n, const char *(*name_of)(int)) {
-    PyObject *d = PyDict_New();
-    for (int k = 0; d && k < n; k++) {
-        PyObject *code = PyLong_FromLong(k);
-        int r = code ? PyDict_SetItemString(d, name_of(k), code) : -1;
-        Py_XDECREF(code);
-        if (r < 0)
-            Py_CLEAR(d);
-    }
-    int r = d ? PyModule_AddObjectRef(module, attr, d) : -1;
-    Py_XDECREF(d);
-    return r;
-}
-
 static const char *node_kind_name(int k) { return ft_node_kinds[k].name; }
 
 static const char *act_name(int k) { return ft_act_name((ft_act_kind)k); }
@@ -810,17 +794,10 @@ static const char *reduction_name(int k) {
     return names[k];
 }
 
-int ft_bind_nn(PyObject *module) {
-    PyObject *type = PyType_FromModuleAndSpec(module, &program_spec, NULL);
-    if (!type)
+int ft_py_bind_nn(PyObject *module) {
+    if (ft_py_add_type(module, &program_spec) < 0 ||
+        ft_py_add_enum(module, "NODE_KINDS", FT_NODE_NKINDS, node_kind_name) < 0 ||
+        ft_py_add_enum(module, "ACTIVATIONS", FT_NUM_ACTS, act_name) < 0)
         return -1;
-    int r = PyModule_AddObjectRef(module, "Program", type);
-    Py_DECREF(type);
-    if (r == 0)
-        r = add_codes(module, "NODE_KINDS", FT_NODE_NKINDS, node_kind_name);
-    if (r == 0)
-        r = add_codes(module, "ACTIVATIONS", FT_NUM_ACTS, act_name);
-    if (r == 0)
-        r = add_codes(module, "REDUCTIONS", FT_NODE_REDUCE_BATCHMEAN + 1, reduction_name);
-    return r;
+    return ft_py_add_enum(module, "REDUCTIONS", FT_NODE_REDUCE_BATCHMEAN + 1, reduction_name);
 }

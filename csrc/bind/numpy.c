@@ -21,7 +21,7 @@ static int npy_type_of(ft_dtype dt) {
     }
 }
 
-int ft_dtype_of_descr(PyArray_Descr *d, ft_dtype *out) {
+int ft_py_dtype_of_descr(PyArray_Descr *d, ft_dtype *out) {
     int code;
     switch (d->kind) {
     case 'b': code = FT_DL_BOOL; break;
@@ -42,19 +42,28 @@ int ft_dtype_of_descr(PyArray_Descr *d, ft_dtype *out) {
     return 0;
 }
 
-PyObject *ft_from_numpy(ft_module_state *st, PyObject *obj) {
+/* Storage release for memory borrowed from an array: drops the reference
+ * under the GIL, from whichever thread releases the storage. */
+static void release_array(void *owner) {
+    PyGILState_STATE gil = PyGILState_Ensure();
+    Py_DECREF((PyObject *)owner);
+    PyGILState_Release(gil);
+}
+
+PyObject *ft_py_from_numpy(ft_module_state *st, PyObject *obj) {
     if (!PyArray_Check(obj))
         return PyErr_Format(PyExc_TypeError, "expected np.ndarray (got %.100s)", Py_TYPE(obj)->tp_name);
     PyArrayObject *arr = (PyArrayObject *)obj;
     ft_dtype dtype;
-    if (ft_dtype_of_descr(PyArray_DESCR(arr), &dtype) < 0)
+    if (ft_py_dtype_of_descr(PyArray_DESCR(arr), &dtype) < 0)
         return NULL;
     if (!PyArray_ISNOTSWAPPED(arr))
         return PyErr_Format(PyExc_ValueError, "the array has non-native byte order; convert it first with "
                                               "a.astype(a.dtype.newbyteorder('='))");
     int ndim = PyArray_NDIM(arr);
     if (ndim > FT_MAX_DIMS)
-        return PyErr_Format(PyExc_ValueError, "a tensor has at most %d dimensions, the array has %d", FT_MAX_DIMS, ndim);
+        return PyErr_Format(PyExc_ValueError, "a tensor has at most %d dimensions, the array has %d", FT_MAX_DIMS,
+                            ndim);
     npy_intp itemsize = PyArray_ITEMSIZE(arr);
     int64_t shape[FT_MAX_DIMS], strides[FT_MAX_DIMS];
     for (int i = 0; i < ndim; i++) {
@@ -69,11 +78,11 @@ PyObject *ft_from_numpy(ft_module_state *st, PyObject *obj) {
     }
     ft_tensor t;
     ft_status s = ft_tensor_borrow(&t, PyArray_DATA(arr), ndim, shape, strides, dtype, FT_CPU,
-                                   !PyArray_ISWRITEABLE(arr), ft_release_pyobject, obj);
+                                   !PyArray_ISWRITEABLE(arr), release_array, obj);
     if (s != FT_OK)
-        return ft_raise(s);
+        return ft_py_raise(s);
     Py_INCREF(obj); /* now owned by the storage */
-    return ft_wrap(st, &t);
+    return ft_py_wrap(st, &t);
 }
 
 static void storage_capsule_release(PyObject *capsule) {
@@ -97,7 +106,7 @@ static PyObject *holding_storage(PyObject *arr, ft_storage *s) {
     return arr;
 }
 
-PyObject *ft_to_numpy(ft_tensor *t) {
+PyObject *ft_py_to_numpy(ft_tensor *t) {
     if (t->storage->device.type == FT_DEV_CUDA)
         return PyErr_Format(PyExc_TypeError, "can't convert a cuda tensor to numpy: copy it to the host first "
                                              "with .cpu()");
@@ -117,7 +126,7 @@ PyObject *ft_to_numpy(ft_tensor *t) {
     return holding_storage(arr, t->storage);
 }
 
-PyObject *ft_storage_bytes(ft_storage *s) {
+PyObject *ft_py_storage_bytes(ft_storage *s) {
     npy_intp n = (npy_intp)s->nbytes;
     PyObject *arr = PyArray_New(&PyArray_Type, 1, &n, NPY_UINT8, NULL, s->data, 1,
                                 s->readonly ? 0 : NPY_ARRAY_WRITEABLE, NULL);

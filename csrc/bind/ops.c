@@ -22,7 +22,7 @@
  *     a tuple in C order (None for an output passed as False).
  *  4. The GIL is released around the C call when the op touches
  *     FT_GIL_FREE_BYTES or more. A failed C call raises the exception of its
- *     status (bind/module.c: ft_raise) with the C message, which names the op,
+ *     status (bind/module.c: ft_py_raise) with the C message, which names the op,
  *     the argument, and the expected and actual shapes.
  *
  * The helpers below (out_arg, parse_in, parse_out, alloc_out, finish, the
@@ -49,8 +49,6 @@
 
 /* ======================= shared helpers ======================= */
 
-static ft_module_state *mstate(PyObject *module) { return PyModule_GetState(module); }
-
 /* An output argument: what the caller passed and, once resolved, the tensor. */
 typedef struct {
     const char *name;
@@ -66,7 +64,7 @@ static int parse_in(ft_module_state *st, PyObject *obj, const char *name, bool o
         *out = NULL;
         return 0;
     }
-    *out = ft_unwrap(st, obj, name);
+    *out = ft_py_unwrap(st, obj, name);
     return *out ? 0 : -1;
 }
 
@@ -83,7 +81,7 @@ static int parse_out(ft_module_state *st, PyObject *obj, const char *name, bool 
         o->skip = true;
         return 0;
     }
-    o->t = ft_unwrap(st, obj, name);
+    o->t = ft_py_unwrap(st, obj, name);
     if (!o->t)
         return -1;
     o->obj = obj;
@@ -120,10 +118,10 @@ static int alloc_layout(ft_module_state *st, out_arg *o, const ft_tensor *ref, b
     ft_status s = ref && follow && ref->ndim == ndim ? ft_tensor_empty_like(&t, ref, ndim, shape, dtype, dev)
                                                     : ft_tensor_empty(&t, ndim, shape, dtype, dev, false);
     if (s != FT_OK) {
-        ft_raise(s);
+        ft_py_raise(s);
         return -1;
     }
-    o->obj = ft_wrap(st, &t);
+    o->obj = ft_py_wrap(st, &t);
     if (!o->obj)
         return -1;
     o->owned = true;
@@ -159,7 +157,7 @@ static void drop_outs(out_arg *o, int n) {
 static PyObject *finish(ft_status s, out_arg *o, int n) {
     if (s != FT_OK) {
         drop_outs(o, n);
-        return ft_raise(s);
+        return ft_py_raise(s);
     }
     if (n == 1)
         return o[0].skip ? Py_NewRef(Py_None) : o[0].owned ? o[0].obj : Py_NewRef(o[0].obj);
@@ -241,7 +239,7 @@ static int parse_pair(PyObject *obj, const char *name, const int64_t *dflt, int6
     }
     int64_t shape[FT_MAX_DIMS];
     int n;
-    if (PyBool_Check(obj) || ft_parse_shape(obj, shape, &n) < 0) {
+    if (PyBool_Check(obj) || ft_py_parse_shape(obj, shape, &n) < 0) {
         if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_TypeError)) {
             PyErr_Clear();
             PyErr_Format(PyExc_TypeError, "%s must be an int or a pair of ints, got %R", name, obj);
@@ -261,7 +259,7 @@ static int parse_pair(PyObject *obj, const char *name, const int64_t *dflt, int6
 
 /* A shape argument (int or sequence of ints). */
 static int parse_shape_arg(PyObject *obj, const char *name, int64_t *shape, int *ndim) {
-    if (ft_parse_shape(obj, shape, ndim) < 0) {
+    if (ft_py_parse_shape(obj, shape, ndim) < 0) {
         if (PyErr_ExceptionMatches(PyExc_TypeError)) {
             PyErr_Clear();
             PyErr_Format(PyExc_TypeError, "%s must be a sequence of ints, got %R", name, obj);
@@ -282,7 +280,7 @@ static PyObject *py_activation_forward(PyObject *m, PyObject *args, PyObject *kw
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|d:activation_forward", KW("out", "inp", "act", "alpha"), &o_out,
                                      &o_inp, &o_act, &alpha))
         return NULL;
-    ft_module_state *st = mstate(m);
+    ft_module_state *st = ft_py_state(m);
     const ft_tensor *inp;
     out_arg out;
     ft_act act;
@@ -302,7 +300,7 @@ static PyObject *py_activation_backward(PyObject *m, PyObject *args, PyObject *k
                                      KW("dinp", "dout", "inp", "out", "act", "alpha", "accumulate"), &o_dinp, &o_dout,
                                      &o_inp, &o_out, &o_act, &alpha, &accumulate))
         return NULL;
-    ft_module_state *st = mstate(m);
+    ft_module_state *st = ft_py_state(m);
     const ft_tensor *dout, *inp, *out;
     out_arg dinp;
     ft_act act;
@@ -323,7 +321,7 @@ static PyObject *py_add_forward(PyObject *m, PyObject *args, PyObject *kw) {
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|Od:add_forward", KW("out", "a", "b", "act", "alpha"), &o_out,
                                      &o_a, &o_b, &o_act, &alpha))
         return NULL;
-    ft_module_state *st = mstate(m);
+    ft_module_state *st = ft_py_state(m);
     const ft_tensor *a, *b;
     out_arg out;
     ft_act act;
@@ -345,7 +343,7 @@ static PyObject *py_add_backward(PyObject *m, PyObject *args, PyObject *kw) {
                                         "accumulate_b"),
                                      &o_da, &o_db, &o_dout, &o_a, &o_b, &o_out, &o_act, &alpha, &acc_a, &acc_b))
         return NULL;
-    ft_module_state *st = mstate(m);
+    ft_module_state *st = ft_py_state(m);
     const ft_tensor *dout, *a, *b, *out;
     out_arg d[2];
     ft_act act;
@@ -367,7 +365,7 @@ static PyObject *py_mul_forward(PyObject *m, PyObject *args, PyObject *kw) {
     PyObject *o_out, *o_a, *o_b;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO:mul_forward", KW("out", "a", "b"), &o_out, &o_a, &o_b))
         return NULL;
-    ft_module_state *st = mstate(m);
+    ft_module_state *st = ft_py_state(m);
     const ft_tensor *a, *b;
     out_arg out;
     if (parse_in(st, o_a, "a", false, &a) < 0 || parse_in(st, o_b, "b", false, &b) < 0 ||
@@ -385,7 +383,7 @@ static PyObject *py_mul_backward(PyObject *m, PyObject *args, PyObject *kw) {
                                      KW("da", "db", "dout", "a", "b", "accumulate_a", "accumulate_b"), &o_da, &o_db,
                                      &o_dout, &o_a, &o_b, &acc_a, &acc_b))
         return NULL;
-    ft_module_state *st = mstate(m);
+    ft_module_state *st = ft_py_state(m);
     const ft_tensor *dout, *a, *b;
     out_arg d[2];
     if (parse_in(st, o_dout, "dout", false, &dout) < 0 || parse_in(st, o_a, "a", true, &a) < 0 ||
@@ -410,7 +408,7 @@ static PyObject *py_concat_forward(PyObject *m, PyObject *args, PyObject *kw) {
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|i:concat_forward", KW("out", "inputs", "dim"), &o_out, &o_inps,
                                      &dim))
         return NULL;
-    ft_module_state *st = mstate(m);
+    ft_module_state *st = ft_py_state(m);
     PyObject *seq = PySequence_Fast(o_inps, "concat_forward: inputs must be a sequence of tensors");
     if (!seq)
         return NULL;
@@ -464,7 +462,7 @@ static PyObject *py_concat_backward(PyObject *m, PyObject *args, PyObject *kw) {
                                      KW("grads", "dout", "sizes", "dim", "accumulate"), &o_grads, &o_dout, &o_sizes,
                                      &dim, &accumulate))
         return NULL;
-    ft_module_state *st = mstate(m);
+    ft_module_state *st = ft_py_state(m);
     const ft_tensor *dout;
     int64_t sizes[1024];
     int n;
@@ -533,7 +531,7 @@ static PyObject *py_concat_backward(PyObject *m, PyObject *args, PyObject *kw) {
     ft_status s;
     CALL(s, big(dout), ft_concat_backward(gt, sizes, n, dout, dim, accumulate));
     if (s != FT_OK) {
-        ft_raise(s);
+        ft_py_raise(s);
         goto done;
     }
     result = PyList_New(n);
@@ -566,7 +564,7 @@ static PyObject *py_dropout_forward(PyObject *m, PyObject *args, PyObject *kw) {
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OOdOO:dropout_forward", KW("out", "inp", "p", "seed", "offset"),
                                      &o_out, &o_inp, &p, &o_seed, &o_offset))
         return NULL;
-    ft_module_state *st = mstate(m);
+    ft_module_state *st = ft_py_state(m);
     const ft_tensor *inp;
     out_arg out;
     ft_dropout_params dp;
@@ -586,7 +584,7 @@ static PyObject *py_dropout_backward(PyObject *m, PyObject *args, PyObject *kw) 
                                      KW("dinp", "dout", "p", "seed", "offset", "accumulate"), &o_dinp, &o_dout, &p,
                                      &o_seed, &o_offset, &accumulate))
         return NULL;
-    ft_module_state *st = mstate(m);
+    ft_module_state *st = ft_py_state(m);
     const ft_tensor *dout;
     out_arg dinp;
     ft_dropout_params dp;
@@ -660,7 +658,7 @@ static PyObject *py_max_pool2d_forward(PyObject *m, PyObject *args, PyObject *kw
                                         "ceil_mode"),
                                      &o_out, &o_ind, &o_inp, &kernel, &stride, &padding, &dilation, &ceil_mode))
         return NULL;
-    ft_module_state *st = mstate(m);
+    ft_module_state *st = ft_py_state(m);
     const ft_tensor *inp;
     out_arg o[2];
     ft_pool2d_params p;
@@ -672,7 +670,7 @@ static PyObject *py_max_pool2d_forward(PyObject *m, PyObject *args, PyObject *kw
         int64_t shape[4] = {inp->shape[0], inp->shape[1], 0, 0};
         ft_status s = ft_pool2d_out_size(&shape[2], &shape[3], inp->shape[2], inp->shape[3], &p, "max_pool2d");
         if (s != FT_OK)
-            return ft_raise(s);
+            return ft_py_raise(s);
         if (alloc_out(st, &o[0], inp, 4, shape, inp->dtype) < 0 || alloc_out(st, &o[1], inp, 4, shape, FT_INT64) < 0) {
             drop_outs(o, 2);
             return NULL;
@@ -700,7 +698,7 @@ static PyObject *max_pool_backward(PyObject *m, PyObject *args, PyObject *kw, co
     if (!PyArg_ParseTupleAndKeywords(args, kw, format, KW("dinp", "dout", "indices", "input_size", "accumulate"),
                                      &o_dinp, &o_dout, &o_ind, &o_size, &accumulate))
         return NULL;
-    ft_module_state *st = mstate(m);
+    ft_module_state *st = ft_py_state(m);
     const ft_tensor *dout, *ind;
     out_arg dinp;
     int64_t shape[4];
@@ -727,7 +725,7 @@ static PyObject *py_avg_pool2d_forward(PyObject *m, PyObject *args, PyObject *kw
                                         "count_include_pad", "divisor_override"),
                                      &o_out, &o_inp, &kernel, &stride, &padding, &ceil_mode, &cip, &divisor))
         return NULL;
-    ft_module_state *st = mstate(m);
+    ft_module_state *st = ft_py_state(m);
     const ft_tensor *inp;
     out_arg out;
     ft_pool2d_params p;
@@ -741,7 +739,7 @@ static PyObject *py_avg_pool2d_forward(PyObject *m, PyObject *args, PyObject *kw
         int64_t shape[4] = {inp->shape[0], inp->shape[1], 0, 0};
         ft_status s = ft_pool2d_out_size(&shape[2], &shape[3], inp->shape[2], inp->shape[3], &p, "avg_pool2d");
         if (s != FT_OK)
-            return ft_raise(s);
+            return ft_py_raise(s);
         if (alloc_out(st, &out, inp, 4, shape, inp->dtype) < 0)
             return NULL;
     }
@@ -759,7 +757,7 @@ static PyObject *py_avg_pool2d_backward(PyObject *m, PyObject *args, PyObject *k
                                      &o_dinp, &o_dout, &o_size, &kernel, &stride, &padding, &ceil_mode, &cip,
                                      &divisor, &accumulate))
         return NULL;
-    ft_module_state *st = mstate(m);
+    ft_module_state *st = ft_py_state(m);
     const ft_tensor *dout;
     out_arg dinp;
     ft_pool2d_params p;
@@ -802,7 +800,7 @@ static PyObject *py_adaptive_avg_pool2d_forward(PyObject *m, PyObject *args, PyO
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|O:adaptive_avg_pool2d_forward", KW("out", "inp", "output_size"),
                                      &o_out, &o_inp, &o_size))
         return NULL;
-    ft_module_state *st = mstate(m);
+    ft_module_state *st = ft_py_state(m);
     const ft_tensor *inp;
     out_arg out;
     int64_t shape[4];
@@ -823,7 +821,7 @@ static PyObject *py_adaptive_avg_pool2d_backward(PyObject *m, PyObject *args, Py
                                      KW("dinp", "dout", "input_size", "accumulate"), &o_dinp, &o_dout, &o_size,
                                      &accumulate))
         return NULL;
-    ft_module_state *st = mstate(m);
+    ft_module_state *st = ft_py_state(m);
     const ft_tensor *dout;
     out_arg dinp;
     int64_t shape[4];
@@ -842,7 +840,7 @@ static PyObject *py_adaptive_max_pool2d_forward(PyObject *m, PyObject *args, PyO
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|O:adaptive_max_pool2d_forward",
                                      KW("out", "indices", "inp", "output_size"), &o_out, &o_ind, &o_inp, &o_size))
         return NULL;
-    ft_module_state *st = mstate(m);
+    ft_module_state *st = ft_py_state(m);
     const ft_tensor *inp;
     out_arg o[2];
     int64_t shape[4];
@@ -878,7 +876,7 @@ static PyObject *softmax_fwd(PyObject *m, PyObject *args, PyObject *kw, bool log
     if (!PyArg_ParseTupleAndKeywords(args, kw, log ? "OOi:log_softmax_forward" : "OOi:softmax_forward",
                                      KW("out", "inp", "dim"), &o_out, &o_inp, &dim))
         return NULL;
-    ft_module_state *st = mstate(m);
+    ft_module_state *st = ft_py_state(m);
     const ft_tensor *inp;
     out_arg out;
     if (parse_in(st, o_inp, "inp", false, &inp) < 0 || parse_out(st, o_out, "out", false, &out) < 0 ||
@@ -896,7 +894,7 @@ static PyObject *softmax_bwd(PyObject *m, PyObject *args, PyObject *kw, bool log
                                      KW("dinp", "dout", "out", "dim", "accumulate"), &o_dinp, &o_dout, &o_out, &dim,
                                      &accumulate))
         return NULL;
-    ft_module_state *st = mstate(m);
+    ft_module_state *st = ft_py_state(m);
     const ft_tensor *dout, *out;
     out_arg dinp;
     if (parse_in(st, o_dout, "dout", false, &dout) < 0 || parse_in(st, o_out, "out", false, &out) < 0 ||
@@ -941,7 +939,7 @@ static PyObject *py_cross_entropy_forward(PyObject *m, PyObject *args, PyObject 
                                      &o_loss, &o_dlogits, &o_logits, &o_target, &o_weight, &o_red, &ignore_index,
                                      &smoothing))
         return NULL;
-    ft_module_state *st = mstate(m);
+    ft_module_state *st = ft_py_state(m);
     const ft_tensor *logits, *target, *weight;
     out_arg o[2];
     ft_cross_entropy_params p;
@@ -974,7 +972,7 @@ static PyObject *py_cross_entropy_backward(PyObject *m, PyObject *args, PyObject
                                      &o_dlogits, &o_dloss, &o_logits, &o_target, &o_weight, &o_red, &ignore_index,
                                      &smoothing, &accumulate))
         return NULL;
-    ft_module_state *st = mstate(m);
+    ft_module_state *st = ft_py_state(m);
     const ft_tensor *dloss, *logits, *target, *weight;
     out_arg dlogits;
     ft_cross_entropy_params p;
@@ -998,7 +996,7 @@ static PyObject *py_mse_loss_forward(PyObject *m, PyObject *args, PyObject *kw) 
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|O:mse_loss_forward", KW("loss", "inp", "target", "reduction"),
                                      &o_loss, &o_inp, &o_target, &o_red))
         return NULL;
-    ft_module_state *st = mstate(m);
+    ft_module_state *st = ft_py_state(m);
     const ft_tensor *inp, *target;
     out_arg loss;
     ft_reduction r = FT_REDUCTION_MEAN;
@@ -1019,7 +1017,7 @@ static PyObject *py_mse_loss_backward(PyObject *m, PyObject *args, PyObject *kw)
                                         "accumulate_target"),
                                      &o_dinp, &o_dtarget, &o_dloss, &o_inp, &o_target, &o_red, &acc_inp, &acc_target))
         return NULL;
-    ft_module_state *st = mstate(m);
+    ft_module_state *st = ft_py_state(m);
     const ft_tensor *dloss, *inp, *target;
     out_arg d[2];
     ft_reduction r = FT_REDUCTION_MEAN;
@@ -1064,7 +1062,7 @@ static PyObject *py_conv2d_forward(PyObject *m, PyObject *args, PyObject *kw) {
                                      &o_out, &o_inp, &o_w, &o_b, &o_stride, &o_pad, &o_dil, &groups, &o_act, &alpha,
                                      &sum))
         return NULL;
-    ft_module_state *st = mstate(m);
+    ft_module_state *st = ft_py_state(m);
     const ft_tensor *inp, *w, *b;
     out_arg out;
     ft_conv2d_params p;
@@ -1079,7 +1077,7 @@ static PyObject *py_conv2d_forward(PyObject *m, PyObject *args, PyObject *kw) {
                           ? ft_conv2d_out_size(&P, &Q, inp->shape[2], inp->shape[3], w->shape[2], w->shape[3], &p)
                           : ft_fail(FT_ERR_SHAPE, "conv2d: input and weight must be 4-d");
         if (s != FT_OK)
-            return ft_raise(s);
+            return ft_py_raise(s);
         if (alloc_out(st, &out, inp, 4, (int64_t[]){inp->shape[0], w->shape[0], P, Q}, inp->dtype) < 0)
             return NULL;
     }
@@ -1098,7 +1096,7 @@ static PyObject *py_conv2d_backward(PyObject *m, PyObject *args, PyObject *kw) {
                                      &o_dinp, &o_dw, &o_db, &o_dout, &o_inp, &o_w, &o_stride, &o_pad, &o_dil, &groups,
                                      &accumulate))
         return NULL;
-    ft_module_state *st = mstate(m);
+    ft_module_state *st = ft_py_state(m);
     const ft_tensor *dout, *inp, *w;
     out_arg o[3] = {{0}};
     ft_conv2d_params p;
@@ -1127,7 +1125,7 @@ static PyObject *py_linear_forward(PyObject *m, PyObject *args, PyObject *kw) {
                                      KW("out", "inp", "weight", "bias", "act", "alpha"), &o_out, &o_inp, &o_w, &o_b,
                                      &o_act, &alpha))
         return NULL;
-    ft_module_state *st = mstate(m);
+    ft_module_state *st = ft_py_state(m);
     const ft_tensor *inp, *w, *b;
     out_arg out;
     ft_act act;
@@ -1151,7 +1149,7 @@ static PyObject *py_linear_backward(PyObject *m, PyObject *args, PyObject *kw) {
                                      KW("dinp", "dweight", "dbias", "dout", "inp", "weight", "accumulate"), &o_dinp,
                                      &o_dw, &o_db, &o_dout, &o_inp, &o_w, &accumulate))
         return NULL;
-    ft_module_state *st = mstate(m);
+    ft_module_state *st = ft_py_state(m);
     const ft_tensor *dout, *inp, *w;
     out_arg o[3] = {{0}};
     if (parse_in(st, o_dout, "dout", false, &dout) < 0 || parse_in(st, o_inp, "inp", false, &inp) < 0 ||
@@ -1187,7 +1185,7 @@ static PyObject *py_batch_norm_forward(PyObject *m, PyObject *args, PyObject *kw
                                      &p.momentum, &p.eps, &o_act, &alpha))
         return NULL;
     p.training = training;
-    ft_module_state *st = mstate(m);
+    ft_module_state *st = ft_py_state(m);
     const ft_tensor *inp, *w, *b, *rm, *rv;
     out_arg o[3] = {{0}};
     if (parse_act(o_act, alpha, &p.act) < 0 || parse_in(st, o_inp, "inp", false, &inp) < 0 ||
@@ -1220,7 +1218,7 @@ static PyObject *py_batch_norm_backward(PyObject *m, PyObject *args, PyObject *k
                                      &training, &o_act, &alpha, &accumulate))
         return NULL;
     p.training = training;
-    ft_module_state *st = mstate(m);
+    ft_module_state *st = ft_py_state(m);
     const ft_tensor *dout, *inp, *out, *w, *mean, *invstd;
     out_arg o[3] = {{0}};
     if (parse_act(o_act, alpha, &p.act) < 0 || parse_in(st, o_dout, "dout", false, &dout) < 0 ||
@@ -1241,7 +1239,8 @@ static PyObject *py_batch_norm_backward(PyObject *m, PyObject *args, PyObject *k
         return NULL;
     }
     ft_status s;
-    CALL(s, big(inp), ft_batchnorm_backward(o[0].t, o[1].t, o[2].t, dout, inp, out, w, mean, invstd, &p, ALL_ACC(accumulate)));
+    CALL(s, big(inp),
+         ft_batchnorm_backward(o[0].t, o[1].t, o[2].t, dout, inp, out, w, mean, invstd, &p, ALL_ACC(accumulate)));
     return finish(s, o, 3);
 }
 
@@ -1264,7 +1263,7 @@ static PyObject *py_layer_norm_forward(PyObject *m, PyObject *args, PyObject *kw
                                         "eps"),
                                      &o_out, &o_mean, &o_rstd, &o_inp, &o_w, &o_b, &o_shape, &eps))
         return NULL;
-    ft_module_state *st = mstate(m);
+    ft_module_state *st = ft_py_state(m);
     const ft_tensor *inp, *w, *b;
     out_arg o[3] = {{0}};
     int64_t D;
@@ -1293,7 +1292,7 @@ static PyObject *py_layer_norm_backward(PyObject *m, PyObject *args, PyObject *k
                                      &o_dinp, &o_dw, &o_db, &o_dout, &o_inp, &o_w, &o_mean, &o_rstd, &o_shape,
                                      &accumulate))
         return NULL;
-    ft_module_state *st = mstate(m);
+    ft_module_state *st = ft_py_state(m);
     const ft_tensor *dout, *inp, *w, *mean, *rstd;
     out_arg o[3] = {{0}};
     int64_t D;
@@ -1328,7 +1327,7 @@ static PyObject *py_group_norm_forward(PyObject *m, PyObject *args, PyObject *kw
                                         "eps"),
                                      &o_out, &o_mean, &o_rstd, &o_inp, &o_w, &o_b, &groups, &eps))
         return NULL;
-    ft_module_state *st = mstate(m);
+    ft_module_state *st = ft_py_state(m);
     const ft_tensor *inp, *w, *b;
     out_arg o[3] = {{0}};
     if (parse_in(st, o_inp, "inp", false, &inp) < 0 || parse_in(st, o_w, "weight", true, &w) < 0 ||
@@ -1357,7 +1356,7 @@ static PyObject *py_group_norm_backward(PyObject *m, PyObject *args, PyObject *k
                                      &o_dinp, &o_dw, &o_db, &o_dout, &o_inp, &o_mean, &o_rstd, &o_w, &groups,
                                      &accumulate))
         return NULL;
-    ft_module_state *st = mstate(m);
+    ft_module_state *st = ft_py_state(m);
     const ft_tensor *dout, *inp, *w, *mean, *rstd;
     out_arg o[3] = {{0}};
     if (parse_in(st, o_dout, "dout", false, &dout) < 0 || parse_in(st, o_inp, "inp", false, &inp) < 0 ||
@@ -1400,7 +1399,7 @@ static PyObject *py_embedding_forward(PyObject *m, PyObject *args, PyObject *kw)
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|O:embedding_forward", KW("out", "ids", "weight", "padding_idx"),
                                      &o_out, &o_ids, &o_w, &o_pad))
         return NULL;
-    ft_module_state *st = mstate(m);
+    ft_module_state *st = ft_py_state(m);
     const ft_tensor *ids, *w;
     out_arg out;
     int64_t pad;
@@ -1409,7 +1408,7 @@ static PyObject *py_embedding_forward(PyObject *m, PyObject *args, PyObject *kw)
         return NULL;
     ft_status s = ft_check_ndim("embedding", "weight", w, 2, "(V, D)");
     if (s != FT_OK)
-        return ft_raise(s);
+        return ft_py_raise(s);
     if (parse_padding(o_pad, w->shape[0], "embedding", &pad) < 0)
         return NULL;
     if (needs_alloc(&out)) {
@@ -1433,7 +1432,7 @@ static PyObject *py_embedding_backward(PyObject *m, PyObject *args, PyObject *kw
                                      KW("dweight", "dout", "ids", "num_weights", "padding_idx", "accumulate"),
                                      &o_dw, &o_dout, &o_ids, &o_num, &o_pad, &accumulate))
         return NULL;
-    ft_module_state *st = mstate(m);
+    ft_module_state *st = ft_py_state(m);
     const ft_tensor *dout, *ids;
     out_arg dw;
     int64_t pad;
@@ -1477,7 +1476,7 @@ static PyObject *py_upsample_nearest2d_forward(PyObject *m, PyObject *args, PyOb
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO:upsample_nearest2d_forward", KW("out", "inp", "scale_factor"),
                                      &o_out, &o_inp, &o_scale))
         return NULL;
-    ft_module_state *st = mstate(m);
+    ft_module_state *st = ft_py_state(m);
     const ft_tensor *inp;
     out_arg out;
     int64_t sc[2];
@@ -1487,7 +1486,7 @@ static PyObject *py_upsample_nearest2d_forward(PyObject *m, PyObject *args, PyOb
     ft_status s;
     if (needs_alloc(&out)) {
         if ((s = ft_check_ndim("upsample_nearest2d", "input", inp, 4, "(N, C, H, W)")) != FT_OK)
-            return ft_raise(s);
+            return ft_py_raise(s);
         int64_t shape[4] = {inp->shape[0], inp->shape[1], inp->shape[2] * sc[0], inp->shape[3] * sc[1]};
         if (alloc_out(st, &out, inp, 4, shape, inp->dtype) < 0)
             return NULL;
@@ -1503,7 +1502,7 @@ static PyObject *py_upsample_nearest2d_backward(PyObject *m, PyObject *args, PyO
                                      KW("dinp", "dout", "scale_factor", "accumulate"), &o_dinp, &o_dout, &o_scale,
                                      &accumulate))
         return NULL;
-    ft_module_state *st = mstate(m);
+    ft_module_state *st = ft_py_state(m);
     const ft_tensor *dout;
     out_arg dinp;
     int64_t sc[2];
@@ -1513,7 +1512,7 @@ static PyObject *py_upsample_nearest2d_backward(PyObject *m, PyObject *args, PyO
     ft_status s;
     if (needs_alloc(&dinp)) {
         if ((s = ft_check_ndim("upsample_nearest2d_backward", "grad_output", dout, 4, "(N, C, H, W)")) != FT_OK)
-            return ft_raise(s);
+            return ft_py_raise(s);
         if (dout->shape[2] % sc[0] || dout->shape[3] % sc[1])
             return PyErr_Format(PyExc_ValueError, "upsample_nearest2d_backward: grad_output's size %lld x %lld is "
                                                   "not a multiple of the scale factors (%lld, %lld)",
@@ -1556,7 +1555,7 @@ static PyObject *py_sdpa_forward(PyObject *m, PyObject *args, PyObject *kw) {
                                      KW("out", "lse", "q", "k", "v", "scale", "causal"), &o_out, &o_lse, &o_q, &o_k,
                                      &o_v, &o_scale, &causal))
         return NULL;
-    ft_module_state *st = mstate(m);
+    ft_module_state *st = ft_py_state(m);
     const ft_tensor *q, *k, *v;
     out_arg o[2] = {{0}};
     ft_sdpa_params p;
@@ -1583,7 +1582,7 @@ static PyObject *py_sdpa_backward(PyObject *m, PyObject *args, PyObject *kw) {
                                      &o_dq, &o_dk, &o_dv, &o_dout, &o_q, &o_k, &o_v, &o_out, &o_lse, &o_scale, &causal,
                                      &accumulate))
         return NULL;
-    ft_module_state *st = mstate(m);
+    ft_module_state *st = ft_py_state(m);
     const ft_tensor *dout, *q, *k, *v, *out, *lse;
     out_arg o[3] = {{0}};
     ft_sdpa_params p;
@@ -1689,4 +1688,4 @@ static PyMethodDef ops_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-int ft_bind_ops(PyObject *module) { return PyModule_AddFunctions(module, ops_methods); }
+int ft_py_bind_ops(PyObject *module) { return PyModule_AddFunctions(module, ops_methods); }

@@ -1,5 +1,5 @@
 /* Python bindings of csrc/optim/: the types _C.Optimizer and _C.EMA behind
- * ft.optim (python/fasttrain/optim/), and ft_optimizer_of for C training
+ * ft.optim (python/fasttrain/optim/), and ft_py_optimizer_of for C training
  * steps.
  *
  * Both types keep a reference to every param tensor and to its storage: the
@@ -26,8 +26,6 @@ typedef struct {
     ft_storage **storages;
     bool busy;
 } ema_object;
-
-static ft_module_state *state_of(PyObject *self) { return ft_state_of_type(Py_TYPE(self)); }
 
 /* ---- shared: params ---- */
 
@@ -56,7 +54,7 @@ static int take_params(ft_module_state *st, PyObject *params, const char *what, 
     ft_device device = FT_CPU;
     for (Py_ssize_t i = 0; i < n; i++) {
         snprintf(arg, sizeof arg, "param %zd", i);
-        ft_tensor *t = ft_unwrap(st, PyTuple_GET_ITEM(tuple, i), arg);
+        ft_tensor *t = ft_py_unwrap(st, PyTuple_GET_ITEM(tuple, i), arg);
         ft_status s = FT_OK;
         if (t) {
             if (i == 0)
@@ -70,7 +68,7 @@ static int take_params(ft_module_state *st, PyObject *params, const char *what, 
         }
         if (!t || s != FT_OK) {
             if (t)
-                ft_raise(s);
+                ft_py_raise(s);
             for (Py_ssize_t j = 0; j < i; j++)
                 ft_storage_release(storages[j]);
             PyMem_RawFree(storages);
@@ -110,7 +108,7 @@ static PyObject *wrap_flat(PyObject *self, ft_storage *s) {
     ft_storage_retain(s);
     ft_tensor t = {.storage = s, .dtype = FT_FLOAT32, .ndim = 1,
                    .shape = {(int64_t)(s->nbytes / sizeof(float))}, .strides = {1}};
-    return ft_wrap(state_of(self), &t);
+    return ft_py_wrap(ft_py_state_of_type(Py_TYPE(self)), &t);
 }
 
 static int refuse_busy(bool busy) {
@@ -134,7 +132,7 @@ static int parse_kind(PyObject *obj, ft_optim_kind *out) {
 /* A group given as the tuple (lr, weight_decay, momentum, dampening,
  * nesterov, maximize, beta1, beta2, eps, amsgrad, trust_coefficient,
  * lars_exclude) that ft.optim builds from a param_groups dict. */
-int ft_parse_optim_group(PyObject *obj, ft_optim_group *g) {
+int ft_py_parse_optim_group(PyObject *obj, ft_optim_group *g) {
     if (!PyTuple_Check(obj)) {
         PyErr_Format(PyExc_TypeError, "an optimizer group must be a tuple, not %.100s", Py_TYPE(obj)->tp_name);
         return -1;
@@ -166,7 +164,7 @@ static PyObject *optimizer_new(PyTypeObject *type, PyObject *args, PyObject *kwa
     optimizer_object *self = (optimizer_object *)type->tp_alloc(type, 0);
     if (!self)
         return NULL;
-    ft_module_state *st = ft_state_of_type(type);
+    ft_module_state *st = ft_py_state_of_type(type);
     PyObject *groups = NULL, *group_of = NULL;
     ft_optim_group *g = NULL;
     ft_optim_segment *segs = NULL;
@@ -189,17 +187,18 @@ static PyObject *optimizer_new(PyTypeObject *type, PyObject *args, PyObject *kwa
         goto error;
     }
     for (Py_ssize_t i = 0; i < ng; i++)
-        if (ft_parse_optim_group(PyTuple_GET_ITEM(groups, i), &g[i]) < 0)
+        if (ft_py_parse_optim_group(PyTuple_GET_ITEM(groups, i), &g[i]) < 0)
             goto error;
     for (Py_ssize_t i = 0; i < ns; i++) {
-        int group = PyLong_Check(PyTuple_GET_ITEM(group_of, i)) ? (int)PyLong_AsLong(PyTuple_GET_ITEM(group_of, i)) : -1;
+        PyObject *item = PyTuple_GET_ITEM(group_of, i);
+        int group = PyLong_Check(item) ? (int)PyLong_AsLong(item) : -1;
         if (PyErr_Occurred())
             goto error;
         segs[i] = (ft_optim_segment){param_data(self->params, i), NULL, param_numel(self->params, i), group};
     }
     ft_status s = ft_optimizer_create(&self->opt, device, kind, (int)ng, g, (int)ns, segs);
     if (s != FT_OK) {
-        ft_raise(s);
+        ft_py_raise(s);
         goto error;
     }
     PyMem_RawFree(g);
@@ -270,7 +269,7 @@ static PyObject *optimizer_step(PyObject *self, PyObject *args) {
         Py_DECREF(grads);
         return PyErr_NoMemory();
     }
-    ft_module_state *st = state_of(self);
+    ft_module_state *st = ft_py_state_of_type(Py_TYPE(self));
     ft_status s = FT_OK;
     char arg[40];
     for (Py_ssize_t i = 0; i < n && s == FT_OK; i++) {
@@ -278,7 +277,7 @@ static PyObject *optimizer_step(PyObject *self, PyObject *args) {
         if (item == Py_None)
             continue;
         snprintf(arg, sizeof arg, "the grad of param %zd", i);
-        const ft_tensor *g = ft_unwrap(st, item, arg);
+        const ft_tensor *g = ft_py_unwrap(st, item, arg);
         if (!g)
             goto error;
         const ft_tensor *p = &((ft_tensor_object *)PyTuple_GET_ITEM(o->params, i))->t;
@@ -292,7 +291,7 @@ static PyObject *optimizer_step(PyObject *self, PyObject *args) {
     if (s == FT_OK)
         s = ft_optimizer_set_grads(o->opt, ptrs);
     if (s != FT_OK) {
-        ft_raise(s);
+        ft_py_raise(s);
         goto error;
     }
     double norm = 0;
@@ -307,7 +306,7 @@ static PyObject *optimizer_step(PyObject *self, PyObject *args) {
     PyMem_RawFree(ptrs);
     Py_DECREF(grads);
     if (s != FT_OK)
-        return ft_raise(s);
+        return ft_py_raise(s);
     return want_norm ? PyFloat_FromDouble(norm) : Py_NewRef(Py_None);
 error:
     PyMem_RawFree(ptrs);
@@ -320,10 +319,10 @@ static PyObject *optimizer_set_group(PyObject *self, PyObject *args) {
     PyObject *tuple;
     ft_optim_group g;
     if (!PyArg_ParseTuple(args, "iO", &index, &tuple) || refuse_busy(OPT(self)->busy) < 0 ||
-        ft_parse_optim_group(tuple, &g) < 0)
+        ft_py_parse_optim_group(tuple, &g) < 0)
         return NULL;
     ft_status s = ft_optimizer_set_group(OPT(self)->opt, index, &g);
-    return s == FT_OK ? Py_NewRef(Py_None) : ft_raise(s);
+    return s == FT_OK ? Py_NewRef(Py_None) : ft_py_raise(s);
 }
 
 static PyObject *optimizer_state_buffer(PyObject *self, PyObject *arg) {
@@ -351,7 +350,7 @@ static PyObject *optimizer_set_segment_state(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "iLp", &i, &steps, &valid) || refuse_busy(OPT(self)->busy) < 0)
         return NULL;
     ft_status s = ft_optimizer_set_segment_state(OPT(self)->opt, i, (ft_optim_segment_state){steps, valid});
-    return s == FT_OK ? Py_NewRef(Py_None) : ft_raise(s);
+    return s == FT_OK ? Py_NewRef(Py_None) : ft_py_raise(s);
 }
 
 static PyObject *optimizer_get_offsets(PyObject *self, void *closure) {
@@ -410,7 +409,7 @@ static PyType_Spec optimizer_spec = {
     .slots = optimizer_slots,
 };
 
-ft_optimizer *ft_optimizer_of(PyObject *py_optimizer) {
+ft_optimizer *ft_py_optimizer_of(PyObject *py_optimizer) {
     if (Py_TYPE(py_optimizer)->tp_dealloc == optimizer_dealloc)
         return OPT(py_optimizer)->opt;
     PyObject *sync = PyObject_GetAttrString(py_optimizer, "_sync");
@@ -446,7 +445,7 @@ static PyObject *ema_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     if (!self)
         return NULL;
     ft_device device;
-    if (take_params(ft_state_of_type(type), params_obj, "EMA", &self->params, &self->storages, &device) < 0) {
+    if (take_params(ft_py_state_of_type(type), params_obj, "EMA", &self->params, &self->storages, &device) < 0) {
         Py_DECREF(self);
         return NULL;
     }
@@ -462,7 +461,7 @@ static PyObject *ema_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     PyMem_RawFree(segs);
     if (s != FT_OK) {
         Py_DECREF(self);
-        return ft_raise(s);
+        return ft_py_raise(s);
     }
     return (PyObject *)self;
 }
@@ -504,7 +503,7 @@ static PyObject *ema_update(PyObject *self, PyObject *arg) {
     s = ft_ema_update(e->ema, decay);
     Py_END_ALLOW_THREADS
     e->busy = false;
-    return s == FT_OK ? Py_NewRef(Py_None) : ft_raise(s);
+    return s == FT_OK ? Py_NewRef(Py_None) : ft_py_raise(s);
 }
 
 static PyObject *ema_average(PyObject *self, PyObject *unused) {
@@ -564,10 +563,10 @@ static PyObject *py_optim_check_group(PyObject *module, PyObject *args) {
     ft_optim_kind kind;
     ft_optim_group g;
     if (!PyArg_ParseTuple(args, "OiO", &kind_obj, &index, &tuple) || parse_kind(kind_obj, &kind) < 0 ||
-        ft_parse_optim_group(tuple, &g) < 0)
+        ft_py_parse_optim_group(tuple, &g) < 0)
         return NULL;
     ft_status s = ft_optim_check_group(kind, index, &g);
-    return s == FT_OK ? Py_NewRef(Py_None) : ft_raise(s);
+    return s == FT_OK ? Py_NewRef(Py_None) : ft_py_raise(s);
 }
 
 static PyMethodDef optim_functions[] = {
@@ -576,41 +575,13 @@ static PyMethodDef optim_functions[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static PyObject *name_tuple(int n, const char *(*name)(int)) {
-    PyObject *t = PyTuple_New(n);
-    for (int i = 0; t && i < n; i++) {
-        PyObject *s = PyUnicode_FromString(name(i));
-        if (!s) {
-            Py_CLEAR(t);
-            break;
-        }
-        PyTuple_SET_ITEM(t, i, s);
-    }
-    return t;
-}
-
 static const char *kind_name(int i) { return ft_optim_kind_name((ft_optim_kind)i); }
 static const char *state_name(int i) { return ft_optim_state_name((ft_optim_state)i); }
 
-static int add_type(PyObject *module, PyType_Spec *spec) {
-    PyObject *type = PyType_FromModuleAndSpec(module, spec, NULL);
-    if (!type)
+int ft_py_bind_optim(PyObject *module) {
+    if (PyModule_AddFunctions(module, optim_functions) < 0 || ft_py_add_type(module, &optimizer_spec) < 0 ||
+        ft_py_add_type(module, &ema_spec) < 0 ||
+        ft_py_add_enum(module, "OPTIM_KINDS", FT_OPTIM_LARS + 1, kind_name) < 0)
         return -1;
-    int r = PyModule_AddObjectRef(module, strrchr(spec->name, '.') + 1, type);
-    Py_DECREF(type);
-    return r;
-}
-
-int ft_bind_optim(PyObject *module) {
-    if (PyModule_AddFunctions(module, optim_functions) < 0 || add_type(module, &optimizer_spec) < 0 ||
-        add_type(module, &ema_spec) < 0)
-        return -1;
-    PyObject *kinds = name_tuple(FT_OPTIM_LARS + 1, kind_name), *states = name_tuple(FT_OPTIM_NUM_STATES, state_name);
-    int r = kinds && states && PyModule_AddObjectRef(module, "OPTIM_KINDS", kinds) == 0 &&
-                    PyModule_AddObjectRef(module, "OPTIM_STATES", states) == 0
-                ? 0
-                : -1;
-    Py_XDECREF(kinds);
-    Py_XDECREF(states);
-    return r;
+    return ft_py_add_enum(module, "OPTIM_STATES", FT_OPTIM_NUM_STATES, state_name);
 }

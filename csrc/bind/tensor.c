@@ -1,6 +1,7 @@
-/* fasttrain._C.TensorBase: the C half of fasttrain.Tensor (the Python class
- * in python/fasttrain/tensor.py derives from it and adds indexing, repr and
- * the PyTorch-style conveniences). */
+/* fasttrain._C.TensorBase, the C half of fasttrain.Tensor (the Python class
+ * in python/fasttrain/_tensor.py derives from it and adds indexing, repr and
+ * the PyTorch-style conveniences), and the module functions that make
+ * tensors. */
 #include "bind/bind.h"
 
 #include <structmember.h>
@@ -8,8 +9,6 @@
 #include "core/cuda.h"
 
 #define SELF (&((ft_tensor_object *)self)->t)
-
-static ft_module_state *state_of(PyObject *self) { return ft_state_of_type(Py_TYPE(self)); }
 
 static PyObject *tensor_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     (void)type, (void)args, (void)kwargs;
@@ -42,6 +41,24 @@ static void tensor_dealloc(PyObject *self) {
     Py_DECREF(type);
 }
 
+PyObject *ft_py_wrap(ft_module_state *st, ft_tensor *t) {
+    ft_tensor_object *obj = (ft_tensor_object *)st->tensor_class->tp_alloc(st->tensor_class, 0);
+    if (!obj) {
+        ft_tensor_release(t);
+        return NULL;
+    }
+    obj->t = *t;
+    return (PyObject *)obj;
+}
+
+ft_tensor *ft_py_unwrap(ft_module_state *st, PyObject *obj, const char *what) {
+    if (!PyObject_TypeCheck(obj, st->tensor_base)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a fasttrain Tensor, not %.100s", what, Py_TYPE(obj)->tp_name);
+        return NULL;
+    }
+    return &((ft_tensor_object *)obj)->t;
+}
+
 static PyObject *int64_tuple(const int64_t *v, int n) {
     PyObject *tuple = PyTuple_New(n);
     for (int i = 0; tuple && i < n; i++) {
@@ -55,41 +72,41 @@ static PyObject *int64_tuple(const int64_t *v, int n) {
     return tuple;
 }
 
-static PyObject *get_shape(PyObject *self, void *closure) {
+static PyObject *tensor_get_shape(PyObject *self, void *closure) {
     (void)closure;
     return int64_tuple(SELF->shape, SELF->ndim);
 }
 
-static PyObject *get_ndim(PyObject *self, void *closure) {
+static PyObject *tensor_get_ndim(PyObject *self, void *closure) {
     (void)closure;
     return PyLong_FromLong(SELF->ndim);
 }
 
-static PyObject *get_dtype_code(PyObject *self, void *closure) {
+static PyObject *tensor_get_dtype_code(PyObject *self, void *closure) {
     (void)closure;
     return PyLong_FromLong(SELF->dtype);
 }
 
-static PyObject *get_device_tuple(PyObject *self, void *closure) {
+static PyObject *tensor_get_device_tuple(PyObject *self, void *closure) {
     (void)closure;
     ft_device d = ft_tensor_device(SELF);
     return Py_BuildValue("(ii)", d.type, d.index);
 }
 
-static PyObject *get_readonly(PyObject *self, void *closure) {
+static PyObject *tensor_get_readonly(PyObject *self, void *closure) {
     (void)closure;
     return PyBool_FromLong(SELF->storage->readonly);
 }
 
-static PyObject *get_grad(PyObject *self, void *closure) {
+static PyObject *tensor_get_grad(PyObject *self, void *closure) {
     (void)closure;
     PyObject *g = ((ft_tensor_object *)self)->grad;
     return Py_NewRef(g ? g : Py_None);
 }
 
-static int set_grad(PyObject *self, PyObject *value, void *closure) {
+static int tensor_set_grad(PyObject *self, PyObject *value, void *closure) {
     (void)closure;
-    if (value && value != Py_None && !PyObject_TypeCheck(value, state_of(self)->tensor_base)) {
+    if (value && value != Py_None && !PyObject_TypeCheck(value, ft_py_state_of_type(Py_TYPE(self))->tensor_base)) {
         PyErr_Format(PyExc_TypeError, "grad must be a fasttrain Tensor or None, not %.100s", Py_TYPE(value)->tp_name);
         return -1;
     }
@@ -97,12 +114,12 @@ static int set_grad(PyObject *self, PyObject *value, void *closure) {
     return 0;
 }
 
-static PyObject *get_dlpack_device(PyObject *self, PyObject *unused) {
+static PyObject *tensor_get_dlpack_device(PyObject *self, PyObject *unused) {
     (void)unused;
-    return ft_dlpack_device(SELF);
+    return ft_py_dlpack_device(SELF);
 }
 
-static PyObject *m_stride(PyObject *self, PyObject *args) {
+static PyObject *tensor_stride(PyObject *self, PyObject *args) {
     PyObject *dim = Py_None;
     if (!PyArg_ParseTuple(args, "|O:stride", &dim))
         return NULL;
@@ -116,44 +133,44 @@ static PyObject *m_stride(PyObject *self, PyObject *args) {
     return PyLong_FromLongLong(SELF->strides[d < 0 ? d + SELF->ndim : d]);
 }
 
-static PyObject *m_data_ptr(PyObject *self, PyObject *unused) {
+static PyObject *tensor_data_ptr(PyObject *self, PyObject *unused) {
     (void)unused;
     return PyLong_FromVoidPtr(ft_tensor_data(SELF));
 }
 
-static PyObject *m_numel(PyObject *self, PyObject *unused) {
+static PyObject *tensor_numel(PyObject *self, PyObject *unused) {
     (void)unused;
     return PyLong_FromLongLong(ft_tensor_numel(SELF));
 }
 
-static PyObject *m_element_size(PyObject *self, PyObject *unused) {
+static PyObject *tensor_element_size(PyObject *self, PyObject *unused) {
     (void)unused;
     return PyLong_FromSize_t(ft_dtype_get(SELF->dtype)->itemsize);
 }
 
-static PyObject *m_storage_offset(PyObject *self, PyObject *unused) {
+static PyObject *tensor_storage_offset(PyObject *self, PyObject *unused) {
     (void)unused;
     return PyLong_FromLongLong(SELF->offset / (int64_t)ft_dtype_get(SELF->dtype)->itemsize);
 }
 
-static PyObject *m_is_contiguous(PyObject *self, PyObject *unused) {
+static PyObject *tensor_is_contiguous(PyObject *self, PyObject *unused) {
     (void)unused;
     return PyBool_FromLong(ft_tensor_is_contiguous(SELF));
 }
 
-static PyObject *m_is_pinned(PyObject *self, PyObject *unused) {
+static PyObject *tensor_is_pinned(PyObject *self, PyObject *unused) {
     (void)unused;
     return PyBool_FromLong(SELF->storage->pinned);
 }
 
-static PyObject *m_as_strided(PyObject *self, PyObject *args, PyObject *kwargs) {
+static PyObject *tensor_as_strided(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"size", "stride", "storage_offset", NULL};
     PyObject *size_obj, *stride_obj, *offset_obj = Py_None;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|O:as_strided", kwlist, &size_obj, &stride_obj, &offset_obj))
         return NULL;
     int64_t shape[FT_MAX_DIMS], strides[FT_MAX_DIMS];
     int ndim, nstrides;
-    if (ft_parse_shape(size_obj, shape, &ndim) < 0 || ft_parse_shape(stride_obj, strides, &nstrides) < 0)
+    if (ft_py_parse_shape(size_obj, shape, &ndim) < 0 || ft_py_parse_shape(stride_obj, strides, &nstrides) < 0)
         return NULL;
     if (ndim != nstrides)
         return PyErr_Format(PyExc_ValueError, "as_strided: %d sizes but %d strides", ndim, nstrides);
@@ -168,20 +185,20 @@ static PyObject *m_as_strided(PyObject *self, PyObject *args, PyObject *kwargs) 
     }
     ft_tensor v;
     ft_status s = ft_tensor_view(&v, SELF, ndim, shape, strides, offset);
-    return s == FT_OK ? ft_wrap(state_of(self), &v) : ft_raise(s);
+    return s == FT_OK ? ft_py_wrap(ft_py_state_of_type(Py_TYPE(self)), &v) : ft_py_raise(s);
 }
 
 static size_t nbytes_of(const ft_tensor *t) {
     return (size_t)ft_tensor_numel(t) * ft_dtype_get(t->dtype)->itemsize;
 }
 
-static PyObject *m_copy(PyObject *self, PyObject *args, PyObject *kwargs) {
+static PyObject *tensor_copy(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"src", "non_blocking", NULL};
     PyObject *src_obj;
     int non_blocking = 0;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|p:_copy_from", kwlist, &src_obj, &non_blocking))
         return NULL;
-    ft_tensor *src = ft_unwrap(state_of(self), src_obj, "copy_: src");
+    ft_tensor *src = ft_py_unwrap(ft_py_state_of_type(Py_TYPE(self)), src_obj, "copy_: src");
     if (!src)
         return NULL;
     ft_status s;
@@ -192,21 +209,21 @@ static PyObject *m_copy(PyObject *self, PyObject *args, PyObject *kwargs) {
     } else {
         s = ft_tensor_copy(SELF, src, non_blocking);
     }
-    return s == FT_OK ? Py_NewRef(self) : ft_raise(s);
+    return s == FT_OK ? Py_NewRef(self) : ft_py_raise(s);
 }
 
-static PyObject *m_fill(PyObject *self, PyObject *value) {
+static PyObject *tensor_fill(PyObject *self, PyObject *value) {
     ft_scalar v;
-    if (ft_parse_scalar(value, &v, NULL) < 0)
+    if (ft_py_parse_scalar(value, &v, NULL) < 0)
         return NULL;
     ft_status s;
     Py_BEGIN_ALLOW_THREADS
     s = ft_tensor_fill(SELF, v);
     Py_END_ALLOW_THREADS
-    return s == FT_OK ? Py_NewRef(self) : ft_raise(s);
+    return s == FT_OK ? Py_NewRef(self) : ft_py_raise(s);
 }
 
-static PyObject *m_to(PyObject *self, PyObject *args) {
+static PyObject *tensor_to(PyObject *self, PyObject *args) {
     int dtype, dev_type, dev_index, pinned, non_blocking;
     if (!PyArg_ParseTuple(args, "iiipp:_to", &dtype, &dev_type, &dev_index, &pinned, &non_blocking))
         return NULL;
@@ -218,7 +235,7 @@ static PyObject *m_to(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     s = ft_tensor_to(&out, SELF, (ft_dtype)dtype, dev, pinned, non_blocking);
     Py_END_ALLOW_THREADS
-    return s == FT_OK ? ft_wrap(state_of(self), &out) : ft_raise(s);
+    return s == FT_OK ? ft_py_wrap(ft_py_state_of_type(Py_TYPE(self)), &out) : ft_py_raise(s);
 }
 
 /* Moves this tensor's values into `base`'s storage at element `offset`
@@ -226,12 +243,12 @@ static PyObject *m_to(PyObject *self, PyObject *args) {
  * object stays the same, so whoever holds it (an optimizer's parameter
  * list) then sees the flat buffer: the contiguous-parameters trick without
  * new objects, and Module.to's move to another device. */
-static PyObject *m_rebind(PyObject *self, PyObject *args) {
+static PyObject *tensor_rebind(PyObject *self, PyObject *args) {
     PyObject *base_obj;
     long long offset;
     if (!PyArg_ParseTuple(args, "OL:_rebind", &base_obj, &offset))
         return NULL;
-    ft_tensor *base = ft_unwrap(state_of(self), base_obj, "base");
+    ft_tensor *base = ft_py_unwrap(ft_py_state_of_type(Py_TYPE(self)), base_obj, "base");
     if (!base)
         return NULL;
     if (base->dtype != SELF->dtype)
@@ -247,7 +264,7 @@ static PyObject *m_rebind(PyObject *self, PyObject *args) {
     if (s != FT_OK) {
         if (view.storage)
             ft_tensor_release(&view);
-        return ft_raise(s);
+        return ft_py_raise(s);
     }
     ft_tensor_release(SELF);
     *SELF = view;
@@ -255,7 +272,7 @@ static PyObject *m_rebind(PyObject *self, PyObject *args) {
 }
 
 /* The element of a one-element tensor as a Python number. */
-static PyObject *m_item(PyObject *self, PyObject *unused) {
+static PyObject *tensor_item(PyObject *self, PyObject *unused) {
     (void)unused;
     int64_t n = ft_tensor_numel(SELF);
     if (n != 1)
@@ -276,13 +293,13 @@ static PyObject *m_item(PyObject *self, PyObject *unused) {
     ft_storage *s;
     ft_status st = ft_storage_borrow(&s, &value, sizeof value, FT_CPU, false, ft_storage_unowned, NULL);
     if (st != FT_OK)
-        return ft_raise(st);
+        return ft_py_raise(st);
     ft_tensor one = {.storage = s, .dtype = wide, .ndim = SELF->ndim};
     memcpy(one.shape, SELF->shape, sizeof one.shape);
     st = ft_tensor_copy(&one, SELF, false);
     ft_storage_release(s);
     if (st != FT_OK)
-        return ft_raise(st);
+        return ft_py_raise(st);
     switch (wide) {
     case FT_FLOAT64: return PyFloat_FromDouble(value.f);
     case FT_UINT64: return PyLong_FromUnsignedLongLong(value.u);
@@ -292,20 +309,20 @@ static PyObject *m_item(PyObject *self, PyObject *unused) {
     }
 }
 
-static PyObject *m_numpy(PyObject *self, PyObject *unused) {
+static PyObject *tensor_numpy(PyObject *self, PyObject *unused) {
     (void)unused;
-    return ft_to_numpy(SELF);
+    return ft_py_to_numpy(SELF);
 }
 
-static PyObject *m_storage_bytes(PyObject *self, PyObject *unused) {
+static PyObject *tensor_storage_bytes(PyObject *self, PyObject *unused) {
     (void)unused;
     if (SELF->storage->device.type == FT_DEV_CUDA)
         return PyErr_Format(PyExc_TypeError, "a cuda tensor has no host memory");
-    return ft_storage_bytes(SELF->storage);
+    return ft_py_storage_bytes(SELF->storage);
 }
 
-static PyObject *m_dlpack(PyObject *self, PyObject *args, PyObject *kwargs) {
-    return ft_dlpack_export(self, args, kwargs);
+static PyObject *tensor_dlpack(PyObject *self, PyObject *args, PyObject *kwargs) {
+    return ft_py_dlpack_export(self, args, kwargs);
 }
 
 /* ---- the buffer protocol ---- */
@@ -398,35 +415,36 @@ static void tensor_releasebuffer(PyObject *self, Py_buffer *view) {
 }
 
 static PyGetSetDef tensor_getset[] = {
-    {"shape", get_shape, NULL, "The size of each dimension.", NULL},
-    {"ndim", get_ndim, NULL, "The number of dimensions.", NULL},
-    {"_dtype_code", get_dtype_code, NULL, NULL, NULL},
-    {"_device_tuple", get_device_tuple, NULL, NULL, NULL},
-    {"_readonly", get_readonly, NULL, NULL, NULL},
-    {"grad", get_grad, set_grad, "The gradient the last training step wrote for this parameter (or None).", NULL},
+    {"shape", tensor_get_shape, NULL, "The size of each dimension.", NULL},
+    {"ndim", tensor_get_ndim, NULL, "The number of dimensions.", NULL},
+    {"_dtype_code", tensor_get_dtype_code, NULL, NULL, NULL},
+    {"_device_tuple", tensor_get_device_tuple, NULL, NULL, NULL},
+    {"_readonly", tensor_get_readonly, NULL, NULL, NULL},
+    {"grad", tensor_get_grad, tensor_set_grad, "The gradient the last training step wrote for this parameter (or None).",
+     NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
 static PyMethodDef tensor_methods[] = {
-    {"stride", m_stride, METH_VARARGS, "stride(dim=None): strides in elements."},
-    {"data_ptr", m_data_ptr, METH_NOARGS, "Address of the first element."},
-    {"numel", m_numel, METH_NOARGS, "Number of elements."},
-    {"element_size", m_element_size, METH_NOARGS, "Bytes per element."},
-    {"storage_offset", m_storage_offset, METH_NOARGS, "Offset of the first element in its storage, in elements."},
-    {"is_contiguous", m_is_contiguous, METH_NOARGS, "Whether the layout is C-contiguous."},
-    {"is_pinned", m_is_pinned, METH_NOARGS, "Whether the memory is page-locked host memory."},
-    {"as_strided", (PyCFunction)(void (*)(void))m_as_strided, METH_VARARGS | METH_KEYWORDS,
+    {"stride", tensor_stride, METH_VARARGS, "stride(dim=None): strides in elements."},
+    {"data_ptr", tensor_data_ptr, METH_NOARGS, "Address of the first element."},
+    {"numel", tensor_numel, METH_NOARGS, "Number of elements."},
+    {"element_size", tensor_element_size, METH_NOARGS, "Bytes per element."},
+    {"storage_offset", tensor_storage_offset, METH_NOARGS, "Offset of the first element in its storage, in elements."},
+    {"is_contiguous", tensor_is_contiguous, METH_NOARGS, "Whether the layout is C-contiguous."},
+    {"is_pinned", tensor_is_pinned, METH_NOARGS, "Whether the memory is page-locked host memory."},
+    {"as_strided", (PyCFunction)(void (*)(void))tensor_as_strided, METH_VARARGS | METH_KEYWORDS,
      "as_strided(size, stride, storage_offset=None): a view of the same storage."},
-    {"_copy_from", (PyCFunction)(void (*)(void))m_copy, METH_VARARGS | METH_KEYWORDS, NULL},
-    {"_fill", m_fill, METH_O, NULL},
-    {"_to", m_to, METH_VARARGS, NULL},
-    {"_rebind", m_rebind, METH_VARARGS, NULL},
-    {"item", m_item, METH_NOARGS, "The value of a one-element tensor as a Python number."},
-    {"numpy", m_numpy, METH_NOARGS, "A NumPy array sharing this tensor's memory."},
-    {"_storage_bytes", m_storage_bytes, METH_NOARGS, NULL},
-    {"__dlpack__", (PyCFunction)(void (*)(void))m_dlpack, METH_VARARGS | METH_KEYWORDS,
+    {"_copy_from", (PyCFunction)(void (*)(void))tensor_copy, METH_VARARGS | METH_KEYWORDS, NULL},
+    {"_fill", tensor_fill, METH_O, NULL},
+    {"_to", tensor_to, METH_VARARGS, NULL},
+    {"_rebind", tensor_rebind, METH_VARARGS, NULL},
+    {"item", tensor_item, METH_NOARGS, "The value of a one-element tensor as a Python number."},
+    {"numpy", tensor_numpy, METH_NOARGS, "A NumPy array sharing this tensor's memory."},
+    {"_storage_bytes", tensor_storage_bytes, METH_NOARGS, NULL},
+    {"__dlpack__", (PyCFunction)(void (*)(void))tensor_dlpack, METH_VARARGS | METH_KEYWORDS,
      "__dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None)"},
-    {"__dlpack_device__", get_dlpack_device, METH_NOARGS, "(device type, device id) in DLPack's codes."},
+    {"__dlpack_device__", tensor_get_dlpack_device, METH_NOARGS, "(device type, device id) in DLPack's codes."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -451,9 +469,98 @@ static PyType_Slot tensor_slots[] = {
     {0, NULL},
 };
 
-PyType_Spec ft_tensor_spec = {
+static PyType_Spec tensor_spec = {
     .name = "fasttrain._C.TensorBase",
     .basicsize = sizeof(ft_tensor_object),
     .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
     .slots = tensor_slots,
 };
+
+/* ---- module functions that make tensors ---- */
+
+static int parse_device(int type, int index, ft_device *out) {
+    if (type != FT_DEV_CPU && type != FT_DEV_CUDA) {
+        PyErr_Format(PyExc_ValueError, "unknown device type %d", type);
+        return -1;
+    }
+    *out = (ft_device){type, type == FT_DEV_CPU ? 0 : index};
+    return 0;
+}
+
+static PyObject *py_empty(PyObject *module, PyObject *args) {
+    PyObject *shape_obj;
+    int dtype, dev_type, dev_index, pinned;
+    if (!PyArg_ParseTuple(args, "Oiiip", &shape_obj, &dtype, &dev_type, &dev_index, &pinned))
+        return NULL;
+    int64_t shape[FT_MAX_DIMS];
+    int ndim;
+    ft_device dev;
+    if (ft_py_parse_shape(shape_obj, shape, &ndim) < 0 || parse_device(dev_type, dev_index, &dev) < 0)
+        return NULL;
+    if (!ft_dtype_valid(dtype))
+        return PyErr_Format(PyExc_ValueError, "unknown dtype code %d", dtype);
+    if (pinned && dev.type != FT_DEV_CPU)
+        return PyErr_Format(PyExc_ValueError, "only CPU tensors can be pinned");
+    ft_tensor t;
+    ft_status s = ft_tensor_empty(&t, ndim, shape, (ft_dtype)dtype, dev, pinned);
+    return s == FT_OK ? ft_py_wrap(ft_py_state(module), &t) : ft_py_raise(s);
+}
+
+static PyObject *py_from_numpy(PyObject *module, PyObject *arr) { return ft_py_from_numpy(ft_py_state(module), arr); }
+
+static PyObject *py_from_dlpack(PyObject *module, PyObject *obj) { return ft_py_from_dlpack(ft_py_state(module), obj); }
+
+static PyObject *py_tensor_from_data(PyObject *module, PyObject *args) {
+    PyObject *data;
+    int dtype;
+    if (!PyArg_ParseTuple(args, "Oi", &data, &dtype))
+        return NULL;
+    return ft_py_tensor_from_data(ft_py_state(module), data, dtype);
+}
+
+static PyObject *py_set_tensor_class(PyObject *module, PyObject *cls) {
+    ft_module_state *st = ft_py_state(module);
+    if (!PyType_Check(cls) || !PyType_IsSubtype((PyTypeObject *)cls, st->tensor_base))
+        return PyErr_Format(PyExc_TypeError, "the tensor class must derive from TensorBase");
+    Py_SETREF(st->tensor_class, (PyTypeObject *)Py_NewRef(cls));
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef tensor_functions[] = {
+    {"empty", py_empty, METH_VARARGS, "empty(shape, dtype, device_type, device_index, pinned)"},
+    {"from_numpy", py_from_numpy, METH_O, "A tensor sharing the memory of a NumPy array."},
+    {"from_dlpack", py_from_dlpack, METH_O, "A tensor sharing the memory of a DLPack producer or capsule."},
+    {"tensor_from_data", py_tensor_from_data, METH_VARARGS, "tensor_from_data(data, dtype or -1)"},
+    {"_set_tensor_class", py_set_tensor_class, METH_O, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+/* (name, code, DLPack code, bits, itemsize) of each dtype, which ft.dtype reads. */
+static PyObject *dtype_table(void) {
+    PyObject *table = PyList_New(FT_NUM_DTYPES);
+    for (int i = 0; table && i < FT_NUM_DTYPES; i++) {
+        const ft_dtype_info *info = ft_dtype_get((ft_dtype)i);
+        PyObject *item = Py_BuildValue("(siiin)", info->name, i, info->dl_code, info->bits, (Py_ssize_t)info->itemsize);
+        if (!item) {
+            Py_CLEAR(table);
+            break;
+        }
+        PyList_SET_ITEM(table, i, item);
+    }
+    return table;
+}
+
+int ft_py_bind_tensor(PyObject *module) {
+    ft_module_state *st = ft_py_state(module);
+    st->tensor_base = (PyTypeObject *)PyType_FromModuleAndSpec(module, &tensor_spec, NULL);
+    if (!st->tensor_base)
+        return -1;
+    st->tensor_class = (PyTypeObject *)Py_NewRef(st->tensor_base);
+    if (PyModule_AddObjectRef(module, "TensorBase", (PyObject *)st->tensor_base) < 0 ||
+        PyModule_AddIntConstant(module, "MAX_DIMS", FT_MAX_DIMS) < 0)
+        return -1;
+    PyObject *dtypes = dtype_table();
+    int r = dtypes ? PyModule_AddObjectRef(module, "DTYPES", dtypes) : -1;
+    Py_XDECREF(dtypes);
+    return r < 0 ? -1 : PyModule_AddFunctions(module, tensor_functions);
+}

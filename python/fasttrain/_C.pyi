@@ -21,8 +21,8 @@ DTYPES: list[tuple[str, int, int, int, int]]
 ACTIVATIONS: dict[str, int]
 NODE_KINDS: dict[str, int]
 REDUCTIONS: dict[str, int]
-OPTIM_KINDS: tuple[str, ...]
-OPTIM_STATES: tuple[str, ...]
+OPTIM_KINDS: dict[str, int]
+OPTIM_STATES: dict[str, int]
 
 # ---- tensors ----
 

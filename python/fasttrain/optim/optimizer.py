@@ -11,7 +11,8 @@ from .._tensor import Tensor
 from .._types import _BY_NAME
 
 _FLOAT32 = _BY_NAME["float32"]
-_STATES = _C.OPTIM_STATES
+_STATES = _C.OPTIM_STATES  # {state buffer name: code}
+_KINDS = _C.OPTIM_KINDS  # {optimizer name: code}
 
 
 _UNORDERED = ("optimizer parameters must be an ordered collection: the order of a set changes between runs "
@@ -60,7 +61,7 @@ class Optimizer:
     not computed: ``check_finite=False`` without clipping skips one read of
     the grads)."""
 
-    _kind = None  # index into _C.OPTIM_KINDS
+    _kind = None  # a value of _C.OPTIM_KINDS
 
     def __init__(self, params, defaults):
         self.defaults = defaults
@@ -190,13 +191,14 @@ class Optimizer:
         c = self._c
         if c is None:
             return {}
-        flats = [c.state_buffer(k) for k in range(len(_STATES))]
+        buffers = {name: c.state_buffer(k) for name, k in _STATES.items()}
         # .cpu(): one copy of each buffer when the state is on a device, none on the CPU
-        flats = {name: f.cpu().numpy() for name, f in zip(_STATES, flats) if f is not None}
+        flats = {name: f.cpu().numpy() for name, f in buffers.items() if f is not None}
         state = {}
         for i, (p, off) in enumerate(zip(self._params, c.offsets)):
             steps, momentum_valid = c.segment_state(i)
-            if steps == 0 or (self._kind == 0 and not momentum_valid):  # torch's SGD keeps no state without momentum
+            # torch's SGD keeps no state without momentum
+            if steps == 0 or (self._kind == _KINDS["SGD"] and not momentum_valid):
                 continue
             entry = {}
             for key in self._state_keys(self.param_groups[self._group_of[i]]):
@@ -224,7 +226,7 @@ class Optimizer:
                 raise ValueError(f"the state of param {i} must be a dict, got {type(entry).__name__}")
             p, checked = params[i], {}
             for name in self._state_keys(groups[index_group[i]]):
-                if name not in entry and not (name == "momentum_buffer" and self._kind == 0):
+                if name not in entry and not (name == "momentum_buffer" and self._kind == _KINDS["SGD"]):
                     raise ValueError(f"the state of param {i} has no {name!r}")
                 value = entry.get(name)
                 if name == "step":
@@ -233,7 +235,7 @@ class Optimizer:
                         raise ValueError(f"the state of param {i}: step must be a whole number >= 0, got {step}")
                     checked[name] = int(step)
                 elif value is None:
-                    if self._kind != 0:
+                    if self._kind != _KINDS["SGD"]:
                         raise ValueError(f"the state of param {i}: {name} is None")
                     checked[name] = None
                 else:
@@ -248,7 +250,7 @@ class Optimizer:
     def _import_state(self, state):
         """Writes checked state into the C buffers; params missing from it start afresh."""
         c = self._c
-        buffers = {name: c.state_buffer(k) for k, name in enumerate(_STATES)}
+        buffers = {name: c.state_buffer(k) for name, k in _STATES.items()}
         # Every param's span is written below, so a device buffer is filled on the host and copied in one go.
         flats = {name: np.empty(f.numel(), np.float32) if f.is_cuda else f.numpy()
                  for name, f in buffers.items() if f is not None}
@@ -319,7 +321,7 @@ class Optimizer:
 class SGD(Optimizer):
     """torch.optim.SGD: momentum, dampening, nesterov, (L2) weight_decay, maximize."""
 
-    _kind = 0
+    _kind = _KINDS["SGD"]
 
     def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, *,
                  maximize=False):
@@ -337,7 +339,7 @@ class SGD(Optimizer):
 class AdamW(Optimizer):
     """torch.optim.AdamW: decoupled weight decay, bias correction, amsgrad, maximize."""
 
-    _kind = 1
+    _kind = _KINDS["AdamW"]
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
                  maximize=False):
@@ -356,7 +358,7 @@ class LAMB(Optimizer):
     update, scaled per param tensor by the trust ratio ||p|| / ||update||. A group with lars_exclude=True (BN,
     bias) keeps a ratio of 1."""
 
-    _kind = 2
+    _kind = _KINDS["LAMB"]
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=1e-2, *, maximize=False,
                  lars_exclude=False):
@@ -375,7 +377,7 @@ class LARS(Optimizer):
     trust_coefficient * ||p|| / (||g|| + weight_decay * ||p|| + eps); v = momentum * v + lr * local_lr *
     (g + weight_decay * p); p -= v. A group with lars_exclude=True (BN, bias) uses a local lr of 1."""
 
-    _kind = 3
+    _kind = _KINDS["LARS"]
 
     def __init__(self, params, lr=required, momentum=0.9, weight_decay=0.0, trust_coefficient=1e-3, eps=0.0, *,
                  maximize=False, lars_exclude=False):
