@@ -1,0 +1,244 @@
+"""Bad input to a compiled program: batches of the wrong shape or type, labels out of range, non-finite losses
+and gradients (nan_policy "raise" and "skip", in train_step and in ft.fit), a NaN through batch norm, an
+optimizer of another model, bad learning rates and compile options. What is refused changes neither the model
+nor the optimizer."""
+import json
+import math
+import re
+
+import numpy as np
+import pytest
+
+import fasttrain as ft
+from _programref import CLASSES, batch, compile_resnet, make_resnet, state_bits
+
+nn = ft.nn
+
+
+# ---------------------------------------------------------------- bad batches
+
+def snapshot(program):
+    """Weights, buffers (BN running statistics), optimizer state and hyperparameters, as bytes."""
+    sd = program.optimizer.state_dict()
+    state = {(i, k): np.asarray(v).tobytes() for i, e in sd["state"].items() for k, v in e.items()}
+    return state_bits(program.model), state, json.dumps(sd["param_groups"])
+
+
+@pytest.fixture
+def trained():
+    """The residual net after one AdamW step (so that the optimizer has state to protect)."""
+    model = make_resnet(seed=15)
+    program = compile_resnet(model, ft.optim.AdamW(model.parameters(), lr=0.01))
+    program.train_step(*batch(8, seed=1))
+    return program
+
+
+@pytest.mark.parametrize("what,make,error,match", [
+    ("spatial size", lambda x, y: (x[:, :, :7], y), ValueError, r"shape \(8, 3, 8, 8\)"),
+    ("channels", lambda x, y: (x[:, :2], y), ValueError, r"images have 2 channels, the model takes 3"),
+    ("no batch dim", lambda x, y: (x[0], y), ValueError, r"shape"),
+    ("empty batch", lambda x, y: (x[:0], y[:0]), ValueError, r"empty"),
+    ("complex input", lambda x, y: (x.astype(np.complex64), y), TypeError, r"complex"),
+    ("string input", lambda x, y: (np.full(x.shape, "a"), y), TypeError, None),
+    ("labels too few", lambda x, y: (x, y[:4]), ValueError, r"labels"),
+    ("labels 2-d", lambda x, y: (x, y[:, None]), ValueError, r"labels"),
+    ("label = classes", lambda x, y: (x, np.where(np.arange(8) == 5, CLASSES, y)), IndexError,
+     r"label 5 at position 5 is outside \[0, 5\)"),
+    ("negative label", lambda x, y: (x, np.where(np.arange(8) == 2, -1, y)), IndexError, r"label -1 at position 2"),
+])
+def test_bad_batches_raise_and_change_nothing(trained, what, make, error, match):
+    x, y = batch(8, seed=2)
+    before = snapshot(trained)
+    for call in (trained.train_step, trained.backward):
+        with pytest.raises(error, match=match):
+            call(*make(x, y))
+        assert snapshot(trained) == before, f"{what}: {call.__name__} changed the model or optimizer"
+    with pytest.raises(error):
+        trained.evaluate(*make(x, y))
+    assert snapshot(trained) == before
+    # and the program still trains afterwards
+    trained.train_step(x, y)
+    assert snapshot(trained)[0] != before[0]
+
+
+def test_wrong_input_shape_in_predict():
+    program = compile_resnet(make_resnet())
+    with pytest.raises(ValueError, match="shape"):
+        program.predict(np.zeros((2, 3, 8, 9), np.float32))
+    with pytest.raises(ValueError, match="1 channels, the model takes 3"):
+        program.predict(np.zeros((2, 1, 8, 8), np.float32))
+
+
+def test_float_labels_are_refused(trained):
+    x, y = batch(8, seed=2)
+    before = snapshot(trained)
+    with pytest.raises((TypeError, ValueError)):
+        trained.train_step(x, y.astype(np.float32) + 0.5)
+    assert snapshot(trained) == before
+
+
+# ---------------------------------------------------------------- non-finite values
+
+def test_nan_input_propagates_through_batch_norm_relu():
+    x = np.random.default_rng(41).standard_normal((4, 3, 5, 5)).astype(np.float32)
+    x[0, 1, 3, 3] = np.nan
+    rm, rv = ft.zeros(3), ft.ones(3)
+    out, _, _ = ft.ops.batch_norm_forward(None, None, None, ft.tensor(x), None, None, rm, rv, False, act="relu")
+    out = out.numpy()
+    assert np.isnan(out[0, 1, 3, 3])  # relu(nan) = nan, as in NumPy and PyTorch
+    assert np.isfinite(np.delete(out.reshape(-1), np.ravel_multi_index((0, 1, 3, 3), out.shape))).all()
+
+
+def nan_loss_program(policy, seed=16):
+    """No activation between the input and the logits path that could hide a NaN: a NaN pixel gives a NaN loss."""
+    ft.manual_seed(seed)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                          nn.Linear(4, CLASSES))
+    opt = ft.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    program = model.compile(opt, nn.CrossEntropyLoss(), batch_size=8, input_shape=(3, 8, 8), nan_policy=policy)
+    program.train_step(*batch(8, seed=1))
+    return program
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_nonfinite_loss_raises_and_changes_nothing(bad):
+    program = nan_loss_program("raise")
+    x, y = batch(8, seed=3)
+    x[2, 1, 4, 4] = bad
+    before = snapshot(program)
+    with pytest.raises(ValueError, match=r"(?i)loss is [-+]?(nan|inf)") as info:
+        program.train_step(x, y)
+    assert "skip" in str(info.value)  # it names the way out
+    assert snapshot(program) == before
+    assert np.isfinite(program.train_step(*batch(8, seed=4)))  # and training goes on
+
+
+def test_nan_policy_skip_skips_the_step():
+    program = nan_loss_program("skip")
+    x, y = batch(8, seed=3)
+    x[0, 0, 0, 0] = np.nan
+    before = snapshot(program)
+    steps, skipped = program.step_count, program.skipped_steps
+    loss = program.train_step(x, y)
+    assert math.isnan(loss)
+    assert program.skipped_steps == skipped + 1
+    assert snapshot(program) == before  # weights and momentum untouched
+    program.train_step(*batch(8, seed=4))
+    assert program.skipped_steps == skipped + 1 and program.step_count == steps + 2
+    assert snapshot(program)[0] != before[0]
+
+
+def test_nan_policy_skip_with_adamw_keeps_the_step_count():
+    ft.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, CLASSES))
+    opt = ft.optim.AdamW(model.parameters(), lr=0.01)
+    program = model.compile(opt, batch_size=8, input_shape=(3, 8, 8), nan_policy="skip")
+    program.train_step(*batch(8, seed=1))
+    x, y = batch(8, seed=3)
+    x[1, 2, 3, 4] = np.nan
+    before = snapshot(program)
+    program.train_step(x, y)
+    assert snapshot(program) == before
+    assert float(opt.state_dict()["state"][0]["step"]) == 1
+
+
+@pytest.mark.parametrize("policy", ["raise", "skip"])
+def test_nonfinite_step_leaves_running_statistics_alone(policy):
+    ft.manual_seed(17)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4), nn.AdaptiveAvgPool2d(1),
+                          nn.Flatten(), nn.Linear(4, CLASSES))  # no ReLU after the BN: the NaN reaches the loss
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), batch_size=8,
+                            input_shape=(3, 8, 8), nan_policy=policy)
+    program.train_step(*batch(8, seed=1))
+    before = snapshot(program)
+    x, y = batch(8, seed=3)
+    x[0, 0, 0, 0] = np.nan
+    try:
+        assert math.isnan(program.train_step(x, y)) and policy == "skip"
+    except ValueError:
+        assert policy == "raise"
+    assert snapshot(program)[1:] == before[1:]  # the optimizer is untouched (this part holds today)
+    assert {k: v for k, v in snapshot(program)[0].items() if "running" not in k} == \
+        {k: v for k, v in before[0].items() if "running" not in k}  # and so are the weights
+    changed = [k for k, v in snapshot(program)[0].items() if v != before[0][k]]
+    assert not changed, f"changed by a step that was not applied: {changed}"  # the running statistics too
+
+
+def test_nan_policy_skip_skips_nonfinite_gradients():
+    model = make_resnet(seed=17)
+    program = compile_resnet(model, ft.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), nan_policy="skip")
+    program.train_step(*batch(8, seed=1))
+    before = snapshot(program)
+    x, y = batch(8, seed=3)
+    x[0, 0, 0, 0] = np.nan
+    skipped = program.skipped_steps
+    program.train_step(x, y)  # must not raise
+    assert program.skipped_steps == skipped + 1
+    assert {k: v for k, v in snapshot(program)[0].items() if "running" not in k} == \
+        {k: v for k, v in before[0].items() if "running" not in k}
+    assert snapshot(program)[1:] == before[1:]
+
+
+def test_fit_names_the_step_of_a_nonfinite_loss():
+    program = nan_loss_program("raise")
+    batches = [batch(8, seed=k) for k in range(5)]
+    batches[3][0][0, 0, 0, 0] = np.nan
+    with pytest.raises(ValueError, match=r"(?i)nan") as info:
+        ft.fit(program, batches, 1, progress=False)
+    assert re.search(r"(?i)step\D{0,3}(3|4|5)\b", str(info.value)), str(info.value)
+
+
+def test_fit_with_skipped_steps_reports_a_finite_loss():
+    program = nan_loss_program("skip")
+    batches = [batch(8, seed=k) for k in range(4)]
+    batches[2][0][0, 0, 0, 0] = np.nan
+    history = ft.fit(program, batches, 1, progress=False)
+    assert program.skipped_steps == 1 and np.isfinite(history["train_loss"][0])
+
+
+# ---------------------------------------------------------------- optimizers and options
+
+def test_optimizer_of_another_model_is_refused():
+    model, other = make_resnet(seed=18), make_resnet(seed=19)
+    with pytest.raises(ValueError, match=r"another model.*conv2d\.weight"):
+        compile_resnet(model, ft.optim.SGD(other.parameters(), lr=0.1))
+    # holding the model's parameters and another model's too
+    with pytest.raises(ValueError, match="another model"):
+        compile_resnet(model, ft.optim.SGD(list(model.parameters()) + list(other.parameters()), lr=0.1))
+    # a parameter the compiled step does not know (the optimizer was rebuilt around another model since)
+    program = compile_resnet(model)
+    program.optimizer.param_groups[0]["params"].append(list(other.parameters())[0])
+    mine, theirs = state_bits(model), state_bits(other)
+    with pytest.raises(ValueError, match="another model"):
+        program.train_step(*batch(8))
+    assert state_bits(model) == mine and state_bits(other) == theirs
+
+
+@pytest.mark.parametrize("lr", [float("nan"), float("inf"), -0.1])
+def test_non_finite_learning_rate_is_refused(trained, lr):
+    opt = trained.optimizer
+    with pytest.raises(ValueError, match="lr"):
+        ft.optim.SGD(trained.model.parameters(), lr=lr)
+    before = snapshot(trained)
+    opt.param_groups[0]["lr"] = lr  # what a bad scheduler would do
+    try:
+        with pytest.raises(ValueError, match="lr"):
+            trained.train_step(*batch(8, seed=2))
+        assert state_bits(trained.model) == before[0] and snapshot(trained)[1] == before[1]
+    finally:
+        opt.param_groups[0]["lr"] = 0.01
+
+
+def test_bad_compile_options():
+    model = make_resnet()
+    with pytest.raises(ValueError, match="multiple"):
+        compile_resnet(model, batch_size=8, accumulate_steps=3)
+    with pytest.raises(ValueError):
+        compile_resnet(model, batch_size=0)
+    with pytest.raises(ValueError):
+        compile_resnet(model, memory_format="nchw")
+    for kw in (dict(clip_grad_norm=-1.0), dict(clip_grad_norm=float("nan")), dict(nan_policy="ignore")):
+        before = state_bits(model)
+        with pytest.raises(ValueError):
+            compile_resnet(model, **kw).train_step(*batch(8))  # at compile time or at the first step
+        assert state_bits(model) == before

@@ -1,0 +1,300 @@
+"""Checkpoints of a compiled program (ft.save, ft.load): a bitwise-exact resume, the values as written,
+interchange with the safetensors package, another architecture or optimizer refused without changing anything,
+corrupt or truncated files, and a resume with a data loader's position."""
+import json
+import os
+import struct
+
+import numpy as np
+import pytest
+
+import fasttrain as ft
+from _programref import CLASSES, batch, compile_plain, compile_resnet, make_resnet, plain_net, state_bits
+
+nn = ft.nn
+
+
+def train(program, first, count, size=8):
+    return [program.train_step(*batch(size, seed=500 + k)) for k in range(first, first + count)]
+
+
+RESUME_CASES = {
+    "sgd_nesterov": (plain_net, compile_plain, lambda ps: ft.optim.SGD(ps, lr=0.05, momentum=0.9, nesterov=True,
+                                                                      weight_decay=1e-3)),
+    "adamw": (plain_net, compile_plain, lambda ps: ft.optim.AdamW(ps, lr=0.01)),
+    "batchnorm_sgd": (make_resnet, compile_resnet, lambda ps: ft.optim.SGD(ps, lr=0.05, momentum=0.9)),
+    "dropout_sgd": (lambda seed: plain_net(seed, dropout=0.3), compile_plain,
+                    lambda ps: ft.optim.SGD(ps, lr=0.05, momentum=0.9)),
+}
+
+
+@pytest.mark.parametrize("case", list(RESUME_CASES))
+def test_checkpoint_resume_is_bitwise_exact(case, tmp_path):
+    make, comp, opt = RESUME_CASES[case]
+    n, m = 3, 3
+    a = make(0)
+    pa = comp(a, opt(a.parameters()))
+    train(pa, 0, n)
+    path = str(tmp_path / "run.safetensors")
+    ft.save(path, pa, epoch=1)
+    saved = state_bits(a)
+    want_losses = train(pa, n, m)
+    b = make(9)  # other initial weights: everything must come from the checkpoint
+    pb = comp(b, opt(b.parameters()))
+    assert state_bits(b) != saved
+    meta = ft.load(path, into=pb)
+    assert meta["epoch"] == 1 and pb.step_count == n
+    assert state_bits(b) == saved
+    assert train(pb, n, m) == want_losses
+    assert state_bits(b) == state_bits(a)
+    sa, sb = pa.optimizer.state_dict(), pb.optimizer.state_dict()
+    assert sa["param_groups"] == sb["param_groups"] and sa["state"].keys() == sb["state"].keys()
+    for i in sa["state"]:
+        for key in sa["state"][i]:
+            assert np.asarray(sa["state"][i][key]).tobytes() == np.asarray(sb["state"][i][key]).tobytes()
+
+
+def test_checkpoint_round_trip_values(tmp_path):
+    """Parameters (PyTorch key names), optimizer state and metadata as written."""
+    model = plain_net(1)
+    program = compile_plain(model, ft.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
+    train(program, 0, 2)
+    path = str(tmp_path / "c.safetensors")
+    ft.save(path, program, epoch=4, step=7, metadata={"note": "hello"})
+    tensors, meta = ft.load(path)
+    sd = model.state_dict()
+    for k, v in sd.items():
+        assert tensors[k].dtype == v.dtype and tensors[k].shape == v.shape and tensors[k].tobytes() == v.tobytes()
+    state = program.optimizer.state_dict()["state"]
+    for i, entry in state.items():
+        assert tensors[f"optimizer.state.{i}.momentum_buffer"].tobytes() == entry["momentum_buffer"].tobytes()
+    assert meta["epoch"] == 4 and meta["step"] == 7 and meta["note"] == "hello"
+    assert json.loads(meta["optimizer.param_groups"])[0]["lr"] == 0.05
+    assert not [f for f in os.listdir(tmp_path) if f != "c.safetensors"]  # no temporary file left behind
+
+
+@pytest.mark.parametrize("make", [plain_net, make_resnet], ids=["plain", "batchnorm"])
+def test_checkpoint_opens_with_safetensors_numpy(make, tmp_path):
+    st = pytest.importorskip("safetensors.numpy", reason="the safetensors package is not installed")
+    model = make(2)
+    comp = compile_resnet if make is make_resnet else compile_plain
+    program = comp(model, ft.optim.AdamW(model.parameters(), lr=0.01))
+    train(program, 0, 1)
+    path = str(tmp_path / "c.safetensors")
+    ft.save(path, program)
+    tensors = st.load_file(path)
+    for k, v in model.state_dict().items():
+        assert k in tensors
+        assert tensors[k].dtype == v.dtype and tensors[k].tobytes() == v.tobytes()
+    for k, v in program.optimizer.state_dict()["state"][0].items():
+        assert tensors[f"optimizer.state.0.{k}"].tobytes() == np.asarray(v).tobytes()
+
+
+def test_checkpoint_keeps_scalar_shapes(tmp_path):
+    st = pytest.importorskip("safetensors.numpy", reason="the safetensors package is not installed")
+    model = make_resnet(2)
+    program = compile_resnet(model, ft.optim.AdamW(model.parameters(), lr=0.01))
+    train(program, 0, 1)
+    path = str(tmp_path / "c.safetensors")
+    ft.save(path, program)
+    tensors = st.load_file(path)
+    assert tensors["batch_norm2d.num_batches_tracked"].shape == ()
+    assert tensors["optimizer.state.0.step"].shape == ()
+
+
+def other_net(seed=0):
+    """plain_net with a 5x5 first conv and 7 classes: 0.weight and 6.weight/6.bias differ."""
+    ft.manual_seed(seed)
+    return nn.Sequential(nn.Conv2d(3, 6, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(6, 8, 3, padding=1),
+                         nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 7))
+
+
+def test_checkpoint_of_another_architecture_is_refused(tmp_path):
+    src = other_net(0)
+    psrc = compile_plain(src, ft.optim.SGD(src.parameters(), lr=0.1, momentum=0.9))
+    train(psrc, 0, 1)
+    path = str(tmp_path / "other.safetensors")
+    ft.save(path, psrc)
+    model = plain_net(1)
+    program = compile_plain(model, ft.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    train(program, 0, 1)
+    before, opt_before = state_bits(model), program.optimizer.state_dict()
+    with pytest.raises(ValueError) as info:
+        ft.load(path, into=program)
+    msg = str(info.value)
+    assert "0.weight" in msg and "(6, 3, 5, 5)" in msg and "(6, 3, 3, 3)" in msg
+    assert "7.weight" not in msg  # the first mismatch only
+    assert state_bits(model) == before
+    opt_after = program.optimizer.state_dict()
+    assert all(opt_after["state"][i]["momentum_buffer"].tobytes() == opt_before["state"][i]["momentum_buffer"].tobytes()
+               for i in opt_before["state"])
+    # a checkpoint that lacks one of the model's tensors
+    ft.save(path, nn.Sequential(nn.Conv2d(3, 6, 3, padding=1)))
+    with pytest.raises((KeyError, ValueError), match="3.weight"):
+        ft.load(path, into=program)
+    assert state_bits(model) == before
+
+
+@pytest.mark.parametrize("mismatch", ["groups", "class"])
+def test_failed_optimizer_load_changes_nothing(mismatch, tmp_path):
+    src = plain_net(0)
+    psrc = compile_plain(src, ft.optim.AdamW(src.parameters(), lr=0.01))
+    train(psrc, 0, 1)
+    path = str(tmp_path / "c.safetensors")
+    ft.save(path, psrc)
+    model = plain_net(1)
+    params = list(model.parameters())
+    if mismatch == "groups":
+        opt = ft.optim.AdamW([{"params": params[:2]}, {"params": params[2:], "weight_decay": 0.0}], lr=0.01)
+    else:
+        opt = ft.optim.SGD(params, lr=0.1, momentum=0.9)
+    program = compile_plain(model, opt)
+    train(program, 0, 1)
+    before = state_bits(model)
+    with pytest.raises((ValueError, KeyError, TypeError)):  # the class mismatch gives KeyError('momentum') today
+        ft.load(path, into=program)
+    assert state_bits(model) == before
+
+
+def _corruptions(raw):
+    """(label, bytes) of damaged versions of a valid checkpoint."""
+    (n,) = struct.unpack("<Q", raw[:8])
+    out = [(f"truncated to {k} bytes", raw[:k]) for k in (0, 3, 8, 16, 8 + n // 2, 8 + n, 8 + n + 10, len(raw) - 1)]
+    out.append(("header length beyond the file", struct.pack("<Q", len(raw)) + raw[8:]))
+    out.append(("header length 2**63", struct.pack("<Q", 1 << 63) + raw[8:]))
+    out.append(("garbage", bytes(range(256)) * 4))
+    out.append(("header not JSON", raw[:8] + b"\xff" * n + raw[8 + n:]))
+    out.append(("header a JSON list", raw[:8] + b"[1, 2]".ljust(n) + raw[8 + n:]))
+    header = json.loads(raw[8:8 + n])
+
+    def crafted(label, edit):
+        h = json.loads(raw[8:8 + n])
+        edit(h)
+        j = json.dumps(h).encode()
+        j += b" " * (-len(j) % 8)
+        out.append((label, struct.pack("<Q", len(j)) + j + raw[8 + n:]))
+
+    crafted("a tensor beyond the data", lambda h: h["0.weight"].__setitem__(
+        "data_offsets", [h["0.weight"]["data_offsets"][0], len(raw)]))
+    crafted("negative offset", lambda h: h["0.weight"].__setitem__("data_offsets", [-4, 644]))
+    crafted("overlapping tensors", lambda h: h["0.bias"].__setitem__("data_offsets", [0, 24]))
+    crafted("unknown dtype", lambda h: h["0.weight"].__setitem__("dtype", "F99"))
+    crafted("wrong dtype size", lambda h: h["0.weight"].__setitem__("dtype", "F16"))
+    crafted("entry not a dict", lambda h: h.__setitem__("0.weight", [1, 2]))
+    crafted("negative dimension", lambda h: h["0.weight"].__setitem__("shape", [-6, 3, 3, 3]))
+    assert "0.weight" in header
+    return out
+
+
+def _crafted_bad_types(raw):
+    (n,) = struct.unpack("<Q", raw[:8])
+    out = []
+
+    def crafted(label, edit):
+        h = json.loads(raw[8:8 + n])
+        edit(h)
+        j = json.dumps(h).encode()
+        j += b" " * (-len(j) % 8)
+        out.append((label, struct.pack("<Q", len(j)) + j + raw[8 + n:]))
+
+    crafted("a string offset", lambda h: h["0.weight"].__setitem__("data_offsets", [0, "x"]))
+    crafted("a dtype that is a list", lambda h: h["0.weight"].__setitem__("dtype", ["F32"]))
+    crafted("a dimension of 10**30", lambda h: h["0.weight"].__setitem__("shape", [10 ** 30]))
+    crafted("metadata not a dict", lambda h: h.__setitem__("__metadata__", [1]))
+    return out
+
+
+def _checkpoint(tmp_path):
+    model = plain_net(0)
+    program = compile_plain(model, ft.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    train(program, 0, 1)
+    path = str(tmp_path / "good.safetensors")
+    ft.save(path, program)
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def test_corrupt_or_truncated_checkpoint_raises_value_error(tmp_path):
+    raw = _checkpoint(tmp_path)
+    model = plain_net(1)
+    program = compile_plain(model, ft.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    train(program, 0, 1)
+    before = state_bits(model)
+    bad = str(tmp_path / "bad.safetensors")
+    for label, data in _corruptions(raw):
+        with open(bad, "wb") as f:
+            f.write(data)
+        with pytest.raises(ValueError):
+            ft.load(bad, into=program)
+            pytest.fail(f"{label}: loaded")
+        with pytest.raises(ValueError):
+            ft.load(bad)
+        assert state_bits(model) == before, label
+    # random damage to the header bytes: an exception (never a crash), and the model unchanged
+    (n,) = struct.unpack("<Q", raw[:8])
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        data = bytearray(raw)
+        for pos in rng.integers(8, 8 + n, 3):
+            data[pos] = int(rng.integers(0, 256))
+        with open(bad, "wb") as f:
+            f.write(bytes(data))
+        try:
+            ft.load(bad, into=program)
+        except (ValueError, KeyError):
+            assert state_bits(model) == before
+        else:  # harmless damage (in padding, or a value that still fits): the checkpoint's weights were loaded
+            before = state_bits(model)
+
+
+def test_corrupt_header_types_raise_value_error(tmp_path):
+    raw = _checkpoint(tmp_path)
+    bad = str(tmp_path / "bad.safetensors")
+    failures = []
+    for label, data in _crafted_bad_types(raw):
+        with open(bad, "wb") as f:
+            f.write(data)
+        try:
+            ft.load(bad)
+        except ValueError:
+            continue
+        except Exception as e:  # noqa: BLE001 - which exception is the point
+            failures.append(f"{label}: {type(e).__name__}: {e}")
+        else:
+            failures.append(f"{label}: loaded")
+    assert not failures, failures
+
+
+def test_resume_with_loader_position(tmp_path):
+    """ft.save/ft.load with a data loader in the middle of an epoch: the resumed run sees the same batches."""
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (40, 8, 8), dtype=np.uint8)
+    labels = rng.integers(0, CLASSES, 40)
+
+    def loader():
+        return ft.data.Loader(ft.data.from_arrays(images, labels), 8, shuffle=True, seed=3, num_workers=1,
+                              transforms=[ft.data.RandomHorizontalFlip(), ft.data.Normalize(0.5, 0.25)])
+
+    def net(seed):
+        ft.manual_seed(seed)
+        return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(256, CLASSES))
+
+    def comp(m):
+        return m.compile(ft.optim.SGD(m.parameters(), lr=0.05, momentum=0.9), batch_size=8, input_shape=(1, 8, 8))
+
+    a, la = net(0), loader()
+    pa = comp(a)
+    it = iter(la)
+    for _ in range(2):
+        pa.train_step(*next(it))
+    path = str(tmp_path / "c.safetensors")
+    ft.save(path, pa, loader=la)
+    want = [pa.train_step(x, y) for x, y in it]  # the 3 batches left in the epoch
+    want += [pa.train_step(x, y) for x, y in la]  # and the next epoch
+    b, lb = net(1), loader()
+    pb = comp(b)
+    ft.load(path, into=pb, loader=lb)
+    got = [pb.train_step(x, y) for x, y in lb]
+    got += [pb.train_step(x, y) for x, y in lb]
+    assert got == want
+    assert state_bits(a) == state_bits(b)

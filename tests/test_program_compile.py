@@ -1,0 +1,141 @@
+"""What model.compile makes of a model: the conv bias that batch norm cancels is dropped (and kept before a
+padded average pool), ReLUs are fused into the layer before them, summary() of a compiled program and of a
+model before compiling, and a model compiled again after zero_grad."""
+import numpy as np
+
+import fasttrain as ft
+from _programref import (CLASSES, assert_grad_close, batch, bn_f, ce_f, compile_resnet, conv_f, grads_of,
+                         make_resnet, params_of, ref_net, set_params)
+
+nn = ft.nn
+
+
+# ---------------------------------------------------------------- the dropped conv bias
+
+def test_dropped_bias_is_not_in_the_forward_pass():
+    """The conv bias dropped before batch norm: in training mode batch norm cancels any per-channel constant, so
+    the loss and every other gradient do not depend on it (checked against the reference with the bias present,
+    and with the bias changed)."""
+    model = make_resnet(seed=2)
+    program = compile_resnet(model)
+    x, y = batch(8, seed=3)
+    loss = program.backward(x, y)
+    set_params(model, {"conv2d.bias": params_of(model)["conv2d.bias"] + 5.0})
+    P = params_of(model)
+    want_loss, want, _, _ = ref_net(P, x, y)
+    program.optimizer.zero_grad()
+    assert abs(program.backward(x, y) - want_loss) <= 1e-5 * want_loss
+    assert abs(loss - want_loss) <= 1e-5 * want_loss
+    got = grads_of(model)
+    for name in P:
+        assert_grad_close(got[name], want[name], name)
+
+
+def big_bias_net(seed=0):
+    """A conv whose bias batch norm cancels, in a model of more than 2**18 parameters (1 MiB of float32: the
+    flat buffers come from the size-cached allocator)."""
+    ft.manual_seed(seed)
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(),
+                         nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, CLASSES))
+
+
+def test_dropped_bias_gradient_with_micro_batches():
+    model = big_bias_net()
+    numel = sum(p.numel() for p in model.parameters())
+    # freed blocks of the flat buffers' size holding 1.0: what a later allocation of that size may get back
+    junk = [ft.full((numel,), 1.0) for _ in range(6)]
+    del junk
+    opt = ft.optim.SGD(model.parameters(), lr=0.1)
+    program = model.compile(opt, nn.CrossEntropyLoss(), batch_size=8, input_shape=(3, 8, 8), accumulate_steps=2)
+    x, y = batch(8, seed=1)
+    bias = params_of(model)["0.bias"]
+    program.backward(x, y)
+    assert np.abs(grads_of(model)["0.bias"]).max() == 0  # batch norm cancels the bias: its gradient is zero
+    program.train_step(x, y)
+    np.testing.assert_array_equal(params_of(model)["0.bias"], bias)  # so plain SGD leaves it as it is
+
+
+def avgpool3_pad1(x):
+    """AvgPool2d(3, stride=1, padding=1) with count_include_pad=True: the zero padding counts in every window."""
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    return np.lib.stride_tricks.sliding_window_view(xp, (3, 3), axis=(2, 3)).sum(axis=(-2, -1)) / 9
+
+
+def test_bias_kept_before_padded_average_pool():
+    ft.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(2, 3, 3, padding=1), nn.AvgPool2d(3, stride=1, padding=1), nn.BatchNorm2d(3),
+                          nn.Flatten(), nn.Linear(48, 4))
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=4,
+                            input_shape=(2, 4, 4))
+    set_params(model, {"0.bias": np.array([1.0, -2.0, 3.0])})
+    P = params_of(model)
+    x, y = batch(4, shape=(2, 4, 4), classes=4)
+    h = bn_f(avgpool3_pad1(conv_f(x.astype(np.float64), P["0.weight"], P["0.bias"], 1)), P["2.weight"], P["2.bias"])[0]
+    want, _ = ce_f(h.reshape(4, -1) @ P["4.weight"].T + P["4.bias"], y, 0.0)
+    assert abs(program.backward(x, y) - want) <= 1e-5 * want
+
+
+# ---------------------------------------------------------------- summary
+
+def test_summary_reports_dropped_bias_fusions_shapes_and_counts():
+    model = make_resnet()
+    program = compile_resnet(model)
+    text = program.summary()
+    rows = [line for line in text.splitlines() if line[:3].strip().isdigit()]
+    kinds = [r.split()[1] for r in rows]
+    # the ReLUs are fused away: no node of their own; the loss's nodes follow the model's
+    assert kinds == ["input", "Conv2d", "BatchNorm2d", "Conv2d", "Add", "MaxPool2d", "Conv2d",
+                     "AdaptiveAvgPool2d", "Flatten", "Linear", "Target", "CrossEntropyLoss"]
+    by = dict(zip(range(len(rows)), rows))
+    assert "bias dropped" in by[1] and "bias dropped" not in by[3] and "bias dropped" not in by[6]
+    for i in (2, 4, 6):
+        assert "relu fused" in by[i], by[i]
+    assert "fused" not in by[1] and "fused" not in by[9]
+    for i, shape in {1: (6, 8, 8), 5: (6, 4, 4), 6: (8, 4, 4), 9: (CLASSES,)}.items():
+        assert str(shape) in by[i]
+    # parameter counts: 6*3*9+6, 2*6, 6*6*9+6, 8*6*9+8, 8*5+5
+    for i, count in {1: 168, 2: 12, 3: 330, 6: 440, 9: 45}.items():
+        assert f"{count:,}" in by[i].split(), by[i]
+    assert "parameters: 995" in text
+
+
+def test_summary_of_the_demo_block_drops_the_bias_through_max_pool():
+    ft.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.MaxPool2d(2), nn.BatchNorm2d(4), nn.ReLU(),
+                          nn.Conv2d(4, 4, 3, padding=1), nn.ReLU(), nn.BatchNorm2d(4),
+                          nn.Flatten(), nn.Linear(4 * 14 * 14, 10))
+    text = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=4, input_shape=(1, 28, 28)).summary()
+    rows = [line for line in text.splitlines() if line[:3].strip().isdigit()]
+    convs = [r for r in rows if r.split()[1] == "Conv2d"]
+    assert "bias dropped" in convs[0]  # max pooling commutes with a per-channel constant
+    assert "bias dropped" not in convs[1] and "relu fused" in convs[1]  # a ReLU stands between it and the BN
+    assert "relu fused" in [r for r in rows if r.split()[1] == "BatchNorm2d"][0]
+
+
+def test_model_summary_before_compiling():
+    ft.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(4 * 8 * 8, CLASSES))
+    bias = model[0].bias.numpy().copy()
+    text = model.summary((1, 8, 8), batch_size=2)
+    assert "bias dropped" in text and "relu fused" in text
+    assert f"parameters: {sum(p.numel() for p in model.parameters()):,}" in text
+    assert "MFLOP" in text and "(4, 8, 8)" in text
+    np.testing.assert_array_equal(model[0].bias.numpy(), bias)  # summary changes nothing
+
+
+# ---------------------------------------------------------------- compiling again
+
+def test_a_model_compiled_again_after_zero_grad_fills_its_gradients():
+    """zero_grad() sets .grad to None; compiling the model again gives each parameter its gradient back."""
+    ft.manual_seed(5)
+    model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, CLASSES))
+    rng = np.random.default_rng(2)
+    x, y = rng.standard_normal((4, 4)).astype(np.float32), rng.integers(0, CLASSES, 4)
+    opt = ft.optim.SGD(model.parameters(), lr=0.1)
+    model.compile(opt, batch_size=4, input_shape=(4,)).backward(x, y)
+    want = [p.grad.numpy().copy() for p in model.parameters()]
+    opt.zero_grad()
+    model.compile(opt, batch_size=4, input_shape=(4,)).backward(x, y)
+    for p, w in zip(model.parameters(), want):
+        np.testing.assert_array_equal(p.grad.numpy(), w)

@@ -1,0 +1,225 @@
+"""Eval mode and the training loops: batch norm's running statistics after training forwards, predict and
+evaluate against a float64 NumPy eval forward (and torch when importable), flip test-time augmentation, ft.fit
+over the C loader against train_step with the schedule's closed form, and a short Fashion-MNIST run fed by the C
+loader or by a Python iterable."""
+import numpy as np
+import pytest
+
+import fasttrain as ft
+from _opref import torch
+from _programref import (CLASSES, SMOOTHING, batch, ce_f, compile_resnet, make_resnet, needs_torch, params_of,
+                         ref_net, ref_predict, set_params, state_bits, torch_resnet)
+
+nn = ft.nn
+
+
+# ---------------------------------------------------------------- running statistics and eval mode
+
+def test_running_statistics_without_the_dropped_bias():
+    """BN's running mean and variance after training forwards: (1 - momentum) * old + momentum * batch value,
+    with the unbiased batch variance (PyTorch). The conv bias is zero here (see the next test)."""
+    model = make_resnet(seed=4)
+    set_params(model, {"conv2d.bias": np.zeros(6)})
+    program = compile_resnet(model)
+    x, y = batch(8, seed=5)
+    P = params_of(model)
+    _, _, (mean, var), _ = ref_net(P, x, y)
+    program.backward(x, y)
+    program.backward(x, y)  # twice: the second update starts from the first
+    sd = model.state_dict()
+    np.testing.assert_allclose(sd["batch_norm2d.running_mean"], 0.19 * mean, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(sd["batch_norm2d.running_var"], 0.81 + 0.19 * var, rtol=1e-4, atol=1e-6)
+
+
+def test_num_batches_tracked_counts_training_forwards():
+    model = make_resnet(seed=4)
+    program = compile_resnet(model)
+    for k in range(3):
+        program.train_step(*batch(8, seed=k))
+    program.predict(batch(8)[0])  # eval mode: not counted
+    assert int(model.state_dict()["batch_norm2d.num_batches_tracked"]) == 3
+
+
+def test_running_statistics_and_predict_with_the_conv_bias():
+    """A conv bias that a batch norm cancels is dropped and zeroed at compile time, so the saved model, its
+    running statistics and the compiled program's eval-mode forward all describe the same function."""
+    model = make_resnet(seed=4)
+    assert np.abs(params_of(model)["conv2d.bias"]).max() > 0.01  # PyTorch's default initialisation
+    program = compile_resnet(model)
+    x, y = batch(8, seed=5)
+    P = params_of(model)
+    assert np.abs(P["conv2d.bias"]).max() == 0
+    _, _, (mean, _), _ = ref_net(P, x, y)
+    program.backward(x, y)
+    sd = model.state_dict()
+    np.testing.assert_allclose(sd["batch_norm2d.running_mean"], 0.1 * mean, rtol=1e-4, atol=1e-6)
+    xt, _ = batch(6, seed=6)
+    np.testing.assert_allclose(program.predict(xt).numpy(), ref_predict(sd, xt), rtol=1e-4, atol=1e-5)
+
+
+def test_predict_and_evaluate_match_numpy_eval_forward():
+    """Eval mode: running statistics (after a few training steps), no batch statistics; batches larger and
+    smaller than the compiled one; evaluate's mean loss and accuracy; flip test-time augmentation."""
+    model = make_resnet(seed=6)
+    set_params(model, {"conv2d.bias": np.zeros(6)})
+    opt = ft.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    program = compile_resnet(model, opt)
+    for k in range(3):
+        program.train_step(*batch(8, seed=10 + k))
+    sd = model.state_dict()
+    assert np.abs(sd["batch_norm2d.running_mean"]).max() > 1e-3
+    assert np.abs(sd["batch_norm2d.running_var"] - 1).max() > 1e-3
+    for n in (3, 8, 13):
+        x, y = batch(n, seed=20 + n)
+        want = ref_predict(sd, x)
+        got = program.predict(x).numpy()
+        assert got.shape == (n, CLASSES)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+        # the eval forward must not depend on the other samples of the batch
+        np.testing.assert_allclose(program.predict(x[:1]).numpy(), want[:1], rtol=1e-4, atol=1e-5)
+        loss, acc = program.evaluate(x, y)
+        assert abs(loss - ce_f(want, y, SMOOTHING)[0]) <= 1e-5 * loss
+        assert acc == np.mean(want.argmax(1) == y)
+        loss_sum, correct, count = _eval_with_flip(program, x, y)
+        both = (want + ref_predict(sd, x[..., ::-1])) / 2
+        assert count == n and correct == np.sum(both.argmax(1) == y)
+        assert abs(loss_sum / n - ce_f(both, y, SMOOTHING)[0]) <= 1e-5 * loss_sum / n
+    # predict keeps the model's parameters and statistics as they are
+    assert state_bits(model) == {k: np.ascontiguousarray(v).tobytes() for k, v in sd.items()}
+
+
+def _eval_with_flip(program, x, y):
+    loss, acc = ft.evaluate(program, [(x, y)], tta_flip=True)
+    return loss * len(y), round(acc * len(y)), len(y)
+
+
+@needs_torch
+def test_predict_matches_torch_eval():
+    model = make_resnet(seed=7)
+    set_params(model, {"conv2d.bias": np.zeros(6)})
+    program = compile_resnet(model, ft.optim.AdamW(model.parameters(), lr=0.01))
+    for k in range(2):
+        program.train_step(*batch(8, seed=30 + k))
+    sd = model.state_dict()
+    tm = torch_resnet({k: v for k, v in sd.items()})
+    with torch.no_grad():
+        tm["batch_norm2d"].running_mean.copy_(torch.tensor(sd["batch_norm2d.running_mean"], dtype=torch.float64))
+        tm["batch_norm2d"].running_var.copy_(torch.tensor(sd["batch_norm2d.running_var"], dtype=torch.float64))
+        tm.eval()
+        x, _ = batch(5, seed=40)
+        want = tm(torch.tensor(x, dtype=torch.float64)).numpy()
+    np.testing.assert_allclose(program.predict(x).numpy(), want, rtol=1e-4, atol=1e-5)
+
+
+# ---------------------------------------------------------------- ft.fit: the C loop and a Python iterable
+
+def test_fit_with_c_loader_equals_python_steps_with_the_schedule():
+    """ft.fit over a fasttrain Loader (the epoch loop in C, per-step learning rates computed up front) trains
+    exactly as train_step over the same batches with the schedule's closed form, lr_k = base * (0.25 + 0.75 k / 5)
+    for k < 5 (LinearLR), then base."""
+    rng = np.random.default_rng(1)
+    images = rng.integers(0, 256, (48, 8, 8), dtype=np.uint8)
+    labels = rng.integers(0, CLASSES, 48)
+
+    def loader():
+        return ft.data.Loader(ft.data.from_arrays(images, labels), 16, shuffle=True, seed=5, num_workers=1,
+                              transforms=[ft.data.RandomCrop(8, padding=1), ft.data.Normalize(0.5, 0.25)])
+
+    def net():
+        ft.manual_seed(4)
+        return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4), nn.ReLU(),
+                             nn.MaxPool2d(2), nn.Flatten(), nn.Linear(64, CLASSES))
+
+    def comp(m, opt):
+        return m.compile(opt, nn.CrossEntropyLoss(label_smoothing=SMOOTHING), batch_size=16, input_shape=(1, 8, 8))
+
+    a = net()
+    opt = ft.optim.SGD(a.parameters(), lr=0.1, momentum=0.9)
+    sched = ft.optim.lr_scheduler.LinearLR(opt, start_factor=0.25, total_iters=5)
+    history = ft.fit(comp(a, opt), loader(), 3, scheduler=sched, progress=False)
+    b = net()
+    opt_b = ft.optim.SGD(b.parameters(), lr=0.1, momentum=0.9)
+    pb = comp(b, opt_b)
+    lb, k, means = loader(), 0, []
+    for epoch in range(3):
+        lb.set_epoch(epoch)
+        total = 0.0
+        for x, y in lb:
+            opt_b.param_groups[0]["lr"] = 0.1 * (0.25 + 0.75 * min(k, 5) / 5)
+            total += pb.train_step(x, y) * len(y)
+            k += 1
+        means.append(total / 48)
+    assert k == 9 and len(history["train_loss"]) == 3
+    np.testing.assert_allclose(history["train_loss"], means, rtol=1e-12)
+    assert state_bits(a) == state_bits(b)
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.1)
+
+
+def fashion(train, count):
+    try:
+        src = ft.data.FashionMNIST(train=train)
+    except FileNotFoundError as e:
+        pytest.skip(f"Fashion-MNIST is not installed (Debian package dataset-fashion-mnist): {e}")
+    return np.ascontiguousarray(src.images[:count]), np.ascontiguousarray(src.labels[:count]).astype(np.int64)
+
+
+def fashion_net():
+    ft.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
+                         nn.AdaptiveMaxPool2d(1), nn.Flatten(), nn.Linear(64, 10))
+
+
+FASHION_MEAN, FASHION_STD = 0.2860, 0.3530
+
+
+@pytest.mark.parametrize("feed", ["c_loader", "python_iterable"])
+def test_fashion_mnist_slice_trains_past_80_percent(feed, threads):
+    """6000 training images, 2 epochs, batch 64, SGD Nesterov with a one-cycle schedule, label smoothing 0.1:
+    more than 80% accuracy on 2000 test images (about 85% expected), fed by the C loader or by NumPy batches."""
+    threads(2)
+    xi, yi = fashion(True, 6000)
+    xt, yt = fashion(False, 2000)
+    model = fashion_net()
+    opt = ft.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=5e-4)
+    program = model.compile(opt, nn.CrossEntropyLoss(label_smoothing=0.1), batch_size=64, input_shape=(1, 28, 28))
+    sched = ft.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=2 * (6000 // 64), pct_start=0.2,
+                                             anneal_strategy="linear", cycle_momentum=False)
+    norm = [ft.data.Normalize(FASHION_MEAN, FASHION_STD)]
+    if feed == "c_loader":
+        train = ft.data.Loader(ft.data.from_arrays(xi, yi), 64, shuffle=True, seed=0, num_workers=1, drop_last=True,
+                               transforms=norm)
+        test = ft.data.Loader(ft.data.from_arrays(xt, yt), 500, num_workers=1, transforms=norm)
+    else:
+        def scaled(a):
+            return ((a.astype(np.float32) / 255 - FASHION_MEAN) / FASHION_STD)[:, None]
+
+        rng = np.random.default_rng(0)
+        order = [rng.permutation(6000) for _ in range(2)]
+        train = _Epochs([[(scaled(xi[o[i:i + 64]]), yi[o[i:i + 64]]) for i in range(0, 6000 - 63, 64)]
+                         for o in order])
+        test = [(scaled(xt[i:i + 500]), yt[i:i + 500]) for i in range(0, 2000, 500)]
+    history = ft.fit(program, train, 2, val_loader=test, scheduler=sched, progress=False)
+    assert len(history["val_accuracy"]) == 2
+    acc = history["val_accuracy"][-1]
+    assert acc > 0.80, f"test accuracy {acc:.4f} after 2 epochs on 6000 images"
+    assert history["train_loss"][1] < history["train_loss"][0]
+    # ft.evaluate agrees with the accuracy of program.predict's logits
+    logits = program.predict(((xt.astype(np.float32) / 255 - FASHION_MEAN) / FASHION_STD)[:, None]).numpy()
+    assert abs(np.mean(logits.argmax(1) == yt) - ft.evaluate(program, test)[1]) <= 1e-3
+
+
+class _Epochs:
+    """A plain Python iterable of (x, y) NumPy batches, another shuffle each pass."""
+
+    def __init__(self, epochs):
+        self.epochs, self.pass_ = epochs, 0
+
+    def __len__(self):
+        return len(self.epochs[0])
+
+    def __iter__(self):
+        batches = self.epochs[self.pass_ % len(self.epochs)]
+        self.pass_ += 1
+        return iter(batches)
