@@ -91,3 +91,33 @@ def test_record_writer_ends_at_random_moments(tmp_path, end):
         error = run_in_thread(add_many)
         stopper.join()
         assert error is None or (isinstance(error, ValueError) and "closed" in str(error)), repr(error)
+
+
+@pytest.mark.parametrize("kind", ["record", "tar"])
+def test_files_cut_while_the_loader_reads_them(tmp_path, kind):
+    """Another process cutting a file short at a random moment of an epoch: the workers' reads fail with an
+    OSError naming the file (a mapped file would give SIGBUS there, between any check and the read)."""
+    rng = random.Random(3)
+    images = np.random.default_rng(0).integers(0, 256, (256, 48, 48, 3), np.uint8)
+    path = tmp_path / f"cut.{'rec' if kind == 'record' else 'tar'}"
+    for _ in range(ROUNDS):
+        if kind == "record":
+            D.write_records(path, (images, np.arange(256) % 4), quality=90)
+        else:
+            import io
+            import tarfile
+            with tarfile.open(path, "w") as tar:
+                for i, image in enumerate(images):
+                    for name, payload in ((f"{i:03d}.jpg", D.encode_jpeg(image)), (f"{i:03d}.cls", b"1")):
+                        info = tarfile.TarInfo(name)
+                        info.size = len(payload)
+                        tar.addfile(info, io.BytesIO(payload))
+        source = D.RecordFile(path) if kind == "record" else D.TarShards(path)
+        data = D.Loader(source, batch_size=4, num_workers=2)
+        cutter = threading.Timer(rng.uniform(0, 0.01), lambda: open(path, "r+b").truncate(2048))
+        cutter.start()
+        error = run_in_thread(lambda: [None for _ in data])
+        cutter.join()
+        data.close()
+        assert error is None or (isinstance(error, OSError) and "was truncated after it was opened" in str(error)
+                                 and path.name in str(error)), repr(error)

@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -245,23 +244,16 @@ void ft_record_writer_abort(ft_record_writer *w) { writer_free(w, true); }
 
 /* ---- reader ---- */
 
-ft_status ft_check_not_truncated(int fd, size_t mapped, const char *path) {
-    struct stat st;
-    if (fstat(fd, &st) != 0)
-        return ft_fail(FT_ERR_IO, "cannot stat %s: %s", path, strerror(errno));
-    if ((uint64_t)st.st_size < mapped)
-        return ft_fail(FT_ERR_IO, "%s was truncated after it was opened (%zu bytes then, %lld now)", path, mapped,
-                       (long long)st.st_size);
-    return FT_OK;
-}
+/* The most bytes a read of an entry guesses it needs. */
+#define GUESS_MAX ((uint64_t)1 << 20)
 
 struct ft_record_file {
     char *path;
-    const uint8_t *map;
-    size_t size;
-    int fd; /* kept open while mapped, to check the file's size before reads */
-    const uint8_t *index; /* (count) u64, in the mapping; NULL when recovered */
-    uint64_t *recovered;  /* (count) offsets found by walking the records */
+    int fd; /* -1 until opened */
+    uint64_t size; /* at open: reads past it are refused before they are tried */
+    uint64_t data_end; /* where records end (the index, or the file's end when recovered) */
+    uint64_t *offsets; /* (count) record offsets, from the index or recovered; the meta bytes follow */
+    bool recovered;
     int64_t count;
     const uint8_t *meta;
     size_t meta_len;
@@ -270,27 +262,37 @@ struct ft_record_file {
 void ft_record_close(ft_record_file *f) {
     if (!f)
         return;
-    if (f->map && f->size) {
-        munmap((void *)f->map, f->size);
+    if (f->fd >= 0)
         close(f->fd);
-    }
-    free(f->recovered);
+    free(f->offsets);
     free(f->path);
     free(f);
 }
 
-/* Where the entry at `off` ends, or 0 when it does not fit in the file. */
-static uint64_t entry_end(const ft_record_file *f, uint64_t off) {
-    if (off < FT_RECORD_HEADER_SIZE || off % 8 || off > f->size || f->size - off < FT_RECORD_ENTRY_SIZE)
-        return 0;
-    uint64_t len = get_u64(f->map + off + 8);
-    if (len > f->size - off - FT_RECORD_ENTRY_SIZE)
-        return 0;
-    return off + FT_RECORD_ENTRY_SIZE + len;
+/* The length of the entry at `off` from its 40-byte header, or false when the
+ * entry does not fit in the records' part of the file. */
+static bool entry_length(const ft_record_file *f, uint64_t off, const uint8_t *hdr, uint64_t *len) {
+    *len = get_u64(hdr + 8);
+    return *len <= f->data_end - off - FT_RECORD_ENTRY_SIZE;
 }
 
-static bool entry_crc_ok(const ft_record_file *f, uint64_t off, uint64_t end) {
-    return ft_crc32c(0, f->map + off + 4, end - off - 4) == get_u32(f->map + off);
+static bool entry_placed(const ft_record_file *f, uint64_t off) {
+    return off >= FT_RECORD_HEADER_SIZE && off % 8 == 0 && off <= f->data_end &&
+           f->data_end - off >= FT_RECORD_ENTRY_SIZE;
+}
+
+/* Reads the entry at `off` (header and payload) into buf, which the caller
+ * has filled with the entry's first `have` bytes (at least its header). */
+static ft_status read_entry_rest(const ft_record_file *f, uint64_t off, uint64_t len, size_t have, ft_fetch_buf *buf) {
+    size_t total = FT_RECORD_ENTRY_SIZE + (size_t)len;
+    if (have >= total)
+        return FT_OK;
+    FT_TRY(ft_fetch_buf_reserve(buf, total));
+    return ft_read_at(f->fd, off + have, buf->data + have, total - have, f->path);
+}
+
+static bool entry_crc_ok(const uint8_t *entry, uint64_t len) {
+    return ft_crc32c(0, entry + 4, FT_RECORD_ENTRY_SIZE - 4 + len) == get_u32(entry);
 }
 
 static ft_status recover_index(ft_record_file *f) {
@@ -298,32 +300,44 @@ static ft_status recover_index(ft_record_file *f) {
     uint64_t *offs = malloc((size_t)cap * sizeof *offs);
     if (!offs)
         return ft_fail(FT_ERR_NOMEM, "out of memory recovering %s", f->path);
-    uint64_t off = FT_RECORD_HEADER_SIZE, end;
-    while ((end = entry_end(f, off)) != 0) {
-        uint32_t kind = get_u32(f->map + off + 4);
-        if ((kind != FT_SAMPLE_JPEG && kind != FT_SAMPLE_RAW) || !entry_crc_ok(f, off, end))
+    f->data_end = f->size;
+    ft_fetch_buf buf = {0};
+    ft_status st = FT_OK;
+    uint64_t off = FT_RECORD_HEADER_SIZE, len;
+    while (entry_placed(f, off) && (st = ft_fetch_buf_reserve(&buf, FT_RECORD_ENTRY_SIZE)) == FT_OK &&
+           (st = ft_read_at(f->fd, off, buf.data, FT_RECORD_ENTRY_SIZE, f->path)) == FT_OK &&
+           entry_length(f, off, buf.data, &len)) {
+        uint32_t kind = get_u32(buf.data + 4);
+        if (kind != FT_SAMPLE_JPEG && kind != FT_SAMPLE_RAW)
+            break;
+        if ((st = read_entry_rest(f, off, len, FT_RECORD_ENTRY_SIZE, &buf)) != FT_OK || !entry_crc_ok(buf.data, len))
             break;
         if (n == cap) {
             uint64_t *grown = realloc(offs, (size_t)(cap *= 2) * sizeof *grown);
             if (!grown) {
-                free(offs);
-                return ft_fail(FT_ERR_NOMEM, "out of memory recovering %s", f->path);
+                st = ft_fail(FT_ERR_NOMEM, "out of memory recovering %s", f->path);
+                break;
             }
             offs = grown;
         }
         offs[n++] = off;
+        uint64_t end = off + FT_RECORD_ENTRY_SIZE + len;
         off = end + pad8(end);
     }
-    f->recovered = offs;
+    ft_fetch_buf_free(&buf);
+    if (st != FT_OK) {
+        free(offs);
+        return st;
+    }
+    f->offsets = offs;
+    f->recovered = true;
     f->count = n;
     return FT_OK;
 }
 
-/* Checks the header and index; FT_ERR_FORMAT with the reason otherwise. */
-static ft_status check_layout(ft_record_file *f) {
-    const uint8_t *h = f->map;
-    if (f->size < FT_RECORD_HEADER_SIZE || memcmp(h, FT_RECORD_MAGIC, 8) != 0)
-        return ft_fail(FT_ERR_FORMAT, "%s is not a fasttrain record file (no FTRECORD header)", f->path);
+/* Checks the header and reads the index and meta; FT_ERR_FORMAT with the
+ * reason when they do not hold. */
+static ft_status read_layout(ft_record_file *f, const uint8_t *h) {
     if (get_u32(h + 52) != ft_crc32c(0, h, 52)) {
         if (get_u64(h + 24) == 0 && get_u32(h + 52) == 0)
             return ft_fail(FT_ERR_FORMAT, "%s was never closed by its writer (no index)", f->path);
@@ -343,15 +357,28 @@ static ft_status check_layout(ft_record_file *f) {
         index_off + count * 8 > f->size || meta_off != index_off + count * 8 || meta_len > f->size - meta_off)
         return ft_fail(FT_ERR_FORMAT,
                        "%s is truncated or damaged: its index (%llu records at byte %llu, then %llu meta bytes) "
-                       "does not fit in its %zu bytes",
+                       "does not fit in its %llu bytes",
                        f->path, (unsigned long long)count, (unsigned long long)index_off,
-                       (unsigned long long)meta_len, f->size);
-    if (ft_crc32c(0, h + index_off, count * 8 + meta_len) != get_u32(h + 48))
-        return ft_fail(FT_ERR_FORMAT, "%s: the index checksum does not match (damaged file)", f->path);
-    f->index = h + index_off;
+                       (unsigned long long)meta_len, (unsigned long long)f->size);
+    size_t n = (size_t)(count * 8 + meta_len);
+    uint8_t *raw = malloc(n ? n : 1);
+    if (!raw)
+        return ft_fail(FT_ERR_NOMEM, "out of memory reading the index of %s (%zu bytes)", f->path, n);
+    ft_status st = ft_read_at(f->fd, index_off, raw, n, f->path);
+    if (st == FT_OK && ft_crc32c(0, raw, n) != get_u32(h + 48))
+        st = ft_fail(FT_ERR_FORMAT, "%s: the index checksum does not match (damaged file)", f->path);
+    if (st != FT_OK) {
+        free(raw);
+        return st;
+    }
+    /* The offsets replace their little-endian bytes in place; the meta follows them. */
+    f->offsets = (uint64_t *)raw;
+    for (uint64_t i = 0; i < count; i++)
+        f->offsets[i] = get_u64(raw + 8 * i);
     f->count = (int64_t)count;
-    f->meta = h + meta_off;
-    f->meta_len = meta_len;
+    f->data_end = index_off;
+    f->meta = raw + count * 8;
+    f->meta_len = (size_t)meta_len;
     return FT_OK;
 }
 
@@ -361,40 +388,24 @@ ft_status ft_record_open(ft_record_file **out, const char *path, bool recover) {
         free(f);
         return ft_fail(FT_ERR_NOMEM, "out of memory opening %s", path);
     }
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        int err = errno;
-        ft_record_close(f);
-        return ft_fail(FT_ERR_IO, "cannot open record file %s: %s", path, strerror(err));
-    }
+    f->fd = open(path, O_RDONLY | O_CLOEXEC);
     struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int err = errno;
-        close(fd);
+    if (f->fd < 0 || fstat(f->fd, &st) != 0) {
+        ft_status s = ft_fail(FT_ERR_IO, "cannot open record file %s: %s", path, strerror(errno));
         ft_record_close(f);
-        return ft_fail(FT_ERR_IO, "cannot stat %s: %s", path, strerror(err));
+        return s;
     }
-    f->size = (size_t)st.st_size;
-    if (f->size) {
-        void *m = mmap(NULL, f->size, PROT_READ, MAP_SHARED, fd, 0);
-        if (m == MAP_FAILED) {
-            int err = errno;
-            close(fd);
-            f->size = 0;
-            ft_record_close(f);
-            return ft_fail(FT_ERR_IO, "cannot map %s: %s", path, strerror(err));
-        }
-        f->map = m;
-        f->fd = fd;
+    f->size = (uint64_t)st.st_size;
+    uint8_t h[FT_RECORD_HEADER_SIZE];
+    ft_status s = FT_OK;
+    if (f->size < FT_RECORD_HEADER_SIZE || (s = ft_read_at(f->fd, 0, h, sizeof h, path)) != FT_OK ||
+        memcmp(h, FT_RECORD_MAGIC, 8) != 0) {
+        if (s == FT_OK)
+            s = ft_fail(FT_ERR_FORMAT, "%s is not a fasttrain record file (no FTRECORD header)", path);
     } else {
-        close(fd);
-    }
-    ft_status s = check_layout(f);
-    if (s != FT_OK && recover && f->size >= FT_RECORD_HEADER_SIZE && memcmp(f->map, FT_RECORD_MAGIC, 8) == 0) {
-        f->index = NULL;
-        f->meta = NULL;
-        f->meta_len = 0;
-        s = recover_index(f);
+        s = read_layout(f, h);
+        if (s == FT_ERR_FORMAT && recover)
+            s = recover_index(f);
     }
     if (s != FT_OK) {
         ft_record_close(f);
@@ -406,30 +417,41 @@ ft_status ft_record_open(ft_record_file **out, const char *path, bool recover) {
 
 int64_t ft_record_count(const ft_record_file *f) { return f->count; }
 const char *ft_record_path(const ft_record_file *f) { return f->path; }
-bool ft_record_recovered(const ft_record_file *f) { return f->recovered != NULL; }
+bool ft_record_recovered(const ft_record_file *f) { return f->recovered; }
 
 const char *ft_record_meta(const ft_record_file *f, size_t *len) {
     *len = f->meta_len;
     return (const char *)f->meta;
 }
 
-ft_status ft_record_get(const ft_record_file *f, int64_t i, bool verify, ft_sample *out) {
+ft_status ft_record_get(const ft_record_file *f, int64_t i, bool verify, ft_fetch_buf *buf, ft_sample *out) {
     if (i < 0 || i >= f->count)
         return ft_fail(FT_ERR_INDEX, "record %lld is out of range for %s with %lld records", (long long)i, f->path,
                        (long long)f->count);
-    FT_TRY(ft_check_not_truncated(f->fd, f->size, f->path));
-    uint64_t off = f->recovered ? f->recovered[i] : get_u64(f->index + 8 * i);
-    uint64_t end = entry_end(f, off);
-    if (!end)
+    uint64_t off = f->offsets[i];
+    if (!entry_placed(f, off))
         return ft_fail(FT_ERR_FORMAT, "%s: record %lld at byte %llu does not fit in the file (damaged index)",
                        f->path, (long long)i, (unsigned long long)off);
-    const uint8_t *h = f->map + off;
-    if (verify && !entry_crc_ok(f, off, end))
+    /* One read in the usual case: records are written in order, so the next
+     * offset bounds this entry (a wrong guess costs a second read). */
+    uint64_t next = i + 1 < f->count && f->offsets[i + 1] > off ? f->offsets[i + 1] : f->data_end;
+    size_t guess = next - off <= GUESS_MAX ? (size_t)(next - off) : FT_RECORD_ENTRY_SIZE;
+    if (guess < FT_RECORD_ENTRY_SIZE)
+        guess = FT_RECORD_ENTRY_SIZE;
+    FT_TRY(ft_fetch_buf_reserve(buf, guess));
+    FT_TRY(ft_read_at(f->fd, off, buf->data, guess, f->path));
+    uint64_t len;
+    if (!entry_length(f, off, buf->data, &len))
+        return ft_fail(FT_ERR_FORMAT, "%s: record %lld at byte %llu does not fit in the file (damaged index)",
+                       f->path, (long long)i, (unsigned long long)off);
+    FT_TRY(read_entry_rest(f, off, len, guess, buf));
+    const uint8_t *h = buf->data;
+    if (verify && !entry_crc_ok(h, len))
         return ft_fail(FT_ERR_FORMAT, "%s: record %lld fails its CRC32C check (damaged data)", f->path, (long long)i);
     uint32_t kind = get_u32(h + 4);
     out->kind = (ft_sample_kind)kind;
     out->data = h + FT_RECORD_ENTRY_SIZE;
-    out->size = end - off - FT_RECORD_ENTRY_SIZE;
+    out->size = (size_t)len;
     out->label = (int64_t)get_u64(h + 16);
     out->height = (int)get_u32(h + 24);
     out->width = (int)get_u32(h + 28);

@@ -1,4 +1,5 @@
-/* The record file: many samples in one file, read through mmap so that any
+/* The record file: many samples in one file, read with pread (never mapped:
+ * a file cut short while open must give an error, not SIGBUS), so that any
  * number of readers (threads or processes) share the page cache.
  *
  * Byte layout (all integers little-endian; docs/record-format.md has it in
@@ -63,15 +64,9 @@ ft_status ft_record_writer_close(ft_record_writer *w, const void *meta, size_t m
 /* Frees w and removes the partial file. */
 void ft_record_writer_abort(ft_record_writer *w);
 
-/* A file cut short after it was mapped turns reads of its lost pages into
- * SIGBUS, so readers of a mapping call this before reading: FT_ERR_IO naming
- * `path` when the file open as `fd` is now smaller than the `mapped` bytes.
- * (A cut between this check and the read is still a SIGBUS.) */
-ft_status ft_check_not_truncated(int fd, size_t mapped, const char *path);
-
 typedef struct ft_record_file ft_record_file;
 
-/* Maps the file and checks its header and index. With `recover`, a file
+/* Opens the file, checks its header and reads its index. With `recover`, a file
  * whose index is missing or damaged is read by walking its records from the
  * start, keeping those whose length and checksum hold. */
 ft_status ft_record_open(ft_record_file **out, const char *path, bool recover);
@@ -85,9 +80,9 @@ bool ft_record_recovered(const ft_record_file *f);
 /* The writer's meta bytes (not NUL-terminated). */
 const char *ft_record_meta(const ft_record_file *f, size_t *len);
 
-/* Record i as a sample pointing into the mapping; with `verify` its
+/* Record i, read into buf, as a sample pointing into buf; with `verify` its
  * checksum is checked first (FT_ERR_FORMAT on a mismatch). Safe from any
- * number of threads. */
-ft_status ft_record_get(const ft_record_file *f, int64_t i, bool verify, ft_sample *out);
+ * number of threads with distinct bufs. */
+ft_status ft_record_get(const ft_record_file *f, int64_t i, bool verify, ft_fetch_buf *buf, ft_sample *out);
 
 #endif

@@ -8,7 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -26,11 +25,10 @@ typedef struct {
 } file_entry;
 
 typedef struct {
-    const uint8_t *map;
-    size_t size;
-    int fd; /* kept open while mapped, to check the file's size before reads */
+    int fd; /* -1 until opened */
+    uint64_t size; /* at open */
     char *path;
-} mapped_file;
+} shard_file;
 
 struct ft_source {
     atomic_long refcount;
@@ -43,32 +41,12 @@ struct ft_source {
     char **classes;
     int nclasses;
     int64_t skipped_images; /* folder: image files in a format it does not decode (BMP, ...) */
-    mapped_file *shards;
+    shard_file *shards;
     int nshards;
     /* arrays */
     ft_tensor images, labels; /* (N, H, W[, C]) uint8, (N,) integer */
     int height, width, channels;
 };
-
-void ft_fetch_buf_free(ft_fetch_buf *b) {
-    free(b->data);
-    b->data = NULL;
-    b->cap = 0;
-}
-
-ft_status ft_fetch_buf_reserve(ft_fetch_buf *b, size_t n) {
-    if (n <= b->cap)
-        return FT_OK;
-    size_t cap = b->cap ? b->cap : 4096;
-    while (cap < n)
-        cap *= 2;
-    uint8_t *grown = realloc(b->data, cap);
-    if (!grown)
-        return ft_fail(FT_ERR_NOMEM, "out of memory reading a sample of %zu bytes", n);
-    b->data = grown;
-    b->cap = cap;
-    return FT_OK;
-}
 
 static ft_source *source_new(source_kind kind) {
     ft_source *s = calloc(1, sizeof *s);
@@ -88,10 +66,8 @@ static void source_free(ft_source *s) {
         free(s->classes[c]);
     free(s->classes);
     for (int i = 0; i < s->nshards; i++) {
-        if (s->shards[i].map && s->shards[i].size) {
-            munmap((void *)s->shards[i].map, s->shards[i].size);
+        if (s->shards[i].fd >= 0)
             close(s->shards[i].fd);
-        }
         free(s->shards[i].path);
     }
     free(s->shards);
@@ -496,11 +472,12 @@ static ft_status flush_group(ft_source *s, size_t *cap, tar_group *g, int shard,
     return st;
 }
 
-static ft_status parse_label(const uint8_t *p, uint64_t n, int64_t *out) {
+/* The decimal label in the n bytes at `off` of a shard. */
+static ft_status read_label(const shard_file *sf, uint64_t off, uint64_t n, const char *name, int64_t *out) {
     char text[32];
     if (n == 0 || n >= sizeof text)
-        return FT_ERR_FORMAT;
-    memcpy(text, p, n);
+        return ft_fail(FT_ERR_FORMAT, "%s: %s does not hold a decimal label", sf->path, name);
+    FT_TRY(ft_read_at(sf->fd, off, text, (size_t)n, sf->path));
     text[n] = 0;
     char *end;
     errno = 0;
@@ -508,28 +485,60 @@ static ft_status parse_label(const uint8_t *p, uint64_t n, int64_t *out) {
     while (*end == ' ' || *end == '\n' || *end == '\r' || *end == '\t')
         end++;
     if (errno || end == text || *end)
-        return FT_ERR_FORMAT;
+        return ft_fail(FT_ERR_FORMAT, "%s: %s does not hold a decimal label", sf->path, name);
     *out = v;
     return FT_OK;
 }
 
+/* The largest pax extended header read (a path and a size need a few hundred bytes). */
+#define PAX_MAX ((uint64_t)1 << 20)
+
+/* Applies the "len key=value\n" records of a pax extended header. */
+static ft_status parse_pax(const shard_file *sf, size_t at, const char *m, size_t end, char *long_name,
+                           size_t long_cap, bool *have_long, uint64_t *pax_size, bool *have_pax_size) {
+    size_t p = 0;
+    while (p < end) {
+        size_t len = 0, q = p;
+        /* Bounded as it is read: a length near 2^64 would wrap p backwards
+         * and loop forever. */
+        while (q < end && m[q] >= '0' && m[q] <= '9' && len <= end - p)
+            len = len * 10 + (size_t)(m[q++] - '0');
+        if (q >= end || m[q] != ' ' || len <= q + 1 - p || len > end - p)
+            return ft_fail(FT_ERR_FORMAT, "%s: bad pax extended header record at byte %zu", sf->path, at + p);
+        const char *kv = m + q + 1;
+        size_t kvlen = p + len - (q + 1);
+        if (kvlen > 5 && memcmp(kv, "path=", 5) == 0 && kvlen - 6 < long_cap) {
+            memcpy(long_name, kv + 5, kvlen - 6);
+            long_name[kvlen - 6] = 0;
+            *have_long = true;
+        } else if (kvlen > 5 && memcmp(kv, "size=", 5) == 0) {
+            *pax_size = strtoull(kv + 5, NULL, 10);
+            *have_pax_size = true;
+        }
+        p += len;
+    }
+    return FT_OK;
+}
+
 static ft_status scan_shard(ft_source *s, size_t *cap, int shard) {
-    const mapped_file *mf = &s->shards[shard];
-    const uint8_t *m = mf->map;
-    size_t size = mf->size, off = 0;
+    const shard_file *sf = &s->shards[shard];
+    uint64_t size = sf->size, off = 0;
     char long_name[4096];
     bool have_long = false;
     uint64_t pax_size = 0;
     bool have_pax_size = false;
     tar_group g = {0};
     ft_status st = FT_OK;
+    uint8_t h[512];
     while (st == FT_OK) {
-        if (off + 512 > size) {
+        if (size - off < 512) {
             if (off < size || off == 0)
-                st = ft_fail(FT_ERR_FORMAT, "%s: truncated tar file (a header is cut at byte %zu)", mf->path, off);
+                st = ft_fail(FT_ERR_FORMAT, "%s: truncated tar file (a header is cut at byte %llu)", sf->path,
+                             (unsigned long long)off);
             break;
         }
-        const uint8_t *h = m + off;
+        if ((st = ft_read_at(sf->fd, off, h, sizeof h, sf->path)) != FT_OK)
+            break;
         bool zero = true;
         for (int i = 0; i < 512 && zero; i++)
             zero = h[i] == 0;
@@ -542,54 +551,48 @@ static ft_status scan_shard(ft_source *s, size_t *cap, int shard) {
         uint64_t stored_sum = tar_number(h + 148, 8, &ok);
         uint64_t msize = tar_number(h + 124, 12, &ok);
         if (!ok || stored_sum != sum) {
-            st = ft_fail(FT_ERR_FORMAT, "%s: bad tar header at byte %zu (checksum mismatch)", mf->path, off);
+            st = ft_fail(FT_ERR_FORMAT, "%s: bad tar header at byte %llu (checksum mismatch)", sf->path,
+                         (unsigned long long)off);
             break;
         }
         if (have_pax_size)
             msize = pax_size;
-        size_t data = off + 512;
+        uint64_t data = off + 512;
         if (msize > size - data) {
-            st = ft_fail(FT_ERR_FORMAT, "%s: truncated tar file (member at byte %zu needs %llu bytes)", mf->path,
-                         off, (unsigned long long)msize);
+            st = ft_fail(FT_ERR_FORMAT, "%s: truncated tar file (member at byte %llu needs %llu bytes)", sf->path,
+                         (unsigned long long)off, (unsigned long long)msize);
             break;
         }
         char type = (char)h[156];
-        size_t next = data + (size_t)((msize + 511) / 512 * 512);
+        uint64_t next = data + (msize + 511) / 512 * 512;
         if (type == 'L') { /* GNU long name for the next member */
             size_t n = msize < sizeof long_name ? (size_t)msize : sizeof long_name - 1;
-            memcpy(long_name, m + data, n);
+            if ((st = ft_read_at(sf->fd, data, long_name, n, sf->path)) != FT_OK)
+                break;
             long_name[n] = 0;
             have_long = true;
             off = next;
             continue;
         }
-        if (type == 'x') { /* pax extended header: "len key=value\n" records */
-            size_t p = data, end = data + (size_t)msize;
-            while (p < end) {
-                size_t len = 0, q = p;
-                /* Bounded as it is read: a length near 2^64 would wrap p
-                 * backwards and loop forever. */
-                while (q < end && m[q] >= '0' && m[q] <= '9' && len <= end - p)
-                    len = len * 10 + (size_t)(m[q++] - '0');
-                if (q >= end || m[q] != ' ' || len <= q + 1 - p || len > end - p) {
-                    st = ft_fail(FT_ERR_FORMAT, "%s: bad pax extended header record at byte %zu", mf->path, p);
-                    break;
-                }
-                const char *kv = (const char *)m + q + 1;
-                size_t kvlen = p + len - (q + 1);
-                if (kvlen > 5 && memcmp(kv, "path=", 5) == 0 && kvlen - 6 < sizeof long_name) {
-                    memcpy(long_name, kv + 5, kvlen - 6);
-                    long_name[kvlen - 6] = 0;
-                    have_long = true;
-                } else if (kvlen > 5 && memcmp(kv, "size=", 5) == 0) {
-                    pax_size = strtoull(kv + 5, NULL, 10);
-                    have_pax_size = true;
-                }
-                p += len;
-            }
-            off = next;
-            if (st != FT_OK)
+        if (type == 'x') { /* pax extended header */
+            if (msize > PAX_MAX) {
+                st = ft_fail(FT_ERR_FORMAT, "%s: the pax extended header at byte %llu holds %llu bytes, more than "
+                             "the %llu this reader takes", sf->path, (unsigned long long)off,
+                             (unsigned long long)msize, (unsigned long long)PAX_MAX);
                 break;
+            }
+            char *m = malloc((size_t)msize + 1);
+            if (!m) {
+                st = ft_fail(FT_ERR_NOMEM, "out of memory reading %s", sf->path);
+                break;
+            }
+            m[msize] = 0; /* a value's number cannot be read past the records */
+            st = ft_read_at(sf->fd, data, m, (size_t)msize, sf->path);
+            if (st == FT_OK)
+                st = parse_pax(sf, (size_t)data, m, (size_t)msize, long_name, sizeof long_name, &have_long,
+                               &pax_size, &have_pax_size);
+            free(m);
+            off = next;
             continue;
         }
         char name[4096];
@@ -615,11 +618,11 @@ static ft_status scan_shard(ft_source *s, size_t *cap, int shard) {
         const char *ext;
         split_key(name, &key_len, &ext);
         if (!g.key || strlen(g.key) != key_len || memcmp(g.key, name, key_len) != 0) {
-            if ((st = flush_group(s, cap, &g, shard, mf->path)) != FT_OK)
+            if ((st = flush_group(s, cap, &g, shard, sf->path)) != FT_OK)
                 break;
             g.key = strndup(name, key_len);
             if (!g.key) {
-                st = ft_fail(FT_ERR_NOMEM, "out of memory reading %s", mf->path);
+                st = ft_fail(FT_ERR_NOMEM, "out of memory reading %s", sf->path);
                 break;
             }
         }
@@ -632,15 +635,14 @@ static ft_status scan_shard(ft_source *s, size_t *cap, int shard) {
             free(g.image_name);
             g.image_name = strdup(name);
             if (!g.image_name)
-                st = ft_fail(FT_ERR_NOMEM, "out of memory reading %s", mf->path);
+                st = ft_fail(FT_ERR_NOMEM, "out of memory reading %s", sf->path);
         } else if (strcmp(ext, "cls") == 0) {
-            if (parse_label(m + data, msize, &g.label) != FT_OK)
-                st = ft_fail(FT_ERR_FORMAT, "%s: %s does not hold a decimal label", mf->path, name);
+            st = read_label(sf, data, msize, name, &g.label);
             g.has_label = true;
         }
     }
     if (st == FT_OK)
-        st = flush_group(s, cap, &g, shard, mf->path);
+        st = flush_group(s, cap, &g, shard, sf->path);
     else
         free(g.key), free(g.image_name);
     return st;
@@ -657,35 +659,21 @@ ft_status ft_source_open_tar(ft_source **out, const char *const *paths, int npat
     size_t cap = 0;
     ft_status st = FT_OK;
     for (int i = 0; st == FT_OK && i < npaths; i++) {
-        mapped_file *mf = &s->shards[i];
+        shard_file *sf = &s->shards[i];
+        sf->fd = -1;
         s->nshards = i + 1;
-        if (!(mf->path = strdup(paths[i]))) {
+        if (!(sf->path = strdup(paths[i]))) {
             st = ft_fail(FT_ERR_NOMEM, "out of memory");
             break;
         }
-        int fd = open(paths[i], O_RDONLY | O_CLOEXEC);
+        sf->fd = open(paths[i], O_RDONLY | O_CLOEXEC);
         struct stat sb;
-        if (fd < 0 || fstat(fd, &sb) != 0) {
+        if (sf->fd < 0 || fstat(sf->fd, &sb) != 0) {
             st = ft_fail(FT_ERR_IO, "cannot open tar shard %s: %s", paths[i], strerror(errno));
-            if (fd >= 0)
-                close(fd);
             break;
         }
-        mf->size = (size_t)sb.st_size;
-        if (mf->size) {
-            void *p = mmap(NULL, mf->size, PROT_READ, MAP_SHARED, fd, 0);
-            if (p == MAP_FAILED) {
-                mf->size = 0;
-                st = ft_fail(FT_ERR_IO, "cannot map %s: %s", paths[i], strerror(errno));
-            } else {
-                mf->map = p;
-                mf->fd = fd;
-            }
-        }
-        if (!mf->map)
-            close(fd);
-        if (st == FT_OK)
-            st = scan_shard(s, &cap, i);
+        sf->size = (uint64_t)sb.st_size;
+        st = scan_shard(s, &cap, i);
     }
     if (st == FT_OK && s->count == 0)
         st = ft_fail(FT_ERR_VALUE, "the tar shards hold no samples (members KEY.jpg or KEY.png with KEY.cls)");
@@ -705,7 +693,7 @@ ft_status ft_source_get(const ft_source *s, int64_t i, bool verify, ft_fetch_buf
                        (long long)s->count);
     switch (s->kind) {
     case SRC_RECORD:
-        return ft_record_get(s->record, i, verify, out);
+        return ft_record_get(s->record, i, verify, buf, out);
     case SRC_ARRAYS:
         return get_array(s, i, buf, out);
     case SRC_FOLDER: {
@@ -717,10 +705,11 @@ ft_status ft_source_get(const ft_source *s, int64_t i, bool verify, ft_fetch_buf
     }
     case SRC_TAR: {
         const file_entry *e = &s->entries[i];
-        const mapped_file *mf = &s->shards[e->file];
-        FT_TRY(ft_check_not_truncated(mf->fd, mf->size, mf->path));
-        *out = (ft_sample){.kind = e->kind, .label = e->label, .data = s->shards[e->file].map + e->offset,
-                           .size = (size_t)e->size};
+        const shard_file *sf = &s->shards[e->file];
+        *out = (ft_sample){.kind = e->kind, .label = e->label, .size = (size_t)e->size};
+        FT_TRY(ft_fetch_buf_reserve(buf, out->size));
+        FT_TRY(ft_read_at(sf->fd, e->offset, buf->data, out->size, sf->path));
+        out->data = buf->data;
         return FT_OK;
     }
     }

@@ -1,7 +1,7 @@
 /* Sources: where samples come from. Each gives a count, and for an index in
  * [0, count) one sample: encoded bytes or raw pixels, and a label.
  *
- *   record file   ft_source_open_record: one mmap'ed file (data/record.h)
+ *   record file   ft_source_open_record: one file read with pread (data/record.h)
  *   ImageFolder   ft_source_open_image_folder: root/CLASS/[SUBDIRS/]NAME.jpg, classes
  *                 sorted by name and numbered from 0, files in the order of
  *                 torchvision's ImageFolder (sorted directories, then sorted
@@ -31,17 +31,6 @@
 
 typedef struct ft_source ft_source;
 
-/* Per-thread scratch for sources that must copy bytes (files read with
- * pread, strided arrays). Zero-initialise; free with ft_fetch_buf_free. */
-typedef struct {
-    uint8_t *data;
-    size_t cap;
-} ft_fetch_buf;
-
-void ft_fetch_buf_free(ft_fetch_buf *b);
-/* Makes b hold at least n bytes. */
-ft_status ft_fetch_buf_reserve(ft_fetch_buf *b, size_t n);
-
 ft_status ft_source_open_record(ft_source **out, const char *path, bool recover);
 ft_status ft_source_open_image_folder(ft_source **out, const char *root);
 ft_status ft_source_open_tar(ft_source **out, const char *const *paths, int npaths);
@@ -55,8 +44,9 @@ int64_t ft_source_count(const ft_source *s);
 /* "record", "image_folder", "tar" or "arrays". */
 const char *ft_source_kind(const ft_source *s);
 
-/* Whether samples are already in memory (mapped files, arrays): a cache of
- * encoded bytes would only duplicate them. */
+/* Whether samples are already in memory (arrays) or in the kernel's page
+ * cache behind one open file (record files, tar shards): a cache of encoded
+ * bytes would only duplicate them. */
 bool ft_source_in_memory(const ft_source *s);
 
 /* Sample i. Its bytes point into the source or into buf; with `verify`,

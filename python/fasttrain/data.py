@@ -271,7 +271,7 @@ class Source(_C.DataSource):
 
 
 class RecordFile(Source):
-    """A fasttrain record file (docs/record-format.md), read through mmap. With recover=True a file cut short
+    """A fasttrain record file (docs/record-format.md), read with pread. With recover=True a file cut short
     (its index lost) is read by walking its records and keeping those whose checksum holds."""
 
     def __new__(cls, path, recover=False):

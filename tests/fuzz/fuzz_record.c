@@ -48,6 +48,7 @@ static void fix_checksums(uint8_t *m, size_t size) {
 static void read_all(const uint8_t *data, size_t size) {
     fuzz_file file;
     fuzz_file_open(&file, data, size);
+    ft_fetch_buf buf = {0};
     for (int recover = 0; recover < 2; recover++) {
         ft_record_file *f = NULL;
         if (ft_record_open(&f, file.path, recover) != FT_OK)
@@ -60,16 +61,17 @@ static void read_all(const uint8_t *data, size_t size) {
         for (int64_t i = 0; i < n; i++) {
             for (int verify = 0; verify < 2; verify++) {
                 ft_sample s;
-                if (ft_record_get(f, i, verify, &s) == FT_OK)
+                if (ft_record_get(f, i, verify, &buf, &s) == FT_OK)
                     sink += fuzz_touch(s.data, s.size) + (unsigned)s.label;
             }
         }
         /* Out-of-range indices must fail, not read. */
         ft_sample s;
-        if (ft_record_get(f, n, true, &s) == FT_OK || ft_record_get(f, -1, true, &s) == FT_OK)
+        if (ft_record_get(f, n, true, &buf, &s) == FT_OK || ft_record_get(f, -1, true, &buf, &s) == FT_OK)
             __builtin_trap();
         ft_record_close(f);
     }
+    ft_fetch_buf_free(&buf);
     fuzz_file_close(&file);
 }
 
