@@ -1,5 +1,5 @@
-/* Pointwise ops on the device: activations, add (+ act), mul, concat and
- * dropout, forward and backward.
+/* Pointwise ops on the device: activations, add (+ act), mul, concat,
+ * dropout, forward and backward, and the two directions of broadcasting.
  *
  * Each is one walk of cuda/strided.h over its operands with the scalar math
  * of kernels/activation.h and kernels/philox.h, computing exactly what the
@@ -66,6 +66,54 @@ struct add_bwd_op {
 struct mul_fwd_op {
     __device__ void operator()(float *v, int64_t) const { v[0] = v[1] * v[2]; }
 };
+
+/* slots: out, inp (expanded) */
+struct scaled_copy_op {
+    float scale;
+    bool accumulate;
+    __device__ void operator()(float *v, int64_t) const { v[0] = put(v[0], scale * v[1], accumulate); }
+};
+
+/* A thread per out element, summing its inp elements in C order (as the CPU
+ * loop of ops/reduce.c, in double). */
+struct sum_to_args {
+    int ndim, nred;
+    int red[FT_MAX_DIMS];
+    int64_t out_shape[FT_MAX_DIMS], out_st[FT_MAX_DIMS], inp_shape[FT_MAX_DIMS], inp_st[FT_MAX_DIMS];
+    int64_t n, count;
+    const char *src;
+    char *dst;
+    bool src_bf16, dst_bf16, accumulate;
+    double scale;
+};
+
+__global__ void sum_to_kernel(sum_to_args a) {
+    int64_t o = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (o >= a.n)
+        return;
+    int64_t rest = o, at_in = 0, at_out = 0;
+    for (int d = a.ndim - 1; d >= 0; d--) {
+        int64_t i = rest % a.out_shape[d];
+        rest /= a.out_shape[d];
+        at_in += i * a.inp_st[d];
+        at_out += i * a.out_st[d];
+    }
+    int64_t idx[FT_MAX_DIMS] = {0}, off = at_in;
+    double sum = 0;
+    for (int64_t k = 0; k < a.count; k++) {
+        sum += ft_cuda_load_f(a.src, off, a.src_bf16);
+        for (int r = a.nred - 1; r >= 0; r--) {
+            int d = a.red[r];
+            off += a.inp_st[d];
+            if (++idx[r] < a.inp_shape[d])
+                break;
+            off -= idx[r] * a.inp_st[d];
+            idx[r] = 0;
+        }
+    }
+    float v = (float)(sum * a.scale);
+    ft_cuda_store_f(a.dst, at_out, a.dst_bf16, a.accumulate ? ft_cuda_load_f(a.dst, at_out, a.dst_bf16) + v : v);
+}
 
 /* slots: da, db, dout, a (for db), b (for da) */
 struct mul_bwd_op {
@@ -258,7 +306,54 @@ static ft_status dropout_backward(const ft_tensor *dinp, const ft_tensor *dout, 
     return dropout_run(dinp, dout, p, accumulate, "dropout_backward kernel launch");
 }
 
+/* ---- broadcasting ---- */
+
+static ft_status broadcast_to(const ft_tensor *out, const ft_tensor *inp, double scale, bool accumulate) {
+    FT_TRY(ft_cuda_use_device(out));
+    ft_tensor expanded = *inp;
+    for (int d = 0; d < inp->ndim; d++)
+        if (inp->shape[d] != out->shape[d]) {
+            expanded.shape[d] = out->shape[d];
+            expanded.strides[d] = 0;
+        }
+    const ft_tensor *t[] = {out, &expanded};
+    ft_cuda_pw p;
+    if (!ft_cuda_pw_make(&p, t, 2, 1, accumulate, false))
+        return FT_OK;
+    return ft_cuda_pw_run<1>(p, scaled_copy_op{(float)scale, accumulate}, "broadcast_to kernel launch");
+}
+
+static ft_status sum_to(const ft_tensor *out, const ft_tensor *inp, double scale, bool accumulate) {
+    FT_TRY(ft_cuda_use_device(out));
+    sum_to_args a = {};
+    a.ndim = inp->ndim;
+    a.count = a.n = 1;
+    for (int d = 0; d < inp->ndim; d++) {
+        a.n *= out->shape[d];
+        a.out_shape[d] = out->shape[d];
+        a.out_st[d] = out->strides[d];
+        a.inp_shape[d] = inp->shape[d];
+        a.inp_st[d] = inp->strides[d];
+        if (out->shape[d] != inp->shape[d]) {
+            a.red[a.nred++] = d;
+            a.count *= inp->shape[d];
+        }
+    }
+    if (a.n == 0)
+        return FT_OK;
+    a.src = (const char *)ft_tensor_data(inp);
+    a.dst = (char *)ft_tensor_data(out);
+    a.src_bf16 = inp->dtype == FT_BFLOAT16;
+    a.dst_bf16 = out->dtype == FT_BFLOAT16;
+    a.accumulate = accumulate;
+    a.scale = scale;
+    sum_to_kernel<<<ft_cuda_blocks(a.n, FT_CUDA_PW_THREADS), FT_CUDA_PW_THREADS, 0, FT_CUDA_STREAM>>>(a);
+    return ft_cuda_launched("sum_to kernel launch");
+}
+
 void ft_cuda_register_pointwise(struct ft_cuda_ops *ops) {
+    ops->sum_to = sum_to;
+    ops->broadcast_to = broadcast_to;
     ops->activation_forward = activation_forward;
     ops->activation_backward = activation_backward;
     ops->add_forward = add_forward;

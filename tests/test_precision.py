@@ -261,6 +261,16 @@ def test_group_norm_and_upsampling_in_bfloat16():
 
 
 @needs_bf16
+def test_broadcasts_and_sums_over_dimensions_in_bfloat16():
+    """Squeeze-and-excitation gates and sums over channels (expand and sum_dims nodes) read and write bfloat16."""
+    import test_zoo as zoo
+    x, y = data()
+    prog = gradients_follow_float32(x, y % 4, make=zoo.SENet)  # four classes
+    dtypes = prog._c.node_dtypes()[:prog.output + 1]
+    assert dtypes.count("float32") == 1 and set(dtypes) == {"bfloat16", "float32"}, dtypes  # the constant 1.0
+
+
+@needs_bf16
 def test_transformer_layers_in_bfloat16():
     """An encoder layer (attention, LayerNorm, GELU MLP) runs every node in bfloat16; gradients follow
     float32's."""

@@ -166,6 +166,43 @@ class LayerScaleNet(nn.Module):
         return self.head(F.gelu(s + self.bias)).mean(1)
 
 
+class SENet(nn.Module):
+    """Broadcasting between traced values: a squeeze-and-excitation gate (N, C, 1, 1) over (N, C, H, W) maps, a
+    division by a sum over channels, a mean over the channels of every pixel."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
+        self.fc1, self.fc2 = nn.Linear(8, 4), nn.Linear(4, 8)
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        h = F.silu(self.bn(self.conv(x)))
+        w = h.mean((2, 3), keepdim=True).flatten(1)
+        gate = F.sigmoid(self.fc2(F.relu(self.fc1(w)))).reshape(x.shape[0], -1, 1, 1)
+        h = h * gate
+        h = h / (h.abs().sum(1, keepdim=True) + 1.0) - h.mean(1, keepdim=True)
+        return self.head(h.mean((2, 3)))
+
+
+class NormByHand(nn.Module):
+    """Normalizations written out on (T, C) steps: RMSNorm with rsqrt, layer norm with var and sqrt, a
+    logsumexp with exp and log, a standard deviation and a cube."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(5, 6)
+        self.weight = nn.Parameter(nn.init.normal_(ft.empty(6), 1.0, 0.1))
+        self.head = nn.Linear(6, 4)
+
+    def forward(self, x):
+        h = self.proj(x)  # (N, T, 6)
+        h = h * (h.pow(2).mean(-1, keepdim=True) + 1e-6).rsqrt() * self.weight
+        h = (h - h.mean(-1, keepdim=True)) / (h.var(-1, unbiased=False, keepdim=True) + 1e-5).sqrt()
+        lse = (h.exp().sum(1) + 1.0).log()  # (N, 6) over the steps
+        return self.head(lse + 0.1 * h.std(1) + 0.01 * (h ** 3).sum(1))
+
+
 def next_token_loss(logits, targets):
     """Cross-entropy of every position's logits (N, T, V) against the next tokens (N, T)."""
     return F.cross_entropy(logits.transpose(1, 2), targets)
@@ -186,6 +223,8 @@ ZOO = {
     "gpt_block": (GPTBlock, (8,), next_token_loss, "contiguous"),
     "hand_attention": (HandAttention, (7, 5), nn.CrossEntropyLoss(), "contiguous"),
     "layer_scale": (LayerScaleNet, (3, 6, 6), nn.CrossEntropyLoss(), "channels_last"),
+    "se_net": (SENet, (3, 6, 6), nn.CrossEntropyLoss(), "channels_last"),
+    "norm_by_hand": (NormByHand, (7, 5), nn.CrossEntropyLoss(), "contiguous"),
 }
 TOKENS = {"token_cnn": 11, "gpt_block": 13}  # the vocabularies of the models that read token ids
 
@@ -281,6 +320,35 @@ def torch_twin(name, torch):
                 s = h.flatten(2)[:, :, :6] * self.seq_scale
                 return self.head(tF.gelu(s + self.bias)).mean(1)
         return L(), tnn.CrossEntropyLoss()
+    if name == "se_net":
+        class SE(tnn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv, self.bn = tnn.Conv2d(3, 8, 3, padding=1), tnn.BatchNorm2d(8)
+                self.fc1, self.fc2, self.head = tnn.Linear(8, 4), tnn.Linear(4, 8), tnn.Linear(8, 4)
+
+            def forward(self, x):
+                h = tF.silu(self.bn(self.conv(x)))
+                w = h.mean((2, 3), keepdim=True).flatten(1)
+                gate = torch.sigmoid(self.fc2(tF.relu(self.fc1(w)))).reshape(x.shape[0], -1, 1, 1)
+                h = h * gate
+                h = h / (h.abs().sum(1, keepdim=True) + 1.0) - h.mean(1, keepdim=True)
+                return self.head(h.mean((2, 3)))
+        return SE(), tnn.CrossEntropyLoss()
+    if name == "norm_by_hand":
+        class NH(tnn.Module):
+            def __init__(self):
+                super().__init__()
+                self.proj, self.head = tnn.Linear(5, 6), tnn.Linear(6, 4)
+                self.weight = tnn.Parameter(torch.ones(6))
+
+            def forward(self, x):
+                h = self.proj(x)
+                h = h * (h.pow(2).mean(-1, keepdim=True) + 1e-6).rsqrt() * self.weight
+                h = (h - h.mean(-1, keepdim=True)) / (h.var(-1, unbiased=False, keepdim=True) + 1e-5).sqrt()
+                lse = (h.exp().sum(1) + 1.0).log()
+                return self.head(lse + 0.1 * h.std(1) + 0.01 * (h ** 3).sum(1))
+        return NH(), tnn.CrossEntropyLoss()
     if name == "hand_attention":
         class A(tnn.Module):
             def __init__(self):

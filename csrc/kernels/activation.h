@@ -30,6 +30,9 @@ typedef enum {
     FT_ACT_SOFTPLUS,  /* log(1 + exp(x)) */
     FT_ACT_HUBER,     /* |x| < alpha ? x^2 / 2 : alpha (|x| - alpha / 2): the Huber and smooth L1 losses */
     FT_ACT_XLOGX,     /* x log x, 0 at 0: the entropy term of the KL divergence */
+    FT_ACT_EXP,
+    FT_ACT_LOG,
+    FT_ACT_POW,       /* x ** alpha (x * x, sqrt, 1 / sqrt and 1 / x for alpha 2, 0.5, -0.5 and -1, as torch's ops) */
     FT_NUM_ACTS
 } ft_act_kind;
 
@@ -133,6 +136,10 @@ static inline FT_HD float ft_huber(float x, float delta) {
     return a < delta ? 0.5f * x * x : delta * (a - 0.5f * delta);
 }
 static inline FT_HD float ft_xlogx(float x) { return x > 0.0f ? x * logf(x) : 0.0f; }
+static inline FT_HD float ft_powf(float x, float a) {
+    return a == 2.0f ? x * x : a == 1.0f ? x : a == 0.5f ? sqrtf(x) : a == -0.5f ? 1.0f / sqrtf(x)
+                                           : a == -1.0f  ? 1.0f / x : powf(x, a);
+}
 
 static inline FT_HD float ft_act_forward(ft_act a, float x) {
     switch (a.kind) {
@@ -148,6 +155,9 @@ static inline FT_HD float ft_act_forward(ft_act a, float x) {
     case FT_ACT_SOFTPLUS: return ft_softplus(x);
     case FT_ACT_HUBER: return ft_huber(x, a.alpha);
     case FT_ACT_XLOGX: return ft_xlogx(x);
+    case FT_ACT_EXP: return ft_expf(x);
+    case FT_ACT_LOG: return logf(x);
+    case FT_ACT_POW: return ft_powf(x, a.alpha);
     default: return x;
     }
 }
@@ -203,6 +213,7 @@ static inline FT_HD float ft_hardswish_grad(float x) {
 static inline FT_HD float ft_sign(float x) { return x > 0.0f ? 1.0f : x < 0.0f ? -1.0f : 0.0f; }
 static inline FT_HD float ft_huber_grad(float x, float delta) { return fabsf(x) < delta ? x : delta * ft_sign(x); }
 static inline FT_HD float ft_xlogx_grad(float x) { return x > 0.0f ? logf(x) + 1.0f : 0.0f; }
+static inline FT_HD float ft_pow_grad(float x, float a) { return a == 0.0f ? 0.0f : a * ft_powf(x, a - 1.0f); }
 
 static inline FT_HD float ft_act_grad_from_input(ft_act a, float x) {
     switch (a.kind) {
@@ -218,6 +229,9 @@ static inline FT_HD float ft_act_grad_from_input(ft_act a, float x) {
     case FT_ACT_SOFTPLUS: return ft_sigmoidf(x);
     case FT_ACT_HUBER: return ft_huber_grad(x, a.alpha);
     case FT_ACT_XLOGX: return ft_xlogx_grad(x);
+    case FT_ACT_EXP: return ft_expf(x);
+    case FT_ACT_LOG: return 1.0f / x;
+    case FT_ACT_POW: return ft_pow_grad(x, a.alpha);
     default: return 1.0f;
     }
 }

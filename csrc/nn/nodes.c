@@ -664,6 +664,39 @@ static ft_status scale_backward(const ft_node_run *r) {
     return ft_mul_backward(r->din[0], NULL, &r->dout, NULL, &c, r->din_acc[0], false);
 }
 
+/* ---- broadcasting ---- */
+
+/* The sizes of `small` are those of `large` or 1, per sample. */
+static bool broadcasts(const ft_node *small, const ft_node *large) {
+    bool ok = small->ndim == large->ndim;
+    for (int d = 0; ok && d < small->ndim; d++)
+        ok = small->shape[d] == large->shape[d] || small->shape[d] == 1;
+    return ok;
+}
+
+static ft_status expand_check(const ft_node *nd, const ft_node *const *in) {
+    return broadcasts(in[0], nd) ? FT_OK
+                                 : ft_fail(FT_ERR_SHAPE, "program: an expand's input has sizes other than its own or 1");
+}
+
+static ft_status expand_forward(const ft_node_run *r) { return ft_broadcast_to(&r->out, &r->in[0], 1.0, false); }
+
+static ft_status expand_backward(const ft_node_run *r) {
+    return r->din[0] ? ft_sum_to(r->din[0], &r->dout, 1.0, r->din_acc[0]) : FT_OK;
+}
+
+static ft_status sum_dims_check(const ft_node *nd, const ft_node *const *in) {
+    return broadcasts(nd, in[0]) ? FT_OK
+                                 : ft_fail(FT_ERR_SHAPE, "program: a sum over dimensions has sizes other than its "
+                                                         "input's or 1");
+}
+
+static ft_status sum_dims_forward(const ft_node_run *r) { return ft_sum_to(&r->out, &r->in[0], r->nd->scale, false); }
+
+static ft_status sum_dims_backward(const ft_node_run *r) {
+    return r->din[0] ? ft_broadcast_to(r->din[0], &r->dout, r->nd->scale, r->din_acc[0]) : FT_OK;
+}
+
 /* ---- add and concatenation ---- */
 
 static ft_status add_forward(const ft_node_run *r) {
@@ -952,4 +985,8 @@ const ft_node_kind_info ft_node_kinds[FT_NODE_NKINDS] = {
                         .precision = FT_NODE_LOW},
     [FT_NODE_ATTENTION] = {"attention", 1, 3, 0, attention_check, attention_aux, NULL, attention_forward,
                            attention_backward, .precision = FT_NODE_ANY},
+    [FT_NODE_EXPAND] = {"expand", 1, 1, 0, expand_check, NULL, NULL, expand_forward, expand_backward,
+                        .precision = FT_NODE_ANY},
+    [FT_NODE_SUM_DIMS] = {"sum_dims", 1, 1, 0, sum_dims_check, NULL, NULL, sum_dims_forward, sum_dims_backward,
+                          .precision = FT_NODE_ANY},
 };

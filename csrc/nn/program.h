@@ -58,6 +58,8 @@ typedef enum {
     FT_NODE_MATMUL,      /* a (M, K) @ b (K, P) -> (M, P) per sample (a parameter node's b is every sample's) */
     FT_NODE_ATTENTION,   /* scaled dot-product attention of `groups` heads: queries (Tq, E), keys and values
                             (Tk, E) as three inputs, or one packed (T, 3E) projection; out (Tq, E) */
+    FT_NODE_EXPAND,      /* the input repeated along the dimensions where it has size 1 and the node not */
+    FT_NODE_SUM_DIMS,    /* scale * the sum over the dimensions where the node has size 1 and its input not */
     FT_NODE_NKINDS
 } ft_node_kind;
 

@@ -24,6 +24,9 @@ const char *ft_act_name(ft_act_kind kind) {
     case FT_ACT_SOFTPLUS: return "softplus";
     case FT_ACT_HUBER: return "huber";
     case FT_ACT_XLOGX: return "xlogx";
+    case FT_ACT_EXP: return "exp";
+    case FT_ACT_LOG: return "log";
+    case FT_ACT_POW: return "pow";
     default: return "activation";
     }
 }
@@ -43,9 +46,12 @@ void ft_act_forward_f32(float *y, const float *x, int64_t n, ft_act act) {
     case FT_ACT_TANH: FT_SIMD_FOR(i, n) y[i] = ft_tanhf(x[i]); break;
     case FT_ACT_HARDSWISH: FT_SIMD_FOR(i, n) y[i] = ft_hardswish(x[i]); break;
     case FT_ACT_ABS: FT_SIMD_FOR(i, n) y[i] = fabsf(x[i]); break;
+    case FT_ACT_EXP: FT_SIMD_FOR(i, n) y[i] = ft_expf(x[i]); break;
     case FT_ACT_SOFTPLUS:
     case FT_ACT_HUBER:
-    case FT_ACT_XLOGX: /* libm's log: not vectorized, rare (losses) */
+    case FT_ACT_XLOGX:
+    case FT_ACT_LOG:
+    case FT_ACT_POW: /* libm's log, pow, sqrt: not vectorized */
         for (int64_t i = 0; i < n; i++)
             y[i] = ft_act_forward(act, x[i]);
         break;
@@ -103,9 +109,12 @@ void ft_act_backward_f32(float *dx, const float *dy, const float *s, int64_t n, 
     case FT_ACT_ABS: GRAD_LOOP(ft_sign(s[i])); break;
     case FT_ACT_SOFTPLUS: GRAD_LOOP(ft_sigmoidf(s[i])); break;
     case FT_ACT_HUBER: GRAD_LOOP(ft_huber_grad(s[i], act.alpha)); break;
+    case FT_ACT_EXP: GRAD_LOOP(ft_expf(s[i])); break;
     case FT_ACT_XLOGX:
+    case FT_ACT_LOG:
+    case FT_ACT_POW:
         for (int64_t i = 0; i < n; i++)
-            dx[i] = (accumulate ? dx[i] : 0.0f) + dy[i] * ft_xlogx_grad(s[i]);
+            dx[i] = (accumulate ? dx[i] : 0.0f) + dy[i] * ft_act_grad_from_input(act, s[i]);
         break;
     default:
         if (accumulate)

@@ -25,6 +25,7 @@
 #include "ops/linear.h"
 #include "ops/loss.h"
 #include "ops/pool.h"
+#include "ops/reduce.h"
 #include "ops/softmax.h"
 #include "ops/upsample.h"
 #include "optim/state.h"
@@ -45,6 +46,9 @@ struct ft_cuda_ops {
     ft_status (*concat_forward)(const ft_tensor *out, const ft_tensor *const *inps, int n, int dim);
     ft_status (*concat_backward)(const ft_tensor *const *dinps, const int64_t *sizes, int n,
                                  const ft_tensor *dout, int dim, bool accumulate);
+    /* reduce.h */
+    ft_status (*sum_to)(const ft_tensor *out, const ft_tensor *inp, double scale, bool accumulate);
+    ft_status (*broadcast_to)(const ft_tensor *out, const ft_tensor *inp, double scale, bool accumulate);
     /* dropout.h */
     ft_status (*dropout_forward)(const ft_tensor *out, const ft_tensor *inp, const ft_dropout_params *p);
     ft_status (*dropout_backward)(const ft_tensor *dinp, const ft_tensor *dout, const ft_dropout_params *p,

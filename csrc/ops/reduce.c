@@ -7,6 +7,7 @@
 #include "ops/check.h"
 #include "ops/cuda_ops.h"
 #include "ops/gradient.h"
+#include "ops/pointwise.h"
 
 /* Rows per partial sum: the partials, not the threads, fix the order. */
 #define CHUNK 256
@@ -90,4 +91,115 @@ ft_status ft_bias_grad(const ft_tensor *db, const ft_tensor *dout, bool accumula
         out[c * db->strides[0]] = accumulate ? out[c * db->strides[0]] + (float)sums[c] : (float)sums[c];
     free(sums);
     return s;
+}
+
+/* ---- broadcasting ---- */
+
+/* The shapes broadcast as the ops need: out's sizes are inp's or 1 when
+ * `summed` (ft_sum_to), inp's are out's or 1 otherwise. */
+static ft_status check_broadcast(const char *op, const ft_tensor *out, const ft_tensor *inp, bool summed) {
+    ft_device dev = ft_op_device(inp);
+    FT_TRY(ft_check_float_on(op, "inp", inp, dev, "inp", true));
+    FT_TRY(ft_check_float_on(op, "out", out, dev, "inp", true));
+    FT_TRY(ft_check_output(op, "out", out));
+    FT_TRY(ft_check_alias(op, "out", out, "inp", inp));
+    const ft_tensor *small = summed ? out : inp, *large = summed ? inp : out;
+    bool ok = out->ndim == inp->ndim;
+    for (int d = 0; ok && d < out->ndim; d++)
+        ok = small->shape[d] == large->shape[d] || small->shape[d] == 1;
+    if (!ok) {
+        char a[128], b[128];
+        return ft_fail(FT_ERR_SHAPE, "%s: out %s and inp %s do not broadcast (%s)", op,
+                       ft_shape_str(a, sizeof a, out->ndim, out->shape), ft_shape_str(b, sizeof b, inp->ndim, inp->shape),
+                       summed ? "out's sizes must be inp's or 1" : "inp's sizes must be out's or 1");
+    }
+    return FT_OK;
+}
+
+static inline void store(char *p, ft_dtype dt, float v) {
+    if (dt == FT_BFLOAT16) {
+        uint16_t b = ft_f32_to_bf16(v);
+        memcpy(p, &b, 2);
+    } else {
+        memcpy(p, &v, 4);
+    }
+}
+
+ft_status ft_sum_to(const ft_tensor *out, const ft_tensor *inp, double scale, bool accumulate) {
+    const char *op = "sum_to";
+    FT_TRY(check_broadcast(op, out, inp, true));
+    if (ft_op_device(inp).type == FT_DEV_CUDA)
+        FT_CUDA_DISPATCH(op, sum_to, out, inp, scale, accumulate);
+    int nd = inp->ndim, nred = 0, red[FT_MAX_DIMS];
+    int64_t count = 1; /* inp elements per out element */
+    for (int d = 0; d < nd; d++)
+        if (out->shape[d] != inp->shape[d]) {
+            red[nred++] = d;
+            count *= inp->shape[d];
+        }
+    int64_t n = ft_tensor_numel(out);
+    size_t isz = ft_dtype_get(inp->dtype)->itemsize, osz = ft_dtype_get(out->dtype)->itemsize;
+    const char *src = ft_tensor_data(inp);
+    char *dst = ft_tensor_data(out);
+#pragma omp parallel for schedule(static) if (n * count > 32768)
+    for (int64_t o = 0; o < n; o++) {
+        int64_t rest = o, at_in = 0, at_out = 0;
+        for (int d = nd - 1; d >= 0; d--) {
+            int64_t i = rest % out->shape[d];
+            rest /= out->shape[d];
+            at_in += i * inp->strides[d];
+            at_out += i * out->strides[d];
+        }
+        /* The reduced dimensions in C order, an odometer over their indices. */
+        int64_t idx[FT_MAX_DIMS] = {0}, off = at_in;
+        double sum = 0;
+        for (int64_t k = 0; k < count; k++) {
+            sum += load(src + off * (int64_t)isz, inp->dtype);
+            for (int r = nred - 1; r >= 0; r--) {
+                int d = red[r];
+                off += inp->strides[d];
+                if (++idx[r] < inp->shape[d])
+                    break;
+                off -= idx[r] * inp->strides[d];
+                idx[r] = 0;
+            }
+        }
+        char *p = dst + at_out * (int64_t)osz;
+        float v = (float)(sum * scale);
+        store(p, out->dtype, accumulate ? load(p, out->dtype) + v : v);
+    }
+    return FT_OK;
+}
+
+typedef struct {
+    float scale;
+    bool accumulate;
+} scaled_copy;
+
+static void scaled_copy_kernel(float *const *p, int64_t n, const int64_t *idx, int64_t idx0, const void *vctx) {
+    const scaled_copy *c = vctx;
+    float *y = p[0];
+    const float *x = p[1];
+    if (c->accumulate)
+        FT_SIMD_FOR(i, n) y[i] += c->scale * x[i];
+    else
+        FT_SIMD_FOR(i, n) y[i] = c->scale * x[i];
+}
+
+ft_status ft_broadcast_to(const ft_tensor *out, const ft_tensor *inp, double scale, bool accumulate) {
+    const char *op = "broadcast_to";
+    FT_TRY(check_broadcast(op, out, inp, false));
+    if (ft_op_device(inp).type == FT_DEV_CUDA)
+        FT_CUDA_DISPATCH(op, broadcast_to, out, inp, scale, accumulate);
+    ft_tensor expanded = *inp; /* read again for every index of a repeated dimension */
+    for (int d = 0; d < inp->ndim; d++)
+        if (inp->shape[d] != out->shape[d]) {
+            expanded.shape[d] = out->shape[d];
+            expanded.strides[d] = 0;
+        }
+    scaled_copy c = {(float)scale, accumulate};
+    ft_pw_loop l = {.nops = 2, .nout = 1, .t = {out, &expanded}, .read_outputs = accumulate,
+                    .fn = scaled_copy_kernel, .ctx = &c};
+    ft_pw_run(&l);
+    return FT_OK;
 }

@@ -174,7 +174,7 @@ class Symbolic:
         o = self._operand(other)
         if o is None:
             return NotImplemented
-        return _layers().Add()(self, o)
+        return _layers().Add()(*_broadcast(self, o))
 
     __radd__ = __add__
 
@@ -198,17 +198,23 @@ class Symbolic:
         o = self._operand(other)
         if o is None:
             return NotImplemented
-        return _layers().Mul()(self, o)
+        return _layers().Mul()(*_broadcast(self, o))
 
     __rmul__ = __mul__
 
     def __truediv__(self, other):
         if isinstance(other, (int, float)):
             return self * (1.0 / other)
-        fail("division by a traced value or tensor", "multiply by a constant, or by a reciprocal computed outside")
+        o = self._operand(other)
+        if o is None:
+            return NotImplemented
+        return self * o.reciprocal()
 
     def __rtruediv__(self, other):
-        fail("division by a traced value")
+        if isinstance(other, (int, float)):
+            return self.reciprocal() * other
+        o = self._operand(other)
+        return NotImplemented if o is None else o * self.reciprocal()
 
     def __matmul__(self, other):
         o = other if isinstance(other, Symbolic) else _matrix(other)
@@ -223,9 +229,43 @@ class Symbolic:
         return NotImplemented if o is None else _layers().Matmul()(o, self)
 
     def __pow__(self, other):
-        if other == 2:
-            return self * self
-        fail(f"x ** {other}")
+        if not isinstance(other, (int, float)):
+            fail("a traced value to a traced power", "raise to a constant exponent")
+        if other == 1:
+            return self
+        return self * self if other == 2 else _layers()._Elementwise("pow", other)(self)
+
+    def pow(self, exponent):
+        """Records x ** exponent, a constant exponent."""
+        return self ** exponent
+
+    def square(self):
+        """Records x * x."""
+        return self * self
+
+    def sqrt(self):
+        """Records sqrt(x)."""
+        return self ** 0.5
+
+    def rsqrt(self):
+        """Records 1 / sqrt(x)."""
+        return self ** -0.5
+
+    def reciprocal(self):
+        """Records 1 / x."""
+        return self ** -1
+
+    def exp(self):
+        """Records exp(x)."""
+        return _layers()._Elementwise("exp")(self)
+
+    def log(self):
+        """Records the natural logarithm of x."""
+        return _layers()._Elementwise("log")(self)
+
+    def abs(self):
+        """Records |x|."""
+        return _layers()._Elementwise("abs")(self)
 
     # ---- views and movement ----
     def view(self, *shape):
@@ -368,29 +408,51 @@ class Symbolic:
             fail("reducing a loss already reduced over the batch")
         return Symbolic.record(_layers().Sum(reduction), [self], (), reduced=True)
 
+    def _dims(self, dim):
+        """The per-sample dimensions dim names (the batch refused), sorted."""
+        nd = len(self.node.shape)
+        return sorted({_dim(d, nd) for d in (dim if isinstance(dim, (tuple, list)) else [dim])})
+
+    def _sum_dims(self, dims, keepdim, scale):
+        """Records scale * the sum over the per-sample dimensions dims."""
+        out = _layers().SumDims(dims, scale)(self)
+        return out if keepdim else out.reshape(N, *(n for d, n in enumerate(self.node.shape) if d not in dims))
+
     def sum(self, dim=None, keepdim=False):
-        """Records the sum of every value (a loss reduced over the batch); sums over given dimensions fail."""
+        """Records the sum of every value (a loss reduced over the batch), or the sums over the given dimensions
+        (not the batch)."""
         if dim is None:
             return self.reduce("sum")
-        fail(f"sum over dimensions {dim}", "sum every value (x.sum()), or use a layer")
+        return self._sum_dims(self._dims(dim), keepdim, 1.0)
 
     def mean(self, dim=None, keepdim=False):
-        """Records the mean of every value (a loss reduced over the batch), or, with dim, the spatial mean (2, 3) of (N,
-        C, H, W) images or the mean over one dimension of (N, C, L) or (N, T, C) sequences (as adaptive average
-        pooling); other means fail."""
+        """Records the mean of every value (a loss reduced over the batch), or the means over the given dimensions
+        (not the batch); the spatial mean (2, 3) of images and the mean over the steps of sequences run as adaptive
+        average pooling."""
         if dim is None:
             return self.reduce("mean")
-        nd = len(self.node.shape)
-        dims = sorted({_dim(d, nd) for d in (dim if isinstance(dim, (tuple, list)) else [dim])})
+        nd, dims = len(self.node.shape), self._dims(dim)
         if nd == 3 and dims == [1, 2]:  # global average pooling of (C, H, W) images
             out = _layers().AdaptiveAvgPool2d(1)(self)
             return out if keepdim else out.reshape(N, self.node.shape[0])
-        if nd == 2 and len(dims) == 1:  # over the steps of (C, L) sequences, or of (T, C) ones
-            x = self if dims == [1] else self.transpose(1, 2)
-            out = _layers().AdaptiveAvgPool1d(1)(x).reshape(N, x.node.shape[0])
-            return out if not keepdim else out.unsqueeze(dims[0] + 1)
-        fail(f"mean over dimensions {dim} of a {nd + 1}-d value",
-             "the spatial mean x.mean((2, 3)) of images and the mean over one dimension of sequences are supported")
+        if nd == 2 and dims == [1]:  # over the steps of (C, L) sequences
+            out = _layers().AdaptiveAvgPool1d(1)(self)
+            return out if keepdim else out.reshape(N, self.node.shape[0])
+        return self._sum_dims(dims, keepdim, 1.0 / math.prod(self.node.shape[d] for d in dims))
+
+    def var(self, dim=None, unbiased=True, keepdim=False, *, correction=None):
+        """Records the variance over dim (not the batch): the squared deviations' sum divided by n - correction
+        (correction 1 by default, 0 with unbiased=False), as torch.var (inf where n <= correction)."""
+        if dim is None:
+            fail("var() over the batch", "give the per-sample dimensions, x.var(dim)")
+        dims = self._dims(dim)
+        n = math.prod(self.node.shape[d] for d in dims) - ((1 if unbiased else 0) if correction is None else correction)
+        centered = self - self.mean([d + 1 for d in dims], keepdim=True)
+        return (centered * centered)._sum_dims(dims, keepdim, 1.0 / n if n > 0 else math.inf)
+
+    def std(self, dim=None, unbiased=True, keepdim=False, *, correction=None):
+        """Records the standard deviation over dim (not the batch), as torch.std."""
+        return self.var(dim, unbiased, keepdim, correction=correction).sqrt()
 
     # ---- activations as methods ----
     def relu(self):
@@ -464,9 +526,9 @@ def attention(q, k, v, causal, scale):
 
 def constant(t, like_shape):
     """A tensor used as a value in forward: a node reading it (a parameter trains through it). Its leading
-    size-1 dimensions beyond the per-sample rank are the batch's broadcast; it may also broadcast along the
-    sample's dimensions when it varies along the first only (a per-channel (C, 1, 1) scale) or, for
-    samples that are not images, the last only (a per-feature bias)."""
+    size-1 dimensions beyond the per-sample rank are the batch's broadcast; it broadcasts along the sample's
+    dimensions as NumPy does, with no expanded copy when it varies along the first only (a per-channel
+    (C, 1, 1) scale) or, for samples that are not images, the last only (a per-feature bias)."""
     shape = tuple(t.shape)
     while len(shape) > len(like_shape) and shape[0] == 1:
         shape = shape[1:]
@@ -476,14 +538,26 @@ def constant(t, like_shape):
     if shape == like_shape:
         return Symbolic.record(_layers().Value(t, shape), [], shape)
     shape = (1,) * (len(like_shape) - len(shape)) + shape
-    if any(a != b and a != 1 for a, b in zip(shape, like_shape)):
-        raise ValueError(f"shapes {tuple(t.shape)} and {(N, *like_shape)} do not broadcast")
     varies = [d for d, n in enumerate(shape) if n != 1]
-    if varies not in ([0], [len(shape) - 1]) or (varies == [len(shape) - 1] and len(shape) == 3):
-        fail(f"broadcasting a tensor of shape {tuple(t.shape)} over {(N, *like_shape)}",
-             "broadcast along every dimension but the first (C, 1, 1) or, for sequences, the last (1, D); or give "
-             "the tensor the per-sample shape of the value it meets")
-    return Symbolic.record(_layers().Value(t, like_shape, varies[0]), [], like_shape)
+    into = all(a in (b, 1) for a, b in zip(shape, like_shape))
+    if into and (varies == [0] or (varies == [len(shape) - 1] and len(shape) != 3)):
+        return Symbolic.record(_layers().Value(t, like_shape, varies[0]), [], like_shape)
+    return Symbolic.record(_layers().Value(t, shape), [], shape)  # expanded where it meets the value
+
+
+def _broadcast(a, b):
+    """Traced values a and b of one shape, each expanded along its dimensions of size 1 where the other's are
+    larger (NumPy's rule; both keep the batch first, so their ranks must agree)."""
+    sa, sb = a.node.shape, b.node.shape
+    if sa == sb or a.node.reduced or b.node.reduced:
+        return a, b
+    if len(sa) != len(sb):
+        fail(f"broadcasting values of shapes {(N, *sa)} and {(N, *sb)}",
+             "give both the same number of dimensions (unsqueeze the smaller)")
+    if any(x != y and 1 not in (x, y) for x, y in zip(sa, sb)):
+        raise ValueError(f"shapes {(N, *sa)} and {(N, *sb)} do not broadcast")
+    shape = tuple(max(x, y) for x, y in zip(sa, sb))
+    return tuple(x if x.node.shape == shape else _layers().Expand(shape)(x) for x in (a, b))
 
 
 def _matrix(t):

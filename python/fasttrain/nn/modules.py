@@ -1311,6 +1311,41 @@ class Mul(Module):
         return a
 
 
+class Expand(Module):
+    """The values repeated along the per-sample dimensions of size 1 to `shape` (recorded by broadcasting)."""
+
+    _leaf = True
+
+    def __init__(self, shape):
+        super().__init__()
+        self.shape = tuple(shape)
+
+    def output_shape(self, shape):
+        if len(shape) != len(self.shape) or any(a not in (b, 1) for a, b in zip(shape, self.shape)):
+            raise ValueError(f"Expand: {shape} does not broadcast to {self.shape}")
+        return self.shape
+
+    def extra_repr(self):
+        return f"{self.shape}"
+
+
+class SumDims(Module):
+    """scale * the sum over the per-sample dimensions `dims`, kept with size 1 (recorded by x.sum(dims) and
+    x.mean(dims))."""
+
+    _leaf = True
+
+    def __init__(self, dims, scale=1.0):
+        super().__init__()
+        self.dims, self.scale = tuple(dims), float(scale)
+
+    def output_shape(self, shape):
+        return tuple(1 if d in self.dims else n for d, n in enumerate(shape))
+
+    def extra_repr(self):
+        return f"dims={self.dims}" + (f", scale={self.scale}" if self.scale != 1.0 else "")
+
+
 class Matmul(Module):
     """a @ b of each sample's matrices (recorded by the @ of traced values)."""
 

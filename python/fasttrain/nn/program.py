@@ -19,11 +19,11 @@ from .graph import TracingError, target, topological, trace, trace_loss
 _K = _C.NODE_KINDS
 (INPUT, CONV2D, LINEAR, BATCHNORM, ACT, MAXPOOL, AVGPOOL, ADAPTIVE_AVGPOOL, ADAPTIVE_MAXPOOL, ADD, CAT, RESHAPE,
  DROPOUT, IDENTITY, LAYERNORM, MUL, SCALE, PERMUTE, SLICE, PARAM, TARGET, CROSS_ENTROPY, NLL, SUM, SOFTMAX,
- LOG_SOFTMAX, GROUPNORM, EMBEDDING, UPSAMPLE, MATMUL, ATTENTION) = (_K[k] for k in (
+ LOG_SOFTMAX, GROUPNORM, EMBEDDING, UPSAMPLE, MATMUL, ATTENTION, EXPAND, SUM_DIMS) = (_K[k] for k in (
     "input", "conv2d", "linear", "batch_norm", "activation", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
     "adaptive_max_pool2d", "add", "cat", "reshape", "dropout", "identity", "layer_norm", "mul", "scale", "permute",
     "slice", "parameter", "target", "cross_entropy", "nll", "sum", "softmax", "log_softmax", "group_norm",
-    "embedding", "upsample_nearest", "matmul", "attention"))
+    "embedding", "upsample_nearest", "matmul", "attention", "expand", "sum_dims"))
 ACTS = _C.ACTIVATIONS
 REDUCTIONS = _C.REDUCTIONS
 # Activations whose derivative follows from their output: these can be fused
@@ -106,6 +106,10 @@ def _node_of(module, shape):
         return UPSAMPLE, dict(factor=f if len(f) == 2 else (1, *f))
     if isinstance(m, M.Matmul):
         return MATMUL, {}
+    if isinstance(m, M.Expand):
+        return EXPAND, {}
+    if isinstance(m, M.SumDims):
+        return SUM_DIMS, dict(scale=m.scale)
     if isinstance(m, M.Attention):
         return ATTENTION, dict(groups=m.heads, causal=int(m.causal), scale=m.scale or 0.0)
     if isinstance(m, M.Softmax):
