@@ -10,12 +10,16 @@ from ._tensor import Tensor
 from . import backends, cuda
 from . import optim
 from . import nn, ops
-from .nn.functional import cat, flatten
+from .nn.functional import flatten
+from ._math import (abs, add, all, any, argmax, argmin, argsort, cat, clamp, clip, div, eq, exp, floor_divide, ge, gt,
+                    le, log, log_softmax, lt, matmul, max, maximum, mean, min, minimum, mul, multiply, ne, neg, pow,
+                    promote_types, relu, remainder, result_type, sigmoid, softmax, sort, sqrt, stack, std, sub, sum,
+                    tanh, topk, unique, var, where)
 from .creation import (arange, as_tensor, empty, empty_like, from_dlpack, from_numpy, full, full_like, ones,
                        ones_like, tensor, zeros, zeros_like)
 from .random import (Generator, default_generator, get_rng_state, initial_seed, manual_seed, rand, randint,
                      randn, randperm, seed, seed_everything, set_rng_state)
-from .settings import (are_deterministic_algorithms_enabled, empty_cache, get_num_threads, memory_stats,
+from .settings import (are_deterministic_algorithms_enabled, empty_cache, get_num_threads, memory_stats, no_grad,
                        reset_peak_memory_stats, set_num_threads, use_deterministic_algorithms)
 from . import data
 from . import metrics
@@ -25,8 +29,8 @@ from .training import evaluate, fit
 
 __version__ = "0.1.0"
 
-# ft.float32, ... and PyTorch's aliases ft.float, ft.long, ...; these shadow
-# builtins inside this module only, so nothing below may use int/float/bool.
+# ft.float32, ... and PyTorch's aliases ft.float, ft.long, ...; these (and ft.sum, ft.max, ft.abs ... above) shadow
+# builtins inside this module only, so nothing below may use int/float/bool/sum/max/min/abs/all/any/pow.
 for _d in _DTYPES:
     globals()[_d.name] = _d
 for _alias, _name in _ALIASES.items():

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import _C
+from . import _C, _math
+from ._math import _norm_dim
 from ._types import CPU, DTYPES, _BY_NAME, as_device, as_dtype, device, device_of_code, dtype
 
 if TYPE_CHECKING:
@@ -81,13 +82,6 @@ def _sizes(args):
     return tuple(args)
 
 
-def _norm_dim(d, ndim, what="dimension"):
-    d = operator.index(d)
-    if not -ndim <= d < max(ndim, 1):
-        raise IndexError(f"{what} {d} is out of range for a {ndim}-d tensor")
-    return d % max(ndim, 1)
-
-
 class Tensor(_C.TensorBase):
     """An n-dimensional array on a device, sharing memory with NumPy and DLPack
     without copies. Create with ``ft.tensor``, ``ft.empty``, ``ft.from_numpy`` ..."""
@@ -144,6 +138,9 @@ class Tensor(_C.TensorBase):
 
     # ---- views ----
     def __getitem__(self, index):
+        advanced = _math.advanced_index(index)
+        if advanced is not None:  # masks and integer arrays: a copy, as in NumPy and PyTorch
+            return _math.getitem(self, advanced)
         shape, strides, offset = self._index(index)
         return self.as_strided(shape, strides, offset)
 
@@ -177,21 +174,23 @@ class Tensor(_C.TensorBase):
                 shape.append(n)
                 strides.append(old_strides[d] * step)
                 d += 1
-            elif isinstance(item, (int, np.integer)) and not isinstance(item, (bool, np.bool_)):
-                i = int(item)
+            elif isinstance(item, (int, np.integer, Tensor)) and not isinstance(item, (bool, np.bool_)):
+                i = operator.index(item)  # a 0-d integer tensor indexes as its value
                 if not -old_shape[d] <= i < old_shape[d]:
                     raise IndexError(f"index {i} is out of bounds for dimension {d} with size {old_shape[d]}")
                 offset += (i % old_shape[d]) * old_strides[d]
                 d += 1
             else:
-                raise IndexError(
-                    f"only integers, slices, None and ... are valid indices, got {type(item).__name__}: "
-                    "advanced (array or mask) indexing is not supported; copy to NumPy for it")
+                raise IndexError(f"only integers, slices, None, ..., and integer or bool tensors, arrays and lists "
+                                 f"are valid indices, got {type(item).__name__}")
         shape += old_shape[d:]
         strides += old_strides[d:]
         return shape, strides, offset
 
     def __setitem__(self, index, value):
+        advanced = _math.advanced_index(index)
+        if advanced is not None:
+            return _math.setitem(self, advanced, value)
         view = self[index]
         if isinstance(value, (int, float, bool, np.number, np.bool_)):
             view.fill_(value)
@@ -448,37 +447,87 @@ class Tensor(_C.TensorBase):
             "strides": None if self.is_contiguous() else tuple(s * self.itemsize for s in self.stride()),
         }
 
-    # ---- comparisons: elementwise, as NumPy and PyTorch (a bool tensor), never identity ----
-    def _compare(self, other, op):
-        if isinstance(other, Tensor):
-            other = other._host_array()
-        elif not isinstance(other, (int, float, bool, complex, np.number, np.bool_, np.ndarray, list, tuple)):
-            return NotImplemented
-        from .creation import tensor
-        return tensor(op(self._host_array(), np.asarray(other)), device=self.device)
+    # ---- math (fasttrain/_math.py): NumPy on the host; a CUDA tensor is copied there and back ----
+    # NumPy arrays defer to these operators (array + tensor gives a tensor, promoted as PyTorch)
+    __array_priority__ = 1000
 
-    def __eq__(self, other):
-        return self._compare(other, operator.eq)
+    __add__, __radd__ = _math.operator_method(_math.add), _math.operator_method(_math.add, reflected=True)
+    __sub__, __rsub__ = _math.operator_method(_math.sub), _math.operator_method(_math.sub, reflected=True)
+    __mul__, __rmul__ = _math.operator_method(_math.mul), _math.operator_method(_math.mul, reflected=True)
+    __truediv__ = _math.operator_method(_math.div)
+    __rtruediv__ = _math.operator_method(_math.div, reflected=True)
+    __floordiv__ = _math.operator_method(_math.floor_divide)
+    __rfloordiv__ = _math.operator_method(_math.floor_divide, reflected=True)
+    __mod__, __rmod__ = _math.operator_method(_math.remainder), _math.operator_method(_math.remainder, reflected=True)
+    __pow__, __rpow__ = _math.operator_method(_math.pow), _math.operator_method(_math.pow, reflected=True)
+    __matmul__ = _math.operator_method(_math.matmul)
+    __rmatmul__ = _math.operator_method(_math.matmul, reflected=True)
+    __and__, __rand__ = _math.operator_method(_math.bitwise_and), _math.operator_method(_math.bitwise_and, True)
+    __or__, __ror__ = _math.operator_method(_math.bitwise_or), _math.operator_method(_math.bitwise_or, True)
+    __xor__, __rxor__ = _math.operator_method(_math.bitwise_xor), _math.operator_method(_math.bitwise_xor, True)
+    __eq__, __ne__ = _math.operator_method(_math.eq), _math.operator_method(_math.ne)
+    __lt__, __le__ = _math.operator_method(_math.lt), _math.operator_method(_math.le)
+    __gt__, __ge__ = _math.operator_method(_math.gt), _math.operator_method(_math.ge)
+    __neg__, __abs__, __invert__ = _math.neg, _math.abs, _math.bitwise_not
 
-    def __ne__(self, other):
-        return self._compare(other, operator.ne)
+    def __pos__(self):
+        return self
 
-    def __lt__(self, other):
-        return self._compare(other, operator.lt)
+    add, sub, mul, div, pow = _math.add, _math.sub, _math.mul, _math.div, _math.pow
+    floor_divide, remainder, maximum, minimum = _math.floor_divide, _math.remainder, _math.maximum, _math.minimum
+    eq, ne, lt, le, gt, ge = _math.eq, _math.ne, _math.lt, _math.le, _math.gt, _math.ge
+    neg, abs, exp, log, sqrt = _math.neg, _math.abs, _math.exp, _math.log, _math.sqrt
+    relu, sigmoid, tanh, clamp, clip = _math.relu, _math.sigmoid, _math.tanh, _math.clamp, _math.clip
+    sum, mean, std, var, all, any = _math.sum, _math.mean, _math.std, _math.var, _math.all, _math.any
+    max, min, argmax, argmin = _math.max, _math.min, _math.argmax, _math.argmin
+    matmul, softmax, log_softmax = _math.matmul, _math.softmax, _math.log_softmax
+    sort, argsort, topk, unique = _math.sort, _math.argsort, _math.topk, _math.unique
 
-    def __le__(self, other):
-        return self._compare(other, operator.le)
+    add_, sub_, mul_, div_ = (_math.in_place(f) for f in (_math.add, _math.sub, _math.mul, _math.div))
+    pow_, clamp_, clip_ = _math.in_place(_math.pow), _math.in_place(_math.clamp), _math.in_place(_math.clamp)
+    neg_, abs_, exp_, log_, sqrt_ = (_math.in_place(f) for f in (_math.neg, _math.abs, _math.exp, _math.log,
+                                                                _math.sqrt))
+    __iadd__, __isub__ = _math.operator_method(add_), _math.operator_method(sub_)
+    __imul__, __itruediv__ = _math.operator_method(mul_), _math.operator_method(div_)
+    __ifloordiv__ = _math.operator_method(_math.in_place(_math.floor_divide))
+    __imod__ = _math.operator_method(_math.in_place(_math.remainder))
+    __ipow__ = _math.operator_method(pow_)
+    __iand__ = _math.operator_method(_math.in_place(_math.bitwise_and))
+    __ior__ = _math.operator_method(_math.in_place(_math.bitwise_or))
+    __ixor__ = _math.operator_method(_math.in_place(_math.bitwise_xor))
 
-    def __gt__(self, other):
-        return self._compare(other, operator.gt)
+    def where(self, condition: Tensor, other: Any) -> Tensor:
+        """self where condition holds, else other: ft.where(condition, self, other)."""
+        return _math.where(condition, self, other)
 
-    def __ge__(self, other):
-        return self._compare(other, operator.ge)
+    def detach(self) -> Tensor:
+        """A new tensor object viewing self's memory, as torch.Tensor.detach (fasttrain's eager tensors record no
+        graph, so nothing else changes)."""
+        return self.as_strided(self.shape, self.stride(), self.storage_offset())
+
+    @property
+    def data(self) -> Tensor:
+        """self.detach(). Assigning t.data = other copies other's values into t's memory (same shape), where PyTorch
+        would rebind t to other's: a compiled model keeps reading its parameters where they are."""
+        return self.detach()
+
+    @data.setter
+    def data(self, value: Any) -> None:
+        if isinstance(value, Tensor) and value.shape != self.shape:
+            raise ValueError(f"data: a tensor of shape {self.shape} cannot take values of shape {value.shape}")
+        self.copy_(value)
 
     __hash__ = _C.TensorBase.__hash__  # identity, as PyTorch's: tensors stay usable as dict keys
 
     def __bool__(self):
+        if self.numel() != 1:
+            count = "no values" if self.numel() == 0 else "more than one value"
+            raise ValueError(f"Boolean value of Tensor with {count} is ambiguous")
         return bool(self.item())
+
+    def __format__(self, spec):
+        # f"{loss:.4f}" formats a one-value tensor as its number, as PyTorch does for 0-d tensors
+        return format(self.item(), spec) if spec and self.ndim == 0 else object.__format__(self, spec)
 
     def __float__(self):
         return float(self.item())

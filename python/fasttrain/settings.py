@@ -1,6 +1,7 @@
 """Process-wide settings and memory statistics."""
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING
 
 from . import _C, cuda
@@ -60,3 +61,18 @@ def use_deterministic_algorithms(mode: bool) -> None:
 def are_deterministic_algorithms_enabled() -> bool:
     """Whether use_deterministic_algorithms(True) is in effect."""
     return _C.get_deterministic()
+
+
+class no_grad(contextlib.ContextDecorator):
+    """A context manager and decorator that changes nothing, for code written for PyTorch (``with ft.no_grad():``,
+    ``@ft.no_grad()``, ``@ft.no_grad``): fasttrain's eager ops record no graph, and compiled programs take their
+    gradients themselves."""
+
+    def __new__(cls, func=None):
+        return func if func is not None else super().__new__(cls)  # used bare, as @ft.no_grad
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False

@@ -10,6 +10,7 @@ import warnings
 import numpy as np
 
 from .. import _C, creation
+from .._math import cat
 from ..amp import cast
 from .._tensor import Tensor
 from ..random import default_generator
@@ -704,15 +705,6 @@ def mul(input, other):
     if isinstance(input, Symbolic):
         return input * other
     return _C.mul_forward(None, input, other)
-
-
-def cat(tensors, dim=0):
-    """torch.cat for equally shaped tensors but along dim (concatenation along channels: dim=1)."""
-    tensors = list(tensors)
-    if any(isinstance(t, Symbolic) for t in tensors):
-        from .graph import cat as traced_cat
-        return traced_cat(tensors, dim)
-    return _C.concat_forward(None, tensors, dim)
 
 
 def flatten(input, start_dim=0, end_dim=-1):

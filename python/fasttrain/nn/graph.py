@@ -624,9 +624,10 @@ def Input(shape):
 def cat(tensors, dim=1):
     """Concatenates symbolic values along a dimension (the first per-sample one: channels, or time)."""
     tensors = list(tensors)
-    if dim % (tensors[0].ndim) != 1:
+    traced = next(t for t in tensors if isinstance(t, Symbolic))  # a tensor may come first: cat([cls, x])
+    if dim % traced.ndim != 1:
         fail(f"cat along dimension {dim}", "concatenate along dimension 1 (channels, or the sequence)")
-    return _layers().Cat(1)(*[t if isinstance(t, Symbolic) else tensors[0]._operand(t) for t in tensors])
+    return _layers().Cat(1)(*[t if isinstance(t, Symbolic) else traced._operand(t) for t in tensors])
 
 
 def _call(fn, what, *args):

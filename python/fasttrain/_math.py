@@ -1,0 +1,847 @@
+"""Eager tensor math: PyTorch's operators, elementwise functions, reductions and selection ops on ft.Tensor.
+
+These ops look at values outside a compiled model (metrics, masks, post-processing); a model's training step
+runs in C and never calls them. They compute with NumPy: a CPU tensor is read through a zero-copy NumPy view of
+its memory, and the result is a fresh array wrapped without a copy. A CUDA tensor is copied to the host,
+computed there, and the result copied back to the tensor's device: correct, but slow, since there are no CUDA
+kernels for these ops. bfloat16 (which NumPy lacks) and float16 compute in float32 and round back, as PyTorch's
+CPU kernels do.
+
+Type promotion is PyTorch's, not NumPy's (``result_type``): a Python float with an integer tensor gives float32,
+and within a category dimensioned tensors rank above 0-d tensors, which rank above Python scalars.
+"""
+from __future__ import annotations
+
+import builtins
+import math
+import operator
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+
+from . import _C
+from ._types import CPU, DTYPES, _BY_NAME, as_dtype, device_of_code
+
+if TYPE_CHECKING:
+    from typing import Any, Callable, Sequence
+
+    from ._tensor import Tensor
+    from ._types import DTypeLike, dtype
+
+    Operand = Tensor | bool | int | float | np.ndarray
+    Dims = int | Sequence[int] | None
+
+_Tensor = _C.TensorBase  # every fasttrain tensor is one; _tensor.py (the subclass) imports this module
+_BOOL, _UINT8, _INT64 = _BY_NAME["bool"], _BY_NAME["uint8"], _BY_NAME["int64"]
+_FLOAT16, _BFLOAT16, _FLOAT32 = _BY_NAME["float16"], _BY_NAME["bfloat16"], _BY_NAME["float32"]
+_HALF = (_FLOAT16, _BFLOAT16)
+_SCALARS = (bool, int, float, np.bool_, np.integer, np.floating)
+
+
+def _norm_dim(d, ndim, what="dimension"):
+    """d as an index in [0, ndim) (a 0-d tensor accepts 0 and -1, as PyTorch)."""
+    d = operator.index(d)
+    n = builtins.max(ndim, 1)
+    if not -n <= d < n:
+        raise IndexError(f"{what} {d} is out of range for a {ndim}-d tensor (expected in [{-n}, {n - 1}])")
+    return d % n
+
+
+# ---- dtypes: PyTorch's promotion ----
+
+def promote_types(type1: DTypeLike, type2: DTypeLike) -> dtype:
+    """The smallest dtype both convert to without losing their category, as torch.promote_types."""
+    a, b = as_dtype(type1), as_dtype(type2)
+    if a is b:
+        return a
+    if a.is_complex or b.is_complex:
+        raise TypeError(f"promote_types: complex dtypes are storage-only in fasttrain, got {a.name} and {b.name}")
+    wide = ("uint16", "uint32", "uint64")
+    if a.name in wide or b.name in wide:
+        if a.is_floating_point or b.is_floating_point:
+            return a if a.is_floating_point else b
+        raise TypeError(f"promotion of uint16, uint32 and uint64 with other types is not supported (as in PyTorch), "
+                        f"got {a.name} and {b.name}")
+    if a is _BOOL or b is _BOOL:
+        return b if a is _BOOL else a
+    if a.is_floating_point and b.is_floating_point:
+        if {a, b} == set(_HALF):
+            return _FLOAT32
+        return a if a.itemsize > b.itemsize else b
+    if a.is_floating_point or b.is_floating_point:
+        return a if a.is_floating_point else b
+    # the integers NumPy and PyTorch share (uint8, int8 ... int64) promote the same in both
+    return _BY_NAME[np.promote_types(a.name, b.name).name]
+
+
+def _rank(x):
+    """(tier, dtype) of an operand: tier 0 for dimensioned tensors, 1 for 0-d tensors, 2 for Python and NumPy
+    scalars, which count as bool, int64 or float32 (PyTorch's default dtype)."""
+    if isinstance(x, _Tensor):
+        return (0 if x.ndim else 1), DTYPES[x._dtype_code]
+    if isinstance(x, np.ndarray):
+        return (0 if x.ndim else 1), as_dtype(x.dtype)
+    if isinstance(x, (bool, np.bool_)):
+        return 2, _BOOL
+    if isinstance(x, (int, np.integer)):
+        return 2, _INT64
+    if isinstance(x, (float, np.floating)):
+        return 2, _FLOAT32
+    raise TypeError(f"expected a tensor, an array or a real number, got {type(x).__name__}")
+
+
+def _combine(higher, lower):
+    """The dtype of a higher tier's result meeting a lower tier's: the lower counts only when it is of a higher
+    category (torch's combine_categories)."""
+    if higher is None or lower is None:
+        return lower if higher is None else higher
+    if higher.is_floating_point:
+        return higher
+    if higher is _BOOL or lower.is_floating_point:
+        return promote_types(higher, lower)
+    return higher
+
+
+def result_type(*operands: Operand) -> dtype:
+    """The dtype PyTorch gives an op of these tensors and scalars: dimensioned tensors, then 0-d tensors, then
+    Python scalars (bool, int64, float32), each tier counting only when it raises the category."""
+    tiers = [None, None, None]
+    for x in operands:
+        tier, dt = _rank(_arg(x))
+        tiers[tier] = dt if tiers[tier] is None else promote_types(tiers[tier], dt)
+    return _combine(tiers[0], _combine(tiers[1], tiers[2]))
+
+
+def _can_cast(src, dst):
+    """Whether an in-place op may store a src result in dst (torch's canCast: no float into integers, nothing
+    but bool into bool)."""
+    return not (src.is_floating_point and not dst.is_floating_point) and (dst is not _BOOL or src is _BOOL)
+
+
+def _np(dt):
+    """The NumPy dtype that dt computes in: float32 for the 16-bit floats."""
+    return np.dtype("float32" if dt in _HALF else dt.name)
+
+
+# ---- operands and results ----
+
+def _arg(x):
+    """Lists and tuples of numbers as arrays (dimensioned operands); everything else as it is."""
+    return np.asarray(x) if isinstance(x, (list, tuple)) else x
+
+
+def _is_operand(x):
+    return isinstance(x, (_Tensor, np.ndarray, list, tuple) + _SCALARS)
+
+
+def _array(x, dt):
+    """The values of x in dt's NumPy compute dtype: a zero-copy view of a CPU tensor's memory when the dtypes match.
+    Tensors round to a 16-bit dt first, and Python integers wrap around into narrow integer dtypes, as PyTorch
+    casts its operands to the result's dtype (only Python floats keep their precision)."""
+    if isinstance(x, np.ndarray):
+        x = _C.from_numpy(x)
+    if isinstance(x, _Tensor):
+        if dt in _HALF and x._dtype_code != dt._code:
+            x = x.to(dt)
+        x = x._host_array()
+    else:
+        x = np.array(x)
+    return x.astype(_np(dt), copy=False)
+
+
+def _device(name, operands):
+    """The device of the tensor operands (a 0-d CPU tensor goes with any device, as in PyTorch)."""
+    found = None
+    for x in operands:
+        if isinstance(x, _Tensor) and not (x.ndim == 0 and not x.is_cuda):
+            d = x._device_tuple
+            if found is not None and d != found:
+                raise RuntimeError(f"{name}: expected all tensors on the same device, but found at least two devices, "
+                                   f"{device_of_code(found)} and {device_of_code(d)}")
+            found = d
+    return CPU if found is None else device_of_code(found)
+
+
+def _result(array, dt, device):
+    """A fresh NumPy result as a tensor of dtype dt on device (bfloat16 rounds from float32)."""
+    array = np.asarray(array)
+    if dt is _BFLOAT16:
+        t = _C.from_numpy(array.astype(np.float32, copy=False)).to(dt)
+    else:
+        t = _C.from_numpy(array.astype(dt.name, copy=False))
+    return t.to(device)
+
+
+def _broadcast(name, *shapes):
+    try:
+        return np.broadcast_shapes(*shapes)
+    except ValueError:
+        raise ValueError(f"{name}: shapes {' and '.join(str(tuple(s)) for s in shapes)} cannot be broadcast together "
+                         "(aligned from the last dimension, sizes must match or be 1)") from None
+
+
+def _apply(name, fn, operands, compute, out, device=None):
+    """fn of the operands' values in compute's NumPy dtype, as a tensor of dtype out on their device (or device)."""
+    device = _device(name, operands) if device is None else device
+    arrays = [_array(x, compute) for x in operands]
+    with np.errstate(all="ignore"):  # inf and nan are results, as in PyTorch, not warnings
+        return _result(fn(*arrays), out, device)
+
+
+def _elementwise(name, fn, operands, compute, out, device=None):
+    """_apply for fn broadcasting its operands: a shape mismatch names the shapes."""
+    _broadcast(name, *(getattr(x, "shape", ()) for x in operands))
+    return _apply(name, fn, operands, compute, out, device)
+
+
+def _binary(name, fn, a, b, div=False):
+    """fn(a, b) elementwise in the promoted dtype (float32 for integers when div: true division)."""
+    a, b = _arg(a), _arg(b)
+    dt = result_type(a, b)
+    if div and not dt.is_floating_point:
+        dt = _FLOAT32
+    if dt is _BOOL and name in _NOT_FOR_BOOL:
+        raise TypeError(_NOT_FOR_BOOL[name])
+    if name == "sub" and (_rank(a)[1] is _BOOL or _rank(b)[1] is _BOOL):
+        raise TypeError("sub: subtraction, the `-` operator, with a bool tensor is not supported; to invert a mask "
+                        "use the `~` operator")
+    return _elementwise(name, fn, [a, b], dt, dt)
+
+
+_NOT_FOR_BOOL = {
+    "neg": "neg: negation, the `-` operator, on a bool tensor is not supported; to invert a mask use the `~` operator",
+    "abs": "abs: not supported for bool tensors",
+    "relu": "relu: not supported for bool tensors",
+    "floor_divide": "floor_divide: not supported for bool tensors",
+    "remainder": "remainder: not supported for bool tensors",
+    "pow": "pow: not supported for bool tensors",
+}
+
+
+def _nonzero_divisor(fn):
+    """fn refusing integer division by zero, which NumPy would answer with 0 (PyTorch raises)."""
+    def checked(x, y):
+        if x.dtype.kind in "iub" and np.any(y == 0):
+            raise ZeroDivisionError("integer division or modulo by zero")
+        return fn(x, y)
+    return checked
+
+
+def _trunc_divide(x, y):
+    if x.dtype.kind == "f":
+        return np.trunc(x / y)
+    q = np.floor_divide(x, y)
+    return q + ((np.remainder(x, y) != 0) & ((x < 0) != (y < 0)))  # floor -> toward zero where signs differ
+
+
+def _alpha_scaled(name, input, other, alpha):
+    if alpha == 1:
+        return other
+    if isinstance(alpha, (float, np.floating)) and not result_type(input, other).is_floating_point:
+        raise TypeError(f"{name}: for integral input tensors, argument alpha must not be a floating point number")
+    return mul(other, alpha)
+
+
+# ---- arithmetic ----
+
+def add(input: Operand, other: Operand, *, alpha: int | float = 1) -> Tensor:
+    """input + alpha * other, broadcast, in PyTorch's promoted dtype (bool + bool is logical or)."""
+    return _binary("add", np.add, input, _alpha_scaled("add", input, other, alpha))
+
+
+def sub(input: Operand, other: Operand, *, alpha: int | float = 1) -> Tensor:
+    """input - alpha * other, broadcast, in PyTorch's promoted dtype."""
+    return _binary("sub", np.subtract, input, _alpha_scaled("sub", input, other, alpha))
+
+
+def mul(input: Operand, other: Operand) -> Tensor:
+    """input * other elementwise, broadcast, in PyTorch's promoted dtype (bool * bool is logical and)."""
+    return _binary("mul", np.multiply, input, other)
+
+
+multiply = mul
+
+
+def div(input: Operand, other: Operand, *, rounding_mode: str | None = None) -> Tensor:
+    """input / other: true division (float32 for integer operands) or, with rounding_mode 'trunc' or 'floor',
+    rounded division in the promoted dtype."""
+    if rounding_mode is None:
+        return _binary("div", np.true_divide, input, other, div=True)
+    fns = {"trunc": _trunc_divide, "floor": np.floor_divide}
+    if rounding_mode not in fns:
+        raise ValueError(f"div: rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}")
+    return _binary("div", _nonzero_divisor(fns[rounding_mode]), input, other)
+
+
+def floor_divide(input: Operand, other: Operand) -> Tensor:
+    """input // other: division rounded toward minus infinity, as Python's (and PyTorch's) //."""
+    return _binary("floor_divide", _nonzero_divisor(np.floor_divide), input, other)
+
+
+def remainder(input: Operand, other: Operand) -> Tensor:
+    """input % other with the sign of other, as Python's (and PyTorch's) %."""
+    return _binary("remainder", _nonzero_divisor(np.remainder), input, other)
+
+
+def _power(x, y):
+    if x.dtype.kind not in "iu" or not np.any(y < 0):
+        return np.power(x, y)
+    # PyTorch truncates integer powers with negative exponents: 1 stays 1, -1 alternates, every other base gives 0
+    negative = y < 0
+    unit = np.where(x == 1, 1, np.where(x == -1, np.where(y % 2 != 0, -1, 1), 0))
+    return np.where(negative, unit, np.power(x, np.where(negative, 0, y))).astype(x.dtype)
+
+
+def pow(input: Operand, exponent: Operand) -> Tensor:
+    """input ** exponent elementwise in the promoted dtype (an integer tensor to a float power gives float32);
+    a negative Python integer exponent of an integer tensor is refused, as in PyTorch."""
+    negative = isinstance(exponent, (int, np.integer)) and not isinstance(exponent, bool) and exponent < 0
+    if negative and not result_type(input, exponent).is_floating_point:
+        raise ValueError("pow: integers to negative integer powers are not allowed")
+    return _binary("pow", _power, input, exponent)
+
+
+def maximum(input: Operand, other: Operand) -> Tensor:
+    """The elementwise maximum of two broadcast tensors; NaN wins, as in PyTorch."""
+    return _binary("maximum", np.maximum, input, other)
+
+
+def minimum(input: Operand, other: Operand) -> Tensor:
+    """The elementwise minimum of two broadcast tensors; NaN wins, as in PyTorch."""
+    return _binary("minimum", np.minimum, input, other)
+
+
+def _bitwise(name, fn, a, b):
+    dt = result_type(a, b)
+    if dt.is_floating_point:
+        raise TypeError(f"{name}: bitwise operations need bool or integer tensors, got {dt.name}")
+    return _binary(name, fn, a, b)
+
+
+def bitwise_and(input: Operand, other: Operand) -> Tensor:
+    """input & other: logical and of bool tensors, bitwise and of integer ones."""
+    return _bitwise("bitwise_and", np.bitwise_and, input, other)
+
+
+def bitwise_or(input: Operand, other: Operand) -> Tensor:
+    """input | other: logical or of bool tensors, bitwise or of integer ones."""
+    return _bitwise("bitwise_or", np.bitwise_or, input, other)
+
+
+def bitwise_xor(input: Operand, other: Operand) -> Tensor:
+    """input ^ other: logical xor of bool tensors, bitwise xor of integer ones."""
+    return _bitwise("bitwise_xor", np.bitwise_xor, input, other)
+
+
+def bitwise_not(input: Tensor) -> Tensor:
+    """~input: logical not of a bool tensor, bitwise not of an integer one."""
+    if input.dtype.is_floating_point:
+        raise TypeError(f"bitwise_not: bitwise operations need bool or integer tensors, got {input.dtype.name}")
+    return _apply("bitwise_not", np.invert, [input], input.dtype, input.dtype)
+
+
+def _comparison(name, fn, symbol):
+    def compare(input: Operand, other: Operand) -> Tensor:
+        a, b = _arg(input), _arg(other)
+        return _elementwise(name, fn, [a, b], result_type(a, b), _BOOL)
+    compare.__name__ = compare.__qualname__ = name
+    compare.__doc__ = f"input {symbol} other elementwise, as a bool tensor; compared in PyTorch's promoted dtype."
+    return compare
+
+
+eq = _comparison("eq", np.equal, "==")
+ne = _comparison("ne", np.not_equal, "!=")
+lt = _comparison("lt", np.less, "<")
+le = _comparison("le", np.less_equal, "<=")
+gt = _comparison("gt", np.greater, ">")
+ge = _comparison("ge", np.greater_equal, ">=")
+
+
+def matmul(input: Tensor, other: Tensor) -> Tensor:
+    """The matrix product of two tensors of one dtype, as torch.matmul: 1-d operands are vectors, leading
+    dimensions broadcast as batches."""
+    for x in (input, other):
+        if not isinstance(x, _Tensor):
+            raise TypeError(f"matmul: expected tensors, got {type(x).__name__}")
+    if input.ndim == 0 or other.ndim == 0:
+        raise ValueError(f"matmul: both arguments need to be at least 1-d, but they are {input.ndim}-d and "
+                         f"{other.ndim}-d")
+    if input.dtype is not other.dtype:
+        raise TypeError(f"matmul: expected both operands to have the same dtype, got {input.dtype.name} and "
+                        f"{other.dtype.name}")
+    if input.dtype is _BOOL:
+        raise TypeError("matmul: not supported for bool tensors")
+
+    def product(a, b):
+        try:
+            return np.matmul(a, b)
+        except ValueError:
+            raise ValueError(f"matmul: shapes {input.shape} and {other.shape} cannot be multiplied") from None
+    return _apply("matmul", product, [input, other], input.dtype, input.dtype)
+
+
+# ---- elementwise functions of one tensor ----
+
+def neg(input: Tensor) -> Tensor:
+    """-input elementwise (integers wrap around, as in PyTorch)."""
+    if input.dtype is _BOOL:
+        raise TypeError(_NOT_FOR_BOOL["neg"])
+    return _apply("neg", np.negative, [input], input.dtype, input.dtype)
+
+
+def abs(input: Tensor) -> Tensor:
+    """|input| elementwise, in input's dtype."""
+    if input.dtype is _BOOL:
+        raise TypeError(_NOT_FOR_BOOL["abs"])
+    return _apply("abs", np.abs, [input], input.dtype, input.dtype)
+
+
+def _sigmoid(x):
+    e = np.exp(-np.abs(x))  # never overflows; each branch is exact where it is taken
+    return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
+
+
+def _floating(name, fn):
+    def unary(input: Tensor) -> Tensor:
+        dt = input.dtype if input.dtype.is_floating_point else _FLOAT32
+        return _apply(name, fn, [input], dt, dt)
+    unary.__name__ = unary.__qualname__ = name
+    unary.__doc__ = f"{name} of input elementwise, in input's floating dtype (float32 for bool and integer tensors)."
+    return unary
+
+
+exp = _floating("exp", np.exp)
+log = _floating("log", np.log)
+sqrt = _floating("sqrt", np.sqrt)
+tanh = _floating("tanh", np.tanh)
+sigmoid = _floating("sigmoid", _sigmoid)
+
+
+def relu(input: Tensor) -> Tensor:
+    """max(input, 0) elementwise, in input's dtype."""
+    if input.dtype is _BOOL:
+        raise TypeError(_NOT_FOR_BOOL["relu"])
+    return _apply("relu", lambda x: np.maximum(x, x.dtype.type(0)), [input], input.dtype, input.dtype)
+
+
+def _int_bound(bound, dt):
+    """A Python integer bound clipped into an integer dtype's range (a bound outside it clamps nothing)."""
+    if dt.is_floating_point or not isinstance(bound, (int, np.integer)) or dt is _BOOL:
+        return bound
+    info = np.iinfo(dt.name)
+    return info.min if bound < info.min else info.max if bound > info.max else bound
+
+
+def clamp(input: Tensor, min: Operand | None = None, max: Operand | None = None) -> Tensor:
+    """input limited to [min, max] elementwise (numbers or broadcast tensors; either may be None), in the dtype
+    promoted with the bounds, as torch.clamp; NaN stays NaN."""
+    if min is None and max is None:
+        raise ValueError("clamp: at least one of 'min' or 'max' must not be None")
+    lo, hi = _arg(min), _arg(max)
+    given = [b for b in (lo, hi) if b is not None]
+    dt = result_type(input, *given)
+    given = [_int_bound(b, dt) for b in given]
+
+    def clip(x, *bounds):
+        b = iter(bounds)
+        if lo is not None:
+            x = np.maximum(x, next(b))
+        return x if hi is None else np.minimum(x, next(b))
+    return _elementwise("clamp", clip, [input, *given], dt, dt)
+
+
+clip = clamp
+
+
+def where(condition: Tensor, input: Operand | None = None, other: Operand | None = None) -> Tensor | tuple[Tensor, ...]:
+    """input where condition (a bool tensor) holds, else other, broadcast, in their promoted dtype; where(condition)
+    alone gives the indices of its True elements, one int64 tensor per dimension."""
+    if not isinstance(condition, _Tensor) or condition.dtype is not _BOOL:
+        got = f"a tensor with dtype {condition.dtype.name}" if isinstance(condition, _Tensor) else \
+            type(condition).__name__
+        raise TypeError(f"where: expected condition to be a bool tensor, got {got}")
+    if input is None and other is None:
+        c = condition._host_array()
+        device = condition.device
+        return tuple(_result(i, _INT64, device) for i in np.nonzero(c.reshape(c.shape or (1,))))
+    if input is None or other is None:
+        raise TypeError("where: give both input and other, or neither")
+    a, b = _arg(input), _arg(other)
+    device = _device("where", [condition, a, b])
+    _broadcast("where", condition.shape, *(getattr(x, "shape", ()) for x in (a, b)))
+    c = condition._host_array()
+    dt = result_type(a, b)
+    return _apply("where", lambda x, y: np.where(c, x, y), [a, b], dt, dt, device)
+
+
+# ---- reductions ----
+
+def _axes(name, input, dim):
+    """NumPy's axis for dim: None (every dimension) for None or an empty sequence, else a tuple."""
+    if dim is None:
+        return None
+    dims = (dim,) if isinstance(dim, (int, np.integer)) else tuple(dim)
+    if not dims:
+        return None
+    axes = [_norm_dim(d, input.ndim, f"{name}: dim") for d in dims]
+    for i, d in enumerate(axes):
+        if d in axes[:i]:
+            raise ValueError(f"{name}: dim {d} appears multiple times in the list of dims")
+    return tuple(d for d in axes if d < input.ndim)  # dim 0 of a 0-d tensor is no dimension of its array
+
+
+def _count(shape, axes):
+    return math.prod(shape) if axes is None else math.prod(shape[d] for d in axes)
+
+
+def sum(input: Tensor, dim: Dims = None, keepdim: bool = False, *, dtype: DTypeLike | None = None) -> Tensor:
+    """The sum over dim (an int or a tuple; all dimensions by default), in dtype if given, else int64 for bool and
+    integer tensors and input's dtype otherwise."""
+    out = as_dtype(dtype) if dtype is not None else input.dtype if input.dtype.is_floating_point else _INT64
+    axes = _axes("sum", input, dim)
+    return _apply("sum", lambda x: np.sum(x, axis=axes, keepdims=keepdim), [input], out, out)
+
+
+def mean(input: Tensor, dim: Dims = None, keepdim: bool = False, *, dtype: DTypeLike | None = None) -> Tensor:
+    """The mean over dim (all dimensions by default) of a floating tensor (or in a floating dtype); an empty
+    reduction gives NaN."""
+    out = as_dtype(dtype) if dtype is not None else input.dtype
+    if not out.is_floating_point:
+        raise TypeError("mean(): could not infer output dtype. Input dtype must be either a floating point or complex "
+                        f"dtype. Got: {out.name}")
+    axes = _axes("mean", input, dim)
+    n = _count(input.shape, axes)
+    return _apply("mean", lambda x: np.sum(x, axis=axes, keepdims=keepdim) / n, [input], out, out)
+
+
+def _moments(name, input, dim, unbiased, keepdim, correction):
+    if isinstance(dim, bool):  # the legacy call var(unbiased)
+        dim, unbiased = None, dim
+    if unbiased is not None and correction is not None:
+        raise TypeError(f"{name}: give correction or unbiased, not both")
+    if not input.dtype.is_floating_point:
+        raise TypeError(f"{name}: std and var only support floating point dtypes, got {input.dtype.name}")
+    c = correction if correction is not None else 0 if unbiased is False else 1
+    axes = _axes(name, input, dim)
+    n = _count(input.shape, axes)
+
+    def variance(x):
+        d = x - np.sum(x, axis=axes, keepdims=True) / n
+        v = np.sum(d * d, axis=axes, keepdims=keepdim) / builtins.max(n - c, 0)
+        return np.sqrt(v) if name == "std" else v
+    return _apply(name, variance, [input], _BY_NAME["float64"], input.dtype)
+
+
+def var(input: Tensor, dim: Dims = None, unbiased: bool | None = None, keepdim: bool = False, *,
+        correction: int | float | None = None) -> Tensor:
+    """The variance over dim (all dimensions by default), divided by N - correction (1 by default, Bessel's
+    correction, as PyTorch; unbiased=False means 0); computed in float64, returned in input's dtype."""
+    return _moments("var", input, dim, unbiased, keepdim, correction)
+
+
+def std(input: Tensor, dim: Dims = None, unbiased: bool | None = None, keepdim: bool = False, *,
+        correction: int | float | None = None) -> Tensor:
+    """The standard deviation over dim, the square root of var with the same arguments."""
+    return _moments("std", input, dim, unbiased, keepdim, correction)
+
+
+def _truth(name, fn, input, dim, keepdim):
+    out = _UINT8 if input.dtype is _UINT8 else _BOOL  # uint8 in, uint8 out: PyTorch keeps it for old masks
+    axes = _axes(name, input, dim)
+    return _apply(name, lambda x: fn(x, axis=axes, keepdims=keepdim), [input], input.dtype, out)
+
+
+def all(input: Tensor, dim: Dims = None, keepdim: bool = False) -> Tensor:
+    """Whether every element over dim (all dimensions by default) is nonzero, as a bool tensor."""
+    return _truth("all", np.all, input, dim, keepdim)
+
+
+def any(input: Tensor, dim: Dims = None, keepdim: bool = False) -> Tensor:
+    """Whether some element over dim (all dimensions by default) is nonzero, as a bool tensor."""
+    return _truth("any", np.any, input, dim, keepdim)
+
+
+class ValuesIndices(NamedTuple):
+    """(values, indices), as PyTorch's torch.return_types of max, min, sort and topk."""
+    values: Tensor
+    indices: Tensor
+
+
+def _extreme(name, input, dim, keepdim, arg):
+    """ValuesIndices of the first maximum (arg=np.argmax) or minimum along dim; NaN counts as the extreme."""
+    d = _norm_dim(dim, input.ndim, f"{name}: dim")
+    a = input._host_array()
+    if input.ndim and input.shape[d] == 0:
+        raise IndexError(f"{name}(): Expected reduction dim {d} to have non-zero size.")
+    a = a.reshape(a.shape or (1,))
+    idx = arg(a, axis=d, keepdims=True)
+    values = np.take_along_axis(a, idx, d)
+    shape = input.shape[:d] + ((1,) if keepdim else ()) + input.shape[d + 1:] if input.ndim else ()
+    device = input.device
+    return ValuesIndices(_result(values.reshape(shape), input.dtype, device),
+                         _result(idx.reshape(shape), _INT64, device))
+
+
+def _max_or_min(name, input, dim, keepdim, arg, whole, elementwise):
+    if dim is None:
+        if input.numel() == 0:
+            raise ValueError(f"{name}(): Expected reduction dim to be specified for input.numel() == 0. Specify the "
+                             "reduction dim with the 'dim' argument.")
+        return _apply(name, whole, [input], input.dtype, input.dtype)
+    if isinstance(dim, _Tensor):
+        return elementwise(input, dim)
+    return _extreme(name, input, dim, keepdim, arg)
+
+
+def max(input: Tensor, dim: int | Tensor | None = None, keepdim: bool = False) -> Tensor | ValuesIndices:
+    """The largest element (a 0-d tensor); with dim, the (values, indices) of the first largest along dim; with a
+    tensor, maximum(input, other). NaN is the largest, as in PyTorch."""
+    return _max_or_min("max", input, dim, keepdim, np.argmax, np.max, maximum)
+
+
+def min(input: Tensor, dim: int | Tensor | None = None, keepdim: bool = False) -> Tensor | ValuesIndices:
+    """The smallest element (a 0-d tensor); with dim, the (values, indices) of the first smallest along dim; with a
+    tensor, minimum(input, other). NaN is the smallest, as in PyTorch."""
+    return _max_or_min("min", input, dim, keepdim, np.argmin, np.min, minimum)
+
+
+def _arg_extreme(name, input, dim, keepdim, arg):
+    if dim is not None:
+        return _extreme(name, input, dim, keepdim, arg).indices
+    if input.numel() == 0:
+        raise IndexError(f"{name}(): Expected reduction dim to be specified for input.numel() == 0.")
+    flat = np.asarray(arg(input._host_array()))
+    return _result(flat.reshape((1,) * input.ndim if keepdim else ()), _INT64, input.device)
+
+
+def argmax(input: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
+    """The index (int64) of the first largest element along dim, or in the flattened tensor without dim."""
+    return _arg_extreme("argmax", input, dim, keepdim, np.argmax)
+
+
+def argmin(input: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
+    """The index (int64) of the first smallest element along dim, or in the flattened tensor without dim."""
+    return _arg_extreme("argmin", input, dim, keepdim, np.argmin)
+
+
+# ---- softmax ----
+
+def _softmax(name, input, dim, dtype, log):
+    from .nn import functional as F
+    if isinstance(input, _Tensor):
+        if dtype is not None:
+            input = input.to(dtype)
+        if input.dtype is not _FLOAT32 and input.dtype is not _BFLOAT16:
+            if not input.dtype.is_floating_point:
+                raise TypeError(f"{name}: input must be a floating point tensor, got {input.dtype.name}")
+            d = _norm_dim(dim, input.ndim, f"{name}: dim")
+
+            def rows(x):
+                x = x.reshape(x.shape or (1,))
+                shifted = x - np.max(x, axis=d, keepdims=True, initial=-np.inf)
+                total = np.sum(np.exp(shifted), axis=d, keepdims=True)
+                return (shifted - np.log(total) if log else np.exp(shifted) / total).reshape(input.shape)
+            return _apply(name, rows, [input], input.dtype, input.dtype)
+    # float32 and bfloat16 run the C kernel on the tensor's own device; a traced value records the layer
+    return getattr(F, name)(input, dim)
+
+
+def softmax(input: Tensor, dim: int, dtype: DTypeLike | None = None) -> Tensor:
+    """exp(input) normalized to sum 1 along dim (input converted to dtype first, if given), for floating tensors."""
+    return _softmax("softmax", input, dim, dtype, log=False)
+
+
+def log_softmax(input: Tensor, dim: int, dtype: DTypeLike | None = None) -> Tensor:
+    """log(softmax(input, dim)), computed without forming the softmax."""
+    return _softmax("log_softmax", input, dim, dtype, log=True)
+
+
+# ---- sorting and selection ----
+
+def _order(a, axis, descending):
+    """Stable sorting indices along axis; NaN sorts as the largest value (last ascending, first descending)."""
+    if not descending:
+        return np.argsort(a, axis=axis, kind="stable")
+    # sorting the reversed values stably and reversing the order keeps equal values in their original order
+    n = a.shape[axis]
+    return (n - 1) - np.flip(np.argsort(np.flip(a, axis), axis=axis, kind="stable"), axis)
+
+
+def _sorted_along(name, input, dim, descending, k=None):
+    d = _norm_dim(dim, input.ndim, f"{name}: dim")
+    a = input._host_array()
+    a = a.reshape(a.shape or (1,))
+    n = a.shape[d]
+    if k is not None and not 0 <= k <= n:
+        raise IndexError(f"{name}: k ({k}) is out of range for dimension {d} of size {n}")
+    idx = _order(a, d, descending)
+    if k is not None:
+        idx = np.take(idx, np.arange(k), axis=d)
+    values = np.take_along_axis(a, idx, d)
+    if input.ndim == 0 and values.size == 1:
+        values, idx = values.reshape(()), idx.reshape(())
+    return ValuesIndices(_result(values, input.dtype, input.device), _result(idx, _INT64, input.device))
+
+
+def sort(input: Tensor, dim: int = -1, descending: bool = False, stable: bool = False) -> ValuesIndices:
+    """(values, indices) sorted along dim; always stable (equal values keep their order, whatever stable says),
+    NaN last ascending and first descending, as PyTorch."""
+    return _sorted_along("sort", input, dim, descending)
+
+
+def argsort(input: Tensor, dim: int = -1, descending: bool = False, stable: bool = False) -> Tensor:
+    """The indices (int64) that sort input along dim, stably: sort(...).indices."""
+    return _sorted_along("argsort", input, dim, descending).indices
+
+
+def topk(input: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> ValuesIndices:
+    """(values, indices) of the k largest (or smallest) elements along dim, always in sorted order; equal values
+    come in index order, NaN counts as the largest."""
+    return _sorted_along("topk", input, dim, largest, operator.index(k))
+
+
+def unique(input: Tensor, sorted: bool = True, return_inverse: bool = False, return_counts: bool = False,
+           dim: int | None = None) -> Tensor | tuple[Tensor, ...]:
+    """The distinct values (or, with dim, distinct slices along dim), always sorted; with return_inverse the index
+    of each element's value (int64, input's shape), with return_counts how often each occurs. NaNs stay apart, as
+    in PyTorch."""
+    a = input._host_array()
+    if dim is None:
+        values, inverse, counts = np.unique(a, return_inverse=True, return_counts=True, equal_nan=False)
+        inverse = inverse.reshape(input.shape)
+    else:
+        d = _norm_dim(dim, input.ndim, "unique: dim")
+        values, inverse, counts = np.unique(a, return_inverse=True, return_counts=True, axis=d, equal_nan=False)
+        inverse = inverse.reshape(-1)
+    device = input.device
+    out = [_result(values, input.dtype, device)]
+    if return_inverse:
+        out.append(_result(inverse, _INT64, device))
+    if return_counts:
+        out.append(_result(counts, _INT64, device))
+    return out[0] if len(out) == 1 else tuple(out)
+
+
+# ---- joining ----
+
+def _tensors(name, tensors):
+    if not tensors:
+        raise ValueError(f"{name}: expected a non-empty list of tensors")
+    for i, t in enumerate(tensors):
+        if not isinstance(t, _Tensor):
+            raise TypeError(f"{name}: expected a sequence of tensors, got {type(t).__name__} at position {i}")
+
+
+def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
+    """The tensors joined along dim (their other sizes equal), in their promoted dtype, as torch.cat; empty 1-d
+    tensors are skipped, as PyTorch does. While a model is traced it records the concatenation."""
+    from .nn.graph import Symbolic
+    tensors = list(tensors)
+    if builtins.any(isinstance(t, Symbolic) for t in tensors):
+        from .nn.graph import cat as traced_cat
+        return traced_cat(tensors, dim)
+    _tensors("cat", tensors)
+    for i, t in enumerate(tensors):
+        if t.ndim == 0:
+            raise ValueError(f"cat: zero-dimensional tensor (at position {i}) cannot be concatenated")
+    dt = result_type(*tensors)
+    parts = [(i, t) for i, t in enumerate(tensors) if t.shape != (0,)] or [(0, tensors[0])]
+    first = parts[0][1]
+    d = _norm_dim(dim, first.ndim, "cat: dim")
+    for i, t in parts:
+        if t.ndim != first.ndim or builtins.any(a != b for j, (a, b) in enumerate(zip(t.shape, first.shape)) if j != d):
+            raise ValueError(f"cat: sizes of tensors must match except in dimension {d}, but got shapes "
+                             f"{first.shape} and {t.shape} (at position {i})")
+    parts = [t for _, t in parts]
+    if dt in (_FLOAT32, _BFLOAT16) and builtins.all(t.dtype is dt for t in parts):
+        return _C.concat_forward(None, parts, d)  # the C copy, on the tensors' own device
+    return _apply("cat", lambda *arrays: np.concatenate(arrays, axis=d), parts, dt, dt)
+
+
+def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
+    """Equally shaped tensors joined along a new dimension dim, as torch.stack."""
+    tensors = list(tensors)
+    _tensors("stack", tensors)
+    for i, t in enumerate(tensors):
+        if t.shape != tensors[0].shape:
+            raise ValueError(f"stack expects each tensor to be equal size, but got {tensors[0].shape} at entry 0 and "
+                             f"{t.shape} at entry {i}")
+    d = _norm_dim(dim, tensors[0].ndim + 1, "stack: dim")
+    return cat([t.unsqueeze(d) for t in tensors], d)
+
+
+# ---- Tensor methods: operators, in-place forms, advanced indexing ----
+
+def operator_method(fn: Callable, reflected: bool = False) -> Callable:
+    """fn as a Tensor operator: NotImplemented for an operand it does not know, so that the other side (a traced
+    value, say) answers."""
+    def op(self, other):
+        if not _is_operand(other):
+            return NotImplemented
+        return fn(other, self) if reflected else fn(self, other)
+    op.__name__ = op.__qualname__ = fn.__name__
+    return op
+
+
+def in_place(fn: Callable) -> Callable:
+    """fn as an in-place Tensor method: the result is written into self's own memory (same tensor, same storage),
+    refused when its dtype cannot be stored in self's or its shape is not self's."""
+    name = fn.__name__ + "_"
+
+    def method(self, *args, **kwargs):
+        out = fn(self, *args, **kwargs)
+        if not _can_cast(out.dtype, self.dtype):
+            raise TypeError(f"{name}: result type {out.dtype.name} can't be cast to the desired output type "
+                            f"{self.dtype.name}")
+        if out.shape != self.shape:
+            raise ValueError(f"{name}: output with shape {self.shape} doesn't match the broadcast shape {out.shape}")
+        return self.copy_(out)
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = f"{fn.__name__}(self, ...) written into self's own memory; returns self."
+    return method
+
+
+def _index_item(item):
+    """An advanced index item as NumPy reads it: tensors as their values (uint8 ones as masks, as in PyTorch)."""
+    if isinstance(item, _Tensor):
+        dt = DTYPES[item._dtype_code]
+        if dt.is_floating_point or dt.is_complex:
+            raise IndexError(f"tensors used as indices must be integer or bool tensors, got {dt.name}")
+        a = item._host_array()
+        return a.astype(bool) if dt is _UINT8 else a
+    return item
+
+
+def advanced_index(index: Any) -> tuple | None:
+    """index as a NumPy index when it holds arrays, lists, bool or tensors beyond 0-d integer ones (advanced
+    indexing, which copies); None when it is a basic index (a view)."""
+    items = index if isinstance(index, tuple) else (index,)
+    for item in items:
+        if isinstance(item, _Tensor):
+            if item.ndim or not (DTYPES[item._dtype_code].name.startswith("int")):
+                break
+        elif isinstance(item, (list, np.ndarray, bool, np.bool_)):
+            break
+    else:
+        return None
+    return tuple(_index_item(i) for i in items)
+
+
+def getitem(input: Tensor, index: tuple) -> Tensor:
+    """input[index] for an advanced (NumPy) index: a new tensor on input's device."""
+    a = input._host_array()
+    out = a[index]
+    if np.may_share_memory(out, a):  # a bool scalar alone indexes as a view in NumPy
+        out = out.copy()
+    return _result(out, input.dtype, input.device)
+
+
+def setitem(input: Tensor, index: tuple, value: Any) -> None:
+    """input[index] = value for an advanced (NumPy) index, written into input's memory."""
+    value = value._host_array() if isinstance(value, _Tensor) else value
+    if not input.is_cuda and input.dtype is not _BFLOAT16 and not input._readonly:
+        input.numpy()[index] = value  # straight into the tensor's memory
+        return
+    host = np.array(input._host_array())  # a copy: written, then copied back whole (copy_ converts, moves, checks)
+    host[index] = value
+    input.copy_(_C.from_numpy(host))

@@ -1,0 +1,859 @@
+"""The eager tensor math (python/fasttrain/_math.py): operators, elementwise functions, reductions, selection,
+joining and advanced indexing against NumPy as the independent reference (values, dtypes, shapes, keepdim,
+negative dims, empty and non-contiguous inputs, bfloat16), in-place identity, error messages, and PyTorch's type
+promotion written out; against PyTorch itself when it is installed (the promotion matrix, every operator over
+every dtype pair, topk, sort, unique, std and var)."""
+import itertools
+import operator
+import warnings
+
+import numpy as np
+import pytest
+
+import fasttrain as ft
+
+F = ft.nn.functional
+rng = np.random.default_rng(0)
+TOL = {"float16": 1e-3, "bfloat16": 8e-3, "float32": 2e-6, "float64": 1e-12}
+REAL = ["bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"]
+
+
+def n(t):
+    """The values of a tensor as NumPy (bfloat16 as float32)."""
+    return np.asarray(t)
+
+
+def assert_values(got, want, dtype):
+    """got (a tensor) has dtype and want's values: within dtype's rounding for floats, exactly otherwise."""
+    assert got.dtype is getattr(ft, dtype), (got.dtype, dtype)
+    want = np.asarray(want)
+    assert got.shape == want.shape
+    if dtype in TOL:
+        np.testing.assert_allclose(n(got), want.astype(np.float64), rtol=TOL[dtype], atol=TOL[dtype], equal_nan=True)
+    else:
+        np.testing.assert_array_equal(n(got), want.astype(dtype))
+
+
+def sample(dtype, shape, nonzero=False, seed=0):
+    """(float64 values exactly representable in dtype, the tensor holding them)."""
+    r = np.random.default_rng(seed)
+    v = r.integers(-5, 6, shape).astype(np.float64)
+    if dtype == "bool":
+        v = (v > 0).astype(np.float64)
+    elif dtype.startswith("uint"):
+        v = np.abs(v)
+    elif dtype.startswith(("float", "bfloat")):
+        v = v + np.round(r.random(shape), 2)
+    if nonzero:
+        v = np.where(v == 0, 1.0, v)
+    t = ft.tensor(v, dtype=dtype)
+    return n(t).astype(np.float64), t
+
+
+# ================================================================ type promotion, written out
+
+PROMOTE = [
+    ("bool", "bool", "bool"), ("bool", "uint8", "uint8"), ("bool", "float16", "float16"), ("uint8", "int8", "int16"),
+    ("uint8", "int16", "int16"), ("int8", "int64", "int64"), ("int32", "uint8", "int32"),
+    ("int32", "float16", "float16"),
+    ("int64", "bfloat16", "bfloat16"), ("float16", "bfloat16", "float32"), ("float16", "float32", "float32"),
+    ("bfloat16", "float64", "float64"), ("float32", "float64", "float64"), ("uint16", "float32", "float32"),
+    ("uint16", "uint16", "uint16"),
+]
+
+
+@pytest.mark.parametrize("a, b, want", PROMOTE)
+def test_promote_types_written_out(a, b, want):
+    assert ft.promote_types(a, b) is getattr(ft, want)
+    assert ft.promote_types(getattr(ft, b), getattr(ft, a)) is getattr(ft, want)
+
+
+def test_promote_types_refuses_what_pytorch_refuses():
+    for a, b in [("uint16", "int32"), ("uint64", "int64"), ("uint32", "bool"), ("uint16", "uint8")]:
+        with pytest.raises(TypeError, match="uint16, uint32 and uint64"):
+            ft.promote_types(a, b)
+    with pytest.raises(TypeError, match="storage-only"):
+        ft.promote_types("complex64", "float32")
+
+
+def operand(spec):
+    """('int64', (3,)) -> a tensor of ones of that dtype and shape; anything else is itself."""
+    return ft.ones(spec[1], dtype=spec[0]) if isinstance(spec, tuple) else spec
+
+
+RESULT_TYPE = [
+    (("int64", (3,)), 2.5, "float32"),            # a Python float with integers: the default dtype
+    (("int64", (3,)), 2, "int64"),
+    (("int32", (3,)), 2, "int32"),                # a Python int does not widen an integer tensor
+    (("int8", (3,)), 1000, "int8"),
+    (("float32", (3,)), 2.5, "float32"),
+    (("float16", (3,)), 2.5, "float16"),
+    (("bfloat16", (3,)), 2.5, "bfloat16"),
+    (("float32", (3,)), ("float64", (3,)), "float64"),
+    (("float32", (3,)), ("float64", ()), "float32"),  # a 0-d tensor of the same category counts as a scalar
+    (("int32", (3,)), ("float64", ()), "float64"),    # ... but raises the category with its own dtype
+    (("int8", (3,)), ("int64", ()), "int8"),
+    (("bool", (3,)), True, "bool"),
+    (("bool", (3,)), 2, "int64"),
+    (("bool", (3,)), ("int8", ()), "int8"),
+    (("uint8", (3,)), ("int8", (3,)), "int16"),
+    (("bfloat16", (3,)), ("float32", ()), "bfloat16"),
+    (("int64", ()), 2.5, "float32"),
+    (("bool", ()), 2.5, "float32"),
+    (("int64", ()), ("int8", (3,)), "int8"),
+    (("int32", (3,)), np.float64(2.0), "float32"),    # NumPy scalars count as Python scalars
+    (("int32", (3,)), np.ones(3), "float64"),         # NumPy arrays as tensors
+    (("uint16", (3,)), 7, "uint16"),
+]
+
+
+@pytest.mark.parametrize("a, b, want", RESULT_TYPE)
+def test_result_type_written_out_and_operators_follow_it(a, b, want):
+    x, y = operand(a), operand(b)
+    assert ft.result_type(x, y) is getattr(ft, want)
+    assert ft.result_type(y, x) is getattr(ft, want)
+    assert (x + y).dtype is getattr(ft, want)
+    assert (y * x).dtype is getattr(ft, want)
+
+
+def test_division_is_true_division_in_the_default_dtype():
+    a, b = ft.tensor([7, -7]), ft.tensor([2, 2])
+    assert_values(a / b, [3.5, -3.5], "float32")
+    assert_values(a / 2, [3.5, -3.5], "float32")
+    assert_values(ft.tensor([7.0, -7.0], dtype=ft.float64) / b, [3.5, -3.5], "float64")
+    assert_values(ft.tensor([True, False]) / ft.tensor([True, True]), [1.0, 0.0], "float32")
+    assert_values(ft.tensor([3], dtype=ft.int16) / ft.tensor(2.0, dtype=ft.float64), [1.5], "float64")
+
+
+def test_bool_arithmetic_is_logical():
+    t, f = ft.tensor([True, True, False]), ft.tensor([True, False, False])
+    assert_values(t + f, [True, True, False], "bool")
+    assert_values(t * f, [True, False, False], "bool")
+    assert_values(t + True, [True, True, True], "bool")
+    assert_values(t * 2, [2, 2, 0], "int64")
+    with pytest.raises(TypeError, match="subtraction.*bool"):
+        t - f
+    with pytest.raises(TypeError, match="subtraction.*bool"):
+        ft.tensor([1, 2]) - True
+    with pytest.raises(TypeError, match="negation.*`~`"):
+        -t
+    assert_values(~t, [False, False, True], "bool")
+    assert_values(t & f, [True, False, False], "bool")
+    assert_values(t | f, [True, True, False], "bool")
+    assert_values(t ^ f, [False, True, False], "bool")
+
+
+def test_bfloat16_computes_in_float32_and_rounds_back():
+    a = ft.tensor([1.0, 1.3, -2.7, 300.0]).bfloat16()
+    b = ft.tensor([0.1, 0.7, 1e-3, 2.0]).bfloat16()
+    for op in (operator.add, operator.sub, operator.mul, operator.truediv):
+        got = op(a, b)
+        assert got.dtype is ft.bfloat16
+        want = ft.tensor(op(n(a), n(b))).bfloat16()  # the float32 result rounded once
+        np.testing.assert_array_equal(n(got), n(want))
+    assert_values(a * 1.3, n(ft.tensor(n(a) * np.float32(1.3)).bfloat16()), "bfloat16")
+    assert (a.sum().dtype, a.mean().dtype, a.max().dtype, a.exp().dtype) == (ft.bfloat16,) * 4
+    np.testing.assert_array_equal(n(a.sum()), n(ft.tensor(n(a).sum()).bfloat16()))
+
+
+# ================================================================ operators against NumPy
+
+OPS = {
+    "+": (operator.add, np.add), "-": (operator.sub, np.subtract), "*": (operator.mul, np.multiply),
+    "/": (operator.truediv, np.true_divide), "//": (operator.floordiv, np.floor_divide),
+    "%": (operator.mod, np.remainder), "**": (operator.pow, np.power),
+}
+
+
+def reference(op, x, y, dtype):
+    """op of float64 values in the result dtype: integers exactly (wrapping as the dtype does), floats in float64."""
+    if dtype in TOL or op == "/":
+        with np.errstate(all="ignore"):
+            return OPS[op][1](x, y)
+    xi, yi = x.astype(np.int64), y.astype(np.int64)
+    return OPS[op][1](xi, yi).astype(dtype)
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("a, b", [("float32", "float32"), ("int64", "int64"), ("int32", "float32"),
+                                  ("uint8", "int8"), ("float16", "float64"), ("int16", "bool")])
+def test_binary_operators_match_numpy(op, a, b):
+    x, tx = sample(a, (3, 4), seed=1)
+    y, ty = sample(b, (4,), nonzero=True, seed=2)  # broadcast along the first dimension
+    if op == "**":
+        y, ty = np.abs(y), ft.tensor(np.abs(y), dtype=b)
+    if op == "-" and "bool" in (a, b):
+        pytest.skip("refused: see test_bool_arithmetic_is_logical")
+    for left, right, lv, rv in [(tx, ty, x, y), (3, ty, np.full_like(y, 3), y)]:  # then reflected, 3 on the left
+        dtype = ft.result_type(left, right).name
+        if op == "/" and dtype not in TOL:
+            dtype = "float32"
+        assert_values(OPS[op][0](left, right), reference(op, lv, rv, dtype), dtype)
+
+
+def test_operators_on_non_contiguous_views_and_broadcasting():
+    base = rng.normal(size=(6, 8)).astype(np.float32)
+    t = ft.from_numpy(base)
+    views = [(t.T, base.T), (t[::2, 1::3], base[::2, 1::3]), (t[::-1, ::-2], base[::-1, ::-2]),
+             (t[:, :1], base[:, :1]), (t[1].expand(3, 8), np.broadcast_to(base[1], (3, 8)))]
+    for (a, an), (b, bn) in itertools.product(views, views):
+        try:
+            want_shape = np.broadcast_shapes(an.shape, bn.shape)
+        except ValueError:
+            with pytest.raises(ValueError, match=rf"shapes \({an.shape[0]}, {an.shape[1]}\) and"):
+                a + b
+            continue
+        got = a * b - b
+        assert got.shape == want_shape
+        np.testing.assert_allclose(n(got), an * bn - bn, rtol=1e-6)
+    np.testing.assert_array_equal(base, n(t))  # the inputs stay as they were
+
+
+def test_empty_tensors():
+    e = ft.zeros(0, 3)
+    assert (e + 1).shape == (0, 3) and (e * ft.ones(3)).shape == (0, 3)
+    assert_values(e.sum(), 0.0, "float32")
+    assert_values(e.sum(0), [0.0, 0.0, 0.0], "float32")
+    assert e.sum(1).shape == (0,)
+    assert np.isnan(e.mean().item())
+    assert ft.zeros(0, dtype=ft.int32).sum().dtype is ft.int64
+    assert e.max(1).values.shape == (0,) and e.argmax(1).shape == (0,)
+    assert e.sort(0).values.shape == (0, 3) and e.topk(0, dim=0).values.shape == (0, 3)
+    assert e.unique().shape == (0,)
+    assert e.all().item() is True and e.any().item() is False
+    assert ft.cat([e, e]).shape == (0, 3) and ft.stack([e, e], 1).shape == (0, 2, 3)
+
+
+def test_scalar_wraparound_and_integer_semantics():
+    assert_values(ft.tensor([1, 2], dtype=ft.int8) + 1000, [-23, -22], "int8")  # 1000 wraps to -24, as in PyTorch
+    assert_values(ft.tensor([1, 2], dtype=ft.uint8) - 300, [213, 214], "uint8")
+    assert_values(ft.tensor([-7, 7]) // 2, [-4, 3], "int64")
+    assert_values(ft.tensor([-7, 7]) % 3, [2, 1], "int64")
+    assert_values(ft.tensor([-7.0, 7.0]) % -3, [-1.0, -2.0], "float32")
+    assert_values(ft.tensor([-7, 7]).div(2, rounding_mode="trunc"), [-3, 3], "int64")
+    assert_values(ft.tensor([-7, 7]).div(2, rounding_mode="floor"), [-4, 3], "int64")
+    assert_values(ft.tensor([-7.5, 7.5]).div(2, rounding_mode="trunc"), [-3.0, 3.0], "float32")
+    assert_values(ft.tensor([0, 1, -1, 2, -2]) ** ft.tensor([-1, -3, -3, -1, -2]), [0, 1, -1, 0, 0], "int64")
+    assert_values(2 ** ft.tensor([3, 0]), [8, 1], "int64")
+    assert_values(ft.tensor([3]) ** 2.0, [9.0], "float32")
+    assert_values(ft.tensor([1, 2]).add(ft.tensor([1, 2]), alpha=2), [3, 6], "int64")
+    assert_values(ft.tensor([1.0, 2.0]).sub(1, alpha=0.5), [0.5, 1.5], "float32")
+    with pytest.raises(ValueError, match="negative integer powers"):
+        ft.tensor([3]) ** -1
+    with pytest.raises(ZeroDivisionError):
+        ft.tensor([3]) // 0
+    with pytest.raises(ZeroDivisionError):
+        ft.tensor([3]) % ft.tensor([0])
+    with pytest.raises(TypeError, match="alpha must not be a floating point"):
+        ft.tensor([1]).add(1, alpha=0.5)
+    with pytest.raises(ValueError, match="rounding_mode"):
+        ft.tensor([1]).div(1, rounding_mode="round")
+    with pytest.raises(TypeError, match="bitwise operations need bool or integer tensors, got float32"):
+        ft.tensor([1.0]) & 1
+    assert_values(ft.tensor([1.0, 0.0]) / 0, [np.inf, np.nan], "float32")  # no warnings, PyTorch's values
+
+
+def test_comparisons_promote_as_pytorch():
+    # 2.0000001 is 2 in float32, the dtype an int64 tensor meets a Python float in
+    assert_values(ft.tensor([2]) == 2.0000001, [True], "bool")
+    assert_values(ft.tensor([1, 5], dtype=ft.uint8) > ft.tensor([-1, 9], dtype=ft.int8), [True, False], "bool")
+    x = ft.tensor([[1.0, 2.0], [3.0, 4.0]])
+    assert_values(x >= ft.tensor([2.0, 3.0]), [[False, False], [True, True]], "bool")
+    assert_values(np.array([2.0, 3.0]) < x, [[False, False], [True, True]], "bool")  # NumPy defers to the tensor
+    assert (x == None) is False and (x != "a") is True  # noqa: E711
+    y = x.clone()
+    assert {x: 1, y: 2}[y] == 2  # hashed by identity, as in PyTorch: equal tensors stay apart as dict keys
+    assert ft.tensor([1, 2]).eq(ft.tensor([1, 3])).tolist() == [True, False]
+
+
+def test_numpy_operands_give_tensors():
+    x = ft.tensor([1.0, 2.0])
+    for got in (np.ones(2) + x, x + np.ones(2), np.float32(2) * x, x * np.float64(2)):
+        assert isinstance(got, ft.Tensor)
+    assert (np.ones(2, np.float32) + x).dtype is ft.float32 and (x + np.ones(2)).dtype is ft.float64
+    assert (np.float64(2) * x).dtype is ft.float32
+    assert sum([x, x, x]).tolist() == [3.0, 6.0]  # 0 + x: the reflected add
+
+
+# ================================================================ in place
+
+@pytest.mark.parametrize("op, method, value, want", [
+    ("+=", "add_", 2, [3, 4, 5]), ("-=", "sub_", 1, [0, 1, 2]), ("*=", "mul_", 3, [3, 6, 9]),
+    ("//=", None, 2, [0, 1, 1]), ("%=", None, 2, [1, 0, 1]), ("**=", "pow_", 2, [1, 4, 9]),
+])
+def test_in_place_keeps_identity_and_storage(op, method, value, want):
+    for use_method in ([False, True] if method else [False]):
+        base = np.array([1, 2, 3], np.int64)
+        t = ft.from_numpy(base)
+        before, ptr = t, t.data_ptr()
+        if use_method:
+            assert getattr(t, method)(value) is t
+        else:
+            scope = {"t": t}
+            exec(f"t {op} {value}", scope)
+            t = scope["t"]
+        assert t is before and t.data_ptr() == ptr
+        np.testing.assert_array_equal(base, want)  # the array shares the tensor's memory
+
+
+def test_in_place_on_a_strided_view_writes_only_its_elements():
+    base = np.zeros((4, 6), np.float32)
+    t = ft.from_numpy(base)
+    v = t[1::2, ::3]
+    v += ft.tensor([1.0, 2.0])
+    v.mul_(2).clamp_(max=3.0)
+    want = np.zeros((4, 6), np.float32)
+    want[1::2, ::3] = np.minimum(np.array([1.0, 2.0]) * 2, 3.0)
+    np.testing.assert_array_equal(base, want)
+    x = ft.tensor([1.0, 4.0, 9.0])
+    x.sqrt_().neg_().abs_().exp_().log_()
+    np.testing.assert_allclose(n(x), [1.0, 2.0, 3.0], rtol=1e-6)
+    h = ft.tensor([1.5, 2.5]).half()
+    h += ft.tensor([1.0, 1.0], dtype=ft.float64)  # a float64 result may be stored in float16
+    assert h.dtype is ft.float16 and h.tolist() == [2.5, 3.5]
+
+
+def test_in_place_refuses_what_cannot_be_stored():
+    i = ft.tensor([1, 2])
+    for call in (lambda: i.add_(0.5), lambda: i.div_(2), lambda: i.clamp_(min=0.5), lambda: i.exp_()):
+        with pytest.raises(TypeError, match="result type float32 can't be cast to the desired output type int64"):
+            call()
+    with pytest.raises(TypeError, match="result type float32 can't be cast"):
+        i /= 2
+    b = ft.tensor([True, False])
+    with pytest.raises(TypeError, match="result type int64 can't be cast to the desired output type bool"):
+        b += 1
+    with pytest.raises(ValueError, match=r"output with shape \(3,\) doesn't match the broadcast shape \(2, 3\)"):
+        ft.zeros(3).add_(ft.zeros(2, 3))
+    ro = ft.from_numpy(np.frombuffer(b"\x01\x02", np.uint8))
+    with pytest.raises(ValueError, match="read-only"):
+        ro += 1
+    assert i.tolist() == [1, 2] and b.tolist() == [True, False]
+
+
+# ================================================================ elementwise functions
+
+@pytest.mark.parametrize("name, ref", [("exp", np.exp), ("log", np.log), ("sqrt", np.sqrt), ("tanh", np.tanh),
+                                       ("sigmoid", lambda x: 1 / (1 + np.exp(-x))), ("abs", np.abs),
+                                       ("neg", np.negative), ("relu", lambda x: np.maximum(x, 0))])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16", "int32"])
+def test_unary_functions_match_numpy(name, ref, dtype):
+    x, t = sample(dtype, (5, 4), seed=3)
+    x, t = x.T, t.T  # transposed input
+    floating = name not in ("abs", "neg", "relu")
+    want_dtype = "float32" if floating and dtype not in TOL else dtype
+    with np.errstate(all="ignore"):
+        assert_values(getattr(t, name)(), ref(x), want_dtype)
+        assert_values(getattr(ft, name)(t), ref(x), want_dtype)
+    if name in ("abs", "neg", "relu"):
+        with pytest.raises(TypeError, match="bool"):
+            getattr(ft.tensor([True]), name)()
+
+
+def test_sigmoid_is_exact_in_the_tails():
+    x = np.array([-80.0, -20.0, 0.0, 20.0, 100.0])
+    np.testing.assert_allclose(n(ft.tensor(x).sigmoid()), 1 / (1 + np.exp(-x)), rtol=1e-6)
+
+
+def test_clamp():
+    x, t = sample("float32", (3, 4), seed=4)
+    assert_values(t.clamp(-1, 2), np.clip(x, -1, 2), "float32")
+    assert_values(ft.clamp(t, min=0.5), np.maximum(x, 0.5), "float32")
+    assert_values(t.clip(max=0), np.minimum(x, 0), "float32")
+    lo = ft.tensor([[0.0], [1.0], [-9.0]])
+    assert_values(t.clamp(lo, 2.0), np.minimum(np.maximum(x, [[0.0], [1.0], [-9.0]]), 2.0), "float32")
+    assert_values(ft.tensor([1, 2]).clamp(min=0.5), [1.0, 2.0], "float32")  # promoted with the bound
+    assert_values(ft.tensor([1, 2], dtype=ft.uint8).clamp(-1), [1, 2], "uint8")  # a bound below the range: no-op
+    assert_values(ft.tensor([1, 200], dtype=ft.uint8).clamp(max=1000), [1, 200], "uint8")
+    assert_values(ft.tensor([1.0, 5.0]).clamp(3, 2), [2.0, 2.0], "float32")  # min > max gives max, as PyTorch
+    assert np.isnan(ft.tensor([np.nan]).clamp(0, 1).item())
+    with pytest.raises(ValueError, match="at least one of 'min' or 'max'"):
+        t.clamp()
+
+
+def test_where_maximum_minimum():
+    c = ft.tensor([[True, False, True], [False, False, True]])
+    x, t = sample("int32", (2, 3), seed=5)
+    assert_values(ft.where(c, t, 2.5), np.where(n(c), x, 2.5), "float32")
+    assert_values(ft.where(c, t, ft.tensor([7, 8, 9])), np.where(n(c), x, [7, 8, 9]), "int64")
+    assert_values(t.where(c, 0), np.where(n(c), x, 0), "int32")
+    rows, cols = ft.where(c)
+    assert rows.tolist() == [0, 0, 1] and cols.tolist() == [0, 2, 2] and rows.dtype is ft.int64
+    with pytest.raises(TypeError, match="where: expected condition to be a bool tensor, got a tensor with dtype int64"):
+        ft.where(ft.tensor([1, 0]), 1.0, 2.0)
+    with pytest.raises(ValueError, match=r"where: shapes \(2, 3\) and \(2, 3\) and \(2,\)"):
+        ft.where(c, t, ft.zeros(2))
+    a, b = ft.tensor([1.0, np.nan, 3.0]), ft.tensor([2.0, 0.0, 1.0])
+    assert_values(ft.maximum(a, b), [2.0, np.nan, 3.0], "float32")
+    assert_values(ft.minimum(a, b), [1.0, np.nan, 1.0], "float32")
+    assert_values(a.max(b), [2.0, np.nan, 3.0], "float32")
+    assert_values(ft.maximum(ft.tensor([1, 2]), ft.tensor(2.5)), [2.5, 2.5], "float32")
+
+
+def test_matmul():
+    for sa, sb in [((3, 4), (4, 5)), ((4,), (4, 5)), ((3, 4), (4,)), ((4,), (4,)), ((2, 3, 4), (4, 5)),
+                   ((2, 1, 3, 4), (5, 4, 2))]:
+        a, b = rng.normal(size=sa).astype(np.float32), rng.normal(size=sb).astype(np.float32)
+        want = np.matmul(a.astype(np.float64), b.astype(np.float64))
+        np.testing.assert_allclose(n(ft.tensor(a) @ ft.tensor(b)), want, rtol=1e-5, atol=1e-5)
+        assert (ft.tensor(a) @ ft.tensor(b)).shape == want.shape
+    a = rng.normal(size=(5, 3))
+    np.testing.assert_allclose(n(ft.tensor(a).T @ ft.tensor(a)[:, ::-1]), a.T @ a[:, ::-1], rtol=1e-12)
+    assert (ft.tensor([[1, 2]]) @ ft.tensor([[3], [4]])).tolist() == [[11]]
+    assert (ft.ones(2, 3).bfloat16() @ ft.ones(3, 1).bfloat16()).dtype is ft.bfloat16
+    with pytest.raises(ValueError, match=r"matmul: shapes \(2, 3\) and \(2, 3\) cannot be multiplied"):
+        ft.ones(2, 3) @ ft.ones(2, 3)
+    with pytest.raises(TypeError, match="same dtype, got float32 and float64"):
+        ft.ones(2, 3) @ ft.ones(3, 2, dtype=ft.float64)
+    with pytest.raises(ValueError, match="at least 1-d"):
+        ft.tensor(2.0) @ ft.ones(3)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64", "float16"])
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_softmax_and_log_softmax(dtype, dim):
+    x = rng.normal(0, 3, (4, 6))
+    t = ft.tensor(x, dtype=dtype)
+    x = n(t).astype(np.float64)
+    e = np.exp(x - x.max(dim, keepdims=True))
+    want = e / e.sum(dim, keepdims=True)
+    assert_values(t.softmax(dim), want, dtype)
+    assert_values(ft.log_softmax(t, dim), np.log(want), dtype)
+    e = np.exp(x.T - x.T.max(dim, keepdims=True))
+    assert_values(t.T.softmax(dim), e / e.sum(dim, keepdims=True), dtype)  # a transposed input
+
+
+def test_softmax_errors():
+    with pytest.raises(TypeError, match="int64"):
+        ft.tensor([1, 2]).softmax(0)
+    with pytest.raises(IndexError, match="dim 2 is out of range"):
+        ft.ones(2, 3, dtype=ft.float64).softmax(2)
+    assert_values(ft.tensor([1, 2]).softmax(0, dtype=ft.float64), np.exp([1, 2]) / np.exp([1, 2]).sum(), "float64")
+
+
+# ================================================================ reductions
+
+DIMS = [None, 0, 1, -1, -3, (0, 2), (-1, 0), (0, 1, 2), ()]
+
+
+@pytest.mark.parametrize("dim", DIMS)
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_reductions_match_numpy(dim, keepdim):
+    x, t = sample("float32", (3, 4, 5), seed=6)
+    x, t = x.transpose(2, 0, 1), t.permute(2, 0, 1)  # non-contiguous (5, 3, 4)
+    axis = None if dim == () else dim
+    kw = dict(dim=dim, keepdim=keepdim)
+    assert_values(t.sum(**kw), x.sum(axis, keepdims=keepdim), "float32")
+    assert_values(ft.mean(t, **kw), x.mean(axis, keepdims=keepdim), "float32")
+    count = x.size if axis is None else np.prod([x.shape[d] for d in np.atleast_1d(axis)])
+    if count > 1:
+        assert_values(t.var(**kw), x.var(axis, ddof=1, keepdims=keepdim), "float32")
+        assert_values(ft.std(t, **kw, correction=0), x.std(axis, ddof=0, keepdims=keepdim), "float32")
+    assert_values(t.all(**kw), np.all(x, axis, keepdims=keepdim), "bool")
+    assert_values((t > 4).any(**kw), np.any(x > 4, axis, keepdims=keepdim), "bool")
+    i, ti = sample("int16", (3, 4, 5), seed=7)
+    s = ti.sum(**kw)
+    assert_values(s, i.astype(np.int64).sum(axis, keepdims=keepdim), "int64")
+    assert_values((ti > 0).sum(**kw), (i > 0).sum(axis, keepdims=keepdim), "int64")
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1, -2])
+@pytest.mark.parametrize("keepdim", [False, True])
+@pytest.mark.parametrize("dtype", ["float32", "int64", "bfloat16", "uint8"])
+def test_max_min_argmax_argmin_match_numpy(dim, keepdim, dtype):
+    x, t = sample(dtype, (6, 5), seed=8)  # small integers: many ties, the first one wins
+    x, t = x[::-1], t[::-1]
+    for name, val, arg in (("max", np.max, np.argmax), ("min", np.min, np.argmin)):
+        got = getattr(t, name)(dim, keepdim)
+        assert isinstance(got, tuple) and got._fields == ("values", "indices")
+        values, indices = got
+        assert_values(values, val(x, dim, keepdims=keepdim), dtype)
+        assert_values(indices, arg(x, dim, keepdims=keepdim), "int64")
+        assert_values(getattr(t, "arg" + name)(dim, keepdim), arg(x, dim, keepdims=keepdim), "int64")
+        assert_values(getattr(ft, name)(t), val(x), dtype)
+        assert_values(getattr(ft, "arg" + name)(t), arg(x), "int64")
+    assert t.argmax(keepdim=True).shape == (1, 1)
+
+
+def test_reductions_of_nan_and_zero_d():
+    x = ft.tensor([[1.0, np.nan, 3.0], [4.0, 5.0, 6.0]])
+    assert np.isnan(x.max().item()) and np.isnan(x.min().item())
+    assert x.argmax().item() == 1 and x.max(1).indices.tolist() == [1, 2]
+    z = ft.tensor(3.5)
+    assert z.sum().item() == 3.5 and z.sum(0).item() == 3.5 and z.sum(-1).shape == ()
+    assert tuple(z.max(0)) == (z.max(0).values, z.max(0).indices) and z.max(0).indices.item() == 0
+    assert z.argmax().item() == 0
+    with pytest.raises(IndexError, match=r"expected in \[-1, 0\]"):
+        z.sum(1)
+
+
+def test_reduction_dtypes_and_errors():
+    assert ft.tensor([1, 2], dtype=ft.uint8).sum().dtype is ft.int64
+    assert ft.tensor([True, True]).sum().item() == 2
+    assert ft.tensor([1, 2]).sum(dtype=ft.float32).dtype is ft.float32
+    assert ft.tensor([1.5, 2.5]).sum(dtype=ft.int32).item() == 3
+    assert ft.tensor([1, 2]).mean(dtype=ft.float64).item() == 1.5
+    assert ft.tensor([1, 2], dtype=ft.uint8).all().dtype is ft.uint8  # PyTorch keeps uint8 for old masks
+    with pytest.raises(TypeError, match=r"mean\(\): could not infer output dtype. Input dtype must be either a "
+                                        "floating point or complex dtype. Got: int64"):
+        ft.tensor([1, 2]).mean()
+    with pytest.raises(TypeError, match="std and var only support floating point"):
+        ft.tensor([1, 2]).std()
+    with pytest.raises(IndexError, match=r"sum: dim 2 is out of range for a 2-d tensor \(expected in \[-2, 1\]\)"):
+        ft.ones(2, 3).sum(2)
+    with pytest.raises(IndexError, match="argmax: dim -3 is out of range"):
+        ft.ones(2, 3).argmax(-3)
+    with pytest.raises(ValueError, match="dim 0 appears multiple times"):
+        ft.ones(2, 3).sum((0, -2))
+    with pytest.raises(ValueError, match=r"max\(\): Expected reduction dim to be specified for input.numel\(\) == 0"):
+        ft.zeros(0).max()
+    with pytest.raises(IndexError, match=r"argmin\(\): Expected reduction dim to be specified"):
+        ft.zeros(0).argmin()
+    with pytest.raises(IndexError, match=r"max\(\): Expected reduction dim 0 to have non-zero size"):
+        ft.zeros(0, 3).max(0)
+    with pytest.raises(TypeError, match="give correction or unbiased"):
+        ft.ones(3).var(unbiased=True, correction=1)
+
+
+def test_var_corrections():
+    x = np.array([1.0, 2.0, 4.0, 7.0])
+    t = ft.tensor(x, dtype=ft.float64)
+    assert t.var().item() == pytest.approx(x.var(ddof=1))
+    assert t.var(unbiased=False).item() == pytest.approx(x.var())
+    assert t.var(False).item() == pytest.approx(x.var())  # the legacy var(unbiased)
+    assert t.std(correction=2).item() == pytest.approx(x.std(ddof=2))
+    assert np.isnan(ft.tensor([1.0]).std().item())  # N - 1 = 0 degrees of freedom
+    assert ft.tensor([1.0, 3.0]).var(correction=3).item() == np.inf
+
+
+# ================================================================ sorting and selection
+
+def test_sort_is_stable_and_places_nan_as_pytorch():
+    x = np.array([[3.0, 1.0, np.nan, 3.0, 1.0, 2.0], [0.0, 0.0, -1.0, 5.0, np.nan, 0.0]], np.float32)
+    t = ft.tensor(x)
+    values, indices = t.sort()
+    np.testing.assert_array_equal(n(indices), np.argsort(x, -1, kind="stable"))
+    np.testing.assert_array_equal(n(values), np.sort(x, -1))
+    values, indices = t.sort(descending=True)
+    assert indices.tolist() == [[2, 0, 3, 5, 1, 4], [4, 3, 0, 1, 5, 2]]
+    assert n(values)[0, 0] != n(values)[0, 0] and values.tolist()[0][1:] == [3.0, 3.0, 2.0, 1.0, 1.0]
+    assert t.argsort(dim=0, descending=True).tolist() == [[0, 0, 0, 1, 1, 0], [1, 1, 1, 0, 0, 1]]
+    assert ft.tensor(5.0).sort().values.item() == 5.0 and ft.tensor(5.0).sort().indices.shape == ()
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+@pytest.mark.parametrize("largest", [True, False])
+def test_topk_matches_a_stable_numpy_sort(dim, largest):
+    x, t = sample("int32", (6, 7), seed=9)
+    x, t = x[:, ::-1], t[:, ::-1]
+    order = np.argsort(-x if largest else x, dim, kind="stable")
+    for k in range(x.shape[dim] + 1):
+        values, indices = t.topk(k, dim, largest)
+        want = np.take(order, np.arange(k), axis=dim)
+        assert_values(indices, want, "int64")
+        assert_values(values, np.take_along_axis(x, want, dim), "int32")
+    with pytest.raises(IndexError, match=r"topk: k \(8\) is out of range for dimension 1 of size 7"):
+        ft.ones(6, 7).topk(8)
+
+
+def test_unique():
+    x = np.array([[3, 1, 2], [1, 3, 3]])
+    t = ft.tensor(x)
+    assert t.unique().tolist() == [1, 2, 3]
+    values, inverse, counts = ft.unique(t, return_inverse=True, return_counts=True)
+    assert inverse.shape == (2, 3) and (n(values)[n(inverse)] == x).all() and counts.tolist() == [2, 1, 3]
+    values, counts = t.unique(return_counts=True)
+    assert counts.dtype is ft.int64
+    rows, inverse = ft.tensor([[1, 2], [0, 5], [1, 2]]).unique(dim=0, return_inverse=True)
+    assert rows.tolist() == [[0, 5], [1, 2]] and inverse.tolist() == [1, 0, 1]
+    assert ft.tensor([1.5, 0.5, 1.5]).bfloat16().unique().dtype is ft.bfloat16
+    nan = ft.tensor([np.nan, 1.0, np.nan]).unique()
+    assert nan.shape == (3,)  # NaNs stay apart, as in PyTorch
+
+
+# ================================================================ joining
+
+def test_cat_and_stack():
+    a, b = rng.normal(size=(2, 3)).astype(np.float32), rng.normal(size=(2, 5)).astype(np.float32)
+    np.testing.assert_array_equal(n(ft.cat([ft.tensor(a), ft.tensor(b)], 1)), np.concatenate([a, b], 1))
+    np.testing.assert_array_equal(n(ft.cat([ft.tensor(a).T, ft.tensor(a).T], -2)), np.concatenate([a.T, a.T], 0))
+    mixed = ft.cat([ft.tensor([[1, 2]]), ft.tensor([[0.5, 1.5]], dtype=ft.float64)])
+    assert mixed.dtype is ft.float64 and mixed.tolist() == [[1.0, 2.0], [0.5, 1.5]]
+    ints = ft.cat((ft.tensor([1, 2], dtype=ft.int8), ft.tensor([3], dtype=ft.uint8)))
+    assert ints.dtype is ft.int16 and ints.tolist() == [1, 2, 3]
+    assert ft.cat([ft.ones(2, 2), ft.ones(0)]).shape == (2, 2)  # PyTorch's legacy empty tensors are skipped
+    assert ft.cat([ft.ones(1, 2).bfloat16(), ft.ones(1, 2).bfloat16()]).dtype is ft.bfloat16
+    assert F.cat is ft.cat
+    s = ft.stack([ft.tensor(a), ft.tensor(a) * 2], dim=-1)
+    np.testing.assert_array_equal(n(s), np.stack([a, a * 2], -1))
+    assert ft.stack([ft.tensor(1), ft.tensor(2)]).tolist() == [1, 2]
+    with pytest.raises(ValueError, match=r"cat: sizes of tensors must match except in dimension 1, but got shapes "
+                                         r"\(2, 3\) and \(3, 3\) \(at position 1\)"):
+        ft.cat([ft.zeros(2, 3), ft.zeros(3, 3)], 1)
+    with pytest.raises(ValueError, match="zero-dimensional tensor"):
+        ft.cat([ft.tensor(1.0)])
+    with pytest.raises(ValueError, match="non-empty"):
+        ft.cat([])
+    with pytest.raises(IndexError, match="cat: dim 2 is out of range"):
+        ft.cat([ft.zeros(2, 3)], 2)
+    with pytest.raises(ValueError, match=r"stack expects each tensor to be equal size, but got \(2, 2\) at entry 0 and "
+                                         r"\(2, 3\) at entry 1"):
+        ft.stack([ft.zeros(2, 2), ft.zeros(2, 3)])
+    with pytest.raises(TypeError, match="got list at position 0"):
+        ft.cat([[1.0]])
+
+
+# ================================================================ indexing
+
+def test_mask_and_integer_array_indexing_copy():
+    x = np.arange(24, dtype=np.float32).reshape(4, 6)
+    t = ft.from_numpy(x)
+    for index in [(x > 7,), ([2, 0, 2],), (slice(None), [5, 0]), ([1, 3], [0, 5]), (np.array([True, False, True,
+                                                                                             False]), slice(1, 3)),
+                  (Ellipsis, np.array([-1, 1])), (slice(None, None, -1), [0])]:
+        tindex = tuple(ft.tensor(i) if isinstance(i, np.ndarray) else i for i in index)
+        got = t[tindex if len(tindex) > 1 else tindex[0]]
+        np.testing.assert_array_equal(n(got), x[index if len(index) > 1 else index[0]])
+        got.fill_(-1)  # a copy: the source is untouched
+        np.testing.assert_array_equal(n(t), np.arange(24).reshape(4, 6))
+    assert t[ft.tensor([1, 0, 0, 1], dtype=ft.uint8)].shape == (2, 6)  # uint8 tensors are masks, as in PyTorch
+    assert t[ft.tensor(2)].tolist() == x[2].tolist()  # a 0-d integer tensor is an integer index
+    assert t.T[ft.tensor([0, 2])].shape == (2, 4)
+    b = t.bfloat16()
+    assert b[b > 20].dtype is ft.bfloat16 and b[b > 20].tolist() == [21.0, 22.0, 23.0]
+    with pytest.raises(IndexError, match="boolean index did not match"):
+        t[ft.tensor([True, False])]
+    with pytest.raises(IndexError, match="out of bounds"):
+        t[[4]]
+    with pytest.raises(IndexError, match="integer or bool tensors, got float32"):
+        t[ft.tensor([0.0])]
+
+
+def test_setitem_with_masks_and_arrays():
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    t = ft.from_numpy(x)
+    t[t > 8] = 0
+    t[[0, 2], 1] = ft.tensor([-1.0, -2.0])
+    t[:, ft.tensor([True, False, False, True])] = ft.tensor([[7.0], [8.0], [9.0]])
+    want = np.arange(12, dtype=np.float32).reshape(3, 4)
+    want[want > 8] = 0
+    want[[0, 2], 1] = [-1, -2]
+    want[:, [True, False, False, True]] = [[7], [8], [9]]
+    np.testing.assert_array_equal(x, want)  # written into the tensor's (and the array's) memory
+    b = ft.tensor([1.0, 2.0, 3.0]).bfloat16()
+    ptr = b.data_ptr()
+    b[b > 1.5] = 0.5
+    assert b.tolist() == [1.0, 0.5, 0.5] and b.data_ptr() == ptr
+    ro = ft.from_numpy(np.frombuffer(b"\x01\x02", np.uint8))
+    with pytest.raises(ValueError, match="read-only"):
+        ro[ro > 1] = 0
+
+
+# ================================================================ Python protocols, detach, no_grad
+
+def test_python_protocols():
+    with pytest.raises(ValueError, match="Boolean value of Tensor with more than one value is ambiguous"):
+        bool(ft.ones(2))
+    with pytest.raises(ValueError, match="Boolean value of Tensor with no values is ambiguous"):
+        bool(ft.ones(0))
+    assert bool(ft.tensor([3])) and not ft.tensor(0.0)
+    assert f"{ft.tensor(1.23456):.2f}" == "1.23" and f"{ft.tensor(7)}" == "tensor(7)"
+    x = ft.tensor([1.0, -2.0])
+    assert (+x) is x and abs(x).tolist() == [1.0, 2.0] and (-x).tolist() == [-1.0, 2.0]
+    for other in ("a", None, 1j, object()):
+        with pytest.raises(TypeError):
+            x + other
+    with pytest.raises(TypeError, match="expected a tensor, an array or a real number"):
+        ft.add(x, "a")
+
+
+def test_detach_data_and_no_grad():
+    x = ft.tensor([1.0, 2.0])
+    x.requires_grad = True
+    d = x.detach()
+    assert d is not x and d.data_ptr() == x.data_ptr() and not d.requires_grad
+    d.fill_(5)
+    assert x.tolist() == [5.0, 5.0]
+    assert x.data.data_ptr() == x.data_ptr()
+    ptr = x.data_ptr()
+    x.data = ft.tensor([3.0, 4.0])
+    assert x.tolist() == [3.0, 4.0] and x.data_ptr() == ptr
+    with pytest.raises(ValueError, match="shape"):
+        x.data = ft.zeros(3)
+    with ft.no_grad():
+        y = x * 2
+
+    @ft.no_grad()
+    def called(v):
+        return v + 1
+
+    @ft.no_grad
+    def bare(v):
+        return v + 2
+    assert y.tolist() == [6.0, 8.0] and called(1) == 2 and bare(1) == 3
+
+
+def test_traced_values_take_tensor_operands():
+    from fasttrain.nn.graph import Input, Symbolic
+    s = Input((4, 3))
+    w = ft.ones(4, 3)
+    assert w.__add__(s) is NotImplemented and w.__matmul__(s) is NotImplemented
+    for got in (w + s, w * s, s - w, w - s, ft.cat([s, s], 1), ft.cat([s, w], 1), ft.cat([w, s], 1)):
+        assert isinstance(got, Symbolic)
+    m = ft.ones(3, 2)
+    assert isinstance(s @ m, Symbolic)
+
+
+def test_cuda_tensors_compute_on_the_host_and_come_back(ft_device):
+    x = ft.tensor([[1.0, -2.0], [3.0, 4.0]], device=ft_device)
+    for got in (x + 1, x.sum(0), x.max(1).values, x.softmax(1), x[x > 0], ft.cat([x, x]), x @ x, x.sort().indices):
+        assert got.device == x.device
+    np.testing.assert_allclose(n((x * 2).cpu()), [[2.0, -4.0], [6.0, 8.0]])
+    ptr = x.data_ptr()
+    x += 1
+    x[x > 4] = 0
+    assert x.data_ptr() == ptr and x.cpu().tolist() == [[2.0, -1.0], [4.0, 0.0]]
+    if ft_device == "cuda":
+        with pytest.raises(RuntimeError, match="cpu.*cuda:0|cuda:0.*cpu"):
+            x + ft.ones(2, 2)
+        assert (x + ft.tensor(1.0)).device == x.device  # a 0-d CPU tensor goes with any device
+
+
+# ================================================================ against PyTorch
+
+def torch_dtype(torch, name):
+    return getattr(torch, name)
+
+
+def test_promotion_matrix_matches_torch():
+    torch = pytest.importorskip("torch")
+    names = REAL + ["uint16", "uint32", "uint64"]
+    for a, b in itertools.product(names, names):
+        try:
+            want = str(torch.promote_types(torch_dtype(torch, a), torch_dtype(torch, b))).split(".")[1]
+        except RuntimeError:
+            with pytest.raises(TypeError):
+                ft.promote_types(a, b)
+            continue
+        assert ft.promote_types(a, b).name == want, (a, b)
+    for a, b in itertools.product(names, names):
+        for sa, sb in [((2,), ()), ((), (2,)), ((), ()), ((2,), (2,))]:
+            ta, tb = torch.ones(sa, dtype=torch_dtype(torch, a)), torch.ones(sb, dtype=torch_dtype(torch, b))
+            try:
+                want = str(torch.result_type(ta, tb)).split(".")[1]
+            except RuntimeError:
+                want = None
+            if want is None:
+                with pytest.raises(TypeError):
+                    ft.result_type(ft.ones(sa, dtype=a), ft.ones(sb, dtype=b))
+            else:
+                assert ft.result_type(ft.ones(sa, dtype=a), ft.ones(sb, dtype=b)).name == want, (a, sa, b, sb)
+        for s in (True, 2, 2.5, -1):
+            for sa in ((2,), ()):
+                want = str(torch.result_type(torch.ones(sa, dtype=torch_dtype(torch, a)), s)).split(".")[1]
+                assert ft.result_type(ft.ones(sa, dtype=a), s).name == want, (a, sa, s)
+
+
+TORCH_OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv,
+             "//": operator.floordiv, "%": operator.mod, "**": operator.pow, "&": operator.and_, "==": operator.eq,
+             "<": operator.lt}
+
+
+def same_as_torch(torch, want, got, what):
+    """got (fasttrain) equals want (torch): dtype, shape and values (within the dtype's rounding), or both raised."""
+    if isinstance(want, Exception) or isinstance(got, Exception):
+        assert isinstance(want, Exception) and isinstance(got, Exception), (what, want, got)
+        return
+    name = str(want.dtype).split(".")[1]
+    assert got.dtype.name == name and got.shape == tuple(want.shape), (what, got.dtype, name)
+    w = want.float().numpy() if want.dtype == torch.bfloat16 else want.numpy()
+    if name in TOL:
+        np.testing.assert_allclose(n(got), w, rtol=TOL[name], atol=TOL[name], equal_nan=True, err_msg=what)
+    else:
+        np.testing.assert_array_equal(n(got), w, err_msg=what)
+
+
+def outcome(fn):
+    """fn's result, or the exception it raised (whether both sides refuse is compared); torch's warnings (zero
+    degrees of freedom) are not failures."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return fn()
+    except Exception as e:  # noqa: BLE001
+        return e
+
+
+def test_every_operator_over_every_dtype_pair_matches_torch():
+    torch = pytest.importorskip("torch")
+
+    def pair(dtype, shape, seed, nonzero=False):
+        x, t = sample(dtype, shape, nonzero, seed)
+        return torch.tensor(x).to(torch_dtype(torch, dtype)), t
+
+    for a, b in itertools.product(REAL, REAL):
+        for sa, sb in [((3,), (3,)), ((2, 3), ()), ((), (3,))]:
+            ta, fa = pair(a, sa, 1)
+            tb, fb = pair(b, sb, 2, nonzero=True)
+            for sym, op in TORCH_OPS.items():
+                if sym == "**" and b != "bool":
+                    tb, fb = tb.abs(), ft.tensor(n(fb), dtype=b).abs()
+                same_as_torch(torch, outcome(lambda: op(ta, tb)), outcome(lambda: op(fa, fb)), f"{a}{sa} {sym} {b}{sb}")
+        for s in (True, 3, -2, 2.5):
+            ta, fa = pair(a, (3,), 3)
+            for sym, op in TORCH_OPS.items():
+                if not (a == "bool" and sym == "**"):  # torch special-cases bool ** True
+                    same_as_torch(torch, outcome(lambda: op(ta, s)), outcome(lambda: op(fa, s)), f"{a} {sym} {s}")
+                same_as_torch(torch, outcome(lambda: op(s, ta)), outcome(lambda: op(s, fa)), f"{s} {sym} {a}")
+
+
+def test_reductions_and_functions_match_torch():
+    torch = pytest.importorskip("torch")
+    for dtype in REAL:
+        for shape in [(3, 4), (), (0, 3)]:
+            x, f = sample(dtype, shape, seed=4)
+            t = torch.tensor(x).to(torch_dtype(torch, dtype))
+            calls = [("sum", {}), ("sum", dict(dim=-1, keepdim=True)), ("mean", {}), ("mean", dict(dim=0)),
+                     ("std", {}), ("var", dict(dim=0)), ("all", {}), ("any", dict(dim=0)), ("max", {}), ("min", {}),
+                     ("abs", {}), ("exp", {}), ("log", {}), ("sqrt", {}), ("sigmoid", {}), ("tanh", {})]
+            if shape:
+                calls += [("argmax", dict(dim=-1, keepdim=True)), ("argmin", {})]
+            for name, kw in calls:
+                if dtype == "bool" and name.startswith("arg"):
+                    continue  # torch refuses; fasttrain answers as NumPy
+                same_as_torch(torch, outcome(lambda: getattr(t, name)(**kw)), outcome(lambda: getattr(f, name)(**kw)),
+                              f"{dtype}{shape}.{name}({kw})")
+            if shape:
+                for name in ("max", "min"):
+                    w, g = outcome(lambda: getattr(t, name)(-1)), outcome(lambda: getattr(f, name)(-1))
+                    for i in range(2):
+                        same_as_torch(torch, w if isinstance(w, Exception) else w[i],
+                                      g if isinstance(g, Exception) else g[i], f"{dtype}{shape}.{name}(-1)")
+            same_as_torch(torch, outcome(lambda: t.clamp(min=0.5)), outcome(lambda: f.clamp(min=0.5)), "clamp")
+
+
+def test_topk_sort_unique_std_var_match_torch():
+    torch = pytest.importorskip("torch")
+    x = rng.integers(0, 5, (4, 7)).astype(np.float32)
+    x[0, 2] = x[1, 3] = np.nan
+    t, f = torch.tensor(x), ft.tensor(x)
+    for desc, dim in itertools.product([False, True], [0, 1, -1]):
+        want, got = t.sort(dim=dim, descending=desc, stable=True), f.sort(dim, desc)
+        np.testing.assert_array_equal(n(got.values), want.values.numpy())
+        np.testing.assert_array_equal(n(got.indices), want.indices.numpy())
+    for k, largest, dim in itertools.product([1, 3, 4], [True, False], [0, -1]):
+        want, got = t.topk(k, dim, largest), f.topk(k, dim, largest)
+        np.testing.assert_array_equal(n(got.values), want.values.numpy())  # ties may pick other indices in torch
+        np.testing.assert_array_equal(np.take_along_axis(x, n(got.indices), dim), n(got.values))
+    y = rng.integers(0, 4, (5, 3))
+    for dim in [None, 0, 1]:
+        want = torch.tensor(y).unique(return_inverse=True, return_counts=True, dim=dim)
+        got = ft.tensor(y).unique(return_inverse=True, return_counts=True, dim=dim)
+        for w, g in zip(want, got):
+            np.testing.assert_array_equal(n(g), w.numpy())
+    z = rng.normal(size=(3, 4, 5)).astype(np.float32)
+    for kw in [{}, dict(dim=1), dict(dim=(0, 2), keepdim=True), dict(correction=0), dict(dim=2, correction=2),
+               dict(unbiased=False)]:
+        for name in ("std", "var"):
+            want, got = getattr(torch.tensor(z), name)(**kw), getattr(ft.tensor(z), name)(**kw)
+            np.testing.assert_allclose(n(got), want.numpy(), rtol=2e-6)
