@@ -226,10 +226,12 @@ def test_a_model_on_two_devices_is_refused():
     assert not any(p.is_cuda for p in m.parameters())
 
 
-@pytest.mark.parametrize("name", ["audio_cnn", "tiny_segnet", "token_cnn", "vit_tiny", "gpt_block", "sequence_mlp"])
+@pytest.mark.parametrize("name", ["audio_cnn", "tiny_segnet", "token_cnn", "vit_tiny", "gpt_block", "sequence_mlp",
+                                  "se_net", "norm_by_hand"])
 def test_traced_zoo_models_match_cpu(name):
-    """The zoo of traced models (1-d convolutions, group norm, upsampling, embeddings, attention, custom and
-    next-token losses) on CUDA against the CPU: the loss and every gradient of one backward."""
+    """The zoo of traced models (1-d convolutions, group norm, upsampling, embeddings, attention, broadcasting,
+    sums over dimensions, custom and next-token losses) on CUDA against the CPU: the loss and every gradient of one
+    backward."""
     import test_zoo as zoo
     cls, shape, loss, fmt = zoo.ZOO[name]
     x, y = zoo.data(name)

@@ -291,3 +291,67 @@ def test_model_graphs_name_layers_after_their_classes():
                      "block_1.bn1.bias", "block_1.conv2.weight", "block_1.bn2.weight", "block_1.bn2.bias",
                      "linear.weight", "linear.bias"]
     assert "(re_lu)" not in repr(model) and "(relu): ReLU()" in repr(model)
+
+
+class FunctionsNet(nn.Module):
+    """A forward written with ft.* functions (RMSNorm, a variance, a softmax) rather than methods."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(6, CLASSES)
+        self.w = nn.Parameter(nn.init.normal_(ft.empty(6), 1.0, 0.1))
+
+    def forward(self, x):
+        h = x * ft.rsqrt(ft.mean(ft.pow(x, 2), dim=-1, keepdim=True) + 1e-6) * self.w
+        h = ft.div(h, ft.sqrt(ft.var(h, dim=-1, keepdim=True) + 1.0))
+        h = ft.add(h, ft.exp(ft.sum(h, 1, keepdim=True) * 0.01), alpha=0.5)
+        return self.fc(ft.mean(ft.softmax(h, -1) + ft.log(ft.abs(h) + 1), 1))
+
+
+def test_ft_functions_of_traced_values_compile_and_match_finite_differences():
+    ft.manual_seed(0)
+    x = np.random.default_rng(1).standard_normal((4, 5, 6)).astype(np.float32)
+    y = np.arange(4) % CLASSES
+    assert gradcheck(FunctionsNet(), x, y, rtol=3e-2, atol=1e-3)
+
+
+def test_broadcast_sum_and_division_values_match_numpy():
+    """The forward values of broadcasting, sums over dimensions, division and powers, against NumPy."""
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.one = nn.Parameter(ft.ones(4))  # for the optimizer: x * 1
+
+        def forward(self, x):  # x: (N, 3, 4)
+            x = x * self.one
+            col = x.sum(1, keepdim=True)  # (N, 1, 4)
+            row = x.mean(-1, keepdim=True)  # (N, 3, 1)
+            return (x / (col.abs() + 1) - row * col + x.std(2, keepdim=True) ** 3).sum((1, 2), keepdim=False)
+
+    x = np.random.default_rng(2).standard_normal((5, 3, 4)).astype(np.float32)
+    net = Net()
+    program = net.compile(ft.optim.SGD(net.parameters(), lr=0.1), nn.MSELoss(), batch_size=5, input_shape=(3, 4))
+    col, row = x.sum(1, keepdims=True), x.mean(-1, keepdims=True)
+    want = (x / (np.abs(col) + 1) - row * col + x.std(2, ddof=1, keepdims=True) ** 3).sum((1, 2))
+    np.testing.assert_allclose(np.asarray(program.predict(x)), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("forward, error, match", [
+    (lambda x: x + x.sum(1), ft.nn.TracingError, r"broadcasting values of shapes \(N, 3, 4\) and \(N, 4\)"),
+    (lambda x: x * x[:, :2], ValueError, r"shapes \(N, 3, 4\) and \(N, 2, 4\) do not broadcast"),
+    (lambda x: x ** x, ft.nn.TracingError, "a traced value to a traced power"),
+    (lambda x: ft.div(x, x, rounding_mode="floor"), ft.nn.TracingError, "rounding_mode='floor'"),
+    (lambda x: x.var(), ft.nn.TracingError, r"var\(\) over the batch"),
+])
+def test_broadcasts_and_reductions_that_cannot_compile_say_why(forward, error, match):
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return forward(self.fc(x)).flatten(1)
+
+    net = Net()
+    with pytest.raises(error, match=match):
+        net.compile(ft.optim.SGD(net.parameters(), lr=0.1), nn.MSELoss(), batch_size=2, input_shape=(3, 4))

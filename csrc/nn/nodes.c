@@ -675,8 +675,9 @@ static bool broadcasts(const ft_node *small, const ft_node *large) {
 }
 
 static ft_status expand_check(const ft_node *nd, const ft_node *const *in) {
-    return broadcasts(in[0], nd) ? FT_OK
-                                 : ft_fail(FT_ERR_SHAPE, "program: an expand's input has sizes other than its own or 1");
+    if (broadcasts(in[0], nd))
+        return FT_OK;
+    return ft_fail(FT_ERR_SHAPE, "program: an expand's input has sizes other than its own or 1");
 }
 
 static ft_status expand_forward(const ft_node_run *r) { return ft_broadcast_to(&r->out, &r->in[0], 1.0, false); }
@@ -686,9 +687,9 @@ static ft_status expand_backward(const ft_node_run *r) {
 }
 
 static ft_status sum_dims_check(const ft_node *nd, const ft_node *const *in) {
-    return broadcasts(nd, in[0]) ? FT_OK
-                                 : ft_fail(FT_ERR_SHAPE, "program: a sum over dimensions has sizes other than its "
-                                                         "input's or 1");
+    if (broadcasts(nd, in[0]))
+        return FT_OK;
+    return ft_fail(FT_ERR_SHAPE, "program: a sum over dimensions has sizes other than its input's or 1");
 }
 
 static ft_status sum_dims_forward(const ft_node_run *r) { return ft_sum_to(&r->out, &r->in[0], r->nd->scale, false); }

@@ -110,7 +110,8 @@ static ft_status check_broadcast(const char *op, const ft_tensor *out, const ft_
     if (!ok) {
         char a[128], b[128];
         return ft_fail(FT_ERR_SHAPE, "%s: out %s and inp %s do not broadcast (%s)", op,
-                       ft_shape_str(a, sizeof a, out->ndim, out->shape), ft_shape_str(b, sizeof b, inp->ndim, inp->shape),
+                       ft_shape_str(a, sizeof a, out->ndim, out->shape),
+                       ft_shape_str(b, sizeof b, inp->ndim, inp->shape),
                        summed ? "out's sizes must be inp's or 1" : "inp's sizes must be out's or 1");
     }
     return FT_OK;

@@ -413,6 +413,7 @@ def _floating(name, fn):
 exp = _floating("exp", np.exp)
 log = _floating("log", np.log)
 sqrt = _floating("sqrt", np.sqrt)
+rsqrt = _floating("rsqrt", lambda x: 1 / np.sqrt(x))
 tanh = _floating("tanh", np.tanh)
 sigmoid = _floating("sigmoid", _sigmoid)
 
@@ -845,3 +846,51 @@ def setitem(input: Tensor, index: tuple, value: Any) -> None:
     host = np.array(input._host_array())  # a copy: written, then copied back whole (copy_ converts, moves, checks)
     host[index] = value
     input.copy_(_C.from_numpy(host))
+
+
+# ---- the same functions on traced values ----
+# While model.compile traces a forward, these functions meet traced values (nn/graph.py's Symbolic) and record
+# nodes through the value's operators and methods, so a forward written with ft.exp, ft.sum, ... compiles.
+
+def _on_traced(fn: Callable, traced: Callable) -> Callable:
+    def call(*args, **kwargs):
+        from .nn.graph import Symbolic
+        if builtins.any(isinstance(a, Symbolic) for a in args[:2]):
+            return traced(*args, **kwargs)
+        return fn(*args, **kwargs)
+    call.__name__ = call.__qualname__ = fn.__name__
+    call.__doc__ = fn.__doc__
+    call.__annotations__ = fn.__annotations__
+    return call
+
+
+def _traced_div(input, other, *, rounding_mode=None):
+    if rounding_mode is not None:
+        from .nn.graph import fail
+        fail(f"div(..., rounding_mode={rounding_mode!r}) of a traced value", "divide without rounding")
+    return input / other
+
+
+def _traced_softmax(input, dim, dtype=None, log=False):
+    from .nn import functional as F
+    return (F.log_softmax if log else F.softmax)(input, dim)
+
+
+_TRACED = {
+    "exp": lambda x: x.exp(), "log": lambda x: x.log(), "sqrt": lambda x: x.sqrt(), "rsqrt": lambda x: x.rsqrt(),
+    "abs": lambda x: x.abs(), "relu": lambda x: x.relu(), "sigmoid": lambda x: x.sigmoid(),
+    "tanh": lambda x: x.tanh(), "pow": operator.pow, "mul": operator.mul, "matmul": operator.matmul,
+    "add": lambda a, b, *, alpha=1: a + b * alpha, "sub": lambda a, b, *, alpha=1: a - b * alpha,
+    "div": _traced_div,
+    "sum": lambda x, dim=None, keepdim=False, *, dtype=None: x.sum(dim, keepdim),
+    "mean": lambda x, dim=None, keepdim=False, *, dtype=None: x.mean(dim, keepdim),
+    "var": lambda x, dim=None, unbiased=None, keepdim=False, *, correction=None: x.var(
+        dim, True if unbiased is None else unbiased, keepdim, correction=correction),
+    "std": lambda x, dim=None, unbiased=None, keepdim=False, *, correction=None: x.std(
+        dim, True if unbiased is None else unbiased, keepdim, correction=correction),
+    "softmax": _traced_softmax,
+    "log_softmax": lambda x, dim, dtype=None: _traced_softmax(x, dim, log=True),
+}
+for _name, _traced in _TRACED.items():
+    globals()[_name] = _on_traced(globals()[_name], _traced)
+del _name, _traced

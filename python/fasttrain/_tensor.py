@@ -476,7 +476,7 @@ class Tensor(_C.TensorBase):
     add, sub, mul, div, pow = _math.add, _math.sub, _math.mul, _math.div, _math.pow
     floor_divide, remainder, maximum, minimum = _math.floor_divide, _math.remainder, _math.maximum, _math.minimum
     eq, ne, lt, le, gt, ge = _math.eq, _math.ne, _math.lt, _math.le, _math.gt, _math.ge
-    neg, abs, exp, log, sqrt = _math.neg, _math.abs, _math.exp, _math.log, _math.sqrt
+    neg, abs, exp, log, sqrt, rsqrt = _math.neg, _math.abs, _math.exp, _math.log, _math.sqrt, _math.rsqrt
     relu, sigmoid, tanh, clamp, clip = _math.relu, _math.sigmoid, _math.tanh, _math.clamp, _math.clip
     sum, mean, std, var, all, any = _math.sum, _math.mean, _math.std, _math.var, _math.all, _math.any
     max, min, argmax, argmin = _math.max, _math.min, _math.argmax, _math.argmin
