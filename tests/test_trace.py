@@ -161,12 +161,12 @@ class Unsupported(nn.Module):
         self.fc = nn.Linear(4, CLASSES)
 
     def forward(self, x):
-        return self.fc(x).softmax(-1)
+        return self.fc(x).cumsum(-1)
 
 
 def test_an_unsupported_call_names_the_line():
     model = Unsupported()
-    with pytest.raises(ft.nn.TracingError, match=r"x\.softmax.*test_trace\.py:\d+"):
+    with pytest.raises(ft.nn.TracingError, match=r"x\.cumsum.*test_trace\.py:\d+"):
         model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=2, input_shape=(4,))
 
 
@@ -355,3 +355,24 @@ def test_broadcasts_and_reductions_that_cannot_compile_say_why(forward, error, m
     net = Net()
     with pytest.raises(error, match=match):
         net.compile(ft.optim.SGD(net.parameters(), lr=0.1), nn.MSELoss(), batch_size=2, input_shape=(3, 4))
+
+
+class CatAnywhere(nn.Module):
+    """Concatenation along the features of (T, C) steps, and of a class-token parameter along the steps."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.fc = nn.Linear(4, 3), nn.Linear(4, 2), nn.Linear(6 * 5, CLASSES)
+        self.cls = nn.Parameter(nn.init.normal_(ft.empty(1, 1, 5), std=0.5))
+
+    def forward(self, x):  # (N, 6, 4)
+        h = ft.cat([self.a(x), self.b(x)], dim=-1)  # (N, 6, 5)
+        h = ft.cat([self.cls, h[:, 1:]], dim=1).softmax(-1)  # (N, 6, 5)
+        return self.fc(h.flatten(1))
+
+
+def test_cat_along_any_dimension_and_softmax_methods_match_finite_differences():
+    x = np.random.default_rng(3).standard_normal((4, 6, 4)).astype(np.float32)
+    model = CatAnywhere()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=4, input_shape=(6, 4))
+    assert gradcheck(program, x, np.arange(4) % CLASSES, rtol=3e-2, atol=1e-3)

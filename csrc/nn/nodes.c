@@ -714,24 +714,27 @@ static ft_status add_backward(const ft_node_run *r) {
                            r->din_acc[1]);
 }
 
+/* Inputs that agree but along per-sample dimension `dim`, where their sizes add up to the node's. */
 static ft_status cat_check(const ft_node *nd, const ft_node *const *in) {
+    if (nd->dim < 0 || nd->dim >= nd->ndim)
+        return ft_fail(FT_ERR_SHAPE, "program: a cat along dimension %d of %d-d samples", nd->dim, nd->ndim);
     int64_t total = 0;
     for (int k = 0; k < nd->ninputs; k++) {
         bool ok = in[k]->ndim == nd->ndim;
-        for (int d = 1; ok && d < nd->ndim; d++)
-            ok = in[k]->shape[d] == nd->shape[d];
+        for (int d = 0; ok && d < nd->ndim; d++)
+            ok = d == nd->dim || in[k]->shape[d] == nd->shape[d];
         if (!ok)
-            return ft_fail(FT_ERR_SHAPE, "program: a cat's inputs differ in more than their first dimension");
-        total += in[k]->shape[0];
+            return ft_fail(FT_ERR_SHAPE, "program: a cat's inputs differ outside its dimension %d", nd->dim);
+        total += in[k]->shape[nd->dim];
     }
-    return total == nd->shape[0] ? FT_OK : ft_fail(FT_ERR_SHAPE, "program: a cat's sizes do not add up");
+    return total == nd->shape[nd->dim] ? FT_OK : ft_fail(FT_ERR_SHAPE, "program: a cat's sizes do not add up");
 }
 
 static ft_status cat_forward(const ft_node_run *r) {
     const ft_tensor *ins[FT_NODE_MAX_INPUTS];
     for (int k = 0; k < r->nin; k++)
         ins[k] = &r->in[k];
-    return ft_concat_forward(&r->out, ins, r->nin, 1);
+    return ft_concat_forward(&r->out, ins, r->nin, 1 + r->nd->dim);
 }
 
 /* The inputs that write go first, then those that add: an input read twice
@@ -741,13 +744,14 @@ static ft_status cat_backward(const ft_node_run *r) {
     int64_t sizes[FT_NODE_MAX_INPUTS];
     bool any_more = false;
     for (int k = 0; k < r->nin; k++) {
-        sizes[k] = r->in[k].shape[1];
+        sizes[k] = r->in[k].shape[1 + r->nd->dim];
         fresh[k] = r->din_acc[k] ? NULL : r->din[k];
         more[k] = r->din_acc[k] ? r->din[k] : NULL;
         any_more |= more[k] != NULL;
     }
-    FT_TRY(ft_concat_backward(fresh, sizes, r->nin, &r->dout, 1, false));
-    return any_more ? ft_concat_backward(more, sizes, r->nin, &r->dout, 1, true) : FT_OK;
+    int dim = 1 + r->nd->dim;
+    FT_TRY(ft_concat_backward(fresh, sizes, r->nin, &r->dout, dim, false));
+    return any_more ? ft_concat_backward(more, sizes, r->nin, &r->dout, dim, true) : FT_OK;
 }
 
 /* ---- losses ---- */

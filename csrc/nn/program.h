@@ -36,7 +36,7 @@ typedef enum {
     FT_NODE_ADAPTIVE_AVGPOOL,
     FT_NODE_ADAPTIVE_MAXPOOL,
     FT_NODE_ADD,
-    FT_NODE_CAT,
+    FT_NODE_CAT,     /* the inputs one after the other along per-sample dimension dim */
     FT_NODE_RESHAPE, /* the per-sample elements in the order (C, H, W) lists them, in a new shape */
     FT_NODE_DROPOUT,
     FT_NODE_IDENTITY,
@@ -95,7 +95,7 @@ typedef struct {
     double scale;
     int perm[FT_NODE_MAX_DIMS];
     int slice_dim;
-    int dim; /* softmax, log-softmax */
+    int dim; /* softmax, log-softmax, cat */
     int64_t groups;      /* group norm: the groups; attention: the heads */
     bool causal;         /* attention: query i sees keys j <= i */
     int64_t padding_idx; /* embedding: a row that gets no gradient, or -1 */

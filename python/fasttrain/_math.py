@@ -871,11 +871,6 @@ def _traced_div(input, other, *, rounding_mode=None):
     return input / other
 
 
-def _traced_softmax(input, dim, dtype=None, log=False):
-    from .nn import functional as F
-    return (F.log_softmax if log else F.softmax)(input, dim)
-
-
 _TRACED = {
     "exp": lambda x: x.exp(), "log": lambda x: x.log(), "sqrt": lambda x: x.sqrt(), "rsqrt": lambda x: x.rsqrt(),
     "abs": lambda x: x.abs(), "relu": lambda x: x.relu(), "sigmoid": lambda x: x.sigmoid(),
@@ -888,8 +883,8 @@ _TRACED = {
         dim, True if unbiased is None else unbiased, keepdim, correction=correction),
     "std": lambda x, dim=None, unbiased=None, keepdim=False, *, correction=None: x.std(
         dim, True if unbiased is None else unbiased, keepdim, correction=correction),
-    "softmax": _traced_softmax,
-    "log_softmax": lambda x, dim, dtype=None: _traced_softmax(x, dim, log=True),
+    "softmax": lambda x, dim, dtype=None: x.softmax(dim),
+    "log_softmax": lambda x, dim, dtype=None: x.log_softmax(dim),
 }
 for _name, _traced in _TRACED.items():
     globals()[_name] = _on_traced(globals()[_name], _traced)

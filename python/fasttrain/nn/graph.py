@@ -467,6 +467,14 @@ class Symbolic:
         """Records F.tanh of the value."""
         return _layers().Tanh()(self)
 
+    def softmax(self, dim):
+        """Records F.softmax of the value along dim."""
+        return _layers().Softmax(dim)(self)
+
+    def log_softmax(self, dim):
+        """Records F.log_softmax of the value along dim."""
+        return _layers().LogSoftmax(dim)(self)
+
     # ---- what cannot be recorded ----
     def _value(self, *args):
         """Fails with a TracingError: a traced value has no Python value (item, tolist, numpy, bool, int, float, len,
@@ -622,12 +630,14 @@ def Input(shape):
 
 
 def cat(tensors, dim=1):
-    """Concatenates symbolic values along a dimension (the first per-sample one: channels, or time)."""
+    """Concatenates traced values (and tensors, as constants) along a dimension other than the batch's."""
+    def value(t):  # a tensor keeps its own shape (a class token), without the batch's leading 1
+        shape = tuple(t.shape)
+        return constant(t, shape[1:] if len(shape) == traced.ndim and shape[0] == 1 else shape)
+
     tensors = list(tensors)
     traced = next(t for t in tensors if isinstance(t, Symbolic))  # a tensor may come first: cat([cls, x])
-    if dim % traced.ndim != 1:
-        fail(f"cat along dimension {dim}", "concatenate along dimension 1 (channels, or the sequence)")
-    return _layers().Cat(1)(*[t if isinstance(t, Symbolic) else traced._operand(t) for t in tensors])
+    return _layers().Cat(dim)(*[t if isinstance(t, Symbolic) else value(t) for t in tensors])
 
 
 def _call(fn, what, *args):

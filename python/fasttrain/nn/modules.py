@@ -1280,20 +1280,26 @@ class Add(Module):
 
 
 class Cat(Module):
-    """Concatenation along the first per-sample dimension (channels, or a sequence's steps)."""
+    """Concatenation along a dimension other than the batch's (by default 1: channels, or a sequence's steps)."""
 
     _leaf = True
 
     def __init__(self, dim=1):
         super().__init__()
-        if dim != 1:
-            raise ValueError("cat joins along the channel dimension (dim=1)")
+        if dim == 0:
+            raise ValueError("cat joins samples' dimensions, not the batch (dim=0)")
         self.dim = dim
 
+    def sample_dim(self, ndim):
+        """The per-sample dimension joined, for samples of ndim dimensions."""
+        from .graph import _dim
+        return _dim(self.dim, ndim)
+
     def output_shape(self, *shapes):
-        if any(s[1:] != shapes[0][1:] for s in shapes):
-            raise ValueError(f"cat: shapes {shapes} differ outside the channel dimension")
-        return (sum(s[0] for s in shapes), *shapes[0][1:])
+        d = self.sample_dim(len(shapes[0]))
+        if any(len(s) != len(shapes[0]) or s[:d] + s[d + 1:] != shapes[0][:d] + shapes[0][d + 1:] for s in shapes):
+            raise ValueError(f"cat: shapes {shapes} differ outside dimension {self.dim}")
+        return (*shapes[0][:d], sum(s[d] for s in shapes), *shapes[0][d + 1:])
 
     def forward(self, *xs):
         from . import functional as F

@@ -71,7 +71,7 @@ def _node_of(module, shape):
     if isinstance(m, M.Add):
         return ADD, {}
     if isinstance(m, M.Cat):
-        return CAT, {}
+        return CAT, dict(dim=m.sample_dim(len(shape)))
     if isinstance(m, (M.Flatten, M.Reshape)):
         return RESHAPE, {}
     if isinstance(m, M.Dropout):
