@@ -10,7 +10,8 @@ PY := $(VENV)/bin/python
 # clang and libomp-14-dev: the libFuzzer harnesses (the core's -fopenmp under
 # clang needs LLVM's OpenMP runtime).
 SYS_PACKAGES := build-essential python3-dev python3-venv libdnnl-dev libturbojpeg0-dev libpng-dev \
-	libjpeg-turbo-progs dataset-fashion-mnist golang-1.19-src python3-sklearn clang libomp-14-dev
+	libjpeg-turbo-progs dataset-fashion-mnist golang-1.19-src python3-sklearn clang libomp-14-dev \
+	openmpi-bin libopenmpi-dev
 
 CC ?= gcc
 CORE_SRC := $(wildcard csrc/core/*.c csrc/ops/*.c csrc/optim/*.c csrc/nn/*.c csrc/data/*.c)

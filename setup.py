@@ -1,9 +1,11 @@
-"""Builds fasttrain._C from csrc/ and, when nvcc is found, the CUDA backend
-libfasttrain_cuda.so from cuda/ (loaded at run time, so that a machine
-without CUDA still imports fasttrain).
+"""Builds fasttrain._C from csrc/, when nvcc is found the CUDA backend
+libfasttrain_cuda.so from cuda/, and when mpicc is found the MPI backend
+libfasttrain_mpi.so from dist/ (both loaded at run time, so that a machine
+without CUDA or MPI still imports fasttrain).
 
 Environment:
   FASTTRAIN_CUDA=0|1    force the CUDA backend off / on (default: on when nvcc is found)
+  FASTTRAIN_MPI=0       build without the MPI backend (default: built when mpicc is found)
   FASTTRAIN_NATIVE=1    compile the C core with -march=native
   FASTTRAIN_SANITIZE=1  compile and link with AddressSanitizer and UBSan
   CUDNN_HOME            where cuDNN's include/ and lib/ are, when not beside the CUDA toolkit
@@ -60,12 +62,28 @@ def c_flags():
 
 
 class BuildExt(build_ext):
-    """Also builds the CUDA backend beside the extension, when nvcc is present."""
+    """Also builds the CUDA backend beside the extension when nvcc is present, and the MPI backend when mpicc
+    is."""
 
     def run(self):
         super().run()
         if NVCC:
             self.build_cuda()
+        if MPICC:
+            self.build_mpi()
+
+    def build_mpi(self):
+        out = os.path.join(os.path.dirname(self.get_ext_fullpath("fasttrain._C")), "libfasttrain_mpi.so")
+        sources = glob.glob(os.path.join(ROOT, "dist", "*.c"))
+        deps = sources + [os.path.join(ROOT, "csrc", "core", "dist.h")]
+        if not self.force and os.path.exists(out) and all(os.path.getmtime(d) <= os.path.getmtime(out)
+                                                          for d in deps):
+            return
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        cmd = [MPICC, "-O2", "-std=c11", "-Wall", "-Werror", "-fPIC", "-shared", "-fvisibility=hidden",
+               "-I", os.path.join(ROOT, "csrc"), *sources, "-o", out, "-Wl,--no-undefined"]
+        print(" ".join(cmd), flush=True)
+        subprocess.check_call(cmd)
 
     def build_cuda(self):
         """Compiles each .cu file on its own (in parallel, only when it or a
@@ -134,6 +152,7 @@ def find_cudnn(cuda_home):
 
 
 NVCC, CUDNN = cuda_toolchain()
+MPICC = os.environ.get("FASTTRAIN_MPI", "1") != "0" and shutil.which("mpicc")
 
 
 # Every layer of csrc/ (bind last: it is the only one that sees Python).

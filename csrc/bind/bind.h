@@ -85,6 +85,7 @@ PyObject *ft_py_tensor_from_data(ft_module_state *st, PyObject *data, int dtype)
 int ft_py_bind_tensor(PyObject *module);
 int ft_py_bind_random(PyObject *module);
 int ft_py_bind_runtime(PyObject *module);
+int ft_py_bind_dist(PyObject *module);
 int ft_py_bind_ops(PyObject *module);
 int ft_py_bind_nn(PyObject *module);
 int ft_py_bind_data(PyObject *module);

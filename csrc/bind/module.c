@@ -56,8 +56,8 @@ static int module_exec(PyObject *module) {
     if (PyArray_ImportNumPyAPI() < 0)
         return -1;
     /* The tensor type first: every other file's functions make or take tensors. */
-    int (*const bind[])(PyObject *) = {ft_py_bind_tensor, ft_py_bind_random, ft_py_bind_runtime, ft_py_bind_ops,
-                                       ft_py_bind_optim,  ft_py_bind_nn,     ft_py_bind_data};
+    int (*const bind[])(PyObject *) = {ft_py_bind_tensor, ft_py_bind_random, ft_py_bind_runtime, ft_py_bind_dist,
+                                       ft_py_bind_ops,    ft_py_bind_optim,  ft_py_bind_nn,      ft_py_bind_data};
     for (size_t i = 0; i < sizeof bind / sizeof *bind; i++)
         if (bind[i](module) < 0)
             return -1;

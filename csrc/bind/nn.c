@@ -11,6 +11,7 @@
 #include <omp.h>
 #include <stdlib.h>
 
+#include "core/dist.h"
 #include "data/loader.h"
 #include "nn/node.h"
 #include "ops/activation.h"
@@ -24,6 +25,7 @@ typedef struct {
     ft_tensor params, grads; /* the flat buffers (borrowed from `keep`) */
     int64_t *trained;        /* (ntrained) sorted offsets in grads of the gradients the program writes */
     int ntrained;
+    bool distributed; /* steps average the gradients and the loss over the ranks of ft.distributed */
 } program_object;
 
 /* ---- parsing a node dict ---- */
@@ -296,7 +298,24 @@ static int unwrap_xy(PyObject *self, PyObject *xo, PyObject *yo, ft_tensor **x, 
 typedef struct {
     double max_grad_norm;
     bool skip_nonfinite;
+    const ft_tensor *rank_grads; /* a distributed program's flat gradients, averaged over the ranks; or NULL */
 } step_options;
+
+/* The gradients and the loss of every rank's batch averaged in place, so
+ * that each rank's update is the one of all their batches together (as
+ * DistributedDataParallel's). Every rank calls it once per step, before it
+ * looks at the loss, so that all of them take the same decision on it. */
+static ft_status average_over_ranks(const ft_tensor *grads, double *loss) {
+    float *g = (float *)ft_tensor_data(grads);
+    int64_t n = grads->shape[0];
+    FT_TRY(ft_dist_allreduce_sum_f32(g, n));
+    FT_TRY(ft_dist_allreduce_sum_f64(loss, 1));
+    float inv = 1.0f / (float)ft_dist_world_size();
+    for (int64_t i = 0; i < n; i++)
+        g[i] *= inv;
+    *loss /= ft_dist_world_size();
+    return FT_OK;
+}
 
 /* backward + the optimizer update, without the GIL. *skipped is set when a
  * step with a non-finite loss or gradient was skipped instead of refused;
@@ -305,6 +324,8 @@ static ft_status train_step(ft_program *prog, ft_optimizer *opt, const ft_tensor
                             const ft_tensor *y, const step_options *o, double *loss, bool *skipped) {
     *skipped = false;
     FT_TRY(ft_program_backward(prog, x, y, false, loss));
+    if (o->rank_grads)
+        FT_TRY(average_over_ranks(o->rank_grads, loss));
     if (!isfinite(*loss)) {
         if (o->skip_nonfinite) {
             *skipped = true;
@@ -422,6 +443,7 @@ static PyObject *program_train_step(PyObject *self, PyObject *args, PyObject *kw
     step_options o;
     if (unwrap_xy(self, xo, yo, &x, &y) < 0 || parse_step_options(max_norm, policy, &o) < 0)
         return NULL;
+    o.rank_grads = ((program_object *)self)->distributed ? &((program_object *)self)->grads : NULL;
     ft_optimizer *opt = program_optimizer((program_object *)self, opt_obj);
     if (!opt)
         return NULL;
@@ -452,6 +474,21 @@ static PyObject *program_backward(PyObject *self, PyObject *args) {
     s = ft_program_backward(entered(self), x, y, accumulate, &loss);
     Py_END_ALLOW_THREADS
     return s == FT_OK ? PyFloat_FromDouble(loss) : ft_py_raise(s);
+}
+
+/* _set_distributed(on): steps average gradients and loss over the ranks. */
+static PyObject *program_set_distributed(PyObject *self, PyObject *arg) {
+    int on = PyObject_IsTrue(arg);
+    if (on < 0)
+        return NULL;
+    program_object *po = (program_object *)self;
+    if (on && !ft_dist_ready())
+        return PyErr_Format(PyExc_RuntimeError, "a distributed program needs ft.distributed.init() first");
+    if (on && ft_op_device(&po->grads).type != FT_DEV_CPU)
+        return PyErr_Format(PyExc_NotImplementedError, "distributed training of a CUDA program needs the NCCL "
+                                                       "path, which this build does not have yet: train on the CPU");
+    po->distributed = on;
+    Py_RETURN_NONE;
 }
 
 static PyObject *program_forward(PyObject *self, PyObject *xo) {
@@ -573,6 +610,7 @@ static PyObject *program_fit_epoch(PyObject *self, PyObject *args, PyObject *kwa
         return NULL;
     program_object *po = (program_object *)self;
     step_options o;
+    o.rank_grads = po->distributed ? &po->grads : NULL;
     if (parse_step_options(max_norm, policy, &o) < 0)
         return NULL;
     ft_optimizer *opt = program_optimizer(po, opt_obj);
@@ -758,6 +796,7 @@ static PyMethodDef program_methods[] = {
      "node_bytes() -> [(output, saved, gradient) bytes of each node in the training arena]"},
     {"get_dropout_state", program_get_dropout_state, METH_NOARGS, "(seed, offset) of the next dropout mask"},
     {"set_dropout_state", program_set_dropout_state, METH_VARARGS, "set_dropout_state(seed, offset)"},
+    {"_set_distributed", program_set_distributed, METH_O, NULL},
     {"fit_epoch", (PyCFunction)(void (*)(void))program_fit_epoch, METH_VARARGS | METH_KEYWORDS,
      "fit_epoch(loader, optimizer, schedule=None, callback=None, interval=0.25, clip_grad_norm=None, "
      "nan_policy='raise') -> (loss_sum, samples, steps, skipped, stopped)"},

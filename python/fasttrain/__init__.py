@@ -22,6 +22,7 @@ from .random import (Generator, default_generator, get_rng_state, initial_seed, 
 from .settings import (are_deterministic_algorithms_enabled, empty_cache, get_num_threads, memory_stats, no_grad,
                        reset_peak_memory_stats, set_num_threads, use_deterministic_algorithms)
 from . import data
+from . import distributed
 from . import metrics
 from .amp import autocast
 from .checkpoint import load, save

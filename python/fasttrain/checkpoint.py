@@ -252,7 +252,11 @@ def save(path: str | os.PathLike[str], obj: Module | Program, *, optimizer: Opti
         typed.append(key)
     if typed:
         meta[_TYPED] = json.dumps(typed)
-    save_file(path, tensors, meta, low)
+    from . import distributed
+    if distributed.get_rank() == 0:  # under ft.distributed every rank holds the same state: rank 0 writes it
+        save_file(path, tensors, meta, low)
+    if distributed.is_initialized():
+        distributed.barrier()  # the file is complete before any rank goes on (and may load it)
 
 
 _TYPED = "fasttrain.json_keys"  # the metadata keys whose values were not strings, stored as JSON

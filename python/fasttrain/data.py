@@ -615,8 +615,8 @@ class Loader(_C.LoaderBase):
     """
 
     def __init__(self, source, batch_size=1, transforms=(), shuffle=False, seed=None, num_workers=None, prefetch=2,
-                 pin_memory=True, device="cpu", drop_last=False, cache=None, on_error="raise", *, rank=0,
-                 world_size=1, dtype=None, channels_last=None, channels=None, image_size=None, dct_scale=True,
+                 pin_memory=True, device="cpu", drop_last=False, cache=None, on_error="raise", *, rank=None,
+                 world_size=None, dtype=None, channels_last=None, channels=None, image_size=None, dct_scale=True,
                  verify=True):
         src = _as_source(source)
         if on_error not in _ON_ERROR:
@@ -652,7 +652,9 @@ class Loader(_C.LoaderBase):
         self.num_workers = int(num_workers)
         self.prefetch = int(prefetch)
         self.device = dev
-        self.rank, self.world_size = int(rank), int(world_size)
+        from . import distributed
+        self.rank = distributed.get_rank() if rank is None else int(rank)
+        self.world_size = distributed.get_world_size() if world_size is None else int(world_size)
         self.on_error = on_error
         self.transforms = list(transforms)
         self.dtype = out_dtype
@@ -699,9 +701,9 @@ class Loader(_C.LoaderBase):
 
     def load_state_dict(self, state):
         """Resumes from state_dict(): the next iteration starts at the saved epoch and batch. The state must come from a
-        loader built the same way (seed, number of samples, batch size, shuffle, drop_last, rank and world size), else
-        ValueError."""
-        for key in ("seed", "num_samples", "batch_size", "shuffle", "drop_last", "rank", "world_size"):
+        loader built the same way (seed, number of samples, batch size, shuffle, drop_last and world size), else
+        ValueError; every rank resumes from rank 0's state (all ranks are at the same batch)."""
+        for key in ("seed", "num_samples", "batch_size", "shuffle", "drop_last", "world_size"):
             mine = self.state_dict()[key] if key == "num_samples" else getattr(self, key)
             if key in state and state[key] != mine:
                 raise ValueError(f"the state is for {key}={state[key]!r} but this loader has {key}={mine!r}")

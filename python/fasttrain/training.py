@@ -35,6 +35,10 @@ def evaluate(program: Program, loader: Iterable[Any], tta_flip: bool = False) ->
         for x, y in loader:
             s, c = program._c.evaluate(*program._batch(x, y), tta_flip)
             loss_sum, correct, count = loss_sum + s, correct + c, count + len(y)
+    if program.distributed:  # every rank evaluated its shard: the whole split's figures
+        from . import distributed
+        from .creation import tensor
+        loss_sum, correct, count = distributed.all_reduce(tensor([loss_sum, correct, count], dtype="float64")).tolist()
     if count == 0:
         raise ValueError("evaluate: the loader gave no samples")
     return loss_sum / count, correct / count if program.classifies else None

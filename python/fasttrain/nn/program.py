@@ -350,7 +350,7 @@ class Program:
 
     def __init__(self, model, optimizer, loss, batch_size, input_shape, memory_format, accumulate_steps,
                  clip_grad_norm, nan_policy, seed, target_shape=None, target_dtype=None, input_dtype=None,
-                 precision="32-true"):
+                 precision="32-true", distributed=False):
         if not callable(loss):
             raise TypeError(f"compile: the loss must be an ft.nn loss, a Module or a function f(output, target), "
                             f"got {type(loss).__name__}")
@@ -414,6 +414,15 @@ class Program:
             and len(self.entries[self.output].shape) == 1
         self.step_count = 0
         self.skipped_steps = 0
+        self.distributed = bool(distributed)
+        if self.distributed:
+            from .. import distributed as dist
+            if not dist.is_initialized():
+                raise RuntimeError("compile(..., distributed=True) needs ft.distributed.init() first")
+            self._c._set_distributed(True)
+            # Every rank starts from rank 0's weights and buffers, as DistributedDataParallel does.
+            for t in (self.flat_params, *model.buffers()):
+                dist.broadcast(t, 0)
 
     def _input(self, x):
         """x as the input's dtype (a bfloat16 batch goes as it is into a bf16-mixed program)."""
@@ -530,7 +539,7 @@ def _compute_dtype(precision):
 
 def compile(model, optimizer, loss=None, *, batch_size, input_shape=None, memory_format="channels_last",
             accumulate_steps=1, clip_grad_norm=None, nan_policy="raise", seed=None, target_shape=None,
-            target_dtype=None, input_dtype=None, precision="32-true"):
+            target_dtype=None, input_dtype=None, precision="32-true", distributed=False):
     """Compiles `model` for training with `optimizer` on batches of `batch_size` samples.
 
     loss: an ft.nn loss (CrossEntropyLoss by default), a Module whose forward(output, target) returns the loss,
@@ -544,8 +553,12 @@ def compile(model, optimizer, loss=None, *, batch_size, input_shape=None, memory
     precision: "32-true" (float32 throughout) or "bf16-mixed": convolutions and linear layers multiply bfloat16
     copies of the weights and activations with float32 accumulation, activations between layers are stored in
     bfloat16, and the loss, normalization statistics, gradients of the weights, the weights themselves and the
-    optimizer state stay float32 (docs/precision.md). summary() shows each node's dtype."""
+    optimizer state stay float32 (docs/precision.md). summary() shows each node's dtype.
+
+    distributed=True (after ft.distributed.init()): data-parallel training, batch_size being each rank's. Rank 0's
+    weights are broadcast, and every train_step (and ft.fit step) averages the gradients and the loss over the
+    ranks before the update; program.backward does not communicate (docs/distributed.md)."""
     if loss is None:
         loss = M.CrossEntropyLoss()
     return Program(model, optimizer, loss, batch_size, input_shape, memory_format, accumulate_steps,
-                   clip_grad_norm, nan_policy, seed, target_shape, target_dtype, input_dtype, precision)
+                   clip_grad_norm, nan_policy, seed, target_shape, target_dtype, input_dtype, precision, distributed)

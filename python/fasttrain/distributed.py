@@ -1,0 +1,104 @@
+"""Data parallelism over processes with MPI, as PyTorch's DistributedDataParallel: launch one process per
+core group (or per machine) with ``mpirun -np 4 python train.py``; each calls ``ft.distributed.init()``,
+compiles its model with ``distributed=True`` and trains on its shard of the data (a Loader shards by rank
+once init() ran). Every step averages the gradients and the loss over the ranks before the optimizer update,
+so all ranks keep the same weights (docs/distributed.md).
+
+The MPI backend (libfasttrain_mpi.so, built when mpicc is found) is loaded by init() only: without MPI,
+``import fasttrain`` and everything on one process still work, and init() says what to install."""
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+
+from . import _C
+from ._tensor import Tensor
+
+_LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "libfasttrain_mpi.so")
+if os.path.exists(_LIBRARY):
+    _C.dist_set_library(_LIBRARY)
+
+_ranks = None  # (rank, world size, local rank) once init() ran
+
+
+def is_available() -> bool:
+    """Whether this build has the MPI backend (init() can still fail if libmpi is missing at run time)."""
+    return os.path.exists(_LIBRARY)
+
+
+def is_initialized() -> bool:
+    """Whether init() ran (and finalize() did not)."""
+    return _C.dist_ready()
+
+
+def init() -> None:
+    """Initialises MPI (once; later calls do nothing). Under mpirun or srun every process learns its rank and
+    the world size; run alone it is rank 0 of 1. With more than one rank an uncaught exception on any rank
+    aborts them all (MPI_Abort) after printing its traceback, so that no rank waits forever for a peer that
+    died."""
+    global _ranks
+    if _ranks is not None and is_initialized():
+        return
+    _ranks = _C.dist_init()
+    if _ranks[1] > 1:
+        hook = sys.excepthook
+
+        def abort_all(kind, value, tb):
+            hook(kind, value, tb)
+            sys.stderr.flush()
+            _C.dist_abort(1)
+
+        sys.excepthook = abort_all
+    atexit.register(finalize)
+
+
+def _require():
+    if not is_initialized():
+        raise RuntimeError("call ft.distributed.init() first")
+    return _ranks
+
+
+def get_rank() -> int:
+    """This process's rank, 0 .. world size - 1 (0 before init())."""
+    return _ranks[0] if is_initialized() else 0
+
+
+def get_world_size() -> int:
+    """The number of processes (1 before init())."""
+    return _ranks[1] if is_initialized() else 1
+
+
+def get_local_rank() -> int:
+    """The rank among the processes of this machine: the GPU a process of a multi-GPU machine takes."""
+    return _ranks[2] if is_initialized() else 0
+
+
+def barrier() -> None:
+    """Waits until every rank has called barrier()."""
+    _require()
+    _C.dist_barrier()
+
+
+def all_reduce(tensor: Tensor, op: str = "sum") -> Tensor:
+    """Reduces a contiguous float32 or float64 CPU tensor over the ranks in place ('sum' or 'mean'); returns it."""
+    if op not in ("sum", "mean"):
+        raise ValueError(f"all_reduce: op must be 'sum' or 'mean', got {op!r}")
+    _require()
+    _C.dist_all_reduce_sum(tensor)
+    if op == "mean":
+        tensor.mul_(1.0 / get_world_size())
+    return tensor
+
+
+def broadcast(tensor: Tensor, src: int = 0) -> Tensor:
+    """Overwrites a contiguous CPU tensor with rank src's values, in place; returns it."""
+    _require()
+    _C.dist_broadcast(tensor, int(src))
+    return tensor
+
+
+def finalize() -> None:
+    """Shuts MPI down (at exit by default); no collective can run after it in this process."""
+    if is_initialized():
+        _C.dist_finalize()

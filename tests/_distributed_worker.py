@@ -1,0 +1,101 @@
+"""One rank of the data-parallel tests (tests/test_distributed.py), run under mpirun:
+
+    python _distributed_worker.py MODE OUT [ARGS]
+
+steps: B samples per rank of a fixed 2B-sample batch, STEPS train_steps; rank 0 writes the weights to OUT.
+fit: ft.fit over a shuffled Loader sharded by rank, then ft.evaluate; every rank writes its weights and figures.
+error: rank 1 passes a label out of range: every rank must stop.
+resume: STEPS steps, a checkpoint, STEPS more (OUT.full.npz); then a fresh program loads the checkpoint and
+runs the last STEPS (OUT.resumed.npz)."""
+import sys
+
+import numpy as np
+
+import fasttrain as ft
+from fasttrain import nn
+
+B, STEPS, CLASSES = 8, 5, 3
+
+
+def model():
+    ft.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 16), nn.GELU(), nn.Dropout(0.0), nn.Linear(16, CLASSES))
+
+
+def fit_model():
+    ft.manual_seed(0)
+    return nn.Sequential(nn.Flatten(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, CLASSES))
+
+
+def fit_data():
+    rng = np.random.default_rng(2)
+    labels = rng.integers(0, CLASSES, 96)
+    return (rng.integers(0, 128, (96, 4, 4)) + 40 * labels[:, None, None]).astype(np.uint8), labels
+
+
+def batch(seed=1):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((2 * B, 6)).astype(np.float32), rng.integers(0, CLASSES, 2 * B)
+
+
+def compiled(m, distributed):
+    opt = ft.optim.AdamW(m.parameters(), lr=0.01)
+    return m.compile(opt, nn.CrossEntropyLoss(), batch_size=B if distributed else 2 * B, input_shape=(6,),
+                     distributed=distributed)
+
+
+def weights(m):
+    return {k: np.array(v) for k, v in m.state_dict().items()}
+
+
+def main(mode, out):
+    ft.distributed.init()
+    rank = ft.distributed.get_rank()
+    mine = slice(rank * B, (rank + 1) * B)
+    x, y = batch()
+    if mode == "steps":
+        m = model()
+        p = compiled(m, True)
+        losses = [p.train_step(x[mine], y[mine]) for _ in range(STEPS)]
+        if rank == 0:
+            np.savez(out, losses=np.array(losses), **weights(m))
+    elif mode == "fit":
+        m = fit_model()
+        p = m.compile(ft.optim.SGD(m.parameters(), lr=0.05, momentum=0.9), nn.CrossEntropyLoss(), batch_size=B,
+                      input_shape=(1, 4, 4), distributed=True)
+        images, labels = fit_data()
+        train = ft.data.Loader((images, labels), batch_size=B, shuffle=True, num_workers=1)
+        history = ft.fit(p, train, 3, progress=False)
+        loss, accuracy = ft.evaluate(p, ft.data.Loader((images, labels), batch_size=B, num_workers=1))
+        np.savez(f"{out}.{rank}.npz", train_loss=np.array(history["train_loss"]), figures=np.array([loss, accuracy]),
+                 batches=np.array([len(train)]), **weights(m))
+    elif mode == "error":
+        m = model()
+        p = compiled(m, True)
+        labels = y[mine].copy()
+        if rank == 1:
+            labels[0] = CLASSES + 7
+        for _ in range(3):
+            p.train_step(x[mine], labels)
+    elif mode == "resume":
+        m = model()
+        p = compiled(m, True)
+        for _ in range(STEPS):
+            p.train_step(x[mine], y[mine])
+        ft.save(f"{out}.ckpt", p)
+        for _ in range(STEPS):
+            p.train_step(x[mine], y[mine])
+        if rank == 0:
+            np.savez(f"{out}.full.npz", **weights(m))
+        m2 = model()
+        p2 = compiled(m2, True)
+        ft.load(f"{out}.ckpt", p2)
+        for _ in range(STEPS):
+            p2.train_step(x[mine], y[mine])
+        np.savez(f"{out}.resumed.{rank}.npz", **weights(m2))
+    else:
+        raise ValueError(f"unknown mode {mode}")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])

@@ -1,0 +1,101 @@
+"""Data-parallel training over MPI ranks (ft.distributed): two processes launched by mpirun on this machine
+(shared memory), each a rank of tests/_distributed_worker.py, against one process training on both ranks'
+samples at once."""
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import fasttrain as ft
+
+import _distributed_worker as worker
+
+pytestmark = pytest.mark.skipif(not (shutil.which("mpirun") and ft.distributed.is_available()),
+                                reason="needs MPI (openmpi-bin, libopenmpi-dev) and a build with its backend")
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_distributed_worker.py")
+
+
+def mpirun(mode, out, ranks=2, timeout=120):
+    """Runs the worker on `ranks` processes; the completed process (output in .stdout)."""
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_btl_vader_single_copy_mechanism="none",  # containers forbid cross-process memory access
+               OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(ft.__file__)),
+                                           os.environ.get("PYTHONPATH", "")]))
+    cmd = ["mpirun", "-np", str(ranks), "--oversubscribe", sys.executable, WORKER, mode, str(out)]
+    return subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+
+
+def run_ok(mode, out, **kw):
+    done = mpirun(mode, out, **kw)
+    assert done.returncode == 0, done.stdout[-3000:]
+    return done
+
+
+def test_two_ranks_of_b_samples_train_as_one_process_of_2b(tmp_path):
+    run_ok("steps", tmp_path / "dp.npz")
+    got = np.load(tmp_path / "dp.npz")
+    m = worker.model()
+    p = worker.compiled(m, distributed=False)
+    x, y = worker.batch()
+    losses = [p.train_step(x, y) for _ in range(worker.STEPS)]
+    np.testing.assert_allclose(got["losses"], losses, rtol=1e-5)
+    for name, w in worker.weights(m).items():
+        np.testing.assert_allclose(got[name], w, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_two_ranks_are_bitwise_repeatable(tmp_path):
+    run_ok("steps", tmp_path / "a.npz")
+    run_ok("steps", tmp_path / "b.npz")
+    a, b = np.load(tmp_path / "a.npz"), np.load(tmp_path / "b.npz")
+    for name in a.files:
+        assert np.array_equal(a[name], b[name]), name
+
+
+def test_fit_and_evaluate_on_two_ranks(tmp_path):
+    """Each rank trains on its half of every epoch (the Loader shards by rank once init() ran); the ranks keep
+    identical weights, and evaluate reports the whole split's figures on every rank."""
+    run_ok("fit", tmp_path / "fit")
+    r0, r1 = np.load(tmp_path / "fit.0.npz"), np.load(tmp_path / "fit.1.npz")
+    assert r0["batches"][0] == 96 // worker.B // 2  # half of the batches each
+    for name in r0.files:
+        assert np.array_equal(r0[name], r1[name]), name
+    assert r0["train_loss"][-1] < r0["train_loss"][0]
+    m = worker.fit_model()
+    m.load_state_dict({k: ft.tensor(r0[k]) for k in worker.weights(m)})
+    p = m.compile(ft.optim.SGD(m.parameters(), lr=0.05), ft.nn.CrossEntropyLoss(), batch_size=worker.B,
+                  input_shape=(1, 4, 4))
+    images, labels = worker.fit_data()
+    whole = ft.evaluate(p, ft.data.Loader((images, labels), batch_size=worker.B, num_workers=1))
+    np.testing.assert_allclose(r0["figures"], whole, rtol=1e-6)
+
+
+def test_a_rank_that_fails_stops_every_rank(tmp_path):
+    done = mpirun("error", tmp_path / "x", timeout=60)
+    assert done.returncode != 0
+    assert "label" in done.stdout and "outside" in done.stdout, done.stdout[-3000:]
+
+
+def test_checkpoint_written_by_rank_0_resumes_every_rank(tmp_path):
+    run_ok("resume", tmp_path / "r")
+    full = np.load(tmp_path / "r.full.npz")
+    for rank in (0, 1):
+        resumed = np.load(tmp_path / f"r.resumed.{rank}.npz")
+        for name in full.files:
+            assert np.array_equal(full[name], resumed[name]), (rank, name)
+
+
+def test_without_init_everything_is_one_process():
+    assert ft.distributed.get_rank() == 0 and ft.distributed.get_world_size() == 1
+    assert not ft.distributed.is_initialized()
+    with pytest.raises(RuntimeError, match=r"ft\.distributed\.init\(\) first"):
+        ft.distributed.barrier()
+    m = worker.model()
+    with pytest.raises(RuntimeError, match=r"ft\.distributed\.init\(\) first"):
+        worker.compiled(m, distributed=True)
+    with pytest.raises(ValueError, match="op must be 'sum' or 'mean'"):
+        ft.distributed.all_reduce(ft.zeros(3), op="max")
