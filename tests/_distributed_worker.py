@@ -3,6 +3,7 @@
     python _distributed_worker.py MODE OUT [ARGS]
 
 steps: B samples per rank of a fixed 2B-sample batch, STEPS train_steps; rank 0 writes the weights to OUT.
+sync_bn: the same with a SyncBatchNorm in the model.
 fit: ft.fit over a shuffled Loader sharded by rank, then ft.evaluate; every rank writes its weights and figures.
 error: rank 1 passes a label out of range: every rank must stop.
 resume: STEPS steps, a checkpoint, STEPS more (OUT.full.npz); then a fresh program loads the checkpoint and
@@ -17,9 +18,14 @@ from fasttrain import nn
 B, STEPS, CLASSES = 8, 5, 3
 
 
-def model():
+def model(norm=None):
+    """An MLP; norm "sync" puts a SyncBatchNorm after its first layer, "plain" a BatchNorm1d."""
     ft.manual_seed(0)
-    return nn.Sequential(nn.Linear(6, 16), nn.GELU(), nn.Dropout(0.0), nn.Linear(16, CLASSES))
+    # No bias before a batch norm: its gradient is zero but for rounding, which AdamW would turn into full steps.
+    layers = [nn.Linear(6, 16, bias=norm is None)]
+    if norm:
+        layers.append(nn.SyncBatchNorm(16) if norm == "sync" else nn.BatchNorm1d(16))
+    return nn.Sequential(*layers, nn.GELU(), nn.Linear(16, CLASSES))
 
 
 def fit_model():
@@ -53,8 +59,8 @@ def main(mode, out):
     rank = ft.distributed.get_rank()
     mine = slice(rank * B, (rank + 1) * B)
     x, y = batch()
-    if mode == "steps":
-        m = model()
+    if mode in ("steps", "sync_bn"):
+        m = model("sync" if mode == "sync_bn" else None)
         p = compiled(m, True)
         losses = [p.train_step(x[mine], y[mine]) for _ in range(STEPS)]
         if rank == 0:

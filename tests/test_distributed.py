@@ -36,10 +36,13 @@ def run_ok(mode, out, **kw):
     return done
 
 
-def test_two_ranks_of_b_samples_train_as_one_process_of_2b(tmp_path):
-    run_ok("steps", tmp_path / "dp.npz")
+@pytest.mark.parametrize("mode", ["steps", "sync_bn"])
+def test_two_ranks_of_b_samples_train_as_one_process_of_2b(tmp_path, mode):
+    """Averaged gradients (and, with SyncBatchNorm, statistics of both ranks' samples) make 2 ranks x B samples
+    the same training as one process of 2B samples (with a plain batch norm)."""
+    run_ok(mode, tmp_path / "dp.npz")
     got = np.load(tmp_path / "dp.npz")
-    m = worker.model()
+    m = worker.model("plain" if mode == "sync_bn" else None)
     p = worker.compiled(m, distributed=False)
     x, y = worker.batch()
     losses = [p.train_step(x, y) for _ in range(worker.STEPS)]
@@ -49,8 +52,8 @@ def test_two_ranks_of_b_samples_train_as_one_process_of_2b(tmp_path):
 
 
 def test_two_ranks_are_bitwise_repeatable(tmp_path):
-    run_ok("steps", tmp_path / "a.npz")
-    run_ok("steps", tmp_path / "b.npz")
+    run_ok("sync_bn", tmp_path / "a.npz")
+    run_ok("sync_bn", tmp_path / "b.npz")
     a, b = np.load(tmp_path / "a.npz"), np.load(tmp_path / "b.npz")
     for name in a.files:
         assert np.array_equal(a[name], b[name]), name
@@ -99,3 +102,13 @@ def test_without_init_everything_is_one_process():
         worker.compiled(m, distributed=True)
     with pytest.raises(ValueError, match="op must be 'sum' or 'mean'"):
         ft.distributed.all_reduce(ft.zeros(3), op="max")
+
+
+def test_convert_sync_batchnorm_keeps_parameters_and_buffers():
+    m = worker.model("plain")
+    m[1].running_mean.fill_(0.5)
+    weight = m[1].weight
+    converted = ft.nn.SyncBatchNorm.convert_sync_batchnorm(m)
+    assert isinstance(converted[1], ft.nn.SyncBatchNorm) and converted[1].weight is weight
+    assert dict(converted.named_buffers())["1.running_mean"].tolist() == [0.5] * 16
+    assert [n for n, _ in converted.named_parameters()] == [n for n, _ in worker.model("plain").named_parameters()]

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/dist.h"
 #include "kernels/convert.h"
 #include "kernels/norm.h"
 #include "ops/check.h"
@@ -288,6 +289,8 @@ ft_status ft_batchnorm_forward(const ft_tensor *out, const ft_tensor *save_mean,
     if (p->training && M <= 1)
         return ft_fail(FT_ERR_VALUE, "batch_norm: training needs more than 1 value per channel, got %lld",
                        (long long)M);
+    if (dev.type == FT_DEV_CUDA && p->sync)
+        return ft_fail(FT_ERR_DEVICE, "batch_norm: synchronized statistics need the CPU (there is no NCCL path)");
     if (dev.type == FT_DEV_CUDA)
         FT_CUDA_DISPATCH("batch_norm", batchnorm_forward, out, save_mean, save_invstd, inp, weight, bias,
                          running_mean, running_var, p);
@@ -297,17 +300,28 @@ ft_status ft_batchnorm_forward(const ft_tensor *out, const ft_tensor *save_mean,
     float *scale = malloc((size_t)(2 * C + 1) * sizeof *scale), *shift = scale ? scale + C : NULL;
     double *sums = malloc((size_t)(2 * C + 1) * sizeof *sums);
     ft_status s = scale && sums ? FT_OK : ft_fail(FT_ERR_NOMEM, "batch_norm: out of memory");
+    bool sync = p->sync && ft_dist_ready();
     if (s == FT_OK && p->training) {
-        /* Sums of x - x[0, c] keep the variance accurate for large means. */
+        /* Sums of x - x[0, c] keep the variance accurate for large means
+         * (rank 0's x[0, c] on every rank when the statistics are synchronized). */
         for (int64_t c = 0; c < C; c++)
             shift[c] = *ft_floats_in(x, x16, offset(&l, 0, c, 0), 1, &scale[c]);
+        if (sync)
+            s = ft_dist_bcast(shift, (int64_t)C * (int64_t)sizeof *shift, 0);
         sums_in in = {.x = x, .x16 = x16, .center = shift};
-        s = channel_sums(sums, sums + C, &l, &in);
+        if (s == FT_OK)
+            s = channel_sums(sums, sums + C, &l, &in);
+        double count = (double)M;
+        if (s == FT_OK && sync) {
+            sums[2 * C] = count;
+            s = ft_dist_allreduce_sum_f64(sums, 2 * C + 1);
+            count = sums[2 * C];
+        }
         for (int64_t c = 0; s == FT_OK && c < C; c++) {
-            double var = ft_norm_stats(sums[c], sums[C + c], (double)M, shift[c], p->eps, &mean[c], &invstd[c]);
+            double var = ft_norm_stats(sums[c], sums[C + c], count, shift[c], p->eps, &mean[c], &invstd[c]);
             if (running_mean)
                 ft_bn_running((float *)ft_tensor_data(running_mean) + c, (float *)ft_tensor_data(running_var) + c,
-                              mean[c], var, M, p->momentum);
+                              mean[c], var, (int64_t)count, p->momentum);
         }
     } else if (s == FT_OK) {
         const float *rm = (const float *)ft_tensor_data(running_mean), *rv = (const float *)ft_tensor_data(running_var);
@@ -386,6 +400,8 @@ ft_status ft_batchnorm_backward(const ft_tensor *dinp, const ft_tensor *dweight,
     FT_TRY(channel_vector(dbias, C, "grad_bias", dev));
     if (!save_mean || !save_invstd)
         return ft_fail(FT_ERR_VALUE, "batch_norm: save_mean and save_invstd are required");
+    if (dev.type == FT_DEV_CUDA && p->sync)
+        return ft_fail(FT_ERR_DEVICE, "batch_norm: synchronized statistics need the CPU (there is no NCCL path)");
     if (dev.type == FT_DEV_CUDA) { /* the backend writes: accumulation is staged */
         ft_grad_out gx, gw, gb;
         const ft_tensor *dx_to, *dw_to, *db_to;
@@ -410,10 +426,29 @@ ft_status ft_batchnorm_backward(const ft_tensor *dinp, const ft_tensor *dweight,
     }
     if (s == FT_OK)
         s = channel_sums(sums, sums + C, &l, &in); /* sum dz, sum dz * (x - mean) */
+    /* Synchronized statistics: the weight's and bias's gradients are this
+     * rank's share (the program averages them over the ranks as any other),
+     * the input's sees the sums over every rank, as the statistics did. */
+    double *global = NULL;
+    int64_t count = M;
+    if (s == FT_OK && p->sync && p->training && ft_dist_ready()) {
+        global = malloc((size_t)(2 * C + 1) * sizeof *global);
+        s = global ? FT_OK : ft_fail(FT_ERR_NOMEM, "batch_norm: out of memory");
+        if (s == FT_OK) {
+            memcpy(global, sums, (size_t)(2 * C) * sizeof *global);
+            global[2 * C] = (double)M;
+            s = ft_dist_allreduce_sum_f64(global, 2 * C + 1);
+            count = (int64_t)global[2 * C];
+        }
+    }
     if (s == FT_OK) {
         for (int64_t c = 0; c < C; c++) {
             float w = weight ? ((const float *)ft_tensor_data(weight))[c] : 1.0f;
             ft_bn_grad g = ft_bn_grads(sums[c], sums[C + c], w, invstd[c], M, p->training);
+            if (global) {
+                ft_bn_grad gx = ft_bn_grads(global[c], global[C + c], w, invstd[c], count, p->training);
+                g.k0 = gx.k0, g.k1 = gx.k1, g.k2 = gx.k2;
+            }
             if (dweight) {
                 float *o = (float *)ft_tensor_data(dweight) + c * dweight->strides[0];
                 *o = acc.weight ? *o + g.dweight : g.dweight;
@@ -441,6 +476,7 @@ ft_status ft_batchnorm_backward(const ft_tensor *dinp, const ft_tensor *dweight,
         }
         free(bufs);
     }
+    free(global);
     free(sums);
     free(k);
     return s;

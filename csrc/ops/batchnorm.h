@@ -18,6 +18,7 @@ typedef struct {
     double eps;
     double momentum; /* running = (1 - momentum) * running + momentum * batch statistic */
     ft_act act;      /* applied to the normalized output; backward needs `out` then */
+    bool sync;       /* SyncBatchNorm: batch statistics over every rank of ft.distributed (CPU), as one batch */
 } ft_batchnorm_params;
 
 /* out = act((inp - mean) * invstd * weight + bias).

@@ -6,5 +6,5 @@ from .modules import (AdaptiveAvgPool1d, AdaptiveAvgPool2d, AdaptiveMaxPool1d, A
                       Dropout, Embedding, Flatten, GELU, GroupNorm, Hardswish, HuberLoss, Identity, KLDivLoss, L1Loss,
                       LayerNorm, LeakyReLU, Linear, LogSoftmax, MaxPool1d, MaxPool2d, Model, Module, ModuleDict,
                       ModuleList, MSELoss, MultiheadAttention, NLLLoss, Parameter, ReLU, Sequential, Sigmoid, SiLU,
-                      SmoothL1Loss, Softmax, Softplus, Tanh, TransformerEncoderLayer, Upsample)
+                      SmoothL1Loss, Softmax, Softplus, SyncBatchNorm, Tanh, TransformerEncoderLayer, Upsample)
 from .program import Program, compile

@@ -424,6 +424,37 @@ class BatchNorm2d(_BatchNorm):
     _ranks = (3,)
 
 
+class SyncBatchNorm(_BatchNorm):
+    """Batch normalization whose batch statistics are those of every rank's batch together, as
+    torch.nn.SyncBatchNorm, in a program compiled with distributed=True (docs/distributed.md); without
+    ft.distributed (or in eager use) it is a plain batch norm. Samples of (C,), (C, L) or (C, H, W)."""
+
+    _ranks = (1, 2, 3)
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True,
+                 process_group=None):
+        if process_group is not None:
+            raise NotImplementedError("SyncBatchNorm: process groups are not supported; statistics span every rank")
+        super().__init__(num_features, eps, momentum, affine, track_running_stats)
+
+    @classmethod
+    def convert_sync_batchnorm(cls, module, process_group=None):
+        """module with every BatchNorm1d/2d replaced by a SyncBatchNorm holding the same parameters and
+        buffers (the module itself when it is one), as torch.nn.SyncBatchNorm.convert_sync_batchnorm."""
+        if isinstance(module, _BatchNorm) and not isinstance(module, cls):
+            sync = cls(module.num_features, module.eps, module.momentum, module.affine, module.track_running_stats,
+                       process_group)
+            for name, t in module._parameters.items():
+                sync.register_parameter(name, t)
+            for name, t in module._buffers.items():
+                sync.register_buffer(name, t)
+            sync.train(module.training)
+            return sync
+        for name, child in list(module._modules.items()):
+            setattr(module, name, cls.convert_sync_batchnorm(child, process_group))
+        return module
+
+
 class LayerNorm(Module):
     """Layer normalization over the trailing dimensions normalized_shape, with an elementwise weight and bias of that
     shape, as torch.nn.LayerNorm."""

@@ -54,7 +54,7 @@ def _node_of(module, shape):
     if isinstance(m, M.Linear):
         return LINEAR, {}
     if isinstance(m, M._BatchNorm):
-        return BATCHNORM, dict(eps=m.eps, momentum=m.momentum)
+        return BATCHNORM, dict(eps=m.eps, momentum=m.momentum, sync=int(isinstance(m, M.SyncBatchNorm)))
     if isinstance(m, M._Activation):
         name, alpha = _act_of(m)
         return ACT, dict(act=name, alpha=alpha)
