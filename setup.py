@@ -119,13 +119,14 @@ class BuildExt(build_ext):
         if os.path.exists(out) and all(os.path.getmtime(o) <= os.path.getmtime(out) for o in objects):
             return
         libdir = os.path.join(cuda_home, "lib64")
+        nccl_lib = os.path.join(cuda_home, "lib")  # the toolkit's NCCL, beside lib64
         # --no-undefined: the library may call nothing of the core's but
         # through the host table, so a stray core symbol fails the build here
         # instead of the dlopen at import.
         cmd = [NVCC, "-shared", *CUDA_ARCHS, *objects, "-o", out, "-Xlinker=--no-undefined", "-L", libdir,
-               "-L", cudnn_lib,
-               f"-Xlinker=-rpath,{libdir}", f"-Xlinker=-rpath,{cudnn_lib}",
-               "-lcublasLt", "-lcublas", f"-l{cudnn_name}", "-lcudart"]
+               "-L", cudnn_lib, "-L", nccl_lib,
+               f"-Xlinker=-rpath,{libdir}", f"-Xlinker=-rpath,{cudnn_lib}", f"-Xlinker=-rpath,{nccl_lib}",
+               "-lcublasLt", "-lcublas", f"-l{cudnn_name}", "-lnccl", "-lcudart"]
         print(" ".join(cmd), flush=True)
         subprocess.check_call(cmd)
 

@@ -36,6 +36,12 @@ FT_CUDA_HIDDEN ft_status ft_cuda_fail(ft_status status, const char *fmt, ...)
 /* The copy_strided entry of the table (cuda/copy.cu). */
 FT_CUDA_HIDDEN ft_status ft_cuda_copy_strided(const ft_copy_desc *desc, int device, void *stream);
 
+/* The NCCL entries of the table (cuda/nccl.cu). */
+FT_CUDA_HIDDEN ft_status ft_cuda_nccl_unique_id(void *id);
+FT_CUDA_HIDDEN ft_status ft_cuda_nccl_init(void **comm, const void *id, int rank, int size, int device);
+FT_CUDA_HIDDEN ft_status ft_cuda_nccl_allreduce_sum_f32(void *comm, float *buf, int64_t n, int device);
+FT_CUDA_HIDDEN ft_status ft_cuda_nccl_destroy(void *comm);
+
 /* Bytes per element of dt (the backend cannot call the core's ft_dtype_get). */
 FT_CUDA_HIDDEN size_t ft_cuda_itemsize(ft_dtype dt);
 

@@ -217,6 +217,10 @@ static const ft_cuda_api api = {
     .event_synchronize = rt_event_synchronize,
     .stream_wait_event = rt_stream_wait_event,
     .device_synchronize = rt_device_synchronize,
+    .nccl_unique_id = ft_cuda_nccl_unique_id,
+    .nccl_init = ft_cuda_nccl_init,
+    .nccl_allreduce_sum_f32 = ft_cuda_nccl_allreduce_sum_f32,
+    .nccl_destroy = ft_cuda_nccl_destroy,
     .ops = &ops,
 };
 

@@ -7,7 +7,8 @@ sync_bn: the same with a SyncBatchNorm in the model.
 fit: ft.fit over a shuffled Loader sharded by rank, then ft.evaluate; every rank writes its weights and figures.
 error: rank 1 passes a label out of range: every rank must stop.
 resume: STEPS steps, a checkpoint, STEPS more (OUT.full.npz); then a fresh program loads the checkpoint and
-runs the last STEPS (OUT.resumed.npz)."""
+runs the last STEPS (OUT.resumed.npz).
+nccl: one rank, on CUDA: a program averaging through NCCL against one that does not (they must agree)."""
 import sys
 
 import numpy as np
@@ -99,6 +100,18 @@ def main(mode, out):
         for _ in range(STEPS):
             p2.train_step(x[mine], y[mine])
         np.savez(f"{out}.resumed.{rank}.npz", **weights(m2))
+    elif mode == "nccl":
+        results = []
+        for distributed in (True, False):
+            m = model().to("cuda")
+            opt = ft.optim.AdamW(m.parameters(), lr=0.01)
+            p = m.compile(opt, nn.CrossEntropyLoss(), batch_size=2 * B, input_shape=(6,), distributed=distributed)
+            losses = [p.train_step(x, y) for _ in range(STEPS)]
+            results.append((losses, {k: np.array(v.cpu()) for k, v in m.state_dict().items()}))
+        (l1, w1), (l0, w0) = results
+        assert l1 == l0, (l1, l0)
+        assert all(np.array_equal(w1[k], w0[k]) for k in w0), "NCCL over one rank changed the weights"
+        print("nccl: world of one equals no NCCL", flush=True)
     else:
         raise ValueError(f"unknown mode {mode}")
 

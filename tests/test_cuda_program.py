@@ -246,3 +246,14 @@ def test_traced_zoo_models_match_cpu(name):
     assert_losses_close([results[1][0]], [results[0][0]])
     for n, g in results[0][1].items():
         assert_close(results[1][1][n], g, 1e-4, 1e-4)
+
+
+def test_nccl_over_one_rank_equals_no_nccl(tmp_path):
+    """The NCCL path of a distributed CUDA program (compile(distributed=True) on "cuda"), over a world of one
+    MPI rank: the same losses and weights as the program without it."""
+    import shutil
+    import test_distributed
+    if not (shutil.which("mpirun") and ft.distributed.is_available()):
+        pytest.skip("needs MPI (openmpi-bin, libopenmpi-dev) and a build with its backend")
+    done = test_distributed.mpirun("nccl", tmp_path / "x", ranks=1)
+    assert done.returncode == 0 and "world of one equals no NCCL" in done.stdout, done.stdout[-3000:]

@@ -11,11 +11,13 @@
 #include <omp.h>
 #include <stdlib.h>
 
+#include "core/cuda.h"
 #include "core/dist.h"
 #include "data/loader.h"
 #include "nn/node.h"
 #include "ops/activation.h"
 #include "ops/check.h"
+#include "ops/reduce.h"
 #include "optim/optim.h"
 
 typedef struct {
@@ -26,6 +28,7 @@ typedef struct {
     int64_t *trained;        /* (ntrained) sorted offsets in grads of the gradients the program writes */
     int ntrained;
     bool distributed; /* steps average the gradients and the loss over the ranks of ft.distributed */
+    void *nccl;       /* a distributed CUDA program's NCCL communicator */
 } program_object;
 
 /* ---- parsing a node dict ---- */
@@ -278,6 +281,8 @@ static void program_dealloc(PyObject *self) {
     PyTypeObject *type = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
     ft_program_destroy(((program_object *)self)->prog);
+    if (((program_object *)self)->nccl)
+        ft_cuda()->nccl_destroy(((program_object *)self)->nccl);
     PyMem_Free(((program_object *)self)->trained);
     program_clear(self);
     type->tp_free(self);
@@ -300,22 +305,23 @@ typedef struct {
     double max_grad_norm;
     bool skip_nonfinite;
     const ft_tensor *rank_grads; /* a distributed program's flat gradients, averaged over the ranks; or NULL */
+    void *nccl;                  /* their communicator when they are on a CUDA device */
 } step_options;
 
 /* The gradients and the loss of every rank's batch averaged in place, so
  * that each rank's update is the one of all their batches together (as
  * DistributedDataParallel's). Every rank calls it once per step, before it
  * looks at the loss, so that all of them take the same decision on it. */
-static ft_status average_over_ranks(const ft_tensor *grads, double *loss) {
+static ft_status average_over_ranks(const ft_tensor *grads, void *nccl, double *loss) {
     float *g = (float *)ft_tensor_data(grads);
     int64_t n = grads->shape[0];
-    FT_TRY(ft_dist_allreduce_sum_f32(g, n));
+    if (nccl)
+        FT_TRY(ft_cuda()->nccl_allreduce_sum_f32(nccl, g, n, ft_op_device(grads).index));
+    else
+        FT_TRY(ft_dist_allreduce_sum_f32(g, n));
     FT_TRY(ft_dist_allreduce_sum_f64(loss, 1));
-    float inv = 1.0f / (float)ft_dist_world_size();
-    for (int64_t i = 0; i < n; i++)
-        g[i] *= inv;
     *loss /= ft_dist_world_size();
-    return FT_OK;
+    return ft_broadcast_to(grads, grads, 1.0 / ft_dist_world_size(), false); /* in place: a scaling */
 }
 
 /* backward + the optimizer update, without the GIL. *skipped is set when a
@@ -326,7 +332,7 @@ static ft_status train_step(ft_program *prog, ft_optimizer *opt, const ft_tensor
     *skipped = false;
     FT_TRY(ft_program_backward(prog, x, y, false, loss));
     if (o->rank_grads)
-        FT_TRY(average_over_ranks(o->rank_grads, loss));
+        FT_TRY(average_over_ranks(o->rank_grads, o->nccl, loss));
     if (!isfinite(*loss)) {
         if (o->skip_nonfinite) {
             *skipped = true;
@@ -445,6 +451,7 @@ static PyObject *program_train_step(PyObject *self, PyObject *args, PyObject *kw
     if (unwrap_xy(self, xo, yo, &x, &y) < 0 || parse_step_options(max_norm, policy, &o) < 0)
         return NULL;
     o.rank_grads = ((program_object *)self)->distributed ? &((program_object *)self)->grads : NULL;
+    o.nccl = ((program_object *)self)->nccl;
     ft_optimizer *opt = program_optimizer((program_object *)self, opt_obj);
     if (!opt)
         return NULL;
@@ -485,9 +492,20 @@ static PyObject *program_set_distributed(PyObject *self, PyObject *arg) {
     program_object *po = (program_object *)self;
     if (on && !ft_dist_ready())
         return PyErr_Format(PyExc_RuntimeError, "a distributed program needs ft.distributed.init() first");
-    if (on && ft_op_device(&po->grads).type != FT_DEV_CPU)
-        return PyErr_Format(PyExc_NotImplementedError, "distributed training of a CUDA program needs the NCCL "
-                                                       "path, which this build does not have yet: train on the CPU");
+    ft_device dev = ft_op_device(&po->grads);
+    if (on && dev.type == FT_DEV_CUDA && !po->nccl) { /* rank 0's NCCL id reaches every rank through MPI */
+        char id[FT_NCCL_ID_BYTES];
+        ft_status s;
+        Py_BEGIN_ALLOW_THREADS
+        s = ft_dist_rank() == 0 ? ft_cuda()->nccl_unique_id(id) : FT_OK;
+        if (s == FT_OK)
+            s = ft_dist_bcast(id, sizeof id, 0);
+        if (s == FT_OK)
+            s = ft_cuda()->nccl_init(&po->nccl, id, ft_dist_rank(), ft_dist_world_size(), dev.index);
+        Py_END_ALLOW_THREADS
+        if (s != FT_OK)
+            return ft_py_raise(s);
+    }
     po->distributed = on;
     Py_RETURN_NONE;
 }
@@ -612,6 +630,7 @@ static PyObject *program_fit_epoch(PyObject *self, PyObject *args, PyObject *kwa
     program_object *po = (program_object *)self;
     step_options o;
     o.rank_grads = po->distributed ? &po->grads : NULL;
+    o.nccl = po->nccl;
     if (parse_step_options(max_norm, policy, &o) < 0)
         return NULL;
     ft_optimizer *opt = program_optimizer(po, opt_obj);

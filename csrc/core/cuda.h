@@ -25,7 +25,7 @@
 #include "core/device.h"
 #include "core/status.h"
 
-#define FT_CUDA_ABI 2
+#define FT_CUDA_ABI 3
 
 /* The op table (ops/cuda_ops.h): an op layer type the core only carries. */
 struct ft_cuda_ops;
@@ -67,8 +67,18 @@ typedef struct {
     ft_status (*event_synchronize)(void *event);
     ft_status (*stream_wait_event)(void *stream, void *event);
     ft_status (*device_synchronize)(int device);
+    /* NCCL, for data parallelism between GPUs (bootstrapped through MPI,
+     * core/dist.h): rank 0 makes the id (FT_NCCL_ID_BYTES), every rank
+     * passes it to nccl_init with its rank, the world size and its device;
+     * the all-reduce sums in place on the device's compute stream. */
+    ft_status (*nccl_unique_id)(void *id);
+    ft_status (*nccl_init)(void **comm, const void *id, int rank, int size, int device);
+    ft_status (*nccl_allreduce_sum_f32)(void *comm, float *buf, int64_t n, int device);
+    ft_status (*nccl_destroy)(void *comm);
     const struct ft_cuda_ops *ops;
 } ft_cuda_api;
+
+#define FT_NCCL_ID_BYTES 128 /* NCCL_UNIQUE_ID_BYTES */
 
 /* The entry point libfasttrain_cuda.so exports. */
 typedef const ft_cuda_api *(*ft_cuda_open_fn)(const ft_cuda_host *host);
