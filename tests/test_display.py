@@ -382,3 +382,23 @@ def test_stream_sys_stderr_sends_progress_there(capsys):
     out, err = capsys.readouterr()
     assert out == "" and FINAL.match(err) and err.count("\n") == 1
 
+
+# ---------------------------------------------------------------- docs/notebooks.md
+
+def test_notebooks_md_examples_run_and_print_what_they_say(agg, capsys):
+    import os
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "docs", "notebooks.md")) as f:
+        first, saved = re.findall(r"```python\n(.*?)```", f.read(), re.S)
+    scope = {}
+    exec(first, scope)
+
+    def shape(line):  # the line with its numbers left out
+        return re.sub(r"\d+(\.\d+)?", "N", line)
+
+    documented = [line.split("# ", 1)[1] for line in first.splitlines() if line.startswith("# epoch")]
+    shown = capsys.readouterr().out.splitlines()
+    assert [shape(line) for line in shown] == [shape(line) for line in documented] and len(shown) == 2
+    assert isinstance(scope["program"].summary()._repr_html_(), str) and len(scope["axes"]) == 2
+    exec(saved, scope)
+    assert len(scope["axes"]) == 2
