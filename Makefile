@@ -71,10 +71,12 @@ sysdeps:
 		fi; \
 	fi
 
+# nbclient, nbformat, ipykernel: tests/test_notebook.py runs examples/quickstart.ipynb in a
+# kernel; ipywidgets: the progress bar's notebook widget.
 $(VENV)/.ready: pyproject.toml | sysdeps
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip "setuptools>=70.1"
-	$(VENV)/bin/pip install -q "numpy>=1.25" pytest matplotlib safetensors
+	$(VENV)/bin/pip install -q "numpy>=1.25" pytest matplotlib safetensors nbclient nbformat ipykernel ipywidgets
 	touch $@
 
 # An in-place build plus a .pth file: the venv imports python/fasttrain

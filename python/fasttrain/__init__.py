@@ -26,6 +26,7 @@ from . import distributed
 from . import metrics
 from .amp import autocast
 from .checkpoint import load, save
+from .history import History
 from .training import evaluate, fit
 
 __version__ = "0.1.0"

@@ -553,6 +553,14 @@ class Tensor(_C.TensorBase):
             body = np.array2string(self._host_array(), separator=", ", prefix="tensor(", threshold=1000)
         return "tensor(" + ", ".join([body] + suffix) + ")"
 
+    def _repr_html_(self):
+        # Jupyter's form: shape, dtype and device in a table above the values as repr writes them
+        import html
+        from ._display import Column, Table
+        table = Table([Column("shape"), Column("dtype"), Column("device"), Column("requires_grad")],
+                      [[str(tuple(self.shape)), self.dtype.name, str(self.device), str(self.requires_grad)]])
+        return table.html() + f"<pre>{html.escape(repr(self))}</pre>"
+
     def __reduce__(self):
         return (_rebuild, (self.cpu().to(_FLOAT32).numpy() if self.dtype is _BFLOAT16 else self.cpu().numpy(),
                            self.dtype.name, str(self.device)))

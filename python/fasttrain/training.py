@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from .history import History
 from .progress import ProgressBar
 
 if TYPE_CHECKING:
@@ -91,9 +92,13 @@ def _fit_epoch_in_c(program, loader, scheduler, interval, bar, start):
 def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader: Iterable[Any] | None = None,
         scheduler: LRScheduler | None = None, scheduler_interval: str = "step", tta_flip: bool = False,
         progress: bool = True, callbacks: Sequence[Callable[[int, Mapping[str, Any]], Any]] = (),
-        stream: TextIO | None = None) -> dict[str, list[Any]]:
-    """Trains `program` for `epochs` passes over `loader` (batches of (images, labels)). Returns the history:
-    per-epoch lists of train_loss, val_loss, val_accuracy, lr, seconds and images_per_second.
+        stream: TextIO | None = None) -> History:
+    """Trains `program` for `epochs` passes over `loader` (batches of (images, labels)). Returns the history, a
+    dict (ft.History, which adds plot()) of per-epoch lists of train_loss, val_loss, val_accuracy, lr, seconds and
+    images_per_second.
+
+    progress: a progress bar per epoch that ends in one final line, written to `stream` (sys.stdout by default);
+    in a Jupyter notebook with ipywidgets the bar on the notebook's own output is a widget that becomes that line.
 
     scheduler: an ft.optim.lr_scheduler stepped after every batch ("step") or every epoch ("epoch").
     callbacks: functions called as cb(epoch, metrics) after each epoch, epoch being metrics["epoch"] (counted
@@ -104,8 +109,8 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
     resumed run equals an uninterrupted one."""
     if scheduler_interval not in ("step", "epoch"):
         raise ValueError("scheduler_interval must be 'step' or 'epoch'")
-    history = {k: [] for k in ("epoch", "train_loss", "val_loss", "val_accuracy", "lr", "seconds",
-                               "images_per_second")}
+    history = History((k, []) for k in ("epoch", "train_loss", "val_loss", "val_accuracy", "lr", "seconds",
+                                        "images_per_second"))
     c_loader = _is_c_loader(loader)
     for count in range(epochs):
         program.model.train()

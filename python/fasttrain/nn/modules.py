@@ -263,6 +263,19 @@ class Module:
         head = f"{type(self).__name__}({self.extra_repr()}"
         return head + (")" if not lines else "\n" + "\n".join(lines) + "\n)")
 
+    def _repr_html_(self):
+        # Jupyter's form: a table of the modules below this one (or of this one alone), each with its layer and the
+        # parameters it holds; a parameter shared by several modules counts once in the total.
+        from .._display import Column, Table
+        named = list(self.named_modules())
+        rows = [[name, f"{type(m).__name__}({m.extra_repr()})", f"{sum(p.numel() for p in m.parameters()):,}"]
+                for name, m in (named[1:] or named)]
+        params = list(self.parameters())
+        trainable = sum(p.numel() for p in params if p.requires_grad)
+        return Table([Column("module"), Column("layer"), Column("parameters", align=">")], rows,
+                     {"parameters": ("parameters", f"{sum(p.numel() for p in params):,}")},
+                     [f"trainable parameters: {trainable:,}"]).html(caption=type(self).__name__)
+
 
 def _init_weight_bias(weight, bias, fan_in):
     # PyTorch's default: kaiming_uniform_(a=sqrt(5)) and U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for the bias.

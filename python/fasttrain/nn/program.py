@@ -11,6 +11,7 @@ import math
 import numpy as np
 
 from .. import _C, creation
+from .._display import Column, Table, summary as _summary
 from .._types import _BY_NAME
 from . import modules as M
 from .graph import TracingError, target, topological, trace, trace_loss
@@ -302,11 +303,13 @@ def _flops(e):
 
 
 def _table(entries, dtypes=None):
-    """The node table of summary(): shapes, parameters, forward FLOPs, fusions and dropped biases, and with
-    dtypes (a compiled program's) the dtype each node's output is stored in."""
-    lines = [f"{'#':>3}  {'node':<22}{'output':<18}{'params':>10}{'MFLOP':>10}"
-             + (f"  {'dtype':<9}" if dtypes else "") + "  notes"]
-    counted, total_flops = {}, 0
+    """The node table of summary(), as rows (its text and its HTML both come from them): shapes, parameters,
+    forward FLOPs, fusions and dropped biases, and with dtypes (a compiled program's) the dtype each node's output
+    is stored in."""
+    columns = [Column("#", 3, ">"), Column("node", 22, gap="  "), Column("output", 18), Column("params", 10, ">"),
+               Column("MFLOP", 10, ">")]
+    columns += ([Column("dtype", 9, gap="  ")] if dtypes else []) + [Column("notes", gap="  ")]
+    rows, counted, total_flops = [], {}, 0
     for i, e in enumerate(entries):
         name = "input" if e.module is None else type(e.module).__name__.lstrip("_")
         read = [getattr(e.module, k, None) for k in ("weight", "bias", "tensor")]  # a shell's or value's too
@@ -320,20 +323,24 @@ def _table(entries, dtypes=None):
             notes.append(f"+{e.act} fused")
         if e.drop_bias:
             notes.append("bias dropped and zeroed (a batch norm follows)")
-        lines.append(f"{i:>3}  {name:<22}{str(tuple(e.shape)):<18}{params:>10,}{flops / 1e6:>10.2f}  "
-                     + (f"{dtypes[i]:<9}  " if dtypes else "") + ", ".join(notes))
-    lines.append(f"parameters: {sum(counted.values()):,}   forward MFLOP per sample: {total_flops / 1e6:.2f}")
-    return "\n".join(lines)
+        rows.append([str(i), name, str(tuple(e.shape)), f"{params:,}", f"{flops / 1e6:.2f}"]
+                    + ([dtypes[i]] if dtypes else []) + [", ".join(notes)])
+    totals = {"params": ("parameters", f"{sum(counted.values()):,}"),
+              "MFLOP": ("forward MFLOP per sample", f"{total_flops / 1e6:.2f}")}
+    return Table(columns, rows, totals)
 
 
 def summary(model, input_shape=None, batch_size=1):
     """What compile() would make of the model: its nodes with output shapes, parameters, FLOPs, fusions and
     dropped biases, and an estimate of the activation memory of a training step (every output and its
-    gradient kept; the compiled program plans less). Changes nothing."""
+    gradient kept; the compiled program plans less). Changes nothing. The text prints as a table; in Jupyter it
+    shows as an HTML table."""
     entries = _fuse(_graph(model, input_shape)[0])
     per_sample = sum(math.prod(e.shape) for e in entries[1:]) * 4
-    return _table(entries) + (f"\nactivation memory (upper bound): {2 * per_sample * batch_size / 2**20:.1f} MiB "
-                              f"for {batch_size} samples")
+    table = _table(entries)
+    table.notes.append(f"activation memory (upper bound): {2 * per_sample * batch_size / 2**20:.1f} MiB "
+                       f"for {batch_size} samples")
+    return _summary(table)
 
 
 def _as(t, dtype, what):
@@ -473,16 +480,26 @@ class Program:
 
     def summary(self):
         """A table of the compiled nodes: output shapes, parameters, FLOPs, dtypes, fusions, and the memory the
-        program holds (memory_plan())."""
+        program holds (memory_plan()). The text prints as a table; in Jupyter it shows as an HTML table."""
         plan = self.memory_plan()
         mib = {k: v / 2**20 for k, v in plan.items() if k != "nodes"}
-        return _table(self.entries, self._c.node_dtypes()) + (
-            f"\nprecision: {self.precision}\nactivation memory: training {mib['activations']:.1f} MiB for "
-            f"{self.batch_size // self.accumulate_steps} samples, evaluation {mib['evaluation']:.1f} MiB\n"
+        table = _table(self.entries, self._c.node_dtypes())
+        table.notes += [
+            f"precision: {self.precision}",
+            f"activation memory: training {mib['activations']:.1f} MiB for "
+            f"{self.batch_size // self.accumulate_steps} samples, evaluation {mib['evaluation']:.1f} MiB",
             f"memory: parameters {mib['parameters']:.1f} MiB, gradients {mib['gradients']:.1f} MiB, optimizer "
             f"state {mib['optimizer_state']:.1f} MiB, "
             + (f"bfloat16 weight copy {mib['weights_copy']:.1f} MiB, " if plan["weights_copy"] else "")
-            + f"total {mib['total']:.1f} MiB")
+            + f"total {mib['total']:.1f} MiB"]
+        return _summary(table)
+
+    def __repr__(self):
+        return (f"Program({type(self.model).__name__}, {len(self.entries)} nodes, batch_size={self.batch_size}, "
+                f"precision={self.precision!r})")
+
+    def _repr_html_(self):
+        return self.summary().table.html(caption=repr(self))
 
     def memory_plan(self):
         """The bytes the compiled program holds, as a dict: "activations" (the training arena, planned by
