@@ -99,6 +99,7 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
 
     progress: a progress bar per epoch that ends in one final line, written to `stream` (sys.stdout by default);
     in a Jupyter notebook with ipywidgets the bar on the notebook's own output is a widget that becomes that line.
+    Under ft.distributed only rank 0 shows it.
 
     scheduler: an ft.optim.lr_scheduler stepped after every batch ("step") or every epoch ("epoch").
     callbacks: functions called as cb(epoch, metrics) after each epoch, epoch being metrics["epoch"] (counted
@@ -112,6 +113,8 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
     history = History((k, []) for k in ("epoch", "train_loss", "val_loss", "val_accuracy", "lr", "seconds",
                                         "images_per_second"))
     c_loader = _is_c_loader(loader)
+    from . import distributed
+    progress = progress and distributed.get_rank() == 0
     for count in range(epochs):
         program.model.train()
         if c_loader:
