@@ -234,39 +234,22 @@ const ft_output *ft_plan_output(const ft_plan *p) { return &p->out; }
 
 /* ---- per-thread context ---- */
 
-typedef struct {
-    uint8_t *p;
-    size_t cap;
-} buffer;
-
 /* Every image buffer keeps FT_IMAGE_SLACK bytes past `n`. */
-static ft_status reserve(buffer *b, size_t n) {
-    /* Sizes can come from a damaged file: doubling past half the address
-     * space would wrap to 0 and never end. */
+static ft_status reserve(ft_fetch_buf *b, size_t n) {
+    /* Sizes can come from a damaged file: refused well before a size wraps. */
     if (n > SIZE_MAX / 4)
         return ft_fail(FT_ERR_NOMEM, "an image buffer of %zu bytes is too large", n);
-    n += FT_IMAGE_SLACK;
-    if (n <= b->cap)
-        return FT_OK;
-    size_t cap = b->cap ? b->cap : 1 << 16;
-    while (cap < n)
-        cap *= 2;
-    uint8_t *grown = realloc(b->p, cap);
-    if (!grown)
-        return ft_fail(FT_ERR_NOMEM, "out of memory for a %zu-byte image buffer", n);
-    b->p = grown;
-    b->cap = cap;
-    return FT_OK;
+    return ft_fetch_buf_reserve(b, n + FT_IMAGE_SLACK);
 }
 
 struct ft_augment_ctx {
     ft_jpeg_decoder *jpeg;
-    buffer decode;      /* (H, W, B) the decoded image */
-    buffer img[2];      /* (H, W, B) ping-pong for materialised and resampled images */
-    buffer tmp;         /* (rows, W_out, B) between the two resampling passes */
-    buffer coef;        /* bounds and fixed-point weights of both passes */
-    buffer acc;         /* (W_out * B) int32 row sums of the vertical pass */
-    buffer colmap;      /* (W_out) int32 source column per output column */
+    ft_fetch_buf decode; /* (H, W, B) the decoded image */
+    ft_fetch_buf img[2]; /* (H, W, B) ping-pong for materialised and resampled images */
+    ft_fetch_buf tmp;    /* (rows, W_out, B) between the two resampling passes */
+    ft_fetch_buf coef;   /* bounds and fixed-point weights of both passes */
+    ft_fetch_buf acc;    /* (W_out * B) int32 row sums of the vertical pass */
+    ft_fetch_buf colmap; /* (W_out) int32 source column per output column */
     ft_image decoded;   /* the full-size decode, for a decoded-sample cache */
     bool have_decoded;
 };
@@ -288,13 +271,13 @@ void ft_augment_ctx_free(ft_augment_ctx *c) {
     if (!c)
         return;
     ft_jpeg_decoder_free(c->jpeg);
-    free(c->decode.p);
-    free(c->img[0].p);
-    free(c->img[1].p);
-    free(c->tmp.p);
-    free(c->coef.p);
-    free(c->acc.p);
-    free(c->colmap.p);
+    ft_fetch_buf_free(&c->decode);
+    ft_fetch_buf_free(&c->img[0]);
+    ft_fetch_buf_free(&c->img[1]);
+    ft_fetch_buf_free(&c->tmp);
+    ft_fetch_buf_free(&c->coef);
+    ft_fetch_buf_free(&c->acc);
+    ft_fetch_buf_free(&c->colmap);
     free(c);
 }
 
@@ -490,11 +473,11 @@ static void view_set_image(view *v, const uint8_t *data, size_t stride, int h, i
 }
 
 static ft_status materialize(view *v, ft_augment_ctx *ctx) {
-    buffer *dst = v->base == ctx->img[0].p ? &ctx->img[1] : &ctx->img[0];
+    ft_fetch_buf *dst = v->base == ctx->img[0].data ? &ctx->img[1] : &ctx->img[0];
     int bpp = v->bpp;
     FT_TRY(reserve(dst, (size_t)v->w * v->h * bpp));
     for (int y = 0; y < v->h; y++) {
-        uint8_t *o = dst->p + (size_t)y * v->w * bpp;
+        uint8_t *o = dst->data + (size_t)y * v->w * bpp;
         int row = view_row(v, y);
         for (int x = 0; x < v->w; x++) {
             int col = row < 0 ? -1 : view_col(v, x);
@@ -502,7 +485,7 @@ static ft_status materialize(view *v, ft_augment_ctx *ctx) {
             memcpy(o + (size_t)x * bpp, px, (size_t)bpp);
         }
     }
-    view_set_image(v, dst->p, (size_t)v->w * bpp, v->h, v->w, bpp);
+    view_set_image(v, dst->data, (size_t)v->w * bpp, v->h, v->w, bpp);
     return FT_OK;
 }
 
@@ -680,20 +663,20 @@ static void hpass_any(HPASS_ARGS, const int32_t *kk4, int groups, int bpp) {
 /* Pillow's ImagingResampleInner for the box [x0, x1) x [y0, y1) of an
  * in_h x in_w image: dst (out_h, out_w, B), contiguous. */
 static ft_status resample(ft_augment_ctx *ctx, const uint8_t *src, size_t sstride, int in_h, int in_w, int bpp,
-                          double x0, double x1, double y0, double y1, buffer *dst, int out_h, int out_w) {
+                          double x0, double x1, double y0, double y1, ft_fetch_buf *dst, int out_h, int out_w) {
     size_t out_row = (size_t)out_w * bpp;
     FT_TRY(reserve(dst, out_row * out_h));
     bool need_h = !(out_w == in_w && x0 == 0 && x1 == in_w);
     bool need_v = !(out_h == in_h && y0 == 0 && y1 == in_h);
     if (!need_h && !need_v) {
         for (int y = 0; y < out_h; y++)
-            memcpy(dst->p + y * out_row, src + (size_t)y * sstride, out_row);
+            memcpy(dst->data + y * out_row, src + (size_t)y * sstride, out_row);
         return FT_OK;
     }
     int kh = ft_resize_ksize(x0, x1, out_w), kv = ft_resize_ksize(y0, y1, out_h), groups = (kh + 3) / 4;
     size_t nh = (size_t)out_w * (2 + kh), nv = (size_t)out_h * (2 + kv), n4 = bpp == 4 ? (size_t)out_w * groups * 16 : 0;
     FT_TRY(reserve(&ctx->coef, (nh + nv + n4) * sizeof(int32_t) + 64));
-    int32_t *bh = (int32_t *)ctx->coef.p, *kkh = bh + 2 * out_w, *bv = kkh + (size_t)out_w * kh,
+    int32_t *bh = (int32_t *)ctx->coef.data, *kkh = bh + 2 * out_w, *bv = kkh + (size_t)out_w * kh,
             *kkv = bv + 2 * out_h, *kk4 = kkv + (size_t)out_h * kv;
     for (int x = 0; need_h && x < out_w; x++)
         ft_resize_coeffs_at(in_w, x0, x1, out_w, kh, x, bh + 2 * x, kkh + (size_t)x * kh);
@@ -702,21 +685,21 @@ static ft_status resample(ft_augment_ctx *ctx, const uint8_t *src, size_t sstrid
     if (bpp == 4 && need_h)
         expand_weights(kk4, kkh, out_w, kh, groups);
     if (!need_v) {
-        hpass_any(src, sstride, in_h, dst->p, out_row, out_w, bh, kkh, kh, kk4, groups, bpp);
+        hpass_any(src, sstride, in_h, dst->data, out_row, out_w, bh, kkh, kh, kk4, groups, bpp);
         return FT_OK;
     }
     FT_TRY(reserve(&ctx->acc, out_row * sizeof(int32_t)));
     if (!need_h) {
-        vpass(src, sstride, dst->p, out_row, out_h, (int)out_row, bv, kkv, kv, (int32_t *)ctx->acc.p);
+        vpass(src, sstride, dst->data, out_row, out_h, (int)out_row, bv, kkv, kv, (int32_t *)ctx->acc.data);
         return FT_OK;
     }
     int first = bv[0], last = bv[2 * (out_h - 1)] + bv[2 * (out_h - 1) + 1];
     for (int y = 0; y < out_h; y++)
         bv[2 * y] -= first;
     FT_TRY(reserve(&ctx->tmp, out_row * (size_t)(last - first)));
-    hpass_any(src + (size_t)first * sstride, sstride, last - first, ctx->tmp.p, out_row, out_w, bh, kkh, kh, kk4, groups,
+    hpass_any(src + (size_t)first * sstride, sstride, last - first, ctx->tmp.data, out_row, out_w, bh, kkh, kh, kk4, groups,
               bpp);
-    vpass(ctx->tmp.p, out_row, dst->p, out_row, out_h, (int)out_row, bv, kkv, kv, (int32_t *)ctx->acc.p);
+    vpass(ctx->tmp.data, out_row, dst->data, out_row, out_h, (int)out_row, bv, kkv, kv, (int32_t *)ctx->acc.data);
     return FT_OK;
 }
 
@@ -746,7 +729,7 @@ static ft_status run_steps(ft_augment_ctx *ctx, view *v, const step *st, int nst
             memcpy(v->fill, s->fill, 4);
             break;
         case ST_RESAMPLE: {
-            buffer *dst = v->base == ctx->img[0].p ? &ctx->img[1] : &ctx->img[0];
+            ft_fetch_buf *dst = v->base == ctx->img[0].data ? &ctx->img[1] : &ctx->img[0];
             if (v->num != 8) {
                 /* Decoded at num/8: the window, in full-size coordinates,
                  * becomes a fractional box of the smaller image. */
@@ -756,12 +739,12 @@ static ft_status run_steps(ft_augment_ctx *ctx, view *v, const step *st, int nst
             } else {
                 if (v->fx || v->fy || !view_inside(v)) {
                     FT_TRY(materialize(v, ctx));
-                    dst = v->base == ctx->img[0].p ? &ctx->img[1] : &ctx->img[0];
+                    dst = v->base == ctx->img[0].data ? &ctx->img[1] : &ctx->img[0];
                 }
                 const uint8_t *src = v->base + (size_t)v->oy * v->stride + (size_t)v->ox * v->bpp;
                 FT_TRY(resample(ctx, src, v->stride, v->h, v->w, v->bpp, 0, v->w, 0, v->h, dst, s->h, s->w));
             }
-            view_set_image(v, dst->p, (size_t)s->w * v->bpp, s->h, s->w, v->bpp);
+            view_set_image(v, dst->data, (size_t)s->w * v->bpp, s->h, s->w, v->bpp);
             break;
         }
         }
@@ -810,7 +793,7 @@ static ft_status write_output(const ft_plan *p, ft_augment_ctx *ctx, const view 
     int first = fast ? v->ox + (v->fx ? v->w - 1 : 0) : 0;
     ptrdiff_t step = v->fx ? -v->bpp : v->bpp;
     FT_TRY(reserve(&ctx->colmap, (size_t)W * sizeof(int32_t)));
-    int32_t *colmap = (int32_t *)ctx->colmap.p;
+    int32_t *colmap = (int32_t *)ctx->colmap.data;
     for (int x = 0; !fast && x < W; x++)
         colmap[x] = view_col(v, x);
     switch (p->out.dtype) {
@@ -933,9 +916,9 @@ ft_status ft_augment_sample(const ft_plan *p, ft_augment_ctx *ctx, const ft_samp
             FT_TRY(reserve(&ctx->decode, (size_t)H * W));
             for (size_t i = 0; i < (size_t)H * W; i++) {
                 const uint8_t *px = s->data + 3 * i;
-                ctx->decode.p[i] = (uint8_t)((px[0] * 19595 + px[1] * 38470 + px[2] * 7471 + 0x8000) >> 16);
+                ctx->decode.data[i] = (uint8_t)((px[0] * 19595 + px[1] * 38470 + px[2] * 7471 + 0x8000) >> 16);
             }
-            view_set_image(&v, ctx->decode.p, (size_t)W, H, W, 1);
+            view_set_image(&v, ctx->decode.data, (size_t)W, H, W, 1);
         } else {
             view_set_image(&v, s->data, (size_t)W * s->channels, H, W, s->channels);
         }
@@ -944,9 +927,9 @@ ft_status ft_augment_sample(const ft_plan *p, ft_augment_ctx *ctx, const ft_samp
          * for a raw one. */
         int bpp = p->C;
         FT_TRY(reserve(&ctx->decode, (size_t)H * W * bpp));
-        FT_TRY(ft_png_decode(s->data, s->size, &png, bpp, ctx->decode.p, (size_t)W * bpp));
-        view_set_image(&v, ctx->decode.p, (size_t)W * bpp, H, W, bpp);
-        ctx->decoded = (ft_image){ctx->decode.p, (size_t)W * bpp, H, W, bpp};
+        FT_TRY(ft_png_decode(s->data, s->size, &png, bpp, ctx->decode.data, (size_t)W * bpp));
+        view_set_image(&v, ctx->decode.data, (size_t)W * bpp, H, W, bpp);
+        ctx->decoded = (ft_image){ctx->decode.data, (size_t)W * bpp, H, W, bpp};
         ctx->have_decoded = full_decode;
     } else {
         int num = 8;
@@ -960,11 +943,11 @@ ft_status ft_augment_sample(const ft_plan *p, ft_augment_ctx *ctx, const ft_samp
         int bpp = p->C == 1 ? 1 : 4;
         int sh = ft_jpeg_scaled(H, num), sw = ft_jpeg_scaled(W, num);
         FT_TRY(reserve(&ctx->decode, (size_t)sh * sw * bpp));
-        FT_TRY(ft_jpeg_decode(ctx->jpeg, s->data, s->size, &info, num, bpp, ctx->decode.p, (size_t)sw * bpp));
-        view_set_image(&v, ctx->decode.p, (size_t)sw * bpp, sh, sw, bpp);
+        FT_TRY(ft_jpeg_decode(ctx->jpeg, s->data, s->size, &info, num, bpp, ctx->decode.data, (size_t)sw * bpp));
+        view_set_image(&v, ctx->decode.data, (size_t)sw * bpp, sh, sw, bpp);
         v.num = num;
         if (num == 8) {
-            ctx->decoded = (ft_image){ctx->decode.p, (size_t)sw * bpp, sh, sw, bpp};
+            ctx->decoded = (ft_image){ctx->decode.data, (size_t)sw * bpp, sh, sw, bpp};
             ctx->have_decoded = full_decode;
         }
     }
