@@ -498,3 +498,22 @@ def test_layers_given_samples_they_cannot_take_say_so_when_compiled(build_model,
     with pytest.raises((ValueError, NotImplementedError, IndexError), match=match):
         model.compile(ft.optim.SGD(list(model.parameters()) or [ft.nn.Parameter(ft.zeros(1))], lr=0.1),
                       lambda out, y: out.sum(), batch_size=2, input_shape=shape)
+
+
+def test_layer_reprs_read_as_pytorchs():
+    """A layer's repr names its arguments as PyTorch's does (PyTorch's newer `bias=` of the norms aside)."""
+    torch = pytest.importorskip("torch")
+    tnn = torch.nn
+    pairs = [(nn.Conv2d(3, 8, 3, padding=1), tnn.Conv2d(3, 8, 3, padding=1)),
+             (nn.Linear(4, 5, bias=False), tnn.Linear(4, 5, bias=False)),
+             (nn.BatchNorm2d(8), tnn.BatchNorm2d(8)), (nn.LayerNorm(16), tnn.LayerNorm(16)),
+             (nn.Dropout(0.1), tnn.Dropout(0.1)), (nn.MaxPool2d(2), tnn.MaxPool2d(2)),
+             (nn.AvgPool2d(3, 2, 1), tnn.AvgPool2d(3, 2, 1)), (nn.Embedding(10, 4, padding_idx=0),
+                                                            tnn.Embedding(10, 4, padding_idx=0)),
+             (nn.GELU(approximate="tanh"), tnn.GELU(approximate="tanh")), (nn.GELU(), tnn.GELU()),
+             (nn.ReLU(), tnn.ReLU()), (nn.ReLU(inplace=True), tnn.ReLU(inplace=True)),
+             (nn.LeakyReLU(0.2), tnn.LeakyReLU(0.2)), (nn.Upsample(scale_factor=2), tnn.Upsample(scale_factor=2)),
+             (nn.Softmax(dim=-1), tnn.Softmax(dim=-1)), (nn.GroupNorm(2, 8), tnn.GroupNorm(2, 8))]
+    for ours, theirs in pairs:
+        want = repr(theirs).replace(", bias=True)", ")").replace(", bias=True,", ",")
+        assert repr(ours) == want, (repr(ours), want)

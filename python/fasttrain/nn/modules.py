@@ -418,7 +418,8 @@ class _BatchNorm(Module):
                             self.bias, use_batch, self.momentum, self.eps)
 
     def extra_repr(self):
-        return f"{self.num_features}, eps={self.eps}, momentum={self.momentum}"
+        return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "
+                f"track_running_stats={self.track_running_stats}")
 
 
 class BatchNorm1d(_BatchNorm):
@@ -489,6 +490,9 @@ class LayerNorm(Module):
     def forward(self, x):
         from . import functional as F
         return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+    def extra_repr(self):
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.weight is not None}"
 
 
 class GroupNorm(Module):
@@ -587,7 +591,11 @@ class Upsample(Module):
         return F.interpolate(x, self.size, self.scale_factor, self.mode)
 
     def extra_repr(self):
-        return f"size={self.size}" if self.size is not None else f"scale_factor={self.scale_factor}, mode='nearest'"
+        if self.size is not None:
+            return f"size={self.size}, mode='nearest'"
+        factor = self.scale_factor
+        factor = float(factor) if isinstance(factor, (int, float)) else tuple(float(f) for f in factor)
+        return f"scale_factor={factor}, mode='nearest'"
 
 
 class _Activation(Module):
@@ -604,6 +612,9 @@ class _Activation(Module):
     def forward(self, x):
         from . import functional as F
         return F._act(x, self.act, getattr(self, "alpha", 0.0), self.inplace, self.act)
+
+    def extra_repr(self):
+        return "inplace=True" if self.inplace else ""
 
 
 class ReLU(_Activation):
@@ -651,6 +662,9 @@ class GELU(_Activation):
     def forward(self, x):
         from . import functional as F
         return F.gelu(x, approximate=self.approximate)
+
+    def extra_repr(self):
+        return f"approximate={self.approximate!r}"
 
 
 class Hardswish(_Activation):
@@ -703,6 +717,9 @@ class LeakyReLU(_Activation):
         from . import functional as F
         return F.leaky_relu(x, self.negative_slope, self.inplace)
 
+    def extra_repr(self):
+        return f"negative_slope={self.negative_slope}" + (", inplace=True" if self.inplace else "")
+
 
 class _Pool(Module):
     """Max and average pooling over (C, H, W) images, or (C, L) sequences in the 1-d layers."""
@@ -717,6 +734,8 @@ class _Pool(Module):
         self.stride = self.kernel_size if stride is None else _tuple(stride, n)
         self.padding, self.dilation = _tuple(padding, n), _tuple(dilation, n)
         self.ceil_mode, self.count_include_pad = ceil_mode, count_include_pad
+        # the arguments as given, for the repr (PyTorch's shows kernel_size=2, not (2, 2))
+        self._given = (kernel_size, kernel_size if stride is None else stride, padding, dilation)
 
     def output_shape(self, shape):
         if len(shape) != self._dims + 1:
@@ -735,7 +754,8 @@ class _Pool(Module):
         return (shape[0], *size)
 
     def extra_repr(self):
-        return f"kernel_size={self.kernel_size}, stride={self.stride}, padding={self.padding}"
+        k, s, p, _ = self._given
+        return f"kernel_size={k}, stride={s}, padding={p}"
 
 
 class _MaxPool(_Pool):
@@ -746,6 +766,9 @@ class _MaxPool(_Pool):
         from . import functional as F
         pool = F.max_pool2d if self._dims == 2 else F.max_pool1d
         return pool(x, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode)
+
+    def extra_repr(self):
+        return f"{super().extra_repr()}, dilation={self._given[3]}, ceil_mode={self.ceil_mode}"
 
 
 class _AvgPool(_Pool):
@@ -880,6 +903,9 @@ class Dropout(Module):
     def forward(self, x):
         from . import functional as F
         return F.dropout(x, self.p, self.training, self.inplace)
+
+    def extra_repr(self):
+        return f"p={self.p}, inplace={self.inplace}"
 
 
 class Flatten(Module):
