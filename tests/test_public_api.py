@@ -8,7 +8,7 @@ import types
 
 NAMESPACES = ["fasttrain", "fasttrain.nn", "fasttrain.nn.functional", "fasttrain.nn.init", "fasttrain.optim",
               "fasttrain.optim.lr_scheduler", "fasttrain.data", "fasttrain.backends", "fasttrain.cuda",
-              "fasttrain.ops"]
+              "fasttrain.ops", "fasttrain.utils"]
 
 
 def is_ours(obj):

@@ -505,12 +505,11 @@ class Program:
         """The bytes the compiled program holds, as a dict: "activations" (the training arena, planned by
         liveness: every output kept for its backward, saved data, gradients), "evaluation" (its arena),
         "parameters" and "gradients" (the flat float32 buffers), "optimizer_state" (the optimizer's buffers,
-        once its first step allocated them), "weights_copy" (bf16-mixed's bfloat16 weights), "total", and
-        "nodes": per node a dict of the bytes of its output, of what it saves for its backward and of its
+        counted before its first step allocates them), "weights_copy" (bf16-mixed's bfloat16 weights), "total",
+        and "nodes": per node a dict of the bytes of its output, of what it saves for its backward and of its
         gradient in the training arena (the arena reuses memory, so these add up to more than it)."""
         train, evaluation, copy = self._c.memory()
-        state = sum(v.nbytes for entries in self.optimizer.state_dict()["state"].values()
-                    for v in entries.values() if isinstance(v, np.ndarray))
+        state = self.optimizer._state_nbytes()
         plan = {"activations": train, "evaluation": evaluation, "parameters": self.flat_params.nbytes,
                 "gradients": self.flat_grads.nbytes, "optimizer_state": state, "weights_copy": copy}
         plan["total"] = sum(plan.values())

@@ -186,6 +186,18 @@ class Optimizer:
         """The state entries of a param of this group that has taken a step, "step" first if any."""
         raise NotImplementedError
 
+    def _buffers_of(self, group):
+        """The state buffers the C optimizer keeps over every param while a group like this one is present."""
+        return [key for key in self._state_keys(group) if key != "step"]
+
+    def _state_nbytes(self):
+        """Bytes of the state buffers: those the C optimizer holds, and those its first step will allocate (one
+        float32 buffer over every param per kind of state that some group needs)."""
+        names = {key for g in self.param_groups for key in self._buffers_of(g)}
+        if self._c is not None:
+            names |= {name for name, k in _STATES.items() if self._c.state_buffer(k) is not None}
+        return 4 * len(names) * sum(p.numel() for g in self.param_groups for p in g["params"])
+
     def _export_state(self):
         """{param index: {key: value}} in PyTorch's layout, NumPy copies, for params that have state."""
         c = self._c
@@ -334,6 +346,9 @@ class SGD(Optimizer):
 
     def _state_keys(self, group):
         return ("momentum_buffer",)
+
+    def _buffers_of(self, group):
+        return ("momentum_buffer",) if float(group["momentum"]) != 0 else ()
 
 
 class AdamW(Optimizer):
