@@ -716,15 +716,28 @@ static ft_status input_on_device(const ft_program *p, const ft_tensor *x, bool q
 
 /* The batch's targets checked (shape, dtype, and by each loss node its
  * values) and each loss node's normalizer for the batch. *dev gets them
- * where the program runs (nothing when the loss reads no targets). */
+ * where the program runs (nothing when the loss reads no targets). Targets
+ * (N,) for a target of per-sample shape (1,) are read as the column
+ * (N, 1): one regression target per sample, as a user's y usually is
+ * (PyTorch would broadcast (N, 1) against (N,) to an (N, N) loss). */
 static ft_status prepare_targets(ft_program *p, const ft_tensor *y, int64_t rows, ft_tensor *dev) {
     *dev = (ft_tensor){0};
-    if (p->target < 0)
+    ft_tensor column;
+    if (p->target < 0) {
         y = NULL; /* a loss of the outputs alone: any targets given are not read */
-    else if (!y)
+    } else if (!y) {
         return ft_fail(FT_ERR_VALUE, "program: the loss reads targets: give them");
-    else
-        FT_TRY(check_batch(p, p->target, p->nodes[p->target].dtype == FT_INT64 ? "labels" : "targets", y, rows));
+    } else {
+        const ft_node *t = &p->nodes[p->target];
+        if (y->ndim == 1 && t->ndim == 1 && t->shape[0] == 1) {
+            column = *y; /* a view for this call: y's storage outlives it */
+            column.ndim = 2;
+            column.shape[1] = 1;
+            column.strides[1] = 1;
+            y = &column;
+        }
+        FT_TRY(check_batch(p, p->target, t->dtype == FT_INT64 ? "labels" : "targets", y, rows));
+    }
     ft_tensor host = {0}; /* contiguous, on the CPU: the loss nodes' prepare reads it */
     if (y)
         FT_TRY(ft_tensor_on_host(&host, y, y->dtype));

@@ -1054,7 +1054,11 @@ class NLLLoss(_ClassLoss):
 
 
 class MSELoss(_Loss):
-    """The squared error (input - target)^2 of equally shaped tensors, reduced as reduction says."""
+    """The squared error (input - target)^2 of equally shaped tensors, reduced as reduction says.
+
+    A target of shape (N,) for an output of shape (N, 1) is taken as (N, 1), eagerly and in a compiled program:
+    each sample's one value against its one target. (PyTorch broadcasts the two to (N, N) with a warning, which
+    trains on every pair of samples: almost never what was meant.) The other regression losses do the same."""
 
     def forward(self, input, target):
         from . import functional as F
