@@ -450,8 +450,21 @@ class Program:
         return self._c.backward(*self._batch(x, y), not zeroed)
 
     def predict(self, x):
-        """The model's (first) output for x, in eval mode (running batch-norm statistics, no dropout)."""
-        return self._c.forward(self._input(x))
+        """The model's (first) output for x, in eval mode (running batch-norm statistics, no dropout): for a batch
+        (N, *input_shape) the outputs (N, ...); for one sample of shape input_shape its output alone, without the
+        batch dimension. Any other shape is a ValueError naming both."""
+        xt = self._input(x)
+        shape, one = tuple(xt.shape), tuple(self.input_shape)
+        if shape == one:
+            return self._c.forward(xt.reshape(1, *one))[0]
+        try:
+            return self._c.forward(xt)
+        except ValueError as e:
+            if shape[1:] == one:
+                raise
+            why = f" ({e})" if len(shape) == len(one) + 1 else ""  # C's reading of it as a batch
+            raise ValueError(f"predict: x must be one sample of shape {one} or a batch of shape (N, "
+                             f"{', '.join(map(str, one))}), got {shape}{why}") from None
 
     def evaluate(self, x, y):
         """(loss, accuracy) of one batch in eval mode: the loss as training computes it, and the fraction of
