@@ -59,7 +59,7 @@ ft_tensor *ft_py_unwrap(ft_module_state *st, PyObject *obj, const char *what) {
     return &((ft_tensor_object *)obj)->t;
 }
 
-static PyObject *int64_tuple(const int64_t *v, int n) {
+PyObject *ft_py_shape_tuple(const int64_t *v, int n) {
     PyObject *tuple = PyTuple_New(n);
     for (int i = 0; tuple && i < n; i++) {
         PyObject *item = PyLong_FromLongLong(v[i]);
@@ -74,7 +74,7 @@ static PyObject *int64_tuple(const int64_t *v, int n) {
 
 static PyObject *tensor_get_shape(PyObject *self, void *closure) {
     (void)closure;
-    return int64_tuple(SELF->shape, SELF->ndim);
+    return ft_py_shape_tuple(SELF->shape, SELF->ndim);
 }
 
 static PyObject *tensor_get_ndim(PyObject *self, void *closure) {
@@ -124,7 +124,7 @@ static PyObject *tensor_stride(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "|O:stride", &dim))
         return NULL;
     if (dim == Py_None)
-        return int64_tuple(SELF->strides, SELF->ndim);
+        return ft_py_shape_tuple(SELF->strides, SELF->ndim);
     long d = PyLong_AsLong(dim);
     if (d == -1 && PyErr_Occurred())
         return NULL;
