@@ -432,11 +432,23 @@ class Program:
 
     def train_step(self, x, y):
         """One optimizer step on the batch (x, y): forward, loss, backward, update, all in C. Returns the loss."""
-        loss, skipped = self._c.train_step(*self._batch(x, y), self.optimizer, self.clip_grad_norm,
-                                           self.nan_policy)
+        return self._step(x, y)[0]
+
+    def _step(self, x, y):
+        """train_step, returning (the loss, the samples whose training-mode output's argmax is their label: 0 unless
+        the program classifies)."""
+        loss, skipped, correct = self._c.train_step(*self._batch(x, y), self.optimizer, self.clip_grad_norm,
+                                                    self.nan_policy)
         self.step_count += 1
         self.skipped_steps += skipped
-        return loss
+        return loss, correct
+
+    @property
+    def last_grad_norm(self):
+        """The L2 norm of the whole gradient in the last step (train_step or ft.fit), before clipping: computed
+        where the step needs it, when compiled with clip_grad_norm=... or nan_policy="skip" (inf or nan for a
+        step skipped for it); None otherwise, and before the first such step."""
+        return self._c.last_grad_norm
 
     def backward(self, x, y):
         """Forward and backward of the batch in training mode, without an update (batch-norm running statistics
