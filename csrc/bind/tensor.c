@@ -239,10 +239,11 @@ static PyObject *tensor_to(PyObject *self, PyObject *args) {
 }
 
 /* Moves this tensor's values into `base`'s storage at element `offset`
- * (C-contiguous, on any device) and makes this object a view there. The
- * object stays the same, so whoever holds it (an optimizer's parameter
- * list) then sees the flat buffer: the contiguous-parameters trick without
- * new objects, and Module.to's move to another device. */
+ * (C-contiguous, on any device, converted to base's dtype) and makes this
+ * object a view there. The object stays the same, so whoever holds it (an
+ * optimizer's parameter list) then sees the flat buffer: the
+ * contiguous-parameters trick without new objects, Module.to's move to
+ * another device and Module.half's change of dtype. */
 static PyObject *tensor_rebind(PyObject *self, PyObject *args) {
     PyObject *base_obj;
     long long offset;
@@ -251,9 +252,7 @@ static PyObject *tensor_rebind(PyObject *self, PyObject *args) {
     ft_tensor *base = ft_py_unwrap(ft_py_state_of_type(Py_TYPE(self)), base_obj, "base");
     if (!base)
         return NULL;
-    if (base->dtype != SELF->dtype)
-        return PyErr_Format(PyExc_TypeError, "_rebind: the flat buffer must have the tensor's dtype");
-    int64_t itemsize = (int64_t)ft_dtype_get(SELF->dtype)->itemsize, strides[FT_MAX_DIMS];
+    int64_t itemsize = (int64_t)ft_dtype_get(base->dtype)->itemsize, strides[FT_MAX_DIMS];
     if (offset < 0 || offset > INT64_MAX / itemsize)
         return PyErr_Format(PyExc_ValueError, "_rebind: offset %lld is out of range", offset);
     ft_contiguous_strides(strides, SELF->ndim, SELF->shape);

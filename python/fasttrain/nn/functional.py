@@ -83,6 +83,11 @@ def _via_2d(fn, input, name):
     return fn(input.unsqueeze(-2)).squeeze(-2)
 
 
+def _wide_bias(bias):
+    """The bias as the ops add it, in float32: a bfloat16 model's (Module.bfloat16()) is widened, exactly."""
+    return bias.float() if bias is not None and bias.dtype.name == "bfloat16" else bias
+
+
 @_traced(_conv_layer)
 def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     """1-d convolution of input (N, C_in, L), or unbatched (C_in, L), with weight (C_out, C_in / groups, K), as
@@ -105,7 +110,7 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     squeeze = input.ndim == 3
     x = input.unsqueeze(0) if squeeze else input
     x, weight = cast(x, weight)
-    out = _C.conv2d_forward(None, x, weight, bias, stride, padding, dilation, groups)
+    out = _C.conv2d_forward(None, x, weight, _wide_bias(bias), stride, padding, dilation, groups)
     return out[0] if squeeze else out
 
 
@@ -121,7 +126,7 @@ def linear(input, weight, bias=None):
     lead = input.shape[:-1]
     x = input.reshape(-1, input.shape[-1]) if input.ndim != 2 else input
     x, weight = cast(x, weight)
-    out = _C.linear_forward(None, x, weight, bias)
+    out = _C.linear_forward(None, x, weight, _wide_bias(bias))
     return out.reshape(*lead, weight.shape[0]) if input.ndim != 2 else out
 
 

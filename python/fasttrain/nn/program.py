@@ -227,7 +227,10 @@ def _flatten_parameters(model):
         return flat[0], flat[1]
     for p in params:
         if p.dtype is not _BY_NAME["float32"]:
-            raise TypeError("compile: parameters must be float32 tensors")
+            name = next(n for n, q in model.named_parameters() if q is p)
+            raise TypeError(f"compile: parameter {name!r} is {p.dtype.name}, but a compiled program keeps float32 "
+                            f"weights: call model.float() before compile, and compile with precision='bf16-mixed' "
+                            f"to train in bfloat16 (float32 master weights, docs/precision.md)")
     devices = {p.device for p in params} | {b.device for b in model.buffers()}
     if len(devices) > 1:
         raise RuntimeError(f"compile: the model's parameters and buffers are on several devices "
@@ -569,7 +572,9 @@ def compile(model, optimizer, loss=None, *, batch_size, input_shape=None, memory
     precision: "32-true" (float32 throughout) or "bf16-mixed": convolutions and linear layers multiply bfloat16
     copies of the weights and activations with float32 accumulation, activations between layers are stored in
     bfloat16, and the loss, normalization statistics, gradients of the weights, the weights themselves and the
-    optimizer state stay float32 (docs/precision.md). summary() shows each node's dtype."""
+    optimizer state stay float32 (docs/precision.md). summary() shows each node's dtype. The model's parameters must
+    be float32: a model converted with half() or bfloat16() is refused with a TypeError saying so (model.float()
+    converts it back); precision="bf16-mixed" is the way to train in bfloat16."""
     if loss is None:
         loss = M.CrossEntropyLoss()
     return Program(model, optimizer, loss, batch_size, input_shape, memory_format, accumulate_steps,
