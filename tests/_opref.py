@@ -34,6 +34,13 @@ def strided(a, dtype=np.float32):
     return ft.from_numpy(wide)[..., ::2]
 
 
+def bf16_round(a):
+    """float32 values rounded to bfloat16 (to nearest even), as float32: the reference of every bfloat16
+    conversion."""
+    u = np.ascontiguousarray(a, np.float32).view(np.uint32).astype(np.uint64)
+    return (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
+
+
 def n(x):
     """The values of a tensor as a float64 NumPy array."""
     return np.array(x.float().numpy() if x.dtype is ft.bfloat16 else x.numpy(), dtype=np.float64)

@@ -158,8 +158,8 @@ def fitted_history(val=True, stream=None):
 def test_history_is_the_dict_it_was():
     history = fitted_history()
     assert isinstance(history, dict) and isinstance(history, ft.History)
-    assert list(history.keys()) == ["epoch", "train_loss", "val_loss", "val_accuracy", "lr", "seconds",
-                                    "images_per_second"]
+    assert list(history.keys()) == ["epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy", "lr",
+                                    "seconds", "images_per_second"]
     plain = dict(history)
     assert history == plain and plain == history and history["epoch"] == [1, 2]
     assert json.loads(json.dumps(history)) == plain
@@ -195,16 +195,21 @@ def test_history_plot_draws_losses_and_accuracy(agg):
     assert [line.get_label() for line in loss.get_lines()] == ["training", "validation"]
     np.testing.assert_allclose(loss.get_lines()[0].get_ydata(), history["train_loss"])
     np.testing.assert_allclose(loss.get_lines()[1].get_ydata(), history["val_loss"])
-    np.testing.assert_allclose(accuracy.get_lines()[0].get_ydata(), [100 * a for a in history["val_accuracy"]])
-    np.testing.assert_array_equal(accuracy.get_lines()[0].get_xdata(), [1, 2])
-    assert accuracy.get_ylabel() == "validation accuracy (%)"
+    assert [line.get_label() for line in accuracy.get_lines()] == ["training", "validation"]
+    np.testing.assert_allclose(accuracy.get_lines()[0].get_ydata(), [100 * a for a in history["train_accuracy"]])
+    np.testing.assert_allclose(accuracy.get_lines()[1].get_ydata(), [100 * a for a in history["val_accuracy"]])
+    np.testing.assert_array_equal(accuracy.get_lines()[1].get_xdata(), [1, 2])
+    assert accuracy.get_ylabel() == "accuracy (%)"
     buf = io.BytesIO()
     axes[0].figure.savefig(buf, format="png")
     assert buf.getvalue()[:4] == b"\x89PNG"
 
 
-def test_history_plot_without_validation_is_one_panel(agg):
-    (loss,) = fitted_history(val=False).plot()
+def test_history_plot_without_validation_draws_training_curves_only(agg):
+    loss, accuracy = fitted_history(val=False).plot()
+    assert [line.get_label() for line in loss.get_lines()] == ["training"]
+    assert [line.get_label() for line in accuracy.get_lines()] == ["training"]
+    (loss,) = ft.History(epoch=[1, 2], train_loss=[1.0, 0.5]).plot()  # a regression: no accuracy panel
     assert [line.get_label() for line in loss.get_lines()] == ["training"]
 
 

@@ -267,6 +267,35 @@ def test_bad_targets_are_refused_and_change_nothing():
     np.testing.assert_array_equal(model.weight.numpy(), before)
 
 
+@pytest.mark.parametrize("loss", [nn.MSELoss, nn.L1Loss, nn.BCEWithLogitsLoss])
+def test_a_column_output_takes_targets_of_shape_n(loss):
+    """An (N, 1) output with targets (N,): each sample's value against its own target, exactly as with the explicit
+    (N, 1) targets (PyTorch would broadcast the pair to an (N, N) loss): the compiled steps and evaluation bit for
+    bit, and the eager loss; the MSE against NumPy."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((N, IN)).astype(np.float32)
+    t = rng.random(N).astype(np.float32)
+    runs = []
+    for target in (t, t[:, None]):
+        ft.manual_seed(2)
+        model = nn.Linear(IN, 1)
+        program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), loss(), batch_size=N, input_shape=(IN,))
+        runs.append((program.train_step(x, target), program.train_step(x, target), program.evaluate(x, target),
+                     model.weight.numpy().tobytes()))
+    assert runs[0] == runs[1]
+    out = model(ft.from_numpy(x))
+    eager = loss()(out, ft.from_numpy(t)).item()
+    assert eager == loss()(out, ft.from_numpy(t[:, None])).item()
+    if loss is nn.MSELoss:
+        assert eager == pytest.approx(np.mean((out.numpy()[:, 0].astype(np.float64) - t) ** 2), rel=1e-6)
+    wide = nn.Linear(IN, 2)  # only a column output reads (N,) targets so
+    program = wide.compile(ft.optim.SGD(wide.parameters(), lr=0.1), loss(), batch_size=N, input_shape=(IN,))
+    with pytest.raises(ValueError, match=r"targets should have shape \(8, 2\)"):
+        program.train_step(x, t)
+    with pytest.raises(ValueError, match=r"target should have the shape of input \(8, 2\)"):
+        loss()(wide(ft.from_numpy(x)), ft.from_numpy(t))
+
+
 TORCH_LOSSES = {
     "cross_entropy weighted": lambda torch: torch.nn.CrossEntropyLoss(weight=torch.tensor([0.5, 2.0, 1.0]),
                                                                       ignore_index=1, label_smoothing=0.1),

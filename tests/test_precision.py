@@ -5,6 +5,7 @@ import pytest
 
 import fasttrain as ft
 import fasttrain.nn.functional as F
+from _opref import bf16_round
 from fasttrain import backends, nn
 
 # bfloat16 keeps 8 significant bits: one rounding is a relative error of at most 2^-8. Activations and their
@@ -16,13 +17,6 @@ LOSS_RTOL = 3e-2
 
 needs_bf16 = pytest.mark.skipif(not backends.cpu_has_bf16(), reason="this CPU has no AVX512-BF16: bf16-mixed "
                                                                     "runs as 32-true")
-
-
-def bf16_round(a):
-    """a rounded to bfloat16 (to nearest even), as float32."""
-    u = np.ascontiguousarray(a, np.float32).view(np.uint32).astype(np.uint64)
-    u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16 << 16
-    return u.astype(np.uint32).view(np.float32)
 
 
 def conv_net():

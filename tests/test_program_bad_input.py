@@ -67,6 +67,12 @@ def test_wrong_input_shape_in_predict():
         program.predict(np.zeros((2, 3, 8, 9), np.float32))
     with pytest.raises(ValueError, match="1 channels, the model takes 3"):
         program.predict(np.zeros((2, 1, 8, 8), np.float32))
+    # the message names both shapes predict takes: one sample, or a batch
+    both = r"one sample of shape \(3, 8, 8\) or a batch of shape \(N, 3, 8, 8\), got "
+    with pytest.raises(ValueError, match=both + r"\(8, 8\)$"):
+        program.predict(np.zeros((8, 8), np.float32))
+    with pytest.raises(ValueError, match=both + r"\(1, 2, 3, 8, 8\)$"):
+        program.predict(np.zeros((1, 2, 3, 8, 8), np.float32))
 
 
 def test_float_labels_are_refused(trained):

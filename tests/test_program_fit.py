@@ -88,6 +88,22 @@ def test_predict_and_evaluate_match_numpy_eval_forward():
     assert state_bits(model) == {k: np.ascontiguousarray(v).tobytes() for k, v in sd.items()}
 
 
+def test_predict_one_unbatched_sample():
+    """One sample of the input shape (a NumPy array or a tensor) gives its output alone, without the batch dimension;
+    a batch gives the batch's outputs, as before."""
+    model = make_resnet(seed=6)
+    set_params(model, {"conv2d.bias": np.zeros(6)})
+    program = compile_resnet(model)
+    x, _ = batch(5, seed=8)
+    want = ref_predict(model.state_dict(), x)
+    for sample in (x[3], ft.from_numpy(np.ascontiguousarray(x[3]))):
+        one = program.predict(sample)
+        assert one.shape == (CLASSES,)
+        np.testing.assert_allclose(one.numpy(), want[3], rtol=1e-4, atol=1e-5)
+    assert program.predict(x).shape == (5, CLASSES) and program.predict(x[:1]).shape == (1, CLASSES)
+    np.testing.assert_allclose(program.predict(x).numpy(), want, rtol=1e-4, atol=1e-5)
+
+
 def _eval_with_flip(program, x, y):
     loss, acc = ft.evaluate(program, [(x, y)], tta_flip=True)
     return loss * len(y), round(acc * len(y)), len(y)

@@ -57,6 +57,9 @@ PyObject *ft_py_wrap(ft_module_state *st, ft_tensor *t);
 /* Borrows the ft_tensor of a fasttrain tensor, or raises TypeError naming `what`. */
 ft_tensor *ft_py_unwrap(ft_module_state *st, PyObject *obj, const char *what);
 
+/* n int64 values (a shape, strides) as a tuple of ints (bind/tensor.c). */
+PyObject *ft_py_shape_tuple(const int64_t *v, int n);
+
 /* Shared argument parsing (bind/args.c): an int with TypeError/OverflowError
  * for anything else; a shape given as an int or a sequence of ints; a Python
  * or NumPy number as a scalar, or TypeError or OverflowError, with

@@ -83,7 +83,7 @@ static PyObject *source_tp_new(PyTypeObject *type, PyObject *args, PyObject *kwa
         Py_DECREF(seq);
         if (!ok)
             return PyErr_Occurred() ? NULL : PyErr_NoMemory();
-    } else if (strcmp(kind, "arrays") == 0) {
+    } else if (strcmp(kind, "arrays") == 0 || strcmp(kind, "tensors") == 0) {
         ft_module_state *ms = ft_py_state_of_type(type);
         PyObject *labels;
         if (!ms || !PyArg_ParseTuple(arg, "OO", &images, &labels))
@@ -91,7 +91,7 @@ static PyObject *source_tp_new(PyTypeObject *type, PyObject *args, PyObject *kwa
         ft_tensor *ti = ft_py_unwrap(ms, images, "images"), *tl = ti ? ft_py_unwrap(ms, labels, "labels") : NULL;
         if (!tl)
             return NULL;
-        st = ft_source_from_arrays(&src, ti, tl);
+        st = kind[0] == 'a' ? ft_source_from_arrays(&src, ti, tl) : ft_source_from_tensors(&src, ti, tl);
     } else {
         return PyErr_Format(PyExc_ValueError, "unknown source kind '%s'", kind);
     }
@@ -542,11 +542,13 @@ static PyObject *loader_info(PyObject *self, PyObject *unused) {
     ft_loader *l = usable((loader_object *)self);
     if (!l)
         return NULL;
-    int64_t s[4];
-    ft_loader_batch_shape(l, s);
-    return Py_BuildValue("{sLsLs(LLLL)si}", "num_batches", (long long)ft_loader_num_batches(l), "num_samples",
-                         (long long)ft_loader_num_samples(l), "batch_shape", (long long)s[0], (long long)s[1],
-                         (long long)s[2], (long long)s[3], "dtype", (int)ft_loader_output(l)->dtype);
+    int64_t s[FT_MAX_DIMS];
+    PyObject *shape = ft_py_shape_tuple(s, ft_loader_batch_shape(l, s));
+    if (!shape)
+        return NULL;
+    return Py_BuildValue("{sLsLsNsi}", "num_batches", (long long)ft_loader_num_batches(l), "num_samples",
+                         (long long)ft_loader_num_samples(l), "batch_shape", shape, "dtype",
+                         (int)ft_loader_output(l)->dtype);
 }
 
 static PyObject *loader_stats(PyObject *self, PyObject *unused) {

@@ -29,6 +29,7 @@ typedef struct {
     int ntrained;
     bool distributed; /* steps average the gradients and the loss over the ranks of ft.distributed */
     void *nccl;       /* a distributed CUDA program's NCCL communicator */
+    double last_grad_norm;   /* of the last step that computed it (clipping or nan_policy='skip'), else NaN */
 } program_object;
 
 /* ---- parsing a node dict ---- */
@@ -256,6 +257,7 @@ static PyObject *program_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
     self->trained = trained;
     self->ntrained = ntrained;
     self->prog = prog;
+    self->last_grad_norm = NAN;
     self->keep = Py_BuildValue("(OOO)", nodes, params_obj, grads_obj);
     if (!self->keep) {
         Py_DECREF(self);
@@ -324,35 +326,45 @@ static ft_status average_over_ranks(const ft_tensor *grads, void *nccl, double *
     return ft_broadcast_to(grads, grads, 1.0 / ft_dist_world_size(), false); /* in place: a scaling */
 }
 
-/* backward + the optimizer update, without the GIL. *skipped is set when a
- * step with a non-finite loss or gradient was skipped instead of refused;
+/* The outcome of a step: its loss, whether it was skipped, the training
+ * accuracy's count of correct predictions (classifying programs), and the
+ * gradient norm (NaN unless clipping or nan_policy='skip' computed it). */
+typedef struct {
+    double loss, grad_norm;
+    int64_t correct;
+    bool skipped;
+} step_result;
+
+/* backward + the optimizer update, without the GIL. r->skipped is set when
+ * a step with a non-finite loss or gradient was skipped instead of refused;
  * either way the model is left as it was. */
-static ft_status train_step(ft_program *prog, ft_optimizer *opt, const ft_tensor *x,
-                            const ft_tensor *y, const step_options *o, double *loss, bool *skipped) {
-    *skipped = false;
-    FT_TRY(ft_program_backward(prog, x, y, false, loss));
+static ft_status train_step(ft_program *prog, ft_optimizer *opt, const ft_tensor *x, const ft_tensor *y,
+                            const step_options *o, step_result *r) {
+    *r = (step_result){.grad_norm = NAN};
+    FT_TRY(ft_program_backward(prog, x, y, false, &r->loss, &r->correct));
     if (o->rank_grads)
-        FT_TRY(average_over_ranks(o->rank_grads, o->nccl, loss));
-    if (!isfinite(*loss)) {
+        FT_TRY(average_over_ranks(o->rank_grads, o->nccl, &r->loss));
+    if (!isfinite(r->loss)) {
         if (o->skip_nonfinite) {
-            *skipped = true;
+            r->skipped = true;
             return FT_OK;
         }
         return ft_fail(FT_ERR_VALUE, "the loss is %g: no update was applied (pass nan_policy='skip' to skip such "
                                      "steps, or lower the learning rate)",
-                       *loss);
+                       r->loss);
     }
-    /* With nan_policy='skip' the optimizer computes the gradient norm, and
-     * refuses a non-finite one leaving params and state unchanged. */
-    double norm = 0;
-    ft_status s = ft_optimizer_step(opt, 1.0f, o->max_grad_norm, o->skip_nonfinite ? &norm : NULL);
+    /* Clipping computes the gradient norm anyway; with nan_policy='skip' the
+     * optimizer computes it too, and refuses a non-finite one leaving params
+     * and state unchanged. */
+    bool norm_wanted = o->skip_nonfinite || o->max_grad_norm > 0;
+    ft_status s = ft_optimizer_step(opt, 1.0f, o->max_grad_norm, norm_wanted ? &r->grad_norm : NULL);
     if (s == FT_OK)
         return FT_OK;
     ft_status undo = ft_program_undo_statistics(prog);
     if (undo != FT_OK)
         return undo;
-    if (o->skip_nonfinite && !isfinite(norm)) {
-        *skipped = true;
+    if (o->skip_nonfinite && !isfinite(r->grad_norm)) {
+        r->skipped = true;
         return FT_OK;
     }
     return s;
@@ -455,16 +467,16 @@ static PyObject *program_train_step(PyObject *self, PyObject *args, PyObject *kw
     ft_optimizer *opt = program_optimizer((program_object *)self, opt_obj);
     if (!opt)
         return NULL;
-    double loss = 0;
-    bool skipped;
+    step_result r;
     ft_status s;
     Py_BEGIN_ALLOW_THREADS
-    s = train_step(entered(self), opt, x, y, &o, &loss, &skipped);
+    s = train_step(entered(self), opt, x, y, &o, &r);
     Py_END_ALLOW_THREADS
     release_optimizer((program_object *)self, opt);
     if (s != FT_OK)
         return ft_py_raise(s);
-    return Py_BuildValue("(dO)", loss, skipped ? Py_True : Py_False);
+    ((program_object *)self)->last_grad_norm = r.grad_norm;
+    return Py_BuildValue("(dOL)", r.loss, r.skipped ? Py_True : Py_False, (long long)r.correct);
 }
 
 /* backward(x, y, accumulate=False) -> loss: the gradients into the flat
@@ -479,7 +491,7 @@ static PyObject *program_backward(PyObject *self, PyObject *args) {
     double loss = 0;
     ft_status s;
     Py_BEGIN_ALLOW_THREADS
-    s = ft_program_backward(entered(self), x, y, accumulate, &loss);
+    s = ft_program_backward(entered(self), x, y, accumulate, &loss, NULL);
     Py_END_ALLOW_THREADS
     return s == FT_OK ? PyFloat_FromDouble(loss) : ft_py_raise(s);
 }
@@ -613,20 +625,39 @@ static int parse_schedule(PyObject *obj, int ngroups, ft_optim_group **out, Py_s
     return 0;
 }
 
+/* Calls step_callback(steps, loss, grad_norm or None) with the GIL; as report. */
+static int report_step(PyObject *callback, int64_t steps, const step_result *r) {
+    PyObject *norm = isnan(r->grad_norm) ? Py_NewRef(Py_None) : PyFloat_FromDouble(r->grad_norm);
+    PyObject *res = norm ? PyObject_CallFunction(callback, "LdN", (long long)steps, r->loss, norm) : NULL;
+    if (!res)
+        return -1;
+    int stop = PyObject_IsTrue(res);
+    Py_DECREF(res);
+    return stop;
+}
+
 /* fit_epoch(loader, optimizer, schedule=None, callback=None, interval=0.25, clip_grad_norm=None,
- * nan_policy="raise") -> (loss_sum, samples, steps, skipped, stopped): one epoch of a fasttrain loader in C.
- * Python runs only for the progress callback, every `interval` seconds; schedule[k] gives every parameter
- * group's hyperparameters at step k (the learning rate and whatever else a scheduler moves, such as
- * OneCycleLR's momentum or betas), as the tuples of Optimizer._group_tuple. */
+ * nan_policy="raise", step_callback=None, every=0, first_step=0) -> (loss_sum, samples, steps, skipped, stopped,
+ * correct): one epoch of a fasttrain loader in C. Python runs only for the progress callback, every `interval`
+ * seconds, and for step_callback(steps, loss, grad_norm) after every step whose number counted from first_step + 1
+ * is a multiple of `every` (either stops the epoch by returning True); schedule[k] gives every parameter group's
+ * hyperparameters at step k (the learning rate and whatever else a scheduler moves, such as OneCycleLR's momentum
+ * or betas), as the tuples of Optimizer._group_tuple. `correct` counts the training-mode predictions equal to their
+ * labels (0 unless the program classifies). */
 static PyObject *program_fit_epoch(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"loader", "optimizer", "schedule", "callback", "interval", "clip_grad_norm",
-                             "nan_policy", NULL};
+                             "nan_policy", "step_callback", "every", "first_step", NULL};
     PyObject *loader_obj, *opt_obj, *schedule_obj = Py_None, *callback = Py_None, *max_norm = Py_None;
+    PyObject *step_callback = Py_None;
     double interval = 0.25;
     const char *policy = "raise";
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OOdOs:fit_epoch", kwlist, &loader_obj, &opt_obj, &schedule_obj,
-                                     &callback, &interval, &max_norm, &policy))
+    long long every = 0, first_step = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OOdOsOLL:fit_epoch", kwlist, &loader_obj, &opt_obj,
+                                     &schedule_obj, &callback, &interval, &max_norm, &policy, &step_callback, &every,
+                                     &first_step))
         return NULL;
+    if (every < 0 || first_step < 0)
+        return PyErr_Format(PyExc_ValueError, "fit_epoch: every and first_step must be >= 0");
     program_object *po = (program_object *)self;
     step_options o;
     o.rank_grads = po->distributed ? &po->grads : NULL;
@@ -651,14 +682,14 @@ static PyObject *program_fit_epoch(PyObject *self, PyObject *args, PyObject *kwa
     }
     entered(self);
     Py_INCREF(loader_obj); /* the C loader lives as long as this object */
-    double loss_sum = 0, last_report = omp_get_wtime(), loss = 0;
-    int64_t samples = 0, steps = 0, skipped_steps = 0;
+    double loss_sum = 0, last_report = omp_get_wtime();
+    int64_t samples = 0, steps = 0, skipped_steps = 0, correct = 0;
+    step_result r = {.grad_norm = po->last_grad_norm};
     ft_status s = FT_OK;
     int stop = 0;
     PyThreadState *ts = PyEval_SaveThread();
     for (;;) {
         ft_batch b;
-        bool skipped = false;
         int got = next_batch(loader_obj, l, &b, &ts, &s);
         if (got <= 0) {
             stop = got < 0 && s == FT_OK ? -1 : 0;
@@ -667,28 +698,39 @@ static PyObject *program_fit_epoch(PyObject *self, PyObject *args, PyObject *kwa
         for (int g = 0; s == FT_OK && steps < nscheduled && g < ngroups; g++)
             s = ft_optimizer_set_group(opt, g, &schedule[steps * ngroups + g]);
         if (s == FT_OK)
-            s = train_step(po->prog, opt, &b.images, &b.labels, &o, &loss, &skipped);
+            s = train_step(po->prog, opt, &b.images, &b.labels, &o, &r);
         int64_t n = b.size;
         ft_loader_release(l, &b);
         if (s != FT_OK)
             break;
-        if (!skipped) /* a skipped step's loss is not finite: it says nothing about the epoch */
-            loss_sum += loss * (double)n;
+        if (!r.skipped) { /* a skipped step's loss is not finite: it says nothing about the epoch */
+            loss_sum += r.loss * (double)n;
+            correct += r.correct;
+        }
         samples += n;
         steps++;
-        skipped_steps += skipped;
+        skipped_steps += r.skipped;
         double now = omp_get_wtime();
-        if (now - last_report >= interval) {
+        bool step_due = step_callback != Py_None && every > 0 && (first_step + steps) % every == 0;
+        bool report_due = now - last_report >= interval;
+        if (step_due || report_due) {
             PyEval_RestoreThread(ts);
-            stop = PyErr_CheckSignals() < 0 ? -1 : callback != Py_None ? report(callback, steps, loss, samples) : 0;
-            entered(self); /* the callback may have written the params */
+            po->last_grad_norm = r.grad_norm;
+            stop = PyErr_CheckSignals() < 0 ? -1 : 0;
+            if (!stop && step_due)
+                stop = report_step(step_callback, steps, &r);
+            if (!stop && report_due && callback != Py_None)
+                stop = report(callback, steps, r.loss, samples);
+            if (report_due)
+                last_report = now;
+            entered(self); /* a callback may have written the params */
             ts = PyEval_SaveThread();
-            last_report = now;
             if (stop)
                 break;
         }
     }
     PyEval_RestoreThread(ts);
+    po->last_grad_norm = r.grad_norm;
     release_optimizer(po, opt);
     int closed = ft_py_loader_end(loader_obj) < 0;
     Py_DECREF(loader_obj);
@@ -700,8 +742,8 @@ static PyObject *program_fit_epoch(PyObject *self, PyObject *args, PyObject *kwa
         snprintf(message, sizeof message, "%s", ft_last_error());
         return ft_py_raise(ft_fail(s, "step %lld of the epoch: %s", (long long)steps + 1, message));
     }
-    return Py_BuildValue("(dLLLO)", loss_sum, (long long)samples, (long long)steps, (long long)skipped_steps,
-                         stop ? Py_True : Py_False);
+    return Py_BuildValue("(dLLLOL)", loss_sum, (long long)samples, (long long)steps, (long long)skipped_steps,
+                         stop ? Py_True : Py_False, (long long)correct);
 }
 
 /* eval_epoch(loader, tta_flip=False) -> (loss_sum, correct, count), in eval mode, in C. */
@@ -805,7 +847,7 @@ static PyMethodDef program_methods[] = {
     {"profile", program_profile, METH_NOARGS, "[(forward seconds, backward seconds)] per node since creation"},
     {"node_dtypes", program_node_dtypes, METH_NOARGS, "node_dtypes() -> [each node's output dtype name]"},
     {"train_step", (PyCFunction)(void (*)(void))program_train_step, METH_VARARGS | METH_KEYWORDS,
-     "train_step(x, y, optimizer, clip_grad_norm=None, nan_policy='raise') -> (loss, skipped)"},
+     "train_step(x, y, optimizer, clip_grad_norm=None, nan_policy='raise') -> (loss, skipped, correct)"},
     {"forward", program_forward, METH_O, "forward(x) -> logits, in eval mode"},
     {"backward", program_backward, METH_VARARGS,
      "backward(x, y, accumulate=False) -> loss; the gradients written (or added to), without an update"},
@@ -819,13 +861,27 @@ static PyMethodDef program_methods[] = {
     {"_set_distributed", program_set_distributed, METH_O, NULL},
     {"fit_epoch", (PyCFunction)(void (*)(void))program_fit_epoch, METH_VARARGS | METH_KEYWORDS,
      "fit_epoch(loader, optimizer, schedule=None, callback=None, interval=0.25, clip_grad_norm=None, "
-     "nan_policy='raise') -> (loss_sum, samples, steps, skipped, stopped)"},
+     "nan_policy='raise', step_callback=None, every=0, first_step=0) -> (loss_sum, samples, steps, skipped, stopped, "
+     "correct)"},
     {"eval_epoch", program_eval_epoch, METH_VARARGS,
      "eval_epoch(loader, tta_flip=False) -> (loss_sum, correct, count)"},
     {NULL, NULL, 0, NULL},
 };
 
+static PyObject *program_get_last_grad_norm(PyObject *self, void *closure) {
+    (void)closure;
+    double norm = ((program_object *)self)->last_grad_norm;
+    return isnan(norm) ? Py_NewRef(Py_None) : PyFloat_FromDouble(norm);
+}
+
+static PyGetSetDef program_getset[] = {
+    {"last_grad_norm", program_get_last_grad_norm, NULL,
+     "the gradient norm of the last step that computed it (with clipping or nan_policy='skip'), else None", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
 static PyType_Slot program_slots[] = {
+    {Py_tp_getset, program_getset},
     {Py_tp_new, program_new},
     {Py_tp_dealloc, program_dealloc},
     {Py_tp_traverse, program_traverse},

@@ -59,7 +59,7 @@ ft_tensor *ft_py_unwrap(ft_module_state *st, PyObject *obj, const char *what) {
     return &((ft_tensor_object *)obj)->t;
 }
 
-static PyObject *int64_tuple(const int64_t *v, int n) {
+PyObject *ft_py_shape_tuple(const int64_t *v, int n) {
     PyObject *tuple = PyTuple_New(n);
     for (int i = 0; tuple && i < n; i++) {
         PyObject *item = PyLong_FromLongLong(v[i]);
@@ -74,7 +74,7 @@ static PyObject *int64_tuple(const int64_t *v, int n) {
 
 static PyObject *tensor_get_shape(PyObject *self, void *closure) {
     (void)closure;
-    return int64_tuple(SELF->shape, SELF->ndim);
+    return ft_py_shape_tuple(SELF->shape, SELF->ndim);
 }
 
 static PyObject *tensor_get_ndim(PyObject *self, void *closure) {
@@ -124,7 +124,7 @@ static PyObject *tensor_stride(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "|O:stride", &dim))
         return NULL;
     if (dim == Py_None)
-        return int64_tuple(SELF->strides, SELF->ndim);
+        return ft_py_shape_tuple(SELF->strides, SELF->ndim);
     long d = PyLong_AsLong(dim);
     if (d == -1 && PyErr_Occurred())
         return NULL;
@@ -239,10 +239,11 @@ static PyObject *tensor_to(PyObject *self, PyObject *args) {
 }
 
 /* Moves this tensor's values into `base`'s storage at element `offset`
- * (C-contiguous, on any device) and makes this object a view there. The
- * object stays the same, so whoever holds it (an optimizer's parameter
- * list) then sees the flat buffer: the contiguous-parameters trick without
- * new objects, and Module.to's move to another device. */
+ * (C-contiguous, on any device, converted to base's dtype) and makes this
+ * object a view there. The object stays the same, so whoever holds it (an
+ * optimizer's parameter list) then sees the flat buffer: the
+ * contiguous-parameters trick without new objects, Module.to's move to
+ * another device and Module.half's change of dtype. */
 static PyObject *tensor_rebind(PyObject *self, PyObject *args) {
     PyObject *base_obj;
     long long offset;
@@ -251,9 +252,7 @@ static PyObject *tensor_rebind(PyObject *self, PyObject *args) {
     ft_tensor *base = ft_py_unwrap(ft_py_state_of_type(Py_TYPE(self)), base_obj, "base");
     if (!base)
         return NULL;
-    if (base->dtype != SELF->dtype)
-        return PyErr_Format(PyExc_TypeError, "_rebind: the flat buffer must have the tensor's dtype");
-    int64_t itemsize = (int64_t)ft_dtype_get(SELF->dtype)->itemsize, strides[FT_MAX_DIMS];
+    int64_t itemsize = (int64_t)ft_dtype_get(base->dtype)->itemsize, strides[FT_MAX_DIMS];
     if (offset < 0 || offset > INT64_MAX / itemsize)
         return PyErr_Format(PyExc_ValueError, "_rebind: offset %lld is out of range", offset);
     ft_contiguous_strides(strides, SELF->ndim, SELF->shape);

@@ -247,7 +247,7 @@ static void copy_range(const ft_copy_desc *d, int64_t begin, int64_t end) {
     }
 }
 
-void ft_copy_cpu(const ft_copy_desc *desc) {
+static void copy_cpu(const ft_copy_desc *desc, bool parallel) {
     ft_copy_desc d = *desc;
     ft_copy_coalesce(&d);
     int64_t total = 1;
@@ -256,7 +256,7 @@ void ft_copy_cpu(const ft_copy_desc *desc) {
     if (total == 0)
         return;
     size_t itemsize = ft_dtype_get(d.dst_dtype)->itemsize;
-    if ((size_t)total * itemsize < PARALLEL_BYTES || omp_get_max_threads() == 1) {
+    if (!parallel || (size_t)total * itemsize < PARALLEL_BYTES || omp_get_max_threads() == 1) {
         copy_range(&d, 0, total);
         return;
     }
@@ -266,3 +266,7 @@ void ft_copy_cpu(const ft_copy_desc *desc) {
         copy_range(&d, total * t / nt, total * (t + 1) / nt);
     }
 }
+
+void ft_copy_cpu(const ft_copy_desc *d) { copy_cpu(d, true); }
+
+void ft_copy_cpu_serial(const ft_copy_desc *d) { copy_cpu(d, false); }

@@ -45,4 +45,8 @@ void ft_store_scalar(void *dst, ft_dtype dt, ft_scalar v);
 /* Runs d on the CPU, split over the thread pool for large copies. */
 void ft_copy_cpu(const ft_copy_desc *d);
 
+/* Runs d on the CPU in the calling thread only (the data loader's workers
+ * run beside the compute pool and must not start OpenMP teams). */
+void ft_copy_cpu_serial(const ft_copy_desc *d);
+
 #endif

@@ -28,10 +28,10 @@ typedef struct ring ring;
 
 typedef struct {
     ring *ring;
-    void *mem; /* images (B, sample bytes) then, 64-aligned, labels (B) int64 */
+    void *mem; /* images (B, sample bytes) then, 64-aligned, labels (B, label bytes) */
     size_t granted;
     uint8_t *images;
-    int64_t *labels;
+    uint8_t *labels;
     uint8_t *ok; /* (B) sample produced; false for a failed one */
     slot_state state;
     uint64_t gen;
@@ -68,8 +68,11 @@ struct ft_loader {
     pthread_t *threads;
     int nthreads;
     bool stop;
-    size_t sample_bytes;
-    int C, H, W;
+    /* the batch: (B, *sample.shape) of out.dtype, and labels (B, *label.shape) */
+    ft_output out; /* images: as the plan made it */
+    ft_sample_layout sample, label;
+    size_t sample_bytes, label_bytes;
+    bool tensors; /* a source of feature arrays: rows are copied, no plan */
     int64_t chunk;
     /* production (under ring->mu) */
     uint64_t gen;
@@ -160,7 +163,7 @@ static ft_status slot_new(ft_loader *l, slot **out) {
         return st;
     }
     s->images = s->mem;
-    s->labels = (int64_t *)((uint8_t *)s->mem + r->labels_offset);
+    s->labels = (uint8_t *)s->mem + r->labels_offset;
     *out = s;
     return FT_OK;
 }
@@ -242,7 +245,9 @@ static ft_status start_epoch(ft_loader *l, int64_t epoch, int64_t batch) {
 /* ---- workers ---- */
 
 static ft_status process_sample(ft_loader *l, ft_augment_ctx *ctx, ft_fetch_buf *buf, int64_t i, uint64_t epoch,
-                                uint8_t *out, int64_t *label) {
+                                uint8_t *out, void *label) {
+    if (l->tensors)
+        return ft_source_read_tensors(l->source, i, out, l->out.dtype, label);
     ft_sample smp = {0};
     ft_image img;
     const ft_image *decoded = NULL;
@@ -267,7 +272,7 @@ static ft_status process_sample(ft_loader *l, ft_augment_ctx *ctx, ft_fetch_buf 
     if (d)
         ft_cache_put(l->cache, i, &(ft_cache_entry){FT_SAMPLE_RAW, d->data, d->stride * (size_t)d->height,
                                                     smp.label, d->height, d->width, d->bpp});
-    *label = smp.label;
+    memcpy(label, &smp.label, sizeof smp.label);
     return FT_OK;
 }
 
@@ -328,7 +333,7 @@ static bool work_once(ft_loader *l, ft_augment_ctx *ctx, ft_fetch_buf *buf) {
     for (int64_t j = 0; j < k; j++) {
         int64_t pos = first + j;
         ft_status st = process_sample(l, ctx, buf, idx[j], epoch, s->images + (size_t)pos * l->sample_bytes,
-                                      &s->labels[pos]);
+                                      s->labels + (size_t)pos * l->label_bytes);
         s->ok[pos] = st == FT_OK;
         if (st != FT_OK) {
             nfailed++;
@@ -446,18 +451,49 @@ static ft_status check_config(const ft_loader_config *c, int64_t count) {
     return FT_OK;
 }
 
-/* The first readable sample fixes the batch shape. */
+/* The batch of a tensors source (whose rows are laid out as f and t): its
+ * rows as they are, the features in a float dtype. */
+static ft_status tensor_batches(ft_loader *l, const ft_sample_layout *f, const ft_sample_layout *t, int nops,
+                                const ft_output *output) {
+    if (nops)
+        return ft_fail(FT_ERR_VALUE, "transforms apply to images: a source of feature arrays takes none (got %d); "
+                                     "transform the arrays beforehand", nops);
+    if (output->channels || output->height || output->width || output->channels_last)
+        return ft_fail(FT_ERR_VALUE, "channels, image_size and channels_last apply to images, not to feature arrays");
+    ft_dtype dt = output->dtype;
+    if (dt != FT_FLOAT32 && dt != FT_BFLOAT16 && dt != FT_FLOAT16)
+        return ft_fail(FT_ERR_DTYPE, "batches of features are float32, bfloat16 or float16, not %s",
+                       ft_dtype_get(dt)->name);
+    l->tensors = true;
+    l->out = *output;
+    l->sample = *f;
+    l->sample.dtype = dt;
+    l->label = *t;
+    return FT_OK;
+}
+
+/* The batch's layout: a tensors source's, or the plan's, which the first
+ * readable sample fixes. */
 static ft_status make_plan(ft_loader *l, const ft_transform *ops, int nops, const ft_output *output) {
-    int64_t count = ft_source_count(l->source), tries = count < 64 ? count : 64;
+    ft_sample_layout f, t;
+    if (ft_source_tensor_layout(l->source, &f, &t))
+        return tensor_batches(l, &f, &t, nops, output);
     ft_status st = FT_ERR_VALUE;
+    int64_t count = ft_source_count(l->source), tries = count < 64 ? count : 64;
     char first_error[512] = "";
     for (int64_t i = 0; i < tries; i++) {
         ft_sample smp;
         st = ft_source_get(l->source, i, l->cfg.verify, &l->inline_buf, &smp);
         if (st == FT_OK)
             st = ft_plan_new(&l->plan, ops, nops, output, &smp);
-        if (st == FT_OK)
+        if (st == FT_OK) {
+            int C, H, W;
+            ft_plan_shape(l->plan, &C, &H, &W);
+            l->out = *ft_plan_output(l->plan);
+            l->sample = (ft_sample_layout){.ndim = 3, .shape = {C, H, W}, .dtype = l->out.dtype};
+            l->label = (ft_sample_layout){.ndim = 0, .dtype = FT_INT64};
             return st;
+        }
         if (!first_error[0])
             sample_error(l, i, first_error, sizeof first_error);
         if (l->cfg.on_error == FT_ON_ERROR_RAISE)
@@ -465,6 +501,13 @@ static ft_status make_plan(ft_loader *l, const ft_transform *ops, int nops, cons
     }
     return ft_fail(st, "no readable sample among the first %lld to fix the batch shape: %s", (long long)tries,
                    first_error);
+}
+
+static size_t layout_bytes(const ft_sample_layout *s) {
+    size_t n = ft_dtype_get(s->dtype)->itemsize;
+    for (int d = 0; d < s->ndim; d++)
+        n *= (size_t)s->shape[d];
+    return n;
 }
 
 ft_status ft_loader_new(ft_loader **out, ft_source *source, const ft_transform *ops, int nops,
@@ -492,8 +535,8 @@ ft_status ft_loader_new(ft_loader **out, ft_source *source, const ft_transform *
         ft_loader_free(l);
         return st;
     }
-    l->sample_bytes = ft_plan_sample_bytes(l->plan);
-    ft_plan_shape(l->plan, &l->C, &l->H, &l->W);
+    l->sample_bytes = layout_bytes(&l->sample);
+    l->label_bytes = layout_bytes(&l->label);
     l->nsamples = ft_sampler_rank_samples(&l->sampler);
     l->nbatches = ft_sampler_num_batches(&l->sampler);
     l->order = malloc((size_t)(l->nsamples > 0 ? l->nsamples : 1) * sizeof *l->order);
@@ -515,7 +558,7 @@ ft_status ft_loader_new(ft_loader **out, ft_source *source, const ft_transform *
     r->loader_alive = true;
     size_t images_bytes = (size_t)config->batch_size * l->sample_bytes;
     r->labels_offset = (images_bytes + 63) / 64 * 64;
-    r->slot_bytes = r->labels_offset + (size_t)config->batch_size * sizeof(int64_t);
+    r->slot_bytes = r->labels_offset + (size_t)config->batch_size * l->label_bytes;
     /* in this order: a CPU loader that asks for no pinning loads no CUDA library */
     bool pinned = (config->pin_memory || config->device.type == FT_DEV_CUDA) && ft_cuda();
     r->pool = (ft_mem_pool){pinned ? FT_MEM_PINNED : FT_MEM_HOST, 0};
@@ -523,7 +566,7 @@ ft_status ft_loader_new(ft_loader **out, ft_source *source, const ft_transform *
 
     int64_t chunk = config->batch_size / (4 * (config->num_workers > 0 ? config->num_workers : 1));
     l->chunk = chunk < 1 ? 1 : chunk > CHUNK_MAX ? CHUNK_MAX : chunk;
-    if (config->cache != FT_CACHE_NONE && config->cache_bytes > 0 &&
+    if (config->cache != FT_CACHE_NONE && config->cache_bytes > 0 && !l->tensors &&
         !(config->cache == FT_CACHE_ENCODED && ft_source_in_memory(source)))
         st = ft_cache_new(&l->cache, count, config->cache_bytes);
     if (st == FT_OK && config->device.type == FT_DEV_CUDA)
@@ -576,22 +619,29 @@ ft_status ft_loader_new(ft_loader **out, ft_source *source, const ft_transform *
 
 int64_t ft_loader_num_batches(const ft_loader *l) { return l->nbatches; }
 int64_t ft_loader_num_samples(const ft_loader *l) { return l->nsamples; }
-const ft_output *ft_loader_output(const ft_loader *l) { return ft_plan_output(l->plan); }
+const ft_output *ft_loader_output(const ft_loader *l) { return &l->out; }
 
-void ft_loader_batch_shape(const ft_loader *l, int64_t shape[4]) {
+int ft_loader_batch_shape(const ft_loader *l, int64_t shape[FT_MAX_DIMS]) {
     shape[0] = l->cfg.batch_size;
-    shape[1] = l->C, shape[2] = l->H, shape[3] = l->W;
+    memcpy(shape + 1, l->sample.shape, (size_t)l->sample.ndim * sizeof *shape);
+    return l->sample.ndim + 1;
+}
+
+/* n rows of layout s: contiguous (n, *s.shape). */
+static void rows_layout(const ft_sample_layout *s, ft_tensor *t, int64_t n) {
+    t->ndim = s->ndim + 1;
+    t->shape[0] = n;
+    memcpy(t->shape + 1, s->shape, (size_t)s->ndim * sizeof *t->shape);
+    ft_contiguous_strides(t->strides, t->ndim, t->shape);
+    t->dtype = s->dtype;
 }
 
 /* The images of n samples in the batch buffers' layout: NCHW, or NHWC
- * memory under the (N, C, H, W) shape. */
+ * memory under the (N, C, H, W) shape; features as they are. */
 static void image_layout(const ft_loader *l, ft_tensor *t, int64_t n) {
-    ft_loader_batch_shape(l, t->shape);
-    t->shape[0] = n;
-    t->ndim = 4;
-    ft_contiguous_strides(t->strides, 4, t->shape);
-    if (ft_plan_output(l->plan)->channels_last) {
-        int64_t C = l->C, H = l->H, W = l->W, s[4] = {H * W * C, 1, W * C, C};
+    rows_layout(&l->sample, t, n);
+    if (l->out.channels_last) {
+        int64_t C = t->shape[1], H = t->shape[2], W = t->shape[3], s[4] = {H * W * C, 1, W * C, C};
         memcpy(t->strides, s, sizeof s);
     }
 }
@@ -654,29 +704,26 @@ static int64_t compact(ft_loader *l, slot *s) {
         if (n != i) {
             memmove(s->images + (size_t)n * l->sample_bytes, s->images + (size_t)i * l->sample_bytes,
                     l->sample_bytes);
-            s->labels[n] = s->labels[i];
+            memmove(s->labels + (size_t)n * l->label_bytes, s->labels + (size_t)i * l->label_bytes, l->label_bytes);
         }
         n++;
     }
     return n;
 }
 
-static void image_tensor(const ft_loader *l, ft_tensor *t, ft_storage *st, int64_t n) {
-    *t = (ft_tensor){.storage = st, .offset = 0, .dtype = ft_plan_output(l->plan)->dtype};
-    image_layout(l, t, n);
-}
-
 /* Hands the buffer over as CPU tensors, or copies it to the device. */
 static ft_status deliver(ft_loader *l, slot *s, int64_t n, ft_batch *out) {
     ring *r = l->ring;
     if (l->cfg.device.type == FT_DEV_CUDA) {
-        int64_t shape[4];
-        ft_loader_batch_shape(l, shape);
-        shape[0] = n;
-        ft_status st = ft_tensor_empty(&out->images, 4, shape, ft_plan_output(l->plan)->dtype, l->cfg.device, false);
-        if (st == FT_OK)
-            image_layout(l, &out->images, n); /* the same bytes, copied as they are */
-        if (st == FT_OK && (st = ft_tensor_empty(&out->labels, 1, &n, FT_INT64, l->cfg.device, false)) != FT_OK)
+        ft_tensor images = {0}, labels = {0};
+        image_layout(l, &images, n);
+        rows_layout(&l->label, &labels, n);
+        ft_status st = ft_tensor_empty(&out->images, images.ndim, images.shape, images.dtype, l->cfg.device, false);
+        if (st == FT_OK) /* the same bytes, copied as they are */
+            memcpy(out->images.strides, images.strides, sizeof images.strides);
+        if (st == FT_OK &&
+            (st = ft_tensor_empty(&out->labels, labels.ndim, labels.shape, labels.dtype, l->cfg.device, false)) !=
+                FT_OK)
             ft_tensor_release(&out->images);
         const ft_cuda_api *cu = ft_cuda();
         int dev = l->cfg.device.index;
@@ -694,7 +741,7 @@ static ft_status deliver(ft_loader *l, slot *s, int64_t n, ft_batch *out) {
                 st = cu->memcpy(ft_tensor_data(&out->images), s->images, (size_t)n * l->sample_bytes, dev,
                                 l->stream);
             if (st == FT_OK)
-                st = cu->memcpy(ft_tensor_data(&out->labels), s->labels, (size_t)n * sizeof(int64_t), dev,
+                st = cu->memcpy(ft_tensor_data(&out->labels), s->labels, (size_t)n * l->label_bytes, dev,
                                 l->stream);
             if (st == FT_OK)
                 st = cu->event_record(s->event, l->stream);
@@ -725,10 +772,11 @@ static ft_status deliver(ft_loader *l, slot *s, int64_t n, ft_batch *out) {
     if (status != FT_OK)
         return status;
     st->pinned = r->pool.kind == FT_MEM_PINNED;
-    image_tensor(l, &out->images, st, n);
+    out->images = (ft_tensor){.storage = st};
+    image_layout(l, &out->images, n);
     ft_storage_retain(st);
-    out->labels = (ft_tensor){.storage = st, .offset = (int64_t)r->labels_offset, .dtype = FT_INT64, .ndim = 1,
-                              .shape = {n}, .strides = {1}};
+    out->labels = (ft_tensor){.storage = st, .offset = (int64_t)r->labels_offset};
+    rows_layout(&l->label, &out->labels, n);
     return FT_OK;
 }
 

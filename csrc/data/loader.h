@@ -79,8 +79,8 @@ typedef struct {
 void ft_loader_config_default(ft_loader_config *c);
 
 typedef struct {
-    ft_tensor images; /* (N, C, H, W), or (N, H, W, C) with output.channels_last */
-    ft_tensor labels; /* (N,) int64 */
+    ft_tensor images; /* (N, C, H, W), or (N, H, W, C) with output.channels_last; a tensors source's (N, ...) features */
+    ft_tensor labels; /* (N,) int64; a tensors source's (N, ...) targets, int64 or float32 */
     int64_t epoch;
     int64_t index; /* batch index within the epoch */
     int64_t size;  /* N: batch_size, fewer in a last partial batch or when samples were skipped */
@@ -102,17 +102,21 @@ typedef struct ft_loader ft_loader;
 
 /* The loader takes its own reference to `source`. ops/output describe the
  * per-sample pipeline (data/augment.h); the batch shape is fixed here, from
- * the first sample where the transforms leave it open. */
+ * the first sample where the transforms leave it open. A tensors source
+ * takes no transforms and no image options (channels, size, layout): its
+ * rows are batched as they are, the features converted to output->dtype
+ * (float32, bfloat16 or float16); no cache is kept for it. */
 ft_status ft_loader_new(ft_loader **out, ft_source *source, const ft_transform *ops, int nops,
                         const ft_output *output, const ft_loader_config *config);
 void ft_loader_free(ft_loader *l);
 
 int64_t ft_loader_num_batches(const ft_loader *l);
 int64_t ft_loader_num_samples(const ft_loader *l); /* per epoch, on this rank */
-/* The shape (N, C, H, W) of a full batch's images tensor. A channels-last
- * batch has that shape with NHWC strides, as PyTorch's channels_last
- * memory format. */
-void ft_loader_batch_shape(const ft_loader *l, int64_t shape[4]);
+/* The shape of a full batch's images tensor into shape; returns its rank:
+ * (N, C, H, W) for images (a channels-last batch has that shape with NHWC
+ * strides, as PyTorch's channels_last memory format), (N, ...) for the
+ * features of a tensors source. */
+int ft_loader_batch_shape(const ft_loader *l, int64_t shape[FT_MAX_DIMS]);
 const ft_output *ft_loader_output(const ft_loader *l);
 
 ft_status ft_loader_set_epoch(ft_loader *l, int64_t epoch);

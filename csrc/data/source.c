@@ -11,9 +11,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/copy.h"
 #include "data/record.h"
 
-typedef enum { SRC_RECORD, SRC_FOLDER, SRC_TAR, SRC_ARRAYS } source_kind;
+typedef enum { SRC_RECORD, SRC_FOLDER, SRC_TAR, SRC_ARRAYS, SRC_TENSORS } source_kind;
 
 /* A file-backed sample of a folder or a tar shard. */
 typedef struct {
@@ -43,8 +44,8 @@ struct ft_source {
     int64_t skipped_images; /* folder: image files in a format it does not decode (BMP, ...) */
     shard_file *shards;
     int nshards;
-    /* arrays */
-    ft_tensor images, labels; /* (N, H, W[, C]) uint8, (N,) integer */
+    /* arrays: (N, H, W[, C]) uint8 images, (N,) integer labels; tensors: (N, ...) features and targets */
+    ft_tensor images, labels;
     int height, width, channels;
 };
 
@@ -88,7 +89,7 @@ void ft_source_release(ft_source *s) {
 int64_t ft_source_count(const ft_source *s) { return s->count; }
 
 const char *ft_source_kind(const ft_source *s) {
-    static const char *names[] = {"record", "image_folder", "tar", "arrays"};
+    static const char *names[] = {"record", "image_folder", "tar", "arrays", "tensors"};
     return names[s->kind];
 }
 
@@ -124,6 +125,18 @@ ft_status ft_source_open_record(ft_source **out, const char *path, bool recover)
 
 /* ---- arrays ---- */
 
+/* A source of `kind` over two arrays of N rows, shared: images or features,
+ * and their labels or targets. */
+static ft_source *source_of_arrays(source_kind kind, const ft_tensor *data, const ft_tensor *labels) {
+    ft_source *s = source_new(kind);
+    if (s) {
+        ft_tensor_share(&s->images, data);
+        ft_tensor_share(&s->labels, labels);
+        s->count = data->shape[0];
+    }
+    return s;
+}
+
 ft_status ft_source_from_arrays(ft_source **out, const ft_tensor *images, const ft_tensor *labels) {
     if (images->dtype != FT_UINT8)
         return ft_fail(FT_ERR_DTYPE, "images must be uint8 (N, H, W) or (N, H, W, C), got %s",
@@ -147,12 +160,9 @@ ft_status ft_source_from_arrays(ft_source **out, const ft_tensor *images, const 
     default:
         return ft_fail(FT_ERR_DTYPE, "labels must be integers, got %s", ft_dtype_get(labels->dtype)->name);
     }
-    ft_source *s = source_new(SRC_ARRAYS);
+    ft_source *s = source_of_arrays(SRC_ARRAYS, images, labels);
     if (!s)
         return ft_fail(FT_ERR_NOMEM, "out of memory opening a source");
-    ft_tensor_share(&s->images, images);
-    ft_tensor_share(&s->labels, labels);
-    s->count = images->shape[0];
     s->height = (int)images->shape[1];
     s->width = (int)images->shape[2];
     s->channels = channels;
@@ -197,6 +207,87 @@ static ft_status get_array(const ft_source *s, int64_t i, ft_fetch_buf *buf, ft_
             for (int64_t k = 0; k < c; k++)
                 *d++ = base[y * st[1] + x * st[2] + k * cs];
     out->data = buf->data;
+    return FT_OK;
+}
+
+/* ---- tensors (feature arrays) ---- */
+
+/* FT_ERR_SHAPE unless every row of t (its dimensions after the first) has a
+ * positive size and at most 2**31 elements. */
+static ft_status check_rows(const ft_tensor *t, const char *what) {
+    int64_t numel = 1;
+    for (int d = 1; d < t->ndim; d++) {
+        if (t->shape[d] < 1)
+            return ft_fail(FT_ERR_SHAPE, "%s must have a positive size in every dimension of a sample, dimension %d "
+                                         "has %lld", what, d, (long long)t->shape[d]);
+        numel *= t->shape[d];
+        if (numel > ((int64_t)1 << 31))
+            return ft_fail(FT_ERR_SHAPE, "%s of more than 2**31 values per sample are not supported", what);
+    }
+    return FT_OK;
+}
+
+ft_status ft_source_from_tensors(ft_source **out, const ft_tensor *features, const ft_tensor *targets) {
+    if (!ft_dtype_is_float(features->dtype))
+        return ft_fail(FT_ERR_DTYPE, "features must be float16, bfloat16, float32 or float64, got %s",
+                       ft_dtype_get(features->dtype)->name);
+    if (features->ndim < 2)
+        return ft_fail(FT_ERR_SHAPE, "features must have shape (N, ...) with at least one dimension per sample, "
+                                     "got %d dimension(s) (one feature per sample is (N, 1))", features->ndim);
+    if (ft_tensor_device(features).type != FT_DEV_CPU || ft_tensor_device(targets).type != FT_DEV_CPU)
+        return ft_fail(FT_ERR_DEVICE, "features and targets must be in host memory");
+    if (targets->ndim < 1 || targets->shape[0] != features->shape[0])
+        return ft_fail(FT_ERR_SHAPE, "targets must have shape (%lld, ...), one per sample of the features, got %d "
+                                     "dimension(s) of first size %lld",
+                       (long long)features->shape[0], targets->ndim, (long long)(targets->ndim ? targets->shape[0] : 0));
+    if (ft_dtype_is_complex(targets->dtype))
+        return ft_fail(FT_ERR_DTYPE, "targets must be integers or floating point, got %s",
+                       ft_dtype_get(targets->dtype)->name);
+    FT_TRY(check_rows(features, "features"));
+    FT_TRY(check_rows(targets, "targets"));
+    ft_source *s = source_of_arrays(SRC_TENSORS, features, targets);
+    if (!s)
+        return ft_fail(FT_ERR_NOMEM, "out of memory opening a source");
+    *out = s;
+    return FT_OK;
+}
+
+/* Integer (and bool) targets go into batches as int64, floating ones as float32. */
+static ft_dtype target_dtype(const ft_source *s) { return ft_dtype_is_float(s->labels.dtype) ? FT_FLOAT32 : FT_INT64; }
+
+static void layout_of(const ft_tensor *t, ft_dtype dtype, ft_sample_layout *out) {
+    out->ndim = t->ndim - 1;
+    memcpy(out->shape, t->shape + 1, (size_t)out->ndim * sizeof *out->shape);
+    out->dtype = dtype;
+}
+
+bool ft_source_tensor_layout(const ft_source *s, ft_sample_layout *features, ft_sample_layout *targets) {
+    if (s->kind != SRC_TENSORS)
+        return false;
+    layout_of(&s->images, s->images.dtype, features);
+    layout_of(&s->labels, target_dtype(s), targets);
+    return true;
+}
+
+/* Row i of t (its elements after the first dimension) into dst, C order, as dtype. */
+static void copy_row(const ft_tensor *t, int64_t i, void *dst, ft_dtype dtype) {
+    ft_copy_desc d = {.ndim = t->ndim - 1, .dst = dst, .dst_dtype = dtype, .src_dtype = t->dtype,
+                      .src = ft_tensor_data(t) + i * t->strides[0] * (int64_t)ft_dtype_get(t->dtype)->itemsize};
+    memcpy(d.shape, t->shape + 1, (size_t)d.ndim * sizeof *d.shape);
+    memcpy(d.src_strides, t->strides + 1, (size_t)d.ndim * sizeof *d.src_strides);
+    ft_contiguous_strides(d.dst_strides, d.ndim, d.shape);
+    ft_copy_cpu_serial(&d);
+}
+
+ft_status ft_source_read_tensors(const ft_source *s, int64_t i, void *features, ft_dtype dtype, void *targets) {
+    if (s->kind != SRC_TENSORS)
+        return ft_fail(FT_ERR_VALUE, "only a source of feature arrays is read as tensors");
+    if (i < 0 || i >= s->count)
+        return ft_fail(FT_ERR_INDEX, "sample %lld is out of range for a source of %lld", (long long)i,
+                       (long long)s->count);
+    FT_TRY(ft_copy_check_dtypes(dtype, s->images.dtype));
+    copy_row(&s->images, i, features, dtype);
+    copy_row(&s->labels, i, targets, target_dtype(s));
     return FT_OK;
 }
 
@@ -696,6 +787,9 @@ ft_status ft_source_get(const ft_source *s, int64_t i, bool verify, ft_fetch_buf
         return ft_record_get(s->record, i, verify, buf, out);
     case SRC_ARRAYS:
         return get_array(s, i, buf, out);
+    case SRC_TENSORS:
+        return ft_fail(FT_ERR_VALUE, "a source of feature arrays holds no images or encoded files: a Loader batches "
+                                     "its rows as they are");
     case SRC_FOLDER: {
         const file_entry *e = &s->entries[i];
         *out = (ft_sample){.kind = e->kind, .label = e->label};
@@ -723,7 +817,8 @@ void ft_source_describe(const ft_source *s, int64_t i, char *buf, size_t n) {
     }
     switch (s->kind) {
     case SRC_RECORD: snprintf(buf, n, "%s#%lld", ft_record_path(s->record), (long long)i); break;
-    case SRC_ARRAYS: snprintf(buf, n, "array sample %lld", (long long)i); break;
+    case SRC_ARRAYS:
+    case SRC_TENSORS: snprintf(buf, n, "array sample %lld", (long long)i); break;
     case SRC_FOLDER: snprintf(buf, n, "%s", s->entries[i].name); break;
     case SRC_TAR: snprintf(buf, n, "%s:%s", s->shards[s->entries[i].file].path, s->entries[i].name); break;
     }

@@ -15,6 +15,11 @@
  *                 (N, H, W, C) with C = 1 or 3 and integer labels (N,), any
  *                 strides, shared without a copy (the source holds a
  *                 reference to both storages)
+ *   tensors       ft_source_from_tensors: features (N, ...) of a floating
+ *                 dtype and targets (N, ...) of any real dtype, any strides,
+ *                 shared without a copy; a loader copies their rows into its
+ *                 batches (ft_source_read_tensors), without images' decoding
+ *                 or transforms
  *
  * Sources are immutable once opened and may be read from any number of
  * threads at once; they are reference counted so that loaders can share one. */
@@ -35,13 +40,14 @@ ft_status ft_source_open_record(ft_source **out, const char *path, bool recover)
 ft_status ft_source_open_image_folder(ft_source **out, const char *root);
 ft_status ft_source_open_tar(ft_source **out, const char *const *paths, int npaths);
 ft_status ft_source_from_arrays(ft_source **out, const ft_tensor *images, const ft_tensor *labels);
+ft_status ft_source_from_tensors(ft_source **out, const ft_tensor *features, const ft_tensor *targets);
 
 void ft_source_retain(ft_source *s);
 void ft_source_release(ft_source *s);
 
 int64_t ft_source_count(const ft_source *s);
 
-/* "record", "image_folder", "tar" or "arrays". */
+/* "record", "image_folder", "tar", "arrays" or "tensors". */
 const char *ft_source_kind(const ft_source *s);
 
 /* Whether samples are already in memory (arrays) or in the kernel's page
@@ -52,6 +58,24 @@ bool ft_source_in_memory(const ft_source *s);
 /* Sample i. Its bytes point into the source or into buf; with `verify`,
  * record checksums are checked. Safe from many threads with distinct bufs. */
 ft_status ft_source_get(const ft_source *s, int64_t i, bool verify, ft_fetch_buf *buf, ft_sample *out);
+
+/* The per-sample shape and dtype of a batch's rows. */
+typedef struct {
+    int ndim;
+    int64_t shape[FT_MAX_DIMS];
+    ft_dtype dtype;
+} ft_sample_layout;
+
+/* For a tensors source: the features' per-sample shape and dtype, and the
+ * targets' per-sample shape with the dtype they take in batches (int64 for
+ * integer or bool targets, float32 for floating ones); false for any other
+ * source (whose samples ft_source_get gives). */
+bool ft_source_tensor_layout(const ft_source *s, ft_sample_layout *features, ft_sample_layout *targets);
+
+/* Sample i of a tensors source: its features into `features` as `dtype`
+ * and its targets into `targets` as their batch dtype, both C-contiguous.
+ * Runs on the calling thread; safe from many threads at once. */
+ft_status ft_source_read_tensors(const ft_source *s, int64_t i, void *features, ft_dtype dtype, void *targets);
 
 /* A name for sample i in messages: a path, "file.rec#12", "shard.tar:key". */
 void ft_source_describe(const ft_source *s, int64_t i, char *buf, size_t n);

@@ -716,15 +716,28 @@ static ft_status input_on_device(const ft_program *p, const ft_tensor *x, bool q
 
 /* The batch's targets checked (shape, dtype, and by each loss node its
  * values) and each loss node's normalizer for the batch. *dev gets them
- * where the program runs (nothing when the loss reads no targets). */
+ * where the program runs (nothing when the loss reads no targets). Targets
+ * (N,) for a target of per-sample shape (1,) are read as the column
+ * (N, 1): one regression target per sample, as a user's y usually is
+ * (PyTorch would broadcast (N, 1) against (N,) to an (N, N) loss). */
 static ft_status prepare_targets(ft_program *p, const ft_tensor *y, int64_t rows, ft_tensor *dev) {
     *dev = (ft_tensor){0};
-    if (p->target < 0)
+    ft_tensor column;
+    if (p->target < 0) {
         y = NULL; /* a loss of the outputs alone: any targets given are not read */
-    else if (!y)
+    } else if (!y) {
         return ft_fail(FT_ERR_VALUE, "program: the loss reads targets: give them");
-    else
-        FT_TRY(check_batch(p, p->target, p->nodes[p->target].dtype == FT_INT64 ? "labels" : "targets", y, rows));
+    } else {
+        const ft_node *t = &p->nodes[p->target];
+        if (y->ndim == 1 && t->ndim == 1 && t->shape[0] == 1) {
+            column = *y; /* a view for this call: y's storage outlives it */
+            column.ndim = 2;
+            column.shape[1] = 1;
+            column.strides[1] = 1;
+            y = &column;
+        }
+        FT_TRY(check_batch(p, p->target, t->dtype == FT_INT64 ? "labels" : "targets", y, rows));
+    }
     ft_tensor host = {0}; /* contiguous, on the CPU: the loss nodes' prepare reads it */
     if (y)
         FT_TRY(ft_tensor_on_host(&host, y, y->dtype));
@@ -774,6 +787,33 @@ static ft_status add_loss(ft_program *p, bool training, int64_t rows, double *lo
 
 /* ---- backward ---- */
 
+/* Adds to *correct the samples of the micro-batch whose argmax output (of
+ * the training or the evaluation forward just run) is their class target
+ * (y on the host), through `scores` (batch, classes) on the CPU. */
+static ft_status count_correct(ft_program *p, bool training, int64_t rows, const ft_tensor *y,
+                               const ft_tensor *scores, int64_t *correct) {
+    int64_t classes = p->nodes[p->output].shape[0];
+    ft_tensor out = node_out(p, training, p->output, rows), s = rows_of(scores, 0, rows);
+    FT_TRY(ft_tensor_copy(&s, &out, false));
+    const float *l = (const float *)ft_tensor_data(&s);
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t best = 0, label;
+        for (int64_t c = 1; c < classes; c++)
+            if (l[r * classes + c] > l[r * classes + best])
+                best = c;
+        memcpy(&label, (const char *)ft_tensor_data(y) + r * y->strides[0] * 8, 8);
+        *correct += best == label;
+    }
+    return FT_OK;
+}
+
+/* Whether evaluate counts correct predictions: a (classes,) output and class targets. */
+static bool classifies(const ft_program *p) {
+    return p->target >= 0 && p->nodes[p->target].dtype == FT_INT64 && p->nodes[p->target].ndim == 0 &&
+           p->nodes[p->output].ndim == 1;
+}
+
+
 /* A parameter gradient of node i (j 0: weight, 1: bias) and its rule: added
  * when the step has written it already (a tied weight, a micro-batch after
  * the first). NULL for a frozen or absent parameter. */
@@ -814,9 +854,11 @@ static ft_status backward_node(ft_program *p, int i, int64_t rows) {
     return s;
 }
 
-/* The steps of ft_program_backward over x and y where the program runs. */
+/* The steps of ft_program_backward over x and y where the program runs;
+ * with yh (the labels on the host) the correct predictions are counted
+ * through `scores`. */
 static ft_status backward_batches(ft_program *p, const ft_tensor *x, const ft_tensor *y, bool accumulate,
-                                  double *loss) {
+                                  double *loss, const ft_tensor *yh, const ft_tensor *scores, int64_t *correct) {
     int64_t B = x->shape[0];
     int last = p->n - 1;
     FT_TRY(copy_statistics(p, true));
@@ -826,7 +868,12 @@ static ft_status backward_batches(ft_program *p, const ft_tensor *x, const ft_te
         p->x = rows_of(x, r0, rows);
         if (y)
             p->y = rows_of(y, r0, rows);
-        FT_TRY(forward(p, true, rows, 1, last));
+        FT_TRY(forward(p, true, rows, 1, p->output));
+        if (yh) { /* the output is read here, before the loss's nodes may reuse its memory */
+            ft_tensor ym = rows_of(yh, r0, rows);
+            FT_TRY(count_correct(p, true, rows, &ym, scores, correct));
+        }
+        FT_TRY(forward(p, true, rows, p->output + 1, last));
         FT_TRY(add_loss(p, true, rows, loss));
         if (!isfinite(*loss)) /* the caller refuses or skips this step: leave no trace of it */
             return copy_statistics(p, false);
@@ -846,21 +893,34 @@ static ft_status backward_batches(ft_program *p, const ft_tensor *x, const ft_te
     return FT_OK;
 }
 
-ft_status ft_program_backward(ft_program *p, const ft_tensor *x, const ft_tensor *y, bool accumulate, double *loss) {
+/* (batch, classes) float32 on the CPU, where count_correct puts the scores. */
+static ft_status scores_buffer(const ft_program *p, ft_tensor *out) {
+    return ft_tensor_empty(out, 2, (int64_t[]){p->batch, p->nodes[p->output].shape[0]}, FT_FLOAT32, FT_CPU, false);
+}
+
+ft_status ft_program_backward(ft_program *p, const ft_tensor *x, const ft_tensor *y, bool accumulate, double *loss,
+                              int64_t *correct) {
     FT_TRY(check_input(p, x));
     FT_TRY(refresh_low_weights(p));
-    ft_tensor yd, xd = {0};
+    ft_tensor yd, xd = {0}, yh = {0}, scores = {0};
     FT_TRY(prepare_targets(p, y, x->shape[0], &yd));
+    bool count = correct && classifies(p);
     ft_status s = input_on_device(p, x, true, &xd);
+    if (s == FT_OK && count)
+        s = ft_tensor_on_host(&yh, y, y->dtype);
+    if (s == FT_OK && count)
+        s = scores_buffer(p, &scores);
     if (s == FT_OK) {
         *loss = 0;
-        s = backward_batches(p, &xd, yd.storage ? &yd : NULL, accumulate, loss);
-        ft_tensor_release(&xd);
+        s = backward_batches(p, &xd, yd.storage ? &yd : NULL, accumulate, loss, count ? &yh : NULL, &scores,
+                             correct);
         if (s != FT_OK) /* an op refused the batch midway (an embedding id out of range): leave no trace */
             copy_statistics(p, false);
     }
-    if (yd.storage)
-        ft_tensor_release(&yd);
+    ft_tensor *held[4] = {&xd, &yd, &yh, &scores};
+    for (int k = 0; k < 4; k++)
+        if (held[k]->storage)
+            ft_tensor_release(held[k]);
     return s;
 }
 
@@ -924,31 +984,6 @@ static ft_status flip_average(ft_program *p, int64_t rows, const ft_tensor *othe
     return s;
 }
 
-/* Adds to *correct the samples of the micro-batch whose argmax output is
- * their class target (y on the host). */
-static ft_status count_correct(ft_program *p, int64_t rows, const ft_tensor *y, const ft_tensor *scores,
-                               int64_t *correct) {
-    int64_t classes = p->nodes[p->output].shape[0];
-    ft_tensor out = node_out(p, false, p->output, rows), s = rows_of(scores, 0, rows);
-    FT_TRY(ft_tensor_copy(&s, &out, false));
-    const float *l = (const float *)ft_tensor_data(&s);
-    for (int64_t r = 0; r < rows; r++) {
-        int64_t best = 0, label;
-        for (int64_t c = 1; c < classes; c++)
-            if (l[r * classes + c] > l[r * classes + best])
-                best = c;
-        memcpy(&label, (const char *)ft_tensor_data(y) + r * y->strides[0] * 8, 8);
-        *correct += best == label;
-    }
-    return FT_OK;
-}
-
-/* Whether evaluate counts correct predictions: a (classes,) output and class targets. */
-static bool classifies(const ft_program *p) {
-    return p->target >= 0 && p->nodes[p->target].dtype == FT_INT64 && p->nodes[p->target].ndim == 0 &&
-           p->nodes[p->output].ndim == 1;
-}
-
 /* ft_program_evaluate over x and y where the program runs (yh: y on the
  * host), with `other` (batch, output) where the program runs and `scores`
  * (batch, classes) on the CPU. */
@@ -969,7 +1004,7 @@ static ft_status evaluate_batches(ft_program *p, const ft_tensor *x, const ft_te
         FT_TRY(add_loss(p, false, rows, &loss));
         if (classifies(p)) {
             ft_tensor ym = rows_of(yh, r0, rows);
-            FT_TRY(count_correct(p, rows, &ym, scores, correct));
+            FT_TRY(count_correct(p, false, rows, &ym, scores, correct));
         }
     }
     *loss_sum += loss * (double)B;
@@ -991,7 +1026,7 @@ ft_status ft_program_evaluate(ft_program *p, const ft_tensor *x, const ft_tensor
     if (s == FT_OK && tta_flip)
         s = ft_tensor_empty(&other, o->ndim + 1, shape, FT_FLOAT32, p->device, false);
     if (s == FT_OK && classifies(p))
-        s = ft_tensor_empty(&scores, 2, shape, FT_FLOAT32, FT_CPU, false);
+        s = scores_buffer(p, &scores);
     if (s == FT_OK)
         s = evaluate_batches(p, &xd, yd.storage ? &yd : NULL, &yh, tta_flip, loss_sum, correct, &other, &scores);
     ft_tensor *held[5] = {&xd, &yd, &yh, &other, &scores};

@@ -147,15 +147,21 @@ void ft_program_params_changed(ft_program *p);
 ft_dtype ft_program_node_dtype(const ft_program *p, int i);
 
 /* Forward and backward of one batch x (B, ...) with targets y (B, ...) of
- * the target node's shape and dtype (NULL when the loss reads none), split
+ * the target node's shape and dtype (NULL when the loss reads none; (B,)
+ * for a target of per-sample shape (1,) is read as (B, 1)), split
  * into micro-batches of the planned size: parameter gradients are written
  * for the first and added for the others, so they hold the gradient of the
  * batch's loss; with `accumulate` they are added to from the first (the
  * gradients of several batches summed, as PyTorch's backward). *loss gets
  * the loss. Targets are checked before anything runs: a bad batch
  * changes nothing. A non-finite loss stops the step: the batch-norm running
- * statistics are put back as they were and *loss tells the caller. */
-ft_status ft_program_backward(ft_program *p, const ft_tensor *x, const ft_tensor *y, bool accumulate, double *loss);
+ * statistics are put back as they were and *loss tells the caller. With
+ * `correct` (may be NULL) and a program that classifies ((classes,)
+ * outputs, class targets), the samples whose training-mode output has its
+ * argmax at their label are added to *correct: the training accuracy from
+ * the step's own forward. */
+ft_status ft_program_backward(ft_program *p, const ft_tensor *x, const ft_tensor *y, bool accumulate, double *loss,
+                              int64_t *correct);
 
 /* Puts the batch-norm running statistics (and batch counts) back as they
  * were before the last ft_program_backward: for a step the caller drops. */

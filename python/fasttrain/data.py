@@ -335,20 +335,40 @@ class TarShards(Source):
         pass
 
 
+def _host_tensor(a, what):
+    """a (a NumPy array, a CPU tensor, nested lists) as a tensor sharing its memory where it can."""
+    from .creation import as_tensor
+    if not isinstance(a, (np.ndarray, _C.TensorBase)):
+        a = np.asarray(a)
+    if isinstance(a, np.ndarray) and not a.dtype.isnative:
+        a = a.astype(a.dtype.newbyteorder("="))
+    t = as_tensor(a)
+    if t.device.type != "cpu":
+        raise ValueError(f"{what} are on {t.device}: a loader reads arrays in host memory (move them with .cpu())")
+    return t
+
+
 class ArraySource(Source):
-    """uint8 images (N, H, W) or (N, H, W, C) and integer labels (N,), shared with NumPy without a copy."""
+    """Arrays shared without a copy (NumPy arrays or CPU fasttrain tensors), of one of two kinds:
+
+    - uint8 images (N, H, W) or (N, H, W, C) and integer labels (N,): decoded and transformed as images;
+    - features of a floating dtype (float32, float64, bfloat16, float16) of any shape (N, ...) and targets
+      (N, ...): integers (class labels), which batches give as int64, or floats (regression targets), which
+      batches give as float32. The Loader batches their rows as they are: no transforms.
+    """
 
     def __new__(cls, images, labels):
-        if not isinstance(images, np.ndarray):
-            images = np.asarray(images)
-        labels = np.asarray(labels)
-        if images.dtype != np.uint8:
-            raise TypeError(f"images must be uint8, got {images.dtype}")
-        if labels.dtype.kind not in "iu":
-            raise TypeError(f"labels must be integers, got {labels.dtype}")
-        if not labels.dtype.isnative:
-            labels = labels.astype(labels.dtype.newbyteorder("="))
-        self = super().__new__(cls, "arrays", (from_numpy(images), from_numpy(labels)))
+        x, y = _host_tensor(images, "the images"), _host_tensor(labels, "the labels")
+        if x.dtype.name == "uint8":
+            if y.dtype.is_floating_point or y.dtype.is_complex or y.dtype.name == "bool":
+                raise TypeError(f"labels of uint8 images must be integers, got {y.dtype.name}")
+            kind = "arrays"
+        elif x.dtype.is_floating_point:
+            kind = "tensors"
+        else:
+            raise TypeError(f"arrays must be uint8 images or floating-point features, got {x.dtype.name} (convert "
+                            f"integer features with .astype(np.float32))")
+        self = super().__new__(cls, kind, (x, y))
         self.images = images
         self.labels = labels
         return self
@@ -358,7 +378,9 @@ class ArraySource(Source):
 
 
 def from_arrays(images, labels):
-    """A source over NumPy arrays (zero-copy): uint8 images (N, H, W[, C]) and integer labels (N,)."""
+    """A source over arrays, shared without a copy (NumPy arrays or CPU tensors): uint8 images (N, H, W[, C]) with
+    integer labels (N,), or floating-point features (N, ...) with integer or floating targets (N, ...); see
+    ArraySource."""
     return ArraySource(images, labels)
 
 
@@ -374,8 +396,8 @@ def _as_source(source):
         if path.endswith(".tar") or any(c in path for c in "*?["):
             return TarShards(path)
         return RecordFile(path)
-    raise TypeError(f"cannot read samples from {type(source).__name__}: give a Source, a path or "
-                    f"(images, labels) arrays")
+    raise TypeError(f"cannot read samples from {type(source).__name__}: give a Source, a path, (images, labels) "
+                    f"or (features, targets) arrays")
 
 
 # ---------------------------------------------------------------- Fashion-MNIST
@@ -600,11 +622,14 @@ class Loader(_C.LoaderBase):
 
     Iterating gives (images, labels): images (N, C, H, W) float32 (or the ToTensor dtype / layout), labels (N,)
     int64, in order, N = batch_size except in a last partial batch (or when on_error='skip' dropped samples).
+    Feature arrays (from_arrays) give (features, targets): their rows as they are, the features float32 (or
+    `dtype`: bfloat16, float16), the targets int64 or float32; they take no transforms and no image options.
     Each complete pass advances `epoch` by one (set_epoch sets it, as DistributedSampler's). The
     transforms are given torchvision-style; their random parameters are a pure function of
     (seed, epoch, sample index), so results do not depend on num_workers.
 
-    source: a Source, a path (record file, ImageFolder directory, .tar shard or glob), or (images, labels).
+    source: a Source, a path (record file, ImageFolder directory, .tar shard or glob), or (images, labels) or
+    (features, targets) arrays.
     num_workers: C threads (0 runs the pipeline in the calling thread). prefetch: batches prepared ahead.
     pin_memory: page-locked batch buffers when a CUDA device is present. device='cuda' copies each batch to
     the device asynchronously. rank/world_size shard the samples as DistributedSampler does, with the same

@@ -16,7 +16,7 @@ class History(dict):
 
     def plot(self):
         """Plots the loss curves (training, and validation when there was a validation set) and, beside them, the
-        validation accuracy in percent, against the epoch, with matplotlib's pyplot (imported here, so fasttrain
+        accuracies in percent (training, and validation when there was one), against the epoch, with matplotlib's pyplot (imported here, so fasttrain
         itself does not need matplotlib). Returns the list of Axes, one per panel (axes[0].figure is the
         figure): in a notebook the figure shows once, and in a script plt.show() or
         axes[0].figure.savefig(path) shows or saves it."""
@@ -29,9 +29,10 @@ class History(dict):
             pairs = [(e, v * scale) for e, v in zip(epochs, self.get(key, ())) if v is not None]
             return [e for e, _ in pairs], [v for _, v in pairs]
 
-        accuracy = points("val_accuracy", 100.0)
-        fig, axes = plt.subplots(1, 2 if accuracy[0] else 1, figsize=(9 if accuracy[0] else 4.5, 3.2),
-                                 squeeze=False)
+        accuracies = [(points(key, 100.0), label) for key, label in (("train_accuracy", "training"),
+                                                                      ("val_accuracy", "validation"))]
+        accuracies = [(a, label) for a, label in accuracies if a[0]]
+        fig, axes = plt.subplots(1, 2 if accuracies else 1, figsize=(9 if accuracies else 4.5, 3.2), squeeze=False)
         axes = list(axes[0])
         loss = axes[0]
         loss.plot(*points("train_loss"), "o-", label="training")
@@ -41,10 +42,12 @@ class History(dict):
         loss.set_xlabel("epoch")
         loss.set_ylabel("loss")
         loss.legend()
-        if accuracy[0]:
-            axes[1].plot(*accuracy, "o-", color="C2")
+        for points_, label in accuracies:
+            axes[1].plot(*points_, "o-", label=label)
+        if accuracies:
             axes[1].set_xlabel("epoch")
-            axes[1].set_ylabel("validation accuracy (%)")
+            axes[1].set_ylabel("accuracy (%)")
+            axes[1].legend()
         for ax in axes:
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         fig.tight_layout()

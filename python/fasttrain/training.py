@@ -2,6 +2,7 @@
 per-epoch metrics, learning-rate schedules and callbacks."""
 from __future__ import annotations
 
+import copy
 import time
 from typing import TYPE_CHECKING
 
@@ -24,9 +25,30 @@ def _is_c_loader(loader):
     return isinstance(loader, Loader)
 
 
+def _as_loader(program, data, batch_size, shuffle):
+    """A fasttrain Loader of batch_size over (x, y) arrays (shuffled when training, seeded from the global seed as
+    every Loader is); a loader or iterable as it is. The program keeps the loader of the arrays it last trained
+    on (and evaluated on), so that fit on the same arrays again goes on with the next epoch's order."""
+    if not isinstance(data, tuple):
+        if batch_size is not None:
+            raise ValueError("batch_size applies to (x, y) arrays: a loader makes batches of its own size")
+        return data
+    if len(data) != 2:
+        raise TypeError(f"give the data as a loader or as (x, y) arrays, got a tuple of {len(data)}")
+    from .data import Loader
+    loaders = program.__dict__.setdefault("_array_loaders", {})
+    kept = loaders.get(shuffle)
+    if kept is None or kept.source.images is not data[0] or kept.source.labels is not data[1] \
+            or kept.batch_size != batch_size:
+        kept = loaders[shuffle] = Loader(data, batch_size, shuffle=shuffle)
+    return kept
+
+
 def evaluate(program: Program, loader: Iterable[Any], tta_flip: bool = False) -> tuple[float, float | None]:
-    """(mean loss, accuracy) of the program over a loader, in eval mode. With tta_flip the logits of each image
-    and of its horizontal mirror are averaged (test-time augmentation). A fasttrain loader runs entirely in C."""
+    """(mean loss, accuracy) of the program over a loader (or (x, y) arrays, in batches of the program's size), in
+    eval mode. With tta_flip the logits of each image and of its horizontal mirror are averaged (test-time
+    augmentation). A fasttrain loader runs entirely in C."""
+    loader = _as_loader(program, loader, program.batch_size if isinstance(loader, tuple) else None, False)
     if _is_c_loader(loader):
         # The whole split, wherever an earlier iteration (or a restored state) left the loader.
         loader.set_epoch(loader.epoch)
@@ -45,10 +67,12 @@ def evaluate(program: Program, loader: Iterable[Any], tta_flip: bool = False) ->
     return loss_sum / count, correct / count if program.classifies else None
 
 
-def _fit_epoch_in_c(program, loader, scheduler, interval, bar, start):
+def _fit_epoch_in_c(program, loader, scheduler, interval, bar, start, on_step, every):
     """One epoch (or what is left of it, after a restored position) in C: every step's hyperparameters (the
     learning rate, and the momentum or betas a scheduler cycles) are computed up front by stepping the scheduler,
-    and Python runs only for the progress bar. Returns (loss sum, samples, last lr)."""
+    and Python runs only for the progress bar and for on_step(step, loss, lr, grad_norm) every `every` steps of the
+    program (one returning True stops the epoch there). Returns (loss sum, samples, last lr, correct predictions,
+    stopped)."""
     optimizer = program.optimizer
     groups = optimizer.param_groups
 
@@ -60,42 +84,67 @@ def _fit_epoch_in_c(program, loader, scheduler, interval, bar, start):
         # The scheduler's last step of the epoch waits until the epoch is done, so that the optimizer starts the
         # epoch with its first step's values and never sees one from beyond the schedule's end.
         steps = len(loader) - loader._position()[1]
+        state = copy.deepcopy(scheduler.state_dict())  # to rewind to, should a callback stop the epoch
         first = [dict(g) for g in groups]
         schedule = [hyper()]
         for _ in range(steps - 1):
             scheduler.step()
             schedule.append(hyper())
         last = [dict(g) for g in groups]
-        for g, saved in zip(groups, first):
-            g.update(saved)
+        for g, values in zip(groups, first):
+            g.update(values)
     lrs = [[t[0] for t in row] for row in schedule] if schedule else [[g["lr"] for g in groups]]
+
+    def lr_at(steps):
+        return lrs[min(steps, len(lrs)) - 1][0]
 
     def progress(steps, loss, samples):
         if bar:
-            bar.update(steps - bar.count, loss=loss, lr=lrs[min(steps, len(lrs)) - 1][0],
+            bar.update(steps - bar.count, loss=loss, lr=lr_at(steps),
                        img_s=samples / max(time.perf_counter() - start, 1e-9))
 
-    loss_sum, samples, steps, skipped, _ = program._c.fit_epoch(loader, optimizer, schedule, progress, 0.25,
-                                                                program.clip_grad_norm, program.nan_policy)
-    program.step_count += steps
+    first_step = program.step_count
+
+    def step(steps, loss, grad_norm):
+        program.step_count = first_step + steps  # as a callback reading the program expects it
+        return on_step(program.step_count, loss, lr_at(steps), grad_norm)
+
+    loss_sum, samples, steps, skipped, stopped, correct = program._c.fit_epoch(
+        loader, optimizer, schedule, progress, 0.25, program.clip_grad_norm, program.nan_policy,
+        step if on_step else None, every, first_step)
+    program.step_count = first_step + steps
     program.skipped_steps += skipped
     if schedule is not None:
-        for g, saved in zip(groups, last):
-            g.update(saved)
+        if stopped and steps < len(schedule):  # the scheduler as it stands after the steps that ran
+            scheduler.load_state_dict(state)
+            for g, values in zip(groups, first):
+                g.update(values)
+            for _ in range(steps):
+                scheduler.step()
+        else:
+            for g, values in zip(groups, last):
+                g.update(values)
+            scheduler.step()
         optimizer._pushed = list(schedule[steps - 1] if steps else schedule[0])  # what C holds now
-        scheduler.step()
     if bar:
         bar.update(steps - bar.count)
-    return loss_sum, samples, lrs[-1][0]
+    return loss_sum, samples, lr_at(max(steps, 1)), correct, stopped
 
 
 def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader: Iterable[Any] | None = None,
         scheduler: LRScheduler | None = None, scheduler_interval: str = "step", tta_flip: bool = False,
         progress: bool = True, callbacks: Sequence[Callable[[int, Mapping[str, Any]], Any]] = (),
-        stream: TextIO | None = None) -> History:
-    """Trains `program` for `epochs` passes over `loader` (batches of (images, labels)). Returns the history, a
-    dict (ft.History, which adds plot()) of per-epoch lists of train_loss, val_loss, val_accuracy, lr, seconds and
-    images_per_second.
+        stream: TextIO | None = None, batch_size: int | None = None,
+        step_callbacks: Sequence[Callable[[int, Mapping[str, Any]], Any]] = (),
+        every_n_steps: int = 1) -> History:
+    """Trains `program` for `epochs` passes over `loader` (batches of (images, labels)), or over (x, y) arrays
+    (NumPy arrays or CPU tensors: uint8 images or floating-point features, see ft.data.from_arrays) in shuffled
+    batches of `batch_size` (the program's by default), made by a Loader seeded from the global seed. Returns
+    the history, a dict (ft.History, which adds plot()) of per-epoch lists of train_loss, train_accuracy,
+    val_loss, val_accuracy, lr, seconds and images_per_second. train_accuracy (None unless the model
+    classifies) counts the argmax of the logits of each training step's own forward, in training mode (dropout
+    on, batch statistics), as the weights stood before that step's update; under ft.distributed it is this
+    rank's.
 
     progress: a progress bar per epoch that ends in one final line, written to `stream` (sys.stdout by default);
     in a Jupyter notebook with ipywidgets the bar on the notebook's own output is a widget that becomes that line.
@@ -104,14 +153,27 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
     scheduler: an ft.optim.lr_scheduler stepped after every batch ("step") or every epoch ("epoch").
     callbacks: functions called as cb(epoch, metrics) after each epoch, epoch being metrics["epoch"] (counted
     from 1); one returning True stops training.
+    step_callbacks: functions called as cb(step, metrics) after every `every_n_steps`-th optimizer step of the
+    program (step counted from 1 over the program's life, program.step_count), metrics holding "step",
+    "epoch", "loss" (that step's), "lr" (the first group's, for that step) and "grad_norm" (its gradient norm
+    before clipping, program.last_grad_norm: None unless compile(clip_grad_norm=...) or nan_policy="skip");
+    one returning True stops training after that step. A fasttrain Loader's epoch stays in C between them.
+    val_loader may be (x, y) arrays too (in batches of the program's size).
 
     A fasttrain Loader says which epoch runs (its shuffle order and augmentations): its own count of epochs
     done, or the position ft.load restored, whose epoch is finished first. So fit(1) twice is fit(2), and a
-    resumed run equals an uninterrupted one."""
+    resumed run equals an uninterrupted one; after a step callback stopped training, the next fit goes on from
+    the step where it stopped."""
     if scheduler_interval not in ("step", "epoch"):
         raise ValueError("scheduler_interval must be 'step' or 'epoch'")
-    history = History((k, []) for k in ("epoch", "train_loss", "val_loss", "val_accuracy", "lr", "seconds",
-                                        "images_per_second"))
+    if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:
+        raise ValueError(f"every_n_steps must be a positive int, got {every_n_steps!r}")
+    loader = _as_loader(program, loader,
+                        (batch_size or program.batch_size) if isinstance(loader, tuple) else batch_size, True)
+    if isinstance(val_loader, tuple):
+        val_loader = _as_loader(program, val_loader, program.batch_size, False)
+    history = History((k, []) for k in ("epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy", "lr",
+                                        "seconds", "images_per_second"))
     c_loader = _is_c_loader(loader)
     from . import distributed
     progress = progress and distributed.get_rank() == 0
@@ -132,31 +194,47 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
         bar = ProgressBar(len(loader), f"epoch {epoch + 1} ({count + 1}/{epochs})", stream=stream) \
             if progress else None
         start = time.perf_counter()
-        loss_sum, samples, lr = 0.0, 0, _lr(program.optimizer)
+        loss_sum, samples, lr, correct, stopped = 0.0, 0, _lr(program.optimizer), 0, False
+
+        def on_step(step, loss, lr, grad_norm):
+            metrics = {"step": step, "epoch": epoch + 1, "loss": loss, "lr": lr, "grad_norm": grad_norm}
+            return any(cb(step, metrics) for cb in step_callbacks)
+
         if _is_c_loader(loader):
-            loss_sum, samples, lr = _fit_epoch_in_c(program, loader, scheduler, scheduler_interval, bar, start)
+            loss_sum, samples, lr, correct, stopped = _fit_epoch_in_c(
+                program, loader, scheduler, scheduler_interval, bar, start, on_step if step_callbacks else None,
+                every_n_steps)
         else:
             for step, (x, y) in enumerate(loader):
                 lr = _lr(program.optimizer)
                 skipped_before = program.skipped_steps
                 try:
-                    loss = program.train_step(x, y)
+                    loss, step_correct = program._step(x, y)
                 except (ValueError, TypeError, IndexError, RuntimeError) as e:  # say where it happened
                     raise type(e)(f"epoch {epoch + 1}, step {step + 1}: {e}") from e
                 n = len(y)
                 if program.skipped_steps == skipped_before:  # a skipped step's loss is not finite
                     loss_sum += loss * n
+                    correct += step_correct
                 samples += n
                 if scheduler is not None and scheduler_interval == "step":
                     scheduler.step()
                 if bar:
                     bar.update(1, loss=loss, lr=lr, img_s=samples / max(time.perf_counter() - start, 1e-9))
+                if step_callbacks and program.step_count % every_n_steps == 0 and \
+                        on_step(program.step_count, loss, lr, program.last_grad_norm):
+                    stopped = True
+                    break
         seconds = time.perf_counter() - start
         if c_loader:
-            loader.epoch = epoch + 1
-        if scheduler is not None and scheduler_interval == "epoch":
+            if stopped:  # the next fit goes on from the position where this one stopped
+                loader._resume = True
+            else:
+                loader.epoch = epoch + 1
+        if scheduler is not None and scheduler_interval == "epoch" and not stopped:
             scheduler.step()
         metrics = {"epoch": epoch + 1, "train_loss": loss_sum / max(samples, 1), "lr": lr, "seconds": seconds,
+                   "train_accuracy": correct / samples if program.classifies and samples else None,
                    "images_per_second": samples / seconds if seconds > 0 else 0.0,
                    "val_loss": None, "val_accuracy": None}
         if val_loader is not None:
@@ -169,6 +247,6 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
             bar.close(**shown)
         for k in history:
             history[k].append(metrics[k])
-        if any(cb(metrics["epoch"], metrics) for cb in callbacks):
+        if any(cb(metrics["epoch"], metrics) for cb in callbacks) or stopped:
             break
     return history

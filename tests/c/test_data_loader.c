@@ -1,6 +1,6 @@
 /* The loader through its C API alone: order, epochs, determinism across
  * worker counts, sharding, resuming, skipping bad samples, buffers that
- * outlive the loader. */
+ * outlive the loader, batches of feature arrays. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +11,7 @@
 #include "data/jpeg.h"
 #include "data/loader.h"
 #include "data/record.h"
+#include "kernels/convert.h"
 
 enum { N = 37, IH = 8, IW = 6, IC = 3 };
 
@@ -78,8 +79,8 @@ static void test_order_and_values(void) {
     ft_output out = {.dtype = FT_UINT8, .channels_last = true};
     ft_loader *l = open_arrays(NULL, 0, out, config(5, 2));
     CHECK(ft_loader_num_batches(l) == 8);
-    int64_t shape[4];
-    ft_loader_batch_shape(l, shape);
+    int64_t shape[FT_MAX_DIMS];
+    CHECK(ft_loader_batch_shape(l, shape) == 4);
     CHECK(shape[0] == 5 && shape[1] == IC && shape[2] == IH && shape[3] == IW); /* (N, C, H, W) over NHWC memory */
     for (int epoch = 0; epoch < 2; epoch++) {
         int64_t want = 0;
@@ -379,6 +380,133 @@ static void test_bad_config(void) {
     ft_source_release(src);
 }
 
+/* Feature f (of the 2 x 3 of sample i, row-major) and its target. */
+static double feature(int64_t i, int f) { return (double)i * 0.25 - (double)f / 7.0; }
+static double target(int64_t i) { return 3.0 - (double)i / 3.0; }
+
+/* Sources of feature arrays: features (N, 2, 3) float64 through a
+ * transposed view, targets (N,) float32 or int32 through a strided view;
+ * every row lands in its batch converted, in the shuffled order, the same
+ * for any worker count; transforms and image options are refused. */
+static void test_feature_arrays(void) {
+    ft_tensor base, feats, tbase, targets, ibase, ints;
+    CHECK_OK(ft_tensor_empty(&base, 3, (int64_t[]){N, 3, 2}, FT_FLOAT64, FT_CPU, false));
+    double *fb = (double *)ft_tensor_data(&base);
+    for (int64_t i = 0; i < N; i++)
+        for (int r = 0; r < 2; r++)
+            for (int c = 0; c < 3; c++)
+                fb[i * 6 + c * 2 + r] = feature(i, r * 3 + c); /* stored (3, 2): the view (2, 3) is transposed */
+    CHECK_OK(ft_tensor_view(&feats, &base, 3, (int64_t[]){N, 2, 3}, (int64_t[]){6, 1, 2}, 0));
+    CHECK_OK(ft_tensor_empty(&tbase, 2, (int64_t[]){N, 2}, FT_FLOAT32, FT_CPU, false));
+    CHECK_OK(ft_tensor_empty(&ibase, 2, (int64_t[]){N, 2}, FT_INT32, FT_CPU, false));
+    for (int64_t i = 0; i < N; i++) {
+        ((float *)ft_tensor_data(&tbase))[2 * i] = (float)target(i);
+        ((int32_t *)ft_tensor_data(&ibase))[2 * i] = (int32_t)(1000 + i);
+    }
+    CHECK_OK(ft_tensor_view(&targets, &tbase, 1, (int64_t[]){N}, (int64_t[]){2}, 0));
+    CHECK_OK(ft_tensor_view(&ints, &ibase, 1, (int64_t[]){N}, (int64_t[]){2}, 0));
+
+    ft_source *src, *isrc;
+    CHECK_OK(ft_source_from_tensors(&src, &feats, &targets));
+    CHECK_OK(ft_source_from_tensors(&isrc, &feats, &ints));
+    CHECK(strcmp(ft_source_kind(src), "tensors") == 0 && ft_source_count(src) == N);
+    ft_sample smp;
+    ft_fetch_buf fbuf = {0};
+    CHECK_STATUS(ft_source_get(src, 0, false, &fbuf, &smp), FT_ERR_VALUE);
+    ft_fetch_buf_free(&fbuf);
+
+    ft_dtype dtypes[] = {FT_FLOAT32, FT_BFLOAT16};
+    int workers[] = {0, 1, 3};
+    for (int d = 0; d < 2; d++) {
+        uint64_t ref_hash = 0;
+        for (int w = 0; w < 3; w++) {
+            ft_loader_config c = config(5, workers[w]);
+            c.shuffle = true;
+            c.seed = 99;
+            ft_output out = {.dtype = dtypes[d]};
+            ft_loader *l = NULL;
+            CHECK_OK(ft_loader_new(&l, d ? isrc : src, NULL, 0, &out, &c));
+            if (!l)
+                continue;
+            int64_t shape[FT_MAX_DIMS];
+            CHECK(ft_loader_batch_shape(l, shape) == 3 && shape[0] == 5 && shape[1] == 2 && shape[2] == 3);
+            CHECK_OK(ft_loader_set_epoch(l, 2));
+            int seen[N] = {0};
+            uint64_t h = 1469598103934665603ull;
+            for (;;) {
+                ft_batch b;
+                bool done;
+                CHECK_OK(ft_loader_next(l, &b, &done));
+                if (done)
+                    break;
+                CHECK(b.images.ndim == 3 && b.images.dtype == dtypes[d] && ft_tensor_is_contiguous(&b.images));
+                CHECK(b.labels.ndim == 1 && b.labels.shape[0] == b.size);
+                CHECK(b.labels.dtype == (d ? FT_INT64 : FT_FLOAT32));
+                for (int64_t k = 0; k < b.size; k++) {
+                    int64_t i;
+                    if (d) {
+                        i = ((const int64_t *)ft_tensor_data(&b.labels))[k] - 1000;
+                    } else {
+                        float t = ((const float *)ft_tensor_data(&b.labels))[k];
+                        i = (int64_t)((3.0 - (double)t) * 3.0 + 0.5);
+                        CHECKF(t == (float)target(i), "target of sample %lld", (long long)i);
+                    }
+                    if (i < 0 || i >= N) {
+                        CHECK(0);
+                        continue;
+                    }
+                    seen[i]++;
+                    h = (h ^ (uint64_t)i) * 1099511628211ull;
+                    for (int f = 0; f < 6; f++) {
+                        float want = (float)feature(i, f);
+                        if (d) {
+                            uint16_t got = ((const uint16_t *)ft_tensor_data(&b.images))[k * 6 + f];
+                            CHECKF(got == ft_f32_to_bf16(want), "bf16 feature %d of sample %lld", f, (long long)i);
+                        } else {
+                            float got = ((const float *)ft_tensor_data(&b.images))[k * 6 + f];
+                            CHECKF(got == want, "feature %d of sample %lld", f, (long long)i);
+                        }
+                    }
+                }
+                ft_loader_release(l, &b);
+            }
+            for (int i = 0; i < N; i++)
+                CHECKF(seen[i] == 1, "sample %d seen %d times", i, seen[i]);
+            if (w == 0)
+                ref_hash = h;
+            CHECKF(h == ref_hash && h != 1469598103934665603ull, "order with %d workers", workers[w]);
+            ft_loader_free(l);
+        }
+    }
+
+    /* Images' options and transforms are refused, and so are non-float batches. */
+    ft_loader *l;
+    ft_loader_config c = config(4, 1);
+    ft_transform flip = {.kind = FT_XF_RANDOM_HORIZONTAL_FLIP, .p = 0.5};
+    ft_output out = {.dtype = FT_FLOAT32};
+    CHECK_STATUS(ft_loader_new(&l, src, &flip, 1, &out, &c), FT_ERR_VALUE);
+    CHECK(strstr(ft_last_error(), "transforms apply to images") != NULL);
+    out.channels_last = true;
+    CHECK_STATUS(ft_loader_new(&l, src, NULL, 0, &out, &c), FT_ERR_VALUE);
+    out = (ft_output){.dtype = FT_UINT8};
+    CHECK_STATUS(ft_loader_new(&l, src, NULL, 0, &out, &c), FT_ERR_DTYPE);
+    ft_source_release(src);
+    ft_source_release(isrc);
+
+    /* Bad arrays: integer features, one dimension, targets of another length, complex targets. */
+    CHECK_STATUS(ft_source_from_tensors(&src, &ints, &ints), FT_ERR_DTYPE);
+    CHECK_STATUS(ft_source_from_tensors(&src, &targets, &targets), FT_ERR_SHAPE);
+    CHECK(strstr(ft_last_error(), "(N, 1)") != NULL);
+    ft_tensor short_targets, cplx;
+    CHECK_OK(ft_tensor_view(&short_targets, &tbase, 1, (int64_t[]){N - 1}, (int64_t[]){2}, 0));
+    CHECK_STATUS(ft_source_from_tensors(&src, &feats, &short_targets), FT_ERR_SHAPE);
+    CHECK_OK(ft_tensor_empty(&cplx, 1, (int64_t[]){N}, FT_COMPLEX64, FT_CPU, false));
+    CHECK_STATUS(ft_source_from_tensors(&src, &feats, &cplx), FT_ERR_DTYPE);
+    ft_tensor *all[] = {&base, &feats, &tbase, &targets, &ibase, &ints, &short_targets, &cplx};
+    for (int k = 0; k < 8; k++)
+        ft_tensor_release(all[k]);
+}
+
 int main(void) {
     char path[256];
     snprintf(path, sizeof path, "/tmp/ft_test_loader_%d.rec", (int)getpid());
@@ -390,6 +518,7 @@ int main(void) {
     test_jpeg_records(path);
     test_decoded_cache(path);
     test_bad_config();
+    test_feature_arrays();
     unlink(path);
     ft_tensor_release(&images);
     ft_tensor_release(&labels);

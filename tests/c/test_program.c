@@ -99,14 +99,17 @@ int main(void) {
     CHECK_OK(make_program(&full, &m, N));
     CHECK_OK(make_program(&half, &m, N / 2));
     double loss_full = 0, loss_half = 0, loss_again = 0;
-    CHECK_OK(ft_program_backward(full, &x, &y, false, &loss_full));
+    CHECK_OK(ft_program_backward(full, &x, &y, false, &loss_full, NULL));
     copy_floats(whole, &m.grads);
-    CHECK_OK(ft_program_backward(full, &x, &y, false, &loss_again));
+    int64_t correct = 0, correct_again = 0;
+    CHECK_OK(ft_program_backward(full, &x, &y, false, &loss_again, &correct));
+    CHECK_OK(ft_program_backward(full, &x, &y, false, &loss_again, &correct_again));
+    CHECK(correct >= 0 && correct <= N && correct == correct_again); /* training-mode argmax, counted in the step */
     copy_floats(again, &m.grads);
     CHECK(loss_again == loss_full && memcmp(whole, again, (size_t)P * 4) == 0);
     CHECK(isfinite(loss_full) && loss_full > 0);
     /* Accumulating: a second batch's gradient added to the first's. */
-    CHECK_OK(ft_program_backward(full, &x, &y, true, &loss_again));
+    CHECK_OK(ft_program_backward(full, &x, &y, true, &loss_again, NULL));
     copy_floats(again, &m.grads);
     for (int k = 0; k < P; k++)
         CHECKF(again[k] == 2 * whole[k], "gradient %d: %g, twice %g", k, again[k], whole[k]);
@@ -115,7 +118,7 @@ int main(void) {
      * so the gradients agree only roughly; the loss of the halves' mean is
      * close too. What must hold exactly is that no part is lost: the linear
      * bias gradient (the sum of the logits' gradients) is a plain sum. */
-    CHECK_OK(ft_program_backward(half, &x, &y, false, &loss_half));
+    CHECK_OK(ft_program_backward(half, &x, &y, false, &loss_half, NULL));
     CHECK(fabs(loss_half - loss_full) < 0.5);
     const float *dlb = (const float *)ft_tensor_data(&m.dlb);
     double sum = 0;
@@ -124,32 +127,32 @@ int main(void) {
     CHECK(fabs(sum) < 1e-5); /* softmax gradients sum to zero per sample */
 
     /* A small step against the gradient lowers the loss. */
-    CHECK_OK(ft_program_backward(full, &x, &y, false, &loss_full));
+    CHECK_OK(ft_program_backward(full, &x, &y, false, &loss_full, NULL));
     copy_floats(whole, &m.grads);
     float *w = (float *)ft_tensor_data(&m.params);
     for (int64_t k = 0; k < P; k++)
         w[k] -= 0.05f * whole[k];
     double loss_after = 0;
-    CHECK_OK(ft_program_backward(full, &x, &y, false, &loss_after));
+    CHECK_OK(ft_program_backward(full, &x, &y, false, &loss_after, NULL));
     CHECKF(loss_after < loss_full, "loss %g -> %g", loss_full, loss_after);
 
     /* Bad labels: refused before the running statistics change. */
     copy_floats(stats, &m.rm);
     ((int64_t *)ft_tensor_data(&y))[3] = CLASSES;
-    CHECK_STATUS(ft_program_backward(full, &x, &y, false, &loss_full), FT_ERR_INDEX);
+    CHECK_STATUS(ft_program_backward(full, &x, &y, false, &loss_full, NULL), FT_ERR_INDEX);
     float now[C1];
     copy_floats(now, &m.rm);
     CHECK(memcmp(now, stats, sizeof now) == 0);
     ((int64_t *)ft_tensor_data(&y))[3] = -100; /* ignore_index is allowed */
-    CHECK_OK(ft_program_backward(full, &x, &y, false, &loss_full));
+    CHECK_OK(ft_program_backward(full, &x, &y, false, &loss_full, NULL));
 
     /* Wrong input shape and dtype. */
     ft_tensor bad = x;
     bad.shape[2] = HW + 1;
-    CHECK_STATUS(ft_program_backward(full, &bad, &y, false, &loss_full), FT_ERR_SHAPE);
+    CHECK_STATUS(ft_program_backward(full, &bad, &y, false, &loss_full, NULL), FT_ERR_SHAPE);
     bad = x;
     bad.dtype = FT_INT32;
-    CHECK_STATUS(ft_program_backward(full, &bad, &y, false, &loss_full), FT_ERR_DTYPE);
+    CHECK_STATUS(ft_program_backward(full, &bad, &y, false, &loss_full, NULL), FT_ERR_DTYPE);
 
     /* Eval-mode forward with batches larger than the plan. */
     int64_t os[2] = {N, CLASSES};

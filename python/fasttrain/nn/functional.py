@@ -83,6 +83,11 @@ def _via_2d(fn, input, name):
     return fn(input.unsqueeze(-2)).squeeze(-2)
 
 
+def _wide_bias(bias):
+    """The bias as the ops add it, in float32: a bfloat16 model's (Module.bfloat16()) is widened, exactly."""
+    return bias.float() if bias is not None and bias.dtype.name == "bfloat16" else bias
+
+
 @_traced(_conv_layer)
 def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     """1-d convolution of input (N, C_in, L), or unbatched (C_in, L), with weight (C_out, C_in / groups, K), as
@@ -105,7 +110,7 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     squeeze = input.ndim == 3
     x = input.unsqueeze(0) if squeeze else input
     x, weight = cast(x, weight)
-    out = _C.conv2d_forward(None, x, weight, bias, stride, padding, dilation, groups)
+    out = _C.conv2d_forward(None, x, weight, _wide_bias(bias), stride, padding, dilation, groups)
     return out[0] if squeeze else out
 
 
@@ -121,7 +126,7 @@ def linear(input, weight, bias=None):
     lead = input.shape[:-1]
     x = input.reshape(-1, input.shape[-1]) if input.ndim != 2 else input
     x, weight = cast(x, weight)
-    out = _C.linear_forward(None, x, weight, bias)
+    out = _C.linear_forward(None, x, weight, _wide_bias(bias))
     return out.reshape(*lead, weight.shape[0]) if input.ndim != 2 else out
 
 
@@ -555,10 +560,15 @@ def _eager(values, reduction, like, divisor=None):
 
 
 def _pair_check(input, target, fn):
+    """The target, checked to have input's shape; a target (N,) for an input (N, 1) is taken as the column (N, 1)
+    (one regression target per sample; PyTorch would broadcast the two to (N, N) with a warning)."""
     _check(input, "input", fn)
     _check(target, "target", fn)
+    if len(input.shape) == 2 and input.shape[1] == 1 and tuple(target.shape) == (input.shape[0],):
+        return target.reshape(input.shape[0], 1)
     if tuple(input.shape) != tuple(target.shape):
         raise ValueError(f"{fn}: target should have the shape of input {tuple(input.shape)}, got {tuple(target.shape)}")
+    return target
 
 
 def _reduction_of(fn, reduction, allowed=("none", "mean", "sum")):
@@ -596,12 +606,13 @@ def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, r
 
 def mse_loss(input, target, size_average=None, reduce=None, reduction="mean"):
     """The squared error (input - target)^2 of equally shaped tensors, reduced as reduction says ('none', 'mean',
-    'sum')."""
+    'sum'). A target (N,) for an input (N, 1) counts as (N, 1), eagerly and in a compiled program (whose targets
+    per sample are then (1,)): one value per sample, not PyTorch's broadcast to an (N, N) loss."""
     reduction = _legacy_reduction(size_average, reduce, reduction)
     if isinstance(input, Symbolic):
         d = input - target
         return (d * d).reduce(_reduction_of("mse_loss", reduction))
-    _pair_check(input, target, "mse_loss")
+    target = _pair_check(input, target, "mse_loss")
     return _C.mse_loss_forward(None, input, target, reduction)
 
 
@@ -611,7 +622,7 @@ def _distance_loss(fn, act, alpha, scale, host_fn, input, target, reduction):
     if isinstance(input, Symbolic):
         values = M._Elementwise(act, alpha)(input - target)
         return (values if scale == 1.0 else values * scale).reduce(reduction)
-    _pair_check(input, target, fn)
+    target = _pair_check(input, target, fn)
     return _eager(host_fn(_host(input) - _host(target)), reduction, input)
 
 
@@ -664,7 +675,7 @@ def binary_cross_entropy_with_logits(input, target, weight=None, size_average=No
         if weight is not None:
             values = values * weight
         return values.reduce(reduction)
-    _pair_check(input, target, "binary_cross_entropy_with_logits")
+    target = _pair_check(input, target, "binary_cross_entropy_with_logits")
     x, y = _host(input), _host(target)
     p = _host(pos_weight) if pos_weight is not None else 1.0
     values = (np.maximum(x, 0) + np.log1p(np.exp(-np.abs(x)))) * (1 + (p - 1) * y) - p * x * y
@@ -683,7 +694,7 @@ def kl_div(input, target, size_average=None, reduce=None, reduction="mean", log_
             fail("kl_div with log_target=True", "give the targets as probabilities with log_target=False")
         cross = target * input
         return (M._Elementwise("xlogx")(target) - cross).reduce(reduction)
-    _pair_check(input, target, "kl_div")
+    target = _pair_check(input, target, "kl_div")
     x, t = _host(input), _host(target)
     values = np.exp(t) * (t - x) if log_target else np.where(t > 0, t * np.log(np.where(t > 0, t, 1)), 0) - t * x
     return _eager(values, reduction, input)

@@ -8,7 +8,7 @@ from collections import OrderedDict
 
 from .. import creation
 from .._tensor import Tensor
-from .._types import as_device
+from .._types import _BY_NAME, as_device
 from . import init
 from .graph import Symbolic
 
@@ -158,6 +158,38 @@ class Module:
     def cpu(self):
         """Moves the module to the CPU in place, as to(); returns self."""
         return self.to("cpu")
+
+    # ---- dtypes ----
+    def _cast(self, dtype):
+        """Converts every floating-point parameter and buffer (and gradient) to dtype in place, as PyTorch's
+        Module.half(): the tensor objects stay the same, integer buffers (num_batches_tracked) stay as they are."""
+        dtype = _BY_NAME[dtype]
+        for t in list(dict.fromkeys(list(self.parameters()) + list(self.buffers()))):
+            if t.dtype.is_floating_point and t.dtype is not dtype:
+                t._rebind(creation.empty(max(t.numel(), 1), dtype=dtype, device=t.device), 0)
+                if t.grad is not None:
+                    t.grad = t.grad.to(dtype)
+        for m in self.modules():
+            m.__dict__.pop("_flat", None)  # the model's flat buffers no longer hold its parameters
+        return self
+
+    def half(self):
+        """Converts the floating-point parameters and buffers to float16 in place, as PyTorch's Module.half();
+        returns self. For eager use: compile() refuses a model whose parameters are not float32 (a compiled
+        program keeps float32 weights); to train in low precision, keep the model float32 and compile with
+        precision="bf16-mixed" (docs/precision.md). Build optimizers after converting, as after to()."""
+        return self._cast("float16")
+
+    def bfloat16(self):
+        """Converts the floating-point parameters and buffers to bfloat16 in place, as PyTorch's
+        Module.bfloat16(); returns self. For eager use, as half(): to train in bfloat16, keep the model float32
+        and compile with precision="bf16-mixed"."""
+        return self._cast("bfloat16")
+
+    def float(self):
+        """Converts the floating-point parameters and buffers to float32 in place, as PyTorch's Module.float()
+        (undoing half() or bfloat16()); returns self."""
+        return self._cast("float32")
 
     def state_dict(self):
         """Parameters and buffers as NumPy arrays (copies), under PyTorch's key names."""
@@ -1124,7 +1156,11 @@ class NLLLoss(_ClassLoss):
 
 
 class MSELoss(_Loss):
-    """The squared error (input - target)^2 of equally shaped tensors, reduced as reduction says."""
+    """The squared error (input - target)^2 of equally shaped tensors, reduced as reduction says.
+
+    A target of shape (N,) for an output of shape (N, 1) is taken as (N, 1), eagerly and in a compiled program:
+    each sample's one value against its one target. (PyTorch broadcasts the two to (N, N) with a warning, which
+    trains on every pair of samples: almost never what was meant.) The other regression losses do the same."""
 
     def forward(self, input, target):
         from . import functional as F

@@ -8,7 +8,6 @@ so optimizers built earlier see the flat memory), and hands the node list to C,
 which plans the activation memory and runs whole training steps."""
 import math
 
-import numpy as np
 
 from .. import _C, creation
 from .._display import Column, Table, summary as _summary
@@ -228,7 +227,10 @@ def _flatten_parameters(model):
         return flat[0], flat[1]
     for p in params:
         if p.dtype is not _BY_NAME["float32"]:
-            raise TypeError("compile: parameters must be float32 tensors")
+            name = next(n for n, q in model.named_parameters() if q is p)
+            raise TypeError(f"compile: parameter {name!r} is {p.dtype.name}, but a compiled program keeps float32 "
+                            f"weights: call model.float() before compile, and compile with precision='bf16-mixed' "
+                            f"to train in bfloat16 (float32 master weights, docs/precision.md)")
     devices = {p.device for p in params} | {b.device for b in model.buffers()}
     if len(devices) > 1:
         raise RuntimeError(f"compile: the model's parameters and buffers are on several devices "
@@ -448,11 +450,23 @@ class Program:
 
     def train_step(self, x, y):
         """One optimizer step on the batch (x, y): forward, loss, backward, update, all in C. Returns the loss."""
-        loss, skipped = self._c.train_step(*self._batch(x, y), self.optimizer, self.clip_grad_norm,
-                                           self.nan_policy)
+        return self._step(x, y)[0]
+
+    def _step(self, x, y):
+        """train_step, returning (the loss, the samples whose training-mode output's argmax is their label: 0 unless
+        the program classifies)."""
+        loss, skipped, correct = self._c.train_step(*self._batch(x, y), self.optimizer, self.clip_grad_norm,
+                                                    self.nan_policy)
         self.step_count += 1
         self.skipped_steps += skipped
-        return loss
+        return loss, correct
+
+    @property
+    def last_grad_norm(self):
+        """The L2 norm of the whole gradient in the last step (train_step or ft.fit), before clipping: computed
+        where the step needs it, when compiled with clip_grad_norm=... or nan_policy="skip" (inf or nan for a
+        step skipped for it); None otherwise, and before the first such step."""
+        return self._c.last_grad_norm
 
     def backward(self, x, y):
         """Forward and backward of the batch in training mode, without an update (batch-norm running statistics
@@ -466,8 +480,21 @@ class Program:
         return self._c.backward(*self._batch(x, y), not zeroed)
 
     def predict(self, x):
-        """The model's (first) output for x, in eval mode (running batch-norm statistics, no dropout)."""
-        return self._c.forward(self._input(x))
+        """The model's (first) output for x, in eval mode (running batch-norm statistics, no dropout): for a batch
+        (N, *input_shape) the outputs (N, ...); for one sample of shape input_shape its output alone, without the
+        batch dimension. Any other shape is a ValueError naming both."""
+        xt = self._input(x)
+        shape, one = tuple(xt.shape), tuple(self.input_shape)
+        if shape == one:
+            return self._c.forward(xt.reshape(1, *one))[0]
+        try:
+            return self._c.forward(xt)
+        except ValueError as e:
+            if shape[1:] == one:
+                raise
+            why = f" ({e})" if len(shape) == len(one) + 1 else ""  # C's reading of it as a batch
+            raise ValueError(f"predict: x must be one sample of shape {one} or a batch of shape (N, "
+                             f"{', '.join(map(str, one))}), got {shape}{why}") from None
 
     def evaluate(self, x, y):
         """(loss, accuracy) of one batch in eval mode: the loss as training computes it, and the fraction of
@@ -569,7 +596,9 @@ def compile(model, optimizer, loss=None, *, batch_size, input_shape=None, memory
     precision: "32-true" (float32 throughout) or "bf16-mixed": convolutions and linear layers multiply bfloat16
     copies of the weights and activations with float32 accumulation, activations between layers are stored in
     bfloat16, and the loss, normalization statistics, gradients of the weights, the weights themselves and the
-    optimizer state stay float32 (docs/precision.md). summary() shows each node's dtype.
+    optimizer state stay float32 (docs/precision.md). summary() shows each node's dtype. The model's parameters must
+    be float32: a model converted with half() or bfloat16() is refused with a TypeError saying so (model.float()
+    converts it back); precision="bf16-mixed" is the way to train in bfloat16.
 
     distributed=True (after ft.distributed.init()): data-parallel training, batch_size being each rank's. Rank 0's
     weights are broadcast, and every train_step (and ft.fit step) averages the gradients and the loss over the

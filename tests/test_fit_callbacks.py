@@ -1,0 +1,153 @@
+"""ft.fit's per-step callbacks, its training accuracy and the gradient norm of the compiled step, against a float64
+NumPy reference of the same training (a linear softmax classifier, SGD with clipping and a LinearLR schedule):
+each reported loss, lr and pre-clipping gradient norm, the per-epoch training accuracy of the steps' own
+forwards, and the weights. The C epoch (a fasttrain Loader) and a Python iterable of the same batches report
+the same; a callback returning True stops training, and the next fit goes on from that step exactly."""
+import numpy as np
+import pytest
+
+import fasttrain as ft
+from _programref import state_bits
+
+nn = ft.nn
+N, F, C, B, LR, MAX_NORM = 60, 4, 3, 10, 0.5, 0.3
+rng = np.random.default_rng(7)
+X = rng.standard_normal((N, F)).astype(np.float32)
+Y = rng.integers(0, C, N)
+
+
+def lr_at(k):
+    """LinearLR(start_factor=0.25, total_iters=5) at step k (counted from 0)."""
+    return LR * (0.25 + 0.75 * min(k, 5) / 5)
+
+
+def setup(clip=MAX_NORM, total_iters=5):
+    ft.manual_seed(3)
+    model = nn.Linear(F, C)
+    opt = ft.optim.SGD(model.parameters(), lr=LR)
+    program = model.compile(opt, nn.CrossEntropyLoss(), batch_size=B, input_shape=(F,), clip_grad_norm=clip)
+    sched = ft.optim.lr_scheduler.LinearLR(opt, start_factor=0.25, total_iters=total_iters)
+    loader = ft.data.Loader((X, Y), B, shuffle=True, seed=9, num_workers=1)
+    return model, program, sched, loader
+
+
+def epoch_batches(epoch):
+    loader = ft.data.Loader((X, Y), B, shuffle=True, seed=9, num_workers=0)
+    loader.set_epoch(epoch)
+    return [(x.numpy(), y.numpy()) for x, y in loader]
+
+
+def reference(model, epochs):
+    """float64 NumPy training from the model's weights: per step (loss, lr, gradient norm before clipping), per
+    epoch the fraction of samples whose logits (before their step's update) have the argmax at the label."""
+    W, b = model.weight.numpy().astype(np.float64), model.bias.numpy().astype(np.float64)
+    steps, accuracy, k = [], [], 0
+    for epoch in range(epochs):
+        correct = 0
+        for x, y in epoch_batches(epoch):
+            logits = x @ W.T + b
+            correct += int(np.sum(logits.argmax(1) == y))
+            p = np.exp(logits - logits.max(1, keepdims=True))
+            p /= p.sum(1, keepdims=True)
+            loss = -np.mean(np.log(p[np.arange(len(y)), y]))
+            g = p.copy()
+            g[np.arange(len(y)), y] -= 1
+            g /= len(y)
+            gW, gb = g.T @ x, g.sum(0)
+            norm = np.sqrt(np.sum(gW ** 2) + np.sum(gb ** 2))
+            scale = min(1.0, MAX_NORM / (norm + 1e-6))
+            W, b = W - lr_at(k) * scale * gW, b - lr_at(k) * scale * gb
+            steps.append((loss, lr_at(k), norm))
+            k += 1
+        accuracy.append(correct / N)
+    return steps, accuracy, W, b
+
+
+@pytest.mark.parametrize("feed", ["c_loader", "python_iterable"])
+def test_step_callbacks_accuracy_and_gradient_norm_match_numpy(feed):
+    model, program, sched, loader = setup()
+    steps, accuracy, W, b = reference(model, 2)
+    seen = []
+
+    def record(step, metrics):
+        assert step == metrics["step"] == program.step_count and metrics["grad_norm"] == program.last_grad_norm
+        seen.append((step, metrics["epoch"], metrics["loss"], metrics["lr"], metrics["grad_norm"]))
+
+    if feed == "c_loader":
+        history = ft.fit(program, loader, 2, scheduler=sched, step_callbacks=[record], every_n_steps=4,
+                         progress=False)
+    else:
+        history = {"train_accuracy": []}
+        for epoch in range(2):
+            h = ft.fit(program, epoch_batches(epoch), 1, scheduler=sched, step_callbacks=[record], every_n_steps=4,
+                       progress=False)
+            history["train_accuracy"] += h["train_accuracy"]
+    second = 2 if feed == "c_loader" else 1  # a plain iterable's epochs are counted within each fit call
+    assert [s[:2] for s in seen] == [(4, 1), (8, second), (12, second)]  # 6 steps an epoch
+    for step, _, loss, lr, norm in seen:
+        want_loss, want_lr, want_norm = steps[step - 1]
+        assert loss == pytest.approx(want_loss, rel=1e-5)
+        assert lr == pytest.approx(want_lr, rel=1e-12)
+        assert norm == pytest.approx(want_norm, rel=1e-5)
+    assert history["train_accuracy"] == accuracy  # counts of argmax: exact
+    np.testing.assert_allclose(model.weight.numpy(), W, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(model.bias.numpy(), b, rtol=1e-5, atol=1e-6)
+    assert program.last_grad_norm == pytest.approx(steps[-1][2], rel=1e-5)
+
+
+def test_c_and_python_feeds_report_the_same():
+    runs = []
+    for feed in ("c_loader", "python_iterable"):
+        model, program, sched, loader = setup()
+        seen = []
+        data = loader if feed == "c_loader" else epoch_batches(0)
+        h = ft.fit(program, data, 1, scheduler=sched, step_callbacks=[lambda s, m: seen.append(dict(m))],
+                   progress=False)
+        runs.append((seen, h["train_loss"], h["train_accuracy"], state_bits(model)))
+    assert len(runs[0][0]) == 6 and runs[0] == runs[1]
+
+
+def test_a_callback_stops_training_and_fit_goes_on_from_there():
+    """Stopped at step 8 of 12 (in the second epoch, the learning rate still rising), then fit(1) finishes that
+    epoch: the weights, the scheduler's learning rate and the loader's position are those of an uninterrupted
+    fit(2)."""
+    model, program, sched, loader = setup(total_iters=11)
+    history = ft.fit(program, loader, 2, scheduler=sched, step_callbacks=[lambda step, m: step == 8],
+                     progress=False)
+    assert program.step_count == 8 and history["epoch"] == [1, 2]
+    assert loader.state_dict()["epoch"] == 1 and loader.state_dict()["batch"] == 2
+    assert sched.last_epoch == 8
+    assert program.optimizer.param_groups[0]["lr"] == pytest.approx(LR * (0.25 + 0.75 * 8 / 11))
+    history = ft.fit(program, loader, 1, scheduler=sched, progress=False)
+    assert program.step_count == 12 and history["epoch"] == [2] and loader.epoch == 2
+    whole, program_w, sched_w, loader_w = setup(total_iters=11)
+    ft.fit(program_w, loader_w, 2, scheduler=sched_w, progress=False)
+    assert state_bits(model) == state_bits(whole)
+    assert sched.state_dict() == sched_w.state_dict()
+    assert program.optimizer.param_groups[0]["lr"] == program_w.optimizer.param_groups[0]["lr"] == pytest.approx(LR)
+    # A Python iterable stops as well, after the callback's step.
+    model, program, sched, _ = setup()
+    ft.fit(program, epoch_batches(0), 1, step_callbacks=[lambda step, m: True], every_n_steps=2, progress=False)
+    assert program.step_count == 2
+
+
+def test_gradient_norm_only_where_the_step_computes_it():
+    model, program, _, loader = setup(clip=None)
+    seen = []
+    ft.fit(program, loader, 1, step_callbacks=[lambda s, m: seen.append(m["grad_norm"])], progress=False)
+    assert seen == [None] * 6 and program.last_grad_norm is None
+    ft.manual_seed(3)
+    model = nn.Linear(F, C)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=LR), batch_size=B, input_shape=(F,),
+                            nan_policy="skip")
+    steps, _, _, _ = reference(model, 1)
+    program.train_step(*epoch_batches(0)[0])
+    assert program.last_grad_norm == pytest.approx(steps[0][2], rel=1e-5)
+
+
+def test_train_accuracy_is_none_for_regression():
+    model = nn.Linear(F, 1)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.01), nn.MSELoss(), batch_size=B,
+                            input_shape=(F,))
+    history = ft.fit(program, (X, Y.astype(np.float32)), 1, progress=False)
+    assert history["train_accuracy"] == [None]
