@@ -8,7 +8,6 @@ so optimizers built earlier see the flat memory), and hands the node list to C,
 which plans the activation memory and runs whole training steps."""
 import math
 
-
 from .. import _C, creation
 from .._display import Column, Table, summary as _summary
 from .._types import _BY_NAME
