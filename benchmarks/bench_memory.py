@@ -83,6 +83,15 @@ def reset_high_water():
         return False
 
 
+def two_steps(step):
+    """[start, after the warm-up step, after the second step] times, and the resident high-water mark after them."""
+    times = [time.perf_counter()]
+    for _ in range(2):
+        step()
+        times.append(time.perf_counter())
+    return times, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def child(spec):
     lib, net, batch, threads, steps = spec["lib"], spec["net"], spec["batch"], spec["threads"], spec["steps"]
     import numpy as np
@@ -115,12 +124,7 @@ def child(spec):
                                 **spec["options"])
         ft.reset_peak_memory_stats("cpu")  # the peak since compile, whose parameters' old storage is freed now
         step = lambda: program.train_step(xt, yt)  # noqa: E731
-        first = [time.perf_counter()]
-        step()
-        first.append(time.perf_counter())
-        step()
-        first.append(time.perf_counter())
-        high = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        first, high = two_steps(step)
         plan = program.memory_plan()
         out.update(plan_activations=plan["activations"] / MiB, plan_evaluation=plan["evaluation"] / MiB,
                    plan_total=plan["total"] / MiB,
@@ -150,12 +154,7 @@ def child(spec):
         gc.collect()
         base = rss()
         reset = reset_high_water()
-        first = [time.perf_counter()]
-        step()
-        first.append(time.perf_counter())
-        step()
-        first.append(time.perf_counter())
-        high = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        first, high = two_steps(step)
     times = [first[2] - first[1]]
     for _ in range(steps - 1):
         t = time.perf_counter()
