@@ -813,7 +813,6 @@ static bool classifies(const ft_program *p) {
            p->nodes[p->output].ndim == 1;
 }
 
-
 /* A parameter gradient of node i (j 0: weight, 1: bias) and its rule: added
  * when the step has written it already (a tied weight, a micro-batch after
  * the first). NULL for a frozen or absent parameter. */
