@@ -419,8 +419,8 @@ static PyGetSetDef tensor_getset[] = {
     {"_dtype_code", tensor_get_dtype_code, NULL, NULL, NULL},
     {"_device_tuple", tensor_get_device_tuple, NULL, NULL, NULL},
     {"_readonly", tensor_get_readonly, NULL, NULL, NULL},
-    {"grad", tensor_get_grad, tensor_set_grad, "The gradient the last training step wrote for this parameter (or None).",
-     NULL},
+    {"grad", tensor_get_grad, tensor_set_grad,
+     "The gradient the last training step wrote for this parameter (or None).", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -697,8 +697,8 @@ static ft_status resample(ft_augment_ctx *ctx, const uint8_t *src, size_t sstrid
     for (int y = 0; y < out_h; y++)
         bv[2 * y] -= first;
     FT_TRY(reserve(&ctx->tmp, out_row * (size_t)(last - first)));
-    hpass_any(src + (size_t)first * sstride, sstride, last - first, ctx->tmp.data, out_row, out_w, bh, kkh, kh, kk4, groups,
-              bpp);
+    hpass_any(src + (size_t)first * sstride, sstride, last - first, ctx->tmp.data, out_row, out_w, bh, kkh, kh, kk4,
+              groups, bpp);
     vpass(ctx->tmp.data, out_row, dst->data, out_row, out_h, (int)out_row, bv, kkv, kv, (int32_t *)ctx->acc.data);
     return FT_OK;
 }

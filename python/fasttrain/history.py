@@ -16,9 +16,9 @@ class History(dict):
 
     def plot(self):
         """Plots the loss curves (training, and validation when there was a validation set) and, beside them, the
-        accuracies in percent (training, and validation when there was one), against the epoch, with matplotlib's pyplot (imported here, so fasttrain
-        itself does not need matplotlib). Returns the list of Axes, one per panel (axes[0].figure is the
-        figure): in a notebook the figure shows once, and in a script plt.show() or
+        accuracies in percent (training, and validation when there was one), against the epoch, with matplotlib's
+        pyplot (imported here, so fasttrain itself does not need matplotlib). Returns the list of Axes, one per
+        panel (axes[0].figure is the figure): in a notebook the figure shows once, and in a script plt.show() or
         axes[0].figure.savefig(path) shows or saves it."""
         import matplotlib.pyplot as plt
         from matplotlib.ticker import MaxNLocator
