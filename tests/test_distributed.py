@@ -61,7 +61,8 @@ def test_two_ranks_are_bitwise_repeatable(tmp_path):
 
 def test_fit_and_evaluate_on_two_ranks(tmp_path):
     """Each rank trains on its half of every epoch (the Loader shards by rank once init() ran); the ranks keep
-    identical weights, and evaluate reports the whole split's figures on every rank."""
+    identical weights, evaluate reports the whole split's figures on every rank, and the run equals one process
+    fitting batches of both ranks' size."""
     run_ok("fit", tmp_path / "fit")
     r0, r1 = np.load(tmp_path / "fit.0.npz"), np.load(tmp_path / "fit.1.npz")
     assert r0["batches"][0] == 96 // worker.B // 2  # half of the batches each
@@ -75,6 +76,15 @@ def test_fit_and_evaluate_on_two_ranks(tmp_path):
     images, labels = worker.fit_data()
     whole = ft.evaluate(p, ft.data.Loader((images, labels), batch_size=worker.B, num_workers=1))
     np.testing.assert_allclose(r0["figures"], whole, rtol=1e-6)
+    # The epoch's order does not depend on the world size: rank r takes every other sample of it, so the two
+    # ranks' batches together are the batches of 2B samples of one process with the same seed.
+    m = worker.fit_model()
+    p = m.compile(ft.optim.SGD(m.parameters(), lr=0.05, momentum=0.9), ft.nn.CrossEntropyLoss(),
+                  batch_size=2 * worker.B, input_shape=(1, 4, 4))
+    ft.fit(p, ft.data.Loader((images, labels), batch_size=2 * worker.B, shuffle=True, num_workers=1), 3,
+           progress=False)
+    for name, w in worker.weights(m).items():
+        np.testing.assert_allclose(r0[name], w, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
 def test_a_rank_that_fails_stops_every_rank(tmp_path):
