@@ -23,7 +23,7 @@ struct ft_plan {
     int nops, ngeo; /* ops[0, ngeo) are geometric, the rest act on the output tensor */
     ft_output out;
     int C, H, W;
-    size_t esize, sample_bytes;
+    size_t esize;
     float lut_f32[3][256];  /* pixel value -> float32 after /255 and every Normalize */
     uint16_t lut_u16[3][256]; /* the same rounded to bfloat16 or float16 */
     uint8_t lut_u8[3][256];   /* identity, for uint8 output */
@@ -205,7 +205,6 @@ ft_status ft_plan_new(ft_plan **out, const ft_transform *ops, int nops, const ft
         return s;
     }
     p->esize = ft_dtype_get(dt)->itemsize;
-    p->sample_bytes = (size_t)p->C * p->H * p->W * p->esize;
     for (int c = 0; c < 3; c++) {
         for (int v = 0; v < 256; v++) {
             float f = apply_normalizes(p, 0, c, (float)v / 255.0f);
@@ -229,7 +228,6 @@ void ft_plan_shape(const ft_plan *p, int *channels, int *height, int *width) {
     *width = p->W;
 }
 
-size_t ft_plan_sample_bytes(const ft_plan *p) { return p->sample_bytes; }
 const ft_output *ft_plan_output(const ft_plan *p) { return &p->out; }
 
 /* ---- per-thread context ---- */

@@ -93,7 +93,6 @@ void ft_plan_free(ft_plan *p);
 
 /* The shape of one output sample, (C, H, W) whatever the layout. */
 void ft_plan_shape(const ft_plan *p, int *channels, int *height, int *width);
-size_t ft_plan_sample_bytes(const ft_plan *p);
 const ft_output *ft_plan_output(const ft_plan *p);
 
 /* A decoded image: rows of `stride` bytes, bpp bytes per pixel (1 gray,
@@ -110,8 +109,8 @@ typedef struct ft_augment_ctx ft_augment_ctx;
 ft_status ft_augment_ctx_new(ft_augment_ctx **out);
 void ft_augment_ctx_free(ft_augment_ctx *ctx);
 
-/* Runs the pipeline on one sample into `out` (ft_plan_sample_bytes bytes,
- * the sample's place in the batch). `decoded`, when not NULL, is the
+/* Runs the pipeline on one sample into `out` (C x H x W elements of the
+ * output dtype, the sample's place in the batch). `decoded`, when not NULL, is the
  * sample's full-size decode from a cache and replaces decoding; with
  * `full_decode` a JPEG is decoded at full size whatever dct_scale says
  * (to fill such a cache), and ft_augment_decoded then returns the JPEG's or
