@@ -109,15 +109,19 @@ def other_net(seed=0):
                          nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 7))
 
 
-def test_checkpoint_of_another_architecture_is_refused(tmp_path):
-    src = other_net(0)
-    psrc = compile_plain(src, ft.optim.SGD(src.parameters(), lr=0.1, momentum=0.9))
-    train(psrc, 0, 1)
-    path = str(tmp_path / "other.safetensors")
-    ft.save(path, psrc)
-    model = plain_net(1)
+def trained(make, seed):
+    """make(seed) compiled with SGD (momentum) and trained for one step: (model, program)."""
+    model = make(seed)
     program = compile_plain(model, ft.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
     train(program, 0, 1)
+    return model, program
+
+
+def test_checkpoint_of_another_architecture_is_refused(tmp_path):
+    _, psrc = trained(other_net, 0)
+    path = str(tmp_path / "other.safetensors")
+    ft.save(path, psrc)
+    model, program = trained(plain_net, 1)
     before, opt_before = state_bits(model), program.optimizer.state_dict()
     with pytest.raises(ValueError) as info:
         ft.load(path, into=program)
@@ -156,6 +160,16 @@ def test_failed_optimizer_load_changes_nothing(mismatch, tmp_path):
     assert state_bits(model) == before
 
 
+def _with_header(raw, edit):
+    """The checkpoint raw with its safetensors header rewritten by edit(header dict)."""
+    (n,) = struct.unpack("<Q", raw[:8])
+    h = json.loads(raw[8:8 + n])
+    edit(h)
+    j = json.dumps(h).encode()
+    j += b" " * (-len(j) % 8)
+    return struct.pack("<Q", len(j)) + j + raw[8 + n:]
+
+
 def _corruptions(raw):
     """(label, bytes) of damaged versions of a valid checkpoint."""
     (n,) = struct.unpack("<Q", raw[:8])
@@ -168,11 +182,7 @@ def _corruptions(raw):
     header = json.loads(raw[8:8 + n])
 
     def crafted(label, edit):
-        h = json.loads(raw[8:8 + n])
-        edit(h)
-        j = json.dumps(h).encode()
-        j += b" " * (-len(j) % 8)
-        out.append((label, struct.pack("<Q", len(j)) + j + raw[8 + n:]))
+        out.append((label, _with_header(raw, edit)))
 
     crafted("a tensor beyond the data", lambda h: h["0.weight"].__setitem__(
         "data_offsets", [h["0.weight"]["data_offsets"][0], len(raw)]))
@@ -187,15 +197,10 @@ def _corruptions(raw):
 
 
 def _crafted_bad_types(raw):
-    (n,) = struct.unpack("<Q", raw[:8])
     out = []
 
     def crafted(label, edit):
-        h = json.loads(raw[8:8 + n])
-        edit(h)
-        j = json.dumps(h).encode()
-        j += b" " * (-len(j) % 8)
-        out.append((label, struct.pack("<Q", len(j)) + j + raw[8 + n:]))
+        out.append((label, _with_header(raw, edit)))
 
     crafted("a string offset", lambda h: h["0.weight"].__setitem__("data_offsets", [0, "x"]))
     crafted("a dtype that is a list", lambda h: h["0.weight"].__setitem__("dtype", ["F32"]))
@@ -205,9 +210,7 @@ def _crafted_bad_types(raw):
 
 
 def _checkpoint(tmp_path):
-    model = plain_net(0)
-    program = compile_plain(model, ft.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
-    train(program, 0, 1)
+    _, program = trained(plain_net, 0)
     path = str(tmp_path / "good.safetensors")
     ft.save(path, program)
     with open(path, "rb") as f:
