@@ -716,11 +716,14 @@ static ft_status input_on_device(const ft_program *p, const ft_tensor *x, bool q
 
 /* The batch's targets checked (shape, dtype, and by each loss node its
  * values) and each loss node's normalizer for the batch. *dev gets them
- * where the program runs (nothing when the loss reads no targets). Targets
+ * where the program runs (nothing when the loss reads no targets); *host,
+ * when not NULL, their contiguous copy on the CPU that the checks read (for
+ * counting correct predictions; the caller releases it). Targets
  * (N,) for a target of per-sample shape (1,) are read as the column
  * (N, 1): one regression target per sample, as a user's y usually is
  * (PyTorch would broadcast (N, 1) against (N,) to an (N, N) loss). */
-static ft_status prepare_targets(ft_program *p, const ft_tensor *y, int64_t rows, ft_tensor *dev) {
+static ft_status prepare_targets(ft_program *p, const ft_tensor *y, int64_t rows, ft_tensor *dev,
+                                 ft_tensor *host_out) {
     *dev = (ft_tensor){0};
     ft_tensor column;
     if (p->target < 0) {
@@ -752,10 +755,12 @@ static ft_status prepare_targets(ft_program *p, const ft_tensor *y, int64_t rows
         if (s == FT_OK && !(p->norm[i] > 0))
             s = ft_fail(FT_ERR_VALUE, "program: every target of the batch is ignored: its mean loss is undefined");
     }
-    if (host.storage)
-        ft_tensor_release(&host);
     if (s == FT_OK && y)
         s = on_device(p, y, y->dtype, true, dev);
+    if (s == FT_OK && host_out)
+        *host_out = host;
+    else if (host.storage)
+        ft_tensor_release(&host);
     return s;
 }
 
@@ -902,11 +907,9 @@ ft_status ft_program_backward(ft_program *p, const ft_tensor *x, const ft_tensor
     FT_TRY(check_input(p, x));
     FT_TRY(refresh_low_weights(p));
     ft_tensor yd, xd = {0}, yh = {0}, scores = {0};
-    FT_TRY(prepare_targets(p, y, x->shape[0], &yd));
     bool count = correct && classifies(p);
+    FT_TRY(prepare_targets(p, y, x->shape[0], &yd, count ? &yh : NULL));
     ft_status s = input_on_device(p, x, true, &xd);
-    if (s == FT_OK && count)
-        s = ft_tensor_on_host(&yh, y, y->dtype);
     if (s == FT_OK && count)
         s = scores_buffer(p, &scores);
     if (s == FT_OK) {
@@ -1015,10 +1018,8 @@ ft_status ft_program_evaluate(ft_program *p, const ft_tensor *x, const ft_tensor
     FT_TRY(check_input(p, x));
     FT_TRY(refresh_low_weights(p));
     ft_tensor yd, yh = {0}, xd = {0}, other = {0}, scores = {0};
-    FT_TRY(prepare_targets(p, y, x->shape[0], &yd));
+    FT_TRY(prepare_targets(p, y, x->shape[0], &yd, classifies(p) ? &yh : NULL));
     ft_status s = input_on_device(p, x, true, &xd);
-    if (s == FT_OK && classifies(p))
-        s = ft_tensor_on_host(&yh, y, y->dtype);
     const ft_node *o = &p->nodes[p->output];
     int64_t shape[FT_MAX_DIMS] = {p->batch};
     memcpy(shape + 1, o->shape, (size_t)o->ndim * sizeof *shape);
