@@ -5,6 +5,15 @@
 #include "core/dist.h"
 #include "ops/check.h"
 
+/* fn() without the GIL (a collective waits for the other ranks): None or the exception. */
+static PyObject *call_unlocked(ft_status (*fn)(void)) {
+    ft_status s;
+    Py_BEGIN_ALLOW_THREADS
+    s = fn();
+    Py_END_ALLOW_THREADS
+    return s == FT_OK ? Py_NewRef(Py_None) : ft_py_raise(s);
+}
+
 static PyObject *py_dist_set_library(PyObject *module, PyObject *arg) {
     (void)module;
     const char *path = PyUnicode_AsUTF8(arg);
@@ -16,12 +25,10 @@ static PyObject *py_dist_set_library(PyObject *module, PyObject *arg) {
 
 static PyObject *py_dist_init(PyObject *module, PyObject *unused) {
     (void)module, (void)unused;
-    ft_status s;
-    Py_BEGIN_ALLOW_THREADS
-    s = ft_dist_init();
-    Py_END_ALLOW_THREADS
-    if (s != FT_OK)
-        return ft_py_raise(s);
+    PyObject *done = call_unlocked(ft_dist_init);
+    if (!done)
+        return NULL;
+    Py_DECREF(done);
     return Py_BuildValue("(iii)", ft_dist_rank(), ft_dist_world_size(), ft_dist_local_rank());
 }
 
@@ -81,11 +88,7 @@ static PyObject *py_dist_broadcast(PyObject *module, PyObject *args) {
 
 static PyObject *py_dist_barrier(PyObject *module, PyObject *unused) {
     (void)module, (void)unused;
-    ft_status s;
-    Py_BEGIN_ALLOW_THREADS
-    s = ft_dist_barrier();
-    Py_END_ALLOW_THREADS
-    return s == FT_OK ? Py_NewRef(Py_None) : ft_py_raise(s);
+    return call_unlocked(ft_dist_barrier);
 }
 
 static PyObject *py_dist_abort(PyObject *module, PyObject *arg) {
@@ -99,11 +102,7 @@ static PyObject *py_dist_abort(PyObject *module, PyObject *arg) {
 
 static PyObject *py_dist_finalize(PyObject *module, PyObject *unused) {
     (void)module, (void)unused;
-    ft_status s;
-    Py_BEGIN_ALLOW_THREADS
-    s = ft_dist_finalize();
-    Py_END_ALLOW_THREADS
-    return s == FT_OK ? Py_NewRef(Py_None) : ft_py_raise(s);
+    return call_unlocked(ft_dist_finalize);
 }
 
 static PyMethodDef dist_functions[] = {
