@@ -122,3 +122,5 @@ def test_convert_sync_batchnorm_keeps_parameters_and_buffers():
     assert isinstance(converted[1], ft.nn.SyncBatchNorm) and converted[1].weight is weight
     assert dict(converted.named_buffers())["1.running_mean"].tolist() == [0.5] * 16
     assert [n for n, _ in converted.named_parameters()] == [n for n, _ in worker.model("plain").named_parameters()]
+    with pytest.raises(NotImplementedError, match="process groups are not supported"):
+        ft.nn.SyncBatchNorm(4, process_group=object())
