@@ -81,6 +81,7 @@ import ctypes
 import gc
 import json
 import os
+import re
 import resource
 import statistics
 import subprocess
@@ -535,7 +536,7 @@ def run_cpu(args):
     if torch is not None:
         print(json.dumps({"name": "torch_version", "value": torch.__version__, "unit": "version"}), flush=True)
 
-    cases = all_cases(N)
+    cases = [c for c in all_cases(N) if re.search(args.only, c.name)]
 
     gc.disable()
     for case in cases:  # warm-up: oneDNN primitives built, caches and pools filled
@@ -591,7 +592,7 @@ def run_cuda(args, torch_cuda):
     start = time.perf_counter()
     limits = cudabench.DeviceLimits(torch_cuda)
     limits.emit()
-    cases = all_cases(256, "cuda")
+    cases = [c for c in all_cases(256, "cuda") if re.search(args.only, c.name)]
     syncs = {"ours": cudabench.ft_sync, "theirs": cudabench.torch_sync}
     for case in cases:
         if not torch_cuda:
@@ -633,6 +634,7 @@ def main():
     parser.add_argument("--torch-default-malloc", action="store_true",
                         help="leave glibc's malloc as it is: torch then maps (and page-faults) every output over "
                              "32 MiB afresh on each call")
+    parser.add_argument("--only", default="", metavar="REGEX", help="run the cases whose name matches REGEX")
     cudabench.add_arguments(parser)
     args = parser.parse_args()
     torch_cuda = cudabench.setup(args, parser, torch)
