@@ -40,7 +40,9 @@ Compute-bound ops, GFLOP/s (2 flops per multiply-add, no bias where a batch norm
       fwd 4*N*H*T*T*D flops (two products), fwd_bwd 3.5 times that (the backward's five products), with
       causal counting only the T*(T+1)/2 scores a query sees; fwd = sdpa_forward with the lse kept, fwd_bwd =
       sdpa_forward + sdpa_backward. torch: F.scaled_dot_product_attention (1.13: its private
-      _scaled_dot_product_attention) and torch.autograd.grad of its output for (q, k, v).
+      _scaled_dot_product_attention) and torch.autograd.grad of its output for (q, k, v). The _bf16 cases
+      run the same in bfloat16 (where the CPU has AVX512-BF16), torch in bfloat16 too; "peak_fraction" is
+      still over the float32 FMA peak, which the bfloat16 products can pass (their rate is twice it).
 
 Memory-bound ops, GB/s over the bytes the op must move at least (each input read once, each output written
 once, float32 values, int64 indices and targets; no write-allocate reads, as STREAM). An op that reads its
@@ -358,13 +360,13 @@ def linear_cases(N, I, O, dev="cpu"):
             Case(f"{name}_bwd", "GFLOP/s", 2 * flops, ours_b, theirs_b, inner)]
 
 
-def attention_cases(N, H, T, D, dev="cpu"):
+def attention_cases(N, H, T, D, dev="cpu", dtype="float32"):
     q, k, v, dy = randn(N, H, T, D), randn(N, H, T, D), randn(N, H, T, D), randn(N, H, T, D)
-    fq, fk, fv, fdy = (ft_plain(a, dev) for a in (q, k, v, dy))
+    fq, fk, fv, fdy = (ft_plain(a, dev).to(dtype) for a in (q, k, v, dy))
     sdpa = None
     if torch is not None:
-        tq, tk, tv = (th(a, dev=dev).requires_grad_() for a in (q, k, v))
-        tdy = th(dy, dev=dev)
+        tq, tk, tv = (th(a, dev=dev).to(getattr(torch, dtype)).requires_grad_() for a in (q, k, v))
+        tdy = th(dy, dev=dev).to(getattr(torch, dtype))
         if hasattr(F, "scaled_dot_product_attention"):
             sdpa = lambda causal: F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
         else:
@@ -386,7 +388,7 @@ def attention_cases(N, H, T, D, dev="cpu"):
                 with torch.no_grad():
                     return sdpa(causal)
             theirs_fb = lambda causal=causal: torch.autograd.grad(sdpa(causal), (tq, tk, tv), tdy)
-        name = f"sdpa_n{N}_h{H}_t{T}_d{D}{'_causal' if causal else ''}"
+        name = f"sdpa_n{N}_h{H}_t{T}_d{D}{'_causal' if causal else ''}{'_bf16' if dtype == 'bfloat16' else ''}"
         inner = max(1, int(2e9 // flops))
         cases += [Case(f"{name}_fwd", "GFLOP/s", flops, fwd, theirs_f, inner),
                   Case(f"{name}_fwd_bwd", "GFLOP/s", 3.5 * flops, fwd_bwd, theirs_fb, inner)]
@@ -515,6 +517,8 @@ def all_cases(N, dev="cpu"):
     for width in (512, 1024, 4096):
         cases += linear_cases(N, width, width, dev)
     cases += attention_cases(8, 4, 256, 64, dev)
+    if dev == "cuda" or ft.backends.cpu_has_bf16():
+        cases += attention_cases(8, 4, 256, 64, dev, "bfloat16")
     cases += memory_cases(N, 64, 32, rows=N * 64, D=1024, classes=[(N, 1000), (N, 32768)], dev=dev)
     return cases
 

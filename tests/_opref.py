@@ -64,8 +64,8 @@ def fd_grad(f, x, dy, eps=1e-6):
 
 
 def bits(x):
-    """The raw bytes of a tensor's values, to compare results bitwise."""
-    return np.ascontiguousarray(x.numpy()).tobytes()
+    """The raw bytes of a tensor's values, to compare results bitwise (bfloat16 as float32: exact)."""
+    return np.ascontiguousarray((x.to(ft.float32) if x.dtype is ft.bfloat16 else x).numpy()).tobytes()
 
 
 def with_threads(threads, n_threads, fn):

@@ -333,14 +333,32 @@ def test_layer_norm_bfloat16_matches_float32_of_the_rounded_input():
     np.testing.assert_array_equal(np.asarray(out.to("float32")), bf16_round(ref))  # computed in float, rounded once
 
 
-@pytest.mark.parametrize("causal", [False, True])
-def test_attention_bfloat16_matches_float32_of_the_rounded_inputs(causal):
+@pytest.mark.parametrize("shape,causal", [((2, 3, 70, 70, 16), False), ((2, 3, 70, 70, 16), True),
+                                          ((1, 2, 130, 200, 33), True), ((3, 1, 1, 7, 1), False)], ids=str)
+def test_attention_bfloat16_follows_float32_of_the_rounded_inputs(shape, causal):
+    """With AVX512-BF16 the products run in bfloat16 pairs with float32 sums (P and dS rounded to bfloat16, as
+    PyTorch's bfloat16 attention): out and the gradients within 2^-6 of each one's largest float32 magnitude,
+    the log-sum-exp (from float32 sums of exact products) within 1e-6 (relative and absolute); without, computed in float32 and
+    rounded once."""
+    N, H, Tq, Tk, D = shape
     rng = np.random.default_rng(3)
-    q, k, v = (bf16_round(rng.standard_normal((2, 3, 70, 16))) for _ in range(3))
-    ref = np.asarray(F.scaled_dot_product_attention(ft.tensor(q), ft.tensor(k), ft.tensor(v), is_causal=causal))
-    out = F.scaled_dot_product_attention(*(ft.tensor(t).to("bfloat16") for t in (q, k, v)), is_causal=causal)
-    assert out.dtype is ft.bfloat16
-    np.testing.assert_array_equal(np.asarray(out.to("float32")), bf16_round(ref))  # computed in float, rounded once
+    q, dout = (bf16_round(rng.standard_normal((N, H, Tq, D))) for _ in range(2))
+    k, v = (bf16_round(rng.standard_normal((N, H, Tk, D))) for _ in range(2))
+    res = []
+    for dtype in ("float32", "bfloat16"):
+        tq, tk, tv, tdout = (ft.tensor(a).to(dtype) for a in (q, k, v, dout))
+        out, lse = ft.ops.sdpa_forward(None, None, tq, tk, tv, causal=causal)
+        grads = ft.ops.sdpa_backward(None, None, None, tdout, tq, tk, tv, out, lse, causal=causal)
+        assert {x.dtype.name for x in (out, *grads)} == {dtype} and lse.dtype is ft.float32
+        res.append([np.asarray(x.to("float32")) for x in (out, lse, *grads)])
+    (out, lse, *grads), (out16, lse16, *grads16) = res
+    if not backends.cpu_has_bf16():
+        np.testing.assert_array_equal(out16, bf16_round(out))
+        return
+    np.testing.assert_allclose(lse16, lse, rtol=1e-6, atol=1e-6)
+    for name, ref, got in zip(("out", "dq", "dk", "dv"), (out, *grads), (out16, *grads16)):
+        np.testing.assert_allclose(got, ref, rtol=0, atol=2 ** -6 * np.abs(ref).max(), err_msg=name)
+    assert not np.array_equal(out16, bf16_round(out))  # the bfloat16 products ran
 
 
 def test_group_norm_bfloat16_matches_float32_of_the_rounded_input():

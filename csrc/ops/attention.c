@@ -48,9 +48,10 @@ static const ft_mem_pool HOST = {FT_MEM_HOST, 0};
 /* ---- geometry ---- */
 
 typedef struct {
-    int64_t N, H, Tq, Tk, D, Dp, nqb, nkb;
+    int64_t N, H, Tq, Tk, D, Dp, Dh, nqb, nkb; /* Dh: pairs of D, (D + 1) / 2 */
     float scale;
     bool causal;
+    bool pairs; /* the products in bfloat16 pairs (see "bfloat16 products") */
 } geom;
 
 /* A (N, H, T, D) float32 or bfloat16 tensor: its data and its strides (in
@@ -134,25 +135,43 @@ static void load_cols(float *dst, int R, const view4 *v, int64_t n0, int64_t h, 
     }
 }
 
-/* dst (R, C) = src (C, R) transposed. */
-static void transpose(float *dst, const float *src, int R, int C) {
-    for (int r = 0; r < R; r++)
-        for (int c = 0; c < C; c++)
-            dst[r * C + c] = src[c * R + r];
+static inline int round_rows(int n) { return (n + RB - 1) / RB * RB; }
+
+/* The n rows from row t0 of head (n0, h) of v as an (R, Dp) tile, with its
+ * row length in *ld: the tensor itself where its float32 rows need no
+ * padding (read up to round_rows(n) rows), else buf (R, Dp) filled by
+ * load_rows. */
+static const float *rows_tile(float *buf, int R, int64_t *ld, const view4 *v, int64_t n0, int64_t h, int64_t t0,
+                              int n, const geom *g) {
+    if (!v->bf16 && g->D == g->Dp && n % RB == 0) {
+        *ld = v->st;
+        return row_at(v, n0, h, t0);
+    }
+    load_rows(buf, R, v, n0, h, t0, n, g, 1.0f);
+    *ld = g->Dp;
+    return buf;
 }
 
-/* ---- c (R, W) += a (R, K) b (K, W), R a multiple of RB, W of VL ---- */
+/* ---- c (R, W) (+)= a (R, K) b (K, W) ----
+ *
+ * a's element (i, k) is a[i * ai + k * ak]: a tile as stored (ai its row
+ * length, ak = 1) or transposed (ai = 1), so no product needs a transposed
+ * copy of the tile the softmax wrote. R is a multiple of RB, W of VL; with
+ * add the products are added to c, else they replace it. */
 
-FT_VEC_CLONES static void gemm_loop(float *c, int64_t ldc, const float *a, int64_t lda, const float *b, int64_t ldb,
-                                    int R, int K, int W) {
-    for (int i = 0; i < R; i++)
+FT_VEC_CLONES static void gemm_loop(float *c, int64_t ldc, const float *a, int64_t ai, int64_t ak, const float *b,
+                                    int64_t ldb, int R, int K, int W, bool add) {
+    for (int i = 0; i < R; i++) {
+        float *ci = c + i * ldc;
+        if (!add)
+            memset(ci, 0, sizeof(float) * (size_t)W);
         for (int k = 0; k < K; k++) {
-            float aik = a[i * lda + k];
-            float *ci = c + i * ldc;
+            float aik = a[i * ai + k * ak];
             const float *bk = b + k * ldb;
             FT_SIMD_FOR(j, W)
                 ci[j] = fmaf(aik, bk[j], ci[j]);
         }
+    }
 }
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(FT_NO_CLONES)
@@ -162,27 +181,32 @@ FT_VEC_CLONES static void gemm_loop(float *c, int64_t ldc, const float *a, int64
 /* RB rows by NV vectors of c in registers for the whole k loop: the loop
  * above reloads c for every k and is bound by those loads and stores. */
 #define ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
-#define LOAD2(r) __m512 x##r##0 = _mm512_loadu_ps(cr + r * ldc + j), x##r##1 = _mm512_loadu_ps(cr + r * ldc + j + VL);
+#define C0(r, j) (add ? _mm512_loadu_ps(cr + r * ldc + (j)) : _mm512_setzero_ps())
+#define LOAD2(r) __m512 x##r##0 = C0(r, j), x##r##1 = C0(r, j + VL);
 #define STEP2(r)                                                  \
     {                                                             \
-        __m512 s = _mm512_set1_ps(ar[r * lda + k]);               \
+        __m512 s = _mm512_set1_ps(ak_[r * ai]);                   \
         x##r##0 = _mm512_fmadd_ps(s, b0, x##r##0);                \
         x##r##1 = _mm512_fmadd_ps(s, b1, x##r##1);                \
     }
 #define STORE2(r) _mm512_storeu_ps(cr + r * ldc + j, x##r##0), _mm512_storeu_ps(cr + r * ldc + j + VL, x##r##1);
-#define LOAD1(r) __m512 x##r##0 = _mm512_loadu_ps(cr + r * ldc + j);
-#define STEP1(r) x##r##0 = _mm512_fmadd_ps(_mm512_set1_ps(ar[r * lda + k]), b0, x##r##0);
+#define LOAD1(r) __m512 x##r##0 = C0(r, j);
+#define STEP1(r) x##r##0 = _mm512_fmadd_ps(_mm512_set1_ps(ak_[r * ai]), b0, x##r##0);
 #define STORE1(r) _mm512_storeu_ps(cr + r * ldc + j, x##r##0);
 
-__attribute__((target("avx512f"))) static void gemm_avx512(float *c, int64_t ldc, const float *a, int64_t lda,
-                                                           const float *b, int64_t ldb, int R, int K, int W) {
+/* Inlined into one kernel per layout of a, so that its unit stride is a constant. */
+__attribute__((target("avx512f"), always_inline)) static inline void gemm_tiles(float *c, int64_t ldc, const float *a,
+                                                                               int64_t ai, int64_t ak, const float *b,
+                                                                               int64_t ldb, int R, int K, int W,
+                                                                               bool add) {
     for (int i = 0; i < R; i += RB) {
-        const float *ar = a + i * lda;
+        const float *ar = a + i * ai;
         float *cr = c + i * ldc;
         int j = 0;
         for (; j + 2 * VL <= W; j += 2 * VL) {
             ROWS(LOAD2)
             for (int k = 0; k < K; k++) {
+                const float *ak_ = ar + k * ak;
                 __m512 b0 = _mm512_loadu_ps(b + k * ldb + j), b1 = _mm512_loadu_ps(b + k * ldb + j + VL);
                 ROWS(STEP2)
             }
@@ -191,6 +215,7 @@ __attribute__((target("avx512f"))) static void gemm_avx512(float *c, int64_t ldc
         for (; j < W; j += VL) {
             ROWS(LOAD1)
             for (int k = 0; k < K; k++) {
+                const float *ak_ = ar + k * ak;
                 __m512 b0 = _mm512_loadu_ps(b + k * ldb + j);
                 ROWS(STEP1)
             }
@@ -198,80 +223,204 @@ __attribute__((target("avx512f"))) static void gemm_avx512(float *c, int64_t ldc
         }
     }
 }
+
+__attribute__((target("avx512f"))) static void gemm_rows_avx512(float *c, int64_t ldc, const float *a, int64_t lda,
+                                                                const float *b, int64_t ldb, int R, int K, int W,
+                                                                bool add) {
+    gemm_tiles(c, ldc, a, lda, 1, b, ldb, R, K, W, add);
+}
+
+__attribute__((target("avx512f"))) static void gemm_cols_avx512(float *c, int64_t ldc, const float *a, int64_t lda,
+                                                                const float *b, int64_t ldb, int R, int K, int W,
+                                                                bool add) {
+    gemm_tiles(c, ldc, a, 1, lda, b, ldb, R, K, W, add);
+}
 #endif
 
-static void gemm(float *c, int64_t ldc, const float *a, int64_t lda, const float *b, int64_t ldb, int R, int K,
-                 int W) {
+static void gemm(float *c, int64_t ldc, const float *a, int64_t ai, int64_t ak, const float *b, int64_t ldb, int R,
+                 int K, int W, bool add) {
 #ifdef HAVE_AVX512
     if (__builtin_cpu_supports("avx512f")) {
-        gemm_avx512(c, ldc, a, lda, b, ldb, R, K, W);
+        if (ak == 1)
+            gemm_rows_avx512(c, ldc, a, ai, b, ldb, R, K, W, add);
+        else
+            gemm_cols_avx512(c, ldc, a, ak, b, ldb, R, K, W, add);
         return;
     }
 #endif
-    gemm_loop(c, ldc, a, lda, b, ldb, R, K, W);
+    gemm_loop(c, ldc, a, ai, ak, b, ldb, R, K, W, add);
 }
 
-/* ---- row math ---- */
-
-static float lanes_sum(float *acc) {
-    for (int w = VL / 2; w >= 1; w /= 2)
-        for (int l = 0; l < w; l++)
-            acc[l] += acc[l + w];
-    return acc[0];
+/* Row t of head (n, h) of v (D) = src * mul, or += with accumulate. */
+static void store_row(const view4 *v, int64_t n, int64_t h, int64_t t, const float *src, int64_t D, float mul,
+                      bool accumulate) {
+    void *dst = row_at(v, n, h, t);
+    for (int64_t d = 0; d < D; d++)
+        put(v, dst, d, accumulate ? elem(v, dst, d) + src[d] * mul : src[d] * mul);
 }
 
-/* The max of s[0..n) (n >= 1), over a row of BK. */
-FT_VEC_CLONES static float row_max(const float *s, int n) {
-    float acc[VL];
-    for (int l = 0; l < VL; l++)
-        acc[l] = -INFINITY;
-    for (int j0 = 0; j0 < BK; j0 += VL)
-        for (int l = 0; l < VL; l++) {
-            float x = j0 + l < n ? s[j0 + l] : -INFINITY;
-            acc[l] = x > acc[l] ? x : acc[l];
-        }
-    float m = acc[0];
-    for (int l = 1; l < VL; l++)
-        m = acc[l] > m ? acc[l] : m;
-    return m;
+/* ---- bfloat16 products ----
+ *
+ * With bfloat16 q, k, v (and dout) on a CPU with AVX512-BF16, every product
+ * runs in vdpbf16ps, twice the float32 FMA rate: pairs of bfloat16 products
+ * (exact in float32) added to float32 sums. Operands are tiles of pairs (two
+ * bfloat16 in a uint32): on the a side, pair (i, kp) is a's elements
+ * (i, 2kp) and (i, 2kp + 1), at a[i * ai + kp * ak]; the b side is packed
+ * (KP, W), pair (kp, j) = b's elements (2kp, j) and (2kp + 1, j). The scores
+ * come out in float32 unscaled (the scale is applied as the softmax reads
+ * them) and the softmax stays float32; P and dS are rounded to bfloat16 for
+ * the products that read them, as PyTorch's bfloat16 attention does. Each
+ * element of c is one chain over kp in order, so results are as
+ * deterministic as the float32 path's (though not the same bits). */
+
+static inline uint32_t pair_of(uint16_t lo, uint16_t hi) { return lo | (uint32_t)hi << 16; }
+
+/* dst (ceil(n / 2), W): pair (kp, j) = rows 2kp and 2kp + 1 of the float32
+ * tile src (rows of ld) at column j, zero past row n. */
+FT_VEC_CLONES static void pack_tile(uint32_t *dst, const float *src, int64_t ld, int n, int W) {
+    for (int kp = 0; kp < (n + 1) / 2; kp++) {
+        const float *r0 = src + 2 * kp * ld, *r1 = r0 + ld;
+        uint32_t *d = dst + kp * W;
+        if (2 * kp + 1 < n)
+            FT_SIMD_FOR(j, W)
+                d[j] = pair_of(ft_f32_to_bf16(r0[j]), ft_f32_to_bf16(r1[j]));
+        else
+            FT_SIMD_FOR(j, W)
+                d[j] = ft_f32_to_bf16(r0[j]);
+    }
 }
 
-/* s[j] = exp(s[j] - shift) for j < n, 0 after, over a row of BK; returns the sum. */
-FT_VEC_CLONES static float row_exp(float *s, int n, float shift) {
-    float acc[VL] = {0};
-    for (int j0 = 0; j0 < BK; j0 += VL)
-        for (int l = 0; l < VL; l++) {
-            float e = j0 + l < n ? ft_expf(s[j0 + l] - shift) : 0.0f;
-            s[j0 + l] = e;
-            acc[l] += e;
-        }
-    return lanes_sum(acc);
+/* dst (R, C / 2): pair (r, cp) = columns 2cp and 2cp + 1 of row r of the
+ * float32 tile src (R, C). */
+FT_VEC_CLONES static void pair_tile(uint32_t *dst, const float *src, int R, int C) {
+    for (int r = 0; r < R; r++)
+        FT_SIMD_FOR(cp, C / 2)
+            dst[r * (C / 2) + cp] = pair_of(ft_f32_to_bf16(src[r * C + 2 * cp]), ft_f32_to_bf16(src[r * C + 2 * cp + 1]));
 }
 
-/* Over a tile of R rows by C columns: p = exp(s - lse) where row r sees
- * columns [lo[r], hi[r]), else 0; dp becomes dS = p (dp - delta). lse and
- * delta are per row (by_row) or per column. */
-FT_VEC_CLONES static void probs_grad(float *s, float *dp, int R, int C, const int *lo, const int *hi,
-                                     const float *lse, const float *delta, bool by_row) {
+/* dst (ceil(n / 2), Dp) packed from the n rows from row t0 of head (n0, h)
+ * of bfloat16 v (pair (kp, d) = rows 2kp and 2kp + 1 at column d), zero past
+ * row n and column D. */
+static void pack_rows(uint32_t *dst, const view4 *v, int64_t n0, int64_t h, int64_t t0, int n, const geom *g) {
+    int64_t D = g->D, Dp = g->Dp;
+    for (int kp = 0; kp < (n + 1) / 2; kp++) {
+        const uint16_t *r0 = row_at(v, n0, h, t0 + 2 * kp);
+        const uint16_t *r1 = 2 * kp + 1 < n ? row_at(v, n0, h, t0 + 2 * kp + 1) : NULL;
+        uint32_t *d = dst + kp * Dp;
+        for (int64_t c = 0; c < D; c++)
+            d[c] = pair_of(r0[c], r1 ? r1[c] : 0);
+        for (int64_t c = D; c < Dp; c++)
+            d[c] = 0;
+    }
+}
+
+/* dst (Dh, W): pair (dp, j) = row j's elements 2dp and 2dp + 1, for the n
+ * rows from row t0 of head (n0, h) of bfloat16 v; zero past row n and D. */
+static void pack_cols(uint32_t *dst, int W, const view4 *v, int64_t n0, int64_t h, int64_t t0, int n,
+                      const geom *g) {
+    int64_t D = g->D;
+    memset(dst, 0, (size_t)(g->Dh * W) * sizeof *dst);
+    for (int j = 0; j < n; j++) {
+        const uint16_t *r = row_at(v, n0, h, t0 + j);
+        for (int64_t dp = 0; dp < D / 2; dp++)
+            dst[dp * W + j] = pair_of(r[2 * dp], r[2 * dp + 1]);
+        if (D % 2)
+            dst[(D / 2) * W + j] = r[D - 1];
+    }
+}
+
+/* The n rows from row t0 of head (n0, h) of bfloat16 v as an a-side tile of
+ * pairs along D, with its row length in pairs in *ld: the tensor itself
+ * where its rows are whole pairs (read up to round_rows(n) rows), else buf
+ * (R, Dh) with zero past row n and D. */
+static const uint32_t *pair_rows(uint32_t *buf, int R, int64_t *ld, const view4 *v, int64_t n0, int64_t h,
+                                 int64_t t0, int n, const geom *g) {
+    if (g->D % 2 == 0 && v->st % 2 == 0 && n % RB == 0) {
+        *ld = v->st / 2;
+        return row_at(v, n0, h, t0);
+    }
+    int64_t D = g->D, Dh = g->Dh;
     for (int r = 0; r < R; r++) {
-        float *sr = s + r * C, *dr = dp + r * C;
-        int a = lo[r], z = hi[r];
-        if (by_row) {
-            float ls = lse[r], dl = delta[r];
-            for (int c = 0; c < C; c++) {
-                float p = c >= a && c < z ? ft_expf(sr[c] - ls) : 0.0f;
-                sr[c] = p;
-                dr[c] = p * (dr[c] - dl);
+        uint32_t *d = buf + r * Dh;
+        const uint16_t *s = r < n ? row_at(v, n0, h, t0 + r) : NULL;
+        for (int64_t dp = 0; dp < Dh; dp++)
+            d[dp] = s ? pair_of(s[2 * dp], 2 * dp + 1 < D ? s[2 * dp + 1] : 0) : 0;
+    }
+    *ld = Dh;
+    return buf;
+}
+
+#ifdef HAVE_AVX512
+#define STEP2P(r)                                                                         \
+    {                                                                                     \
+        __m512bh s = (__m512bh)_mm512_set1_epi32((int)ak_[r * ai]);                       \
+        x##r##0 = _mm512_dpbf16_ps(x##r##0, s, b0), x##r##1 = _mm512_dpbf16_ps(x##r##1, s, b1); \
+    }
+#define STEP1P(r) x##r##0 = _mm512_dpbf16_ps(x##r##0, (__m512bh)_mm512_set1_epi32((int)ak_[r * ai]), b0);
+
+/* c (R, W) (+)= a b over KP pairs, as gemm_tiles. */
+__attribute__((target("avx512f,avx512bf16"), always_inline)) static inline void
+gemm_pairs_tiles(float *c, int64_t ldc, const uint32_t *a, int64_t ai, int64_t ak, const uint32_t *b, int64_t ldb,
+                 int R, int KP, int W, bool add) {
+    for (int i = 0; i < R; i += RB) {
+        const uint32_t *ar = a + i * ai;
+        float *cr = c + i * ldc;
+        int j = 0;
+        for (; j + 2 * VL <= W; j += 2 * VL) {
+            ROWS(LOAD2)
+            for (int k = 0; k < KP; k++) {
+                const uint32_t *ak_ = ar + k * ak;
+                __m512bh b0 = (__m512bh)_mm512_loadu_si512(b + k * ldb + j);
+                __m512bh b1 = (__m512bh)_mm512_loadu_si512(b + k * ldb + j + VL);
+                ROWS(STEP2P)
             }
-        } else {
-            for (int c = 0; c < C; c++) {
-                float p = c >= a && c < z ? ft_expf(sr[c] - lse[c]) : 0.0f;
-                sr[c] = p;
-                dr[c] = p * (dr[c] - delta[c]);
+            ROWS(STORE2)
+        }
+        for (; j < W; j += VL) {
+            ROWS(LOAD1)
+            for (int k = 0; k < KP; k++) {
+                const uint32_t *ak_ = ar + k * ak;
+                __m512bh b0 = (__m512bh)_mm512_loadu_si512(b + k * ldb + j);
+                ROWS(STEP1P)
             }
+            ROWS(STORE1)
         }
     }
 }
+
+__attribute__((target("avx512f,avx512bf16"))) static void gemm_pairs_rows(float *c, int64_t ldc, const uint32_t *a,
+                                                                         int64_t lda, const uint32_t *b, int64_t ldb,
+                                                                         int R, int KP, int W, bool add) {
+    gemm_pairs_tiles(c, ldc, a, lda, 1, b, ldb, R, KP, W, add);
+}
+
+__attribute__((target("avx512f,avx512bf16"))) static void gemm_pairs_cols(float *c, int64_t ldc, const uint32_t *a,
+                                                                         int64_t lda, const uint32_t *b, int64_t ldb,
+                                                                         int R, int KP, int W, bool add) {
+    gemm_pairs_tiles(c, ldc, a, 1, lda, b, ldb, R, KP, W, add);
+}
+
+/* Whether this CPU runs gemm_pairs. */
+static bool have_pairs(void) { return __builtin_cpu_supports("avx512bf16"); }
+
+/* c (R, W) (+)= a (R, 2 KP) b (2 KP, W) from tiles of pairs. */
+static void gemm_pairs(float *c, int64_t ldc, const uint32_t *a, int64_t ai, int64_t ak, const uint32_t *b,
+                       int64_t ldb, int R, int KP, int W, bool add) {
+    if (ak == 1)
+        gemm_pairs_rows(c, ldc, a, ai, b, ldb, R, KP, W, add);
+    else
+        gemm_pairs_cols(c, ldc, a, ak, b, ldb, R, KP, W, add);
+}
+#else
+static bool have_pairs(void) { return false; }
+
+static void gemm_pairs(float *c, int64_t ldc, const uint32_t *a, int64_t ai, int64_t ak, const uint32_t *b,
+                       int64_t ldb, int R, int KP, int W, bool add) {
+    (void)c, (void)ldc, (void)a, (void)ai, (void)ak, (void)b, (void)ldb, (void)R, (void)KP, (void)W, (void)add;
+}
+#endif
+
+/* ---- softmax ---- */
 
 /* The keys query i sees in key block kb: [0, the returned count). */
 static inline int keys_seen(const geom *g, int64_t i, int64_t kb) {
@@ -283,10 +432,74 @@ static inline int keys_seen(const geom *g, int64_t i, int64_t kb) {
     return n > 0 ? (int)n : 0;
 }
 
+/* Folds a key block's scores s * scale (s (nk, BQ), key j in row j and
+ * query i in column i) into each query's running max m and sum l: s becomes
+ * exp(s * scale - m) (0 where query i sees only keys j < seen[i]), and
+ * alpha[i] the factor that rescales what query i summed before. Returns
+ * whether some alpha is not 1. */
+FT_VEC_CLONES static bool online_softmax(float *s, int nk, const int *seen, float scale, float *m, float *l,
+                                         float *alpha, float *acc) {
+    for (int i = 0; i < BQ; i++)
+        acc[i] = -INFINITY;
+    for (int j = 0; j < nk; j++) {
+        const float *sj = s + j * BQ;
+        for (int i = 0; i < BQ; i++)
+            acc[i] = j < seen[i] && sj[i] * scale > acc[i] ? sj[i] * scale : acc[i];
+    }
+    bool rescale = false;
+    for (int i = 0; i < BQ; i++) {
+        float mn = m[i] > acc[i] ? m[i] : acc[i];
+        /* m = -inf: nothing summed yet */
+        alpha[i] = m[i] == -INFINITY ? 0.0f : ft_expf(m[i] - mn);
+        rescale |= alpha[i] != 1.0f;
+        m[i] = mn;
+        acc[i] = 0.0f;
+    }
+    for (int j = 0; j < nk; j++) {
+        float *sj = s + j * BQ;
+        for (int i = 0; i < BQ; i++) {
+            float p = j < seen[i] ? ft_expf(sj[i] * scale - m[i]) : 0.0f;
+            sj[i] = p;
+            acc[i] += p;
+        }
+    }
+    for (int i = 0; i < BQ; i++)
+        l[i] = l[i] * alpha[i] + acc[i];
+    return rescale;
+}
+
+/* Over a tile of R rows by C columns: p = exp(s * scale - lse) where row r
+ * sees columns [lo[r], hi[r]), else 0; dp becomes dS = p (dp - delta). lse
+ * and delta are per row (by_row) or per column. */
+FT_VEC_CLONES static void probs_grad(float *s, float *dp, int R, int C, const int *lo, const int *hi, float scale,
+                                     const float *lse, const float *delta, bool by_row) {
+    for (int r = 0; r < R; r++) {
+        float *sr = s + r * C, *dr = dp + r * C;
+        int a = lo[r], z = hi[r];
+        if (by_row) {
+            float ls = lse[r], dl = delta[r];
+            for (int c = 0; c < C; c++) {
+                float p = c >= a && c < z ? ft_expf(sr[c] * scale - ls) : 0.0f;
+                sr[c] = p;
+                dr[c] = p * (dr[c] - dl);
+            }
+        } else {
+            for (int c = 0; c < C; c++) {
+                float p = c >= a && c < z ? ft_expf(sr[c] * scale - lse[c]) : 0.0f;
+                sr[c] = p;
+                dr[c] = p * (dr[c] - delta[c]);
+            }
+        }
+    }
+}
+
 /* ---- forward ---- */
 
 typedef struct {
-    float *qs, *kt, *vb, *s, *o, *m, *l; /* (BQ, Dp) (Dp, BK) (BK, Dp) (BQ, BK) (BQ, Dp) (BQ) (BQ) */
+    float *qt, *kj, *vj, *s, *o; /* (Dp, BQ) (BK, Dp) (BK, Dp) (BK, BQ) (BQ, Dp) */
+    float *m, *l, *alpha, *acc;  /* (BQ) */
+    int *seen;                   /* (BQ) */
+    uint32_t *qp, *kp, *pp, *vp; /* pairs: (Dh, BQ) (BK, Dh) (BK / 2, BQ) (BK / 2, Dp) */
 } fwd_ws;
 
 /* Carves n floats (whole vectors, so every buffer stays 64-byte aligned) off *p. */
@@ -297,56 +510,69 @@ static float *take(float **p, int64_t n) {
 }
 
 /* The floats fwd_ws_at carves (every size a whole number of vectors). */
-static int64_t fwd_ws_floats(const geom *g) { return 2 * BQ * g->Dp + 2 * g->Dp * BK + BQ * BK + 2 * BQ; }
+static int64_t fwd_ws_floats(const geom *g) {
+    return 2 * g->Dp * BQ + 2 * BK * g->Dp + BK * BQ + 5 * BQ + g->Dh * (BQ + BK) + BK / 2 * (BQ + g->Dp);
+}
 
 static fwd_ws fwd_ws_at(float *p, const geom *g) {
     fwd_ws w;
-    w.qs = take(&p, BQ * g->Dp), w.kt = take(&p, g->Dp * BK), w.vb = take(&p, BK * g->Dp);
-    w.s = take(&p, BQ * BK), w.o = take(&p, BQ * g->Dp), w.m = take(&p, BQ), w.l = take(&p, BQ);
+    w.qt = take(&p, g->Dp * BQ), w.kj = take(&p, BK * g->Dp), w.vj = take(&p, BK * g->Dp);
+    w.s = take(&p, BK * BQ), w.o = take(&p, BQ * g->Dp);
+    w.m = take(&p, BQ), w.l = take(&p, BQ), w.alpha = take(&p, BQ), w.acc = take(&p, BQ);
+    w.seen = (int *)take(&p, BQ);
+    w.qp = (uint32_t *)take(&p, g->Dh * BQ), w.kp = (uint32_t *)take(&p, BK * g->Dh);
+    w.pp = (uint32_t *)take(&p, BK / 2 * BQ), w.vp = (uint32_t *)take(&p, BK / 2 * g->Dp);
     return w;
 }
 
+/* One query block. The scores are computed transposed, S^T = k (q * scale)^T,
+ * so that the only transposed copy is the query block's, once, and the
+ * softmax runs down columns, a query per lane; O += P v reads P^T as P. */
 static void forward_block(const fwd_ws *w, const geom *g, const view4 *out, float *lse, const int64_t *lse_st,
                           const view4 *q, const view4 *k, const view4 *v, int64_t n, int64_t h, int64_t qb) {
     int64_t Dp = g->Dp, i0 = qb * BQ;
     int nq = rows_in(qb, BQ, g->Tq);
-    load_rows(w->qs, BQ, q, n, h, i0, nq, g, g->scale);
+    float scale = g->pairs ? g->scale : 1.0f; /* what the softmax applies */
+    if (g->pairs)
+        pack_cols(w->qp, BQ, q, n, h, i0, nq, g);
+    else
+        load_cols(w->qt, BQ, q, n, h, i0, nq, g, g->scale);
     memset(w->o, 0, (size_t)(BQ * Dp) * sizeof(float));
-    for (int r = 0; r < BQ; r++)
-        w->m[r] = -INFINITY, w->l[r] = 0.0f;
+    for (int i = 0; i < BQ; i++)
+        w->m[i] = -INFINITY, w->l[i] = 0.0f;
     for (int64_t kb = 0; kb < g->nkb && block_active(g, qb, kb); kb++) {
-        int64_t j0 = kb * BK;
+        int64_t j0 = kb * BK, ldk;
         int nk = rows_in(kb, BK, g->Tk);
-        load_cols(w->kt, BK, k, n, h, j0, nk, g, 1.0f);
-        load_rows(w->vb, BK, v, n, h, j0, nk, g, 1.0f);
-        memset(w->s, 0, sizeof(float) * BQ * BK);
-        gemm(w->s, BK, w->qs, Dp, w->kt, BK, BQ, (int)Dp, BK);
-        for (int r = 0; r < BQ; r++) {
-            float *sr = w->s + r * BK, *o = w->o + r * Dp;
-            int seen = keys_seen(g, i0 + r, kb);
-            if (seen == 0) { /* nothing to add: a zero row of P */
-                memset(sr, 0, sizeof(float) * BK);
-                continue;
-            }
-            float mx = row_max(sr, seen), mn = w->m[r] > mx ? w->m[r] : mx;
-            /* m = -inf: nothing summed yet, o and l are 0 */
-            float alpha = w->m[r] == -INFINITY ? 0.0f : ft_expf(w->m[r] - mn);
-            float sum = row_exp(sr, seen, mn);
-            w->l[r] = w->l[r] * alpha + sum;
-            w->m[r] = mn;
-            if (alpha != 1.0f)
-                for (int64_t d = 0; d < Dp; d++)
-                    o[d] *= alpha;
+        if (g->pairs) {
+            const uint32_t *kp = pair_rows(w->kp, BK, &ldk, k, n, h, j0, nk, g);
+            gemm_pairs(w->s, BQ, kp, ldk, 1, w->qp, BQ, round_rows(nk), (int)g->Dh, BQ, false);
+        } else {
+            const float *kj = rows_tile(w->kj, BK, &ldk, k, n, h, j0, nk, g);
+            gemm(w->s, BQ, kj, ldk, 1, w->qt, BQ, round_rows(nk), (int)g->D, BQ, false);
         }
-        gemm(w->o, Dp, w->s, BK, w->vb, Dp, BQ, BK, (int)Dp);
+        for (int i = 0; i < BQ; i++)
+            w->seen[i] = keys_seen(g, i0 + i, kb);
+        if (online_softmax(w->s, nk, w->seen, scale, w->m, w->l, w->alpha, w->acc))
+            for (int i = 0; i < BQ; i++) {
+                float *oi = w->o + i * Dp, alpha = w->alpha[i];
+                FT_SIMD_FOR(d, Dp)
+                    oi[d] *= alpha;
+            }
+        if (g->pairs) {
+            pack_tile(w->pp, w->s, BQ, nk, BQ);
+            pack_rows(w->vp, v, n, h, j0, nk, g);
+            gemm_pairs(w->o, Dp, w->pp, 1, BQ, w->vp, Dp, BQ, (nk + 1) / 2, (int)Dp, true);
+        } else {
+            int64_t ldv;
+            const float *vj = rows_tile(w->vj, BK, &ldv, v, n, h, j0, nk, g);
+            gemm(w->o, Dp, w->s, 1, BQ, vj, ldv, BQ, nk, (int)Dp, true);
+        }
     }
-    for (int r = 0; r < nq; r++) {
-        void *dst = row_at(out, n, h, i0 + r);
-        float *o = w->o + r * Dp, l = w->l[r];
-        for (int64_t d = 0; d < g->D; d++)
-            put(out, dst, d, l > 0.0f ? o[d] / l : 0.0f);
+    for (int i = 0; i < nq; i++) {
+        float l = w->l[i];
+        store_row(out, n, h, i0 + i, w->o + i * Dp, g->D, l > 0.0f ? 1.0f / l : 0.0f, false);
         if (lse)
-            lse[n * lse_st[0] + h * lse_st[1] + (i0 + r) * lse_st[2]] = l > 0.0f ? w->m[r] + logf(l) : -INFINITY;
+            lse[n * lse_st[0] + h * lse_st[1] + (i0 + i) * lse_st[2]] = l > 0.0f ? w->m[i] + logf(l) : -INFINITY;
     }
 }
 
@@ -397,12 +623,21 @@ static ft_status check_writes(const char *op, const char *arg, const ft_tensor *
     return FT_OK;
 }
 
-static ft_status make_geom(geom *g, const ft_tensor *q, const ft_tensor *k, const ft_sdpa_params *p) {
+/* Whether the products run in bfloat16 pairs: every one of the n operands is
+ * bfloat16 and the CPU has the instructions. */
+static bool in_pairs(const ft_tensor *const *t, int n) {
+    for (int i = 0; i < n; i++)
+        if (t[i]->dtype != FT_BFLOAT16)
+            return false;
+    return have_pairs();
+}
+
+static ft_status make_geom(geom *g, const ft_tensor *q, const ft_tensor *k, const ft_sdpa_params *p, bool pairs) {
     g->N = q->shape[0], g->H = q->shape[1], g->Tq = q->shape[2], g->Tk = k->shape[2], g->D = q->shape[3];
-    g->Dp = (g->D + VL - 1) / VL * VL;
+    g->Dp = (g->D + VL - 1) / VL * VL, g->Dh = (g->D + 1) / 2;
     g->nqb = (g->Tq + BQ - 1) / BQ, g->nkb = (g->Tk + BK - 1) / BK;
     g->scale = p->scale > 0 ? (float)p->scale : g->D > 0 ? (float)(1.0 / sqrt((double)g->D)) : 1.0f;
-    g->causal = p->causal;
+    g->causal = p->causal, g->pairs = pairs;
     if (!isfinite(g->scale))
         return ft_fail(FT_ERR_VALUE, "sdpa: scale must be finite, got %g", p->scale);
     return FT_OK;
@@ -431,7 +666,7 @@ ft_status ft_sdpa_forward(const ft_tensor *out, const ft_tensor *lse, const ft_t
         FT_TRY(ft_check_alias(op, "lse", lse, "out", out));
     }
     geom g;
-    FT_TRY(make_geom(&g, q, k, p));
+    FT_TRY(make_geom(&g, q, k, p, in_pairs(in, 3)));
     if (dev.type == FT_DEV_CUDA)
         FT_CUDA_DISPATCH(op, sdpa_forward, out, lse, q, k, v, p);
     int64_t units = N * H * g.nqb;
@@ -462,35 +697,51 @@ ft_status ft_sdpa_forward(const ft_tensor *out, const ft_tensor *lse, const ft_t
 /* ---- backward ---- */
 
 typedef struct {
-    float *qs, *dob;    /* (BQ, Dp): q * scale, dout */
-    float *qt, *dot;    /* (Dp, BQ): the same transposed */
+    float *qs, *qt;     /* (BQ, Dp) q * scale, (Dp, BQ) the same transposed */
+    float *dob, *dot;   /* (BQ, Dp) dout, (Dp, BQ) the same transposed */
     float *kj, *vj;     /* (BK, Dp) */
     float *kt, *vt;     /* (Dp, BK) */
-    float *s, *dp, *ds; /* (BQ, BK) or (BK, BQ) */
+    float *s, *dp;      /* (BQ, BK) or (BK, BQ) */
     float *dk, *dv;     /* (BK, Dp) */
     float *dq;          /* (BQ, Dp), or (nqb * BQ, Dp) for the whole sequence */
     float *lse, *delta; /* (BQ) */
     int *lo, *hi;       /* (max(BQ, BK)) */
+    /* pairs (bfloat16 products): a-side rows, b-side tiles packed from
+     * rows (by key or query) or from columns (by D), P and dS packed */
+    uint32_t *qrow, *drow, *krow, *vrow; /* (BQ or BK, Dh) */
+    uint32_t *qcol, *dcol, *kcol, *vcol; /* (Dh, BQ or BK) */
+    uint32_t *qpk, *dpk, *kpk;           /* (BQ / 2 or BK / 2, Dp) */
+    uint32_t *ppk, *dspk;                /* (BQ / 2, BK) or (BK / 2, BQ) */
+    uint32_t *dsrow;                     /* (BQ, BK / 2) */
 } bwd_ws;
 
 /* The floats bwd_ws_at carves. */
 static int64_t bwd_ws_floats(const geom *g, bool whole_dq) {
     int64_t Dp = g->Dp, dq = whole_dq ? g->nqb * BQ * Dp : BQ * Dp;
-    return 2 * BQ * Dp + 2 * Dp * BQ + 2 * BK * Dp + 2 * Dp * BK + 3 * BQ * BK + 2 * BK * Dp + dq + 2 * BQ +
-           2 * (BQ > BK ? BQ : BK);
+    return 4 * BQ * Dp + 4 * BK * Dp + 2 * BQ * BK + 2 * BK * Dp + dq + 2 * BQ + 2 * (BQ > BK ? BQ : BK) +
+           4 * g->Dh * (BQ + BK) + (BQ + BK / 2) * Dp + 3 * BQ * BK / 2;
 }
 
 static bwd_ws bwd_ws_at(float *p, const geom *g, bool whole_dq) {
     int64_t Dp = g->Dp;
     bwd_ws w;
-    w.qs = take(&p, BQ * Dp), w.dob = take(&p, BQ * Dp), w.qt = take(&p, Dp * BQ), w.dot = take(&p, Dp * BQ);
+    w.qs = take(&p, BQ * Dp), w.qt = take(&p, Dp * BQ), w.dob = take(&p, BQ * Dp), w.dot = take(&p, Dp * BQ);
     w.kj = take(&p, BK * Dp), w.vj = take(&p, BK * Dp), w.kt = take(&p, Dp * BK), w.vt = take(&p, Dp * BK);
-    w.s = take(&p, BQ * BK), w.dp = take(&p, BQ * BK), w.ds = take(&p, BQ * BK);
+    w.s = take(&p, BQ * BK), w.dp = take(&p, BQ * BK);
     w.dk = take(&p, BK * Dp), w.dv = take(&p, BK * Dp);
     w.dq = take(&p, whole_dq ? g->nqb * BQ * Dp : BQ * Dp);
     w.lse = take(&p, BQ), w.delta = take(&p, BQ);
     int nb = BQ > BK ? BQ : BK;
     w.lo = (int *)take(&p, nb), w.hi = (int *)take(&p, nb);
+    int64_t Dh = g->Dh;
+    w.qrow = (uint32_t *)take(&p, BQ * Dh), w.drow = (uint32_t *)take(&p, BQ * Dh);
+    w.krow = (uint32_t *)take(&p, BK * Dh), w.vrow = (uint32_t *)take(&p, BK * Dh);
+    w.qcol = (uint32_t *)take(&p, Dh * BQ), w.dcol = (uint32_t *)take(&p, Dh * BQ);
+    w.kcol = (uint32_t *)take(&p, Dh * BK), w.vcol = (uint32_t *)take(&p, Dh * BK);
+    w.qpk = (uint32_t *)take(&p, BQ / 2 * Dp), w.dpk = (uint32_t *)take(&p, BQ / 2 * Dp);
+    w.kpk = (uint32_t *)take(&p, BK / 2 * Dp);
+    w.ppk = (uint32_t *)take(&p, BQ * BK / 2), w.dspk = (uint32_t *)take(&p, BQ * BK / 2);
+    w.dsrow = (uint32_t *)take(&p, BQ * BK / 2);
     return w;
 }
 
@@ -512,14 +763,6 @@ static void load_row_stats(const bwd_ws *w, const bwd_args *a, const geom *g, in
     }
 }
 
-/* Row t of head (n, h) of v (D) = src * mul, or += with accumulate. */
-static void store_row(const view4 *v, int64_t n, int64_t h, int64_t t, const float *src, int64_t D, float mul,
-                      bool accumulate) {
-    void *dst = row_at(v, n, h, t);
-    for (int64_t d = 0; d < D; d++)
-        put(v, dst, d, accumulate ? elem(v, dst, d) + src[d] * mul : src[d] * mul);
-}
-
 /* The dot product of row t of head (n, h) of a and of b. */
 static float rows_dot(const view4 *a, const view4 *b, int64_t n, int64_t h, int64_t t, int64_t D) {
     const void *x = row_at(a, n, h, t), *y = row_at(b, n, h, t);
@@ -532,73 +775,113 @@ static float rows_dot(const view4 *a, const view4 *b, int64_t n, int64_t h, int6
 }
 
 /* dk and dv of key block kb over every query block; with dq (the whole
- * sequence's, (nqb * BQ, Dp)) also the key block's terms of dq. */
+ * sequence's, (nqb * BQ, Dp)) also the key block's terms of dq. The key
+ * block is fixed, so the scores are S = (q * scale) k^T, a query per row:
+ * only the key block is transposed, once. */
 static void backward_kv(const bwd_ws *w, const bwd_args *a, const geom *g, int64_t n, int64_t h, int64_t kb,
                         float *dq) {
-    int64_t Dp = g->Dp, j0 = kb * BK;
-    int nk = rows_in(kb, BK, g->Tk);
-    load_rows(w->kj, BK, &a->k, n, h, j0, nk, g, 1.0f);
-    load_rows(w->vj, BK, &a->v, n, h, j0, nk, g, 1.0f);
+    int64_t Dp = g->Dp, j0 = kb * BK, ldk = 0;
+    int nk = rows_in(kb, BK, g->Tk), Dh = (int)g->Dh;
+    float scale = g->pairs ? g->scale : 1.0f; /* what probs_grad and the store of dk apply */
+    const float *kj = NULL;
+    if (g->pairs) {
+        pack_cols(w->kcol, BK, &a->k, n, h, j0, nk, g);
+        pack_cols(w->vcol, BK, &a->v, n, h, j0, nk, g);
+        if (dq)
+            pack_rows(w->kpk, &a->k, n, h, j0, nk, g);
+    } else {
+        kj = rows_tile(w->kj, BK, &ldk, &a->k, n, h, j0, nk, g);
+        load_cols(w->kt, BK, &a->k, n, h, j0, nk, g, 1.0f);
+        load_cols(w->vt, BK, &a->v, n, h, j0, nk, g, 1.0f);
+    }
     memset(w->dk, 0, sizeof(float) * BK * Dp);
     memset(w->dv, 0, sizeof(float) * BK * Dp);
     for (int64_t qb = 0; qb < g->nqb; qb++) {
         if (!block_active(g, qb, kb))
             continue;
-        int64_t i0 = qb * BQ;
-        int nq = rows_in(qb, BQ, g->Tq);
-        load_rows(w->qs, BQ, &a->q, n, h, i0, nq, g, g->scale);
-        load_cols(w->qt, BQ, &a->q, n, h, i0, nq, g, g->scale);
-        load_rows(w->dob, BQ, &a->dout, n, h, i0, nq, g, 1.0f);
-        load_cols(w->dot, BQ, &a->dout, n, h, i0, nq, g, 1.0f);
+        int64_t i0 = qb * BQ, lda, ldd;
+        int nq = rows_in(qb, BQ, g->Tq), rq = round_rows(nq);
         load_row_stats(w, a, g, n, h, qb);
-        /* key j sees the queries i >= j (causal) of the block's valid ones */
-        for (int r = 0; r < BK; r++) {
-            int64_t lo = g->causal ? j0 + r - i0 : 0;
-            w->lo[r] = lo < 0 ? 0 : lo > BQ ? BQ : (int)lo;
-            w->hi[r] = r < nk ? nq : 0;
+        for (int r = 0; r < rq; r++)
+            w->lo[r] = 0, w->hi[r] = keys_seen(g, i0 + r, kb);
+        if (g->pairs) {
+            const uint32_t *qa = pair_rows(w->qrow, BQ, &lda, &a->q, n, h, i0, nq, g);
+            const uint32_t *da = pair_rows(w->drow, BQ, &ldd, &a->dout, n, h, i0, nq, g);
+            gemm_pairs(w->s, BK, qa, lda, 1, w->kcol, BK, rq, Dh, BK, false);
+            gemm_pairs(w->dp, BK, da, ldd, 1, w->vcol, BK, rq, Dh, BK, false);
+            probs_grad(w->s, w->dp, rq, BK, w->lo, w->hi, scale, w->lse, w->delta, true);
+            int qh = (nq + 1) / 2;
+            pack_tile(w->ppk, w->s, BK, nq, BK);
+            pack_tile(w->dspk, w->dp, BK, nq, BK);
+            pack_rows(w->dpk, &a->dout, n, h, i0, nq, g);
+            pack_rows(w->qpk, &a->q, n, h, i0, nq, g);
+            gemm_pairs(w->dv, Dp, w->ppk, 1, BK, w->dpk, Dp, BK, qh, (int)Dp, true);
+            gemm_pairs(w->dk, Dp, w->dspk, 1, BK, w->qpk, Dp, BK, qh, (int)Dp, true);
+            if (dq) {
+                pair_tile(w->dsrow, w->dp, rq, BK);
+                gemm_pairs(dq + i0 * Dp, Dp, w->dsrow, BK / 2, 1, w->kpk, Dp, rq, (nk + 1) / 2, (int)Dp, true);
+            }
+            continue;
         }
-        memset(w->s, 0, sizeof(float) * BK * BQ);
-        memset(w->dp, 0, sizeof(float) * BK * BQ);
-        gemm(w->s, BQ, w->kj, Dp, w->qt, BQ, BK, (int)Dp, BQ);   /* S^T */
-        gemm(w->dp, BQ, w->vj, Dp, w->dot, BQ, BK, (int)Dp, BQ); /* dP^T */
-        probs_grad(w->s, w->dp, BK, BQ, w->lo, w->hi, w->lse, w->delta, false);
-        gemm(w->dv, Dp, w->s, BQ, w->dob, Dp, BK, BQ, (int)Dp);
-        gemm(w->dk, Dp, w->dp, BQ, w->qs, Dp, BK, BQ, (int)Dp);
-        if (dq) {
-            transpose(w->ds, w->dp, BQ, BK);
-            gemm(dq + i0 * Dp, Dp, w->ds, BK, w->kj, Dp, BQ, BK, (int)Dp);
-        }
+        load_rows(w->qs, BQ, &a->q, n, h, i0, nq, g, g->scale);
+        const float *dob = rows_tile(w->dob, BQ, &ldd, &a->dout, n, h, i0, nq, g);
+        gemm(w->s, BK, w->qs, Dp, 1, w->kt, BK, rq, (int)g->D, BK, false);
+        gemm(w->dp, BK, dob, ldd, 1, w->vt, BK, rq, (int)g->D, BK, false);
+        probs_grad(w->s, w->dp, rq, BK, w->lo, w->hi, scale, w->lse, w->delta, true);
+        gemm(w->dv, Dp, w->s, 1, BK, dob, ldd, BK, nq, (int)Dp, true);
+        gemm(w->dk, Dp, w->dp, 1, BK, w->qs, Dp, BK, nq, (int)Dp, true);
+        if (dq)
+            gemm(dq + i0 * Dp, Dp, w->dp, BK, 1, kj, ldk, rq, nk, (int)Dp, true);
     }
     for (int r = 0; r < nk; r++) {
         if (a->dk.p)
-            store_row(&a->dk, n, h, j0 + r, w->dk + r * Dp, g->D, 1.0f, a->acc.k);
+            store_row(&a->dk, n, h, j0 + r, w->dk + r * Dp, g->D, scale, a->acc.k);
         if (a->dv.p)
             store_row(&a->dv, n, h, j0 + r, w->dv + r * Dp, g->D, 1.0f, a->acc.v);
     }
 }
 
-/* dq of query block qb over every key block. */
+/* dq of query block qb over every key block, in the forward's transposed
+ * layout: S^T = k (q * scale)^T, so only the query block is transposed, once. */
 static void backward_q(const bwd_ws *w, const bwd_args *a, const geom *g, int64_t n, int64_t h, int64_t qb) {
     int64_t Dp = g->Dp, i0 = qb * BQ;
-    int nq = rows_in(qb, BQ, g->Tq);
-    load_rows(w->qs, BQ, &a->q, n, h, i0, nq, g, g->scale);
-    load_rows(w->dob, BQ, &a->dout, n, h, i0, nq, g, 1.0f);
+    int nq = rows_in(qb, BQ, g->Tq), Dh = (int)g->Dh;
+    float scale = g->pairs ? g->scale : 1.0f;
+    if (g->pairs) {
+        pack_cols(w->qcol, BQ, &a->q, n, h, i0, nq, g);
+        pack_cols(w->dcol, BQ, &a->dout, n, h, i0, nq, g);
+    } else {
+        load_cols(w->qt, BQ, &a->q, n, h, i0, nq, g, g->scale);
+        load_cols(w->dot, BQ, &a->dout, n, h, i0, nq, g, 1.0f);
+    }
     load_row_stats(w, a, g, n, h, qb);
     memset(w->dq, 0, sizeof(float) * BQ * Dp);
     for (int64_t kb = 0; kb < g->nkb && block_active(g, qb, kb); kb++) {
-        int64_t j0 = kb * BK;
-        int nk = rows_in(kb, BK, g->Tk);
-        load_cols(w->kt, BK, &a->k, n, h, j0, nk, g, 1.0f);
-        load_rows(w->kj, BK, &a->k, n, h, j0, nk, g, 1.0f);
-        load_cols(w->vt, BK, &a->v, n, h, j0, nk, g, 1.0f);
-        for (int r = 0; r < BQ; r++)
-            w->lo[r] = 0, w->hi[r] = keys_seen(g, i0 + r, kb);
-        memset(w->s, 0, sizeof(float) * BQ * BK);
-        memset(w->dp, 0, sizeof(float) * BQ * BK);
-        gemm(w->s, BK, w->qs, Dp, w->kt, BK, BQ, (int)Dp, BK);
-        gemm(w->dp, BK, w->dob, Dp, w->vt, BK, BQ, (int)Dp, BK);
-        probs_grad(w->s, w->dp, BQ, BK, w->lo, w->hi, w->lse, w->delta, true);
-        gemm(w->dq, Dp, w->dp, BK, w->kj, Dp, BQ, BK, (int)Dp);
+        int64_t j0 = kb * BK, ldk, ldv;
+        int nk = rows_in(kb, BK, g->Tk), rk = round_rows(nk);
+        /* key j sees the queries i >= j (causal) of the block's valid ones */
+        for (int r = 0; r < rk; r++) {
+            int64_t lo = g->causal ? j0 + r - i0 : 0;
+            w->lo[r] = lo < 0 ? 0 : lo > BQ ? BQ : (int)lo;
+            w->hi[r] = r < nk ? nq : 0;
+        }
+        if (g->pairs) {
+            const uint32_t *ka = pair_rows(w->krow, BK, &ldk, &a->k, n, h, j0, nk, g);
+            const uint32_t *va = pair_rows(w->vrow, BK, &ldv, &a->v, n, h, j0, nk, g);
+            gemm_pairs(w->s, BQ, ka, ldk, 1, w->qcol, BQ, rk, Dh, BQ, false);
+            gemm_pairs(w->dp, BQ, va, ldv, 1, w->dcol, BQ, rk, Dh, BQ, false);
+            probs_grad(w->s, w->dp, rk, BQ, w->lo, w->hi, scale, w->lse, w->delta, false);
+            pack_tile(w->dspk, w->dp, BQ, nk, BQ);
+            pack_rows(w->kpk, &a->k, n, h, j0, nk, g);
+            gemm_pairs(w->dq, Dp, w->dspk, 1, BQ, w->kpk, Dp, BQ, (nk + 1) / 2, (int)Dp, true);
+            continue;
+        }
+        const float *kj = rows_tile(w->kj, BK, &ldk, &a->k, n, h, j0, nk, g);
+        const float *vj = rows_tile(w->vj, BK, &ldv, &a->v, n, h, j0, nk, g);
+        gemm(w->s, BQ, kj, ldk, 1, w->qt, BQ, rk, (int)g->D, BQ, false);
+        gemm(w->dp, BQ, vj, ldv, 1, w->dot, BQ, rk, (int)g->D, BQ, false);
+        probs_grad(w->s, w->dp, rk, BQ, w->lo, w->hi, scale, w->lse, w->delta, false);
+        gemm(w->dq, Dp, w->dp, 1, BQ, kj, ldk, BQ, nk, (int)Dp, true);
     }
     for (int r = 0; r < nq; r++)
         store_row(&a->dq, n, h, i0 + r, w->dq + r * Dp, g->D, g->scale, a->acc.q);
@@ -627,7 +910,7 @@ ft_status ft_sdpa_backward(const ft_tensor *dq, const ft_tensor *dk, const ft_te
         FT_TRY(check_writes(op, names[6 + i], grads[i], in, names, 6 + i));
     }
     geom g;
-    FT_TRY(make_geom(&g, q, k, p));
+    FT_TRY(make_geom(&g, q, k, p, in_pairs(in, 4))); /* dout, q, k and v */
     if (dev.type == FT_DEV_CUDA) { /* the backend writes: accumulation is staged */
         ft_grad_out gq = {0}, gk = {0}, gv = {0};
         const ft_tensor *q_to, *k_to, *v_to;
