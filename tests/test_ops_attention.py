@@ -80,30 +80,44 @@ def test_analytic_gradients_match_finite_differences(causal):
         np.testing.assert_allclose(n(g), w, rtol=1e-5, atol=1e-6)
 
 
-def heads_view(a):
+def heads_view(a, dtype="float32"):
     """(N, H, T, D) values as the transpose of a (N, T, H, D) tensor: how attention layers feed the op."""
-    return ft.from_numpy(np.ascontiguousarray(np.asarray(a, np.float32).transpose(0, 2, 1, 3))).transpose(1, 2)
+    return ft.from_numpy(np.ascontiguousarray(np.asarray(a, np.float32).transpose(0, 2, 1, 3))).to(dtype) \
+        .transpose(1, 2)
 
 
-def every_other_row(a):
+def every_other_row(a, dtype="float32"):
     """(N, H, T, D) values at every other T row of a wider tensor, with a negative-free but odd stride."""
     a = np.asarray(a, np.float32)
     wide = np.zeros(a.shape[:2] + (2 * a.shape[2],) + a.shape[3:], np.float32)
     wide[:, :, ::2] = a
-    return ft.from_numpy(wide)[:, :, ::2]
+    return ft.from_numpy(wide).to(dtype)[:, :, ::2]
 
 
-@pytest.mark.parametrize("make", [heads_view, every_other_row])
+def one_element_in(a, dtype="float32"):
+    """Contiguous (N, H, T, D) values starting one element into their memory (bfloat16: not 4-byte aligned)."""
+    flat = np.zeros(a.size + 1, np.float32)
+    flat[1:] = np.ravel(a)
+    return ft.from_numpy(flat).to(dtype)[1:].reshape(a.shape)
+
+
+@pytest.mark.parametrize("make", [heads_view, every_other_row, one_element_in])
 @pytest.mark.parametrize("causal", [False, True])
-def test_strided_inputs_and_outputs_are_bitwise_equal(make, causal):
-    q, k, v, dout = inputs(2, 3, 67, 80, 24, seed=4)
-    assert make(q).stride()[-1] == 1 and not make(q).is_contiguous()
-    out, lse = ft.ops.sdpa_forward(None, None, t(q), t(k), t(v), causal=causal)
-    grads = ft.ops.sdpa_backward(None, None, None, t(dout), t(q), t(k), t(v), out, lse, causal=causal)
-    so, slse = ft.ops.sdpa_forward(make(np.zeros(q.shape)), None, make(q), make(k), make(v), causal=causal)
+@pytest.mark.parametrize("D,dtype", [(24, "float32"), (32, "float32"), (32, "bfloat16")])
+def test_strided_inputs_and_outputs_are_bitwise_equal(make, causal, D, dtype):
+    """Views give the bits of contiguous tensors, whether the blocks are read in place (whole vectors of
+    float32, whole aligned pairs of bfloat16) or copied."""
+    q, k, v, dout = inputs(2, 3, 67, 80, D, seed=4)
+    c = lambda a: t(a).to(dtype)  # noqa: E731
+    assert make(q, dtype).stride()[-1] == 1
+    out, lse = ft.ops.sdpa_forward(None, None, c(q), c(k), c(v), causal=causal)
+    grads = ft.ops.sdpa_backward(None, None, None, c(dout), c(q), c(k), c(v), out, lse, causal=causal)
+    so, slse = ft.ops.sdpa_forward(make(np.zeros(q.shape), dtype), None, make(q, dtype), make(k, dtype),
+                                   make(v, dtype), causal=causal)
     assert bits(so.contiguous()) == bits(out) and bits(slse) == bits(lse)
-    outs = [make(np.zeros(x.shape)) for x in (q, k, v)]
-    sg = ft.ops.sdpa_backward(*outs, make(dout), make(q), make(k), make(v), make(n(out)), lse, causal=causal)
+    outs = [make(np.zeros(x.shape), dtype) for x in (q, k, v)]
+    sg = ft.ops.sdpa_backward(*outs, make(dout, dtype), make(q, dtype), make(k, dtype), make(v, dtype),
+                              make(n(out.to("float32")), dtype), lse, causal=causal)
     for a, b in zip(sg, grads):
         assert bits(a.contiguous()) == bits(b)
     # outputs allocated for a transposed input follow its memory order

@@ -2,10 +2,10 @@
  *
  * Legend: as ops/attention.h; BQ query rows and BK key rows per block; Dp
  * the head size rounded up to whole vectors (VL floats), the extra columns
- * zero. A block is copied into per-thread buffers that stay in L1/L2 (at
- * D = 64: 16 KiB per (64, Dp) buffer): rows past the end of the sequence are
- * zero, so every product below runs on full (BQ or BK, Dp) tiles, and masked
- * or missing scores get probability 0 explicitly.
+ * zero. A block is read in place when its float32 rows need no padding, else
+ * copied into per-thread buffers that stay in L1/L2 (at D = 64: 16 KiB per
+ * (64, Dp) buffer), zero past the end of the sequence; masked or missing
+ * scores get probability 0 explicitly.
  *
  * Forward: one unit of work per (n, h, query block); the key blocks run in
  * order through an online softmax (running max m, running sum l, the output
@@ -20,10 +20,12 @@
  * element's terms in the same order from the same operands, so they give the
  * same bits, and no unit's result depends on which thread runs it.
  *
- * Every product is c += a b over tiles, each element of c one chain of fmaf
- * over the inner index in order: the AVX-512 kernel and the plain loop give
- * the same bits, and a score computed as a row of q k^T or a column of k q^T
- * is the same float. */
+ * Every product is c (+)= a b over tiles, a read as stored or transposed,
+ * each element of c one chain of fmaf over the inner index in order: the
+ * AVX-512 kernel and the plain loop give the same bits, and a score computed
+ * as a row of q k^T or a column of k q^T is the same float. A loop with a
+ * fixed block takes the other's scores transposed (the forward and the dq
+ * pass S^T, the key pass S), so only the fixed block is ever transposed. */
 #include "ops/attention.h"
 
 #include <math.h>
@@ -55,8 +57,9 @@ typedef struct {
 } geom;
 
 /* A (N, H, T, D) float32 or bfloat16 tensor: its data and its strides (in
- * elements) over N, H and T. The blocks compute in float32 whatever the
- * tensors hold: bfloat16 rows are converted as they are loaded and stored. */
+ * elements) over N, H and T. Blocks compute in float32 (bfloat16 rows
+ * converted as they are loaded and stored) unless every operand is bfloat16
+ * and the CPU has AVX512-BF16 (see "bfloat16 products"). */
 typedef struct {
     char *p;
     int64_t sn, sh, st;
@@ -293,9 +296,11 @@ FT_VEC_CLONES static void pack_tile(uint32_t *dst, const float *src, int64_t ld,
 /* dst (R, C / 2): pair (r, cp) = columns 2cp and 2cp + 1 of row r of the
  * float32 tile src (R, C). */
 FT_VEC_CLONES static void pair_tile(uint32_t *dst, const float *src, int R, int C) {
-    for (int r = 0; r < R; r++)
+    for (int r = 0; r < R; r++) {
+        const float *s = src + r * C;
         FT_SIMD_FOR(cp, C / 2)
-            dst[r * (C / 2) + cp] = pair_of(ft_f32_to_bf16(src[r * C + 2 * cp]), ft_f32_to_bf16(src[r * C + 2 * cp + 1]));
+            dst[r * (C / 2) + cp] = pair_of(ft_f32_to_bf16(s[2 * cp]), ft_f32_to_bf16(s[2 * cp + 1]));
+    }
 }
 
 /* dst (ceil(n / 2), Dp) packed from the n rows from row t0 of head (n0, h)
@@ -331,13 +336,14 @@ static void pack_cols(uint32_t *dst, int W, const view4 *v, int64_t n0, int64_t 
 
 /* The n rows from row t0 of head (n0, h) of bfloat16 v as an a-side tile of
  * pairs along D, with its row length in pairs in *ld: the tensor itself
- * where its rows are whole pairs (read up to round_rows(n) rows), else buf
- * (R, Dh) with zero past row n and D. */
+ * where its rows are whole, aligned pairs (read up to round_rows(n) rows),
+ * else buf (R, Dh) with zero past row n and D. */
 static const uint32_t *pair_rows(uint32_t *buf, int R, int64_t *ld, const view4 *v, int64_t n0, int64_t h,
                                  int64_t t0, int n, const geom *g) {
-    if (g->D % 2 == 0 && v->st % 2 == 0 && n % RB == 0) {
+    const uint16_t *first = row_at(v, n0, h, t0);
+    if (g->D % 2 == 0 && v->st % 2 == 0 && (uintptr_t)first % sizeof(uint32_t) == 0 && n % RB == 0) {
         *ld = v->st / 2;
-        return row_at(v, n0, h, t0);
+        return (const uint32_t *)first;
     }
     int64_t D = g->D, Dh = g->Dh;
     for (int r = 0; r < R; r++) {
@@ -414,9 +420,11 @@ static void gemm_pairs(float *c, int64_t ldc, const uint32_t *a, int64_t ai, int
 #else
 static bool have_pairs(void) { return false; }
 
+/* Never called: have_pairs() is false. */
 static void gemm_pairs(float *c, int64_t ldc, const uint32_t *a, int64_t ai, int64_t ak, const uint32_t *b,
                        int64_t ldb, int R, int KP, int W, bool add) {
     (void)c, (void)ldc, (void)a, (void)ai, (void)ak, (void)b, (void)ldb, (void)R, (void)KP, (void)W, (void)add;
+    __builtin_unreachable();
 }
 #endif
 

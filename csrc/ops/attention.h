@@ -6,9 +6,11 @@
  * block.
  *
  * Legend: N batch, H heads, Tq queries, Tk keys, D the head size. float32,
- * or on the CPU bfloat16 q, k, v, out and gradients (each its own; computed
- * in float32, lse float32). The N, H and T dimensions may have any strides (a (N, T, H, D) tensor seen
- * through a transpose works without a copy); D must have unit stride. Each
+ * or on the CPU bfloat16 q, k, v, out and gradients (each its own; lse
+ * float32). With every operand bfloat16 and AVX512-BF16 the products run in
+ * bfloat16 pairs with float32 sums, else in float32. The N, H and T
+ * dimensions may have any strides (a (N, T, H, D) tensor seen through a
+ * transpose works without a copy); D must have unit stride. Each
  * output element is computed by one thread in a fixed order, so results are
  * bitwise identical for any thread count. */
 #ifndef FT_OPS_ATTENTION_H
