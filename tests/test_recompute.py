@@ -63,8 +63,14 @@ def sequential(width=8):
 
 
 def make(kind):
+    """The ResNet, the Sequential, or the ResNet with its stem frozen."""
     ft.manual_seed(3)
-    return ResNet() if kind == "resnet" else sequential()
+    if kind == "sequential":
+        return sequential()
+    model = ResNet()
+    if kind == "frozen":
+        model.stem.requires_grad_(False)
+    return model
 
 
 def blocks_of(model):
@@ -334,3 +340,11 @@ def test_max_batch_size_plans_with_recompute():
     assert more > 1.4 * plain
     with pytest.raises(ValueError, match="recompute=<budget> fixes the training arena"):
         ft.utils.max_batch_size(deep(), (3, 12, 12), 64 * MiB, recompute=MiB)
+
+
+def test_a_frozen_stem_is_not_recomputed_and_training_is_unchanged():
+    program, _ = assert_same_training("frozen", "auto")
+    stem = [any(s is program.model.stem for s in e.scope) for e in program.entries]
+    # the stem's convolution, which only its frozen batch norm reads, is kept; its batch norm is read by a
+    # block that trains
+    assert not program._c.recomputed()[stem.index(True)]

@@ -229,11 +229,23 @@ static int64_t lay_out(const ft_program *p, bool training, block *b) {
 
 /* ---- recomputation ---- */
 
+/* Whether a node with a backward (one that trains) reads node i's output,
+ * directly or through views. */
+static bool read_by_training(const ft_program *p, int i) {
+    for (int j = i + 1; j < p->n; j++)
+        for (int k = 0; k < p->nodes[j].ninputs; k++)
+            if (p->nodes[j].inputs[k] == i && (is_view(p, j, true) ? read_by_training(p, j) : p->trains[j]))
+                return true;
+    return false;
+}
+
 /* Whether node i's output may be recomputed instead of kept: a buffer of
- * its own that a later node reads, and neither the model's output nor the
- * loss, which the step reads after the forward. */
+ * its own that a backward reads, and neither the model's output nor the
+ * loss, which the step reads after the forward. (Outputs of a frozen part
+ * that no backward reads are kept as they were: recomputing them would
+ * cost and save nothing.) */
 static bool droppable(const ft_program *p, int i) {
-    return i != p->output && i < p->n - 1 && owns_output(p, i, true) && p->last_consumer[i] > i;
+    return i != p->output && i < p->n - 1 && owns_output(p, i, true) && read_by_training(p, i);
 }
 
 /* Whether every node that reads node i's output (through views) is in segment s. */
