@@ -43,10 +43,10 @@ test: build
 	$(MAKE) test-stress-sanitize
 	$(MAKE) test-py
 
-# The stress of concurrent misuse (tests/test_stress.py), and the ops that read
-# blocks in place (attention) or convert dtypes, against the extension
-# built with ASan + UBSan (CPU only) in a copy of the package, the sanitizers
-# preloaded into Python. Leak detection is off: the interpreter's own
+# The stress of concurrent misuse (tests/test_stress.py), the data readers,
+# the ops that read blocks in place or convert dtypes and the recomputing
+# planner, against the extension built with ASan + UBSan (CPU only) in a copy
+# of the package, the sanitizers preloaded into Python. Leak detection is off: the interpreter's own
 # allocations at exit are not ours.
 ASAN_PY := build/asan-py
 test-stress-sanitize: build
@@ -55,8 +55,9 @@ test-stress-sanitize: build
 	rm -rf $(ASAN_PY) && mkdir -p $(ASAN_PY) && cp -r python/fasttrain $(ASAN_PY)/ && rm -f $(ASAN_PY)/fasttrain/*.so \
 		&& cp build/asan/fasttrain/_C*.so $(ASAN_PY)/fasttrain/
 	cd tests && LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-file-name=libubsan.so)" \
-		ASAN_OPTIONS=detect_leaks=0 PYTHONPATH=../$(ASAN_PY) ../$(PY) -m pytest -q -p no:cacheprovider test_stress.py test_precision.py test_ops_attention.py \
-		test_data_png.py test_data_badfiles.py test_data_jpeg.py test_data_features.py test_fit_callbacks.py
+		ASAN_OPTIONS=detect_leaks=0 PYTHONPATH=../$(ASAN_PY) ../$(PY) -m pytest -q -p no:cacheprovider test_stress.py \
+		test_precision.py test_ops_attention.py test_data_png.py test_data_badfiles.py test_data_jpeg.py test_data_features.py test_fit_callbacks.py \
+		test_recompute.py
 
 test-py: build
 	$(PY) -m pytest -q tests

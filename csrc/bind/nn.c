@@ -138,7 +138,8 @@ static int parse_node(ft_module_state *st, PyObject *d, ft_node *nd) {
         get_long(d, "slice_start", 0, &slice_start) < 0 || get_long(d, "slice_step", 1, &slice_step) < 0 ||
         get_long(d, "dtype", FT_FLOAT32, &dtype) < 0 || get_long(d, "reduction", FT_NODE_REDUCE_NONE, &reduction) < 0 ||
         get_double(d, "label_smoothing", 0.0, &nd->label_smoothing) < 0 ||
-        get_long(d, "ignore_index", -100, &ignore_index) < 0 || get_long(d, "sync", 0, &sync) < 0)
+        get_long(d, "ignore_index", -100, &ignore_index) < 0 || get_long(d, "sync", 0, &sync) < 0 ||
+        get_double(d, "flops", 0.0, &nd->flops) < 0)
         return -1;
     if ((dtype != FT_FLOAT32 && dtype != FT_INT64) || reduction < 0 || reduction > FT_NODE_REDUCE_BATCHMEAN) {
         PyErr_Format(PyExc_ValueError, "node dtype code %lld or reduction code %lld is not one a program takes", dtype,
@@ -199,19 +200,70 @@ static int trained_offsets(const ft_node *nodes, int n, const ft_tensor *grads, 
     return distinct;
 }
 
+/* The recomputation `obj` asks for (ft_recompute): None none, "auto" the
+ * planner's sqrt(N) segments, an int the planner's choice within that many
+ * bytes of training arena, a list of each node's segment (-1: none) those
+ * segments. *segment gets the list's ints (PyMem; the caller frees it). */
+static int parse_recompute(PyObject *obj, Py_ssize_t n, ft_recompute *rc, int **segment) {
+    *rc = (ft_recompute){.budget = -1};
+    *segment = NULL;
+    if (obj == Py_None)
+        return 0;
+    if (PyUnicode_Check(obj) && PyUnicode_CompareWithASCIIString(obj, "auto") == 0) {
+        rc->automatic = true;
+        return 0;
+    }
+    if (PyLong_Check(obj) && !PyBool_Check(obj)) {
+        long long budget = PyLong_AsLongLong(obj);
+        if (budget == -1 && PyErr_Occurred())
+            return -1;
+        if (budget < 0) {
+            PyErr_Format(PyExc_ValueError, "Program: a recompute budget is a number of bytes, got %lld", budget);
+            return -1;
+        }
+        rc->automatic = true;
+        rc->budget = budget;
+        return 0;
+    }
+    if (!PyList_Check(obj) || PyList_GET_SIZE(obj) != n) {
+        PyErr_SetString(PyExc_TypeError, "Program: recompute is None, 'auto', a budget in bytes or a list of each "
+                                         "node's segment");
+        return -1;
+    }
+    *segment = PyMem_Malloc((size_t)(n ? n : 1) * sizeof **segment);
+    if (!*segment) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long v = PyLong_AsLong(PyList_GET_ITEM(obj, i));
+        if ((v == -1 && PyErr_Occurred()) || v < -1 || v > INT_MAX) {
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_ValueError, "Program: node %zd's recompute segment is %ld", i, v);
+            PyMem_Free(*segment);
+            *segment = NULL;
+            return -1;
+        }
+        (*segment)[i] = (int)v;
+    }
+    rc->segment = *segment;
+    return 0;
+}
+
 /* Program(nodes, params, grads, output, batch, channels_last, seed,
- * compute=float32): params and grads are the model's flat buffers, every
- * parameter (gradient) a view into them; nodes[output] is the model's
- * output, the last node the loss; compute bfloat16 or float16 is mixed
- * precision (ft_program_create). */
+ * compute=float32, recompute=None): params and grads are the model's flat
+ * buffers, every parameter (gradient) a view into them; nodes[output] is
+ * the model's output, the last node the loss; compute bfloat16 or float16
+ * is mixed precision (ft_program_create); recompute as parse_recompute. */
 static PyObject *program_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    static char *kwlist[] = {"nodes", "params", "grads", "output", "batch", "channels_last", "seed", "compute", NULL};
-    PyObject *nodes, *params_obj, *grads_obj;
+    static char *kwlist[] = {"nodes",   "params", "grads",     "output", "batch", "channels_last",
+                             "seed",    "compute", "recompute", NULL};
+    PyObject *nodes, *params_obj, *grads_obj, *recompute_obj = Py_None;
     int output, channels_last = 1, compute = FT_FLOAT32;
     long long batch;
     unsigned long long seed = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!OOiLpK|i:Program", kwlist, &PyList_Type, &nodes, &params_obj,
-                                     &grads_obj, &output, &batch, &channels_last, &seed, &compute))
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O!OOiLpK|iO:Program", kwlist, &PyList_Type, &nodes, &params_obj,
+                                     &grads_obj, &output, &batch, &channels_last, &seed, &compute, &recompute_obj))
         return NULL;
     ft_module_state *st = ft_py_state_of_type(type);
     ft_tensor *params = ft_py_unwrap(st, params_obj, "params");
@@ -226,17 +278,25 @@ static PyObject *program_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
     Py_ssize_t n = PyList_GET_SIZE(nodes);
     if (n > 100000)
         return PyErr_Format(PyExc_ValueError, "a program of %zd nodes is too large", n);
+    ft_recompute rc;
+    int *segment;
+    if (parse_recompute(recompute_obj, n, &rc, &segment) < 0)
+        return NULL;
     ft_node *parsed = PyMem_Calloc((size_t)(n ? n : 1), sizeof *parsed);
-    if (!parsed)
+    if (!parsed) {
+        PyMem_Free(segment);
         return PyErr_NoMemory();
+    }
     for (Py_ssize_t i = 0; i < n; i++)
         if (parse_node(st, PyList_GET_ITEM(nodes, i), &parsed[i]) < 0) {
             PyMem_Free(parsed);
+            PyMem_Free(segment);
             return NULL;
         }
     int64_t *trained = PyMem_Malloc((size_t)(2 * n + 1) * sizeof *trained);
     if (!trained) {
         PyMem_Free(parsed);
+        PyMem_Free(segment);
         return PyErr_NoMemory();
     }
     int ntrained = trained_offsets(parsed, (int)n, grads, trained);
@@ -244,9 +304,10 @@ static PyObject *program_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
     ft_status s;
     Py_BEGIN_ALLOW_THREADS
     s = ft_program_create(&prog, (int)n, parsed, output, batch, channels_last, seed, ft_op_device(params), params,
-                          (ft_dtype)compute);
+                          (ft_dtype)compute, &rc);
     Py_END_ALLOW_THREADS
     PyMem_Free(parsed);
+    PyMem_Free(segment);
     program_object *self = s == FT_OK ? (program_object *)type->tp_alloc(type, 0) : NULL;
     if (!self) {
         PyMem_Free(trained);
@@ -837,7 +898,13 @@ static PyObject *node_seconds(const ft_program *prog, int i) {
     return Py_BuildValue("(dd)", sec[2 * i], sec[2 * i + 1]);
 }
 
+static PyObject *node_recomputed(const ft_program *prog, int i) {
+    return PyBool_FromLong(ft_program_recomputed(prog, i));
+}
+
 static PyObject *program_node_bytes(PyObject *self, PyObject *unused) { return per_node(self, node_bytes); }
+
+static PyObject *program_recomputed(PyObject *self, PyObject *unused) { return per_node(self, node_recomputed); }
 
 static PyObject *program_node_dtypes(PyObject *self, PyObject *unused) { return per_node(self, node_dtype); }
 
@@ -856,6 +923,8 @@ static PyMethodDef program_methods[] = {
      "(training arena bytes, evaluation arena bytes, low-precision weight copy bytes)"},
     {"node_bytes", program_node_bytes, METH_NOARGS,
      "node_bytes() -> [(output, saved, gradient) bytes of each node in the training arena]"},
+    {"recomputed", program_recomputed, METH_NOARGS,
+     "recomputed() -> [whether each node's output is recomputed in the backward instead of kept]"},
     {"get_dropout_state", program_get_dropout_state, METH_NOARGS, "(seed, offset) of the next dropout mask"},
     {"set_dropout_state", program_set_dropout_state, METH_VARARGS, "set_dropout_state(seed, offset)"},
     {"_set_distributed", program_set_distributed, METH_O, NULL},

@@ -15,6 +15,10 @@
 typedef struct {
     const ft_node *nd;
     bool training; /* the training step: batch statistics, dropout, saved data */
+    /* A forward run again in the backward (recomputation): the same values
+     * and saved data as the step's first, but no state moves twice (batch
+     * norm's running statistics and count). */
+    bool replay;
     int nin;
     ft_tensor in[FT_NODE_MAX_INPUTS]; /* (N, ...) the inputs' outputs */
     ft_tensor out;                    /* (N, ...) */

@@ -272,10 +272,14 @@ static ft_status batchnorm_forward(const ft_node_run *r) {
     ft_batchnorm_params bn = nd->bn;
     bn.training = r->training && nd->bn.training;
     bn.act = nd->act;
-    if (bn.training && nd->num_batches.storage)
+    /* a replay takes the batch statistics again (the same input gives the same ones) and updates nothing */
+    bool update = bn.training && !r->replay;
+    if (update && nd->num_batches.storage)
         FT_TRY(count_batch(&nd->num_batches));
+    bool running = update || !bn.training;
     return ft_batchnorm_forward(&r->out, &mean, &invstd, &r->in[0], param(&nd->weight), param(&nd->bias),
-                                param(&nd->running_mean), param(&nd->running_var), &bn);
+                                running ? param(&nd->running_mean) : NULL, running ? param(&nd->running_var) : NULL,
+                                &bn);
 }
 
 static ft_status batchnorm_backward(const ft_node_run *r) {

@@ -14,14 +14,15 @@
 /* Arena blocks start on cache lines. */
 #define ALIGN 64
 
-/* One planned buffer: bytes, lifetime [first, last] in schedule steps
- * (forward of node i at step i, the loss at n, backward of node i at 2n - i)
- * and its place in the arena. */
+/* One planned buffer: bytes, lifetime [first, last] in schedule steps (see
+ * forward_step) and its place in the arena. */
 typedef struct {
     int64_t bytes, first, last, offset;
 } block;
 
-enum { OUT, AUX, DOUT, NBUF }; /* the buffers of a node */
+/* The buffers of a node: its output, saved data and gradient, and the output
+ * and saved data of its recomputation, when it has one. */
+enum { OUT, AUX, DOUT, RE_OUT, RE_AUX, NBUF };
 
 struct ft_program {
     int n;
@@ -37,6 +38,12 @@ struct ft_program {
     ft_tensor low_params;   /* mixed precision: their copy in the compute dtype, which the nodes read */
     bool low_stale;         /* whether the params may have changed since low_params was written */
     int *last_consumer;     /* (n) the plan's last user of each node (see last_users) */
+    /* Recomputation: the node before whose backward each output is computed
+     * again (-1: kept from the forward), and those recomputed, in the order
+     * the backward recomputes them. */
+    int *replay_at;
+    int *replays, nreplays;
+    bool in_backward;       /* the backward of a micro-batch runs: recomputed outputs are in their RE_ blocks */
     block *train, *eval;    /* (n, NBUF) */
     ft_storage *train_arena, *eval_arena;
     int64_t train_bytes, eval_bytes;
@@ -174,21 +181,270 @@ static int64_t aux_bytes(const ft_program *p, int i) {
     return k->aux_bytes ? k->aux_bytes(&p->nodes[i], in, p->batch) : 0;
 }
 
-static ft_status plan(ft_program *p, bool training, block *b, ft_storage **arena, int64_t *bytes) {
-    int n = p->n;
-    last_users(p, training, p->last_consumer);
-    for (int i = 0; i < n; i++) {
+static int64_t output_bytes(const ft_program *p, int i) {
+    return p->batch * ft_node_numel(&p->nodes[i]) * (int64_t)ft_dtype_get(p->dtype[i])->itemsize;
+}
+
+/* Whether node i's output is a buffer of its own (not its input's memory,
+ * not a parameter's). */
+static bool owns_output(const ft_program *p, int i, bool training) {
+    return !is_view(p, i, training) && p->nodes[i].kind != FT_NODE_PARAM;
+}
+
+/* The schedule's steps: the forward of node i at 2i, the loss at 2n, the
+ * backward of node i at 4n - 2i, and the recomputation of the outputs that
+ * node e's backward is the first to need again just before it, at
+ * 4n - 2e - 1. */
+static int64_t forward_step(int i) { return 2 * (int64_t)i; }
+
+static int64_t loss_step(const ft_program *p) { return 2 * (int64_t)p->n; }
+
+static int64_t backward_step(const ft_program *p, int i) { return 4 * (int64_t)p->n - 2 * (int64_t)i; }
+
+/* Gives every buffer of the training (or evaluation) step its lifetime in
+ * b (n, NBUF) and places them; returns the arena's bytes, -1 when out of
+ * memory. In training an output is kept until its own backward, which
+ * comes after its readers'; a recomputed one only until its last reader's
+ * forward, and again from its recomputation. In evaluation an output lives
+ * until its last reader. */
+static int64_t lay_out(const ft_program *p, bool training, block *b) {
+    for (int i = 0; i < p->n; i++) {
         block *bi = &b[i * NBUF];
         memset(bi, 0, NBUF * sizeof *bi);
-        int64_t out_bytes = p->batch * ft_node_numel(&p->nodes[i]) * (int64_t)ft_dtype_get(p->dtype[i])->itemsize;
-        int64_t end = training ? 2 * n - i : (p->last_consumer[i] == i ? n : p->last_consumer[i]);
-        if (!is_view(p, i, training) && p->nodes[i].kind != FT_NODE_PARAM)
-            bi[OUT] = (block){out_bytes, i, end, 0};
-        bi[AUX] = (block){aux_bytes(p, i), i, training ? 2 * n - i : i, 0};
+        int64_t out = output_bytes(p, i), aux = aux_bytes(p, i), born = forward_step(i);
+        int last = p->last_consumer[i], again = training ? p->replay_at[i] : -1;
+        int64_t end = training ? backward_step(p, i) : last == i ? loss_step(p) : forward_step(last);
+        if (owns_output(p, i, training))
+            bi[OUT] = (block){out, born, again < 0 ? end : forward_step(last), 0};
+        bi[AUX] = (block){aux, born, training && again < 0 ? end : born, 0};
+        if (again >= 0) {
+            bi[RE_OUT] = (block){out, backward_step(p, again) - 1, end, 0};
+            bi[RE_AUX] = (block){aux, backward_step(p, again) - 1, end, 0};
+        }
         if (training && p->trains[i] && !shares_grad(p, i))
-            bi[DOUT] = (block){out_bytes, p->last_consumer[i] == i ? n : 2 * n - p->last_consumer[i], 2 * n - i, 0};
+            bi[DOUT] = (block){out, last == i ? loss_step(p) : backward_step(p, last), end, 0};
     }
-    int64_t size = place(b, n * NBUF);
+    return place(b, p->n * NBUF);
+}
+
+/* ---- recomputation ---- */
+
+/* Whether a node with a backward (one that trains) reads node i's output,
+ * directly or through views. */
+static bool read_by_training(const ft_program *p, int i) {
+    for (int j = i + 1; j < p->n; j++)
+        for (int k = 0; k < p->nodes[j].ninputs; k++)
+            if (p->nodes[j].inputs[k] == i && (is_view(p, j, true) ? read_by_training(p, j) : p->trains[j]))
+                return true;
+    return false;
+}
+
+/* Whether node i's output may be recomputed instead of kept: a buffer of
+ * its own that a backward reads, and neither the model's output nor the
+ * loss, which the step reads after the forward. (Outputs of a frozen part
+ * that no backward reads are kept as they were: recomputing them would
+ * cost and save nothing.) */
+static bool droppable(const ft_program *p, int i) {
+    return i != p->output && i < p->n - 1 && owns_output(p, i, true) && read_by_training(p, i);
+}
+
+/* Whether every node that reads node i's output (through views) is in segment s. */
+static bool read_within(const ft_program *p, int i, const int *segment, int s) {
+    for (int j = i + 1; j < p->n; j++)
+        for (int k = 0; k < p->nodes[j].ninputs; k++)
+            if (p->nodes[j].inputs[k] == i &&
+                !(is_view(p, j, true) ? read_within(p, j, segment, s) : segment[j] == s))
+                return false;
+    return true;
+}
+
+/* replay_at for the outputs `drop` says: each is computed again just before
+ * the backward of the last node that needs it then, which is its last
+ * reader, or for a reader recomputed itself that reader's recomputation
+ * (a view passes its readers' needs on). Its readers' backwards and
+ * recomputations all come later, so it can be computed from the outputs
+ * kept or recomputed by then. */
+static void replay_points(ft_program *p, const bool *drop) {
+    for (int i = p->n - 1; i > 0; i--) {
+        int at = -1;
+        for (int j = i + 1; j < p->n; j++)
+            for (int k = 0; k < p->nodes[j].ninputs; k++)
+                if (p->nodes[j].inputs[k] == i) {
+                    int need = is_view(p, j, true) || drop[j] ? p->replay_at[j] : j;
+                    at = need > at ? need : at;
+                }
+        p->replay_at[i] = is_view(p, i, true) ? at : drop[i] ? (at > i ? at : i) : -1;
+    }
+    for (int i = 0; i < p->n; i++)
+        if (!drop[i])
+            p->replay_at[i] = -1;
+}
+
+/* About the floating-point operations one byte of memory traffic costs
+ * the time of: 535 GFLOP/s over 70 GB/s on the build machine's CPU, about
+ * 20 on an H100 in float32. */
+#define FLOPS_PER_BYTE 8
+
+/* What recomputing node i costs, in floating-point operations: its
+ * arithmetic, or for a kind bound by memory (normalizations, activations,
+ * additions) reading and writing about twice its output. */
+static double replay_cost(const ft_program *p, int i) {
+    double compute = p->nodes[i].flops * (double)p->batch;
+    double traffic = 2.0 * FLOPS_PER_BYTE * (double)output_bytes(p, i);
+    return compute > traffic ? compute : traffic;
+}
+
+static bool compute_bound(const ft_program *p, int i) {
+    return p->nodes[i].flops * (double)p->batch > 2.0 * FLOPS_PER_BYTE * (double)output_bytes(p, i);
+}
+
+/* Chen et al.'s segments ("Training deep nets with sublinear memory
+ * cost"), with the cuts where the fewest bytes cross: the model's nodes
+ * 1..m cut into segments of at most `limit` bytes of outputs and saved data
+ * (own; a larger node alone) minimizing the bytes kept across the cuts
+ * (cross[c]: of the outputs up to c read after c). Every segment but the
+ * last, whose backward follows its forward at once, is recomputed: drop
+ * gets the outputs that only their own segment reads. best and from are
+ * (m + 1) scratch. */
+static void cut_segments(const ft_program *p, const int64_t *own, const int64_t *cross, int64_t limit,
+                         int64_t *best, int *from, bool *drop) {
+    int m = p->output;
+    best[0] = 0;
+    for (int c = 1; c <= m; c++) {
+        best[c] = INT64_MAX;
+        int64_t inside = 0;
+        for (int s = c; s >= 1; s--) {
+            inside += own[s];
+            if (inside > limit && s < c)
+                break;
+            int64_t v = best[s - 1] + (c < m ? cross[c] : 0);
+            if (v <= best[c]) /* among equals the longest segment: fewer cuts */
+                best[c] = v, from[c] = s;
+        }
+    }
+    memset(drop, 0, (size_t)p->n * sizeof *drop);
+    for (int c = from[m] - 1; c >= 1; c = from[c] - 1)
+        for (int i = from[c]; i <= c; i++)
+            drop[i] = droppable(p, i) && p->last_consumer[i] <= c;
+}
+
+/* The training arena's bytes with the outputs `drop` says recomputed. */
+static int64_t arena_with(ft_program *p, const bool *drop) {
+    replay_points(p, drop);
+    return lay_out(p, true, p->train);
+}
+
+/* Automatic recomputation into drop: with no budget (< 0) about sqrt(N)
+ * segments of equal bytes for the model's N nodes with buffers; with one,
+ * the cheapest plan found within it. The candidates are the segments of
+ * every limit from the whole model down to one node, in steps of 0.8; the
+ * cheapest that fits then keeps the compute-bound outputs it recomputes
+ * (convolutions, linear layers, attention) as long as the budget allows,
+ * those that cost the most per byte first: what is left to recompute is
+ * mostly the cheap nodes between them. */
+static ft_status choose_automatic(ft_program *p, int64_t budget, bool *drop) {
+    int m = p->output, n = p->n;
+    int64_t *own = calloc((size_t)m + 1, sizeof *own), *cross = calloc((size_t)m + 1, sizeof *cross);
+    int64_t *best = malloc(((size_t)m + 1) * sizeof *best);
+    int *from = malloc(((size_t)m + 1) * sizeof *from), *order = malloc((size_t)n * sizeof *order);
+    bool *trial = calloc((size_t)n, sizeof *trial);
+    ft_status s = own && cross && best && from && order && trial
+                      ? FT_OK
+                      : ft_fail(FT_ERR_NOMEM, "out of memory planning recomputation");
+    int64_t total = 0, smallest = INT64_MAX;
+    int count = 0;
+    for (int i = 1; s == FT_OK && i <= m; i++) {
+        if (!owns_output(p, i, true))
+            continue;
+        own[i] = output_bytes(p, i) + aux_bytes(p, i);
+        total += own[i];
+        smallest = own[i] > 0 && own[i] < smallest ? own[i] : smallest;
+        count++;
+        for (int c = i; c < p->last_consumer[i] && c < m; c++)
+            cross[c] += output_bytes(p, i);
+    }
+    if (s == FT_OK && budget < 0) {
+        int k = (int)ceil(sqrt((double)count));
+        cut_segments(p, own, cross, total / (k > 0 ? k : 1), best, from, drop);
+    } else if (s == FT_OK) {
+        memset(drop, 0, (size_t)n * sizeof *drop);
+        int64_t least = arena_with(p, drop);
+        double cheapest = least <= budget ? 0 : INFINITY;
+        for (double limit = (double)total; least >= 0 && cheapest > 0; limit *= 0.8) {
+            cut_segments(p, own, cross, (int64_t)limit, best, from, trial);
+            int64_t size = arena_with(p, trial);
+            double cost = 0;
+            for (int i = 0; i < n; i++)
+                cost += trial[i] ? replay_cost(p, i) : 0;
+            if (size >= 0 && size <= budget && cost < cheapest) {
+                cheapest = cost;
+                memcpy(drop, trial, (size_t)n * sizeof *drop);
+            }
+            least = size < least ? size : least;
+            if (limit < (double)smallest)
+                break;
+        }
+        if (least < 0)
+            s = ft_fail(FT_ERR_NOMEM, "out of memory planning recomputation");
+        else if (isinf(cheapest))
+            s = ft_fail(FT_ERR_VALUE, "program: a recompute budget of %lld bytes is below the least training arena "
+                                      "the planner finds for this model and batch: %lld bytes (%.1f MiB)",
+                        (long long)budget, (long long)least, (double)least / (1 << 20));
+        int count_bound = 0;
+        for (int i = 0; s == FT_OK && i < n; i++)
+            if (drop[i] && compute_bound(p, i)) {
+                int j = count_bound++;
+                for (; j > 0 && replay_cost(p, order[j - 1]) / (double)output_bytes(p, order[j - 1]) <
+                               replay_cost(p, i) / (double)output_bytes(p, i);
+                     j--)
+                    order[j] = order[j - 1];
+                order[j] = i;
+            }
+        for (int k = 0; s == FT_OK && k < count_bound; k++) {
+            drop[order[k]] = false;
+            int64_t size = arena_with(p, drop);
+            if (size < 0)
+                s = ft_fail(FT_ERR_NOMEM, "out of memory planning recomputation");
+            else if (size > budget)
+                drop[order[k]] = true;
+        }
+    }
+    free(own);
+    free(cross);
+    free(best);
+    free(from);
+    free(order);
+    free(trial);
+    return s;
+}
+
+/* replay_at and replays for `rc` (NULL: every output is kept). */
+static ft_status choose_recomputation(ft_program *p, const ft_recompute *rc) {
+    bool *drop = calloc((size_t)p->n, sizeof *drop);
+    if (!drop)
+        return ft_fail(FT_ERR_NOMEM, "out of memory planning recomputation");
+    ft_status s = FT_OK;
+    if (rc && rc->segment)
+        for (int i = 0; i < p->n; i++)
+            drop[i] = rc->segment[i] >= 0 && droppable(p, i) && read_within(p, i, rc->segment, rc->segment[i]);
+    else if (rc && rc->automatic)
+        s = choose_automatic(p, rc->budget, drop);
+    replay_points(p, drop);
+    free(drop);
+    p->nreplays = 0; /* by replay point from the last, each point's in forward order */
+    for (int e = p->n - 1; e > 0; e--)
+        for (int i = 1; i <= e; i++)
+            if (p->replay_at[i] == e)
+                p->replays[p->nreplays++] = i;
+    return s;
+}
+
+static ft_status plan(ft_program *p, bool training, const ft_recompute *rc, block *b, ft_storage **arena,
+                      int64_t *bytes) {
+    last_users(p, training, p->last_consumer);
+    if (training)
+        FT_TRY(choose_recomputation(p, rc));
+    int64_t size = lay_out(p, training, b);
     if (size < 0)
         return ft_fail(FT_ERR_NOMEM, "out of memory planning the activations");
     *bytes = size;
@@ -220,6 +476,14 @@ static ft_tensor broadcast_param(const ft_node *nd, int64_t rows) {
     return t;
 }
 
+/* Which block holds node i's output (OUT) or saved data (AUX) now: in the
+ * backward, a recomputed node's second. */
+static int block_now(const ft_program *p, bool training, int i, int k) {
+    if (!training || !p->in_backward || p->replay_at[i] < 0)
+        return k;
+    return k == OUT ? RE_OUT : RE_AUX;
+}
+
 /* The output view of node i for `rows` samples (the micro-batch for the
  * input and the target nodes). */
 static ft_tensor node_out(const ft_program *p, bool training, int i, int64_t rows) {
@@ -233,12 +497,12 @@ static ft_tensor node_out(const ft_program *p, bool training, int i, int64_t row
         return seen_as(nd, node_out(p, training, nd->inputs[0], rows));
     if (nd->kind == FT_NODE_PARAM)
         return broadcast_param(nd, rows);
-    const block *b = &(training ? p->train : p->eval)[i * NBUF + OUT];
+    const block *b = &(training ? p->train : p->eval)[i * NBUF + block_now(p, training, i, OUT)];
     return view_at(p, nd, training ? p->train_arena : p->eval_arena, b->offset, rows, p->dtype[i]);
 }
 
 static ft_tensor node_aux(const ft_program *p, bool training, int i) {
-    const block *b = &(training ? p->train : p->eval)[i * NBUF + AUX];
+    const block *b = &(training ? p->train : p->eval)[i * NBUF + block_now(p, training, i, AUX)];
     ft_tensor t = {.storage = training ? p->train_arena : p->eval_arena, .offset = b->offset, .dtype = FT_UINT8,
                    .ndim = 1, .shape = {b->bytes}, .strides = {1}};
     return t;
@@ -456,6 +720,8 @@ void ft_program_destroy(ft_program *p) {
     free(p->dtype);
     free(p->nodes);
     free(p->last_consumer);
+    free(p->replay_at);
+    free(p->replays);
     free(p->train);
     free(p->eval);
     free(p->trains);
@@ -471,7 +737,7 @@ void ft_program_destroy(ft_program *p) {
 
 ft_status ft_program_create(ft_program **out, int nnodes, const ft_node *nodes, int output, int64_t batch,
                             bool channels_last, uint64_t seed, ft_device device, const ft_tensor *params,
-                            ft_dtype compute) {
+                            ft_dtype compute, const ft_recompute *recompute) {
     if (nnodes < 3)
         return ft_fail(FT_ERR_VALUE, "program: a model needs an input, a layer and a loss");
     if (batch < 1)
@@ -498,6 +764,8 @@ ft_status ft_program_create(ft_program **out, int nnodes, const ft_node *nodes, 
     size_t n = (size_t)nnodes;
     p->nodes = malloc(n * sizeof *p->nodes);
     p->last_consumer = malloc(n * sizeof *p->last_consumer);
+    p->replay_at = malloc(n * sizeof *p->replay_at);
+    p->replays = malloc(n * sizeof *p->replays);
     p->train = malloc(n * NBUF * sizeof *p->train);
     p->eval = malloc(n * NBUF * sizeof *p->eval);
     p->trains = calloc(n, sizeof *p->trains);
@@ -509,8 +777,9 @@ ft_status ft_program_create(ft_program **out, int nnodes, const ft_node *nodes, 
     p->dropout_at = calloc(n, sizeof *p->dropout_at);
     p->seconds = calloc(n * 2, sizeof *p->seconds);
     p->dtype = calloc(n, sizeof *p->dtype);
-    ft_status s = p->nodes && p->last_consumer && p->train && p->eval && p->trains && p->written && p->norm &&
-                          p->slots && p->slot_of && p->slot_written && p->dropout_at && p->seconds && p->dtype
+    ft_status s = p->nodes && p->last_consumer && p->replay_at && p->replays && p->train && p->eval && p->trains &&
+                          p->written && p->norm && p->slots && p->slot_of && p->slot_written && p->dropout_at &&
+                          p->seconds && p->dtype
                       ? FT_OK
                       : ft_fail(FT_ERR_NOMEM, "out of memory creating a program");
     if (s == FT_OK) {
@@ -523,9 +792,9 @@ ft_status ft_program_create(ft_program **out, int nnodes, const ft_node *nodes, 
         s = use_low_weights(p);
     }
     if (s == FT_OK)
-        s = plan(p, true, p->train, &p->train_arena, &p->train_bytes);
+        s = plan(p, true, recompute, p->train, &p->train_arena, &p->train_bytes);
     if (s == FT_OK)
-        s = plan(p, false, p->eval, &p->eval_arena, &p->eval_bytes);
+        s = plan(p, false, NULL, p->eval, &p->eval_arena, &p->eval_bytes);
     if (s == FT_OK)
         s = ft_tensor_empty(&p->loss_value, 1, (int64_t[]){1}, FT_FLOAT32, device, false);
     for (int i = 0; s == FT_OK && i < nnodes; i++)
@@ -558,9 +827,12 @@ void ft_program_memory(const ft_program *p, int64_t *train_bytes, int64_t *eval_
 }
 
 void ft_program_node_bytes(const ft_program *p, int i, int64_t bytes[3]) {
-    for (int k = 0; k < NBUF; k++)
-        bytes[k] = p->train[i * NBUF + k].bytes;
+    int kinds[3] = {OUT, AUX, DOUT};
+    for (int k = 0; k < 3; k++)
+        bytes[k] = p->train[i * NBUF + kinds[k]].bytes;
 }
+
+bool ft_program_recomputed(const ft_program *p, int i) { return p->replay_at[i] >= 0; }
 
 /* ---- batch-norm running statistics ---- */
 
@@ -631,20 +903,26 @@ static ft_node_run run_of(const ft_program *p, bool training, int i, int64_t row
     return r;
 }
 
+/* Node i's forward over `rows` samples, or its replay: a recomputation in
+ * the backward, which takes the mask its dropout drew the first time. */
+static ft_status forward_node(ft_program *p, bool training, int i, int64_t rows, bool replay) {
+    double t0 = omp_get_wtime();
+    if (p->nodes[i].kind == FT_NODE_DROPOUT && !replay) { /* each mask takes the next Philox blocks */
+        p->dropout_at[i] = p->dropout_offset;
+        p->dropout_offset += ft_dropout_blocks(rows * ft_node_numel(&p->nodes[i]));
+    }
+    ft_node_run r = run_of(p, training, i, rows);
+    r.replay = replay;
+    FT_TRY(row(p, i)->forward(&r));
+    p->seconds[2 * i] += omp_get_wtime() - t0;
+    return FT_OK;
+}
+
 /* Forward of nodes [from, to] over the micro-batch in p->x, p->y. */
 static ft_status forward(ft_program *p, bool training, int64_t rows, int from, int to) {
-    for (int i = from; i <= to; i++) {
-        if (is_view(p, i, training) || !row(p, i)->forward)
-            continue;
-        double t0 = omp_get_wtime();
-        if (p->nodes[i].kind == FT_NODE_DROPOUT) { /* each mask takes the next Philox blocks */
-            p->dropout_at[i] = p->dropout_offset;
-            p->dropout_offset += ft_dropout_blocks(rows * ft_node_numel(&p->nodes[i]));
-        }
-        ft_node_run r = run_of(p, training, i, rows);
-        FT_TRY(row(p, i)->forward(&r));
-        p->seconds[2 * i] += omp_get_wtime() - t0;
-    }
+    for (int i = from; i <= to; i++)
+        if (!is_view(p, i, training) && row(p, i)->forward)
+            FT_TRY(forward_node(p, training, i, rows, false));
     return FT_OK;
 }
 
@@ -872,6 +1150,7 @@ static ft_status backward_batches(ft_program *p, const ft_tensor *x, const ft_te
         p->x = rows_of(x, r0, rows);
         if (y)
             p->y = rows_of(y, r0, rows);
+        p->in_backward = false;
         FT_TRY(forward(p, true, rows, 1, p->output));
         if (yh) { /* the output is read here, before the loss's nodes may reuse its memory */
             ft_tensor ym = rows_of(yh, r0, rows);
@@ -887,8 +1166,12 @@ static ft_status backward_batches(ft_program *p, const ft_tensor *x, const ft_te
         ft_tensor seed = node_dout(p, last, rows); /* d(batch loss) / d(each sample's share) */
         FT_TRY(ft_tensor_fill(&seed, (ft_scalar){.kind = FT_SCALAR_FLOAT, .f = 1}));
         p->written[last] = true;
-        for (int i = last; i > 0; i--)
+        p->in_backward = true;
+        for (int i = last, next = 0; i > 0; i--) {
+            for (; next < p->nreplays && p->replay_at[p->replays[next]] == i; next++)
+                FT_TRY(forward_node(p, true, p->replays[next], rows, true));
             FT_TRY(backward_node(p, i, rows));
+        }
     }
     /* A parameter no gradient reached (its branch unused) gets zero, not the last step's. */
     for (int s = 0; s < p->nslots; s++)

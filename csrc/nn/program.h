@@ -105,7 +105,23 @@ typedef struct {
     ft_node_reduction reduction; /* losses: how a sample's value is normalized over the batch */
     double label_smoothing;  /* cross-entropy */
     int64_t ignore_index;    /* cross-entropy, nll */
+    double flops;            /* of one sample's forward (a multiply-add counts two): what recomputing it costs */
 } ft_node;
+
+/* Activation recomputation (gradient checkpointing): outputs a training
+ * step does not keep from its forward for the backward, but computes again
+ * from the kept ones just before the backward needs them. Either given by
+ * segments, sets of nodes such as a module's (the outputs of a segment that
+ * only nodes of the same segment read are recomputed; what other nodes
+ * read is kept), or chosen by the planner (`automatic`): within `budget`
+ * bytes of training arena at the least recomputation it finds, or with no
+ * budget (-1) in about sqrt(N) segments of the model's N nodes. The model's
+ * output and the loss are always kept. */
+typedef struct {
+    const int *segment; /* (nnodes) each node's segment, -1 for none; NULL when automatic */
+    bool automatic;
+    int64_t budget;
+} ft_recompute;
 
 typedef struct ft_program ft_program;
 
@@ -126,10 +142,14 @@ typedef struct ft_program ft_program;
  * loss, normalization statistics and every parameter gradient stay float32.
  * `params` is then the model's flat float32 parameter buffer (every weight
  * a view into it), of which the program keeps that copy, and the batches
- * may come in the compute dtype too. */
+ * may come in the compute dtype too.
+ *
+ * `recompute` (NULL: none) trades compute for the training arena: see
+ * ft_recompute. A budget below the least arena the planner can reach is
+ * FT_ERR_VALUE, saying that least. */
 ft_status ft_program_create(ft_program **out, int nnodes, const ft_node *nodes, int output, int64_t batch,
                             bool channels_last, uint64_t seed, ft_device device, const ft_tensor *params,
-                            ft_dtype compute);
+                            ft_dtype compute, const ft_recompute *recompute);
 void ft_program_destroy(ft_program *p);
 
 /* The program's copy of the params in the compute dtype (NULL in
@@ -199,5 +219,10 @@ void ft_program_memory(const ft_program *p, int64_t *train_bytes, int64_t *eval_
  * backward), what it saves for its backward, and its output's gradient (0
  * for a view, which shares its input's). */
 void ft_program_node_bytes(const ft_program *p, int i, int64_t bytes[3]);
+
+/* Whether node i's output is recomputed in the backward instead of kept
+ * (its bytes above are then held twice, briefly: in the forward until its
+ * last reader, and from its recomputation until its backward). */
+bool ft_program_recomputed(const ft_program *p, int i);
 
 #endif

@@ -20,7 +20,7 @@ def max_batch_size(model, input_shape, budget_bytes, optimizer=None, loss=None, 
 
     optimizer: the optimizer you will train with (its state counts: SGD with momentum one buffer the size of the
     parameters, AdamW two); None counts none (plain SGD). loss: as compile's (CrossEntropyLoss by default).
-    compile_options: compile's other keywords (memory_format, precision, accumulate_steps, input_dtype,
+    compile_options: compile's other keywords (memory_format, precision, accumulate_steps, recompute, input_dtype,
     target_shape, ...), which change the plan; batch_size is what this function chooses. With
     accumulate_steps=k the answer is a multiple of k (the arenas hold one micro-batch of batch / k samples).
 
@@ -28,8 +28,8 @@ def max_batch_size(model, input_shape, budget_bytes, optimizer=None, loss=None, 
     1, predicts from its plan (and then from the two nearest plans) the largest batch within the budget, compiles
     that, and repeats until the batch fits and the next does not. It compiles only batches whose predicted bytes
     fit the budget, except to confirm the next batch when its prediction exceeds the budget by less than the
-    alignment slack (384 bytes per node). Compiling allocates a program's arenas (untouched on the CPU); each probe
-    program is dropped before the next, and its blocks return to fasttrain's caching allocator
+    alignment slack (384 bytes per node, 640 with recompute). Compiling allocates a program's arenas (untouched on
+    the CPU); each probe program is dropped before the next, and its blocks return to fasttrain's caching allocator
     (ft.empty_cache() gives them back to the system). As model.compile does, it moves the model's parameters
     into one flat buffer and zeroes the conv biases a batch norm cancels.
 
@@ -57,6 +57,10 @@ def max_batch_size(model, input_shape, budget_bytes, optimizer=None, loss=None, 
     budget = int(budget_bytes)
     if "batch_size" in compile_options:
         raise TypeError("max_batch_size: batch_size is what max_batch_size chooses; do not pass it")
+    recompute = compile_options.get("recompute")
+    if isinstance(recompute, numbers.Integral) and not isinstance(recompute, bool):
+        raise ValueError("max_batch_size: recompute=<budget> fixes the training arena whatever the batch; pass "
+                         "recompute='auto' or a list of modules")
     steps = compile_options.get("accumulate_steps", 1)
     if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 1:
         raise ValueError(f"max_batch_size: accumulate_steps must be a positive int, got {steps!r}")
@@ -80,8 +84,9 @@ def max_batch_size(model, input_shape, budget_bytes, optimizer=None, loss=None, 
         what = "batch 1" if steps == 1 else f"batch {steps} (micro-batches of 1 sample)"
         raise ValueError(f"max_batch_size: {what} needs {plans[1]} bytes ({_mib(plans[1])}), more than the budget "
                          f"of {budget} bytes ({_mib(budget)})")
-    # Two arenas of up to three buffers per node, each of which may sit up to _ALIGN bytes off the line.
-    slack = 2 * 3 * _ALIGN * nodes
+    # Two arenas of up to three buffers per node (five with recompute), each of which may sit up to _ALIGN bytes
+    # off the line.
+    slack = 2 * (5 if recompute is not None else 3) * _ALIGN * nodes
     lo, hi = 1, None  # lo fits; hi (when known) does not
     while hi != lo + 1:
         # bytes per sample: the slope between lo's plan and the nearest other one (batch 1's arenas at first)

@@ -5,7 +5,9 @@
  * Checked: two backward passes of one batch are bitwise equal; a batch
  * split into micro-batches loses no part of the gradient; a step against
  * the gradient lowers the loss; bad labels and inputs are refused before
- * anything changes; eval-mode forward over more samples than planned. */
+ * anything changes; outputs recomputed in the backward give the gradients
+ * and statistics of kept ones in a smaller arena; eval-mode forward over
+ * more samples than planned. */
 #include <math.h>
 #include <string.h>
 
@@ -52,7 +54,7 @@ static void make_net(net *m) {
     CHECK_OK(ft_tensor_fill(&m->rv, (ft_scalar){.kind = FT_SCALAR_FLOAT, .f = 1}));
 }
 
-static ft_status make_program(ft_program **out, const net *m, int64_t batch) {
+static ft_status make_program(ft_program **out, const net *m, int64_t batch, const ft_recompute *recompute) {
     ft_node nodes[11];
     memset(nodes, 0, sizeof nodes);
     ft_conv2d_params conv = {{1, 1}, {1, 1}, {1, 1}, 1};
@@ -76,7 +78,7 @@ static ft_status make_program(ft_program **out, const net *m, int64_t batch) {
     nodes[9] = (ft_node){.kind = FT_NODE_TARGET, .dtype = FT_INT64};
     nodes[10] = (ft_node){.kind = FT_NODE_CROSS_ENTROPY, .ninputs = 2, .inputs = {8, 9}, .label_smoothing = 0.1,
                           .ignore_index = -100, .reduction = FT_NODE_REDUCE_MEAN};
-    return ft_program_create(out, 11, nodes, 8, batch, true, 1, FT_CPU, NULL, FT_FLOAT32);
+    return ft_program_create(out, 11, nodes, 8, batch, true, 1, FT_CPU, NULL, FT_FLOAT32, recompute);
 }
 
 static void copy_floats(float *dst, const ft_tensor *t) { memcpy(dst, ft_tensor_data(t), (size_t)ft_tensor_numel(t) * 4); }
@@ -96,8 +98,8 @@ int main(void) {
     CHECK(P <= 256);
 
     ft_program *full = NULL, *half = NULL;
-    CHECK_OK(make_program(&full, &m, N));
-    CHECK_OK(make_program(&half, &m, N / 2));
+    CHECK_OK(make_program(&full, &m, N, NULL));
+    CHECK_OK(make_program(&half, &m, N / 2, NULL));
     double loss_full = 0, loss_half = 0, loss_again = 0;
     CHECK_OK(ft_program_backward(full, &x, &y, false, &loss_full, NULL));
     copy_floats(whole, &m.grads);
@@ -153,6 +155,49 @@ int main(void) {
     bad = x;
     bad.dtype = FT_INT32;
     CHECK_STATUS(ft_program_backward(full, &bad, &y, false, &loss_full, NULL), FT_ERR_DTYPE);
+
+    /* Recomputation: the convolutions and the batch norm as one segment
+     * (the add's output, read by the pooling, is kept), and the planner's
+     * choice; each backward from the same running statistics. */
+    int segment[11] = {-1, 0, 0, 0, 0, -1, -1, -1, -1, -1, -1};
+    ft_recompute recomputes[2] = {{.segment = segment}, {.automatic = true, .budget = -1}};
+    float rv0[C1], grads_kept[256], stats_kept[2 * C1], stats_now[2 * C1];
+    copy_floats(stats, &m.rm);
+    copy_floats(rv0, &m.rv);
+    CHECK_OK(ft_program_backward(full, &x, &y, false, &loss_full, NULL));
+    copy_floats(grads_kept, &m.grads);
+    copy_floats(stats_kept, &m.rm);
+    copy_floats(stats_kept + C1, &m.rv);
+    int64_t kept_bytes, eval_bytes, copy_bytes;
+    ft_program_memory(full, &kept_bytes, &eval_bytes, &copy_bytes);
+    for (int r = 0; r < 2; r++) {
+        ft_program *re = NULL;
+        CHECK_OK(make_program(&re, &m, N, &recomputes[r]));
+        int recomputed = 0;
+        for (int i = 0; i < 11; i++)
+            recomputed += ft_program_recomputed(re, i);
+        CHECKF(recomputed > 0 && !ft_program_recomputed(re, 8) && !ft_program_recomputed(re, 10),
+               "recompute %d: %d outputs", r, recomputed);
+        CHECK(r || (recomputed == 3 && !ft_program_recomputed(re, 4)));
+        int64_t re_bytes; /* a net this small has its peak in the backward anyway */
+        ft_program_memory(re, &re_bytes, &eval_bytes, &copy_bytes);
+        CHECKF(re_bytes <= kept_bytes, "recompute %d: arena %lld, kept %lld", r, (long long)re_bytes,
+               (long long)kept_bytes);
+        memcpy(ft_tensor_data(&m.rm), stats, sizeof stats[0] * C1);
+        memcpy(ft_tensor_data(&m.rv), rv0, sizeof rv0);
+        CHECK_OK(ft_program_backward(re, &x, &y, false, &loss_again, NULL));
+        copy_floats(again, &m.grads);
+        copy_floats(stats_now, &m.rm);
+        copy_floats(stats_now + C1, &m.rv);
+        CHECKF(loss_again == loss_full && memcmp(again, grads_kept, (size_t)P * 4) == 0 &&
+                   memcmp(stats_now, stats_kept, sizeof stats_now) == 0,
+               "recompute %d: loss %g, kept %g", r, loss_again, loss_full);
+        ft_program_destroy(re);
+    }
+    ft_recompute tiny = {.automatic = true, .budget = 64};
+    ft_program *none = NULL;
+    CHECK_STATUS(make_program(&none, &m, N, &tiny), FT_ERR_VALUE);
+    CHECK(none == NULL && strstr(ft_last_error(), "below the least training arena"));
 
     /* Eval-mode forward with batches larger than the plan. */
     int64_t os[2] = {N, CLASSES};

@@ -58,16 +58,31 @@ class Node:
     """A recorded op. `reduced`: a loss reduced over the batch, whose per-sample value is each sample's share of
     the batch's loss (their sum is the loss); such values combine only linearly. The targets' node has shape None
     until a loss (or compile's target_shape) fixes it."""
-    __slots__ = ("module", "inputs", "shape", "reduced", "owner")
+    __slots__ = ("module", "inputs", "shape", "reduced", "owner", "scope")
 
     def __init__(self, module, inputs, shape, reduced=False):
         self.module, self.inputs, self.reduced = module, list(inputs), reduced
         self.shape = None if shape is None else tuple(shape)
         self.owner = callers[0] if callers else module  # the outermost module whose call recorded it
+        self.scope = tuple(callers)  # every module whose call recorded it (compile's recompute= reads them)
 
 
 # The modules whose forward is being traced, outermost first (nn.Model names its layers after them).
 callers = []
+
+
+class within:
+    """The modules of `scope` counted as callers while a block runs (nn.Model records its layers again inside the
+    blocks that first recorded them)."""
+
+    def __init__(self, scope):
+        self.scope = scope
+
+    def __enter__(self):
+        callers.extend(self.scope)
+
+    def __exit__(self, *exc):
+        del callers[len(callers) - len(self.scope):]
 
 
 def _layers():

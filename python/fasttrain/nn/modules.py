@@ -1581,6 +1581,7 @@ class Model(Module):
     def forward(self, x):
         """Runs the recorded layers in order on x: eagerly on a tensor, or recording them again on a traced value (a
         Model used inside another model)."""
+        from .graph import within
         values = {}
         for n in self._nodes:
             if n.module is None:
@@ -1588,5 +1589,6 @@ class Model(Module):
             elif not n.inputs and isinstance(x, Symbolic):  # a Value node, traced again
                 values[id(n)] = Symbolic(n)
             else:
-                values[id(n)] = n.module(*[values[id(i)] for i in n.inputs])
+                with within(n.scope if isinstance(x, Symbolic) else ()):
+                    values[id(n)] = n.module(*[values[id(i)] for i in n.inputs])
         return values[id(self._nodes[-1])]

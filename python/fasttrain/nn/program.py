@@ -7,6 +7,7 @@ buffer and every gradient into another (each parameter object becomes a view,
 so optimizers built earlier see the flat memory), and hands the node list to C,
 which plans the activation memory and runs whole training steps."""
 import math
+import numbers
 
 from .. import _C, creation
 from .._display import Column, Table, summary as _summary
@@ -121,11 +122,12 @@ def _node_of(module, shape):
 
 
 class _Entry:
-    __slots__ = ("kind", "module", "inputs", "shape", "fields", "act", "alpha", "drop_bias", "fused")
+    __slots__ = ("kind", "module", "inputs", "shape", "fields", "act", "alpha", "drop_bias", "fused", "scope")
 
-    def __init__(self, kind, module, inputs, shape, fields):
+    def __init__(self, kind, module, inputs, shape, fields, scope=()):
         self.kind, self.module, self.inputs, self.shape, self.fields = kind, module, inputs, shape, fields
         self.act, self.alpha, self.drop_bias, self.fused = None, 0.0, False, []
+        self.scope = scope  # the modules whose calls recorded it, and its own
 
 
 def _graph(model, input_shape, loss=None, target_shape=None, target_dtype=None, input_dtype=_BY_NAME["float32"]):
@@ -149,7 +151,8 @@ def _graph(model, input_shape, loss=None, target_shape=None, target_dtype=None, 
     for n in nodes:
         kind, fields = (INPUT, dict(dtype=input_dtype._code)) if n.module is None else \
             _node_of(n.module, n.inputs[0].shape if n.inputs else n.shape)
-        entries.append(_Entry(kind, n.module, [index[id(i)] for i in n.inputs], n.shape, fields))
+        entries.append(_Entry(kind, n.module, [index[id(i)] for i in n.inputs], n.shape, fields,
+                              (*n.scope, n.module)))
     return entries, index[id(first.node)]
 
 
@@ -188,6 +191,7 @@ def _fuse(entries):
         if ok:
             prod.act, prod.alpha = name, e.fields["alpha"]
             prod.fused.append(type(e.module).__name__)
+            prod.scope += (e.module,)  # a module listed in recompute= for itself is computed by this node
             remap[j] = src
     # A conv whose output reaches a batch norm only through pooling that
     # commutes with adding a per-channel constant needs no bias (a frozen
@@ -262,7 +266,7 @@ def _node_dict(e, trainable):
     def grad(p):
         return p.grad if id(p) in trainable else None
 
-    d = dict(kind=e.kind, inputs=tuple(e.inputs), shape=tuple(e.shape))
+    d = dict(kind=e.kind, inputs=tuple(e.inputs), shape=tuple(e.shape), flops=float(_flops(e)))
     for key, value in e.fields.items():
         if key not in ("act", "alpha"):
             d[key] = value
@@ -287,6 +291,51 @@ def _node_dict(e, trainable):
     return d
 
 
+def _recompute(recompute, model, entries):
+    """What compile's recompute= asks the C program for: None, "auto", a budget in bytes, or each entry's segment:
+    the index of the listed module whose call recorded it, -1 for none."""
+    usage = "None, 'auto', a budget in bytes or a list of the model's modules"
+    if recompute is None or isinstance(recompute, str):
+        if recompute not in (None, "auto"):
+            raise ValueError(f"compile: recompute must be {usage}, got {recompute!r}")
+        return recompute
+    if isinstance(recompute, numbers.Integral) and not isinstance(recompute, bool):
+        if recompute < 0:
+            raise ValueError(f"compile: a recompute budget is the bytes the training activations may take "
+                             f"(memory_plan()['activations']), got {recompute}")
+        return int(recompute)
+    # each item a segment: a module, or modules together (as checkpoint_sequential cuts a Sequential's layers)
+    items = [recompute] if isinstance(recompute, M.Module) else recompute
+    groups = [[m] if isinstance(m, M.Module) else m for m in items] if isinstance(items, (list, tuple)) else None
+    if groups is None or not all(isinstance(g, (list, tuple)) and all(isinstance(m, M.Module) for m in g)
+                                 for g in groups):
+        raise TypeError(f"compile: recompute must be {usage} (or of lists of modules, each list one segment), got "
+                        f"{type(recompute).__name__}")
+    listed = [m for g in groups for m in g]
+    names = {}
+    for name, m in model.named_modules():
+        names.setdefault(id(m), repr(name) if name else "the model itself")
+    for m in listed:
+        if id(m) not in names:
+            raise ValueError(f"compile: recompute lists a {type(m).__name__} that is not a submodule of the model")
+        inner = next((o for o in listed if o is not m and any(o is sub for sub in m.modules())), None)
+        if inner is not None or sum(o is m for o in listed) > 1:
+            raise ValueError(f"compile: recompute lists {names[id(m)]} and " + (
+                f"its submodule {names[id(inner)]}: list one of them" if inner is not None else "lists it again"))
+    if not listed:
+        return None
+    segment = [-1] * len(entries)
+    for k, group in enumerate(groups):
+        for m in group:
+            hits = [i for i, e in enumerate(entries) if any(s is m for s in e.scope)]
+            if not hits:
+                raise ValueError(f"compile: recompute lists {names[id(m)]}, which the model's forward does not "
+                                 f"call")
+            for i in hits:
+                segment[i] = k
+    return segment
+
+
 def _flops(e):
     """Multiply-adds x 2 of one forward pass per sample."""
     m = e.module
@@ -303,10 +352,10 @@ def _flops(e):
     return 0 if e.kind in (INPUT, TARGET, PARAM) else math.prod(e.shape)
 
 
-def _table(entries, dtypes=None):
+def _table(entries, dtypes=None, recomputed=None):
     """The node table of summary(), as rows (its text and its HTML both come from them): shapes, parameters,
-    forward FLOPs, fusions and dropped biases, and with dtypes (a compiled program's) the dtype each node's output
-    is stored in."""
+    forward FLOPs, fusions and dropped biases, and with dtypes and recomputed (a compiled program's) the dtype each
+    node's output is stored in and whether the backward computes it again."""
     columns = [Column("#", 3, ">"), Column("node", 22, gap="  "), Column("output", 18), Column("params", 10, ">"),
                Column("MFLOP", 10, ">")]
     columns += ([Column("dtype", 9, gap="  ")] if dtypes else []) + [Column("notes", gap="  ")]
@@ -324,6 +373,8 @@ def _table(entries, dtypes=None):
             notes.append(f"+{e.act} fused")
         if e.drop_bias:
             notes.append("bias dropped and zeroed (a batch norm follows)")
+        if recomputed and recomputed[i]:
+            notes.append("recomputed in the backward")
         rows.append([str(i), name, str(tuple(e.shape)), f"{params:,}", f"{flops / 1e6:.2f}"]
                     + ([dtypes[i]] if dtypes else []) + [", ".join(notes)])
     totals = {"params": ("parameters", f"{sum(counted.values()):,}"),
@@ -358,7 +409,7 @@ class Program:
 
     def __init__(self, model, optimizer, loss, batch_size, input_shape, memory_format, accumulate_steps,
                  clip_grad_norm, nan_policy, seed, target_shape=None, target_dtype=None, input_dtype=None,
-                 precision="32-true", distributed=False):
+                 precision="32-true", distributed=False, recompute=None):
         if not callable(loss):
             raise TypeError(f"compile: the loss must be an ft.nn loss, a Module or a function f(output, target), "
                             f"got {type(loss).__name__}")
@@ -382,6 +433,7 @@ class Program:
         entries, output = _graph(model, input_shape, loss, target_shape, target_dtype, self.input_dtype)
         self.entries = _fuse(entries)
         self.output = next(i for i, e in enumerate(self.entries) if e is entries[output])
+        segments = _recompute(recompute, model, self.entries)
         if memory_format == "channels_last" and any(e.kind == LAYERNORM and len(e.shape) == 3 for e in self.entries):
             raise ValueError("compile: LayerNorm over images needs memory_format='contiguous' (its weight follows "
                              "the (C, H, W) order)")
@@ -414,7 +466,8 @@ class Program:
             from ..random import randint
             seed = int(randint(0, 2 ** 62, (1,)).item())
         self._c = _C.Program(self._nodes, self.flat_params, self.flat_grads, self.output,
-                             batch_size // accumulate_steps, memory_format == "channels_last", seed, compute._code)
+                             batch_size // accumulate_steps, memory_format == "channels_last", seed, compute._code,
+                             segments)
         targets = [e for e in self.entries if e.kind == TARGET]
         self.target_dtype = targets[0].module.dtype if targets else None
         # evaluate() counts correct argmax predictions of (classes,) outputs against class targets
@@ -509,9 +562,15 @@ class Program:
         program holds (memory_plan()). The text prints as a table; in Jupyter it shows as an HTML table."""
         plan = self.memory_plan()
         mib = {k: v / 2**20 for k, v in plan.items() if k != "nodes"}
-        table = _table(self.entries, self._c.node_dtypes())
+        recomputed = self._c.recomputed()
+        table = _table(self.entries, self._c.node_dtypes(), recomputed)
+        table.notes += [f"precision: {self.precision}"]
+        if any(recomputed):
+            again = sum(_flops(e) for e, r in zip(self.entries, recomputed) if r)
+            table.notes.append(f"recompute: {sum(recomputed)} node outputs computed again in the backward, "
+                               f"{again / 1e6:.2f} MFLOP per sample ({again / max(self.flops_per_sample(), 1):.0%} "
+                               f"of the forward)")
         table.notes += [
-            f"precision: {self.precision}",
             f"activation memory: training {mib['activations']:.1f} MiB for "
             f"{self.batch_size // self.accumulate_steps} samples, evaluation {mib['evaluation']:.1f} MiB",
             f"memory: parameters {mib['parameters']:.1f} MiB, gradients {mib['gradients']:.1f} MiB, optimizer "
@@ -533,15 +592,17 @@ class Program:
         "parameters" and "gradients" (the flat float32 buffers), "optimizer_state" (the optimizer's buffers,
         counted before its first step allocates them), "weights_copy" (bf16-mixed's bfloat16 weights), "total",
         and "nodes": per node a dict of the bytes of its output, of what it saves for its backward and of its
-        gradient in the training arena (the arena reuses memory, so these add up to more than it)."""
+        gradient in the training arena (the arena reuses memory, so these add up to more than it), and whether
+        it is "recomputed": not kept from the forward for the backward, but computed again just before the
+        backward needs it (compile's recompute=)."""
         train, evaluation, copy = self._c.memory()
         state = self.optimizer._state_nbytes()
         plan = {"activations": train, "evaluation": evaluation, "parameters": self.flat_params.nbytes,
                 "gradients": self.flat_grads.nbytes, "optimizer_state": state, "weights_copy": copy}
         plan["total"] = sum(plan.values())
         plan["nodes"] = [{"node": type(e.module).__name__.lstrip("_") if e.module is not None else "input",
-                          "output": o, "saved": a, "gradient": g}
-                         for e, (o, a, g) in zip(self.entries, self._c.node_bytes())]
+                          "output": o, "saved": a, "gradient": g, "recomputed": r}
+                         for e, (o, a, g), r in zip(self.entries, self._c.node_bytes(), self._c.recomputed())]
         return plan
 
     def profile(self):
@@ -581,7 +642,7 @@ def _compute_dtype(precision):
 
 def compile(model, optimizer, loss=None, *, batch_size, input_shape=None, memory_format="channels_last",
             accumulate_steps=1, clip_grad_norm=None, nan_policy="raise", seed=None, target_shape=None,
-            target_dtype=None, input_dtype=None, precision="32-true", distributed=False):
+            target_dtype=None, input_dtype=None, precision="32-true", distributed=False, recompute=None):
     """Compiles `model` for training with `optimizer` on batches of `batch_size` samples.
 
     loss: an ft.nn loss (CrossEntropyLoss by default), a Module whose forward(output, target) returns the loss,
@@ -601,8 +662,20 @@ def compile(model, optimizer, loss=None, *, batch_size, input_shape=None, memory
 
     distributed=True (after ft.distributed.init()): data-parallel training, batch_size being each rank's. Rank 0's
     weights are broadcast, and every train_step (and ft.fit step) averages the gradients and the loss over the
-    ranks before the update; program.backward does not communicate (docs/distributed.md)."""
+    ranks before the update; program.backward does not communicate (docs/distributed.md).
+
+    recompute trades compute for activation memory (gradient checkpointing, docs/memory.md): outputs that are not
+    kept from the forward for the backward but computed again just before the backward needs them, in the same C
+    step, with the same values (dropout masks and batch statistics are the same; running statistics are updated
+    once). None keeps every output (the default); a list of the model's modules (or one module), as
+    torch.utils.checkpoint wraps a block, recomputes what only each module's own nodes read, and an item that is
+    a list of modules makes them one segment (as checkpoint_sequential runs a Sequential's layers); "auto" lets the
+    planner cut the model into about sqrt(N) segments of its N nodes, where the fewest bytes cross; an int is a
+    budget in bytes for the training activations (memory_plan()["activations"]), which the planner meets at the
+    least recomputation it finds (a ValueError says the least it can reach when the budget is below it).
+    memory_plan() and summary() show the smaller arena and which outputs are recomputed."""
     if loss is None:
         loss = M.CrossEntropyLoss()
     return Program(model, optimizer, loss, batch_size, input_shape, memory_format, accumulate_steps,
-                   clip_grad_norm, nan_policy, seed, target_shape, target_dtype, input_dtype, precision, distributed)
+                   clip_grad_norm, nan_policy, seed, target_shape, target_dtype, input_dtype, precision, distributed,
+                   recompute)
