@@ -9,8 +9,17 @@ Prints one JSON object per line, {"name", "value", "unit"} and, for comparisons,
   step_1x2                images/s of the demo network (examples/demo.py) on 1 process x 2 threads, batch 2B.
   dp_scaling_2x1_vs_1x2   images/s of 2 ranks x 1 thread, batch B each (compile(distributed=True)), over
                           step_1x2: "ratio" >= 0.9 is the goal at equal total cores.
-  allreduce_share         the fraction of a 2-rank step spent in the gradient all-reduce. The all-reduce runs
-                          after the backward pass, not overlapped with it (so none of it is hidden).
+  allreduce_share         the fraction of a 2-rank step the gradient all-reduce takes on its own (the blocking
+                          all-reduce above over the step time).
+  allreduce_wait_buckets  the time a 2-rank step waits after its backward for the gradient sums, with the gradient
+                          in buckets of --bucket-mb MiB (compile's bucket_cap_mb) summed while the backward goes
+                          on, against one bucket (the default size holds the whole 1.2 MB gradient: nothing to
+                          overlap), at a batch of --overlap-batch per rank (where the all-reduce is a larger share
+                          of the step), the ranks meeting at a barrier before each step, the two set-ups
+                          alternating. "ratio" = buckets / one bucket: what the buckets leave of the wait. The
+                          wait includes the ranks' skew (one rank's backward ending later than the other's),
+                          which on a shared machine is of the order of the all-reduce itself: only a median over
+                          many steps means anything.
 
 Figures are medians of repetitions, from one run; only the ratios mean anything across machines.
 
@@ -34,14 +43,14 @@ def emit(name, value, unit, **extra):
     print(json.dumps({"name": name, "value": round(value, 4), "unit": unit, **extra}), flush=True)
 
 
-def demo_program(batch, distributed):
+def demo_program(batch, distributed, **options):
     import fasttrain as ft
     from demo import make_model
     ft.manual_seed(0)
     model = make_model()
     opt = ft.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     return model.compile(opt, ft.nn.CrossEntropyLoss(), batch_size=batch, input_shape=(1, 28, 28),
-                         distributed=distributed)
+                         distributed=distributed, **options)
 
 
 def images_per_second(program, batch, steps):
@@ -59,7 +68,21 @@ def images_per_second(program, batch, steps):
     return batch / statistics.median(times)
 
 
-def rank_main(batch, steps):
+def waits(program, batch, steps):
+    """Each step's wait for its gradient sums after its backward, the ranks meeting at a barrier before each."""
+    import fasttrain as ft
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch, 1, 28, 28)).astype(np.float32)
+    y = rng.integers(0, 10, batch)
+    out = []
+    for _ in range(steps):
+        ft.distributed.barrier()
+        program.train_step(x, y)
+        out.append(program.gradient_buckets["wait_seconds"])
+    return out
+
+
+def rank_main(batch, steps, bucket_mb, overlap_batch):
     """Run by each rank under mpirun: rank 0 prints one JSON object of the ranks' figures."""
     import fasttrain as ft
     ft.distributed.init()
@@ -74,9 +97,18 @@ def rank_main(batch, steps):
         times.append(time.perf_counter() - start)
     allreduce = statistics.median(times)
     rate = images_per_second(program, batch, steps) * ft.distributed.get_world_size()
+    one = demo_program(overlap_batch, distributed=True)
+    bucketed = demo_program(overlap_batch, distributed=True, bucket_cap_mb=bucket_mb)
+    one_waits, bucket_waits = [], []
+    for _ in range(steps):
+        one_waits += waits(one, overlap_batch, 5)[1:]
+        bucket_waits += waits(bucketed, overlap_batch, 5)[1:]
     if ft.distributed.get_rank() == 0:
         print(json.dumps({"allreduce_s": allreduce, "bytes": grads.nbytes, "images_per_second": rate,
-                          "step_s": batch * ft.distributed.get_world_size() / rate}), flush=True)
+                          "step_s": batch * ft.distributed.get_world_size() / rate,
+                          "one_bucket_wait_s": statistics.median(one_waits),
+                          "wait_s": statistics.median(bucket_waits),
+                          "buckets": bucketed.gradient_buckets["buckets"]}), flush=True)
 
 
 def main():
@@ -84,10 +116,12 @@ def main():
     ap.add_argument("--quick", action="store_true", help="fewer steps")
     ap.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--batch", type=int, default=128, help="samples per rank (the single process takes 2x)")
+    ap.add_argument("--bucket-mb", type=float, default=0.25, help="bucket_cap_mb of the overlapped run")
+    ap.add_argument("--overlap-batch", type=int, default=16, help="samples per rank of the overlapped run")
     args = ap.parse_args()
     steps = 5 if args.quick else 20
     if args.rank:
-        return rank_main(args.batch, steps)
+        return rank_main(args.batch, steps, args.bucket_mb, args.overlap_batch)
     import fasttrain as ft
     if not (shutil.which("mpirun") and ft.distributed.is_available()):
         print("bench_distributed: needs mpirun and a build with the MPI backend", file=sys.stderr)
@@ -106,7 +140,9 @@ def main():
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMPI_MCA_btl_vader_single_copy_mechanism="none", OMP_NUM_THREADS="1")
     cmd = ["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "core", sys.executable, os.path.abspath(__file__),
-           "--rank", "--batch", str(args.batch)] + (["--quick"] if args.quick else [])
+           "--rank", "--batch", str(args.batch), "--bucket-mb", str(args.bucket_mb), "--overlap-batch",
+           str(args.overlap_batch)]
+    cmd += ["--quick"] if args.quick else []
     # Rounds alternate the two set-ups, so that a busy spell of a shared machine falls on both.
     singles, rounds = [], []
     for _ in range(1 if args.quick else 3):
@@ -122,6 +158,9 @@ def main():
     emit("dp_scaling_2x1_vs_1x2", ranks["images_per_second"], "images/s", reference=round(single, 4),
          reference_name="1 process x 2 threads", ratio=round(ranks["images_per_second"] / single, 4))
     emit("allreduce_share", ranks["allreduce_s"] / ranks["step_s"], "fraction of a step")
+    emit("allreduce_wait_buckets", ranks["wait_s"] * 1e3, "ms", buckets=int(ranks["buckets"]),
+         bucket_mb=args.bucket_mb, batch=args.overlap_batch, reference=round(ranks["one_bucket_wait_s"] * 1e3, 4),
+         reference_name="one bucket", ratio=round(ranks["wait_s"] / ranks["one_bucket_wait_s"], 4))
     return 0
 
 

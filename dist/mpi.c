@@ -3,6 +3,7 @@
  * call is on MPI_COMM_WORLD; counts larger than an int are sent in chunks. */
 #include <limits.h>
 #include <mpi.h>
+#include <stdlib.h>
 
 #include "core/dist.h"
 
@@ -43,6 +44,41 @@ static int allreduce(void *buf, int64_t n, MPI_Datatype type, int64_t size) {
 }
 
 static int allreduce_sum_f32(float *buf, int64_t n) { return allreduce(buf, n, MPI_FLOAT, sizeof *buf); }
+
+/* The requests of the sums started and not yet waited for. */
+static MPI_Request *pending;
+static int npending, cap;
+
+static int iallreduce_sum_f32(float *buf, int64_t n) {
+    for (int64_t at = 0; at < n; at += CHUNK) {
+        if (npending == cap) {
+            int more = cap ? 2 * cap : 64;
+            MPI_Request *grown = realloc(pending, (size_t)more * sizeof *grown);
+            if (!grown)
+                return MPI_ERR_NO_MEM;
+            pending = grown, cap = more;
+        }
+        int count = (int)(n - at < CHUNK ? n - at : CHUNK);
+        int code = MPI_Iallreduce(MPI_IN_PLACE, buf + at, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD,
+                                  &pending[npending]);
+        if (code)
+            return code;
+        npending++;
+    }
+    return 0;
+}
+
+/* Open MPI moves a non-blocking collective along only inside MPI calls. */
+static int progress(void) {
+    int done;
+    return npending ? MPI_Testall(npending, pending, &done, MPI_STATUSES_IGNORE) : 0;
+}
+
+static int wait_all(void) {
+    int code = npending ? MPI_Waitall(npending, pending, MPI_STATUSES_IGNORE) : 0;
+    npending = 0;
+    return code;
+}
 static int allreduce_sum_f64(double *buf, int64_t n) { return allreduce(buf, n, MPI_DOUBLE, sizeof *buf); }
 
 static int bcast(void *buf, int64_t bytes, int root) {
@@ -70,7 +106,18 @@ static const char *error_string(int code) {
     return message;
 }
 
-static const ft_dist_api backend = {init, allreduce_sum_f32, allreduce_sum_f64, bcast, barrier, abort_all, finalize,
-                                    error_string};
+static const ft_dist_api backend = {
+    .init = init,
+    .allreduce_sum_f32 = allreduce_sum_f32,
+    .allreduce_sum_f64 = allreduce_sum_f64,
+    .iallreduce_sum_f32 = iallreduce_sum_f32,
+    .progress = progress,
+    .wait_all = wait_all,
+    .bcast = bcast,
+    .barrier = barrier,
+    .abort = abort_all,
+    .finalize = finalize,
+    .error_string = error_string,
+};
 
 __attribute__((visibility("default"))) const ft_dist_api *ft_dist_backend(void) { return &backend; }

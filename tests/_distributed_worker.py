@@ -4,6 +4,8 @@
 
 steps: B samples per rank of a fixed 2B-sample batch, STEPS train_steps; rank 0 writes the weights to OUT.
 sync_bn: the same with a SyncBatchNorm in the model.
+buckets: "steps" with the gradient summed in buckets of 16 floats, each batch in two micro-batches; rank 0 also
+writes the program's gradient_buckets.
 fit: ft.fit over a shuffled Loader sharded by rank, then ft.evaluate; every rank writes its weights and figures.
 error: rank 1 passes a label out of range: every rank must stop.
 resume: STEPS steps, a checkpoint, STEPS more (OUT.full.npz); then a fresh program loads the checkpoint and
@@ -45,10 +47,10 @@ def batch(seed=1):
     return rng.standard_normal((2 * B, 6)).astype(np.float32), rng.integers(0, CLASSES, 2 * B)
 
 
-def compiled(m, distributed):
+def compiled(m, distributed, **options):
     opt = ft.optim.AdamW(m.parameters(), lr=0.01)
     return m.compile(opt, nn.CrossEntropyLoss(), batch_size=B if distributed else 2 * B, input_shape=(6,),
-                     distributed=distributed)
+                     distributed=distributed, **options)
 
 
 def weights(m):
@@ -60,12 +62,15 @@ def main(mode, out):
     rank = ft.distributed.get_rank()
     mine = slice(rank * B, (rank + 1) * B)
     x, y = batch()
-    if mode in ("steps", "sync_bn"):
+    if mode in ("steps", "sync_bn", "buckets"):
         m = model("sync" if mode == "sync_bn" else None)
-        p = compiled(m, True)
+        options = {"bucket_cap_mb": 16 * 4 / 2 ** 20, "accumulate_steps": 2} if mode == "buckets" else {}
+        p = compiled(m, True, **options)
         losses = [p.train_step(x[mine], y[mine]) for _ in range(STEPS)]
         if rank == 0:
-            np.savez(out, losses=np.array(losses), **weights(m))
+            buckets = p.gradient_buckets
+            np.savez(out, losses=np.array(losses), buckets=np.array([buckets["buckets"], buckets["started_early"]]),
+                     **weights(m))
     elif mode == "fit":
         m = fit_model()
         p = m.compile(ft.optim.SGD(m.parameters(), lr=0.05, momentum=0.9), nn.CrossEntropyLoss(), batch_size=B,

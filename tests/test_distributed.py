@@ -36,12 +36,15 @@ def run_ok(mode, out, **kw):
     return done
 
 
-@pytest.mark.parametrize("mode", ["steps", "sync_bn"])
+@pytest.mark.parametrize("mode", ["steps", "sync_bn", "buckets"])
 def test_two_ranks_of_b_samples_train_as_one_process_of_2b(tmp_path, mode):
     """Averaged gradients (and, with SyncBatchNorm, statistics of both ranks' samples) make 2 ranks x B samples
-    the same training as one process of 2B samples (with a plain batch norm)."""
+    the same training as one process of 2B samples (with a plain batch norm), whether the gradient is summed in
+    one piece or in buckets started during the backward (of the last micro-batch only)."""
     run_ok(mode, tmp_path / "dp.npz")
     got = np.load(tmp_path / "dp.npz")
+    if mode == "buckets":  # 163 floats in buckets of 16, every one started before the backward ended
+        assert got["buckets"].tolist() == [11, 11]
     m = worker.model("plain" if mode == "sync_bn" else None)
     p = worker.compiled(m, distributed=False)
     x, y = worker.batch()
@@ -51,9 +54,10 @@ def test_two_ranks_of_b_samples_train_as_one_process_of_2b(tmp_path, mode):
         np.testing.assert_allclose(got[name], w, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
-def test_two_ranks_are_bitwise_repeatable(tmp_path):
-    run_ok("sync_bn", tmp_path / "a.npz")
-    run_ok("sync_bn", tmp_path / "b.npz")
+@pytest.mark.parametrize("mode", ["sync_bn", "buckets"])
+def test_two_ranks_are_bitwise_repeatable(tmp_path, mode):
+    run_ok(mode, tmp_path / "a.npz")
+    run_ok(mode, tmp_path / "b.npz")
     a, b = np.load(tmp_path / "a.npz"), np.load(tmp_path / "b.npz")
     for name in a.files:
         assert np.array_equal(a[name], b[name]), name
@@ -112,6 +116,10 @@ def test_without_init_everything_is_one_process():
         worker.compiled(m, distributed=True)
     with pytest.raises(ValueError, match="op must be 'sum' or 'mean'"):
         ft.distributed.all_reduce(ft.zeros(3), op="max")
+    for bad in (0, -1, float("nan"), True, "25"):
+        with pytest.raises(ValueError, match="bucket_cap_mb must be a positive number"):
+            worker.compiled(m, distributed=True, bucket_cap_mb=bad)
+    assert worker.compiled(m, distributed=False).gradient_buckets is None
 
 
 def test_convert_sync_batchnorm_keeps_parameters_and_buffers():

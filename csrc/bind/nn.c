@@ -15,6 +15,7 @@
 #include "core/dist.h"
 #include "data/loader.h"
 #include "nn/node.h"
+#include "nn/reducer.h"
 #include "ops/activation.h"
 #include "ops/check.h"
 #include "ops/reduce.h"
@@ -29,6 +30,7 @@ typedef struct {
     int ntrained;
     bool distributed; /* steps average the gradients and the loss over the ranks of ft.distributed */
     void *nccl;       /* a distributed CUDA program's NCCL communicator */
+    ft_reducer *reducer; /* a distributed CPU program's: its gradients summed in buckets during the backward */
     double last_grad_norm;   /* of the last step that computed it (clipping or nan_policy='skip'), else NaN */
 } program_object;
 
@@ -346,6 +348,7 @@ static void program_dealloc(PyObject *self) {
     ft_program_destroy(((program_object *)self)->prog);
     if (((program_object *)self)->nccl)
         ft_cuda()->nccl_destroy(((program_object *)self)->nccl);
+    ft_reducer_destroy(((program_object *)self)->reducer);
     PyMem_Free(((program_object *)self)->trained);
     program_clear(self);
     type->tp_free(self);
@@ -369,19 +372,24 @@ typedef struct {
     bool skip_nonfinite;
     const ft_tensor *rank_grads; /* a distributed program's flat gradients, averaged over the ranks; or NULL */
     void *nccl;                  /* their communicator when they are on a CUDA device */
+    ft_reducer *reducer;         /* or the reducer that sums them during the backward on the CPU */
 } step_options;
+
+static void set_rank_options(step_options *o, const program_object *po) {
+    o->rank_grads = po->distributed ? &po->grads : NULL;
+    o->nccl = po->nccl;
+    o->reducer = po->reducer;
+}
 
 /* The gradients and the loss of every rank's batch averaged in place, so
  * that each rank's update is the one of all their batches together (as
  * DistributedDataParallel's). Every rank calls it once per step, before it
- * looks at the loss, so that all of them take the same decision on it. */
+ * looks at the loss, so that all of them take the same decision on it. On
+ * the CPU the reducer has summed the gradients already. */
 static ft_status average_over_ranks(const ft_tensor *grads, void *nccl, double *loss) {
-    float *g = (float *)ft_tensor_data(grads);
-    int64_t n = grads->shape[0];
     if (nccl)
-        FT_TRY(ft_cuda()->nccl_allreduce_sum_f32(nccl, g, n, ft_op_device(grads).index));
-    else
-        FT_TRY(ft_dist_allreduce_sum_f32(g, n));
+        FT_TRY(ft_cuda()->nccl_allreduce_sum_f32(nccl, (float *)ft_tensor_data(grads), grads->shape[0],
+                                                  ft_op_device(grads).index));
     FT_TRY(ft_dist_allreduce_sum_f64(loss, 1));
     *loss /= ft_dist_world_size();
     return ft_broadcast_to(grads, grads, 1.0 / ft_dist_world_size(), false); /* in place: a scaling */
@@ -402,7 +410,14 @@ typedef struct {
 static ft_status train_step(ft_program *prog, ft_optimizer *opt, const ft_tensor *x, const ft_tensor *y,
                             const step_options *o, step_result *r) {
     *r = (step_result){.grad_norm = NAN};
-    FT_TRY(ft_program_backward(prog, x, y, false, &r->loss, &r->correct));
+    if (o->reducer)
+        ft_reducer_begin(o->reducer);
+    ft_status b = ft_program_backward(prog, x, y, false, &r->loss, &r->correct);
+    if (o->reducer) { /* even after a failed backward: the sums it started finish on every rank alike */
+        ft_status f = ft_reducer_finish(o->reducer);
+        b = b == FT_OK ? f : b;
+    }
+    FT_TRY(b);
     if (o->rank_grads)
         FT_TRY(average_over_ranks(o->rank_grads, o->nccl, &r->loss));
     if (!isfinite(r->loss)) {
@@ -523,8 +538,7 @@ static PyObject *program_train_step(PyObject *self, PyObject *args, PyObject *kw
     step_options o;
     if (unwrap_xy(self, xo, yo, &x, &y) < 0 || parse_step_options(max_norm, policy, &o) < 0)
         return NULL;
-    o.rank_grads = ((program_object *)self)->distributed ? &((program_object *)self)->grads : NULL;
-    o.nccl = ((program_object *)self)->nccl;
+    set_rank_options(&o, (program_object *)self);
     ft_optimizer *opt = program_optimizer((program_object *)self, opt_obj);
     if (!opt)
         return NULL;
@@ -557,16 +571,23 @@ static PyObject *program_backward(PyObject *self, PyObject *args) {
     return s == FT_OK ? PyFloat_FromDouble(loss) : ft_py_raise(s);
 }
 
-/* _set_distributed(on): steps average gradients and loss over the ranks. */
+/* _set_distributed(bucket_bytes): steps average gradients and loss over the
+ * ranks, on the CPU in buckets of bucket_bytes summed during the backward. */
 static PyObject *program_set_distributed(PyObject *self, PyObject *arg) {
-    int on = PyObject_IsTrue(arg);
-    if (on < 0)
+    long long bucket_bytes = PyLong_AsLongLong(arg);
+    if (bucket_bytes == -1 && PyErr_Occurred())
         return NULL;
     program_object *po = (program_object *)self;
-    if (on && !ft_dist_ready())
+    if (po->distributed)
+        return PyErr_Format(PyExc_RuntimeError, "the program is distributed already");
+    if (!ft_dist_ready())
         return PyErr_Format(PyExc_RuntimeError, "a distributed program needs ft.distributed.init() first");
     ft_device dev = ft_op_device(&po->grads);
-    if (on && dev.type == FT_DEV_CUDA && !po->nccl) { /* rank 0's NCCL id reaches every rank through MPI */
+    if (dev.type == FT_DEV_CPU) {
+        ft_status s = ft_reducer_create(&po->reducer, po->prog, &po->grads, bucket_bytes);
+        if (s != FT_OK)
+            return ft_py_raise(s);
+    } else { /* rank 0's NCCL id reaches every rank through MPI */
         char id[FT_NCCL_ID_BYTES];
         ft_status s;
         Py_BEGIN_ALLOW_THREADS
@@ -579,8 +600,16 @@ static PyObject *program_set_distributed(PyObject *self, PyObject *arg) {
         if (s != FT_OK)
             return ft_py_raise(s);
     }
-    po->distributed = on;
+    po->distributed = true;
     Py_RETURN_NONE;
+}
+
+static PyObject *program_get_gradient_buckets(PyObject *self, void *closure) {
+    (void)closure;
+    const ft_reducer *r = ((program_object *)self)->reducer;
+    if (!r)
+        Py_RETURN_NONE;
+    return Py_BuildValue("(iid)", ft_reducer_num_buckets(r), ft_reducer_started_early(r), ft_reducer_wait_seconds(r));
 }
 
 static PyObject *program_forward(PyObject *self, PyObject *xo) {
@@ -721,8 +750,7 @@ static PyObject *program_fit_epoch(PyObject *self, PyObject *args, PyObject *kwa
         return PyErr_Format(PyExc_ValueError, "fit_epoch: every and first_step must be >= 0");
     program_object *po = (program_object *)self;
     step_options o;
-    o.rank_grads = po->distributed ? &po->grads : NULL;
-    o.nccl = po->nccl;
+    set_rank_options(&o, po);
     if (parse_step_options(max_norm, policy, &o) < 0)
         return NULL;
     ft_optimizer *opt = program_optimizer(po, opt_obj);
@@ -946,6 +974,10 @@ static PyObject *program_get_last_grad_norm(PyObject *self, void *closure) {
 static PyGetSetDef program_getset[] = {
     {"last_grad_norm", program_get_last_grad_norm, NULL,
      "the gradient norm of the last step that computed it (with clipping or nan_policy='skip'), else None", NULL},
+    {"gradient_buckets", program_get_gradient_buckets, NULL,
+     "a distributed CPU program's (buckets, how many the last step started within its backward, the seconds it "
+     "then waited for the sums), else None",
+     NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

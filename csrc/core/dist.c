@@ -75,6 +75,24 @@ ft_status ft_dist_allreduce_sum_f64(double *buf, int64_t n) {
     return code ? failed("MPI_Allreduce", code) : FT_OK;
 }
 
+ft_status ft_dist_iallreduce_sum_f32(float *buf, int64_t n) {
+    FT_TRY(check_ready("all_reduce"));
+    int code = api->iallreduce_sum_f32(buf, n);
+    return code ? failed("MPI_Iallreduce", code) : FT_OK;
+}
+
+ft_status ft_dist_progress(void) {
+    FT_TRY(check_ready("all_reduce"));
+    int code = api->progress();
+    return code ? failed("MPI_Testall", code) : FT_OK;
+}
+
+ft_status ft_dist_wait_all(void) {
+    FT_TRY(check_ready("all_reduce"));
+    int code = api->wait_all();
+    return code ? failed("MPI_Waitall", code) : FT_OK;
+}
+
 ft_status ft_dist_bcast(void *buf, int64_t bytes, int root) {
     FT_TRY(check_ready("broadcast"));
     if (root < 0 || root >= world_size)

@@ -21,6 +21,9 @@ typedef struct {
     int (*init)(int *rank, int *size, int *local_rank); /* MPI_Init_thread, once */
     int (*allreduce_sum_f32)(float *buf, int64_t n);    /* in place, every rank */
     int (*allreduce_sum_f64)(double *buf, int64_t n);
+    int (*iallreduce_sum_f32)(float *buf, int64_t n);   /* started, in place; done at wait_all */
+    int (*progress)(void);                              /* moves the started sums along */
+    int (*wait_all)(void);                              /* waits for every started sum */
     int (*bcast)(void *buf, int64_t bytes, int root);
     int (*barrier)(void);
     void (*abort)(int code); /* every rank, for a failure one rank cannot recover from */
@@ -48,6 +51,13 @@ int ft_dist_local_rank(void); /* the rank among the processes of this machine */
  * sums reduce in the fixed order of MPI's algorithm for the world size. */
 ft_status ft_dist_allreduce_sum_f32(float *buf, int64_t n);
 ft_status ft_dist_allreduce_sum_f64(double *buf, int64_t n);
+
+/* A sum started now and finished by ft_dist_wait_all, buf untouched
+ * meanwhile; every rank starts the same sums in the same order. Between the
+ * two, ft_dist_progress lets MPI move them along. */
+ft_status ft_dist_iallreduce_sum_f32(float *buf, int64_t n);
+ft_status ft_dist_progress(void);
+ft_status ft_dist_wait_all(void);
 ft_status ft_dist_bcast(void *buf, int64_t bytes, int root);
 ft_status ft_dist_barrier(void);
 void ft_dist_abort(int code);

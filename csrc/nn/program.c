@@ -58,6 +58,10 @@ struct ft_program {
     ft_tensor *slots;       /* (nslots) borrowed views */
     int *slot_of;           /* (n, 2) the slot of dweight and of dbias, or -1 */
     bool *slot_written;     /* (nslots) */
+    int *slot_writers;      /* (nslots) the nodes that write each slot */
+    int *slot_left;         /* (nslots) of them, those whose backward has not run in the last micro-batch */
+    void (*slot_final)(void *ctx, int slot); /* told each slot that is final (ft_program_on_slot_final) */
+    void *slot_final_ctx;
     uint64_t *dropout_at;   /* (n) the Philox offset of each dropout node's last mask */
     double *seconds;        /* (n, 2) time spent in each node's forward and backward */
     ft_tensor stats_backup; /* (bytes) uint8: the batch-norm running statistics before the current step */
@@ -597,6 +601,8 @@ static void number_slots(ft_program *p) {
             }
             p->slot_of[2 * i + j] = s;
             p->trains[i] |= s >= 0;
+            if (s >= 0)
+                p->slot_writers[s]++;
         }
     for (int i = 0; i < p->n; i++)
         for (int k = 0; k < p->nodes[i].ninputs; k++)
@@ -698,6 +704,13 @@ static ft_status refresh_low_weights(ft_program *p) {
 
 void ft_program_params_changed(ft_program *p) { p->low_stale = true; }
 
+int ft_program_num_slots(const ft_program *p) { return p->nslots; }
+const ft_tensor *ft_program_slot(const ft_program *p, int s) { return &p->slots[s]; }
+
+void ft_program_on_slot_final(ft_program *p, void (*fn)(void *ctx, int slot), void *ctx) {
+    p->slot_final = fn, p->slot_final_ctx = ctx;
+}
+
 const ft_tensor *ft_program_low_params(const ft_program *p) {
     return p->low_params.storage ? &p->low_params : NULL;
 }
@@ -730,6 +743,8 @@ void ft_program_destroy(ft_program *p) {
     free(p->slots);
     free(p->slot_of);
     free(p->slot_written);
+    free(p->slot_writers);
+    free(p->slot_left);
     free(p->dropout_at);
     free(p->seconds);
     free(p);
@@ -774,11 +789,14 @@ ft_status ft_program_create(ft_program **out, int nnodes, const ft_node *nodes, 
     p->slots = calloc(2 * n, sizeof *p->slots);
     p->slot_of = calloc(2 * n, sizeof *p->slot_of);
     p->slot_written = calloc(2 * n, sizeof *p->slot_written);
+    p->slot_writers = calloc(2 * n, sizeof *p->slot_writers);
+    p->slot_left = calloc(2 * n, sizeof *p->slot_left);
     p->dropout_at = calloc(n, sizeof *p->dropout_at);
     p->seconds = calloc(n * 2, sizeof *p->seconds);
     p->dtype = calloc(n, sizeof *p->dtype);
     ft_status s = p->nodes && p->last_consumer && p->replay_at && p->replays && p->train && p->eval && p->trains &&
-                          p->written && p->norm && p->slots && p->slot_of && p->slot_written && p->dropout_at &&
+                          p->written && p->norm && p->slots && p->slot_of && p->slot_written && p->slot_writers &&
+                          p->slot_left && p->dropout_at &&
                           p->seconds && p->dtype
                       ? FT_OK
                       : ft_fail(FT_ERR_NOMEM, "out of memory creating a program");
@@ -1136,6 +1154,17 @@ static ft_status backward_node(ft_program *p, int i, int64_t rows) {
     return s;
 }
 
+/* Node i's backward in the last micro-batch has run: a slot it writes that
+ * no node still to run writes is final, unless no gradient reached it (then
+ * it is zeroed after the backward). */
+static void slots_done(ft_program *p, int i) {
+    for (int j = 0; j < 2; j++) {
+        int s = p->slot_of[2 * i + j];
+        if (s >= 0 && --p->slot_left[s] == 0 && p->slot_written[s])
+            p->slot_final(p->slot_final_ctx, s);
+    }
+}
+
 /* The steps of ft_program_backward over x and y where the program runs;
  * with yh (the labels on the host) the correct predictions are counted
  * through `scores`. */
@@ -1167,10 +1196,15 @@ static ft_status backward_batches(ft_program *p, const ft_tensor *x, const ft_te
         FT_TRY(ft_tensor_fill(&seed, (ft_scalar){.kind = FT_SCALAR_FLOAT, .f = 1}));
         p->written[last] = true;
         p->in_backward = true;
+        bool tell = p->slot_final && r0 + rows >= B;
+        if (tell)
+            memcpy(p->slot_left, p->slot_writers, (size_t)p->nslots * sizeof *p->slot_left);
         for (int i = last, next = 0; i > 0; i--) {
             for (; next < p->nreplays && p->replay_at[p->replays[next]] == i; next++)
                 FT_TRY(forward_node(p, true, p->replays[next], rows, true));
             FT_TRY(backward_node(p, i, rows));
+            if (tell)
+                slots_done(p, i);
         }
     }
     /* A parameter no gradient reached (its branch unused) gets zero, not the last step's. */

@@ -162,6 +162,17 @@ const ft_tensor *ft_program_low_params(const ft_program *p);
  * them again. */
 void ft_program_params_changed(ft_program *p);
 
+/* The gradient slots: the distinct views of the flat gradient buffer that
+ * the backward writes (a tied weight's once). */
+int ft_program_num_slots(const ft_program *p);
+const ft_tensor *ft_program_slot(const ft_program *p, int s);
+
+/* fn(ctx, s) is called within ft_program_backward, in its last micro-batch,
+ * as soon as slot s holds its final value for the step (host order: a CUDA
+ * program's ops may still be queued); a slot no gradient reaches is not
+ * told. fn NULL: none. */
+void ft_program_on_slot_final(ft_program *p, void (*fn)(void *ctx, int slot), void *ctx);
+
 /* The dtype of node i's output and gradient (float32, or the compute dtype
  * where it runs in it). */
 ft_dtype ft_program_node_dtype(const ft_program *p, int i);

@@ -409,7 +409,7 @@ class Program:
 
     def __init__(self, model, optimizer, loss, batch_size, input_shape, memory_format, accumulate_steps,
                  clip_grad_norm, nan_policy, seed, target_shape=None, target_dtype=None, input_dtype=None,
-                 precision="32-true", distributed=False, recompute=None):
+                 precision="32-true", distributed=False, recompute=None, bucket_cap_mb=25):
         if not callable(loss):
             raise TypeError(f"compile: the loss must be an ft.nn loss, a Module or a function f(output, target), "
                             f"got {type(loss).__name__}")
@@ -418,6 +418,9 @@ class Program:
         if clip_grad_norm is not None and not (isinstance(clip_grad_norm, (int, float)) and clip_grad_norm > 0
                                                and math.isfinite(clip_grad_norm)):
             raise ValueError(f"clip_grad_norm must be a positive number or None, got {clip_grad_norm!r}")
+        if isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (int, float)) \
+                or not (0 < bucket_cap_mb < math.inf):
+            raise ValueError(f"bucket_cap_mb must be a positive number, got {bucket_cap_mb!r}")
         if accumulate_steps < 1 or batch_size % accumulate_steps:
             raise ValueError(f"batch_size {batch_size} must be a multiple of accumulate_steps {accumulate_steps}")
         if memory_format not in ("channels_last", "contiguous"):
@@ -480,7 +483,7 @@ class Program:
             from .. import distributed as dist
             if not dist.is_initialized():
                 raise RuntimeError("compile(..., distributed=True) needs ft.distributed.init() first")
-            self._c._set_distributed(True)
+            self._c._set_distributed(max(4, round(bucket_cap_mb * 2 ** 20)))
             # Every rank starts from rank 0's weights and buffers, as DistributedDataParallel does.
             for t in (self.flat_params, *model.buffers()):
                 dist.broadcast(t, 0)
@@ -519,6 +522,14 @@ class Program:
         where the step needs it, when compiled with clip_grad_norm=... or nan_policy="skip" (inf or nan for a
         step skipped for it); None otherwise, and before the first such step."""
         return self._c.last_grad_norm
+
+    @property
+    def gradient_buckets(self):
+        """A distributed program on the CPU: {"buckets": how many its gradient is summed in, "started_early": how
+        many of them the last step started before its backward ended (overlapping the rest), "wait_seconds": how
+        long the last step then waited for the sums (the part the backward did not hide)}; else None."""
+        got = self._c.gradient_buckets
+        return None if got is None else dict(zip(("buckets", "started_early", "wait_seconds"), got))
 
     def backward(self, x, y):
         """Forward and backward of the batch in training mode, without an update (batch-norm running statistics
@@ -642,7 +653,8 @@ def _compute_dtype(precision):
 
 def compile(model, optimizer, loss=None, *, batch_size, input_shape=None, memory_format="channels_last",
             accumulate_steps=1, clip_grad_norm=None, nan_policy="raise", seed=None, target_shape=None,
-            target_dtype=None, input_dtype=None, precision="32-true", distributed=False, recompute=None):
+            target_dtype=None, input_dtype=None, precision="32-true", distributed=False, recompute=None,
+            bucket_cap_mb=25):
     """Compiles `model` for training with `optimizer` on batches of `batch_size` samples.
 
     loss: an ft.nn loss (CrossEntropyLoss by default), a Module whose forward(output, target) returns the loss,
@@ -662,7 +674,9 @@ def compile(model, optimizer, loss=None, *, batch_size, input_shape=None, memory
 
     distributed=True (after ft.distributed.init()): data-parallel training, batch_size being each rank's. Rank 0's
     weights are broadcast, and every train_step (and ft.fit step) averages the gradients and the loss over the
-    ranks before the update; program.backward does not communicate (docs/distributed.md).
+    ranks before the update; program.backward does not communicate (docs/distributed.md). On the CPU the gradients
+    are summed in buckets of bucket_cap_mb MiB (as DistributedDataParallel's), each started as soon as the backward
+    has finished it, while the backward goes on.
 
     recompute trades compute for activation memory (gradient checkpointing, docs/memory.md): outputs that are not
     kept from the forward for the backward but computed again just before the backward needs them, in the same C
@@ -678,4 +692,4 @@ def compile(model, optimizer, loss=None, *, batch_size, input_shape=None, memory
         loss = M.CrossEntropyLoss()
     return Program(model, optimizer, loss, batch_size, input_shape, memory_format, accumulate_steps,
                    clip_grad_norm, nan_policy, seed, target_shape, target_dtype, input_dtype, precision, distributed,
-                   recompute)
+                   recompute, bucket_cap_mb)
