@@ -122,51 +122,68 @@ static inline const float *run_of(const sums_in *in, int64_t i0, int64_t n, floa
 }
 
 /* a[k] += (x - center), b[k] += (x - center)^2 (forward, dz NULL) or
- * a[k] += dz, b[k] += dz * (x - center) (backward) over a run of n values
- * whose channel is k (cstride 1: consecutive channels; 0: one channel). */
-static inline void sum_run(double *a, double *b, const float *x, const float *dz, const float *center, int64_t n,
-                           int64_t c0, int cstride) {
+ * a[k] += dz, b[k] += dz * (x - center) (backward) over a row of C
+ * channels (k its channel). */
+static inline void sum_row(float *a, float *b, const float *x, const float *dz, const float *center, int64_t C) {
     if (!dz) {
-        for (int64_t k = 0; k < n; k++) {
-            double v = (double)x[k] - center[c0 + k * cstride];
-            a[k * cstride] += v;
-            b[k * cstride] += v * v;
+        for (int64_t k = 0; k < C; k++) {
+            float v = x[k] - center[k];
+            a[k] += v;
+            b[k] = fmaf(v, v, b[k]);
         }
         return;
     }
-    for (int64_t k = 0; k < n; k++) {
-        double g = dz[k];
-        a[k * cstride] += g;
-        b[k * cstride] += g * ((double)x[k] - center[c0 + k * cstride]);
+    for (int64_t k = 0; k < C; k++) {
+        a[k] += dz[k];
+        b[k] = fmaf(dz[k], x[k] - center[k], b[k]);
     }
 }
 
-/* The partial sums of CHUNK channels-last rows [r0, r1), and of one NCHW
- * plane: separate functions so that each is compiled for AVX-512, AVX2 and
- * plain x86-64 and picked at run time. */
+/* The partial sums of CHUNK channels-last rows [r0, r1) into pa and pb (C
+ * each), and of one NCHW plane of channel c into *a and *b: separate
+ * functions so that each is compiled for AVX-512, AVX2 and plain x86-64 and
+ * picked at run time. Within a chunk (at most CHUNK values per channel) or
+ * a slice of a plane (SLICE / LANES values per lane) the sums run in float,
+ * at the full vector width; from there on they are added in double. */
 FT_VEC_CLONES static void rows_sums(double *pa, double *pb, const sums_in *in, int64_t r0, int64_t r1, int64_t C,
-                                    float *buf) {
+                                    float *buf, float *fa) {
+    float *fb = fa + C;
+    memset(fa, 0, 2 * (size_t)C * sizeof *fa);
     for (int64_t at = r0 * C, step = slice_of(C); at < r1 * C; at += step) {
         int64_t n = r1 * C - at < step ? r1 * C - at : step;
         const float *dz = NULL, *x = run_of(in, at, n, buf, &dz);
         for (int64_t r = 0; r < n / C; r++)
-            sum_run(pa, pb, x + r * C, dz ? dz + r * C : NULL, in->center, C, 0, 1);
+            sum_row(fa, fb, x + r * C, dz ? dz + r * C : NULL, in->center, C);
     }
+    for (int64_t k = 0; k < C; k++)
+        pa[k] = fa[k], pb[k] = fb[k];
 }
+
+enum { LANES = 16 };
 
 FT_VEC_CLONES static void plane_sums(double *a, double *b, const sums_in *in, int64_t i0, int64_t S, int64_t c,
                                      float *buf) {
+    float center = in->center[c];
     for (int64_t at = 0; at < S; at += SLICE) {
         int64_t n = S - at < SLICE ? S - at : SLICE;
         const float *dz = NULL, *x = run_of(in, i0 + at, n, buf, &dz);
-        sum_run(a, b, x, dz, in->center, n, c, 0);
+        float la[LANES] = {0}, lb[LANES] = {0};
+        for (int64_t j = 0; j < n; j += LANES)
+            for (int l = 0; l < LANES && j + l < n; l++) {
+                float v = x[j + l] - center;
+                la[l] += dz ? dz[j + l] : v;
+                lb[l] = fmaf(dz ? dz[j + l] : v, v, lb[l]);
+            }
+        for (int l = 0; l < LANES; l++)
+            *a += la[l], *b += lb[l];
     }
 }
 
 static ft_status channel_sums(double *sa, double *sb, const layout *l, const sums_in *in) {
     int64_t C = l->C, rows = l->N * l->S;
     int64_t nparts = l->channels_last ? (rows + CHUNK - 1) / CHUNK : l->N * C;
-    int64_t run = BUFS * slice_of(l->channels_last ? C : 0);
+    /* per thread: the slices, then (channels-last) the float sums of a chunk */
+    int64_t run = BUFS * slice_of(l->channels_last ? C : 0) + (l->channels_last ? 2 * C : 0);
     double *part = calloc((size_t)(nparts ? nparts : 1) * (l->channels_last ? (size_t)C : 1) * 2, sizeof *part);
     float *bufs = malloc((size_t)omp_get_max_threads() * (size_t)(run ? run : 1) * sizeof *bufs);
     if (!part || !bufs) {
@@ -180,7 +197,8 @@ static ft_status channel_sums(double *sa, double *sb, const layout *l, const sum
             double *pa = part + k * 2 * C, *pb = pa + C;
             int64_t end = (k + 1) * CHUNK < rows ? (k + 1) * CHUNK : rows;
             /* the whole chunk's dz at once: rows of few channels are short */
-            rows_sums(pa, pb, in, k * CHUNK, end, C, bufs + omp_get_thread_num() * run);
+            float *buf = bufs + omp_get_thread_num() * run;
+            rows_sums(pa, pb, in, k * CHUNK, end, C, buf, buf + run - 2 * C);
         }
     } else { /* part: (N * C, 2), one run per plane */
 #pragma omp parallel for schedule(static) if (parallel)
@@ -206,7 +224,8 @@ static ft_status channel_sums(double *sa, double *sb, const layout *l, const sum
     return FT_OK;
 }
 
-/* out = act(x * scale[c] + shift[c]) over a run of n values (cstride as in sum_run). */
+/* out = act(x * scale[c] + shift[c]) over a run of n values whose channel
+ * is k (cstride 1: consecutive channels; 0: one channel). */
 static inline void normalize_run(float *out, const float *x, const float *scale, const float *shift, int64_t n,
                                  int cstride, ft_act act) {
     for (int64_t k = 0; k < n; k++)
