@@ -396,6 +396,28 @@ def test_pools_bfloat16_match_float32_of_the_rounded_input(pool):
     np.testing.assert_array_equal(np.asarray(out.to("float32")), bf16_round(ref))  # one rounding of the result
 
 
+
+@pytest.mark.parametrize("kernel,stride", [(2, 2), (3, 2)])
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_channels_last_max_pool_runs_on_bfloat16_as_float32_rounded_once(kernel, stride, accumulate):
+    """The channels-last max pool reads and writes bfloat16 in place: its output and indices are float32's; its
+    backward adds every window's share (overlapping windows: several into one input) in float before one
+    rounding, into zeros or (accumulate) into what dinp held."""
+    rng = np.random.default_rng(2)
+    x, start = (bf16_round(rng.standard_normal((3, 70, 9, 9))) for _ in range(2))
+    last = lambda a, dtype: ft.tensor(np.ascontiguousarray(a.transpose(0, 2, 3, 1))).to(dtype).permute(0, 3, 1, 2)  # noqa: E731
+    y, ind = ft.ops.max_pool2d_forward(None, None, last(x, "float32"), kernel, stride)
+    y16, ind16 = ft.ops.max_pool2d_forward(None, None, last(x, "bfloat16"), kernel, stride)
+    assert y16.dtype is ft.bfloat16 and y16.stride()[1] == 1
+    np.testing.assert_array_equal(np.asarray(y16.to("float32")), np.asarray(y))
+    np.testing.assert_array_equal(np.asarray(ind16), np.asarray(ind))
+    dy = bf16_round(rng.standard_normal(y.shape))
+    dx = last(start if accumulate else np.zeros(x.shape), "float32")
+    ft.ops.max_pool2d_backward(dx, last(dy, "float32"), ind, accumulate=accumulate)
+    dx16 = last(start if accumulate else np.full(x.shape, 7.0), "bfloat16")
+    ft.ops.max_pool2d_backward(dx16, last(dy, "bfloat16"), ind, accumulate=accumulate)
+    np.testing.assert_array_equal(np.asarray(dx16.to("float32")), bf16_round(np.asarray(dx)))
+
 # ---------------------------------------------------------------- bfloat16 inference copies
 
 def test_bfloat16_inference_copy(tmp_path):

@@ -9,9 +9,12 @@
 #include "ops/pool.h"
 
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "core/alloc.h"
+#include "kernels/convert.h"
 #include "kernels/pool.h"
 #include "ops/check.h"
 #include "ops/chunks.h"
@@ -34,9 +37,15 @@ typedef struct {
     bool count_include_pad;
     /* the column rule of fixed windows (k, stride, pad, dilation), k = 0 for adaptive ones */
     int64_t ck, cs, cp, cd;
-    /* forward: x the input, y the output; backward: x = dout, y = dinp */
+    /* forward: x the input, y the output; backward: x = dout, y = dinp.
+     * Channels-last max pools read and write bfloat16 in place (x16, y16
+     * instead of x, y); their backward adds into float scratch, (H, W, CB)
+     * per thread, and rounds once. */
     const float *x;
     float *y;
+    const uint16_t *x16;
+    uint16_t *y16;
+    float *scratch;
     int64_t xs[4], ys[4];
     void *ind; /* (N, C, P, Q) int64 or int32, or NULL */
     bool ind32;
@@ -229,14 +238,14 @@ static void fwd_plane(const pool_job *j, int64_t n, int64_t c) {
 /* The maximum and its position over window rows r by columns q of nc
  * channels at stride sc (inlined, so that a constant sc of 1 specializes it). */
 static inline __attribute__((always_inline)) void max_window_cl(const pool_job *j, const span *r, const span *q,
-                                                                const float *x, int64_t sc, int64_t nc, float *acc,
-                                                                int64_t *at) {
+                                                                const float *x, const uint16_t *x16, int64_t sc,
+                                                                int64_t nc, float *acc, int64_t *at) {
     for (int64_t h = r->lo; h < r->hi; h += r->step)
         for (int64_t w = q->lo; w < q->hi; w += q->step) {
-            const float *px = x + h * j->xs[2] + w * j->xs[3];
+            int64_t px = h * j->xs[2] + w * j->xs[3];
             int64_t pos = h * j->W + w;
             FT_SIMD_FOR(i, nc) {
-                float v = px[i * sc];
+                float v = x16 ? ft_bf16_to_f32(x16[px + i * sc]) : x[px + i * sc];
                 bool take = v > acc[i] || v != v;
                 acc[i] = take ? v : acc[i];
                 at[i] = take ? pos : at[i];
@@ -248,15 +257,15 @@ static inline __attribute__((always_inline)) void max_window_cl(const pool_job *
 FT_VEC_CLONES
 static void fwd_row_cl(const pool_job *j, int64_t n, int64_t oh, int64_t c0, int64_t nc) {
     const span *r = &j->rows[oh];
-    const float *x = j->x + n * j->xs[0] + c0 * j->xs[1];
-    float *y = j->y + n * j->ys[0] + oh * j->ys[2] + c0 * j->ys[1];
+    int64_t xo = n * j->xs[0] + c0 * j->xs[1], yo = n * j->ys[0] + oh * j->ys[2] + c0 * j->ys[1];
+    const float *x = j->x ? j->x + xo : NULL;
+    const uint16_t *x16 = j->x16 ? j->x16 + xo : NULL;
     int64_t sc = j->xs[1], yc = j->ys[1];
     _Alignas(64) float acc[CB];
     _Alignas(64) int64_t at[CB];
     for (int64_t ow = 0; ow < j->Q; ow++) {
         const span *q = &j->cols[ow];
         bool empty = r->lo >= r->hi || q->lo >= q->hi;
-        float *o = y + ow * j->ys[3];
         if (j->kind == POOL_MAX) {
             int64_t first = empty ? -1 : r->lo * j->W + q->lo;
             FT_SIMD_FOR(i, nc) {
@@ -264,10 +273,14 @@ static void fwd_row_cl(const pool_job *j, int64_t n, int64_t oh, int64_t c0, int
                 at[i] = first;
             }
             if (sc == 1) /* the usual dense channels: contiguous vector loads */
-                max_window_cl(j, r, q, x, 1, nc, acc, at);
+                max_window_cl(j, r, q, x, x16, 1, nc, acc, at);
             else
-                max_window_cl(j, r, q, x, sc, nc, acc, at);
-            FT_SIMD_FOR(i, nc) o[i * yc] = acc[i];
+                max_window_cl(j, r, q, x, x16, sc, nc, acc, at);
+            int64_t o = yo + ow * j->ys[3];
+            if (j->y16) /* a maximum is one of the inputs: exact */
+                FT_SIMD_FOR(i, nc) j->y16[o + i * yc] = ft_f32_to_bf16(acc[i]);
+            else
+                FT_SIMD_FOR(i, nc) j->y[o + i * yc] = acc[i];
             if (j->ind) {
                 int64_t base = n * j->is[0] + oh * j->is[2] + ow * j->is[3] + c0 * j->is[1], is = j->is[1];
                 if (j->ind32) {
@@ -279,6 +292,7 @@ static void fwd_row_cl(const pool_job *j, int64_t n, int64_t oh, int64_t c0, int
                 }
             }
         } else {
+            float *o = j->y + yo + ow * j->ys[3];
             FT_SIMD_FOR(i, nc) acc[i] = 0.0f;
             for (int64_t h = r->lo; h < r->hi; h++)
                 for (int64_t w = q->lo; w < q->hi; w++) {
@@ -348,10 +362,10 @@ static void run_forward(const pool_job *j, bool cl) {
 
 /* ---- backward (scatter into dinp: x = dout, y = dinp) ---- */
 
-/* The offset in dinp of plane position at = h W + w: a product where rows
- * are dense (no division per element). */
-static inline int64_t position(const pool_job *j, int64_t at) {
-    return j->ys[2] == j->W * j->ys[3] ? at * j->ys[3] : at / j->W * j->ys[2] + at % j->W * j->ys[3];
+/* The offset of plane position at = h W + w in a plane of row stride sh and
+ * column stride sw: a product where rows are dense (no division per element). */
+static inline int64_t position(const pool_job *j, int64_t at, int64_t sh, int64_t sw) {
+    return sh == j->W * sw ? at * sw : at / j->W * sh + at % j->W * sw;
 }
 
 static void note_bad(pool_job *j, int64_t v) {
@@ -378,7 +392,7 @@ static void bwd_plane(pool_job *j, int64_t n, int64_t c) {
                         note_bad(j, at);
                     continue;
                 }
-                d[position(j, at)] += v;
+                d[position(j, at, sh, sw)] += v;
             } else {
                 const span *q = &j->cols[ow];
                 if (r->lo >= r->hi || q->lo >= q->hi)
@@ -394,20 +408,26 @@ static void bwd_plane(pool_job *j, int64_t n, int64_t c) {
 
 FT_VEC_CLONES
 static void bwd_block_cl(pool_job *j, int64_t n, int64_t c0, int64_t nc) {
-    const float *g = j->x + n * j->xs[0] + c0 * j->xs[1];
-    float *d = j->y + n * j->ys[0] + c0 * j->ys[1];
-    int64_t gc = j->xs[1], dc = j->ys[1], HW = j->H * j->W;
-    if (!j->accumulate)
-        for (int64_t h = 0; h < j->H; h++)
-            for (int64_t w = 0; w < j->W; w++) {
-                float *pd = d + h * j->ys[2] + w * j->ys[3];
+    int64_t go = n * j->xs[0] + c0 * j->xs[1], gc = j->xs[1], HW = j->H * j->W;
+    int64_t dout = n * j->ys[0] + c0 * j->ys[1]; /* dinp's block */
+    /* where the block's sums go: dinp, or for bfloat16 this thread's scratch, (H, W, nc) */
+    float *d = j->y16 ? j->scratch + (int64_t)omp_get_thread_num() * HW * CB : j->y + dout;
+    int64_t dh = j->y16 ? j->W * nc : j->ys[2], dw = j->y16 ? nc : j->ys[3], dc = j->y16 ? 1 : j->ys[1];
+    for (int64_t h = 0; h < j->H; h++)
+        for (int64_t w = 0; w < j->W; w++) {
+            float *pd = d + h * dh + w * dw;
+            if (j->y16 && j->accumulate) {
+                const uint16_t *pi = j->y16 + dout + h * j->ys[2] + w * j->ys[3];
+                FT_SIMD_FOR(i, nc) pd[i] = ft_bf16_to_f32(pi[i * j->ys[1]]);
+            } else if (!j->accumulate) {
                 FT_SIMD_FOR(i, nc) pd[i * dc] = 0.0f;
             }
+        }
     _Alignas(64) float share[CB];
     for (int64_t oh = 0; oh < j->P; oh++) {
         const span *r = &j->rows[oh];
         for (int64_t ow = 0; ow < j->Q; ow++) {
-            const float *pg = g + oh * j->xs[2] + ow * j->xs[3];
+            int64_t pg = go + oh * j->xs[2] + ow * j->xs[3];
             if (j->kind == POOL_MAX) {
                 int64_t base = n * j->is[0] + oh * j->is[2] + ow * j->is[3] + c0 * j->is[1];
                 for (int64_t i = 0; i < nc; i++) {
@@ -417,22 +437,30 @@ static void bwd_block_cl(pool_job *j, int64_t n, int64_t c0, int64_t nc) {
                             note_bad(j, at);
                         continue;
                     }
-                    d[position(j, at) + i * dc] += pg[i * gc];
+                    d[position(j, at, dh, dw) + i * dc] +=
+                        j->x16 ? ft_bf16_to_f32(j->x16[pg + i * gc]) : j->x[pg + i * gc];
                 }
             } else {
                 const span *q = &j->cols[ow];
                 if (r->lo >= r->hi || q->lo >= q->hi)
                     continue;
                 float div = divisor(j, r, q);
-                FT_SIMD_FOR(i, nc) share[i] = pg[i * gc] / div;
+                FT_SIMD_FOR(i, nc) share[i] = j->x[pg + i * gc] / div;
                 for (int64_t h = r->lo; h < r->hi; h++)
                     for (int64_t w = q->lo; w < q->hi; w++) {
-                        float *pd = d + h * j->ys[2] + w * j->ys[3];
+                        float *pd = d + h * dh + w * dw;
                         FT_SIMD_FOR(i, nc) pd[i * dc] += share[i];
                     }
             }
         }
     }
+    if (j->y16) /* rounded once, as the float32 pool's result */
+        for (int64_t h = 0; h < j->H; h++)
+            for (int64_t w = 0; w < j->W; w++) {
+                const float *pd = d + h * dh + w * dw;
+                uint16_t *po = j->y16 + dout + h * j->ys[2] + w * j->ys[3];
+                FT_SIMD_FOR(i, nc) po[i * j->ys[1]] = ft_f32_to_bf16(pd[i]);
+            }
 }
 
 static void run_backward(pool_job *j, bool cl) {
@@ -498,6 +526,17 @@ typedef struct {
 
 static ft_status pool_forward(const char *op, int kind, window_rule rule, const ft_tensor *out,
                               const ft_tensor *ind, const ft_tensor *inp, const ft_pool2d_params *p);
+
+/* Floats of the bfloat16 max pool's backward scratch (all threads) past
+ * which it goes through float32 chunks instead. */
+#define MAX_SCRATCH ((int64_t)1 << 22)
+
+/* Whether a max pool from a to b (input to output, or dout to dinp) runs on
+ * their bfloat16 in place: both bfloat16 on the CPU, a channels-last. */
+static bool native_bf16(int kind, const ft_tensor *a, const ft_tensor *b) {
+    return kind == POOL_MAX && a->dtype == FT_BFLOAT16 && b->dtype == FT_BFLOAT16 &&
+           ft_op_device(a).type == FT_DEV_CPU && channels_last(a);
+}
 static ft_status pool_backward(const char *op, int kind, window_rule rule, const ft_tensor *dinp,
                                const ft_tensor *dout, const ft_tensor *ind, const ft_pool2d_params *p,
                                bool accumulate);
@@ -542,7 +581,8 @@ static ft_status pool_forward(const char *op, int kind, window_rule rule, const 
     if (N * C * P * Q == 0)
         return FT_OK;
     ft_chunk_arg args[3] = {{out, true, false}, {inp, false, false}, {ind, true, false}};
-    if (ft_chunks_needed(args, 3))
+    bool native16 = native_bf16(kind, inp, out);
+    if (!native16 && ft_chunks_needed(args, 3))
         return ft_by_float_chunks(args, 3, float_forward, &(pool_call){op, kind, rule, p, false});
     if (dev.type == FT_DEV_CUDA) {
         if (kind == POOL_MAX && rule == FIXED)
@@ -554,8 +594,11 @@ static ft_status pool_forward(const char *op, int kind, window_rule rule, const 
         FT_CUDA_DISPATCH(op, adaptive_avg_pool2d_forward, out, inp);
     }
     pool_job j = {.kind = kind, .N = N, .C = C, .H = H, .W = W, .P = P, .Q = Q,
-                  .x = (const float *)ft_tensor_data(inp), .y = (float *)ft_tensor_data(out),
                   .ind = ind ? ft_tensor_data(ind) : NULL, .ind32 = ind && ind->dtype == FT_INT32};
+    if (native16)
+        j.x16 = (const uint16_t *)ft_tensor_data(inp), j.y16 = (uint16_t *)ft_tensor_data(out);
+    else
+        j.x = (const float *)ft_tensor_data(inp), j.y = (float *)ft_tensor_data(out);
     span *rows = NULL, *cols = NULL;
     FT_TRY(alloc_spans(&rows, &cols, P, Q));
     if (rule == FIXED) {
@@ -608,7 +651,10 @@ static ft_status pool_backward(const char *op, int kind, window_rule rule, const
     if (N * C * H * W == 0)
         return FT_OK;
     ft_chunk_arg args[3] = {{dinp, true, accumulate}, {dout, false, false}, {ind, false, false}};
-    if (ft_chunks_needed(args, 3))
+    /* the scratch of the bfloat16 scatter: (H, W, CB) floats per thread */
+    int64_t scratch = H * W * CB * (int64_t)omp_get_max_threads();
+    bool native16 = native_bf16(kind, dout, dinp) && channels_last(dinp) && scratch <= MAX_SCRATCH;
+    if (!native16 && ft_chunks_needed(args, 3))
         return ft_by_float_chunks(args, 3, float_backward, &(pool_call){op, kind, rule, p, accumulate});
     if (dev.type == FT_DEV_CUDA) {
         if (kind == POOL_MAX && rule == FIXED)
@@ -620,9 +666,12 @@ static ft_status pool_backward(const char *op, int kind, window_rule rule, const
         FT_CUDA_DISPATCH(op, adaptive_avg_pool2d_backward, dinp, dout, accumulate);
     }
     pool_job j = {.kind = kind, .N = N, .C = C, .H = H, .W = W, .P = P, .Q = Q,
-                  .x = (const float *)ft_tensor_data(dout), .y = (float *)ft_tensor_data(dinp),
                   .ind = ind ? ft_tensor_data(ind) : NULL, .ind32 = ind && ind->dtype == FT_INT32,
                   .accumulate = accumulate};
+    if (native16)
+        j.x16 = (const uint16_t *)ft_tensor_data(dout), j.y16 = (uint16_t *)ft_tensor_data(dinp);
+    else
+        j.x = (const float *)ft_tensor_data(dout), j.y = (float *)ft_tensor_data(dinp);
     span *rows = NULL, *cols = NULL;
     FT_TRY(alloc_spans(&rows, &cols, P, Q));
     if (rule == FIXED && kind == POOL_AVG) {
@@ -639,7 +688,16 @@ static ft_status pool_backward(const char *op, int kind, window_rule rule, const
     set_strides(j.ys, dinp);
     if (ind)
         set_strides(j.is, ind);
+    /* from the caching allocator: a step's pools take the same block each time, without page faults */
+    const ft_mem_pool host = {FT_MEM_HOST, 0};
+    size_t granted = 0;
+    if (native16 && ft_alloc((void **)&j.scratch, &granted, (size_t)scratch * sizeof *j.scratch, host) != FT_OK) {
+        free(rows);
+        return ft_fail(FT_ERR_NOMEM, "%s: out of memory for the scratch of %lld floats", op, (long long)scratch);
+    }
     run_backward(&j, channels_last(dinp));
+    if (native16)
+        ft_free(j.scratch, granted, host);
     free(rows);
     if (j.bad)
         return ft_fail(FT_ERR_INDEX, "%s: indices holds %lld, outside [0, %lld) for a %lld x %lld input", op,
