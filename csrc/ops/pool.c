@@ -406,6 +406,22 @@ static void bwd_plane(pool_job *j, int64_t n, int64_t c) {
     }
 }
 
+/* d[the position of each channel's index] += its dout (g float32, or g16
+ * bfloat16 with bf16: inlined into one loop per dtype). */
+static inline __attribute__((always_inline)) void scatter_max(pool_job *j, int64_t base, float *d, int64_t dh,
+                                                              int64_t dw, int64_t dc, const float *g,
+                                                              const uint16_t *g16, bool bf16, int64_t gc, int64_t nc) {
+    for (int64_t i = 0; i < nc; i++) {
+        int64_t at = load_index(j, base + i * j->is[1]);
+        if (at < 0 || at >= j->H * j->W) {
+            if (at != -1)
+                note_bad(j, at);
+            continue;
+        }
+        d[position(j, at, dh, dw) + i * dc] += bf16 ? ft_bf16_to_f32(g16[i * gc]) : g[i * gc];
+    }
+}
+
 FT_VEC_CLONES
 static void bwd_block_cl(pool_job *j, int64_t n, int64_t c0, int64_t nc) {
     int64_t go = n * j->xs[0] + c0 * j->xs[1], gc = j->xs[1], HW = j->H * j->W;
@@ -413,16 +429,19 @@ static void bwd_block_cl(pool_job *j, int64_t n, int64_t c0, int64_t nc) {
     /* where the block's sums go: dinp, or for bfloat16 this thread's scratch, (H, W, nc) */
     float *d = j->y16 ? j->scratch + (int64_t)omp_get_thread_num() * HW * CB : j->y + dout;
     int64_t dh = j->y16 ? j->W * nc : j->ys[2], dw = j->y16 ? nc : j->ys[3], dc = j->y16 ? 1 : j->ys[1];
-    for (int64_t h = 0; h < j->H; h++)
-        for (int64_t w = 0; w < j->W; w++) {
-            float *pd = d + h * dh + w * dw;
-            if (j->y16 && j->accumulate) {
+    if (j->y16 && j->accumulate)
+        for (int64_t h = 0; h < j->H; h++)
+            for (int64_t w = 0; w < j->W; w++) {
                 const uint16_t *pi = j->y16 + dout + h * j->ys[2] + w * j->ys[3];
+                float *pd = d + h * dh + w * dw;
                 FT_SIMD_FOR(i, nc) pd[i] = ft_bf16_to_f32(pi[i * j->ys[1]]);
-            } else if (!j->accumulate) {
+            }
+    else if (!j->accumulate)
+        for (int64_t h = 0; h < j->H; h++)
+            for (int64_t w = 0; w < j->W; w++) {
+                float *pd = d + h * dh + w * dw;
                 FT_SIMD_FOR(i, nc) pd[i * dc] = 0.0f;
             }
-        }
     _Alignas(64) float share[CB];
     for (int64_t oh = 0; oh < j->P; oh++) {
         const span *r = &j->rows[oh];
@@ -430,16 +449,10 @@ static void bwd_block_cl(pool_job *j, int64_t n, int64_t c0, int64_t nc) {
             int64_t pg = go + oh * j->xs[2] + ow * j->xs[3];
             if (j->kind == POOL_MAX) {
                 int64_t base = n * j->is[0] + oh * j->is[2] + ow * j->is[3] + c0 * j->is[1];
-                for (int64_t i = 0; i < nc; i++) {
-                    int64_t at = load_index(j, base + i * j->is[1]);
-                    if (at < 0 || at >= HW) {
-                        if (at != -1)
-                            note_bad(j, at);
-                        continue;
-                    }
-                    d[position(j, at, dh, dw) + i * dc] +=
-                        j->x16 ? ft_bf16_to_f32(j->x16[pg + i * gc]) : j->x[pg + i * gc];
-                }
+                if (j->x16)
+                    scatter_max(j, base, d, dh, dw, dc, NULL, j->x16 + pg, true, gc, nc);
+                else
+                    scatter_max(j, base, d, dh, dw, dc, j->x + pg, NULL, false, gc, nc);
             } else {
                 const span *q = &j->cols[ow];
                 if (r->lo >= r->hi || q->lo >= q->hi)
