@@ -243,7 +243,8 @@ def test_blocks_of_a_functional_model_are_recognized():
     model = nn.Model(x, out)
     program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=8,
                             recompute=[block])
-    assert sum(program._c.recomputed()) >= 4  # the inner outputs of both of the block's calls
+    # a module called twice is one segment spanning both calls (the add between them included)
+    assert sum(program._c.recomputed()) >= 4
 
 
 def test_memory_plan_and_summary_report_recomputation():
@@ -319,6 +320,20 @@ def test_a_module_and_its_submodule_cannot_both_be_listed():
         compile_small([model.blocks[0], model.blocks[0].c1], model)
     with pytest.raises(ValueError, match=r"recompute lists 'blocks.1' and lists it again"):
         compile_small([[model.blocks[1], model.blocks[0]], model.blocks[1]], model)
+
+
+def test_a_module_list_stands_for_its_modules():
+    model = make("resnet")
+    listed = compile_small([*model.blocks], model)._c.recomputed()
+    assert sum(listed) > 0 and compile_small(model.blocks, model)._c.recomputed() == listed
+    assert compile_small([model.blocks], model)._c.recomputed() == listed
+
+
+def test_a_module_whose_outputs_all_leave_it_warns_that_it_recomputes_nothing():
+    model = make("resnet")
+    with pytest.warns(RuntimeWarning, match=r"recompute= item\(s\) \[0\] recompute nothing"):
+        program = compile_small([model.blocks[0].c1], model)
+    assert not any(program._c.recomputed())
 
 
 def test_a_module_forward_does_not_call_is_refused():

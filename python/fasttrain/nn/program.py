@@ -8,6 +8,7 @@ so optimizers built earlier see the flat memory), and hands the node list to C,
 which plans the activation memory and runs whole training steps."""
 import math
 import numbers
+import warnings
 
 from .. import _C, creation
 from .._display import Column, Table, summary as _summary
@@ -304,13 +305,26 @@ def _recompute(recompute, model, entries):
             raise ValueError(f"compile: a recompute budget is the bytes the training activations may take "
                              f"(memory_plan()['activations']), got {recompute}")
         return int(recompute)
+
+    def members(m):
+        """A ModuleList or ModuleDict (never called itself) stands for its modules."""
+        return list(m.values()) if isinstance(m, M.ModuleDict) else list(m) if isinstance(m, M.ModuleList) else [m]
+
     # each item a segment: a module, or modules together (as checkpoint_sequential cuts a Sequential's layers)
-    items = [recompute] if isinstance(recompute, M.Module) else recompute
-    groups = [[m] if isinstance(m, M.Module) else m for m in items] if isinstance(items, (list, tuple)) else None
-    if groups is None or not all(isinstance(g, (list, tuple)) and all(isinstance(m, M.Module) for m in g)
-                                 for g in groups):
-        raise TypeError(f"compile: recompute must be {usage} (or of lists of modules, each list one segment), got "
-                        f"{type(recompute).__name__}")
+    bad = TypeError(f"compile: recompute must be {usage} (or of lists of modules, each list one segment), got "
+                    f"{type(recompute).__name__}")
+    if isinstance(recompute, M.Module):
+        recompute = members(recompute)
+    if not isinstance(recompute, (list, tuple)):
+        raise bad
+    groups = []
+    for item in recompute:
+        if isinstance(item, M.Module):
+            groups += [[m] for m in members(item)]
+        elif isinstance(item, (list, tuple)) and all(isinstance(m, M.Module) for m in item):
+            groups.append([x for m in item for x in members(m)])
+        else:
+            raise bad
     listed = [m for g in groups for m in g]
     names = {}
     for name, m in model.named_modules():
@@ -471,6 +485,13 @@ class Program:
         self._c = _C.Program(self._nodes, self.flat_params, self.flat_grads, self.output,
                              batch_size // accumulate_steps, memory_format == "channels_last", seed, compute._code,
                              segments)
+        if isinstance(segments, list):
+            recomputed = self._c.recomputed()
+            idle = sorted({k for k in segments if k >= 0} - {k for k, r in zip(segments, recomputed) if r})
+            if idle:
+                warnings.warn(f"compile: recompute= item(s) {idle} recompute nothing: every output of their nodes "
+                              f"is read outside them (list the block around them instead)", RuntimeWarning,
+                              stacklevel=3)
         targets = [e for e in self.entries if e.kind == TARGET]
         self.target_dtype = targets[0].module.dtype if targets else None
         # evaluate() counts correct argmax predictions of (classes,) outputs against class targets
