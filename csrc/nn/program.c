@@ -244,12 +244,13 @@ static bool read_by_training(const ft_program *p, int i) {
 }
 
 /* Whether node i's output may be recomputed instead of kept: a buffer of
- * its own that a backward reads, and neither the model's output nor the
- * loss, which the step reads after the forward. (Outputs of a frozen part
- * that no backward reads are kept as they were: recomputing them would
- * cost and save nothing.) */
+ * its own, computed by a forward, that a backward reads, and neither the
+ * model's output nor the loss, which the step reads after the forward.
+ * (Outputs of a frozen part that no backward reads are not recomputed: they
+ * would want a lifetime ending at their last reader's forward instead.) */
 static bool droppable(const ft_program *p, int i) {
-    return i != p->output && i < p->n - 1 && owns_output(p, i, true) && read_by_training(p, i);
+    return i != p->output && i < p->n - 1 && row(p, i)->forward && owns_output(p, i, true) &&
+           read_by_training(p, i);
 }
 
 /* Whether every node that reads node i's output (through views) is in segment s. */
