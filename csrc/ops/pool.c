@@ -540,6 +540,10 @@ typedef struct {
 static ft_status pool_forward(const char *op, int kind, window_rule rule, const ft_tensor *out,
                               const ft_tensor *ind, const ft_tensor *inp, const ft_pool2d_params *p);
 
+static ft_status pool_backward(const char *op, int kind, window_rule rule, const ft_tensor *dinp,
+                               const ft_tensor *dout, const ft_tensor *ind, const ft_pool2d_params *p,
+                               bool accumulate);
+
 /* Floats of the bfloat16 max pool's backward scratch (all threads) past
  * which it goes through float32 chunks instead. */
 #define MAX_SCRATCH ((int64_t)1 << 22)
@@ -550,9 +554,6 @@ static bool native_bf16(int kind, const ft_tensor *a, const ft_tensor *b) {
     return kind == POOL_MAX && a->dtype == FT_BFLOAT16 && b->dtype == FT_BFLOAT16 &&
            ft_op_device(a).type == FT_DEV_CPU && channels_last(a);
 }
-static ft_status pool_backward(const char *op, int kind, window_rule rule, const ft_tensor *dinp,
-                               const ft_tensor *dout, const ft_tensor *ind, const ft_pool2d_params *p,
-                               bool accumulate);
 
 static ft_status float_forward(const ft_tensor *const *ts, int64_t first, const void *ctx) {
     const pool_call *c = ctx;
