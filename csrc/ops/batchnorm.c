@@ -224,8 +224,8 @@ static ft_status channel_sums(double *sa, double *sb, const layout *l, const sum
     return FT_OK;
 }
 
-/* out = act(x * scale[c] + shift[c]) over a run of n values whose channel
- * is k (cstride 1: consecutive channels; 0: one channel). */
+/* out = act(x * scale[c] + shift[c]) over a run of n values, value k's
+ * channel c being k * cstride (1: consecutive channels; 0: one channel). */
 static inline void normalize_run(float *out, const float *x, const float *scale, const float *shift, int64_t n,
                                  int cstride, ft_act act) {
     for (int64_t k = 0; k < n; k++)
