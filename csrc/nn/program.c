@@ -92,48 +92,67 @@ static ft_tensor view_at(const ft_program *p, const ft_node *nd, ft_storage *are
 
 static int64_t round_up(int64_t n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
 
+/* An address range [lo, hi) taken by a placed block. */
+typedef struct {
+    int64_t lo, hi;
+} range;
+
+static int by_lo(const void *a, const void *b) {
+    int64_t x = ((const range *)a)->lo, y = ((const range *)b)->lo;
+    return (x > y) - (x < y);
+}
+
+/* A block's size and index: blocks by size, descending, equal sizes in
+ * index order. */
+typedef struct {
+    int64_t bytes;
+    int index;
+} sized;
+
+static int by_size(const void *a, const void *b) {
+    const sized *x = a, *y = b;
+    if (x->bytes != y->bytes)
+        return (x->bytes < y->bytes) - (x->bytes > y->bytes);
+    return (x->index > y->index) - (x->index < y->index);
+}
+
 /* Greedy placement: largest blocks first, each at the lowest offset free
- * during its lifetime. Returns the arena size. */
+ * during its lifetime (a sweep over the address ranges of the placed
+ * blocks alive meanwhile, sorted). Returns the arena size, -1 out of memory. */
 static int64_t place(block *b, int nb) {
     size_t count = nb > 0 ? (size_t)nb : 1;
-    int *order = malloc(count * sizeof *order);
+    sized *order = malloc(count * sizeof *order);
     bool *placed = calloc(count, sizeof *placed);
+    range *live = malloc(count * sizeof *live);
     int64_t size = 0;
-    if (!order || !placed) {
-        free(order), free(placed);
+    if (!order || !placed || !live) {
+        free(order), free(placed), free(live);
         return -1;
     }
     for (int i = 0; i < nb; i++)
-        order[i] = i;
-    for (int i = 1; i < nb; i++) /* insertion sort by size, descending; lists are short */
-        for (int j = i; j > 0 && b[order[j]].bytes > b[order[j - 1]].bytes; j--) {
-            int t = order[j];
-            order[j] = order[j - 1], order[j - 1] = t;
-        }
+        order[i] = (sized){b[i].bytes, i};
+    qsort(order, (size_t)nb, sizeof *order, by_size);
     for (int k = 0; k < nb; k++) {
-        block *x = &b[order[k]];
+        block *x = &b[order[k].index];
         if (x->bytes == 0)
             continue;
+        int m = 0;
+        for (int j = 0; j < nb; j++)
+            if (placed[j] && b[j].last >= x->first && x->last >= b[j].first)
+                live[m++] = (range){b[j].offset, b[j].offset + b[j].bytes};
+        qsort(live, (size_t)m, sizeof *live, by_lo);
         int64_t at = 0;
-        for (bool moved = true; moved;) {
-            moved = false;
-            for (int j = 0; j < nb; j++) {
-                block *y = &b[j];
-                if (!placed[j] || y->last < x->first || x->last < y->first)
-                    continue;
-                if (at < y->offset + y->bytes && y->offset < at + x->bytes) {
-                    at = round_up(y->offset + y->bytes);
-                    moved = true;
-                }
-            }
-        }
+        for (int r = 0; r < m && live[r].lo < at + x->bytes; r++)
+            if (live[r].hi > at)
+                at = round_up(live[r].hi);
         x->offset = at;
-        placed[order[k]] = true;
+        placed[order[k].index] = true;
         if (at + x->bytes > size)
             size = at + x->bytes;
     }
     free(order);
     free(placed);
+    free(live);
     return size;
 }
 
