@@ -238,3 +238,35 @@ def test_max_batch_size_errors():
         ft.utils.max_batch_size(model, (1, 28, 28), 1 << 30, memory_format="nchw")
     assert ft.utils.max_batch_size(model, (1, 28, 28), 4e8) == ft.utils.max_batch_size(model, (1, 28, 28),
                                                                                          400_000_000)
+
+
+def frozen_stem(frozen):
+    """A convolutional stem, its weights frozen or not, under a linear head."""
+    ft.manual_seed(0)
+    # no bias before the batch norm: a trained one would be dropped (zeroed), a frozen one kept
+    stem = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+                         nn.Conv2d(16, 16, 3, padding=1), nn.Tanh(), nn.Conv2d(16, 16, 3, padding=1), nn.Tanh())
+    for q in stem.parameters():
+        q.requires_grad_(not frozen)
+    return nn.Sequential(stem, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))
+
+
+def test_outputs_no_backward_reads_live_as_in_evaluation():
+    """A frozen stem's outputs, read by frozen nodes only, are freed after their last reader's forward: the
+    training arena holds two of them at once (a layer's input and output) where a stem whose backward runs keeps
+    all of them, and the head trains the same (the stem differentiated but not updated: the optimizer does not
+    hold its weights)."""
+    B = 32
+    x, y = ft.randn(B, 1, 28, 28), ft.tensor(np.random.default_rng(0).integers(0, 10, B))
+    one = B * 16 * 28 * 28 * 4  # a stem output
+    runs = []
+    for frozen in (True, False):
+        model = frozen_stem(frozen)
+        program = model.compile(ft.optim.SGD(model[3].parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=B,
+                                input_shape=(1, 28, 28))
+        runs.append((program.memory_plan()["activations"], [program.train_step(x, y) for _ in range(3)],
+                     [np.array(v) for v in model.state_dict().values()]))
+    (arena, losses, state), (kept_arena, kept_losses, kept_state) = runs
+    assert arena <= 2 * one + 64 * 1024 and kept_arena >= 4 * one, (arena, kept_arena, one)
+    assert losses == kept_losses
+    assert all(np.array_equal(a, b) for a, b in zip(state, kept_state))

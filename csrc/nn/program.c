@@ -224,22 +224,26 @@ static int64_t loss_step(const ft_program *p) { return 2 * (int64_t)p->n; }
 
 static int64_t backward_step(const ft_program *p, int i) { return 4 * (int64_t)p->n - 2 * (int64_t)i; }
 
+static bool read_by_training(const ft_program *p, int i);
+
 /* Gives every buffer of the training (or evaluation) step its lifetime in
  * b (n, NBUF) and places them; returns the arena's bytes, -1 when out of
  * memory. In training an output is kept until its own backward, which
  * comes after its readers'; a recomputed one only until its last reader's
- * forward, and again from its recomputation. In evaluation an output lives
- * until its last reader. */
+ * forward, and again from its recomputation; one that no backward reads (a
+ * frozen part's, read by frozen nodes only) and what it saves live as in
+ * evaluation. In evaluation an output lives until its last reader. */
 static int64_t lay_out(const ft_program *p, bool training, block *b) {
     for (int i = 0; i < p->n; i++) {
         block *bi = &b[i * NBUF];
         memset(bi, 0, NBUF * sizeof *bi);
         int64_t out = output_bytes(p, i), aux = aux_bytes(p, i), born = forward_step(i);
         int last = p->last_consumer[i], again = training ? p->replay_at[i] : -1;
-        int64_t end = training ? backward_step(p, i) : last == i ? loss_step(p) : forward_step(last);
+        bool kept = training && (p->trains[i] || i == p->output || i == p->n - 1 || read_by_training(p, i));
+        int64_t end = kept ? backward_step(p, i) : last == i ? loss_step(p) : forward_step(last);
         if (owns_output(p, i, training))
             bi[OUT] = (block){out, born, again < 0 ? end : forward_step(last), 0};
-        bi[AUX] = (block){aux, born, training && again < 0 ? end : born, 0};
+        bi[AUX] = (block){aux, born, kept && again < 0 ? end : born, 0};
         if (again >= 0) {
             bi[RE_OUT] = (block){out, backward_step(p, again) - 1, end, 0};
             bi[RE_AUX] = (block){aux, backward_step(p, again) - 1, end, 0};
@@ -263,10 +267,9 @@ static bool read_by_training(const ft_program *p, int i) {
 }
 
 /* Whether node i's output may be recomputed instead of kept: a buffer of
- * its own, computed by a forward, that a backward reads, and neither the
- * model's output nor the loss, which the step reads after the forward.
- * (Outputs of a frozen part that no backward reads are not recomputed: they
- * would want a lifetime ending at their last reader's forward instead.) */
+ * its own, computed by a forward, that a backward reads (one that none
+ * reads is freed after its last reader's forward anyway), and neither the
+ * model's output nor the loss, which the step reads after the forward. */
 static bool droppable(const ft_program *p, int i) {
     return i != p->output && i < p->n - 1 && row(p, i)->forward && owns_output(p, i, true) &&
            read_by_training(p, i);
