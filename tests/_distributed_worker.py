@@ -6,6 +6,8 @@ steps: B samples per rank of a fixed 2B-sample batch, STEPS train_steps; rank 0 
 sync_bn: the same with a SyncBatchNorm in the model.
 buckets: "steps" with the gradient summed in buckets of 16 floats, each batch in two micro-batches; rank 0 also
 writes the program's gradient_buckets.
+recompute: "sync_bn" with every output recomputed that can be (the SyncBatchNorm's replay reduces its statistics
+over the ranks again, amid the buckets' sums started by then) and the gradient in buckets.
 fit: ft.fit over a shuffled Loader sharded by rank, then ft.evaluate; every rank writes its weights and figures.
 error: rank 1 passes a label out of range: every rank must stop.
 resume: STEPS steps, a checkpoint, STEPS more (OUT.full.npz); then a fresh program loads the checkpoint and
@@ -62,9 +64,10 @@ def main(mode, out):
     rank = ft.distributed.get_rank()
     mine = slice(rank * B, (rank + 1) * B)
     x, y = batch()
-    if mode in ("steps", "sync_bn", "buckets"):
-        m = model("sync" if mode == "sync_bn" else None)
-        options = {"bucket_cap_mb": 16 * 4 / 2 ** 20, "accumulate_steps": 2} if mode == "buckets" else {}
+    if mode in ("steps", "sync_bn", "buckets", "recompute"):
+        m = model("sync" if mode in ("sync_bn", "recompute") else None)
+        options = {"bucket_cap_mb": 16 * 4 / 2 ** 20, "accumulate_steps": 2} if mode == "buckets" else \
+            {"bucket_cap_mb": 16 * 4 / 2 ** 20, "recompute": [m]} if mode == "recompute" else {}
         p = compiled(m, True, **options)
         losses = [p.train_step(x[mine], y[mine]) for _ in range(STEPS)]
         if rank == 0:
