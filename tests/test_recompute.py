@@ -95,15 +95,22 @@ def batches(n, steps, seed=0, shape=(3, 12, 12)):
 
 
 def train(kind, recompute, opt="sgd", steps=4, batch=16, device="cpu", **options):
-    """(losses, the model's raw state bytes, the program) after `steps` steps from the same start and batches."""
+    """(losses, the raw bytes of the model's state, its last gradients and the optimizer's state, the program)
+    after `steps` steps from the same start and batches."""
     model = make(kind)
     if device != "cpu":
         model.to(device)
-    program = model.compile(OPTIMIZERS[opt](model.parameters()), nn.CrossEntropyLoss(label_smoothing=0.1),
+    optimizer = OPTIMIZERS[opt](model.parameters())
+    program = model.compile(optimizer, nn.CrossEntropyLoss(label_smoothing=0.1),
                             batch_size=batch, input_shape=(3, 12, 12), seed=7,
                             recompute=recompute(model) if callable(recompute) else recompute, **options)
     losses = [program.train_step(x.to(device), y.to(device)) for x, y in batches(batch, steps)]
-    return losses, state_bits(model), program
+    state = state_bits(model)
+    state["gradients"] = np.array(program.flat_grads.cpu()).tobytes()
+    for k, v in optimizer.state_dict()["state"].items():
+        for name, t in v.items():
+            state[f"optimizer.{k}.{name}"] = np.array(t.cpu() if hasattr(t, "cpu") else t).tobytes()
+    return losses, state, program
 
 
 def assert_same_training(kind, recompute, opt="sgd", **options):
@@ -114,7 +121,7 @@ def assert_same_training(kind, recompute, opt="sgd", **options):
     assert losses == want_losses
     assert state.keys() == want_state.keys()
     for k in state:
-        assert state[k] == want_state[k], k  # weights, running statistics and batch counts, bitwise
+        assert state[k] == want_state[k], k  # weights, statistics, gradients, optimizer state: bitwise
     return program, plain
 
 
