@@ -639,7 +639,8 @@ class Program:
 
     def profile(self):
         """[(node, forward seconds, backward seconds)] of each compiled node since compile: where steps spend
-        their time (a frozen node that needs no gradient spends none in backward)."""
+        their time (a frozen node that needs no gradient spends none in backward; a recomputed node's forward
+        seconds include its recomputations)."""
         return [(type(e.module).__name__.lstrip("_") if e.module is not None else "input", f, b)
                 for e, (f, b) in zip(self.entries, self._c.profile())]
 
