@@ -370,3 +370,27 @@ def test_a_frozen_stem_is_not_recomputed_and_training_is_unchanged():
     # the stem's convolution, which only its frozen batch norm reads, is kept; its batch norm is read by a
     # block that trains
     assert not program._c.recomputed()[stem.index(True)]
+
+
+def test_a_frozen_output_a_recomputation_reads_is_kept_for_it():
+    """A frozen node read by a recomputed frozen node (itself read by a trained one) is not freed at its last
+    reader's forward: the recomputation reads it again in the backward."""
+    def make_frozen():
+        ft.manual_seed(0)
+        seg = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.Tanh(), nn.Conv2d(8, 8, 3, padding=1), nn.Tanh())
+        stem = nn.Conv2d(3, 8, 3, padding=1)
+        for q in [*stem.parameters(), *seg[0].parameters()]:
+            q.requires_grad_(False)
+        model = nn.Sequential(stem, nn.Tanh(), seg, nn.Conv2d(8, 8, 3, padding=1), nn.Tanh(),
+                              nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 5))
+        return model, seg
+    runs = []
+    for listed in (False, True):
+        model, seg = make_frozen()
+        program = model.compile(ft.optim.SGD([q for q in model.parameters() if q.requires_grad], lr=0.1),
+                                nn.CrossEntropyLoss(), batch_size=16, input_shape=(3, 12, 12),
+                                recompute=[seg] if listed else None)
+        assert any(program._c.recomputed()) == listed
+        losses = [program.train_step(x, y) for x, y in batches(16, 3)]
+        runs.append((losses, np.array(program.flat_grads).tobytes()))
+    assert runs[0] == runs[1]

@@ -226,20 +226,31 @@ static int64_t backward_step(const ft_program *p, int i) { return 4 * (int64_t)p
 
 static bool read_by_training(const ft_program *p, int i);
 
+/* Whether a recomputation reads node i's output, directly or through views. */
+static bool read_by_replay(const ft_program *p, int i) {
+    for (int j = i + 1; j < p->n; j++)
+        for (int k = 0; k < p->nodes[j].ninputs; k++)
+            if (p->nodes[j].inputs[k] == i && (is_view(p, j, true) ? read_by_replay(p, j) : p->replay_at[j] >= 0))
+                return true;
+    return false;
+}
+
 /* Gives every buffer of the training (or evaluation) step its lifetime in
  * b (n, NBUF) and places them; returns the arena's bytes, -1 when out of
  * memory. In training an output is kept until its own backward, which
  * comes after its readers'; a recomputed one only until its last reader's
- * forward, and again from its recomputation; one that no backward reads (a
- * frozen part's, read by frozen nodes only) and what it saves live as in
- * evaluation. In evaluation an output lives until its last reader. */
+ * forward, and again from its recomputation; one that no backward and no
+ * recomputation reads (a frozen part's, read by frozen nodes only) and what
+ * it saves live as in evaluation. In evaluation an output lives until its
+ * last reader. */
 static int64_t lay_out(const ft_program *p, bool training, block *b) {
     for (int i = 0; i < p->n; i++) {
         block *bi = &b[i * NBUF];
         memset(bi, 0, NBUF * sizeof *bi);
         int64_t out = output_bytes(p, i), aux = aux_bytes(p, i), born = forward_step(i);
         int last = p->last_consumer[i], again = training ? p->replay_at[i] : -1;
-        bool kept = training && (p->trains[i] || i == p->output || i == p->n - 1 || read_by_training(p, i));
+        bool kept = training && (p->trains[i] || i == p->output || i == p->n - 1 || read_by_training(p, i) ||
+                                 read_by_replay(p, i));
         int64_t end = kept ? backward_step(p, i) : last == i ? loss_step(p) : forward_step(last);
         if (owns_output(p, i, training))
             bi[OUT] = (block){out, born, again < 0 ? end : forward_step(last), 0};
