@@ -14,7 +14,7 @@ static char message[MPI_MAX_ERROR_STRING];
 static int init(int *rank, int *size, int *local_rank) {
     int inited, provided, code = MPI_Initialized(&inited);
     /* SERIALIZED: the training step calls from a thread without the GIL,
-     * never two threads at once (the binding holds a lock). */
+     * never two threads at once (core/dist.c takes the calls one at a time). */
     if (!code && !inited)
         code = MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided);
     if (!code)

@@ -413,7 +413,7 @@ static ft_status train_step(ft_program *prog, ft_optimizer *opt, const ft_tensor
     if (o->reducer)
         ft_reducer_begin(o->reducer);
     ft_status b = ft_program_backward(prog, x, y, false, &r->loss, &r->correct);
-    if (o->reducer) { /* even after a failed backward: the sums it started finish on every rank alike */
+    if (o->reducer) { /* even after a failed backward: leave no sum it started pending */
         ft_status f = ft_reducer_finish(o->reducer);
         b = b == FT_OK ? f : b;
     }

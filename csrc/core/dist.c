@@ -5,6 +5,9 @@
 #include <stdio.h>
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+/* MPI runs MPI_THREAD_SERIALIZED: the collectives take this one at a time,
+ * whichever threads call them (a train step runs without the GIL). */
+static pthread_mutex_t calls = PTHREAD_MUTEX_INITIALIZER;
 static char library[4096];
 static const ft_dist_api *api;
 static bool ready, finalized;
@@ -65,31 +68,41 @@ static ft_status check_ready(const char *what) {
 
 ft_status ft_dist_allreduce_sum_f32(float *buf, int64_t n) {
     FT_TRY(check_ready("all_reduce"));
+    pthread_mutex_lock(&calls);
     int code = api->allreduce_sum_f32(buf, n);
+    pthread_mutex_unlock(&calls);
     return code ? failed("MPI_Allreduce", code) : FT_OK;
 }
 
 ft_status ft_dist_allreduce_sum_f64(double *buf, int64_t n) {
     FT_TRY(check_ready("all_reduce"));
+    pthread_mutex_lock(&calls);
     int code = api->allreduce_sum_f64(buf, n);
+    pthread_mutex_unlock(&calls);
     return code ? failed("MPI_Allreduce", code) : FT_OK;
 }
 
 ft_status ft_dist_iallreduce_sum_f32(float *buf, int64_t n) {
     FT_TRY(check_ready("all_reduce"));
+    pthread_mutex_lock(&calls);
     int code = api->iallreduce_sum_f32(buf, n);
+    pthread_mutex_unlock(&calls);
     return code ? failed("MPI_Iallreduce", code) : FT_OK;
 }
 
 ft_status ft_dist_progress(void) {
     FT_TRY(check_ready("all_reduce"));
+    pthread_mutex_lock(&calls);
     int code = api->progress();
+    pthread_mutex_unlock(&calls);
     return code ? failed("MPI_Testall", code) : FT_OK;
 }
 
 ft_status ft_dist_wait_all(void) {
     FT_TRY(check_ready("all_reduce"));
+    pthread_mutex_lock(&calls);
     int code = api->wait_all();
+    pthread_mutex_unlock(&calls);
     return code ? failed("MPI_Waitall", code) : FT_OK;
 }
 
@@ -97,13 +110,17 @@ ft_status ft_dist_bcast(void *buf, int64_t bytes, int root) {
     FT_TRY(check_ready("broadcast"));
     if (root < 0 || root >= world_size)
         return ft_fail(FT_ERR_VALUE, "broadcast: src %d is not a rank of %d", root, world_size);
+    pthread_mutex_lock(&calls);
     int code = api->bcast(buf, bytes, root);
+    pthread_mutex_unlock(&calls);
     return code ? failed("MPI_Bcast", code) : FT_OK;
 }
 
 ft_status ft_dist_barrier(void) {
     FT_TRY(check_ready("barrier"));
+    pthread_mutex_lock(&calls);
     int code = api->barrier();
+    pthread_mutex_unlock(&calls);
     return code ? failed("MPI_Barrier", code) : FT_OK;
 }
 

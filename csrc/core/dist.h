@@ -16,7 +16,8 @@
 
 /* What the backend library gives (its ft_dist_backend() returns it). Each
  * collective returns an MPI error code (0 is success) that error_string
- * describes; counts are elements. Calls come from one thread at a time. */
+ * describes; counts are elements. Calls come from one thread at a time
+ * (the core serializes them). */
 typedef struct {
     int (*init)(int *rank, int *size, int *local_rank); /* MPI_Init_thread, once */
     int (*allreduce_sum_f32)(float *buf, int64_t n);    /* in place, every rank */
@@ -48,7 +49,9 @@ int ft_dist_world_size(void); /* 1 when not initialised */
 int ft_dist_local_rank(void); /* the rank among the processes of this machine */
 
 /* Collectives over every rank (FT_ERR_RUNTIME before ft_dist_init). The
- * sums reduce in the fixed order of MPI's algorithm for the world size. */
+ * sums reduce in the fixed order of MPI's algorithm for the world size.
+ * Calls from several threads are taken one at a time; the order in which
+ * every rank issues them is the callers' to keep the same. */
 ft_status ft_dist_allreduce_sum_f32(float *buf, int64_t n);
 ft_status ft_dist_allreduce_sum_f64(double *buf, int64_t n);
 

@@ -14,6 +14,7 @@ struct ft_reducer {
     int *left;        /* (nbuckets) of them, those not final yet this step */
     int *first, *last; /* (slots) the buckets a slot overlaps: first..last */
     int next;         /* the next bucket to start */
+    int idle;         /* buckets no slot overlaps: started before the backward */
     int early;        /* buckets the last step started within its backward */
     double wait;      /* seconds the last step spent in ft_reducer_finish */
     ft_status error;  /* the first failure to start a sum this step */
@@ -89,13 +90,14 @@ void ft_reducer_begin(ft_reducer *r) {
         r->left[b] = r->waiting[b];
     r->next = 0, r->error = FT_OK;
     start_ready(r); /* buckets that no slot overlaps */
+    r->idle = r->next;
     ft_program_on_slot_final(r->prog, slot_final, r);
 }
 
 ft_status ft_reducer_finish(ft_reducer *r) {
     double t0 = omp_get_wtime();
     ft_program_on_slot_final(r->prog, NULL, NULL);
-    r->early = r->next;
+    r->early = r->next - r->idle;
     while (r->next < r->nbuckets)
         start(r, r->next++);
     ft_status waited = ft_dist_wait_all(); /* even after a failed start: leave nothing pending */

@@ -2,10 +2,11 @@
  *
  * Legend: as ops/attention.h; BQ query rows and BK key rows per block; Dp
  * the head size rounded up to whole vectors (VL floats), the extra columns
- * zero. A block is read in place when its float32 rows need no padding, else
- * copied into per-thread buffers that stay in L1/L2 (at D = 64: 16 KiB per
- * (64, Dp) buffer), zero past the end of the sequence; masked or missing
- * scores get probability 0 explicitly.
+ * zero. A block is read in place when its rows need no padding (float32
+ * rows of whole vectors, or bfloat16 rows of whole, aligned pairs, and a
+ * whole number of RB rows), else copied into per-thread buffers that stay in
+ * L1/L2 (at D = 64: 16 KiB per (64, Dp) buffer), zero past the end of the
+ * sequence; masked or missing scores get probability 0 explicitly.
  *
  * Forward: one unit of work per (n, h, query block); the key blocks run in
  * order through an online softmax (running max m, running sum l, the output
@@ -142,7 +143,8 @@ static inline int round_rows(int n) { return (n + RB - 1) / RB * RB; }
 
 /* The n rows from row t0 of head (n0, h) of v as an (R, Dp) tile, with its
  * row length in *ld: the tensor itself where its float32 rows need no
- * padding (read up to round_rows(n) rows), else buf (R, Dp) filled by
+ * padding and n is a whole number of RB rows (so the products, which read
+ * round_rows(n) rows, read no row past n), else buf (R, Dp) filled by
  * load_rows. */
 static const float *rows_tile(float *buf, int R, int64_t *ld, const view4 *v, int64_t n0, int64_t h, int64_t t0,
                               int n, const geom *g) {
@@ -336,8 +338,8 @@ static void pack_cols(uint32_t *dst, int W, const view4 *v, int64_t n0, int64_t 
 
 /* The n rows from row t0 of head (n0, h) of bfloat16 v as an a-side tile of
  * pairs along D, with its row length in pairs in *ld: the tensor itself
- * where its rows are whole, aligned pairs (read up to round_rows(n) rows),
- * else buf (R, Dh) with zero past row n and D. */
+ * where its rows are whole, aligned pairs and n a whole number of RB rows
+ * (as rows_tile), else buf (R, Dh) with zero past row n and D. */
 static const uint32_t *pair_rows(uint32_t *buf, int R, int64_t *ld, const view4 *v, int64_t n0, int64_t h,
                                  int64_t t0, int n, const geom *g) {
     const uint16_t *first = row_at(v, n0, h, t0);

@@ -549,7 +549,8 @@ static ft_status pool_backward(const char *op, int kind, window_rule rule, const
 #define MAX_SCRATCH ((int64_t)1 << 22)
 
 /* Whether a max pool from a to b (input to output, or dout to dinp) runs on
- * their bfloat16 in place: both bfloat16 on the CPU, a channels-last. */
+ * their bfloat16 in place: both bfloat16 on the CPU, a channels-last (the
+ * backward also wants dinp channels-last). */
 static bool native_bf16(int kind, const ft_tensor *a, const ft_tensor *b) {
     return kind == POOL_MAX && a->dtype == FT_BFLOAT16 && b->dtype == FT_BFLOAT16 &&
            ft_op_device(a).type == FT_DEV_CPU && channels_last(a);

@@ -504,7 +504,7 @@ class Program:
             from .. import distributed as dist
             if not dist.is_initialized():
                 raise RuntimeError("compile(..., distributed=True) needs ft.distributed.init() first")
-            self._c._set_distributed(max(4, round(bucket_cap_mb * 2 ** 20)))
+            self._c._set_distributed(max(4, min(round(bucket_cap_mb * 2 ** 20), 2 ** 62)))
             # Every rank starts from rank 0's weights and buffers, as DistributedDataParallel does.
             for t in (self.flat_params, *model.buffers()):
                 dist.broadcast(t, 0)
