@@ -47,6 +47,18 @@ def test_device_queries_and_tensor_conveniences():
     assert h.tolist() == [[0, 7, 2], [0, 1, 2]]
 
 
+def test_set_device_chooses_what_cuda_names():
+    assert ft.cuda.current_device() == 0 and ft.device("cuda") == ft.device("cuda:0")
+    last = ft.cuda.device_count() - 1
+    try:
+        ft.cuda.set_device(last)
+        assert ft.cuda.current_device() == last and ft.zeros(2, device="cuda").device == ft.device("cuda", last)
+    finally:
+        ft.cuda.set_device(0)
+    with pytest.raises(ValueError, match=f"set_device: cuda:{last + 1} is not a usable device here"):
+        ft.cuda.set_device(last + 1)
+
+
 # ---------------------------------------------------------------- memory
 
 def test_device_memory_stats_and_empty_cache():

@@ -57,6 +57,9 @@ def test_cuda_absent_is_clean():
         ft.cuda.synchronize()
     with pytest.raises(RuntimeError):
         ft.cuda.get_device_name(0)
+    assert ft.cuda.current_device() == 0 and ft.device("cuda").index == 0
+    with pytest.raises(ValueError, match=r"set_device: cuda:0 is not a usable device here \(0 usable: .+\)"):
+        ft.cuda.set_device(0)
 
 
 def test_allow_tf32_is_off_by_default_and_switchable():

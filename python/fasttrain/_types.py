@@ -67,6 +67,20 @@ def as_dtype(obj: DTypeLike) -> dtype:
 
 DEV_CPU, DEV_CUDA = 1, 2
 
+# The CUDA device "cuda" names (ft.cuda.set_device): None until set, then "cuda" is cuda:0, or under
+# ft.distributed the local rank's device (one process per GPU), chosen on the first use of "cuda".
+_current_cuda = None
+_local_rank = 0
+
+
+def current_cuda_index():
+    global _current_cuda
+    if _current_cuda is None:
+        from . import _C
+        count = _C.cuda_device_count()
+        _current_cuda = _local_rank % count if count else 0
+    return _current_cuda
+
 
 class device:
     """A device: ``ft.device('cpu')``, ``ft.device('cuda:1')``, ``ft.device('cuda', 0)``."""
@@ -92,7 +106,7 @@ class device:
         if name == "cpu":
             index = None
         elif index is None:
-            index = 0
+            index = current_cuda_index()
         object.__setattr__(self, "type", name)
         object.__setattr__(self, "index", index)
 

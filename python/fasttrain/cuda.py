@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from . import _C
+from . import _C, _types
 from ._types import as_device
 
 if TYPE_CHECKING:
@@ -40,6 +40,22 @@ def unavailable_reason() -> str:
 def device_count() -> int:
     """The number of usable CUDA devices (0 without a backend, driver or device)."""
     return _C.cuda_device_count()
+
+
+def set_device(device: DeviceLike) -> None:
+    """Makes `device` (an index or "cuda:N") the one "cuda" names from now on, as torch.cuda.set_device. Under
+    ft.distributed "cuda" is the local rank's device (rank r of a machine takes device r mod the device count)
+    unless set."""
+    index = _index(device)
+    if index >= device_count():
+        raise ValueError(f"set_device: cuda:{index} is not a usable device here ({device_count()} usable"
+                         + (f": {unavailable_reason()})" if not is_available() else ")"))
+    _types._current_cuda = index
+
+
+def current_device() -> int:
+    """The index of the device "cuda" names (torch.cuda.current_device)."""
+    return _types.current_cuda_index()
 
 
 def _index(device):

@@ -41,6 +41,8 @@ def init() -> None:
     if _ranks is not None and is_initialized():
         return
     _ranks = _C.dist_init()
+    from . import _types
+    _types._local_rank = _ranks[2]  # "cuda" is the local rank's GPU (ft.cuda.set_device)
     if _ranks[1] > 1:
         hook = sys.excepthook
 
