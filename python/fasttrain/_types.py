@@ -67,19 +67,18 @@ def as_dtype(obj: DTypeLike) -> dtype:
 
 DEV_CPU, DEV_CUDA = 1, 2
 
-# The CUDA device "cuda" names (ft.cuda.set_device): None until set, then "cuda" is cuda:0, or under
-# ft.distributed the local rank's device (one process per GPU), chosen on the first use of "cuda".
+# The CUDA device "cuda" names: the one ft.cuda.set_device gave, else cuda:0, or under ft.distributed the
+# local rank's device (one process per GPU).
 _current_cuda = None
 _local_rank = 0
 
 
 def current_cuda_index():
-    global _current_cuda
-    if _current_cuda is None:
-        from . import _C
-        count = _C.cuda_device_count()
-        _current_cuda = _local_rank % count if count else 0
-    return _current_cuda
+    if _current_cuda is not None:
+        return _current_cuda
+    from . import _C
+    count = _C.cuda_device_count()
+    return _local_rank % count if count else 0
 
 
 class device:
