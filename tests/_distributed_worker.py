@@ -6,6 +6,8 @@ steps: B samples per rank of a fixed 2B-sample batch, STEPS train_steps; rank 0 
 sync_bn: the same with a SyncBatchNorm in the model.
 buckets: "steps" with the gradient summed in buckets of 16 floats, each batch in two micro-batches; rank 0 also
 writes the program's gradient_buckets.
+mixed: "buckets" on a model with a frozen layer, a layer called twice (one weight, two writers of its
+gradient) and a module the forward never calls.
 recompute: "sync_bn" with every output recomputed that can be (the SyncBatchNorm's replay reduces its statistics
 over the ranks again, amid the buckets' sums started by then) and the gradient in buckets.
 fit: ft.fit over a shuffled Loader sharded by rank, then ft.evaluate; every rank writes its weights and figures.
@@ -31,6 +33,23 @@ def model(norm=None):
     if norm:
         layers.append(nn.SyncBatchNorm(16) if norm == "sync" else nn.BatchNorm1d(16))
     return nn.Sequential(*layers, nn.GELU(), nn.Linear(16, CLASSES))
+
+
+class Mixed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.frozen, self.shared, self.head = nn.Linear(6, 16), nn.Linear(16, 16), nn.Linear(16, CLASSES)
+        self.unused = nn.Linear(3, 3)
+        self.frozen.requires_grad_(False)
+
+    def forward(self, x):
+        h = nn.functional.gelu(self.frozen(x))
+        return self.head(nn.functional.gelu(self.shared(nn.functional.gelu(self.shared(h)))))
+
+
+def mixed_model():
+    ft.manual_seed(0)
+    return Mixed()
 
 
 def fit_model():
@@ -64,9 +83,9 @@ def main(mode, out):
     rank = ft.distributed.get_rank()
     mine = slice(rank * B, (rank + 1) * B)
     x, y = batch()
-    if mode in ("steps", "sync_bn", "buckets", "recompute"):
-        m = model("sync" if mode in ("sync_bn", "recompute") else None)
-        options = {"bucket_cap_mb": 16 * 4 / 2 ** 20, "accumulate_steps": 2} if mode == "buckets" else \
+    if mode in ("steps", "sync_bn", "buckets", "mixed", "recompute"):
+        m = mixed_model() if mode == "mixed" else model("sync" if mode in ("sync_bn", "recompute") else None)
+        options = {"bucket_cap_mb": 16 * 4 / 2 ** 20, "accumulate_steps": 2} if mode in ("buckets", "mixed") else \
             {"bucket_cap_mb": 16 * 4 / 2 ** 20, "recompute": [m]} if mode == "recompute" else {}
         p = compiled(m, True, **options)
         losses = [p.train_step(x[mine], y[mine]) for _ in range(STEPS)]

@@ -36,16 +36,17 @@ def run_ok(mode, out, **kw):
     return done
 
 
-@pytest.mark.parametrize("mode", ["steps", "sync_bn", "buckets", "recompute"])
+@pytest.mark.parametrize("mode", ["steps", "sync_bn", "buckets", "mixed", "recompute"])
 def test_two_ranks_of_b_samples_train_as_one_process_of_2b(tmp_path, mode):
     """Averaged gradients (and, with SyncBatchNorm, statistics of both ranks' samples) make 2 ranks x B samples
     the same training as one process of 2B samples (with a plain batch norm), whether the gradient is summed in
-    one piece or in buckets started during the backward (of the last micro-batch only)."""
+    one piece or in buckets started during the backward (of the last micro-batch only; with frozen, unused and
+    tied parameters too)."""
     run_ok(mode, tmp_path / "dp.npz")
     got = np.load(tmp_path / "dp.npz")
-    if mode == "buckets":  # 163 floats in buckets of 16, every one started before the backward ended
-        assert got["buckets"].tolist() == [11, 11]
-    m = worker.model("plain" if mode in ("sync_bn", "recompute") else None)
+    if mode in ("buckets", "mixed"):  # 163 (447) floats in buckets of 16, every one started within the backward
+        assert got["buckets"].tolist() == ([11, 11] if mode == "buckets" else [28, 28])
+    m = worker.mixed_model() if mode == "mixed" else worker.model("plain" if mode in ("sync_bn", "recompute") else None)
     p = worker.compiled(m, distributed=False)
     x, y = worker.batch()
     losses = [p.train_step(x, y) for _ in range(worker.STEPS)]
