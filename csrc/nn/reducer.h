@@ -1,5 +1,6 @@
-/* Data-parallel gradient averaging in buckets, overlapped with the backward
- * (the reducer of PyTorch's DistributedDataParallel, over ft.distributed).
+/* Data-parallel gradient sums in buckets, overlapped with the backward (the
+ * reducer of PyTorch's DistributedDataParallel, over ft.distributed; the
+ * step divides by the world size after).
  *
  * The program's flat gradient buffer is cut into buckets of about
  * bucket_bytes, counted from its end: parameters are laid out in the order
