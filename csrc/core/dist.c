@@ -66,63 +66,40 @@ static ft_status check_ready(const char *what) {
     return ready ? FT_OK : ft_fail(FT_ERR_RUNTIME, "%s: call ft.distributed.init() first", what);
 }
 
+/* A collective: FT_ERR_RUNTIME before init, else `call` under the lock of the
+ * calls, its MPI error named after `mpi`. */
+#define COLLECTIVE(what, mpi, call)                                \
+    do {                                                           \
+        FT_TRY(check_ready(what));                                 \
+        pthread_mutex_lock(&calls);                                \
+        int code = call;                                           \
+        pthread_mutex_unlock(&calls);                              \
+        return code ? failed(mpi, code) : FT_OK;                   \
+    } while (0)
+
 ft_status ft_dist_allreduce_sum_f32(float *buf, int64_t n) {
-    FT_TRY(check_ready("all_reduce"));
-    pthread_mutex_lock(&calls);
-    int code = api->allreduce_sum_f32(buf, n);
-    pthread_mutex_unlock(&calls);
-    return code ? failed("MPI_Allreduce", code) : FT_OK;
+    COLLECTIVE("all_reduce", "MPI_Allreduce", api->allreduce_sum_f32(buf, n));
 }
 
 ft_status ft_dist_allreduce_sum_f64(double *buf, int64_t n) {
-    FT_TRY(check_ready("all_reduce"));
-    pthread_mutex_lock(&calls);
-    int code = api->allreduce_sum_f64(buf, n);
-    pthread_mutex_unlock(&calls);
-    return code ? failed("MPI_Allreduce", code) : FT_OK;
+    COLLECTIVE("all_reduce", "MPI_Allreduce", api->allreduce_sum_f64(buf, n));
 }
 
 ft_status ft_dist_iallreduce_sum_f32(float *buf, int64_t n) {
-    FT_TRY(check_ready("all_reduce"));
-    pthread_mutex_lock(&calls);
-    int code = api->iallreduce_sum_f32(buf, n);
-    pthread_mutex_unlock(&calls);
-    return code ? failed("MPI_Iallreduce", code) : FT_OK;
+    COLLECTIVE("all_reduce", "MPI_Iallreduce", api->iallreduce_sum_f32(buf, n));
 }
 
-ft_status ft_dist_progress(void) {
-    FT_TRY(check_ready("all_reduce"));
-    pthread_mutex_lock(&calls);
-    int code = api->progress();
-    pthread_mutex_unlock(&calls);
-    return code ? failed("MPI_Testall", code) : FT_OK;
-}
+ft_status ft_dist_progress(void) { COLLECTIVE("all_reduce", "MPI_Testall", api->progress()); }
 
-ft_status ft_dist_wait_all(void) {
-    FT_TRY(check_ready("all_reduce"));
-    pthread_mutex_lock(&calls);
-    int code = api->wait_all();
-    pthread_mutex_unlock(&calls);
-    return code ? failed("MPI_Waitall", code) : FT_OK;
-}
+ft_status ft_dist_wait_all(void) { COLLECTIVE("all_reduce", "MPI_Waitall", api->wait_all()); }
 
 ft_status ft_dist_bcast(void *buf, int64_t bytes, int root) {
-    FT_TRY(check_ready("broadcast"));
-    if (root < 0 || root >= world_size)
+    if (ready && (root < 0 || root >= world_size))
         return ft_fail(FT_ERR_VALUE, "broadcast: src %d is not a rank of %d", root, world_size);
-    pthread_mutex_lock(&calls);
-    int code = api->bcast(buf, bytes, root);
-    pthread_mutex_unlock(&calls);
-    return code ? failed("MPI_Bcast", code) : FT_OK;
+    COLLECTIVE("broadcast", "MPI_Bcast", api->bcast(buf, bytes, root));
 }
 
-ft_status ft_dist_barrier(void) {
-    FT_TRY(check_ready("barrier"));
-    pthread_mutex_lock(&calls);
-    int code = api->barrier();
-    pthread_mutex_unlock(&calls);
-    return code ? failed("MPI_Barrier", code) : FT_OK;
-}
+ft_status ft_dist_barrier(void) { COLLECTIVE("barrier", "MPI_Barrier", api->barrier()); }
 
 void ft_dist_abort(int code) {
     if (ready)
