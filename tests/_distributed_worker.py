@@ -2,7 +2,8 @@
 
     python _distributed_worker.py MODE OUT [ARGS]
 
-steps: B samples per rank of a fixed 2B-sample batch, STEPS train_steps; rank 0 writes the weights to OUT.
+steps: B samples per rank of a fixed 2B-sample batch, STEPS train_steps; rank 0 writes the weights to OUT (after
+checking that a broadcast from a rank that does not exist is refused).
 sync_bn: the same with a SyncBatchNorm in the model.
 buckets: "steps" with the gradient summed in buckets of 16 floats, each batch in two micro-batches; rank 0 also
 writes the program's gradient_buckets.
@@ -83,6 +84,12 @@ def main(mode, out):
     rank = ft.distributed.get_rank()
     mine = slice(rank * B, (rank + 1) * B)
     x, y = batch()
+    if mode == "steps":  # a bad source is refused on every rank before any rank communicates
+        try:
+            ft.distributed.broadcast(ft.zeros(2), src=2)
+            raise AssertionError("broadcast from rank 2 of 2 was not refused")
+        except ValueError as e:
+            assert "broadcast: src 2 is not a rank of 2" in str(e), e
     if mode in ("steps", "sync_bn", "buckets", "mixed", "recompute"):
         m = mixed_model() if mode == "mixed" else model("sync" if mode in ("sync_bn", "recompute") else None)
         options = {"bucket_cap_mb": 16 * 4 / 2 ** 20, "accumulate_steps": 2} if mode in ("buckets", "mixed") else \
