@@ -8,8 +8,8 @@ Environment:
   FASTTRAIN_MPI=0       build without the MPI backend (default: built when mpicc is found)
   FASTTRAIN_NATIVE=1    compile the C core with -march=native
   FASTTRAIN_SANITIZE=1  compile and link with AddressSanitizer and UBSan
-  CUDNN_HOME            where cuDNN's include/ and lib/ are, when not beside the CUDA toolkit
-                        (default: found there or in the nvidia-cudnn pip package)
+  CUDNN_HOME, NCCL_HOME where cuDNN's / NCCL's include/ and lib/ are, when not beside the CUDA toolkit
+                        (default: found there, in /usr or in NVIDIA's pip packages)
 """
 import glob
 import os
@@ -29,7 +29,8 @@ CUDA_ARCHS = ["-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=comput
 
 
 def cuda_toolchain():
-    """(nvcc, (cuDNN include dir, lib dir, -l name)), or (None, None) to build without the CUDA backend."""
+    """(nvcc, [(include dir, lib dir, -l name) of cuDNN and of NCCL]), or (None, None) to build without the
+    CUDA backend."""
     flag = os.environ.get("FASTTRAIN_CUDA")
     if flag == "0":
         return None, None
@@ -38,15 +39,19 @@ def cuda_toolchain():
         if flag == "1":
             sys.exit("FASTTRAIN_CUDA=1 but nvcc was not found on PATH")
         return None, None
-    cudnn = find_cudnn(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))))
-    if not cudnn:
-        message = ("cuDNN 9 was not found beside the CUDA toolkit, in /usr, in CUDNN_HOME or in the nvidia-cudnn "
-                   "package")
-        if flag == "1":
-            sys.exit(f"FASTTRAIN_CUDA=1 but {message}")
-        print(f"warning: {message}: building without the CUDA backend", file=sys.stderr)
-        return None, None
-    return nvcc, cudnn
+    cuda_home = os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))
+    libraries = []
+    for name, header, version, env in (("cudnn", "cudnn.h", 9, "CUDNN_HOME"), ("nccl", "nccl.h", 2, "NCCL_HOME")):
+        found = find_library(cuda_home, name, header, version, env)
+        if not found:
+            message = (f"{name} {version} was not found beside the CUDA toolkit, in /usr, in {env} or in NVIDIA's "
+                       "pip packages")
+            if flag == "1":
+                sys.exit(f"FASTTRAIN_CUDA=1 but {message}")
+            print(f"warning: {message}: building without the CUDA backend", file=sys.stderr)
+            return None, None
+        libraries.append(found)
+    return nvcc, libraries
 
 
 def c_flags():
@@ -87,14 +92,13 @@ class BuildExt(build_ext):
 
     def build_cuda(self):
         """Compiles each .cu file on its own (in parallel, only when it or a
-        header changed), then links them with cuBLAS(Lt) and cuDNN."""
+        header changed), then links them with cuBLAS(Lt), cuDNN and NCCL."""
         ext_path = self.get_ext_fullpath("fasttrain._C")
         out = os.path.join(os.path.dirname(ext_path), "libfasttrain_cuda.so")
         objdir = os.path.join(self.build_temp, "cuda")
         os.makedirs(objdir, exist_ok=True)
         os.makedirs(os.path.dirname(out), exist_ok=True)
         cuda_home = os.path.dirname(os.path.dirname(os.path.realpath(NVCC)))
-        cudnn_inc, cudnn_lib, cudnn_name = CUDNN
         headers = glob.glob(os.path.join(ROOT, "cuda", "*.h")) + glob.glob(os.path.join(ROOT, "csrc", "*", "*.h"))
         newest_header = max(os.path.getmtime(h) for h in headers)
 
@@ -108,7 +112,7 @@ class BuildExt(build_ext):
             # either, or their results differ from the CPU's in the last bit.
             cmd = [NVCC, "-O3", "-std=c++17", "--expt-relaxed-constexpr", "--fmad=false", "-Xcompiler",
                    "-fPIC,-Wall,-fvisibility=hidden", *CUDA_ARCHS, "-I", os.path.join(ROOT, "csrc"),
-                   "-I", cudnn_inc, "-c", src, "-o", obj]
+                   *(f"-I{inc}" for inc, _, _ in CUDA_LIBRARIES), "-c", src, "-o", obj]
             print(" ".join(cmd), flush=True)
             subprocess.check_call(cmd)
             return obj
@@ -119,40 +123,38 @@ class BuildExt(build_ext):
         if os.path.exists(out) and all(os.path.getmtime(o) <= os.path.getmtime(out) for o in objects):
             return
         libdir = os.path.join(cuda_home, "lib64")
-        nccl_lib = os.path.join(cuda_home, "lib")  # the toolkit's NCCL, beside lib64
         # --no-undefined: the library may call nothing of the core's but
         # through the host table, so a stray core symbol fails the build here
         # instead of the dlopen at import.
         cmd = [NVCC, "-shared", *CUDA_ARCHS, *objects, "-o", out, "-Xlinker=--no-undefined", "-L", libdir,
-               "-L", cudnn_lib, "-L", nccl_lib,
-               f"-Xlinker=-rpath,{libdir}", f"-Xlinker=-rpath,{cudnn_lib}", f"-Xlinker=-rpath,{nccl_lib}",
-               "-lcublasLt", "-lcublas", f"-l{cudnn_name}", "-lnccl", "-lcudart"]
+               f"-Xlinker=-rpath,{libdir}",
+               *(flag for _, lib, _ in CUDA_LIBRARIES for flag in ("-L", lib, f"-Xlinker=-rpath,{lib}")),
+               "-lcublasLt", "-lcublas", *(f"-l{name}" for _, _, name in CUDA_LIBRARIES), "-lcudart"]
         print(" ".join(cmd), flush=True)
         subprocess.check_call(cmd)
 
 
-def find_cudnn(cuda_home):
-    """(include dir, lib dir, -l name) of cuDNN 9 from CUDNN_HOME, the CUDA
-    toolkit, the system, or the nvidia-cudnn pip package (whose library has
-    only a versioned name); None when there is none."""
-    purelib = sysconfig.get_paths()["purelib"]
-    candidates = [os.environ.get("CUDNN_HOME"), cuda_home, "/usr",
-                  *glob.glob(os.path.join(purelib, "nvidia", "cudnn")),
-                  *glob.glob("/usr/local/lib/python3*/*-packages/nvidia/cudnn"),
-                  *glob.glob("/usr/lib/python3/dist-packages/nvidia/cudnn")]
-    for home in filter(None, candidates):
-        if not os.path.exists(os.path.join(home, "include", "cudnn.h")):
+def find_library(cuda_home, name, header, version, env):
+    """(include dir, lib dir, -l name) of lib<name> from the folder named by env, the CUDA toolkit, the system,
+    or NVIDIA's pip packages (whose libraries have only a versioned name, in layouts that differ between
+    CUDA releases); None when there is none."""
+    site = {sysconfig.get_paths()["purelib"], *glob.glob("/usr/local/lib/python3*/*-packages"),
+            "/usr/lib/python3/dist-packages"}
+    pip_homes = sorted(os.path.dirname(os.path.dirname(h)) for base in site
+                       for h in glob.glob(os.path.join(base, "nvidia", "**", "include", header), recursive=True))
+    for home in filter(None, [os.environ.get(env), cuda_home, "/usr", *pip_homes]):
+        if not os.path.exists(os.path.join(home, "include", header)):
             continue
         for lib in ("lib64", "lib", "lib/x86_64-linux-gnu"):
             libdir = os.path.join(home, lib)
-            if os.path.exists(os.path.join(libdir, "libcudnn.so")):
-                return os.path.join(home, "include"), libdir, "cudnn"
-            if os.path.exists(os.path.join(libdir, "libcudnn.so.9")):
-                return os.path.join(home, "include"), libdir, ":libcudnn.so.9"
+            if os.path.exists(os.path.join(libdir, f"lib{name}.so")):
+                return os.path.join(home, "include"), libdir, name
+            if os.path.exists(os.path.join(libdir, f"lib{name}.so.{version}")):
+                return os.path.join(home, "include"), libdir, f":lib{name}.so.{version}"
     return None
 
 
-NVCC, CUDNN = cuda_toolchain()
+NVCC, CUDA_LIBRARIES = cuda_toolchain()
 MPICC = os.environ.get("FASTTRAIN_MPI", "1") != "0" and shutil.which("mpicc")
 
 

@@ -41,7 +41,7 @@ Compute-bound ops, GFLOP/s (2 flops per multiply-add, no bias where a batch norm
       causal counting only the T*(T+1)/2 scores a query sees; fwd = sdpa_forward with the lse kept, fwd_bwd =
       sdpa_forward + sdpa_backward. torch: F.scaled_dot_product_attention (1.13: its private
       _scaled_dot_product_attention) and torch.autograd.grad of its output for (q, k, v). The _bf16 cases
-      run the same in bfloat16 (where the CPU has AVX512-BF16), torch in bfloat16 too; "peak_fraction" is
+      run the same in bfloat16 (on a CPU with AVX512-BF16), torch in bfloat16 too; "peak_fraction" is
       still over the float32 FMA peak, which the bfloat16 products can pass (their rate is twice it).
 
 Memory-bound ops, GB/s over the bytes the op must move at least (each input read once, each output written
@@ -517,7 +517,7 @@ def all_cases(N, dev="cpu"):
     for width in (512, 1024, 4096):
         cases += linear_cases(N, width, width, dev)
     cases += attention_cases(8, 4, 256, 64, dev)
-    if dev == "cuda" or ft.backends.cpu_has_bf16():
+    if dev == "cpu" and ft.backends.cpu_has_bf16():  # the CUDA kernels are float32 only
         cases += attention_cases(8, 4, 256, 64, dev, "bfloat16")
     cases += memory_cases(N, 64, 32, rows=N * 64, D=1024, classes=[(N, 1000), (N, 32768)], dev=dev)
     return cases

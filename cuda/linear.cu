@@ -165,27 +165,36 @@ static ft_status matmul(const matrix &A, cublasOperation_t opa, const matrix &B,
     FT_TRY(lt_check(cublasLtMatmulPreferenceSetAttribute(ds.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ad,
                                                          sizeof ad),
                     "cublasLtMatmulPreferenceSetAttribute"));
-    cublasLtMatmulHeuristicResult_t result;
+    /* The heuristic's list depends only on the descriptors, the alignments
+     * and the workspace size, so taking its first candidate that runs picks
+     * the same algorithm every time. cuBLASLt may list a candidate that its
+     * matmul then refuses (NOT_SUPPORTED, before it writes anything): the
+     * next one is tried. */
+    enum { CANDIDATES = 8 };
+    cublasLtMatmulHeuristicResult_t results[CANDIDATES];
     int found = 0;
-    cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(h, ds.op, ds.a, ds.b, ds.d, ds.d, ds.pref, 1, &result, &found);
-    if (hs != CUBLAS_STATUS_NOT_SUPPORTED)
-        FT_TRY(lt_check(hs, "cublasLtMatmulAlgoGetHeuristic"));
+    cublasStatus_t last =
+        cublasLtMatmulAlgoGetHeuristic(h, ds.op, ds.a, ds.b, ds.d, ds.d, ds.pref, CANDIDATES, results, &found);
+    if (last != CUBLAS_STATUS_NOT_SUPPORTED)
+        FT_TRY(lt_check(last, "cublasLtMatmulAlgoGetHeuristic"));
+    const float one = 1.0f, zero = 0.0f;
+    last = CUBLAS_STATUS_NOT_SUPPORTED;
+    for (int i = 0; i < found && last == CUBLAS_STATUS_NOT_SUPPORTED; i++) {
+        ft_cuda_scratch ws;
+        FT_TRY(ft_cuda_scratch_alloc(&ws, results[i].workspaceSize, device));
+        last = cublasLtMatmul(h, ds.op, &one, A.ptr, ds.a, B.ptr, ds.b, &zero, D.ptr, ds.d, D.ptr, ds.d,
+                              &results[i].algo, ws.ptr, results[i].workspaceSize, FT_CUDA_STREAM);
+        ft_cuda_scratch_free(&ws);
+    }
     if (supported)
-        *supported = hs == CUBLAS_STATUS_SUCCESS && found > 0;
+        *supported = last != CUBLAS_STATUS_NOT_SUPPORTED;
     if (supported && !*supported)
         return FT_OK;
-    if (hs != CUBLAS_STATUS_SUCCESS || found < 1)
+    if (last == CUBLAS_STATUS_NOT_SUPPORTED)
         return ft_cuda_fail(FT_ERR_CUDA, "linear: cuBLASLt has no algorithm for a %llux%llu by %llux%llu product",
                             (unsigned long long)A.rows, (unsigned long long)A.cols, (unsigned long long)B.rows,
                             (unsigned long long)B.cols);
-    ft_cuda_scratch ws;
-    FT_TRY(ft_cuda_scratch_alloc(&ws, result.workspaceSize, device));
-    const float one = 1.0f, zero = 0.0f;
-    ft_status st = lt_check(cublasLtMatmul(h, ds.op, &one, A.ptr, ds.a, B.ptr, ds.b, &zero, D.ptr, ds.d, D.ptr, ds.d,
-                                           &result.algo, ws.ptr, result.workspaceSize, FT_CUDA_STREAM),
-                            "cublasLtMatmul");
-    ft_cuda_scratch_free(&ws);
-    return st;
+    return lt_check(last, "cublasLtMatmul");
 }
 
 /* float32 products write float32 (cuBLASLt has no float32 -> bfloat16 path):
@@ -222,10 +231,15 @@ static ft_status linear_forward(const ft_tensor *out, const ft_tensor *x, const 
         else if (bias)
             epi = CUBLASLT_EPILOGUE_BIAS;
     }
-    /* out^T (O x N) = w (O x I) x^T (I x N) */
-    FT_TRY(matmul(W, W.op(false), X, X.op(true), D, epi, fuse ? bias : NULL, NULL));
+    /* out^T (O x N) = w (O x I) x^T (I x N); an epilogue cuBLASLt cannot
+     * run for these shapes leaves the bias and activation to their pass */
+    bool fused = false;
+    if (fuse)
+        FT_TRY(matmul(W, W.op(false), X, X.op(true), D, epi, bias, &fused));
+    if (!fused)
+        FT_TRY(matmul(W, W.op(false), X, X.op(true), D, CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL));
     FT_TRY(D.finish());
-    return fuse ? FT_OK : ft_cuda_bias_act(out, b, 1, act);
+    return fused ? FT_OK : ft_cuda_bias_act(out, b, 1, act);
 }
 
 /* db (float32, given only with dw) comes out of dw's product as cuBLASLt's

@@ -44,6 +44,12 @@ ft_status ft_cuda_use_device(const ft_tensor *t) { return set_device(ft_tensor_d
 
 ft_status ft_cuda_scratch_alloc(ft_cuda_scratch *s, size_t nbytes, int device) {
     s->device = device;
+    /* The allocator's address for zero bytes is a host one; the libraries
+     * check a workspace's alignment even when it is empty, and take NULL. */
+    if (nbytes == 0) {
+        s->ptr = NULL, s->granted = 0;
+        return FT_OK;
+    }
     return host->alloc(&s->ptr, &s->granted, nbytes, device);
 }
 

@@ -128,7 +128,9 @@ def test_mse_mlp_with_layer_norm_and_dropout_matches_cpu():
         losses_c.append(pc.train_step(x, y))
         losses_g.append(pg.train_step(x, y))
     assert_losses_close(losses_g, losses_c)
-    assert_models_close(mg, mc)
+    # AdamW divides by sqrt(v): a gradient's relative difference between the devices (reduction order) passes
+    # whole into its update, where SGD's would be scaled by lr
+    assert_models_close(mg, mc, rtol=5e-4)
     xe = r.standard_normal((24, 20)).astype(np.float32)
     assert_close(pg.predict(xe), pc.predict(xe), 1e-4, 1e-4)
 
@@ -242,7 +244,7 @@ def test_traced_zoo_models_match_cpu(name):
         program = model.compile(ft.optim.SGD(model.parameters(), lr=0.05), loss, batch_size=8, input_shape=shape,
                                 memory_format=fmt, input_dtype=ft.int64 if name in zoo.TOKENS else None)
         loss_value = program.backward(x, y)
-        results.append((loss_value, {n: host(p.grad) for n, p in model.named_parameters()}))
+        results.append((loss_value, {n: p.grad for n, p in model.named_parameters()}))
     assert_losses_close([results[1][0]], [results[0][0]])
     for n, g in results[0][1].items():
         assert_close(results[1][1][n], g, 1e-4, 1e-4)

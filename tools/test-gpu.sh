@@ -69,6 +69,8 @@ NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 [ -x "$NVCC" ] || die "nvcc was not found on PATH or in /usr/local/cuda/bin"
 export PATH="$(dirname "$NVCC"):$PATH"
 "$NVCC" --version | tail -n 2
+# where the headers and libraries the build looks for are (setup.py's find_library says which it takes)
+find /usr /opt \( -name cudnn.h -o -name nccl.h -o -name 'libnccl.so*' -o -name 'libcudnn.so*' \) 2>/dev/null | head -n 20
 "$PY" - <<'EOF' || die "$PY cannot import numpy and pytest"
 import sys, numpy, pytest
 print("python", sys.version.split()[0], "at", sys.executable)

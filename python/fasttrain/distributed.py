@@ -82,22 +82,33 @@ def barrier() -> None:
     _C.dist_barrier()
 
 
+def _in_host_memory(collective, tensor: Tensor, *args) -> Tensor:
+    """Runs an MPI collective on a contiguous CPU tensor in place; a CUDA tensor goes through a host copy (MPI
+    reads host memory; the compiled step sums CUDA gradients with NCCL)."""
+    _require()
+    if not tensor.is_cuda:
+        collective(tensor, *args)
+        return tensor
+    host = tensor.cpu()
+    collective(host, *args)
+    return tensor.copy_(host)
+
+
 def all_reduce(tensor: Tensor, op: str = "sum") -> Tensor:
-    """Reduces a contiguous float32 or float64 CPU tensor over the ranks in place ('sum' or 'mean'); returns it."""
+    """Reduces a float32 or float64 tensor (contiguous on the CPU, or on a CUDA device) over the ranks in place
+    ('sum' or 'mean'); returns it."""
     if op not in ("sum", "mean"):
         raise ValueError(f"all_reduce: op must be 'sum' or 'mean', got {op!r}")
-    _require()
-    _C.dist_all_reduce_sum(tensor)
+    _in_host_memory(_C.dist_all_reduce_sum, tensor)
     if op == "mean":
         tensor.mul_(1.0 / get_world_size())
     return tensor
 
 
 def broadcast(tensor: Tensor, src: int = 0) -> Tensor:
-    """Overwrites a contiguous CPU tensor with rank src's values, in place; returns it."""
-    _require()
-    _C.dist_broadcast(tensor, int(src))
-    return tensor
+    """Overwrites a tensor (contiguous on the CPU, or on a CUDA device) with rank src's values, in place;
+    returns it."""
+    return _in_host_memory(_C.dist_broadcast, tensor, int(src))
 
 
 def finalize() -> None:
