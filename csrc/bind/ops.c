@@ -1240,7 +1240,8 @@ static PyObject *py_batch_norm_backward(PyObject *m, PyObject *args, PyObject *k
     }
     ft_status s;
     CALL(s, big(inp),
-         ft_batchnorm_backward(o[0].t, o[1].t, o[2].t, dout, inp, out, w, mean, invstd, &p, ALL_ACC(accumulate)));
+         ft_batchnorm_backward(o[0].t, o[1].t, o[2].t, dout, inp, out, w, NULL, mean, invstd, &p,
+                               ALL_ACC(accumulate)));
     return finish(s, o, 3);
 }
 

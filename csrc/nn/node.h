@@ -65,6 +65,12 @@ typedef struct {
     ft_status (*prepare)(const ft_node *nd, const ft_node *const *in, const ft_tensor *y, int64_t batch,
                          double *norm);
     ft_node_precision precision;
+    /* Whether the backward reads the output alone, none of the inputs
+     * (InPlace-ABN): the inputs need not live until it. NULL: never. */
+    bool (*from_output)(const ft_node *nd);
+    /* Whether the backward reads the node's own output; when it does not,
+     * the output need not live until it. NULL: it does. */
+    bool (*reads_output)(const ft_node *nd);
 } ft_node_kind_info;
 
 extern const ft_node_kind_info ft_node_kinds[FT_NODE_NKINDS];

@@ -208,6 +208,9 @@ static ft_status conv2d_forward(const ft_node_run *r) {
     return ft_conv2d_forward(&r->out, &r->in[0], &w, param(&nd->bias), &nd->conv, &fusion);
 }
 
+/* A conv's or linear's backward reads its output for a fused activation only. */
+static bool act_fused(const ft_node *nd) { return nd->act.kind != FT_ACT_NONE; }
+
 /* The fused activation's backward, in place on dout: the op's own gradient. */
 static ft_status unfuse(const ft_node_run *r) {
     if (r->nd->act.kind == FT_ACT_NONE)
@@ -288,9 +291,14 @@ static ft_status batchnorm_backward(const ft_node_run *r) {
     ft_tensor mean = aux_vector(r, 0, C), invstd = aux_vector(r, C, C);
     ft_batchnorm_params bn = nd->bn;
     bn.act = nd->act;
-    return ft_batchnorm_backward(r->din[0], r->dweight, r->dbias, &r->dout, &r->in[0], &r->out, param(&nd->weight),
-                                 &mean, &invstd, &bn, acc_of(r));
+    /* InPlace-ABN's input may be gone: the program frees it after the forward */
+    return ft_batchnorm_backward(r->din[0], r->dweight, r->dbias, &r->dout, bn.inplace_abn ? NULL : &r->in[0],
+                                 &r->out, param(&nd->weight), param(&nd->bias), &mean, &invstd, &bn, acc_of(r));
 }
+
+static bool batchnorm_from_output(const ft_node *nd) { return nd->bn.inplace_abn; }
+
+static bool batchnorm_reads_output(const ft_node *nd) { return nd->act.kind != FT_ACT_NONE || nd->bn.inplace_abn; }
 
 /* The elements a layer norm normalizes together: its trailing norm_dims. */
 static int64_t norm_size(const ft_node *nd) {
@@ -954,10 +962,13 @@ static ft_status sum_backward(const ft_node_run *r) {
 const ft_node_kind_info ft_node_kinds[FT_NODE_NKINDS] = {
     /* name, inputs (min, max), images, check, aux bytes, is a view, forward, backward, prepare, precision */
     [FT_NODE_INPUT] = {"input", 0, 0, 0, NULL, NULL, always_view, NULL, NULL},
-    [FT_NODE_CONV2D] = {"conv2d", 1, 1, 2, NULL, NULL, NULL, conv2d_forward, conv2d_backward, .precision = FT_NODE_LOW},
-    [FT_NODE_LINEAR] = {"linear", 1, 1, 0, NULL, NULL, NULL, linear_forward, linear_backward, .precision = FT_NODE_LOW},
+    [FT_NODE_CONV2D] = {"conv2d", 1, 1, 2, NULL, NULL, NULL, conv2d_forward, conv2d_backward, .precision = FT_NODE_LOW,
+                        .reads_output = act_fused},
+    [FT_NODE_LINEAR] = {"linear", 1, 1, 0, NULL, NULL, NULL, linear_forward, linear_backward, .precision = FT_NODE_LOW,
+                        .reads_output = act_fused},
     [FT_NODE_BATCHNORM] = {"batch_norm", 1, 1, 1, same_shape, batchnorm_aux, NULL, batchnorm_forward,
-                           batchnorm_backward, .precision = FT_NODE_ANY},
+                           batchnorm_backward, .precision = FT_NODE_ANY, .from_output = batchnorm_from_output,
+                           .reads_output = batchnorm_reads_output},
     [FT_NODE_ACT] = {"activation", 1, 1, 0, same_shape, NULL, NULL, act_forward, act_backward, .precision = FT_NODE_ANY},
     [FT_NODE_MAXPOOL] = {"max_pool2d", 1, 1, 2, NULL, indices_aux, NULL, maxpool_forward, maxpool_backward, .precision = FT_NODE_ANY},
     [FT_NODE_AVGPOOL] = {"avg_pool2d", 1, 1, 2, NULL, NULL, NULL, avgpool_forward, avgpool_backward, .precision = FT_NODE_ANY},

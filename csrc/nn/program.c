@@ -224,6 +224,18 @@ static int64_t loss_step(const ft_program *p) { return 2 * (int64_t)p->n; }
 
 static int64_t backward_step(const ft_program *p, int i) { return 4 * (int64_t)p->n - 2 * (int64_t)i; }
 
+/* Whether node i's backward runs and reads its own output. */
+static bool reads_own_output(const ft_program *p, int i) {
+    const ft_node_kind_info *k = row(p, i);
+    return p->trains[i] && (!k->reads_output || k->reads_output(&p->nodes[i]));
+}
+
+/* Whether node j's backward runs and reads its inputs. */
+static bool reads_inputs(const ft_program *p, int j) {
+    const ft_node_kind_info *k = row(p, j);
+    return p->trains[j] && !(k->from_output && k->from_output(&p->nodes[j]));
+}
+
 static bool read_by_training(const ft_program *p, int i);
 
 /* Whether a recomputation reads node i's output, directly or through views. */
@@ -240,39 +252,41 @@ static bool read_by_replay(const ft_program *p, int i) {
  * memory. In training an output is kept until its own backward, which
  * comes after its readers'; a recomputed one only until its last reader's
  * forward, and again from its recomputation; one that no backward and no
- * recomputation reads (a frozen part's, read by frozen nodes only) and what
- * it saves live as in evaluation. In evaluation an output lives until its
- * last reader. */
+ * recomputation reads (a frozen part's, read by frozen nodes only; a conv's
+ * read only by an InPlace-ABN or a max pool) lives as in evaluation. What a
+ * node saves lives until its backward. In evaluation an output lives until
+ * its last reader. */
 static int64_t lay_out(const ft_program *p, bool training, block *b) {
     for (int i = 0; i < p->n; i++) {
         block *bi = &b[i * NBUF];
         memset(bi, 0, NBUF * sizeof *bi);
         int64_t out = output_bytes(p, i), aux = aux_bytes(p, i), born = forward_step(i);
         int last = p->last_consumer[i], again = training ? p->replay_at[i] : -1;
-        bool kept = training && (p->trains[i] || i == p->output || i == p->n - 1 || read_by_training(p, i) ||
-                                 read_by_replay(p, i));
+        bool kept = training && (reads_own_output(p, i) || i == p->output || i == p->n - 1 ||
+                                 read_by_training(p, i) || read_by_replay(p, i));
+        bool trains = training && p->trains[i]; /* its backward runs: what it saved lives until then */
         int64_t end = kept ? backward_step(p, i) : last == i ? loss_step(p) : forward_step(last);
         if (owns_output(p, i, training))
             bi[OUT] = (block){out, born, again < 0 ? end : forward_step(last), 0};
-        bi[AUX] = (block){aux, born, kept && again < 0 ? end : born, 0};
+        bi[AUX] = (block){aux, born, (kept || trains) && again < 0 ? backward_step(p, i) : born, 0};
         if (again >= 0) {
             bi[RE_OUT] = (block){out, backward_step(p, again) - 1, end, 0};
             bi[RE_AUX] = (block){aux, backward_step(p, again) - 1, end, 0};
         }
-        if (training && p->trains[i] && !shares_grad(p, i))
-            bi[DOUT] = (block){out, last == i ? loss_step(p) : backward_step(p, last), end, 0};
+        if (trains && !shares_grad(p, i))
+            bi[DOUT] = (block){out, last == i ? loss_step(p) : backward_step(p, last), backward_step(p, i), 0};
     }
     return place(b, p->n * NBUF);
 }
 
 /* ---- recomputation ---- */
 
-/* Whether a node with a backward (one that trains) reads node i's output,
- * directly or through views. */
+/* Whether a backward reads node i's output as its input, directly or
+ * through views. */
 static bool read_by_training(const ft_program *p, int i) {
     for (int j = i + 1; j < p->n; j++)
         for (int k = 0; k < p->nodes[j].ninputs; k++)
-            if (p->nodes[j].inputs[k] == i && (is_view(p, j, true) ? read_by_training(p, j) : p->trains[j]))
+            if (p->nodes[j].inputs[k] == i && (is_view(p, j, true) ? read_by_training(p, j) : reads_inputs(p, j)))
                 return true;
     return false;
 }

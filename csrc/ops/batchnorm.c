@@ -88,6 +88,13 @@ typedef struct {
     bool x16, y16, dy16;    /* bfloat16 */
     const float *center;    /* (C) */
     ft_act act;
+    /* InPlace-ABN's backward: x - center taken from y instead of read, as
+     * (act^-1(y) - bias[c]) / k[c] with from_y = (1 / k, bias), k the
+     * forward's scale; the center is then 0. C, S and cl give each
+     * element's channel. NULL: x is read. */
+    const float *from_y;
+    int64_t C, S;
+    bool cl;
 } sums_in;
 
 /* dz for `n` elements: dy through the fused activation's derivative, taken
@@ -105,6 +112,21 @@ static inline const float *grad_through_act(float *restrict dz, const float *res
     return dz;
 }
 
+/* x from y for n elements from i0 (InPlace-ABN), into x. */
+static inline const float *x_from_output(const sums_in *in, const float *restrict y, int64_t i0, int64_t n,
+                                         float *restrict x) {
+    const float *inv_k = in->from_y, *bias = in->from_y + in->C;
+    float slope = in->act.kind == FT_ACT_LEAKY_RELU ? in->act.alpha : 1.0f;
+    int64_t c = in->cl ? i0 % in->C : i0 / in->S % in->C;
+    for (int64_t j = 0; j < n; j++) {
+        float z = y[j] < 0.0f ? y[j] / slope : y[j];
+        x[j] = (z - bias[c]) * inv_k[c];
+        if (in->cl && ++c == in->C)
+            c = 0;
+    }
+    return x;
+}
+
 /* The length of a slice: whole channels-last rows of C channels, or (C 0)
  * part of a plane. A thread's buffer holds BUFS of them. */
 static int64_t slice_of(int64_t C) { return C == 0 ? SLICE : C < SLICE ? SLICE / C * C : C; }
@@ -112,10 +134,10 @@ enum { BUFS = 5 };
 
 /* The run [i0, i0 + n) of x as floats, and (backward) its dz: buf holds 4n floats. */
 static inline const float *run_of(const sums_in *in, int64_t i0, int64_t n, float *buf, const float **dz) {
-    const float *x = ft_floats_in(in->x, in->x16, i0, n, buf);
+    const float *y = in->y ? ft_floats_in(in->y, in->y16, i0, n, buf + 2 * n) : NULL;
+    const float *x = in->from_y ? x_from_output(in, y, i0, n, buf) : ft_floats_in(in->x, in->x16, i0, n, buf);
     if (in->dy) {
         const float *dy = ft_floats_in(in->dy, in->dy16, i0, n, buf + n);
-        const float *y = in->y ? ft_floats_in(in->y, in->y16, i0, n, buf + 2 * n) : NULL;
         *dz = grad_through_act(buf + 3 * n, dy, y, n, in->act);
     }
     return x;
@@ -281,6 +303,27 @@ static ft_status normalize(const norm_io *io, const float *scale, const float *s
     return FT_OK;
 }
 
+/* The affine scale of channel c: the weight (1 without one), or for
+ * InPlace-ABN |weight| + eps, which keeps it away from 0 so that the
+ * backward can divide by it. */
+static float weight_of(const ft_tensor *weight, int64_t c, const ft_batchnorm_params *p) {
+    if (!weight)
+        return 1.0f;
+    float w = ((const float *)ft_tensor_data(weight))[c];
+    return p->inplace_abn ? fabsf(w) + (float)p->eps : w;
+}
+
+static ft_status check_abn(const ft_batchnorm_params *p, ft_device dev) {
+    if (!p->inplace_abn)
+        return FT_OK;
+    if (dev.type == FT_DEV_CUDA)
+        return ft_fail(FT_ERR_DEVICE, "batch_norm: InPlace-ABN runs on the CPU only");
+    if (!(p->act.kind == FT_ACT_NONE || (p->act.kind == FT_ACT_LEAKY_RELU && p->act.alpha > 0.0f)))
+        return ft_fail(FT_ERR_VALUE, "batch_norm: InPlace-ABN inverts its activation: identity, or a leaky relu of "
+                                     "positive slope (for relu, recompute instead)");
+    return FT_OK;
+}
+
 ft_status ft_batchnorm_forward(const ft_tensor *out, const ft_tensor *save_mean, const ft_tensor *save_invstd,
                                const ft_tensor *inp, const ft_tensor *weight, const ft_tensor *bias,
                                const ft_tensor *running_mean, const ft_tensor *running_var,
@@ -310,6 +353,7 @@ ft_status ft_batchnorm_forward(const ft_tensor *out, const ft_tensor *save_mean,
                        (long long)M);
     if (dev.type == FT_DEV_CUDA && p->sync)
         return ft_fail(FT_ERR_DEVICE, "batch_norm: synchronized statistics need the CPU (there is no NCCL path)");
+    FT_TRY(check_abn(p, dev));
     if (dev.type == FT_DEV_CUDA)
         FT_CUDA_DISPATCH("batch_norm", batchnorm_forward, out, save_mean, save_invstd, inp, weight, bias,
                          running_mean, running_var, p);
@@ -351,9 +395,8 @@ ft_status ft_batchnorm_forward(const ft_tensor *out, const ft_tensor *save_mean,
     }
     if (s == FT_OK) {
         for (int64_t c = 0; c < C; c++) {
-            float w = weight ? ((const float *)ft_tensor_data(weight))[c] : 1.0f;
             float b = bias ? ((const float *)ft_tensor_data(bias))[c] : 0.0f;
-            scale[c] = ft_norm_scale(invstd[c], w);
+            scale[c] = ft_norm_scale(invstd[c], weight_of(weight, c, p));
             shift[c] = ft_norm_shift(mean[c], scale[c], b);
         }
         norm_io io = {ft_tensor_data(out), x, out->dtype == FT_BFLOAT16, x16};
@@ -392,27 +435,33 @@ FT_VEC_CLONES static void dx_run(void *dxp, bool dx16, const sums_in *in, int64_
 
 ft_status ft_batchnorm_backward(const ft_tensor *dinp, const ft_tensor *dweight, const ft_tensor *dbias,
                                 const ft_tensor *dout, const ft_tensor *inp, const ft_tensor *out,
-                                const ft_tensor *weight, const ft_tensor *save_mean, const ft_tensor *save_invstd,
-                                const ft_batchnorm_params *p, ft_grad_acc acc) {
-    ft_device dev = ft_op_device(inp);
+                                const ft_tensor *weight, const ft_tensor *bias, const ft_tensor *save_mean,
+                                const ft_tensor *save_invstd, const ft_batchnorm_params *p, ft_grad_acc acc) {
+    const ft_tensor *x = p->inplace_abn ? out : inp; /* what gives the layout, and x */
+    if (!x)
+        return ft_fail(FT_ERR_VALUE, "batch_norm: the backward needs the %s",
+                       p->inplace_abn ? "forward output (InPlace-ABN)" : "input");
+    ft_device dev = ft_op_device(x);
     layout l;
-    FT_TRY(layout_of(&l, inp, "input", dev));
-    FT_TRY(same_layout(&l, dout, inp, "grad_output", dev));
+    FT_TRY(layout_of(&l, x, p->inplace_abn ? "out" : "input", dev));
+    FT_TRY(same_layout(&l, dout, x, "grad_output", dev));
+    FT_TRY(check_abn(p, dev));
     if (p->act.kind != FT_ACT_NONE) {
         if (!out)
             return ft_fail(FT_ERR_VALUE, "batch_norm: the fused activation's backward needs the forward output");
         if (!ft_act_grad_uses_output(p->act))
             return ft_fail(FT_ERR_VALUE, "batch_norm: only relu, leaky relu, sigmoid and tanh can be fused");
-        FT_TRY(same_layout(&l, out, inp, "out", dev));
+        FT_TRY(same_layout(&l, out, x, "out", dev));
     }
     if (dinp) {
-        FT_TRY(same_layout(&l, dinp, inp, "grad_input", dev));
+        FT_TRY(same_layout(&l, dinp, x, "grad_input", dev));
         FT_TRY(ft_tensor_check_writable(dinp, "batch_norm backward"));
         if (acc.inp && dinp->storage == dout->storage && dinp->offset == dout->offset)
             return ft_fail(FT_ERR_VALUE, "batch_norm: grad_input cannot accumulate into grad_output itself");
     }
     int64_t C = l.C, M = l.N * l.S;
     FT_TRY(channel_vector(weight, C, "weight", dev));
+    FT_TRY(channel_vector(bias, C, "bias", dev));
     FT_TRY(channel_vector(save_mean, C, "save_mean", dev));
     FT_TRY(channel_vector(save_invstd, C, "save_invstd", dev));
     FT_TRY(channel_vector(dweight, C, "grad_weight", dev));
@@ -435,13 +484,24 @@ ft_status ft_batchnorm_backward(const ft_tensor *dinp, const ft_tensor *dweight,
     }
     const float *mean = (const float *)ft_tensor_data(save_mean), *invstd = (const float *)ft_tensor_data(save_invstd);
     double *sums = malloc((size_t)(2 * C + 1) * sizeof *sums);
-    float *k = malloc((size_t)(3 * C + 1) * sizeof *k); /* scale, k1, k2 per channel */
+    /* scale, k1, k2 per channel; InPlace-ABN's 1 / its scale, bias and 0 centers */
+    float *k = calloc((size_t)((p->inplace_abn ? 6 : 3) * C + 1), sizeof *k);
     ft_status s = sums && k ? FT_OK : ft_fail(FT_ERR_NOMEM, "batch_norm: out of memory");
-    sums_in in = {.x = ft_tensor_data(inp), .x16 = inp->dtype == FT_BFLOAT16, .dy = ft_tensor_data(dout),
-                  .dy16 = dout->dtype == FT_BFLOAT16, .center = mean, .act = p->act};
-    if (p->act.kind != FT_ACT_NONE) { /* dz needs the output */
+    sums_in in = {.dy = ft_tensor_data(dout), .dy16 = dout->dtype == FT_BFLOAT16, .center = mean, .act = p->act};
+    if (p->act.kind != FT_ACT_NONE || p->inplace_abn) { /* dz, or x, needs the output */
         in.y = ft_tensor_data(out);
         in.y16 = out->dtype == FT_BFLOAT16;
+    }
+    if (s == FT_OK && p->inplace_abn) {
+        float *from_y = k + 3 * C;
+        for (int64_t c = 0; c < C; c++) {
+            from_y[c] = 1.0f / (weight_of(weight, c, p) * invstd[c]);
+            from_y[C + c] = bias ? ((const float *)ft_tensor_data(bias))[c] : 0.0f;
+        }
+        in.from_y = from_y, in.C = C, in.S = l.S, in.cl = l.channels_last;
+        in.center = from_y + 2 * C;
+    } else {
+        in.x = ft_tensor_data(inp), in.x16 = inp->dtype == FT_BFLOAT16;
     }
     if (s == FT_OK)
         s = channel_sums(sums, sums + C, &l, &in); /* sum dz, sum dz * (x - mean) */
@@ -462,8 +522,12 @@ ft_status ft_batchnorm_backward(const ft_tensor *dinp, const ft_tensor *dweight,
     }
     if (s == FT_OK) {
         for (int64_t c = 0; c < C; c++) {
-            float w = weight ? ((const float *)ft_tensor_data(weight))[c] : 1.0f;
+            float w = weight_of(weight, c, p);
             ft_bn_grad g = ft_bn_grads(sums[c], sums[C + c], w, invstd[c], M, p->training);
+            if (p->inplace_abn && weight) { /* d|w| / dw: its sign (0 at 0, as PyTorch's abs) */
+                float wc = ((const float *)ft_tensor_data(weight))[c];
+                g.dweight *= (float)((wc > 0.0f) - (wc < 0.0f));
+            }
             if (global) {
                 ft_bn_grad gx = ft_bn_grads(global[c], global[C + c], w, invstd[c], count, p->training);
                 g.k0 = gx.k0, g.k1 = gx.k1, g.k2 = gx.k2;
@@ -490,7 +554,7 @@ ft_status ft_batchnorm_backward(const ft_tensor *dinp, const ft_tensor *dweight,
 #pragma omp parallel for schedule(static) if (s == FT_OK && total > PARALLEL_ELEMS)
         for (int64_t r = 0; r < (s == FT_OK ? nruns : 0); r++) {
             int64_t i0 = r * run, len = i0 + run < total ? run : total - i0;
-            dx_run(ft_tensor_data(dinp), dinp->dtype == FT_BFLOAT16, &in, i0, len, mean, k, C, cl, cl ? 0 : r % C,
+            dx_run(ft_tensor_data(dinp), dinp->dtype == FT_BFLOAT16, &in, i0, len, in.center, k, C, cl, cl ? 0 : r % C,
                    acc.inp, bufs + omp_get_thread_num() * per);
         }
         free(bufs);

@@ -19,6 +19,11 @@ typedef struct {
     double momentum; /* running = (1 - momentum) * running + momentum * batch statistic */
     ft_act act;      /* applied to the normalized output; backward needs `out` then */
     bool sync;       /* SyncBatchNorm: batch statistics over every rank of ft.distributed (CPU), as one batch */
+    /* In-place activated batch norm (InPlace-ABN, CPU): the scale is
+     * |weight| + eps, act is none or a leaky relu of positive slope, and the
+     * backward takes x back from out (inverting both) instead of reading
+     * inp, which the caller may then free after the forward. */
+    bool inplace_abn;
 } ft_batchnorm_params;
 
 /* out = act((inp - mean) * invstd * weight + bias).
@@ -32,13 +37,14 @@ ft_status ft_batchnorm_forward(const ft_tensor *out, const ft_tensor *save_mean,
                                const ft_batchnorm_params *p);
 
 /* Gradients from dout (the gradient of out). `out` is needed only when
- * p->act is not FT_ACT_NONE (its backward is taken from the output).
+ * p->act is not FT_ACT_NONE (its backward is taken from the output) or for
+ * InPlace-ABN, which reads out, weight and bias instead of inp (NULL).
  * dinp, dweight (C), dbias (C) may each be NULL; each is written (=), or
  * added to (+=) as `acc` says (ops/gradient.h). dinp may alias dout
  * (in-place backward) when it is written. */
 ft_status ft_batchnorm_backward(const ft_tensor *dinp, const ft_tensor *dweight, const ft_tensor *dbias,
                                 const ft_tensor *dout, const ft_tensor *inp, const ft_tensor *out,
-                                const ft_tensor *weight, const ft_tensor *save_mean, const ft_tensor *save_invstd,
-                                const ft_batchnorm_params *p, ft_grad_acc acc);
+                                const ft_tensor *weight, const ft_tensor *bias, const ft_tensor *save_mean,
+                                const ft_tensor *save_invstd, const ft_batchnorm_params *p, ft_grad_acc acc);
 
 #endif

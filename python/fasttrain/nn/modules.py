@@ -446,8 +446,12 @@ class _BatchNorm(Module):
         use_batch = self.training or not self.track_running_stats
         if self.training and self.track_running_stats:
             self.num_batches_tracked.fill_(self.num_batches_tracked.item() + 1)
-        return F.batch_norm(x, getattr(self, "running_mean", None), getattr(self, "running_var", None), self.weight,
-                            self.bias, use_batch, self.momentum, self.eps)
+        return F.batch_norm(x, getattr(self, "running_mean", None), getattr(self, "running_var", None),
+                            self._scale(), self.bias, use_batch, self.momentum, self.eps)
+
+    def _scale(self):
+        """The per-channel scale of the normalized values."""
+        return self.weight
 
     def extra_repr(self):
         return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "
@@ -468,6 +472,41 @@ class BatchNorm2d(_BatchNorm):
     cumulative average) is not supported."""
 
     _ranks = (3,)
+
+
+class InPlaceABN(_BatchNorm):
+    """Batch normalization and its activation in one layer that keeps only its output for the backward
+    (in-place activated batch norm, Rota Bulo et al. 2018; mapillary/inplace_abn's InPlaceABN, same arguments):
+    y = act((x - mean) / sqrt(var + eps) * (|weight| + eps) + bias), act a leaky ReLU of negative slope
+    activation_param (> 0) or the identity. The backward takes x back from y by inverting act and the affine
+    map, so a compiled program frees the layer's input after its forward. ReLU has no inverse: recompute instead
+    (compile(recompute=...), docs/memory.md). Samples of (C,), (C, L) or (C, H, W); CPU programs."""
+
+    _ranks = (1, 2, 3)
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True,
+                 activation="leaky_relu", activation_param=0.01):
+        if activation not in ("leaky_relu", "identity"):
+            raise ValueError(f"InPlaceABN: activation must be 'leaky_relu' or 'identity' (invertible), got "
+                             f"{activation!r}; for ReLU use BatchNorm2d and ReLU with compile(recompute=...)")
+        if activation == "leaky_relu" and not activation_param > 0:
+            raise ValueError(f"InPlaceABN: a leaky ReLU needs a positive activation_param (it is inverted), got "
+                             f"{activation_param}")
+        if not eps > 0:
+            raise ValueError(f"InPlaceABN: eps must be > 0 (the scale |weight| + eps is divided by), got {eps}")
+        super().__init__(num_features, eps, momentum, affine, track_running_stats)
+        self.activation, self.activation_param = activation, float(activation_param)
+
+    def _scale(self):
+        return None if self.weight is None else self.weight.abs() + self.eps
+
+    def forward(self, x):
+        from . import functional as F
+        y = super().forward(x)
+        return F.leaky_relu(y, self.activation_param) if self.activation == "leaky_relu" else y
+
+    def extra_repr(self):
+        return f"{super().extra_repr()}, activation={self.activation}, activation_param={self.activation_param}"
 
 
 class SyncBatchNorm(_BatchNorm):

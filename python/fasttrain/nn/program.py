@@ -55,7 +55,8 @@ def _node_of(module, shape):
     if isinstance(m, M.Linear):
         return LINEAR, {}
     if isinstance(m, M._BatchNorm):
-        return BATCHNORM, dict(eps=m.eps, momentum=m.momentum, sync=int(isinstance(m, M.SyncBatchNorm)))
+        return BATCHNORM, dict(eps=m.eps, momentum=m.momentum, sync=int(isinstance(m, M.SyncBatchNorm)),
+                               abn=int(isinstance(m, M.InPlaceABN)))
     if isinstance(m, M._Activation):
         name, alpha = _act_of(m)
         return ACT, dict(act=name, alpha=alpha)
@@ -179,13 +180,16 @@ def _fuse(entries):
     biases a batch norm cancels. Returns the surviving entries, re-indexed."""
     users = _consumers(entries)
     remap = list(range(len(entries)))
+    for e in entries:  # InPlace-ABN's activation is its own, and must stay invertible: nothing fuses into it
+        if isinstance(e.module, M.InPlaceABN) and e.module.activation == "leaky_relu":
+            e.act, e.alpha = "leaky_relu", e.module.activation_param
     for j, e in enumerate(entries):
         if e.kind != ACT:
             continue
         src = remap[e.inputs[0]]
         prod = entries[src]
         name = e.fields["act"]
-        ok = prod.act is None and len(users[e.inputs[0]]) == 1 and (
+        ok = prod.act is None and not isinstance(prod.module, M.InPlaceABN) and len(users[e.inputs[0]]) == 1 and (
             prod.kind == ADD or (prod.kind in (CONV2D, LINEAR, BATCHNORM) and name in FROM_OUTPUT))
         if name == "leaky_relu" and e.fields["alpha"] < 0:
             ok = False
@@ -458,6 +462,9 @@ class Program:
         if compute is not _BY_NAME["float32"] and self.flat_params.device.type != "cpu":
             raise NotImplementedError(f"compile: precision={precision!r} runs on the CPU so far; on CUDA compile "
                                       f"with precision='32-true'")
+        if self.flat_params.device.type != "cpu" and any(isinstance(e.module, M.InPlaceABN) for e in self.entries):
+            raise NotImplementedError("compile: InPlaceABN runs on the CPU so far; on CUDA use BatchNorm2d and "
+                                      "LeakyReLU, with recompute= to save their memory")
         self.precision = precision
         if memory_format == "channels_last" and any(e.kind == LINEAR and len(self.entries[e.inputs[0]].shape) == 3
                                  for e in self.entries):
