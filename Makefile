@@ -57,7 +57,7 @@ test-stress-sanitize: build
 	cd tests && LD_PRELOAD="$$($(CC) -print-file-name=libasan.so) $$($(CC) -print-file-name=libubsan.so)" \
 		ASAN_OPTIONS=detect_leaks=0 PYTHONPATH=../$(ASAN_PY) ../$(PY) -m pytest -q -p no:cacheprovider test_stress.py \
 		test_precision.py test_ops_attention.py test_data_png.py test_data_badfiles.py test_data_jpeg.py test_data_features.py test_fit_callbacks.py \
-		test_recompute.py test_inplace_abn.py test_memory.py
+		test_recompute.py test_inplace_abn.py test_memory.py test_grad_scaler.py
 
 test-py: build
 	$(PY) -m pytest -q tests

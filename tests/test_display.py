@@ -159,7 +159,7 @@ def test_history_is_the_dict_it_was():
     history = fitted_history()
     assert isinstance(history, dict) and isinstance(history, ft.History)
     assert list(history.keys()) == ["epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy", "lr",
-                                    "seconds", "images_per_second"]
+                                    "seconds", "images_per_second", "skipped_steps", "loss_scale"]
     plain = dict(history)
     assert history == plain and plain == history and history["epoch"] == [1, 2]
     assert json.loads(json.dumps(history)) == plain

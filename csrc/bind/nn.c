@@ -21,6 +21,16 @@
 #include "ops/reduce.h"
 #include "optim/optim.h"
 
+/* Dynamic loss scaling, as torch.amp.GradScaler: the backward starts from
+ * `scale` instead of 1 and the update multiplies the gradients by 1 / scale;
+ * a step whose loss or gradients overflowed is skipped and multiplies the
+ * scale by `backoff`, `interval` steps in a row without one by `growth`.
+ * scale 0: off. */
+typedef struct {
+    double scale, growth, backoff;
+    int64_t interval, good; /* good: steps since the last overflow or growth */
+} loss_scaler;
+
 typedef struct {
     PyObject_HEAD
     ft_program *prog;
@@ -32,6 +42,7 @@ typedef struct {
     void *nccl;       /* a distributed CUDA program's NCCL communicator */
     ft_reducer *reducer; /* a distributed CPU program's: its gradients summed in buckets during the backward */
     double last_grad_norm;   /* of the last step that computed it (clipping or nan_policy='skip'), else NaN */
+    loss_scaler scaler;
 } program_object;
 
 /* ---- parsing a node dict ---- */
@@ -374,12 +385,26 @@ typedef struct {
     const ft_tensor *rank_grads; /* a distributed program's flat gradients, averaged over the ranks; or NULL */
     void *nccl;                  /* their communicator when they are on a CUDA device */
     ft_reducer *reducer;         /* or the reducer that sums them during the backward on the CPU */
+    loss_scaler *scaler;         /* or NULL */
 } step_options;
 
-static void set_rank_options(step_options *o, const program_object *po) {
+static void set_program_options(step_options *o, program_object *po) {
     o->rank_grads = po->distributed ? &po->grads : NULL;
     o->nccl = po->nccl;
     o->reducer = po->reducer;
+    o->scaler = po->scaler.scale > 0 ? &po->scaler : NULL;
+}
+
+/* A step of a scaling program ran (overflowed: skipped) with the scale,
+ * which stays within the normal floats, where 1 / scale is one too. */
+static void scaler_update(loss_scaler *ls, bool overflowed) {
+    if (overflowed) {
+        ls->scale = fmax(ls->scale * ls->backoff, 0x1p-126);
+        ls->good = 0;
+    } else if (++ls->good == ls->interval) {
+        ls->scale = fmin(ls->scale * ls->growth, 0x1p127);
+        ls->good = 0;
+    }
 }
 
 /* The gradients and the loss of every rank's batch averaged in place, so
@@ -413,7 +438,10 @@ static ft_status train_step(ft_program *prog, ft_optimizer *opt, const ft_tensor
     *r = (step_result){.grad_norm = NAN};
     if (o->reducer)
         ft_reducer_begin(o->reducer);
+    loss_scaler *ls = o->scaler;
+    ft_program_set_loss_scale(prog, ls ? (float)ls->scale : 1.0f);
     ft_status b = ft_program_backward(prog, x, y, false, &r->loss, &r->correct);
+    ft_program_set_loss_scale(prog, 1.0f);
     if (o->reducer) { /* even after a failed backward: leave no sum it started pending */
         ft_status f = ft_reducer_finish(o->reducer);
         b = b == FT_OK ? f : b;
@@ -422,7 +450,9 @@ static ft_status train_step(ft_program *prog, ft_optimizer *opt, const ft_tensor
     if (o->rank_grads)
         FT_TRY(average_over_ranks(o->rank_grads, o->nccl, &r->loss));
     if (!isfinite(r->loss)) {
-        if (o->skip_nonfinite) {
+        if (o->skip_nonfinite || ls) {
+            if (ls)
+                scaler_update(ls, true);
             r->skipped = true;
             return FT_OK;
         }
@@ -430,17 +460,23 @@ static ft_status train_step(ft_program *prog, ft_optimizer *opt, const ft_tensor
                                      "steps, or lower the learning rate)",
                        r->loss);
     }
-    /* Clipping computes the gradient norm anyway; with nan_policy='skip' the
-     * optimizer computes it too, and refuses a non-finite one leaving params
-     * and state unchanged. */
-    bool norm_wanted = o->skip_nonfinite || o->max_grad_norm > 0;
-    ft_status s = ft_optimizer_step(opt, 1.0f, o->max_grad_norm, norm_wanted ? &r->grad_norm : NULL);
-    if (s == FT_OK)
+    /* Clipping computes the gradient norm anyway; with nan_policy='skip' or
+     * loss scaling the optimizer computes it too, and refuses a non-finite
+     * one leaving params and state unchanged. */
+    bool norm_wanted = o->skip_nonfinite || o->max_grad_norm > 0 || ls;
+    ft_status s = ft_optimizer_step(opt, ls ? (float)(1.0 / ls->scale) : 1.0f, o->max_grad_norm,
+                                    norm_wanted ? &r->grad_norm : NULL);
+    if (s == FT_OK) {
+        if (ls)
+            scaler_update(ls, false);
         return FT_OK;
+    }
     ft_status undo = ft_program_undo_statistics(prog);
     if (undo != FT_OK)
         return undo;
-    if (o->skip_nonfinite && !isfinite(r->grad_norm)) {
+    if ((o->skip_nonfinite || ls) && !isfinite(r->grad_norm)) {
+        if (ls)
+            scaler_update(ls, true);
         r->skipped = true;
         return FT_OK;
     }
@@ -539,7 +575,7 @@ static PyObject *program_train_step(PyObject *self, PyObject *args, PyObject *kw
     step_options o;
     if (unwrap_xy(self, xo, yo, &x, &y) < 0 || parse_step_options(max_norm, policy, &o) < 0)
         return NULL;
-    set_rank_options(&o, (program_object *)self);
+    set_program_options(&o, (program_object *)self);
     ft_optimizer *opt = program_optimizer((program_object *)self, opt_obj);
     if (!opt)
         return NULL;
@@ -751,7 +787,7 @@ static PyObject *program_fit_epoch(PyObject *self, PyObject *args, PyObject *kwa
         return PyErr_Format(PyExc_ValueError, "fit_epoch: every and first_step must be >= 0");
     program_object *po = (program_object *)self;
     step_options o;
-    set_rank_options(&o, po);
+    set_program_options(&o, po);
     if (parse_step_options(max_norm, policy, &o) < 0)
         return NULL;
     ft_optimizer *opt = program_optimizer(po, opt_obj);
@@ -972,7 +1008,39 @@ static PyObject *program_get_last_grad_norm(PyObject *self, void *closure) {
     return isnan(norm) ? Py_NewRef(Py_None) : PyFloat_FromDouble(norm);
 }
 
+static PyObject *program_get_loss_scaler(PyObject *self, void *closure) {
+    const loss_scaler *ls = &((program_object *)self)->scaler;
+    if (!(ls->scale > 0))
+        Py_RETURN_NONE;
+    return Py_BuildValue("(dddLL)", ls->scale, ls->growth, ls->backoff, (long long)ls->interval, (long long)ls->good);
+}
+
+static int program_set_loss_scaler(PyObject *self, PyObject *value, void *closure) {
+    loss_scaler ls = {0};
+    if (!value) {
+        PyErr_SetString(PyExc_TypeError, "loss_scaler cannot be deleted (set None to turn it off)");
+        return -1;
+    }
+    if (value != Py_None) {
+        long long interval, good;
+        if (!PyArg_ParseTuple(value, "dddLL:loss_scaler", &ls.scale, &ls.growth, &ls.backoff, &interval, &good))
+            return -1;
+        ls.interval = interval, ls.good = good;
+        /* finite, and 1 / scale a finite float */
+        if (!(ls.scale >= 0x1p-126 && ls.scale <= 0x1p127 && ls.growth >= 1 && isfinite(ls.growth) &&
+              ls.backoff > 0 && ls.backoff < 1 && ls.interval >= 1 && ls.good >= 0 && ls.good < ls.interval)) {
+            PyErr_SetString(PyExc_ValueError, "loss_scaler: scale in [2**-126, 2**127], growth >= 1, 0 < backoff "
+                                              "< 1, interval >= 1 and 0 <= good < interval");
+            return -1;
+        }
+    }
+    ((program_object *)self)->scaler = ls;
+    return 0;
+}
+
 static PyGetSetDef program_getset[] = {
+    {"loss_scaler", program_get_loss_scaler, program_set_loss_scaler,
+     "dynamic loss scaling: (scale, growth, backoff, interval, good steps since the last change), or None", NULL},
     {"last_grad_norm", program_get_last_grad_norm, NULL,
      "the gradient norm of the last step that computed it (with clipping or nan_policy='skip'), else None", NULL},
     {"gradient_buckets", program_get_gradient_buckets, NULL,

@@ -44,6 +44,7 @@ struct ft_program {
     int *replay_at;
     int *replays, nreplays;
     bool in_backward;       /* the backward of a micro-batch runs: recomputed outputs are in their RE_ blocks */
+    float loss_scale;       /* the backward's seed (ft_program_set_loss_scale) */
     block *train, *eval;    /* (n, NBUF) */
     ft_storage *train_arena, *eval_arena;
     int64_t train_bytes, eval_bytes;
@@ -819,6 +820,7 @@ ft_status ft_program_create(ft_program **out, int nnodes, const ft_node *nodes, 
     p->channels_last = channels_last;
     p->device = device;
     p->seed = seed;
+    p->loss_scale = 1.0f;
     p->compute = compute;
     if (params)
         p->params = *params;
@@ -1241,7 +1243,7 @@ static ft_status backward_batches(ft_program *p, const ft_tensor *x, const ft_te
             continue; /* nothing trains */
         memset(p->written, 0, (size_t)p->n * sizeof *p->written);
         ft_tensor seed = node_dout(p, last, rows); /* d(batch loss) / d(each sample's share) */
-        FT_TRY(ft_tensor_fill(&seed, (ft_scalar){.kind = FT_SCALAR_FLOAT, .f = 1}));
+        FT_TRY(ft_tensor_fill(&seed, (ft_scalar){.kind = FT_SCALAR_FLOAT, .f = p->loss_scale}));
         p->written[last] = true;
         p->in_backward = true;
         bool tell = p->slot_final && r0 + rows >= B;
@@ -1266,6 +1268,8 @@ static ft_status backward_batches(ft_program *p, const ft_tensor *x, const ft_te
 static ft_status scores_buffer(const ft_program *p, ft_tensor *out) {
     return ft_tensor_empty(out, 2, (int64_t[]){p->batch, p->nodes[p->output].shape[0]}, FT_FLOAT32, FT_CPU, false);
 }
+
+void ft_program_set_loss_scale(ft_program *p, float scale) { p->loss_scale = scale; }
 
 ft_status ft_program_backward(ft_program *p, const ft_tensor *x, const ft_tensor *y, bool accumulate, double *loss,
                               int64_t *correct) {

@@ -194,6 +194,10 @@ ft_dtype ft_program_node_dtype(const ft_program *p, int i);
 ft_status ft_program_backward(ft_program *p, const ft_tensor *x, const ft_tensor *y, bool accumulate, double *loss,
                               int64_t *correct);
 
+/* What the backward starts from in place of 1, d(loss)/d(loss): loss
+ * scaling, whose gradients come out multiplied by it. 1 until set. */
+void ft_program_set_loss_scale(ft_program *p, float scale);
+
 /* Puts the batch-norm running statistics (and batch counts) back as they
  * were before the last ft_program_backward: for a step the caller drops. */
 ft_status ft_program_undo_statistics(ft_program *p);

@@ -258,6 +258,8 @@ class Program:
     def last_grad_norm(self) -> float | None: ...
     @property
     def gradient_buckets(self) -> tuple[int, int, float] | None: ...
+    # dynamic loss scaling: (scale, growth, backoff, interval, good steps), or None when off
+    loss_scaler: tuple[float, float, float, int, int] | None
 
 # ---- data (ft.data) ----
 

@@ -1,4 +1,4 @@
-"""ft.autocast: PyTorch's torch.autocast("cpu", dtype=torch.bfloat16) for fasttrain's eager ops.
+"""ft.autocast (PyTorch's torch.autocast("cpu", dtype=torch.bfloat16) for fasttrain's eager ops) and ft.amp.GradScaler.
 
 Inside ``with ft.autocast():`` the products (conv1d/conv2d, linear, scaled_dot_product_attention, and the
 layers built on them) take float32 operands as bfloat16 (each call converts its input and weight, as
@@ -50,3 +50,78 @@ def cast(*tensors):
     if dtype is None:
         return tensors
     return tuple(t.to(dtype) if t is not None and t.dtype is _BY_NAME["float32"] else t for t in tensors)
+
+
+class GradScaler:
+    """Dynamic loss scaling for a compiled program, as torch.amp.GradScaler (same arguments and defaults):
+    ``compile(..., grad_scaler=ft.amp.GradScaler())``. Each train_step (and each step of ft.fit, in C) starts its
+    backward from the scale instead of 1, so that small gradients stay representable in a 16-bit format; the
+    fused optimizer pass multiplies the gradients by 1 / scale (clipping and the gradient norm see the unscaled
+    ones) and finds overflow through the norm it computes. A step whose loss or gradients are not finite is
+    skipped (no update, batch-norm statistics put back, counted in program.skipped_steps) and the scale is
+    multiplied by backoff_factor; growth_interval steps in a row without overflow multiply it by growth_factor.
+    A power-of-two scale changes no bit of float32 or bfloat16 training (its range is float32's) unless a
+    gradient overflows. The live scale is in the program: get_scale(), state_dict() and checkpoints read it."""
+
+    def __init__(self, device="cpu", init_scale=2.0 ** 16, growth_factor=2.0, backoff_factor=0.5,
+                 growth_interval=2000, enabled=True):
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"GradScaler: device must be 'cpu' or 'cuda', got {device!r}")
+        if not 2.0 ** -126 <= init_scale <= 2.0 ** 127:
+            raise ValueError(f"GradScaler: init_scale must be in [2**-126, 2**127], got {init_scale}")
+        if not (1.0 < growth_factor < float("inf")) or not 0.0 < backoff_factor < 1.0:
+            raise ValueError(f"GradScaler: growth_factor must be > 1 and backoff_factor in (0, 1), got "
+                             f"{growth_factor} and {backoff_factor}")
+        if not isinstance(growth_interval, int) or isinstance(growth_interval, bool) or growth_interval < 1:
+            raise ValueError(f"GradScaler: growth_interval must be a positive int, got {growth_interval!r}")
+        self._state = (float(init_scale), float(growth_factor), float(backoff_factor), growth_interval, 0)
+        self._enabled, self._program = bool(enabled), None
+
+    def _attach(self, program):
+        """Hands the scaler's state to a compiled program's C step, which owns it from then on."""
+        if self._program is not None:
+            raise ValueError("GradScaler: this scaler already serves another program; give each its own")
+        self._program = program
+        if self._enabled:
+            program.loss_scaler = self._state
+
+    def _live(self):
+        return self._program.loss_scaler if self._program is not None else self._state
+
+    def is_enabled(self):
+        return self._enabled
+
+    def get_scale(self):
+        """The current scale (1.0 when disabled)."""
+        return self._live()[0] if self._enabled else 1.0
+
+    def get_growth_tracker(self):
+        """Steps in a row without overflow since the scale last changed."""
+        return self._live()[4] if self._enabled else 0
+
+    def state_dict(self):
+        """torch.amp.GradScaler's keys: scale, growth_factor, backoff_factor, growth_interval, _growth_tracker."""
+        if not self._enabled:
+            return {}
+        scale, growth, backoff, interval, good = self._live()
+        return {"scale": scale, "growth_factor": growth, "backoff_factor": backoff, "growth_interval": interval,
+                "_growth_tracker": good}
+
+    def load_state_dict(self, state):
+        """Restores a state_dict (from this class or torch.amp.GradScaler)."""
+        if not self._enabled:
+            if state:
+                raise RuntimeError("GradScaler: a disabled scaler cannot load a state")
+            return
+        try:
+            new = (float(state["scale"]), float(state["growth_factor"]), float(state["backoff_factor"]),
+                   int(state["growth_interval"]), int(state["_growth_tracker"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"GradScaler: not a GradScaler state_dict ({e})") from None
+        if self._program is not None:
+            self._program.loss_scaler = new  # checked there: a bad state raises and changes nothing
+        else:
+            GradScaler(init_scale=new[0], growth_factor=new[1], backoff_factor=new[2], growth_interval=new[3])
+            if not 0 <= new[4] < new[3]:
+                raise ValueError(f"GradScaler: _growth_tracker must be in [0, growth_interval), got {new[4]}")
+            self._state = new

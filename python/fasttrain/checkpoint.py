@@ -232,6 +232,8 @@ def save(path: str | os.PathLike[str], obj: Module | Program, *, optimizer: Opti
     if program is not None and dtype is None:
         meta["program.step"] = str(program.step_count)
         meta["program.dropout"] = json.dumps(program._c.get_dropout_state())
+        if program.grad_scaler is not None and program.grad_scaler.is_enabled():
+            meta["program.grad_scaler"] = json.dumps(program.grad_scaler.state_dict())
     user = dict(metadata or {})
     if epoch is not None:
         user["epoch"] = epoch
@@ -403,6 +405,12 @@ def load(path: str | os.PathLike[str], into: Module | Program | None = None, *, 
         if not (isinstance(dropout, list) and len(dropout) == 2 and all(_uint64(v) for v in dropout)):
             raise ValueError(f"{path}: corrupt metadata 'program.dropout': expected two integers in [0, 2**64)")
 
+    scaler = None
+    if program is not None and program.grad_scaler is not None and "program.grad_scaler" in raw_meta:
+        scaler = _json_meta(path, raw_meta, "program.grad_scaler")
+        if not isinstance(scaler, dict):
+            raise ValueError(f"{path}: corrupt metadata 'program.grad_scaler': expected a GradScaler state_dict")
+
     # Everything read; the parts whose own checks run as they load go first, and a refusal puts back what was
     # already written. The model goes first: the optimizer checks its state against the parameters.
     previous = model.state_dict()
@@ -418,6 +426,10 @@ def load(path: str | os.PathLike[str], into: Module | Program | None = None, *, 
         if sched_state is not None:
             scheduler.load_state_dict(sched_state)
             done.append(lambda: scheduler.load_state_dict(previous_sched))
+        if scaler is not None:
+            previous_scaler = program.grad_scaler.state_dict()
+            program.grad_scaler.load_state_dict(scaler)
+            done.append(lambda: program.grad_scaler.load_state_dict(previous_scaler))
         if loader_state is not None:
             loader.load_state_dict(loader_state)
     except Exception:

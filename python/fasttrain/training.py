@@ -173,12 +173,13 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
     if isinstance(val_loader, tuple):
         val_loader = _as_loader(program, val_loader, program.batch_size, False)
     history = History((k, []) for k in ("epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy", "lr",
-                                        "seconds", "images_per_second"))
+                                        "seconds", "images_per_second", "skipped_steps", "loss_scale"))
     c_loader = _is_c_loader(loader)
     from . import distributed
     progress = progress and distributed.get_rank() == 0
     for count in range(epochs):
         program.model.train()
+        skipped_before_epoch = program.skipped_steps
         if c_loader:
             epoch = loader.epoch
             if loader._resume and loader._position()[1] < len(loader):
@@ -236,7 +237,9 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
         metrics = {"epoch": epoch + 1, "train_loss": loss_sum / max(samples, 1), "lr": lr, "seconds": seconds,
                    "train_accuracy": correct / samples if program.classifies and samples else None,
                    "images_per_second": samples / seconds if seconds > 0 else 0.0,
-                   "val_loss": None, "val_accuracy": None}
+                   "val_loss": None, "val_accuracy": None,
+                   "skipped_steps": program.skipped_steps - skipped_before_epoch,
+                   "loss_scale": program.grad_scaler.get_scale() if program.grad_scaler is not None else None}
         if val_loader is not None:
             program.model.eval()
             metrics["val_loss"], metrics["val_accuracy"] = evaluate(program, val_loader, tta_flip)

@@ -427,7 +427,10 @@ class Program:
 
     def __init__(self, model, optimizer, loss, batch_size, input_shape, memory_format, accumulate_steps,
                  clip_grad_norm, nan_policy, seed, target_shape=None, target_dtype=None, input_dtype=None,
-                 precision="32-true", distributed=False, recompute=None, bucket_cap_mb=25):
+                 precision="32-true", distributed=False, recompute=None, bucket_cap_mb=25, grad_scaler=None):
+        from ..amp import GradScaler
+        if grad_scaler is not None and not isinstance(grad_scaler, GradScaler):
+            raise TypeError(f"compile: grad_scaler must be an ft.amp.GradScaler, got {type(grad_scaler).__name__}")
         if not callable(loss):
             raise TypeError(f"compile: the loss must be an ft.nn loss, a Module or a function f(output, target), "
                             f"got {type(loss).__name__}")
@@ -515,6 +518,9 @@ class Program:
             # Every rank starts from rank 0's weights and buffers, as DistributedDataParallel does.
             for t in (self.flat_params, *model.buffers()):
                 dist.broadcast(t, 0)
+        self.grad_scaler = grad_scaler  # attached last: a compile that fails leaves it free for the next
+        if grad_scaler is not None:
+            grad_scaler._attach(self._c)
 
     def _input(self, x):
         """x as the input's dtype (a bfloat16 batch goes as it is into a bf16-mixed program)."""
@@ -667,8 +673,9 @@ def _compute_dtype(precision):
         raise ValueError(f"compile: precision must be one of {', '.join(map(repr, _PRECISIONS))}, got "
                          f"{precision!r}")
     if precision == "16-mixed":
-        raise NotImplementedError("compile: precision='16-mixed' (float16 with loss scaling) is not available yet; "
-                                  "use 'bf16-mixed', which needs no loss scaling")
+        raise NotImplementedError("compile: precision='16-mixed' (float16 compute) is not available yet; use "
+                                  "'bf16-mixed', which needs no loss scaling (grad_scaler=ft.amp.GradScaler() adds "
+                                  "it to any precision)")
     if precision == "bf16-mixed":
         from ..backends import cpu_has_bf16
         if not cpu_has_bf16():
@@ -683,7 +690,7 @@ def _compute_dtype(precision):
 def compile(model, optimizer, loss=None, *, batch_size, input_shape=None, memory_format="channels_last",
             accumulate_steps=1, clip_grad_norm=None, nan_policy="raise", seed=None, target_shape=None,
             target_dtype=None, input_dtype=None, precision="32-true", distributed=False, recompute=None,
-            bucket_cap_mb=25):
+            bucket_cap_mb=25, grad_scaler=None):
     """Compiles `model` for training with `optimizer` on batches of `batch_size` samples.
 
     loss: an ft.nn loss (CrossEntropyLoss by default), a Module whose forward(output, target) returns the loss,
@@ -716,9 +723,12 @@ def compile(model, optimizer, loss=None, *, batch_size, input_shape=None, memory
     planner cut the model into about sqrt(N) segments of its N nodes, where the fewest bytes cross; an int is a
     budget in bytes for the training activations (memory_plan()["activations"]), which the planner meets at the
     least recomputation it finds (a ValueError says the least it can reach when the budget is below it).
-    memory_plan() and summary() show the smaller arena and which outputs are recomputed."""
+    memory_plan() and summary() show the smaller arena and which outputs are recomputed.
+
+    grad_scaler=ft.amp.GradScaler(): dynamic loss scaling in every step, as torch.amp.GradScaler (skipped steps
+    count in skipped_steps; fit's history gets the scale per epoch)."""
     if loss is None:
         loss = M.CrossEntropyLoss()
     return Program(model, optimizer, loss, batch_size, input_shape, memory_format, accumulate_steps,
                    clip_grad_norm, nan_policy, seed, target_shape, target_dtype, input_dtype, precision, distributed,
-                   recompute, bucket_cap_mb)
+                   recompute, bucket_cap_mb, grad_scaler)

@@ -1,0 +1,158 @@
+"""compile(..., grad_scaler=ft.amp.GradScaler()): dynamic loss scaling in the C step, as torch.amp.GradScaler.
+A power-of-two scale trains bitwise as no scaling; an overflow skips the step (weights, optimizer state and
+batch-norm statistics unchanged) and backs the scale off; steps without one grow it; ft.fit reports both; the
+state round-trips through state_dict and checkpoints; bad arguments fail."""
+import numpy as np
+import pytest
+
+import fasttrain as ft
+from _programref import state_bits
+
+nn = ft.nn
+GradScaler = ft.amp.GradScaler
+
+
+def bits(program):
+    """The bytes of the model's parameters and buffers and of the optimizer's state, to compare runs bitwise."""
+    out = state_bits(program.model)
+    for i, state in program.optimizer.state_dict()["state"].items():
+        for k, v in state.items():
+            out[f"optimizer.{i}.{k}"] = np.ascontiguousarray(v.numpy() if hasattr(v, "numpy") else v).tobytes()
+    return out
+
+
+def net(p=0.2):
+    return nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Dropout(p), nn.Flatten(),
+                         nn.Linear(4 * 25, 3))
+
+
+def batch(seed=0, n=8, scale=1.0):
+    r = np.random.default_rng(seed)
+    return (r.normal(size=(n, 2, 5, 5)) * scale).astype(np.float32), r.integers(0, 3, n)
+
+
+def trained(scaler, steps, opt="sgd", loss=None, data=None, lr=0.05, dropout=0.2, **kw):
+    ft.manual_seed(0)
+    m = net(dropout)
+    o = ft.optim.SGD(m.parameters(), lr=lr, momentum=0.9) if opt == "sgd" else \
+        ft.optim.AdamW(m.parameters(), lr=1e-3)
+    p = m.compile(o, loss or nn.CrossEntropyLoss(), batch_size=8, input_shape=(2, 5, 5), grad_scaler=scaler, **kw)
+    x, y = data or batch()
+    losses = [p.train_step(x, y) for _ in range(steps)]
+    return p, losses
+
+
+@pytest.mark.parametrize("opt", ["sgd", "adamw"])
+def test_a_power_of_two_scale_trains_bitwise_as_none(opt):
+    plain, want = trained(None, 7, opt)
+    scaler = GradScaler(init_scale=2.0 ** 10, growth_interval=3)
+    scaled, got = trained(scaler, 7, opt)
+    assert got == want
+    assert bits(scaled) == bits(plain)
+    assert scaler.get_scale() == 2.0 ** 12 and scaler.get_growth_tracker() == 1  # grew after steps 3 and 6
+    assert scaled.skipped_steps == 0
+
+
+def mse_data():
+    """Regression targets of 100: gradients up to about 80 (2**6.3), which overflow float32 times 2**122."""
+    x, _ = batch(1)
+    return x, np.full((8, 3), 100.0, np.float32)
+
+
+def test_overflow_skips_the_step_and_backs_off():
+    """From 2**127 the scale halves on each overflowed step until the gradients fit; the steps that ran train as
+    unscaled steps on the same batch, the skipped ones left no trace (weights, momentum, running statistics).
+    Without dropout: a skipped step's forward has drawn its mask, as in PyTorch, so the masks would differ."""
+    steps = 20
+    scaler = GradScaler(init_scale=2.0 ** 127)
+    scaled, losses = trained(scaler, steps, loss=nn.MSELoss(), data=mse_data(), lr=1e-5, dropout=0.0)
+    skipped = scaled.skipped_steps
+    assert 1 <= skipped <= steps - 5
+    assert scaler.get_scale() == 2.0 ** (127 - skipped)
+    plain, want = trained(None, steps - skipped, loss=nn.MSELoss(), data=mse_data(), lr=1e-5, dropout=0.0)
+    assert bits(scaled) == bits(plain)
+    assert losses[skipped:] == want  # a skipped step's loss is its forward's, the same as the next one's
+    assert scaled.step_count == steps
+
+
+def test_overflow_leaves_batch_norm_statistics_as_they_were():
+    scaler = GradScaler(init_scale=2.0 ** 127)
+    p, _ = trained(scaler, 1, loss=nn.MSELoss(), data=mse_data())
+    bn = p.model[1]
+    assert p.skipped_steps == 1
+    assert (bn.running_mean.numpy() == 0).all() and (bn.running_var.numpy() == 1).all()
+    assert bn.num_batches_tracked.item() == 0
+
+
+def test_a_non_finite_loss_is_skipped_and_backs_off():
+    """A NaN input makes every step's loss NaN: each is skipped and halves the scale, down to 2**-126, where it
+    stays (1 / scale must stay a float)."""
+    x, y = batch()
+    x[0, 0, 0, 0] = np.nan
+    scaler = GradScaler(init_scale=2.0 ** -124)
+    p, losses = trained(scaler, 4, data=(x, y))
+    assert all(np.isnan(v) for v in losses) and p.skipped_steps == 4
+    assert scaler.get_scale() == 2.0 ** -126
+
+
+def test_fit_reports_skipped_steps_and_the_scale():
+    scaler = GradScaler(init_scale=2.0 ** 127, growth_interval=2)
+    ft.manual_seed(0)
+    m = net()
+    p = m.compile(ft.optim.SGD(m.parameters(), lr=1e-5), nn.MSELoss(), batch_size=8, input_shape=(2, 5, 5),
+                  grad_scaler=scaler)
+    r = np.random.default_rng(2)
+    x, y = r.normal(size=(32, 2, 5, 5)).astype(np.float32), np.full((32, 3), 100.0, np.float32)
+    h = ft.fit(p, (x, y), epochs=4, progress=False)
+    assert sum(h["skipped_steps"]) == p.skipped_steps >= 1
+    assert h["skipped_steps"][0] >= 1
+    assert h["loss_scale"][-1] == scaler.get_scale()
+    assert all(np.isfinite(h["train_loss"]))  # skipped steps' losses are not averaged in
+
+
+def test_state_dict_and_checkpoint_round_trip(tmp_path):
+    scaler = GradScaler(init_scale=2.0 ** 8, growth_interval=5)
+    p, _ = trained(scaler, 7)
+    state = scaler.state_dict()
+    assert state == {"scale": 2.0 ** 9, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 5,
+                     "_growth_tracker": 2}
+    ft.save(tmp_path / "ckpt.safetensors", p)
+    fresh = GradScaler()
+    q, _ = trained(fresh, 0)
+    ft.load(tmp_path / "ckpt.safetensors", q)
+    assert fresh.state_dict() == state
+    other = GradScaler()
+    other.load_state_dict(state)  # before any program: kept until compile hands it over
+    assert other.get_scale() == 2.0 ** 9 and other.get_growth_tracker() == 2
+    with pytest.raises(ValueError):
+        fresh.load_state_dict(dict(state, _growth_tracker=5))
+    assert fresh.state_dict() == state  # a refused state changes nothing
+
+
+def test_disabled_scaler_is_no_scaling():
+    scaler = GradScaler(enabled=False)
+    p, got = trained(scaler, 3)
+    plain, want = trained(None, 3)
+    assert got == want and bits(p) == bits(plain)
+    assert scaler.get_scale() == 1.0 and scaler.state_dict() == {} and p._c.loss_scaler is None
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="init_scale"):
+        GradScaler(init_scale=0.0)
+    with pytest.raises(ValueError, match="growth_factor"):
+        GradScaler(growth_factor=1.0)
+    with pytest.raises(ValueError, match="backoff_factor"):
+        GradScaler(backoff_factor=1.0)
+    with pytest.raises(ValueError, match="growth_interval"):
+        GradScaler(growth_interval=0)
+    with pytest.raises(ValueError, match="device"):
+        GradScaler("tpu")
+    with pytest.raises(TypeError, match="GradScaler"):
+        trained(object(), 0)
+    scaler = GradScaler()
+    trained(scaler, 0)
+    with pytest.raises(ValueError, match="another program"):
+        trained(scaler, 0)
+    with pytest.raises(ValueError, match="state_dict"):
+        scaler.load_state_dict({"scale": 1.0})
