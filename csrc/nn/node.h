@@ -65,11 +65,11 @@ typedef struct {
     ft_status (*prepare)(const ft_node *nd, const ft_node *const *in, const ft_tensor *y, int64_t batch,
                          double *norm);
     ft_node_precision precision;
-    /* Whether the backward reads the output alone, none of the inputs
-     * (InPlace-ABN): the inputs need not live until it. NULL: never. */
-    bool (*from_output)(const ft_node *nd);
-    /* Whether the backward reads the node's own output; when it does not,
-     * the output need not live until it. NULL: it does. */
+    /* Whether the backward reads the inputs' values, and its own output's:
+     * a buffer that no backward reads need not live until then (an
+     * InPlace-ABN's input, a max pool's, the output of a conv without a
+     * fused activation). NULL: it does. */
+    bool (*reads_inputs)(const ft_node *nd);
     bool (*reads_output)(const ft_node *nd);
 } ft_node_kind_info;
 

@@ -208,8 +208,12 @@ static ft_status conv2d_forward(const ft_node_run *r) {
     return ft_conv2d_forward(&r->out, &r->in[0], &w, param(&nd->bias), &nd->conv, &fusion);
 }
 
-/* A conv's or linear's backward reads its output for a fused activation only. */
+/* A conv's, linear's or add's backward reads its output for a fused activation only. */
 static bool act_fused(const ft_node *nd) { return nd->act.kind != FT_ACT_NONE; }
+
+/* For the kinds whose backward needs only the output's gradient (and what
+ * they saved). */
+static bool never(const ft_node *nd) { return false; }
 
 /* The fused activation's backward, in place on dout: the op's own gradient. */
 static ft_status unfuse(const ft_node_run *r) {
@@ -296,7 +300,7 @@ static ft_status batchnorm_backward(const ft_node_run *r) {
                                  &r->out, param(&nd->weight), param(&nd->bias), &mean, &invstd, &bn, acc_of(r));
 }
 
-static bool batchnorm_from_output(const ft_node *nd) { return nd->bn.inplace_abn; }
+static bool batchnorm_reads_inputs(const ft_node *nd) { return !nd->bn.inplace_abn; }
 
 static bool batchnorm_reads_output(const ft_node *nd) { return nd->act.kind != FT_ACT_NONE || nd->bn.inplace_abn; }
 
@@ -712,6 +716,12 @@ static ft_status sum_dims_backward(const ft_node_run *r) {
 
 /* ---- add and concatenation ---- */
 
+/* An add's own gradient passes dout through: only an activation whose
+ * derivative needs its input reads the inputs. */
+static bool add_reads_inputs(const ft_node *nd) {
+    return nd->act.kind != FT_ACT_NONE && !ft_act_grad_uses_output(nd->act);
+}
+
 static ft_status add_forward(const ft_node_run *r) {
     return ft_add_forward(&r->out, &r->in[0], &r->in[1], r->nd->act);
 }
@@ -967,26 +977,36 @@ const ft_node_kind_info ft_node_kinds[FT_NODE_NKINDS] = {
     [FT_NODE_LINEAR] = {"linear", 1, 1, 0, NULL, NULL, NULL, linear_forward, linear_backward, .precision = FT_NODE_LOW,
                         .reads_output = act_fused},
     [FT_NODE_BATCHNORM] = {"batch_norm", 1, 1, 1, same_shape, batchnorm_aux, NULL, batchnorm_forward,
-                           batchnorm_backward, .precision = FT_NODE_ANY, .from_output = batchnorm_from_output,
+                           batchnorm_backward, .precision = FT_NODE_ANY, .reads_inputs = batchnorm_reads_inputs,
                            .reads_output = batchnorm_reads_output},
     [FT_NODE_ACT] = {"activation", 1, 1, 0, same_shape, NULL, NULL, act_forward, act_backward, .precision = FT_NODE_ANY},
-    [FT_NODE_MAXPOOL] = {"max_pool2d", 1, 1, 2, NULL, indices_aux, NULL, maxpool_forward, maxpool_backward, .precision = FT_NODE_ANY},
-    [FT_NODE_AVGPOOL] = {"avg_pool2d", 1, 1, 2, NULL, NULL, NULL, avgpool_forward, avgpool_backward, .precision = FT_NODE_ANY},
+    [FT_NODE_MAXPOOL] = {"max_pool2d", 1, 1, 2, NULL, indices_aux, NULL, maxpool_forward, maxpool_backward, .precision = FT_NODE_ANY,
+                         .reads_inputs = never, .reads_output = never},
+    [FT_NODE_AVGPOOL] = {"avg_pool2d", 1, 1, 2, NULL, NULL, NULL, avgpool_forward, avgpool_backward, .precision = FT_NODE_ANY,
+                         .reads_inputs = never, .reads_output = never},
     [FT_NODE_ADAPTIVE_AVGPOOL] = {"adaptive_avg_pool2d", 1, 1, 2, NULL, NULL, NULL, adaptive_avgpool_forward,
-                                  adaptive_avgpool_backward, .precision = FT_NODE_ANY},
+                                  adaptive_avgpool_backward, .precision = FT_NODE_ANY,
+                                  .reads_inputs = never, .reads_output = never},
     [FT_NODE_ADAPTIVE_MAXPOOL] = {"adaptive_max_pool2d", 1, 1, 2, NULL, indices_aux, NULL, adaptive_maxpool_forward,
-                                  adaptive_maxpool_backward, .precision = FT_NODE_ANY},
-    [FT_NODE_ADD] = {"add", 2, 2, 0, same_shape, NULL, NULL, add_forward, add_backward, .precision = FT_NODE_ANY},
-    [FT_NODE_CAT] = {"cat", 1, FT_NODE_MAX_INPUTS, 0, cat_check, NULL, NULL, cat_forward, cat_backward, .precision = FT_NODE_ANY},
+                                  adaptive_maxpool_backward, .precision = FT_NODE_ANY,
+                                  .reads_inputs = never, .reads_output = never},
+    [FT_NODE_ADD] = {"add", 2, 2, 0, same_shape, NULL, NULL, add_forward, add_backward, .precision = FT_NODE_ANY,
+                     .reads_inputs = add_reads_inputs, .reads_output = act_fused},
+    [FT_NODE_CAT] = {"cat", 1, FT_NODE_MAX_INPUTS, 0, cat_check, NULL, NULL, cat_forward, cat_backward, .precision = FT_NODE_ANY,
+                     .reads_inputs = never, .reads_output = never},
     [FT_NODE_RESHAPE] = {"reshape", 1, 1, 0, same_numel, NULL, reshape_is_view, reshape_forward, reshape_backward, .precision = FT_NODE_ANY},
-    [FT_NODE_DROPOUT] = {"dropout", 1, 1, 0, same_shape, NULL, dropout_is_view, dropout_forward, dropout_backward, .precision = FT_NODE_ANY},
+    [FT_NODE_DROPOUT] = {"dropout", 1, 1, 0, same_shape, NULL, dropout_is_view, dropout_forward, dropout_backward, .precision = FT_NODE_ANY,
+                         .reads_inputs = never, .reads_output = never},
     [FT_NODE_IDENTITY] = {"identity", 1, 1, 0, same_shape, NULL, always_view, NULL, NULL, .precision = FT_NODE_ANY},
     [FT_NODE_LAYERNORM] = {"layer_norm", 1, 1, 0, layernorm_check, layernorm_aux, NULL, layernorm_forward,
                            layernorm_backward, .precision = FT_NODE_ANY},
     [FT_NODE_MUL] = {"mul", 2, 2, 0, same_shape, NULL, NULL, mul_forward, mul_backward, .precision = FT_NODE_ANY},
-    [FT_NODE_SCALE] = {"scale", 1, 1, 0, same_shape, factor_aux, NULL, scale_forward, scale_backward, .precision = FT_NODE_ANY},
-    [FT_NODE_PERMUTE] = {"permute", 1, 1, 0, permute_check, NULL, NULL, permute_forward, permute_backward, .precision = FT_NODE_ANY},
-    [FT_NODE_SLICE] = {"slice", 1, 1, 0, slice_check, NULL, NULL, slice_forward, slice_backward, .precision = FT_NODE_ANY},
+    [FT_NODE_SCALE] = {"scale", 1, 1, 0, same_shape, factor_aux, NULL, scale_forward, scale_backward, .precision = FT_NODE_ANY,
+                       .reads_inputs = never, .reads_output = never},
+    [FT_NODE_PERMUTE] = {"permute", 1, 1, 0, permute_check, NULL, NULL, permute_forward, permute_backward, .precision = FT_NODE_ANY,
+                         .reads_inputs = never, .reads_output = never},
+    [FT_NODE_SLICE] = {"slice", 1, 1, 0, slice_check, NULL, NULL, slice_forward, slice_backward, .precision = FT_NODE_ANY,
+                       .reads_inputs = never, .reads_output = never},
     [FT_NODE_PARAM] = {"parameter", 0, 0, 0, param_check, NULL, NULL, NULL, param_backward},
     [FT_NODE_TARGET] = {"target", 0, 0, 0, NULL, NULL, always_view, NULL, NULL},
     [FT_NODE_CROSS_ENTROPY] = {"cross_entropy", 2, 2, 0, class_check, cross_entropy_aux, NULL,
@@ -1000,13 +1020,13 @@ const ft_node_kind_info ft_node_kinds[FT_NODE_NKINDS] = {
     [FT_NODE_EMBEDDING] = {"embedding", 1, 1, 0, embedding_check, NULL, NULL, embedding_forward, embedding_backward,
                            .precision = FT_NODE_ANY},
     [FT_NODE_UPSAMPLE] = {"upsample_nearest", 1, 1, 2, upsample_check, NULL, NULL, upsample_forward,
-                          upsample_backward, .precision = FT_NODE_ANY},
+                          upsample_backward, .precision = FT_NODE_ANY, .reads_inputs = never, .reads_output = never},
     [FT_NODE_MATMUL] = {"matmul", 2, 2, 0, matmul_check, NULL, NULL, matmul_forward, matmul_backward,
                         .precision = FT_NODE_LOW},
     [FT_NODE_ATTENTION] = {"attention", 1, 3, 0, attention_check, attention_aux, NULL, attention_forward,
                            attention_backward, .precision = FT_NODE_ANY},
     [FT_NODE_EXPAND] = {"expand", 1, 1, 0, expand_check, NULL, NULL, expand_forward, expand_backward,
-                        .precision = FT_NODE_ANY},
+                        .precision = FT_NODE_ANY, .reads_inputs = never, .reads_output = never},
     [FT_NODE_SUM_DIMS] = {"sum_dims", 1, 1, 0, sum_dims_check, NULL, NULL, sum_dims_forward, sum_dims_backward,
-                          .precision = FT_NODE_ANY},
+                          .precision = FT_NODE_ANY, .reads_inputs = never, .reads_output = never},
 };

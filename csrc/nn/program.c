@@ -234,7 +234,7 @@ static bool reads_own_output(const ft_program *p, int i) {
 /* Whether node j's backward runs and reads its inputs. */
 static bool reads_inputs(const ft_program *p, int j) {
     const ft_node_kind_info *k = row(p, j);
-    return p->trains[j] && !(k->from_output && k->from_output(&p->nodes[j]));
+    return p->trains[j] && (!k->reads_inputs || k->reads_inputs(&p->nodes[j]));
 }
 
 static bool read_by_training(const ft_program *p, int i);
@@ -298,7 +298,7 @@ static bool read_by_training(const ft_program *p, int i) {
  * model's output nor the loss, which the step reads after the forward. */
 static bool droppable(const ft_program *p, int i) {
     return i != p->output && i < p->n - 1 && row(p, i)->forward && owns_output(p, i, true) &&
-           read_by_training(p, i);
+           (read_by_training(p, i) || reads_own_output(p, i));
 }
 
 /* Whether every node that reads node i's output (through views) is in segment s. */
