@@ -270,3 +270,61 @@ def test_outputs_no_backward_reads_live_as_in_evaluation():
     assert arena <= 2 * one + 64 * 1024 and kept_arena >= 4 * one, (arena, kept_arena, one)
     assert losses == kept_losses
     assert all(np.array_equal(a, b) for a, b in zip(state, kept_state))
+
+
+def _conv_weight_grad(model, xs, ys, between):
+    """The conv's weight gradient computed with NumPy in float64: conv, then a 2x2 max pool (the gradient to each
+    window's first maximum) or the input added back, flatten, linear, mean cross-entropy."""
+    conv = next(m for m in model.modules() if isinstance(m, nn.Conv2d))
+    lin = next(m for m in model.modules() if isinstance(m, nn.Linear))
+    W, Wl, bl = (t.numpy().astype(np.float64) for t in (conv.weight, lin.weight, lin.bias))
+    x = xs.astype(np.float64)
+    B, C = x.shape[:2]
+    win = np.lib.stride_tricks.sliding_window_view(np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1))), (3, 3), (2, 3))
+    h = np.einsum("nihwkl,oikl->nohw", win, W)
+    if between == "max_pool":
+        cells = h.reshape(B, C, 8, 2, 8, 2).transpose(0, 1, 2, 4, 3, 5).reshape(B, C, 8, 8, 4)
+        feat = cells.max(-1).reshape(B, -1)
+    else:
+        feat = (h + x).reshape(B, -1)
+    logits = feat @ Wl.T + bl
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    p[np.arange(B), ys] -= 1
+    dfeat = (p / B) @ Wl
+    if between == "max_pool":
+        dcells = np.zeros_like(cells)
+        np.put_along_axis(dcells, cells.argmax(-1)[..., None], dfeat.reshape(B, C, 8, 8, 1), -1)
+        dh = dcells.reshape(B, C, 8, 8, 2, 2).transpose(0, 1, 2, 4, 3, 5).reshape(B, C, 16, 16)
+    else:
+        dh = dfeat.reshape(B, C, 16, 16)
+    return np.einsum("nohw,nihwkl->oikl", dh, win)
+
+
+@pytest.mark.parametrize("between", ["max_pool", "residual_add"])
+def test_outputs_only_passed_through_by_backward_are_not_kept(between):
+    """A conv's output read only by a max pool (whose backward reads its indices) or a residual add (whose
+    backward passes the gradient through) is freed after that forward: the arena holds it or its gradient,
+    never both at once (with the pool: the conv's gradient and the pool's output, gradient and indices, a
+    quarter map each; with the add: its output, kept for the linear's backward, its gradient and the conv's;
+    keeping the conv's output would add a map to either), and the conv's weight gradient matches NumPy's."""
+    B, C = 64, 16
+    one = B * C * 16 * 16 * 4  # the conv's output
+    ft.manual_seed(0)
+    if between == "max_pool":
+        model = nn.Sequential(nn.Conv2d(C, C, 3, padding=1, bias=False), nn.MaxPool2d(2), nn.Flatten(),
+                              nn.Linear(C * 8 * 8, 10))
+    else:
+        x = nn.Input((C, 16, 16))
+        h = nn.Conv2d(C, C, 3, padding=1, bias=False)(x)
+        model = nn.Model(x, nn.Linear(C * 16 * 16, 10)(nn.Flatten()(nn.Add()(h, x))))
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=B,
+                            input_shape=(C, 16, 16), memory_format="contiguous")
+    arena = program.memory_plan()["activations"]
+    assert arena <= (1.75 if between == "max_pool" else 3) * one + 64 * 1024, (arena, one)
+    rng = np.random.default_rng(1)
+    xs, ys = rng.normal(size=(B, C, 16, 16)).astype(np.float32), rng.integers(0, 10, B)
+    program.backward(xs, ys)
+    conv = next(m for m in model.modules() if isinstance(m, nn.Conv2d))
+    want = _conv_weight_grad(model, xs, ys, between)
+    np.testing.assert_allclose(conv.weight.grad.numpy(), want, rtol=1e-3, atol=1e-4 * np.abs(want).max())
