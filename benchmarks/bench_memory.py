@@ -37,6 +37,10 @@ resident-size comparison.
 max_batch_size_<net>_<budget>_<variant> lines give ft.utils.max_batch_size for a budget of 1 GiB (plans only;
 nothing runs).
 
+inplace_abn_activation_bytes_demo_b<batch> (plans only): memory_plan()["activations"] of the demo network
+(examples/demo.py) with each batch norm + ReLU made an nn.InPlaceABN with a leaky ReLU of slope 0.01, in bytes;
+"reference" the same network with BatchNorm2d + LeakyReLU(0.01) as two layers, "ratio" the first over it.
+
 Activation recomputation (compile's recompute=), each line with "net" and "batch":
 
   recompute_sqrt_activation_bytes       memory_plan()["activations"] in bytes with recompute="auto" (sqrt(N)
@@ -270,6 +274,30 @@ def recompute_lines(ft, bt, net, batch, threads, steps, base, ref, torch_version
              ratio=round(got["step_s"] / ref["step_s"], 3), **common)
 
 
+def abn_lines(ft, batch):
+    """The demo network's training arena with InPlace-ABN against batch norm + leaky ReLU as two layers."""
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    import demo
+    nn = ft.nn
+
+    def arena(abn):
+        layers = []
+        for m in demo.make_model():
+            if not (isinstance(m, nn.ReLU) and isinstance(layers[-1], nn.BatchNorm2d)):
+                layers.append(m)
+            elif abn:
+                layers[-1] = nn.InPlaceABN(layers[-1].num_features, activation_param=0.01)
+            else:
+                layers.append(nn.LeakyReLU(0.01))
+        model = nn.Sequential(*layers)
+        program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=batch,
+                                input_shape=(1, 28, 28))
+        return program.memory_plan()["activations"]
+
+    got, ref = arena(True), arena(False)
+    emit(f"inplace_abn_activation_bytes_demo_b{batch}", got, "bytes", reference=ref, ratio=round(got / ref, 3))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
@@ -317,6 +345,8 @@ def main():
                              step_ratio=round(got["step_s"] / ref["step_s"], 3))
             emit(f"peak_memory_{net}_b{batch}_{variant}", got["peak"], "MiB",
                  **rounded({k: v for k, v in got.items() if k != "peak"}), options=options, **extra)
+    if not args.recompute_only:
+        abn_lines(ft, batch)
     # The batch a 1 GiB budget holds, from the plans alone.
     for net in () if args.recompute_only else ("resnet", "vit"):
         for variant, options in VARIANTS.items():
