@@ -107,7 +107,10 @@ def test_fit_reports_skipped_steps_and_the_scale():
     assert sum(h["skipped_steps"]) == p.skipped_steps >= 1
     assert h["skipped_steps"][0] >= 1
     assert h["loss_scale"][-1] == scaler.get_scale()
-    assert all(np.isfinite(h["train_loss"]))  # skipped steps' losses are not averaged in
+    # skipped steps' losses are not averaged in: an epoch whose every step was skipped has no loss (NaN)
+    steps = 32 // 8
+    for loss, skipped in zip(h["train_loss"], h["skipped_steps"]):
+        assert np.isnan(loss) == (skipped == steps)
 
 
 def test_state_dict_and_checkpoint_round_trip(tmp_path):
@@ -156,3 +159,35 @@ def test_bad_arguments():
         trained(scaler, 0)
     with pytest.raises(ValueError, match="state_dict"):
         scaler.load_state_dict({"scale": 1.0})
+
+
+@pytest.mark.parametrize("loop", ["c_loader", "python"])
+def test_fit_averages_the_loss_over_the_steps_that_ran(loop):
+    """Skipped steps count in the speed, not in the epoch's loss: with the first steps overflowing, the epoch's
+    train_loss is the mean of the losses of the steps that ran, as the same steps give them one by one (the C
+    epoch over a Loader, and the Python one over a list of batches)."""
+    r = np.random.default_rng(3)
+    x, y = r.normal(size=(64, 2, 5, 5)).astype(np.float32), np.full((64, 3), 100.0, np.float32)
+    batches = [(x[i:i + 8], y[i:i + 8]) for i in range(0, 64, 8)]
+    results = []
+    for by_hand in (False, True):
+        scaler = GradScaler(init_scale=2.0 ** 127)
+        ft.manual_seed(0)
+        m = net(0.0)
+        p = m.compile(ft.optim.SGD(m.parameters(), lr=1e-5), nn.MSELoss(), batch_size=8, input_shape=(2, 5, 5),
+                      grad_scaler=scaler)
+        if by_hand:
+            losses = []
+            for xb, yb in batches:
+                before = p.skipped_steps
+                loss = p.train_step(xb, yb)
+                if p.skipped_steps == before:
+                    losses.append(loss)
+            results.append((np.mean(losses), p.skipped_steps))
+        else:
+            data = ft.data.Loader((x, y), 8, shuffle=False) if loop == "c_loader" else batches
+            h = ft.fit(p, data, epochs=1, progress=False)
+            results.append((h["train_loss"][0], h["skipped_steps"][0]))
+    (fit_loss, fit_skipped), (hand_loss, hand_skipped) = results
+    assert 1 <= fit_skipped == hand_skipped < len(batches)
+    assert fit_loss == pytest.approx(hand_loss, rel=1e-6)

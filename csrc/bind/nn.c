@@ -809,7 +809,7 @@ static PyObject *program_fit_epoch(PyObject *self, PyObject *args, PyObject *kwa
     entered(self);
     Py_INCREF(loader_obj); /* the C loader lives as long as this object */
     double loss_sum = 0, last_report = omp_get_wtime();
-    int64_t samples = 0, steps = 0, skipped_steps = 0, correct = 0;
+    int64_t samples = 0, counted = 0, steps = 0, skipped_steps = 0, correct = 0;
     step_result r = {.grad_norm = po->last_grad_norm};
     ft_status s = FT_OK;
     int stop = 0;
@@ -832,6 +832,7 @@ static PyObject *program_fit_epoch(PyObject *self, PyObject *args, PyObject *kwa
         if (!r.skipped) { /* a skipped step's loss is not finite: it says nothing about the epoch */
             loss_sum += r.loss * (double)n;
             correct += r.correct;
+            counted += n;
         }
         samples += n;
         steps++;
@@ -868,8 +869,8 @@ static PyObject *program_fit_epoch(PyObject *self, PyObject *args, PyObject *kwa
         snprintf(message, sizeof message, "%s", ft_last_error());
         return ft_py_raise(ft_fail(s, "step %lld of the epoch: %s", (long long)steps + 1, message));
     }
-    return Py_BuildValue("(dLLLOL)", loss_sum, (long long)samples, (long long)steps, (long long)skipped_steps,
-                         stop ? Py_True : Py_False, (long long)correct);
+    return Py_BuildValue("(dLLLLOL)", loss_sum, (long long)samples, (long long)counted, (long long)steps,
+                         (long long)skipped_steps, stop ? Py_True : Py_False, (long long)correct);
 }
 
 /* eval_epoch(loader, tta_flip=False) -> (loss_sum, correct, count), in eval mode, in C. */
@@ -995,8 +996,8 @@ static PyMethodDef program_methods[] = {
     {"_set_distributed", program_set_distributed, METH_O, NULL},
     {"fit_epoch", (PyCFunction)(void (*)(void))program_fit_epoch, METH_VARARGS | METH_KEYWORDS,
      "fit_epoch(loader, optimizer, schedule=None, callback=None, interval=0.25, clip_grad_norm=None, "
-     "nan_policy='raise', step_callback=None, every=0, first_step=0) -> (loss_sum, samples, steps, skipped, stopped, "
-     "correct)"},
+     "nan_policy='raise', step_callback=None, every=0, first_step=0) -> (loss_sum, samples, counted, steps, skipped, "
+     "stopped, correct): loss_sum and correct over the counted samples, those of the steps not skipped"},
     {"eval_epoch", program_eval_epoch, METH_VARARGS,
      "eval_epoch(loader, tta_flip=False) -> (loss_sum, correct, count)"},
     {NULL, NULL, 0, NULL},

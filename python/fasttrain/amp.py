@@ -1,4 +1,4 @@
-"""ft.autocast (PyTorch's torch.autocast("cpu", dtype=torch.bfloat16) for fasttrain's eager ops) and ft.amp.GradScaler.
+"""ft.autocast, PyTorch's torch.autocast("cpu", dtype=torch.bfloat16) for eager ops, and ft.amp.GradScaler.
 
 Inside ``with ft.autocast():`` the products (conv1d/conv2d, linear, scaled_dot_product_attention, and the
 layers built on them) take float32 operands as bfloat16 (each call converts its input and weight, as

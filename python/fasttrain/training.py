@@ -71,8 +71,8 @@ def _fit_epoch_in_c(program, loader, scheduler, interval, bar, start, on_step, e
     """One epoch (or what is left of it, after a restored position) in C: every step's hyperparameters (the
     learning rate, and the momentum or betas a scheduler cycles) are computed up front by stepping the scheduler,
     and Python runs only for the progress bar and for on_step(step, loss, lr, grad_norm) every `every` steps of the
-    program (one returning True stops the epoch there). Returns (loss sum, samples, last lr, correct predictions,
-    stopped)."""
+    program (one returning True stops the epoch there). Returns (loss sum, samples, samples of the steps not
+    skipped, last lr, correct predictions, stopped)."""
     optimizer = program.optimizer
     groups = optimizer.param_groups
 
@@ -109,7 +109,7 @@ def _fit_epoch_in_c(program, loader, scheduler, interval, bar, start, on_step, e
         program.step_count = first_step + steps  # as a callback reading the program expects it
         return on_step(program.step_count, loss, lr_at(steps), grad_norm)
 
-    loss_sum, samples, steps, skipped, stopped, correct = program._c.fit_epoch(
+    loss_sum, samples, counted, steps, skipped, stopped, correct = program._c.fit_epoch(
         loader, optimizer, schedule, progress, 0.25, program.clip_grad_norm, program.nan_policy,
         step if on_step else None, every, first_step)
     program.step_count = first_step + steps
@@ -128,7 +128,7 @@ def _fit_epoch_in_c(program, loader, scheduler, interval, bar, start, on_step, e
         optimizer._pushed = list(schedule[steps - 1] if steps else schedule[0])  # what C holds now
     if bar:
         bar.update(steps - bar.count)
-    return loss_sum, samples, lr_at(max(steps, 1)), correct, stopped
+    return loss_sum, samples, counted, lr_at(max(steps, 1)), correct, stopped
 
 
 def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader: Iterable[Any] | None = None,
@@ -195,14 +195,14 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
         bar = ProgressBar(len(loader), f"epoch {epoch + 1} ({count + 1}/{epochs})", stream=stream) \
             if progress else None
         start = time.perf_counter()
-        loss_sum, samples, lr, correct, stopped = 0.0, 0, _lr(program.optimizer), 0, False
+        loss_sum, samples, counted, lr, correct, stopped = 0.0, 0, 0, _lr(program.optimizer), 0, False
 
         def on_step(step, loss, lr, grad_norm):
             metrics = {"step": step, "epoch": epoch + 1, "loss": loss, "lr": lr, "grad_norm": grad_norm}
             return any(cb(step, metrics) for cb in step_callbacks)
 
         if _is_c_loader(loader):
-            loss_sum, samples, lr, correct, stopped = _fit_epoch_in_c(
+            loss_sum, samples, counted, lr, correct, stopped = _fit_epoch_in_c(
                 program, loader, scheduler, scheduler_interval, bar, start, on_step if step_callbacks else None,
                 every_n_steps)
         else:
@@ -217,6 +217,7 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
                 if program.skipped_steps == skipped_before:  # a skipped step's loss is not finite
                     loss_sum += loss * n
                     correct += step_correct
+                    counted += n
                 samples += n
                 if scheduler is not None and scheduler_interval == "step":
                     scheduler.step()
@@ -234,8 +235,11 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
                 loader.epoch = epoch + 1
         if scheduler is not None and scheduler_interval == "epoch" and not stopped:
             scheduler.step()
-        metrics = {"epoch": epoch + 1, "train_loss": loss_sum / max(samples, 1), "lr": lr, "seconds": seconds,
-                   "train_accuracy": correct / samples if program.classifies and samples else None,
+        # the loss and accuracy of the steps that ran (a skipped step's loss is not finite; NaN when none ran);
+        # the speed of all
+        metrics = {"epoch": epoch + 1, "train_loss": loss_sum / counted if counted else float("nan"), "lr": lr,
+                   "seconds": seconds,
+                   "train_accuracy": correct / counted if program.classifies and counted else None,
                    "images_per_second": samples / seconds if seconds > 0 else 0.0,
                    "val_loss": None, "val_accuracy": None,
                    "skipped_steps": program.skipped_steps - skipped_before_epoch,
