@@ -12,9 +12,9 @@ class History(dict):
     """What ft.fit returns: a dict of per-epoch lists ("epoch", "train_loss", "train_accuracy", "val_loss",
     "val_accuracy", "lr", "seconds", "images_per_second", "skipped_steps" (steps skipped for a non-finite loss or
     gradient: train_loss and train_accuracy are over the others, NaN and None when every step was skipped),
-    "loss_scale" (a GradScaler's scale at the epoch's end); None where an epoch had no validation or no scaler). It is a dict in every way (indexing,
-    keys(), equality with a dict, json.dumps, pickle), with plot() added; Jupyter shows it as a table with a row
-    per epoch. History(json.load(f)) plots a history saved as JSON."""
+    "loss_scale" (a GradScaler's scale at the epoch's end); None where an epoch had no validation or no scaler).
+    It is a dict in every way (indexing, keys(), equality with a dict, json.dumps, pickle), with plot() added;
+    Jupyter shows it as a table with a row per epoch. History(json.load(f)) plots a history saved as JSON."""
 
     def plot(self):
         """Plots the loss curves (training, and validation when there was a validation set) and, beside them, the
