@@ -419,6 +419,13 @@ static ft_status choose_automatic(ft_program *p, int64_t budget, bool *drop) {
     if (s == FT_OK && budget < 0) {
         int k = (int)ceil(sqrt((double)count));
         cut_segments(p, own, cross, total / (k > 0 ? k : 1), best, from, drop);
+        /* segments that shrink nothing (a net whose peak is in the backward
+         * anyway) would only cost time: then everything is kept */
+        int64_t with = arena_with(p, drop), without = arena_with(p, trial);
+        if (with < 0 || without < 0)
+            s = ft_fail(FT_ERR_NOMEM, "out of memory planning recomputation");
+        else if (with >= without)
+            memset(drop, 0, (size_t)n * sizeof *drop);
     } else if (s == FT_OK) {
         memset(drop, 0, (size_t)n * sizeof *drop);
         int64_t least = arena_with(p, drop);

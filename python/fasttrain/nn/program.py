@@ -720,9 +720,10 @@ def compile(model, optimizer, loss=None, *, batch_size, input_shape=None, memory
     once). None keeps every output (the default); a list of the model's modules (or one module), as
     torch.utils.checkpoint wraps a block, recomputes what only each module's own nodes read, and an item that is
     a list of modules makes them one segment (as checkpoint_sequential runs a Sequential's layers); "auto" lets the
-    planner cut the model into about sqrt(N) segments of its N nodes, where the fewest bytes cross; an int is a
-    budget in bytes for the training activations (memory_plan()["activations"]), which the planner meets at the
-    least recomputation it finds (a ValueError says the least it can reach when the budget is below it).
+    planner cut the model into about sqrt(N) segments of its N nodes, where the fewest bytes cross (none when
+    they would not shrink the arena); an int is a budget in bytes for the training activations
+    (memory_plan()["activations"]), which the planner meets at the least recomputation it finds (a ValueError
+    says the least it can reach when the budget is below it).
     memory_plan() and summary() show the smaller arena and which outputs are recomputed.
 
     grad_scaler=ft.amp.GradScaler(): dynamic loss scaling in every step, as torch.amp.GradScaler (skipped steps
