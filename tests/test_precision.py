@@ -1,5 +1,9 @@
 """precision="bf16-mixed": each node's dtype, gradients and loss curves against float32, float32 weights and
 optimizer state, bitwise reproducibility, the low-precision weight copy kept current, and bad input."""
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -289,12 +293,15 @@ def test_unknown_and_unavailable_precisions_are_refused():
         compiled("16-mixed")
 
 
+CAPPED = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper() in ("SSE41", "AVX", "AVX2", "AVX512_CORE")
+
+
 def test_cpu_capability_reads_the_cpu_flags():
     with open("/proc/cpuinfo") as f:
         flags = set(next(line for line in f if line.startswith("flags")).split(":", 1)[1].split())
     want = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
     assert list(backends.cpu_capability()) == want
-    assert backends.cpu_has_bf16() == bool({"avx512_bf16", "amx_bf16"} & flags)
+    assert backends.cpu_has_bf16() == ("avx512_bf16" in flags and not CAPPED)
 
 
 def test_without_bf16_instructions_it_runs_as_float32(monkeypatch):
@@ -302,6 +309,27 @@ def test_without_bf16_instructions_it_runs_as_float32(monkeypatch):
     with pytest.warns(RuntimeWarning, match="AVX512-BF16"):
         _, prog = compiled("bf16-mixed")
     assert prog.precision == "32-true" and set(prog._c.node_dtypes()) <= {"float32", "int64"}
+    x, y = data()
+    assert np.isfinite(prog.train_step(x, y))
+
+
+@pytest.mark.skipif(CAPPED, reason="already the capped run")
+def test_capped_below_avx512_bf16_the_float_paths_run():
+    """ONEDNN_MAX_CPU_ISA=AVX512_CORE caps fasttrain's own kernels as it caps oneDNN's, so that this machine runs
+    what a CPU without AVX512-BF16 runs: in a process with the cap, cpu_has_bf16() is False, bf16-mixed warns and
+    trains as float32, and bfloat16 attention takes its float path (this file's tests of those, run again)."""
+    env = dict(os.environ, ONEDNN_MAX_CPU_ISA="AVX512_CORE")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+                           "cpu_capability or attention_bfloat16 or bf16_mixed_warns_when_capped"],
+                          env=env, capture_output=True, text=True, timeout=600, cwd=os.path.dirname(__file__))
+    assert done.returncode == 0 and " passed" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
+
+
+@pytest.mark.skipif(not CAPPED, reason="runs in the capped process of the test above")
+def test_bf16_mixed_warns_when_capped():
+    with pytest.warns(RuntimeWarning, match="ONEDNN_MAX_CPU_ISA"):
+        _, prog = compiled("bf16-mixed")
+    assert prog.precision == "32-true"
     x, y = data()
     assert np.isfinite(prog.train_step(x, y))
 

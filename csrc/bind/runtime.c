@@ -97,6 +97,11 @@ static PyObject *py_get_allow_tf32(PyObject *module, PyObject *unused) {
     return PyBool_FromLong(ft_allow_tf32());
 }
 
+static PyObject *py_cpu_bf16(PyObject *module, PyObject *unused) {
+    (void)module, (void)unused;
+    return PyBool_FromLong(ft_cpu_bf16());
+}
+
 static PyObject *py_cuda_set_library(PyObject *module, PyObject *arg) {
     (void)module;
     const char *path = PyUnicode_AsUTF8(arg);
@@ -164,6 +169,8 @@ static PyMethodDef runtime_functions[] = {
     {"get_benchmark", py_get_benchmark, METH_NOARGS, NULL},
     {"set_allow_tf32", py_set_allow_tf32, METH_O, NULL},
     {"get_allow_tf32", py_get_allow_tf32, METH_NOARGS, NULL},
+    {"cpu_bf16", py_cpu_bf16, METH_NOARGS,
+     "Whether fasttrain's kernels multiply bfloat16 in hardware (AVX512-BF16, unless ONEDNN_MAX_CPU_ISA caps it)."},
     {"cuda_set_library", py_cuda_set_library, METH_O,
      "Name the CUDA backend library that the first CUDA use loads (only the first name counts)."},
     {"cuda_device_count", py_cuda_device_count, METH_NOARGS, NULL},

@@ -1,7 +1,10 @@
 #include "core/settings.h"
 
 #include <omp.h>
+#include <pthread.h>
 #include <stdatomic.h>
+#include <stdlib.h>
+#include <strings.h>
 
 static atomic_bool deterministic, benchmark, allow_tf32;
 
@@ -25,3 +28,26 @@ bool ft_benchmark(void) { return atomic_load(&benchmark); }
 void ft_set_allow_tf32(bool on) { atomic_store(&allow_tf32, on); }
 
 bool ft_allow_tf32(void) { return atomic_load(&allow_tf32); }
+
+static bool cpu_bf16;
+
+static void find_cpu_bf16(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    /* oneDNN's names for the caps below AVX512_CORE_BF16 */
+    static const char *const below[] = {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE",
+                                        "AVX512_CORE_VNNI"};
+    const char *cap = getenv("ONEDNN_MAX_CPU_ISA");
+    if (!cap)
+        cap = getenv("DNNL_MAX_CPU_ISA");
+    cpu_bf16 = __builtin_cpu_supports("avx512bf16");
+    for (size_t i = 0; cap && i < sizeof below / sizeof *below; i++)
+        if (strcasecmp(cap, below[i]) == 0)
+            cpu_bf16 = false;
+#endif
+}
+
+bool ft_cpu_bf16(void) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, find_cpu_bf16);
+    return cpu_bf16;
+}

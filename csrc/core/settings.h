@@ -22,4 +22,10 @@ bool ft_benchmark(void);
 void ft_set_allow_tf32(bool on);
 bool ft_allow_tf32(void);
 
+/* Whether fasttrain's own kernels may multiply bfloat16 with AVX512-BF16:
+ * the CPU has it, and ONEDNN_MAX_CPU_ISA (or DNNL_MAX_CPU_ISA), oneDNN's cap
+ * on the instruction sets it uses, does not exclude it; one variable
+ * caps the whole process. Read once. */
+bool ft_cpu_bf16(void);
+
 #endif

@@ -34,6 +34,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/settings.h"
 #include "kernels/convert.h"
 #include "kernels/activation.h"
 #include "ops/check.h"
@@ -409,7 +410,7 @@ __attribute__((target("avx512f,avx512bf16"))) static void gemm_pairs_cols(float 
 }
 
 /* Whether this CPU runs gemm_pairs. */
-static bool have_pairs(void) { return __builtin_cpu_supports("avx512bf16"); }
+static bool have_pairs(void) { return ft_cpu_bf16(); }
 
 /* c (R, W) (+)= a (R, 2 KP) b (2 KP, W) from tiles of pairs. */
 static void gemm_pairs(float *c, int64_t ldc, const uint32_t *a, int64_t ai, int64_t ak, const uint32_t *b,

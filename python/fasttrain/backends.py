@@ -17,8 +17,8 @@ and torch.backends.cudnn.allow_tf32 allow together.
 
 ft.backends.cpu_capability(): the instruction sets fasttrain's kernels use that
 this CPU has (as torch.backends.cpu.get_cpu_capability). ft.backends.cpu_has_bf16():
-whether it multiplies bfloat16 in hardware (AVX512-BF16 or AMX-BF16), which
-precision="bf16-mixed" programs run on."""
+whether it multiplies bfloat16 in hardware (AVX512-BF16, unless ONEDNN_MAX_CPU_ISA
+caps the instruction sets below it), which precision="bf16-mixed" programs run on."""
 import functools
 import sys
 import types
@@ -42,8 +42,10 @@ def cpu_capability() -> tuple:
 
 
 def cpu_has_bf16() -> bool:
-    """Whether the CPU has the AVX512-BF16 (or AMX-BF16) instructions, from /proc/cpuinfo's flags."""
-    return "avx512_bf16" in cpu_capability() or "amx_bf16" in cpu_capability()
+    """Whether bfloat16 products run on the AVX512-BF16 instructions: the CPU has them, and ONEDNN_MAX_CPU_ISA
+    (or DNNL_MAX_CPU_ISA), oneDNN's cap on the instruction sets it uses, which fasttrain's own kernels follow
+    too, does not exclude them (as ONEDNN_MAX_CPU_ISA=AVX512_CORE does)."""
+    return _C.cpu_bf16()
 
 
 class _Backends(types.ModuleType):

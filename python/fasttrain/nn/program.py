@@ -680,8 +680,9 @@ def _compute_dtype(precision):
         from ..backends import cpu_has_bf16
         if not cpu_has_bf16():
             import warnings
-            warnings.warn("compile: this CPU lacks the AVX512-BF16 instructions (avx512_bf16 in /proc/cpuinfo), "
-                          "which bf16-mixed runs on: the program runs as precision='32-true' instead",
+            warnings.warn("compile: this CPU lacks the AVX512-BF16 instructions (avx512_bf16 in /proc/cpuinfo), or "
+                          "ONEDNN_MAX_CPU_ISA excludes them, which bf16-mixed runs on: the program runs as "
+                          "precision='32-true' instead",
                           RuntimeWarning, stacklevel=5)
             precision = "32-true"
     return _BY_NAME[_PRECISIONS[precision]], precision
