@@ -297,6 +297,17 @@ ft_status ft_cuda_copy_strided(const ft_copy_desc *desc, int device, void *strea
     }
 
     FT_TRY(ft_cuda_check(cudaSetDevice(device), "cudaSetDevice"));
+    /* One contiguous run of one dtype between disjoint buffers: the copy
+     * engine moves it at the memory's bandwidth, where the element loop
+     * below reached about a third of it (H200: 1.5 of 4.2 TB/s). */
+    if (same && d.ndim == 1 && d.dst_strides[0] == 1 && d.src_strides[0] == 1) {
+        size_t bytes = (size_t)numel * (size_t)plan.src_size;
+        const char *from = (const char *)d.src;
+        char *to = (char *)d.dst;
+        if (to + bytes <= from || from + bytes <= to)
+            return ft_cuda_check(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDeviceToDevice, (cudaStream_t)stream),
+                                 "cudaMemcpyAsync");
+    }
     int sms;
     FT_TRY(ft_cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
                          "cudaDeviceGetAttribute"));
