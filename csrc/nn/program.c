@@ -250,13 +250,13 @@ static bool read_by_replay(const ft_program *p, int i) {
 
 /* Gives every buffer of the training (or evaluation) step its lifetime in
  * b (n, NBUF) and places them; returns the arena's bytes, -1 when out of
- * memory. In training an output is kept until its own backward, which
- * comes after its readers'; a recomputed one only until its last reader's
- * forward, and again from its recomputation; one that no backward and no
- * recomputation reads (a frozen part's, read by frozen nodes only; a conv's
- * read only by an InPlace-ABN or a max pool) lives as in evaluation. What a
- * node saves lives until its backward. In evaluation an output lives until
- * its last reader. */
+ * memory. In training an output that a backward reads (its readers' or its
+ * own) is kept until its own backward, which comes after its readers'; a
+ * recomputed one only until its last reader's forward, and again from its
+ * recomputation; one that no backward and no recomputation reads (a frozen
+ * part's, read by frozen nodes only; a conv's read only by an InPlace-ABN or
+ * a max pool) lives as in evaluation. What a node saves lives until its
+ * backward. In evaluation an output lives until its last reader. */
 static int64_t lay_out(const ft_program *p, bool training, block *b) {
     for (int i = 0; i < p->n; i++) {
         block *bi = &b[i * NBUF];
