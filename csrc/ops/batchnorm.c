@@ -186,6 +186,10 @@ enum { LANES = 16 };
 FT_VEC_CLONES static void plane_sums(double *a, double *b, const sums_in *in, int64_t i0, int64_t S, int64_t c,
                                      float *buf) {
     float center = in->center[c];
+    /* in registers: added to through the pointers, each slice's sixteen
+     * additions would wait on each other's stores (small planes: most of
+     * the time) */
+    double sa = *a, sb = *b;
     for (int64_t at = 0; at < S; at += SLICE) {
         int64_t n = S - at < SLICE ? S - at : SLICE;
         const float *dz = NULL, *x = run_of(in, i0 + at, n, buf, &dz);
@@ -197,8 +201,9 @@ FT_VEC_CLONES static void plane_sums(double *a, double *b, const sums_in *in, in
                 lb[l] = fmaf(dz ? dz[j + l] : v, v, lb[l]);
             }
         for (int l = 0; l < LANES; l++)
-            *a += la[l], *b += lb[l];
+            sa += la[l], sb += lb[l];
     }
+    *a = sa, *b = sb;
 }
 
 static ft_status channel_sums(double *sa, double *sb, const layout *l, const sums_in *in) {
