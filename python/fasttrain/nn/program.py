@@ -633,7 +633,7 @@ class Program:
 
     def memory_plan(self):
         """The bytes the compiled program holds, as a dict: "activations" (the training arena, planned by
-        liveness: every output kept for its backward, saved data, gradients), "evaluation" (its arena),
+        liveness: the outputs a backward reads, saved data, gradients), "evaluation" (its arena),
         "parameters" and "gradients" (the flat float32 buffers), "optimizer_state" (the optimizer's buffers,
         counted before its first step allocates them), "weights_copy" (bf16-mixed's bfloat16 weights), "total",
         and "nodes": per node a dict of the bytes of its output, of what it saves for its backward and of its
