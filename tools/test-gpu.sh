@@ -123,6 +123,10 @@ if not ft.cuda.is_available():
 print(ft.cuda.device_count(), "device(s):", ft.cuda.get_device_name(0))
 EOF
 
+# cuBLASLt and cuDNN say why they refuse a call (their error logs, on stderr
+# into the logs), which their status codes do not
+export CUBLASLT_LOG_MASK=${CUBLASLT_LOG_MASK:-1} CUDNN_LOGLEVEL_DBG=${CUDNN_LOGLEVEL_DBG:-1}
+export CUDNN_LOGDEST_DBG=${CUDNN_LOGDEST_DBG:-stderr}
 PYTEST=("$PY" -m pytest -p no:cacheprovider -q -ra --durations=20)
 # pytest-timeout, where installed, turns a hung test into a failure
 "$PY" -c "import pytest_timeout" 2>/dev/null && PYTEST+=(--timeout=300)
