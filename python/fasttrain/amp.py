@@ -67,14 +67,7 @@ class GradScaler:
                  growth_interval=2000, enabled=True):
         if device not in ("cpu", "cuda"):
             raise ValueError(f"GradScaler: device must be 'cpu' or 'cuda', got {device!r}")
-        if not 2.0 ** -126 <= init_scale <= 2.0 ** 127:
-            raise ValueError(f"GradScaler: init_scale must be in [2**-126, 2**127], got {init_scale}")
-        if not (1.0 < growth_factor < float("inf")) or not 0.0 < backoff_factor < 1.0:
-            raise ValueError(f"GradScaler: growth_factor must be > 1 and backoff_factor in (0, 1), got "
-                             f"{growth_factor} and {backoff_factor}")
-        if not isinstance(growth_interval, int) or isinstance(growth_interval, bool) or growth_interval < 1:
-            raise ValueError(f"GradScaler: growth_interval must be a positive int, got {growth_interval!r}")
-        self._state = (float(init_scale), float(growth_factor), float(backoff_factor), growth_interval, 0)
+        self._state = _checked(init_scale, growth_factor, backoff_factor, growth_interval, 0)
         self._enabled, self._program = bool(enabled), None
 
     def _attach(self, program):
@@ -114,14 +107,26 @@ class GradScaler:
                 raise RuntimeError("GradScaler: a disabled scaler cannot load a state")
             return
         try:
-            new = (float(state["scale"]), float(state["growth_factor"]), float(state["backoff_factor"]),
-                   int(state["growth_interval"]), int(state["_growth_tracker"]))
-        except (KeyError, TypeError, ValueError) as e:
+            new = _checked(float(state["scale"]), float(state["growth_factor"]), float(state["backoff_factor"]),
+                           int(state["growth_interval"]), int(state["_growth_tracker"]))
+        except (KeyError, TypeError) as e:
             raise ValueError(f"GradScaler: not a GradScaler state_dict ({e})") from None
         if self._program is not None:
-            self._program.loss_scaler = new  # checked there: a bad state raises and changes nothing
+            self._program.loss_scaler = new
         else:
-            GradScaler(init_scale=new[0], growth_factor=new[1], backoff_factor=new[2], growth_interval=new[3])
-            if not 0 <= new[4] < new[3]:
-                raise ValueError(f"GradScaler: _growth_tracker must be in [0, growth_interval), got {new[4]}")
             self._state = new
+
+
+def _checked(scale, growth, backoff, interval, good):
+    """A GradScaler's state (scale, growth, backoff, interval, good steps) as the C step takes it, or a
+    ValueError saying which part is out of range."""
+    if not 2.0 ** -126 <= scale <= 2.0 ** 127:
+        raise ValueError(f"GradScaler: the scale (init_scale) must be in [2**-126, 2**127], got {scale}")
+    if not (1.0 < growth < float("inf")) or not 0.0 < backoff < 1.0:
+        raise ValueError(f"GradScaler: growth_factor must be > 1 and backoff_factor in (0, 1), got {growth} and "
+                         f"{backoff}")
+    if not isinstance(interval, int) or isinstance(interval, bool) or interval < 1:
+        raise ValueError(f"GradScaler: growth_interval must be a positive int, got {interval!r}")
+    if not 0 <= good < interval:
+        raise ValueError(f"GradScaler: _growth_tracker must be in [0, growth_interval), got {good}")
+    return float(scale), float(growth), float(backoff), interval, good
