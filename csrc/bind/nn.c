@@ -439,9 +439,10 @@ static ft_status train_step(ft_program *prog, ft_optimizer *opt, const ft_tensor
     if (o->reducer)
         ft_reducer_begin(o->reducer);
     loss_scaler *ls = o->scaler;
-    ft_program_set_loss_scale(prog, ls ? (float)ls->scale : 1.0f);
-    ft_status b = ft_program_backward(prog, x, y, false, &r->loss, &r->correct);
-    ft_program_set_loss_scale(prog, 1.0f);
+    ft_status b = ft_program_set_loss_scale(prog, ls ? (float)ls->scale : 1.0f);
+    if (b == FT_OK)
+        b = ft_program_backward(prog, x, y, false, &r->loss, &r->correct);
+    (void)ft_program_set_loss_scale(prog, 1.0f); /* 1 is always taken */
     if (o->reducer) { /* even after a failed backward: leave no sum it started pending */
         ft_status f = ft_reducer_finish(o->reducer);
         b = b == FT_OK ? f : b;

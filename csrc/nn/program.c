@@ -1276,7 +1276,12 @@ static ft_status scores_buffer(const ft_program *p, ft_tensor *out) {
     return ft_tensor_empty(out, 2, (int64_t[]){p->batch, p->nodes[p->output].shape[0]}, FT_FLOAT32, FT_CPU, false);
 }
 
-void ft_program_set_loss_scale(ft_program *p, float scale) { p->loss_scale = scale; }
+ft_status ft_program_set_loss_scale(ft_program *p, float scale) {
+    if (!(scale > 0.0f && isfinite(scale)))
+        return ft_fail(FT_ERR_VALUE, "program: the loss scale must be finite and positive, got %g", (double)scale);
+    p->loss_scale = scale;
+    return FT_OK;
+}
 
 ft_status ft_program_backward(ft_program *p, const ft_tensor *x, const ft_tensor *y, bool accumulate, double *loss,
                               int64_t *correct) {

@@ -195,8 +195,9 @@ ft_status ft_program_backward(ft_program *p, const ft_tensor *x, const ft_tensor
                               int64_t *correct);
 
 /* What the backward starts from in place of 1, d(loss)/d(loss): loss
- * scaling, whose gradients come out multiplied by it. 1 until set. */
-void ft_program_set_loss_scale(ft_program *p, float scale);
+ * scaling, whose gradients come out multiplied by it. 1 until set;
+ * FT_ERR_VALUE (and no change) unless finite and positive. */
+ft_status ft_program_set_loss_scale(ft_program *p, float scale);
 
 /* Puts the batch-norm running statistics (and batch counts) back as they
  * were before the last ft_program_backward: for a step the caller drops. */

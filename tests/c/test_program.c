@@ -115,6 +115,18 @@ int main(void) {
     copy_floats(again, &m.grads);
     for (int k = 0; k < P; k++)
         CHECKF(again[k] == 2 * whole[k], "gradient %d: %g, twice %g", k, again[k], whole[k]);
+    /* A loss scale of 4 (a power of two) multiplies every gradient by it exactly; a scale that is not finite
+     * and positive is refused and changes nothing. */
+    CHECK_OK(ft_program_set_loss_scale(full, 4.0f));
+    CHECK_STATUS(ft_program_set_loss_scale(full, 0.0f), FT_ERR_VALUE);
+    CHECK_STATUS(ft_program_set_loss_scale(full, NAN), FT_ERR_VALUE);
+    CHECK_STATUS(ft_program_set_loss_scale(full, INFINITY), FT_ERR_VALUE);
+    CHECK_OK(ft_program_backward(full, &x, &y, false, &loss_again, NULL));
+    copy_floats(again, &m.grads);
+    CHECK(loss_again == loss_full);
+    for (int k = 0; k < P; k++)
+        CHECKF(again[k] == 4 * whole[k], "gradient %d: %g, four times %g", k, again[k], whole[k]);
+    CHECK_OK(ft_program_set_loss_scale(full, 1.0f));
 
     /* Micro-batches: batch norm normalises each half by its own statistics,
      * so the gradients agree only roughly; the loss of the halves' mean is
