@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import fasttrain as ft
-from _opref import bits, fd_grad, n, nhwc, strided, t, torch
+from _opref import bf16_round, bits, fd_grad, n, nhwc, strided, t, torch
 from _poolcases import AVG_CASES, MAX_CASES, avg_args, max_args
 
 F = ft.nn.functional
@@ -203,6 +203,45 @@ def test_accumulate_and_special_values():
     out, idx = ft.ops.max_pool2d_forward(None, None, t(y), 2)
     assert np.isnan(n(out)[0, 0, 0, 0]) and idx.numpy()[0, 0, 0, 0] == 1
     assert n(out)[0, 1, 0, 0] == -np.inf and idx.numpy()[0, 1, 0, 0] == 0
+
+
+def channels_last(a, dtype):
+    """(N, C, H, W) values a stored channels-last as dtype (a fasttrain dtype name; bfloat16 rounds)."""
+    return ft.from_numpy(np.ascontiguousarray(np.moveaxis(a, 1, 3))).to(dtype).permute(0, 3, 1, 2)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("index_dtype", ["int32", "int64"])
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_max_pool_backward_over_disjoint_tiles_is_the_scatter(dtype, index_dtype, accumulate):
+    """A channels-last max pool whose indices lie in disjoint tiles (kernel = stride) has its gradient gathered
+    in one pass; -1 indices, positions in no tile and a sample with an index outside its tile (done by the
+    scatter instead) must all give the scatter's bits, signed zeros included."""
+    N, C, H, W, P, Q = 3, 70, 9, 7, 4, 3  # 2 x 2 tiles; row 8 and column 6 lie in no tile; 70 > one channel block
+    r = np.random.default_rng(1)
+    kh, kw = r.integers(0, 2, (N, C, P, Q)), r.integers(0, 2, (N, C, P, Q))
+    idx = (2 * np.arange(P)[:, None] + kh) * W + 2 * np.arange(Q) + kw
+    idx[r.random(idx.shape) < 0.1] = -1
+    idx[1, 66, 2, 1] = 8 * W + 6  # a valid position outside its tile: sample 1's last block takes the scatter
+    dy = r.normal(size=(N, C, P, Q)).astype(np.float32)
+    dy[r.random(dy.shape) < 0.1] = -0.0
+    g0 = r.normal(size=(N, C, H, W)).astype(np.float32)
+    g0[r.random(g0.shape) < 0.1] = -0.0
+    if dtype == "bfloat16":
+        dy, g0 = bf16_round(dy), bf16_round(g0)
+    want = g0.copy() if accumulate else np.zeros_like(g0)
+    for a in range(N):
+        for c in range(C):
+            np.add.at(want[a, c].reshape(-1), idx[a, c][idx[a, c] >= 0], dy[a, c][idx[a, c] >= 0])
+    if dtype == "bfloat16":
+        want = bf16_round(want)
+    dinp = channels_last(g0 if accumulate else np.full_like(g0, np.nan), dtype)
+    ft.ops.max_pool2d_backward(dinp, channels_last(dy, dtype), channels_last(idx, index_dtype), accumulate=accumulate)
+    assert bits(dinp.contiguous()) == want.tobytes()
+    # the contiguous layout (always the scatter) agrees
+    plain = ft.ops.max_pool2d_backward(None, t(dy).to(dtype), t(idx, np.int64), (H, W))
+    if not accumulate:
+        assert bits(plain) == want.tobytes()
 
 
 def test_deterministic_across_thread_counts(threads):

@@ -51,6 +51,8 @@ typedef struct {
     bool ind32;
     int64_t is[4];
     bool accumulate;
+    /* backward: the th x tw input tiles a max pool's indices are tried in (th = 0: not tried) */
+    int64_t th, tw;
     bool bad;          /* backward: an index outside [-1, H W) was met... */
     int64_t bad_index; /* ...this one (any of them, when threads race) */
 } pool_job;
@@ -422,8 +424,105 @@ static inline __attribute__((always_inline)) void scatter_max(pool_job *j, int64
     }
 }
 
+/* Whether every index of block (n, c0 .. c0 + nc) is -1 or lies in its
+ * output's tile: th x tw input positions from (oh th, ow tw). Counts each
+ * index's matches over its tile, so that the test vectorizes (no division). */
+static inline __attribute__((always_inline)) bool in_tiles(const pool_job *j, int64_t n, int64_t c0, int64_t nc,
+                                                           bool ind32) {
+    const int64_t th = j->th, tw = j->tw, W = j->W;
+    int bad = 0;
+    for (int64_t oh = 0; oh < j->P; oh++)
+        for (int64_t ow = 0; ow < j->Q; ow++) {
+            int64_t base = n * j->is[0] + oh * j->is[2] + ow * j->is[3] + c0;
+            const int32_t *i32 = ind32 ? (const int32_t *)j->ind + base : NULL;
+            const int64_t *i64 = ind32 ? NULL : (const int64_t *)j->ind + base;
+            _Alignas(64) int64_t at[CB];
+            _Alignas(64) int32_t matches[CB];
+            FT_SIMD_FOR(i, nc) {
+                at[i] = ind32 ? i32[i] : i64[i];
+                matches[i] = at[i] == -1;
+            }
+            for (int64_t h = oh * th; h < (oh + 1) * th; h++)
+                for (int64_t w = ow * tw; w < (ow + 1) * tw; w++) {
+                    int64_t pos = h * W + w;
+                    FT_SIMD_FOR(i, nc) matches[i] += at[i] == pos;
+                }
+            FT_SIMD_FOR(i, nc) bad |= matches[i] != 1;
+        }
+    return !bad;
+}
+
+/* dinp of block (n, c0 .. c0 + nc) from the tiles' outputs: each input
+ * position takes its tile's dout where the index names it, as the scatter
+ * would add it (the same sums, signed zeros included). Returns in_tiles. */
+static inline __attribute__((always_inline)) bool gather_tiles(pool_job *j, int64_t n, int64_t c0, int64_t nc,
+                                                               bool ind32, bool bf16, bool accumulate) {
+    const int64_t th = j->th, tw = j->tw, W = j->W, P = j->P, Q = j->Q;
+    const int64_t *xs = j->xs, *ys = j->ys, *is = j->is;
+    int bad = 0;
+    for (int64_t oh = 0; oh < P; oh++)
+        for (int64_t ow = 0; ow < Q; ow++) {
+            int64_t base = n * is[0] + oh * is[2] + ow * is[3] + c0;
+            int64_t pg = n * xs[0] + oh * xs[2] + ow * xs[3] + c0;
+            _Alignas(64) int64_t at[CB];
+            _Alignas(64) float g[CB];
+            _Alignas(64) int32_t matches[CB];
+            FT_SIMD_FOR(i, nc) {
+                at[i] = ind32 ? ((const int32_t *)j->ind)[base + i] : ((const int64_t *)j->ind)[base + i];
+                g[i] = bf16 ? ft_bf16_to_f32(j->x16[pg + i]) : j->x[pg + i];
+                matches[i] = at[i] == -1;
+            }
+            for (int64_t h = oh * th; h < (oh + 1) * th; h++)
+                for (int64_t w = ow * tw; w < (ow + 1) * tw; w++) {
+                    int64_t pos = h * W + w, at_d = n * ys[0] + h * ys[2] + w * ys[3] + c0;
+                    float *restrict d = bf16 ? NULL : j->y + at_d;
+                    uint16_t *restrict d16 = bf16 ? j->y16 + at_d : NULL;
+                    FT_SIMD_FOR(i, nc) {
+                        bool hit = at[i] == pos;
+                        matches[i] += hit;
+                        float old = !accumulate ? 0.0f : bf16 ? ft_bf16_to_f32(d16[i]) : d[i];
+                        float sum = old + g[i];
+                        if (bf16)
+                            d16[i] = ft_f32_to_bf16(hit ? sum : old);
+                        else
+                            d[i] = hit ? sum : old;
+                    }
+                }
+            FT_SIMD_FOR(i, nc) bad |= matches[i] != 1;
+        }
+    if (!accumulate) /* the rows and columns past the last tiles */
+        for (int64_t h = 0; h < j->H; h++)
+            for (int64_t w = h < P * th ? Q * tw : 0; w < W; w++) {
+                int64_t at_d = n * ys[0] + h * ys[2] + w * ys[3] + c0;
+                if (bf16)
+                    FT_SIMD_FOR(i, nc) j->y16[at_d + i] = 0;
+                else
+                    FT_SIMD_FOR(i, nc) j->y[at_d + i] = 0.0f;
+            }
+    return !bad;
+}
+
+/* The max pool's backward of one block by tiles; false where an index lies
+ * outside its tile (then the block is done by the scatter: written over
+ * without accumulate, checked before anything is written with it). */
+static inline __attribute__((always_inline)) bool bwd_block_tiles(pool_job *j, int64_t n, int64_t c0, int64_t nc) {
+    bool i32 = j->ind32;
+    if (j->accumulate) {
+        if (i32 ? !in_tiles(j, n, c0, nc, true) : !in_tiles(j, n, c0, nc, false))
+            return false;
+        if (j->y16)
+            return i32 ? gather_tiles(j, n, c0, nc, true, true, true) : gather_tiles(j, n, c0, nc, false, true, true);
+        return i32 ? gather_tiles(j, n, c0, nc, true, false, true) : gather_tiles(j, n, c0, nc, false, false, true);
+    }
+    if (j->y16)
+        return i32 ? gather_tiles(j, n, c0, nc, true, true, false) : gather_tiles(j, n, c0, nc, false, true, false);
+    return i32 ? gather_tiles(j, n, c0, nc, true, false, false) : gather_tiles(j, n, c0, nc, false, false, false);
+}
+
 FT_VEC_CLONES
 static void bwd_block_cl(pool_job *j, int64_t n, int64_t c0, int64_t nc) {
+    if (j->th && bwd_block_tiles(j, n, c0, nc))
+        return;
     int64_t go = n * j->xs[0] + c0 * j->xs[1], gc = j->xs[1], HW = j->H * j->W;
     int64_t dout = n * j->ys[0] + c0 * j->ys[1]; /* dinp's block */
     /* where the block's sums go: dinp, or for bfloat16 this thread's scratch, (H, W, nc) */
@@ -479,6 +578,11 @@ static void bwd_block_cl(pool_job *j, int64_t n, int64_t c0, int64_t nc) {
 static void run_backward(pool_job *j, bool cl) {
     int64_t work = j->N * j->C * (j->P * j->Q * window_size(j) + j->H * j->W);
     if (cl) {
+        /* A max pool's windows are mostly disjoint tiles (kernel = stride): then each input position takes
+         * at most one gradient, gathered in one streaming pass instead of scattered. */
+        bool tiles = j->kind == POOL_MAX && j->xs[1] == 1 && j->ys[1] == 1 && j->is[1] == 1 && j->P > 0 &&
+                     j->Q > 0 && j->P <= j->H && j->Q <= j->W;
+        j->th = tiles ? j->H / j->P : 0, j->tw = tiles ? j->W / j->Q : 0;
         int64_t nb = (j->C + CB - 1) / CB, items = j->N * nb;
 #pragma omp parallel for schedule(static) if (work > PARALLEL_WORK)
         for (int64_t it = 0; it < items; it++) {
