@@ -78,11 +78,12 @@ static ft_status rt_device_count(int *count) {
     return ft_cuda_check(err, "cudaGetDeviceCount");
 }
 
-static ft_status rt_device_name(int device, char *name, size_t len) {
+static ft_status rt_device_props(int device, char *name, size_t len, int *major, int *minor) {
     cudaDeviceProp prop;
     FT_TRY(ft_cuda_check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties"));
     if (len > 0)
         snprintf(name, len, "%s", prop.name);
+    *major = prop.major, *minor = prop.minor;
     return FT_OK;
 }
 
@@ -206,7 +207,7 @@ const ft_cuda_ops *ft_cuda_table(void) { return &ops; }
 static const ft_cuda_api api = {
     .abi = FT_CUDA_ABI,
     .device_count = rt_device_count,
-    .device_name = rt_device_name,
+    .device_props = rt_device_props,
     .malloc = rt_malloc,
     .free = rt_free,
     .host_alloc = rt_host_alloc,

@@ -523,5 +523,18 @@ def test_autocast_matches_explicit_bfloat16_operands():
 def test_autocast_bad_arguments():
     with pytest.raises(ValueError, match="dtype must be bfloat16"):
         ft.autocast(dtype=ft.float16)
-    with pytest.raises(NotImplementedError, match="device_type must be 'cpu'"):
-        ft.autocast("cuda")
+    with pytest.raises(ValueError, match="device_type must be 'cpu' or 'cuda'"):
+        ft.autocast("tpu")
+
+
+def test_autocast_acts_on_its_device_type_only():
+    """As torch.autocast: a "cuda" block leaves CPU products in float32, and blocks for both device types
+    combine (the inner block's device is added to the outer's, not swapped for it)."""
+    x, w = ft.randn(4, 8), ft.randn(3, 8)
+    with ft.autocast("cuda"):
+        assert F.linear(x, w).dtype is ft.float32
+        with ft.autocast("cpu"):
+            assert F.linear(x, w).dtype is ft.bfloat16
+            with ft.autocast("cpu", enabled=False):
+                assert F.linear(x, w).dtype is ft.float32
+        assert F.linear(x, w).dtype is ft.float32

@@ -470,6 +470,9 @@ static ft_status train_step(ft_program *prog, ft_optimizer *opt, const ft_tensor
     if (s == FT_OK) {
         if (ls)
             scaler_update(ls, false);
+        const ft_tensor *low = ft_program_low_params(prog);
+        if (low && ft_op_device(low).type != FT_DEV_CPU) /* the update did not write the copy: convert again */
+            ft_program_params_changed(prog);
         return FT_OK;
     }
     ft_status undo = ft_program_undo_statistics(prog);
@@ -532,13 +535,8 @@ static ft_optimizer *program_optimizer(program_object *self, PyObject *opt_obj) 
 }
 
 /* Ends what program_optimizer began: the optimizer may outlive the program
- * (or step on its own), and must not write the program's copy then. Steps
- * without the copy written (CUDA) leave the program to convert again. */
-static void release_optimizer(program_object *self, ft_optimizer *opt) {
-    ft_optimizer_set_copies(opt, FT_FLOAT32, NULL);
-    if (ft_program_low_params(self->prog) && ft_op_device(ft_program_low_params(self->prog)).type != FT_DEV_CPU)
-        ft_program_params_changed(self->prog);
-}
+ * (or step on its own), and must not write the program's copy then. */
+static void release_optimizer(ft_optimizer *opt) { ft_optimizer_set_copies(opt, FT_FLOAT32, NULL); }
 
 /* The program of a call from Python: Python code may have written the
  * params since the last call, so a mixed-precision program converts them
@@ -585,7 +583,7 @@ static PyObject *program_train_step(PyObject *self, PyObject *args, PyObject *kw
     Py_BEGIN_ALLOW_THREADS
     s = train_step(entered(self), opt, x, y, &o, &r);
     Py_END_ALLOW_THREADS
-    release_optimizer((program_object *)self, opt);
+    release_optimizer(opt);
     if (s != FT_OK)
         return ft_py_raise(s);
     ((program_object *)self)->last_grad_norm = r.grad_norm;
@@ -798,12 +796,12 @@ static PyObject *program_fit_epoch(PyObject *self, PyObject *args, PyObject *kwa
     Py_ssize_t nscheduled = 0;
     ft_optim_group *schedule = NULL;
     if (schedule_obj != Py_None && parse_schedule(schedule_obj, ngroups, &schedule, &nscheduled) < 0) {
-        release_optimizer(po, opt);
+        release_optimizer(opt);
         return NULL;
     }
     ft_loader *l = ft_py_loader_begin(loader_obj);
     if (!l) {
-        release_optimizer(po, opt);
+        release_optimizer(opt);
         PyMem_Free(schedule);
         return NULL;
     }
@@ -859,7 +857,7 @@ static PyObject *program_fit_epoch(PyObject *self, PyObject *args, PyObject *kwa
     }
     PyEval_RestoreThread(ts);
     po->last_grad_norm = r.grad_norm;
-    release_optimizer(po, opt);
+    release_optimizer(opt);
     int closed = ft_py_loader_end(loader_obj) < 0;
     Py_DECREF(loader_obj);
     PyMem_Free(schedule);

@@ -131,16 +131,16 @@ static PyObject *py_cuda_unavailable_reason(PyObject *module, PyObject *unused) 
     return PyUnicode_FromString(reason);
 }
 
-static PyObject *py_cuda_device_name(PyObject *module, PyObject *arg) {
+static PyObject *py_cuda_device_props(PyObject *module, PyObject *arg) {
     (void)module;
-    int dev;
+    int dev, major = 0, minor = 0;
     if (ft_py_parse_int(arg, &dev) < 0)
         return NULL;
     ft_status s = ft_cuda_check_device(dev);
     char name[256] = "";
     if (s == FT_OK)
-        s = ft_cuda()->device_name(dev, name, sizeof name);
-    return s == FT_OK ? PyUnicode_FromString(name) : ft_py_raise(s);
+        s = ft_cuda()->device_props(dev, name, sizeof name, &major, &minor);
+    return s == FT_OK ? Py_BuildValue("(sii)", name, major, minor) : ft_py_raise(s);
 }
 
 static PyObject *py_cuda_synchronize(PyObject *module, PyObject *arg) {
@@ -175,7 +175,7 @@ static PyMethodDef runtime_functions[] = {
      "Name the CUDA backend library that the first CUDA use loads (only the first name counts)."},
     {"cuda_device_count", py_cuda_device_count, METH_NOARGS, NULL},
     {"cuda_unavailable_reason", py_cuda_unavailable_reason, METH_NOARGS, NULL},
-    {"cuda_device_name", py_cuda_device_name, METH_O, NULL},
+    {"cuda_device_props", py_cuda_device_props, METH_O, NULL},
     {"cuda_synchronize", py_cuda_synchronize, METH_O, NULL},
     {NULL, NULL, 0, NULL},
 };

@@ -25,7 +25,7 @@
 #include "core/device.h"
 #include "core/status.h"
 
-#define FT_CUDA_ABI 3
+#define FT_CUDA_ABI 4
 
 /* The op table (ops/cuda_ops.h): an op layer type the core only carries. */
 struct ft_cuda_ops;
@@ -48,7 +48,8 @@ typedef struct {
 typedef struct {
     int abi;
     ft_status (*device_count)(int *count);
-    ft_status (*device_name)(int device, char *name, size_t len);
+    /* the device's name and compute capability (major.minor) */
+    ft_status (*device_props)(int device, char *name, size_t len, int *major, int *minor);
     ft_status (*malloc)(void **ptr, size_t nbytes, int device);
     ft_status (*free)(void *ptr, int device);
     ft_status (*host_alloc)(void **ptr, size_t nbytes);

@@ -38,6 +38,7 @@
 #include "kernels/convert.h"
 #include "kernels/activation.h"
 #include "ops/check.h"
+#include "ops/chunks.h"
 #include "ops/cuda_ops.h"
 #include "ops/pointwise.h"
 #include "ops/softmax.h"
@@ -591,7 +592,7 @@ static void forward_block(const fwd_ws *w, const geom *g, const view4 *out, floa
 
 static ft_status check_qkv(const char *op, const char *arg, const ft_tensor *t, ft_device dev, int64_t N, int64_t H,
                            int64_t T, int64_t D) {
-    FT_TRY(ft_check_float_on(op, arg, t, dev, "q", dev.type == FT_DEV_CPU));
+    FT_TRY(ft_check_float_on(op, arg, t, dev, "q", true));
     FT_TRY(ft_check_ndim(op, arg, t, 4, "(N, H, T, D)"));
     if (N >= 0) {
         int64_t shape[4] = {N, H, T, D};
@@ -661,6 +662,22 @@ static ft_status ws_alloc(float **ws, size_t *granted, int64_t per, int threads,
     return FT_OK;
 }
 
+/* A GPU's 16-bit attention: its float32 kernels over copies of the operands (ops/chunks.h). */
+typedef struct {
+    const ft_tensor *lse;
+    const ft_sdpa_params *p;
+    ft_sdpa_acc acc;
+} sdpa_call;
+
+static ft_status float_forward(const ft_tensor *const *ts, int64_t first, const void *ctx) {
+    return ft_sdpa_forward(ts[0], ts[1], ts[2], ts[3], ts[4], ((const sdpa_call *)ctx)->p);
+}
+
+static ft_status float_backward(const ft_tensor *const *ts, int64_t first, const void *ctx) {
+    const sdpa_call *c = ctx;
+    return ft_sdpa_backward(ts[0], ts[1], ts[2], ts[3], ts[4], ts[5], ts[6], ts[7], c->lse, c->p, c->acc);
+}
+
 ft_status ft_sdpa_forward(const ft_tensor *out, const ft_tensor *lse, const ft_tensor *q, const ft_tensor *k,
                           const ft_tensor *v, const ft_sdpa_params *p) {
     const char *op = "sdpa";
@@ -678,6 +695,10 @@ ft_status ft_sdpa_forward(const ft_tensor *out, const ft_tensor *lse, const ft_t
     }
     geom g;
     FT_TRY(make_geom(&g, q, k, p, in_pairs(in, 3)));
+    ft_chunk_arg args[5] = {{out, true, false}, {lse, true, false}, {q, false, false}, {k, false, false},
+                            {v, false, false}};
+    if (dev.type == FT_DEV_CUDA && ft_chunks_needed(args, 5))
+        return ft_by_float_chunks(args, 5, float_forward, &(sdpa_call){.p = p});
     if (dev.type == FT_DEV_CUDA)
         FT_CUDA_DISPATCH(op, sdpa_forward, out, lse, q, k, v, p);
     int64_t units = N * H * g.nqb;
@@ -922,6 +943,10 @@ ft_status ft_sdpa_backward(const ft_tensor *dq, const ft_tensor *dk, const ft_te
     }
     geom g;
     FT_TRY(make_geom(&g, q, k, p, in_pairs(in, 4))); /* dout, q, k and v */
+    ft_chunk_arg args[8] = {{dq, true, acc.q}, {dk, true, acc.k}, {dv, true, acc.v}, {dout, false, false},
+                            {q, false, false},  {k, false, false},  {v, false, false},  {out, false, false}};
+    if (dev.type == FT_DEV_CUDA && ft_chunks_needed(args, 8))
+        return ft_by_float_chunks(args, 8, float_backward, &(sdpa_call){lse, p, acc});
     if (dev.type == FT_DEV_CUDA) { /* the backend writes: accumulation is staged */
         ft_grad_out gq = {0}, gk = {0}, gv = {0};
         const ft_tensor *q_to, *k_to, *v_to;

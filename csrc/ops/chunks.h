@@ -1,8 +1,12 @@
-/* bfloat16 for ops that compute on float32 memory: the op runs over chunks
- * of samples, each chunk's bfloat16 tensors converted into float32 buffers
- * of their layout and, for outputs, back, while the chunk is in cache (no
- * pass over a whole tensor). For ops whose samples are independent (pooling,
- * upsampling, group norm). CPU only. */
+/* 16-bit floats for ops that compute on float32 memory. On the CPU the op
+ * runs over chunks of samples, each chunk's bfloat16 tensors converted into
+ * float32 buffers of their layout and, for outputs, back, while the chunk is
+ * in cache (no pass over a whole tensor): for ops whose samples are
+ * independent (pooling, upsampling, group norm). On a GPU there is no cache
+ * to stay in: the op runs once on float32 copies of its whole 16-bit tensors
+ * (bfloat16 or float16), made on the device, so any op can take this path
+ * (batch and layer norm, attention, embeddings) and any tensor, of any
+ * shape, can be an argument. */
 #ifndef FT_OPS_CHUNKS_H
 #define FT_OPS_CHUNKS_H
 
@@ -10,7 +14,7 @@
 
 /* A tensor (N, ...) of the op's samples (NULL: absent). Outputs are written;
  * `read` outputs are read too (an accumulating backward). Tensors of other
- * dtypes are passed as their chunk's rows, unconverted. */
+ * dtypes are passed as their chunk's rows (on a GPU: whole), unconverted. */
 typedef struct {
     const ft_tensor *t;
     bool written, read;
@@ -20,7 +24,7 @@ typedef struct {
  * chunk's samples starting at sample `first`. */
 typedef ft_status (*ft_chunk_op)(const ft_tensor *const *ts, int64_t first, const void *ctx);
 
-/* Whether any of the n args is bfloat16. */
+/* Whether any of the n args is a 16-bit float. */
 bool ft_chunks_needed(const ft_chunk_arg *args, int n);
 
 /* Runs op over chunks of the args' N samples. */

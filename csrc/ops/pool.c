@@ -607,7 +607,7 @@ static void set_strides(int64_t *dst, const ft_tensor *t) {
 /* Every tensor of a call is on dev, the device of its first input `ref`
  * (inp forward, dout backward). */
 static ft_status check_4d(const char *op, const char *arg, const ft_tensor *t, ft_device dev, const char *ref) {
-    FT_TRY(ft_check_float_on(op, arg, t, dev, ref, dev.type == FT_DEV_CPU));
+    FT_TRY(ft_check_float_on(op, arg, t, dev, ref, true));
     return ft_check_ndim(op, arg, t, 4, "(N, C, H, W)");
 }
 

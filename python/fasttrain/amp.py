@@ -1,36 +1,39 @@
-"""ft.autocast, PyTorch's torch.autocast("cpu", dtype=torch.bfloat16) for eager ops, and ft.amp.GradScaler.
+"""ft.autocast, PyTorch's torch.autocast(device_type, dtype=torch.bfloat16) for eager ops, and ft.amp.GradScaler.
 
-Inside ``with ft.autocast():`` the products (conv1d/conv2d, linear, scaled_dot_product_attention, and the
-layers built on them) take float32 operands as bfloat16 (each call converts its input and weight, as
-torch.autocast does) and return bfloat16; every other op runs in its inputs' dtype (they all read bfloat16).
+Inside ``with ft.autocast():`` (the CPU's ops) or ``with ft.autocast("cuda"):`` (the GPU's) the products (conv1d/
+conv2d, linear, scaled_dot_product_attention, and the layers built on them) on that device take float32
+operands as bfloat16 (each call converts its input and weight, as torch.autocast does) and return bfloat16;
+every other op runs in its inputs' dtype (they all read bfloat16).
 It is for eager inference and evaluation code: a compiled program chooses its precision once, at
 ``compile(precision=...)``, and autocast does not change it."""
 import contextvars
 
 from ._types import _BY_NAME, as_dtype
 
-_dtype = contextvars.ContextVar("fasttrain_autocast", default=None)
+# {device type: the dtype its products take} of the autocast blocks around the caller
+_dtypes = contextvars.ContextVar("fasttrain_autocast", default={})
 
 
 class autocast:
-    """Context manager (and decorator) turning autocast on (enabled=True) or off within its block; nests."""
+    """Context manager (and decorator) turning autocast on (enabled=True) or off within its block for one device
+    type ("cpu" or "cuda"); nests, and blocks for the two device types combine, as torch.autocast's."""
 
     def __init__(self, device_type="cpu", dtype=None, enabled=True):
-        if device_type != "cpu":
-            raise NotImplementedError(f"ft.autocast: device_type must be 'cpu' (bf16 on CUDA is not built yet), "
-                                      f"got {device_type!r}")
+        if device_type not in ("cpu", "cuda"):
+            raise ValueError(f"ft.autocast: device_type must be 'cpu' or 'cuda', got {device_type!r}")
         dtype = as_dtype(dtype or "bfloat16")
         if dtype is not _BY_NAME["bfloat16"]:
-            raise ValueError(f"ft.autocast: dtype must be bfloat16 on the CPU, got {dtype.name}")
-        self.dtype, self.enabled = dtype, bool(enabled)
+            raise ValueError(f"ft.autocast: dtype must be bfloat16, got {dtype.name}")
+        self.device_type, self.dtype, self.enabled = device_type, dtype, bool(enabled)
         self._tokens = []
 
     def __enter__(self):
-        self._tokens.append(_dtype.set(self.dtype if self.enabled else None))
+        on = {**_dtypes.get(), self.device_type: self.dtype if self.enabled else None}
+        self._tokens.append(_dtypes.set(on))
         return self
 
     def __exit__(self, *exc):
-        _dtype.reset(self._tokens.pop())
+        _dtypes.reset(self._tokens.pop())
         return False
 
     def __call__(self, fn):
@@ -38,18 +41,19 @@ class autocast:
 
         @functools.wraps(fn)
         def wrapped(*args, **kwargs):
-            with autocast("cpu", self.dtype, self.enabled):
+            with autocast(self.device_type, self.dtype, self.enabled):
                 return fn(*args, **kwargs)
         return wrapped
 
 
 def cast(*tensors):
-    """The tensors as a product under autocast takes them: float32 ones converted to the autocast dtype (None
-    stays None); unchanged outside autocast."""
-    dtype = _dtype.get()
-    if dtype is None:
+    """The tensors as a product under autocast takes them: float32 ones on a device type autocast is on for
+    converted to its dtype (None stays None); unchanged outside autocast."""
+    on = _dtypes.get()
+    if not any(on.values()):
         return tensors
-    return tuple(t.to(dtype) if t is not None and t.dtype is _BY_NAME["float32"] else t for t in tensors)
+    return tuple(t.to(on[t.device.type]) if t is not None and t.dtype is _BY_NAME["float32"] and
+                 on.get(t.device.type) else t for t in tensors)
 
 
 class GradScaler:

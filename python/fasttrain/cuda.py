@@ -66,8 +66,19 @@ def _index(device):
 
 
 def get_device_name(device: DeviceLike = None) -> str:
-    """The name of a CUDA device (default cuda:0; an int is an index),."""
-    return _C.cuda_device_name(_index(device))
+    """The name of a CUDA device (default cuda:0; an int is an index)."""
+    return _C.cuda_device_props(_index(device))[0]
+
+
+def get_device_capability(device: DeviceLike = None) -> tuple:
+    """The compute capability (major, minor) of a CUDA device, as torch.cuda.get_device_capability."""
+    return _C.cuda_device_props(_index(device))[1:]
+
+
+def is_bf16_supported(device: DeviceLike = None) -> bool:
+    """Whether the device computes in bfloat16 on its tensor cores (compute capability 8.0, Ampere, or later),
+    which precision="bf16-mixed" needs; False without a usable device."""
+    return is_available() and get_device_capability(device) >= (8, 0)
 
 
 def synchronize(device: DeviceLike = None) -> None:

@@ -446,7 +446,6 @@ class Program:
             raise ValueError(f"batch_size {batch_size} must be a multiple of accumulate_steps {accumulate_steps}")
         if memory_format not in ("channels_last", "contiguous"):
             raise ValueError("memory_format must be 'channels_last' or 'contiguous'")
-        compute, precision = _compute_dtype(precision)
         self.model, self.optimizer, self.loss = model, optimizer, loss
         self.batch_size, self.accumulate_steps = batch_size, accumulate_steps
         self.clip_grad_norm, self.nan_policy = clip_grad_norm, nan_policy
@@ -462,9 +461,7 @@ class Program:
             raise ValueError("compile: LayerNorm over images needs memory_format='contiguous' (its weight follows "
                              "the (C, H, W) order)")
         self.flat_params, self.flat_grads = _flatten_parameters(model)
-        if compute is not _BY_NAME["float32"] and self.flat_params.device.type != "cpu":
-            raise NotImplementedError(f"compile: precision={precision!r} runs on the CPU so far; on CUDA compile "
-                                      f"with precision='32-true'")
+        compute, precision = _compute_dtype(precision, self.flat_params.device)
         if self.flat_params.device.type != "cpu" and any(isinstance(e.module, M.InPlaceABN) for e in self.entries):
             raise NotImplementedError("compile: InPlaceABN runs on the CPU so far; on CUDA use BatchNorm2d and "
                                       "LeakyReLU, with recompute= to save their memory")
@@ -666,9 +663,10 @@ class Program:
 _PRECISIONS = {"32-true": "float32", "32": "float32", "bf16-mixed": "bfloat16", "16-mixed": "float16"}
 
 
-def _compute_dtype(precision):
-    """(the dtype a precision= string computes in, the precision that runs): ValueError for an unknown one;
-    where this CPU has no bfloat16 instructions, bf16-mixed runs as 32-true, with a warning."""
+def _compute_dtype(precision, device):
+    """(the dtype a precision= string computes in, the precision that runs) on device: ValueError for an unknown
+    one; where the CPU has no bfloat16 instructions, or the GPU no bfloat16 tensor cores, bf16-mixed runs as
+    32-true, with a warning."""
     if precision not in _PRECISIONS:
         raise ValueError(f"compile: precision must be one of {', '.join(map(repr, _PRECISIONS))}, got "
                          f"{precision!r}")
@@ -677,13 +675,21 @@ def _compute_dtype(precision):
                                   "'bf16-mixed', which needs no loss scaling (grad_scaler=ft.amp.GradScaler() adds "
                                   "it to any precision)")
     if precision == "bf16-mixed":
+        from .. import cuda
         from ..backends import cpu_has_bf16
-        if not cpu_has_bf16():
+        if device.type == "cuda" and not cuda.is_bf16_supported(device):
+            major, minor = cuda.get_device_capability(device)
+            lacks = (f"this GPU ({cuda.get_device_name(device)}, compute capability {major}.{minor}) lacks the "
+                     f"bfloat16 tensor cores (8.0, Ampere, or later)")
+        elif device.type == "cpu" and not cpu_has_bf16():
+            lacks = ("this CPU lacks the AVX512-BF16 instructions (avx512_bf16 in /proc/cpuinfo), or "
+                     "ONEDNN_MAX_CPU_ISA excludes them,")
+        else:
+            lacks = None
+        if lacks:
             import warnings
-            warnings.warn("compile: this CPU lacks the AVX512-BF16 instructions (avx512_bf16 in /proc/cpuinfo), or "
-                          "ONEDNN_MAX_CPU_ISA excludes them, which bf16-mixed runs on: the program runs as "
-                          "precision='32-true' instead",
-                          RuntimeWarning, stacklevel=5)
+            warnings.warn(f"compile: {lacks} which bf16-mixed runs on: the program runs as precision='32-true' "
+                          f"instead", RuntimeWarning, stacklevel=5)
             precision = "32-true"
     return _BY_NAME[_PRECISIONS[precision]], precision
 
