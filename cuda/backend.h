@@ -73,7 +73,13 @@ static inline unsigned ft_cuda_blocks(int64_t n, int threads) {
     return (unsigned)(b < 1 ? 1 : b > 65536 ? 65536 : b);
 }
 
-/* Loads and stores of float32 or bfloat16 (uint16_t) elements as float. */
+/* float16 elements: a type of their own beside bfloat16's uint16_t. */
+struct ft_cuda_half {
+    uint16_t bits;
+};
+
+/* Loads and stores of float32, bfloat16 (uint16_t) or float16 elements as
+ * float, rounding to nearest even as the CPU's conversions. */
 template <typename T> struct ft_cuda_io;
 template <> struct ft_cuda_io<float> {
     static __device__ float load(const float *p) { return *p; }
@@ -83,6 +89,17 @@ template <> struct ft_cuda_io<uint16_t> {
     static __device__ float load(const uint16_t *p) { return ft_bf16_to_f32(*p); }
     static __device__ void store(uint16_t *p, float v) { *p = ft_f32_to_bf16(v); }
 };
+template <> struct ft_cuda_io<ft_cuda_half> {
+    static __device__ float load(const ft_cuda_half *p) { return ft_f16_to_f32(p->bits); }
+    static __device__ void store(ft_cuda_half *p, float v) { p->bits = ft_f32_to_f16(v); }
+};
+
+/* How kernels that learn a float tensor's dtype at run time store it. */
+enum { FT_CUDA_F32, FT_CUDA_BF16, FT_CUDA_F16 };
+
+static inline int8_t ft_cuda_kind(ft_dtype dt) {
+    return dt == FT_BFLOAT16 ? FT_CUDA_BF16 : dt == FT_FLOAT16 ? FT_CUDA_F16 : FT_CUDA_F32;
+}
 
 /* A tensor's dims and strides in a form kernels take by value, with
  * ft_cuda_offset giving the element offset of the i-th element in C order. */

@@ -43,7 +43,9 @@ static ft_status handle_of(cudnnHandle_t *h, int device) {
     return FT_OK;
 }
 
-static cudnnDataType_t cudnn_dtype(ft_dtype dt) { return dt == FT_BFLOAT16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT; }
+static cudnnDataType_t cudnn_dtype(ft_dtype dt) {
+    return dt == FT_BFLOAT16 ? CUDNN_DATA_BFLOAT16 : dt == FT_FLOAT16 ? CUDNN_DATA_HALF : CUDNN_DATA_FLOAT;
+}
 
 /* True when every dimension of more than one element has a positive stride
  * that fits cuDNN's int (cuDNN takes any such strides for activations). */
@@ -54,12 +56,12 @@ static bool positive_strides(const ft_tensor *t) {
     return true;
 }
 
-/* cuDNN's convolution takes one dtype for all its operands: bfloat16 only
- * when every one is, else float32, into which bfloat16 converts exactly (a
- * bfloat16 pass would round a float32 output to bfloat16). */
+/* cuDNN's convolution takes one dtype for all its operands: a 16-bit float
+ * only when every one is it, else float32, into which 16-bit floats convert
+ * exactly (a 16-bit pass would round a float32 output). */
 static ft_dtype pass_dtype(const ft_tensor *a, const ft_tensor *b, const ft_tensor *c) {
-    bool bf16 = a->dtype == FT_BFLOAT16 && b->dtype == FT_BFLOAT16 && c->dtype == FT_BFLOAT16;
-    return bf16 ? FT_BFLOAT16 : FT_FLOAT32;
+    bool low = (a->dtype == FT_BFLOAT16 || a->dtype == FT_FLOAT16) && b->dtype == a->dtype && c->dtype == a->dtype;
+    return low ? a->dtype : FT_FLOAT32;
 }
 
 /* An activation operand (x, y, dx, dy): the tensor itself when cuDNN can
@@ -185,7 +187,7 @@ static ft_status make_descriptors(descriptors *d, const operand &x, const filter
                                                        CUDNN_DATA_FLOAT),
                        "cudnnSetConvolution2dDescriptor"));
     FT_TRY(cudnn_check(cudnnSetConvolutionGroupCount(d->conv, (int)p->groups), "cudnnSetConvolutionGroupCount"));
-    cudnnMathType_t math = dtype == FT_BFLOAT16 ? CUDNN_TENSOR_OP_MATH
+    cudnnMathType_t math = dtype != FT_FLOAT32 ? CUDNN_TENSOR_OP_MATH
                            : ft_cuda_allow_tf32()   ? CUDNN_DEFAULT_MATH
                                                     : CUDNN_FMA_MATH;
     return cudnn_check(cudnnSetConvolutionMathType(d->conv, math), "cudnnSetConvolutionMathType");

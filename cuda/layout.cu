@@ -86,6 +86,9 @@ ft_status ft_cuda_bias_act(const ft_tensor *out, const ft_tensor *b, int dim, ft
     if (out->dtype == FT_BFLOAT16)
         bias_act_kernel<<<blocks, 256, 0, FT_CUDA_STREAM>>>((uint16_t *)ft_tensor_data(out), l, numel, bias, inner,
                                                            out->shape[dim], act);
+    else if (out->dtype == FT_FLOAT16)
+        bias_act_kernel<<<blocks, 256, 0, FT_CUDA_STREAM>>>((ft_cuda_half *)ft_tensor_data(out), l, numel, bias,
+                                                           inner, out->shape[dim], act);
     else
         bias_act_kernel<<<blocks, 256, 0, FT_CUDA_STREAM>>>((float *)ft_tensor_data(out), l, numel, bias, inner,
                                                            out->shape[dim], act);

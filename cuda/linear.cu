@@ -39,7 +39,9 @@ static ft_status handle_of(cublasLtHandle_t *h, int device) {
 
 #define WORKSPACE (32u << 20)
 
-static cudaDataType_t lt_dtype(ft_dtype dt) { return dt == FT_BFLOAT16 ? CUDA_R_16BF : CUDA_R_32F; }
+static cudaDataType_t lt_dtype(ft_dtype dt) {
+    return dt == FT_BFLOAT16 ? CUDA_R_16BF : dt == FT_FLOAT16 ? CUDA_R_16F : CUDA_R_32F;
+}
 
 /* A 2-d tensor as a column-major matrix: `stored_transposed` when the
  * column-major matrix is the tensor's transpose (the row-major case). */
@@ -197,7 +199,7 @@ static ft_status matmul(const matrix &A, cublasOperation_t opa, const matrix &B,
     return lt_check(last, "cublasLtMatmul");
 }
 
-/* float32 products write float32 (cuBLASLt has no float32 -> bfloat16 path):
+/* float32 products write float32 (cuBLASLt has no float32 -> 16-bit path):
  * another output dtype is staged. */
 static ft_dtype out_dtype(ft_dtype inputs, const ft_tensor *out) {
     return inputs == FT_FLOAT32 ? FT_FLOAT32 : out->dtype;
@@ -266,7 +268,7 @@ static ft_status linear_backward(const ft_tensor *dx, const ft_tensor *dw, const
         return FT_OK;
     matrix X, DW;
     FT_TRY(X.init(x, dt, true));
-    FT_TRY(DW.init(dw, FT_FLOAT32, false)); /* the entry point demands float32 */
+    FT_TRY(DW.init(dw, FT_FLOAT32, false)); /* a 16-bit dw (a matmul's gradient of an activation) is staged */
     /* db[o] sums dout over the batch, the product's inner dimension: dout is
      * the second factor of dw^T = x^T dout (BGRADB), the first of
      * dw = dout^T x (BGRADA) */

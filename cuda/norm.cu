@@ -568,8 +568,10 @@ static ft_status bias_grad(const ft_tensor *db, const ft_tensor *dout) {
     ft_cuda_scratch scratch;
     FT_TRY(ft_cuda_scratch_alloc(&scratch, sums_doubles(plan) * sizeof(double), ft_tensor_device(dout).index));
     const double *ta = NULL, *tb = NULL;
-    ft_status st = dout->dtype == FT_BFLOAT16 ? bias_sums<uint16_t>(plan, dout, (double *)scratch.ptr, &ta, &tb)
-                                              : bias_sums<float>(plan, dout, (double *)scratch.ptr, &ta, &tb);
+    double *buf = (double *)scratch.ptr;
+    ft_status st = dout->dtype == FT_BFLOAT16  ? bias_sums<uint16_t>(plan, dout, buf, &ta, &tb)
+                   : dout->dtype == FT_FLOAT16 ? bias_sums<ft_cuda_half>(plan, dout, buf, &ta, &tb)
+                                               : bias_sums<float>(plan, dout, buf, &ta, &tb);
     if (st == FT_OK) {
         store_sums<<<ft_cuda_blocks(C, THREADS), THREADS, 0, FT_CUDA_STREAM>>>(ta, NULL, C,
                                                                                (float *)ft_tensor_data(db),

@@ -83,7 +83,8 @@ struct sum_to_args {
     int64_t n, count;
     const char *src;
     char *dst;
-    bool src_bf16, dst_bf16, accumulate;
+    int8_t src_kind, dst_kind;
+    bool accumulate;
     double scale;
 };
 
@@ -101,7 +102,7 @@ __global__ void sum_to_kernel(sum_to_args a) {
     int64_t idx[FT_MAX_DIMS] = {0}, off = at_in;
     double sum = 0;
     for (int64_t k = 0; k < a.count; k++) {
-        sum += ft_cuda_load_f(a.src, off, a.src_bf16);
+        sum += ft_cuda_load_f(a.src, off, a.src_kind);
         for (int r = a.nred - 1; r >= 0; r--) {
             int d = a.red[r];
             off += a.inp_st[d];
@@ -112,7 +113,7 @@ __global__ void sum_to_kernel(sum_to_args a) {
         }
     }
     float v = (float)(sum * a.scale);
-    ft_cuda_store_f(a.dst, at_out, a.dst_bf16, a.accumulate ? ft_cuda_load_f(a.dst, at_out, a.dst_bf16) + v : v);
+    ft_cuda_store_f(a.dst, at_out, a.dst_kind, a.accumulate ? ft_cuda_load_f(a.dst, at_out, a.dst_kind) + v : v);
 }
 
 /* slots: da, db, dout, a (for db), b (for da) */
@@ -236,7 +237,7 @@ static ft_tensor narrow(const ft_tensor *t, int dim, int64_t start, int64_t size
     ft_tensor v = *t;
     v.shape[dim] = size;
     if (size > 0)
-        v.offset += start * t->strides[dim] * (t->dtype == FT_BFLOAT16 ? 2 : 4);
+        v.offset += start * t->strides[dim] * (int64_t)ft_cuda_itemsize(t->dtype);
     return v;
 }
 
@@ -343,8 +344,8 @@ static ft_status sum_to(const ft_tensor *out, const ft_tensor *inp, double scale
         return FT_OK;
     a.src = (const char *)ft_tensor_data(inp);
     a.dst = (char *)ft_tensor_data(out);
-    a.src_bf16 = inp->dtype == FT_BFLOAT16;
-    a.dst_bf16 = out->dtype == FT_BFLOAT16;
+    a.src_kind = ft_cuda_kind(inp->dtype);
+    a.dst_kind = ft_cuda_kind(out->dtype);
     a.accumulate = accumulate;
     a.scale = scale;
     sum_to_kernel<<<ft_cuda_blocks(a.n, FT_CUDA_PW_THREADS), FT_CUDA_PW_THREADS, 0, FT_CUDA_STREAM>>>(a);

@@ -240,7 +240,7 @@ __global__ void __launch_bounds__(THREADS) sum_chunks_kernel(const double *in, i
 /* One block: s = the sum of in; *dst = s, and loss (a float32 or bfloat16
  * scalar) = s / (*div, or div_c without div). */
 __global__ void __launch_bounds__(THREADS) sum_final_kernel(const double *in, int64_t n, double *dst, char *loss,
-                                                            bool loss_bf16, const double *div, double div_c) {
+                                                            int8_t loss_kind, const double *div, double div_c) {
     double acc = 0.0;
     for (int64_t i = threadIdx.x; i < n; i += THREADS)
         acc += in[i];
@@ -250,7 +250,7 @@ __global__ void __launch_bounds__(THREADS) sum_final_kernel(const double *in, in
     if (dst)
         *dst = s;
     if (loss)
-        ft_cuda_store_f(loss, 0, loss_bf16, (float)(s / (div ? *div : div_c)));
+        ft_cuda_store_f(loss, 0, loss_kind, (float)(s / (div ? *div : div_c)));
 }
 
 /* Doubles of scratch sum_doubles needs for n values. */
@@ -268,7 +268,7 @@ static ft_status sum_doubles(const double *in, int64_t n, double *red, double *d
         n = nchunks;
     }
     sum_final_kernel<<<1, THREADS, 0, FT_CUDA_STREAM>>>(in, n, dst, loss ? ft_tensor_data(loss) : NULL,
-                                                        loss && loss->dtype == FT_BFLOAT16, div, div_c);
+                                                        loss ? ft_cuda_kind(loss->dtype) : FT_CUDA_F32, div, div_c);
     return ft_cuda_launched("sum_final kernel launch");
 }
 
@@ -280,7 +280,7 @@ typedef struct {
     int64_t D;
     int64_t ds[3]; /* strides along the row */
     char *base[3];
-    bool bf16[3];
+    int8_t kind[3];
     bool log, backward, accumulate;
 } sm_args;
 
@@ -289,10 +289,10 @@ struct softmax_rows {
     template <class Lanes> __device__ void operator()(const Lanes &ln, int64_t row) const {
         int64_t off[ROW_OPS];
         rows_offsets(a.rows, row, off);
-        auto at = [&](int k, int64_t d) { return ft_cuda_load_f(a.base[k], off[k] + d * a.ds[k], a.bf16[k]); };
+        auto at = [&](int k, int64_t d) { return ft_cuda_load_f(a.base[k], off[k] + d * a.ds[k], a.kind[k]); };
         auto put = [&](int64_t d, float v) {
             int64_t i = off[0] + d * a.ds[0];
-            ft_cuda_store_f(a.base[0], i, a.bf16[0], a.accumulate ? ft_cuda_load_f(a.base[0], i, a.bf16[0]) + v : v);
+            ft_cuda_store_f(a.base[0], i, a.kind[0], a.accumulate ? ft_cuda_load_f(a.base[0], i, a.kind[0]) + v : v);
         };
         int64_t D = a.D;
         if (!a.backward) {
@@ -335,7 +335,7 @@ static bool softmax_args(sm_args *a, const ft_tensor *const *t, int nt, int dim,
         stp[k] = st[k];
         a->ds[k] = ndim ? t[k]->strides[dim] : 1;
         a->base[k] = ft_tensor_data(t[k]);
-        a->bf16[k] = t[k]->dtype == FT_BFLOAT16;
+        a->kind[k] = ft_cuda_kind(t[k]->dtype);
     }
     rows_make(&a->rows, nd, shape, stp);
     return a->D > 0 && a->rows.nrows > 0;
@@ -370,7 +370,7 @@ typedef struct {
     int64_t C;
     int64_t cs[2]; /* class strides of logits, dlogits */
     char *base[3]; /* logits, dlogits (NULL: no gradient), loss or dloss per row (NULL: none) */
-    bool bf16[3];
+    int8_t kind[3];
     const char *target;
     bool t32;
     const float *w; /* (C) and their sum at [C]; NULL without class weights */
@@ -378,7 +378,7 @@ typedef struct {
     int64_t ignore;
     const double *divisor; /* mean: the sum of w[t] over the rows not ignored */
     const char *dloss;     /* backward with mean or sum: the scalar dloss */
-    bool dloss_bf16;
+    int8_t dloss_kind;
     bool loss_rows, accumulate;
     double *row_loss; /* forward with mean or sum: each row's loss */
 } ce_args;
@@ -395,12 +395,12 @@ struct ce_rows {
         int64_t off[ROW_OPS], C = a.C;
         rows_offsets(a.rows, row, off);
         int64_t t = target_at(a, off[3]);
-        auto x = [&](int64_t d) { return ft_cuda_load_f(a.base[0], off[0] + d * a.cs[0], a.bf16[0]); };
+        auto x = [&](int64_t d) { return ft_cuda_load_f(a.base[0], off[0] + d * a.cs[0], a.kind[0]); };
         if (t == a.ignore) {
             if (a.base[1] && !a.accumulate)
-                ln.each(C, [&](int64_t d) { ft_cuda_store_f(a.base[1], off[1] + d * a.cs[1], a.bf16[1], 0.0f); });
+                ln.each(C, [&](int64_t d) { ft_cuda_store_f(a.base[1], off[1] + d * a.cs[1], a.kind[1], 0.0f); });
             if (ln.leader() && a.loss_rows)
-                ft_cuda_store_f(a.base[2], off[2], a.bf16[2], 0.0f);
+                ft_cuda_store_f(a.base[2], off[2], a.kind[2], 0.0f);
             if (ln.leader() && a.row_loss)
                 a.row_loss[row] = 0.0;
             return;
@@ -416,13 +416,13 @@ struct ce_rows {
         float W = a.w ? a.w[C] : (float)C;
         double l = ft_ce_loss(lse, xt, sx, wt, W, a.eps, C);
         if (ln.leader() && a.loss_rows)
-            ft_cuda_store_f(a.base[2], off[2], a.bf16[2], (float)l);
+            ft_cuda_store_f(a.base[2], off[2], a.kind[2], (float)l);
         if (ln.leader() && a.row_loss)
             a.row_loss[row] = l;
         if (!a.base[1])
             return;
-        double dl = !a.loss_rows && a.base[2] ? ft_cuda_load_f(a.base[2], off[2], a.bf16[2])
-                    : a.dloss                 ? ft_cuda_load_f(a.dloss, 0, a.dloss_bf16)
+        double dl = !a.loss_rows && a.base[2] ? ft_cuda_load_f(a.base[2], off[2], a.kind[2])
+                    : a.dloss                 ? ft_cuda_load_f(a.dloss, 0, a.dloss_kind)
                                               : 1.0f;
         double gs = (a.divisor ? 1.0 / *a.divisor : 1.0) * dl;
         ft_ce_coef k = ft_ce_coef_of(gs, wt, W, a.eps, C, s);
@@ -431,17 +431,17 @@ struct ce_rows {
             if (d == t)
                 g -= k.c;
             int64_t i = off[1] + d * a.cs[1];
-            ft_cuda_store_f(a.base[1], i, a.bf16[1], a.accumulate ? ft_cuda_load_f(a.base[1], i, a.bf16[1]) + g : g);
+            ft_cuda_store_f(a.base[1], i, a.kind[1], a.accumulate ? ft_cuda_load_f(a.base[1], i, a.kind[1]) + g : g);
         });
     }
 };
 
 /* One block: w (C) = the class weights as floats, w[C] = their sum. */
 __global__ void __launch_bounds__(THREADS) ce_weights_kernel(float *w, const char *weight, int64_t stride,
-                                                             bool bf16, int64_t C) {
+                                                             int8_t kind, int64_t C) {
     double acc = 0.0;
     for (int64_t c = threadIdx.x; c < C; c += THREADS) {
-        float v = ft_cuda_load_f(weight, c * stride, bf16);
+        float v = ft_cuda_load_f(weight, c * stride, kind);
         w[c] = v;
         acc += v;
     }
@@ -482,7 +482,7 @@ static ft_status ce_queue(const char *op, ce_args &a, const ft_tensor *loss, con
     FT_TRY(ft_cuda_check(cudaMemsetAsync(bad, 0xff, sizeof *bad, FT_CUDA_STREAM), "cudaMemsetAsync"));
     if (weight) {
         ce_weights_kernel<<<1, THREADS, 0, FT_CUDA_STREAM>>>((float *)a.w, ft_tensor_data(weight),
-                                                             weight->strides[0], weight->dtype == FT_BFLOAT16, a.C);
+                                                             weight->strides[0], ft_cuda_kind(weight->dtype), a.C);
         FT_TRY(ft_cuda_launched("cross_entropy weights kernel launch"));
     }
     bool mean = reduction == FT_REDUCTION_MEAN;
@@ -547,17 +547,17 @@ static void ce_make_args(ce_args *a, const ft_tensor *loss, const ft_tensor *dlo
             stp[k] = rst[k];
             a->cs[k] = cls[k]->strides[cd];
             a->base[k] = ft_tensor_data(cls[k]);
-            a->bf16[k] = cls[k]->dtype == FT_BFLOAT16;
+            a->kind[k] = ft_cuda_kind(cls[k]->dtype);
         }
     if (row_t) {
         stp[2] = row_t->strides;
         a->base[2] = ft_tensor_data(row_t);
-        a->bf16[2] = row_t->dtype == FT_BFLOAT16;
+        a->kind[2] = ft_cuda_kind(row_t->dtype);
     }
     stp[3] = target->strides;
     if (dloss && !row_t) {
         a->dloss = ft_tensor_data(dloss);
-        a->dloss_bf16 = dloss->dtype == FT_BFLOAT16;
+        a->dloss_kind = ft_cuda_kind(dloss->dtype);
     }
     rows_make(&a->rows, nd, shape, stp);
 }
@@ -613,12 +613,13 @@ struct mse_none_op {
  * computes it: in double, rounded once. */
 struct mse_bwd_op {
     const char *dloss; /* mean, sum */
-    bool dloss_bf16, mean, has_dinp, has_dtarget, acc_inp, acc_target;
+    int8_t dloss_kind;
+    bool mean, has_dinp, has_dtarget, acc_inp, acc_target;
     int64_t n;
     __device__ void operator()(float *v, int64_t) const {
         float s = 2.0f;
         if (dloss) {
-            double f = 2.0 * ft_cuda_load_f(dloss, 0, dloss_bf16);
+            double f = 2.0 * ft_cuda_load_f(dloss, 0, dloss_kind);
             s = (float)(mean ? f / (double)n : f);
         }
         float diff = v[2] - v[3];
@@ -644,7 +645,7 @@ __global__ void __launch_bounds__(THREADS) mse_chunks_kernel(ft_cuda_pw p, doubl
             if (i >= p.n)
                 break;
             ft_cuda_pw_offsets(p, i, off);
-            float d = ft_cuda_load_f(p.base[0], off[0], p.bf16[0]) - ft_cuda_load_f(p.base[1], off[1], p.bf16[1]);
+            float d = ft_cuda_load_f(p.base[0], off[0], p.kind[0]) - ft_cuda_load_f(p.base[1], off[1], p.kind[1]);
             acc += d * d;
         }
         double s = block_sum(acc);
@@ -692,7 +693,7 @@ static ft_status mse_loss_backward(const ft_tensor *dinp, const ft_tensor *dtarg
     ft_cuda_pw p;
     if (!ft_cuda_pw_make(&p, t, 5, 2, (dinp && accumulate_inp) || (dtarget && accumulate_target), false))
         return FT_OK;
-    mse_bwd_op op = {none ? NULL : ft_tensor_data(dloss), dloss->dtype == FT_BFLOAT16, reduction == FT_REDUCTION_MEAN,
+    mse_bwd_op op = {none ? NULL : ft_tensor_data(dloss), ft_cuda_kind(dloss->dtype), reduction == FT_REDUCTION_MEAN,
                      dinp != NULL, dtarget != NULL, accumulate_inp, accumulate_target, p.n};
     return ft_cuda_pw_run<1>(p, op, "mse_loss_backward kernel launch");
 }

@@ -16,16 +16,19 @@
 
 #include "backend.h"
 
-/* Element i of base as float, the dtype known only at run time (operands of
- * one op may mix float32 and bfloat16). */
-static inline __device__ float ft_cuda_load_f(const char *base, int64_t i, bool bf16) {
-    return bf16 ? ft_cuda_io<uint16_t>::load((const uint16_t *)base + i)
-                : ft_cuda_io<float>::load((const float *)base + i);
+/* Element i of base as float, its storage (ft_cuda_kind) known only at run
+ * time (operands of one op may mix float32 and a 16-bit float). */
+static inline __device__ float ft_cuda_load_f(const char *base, int64_t i, int8_t kind) {
+    return kind == FT_CUDA_BF16  ? ft_cuda_io<uint16_t>::load((const uint16_t *)base + i)
+           : kind == FT_CUDA_F16 ? ft_cuda_io<ft_cuda_half>::load((const ft_cuda_half *)base + i)
+                                 : ft_cuda_io<float>::load((const float *)base + i);
 }
 
-static inline __device__ void ft_cuda_store_f(char *base, int64_t i, bool bf16, float v) {
-    if (bf16)
+static inline __device__ void ft_cuda_store_f(char *base, int64_t i, int8_t kind, float v) {
+    if (kind == FT_CUDA_BF16)
         ft_cuda_io<uint16_t>::store((uint16_t *)base + i, v);
+    else if (kind == FT_CUDA_F16)
+        ft_cuda_io<ft_cuda_half>::store((ft_cuda_half *)base + i, v);
     else
         ft_cuda_io<float>::store((float *)base + i, v);
 }
@@ -43,7 +46,7 @@ typedef struct {
     int64_t shape[FT_MAX_DIMS];
     int64_t st[FT_CUDA_PW_OPS + 1][FT_MAX_DIMS]; /* elements */
     char *base[FT_CUDA_PW_OPS];
-    bool bf16[FT_CUDA_PW_OPS];
+    int8_t kind[FT_CUDA_PW_OPS];
 } ft_cuda_pw;
 
 /* Plans a walk over t[0..nops), all of one shape (NULL: an absent slot; the
@@ -62,7 +65,7 @@ static inline bool ft_cuda_pw_make(ft_cuda_pw *p, const ft_tensor *const *t, int
         t0 = t0 ? t0 : t[k];
         p->present |= 1u << k;
         p->base[k] = ft_tensor_data(t[k]);
-        p->bf16[k] = t[k]->dtype == FT_BFLOAT16;
+        p->kind[k] = ft_cuda_kind(t[k]->dtype);
     }
     int64_t cstride[FT_MAX_DIMS], c = 1;
     for (int d = t0->ndim - 1; d >= 0; d--) {
@@ -145,12 +148,12 @@ __global__ void __launch_bounds__(FT_CUDA_PW_THREADS) ft_cuda_pw_kernel(ft_cuda_
 #pragma unroll
             for (int k = 0; k < FT_CUDA_PW_OPS; k++)
                 if ((p.present >> k & 1u) && (k >= p.nout || p.read_outputs))
-                    v[k] = ft_cuda_load_f(p.base[k], off[k], p.bf16[k]);
+                    v[k] = ft_cuda_load_f(p.base[k], off[k], p.kind[k]);
             op(v, off[FT_CUDA_PW_OPS]);
 #pragma unroll
             for (int k = 0; k < FT_CUDA_PW_OPS; k++)
                 if ((p.present >> k & 1u) && k < p.nout)
-                    ft_cuda_store_f(p.base[k], off[k], p.bf16[k], v[k]);
+                    ft_cuda_store_f(p.base[k], off[k], p.kind[k], v[k]);
         }
 }
 

@@ -1,8 +1,10 @@
-"""bfloat16 on CUDA: the ops without 16-bit kernels of their own (batch, layer and group norm, pooling, upsampling,
-attention, embeddings) run their float32 kernels on float32 copies made on the device, so each result must be
-the float32 kernels' result on the same values, rounded once; compile(precision="bf16-mixed") on a GPU against
-the float32 program (losses within bfloat16's tolerance, docs/precision.md), bitwise repeatable in deterministic
-mode, the traced zoo in bf16-mixed, ft.autocast("cuda"), and the device's compute capability."""
+"""bfloat16 and float16 on CUDA. The ops without 16-bit kernels of their own (batch, layer and group norm, pooling,
+upsampling, attention, embeddings) run their float32 kernels on float32 copies made on the device, and the
+pointwise and row kernels load 16-bit values as float and round their results once: each result must be the
+float32 kernels' result on the same values, rounded once. Convolutions and matmuls (cuDNN, cuBLASLt, float32
+accumulation) within the 16-bit format's tolerance of float32. compile(precision="bf16-mixed" / "16-mixed") on a
+GPU against the float32 program (losses within the format's tolerance, docs/precision.md), bitwise repeatable in
+deterministic mode, the traced zoo in bf16-mixed, ft.autocast("cuda"), and the device's compute capability."""
 import numpy as np
 import pytest
 
@@ -15,19 +17,31 @@ pytestmark = pytest.mark.cuda
 nn, ops = ft.nn, ft.ops
 
 
-def maker(low, seed, layout):
-    """mk(*shape, act=True, positive=False, image=True): CUDA tensors of seeded values that bfloat16 holds exactly;
-    activations (act) in bfloat16 when `low`, parameters and statistics in float32; 4-d images in `layout`."""
+LOW = [ft.bfloat16, ft.float16]
+
+
+def rounded(a, dtype):
+    """float32 values rounded to dtype (to nearest even), as float32."""
+    a = np.asarray(a, np.float32)
+    return bf16_round(a) if dtype is ft.bfloat16 else a.astype(np.float16).astype(np.float32)
+
+
+def maker(dtype, seed, layout, low):
+    """mk(*shape, act=True, positive=False, image=True): CUDA tensors of seeded values that bfloat16 and float16 both
+    hold exactly; activations (act) in `dtype` (the 16-bit `low`, or float32), parameters and statistics in float32;
+    4-d images in `layout`. mk.saved(t): a forward's result as a backward reads it, holding `low`'s values in
+    either run, so that both backwards read the same values."""
     r = np.random.default_rng(seed)
 
     def mk(*shape, act=True, positive=False, image=True):
-        a = bf16_round(r.standard_normal(shape).astype(np.float32))
+        a = rounded(rounded(r.standard_normal(shape), ft.float16), ft.bfloat16)
         if positive:
             a = np.abs(a) + 0.5
         nhwc = layout == "nhwc" and len(shape) == 4 and image
         t = ft.from_numpy(np.ascontiguousarray(np.moveaxis(a, 1, 3) if nhwc else a)).to("cuda")
         t = t.permute(0, 3, 1, 2) if nhwc else t
-        return t.to(ft.bfloat16) if low and act else t
+        return t.to(dtype) if act else t
+    mk.saved = lambda t: t if t.dtype is low else t.to(low).to(ft.float32)
     return mk
 
 
@@ -35,8 +49,9 @@ def batch_norm(mk):
     x, dy, old = mk(8, 6, 5, 5), mk(8, 6, 5, 5), mk(8, 6, 5, 5)
     w, b, rm, rv = mk(6, act=False), mk(6, act=False), mk(6, act=False), mk(6, act=False, positive=True)
     out, mean, invstd = ops.batch_norm_forward(None, None, None, x, w, b, rm, rv, act="relu")
-    dx, dw, db = ops.batch_norm_backward(None, None, None, dy, x, out, w, mean, invstd, act="relu")
-    ops.batch_norm_backward(old, False, False, dy, x, out, w, mean, invstd, act="relu", accumulate=True)
+    y = mk.saved(out)
+    dx, dw, db = ops.batch_norm_backward(None, None, None, dy, x, y, w, mean, invstd, act="relu")
+    ops.batch_norm_backward(old, False, False, dy, x, y, w, mean, invstd, act="relu", accumulate=True)
     return out, mean, invstd, rm, rv, dx, dw, db, old
 
 
@@ -71,7 +86,7 @@ def upsample(mk):
 def attention(mk):
     q, k, v, dy = (mk(2, 3, t, 16, image=False) for t in (10, 12, 12, 10))
     out, lse = ops.sdpa_forward(None, None, q, k, v)
-    return (out, lse) + tuple(ops.sdpa_backward(None, None, None, dy, q, k, v, out, lse))
+    return (out, lse) + tuple(ops.sdpa_backward(None, None, None, dy, q, k, v, mk.saved(out), lse))
 
 
 def embedding(mk):
@@ -81,22 +96,59 @@ def embedding(mk):
     return out, ops.embedding_backward(None, dy, ids, 11)
 
 
-CASES = [batch_norm, layer_norm, group_norm, pools, upsample, attention, embedding]
+def pointwise(mk):
+    x, y, dy = mk(4, 6, 5, 5), mk(4, 6, 5, 5), mk(4, 6, 5, 5)
+    g = ops.activation_forward(None, x, "gelu")
+    return (g, ops.activation_backward(None, dy, x, None, "gelu"), ops.add_forward(None, x, y, "relu"),
+            ops.mul_forward(None, x, y), ops.concat_forward(None, [x, y], 1))
 
 
+def rows(mk):
+    logits, dy = mk(12, 10, image=False), mk(12, 10, image=False)
+    target = ft.tensor(np.random.default_rng(4).integers(0, 10, 12)).to("cuda")
+    s = ops.softmax_forward(None, logits, 1)
+    loss, dlogits = ops.cross_entropy_forward(None, None, logits, target)
+    return s, ops.softmax_backward(None, dy, mk.saved(s), 1), ops.log_softmax_forward(None, logits, 1), loss, dlogits
+
+
+CASES = [batch_norm, layer_norm, group_norm, pools, upsample, attention, embedding, pointwise, rows]
+
+
+@pytest.mark.parametrize("low", LOW, ids=str)
 @pytest.mark.parametrize("layout", ["contiguous", "nhwc"])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.__name__)
-def test_16bit_ops_are_their_float32_kernels_rounded_once(case, layout):
-    low, full = case(maker(True, 7, layout)), case(maker(False, 7, layout))
-    assert any(t.dtype is ft.bfloat16 for t in low)
-    for i, (got, want) in enumerate(zip(low, full)):
+def test_16bit_ops_are_their_float32_kernels_rounded_once(case, layout, low):
+    got16, full = case(maker(low, 7, layout, low)), case(maker(ft.float32, 7, layout, low))
+    assert any(t.dtype is low for t in got16)
+    for i, (got, want) in enumerate(zip(got16, full)):
         assert got.is_cuda and got.shape == want.shape
         w = host(want)
-        if got.dtype is ft.bfloat16:
-            w = bf16_round(w)
+        if got.dtype is low:
+            w = rounded(w, low)
         else:
             assert got.dtype is want.dtype, (i, got.dtype, want.dtype)
         np.testing.assert_array_equal(host(got), w, err_msg=f"result {i} of {case.__name__}")
+
+
+@pytest.mark.parametrize("low", LOW, ids=str)
+def test_16bit_products_are_within_the_formats_tolerance(low):
+    """Convolution (cuDNN) and linear (cuBLASLt) forward and backward on 16-bit operands, float32 accumulation:
+    within a few units of the format's rounding of float32 results; weight gradients float32."""
+    tol = 2e-2 if low is ft.bfloat16 else 4e-3
+    results = []
+    for dtype in (low, ft.float32):
+        mk = maker(dtype, 9, "nhwc", low)
+        x, w, dy = mk(4, 8, 9, 9), mk(16, 8, 3, 3), mk(4, 16, 9, 9)
+        a, lw, ldy = mk(6, 32), mk(12, 32), mk(6, 12)
+        dw, ldw = ft.zeros(16, 8, 3, 3, device="cuda"), ft.zeros(12, 32, device="cuda")
+        dx, _, _ = ops.conv2d_backward(None, dw, False, dy, x, w, padding=1)
+        ldx, _, _ = ops.linear_backward(None, ldw, False, ldy, a, lw)
+        results.append([ops.conv2d_forward(None, x, w, None, padding=1), dx, dw, ops.linear_forward(None, a, lw),
+                        ldx, ldw])
+    for i, (got, want) in enumerate(zip(*results)):
+        assert got.dtype is (ft.float32 if i in (2, 5) else low), (i, got.dtype)
+        w = host(want)
+        np.testing.assert_allclose(host(got), w, atol=tol * np.abs(w).max(), err_msg=f"product {i}")
 
 
 def demo_cnn(seed):
@@ -136,6 +188,18 @@ def test_bf16_mixed_program_follows_float32(bf16_gpu):
         np.testing.assert_allclose(host(a), host(b), atol=3e-2, err_msg=name)
 
 
+def test_16_mixed_program_follows_float32_with_a_grad_scaler_of_its_own():
+    """precision="16-mixed" gets a GradScaler when given none (float16's range needs one; Lightning's 16-mixed
+    scales too): each step's loss within float16's tolerance of the float32 program's."""
+    p16, m16, low = train("16-mixed")
+    _, mf, full = train("32-true")
+    assert p16.precision == "16-mixed" and "float16" in p16.summary()
+    assert isinstance(p16.grad_scaler, ft.amp.GradScaler) and p16.skipped_steps == 0
+    np.testing.assert_allclose(low, full, rtol=1e-2)
+    for (name, a), b in zip(m16.named_parameters(), mf.parameters()):
+        np.testing.assert_allclose(host(a), host(b), atol=1e-2, err_msg=name)
+
+
 def test_bf16_mixed_steps_are_bitwise_repeatable(bf16_gpu, ft_deterministic):
     runs = [train("bf16-mixed", steps=3) for _ in range(2)]
     assert runs[0][2] == runs[1][2]
@@ -153,32 +217,38 @@ def test_bf16_mixed_with_a_grad_scaler_skips_an_overflowing_step(bf16_gpu):
         np.testing.assert_array_equal(host(a), b)
 
 
-@pytest.mark.parametrize("name", ["tiny_segnet", "vit_tiny", "gpt_block", "se_net", "audio_cnn"])
-def test_traced_zoo_models_in_bf16_mixed(name, bf16_gpu):
-    """Upsampling, group and layer norm, attention, embeddings and 1-d convolutions inside a bf16-mixed CUDA
-    program: the loss of one backward within bfloat16's tolerance of the float32 program's, finite gradients."""
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
+@pytest.mark.parametrize("name", ["tiny_segnet", "vit_tiny", "gpt_block", "se_net", "audio_cnn", "hand_attention"])
+def test_traced_zoo_models_in_mixed_precision(name, precision, bf16_gpu):
+    """Upsampling, group and layer norm, attention, embeddings, 1-d convolutions and matmuls by hand inside a
+    mixed-precision CUDA program: the loss of one backward within the format's tolerance of the float32 program's,
+    finite gradients."""
     import test_zoo as zoo
     cls, shape, loss, fmt = zoo.ZOO[name]
     x, y = zoo.data(name)
     results = []
-    for precision in ("bf16-mixed", "32-true"):
+    for run in (precision, "32-true"):
         ft.manual_seed(0)
         model = cls().to("cuda")
         program = model.compile(ft.optim.SGD(model.parameters(), lr=0.05), loss, batch_size=8, input_shape=shape,
                                 memory_format=fmt, input_dtype=ft.int64 if name in zoo.TOKENS else None,
-                                precision=precision)
+                                precision=run)
         results.append((program.backward(x, y), [host(p.grad) for p in model.parameters()]))
     np.testing.assert_allclose(results[0][0], results[1][0], rtol=5e-2)
     assert all(np.isfinite(g).all() for g in results[0][1])
 
 
-def test_autocast_cuda_runs_cuda_products_in_bfloat16():
+@pytest.mark.parametrize("low", [None] + LOW, ids=str)
+def test_autocast_cuda_runs_cuda_products_in_16_bits(low):
+    """ft.autocast("cuda") takes float16 by default, as torch.autocast("cuda"), or bfloat16; CPU products in the
+    block stay float32."""
     x, w = ft.randn(4, 8), ft.randn(3, 8)
-    with ft.autocast("cuda"):
+    with ft.autocast("cuda", dtype=low):
         got = ft.nn.functional.linear(x.to("cuda"), w.to("cuda"))
         assert ft.nn.functional.linear(x, w).dtype is ft.float32
-    assert got.dtype is ft.bfloat16 and got.is_cuda
-    want = ft.nn.functional.linear(x.to("cuda").to(ft.bfloat16), w.to("cuda").to(ft.bfloat16))
+    low = low or ft.float16
+    assert got.dtype is low and got.is_cuda
+    want = ft.nn.functional.linear(x.to("cuda").to(low), w.to("cuda").to(low))
     np.testing.assert_array_equal(host(got), host(want))
 
 

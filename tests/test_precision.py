@@ -289,8 +289,18 @@ def test_unknown_and_unavailable_precisions_are_refused():
     with pytest.raises(ValueError, match="precision must be one of '32-true', '32', 'bf16-mixed', '16-mixed', "
                                          "got 'fp8'"):
         compiled("fp8")
-    with pytest.raises(NotImplementedError, match="16-mixed"):
+    with pytest.raises(ValueError, match="'16-mixed' computes in float16, which fasttrain runs on CUDA only"):
         compiled("16-mixed")
+
+
+def test_float16_is_refused_on_the_cpu():
+    """The CPU has no float16 arithmetic: ops refuse float16 tensors with a pointer to bfloat16 (on CUDA they take
+    them, tests/test_cuda_precision.py)."""
+    x = ft.randn(2, 3).to(ft.float16)
+    with pytest.raises(TypeError, match="relu: inp is float16, which fasttrain computes in on CUDA only"):
+        ft.nn.functional.relu(x)
+    with pytest.raises(TypeError, match="linear: input is float16.*use bfloat16"):
+        ft.nn.functional.linear(x, ft.randn(4, 3).to(ft.float16))
 
 
 CAPPED = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper() in ("SSE41", "AVX", "AVX2", "AVX512_CORE")
@@ -521,8 +531,10 @@ def test_autocast_matches_explicit_bfloat16_operands():
 
 
 def test_autocast_bad_arguments():
-    with pytest.raises(ValueError, match="dtype must be bfloat16"):
+    with pytest.raises(ValueError, match="dtype must be bfloat16 on cpu"):
         ft.autocast(dtype=ft.float16)
+    with pytest.raises(ValueError, match="dtype must be bfloat16 or float16 on cuda"):
+        ft.autocast("cuda", dtype=ft.float32)
     with pytest.raises(ValueError, match="device_type must be 'cpu' or 'cuda'"):
         ft.autocast("tpu")
 

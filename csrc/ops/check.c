@@ -32,11 +32,16 @@ ft_status ft_check_on(const char *op, const char *arg, const ft_tensor *t, ft_de
                    device_str(have, sizeof have, d), ref_arg, device_str(want, sizeof want, dev));
 }
 
-ft_status ft_check_float(const char *op, const char *arg, const ft_tensor *t, bool allow_bf16) {
-    if (t->dtype == FT_FLOAT32 || (allow_bf16 && t->dtype == FT_BFLOAT16))
+ft_status ft_check_float(const char *op, const char *arg, const ft_tensor *t, bool allow_low) {
+    bool gpu = ft_op_device(t).type == FT_DEV_CUDA;
+    if (t->dtype == FT_FLOAT32 || (allow_low && (t->dtype == FT_BFLOAT16 || (gpu && t->dtype == FT_FLOAT16))))
         return FT_OK;
+    if (allow_low && t->dtype == FT_FLOAT16)
+        return ft_fail(FT_ERR_DTYPE, "%s: %s is float16, which fasttrain computes in on CUDA only (the CPU has no "
+                                     "float16 arithmetic): use bfloat16", op, arg);
     return ft_fail(FT_ERR_DTYPE, "%s: %s must be %s, got %s", op, arg,
-                   allow_bf16 ? "float32 or bfloat16" : "float32", ft_dtype_get(t->dtype)->name);
+                   !allow_low ? "float32" : gpu ? "float32, bfloat16 or float16" : "float32 or bfloat16",
+                   ft_dtype_get(t->dtype)->name);
 }
 
 ft_status ft_check_dtype_as(const char *op, const char *arg, const ft_tensor *t, const char *ref_arg,

@@ -23,8 +23,9 @@ static inline ft_device ft_op_device(const ft_tensor *t) {
  * `ref_arg`: "<op>: <arg> is on cpu, <ref_arg> on cuda:0; move them to one device". */
 ft_status ft_check_on(const char *op, const char *arg, const ft_tensor *t, ft_device dev, const char *ref_arg);
 
-/* FT_ERR_DTYPE unless t is float32 (or bfloat16 when allow_bf16). */
-ft_status ft_check_float(const char *op, const char *arg, const ft_tensor *t, bool allow_bf16);
+/* FT_ERR_DTYPE unless t is float32, or with allow_low a 16-bit float:
+ * bfloat16, or on CUDA float16 (the CPU has no float16 arithmetic). */
+ft_status ft_check_float(const char *op, const char *arg, const ft_tensor *t, bool allow_low);
 
 /* FT_ERR_DTYPE unless t has ref's dtype. */
 ft_status ft_check_dtype_as(const char *op, const char *arg, const ft_tensor *t, const char *ref_arg,
@@ -58,9 +59,9 @@ bool ft_same_view(const ft_tensor *a, const ft_tensor *b);
 
 /* The common first checks of an op: on dev (that of ref_arg) and a float dtype. */
 static inline ft_status ft_check_float_on(const char *op, const char *arg, const ft_tensor *t, ft_device dev,
-                                          const char *ref_arg, bool allow_bf16) {
+                                          const char *ref_arg, bool allow_low) {
     FT_TRY(ft_check_on(op, arg, t, dev, ref_arg));
-    return ft_check_float(op, arg, t, allow_bf16);
+    return ft_check_float(op, arg, t, allow_low);
 }
 
 /* FT_OK for NULL or a contiguous float32 vector of n elements on dev (a

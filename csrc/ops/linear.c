@@ -147,8 +147,8 @@ static ft_status matmul_rows(const operand *src, const operand *wei, const opera
 
 /* Every tensor on the device of the input x. */
 static ft_status check(const char *arg, const ft_tensor *t, const ft_tensor *x, int64_t d0, int64_t d1,
-                       bool allow_bf16) {
-    FT_TRY(ft_check_float_on("linear", arg, t, ft_op_device(x), "input", allow_bf16));
+                       bool allow_low) {
+    FT_TRY(ft_check_float_on("linear", arg, t, ft_op_device(x), "input", allow_low));
     return ft_check_shape("linear", arg, t, 2, (int64_t[]){d0, d1});
 }
 
@@ -242,7 +242,7 @@ ft_status ft_linear_backward(const ft_tensor *dx, const ft_tensor *dw, const ft_
         FT_TRY(ft_check_output("linear_backward", "grad_input", dx));
     }
     if (dw) {
-        FT_TRY(check("grad_weight", dw, x, O, I, ft_op_device(x).type == FT_DEV_CPU));
+        FT_TRY(check("grad_weight", dw, x, O, I, true));
         FT_TRY(ft_check_output("linear_backward", "grad_weight", dw));
     }
     if (db) {

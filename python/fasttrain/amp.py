@@ -2,8 +2,9 @@
 
 Inside ``with ft.autocast():`` (the CPU's ops) or ``with ft.autocast("cuda"):`` (the GPU's) the products (conv1d/
 conv2d, linear, scaled_dot_product_attention, and the layers built on them) on that device take float32
-operands as bfloat16 (each call converts its input and weight, as torch.autocast does) and return bfloat16;
-every other op runs in its inputs' dtype (they all read bfloat16).
+operands in the autocast dtype (each call converts its input and weight, as torch.autocast does) and return
+it; every other op runs in its inputs' dtype (they all read 16-bit floats). The dtype defaults to torch's:
+bfloat16 on the CPU, float16 on CUDA (which also takes bfloat16).
 It is for eager inference and evaluation code: a compiled program chooses its precision once, at
 ``compile(precision=...)``, and autocast does not change it."""
 import contextvars
@@ -21,9 +22,11 @@ class autocast:
     def __init__(self, device_type="cpu", dtype=None, enabled=True):
         if device_type not in ("cpu", "cuda"):
             raise ValueError(f"ft.autocast: device_type must be 'cpu' or 'cuda', got {device_type!r}")
-        dtype = as_dtype(dtype or "bfloat16")
-        if dtype is not _BY_NAME["bfloat16"]:
-            raise ValueError(f"ft.autocast: dtype must be bfloat16, got {dtype.name}")
+        dtype = as_dtype(dtype or ("float16" if device_type == "cuda" else "bfloat16"))
+        allowed = ("bfloat16", "float16") if device_type == "cuda" else ("bfloat16",)
+        if dtype.name not in allowed:
+            raise ValueError(f"ft.autocast: dtype must be {' or '.join(allowed)} on {device_type} (the CPU has no "
+                             f"float16 arithmetic), got {dtype.name}")
         self.device_type, self.dtype, self.enabled = device_type, dtype, bool(enabled)
         self._tokens = []
 

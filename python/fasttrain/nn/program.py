@@ -462,6 +462,9 @@ class Program:
                              "the (C, H, W) order)")
         self.flat_params, self.flat_grads = _flatten_parameters(model)
         compute, precision = _compute_dtype(precision, self.flat_params.device)
+        if precision == "16-mixed" and grad_scaler is None:
+            grad_scaler = GradScaler()  # float16's range needs one (Lightning's 16-mixed scales too)
+        self._compute = compute
         if self.flat_params.device.type != "cpu" and any(isinstance(e.module, M.InPlaceABN) for e in self.entries):
             raise NotImplementedError("compile: InPlaceABN runs on the CPU so far; on CUDA use BatchNorm2d and "
                                       "LeakyReLU, with recompute= to save their memory")
@@ -520,8 +523,8 @@ class Program:
             grad_scaler._attach(self._c)
 
     def _input(self, x):
-        """x as the input's dtype (a bfloat16 batch goes as it is into a bf16-mixed program)."""
-        if self.precision == "bf16-mixed" and getattr(x, "dtype", None) is _BY_NAME["bfloat16"]:
+        """x as the input's dtype (a batch in a mixed-precision program's compute dtype goes as it is)."""
+        if self.precision != "32-true" and getattr(x, "dtype", None) is self._compute:
             return x
         return _as(x, self.input_dtype, "token ids")
 
@@ -670,10 +673,9 @@ def _compute_dtype(precision, device):
     if precision not in _PRECISIONS:
         raise ValueError(f"compile: precision must be one of {', '.join(map(repr, _PRECISIONS))}, got "
                          f"{precision!r}")
-    if precision == "16-mixed":
-        raise NotImplementedError("compile: precision='16-mixed' (float16 compute) is not available yet; use "
-                                  "'bf16-mixed', which needs no loss scaling (grad_scaler=ft.amp.GradScaler() adds "
-                                  "it to any precision)")
+    if precision == "16-mixed" and device.type != "cuda":
+        raise ValueError("compile: precision='16-mixed' computes in float16, which fasttrain runs on CUDA only (the "
+                         "CPU has no float16 arithmetic); use precision='bf16-mixed'")
     if precision == "bf16-mixed":
         from .. import cuda
         from ..backends import cpu_has_bf16
