@@ -101,6 +101,22 @@ static inline int8_t ft_cuda_kind(ft_dtype dt) {
     return dt == FT_BFLOAT16 ? FT_CUDA_BF16 : dt == FT_FLOAT16 ? FT_CUDA_F16 : FT_CUDA_F32;
 }
 
+/* Element i of base as float, its storage (ft_cuda_kind) known only at run
+ * time (operands of one op may mix float32 and a 16-bit float). */
+static inline FT_HD float ft_cuda_load_f(const char *base, int64_t i, int8_t kind) {
+    if (kind == FT_CUDA_F32)
+        return ((const float *)base)[i];
+    uint16_t h = ((const uint16_t *)base)[i];
+    return kind == FT_CUDA_BF16 ? ft_bf16_to_f32(h) : ft_f16_to_f32(h);
+}
+
+static inline FT_HD void ft_cuda_store_f(char *base, int64_t i, int8_t kind, float v) {
+    if (kind == FT_CUDA_F32)
+        ((float *)base)[i] = v;
+    else
+        ((uint16_t *)base)[i] = kind == FT_CUDA_BF16 ? ft_f32_to_bf16(v) : ft_f32_to_f16(v);
+}
+
 /* A tensor's dims and strides in a form kernels take by value, with
  * ft_cuda_offset giving the element offset of the i-th element in C order. */
 typedef struct {

@@ -171,10 +171,13 @@ __global__ void __launch_bounds__(THREADS) store_sums(const double *ta, const do
 
 /* A batch norm call's tensors as (N, C, S), all in the input's memory
  * layout (the entry point accepts dense NCHW or channels-last only), so one
- * offset addresses every tensor. */
+ * offset addresses every tensor; each float32 or a 16-bit float (its kind),
+ * computed on in float as the float32 kernels do, so that a 16-bit result is
+ * the float32 one rounded once. */
 typedef struct {
-    const float *x, *y, *dy; /* dy NULL: the forward's sums; y: the output, for a fused activation */
-    const float *center;     /* the values subtracted before the sums: center[c * center_step] */
+    const char *x, *y, *dy; /* dy NULL: the forward's sums; y: the output, for a fused activation */
+    const char *center;     /* the values subtracted before the sums: center[c * center_step] */
+    int8_t kx, ky, kdy, kcenter;
     int64_t center_step;
     ft_act act;
     int64_t C, S;
@@ -193,12 +196,14 @@ typedef struct {
     }
     /* dy through the fused activation's derivative, taken from the output */
     FT_HD float dz(int64_t i) const {
-        return act.kind == FT_ACT_NONE ? dy[i] : dy[i] * ft_act_grad_from_output(act, y[i]);
+        float g = ft_cuda_load_f(dy, i, kdy);
+        return act.kind == FT_ACT_NONE ? g : g * ft_act_grad_from_output(act, ft_cuda_load_f(y, i, ky));
     }
+    FT_HD float xv(int64_t i) const { return ft_cuda_load_f(x, i, kx); }
     /* forward: v = x - center and v^2; backward: dz and dz (x - center) */
     FT_HD void add(int64_t m, int64_t c, double &a, double &b) const {
         int64_t i = offset(m, c);
-        double v = (double)x[i] - (double)center[c * center_step];
+        double v = (double)xv(i) - (double)ft_cuda_load_f(center, c * center_step, kcenter);
         if (!dy) {
             a += v;
             b += v * v;
@@ -213,7 +218,8 @@ typedef struct {
 /* The input as a bn_view; the forward's center is the first value of each channel. */
 static bn_view bn_view_of(const ft_tensor *inp, ft_act act) {
     bn_view v = {};
-    v.x = (const float *)ft_tensor_data(inp);
+    v.x = (const char *)ft_tensor_data(inp);
+    v.kx = ft_cuda_kind(inp->dtype);
     v.C = inp->shape[1];
     v.S = inp->ndim == 4 ? inp->shape[2] * inp->shape[3] : 1;
     /* Dense in one of the two layouts, so with C > 1 and S > 1 the channel
@@ -221,6 +227,7 @@ static bn_view bn_view_of(const ft_tensor *inp, ft_act act) {
      * offsets. */
     v.cl = inp->ndim == 2 || v.S == 1 || (v.C > 1 && inp->strides[1] == 1);
     v.center = v.x;
+    v.kcenter = v.kx;
     v.center_step = v.cl ? 1 : v.S;
     v.act = act;
     return v;
@@ -231,7 +238,8 @@ static bn_view bn_view_of(const ft_tensor *inp, ft_act act) {
  * statistics; as the CPU's ft_batchnorm_forward. */
 typedef struct {
     const double *ta, *tb; /* training */
-    const float *x;        /* the centers, x[c * center_step] */
+    const char *x;         /* the centers, x[c * center_step], of kind kx */
+    int8_t kx;
     int64_t center_step;
     const float *w, *b;
     float *rm, *rv;
@@ -244,7 +252,8 @@ typedef struct {
 static inline FT_HD void bn_stats_one(const bn_stats &s, int64_t c) {
     float mu, is;
     if (s.training) {
-        double var = ft_norm_stats(s.ta[c], s.tb[c], (double)s.M, s.x[c * s.center_step], s.eps, &mu, &is);
+        double var = ft_norm_stats(s.ta[c], s.tb[c], (double)s.M, ft_cuda_load_f(s.x, c * s.center_step, s.kx), s.eps,
+                                   &mu, &is);
         if (s.rm)
             ft_bn_running(&s.rm[c], &s.rv[c], mu, var, s.M, s.momentum);
     } else {
@@ -263,17 +272,17 @@ __global__ void __launch_bounds__(THREADS) bn_stats_kernel(bn_stats s) {
         bn_stats_one(s, c);
 }
 
-/* out = act(x * scale + shift) */
-static inline FT_HD void bn_normalize_one(const bn_view &v, float *out, const float *scale, const float *shift,
-                                          int64_t i) {
+/* out (of kind ko) = act(x * scale + shift) */
+static inline FT_HD void bn_normalize_one(const bn_view &v, char *out, int8_t ko, const float *scale,
+                                          const float *shift, int64_t i) {
     int64_t c = v.channel(i);
-    out[i] = ft_act_forward(v.act, ft_norm_apply(v.x[i], scale[c], shift[c]));
+    ft_cuda_store_f(out, i, ko, ft_act_forward(v.act, ft_norm_apply(v.xv(i), scale[c], shift[c])));
 }
 
-__global__ void __launch_bounds__(THREADS) bn_normalize(bn_view v, float *out, const float *scale, const float *shift,
-                                                        int64_t total) {
+__global__ void __launch_bounds__(THREADS) bn_normalize(bn_view v, char *out, int8_t ko, const float *scale,
+                                                        const float *shift, int64_t total) {
     for (int64_t i = (int64_t)blockIdx.x * THREADS + threadIdx.x; i < total; i += (int64_t)gridDim.x * THREADS)
-        bn_normalize_one(v, out, scale, shift, i);
+        bn_normalize_one(v, out, ko, scale, shift, i);
 }
 
 static ft_status bn_forward(const ft_tensor *out, const ft_tensor *save_mean, const ft_tensor *save_invstd,
@@ -297,6 +306,7 @@ static ft_status bn_forward(const ft_tensor *out, const ft_tensor *save_mean, co
     ft_status st = p->training ? queue_sums(plan, v, buf, &s.ta, &s.tb) : FT_OK;
     if (st == FT_OK) {
         s.x = v.x;
+        s.kx = v.kx;
         s.center_step = v.center_step;
         s.w = weight ? (const float *)ft_tensor_data(weight) : NULL;
         s.b = bias ? (const float *)ft_tensor_data(bias) : NULL;
@@ -309,8 +319,8 @@ static ft_status bn_forward(const ft_tensor *out, const ft_tensor *save_mean, co
         st = ft_cuda_launched("bn_stats_kernel");
     }
     if (st == FT_OK && M > 0) {
-        bn_normalize<<<ft_cuda_blocks(M * C, THREADS), THREADS, 0, FT_CUDA_STREAM>>>(v, (float *)ft_tensor_data(out),
-                                                                                     s.scale, s.shift, M * C);
+        bn_normalize<<<ft_cuda_blocks(M * C, THREADS), THREADS, 0, FT_CUDA_STREAM>>>(
+            v, (char *)ft_tensor_data(out), ft_cuda_kind(out->dtype), s.scale, s.shift, M * C);
         st = ft_cuda_launched("bn_normalize");
     }
     ft_cuda_scratch_free(&scratch);
@@ -344,15 +354,16 @@ __global__ void __launch_bounds__(THREADS) bn_grads_kernel(bn_grads g) {
         bn_grads_one(g, c);
 }
 
-static inline FT_HD void bn_dx_one(const bn_view &v, float *dx, const float *mean, const float *k, int64_t i) {
+static inline FT_HD void bn_dx_one(const bn_view &v, char *dx, int8_t kdx, const float *mean, const float *k,
+                                   int64_t i) {
     int64_t c = v.channel(i);
-    dx[i] = ft_bn_dx(v.dz(i), v.x[i], mean[c], k[c], k[v.C + c], k[2 * v.C + c]);
+    ft_cuda_store_f(dx, i, kdx, ft_bn_dx(v.dz(i), v.xv(i), mean[c], k[c], k[v.C + c], k[2 * v.C + c]));
 }
 
-__global__ void __launch_bounds__(THREADS) bn_dx(bn_view v, float *dx, const float *mean, const float *k,
+__global__ void __launch_bounds__(THREADS) bn_dx(bn_view v, char *dx, int8_t kdx, const float *mean, const float *k,
                                                  int64_t total) {
     for (int64_t i = (int64_t)blockIdx.x * THREADS + threadIdx.x; i < total; i += (int64_t)gridDim.x * THREADS)
-        bn_dx_one(v, dx, mean, k, i);
+        bn_dx_one(v, dx, kdx, mean, k, i);
 }
 
 static ft_status bn_backward(const ft_tensor *dinp, const ft_tensor *dweight, const ft_tensor *dbias,
@@ -364,9 +375,12 @@ static ft_status bn_backward(const ft_tensor *dinp, const ft_tensor *dweight, co
     int64_t C = v.C, M = inp->shape[0] * v.S;
     if (C == 0)
         return FT_OK;
-    v.y = out ? (const float *)ft_tensor_data(out) : NULL;
-    v.dy = (const float *)ft_tensor_data(dout);
-    v.center = (const float *)ft_tensor_data(save_mean);
+    v.y = out ? (const char *)ft_tensor_data(out) : NULL;
+    v.ky = out ? ft_cuda_kind(out->dtype) : FT_CUDA_F32;
+    v.dy = (const char *)ft_tensor_data(dout);
+    v.kdy = ft_cuda_kind(dout->dtype);
+    v.center = (const char *)ft_tensor_data(save_mean);
+    v.kcenter = FT_CUDA_F32;
     v.center_step = 1;
     sums_plan plan = plan_sums(!v.cl, M, C);
     size_t nd = sums_doubles(plan);
@@ -388,8 +402,8 @@ static ft_status bn_backward(const ft_tensor *dinp, const ft_tensor *dweight, co
         st = ft_cuda_launched("bn_grads_kernel");
     }
     if (st == FT_OK && dinp && M > 0) {
-        bn_dx<<<ft_cuda_blocks(M * C, THREADS), THREADS, 0, FT_CUDA_STREAM>>>(v, (float *)ft_tensor_data(dinp),
-                                                                              v.center, g.k, M * C);
+        bn_dx<<<ft_cuda_blocks(M * C, THREADS), THREADS, 0, FT_CUDA_STREAM>>>(
+            v, (char *)ft_tensor_data(dinp), ft_cuda_kind(dinp->dtype), (const float *)v.center, g.k, M * C);
         st = ft_cuda_launched("bn_dx");
     }
     ft_cuda_scratch_free(&scratch);
@@ -408,28 +422,29 @@ template <int T> static __device__ void team_sum2(double &a, double &b, double *
 
 /* One team of T threads per row of D values: the row's shifted sums in
  * double (centered on its first value), then its normalized values; as the
- * CPU's forward_row. */
+ * CPU's forward_row. x and y are float32 or 16-bit (their kinds kx, ky),
+ * computed on in float. */
 template <int T>
-__global__ void __launch_bounds__(THREADS) ln_forward_rows(const float *x, const float *w, const float *b, float *y,
-                                                           float *mean, float *rstd, int64_t R, int64_t D,
-                                                           double eps) {
+__global__ void __launch_bounds__(THREADS) ln_forward_rows(const char *x, int8_t kx, const float *w, const float *b,
+                                                           char *y, int8_t ky, float *mean, float *rstd, int64_t R,
+                                                           int64_t D, double eps) {
     __shared__ double sh[2 * WARPS];
     constexpr int TEAMS = THREADS / T;
     int lane = threadIdx.x % T;
     for (int64_t r = (int64_t)blockIdx.x * TEAMS + threadIdx.x / T; r < R; r += (int64_t)gridDim.x * TEAMS) {
-        const float *xr = x + r * D;
-        double shift = xr[0], s = 0, q = 0;
+        int64_t o = r * D;
+        double shift = ft_cuda_load_f(x, o, kx), s = 0, q = 0;
         for (int64_t d = lane; d < D; d += T) {
-            double v = xr[d] - shift;
+            double v = ft_cuda_load_f(x, o + d, kx) - shift;
             s += v;
             q += v * v;
         }
         team_sum2<T>(s, q, sh);
         float mu, rs;
         ft_norm_stats(s, q, (double)D, shift, eps, &mu, &rs);
-        float *yr = y + r * D;
         for (int64_t d = lane; d < D; d += T)
-            yr[d] = ft_ln_value(xr[d], mu, rs, w ? w[d] : 1.0f, b ? b[d] : 0.0f);
+            ft_cuda_store_f(y, o + d, ky,
+                            ft_ln_value(ft_cuda_load_f(x, o + d, kx), mu, rs, w ? w[d] : 1.0f, b ? b[d] : 0.0f));
         if (lane == 0 && mean)
             mean[r] = mu;
         if (lane == 0 && rstd)
@@ -439,38 +454,42 @@ __global__ void __launch_bounds__(THREADS) ln_forward_rows(const float *x, const
 
 /* One team per row: the sums of g and g xhat in double, then dx; as the CPU's backward_row. */
 template <int T>
-__global__ void __launch_bounds__(THREADS) ln_backward_rows(const float *x, const float *dy, const float *w,
-                                                            const float *mean, const float *rstd, float *dx,
-                                                            int64_t R, int64_t D) {
+__global__ void __launch_bounds__(THREADS) ln_backward_rows(const char *x, int8_t kx, const char *dy, int8_t kdy,
+                                                            const float *w, const float *mean, const float *rstd,
+                                                            char *dx, int8_t kdx, int64_t R, int64_t D) {
     __shared__ double sh[2 * WARPS];
     constexpr int TEAMS = THREADS / T;
     int lane = threadIdx.x % T;
     for (int64_t r = (int64_t)blockIdx.x * TEAMS + threadIdx.x / T; r < R; r += (int64_t)gridDim.x * TEAMS) {
-        const float *xr = x + r * D, *gr = dy + r * D;
+        int64_t o = r * D;
         float mu = mean[r], rs = rstd[r];
         double a = 0, c = 0;
         for (int64_t d = lane; d < D; d += T) {
-            float g = w ? gr[d] * w[d] : gr[d], xh = ft_norm_xhat(xr[d], mu, rs);
+            float gd = ft_cuda_load_f(dy, o + d, kdy);
+            float g = w ? gd * w[d] : gd, xh = ft_norm_xhat(ft_cuda_load_f(x, o + d, kx), mu, rs);
             a += g;
             c += (double)g * xh;
         }
         team_sum2<T>(a, c, sh);
         float ma = (float)(a / (double)D), mc = (float)(c / (double)D);
-        float *dxr = dx + r * D;
         for (int64_t d = lane; d < D; d += T)
-            dxr[d] = ft_norm_dx(gr[d], w ? w[d] : 1.0f, ft_norm_xhat(xr[d], mu, rs), rs, ma, mc);
+            ft_cuda_store_f(dx, o + d, kdx,
+                            ft_norm_dx(ft_cuda_load_f(dy, o + d, kdy), w ? w[d] : 1.0f,
+                                       ft_norm_xhat(ft_cuda_load_f(x, o + d, kx), mu, rs), rs, ma, mc));
     }
 }
 
 /* The terms of layer norm's parameter gradients at (r, d): dy xhat and dy. */
 typedef struct {
-    const float *x, *dy, *mean, *rstd;
+    const char *x, *dy;
+    int8_t kx, kdy;
+    const float *mean, *rstd;
     int64_t D;
 
     FT_HD void add(int64_t r, int64_t d, double &a, double &b) const {
         int64_t i = r * D + d;
-        float g = dy[i];
-        a += (double)g * ft_norm_xhat(x[i], mean[r], rstd[r]);
+        float g = ft_cuda_load_f(dy, i, kdy);
+        a += (double)g * ft_norm_xhat(ft_cuda_load_f(x, i, kx), mean[r], rstd[r]);
         b += g;
     }
 } ln_param_view;
@@ -482,18 +501,19 @@ static ft_status ln_forward(const ft_tensor *out, const ft_tensor *save_mean, co
     int64_t R = numel(inp) / D;
     if (R == 0)
         return FT_OK;
-    const float *x = (const float *)ft_tensor_data(inp);
+    const char *x = (const char *)ft_tensor_data(inp);
     const float *w = weight ? (const float *)ft_tensor_data(weight) : NULL;
     const float *b = bias ? (const float *)ft_tensor_data(bias) : NULL;
-    float *y = (float *)ft_tensor_data(out);
+    char *y = (char *)ft_tensor_data(out);
+    int8_t kx = ft_cuda_kind(inp->dtype), ky = ft_cuda_kind(out->dtype);
     float *mean = save_mean ? (float *)ft_tensor_data(save_mean) : NULL;
     float *rstd = save_rstd ? (float *)ft_tensor_data(save_rstd) : NULL;
     if (D <= LN_WARP_MAX)
-        ln_forward_rows<32><<<ft_cuda_blocks(R, WARPS), THREADS, 0, FT_CUDA_STREAM>>>(x, w, b, y, mean, rstd, R, D,
-                                                                                     eps);
+        ln_forward_rows<32><<<ft_cuda_blocks(R, WARPS), THREADS, 0, FT_CUDA_STREAM>>>(x, kx, w, b, y, ky, mean, rstd,
+                                                                                     R, D, eps);
     else
-        ln_forward_rows<THREADS><<<ft_cuda_blocks(R, 1), THREADS, 0, FT_CUDA_STREAM>>>(x, w, b, y, mean, rstd, R, D,
-                                                                                      eps);
+        ln_forward_rows<THREADS><<<ft_cuda_blocks(R, 1), THREADS, 0, FT_CUDA_STREAM>>>(x, kx, w, b, y, ky, mean, rstd,
+                                                                                      R, D, eps);
     return ft_cuda_launched("ln_forward_rows");
 }
 
@@ -502,7 +522,8 @@ static ft_status ln_backward(const ft_tensor *dinp, const ft_tensor *dweight, co
                              const ft_tensor *save_mean, const ft_tensor *save_rstd, int64_t D) {
     FT_TRY(ft_cuda_use_device(inp));
     int64_t R = numel(inp) / D;
-    const float *x = (const float *)ft_tensor_data(inp), *dy = (const float *)ft_tensor_data(dout);
+    const char *x = (const char *)ft_tensor_data(inp), *dy = (const char *)ft_tensor_data(dout);
+    int8_t kx = ft_cuda_kind(inp->dtype), kdy = ft_cuda_kind(dout->dtype);
     const float *w = weight ? (const float *)ft_tensor_data(weight) : NULL;
     const float *mean = (const float *)ft_tensor_data(save_mean), *rstd = (const float *)ft_tensor_data(save_rstd);
     /* The parameter sums first: a dinp that is dout overwrites it. */
@@ -510,7 +531,7 @@ static ft_status ln_backward(const ft_tensor *dinp, const ft_tensor *dweight, co
         sums_plan plan = plan_sums(false, R, D);
         ft_cuda_scratch scratch;
         FT_TRY(ft_cuda_scratch_alloc(&scratch, sums_doubles(plan) * sizeof(double), ft_tensor_device(inp).index));
-        ln_param_view v = {x, dy, mean, rstd, D};
+        ln_param_view v = {x, dy, kx, kdy, mean, rstd, D};
         const double *ta = NULL, *tb = NULL;
         ft_status st = queue_sums(plan, v, (double *)scratch.ptr, &ta, &tb);
         if (st == FT_OK) {
@@ -523,13 +544,14 @@ static ft_status ln_backward(const ft_tensor *dinp, const ft_tensor *dweight, co
         FT_TRY(st);
     }
     if (dinp && R > 0) {
-        float *dx = (float *)ft_tensor_data(dinp);
+        char *dx = (char *)ft_tensor_data(dinp);
+        int8_t kdx = ft_cuda_kind(dinp->dtype);
         if (D <= LN_WARP_MAX)
-            ln_backward_rows<32><<<ft_cuda_blocks(R, WARPS), THREADS, 0, FT_CUDA_STREAM>>>(x, dy, w, mean, rstd, dx,
-                                                                                           R, D);
+            ln_backward_rows<32><<<ft_cuda_blocks(R, WARPS), THREADS, 0, FT_CUDA_STREAM>>>(x, kx, dy, kdy, w, mean,
+                                                                                           rstd, dx, kdx, R, D);
         else
-            ln_backward_rows<THREADS><<<ft_cuda_blocks(R, 1), THREADS, 0, FT_CUDA_STREAM>>>(x, dy, w, mean, rstd, dx,
-                                                                                           R, D);
+            ln_backward_rows<THREADS><<<ft_cuda_blocks(R, 1), THREADS, 0, FT_CUDA_STREAM>>>(x, kx, dy, kdy, w, mean,
+                                                                                           rstd, dx, kdx, R, D);
         FT_TRY(ft_cuda_launched("ln_backward_rows"));
     }
     return FT_OK;

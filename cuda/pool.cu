@@ -20,6 +20,11 @@
  * additions again. Float atomics would add them in whatever order the
  * threads arrive, different bits from run to run.
  *
+ * The forward and the average backward read and write float32 or 16-bit
+ * floats, computing in float and rounding once; the max backward adds in
+ * place, so it takes float32 (ops/pool.c gives it float32 copies of 16-bit
+ * tensors).
+ *
  * Tensors have any strides. Threads are numbered channels innermost when the
  * tensor they walk is channels-last (NHWC) and columns innermost otherwise,
  * so that neighbouring threads touch neighbouring memory. */
@@ -123,9 +128,10 @@ static inline FT_HD index4 unravel(int64_t i, int64_t C, int64_t A, int64_t B, b
 template <typename Idx> struct pool_fwd {
     pool_geom g;
     bool max, cl;
-    const float *x;
+    const char *x; /* float32 or 16-bit (kx), as y (ky) */
+    int8_t kx, ky;
     strides4 xs;
-    float *y;
+    char *y;
     strides4 ys;
     Idx *ind; /* max pooling's positions h * W + w, or NULL */
     strides4 is;
@@ -136,27 +142,27 @@ template <typename Idx> static inline FT_HD void pool_forward_one(const pool_fwd
     const pool_geom &g = a.g;
     index4 o = unravel(i, g.C, g.P, g.Q, a.cl);
     ft_pool_span r = window(g, 0, o.a), q = window(g, 1, o.b);
-    const float *x = a.x + o.n * a.xs.n + o.c * a.xs.c;
-    float *y = a.y + o.n * a.ys.n + o.c * a.ys.c + o.a * a.ys.h + o.b * a.ys.w;
+    int64_t x = o.n * a.xs.n + o.c * a.xs.c, y = o.n * a.ys.n + o.c * a.ys.c + o.a * a.ys.h + o.b * a.ys.w;
     bool empty = r.lo >= r.hi || q.lo >= q.hi;
     if (a.max) {
         float m = -INFINITY;
         int64_t at = empty ? -1 : r.lo * g.W + q.lo;
         for (int64_t h = r.lo; h < r.hi; h += r.step)
             for (int64_t w = q.lo; w < q.hi; w += q.step) {
-                float v = x[h * a.xs.h + w * a.xs.w];
+                float v = ft_cuda_load_f(a.x, x + h * a.xs.h + w * a.xs.w, a.kx);
                 if (v > m || v != v)
                     m = v, at = h * g.W + w;
             }
-        *y = m;
+        ft_cuda_store_f(a.y, y, a.ky, m);
         if (a.ind)
             a.ind[o.n * a.is.n + o.c * a.is.c + o.a * a.is.h + o.b * a.is.w] = (Idx)at;
     } else {
         float sum = 0.0f;
         for (int64_t h = r.lo; h < r.hi; h++)
             for (int64_t w = q.lo; w < q.hi; w++)
-                sum += x[h * a.xs.h + w * a.xs.w];
-        *y = empty ? 0.0f : sum / ft_pool_divisor(r, q, g.divisor_override, g.count_include_pad);
+                sum += ft_cuda_load_f(a.x, x + h * a.xs.h + w * a.xs.w, a.kx);
+        ft_cuda_store_f(a.y, y, a.ky,
+                        empty ? 0.0f : sum / ft_pool_divisor(r, q, g.divisor_override, g.count_include_pad));
     }
 }
 
@@ -170,8 +176,8 @@ static void queue_forward(const pool_geom &g, bool max, const ft_tensor *out, co
                           const ft_tensor *inp, int64_t total) {
     pool_fwd<Idx> a;
     a.g = g, a.max = max, a.cl = channels_last(inp);
-    a.x = (const float *)ft_tensor_data(inp), a.xs = strides_of(inp);
-    a.y = (float *)ft_tensor_data(out), a.ys = strides_of(out);
+    a.x = (const char *)ft_tensor_data(inp), a.xs = strides_of(inp), a.kx = ft_cuda_kind(inp->dtype);
+    a.y = (char *)ft_tensor_data(out), a.ys = strides_of(out), a.ky = ft_cuda_kind(out->dtype);
     a.ind = ind ? (Idx *)ft_tensor_data(ind) : NULL;
     a.is = ind ? strides_of(ind) : strides4{};
     pool_forward_kernel<Idx><<<ft_cuda_blocks(total, THREADS), THREADS, 0, FT_CUDA_STREAM>>>(a, total);
@@ -213,19 +219,19 @@ static ft_status adaptive_max_pool2d_forward(const ft_tensor *out, const ft_tens
 typedef struct {
     pool_geom g;
     bool accumulate, cl;
-    float *d; /* dinp */
+    char *d; /* dinp, float32 or 16-bit (kd), summed in float and rounded once */
     strides4 ds;
-    const float *dy; /* dout */
+    const char *dy; /* dout (kdy) */
     strides4 dys;
+    int8_t kd, kdy;
 } avg_bwd;
 
 /* Input element i: what the CPU's scatter adds to it, in its order. */
 static inline FT_HD void avg_backward_one(const avg_bwd &a, int64_t i) {
     const pool_geom &g = a.g;
     index4 e = unravel(i, g.C, g.H, g.W, a.cl);
-    float *d = a.d + e.n * a.ds.n + e.c * a.ds.c + e.a * a.ds.h + e.b * a.ds.w;
-    const float *dy = a.dy + e.n * a.dys.n + e.c * a.dys.c;
-    float acc = a.accumulate ? *d : 0.0f;
+    int64_t d = e.n * a.ds.n + e.c * a.ds.c + e.a * a.ds.h + e.b * a.ds.w, dy = e.n * a.dys.n + e.c * a.dys.c;
+    float acc = a.accumulate ? ft_cuda_load_f(a.d, d, a.kd) : 0.0f;
     int64_t oh0, oh1, ow0, ow1;
     covering(g, 0, e.a, &oh0, &oh1);
     covering(g, 1, e.b, &ow0, &ow1);
@@ -237,10 +243,11 @@ static inline FT_HD void avg_backward_one(const avg_bwd &a, int64_t i) {
             ft_pool_span q = window(g, 1, ow);
             if (e.b < q.lo || e.b >= q.hi)
                 continue;
-            acc += dy[oh * a.dys.h + ow * a.dys.w] / ft_pool_divisor(r, q, g.divisor_override, g.count_include_pad);
+            acc += ft_cuda_load_f(a.dy, dy + oh * a.dys.h + ow * a.dys.w, a.kdy) /
+                   ft_pool_divisor(r, q, g.divisor_override, g.count_include_pad);
         }
     }
-    *d = acc;
+    ft_cuda_store_f(a.d, d, a.kd, acc);
 }
 
 __global__ void __launch_bounds__(THREADS) avg_backward_kernel(avg_bwd a, int64_t total) {
@@ -254,8 +261,8 @@ static ft_status avg_backward(const ft_tensor *dinp, const ft_tensor *dout, cons
     avg_bwd a;
     a.g = geom_of(dinp, dout, p);
     a.accumulate = accumulate, a.cl = channels_last(dinp);
-    a.d = (float *)ft_tensor_data(dinp), a.ds = strides_of(dinp);
-    a.dy = (const float *)ft_tensor_data(dout), a.dys = strides_of(dout);
+    a.d = (char *)ft_tensor_data(dinp), a.ds = strides_of(dinp), a.kd = ft_cuda_kind(dinp->dtype);
+    a.dy = (const char *)ft_tensor_data(dout), a.dys = strides_of(dout), a.kdy = ft_cuda_kind(dout->dtype);
     int64_t total = a.g.N * a.g.C * a.g.H * a.g.W;
     if (total == 0)
         return FT_OK;

@@ -1,6 +1,7 @@
-/* What the pointwise and row kernels share: float32 / bfloat16 element
- * access (ops compute in float whatever the storage type) and the walk over
- * operands of one shape, each with its own strides and dtype.
+/* What the pointwise and row kernels share: the walk over operands of one
+ * shape, each with its own strides and dtype (float32 or a 16-bit float,
+ * read and written through ft_cuda_load_f / ft_cuda_store_f: ops compute in
+ * float whatever the storage type).
  *
  * The walk is the device side of the CPU's ft_pw_plan (ops/pointwise.c):
  * dimensions of size 1 are dropped, the rest ordered by operand 0's memory
@@ -15,23 +16,6 @@
 #include <string.h>
 
 #include "backend.h"
-
-/* Element i of base as float, its storage (ft_cuda_kind) known only at run
- * time (operands of one op may mix float32 and a 16-bit float). */
-static inline __device__ float ft_cuda_load_f(const char *base, int64_t i, int8_t kind) {
-    return kind == FT_CUDA_BF16  ? ft_cuda_io<uint16_t>::load((const uint16_t *)base + i)
-           : kind == FT_CUDA_F16 ? ft_cuda_io<ft_cuda_half>::load((const ft_cuda_half *)base + i)
-                                 : ft_cuda_io<float>::load((const float *)base + i);
-}
-
-static inline __device__ void ft_cuda_store_f(char *base, int64_t i, int8_t kind, float v) {
-    if (kind == FT_CUDA_BF16)
-        ft_cuda_io<uint16_t>::store((uint16_t *)base + i, v);
-    else if (kind == FT_CUDA_F16)
-        ft_cuda_io<ft_cuda_half>::store((ft_cuda_half *)base + i, v);
-    else
-        ft_cuda_io<float>::store((float *)base + i, v);
-}
 
 /* Operand slots of a walk; slot FT_CUDA_PW_OPS of st is the C-order index. */
 #define FT_CUDA_PW_OPS 6

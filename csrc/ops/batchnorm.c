@@ -8,7 +8,6 @@
 #include "kernels/convert.h"
 #include "kernels/norm.h"
 #include "ops/check.h"
-#include "ops/chunks.h"
 #include "ops/cuda_ops.h"
 #include "ops/gradient.h"
 #include "ops/pointwise.h"
@@ -319,25 +318,6 @@ static float weight_of(const ft_tensor *weight, int64_t c, const ft_batchnorm_pa
     return p->inplace_abn ? fabsf(w) + (float)p->eps : w;
 }
 
-/* A GPU's 16-bit batch norm: its float32 kernels over copies of the activations (ops/chunks.h). */
-typedef struct {
-    const ft_tensor *save_mean, *save_invstd, *weight, *bias, *running_mean, *running_var, *dweight, *dbias;
-    const ft_batchnorm_params *p;
-    ft_grad_acc acc;
-} bn_call;
-
-static ft_status float_forward(const ft_tensor *const *ts, int64_t first, const void *ctx) {
-    const bn_call *c = ctx;
-    return ft_batchnorm_forward(ts[0], c->save_mean, c->save_invstd, ts[1], c->weight, c->bias, c->running_mean,
-                                c->running_var, c->p);
-}
-
-static ft_status float_backward(const ft_tensor *const *ts, int64_t first, const void *ctx) {
-    const bn_call *c = ctx;
-    return ft_batchnorm_backward(ts[0], c->dweight, c->dbias, ts[1], ts[2], ts[3], c->weight, c->bias, c->save_mean,
-                                 c->save_invstd, c->p, c->acc);
-}
-
 static ft_status check_abn(const ft_batchnorm_params *p, ft_device dev) {
     if (!p->inplace_abn)
         return FT_OK;
@@ -379,10 +359,6 @@ ft_status ft_batchnorm_forward(const ft_tensor *out, const ft_tensor *save_mean,
     if (dev.type == FT_DEV_CUDA && p->sync)
         return ft_fail(FT_ERR_DEVICE, "batch_norm: synchronized statistics need the CPU (there is no NCCL path)");
     FT_TRY(check_abn(p, dev));
-    ft_chunk_arg args[2] = {{out, true, false}, {inp, false, false}};
-    if (dev.type == FT_DEV_CUDA && ft_chunks_needed(args, 2))
-        return ft_by_float_chunks(args, 2, float_forward,
-                                  &(bn_call){save_mean, save_invstd, weight, bias, running_mean, running_var, .p = p});
     if (dev.type == FT_DEV_CUDA)
         FT_CUDA_DISPATCH("batch_norm", batchnorm_forward, out, save_mean, save_invstd, inp, weight, bias,
                          running_mean, running_var, p);
@@ -499,12 +475,6 @@ ft_status ft_batchnorm_backward(const ft_tensor *dinp, const ft_tensor *dweight,
         return ft_fail(FT_ERR_VALUE, "batch_norm: save_mean and save_invstd are required");
     if (dev.type == FT_DEV_CUDA && p->sync)
         return ft_fail(FT_ERR_DEVICE, "batch_norm: synchronized statistics need the CPU (there is no NCCL path)");
-    ft_chunk_arg args[4] = {{dinp, true, acc.inp}, {dout, false, false}, {inp, false, false}, {out, false, false}};
-    if (dev.type == FT_DEV_CUDA && ft_chunks_needed(args, 4))
-        return ft_by_float_chunks(args, 4, float_backward,
-                                  &(bn_call){.weight = weight, .bias = bias, .save_mean = save_mean,
-                                             .save_invstd = save_invstd, .dweight = dweight, .dbias = dbias, .p = p,
-                                             .acc = acc});
     if (dev.type == FT_DEV_CUDA) { /* the backend writes: accumulation is staged */
         ft_grad_out gx, gw, gb;
         const ft_tensor *dx_to, *dw_to, *db_to;

@@ -6,7 +6,6 @@
 #include "kernels/convert.h"
 #include "kernels/norm.h"
 #include "ops/check.h"
-#include "ops/chunks.h"
 #include "ops/cuda_ops.h"
 #include "ops/gradient.h"
 #include "ops/pointwise.h"
@@ -116,25 +115,6 @@ FT_VEC_CLONES static void backward_row(float *dx, double *pw, double *pb, const 
     }
 }
 
-/* A GPU's 16-bit layer norm: its float32 kernels over copies of the activations (ops/chunks.h). */
-typedef struct {
-    const ft_tensor *weight, *bias, *save_mean, *save_rstd, *dweight, *dbias;
-    int64_t D;
-    double eps;
-    ft_grad_acc acc;
-} ln_call;
-
-static ft_status float_forward(const ft_tensor *const *ts, int64_t first, const void *ctx) {
-    const ln_call *c = ctx;
-    return ft_layernorm_forward(ts[0], c->save_mean, c->save_rstd, ts[1], c->weight, c->bias, c->D, c->eps);
-}
-
-static ft_status float_backward(const ft_tensor *const *ts, int64_t first, const void *ctx) {
-    const ln_call *c = ctx;
-    return ft_layernorm_backward(ts[0], c->dweight, c->dbias, ts[1], ts[2], c->weight, c->save_mean, c->save_rstd,
-                                 c->D, c->acc);
-}
-
 ft_status ft_layernorm_forward(const ft_tensor *out, const ft_tensor *save_mean, const ft_tensor *save_rstd,
                                const ft_tensor *inp, const ft_tensor *weight, const ft_tensor *bias,
                                int64_t norm_size, double eps) {
@@ -150,10 +130,6 @@ ft_status ft_layernorm_forward(const ft_tensor *out, const ft_tensor *save_mean,
     FT_TRY(ft_check_vector(op, "save_rstd", save_rstd, R, dev));
     if (!(eps > 0))
         return ft_fail(FT_ERR_VALUE, "%s: eps must be positive", op);
-    ft_chunk_arg args[2] = {{out, true, false}, {inp, false, false}};
-    if (dev.type == FT_DEV_CUDA && ft_chunks_needed(args, 2))
-        return ft_by_float_chunks(args, 2, float_forward,
-                                  &(ln_call){weight, bias, save_mean, save_rstd, .D = D, .eps = eps});
     if (dev.type == FT_DEV_CUDA)
         FT_CUDA_DISPATCH(op, layernorm_forward, out, save_mean, save_rstd, inp, weight, bias, D, eps);
     const void *x = ft_tensor_data(inp);
@@ -200,10 +176,6 @@ ft_status ft_layernorm_backward(const ft_tensor *dinp, const ft_tensor *dweight,
     FT_TRY(ft_check_vector(op, "save_rstd", save_rstd, R, dev));
     if (dinp && acc.inp && dinp->storage == dout->storage && dinp->offset == dout->offset)
         return ft_fail(FT_ERR_VALUE, "%s: grad_input cannot accumulate into grad_output itself", op);
-    ft_chunk_arg args[3] = {{dinp, true, acc.inp}, {dout, false, false}, {inp, false, false}};
-    if (dev.type == FT_DEV_CUDA && ft_chunks_needed(args, 3))
-        return ft_by_float_chunks(args, 3, float_backward,
-                                  &(ln_call){weight, NULL, save_mean, save_rstd, dweight, dbias, D, 0.0, acc});
     if (dev.type == FT_DEV_CUDA) { /* the backend writes: accumulation is staged */
         ft_grad_out gx, gw, gb;
         const ft_tensor *dx_to, *dw_to, *db_to;

@@ -652,12 +652,15 @@ static ft_status pool_backward(const char *op, int kind, window_rule rule, const
  * which it goes through float32 chunks instead. */
 #define MAX_SCRATCH ((int64_t)1 << 22)
 
-/* Whether a max pool from a to b (input to output, or dout to dinp) runs on
- * their bfloat16 in place: both bfloat16 on the CPU, a channels-last (the
- * backward also wants dinp channels-last). */
-static bool native_bf16(int kind, const ft_tensor *a, const ft_tensor *b) {
-    return kind == POOL_MAX && a->dtype == FT_BFLOAT16 && b->dtype == FT_BFLOAT16 &&
-           ft_op_device(a).type == FT_DEV_CPU && channels_last(a);
+/* Whether a pool from a to b (input to output, or dout to dinp, `backward`)
+ * runs on their 16-bit floats in place: on CUDA every pool but the max
+ * pool's backward (cuda/pool.cu); on the CPU a max pool of bfloat16 a and b,
+ * a channels-last (the backward also wants dinp channels-last). */
+static bool native_bf16(int kind, const ft_tensor *a, const ft_tensor *b, bool backward) {
+    if (ft_op_device(a).type == FT_DEV_CUDA)
+        return !(backward && kind == POOL_MAX);
+    return kind == POOL_MAX && a->dtype == FT_BFLOAT16 && b->dtype == FT_BFLOAT16 && channels_last(a) &&
+           (!backward || channels_last(b));
 }
 
 static ft_status float_forward(const ft_tensor *const *ts, int64_t first, const void *ctx) {
@@ -700,7 +703,7 @@ static ft_status pool_forward(const char *op, int kind, window_rule rule, const 
     if (N * C * P * Q == 0)
         return FT_OK;
     ft_chunk_arg args[3] = {{out, true, false}, {inp, false, false}, {ind, true, false}};
-    bool native16 = native_bf16(kind, inp, out);
+    bool native16 = native_bf16(kind, inp, out, false);
     if (!native16 && ft_chunks_needed(args, 3))
         return ft_by_float_chunks(args, 3, float_forward, &(pool_call){op, kind, rule, p, false});
     if (dev.type == FT_DEV_CUDA) {
@@ -772,7 +775,7 @@ static ft_status pool_backward(const char *op, int kind, window_rule rule, const
     ft_chunk_arg args[3] = {{dinp, true, accumulate}, {dout, false, false}, {ind, false, false}};
     /* the scratch of the bfloat16 scatter: (H, W, CB) floats per thread */
     int64_t scratch = H * W * CB * (int64_t)omp_get_max_threads();
-    bool native16 = native_bf16(kind, dout, dinp) && channels_last(dinp) && scratch <= MAX_SCRATCH;
+    bool native16 = native_bf16(kind, dout, dinp, true) && (dev.type == FT_DEV_CUDA || scratch <= MAX_SCRATCH);
     if (!native16 && ft_chunks_needed(args, 3))
         return ft_by_float_chunks(args, 3, float_backward, &(pool_call){op, kind, rule, p, accumulate});
     if (dev.type == FT_DEV_CUDA) {
