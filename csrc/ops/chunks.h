@@ -5,7 +5,7 @@
  * independent (pooling, upsampling, group norm). On a GPU there is no cache
  * to stay in: the op runs once on float32 copies of its whole 16-bit tensors
  * (bfloat16 or float16), made on the device, so any op can take this path
- * (batch and layer norm, attention, embeddings) and any tensor, of any
+ * (attention, embeddings, the max pool's backward) and any tensor, of any
  * shape, can be an argument. */
 #ifndef FT_OPS_CHUNKS_H
 #define FT_OPS_CHUNKS_H

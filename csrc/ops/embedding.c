@@ -35,7 +35,7 @@ static ft_status check_table(const char *op, const char *arg, const ft_tensor *t
     return FT_OK;
 }
 
-/* rows (T, D) of shape (*ids.shape, D): out or dout (float32 or bfloat16). */
+/* rows (T, D) of shape (*ids.shape, D): out or dout (float32 or a 16-bit float). */
 static ft_status check_rows(const char *op, const char *arg, const ft_tensor *t, const ft_tensor *ids, int64_t D,
                             ft_device dev, const char *ref) {
     FT_TRY(ft_check_float_on(op, arg, t, dev, ref, true));
