@@ -481,23 +481,54 @@ def test_bfloat16_inference_copy(tmp_path):
     np.testing.assert_array_equal(np.asarray(fresh[0].weight), bf16_round(np.asarray(model[0].weight)))
 
 
+def test_float16_inference_copy(tmp_path):
+    """dtype="float16" (or "fp16", "half"): float32 values rounded to nearest even as NumPy rounds, stored as F16,
+    widened back exactly by ft.load; a value beyond float16's range is refused, naming the tensor."""
+    model, prog = compiled("32-true")
+    prog.train_step(*data())
+    ft.save(tmp_path / "half.safetensors", prog, dtype="fp16")
+    tensors, meta = ft.load(tmp_path / "half.safetensors")
+    for k, v in weights(model).items():
+        want = v.astype(np.float16).astype(np.float32) if v.dtype == np.float32 else v
+        np.testing.assert_array_equal(tensors[k], want, err_msg=k)
+        assert tensors[k].dtype == v.dtype
+    import json
+    raw = (tmp_path / "half.safetensors").read_bytes()
+    assert json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])["0.weight"]["dtype"] == "F16"
+    fresh = conv_net()
+    ft.load(tmp_path / "half.safetensors", fresh)
+    np.testing.assert_array_equal(np.asarray(fresh[0].weight),
+                                  np.asarray(model[0].weight).astype(np.float16).astype(np.float32))
+    with ft.no_grad():
+        model[0].weight[0, 0, 0, 0] = 70000.0
+    with pytest.raises(ValueError, match=r"0.weight holds values up to 70000, beyond float16's largest"):
+        ft.save(tmp_path / "big.safetensors", model, dtype=ft.float16)
+    assert not (tmp_path / "big.safetensors").exists()
+
+
 def test_bfloat16_inference_copy_refuses_training_state(tmp_path):
     model, prog = compiled("32-true")
-    with pytest.raises(ValueError, match="holds the model only"):
+    with pytest.raises(ValueError, match="a bfloat16 inference copy holds the model only"):
         ft.save(tmp_path / "a.safetensors", model, optimizer=prog.optimizer, dtype="bfloat16")
-    with pytest.raises(ValueError, match="dtype must be 'bfloat16'"):
-        ft.save(tmp_path / "a.safetensors", model, dtype="float16")
+    with pytest.raises(ValueError, match="a float16 inference copy holds the model only"):
+        ft.save(tmp_path / "a.safetensors", model, scheduler=object(), dtype="half")
+    with pytest.raises(ValueError, match="dtype must be 'bfloat16' or 'float16'"):
+        ft.save(tmp_path / "a.safetensors", model, dtype="int8")
     assert not list(tmp_path.iterdir())
 
 
-def test_bfloat16_inference_copy_reads_in_torch(tmp_path):
+def test_inference_copies_read_in_torch(tmp_path):
     torch = pytest.importorskip("torch")
     st = pytest.importorskip("safetensors.torch")
     model = conv_net()
-    ft.save(tmp_path / "half.safetensors", model, dtype="bf16")
-    loaded = st.load_file(str(tmp_path / "half.safetensors"))
+    ft.save(tmp_path / "bf16.safetensors", model, dtype="bf16")
+    ft.save(tmp_path / "fp16.safetensors", model, dtype="fp16")
+    loaded = st.load_file(str(tmp_path / "bf16.safetensors"))
     assert loaded["0.weight"].dtype == torch.bfloat16
     np.testing.assert_array_equal(loaded["0.weight"].float().numpy(), bf16_round(np.asarray(model[0].weight)))
+    loaded = st.load_file(str(tmp_path / "fp16.safetensors"))
+    assert loaded["0.weight"].dtype == torch.float16
+    np.testing.assert_array_equal(loaded["0.weight"].numpy(), np.asarray(model[0].weight).astype(np.float16))
 
 
 # ---------------------------------------------------------------- ft.autocast for eager ops

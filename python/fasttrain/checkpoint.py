@@ -164,6 +164,8 @@ def load_file(path):
     for name, (arr, dtype) in tensors.items():
         if dtype == "BF16":  # widened exactly: bfloat16 is the top half of a float32
             arr = (arr.astype(np.uint32) << 16).view(np.float32)
+        elif dtype == "F16":  # an inference copy, widened exactly
+            arr = arr.astype(np.float32)
         out[name] = arr
     return out, metadata
 
@@ -176,6 +178,18 @@ def _program_parts(obj):
     if model is None:
         raise TypeError(f"ft.save expects a Module or a compiled Program, got {type(obj).__name__}")
     return model, obj
+
+
+def _float16(name, a):
+    """float32 a rounded to float16 (to nearest even, as fasttrain's and NumPy's conversions); ValueError where a
+    finite value lies beyond float16's range."""
+    a = np.asarray(a, np.float32)
+    with np.errstate(over="ignore"):
+        half = a.astype(np.float16)
+    if np.any(np.isinf(half) & np.isfinite(a)):
+        raise ValueError(f"ft.save: {name} holds values up to {np.abs(a[np.isfinite(a)]).max():.6g}, beyond "
+                         f"float16's largest (65504); save a bfloat16 copy instead")
+    return half
 
 
 def _bfloat16_bits(a):
@@ -192,22 +206,29 @@ def save(path: str | os.PathLike[str], obj: Module | Program, *, optimizer: Opti
     `epoch`, `step` and the values of `metadata` come back from ft.load with their types: strings as they are,
     anything else through JSON.
 
-    dtype="bfloat16" (or "bf16") saves an inference copy instead: the model's float32 parameters and buffers
-    rounded to bfloat16 (half the bytes), without optimizer, scheduler or loader state. safetensors and PyTorch
-    read it as bfloat16; ft.load widens it back to float32 exactly."""
+    dtype="bfloat16" (or "bf16") or "float16" (or "fp16", "half") saves an inference copy instead: the model's
+    float32 parameters and buffers rounded to that dtype (half the bytes, to nearest even), without optimizer,
+    scheduler or loader state. safetensors and PyTorch read it in that dtype; ft.load widens it back to float32
+    exactly. A float16 copy refuses a value beyond float16's range (65504), which would become infinite."""
     from .random import default_generator
     model, program = _program_parts(obj)
+    low_name = None
     if dtype is not None:
-        if str(dtype) not in ("bfloat16", "bf16", "fasttrain.bfloat16"):
-            raise ValueError(f"ft.save: dtype must be 'bfloat16' (an inference copy) or None, got {dtype!r}")
+        names = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16",
+                 "half": "float16"}
+        low_name = names.get(str(dtype).removeprefix("fasttrain."))
+        if low_name is None:
+            raise ValueError(f"ft.save: dtype must be 'bfloat16' or 'float16' (an inference copy) or None, got "
+                             f"{dtype!r}")
         if optimizer is not None or scheduler is not None or loader is not None:
-            raise ValueError("ft.save: a bfloat16 inference copy holds the model only; save the optimizer, "
-                             "scheduler and loader in a float32 checkpoint")
+            raise ValueError(f"ft.save: a {low_name} inference copy holds the model only; save the optimizer, "
+                             f"scheduler and loader in a float32 checkpoint")
     elif optimizer is None and program is not None:
         optimizer = program.optimizer
     tensors = dict(model.state_dict())
     low = {k for k, v in tensors.items() if dtype is not None and np.asarray(v).dtype == np.float32}
-    tensors.update((k, _bfloat16_bits(tensors[k])) for k in low)
+    tensors.update((k, _bfloat16_bits(tensors[k]) if low_name == "bfloat16" else _float16(k, tensors[k]))
+                   for k in low)
     meta = {"format": "fasttrain", "rng": json.dumps([default_generator.initial_seed(), default_generator._offset])}
     if optimizer is not None:
         state = optimizer.state_dict()
@@ -256,7 +277,7 @@ def save(path: str | os.PathLike[str], obj: Module | Program, *, optimizer: Opti
         meta[_TYPED] = json.dumps(typed)
     from . import distributed
     if distributed.get_rank() == 0:  # under ft.distributed every rank holds the same state: rank 0 writes it
-        save_file(path, tensors, meta, low)
+        save_file(path, tensors, meta, low if low_name == "bfloat16" else ())
     if distributed.is_initialized():
         distributed.barrier()  # the file is complete before any rank goes on (and may load it)
 
