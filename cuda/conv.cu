@@ -6,8 +6,9 @@
  * the fastest is kept; otherwise cuDNN's heuristics pick. Either way the
  * choice is cached per shape, and ft.use_deterministic_algorithms(True)
  * keeps only algorithms cuDNN reports deterministic. float32 runs with FMA
- * math unless ft.backends.allow_tf32; bfloat16 on tensor cores with float
- * accumulation when every operand of the pass is bfloat16, else in float32.
+ * math unless ft.backends.allow_tf32; bfloat16 or float16 on tensor cores
+ * with float accumulation when every operand of the pass has that dtype,
+ * else in float32.
  *
  * The fused bias and activation are a kernel of their own after the
  * convolution (ft_cuda_bias_act): cuDNN's fused forward takes only ReLU and

@@ -8,8 +8,8 @@
  * tensor with neither unit stride is staged contiguous first.
  *
  * float32 multiplies in float32 (CUBLAS_COMPUTE_32F) unless
- * ft.backends.allow_tf32; bfloat16 multiplies on tensor cores and
- * accumulates in float32, writing float32 or bfloat16. The heuristic's
+ * ft.backends.allow_tf32; bfloat16 and float16 multiply on tensor cores and
+ * accumulate in float32, writing float32 or the 16-bit dtype. The heuristic's
  * choice depends only on shapes, alignments and the fixed workspace size, so
  * results are the same on every run. */
 #include <cublasLt.h>

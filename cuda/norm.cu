@@ -559,8 +559,8 @@ static ft_status ln_backward(const ft_tensor *dinp, const ft_tensor *dweight, co
 
 /* ---- bias gradient ------------------------------------------------------- */
 
-/* dout (N, C) or (N, C, H, W) in any strides, float32 or bfloat16 (T); value
- * m = (n H + h) W + w of channel c. */
+/* dout (N, C) or (N, C, H, W) in any strides, float32, bfloat16 or float16
+ * (T); value m = (n H + h) W + w of channel c. */
 template <typename T> struct bias_view {
     const T *g;
     int64_t sn, sc, sh, sw, H, W;

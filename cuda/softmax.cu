@@ -237,7 +237,7 @@ __global__ void __launch_bounds__(THREADS) sum_chunks_kernel(const double *in, i
     }
 }
 
-/* One block: s = the sum of in; *dst = s, and loss (a float32 or bfloat16
+/* One block: s = the sum of in; *dst = s, and loss (a float32 or 16-bit
  * scalar) = s / (*div, or div_c without div). */
 __global__ void __launch_bounds__(THREADS) sum_final_kernel(const double *in, int64_t n, double *dst, char *loss,
                                                             int8_t loss_kind, const double *div, double div_c) {
