@@ -524,7 +524,7 @@ class Program:
 
     def _input(self, x):
         """x as the input's dtype (a batch in a mixed-precision program's compute dtype goes as it is)."""
-        if self.precision != "32-true" and getattr(x, "dtype", None) is self._compute:
+        if self._compute is not _BY_NAME["float32"] and getattr(x, "dtype", None) is self._compute:
             return x
         return _as(x, self.input_dtype, "token ids")
 
@@ -682,7 +682,7 @@ def _compute_dtype(precision, device):
         if device.type == "cuda" and not cuda.is_bf16_supported(device):
             major, minor = cuda.get_device_capability(device)
             lacks = (f"this GPU ({cuda.get_device_name(device)}, compute capability {major}.{minor}) lacks the "
-                     f"bfloat16 tensor cores (8.0, Ampere, or later)")
+                     f"bfloat16 tensor cores of 8.0 (Ampere) and later,")
         elif device.type == "cpu" and not cpu_has_bf16():
             lacks = ("this CPU lacks the AVX512-BF16 instructions (avx512_bf16 in /proc/cpuinfo), or "
                      "ONEDNN_MAX_CPU_ISA excludes them,")
