@@ -145,10 +145,9 @@ static ft_status matmul_rows(const operand *src, const operand *wei, const opera
     return ft_error_first(err, chunks);
 }
 
-/* Every tensor on the device of the input x. */
-static ft_status check(const char *arg, const ft_tensor *t, const ft_tensor *x, int64_t d0, int64_t d1,
-                       bool allow_low) {
-    FT_TRY(ft_check_float_on("linear", arg, t, ft_op_device(x), "input", allow_low));
+/* Every tensor on the device of the input x, float32 or 16-bit. */
+static ft_status check(const char *arg, const ft_tensor *t, const ft_tensor *x, int64_t d0, int64_t d1) {
+    FT_TRY(ft_check_float_on("linear", arg, t, ft_op_device(x), "input", true));
     return ft_check_shape("linear", arg, t, 2, (int64_t[]){d0, d1});
 }
 
@@ -174,7 +173,7 @@ ft_status ft_linear_forward(const ft_tensor *out, const ft_tensor *x, const ft_t
                             ft_act act) {
     FT_TRY(check_inputs(x, w));
     int64_t N = x->shape[0], O = w->shape[0];
-    FT_TRY(check("out", out, x, N, O, true));
+    FT_TRY(check("out", out, x, N, O));
     FT_TRY(ft_check_output("linear", "out", out));
     if (b) {
         FT_TRY(check1("linear", "bias", b, x, O));
@@ -236,13 +235,13 @@ ft_status ft_linear_backward(const ft_tensor *dx, const ft_tensor *dw, const ft_
                              const ft_tensor *x, const ft_tensor *w, ft_grad_acc acc) {
     FT_TRY(check_inputs(x, w));
     int64_t N = x->shape[0], I = x->shape[1], O = w->shape[0];
-    FT_TRY(check("grad_output", dout, x, N, O, true));
+    FT_TRY(check("grad_output", dout, x, N, O));
     if (dx) {
-        FT_TRY(check("grad_input", dx, x, N, I, true));
+        FT_TRY(check("grad_input", dx, x, N, I));
         FT_TRY(ft_check_output("linear_backward", "grad_input", dx));
     }
     if (dw) {
-        FT_TRY(check("grad_weight", dw, x, O, I, true));
+        FT_TRY(check("grad_weight", dw, x, O, I));
         FT_TRY(ft_check_output("linear_backward", "grad_weight", dw));
     }
     if (db) {
