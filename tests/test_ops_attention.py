@@ -192,9 +192,9 @@ def test_bad_input():
         ft.ops.sdpa_forward(None, None, q, ft.zeros(2, 3, 6, 4), k)
     with pytest.raises(ValueError, match=r"sdpa: q should have 4 dimensions \(N, H, T, D\)"):
         ft.ops.sdpa_forward(None, None, ft.zeros(3, 5, 8), k, k)
-    with pytest.raises(TypeError, match="sdpa: q must be float32 or bfloat16, got float64"):
+    with pytest.raises(TypeError, match="sdpa: q must be float32 or bfloat16 \\(or float16 on CUDA\\), got float64"):
         ft.ops.sdpa_forward(None, None, ft.zeros(2, 3, 5, 8, dtype=ft.float64), k, k)
-    with pytest.raises(TypeError, match="sdpa: v must be float32 or bfloat16, got int64"):
+    with pytest.raises(TypeError, match="sdpa: v must be float32 or bfloat16 \\(or float16 on CUDA\\), got int64"):
         ft.ops.sdpa_forward(None, None, q, k, ft.zeros(2, 3, 6, 8, dtype=ft.int64))
     with pytest.raises(ValueError, match="sdpa: k must have unit stride along D .*got stride 2"):
         ft.ops.sdpa_forward(None, None, q, ft.zeros(2, 3, 6, 16)[..., ::2], k)

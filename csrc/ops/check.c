@@ -39,9 +39,9 @@ ft_status ft_check_float(const char *op, const char *arg, const ft_tensor *t, bo
     if (allow_low && t->dtype == FT_FLOAT16)
         return ft_fail(FT_ERR_DTYPE, "%s: %s is float16, which fasttrain computes in on CUDA only (the CPU has no "
                                      "float16 arithmetic): use bfloat16", op, arg);
+    /* one message on both devices, as every check's (the GPU tests compare them) */
     return ft_fail(FT_ERR_DTYPE, "%s: %s must be %s, got %s", op, arg,
-                   !allow_low ? "float32" : gpu ? "float32, bfloat16 or float16" : "float32 or bfloat16",
-                   ft_dtype_get(t->dtype)->name);
+                   allow_low ? "float32 or bfloat16 (or float16 on CUDA)" : "float32", ft_dtype_get(t->dtype)->name);
 }
 
 ft_status ft_check_dtype_as(const char *op, const char *arg, const ft_tensor *t, const char *ref_arg,
