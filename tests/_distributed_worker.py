@@ -110,6 +110,18 @@ def main(mode, out):
         loss, accuracy = ft.evaluate(p, ft.data.Loader((images, labels), batch_size=B, num_workers=1))
         np.savez(f"{out}.{rank}.npz", train_loss=np.array(history["train_loss"]), figures=np.array([loss, accuracy]),
                  batches=np.array([len(train)]), **weights(m))
+    elif mode == "nan_on_one_rank":  # rank 1's loss alone is NaN: every rank skips, every model stays as it was
+        m = model("plain")
+        p = compiled(m, True, nan_policy="skip")
+        before = weights(m)
+        xs = x[mine].copy()
+        if rank == 1:
+            xs[0, 0] = np.nan
+        loss = p.train_step(xs, y[mine])
+        after = weights(m)
+        changed = [k for k in before if not np.array_equal(before[k], after[k])]
+        assert np.isnan(loss) and p.skipped_steps == 1 and not changed, (rank, loss, p.skipped_steps, changed)
+        print(f"rank {rank}: skipped, model unchanged", flush=True)
     elif mode == "error":
         m = model()
         p = compiled(m, True)

@@ -92,6 +92,14 @@ def test_fit_and_evaluate_on_two_ranks(tmp_path):
         np.testing.assert_allclose(r0[name], w, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
+def test_a_non_finite_loss_on_one_rank_skips_the_step_on_every_rank(tmp_path):
+    """nan_policy='skip' with a NaN in one rank's batch: the averaged loss is NaN, so every rank skips the step,
+    and every rank's weights and batch-norm statistics stay as they were (the finite rank's forward moved its
+    statistics: they are put back)."""
+    done = run_ok("nan_on_one_rank", tmp_path / "x", timeout=60)
+    assert "rank 0: skipped, model unchanged" in done.stdout and "rank 1: skipped, model unchanged" in done.stdout
+
+
 def test_a_rank_that_fails_stops_every_rank(tmp_path):
     done = mpirun("error", tmp_path / "x", timeout=60)
     assert done.returncode != 0

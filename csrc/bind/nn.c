@@ -430,6 +430,17 @@ typedef struct {
     bool skipped;
 } step_result;
 
+/* A step whose loss or gradients are not finite (on any rank), skipped:
+ * the batch-norm statistics its forward moved are put back, and a scaling
+ * program backs off. */
+static ft_status skip_step(ft_program *prog, loss_scaler *ls, step_result *r) {
+    FT_TRY(ft_program_undo_statistics(prog));
+    if (ls)
+        scaler_update(ls, true);
+    r->skipped = true;
+    return FT_OK;
+}
+
 /* backward + the optimizer update, without the GIL. r->skipped is set when
  * a step with a non-finite loss or gradient was skipped instead of refused;
  * either way the model is left as it was. */
@@ -450,13 +461,10 @@ static ft_status train_step(ft_program *prog, ft_optimizer *opt, const ft_tensor
     FT_TRY(b);
     if (o->rank_grads)
         FT_TRY(average_over_ranks(o->rank_grads, o->nccl, &r->loss));
-    if (!isfinite(r->loss)) {
-        if (o->skip_nonfinite || ls) {
-            if (ls)
-                scaler_update(ls, true);
-            r->skipped = true;
-            return FT_OK;
-        }
+    if (!isfinite(r->loss)) { /* a rank whose own loss was finite has not put its statistics back */
+        if (o->skip_nonfinite || ls)
+            return skip_step(prog, ls, r);
+        FT_TRY(ft_program_undo_statistics(prog));
         return ft_fail(FT_ERR_VALUE, "the loss is %g: no update was applied (pass nan_policy='skip' to skip such "
                                      "steps, or lower the learning rate)",
                        r->loss);
@@ -475,15 +483,9 @@ static ft_status train_step(ft_program *prog, ft_optimizer *opt, const ft_tensor
             ft_program_params_changed(prog);
         return FT_OK;
     }
-    ft_status undo = ft_program_undo_statistics(prog);
-    if (undo != FT_OK)
-        return undo;
-    if ((o->skip_nonfinite || ls) && !isfinite(r->grad_norm)) {
-        if (ls)
-            scaler_update(ls, true);
-        r->skipped = true;
-        return FT_OK;
-    }
+    if ((o->skip_nonfinite || ls) && !isfinite(r->grad_norm))
+        return skip_step(prog, ls, r);
+    FT_TRY(ft_program_undo_statistics(prog));
     return s;
 }
 
