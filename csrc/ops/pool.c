@@ -502,21 +502,26 @@ static inline __attribute__((always_inline)) bool gather_tiles(pool_job *j, int6
     return !bad;
 }
 
+/* gather_tiles with the job's index and gradient dtypes as constants (each
+ * combination its own specialized loop). */
+static inline __attribute__((always_inline)) bool gather_as(pool_job *j, int64_t n, int64_t c0, int64_t nc,
+                                                            bool accumulate) {
+    if (j->y16)
+        return j->ind32 ? gather_tiles(j, n, c0, nc, true, true, accumulate)
+                        : gather_tiles(j, n, c0, nc, false, true, accumulate);
+    return j->ind32 ? gather_tiles(j, n, c0, nc, true, false, accumulate)
+                    : gather_tiles(j, n, c0, nc, false, false, accumulate);
+}
+
 /* The max pool's backward of one block by tiles; false where an index lies
  * outside its tile (then the block is done by the scatter: written over
  * without accumulate, checked before anything is written with it). */
 static inline __attribute__((always_inline)) bool bwd_block_tiles(pool_job *j, int64_t n, int64_t c0, int64_t nc) {
-    bool i32 = j->ind32;
-    if (j->accumulate) {
-        if (i32 ? !in_tiles(j, n, c0, nc, true) : !in_tiles(j, n, c0, nc, false))
-            return false;
-        if (j->y16)
-            return i32 ? gather_tiles(j, n, c0, nc, true, true, true) : gather_tiles(j, n, c0, nc, false, true, true);
-        return i32 ? gather_tiles(j, n, c0, nc, true, false, true) : gather_tiles(j, n, c0, nc, false, false, true);
-    }
-    if (j->y16)
-        return i32 ? gather_tiles(j, n, c0, nc, true, true, false) : gather_tiles(j, n, c0, nc, false, true, false);
-    return i32 ? gather_tiles(j, n, c0, nc, true, false, false) : gather_tiles(j, n, c0, nc, false, false, false);
+    if (!j->accumulate)
+        return gather_as(j, n, c0, nc, false);
+    if (j->ind32 ? !in_tiles(j, n, c0, nc, true) : !in_tiles(j, n, c0, nc, false))
+        return false;
+    return gather_as(j, n, c0, nc, true);
 }
 
 FT_VEC_CLONES
