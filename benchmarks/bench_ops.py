@@ -47,7 +47,8 @@ Compute-bound ops, GFLOP/s (2 flops per multiply-add, no bias where a batch norm
 Memory-bound ops, GB/s over the bytes the op must move at least (each input read once, each output written
 once, float32 values, int64 indices and targets; no write-allocate reads, as STREAM). An op that reads its
 input twice (a two-pass batch or layer norm over a tensor larger than the cache) cannot reach 1.0:
-  relu fwd 8 B/elem, relu bwd (dy, y -> dx) 12; batch_norm (training) fwd 8, bwd (dy, x -> dx) 12;
+  relu fwd 8 B/elem, relu bwd (dy, y -> dx) 12; batch_norm (training; NHWC, and NCHW planes of 32x32 and
+  7x7) fwd 8, bwd (dy, x -> dx) 12;
   max_pool2d 2x2 fwd (x -> y, indices) 7 B per input element, bwd (dy, indices -> dx) 7; add 12;
   cross_entropy_fused (logits, target -> loss, dlogits: softmax + CE forward and its gradient in one call)
   8 B/elem + 8 B/row; layer_norm fwd 8, bwd (dy, x -> dx) 12; group_norm (NCHW, 8 groups) fwd 8, bwd
@@ -506,6 +507,31 @@ def memory_cases(N, C, H, rows, D, classes, dev="cpu"):
             for name, (nbytes, fn) in ours.items()]
 
 
+def batch_norm_nchw_cases(N, C, H, dev="cpu"):
+    """Batch norm (training) over NCHW planes of H x H: what eager code on NumPy-ordered tensors runs."""
+    n, shape = N * C * H * H, f"{N}x{C}x{H}x{H}"
+    x, dy, wn, bn = randn(N, C, H, H), randn(N, C, H, H), RNG.random(C, dtype=np.float32) + 0.5, randn(C)
+    fx, fdy, w, b = ft_plain(x, dev), ft_plain(dy, dev), ft_plain(wn, dev), ft_plain(bn, dev)
+    _, fmean, finvstd = ft.ops.batch_norm_forward(None, None, None, fx, w, b, None, None, training=True)
+    ours = {
+        f"batch_norm_nchw_{shape}_fwd": (8 * n, lambda: ft.ops.batch_norm_forward(None, None, None, fx, w, b)),
+        f"batch_norm_nchw_{shape}_bwd": (
+            12 * n, lambda: ft.ops.batch_norm_backward(None, None, None, fdy, fx, None, w, fmean, finvstd)),
+    }
+    theirs = {}
+    if torch is not None:
+        aten = torch.ops.aten
+        tx, tdy, tw, tb = th(x, dev=dev), th(dy, dev=dev), th(wn, dev=dev), th(bn, dev=dev)
+        _, tmean, tinvstd = aten.native_batch_norm(tx, tw, tb, None, None, True, 0.1, 1e-5)
+        theirs = {
+            f"batch_norm_nchw_{shape}_fwd": lambda: aten.native_batch_norm(tx, tw, tb, None, None, True, 0.1, 1e-5),
+            f"batch_norm_nchw_{shape}_bwd": lambda: aten.native_batch_norm_backward(
+                tdy, tx, tw, None, None, tmean, tinvstd, True, 1e-5, [True, True, True]),
+        }
+    return [Case(name, "GB/s", nbytes, fn, theirs.get(name), max(1, int(64e6 // nbytes)))
+            for name, (nbytes, fn) in ours.items()]
+
+
 # ---------------------------------------------------------------- main
 
 
@@ -520,6 +546,8 @@ def all_cases(N, dev="cpu"):
     if dev == "cpu" and ft.backends.cpu_has_bf16():  # the CUDA kernels are float32 only
         cases += attention_cases(8, 4, 256, 64, dev, "bfloat16")
     cases += memory_cases(N, 64, 32, rows=N * 64, D=1024, classes=[(N, 1000), (N, 32768)], dev=dev)
+    for C, H in [(64, 32), (64, 7)]:
+        cases += batch_norm_nchw_cases(N, C, H, dev)
     return cases
 
 
