@@ -57,6 +57,11 @@ def test_cuda_absent_is_clean():
         ft.cuda.synchronize()
     with pytest.raises(RuntimeError):
         ft.cuda.get_device_name(0)
+    with pytest.raises(RuntimeError):
+        ft.cuda.get_device_capability(0)
+    assert ft.cuda.is_bf16_supported() is False
+    with pytest.raises(ValueError, match="expected a cuda device, got cpu"):
+        ft.cuda.get_device_capability("cpu")
     assert ft.cuda.current_device() == 0 and ft.device("cuda").index == 0
     with pytest.raises(ValueError, match=r"set_device: cuda:0 is not a usable device here \(0 usable: .+\)"):
         ft.cuda.set_device(0)
