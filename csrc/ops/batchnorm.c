@@ -16,7 +16,7 @@
 #define CHUNK 256
 /* Elements a kernel converts from (or to) bfloat16 at a time: its float
  * buffers stay in L1. */
-#define SLICE 1024
+#define SLICE 512
 #define PARALLEL_ELEMS 32768
 
 /* A tensor seen as (N, C, S) with S = H * W, in one of two dense layouts. */
@@ -132,6 +132,18 @@ static inline const float *x_from_output(const sums_in *in, const float *restric
 static int64_t slice_of(int64_t C) { return C == 0 ? SLICE : C < SLICE ? SLICE / C * C : C; }
 enum { BUFS = 5 };
 
+/* The length of a per-channel vector (scale, shift, center, ...): in
+ * channels-last a slice's, the C values repeated (v[j] = v[j % C]), so that
+ * a kernel runs over a slice of whole rows in one flat loop rather than a
+ * short loop per row; in NCHW C (one channel per plane). */
+static int64_t reach_of(const layout *l) { return l->channels_last ? slice_of(l->C) : l->C; }
+
+/* v's first C values repeated up to its reach R. */
+static void repeat_channels(float *v, int64_t C, int64_t R) {
+    for (int64_t j = C; j < R; j++)
+        v[j] = v[j - C];
+}
+
 /* The run [i0, i0 + n) of x as floats, and (backward) its dz: buf holds 4n floats. */
 static inline const float *run_of(const sums_in *in, int64_t i0, int64_t n, float *buf, const float **dz) {
     const float *y = in->y ? ft_floats_in(in->y, in->y16, i0, n, buf + 2 * n) : NULL;
@@ -143,40 +155,44 @@ static inline const float *run_of(const sums_in *in, int64_t i0, int64_t n, floa
     return x;
 }
 
-/* a[k] += (x - center), b[k] += (x - center)^2 (forward, dz NULL) or
- * a[k] += dz, b[k] += dz * (x - center) (backward) over a row of C
- * channels (k its channel). */
-static inline void sum_row(float *a, float *b, const float *x, const float *dz, const float *center, int64_t C) {
+/* a[j] += (x - center), b[j] += (x - center)^2 (forward, dz NULL) or
+ * a[j] += dz, b[j] += dz * (x - center) (backward) over a slice of n values
+ * of whole rows (center repeated over the slice). */
+static inline void sum_run(float *a, float *b, const float *x, const float *dz, const float *center, int64_t n) {
     if (!dz) {
-        for (int64_t k = 0; k < C; k++) {
-            float v = x[k] - center[k];
-            a[k] += v;
-            b[k] = fmaf(v, v, b[k]);
+        for (int64_t j = 0; j < n; j++) {
+            float v = x[j] - center[j];
+            a[j] += v;
+            b[j] = fmaf(v, v, b[j]);
         }
         return;
     }
-    for (int64_t k = 0; k < C; k++) {
-        a[k] += dz[k];
-        b[k] = fmaf(dz[k], x[k] - center[k], b[k]);
+    for (int64_t j = 0; j < n; j++) {
+        a[j] += dz[j];
+        b[j] = fmaf(dz[j], x[j] - center[j], b[j]);
     }
 }
 
 /* The partial sums of CHUNK channels-last rows [r0, r1) into pa and pb (C
  * each), and of one NCHW plane of channel c into *a and *b: separate
  * functions so that each is compiled for AVX-512, AVX2 and plain x86-64 and
- * picked at run time. Within a chunk (at most CHUNK values per channel) or
- * a slice of a plane (SLICE / LANES values per lane) the sums run in float,
- * at the full vector width; from there on they are added in double. */
+ * picked at run time. Within a chunk each position of a slice (at most
+ * CHUNK values) or a slice of a plane (SLICE / LANES values per lane) sums
+ * in float, at the full vector width; from there on in double. */
 FT_VEC_CLONES static void rows_sums(double *pa, double *pb, const sums_in *in, int64_t r0, int64_t r1, int64_t C,
                                     float *buf, float *fa) {
-    float *fb = fa + C;
-    memset(fa, 0, 2 * (size_t)C * sizeof *fa);
-    for (int64_t at = r0 * C, step = slice_of(C); at < r1 * C; at += step) {
+    int64_t step = slice_of(C);
+    float *fb = fa + step;
+    memset(fa, 0, 2 * (size_t)step * sizeof *fa);
+    for (int64_t at = r0 * C; at < r1 * C; at += step) {
         int64_t n = r1 * C - at < step ? r1 * C - at : step;
         const float *dz = NULL, *x = run_of(in, at, n, buf, &dz);
-        for (int64_t r = 0; r < n / C; r++)
-            sum_row(fa, fb, x + r * C, dz ? dz + r * C : NULL, in->center, C);
+        sum_run(fa, fb, x, dz, in->center, n);
     }
+    /* the slice's rows onto its first, a vector of channels at a time */
+    for (int64_t j = C; j < step; j += C)
+        for (int64_t k = 0; k < C; k++)
+            fa[k] += fa[j + k], fb[k] += fb[j + k];
     for (int64_t k = 0; k < C; k++)
         pa[k] = fa[k], pb[k] = fb[k];
 }
@@ -218,8 +234,8 @@ FT_VEC_CLONES static void plane_sums(double *a, double *b, const sums_in *in, in
 static ft_status channel_sums(double *sa, double *sb, const layout *l, const sums_in *in) {
     int64_t C = l->C, rows = l->N * l->S;
     int64_t nparts = l->channels_last ? (rows + CHUNK - 1) / CHUNK : l->N * C;
-    /* per thread: the slices, then (channels-last) the float sums of a chunk */
-    int64_t run = BUFS * slice_of(l->channels_last ? C : 0) + (l->channels_last ? 2 * C : 0);
+    /* per thread: the slices, then (channels-last) the float sums of a chunk's slice positions */
+    int64_t run = BUFS * slice_of(l->channels_last ? C : 0) + (l->channels_last ? 2 * slice_of(C) : 0);
     double *part = calloc((size_t)(nparts ? nparts : 1) * (l->channels_last ? (size_t)C : 1) * 2, sizeof *part);
     float *bufs = malloc((size_t)omp_get_max_threads() * (size_t)(run ? run : 1) * sizeof *bufs);
     if (!part || !bufs) {
@@ -234,7 +250,7 @@ static ft_status channel_sums(double *sa, double *sb, const layout *l, const sum
             int64_t end = (k + 1) * CHUNK < rows ? (k + 1) * CHUNK : rows;
             /* the whole chunk's dz at once: rows of few channels are short */
             float *buf = bufs + omp_get_thread_num() * run;
-            rows_sums(pa, pb, in, k * CHUNK, end, C, buf, buf + run - 2 * C);
+            rows_sums(pa, pb, in, k * CHUNK, end, C, buf, buf + run - 2 * slice_of(C));
         }
     } else { /* part: (N * C, 2), one run per plane */
 #pragma omp parallel for schedule(static) if (parallel)
@@ -281,8 +297,9 @@ typedef struct {
     bool out16, x16;
 } norm_io;
 
-/* One run: CHUNK channels-last rows [i0, i0 + len) of C channels, or (C 0)
- * one NCHW plane of channel c, a slice at a time. */
+/* One run: CHUNK channels-last rows [i0, i0 + len) of C channels (scale and
+ * shift repeated over a slice), or (C 0) one NCHW plane of channel c, a
+ * slice at a time. */
 FT_VEC_CLONES static void normalize_rows(const norm_io *io, int64_t i0, int64_t len, int64_t C, int64_t c,
                                          const float *scale, const float *shift, ft_act act, float *buf) {
     int64_t step = slice_of(C);
@@ -291,8 +308,7 @@ FT_VEC_CLONES static void normalize_rows(const norm_io *io, int64_t i0, int64_t 
         const float *x = ft_floats_in(io->x, io->x16, at, n, buf);
         float *out = ft_floats_at(io->out, io->out16, at, buf ? buf + step : NULL);
         if (C)
-            for (int64_t r = 0; r < n / C; r++)
-                normalize_run(out + r * C, x + r * C, scale, shift, C, 1, act);
+            normalize_run(out, x, scale, shift, n, 1, act);
         else
             normalize_run(out, x, scale + c, shift + c, n, 0, act);
         ft_floats_out(io->out, io->out16, at, n, out);
@@ -374,7 +390,8 @@ ft_status ft_batchnorm_forward(const ft_tensor *out, const ft_tensor *save_mean,
     float *mean = (float *)ft_tensor_data(save_mean), *invstd = (float *)ft_tensor_data(save_invstd);
     const void *x = ft_tensor_data(inp);
     bool x16 = inp->dtype == FT_BFLOAT16;
-    float *scale = malloc((size_t)(2 * C + 1) * sizeof *scale), *shift = scale ? scale + C : NULL;
+    int64_t R = reach_of(&l);
+    float *scale = malloc((size_t)(2 * R + 1) * sizeof *scale), *shift = scale ? scale + R : NULL;
     double *sums = malloc((size_t)(2 * C + 1) * sizeof *sums);
     ft_status s = scale && sums ? FT_OK : ft_fail(FT_ERR_NOMEM, "batch_norm: out of memory");
     bool sync = p->sync && ft_dist_ready();
@@ -385,6 +402,7 @@ ft_status ft_batchnorm_forward(const ft_tensor *out, const ft_tensor *save_mean,
             shift[c] = *ft_floats_in(x, x16, offset(&l, 0, c, 0), 1, &scale[c]);
         if (sync)
             s = ft_dist_bcast(shift, (int64_t)C * (int64_t)sizeof *shift, 0);
+        repeat_channels(shift, C, R);
         sums_in in = {.x = x, .x16 = x16, .center = shift};
         if (s == FT_OK)
             s = channel_sums(sums, sums + C, &l, &in);
@@ -413,6 +431,8 @@ ft_status ft_batchnorm_forward(const ft_tensor *out, const ft_tensor *save_mean,
             scale[c] = ft_norm_scale(invstd[c], weight_of(weight, c, p));
             shift[c] = ft_norm_shift(mean[c], scale[c], b);
         }
+        repeat_channels(scale, C, R);
+        repeat_channels(shift, C, R);
         norm_io io = {ft_tensor_data(out), x, out->dtype == FT_BFLOAT16, x16};
         s = normalize(&io, scale, shift, p->act, &l);
     }
@@ -422,24 +442,24 @@ ft_status ft_batchnorm_forward(const ft_tensor *out, const ft_tensor *save_mean,
 }
 
 /* dx of one run [i0, i0 + len): CHUNK channels-last rows or one NCHW plane
- * of channel c, a slice at a time. */
+ * of channel c, a slice at a time. mean and the three vectors k, k + R,
+ * k + 2R have the reach R (repeated over a channels-last slice). */
 FT_VEC_CLONES static void dx_run(void *dxp, bool dx16, const sums_in *in, int64_t i0, int64_t len, const float *mean,
-                                 const float *k, int64_t C, bool cl, int64_t c, bool acc, float *buf) {
-    int64_t step = slice_of(cl ? C : 0);
+                                 const float *k, int64_t R, bool cl, int64_t c, bool acc, float *buf) {
+    int64_t step = cl ? R : slice_of(0);
     for (int64_t at = i0; at < i0 + len; at += step) {
         int64_t n = i0 + len - at < step ? i0 + len - at : step;
         const float *dz = NULL, *x = run_of(in, at, n, buf, &dz);
         float *to = buf + 4 * step;
         float *dx = acc ? (float *)ft_floats_in(dxp, dx16, at, n, to) : ft_floats_at(dxp, dx16, at, to);
         if (cl) {
-            for (int64_t j0 = 0; j0 < n; j0 += C)
-                for (int64_t ch = 0; ch < C; ch++) {
-                    float v = ft_bn_dx(dz[j0 + ch], x[j0 + ch], mean[ch], k[ch], k[C + ch], k[2 * C + ch]);
-                    dx[j0 + ch] = acc ? dx[j0 + ch] + v : v;
-                }
+            for (int64_t j = 0; j < n; j++) {
+                float v = ft_bn_dx(dz[j], x[j], mean[j], k[j], k[R + j], k[2 * R + j]);
+                dx[j] = acc ? dx[j] + v : v;
+            }
         } else {
             for (int64_t j = 0; j < n; j++) {
-                float v = ft_bn_dx(dz[j], x[j], mean[c], k[c], k[C + c], k[2 * C + c]);
+                float v = ft_bn_dx(dz[j], x[j], mean[c], k[c], k[R + c], k[2 * R + c]);
                 dx[j] = acc ? dx[j] + v : v;
             }
         }
@@ -498,24 +518,27 @@ ft_status ft_batchnorm_backward(const ft_tensor *dinp, const ft_tensor *dweight,
     }
     const float *mean = (const float *)ft_tensor_data(save_mean), *invstd = (const float *)ft_tensor_data(save_invstd);
     double *sums = malloc((size_t)(2 * C + 1) * sizeof *sums);
-    /* scale, k1, k2 per channel; InPlace-ABN's 1 / its scale, bias and 0 centers */
-    float *k = calloc((size_t)((p->inplace_abn ? 6 : 3) * C + 1), sizeof *k);
+    /* k0, k1, k2 and the center (the mean, 0 for InPlace-ABN), each of reach
+     * R; then InPlace-ABN's 1 / its scale and bias per channel */
+    int64_t R = reach_of(&l);
+    float *k = calloc((size_t)(4 * R + 2 * C + 1), sizeof *k), *center = k ? k + 3 * R : NULL;
     ft_status s = sums && k ? FT_OK : ft_fail(FT_ERR_NOMEM, "batch_norm: out of memory");
-    sums_in in = {.dy = ft_tensor_data(dout), .dy16 = dout->dtype == FT_BFLOAT16, .center = mean, .act = p->act};
+    sums_in in = {.dy = ft_tensor_data(dout), .dy16 = dout->dtype == FT_BFLOAT16, .center = center, .act = p->act};
     if (p->act.kind != FT_ACT_NONE || p->inplace_abn) { /* dz, or x, needs the output */
         in.y = ft_tensor_data(out);
         in.y16 = out->dtype == FT_BFLOAT16;
     }
     if (s == FT_OK && p->inplace_abn) {
-        float *from_y = k + 3 * C;
+        float *from_y = k + 4 * R;
         for (int64_t c = 0; c < C; c++) {
             from_y[c] = 1.0f / (weight_of(weight, c, p) * invstd[c]);
             from_y[C + c] = bias ? ((const float *)ft_tensor_data(bias))[c] : 0.0f;
         }
         in.from_y = from_y, in.C = C, in.S = l.S, in.cl = l.channels_last;
-        in.center = from_y + 2 * C;
-    } else {
+    } else if (s == FT_OK) {
         in.x = ft_tensor_data(inp), in.x16 = inp->dtype == FT_BFLOAT16;
+        memcpy(center, mean, (size_t)C * sizeof *center);
+        repeat_channels(center, C, R);
     }
     if (s == FT_OK)
         s = channel_sums(sums, sums + C, &l, &in); /* sum dz, sum dz * (x - mean) */
@@ -554,8 +577,10 @@ ft_status ft_batchnorm_backward(const ft_tensor *dinp, const ft_tensor *dweight,
                 float *o = (float *)ft_tensor_data(dbias) + c * dbias->strides[0];
                 *o = acc.bias ? *o + g.dbias : g.dbias;
             }
-            k[c] = g.k0, k[C + c] = g.k1, k[2 * C + c] = g.k2;
+            k[c] = g.k0, k[R + c] = g.k1, k[2 * R + c] = g.k2;
         }
+        for (int i = 0; i < 3; i++)
+            repeat_channels(k + i * R, C, R);
     }
     if (s == FT_OK && dinp && M > 0) {
         bool cl = l.channels_last;
@@ -568,7 +593,7 @@ ft_status ft_batchnorm_backward(const ft_tensor *dinp, const ft_tensor *dweight,
 #pragma omp parallel for schedule(static) if (s == FT_OK && total > PARALLEL_ELEMS)
         for (int64_t r = 0; r < (s == FT_OK ? nruns : 0); r++) {
             int64_t i0 = r * run, len = i0 + run < total ? run : total - i0;
-            dx_run(ft_tensor_data(dinp), dinp->dtype == FT_BFLOAT16, &in, i0, len, in.center, k, C, cl, cl ? 0 : r % C,
+            dx_run(ft_tensor_data(dinp), dinp->dtype == FT_BFLOAT16, &in, i0, len, center, k, R, cl, cl ? 0 : r % C,
                    acc.inp, bufs + omp_get_thread_num() * per);
         }
         free(bufs);
