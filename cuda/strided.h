@@ -65,7 +65,7 @@ static inline bool ft_cuda_pw_make(ft_cuda_pw *p, const ft_tensor *const *t, int
     }
     /* Unlike the CPU, dropout's walk takes memory order too: coalesced
      * accesses matter more here than sharing Philox blocks between neighbours. */
-    ft_sort_dims_by_stride(order, nd, t0->strides);
+    ft_sort_dims_by_stride(order, nd, t0->shape, t0->strides);
     unsigned rows = p->present | (index ? 1u << FT_CUDA_PW_OPS : 0u);
     for (int i = 0; i < nd; i++) {
         int d = order[i];

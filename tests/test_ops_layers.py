@@ -79,6 +79,20 @@ def test_conv2d_bfloat16_inputs():
     np.testing.assert_allclose(n(wide), want, rtol=1e-3, atol=1e-3)
 
 
+def test_one_channel_inputs_give_outputs_in_the_layout_their_strides_say():
+    # (N, 1, H, W) is dense in NCHW and NHWC at once: the size-1 channel's stride decides, as in PyTorch
+    x, w = RNG.standard_normal((4, 1, 6, 6)), RNG.standard_normal((8, 1, 3, 3))
+    want = conv_ref(x, w, None, (1, 1), (1, 1), (1, 1), 1)
+    cl = ft.from_numpy(np.ascontiguousarray(x.transpose(0, 2, 3, 1), dtype=np.float32)).bfloat16().permute(0, 3, 1, 2)
+    assert cl.stride() == (36, 1, 6, 1)
+    nchw = t(x).bfloat16()
+    assert nchw.stride() == (36, 36, 6, 1)
+    for xb, channels_last in ((cl, True), (nchw, False)):
+        out = ft.ops.conv2d_forward(None, xb, t(w).bfloat16(), None, padding=1)
+        assert out.stride() == ((288, 1, 48, 8) if channels_last else (288, 36, 6, 1))  # never N, H, C, W
+        np.testing.assert_allclose(n(out.float()), want, rtol=2 ** -6, atol=2 ** -6)
+
+
 def test_conv2d_bad_inputs():
     x, w = ft.zeros(2, 3, 8, 8), ft.zeros(4, 3, 3, 3)
     with pytest.raises(ValueError, match=r"conv2d: weight has 3 input channels per group, the input gives 1"):

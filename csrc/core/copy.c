@@ -184,7 +184,7 @@ void ft_copy_coalesce(ft_copy_desc *d) {
     ft_copy_desc in = *d;
     for (int i = 0; i < d->ndim; i++)
         order[i] = i;
-    ft_sort_dims_by_stride(order, d->ndim, in.dst_strides);
+    ft_sort_dims_by_stride(order, d->ndim, in.shape, in.dst_strides);
     for (int i = 0; i < d->ndim; i++) {
         d->shape[i] = in.shape[order[i]];
         d->dst_strides[i] = in.dst_strides[order[i]];

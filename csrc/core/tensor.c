@@ -93,7 +93,7 @@ ft_status ft_tensor_empty_like(ft_tensor *out, const ft_tensor *ref, int ndim, c
     int64_t pshape[FT_MAX_DIMS] = {0};
     for (int d = 0; d < ndim; d++)
         perm[d] = d;
-    ft_sort_dims_by_stride(perm, ndim, ref->strides);
+    ft_sort_dims_by_stride(perm, ndim, ref->shape, ref->strides);
     for (int k = 0; k < ndim; k++)
         pshape[k] = shape[perm[k]];
     FT_TRY(ft_tensor_empty(out, ndim, pshape, dtype, device, false));

@@ -38,12 +38,21 @@ void ft_contiguous_strides(int64_t *strides, int ndim, const int64_t *shape);
 
 /* Sorts the n dimensions listed in dims from the outermost in memory (the
  * largest |stride|) to the innermost, keeping ties in their order: the one
- * way layouts are read from strides (NCHW, NHWC, transposed views). */
-static inline void ft_sort_dims_by_stride(int *dims, int n, const int64_t *strides) {
+ * way layouts are read from strides (NCHW, NHWC, transposed views). A
+ * size-1 dimension's stride says nothing of the order: it goes inside the
+ * dimensions of the same stride, so that (N, 1, H, W) with strides
+ * (HW, 1, W, 1) reads as channels-last and with (HW, HW, W, 1) as NCHW, as
+ * in PyTorch. */
+static inline bool ft_dim_outside(const int64_t *shape, const int64_t *strides, int a, int b) {
+    uint64_t sa = strides[a] < 0 ? -(uint64_t)strides[a] : (uint64_t)strides[a];
+    uint64_t sb = strides[b] < 0 ? -(uint64_t)strides[b] : (uint64_t)strides[b];
+    return sa != sb ? sa > sb : shape[a] != 1 && shape[b] == 1;
+}
+
+static inline void ft_sort_dims_by_stride(int *dims, int n, const int64_t *shape, const int64_t *strides) {
     for (int i = 1; i < n; i++) {
         int d = dims[i], j = i;
-        int64_t s = llabs(strides[d]);
-        while (j > 0 && llabs(strides[dims[j - 1]]) < s) {
+        while (j > 0 && ft_dim_outside(shape, strides, d, dims[j - 1])) {
             dims[j] = dims[j - 1];
             j--;
         }

@@ -135,7 +135,7 @@ static int merged_layout(const ft_tensor *t, int64_t *shape, int64_t *strides) {
     for (int i = 0; i < t->ndim; i++)
         if (t->shape[i] > 1)
             dims[n++] = i;
-    ft_sort_dims_by_stride(dims, n, t->strides);
+    ft_sort_dims_by_stride(dims, n, t->shape, t->strides);
     for (int k = 0; k < n; k++) {
         int64_t size = t->shape[dims[k]], stride = t->strides[dims[k]];
         if (m > 0 && strides[m - 1] == stride * size) { /* the outer one tiles this one: one dimension */

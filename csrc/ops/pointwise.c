@@ -32,7 +32,7 @@ bool ft_pw_plan_make(ft_pw_plan *pl, const ft_pw_loop *l) {
      * that need the C-order index walk in C order instead, so that their runs
      * are consecutive elements (dropout draws 4 per Philox block) */
     if (!l->need_index)
-        ft_sort_dims_by_stride(order, nd, t0->strides);
+        ft_sort_dims_by_stride(order, nd, t0->shape, t0->strides);
     pl->ndim = 0;
     for (int i = 0; i < nd; i++) {
         int d = order[i];
