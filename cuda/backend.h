@@ -172,6 +172,7 @@ FT_CUDA_HIDDEN const struct ft_cuda_ops *ft_cuda_table(void);
 /* Each .cu file of ops fills its entries of the table; runtime.cu calls them all. */
 FT_CUDA_HIDDEN void ft_cuda_register_attention(struct ft_cuda_ops *ops);
 FT_CUDA_HIDDEN void ft_cuda_register_layout(struct ft_cuda_ops *ops);
+FT_CUDA_HIDDEN void ft_cuda_register_math(struct ft_cuda_ops *ops);
 FT_CUDA_HIDDEN void ft_cuda_register_conv(struct ft_cuda_ops *ops);
 FT_CUDA_HIDDEN void ft_cuda_register_linear(struct ft_cuda_ops *ops);
 FT_CUDA_HIDDEN void ft_cuda_register_norm(struct ft_cuda_ops *ops);

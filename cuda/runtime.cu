@@ -248,6 +248,7 @@ extern "C" __attribute__((visibility("default"))) const ft_cuda_api *ft_cuda_ope
     ft_cuda_register_optim(&ops);
     ft_cuda_register_pool(&ops);
     ft_cuda_register_pointwise(&ops);
+    ft_cuda_register_math(&ops);
     ft_cuda_register_softmax(&ops);
     return &api;
 }

@@ -43,6 +43,7 @@
 #include "ops/embedding.h"
 #include "ops/groupnorm.h"
 #include "ops/loss.h"
+#include "ops/math.h"
 #include "ops/pool.h"
 #include "ops/softmax.h"
 #include "ops/upsample.h"
@@ -1605,6 +1606,123 @@ static PyObject *py_sdpa_backward(PyObject *m, PyObject *args, PyObject *kw) {
     return finish(s, o, 3);
 }
 
+/* ======================= eager tensor math ======================= */
+
+/* python/fasttrain/_math.py's device path: the op by name, the compute dtype
+ * by code, PyTorch's promotion already applied by the caller. */
+
+static int parse_dtype_code(int code, ft_dtype *dt) {
+    if (!ft_dtype_valid(code)) {
+        PyErr_Format(PyExc_ValueError, "invalid dtype code %d", code);
+        return -1;
+    }
+    *dt = (ft_dtype)code;
+    return 0;
+}
+
+/* math_pointwise(op, operands, dtype) -> a new tensor of the operands'
+ * broadcast shape on their device (bool for comparisons, else dtype). */
+static PyObject *py_math_pointwise(PyObject *m, PyObject *args) {
+    ft_module_state *st = ft_py_state(m);
+    const char *name;
+    PyObject *seq_obj;
+    int code;
+    if (!PyArg_ParseTuple(args, "sOi:math_pointwise", &name, &seq_obj, &code))
+        return NULL;
+    ft_math_op op;
+    ft_dtype compute;
+    if (ft_math_op_of(name, &op) != FT_OK)
+        return ft_py_raise(FT_ERR_VALUE);
+    if (parse_dtype_code(code, &compute) < 0)
+        return NULL;
+    PyObject *seq = PySequence_Fast(seq_obj, "math_pointwise: operands must be a sequence");
+    if (!seq)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    ft_math_arg a[3] = {{0}};
+    const ft_tensor *ref = NULL;
+    int ndim = 0;
+    int64_t shape[FT_MAX_DIMS];
+    if (n != ft_math_arity(op)) {
+        PyErr_Format(PyExc_ValueError, "math_pointwise: %s takes %d operands, got %zd", name, ft_math_arity(op), n);
+        goto error;
+    }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(seq, k);
+        if (!PyObject_TypeCheck(item, st->tensor_base)) {
+            if (ft_py_parse_scalar(item, &a[k].s, NULL) < 0)
+                goto error;
+            continue;
+        }
+        const ft_tensor *t = a[k].t = ft_py_unwrap(st, item, "operand");
+        /* the broadcast shape, aligned from the last dimension */
+        if (t->ndim > ndim) {
+            memmove(shape + t->ndim - ndim, shape, (size_t)ndim * sizeof *shape);
+            for (int d = 0; d < t->ndim - ndim; d++)
+                shape[d] = 1;
+            ndim = t->ndim;
+        }
+        for (int d = 0; d < t->ndim; d++) {
+            int64_t *s = &shape[ndim - t->ndim + d];
+            if (*s == 1)
+                *s = t->shape[d];
+            else if (t->shape[d] != 1 && t->shape[d] != *s) {
+                PyErr_Format(PyExc_ValueError, "%s: operand shapes do not broadcast together", name);
+                goto error;
+            }
+        }
+        ref = ref ? ref : t;
+    }
+    if (!ref) {
+        PyErr_Format(PyExc_TypeError, "math_pointwise: %s needs a tensor operand", name);
+        goto error;
+    }
+    out_arg o;
+    if (parse_out(st, Py_None, "out", false, &o) < 0 ||
+        alloc_on(st, &o, ref, ndim, shape, ft_math_is_comparison(op) ? FT_BOOL : compute) < 0)
+        goto error;
+    ft_status s;
+    CALL(s, big(o.t), ft_math_pointwise(o.t, op, compute, a, (int)n));
+    Py_DECREF(seq);
+    return finish(s, &o, 1);
+error:
+    Py_DECREF(seq);
+    return NULL;
+}
+
+/* math_reduce(op, inp, shape, dtype, out_dtype, correction=0.0, indices=False) -> out, or (out, indices) */
+static PyObject *py_math_reduce(PyObject *m, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"op", "inp", "shape", "dtype", "out_dtype", "correction", "indices", NULL};
+    ft_module_state *st = ft_py_state(m);
+    const char *name;
+    PyObject *inp_obj, *shape_obj;
+    int code, out_code, with_indices = 0;
+    double correction = 0.0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sOOii|dp:math_reduce", kwlist, &name, &inp_obj, &shape_obj, &code,
+                                     &out_code, &correction, &with_indices))
+        return NULL;
+    ft_red_op op;
+    ft_dtype compute, out_dtype;
+    if (ft_red_op_of(name, &op) != FT_OK)
+        return ft_py_raise(FT_ERR_VALUE);
+    const ft_tensor *inp;
+    int64_t shape[FT_MAX_DIMS];
+    int ndim;
+    if (parse_dtype_code(code, &compute) < 0 || parse_dtype_code(out_code, &out_dtype) < 0 ||
+        parse_in(st, inp_obj, "inp", false, &inp) < 0 || ft_py_parse_shape(shape_obj, shape, &ndim) < 0)
+        return NULL;
+    out_arg o[2];
+    if (parse_out(st, Py_None, "out", false, &o[0]) < 0 ||
+        parse_out(st, with_indices ? Py_None : Py_False, "indices", true, &o[1]) < 0 ||
+        alloc_on(st, &o[0], inp, ndim, shape, out_dtype) < 0 || alloc_on(st, &o[1], inp, ndim, shape, FT_INT64) < 0) {
+        drop_outs(o, 2);
+        return NULL;
+    }
+    ft_status s;
+    CALL(s, big(inp), ft_math_reduce(o[0].t, o[1].t, inp, op, compute, correction));
+    return finish(s, o, with_indices ? 2 : 1);
+}
+
 static PyMethodDef ops_methods[] = {
     {"conv2d_forward", FN(py_conv2d_forward), METH_VARARGS | METH_KEYWORDS,
      "conv2d_forward(out, inp, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, act=None, alpha=0.0, "
@@ -1686,6 +1804,11 @@ static PyMethodDef ops_methods[] = {
                        "attention; lse=False when no backward follows"),
     KWFN(sdpa_backward, "sdpa_backward(dq, dk, dv, dout, q, k, v, out, lse, scale=None, causal=False, "
                         "accumulate=False) -> (dq, dk, dv)"),
+    {"math_pointwise", py_math_pointwise, METH_VARARGS,
+     "math_pointwise(op, operands, dtype) -> the elementwise op of tensors and numbers computed in dtype (a code)"},
+    {"math_reduce", FN(py_math_reduce), METH_VARARGS | METH_KEYWORDS,
+     "math_reduce(op, inp, shape, dtype, out_dtype, correction=0.0, indices=False) -> out or (out, indices): inp "
+     "reduced to shape (inp's sizes or 1)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -24,6 +24,7 @@
 #include "ops/layernorm.h"
 #include "ops/linear.h"
 #include "ops/loss.h"
+#include "ops/math.h"
 #include "ops/pool.h"
 #include "ops/reduce.h"
 #include "ops/softmax.h"
@@ -142,6 +143,9 @@ struct ft_cuda_ops {
     ft_status (*sdpa_backward)(const ft_tensor *dq, const ft_tensor *dk, const ft_tensor *dv, const ft_tensor *dout,
                                const ft_tensor *q, const ft_tensor *k, const ft_tensor *v, const ft_tensor *out,
                                const ft_tensor *lse, const ft_sdpa_params *p);
+    /* math.h: the eager tensor math, planned and checked by the entry point; `t` names the device */
+    ft_status (*math_pointwise)(const ft_tensor *t, const ft_math_map *m);
+    ft_status (*math_reduce)(const ft_tensor *t, const ft_math_reduction *r);
     /* nn/program.c: counter (() int64) += 1, a batch norm's num_batches_tracked */
     ft_status (*increment)(const ft_tensor *counter);
     /* optim/optim.h: the passes of ft_optimizer_step and ft_ema_update; each returns once its work is queued,
