@@ -1,11 +1,12 @@
 """Eager tensor math: PyTorch's operators, elementwise functions, reductions and selection ops on ft.Tensor.
 
 These ops look at values outside a compiled model (metrics, masks, post-processing); a model's training step
-runs in C and never calls them. They compute with NumPy: a CPU tensor is read through a zero-copy NumPy view of
-its memory, and the result is a fresh array wrapped without a copy. A CUDA tensor is copied to the host,
-computed there, and the result copied back to the tensor's device: correct, but slow, since there are no CUDA
-kernels for these ops. bfloat16 (which NumPy lacks) and float16 compute in float32 and round back, as PyTorch's
-CPU kernels do.
+runs in C and never calls them. On CPU tensors they compute with NumPy: a tensor is read through a zero-copy NumPy
+view of its memory, and the result is a fresh array wrapped without a copy. bfloat16 (which NumPy lacks) and
+float16 compute in float32 and round back, as PyTorch's CPU kernels do. On CUDA tensors the elementwise ops and the
+reductions run the C ops of csrc/ops/math.c on the device (``_on_device``, ``_reduce``), which compute what the
+NumPy path computes; matmul, sorting, unique, nonzero, advanced indexing and the rarer dtype cases of softmax and
+cat still copy to the host and back.
 
 Type promotion is PyTorch's, not NumPy's (``result_type``): a Python float with an integer tensor gives float32,
 and within a category dimensioned tensors rank above 0-d tensors, which rank above Python scalars.
@@ -180,22 +181,50 @@ def _broadcast(name, *shapes):
                          "(aligned from the last dimension, sizes must match or be 1)") from None
 
 
-def _apply(name, fn, operands, compute, out, device=None):
-    """fn of the operands' values in compute's NumPy dtype, as a tensor of dtype out on their device (or device)."""
+# The device types whose tensors compute with the C ops of csrc/ops/math.c instead of NumPy. CPU tensors keep NumPy
+# (zero-copy views, vectorised loops); tests add "cpu" to check the ops' CPU reference loops against NumPy.
+_KERNEL_DEVICES = ("cuda",)
+
+
+def _kernels(device, dtype):
+    """Whether values of dtype on device compute with the C ops (complex values are NumPy's only)."""
+    return device.type in _KERNEL_DEVICES and not dtype.is_complex
+
+
+def _on_device(op, operands, compute, device):
+    """The C op of elementwise op (csrc/ops/math.c's name) on the operands, computed in compute, on device: tensors
+    and arrays go there (a 0-d CPU tensor too), numbers stay numbers."""
+    def operand(x):
+        if isinstance(x, np.ndarray):
+            x = _C.from_numpy(x)
+        if isinstance(x, _Tensor) and x._device_tuple != device._code:
+            x = x.to(device)
+        return x
+    return _C.math_pointwise(op, [operand(x) for x in operands], compute._code)
+
+
+def _apply(name, fn, operands, compute, out, device=None, op=None):
+    """fn of the operands' values in compute's NumPy dtype, as a tensor of dtype out on their device (or device);
+    on a CUDA device the elementwise kernel op instead, where one is named."""
     device = _device(name, operands) if device is None else device
+    # (numbers alone, as alpha's scaling, have no device to run on)
+    if op is not None and _kernels(device, compute) and \
+            builtins.any(isinstance(x, _Tensor) for x in operands):
+        return _on_device(op, operands, compute, device)
     arrays = [_array(x, compute) for x in operands]
     with np.errstate(all="ignore"):  # inf and nan are results, as in PyTorch, not warnings
         return _result(fn(*arrays), out, device)
 
 
-def _elementwise(name, fn, operands, compute, out, device=None):
+def _elementwise(name, fn, operands, compute, out, device=None, op=None):
     """_apply for fn broadcasting its operands: a shape mismatch names the shapes."""
     _broadcast(name, *(getattr(x, "shape", ()) for x in operands))
-    return _apply(name, fn, operands, compute, out, device)
+    return _apply(name, fn, operands, compute, out, device, op)
 
 
-def _binary(name, fn, a, b, div=False):
-    """fn(a, b) elementwise in the promoted dtype (float32 for integers when div: true division)."""
+def _binary(name, fn, a, b, div=False, op=None):
+    """fn(a, b) elementwise in the promoted dtype (float32 for integers when div: true division); op names the
+    device kernel when it is not name."""
     a, b = _arg(a), _arg(b)
     dt = result_type(a, b)
     if div and not dt.is_floating_point:
@@ -205,7 +234,13 @@ def _binary(name, fn, a, b, div=False):
     if name == "sub" and (_rank(a)[1] is _BOOL or _rank(b)[1] is _BOOL):
         raise TypeError("sub: subtraction, the `-` operator, with a bool tensor is not supported; to invert a mask "
                         "use the `~` operator")
-    return _elementwise(name, fn, [a, b], dt, dt)
+    op = op or name
+    if op in _DIVISIONS and not dt.is_floating_point:
+        _broadcast(name, getattr(a, "shape", ()), getattr(b, "shape", ()))
+        device = _device(name, [a, b])
+        if _kernels(device, dt) and _has_zero(b, dt, device):
+            raise ZeroDivisionError(_ZERO_DIVISION)
+    return _elementwise(name, fn, [a, b], dt, dt, op=op)
 
 
 _NOT_FOR_BOOL = {
@@ -218,13 +253,26 @@ _NOT_FOR_BOOL = {
 }
 
 
+_ZERO_DIVISION = "integer division or modulo by zero"
+_DIVISIONS = ("trunc_divide", "floor_divide", "remainder")  # the device kernels _nonzero_divisor guards
+
+
 def _nonzero_divisor(fn):
     """fn refusing integer division by zero, which NumPy would answer with 0 (PyTorch raises)."""
     def checked(x, y):
         if x.dtype.kind in "iub" and np.any(y == 0):
-            raise ZeroDivisionError("integer division or modulo by zero")
+            raise ZeroDivisionError(_ZERO_DIVISION)
         return fn(x, y)
     return checked
+
+
+def _has_zero(y, dt, device):
+    """Whether divisor y holds a zero once cast to dt (a narrow integer type wraps), on device: the check
+    _nonzero_divisor makes on the host, as two small kernels and one value read back."""
+    if not isinstance(y, (_Tensor, np.ndarray)):
+        return bool(np.array(y).astype(_np(dt)) == 0)
+    zero = _on_device("eq", [y, 0], dt, device)
+    return bool(_C.math_reduce("any", zero, (1,) * zero.ndim, _BOOL._code, _BOOL._code).item())
 
 
 def _trunc_divide(x, y):
@@ -270,7 +318,7 @@ def div(input: Operand, other: Operand, *, rounding_mode: str | None = None) -> 
     fns = {"trunc": _trunc_divide, "floor": np.floor_divide}
     if rounding_mode not in fns:
         raise ValueError(f"div: rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}")
-    return _binary("div", _nonzero_divisor(fns[rounding_mode]), input, other)
+    return _binary("div", _nonzero_divisor(fns[rounding_mode]), input, other, op=f"{rounding_mode}_divide")
 
 
 def floor_divide(input: Operand, other: Operand) -> Tensor:
@@ -337,13 +385,14 @@ def bitwise_not(input: Tensor) -> Tensor:
     """~input: logical not of a bool tensor, bitwise not of an integer one."""
     if input.dtype.is_floating_point:
         raise TypeError(f"bitwise_not: bitwise operations need bool or integer tensors, got {input.dtype.name}")
-    return _apply("bitwise_not", np.invert, [input], input.dtype, input.dtype)
+    return _apply("bitwise_not", np.invert, [input], input.dtype, input.dtype,
+                  op="logical_not" if input.dtype is _BOOL else "bitwise_not")
 
 
 def _comparison(name, fn, symbol):
     def compare(input: Operand, other: Operand) -> Tensor:
         a, b = _arg(input), _arg(other)
-        return _elementwise(name, fn, [a, b], result_type(a, b), _BOOL)
+        return _elementwise(name, fn, [a, b], result_type(a, b), _BOOL, op=name)
     compare.__name__ = compare.__qualname__ = name
     compare.__doc__ = f"input {symbol} other elementwise, as a bool tensor; compared in PyTorch's promoted dtype."
     return compare
@@ -386,14 +435,14 @@ def neg(input: Tensor) -> Tensor:
     """-input elementwise (integers wrap around, as in PyTorch)."""
     if input.dtype is _BOOL:
         raise TypeError(_NOT_FOR_BOOL["neg"])
-    return _apply("neg", np.negative, [input], input.dtype, input.dtype)
+    return _apply("neg", np.negative, [input], input.dtype, input.dtype, op="neg")
 
 
 def abs(input: Tensor) -> Tensor:
     """|input| elementwise, in input's dtype."""
     if input.dtype is _BOOL:
         raise TypeError(_NOT_FOR_BOOL["abs"])
-    return _apply("abs", np.abs, [input], input.dtype, input.dtype)
+    return _apply("abs", np.abs, [input], input.dtype, input.dtype, op="abs")
 
 
 def _sigmoid(x):
@@ -404,7 +453,7 @@ def _sigmoid(x):
 def _floating(name, fn):
     def unary(input: Tensor) -> Tensor:
         dt = input.dtype if input.dtype.is_floating_point else _FLOAT32
-        return _apply(name, fn, [input], dt, dt)
+        return _apply(name, fn, [input], dt, dt, op=name)
     unary.__name__ = unary.__qualname__ = name
     unary.__doc__ = f"{name} of input elementwise, in input's floating dtype (float32 for bool and integer tensors)."
     return unary
@@ -422,7 +471,7 @@ def relu(input: Tensor) -> Tensor:
     """max(input, 0) elementwise, in input's dtype."""
     if input.dtype is _BOOL:
         raise TypeError(_NOT_FOR_BOOL["relu"])
-    return _apply("relu", lambda x: np.maximum(x, x.dtype.type(0)), [input], input.dtype, input.dtype)
+    return _apply("relu", lambda x: np.maximum(x, x.dtype.type(0)), [input], input.dtype, input.dtype, op="relu")
 
 
 def _int_bound(bound, dt):
@@ -448,7 +497,8 @@ def clamp(input: Tensor, min: Operand | None = None, max: Operand | None = None)
         if lo is not None:
             x = np.maximum(x, next(b))
         return x if hi is None else np.minimum(x, next(b))
-    return _elementwise("clamp", clip, [input, *given], dt, dt)
+    op = "clamp" if len(given) == 2 else "maximum" if lo is not None else "minimum"  # the same steps on the device
+    return _elementwise("clamp", clip, [input, *given], dt, dt, op=op)
 
 
 clip = clamp
@@ -470,8 +520,10 @@ def where(condition: Tensor, input: Operand | None = None, other: Operand | None
     a, b = _arg(input), _arg(other)
     device = _device("where", [condition, a, b])
     _broadcast("where", condition.shape, *(getattr(x, "shape", ()) for x in (a, b)))
-    c = condition._host_array()
     dt = result_type(a, b)
+    if _kernels(device, dt):
+        return _on_device("where", [condition, a, b], dt, device)
+    c = condition._host_array()
     return _apply("where", lambda x, y: np.where(c, x, y), [a, b], dt, dt, device)
 
 
@@ -495,12 +547,22 @@ def _count(shape, axes):
     return math.prod(shape) if axes is None else math.prod(shape[d] for d in axes)
 
 
+def _reduce(name, fn, input, axes, keepdim, compute, out, correction=0.0):
+    """fn(x, axis=axes, keepdims=keepdim) of input's values in compute's NumPy dtype, as a tensor of dtype out; on a
+    device of _KERNEL_DEVICES the reduction `name` of csrc/ops/math.c instead (correction: var and std)."""
+    if not _kernels(input.device, input.dtype):
+        return _apply(name, lambda x: fn(x, axis=axes, keepdims=keepdim), [input], compute, out)
+    reduced = range(input.ndim) if axes is None else axes
+    kept = tuple(1 if d in reduced else n for d, n in enumerate(input.shape))
+    r = _C.math_reduce(name, input, kept, compute._code, out._code, correction)
+    return r if keepdim else r.reshape(tuple(n for d, n in enumerate(input.shape) if d not in reduced))
+
+
 def sum(input: Tensor, dim: Dims = None, keepdim: bool = False, *, dtype: DTypeLike | None = None) -> Tensor:
     """The sum over dim (an int or a tuple; all dimensions by default), in dtype if given, else int64 for bool and
     integer tensors and input's dtype otherwise."""
     out = as_dtype(dtype) if dtype is not None else input.dtype if input.dtype.is_floating_point else _INT64
-    axes = _axes("sum", input, dim)
-    return _apply("sum", lambda x: np.sum(x, axis=axes, keepdims=keepdim), [input], out, out)
+    return _reduce("sum", np.sum, input, _axes("sum", input, dim), keepdim, out, out)
 
 
 def mean(input: Tensor, dim: Dims = None, keepdim: bool = False, *, dtype: DTypeLike | None = None) -> Tensor:
@@ -512,7 +574,7 @@ def mean(input: Tensor, dim: Dims = None, keepdim: bool = False, *, dtype: DType
                         f"dtype. Got: {out.name}")
     axes = _axes("mean", input, dim)
     n = _count(input.shape, axes)
-    return _apply("mean", lambda x: np.sum(x, axis=axes, keepdims=keepdim) / n, [input], out, out)
+    return _reduce("mean", lambda x, **kw: np.sum(x, **kw) / n, input, axes, keepdim, out, out)
 
 
 def _moments(name, input, dim, unbiased, keepdim, correction):
@@ -526,11 +588,11 @@ def _moments(name, input, dim, unbiased, keepdim, correction):
     axes = _axes(name, input, dim)
     n = _count(input.shape, axes)
 
-    def variance(x):
-        d = x - np.sum(x, axis=axes, keepdims=True) / n
-        v = np.sum(d * d, axis=axes, keepdims=keepdim) / builtins.max(n - c, 0)
+    def variance(x, axis, keepdims):
+        d = x - np.sum(x, axis=axis, keepdims=True) / n
+        v = np.sum(d * d, axis=axis, keepdims=keepdims) / builtins.max(n - c, 0)
         return np.sqrt(v) if name == "std" else v
-    return _apply(name, variance, [input], _BY_NAME["float64"], input.dtype)
+    return _reduce(name, variance, input, axes, keepdim, _BY_NAME["float64"], input.dtype, c)
 
 
 def var(input: Tensor, dim: Dims = None, unbiased: bool | None = None, keepdim: bool = False, *,
@@ -548,8 +610,7 @@ def std(input: Tensor, dim: Dims = None, unbiased: bool | None = None, keepdim: 
 
 def _truth(name, fn, input, dim, keepdim):
     out = _UINT8 if input.dtype is _UINT8 else _BOOL  # uint8 in, uint8 out: PyTorch keeps it for old masks
-    axes = _axes(name, input, dim)
-    return _apply(name, lambda x: fn(x, axis=axes, keepdims=keepdim), [input], input.dtype, out)
+    return _reduce(name, fn, input, _axes(name, input, dim), keepdim, input.dtype, out)
 
 
 def all(input: Tensor, dim: Dims = None, keepdim: bool = False) -> Tensor:
@@ -571,13 +632,18 @@ class ValuesIndices(NamedTuple):
 def _extreme(name, input, dim, keepdim, arg):
     """ValuesIndices of the first maximum (arg=np.argmax) or minimum along dim; NaN counts as the extreme."""
     d = _norm_dim(dim, input.ndim, f"{name}: dim")
-    a = input._host_array()
     if input.ndim and input.shape[d] == 0:
         raise IndexError(f"{name}(): Expected reduction dim {d} to have non-zero size.")
+    shape = input.shape[:d] + ((1,) if keepdim else ()) + input.shape[d + 1:] if input.ndim else ()
+    if _kernels(input.device, input.dtype):
+        kept = input.shape[:d] + (1,) + input.shape[d + 1:] if input.ndim else ()
+        code = input.dtype._code
+        found = _C.math_reduce(name.removeprefix("arg"), input, kept, code, code, indices=True)
+        return ValuesIndices(*(t.reshape(shape) for t in found))
+    a = input._host_array()
     a = a.reshape(a.shape or (1,))
     idx = arg(a, axis=d, keepdims=True)
     values = np.take_along_axis(a, idx, d)
-    shape = input.shape[:d] + ((1,) if keepdim else ()) + input.shape[d + 1:] if input.ndim else ()
     device = input.device
     return ValuesIndices(_result(values.reshape(shape), input.dtype, device),
                          _result(idx.reshape(shape), _INT64, device))
@@ -588,7 +654,7 @@ def _max_or_min(name, input, dim, keepdim, arg, whole, elementwise):
         if input.numel() == 0:
             raise ValueError(f"{name}(): Expected reduction dim to be specified for input.numel() == 0. Specify the "
                              "reduction dim with the 'dim' argument.")
-        return _apply(name, whole, [input], input.dtype, input.dtype)
+        return _reduce(name, lambda x, **kw: whole(x), input, None, False, input.dtype, input.dtype)
     if isinstance(dim, _Tensor):
         return elementwise(input, dim)
     return _extreme(name, input, dim, keepdim, arg)
@@ -611,8 +677,13 @@ def _arg_extreme(name, input, dim, keepdim, arg):
         return _extreme(name, input, dim, keepdim, arg).indices
     if input.numel() == 0:
         raise IndexError(f"{name}(): Expected reduction dim to be specified for input.numel() == 0.")
+    shape = (1,) * input.ndim if keepdim else ()
+    if _kernels(input.device, input.dtype):
+        code = input.dtype._code
+        return _C.math_reduce(name.removeprefix("arg"), input, (1,) * input.ndim, code, code, indices=True)[1] \
+            .reshape(shape)
     flat = np.asarray(arg(input._host_array()))
-    return _result(flat.reshape((1,) * input.ndim if keepdim else ()), _INT64, input.device)
+    return _result(flat.reshape(shape), _INT64, input.device)
 
 
 def argmax(input: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor:
