@@ -211,6 +211,36 @@ def channels_last(a, dtype):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("case", MAX_CASES)
+def test_max_pool_over_blocks_of_sixteen_channels(case, dtype):
+    """Dense channels-last max pools run 16 channels at a time in vector registers (40 channels: two blocks and a
+    rest of 8): the reference's values and positions, and the bits of the same pool over channels at a stride of 2
+    (the general loop), through NaN, infinities, ties and signed zeros."""
+    x = rng.normal(size=(2, 40, 7, 8))
+    x[0, 3, 1, 1] = x[1, 33, 4, 4] = x[1, 33, 4, 5] = np.nan
+    x[1, 17, :3, :3] = -np.inf
+    x[0, 20, :4, :4] = 0.0
+    x[0, 20, 1, 1] = x[0, 21, :2, :2] = -0.0
+    x[1, 5, :, :] = 1.5  # ties everywhere: the first position wins
+    x = bf16_round(x) if dtype == "bfloat16" else x.astype(np.float32)
+    args = max_args(case)
+    want, want_idx = ref_max_pool(x, case["k"], case.get("s"), case.get("p", 0), case.get("d", 1),
+                                  case.get("ceil", False))
+    strided_x = channels_last(np.repeat(x, 2, axis=1), dtype)[:, ::2]
+    assert strided_x.stride()[1] == 2
+    general, general_idx = ft.ops.max_pool2d_forward(None, None, strided_x, **args)
+    one_nan = np.ones(want.shape, bool)
+    one_nan[1, 33] = False  # two NaN in a window: the reference takes the first, PyTorch's CPU kernel the last
+    for indices in (None, channels_last(np.zeros(want.shape), "int32")):  # int64 allocated, int32 given
+        out, idx = ft.ops.max_pool2d_forward(None, indices, channels_last(x, dtype), **args)
+        assert out.stride()[1] == 1 and idx.stride()[1] == 1
+        np.testing.assert_array_equal(n(out.float()), want.astype(np.float32))
+        np.testing.assert_array_equal(idx.numpy()[one_nan], want_idx[one_nan])
+        assert bits(out.contiguous()) == bits(general.contiguous())
+        np.testing.assert_array_equal(idx.numpy(), general_idx.numpy())
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("index_dtype", ["int32", "int64"])
 @pytest.mark.parametrize("accumulate", [False, True])
 def test_max_pool_backward_over_disjoint_tiles_is_the_scatter(dtype, index_dtype, accumulate):

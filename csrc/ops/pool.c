@@ -337,15 +337,78 @@ static int64_t window_size(const pool_job *j) {
     return (h > 1 ? h : 1) * (w > 1 ? w : 1);
 }
 
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(FT_NO_CLONES)
+#include <immintrin.h>
+#define HAVE_AVX512 1
+
+/* fwd_row_cl's max pool over channels [c0, c0 + nc), nc a multiple of 16,
+ * dense in x, y and the indices: each 16 channels' maximum and position
+ * stay in registers across the window (fwd_row_cl keeps them in memory,
+ * where each window position's compare and blend waits on the previous
+ * one's stores). Positions in int32: the caller checks that H W fits. */
+__attribute__((target("avx512f"))) static void fwd_row_max16(const pool_job *j, int64_t n, int64_t oh, int64_t c0,
+                                                             int64_t nc) {
+    const span *r = &j->rows[oh];
+    int64_t xo = n * j->xs[0] + c0, yo = n * j->ys[0] + oh * j->ys[2] + c0;
+    for (int64_t ow = 0; ow < j->Q; ow++) {
+        const span *q = &j->cols[ow];
+        bool empty = r->lo >= r->hi || q->lo >= q->hi;
+        int64_t o = yo + ow * j->ys[3];
+        for (int64_t b = 0; b < nc; b += 16) {
+            __m512 best = _mm512_set1_ps(-INFINITY);
+            __m512i at = _mm512_set1_epi32(empty ? -1 : (int32_t)(r->lo * j->W + q->lo));
+            for (int64_t h = r->lo; h < r->hi; h += r->step)
+                for (int64_t w = q->lo; w < q->hi; w += q->step) {
+                    int64_t px = xo + h * j->xs[2] + w * j->xs[3] + b;
+                    __m512 v = j->x16 ? _mm512_castsi512_ps(_mm512_slli_epi32(
+                                            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const void *)(j->x16 + px))), 16))
+                                      : _mm512_loadu_ps(j->x + px);
+                    __mmask16 take = _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+                    best = _mm512_mask_mov_ps(best, take, v);
+                    at = _mm512_mask_mov_epi32(at, take, _mm512_set1_epi32((int32_t)(h * j->W + w)));
+                }
+            if (j->y16) { /* ft_f32_to_bf16 of a maximum (one of the inputs): its top half, NaN made quiet */
+                __m512i top = _mm512_srli_epi32(_mm512_castps_si512(best), 16);
+                top = _mm512_mask_or_epi32(top, _mm512_cmp_ps_mask(best, best, _CMP_UNORD_Q), top,
+                                           _mm512_set1_epi32(0x40));
+                _mm256_storeu_si256((void *)(j->y16 + o + b), _mm512_cvtepi32_epi16(top));
+            } else {
+                _mm512_storeu_ps(j->y + o + b, best);
+            }
+            if (j->ind) {
+                int64_t base = n * j->is[0] + oh * j->is[2] + ow * j->is[3] + c0 + b;
+                if (j->ind32) {
+                    _mm512_storeu_si512((int32_t *)j->ind + base, at);
+                } else {
+                    _mm512_storeu_si512((int64_t *)j->ind + base, _mm512_cvtepi32_epi64(_mm512_castsi512_si256(at)));
+                    _mm512_storeu_si512((int64_t *)j->ind + base + 8,
+                                        _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(at, 1)));
+                }
+            }
+        }
+    }
+}
+#endif
+
 static void run_forward(const pool_job *j, bool cl) {
     int64_t work = j->N * j->C * j->P * j->Q * window_size(j);
     if (cl) {
         int64_t nb = (j->C + CB - 1) / CB, items = j->N * j->P * nb;
+        bool max16 = false;
+#ifdef HAVE_AVX512
+        max16 = j->kind == POOL_MAX && j->xs[1] == 1 && j->ys[1] == 1 && (!j->ind || j->is[1] == 1) &&
+                j->H * j->W <= INT32_MAX && __builtin_cpu_supports("avx512f");
+#endif
 #pragma omp parallel for schedule(static) if (work > PARALLEL_WORK)
         for (int64_t it = 0; it < items; it++) {
             int64_t b = it % nb, row = it / nb;
-            int64_t c0 = b * CB;
-            fwd_row_cl(j, row / j->P, row % j->P, c0, j->C - c0 < CB ? j->C - c0 : CB);
+            int64_t c0 = b * CB, nc = j->C - c0 < CB ? j->C - c0 : CB, vec = max16 ? nc / 16 * 16 : 0;
+#ifdef HAVE_AVX512
+            if (vec)
+                fwd_row_max16(j, row / j->P, row % j->P, c0, vec);
+#endif
+            if (vec < nc)
+                fwd_row_cl(j, row / j->P, row % j->P, c0 + vec, nc - vec);
         }
     } else if (global_contiguous(j)) {
         int64_t nb = (j->C + 15) / 16, items = j->N * nb;
