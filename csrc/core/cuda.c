@@ -48,7 +48,8 @@ static void load(void) {
     load_started = true;
     pthread_mutex_unlock(&lock);
     if (!library[0]) {
-        snprintf(reason, sizeof reason, "this fasttrain build has no CUDA backend");
+        snprintf(reason, sizeof reason,
+                 "this fasttrain build has no CUDA backend (nvcc or cuDNN was not found, or FASTTRAIN_CUDA=0)");
         return;
     }
     /* The runtime finds the driver by this very dlopen and gives up without

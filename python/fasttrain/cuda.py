@@ -32,8 +32,6 @@ def is_available() -> bool:
 
 def unavailable_reason() -> str:
     """Why is_available() is False ('' when it is True)."""
-    if not is_compiled():
-        return "this fasttrain build has no CUDA backend (nvcc or cuDNN was not found, or FASTTRAIN_CUDA=0)"
     return _C.cuda_unavailable_reason()
 
 
