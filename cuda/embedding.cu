@@ -9,7 +9,12 @@
  * element's sum has the order of the positions, as on the CPU, whatever the
  * launch configuration. The lanes of a warp are 32 neighbouring columns of
  * one slice: they read the same id (one broadcast load) and neighbouring
- * floats of dout and dweight. */
+ * floats of dout and dweight.
+ *
+ * The table and its gradient are float32; the rows (out, dout) may be
+ * 16-bit floats (ft_cuda_kind): the forward rounds each value once, the
+ * backward adds the rows' values into the float32 gradient as floats, as
+ * the CPU does with bfloat16 rows. */
 #include <stdint.h>
 
 #include "backend.h"
@@ -32,17 +37,18 @@ __global__ void __launch_bounds__(THREADS) first_bad(const int64_t *ids, int64_t
             atomicMin(pos, (unsigned long long)t);
 }
 
-__global__ void __launch_bounds__(THREADS) gather_rows(const int64_t *ids, const float *w, float *out, int64_t T,
-                                                       int64_t D) {
+__global__ void __launch_bounds__(THREADS) gather_rows(const int64_t *ids, const float *w, char *out, int8_t kout,
+                                                       int64_t T, int64_t D) {
     for (int64_t i = (int64_t)blockIdx.x * THREADS + threadIdx.x; i < T * D; i += (int64_t)gridDim.x * THREADS) {
         int64_t t = i / D;
-        out[i] = w[ids[t] * D + (i - t * D)];
+        ft_cuda_store_f(out, i, kout, w[ids[t] * D + (i - t * D)]);
     }
 }
 
 /* Thread (column d, slice k) adds the rows of dout into the rows [k R, (k + 1) R) of dweight, in position order. */
-__global__ void __launch_bounds__(THREADS) scatter_rows(const int64_t *ids, const float *dout, float *dw, int64_t T,
-                                                        int64_t V, int64_t D, int64_t R, int64_t padding_idx) {
+__global__ void __launch_bounds__(THREADS) scatter_rows(const int64_t *ids, const char *dout, int8_t kdout, float *dw,
+                                                        int64_t T, int64_t V, int64_t D, int64_t R,
+                                                        int64_t padding_idx) {
     int64_t d = (int64_t)blockIdx.x * 32 + threadIdx.x % 32;
     int64_t k = (int64_t)blockIdx.y * SLICES_PER_BLOCK + threadIdx.x / 32;
     int64_t lo = k * R, hi = lo + R < V ? lo + R : V;
@@ -51,7 +57,7 @@ __global__ void __launch_bounds__(THREADS) scatter_rows(const int64_t *ids, cons
     for (int64_t t = 0; t < T; t++) {
         int64_t v = ids[t];
         if (v >= lo && v < hi && v != padding_idx)
-            dw[v * D + d] += dout[t * D + d];
+            dw[v * D + d] += ft_cuda_load_f(dout, t * D + d, kdout);
     }
 }
 
@@ -87,8 +93,8 @@ static ft_status embedding_forward(const ft_tensor *out, const ft_tensor *ids, c
     for (int k = 0; k < ids->ndim; k++)
         T *= ids->shape[k];
     gather_rows<<<ft_cuda_blocks(T * D, THREADS), THREADS, 0, FT_CUDA_STREAM>>>(
-        (const int64_t *)ft_tensor_data(ids), (const float *)ft_tensor_data(weight), (float *)ft_tensor_data(out), T,
-        D);
+        (const int64_t *)ft_tensor_data(ids), (const float *)ft_tensor_data(weight), (char *)ft_tensor_data(out),
+        ft_cuda_kind(out->dtype), T, D);
     return ft_cuda_launched("gather_rows");
 }
 
@@ -116,8 +122,8 @@ static ft_status embedding_backward(const ft_tensor *dweight, const ft_tensor *d
                             (long long)D);
     dim3 grid((unsigned)tiles, (unsigned)(slices / SLICES_PER_BLOCK));
     scatter_rows<<<grid, THREADS, 0, FT_CUDA_STREAM>>>((const int64_t *)ft_tensor_data(ids),
-                                                       (const float *)ft_tensor_data(dout), dw, T, V, D, R,
-                                                       padding_idx);
+                                                       (const char *)ft_tensor_data(dout), ft_cuda_kind(dout->dtype),
+                                                       dw, T, V, D, R, padding_idx);
     return ft_cuda_launched("scatter_rows");
 }
 

@@ -10,7 +10,14 @@
  * (n, c), then one per (n, g) over its channels' sums in channel order), and
  * the parameter gradients add the per-sample sums in n order, one thread
  * per channel. Every run gives the same bits; only the order of the double
- * additions differs from the CPU's. */
+ * additions differs from the CPU's.
+ *
+ * inp, out, dout and dinp may each be float32 or a 16-bit float
+ * (ft_cuda_kind); the statistics and parameters are float32. Values are
+ * loaded as float, the arithmetic is the float32 kernels', and each result
+ * is rounded once (an accumulating dinp: its old value plus the gradient,
+ * then rounded), so a 16-bit result is the float32 result on the same
+ * values, rounded. */
 #include "backend.h"
 #include "blocksum.h"
 #include "kernels/norm.h"
@@ -24,6 +31,7 @@ constexpr int WARPS = THREADS / 32;
 typedef struct {
     int64_t N, C, S, G, Cg;
     bool cl; /* channels-last */
+    int8_t kx, ky, kdy, kdx; /* storage of inp, out, dout, dinp */
 
     /* The offset of element i (0 <= i < Cg S, in memory order) of group (n, g); *c its channel. */
     __device__ int64_t at(int64_t n, int64_t g, int64_t i, int64_t *c) const {
@@ -41,8 +49,14 @@ typedef struct {
     }
 } gn_geom;
 
-static gn_geom geom_of(const ft_tensor *inp, int64_t groups) {
+/* The storage kinds of the float tensors an op passes (NULL: unused). */
+static gn_geom geom_of(const ft_tensor *inp, int64_t groups, const ft_tensor *out, const ft_tensor *dout,
+                       const ft_tensor *dinp) {
     gn_geom d = {};
+    d.kx = ft_cuda_kind(inp->dtype);
+    d.ky = out ? ft_cuda_kind(out->dtype) : FT_CUDA_F32;
+    d.kdy = dout ? ft_cuda_kind(dout->dtype) : FT_CUDA_F32;
+    d.kdx = dinp ? ft_cuda_kind(dinp->dtype) : FT_CUDA_F32;
     d.N = inp->shape[0], d.C = inp->shape[1], d.S = 1;
     for (int k = 2; k < inp->ndim; k++)
         d.S *= inp->shape[k];
@@ -54,15 +68,15 @@ static gn_geom geom_of(const ft_tensor *inp, int64_t groups) {
 
 /* One block per (n, g): the shifted sums of the group, its statistics, then
  * its outputs (out may be inp: every value is summed before any is written). */
-__global__ void __launch_bounds__(THREADS) gn_forward(gn_geom d, const float *x, const float *w, const float *b,
-                                                      float *y, float *mean, float *rstd, double eps) {
+__global__ void __launch_bounds__(THREADS) gn_forward(gn_geom d, const char *x, const float *w, const float *b,
+                                                      char *y, float *mean, float *rstd, double eps) {
     __shared__ double sh[2 * WARPS];
     int64_t M = d.Cg * d.S, c;
     for (int64_t item = blockIdx.x; item < d.N * d.G; item += gridDim.x) {
         int64_t n = item / d.G, g = item - n * d.G;
-        double shift = x[d.at(n, g, 0, &c)], s = 0, q = 0;
+        double shift = ft_cuda_load_f(x, d.at(n, g, 0, &c), d.kx), s = 0, q = 0;
         for (int64_t i = threadIdx.x; i < M; i += THREADS) {
-            double v = (double)x[d.at(n, g, i, &c)] - shift;
+            double v = (double)ft_cuda_load_f(x, d.at(n, g, i, &c), d.kx) - shift;
             s += v;
             q += v * v;
         }
@@ -72,7 +86,8 @@ __global__ void __launch_bounds__(THREADS) gn_forward(gn_geom d, const float *x,
         for (int64_t i = threadIdx.x; i < M; i += THREADS) {
             int64_t off = d.at(n, g, i, &c);
             float sc = ft_norm_scale(rs, w ? w[c] : 1.0f);
-            y[off] = ft_norm_apply(x[off], sc, ft_norm_shift(mu, sc, b ? b[c] : 0.0f));
+            ft_cuda_store_f(y, off, d.ky,
+                            ft_norm_apply(ft_cuda_load_f(x, off, d.kx), sc, ft_norm_shift(mu, sc, b ? b[c] : 0.0f)));
         }
         if (threadIdx.x == 0 && mean)
             mean[item] = mu;
@@ -82,7 +97,7 @@ __global__ void __launch_bounds__(THREADS) gn_forward(gn_geom d, const float *x,
 }
 
 /* One block per (n, c): pa[n C + c] = the sum of dy, pb[n C + c] that of dy (x - mean). */
-__global__ void __launch_bounds__(THREADS) gn_channel_sums(gn_geom d, const float *x, const float *dy,
+__global__ void __launch_bounds__(THREADS) gn_channel_sums(gn_geom d, const char *x, const char *dy,
                                                            const float *mean, double *pa, double *pb) {
     __shared__ double sh[2 * WARPS];
     for (int64_t item = blockIdx.x; item < d.N * d.C; item += gridDim.x) {
@@ -90,9 +105,9 @@ __global__ void __launch_bounds__(THREADS) gn_channel_sums(gn_geom d, const floa
         double mu = mean[n * d.G + c / d.Cg], a = 0, b = 0;
         for (int64_t s = threadIdx.x; s < d.S; s += THREADS) {
             int64_t off = d.at_nc(n, c, s);
-            double g = dy[off];
+            double g = ft_cuda_load_f(dy, off, d.kdy);
             a += g;
-            b += g * ((double)x[off] - mu);
+            b += g * ((double)ft_cuda_load_f(x, off, d.kx) - mu);
         }
         ft_block_sum2<WARPS>(a, b, sh);
         if (threadIdx.x == 0) {
@@ -104,9 +119,9 @@ __global__ void __launch_bounds__(THREADS) gn_channel_sums(gn_geom d, const floa
 
 /* One block per (n, g): the group's means of dy w and dy w xhat from its
  * channels' sums, then dx (written, or added with acc; dx may be dy). */
-__global__ void __launch_bounds__(THREADS) gn_backward_dx(gn_geom d, const float *x, const float *dy, const float *w,
+__global__ void __launch_bounds__(THREADS) gn_backward_dx(gn_geom d, const char *x, const char *dy, const float *w,
                                                           const float *mean, const float *rstd, const double *pa,
-                                                          const double *pb, float *dx, bool acc) {
+                                                          const double *pb, char *dx, bool acc) {
     __shared__ double sh[2 * WARPS];
     int64_t M = d.Cg * d.S, c;
     for (int64_t item = blockIdx.x; item < d.N * d.G; item += gridDim.x) {
@@ -123,8 +138,9 @@ __global__ void __launch_bounds__(THREADS) gn_backward_dx(gn_geom d, const float
         float ma = (float)(ta / (double)M), mc = (float)(tb * rs / (double)M);
         for (int64_t i = threadIdx.x; i < M; i += THREADS) {
             int64_t off = d.at(n, g, i, &c);
-            float v = ft_norm_dx(dy[off], w ? w[c] : 1.0f, ft_norm_xhat(x[off], mu, rs), rs, ma, mc);
-            dx[off] = acc ? dx[off] + v : v;
+            float v = ft_norm_dx(ft_cuda_load_f(dy, off, d.kdy), w ? w[c] : 1.0f,
+                                 ft_norm_xhat(ft_cuda_load_f(x, off, d.kx), mu, rs), rs, ma, mc);
+            ft_cuda_store_f(dx, off, d.kdx, acc ? ft_cuda_load_f(dx, off, d.kdx) + v : v);
         }
     }
 }
@@ -147,6 +163,9 @@ __global__ void __launch_bounds__(THREADS) gn_params(gn_geom d, const double *pa
 
 static const float *fdata(const ft_tensor *t) { return t ? (const float *)ft_tensor_data(t) : NULL; }
 static float *fout(const ft_tensor *t) { return t ? (float *)ft_tensor_data(t) : NULL; }
+/* A tensor of any float storage, read or written through its kind. */
+static const char *bytes(const ft_tensor *t) { return (const char *)ft_tensor_data(t); }
+static char *bytes_out(const ft_tensor *t) { return t ? (char *)ft_tensor_data(t) : NULL; }
 
 static ft_status zero_floats(const ft_tensor *t, int64_t n) {
     return ft_cuda_check(cudaMemsetAsync(ft_tensor_data(t), 0, (size_t)n * sizeof(float), FT_CUDA_STREAM),
@@ -157,9 +176,9 @@ static ft_status group_norm_forward(const ft_tensor *out, const ft_tensor *save_
                                     const ft_tensor *inp, const ft_tensor *weight, const ft_tensor *bias,
                                     int64_t groups, double eps) {
     FT_TRY(ft_cuda_use_device(inp));
-    gn_geom d = geom_of(inp, groups);
+    gn_geom d = geom_of(inp, groups, out, NULL, NULL);
     gn_forward<<<ft_cuda_blocks(d.N * d.G, 1), THREADS, 0, FT_CUDA_STREAM>>>(
-        d, fdata(inp), fdata(weight), fdata(bias), fout(out), fout(save_mean), fout(save_rstd), eps);
+        d, bytes(inp), fdata(weight), fdata(bias), bytes_out(out), fout(save_mean), fout(save_rstd), eps);
     return ft_cuda_launched("gn_forward");
 }
 
@@ -168,7 +187,7 @@ static ft_status group_norm_backward(const ft_tensor *dinp, const ft_tensor *dwe
                                      const ft_tensor *save_rstd, const ft_tensor *weight, int64_t groups,
                                      ft_grad_acc acc) {
     FT_TRY(ft_cuda_use_device(inp));
-    gn_geom d = geom_of(inp, groups);
+    gn_geom d = geom_of(inp, groups, NULL, dout, dinp);
     int64_t NC = d.N * d.C;
     if (NC == 0 || d.S == 0) { /* no values: the parameter gradients are sums of nothing */
         if (dweight && !acc.weight)
@@ -180,7 +199,8 @@ static ft_status group_norm_backward(const ft_tensor *dinp, const ft_tensor *dwe
     ft_cuda_scratch scratch;
     FT_TRY(ft_cuda_scratch_alloc(&scratch, (size_t)NC * 2 * sizeof(double), ft_tensor_device(inp).index));
     double *pa = (double *)scratch.ptr, *pb = pa + NC;
-    const float *x = fdata(inp), *dy = fdata(dout), *w = fdata(weight);
+    const char *x = bytes(inp), *dy = bytes(dout);
+    const float *w = fdata(weight);
     const float *mean = fdata(save_mean), *rstd = fdata(save_rstd);
     gn_channel_sums<<<ft_cuda_blocks(NC, 1), THREADS, 0, FT_CUDA_STREAM>>>(d, x, dy, mean, pa, pb);
     ft_status st = ft_cuda_launched("gn_channel_sums");
@@ -192,7 +212,7 @@ static ft_status group_norm_backward(const ft_tensor *dinp, const ft_tensor *dwe
     }
     if (st == FT_OK && dinp) {
         gn_backward_dx<<<ft_cuda_blocks(d.N * d.G, 1), THREADS, 0, FT_CUDA_STREAM>>>(d, x, dy, w, mean, rstd, pa, pb,
-                                                                                   fout(dinp), acc.inp);
+                                                                                   bytes_out(dinp), acc.inp);
         st = ft_cuda_launched("gn_backward_dx");
     }
     ft_cuda_scratch_free(&scratch);

@@ -7,7 +7,10 @@
  * block of dout in the CPU's order (rows, then columns) from 0: no atomics,
  * and the CPU's bits. Threads are numbered channels innermost when the
  * tensor they walk is channels-last, so that neighbouring threads touch
- * neighbouring memory. Tensors have any strides. */
+ * neighbouring memory. Tensors have any strides, and each may be float32 or
+ * a 16-bit float (ft_cuda_kind): values are loaded as float, the backward's
+ * sums run in float, and every result is rounded once, so a 16-bit result
+ * is the float32 kernel's on the same values, rounded. */
 #include "backend.h"
 #include "ops/cuda_ops.h"
 
@@ -19,6 +22,7 @@ typedef struct {
     int64_t N, C, H, W, sh, sw;
     int64_t xs[4], ys[4]; /* strides of the small (inp, dinp) and the big (out, dout) tensor */
     bool cl;              /* threads numbered channels innermost */
+    int8_t kx, ky;        /* storage of the small and the big tensor */
 
     /* (n, c, h, w) of thread index i over a tensor of rows x cols pixels */
     __device__ void coords(int64_t i, int64_t rows, int64_t cols, int64_t *n, int64_t *c, int64_t *h,
@@ -42,30 +46,31 @@ static up_geom geom_of(const ft_tensor *small, const ft_tensor *big, const ft_te
     g.sh = sh, g.sw = sw;
     for (int d = 0; d < 4; d++)
         g.xs[d] = small->strides[d], g.ys[d] = big->strides[d];
+    g.kx = ft_cuda_kind(small->dtype), g.ky = ft_cuda_kind(big->dtype);
     g.cl = walked->shape[1] > 1 && walked->strides[1] == 1;
     return g;
 }
 
-__global__ void __launch_bounds__(THREADS) up_forward(up_geom g, const float *x, float *y) {
+__global__ void __launch_bounds__(THREADS) up_forward(up_geom g, const char *x, char *y) {
     int64_t P = g.H * g.sh, Q = g.W * g.sw, total = g.N * g.C * P * Q, n, c, i, j;
     for (int64_t k = (int64_t)blockIdx.x * THREADS + threadIdx.x; k < total; k += (int64_t)gridDim.x * THREADS) {
         g.coords(k, P, Q, &n, &c, &i, &j);
-        y[n * g.ys[0] + c * g.ys[1] + i * g.ys[2] + j * g.ys[3]] =
-            x[n * g.xs[0] + c * g.xs[1] + (i / g.sh) * g.xs[2] + (j / g.sw) * g.xs[3]];
+        float v = ft_cuda_load_f(x, n * g.xs[0] + c * g.xs[1] + (i / g.sh) * g.xs[2] + (j / g.sw) * g.xs[3], g.kx);
+        ft_cuda_store_f(y, n * g.ys[0] + c * g.ys[1] + i * g.ys[2] + j * g.ys[3], g.ky, v);
     }
 }
 
-__global__ void __launch_bounds__(THREADS) up_backward(up_geom g, const float *dy, float *dx, bool acc) {
+__global__ void __launch_bounds__(THREADS) up_backward(up_geom g, const char *dy, char *dx, bool acc) {
     int64_t total = g.N * g.C * g.H * g.W, n, c, h, w;
     for (int64_t k = (int64_t)blockIdx.x * THREADS + threadIdx.x; k < total; k += (int64_t)gridDim.x * THREADS) {
         g.coords(k, g.H, g.W, &n, &c, &h, &w);
-        const float *b = dy + n * g.ys[0] + c * g.ys[1] + h * g.sh * g.ys[2] + w * g.sw * g.ys[3];
+        int64_t b = n * g.ys[0] + c * g.ys[1] + h * g.sh * g.ys[2] + w * g.sw * g.ys[3];
         float s = 0.0f;
         for (int64_t a = 0; a < g.sh; a++)
             for (int64_t e = 0; e < g.sw; e++)
-                s += b[a * g.ys[2] + e * g.ys[3]];
-        float *o = dx + n * g.xs[0] + c * g.xs[1] + h * g.xs[2] + w * g.xs[3];
-        *o = acc ? *o + s : s;
+                s += ft_cuda_load_f(dy, b + a * g.ys[2] + e * g.ys[3], g.ky);
+        int64_t o = n * g.xs[0] + c * g.xs[1] + h * g.xs[2] + w * g.xs[3];
+        ft_cuda_store_f(dx, o, g.kx, acc ? ft_cuda_load_f(dx, o, g.kx) + s : s);
     }
 }
 
@@ -73,8 +78,8 @@ static ft_status upsample_forward(const ft_tensor *out, const ft_tensor *inp, in
     FT_TRY(ft_cuda_use_device(inp));
     up_geom g = geom_of(inp, out, out, sh, sw);
     int64_t total = g.N * g.C * g.H * sh * g.W * sw;
-    up_forward<<<ft_cuda_blocks(total, THREADS), THREADS, 0, FT_CUDA_STREAM>>>(g, (const float *)ft_tensor_data(inp),
-                                                                              (float *)ft_tensor_data(out));
+    up_forward<<<ft_cuda_blocks(total, THREADS), THREADS, 0, FT_CUDA_STREAM>>>(g, (const char *)ft_tensor_data(inp),
+                                                                              (char *)ft_tensor_data(out));
     return ft_cuda_launched("up_forward");
 }
 
@@ -83,7 +88,7 @@ static ft_status upsample_backward(const ft_tensor *dinp, const ft_tensor *dout,
     FT_TRY(ft_cuda_use_device(dout));
     up_geom g = geom_of(dinp, dout, dinp, sh, sw);
     up_backward<<<ft_cuda_blocks(g.N * g.C * g.H * g.W, THREADS), THREADS, 0, FT_CUDA_STREAM>>>(
-        g, (const float *)ft_tensor_data(dout), (float *)ft_tensor_data(dinp), accumulate);
+        g, (const char *)ft_tensor_data(dout), (char *)ft_tensor_data(dinp), accumulate);
     return ft_cuda_launched("up_backward");
 }
 

@@ -6,7 +6,6 @@
 
 #include "kernels/convert.h"
 #include "ops/check.h"
-#include "ops/chunks.h"
 #include "ops/cuda_ops.h"
 
 /* Elements below which an op runs on one thread. */
@@ -85,23 +84,6 @@ static ft_status check_id_range(const char *op, const ft_tensor *ids, int64_t V,
                    op, at, (long long)value, (long long)V, (long long)V);
 }
 
-/* A GPU's 16-bit rows: its float32 kernels over a copy of them (ops/chunks.h). */
-typedef struct {
-    const ft_tensor *ids;
-    int64_t padding_idx;
-    bool accumulate;
-} emb_call;
-
-static ft_status float_forward(const ft_tensor *const *ts, int64_t first, const void *ctx) {
-    const emb_call *c = ctx;
-    return ft_embedding_forward(ts[0], c->ids, ts[1], c->padding_idx);
-}
-
-static ft_status float_backward(const ft_tensor *const *ts, int64_t first, const void *ctx) {
-    const emb_call *c = ctx;
-    return ft_embedding_backward(ts[0], ts[1], c->ids, c->padding_idx, c->accumulate);
-}
-
 ft_status ft_embedding_forward(const ft_tensor *out, const ft_tensor *ids, const ft_tensor *weight,
                                int64_t padding_idx) {
     const char *op = "embedding";
@@ -116,9 +98,6 @@ ft_status ft_embedding_forward(const ft_tensor *out, const ft_tensor *ids, const
     FT_TRY(check_id_range(op, ids, V, dev));
     if (T * D == 0)
         return FT_OK;
-    ft_chunk_arg args[2] = {{out, true, false}, {weight, false, false}};
-    if (dev.type == FT_DEV_CUDA && ft_chunks_needed(args, 2))
-        return ft_by_float_chunks(args, 2, float_forward, &(emb_call){ids, padding_idx, false});
     if (dev.type == FT_DEV_CUDA)
         FT_CUDA_DISPATCH(op, embedding_forward, out, ids, weight, padding_idx);
     const int64_t *id = (const int64_t *)ft_tensor_data(ids);
@@ -151,9 +130,6 @@ ft_status ft_embedding_backward(const ft_tensor *dweight, const ft_tensor *dout,
     FT_TRY(check_id_range(op, ids, V, dev));
     if (V * D == 0)
         return FT_OK;
-    ft_chunk_arg args[2] = {{dweight, true, accumulate}, {dout, false, false}};
-    if (dev.type == FT_DEV_CUDA && ft_chunks_needed(args, 2))
-        return ft_by_float_chunks(args, 2, float_backward, &(emb_call){ids, padding_idx, accumulate});
     if (dev.type == FT_DEV_CUDA)
         FT_CUDA_DISPATCH(op, embedding_backward, dweight, dout, ids, padding_idx, accumulate);
     const int64_t *id = (const int64_t *)ft_tensor_data(ids);

@@ -74,8 +74,9 @@ static ft_status check_like_inp(const char *op, const char *arg, const ft_tensor
     return FT_OK;
 }
 
-/* bfloat16 tensors: chunks of samples in float32 (ops/chunks.h); the
- * statistics (N G) travel as (N, G). */
+/* bfloat16 on the CPU: chunks of samples in float32 (ops/chunks.h); the
+ * statistics (N G) travel as (N, G). The CUDA kernels read and write 16-bit
+ * floats themselves. */
 typedef struct {
     const ft_tensor *weight, *bias, *dweight, *dbias;
     int64_t groups;
@@ -195,14 +196,14 @@ ft_status ft_group_norm_forward(const ft_tensor *out, const ft_tensor *save_mean
         return ft_fail(FT_ERR_VALUE, "%s: eps must be positive, got %g", op, eps);
     if (d.N * d.C * d.S == 0)
         return FT_OK;
+    if (dev.type == FT_DEV_CUDA)
+        FT_CUDA_DISPATCH(op, group_norm_forward, out, save_mean, save_rstd, inp, weight, bias, groups, eps);
     ft_tensor m = save_mean ? per_sample(save_mean, d.N) : (ft_tensor){0};
     ft_tensor r = save_rstd ? per_sample(save_rstd, d.N) : (ft_tensor){0};
     ft_chunk_arg args[4] = {{out, true, false}, {save_mean ? &m : NULL, true, false},
                             {save_rstd ? &r : NULL, true, false}, {inp, false, false}};
     if (ft_chunks_needed(args, 4))
         return ft_by_float_chunks(args, 4, float_forward, &(gn_call){weight, bias, NULL, NULL, groups, eps, {0}});
-    if (dev.type == FT_DEV_CUDA)
-        FT_CUDA_DISPATCH(op, group_norm_forward, out, save_mean, save_rstd, inp, weight, bias, groups, eps);
     const float *x = (const float *)ft_tensor_data(inp);
     const float *w = weight ? (const float *)ft_tensor_data(weight) : NULL;
     const float *b = bias ? (const float *)ft_tensor_data(bias) : NULL;
@@ -317,15 +318,15 @@ ft_status ft_group_norm_backward(const ft_tensor *dinp, const ft_tensor *dweight
         return ft_fail(FT_ERR_VALUE, "%s: save_mean and save_rstd of the forward are required", op);
     FT_TRY(ft_check_vector(op, "save_mean", save_mean, d.N * d.G, dev));
     FT_TRY(ft_check_vector(op, "save_rstd", save_rstd, d.N * d.G, dev));
+    if (dev.type == FT_DEV_CUDA)
+        FT_CUDA_DISPATCH(op, group_norm_backward, dinp, dweight, dbias, dout, inp, save_mean, save_rstd, weight,
+                         groups, acc);
     ft_tensor m = per_sample(save_mean, d.N), r = per_sample(save_rstd, d.N);
     ft_chunk_arg args[5] = {{dinp, true, acc.inp}, {dout, false, false}, {inp, false, false}, {&m, false, false},
                             {&r, false, false}};
     if (ft_chunks_needed(args, 5))
         return ft_by_float_chunks(args, 5, float_backward,
                                   &(gn_call){weight, NULL, dweight, dbias, groups, 0.0, acc});
-    if (dev.type == FT_DEV_CUDA)
-        FT_CUDA_DISPATCH(op, group_norm_backward, dinp, dweight, dbias, dout, inp, save_mean, save_rstd, weight,
-                         groups, acc);
     bool params = dweight || dbias;
     int64_t NC = d.N * d.C;
     /* Per (n, c) sums: their combination over n runs in n order after the

@@ -12,6 +12,7 @@ static ft_status check_4d(const char *op, const char *arg, const ft_tensor *t, f
     return ft_check_ndim(op, arg, t, 4, "(N, C, H, W)");
 }
 
+/* bfloat16 on the CPU: chunks of samples in float32 (ops/chunks.h). */
 typedef struct {
     int64_t sh, sw;
     bool accumulate;
@@ -72,11 +73,11 @@ ft_status ft_upsample_nearest2d_forward(const ft_tensor *out, const ft_tensor *i
     FT_TRY(ft_check_alias(op, "out", out, "input", inp));
     if (ft_tensor_numel(out) == 0)
         return FT_OK;
+    if (dev.type == FT_DEV_CUDA) /* its kernels read and write 16-bit floats themselves */
+        FT_CUDA_DISPATCH(op, upsample_nearest2d_forward, out, inp, scale_h, scale_w);
     ft_chunk_arg args[2] = {{out, true, false}, {inp, false, false}};
     if (ft_chunks_needed(args, 2))
         return ft_by_float_chunks(args, 2, float_forward, &(up_call){scale_h, scale_w, false});
-    if (dev.type == FT_DEV_CUDA)
-        FT_CUDA_DISPATCH(op, upsample_nearest2d_forward, out, inp, scale_h, scale_w);
     up_job j = job_of(inp, out, scale_h, scale_w);
     const float *x = (const float *)ft_tensor_data(inp);
     float *y = (float *)ft_tensor_data(out);
@@ -125,11 +126,11 @@ ft_status ft_upsample_nearest2d_backward(const ft_tensor *dinp, const ft_tensor 
     FT_TRY(ft_check_alias(op, "grad_input", dinp, "grad_output", dout));
     if (ft_tensor_numel(dinp) == 0)
         return FT_OK;
+    if (dev.type == FT_DEV_CUDA)
+        FT_CUDA_DISPATCH(op, upsample_nearest2d_backward, dinp, dout, scale_h, scale_w, accumulate);
     ft_chunk_arg args[2] = {{dinp, true, accumulate}, {dout, false, false}};
     if (ft_chunks_needed(args, 2))
         return ft_by_float_chunks(args, 2, float_backward, &(up_call){scale_h, scale_w, accumulate});
-    if (dev.type == FT_DEV_CUDA)
-        FT_CUDA_DISPATCH(op, upsample_nearest2d_backward, dinp, dout, scale_h, scale_w, accumulate);
     up_job j = job_of(dinp, dout, scale_h, scale_w);
     const float *g = (const float *)ft_tensor_data(dout);
     float *dx = (float *)ft_tensor_data(dinp);
