@@ -20,10 +20,12 @@
  * additions again. Float atomics would add them in whatever order the
  * threads arrive, different bits from run to run.
  *
- * The forward and the average backward read and write float32 or 16-bit
- * floats, computing in float and rounding once; the max backward adds in
- * place, so it takes float32 (ops/pool.c gives it float32 copies of 16-bit
- * tensors).
+ * Every kernel reads and writes float32 or 16-bit floats (ft_cuda_kind),
+ * computing in float and rounding once. The max backward adds into its
+ * elements over many steps, so a 16-bit dinp gets a float32 plane of
+ * scratch per warp: the warp loads dinp into it (or zeroes it), adds there
+ * in the order above, and rounds each element once at the end, giving the
+ * float32 result on the same values, rounded.
  *
  * Tensors have any strides. Threads are numbered channels innermost when the
  * tensor they walk is channels-last (NHWC) and columns innermost otherwise,
@@ -284,12 +286,16 @@ static ft_status adaptive_avg_pool2d_backward(const ft_tensor *dinp, const ft_te
 template <typename Idx> struct max_bwd {
     int64_t N, C, H, W, P, Q;
     bool accumulate;
-    float *d; /* dinp */
+    char *d; /* dinp (kd) */
     strides4 ds;
-    const float *dy; /* dout */
+    const char *dy; /* dout (kdy) */
     strides4 dys;
+    int8_t kd, kdy;
     const Idx *ind;
     strides4 is;
+    /* a 16-bit dinp's sums: (warps, H W) floats, a plane per warp of the
+     * grid; NULL when dinp is float32 and takes the sums itself */
+    float *work;
     /* [0] != 0 when an index is outside [-1, H W); [1] the largest such
      * index (by signed order, stored with its sign bit flipped) */
     unsigned long long *bad;
@@ -302,22 +308,26 @@ template <typename Idx> __global__ void __launch_bounds__(THREADS) max_backward_
     float *warp_vals = vals + (threadIdx.x - lane);
     int64_t warp = ((int64_t)blockIdx.x * THREADS + threadIdx.x) / 32, warps = (int64_t)gridDim.x * (THREADS / 32);
     int64_t HW = a.H * a.W, PQ = a.P * a.Q;
+    /* where the sums run: dinp's plane, or the warp's plane of work (dense) */
+    int64_t fh = a.work ? a.W : a.ds.h, fw = a.work ? 1 : a.ds.w;
     for (int64_t plane = warp; plane < a.N * a.C; plane += warps) {
         int64_t n = plane / a.C, c = plane % a.C;
-        float *d = a.d + n * a.ds.n + c * a.ds.c;
-        const float *dy = a.dy + n * a.dys.n + c * a.dys.c;
+        int64_t d = n * a.ds.n + c * a.ds.c, dy = n * a.dys.n + c * a.dys.c;
+        float *f = a.work ? a.work + warp * HW : (float *)a.d + d;
         const Idx *ind = a.ind + n * a.is.n + c * a.is.c;
-        if (!a.accumulate)
-            for (int64_t e = lane; e < HW; e += 32)
-                d[e / a.W * a.ds.h + e % a.W * a.ds.w] = 0.0f;
-        __syncwarp(); /* the zeros are stored before any lane adds to them */
+        if (a.work || !a.accumulate)
+            for (int64_t e = lane; e < HW; e += 32) {
+                int64_t h = e / a.W, w = e % a.W;
+                f[h * fh + w * fw] = a.accumulate ? ft_cuda_load_f(a.d, d + h * a.ds.h + w * a.ds.w, a.kd) : 0.0f;
+            }
+        __syncwarp(); /* the starting values are stored before any lane adds to them */
         for (int64_t o0 = 0; o0 < PQ; o0 += 32) {
             int64_t o = o0 + lane, at = -1;
             float v = 0.0f;
             if (o < PQ) {
                 int64_t oh = o / a.Q, ow = o % a.Q;
                 at = (int64_t)ind[oh * a.is.h + ow * a.is.w];
-                v = dy[oh * a.dys.h + ow * a.dys.w];
+                v = ft_cuda_load_f(a.dy, dy + oh * a.dys.h + ow * a.dys.w, a.kdy);
                 if (at < -1 || at >= HW) {
                     atomicOr(&a.bad[0], 1ull);
                     atomicMax(&a.bad[1], (unsigned long long)at ^ (1ull << 63));
@@ -328,7 +338,7 @@ template <typename Idx> __global__ void __launch_bounds__(THREADS) max_backward_
             warp_vals[lane] = v;
             __syncwarp(); /* the group's values are in shared memory for its first lane */
             if (valid && __ffs(group) - 1 == lane) {
-                float *p = d + at / a.W * a.ds.h + at % a.W * a.ds.w;
+                float *p = f + at / a.W * fh + at % a.W * fw;
                 float sum = *p;
                 for (unsigned m = group; m; m &= m - 1)
                     sum += warp_vals[__ffs(m) - 1];
@@ -336,21 +346,31 @@ template <typename Idx> __global__ void __launch_bounds__(THREADS) max_backward_
             }
             __syncwarp(); /* the sums are stored before the next outputs add to them, and vals is free */
         }
+        /* each lane rounds the elements it started, so the next plane's start needs no barrier */
+        if (a.work)
+            for (int64_t e = lane; e < HW; e += 32)
+                ft_cuda_store_f(a.d, d + e / a.W * a.ds.h + e % a.W * a.ds.w, a.kd, f[e]);
     }
+}
+
+/* The blocks of the max backward: a warp per plane, up to ft_cuda_blocks' limit. */
+static unsigned max_backward_blocks(const ft_tensor *dinp) {
+    return ft_cuda_blocks(dinp->shape[0] * dinp->shape[1], THREADS / 32);
 }
 
 template <typename Idx>
 static ft_status queue_max_backward(const ft_tensor *dinp, const ft_tensor *dout, const ft_tensor *ind,
-                                    bool accumulate, unsigned long long *bad) {
+                                    bool accumulate, unsigned long long *bad, float *work) {
     max_bwd<Idx> a;
     a.N = dinp->shape[0], a.C = dinp->shape[1], a.H = dinp->shape[2], a.W = dinp->shape[3];
     a.P = dout->shape[2], a.Q = dout->shape[3];
     a.accumulate = accumulate;
-    a.d = (float *)ft_tensor_data(dinp), a.ds = strides_of(dinp);
-    a.dy = (const float *)ft_tensor_data(dout), a.dys = strides_of(dout);
+    a.d = (char *)ft_tensor_data(dinp), a.ds = strides_of(dinp), a.kd = ft_cuda_kind(dinp->dtype);
+    a.dy = (const char *)ft_tensor_data(dout), a.dys = strides_of(dout), a.kdy = ft_cuda_kind(dout->dtype);
     a.ind = (const Idx *)ft_tensor_data(ind), a.is = strides_of(ind);
+    a.work = work;
     a.bad = bad;
-    max_backward_kernel<Idx><<<ft_cuda_blocks(a.N * a.C, THREADS / 32), THREADS, 0, FT_CUDA_STREAM>>>(a);
+    max_backward_kernel<Idx><<<max_backward_blocks(dinp), THREADS, 0, FT_CUDA_STREAM>>>(a);
     return ft_cuda_launched("max_backward_kernel");
 }
 
@@ -361,13 +381,18 @@ static ft_status max_backward(const char *op, const ft_tensor *dinp, const ft_te
     int64_t H = dinp->shape[2], W = dinp->shape[3];
     if (dinp->shape[0] * dinp->shape[1] * H * W == 0)
         return FT_OK;
+    /* the flag, then a 16-bit dinp's planes of sums: never more than a float32 copy of dinp */
+    int64_t warps = (int64_t)max_backward_blocks(dinp) * (THREADS / 32), planes = dinp->shape[0] * dinp->shape[1];
+    size_t work = ft_cuda_kind(dinp->dtype) == FT_CUDA_F32 ? 0 : (size_t)(warps < planes ? warps : planes) * H * W;
     ft_cuda_scratch scratch;
-    FT_TRY(ft_cuda_scratch_alloc(&scratch, 2 * sizeof(unsigned long long), ft_tensor_device(dinp).index));
+    FT_TRY(ft_cuda_scratch_alloc(&scratch, 2 * sizeof(unsigned long long) + work * sizeof(float),
+                                 ft_tensor_device(dinp).index));
     unsigned long long *bad = (unsigned long long *)scratch.ptr, found[2] = {0, 0};
+    float *sums = work ? (float *)(bad + 2) : NULL;
     ft_status st = ft_cuda_check(cudaMemsetAsync(bad, 0, 2 * sizeof *bad, FT_CUDA_STREAM), "cudaMemsetAsync");
     if (st == FT_OK)
-        st = indices->dtype == FT_INT32 ? queue_max_backward<int32_t>(dinp, dout, indices, accumulate, bad)
-                                        : queue_max_backward<int64_t>(dinp, dout, indices, accumulate, bad);
+        st = indices->dtype == FT_INT32 ? queue_max_backward<int32_t>(dinp, dout, indices, accumulate, bad, sums)
+                                        : queue_max_backward<int64_t>(dinp, dout, indices, accumulate, bad, sums);
     /* The CPU fails on an index outside the plane; so must this, which needs the flag back. */
     if (st == FT_OK)
         st = ft_cuda_check(cudaMemcpy(found, bad, sizeof found, cudaMemcpyDeviceToHost), "cudaMemcpy");

@@ -5,8 +5,9 @@
  * independent (pooling, upsampling, group norm). On a GPU there is no cache
  * to stay in: the op runs once on float32 copies of its whole 16-bit tensors
  * (bfloat16 or float16), made on the device, so any op can take this path
- * (attention, embeddings, the max pool's backward) and any tensor, of any
- * shape, can be an argument. */
+ * and any tensor, of any shape, can be an argument. Attention is the one
+ * CUDA op that still does; the others read and write 16-bit floats in their
+ * kernels. */
 #ifndef FT_OPS_CHUNKS_H
 #define FT_OPS_CHUNKS_H
 

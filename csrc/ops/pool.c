@@ -721,12 +721,12 @@ static ft_status pool_backward(const char *op, int kind, window_rule rule, const
 #define MAX_SCRATCH ((int64_t)1 << 22)
 
 /* Whether a pool from a to b (input to output, or dout to dinp, `backward`)
- * runs on their 16-bit floats in place: on CUDA every pool but the max
- * pool's backward (cuda/pool.cu); on the CPU a max pool of bfloat16 a and b,
- * a channels-last (the backward also wants dinp channels-last). */
+ * runs on their 16-bit floats in place: on CUDA every pool (cuda/pool.cu);
+ * on the CPU a max pool of bfloat16 a and b, a channels-last (the backward
+ * also wants dinp channels-last). */
 static bool native_bf16(int kind, const ft_tensor *a, const ft_tensor *b, bool backward) {
     if (ft_op_device(a).type == FT_DEV_CUDA)
-        return !(backward && kind == POOL_MAX);
+        return true;
     return kind == POOL_MAX && a->dtype == FT_BFLOAT16 && b->dtype == FT_BFLOAT16 && channels_last(a) &&
            (!backward || channels_last(b));
 }
