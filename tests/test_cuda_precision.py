@@ -1,7 +1,8 @@
-"""bfloat16 and float16 on CUDA. The ops without 16-bit kernels of their own (batch, layer and group norm, pooling,
-upsampling, attention, embeddings) run their float32 kernels on float32 copies made on the device, and the
-pointwise and row kernels load 16-bit values as float and round their results once: each result must be the
-float32 kernels' result on the same values, rounded once. Convolutions and matmuls (cuDNN, cuBLASLt, float32
+"""bfloat16 and float16 on CUDA. Attention runs its float32 kernels on float32 copies made on the device; the other
+kernels (batch, layer and group norm, pooling, upsampling, embeddings, the pointwise and row kernels) load 16-bit
+values as float and round their results once, those that add into an output in place (an accumulating gradient,
+the max pool's backward) after adding in float: each result must be the float32 kernels' result on the same values,
+rounded once. Convolutions and matmuls (cuDNN, cuBLASLt, float32
 accumulation) within the 16-bit format's tolerance of float32. compile(precision="bf16-mixed" / "16-mixed") on a
 GPU against the float32 program (losses within the format's tolerance, docs/precision.md), bitwise repeatable in
 deterministic mode, the traced zoo in bf16-mixed, ft.autocast("cuda"), and the device's compute capability."""
@@ -63,10 +64,12 @@ def layer_norm(mk):
 
 
 def group_norm(mk):
-    x, dy = mk(4, 6, 5, 5), mk(4, 6, 5, 5)
+    x, dy, old = mk(4, 6, 5, 5), mk(4, 6, 5, 5), mk(4, 6, 5, 5)
     w, b = mk(6, act=False), mk(6, act=False)
     out, mean, rstd = ops.group_norm_forward(None, None, None, x, w, b, 3)
-    return (out, mean, rstd) + tuple(ops.group_norm_backward(None, None, None, dy, x, mean, rstd, w, 3))
+    grads = ops.group_norm_backward(None, None, None, dy, x, mean, rstd, w, 3)
+    ops.group_norm_backward(old, False, False, dy, x, mean, rstd, w, 3, accumulate=True)
+    return (out, mean, rstd) + tuple(grads) + (old,)
 
 
 def pools(mk):
@@ -78,9 +81,25 @@ def pools(mk):
             ops.adaptive_avg_pool2d_forward(None, x, (5, 5)), ops.adaptive_avg_pool2d_backward(None, dy, (9, 9)))
 
 
+def max_pool_backward(mk):
+    """Stride-1 windows: an input element takes up to nine gradients, from more than one group of 32 outputs (the
+    kernel's steps), into a strided dinp and an adaptive pool's; the sums run in float and are rounded once."""
+    x, dy, old = mk(3, 5, 9, 9), mk(3, 5, 9, 9), mk(3, 5, 9, 18)[..., ::2]
+    _, idx = ops.max_pool2d_forward(None, None, x, 3, 1, 1)
+    ops.max_pool2d_backward(old, dy, idx, (9, 9), accumulate=True)
+    _, aidx = ops.adaptive_max_pool2d_forward(None, None, x, (4, 4))
+    ady, aold = mk(3, 5, 4, 4), mk(3, 5, 9, 9)
+    ops.adaptive_max_pool2d_backward(aold, ady, aidx, (9, 9), accumulate=True)
+    return (ops.max_pool2d_backward(None, dy, idx, (9, 9)), old,
+            ops.adaptive_max_pool2d_backward(None, ady, aidx, (9, 9)), aold)
+
+
 def upsample(mk):
-    x, dy = mk(2, 6, 4, 5), mk(2, 6, 8, 10)
-    return ops.upsample_nearest2d_forward(None, x, 2), ops.upsample_nearest2d_backward(None, dy, 2)
+    x, dy, old = mk(2, 6, 4, 5), mk(2, 6, 8, 10), mk(2, 6, 4, 5)
+    ops.upsample_nearest2d_backward(old, dy, 2, accumulate=True)
+    wide, wdy = mk(2, 6, 4, 10)[..., ::2], mk(2, 6, 8, 15)  # a strided input; unequal scales
+    return (ops.upsample_nearest2d_forward(None, x, 2), ops.upsample_nearest2d_backward(None, dy, 2), old,
+            ops.upsample_nearest2d_forward(None, wide, (2, 3)), ops.upsample_nearest2d_backward(None, wdy, (2, 3)))
 
 
 def attention(mk):
@@ -90,10 +109,12 @@ def attention(mk):
 
 
 def embedding(mk):
-    w, dy = mk(11, 8, act=False), mk(3, 5, 8)
+    """A float32 table and gradient, 16-bit rows; ids repeat, so the backward adds several rows into one."""
+    w, dy, old = mk(11, 8, act=False), mk(3, 5, 8), mk(11, 8, act=False)
     ids = ft.tensor(np.random.default_rng(3).integers(0, 11, (3, 5))).to("cuda")
     out = ops.embedding_forward(ft.empty(3, 5, 8, dtype=dy.dtype, device="cuda"), ids, w)
-    return out, ops.embedding_backward(None, dy, ids, 11)
+    ops.embedding_backward(old, dy, ids, 11, padding_idx=int(host(ids)[0, 0]), accumulate=True)
+    return out, ops.embedding_backward(None, dy, ids, 11), old
 
 
 def pointwise(mk):
@@ -111,7 +132,8 @@ def rows(mk):
     return s, ops.softmax_backward(None, dy, mk.saved(s), 1), ops.log_softmax_forward(None, logits, 1), loss, dlogits
 
 
-CASES = [batch_norm, layer_norm, group_norm, pools, upsample, attention, embedding, pointwise, rows]
+CASES = [batch_norm, layer_norm, group_norm, pools, max_pool_backward, upsample, attention, embedding, pointwise,
+         rows]
 
 
 @pytest.mark.parametrize("low", LOW, ids=str)
