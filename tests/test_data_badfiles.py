@@ -151,7 +151,9 @@ def test_image_files_it_cannot_decode_are_named_in_a_warning(tmp_path):
 def test_a_record_file_truncated_after_it_was_opened_is_an_error(tmp_path):
     import os
     path = tmp_path / "cut.rec"
-    D.write_records(path, (np.zeros((10, 64, 64), np.uint8), np.arange(10)))
+    # more batches than the loader's ring holds: its workers start reading at construction, and a ring that held
+    # the whole file could be full before the cut
+    D.write_records(path, (np.zeros((400, 64, 64), np.uint8), np.arange(400)))
     rf = D.RecordFile(path)
     loader = D.Loader(path, batch_size=5, num_workers=1)
     os.truncate(path, 3 * 4096)  # a mapping of the file would turn reads of the later records into SIGBUS

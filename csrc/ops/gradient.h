@@ -32,6 +32,11 @@ typedef struct {
 /* *write = where the op writes dst's contribution (NULL when dst is NULL). */
 ft_status ft_grad_out_begin(ft_grad_out *g, const ft_tensor *dst, bool accumulate, const ft_tensor **write);
 
+/* ft_grad_out_begin for an op whose kernel writes any float dtype: a 16-bit
+ * dst is staged in float32, so that dst + contribution is rounded once, as
+ * an op that accumulates in its own loop rounds it. */
+ft_status ft_grad_out_begin_float(ft_grad_out *g, const ft_tensor *dst, bool accumulate, const ft_tensor **write);
+
 /* After the op ran with status s: adds the staged contribution into dst
  * (when s is FT_OK) and frees it. Returns the first failure. */
 ft_status ft_grad_out_end(ft_grad_out *g, ft_status s);

@@ -179,7 +179,7 @@ ft_status ft_layernorm_backward(const ft_tensor *dinp, const ft_tensor *dweight,
     if (dev.type == FT_DEV_CUDA) { /* the backend writes: accumulation is staged */
         ft_grad_out gx, gw, gb;
         const ft_tensor *dx_to, *dw_to, *db_to;
-        FT_TRY(ft_grad_out_begin(&gx, dinp, acc.inp, &dx_to));
+        FT_TRY(ft_grad_out_begin_float(&gx, dinp, acc.inp, &dx_to));
         ft_status s = ft_grad_out_begin(&gw, dweight, acc.weight, &dw_to);
         if (s == FT_OK)
             s = ft_grad_out_begin(&gb, dbias, acc.bias, &db_to);
