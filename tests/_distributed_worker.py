@@ -13,6 +13,8 @@ recompute: "sync_bn" with every output recomputed that can be (the SyncBatchNorm
 over the ranks again, amid the buckets' sums started by then) and the gradient in buckets.
 fit: ft.fit over a shuffled Loader sharded by rank, then ft.evaluate; every rank writes its weights and figures.
 error: rank 1 passes a label out of range: every rank must stop.
+refused: rank 1 refuses its batch of the second of 4 steps and every rank catches its exception and goes on: that
+step is skipped on both ranks (a SyncBatchNorm communicates in the forward), which then hold the weights of 3 steps.
 resume: STEPS steps, a checkpoint, STEPS more (OUT.full.npz); then a fresh program loads the checkpoint and
 runs the last STEPS (OUT.resumed.npz).
 nccl: one rank, on CUDA: a program averaging through NCCL against one that does not (they must agree)."""
@@ -130,6 +132,24 @@ def main(mode, out):
             labels[0] = CLASSES + 7
         for _ in range(3):
             p.train_step(x[mine], labels)
+    elif mode == "refused":
+        m = model("sync")
+        p = compiled(m, True)
+        for step in range(4):
+            labels = y[mine].copy()
+            if rank == 1 and step == 1:
+                labels[0] = CLASSES + 7
+            try:
+                p.train_step(x[mine], labels)
+            except (ValueError, IndexError, RuntimeError) as e:
+                print(f"rank {rank} step {step}: {type(e).__name__}: {e}", flush=True)
+        three = model("sync")
+        p3 = compiled(three, True)
+        for _ in range(3):
+            p3.train_step(x[mine], y[mine])
+        got, want = weights(m), weights(three)
+        assert all(np.array_equal(got[k], want[k]) for k in want), f"rank {rank}: not the weights of 3 steps"
+        print(f"rank {rank}: the weights of 3 steps", flush=True)
     elif mode == "resume":
         m = model()
         p = compiled(m, True)

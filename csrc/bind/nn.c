@@ -447,6 +447,22 @@ static ft_status skip_step(ft_program *prog, loss_scaler *ls, step_result *r) {
 static ft_status train_step(ft_program *prog, ft_optimizer *opt, const ft_tensor *x, const ft_tensor *y,
                             const step_options *o, step_result *r) {
     *r = (step_result){.grad_norm = NAN};
+    if (o->rank_grads) {
+        /* Every rank takes the step or none does: a rank that refused its
+         * batch alone would leave the others waiting in the step's sums, or
+         * (its exception caught) pair its next step's sums with theirs. */
+        ft_status own = ft_program_check_batch(prog, x, y);
+        double refused = own != FT_OK;
+        ft_error kept;
+        ft_error_keep(&kept, own);
+        FT_TRY(ft_dist_allreduce_sum_f64(&refused, 1));
+        if (own != FT_OK)
+            return ft_error_first(&kept, 1);
+        if (refused > 0)
+            return ft_fail(FT_ERR_RUNTIME, "train_step: %.0f other rank(s) refused their batch (see their error); no "
+                                           "rank took this step",
+                           refused);
+    }
     if (o->reducer)
         ft_reducer_begin(o->reducer);
     loss_scaler *ls = o->scaler;

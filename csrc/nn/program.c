@@ -1283,6 +1283,15 @@ ft_status ft_program_set_loss_scale(ft_program *p, float scale) {
     return FT_OK;
 }
 
+ft_status ft_program_check_batch(ft_program *p, const ft_tensor *x, const ft_tensor *y) {
+    FT_TRY(check_input(p, x));
+    ft_tensor yd;
+    FT_TRY(prepare_targets(p, y, x->shape[0], &yd, NULL));
+    if (yd.storage)
+        ft_tensor_release(&yd);
+    return FT_OK;
+}
+
 ft_status ft_program_backward(ft_program *p, const ft_tensor *x, const ft_tensor *y, bool accumulate, double *loss,
                               int64_t *correct) {
     FT_TRY(check_input(p, x));

@@ -177,6 +177,11 @@ void ft_program_on_slot_final(ft_program *p, void (*fn)(void *ctx, int slot), vo
  * where it runs in it). */
 ft_dtype ft_program_node_dtype(const ft_program *p, int i);
 
+/* The checks ft_program_backward makes of a batch before anything runs
+ * (its shape and dtype, the targets' and their values), and nothing else:
+ * for ranks that agree on a batch before any of them communicates. */
+ft_status ft_program_check_batch(ft_program *p, const ft_tensor *x, const ft_tensor *y);
+
 /* Forward and backward of one batch x (B, ...) with targets y (B, ...) of
  * the target node's shape and dtype (NULL when the loss reads none; (B,)
  * for a target of per-sample shape (1,) is read as (B, 1)), split
