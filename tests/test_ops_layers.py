@@ -207,6 +207,20 @@ def test_batch_norm_bad_inputs():
                                    ft.zeros(3), ft.ones(3))
 
 
+@pytest.mark.parametrize("shape", [(4, 0), (4, 0, 3, 3), (0, 5, 3, 3)])
+def test_batch_norm_of_empty_tensors(shape):
+    # no channel, or (in evaluation) no sample: empty results, as PyTorch's; zero channels ended in SIGFPE
+    C = shape[1]
+    x, rm, rv = ft.zeros(*shape), ft.zeros(C), ft.ones(C)
+    out, mean, invstd = ft.ops.batch_norm_forward(None, None, None, x, ft.ones(C), ft.zeros(C), rm, rv,
+                                                  training=shape[0] > 0, act="relu")
+    assert out.shape == shape and mean.shape == (C,)
+    dx, dw, db = ft.ops.batch_norm_backward(None, None, None, ft.zeros(*shape), x, out, ft.ones(C), mean, invstd,
+                                            training=shape[0] > 0, act="relu")
+    assert dx.shape == shape and dw.shape == (C,) and db.shape == (C,)
+    assert n(rm).tolist() == [0.0] * C and n(rv).tolist() == [1.0] * C  # no statistics from nothing
+
+
 def test_layer_norm():
     x, w, b = RNG.standard_normal((4, 3, 8)) + 5, RNG.standard_normal(8), RNG.standard_normal(8)
 

@@ -58,7 +58,7 @@ static ft_status same_layout(const layout *want, const ft_tensor *t, const ft_te
     FT_TRY(layout_of(&l, t, arg, dev));
     if (t->ndim != ref->ndim || memcmp(t->shape, ref->shape, (size_t)t->ndim * sizeof *t->shape) != 0)
         return ft_fail(FT_ERR_SHAPE, "batch_norm: %s must have the input's shape", arg);
-    if (l.channels_last != want->channels_last)
+    if (l.channels_last != want->channels_last && ft_tensor_numel(t) > 0) /* an empty tensor has every layout */
         return ft_fail(FT_ERR_SHAPE, "batch_norm: %s must use the input's memory layout (%s)", arg,
                        want->channels_last ? "channels-last" : "NCHW");
     return FT_OK;
@@ -384,6 +384,8 @@ ft_status ft_batchnorm_forward(const ft_tensor *out, const ft_tensor *save_mean,
     if (dev.type == FT_DEV_CUDA && p->sync)
         return ft_fail(FT_ERR_DEVICE, "batch_norm: synchronized statistics need the CPU (there is no NCCL path)");
     FT_TRY(check_abn(p, dev));
+    if (C == 0) /* nothing to normalize (and no channel to index) */
+        return FT_OK;
     if (dev.type == FT_DEV_CUDA)
         FT_CUDA_DISPATCH("batch_norm", batchnorm_forward, out, save_mean, save_invstd, inp, weight, bias,
                          running_mean, running_var, p);
@@ -504,6 +506,8 @@ ft_status ft_batchnorm_backward(const ft_tensor *dinp, const ft_tensor *dweight,
         return ft_fail(FT_ERR_VALUE, "batch_norm: save_mean and save_invstd are required");
     if (dev.type == FT_DEV_CUDA && p->sync)
         return ft_fail(FT_ERR_DEVICE, "batch_norm: synchronized statistics need the CPU (there is no NCCL path)");
+    if (C == 0) /* no channel: no gradient */
+        return FT_OK;
     if (dev.type == FT_DEV_CUDA) { /* the backend writes: accumulation is staged */
         ft_grad_out gx, gw, gb;
         const ft_tensor *dx_to, *dw_to, *db_to;
