@@ -113,6 +113,8 @@ def test_conv2d_bad_inputs():
     assert empty.shape == (0, 4, 8, 8)
     dx, dw, db = ft.ops.conv2d_backward(None, None, None, empty, ft.zeros(0, 3, 8, 8), w, padding=1)
     assert n(dw).sum() == 0 and db.shape == (4,)
+    with pytest.raises(ValueError, match="conv2d: zero input channels are not supported"):
+        ft.ops.conv2d_forward(None, ft.zeros(2, 0, 4, 4), ft.zeros(3, 0, 3, 3), None, 1, 1)
 
 
 def test_linear_forward_backward_and_fusion():

@@ -247,6 +247,8 @@ static ft_status check_common(const ft_tensor *inp, const ft_tensor *w, int64_t 
     if (w->ndim != 4)
         return ft_fail(FT_ERR_SHAPE, "conv2d: weight must be 4-d (K, C/groups, R, S), got %d dimensions", w->ndim);
     int64_t G = p->groups, C = inp->shape[1], K = w->shape[0];
+    if (C == 0) /* oneDNN refuses it, saying only that it does */
+        return ft_fail(FT_ERR_VALUE, "conv2d: zero input channels are not supported");
     if (G < 1 || C % G || K % G)
         return ft_fail(FT_ERR_VALUE, "conv2d: groups=%lld must divide input channels %lld and output channels %lld",
                        (long long)G, (long long)C, (long long)K);
