@@ -131,15 +131,17 @@ def test_a_callback_stops_training_and_fit_goes_on_from_there():
     assert program.step_count == 2
 
 
-def test_gradient_norm_only_where_the_step_computes_it():
+def test_gradient_norm_of_every_step():
+    # every step computes it (it refuses a non-finite one), with or without clipping
     model, program, _, loader = setup(clip=None)
     seen = []
     ft.fit(program, loader, 1, step_callbacks=[lambda s, m: seen.append(m["grad_norm"])], progress=False)
-    assert seen == [None] * 6 and program.last_grad_norm is None
+    assert len(seen) == 6 and all(isinstance(v, float) and v > 0 for v in seen)
+    assert program.last_grad_norm == seen[-1]
     ft.manual_seed(3)
     model = nn.Linear(F, C)
-    program = model.compile(ft.optim.SGD(model.parameters(), lr=LR), batch_size=B, input_shape=(F,),
-                            nan_policy="skip")
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=LR), batch_size=B, input_shape=(F,))
+    assert program.last_grad_norm is None  # before the first step
     steps, _, _, _ = reference(model, 1)
     program.train_step(*epoch_batches(0)[0])
     assert program.last_grad_norm == pytest.approx(steps[0][2], rel=1e-5)

@@ -239,6 +239,9 @@ def test_bad_compile_options():
     model = make_resnet()
     with pytest.raises(ValueError, match="multiple"):
         compile_resnet(model, batch_size=8, accumulate_steps=3)
+    for steps in (0, -2, 1.5):
+        with pytest.raises(ValueError, match="accumulate_steps must be an int of at least 1"):
+            compile_resnet(model, batch_size=8, accumulate_steps=steps)
     with pytest.raises(ValueError):
         compile_resnet(model, batch_size=0)
     with pytest.raises(ValueError):
@@ -248,3 +251,30 @@ def test_bad_compile_options():
         with pytest.raises(ValueError):
             compile_resnet(model, **kw).train_step(*batch(8))  # at compile time or at the first step
         assert state_bits(model) == before
+
+
+def test_fit_refuses_an_epoch_count_that_is_no_count():
+    program = compile_resnet(make_resnet())
+    before = state_bits(program.model)
+    for epochs in (-1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="epochs must be an int >= 0"):
+            ft.fit(program, batch(16), epochs, progress=False)
+    assert state_bits(program.model) == before
+    assert ft.fit(program, batch(16), 0, progress=False)["epoch"] == []
+
+
+def test_a_finite_loss_with_non_finite_gradients_changes_nothing():
+    # an all-inf batch: the residual add's ReLU, a oneDNN post-op, turns the forward's NaN into 0 and the loss is
+    # finite, but the backward's gradients are NaN; the step used to apply them
+    program = compile_resnet(make_resnet())
+    x, y = batch(8)
+    x[:] = np.inf
+    before = state_bits(program.model)
+    with pytest.raises(ValueError, match=r"the gradient norm is nan; the step was skipped and the params"):
+        program.train_step(x, y)
+    assert state_bits(program.model) == before
+    skipping = compile_resnet(make_resnet(), nan_policy="skip")
+    before = state_bits(skipping.model)
+    skipping.train_step(x, y)
+    assert skipping.skipped_steps == 1 and state_bits(skipping.model) == before
+

@@ -41,7 +41,7 @@ typedef struct {
     bool distributed; /* steps average the gradients and the loss over the ranks of ft.distributed */
     void *nccl;       /* a distributed CUDA program's NCCL communicator */
     ft_reducer *reducer; /* a distributed CPU program's: its gradients summed in buckets during the backward */
-    double last_grad_norm;   /* of the last step that computed it (clipping or nan_policy='skip'), else NaN */
+    double last_grad_norm;   /* of the last step (NaN before the first) */
     loss_scaler scaler;
 } program_object;
 
@@ -483,14 +483,13 @@ static ft_status train_step(ft_program *prog, ft_optimizer *opt, const ft_tensor
         FT_TRY(ft_program_undo_statistics(prog));
         return ft_fail(FT_ERR_VALUE, "the loss is %g: no update was applied (pass nan_policy='skip' to skip such "
                                      "steps, or lower the learning rate)",
-                       r->loss);
+                       isnan(r->loss) ? NAN : r->loss); /* "nan", not the sign bit's "-nan" */
     }
-    /* Clipping computes the gradient norm anyway; with nan_policy='skip' or
-     * loss scaling the optimizer computes it too, and refuses a non-finite
-     * one leaving params and state unchanged. */
-    bool norm_wanted = o->skip_nonfinite || o->max_grad_norm > 0 || ls;
-    ft_status s = ft_optimizer_step(opt, ls ? (float)(1.0 / ls->scale) : 1.0f, o->max_grad_norm,
-                                    norm_wanted ? &r->grad_norm : NULL);
+    /* The optimizer computes the gradient norm first and refuses a
+     * non-finite one, leaving params and state unchanged: a finite loss does
+     * not make finite gradients (a oneDNN ReLU post-op turns NaN into 0 in
+     * the forward, not in the backward). */
+    ft_status s = ft_optimizer_step(opt, ls ? (float)(1.0 / ls->scale) : 1.0f, o->max_grad_norm, &r->grad_norm);
     if (s == FT_OK) {
         if (ls)
             scaler_update(ls, false);

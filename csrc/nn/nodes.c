@@ -453,7 +453,7 @@ static ft_status embedding_check(const ft_node *nd, const ft_node *const *in) {
               !memcmp(nd->shape, in[0]->shape, (size_t)in[0]->ndim * sizeof *nd->shape);
     return ok ? FT_OK
               : ft_fail(FT_ERR_SHAPE, "program: an embedding reads the int64 ids of the input and gives their "
-                                      "rows of its (V, D) weight");
+                                      "rows of its (V, D) weight (compile with input_dtype=ft.int64)");
 }
 
 static ft_status embedding_forward(const ft_node_run *r) {

@@ -779,7 +779,7 @@ ft_status ft_optimizer_step(ft_optimizer *opt, float grad_scale, double max_grad
             *grad_norm = norm;
         if (!isfinite(norm))
             return ft_fail(FT_ERR_VALUE, "%s step: the gradient norm is %g; the step was skipped and the params and "
-                                         "optimizer state are unchanged", k, norm);
+                                         "optimizer state are unchanged", k, isnan(norm) ? NAN : norm); /* "nan", not "-nan" */
         double clip = max_grad_norm > 0 ? max_grad_norm / (norm + 1e-6) : 1.0;
         if (clip < 1.0)
             gx.clip = (float)clip;

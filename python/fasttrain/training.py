@@ -156,7 +156,7 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
     step_callbacks: functions called as cb(step, metrics) after every `every_n_steps`-th optimizer step of the
     program (step counted from 1 over the program's life, program.step_count), metrics holding "step",
     "epoch", "loss" (that step's), "lr" (the first group's, for that step) and "grad_norm" (its gradient norm
-    before clipping, program.last_grad_norm: None unless compile(clip_grad_norm=...) or nan_policy="skip");
+    before clipping, program.last_grad_norm);
     one returning True stops training after that step. A fasttrain Loader's epoch stays in C between them.
     val_loader may be (x, y) arrays too (in batches of the program's size).
 
@@ -168,6 +168,8 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
         raise ValueError("scheduler_interval must be 'step' or 'epoch'")
     if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:
         raise ValueError(f"every_n_steps must be a positive int, got {every_n_steps!r}")
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
+        raise ValueError(f"epochs must be an int >= 0, got {epochs!r}")
     loader = _as_loader(program, loader,
                         (batch_size or program.batch_size) if isinstance(loader, tuple) else batch_size, True)
     if isinstance(val_loader, tuple):

@@ -442,7 +442,9 @@ class Program:
         if isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (int, float)) \
                 or not (0 < bucket_cap_mb < math.inf):
             raise ValueError(f"bucket_cap_mb must be a positive number, got {bucket_cap_mb!r}")
-        if accumulate_steps < 1 or batch_size % accumulate_steps:
+        if isinstance(accumulate_steps, bool) or not isinstance(accumulate_steps, int) or accumulate_steps < 1:
+            raise ValueError(f"accumulate_steps must be an int of at least 1, got {accumulate_steps!r}")
+        if batch_size % accumulate_steps:
             raise ValueError(f"batch_size {batch_size} must be a multiple of accumulate_steps {accumulate_steps}")
         if memory_format not in ("channels_last", "contiguous"):
             raise ValueError("memory_format must be 'channels_last' or 'contiguous'")
@@ -552,9 +554,9 @@ class Program:
 
     @property
     def last_grad_norm(self):
-        """The L2 norm of the whole gradient in the last step (train_step or ft.fit), before clipping: computed
-        where the step needs it, when compiled with clip_grad_norm=... or nan_policy="skip" (inf or nan for a
-        step skipped for it); None otherwise, and before the first such step."""
+        """The L2 norm of the whole gradient in the last step (train_step or ft.fit), before clipping: every step
+        computes it, since it refuses (or with nan_policy="skip" skips) a non-finite one (inf or nan then); None
+        before the first step and after a step stopped by its loss."""
         return self._c.last_grad_norm
 
     @property
