@@ -94,6 +94,24 @@ BITWISE = ["bitwise_and", "bitwise_or", "bitwise_xor"]
 UNARY_EXACT = ["neg", "abs", "relu", "sqrt", "rsqrt"]
 UNARY_INEXACT = ["exp", "log", "tanh", "sigmoid"]
 REDUCTIONS_EXACT = ["max", "min", "argmax", "argmin", "all", "any"]
+
+
+def reduction_views(dtype):
+    """A (3, 4, 5) tensor of dtype as stored, transposed, and a stride-2 slice."""
+    base = sample(dtype, (3, 4, 5), 11, special=True)
+    return [View(base, lambda t: t, "contiguous"), View(base, lambda t: t.transpose(0, 2), "transposed"),
+            View(sample(dtype, (3, 8, 5), 12), lambda t: t[:, ::2], "strided")]
+
+
+def exact_reduction_calls():
+    """(name, keyword arguments) of each exact reduction: over all dims, one, several or none, with keepdim."""
+    for name in REDUCTIONS_EXACT:
+        if name in ("all", "any"):
+            calls = [dict(dim=d, keepdim=k) for d in (None, 0, -1, (0, 2), ()) for k in (False, True)]
+        else:
+            calls = [{}] + [dict(dim=d, keepdim=k) for d in (0, 1, -1) for k in (False, True)]
+        for kw in calls:
+            yield name, kw
 REDUCTIONS_FLOAT = ["sum", "mean", "var", "std"]
 
 

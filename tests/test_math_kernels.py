@@ -8,8 +8,9 @@ import pytest
 import fasttrain as ft
 from fasttrain import _math
 
-from _mathcases import (BINARY, BITWISE, DTYPES, FLOATS, INTS, REDUCTIONS_EXACT, REDUCTIONS_FLOAT, UNARY_EXACT,
-                        UNARY_INEXACT, View, layouts, place, refused_for_bool, same, sample)
+from _mathcases import (BINARY, BITWISE, DTYPES, FLOATS, INTS, REDUCTIONS_FLOAT, UNARY_EXACT,
+                        UNARY_INEXACT, View, exact_reduction_calls, layouts, place, reduction_views,
+                        refused_for_bool, same, sample)
 
 
 # float sums: NumPy adds pairwise in the result's float type (float32 for 16-bit), the C ops in double
@@ -142,21 +143,10 @@ def test_where_and_clamp(both, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_exact_reductions_over_any_dims(both, dtype):
-    base = sample(dtype, (3, 4, 5), 11, special=True)
-    views = [View(base, lambda t: t, "contiguous"), View(base, lambda t: t.transpose(0, 2), "transposed"),
-             View(sample(dtype, (3, 8, 5), 12), lambda t: t[:, ::2], "strided")]
-    for v in views:
-        for name in REDUCTIONS_EXACT:
+    for v in reduction_views(dtype):
+        for name, kw in exact_reduction_calls():
             fn = getattr(_math, name)
-            if name in ("all", "any"):
-                for dim in (None, 0, -1, (0, 2), ()):
-                    for keepdim in (False, True):
-                        check(both, fn, [v], exact=True, dim=dim, keepdim=keepdim)
-                continue
-            check(both, fn, [v], exact=True)
-            for dim in (0, 1, -1):
-                for keepdim in (False, True):
-                    check(both, fn, [v], exact=True, dim=dim, keepdim=keepdim)
+            check(both, fn, [v], exact=True, **kw)
         if dtype != "bool":
             for dim in (None, 1, (0, 2), -1):
                 got, want = both(ft.sum, v, dim=dim)
