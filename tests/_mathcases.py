@@ -96,6 +96,17 @@ UNARY_INEXACT = ["exp", "log", "tanh", "sigmoid"]
 REDUCTIONS_EXACT = ["max", "min", "argmax", "argmin", "all", "any"]
 
 
+def binary_pairs(dtype, name):
+    """Operand pairs for binary op `name` in dtype: every layout with each of the first four, both ways round
+    (integer divisors without zeros, which both paths refuse)."""
+    for a in layouts(dtype, 1, special=True):
+        for b in layouts(dtype, 2, special=True)[:4]:
+            if dtype not in FLOATS and name in ("floor_divide", "remainder"):
+                b = View(b.base, lambda t, f=b.fn: f(t) + (f(t) == 0).to(t.dtype), f"{b} without zeros")
+            yield a, b
+            yield b, a
+
+
 def reduction_views(dtype):
     """A (3, 4, 5) tensor of dtype as stored, transposed, and a stride-2 slice."""
     base = sample(dtype, (3, 4, 5), 11, special=True)
