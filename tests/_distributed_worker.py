@@ -15,6 +15,7 @@ fit: ft.fit over a shuffled Loader sharded by rank, then ft.evaluate; every rank
 error: rank 1 passes a label out of range: every rank must stop.
 refused: rank 1 refuses its batch of the second of 4 steps and every rank catches its exception and goes on: that
 step is skipped on both ranks (a SyncBatchNorm communicates in the forward), which then hold the weights of 3 steps.
+refused_ids: the same with an embedding model and a token id out of range in rank 1's batch (met in the forward).
 resume: STEPS steps, a checkpoint, STEPS more (OUT.full.npz); then a fresh program loads the checkpoint and
 runs the last STEPS (OUT.resumed.npz).
 nccl: one rank, on CUDA: a program averaging through NCCL against one that does not (they must agree)."""
@@ -77,6 +78,19 @@ def compiled(m, distributed, **options):
                      distributed=distributed, **options)
 
 
+VOCAB = 11
+
+
+def token_model():
+    ft.manual_seed(0)
+    return nn.Sequential(nn.Embedding(VOCAB, 5), nn.Flatten(), nn.Linear(20, CLASSES))
+
+
+def compiled_tokens(m):
+    return m.compile(ft.optim.AdamW(m.parameters(), lr=0.01), nn.CrossEntropyLoss(), batch_size=B, input_shape=(4,),
+                     input_dtype=ft.int64, distributed=True)
+
+
 def weights(m):
     return {k: np.array(v) for k, v in m.state_dict().items()}
 
@@ -132,21 +146,27 @@ def main(mode, out):
             labels[0] = CLASSES + 7
         for _ in range(3):
             p.train_step(x[mine], labels)
-    elif mode == "refused":
-        m = model("sync")
-        p = compiled(m, True)
+    elif mode in ("refused", "refused_ids"):
+        ids = mode == "refused_ids"
+        make = token_model if ids else lambda: model("sync")
+        xs = np.random.default_rng(3).integers(0, VOCAB, (2 * B, 4))[mine] if ids else x[mine]
+        m = make()
+        p = compiled_tokens(m) if ids else compiled(m, True)
         for step in range(4):
-            labels = y[mine].copy()
+            xb, labels = xs.copy(), y[mine].copy()
             if rank == 1 and step == 1:
-                labels[0] = CLASSES + 7
+                if ids:
+                    xb[0, 2] = VOCAB + 3
+                else:
+                    labels[0] = CLASSES + 7
             try:
-                p.train_step(x[mine], labels)
+                p.train_step(xb, labels)
             except (ValueError, IndexError, RuntimeError) as e:
                 print(f"rank {rank} step {step}: {type(e).__name__}: {e}", flush=True)
-        three = model("sync")
-        p3 = compiled(three, True)
+        three = make()
+        p3 = compiled_tokens(three) if ids else compiled(three, True)
         for _ in range(3):
-            p3.train_step(x[mine], y[mine])
+            p3.train_step(xs, y[mine])
         got, want = weights(m), weights(three)
         assert all(np.array_equal(got[k], want[k]) for k in want), f"rank {rank}: not the weights of 3 steps"
         print(f"rank {rank}: the weights of 3 steps", flush=True)

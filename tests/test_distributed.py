@@ -106,8 +106,9 @@ def test_a_rank_that_fails_stops_every_rank(tmp_path):
     assert "label" in done.stdout and "outside" in done.stdout, done.stdout[-3000:]
 
 
-def test_a_batch_refused_on_one_rank_is_a_step_no_rank_takes(tmp_path):
-    done = run_ok("refused", tmp_path / "x", timeout=60)
+@pytest.mark.parametrize("mode", ["refused", "refused_ids"])
+def test_a_batch_refused_on_one_rank_is_a_step_no_rank_takes(tmp_path, mode):
+    done = run_ok(mode, tmp_path / "x", timeout=60)
     out = done.stdout
     assert "rank 1 step 1: IndexError" in out or "rank 1 step 1: ValueError" in out, out[-3000:]
     assert "rank 0 step 1: RuntimeError: train_step: 1 other rank(s) refused their batch" in out, out[-3000:]

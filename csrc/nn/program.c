@@ -9,6 +9,7 @@
 #include "ops/check.h"
 #include "ops/dropout.h"
 #include "ops/elementwise.h"
+#include "ops/embedding.h"
 #include "ops/reduce.h"
 
 /* Arena blocks start on cache lines. */
@@ -1289,6 +1290,18 @@ ft_status ft_program_check_batch(ft_program *p, const ft_tensor *x, const ft_ten
     FT_TRY(prepare_targets(p, y, x->shape[0], &yd, NULL));
     if (yd.storage)
         ft_tensor_release(&yd);
+    /* the ids an embedding reads from the input, which its forward would
+     * refuse only once the step runs */
+    for (int i = 0; i < p->n; i++) {
+        const ft_node *nd = &p->nodes[i];
+        if (nd->kind != FT_NODE_EMBEDDING || nd->inputs[0] != 0)
+            continue;
+        ft_tensor ids;
+        FT_TRY(ft_tensor_on_host(&ids, x, FT_INT64));
+        ft_status s = ft_embedding_check_ids(&ids, nd->weight.shape[0]);
+        ft_tensor_release(&ids);
+        FT_TRY(s);
+    }
     return FT_OK;
 }
 

@@ -178,8 +178,10 @@ void ft_program_on_slot_final(ft_program *p, void (*fn)(void *ctx, int slot), vo
 ft_dtype ft_program_node_dtype(const ft_program *p, int i);
 
 /* The checks ft_program_backward makes of a batch before anything runs
- * (its shape and dtype, the targets' and their values), and nothing else:
- * for ranks that agree on a batch before any of them communicates. */
+ * (its shape and dtype, the targets' and their values), and the range of
+ * the ids an embedding reads from the input, which the forward meets only
+ * once it runs; nothing else: for ranks that agree on a batch before any of
+ * them communicates. */
 ft_status ft_program_check_batch(ft_program *p, const ft_tensor *x, const ft_tensor *y);
 
 /* Forward and backward of one batch x (B, ...) with targets y (B, ...) of

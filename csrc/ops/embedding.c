@@ -84,6 +84,10 @@ static ft_status check_id_range(const char *op, const ft_tensor *ids, int64_t V,
                    op, at, (long long)value, (long long)V, (long long)V);
 }
 
+ft_status ft_embedding_check_ids(const ft_tensor *ids, int64_t V) {
+    return check_id_range("embedding", ids, V, ft_op_device(ids));
+}
+
 ft_status ft_embedding_forward(const ft_tensor *out, const ft_tensor *ids, const ft_tensor *weight,
                                int64_t padding_idx) {
     const char *op = "embedding";

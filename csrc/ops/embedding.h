@@ -18,6 +18,10 @@
 ft_status ft_embedding_forward(const ft_tensor *out, const ft_tensor *ids, const ft_tensor *weight,
                                int64_t padding_idx);
 
+/* FT_ERR_INDEX naming the first of the contiguous ids (any shape) outside
+ * [0, V), as the forward reports it; FT_OK when there is none. */
+ft_status ft_embedding_check_ids(const ft_tensor *ids, int64_t V);
+
 /* dweight (V, D) = (or += with accumulate) the sum of dout (T, D) rows over
  * the positions of each id; rows no id names (and the padding row) are
  * written 0, or left as they are with accumulate. The rows of each id are
