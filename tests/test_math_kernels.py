@@ -193,13 +193,15 @@ def test_errors_are_the_cpu_paths(both, monkeypatch):
 def test_the_c_ops_refuse_bad_arguments():
     x = ft.ones((2, 3))
     with pytest.raises(ValueError, match="unknown elementwise op"):
-        ft._C.math_pointwise("nope", [x, x], ft.float32._code)
+        ft._C.math_pointwise("nope", [x, x], ft.float32._code, (2, 3))
     with pytest.raises(TypeError, match="not supported for int32"):
-        ft._C.math_pointwise("exp", [ft.ones(3, dtype=ft.int32)], ft.int32._code)
+        ft._C.math_pointwise("exp", [ft.ones(3, dtype=ft.int32)], ft.int32._code, (3,))
     with pytest.raises(ValueError, match="takes 2 operands"):
-        ft._C.math_pointwise("add", [x], ft.float32._code)
+        ft._C.math_pointwise("add", [x], ft.float32._code, (2, 3))
     with pytest.raises(TypeError, match="needs a tensor operand"):
-        ft._C.math_pointwise("add", [1, 2], ft.float32._code)
+        ft._C.math_pointwise("add", [1, 2], ft.float32._code, ())
+    with pytest.raises(ValueError, match=r"add: other \(2, 3\) does not broadcast to out \(3, 3\)"):
+        ft._C.math_pointwise("add", [ft.ones((3, 1)), x], ft.float32._code, (3, 3))
     with pytest.raises(ValueError, match="no reduction of inp"):
         ft._C.math_reduce("sum", x, (3, 1), ft.float32._code, ft.float32._code)
     with pytest.raises(TypeError, match="float64"):
@@ -209,4 +211,4 @@ def test_the_c_ops_refuse_bad_arguments():
     with pytest.raises(ValueError, match="only max and min"):
         ft._C.math_reduce("sum", x, (1, 1), ft.float32._code, ft.float32._code, indices=True)
     with pytest.raises(TypeError, match="complex"):
-        ft._C.math_pointwise("add", [x, x], ft.complex64._code)
+        ft._C.math_pointwise("add", [x, x], ft.complex64._code, (2, 3))

@@ -1620,20 +1620,23 @@ static int parse_dtype_code(int code, ft_dtype *dt) {
     return 0;
 }
 
-/* math_pointwise(op, operands, dtype) -> a new tensor of the operands'
- * broadcast shape on their device (bool for comparisons, else dtype). */
+/* math_pointwise(op, operands, dtype, shape) -> a new tensor of the
+ * operands' broadcast shape on their device (bool for comparisons, else
+ * dtype); ft_math_pointwise checks that each operand broadcasts to it. */
 static PyObject *py_math_pointwise(PyObject *m, PyObject *args) {
     ft_module_state *st = ft_py_state(m);
     const char *name;
-    PyObject *seq_obj;
+    PyObject *seq_obj, *shape_obj;
     int code;
-    if (!PyArg_ParseTuple(args, "sOi:math_pointwise", &name, &seq_obj, &code))
+    if (!PyArg_ParseTuple(args, "sOiO:math_pointwise", &name, &seq_obj, &code, &shape_obj))
         return NULL;
     ft_math_op op;
     ft_dtype compute;
+    int64_t shape[FT_MAX_DIMS];
+    int ndim;
     if (ft_math_op_of(name, &op) != FT_OK)
         return ft_py_raise(FT_ERR_VALUE);
-    if (parse_dtype_code(code, &compute) < 0)
+    if (parse_dtype_code(code, &compute) < 0 || ft_py_parse_shape(shape_obj, shape, &ndim) < 0)
         return NULL;
     PyObject *seq = PySequence_Fast(seq_obj, "math_pointwise: operands must be a sequence");
     if (!seq)
@@ -1641,8 +1644,6 @@ static PyObject *py_math_pointwise(PyObject *m, PyObject *args) {
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     ft_math_arg a[3] = {{0}};
     const ft_tensor *ref = NULL;
-    int ndim = 0;
-    int64_t shape[FT_MAX_DIMS];
     if (n != ft_math_arity(op)) {
         PyErr_Format(PyExc_ValueError, "math_pointwise: %s takes %d operands, got %zd", name, ft_math_arity(op), n);
         goto error;
@@ -1654,24 +1655,8 @@ static PyObject *py_math_pointwise(PyObject *m, PyObject *args) {
                 goto error;
             continue;
         }
-        const ft_tensor *t = a[k].t = ft_py_unwrap(st, item, "operand");
-        /* the broadcast shape, aligned from the last dimension */
-        if (t->ndim > ndim) {
-            memmove(shape + t->ndim - ndim, shape, (size_t)ndim * sizeof *shape);
-            for (int d = 0; d < t->ndim - ndim; d++)
-                shape[d] = 1;
-            ndim = t->ndim;
-        }
-        for (int d = 0; d < t->ndim; d++) {
-            int64_t *s = &shape[ndim - t->ndim + d];
-            if (*s == 1)
-                *s = t->shape[d];
-            else if (t->shape[d] != 1 && t->shape[d] != *s) {
-                PyErr_Format(PyExc_ValueError, "%s: operand shapes do not broadcast together", name);
-                goto error;
-            }
-        }
-        ref = ref ? ref : t;
+        a[k].t = ft_py_unwrap(st, item, "operand");
+        ref = ref ? ref : a[k].t;
     }
     if (!ref) {
         PyErr_Format(PyExc_TypeError, "math_pointwise: %s needs a tensor operand", name);
@@ -1805,7 +1790,8 @@ static PyMethodDef ops_methods[] = {
     KWFN(sdpa_backward, "sdpa_backward(dq, dk, dv, dout, q, k, v, out, lse, scale=None, causal=False, "
                         "accumulate=False) -> (dq, dk, dv)"),
     {"math_pointwise", py_math_pointwise, METH_VARARGS,
-     "math_pointwise(op, operands, dtype) -> the elementwise op of tensors and numbers computed in dtype (a code)"},
+     "math_pointwise(op, operands, dtype, shape) -> the elementwise op of tensors and numbers computed in dtype (a "
+     "code), of their broadcast shape"},
     {"math_reduce", FN(py_math_reduce), METH_VARARGS | METH_KEYWORDS,
      "math_reduce(op, inp, shape, dtype, out_dtype, correction=0.0, indices=False) -> out or (out, indices): inp "
      "reduced to shape (inp's sizes or 1)"},

@@ -193,14 +193,16 @@ def _kernels(device, dtype):
 
 def _on_device(op, operands, compute, device):
     """The C op of elementwise op (csrc/ops/math.c's name) on the operands, computed in compute, on device: tensors
-    and arrays go there (a 0-d CPU tensor too), numbers stay numbers."""
+    and arrays go there (a 0-d CPU tensor too), numbers stay numbers; the result has their broadcast shape (the
+    callers checked that they broadcast, the C op checks it again)."""
     def operand(x):
         if isinstance(x, np.ndarray):
             x = _C.from_numpy(x)
         if isinstance(x, _Tensor) and x._device_tuple != device._code:
             x = x.to(device)
         return x
-    return _C.math_pointwise(op, [operand(x) for x in operands], compute._code)
+    shape = np.broadcast_shapes(*(getattr(x, "shape", ()) for x in operands))
+    return _C.math_pointwise(op, [operand(x) for x in operands], compute._code, shape)
 
 
 def _apply(name, fn, operands, compute, out, device=None, op=None):
