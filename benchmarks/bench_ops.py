@@ -422,7 +422,7 @@ def memory_cases(N, C, H, rows, D, classes, dev="cpu"):
         f"batch_norm_nhwc_{shape}_fwd": (
             8 * n, lambda: ft.ops.batch_norm_forward(None, None, None, fx, w, b, rm, rv, training=True)),
         f"batch_norm_nhwc_{shape}_bwd": (
-            12 * n, lambda: ft.ops.batch_norm_backward(None, None, None, fdy, fx, None, w, fmean, finvstd)),
+            12 * n, lambda: ft.ops.batch_norm_backward(None, None, None, fdy, fx, None, w, None, fmean, finvstd)),
         f"max_pool2d_2x2_nhwc_{shape}_fwd": (7 * n, lambda: ft.ops.max_pool2d_forward(None, None, fx, 2)),
         f"max_pool2d_2x2_nhwc_{shape}_bwd": (
             7 * n, lambda: ft.ops.max_pool2d_backward(None, pdy, find, input_size=(H, H))),
@@ -516,7 +516,7 @@ def batch_norm_nchw_cases(N, C, H, dev="cpu"):
     ours = {
         f"batch_norm_nchw_{shape}_fwd": (8 * n, lambda: ft.ops.batch_norm_forward(None, None, None, fx, w, b)),
         f"batch_norm_nchw_{shape}_bwd": (
-            12 * n, lambda: ft.ops.batch_norm_backward(None, None, None, fdy, fx, None, w, fmean, finvstd)),
+            12 * n, lambda: ft.ops.batch_norm_backward(None, None, None, fdy, fx, None, w, None, fmean, finvstd)),
     }
     theirs = {}
     if torch is not None:

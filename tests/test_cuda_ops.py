@@ -640,8 +640,8 @@ def test_batch_norm_training(layout, shape):
     assert_close(rvg, rvc, 1e-5, 0)
     dy = rng(105).normal(size=shape)
     dyc, dyg = bn_pair(dy, layout)
-    dxc, dwc, dbc = ops.batch_norm_backward(None, None, None, dyc, xc, None, wc, mc, sc)
-    dxg, dwg, dbg = ops.batch_norm_backward(None, None, None, dyg, xg, None, wg, mg, sg)
+    dxc, dwc, dbc = ops.batch_norm_backward(None, None, None, dyc, xc, None, wc, None, mc, sc)
+    dxg, dwg, dbg = ops.batch_norm_backward(None, None, None, dyg, xg, None, wg, None, mg, sg)
     # dx = w invstd (dy - mean(dy) - x_hat mean(dy x_hat)) cancels to rounding noise in a channel of few
     # values (of two, to 0 exactly): its error is measured against the terms, not against dx
     terms = np.abs(dy).max() * np.abs(host(wc) * host(sc)).max()
@@ -665,16 +665,16 @@ def test_batch_norm_eval_no_affine_and_fused_relu():
         og, mg, sg = ops.batch_norm_forward(None, None, None, xg, None, None)
         assert_close(og, oc, 1e-5, 1e-5)
         dyc, dyg = pair(rng(111).normal(size=x.shape), layout)
-        dc = ops.batch_norm_backward(None, False, False, dyc, xc, None, None, mc, sc)[0]
-        dg = ops.batch_norm_backward(None, False, False, dyg, xg, None, None, mg, sg)[0]
+        dc = ops.batch_norm_backward(None, False, False, dyc, xc, None, None, None, mc, sc)[0]
+        dg = ops.batch_norm_backward(None, False, False, dyg, xg, None, None, None, mg, sg)[0]
         assert_close(dg, dc, 1e-4, 1e-5)
         # BN + ReLU fused, forward and backward
         fc, mc, sc = ops.batch_norm_forward(None, None, None, xc, wc, bc, act="relu")
         fg, mg, sg = ops.batch_norm_forward(None, None, None, xg, wg, bg, act="relu")
         assert_close(fg, fc, 1e-5, 1e-5)
         assert (host(fg) >= 0).all()
-        dc = ops.batch_norm_backward(None, None, None, dyc, xc, fc, wc, mc, sc, act="relu")
-        dg = ops.batch_norm_backward(None, None, None, dyg, xg, fg, wg, mg, sg, act="relu")
+        dc = ops.batch_norm_backward(None, None, None, dyc, xc, fc, wc, bc, mc, sc, act="relu")
+        dg = ops.batch_norm_backward(None, None, None, dyg, xg, fg, wg, bg, mg, sg, act="relu")
         for g, c in zip(dg, dc):
             assert_close(g, c, 1e-4, 1e-5)
 
@@ -1010,7 +1010,8 @@ def test_outputs_allocated_by_the_bindings_are_on_the_device():
         "linear_forward": lambda x2, w2, b2, **_: ops.linear_forward(None, x2, w2, b2),
         "linear_backward": lambda x2, w2, d2, **_: ops.linear_backward(None, None, None, d2, x2, w2),
         "batch_norm_forward": lambda x4, v, **_: ops.batch_norm_forward(None, None, None, x4, v, v),
-        "batch_norm_backward": lambda x4, v, **_: ops.batch_norm_backward(None, None, None, x4, x4, None, v, v, v),
+        "batch_norm_backward": lambda x4, v, **_: ops.batch_norm_backward(None, None, None, x4, x4, None, v, None, v,
+                                                                          v),
         "layer_norm_forward": lambda x4, **_: ops.layer_norm_forward(None, None, None, x4.contiguous(), None, None,
                                                                      (6,)),
         "max_pool2d_forward": lambda x4, **_: ops.max_pool2d_forward(None, None, x4, 2),

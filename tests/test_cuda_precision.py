@@ -51,8 +51,8 @@ def batch_norm(mk):
     w, b, rm, rv = mk(6, act=False), mk(6, act=False), mk(6, act=False), mk(6, act=False, positive=True)
     out, mean, invstd = ops.batch_norm_forward(None, None, None, x, w, b, rm, rv, act="relu")
     y = mk.saved(out)
-    dx, dw, db = ops.batch_norm_backward(None, None, None, dy, x, y, w, mean, invstd, act="relu")
-    ops.batch_norm_backward(old, False, False, dy, x, y, w, mean, invstd, act="relu", accumulate=True)
+    dx, dw, db = ops.batch_norm_backward(None, None, None, dy, x, y, w, b, mean, invstd, act="relu")
+    ops.batch_norm_backward(old, False, False, dy, x, y, w, b, mean, invstd, act="relu", accumulate=True)
     return out, mean, invstd, rm, rv, dx, dw, db, old
 
 

@@ -99,7 +99,7 @@ def test_ops_give_their_scratch_memory_back():
         y = ops.conv2d_forward(None, x, w, None, padding=1)
         ops.conv2d_backward(None, None, None, y, x, w, padding=1)
         out, mean, invstd = ops.batch_norm_forward(None, None, None, y, None, None)
-        ops.batch_norm_backward(None, None, None, out, y, None, None, mean, invstd)
+        ops.batch_norm_backward(None, None, None, out, y, None, None, None, mean, invstd)
         ops.layer_norm_forward(None, None, None, a, None, None, (256,))
         z = ops.linear_forward(None, a, b, None)
         ops.linear_backward(None, None, None, z, a, b)
@@ -218,7 +218,7 @@ def test_own_kernels_are_bitwise_repeatable_without_deterministic_mode(layout):
         r = []
         out, mean, invstd = ops.batch_norm_forward(None, None, None, x, None, None)
         r += [bits(out), bits(mean), bits(invstd)]
-        r += [bits(t) for t in ops.batch_norm_backward(None, None, None, dy, x, None, None, mean, invstd)
+        r += [bits(t) for t in ops.batch_norm_backward(None, None, None, dy, x, None, None, None, mean, invstd)
               if t is not None]
         y, m, s = ops.layer_norm_forward(None, None, None, rows, wl, wl, (4096,))
         r += [bits(y), bits(m), bits(s)]

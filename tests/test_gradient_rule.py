@@ -34,7 +34,7 @@ def _batch_norm(layout):
     wrap = nhwc if layout == "nhwc" else t
     x, w, dy = RNG.standard_normal(shape), RNG.standard_normal(shape[1]), RNG.standard_normal(shape)
     _, mean, invstd = ft.ops.batch_norm_forward(None, None, None, wrap(x), t(w), None)
-    return lambda outs, acc: ft.ops.batch_norm_backward(*outs, wrap(dy), wrap(x), None, t(w), mean, invstd,
+    return lambda outs, acc: ft.ops.batch_norm_backward(*outs, wrap(dy), wrap(x), None, t(w), None, mean, invstd,
                                                         accumulate=acc), \
         [(wrap, shape), (t, shape[1:2]), (t, shape[1:2])]
 

@@ -192,6 +192,21 @@ def test_view_and_reshape():
     np.testing.assert_array_equal(s.view(3, 2, 1).numpy(), np.arange(12.0).reshape(3, 4)[:, ::2].reshape(3, 2, 1))
 
 
+def test_casts_and_clones_keep_the_memory_layout():
+    # as PyTorch's preserve_format: x.bfloat16() of a channels-last x stays channels-last (convolutions then run
+    # channels-last); contiguous() and pin_memory() are C-contiguous
+    a = np.arange(2 * 3 * 4 * 5, dtype=np.float32).reshape(2, 3, 4, 5)
+    cl = ft.from_numpy(np.ascontiguousarray(a.transpose(0, 2, 3, 1))).permute(0, 3, 1, 2)
+    for copy in (cl.bfloat16(), cl.to(ft.float64), cl.clone(), cl.to(ft.bfloat16).float()):
+        assert copy.stride() == (60, 1, 15, 3)
+        np.testing.assert_array_equal(copy.float().numpy(), a)
+    tr = ft.from_numpy(a[0, 0]).t()
+    assert tr.double().stride() == (1, 5) and tr.clone().stride() == (1, 5)
+    for dense in (cl.contiguous(), cl.pin_memory(), tr.contiguous(), ft.tensor(cl)):
+        assert dense.is_contiguous()
+        np.testing.assert_array_equal(dense.numpy(), cl.numpy() if dense.ndim == 4 else a[0, 0].T)
+
+
 def test_contiguous_clone_copy():
     a = np.arange(20, dtype=np.float64).reshape(4, 5)
     t = ft.from_numpy(a).t()

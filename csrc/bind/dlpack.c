@@ -98,7 +98,7 @@ PyObject *ft_py_dlpack_export(PyObject *self, PyObject *args, PyObject *kwargs) 
     ft_status s = FT_OK;
     if (copy == 1 || to_host) {
         Py_BEGIN_ALLOW_THREADS
-        s = ft_tensor_to(&ctx->t, t, t->dtype, to_host ? FT_CPU : ft_tensor_device(t), false, false);
+        s = ft_tensor_to(&ctx->t, t, t->dtype, to_host ? FT_CPU : ft_tensor_device(t), false, false, false);
         Py_END_ALLOW_THREADS
     } else {
         ft_tensor_share(&ctx->t, t);

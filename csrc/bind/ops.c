@@ -1207,24 +1207,25 @@ static PyObject *py_batch_norm_forward(PyObject *m, PyObject *args, PyObject *kw
 }
 
 static PyObject *py_batch_norm_backward(PyObject *m, PyObject *args, PyObject *kw) {
-    PyObject *o_dinp, *o_dw, *o_db, *o_dout, *o_inp, *o_out = Py_None, *o_w = Py_None, *o_mean, *o_invstd;
-    PyObject *o_act = Py_None;
+    PyObject *o_dinp, *o_dw, *o_db, *o_dout, *o_inp, *o_out = Py_None, *o_w = Py_None, *o_b = Py_None, *o_mean;
+    PyObject *o_invstd, *o_act = Py_None;
     ft_batchnorm_params p = {.training = true, .eps = 1e-5, .momentum = 0.1};
     int training = 1, accumulate = 0;
     double alpha = 0.0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOOO|pOdp:batch_norm_backward",
-                                     KW("dinp", "dweight", "dbias", "dout", "inp", "out", "weight", "save_mean",
-                                        "save_invstd", "training", "act", "alpha", "accumulate"),
-                                     &o_dinp, &o_dw, &o_db, &o_dout, &o_inp, &o_out, &o_w, &o_mean, &o_invstd,
-                                     &training, &o_act, &alpha, &accumulate))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOOOO|pOdp:batch_norm_backward",
+                                     KW("dinp", "dweight", "dbias", "dout", "inp", "out", "weight", "bias",
+                                        "save_mean", "save_invstd", "training", "act", "alpha", "accumulate"),
+                                     &o_dinp, &o_dw, &o_db, &o_dout, &o_inp, &o_out, &o_w, &o_b, &o_mean,
+                                     &o_invstd, &training, &o_act, &alpha, &accumulate))
         return NULL;
     p.training = training;
     ft_module_state *st = ft_py_state(m);
-    const ft_tensor *dout, *inp, *out, *w, *mean, *invstd;
+    const ft_tensor *dout, *inp, *out, *w, *b, *mean, *invstd;
     out_arg o[3] = {{0}};
     if (parse_act(o_act, alpha, &p.act) < 0 || parse_in(st, o_dout, "dout", false, &dout) < 0 ||
         parse_in(st, o_inp, "inp", false, &inp) < 0 || parse_in(st, o_out, "out", true, &out) < 0 ||
-        parse_in(st, o_w, "weight", true, &w) < 0 || parse_in(st, o_mean, "save_mean", false, &mean) < 0 ||
+        parse_in(st, o_w, "weight", true, &w) < 0 || parse_in(st, o_b, "bias", true, &b) < 0 ||
+        parse_in(st, o_mean, "save_mean", false, &mean) < 0 ||
         parse_in(st, o_invstd, "save_invstd", false, &invstd) < 0 ||
         parse_out(st, o_dinp, "dinp", true, &o[0]) < 0 || parse_out(st, o_dw, "dweight", true, &o[1]) < 0 ||
         parse_out(st, o_db, "dbias", true, &o[2]) < 0)
@@ -1241,7 +1242,7 @@ static PyObject *py_batch_norm_backward(PyObject *m, PyObject *args, PyObject *k
     }
     ft_status s;
     CALL(s, big(inp),
-         ft_batchnorm_backward(o[0].t, o[1].t, o[2].t, dout, inp, out, w, NULL, mean, invstd, &p,
+         ft_batchnorm_backward(o[0].t, o[1].t, o[2].t, dout, inp, out, w, b, mean, invstd, &p,
                                ALL_ACC(accumulate)));
     return finish(s, o, 3);
 }

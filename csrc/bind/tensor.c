@@ -224,8 +224,8 @@ static PyObject *tensor_fill(PyObject *self, PyObject *value) {
 }
 
 static PyObject *tensor_to(PyObject *self, PyObject *args) {
-    int dtype, dev_type, dev_index, pinned, non_blocking;
-    if (!PyArg_ParseTuple(args, "iiipp:_to", &dtype, &dev_type, &dev_index, &pinned, &non_blocking))
+    int dtype, dev_type, dev_index, pinned, non_blocking, keep_layout;
+    if (!PyArg_ParseTuple(args, "iiippp:_to", &dtype, &dev_type, &dev_index, &pinned, &non_blocking, &keep_layout))
         return NULL;
     if (!ft_dtype_valid(dtype) || (dev_type != FT_DEV_CPU && dev_type != FT_DEV_CUDA))
         return PyErr_Format(PyExc_ValueError, "_to: bad dtype %d or device type %d", dtype, dev_type);
@@ -233,7 +233,7 @@ static PyObject *tensor_to(PyObject *self, PyObject *args) {
     ft_tensor out;
     ft_status s;
     Py_BEGIN_ALLOW_THREADS
-    s = ft_tensor_to(&out, SELF, (ft_dtype)dtype, dev, pinned, non_blocking);
+    s = ft_tensor_to(&out, SELF, (ft_dtype)dtype, dev, pinned, non_blocking, keep_layout && !pinned);
     Py_END_ALLOW_THREADS
     return s == FT_OK ? ft_py_wrap(ft_py_state_of_type(Py_TYPE(self)), &out) : ft_py_raise(s);
 }

@@ -218,7 +218,7 @@ static ft_status copy_across(const ft_tensor *dst, const ft_tensor *src, bool no
         for (int k = 0; k < src->ndim; k++)
             if (src->strides[k] == 0)
                 compact.shape[k] = 1;
-        FT_TRY(ft_tensor_to(&crossed, &compact, src->dtype, ddev, false, false));
+        FT_TRY(ft_tensor_to(&crossed, &compact, src->dtype, ddev, false, false, false));
         ft_tensor spread = crossed;
         for (int k = 0; k < src->ndim; k++)
             if (src->strides[k] == 0) {
@@ -234,7 +234,7 @@ static ft_status copy_across(const ft_tensor *dst, const ft_tensor *src, bool no
     ft_status st = FT_OK;
     const ft_tensor *s = src, *d = dst;
     if (!ft_tensor_is_contiguous(src)) {
-        st = ft_tensor_to(&s_buf, src, src->dtype, sdev, false, false);
+        st = ft_tensor_to(&s_buf, src, src->dtype, sdev, false, false, false);
         s = &s_buf;
     }
     if (st == FT_OK && (!ft_tensor_is_contiguous(dst) || dst->dtype != src->dtype)) {
@@ -268,7 +268,7 @@ ft_status ft_tensor_copy(const ft_tensor *dst, const ft_tensor *src, bool non_bl
         return copy_across(dst, src, non_blocking);
     if (overlaps(dst, src)) {
         ft_tensor tmp;
-        FT_TRY(ft_tensor_to(&tmp, src, src->dtype, FT_CPU, false, false));
+        FT_TRY(ft_tensor_to(&tmp, src, src->dtype, FT_CPU, false, false, false));
         ft_status st = ft_tensor_copy(dst, &tmp, false);
         ft_tensor_release(&tmp);
         return st;
@@ -291,9 +291,10 @@ ft_status ft_tensor_fill(const ft_tensor *dst, ft_scalar v) {
 }
 
 ft_status ft_tensor_to(ft_tensor *out, const ft_tensor *t, ft_dtype dtype, ft_device device, bool pinned,
-                       bool non_blocking) {
+                       bool non_blocking, bool keep_layout) {
     FT_TRY(ft_copy_check_dtypes(dtype, t->dtype));
-    FT_TRY(ft_tensor_empty(out, t->ndim, t->shape, dtype, device, pinned));
+    FT_TRY(keep_layout ? ft_tensor_empty_like(out, t, t->ndim, t->shape, dtype, device)
+                       : ft_tensor_empty(out, t->ndim, t->shape, dtype, device, pinned));
     ft_status st = ft_tensor_copy(out, t, non_blocking);
     if (st != FT_OK)
         ft_tensor_release(out);
@@ -305,5 +306,5 @@ ft_status ft_tensor_on_host(ft_tensor *out, const ft_tensor *t, ft_dtype dtype) 
         ft_tensor_share(out, t);
         return FT_OK;
     }
-    return ft_tensor_to(out, t, dtype, FT_CPU, false, false);
+    return ft_tensor_to(out, t, dtype, FT_CPU, false, false, false);
 }

@@ -98,9 +98,11 @@ ft_status ft_tensor_copy(const ft_tensor *dst, const ft_tensor *src, bool non_bl
 /* Every element of dst = v converted to dst's dtype. */
 ft_status ft_tensor_fill(const ft_tensor *dst, ft_scalar v);
 
-/* A contiguous copy of t with the given dtype, device and pinning. */
+/* A copy of t with the given dtype, device and pinning: C-contiguous, or
+ * with keep_layout (not pinned) dense in the order of t's dimensions, as
+ * PyTorch's preserve_format (a channels-last t stays channels-last). */
 ft_status ft_tensor_to(ft_tensor *out, const ft_tensor *t, ft_dtype dtype, ft_device device, bool pinned,
-                       bool non_blocking);
+                       bool non_blocking, bool keep_layout);
 
 /* t as a contiguous CPU tensor of `dtype` to read on the host: t itself
  * when it is one, else a copy (which waits for a device). The caller

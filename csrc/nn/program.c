@@ -1034,7 +1034,7 @@ static ft_status on_device(const ft_program *p, const ft_tensor *t, ft_dtype dty
         ft_tensor_share(out, t);
         return FT_OK;
     }
-    return ft_tensor_to(out, t, dtype, p->device, false, queued);
+    return ft_tensor_to(out, t, dtype, p->device, false, queued, false);
 }
 
 /* The batch x where the program runs, as on_device, in the input node's
@@ -1044,7 +1044,7 @@ static ft_status on_device(const ft_program *p, const ft_tensor *t, ft_dtype dty
  * embedding reads them (slices of a token stream are strided). */
 static ft_status input_on_device(const ft_program *p, const ft_tensor *x, bool queued, ft_tensor *out) {
     if (x->dtype == FT_INT64 && !ft_tensor_is_contiguous(x))
-        return ft_tensor_to(out, x, x->dtype, p->device, false, false);
+        return ft_tensor_to(out, x, x->dtype, p->device, false, false, false);
     ft_dtype dtype = p->dtype[0];
     bool nhwc = x->ndim == 4 && x->strides[1] == 1 && x->strides[3] == x->shape[1] &&
                 x->strides[2] == x->shape[3] * x->shape[1];

@@ -90,9 +90,15 @@ typedef struct {
     ft_act act;
     /* InPlace-ABN's backward: x - center taken from y instead of read, as
      * (act^-1(y) - bias[c]) / k[c] with from_y = (1 / k, bias), k the
-     * forward's scale; the center is then 0. C, S and cl give each
-     * element's channel. NULL: x is read. */
+     * forward's scale; the center is then 0. NULL: x is read. */
     const float *from_y;
+    /* A fused relu's backward: its mask recomputed from x with the
+     * forward's own arithmetic, x * scale[c] + shift[c] > above (above:
+     * 2^-134 for a bfloat16 output, which rounds smaller values to 0), so
+     * that y is not read. NULL: the mask comes from y. */
+    const float *scale, *shift;
+    float above;
+    /* with from_y or scale: each element's channel */
     int64_t C, S;
     bool cl;
 } sums_in;
@@ -109,6 +115,20 @@ static inline const float *grad_through_act(float *restrict dz, const float *res
     else
         for (int64_t i = 0; i < n; i++)
             dz[i] = dy[i] * ft_act_grad_from_output(act, y[i]);
+    return dz;
+}
+
+/* dz for the n elements from i0 through a fused relu whose mask comes from x. */
+static inline const float *grad_through_relu(float *restrict dz, const float *restrict dy, const float *restrict x,
+                                             const sums_in *in, int64_t i0, int64_t n) {
+    if (in->cl) /* a run of whole rows: the vectors are repeated over it */
+        for (int64_t j = 0; j < n; j++)
+            dz[j] = dy[j] * (float)(ft_norm_apply(x[j], in->scale[j], in->shift[j]) > in->above);
+    else {
+        int64_t c = i0 / in->S % in->C;
+        for (int64_t j = 0; j < n; j++)
+            dz[j] = dy[j] * (float)(ft_norm_apply(x[j], in->scale[c], in->shift[c]) > in->above);
+    }
     return dz;
 }
 
@@ -150,7 +170,8 @@ static inline const float *run_of(const sums_in *in, int64_t i0, int64_t n, floa
     const float *x = in->from_y ? x_from_output(in, y, i0, n, buf) : ft_floats_in(in->x, in->x16, i0, n, buf);
     if (in->dy) {
         const float *dy = ft_floats_in(in->dy, in->dy16, i0, n, buf + n);
-        *dz = grad_through_act(buf + 3 * n, dy, y, n, in->act);
+        *dz = in->scale ? grad_through_relu(buf + 3 * n, dy, x, in, i0, n)
+                        : grad_through_act(buf + 3 * n, dy, y, n, in->act);
     }
     return x;
 }
@@ -343,6 +364,18 @@ static float weight_of(const ft_tensor *weight, int64_t c, const ft_batchnorm_pa
     return p->inplace_abn ? fabsf(w) + (float)p->eps : w;
 }
 
+/* The forward's y = x * scale[c] + shift[c] (before the activation), the
+ * vectors of reach R. */
+static void affine_of(float *scale, float *shift, const float *mean, const float *invstd, const ft_tensor *weight,
+                      const ft_tensor *bias, const ft_batchnorm_params *p, int64_t C, int64_t R) {
+    for (int64_t c = 0; c < C; c++) {
+        scale[c] = ft_norm_scale(invstd[c], weight_of(weight, c, p));
+        shift[c] = ft_norm_shift(mean[c], scale[c], bias ? ((const float *)ft_tensor_data(bias))[c] : 0.0f);
+    }
+    repeat_channels(scale, C, R);
+    repeat_channels(shift, C, R);
+}
+
 static ft_status check_abn(const ft_batchnorm_params *p, ft_device dev) {
     if (!p->inplace_abn)
         return FT_OK;
@@ -428,13 +461,7 @@ ft_status ft_batchnorm_forward(const ft_tensor *out, const ft_tensor *save_mean,
         }
     }
     if (s == FT_OK) {
-        for (int64_t c = 0; c < C; c++) {
-            float b = bias ? ((const float *)ft_tensor_data(bias))[c] : 0.0f;
-            scale[c] = ft_norm_scale(invstd[c], weight_of(weight, c, p));
-            shift[c] = ft_norm_shift(mean[c], scale[c], b);
-        }
-        repeat_channels(scale, C, R);
-        repeat_channels(shift, C, R);
+        affine_of(scale, shift, mean, invstd, weight, bias, p, C, R);
         norm_io io = {ft_tensor_data(out), x, out->dtype == FT_BFLOAT16, x16};
         s = normalize(&io, scale, shift, p->act, &l);
     }
@@ -522,23 +549,31 @@ ft_status ft_batchnorm_backward(const ft_tensor *dinp, const ft_tensor *dweight,
     }
     const float *mean = (const float *)ft_tensor_data(save_mean), *invstd = (const float *)ft_tensor_data(save_invstd);
     double *sums = malloc((size_t)(2 * C + 1) * sizeof *sums);
-    /* k0, k1, k2 and the center (the mean, 0 for InPlace-ABN), each of reach
-     * R; then InPlace-ABN's 1 / its scale and bias per channel */
+    /* k0, k1, k2, the center (the mean, 0 for InPlace-ABN) and a relu's
+     * scale and shift, each of reach R; then InPlace-ABN's 1 / its scale
+     * and bias per channel */
     int64_t R = reach_of(&l);
-    float *k = calloc((size_t)(4 * R + 2 * C + 1), sizeof *k), *center = k ? k + 3 * R : NULL;
+    float *k = calloc((size_t)(6 * R + 2 * C + 1), sizeof *k), *center = k ? k + 3 * R : NULL;
     ft_status s = sums && k ? FT_OK : ft_fail(FT_ERR_NOMEM, "batch_norm: out of memory");
-    sums_in in = {.dy = ft_tensor_data(dout), .dy16 = dout->dtype == FT_BFLOAT16, .center = center, .act = p->act};
-    if (p->act.kind != FT_ACT_NONE || p->inplace_abn) { /* dz, or x, needs the output */
+    sums_in in = {.dy = ft_tensor_data(dout), .dy16 = dout->dtype == FT_BFLOAT16, .center = center, .act = p->act,
+                  .C = C, .S = l.S, .cl = l.channels_last};
+    bool relu = p->act.kind == FT_ACT_RELU && !p->inplace_abn;
+    if ((p->act.kind != FT_ACT_NONE && !relu) || p->inplace_abn) { /* dz, or x, needs the output */
         in.y = ft_tensor_data(out);
         in.y16 = out->dtype == FT_BFLOAT16;
     }
+    if (s == FT_OK && relu) {
+        float *scale = k + 4 * R, *shift = k + 5 * R;
+        affine_of(scale, shift, mean, invstd, weight, bias, p, C, R);
+        in.scale = scale, in.shift = shift, in.above = out->dtype == FT_BFLOAT16 ? 0x1p-134f : 0.0f;
+    }
     if (s == FT_OK && p->inplace_abn) {
-        float *from_y = k + 4 * R;
+        float *from_y = k + 6 * R;
         for (int64_t c = 0; c < C; c++) {
             from_y[c] = 1.0f / (weight_of(weight, c, p) * invstd[c]);
             from_y[C + c] = bias ? ((const float *)ft_tensor_data(bias))[c] : 0.0f;
         }
-        in.from_y = from_y, in.C = C, in.S = l.S, in.cl = l.channels_last;
+        in.from_y = from_y;
     } else if (s == FT_OK) {
         in.x = ft_tensor_data(inp), in.x16 = inp->dtype == FT_BFLOAT16;
         memcpy(center, mean, (size_t)C * sizeof *center);

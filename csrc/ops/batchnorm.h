@@ -37,8 +37,10 @@ ft_status ft_batchnorm_forward(const ft_tensor *out, const ft_tensor *save_mean,
                                const ft_batchnorm_params *p);
 
 /* Gradients from dout (the gradient of out). `out` is needed only when
- * p->act is not FT_ACT_NONE (its backward is taken from the output) or for
+ * p->act is not FT_ACT_NONE (its backward is taken from the output; the
+ * CPU recomputes a relu's mask from inp, weight and bias instead) or for
  * InPlace-ABN, which reads out, weight and bias instead of inp (NULL).
+ * weight and bias are the forward's (NULL: 1 and 0).
  * dinp, dweight (C), dbias (C) may each be NULL; each is written (=), or
  * added to (+=) as `acc` says (ops/gradient.h). dinp may alias dout
  * (in-place backward) when it is written. */

@@ -14,20 +14,12 @@
 /* Fixed slices of the deterministic path (see conv2d.c). */
 #define DET_CHUNKS 8
 
-/* A 2-d operand as oneDNN's matmul sees it: dims and strides, possibly a
- * transposed view of a fasttrain tensor. */
-typedef struct {
-    int64_t dims[2], strides[2];
-    int dtype;
-    char *data;
-} operand;
-
-static operand as_is(const ft_tensor *t) {
-    return (operand){{t->shape[0], t->shape[1]}, {t->strides[0], t->strides[1]}, t->dtype, ft_tensor_data(t)};
+static ft_matrix as_is(const ft_tensor *t) {
+    return (ft_matrix){{t->shape[0], t->shape[1]}, {t->strides[0], t->strides[1]}, t->dtype, ft_tensor_data(t)};
 }
 
-static operand transposed(const ft_tensor *t) {
-    return (operand){{t->shape[1], t->shape[0]}, {t->strides[1], t->strides[0]}, t->dtype, ft_tensor_data(t)};
+static ft_matrix transposed(const ft_tensor *t) {
+    return (ft_matrix){{t->shape[1], t->shape[0]}, {t->strides[1], t->strides[0]}, t->dtype, ft_tensor_data(t)};
 }
 
 typedef struct {
@@ -38,7 +30,7 @@ typedef struct {
     int dt_src, dt_wei, dt_dst;
 } mm_key;
 
-static void put(int64_t *k, const operand *o) {
+static void put(int64_t *k, const ft_matrix *o) {
     memcpy(k, o->dims, sizeof o->dims);
     memcpy(k + 2, o->strides, sizeof o->strides);
 }
@@ -89,8 +81,7 @@ static ft_status build(dnnl_primitive_desc_t *pd, const void *arg) {
     return s;
 }
 
-/* dst = act(src @ wei + bias), or dst += src @ wei with sum, for one matmul. */
-static ft_status matmul(const operand *src, const operand *wei, const operand *dst, const float *bias, ft_act act,
+ft_status ft_matmul(const ft_matrix *src, const ft_matrix *wei, const ft_matrix *dst, const float *bias, ft_act act,
                         bool sum, bool single_thread) {
     mm_key k;
     memset(&k, 0, sizeof k);
@@ -114,15 +105,15 @@ static ft_status matmul(const operand *src, const operand *wei, const operand *d
     return ft_dnnl_run(prim, bias ? 4 : 3, args);
 }
 
-static operand rows(const operand *o, int64_t r0, int64_t r1) {
-    operand s = *o;
+static ft_matrix rows(const ft_matrix *o, int64_t r0, int64_t r1) {
+    ft_matrix s = *o;
     s.dims[0] = r1 - r0;
     s.data += r0 * o->strides[0] * (int64_t)ft_dtype_get((ft_dtype)o->dtype)->itemsize;
     return s;
 }
 
-static operand cols(const operand *o, int64_t c0, int64_t c1) {
-    operand s = *o;
+static ft_matrix cols(const ft_matrix *o, int64_t c0, int64_t c1) {
+    ft_matrix s = *o;
     s.dims[1] = c1 - c0;
     s.data += c0 * o->strides[1] * (int64_t)ft_dtype_get((ft_dtype)o->dtype)->itemsize;
     return s;
@@ -131,16 +122,17 @@ static operand cols(const operand *o, int64_t c0, int64_t c1) {
 /* Deterministic mode: each fixed slice of rows runs on one thread (with a
  * primitive planned for one thread), so every row is computed the same way
  * whatever the thread count. */
-static ft_status matmul_rows(const operand *src, const operand *wei, const operand *dst, const float *bias,
+static ft_status matmul_rows(const ft_matrix *src, const ft_matrix *wei, const ft_matrix *dst, const float *bias,
                              ft_act act, bool sum) {
     if (!ft_deterministic())
-        return matmul(src, wei, dst, bias, act, sum, false);
+        return ft_matmul(src, wei, dst, bias, act, sum, false);
     int64_t n = src->dims[0], chunks = n < DET_CHUNKS ? n : DET_CHUNKS;
     ft_error err[DET_CHUNKS];
 #pragma omp parallel for schedule(static)
     for (int64_t c = 0; c < chunks; c++) {
-        operand s = rows(src, n * c / chunks, n * (c + 1) / chunks), d = rows(dst, n * c / chunks, n * (c + 1) / chunks);
-        ft_error_keep(&err[c], matmul(&s, wei, &d, bias, act, sum, true));
+        int64_t r0 = n * c / chunks, r1 = n * (c + 1) / chunks;
+        ft_matrix s = rows(src, r0, r1), d = rows(dst, r0, r1);
+        ft_error_keep(&err[c], ft_matmul(&s, wei, &d, bias, act, sum, true));
     }
     return ft_error_first(err, chunks);
 }
@@ -186,16 +178,16 @@ ft_status ft_linear_forward(const ft_tensor *out, const ft_tensor *x, const ft_t
         return ft_fail(FT_ERR_SHAPE, "linear: zero input features are not supported");
     if (ft_op_device(x).type == FT_DEV_CUDA)
         FT_CUDA_DISPATCH("linear", linear_forward, out, x, w, b, act);
-    operand src = as_is(x), wei = transposed(w), dst = as_is(out);
+    ft_matrix src = as_is(x), wei = transposed(w), dst = as_is(out);
     return matmul_rows(&src, &wei, &dst, b ? (const float *)ft_tensor_data(b) : NULL, act, false);
 }
 
 /* dw (O, I) = (or += with accumulate) dout^T (O, N) @ x (N, I); deterministic
  * mode sums fixed slices of N in order. */
 static ft_status weight_grad(const ft_tensor *dw, const ft_tensor *dout, const ft_tensor *x, bool accumulate) {
-    operand src = transposed(dout), wei = as_is(x), dst = as_is(dw);
+    ft_matrix src = transposed(dout), wei = as_is(x), dst = as_is(dw);
     if (!ft_deterministic())
-        return matmul(&src, &wei, &dst, NULL, (ft_act){FT_ACT_NONE, 0}, accumulate, false);
+        return ft_matmul(&src, &wei, &dst, NULL, (ft_act){FT_ACT_NONE, 0}, accumulate, false);
     int64_t N = x->shape[0], chunks = N < DET_CHUNKS ? N : DET_CHUNKS, wn = ft_tensor_numel(dw);
     ft_tensor parts;
     int64_t pshape[3] = {chunks, dw->shape[0], dw->shape[1]};
@@ -204,10 +196,10 @@ static ft_status weight_grad(const ft_tensor *dw, const ft_tensor *dout, const f
 #pragma omp parallel for schedule(static)
     for (int64_t c = 0; c < chunks; c++) {
         int64_t n0 = N * c / chunks, n1 = N * (c + 1) / chunks;
-        operand part_src = cols(&src, n0, n1), part_wei = rows(&wei, n0, n1);
-        operand part_dst = {{dw->shape[0], dw->shape[1]}, {dw->shape[1], 1}, FT_FLOAT32,
+        ft_matrix part_src = cols(&src, n0, n1), part_wei = rows(&wei, n0, n1);
+        ft_matrix part_dst = {{dw->shape[0], dw->shape[1]}, {dw->shape[1], 1}, FT_FLOAT32,
                             (char *)ft_tensor_data(&parts) + c * wn * 4};
-        ft_error_keep(&err[c], matmul(&part_src, &part_wei, &part_dst, NULL, (ft_act){FT_ACT_NONE, 0}, false, true));
+        ft_error_keep(&err[c], ft_matmul(&part_src, &part_wei, &part_dst, NULL, (ft_act){FT_ACT_NONE, 0}, false, true));
     }
     ft_status s = ft_error_first(err, chunks);
     if (s == FT_OK) {
@@ -270,7 +262,7 @@ ft_status ft_linear_backward(const ft_tensor *dx, const ft_tensor *dw, const ft_
         return db && !dw_work ? ft_bias_grad(db, dout, acc.bias) : FT_OK;
     }
     if (dx_work) {
-        operand src = as_is(dout), wei = as_is(w), dst = as_is(dx);
+        ft_matrix src = as_is(dout), wei = as_is(w), dst = as_is(dx);
         FT_TRY(matmul_rows(&src, &wei, &dst, NULL, (ft_act){FT_ACT_NONE, 0}, acc.inp));
     }
     if (dw_work)

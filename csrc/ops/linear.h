@@ -11,6 +11,20 @@
 #include "kernels/activation.h"
 #include "ops/gradient.h"
 
+/* A 2-d operand as oneDNN's matmul sees it: dims and strides (in
+ * elements), possibly a transposed view of a fasttrain tensor. */
+typedef struct {
+    int64_t dims[2], strides[2];
+    int dtype;
+    char *data;
+} ft_matrix;
+
+/* dst = act(src @ wei + bias), or dst += src @ wei with sum, as one oneDNN
+ * matmul (planned for one thread with single_thread); bias (dst's columns)
+ * may be NULL. */
+ft_status ft_matmul(const ft_matrix *src, const ft_matrix *wei, const ft_matrix *dst, const float *bias, ft_act act,
+                    bool sum, bool single_thread);
+
 /* out (N, O) = act(x (N, I) @ w (O, I)^T + b (O)); b may be NULL. */
 ft_status ft_linear_forward(const ft_tensor *out, const ft_tensor *x, const ft_tensor *w, const ft_tensor *b,
                             ft_act act);

@@ -682,7 +682,7 @@ static ft_status check_nll(const char *op, const ft_tensor *t, const ft_tensor *
     }
     ft_tensor host;
     if (dev.type == FT_DEV_CUDA)
-        FT_TRY(ft_tensor_to(&host, target, FT_INT64, FT_CPU, false, false));
+        FT_TRY(ft_tensor_to(&host, target, FT_INT64, FT_CPU, false, false, false));
     else
         ft_tensor_share(&host, target);
     ft_status s = FT_OK;

@@ -302,12 +302,14 @@ class Tensor(_C.TensorBase):
 
     def contiguous(self) -> Tensor:
         """self if its memory is C-contiguous, else a contiguous copy."""
-        return self if self.is_contiguous() else self.clone()
+        if self.is_contiguous():
+            return self
+        return self._to(self._dtype_code, *self._device_tuple, False, False, False)
 
     # ---- copies and conversions ----
     def clone(self) -> Tensor:
-        """A contiguous copy with the same dtype and device."""
-        return self._to(self._dtype_code, *self._device_tuple, False, False)
+        """A copy with the same dtype, device and memory layout (a channels-last tensor stays channels-last)."""
+        return self._to(self._dtype_code, *self._device_tuple, False, False, True)
 
     def copy_(self, src: Any, non_blocking: _bool = False) -> Tensor:
         """Copies src (a tensor, array or nested list, broadcast to self's shape) into self, converting dtype
@@ -361,7 +363,7 @@ class Tensor(_C.TensorBase):
         if not copy and want_dtype is self.dtype and want_device == self.device:
             return self
         kind, index = want_device._code
-        return self._to(want_dtype._code, kind, index, False, non_blocking)
+        return self._to(want_dtype._code, kind, index, False, non_blocking, True)
 
     def cpu(self) -> Tensor:
         """self if it is on the CPU, else a copy in host memory."""
@@ -377,7 +379,7 @@ class Tensor(_C.TensorBase):
             return self
         if self.is_cuda:
             raise RuntimeError("pin_memory() applies to CPU tensors; this one is on " + str(self.device))
-        return self._to(self._dtype_code, 1, 0, True, False)
+        return self._to(self._dtype_code, 1, 0, True, False, False)
 
     def float(self) -> Tensor:
         """self.to(ft.float32)."""

@@ -142,4 +142,4 @@ def tensor(data: Any, dtype: DTypeLike | None = None, device: DeviceLike = None,
         t = from_numpy(_as_array(data))
     d = t.dtype if dtype is None else as_dtype(dtype)
     kind, index = as_device(device)._code
-    return t._to(d._code, kind, index, bool(pin_memory), False)
+    return t._to(d._code, kind, index, bool(pin_memory), False, False)
