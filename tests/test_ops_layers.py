@@ -260,6 +260,43 @@ def test_batch_norm_fused_relu_backward_masks_where_the_output_is_positive(layou
         np.testing.assert_array_equal(n(f), n(p))
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("act", [None, "relu"])
+def test_batch_norm_channels_last_blocks_of_sixteen_channels(dtype, act, threads):
+    # channels-last with C a multiple of 16 sums each block of 16 channels in registers and (bfloat16) converts in
+    # its loops (batchnorm.c): against float64 of the rounded values, over a partial chunk of rows, NaN kept to
+    # its channel, and bitwise the same for 1 and 2 threads
+    shape, C = (17, 48, 5, 5), 48
+    x = RNG.standard_normal(shape) * 2 + 3
+    x[3, 5, 2, 2] = np.nan
+    dy, w, b = RNG.standard_normal(shape), RNG.standard_normal(C), RNG.standard_normal(C)
+    low = getattr(ft, dtype)
+    xt, dyt = nhwc(x).to(low), nhwc(dy).to(low)
+    xr, dyr = n(xt.float()).astype(np.float64), n(dyt.float()).astype(np.float64)
+    runs = []
+    for n_threads in (1, 2):
+        threads(n_threads)
+        out, mean, invstd = ft.ops.batch_norm_forward(None, None, None, xt, t(w), t(b), act=act)
+        dx, dw, db = ft.ops.batch_norm_backward(None, None, None, dyt, xt, out, t(w), t(b), mean, invstd, act=act)
+        runs.append([bits(v) for v in (out, mean, invstd, dx, dw, db)])
+    assert runs[0] == runs[1]
+    tol = dict(rtol=2 ** -8, atol=1e-3) if dtype == "bfloat16" else dict(rtol=1e-4, atol=1e-4)
+    m, v = xr.mean((0, 2, 3)), xr.var((0, 2, 3))
+    xhat = (xr - m[None, :, None, None]) / np.sqrt(v[None, :, None, None] + 1e-5)
+    y = xhat * w[None, :, None, None] + b[None, :, None, None]
+    dz = dyr * (n(out.float()) > 0) if act else dyr  # the output's mask: a value at the kink may round either way
+    if act:
+        y = np.maximum(y, 0)  # keeps NaN, as PyTorch
+    np.testing.assert_allclose(n(out.float()), y, **tol)
+    assert np.isnan(n(out.float())[:, 5]).all() and np.isfinite(n(out.float())[:, :5]).all()
+    keep = np.arange(C) != 5
+    g = (dz - dz.mean((0, 2, 3))[None, :, None, None]
+         - xhat * (dz * xhat).mean((0, 2, 3))[None, :, None, None]) * (w / np.sqrt(v + 1e-5))[None, :, None, None]
+    np.testing.assert_allclose(n(dx.float())[:, keep], g[:, keep], **tol)
+    np.testing.assert_allclose(n(dw)[keep], (dz * xhat).sum((0, 2, 3))[keep], rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(n(db), dz.sum((0, 2, 3)), rtol=1e-3, atol=1e-3)
+
+
 def test_batch_norm_bad_inputs():
     x = ft.zeros(2, 3, 4, 4)
     with pytest.raises(ValueError, match="eval mode needs running_mean"):

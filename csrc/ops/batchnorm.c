@@ -118,16 +118,21 @@ static inline const float *grad_through_act(float *restrict dz, const float *res
     return dz;
 }
 
+/* 1 where the forward's relu passed x (its output is positive), else 0. */
+static inline float relu_passes(float x, float scale, float shift, float above) {
+    return (float)(ft_norm_apply(x, scale, shift) > above);
+}
+
 /* dz for the n elements from i0 through a fused relu whose mask comes from x. */
 static inline const float *grad_through_relu(float *restrict dz, const float *restrict dy, const float *restrict x,
                                              const sums_in *in, int64_t i0, int64_t n) {
     if (in->cl) /* a run of whole rows: the vectors are repeated over it */
         for (int64_t j = 0; j < n; j++)
-            dz[j] = dy[j] * (float)(ft_norm_apply(x[j], in->scale[j], in->shift[j]) > in->above);
+            dz[j] = dy[j] * relu_passes(x[j], in->scale[j], in->shift[j], in->above);
     else {
         int64_t c = i0 / in->S % in->C;
         for (int64_t j = 0; j < n; j++)
-            dz[j] = dy[j] * (float)(ft_norm_apply(x[j], in->scale[c], in->shift[c]) > in->above);
+            dz[j] = dy[j] * relu_passes(x[j], in->scale[c], in->shift[c], in->above);
     }
     return dz;
 }
@@ -194,6 +199,57 @@ static inline void sum_run(float *a, float *b, const float *x, const float *dz, 
     }
 }
 
+enum { LANES = 16 };
+
+static inline float value_at(const void *p, bool b16, int64_t i) {
+    return b16 ? ft_bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+/* The sums of channels-last rows [r0, r1) of a C that is a multiple of
+ * LANES, a block of LANES channels at a time over the rows, in registers:
+ * no conversion buffer and no partial sums in memory. x and dy are each
+ * bfloat16 (x16, dy16) or float32; in the backward (dy set) dz is dy, or
+ * dy through a relu whose mask comes from x. Always inlined into
+ * block_sums with constant flags, so that each case is its own loop. */
+static inline __attribute__((always_inline)) void block_sums_as(double *pa, double *pb, const sums_in *in, int64_t r0,
+                                                                int64_t r1, int64_t C, bool x16, bool dy16,
+                                                                bool relu) {
+    for (int64_t c0 = 0; c0 < C; c0 += LANES) {
+        float la[LANES] = {0}, lb[LANES] = {0};
+        const float *center = in->center + c0, *scale = in->scale ? in->scale + c0 : NULL;
+        const float *shift = in->shift ? in->shift + c0 : NULL;
+        for (int64_t i = r0 * C + c0; i < r1 * C; i += C)
+            for (int l = 0; l < LANES; l++) {
+                float x = value_at(in->x, x16, i + l), v = x - center[l];
+                float dz = !in->dy ? v : value_at(in->dy, dy16, i + l);
+                if (relu)
+                    dz *= relu_passes(x, scale[l], shift[l], in->above);
+                la[l] += dz;
+                lb[l] = fmaf(dz, v, lb[l]);
+            }
+        for (int l = 0; l < LANES; l++)
+            pa[c0 + l] = la[l], pb[c0 + l] = lb[l];
+    }
+}
+
+FT_VEC_CLONES static void block_sums(double *pa, double *pb, const sums_in *in, int64_t r0, int64_t r1, int64_t C) {
+    if (!in->dy)
+        in->x16 ? block_sums_as(pa, pb, in, r0, r1, C, true, false, false)
+                : block_sums_as(pa, pb, in, r0, r1, C, false, false, false);
+    else if (in->scale)
+        in->x16 ? block_sums_as(pa, pb, in, r0, r1, C, true, true, true)
+                : block_sums_as(pa, pb, in, r0, r1, C, false, false, true);
+    else
+        in->x16 ? block_sums_as(pa, pb, in, r0, r1, C, true, true, false)
+                : block_sums_as(pa, pb, in, r0, r1, C, false, false, false);
+}
+
+/* Whether block_sums serves these sums: channels-last blocks of LANES
+ * channels, x and dy of one dtype, and dz needing nothing but x. */
+static bool by_blocks(const layout *l, const sums_in *in) {
+    return l->channels_last && l->C % LANES == 0 && !in->from_y && !in->y && (!in->dy || in->dy16 == in->x16);
+}
+
 /* The partial sums of CHUNK channels-last rows [r0, r1) into pa and pb (C
  * each), and of one NCHW plane of channel c into *a and *b: separate
  * functions so that each is compiled for AVX-512, AVX2 and plain x86-64 and
@@ -217,8 +273,6 @@ FT_VEC_CLONES static void rows_sums(double *pa, double *pb, const sums_in *in, i
     for (int64_t k = 0; k < C; k++)
         pa[k] = fa[k], pb[k] = fb[k];
 }
-
-enum { LANES = 16 };
 
 FT_VEC_CLONES static void plane_sums(double *a, double *b, const sums_in *in, int64_t i0, int64_t S, int64_t c,
                                      float *buf) {
@@ -263,7 +317,7 @@ static ft_status channel_sums(double *sa, double *sb, const layout *l, const sum
         free(part), free(bufs);
         return ft_fail(FT_ERR_NOMEM, "batch_norm: out of memory for partial sums");
     }
-    bool parallel = rows * C > PARALLEL_ELEMS;
+    bool parallel = rows * C > PARALLEL_ELEMS, blocks = by_blocks(l, in);
     if (l->channels_last) { /* part: (chunks, 2, C) */
 #pragma omp parallel for schedule(static) if (parallel)
         for (int64_t k = 0; k < nparts; k++) {
@@ -271,7 +325,10 @@ static ft_status channel_sums(double *sa, double *sb, const layout *l, const sum
             int64_t end = (k + 1) * CHUNK < rows ? (k + 1) * CHUNK : rows;
             /* the whole chunk's dz at once: rows of few channels are short */
             float *buf = bufs + omp_get_thread_num() * run;
-            rows_sums(pa, pb, in, k * CHUNK, end, C, buf, buf + run - 2 * slice_of(C));
+            if (blocks)
+                block_sums(pa, pb, in, k * CHUNK, end, C);
+            else
+                rows_sums(pa, pb, in, k * CHUNK, end, C, buf, buf + run - 2 * slice_of(C));
         }
     } else { /* part: (N * C, 2), one run per plane */
 #pragma omp parallel for schedule(static) if (parallel)
@@ -324,8 +381,18 @@ typedef struct {
 FT_VEC_CLONES static void normalize_rows(const norm_io *io, int64_t i0, int64_t len, int64_t C, int64_t c,
                                          const float *scale, const float *shift, ft_act act, float *buf) {
     int64_t step = slice_of(C);
+    bool relu = act.kind == FT_ACT_RELU;
     for (int64_t at = i0; at < i0 + len; at += step) {
         int64_t n = i0 + len - at < step ? i0 + len - at : step;
+        if (C && io->x16 && io->out16 && (relu || act.kind == FT_ACT_NONE)) { /* converted in the loop */
+            const uint16_t *x = (const uint16_t *)io->x + at;
+            uint16_t *out = (uint16_t *)io->out + at;
+            for (int64_t j = 0; j < n; j++) {
+                float v = ft_norm_apply(ft_bf16_to_f32(x[j]), scale[j], shift[j]);
+                out[j] = ft_f32_to_bf16(relu && v < 0.0f ? 0.0f : v);
+            }
+            continue;
+        }
         const float *x = ft_floats_in(io->x, io->x16, at, n, buf);
         float *out = ft_floats_at(io->out, io->out16, at, buf ? buf + step : NULL);
         if (C)
@@ -476,8 +543,28 @@ ft_status ft_batchnorm_forward(const ft_tensor *out, const ft_tensor *save_mean,
 FT_VEC_CLONES static void dx_run(void *dxp, bool dx16, const sums_in *in, int64_t i0, int64_t len, const float *mean,
                                  const float *k, int64_t R, bool cl, int64_t c, bool acc, float *buf) {
     int64_t step = cl ? R : slice_of(0);
+    /* bfloat16 in and out, dz from dy and x alone: converted in the loop */
+    bool direct = cl && dx16 && !acc && in->x16 && in->dy16 && !in->y && !in->from_y;
     for (int64_t at = i0; at < i0 + len; at += step) {
         int64_t n = i0 + len - at < step ? i0 + len - at : step;
+        if (direct) {
+            const uint16_t *restrict x = (const uint16_t *)in->x + at, *restrict dy = (const uint16_t *)in->dy + at;
+            uint16_t *restrict dx = (uint16_t *)dxp + at;
+            const float *scale = in->scale, *shift = in->shift;
+            float above = in->above;
+            if (scale)
+                for (int64_t j = 0; j < n; j++) {
+                    float xv = ft_bf16_to_f32(x[j]);
+                    float dz = ft_bf16_to_f32(dy[j]) * relu_passes(xv, scale[j], shift[j], above);
+                    dx[j] = ft_f32_to_bf16(ft_bn_dx(dz, xv, mean[j], k[j], k[R + j], k[2 * R + j]));
+                }
+            else
+                for (int64_t j = 0; j < n; j++) {
+                    float xv = ft_bf16_to_f32(x[j]);
+                    dx[j] = ft_f32_to_bf16(ft_bn_dx(ft_bf16_to_f32(dy[j]), xv, mean[j], k[j], k[R + j], k[2 * R + j]));
+                }
+            continue;
+        }
         const float *dz = NULL, *x = run_of(in, at, n, buf, &dz);
         float *to = buf + 4 * step;
         float *dx = acc ? (float *)ft_floats_in(dxp, dx16, at, n, to) : ft_floats_at(dxp, dx16, at, to);
