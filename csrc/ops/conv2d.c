@@ -406,17 +406,18 @@ static ft_status backward_weights_gemm(const ft_tensor *dw, const ft_tensor *dou
     int64_t M = dout->shape[0] * dims[2] * dims[3], cols = R * S * C, wn = K * cols;
     int64_t item = ft_dtype_get(inp->dtype)->itemsize, block = GEMM_BLOCK_BYTES / (cols * item);
     int64_t parts = M < DET_CHUNKS ? M : DET_CHUNKS;
-    float *part = malloc((size_t)(parts * wn) * sizeof *part);
-    char *bufs = malloc((size_t)(omp_get_max_threads() * block * cols * item));
-    if (!part || !bufs) {
-        free(part), free(bufs);
-        return ft_fail(FT_ERR_NOMEM, "conv2d: out of memory for the weight gradient");
-    }
+    /* the parts, then each thread's block of im2col rows: from the caching
+     * allocator, as fresh pages would cost more than the matmuls here */
+    int64_t per = (block * cols * item + 63) / 64 * 16, floats = parts * wn + omp_get_max_threads() * per;
+    ft_tensor scratch;
+    FT_TRY(ft_tensor_empty(&scratch, 1, &floats, FT_FLOAT32, FT_CPU, false));
+    float *part = (float *)ft_tensor_data(&scratch);
+    char *bufs = (char *)(part + parts * wn);
     ft_matrix dy = {{K, M}, {1, K}, dout->dtype, ft_tensor_data(dout)}; /* dout^T */
     ft_error err[DET_CHUNKS];
 #pragma omp parallel for schedule(static)
     for (int64_t c = 0; c < parts; c++) {
-        char *buf = bufs + omp_get_thread_num() * block * cols * item;
+        char *buf = bufs + omp_get_thread_num() * per * 4;
         ft_matrix to = {{K, cols}, {cols, 1}, FT_FLOAT32, (char *)(part + c * wn)};
         ft_status s = FT_OK;
         for (int64_t m0 = M * c / parts, end = M * (c + 1) / parts, a = m0; s == FT_OK && a < end; a += block) {
@@ -431,18 +432,22 @@ static ft_status backward_weights_gemm(const ft_tensor *dw, const ft_tensor *dou
     ft_status s = ft_error_first(err, parts);
     if (s == FT_OK) { /* (K, R, S, C) parts onto dw (K, C, R, S) */
         float *out = (float *)ft_tensor_data(dw);
+        const int64_t *ds = dw->strides;
 #pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < wn; i++) {
-            int64_t k = i / cols, ci = i / (R * S) % C, r = i / S % R, sj = i % S;
-            float *o = out + k * dw->strides[0] + ci * dw->strides[1] + r * dw->strides[2] + sj * dw->strides[3];
-            float v = accumulate ? *o : 0.0f;
-            for (int64_t j = 0; j < parts; j++)
-                v += part[j * wn + k * cols + (r * S + sj) * C + ci];
-            *o = v;
-        }
+        for (int64_t k = 0; k < K; k++)
+            for (int64_t r = 0; r < R; r++)
+                for (int64_t sj = 0; sj < S; sj++) {
+                    const float *from = part + k * cols + (r * S + sj) * C;
+                    float *o = out + k * ds[0] + r * ds[2] + sj * ds[3];
+                    for (int64_t ci = 0; ci < C; ci++) {
+                        float v = accumulate ? o[ci * ds[1]] : 0.0f;
+                        for (int64_t j = 0; j < parts; j++)
+                            v += from[j * wn + ci];
+                        o[ci * ds[1]] = v;
+                    }
+                }
     }
-    free(part);
-    free(bufs);
+    ft_tensor_release(&scratch);
     return s;
 }
 
