@@ -32,7 +32,9 @@ Compute-bound ops, GFLOP/s (2 flops per multiply-add, no bias where a batch norm
       padding, which the kernels skip: (3H-2)(3W-2)/(9HW) of it is real work, 92% at 16x16, 96% at 32x32,
       so "peak_fraction" can read slightly above 1); fwd = conv2d_forward, bwd_data = conv2d_backward(dinp
       only), bwd_weights = conv2d_backward(dweight only). torch: F.conv2d and aten.convolution_backward with
-      the same output mask (what autograd calls), inputs and weights in torch.channels_last for nhwc.
+      the same output mask (what autograd calls), inputs and weights in torch.channels_last for nhwc. The
+      _bf16 cases (small planes, on a CPU with AVX512-BF16) run both in bfloat16; their "peak_fraction" is
+      over the float32 FMA peak, as the sdpa _bf16 cases'.
   linear_n<N>_<in>x<out>_{fwd,bwd}   y = x @ W^T + b: fwd 2*N*in*out flops; bwd (dx, dW, db) 4*N*in*out.
       torch: F.linear; mm(dy, W) + mm(dy^T, x) + dy.sum(0) (what autograd runs for addmm).
 
@@ -320,11 +322,11 @@ class Case:
         self.calls_by_key = {}
 
 
-def conv_cases(N, C, H, channels_last, kinds, dev="cpu"):
+def conv_cases(N, C, H, channels_last, kinds, dev="cpu", dtype="float32"):
     K = C
     x, w, dy = randn(N, C, H, H), randn(K, C, 3, 3) * (1 / (9 * C)) ** 0.5, randn(N, K, H, H)
     to_ft = ft_nhwc if channels_last else ft_plain
-    fx, fdy, fw = to_ft(x, dev), to_ft(dy, dev), ft_plain(w, dev)
+    fx, fdy, fw = (t.to(dtype) for t in (to_ft(x, dev), to_ft(dy, dev), ft_plain(w, dev)))
     flops = 2.0 * N * K * C * 9 * H * H
     ours = {
         "fwd": lambda: ft.ops.conv2d_forward(None, fx, fw, None, 1, 1),
@@ -333,7 +335,7 @@ def conv_cases(N, C, H, channels_last, kinds, dev="cpu"):
     }
     theirs = {}
     if torch is not None:
-        tx, tw, tdy = th(x, channels_last, dev), th(w, channels_last, dev), th(dy, channels_last, dev)
+        tx, tw, tdy = (th(a, channels_last, dev).to(getattr(torch, dtype)) for a in (x, w, dy))
 
         def tbwd(mask):
             return lambda: torch.ops.aten.convolution_backward(tdy, tx, tw, None, [1, 1], [1, 1], [1, 1], False,
@@ -341,7 +343,8 @@ def conv_cases(N, C, H, channels_last, kinds, dev="cpu"):
         theirs = {"fwd": lambda: F.conv2d(tx, tw, None, 1, 1), "bwd_data": tbwd([True, False, False]),
                   "bwd_weights": tbwd([False, True, False])}
     layout = "nhwc" if channels_last else "nchw"
-    return [Case(f"conv3x3_{layout}_n{N}_c{C}_h{H}_{k}", "GFLOP/s", flops, ours[k], theirs.get(k)) for k in kinds]
+    low = "_bf16" if dtype == "bfloat16" else ""
+    return [Case(f"conv3x3_{layout}_n{N}_c{C}_h{H}{low}_{k}", "GFLOP/s", flops, ours[k], theirs.get(k)) for k in kinds]
 
 
 def linear_cases(N, I, O, dev="cpu"):
@@ -545,6 +548,8 @@ def all_cases(N, dev="cpu"):
     cases += attention_cases(8, 4, 256, 64, dev)
     if dev == "cpu" and ft.backends.cpu_has_bf16():  # the CUDA kernels are float32 only
         cases += attention_cases(8, 4, 256, 64, dev, "bfloat16")
+        for C, H in [(32, 14), (64, 7), (128, 4)]:  # small planes: the weight gradient by matmuls from 64 positions
+            cases += conv_cases(N, C, H, True, ("fwd", "bwd_data", "bwd_weights"), dev, "bfloat16")
     cases += memory_cases(N, 64, 32, rows=N * 64, D=1024, classes=[(N, 1000), (N, 32768)], dev=dev)
     for C, H in [(64, 32), (64, 7)]:
         cases += batch_norm_nchw_cases(N, C, H, dev)
