@@ -527,13 +527,23 @@ static inline __attribute__((always_inline)) bool gather_tiles(pool_job *j, int6
         for (int64_t ow = 0; ow < Q; ow++) {
             int64_t base = n * is[0] + oh * is[2] + ow * is[3] + c0;
             int64_t pg = n * xs[0] + oh * xs[2] + ow * xs[3] + c0;
-            _Alignas(64) int64_t at[CB];
+            /* the indices in their own width (int32 compares fill a vector
+             * twice as full), and without accumulate the value each hit
+             * writes, 0 + dout (a -0 gradient lands as +0, as the scatter
+             * adds it), converted once rather than at every position */
+            _Alignas(64) int32_t at32[CB], matches[CB];
+            _Alignas(64) int64_t at64[CB];
             _Alignas(64) float g[CB];
-            _Alignas(64) int32_t matches[CB];
+            _Alignas(64) uint16_t g16[CB];
             FT_SIMD_FOR(i, nc) {
-                at[i] = ind32 ? ((const int32_t *)j->ind)[base + i] : ((const int64_t *)j->ind)[base + i];
-                g[i] = bf16 ? ft_bf16_to_f32(j->x16[pg + i]) : j->x[pg + i];
-                matches[i] = at[i] == -1;
+                if (ind32)
+                    at32[i] = ((const int32_t *)j->ind)[base + i];
+                else
+                    at64[i] = ((const int64_t *)j->ind)[base + i];
+                g[i] = (bf16 ? ft_bf16_to_f32(j->x16[pg + i]) : j->x[pg + i]) + (accumulate ? -0.0f : 0.0f);
+                if (bf16 && !accumulate)
+                    g16[i] = ft_f32_to_bf16(g[i]);
+                matches[i] = (ind32 ? at32[i] : at64[i]) == -1;
             }
             for (int64_t h = oh * th; h < (oh + 1) * th; h++)
                 for (int64_t w = ow * tw; w < (ow + 1) * tw; w++) {
@@ -541,14 +551,19 @@ static inline __attribute__((always_inline)) bool gather_tiles(pool_job *j, int6
                     float *restrict d = bf16 ? NULL : j->y + at_d;
                     uint16_t *restrict d16 = bf16 ? j->y16 + at_d : NULL;
                     FT_SIMD_FOR(i, nc) {
-                        bool hit = at[i] == pos;
+                        bool hit = ind32 ? at32[i] == (int32_t)pos : at64[i] == pos;
                         matches[i] += hit;
-                        float old = !accumulate ? 0.0f : bf16 ? ft_bf16_to_f32(d16[i]) : d[i];
-                        float sum = old + g[i];
-                        if (bf16)
-                            d16[i] = ft_f32_to_bf16(hit ? sum : old);
-                        else
-                            d[i] = hit ? sum : old;
+                        if (!accumulate && bf16)
+                            d16[i] = hit ? g16[i] : 0;
+                        else if (!accumulate)
+                            d[i] = hit ? g[i] : 0.0f;
+                        else {
+                            float old = bf16 ? ft_bf16_to_f32(d16[i]) : d[i];
+                            if (bf16)
+                                d16[i] = ft_f32_to_bf16(hit ? old + g[i] : old);
+                            else
+                                d[i] = hit ? old + g[i] : old;
+                        }
                     }
                 }
             FT_SIMD_FOR(i, nc) bad |= matches[i] != 1;
