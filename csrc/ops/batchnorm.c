@@ -207,21 +207,20 @@ static inline float value_at(const void *p, bool b16, int64_t i) {
 
 /* The sums of channels-last rows [r0, r1) of a C that is a multiple of
  * LANES, a block of LANES channels at a time over the rows, in registers:
- * no conversion buffer and no partial sums in memory. x and dy are each
- * bfloat16 (x16, dy16) or float32; in the backward (dy set) dz is dy, or
- * dy through a relu whose mask comes from x. Always inlined into
- * block_sums with constant flags, so that each case is its own loop. */
+ * no conversion buffer and no partial sums in memory. x and dy are both
+ * bfloat16 (b16) or both float32; in the backward (dy set) dz is dy, or dy
+ * through a relu whose mask comes from x. Always inlined into block_sums
+ * with constant flags, so that each case is its own loop. */
 static inline __attribute__((always_inline)) void block_sums_as(double *pa, double *pb, const sums_in *in, int64_t r0,
-                                                                int64_t r1, int64_t C, bool x16, bool dy16,
-                                                                bool relu) {
+                                                                int64_t r1, int64_t C, bool b16, bool relu) {
     for (int64_t c0 = 0; c0 < C; c0 += LANES) {
         float la[LANES] = {0}, lb[LANES] = {0};
         const float *center = in->center + c0, *scale = in->scale ? in->scale + c0 : NULL;
         const float *shift = in->shift ? in->shift + c0 : NULL;
         for (int64_t i = r0 * C + c0; i < r1 * C; i += C)
             for (int l = 0; l < LANES; l++) {
-                float x = value_at(in->x, x16, i + l), v = x - center[l];
-                float dz = !in->dy ? v : value_at(in->dy, dy16, i + l);
+                float x = value_at(in->x, b16, i + l), v = x - center[l];
+                float dz = !in->dy ? v : value_at(in->dy, b16, i + l);
                 if (relu)
                     dz *= relu_passes(x, scale[l], shift[l], in->above);
                 la[l] += dz;
@@ -233,15 +232,11 @@ static inline __attribute__((always_inline)) void block_sums_as(double *pa, doub
 }
 
 FT_VEC_CLONES static void block_sums(double *pa, double *pb, const sums_in *in, int64_t r0, int64_t r1, int64_t C) {
-    if (!in->dy)
-        in->x16 ? block_sums_as(pa, pb, in, r0, r1, C, true, false, false)
-                : block_sums_as(pa, pb, in, r0, r1, C, false, false, false);
-    else if (in->scale)
-        in->x16 ? block_sums_as(pa, pb, in, r0, r1, C, true, true, true)
-                : block_sums_as(pa, pb, in, r0, r1, C, false, false, true);
+    bool relu = in->scale != NULL;
+    if (in->x16)
+        relu ? block_sums_as(pa, pb, in, r0, r1, C, true, true) : block_sums_as(pa, pb, in, r0, r1, C, true, false);
     else
-        in->x16 ? block_sums_as(pa, pb, in, r0, r1, C, true, true, false)
-                : block_sums_as(pa, pb, in, r0, r1, C, false, false, false);
+        relu ? block_sums_as(pa, pb, in, r0, r1, C, false, true) : block_sums_as(pa, pb, in, r0, r1, C, false, false);
 }
 
 /* Whether block_sums serves these sums: channels-last blocks of LANES

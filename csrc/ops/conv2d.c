@@ -372,9 +372,10 @@ static bool weights_by_gemm(const ft_tensor *dout, const ft_tensor *inp, const f
            inp->shape[1] >= 32 && row <= GEMM_BLOCK_BYTES / 64;
 }
 
-/* Rows [m0, m1) of the im2col matrix of a channels-last input x (strides
- * xs): row m = (n, p, q), an output position, holds for each kernel tap
- * (r, s) the C input values it reads (zeros in the padding). */
+/* Rows [m0, m1) of the im2col matrix of an input x whose channels are
+ * adjacent, for a kernel of dims = (R, S) and an output of (P, Q): row
+ * m = (n, p, q), an output position, holds for each kernel tap (r, s) the
+ * C input values it reads (zeros in the padding). */
 static void im2col_rows(char *dst, const ft_tensor *x, const int64_t *dims, const ft_conv2d_params *p, int64_t m0,
                         int64_t m1) {
     int64_t C = x->shape[1], H = x->shape[2], W = x->shape[3], R = dims[0], S = dims[1], P = dims[2], Q = dims[3];
