@@ -82,7 +82,7 @@ static ft_status build(dnnl_primitive_desc_t *pd, const void *arg) {
 }
 
 ft_status ft_matmul(const ft_matrix *src, const ft_matrix *wei, const ft_matrix *dst, const float *bias, ft_act act,
-                        bool sum, bool single_thread) {
+                    bool sum, bool single_thread) {
     mm_key k;
     memset(&k, 0, sizeof k);
     put(k.src, src);
@@ -198,7 +198,7 @@ static ft_status weight_grad(const ft_tensor *dw, const ft_tensor *dout, const f
         int64_t n0 = N * c / chunks, n1 = N * (c + 1) / chunks;
         ft_matrix part_src = cols(&src, n0, n1), part_wei = rows(&wei, n0, n1);
         ft_matrix part_dst = {{dw->shape[0], dw->shape[1]}, {dw->shape[1], 1}, FT_FLOAT32,
-                            (char *)ft_tensor_data(&parts) + c * wn * 4};
+                              (char *)ft_tensor_data(&parts) + c * wn * 4};
         ft_error_keep(&err[c], ft_matmul(&part_src, &part_wei, &part_dst, NULL, (ft_act){FT_ACT_NONE, 0}, false, true));
     }
     ft_status s = ft_error_first(err, chunks);

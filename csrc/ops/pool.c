@@ -528,9 +528,10 @@ static inline __attribute__((always_inline)) bool gather_tiles(pool_job *j, int6
             int64_t base = n * is[0] + oh * is[2] + ow * is[3] + c0;
             int64_t pg = n * xs[0] + oh * xs[2] + ow * xs[3] + c0;
             /* the indices in their own width (int32 compares fill a vector
-             * twice as full), and without accumulate the value each hit
-             * writes, 0 + dout (a -0 gradient lands as +0, as the scatter
-             * adds it), converted once rather than at every position */
+             * twice as full); g is what a hit adds: without accumulate
+             * 0 + dout (a -0 gradient lands as +0, as the scatter adds it),
+             * converted once rather than at every position, with it dout
+             * itself (x + -0 is x) */
             _Alignas(64) int32_t at32[CB], matches[CB];
             _Alignas(64) int64_t at64[CB];
             _Alignas(64) float g[CB];
