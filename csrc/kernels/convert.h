@@ -63,12 +63,16 @@ static inline FT_HD uint16_t ft_f32_to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
-/* Runs of n floats of a float32 or bfloat16 (bf16) array, at element i0,
- * for host kernels that compute in float: float32 memory is used in place,
- * bfloat16 goes through the caller's buffer. */
+/* Host kernels that compute in float over float32 or bfloat16 (bf16)
+ * arrays: element i, or runs of n floats at element i0 (float32 memory used
+ * in place, bfloat16 through the caller's buffer). */
 #ifndef __CUDACC__
 #include <stdbool.h>
 #include <stdint.h>
+
+static inline float ft_float_at(const void *src, bool bf16, int64_t i) {
+    return bf16 ? ft_bf16_to_f32(((const uint16_t *)src)[i]) : ((const float *)src)[i];
+}
 
 static inline const float *ft_floats_in(const void *src, bool bf16, int64_t i0, int64_t n, float *buf) {
     if (!bf16)

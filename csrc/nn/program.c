@@ -1291,18 +1291,21 @@ ft_status ft_program_check_batch(ft_program *p, const ft_tensor *x, const ft_ten
     if (yd.storage)
         ft_tensor_release(&yd);
     /* the ids an embedding reads from the input, which its forward would
-     * refuse only once the step runs */
-    for (int i = 0; i < p->n; i++) {
+     * refuse only once the step runs (read on the host once) */
+    ft_tensor ids = {0};
+    ft_status s = FT_OK;
+    for (int i = 0; s == FT_OK && i < p->n; i++) {
         const ft_node *nd = &p->nodes[i];
         if (nd->kind != FT_NODE_EMBEDDING || nd->inputs[0] != 0)
             continue;
-        ft_tensor ids;
-        FT_TRY(ft_tensor_on_host(&ids, x, FT_INT64));
-        ft_status s = ft_embedding_check_ids(&ids, nd->weight.shape[0]);
-        ft_tensor_release(&ids);
-        FT_TRY(s);
+        if (!ids.storage)
+            s = ft_tensor_on_host(&ids, x, FT_INT64);
+        if (s == FT_OK)
+            s = ft_embedding_check_ids(&ids, nd->weight.shape[0]);
     }
-    return FT_OK;
+    if (ids.storage)
+        ft_tensor_release(&ids);
+    return s;
 }
 
 ft_status ft_program_backward(ft_program *p, const ft_tensor *x, const ft_tensor *y, bool accumulate, double *loss,

@@ -84,7 +84,7 @@ static inline void *row_at(const view4 *v, int64_t n, int64_t h, int64_t t) {
 }
 
 static inline float elem(const view4 *v, const void *row, int64_t d) {
-    return v->bf16 ? ft_bf16_to_f32(((const uint16_t *)row)[d]) : ((const float *)row)[d];
+    return ft_float_at(row, v->bf16, d);
 }
 
 static inline void put(const view4 *v, void *row, int64_t d, float x) {

@@ -201,10 +201,6 @@ static inline void sum_run(float *a, float *b, const float *x, const float *dz, 
 
 enum { LANES = 16 };
 
-static inline float value_at(const void *p, bool b16, int64_t i) {
-    return b16 ? ft_bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
-}
-
 /* The sums of channels-last rows [r0, r1) of a C that is a multiple of
  * LANES, a block of LANES channels at a time over the rows, in registers:
  * no conversion buffer and no partial sums in memory. x and dy are both
@@ -219,8 +215,8 @@ static inline __attribute__((always_inline)) void block_sums_as(double *pa, doub
         const float *shift = in->shift ? in->shift + c0 : NULL;
         for (int64_t i = r0 * C + c0; i < r1 * C; i += C)
             for (int l = 0; l < LANES; l++) {
-                float x = value_at(in->x, b16, i + l), v = x - center[l];
-                float dz = !in->dy ? v : value_at(in->dy, b16, i + l);
+                float x = ft_float_at(in->x, b16, i + l), v = x - center[l];
+                float dz = !in->dy ? v : ft_float_at(in->dy, b16, i + l);
                 if (relu)
                     dz *= relu_passes(x, scale[l], shift[l], in->above);
                 la[l] += dz;

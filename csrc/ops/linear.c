@@ -210,7 +210,7 @@ static ft_status weight_grad(const ft_tensor *dw, const ft_tensor *dout, const f
 #pragma omp parallel for schedule(static)
         for (int64_t i = 0; i < wn; i++) {
             int64_t at = (i / I) * dw->strides[0] + (i % I) * dw->strides[1];
-            float v = !accumulate ? 0.0f : bf16 ? ft_bf16_to_f32(((uint16_t *)out)[at]) : ((float *)out)[at];
+            float v = accumulate ? ft_float_at(out, bf16, at) : 0.0f;
             for (int64_t c = 0; c < chunks; c++)
                 v += p[c * wn + i];
             if (bf16)

@@ -35,6 +35,7 @@ static inline void prefetch_at(const void *base, int64_t elem, int64_t itemsize,
     uintptr_t at = (uintptr_t)base + (uintptr_t)(elem * itemsize);
     __builtin_prefetch((const void *)at, rw, 3);
 }
+
 /* Work (elements touched) below which a pool runs on one thread. */
 #define PARALLEL_WORK (1 << 15)
 
