@@ -308,6 +308,11 @@ def test_batch_norm_bad_inputs():
     with pytest.raises(ValueError, match="layout"):
         ft.ops.batch_norm_backward(None, None, None, nhwc(np.zeros((2, 3, 4, 4))), x, None, None, None,
                                    ft.zeros(3), ft.ones(3))
+    out, mean, invstd = ft.ops.batch_norm_forward(None, None, None, x, act="relu")
+    with pytest.raises(ValueError, match=r"bias must be a contiguous float32 CPU tensor of shape \(3,\)"):
+        ft.ops.batch_norm_backward(None, None, None, x, x, out, None, ft.zeros(4), mean, invstd, act="relu")
+    with pytest.raises(TypeError, match="save_invstd"):  # the call before bias: refused, not misread
+        ft.ops.batch_norm_backward(None, None, None, x, x, out, None, mean, invstd, act="relu")
 
 
 @pytest.mark.parametrize("shape", [(4, 0), (4, 0, 3, 3), (0, 5, 3, 3)])
