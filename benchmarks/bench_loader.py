@@ -45,7 +45,7 @@ except Exception:  # not installed: run without the reference
     torch = None
 try:
     import torchvision
-    from PIL import Image
+    import PIL.Image  # noqa: F401 (torchvision's ImageFolder decodes with it)
 except Exception:
     torchvision = None
 

@@ -375,6 +375,10 @@ def attention_cases(N, H, T, D, dev="cpu", dtype="float32"):
             sdpa = lambda causal: F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
         else:
             sdpa = lambda causal: F._scaled_dot_product_attention(tq, tk, tv, None, 0.0, False, causal)[0]
+
+        def sdpa_no_grad(causal):
+            with torch.no_grad():
+                return sdpa(causal)
     cases = []
     for causal in (False, True):
         scores = N * H * (T * (T + 1) // 2 if causal else T * T)
@@ -388,9 +392,7 @@ def attention_cases(N, H, T, D, dev="cpu", dtype="float32"):
             return ft.ops.sdpa_backward(None, None, None, fdy, fq, fk, fv, out, lse, causal=causal)
         theirs_f = theirs_fb = None
         if sdpa is not None:
-            def theirs_f(causal=causal):
-                with torch.no_grad():
-                    return sdpa(causal)
+            theirs_f = lambda causal=causal: sdpa_no_grad(causal)
             theirs_fb = lambda causal=causal: torch.autograd.grad(sdpa(causal), (tq, tk, tv), tdy)
         name = f"sdpa_n{N}_h{H}_t{T}_d{D}{'_causal' if causal else ''}{'_bf16' if dtype == 'bfloat16' else ''}"
         inner = max(1, int(2e9 // flops))

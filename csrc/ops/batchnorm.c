@@ -300,26 +300,27 @@ FT_VEC_CLONES static void plane_sums(double *a, double *b, const sums_in *in, in
 static ft_status channel_sums(double *sa, double *sb, const layout *l, const sums_in *in) {
     int64_t C = l->C, rows = l->N * l->S;
     int64_t nparts = l->channels_last ? (rows + CHUNK - 1) / CHUNK : l->N * C;
-    /* per thread: the slices, then (channels-last) the float sums of a chunk's slice positions */
-    int64_t run = BUFS * slice_of(l->channels_last ? C : 0) + (l->channels_last ? 2 * slice_of(C) : 0);
+    bool parallel = rows * C > PARALLEL_ELEMS, blocks = by_blocks(l, in);
+    /* per thread: the slices, then (channels-last) the float sums of a chunk's slice positions; the
+     * block sums keep theirs in registers */
+    int64_t run = blocks ? 0 : BUFS * slice_of(l->channels_last ? C : 0) + (l->channels_last ? 2 * slice_of(C) : 0);
     double *part = calloc((size_t)(nparts ? nparts : 1) * (l->channels_last ? (size_t)C : 1) * 2, sizeof *part);
-    float *bufs = malloc((size_t)omp_get_max_threads() * (size_t)(run ? run : 1) * sizeof *bufs);
-    if (!part || !bufs) {
+    float *bufs = run ? malloc((size_t)omp_get_max_threads() * (size_t)run * sizeof *bufs) : NULL;
+    if (!part || (run && !bufs)) {
         free(part), free(bufs);
         return ft_fail(FT_ERR_NOMEM, "batch_norm: out of memory for partial sums");
     }
-    bool parallel = rows * C > PARALLEL_ELEMS, blocks = by_blocks(l, in);
     if (l->channels_last) { /* part: (chunks, 2, C) */
 #pragma omp parallel for schedule(static) if (parallel)
         for (int64_t k = 0; k < nparts; k++) {
             double *pa = part + k * 2 * C, *pb = pa + C;
             int64_t end = (k + 1) * CHUNK < rows ? (k + 1) * CHUNK : rows;
-            /* the whole chunk's dz at once: rows of few channels are short */
-            float *buf = bufs + omp_get_thread_num() * run;
-            if (blocks)
+            if (blocks) {
                 block_sums(pa, pb, in, k * CHUNK, end, C);
-            else
+            } else { /* the whole chunk's dz at once: rows of few channels are short */
+                float *buf = bufs + omp_get_thread_num() * run;
                 rows_sums(pa, pb, in, k * CHUNK, end, C, buf, buf + run - 2 * slice_of(C));
+            }
         }
     } else { /* part: (N * C, 2), one run per plane */
 #pragma omp parallel for schedule(static) if (parallel)

@@ -55,11 +55,10 @@ static void add_fwd_kernel(float *const *p, int64_t n, const int64_t *idx, int64
     }
 }
 
-ft_status ft_add_forward(const ft_tensor *out, const ft_tensor *a, const ft_tensor *b, ft_act act) {
-    const char *op = "add";
-    if ((int)act.kind < 0 || act.kind >= FT_NUM_ACTS)
-        return ft_fail(FT_ERR_VALUE, "%s: unknown activation kind %d", op, (int)act.kind);
-    ft_device dev = ft_op_device(a);
+/* out = a (op) b: floating tensors of one shape on one device; out writable
+ * and not partly overlapping a or b. */
+static ft_status check_binary(const char *op, const ft_tensor *out, const ft_tensor *a, const ft_tensor *b,
+                              ft_device dev) {
     FT_TRY(ft_check_float_on(op, "a", a, dev, "a", true));
     FT_TRY(ft_check_float_on(op, "b", b, dev, "a", true));
     FT_TRY(ft_check_float_on(op, "out", out, dev, "a", true));
@@ -67,7 +66,15 @@ ft_status ft_add_forward(const ft_tensor *out, const ft_tensor *a, const ft_tens
     FT_TRY(ft_check_shape_as(op, "out", out, a));
     FT_TRY(ft_check_output(op, "out", out));
     FT_TRY(ft_check_alias(op, "out", out, "a", a));
-    FT_TRY(ft_check_alias(op, "out", out, "b", b));
+    return ft_check_alias(op, "out", out, "b", b);
+}
+
+ft_status ft_add_forward(const ft_tensor *out, const ft_tensor *a, const ft_tensor *b, ft_act act) {
+    const char *op = "add";
+    if ((int)act.kind < 0 || act.kind >= FT_NUM_ACTS)
+        return ft_fail(FT_ERR_VALUE, "%s: unknown activation kind %d", op, (int)act.kind);
+    ft_device dev = ft_op_device(a);
+    FT_TRY(check_binary(op, out, a, b, dev));
     if (dev.type == FT_DEV_CUDA)
         FT_CUDA_DISPATCH(op, add_forward, out, a, b, act);
     add_fwd_ctx c = {act};
@@ -197,14 +204,7 @@ static void mul_fwd_kernel(float *const *p, int64_t n, const int64_t *idx, int64
 ft_status ft_mul_forward(const ft_tensor *out, const ft_tensor *a, const ft_tensor *b) {
     const char *op = "mul";
     ft_device dev = ft_op_device(a);
-    FT_TRY(ft_check_float_on(op, "a", a, dev, "a", true));
-    FT_TRY(ft_check_float_on(op, "b", b, dev, "a", true));
-    FT_TRY(ft_check_float_on(op, "out", out, dev, "a", true));
-    FT_TRY(ft_check_shape_as(op, "b", b, a));
-    FT_TRY(ft_check_shape_as(op, "out", out, a));
-    FT_TRY(ft_check_output(op, "out", out));
-    FT_TRY(ft_check_alias(op, "out", out, "a", a));
-    FT_TRY(ft_check_alias(op, "out", out, "b", b));
+    FT_TRY(check_binary(op, out, a, b, dev));
     if (dev.type == FT_DEV_CUDA)
         FT_CUDA_DISPATCH(op, mul_forward, out, a, b);
     ft_pw_loop l = {.nops = 3, .nout = 1, .t = {out, a, b}, .fn = mul_fwd_kernel};
