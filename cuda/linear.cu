@@ -1,4 +1,4 @@
-/* linear through cuBLASLt: out = act(x w^T + b) with the bias and ReLU or
+/* linear through cuBLASLt: out = act(x w^T + b) with the bias and
  * tanh-GELU in the matmul's epilogue, and the two gradient products.
  *
  * cuBLASLt is column-major. A row-major (R, C) tensor with unit column
@@ -219,16 +219,15 @@ static ft_status linear_forward(const ft_tensor *out, const ft_tensor *x, const 
         FT_TRY(ft_cuda_stage(&D.staged, out, D.dtype, false));
         D.set(D.staged.ptr, true, out->shape[1]);
     }
-    /* The epilogue takes a float32 bias into a float32 D, for ReLU and the
-     * tanh GELU (cuBLASLt's GELU); anything else gets its own pass. */
+    /* The epilogue takes a float32 bias into a float32 D, and the tanh GELU
+     * (cuBLASLt's GELU); anything else gets its own pass, ReLU too: an
+     * epilogue's max(x, 0) would turn NaN into 0 (PyTorch's ReLU keeps it). */
     const float *bias = b ? (const float *)ft_tensor_data(b) : NULL;
     bool fuse = D.dtype == FT_FLOAT32 && (!bias || alignment(bias) >= 16) &&
-                (act.kind == FT_ACT_NONE || act.kind == FT_ACT_RELU || act.kind == FT_ACT_GELU_TANH);
+                (act.kind == FT_ACT_NONE || act.kind == FT_ACT_GELU_TANH);
     cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_DEFAULT;
     if (fuse) {
-        if (act.kind == FT_ACT_RELU)
-            epi = bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU;
-        else if (act.kind == FT_ACT_GELU_TANH)
+        if (act.kind == FT_ACT_GELU_TANH)
             epi = bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
         else if (bias)
             epi = CUBLASLT_EPILOGUE_BIAS;

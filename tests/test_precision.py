@@ -568,6 +568,35 @@ def test_autocast_bad_arguments():
         ft.autocast("cuda", dtype=ft.float32)
     with pytest.raises(ValueError, match="device_type must be 'cpu' or 'cuda'"):
         ft.autocast("tpu")
+    for enabled in ("no", 1, None):  # as torch.autocast: bool("no") would turn it on
+        with pytest.raises(TypeError, match="enabled must be a bool"):
+            ft.autocast(enabled=enabled)
+
+
+def test_one_autocast_object_serves_blocks_in_several_threads():
+    """Each thread's blocks nest on their own: a block's exit restores what its own entry found, whatever the
+    other threads' blocks of the same object do meanwhile."""
+    import threading
+    shared, x, w = ft.autocast(), ft.randn(4, 8), ft.randn(3, 8)
+    start, errors, dtypes = threading.Barrier(4), [], []
+
+    def worker():
+        try:
+            start.wait()
+            for _ in range(200):
+                with shared:
+                    dtypes.append(F.linear(x, w).dtype)
+            dtypes.append(F.linear(x, w).dtype)  # off again after the last block
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(e)
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert dtypes.count(ft.bfloat16) == 800 and dtypes.count(ft.float32) == 4
+    assert F.linear(x, w).dtype is ft.float32
 
 
 def test_autocast_acts_on_its_device_type_only():

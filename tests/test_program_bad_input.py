@@ -95,6 +95,44 @@ def test_nan_input_propagates_through_batch_norm_relu():
     assert np.isfinite(np.delete(out.reshape(-1), np.ravel_multi_index((0, 1, 3, 3), out.shape))).all()
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("act,alpha", [("relu", 0.0), ("leaky_relu", 0.0), ("leaky_relu", 0.1)])
+def test_nan_and_inf_pass_a_linear_or_convolution_fused_activation(dtype, act, alpha):
+    """relu(nan) = nan and relu(inf) = inf, as in NumPy and PyTorch: oneDNN's slope-0 ReLU post-op (max(x, 0))
+    would give 0 for the NaN."""
+    rng = np.random.default_rng(43)
+    x = rng.standard_normal((3, 6)).astype(np.float32)
+    x[0, 2], x[1, 4] = np.nan, np.inf
+    w = np.abs(rng.standard_normal((5, 6))).astype(np.float32)  # inf reaches every output as +inf
+    out = ft.ops.linear_forward(None, ft.tensor(x).to(dtype), ft.tensor(w).to(dtype), act=act, alpha=alpha)
+    out = out.float().numpy()
+    assert np.isnan(out[0]).all() and (out[1] == np.inf).all() and np.isfinite(out[2]).all()
+    xi = rng.standard_normal((2, 2, 5, 5)).astype(np.float32)
+    xi[0, 1, 2, 2] = np.nan
+    wi = ft.tensor(rng.standard_normal((3, 2, 3, 3)).astype(np.float32)).to(dtype)
+    out = ft.ops.conv2d_forward(None, ft.tensor(xi).to(dtype), wi, padding=1, act=act, alpha=alpha)
+    out = out.float().numpy()
+    hit = np.zeros((5, 5), bool)
+    hit[1:4, 1:4] = True  # the 3x3 windows that read the NaN pixel
+    assert np.isnan(out[0][:, hit]).all() and np.isfinite(out[0][:, ~hit]).all() and np.isfinite(out[1]).all()
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_predict_and_evaluate_of_a_nan_sample_are_nan(precision):
+    if precision == "bf16-mixed" and not ft.backends.cpu_has_bf16():
+        pytest.skip("bf16-mixed runs 32-true without AVX512-BF16")
+    ft.manual_seed(44)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 8 * 8, 16),
+                          nn.ReLU(), nn.Linear(16, CLASSES))
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=8,
+                            input_shape=(3, 8, 8), precision=precision)
+    x, y = batch(8, seed=5)
+    x[3, 0, 0, 0] = np.nan
+    logits = program.predict(x).float().numpy()
+    assert np.isnan(logits[3]).all() and np.isfinite(np.delete(logits, 3, 0)).all()
+    assert math.isnan(program.evaluate(x, y)[0])
+
+
 def nan_loss_program(policy, seed=16):
     """No activation between the input and the logits path that could hide a NaN: a NaN pixel gives a NaN loss."""
     ft.manual_seed(seed)

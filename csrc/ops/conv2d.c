@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/settings.h"
+#include "ops/activation.h"
 #include "ops/autotune.h"
 #include "ops/check.h"
 #include "ops/cuda_ops.h"
@@ -291,13 +292,16 @@ ft_status ft_conv2d_forward(const ft_tensor *out, const ft_tensor *inp, const ft
         FT_CUDA_DISPATCH("conv2d", conv2d_forward, out, inp, w, b, p, fusion);
     conv_key k = key_of('F', inp, w, out, p);
     k.bias = b != NULL;
+    ft_act act = fusion ? fusion->act : (ft_act){FT_ACT_NONE, 0};
+    bool after = !ft_dnnl_fuses(act);
     if (fusion) {
         k.sum = fusion->sum;
-        k.act = fusion->act.kind;
-        k.alpha = fusion->act.alpha;
+        k.act = after ? FT_ACT_NONE : act.kind;
+        k.alpha = after ? 0.0f : act.alpha;
     }
     conv_data d = {ft_tensor_data(inp), ft_tensor_data(w), ft_tensor_data(out), b ? ft_tensor_data(b) : NULL};
-    return execute(&k, &d);
+    FT_TRY(execute(&k, &d));
+    return after ? ft_activation_forward(out, out, act) : FT_OK;
 }
 
 /* dw (K, C/G, R, S) of the batch inp/dout. */

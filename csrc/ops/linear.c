@@ -5,6 +5,7 @@
 
 #include "core/settings.h"
 #include "kernels/convert.h"
+#include "ops/activation.h"
 #include "ops/check.h"
 #include "ops/cuda_ops.h"
 #include "ops/gradient.h"
@@ -179,7 +180,10 @@ ft_status ft_linear_forward(const ft_tensor *out, const ft_tensor *x, const ft_t
     if (ft_op_device(x).type == FT_DEV_CUDA)
         FT_CUDA_DISPATCH("linear", linear_forward, out, x, w, b, act);
     ft_matrix src = as_is(x), wei = transposed(w), dst = as_is(out);
-    return matmul_rows(&src, &wei, &dst, b ? (const float *)ft_tensor_data(b) : NULL, act, false);
+    bool after = !ft_dnnl_fuses(act);
+    FT_TRY(matmul_rows(&src, &wei, &dst, b ? (const float *)ft_tensor_data(b) : NULL,
+                       after ? (ft_act){FT_ACT_NONE, 0} : act, false));
+    return after ? ft_activation_forward(out, out, act) : FT_OK;
 }
 
 /* dw (O, I) = (or += with accumulate) dout^T (O, N) @ x (N, I); deterministic

@@ -268,6 +268,10 @@ ft_status ft_dnnl_attr(dnnl_primitive_attr_t *attr) {
     return s;
 }
 
+bool ft_dnnl_fuses(ft_act act) {
+    return act.kind != FT_ACT_RELU && !(act.kind == FT_ACT_LEAKY_RELU && act.alpha == 0.0f);
+}
+
 ft_status ft_dnnl_append_act(dnnl_post_ops_t po, ft_act act) {
     dnnl_alg_kind_t alg;
     float alpha = 0;

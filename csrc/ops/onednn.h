@@ -58,6 +58,11 @@ ft_status ft_dnnl_run(const ft_dnnl_prim *p, int n, const ft_dnnl_arg *args);
  * it from the caching allocator). The caller destroys them. */
 ft_status ft_dnnl_attr(dnnl_primitive_attr_t *attr);
 
+/* Whether a primitive may run act as its post-op: not a ReLU of slope 0,
+ * which oneDNN computes as max(x, 0), turning NaN into 0 where PyTorch's
+ * ReLU keeps it; the op runs that one on its output afterwards. */
+bool ft_dnnl_fuses(ft_act act);
+
 /* Appends act as an eltwise post-op (nothing for FT_ACT_NONE). */
 ft_status ft_dnnl_append_act(dnnl_post_ops_t po, ft_act act);
 

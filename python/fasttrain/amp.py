@@ -11,8 +11,10 @@ import contextvars
 
 from ._types import _BY_NAME, as_dtype
 
-# {device type: the dtype its products take} of the autocast blocks around the caller
-_dtypes = contextvars.ContextVar("fasttrain_autocast", default={})
+# ({device type: the dtype its products take}, the enclosing block's value) of the innermost autocast block around
+# the caller: each thread and context has its own, and a block's exit restores the value its entry found, so one
+# autocast object may serve blocks in several threads at once
+_blocks = contextvars.ContextVar("fasttrain_autocast", default=({}, None))
 
 
 class autocast:
@@ -27,16 +29,17 @@ class autocast:
         if dtype.name not in allowed:
             raise ValueError(f"ft.autocast: dtype must be {' or '.join(allowed)} on {device_type} (the CPU has no "
                              f"float16 arithmetic), got {dtype.name}")
-        self.device_type, self.dtype, self.enabled = device_type, dtype, bool(enabled)
-        self._tokens = []
+        if not isinstance(enabled, bool):
+            raise TypeError(f"ft.autocast: enabled must be a bool, got {type(enabled).__name__}")
+        self.device_type, self.dtype, self.enabled = device_type, dtype, enabled
 
     def __enter__(self):
-        on = {**_dtypes.get(), self.device_type: self.dtype if self.enabled else None}
-        self._tokens.append(_dtypes.set(on))
+        outer = _blocks.get()
+        _blocks.set(({**outer[0], self.device_type: self.dtype if self.enabled else None}, outer))
         return self
 
     def __exit__(self, *exc):
-        _dtypes.reset(self._tokens.pop())
+        _blocks.set(_blocks.get()[1])
         return False
 
     def __call__(self, fn):
@@ -52,7 +55,7 @@ class autocast:
 def cast(*tensors):
     """The tensors as a product under autocast takes them: float32 ones on a device type autocast is on for
     converted to its dtype (None stays None); unchanged outside autocast."""
-    on = _dtypes.get()
+    on = _blocks.get()[0]
     if not any(on.values()):
         return tensors
     return tuple(t.to(on[t.device.type]) if t is not None and t.dtype is _BY_NAME["float32"] and

@@ -29,7 +29,7 @@ def _labels(y: Any, n: int, classes: int | None) -> np.ndarray:
 def accuracy(output: Any, target: Any, topk: int | Sequence[int] = 1) -> float | list[float]:
     """The fraction of samples whose class target is among the k highest scores of output (N, C), for k in
     topk: one float for an int topk, a list for a sequence (as torchvision's reference scripts compute it).
-    Ties go to the lower class index, as argmax."""
+    Ties go to the lower class index, as argmax; NaN ranks above every number, as in torch.topk."""
     scores = _host(output, "output")
     if scores.ndim != 2:
         raise ValueError(f"output must be (N, C) scores, got shape {scores.shape}")
@@ -42,7 +42,10 @@ def accuracy(output: Any, target: Any, topk: int | Sequence[int] = 1) -> float |
         raise ValueError("accuracy of an empty batch is undefined")
     # rank of each target's score: classes scoring higher, and equal ones with a lower index, come first
     own = scores[np.arange(n), y][:, None]
-    rank = (scores > own).sum(1) + ((scores == own) & (np.arange(classes) < y[:, None])).sum(1)
+    nan, own_nan = np.isnan(scores), np.isnan(own)
+    higher = (scores > own) | (nan & ~own_nan)
+    equal = (scores == own) | (nan & own_nan)
+    rank = higher.sum(1) + (equal & (np.arange(classes) < y[:, None])).sum(1)
     result = [float((rank < k).mean()) for k in ks]
     return result[0] if isinstance(topk, (int, np.integer)) else result
 
@@ -61,6 +64,8 @@ def confusion_matrix(output: Any, target: Any, num_classes: int | None = None) -
         raise ValueError(f"output must be (N, C) scores or (N,) class indices, got shape {out.shape} "
                          f"of {out.dtype}")
     if num_classes is None:
+        if not pred.size:
+            raise ValueError("confusion_matrix of an empty batch needs num_classes")
         target_max = int(_host(target, "target").max(initial=-1))
         num_classes = max(int(pred.max(initial=-1)), target_max) + 1
     if not isinstance(num_classes, (int, np.integer)) or num_classes < 1:
@@ -68,8 +73,8 @@ def confusion_matrix(output: Any, target: Any, num_classes: int | None = None) -
     y = _labels(target, pred.shape[0], num_classes)
     if pred.size and (pred.min() < 0 or pred.max() >= num_classes):
         raise ValueError(f"the predictions hold a class outside [0, {num_classes})")
-    return np.bincount(y * num_classes + pred, minlength=num_classes * num_classes).reshape(num_classes,
-                                                                                          num_classes)
+    cells = y.astype(np.int64) * num_classes + pred.astype(np.int64)  # not in a narrow label dtype
+    return np.bincount(cells, minlength=num_classes * num_classes).reshape(num_classes, num_classes)
 
 
 class RunningMean:
@@ -84,11 +89,15 @@ class RunningMean:
         self.total, self.count = 0.0, 0
 
     def update(self, value: Any, n: int = 1) -> None:
-        """Adds a batch whose mean is value over n samples."""
-        value = float(_host(value, "value"))
+        """Adds a batch whose mean is value (one number) over n samples; a batch of none changes nothing."""
+        v = _host(value, "value")
+        if v.size != 1:
+            raise ValueError(f"value must be one number, got shape {v.shape}")
         if not isinstance(n, (int, np.integer)) or n < 0:
             raise ValueError(f"n must be a count >= 0, got {n!r}")
-        self.total += value * n
+        if n == 0:  # an empty batch's mean is nan and weighs nothing
+            return
+        self.total += float(v.reshape(-1)[0]) * n
         self.count += int(n)
 
     @property
