@@ -18,6 +18,31 @@ def test_threads(threads):
         ft.set_num_threads(2 ** 40)
 
 
+_WEIGHT_GRADIENT = """
+import sys, numpy as np, fasttrain as ft
+ft.set_num_threads(int(sys.argv[1]))
+rng = np.random.default_rng(0)
+x, dy = (ft.tensor(rng.standard_normal(s).astype(np.float32)) for s in ((64, 16, 12, 12), (64, 16, 12, 12)))
+w = ft.tensor(rng.standard_normal((16, 16, 3, 3)).astype(np.float32))
+def dw():
+    return ft.ops.conv2d_backward(False, None, False, dy, x, w, 1, 1)[1].numpy().tobytes().hex()
+"""
+
+
+def test_a_new_thread_count_reaches_shapes_already_run():
+    """oneDNN plans a primitive's split for the thread count it is created under: after set_num_threads, a shape
+    run before runs as in a process that started with the new count (here: a weight gradient, whose sum over
+    the batch is split by thread)."""
+    import subprocess
+    import sys
+    fresh = {n: subprocess.run([sys.executable, "-c", _WEIGHT_GRADIENT + "print(dw())", str(n)], check=True,
+                               capture_output=True, text=True).stdout.strip() for n in (1, 2)}
+    assert fresh[1] != fresh[2]  # else the check below could not tell
+    switched = subprocess.run([sys.executable, "-c", _WEIGHT_GRADIENT + "dw(); ft.set_num_threads(1); print(dw())",
+                               "2"], check=True, capture_output=True, text=True).stdout.strip()
+    assert switched == fresh[1]
+
+
 def test_memory_stats_track_and_cache_large_blocks():
     ft.empty_cache()
     base = ft.memory_stats("cpu")

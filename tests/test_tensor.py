@@ -242,6 +242,59 @@ def test_float_to_int_saturates():
     t = ft.tensor([1e30, -1e30, float("nan"), float("inf")], dtype=ft.float64)
     assert t.to(ft.int64).tolist() == [2 ** 63 - 1, -(2 ** 63), 0, 2 ** 63 - 1]
     assert t.to(ft.uint64).tolist() == [2 ** 64 - 1, 0, 0, 2 ** 64 - 1]
+    values = np.array([3e9, -3e9, np.inf, -np.inf, np.nan, 300.7, -1.5, 255.9, -128.9, 127.2, 65535.5, 0.0])
+    for dst in ("uint8", "int8", "int16", "uint16", "int32", "uint32"):
+        info = np.iinfo(dst)
+        want = np.trunc(np.clip(np.nan_to_num(values, nan=0.0), info.min, info.max)).astype(dst)
+        for src in ("float64", "float32"):
+            t = ft.from_numpy(values.astype(src))
+            np.testing.assert_array_equal(t.to(getattr(ft, dst)).numpy(), want, err_msg=f"{src} -> {dst}")
+            # assignment converts as the cast does, through a basic or an advanced index
+            basic, advanced = ft.zeros(len(values), dtype=getattr(ft, dst)), ft.zeros(len(values), dtype=getattr(ft, dst))
+            basic[:] = t
+            advanced[list(range(len(values)))] = t
+            np.testing.assert_array_equal(basic.numpy(), want)
+            np.testing.assert_array_equal(advanced.numpy(), want)
+
+
+# (dtype, number, stored value or None where PyTorch refuses it: "value cannot be converted ... without overflow")
+CHECKED_NUMBERS = [("uint8", 300, None), ("uint8", -1, 255), ("uint8", -255, 1), ("uint8", -256, None),
+                   ("int8", -129, None), ("int8", 1.5, 1), ("int32", 3.7e9, None), ("int32", float("nan"), None),
+                   ("int32", 2147483647.5, 2147483647), ("uint8", 255.9, 255), ("uint8", -0.5, None),
+                   ("uint64", -1, None), ("uint64", 2 ** 64 - 1, 2 ** 64 - 1), ("int64", 2 ** 63, None),
+                   ("bool", 5, True), ("float16", 1e6, float("inf"))]
+
+
+@pytest.mark.parametrize("dtype,number,stored", CHECKED_NUMBERS)
+def test_numbers_convert_as_pytorch_checks_them(dtype, number, stored):
+    """ft.tensor, fill_ and assignment through basic and advanced indices take a Python number as torch.tensor and
+    fill_ do: a fraction goes, a negative integer wraps into uint8..uint32, anything else out of range raises."""
+    dt = getattr(ft, dtype)
+    makers = [lambda: ft.tensor([number], dtype=dt), lambda: ft.zeros(1, dtype=dt).fill_(number)]
+    for index in (0, [0], slice(None)):
+        def assign(index=index):
+            t = ft.zeros(1, dtype=dt)
+            t[index] = number
+            return t
+        makers.append(assign)
+    for make in makers:
+        if stored is None:
+            with pytest.raises(OverflowError, match=f"cannot be converted to type {dtype} without overflow"):
+                make()
+        else:
+            assert make().tolist() == [stored]
+
+
+def test_the_checked_numbers_are_pytorchs():
+    torch = pytest.importorskip("torch")
+    for dtype, number, stored in CHECKED_NUMBERS:
+        if dtype == "uint64" or number == 2 ** 63:  # refused by torch's Python binding, with its own errors
+            continue
+        try:
+            want = torch.tensor([number], dtype=getattr(torch, dtype)).tolist()
+        except RuntimeError:
+            want = None
+        assert want == (None if stored is None else [stored]), (dtype, number)
 
 
 def test_half_and_bfloat16_rounding():
@@ -286,6 +339,14 @@ def test_complex_is_storage_only():
         t.to(ft.float32)
     with pytest.raises(TypeError):
         ft.zeros(2).copy_(t)
+    # no math: it would compute on the real parts alone
+    for name, math in [("sum", lambda: t.sum()), ("mean", lambda: t.mean()), ("exp", lambda: t.exp()),
+                       ("gt", lambda: t > 1), ("add", lambda: t + t), ("clamp", lambda: t.clamp(0, 1)),
+                       ("max", lambda: t.max(0)), ("argmax", lambda: t.argmax()), ("sort", lambda: t.sort()),
+                       ("unique", lambda: t.unique()), ("matmul", lambda: t @ t), ("eq", lambda: t == t)]:
+        with pytest.raises(TypeError, match=f"{name}: complex tensors are storage-only"):
+            math()
+    assert ft.cat([t, t]).tolist() == [1 + 2j, 3 - 4j] * 2 and ft.stack([t, t]).shape == (2, 2)  # copies
 
 
 def test_fill_and_item():
@@ -382,3 +443,21 @@ def test_pin_memory():
     assert p.is_pinned() and p.pin_memory() is p
     np.testing.assert_array_equal(p.numpy(), t.numpy())
     assert ft.empty(8, pin_memory=True).is_pinned()
+
+
+def test_copies_into_views_whose_elements_share_memory_are_refused():
+    """As PyTorch: copy_ (and in-place arithmetic, and assigning a tensor) into an expanded view would leave one
+    of several values at each shared address; filling with one number is defined and allowed."""
+    for view in (lambda: ft.zeros(1).expand(3), lambda: ft.zeros(2, 1).expand(2, 4),
+                 lambda: ft.zeros(4).as_strided((3,), (0,), 0)):
+        t = view()
+        for write in (lambda t: t.copy_(ft.ones(t.shape)), lambda t: t.add_(1), lambda t: t.mul_(2.0),
+                      lambda t: t.__setitem__(slice(None), ft.ones(t.shape))):
+            with pytest.raises(ValueError, match="the destination has elements that share memory"):
+                write(t)
+            assert (t.numpy() == 0).all()  # nothing written
+        t.fill_(7)
+        assert (t.numpy() == 7).all()
+    ok = ft.zeros(3, 4)[:, ::2]  # strided, no sharing
+    ok.copy_(ft.ones(3, 2))
+    assert ok.numpy().sum() == 6

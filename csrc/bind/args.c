@@ -109,3 +109,37 @@ int ft_py_parse_scalar(PyObject *obj, ft_scalar *out, ft_dtype *natural) {
         *natural = dt;
     return 0;
 }
+
+int ft_py_check_scalar_fits(const ft_scalar *s, ft_dtype dtype) {
+    if (dtype == FT_BOOL || ft_dtype_is_float(dtype) || ft_dtype_is_complex(dtype))
+        return 0;
+    int64_t lo, hi;
+    switch (dtype) {
+    case FT_UINT8: lo = 0, hi = UINT8_MAX; break;
+    case FT_INT8: lo = INT8_MIN, hi = INT8_MAX; break;
+    case FT_INT16: lo = INT16_MIN, hi = INT16_MAX; break;
+    case FT_UINT16: lo = 0, hi = UINT16_MAX; break;
+    case FT_INT32: lo = INT32_MIN, hi = INT32_MAX; break;
+    case FT_UINT32: lo = 0, hi = UINT32_MAX; break;
+    default: lo = dtype == FT_UINT64 ? 0 : INT64_MIN, hi = INT64_MAX; break;
+    }
+    bool fits;
+    if (s->kind == FT_SCALAR_UINT) /* above INT64_MAX */
+        fits = dtype == FT_UINT64;
+    else if (s->kind == FT_SCALAR_INT) /* PyTorch lets -hi..-1 wrap into an unsigned type, uint64 aside */
+        fits = s->i <= hi && (s->i >= lo || (lo == 0 && dtype != FT_UINT64 && s->i >= -hi));
+    else /* the fraction goes; NaN and values outside the range do not fit */
+        fits = s->f >= (double)lo &&
+               s->f < (dtype == FT_UINT64 ? 18446744073709551616.0 : (double)hi + 1.0); /* exact powers of two */
+    if (fits)
+        return 0;
+    PyObject *v = s->kind == FT_SCALAR_FLOAT  ? PyFloat_FromDouble(s->f)
+                  : s->kind == FT_SCALAR_UINT ? PyLong_FromUnsignedLongLong(s->u)
+                                              : PyLong_FromLongLong(s->i);
+    if (v) {
+        PyErr_Format(PyExc_OverflowError, "value %R cannot be converted to type %s without overflow", v,
+                     ft_dtype_get(dtype)->name);
+        Py_DECREF(v);
+    }
+    return -1;
+}

@@ -67,6 +67,10 @@ PyObject *ft_py_shape_tuple(const int64_t *v, int n);
 int ft_py_parse_int(PyObject *arg, int *out);
 int ft_py_parse_shape(PyObject *obj, int64_t *shape, int *ndim);
 int ft_py_parse_scalar(PyObject *obj, ft_scalar *out, ft_dtype *natural);
+/* 0 when storing s in dtype loses no more than PyTorch's checked
+ * conversion lets a number lose (a float's fraction; a negative integer
+ * into uint8..uint32 wraps), else OverflowError and -1. */
+int ft_py_check_scalar_fits(const ft_scalar *s, ft_dtype dtype);
 
 /* Conversions between fasttrain tensors and NumPy arrays (bind/numpy.c). */
 PyObject *ft_py_from_numpy(ft_module_state *st, PyObject *arr);

@@ -82,11 +82,8 @@ static int visit_scalar(walk *w, PyObject *o, int depth) {
         }
         return 0;
     }
-    if (s.kind == FT_SCALAR_UINT && w->dtype != FT_UINT64 && !ft_dtype_is_float(w->dtype)) {
-        PyErr_Format(PyExc_OverflowError, "value %llu does not fit in %s", (unsigned long long)s.u,
-                     ft_dtype_get(w->dtype)->name);
+    if (ft_py_check_scalar_fits(&s, w->dtype) < 0)
         return -1;
-    }
     ft_store_scalar(w->cursor, w->dtype, s);
     w->cursor += ft_dtype_get(w->dtype)->itemsize;
     return 0;

@@ -7,6 +7,7 @@
 #include <structmember.h>
 
 #include "core/cuda.h"
+#include "ops/check.h"
 
 #define SELF (&((ft_tensor_object *)self)->t)
 
@@ -201,7 +202,10 @@ static PyObject *tensor_copy(PyObject *self, PyObject *args, PyObject *kwargs) {
     ft_tensor *src = ft_py_unwrap(ft_py_state_of_type(Py_TYPE(self)), src_obj, "copy_: src");
     if (!src)
         return NULL;
-    ft_status s;
+    /* several elements on one address (an expanded view): which value would land is not defined */
+    ft_status s = ft_check_output("copy_", "the destination", SELF);
+    if (s != FT_OK)
+        return ft_py_raise(s);
     if (nbytes_of(SELF) >= FT_GIL_FREE_BYTES) {
         Py_BEGIN_ALLOW_THREADS
         s = ft_tensor_copy(SELF, src, non_blocking);
@@ -214,7 +218,7 @@ static PyObject *tensor_copy(PyObject *self, PyObject *args, PyObject *kwargs) {
 
 static PyObject *tensor_fill(PyObject *self, PyObject *value) {
     ft_scalar v;
-    if (ft_py_parse_scalar(value, &v, NULL) < 0)
+    if (ft_py_parse_scalar(value, &v, NULL) < 0 || ft_py_check_scalar_fits(&v, SELF->dtype) < 0)
         return NULL;
     ft_status s;
     Py_BEGIN_ALLOW_THREADS

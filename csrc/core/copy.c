@@ -34,15 +34,15 @@ ft_status ft_copy_check_dtypes(ft_dtype dst, ft_dtype src) {
     return FT_OK;
 }
 
-/* NaN gives 0 and out-of-range values saturate, so that no conversion is
- * undefined behaviour in C. */
-static inline int64_t f64_to_i64(double v) {
+/* NaN gives 0 and values outside [lo, hi] saturate, so that no conversion
+ * is undefined behaviour in C and none wraps. */
+static inline int64_t f64_to_range(double v, int64_t lo, int64_t hi) {
     if (v != v)
         return 0;
-    if (v >= 9223372036854775808.0)
-        return INT64_MAX;
-    if (v < -9223372036854775808.0)
-        return INT64_MIN;
+    if (v >= (double)hi + 1.0) /* exact: hi + 1 is a power of two */
+        return hi;
+    if (v < (double)lo)
+        return lo;
     return (int64_t)v;
 }
 
@@ -98,18 +98,18 @@ static int load(ft_dtype dt, wide *w, const char *src, int64_t ss, int64_t n) {
         }                                                              \
     } while (0)
 
-#define STORE_INT(T) STORE(T, v, v, f64_to_i64(v))
+#define STORE_INT(T, LO, HI) STORE(T, v, v, f64_to_range(v, LO, HI))
 
 static void store(ft_dtype dt, char *dst, int64_t ds, const wide *w, int kind, int64_t n) {
     switch (dt) {
     case FT_BOOL: STORE(uint8_t, v != 0, v != 0, v != 0); break;
-    case FT_UINT8: STORE_INT(uint8_t); break;
-    case FT_INT8: STORE_INT(int8_t); break;
-    case FT_INT16: STORE_INT(int16_t); break;
-    case FT_INT32: STORE_INT(int32_t); break;
-    case FT_INT64: STORE_INT(int64_t); break;
-    case FT_UINT16: STORE_INT(uint16_t); break;
-    case FT_UINT32: STORE_INT(uint32_t); break;
+    case FT_UINT8: STORE_INT(uint8_t, 0, UINT8_MAX); break;
+    case FT_INT8: STORE_INT(int8_t, INT8_MIN, INT8_MAX); break;
+    case FT_INT16: STORE_INT(int16_t, INT16_MIN, INT16_MAX); break;
+    case FT_INT32: STORE_INT(int32_t, INT32_MIN, INT32_MAX); break;
+    case FT_INT64: STORE_INT(int64_t, INT64_MIN, INT64_MAX); break;
+    case FT_UINT16: STORE_INT(uint16_t, 0, UINT16_MAX); break;
+    case FT_UINT32: STORE_INT(uint32_t, 0, UINT32_MAX); break;
     case FT_UINT64: STORE(uint64_t, v, v, f64_to_u64(v)); break;
     case FT_FLOAT16: STORE(uint16_t, ft_f64_to_f16((double)v), ft_f64_to_f16((double)v), ft_f64_to_f16(v)); break;
     case FT_BFLOAT16:

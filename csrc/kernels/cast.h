@@ -12,8 +12,8 @@
  *     and uint8..uint32 as int64; uint64 as uint64.
  *   - to bool: value != 0, so NaN is true.
  *   - to an integer from int64/uint64: C conversion, which wraps.
- *   - to an integer from double: NaN is 0; saturate to int64 (to [0,
- *     UINT64_MAX] for uint64), then C conversion to the narrower type.
+ *   - to an integer from double: NaN is 0; saturate to the destination's
+ *     range, then C conversion (the value fits).
  *   - to float16: ft_f64_to_f16; to bfloat16: ft_f32_to_bf16((float)v);
  *     integers reach float16 and float64 through double, float32 and
  *     bfloat16 by one C conversion to float (through double, an int64 above
@@ -98,20 +98,20 @@ static inline FT_HD float ft_wide_as_f32(ft_wide w) {
     }
 }
 
-/* Saturating first keeps the double -> integer conversion defined (C leaves
- * out-of-range values undefined); the narrowing that follows then wraps. */
-static inline FT_HD int64_t ft_wide_as_i64(ft_wide w) {
+/* An integer of [lo, hi] (at most int64's range) from w: integers as they
+ * are (the caller's narrowing wraps them, as C and PyTorch do), a double
+ * saturated into the range (C leaves out-of-range conversions undefined). */
+static inline FT_HD int64_t ft_wide_as_range(ft_wide w, int64_t lo, int64_t hi) {
     switch (w.kind) {
     case FT_WIDE_I64: return w.v.i;
     case FT_WIDE_U64: return (int64_t)w.v.u;
     default:
         if (w.v.f != w.v.f) /* NaN */
             return 0;
-        /* 2^63 is exact in double, INT64_MAX is not */
-        if (w.v.f >= 9223372036854775808.0)
-            return INT64_MAX;
-        if (w.v.f <= -9223372036854775808.0)
-            return INT64_MIN;
+        if (w.v.f >= (double)hi + 1.0) /* exact: hi + 1 is a power of two */
+            return hi;
+        if (w.v.f < (double)lo)
+            return lo;
         return (int64_t)w.v.f;
     }
 }
@@ -142,13 +142,13 @@ static inline FT_HD bool ft_wide_nonzero(ft_wide w) {
 static inline FT_HD void ft_store_wide(void *p, ft_dtype dt, ft_wide w) {
     switch (dt) {
     case FT_BOOL: *(uint8_t *)p = ft_wide_nonzero(w) ? 1 : 0; break;
-    case FT_UINT8: *(uint8_t *)p = (uint8_t)ft_wide_as_i64(w); break;
-    case FT_INT8: *(int8_t *)p = (int8_t)ft_wide_as_i64(w); break;
-    case FT_INT16: *(int16_t *)p = (int16_t)ft_wide_as_i64(w); break;
-    case FT_INT32: *(int32_t *)p = (int32_t)ft_wide_as_i64(w); break;
-    case FT_INT64: *(int64_t *)p = ft_wide_as_i64(w); break;
-    case FT_UINT16: *(uint16_t *)p = (uint16_t)ft_wide_as_i64(w); break;
-    case FT_UINT32: *(uint32_t *)p = (uint32_t)ft_wide_as_i64(w); break;
+    case FT_UINT8: *(uint8_t *)p = (uint8_t)ft_wide_as_range(w, 0, UINT8_MAX); break;
+    case FT_INT8: *(int8_t *)p = (int8_t)ft_wide_as_range(w, INT8_MIN, INT8_MAX); break;
+    case FT_INT16: *(int16_t *)p = (int16_t)ft_wide_as_range(w, INT16_MIN, INT16_MAX); break;
+    case FT_INT32: *(int32_t *)p = (int32_t)ft_wide_as_range(w, INT32_MIN, INT32_MAX); break;
+    case FT_INT64: *(int64_t *)p = ft_wide_as_range(w, INT64_MIN, INT64_MAX); break;
+    case FT_UINT16: *(uint16_t *)p = (uint16_t)ft_wide_as_range(w, 0, UINT16_MAX); break;
+    case FT_UINT32: *(uint32_t *)p = (uint32_t)ft_wide_as_range(w, 0, UINT32_MAX); break;
     case FT_UINT64: *(uint64_t *)p = ft_wide_as_u64(w); break;
     case FT_FLOAT16: *(uint16_t *)p = ft_f64_to_f16(ft_wide_as_f64(w)); break;
     case FT_BFLOAT16: *(uint16_t *)p = ft_f32_to_bf16(ft_wide_as_f32(w)); break;

@@ -1,5 +1,6 @@
 #include "ops/onednn.h"
 
+#include <omp.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -91,6 +92,7 @@ ft_status ft_dnnl_md_any(dnnl_memory_desc_t *md, ft_dtype dtype, int ndim, const
 typedef struct entry {
     struct entry *next;
     uint64_t hash;
+    int threads;
     size_t key_len;
     ft_dnnl_prim prim;
     unsigned char key[];
@@ -107,18 +109,21 @@ static uint64_t fnv1a(const unsigned char *p, size_t n) {
     return h;
 }
 
-static entry *find(uint64_t h, const void *key, size_t len) {
+static entry *find(uint64_t h, int threads, const void *key, size_t len) {
     for (entry *e = buckets[h % BUCKETS]; e; e = e->next)
-        if (e->hash == h && e->key_len == len && memcmp(e->key, key, len) == 0)
+        if (e->hash == h && e->threads == threads && e->key_len == len && memcmp(e->key, key, len) == 0)
             return e;
     return NULL;
 }
 
 ft_status ft_dnnl_get(const ft_dnnl_prim **out, const void *key, size_t key_len, ft_dnnl_build_fn build,
                       const void *arg) {
-    uint64_t h = fnv1a(key, key_len);
+    /* a primitive splits its work for the thread count it is created
+     * under, and runs that many threads: another count gets its own */
+    int threads = omp_get_max_threads();
+    uint64_t h = fnv1a(key, key_len) ^ (uint64_t)threads;
     pthread_mutex_lock(&cache_lock);
-    entry *e = find(h, key, key_len);
+    entry *e = find(h, threads, key, key_len);
     pthread_mutex_unlock(&cache_lock);
     if (e) {
         *out = &e->prim;
@@ -140,11 +145,12 @@ ft_status ft_dnnl_get(const ft_dnnl_prim **out, const void *key, size_t key_len,
         return ft_fail(FT_ERR_NOMEM, "out of memory caching a primitive");
     }
     fresh->hash = h;
+    fresh->threads = threads;
     fresh->key_len = key_len;
     fresh->prim = (ft_dnnl_prim){pd, prim};
     memcpy(fresh->key, key, key_len);
     pthread_mutex_lock(&cache_lock);
-    e = find(h, key, key_len); /* another thread may have built it meanwhile */
+    e = find(h, threads, key, key_len); /* another thread may have built it meanwhile */
     if (!e) {
         fresh->next = buckets[h % BUCKETS];
         buckets[h % BUCKETS] = e = fresh;

@@ -187,7 +187,7 @@ _KERNEL_DEVICES = ("cuda",)
 
 
 def _kernels(device, dtype):
-    """Whether values of dtype on device compute with the C ops (complex values are NumPy's only)."""
+    """Whether values of dtype on device compute with the C ops (complex tensors only join, with NumPy)."""
     return device.type in _KERNEL_DEVICES and not dtype.is_complex
 
 
@@ -205,9 +205,20 @@ def _on_device(op, operands, compute, device):
     return _C.math_pointwise(op, [operand(x) for x in operands], compute._code, shape)
 
 
+def _real(name, *operands):
+    """TypeError for a complex operand: complex tensors hold values (copy, view, index, export), no math."""
+    for x in operands:
+        dt = x.dtype if isinstance(x, (_Tensor, np.ndarray)) else None
+        if dt is not None and as_dtype(dt).is_complex:
+            raise TypeError(f"{name}: complex tensors are storage-only in fasttrain (copied, viewed, indexed and "
+                            f"exported, not computed with); got {as_dtype(dt).name}: use .numpy() for the math")
+
+
 def _apply(name, fn, operands, compute, out, device=None, op=None):
     """fn of the operands' values in compute's NumPy dtype, as a tensor of dtype out on their device (or device);
     on a CUDA device the elementwise kernel op instead, where one is named."""
+    if name != "cat":  # joining copies, which complex tensors allow
+        _real(name, *operands)
     device = _device(name, operands) if device is None else device
     # (numbers alone, as alpha's scaling, have no device to run on)
     if op is not None and _kernels(device, compute) and \
@@ -489,6 +500,7 @@ def clamp(input: Tensor, min: Operand | None = None, max: Operand | None = None)
     promoted with the bounds, as torch.clamp; NaN stays NaN."""
     if min is None and max is None:
         raise ValueError("clamp: at least one of 'min' or 'max' must not be None")
+    _real("clamp", input, min, max)
     lo, hi = _arg(min), _arg(max)
     given = [b for b in (lo, hi) if b is not None]
     dt = result_type(input, *given)
@@ -570,6 +582,7 @@ def sum(input: Tensor, dim: Dims = None, keepdim: bool = False, *, dtype: DTypeL
 def mean(input: Tensor, dim: Dims = None, keepdim: bool = False, *, dtype: DTypeLike | None = None) -> Tensor:
     """The mean over dim (all dimensions by default) of a floating tensor (or in a floating dtype); an empty
     reduction gives NaN."""
+    _real("mean", input)
     out = as_dtype(dtype) if dtype is not None else input.dtype
     if not out.is_floating_point:
         raise TypeError("mean(): could not infer output dtype. Input dtype must be either a floating point or complex "
@@ -633,6 +646,7 @@ class ValuesIndices(NamedTuple):
 
 def _extreme(name, input, dim, keepdim, arg):
     """ValuesIndices of the first maximum (arg=np.argmax) or minimum along dim; NaN counts as the extreme."""
+    _real(name, input)
     d = _norm_dim(dim, input.ndim, f"{name}: dim")
     if input.ndim and input.shape[d] == 0:
         raise IndexError(f"{name}(): Expected reduction dim {d} to have non-zero size.")
@@ -677,6 +691,7 @@ def min(input: Tensor, dim: int | Tensor | None = None, keepdim: bool = False) -
 def _arg_extreme(name, input, dim, keepdim, arg):
     if dim is not None:
         return _extreme(name, input, dim, keepdim, arg).indices
+    _real(name, input)
     if input.numel() == 0:
         raise IndexError(f"{name}(): Expected reduction dim to be specified for input.numel() == 0.")
     shape = (1,) * input.ndim if keepdim else ()
@@ -742,6 +757,7 @@ def _order(a, axis, descending):
 
 
 def _sorted_along(name, input, dim, descending, k=None):
+    _real(name, input)
     d = _norm_dim(dim, input.ndim, f"{name}: dim")
     a = input._host_array()
     a = a.reshape(a.shape or (1,))
@@ -779,6 +795,7 @@ def unique(input: Tensor, sorted: bool = True, return_inverse: bool = False, ret
     """The distinct values (or, with dim, distinct slices along dim), always sorted; with return_inverse the index
     of each element's value (int64, input's shape), with return_counts how often each occurs. NaNs stay apart, as
     in PyTorch."""
+    _real("unique", input)
     a = input._host_array()
     if dim is None:
         values, inverse, counts = np.unique(a, return_inverse=True, return_counts=True, equal_nan=False)
@@ -911,8 +928,14 @@ def getitem(input: Tensor, index: tuple) -> Tensor:
 
 
 def setitem(input: Tensor, index: tuple, value: Any) -> None:
-    """input[index] = value for an advanced (NumPy) index, written into input's memory."""
-    value = value._host_array() if isinstance(value, _Tensor) else value
+    """input[index] = value for an advanced (NumPy) index, written into input's memory. The values convert to
+    input's dtype as basic-index assignment converts them: numbers checked as fill_ checks them, tensors and
+    arrays by the casts' rules (tensors.md)."""
+    if isinstance(value, np.ndarray):
+        value = _C.from_numpy(value)
+    elif not isinstance(value, _Tensor):
+        value = _C.tensor_from_data(value, input.dtype._code)
+    value = value.to(input.dtype)._host_array()
     if not input.is_cuda and input.dtype is not _BFLOAT16 and not input._readonly:
         input.numpy()[index] = value  # straight into the tensor's memory
         return
