@@ -53,6 +53,33 @@ def test_the_report_counts_and_locates_the_mismatches():
     assert "Greatest relative difference: inf at index (0, 1) (up to 1.3e-06 allowed)" in text
 
 
+def test_the_greatest_differences_are_among_the_mismatches():
+    # index 0 is within tolerance (rtol 1.3e-6 of 100) but differs more than the mismatched index 1
+    text = report(ft.tensor([100.0, 0.0]), ft.tensor([100.0001, 2e-5]))
+    assert "Mismatched elements: 1 / 2" in text and "Greatest absolute difference: 2e-05 at index (1,)" in text
+    # integers differ exactly, beyond float64's 2**53 too
+    assert "Greatest absolute difference: 1 at index (0,)" in report(ft.tensor([2 ** 62 + 1]), ft.tensor([2 ** 62]))
+    assert "Greatest absolute difference: 1.84467e+19 at index (0,)" in report(np.array([2 ** 64 - 1], np.uint64),
+                                                                               np.array([0], np.uint64))
+
+
+def test_sequences_and_mappings_compare_item_by_item():
+    """As torch.testing: each tensor of a list, tuple or dict at its own dtype's tolerances; None equals None."""
+    assert_close([ft.tensor([100.0])], [ft.tensor([100.0001])])  # float32's rtol, not float64's
+    assert_close((ft.ones(2).bfloat16(), ft.ones(3)), (ft.full((2,), 1.004).bfloat16(), ft.ones(3)))
+    assert_close([ft.ones(2), None, [ft.zeros(1)]], [ft.ones(2), None, [ft.zeros(1)]])
+    assert_close(None, None)
+    state = {"w": ft.ones(2, 2), "b": ft.zeros(2)}
+    assert_close(state, {k: v.clone() for k, v in state.items()})
+    assert re.search(r"The failure occurred for item \['b'\]: Tensor-likes are not close!",
+                     report(state, {"w": ft.ones(2, 2), "b": ft.ones(2)}))
+    assert "The failure occurred for item [1]" in report([ft.ones(1), ft.ones(1)], [ft.ones(1), ft.zeros(1)])
+    assert "lengths 1 != 2" in report([ft.ones(2)], [ft.ones(2), ft.ones(1)])
+    assert "keys do not match" in report(state, {"w": ft.ones(2, 2)})
+    assert "None mismatch" in report(None, ft.ones(1))
+    assert "None mismatch" in report([ft.ones(1), None], [ft.ones(1), ft.ones(1)])
+
+
 def test_given_tolerances_replace_the_defaults_and_show_in_the_report():
     assert_close([1.0, 2.0], [1.05, 2.0], rtol=0.1, atol=0.0)
     text = report([1.0, 2.0], [1.5, 2.0], rtol=0.1, atol=0.01)
@@ -142,6 +169,21 @@ def test_make_tensor_takes_a_range_and_either_form_of_shape():
         make_tensor(3, dtype=ft.uint8, low=-1, high=3)
     with pytest.raises(TypeError, match="complex64"):
         make_tensor(3, dtype=ft.complex64)
+
+
+@pytest.mark.parametrize("dtype,low,high", [("int64", -2 ** 63, 2 ** 63 - 1), ("uint64", 0, 2 ** 64 - 1),
+                                            ("uint64", 2 ** 64 - 3, 2 ** 64 - 1), ("int64", 2 ** 63 - 3, 2 ** 63 - 1),
+                                            ("uint64", 5, 2 ** 64 - 1)])
+def test_make_tensor_draws_ranges_beyond_int64(dtype, low, high):
+    t = make_tensor(4000, dtype=getattr(ft, dtype), low=low, high=high, seed=3)
+    v = [int(x) for x in t.tolist()]
+    assert t.dtype is getattr(ft, dtype) and min(v) >= low and max(v) <= high
+    if high - low < 10:
+        assert set(v) == set(range(low, high + 1))
+    else:  # both halves of the range
+        mid = low + (high - low) // 2
+        assert 0.45 < sum(x > mid for x in v) / len(v) < 0.55
+    assert t.tolist() == make_tensor(4000, dtype=getattr(ft, dtype), low=low, high=high, seed=3).tolist()
 
 
 def test_make_tensor_repeats_for_a_seed():

@@ -4,7 +4,7 @@ import numpy as np
 
 from ._tensor import Tensor, _sizes
 from ._types import _BY_NAME, as_dtype
-from .creation import empty
+from .creation import empty, from_numpy
 from .random import Generator, randint
 
 # (rtol, atol) of a comparison by dtype, torch.testing's defaults; integers and bool compare exactly.
@@ -24,13 +24,33 @@ def _values(x):
         raise TypeError(f"assert_close: cannot compare {type(x).__name__} values: {e}") from None
 
 
+def _length(x):
+    return len(x) if isinstance(x, (list, tuple)) else f"(a {type(x).__name__})"
+
+
+def _item(compare, x, y, where, options):
+    """compare(x, y) of one item of a sequence or mapping, its failure naming the item."""
+    try:
+        compare(x, y, **options)
+    except AssertionError as e:
+        raise AssertionError(f"The failure occurred for {where}: {e}") from None
+
+
 def _index(flat, shape):
     return tuple(int(i) for i in np.unravel_index(flat, shape)) if shape else ()
+
+
+def _holds_arrays(x):
+    """Whether a list or tuple holds tensors or arrays (at any depth): compared item by item, not as one array."""
+    return isinstance(x, (list, tuple)) and any(
+        isinstance(v, (Tensor, np.ndarray, dict)) or v is None or _holds_arrays(v) for v in x)
 
 
 def assert_close(actual, expected, *, rtol=None, atol=None, equal_nan=False, check_dtype=True, msg=None):
     """Raises AssertionError unless actual and expected (fasttrain tensors, NumPy arrays, scalars or nested
     lists) have the same shape and dtype and |actual - expected| <= atol + rtol * |expected| everywhere.
+    Sequences of tensors and mappings (a state_dict) compare item by item, each at its own dtype's tolerances,
+    as torch.testing.assert_close; None equals only None.
 
     Without rtol and atol the tolerances follow the dtype as in torch.testing.assert_close (float32: 1.3e-6 and
     1e-5; integers and bool: exact); with check_dtype=False (or a scalar or list, which carries no dtype) the
@@ -38,6 +58,27 @@ def assert_close(actual, expected, *, rtol=None, atol=None, equal_nan=False, che
     report, or, when callable, is called with it and returns the message."""
     if (rtol is None) != (atol is None):
         raise ValueError("assert_close: give both rtol and atol, or neither (for the dtype's defaults)")
+    options = dict(rtol=rtol, atol=atol, equal_nan=equal_nan, check_dtype=check_dtype, msg=msg)
+    if actual is None or expected is None:
+        if actual is not expected:
+            raise AssertionError(f"None mismatch: {actual!r} is not {expected!r}")
+        return
+    if isinstance(actual, dict) or isinstance(expected, dict):
+        if not (isinstance(actual, dict) and isinstance(expected, dict)) or actual.keys() != expected.keys():
+            raise AssertionError(f"The mappings' keys do not match: {sorted(map(str, actual))} != "
+                                 f"{sorted(map(str, expected))}" if isinstance(actual, dict) and
+                                 isinstance(expected, dict) else
+                                 f"Cannot compare {type(actual).__name__} with {type(expected).__name__}")
+        for key in actual:
+            _item(assert_close, actual[key], expected[key], f"item [{key!r}]", options)
+        return
+    if _holds_arrays(actual) or _holds_arrays(expected):
+        if not isinstance(actual, (list, tuple)) or not isinstance(expected, (list, tuple)) or \
+                len(actual) != len(expected):
+            raise AssertionError(f"The sequences do not match: lengths {_length(actual)} != {_length(expected)}")
+        for i, (x, y) in enumerate(zip(actual, expected)):
+            _item(assert_close, x, y, f"item [{i}]", options)
+        return
     a, a_dtype = _values(actual)
     e, e_dtype = _values(expected)
 
@@ -54,20 +95,24 @@ def assert_close(actual, expected, *, rtol=None, atol=None, equal_nan=False, che
     if rtol is None:
         rtol, atol = (0.0, 0.0) if exact else max(_TOLERANCES.get(name, (0.0, 0.0)) for name in dtypes)
     shape, a, e = a.shape, a.reshape(-1), e.reshape(-1)  # 1-d: scalars too take item assignment
-    if exact and a.dtype.kind in "biu" and e.dtype.kind in "biu":
+    integers = exact and a.dtype.kind in "biu" and e.dtype.kind in "biu"
+    if integers:
         close = a == e  # in the integers themselves: int64 values beyond 2**53 stay exact
-        diff = np.abs(a.astype(np.float64) - e.astype(np.float64))
     else:
         a64, e64 = (v.astype(np.complex128 if v.dtype.kind == "c" else np.float64) for v in (a, e))
         close = np.isclose(a64, e64, rtol=rtol, atol=atol, equal_nan=equal_nan)
-        with np.errstate(invalid="ignore"):  # inf - inf
-            diff = np.abs(a64 - e64)
-        diff[a64 == e64] = 0
     mismatched = int(np.size(close) - np.count_nonzero(close))
     if not mismatched:
         return
+    if integers:  # as Python integers: exact for any int64 and uint64 values
+        diff = np.zeros(a.size)
+        diff[~close] = [abs(int(x) - int(y)) for x, y in zip(a[~close], e[~close])]
+    else:
+        with np.errstate(invalid="ignore"):  # inf - inf
+            diff = np.abs(a64 - e64)
+        diff[a64 == e64] = 0
     nans = np.flatnonzero(np.isnan(diff) & ~close)  # reported apart, so that they hide no numeric difference
-    diff[np.isnan(diff)] = 0
+    diff[np.isnan(diff) | close] = 0  # the greatest differences are the mismatched elements', as torch reports
     with np.errstate(divide="ignore", invalid="ignore"):
         rel = np.where(diff == 0, 0.0, diff / np.abs(e.astype(np.complex128 if e.dtype.kind == "c" else np.float64)))
     worst_abs, worst_rel = int(np.argmax(diff)), int(np.argmax(rel))
@@ -104,7 +149,25 @@ def make_tensor(*shape, dtype=_BY_NAME["float32"], low=None, high=None, seed=Non
     high = min(info.max, 9) if high is None else high
     if not info.min <= low <= high <= info.max:
         raise ValueError(f"make_tensor: [{low}, {high}] is not a range of {dtype} values")
-    return randint(low, high + 1, _sizes(shape), generator=generator, device=device).to(dtype)
+    if high < 2 ** 63 - 1:  # randint's bounds are int64
+        return randint(low, high + 1, _sizes(shape), generator=generator, device=device).to(dtype)
+    # offsets from low, added with wrap-around: drawn by randint for a span within int64, else (up to uint64's
+    # 2**64 values) as 64 random bits from two 32-bit draws, those at or above the span drawn again (at least
+    # half of them pass each round)
+    span, size = high - low + 1, _sizes(shape)
+    offsets = np.empty(int(np.prod(size)), np.uint64)
+    todo = np.arange(offsets.size)
+    if span <= 2 ** 63 - 1:
+        offsets[:] = randint(0, span, (offsets.size,), generator=generator).numpy()
+        todo = todo[:0]
+    while todo.size:
+        halves = randint(0, 2 ** 32, (2, todo.size), generator=generator).numpy().astype(np.uint64)
+        bits = (halves[0] << np.uint64(32)) | halves[1]
+        ok = bits <= np.uint64(span - 1)
+        offsets[todo[ok]] = bits[ok]
+        todo = todo[~ok]
+    values = (offsets + np.uint64(low % 2 ** 64)).view(np.int64 if info.min < 0 else np.uint64)
+    return from_numpy(values.reshape(size).astype(dtype.name)).to(device)
 
 
 def gradcheck(model, inputs, targets, loss=None, *, eps=1e-3, rtol=1e-2, atol=1e-4, count=20):
