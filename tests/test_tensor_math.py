@@ -449,8 +449,12 @@ def test_reductions_match_numpy(dim, keepdim):
     if count > 1:
         assert_values(t.var(**kw), x.var(axis, ddof=1, keepdims=keepdim), "float32")
         assert_values(ft.std(t, **kw, correction=0), x.std(axis, ddof=0, keepdims=keepdim), "float32")
-    assert_values(t.all(**kw), np.all(x, axis, keepdims=keepdim), "bool")
-    assert_values((t > 4).any(**kw), np.any(x > 4, axis, keepdims=keepdim), "bool")
+    if dim == ():  # torch.all and torch.any reduce no dimension there, unlike sum and mean
+        assert_values(t.all(**kw), x != 0, "bool")
+        assert_values((t > 4).any(**kw), x > 4, "bool")
+    else:
+        assert_values(t.all(**kw), np.all(x, axis, keepdims=keepdim), "bool")
+        assert_values((t > 4).any(**kw), np.any(x > 4, axis, keepdims=keepdim), "bool")
     i, ti = sample("int16", (3, 4, 5), seed=7)
     s = ti.sum(**kw)
     assert_values(s, i.astype(np.int64).sum(axis, keepdims=keepdim), "int64")
@@ -857,3 +861,40 @@ def test_topk_sort_unique_std_var_match_torch():
         for name in ("std", "var"):
             want, got = getattr(torch.tensor(z), name)(**kw), getattr(ft.tensor(z), name)(**kw)
             np.testing.assert_allclose(n(got), want.numpy(), rtol=2e-6)
+
+
+def test_matmul_takes_numpy_arrays_on_either_side():
+    a, b = np.arange(6, dtype=np.float32).reshape(2, 3), np.arange(12, dtype=np.float32).reshape(3, 4)
+    for got in (ft.tensor(a) @ b, a @ ft.tensor(b), ft.matmul(a, ft.tensor(b))):
+        assert isinstance(got, ft.Tensor)
+        np.testing.assert_array_equal(n(got), a @ b)
+    with pytest.raises(TypeError, match="same dtype"):
+        ft.tensor(a) @ b.astype(np.float64)
+
+
+def test_squeeze_of_several_dims_all_and_any_of_no_dims_and_where_of_any_dtype():
+    """As torch 2.x: squeeze((1, 2)); all/any with dim=() give each element's truth (sum(dim=()) reduces all);
+    where(t) alone is nonzero for any dtype."""
+    z = ft.zeros(2, 1, 1, 3)
+    assert z.squeeze((1, 2)).shape == (2, 3) and z.squeeze([1, -1]).shape == (2, 1, 3)
+    assert z.squeeze((0, 1)).shape == (2, 1, 3)  # a size other than 1 stays, as with one dim
+    x = ft.tensor([[0.0, 1.5], [np.nan, 0.0]])
+    for fn in (ft.all, ft.any):
+        got = fn(x, dim=())
+        assert got.dtype is ft.bool and n(got).tolist() == [[False, True], [True, False]]
+    assert ft.any(ft.tensor([3, 0], dtype=ft.uint8), dim=[]).dtype is ft.uint8
+    assert ft.sum(ft.ones(2, 2), dim=()).shape == ()
+    rows, cols = ft.where(x)
+    assert n(rows).tolist() == [0, 1] and n(cols).tolist() == [1, 0]
+    assert n(ft.where(ft.tensor([0, 2, 0, 3]))[0]).tolist() == [1, 3]
+    with pytest.raises(TypeError, match="expected condition to be a bool tensor"):
+        ft.where(ft.tensor([0, 2]), 1, 2)
+
+
+def test_clear_errors_for_a_bad_dim():
+    with pytest.raises(TypeError, match="sum: dim must be an int or a sequence of ints, got float"):
+        ft.zeros(2).sum(1.0)
+    with pytest.raises(IndexError, match=r"stack: dim 3 is out of range for stacking 2-d tensors \(expected in "
+                                         r"\[-3, 2\]\)"):
+        ft.stack([ft.zeros(2, 2)] * 2, dim=3)
+    assert ft.stack([ft.zeros(2, 3)] * 4, dim=-1).shape == (2, 3, 4)

@@ -420,11 +420,12 @@ ge = _comparison("ge", np.greater_equal, ">=")
 
 
 def matmul(input: Tensor, other: Tensor) -> Tensor:
-    """The matrix product of two tensors of one dtype, as torch.matmul: 1-d operands are vectors, leading
-    dimensions broadcast as batches."""
+    """The matrix product of two tensors (or NumPy arrays) of one dtype, as torch.matmul: 1-d operands are vectors,
+    leading dimensions broadcast as batches."""
+    input, other = (_C.from_numpy(x) if isinstance(x, np.ndarray) else x for x in (input, other))
     for x in (input, other):
         if not isinstance(x, _Tensor):
-            raise TypeError(f"matmul: expected tensors, got {type(x).__name__}")
+            raise TypeError(f"matmul: expected tensors or arrays, got {type(x).__name__}")
     if input.ndim == 0 or other.ndim == 0:
         raise ValueError(f"matmul: both arguments need to be at least 1-d, but they are {input.ndim}-d and "
                          f"{other.ndim}-d")
@@ -520,12 +521,15 @@ clip = clamp
 
 def where(condition: Tensor, input: Operand | None = None, other: Operand | None = None) -> Tensor | tuple[Tensor, ...]:
     """input where condition (a bool tensor) holds, else other, broadcast, in their promoted dtype; where(condition)
-    alone gives the indices of its True elements, one int64 tensor per dimension."""
-    if not isinstance(condition, _Tensor) or condition.dtype is not _BOOL:
+    alone gives the indices of its nonzero (True) elements, one int64 tensor per dimension, as torch.nonzero
+    with as_tuple=True (condition of any dtype)."""
+    alone = input is None and other is None
+    if not isinstance(condition, _Tensor) or (condition.dtype is not _BOOL and not alone):
         got = f"a tensor with dtype {condition.dtype.name}" if isinstance(condition, _Tensor) else \
             type(condition).__name__
         raise TypeError(f"where: expected condition to be a bool tensor, got {got}")
-    if input is None and other is None:
+    if alone:
+        _real("where", condition)
         c = condition._host_array()
         device = condition.device
         return tuple(_result(i, _INT64, device) for i in np.nonzero(c.reshape(c.shape or (1,))))
@@ -547,7 +551,10 @@ def _axes(name, input, dim):
     """NumPy's axis for dim: None (every dimension) for None or an empty sequence, else a tuple."""
     if dim is None:
         return None
-    dims = (dim,) if isinstance(dim, (int, np.integer)) else tuple(dim)
+    try:
+        dims = (dim,) if isinstance(dim, (int, np.integer)) else tuple(dim)
+    except TypeError:
+        raise TypeError(f"{name}: dim must be an int or a sequence of ints, got {type(dim).__name__}") from None
     if not dims:
         return None
     axes = [_norm_dim(d, input.ndim, f"{name}: dim") for d in dims]
@@ -625,6 +632,9 @@ def std(input: Tensor, dim: Dims = None, unbiased: bool | None = None, keepdim: 
 
 def _truth(name, fn, input, dim, keepdim):
     out = _UINT8 if input.dtype is _UINT8 else _BOOL  # uint8 in, uint8 out: PyTorch keeps it for old masks
+    if dim is not None and not isinstance(dim, (int, np.integer)) and not tuple(dim):
+        # no dimension to reduce: each element's truth, as torch.all/any (where sum(dim=()) reduces all)
+        return _apply(name, lambda x: x != 0, [input], input.dtype, out)
     return _reduce(name, fn, input, _axes(name, input, dim), keepdim, input.dtype, out)
 
 
@@ -857,7 +867,11 @@ def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
         if t.shape != tensors[0].shape:
             raise ValueError(f"stack expects each tensor to be equal size, but got {tensors[0].shape} at entry 0 and "
                              f"{t.shape} at entry {i}")
-    d = _norm_dim(dim, tensors[0].ndim + 1, "stack: dim")
+    n = tensors[0].ndim + 1
+    if not -n <= operator.index(dim) < n:
+        raise IndexError(f"stack: dim {dim} is out of range for stacking {n - 1}-d tensors (expected in [{-n}, "
+                         f"{n - 1}])")
+    d = _norm_dim(dim, n)
     return cat([t.unsqueeze(d) for t in tensors], d)
 
 

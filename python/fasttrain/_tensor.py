@@ -260,9 +260,10 @@ class Tensor(_C.TensorBase):
         d = _norm_dim(dim, self.ndim + 1)
         return self[(slice(None),) * d + (None,)]
 
-    def squeeze(self, dim: _int | None = None) -> Tensor:
-        """A view without the dimensions of size 1 (only dim, when given, and only if its size is 1)."""
-        dims = range(self.ndim) if dim is None else [_norm_dim(dim, self.ndim)]
+    def squeeze(self, dim: _int | Sequence[_int] | None = None) -> Tensor:
+        """A view without the dimensions of size 1 (only those of dim, an int or a sequence, when given)."""
+        dims = range(self.ndim) if dim is None else [_norm_dim(d, self.ndim) for d in (
+            (dim,) if isinstance(dim, (int, np.integer)) else dim)]
         keep = [i for i in range(self.ndim) if not (i in dims and self.shape[i] == 1)]
         shape, strides = self.shape, self.stride()
         return self.as_strided([shape[i] for i in keep], [strides[i] for i in keep], self.storage_offset())
