@@ -130,6 +130,12 @@ def test_state_dict_and_checkpoint_round_trip(tmp_path):
     with pytest.raises(ValueError):
         fresh.load_state_dict(dict(state, _growth_tracker=5))
     assert fresh.state_dict() == state  # a refused state changes nothing
+    for scaler in (None, GradScaler(enabled=False)):  # the scale cannot go anywhere: said, not dropped silently
+        r, _ = trained(scaler, 0)
+        with pytest.warns(UserWarning, match="holds a GradScaler state .* does not restore"):
+            ft.load(tmp_path / "ckpt.safetensors", r)
+        np.testing.assert_array_equal(np.asarray(r.model.state_dict()["0.weight"]),
+                                      np.asarray(p.model.state_dict()["0.weight"]))  # the rest loads
 
 
 def test_disabled_scaler_is_no_scaling():
@@ -159,6 +165,16 @@ def test_bad_arguments():
         trained(scaler, 0)
     with pytest.raises(ValueError, match="state_dict"):
         scaler.load_state_dict({"scale": 1.0})
+    with pytest.raises(TypeError, match="init_scale must be a number, got str"):
+        GradScaler(init_scale="1")
+    with pytest.raises(TypeError, match="backoff_factor must be a number, got NoneType"):
+        GradScaler(backoff_factor=None)
+    state = scaler.state_dict()
+    with pytest.raises(ValueError, match="a count must be an integer, got 2000.7"):  # not cut to 2000
+        scaler.load_state_dict(dict(state, growth_interval=2000.7))
+    assert scaler.state_dict() == state
+    scaler.load_state_dict(dict(state, growth_interval=np.int64(7)))
+    assert scaler.state_dict()["growth_interval"] == 7
 
 
 @pytest.mark.parametrize("loop", ["c_loader", "python"])

@@ -1,6 +1,7 @@
 """precision="bf16-mixed": each node's dtype, gradients and loss curves against float32, float32 weights and
 optimizer state, bitwise reproducibility, the low-precision weight copy kept current, and bad input."""
 import os
+import re
 import subprocess
 import sys
 
@@ -155,6 +156,26 @@ def test_fit_writes_the_copy_as_a_conversion_would():
 
 
 @needs_bf16
+def test_fit_takes_float16_batches_as_train_step_does():
+    """A Loader's float16 batches convert to the program's bfloat16 in C as train_step's do."""
+    rng = np.random.default_rng(0)
+    images, labels = rng.integers(0, 256, (64, 12, 12, 3), dtype=np.uint8), rng.integers(0, 5, 64)
+
+    def loader():
+        return ft.data.Loader(ft.data.from_arrays(images, labels), 32, num_workers=1, dtype="float16",
+                              transforms=[ft.data.Normalize(128.0, 64.0)])
+    by_hand, prog = compiled("bf16-mixed")
+    for xb, yb in loader():
+        assert xb.dtype is ft.float16
+        prog.train_step(xb, yb)
+    fitted, prog = compiled("bf16-mixed")
+    ft.fit(prog, loader(), 1, progress=False)
+    a, b = weights(by_hand), weights(fitted)
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+@needs_bf16
 def test_loader_bfloat16_batches_feed_fit_directly():
     """A Loader delivering bfloat16 batches trains a bf16-mixed program as the float32 Loader does: the program
     rounds float32 batches exactly as the loader rounds its own."""
@@ -196,9 +217,10 @@ def test_bfloat16_batches_go_straight_in():
         _, prog = compiled("bf16-mixed")
         losses.append(prog.train_step(batch, y))
     assert losses[0] == losses[1]  # the program rounds a float32 batch as .to("bfloat16") does
+    # a float32 program widens a bfloat16 batch exactly, in C as train_step does in Python
     _, prog32 = compiled("32-true")
-    with pytest.raises(TypeError, match="input must be float32, got bfloat16"):
-        prog32._c.train_step(ft.tensor(x).to("bfloat16"), ft.tensor(y), prog32.optimizer)
+    got = prog32._c.train_step(ft.tensor(x).to("bfloat16"), ft.tensor(y), prog32.optimizer)[0]
+    assert got == compiled("32-true")[1].train_step(bf16_round(x), y)
 
 
 class HandAttention(nn.Module):
@@ -291,6 +313,9 @@ def test_unknown_and_unavailable_precisions_are_refused():
     with pytest.raises(ValueError, match="precision must be one of '32-true', '32', 'bf16-mixed', '16-mixed', "
                                          "got 'fp8'"):
         compiled("fp8")
+    for bad in (["bf16-mixed"], None, 16, b"32"):
+        with pytest.raises(ValueError, match=f"precision must be one of .*got {re.escape(repr(bad))}"):
+            compiled(bad)
     with pytest.raises(ValueError, match="'16-mixed' computes in float16, which fasttrain runs on CUDA only"):
         compiled("16-mixed")
 
@@ -612,3 +637,30 @@ def test_autocast_acts_on_its_device_type_only():
             with ft.autocast("cpu", enabled=False):
                 assert F.linear(x, w).dtype is ft.float32
         assert F.linear(x, w).dtype is ft.float32
+
+
+@pytest.mark.parametrize("memory_format", ["channels_last", "contiguous"])
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_batches_of_either_layout_and_dtype_train_the_same_bits(memory_format, precision):
+    """A batch converts to the program's dtype and layout as it is copied in: NCHW or NHWC, float32 or (for
+    bf16-mixed) bfloat16, float16 and float64 values that round to the same bfloat16 give one result."""
+    if precision == "bf16-mixed" and not backends.cpu_has_bf16():
+        pytest.skip("bf16-mixed runs 32-true without AVX512-BF16")
+    x, y = data()
+    if precision == "bf16-mixed":  # values a bfloat16 holds exactly, so that every dtype carries the same ones
+        x = bf16_round(x)
+    dtypes = ["float32", "float64"] + (["bfloat16", "float16"] if precision == "bf16-mixed" else [])
+    results = {}
+    for dtype in dtypes:
+        for layout in ("nchw", "nhwc"):
+            t = ft.tensor(x).to(dtype)
+            if layout == "nhwc":
+                t = t.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+            model, prog = compiled(precision, memory_format=memory_format)
+            losses = [prog.train_step(t, y) for _ in range(2)]
+            results[dtype, layout] = losses, weights(model)
+    (first, (losses0, w0)), rest = next(iter(results.items())), list(results.items())[1:]
+    for key, (losses, w) in rest:
+        assert losses == losses0, (key, first)
+        for k in w0:
+            np.testing.assert_array_equal(w[k], w0[k], err_msg=f"{k}: {key} against {first}")

@@ -38,6 +38,8 @@ def trained():
     ("channels", lambda x, y: (x[:, :2], y), ValueError, r"images have 2 channels, the model takes 3"),
     ("no batch dim", lambda x, y: (x[0], y), ValueError, r"shape"),
     ("empty batch", lambda x, y: (x[:0], y[:0]), ValueError, r"empty"),
+    ("0-d input", lambda x, y: (ft.tensor(1.0), y[:1]), ValueError,
+     r"the input must be a batch \(N, \.\.\.\) of samples, got a 0-d tensor"),
     ("complex input", lambda x, y: (x.astype(np.complex64), y), TypeError, r"complex"),
     ("string input", lambda x, y: (np.full(x.shape, "a"), y), TypeError, None),
     ("labels too few", lambda x, y: (x, y[:4]), ValueError, r"labels"),

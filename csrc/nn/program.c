@@ -1007,15 +1007,20 @@ static ft_status check_batch(const ft_program *p, int i, const char *arg, const 
     const ft_node *nd = &p->nodes[i];
     int64_t want[FT_MAX_DIMS] = {rows};
     memcpy(want + 1, nd->shape, (size_t)nd->ndim * sizeof *want);
-    bool low_batch = i == 0 && t->dtype == p->dtype[0] && p->dtype[0] == p->compute; /* a loader's bfloat16 */
-    if (t->dtype != nd->dtype && !low_batch)
-        return ft_fail(FT_ERR_DTYPE, "program: %s must be %s, got %s", arg, ft_dtype_get(nd->dtype)->name,
+    /* floating inputs of any width convert to the input buffer's dtype as they are copied (input_on_device) */
+    bool any_float = i == 0 && ft_dtype_is_float(nd->dtype) && ft_dtype_is_float(t->dtype);
+    if (t->dtype != nd->dtype && !any_float)
+        return ft_fail(FT_ERR_DTYPE, "program: %s must be %s, got %s", arg,
+                       i == 0 && ft_dtype_is_float(nd->dtype) ? "floating (float32, bfloat16, float16 or float64)"
+                                                             : ft_dtype_get(nd->dtype)->name,
                        ft_dtype_get(t->dtype)->name);
     return ft_check_shape("program", arg, t, nd->ndim + 1, want);
 }
 
 static ft_status check_input(const ft_program *p, const ft_tensor *x) {
-    if (x->ndim < 1 || x->shape[0] < 1)
+    if (x->ndim < 1)
+        return ft_fail(FT_ERR_SHAPE, "program: the input must be a batch (N, ...) of samples, got a 0-d tensor");
+    if (x->shape[0] < 1)
         return ft_fail(FT_ERR_SHAPE, "program: the batch is empty");
     const ft_node *in = &p->nodes[0];
     if (x->ndim == 4 && in->ndim == 3 && x->shape[1] != in->shape[0]) /* grayscale JPEGs decode as RGB */
@@ -1025,31 +1030,34 @@ static ft_status check_input(const ft_program *p, const ft_tensor *x) {
     return check_batch(p, 0, "input", x, x->shape[0]);
 }
 
-/* A batch tensor of `dtype` where the program runs: t itself, or a copy.
- * With `queued`, a copy from page-locked memory returns before it is done:
- * for callers that wait for the device (reading a loss) before they return,
- * and with it the caller's hold on t. The caller releases *out. */
+/* A batch tensor of `dtype` where the program runs: t itself, or a copy in
+ * t's layout. With `queued`, a copy from page-locked memory returns before
+ * it is done: for callers that wait for the device (reading a loss) before
+ * they return, and with it the caller's hold on t. The caller releases *out. */
 static ft_status on_device(const ft_program *p, const ft_tensor *t, ft_dtype dtype, bool queued, ft_tensor *out) {
     if (ft_device_eq(ft_op_device(t), p->device) && t->dtype == dtype) {
         ft_tensor_share(out, t);
         return FT_OK;
     }
-    return ft_tensor_to(out, t, dtype, p->device, false, queued, false);
+    return ft_tensor_to(out, t, dtype, p->device, false, queued, true);
 }
 
 /* The batch x where the program runs, as on_device, in the input node's
  * dtype (converted as it is copied) and in the program's layout: images
- * copied to channels-last when the program is, since oneDNN convolves mixed
- * layouts with its slow reference kernels, and token ids contiguous, as an
- * embedding reads them (slices of a token stream are strided). */
+ * copied to channels-last when the program is and to NCHW when it is not,
+ * since oneDNN convolves mixed layouts with its slow reference kernels (and
+ * other bits), and token ids contiguous, as an embedding reads them (slices
+ * of a token stream are strided). */
 static ft_status input_on_device(const ft_program *p, const ft_tensor *x, bool queued, ft_tensor *out) {
     if (x->dtype == FT_INT64 && !ft_tensor_is_contiguous(x))
         return ft_tensor_to(out, x, x->dtype, p->device, false, false, false);
     ft_dtype dtype = p->dtype[0];
     bool nhwc = x->ndim == 4 && x->strides[1] == 1 && x->strides[3] == x->shape[1] &&
                 x->strides[2] == x->shape[3] * x->shape[1];
-    if (!p->channels_last || x->ndim != 4 || x->shape[1] == 1 || nhwc)
+    if (x->ndim != 4 || x->shape[1] == 1 || nhwc == p->channels_last)
         return on_device(p, x, dtype, queued, out);
+    if (!p->channels_last) /* a channels-last batch into an NCHW program */
+        return ft_tensor_to(out, x, dtype, p->device, false, queued, false);
     ft_tensor dev, nhwc_t;
     FT_TRY(on_device(p, x, x->dtype, false, &dev));
     int64_t N = x->shape[0], C = x->shape[1], H = x->shape[2], W = x->shape[3];

@@ -8,6 +8,8 @@ bfloat16 on the CPU, float16 on CUDA (which also takes bfloat16).
 It is for eager inference and evaluation code: a compiled program chooses its precision once, at
 ``compile(precision=...)``, and autocast does not change it."""
 import contextvars
+import numbers
+import operator
 
 from ._types import _BY_NAME, as_dtype
 
@@ -117,8 +119,9 @@ class GradScaler:
                 raise RuntimeError("GradScaler: a disabled scaler cannot load a state")
             return
         try:
+            # counts stay exact: a float interval is refused as the constructor refuses it, not cut
             new = _checked(float(state["scale"]), float(state["growth_factor"]), float(state["backoff_factor"]),
-                           int(state["growth_interval"]), int(state["_growth_tracker"]))
+                           _count(state["growth_interval"]), _count(state["_growth_tracker"]))
         except (KeyError, TypeError) as e:
             raise ValueError(f"GradScaler: not a GradScaler state_dict ({e})") from None
         if self._program is not None:
@@ -127,9 +130,19 @@ class GradScaler:
             self._state = new
 
 
+def _count(value):
+    """An integer count of a state_dict: an int (or an integral tensor or NumPy value) as it is."""
+    if isinstance(value, float) or not hasattr(value, "__index__"):
+        raise TypeError(f"a count must be an integer, got {value!r}")
+    return operator.index(value)
+
+
 def _checked(scale, growth, backoff, interval, good):
     """A GradScaler's state (scale, growth, backoff, interval, good steps) as the C step takes it, or a
     ValueError saying which part is out of range."""
+    for name, value in (("init_scale", scale), ("growth_factor", growth), ("backoff_factor", backoff)):
+        if not isinstance(value, numbers.Real) or isinstance(value, bool):
+            raise TypeError(f"GradScaler: {name} must be a number, got {type(value).__name__}")
     if not 2.0 ** -126 <= scale <= 2.0 ** 127:
         raise ValueError(f"GradScaler: the scale (init_scale) must be in [2**-126, 2**127], got {scale}")
     if not (1.0 < growth < float("inf")) or not 0.0 < backoff < 1.0:

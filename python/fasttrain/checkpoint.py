@@ -14,6 +14,7 @@ import json
 import math
 import os
 import struct
+import warnings
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -427,10 +428,15 @@ def load(path: str | os.PathLike[str], into: Module | Program | None = None, *, 
             raise ValueError(f"{path}: corrupt metadata 'program.dropout': expected two integers in [0, 2**64)")
 
     scaler = None
-    if program is not None and program.grad_scaler is not None and "program.grad_scaler" in raw_meta:
-        scaler = _json_meta(path, raw_meta, "program.grad_scaler")
-        if not isinstance(scaler, dict):
-            raise ValueError(f"{path}: corrupt metadata 'program.grad_scaler': expected a GradScaler state_dict")
+    if program is not None and "program.grad_scaler" in raw_meta:
+        if program.grad_scaler is None or not program.grad_scaler.is_enabled():
+            warnings.warn(f"{path}: the checkpoint holds a GradScaler state (loss scale and growth count) that this "
+                          "program, compiled without an enabled grad_scaler, does not restore; compile with "
+                          "grad_scaler=ft.amp.GradScaler() to resume the loss scaling", stacklevel=2)
+        else:
+            scaler = _json_meta(path, raw_meta, "program.grad_scaler")
+            if not isinstance(scaler, dict):
+                raise ValueError(f"{path}: corrupt metadata 'program.grad_scaler': expected a GradScaler state_dict")
 
     # Everything read; the parts whose own checks run as they load go first, and a refusal puts back what was
     # already written. The model goes first: the optimizer checks its state against the parameters.

@@ -672,7 +672,7 @@ def _compute_dtype(precision, device):
     """(the dtype a precision= string computes in, the precision that runs) on device: ValueError for an unknown
     one; where the CPU has no bfloat16 instructions, or the GPU no bfloat16 tensor cores, bf16-mixed runs as
     32-true, with a warning."""
-    if precision not in _PRECISIONS:
+    if not isinstance(precision, str) or precision not in _PRECISIONS:
         raise ValueError(f"compile: precision must be one of {', '.join(map(repr, _PRECISIONS))}, got "
                          f"{precision!r}")
     if precision == "16-mixed" and device.type != "cuda":
