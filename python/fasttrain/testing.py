@@ -28,10 +28,10 @@ def _length(x):
     return len(x) if isinstance(x, (list, tuple)) else f"(a {type(x).__name__})"
 
 
-def _item(compare, x, y, where, options):
-    """compare(x, y) of one item of a sequence or mapping, its failure naming the item."""
+def _item(x, y, where, options):
+    """assert_close of one item of a sequence or mapping, its failure naming the item."""
     try:
-        compare(x, y, **options)
+        assert_close(x, y, **options)
     except AssertionError as e:
         raise AssertionError(f"The failure occurred for {where}: {e}") from None
 
@@ -70,14 +70,14 @@ def assert_close(actual, expected, *, rtol=None, atol=None, equal_nan=False, che
                                  isinstance(expected, dict) else
                                  f"Cannot compare {type(actual).__name__} with {type(expected).__name__}")
         for key in actual:
-            _item(assert_close, actual[key], expected[key], f"item [{key!r}]", options)
+            _item(actual[key], expected[key], f"item [{key!r}]", options)
         return
     if _holds_arrays(actual) or _holds_arrays(expected):
         if not isinstance(actual, (list, tuple)) or not isinstance(expected, (list, tuple)) or \
                 len(actual) != len(expected):
             raise AssertionError(f"The sequences do not match: lengths {_length(actual)} != {_length(expected)}")
         for i, (x, y) in enumerate(zip(actual, expected)):
-            _item(assert_close, x, y, f"item [{i}]", options)
+            _item(x, y, f"item [{i}]", options)
         return
     a, a_dtype = _values(actual)
     e, e_dtype = _values(expected)
