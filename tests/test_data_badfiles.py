@@ -203,3 +203,13 @@ def test_a_jpeg_header_asking_for_gigabytes_is_refused(tmp_path):
     (root / "a" / "huge.jpg").write_bytes(bytes(jpeg))
     with pytest.raises(ValueError, match=r"huge\.jpg.*65535x65535"):
         list(D.Loader(D.ImageFolder(root), batch_size=1, num_workers=1, transforms=[D.Resize(8)]))
+
+
+def test_a_missing_image_folder_is_file_not_found(tmp_path):
+    """As torchvision's ImageFolder (FileNotFoundError is an OSError too)."""
+    for root in (tmp_path / "missing", str(tmp_path / "missing")):
+        with pytest.raises(FileNotFoundError, match="missing is not a directory"):
+            D.ImageFolder(root)
+    (tmp_path / "file").write_bytes(b"x")
+    with pytest.raises(FileNotFoundError, match="file is not a directory"):
+        D.ImageFolder(tmp_path / "file")

@@ -78,7 +78,9 @@ def test_evaluate_covers_the_whole_split_after_partial_iteration():
     assert ft.evaluate(program, val) == whole
     val.load_state_dict({"epoch": 0, "batch": 3})
     assert ft.evaluate(program, val) == whole
-    # The loader itself still iterates whole epochs afterwards.
+    # a restored position outlives the evaluation (as a stopped fit's does): the pass resumes at batch 3, and
+    # whole epochs follow
+    assert sum(len(y) for _, y in val) == 8
     assert sum(len(y) for _, y in val) == 20
 
 
@@ -147,3 +149,54 @@ def test_close_from_another_thread_while_iterating():
     reader.join()
     assert not errors and loader.closed
     assert len(stopped) == 1 and "closed" in str(stopped[0])
+
+
+def test_a_new_pass_ends_the_one_under_way():
+    """A Loader has one position in C: a new pass takes it over and the old iterator raises when used again,
+    where a nested loop used to restart its outer loop forever and two live iterators took every other batch;
+    peeking with an iterator kept in a variable and then looping is fine."""
+    x, y = np.zeros((64, 5), np.float32), np.arange(64)
+    for workers in (0, 2):
+        loader = ft.data.Loader((x, y), 16, num_workers=workers)
+        with pytest.raises(RuntimeError, match="ended by a newer one"):
+            for _ in loader:
+                for _ in loader:
+                    pass
+        first = iter(loader)
+        assert int(next(first)[1][0]) == 0
+        assert [int(b[0]) for _, b in loader] == [0, 16, 32, 48]  # a whole pass of its own
+        with pytest.raises(RuntimeError, match="ended by a newer one"):
+            next(first)
+        second = iter(loader)
+        loader.set_epoch(1)
+        with pytest.raises(RuntimeError, match="ended by a newer one"):
+            next(second)
+        assert sum(len(b) for _, b in loader) == 64
+
+
+def test_batch_sizes_must_be_whole_numbers():
+    x, y = np.zeros((20, 4), np.float32), np.zeros(20, np.int64)
+    for bad in (8.7, True, "8"):
+        with pytest.raises(TypeError, match="batch_size must be an int"):
+            ft.data.Loader((x, y), bad)
+    assert ft.data.Loader((x, y), np.int64(4)).batch_size == 4
+    model = ft.nn.Linear(4, 2)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), ft.nn.CrossEntropyLoss(), batch_size=4,
+                            input_shape=(4,))
+    for bad in (0, -1, 2.5):
+        with pytest.raises(ValueError, match="batch_size must be a positive int"):
+            ft.fit(program, (x, y), 1, batch_size=bad, progress=False)
+    with pytest.raises(TypeError, match=r"give \(x, y\) arrays as a tuple"):
+        ft.fit(program, [x, y], 1, progress=False)
+    assert program.step_count == 0
+
+
+def test_a_used_up_iterator_ends_fit_with_a_warning():
+    x, y = np.zeros((8, 4), np.float32), np.zeros(8, np.int64)
+    model = ft.nn.Linear(4, 2)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), ft.nn.CrossEntropyLoss(), batch_size=4,
+                            input_shape=(4,))
+    once = ((x[i:i + 4], y[i:i + 4]) for i in (0, 4))
+    with pytest.warns(UserWarning, match="epoch 2 got no batches, so training stops there"):
+        history = ft.fit(program, once, 3, progress=False)
+    assert history["epoch"] == [1] and np.isfinite(history["train_loss"]).all() and program.step_count == 2

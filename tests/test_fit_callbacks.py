@@ -131,6 +131,60 @@ def test_a_callback_stops_training_and_fit_goes_on_from_there():
     assert program.step_count == 2
 
 
+@pytest.mark.parametrize("exc", [RuntimeError, KeyboardInterrupt])
+def test_an_exception_in_the_epoch_keeps_count_and_fit_goes_on_from_there(exc):
+    """A step callback raising at step 8 (as Ctrl-C, or a bug in it, would) after the optimizer applied 8 steps:
+    the program's count, the scheduler and the loader's position say so, and fit(1) then finishes the epoch as
+    an uninterrupted fit(2)."""
+    def boom(step, metrics):
+        if step == 8:
+            raise exc("stop here")
+    model, program, sched, loader = setup(total_iters=11)
+    with pytest.raises(exc, match="stop here"):
+        ft.fit(program, loader, 2, scheduler=sched, step_callbacks=[boom], progress=False)
+    assert program.step_count == 8 and sched.last_epoch == 8
+    assert loader.state_dict()["epoch"] == 1 and loader.state_dict()["batch"] == 2
+    ft.fit(program, loader, 1, scheduler=sched, progress=False)
+    whole, program_w, sched_w, _ = setup(total_iters=11)
+    ft.fit(program_w, ft.data.Loader((X, Y), B, shuffle=True, seed=9, num_workers=1), 2, scheduler=sched_w,
+           progress=False)
+    assert program.step_count == 12 and state_bits(model) == state_bits(whole)
+    assert sched.state_dict() == sched_w.state_dict()
+
+
+def test_a_stop_at_an_epochs_last_step_steps_an_epoch_scheduler():
+    """scheduler_interval="epoch": the epoch a step callback ends at its last step is over, so its scheduler step
+    is taken, and the next fit runs as the rest of an uninterrupted one."""
+    def run(stop):
+        ft.manual_seed(3)
+        model = nn.Linear(F, C)
+        program = model.compile(ft.optim.SGD(model.parameters(), lr=LR), nn.CrossEntropyLoss(), batch_size=B,
+                                input_shape=(F,))
+        sched = ft.optim.lr_scheduler.StepLR(program.optimizer, 1, 0.5)
+        loader = ft.data.Loader((X, Y), B, shuffle=True, seed=9, num_workers=1)
+        ft.fit(program, loader, 3, scheduler=sched, scheduler_interval="epoch", progress=False,
+               step_callbacks=[lambda step, m: stop and step == 6])
+        if stop:
+            assert program.step_count == 6 and program.optimizer.param_groups[0]["lr"] == LR / 2
+            ft.fit(program, loader, 2, scheduler=sched, scheduler_interval="epoch", progress=False)
+        return model, program
+    (model, program), (whole, program_w) = run(True), run(False)
+    assert program.step_count == 18 and state_bits(model) == state_bits(whole)
+    assert program.optimizer.param_groups[0]["lr"] == program_w.optimizer.param_groups[0]["lr"] == LR / 8
+
+
+def test_evaluating_on_the_training_loader_keeps_fits_position():
+    model, program, sched, loader = setup(total_iters=11)
+    ft.fit(program, loader, 2, scheduler=sched, step_callbacks=[lambda step, m: step == 8], progress=False)
+    ft.evaluate(program, loader)  # the whole split, then back to where fit stopped
+    assert loader.state_dict()["epoch"] == 1 and loader.state_dict()["batch"] == 2
+    ft.fit(program, loader, 1, scheduler=sched, progress=False)
+    whole, program_w, sched_w, _ = setup(total_iters=11)
+    ft.fit(program_w, ft.data.Loader((X, Y), B, shuffle=True, seed=9, num_workers=1), 2, scheduler=sched_w,
+           progress=False)
+    assert program.step_count == 12 and state_bits(model) == state_bits(whole)
+
+
 def test_gradient_norm_of_every_step():
     # every step computes it (it refuses a non-finite one), with or without clipping
     model, program, _, loader = setup(clip=None)

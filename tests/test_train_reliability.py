@@ -349,3 +349,26 @@ def test_tensor_comparisons_are_elementwise():
         bool(a == b)  # an ambiguous truth value, never a silent identity test
     assert bool(ft.tensor(3) == 3)
     assert {a: 1}[a] == 1  # hashing stays by identity
+
+
+@pytest.mark.parametrize("key,value", [("last_epoch", "abc"), ("gamma", "abc"), ("base_lrs", [0.1, 0.2]),
+                                        ("_last_lr", 0.1)])
+def test_a_scheduler_state_of_the_wrong_kinds_is_refused_at_load(tmp_path, key, value):
+    """Checked when loading (the values' kinds against the scheduler's own), not found out in the next fit."""
+    import json
+    program = compile_small(small_net())
+    path = str(tmp_path / "c.safetensors")
+    ft.save(path, program, scheduler=ft.optim.lr_scheduler.StepLR(program.optimizer, 2))
+
+    def corrupt(header):
+        state = json.loads(header["__metadata__"]["scheduler"])
+        state[key] = value
+        header["__metadata__"]["scheduler"] = json.dumps(state)
+    _rewrite(path, corrupt)
+    target = compile_small(small_net(3))
+    sched = ft.optim.lr_scheduler.StepLR(target.optimizer, 2)
+    before, sched_before = _state_bits(target.model), sched.state_dict()
+    with pytest.raises(ValueError, match=f"corrupt scheduler state: '{key}'"):
+        ft.load(path, target, scheduler=sched)
+    assert _state_bits(target.model) == before and sched.state_dict() == sched_before
+    ft.load(path, target)  # without the scheduler, the rest loads

@@ -779,6 +779,22 @@ static int report_step(PyObject *callback, int64_t steps, const step_result *r) 
     return stop;
 }
 
+/* Sets the steps an epoch applied, and how many of them were skipped, on the
+ * exception that ends it (as _ft_steps and _ft_skipped): fit keeps count of
+ * them, and of where the schedule stands. */
+static void note_progress(int64_t steps, int64_t skipped) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    PyObject *a = PyLong_FromLongLong(steps), *b = PyLong_FromLongLong(skipped);
+    if (!value || !a || !b || PyObject_SetAttrString(value, "_ft_steps", a) < 0 ||
+        PyObject_SetAttrString(value, "_ft_skipped", b) < 0)
+        PyErr_Clear(); /* the exception goes on without them */
+    Py_XDECREF(a);
+    Py_XDECREF(b);
+    PyErr_Restore(type, value, tb);
+}
+
 /* fit_epoch(loader, optimizer, schedule=None, callback=None, interval=0.25, clip_grad_norm=None,
  * nan_policy="raise", step_callback=None, every=0, first_step=0) -> (loss_sum, samples, steps, skipped, stopped,
  * correct): one epoch of a fasttrain loader in C. Python runs only for the progress callback, every `interval`
@@ -878,12 +894,14 @@ static PyObject *program_fit_epoch(PyObject *self, PyObject *args, PyObject *kwa
     int closed = ft_py_loader_end(loader_obj) < 0;
     Py_DECREF(loader_obj);
     PyMem_Free(schedule);
-    if (stop < 0 || closed)
+    if (stop < 0 || closed || s != FT_OK) {
+        if (!PyErr_Occurred()) { /* say where in the epoch it happened */
+            char message[1024];
+            snprintf(message, sizeof message, "%s", ft_last_error());
+            ft_py_raise(ft_fail(s, "step %lld of the epoch: %s", (long long)steps + 1, message));
+        }
+        note_progress(steps, skipped_steps);
         return NULL;
-    if (s != FT_OK) { /* say where in the epoch it happened */
-        char message[1024];
-        snprintf(message, sizeof message, "%s", ft_last_error());
-        return ft_py_raise(ft_fail(s, "step %lld of the epoch: %s", (long long)steps + 1, message));
     }
     return Py_BuildValue("(dLLLLOL)", loss_sum, (long long)samples, (long long)counted, (long long)steps,
                          (long long)skipped_steps, stop ? Py_True : Py_False, (long long)correct);

@@ -373,10 +373,28 @@ def _loader_state(path, meta, loader):
     return state
 
 
+def _like(value, own):
+    """Whether a scheduler state's value from a checkpoint has the kind of the scheduler's own: numbers alike (int
+    or float), lists element by element, None either way (a value set later)."""
+    if value is None or own is None:
+        return True
+    if isinstance(own, (list, tuple)):
+        return isinstance(value, (list, tuple)) and len(value) == len(own) and all(map(_like, value, own))
+    number = (int, float)
+    if isinstance(own, number) and not isinstance(own, bool):
+        return isinstance(value, number) and not isinstance(value, bool)
+    return type(value) is type(own)
+
+
 def _scheduler_state(path, meta, scheduler):
     state = _json_meta(path, meta, "scheduler")
-    if not isinstance(state, dict) or set(state) != set(scheduler.state_dict()):
+    own = scheduler.state_dict()
+    if not isinstance(state, dict) or set(state) != set(own):
         raise ValueError(f"{path}: the checkpoint's scheduler state is not one of a {type(scheduler).__name__}")
+    for key, value in state.items():  # checked now, rather than failing in the next fit
+        if not _like(value, own[key]):
+            raise ValueError(f"{path}: corrupt scheduler state: {key!r} is {value!r}, where a "
+                             f"{type(scheduler).__name__} holds a value like {own[key]!r}")
     return state
 
 

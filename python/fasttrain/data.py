@@ -18,6 +18,7 @@ import json
 import numbers
 import os
 import warnings
+import weakref
 
 import numpy as np
 
@@ -299,6 +300,8 @@ class ImageFolder(Source):
     numbered from 0; .jpg/.jpeg and .png files are samples."""
 
     def __new__(cls, root):
+        if not os.path.isdir(root):  # FileNotFoundError, as torchvision raises
+            raise FileNotFoundError(f"ImageFolder root {os.fspath(root)} is not a directory")
         self = super().__new__(cls, "image_folder", os.fspath(root))
         self.root = os.fspath(root)
         if self.skipped_images:
@@ -593,7 +596,7 @@ class _LoaderIterator:
 
     def __init__(self, loader):
         self._loader = loader
-        self._done = False
+        self._done = self._ended = False
 
     def __iter__(self):
         return self
@@ -601,6 +604,10 @@ class _LoaderIterator:
     def __next__(self):
         if self._done:
             raise StopIteration
+        if self._ended:
+            raise RuntimeError("this pass over the Loader was ended by a newer one (a nested loop over the same "
+                               "Loader, a second iter(), set_epoch or load_state_dict): a Loader has one position; "
+                               "iterate a second Loader for two passes at once")
         loader = self._loader
         try:
             item = loader._next()
@@ -668,6 +675,8 @@ class Loader(_C.LoaderBase):
         if image_size is not None:
             height, width = _pair(image_size, "image_size")
         cache_mode, cache_bytes = _cache_config(cache)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral):
+            raise TypeError(f"Loader: batch_size must be an int, got {batch_size!r}")
         self.batch_size = int(batch_size)
         self.shuffle = bool(shuffle)
         self.drop_last = bool(drop_last)
@@ -685,6 +694,7 @@ class Loader(_C.LoaderBase):
         self.dtype = out_dtype
         self.epoch = 0
         self._resume = False
+        self._pass = None  # a weak reference to the iterator of the pass under way
         super().__init__(
             src, ops,
             {"dtype": out_dtype._code, "channels_last": layout, "channels": int(channels or 0), "height": height,
@@ -703,12 +713,23 @@ class Loader(_C.LoaderBase):
     def __len__(self):
         return self._num_batches
 
+    def _end_pass(self):
+        """Ends the pass under way, if any: the Loader has one position in C, which a new pass (or a seek) takes
+        over, so the old iterator raises instead of sharing it (a nested loop would restart its outer loop)."""
+        live = self._pass and self._pass()
+        if live is not None:
+            live._ended = True
+        self._pass = None
+
     def __iter__(self):
+        self._end_pass()
         if self._resume:
             self._resume = False
         else:
             self._set_epoch(self.epoch)
-        return _LoaderIterator(self)
+        it = _LoaderIterator(self)
+        self._pass = weakref.ref(it)
+        return it
 
     def set_epoch(self, epoch):
         """The epoch the next pass runs (its shuffle order and augmentations); preparation starts now."""
@@ -716,6 +737,7 @@ class Loader(_C.LoaderBase):
         self._set_epoch(epoch)
         self.epoch = epoch
         self._resume = False
+        self._end_pass()
 
     def state_dict(self):
         """Where iteration stands: load_state_dict on a loader built the same way resumes exactly there."""
@@ -735,6 +757,7 @@ class Loader(_C.LoaderBase):
         self._seek(int(state["epoch"]), int(state["batch"]))
         self.epoch = int(state["epoch"])
         self._resume = True
+        self._end_pass()
 
     def __enter__(self):
         return self

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import time
+import warnings
 from typing import TYPE_CHECKING
 
 from .history import History
@@ -29,6 +30,9 @@ def _as_loader(program, data, batch_size, shuffle):
     """A fasttrain Loader of batch_size over (x, y) arrays (shuffled when training, seeded from the global seed as
     every Loader is); a loader or iterable as it is. The program keeps the loader of the arrays it last trained
     on (and evaluated on), so that fit on the same arrays again goes on with the next epoch's order."""
+    if isinstance(data, list) and len(data) == 2 and all(hasattr(d, "shape") and len(d.shape) for d in data) \
+            and data[0].shape[0] == data[1].shape[0]:
+        raise TypeError("give (x, y) arrays as a tuple: a list is taken as an iterable of (x, y) batches")
     if not isinstance(data, tuple):
         if batch_size is not None:
             raise ValueError("batch_size applies to (x, y) arrays: a loader makes batches of its own size")
@@ -50,9 +54,13 @@ def evaluate(program: Program, loader: Iterable[Any], tta_flip: bool = False) ->
     augmentation). A fasttrain loader runs entirely in C."""
     loader = _as_loader(program, loader, program.batch_size if isinstance(loader, tuple) else None, False)
     if _is_c_loader(loader):
-        # The whole split, wherever an earlier iteration (or a restored state) left the loader.
+        # The whole split, wherever an earlier iteration (or a restored state) left the loader; a position a
+        # stopped fit (or ft.load) left to resume from is put back after it.
+        resume = loader.state_dict() if loader._resume else None
         loader.set_epoch(loader.epoch)
         loss_sum, correct, count = program._c.eval_epoch(loader, tta_flip)
+        if resume is not None:
+            loader.load_state_dict(resume)
     else:
         loss_sum, correct, count = 0.0, 0, 0
         for x, y in loader:
@@ -109,23 +117,33 @@ def _fit_epoch_in_c(program, loader, scheduler, interval, bar, start, on_step, e
         program.step_count = first_step + steps  # as a callback reading the program expects it
         return on_step(program.step_count, loss, lr_at(steps), grad_norm)
 
-    loss_sum, samples, counted, steps, skipped, stopped, correct = program._c.fit_epoch(
-        loader, optimizer, schedule, progress, 0.25, program.clip_grad_norm, program.nan_policy,
-        step if on_step else None, every, first_step)
-    program.step_count = first_step + steps
-    program.skipped_steps += skipped
-    if schedule is not None:
-        if stopped and steps < len(schedule):  # the scheduler as it stands after the steps that ran
-            scheduler.load_state_dict(state)
-            for g, values in zip(groups, first):
-                g.update(values)
-            for _ in range(steps):
+    def settle(steps, skipped, stopped):
+        """The program's count, the scheduler and the optimizer as they stand after the steps that ran."""
+        program.step_count = first_step + steps
+        program.skipped_steps += skipped
+        if schedule is not None:
+            if stopped and steps < len(schedule):
+                scheduler.load_state_dict(state)
+                for g, values in zip(groups, first):
+                    g.update(values)
+                for _ in range(steps):
+                    scheduler.step()
+            else:
+                for g, values in zip(groups, last):
+                    g.update(values)
                 scheduler.step()
-        else:
-            for g, values in zip(groups, last):
-                g.update(values)
-            scheduler.step()
-        optimizer._pushed = list(schedule[steps - 1] if steps else schedule[0])  # what C holds now
+            optimizer._pushed = list(schedule[steps - 1] if steps else schedule[0])  # what C holds now
+
+    try:
+        loss_sum, samples, counted, steps, skipped, stopped, correct = program._c.fit_epoch(
+            loader, optimizer, schedule, progress, 0.25, program.clip_grad_norm, program.nan_policy,
+            step if on_step else None, every, first_step)
+    except BaseException as e:  # a callback's exception, Ctrl-C, a bad batch: the steps before it were applied
+        if hasattr(e, "_ft_steps"):
+            settle(e._ft_steps, e._ft_skipped, True)
+            loader._resume = True  # the next pass (or fit) goes on after them, past a bad batch too
+        raise
+    settle(steps, skipped, stopped)
     if bar:
         bar.update(steps - bar.count)
     return loss_sum, samples, counted, lr_at(max(steps, 1)), correct, stopped
@@ -170,6 +188,8 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
         raise ValueError(f"every_n_steps must be a positive int, got {every_n_steps!r}")
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
         raise ValueError(f"epochs must be an int >= 0, got {epochs!r}")
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+        raise ValueError(f"batch_size must be a positive int (or None for the program's), got {batch_size!r}")
     loader = _as_loader(program, loader,
                         (batch_size or program.batch_size) if isinstance(loader, tuple) else batch_size, True)
     if isinstance(val_loader, tuple):
@@ -229,13 +249,23 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
                         on_step(program.step_count, loss, lr, program.last_grad_norm):
                     stopped = True
                     break
+            if not samples:  # said, and no epoch of NaN in the history
+                warnings.warn(f"fit: epoch {epoch + 1} got no batches, so training stops there (a generator or "
+                              "iterator is used up after one pass: give a list, a Loader or (x, y) arrays to train "
+                              "several epochs)", stacklevel=2)
+                if bar:
+                    bar.close()
+                break
         seconds = time.perf_counter() - start
         if c_loader:
             if stopped:  # the next fit goes on from the position where this one stopped
                 loader._resume = True
             else:
                 loader.epoch = epoch + 1
-        if scheduler is not None and scheduler_interval == "epoch" and not stopped:
+        # an epoch-interval scheduler steps when the epoch is over, a stop at its last step included (the next fit
+        # starts the following epoch)
+        if scheduler is not None and scheduler_interval == "epoch" and \
+                (not stopped or (c_loader and loader._position()[1] >= len(loader))):
             scheduler.step()
         # the loss and accuracy of the steps that ran (a skipped step's loss is not finite; NaN when none ran);
         # the speed of all
