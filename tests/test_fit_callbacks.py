@@ -131,6 +131,13 @@ def test_a_callback_stops_training_and_fit_goes_on_from_there():
     assert program.step_count == 2
 
 
+def uninterrupted():
+    """(model, program, scheduler) of setup(total_iters=11) after fit(2) without a stop."""
+    model, program, sched, loader = setup(total_iters=11)
+    ft.fit(program, loader, 2, scheduler=sched, progress=False)
+    return model, program, sched
+
+
 @pytest.mark.parametrize("exc", [RuntimeError, KeyboardInterrupt])
 def test_an_exception_in_the_epoch_keeps_count_and_fit_goes_on_from_there(exc):
     """A step callback raising at step 8 (as Ctrl-C, or a bug in it, would) after the optimizer applied 8 steps:
@@ -145,9 +152,7 @@ def test_an_exception_in_the_epoch_keeps_count_and_fit_goes_on_from_there(exc):
     assert program.step_count == 8 and sched.last_epoch == 8
     assert loader.state_dict()["epoch"] == 1 and loader.state_dict()["batch"] == 2
     ft.fit(program, loader, 1, scheduler=sched, progress=False)
-    whole, program_w, sched_w, _ = setup(total_iters=11)
-    ft.fit(program_w, ft.data.Loader((X, Y), B, shuffle=True, seed=9, num_workers=1), 2, scheduler=sched_w,
-           progress=False)
+    whole, _, sched_w = uninterrupted()
     assert program.step_count == 12 and state_bits(model) == state_bits(whole)
     assert sched.state_dict() == sched_w.state_dict()
 
@@ -179,10 +184,7 @@ def test_evaluating_on_the_training_loader_keeps_fits_position():
     ft.evaluate(program, loader)  # the whole split, then back to where fit stopped
     assert loader.state_dict()["epoch"] == 1 and loader.state_dict()["batch"] == 2
     ft.fit(program, loader, 1, scheduler=sched, progress=False)
-    whole, program_w, sched_w, _ = setup(total_iters=11)
-    ft.fit(program_w, ft.data.Loader((X, Y), B, shuffle=True, seed=9, num_workers=1), 2, scheduler=sched_w,
-           progress=False)
-    assert program.step_count == 12 and state_bits(model) == state_bits(whole)
+    assert program.step_count == 12 and state_bits(model) == state_bits(uninterrupted()[0])
 
 
 def test_gradient_norm_of_every_step():
