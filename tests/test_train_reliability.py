@@ -372,3 +372,31 @@ def test_a_scheduler_state_of_the_wrong_kinds_is_refused_at_load(tmp_path, key, 
         ft.load(path, target, scheduler=sched)
     assert _state_bits(target.model) == before and sched.state_dict() == sched_before
     ft.load(path, target)  # without the scheduler, the rest loads
+
+
+def test_a_torch_save_file_is_named_as_such(tmp_path):
+    """torch.save writes a zip archive (or, legacy, a pickle): said as such, where a safetensors reader would see a
+    nonsense header length."""
+    import pickle
+    import zipfile
+    with zipfile.ZipFile(tmp_path / "m.pt", "w") as z:
+        z.writestr("archive/data.pkl", pickle.dumps({"w": [1.0, 2.0]}))
+    (tmp_path / "legacy.pt").write_bytes(pickle.dumps({"w": [1.0, 2.0]}, protocol=2))
+    for name, kind in (("m.pt", "a zip archive"), ("legacy.pt", "a Python pickle")):
+        with pytest.raises(ValueError, match=f"{kind} .torch.save's format.., not a safetensors file"):
+            ft.load(tmp_path / name)
+    model = small_net()
+    before = _state_bits(model)
+    with pytest.raises(ValueError, match="not a safetensors file"):
+        ft.load(tmp_path / "m.pt", model)
+    assert _state_bits(model) == before
+
+
+def test_a_state_that_does_not_fit_names_the_checkpoint(tmp_path):
+    x, y = np.zeros((16, 6, 6), np.uint8), np.zeros(16, np.int64)
+    program = compile_small(small_net())
+    path = str(tmp_path / "c.safetensors")
+    ft.save(path, program, loader=ft.data.Loader(ft.data.from_arrays(x, y), 4, seed=7))
+    other = ft.data.Loader(ft.data.from_arrays(x, y), 4, seed=0)
+    with pytest.raises(ValueError, match=r"c\.safetensors: the state is for seed=7 but this loader has seed=0"):
+        ft.load(path, program, loader=other)

@@ -119,6 +119,10 @@ def load_file(path):
         raise ValueError(f"{path}: not a safetensors file (only {len(data)} bytes)")
     (n,) = struct.unpack("<Q", data[:8])
     if n > min(_MAX_HEADER, len(data) - 8):
+        for magic, kind in ((b"PK\x03\x04", "a zip archive"), (b"\x80", "a Python pickle")):
+            if data.startswith(magic):  # torch.save's formats (their first bytes read as a header length too large)
+                raise ValueError(f"{path}: {kind} (torch.save's format?), not a safetensors file: in PyTorch, write "
+                                 "the weights with safetensors.torch.save_file(model.state_dict(), path)")
         raise ValueError(f"{path}: corrupt or truncated safetensors file (header of {n} bytes)")
     try:
         header = json.loads(data[8:8 + n])
@@ -477,9 +481,11 @@ def load(path: str | os.PathLike[str], into: Module | Program | None = None, *, 
             done.append(lambda: program.grad_scaler.load_state_dict(previous_scaler))
         if loader_state is not None:
             loader.load_state_dict(loader_state)
-    except Exception:
+    except Exception as e:
         for undo in reversed(done):
             undo()
+        if type(e) in (ValueError, TypeError) and not str(e).startswith(f"{path}:"):  # say which checkpoint
+            raise type(e)(f"{path}: {e}") from e
         raise
     if rng is not None:
         default_generator.manual_seed(rng[0])
