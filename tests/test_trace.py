@@ -342,6 +342,8 @@ def test_broadcast_sum_and_division_values_match_numpy():
     (lambda x: x ** x, ft.nn.TracingError, "a traced value to a traced power"),
     (lambda x: ft.div(x, x, rounding_mode="floor"), ft.nn.TracingError, "rounding_mode='floor'"),
     (lambda x: x.var(), ft.nn.TracingError, r"var\(\) over the batch"),
+    (lambda x: x / x.shape[0], ft.nn.TracingError, "arithmetic on the batch size"),
+    (lambda x: x.shape[0] / x, ft.nn.TracingError, "arithmetic on the batch size"),
 ])
 def test_broadcasts_and_reductions_that_cannot_compile_say_why(forward, error, match):
     class Net(nn.Module):
@@ -376,3 +378,11 @@ def test_cat_along_any_dimension_and_softmax_methods_match_finite_differences():
     model = CatAnywhere()
     program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=4, input_shape=(6, 4))
     assert gradcheck(program, x, np.arange(4) % CLASSES, rtol=3e-2, atol=1e-3)
+
+
+def test_a_loss_divided_by_the_batch_size_points_to_reduction_mean():
+    model = nn.Linear(4, 3)
+    with pytest.raises(ft.nn.TracingError, match="divided by N is the loss with reduction='mean'"):
+        model.compile(ft.optim.SGD(model.parameters(), lr=0.1),
+                      lambda out, y: nn.functional.cross_entropy(out, y, reduction="sum") / out.shape[0],
+                      batch_size=2, input_shape=(4,))

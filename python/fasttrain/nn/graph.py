@@ -45,9 +45,11 @@ class BatchSize:
         return "N"
 
     def _refuse(self, *args):
-        fail("arithmetic on the batch size", "keep the batch dimension as it is (view(N, ...), reshape(N, -1))")
+        fail("arithmetic on the batch size", "keep the batch dimension as it is (view(N, ...), reshape(N, -1)); "
+             "a loss summed over the batch and divided by N is the loss with reduction='mean'")
 
-    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __floordiv__ = __truediv__ = _refuse
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __floordiv__ = __rfloordiv__ = _refuse
+    __truediv__ = __rtruediv__ = _refuse
     __index__ = __int__ = __bool__ = _refuse
 
 
