@@ -3,14 +3,16 @@
  * A run of elements is converted through a small buffer of "wide" values
  * (int64, uint64 or double) that stays in L1: the source dtype decides the
  * wide kind, the destination converts from it. 13 loads and 13 stores cover
- * every pair of real dtypes, instead of 169 pairwise loops. The same rules
- * are written in cuda/copy.cu; tests compare both with NumPy. */
+ * every pair of real dtypes, instead of 169 pairwise loops. The rules are
+ * kernels/cast.h's, which cuda/copy.cu converts through element by element;
+ * tests compare both with NumPy. */
 #include "core/copy.h"
 
 #include <omp.h>
 #include <string.h>
 
 #include "core/tensor.h"
+#include "kernels/cast.h"
 #include "kernels/convert.h"
 
 /* The wide kinds are ft_scalar's, so that a scalar is a run of one. */
@@ -32,26 +34,6 @@ ft_status ft_copy_check_dtypes(ft_dtype dst, ft_dtype src) {
         return ft_fail(FT_ERR_DTYPE, "cannot convert %s to %s: complex dtypes are storage-only in fasttrain",
                        ft_dtype_get(src)->name, ft_dtype_get(dst)->name);
     return FT_OK;
-}
-
-/* NaN gives 0 and values outside [lo, hi] saturate, so that no conversion
- * is undefined behaviour in C and none wraps. */
-static inline int64_t f64_to_range(double v, int64_t lo, int64_t hi) {
-    if (v != v)
-        return 0;
-    if (v >= (double)hi + 1.0) /* exact: hi + 1 is a power of two */
-        return hi;
-    if (v < (double)lo)
-        return lo;
-    return (int64_t)v;
-}
-
-static inline uint64_t f64_to_u64(double v) {
-    if (!(v > 0))
-        return 0;
-    if (v >= 18446744073709551616.0)
-        return UINT64_MAX;
-    return (uint64_t)v;
 }
 
 #define LOAD(T, field, expr)                                   \
@@ -98,7 +80,7 @@ static int load(ft_dtype dt, wide *w, const char *src, int64_t ss, int64_t n) {
         }                                                              \
     } while (0)
 
-#define STORE_INT(T, LO, HI) STORE(T, v, v, f64_to_range(v, LO, HI))
+#define STORE_INT(T, LO, HI) STORE(T, v, v, ft_f64_to_range(v, LO, HI))
 
 static void store(ft_dtype dt, char *dst, int64_t ds, const wide *w, int kind, int64_t n) {
     switch (dt) {
@@ -110,7 +92,7 @@ static void store(ft_dtype dt, char *dst, int64_t ds, const wide *w, int kind, i
     case FT_INT64: STORE_INT(int64_t, INT64_MIN, INT64_MAX); break;
     case FT_UINT16: STORE_INT(uint16_t, 0, UINT16_MAX); break;
     case FT_UINT32: STORE_INT(uint32_t, 0, UINT32_MAX); break;
-    case FT_UINT64: STORE(uint64_t, v, v, f64_to_u64(v)); break;
+    case FT_UINT64: STORE(uint64_t, v, v, ft_f64_to_u64(v)); break;
     case FT_FLOAT16: STORE(uint16_t, ft_f64_to_f16((double)v), ft_f64_to_f16((double)v), ft_f64_to_f16(v)); break;
     case FT_BFLOAT16:
         STORE(uint16_t, ft_f32_to_bf16((float)v), ft_f32_to_bf16((float)v), ft_f32_to_bf16((float)v));

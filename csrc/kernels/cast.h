@@ -98,21 +98,34 @@ static inline FT_HD float ft_wide_as_f32(ft_wide w) {
     }
 }
 
-/* An integer of [lo, hi] (at most int64's range) from w: integers as they
- * are (the caller's narrowing wraps them, as C and PyTorch do), a double
- * saturated into the range (C leaves out-of-range conversions undefined). */
+/* A double as an integer of [lo, hi] (at most int64's range): NaN is 0,
+ * values outside saturate (C leaves out-of-range conversions undefined). */
+static inline FT_HD int64_t ft_f64_to_range(double v, int64_t lo, int64_t hi) {
+    if (v != v)
+        return 0;
+    if (v >= (double)hi + 1.0) /* exact: hi + 1 is a power of two */
+        return hi;
+    if (v < (double)lo)
+        return lo;
+    return (int64_t)v;
+}
+
+/* A double as a uint64: NaN and everything down from (-1, 0] give 0. */
+static inline FT_HD uint64_t ft_f64_to_u64(double v) {
+    if (!(v > 0))
+        return 0;
+    if (v >= 18446744073709551616.0) /* 2^64 */
+        return UINT64_MAX;
+    return (uint64_t)v;
+}
+
+/* An integer of [lo, hi] from w: integers as they are (the caller's
+ * narrowing wraps them, as C and PyTorch do), a double saturated. */
 static inline FT_HD int64_t ft_wide_as_range(ft_wide w, int64_t lo, int64_t hi) {
     switch (w.kind) {
     case FT_WIDE_I64: return w.v.i;
     case FT_WIDE_U64: return (int64_t)w.v.u;
-    default:
-        if (w.v.f != w.v.f) /* NaN */
-            return 0;
-        if (w.v.f >= (double)hi + 1.0) /* exact: hi + 1 is a power of two */
-            return hi;
-        if (w.v.f < (double)lo)
-            return lo;
-        return (int64_t)w.v.f;
+    default: return ft_f64_to_range(w.v.f, lo, hi);
     }
 }
 
@@ -120,13 +133,7 @@ static inline FT_HD uint64_t ft_wide_as_u64(ft_wide w) {
     switch (w.kind) {
     case FT_WIDE_I64: return (uint64_t)w.v.i;
     case FT_WIDE_U64: return w.v.u;
-    default:
-        /* NaN and everything down from (-1, 0] give 0 */
-        if (!(w.v.f > 0))
-            return 0;
-        if (w.v.f >= 18446744073709551616.0) /* 2^64 */
-            return UINT64_MAX;
-        return (uint64_t)w.v.f;
+    default: return ft_f64_to_u64(w.v.f);
     }
 }
 

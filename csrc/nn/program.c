@@ -1008,11 +1008,10 @@ static ft_status check_batch(const ft_program *p, int i, const char *arg, const 
     int64_t want[FT_MAX_DIMS] = {rows};
     memcpy(want + 1, nd->shape, (size_t)nd->ndim * sizeof *want);
     /* floating inputs of any width convert to the input buffer's dtype as they are copied (input_on_device) */
-    bool any_float = i == 0 && ft_dtype_is_float(nd->dtype) && ft_dtype_is_float(t->dtype);
-    if (t->dtype != nd->dtype && !any_float)
+    bool float_input = i == 0 && ft_dtype_is_float(nd->dtype);
+    if (t->dtype != nd->dtype && !(float_input && ft_dtype_is_float(t->dtype)))
         return ft_fail(FT_ERR_DTYPE, "program: %s must be %s, got %s", arg,
-                       i == 0 && ft_dtype_is_float(nd->dtype) ? "floating (float32, bfloat16, float16 or float64)"
-                                                             : ft_dtype_get(nd->dtype)->name,
+                       float_input ? "floating (float32, bfloat16, float16 or float64)" : ft_dtype_get(nd->dtype)->name,
                        ft_dtype_get(t->dtype)->name);
     return ft_check_shape("program", arg, t, nd->ndim + 1, want);
 }

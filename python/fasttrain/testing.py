@@ -64,11 +64,11 @@ def assert_close(actual, expected, *, rtol=None, atol=None, equal_nan=False, che
             raise AssertionError(f"None mismatch: {actual!r} is not {expected!r}")
         return
     if isinstance(actual, dict) or isinstance(expected, dict):
-        if not (isinstance(actual, dict) and isinstance(expected, dict)) or actual.keys() != expected.keys():
+        if not (isinstance(actual, dict) and isinstance(expected, dict)):
+            raise AssertionError(f"Cannot compare {type(actual).__name__} with {type(expected).__name__}")
+        if actual.keys() != expected.keys():
             raise AssertionError(f"The mappings' keys do not match: {sorted(map(str, actual))} != "
-                                 f"{sorted(map(str, expected))}" if isinstance(actual, dict) and
-                                 isinstance(expected, dict) else
-                                 f"Cannot compare {type(actual).__name__} with {type(expected).__name__}")
+                                 f"{sorted(map(str, expected))}")
         for key in actual:
             _item(actual[key], expected[key], f"item [{key!r}]", options)
         return
