@@ -200,3 +200,18 @@ def test_a_used_up_iterator_ends_fit_with_a_warning():
     with pytest.warns(UserWarning, match="epoch 2 got no batches, so training stops there"):
         history = ft.fit(program, once, 3, progress=False)
     assert history["epoch"] == [1] and np.isfinite(history["train_loss"]).all() and program.step_count == 2
+
+
+def test_fit_after_a_bad_batch_goes_on_past_it(tmp_path):
+    """A corrupt record raises out of fit's C epoch after the steps before it were applied: the step count says
+    so, and fit again trains the rest of the epoch, past the bad batch, without repeating a batch."""
+    ft.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(16, 6))  # the records' labels are 0..5
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=1,
+                            input_shape=(1, 4, 4))
+    loader = D.Loader(bad_record_file(tmp_path / "b.rec"), batch_size=1, num_workers=1)
+    with pytest.raises(ValueError, match=r"b\.rec#2"):
+        ft.fit(program, loader, 1, progress=False)
+    assert program.step_count == 2 and loader.state_dict()["batch"] == 3
+    ft.fit(program, loader, 1, progress=False)
+    assert program.step_count == 5 and loader.epoch == 1
