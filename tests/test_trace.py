@@ -380,9 +380,46 @@ def test_cat_along_any_dimension_and_softmax_methods_match_finite_differences():
     assert gradcheck(program, x, np.arange(4) % CLASSES, rtol=3e-2, atol=1e-3)
 
 
-def test_a_loss_divided_by_the_batch_size_points_to_reduction_mean():
+def _one_step(loss, x, y, classes=3, **compile_args):
+    """The loss of one SGD step of a Linear(4, classes) under loss, and the weight after it."""
+    ft.manual_seed(0)
+    model = nn.Linear(4, classes)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.5), loss, input_shape=(4,), **compile_args)
+    return program.train_step(x, y), model.weight.numpy().copy()
+
+
+def test_a_loss_summed_over_the_batch_and_divided_by_its_size_is_its_mean():
+    rng = np.random.default_rng(5)
+    x, y = rng.standard_normal((6, 4)).astype(np.float32), rng.integers(0, 3, 6)
+    mean = _one_step(lambda out, y: F.cross_entropy(out, y) + 0.5 * out.square().sum(1).mean(), x, y, batch_size=6)
+    for divided in (lambda out, y: (F.cross_entropy(out, y, reduction="sum") + 0.5 * out.square().sum()) / out.shape[0],
+                    lambda out, y: F.cross_entropy(out, y, reduction="none").sum() / out.size(0)
+                    + 0.5 * out.square().sum() / out.size(0)):
+        loss, weight = _one_step(divided, x, y, batch_size=8)  # N is the batch's size, not the compiled one
+        assert loss == pytest.approx(mean[0], rel=1e-6)
+        ft.testing.assert_close(weight, mean[1])
+
+
+def test_a_summed_loss_with_ignored_labels_is_divided_by_the_whole_batch():
+    """PyTorch's sum / N counts every sample; reduction='mean' would count only those not ignored."""
+    rng = np.random.default_rng(6)
+    x, y = rng.standard_normal((6, 4)).astype(np.float32), np.array([0, 2, -100, 1, -100, 2])
+    w = np.array([0.5, 1.0, 2.0], np.float32)
+    loss, _ = _one_step(lambda out, y: F.cross_entropy(out, y, ft.tensor(w), reduction="sum") / out.shape[0], x, y,
+                        batch_size=6)
+    ft.manual_seed(0)
+    logits = nn.Linear(4, 3)(ft.tensor(x)).numpy().astype(np.float64)
+    logp = logits - np.log(np.exp(logits).sum(1, keepdims=True))
+    kept = y != -100
+    assert loss == pytest.approx(-(w[y[kept]] * logp[kept, y[kept]]).sum() / 6, rel=1e-5)
+
+
+@pytest.mark.parametrize("loss, message", [
+    (lambda out, y: F.cross_entropy(out, y) / out.shape[0], "divide a loss with reduction='sum' by N"),
+    (lambda out, y: (out / out.shape[0]).sum(), "reduce a loss over the batch first"),
+    (lambda out, y: F.cross_entropy(out, y, reduction="sum") * (1 / out.shape[0]), "can be divided by it"),
+])
+def test_other_arithmetic_on_the_batch_size_names_the_way_that_compiles(loss, message):
     model = nn.Linear(4, 3)
-    with pytest.raises(ft.nn.TracingError, match="divided by N is the loss with reduction='mean'"):
-        model.compile(ft.optim.SGD(model.parameters(), lr=0.1),
-                      lambda out, y: nn.functional.cross_entropy(out, y, reduction="sum") / out.shape[0],
-                      batch_size=2, input_shape=(4,))
+    with pytest.raises(ft.nn.TracingError, match=message):
+        model.compile(ft.optim.SGD(model.parameters(), lr=0.1), loss, batch_size=2, input_shape=(4,))

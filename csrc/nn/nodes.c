@@ -855,7 +855,9 @@ static ft_status class_prepare(const ft_node *nd, const ft_node *const *in, cons
                                 w.storage ? (const float *)ft_tensor_data(&w) : NULL, &total);
     if (w.storage)
         ft_tensor_release(&w);
-    *norm = nd->reduction == FT_NODE_REDUCE_MEAN ? total : 1.0;
+    *norm = nd->reduction == FT_NODE_REDUCE_MEAN        ? total
+            : nd->reduction == FT_NODE_REDUCE_BATCHMEAN ? (double)batch
+                                                        : 1.0;
     return s;
 }
 

@@ -13,6 +13,7 @@ naming the line. The functional style builds the same graph by hand::
 Shapes seen by ``forward`` are PyTorch's, with the batch first: ``x.shape[0]`` (and ``x.size(0)``) is ``N``, a
 stand-in for the batch size that ``view``/``reshape``/``expand`` accept in the batch position. Node shapes
 (``node.shape``) are per sample."""
+import copy
 import math
 import os
 import sys
@@ -46,7 +47,7 @@ class BatchSize:
 
     def _refuse(self, *args):
         fail("arithmetic on the batch size", "keep the batch dimension as it is (view(N, ...), reshape(N, -1)); "
-             "a loss summed over the batch and divided by N is the loss with reduction='mean'")
+             "a loss summed over the batch can be divided by it (loss.sum() / x.size(0))")
 
     __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __floordiv__ = __rfloordiv__ = _refuse
     __truediv__ = __rtruediv__ = _refuse
@@ -54,6 +55,27 @@ class BatchSize:
 
 
 N = BatchSize()
+
+
+def _per_sample_mean(loss):
+    """loss / N for a loss summed over the batch: the same losses with reduction 'batchmean' (the sum divided by the
+    batch size, which is known only when the step runs) in place of 'sum', combined as loss combines them."""
+    if not loss.node.reduced:
+        fail("a value divided by the batch size", "reduce a loss over the batch first (loss.sum() / N, or .mean())")
+    modules = _layers()
+
+    def divided(node):
+        m = node.module
+        if isinstance(m, (modules.Add, modules.Scale)):
+            return Symbolic.record(m, [divided(x) for x in node.inputs], node.shape)
+        if getattr(m, "reduction", None) != "sum":
+            fail(f"a loss with reduction='{m.reduction}' divided by the batch size",
+                 "divide a loss with reduction='sum' by N (that is reduction='mean' over the batch)")
+        per_sample = copy.copy(m)
+        per_sample.reduction = "batchmean"
+        return Symbolic(Node(per_sample, node.inputs, node.shape, True))
+
+    return divided(loss.node)
 
 
 class Node:
@@ -222,6 +244,8 @@ class Symbolic:
     def __truediv__(self, other):
         if isinstance(other, (int, float)):
             return self * (1.0 / other)
+        if other is N:
+            return _per_sample_mean(self)
         o = self._operand(other)
         if o is None:
             return NotImplemented
