@@ -11,6 +11,8 @@
  * one slice: they read the same id (one broadcast load) and neighbouring
  * floats of dout and dweight.
  *
+ * One-hot rows are the rows of an identity table, written without one.
+ *
  * The table and its gradient are float32; the rows (out, dout) may be
  * 16-bit floats (ft_cuda_kind): the forward rounds each value once, the
  * backward adds the rows' values into the float32 gradient as floats, as
@@ -42,6 +44,14 @@ __global__ void __launch_bounds__(THREADS) gather_rows(const int64_t *ids, const
     for (int64_t i = (int64_t)blockIdx.x * THREADS + threadIdx.x; i < T * D; i += (int64_t)gridDim.x * THREADS) {
         int64_t t = i / D;
         ft_cuda_store_f(out, i, kout, w[ids[t] * D + (i - t * D)]);
+    }
+}
+
+__global__ void __launch_bounds__(THREADS) one_hot_rows(const int64_t *ids, char *out, int8_t kout, int64_t T,
+                                                         int64_t C) {
+    for (int64_t i = (int64_t)blockIdx.x * THREADS + threadIdx.x; i < T * C; i += (int64_t)gridDim.x * THREADS) {
+        int64_t t = i / C;
+        ft_cuda_store_f(out, i, kout, ids[t] == i - t * C ? 1.0f : 0.0f);
     }
 }
 
@@ -98,6 +108,16 @@ static ft_status embedding_forward(const ft_tensor *out, const ft_tensor *ids, c
     return ft_cuda_launched("gather_rows");
 }
 
+static ft_status one_hot(const ft_tensor *out, const ft_tensor *ids) {
+    FT_TRY(ft_cuda_use_device(out));
+    int64_t C = out->shape[out->ndim - 1], T = 1;
+    for (int k = 0; k < ids->ndim; k++)
+        T *= ids->shape[k];
+    one_hot_rows<<<ft_cuda_blocks(T * C, THREADS), THREADS, 0, FT_CUDA_STREAM>>>(
+        (const int64_t *)ft_tensor_data(ids), (char *)ft_tensor_data(out), ft_cuda_kind(out->dtype), T, C);
+    return ft_cuda_launched("one_hot_rows");
+}
+
 static ft_status embedding_backward(const ft_tensor *dweight, const ft_tensor *dout, const ft_tensor *ids,
                                     int64_t padding_idx, bool accumulate) {
     FT_TRY(ft_cuda_use_device(dweight));
@@ -133,4 +153,5 @@ void ft_cuda_register_embedding(struct ft_cuda_ops *ops) {
     ops->embedding_first_bad_id = embedding_first_bad_id;
     ops->embedding_forward = embedding_forward;
     ops->embedding_backward = embedding_backward;
+    ops->one_hot = one_hot;
 }

@@ -766,6 +766,17 @@ def test_embedding_out_of_range_ids_read_as_on_the_cpu():
                IndexError)
 
 
+def test_one_hot_rows_and_bad_ids_as_on_the_cpu():
+    ic, ig = pair(rng(205).integers(0, 7, (5, 9)), dtype=ft.int64)
+    assert_same(ft.nn.functional.one_hot(ig, 7), ft.nn.functional.one_hot(ic, 7))
+    for dtype in (ft.bfloat16, ft.float16):  # the rows a 16-bit program's loss reads
+        out = ft.empty(5, 9, 7, dtype=dtype, device="cuda")
+        ops.one_hot_forward(out, ig)
+        assert_same(out.float(), ops.one_hot_forward(None, ic, 7))
+    bc, bg = pair(np.array([[0, 5], [7, 1]]), dtype=ft.int64)
+    same_error(lambda: ft.nn.functional.one_hot(bc, 6), lambda: ft.nn.functional.one_hot(bg, 6), IndexError)
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("scale", [(2, 2), (3, 1), (2, 3)], ids=str)
 def test_upsample_nearest2d(layout, scale):

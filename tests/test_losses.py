@@ -8,6 +8,7 @@ import pytest
 import fasttrain as ft
 from fasttrain import nn
 from fasttrain.nn import functional as F
+from fasttrain.testing import gradcheck
 
 IN, OUT, N = 4, 3, 8
 
@@ -324,4 +325,99 @@ def test_losses_match_pytorch(name):
     want = TORCH_LOSSES[name](torch)(tm(torch.from_numpy(x)), torch.from_numpy(y))
     want.backward()
     assert loss == pytest.approx(want.item(), rel=1e-5, abs=1e-6)
+    np.testing.assert_allclose(model.weight.grad.numpy(), tm.weight.grad.numpy(), rtol=1e-4, atol=1e-6)
+
+
+def smoothed_by_hand(out, y, eps=0.1):
+    """Label smoothing written with F.one_hot, as PyTorch code did before CrossEntropyLoss(label_smoothing=)."""
+    soft = F.one_hot(y, OUT).float() * (1 - eps) + eps / OUT
+    return -(soft * F.log_softmax(out, dim=1)).sum(1).mean()
+
+
+def focal(out, y, gamma=2.0):
+    logp = F.log_softmax(out, 1)
+    return -(F.one_hot(y, num_classes=OUT) * (1 - logp.exp()) ** gamma * logp).sum(dim=1).mean()
+
+
+def test_one_hot_targets_in_a_loss_train_as_the_built_in_label_smoothing():
+    y = targets("class")
+    weights = []
+    for loss in (smoothed_by_hand, nn.CrossEntropyLoss(label_smoothing=0.1)):
+        model, x = make_model()
+        program = model.compile(ft.optim.SGD(model.parameters(), lr=0.5), loss, batch_size=N, input_shape=(IN,))
+        for _ in range(3):
+            program.train_step(x, y)
+        weights.append(model.weight.numpy())
+    np.testing.assert_allclose(weights[0], weights[1], rtol=1e-5, atol=1e-6)
+
+
+def test_a_focal_loss_of_one_hot_targets_matches_numpy_and_finite_differences():
+    model, x = make_model()
+    y = targets("class")
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), focal, batch_size=N, input_shape=(IN,))
+    logp = log_softmax(x.astype(np.float64) @ model.weight.numpy().T + model.bias.numpy())
+    want = -((np.eye(OUT)[y] * (1 - np.exp(logp)) ** 2 * logp).sum(1)).mean()
+    assert program.evaluate(x, y)[0] == pytest.approx(want, rel=1e-5)
+    assert gradcheck(program, x, y)
+
+
+def test_one_hot_of_per_position_labels_follows_the_target_shape():
+    """(N, L) labels given by target_shape become (N, L, C) rows (a segmentation or sequence loss)."""
+    ft.manual_seed(0)
+    model = nn.Conv1d(2, OUT, 1)
+    x = np.random.default_rng(2).standard_normal((N, 2, 5)).astype(np.float32)
+    y = np.random.default_rng(3).integers(0, OUT, (N, 5))
+
+    def dice(out, y):
+        p, t = out.softmax(1), F.one_hot(y, OUT).permute(0, 2, 1)
+        return (1 - 2 * (p * t).sum(2) / (p + t).sum(2)).mean()
+
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), dice, batch_size=N, input_shape=(2, 5),
+                            target_shape=(5,), target_dtype=ft.int64)
+    z = np.einsum("oc,ncl->nol", model.weight.numpy()[..., 0].astype(np.float64), x) + model.bias.numpy()[:, None]
+    p = np.exp(z - z.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    t = np.eye(OUT)[y].transpose(0, 2, 1)
+    want = (1 - 2 * (p * t).sum(2) / (p + t).sum(2)).mean()
+    assert program.evaluate(x, y)[0] == pytest.approx(want, rel=1e-5)
+    assert gradcheck(program, x, y)
+
+
+def test_labels_outside_the_one_hot_classes_are_refused_before_the_step():
+    model, x = make_model()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), focal, batch_size=N, input_shape=(IN,))
+    before = model.weight.numpy().copy()
+    y = targets("class")
+    y[5] = OUT
+    with pytest.raises(IndexError, match=rf"one_hot: label {OUT} at position 5 is outside \[0, {OUT}\)"):
+        program.train_step(x, y)
+    np.testing.assert_array_equal(model.weight.numpy(), before)
+    assert program.step_count == 0
+
+
+@pytest.mark.parametrize("loss, message", [
+    (lambda out, y: (F.one_hot(y) * out).sum(), "F.one_hot without num_classes"),
+    (lambda out, y: F.one_hot(out, OUT).sum(), "F.one_hot of a value other than the targets"),
+])
+def test_one_hot_that_cannot_compile_names_the_way_out(loss, message):
+    model, _ = make_model()
+    with pytest.raises(ft.nn.TracingError, match=message):
+        model.compile(ft.optim.SGD(model.parameters(), lr=0.1), loss, batch_size=N, input_shape=(IN,))
+
+
+def test_a_focal_loss_matches_pytorch():
+    torch = pytest.importorskip("torch")
+    model, x = make_model()
+    y = targets("class")
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), focal, batch_size=N, input_shape=(IN,))
+    loss = program.backward(x, y)
+    tm = torch.nn.Linear(IN, OUT)
+    with torch.no_grad():
+        tm.weight.copy_(torch.from_numpy(model.weight.numpy()))
+        tm.bias.copy_(torch.from_numpy(model.bias.numpy()))
+    tf = torch.nn.functional
+    logp = tf.log_softmax(tm(torch.from_numpy(x)), 1)
+    want = -(tf.one_hot(torch.from_numpy(y), OUT) * (1 - logp.exp()) ** 2 * logp).sum(1).mean()
+    want.backward()
+    assert loss == pytest.approx(want.item(), rel=1e-5)
     np.testing.assert_allclose(model.weight.grad.numpy(), tm.weight.grad.numpy(), rtol=1e-4, atol=1e-6)

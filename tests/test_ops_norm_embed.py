@@ -194,6 +194,34 @@ def test_embedding_bad_ids_raise_and_write_nothing():
 
 # ---------------------------------------------------------------- nearest upsampling
 
+@pytest.mark.parametrize("shape, C", [((6,), 4), ((2, 3), 5), ((), 3), ((0,), 2), ((0,), 0)], ids=str)
+def test_one_hot_is_rows_of_the_identity(shape, C):
+    ids = RNG.integers(0, max(C, 1), shape)
+    out = F.one_hot(ids_tensor(ids), C)
+    assert out.dtype is ft.int64 and out.shape == (*shape, C)
+    np.testing.assert_array_equal(n(out), np.eye(C, dtype=np.int64)[ids])
+
+
+def test_one_hot_counts_the_classes_and_takes_narrow_integers():
+    ids = np.array([[3, 0], [1, 3]])
+    np.testing.assert_array_equal(n(F.one_hot(ids_tensor(ids))), np.eye(4, dtype=np.int64)[ids])
+    np.testing.assert_array_equal(n(F.one_hot(ft.from_numpy(ids.astype(np.uint8)), 6)), np.eye(6, dtype=np.int64)[ids])
+
+
+def test_one_hot_bad_input_is_refused_with_its_reason():
+    with pytest.raises(IndexError, match=r"one_hot: ids\[1, 0\] = 4 is out of range for 4 classes"):
+        F.one_hot(ids_tensor([[0, 1], [4, 2]]), 4)
+    with pytest.raises(IndexError, match=r"ids\[1\] = -1"):
+        F.one_hot(ids_tensor([2, -1]), 3)
+    with pytest.raises(TypeError, match="class indices must be integers, got float32"):
+        F.one_hot(ft.ones(3), 3)
+    with pytest.raises(ValueError, match="cannot count the classes of an empty tensor"):
+        F.one_hot(ids_tensor(np.zeros(0, np.int64)))
+    for bad in (-2, 2.0, True, None):
+        with pytest.raises(ValueError, match="num_classes must be a number of classes or -1"):
+            F.one_hot(ids_tensor([1]), bad)
+
+
 def up_ref(x, sh, sw):
     return x.repeat(sh, axis=2).repeat(sw, axis=3)
 

@@ -1428,6 +1428,36 @@ static PyObject *py_embedding_forward(PyObject *m, PyObject *args, PyObject *kw)
     return finish(s, &out, 1);
 }
 
+static PyObject *py_one_hot_forward(PyObject *m, PyObject *args, PyObject *kw) {
+    PyObject *o_out, *o_ids, *o_num = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|O:one_hot_forward", KW("out", "ids", "num_classes"), &o_out,
+                                     &o_ids, &o_num))
+        return NULL;
+    ft_module_state *st = ft_py_state(m);
+    const ft_tensor *ids;
+    out_arg out;
+    if (parse_in(st, o_ids, "ids", false, &ids) < 0 || parse_out(st, o_out, "out", false, &out) < 0)
+        return NULL;
+    if (needs_alloc(&out)) {
+        long long C = o_num == Py_None ? -1 : PyLong_AsLongLong(o_num);
+        if (C == -1 && PyErr_Occurred())
+            return NULL;
+        if (C < 0)
+            return PyErr_Format(PyExc_ValueError, "one_hot_forward: give num_classes (>= 0) to allocate out");
+        if (ids->ndim >= FT_MAX_DIMS)
+            return PyErr_Format(PyExc_ValueError, "one_hot_forward: ids may have at most %d dimensions, got %d",
+                                FT_MAX_DIMS - 1, ids->ndim);
+        int64_t shape[FT_MAX_DIMS];
+        memcpy(shape, ids->shape, (size_t)ids->ndim * sizeof *shape);
+        shape[ids->ndim] = C;
+        if (alloc_on(st, &out, ids, ids->ndim + 1, shape, FT_FLOAT32) < 0)
+            return NULL;
+    }
+    ft_status s;
+    CALL(s, big(out.t), ft_one_hot_forward(out.t, ids));
+    return finish(s, &out, 1);
+}
+
 static PyObject *py_embedding_backward(PyObject *m, PyObject *args, PyObject *kw) {
     PyObject *o_dw, *o_dout, *o_ids, *o_num = Py_None, *o_pad = Py_None;
     int accumulate = 0;
@@ -1781,6 +1811,7 @@ static PyMethodDef ops_methods[] = {
     KWFN(group_norm_backward, "group_norm_backward(dinp, dweight, dbias, dout, inp, save_mean, save_rstd, weight, "
                               "num_groups, accumulate=False) -> (dinp, dweight, dbias)"),
     KWFN(embedding_forward, "embedding_forward(out, ids, weight, padding_idx=None) -> out"),
+    KWFN(one_hot_forward, "one_hot_forward(out, ids, num_classes=None) -> out (*ids.shape, C): 1.0 at each id"),
     KWFN(embedding_backward, "embedding_backward(dweight, dout, ids, num_weights=None, padding_idx=None, "
                              "accumulate=False) -> dweight"),
     KWFN(upsample_nearest2d_forward, "upsample_nearest2d_forward(out, inp, scale_factor) -> out"),

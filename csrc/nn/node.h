@@ -59,9 +59,10 @@ typedef struct {
     bool (*is_view)(const ft_node *nd, const ft_node *in, bool channels_last, bool training);
     ft_status (*forward)(const ft_node_run *r);
     ft_status (*backward)(const ft_node_run *r);
-    /* Losses: checks the whole batch's targets (B, ...) on the host (y; NULL
-     * when the loss does not read them) and gives the normalizer of its
-     * reduction for a batch of B samples. NULL: not a loss. */
+    /* Losses, and nodes reading the targets: checks the whole batch's
+     * targets (B, ...) on the host (y; NULL when the node does not read
+     * them) and gives the normalizer of a loss's reduction for a batch of B
+     * samples (1 for a node that is not a loss). NULL: none to check. */
     ft_status (*prepare)(const ft_node *nd, const ft_node *const *in, const ft_tensor *y, int64_t batch,
                          double *norm);
     ft_node_precision precision;

@@ -947,6 +947,24 @@ static ft_status nll_backward(const ft_node_run *r) {
     return ft_nll_loss_backward(r->din[0], &g, &t, param(&r->nd->weight), r->nd->ignore_index, r->din_acc[0]);
 }
 
+static ft_status one_hot_check(const ft_node *nd, const ft_node *const *in) {
+    const ft_node *t = in[0];
+    bool ok = t->kind == FT_NODE_TARGET && t->dtype == FT_INT64 && nd->ndim == t->ndim + 1 &&
+              !memcmp(nd->shape, t->shape, (size_t)t->ndim * sizeof *t->shape);
+    return ok ? FT_OK
+              : ft_fail(FT_ERR_SHAPE, "program: a one-hot node reads the int64 targets (d...) and gives (d..., C)");
+}
+
+/* The labels checked before the step, as a class loss checks its own. */
+static ft_status one_hot_prepare(const ft_node *nd, const ft_node *const *in, const ft_tensor *y, int64_t batch,
+                                 double *norm) {
+    double total;
+    *norm = 1;
+    return class_targets("one_hot", y, nd->shape[nd->ndim - 1], INT64_MIN, NULL, &total);
+}
+
+static ft_status one_hot_forward(const ft_node_run *r) { return ft_one_hot_forward(&r->out, &r->in[0]); }
+
 static ft_status sum_check(const ft_node *nd, const ft_node *const *in) {
     return nd->ndim == 0 ? FT_OK : ft_fail(FT_ERR_SHAPE, "program: a sum gives one value per sample");
 }
@@ -1031,4 +1049,6 @@ const ft_node_kind_info ft_node_kinds[FT_NODE_NKINDS] = {
                         .precision = FT_NODE_ANY, .reads_inputs = never, .reads_output = never},
     [FT_NODE_SUM_DIMS] = {"sum_dims", 1, 1, 0, sum_dims_check, NULL, NULL, sum_dims_forward, sum_dims_backward,
                           .precision = FT_NODE_ANY, .reads_inputs = never, .reads_output = never},
+    [FT_NODE_ONE_HOT] = {"one_hot", 1, 1, 0, one_hot_check, NULL, NULL, one_hot_forward, NULL, one_hot_prepare,
+                         .precision = FT_NODE_ANY},
 };

@@ -1111,7 +1111,9 @@ static ft_status prepare_targets(ft_program *p, const ft_tensor *y, int64_t rows
             continue;
         const ft_node *in[FT_NODE_MAX_INPUTS + 1];
         inputs_of(p, i, in);
-        bool direct = p->nodes[i].ninputs > 1 && p->nodes[i].inputs[1] == p->target;
+        bool direct = false;
+        for (int k = 0; k < p->nodes[i].ninputs; k++)
+            direct |= p->nodes[i].inputs[k] == p->target;
         s = row(p, i)->prepare(&p->nodes[i], in, direct ? &host : NULL, rows, &p->norm[i]);
         if (s == FT_OK && !(p->norm[i] > 0))
             s = ft_fail(FT_ERR_VALUE, "program: every target of the batch is ignored: its mean loss is undefined");

@@ -119,6 +119,7 @@ struct ft_cuda_ops {
                                    int64_t padding_idx);
     ft_status (*embedding_backward)(const ft_tensor *dweight, const ft_tensor *dout, const ft_tensor *ids,
                                     int64_t padding_idx, bool accumulate);
+    ft_status (*one_hot)(const ft_tensor *out, const ft_tensor *ids);
     /* upsample.h */
     ft_status (*upsample_nearest2d_forward)(const ft_tensor *out, const ft_tensor *inp, int64_t scale_h,
                                             int64_t scale_w);

@@ -12,6 +12,8 @@
 #define PARALLEL_WORK 32768
 /* The backward's threads own column ranges of whole cache lines of floats. */
 #define COL_ALIGN 16
+/* What an embedding's V counts, in its id range error. */
+#define WEIGHT_ROWS "a weight of %lld rows"
 
 static ft_status check_ids(const char *op, const ft_tensor *ids, ft_device dev, const char *ref) {
     FT_TRY(ft_check_on(op, "ids", ids, dev, ref));
@@ -54,8 +56,9 @@ static ft_status check_padding(const char *op, int64_t padding_idx, int64_t V) {
     return FT_OK;
 }
 
-/* FT_ERR_INDEX naming the first id outside [0, V) ("ids[1, 3] = 70"), else FT_OK. */
-static ft_status check_id_range(const char *op, const ft_tensor *ids, int64_t V, ft_device dev) {
+/* FT_ERR_INDEX naming the first id outside [0, V) ("ids[1, 3] = 70") and
+ * what V counts (`of`: "a weight of %lld rows"), else FT_OK. */
+static ft_status check_id_range(const char *op, const ft_tensor *ids, int64_t V, const char *of, ft_device dev) {
     int64_t pos = -1, value = 0, T = ft_tensor_numel(ids);
     if (T == 0)
         return FT_OK;
@@ -79,13 +82,14 @@ static ft_status check_id_range(const char *op, const ft_tensor *ids, int64_t V,
     }
     for (int d = 0; d < ids->ndim && len < sizeof at; d++)
         len += (size_t)snprintf(at + len, sizeof at - len, "%s%lld", d ? ", " : "", (long long)idx[d]);
-    return ft_fail(FT_ERR_INDEX, "%s: ids[%s] = %lld is out of range for a weight of %lld rows (ids must be in "
-                                 "[0, %lld))",
-                   op, at, (long long)value, (long long)V, (long long)V);
+    char range[64];
+    snprintf(range, sizeof range, of, (long long)V);
+    return ft_fail(FT_ERR_INDEX, "%s: ids[%s] = %lld is out of range for %s (ids must be in [0, %lld))", op, at,
+                   (long long)value, range, (long long)V);
 }
 
 ft_status ft_embedding_check_ids(const ft_tensor *ids, int64_t V) {
-    return check_id_range("embedding", ids, V, ft_op_device(ids));
+    return check_id_range("embedding", ids, V, WEIGHT_ROWS, ft_op_device(ids));
 }
 
 ft_status ft_embedding_forward(const ft_tensor *out, const ft_tensor *ids, const ft_tensor *weight,
@@ -99,7 +103,7 @@ ft_status ft_embedding_forward(const ft_tensor *out, const ft_tensor *ids, const
     FT_TRY(ft_check_output(op, "out", out));
     FT_TRY(ft_check_alias(op, "out", out, "weight", weight));
     FT_TRY(check_padding(op, padding_idx, V));
-    FT_TRY(check_id_range(op, ids, V, dev));
+    FT_TRY(check_id_range(op, ids, V, WEIGHT_ROWS, dev));
     if (T * D == 0)
         return FT_OK;
     if (dev.type == FT_DEV_CUDA)
@@ -131,7 +135,7 @@ ft_status ft_embedding_backward(const ft_tensor *dweight, const ft_tensor *dout,
     if (ft_same_view(dweight, dout))
         return ft_fail(FT_ERR_VALUE, "%s: grad_weight cannot be grad_output itself", op);
     FT_TRY(check_padding(op, padding_idx, V));
-    FT_TRY(check_id_range(op, ids, V, dev));
+    FT_TRY(check_id_range(op, ids, V, WEIGHT_ROWS, dev));
     if (V * D == 0)
         return FT_OK;
     if (dev.type == FT_DEV_CUDA)
@@ -166,6 +170,34 @@ ft_status ft_embedding_backward(const ft_tensor *dweight, const ft_tensor *dout,
                 for (int64_t c = c0; c < c1; c++)
                     row[c] += ((const float *)g)[t * D + c];
         }
+    }
+    return FT_OK;
+}
+
+ft_status ft_one_hot_forward(const ft_tensor *out, const ft_tensor *ids) {
+    const char *op = "one_hot";
+    ft_device dev = ft_op_device(out);
+    FT_TRY(check_ids(op, ids, dev, "out"));
+    FT_TRY(ft_check_float_on(op, "out", out, dev, "out", true));
+    int64_t C = out->ndim ? out->shape[out->ndim - 1] : 0, T = ft_tensor_numel(ids);
+    FT_TRY(check_rows(op, "out", out, ids, C, dev, "out"));
+    FT_TRY(ft_check_output(op, "out", out));
+    FT_TRY(check_id_range(op, ids, C, "%lld classes", dev));
+    if (T * C == 0)
+        return FT_OK;
+    if (dev.type == FT_DEV_CUDA)
+        FT_CUDA_DISPATCH(op, one_hot, out, ids);
+    const int64_t *id = (const int64_t *)ft_tensor_data(ids);
+    bool bf16 = out->dtype == FT_BFLOAT16;
+    size_t row = (size_t)C * ft_dtype_get(out->dtype)->itemsize;
+    char *y = (char *)ft_tensor_data(out);
+#pragma omp parallel for schedule(static) if (T * C > PARALLEL_WORK)
+    for (int64_t t = 0; t < T; t++) {
+        memset(y + t * row, 0, row); /* 0.0 in float32 and bfloat16 */
+        if (bf16)
+            ((uint16_t *)y)[t * C + id[t]] = ft_f32_to_bf16(1.0f);
+        else
+            ((float *)y)[t * C + id[t]] = 1.0f;
     }
     return FT_OK;
 }

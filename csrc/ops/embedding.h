@@ -30,4 +30,9 @@ ft_status ft_embedding_check_ids(const ft_tensor *ids, int64_t V);
 ft_status ft_embedding_backward(const ft_tensor *dweight, const ft_tensor *dout, const ft_tensor *ids,
                                 int64_t padding_idx, bool accumulate);
 
+/* out (T, C) = 1 in the column of each id (T) and 0 elsewhere, as floats of
+ * out's dtype (PyTorch's F.one_hot; the classes C are out's last
+ * dimension). An id outside [0, C) is FT_ERR_INDEX, as the forward's. */
+ft_status ft_one_hot_forward(const ft_tensor *out, const ft_tensor *ids);
+
 #endif

@@ -24,7 +24,7 @@ from .settings import (are_deterministic_algorithms_enabled, empty_cache, get_nu
 from . import data
 from . import distributed
 from . import metrics
-from . import utils
+from . import testing, utils
 from .amp import autocast
 from .checkpoint import load, save
 from .history import History

@@ -5,6 +5,7 @@ The backward of each op is ``ft.ops.<op>_backward``; the training step in C
 calls the same entry points.
 """
 import functools
+import numbers
 import warnings
 
 import numpy as np
@@ -15,7 +16,7 @@ from ..amp import cast
 from .._tensor import Tensor
 from ..random import default_generator
 from . import modules as M
-from .graph import Symbolic
+from .graph import Symbolic, fail
 
 
 def _traced(layer):
@@ -200,6 +201,28 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, sca
     if input.dtype.name in ("int32", "int16", "int8", "uint8"):
         input = input.long()
     return _C.embedding_forward(None, input.contiguous(), weight.contiguous(), padding_idx)
+
+
+def one_hot(tensor, num_classes=-1):
+    """Class indices (int64, any shape) as int64 rows (*tensor.shape, num_classes) with a 1 at each index, as
+    torch.nn.functional.one_hot; num_classes=-1 counts up to the largest index. On the targets while tracing, the
+    rows are floats in the loss's dtype, as a loss goes on to use them, and num_classes must be given (the
+    program's shapes are fixed before it sees a label)."""
+    if isinstance(num_classes, bool) or not isinstance(num_classes, numbers.Integral) or num_classes < -1:
+        raise ValueError(f"one_hot: num_classes must be a number of classes or -1, got {num_classes!r}")
+    if isinstance(tensor, Symbolic):
+        if num_classes == -1:
+            fail("F.one_hot without num_classes", "give num_classes: F.one_hot(y, num_classes=10)")
+        return M.OneHot(int(num_classes))(tensor)
+    _check(tensor, "tensor", "one_hot")
+    if not tensor.dtype.name.startswith(("int", "uint")):
+        raise TypeError(f"one_hot: class indices must be integers, got {tensor.dtype.name}")
+    tensor = tensor.long().contiguous()
+    if num_classes == -1:
+        if tensor.numel() == 0:
+            raise ValueError("one_hot: cannot count the classes of an empty tensor: give num_classes")
+        num_classes = max(int(tensor.max()) + 1, 0)
+    return _C.one_hot_forward(None, tensor, int(num_classes)).long()
 
 
 # ---- activations ----
@@ -690,7 +713,6 @@ def kl_div(input, target, size_average=None, reduce=None, reduction="mean", log_
                               ("none", "mean", "sum", "batchmean"))
     if isinstance(input, Symbolic):
         if log_target:
-            from .graph import fail
             fail("kl_div with log_target=True", "give the targets as probabilities with log_target=False")
         cross = target * input
         return (M._Elementwise("xlogx")(target) - cross).reduce(reduction)

@@ -1480,6 +1480,28 @@ class Expand(Module):
         return f"{self.shape}"
 
 
+class OneHot(Module):
+    """Class indices as rows of an identity of num_classes columns (recorded by F.one_hot on the targets)."""
+
+    _leaf = True
+
+    def __init__(self, num_classes):
+        super().__init__()
+        self.num_classes = num_classes
+
+    def _symbolic(self, target):
+        from .graph import bind_target, fail
+        if not isinstance(target.node.module, Target):
+            fail("F.one_hot of a value other than the targets", "the model's own int64 ids become rows through an "
+                 "nn.Embedding")
+        # one label per sample unless a loss (or compile's target_shape) said otherwise
+        bind_target(target, () if target.node.shape is None else target.node.shape, "int64")
+        return Symbolic.record(self, [target], (*target.node.shape, self.num_classes))
+
+    def extra_repr(self):
+        return f"{self.num_classes}"
+
+
 class SumDims(Module):
     """scale * the sum over the per-sample dimensions `dims`, kept with size 1 (recorded by x.sum(dims) and
     x.mean(dims))."""
