@@ -139,6 +139,40 @@ def test_checkpoint_of_another_architecture_is_refused(tmp_path):
     assert state_bits(model) == before
 
 
+def test_strict_load_refuses_tensors_the_model_lacks_and_strict_false_loads_the_shared_ones(tmp_path):
+    """As load_state_dict(strict=): a backbone's checkpoint into a model with a new head, and back."""
+    ft.manual_seed(0)
+    backbone = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 5, 3))
+    path = str(tmp_path / "backbone.safetensors")
+    ft.save(path, backbone)
+    smaller = nn.Sequential(nn.Conv2d(3, 4, 3))
+    before = state_bits(smaller)
+    with pytest.raises(KeyError, match=r"2 tensor\(s\) the model does not, first '2.bias'; strict=False"):
+        ft.load(path, smaller)
+    assert state_bits(smaller) == before
+    ft.load(path, smaller, strict=False)
+    assert smaller[0].weight.numpy().tobytes() == backbone[0].weight.numpy().tobytes()
+    bigger = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 5, 3), nn.Flatten(), nn.Linear(5, 2))
+    head = bigger[4].weight.numpy().copy()
+    with pytest.raises(KeyError, match="no tensor '4.weight' that the model needs"):
+        ft.load(path, bigger)
+    ft.load(path, bigger, strict=False)
+    assert bigger[2].weight.numpy().tobytes() == backbone[2].weight.numpy().tobytes()
+    np.testing.assert_array_equal(bigger[4].weight.numpy(), head)
+    with pytest.raises(TypeError, match="strict must be a bool"):
+        ft.load(path, bigger, strict="no")
+
+
+def test_a_programs_checkpoint_loads_strictly_into_its_bare_model(tmp_path):
+    """The optimizer's state tensors in the file are not tensors the model lacks."""
+    model, program = trained(plain_net, 0)
+    path = str(tmp_path / "run.safetensors")
+    ft.save(path, program)
+    bare = plain_net(1)
+    ft.load(path, bare)
+    assert state_bits(bare) == state_bits(model)
+
+
 @pytest.mark.parametrize("mismatch", ["groups", "class"])
 def test_failed_optimizer_load_changes_nothing(mismatch, tmp_path):
     src = plain_net(0)

@@ -403,11 +403,13 @@ def _scheduler_state(path, meta, scheduler):
 
 
 def load(path: str | os.PathLike[str], into: Module | Program | None = None, *, optimizer: Optimizer | None = None,
-         scheduler: LRScheduler | None = None, loader: Loader | None = None, restore_rng: bool | None = None
-         ) -> dict[str, Any] | tuple[dict[str, np.ndarray], dict[str, Any]]:
+         scheduler: LRScheduler | None = None, loader: Loader | None = None, restore_rng: bool | None = None,
+         strict: bool = True) -> dict[str, Any] | tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Without `into`: ({name: ndarray}, metadata). With a model or program: loads into it (and into the given
     or the program's optimizer, the scheduler, the loader) and returns the metadata. Everything is checked before
     anything is written: a mismatch names the first tensor that differs, and a failed load changes nothing.
+    strict, as load_state_dict's: the model's tensors and the checkpoint's (but the optimizer's) must be the same
+    names; strict=False loads those both have and leaves the model's others as they are.
 
     The global random generator gets the checkpoint's state when the load resumes training (an optimizer's state
     or a loader's position is restored) or restore_rng=True; loading weights alone leaves it as it is."""
@@ -419,10 +421,20 @@ def load(path: str | os.PathLike[str], into: Module | Program | None = None, *, 
     model, program = _program_parts(into)
     if optimizer is None and program is not None:
         optimizer = program.optimizer
+    if not isinstance(strict, bool):
+        raise TypeError(f"load: strict must be a bool, got {strict!r}")
     own = dict(list(model.named_parameters()) + list(model.named_buffers()))
+    if strict:
+        unexpected = sorted(k for k in tensors if k not in own and not k.startswith("optimizer.state."))
+        if unexpected:
+            raise KeyError(f"{path}: the checkpoint has {len(unexpected)} tensor(s) the model does not, first "
+                           f"{unexpected[0]!r}; strict=False loads only those the model has")
+    else:
+        own = {k: t for k, t in own.items() if k in tensors}
     for name, t in own.items():
         if name not in tensors:
-            raise KeyError(f"{path}: the checkpoint has no tensor {name!r} that the model needs")
+            raise KeyError(f"{path}: the checkpoint has no tensor {name!r} that the model needs (strict=False "
+                           "leaves the model's own)")
         if tuple(tensors[name].shape) != t.shape:
             raise ValueError(f"{path}: tensor {name!r} has shape {tuple(tensors[name].shape)} in the checkpoint, "
                              f"{t.shape} in the model")
@@ -467,7 +479,7 @@ def load(path: str | os.PathLike[str], into: Module | Program | None = None, *, 
     previous_sched = scheduler.state_dict() if sched_state is not None else None
     done = []
     try:
-        model.load_state_dict({k: tensors[k] for k in own})
+        model.load_state_dict({k: tensors[k] for k in own}, strict=strict)
         done.append(lambda: model.load_state_dict(previous))
         if opt_state is not None:
             optimizer.load_state_dict(opt_state)
