@@ -47,6 +47,8 @@ def trained():
     ("label = classes", lambda x, y: (x, np.where(np.arange(8) == 5, CLASSES, y)), IndexError,
      r"label 5 at position 5 is outside \[0, 5\)"),
     ("negative label", lambda x, y: (x, np.where(np.arange(8) == 2, -1, y)), IndexError, r"label -1 at position 2"),
+    ("uint64 label past int64", lambda x, y: (x, np.where(np.arange(8) == 2, 2**63 + 1, y).astype(np.uint64)),
+     ValueError, r"labels are read as int64: 9223372036854775809 \(uint64\) does not fit"),
 ])
 def test_bad_batches_raise_and_change_nothing(trained, what, make, error, match):
     x, y = batch(8, seed=2)
@@ -75,6 +77,13 @@ def test_wrong_input_shape_in_predict():
         program.predict(np.zeros((8, 8), np.float32))
     with pytest.raises(ValueError, match=both + r"\(1, 2, 3, 8, 8\)$"):
         program.predict(np.zeros((1, 2, 3, 8, 8), np.float32))
+
+
+def test_labels_of_any_integer_dtype_train_as_int64(trained):
+    x, y = batch(8, seed=2)
+    assert trained.evaluate(x, y.astype(np.uint64)) == trained.evaluate(x, y.astype(np.int8))
+    with pytest.raises(ValueError, match=r"labels are read as int64: 18446744073709551615 \(uint64\)"):
+        ft.data.Loader((x, np.where(np.arange(8) == 3, 2**64 - 1, y).astype(np.uint64)), batch_size=4)
 
 
 def test_float_labels_are_refused(trained):

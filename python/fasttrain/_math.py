@@ -900,7 +900,10 @@ def in_place(fn: Callable) -> Callable:
                             f"{self.dtype.name}")
         if out.shape != self.shape:
             raise ValueError(f"{name}: output with shape {self.shape} doesn't match the broadcast shape {out.shape}")
-        return self.copy_(out)
+        try:
+            return self.copy_(out)
+        except ValueError as e:  # self refused as a destination: say so of the op the user called
+            raise ValueError(str(e).replace("copy_:", f"{name}:", 1)) from None
     method.__name__ = method.__qualname__ = name
     method.__doc__ = f"{fn.__name__}(self, ...) written into self's own memory; returns self."
     return method

@@ -112,6 +112,12 @@ def _as_array(data):
     return arr
 
 
+def _check_int64_range(t: Tensor, what: str) -> None:
+    """Refuses uint64 values beyond int64, which integer labels and ids are read as (a cast would wrap them)."""
+    if t.dtype is _BY_NAME["uint64"] and t.numel() and int(t.max()) >= 1 << 63:
+        raise ValueError(f"{what} are read as int64: {int(t.max())} (uint64) does not fit")
+
+
 def as_tensor(data: Any, dtype: DTypeLike | None = None, device: DeviceLike = None) -> Tensor:
     """A tensor for data, sharing memory whenever it can: the same tensor, a view of a NumPy array or DLPack
     producer; copied only when dtype or device differ, or when data is a list or scalar."""

@@ -24,7 +24,7 @@ import numpy as np
 
 from . import _C
 from ._types import _BY_NAME, as_device, as_dtype
-from .creation import from_numpy
+from .creation import _check_int64_range, from_numpy
 from .random import initial_seed
 
 __all__ = [
@@ -371,6 +371,8 @@ class ArraySource(Source):
         else:
             raise TypeError(f"arrays must be uint8 images or floating-point features, got {x.dtype.name} (convert "
                             f"integer features with .astype(np.float32))")
+        if not (y.dtype.is_floating_point or y.dtype.is_complex):
+            _check_int64_range(y, "labels")
         self = super().__new__(cls, kind, (x, y))
         self.images = images
         self.labels = labels

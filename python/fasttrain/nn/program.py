@@ -417,10 +417,12 @@ def summary(model, input_shape=None, batch_size=1):
 
 def _as(t, dtype, what):
     """t as a tensor of dtype: integers (token ids, labels) refused, not truncated, when given as floats."""
-    from ..creation import as_tensor
+    from ..creation import _check_int64_range, as_tensor
     t = as_tensor(t)
-    if dtype is _BY_NAME["int64"] and (t.dtype.is_floating_point or t.dtype.is_complex):
-        raise TypeError(f"{what} must be integers, got {t.dtype.name}")
+    if dtype is _BY_NAME["int64"]:
+        if t.dtype.is_floating_point or t.dtype.is_complex:
+            raise TypeError(f"{what} must be integers, got {t.dtype.name}")
+        _check_int64_range(t, what)
     return t.to(dtype)
 
 
