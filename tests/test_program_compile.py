@@ -87,7 +87,7 @@ def test_summary_reports_dropped_bias_fusions_shapes_and_counts():
     assert kinds == ["input", "Conv2d", "BatchNorm2d", "Conv2d", "Add", "MaxPool2d", "Conv2d",
                      "AdaptiveAvgPool2d", "Flatten", "Linear", "Target", "CrossEntropyLoss"]
     by = dict(zip(range(len(rows)), rows))
-    assert "bias dropped" in by[1] and "bias dropped" not in by[3] and "bias dropped" not in by[6]
+    assert "bias folded" in by[1] and "bias folded" not in by[3] and "bias folded" not in by[6]
     for i in (2, 4, 6):
         assert "relu fused" in by[i], by[i]
     assert "fused" not in by[1] and "fused" not in by[9]
@@ -107,8 +107,8 @@ def test_summary_of_the_demo_block_drops_the_bias_through_max_pool():
     text = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=4, input_shape=(1, 28, 28)).summary()
     rows = [line for line in text.splitlines() if line[:3].strip().isdigit()]
     convs = [r for r in rows if r.split()[1] == "Conv2d"]
-    assert "bias dropped" in convs[0]  # max pooling commutes with a per-channel constant
-    assert "bias dropped" not in convs[1] and "relu fused" in convs[1]  # a ReLU stands between it and the BN
+    assert "bias folded" in convs[0]  # max pooling commutes with a per-channel constant
+    assert "bias folded" not in convs[1] and "relu fused" in convs[1]  # a ReLU stands between it and the BN
     assert "relu fused" in [r for r in rows if r.split()[1] == "BatchNorm2d"][0]
 
 
@@ -118,7 +118,7 @@ def test_model_summary_before_compiling():
                           nn.Linear(4 * 8 * 8, CLASSES))
     bias = model[0].bias.numpy().copy()
     text = model.summary((1, 8, 8), batch_size=2)
-    assert "bias dropped" in text and "relu fused" in text
+    assert "bias folded" in text and "relu fused" in text
     assert f"parameters: {sum(p.numel() for p in model.parameters()):,}" in text
     assert "MFLOP" in text and "(4, 8, 8)" in text
     np.testing.assert_array_equal(model[0].bias.numpy(), bias)  # summary changes nothing

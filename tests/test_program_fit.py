@@ -41,19 +41,29 @@ def test_num_batches_tracked_counts_training_forwards():
 
 
 def test_running_statistics_and_predict_with_the_conv_bias():
-    """A conv bias that a batch norm cancels is dropped and zeroed at compile time, so the saved model, its
-    running statistics and the compiled program's eval-mode forward all describe the same function."""
+    """A conv bias that a batch norm cancels is dropped at compile time and moved into the running mean (bias 0,
+    running mean - bias): the saved model, its running statistics and the compiled program's eval-mode forward
+    describe the function PyTorch trains with the bias in place, before and after a step."""
     model = make_resnet(seed=4)
-    assert np.abs(params_of(model)["conv2d.bias"]).max() > 0.01  # PyTorch's default initialisation
+    sd = {k: v.copy() for k, v in model.state_dict().items()}
+    bias = sd["conv2d.bias"]
+    assert np.abs(bias).max() > 0.01  # PyTorch's default initialisation
+    sd["batch_norm2d.running_mean"] = np.linspace(-1, 1, len(bias)).astype(np.float32)  # a pretrained model's
+    model.load_state_dict(sd)
     program = compile_resnet(model)
-    x, y = batch(8, seed=5)
-    P = params_of(model)
-    assert np.abs(P["conv2d.bias"]).max() == 0
-    _, _, (mean, _), _ = ref_net(P, x, y)
-    program.backward(x, y)
-    sd = model.state_dict()
-    np.testing.assert_allclose(sd["batch_norm2d.running_mean"], 0.1 * mean, rtol=1e-4, atol=1e-6)
+    ours = model.state_dict()
+    assert np.abs(ours["conv2d.bias"]).max() == 0
+    np.testing.assert_allclose(ours["batch_norm2d.running_mean"], sd["batch_norm2d.running_mean"] - bias,
+                               rtol=1e-6, atol=1e-7)
     xt, _ = batch(6, seed=6)
+    np.testing.assert_allclose(program.predict(xt).numpy(), ref_predict(sd, xt), rtol=1e-4, atol=1e-5)
+    x, y = batch(8, seed=5)
+    _, _, stats, _ = ref_net({k: v.astype(np.float64) for k, v in sd.items()}, x, y)  # the batch mean holds the bias
+    program.backward(x, y)
+    for name, batch_value in zip(("running_mean", "running_var"), stats):
+        sd[f"batch_norm2d.{name}"] = 0.9 * sd[f"batch_norm2d.{name}"] + 0.1 * batch_value
+    np.testing.assert_allclose(model.state_dict()["batch_norm2d.running_mean"],
+                               sd["batch_norm2d.running_mean"] - bias, rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(program.predict(xt).numpy(), ref_predict(sd, xt), rtol=1e-4, atol=1e-5)
 
 
