@@ -423,3 +423,80 @@ def test_other_arithmetic_on_the_batch_size_names_the_way_that_compiles(loss, me
     model = nn.Linear(4, 3)
     with pytest.raises(ft.nn.TracingError, match=message):
         model.compile(ft.optim.SGD(model.parameters(), lr=0.1), loss, batch_size=2, input_shape=(4,))
+
+class LayerScaled(nn.Module):
+    """A per-channel scale used through a view of it, as ConvNeXt-style code writes it."""
+
+    def __init__(self, how):
+        super().__init__()
+        self.how = how
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.g = nn.Parameter(ft.tensor(np.linspace(0.5, 2.0, 4).astype(np.float32)))
+        self.fc = nn.Linear(4, CLASSES)
+
+    def forward(self, x):
+        g = {"view": lambda: self.g.view(1, -1, 1, 1), "index": lambda: self.g[:, None, None],
+             "unsqueeze": lambda: self.g.unsqueeze(-1).unsqueeze(-1), "reshape": lambda: self.g.reshape(-1, 1, 1)}
+        return self.fc((self.conv(x) * g[self.how]()).mean((2, 3)))
+
+
+@pytest.mark.parametrize("how", ["view", "index", "unsqueeze", "reshape"])
+def test_a_view_of_a_parameter_trains_the_parameter(how):
+    x = np.random.default_rng(7).standard_normal((4, 3, 6, 6)).astype(np.float32)
+    model = LayerScaled(how)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=4, input_shape=(3, 6, 6))
+    assert gradcheck(program, x, np.arange(4) % CLASSES, atol=1e-3)
+    program.backward(x, np.arange(4) % CLASSES)
+    assert np.abs(model.g.grad.numpy()).max() > 1e-3
+
+
+class Transformed(nn.Module):
+    def __init__(self, use):
+        super().__init__()
+        self.use = use
+        self.fc = nn.Linear(4, CLASSES)
+        self.scale = nn.Parameter(ft.zeros(1))
+        self.pos = nn.Embedding(3, 4)
+        self.teacher = nn.Linear(4, CLASSES)
+
+    def forward(self, x):
+        if self.use == "exp":
+            return self.fc(x) * self.scale.exp()
+        if self.use == "scaled":
+            return F.linear(x, self.fc.weight * 2.0)
+        if self.use == "part":
+            return self.fc(x) + self.fc.bias[:1]
+        if self.use == "positions":
+            return self.fc(x + self.pos(ft.arange(3)).sum(0))
+        with ft.no_grad():
+            t = self.teacher(x)
+        return self.fc(x) + t
+
+
+@pytest.mark.parametrize("use, message", [
+    ("exp", "exp of a trainable parameter outside the traced graph"),
+    ("scaled", "mul of a trainable parameter outside the traced graph"),
+    ("part", "a part of a trainable parameter used as a value"),
+    ("positions", "Embedding with trainable parameters called on tensors that are not traced"),
+    ("no_grad", r"ft.no_grad\(\) around traced ops that train"),
+])
+def test_a_parameter_computed_on_outside_the_graph_is_refused_not_frozen(use, message):
+    """Each would otherwise be a constant of the program, silently never trained (PyTorch trains through it)."""
+    model = Transformed(use)
+    with pytest.raises(ft.nn.TracingError, match=message):
+        model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=2, input_shape=(4,))
+
+
+def test_what_no_grad_holds_back_may_be_frozen_and_a_penalty_in_the_loss_trains():
+    model = Transformed("no_grad")
+    model.teacher.requires_grad_(False)
+    model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=2, input_shape=(4,))  # nothing to hold back
+    ft.manual_seed(0)
+    plain = nn.Linear(4, CLASSES)
+    x, y = np.ones((2, 4), np.float32), np.array([0, 1])
+    with pytest.raises(ft.nn.TracingError, match="pow of a trainable parameter outside the traced graph"):
+        plain.compile(ft.optim.SGD(plain.parameters(), lr=0.1),
+                      lambda out, y: F.cross_entropy(out, y) + 0.1 * (plain.weight ** 3).sum(), batch_size=2,
+                      input_shape=(4,))
+    assert not ft.nn.graph._trainable  # a failed trace leaves eager ops free again
+    assert (plain.weight ** 3).shape == (CLASSES, 4)

@@ -219,6 +219,8 @@ def _apply(name, fn, operands, compute, out, device=None, op=None):
     on a CUDA device the elementwise kernel op instead, where one is named."""
     if name != "cat":  # joining copies, which complex tensors allow
         _real(name, *operands)
+    from .nn.graph import refuse_eager_parameters
+    refuse_eager_parameters(name, operands)
     device = _device(name, operands) if device is None else device
     # (numbers alone, as alpha's scaling, have no device to run on)
     if op is not None and _kernels(device, compute) and \

@@ -72,7 +72,11 @@ class no_grad(contextlib.ContextDecorator):
         return func if func is not None else super().__new__(cls)  # used bare, as @ft.no_grad
 
     def __enter__(self):
+        from .nn.graph import held_back
+        self._traced = held_back()
+        self._traced.__enter__()
         return self
 
     def __exit__(self, *exc):
+        self._traced.__exit__(*exc)
         return False

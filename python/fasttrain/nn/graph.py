@@ -39,6 +39,63 @@ def fail(what, instead=""):
     raise TracingError(f"{what} cannot be compiled (at {_user_line()})" + (f"; {instead}" if instead else ""))
 
 
+# The trainable parameters (by id) of the model whose forward (and loss) is being traced: an eager op on one
+# gives a constant, through which the compiled program would never train it.
+_trainable = {}
+# The nodes recorded in each open ft.no_grad() block of a traced forward.
+_held_back = []
+
+
+class tracing:
+    """The block in which model's forward or loss is traced: eager ops refuse its trainable parameters."""
+
+    def __init__(self, model):
+        self.params = {id(p): p for p in model.parameters() if p.requires_grad}
+
+    def __enter__(self):
+        _trainable.update(self.params)
+
+    def __exit__(self, *exc):
+        _trainable.clear()
+        _held_back.clear()
+
+
+def uses_trainable(tensors):
+    """Whether a forward is being traced and one of tensors is a trainable parameter of its model."""
+    return bool(_trainable) and any(id(t) in _trainable for t in tensors)
+
+
+def refuse_eager_parameters(op, operands):
+    """Fails for an eager op on a trainable parameter while a forward is traced."""
+    if uses_trainable(operands):
+        fail(f"{op} of a trainable parameter outside the traced graph", "the result would be a constant through "
+             "which the parameter never trains: use the parameter itself with traced values (x * self.gamma, "
+             "F.linear(x, self.weight)), or freeze it with requires_grad_(False) before compile")
+
+
+class held_back:
+    """ft.no_grad() in a traced forward: PyTorch computes no gradient through its block, while a compiled step
+    differentiates every traced op; the block may hold only ops that train nothing (frozen modules)."""
+
+    def __enter__(self):
+        if _trainable:
+            _held_back.append([])
+
+    def __exit__(self, *exc):
+        if not _trainable or not _held_back:
+            return
+        nodes = _held_back.pop()
+        trains = {}
+        for n in topological(nodes):
+            m = n.module
+            own = [] if m is None else list(m.parameters()) + [getattr(m, k, None) for k in ("weight", "bias", "tensor")]
+            trains[id(n)] = any(id(p) in _trainable for p in own) or any(trains[id(i)] for i in n.inputs)
+        if exc[0] is None and any(trains[id(n)] for n in nodes):
+            fail("ft.no_grad() around traced ops that train (parameters, or values made from them)",
+                 "a compiled step differentiates every traced op: freeze what the block holds back with "
+                 "requires_grad_(False) before compile (a frozen teacher needs no ft.no_grad())")
+
+
 class BatchSize:
     """The batch size N while tracing: usable where a shape names the batch dimension, and nowhere else."""
 
@@ -89,6 +146,8 @@ class Node:
         self.shape = None if shape is None else tuple(shape)
         self.owner = callers[0] if callers else module  # the outermost module whose call recorded it
         self.scope = tuple(callers)  # every module whose call recorded it (compile's recompute= reads them)
+        for block in _held_back:
+            block.append(self)
 
 
 # The modules whose forward is being traced, outermost first (nn.Model names its layers after them).
@@ -579,6 +638,7 @@ def constant(t, like_shape):
     dimensions as NumPy does, with no expanded copy when it varies along the first only (a per-channel
     (C, 1, 1) scale) or, for samples that are not images, the last only (a per-feature bias)."""
     shape = tuple(t.shape)
+    t = _whole_parameter(t)
     while len(shape) > len(like_shape) and shape[0] == 1:
         shape = shape[1:]
     if len(shape) > len(like_shape):
@@ -592,6 +652,20 @@ def constant(t, like_shape):
     if into and (varies == [0] or (varies == [len(shape) - 1] and len(shape) != 3)):
         return Symbolic.record(_layers().Value(t, like_shape, varies[0]), [], like_shape)
     return Symbolic.record(_layers().Value(t, shape), [], shape)  # expanded where it meets the value
+
+
+def _whole_parameter(t):
+    """t, or the trainable parameter whose memory t views whole in another shape (self.gamma.view(1, -1, 1, 1)):
+    the value node reads the parameter, which trains through it."""
+    if id(t) in _trainable or not _trainable:
+        return t
+    for p in _trainable.values():
+        if p.data_ptr() == t.data_ptr() and p.numel() == t.numel() and t.is_contiguous() and p.device == t.device:
+            return p
+        if p.data_ptr() <= t.data_ptr() < p.data_ptr() + p.numel() * p.element_size():
+            fail("a part of a trainable parameter used as a value", "use the whole parameter, or a parameter "
+                 "of the part's size")
+    return t
 
 
 def _broadcast(a, b):
@@ -698,7 +772,8 @@ def _call(fn, what, *args):
 def trace(model, input_shape):
     """The outputs of model's forward on a symbolic input of per-sample `input_shape`: one Symbolic, or a tuple
     of them (the first is what predict returns)."""
-    out = _call(model, f"{type(model).__name__}.forward", Input(input_shape))
+    with tracing(model):
+        out = _call(model, f"{type(model).__name__}.forward", Input(input_shape))
     if not (isinstance(out, Symbolic) or isinstance(out, (tuple, list)) and out
             and all(isinstance(o, Symbolic) for o in out)):
         raise TracingError(f"{type(model).__name__}.forward returned {type(out).__name__}, not traced outputs of "

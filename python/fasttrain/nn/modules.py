@@ -237,6 +237,12 @@ class Module:
 
     def __call__(self, *inputs, **kwargs):
         if not any(isinstance(x, Symbolic) for x in inputs):
+            from .graph import fail, uses_trainable
+            if uses_trainable(self.parameters()):
+                fail(f"{type(self).__name__} with trainable parameters called on tensors that are not traced",
+                     "its output would be a constant through which they never train: call it on values of the "
+                     "model's input, use its weight as a value (positions 0..T-1 of a full-length sequence: "
+                     "x + self.pos.weight), or freeze it with requires_grad_(False) before compile")
             return self.forward(*inputs, **kwargs)
         if self._leaf:
             if kwargs:

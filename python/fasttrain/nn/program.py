@@ -14,7 +14,7 @@ from .. import _C, creation
 from .._display import Column, Table, summary as _summary
 from .._types import _BY_NAME
 from . import modules as M
-from .graph import TracingError, target, topological, trace, trace_loss
+from .graph import TracingError, target, topological, trace, trace_loss, tracing
 
 # Node kinds, activations and reductions as the extension numbers them.
 _K = _C.NODE_KINDS
@@ -145,7 +145,8 @@ def _graph(model, input_shape, loss=None, target_shape=None, target_dtype=None, 
     first = outputs if not isinstance(outputs, (tuple, list)) else outputs[0]
     roots = [first.node]
     if loss is not None:
-        value = trace_loss(loss, outputs, target(target_shape, target_dtype))
+        with tracing(model):  # a penalty on the weights written in the loss trains them
+            value = trace_loss(loss, outputs, target(target_shape, target_dtype))
         if value.node is first.node:
             raise TracingError("the loss is the model's output itself: compute it from the output and the targets")
         roots.append(value.node)
