@@ -2,6 +2,7 @@
 padded average pool), ReLUs are fused into the layer before them, summary() of a compiled program and of a
 model before compiling, and a model compiled again after zero_grad."""
 import numpy as np
+import pytest
 
 import fasttrain as ft
 from _programref import (CLASSES, assert_grad_close, batch, bn_f, ce_f, compile_resnet, conv_f, grads_of,
@@ -139,3 +140,14 @@ def test_a_model_compiled_again_after_zero_grad_fills_its_gradients():
     model.compile(opt, batch_size=4, input_shape=(4,)).backward(x, y)
     for p, w in zip(model.parameters(), want):
         np.testing.assert_array_equal(p.grad.numpy(), w)
+
+
+@pytest.mark.parametrize("frozen", [lambda m: m.eval(), lambda m: m[1].eval(), lambda m: m[3].eval()])
+def test_compile_refuses_layers_left_in_eval_mode(frozen):
+    """A training step would train them in training mode regardless (PyTorch would not): refused by name."""
+    m = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Dropout(0.5), nn.Linear(144, 5))
+    frozen(m)
+    with pytest.raises(ValueError, match=r"compile: (BatchNorm2d|Dropout) is in eval mode .*call \.train\(\)"):
+        m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=2, input_shape=(3, 8, 8))
+    m.train()
+    m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=2, input_shape=(3, 8, 8))

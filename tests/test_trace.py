@@ -500,3 +500,15 @@ def test_what_no_grad_holds_back_may_be_frozen_and_a_penalty_in_the_loss_trains(
                       input_shape=(4,))
     assert not ft.nn.graph._trainable  # a failed trace leaves eager ops free again
     assert (plain.weight ** 3).shape == (CLASSES, 4)
+
+
+@pytest.mark.parametrize("compare", [lambda a, b: a == b, lambda a, b: a != b, lambda a, b: a > b,
+                                     lambda a, b: a <= b])
+def test_comparisons_of_traced_values_are_refused_not_one_bool(compare):
+    """Python's default == of two objects is one bool: a padding mask (y != 0) would silently be 1."""
+    model = nn.Linear(4, 3)
+    with pytest.raises(ft.nn.TracingError, match="a comparison of a traced value"):
+        model.compile(ft.optim.SGD(model.parameters(), lr=0.1),
+                      lambda out, y: (F.cross_entropy(out, y, reduction="none") * compare(y, 0)).mean(),
+                      batch_size=2, input_shape=(4,))
+

@@ -585,6 +585,14 @@ class Symbolic:
     __bool__ = __int__ = __float__ = __index__ = __len__ = __iter__ = _value
     item = tolist = numpy = _value
 
+    def _compare(self, other):
+        """Fails: a compiled program has no comparison node (Python's default == would give one bool, silently)."""
+        fail("a comparison of a traced value (==, !=, <, <=, >, >=)", "a mask of padding labels is the loss's "
+             "ignore_index; a mask fixed per position is a tensor used as a value (x * self.mask)")
+
+    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = _compare
+    __hash__ = object.__hash__  # traced values are keys by identity
+
     def __getattr__(self, name):
         if name.startswith("__"):  # protocol probes (NumPy's, copy's) see a plain object
             raise AttributeError(name)

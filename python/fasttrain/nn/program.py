@@ -461,6 +461,12 @@ class Program:
         if self.input_dtype not in (_BY_NAME["float32"], _BY_NAME["int64"]):
             raise TypeError(f"compile: input_dtype must be float32 or int64 (token ids), got {self.input_dtype.name}")
         entries, output = _graph(model, input_shape, loss, target_shape, target_dtype, self.input_dtype)
+        frozen = [type(e.module).__name__ for e in entries
+                  if isinstance(e.module, (M._BatchNorm, M.Dropout)) and not e.module.training]
+        if frozen:
+            raise ValueError(f"compile: {frozen[0]} is in eval mode (.eval()), which a compiled training step would "
+                             "not honour: it trains with batch statistics and dropout, and predict/evaluate use the "
+                             "running statistics without dropout by themselves; call .train() before compile")
         self.entries = _fuse(entries)
         self.output = next(i for i, e in enumerate(self.entries) if e is entries[output])
         segments = _recompute(recompute, model, self.entries)
