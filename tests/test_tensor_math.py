@@ -898,3 +898,28 @@ def test_clear_errors_for_a_bad_dim():
                                          r"\[-3, 2\]\)"):
         ft.stack([ft.zeros(2, 2)] * 2, dim=3)
     assert ft.stack([ft.zeros(2, 3)] * 4, dim=-1).shape == (2, 3, 4)
+
+
+@pytest.mark.parametrize("diagonal", [0, 1, -1, 5])
+def test_tril_and_triu_match_numpy(diagonal):
+    a = np.random.default_rng(3).standard_normal((2, 3, 4)).astype(np.float32)
+    np.testing.assert_array_equal(ft.tril(ft.tensor(a), diagonal).numpy(), np.tril(a, diagonal))
+    np.testing.assert_array_equal(ft.tensor(a).triu(diagonal).numpy(), np.triu(a, diagonal))
+    assert ft.tril(ft.ones(3, 3, dtype=ft.int64)).dtype is ft.int64
+    with pytest.raises(ValueError, match="tril: input must have at least 2 dimensions"):
+        ft.tril(ft.ones(3))
+    with pytest.raises(TypeError, match="triu: diagonal must be an int"):
+        ft.triu(ft.ones(3, 3), 1.0)
+
+
+def test_masked_fill_matches_numpy_and_keeps_the_dtype():
+    a = np.arange(12, dtype=np.int64).reshape(3, 4)
+    mask = np.array([True, False, False, True])
+    np.testing.assert_array_equal(ft.tensor(a).masked_fill(ft.tensor(mask), -1).numpy(), np.where(mask, -1, a))
+    f = ft.zeros(2, 4)
+    assert f.masked_fill_(ft.tensor(mask), float("-inf")) is f
+    np.testing.assert_array_equal(f.numpy(), np.where(mask, -np.inf, 0)[None].repeat(2, 0))
+    with pytest.raises(TypeError, match="mask must be a bool tensor, got int64"):
+        ft.masked_fill(ft.ones(4), ft.ones(4, dtype=ft.int64), 0)
+    with pytest.raises(ValueError, match=r"masked_fill: a mask of shape \(2, 4\) does not broadcast"):
+        ft.masked_fill(ft.ones(4), ft.tensor(np.ones((2, 4), bool)), 0)

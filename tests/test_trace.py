@@ -1,5 +1,7 @@
 """model.compile() on a user's own nn.Module: forward traced once into the C program (torch.fx style), with
 PyTorch's parameter names, the operators and functional calls of everyday PyTorch code, and clear errors."""
+import math
+
 import numpy as np
 import pytest
 
@@ -476,7 +478,7 @@ class Transformed(nn.Module):
 @pytest.mark.parametrize("use, message", [
     ("exp", "exp of a trainable parameter outside the traced graph"),
     ("scaled", "mul of a trainable parameter outside the traced graph"),
-    ("part", "a part of a trainable parameter used as a value"),
+    ("part", "a part or a permutation of a trainable parameter used as a value"),
     ("positions", "Embedding with trainable parameters called on tensors that are not traced"),
     ("no_grad", r"ft.no_grad\(\) around traced ops that train"),
 ])
@@ -512,3 +514,104 @@ def test_comparisons_of_traced_values_are_refused_not_one_bool(compare):
                       lambda out, y: (F.cross_entropy(out, y, reduction="none") * compare(y, 0)).mean(),
                       batch_size=2, input_shape=(4,))
 
+
+
+def hand_attention(lib=ft, C=8, H=2, T=4):
+    """nanoGPT's causal self-attention, written by hand: heads as a leading dimension, a causal mask buffer."""
+    L = nn if lib is ft else lib.nn
+
+    class HandAttention(L.Module):
+        def __init__(self):
+            super().__init__()
+            self.c_attn, self.c_proj = L.Linear(C, 3 * C), L.Linear(C, C)
+            self.register_buffer("bias", lib.tril(lib.ones(T, T)).view(1, 1, T, T))
+            self.out = L.Parameter(lib.ones(C, CLASSES) * 0.1)
+
+        def forward(self, x):
+            B, T, C = x.size()
+            q, k, v = self.c_attn(x).split(C, dim=2)
+            q, k, v = (t.view(B, T, H, C // H).transpose(1, 2) for t in (q, k, v))
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+            att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf")).softmax(dim=-1)
+            y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+            return (self.c_proj(y) @ self.out).mean(1)  # a sequence times a 2-d parameter
+
+    return HandAttention()
+
+
+def test_hand_written_causal_attention_matches_finite_differences():
+    x = np.random.default_rng(8).standard_normal((3, 4, 8)).astype(np.float32)
+    ft.manual_seed(0)
+    model = hand_attention()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=3, input_shape=(4, 8),
+                            memory_format="contiguous")
+    assert gradcheck(program, x, np.arange(3) % CLASSES)
+
+
+@needs_torch
+def test_hand_written_causal_attention_matches_pytorch():
+    x = np.random.default_rng(9).standard_normal((3, 4, 8)).astype(np.float32)
+    y = np.arange(3) % CLASSES
+    tm = hand_attention(torch)
+    model = hand_attention()
+    model.load_state_dict({k: v.detach().numpy() for k, v in tm.state_dict().items()})
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=3, input_shape=(4, 8),
+                            memory_format="contiguous")
+    loss = program.backward(x, y)
+    want = torch.nn.functional.cross_entropy(tm(torch.from_numpy(x)), torch.from_numpy(y))
+    want.backward()
+    assert loss == pytest.approx(want.item(), rel=1e-5)
+    grads = dict(model.named_parameters())
+    for name, p in tm.named_parameters():
+        np.testing.assert_allclose(grads[name].grad.numpy(), p.grad.numpy(), rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+class HandLinear(nn.Module):
+    def __init__(self, how):
+        super().__init__()
+        self.how = how
+        self.W = nn.Parameter(ft.tensor(np.linspace(-1, 1, 4 * CLASSES).reshape(4, CLASSES).astype(np.float32)))
+        self.Wt = nn.Parameter(ft.tensor(np.linspace(1, -1, 4 * CLASSES).reshape(CLASSES, 4).astype(np.float32)))
+        self.b = nn.Parameter(ft.zeros(CLASSES))
+
+    def forward(self, x):
+        return (x @ self.W if self.how == "W" else x @ self.Wt.T if self.how == "T" else x @ self.Wt.t()) + self.b
+
+
+@pytest.mark.parametrize("how", ["W", "T", "t"])
+def test_a_linear_layer_written_with_at_trains_as_pytorch_computes_it(how):
+    """x @ W of (N, K) samples, and x @ W.T (a linear layer's product of the parameter itself)."""
+    x = np.random.default_rng(10).standard_normal((5, 4)).astype(np.float32)
+    y = np.arange(5) % CLASSES
+    model = HandLinear(how)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=5, input_shape=(4,))
+    W = model.W.numpy() if how == "W" else model.Wt.numpy().T
+    logits = x.astype(np.float64) @ W
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    assert program.evaluate(x, y)[0] == pytest.approx(-np.log(p[np.arange(5), y]).mean(), rel=1e-5)
+    assert gradcheck(program, x, y)
+
+
+def test_where_with_a_fixed_mask_takes_traced_values_and_constants():
+    mask = ft.tensor(np.array([True, False, True]))
+
+    class Chosen(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 3)
+
+        def forward(self, x):
+            h = self.fc(x)
+            return ft.where(mask, h, -2.0 * h) + ft.where(~mask, 1.5, h)
+
+    x = np.random.default_rng(11).standard_normal((4, 4)).astype(np.float32)
+    model = Chosen()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=4, input_shape=(4,))
+    h = x.astype(np.float64) @ model.fc.weight.numpy().T + model.fc.bias.numpy()
+    np.testing.assert_allclose(program.predict(x).numpy(), np.where(mask.numpy(), 2 * h, -2 * h + 1.5), rtol=1e-5,
+                               atol=1e-6)
+    assert gradcheck(program, x, np.arange(4) % 3)
+    with pytest.raises(ft.nn.TracingError, match="a condition computed from traced values"):
+        model.compile(ft.optim.SGD(model.parameters(), lr=0.1), lambda out, y: ft.where(out, out, 0.0).mean(),
+                      batch_size=4, input_shape=(4,))

@@ -481,40 +481,60 @@ static ft_status upsample_backward(const ft_node_run *r) {
 
 /* ---- matmul ---- */
 
+/* Per sample (L..., M, K) @ (L..., K, P) -> (L..., M, P): a matrix product
+ * for each index of the leading dimensions L (a head's). */
 static ft_status matmul_check(const ft_node *nd, const ft_node *const *in) {
-    bool ok = in[0]->ndim == 2 && in[1]->ndim == 2 && nd->ndim == 2 && in[0]->shape[1] == in[1]->shape[0] &&
-              nd->shape[0] == in[0]->shape[0] && nd->shape[1] == in[1]->shape[1];
-    return ok ? FT_OK : ft_fail(FT_ERR_SHAPE, "program: a matmul takes (M, K) and (K, P) samples to (M, P)");
+    int d = nd->ndim - 2;
+    bool ok = d >= 0 && in[0]->ndim == nd->ndim && in[1]->ndim == nd->ndim &&
+              !memcmp(in[0]->shape, nd->shape, (size_t)d * sizeof *nd->shape) &&
+              !memcmp(in[1]->shape, nd->shape, (size_t)d * sizeof *nd->shape) &&
+              in[0]->shape[d + 1] == in[1]->shape[d] && nd->shape[d] == in[0]->shape[d] &&
+              nd->shape[d + 1] == in[1]->shape[d + 1];
+    return ok ? FT_OK
+              : ft_fail(FT_ERR_SHAPE, "program: a matmul takes (..., M, K) and (..., K, P) samples to (..., M, P)");
 }
 
-/* Sample n of t (N, R, C), or its transpose (C, R): the matrices linear works on. */
-static ft_tensor sample(const ft_tensor *t, int64_t n, bool transposed) {
+/* The number of matrices of t (N, L..., R, C): N times the sizes of L. */
+static int64_t matrices(const ft_tensor *t) {
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim - 2; i++)
+        n *= t->shape[i];
+    return n;
+}
+
+/* Matrix k of t (N, L..., R, C), in row-major order of its leading
+ * indices, or its transpose (C, R): the matrices linear works on. */
+static ft_tensor matrix(const ft_tensor *t, int64_t k, bool transposed) {
     ft_tensor v = *t;
-    v.offset += n * t->strides[0] * (int64_t)ft_dtype_get(t->dtype)->itemsize;
+    int d = t->ndim - 2;
+    for (int i = d - 1; i >= 0; i--) {
+        v.offset += k % t->shape[i] * t->strides[i] * (int64_t)ft_dtype_get(t->dtype)->itemsize;
+        k /= t->shape[i];
+    }
     v.ndim = 2;
-    v.shape[0] = t->shape[transposed ? 2 : 1], v.shape[1] = t->shape[transposed ? 1 : 2];
-    v.strides[0] = t->strides[transposed ? 2 : 1], v.strides[1] = t->strides[transposed ? 1 : 2];
+    v.shape[0] = t->shape[transposed ? d + 1 : d], v.shape[1] = t->shape[transposed ? d : d + 1];
+    v.strides[0] = t->strides[transposed ? d + 1 : d], v.strides[1] = t->strides[transposed ? d : d + 1];
     return v;
 }
 
-/* out[n] = a[n] @ b[n], as linear's x @ w^T with w = b[n]^T: one matmul per sample. */
+/* out[k] = a[k] @ b[k], as linear's x @ w^T with w = b[k]^T: one matmul per matrix. */
 static ft_status matmul_forward(const ft_node_run *r) {
-    for (int64_t n = 0; n < r->out.shape[0]; n++) {
-        ft_tensor out = sample(&r->out, n, false), a = sample(&r->in[0], n, false), bt = sample(&r->in[1], n, true);
+    for (int64_t k = 0; k < matrices(&r->out); k++) {
+        ft_tensor out = matrix(&r->out, k, false), a = matrix(&r->in[0], k, false), bt = matrix(&r->in[1], k, true);
         FT_TRY(ft_linear_forward(&out, &a, &bt, NULL, no_act));
     }
     return FT_OK;
 }
 
-/* da[n] = dout[n] @ b[n]^T and db[n] = a[n]^T @ dout[n]: linear's dx and, transposed, its dw. */
+/* da[k] = dout[k] @ b[k]^T and db[k] = a[k]^T @ dout[k]: linear's dx and, transposed, its dw. */
 static ft_status matmul_backward(const ft_node_run *r) {
-    for (int64_t n = 0; n < r->dout.shape[0]; n++) {
-        ft_tensor g = sample(&r->dout, n, false), a = sample(&r->in[0], n, false), bt = sample(&r->in[1], n, true);
+    for (int64_t k = 0; k < matrices(&r->dout); k++) {
+        ft_tensor g = matrix(&r->dout, k, false), a = matrix(&r->in[0], k, false), bt = matrix(&r->in[1], k, true);
         ft_tensor da, dbt;
         if (r->din[0])
-            da = sample(r->din[0], n, false);
+            da = matrix(r->din[0], k, false);
         if (r->din[1])
-            dbt = sample(r->din[1], n, true);
+            dbt = matrix(r->din[1], k, true);
         FT_TRY(ft_linear_backward(r->din[0] ? &da : NULL, r->din[1] ? &dbt : NULL, NULL, &g, &a, &bt,
                                   (ft_grad_acc){.inp = r->din_acc[0], .weight = r->din_acc[1]}));
     }

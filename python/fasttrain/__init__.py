@@ -12,9 +12,9 @@ from . import optim
 from . import nn, ops
 from .nn.functional import flatten
 from ._math import (abs, add, all, any, argmax, argmin, argsort, cat, clamp, clip, div, eq, exp, floor_divide, ge, gt,
-                    le, log, log_softmax, lt, matmul, max, maximum, mean, min, minimum, mul, multiply, ne, neg, pow,
+                    le, log, log_softmax, lt, masked_fill, matmul, max, maximum, mean, min, minimum, mul, multiply, ne, neg, pow,
                     promote_types, relu, remainder, result_type, rsqrt, sigmoid, softmax, sort, sqrt, stack, std, sub,
-                    sum, tanh, topk, unique, var, where)
+                    sum, tanh, topk, tril, triu, unique, var, where)
 from .creation import (arange, as_tensor, empty, empty_like, from_dlpack, from_numpy, full, full_like, ones,
                        ones_like, tensor, zeros, zeros_like)
 from .random import (Generator, default_generator, get_rng_state, initial_seed, manual_seed, rand, randint,

@@ -547,6 +547,17 @@ def where(condition: Tensor, input: Operand | None = None, other: Operand | None
     return _apply("where", lambda x, y: np.where(c, x, y), [a, b], dt, dt, device)
 
 
+def masked_fill(input: Tensor, mask: Tensor, value: Operand) -> Tensor:
+    """input with value where mask (a bool tensor broadcast to input's shape) holds, in input's dtype."""
+    if not isinstance(mask, _Tensor) or mask.dtype is not _BOOL:
+        raise TypeError(f"masked_fill: mask must be a bool tensor, got "
+                        f"{mask.dtype.name if isinstance(mask, _Tensor) else type(mask).__name__}")
+    if _broadcast("masked_fill", input.shape, mask.shape) != tuple(input.shape):
+        raise ValueError(f"masked_fill: a mask of shape {tuple(mask.shape)} does not broadcast to the input's "
+                         f"{tuple(input.shape)}")
+    return where(mask, value, input).to(input.dtype)
+
+
 # ---- reductions ----
 
 def _axes(name, input, dim):
@@ -802,6 +813,23 @@ def topk(input: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: boo
     return _sorted_along("topk", input, dim, largest, operator.index(k))
 
 
+def _triangle(name, keep):
+    def triangle(input: Tensor, diagonal: int = 0) -> Tensor:
+        if input.ndim < 2:
+            raise ValueError(f"{name}: input must have at least 2 dimensions, got {input.ndim}")
+        if isinstance(diagonal, bool) or not isinstance(diagonal, int):
+            raise TypeError(f"{name}: diagonal must be an int, got {diagonal!r}")
+        return _apply(name, lambda a: keep(a, diagonal), [input], input.dtype, input.dtype)
+    triangle.__name__ = triangle.__qualname__ = name
+    return triangle
+
+
+tril = _triangle("tril", lambda a, k: np.tril(a, k))
+tril.__doc__ = """The elements on and below the diagonal-th diagonal of the last two dimensions; the others 0."""
+triu = _triangle("triu", lambda a, k: np.triu(a, k))
+triu.__doc__ = """The elements on and above the diagonal-th diagonal of the last two dimensions; the others 0."""
+
+
 def unique(input: Tensor, sorted: bool = True, return_inverse: bool = False, return_counts: bool = False,
            dim: int | None = None) -> Tensor | tuple[Tensor, ...]:
     """The distinct values (or, with dim, distinct slices along dim), always sorted; with return_inverse the index
@@ -970,7 +998,7 @@ def setitem(input: Tensor, index: tuple, value: Any) -> None:
 def _on_traced(fn: Callable, traced: Callable) -> Callable:
     def call(*args, **kwargs):
         from .nn.graph import Symbolic
-        if builtins.any(isinstance(a, Symbolic) for a in args[:2]):
+        if builtins.any(isinstance(a, Symbolic) for a in args):
             return traced(*args, **kwargs)
         return fn(*args, **kwargs)
     call.__name__ = call.__qualname__ = fn.__name__
@@ -1000,7 +1028,14 @@ _TRACED = {
         dim, True if unbiased is None else unbiased, keepdim, correction=correction),
     "softmax": lambda x, dim, dtype=None: x.softmax(dim),
     "log_softmax": lambda x, dim, dtype=None: x.log_softmax(dim),
+    "where": lambda condition, input, other: _traced_where(condition, input, other),
+    "masked_fill": lambda input, mask, value: input.masked_fill(mask, value),
 }
+
+
+def _traced_where(condition, input, other):
+    from .nn.graph import where
+    return where(condition, input, other)
 for _name, _traced in _TRACED.items():
     globals()[_name] = _on_traced(globals()[_name], _traced)
 del _name, _traced

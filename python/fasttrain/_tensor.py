@@ -485,9 +485,11 @@ class Tensor(_C.TensorBase):
     max, min, argmax, argmin = _math.max, _math.min, _math.argmax, _math.argmin
     matmul, softmax, log_softmax = _math.matmul, _math.softmax, _math.log_softmax
     sort, argsort, topk, unique = _math.sort, _math.argsort, _math.topk, _math.unique
+    tril, triu, masked_fill = _math.tril, _math.triu, _math.masked_fill
 
     add_, sub_, mul_, div_ = (_math.in_place(f) for f in (_math.add, _math.sub, _math.mul, _math.div))
     pow_, clamp_, clip_ = _math.in_place(_math.pow), _math.in_place(_math.clamp), _math.in_place(_math.clamp)
+    masked_fill_ = _math.in_place(_math.masked_fill)
     neg_, abs_, exp_, log_, sqrt_ = (_math.in_place(f) for f in (_math.neg, _math.abs, _math.exp, _math.log,
                                                                 _math.sqrt))
     __iadd__, __isub__ = _math.operator_method(add_), _math.operator_method(sub_)

@@ -317,11 +317,17 @@ class Symbolic:
         return NotImplemented if o is None else o * self.reciprocal()
 
     def __matmul__(self, other):
+        weight = _transposed_parameter(other)
+        if weight is not None:  # x @ self.weight.T: a linear layer's product
+            from .functional import linear
+            return linear(self, weight)
         o = other if isinstance(other, Symbolic) else _matrix(other)
         if o is None:
             return NotImplemented
         if o.node is self.node:
             fail("x @ x of one traced value", "multiply by a copy's transpose, x @ x.transpose(1, 2)")
+        if len(self.node.shape) == 1:  # a vector per sample: (K,) @ (K, P) is the row (1, K) times it
+            return _layers().Matmul()(self.unsqueeze(1), o).squeeze(1)
         return _layers().Matmul()(self, o)
 
     def __rmatmul__(self, other):
@@ -585,6 +591,11 @@ class Symbolic:
     __bool__ = __int__ = __float__ = __index__ = __len__ = __iter__ = _value
     item = tolist = numpy = _value
 
+    def masked_fill(self, mask, value):
+        """Records value where mask (a bool tensor, fixed for every sample: a causal mask) holds: the value times
+        the mask's complement, plus value where it holds (so -inf fills exactly)."""
+        return where(mask, value, self)
+
     def _compare(self, other):
         """Fails: a compiled program has no comparison node (Python's default == would give one bool, silently)."""
         fail("a comparison of a traced value (==, !=, <, <=, >, >=)", "a mask of padding labels is the loss's "
@@ -662,6 +673,37 @@ def constant(t, like_shape):
     return Symbolic.record(_layers().Value(t, shape), [], shape)  # expanded where it meets the value
 
 
+def where(condition, input, other):
+    """input where condition (a bool tensor, the same for every sample) holds, else other: each traced operand
+    times its positions' 0/1 mask, each constant operand written where it is chosen and 0 elsewhere (no product
+    with an infinite constant)."""
+    from .._tensor import Tensor
+    from .. import _math
+    if isinstance(condition, Symbolic):
+        fail("a condition computed from traced values", "a mask of padding labels is the loss's ignore_index; a "
+             "mask fixed per position (a causal one) is a bool tensor")
+    if not isinstance(condition, Tensor) or condition.dtype.name != "bool":
+        raise TypeError(f"where: expected condition to be a bool tensor, got {type(condition).__name__}")
+    parts = []
+    for value, chosen in ((input, condition), (other, ~condition)):
+        if isinstance(value, Symbolic):
+            parts.append(value * _math.where(chosen, 1.0, 0.0))
+        else:
+            parts.append(_math.where(chosen, value, 0.0))
+    if not any(isinstance(p, Symbolic) for p in parts):
+        return _math.where(condition, input, other)
+    return parts[1] + parts[0] if isinstance(parts[1], Symbolic) else parts[0] + parts[1]
+
+
+def _transposed_parameter(t):
+    """The 2-d trainable parameter whose transpose t is (self.weight.T, self.weight.t()), else None."""
+    for p in _trainable.values():
+        if getattr(t, "ndim", 0) == 2 and p.ndim == 2 and p.data_ptr() == t.data_ptr() and \
+                tuple(t.shape) == tuple(p.shape)[::-1] and tuple(t.stride()) == tuple(p.stride())[::-1]:
+            return p
+    return None
+
+
 def _whole_parameter(t):
     """t, or the trainable parameter whose memory t views whole in another shape (self.gamma.view(1, -1, 1, 1)):
     the value node reads the parameter, which trains through it."""
@@ -671,8 +713,8 @@ def _whole_parameter(t):
         if p.data_ptr() == t.data_ptr() and p.numel() == t.numel() and t.is_contiguous() and p.device == t.device:
             return p
         if p.data_ptr() <= t.data_ptr() < p.data_ptr() + p.numel() * p.element_size():
-            fail("a part of a trainable parameter used as a value", "use the whole parameter, or a parameter "
-                 "of the part's size")
+            fail("a part or a permutation of a trainable parameter used as a value", "use the whole parameter in "
+                 "its own order (x @ self.weight.T is F.linear(x, self.weight)), or a parameter of the part's size")
     return t
 
 

@@ -1526,15 +1526,16 @@ class SumDims(Module):
 
 
 class Matmul(Module):
-    """a @ b of each sample's matrices (recorded by the @ of traced values)."""
+    """a @ b of each sample's matrices, or of each of its heads' (recorded by the @ of traced values)."""
 
     _leaf = True
 
     def output_shape(self, a, b):
-        if len(a) != 2 or len(b) != 2 or a[1] != b[0]:
-            raise ValueError(f"@: samples of shapes {a} and {b} are not (M, K) and (K, P)")
-        self.inner = a[1]  # for the FLOP count
-        return (a[0], b[1])
+        if len(a) < 2 or len(b) != len(a) or a[:-2] != b[:-2] or a[-1] != b[-2]:
+            raise ValueError(f"@: samples of shapes {a} and {b} are not (..., M, K) and (..., K, P) with the same "
+                             f"leading sizes (a head's, as x @ k.transpose(-2, -1) of (N, H, T, D) values)")
+        self.inner = a[-1]  # for the FLOP count
+        return (*a[:-1], b[-1])
 
 
 class Scale(Module):
