@@ -615,3 +615,32 @@ def test_where_with_a_fixed_mask_takes_traced_values_and_constants():
     with pytest.raises(ft.nn.TracingError, match="a condition computed from traced values"):
         model.compile(ft.optim.SGD(model.parameters(), lr=0.1), lambda out, y: ft.where(out, out, 0.0).mean(),
                       batch_size=4, input_shape=(4,))
+
+
+def test_detach_passes_no_gradient_back():
+    """mean(out * out.detach()) has the gradient of mean(out^2) / 2 (each factor's share, one of them held);
+    a branch reached only through .detach() gets no gradient, as in PyTorch."""
+    x = np.random.default_rng(12).standard_normal((4, 4)).astype(np.float32)
+    grads = []
+    for loss in (lambda out, y: (out * out.detach()).mean(), lambda out, y: 0.5 * out.square().mean()):
+        ft.manual_seed(0)
+        model = nn.Linear(4, 3)
+        program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), loss, batch_size=4, input_shape=(4,))
+        program.backward(x, None)
+        grads.append(model.weight.grad.numpy())
+    np.testing.assert_allclose(grads[0], grads[1], rtol=1e-6, atol=1e-7)
+
+    class Branch(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem, self.head = nn.Linear(4, 4), nn.Linear(4, 3)
+
+        def forward(self, x):
+            return self.head(self.stem(x).data)
+
+    model = Branch()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=4, input_shape=(4,))
+    before = model.stem.weight.numpy().copy()
+    program.train_step(x, np.arange(4) % 3)
+    np.testing.assert_array_equal(model.stem.weight.numpy(), before)
+    assert np.abs(model.head.weight.grad.numpy()).max() > 0

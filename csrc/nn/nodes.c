@@ -985,6 +985,8 @@ static ft_status one_hot_prepare(const ft_node *nd, const ft_node *const *in, co
 
 static ft_status one_hot_forward(const ft_node_run *r) { return ft_one_hot_forward(&r->out, &r->in[0]); }
 
+static ft_status detach_forward(const ft_node_run *r) { return ft_tensor_copy(&r->out, &r->in[0], false); }
+
 static ft_status sum_check(const ft_node *nd, const ft_node *const *in) {
     return nd->ndim == 0 ? FT_OK : ft_fail(FT_ERR_SHAPE, "program: a sum gives one value per sample");
 }
@@ -1071,4 +1073,5 @@ const ft_node_kind_info ft_node_kinds[FT_NODE_NKINDS] = {
                           .precision = FT_NODE_ANY, .reads_inputs = never, .reads_output = never},
     [FT_NODE_ONE_HOT] = {"one_hot", 1, 1, 0, one_hot_check, NULL, NULL, one_hot_forward, NULL, one_hot_prepare,
                          .precision = FT_NODE_ANY},
+    [FT_NODE_DETACH] = {"detach", 1, 1, 0, same_shape, NULL, NULL, detach_forward, NULL, .precision = FT_NODE_ANY},
 };

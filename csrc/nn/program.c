@@ -661,8 +661,10 @@ static void number_slots(ft_program *p) {
             if (s >= 0)
                 p->slot_writers[s]++;
         }
+    /* a kind with neither a backward nor a view's shared gradient (detach,
+     * one-hot) passes none to its inputs */
     for (int i = 0; i < p->n; i++)
-        for (int k = 0; k < p->nodes[i].ninputs; k++)
+        for (int k = 0; k < p->nodes[i].ninputs && (row(p, i)->backward || row(p, i)->is_view); k++)
             p->trains[i] |= p->trains[p->nodes[i].inputs[k]];
 }
 

@@ -61,6 +61,7 @@ typedef enum {
     FT_NODE_EXPAND,      /* the input repeated along the dimensions where it has size 1 and the node not */
     FT_NODE_SUM_DIMS,    /* scale * the sum over the dimensions where the node has size 1 and its input not */
     FT_NODE_ONE_HOT,     /* int64 class targets as rows of an identity: (d...) -> (d..., C) */
+    FT_NODE_DETACH,      /* its input's values, through which no gradient passes (PyTorch's detach) */
     FT_NODE_NKINDS
 } ft_node_kind;
 

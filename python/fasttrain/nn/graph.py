@@ -591,6 +591,12 @@ class Symbolic:
     __bool__ = __int__ = __float__ = __index__ = __len__ = __iter__ = _value
     item = tolist = numpy = _value
 
+    def detach(self):
+        """Records the value as a constant of the step: no gradient passes back through it (x.data likewise)."""
+        return _layers().Detach()(self)
+
+    data = property(detach)
+
     def masked_fill(self, mask, value):
         """Records value where mask (a bool tensor, fixed for every sample: a causal mask) holds: the value times
         the mask's complement, plus value where it holds (so -inf fills exactly)."""

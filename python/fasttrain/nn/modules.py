@@ -1486,6 +1486,12 @@ class Expand(Module):
         return f"{self.shape}"
 
 
+class Detach(Module):
+    """Its input's values, through which no gradient passes (recorded by x.detach())."""
+
+    _leaf = True
+
+
 class OneHot(Module):
     """Class indices as rows of an identity of num_classes columns (recorded by F.one_hot on the targets)."""
 
