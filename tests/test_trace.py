@@ -644,3 +644,76 @@ def test_detach_passes_no_gradient_back():
     program.train_step(x, np.arange(4) % 3)
     np.testing.assert_array_equal(model.stem.weight.numpy(), before)
     assert np.abs(model.head.weight.grad.numpy()).max() > 0
+
+
+def lm(lib=ft, V=11, D=8):
+    L = nn if lib is ft else lib.nn
+
+    class LM(L.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.head = L.Embedding(V, D), L.Linear(D, V)
+
+        def forward(self, idx):
+            return self.head(self.emb(idx))
+
+    return LM()
+
+
+def gpt_loss(logits, targets, F=F):
+    """nanoGPT's loss: the batch and the positions merged into rows."""
+    return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+
+
+def test_a_loss_over_rows_merged_from_the_batch_is_the_sequence_loss():
+    rng = np.random.default_rng(13)
+    x, y = rng.integers(0, 11, (3, 5)), rng.integers(0, 11, (3, 5))
+    y[0, 2] = -1
+    losses, grads = [], []
+    for loss in (gpt_loss, lambda out, y: F.cross_entropy(out.transpose(1, 2), y, ignore_index=-1),
+                 lambda out, y: nn.CrossEntropyLoss(ignore_index=-1)(out.reshape(-1, 11), y.view(-1))):
+        ft.manual_seed(0)
+        model = lm()
+        program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), loss, batch_size=3, input_shape=(5,),
+                                input_dtype=ft.int64)
+        losses.append(program.backward(x, y))
+        grads.append(model.head.weight.grad.numpy())
+    assert losses[0] == losses[1] == losses[2]
+    np.testing.assert_array_equal(grads[0], grads[1])
+    np.testing.assert_array_equal(grads[0], grads[2])
+
+
+@needs_torch
+def test_the_gpt_loss_matches_pytorch():
+    rng = np.random.default_rng(14)
+    x, y = rng.integers(0, 11, (3, 5)), rng.integers(0, 11, (3, 5))
+    y[1, 4] = -1
+    tm, model = lm(torch), lm()
+    model.load_state_dict({k: v.detach().numpy() for k, v in tm.state_dict().items()})
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), gpt_loss, batch_size=3, input_shape=(5,),
+                            input_dtype=ft.int64)
+    loss = program.backward(x, y)
+    want = gpt_loss(tm(torch.from_numpy(x)), torch.from_numpy(y), torch.nn.functional)
+    want.backward()
+    assert loss == pytest.approx(want.item(), rel=1e-6)
+    np.testing.assert_allclose(model.emb.weight.grad.numpy(), tm.emb.weight.grad.numpy(), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("loss, message", [
+    (lambda o, y: F.cross_entropy(o.view(-1, 11), y), "view both: logits.view"),
+    (lambda o, y: F.cross_entropy(o.view(-1, 11), y.view(-1), reduction="none").mean(), "reduction='none'"),
+    (lambda o, y: o.view(-1, 11).sum(), "only a class loss takes it"),
+])
+def test_other_uses_of_rows_merged_from_the_batch_are_refused(loss, message):
+    model = lm()
+    with pytest.raises(ft.nn.TracingError, match=message):
+        model.compile(ft.optim.SGD(model.parameters(), lr=0.1), loss, batch_size=3, input_shape=(5,),
+                      input_dtype=ft.int64)
+
+
+def test_labels_viewed_as_a_column_of_one_per_sample_are_the_labels():
+    model = nn.Linear(4, 3)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1),
+                            lambda out, y: F.cross_entropy(out, y.view(-1)), batch_size=2, input_shape=(4,))
+    x, y = np.ones((2, 4), np.float32), np.array([0, 2])
+    assert program.evaluate(x, y)[0] == pytest.approx(F.cross_entropy(model(ft.tensor(x)), ft.tensor(y)).item())

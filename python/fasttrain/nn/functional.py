@@ -16,7 +16,7 @@ from ..amp import cast
 from .._tensor import Tensor
 from ..random import default_generator
 from . import modules as M
-from .graph import Symbolic, fail
+from .graph import MergedRows, Symbolic, fail
 
 
 def _traced(layer):
@@ -554,10 +554,25 @@ def _legacy_reduction(size_average, reduce, reduction):
     return "none" if not reduce else "mean" if size_average else "sum"
 
 
+def _classes_first(fn, input, target, reduction):
+    """Traced rows merged from a sequence's scores and labels (logits.view(-1, V), y.view(-1)) as the loss's
+    (N, C, d...) and (N, d...) form, labels y.view(-1) with (N, C) scores as y; anything else as it is."""
+    if not isinstance(input, MergedRows):  # y.view(-1) of one label per sample is y
+        return input, target.source if isinstance(target, MergedRows) else target
+    if not isinstance(target, MergedRows):
+        fail(f"{fn} of rows merged from the batch and values that are not",
+             "view both: logits.view(-1, V) and y.view(-1)")
+    if reduction == "none":
+        fail(f"{fn}(..., reduction='none') of merged rows", "use the (N, V, T) form, whose per-position losses "
+             "are (N, T): F.cross_entropy(logits.transpose(1, 2), y, reduction='none')")
+    return input.classes_first(), target.classes_first()
+
+
 def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean",
                   label_smoothing=0.0):
     """Class-index targets (int64 or int32) of shape (N) or (N, d...) for input (N, C) or (N, C, d...)."""
     reduction = _legacy_reduction(size_average, reduce, reduction)
+    input, target = _classes_first("cross_entropy", input, target, reduction)
     if isinstance(input, Symbolic):
         return M.CrossEntropyLoss(weight, ignore_index=ignore_index, reduction=reduction,
                                   label_smoothing=label_smoothing)(input, target)

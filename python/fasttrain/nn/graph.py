@@ -183,6 +183,39 @@ def _dim(d, ndim):
     return d - 1
 
 
+class MergedRows:
+    """Scores (N, d..., C) viewed as (N * prod(d), C) rows, or labels (N, d...) as (N * prod(d),): what PyTorch's
+    sequence losses are written with (F.cross_entropy(logits.view(-1, V), y.view(-1))). A class loss takes them
+    as its (N, C, d...) form, the same loss; any other use fails."""
+
+    def __init__(self, source):
+        self.source = source
+
+    @staticmethod
+    def of(x, shape):
+        """Whether x.view(*shape) merges the batch into rows: scores of more than one dimension per sample viewed
+        as (-1, C), or labels (the targets) viewed as (-1,)."""
+        if not shape or isinstance(shape[0], BatchSize) or shape[0] != -1:
+            return False
+        if isinstance(x.node.module, _layers().Target):
+            return shape == (-1,)
+        return len(x.node.shape) >= 2 and shape == (-1, x.node.shape[-1])
+
+    def classes_first(self):
+        """The (N, C, d...) scores, or the (N, d...) labels, of a class loss's own form."""
+        x = self.source
+        if isinstance(x.node.module, _layers().Target):
+            return x
+        nd = len(x.node.shape)
+        return x.permute(0, nd, *range(1, nd))
+
+    def __getattr__(self, name):
+        if name.startswith("__"):  # protocol probes see a plain object
+            raise AttributeError(name)
+        fail("a view merging the batch with other dimensions (x.view(-1, C))", "only a class loss takes it "
+             "(F.cross_entropy(logits.view(-1, V), y.view(-1))); keep the batch first elsewhere: x.view(x.size(0), ...)")
+
+
 def _per_sample(shape, numel):
     """The per-sample shape of a batch-first view/reshape target (N or -1 first; one -1 inferred)."""
     shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
@@ -380,7 +413,11 @@ class Symbolic:
 
     def reshape(self, *shape):
         """Records the values in a new shape, the batch first (``x.reshape(N, -1)``, ``x.view(x.size(0), ...)``); one
-        other size may be -1. A reshape of a reshape is recorded as one."""
+        other size may be -1. A reshape of a reshape is recorded as one. Merging the batch with the positions of
+        a sequence's scores (``logits.view(-1, V)``) or labels (``y.view(-1)``) gives rows only a class loss takes."""
+        shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
+        if MergedRows.of(self, shape):
+            return MergedRows(self)
         target = _per_sample(shape, math.prod(self.node.shape))
         if isinstance(self.node.module, _layers().Reshape):  # a reshape of a reshape is one reshape
             return Symbolic(self.node.inputs[0]).reshape(N, *target)
