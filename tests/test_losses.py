@@ -421,3 +421,55 @@ def test_a_focal_loss_matches_pytorch():
     want.backward()
     assert loss == pytest.approx(want.item(), rel=1e-5)
     np.testing.assert_allclose(model.weight.grad.numpy(), tm.weight.grad.numpy(), rtol=1e-4, atol=1e-6)
+
+
+SOFT_CASES = [{}, {"label_smoothing": 0.1}, {"weight": [0.5, 1.0, 2.0]}, {"reduction": "sum"}]
+
+
+def soft_targets():
+    return np.random.default_rng(4).dirichlet(np.ones(OUT), N).astype(np.float32)
+
+
+@pytest.mark.parametrize("case", SOFT_CASES, ids=str)
+def test_cross_entropy_of_class_probabilities_matches_numpy(case):
+    """Mixup's or a teacher's probabilities as targets (compile(target_shape=(C,), target_dtype=ft.float32)), as
+    PyTorch's CrossEntropyLoss takes them."""
+    kw = dict(case, weight=ft.tensor(np.array(case["weight"], np.float32))) if "weight" in case else case
+    model, x = make_model()
+    t = soft_targets()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(**kw), batch_size=N,
+                            input_shape=(IN,), target_shape=(OUT,), target_dtype=ft.float32)
+    W, b = model.weight.numpy().astype(np.float64), model.bias.numpy().astype(np.float64)
+    s = case.get("label_smoothing", 0.0)
+    w = np.array(case.get("weight", np.ones(OUT)))
+
+    def ref(z, t):
+        per = -((t * (1 - s) + s / OUT) * w * log_softmax(z)).sum(1)
+        return per.sum() if case.get("reduction") == "sum" else per.mean()
+
+    loss = program.backward(x, t)
+    want, gW, _ = reference_grads(ref, W, b, x, t)
+    assert loss == pytest.approx(want, rel=1e-5)
+    np.testing.assert_allclose(model.weight.grad.numpy(), gW, rtol=1e-3, atol=1e-5)
+
+
+def test_cross_entropy_of_a_teachers_probabilities_trains_the_student_only():
+    class Distilled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.student, self.teacher = nn.Linear(IN, OUT), nn.Linear(IN, OUT)
+            self.teacher.requires_grad_(False)
+
+        def forward(self, x):
+            return self.student(x), self.teacher(x)
+
+    model = Distilled()
+    _, x = make_model()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1),
+                            lambda out, y: F.cross_entropy(out[0], F.softmax(out[1] / 2.0, 1)), batch_size=N,
+                            input_shape=(IN,))
+    teacher = model.teacher.weight.numpy().copy()
+    t = np.exp(log_softmax((x @ teacher.T + model.teacher.bias.numpy()) / 2.0))
+    want = -(t * log_softmax(x @ model.student.weight.numpy().T + model.student.bias.numpy())).sum(1).mean()
+    assert program.train_step(x, None) == pytest.approx(want, rel=1e-5)
+    np.testing.assert_array_equal(model.teacher.weight.numpy(), teacher)

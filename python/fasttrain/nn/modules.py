@@ -1187,6 +1187,24 @@ class CrossEntropyLoss(_ClassLoss):
         return F.cross_entropy(input, target, self.weight, ignore_index=self.ignore_index, reduction=self.reduction,
                                label_smoothing=self.label_smoothing)
 
+    def _symbolic(self, scores, target):
+        t = target.node
+        if isinstance(t.module, Target) and (t.shape is None or not t.module.dtype.is_floating_point):
+            return super()._symbolic(scores, target)
+        # class probabilities (mixup's targets given with target_dtype=ft.float32, a teacher's softmax), as
+        # PyTorch: -sum_c w_c t_c log_softmax(x)_c per position, smoothed first; the mean is over positions
+        shape = scores.node.shape
+        if t.shape != shape:
+            raise ValueError(f"CrossEntropyLoss: class probabilities must have the scores' shape {scores.shape}, got "
+                             f"{target.shape}")
+        C = shape[0]
+        if self.label_smoothing:
+            target = target * (1.0 - self.label_smoothing) + self.label_smoothing / C
+        products = target * scores.log_softmax(1)
+        if self.weight is not None:
+            products = products * self.weight.reshape(C, *(1,) * (len(shape) - 1))
+        return (-products.sum(1)).reduce(self.reduction)
+
 
 class NLLLoss(_ClassLoss):
     """The negative log-likelihood of log-probabilities (log_softmax outputs) and class targets."""
