@@ -473,3 +473,26 @@ def test_cross_entropy_of_a_teachers_probabilities_trains_the_student_only():
     want = -(t * log_softmax(x @ model.student.weight.numpy().T + model.student.bias.numpy())).sum(1).mean()
     assert program.train_step(x, None) == pytest.approx(want, rel=1e-5)
     np.testing.assert_array_equal(model.teacher.weight.numpy(), teacher)
+
+
+def test_binary_cross_entropy_of_probabilities_matches_numpy_eagerly_and_compiled():
+    p = np.array([[0.0, 0.3, 1.0], [0.9, 0.5, 0.2]], np.float32)
+    y = np.array([[1.0, 0.5, 0.0], [1.0, 0.0, 0.3]], np.float32)
+    w = np.array([1.0, 2.0, 0.5], np.float32)
+    with np.errstate(divide="ignore"):  # log(0) = -inf, held at -100
+        values = -w * (y * np.maximum(np.log(p.astype(np.float64)), -100)
+                       + (1 - y) * np.maximum(np.log(1 - p.astype(np.float64)), -100))
+    got = F.binary_cross_entropy(ft.tensor(p), ft.tensor(y), ft.tensor(w)).item()
+    assert got == pytest.approx(values.mean(), rel=1e-6)
+    assert nn.BCELoss(reduction="sum")(ft.tensor(p), ft.tensor(y)).item() == pytest.approx(
+        (values / w).sum(), rel=1e-6)
+    with pytest.raises(ValueError, match="every element of input must be a probability"):
+        F.binary_cross_entropy(ft.tensor(p + 0.5), ft.tensor(y))
+    model, x = make_model()
+    yt = targets("prob")
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1),
+                            lambda out, y: F.binary_cross_entropy(out.sigmoid(), y), batch_size=N, input_shape=(IN,))
+    z = 1 / (1 + np.exp(-(x.astype(np.float64) @ model.weight.numpy().T + model.bias.numpy())))
+    want = -(yt * np.log(z) + (1 - yt) * np.log(1 - z)).mean()
+    assert program.evaluate(x, yt)[0] == pytest.approx(want, rel=1e-5)
+    assert gradcheck(program, x, yt)

@@ -717,3 +717,48 @@ def test_labels_viewed_as_a_column_of_one_per_sample_are_the_labels():
                             lambda out, y: F.cross_entropy(out, y.view(-1)), batch_size=2, input_shape=(4,))
     x, y = np.ones((2, 4), np.float32), np.array([0, 2])
     assert program.evaluate(x, y)[0] == pytest.approx(F.cross_entropy(model(ft.tensor(x)), ft.tensor(y)).item())
+
+
+def activations(lib=ft):
+    """clamp and the activations and functions written with it, traced through a user's forward."""
+    L, Fn = (nn, F) if lib is ft else (lib.nn, lib.nn.functional)
+
+    class Clamped(L.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = L.Linear(4, 6), L.Linear(6, CLASSES)
+            self.relu6, self.elu, self.hardtanh = L.ReLU6(), L.ELU(0.7), L.Hardtanh(-0.5, 0.4)
+
+        def forward(self, x):
+            h = self.a(x) * 4
+            h = (self.relu6(h) + self.elu(h) + self.hardtanh(h) + Fn.normalize(h, dim=1) + h.clamp(-0.3, 0.5)
+                 + lib.clamp(h, min=0.1) + h.clamp_max(0.2) + h.logsumexp(1, keepdim=True))
+            return self.b(h).sigmoid()  # an output whose activation fuses into the layer before it
+
+    return Clamped()
+
+
+def test_clamp_and_the_activations_written_with_it_match_finite_differences():
+    x = np.random.default_rng(15).standard_normal((5, 4)).astype(np.float32)
+    ft.manual_seed(1)
+    model = activations()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=5, input_shape=(4,))
+    y = np.random.default_rng(16).uniform(0, 1, (5, CLASSES)).astype(np.float32)
+    assert gradcheck(program, x, y, eps=1e-3, rtol=3e-2, atol=1e-4)
+    np.testing.assert_allclose(program.predict(x).numpy(), model(ft.tensor(x)).numpy(), rtol=1e-5, atol=1e-6)
+
+
+@needs_torch
+def test_clamp_and_the_activations_written_with_it_match_pytorch():
+    x = np.random.default_rng(17).standard_normal((5, 4)).astype(np.float32)
+    y = np.random.default_rng(18).uniform(0, 1, (5, CLASSES)).astype(np.float32)
+    tm, model = activations(torch), activations()
+    model.load_state_dict({k: v.detach().numpy() for k, v in tm.state_dict().items()})
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.BCELoss(), batch_size=5, input_shape=(4,))
+    loss = program.backward(x, y)
+    want = torch.nn.BCELoss()(tm(torch.from_numpy(x)), torch.from_numpy(y))
+    want.backward()
+    assert loss == pytest.approx(want.item(), rel=1e-5)
+    grads = dict(model.named_parameters())
+    for name, p in tm.named_parameters():
+        np.testing.assert_allclose(grads[name].grad.numpy(), p.grad.numpy(), rtol=1e-4, atol=1e-6, err_msg=name)

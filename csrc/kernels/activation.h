@@ -33,6 +33,8 @@ typedef enum {
     FT_ACT_EXP,
     FT_ACT_LOG,
     FT_ACT_POW,       /* x ** alpha (x * x, sqrt, 1 / sqrt and 1 / x for alpha 2, 0.5, -0.5 and -1, as torch's ops) */
+    FT_ACT_CLAMP_MIN, /* max(x, alpha), NaN kept (PyTorch's clamp(min=)) */
+    FT_ACT_CLAMP_MAX, /* min(x, alpha), NaN kept */
     FT_NUM_ACTS
 } ft_act_kind;
 
@@ -141,6 +143,9 @@ static inline FT_HD float ft_powf(float x, float a) {
                                            : a == -1.0f  ? 1.0f / x : powf(x, a);
 }
 
+static inline FT_HD float ft_clamp_min(float x, float a) { return x < a ? a : x; }
+static inline FT_HD float ft_clamp_max(float x, float a) { return x > a ? a : x; }
+
 static inline FT_HD float ft_act_forward(ft_act a, float x) {
     switch (a.kind) {
     case FT_ACT_RELU: return ft_relu(x);
@@ -158,6 +163,8 @@ static inline FT_HD float ft_act_forward(ft_act a, float x) {
     case FT_ACT_EXP: return ft_expf(x);
     case FT_ACT_LOG: return logf(x);
     case FT_ACT_POW: return ft_powf(x, a.alpha);
+    case FT_ACT_CLAMP_MIN: return ft_clamp_min(x, a.alpha);
+    case FT_ACT_CLAMP_MAX: return ft_clamp_max(x, a.alpha);
     default: return x;
     }
 }
@@ -232,6 +239,8 @@ static inline FT_HD float ft_act_grad_from_input(ft_act a, float x) {
     case FT_ACT_EXP: return ft_expf(x);
     case FT_ACT_LOG: return 1.0f / x;
     case FT_ACT_POW: return ft_pow_grad(x, a.alpha);
+    case FT_ACT_CLAMP_MIN: return x >= a.alpha ? 1.0f : 0.0f; /* 1 at the bound, as PyTorch's */
+    case FT_ACT_CLAMP_MAX: return x <= a.alpha ? 1.0f : 0.0f;
     default: return 1.0f;
     }
 }

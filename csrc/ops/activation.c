@@ -27,6 +27,8 @@ const char *ft_act_name(ft_act_kind kind) {
     case FT_ACT_EXP: return "exp";
     case FT_ACT_LOG: return "log";
     case FT_ACT_POW: return "pow";
+    case FT_ACT_CLAMP_MIN: return "clamp_min";
+    case FT_ACT_CLAMP_MAX: return "clamp_max";
     default: return "activation";
     }
 }
@@ -47,6 +49,8 @@ void ft_act_forward_f32(float *y, const float *x, int64_t n, ft_act act) {
     case FT_ACT_HARDSWISH: FT_SIMD_FOR(i, n) y[i] = ft_hardswish(x[i]); break;
     case FT_ACT_ABS: FT_SIMD_FOR(i, n) y[i] = fabsf(x[i]); break;
     case FT_ACT_EXP: FT_SIMD_FOR(i, n) y[i] = ft_expf(x[i]); break;
+    case FT_ACT_CLAMP_MIN: FT_SIMD_FOR(i, n) y[i] = ft_clamp_min(x[i], alpha); break;
+    case FT_ACT_CLAMP_MAX: FT_SIMD_FOR(i, n) y[i] = ft_clamp_max(x[i], alpha); break;
     case FT_ACT_SOFTPLUS:
     case FT_ACT_HUBER:
     case FT_ACT_XLOGX:
@@ -110,6 +114,8 @@ void ft_act_backward_f32(float *dx, const float *dy, const float *s, int64_t n, 
     case FT_ACT_SOFTPLUS: GRAD_LOOP(ft_sigmoidf(s[i])); break;
     case FT_ACT_HUBER: GRAD_LOOP(ft_huber_grad(s[i], act.alpha)); break;
     case FT_ACT_EXP: GRAD_LOOP(ft_expf(s[i])); break;
+    case FT_ACT_CLAMP_MIN: GRAD_LOOP(s[i] >= act.alpha ? 1.0f : 0.0f); break;
+    case FT_ACT_CLAMP_MAX: GRAD_LOOP(s[i] <= act.alpha ? 1.0f : 0.0f); break;
     case FT_ACT_XLOGX:
     case FT_ACT_LOG:
     case FT_ACT_POW:

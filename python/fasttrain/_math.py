@@ -521,6 +521,34 @@ def clamp(input: Tensor, min: Operand | None = None, max: Operand | None = None)
 clip = clamp
 
 
+def clamp_min(input: Tensor, min: Operand) -> Tensor:
+    """clamp(input, min=min)."""
+    return clamp(input, min=min)
+
+
+def clamp_max(input: Tensor, max: Operand) -> Tensor:
+    """clamp(input, max=max)."""
+    return clamp(input, max=max)
+
+
+def square(input: Tensor) -> Tensor:
+    """input * input."""
+    return mul(input, input)
+
+
+def logsumexp(input: Tensor, dim: Dims, keepdim: bool = False) -> Tensor:
+    """log(sum(exp(input))) over dim, computed from the largest value (no overflow), in float32 for integers."""
+    dt = input.dtype if input.dtype.is_floating_point else _BY_NAME["float32"]
+
+    def lse(x, axis, keepdims):
+        top = np.max(x, axis=axis, keepdims=True)
+        top = np.where(np.isfinite(top), top, 0)  # rows of -inf stay -inf, +inf and NaN propagate
+        out = np.log(np.sum(np.exp(x - top), axis=axis, keepdims=True)) + top
+        return out if keepdims else np.squeeze(out, axis=axis)
+    axes = _axes("logsumexp", input, dim)
+    return _apply("logsumexp", lambda x: lse(x, axes, keepdim), [input], dt, dt)
+
+
 def where(condition: Tensor, input: Operand | None = None, other: Operand | None = None) -> Tensor | tuple[Tensor, ...]:
     """input where condition (a bool tensor) holds, else other, broadcast, in their promoted dtype; where(condition)
     alone gives the indices of its nonzero (True) elements, one int64 tensor per dimension, as torch.nonzero
@@ -1028,6 +1056,9 @@ _TRACED = {
         dim, True if unbiased is None else unbiased, keepdim, correction=correction),
     "softmax": lambda x, dim, dtype=None: x.softmax(dim),
     "log_softmax": lambda x, dim, dtype=None: x.log_softmax(dim),
+    "clamp": lambda x, min=None, max=None: x.clamp(min, max), "clip": lambda x, min=None, max=None: x.clamp(min, max),
+    "clamp_min": lambda x, min: x.clamp(min=min), "clamp_max": lambda x, max: x.clamp(max=max),
+    "square": lambda x: x.square(), "logsumexp": lambda x, dim, keepdim=False: x.logsumexp(dim, keepdim),
     "where": lambda condition, input, other: _traced_where(condition, input, other),
     "masked_fill": lambda input, mask, value: input.masked_fill(mask, value),
 }

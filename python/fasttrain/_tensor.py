@@ -486,6 +486,15 @@ class Tensor(_C.TensorBase):
     matmul, softmax, log_softmax = _math.matmul, _math.softmax, _math.log_softmax
     sort, argsort, topk, unique = _math.sort, _math.argsort, _math.topk, _math.unique
     tril, triu, masked_fill = _math.tril, _math.triu, _math.masked_fill
+    clamp_min, clamp_max, square, logsumexp = _math.clamp_min, _math.clamp_max, _math.square, _math.logsumexp
+
+    def expand_as(self, other: Tensor) -> Tensor:
+        """self.expand(other.shape)."""
+        return self.expand(other.shape)
+
+    def type_as(self, other: Tensor) -> Tensor:
+        """self in other's dtype."""
+        return self.to(other.dtype)
 
     add_, sub_, mul_, div_ = (_math.in_place(f) for f in (_math.add, _math.sub, _math.mul, _math.div))
     pow_, clamp_, clip_ = _math.in_place(_math.pow), _math.in_place(_math.clamp), _math.in_place(_math.clamp)

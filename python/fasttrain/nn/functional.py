@@ -232,6 +232,32 @@ def _act(input, act, alpha=0.0, inplace=False, fn="activation"):
     return _C.activation_forward(input if inplace else None, input, act, alpha)
 
 
+def hardtanh(input, min_val=-1.0, max_val=1.0, inplace=False):
+    """input limited to [min_val, max_val] (clamp's values and gradient); inplace=True overwrites an eager input."""
+    if min_val > max_val:
+        raise ValueError(f"hardtanh: min_val {min_val} must not exceed max_val {max_val}")
+    return input.clamp_(min_val, max_val) if inplace and not isinstance(input, Symbolic) else \
+        input.clamp(min_val, max_val)
+
+
+def relu6(input, inplace=False):
+    """hardtanh(input, 0, 6)."""
+    return hardtanh(input, 0.0, 6.0, inplace)
+
+
+def elu(input, alpha=1.0, inplace=False):
+    """input where positive, alpha (exp(input) - 1) elsewhere: relu(x) + alpha (exp(min(x, 0)) - 1)."""
+    out = input.relu() + alpha * (input.clamp(max=0.0).exp() - 1.0)
+    return input.copy_(out) if inplace and not isinstance(input, Symbolic) else out
+
+
+def normalize(input, p=2.0, dim=1, eps=1e-12):
+    """input divided by its Euclidean norm along dim, held at eps or above (PyTorch's F.normalize with p=2)."""
+    if p != 2:
+        raise NotImplementedError(f"normalize: p={p} (only the Euclidean norm, p=2)")
+    return input / input.square().sum(dim, keepdim=True).sqrt().clamp_min(eps)
+
+
 @_traced(lambda inplace=False: M.ReLU())
 def relu(input, inplace=False):
     """max(0, input) elementwise; inplace=True overwrites input."""
@@ -717,6 +743,24 @@ def binary_cross_entropy_with_logits(input, target, weight=None, size_average=No
     x, y = _host(input), _host(target)
     p = _host(pos_weight) if pos_weight is not None else 1.0
     values = (np.maximum(x, 0) + np.log1p(np.exp(-np.abs(x)))) * (1 + (p - 1) * y) - p * x * y
+    if weight is not None:
+        values = values * _host(weight)
+    return _eager(values, reduction, input)
+
+
+def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=None, reduction="mean"):
+    """-w [y log(p) + (1 - y) log(1 - p)] of probabilities p (a sigmoid's output) and targets y in [0, 1] of the
+    same shape, each log held at -100 or above, as PyTorch (binary_cross_entropy_with_logits is the stabler form)."""
+    reduction = _reduction_of("binary_cross_entropy", _legacy_reduction(size_average, reduce, reduction))
+    if isinstance(input, Symbolic):
+        values = -(target * input.log().clamp_min(-100.0) + (1.0 - target) * (1.0 - input).log().clamp_min(-100.0))
+        return (values if weight is None else values * weight).reduce(reduction)
+    target = _pair_check(input, target, "binary_cross_entropy")
+    p, y = _host(input), _host(target)
+    if not ((p >= 0) & (p <= 1)).all():
+        raise ValueError("binary_cross_entropy: every element of input must be a probability in [0, 1]")
+    with np.errstate(divide="ignore"):
+        values = -(y * np.maximum(np.log(p), -100) + (1 - y) * np.maximum(np.log1p(-p), -100))
     if weight is not None:
         values = values * _host(weight)
     return _eager(values, reduction, input)

@@ -88,7 +88,7 @@ class held_back:
         trains = {}
         for n in topological(nodes):
             m = n.module
-            own = [] if m is None else list(m.parameters()) + [getattr(m, k, None) for k in ("weight", "bias", "tensor")]
+            own = [] if m is None else [*m.parameters(), *(getattr(m, k, None) for k in ("weight", "bias", "tensor"))]
             trains[id(n)] = any(id(p) in _trainable for p in own) or any(trains[id(i)] for i in n.inputs)
         if exc[0] is None and any(trains[id(n)] for n in nodes):
             fail("ft.no_grad() around traced ops that train (parameters, or values made from them)",
@@ -213,7 +213,8 @@ class MergedRows:
         if name.startswith("__"):  # protocol probes see a plain object
             raise AttributeError(name)
         fail("a view merging the batch with other dimensions (x.view(-1, C))", "only a class loss takes it "
-             "(F.cross_entropy(logits.view(-1, V), y.view(-1))); keep the batch first elsewhere: x.view(x.size(0), ...)")
+             "(F.cross_entropy(logits.view(-1, V), y.view(-1))); keep the batch first elsewhere: "
+             "x.view(x.size(0), ...)")
 
 
 def _per_sample(shape, numel):
@@ -475,6 +476,65 @@ class Symbolic:
         """The value itself: traced values have no memory layout."""
         return self
 
+    def clamp(self, min=None, max=None):
+        """Records the value limited to [min, max] (constants; either may be None), NaN kept, with PyTorch's
+        gradient (1 within the bounds, 0 beyond)."""
+        if min is None and max is None:
+            raise ValueError("clamp: at least one of 'min' or 'max' must not be None")
+        if any(isinstance(b, Symbolic) or not isinstance(b, (int, float, type(None))) for b in (min, max)):
+            fail("clamp to bounds that are not numbers", "clamp to constant numbers")
+        out = self if min is None else _layers()._Elementwise("clamp_min", min)(self)
+        return out if max is None else _layers()._Elementwise("clamp_max", max)(out)
+
+    clip = clamp
+
+    def clamp_min(self, min):
+        """Records clamp(min=min)."""
+        return self.clamp(min=min)
+
+    def clamp_max(self, max):
+        """Records clamp(max=max)."""
+        return self.clamp(max=max)
+
+    def logsumexp(self, dim, keepdim=False):
+        """Records log(sum(exp(x))) over one dimension (not the batch) as x - log_softmax(x) at its first index:
+        exact, and stable for large values."""
+        nd = len(self.node.shape)
+        d = _dim(dim, nd)
+        first = (self - self.log_softmax(dim))[(slice(None),) * (d + 1) + (slice(0, 1),)]
+        return first if keepdim else first.squeeze(d + 1)
+
+    @property
+    def dtype(self):
+        """The targets' dtype (int64 for class labels); float32 for the values the model computes (compile's
+        precision decides what the program computes in)."""
+        from .._types import _BY_NAME
+        m = self.node.module
+        return m.dtype if isinstance(m, _layers().Target) and self.node.shape is not None else _BY_NAME["float32"]
+
+    @property
+    def device(self):
+        """The device of the model's parameters."""
+        from .._types import as_device
+        return as_device(_device_of(self))
+
+    def to(self, *args, **kwargs):
+        """The value itself for a floating dtype or the model's device (the program chooses the dtypes of its values);
+        an integer dtype fails."""
+        from .._types import as_dtype
+        for a in (*args, *kwargs.values()):
+            try:
+                dt = as_dtype(a)
+            except (TypeError, ValueError):
+                continue
+            if not dt.is_floating_point:
+                fail(f"x.to({dt.name}) of a traced value", "compute in floats; labels reach a loss as they are")
+        return self
+
+    def type_as(self, other):
+        """The value itself (see to)."""
+        return self
+
     def float(self):
         """The value itself: the compiled program chooses the dtypes of its values (compile's precision)."""
         return self
@@ -482,10 +542,17 @@ class Symbolic:
     def expand(self, *sizes):
         """The value itself when sizes keep its shape (-1, or N for the batch, where a size stays); any other expand
         fails."""
-        sizes = tuple(sizes[0]) if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)) else sizes
-        if all(s == -1 or s is N or s == have for s, have in zip(sizes, self.shape)) and len(sizes) == self.ndim:
+        sizes = tuple(sizes[0]) if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)) else tuple(sizes)
+        if len(sizes) != self.ndim or not (sizes[0] is N or sizes[0] == -1):
+            fail(f"expand{sizes} of a traced value", "keep the batch first (N or -1) and the number of dimensions")
+        shape = tuple(have if s == -1 else s for s, have in zip(sizes[1:], self.node.shape))
+        if shape == self.node.shape:
             return self
-        fail(f"expand{tuple(sizes)} of a traced value")
+        return _layers().Expand(shape)(self)  # sizes other than 1 are refused by the layer's shape check
+
+    def expand_as(self, other):
+        """Records expand(other.shape)."""
+        return self.expand(other.shape)
 
     def __getitem__(self, index):
         index = index if isinstance(index, tuple) else (index,)

@@ -700,6 +700,37 @@ class ReLU(_Activation):
     act = "relu"
 
 
+class Hardtanh(Module):
+    """x limited to [min_val, max_val], as torch.nn.Hardtanh."""
+
+    def __init__(self, min_val=-1.0, max_val=1.0, inplace=False):
+        super().__init__()
+        self.min_val, self.max_val, self.inplace = float(min_val), float(max_val), inplace
+
+    def forward(self, x):
+        from . import functional as F
+        return F.hardtanh(x, self.min_val, self.max_val, self.inplace)
+
+
+class ReLU6(Hardtanh):
+    """x limited to [0, 6], as torch.nn.ReLU6."""
+
+    def __init__(self, inplace=False):
+        super().__init__(0.0, 6.0, inplace)
+
+
+class ELU(Module):
+    """x where positive, alpha (exp(x) - 1) elsewhere, as torch.nn.ELU."""
+
+    def __init__(self, alpha=1.0, inplace=False):
+        super().__init__()
+        self.alpha, self.inplace = float(alpha), inplace
+
+    def forward(self, x):
+        from . import functional as F
+        return F.elu(x, self.alpha, self.inplace)
+
+
 class SiLU(_Activation):
     """x * sigmoid(x) elementwise, as torch.nn.SiLU."""
 
@@ -1284,6 +1315,20 @@ class BCEWithLogitsLoss(_Loss):
         from . import functional as F
         return F.binary_cross_entropy_with_logits(input, target, self.weight, reduction=self.reduction,
                                                   pos_weight=self.pos_weight)
+
+
+class BCELoss(_Loss):
+    """Binary cross entropy of probabilities and targets in [0, 1] of the same shape (see F.binary_cross_entropy;
+    BCEWithLogitsLoss on the logits is the stabler form)."""
+
+    def __init__(self, weight=None, size_average=None, reduce=None, reduction="mean"):
+        from .functional import _legacy_reduction
+        super().__init__(_legacy_reduction(size_average, reduce, reduction))
+        self.register_buffer("weight", weight)
+
+    def forward(self, input, target):
+        from . import functional as F
+        return F.binary_cross_entropy(input, target, self.weight, reduction=self.reduction)
 
 
 class KLDivLoss(_Loss):

@@ -470,7 +470,10 @@ class Program:
                              "not honour: it trains with batch statistics and dropout, and predict/evaluate use the "
                              "running statistics without dropout by themselves; call .train() before compile")
         self.entries = _fuse(entries)
-        self.output = next(i for i, e in enumerate(self.entries) if e is entries[output])
+        kept = {id(e): i for i, e in enumerate(self.entries)}
+        while id(entries[output]) not in kept:  # an activation fused into the layer before it: that layer's output
+            output = entries[output].inputs[0]
+        self.output = kept[id(entries[output])]
         segments = _recompute(recompute, model, self.entries)
         if memory_format == "channels_last" and any(e.kind == LAYERNORM and len(e.shape) == 3 for e in self.entries):
             raise ValueError("compile: LayerNorm over images needs memory_format='contiguous' (its weight follows "
