@@ -253,10 +253,11 @@ static algo_key key_of(char kind, const operand &x, const filter &w, const opera
 
 /* Runs one pass (forward, backward data or backward filter) with the
  * algorithm cached for key k, or else (or when cuDNN turns it down for
- * these pointers) with the candidates `search` lists (cudnnFind* or
- * cudnnGet*_v7, best first) in order: a candidate cuDNN turns down for these
- * descriptors, or whose workspace does not fit in memory, is skipped, and
- * the first that runs is cached. workspace(algo, &bytes) and run(algo,
+ * these pointers) with the candidates search(perf, &n, find) lists (best
+ * first: timed by cudnnFind* with find, cudnnGet*_v7's heuristic without,
+ * and the heuristic's when Find fails) in order: a candidate cuDNN turns
+ * down for these descriptors, or whose workspace does not fit in memory, is
+ * skipped, and the first that runs is cached. workspace(algo, &bytes) and run(algo,
  * workspace, bytes) wrap the pass's cuDNN calls. */
 template <typename Perf, typename Search, typename Workspace, typename Run>
 static ft_status run_pass(const algo_key &k, const char *what, Search search, Workspace workspace, Run run) {
@@ -273,7 +274,11 @@ static ft_status run_pass(const algo_key &k, const char *what, Search search, Wo
     for (bool searched = cached < 0; ; searched = true) {
         int n = 1;
         if (searched) {
-            FT_TRY(cudnn_check(search(perf, &n), what));
+            cudnnStatus_t found = search(perf, &n, k.benchmark);
+            if (found != CUDNN_STATUS_SUCCESS && k.benchmark) /* Find allocates its own buffers, past the cache's
+                                                                  hold on the device: the heuristic needs none */
+                found = search(perf, &n, false);
+            FT_TRY(cudnn_check(found, what));
         } else {
             perf[0].algo = (decltype(perf[0].algo))cached;
             perf[0].status = CUDNN_STATUS_SUCCESS;
@@ -285,9 +290,8 @@ static ft_status run_pass(const algo_key &k, const char *what, Search search, Wo
                 continue;
             size_t bytes = 0;
             last = workspace(perf[i].algo, &bytes);
-            if (last == CUDNN_STATUS_NOT_SUPPORTED)
+            if (last != CUDNN_STATUS_SUCCESS) /* this candidate only: another may serve */
                 continue;
-            FT_TRY(cudnn_check(last, what));
             ft_cuda_scratch ws;
             ft_status got = ft_cuda_scratch_alloc(&ws, bytes, k.device);
             if (got == FT_ERR_NOMEM) { /* a candidate with a smaller workspace may fit */
@@ -326,8 +330,8 @@ static ft_status forward(cudnnHandle_t h, const operand &x, const filter &w, con
     algo_key k = key_of('F', x, w, y, p, dtype);
     return run_pass<cudnnConvolutionFwdAlgoPerf_t>(
         k, "cudnn convolution forward",
-        [&](cudnnConvolutionFwdAlgoPerf_t *perf, int *n) {
-            return k.benchmark ? cudnnFindConvolutionForwardAlgorithm(h, d.x, d.w, d.conv, d.y, MAX_ALGOS, n, perf)
+        [&](cudnnConvolutionFwdAlgoPerf_t *perf, int *n, bool find) {
+            return find ? cudnnFindConvolutionForwardAlgorithm(h, d.x, d.w, d.conv, d.y, MAX_ALGOS, n, perf)
                                : cudnnGetConvolutionForwardAlgorithm_v7(h, d.x, d.w, d.conv, d.y, MAX_ALGOS, n, perf);
         },
         [&](cudnnConvolutionFwdAlgo_t a, size_t *bytes) {
@@ -346,8 +350,8 @@ static ft_status backward_data(cudnnHandle_t h, const operand &dx, const filter 
     algo_key k = key_of('D', dx, w, dy, p, dtype);
     return run_pass<cudnnConvolutionBwdDataAlgoPerf_t>(
         k, "cudnn convolution backward data",
-        [&](cudnnConvolutionBwdDataAlgoPerf_t *perf, int *n) {
-            return k.benchmark
+        [&](cudnnConvolutionBwdDataAlgoPerf_t *perf, int *n, bool find) {
+            return find
                        ? cudnnFindConvolutionBackwardDataAlgorithm(h, d.w, d.y, d.conv, d.x, MAX_ALGOS, n, perf)
                        : cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.w, d.y, d.conv, d.x, MAX_ALGOS, n, perf);
         },
@@ -367,8 +371,8 @@ static ft_status backward_filter(cudnnHandle_t h, const operand &x, const filter
     algo_key k = key_of('W', x, dw, dy, p, dtype);
     return run_pass<cudnnConvolutionBwdFilterAlgoPerf_t>(
         k, "cudnn convolution backward filter",
-        [&](cudnnConvolutionBwdFilterAlgoPerf_t *perf, int *n) {
-            return k.benchmark
+        [&](cudnnConvolutionBwdFilterAlgoPerf_t *perf, int *n, bool find) {
+            return find
                        ? cudnnFindConvolutionBackwardFilterAlgorithm(h, d.x, d.y, d.conv, d.w, MAX_ALGOS, n, perf)
                        : cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d.x, d.y, d.conv, d.w, MAX_ALGOS, n, perf);
         },

@@ -88,10 +88,8 @@ struct sum_to_args {
     double scale;
 };
 
-__global__ void sum_to_kernel(sum_to_args a) {
-    int64_t o = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (o >= a.n)
-        return;
+/* Output element o: the sum of its input elements, in their row-major order. */
+__device__ void sum_to_one(const sum_to_args &a, int64_t o) {
     int64_t rest = o, at_in = 0, at_out = 0;
     for (int d = a.ndim - 1; d >= 0; d--) {
         int64_t i = rest % a.out_shape[d];
@@ -114,6 +112,11 @@ __global__ void sum_to_kernel(sum_to_args a) {
     }
     float v = (float)(sum * a.scale);
     ft_cuda_store_f(a.dst, at_out, a.dst_kind, a.accumulate ? ft_cuda_load_f(a.dst, at_out, a.dst_kind) + v : v);
+}
+
+__global__ void sum_to_kernel(sum_to_args a) {
+    for (int64_t o = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; o < a.n; o += (int64_t)gridDim.x * blockDim.x)
+        sum_to_one(a, o);
 }
 
 /* slots: da, db, dout, a (for db), b (for da) */

@@ -165,7 +165,8 @@ static ft_status rt_event_destroy(void *event) {
     return ft_cuda_check(cudaEventDestroy((cudaEvent_t)event), "cudaEventDestroy");
 }
 
-static ft_status rt_event_record(void *event, void *stream) {
+static ft_status rt_event_record(void *event, void *stream, int device) {
+    FT_TRY(set_device(device));
     return ft_cuda_check(cudaEventRecord((cudaEvent_t)event, (cudaStream_t)stream), "cudaEventRecord");
 }
 

@@ -1050,3 +1050,13 @@ def test_outputs_allocated_by_the_bindings_are_on_the_device():
             if not g.is_cuda or g.stride() != c.stride():
                 problems.append(f"{name}: output {i} on {g.device} with strides {g.stride()} (CPU: {c.stride()})")
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("n", [7, 1 << 20])
+def test_a_copy_between_overlapping_views_reads_the_source_as_it_was(n):
+    """x[1:] = x[:-1] shifts, as on the CPU (the copy kernel alone would read elements it has already written)."""
+    xc, xg = pair(rng(206).normal(size=(n,)))
+    for x in (xc, xg):
+        x[1:].copy_(x[:-1])
+    assert_same(xg, xc)
+

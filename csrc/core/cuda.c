@@ -117,13 +117,13 @@ ft_status ft_cuda_copy_async(void *dst, const void *src, size_t nbytes, int devi
         api->event_destroy(queued);
         return st;
     }
-    st = api->event_record(queued, NULL);
+    st = api->event_record(queued, NULL, device);
     if (st == FT_OK)
         st = api->stream_wait_event(copy_streams[device], queued);
     if (st == FT_OK)
         st = api->memcpy(dst, src, nbytes, device, copy_streams[device]);
     if (st == FT_OK)
-        st = api->event_record(done, copy_streams[device]);
+        st = api->event_record(done, copy_streams[device], device);
     if (st == FT_OK)
         st = api->stream_wait_event(NULL, done);
     /* CUDA frees the events once the waits on them have passed */

@@ -25,7 +25,7 @@
 #include "core/device.h"
 #include "core/status.h"
 
-#define FT_CUDA_ABI 6
+#define FT_CUDA_ABI 7
 
 /* The op table (ops/cuda_ops.h): an op layer type the core only carries. */
 struct ft_cuda_ops;
@@ -63,7 +63,9 @@ typedef struct {
     ft_status (*stream_synchronize)(void *stream);
     ft_status (*event_create)(void **event, int device);
     ft_status (*event_destroy)(void *event);
-    ft_status (*event_record)(void *event, void *stream);
+    /* on `device`'s stream (its default compute stream for NULL): the device is made current first, as an
+     * event and the stream it records on must share one */
+    ft_status (*event_record)(void *event, void *stream, int device);
     ft_status (*event_query)(void *event, bool *done);
     ft_status (*event_synchronize)(void *event);
     ft_status (*stream_wait_event)(void *stream, void *event);

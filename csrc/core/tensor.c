@@ -175,9 +175,9 @@ ft_status ft_tensor_check_writable(const ft_tensor *t, const char *what) {
     return FT_OK;
 }
 
-/* Whether two host views may touch the same bytes; views of one array can
- * come through different storages (two from_numpy slices), so compare
- * addresses, not storages. */
+/* Whether two views on one device may touch the same bytes; views of one
+ * array can come through different storages (two from_numpy slices), so
+ * compare addresses, not storages. */
 static bool overlaps(const ft_tensor *a, const ft_tensor *b) {
     int64_t alo, ahi, blo, bhi;
     if (!byte_extent(a, &alo, &ahi) || !byte_extent(b, &blo, &bhi))
@@ -264,15 +264,17 @@ ft_status ft_tensor_copy(const ft_tensor *dst, const ft_tensor *src, bool non_bl
     FT_TRY(ft_tensor_check_writable(dst, "copy_"));
     if (ft_tensor_numel(dst) == 0)
         return FT_OK;
-    if (!on_host(src) || !on_host(dst))
-        return copy_across(dst, src, non_blocking);
-    if (overlaps(dst, src)) {
+    ft_device sdev = ft_tensor_device(src);
+    if (ft_device_eq(sdev, ft_tensor_device(dst)) && overlaps(dst, src)) {
+        /* elements would be read after being written (x[1:].copy_(x[:-1])): through a copy of src */
         ft_tensor tmp;
-        FT_TRY(ft_tensor_to(&tmp, src, src->dtype, FT_CPU, false, false, false));
+        FT_TRY(ft_tensor_to(&tmp, src, src->dtype, sdev, false, false, false));
         ft_status st = ft_tensor_copy(dst, &tmp, false);
         ft_tensor_release(&tmp);
         return st;
     }
+    if (!on_host(src) || !on_host(dst))
+        return copy_across(dst, src, non_blocking);
     ft_copy_desc d = describe(dst, src);
     ft_copy_cpu(&d);
     return FT_OK;

@@ -734,7 +734,7 @@ static ft_status deliver(ft_loader *l, slot *s, int64_t n, ft_batch *out) {
              * for them, and the buffer is reused once they are done. A wait
              * takes the event as recorded at the call, so it is recorded
              * again for the copies. */
-            st = cu->event_record(s->event, NULL);
+            st = cu->event_record(s->event, NULL, dev);
             if (st == FT_OK)
                 st = cu->stream_wait_event(l->stream, s->event);
             if (st == FT_OK)
@@ -744,7 +744,7 @@ static ft_status deliver(ft_loader *l, slot *s, int64_t n, ft_batch *out) {
                 st = cu->memcpy(ft_tensor_data(&out->labels), s->labels, (size_t)n * l->label_bytes, dev,
                                 l->stream);
             if (st == FT_OK)
-                st = cu->event_record(s->event, l->stream);
+                st = cu->event_record(s->event, l->stream, dev);
             if (st == FT_OK)
                 st = cu->stream_wait_event(NULL, s->event);
             if (st != FT_OK) {

@@ -615,7 +615,7 @@ ft_status ft_batchnorm_backward(const ft_tensor *dinp, const ft_tensor *dweight,
     if (C == 0) /* no channel: no gradient */
         return FT_OK;
     if (dev.type == FT_DEV_CUDA) { /* the backend writes: accumulation is staged */
-        ft_grad_out gx, gw, gb;
+        ft_grad_out gx = {0}, gw = {0}, gb = {0}; /* each ended, begun or not */
         const ft_tensor *dx_to, *dw_to, *db_to;
         FT_TRY(ft_grad_out_begin_float(&gx, dinp, acc.inp, &dx_to));
         ft_status s = ft_grad_out_begin(&gw, dweight, acc.weight, &dw_to);

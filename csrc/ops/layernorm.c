@@ -177,7 +177,7 @@ ft_status ft_layernorm_backward(const ft_tensor *dinp, const ft_tensor *dweight,
     if (dinp && acc.inp && dinp->storage == dout->storage && dinp->offset == dout->offset)
         return ft_fail(FT_ERR_VALUE, "%s: grad_input cannot accumulate into grad_output itself", op);
     if (dev.type == FT_DEV_CUDA) { /* the backend writes: accumulation is staged */
-        ft_grad_out gx, gw, gb;
+        ft_grad_out gx = {0}, gw = {0}, gb = {0}; /* each ended, begun or not */
         const ft_tensor *dx_to, *dw_to, *db_to;
         FT_TRY(ft_grad_out_begin_float(&gx, dinp, acc.inp, &dx_to));
         ft_status s = ft_grad_out_begin(&gw, dweight, acc.weight, &dw_to);

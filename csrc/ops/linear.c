@@ -251,7 +251,7 @@ ft_status ft_linear_backward(const ft_tensor *dx, const ft_tensor *dw, const ft_
         FT_TRY(ft_tensor_fill(dw, zero));
     bool dx_work = dx && N && I && O, dw_work = dw && O && I && N;
     if (ft_op_device(x).type == FT_DEV_CUDA) { /* the backend writes: accumulation is staged */
-        ft_grad_out gx, gw, gb;
+        ft_grad_out gx = {0}, gw = {0}, gb = {0}; /* each ended, begun or not */
         const ft_tensor *dx_to, *dw_to, *db_to;
         FT_TRY(ft_grad_out_begin(&gx, dx_work ? dx : NULL, acc.inp, &dx_to));
         ft_status s = ft_grad_out_begin(&gw, dw_work ? dw : NULL, acc.weight, &dw_to);
