@@ -762,3 +762,43 @@ def test_clamp_and_the_activations_written_with_it_match_pytorch():
     grads = dict(model.named_parameters())
     for name, p in tm.named_parameters():
         np.testing.assert_allclose(grads[name].grad.numpy(), p.grad.numpy(), rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+class Indexed(nn.Module):
+    """Indexing with new dimensions (None), a leading or inner ellipsis, and ft.stack of traced values."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 6)
+
+    def forward(self, x):
+        h = self.fc(x).view(x.size(0), 2, 3)  # (N, 2, 3)
+        a = h[:, :, None][..., 0, 1:]  # (N, 2, 2)
+        b = h[..., None, 0:2][:, 1]  # (N, 1, 2)
+        return ft.stack([a[:, 0], b[:, 0], h[:, 1, ::2]], dim=1).flatten(1)  # (N, 3, 2) -> (N, 6)
+
+
+def test_indexing_with_none_and_ellipsis_and_stack_match_numpy():
+    x = np.random.default_rng(19).standard_normal((3, 4)).astype(np.float32)
+    model = Indexed()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=3, input_shape=(4,))
+    h = (x.astype(np.float64) @ model.fc.weight.numpy().T + model.fc.bias.numpy()).reshape(3, 2, 3)
+    a, b = h[:, :, None][..., 0, 1:], h[..., None, 0:2][:, 1]
+    want = np.stack([a[:, 0], b[:, 0], h[:, 1, ::2]], axis=1).reshape(3, 6)
+    np.testing.assert_allclose(program.predict(x).numpy(), want, rtol=1e-5, atol=1e-6)
+    assert gradcheck(program, x, np.arange(3) % 6)
+
+
+def test_mistakes_in_a_forward_name_the_line_and_the_way_out():
+    model = nn.Linear(4, 3)
+    sgd = ft.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ft.nn.TracingError, match=r"len\(\) of a traced value .* x.size\(0\) is the batch size"):
+        model.compile(sgd, lambda out, y: F.cross_entropy(out, y, reduction="sum") / len(out), batch_size=2,
+                      input_shape=(4,))
+    with pytest.raises(ValueError, match=r"Linear expects 5 input features, got 3 \(at .*test_trace.py"):
+        model.compile(sgd, lambda out, y: nn.Linear(5, 2)(out).sum(), batch_size=2, input_shape=(4,))
+    with pytest.raises(IndexError, match=r"too many indices for a value of shape \(N, 3\)"):
+        model.compile(sgd, lambda out, y: out[:, 0, 1].sum(), batch_size=2, input_shape=(4,))
+    program = model.compile(sgd, nn.CrossEntropyLoss(), batch_size=2, input_shape=(4,))
+    with pytest.raises(ValueError, match="the loss reads targets: give them"):
+        program.train_step(np.ones((2, 4), np.float32), None)

@@ -920,6 +920,9 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
 def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     """Equally shaped tensors joined along a new dimension dim, as torch.stack."""
     tensors = list(tensors)
+    from .nn.graph import Symbolic, cat as traced_cat
+    if builtins.any(isinstance(t, Symbolic) for t in tensors):  # traced: each as a new dimension, joined
+        return traced_cat([t.unsqueeze(dim) for t in tensors], dim)
     _tensors("stack", tensors)
     for i, t in enumerate(tensors):
         if t.shape != tensors[0].shape:

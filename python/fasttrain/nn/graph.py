@@ -556,20 +556,28 @@ class Symbolic:
 
     def __getitem__(self, index):
         index = index if isinstance(index, tuple) else (index,)
+        if index and index[0] is Ellipsis:  # x[..., k]: the ellipsis spans the batch
+            index = (slice(None), *index)
         if not index or index[0] != slice(None):
             fail(f"indexing [{index}]", "keep the batch dimension whole: x[:, ...]")
-        out, dim, drop = self, 0, []
-        for item in index[1:]:
+        out, dim, shape, kept = self, 0, self.node.shape, []  # kept: the result's per-sample sizes
+        for pos, item in enumerate(index[1:], 1):
             if item is Ellipsis:
-                dim = len(self.node.shape) - (len(index) - 1 - index.index(Ellipsis) - 1)
+                spanned = len(shape) - dim - sum(x is not None for x in index[pos + 1:])
+                kept.extend(shape[dim:dim + spanned])
+                dim += spanned
                 continue
-            size = self.node.shape[dim]
+            if item is None:  # a new dimension of size 1
+                kept.append(1)
+                continue
+            if dim >= len(shape):
+                raise IndexError(f"too many indices for a value of shape {self.shape}")
+            size = shape[dim]
             if isinstance(item, int):
                 k = item % size if -size <= item < size else None
                 if k is None:
                     raise IndexError(f"index {item} is out of range for size {size}")
                 out = _layers().Slice(dim, k, 1, 1)(out)
-                drop.append(dim)
             elif isinstance(item, slice):
                 start, stop, step = item.indices(size)
                 if step < 1:
@@ -579,12 +587,12 @@ class Symbolic:
                     raise IndexError(f"the slice {item} is empty")
                 if length != size:
                     out = _layers().Slice(dim, start, step, length)(out)
+                kept.append(length)
             else:
-                fail(f"indexing with {type(item).__name__}", "use integers and slices")
+                fail(f"indexing with {type(item).__name__}", "use integers, slices, None and ...")
             dim += 1
-        if drop:
-            out = out.reshape(N, *(n for i, n in enumerate(out.node.shape) if i not in drop))
-        return out
+        kept.extend(shape[dim:])
+        return out if tuple(kept) == out.node.shape else out.reshape(N, *kept)
 
     def chunk(self, chunks, dim=-1):
         """Records chunks slices along dim, each ceil(size / chunks) long (the last shorter), as torch.chunk; dim is not
@@ -692,7 +700,12 @@ class Symbolic:
         fail("Python control flow or conversion on a traced value (if/while/bool/int/float/len/iteration)",
              "make it depend on shapes or constructor arguments only")
 
-    __bool__ = __int__ = __float__ = __index__ = __len__ = __iter__ = _value
+    __bool__ = __int__ = __float__ = __index__ = __iter__ = _value
+
+    def __len__(self):
+        """Fails: the batch size is known only as N (x.size(0)), which Python's len cannot return."""
+        fail("len() of a traced value", "x.size(0) is the batch size N (a loss summed over the batch can be divided "
+             "by it)")
     item = tolist = numpy = _value
 
     def detach(self):

@@ -247,7 +247,11 @@ class Module:
         if self._leaf:
             if kwargs:
                 raise TypeError(f"{type(self).__name__} takes no keyword arguments when traced")
-            return self._symbolic(*inputs)
+            from .graph import _user_line
+            try:
+                return self._symbolic(*inputs)
+            except ValueError as e:  # a shape the layer does not take: say where the forward called it
+                raise ValueError(f"{e} (at {_user_line()})") from None
         from .graph import callers
         callers.append(self)
         try:

@@ -551,7 +551,7 @@ class Program:
 
     def _batch(self, x, y):
         """x as the input's dtype, and the targets as the loss reads them (None when it reads none)."""
-        return self._input(x), None if self.target_dtype is None else _as(y, self.target_dtype, "labels")
+        return self._input(x), None if self.target_dtype is None or y is None else _as(y, self.target_dtype, "labels")
 
     @property
     def input_shape(self):
