@@ -496,3 +496,15 @@ def test_binary_cross_entropy_of_probabilities_matches_numpy_eagerly_and_compile
     want = -(yt * np.log(z) + (1 - yt) * np.log(1 - z)).mean()
     assert program.evaluate(x, yt)[0] == pytest.approx(want, rel=1e-5)
     assert gradcheck(program, x, yt)
+
+
+def test_kl_div_of_log_probability_targets_matches_numpy():
+    model, x = make_model()
+    t = np.log(np.random.default_rng(5).dirichlet(np.ones(OUT), N)).astype(np.float32)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1),
+                            lambda out, y: F.kl_div(F.log_softmax(out, 1), y, reduction="batchmean", log_target=True),
+                            batch_size=N, input_shape=(IN,))
+    W, b = model.weight.numpy().astype(np.float64), model.bias.numpy().astype(np.float64)
+    want, gW, _ = reference_grads(lambda z, t: (np.exp(t) * (t - log_softmax(z))).sum() / N, W, b, x, t)
+    assert program.backward(x, t) == pytest.approx(want, rel=1e-5)
+    np.testing.assert_allclose(model.weight.grad.numpy(), gW, rtol=1e-3, atol=1e-5)

@@ -802,3 +802,27 @@ def test_mistakes_in_a_forward_name_the_line_and_the_way_out():
     program = model.compile(sgd, nn.CrossEntropyLoss(), batch_size=2, input_shape=(4,))
     with pytest.raises(ValueError, match="the loss reads targets: give them"):
         program.train_step(np.ones((2, 4), np.float32), None)
+
+
+class Tiled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 6)
+
+    def forward(self, x):
+        h = self.fc(x).view(x.size(0), 2, 3)
+        return F.normalize(h.mT.repeat(1, 2, 1).flatten(1), dim=1)  # (N, 3, 2) tiled to (N, 6, 2)
+
+
+def test_repeat_mt_and_normalize_match_numpy_with_a_finite_gradient_at_a_zero_row():
+    x = np.random.default_rng(20).standard_normal((3, 4)).astype(np.float32)
+    x[0] = 0
+    model = Tiled()
+    model.fc.bias.copy_(ft.zeros(6))  # sample 0's row is the zero vector
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=3, input_shape=(4,))
+    h = (x.astype(np.float64) @ model.fc.weight.numpy().T).reshape(3, 2, 3)
+    z = np.tile(h.transpose(0, 2, 1), (1, 2, 1)).reshape(3, 12)
+    want = z / np.maximum(np.linalg.norm(z, axis=1, keepdims=True), 1e-12)
+    np.testing.assert_allclose(program.predict(x).numpy(), want, rtol=1e-5, atol=1e-6)
+    program.backward(x, np.ones((3, 12), np.float32))
+    assert np.isfinite(model.fc.weight.grad.numpy()).all()

@@ -255,7 +255,8 @@ def normalize(input, p=2.0, dim=1, eps=1e-12):
     """input divided by its Euclidean norm along dim, held at eps or above (PyTorch's F.normalize with p=2)."""
     if p != 2:
         raise NotImplementedError(f"normalize: p={p} (only the Euclidean norm, p=2)")
-    return input / input.square().sum(dim, keepdim=True).sqrt().clamp_min(eps)
+    # sqrt(max(|x|^2, eps^2)) is max(|x|, eps), with a finite gradient at a zero vector (0, as PyTorch's)
+    return input / input.square().sum(dim, keepdim=True).clamp_min(eps * eps).sqrt()
 
 
 @_traced(lambda inplace=False: M.ReLU())
@@ -771,8 +772,9 @@ def kl_div(input, target, size_average=None, reduce=None, reduction="mean", log_
     reduction = _reduction_of("kl_div", _legacy_reduction(size_average, reduce, reduction),
                               ("none", "mean", "sum", "batchmean"))
     if isinstance(input, Symbolic):
-        if log_target:
-            fail("kl_div with log_target=True", "give the targets as probabilities with log_target=False")
+        if log_target:  # exp(t) (t - input); the difference first, which gives the targets the input's shape
+            difference = target - input
+            return (target.exp() * difference).reduce(reduction)
         cross = target * input
         return (M._Elementwise("xlogx")(target) - cross).reduce(reduction)
     target = _pair_check(input, target, "kl_div")

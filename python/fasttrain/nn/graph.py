@@ -550,6 +550,22 @@ class Symbolic:
             return self
         return _layers().Expand(shape)(self)  # sizes other than 1 are refused by the layer's shape check
 
+    def repeat(self, *sizes):
+        """Records the value tiled sizes[d] times along each dimension (the batch's 1), as torch's repeat."""
+        sizes = tuple(sizes[0]) if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)) else tuple(sizes)
+        if len(sizes) != self.ndim or sizes[0] != 1:
+            fail(f"repeat{sizes} of a traced value", "repeat each dimension but the batch's, which stays 1")
+        out = self
+        for d, k in enumerate(sizes[1:], 1):
+            if k != 1:
+                out = cat([out] * k, d)
+        return out
+
+    @property
+    def mT(self):
+        """Records the transpose of each sample's last two dimensions."""
+        return self.transpose(-2, -1)
+
     def expand_as(self, other):
         """Records expand(other.shape)."""
         return self.expand(other.shape)
