@@ -516,6 +516,17 @@ def test_comparisons_of_traced_values_are_refused_not_one_bool(compare):
 
 
 
+def assert_gradients_match(program, tm, x, y, torch_loss):
+    """The program's loss and every parameter's gradient on (x, y) against the PyTorch twin tm's with torch_loss."""
+    loss = program.backward(x, y)
+    want = torch_loss(tm(torch.from_numpy(x)), torch.from_numpy(y))
+    want.backward()
+    assert loss == pytest.approx(want.item(), rel=1e-5)
+    grads = dict(program.model.named_parameters())
+    for name, p in tm.named_parameters():
+        np.testing.assert_allclose(grads[name].grad.numpy(), p.grad.numpy(), rtol=1e-4, atol=1e-6, err_msg=name)
+
+
 def hand_attention(lib=ft, C=8, H=2, T=4):
     """nanoGPT's causal self-attention, written by hand: heads as a leading dimension, a causal mask buffer."""
     L = nn if lib is ft else lib.nn
@@ -557,13 +568,7 @@ def test_hand_written_causal_attention_matches_pytorch():
     model.load_state_dict({k: v.detach().numpy() for k, v in tm.state_dict().items()})
     program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=3, input_shape=(4, 8),
                             memory_format="contiguous")
-    loss = program.backward(x, y)
-    want = torch.nn.functional.cross_entropy(tm(torch.from_numpy(x)), torch.from_numpy(y))
-    want.backward()
-    assert loss == pytest.approx(want.item(), rel=1e-5)
-    grads = dict(model.named_parameters())
-    for name, p in tm.named_parameters():
-        np.testing.assert_allclose(grads[name].grad.numpy(), p.grad.numpy(), rtol=1e-4, atol=1e-6, err_msg=name)
+    assert_gradients_match(program, tm, x, y, torch.nn.functional.cross_entropy)
 
 
 class HandLinear(nn.Module):
@@ -755,13 +760,7 @@ def test_clamp_and_the_activations_written_with_it_match_pytorch():
     tm, model = activations(torch), activations()
     model.load_state_dict({k: v.detach().numpy() for k, v in tm.state_dict().items()})
     program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.BCELoss(), batch_size=5, input_shape=(4,))
-    loss = program.backward(x, y)
-    want = torch.nn.BCELoss()(tm(torch.from_numpy(x)), torch.from_numpy(y))
-    want.backward()
-    assert loss == pytest.approx(want.item(), rel=1e-5)
-    grads = dict(model.named_parameters())
-    for name, p in tm.named_parameters():
-        np.testing.assert_allclose(grads[name].grad.numpy(), p.grad.numpy(), rtol=1e-4, atol=1e-6, err_msg=name)
+    assert_gradients_match(program, tm, x, y, torch.nn.BCELoss())
 
 
 class Indexed(nn.Module):
