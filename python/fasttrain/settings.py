@@ -66,17 +66,17 @@ def are_deterministic_algorithms_enabled() -> bool:
 class no_grad(contextlib.ContextDecorator):
     """A context manager and decorator that changes nothing, for code written for PyTorch (``with ft.no_grad():``,
     ``@ft.no_grad()``, ``@ft.no_grad``): fasttrain's eager ops record no graph, and compiled programs take their
-    gradients themselves."""
+    gradients themselves. In a forward being traced, it refuses to hold back ops that train (nn/graph.py)."""
 
     def __new__(cls, func=None):
         return func if func is not None else super().__new__(cls)  # used bare, as @ft.no_grad
 
     def __enter__(self):
-        from .nn.graph import held_back
-        self._traced = held_back()
-        self._traced.__enter__()
+        from .nn.graph import no_grad_entered
+        no_grad_entered()
         return self
 
     def __exit__(self, *exc):
-        self._traced.__exit__(*exc)
+        from .nn.graph import no_grad_exited
+        no_grad_exited(exc[0] is not None)
         return False

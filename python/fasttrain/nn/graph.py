@@ -73,27 +73,27 @@ def refuse_eager_parameters(op, operands):
              "F.linear(x, self.weight)), or freeze it with requires_grad_(False) before compile")
 
 
-class held_back:
-    """ft.no_grad() in a traced forward: PyTorch computes no gradient through its block, while a compiled step
-    differentiates every traced op; the block may hold only ops that train nothing (frozen modules)."""
+def no_grad_entered():
+    """ft.no_grad() entered: in a traced forward, the nodes recorded until it exits are collected."""
+    if _trainable:
+        _held_back.append([])
 
-    def __enter__(self):
-        if _trainable:
-            _held_back.append([])
 
-    def __exit__(self, *exc):
-        if not _trainable or not _held_back:
-            return
-        nodes = _held_back.pop()
-        trains = {}
-        for n in topological(nodes):
-            m = n.module
-            own = [] if m is None else [*m.parameters(), *(getattr(m, k, None) for k in ("weight", "bias", "tensor"))]
-            trains[id(n)] = any(id(p) in _trainable for p in own) or any(trains[id(i)] for i in n.inputs)
-        if exc[0] is None and any(trains[id(n)] for n in nodes):
-            fail("ft.no_grad() around traced ops that train (parameters, or values made from them)",
-                 "a compiled step differentiates every traced op: freeze what the block holds back with "
-                 "requires_grad_(False) before compile (a frozen teacher needs no ft.no_grad())")
+def no_grad_exited(failed):
+    """ft.no_grad() exited: PyTorch computes no gradient through its block, while a compiled step differentiates
+    every traced op, so the block may hold only ops that train nothing (frozen modules)."""
+    if not _trainable or not _held_back:
+        return
+    nodes = _held_back.pop()
+    trains = {}
+    for n in topological(nodes):
+        m = n.module
+        own = [] if m is None else [*m.parameters(), *(getattr(m, k, None) for k in ("weight", "bias", "tensor"))]
+        trains[id(n)] = any(id(p) in _trainable for p in own) or any(trains[id(i)] for i in n.inputs)
+    if not failed and any(trains[id(n)] for n in nodes):
+        fail("ft.no_grad() around traced ops that train (parameters, or values made from them)",
+             "a compiled step differentiates every traced op: freeze what the block holds back with "
+             "requires_grad_(False) before compile (a frozen teacher needs no ft.no_grad())")
 
 
 class BatchSize:
@@ -540,8 +540,8 @@ class Symbolic:
         return self
 
     def expand(self, *sizes):
-        """The value itself when sizes keep its shape (-1, or N for the batch, where a size stays); any other expand
-        fails."""
+        """Records the value repeated along its per-sample dimensions of size 1 to sizes (-1 keeps a size; the
+        batch's is N or -1), as torch's expand."""
         sizes = tuple(sizes[0]) if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)) else tuple(sizes)
         if len(sizes) != self.ndim or not (sizes[0] is N or sizes[0] == -1):
             fail(f"expand{sizes} of a traced value", "keep the batch first (N or -1) and the number of dimensions")
@@ -738,7 +738,8 @@ class Symbolic:
     def _compare(self, other):
         """Fails: a compiled program has no comparison node (Python's default == would give one bool, silently)."""
         fail("a comparison of a traced value (==, !=, <, <=, >, >=)", "a mask of padding labels is the loss's "
-             "ignore_index; a mask fixed per position is a tensor used as a value (x * self.mask)")
+             "ignore_index; a mask fixed for every sample is a bool tensor: x.masked_fill(mask, v), ft.where(mask, "
+             "x, y)")
 
     __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = _compare
     __hash__ = object.__hash__  # traced values are keys by identity
@@ -829,8 +830,6 @@ def where(condition, input, other):
             parts.append(value * _math.where(chosen, 1.0, 0.0))
         else:
             parts.append(_math.where(chosen, value, 0.0))
-    if not any(isinstance(p, Symbolic) for p in parts):
-        return _math.where(condition, input, other)
     return parts[1] + parts[0] if isinstance(parts[1], Symbolic) else parts[0] + parts[1]
 
 

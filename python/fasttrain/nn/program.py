@@ -1,11 +1,12 @@
 """model.compile(): a model graph turned into a C training program.
 
 The compiler walks the graph in topological order, fuses what the C ops can
-fuse (conv/linear/batch-norm/add followed by an activation), folds conv biases
-that a following batch norm cancels into its running mean, moves every parameter into one flat
-buffer and every gradient into another (each parameter object becomes a view,
-so optimizers built earlier see the flat memory), and hands the node list to C,
-which plans the activation memory and runs whole training steps."""
+fuse (conv/linear/batch-norm/add followed by an activation), folds conv
+biases that a following batch norm cancels into its running mean, moves every
+parameter into one flat buffer and every gradient into another (each
+parameter object becomes a view, so optimizers built earlier see the flat
+memory), and hands the node list to C, which plans the activation memory and
+runs whole training steps."""
 import math
 import numbers
 import warnings
@@ -128,11 +129,11 @@ def _node_of(module, shape):
 
 
 class _Entry:
-    __slots__ = ("kind", "module", "inputs", "shape", "fields", "act", "alpha", "drop_bias", "fused", "scope")
+    __slots__ = ("kind", "module", "inputs", "shape", "fields", "act", "alpha", "bias_into", "fused", "scope")
 
     def __init__(self, kind, module, inputs, shape, fields, scope=()):
         self.kind, self.module, self.inputs, self.shape, self.fields = kind, module, inputs, shape, fields
-        self.act, self.alpha, self.drop_bias, self.fused = None, 0.0, None, []  # drop_bias: the batch norm
+        self.act, self.alpha, self.bias_into, self.fused = None, 0.0, None, []  # bias_into: the batch norm
         self.scope = scope  # the modules whose calls recorded it, and its own
 
 
@@ -216,7 +217,7 @@ def _fuse(entries):
                 break
         nxt = users[k][0] if len(users[k]) == 1 else None
         if nxt is not None and entries[nxt].kind == BATCHNORM and entries[k].act is None:
-            e.drop_bias = entries[nxt].module
+            e.bias_into = entries[nxt].module
     keep = [i for i in range(len(entries)) if remap[i] == i]
     new_index = {old: new for new, old in enumerate(keep)}
     out = []
@@ -287,7 +288,7 @@ def _node_dict(e, trainable):
     if e.kind in (CONV2D, LINEAR, BATCHNORM, LAYERNORM, GROUPNORM, EMBEDDING):
         if m.weight is not None:
             d["weight"], d["dweight"] = m.weight, grad(m.weight)
-        if getattr(m, "bias", None) is not None and e.drop_bias is None:
+        if getattr(m, "bias", None) is not None and e.bias_into is None:
             d["bias"], d["dbias"] = m.bias, grad(m.bias)
     if e.kind == PARAM:
         d["weight"], d["dweight"] = m.tensor, grad(m.tensor)
@@ -394,7 +395,7 @@ def _table(entries, dtypes=None, recomputed=None):
         notes = []
         if e.act:
             notes.append(f"+{e.act} fused")
-        if e.drop_bias is not None:
+        if e.bias_into is not None:
             notes.append("bias folded into the batch norm's running mean")
         if recomputed and recomputed[i]:
             notes.append("recomputed in the backward")
@@ -501,12 +502,12 @@ class Program:
             raise ValueError(f"compile: the optimizer holds tensors that are not parameters of this model (an "
                              f"optimizer of another model?); of this model's parameters it lacks {lacking}")
         for e in self.entries:
-            if e.drop_bias is not None:
+            if e.bias_into is not None:
                 # The compiled model computes the convolution without its bias. Moved into the running mean
                 # (x + b - mean = x - (mean - b)), it leaves the function as it was, in eval mode too (a
                 # pretrained model's running mean holds its bias); the saved model describes what is trained.
-                if e.drop_bias.running_mean is not None:
-                    e.drop_bias.running_mean.sub_(e.module.bias)
+                if e.bias_into.running_mean is not None:
+                    e.bias_into.running_mean.sub_(e.module.bias)
                 e.module.bias.fill_(0)
         self._nodes = [_node_dict(e, self.trainable) for e in self.entries]
         self._grad_views = [(p, p.grad) for p in dict.fromkeys(model.parameters()) if id(p) in self.trainable]
