@@ -467,9 +467,11 @@ class Transformed(nn.Module):
         if self.use == "scaled":
             return F.linear(x, self.fc.weight * 2.0)
         if self.use == "part":
-            return self.fc(x) + self.fc.bias[:1]
+            return self.fc(x) + self.fc.weight[:, :1].sum()
         if self.use == "positions":
             return self.fc(x + self.pos(ft.arange(3)).sum(0))
+        if self.use == "ids":  # not a range of positions
+            return self.fc(x + self.pos(ft.tensor([2, 0])).sum(0))
         with ft.no_grad():
             t = self.teacher(x)
         return self.fc(x) + t
@@ -478,8 +480,9 @@ class Transformed(nn.Module):
 @pytest.mark.parametrize("use, message", [
     ("exp", "exp of a trainable parameter outside the traced graph"),
     ("scaled", "mul of a trainable parameter outside the traced graph"),
-    ("part", "a part or a permutation of a trainable parameter used as a value"),
-    ("positions", "Embedding with trainable parameters called on tensors that are not traced"),
+    ("part", "sum of a trainable parameter outside the traced graph"),
+    ("positions", "sum of a trainable parameter outside the traced graph"),
+    ("ids", "Embedding with trainable parameters called on tensors that are not traced"),
     ("no_grad", r"ft.no_grad\(\) around traced ops that train"),
 ])
 def test_a_parameter_computed_on_outside_the_graph_is_refused_not_frozen(use, message):
@@ -825,3 +828,48 @@ def test_repeat_mt_and_normalize_match_numpy_with_a_finite_gradient_at_a_zero_ro
     np.testing.assert_allclose(program.predict(x).numpy(), want, rtol=1e-5, atol=1e-6)
     program.backward(x, np.ones((3, 12), np.float32))
     assert np.isfinite(model.fc.weight.grad.numpy()).all()
+
+
+def positions(lib=ft, V=11, T=6, D=8, how="embedding"):
+    """GPT-2's token and position embeddings: positions from arange(t), the head tied to the token table."""
+    L = nn if lib is ft else lib.nn
+
+    class Positions(L.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte, self.wpe = L.Embedding(V, D), L.Embedding(T, D)
+            self.head = L.Linear(D, V, bias=False)
+            self.head.weight = self.wte.weight
+
+        def forward(self, idx):
+            b, t = idx.size()
+            pos = lib.arange(0, t, dtype=lib.long, device=idx.device)
+            return self.head(self.wte(idx) + (self.wpe(pos) if how == "embedding" else self.wpe.weight[:t]))
+
+    return Positions()
+
+
+@pytest.mark.parametrize("how", ["embedding", "rows"])
+def test_position_embeddings_of_a_range_train_their_rows(how):
+    rng = np.random.default_rng(21)
+    x, y = rng.integers(0, 11, (3, 4)), rng.integers(0, 11, (3, 4))
+    ft.manual_seed(0)
+    model = positions(how=how)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), gpt_loss, batch_size=3, input_shape=(4,),
+                            input_dtype=ft.int64)
+    assert gradcheck(program, x, y)
+    program.backward(x, y)
+    grad = model.wpe.weight.grad.numpy()
+    assert np.abs(grad[:4]).min() > 0 and (grad[4:] == 0).all()  # the rows of positions 0..3 only
+
+
+@needs_torch
+def test_position_embeddings_of_a_range_match_pytorch():
+    rng = np.random.default_rng(22)
+    x, y = rng.integers(0, 11, (3, 4)), rng.integers(0, 11, (3, 4))
+    tm, model = positions(torch), positions()
+    model.load_state_dict({k: v.detach().numpy() for k, v in tm.state_dict().items()})
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), gpt_loss, batch_size=3, input_shape=(4,),
+                            input_dtype=ft.int64)
+    assert_gradients_match(program, tm, x, y, lambda out, y: gpt_loss(out, y, torch.nn.functional))
+

@@ -61,8 +61,14 @@ class tracing:
 
 
 def uses_trainable(tensors):
-    """Whether a forward is being traced and one of tensors is a trainable parameter of its model."""
-    return bool(_trainable) and any(id(t) in _trainable for t in tensors)
+    """Whether a forward is being traced and one of tensors is a trainable parameter of its model, or a view of
+    one (its memory lies in the parameter's)."""
+    if not _trainable:
+        return False
+    from .._tensor import Tensor
+    spans = [(p.data_ptr(), p.data_ptr() + p.numel() * p.element_size()) for p in _trainable.values()]
+    return any(isinstance(t, Tensor) and t.numel() and any(lo <= t.data_ptr() < hi for lo, hi in spans)
+               for t in tensors)
 
 
 def refuse_eager_parameters(op, operands):
@@ -796,6 +802,11 @@ def constant(t, like_shape):
     size-1 dimensions beyond the per-sample rank are the batch's broadcast; it broadcasts along the sample's
     dimensions as NumPy does, with no expanded copy when it varies along the first only (a per-channel
     (C, 1, 1) scale) or, for samples that are not images, the last only (a per-feature bias)."""
+    rows = _parameter_rows(t)
+    if rows is not None:  # a range of a parameter's rows (positions 0..T-1 of a table): the parameter, sliced
+        p, start = rows
+        whole = Symbolic.record(_layers().Value(p, tuple(p.shape)), [], tuple(p.shape))
+        return whole[:, start:start + t.shape[0]]
     shape = tuple(t.shape)
     t = _whole_parameter(t)
     while len(shape) > len(like_shape) and shape[0] == 1:
@@ -839,6 +850,19 @@ def _transposed_parameter(t):
         if getattr(t, "ndim", 0) == 2 and p.ndim == 2 and p.data_ptr() == t.data_ptr() and \
                 tuple(t.shape) == tuple(p.shape)[::-1] and tuple(t.stride()) == tuple(p.stride())[::-1]:
             return p
+    return None
+
+
+def _parameter_rows(t):
+    """(p, start) when t is rows start.. of a trainable parameter p (contiguous, whole rows, not all of them:
+    self.pos.weight[:T]), else None."""
+    for p in _trainable.values():
+        row = p.numel() // p.shape[0] * p.element_size() if p.ndim and p.shape[0] else 0
+        offset = t.data_ptr() - p.data_ptr()
+        if row and t.ndim == p.ndim and tuple(t.shape[1:]) == tuple(p.shape[1:]) and t.is_contiguous() and \
+                0 <= offset < p.numel() * p.element_size() and offset % row == 0 and t.shape[0] < p.shape[0] and \
+                p.device == t.device:
+            return p, offset // row
     return None
 
 

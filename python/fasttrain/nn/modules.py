@@ -239,10 +239,13 @@ class Module:
         if not any(isinstance(x, Symbolic) for x in inputs):
             from .graph import fail, uses_trainable
             if uses_trainable(self.parameters()):
+                rows = self._rows(*inputs) if isinstance(self, Embedding) else None
+                if rows is not None:
+                    return rows
                 fail(f"{type(self).__name__} with trainable parameters called on tensors that are not traced",
                      "its output would be a constant through which they never train: call it on values of the "
-                     "model's input, use its weight as a value (positions 0..T-1 of a full-length sequence: "
-                     "x + self.pos.weight), or freeze it with requires_grad_(False) before compile")
+                     "model's input, use its weight as a value (positions: self.pos(ft.arange(T)) or "
+                     "self.pos.weight[:T]), or freeze it with requires_grad_(False) before compile")
             return self.forward(*inputs, **kwargs)
         if self._leaf:
             if kwargs:
@@ -630,6 +633,17 @@ class Embedding(Module):
     def forward(self, x):
         from . import functional as F
         return F.embedding(x, self.weight, self.padding_idx)
+
+    def _rows(self, ids):
+        """While a forward is traced: for positions ids = a, a + 1, ..., b - 1 (ft.arange(T)), the rows a..b-1 of
+        the weight as a view, which a traced value meeting them reads as the parameter (it trains); else None."""
+        if not isinstance(ids, Tensor) or ids.ndim != 1 or ids.dtype.is_floating_point or not ids.numel():
+            return None
+        first = int(ids[0].item())
+        if not (ids.cpu().numpy() == range(first, first + ids.numel())).all() or first < 0 or \
+                first + ids.numel() > self.num_embeddings:
+            return None
+        return self.weight[first:first + ids.numel()]
 
     def extra_repr(self):
         return f"{self.num_embeddings}, {self.embedding_dim}" + (
