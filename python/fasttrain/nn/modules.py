@@ -639,11 +639,11 @@ class Embedding(Module):
         the weight as a view, which a traced value meeting them reads as the parameter (it trains); else None."""
         if not isinstance(ids, Tensor) or ids.ndim != 1 or ids.dtype.is_floating_point or not ids.numel():
             return None
-        first = int(ids[0].item())
-        if not (ids.cpu().numpy() == range(first, first + ids.numel())).all() or first < 0 or \
-                first + ids.numel() > self.num_embeddings:
+        positions = ids.tolist()
+        first, end = positions[0], positions[0] + len(positions)
+        if positions != list(range(first, end)) or first < 0 or end > self.num_embeddings:
             return None
-        return self.weight[first:first + ids.numel()]
+        return self.weight[first:end]
 
     def extra_repr(self):
         return f"{self.num_embeddings}, {self.embedding_dim}" + (
