@@ -928,10 +928,7 @@ def test_masked_fill_matches_numpy_and_keeps_the_dtype():
 def test_clamp_min_max_square_logsumexp_expand_as_type_as():
     a = np.array([[1.0, 2.0, 3.0], [-np.inf, -np.inf, -np.inf], [1000.0, 0.0, -5.0]], np.float32)
     t = ft.tensor(a)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        top = np.max(a, 1, keepdims=True)
-        want = (np.log(np.exp(a - np.where(np.isfinite(top), top, 0)).sum(1)) + np.where(np.isfinite(top), top, 0)[:, 0])
-    np.testing.assert_allclose(ft.logsumexp(t, 1).numpy(), want, rtol=1e-6)
+    np.testing.assert_allclose(ft.logsumexp(t, 1).numpy(), np.logaddexp.reduce(a, axis=1), rtol=1e-6)
     assert t.logsumexp(1, keepdim=True).shape == (3, 1)
     np.testing.assert_array_equal(t.clamp_min(0.5).numpy(), np.maximum(a, 0.5))
     np.testing.assert_array_equal(ft.clamp_max(t, 0.5).numpy(), np.minimum(a, 0.5))
