@@ -151,3 +151,24 @@ def test_compile_refuses_layers_left_in_eval_mode(frozen):
         m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=2, input_shape=(3, 8, 8))
     m.train()
     m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=2, input_shape=(3, 8, 8))
+
+
+def test_what_compile_fixed_changing_afterwards_is_refused_not_ignored():
+    """Freezing a layer or putting a batch norm in eval mode after compile would not reach the compiled step."""
+    m = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(144, 5))
+    program = m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=2,
+                        input_shape=(3, 8, 8))
+    x, y = np.ones((2, 3, 8, 8), np.float32), np.array([0, 1])
+    m[0].requires_grad_(False)
+    before = m[0].weight.numpy().copy()
+    for step in (program.train_step, program.backward, lambda x, y: ft.fit(program, (x, y), progress=False)):
+        with pytest.raises(ValueError, match=r"0.weight.requires_grad became False after compile.*compile again"):
+            step(x, y)
+    np.testing.assert_array_equal(m[0].weight.numpy(), before)
+    m[0].requires_grad_(True)
+    m[1].eval()
+    with pytest.raises(ValueError, match=r"^BatchNorm2d is in eval mode"):
+        program.train_step(x, y)
+    m.train()
+    program.train_step(x, y)
+    assert not np.array_equal(m[0].weight.numpy(), before)

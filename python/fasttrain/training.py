@@ -201,6 +201,7 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
     progress = progress and distributed.get_rank() == 0
     for count in range(epochs):
         program.model.train()
+        program._check_compiled()
         skipped_before_epoch = program.skipped_steps
         if c_loader:
             epoch = loader.epoch

@@ -464,12 +464,8 @@ class Program:
         if self.input_dtype not in (_BY_NAME["float32"], _BY_NAME["int64"]):
             raise TypeError(f"compile: input_dtype must be float32 or int64 (token ids), got {self.input_dtype.name}")
         entries, output = _graph(model, input_shape, loss, target_shape, target_dtype, self.input_dtype)
-        frozen = [type(e.module).__name__ for e in entries
-                  if isinstance(e.module, (M._BatchNorm, M.Dropout)) and not e.module.training]
-        if frozen:
-            raise ValueError(f"compile: {frozen[0]} is in eval mode (.eval()), which a compiled training step would "
-                             "not honour: it trains with batch statistics and dropout, and predict/evaluate use the "
-                             "running statistics without dropout by themselves; call .train() before compile")
+        self._modal = [e.module for e in entries if isinstance(e.module, (M._BatchNorm, M.Dropout))]
+        self._check_modes("compile: ")
         self.entries = _fuse(entries)
         kept = {id(e): i for i, e in enumerate(self.entries)}
         while id(entries[output]) not in kept:  # an activation fused into the layer before it: that layer's output
@@ -495,6 +491,7 @@ class Program:
         # Parameters read by the program but frozen get no gradient; those the optimizer does not hold are
         # differentiated (their .grad is filled) but not updated, as with torch.optim.
         self.trainable = {id(p) for p in model.parameters() if p.requires_grad}
+        self._trains = [(name, p, p.requires_grad) for name, p in model.named_parameters()]
         own = {id(p) for p in model.parameters()}
         held = [p for g in optimizer.param_groups for p in g["params"]]
         if any(id(p) not in own for p in held):
@@ -563,9 +560,28 @@ class Program:
         """One optimizer step on the batch (x, y): forward, loss, backward, update, all in C. Returns the loss."""
         return self._step(x, y)[0]
 
+    def _check_modes(self, when):
+        """Fails where a batch norm or dropout is in eval mode: a compiled step trains in training mode regardless
+        (predict and evaluate run in eval mode by themselves)."""
+        for m in self._modal:
+            if not m.training:
+                raise ValueError(f"{when}{type(m).__name__} is in eval mode (.eval()), which a compiled training step "
+                                 "would not honour: it trains with batch statistics and dropout, and predict/evaluate "
+                                 "use the running statistics without dropout by themselves; call .train() first")
+
+    def _check_compiled(self):
+        """Fails where what compile fixed has changed since (which parameters train, the layers' training mode),
+        rather than training on as compiled."""
+        for name, p, trains in self._trains:
+            if p.requires_grad != trains:
+                raise ValueError(f"{name}.requires_grad became {p.requires_grad} after compile, which the compiled "
+                                 "step does not see: compile again to train with it")
+        self._check_modes("")
+
     def _step(self, x, y):
         """train_step, returning (the loss, the samples whose training-mode output's argmax is their label: 0 unless
         the program classifies)."""
+        self._check_compiled()
         loss, skipped, correct = self._c.train_step(*self._batch(x, y), self.optimizer, self.clip_grad_norm,
                                                     self.nan_policy)
         self.step_count += 1
@@ -592,6 +608,7 @@ class Program:
         are updated as in a step); returns the loss. As PyTorch's loss.backward(), the gradients are added to
         what .grad holds, so that several batches' gradients sum until optimizer.zero_grad(); after
         zero_grad(set_to_none=True) (PyTorch's default) they are written anew into .grad."""
+        self._check_compiled()
         zeroed = False
         for p, view in self._grad_views:
             if p.grad is not view:  # set to None (or replaced): the program's memory is .grad again
