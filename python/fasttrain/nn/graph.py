@@ -60,15 +60,22 @@ class tracing:
         _held_back.clear()
 
 
+def _viewed_parameter(t):
+    """While a forward is traced: the trainable parameter whose memory t lies in (t itself, or any view of it),
+    else None."""
+    from .._tensor import Tensor
+    if not _trainable or not isinstance(t, Tensor) or not t.numel():
+        return None
+    for p in _trainable.values():
+        if p.device == t.device and p.data_ptr() <= t.data_ptr() < p.data_ptr() + p.numel() * p.element_size():
+            return p
+    return None
+
+
 def uses_trainable(tensors):
     """Whether a forward is being traced and one of tensors is a trainable parameter of its model, or a view of
-    one (its memory lies in the parameter's)."""
-    if not _trainable:
-        return False
-    from .._tensor import Tensor
-    spans = [(p.data_ptr(), p.data_ptr() + p.numel() * p.element_size()) for p in _trainable.values()]
-    return any(isinstance(t, Tensor) and t.numel() and any(lo <= t.data_ptr() < hi for lo, hi in spans)
-               for t in tensors)
+    one."""
+    return any(_viewed_parameter(t) is not None for t in tensors)
 
 
 def refuse_eager_parameters(op, operands):
@@ -802,13 +809,21 @@ def constant(t, like_shape):
     size-1 dimensions beyond the per-sample rank are the batch's broadcast; it broadcasts along the sample's
     dimensions as NumPy does, with no expanded copy when it varies along the first only (a per-channel
     (C, 1, 1) scale) or, for samples that are not images, the last only (a per-feature bias)."""
-    rows = _parameter_rows(t)
-    if rows is not None:  # a range of a parameter's rows (positions 0..T-1 of a table): the parameter, sliced
-        p, start = rows
-        whole = Symbolic.record(_layers().Value(p, tuple(p.shape)), [], tuple(p.shape))
-        return whole[:, start:start + t.shape[0]]
     shape = tuple(t.shape)
-    t = _whole_parameter(t)
+    p = _viewed_parameter(t)
+    if p is not None and p is not t:  # a view: read as the parameter, which trains through it
+        row = p.numel() // p.shape[0] * p.element_size() if p.ndim else 0
+        offset = t.data_ptr() - p.data_ptr()
+        if t.is_contiguous() and t.numel() == p.numel():
+            t = p  # the whole parameter in another shape (self.gamma.view(1, -1, 1, 1))
+        elif t.is_contiguous() and row and t.ndim == p.ndim and tuple(t.shape[1:]) == tuple(p.shape[1:]) and \
+                offset % row == 0:  # rows start.. (positions 0..T-1 of a table): the parameter, sliced
+            whole = Symbolic.record(_layers().Value(p, tuple(p.shape)), [], tuple(p.shape))
+            return whole[:, offset // row:offset // row + t.shape[0]]
+        else:
+            fail("a part or a permutation of a trainable parameter used as a value", "use the whole parameter in "
+                 "its own order (x @ self.weight.T is F.linear(x, self.weight)), a range of its rows "
+                 "(self.pos.weight[:T]), or a parameter of the part's size")
     while len(shape) > len(like_shape) and shape[0] == 1:
         shape = shape[1:]
     if len(shape) > len(like_shape):
@@ -846,38 +861,11 @@ def where(condition, input, other):
 
 def _transposed_parameter(t):
     """The 2-d trainable parameter whose transpose t is (self.weight.T, self.weight.t()), else None."""
-    for p in _trainable.values():
-        if getattr(t, "ndim", 0) == 2 and p.ndim == 2 and p.data_ptr() == t.data_ptr() and \
-                tuple(t.shape) == tuple(p.shape)[::-1] and tuple(t.stride()) == tuple(p.stride())[::-1]:
-            return p
+    p = _viewed_parameter(t)
+    if p is not None and p.ndim == 2 and t.ndim == 2 and p.data_ptr() == t.data_ptr() and \
+            tuple(t.shape) == tuple(p.shape)[::-1] and tuple(t.stride()) == tuple(p.stride())[::-1]:
+        return p
     return None
-
-
-def _parameter_rows(t):
-    """(p, start) when t is rows start.. of a trainable parameter p (contiguous, whole rows, not all of them:
-    self.pos.weight[:T]), else None."""
-    for p in _trainable.values():
-        row = p.numel() // p.shape[0] * p.element_size() if p.ndim and p.shape[0] else 0
-        offset = t.data_ptr() - p.data_ptr()
-        if row and t.ndim == p.ndim and tuple(t.shape[1:]) == tuple(p.shape[1:]) and t.is_contiguous() and \
-                0 <= offset < p.numel() * p.element_size() and offset % row == 0 and t.shape[0] < p.shape[0] and \
-                p.device == t.device:
-            return p, offset // row
-    return None
-
-
-def _whole_parameter(t):
-    """t, or the trainable parameter whose memory t views whole in another shape (self.gamma.view(1, -1, 1, 1)):
-    the value node reads the parameter, which trains through it."""
-    if id(t) in _trainable or not _trainable:
-        return t
-    for p in _trainable.values():
-        if p.data_ptr() == t.data_ptr() and p.numel() == t.numel() and t.is_contiguous() and p.device == t.device:
-            return p
-        if p.data_ptr() <= t.data_ptr() < p.data_ptr() + p.numel() * p.element_size():
-            fail("a part or a permutation of a trainable parameter used as a value", "use the whole parameter in "
-                 "its own order (x @ self.weight.T is F.linear(x, self.weight)), or a parameter of the part's size")
-    return t
 
 
 def _broadcast(a, b):
