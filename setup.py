@@ -24,8 +24,8 @@ from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-# Turing (7.5, the oldest CUDA 13 builds for: float32 and float16; bf16-mixed runs 32-true there), Ampere, Hopper, and PTX for
-# what comes after.
+# Turing (7.5, the oldest CUDA 13 builds for: float32 and float16; bf16-mixed runs 32-true there), Ampere,
+# Hopper, and PTX for what comes after.
 CUDA_ARCHS = ["-gencode", "arch=compute_75,code=sm_75", "-gencode", "arch=compute_80,code=sm_80",
               "-gencode", "arch=compute_90,code=sm_90", "-gencode", "arch=compute_90,code=compute_90"]
 

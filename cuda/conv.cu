@@ -257,8 +257,8 @@ static algo_key key_of(char kind, const operand &x, const filter &w, const opera
  * first: timed by cudnnFind* with find, cudnnGet*_v7's heuristic without,
  * and the heuristic's when Find fails) in order: a candidate cuDNN turns
  * down for these descriptors, or whose workspace does not fit in memory, is
- * skipped, and the first that runs is cached. workspace(algo, &bytes) and run(algo,
- * workspace, bytes) wrap the pass's cuDNN calls. */
+ * skipped, and the first that runs is cached. workspace(algo, &bytes) and
+ * run(algo, workspace, bytes) wrap the pass's cuDNN calls. */
 template <typename Perf, typename Search, typename Workspace, typename Run>
 static ft_status run_pass(const algo_key &k, const char *what, Search search, Workspace workspace, Run run) {
     std::string key((const char *)&k, sizeof k);
@@ -332,7 +332,7 @@ static ft_status forward(cudnnHandle_t h, const operand &x, const filter &w, con
         k, "cudnn convolution forward",
         [&](cudnnConvolutionFwdAlgoPerf_t *perf, int *n, bool find) {
             return find ? cudnnFindConvolutionForwardAlgorithm(h, d.x, d.w, d.conv, d.y, MAX_ALGOS, n, perf)
-                               : cudnnGetConvolutionForwardAlgorithm_v7(h, d.x, d.w, d.conv, d.y, MAX_ALGOS, n, perf);
+                        : cudnnGetConvolutionForwardAlgorithm_v7(h, d.x, d.w, d.conv, d.y, MAX_ALGOS, n, perf);
         },
         [&](cudnnConvolutionFwdAlgo_t a, size_t *bytes) {
             return cudnnGetConvolutionForwardWorkspaceSize(h, d.x, d.w, d.conv, d.y, a, bytes);

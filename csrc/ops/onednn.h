@@ -38,8 +38,9 @@ typedef struct {
 typedef ft_status (*ft_dnnl_build_fn)(dnnl_primitive_desc_t *pd, const void *arg);
 
 /* The primitive for `key` (any bytes that identify it completely) and the
- * current thread count, built by `build` on first use. Entries live as long as the process: callers keep
- * using a primitive after the lookup, without the cache's lock. */
+ * current thread count, built by `build` on first use. Entries live as long
+ * as the process: callers keep using a primitive after the lookup, without
+ * the cache's lock. */
 ft_status ft_dnnl_get(const ft_dnnl_prim **out, const void *key, size_t key_len, ft_dnnl_build_fn build,
                       const void *arg);
 
