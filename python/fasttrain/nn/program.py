@@ -491,7 +491,6 @@ class Program:
         # Parameters read by the program but frozen get no gradient; those the optimizer does not hold are
         # differentiated (their .grad is filled) but not updated, as with torch.optim.
         self.trainable = {id(p) for p in model.parameters() if p.requires_grad}
-        self._trains = [(name, p, p.requires_grad) for name, p in model.named_parameters()]
         own = {id(p) for p in model.parameters()}
         held = [p for g in optimizer.param_groups for p in g["params"]]
         if any(id(p) not in own for p in held):
@@ -572,8 +571,8 @@ class Program:
     def _check_compiled(self):
         """Fails where what compile fixed has changed since (which parameters train, the layers' training mode),
         rather than training on as compiled."""
-        for name, p, trains in self._trains:
-            if p.requires_grad != trains:
+        for name, p in self.model.named_parameters():
+            if p.requires_grad != (id(p) in self.trainable):
                 raise ValueError(f"{name}.requires_grad became {p.requires_grad} after compile, which the compiled "
                                  "step does not see: compile again to train with it")
         self._check_modes("")
