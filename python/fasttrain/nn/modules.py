@@ -239,9 +239,9 @@ class Module:
         if not any(isinstance(x, Symbolic) for x in inputs):
             from .graph import fail, uses_trainable
             if uses_trainable(self.parameters()):
-                rows = self._rows(*inputs) if isinstance(self, Embedding) else None
-                if rows is not None:
-                    return rows
+                view = self._parameter_view(*inputs)
+                if view is not None:
+                    return view
                 fail(f"{type(self).__name__} with trainable parameters called on tensors that are not traced",
                      "its output would be a constant through which they never train: call it on values of the "
                      "model's input, use its weight as a value (positions: self.pos(ft.arange(T)) or "
@@ -261,6 +261,11 @@ class Module:
             return self.forward(*inputs, **kwargs)
         finally:
             callers.pop()
+
+    def _parameter_view(self, *inputs):
+        """While a forward is traced, for untraced inputs: the output as a view of a parameter (which a traced
+        value meeting it reads as the parameter, so it trains), where the layer's output is one; else None."""
+        return None
 
     def _symbolic(self, *inputs):
         from .graph import Symbolic as S
@@ -634,9 +639,8 @@ class Embedding(Module):
         from . import functional as F
         return F.embedding(x, self.weight, self.padding_idx)
 
-    def _rows(self, ids):
-        """While a forward is traced: for positions ids = a, a + 1, ..., b - 1 (ft.arange(T)), the rows a..b-1 of
-        the weight as a view, which a traced value meeting them reads as the parameter (it trains); else None."""
+    def _parameter_view(self, ids):
+        """For positions ids = a, a + 1, ..., b - 1 (ft.arange(T)): the rows a..b-1 of the weight."""
         if not isinstance(ids, Tensor) or ids.ndim != 1 or ids.dtype.is_floating_point or not ids.numel():
             return None
         positions = ids.tolist()
