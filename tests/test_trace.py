@@ -872,3 +872,51 @@ def test_position_embeddings_of_a_range_match_pytorch():
                             input_dtype=ft.int64)
     assert_gradients_match(program, tm, x, y, lambda out, y: gpt_loss(out, y, torch.nn.functional))
 
+
+
+@pytest.mark.parametrize("forward, error, message", [
+    (lambda x: x.clamp(), ValueError, "at least one of 'min' or 'max'"),
+    (lambda x: x.clamp(min=x), ft.nn.TracingError, "clamp to bounds that are not numbers"),
+    (lambda x: F.hardtanh(x, 1.0, -1.0), ValueError, "min_val 1.0 must not exceed max_val -1.0"),
+    (lambda x: F.normalize(x, p=1), NotImplementedError, r"normalize: p=1 \(only the Euclidean norm"),
+    (lambda x: x.repeat(2, 1), ft.nn.TracingError, r"repeat\(2, 1\) of a traced value"),
+    (lambda x: x.expand(x.size(0), 8), ValueError, r"Expand: \(4,\) does not broadcast to \(8,\)"),
+    (lambda x: x.to(ft.int64), ft.nn.TracingError, r"x.to\(int64\) of a traced value"),
+    (lambda x: ft.where(x, x, 0.0), ft.nn.TracingError, "a condition computed from traced values"),
+    (lambda x: x.masked_fill(ft.ones(4), 0.0), TypeError, "where: expected condition to be a bool tensor"),
+])
+def test_the_traced_math_refuses_what_it_cannot_record(forward, error, message):
+    class Bad(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return forward(self.fc(x))
+
+    model = Bad()
+    with pytest.raises(error, match=message):
+        model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=2, input_shape=(4,))
+
+
+class Broadcast(nn.Module):
+    """expand, expand_as, and the dtype conversions a compiled program takes as the value itself."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x):
+        h = self.fc(x)  # (N, 3)
+        assert h.dtype is ft.float32 and h.device == self.fc.weight.device
+        col = h[:, :1]  # (N, 1)
+        return (col.expand(x.size(0), 3) + col.expand_as(h) * h).to(ft.float32).type_as(h).float()
+
+
+def test_expand_and_dtype_conversions_of_traced_values_match_numpy():
+    x = np.random.default_rng(23).standard_normal((3, 4)).astype(np.float32)
+    model = Broadcast()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=3, input_shape=(4,))
+    h = x.astype(np.float64) @ model.fc.weight.numpy().T + model.fc.bias.numpy()
+    np.testing.assert_allclose(program.predict(x).numpy(), h[:, :1] + h[:, :1] * h, rtol=1e-5, atol=1e-6)
+    assert gradcheck(program, x, np.arange(3) % 3)
