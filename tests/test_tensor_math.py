@@ -935,3 +935,79 @@ def test_clamp_min_max_square_logsumexp_expand_as_type_as():
     np.testing.assert_array_equal(ft.square(t).numpy(), a * a)
     assert ft.ones(3).expand_as(t).shape == (3, 3)
     assert ft.ones(3).type_as(ft.zeros(1, dtype=ft.int64)).dtype is ft.int64
+
+
+@pytest.mark.parametrize("dim", [(), 0, -1, (0, 2), (2, 0, 1)])
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_amax_amin_norm_match_numpy(dim, keepdim, ft_device):
+    a = np.random.default_rng(31).standard_normal((3, 4, 5)).astype(np.float32)
+    a[0, 1, 2] = 0.0
+    t = ft.tensor(a, device=ft_device)
+    axes = None if dim == () else dim
+    for got, want in ((t.amax(dim, keepdim), a.max(axes, keepdims=keepdim)),
+                      (ft.amin(t, dim, keepdim), a.min(axes, keepdims=keepdim))):
+        assert got.device == t.device
+        np.testing.assert_array_equal(n(got.cpu()), want)
+    x = a.astype(np.float64)
+    for p, want in (("fro", np.sqrt((x * x).sum(axes, keepdims=keepdim))), (1, np.abs(x).sum(axes, keepdims=keepdim)),
+                    (np.inf, np.abs(x).max(axes, keepdims=keepdim)), (-np.inf, np.abs(x).min(axes, keepdims=keepdim)),
+                    (0, (x != 0).sum(axes, keepdims=keepdim)),
+                    (3.5, (np.abs(x) ** 3.5).sum(axes, keepdims=keepdim) ** (1 / 3.5))):
+        got = t.norm(p, None if dim == () else dim, keepdim)
+        assert got.dtype is ft.float32 and got.device == t.device
+        np.testing.assert_allclose(n(got.cpu()), want, rtol=1e-6, err_msg=f"p={p}")
+
+
+def test_amax_norm_gather_nan_and_errors():
+    t = ft.tensor([[1.0, np.nan, 3.0], [4.0, 5.0, 6.0]])
+    assert np.isnan(t.amax(1)[0].item()) and t.amax(1)[1].item() == 6.0 and np.isnan(ft.amin(t).item())
+    with pytest.raises(IndexError, match=r"amax\(\): Expected reduction dim 1 to have non-zero size"):
+        ft.zeros(2, 0).amax(1)
+    with pytest.raises(TypeError, match="norm\\(\\): input dtype should be floating point, got int64"):
+        ft.ones(3, dtype=ft.int64).norm()
+    with pytest.raises(ValueError, match="norm: p must be a number or 'fro', got 'nuc'"):
+        ft.ones(3).norm("nuc")
+    x = ft.tensor([[1.0, 2.0], [3.0, 4.0]])
+    with pytest.raises(IndexError, match="gather: index 2 is out of bounds for dimension 1 with size 2"):
+        x.gather(1, ft.tensor([[0], [2]]))
+    with pytest.raises(IndexError, match="gather: index -1 is out of bounds"):
+        x.gather(1, ft.tensor([[-1], [0]]))
+    with pytest.raises(TypeError, match="Expected dtype int64 for index, got float32"):
+        x.gather(1, ft.ones(2, 1))
+    with pytest.raises(ValueError, match="gather: index has 1 dimensions and input 2"):
+        x.gather(1, ft.tensor([0, 1]))
+    with pytest.raises(ValueError, match=r"gather: index \(3, 1\) is larger than input \(2, 2\) outside dimension 1"):
+        x.gather(1, ft.zeros(3, 1, dtype=ft.int64))
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_gather_matches_numpy(dim, ft_device):
+    rng = np.random.default_rng(32)
+    a = rng.standard_normal((4, 5, 3)).astype(np.float32)
+    shape = [3, 4, 2]
+    shape[dim] = 6  # longer than input along dim, shorter elsewhere: a prefix of the other dimensions is read
+    idx = rng.integers(0, a.shape[dim], shape)
+    got = ft.gather(ft.tensor(a, device=ft_device), dim, ft.tensor(idx, device=ft_device))
+    want = np.take_along_axis(a[tuple(slice(0, m) if k != dim % 3 else slice(None) for k, m in enumerate(shape))],
+                              idx, dim)
+    assert got.device.type == ft_device
+    np.testing.assert_array_equal(n(got.cpu()), want)
+
+
+def test_amax_norm_gather_cosine_similarity_match_torch():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(33)
+    a, b = rng.standard_normal((2, 4, 6)).astype(np.float32)
+    b[1] = 0.0  # zero vectors: the norm's eps bound
+    idx = rng.integers(0, 4, (4, 6))
+    T = torch.nn.functional
+    pairs = [(torch.amax(torch.tensor(a), (0, 1)), ft.amax(ft.tensor(a), (0, 1))),
+             (torch.tensor(a).norm(dim=1), ft.tensor(a).norm(dim=1)),
+             (torch.linalg.vector_norm(torch.tensor(a), 3.0), ft.norm(ft.tensor(a), 3.0)),
+             (torch.tensor(a).gather(0, torch.tensor(idx)), ft.tensor(a).gather(0, ft.tensor(idx))),
+             (T.cosine_similarity(torch.tensor(a), torch.tensor(b)), F.cosine_similarity(ft.tensor(a), ft.tensor(b))),
+             (T.pairwise_distance(torch.tensor(a), torch.tensor(b)), F.pairwise_distance(ft.tensor(a), ft.tensor(b))),
+             (T.triplet_margin_loss(*(torch.tensor(v) for v in (a, b, a[::-1].copy())), swap=True),
+              F.triplet_margin_loss(*(ft.tensor(v) for v in (a, b, a[::-1].copy())), swap=True))]
+    for want, got in pairs:
+        np.testing.assert_allclose(n(got), want.numpy(), rtol=1e-5, atol=1e-7)

@@ -884,6 +884,13 @@ def test_position_embeddings_of_a_range_match_pytorch():
     (lambda x: x.to(ft.int64), ft.nn.TracingError, r"x.to\(int64\) of a traced value"),
     (lambda x: ft.where(x, x, 0.0), ft.nn.TracingError, "a condition computed from traced values"),
     (lambda x: x.masked_fill(ft.ones(4), 0.0), TypeError, "where: expected condition to be a bool tensor"),
+    (lambda x: x.max(1)[1] * 1.0, ft.nn.TracingError, r"the indices of max\(dim\) .* x.max\(dim\).values"),
+    (lambda x: x.min(1).indices.float(), ft.nn.TracingError, r"the indices of min\(dim\)"),
+    (lambda x: x.max(), ft.nn.TracingError, r"max\(\) of a traced value over the batch"),
+    (lambda x: x.amax(()), ft.nn.TracingError, r"a reduction over every dimension \(dim=\(\)\)"),
+    (lambda x: x.norm(), ft.nn.TracingError, r"norm\(\) of a traced value over the batch"),
+    (lambda x: x.norm(3, dim=1), ft.nn.TracingError, r"norm\(p=3\) of a traced value"),
+    (lambda x: x.gather(1, ft.zeros(2, 1, dtype=ft.int64)), ft.nn.TracingError, "gather\\(\\) with an index other"),
 ])
 def test_the_traced_math_refuses_what_it_cannot_record(forward, error, message):
     class Bad(nn.Module):
@@ -920,3 +927,157 @@ def test_expand_and_dtype_conversions_of_traced_values_match_numpy():
     h = x.astype(np.float64) @ model.fc.weight.numpy().T + model.fc.bias.numpy()
     np.testing.assert_allclose(program.predict(x).numpy(), h[:, :1] + h[:, :1] * h, rtol=1e-5, atol=1e-6)
     assert gradcheck(program, x, np.arange(3) % 3)
+
+
+def reductions(lib=ft):
+    """max/min over a dimension, amax/amin, norms and the cosine similarity, traced through a user's forward."""
+    L = nn if lib is ft else lib.nn
+
+    class Reduced(L.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = L.Linear(4, 12), L.Linear(6, CLASSES)
+            self.cos = L.CosineSimilarity(dim=-1)
+
+        def forward(self, x):
+            h = self.a(x).view(x.size(0), 2, 6)
+            m = h.max(dim=1).values + lib.amax(h, (1, 2), keepdim=True)[:, 0] - h.amin(-1).sum(1, keepdim=True)
+            m = m + h.norm(dim=1) + lib.norm(h, 1, dim=1) + h.norm(float("inf"), 1)
+            values, _ = lib.min(h, dim=2, keepdim=True)  # (N, 2, 1)
+            return self.b(m * self.cos(h[:, 0], h[:, 1]).unsqueeze(1)) + values.sum(1)
+
+    return Reduced()
+
+
+def test_max_amax_norms_and_cosine_similarity_match_finite_differences_and_numpy():
+    x = np.random.default_rng(24).standard_normal((5, 4)).astype(np.float32)
+    ft.manual_seed(2)
+    model = reductions()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=5, input_shape=(4,))
+    assert gradcheck(program, x, np.arange(5) % CLASSES, rtol=3e-2, atol=1e-4)
+    h = (x.astype(np.float64) @ model.a.weight.numpy().T + model.a.bias.numpy()).reshape(5, 2, 6)
+    m = h.max(1) + h.max((1, 2))[:, None] - h.min(2).sum(1, keepdims=True)
+    m = m + np.sqrt((h * h).sum(1)) + np.abs(h).sum(1) + np.abs(h).max(1)
+    cos = (h[:, 0] * h[:, 1]).sum(1) / np.linalg.norm(h[:, 0], axis=1) / np.linalg.norm(h[:, 1], axis=1)
+    want = (m * cos[:, None]) @ model.b.weight.numpy().T + model.b.bias.numpy() + h.min(2).sum(1, keepdims=True)
+    np.testing.assert_allclose(program.predict(x).numpy(), want, rtol=1e-5, atol=1e-5)
+
+
+@needs_torch
+def test_max_amax_norms_and_cosine_similarity_match_pytorch():
+    x = np.random.default_rng(25).standard_normal((5, 4)).astype(np.float32)
+    y = np.arange(5) % CLASSES
+    tm, model = reductions(torch), reductions()
+    model.load_state_dict({k: v.detach().numpy() for k, v in tm.state_dict().items()})
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=5,
+                            input_shape=(4,))
+    assert_gradients_match(program, tm, x, y, torch.nn.CrossEntropyLoss())
+
+
+def hand_written_losses(lib=ft):
+    """Losses people write themselves from the labels: label smoothing and a stable cross entropy picking the
+    true class with gather, and a focal loss from the per-sample cross entropy."""
+    Fn = lib.nn.functional
+
+    def smoothing(out, y):
+        logp = Fn.log_softmax(out, dim=-1)
+        nll = -logp.gather(dim=-1, index=y.unsqueeze(1)).squeeze(1)
+        return (0.9 * nll - 0.1 * logp.mean(dim=-1)).mean()
+
+    def stable(out, y):
+        z = out - out.max(dim=1, keepdim=True)[0].detach()
+        return -(z.gather(1, y.long().view(-1, 1)) - z.exp().sum(1, keepdim=True).log()).mean()
+
+    def focal(out, y):
+        ce = Fn.cross_entropy(out, y, reduction="none")
+        return ((1 - lib.exp(-ce)) ** 2 * ce).mean()
+
+    return {"smoothing": smoothing, "stable": stable, "focal": focal}
+
+
+@pytest.mark.parametrize("name", ["smoothing", "stable", "focal"])
+def test_hand_written_class_losses_match_the_built_in_ones(name):
+    """Against the cross-entropy node's own label smoothing, its plain form, and NumPy's focal loss."""
+    rng = np.random.default_rng(26)
+    x, y = rng.standard_normal((6, 4)).astype(np.float32), rng.integers(0, CLASSES, 6)
+    model = nn.Linear(4, CLASSES)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), hand_written_losses()[name], batch_size=6,
+                            input_shape=(4,))
+    out = model(ft.tensor(x))
+    if name == "focal":
+        z = out.numpy().astype(np.float64)
+        ce = np.log(np.exp(z).sum(1)) - z[np.arange(6), y]
+        want = ((1 - np.exp(-ce)) ** 2 * ce).mean()
+    else:
+        want = F.cross_entropy(out, ft.tensor(y), label_smoothing=0.1 if name == "smoothing" else 0.0).item()
+    assert program.evaluate(x, y)[0] == pytest.approx(want, rel=1e-5)
+    assert gradcheck(program, x, y, rtol=3e-2, atol=1e-4)
+    before = model.weight.numpy().copy()
+    with pytest.raises(IndexError, match=rf"label {CLASSES} at position 0 is outside \[0, {CLASSES}\)"):
+        program.train_step(x, np.full(6, CLASSES))  # gather's index past the classes
+    np.testing.assert_array_equal(model.weight.numpy(), before)
+
+
+@needs_torch
+@pytest.mark.parametrize("name", ["smoothing", "stable", "focal"])
+def test_hand_written_class_losses_match_pytorch(name):
+    rng = np.random.default_rng(27)
+    x, y = rng.standard_normal((6, 4)).astype(np.float32), rng.integers(0, CLASSES, 6)
+    tm, model = torch.nn.Linear(4, CLASSES), nn.Linear(4, CLASSES)
+    model.load_state_dict({k: v.detach().numpy() for k, v in tm.state_dict().items()})
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), hand_written_losses()[name], batch_size=6,
+                            input_shape=(4,))
+    assert_gradients_match(program, tm, x, y, hand_written_losses(torch)[name])
+
+
+@pytest.mark.parametrize("view", [lambda y: y.unsqueeze(1), lambda y: y.view(-1, 1), lambda y: y[:, None],
+                                  lambda y: y.float().reshape(y.size(0), 1)])
+def test_targets_viewed_as_a_column_before_a_loss_reads_them_are_one_value_per_sample(view):
+    rng = np.random.default_rng(28)
+    x, y = rng.standard_normal((6, 4)).astype(np.float32), rng.standard_normal(6).astype(np.float32)
+    model = nn.Linear(4, 1)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), lambda out, t: F.mse_loss(out, view(t)),
+                            batch_size=6, input_shape=(4,))
+    want = ((model(ft.tensor(x)).numpy()[:, 0].astype(np.float64) - y) ** 2).mean()
+    assert program.evaluate(x, y)[0] == pytest.approx(want, rel=1e-5)
+    labels = (y > 0).astype(np.float32)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1),
+                            lambda out, t: F.binary_cross_entropy_with_logits(out, view(t)), batch_size=6,
+                            input_shape=(4,))
+    z = model(ft.tensor(x)).numpy()[:, 0].astype(np.float64)
+    want = (np.logaddexp(0, z) - labels * z).mean()
+    assert program.evaluate(x, labels)[0] == pytest.approx(want, rel=1e-5)
+    with pytest.raises(ft.nn.TracingError, match=r"the targets viewed as \(-1, 10\) .* target_shape="):
+        model.compile(ft.optim.SGD(model.parameters(), lr=0.1), lambda out, t: F.mse_loss(out, t.view(-1, 10)),
+                      batch_size=6, input_shape=(4,))
+
+
+def triplets(lib=ft):
+    """One encoder over an anchor, a positive and a negative: three outputs, and a loss that reads no labels."""
+    L = nn if lib is ft else lib.nn
+
+    class Siamese(L.Module):
+        def __init__(self):
+            super().__init__()
+            self.enc = L.Linear(4, 5)
+
+        def forward(self, x):
+            return self.enc(x[:, 0]), self.enc(x[:, 1]), self.enc(x[:, 2])
+
+    return Siamese()
+
+
+@needs_torch
+def test_a_triplet_margin_loss_over_three_outputs_matches_pytorch():
+    x = np.random.default_rng(29).standard_normal((6, 3, 4)).astype(np.float32)
+    tm, model = triplets(torch), triplets()
+    model.load_state_dict({k: v.detach().numpy() for k, v in tm.state_dict().items()})
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1),
+                            lambda outs, y: nn.TripletMarginLoss(margin=2.0)(*outs), batch_size=6, input_shape=(3, 4))
+    loss = program.backward(x, None)
+    want = torch.nn.TripletMarginLoss(margin=2.0)(*tm(torch.from_numpy(x)))
+    want.backward()
+    assert loss == pytest.approx(want.item(), rel=1e-5)
+    grads = dict(model.named_parameters())
+    for name, p in tm.named_parameters():
+        np.testing.assert_allclose(grads[name].grad.numpy(), p.grad.numpy(), rtol=1e-4, atol=1e-6, err_msg=name)

@@ -739,6 +739,78 @@ def min(input: Tensor, dim: int | Tensor | None = None, keepdim: bool = False) -
     return _max_or_min("min", input, dim, keepdim, np.argmin, np.min, minimum)
 
 
+def _extremes(name, fn, input, dim, keepdim):
+    _real(name, input)
+    axes = _axes(name, input, dim)
+    for d in range(input.ndim) if axes is None else axes:
+        if input.shape[d] == 0:
+            raise IndexError(f"{name}(): Expected reduction dim {d} to have non-zero size.")
+    return _reduce(name.removeprefix("a"), fn, input, axes, keepdim, input.dtype, input.dtype)
+
+
+def amax(input: Tensor, dim: Dims = (), keepdim: bool = False) -> Tensor:
+    """The largest values over dim (an int or a tuple; every dimension by default), as torch.amax; NaN is the
+    largest."""
+    return _extremes("amax", np.max, input, dim, keepdim)
+
+
+def amin(input: Tensor, dim: Dims = (), keepdim: bool = False) -> Tensor:
+    """The smallest values over dim (an int or a tuple; every dimension by default), as torch.amin; NaN is the
+    smallest."""
+    return _extremes("amin", np.min, input, dim, keepdim)
+
+
+def norm(input: Tensor, p: float | str = "fro", dim: Dims = None, keepdim: bool = False,
+         dtype: DTypeLike | None = None) -> Tensor:
+    """The vector norm over dim (every element by default) of a floating tensor, as torch.linalg.vector_norm:
+    p = 'fro' or 2, 1, inf, -inf, 0 (the count of nonzeros) or any other number ((sum |x|^p)^(1/p)); computed in
+    float64, returned in input's dtype (or dtype)."""
+    _real("norm", input)
+    if not input.dtype.is_floating_point:
+        raise TypeError(f"norm(): input dtype should be floating point, got {input.dtype.name}")
+    p = 2 if p == "fro" else p
+    if isinstance(p, str) or isinstance(p, bool) or not isinstance(p, (int, float)):
+        raise ValueError(f"norm: p must be a number or 'fro', got {p!r}")
+    axes = _axes("norm", input, dim)
+    out = input.dtype if dtype is None else as_dtype(dtype)
+
+    def vector_norm(x):
+        a = np.abs(x)
+        if p == math.inf:
+            return np.max(a, axis=axes, keepdims=keepdim, initial=0.0)
+        if p == -math.inf:
+            return np.min(a, axis=axes, keepdims=keepdim, initial=math.inf)
+        if p == 0:
+            return np.sum(a != 0, axis=axes, keepdims=keepdim)
+        return np.sum(a ** p, axis=axes, keepdims=keepdim) ** (1.0 / p)
+    return _apply("norm", vector_norm, [input], _BY_NAME["float64"], out)
+
+
+def gather(input: Tensor, dim: int, index: Tensor) -> Tensor:
+    """out[i][j][k] = input[index[i][j][k]][j][k] for dim 0 (and so on), as torch.gather: index is an integer tensor
+    of input's rank, no larger than input along the other dimensions; each index lies in [0, input.size(dim))."""
+    _real("gather", input)
+    if not isinstance(index, _Tensor) or index.dtype.is_floating_point or index.dtype is _BOOL:
+        raise TypeError(f"gather(): Expected dtype int64 for index, got "
+                        f"{index.dtype.name if isinstance(index, _Tensor) else type(index).__name__}")
+    d = _norm_dim(dim, input.ndim, "gather: dim")
+    if index.ndim != input.ndim:
+        raise ValueError(f"gather: index has {index.ndim} dimensions and input {input.ndim}; they must have as many")
+    if builtins.any(k != d and m > n for k, (m, n) in enumerate(zip(index.shape, input.shape))):
+        raise ValueError(f"gather: index {tuple(index.shape)} is larger than input {tuple(input.shape)} outside "
+                         f"dimension {d}")
+    _device("gather", [input, index])
+    a, idx = input._host_array(), np.asarray(index._host_array(), dtype=np.int64)
+    n = a.shape[d] if a.ndim else 1
+    if idx.size and (idx.min() < 0 or idx.max() >= n):
+        bad = idx[(idx < 0) | (idx >= n)].flat[0]
+        raise IndexError(f"gather: index {bad} is out of bounds for dimension {d} with size {n}")
+    if a.ndim:
+        a = a[tuple(slice(None) if k == d else slice(0, m) for k, m in enumerate(idx.shape))]
+        a = np.take_along_axis(a, idx, d)
+    return _result(np.array(a).reshape(idx.shape), input.dtype, input.device)
+
+
 def _arg_extreme(name, input, dim, keepdim, arg):
     if dim is not None:
         return _extreme(name, input, dim, keepdim, arg).indices
@@ -1064,6 +1136,12 @@ _TRACED = {
     "square": lambda x: x.square(), "logsumexp": lambda x, dim, keepdim=False: x.logsumexp(dim, keepdim),
     "where": lambda condition, input, other: _traced_where(condition, input, other),
     "masked_fill": lambda input, mask, value: input.masked_fill(mask, value),
+    "max": lambda x, dim=None, keepdim=False: x.max(dim, keepdim),
+    "min": lambda x, dim=None, keepdim=False: x.min(dim, keepdim),
+    "amax": lambda x, dim=(), keepdim=False: x.amax(dim, keepdim),
+    "amin": lambda x, dim=(), keepdim=False: x.amin(dim, keepdim),
+    "norm": lambda x, p="fro", dim=None, keepdim=False, dtype=None: x.norm(p, dim, keepdim),
+    "gather": lambda x, dim, index: x.gather(dim, index),
 }
 
 

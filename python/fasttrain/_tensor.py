@@ -487,6 +487,7 @@ class Tensor(_C.TensorBase):
     sort, argsort, topk, unique = _math.sort, _math.argsort, _math.topk, _math.unique
     tril, triu, masked_fill = _math.tril, _math.triu, _math.masked_fill
     clamp_min, clamp_max, square, logsumexp = _math.clamp_min, _math.clamp_max, _math.square, _math.logsumexp
+    amax, amin, norm, gather = _math.amax, _math.amin, _math.norm, _math.gather
 
     def expand_as(self, other: Tensor) -> Tensor:
         """self.expand(other.shape)."""

@@ -50,7 +50,8 @@ __all__ = [
     "adaptive_max_pool1d", "adaptive_max_pool2d",
     "hardswish", "softplus", "dropout", "softmax", "log_softmax", "cross_entropy", "nll_loss", "mse_loss", "l1_loss",
     "smooth_l1_loss", "huber_loss", "binary_cross_entropy_with_logits", "kl_div", "add", "mul", "cat", "flatten",
-    "scaled_dot_product_attention",
+    "scaled_dot_product_attention", "one_hot", "hardtanh", "relu6", "elu", "normalize", "binary_cross_entropy",
+    "cosine_similarity", "pairwise_distance", "triplet_margin_loss",
 ]
 
 
@@ -781,6 +782,43 @@ def kl_div(input, target, size_average=None, reduce=None, reduction="mean", log_
     x, t = _host(input), _host(target)
     values = np.exp(t) * (t - x) if log_target else np.where(t > 0, t * np.log(np.where(t > 0, t, 1)), 0) - t * x
     return _eager(values, reduction, input)
+
+
+def _reduced(values, reduction):
+    """Per-sample losses reduced as reduction says, traced or eager."""
+    if isinstance(values, Symbolic):
+        return values.reduce(reduction)
+    return values if reduction == "none" else values.sum() if reduction == "sum" else values.mean()
+
+
+def cosine_similarity(x1, x2, dim=1, eps=1e-8):
+    """The cosine of the angle between x1 and x2 along dim: the sum of their products after each is divided by its
+    Euclidean norm held at eps or above, as PyTorch 2 computes it (for vectors shorter than eps, its gradient
+    differs from PyTorch's, which does not differentiate the bound)."""
+    return (normalize(x1, 2.0, dim, eps) * normalize(x2, 2.0, dim, eps)).sum(dim)
+
+
+def pairwise_distance(x1, x2, p=2.0, eps=1e-6, keepdim=False):
+    """The p-norm of x1 - x2 + eps over the last dimension, as torch.nn.functional.pairwise_distance (p = 2, 1 or
+    inf while tracing)."""
+    return (x1 - x2 + eps).norm(p, dim=-1, keepdim=keepdim)
+
+
+def triplet_margin_loss(anchor, positive, negative, margin=1.0, p=2.0, eps=1e-6, swap=False, size_average=None,
+                        reduce=None, reduction="mean"):
+    """max(d(anchor, positive) - d(anchor, negative) + margin, 0) with d = pairwise_distance, reduced as reduction
+    says; swap=True takes the smaller of d(anchor, negative) and d(positive, negative) (eagerly only)."""
+    reduction = _reduction_of("triplet_margin_loss", _legacy_reduction(size_average, reduce, reduction))
+    if margin <= 0:
+        raise ValueError(f"triplet_margin_loss: margin must be greater than 0, got {margin}")
+    d_ap = pairwise_distance(anchor, positive, p, eps)
+    d_an = pairwise_distance(anchor, negative, p, eps)
+    if swap:
+        if isinstance(d_an, Symbolic):
+            fail("triplet_margin_loss(swap=True)", "the smaller of two traced distances has no node: use swap=False")
+        from .._math import minimum
+        d_an = minimum(d_an, pairwise_distance(positive, negative, p, eps))
+    return _reduced((d_ap - d_an + margin).clamp_min(0.0), reduction)
 
 
 # ---- residual add, mul and concatenation ----

@@ -284,8 +284,8 @@ class Symbolic:
         return (N, *self.node.shape)
 
     def size(self, dim=None):
-        """The shape, or the size of dimension dim (0 is the batch)."""
-        return self.shape if dim is None else self.shape[dim]
+        """The shape, or the size of dimension dim (0 is the batch, N even for targets of no shape yet)."""
+        return self.shape if dim is None else N if dim == 0 and not self.node.reduced else self.shape[dim]
 
     def dim(self):
         """The number of dimensions, the batch's included."""
@@ -421,6 +421,12 @@ class Symbolic:
         return _layers()._Elementwise("abs")(self)
 
     # ---- views and movement ----
+    def _one_per_sample(self):
+        """Targets of no shape yet, viewed before a loss reads them (y.unsqueeze(1), y.view(-1, 1), y[:, None]),
+        are one value per sample: a label or a regression target. Their dtype is the loss's to fix."""
+        if self.node.shape is None:
+            bind_target(self, (), None)
+
     def view(self, *shape):
         """The same as reshape: traced values have no memory layout."""
         return self.reshape(*shape)
@@ -432,6 +438,10 @@ class Symbolic:
         shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
         if MergedRows.of(self, shape):
             return MergedRows(self)
+        if self.node.shape is None:
+            if any(n not in (1, -1) for n in shape[1:]):
+                fail(f"the targets viewed as {shape} before a loss reads them", "give compile(..., target_shape=)")
+            self._one_per_sample()
         target = _per_sample(shape, math.prod(self.node.shape))
         if isinstance(self.node.module, _layers().Reshape):  # a reshape of a reshape is one reshape
             return Symbolic(self.node.inputs[0]).reshape(N, *target)
@@ -448,6 +458,7 @@ class Symbolic:
 
     def unsqueeze(self, dim):
         """Records a new dimension of size 1 at dim, which must come after the batch."""
+        self._one_per_sample()
         nd = len(self.node.shape)
         d = dim % (nd + 2)
         if d == 0:
@@ -523,7 +534,7 @@ class Symbolic:
         precision decides what the program computes in)."""
         from .._types import _BY_NAME
         m = self.node.module
-        return m.dtype if isinstance(m, _layers().Target) and self.node.shape is not None else _BY_NAME["float32"]
+        return m.dtype if isinstance(m, _layers().Target) and m.dtype is not None else _BY_NAME["float32"]
 
     @property
     def device(self):
@@ -533,8 +544,11 @@ class Symbolic:
 
     def to(self, *args, **kwargs):
         """The value itself for a floating dtype or the model's device (the program chooses the dtypes of its values);
-        an integer dtype fails."""
+        an integer dtype only for the targets (y.long()), as the losses read labels as int64."""
         from .._types import as_dtype
+        m, labels = self.node.module, _layers().Target
+        if isinstance(m, labels) or isinstance(m, _layers().Reshape) and isinstance(self.node.inputs[0].module, labels):
+            return self
         for a in (*args, *kwargs.values()):
             try:
                 dt = as_dtype(a)
@@ -543,6 +557,10 @@ class Symbolic:
             if not dt.is_floating_point:
                 fail(f"x.to({dt.name}) of a traced value", "compute in floats; labels reach a loss as they are")
         return self
+
+    def long(self):
+        """The targets as they are (see to); any other value fails."""
+        return self.to("int64")
 
     def type_as(self, other):
         """The value itself (see to)."""
@@ -584,6 +602,7 @@ class Symbolic:
         return self.expand(other.shape)
 
     def __getitem__(self, index):
+        self._one_per_sample()
         index = index if isinstance(index, tuple) else (index,)
         if index and index[0] is Ellipsis:  # x[..., k]: the ellipsis spans the batch
             index = (slice(None), *index)
@@ -658,7 +677,10 @@ class Symbolic:
     def _dims(self, dim):
         """The per-sample dimensions dim names (the batch refused), sorted."""
         nd = len(self.node.shape)
-        return sorted({_dim(d, nd) for d in (dim if isinstance(dim, (tuple, list)) else [dim])})
+        dims = sorted({_dim(d, nd) for d in (dim if isinstance(dim, (tuple, list)) else [dim])})
+        if not dims:
+            fail("a reduction over every dimension (dim=()), the batch's too", "give the per-sample dimensions")
+        return dims
 
     def _sum_dims(self, dims, keepdim, scale):
         """Records scale * the sum over the per-sample dimensions dims."""
@@ -700,6 +722,67 @@ class Symbolic:
     def std(self, dim=None, unbiased=True, keepdim=False, *, correction=None):
         """Records the standard deviation over dim (not the batch), as torch.std."""
         return self.var(dim, unbiased, keepdim, correction=correction).sqrt()
+
+    def amax(self, dim, keepdim=False):
+        """Records the largest value over dim (not the batch), as torch.amax: adaptive max pooling of the values
+        moved last. NaN is the largest. Where several values are the largest, the gradient goes to the first (as
+        torch.max(dim)'s; torch.amax shares it among them)."""
+        dims = self._dims(dim)
+        shape = self.node.shape
+        kept = [d for d in range(len(shape)) if d not in dims]
+        x = self if kept + dims == list(range(len(shape))) else self.permute(0, *(d + 1 for d in kept + dims))
+        rows = x.reshape(N, math.prod(shape[d] for d in kept), math.prod(shape[d] for d in dims))
+        out = _layers().AdaptiveMaxPool1d(1)(rows)
+        return out.reshape(N, *(1 if d in dims else n for d, n in enumerate(shape)) if keepdim else
+                           (shape[d] for d in kept))
+
+    def amin(self, dim, keepdim=False):
+        """Records the smallest value over dim (not the batch), as torch.amin: -amax(-x)."""
+        return -(-self).amax(dim, keepdim)
+
+    def max(self, dim=None, keepdim=False):
+        """Records (values, indices) of the largest value along dim (not the batch), as torch.max(x, dim): the
+        values are amax's; the indices are no value a compiled program computes, and any use of them fails."""
+        if dim is None or not isinstance(dim, (int, tuple, list)):
+            fail("max() of a traced value over the batch, or against another value",
+                 "give a per-sample dimension (x.max(dim=1).values), or write ft.clamp(x, min=...)")
+        from .._math import ValuesIndices
+        return ValuesIndices(self.amax(dim, keepdim), NoIndices("max"))
+
+    def min(self, dim=None, keepdim=False):
+        """Records (values, indices) of the smallest value along dim (not the batch), as torch.min(x, dim)."""
+        if dim is None or not isinstance(dim, (int, tuple, list)):
+            fail("min() of a traced value over the batch, or against another value",
+                 "give a per-sample dimension (x.min(dim=1).values), or write ft.clamp(x, max=...)")
+        from .._math import ValuesIndices
+        return ValuesIndices(self.amin(dim, keepdim), NoIndices("min"))
+
+    def norm(self, p="fro", dim=None, keepdim=False, dtype=None):
+        """Records the vector norm over dim (not the batch): p = 2 ('fro'), 1 or inf, as torch.norm and
+        torch.linalg.vector_norm. The 2-norm is sqrt(max(sum x^2, 2^-126)): a zero vector's norm reads 1e-19, with
+        the gradient 0 that PyTorch gives it."""
+        if dim is None:
+            fail("norm() of a traced value over the batch", "give the per-sample dimensions, x.norm(dim=-1)")
+        if p in ("fro", 2):
+            return self.square().sum(dim, keepdim).clamp_min(2.0 ** -126).sqrt()
+        if p == 1:
+            return self.abs().sum(dim, keepdim)
+        if p == math.inf:
+            return self.abs().amax(dim, keepdim)
+        fail(f"norm(p={p!r}) of a traced value", "use p = 2, 1 or inf")
+
+    def gather(self, dim, index):
+        """Records the values at the targets' class indices along dim: index is the labels with a dimension of size
+        1 there (logp.gather(1, y.unsqueeze(1)), as hand-written label smoothing and focal losses pick the true
+        class's log-probability), recorded as -nll_loss(reduction='none') of those classes. Each label must lie in
+        [0, size of dim), which the step checks."""
+        nd = len(self.node.shape)
+        d = _dim(dim, nd)
+        labels = _labels_of(index, d)
+        bind_target(labels, self.node.shape[:d] + self.node.shape[d + 1:], "int64")
+        scores = self if d == 0 else self.permute(0, d + 1, *(k + 1 for k in range(nd) if k != d))
+        picked = -_layers().NLLLoss(ignore_index=_NO_LABEL, reduction="none")(scores, labels)
+        return picked.unsqueeze(d + 1)
 
     # ---- activations as methods ----
     def relu(self):
@@ -765,6 +848,43 @@ class Symbolic:
     def __repr__(self):
         kind = "input" if self.node.module is None else type(self.node.module).__name__
         return f"Symbolic(shape={self.shape}, from={kind})"
+
+
+class NoIndices:
+    """The indices of max(dim)/min(dim) of a traced value: a compiled program computes no integer values, so
+    every use fails (an unused one, as in `values, _ = x.max(1)`, is fine)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def _refuse(self, *args, **kwargs):
+        fail(f"the indices of {self.fn}(dim) of a traced value", f"use the values: x.{self.fn}(dim).values, or "
+             f"x.a{self.fn}(dim)")
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        self._refuse()
+
+    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __add__ = __radd__ = __sub__ = __mul__ = _refuse
+    __getitem__ = __bool__ = __int__ = __index__ = __iter__ = __len__ = __array__ = _refuse
+    __hash__ = object.__hash__
+
+
+# ignore_index of the class losses that gather records: a label no batch holds, so every label is checked
+_NO_LABEL = -2 ** 63
+
+
+def _labels_of(index, d):
+    """The targets that index holds: their labels with a dimension of size 1 inserted at per-sample dimension d
+    (y.unsqueeze(1), y.view(-1, 1), y[:, None])."""
+    n = index.node if isinstance(index, Symbolic) else None
+    if n is not None and isinstance(n.module, _layers().Reshape) and isinstance(n.inputs[0].module, _layers().Target):
+        labels = n.inputs[0].shape
+        if (*labels[:d], 1, *labels[d:]) == n.shape:
+            return Symbolic(n.inputs[0])
+    fail("gather() with an index other than the targets' labels with a dimension of size 1 at dim",
+         "pick each sample's class with logp.gather(1, y.unsqueeze(1)), or use F.nll_loss(logp, y, reduction='none')")
 
 
 def _head_rows(x):
@@ -928,12 +1048,16 @@ def bind_target(t, shape, dtype):
     from .._types import as_dtype
     if not isinstance(t, Symbolic) or not isinstance(t.node.module, _layers().Target):
         fail(f"a loss reading {t!r} as its targets", "pass the loss the targets as compile gives them")
-    shape, dtype = tuple(shape), as_dtype(dtype)
+    shape, dtype, m = tuple(shape), None if dtype is None else as_dtype(dtype), t.node.module
     if t.node.shape is None:
-        t.node.shape, t.node.module.dtype = shape, dtype
-    elif (t.node.shape, t.node.module.dtype) != (shape, dtype):
-        raise TracingError(f"the targets are read as {dtype.name} of per-sample shape {shape} at {_user_line()}, "
-                           f"but as {t.node.module.dtype.name} of shape {t.node.shape} elsewhere")
+        t.node.shape, m.dtype = shape, dtype
+    elif t.node.shape == shape and None in (dtype, m.dtype) or (t.node.shape, m.dtype) == (shape, dtype):
+        m.dtype = m.dtype or dtype
+    else:
+        def read(dt, sh):
+            return f"{'values' if dt is None else dt.name} of per-sample shape {sh}"
+        raise TracingError(f"the targets are read as {read(dtype, shape)} at {_user_line()}, but as "
+                           f"{read(m.dtype, t.node.shape)} elsewhere")
 
 
 def Input(shape):

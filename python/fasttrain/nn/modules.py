@@ -1242,7 +1242,7 @@ class CrossEntropyLoss(_ClassLoss):
 
     def _symbolic(self, scores, target):
         t = target.node
-        if isinstance(t.module, Target) and (t.shape is None or not t.module.dtype.is_floating_point):
+        if isinstance(t.module, Target) and (t.shape is None or not getattr(t.module.dtype, "is_floating_point", 0)):
             return super()._symbolic(scores, target)
         # class probabilities (mixup's targets given with target_dtype=ft.float32, a teacher's softmax), as
         # PyTorch: -sum_c w_c t_c log_softmax(x)_c per position, smoothed first; the mean is over positions
@@ -1351,6 +1351,45 @@ class BCELoss(_Loss):
     def forward(self, input, target):
         from . import functional as F
         return F.binary_cross_entropy(input, target, self.weight, reduction=self.reduction)
+
+
+class TripletMarginLoss(_Loss):
+    """max(d(anchor, positive) - d(anchor, negative) + margin, 0), d the p-norm distance (see
+    F.triplet_margin_loss), as torch.nn.TripletMarginLoss."""
+
+    def __init__(self, margin=1.0, p=2.0, eps=1e-6, swap=False, size_average=None, reduce=None, reduction="mean"):
+        from .functional import _legacy_reduction
+        super().__init__(_legacy_reduction(size_average, reduce, reduction))
+        self.margin, self.p, self.eps, self.swap = margin, p, eps, swap
+
+    def forward(self, anchor, positive, negative):
+        from . import functional as F
+        return F.triplet_margin_loss(anchor, positive, negative, self.margin, self.p, self.eps, self.swap,
+                                     reduction=self.reduction)
+
+
+class CosineSimilarity(Module):
+    """F.cosine_similarity along dim, as torch.nn.CosineSimilarity."""
+
+    def __init__(self, dim=1, eps=1e-8):
+        super().__init__()
+        self.dim, self.eps = dim, eps
+
+    def forward(self, x1, x2):
+        from . import functional as F
+        return F.cosine_similarity(x1, x2, self.dim, self.eps)
+
+
+class PairwiseDistance(Module):
+    """F.pairwise_distance over the last dimension, as torch.nn.PairwiseDistance."""
+
+    def __init__(self, p=2.0, eps=1e-6, keepdim=False):
+        super().__init__()
+        self.norm, self.eps, self.keepdim = p, eps, keepdim
+
+    def forward(self, x1, x2):
+        from . import functional as F
+        return F.pairwise_distance(x1, x2, self.norm, self.eps, self.keepdim)
 
 
 class KLDivLoss(_Loss):

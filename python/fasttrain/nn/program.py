@@ -149,7 +149,10 @@ def _graph(model, input_shape, loss=None, target_shape=None, target_dtype=None, 
     roots = [first.node]
     if loss is not None:
         with tracing(model):  # a penalty on the weights written in the loss trains them
-            value = trace_loss(loss, outputs, target(target_shape, target_dtype))
+            targets = target(target_shape, target_dtype)
+            value = trace_loss(loss, outputs, targets)
+        if targets.node.module.dtype is None:  # only viewed (y.unsqueeze(1)) into a loss of values
+            targets.node.module.dtype = _BY_NAME["float32"]
         if value.node is first.node:
             raise TracingError("the loss is the model's output itself: compute it from the output and the targets")
         roots.append(value.node)
