@@ -1,17 +1,20 @@
-/* Nearest 2-d upsampling on CUDA: the CUDA side of ops/upsample.c, with its
- * results bit for bit.
+/* 2-d upsampling on CUDA, nearest and bilinear: the CUDA side of
+ * ops/upsample.c, with its results bit for bit.
  *
- * Legend: N batch, C channels, H W input size, P = H sh, Q = W sw.
+ * Legend: N batch, C channels, H W input size, P Q the output size (P = H sh,
+ * Q = W sw for nearest).
  *
- * The backward is a gather: one thread per input element adds its sh x sw
- * block of dout in the CPU's order (rows, then columns) from 0: no atomics,
- * and the CPU's bits. Threads are numbered channels innermost when the
+ * The backwards are gathers: one thread per input element adds what it
+ * passed to dout (nearest: its sh x sw block; bilinear: the outputs that
+ * read it, weighted, through kernels/interp.h) in the CPU's order from 0: no
+ * atomics, and the CPU's bits. Threads are numbered channels innermost when the
  * tensor they walk is channels-last, so that neighbouring threads touch
  * neighbouring memory. Tensors have any strides, and each may be float32 or
  * a 16-bit float (ft_cuda_kind): values are loaded as float, the backward's
  * sums run in float, and every result is rounded once, so a 16-bit result
  * is the float32 kernel's on the same values, rounded. */
 #include "backend.h"
+#include "kernels/interp.h"
 #include "ops/cuda_ops.h"
 
 namespace {
@@ -92,9 +95,75 @@ static ft_status upsample_backward(const ft_tensor *dinp, const ft_tensor *dout,
     return ft_cuda_launched("up_backward");
 }
 
+/* Bilinear: the geometry's sh and sw hold the output size (P, Q); each
+ * axis's coordinate scale comes with it. */
+typedef struct {
+    float scale_h, scale_w;
+    bool ac;
+} lerp_scales;
+
+static lerp_scales scales_of(const ft_tensor *small, const ft_tensor *big, const ft_bilinear2d_params *p) {
+    return {ft_lerp_scale(small->shape[2], big->shape[2], p->scale_h, p->align_corners),
+            ft_lerp_scale(small->shape[3], big->shape[3], p->scale_w, p->align_corners), p->align_corners};
+}
+
+__global__ void __launch_bounds__(THREADS) lerp_forward(up_geom g, lerp_scales s, const char *x, char *y) {
+    int64_t P = g.sh, Q = g.sw, total = g.N * g.C * P * Q, n, c, i, j;
+    for (int64_t k = (int64_t)blockIdx.x * THREADS + threadIdx.x; k < total; k += (int64_t)gridDim.x * THREADS) {
+        g.coords(k, P, Q, &n, &c, &i, &j);
+        ft_lerp_tap th = ft_lerp_at(i, g.H, s.scale_h, s.ac), tw = ft_lerp_at(j, g.W, s.scale_w, s.ac);
+        int64_t b = n * g.xs[0] + c * g.xs[1], r0 = b + th.i0 * g.xs[2], r1 = b + th.i1 * g.xs[2];
+        float top = tw.l0 * ft_cuda_load_f(x, r0 + tw.i0 * g.xs[3], g.kx) +
+                    tw.l1 * ft_cuda_load_f(x, r0 + tw.i1 * g.xs[3], g.kx);
+        float bottom = tw.l0 * ft_cuda_load_f(x, r1 + tw.i0 * g.xs[3], g.kx) +
+                       tw.l1 * ft_cuda_load_f(x, r1 + tw.i1 * g.xs[3], g.kx);
+        ft_cuda_store_f(y, n * g.ys[0] + c * g.ys[1] + i * g.ys[2] + j * g.ys[3], g.ky, th.l0 * top + th.l1 * bottom);
+    }
+}
+
+__global__ void __launch_bounds__(THREADS) lerp_backward(up_geom g, lerp_scales s, const char *dy, char *dx,
+                                                         bool acc) {
+    int64_t P = g.sh, Q = g.sw, total = g.N * g.C * g.H * g.W, n, c, h, w, plo, phi, qlo, qhi;
+    for (int64_t k = (int64_t)blockIdx.x * THREADS + threadIdx.x; k < total; k += (int64_t)gridDim.x * THREADS) {
+        g.coords(k, g.H, g.W, &n, &c, &h, &w);
+        ft_lerp_readers(h, g.H, P, s.scale_h, s.ac, &plo, &phi);
+        ft_lerp_readers(w, g.W, Q, s.scale_w, s.ac, &qlo, &qhi);
+        int64_t b = n * g.ys[0] + c * g.ys[1];
+        float sum = 0.0f;
+        for (int64_t i = plo; i < phi; i++) {
+            float row = 0.0f;
+            for (int64_t q = qlo; q < qhi; q++)
+                row += ft_lerp_weight(ft_lerp_at(q, g.W, s.scale_w, s.ac), w) *
+                       ft_cuda_load_f(dy, b + i * g.ys[2] + q * g.ys[3], g.ky);
+            sum += ft_lerp_weight(ft_lerp_at(i, g.H, s.scale_h, s.ac), h) * row;
+        }
+        int64_t o = n * g.xs[0] + c * g.xs[1] + h * g.xs[2] + w * g.xs[3];
+        ft_cuda_store_f(dx, o, g.kx, acc ? ft_cuda_load_f(dx, o, g.kx) + sum : sum);
+    }
+}
+
+static ft_status bilinear_forward(const ft_tensor *out, const ft_tensor *inp, const ft_bilinear2d_params *p) {
+    FT_TRY(ft_cuda_use_device(inp));
+    up_geom g = geom_of(inp, out, out, out->shape[2], out->shape[3]);
+    lerp_forward<<<ft_cuda_blocks(g.N * g.C * g.sh * g.sw, THREADS), THREADS, 0, FT_CUDA_STREAM>>>(
+        g, scales_of(inp, out, p), (const char *)ft_tensor_data(inp), (char *)ft_tensor_data(out));
+    return ft_cuda_launched("lerp_forward");
+}
+
+static ft_status bilinear_backward(const ft_tensor *dinp, const ft_tensor *dout, const ft_bilinear2d_params *p,
+                                   bool accumulate) {
+    FT_TRY(ft_cuda_use_device(dout));
+    up_geom g = geom_of(dinp, dout, dinp, dout->shape[2], dout->shape[3]);
+    lerp_backward<<<ft_cuda_blocks(g.N * g.C * g.H * g.W, THREADS), THREADS, 0, FT_CUDA_STREAM>>>(
+        g, scales_of(dinp, dout, p), (const char *)ft_tensor_data(dout), (char *)ft_tensor_data(dinp), accumulate);
+    return ft_cuda_launched("lerp_backward");
+}
+
 } // namespace
 
 void ft_cuda_register_upsample(struct ft_cuda_ops *ops) {
     ops->upsample_nearest2d_forward = upsample_forward;
     ops->upsample_nearest2d_backward = upsample_backward;
+    ops->upsample_bilinear2d_forward = bilinear_forward;
+    ops->upsample_bilinear2d_backward = bilinear_backward;
 }

@@ -792,6 +792,22 @@ def test_upsample_nearest2d(layout, scale):
     assert_same(F.interpolate(xg, scale_factor=scale), F.interpolate(xc, scale_factor=scale))
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("size, align_corners, scale", [((13, 9), False, (0.0, 0.0)), ((13, 9), True, (0.0, 0.0)),
+                                                        ((4, 17), False, (0.7, 2.5))], ids=str)
+def test_upsample_bilinear2d(layout, size, align_corners, scale):
+    xc, xg = pair(rng(208).normal(size=(2, 5, 6, 7)), layout)
+    oc = ops.upsample_bilinear2d_forward(None, xc, size, align_corners, *scale)
+    assert_same(ops.upsample_bilinear2d_forward(None, xg, size, align_corners, *scale), oc)
+    dyc, dyg = pair(rng(209).normal(size=tuple(oc.shape)), layout)
+    assert_same(ops.upsample_bilinear2d_backward(None, dyg, (6, 7), align_corners, *scale),
+                ops.upsample_bilinear2d_backward(None, dyc, (6, 7), align_corners, *scale))
+    hc, hg = pair(rng(210).normal(size=(2, 5, 6, 7)), layout)
+    ops.upsample_bilinear2d_backward(hc, dyc, (6, 7), align_corners, *scale, accumulate=True)
+    ops.upsample_bilinear2d_backward(hg, dyg, (6, 7), align_corners, *scale, accumulate=True)
+    assert_same(hg, hc)
+
+
 # ================================================================ convolution, linear, bias gradients
 
 CONV_CASES = [

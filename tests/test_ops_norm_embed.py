@@ -1,4 +1,4 @@
-"""group_norm, embedding and nearest 2-d upsampling (forward and backward) against NumPy float64 references and
+"""group_norm, embedding and nearest and bilinear 2-d upsampling (forward and backward) against NumPy float64 references and
 finite differences, the write/add gradient rule, both memory formats, bitwise across thread counts, bad input,
 and PyTorch's functional forms when torch imports."""
 import numpy as np
@@ -255,8 +255,8 @@ def test_interpolate_forms_and_bad_input():
     np.testing.assert_array_equal(n(F.interpolate(x, size=(6, 8))), want)
     strided = t(RNG.standard_normal((1, 2, 3, 8)))[..., ::2]  # any strides
     np.testing.assert_array_equal(n(F.interpolate(strided, scale_factor=(1, 3))), up_ref(n(strided), 1, 3))
-    with pytest.raises(NotImplementedError, match="mode='bilinear'"):
-        F.interpolate(x, scale_factor=2, mode="bilinear")
+    with pytest.raises(NotImplementedError, match="mode='bicubic' is not supported"):
+        F.interpolate(x, scale_factor=2, mode="bicubic")
     with pytest.raises(NotImplementedError, match="integer"):
         F.interpolate(x, scale_factor=1.5)
     with pytest.raises(NotImplementedError, match="integer multiple"):
@@ -275,9 +275,87 @@ def test_interpolate_forms_and_bad_input():
         ft.ops.upsample_nearest2d_forward(None, x.to(ft.float64), 2)
 
 
+def lerp_ref(x, P, Q, align_corners=False, scales=(None, None)):
+    """Bilinear resampling of (N, C, H, W) to (N, C, P, Q) in float64, written from PyTorch's documented mapping:
+    output index p samples input coordinate p (H - 1) / (P - 1) with align_corners, else (p + 0.5) / s - 0.5
+    held at 0 (s the scale factor given, or P / H), between its two neighbours (the last repeated at the edge)."""
+    def axis(size, out, scale):
+        if align_corners:
+            src = np.arange(out) * ((size - 1) / (out - 1) if out > 1 else 0.0)
+        else:
+            src = np.maximum((np.arange(out) + 0.5) * (1.0 / scale if scale else size / out) - 0.5, 0.0)
+        i0 = np.minimum(np.floor(src).astype(int), size - 1)
+        i1 = np.minimum(i0 + 1, size - 1)
+        l1 = np.clip(src - i0, 0.0, 1.0)
+        m = np.zeros((out, size))  # the output's rows as weights of the input's
+        np.add.at(m, (np.arange(out), i0), 1 - l1)
+        np.add.at(m, (np.arange(out), i1), l1)
+        return m
+    mh, mw = axis(x.shape[2], P, scales[0]), axis(x.shape[3], Q, scales[1])
+    return np.einsum("ph,nchw,qw->ncpq", mh, x, mw)
+
+
+LERP_CASES = [dict(size=(8, 10)), dict(size=(3, 2)), dict(size=(1, 1)), dict(scale_factor=2),
+              dict(scale_factor=1.5), dict(scale_factor=(0.5, 2.3))]
+
+
+@pytest.mark.parametrize("case", LERP_CASES, ids=str)
+@pytest.mark.parametrize("align_corners", [False, True])
+@pytest.mark.parametrize("layout", ["contiguous", "nhwc"])
+def test_upsample_bilinear2d(case, align_corners, layout):
+    mk = nhwc if layout == "nhwc" else t
+    x = RNG.standard_normal((2, 3, 4, 5))
+    out = F.interpolate(mk(x), mode="bilinear", align_corners=align_corners, **case)
+    P, Q = out.shape[2:]
+    f = case.get("scale_factor")
+    scales = (None, None) if f is None or align_corners else (f, f) if not isinstance(f, tuple) else f
+    if f is not None:
+        factors = (f, f) if not isinstance(f, tuple) else f
+        assert (P, Q) == (int(4 * factors[0]), int(5 * factors[1]))  # floor(size * scale_factor)
+    np.testing.assert_allclose(n(out), lerp_ref(x, P, Q, align_corners, scales), rtol=1e-5, atol=1e-6)
+    dy = RNG.standard_normal(tuple(out.shape))
+    sh, sw = (0.0, 0.0) if scales[0] is None else (float(scales[0]), float(scales[1]))
+    dx = ft.ops.upsample_bilinear2d_backward(None, mk(dy), (4, 5), align_corners, sh, sw)
+    np.testing.assert_allclose(n(dx), fd_grad(lambda v: lerp_ref(v, P, Q, align_corners, scales), x, dy),
+                               rtol=1e-5, atol=1e-5)
+    held = mk(np.ones(x.shape))
+    ft.ops.upsample_bilinear2d_backward(held, mk(dy), (4, 5), align_corners, sh, sw, accumulate=True)
+    np.testing.assert_allclose(n(held), 1 + n(dx), rtol=1e-6, atol=1e-6)
+
+
+def test_linear_interpolation_of_sequences_and_bilinear_bad_input():
+    x = RNG.standard_normal((2, 3, 6))
+    got = F.interpolate(t(x), size=9, mode="linear", align_corners=True)
+    np.testing.assert_allclose(n(got), lerp_ref(x[:, :, None], 1, 9, True)[:, :, 0], rtol=1e-5, atol=1e-6)
+    assert F.interpolate(t(x), scale_factor=0.5, mode="linear").shape == (2, 3, 3)
+    img = t(RNG.standard_normal((1, 2, 3, 4)))
+    with pytest.raises(ValueError, match=r"mode='bilinear' takes \(C, H, W\) images, got samples of shape"):
+        F.interpolate(t(x), scale_factor=2, mode="bilinear")
+    with pytest.raises(ValueError, match=r"mode='linear' takes \(C, L\) sequences"):
+        F.interpolate(img, scale_factor=2, mode="linear")
+    with pytest.raises(ValueError, match=r"the output size \(0, 1\) .* must be positive"):
+        F.interpolate(img, scale_factor=0.25, mode="bilinear")
+    with pytest.raises(ValueError, match="scale_factor -2 must be positive"):
+        F.interpolate(img, scale_factor=-2, mode="bilinear")
+    with pytest.raises(ValueError, match="align_corners can only be set with the interpolating modes"):
+        F.interpolate(img, scale_factor=2, align_corners=True)
+    with pytest.raises(ValueError, match="the scale factors must be finite and not negative"):
+        ft.ops.upsample_bilinear2d_forward(None, img, (6, 8), False, -1.0, 0.0)
+    with pytest.raises(ValueError, match=r"batch and channels \(1, 3\) are not the input's \(1, 2\)"):
+        ft.ops.upsample_bilinear2d_forward(ft.zeros(1, 3, 6, 8), img, (6, 8))
+    with pytest.raises(ValueError, match="an empty input image cannot be resampled"):
+        ft.ops.upsample_bilinear2d_forward(None, ft.zeros(1, 2, 0, 4), (6, 8))
+    with pytest.raises(TypeError, match="float32"):
+        ft.ops.upsample_bilinear2d_forward(None, img.to(ft.float64), (6, 8))
+    bf = F.interpolate(img.to(ft.bfloat16), size=(5, 7), mode="bilinear")  # bfloat16 in float32, rounded once
+    assert bf.dtype is ft.bfloat16
+    np.testing.assert_array_equal(n(bf.float()), n(F.interpolate(img.to(ft.bfloat16).float(), size=(5, 7),
+                                                                  mode="bilinear").to(ft.bfloat16).float()))
+
+
 # ---------------------------------------------------------------- determinism
 
-@pytest.mark.parametrize("op", ["group_norm", "group_norm_nhwc", "embedding", "upsample"])
+@pytest.mark.parametrize("op", ["group_norm", "group_norm_nhwc", "embedding", "upsample", "bilinear"])
 def test_bitwise_identical_across_thread_counts(op, threads):
     x = RNG.standard_normal((16, 32, 12, 12)).astype(np.float32)
     w, b = RNG.standard_normal(32).astype(np.float32), RNG.standard_normal(32).astype(np.float32)
@@ -294,6 +372,9 @@ def test_bitwise_identical_across_thread_counts(op, threads):
         if op == "embedding":
             out = ft.ops.embedding_forward(None, ids_tensor(ids), t(table))
             return [bits(out), bits(ft.ops.embedding_backward(None, t(edy), ids_tensor(ids), 1000))]
+        if op == "bilinear":
+            out = ft.ops.upsample_bilinear2d_forward(None, t(x), (29, 17), True)
+            return [bits(out), bits(ft.ops.upsample_bilinear2d_backward(None, out, (12, 12), True))]
         out = ft.ops.upsample_nearest2d_forward(None, t(x), 2)
         return [bits(out), bits(ft.ops.upsample_nearest2d_backward(None, out, 2))]
 
@@ -345,3 +426,16 @@ def test_against_torch():
                                   TF.interpolate(tux, size=(15, 8), mode="nearest").detach().numpy())
     np.testing.assert_allclose(n(ft.ops.upsample_nearest2d_backward(None, t(udy), 2)), tux.grad.numpy(), rtol=1e-6,
                                atol=1e-6)
+    for kw in (dict(scale_factor=2), dict(size=(7, 3)), dict(scale_factor=(1.7, 0.6)),
+               dict(scale_factor=2.5, recompute_scale_factor=True)):
+        for align_corners in (False, True):
+            tux.grad = None
+            tuy = TF.interpolate(tux, mode="bilinear", align_corners=align_corners, **kw)
+            udy = RNG.standard_normal(tuy.shape)
+            tuy.backward(torch.tensor(udy, dtype=torch.float32))
+            got = F.interpolate(t(ux), mode="bilinear", align_corners=align_corners, **kw)
+            np.testing.assert_allclose(n(got), tuy.detach().numpy(), rtol=1e-6, atol=1e-6)
+            f = kw.get("scale_factor", 0.0) if not kw.get("recompute_scale_factor") else 0.0
+            sh, sw = f if isinstance(f, tuple) else (f, f)
+            dx = ft.ops.upsample_bilinear2d_backward(None, t(udy), (5, 4), align_corners, sh, sw)
+            np.testing.assert_allclose(n(dx), tux.grad.numpy(), rtol=1e-5, atol=1e-5)

@@ -1081,3 +1081,53 @@ def test_a_triplet_margin_loss_over_three_outputs_matches_pytorch():
     grads = dict(model.named_parameters())
     for name, p in tm.named_parameters():
         np.testing.assert_allclose(grads[name].grad.numpy(), p.grad.numpy(), rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+def unet(lib=ft):
+    """A small U-Net's decoder step: bilinear upsampling (as nn.Upsample, and F.interpolate to a skip's size with
+    align_corners), concatenated with the skip connection; and a sequence resampled linearly."""
+    L, Fn = (nn, F) if lib is ft else (lib.nn, lib.nn.functional)
+
+    class Up(L.Module):
+        def __init__(self):
+            super().__init__()
+            self.down = L.Conv2d(2, 4, 3, stride=2, padding=1)
+            self.up = L.Upsample(scale_factor=2, mode="bilinear")
+            self.mix = L.Conv2d(6, 3, 3, padding=1)
+            self.head = L.Linear(3 * 5 + 3 * 12, CLASSES)
+
+        def forward(self, x):
+            d = lib.relu(self.down(x))  # (N, 4, 4, 4)
+            u = lib.cat([self.up(d)[:, :, :7, :7], x], dim=1)  # (N, 6, 7, 7)
+            m = self.mix(Fn.interpolate(u, size=(9, 5), mode="bilinear", align_corners=True))
+            seq = Fn.interpolate(m.mean(2), size=12, mode="linear")  # (N, 3, 12)
+            return self.head(lib.cat([m.amax(2).flatten(1), seq.flatten(1)], dim=1))
+
+    return Up()
+
+
+def test_bilinear_upsampling_in_a_model_matches_finite_differences_and_its_eager_forward():
+    x = np.random.default_rng(30).standard_normal((3, 2, 7, 7)).astype(np.float32)
+    ft.manual_seed(3)
+    model = unet()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=3, input_shape=(2, 7, 7))
+    assert gradcheck(program, x, np.arange(3) % CLASSES, rtol=3e-2, atol=1e-4)
+    d = F.relu(F.conv2d(ft.tensor(x), model.down.weight, model.down.bias, stride=2, padding=1))
+    u = ft.cat([F.interpolate(d, scale_factor=2, mode="bilinear")[:, :, :7, :7], ft.tensor(x)], dim=1)
+    m = F.conv2d(F.interpolate(u, size=(9, 5), mode="bilinear", align_corners=True), model.mix.weight,
+                 model.mix.bias, padding=1)
+    seq = F.interpolate(m.mean(2), size=12, mode="linear")
+    want = F.linear(ft.cat([m.amax(2).flatten(1), seq.flatten(1)], dim=1), model.head.weight,
+                    model.head.bias)
+    np.testing.assert_allclose(program.predict(x).numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
+
+
+@needs_torch
+def test_bilinear_upsampling_in_a_model_matches_pytorch():
+    x = np.random.default_rng(31).standard_normal((3, 2, 7, 7)).astype(np.float32)
+    y = np.arange(3) % CLASSES
+    tm, model = unet(torch), unet()
+    model.load_state_dict({k: v.detach().numpy() for k, v in tm.state_dict().items()})
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=3,
+                            input_shape=(2, 7, 7))
+    assert_gradients_match(program, tm, x, y, torch.nn.CrossEntropyLoss())

@@ -1563,6 +1563,67 @@ static PyObject *py_upsample_nearest2d_backward(PyObject *m, PyObject *args, PyO
     return finish(s, &dinp, 1);
 }
 
+static PyObject *py_upsample_bilinear2d_forward(PyObject *m, PyObject *args, PyObject *kw) {
+    PyObject *o_out, *o_inp, *o_size;
+    int align_corners = 0;
+    ft_bilinear2d_params p = {0.0, 0.0, false};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|pdd:upsample_bilinear2d_forward",
+                                     KW("out", "inp", "size", "align_corners", "scale_h", "scale_w"), &o_out, &o_inp,
+                                     &o_size, &align_corners, &p.scale_h, &p.scale_w))
+        return NULL;
+    p.align_corners = align_corners;
+    ft_module_state *st = ft_py_state(m);
+    const ft_tensor *inp;
+    out_arg out;
+    int64_t size[2];
+    if (parse_pair(o_size, "size", NULL, size) < 0 || parse_in(st, o_inp, "inp", false, &inp) < 0 ||
+        parse_out(st, o_out, "out", false, &out) < 0)
+        return NULL;
+    ft_status s;
+    if (needs_alloc(&out)) {
+        if ((s = ft_check_ndim("upsample_bilinear2d", "input", inp, 4, "(N, C, H, W)")) != FT_OK)
+            return ft_py_raise(s);
+        int64_t shape[4] = {inp->shape[0], inp->shape[1], size[0], size[1]};
+        if (alloc_out(st, &out, inp, 4, shape, inp->dtype) < 0)
+            return NULL;
+    }
+    CALL(s, big(out.t), ft_upsample_bilinear2d_forward(out.t, inp, &p));
+    return finish(s, &out, 1);
+}
+
+static PyObject *py_upsample_bilinear2d_backward(PyObject *m, PyObject *args, PyObject *kw) {
+    PyObject *o_dinp, *o_dout, *o_size;
+    int align_corners = 0, accumulate = 0;
+    ft_bilinear2d_params p = {0.0, 0.0, false};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|pddp:upsample_bilinear2d_backward",
+                                     KW("dinp", "dout", "input_size", "align_corners", "scale_h", "scale_w",
+                                        "accumulate"),
+                                     &o_dinp, &o_dout, &o_size, &align_corners, &p.scale_h, &p.scale_w, &accumulate))
+        return NULL;
+    p.align_corners = align_corners;
+    ft_module_state *st = ft_py_state(m);
+    const ft_tensor *dout;
+    out_arg dinp;
+    int64_t size[2];
+    if (parse_pair(o_size, "input_size", NULL, size) < 0 || parse_in(st, o_dout, "dout", false, &dout) < 0 ||
+        parse_out(st, o_dinp, "dinp", false, &dinp) < 0)
+        return NULL;
+    ft_status s;
+    if (needs_alloc(&dinp)) {
+        if ((s = ft_check_ndim("upsample_bilinear2d_backward", "grad_output", dout, 4, "(N, C, H, W)")) != FT_OK)
+            return ft_py_raise(s);
+        int64_t shape[4] = {dout->shape[0], dout->shape[1], size[0], size[1]};
+        if (alloc_out(st, &dinp, dout, 4, shape, dout->dtype) < 0)
+            return NULL;
+    }
+    if (check_accumulate(&dinp, 1, accumulate, "upsample_bilinear2d_backward") < 0) {
+        drop_outs(&dinp, 1);
+        return NULL;
+    }
+    CALL(s, big(dout), ft_upsample_bilinear2d_backward(dinp.t, dout, &p, accumulate));
+    return finish(s, &dinp, 1);
+}
+
 /* ======================= attention ======================= */
 
 /* scale=None (or omitted): 1 / sqrt(D). */
@@ -1817,6 +1878,10 @@ static PyMethodDef ops_methods[] = {
     KWFN(upsample_nearest2d_forward, "upsample_nearest2d_forward(out, inp, scale_factor) -> out"),
     KWFN(upsample_nearest2d_backward,
          "upsample_nearest2d_backward(dinp, dout, scale_factor, accumulate=False) -> dinp"),
+    KWFN(upsample_bilinear2d_forward,
+         "upsample_bilinear2d_forward(out, inp, size, align_corners=False, scale_h=0.0, scale_w=0.0) -> out"),
+    KWFN(upsample_bilinear2d_backward, "upsample_bilinear2d_backward(dinp, dout, input_size, align_corners=False, "
+                                       "scale_h=0.0, scale_w=0.0, accumulate=False) -> dinp"),
     KWFN(sdpa_forward, "sdpa_forward(out, lse, q, k, v, scale=None, causal=False) -> (out, lse): scaled dot-product "
                        "attention; lse=False when no backward follows"),
     KWFN(sdpa_backward, "sdpa_backward(dq, dk, dv, dout, q, k, v, out, lse, scale=None, causal=False, "

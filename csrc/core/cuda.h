@@ -25,7 +25,7 @@
 #include "core/device.h"
 #include "core/status.h"
 
-#define FT_CUDA_ABI 7
+#define FT_CUDA_ABI 8
 
 /* The op table (ops/cuda_ops.h): an op layer type the core only carries. */
 struct ft_cuda_ops;

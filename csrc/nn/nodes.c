@@ -479,6 +479,19 @@ static ft_status upsample_backward(const ft_node_run *r) {
     return ft_upsample_nearest2d_backward(r->din[0], &r->dout, r->nd->factor[0], r->nd->factor[1], r->din_acc[0]);
 }
 
+static ft_status bilinear_check(const ft_node *nd, const ft_node *const *in) {
+    bool ok = nd->ndim == in[0]->ndim && nd->shape[0] == in[0]->shape[0] && (nd->ndim == 3 || nd->ndim == 2);
+    return ok ? FT_OK : ft_fail(FT_ERR_SHAPE, "program: a bilinear upsampling keeps its input's channels and rank");
+}
+
+static ft_status bilinear_forward(const ft_node_run *r) {
+    return ft_upsample_bilinear2d_forward(&r->out, &r->in[0], &r->nd->lerp);
+}
+
+static ft_status bilinear_backward(const ft_node_run *r) {
+    return ft_upsample_bilinear2d_backward(r->din[0], &r->dout, &r->nd->lerp, r->din_acc[0]);
+}
+
 /* ---- matmul ---- */
 
 /* Per sample (L..., M, K) @ (L..., K, P) -> (L..., M, P): a matrix product
@@ -1074,4 +1087,7 @@ const ft_node_kind_info ft_node_kinds[FT_NODE_NKINDS] = {
     [FT_NODE_ONE_HOT] = {"one_hot", 1, 1, 0, one_hot_check, NULL, NULL, one_hot_forward, NULL, one_hot_prepare,
                          .precision = FT_NODE_ANY},
     [FT_NODE_DETACH] = {"detach", 1, 1, 0, same_shape, NULL, NULL, detach_forward, NULL, .precision = FT_NODE_ANY},
+    [FT_NODE_UPSAMPLE_BILINEAR] = {"upsample_bilinear", 1, 1, 2, bilinear_check, NULL, NULL, bilinear_forward,
+                                   bilinear_backward, .precision = FT_NODE_ANY, .reads_inputs = never,
+                                   .reads_output = never},
 };

@@ -19,6 +19,7 @@
 #include "ops/batchnorm.h"
 #include "ops/conv2d.h"
 #include "ops/pool.h"
+#include "ops/upsample.h"
 
 #define FT_NODE_MAX_INPUTS 8
 #define FT_NODE_MAX_DIMS (FT_MAX_DIMS - 1) /* per sample */
@@ -62,6 +63,7 @@ typedef enum {
     FT_NODE_SUM_DIMS,    /* scale * the sum over the dimensions where the node has size 1 and its input not */
     FT_NODE_ONE_HOT,     /* int64 class targets as rows of an identity: (d...) -> (d..., C) */
     FT_NODE_DETACH,      /* its input's values, through which no gradient passes (PyTorch's detach) */
+    FT_NODE_UPSAMPLE_BILINEAR, /* to the node's size: images (C, H, W), or (C, L) sequences linearly */
     FT_NODE_NKINDS
 } ft_node_kind;
 
@@ -102,6 +104,7 @@ typedef struct {
     bool causal;         /* attention: query i sees keys j <= i */
     int64_t padding_idx; /* embedding: a row that gets no gradient, or -1 */
     int64_t factor[2];   /* upsample: along H and W (along L: factor[1]) */
+    ft_bilinear2d_params lerp; /* bilinear upsample */
     int64_t slice_start, slice_step;
     ft_dtype dtype;          /* the input's and the targets' */
     ft_node_reduction reduction; /* losses: how a sample's value is normalized over the batch */

@@ -125,6 +125,10 @@ struct ft_cuda_ops {
                                             int64_t scale_w);
     ft_status (*upsample_nearest2d_backward)(const ft_tensor *dinp, const ft_tensor *dout, int64_t scale_h,
                                              int64_t scale_w, bool accumulate);
+    ft_status (*upsample_bilinear2d_forward)(const ft_tensor *out, const ft_tensor *inp,
+                                             const ft_bilinear2d_params *p);
+    ft_status (*upsample_bilinear2d_backward)(const ft_tensor *dinp, const ft_tensor *dout,
+                                              const ft_bilinear2d_params *p, bool accumulate);
     /* reduce.h: db (C) = the channel sums of dout */
     ft_status (*bias_grad)(const ft_tensor *db, const ft_tensor *dout);
     /* conv2d.h: cuDNN */

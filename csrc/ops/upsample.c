@@ -1,5 +1,8 @@
 #include "ops/upsample.h"
 
+#include <stdlib.h>
+
+#include "kernels/interp.h"
 #include "ops/check.h"
 #include "ops/chunks.h"
 #include "ops/cuda_ops.h"
@@ -15,17 +18,20 @@ static ft_status check_4d(const char *op, const char *arg, const ft_tensor *t, f
 /* bfloat16 on the CPU: chunks of samples in float32 (ops/chunks.h). */
 typedef struct {
     int64_t sh, sw;
+    const ft_bilinear2d_params *bilinear; /* NULL: nearest */
     bool accumulate;
 } up_call;
 
 static ft_status float_forward(const ft_tensor *const *ts, int64_t first, const void *ctx) {
     const up_call *c = ctx;
-    return ft_upsample_nearest2d_forward(ts[0], ts[1], c->sh, c->sw);
+    return c->bilinear ? ft_upsample_bilinear2d_forward(ts[0], ts[1], c->bilinear)
+                       : ft_upsample_nearest2d_forward(ts[0], ts[1], c->sh, c->sw);
 }
 
 static ft_status float_backward(const ft_tensor *const *ts, int64_t first, const void *ctx) {
     const up_call *c = ctx;
-    return ft_upsample_nearest2d_backward(ts[0], ts[1], c->sh, c->sw, c->accumulate);
+    return c->bilinear ? ft_upsample_bilinear2d_backward(ts[0], ts[1], c->bilinear, c->accumulate)
+                       : ft_upsample_nearest2d_backward(ts[0], ts[1], c->sh, c->sw, c->accumulate);
 }
 
 static ft_status check_scales(const char *op, int64_t sh, int64_t sw) {
@@ -77,7 +83,7 @@ ft_status ft_upsample_nearest2d_forward(const ft_tensor *out, const ft_tensor *i
         FT_CUDA_DISPATCH(op, upsample_nearest2d_forward, out, inp, scale_h, scale_w);
     ft_chunk_arg args[2] = {{out, true, false}, {inp, false, false}};
     if (ft_chunks_needed(args, 2))
-        return ft_by_float_chunks(args, 2, float_forward, &(up_call){scale_h, scale_w, false});
+        return ft_by_float_chunks(args, 2, float_forward, &(up_call){scale_h, scale_w, NULL, false});
     up_job j = job_of(inp, out, scale_h, scale_w);
     const float *x = (const float *)ft_tensor_data(inp);
     float *y = (float *)ft_tensor_data(out);
@@ -130,7 +136,7 @@ ft_status ft_upsample_nearest2d_backward(const ft_tensor *dinp, const ft_tensor 
         FT_CUDA_DISPATCH(op, upsample_nearest2d_backward, dinp, dout, scale_h, scale_w, accumulate);
     ft_chunk_arg args[2] = {{dinp, true, accumulate}, {dout, false, false}};
     if (ft_chunks_needed(args, 2))
-        return ft_by_float_chunks(args, 2, float_backward, &(up_call){scale_h, scale_w, accumulate});
+        return ft_by_float_chunks(args, 2, float_backward, &(up_call){scale_h, scale_w, NULL, accumulate});
     up_job j = job_of(dinp, dout, scale_h, scale_w);
     const float *g = (const float *)ft_tensor_data(dout);
     float *dx = (float *)ft_tensor_data(dinp);
@@ -161,5 +167,139 @@ ft_status ft_upsample_nearest2d_backward(const ft_tensor *dinp, const ft_tensor 
             }
         }
     }
+    return FT_OK;
+}
+
+/* ---- bilinear ---- */
+
+static ft_status check_bilinear(const char *op, const ft_tensor *small, const ft_tensor *big,
+                                const ft_bilinear2d_params *p) {
+    if (!(p->scale_h >= 0.0 && p->scale_w >= 0.0 && p->scale_h < INFINITY && p->scale_w < INFINITY))
+        return ft_fail(FT_ERR_VALUE, "%s: the scale factors must be finite and not negative (0: none), got (%g, %g)",
+                       op, p->scale_h, p->scale_w);
+    if (big->shape[0] != small->shape[0] || big->shape[1] != small->shape[1])
+        return ft_fail(FT_ERR_SHAPE, "%s: the output's batch and channels (%lld, %lld) are not the input's (%lld, %lld)",
+                       op, (long long)big->shape[0], (long long)big->shape[1], (long long)small->shape[0],
+                       (long long)small->shape[1]);
+    if ((small->shape[2] == 0 || small->shape[3] == 0) && ft_tensor_numel(big) > 0)
+        return ft_fail(FT_ERR_SHAPE, "%s: an empty input image cannot be resampled to %lld x %lld", op,
+                       (long long)big->shape[2], (long long)big->shape[3]);
+    return FT_OK;
+}
+
+/* One axis: input size I, output size O, and its coordinate scale. */
+typedef struct {
+    int64_t in, out;
+    float scale;
+} lerp_axis;
+
+static lerp_axis axis_of(int64_t in, int64_t out, double scale_factor, bool align_corners) {
+    return (lerp_axis){in, out, ft_lerp_scale(in, out, scale_factor, align_corners)};
+}
+
+ft_status ft_upsample_bilinear2d_forward(const ft_tensor *out, const ft_tensor *inp, const ft_bilinear2d_params *p) {
+    const char *op = "upsample_bilinear2d";
+    ft_device dev = ft_op_device(inp);
+    FT_TRY(check_4d(op, "input", inp, dev, "input"));
+    FT_TRY(check_4d(op, "out", out, dev, "input"));
+    FT_TRY(check_bilinear(op, inp, out, p));
+    FT_TRY(ft_check_output(op, "out", out));
+    FT_TRY(ft_check_alias(op, "out", out, "input", inp));
+    if (ft_tensor_numel(out) == 0)
+        return FT_OK;
+    if (dev.type == FT_DEV_CUDA)
+        FT_CUDA_DISPATCH(op, upsample_bilinear2d_forward, out, inp, p);
+    ft_chunk_arg args[2] = {{out, true, false}, {inp, false, false}};
+    if (ft_chunks_needed(args, 2))
+        return ft_by_float_chunks(args, 2, float_forward, &(up_call){0, 0, p, false});
+    bool ac = p->align_corners;
+    lerp_axis ah = axis_of(inp->shape[2], out->shape[2], p->scale_h, ac);
+    lerp_axis aw = axis_of(inp->shape[3], out->shape[3], p->scale_w, ac);
+    int64_t N = out->shape[0], C = out->shape[1], P = ah.out, Q = aw.out;
+    const int64_t *xs = inp->strides, *ys = out->strides;
+    ft_lerp_tap *cols = malloc((size_t)Q * sizeof *cols);
+    if (!cols)
+        return ft_fail(FT_ERR_NOMEM, "%s: out of host memory", op);
+    for (int64_t q = 0; q < Q; q++)
+        cols[q] = ft_lerp_at(q, aw.in, aw.scale, ac);
+    const float *x = (const float *)ft_tensor_data(inp);
+    float *y = (float *)ft_tensor_data(out);
+    bool cl = channels_inner(out);
+    /* one output row (n, c, p) per item, or (n, p) with the channels innermost */
+#pragma omp parallel for schedule(static) if (ft_tensor_numel(out) > PARALLEL_WORK)
+    for (int64_t r = 0; r < (cl ? N * P : N * C * P); r++) {
+        int64_t i = r % P, n = cl ? r / P : r / P / C, c0 = cl ? 0 : r / P % C, c1 = cl ? C : c0 + 1;
+        ft_lerp_tap th = ft_lerp_at(i, ah.in, ah.scale, ac);
+        for (int64_t q = 0; q < Q; q++) {
+            ft_lerp_tap tw = cols[q];
+            for (int64_t c = c0; c < c1; c++) {
+                const float *xb = x + n * xs[0] + c * xs[1];
+                const float *r0 = xb + th.i0 * xs[2], *r1 = xb + th.i1 * xs[2];
+                float top = tw.l0 * r0[tw.i0 * xs[3]] + tw.l1 * r0[tw.i1 * xs[3]];
+                float bottom = tw.l0 * r1[tw.i0 * xs[3]] + tw.l1 * r1[tw.i1 * xs[3]];
+                y[n * ys[0] + c * ys[1] + i * ys[2] + q * ys[3]] = th.l0 * top + th.l1 * bottom;
+            }
+        }
+    }
+    free(cols);
+    return FT_OK;
+}
+
+ft_status ft_upsample_bilinear2d_backward(const ft_tensor *dinp, const ft_tensor *dout, const ft_bilinear2d_params *p,
+                                          bool accumulate) {
+    const char *op = "upsample_bilinear2d_backward";
+    ft_device dev = ft_op_device(dout);
+    FT_TRY(check_4d(op, "grad_output", dout, dev, "grad_output"));
+    FT_TRY(check_4d(op, "grad_input", dinp, dev, "grad_output"));
+    FT_TRY(check_bilinear(op, dinp, dout, p));
+    FT_TRY(ft_check_output(op, "grad_input", dinp));
+    FT_TRY(ft_check_alias(op, "grad_input", dinp, "grad_output", dout));
+    if (ft_tensor_numel(dinp) == 0)
+        return FT_OK;
+    if (dev.type == FT_DEV_CUDA)
+        FT_CUDA_DISPATCH(op, upsample_bilinear2d_backward, dinp, dout, p, accumulate);
+    ft_chunk_arg args[2] = {{dinp, true, accumulate}, {dout, false, false}};
+    if (ft_chunks_needed(args, 2))
+        return ft_by_float_chunks(args, 2, float_backward, &(up_call){0, 0, p, accumulate});
+    bool ac = p->align_corners;
+    lerp_axis ah = axis_of(dinp->shape[2], dout->shape[2], p->scale_h, ac);
+    lerp_axis aw = axis_of(dinp->shape[3], dout->shape[3], p->scale_w, ac);
+    int64_t N = dinp->shape[0], C = dinp->shape[1], H = ah.in, W = aw.in, Q = aw.out;
+    const int64_t *xs = dinp->strides, *ys = dout->strides;
+    /* the columns' taps, and the outputs reading each input column */
+    ft_lerp_tap *cols = malloc((size_t)Q * sizeof *cols);
+    int64_t *readers = malloc((size_t)W * 2 * sizeof *readers);
+    if (!cols || !readers) {
+        free(cols), free(readers);
+        return ft_fail(FT_ERR_NOMEM, "%s: out of host memory", op);
+    }
+    for (int64_t q = 0; q < Q; q++)
+        cols[q] = ft_lerp_at(q, W, aw.scale, ac);
+    for (int64_t w = 0; w < W; w++)
+        ft_lerp_readers(w, W, Q, aw.scale, ac, &readers[2 * w], &readers[2 * w + 1]);
+    const float *g = (const float *)ft_tensor_data(dout);
+    float *dx = (float *)ft_tensor_data(dinp);
+    bool cl = channels_inner(dinp);
+    /* one input row (n, c, h) per item, or (n, h) with the channels innermost */
+#pragma omp parallel for schedule(static) if (ft_tensor_numel(dout) > PARALLEL_WORK)
+    for (int64_t r = 0; r < (cl ? N * H : N * C * H); r++) {
+        int64_t h = r % H, n = cl ? r / H : r / H / C, c0 = cl ? 0 : r / H % C, c1 = cl ? C : c0 + 1, plo, phi;
+        ft_lerp_readers(h, H, ah.out, ah.scale, ac, &plo, &phi);
+        for (int64_t w = 0; w < W; w++)
+            for (int64_t c = c0; c < c1; c++) {
+                const float *gb = g + n * ys[0] + c * ys[1];
+                float s = 0.0f;
+                for (int64_t i = plo; i < phi; i++) {
+                    float row = 0.0f;
+                    for (int64_t q = readers[2 * w]; q < readers[2 * w + 1]; q++)
+                        row += ft_lerp_weight(cols[q], w) * gb[i * ys[2] + q * ys[3]];
+                    s += ft_lerp_weight(ft_lerp_at(i, H, ah.scale, ac), h) * row;
+                }
+                float *o = dx + n * xs[0] + c * xs[1] + h * xs[2] + w * xs[3];
+                *o = accumulate ? *o + s : s;
+            }
+    }
+    free(cols);
+    free(readers);
     return FT_OK;
 }

@@ -466,6 +466,46 @@ static void test_upsample(void) {
     ft_tensor_release(&ys), ft_tensor_release(&dx), ft_tensor_release(&dxl);
 }
 
+/* Bilinear: both layouts agree; with align_corners a ramp stays a ramp at
+ * the output's positions; the backward is the forward's adjoint (<y, dy> =
+ * <x, dx>), and the gather adds onto a held gradient. */
+static void test_upsample_bilinear(void) {
+    const int64_t *s = SHAPE(2, 3, 4, 5), *bs = SHAPE(2, 3, 7, 9);
+    ft_tensor x = make(4, s, FT_FLOAT32), xl = make_nhwc(s, FT_FLOAT32), y = make(4, bs, FT_FLOAT32),
+              yl = make_nhwc(bs, FT_FLOAT32), dy = make(4, bs, FT_FLOAT32), dx = make(4, s, FT_FLOAT32),
+              dxl = make_nhwc(s, FT_FLOAT32);
+    ft_bilinear2d_params ac = {0.0, 0.0, true}, half = {0.0, 0.0, false};
+    for (int64_t h = 0; h < 4; h++)
+        for (int64_t w = 0; w < 5; w++)
+            set(&x, SHAPE(1, 2, h, w), (float)(3 * h + w));
+    CHECK_OK(ft_upsample_bilinear2d_forward(&y, &x, &ac));
+    for (int64_t p = 0; p < 7; p++)
+        for (int64_t q = 0; q < 9; q++) /* input coordinates p 3/6 and q 4/8 */
+            CHECK(fabsf(get(&y, SHAPE(1, 2, p, q)) - (3.0f * p / 2 + q / 2.0f)) < 1e-5f);
+    fill_random(&x);
+    copy_values(&xl, &x);
+    fill_random(&dy);
+    CHECK_OK(ft_upsample_bilinear2d_forward(&y, &x, &half));
+    CHECK_OK(ft_upsample_bilinear2d_forward(&yl, &xl, &half));
+    CHECK(same_values(&yl, &y));
+    CHECK_OK(ft_upsample_bilinear2d_backward(&dx, &dy, &half, false));
+    CHECK_OK(ft_upsample_bilinear2d_backward(&dxl, &dy, &half, false));
+    CHECK(same_values(&dxl, &dx));
+    double yy = 0, xx = 0;
+    for (int64_t i = 0; i < ft_tensor_numel(&y); i++)
+        yy += (double)((float *)ft_tensor_data(&y))[i] * ((float *)ft_tensor_data(&dy))[i];
+    for (int64_t i = 0; i < ft_tensor_numel(&x); i++)
+        xx += (double)((float *)ft_tensor_data(&x))[i] * ((float *)ft_tensor_data(&dx))[i];
+    CHECK(fabs(yy - xx) < 1e-4 * (1 + fabs(yy)));
+    CHECK_OK(ft_upsample_bilinear2d_backward(&dxl, &dy, &half, true));
+    CHECK(fabsf(get(&dxl, SHAPE(1, 1, 2, 3)) - 2 * get(&dx, SHAPE(1, 1, 2, 3))) < 1e-5f);
+    ft_bilinear2d_params bad = {-1.0, 0.0, false};
+    CHECK_STATUS(ft_upsample_bilinear2d_forward(&y, &x, &bad), FT_ERR_VALUE);
+    CHECK_STATUS(ft_upsample_bilinear2d_forward(&dx, &y, &half), FT_OK); /* downsampling is resampling too */
+    ft_tensor_release(&x), ft_tensor_release(&xl), ft_tensor_release(&y), ft_tensor_release(&yl);
+    ft_tensor_release(&dy), ft_tensor_release(&dx), ft_tensor_release(&dxl);
+}
+
 /* Attention of head (n, h) in double: out (Tq, D) and the gradients, the
  * probabilities in full. */
 static void naive_attention(double *out, double *dq, double *dk, double *dv, const ft_tensor *q, const ft_tensor *k,
@@ -630,6 +670,7 @@ int main(void) {
     test_group_norm();
     test_embedding();
     test_upsample();
+    test_upsample_bilinear();
     test_attention();
     test_broadcasting();
     return check_main_result("test_ops");

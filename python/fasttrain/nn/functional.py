@@ -444,22 +444,23 @@ def _nearest_factors(input, size, scale_factor):
 
 
 @_traced(lambda size=None, scale_factor=None, mode="nearest", align_corners=None, recompute_scale_factor=None,
-         antialias=False: M.Upsample(size, scale_factor, mode, align_corners))
+         antialias=False: M.Upsample(size, scale_factor, mode, align_corners, recompute_scale_factor))
 def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corners=None,
                 recompute_scale_factor=None, antialias=False):
-    """Nearest-neighbour upsampling of (N, C, H, W) input to size or by scale_factor. Unlike
-    torch.nn.functional.interpolate, only mode='nearest', 4-d inputs and integer upsampling factors are supported
-    (NotImplementedError otherwise)."""
+    """Upsampling of input to size or by scale_factor, as torch.nn.functional.interpolate: mode='nearest' of
+    (N, C, H, W) input by integer factors, 'bilinear' of (N, C, H, W) and 'linear' of (N, C, L) input to any size,
+    with align_corners. Other modes and antialias raise NotImplementedError."""
     _check(input, "input", "interpolate")
-    if mode != "nearest":
-        raise NotImplementedError(f"interpolate: mode={mode!r} is not supported; only mode='nearest' is")
-    if align_corners is not None:
-        raise ValueError("interpolate: align_corners can only be set with the interpolating modes (linear, "
-                         "bilinear, bicubic, trilinear)")
     if antialias:
         raise NotImplementedError("interpolate: antialias=True is not supported")
+    layer = M.Upsample(size, scale_factor, mode, align_corners, recompute_scale_factor)
+    if mode != "nearest":
+        (P, Q), (sh, sw) = layer.lerp(tuple(input.shape[1:]))
+        x = input if mode == "bilinear" else input.unsqueeze(2)
+        out = _C.upsample_bilinear2d_forward(None, x, (P, Q), layer.align_corners, sh, sw)
+        return out if mode == "bilinear" else out.squeeze(2)
     if input.ndim != 4:
-        raise NotImplementedError(f"interpolate: only 4-d (N, C, H, W) inputs are supported, got shape "
+        raise NotImplementedError(f"interpolate: mode='nearest' takes 4-d (N, C, H, W) input, got shape "
                                   f"{tuple(input.shape)}")
     return _C.upsample_nearest2d_forward(None, input, _nearest_factors(input, size, scale_factor))
 

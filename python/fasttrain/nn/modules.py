@@ -655,20 +655,28 @@ class Embedding(Module):
 
 
 class Upsample(Module):
-    """Nearest upsampling by integer factors of (C, H, W) images or (C, L) sequences."""
+    """Upsampling of (C, H, W) images or (C, L) sequences, as torch.nn.Upsample: mode 'nearest' by integer factors,
+    'bilinear' (images) and 'linear' (sequences) to any size, with PyTorch's align_corners and
+    recompute_scale_factor."""
 
     _leaf = True
+    _ranks = {"bilinear": 3, "linear": 2}  # the per-sample ranks of the interpolating modes
 
-    def __init__(self, size=None, scale_factor=None, mode="nearest", align_corners=None):
+    def __init__(self, size=None, scale_factor=None, mode="nearest", align_corners=None, recompute_scale_factor=None):
         super().__init__()
-        if mode != "nearest":
-            raise NotImplementedError(f"Upsample: mode={mode!r} is not supported; only 'nearest' is")
+        if mode != "nearest" and mode not in self._ranks:
+            raise NotImplementedError(f"Upsample: mode={mode!r} is not supported; 'nearest', 'bilinear' and "
+                                      "'linear' are")
+        if mode == "nearest" and align_corners is not None:
+            raise ValueError("Upsample: align_corners can only be set with the interpolating modes (linear, "
+                             "bilinear)")
         if (size is None) == (scale_factor is None):
             raise ValueError("Upsample: give exactly one of size and scale_factor")
         self.size, self.scale_factor, self.mode = size, scale_factor, mode
+        self.align_corners, self.recompute_scale_factor = bool(align_corners), bool(recompute_scale_factor)
 
     def factors(self, shape):
-        """The integer factors along each spatial dimension of per-sample `shape`."""
+        """The integer factors along each spatial dimension of per-sample `shape` (mode 'nearest')."""
         spatial = shape[1:]
         if self.size is not None:
             size = _tuple(self.size, len(spatial))
@@ -680,21 +688,49 @@ class Upsample(Module):
             raise NotImplementedError(f"Upsample: scale_factor {self.scale_factor} is not an integer factor")
         return tuple(int(v) for v in f)
 
+    def lerp(self, shape):
+        """The interpolating modes' output size (P, Q) for per-sample `shape` (C, H, W), or (C, L) as (C, 1, L), and
+        the scale factors that place its samples (0: the sizes' ratio), as PyTorch's: the output is
+        floor(size * scale_factor), and the factor itself places the samples unless recompute_scale_factor."""
+        spatial = shape[1:]
+        if len(shape) != self._ranks[self.mode]:
+            takes = "(C, H, W) images" if self.mode == "bilinear" else "(C, L) sequences"
+            raise ValueError(f"Upsample: mode={self.mode!r} takes {takes}, got samples of shape {shape}")
+        if self.size is not None:
+            size, scales = tuple(int(v) for v in _tuple(self.size, len(spatial))), (0.0,) * len(spatial)
+        else:
+            scales = tuple(float(v) for v in _tuple(self.scale_factor, len(spatial)))
+            if len(scales) != len(spatial) or not all(v > 0 and math.isfinite(v) for v in scales):
+                raise ValueError(f"Upsample: scale_factor {self.scale_factor} must be positive, one per spatial "
+                                 f"dimension of {shape}")
+            size = tuple(math.floor(n * v) for n, v in zip(spatial, scales))
+            scales = (0.0,) * len(spatial) if self.recompute_scale_factor else scales
+        if len(size) != len(spatial) or min(size) < 1:
+            raise ValueError(f"Upsample: the output size {size} of samples {shape} must be positive, one per "
+                             "spatial dimension")
+        return ((1, *size), (0.0, *scales)) if len(size) == 1 else (size, scales)
+
     def output_shape(self, shape):
         if len(shape) not in (2, 3):
             raise ValueError(f"Upsample takes (C, L) or (C, H, W) samples, got {shape}")
+        if self.mode != "nearest":
+            size = self.lerp(shape)[0]
+            return (shape[0], *size[3 - len(shape):])
         return (shape[0], *(n * f for n, f in zip(shape[1:], self.factors(shape))))
 
     def forward(self, x):
         from . import functional as F
-        return F.interpolate(x, self.size, self.scale_factor, self.mode)
+        return F.interpolate(x, self.size, self.scale_factor, self.mode, self.align_corners if self.mode != "nearest"
+                             else None, self.recompute_scale_factor)
 
     def extra_repr(self):
         if self.size is not None:
-            return f"size={self.size}, mode='nearest'"
-        factor = self.scale_factor
-        factor = float(factor) if isinstance(factor, (int, float)) else tuple(float(f) for f in factor)
-        return f"scale_factor={factor}, mode='nearest'"
+            where = f"size={self.size}"
+        else:
+            factor = self.scale_factor
+            factor = float(factor) if isinstance(factor, (int, float)) else tuple(float(f) for f in factor)
+            where = f"scale_factor={factor}"
+        return f"{where}, mode={self.mode!r}" + (", align_corners=True" if self.align_corners else "")
 
 
 class _Activation(Module):

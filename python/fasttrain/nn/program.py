@@ -21,11 +21,13 @@ from .graph import TracingError, target, topological, trace, trace_loss, tracing
 _K = _C.NODE_KINDS
 (INPUT, CONV2D, LINEAR, BATCHNORM, ACT, MAXPOOL, AVGPOOL, ADAPTIVE_AVGPOOL, ADAPTIVE_MAXPOOL, ADD, CAT, RESHAPE,
  DROPOUT, IDENTITY, LAYERNORM, MUL, SCALE, PERMUTE, SLICE, PARAM, TARGET, CROSS_ENTROPY, NLL, SUM, SOFTMAX,
- LOG_SOFTMAX, GROUPNORM, EMBEDDING, UPSAMPLE, MATMUL, ATTENTION, EXPAND, SUM_DIMS, ONE_HOT, DETACH) = (_K[k] for k in (
+ LOG_SOFTMAX, GROUPNORM, EMBEDDING, UPSAMPLE, MATMUL, ATTENTION, EXPAND, SUM_DIMS, ONE_HOT, DETACH,
+ UPSAMPLE_BILINEAR) = (_K[k] for k in (
     "input", "conv2d", "linear", "batch_norm", "activation", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
     "adaptive_max_pool2d", "add", "cat", "reshape", "dropout", "identity", "layer_norm", "mul", "scale", "permute",
     "slice", "parameter", "target", "cross_entropy", "nll", "sum", "softmax", "log_softmax", "group_norm",
-    "embedding", "upsample_nearest", "matmul", "attention", "expand", "sum_dims", "one_hot", "detach"))
+    "embedding", "upsample_nearest", "matmul", "attention", "expand", "sum_dims", "one_hot", "detach",
+    "upsample_bilinear"))
 ACTS = _C.ACTIVATIONS
 REDUCTIONS = _C.REDUCTIONS
 # Activations whose derivative follows from their output: these can be fused
@@ -104,6 +106,9 @@ def _node_of(module, shape):
         return GROUPNORM, dict(groups=m.num_groups, layer_eps=m.eps)
     if isinstance(m, M.Embedding):
         return EMBEDDING, dict(padding_idx=-1 if m.padding_idx is None else m.padding_idx)
+    if isinstance(m, M.Upsample) and m.mode != "nearest":
+        _, (sh, sw) = m.lerp(shape)
+        return UPSAMPLE_BILINEAR, dict(align_corners=int(m.align_corners), scale_h=sh, scale_w=sw)
     if isinstance(m, M.Upsample):
         f = m.factors(shape)
         return UPSAMPLE, dict(factor=f if len(f) == 2 else (1, *f))
