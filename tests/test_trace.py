@@ -1131,3 +1131,20 @@ def test_bilinear_upsampling_in_a_model_matches_pytorch():
     program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=3,
                             input_shape=(2, 7, 7))
     assert_gradients_match(program, tm, x, y, torch.nn.CrossEntropyLoss())
+
+
+def test_token_ids_read_int64_while_tracing():
+    class Tokens(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.fc = nn.Embedding(10, 4), nn.Linear(4, CLASSES)
+
+        def forward(self, ids):
+            assert ids.dtype is ft.int64
+            return self.fc(self.emb(ids.long() if ids.dtype == ft.int64 else ids).mean(1))
+
+    model = Tokens()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=2, input_shape=(3,),
+                            input_dtype=ft.int64)
+    ids = np.array([[1, 2, 3], [9, 0, 4]])
+    np.testing.assert_allclose(program.predict(ids).numpy(), model(ft.tensor(ids)).numpy(), rtol=1e-6, atol=1e-6)

@@ -152,10 +152,11 @@ class Node:
     """A recorded op. `reduced`: a loss reduced over the batch, whose per-sample value is each sample's share of
     the batch's loss (their sum is the loss); such values combine only linearly. The targets' node has shape None
     until a loss (or compile's target_shape) fixes it."""
-    __slots__ = ("module", "inputs", "shape", "reduced", "owner", "scope")
+    __slots__ = ("module", "inputs", "shape", "reduced", "owner", "scope", "dtype")
 
     def __init__(self, module, inputs, shape, reduced=False):
         self.module, self.inputs, self.reduced = module, list(inputs), reduced
+        self.dtype = None  # the model input's: float32, or int64 token ids
         self.shape = None if shape is None else tuple(shape)
         self.owner = callers[0] if callers else module  # the outermost module whose call recorded it
         self.scope = tuple(callers)  # every module whose call recorded it (compile's recompute= reads them)
@@ -530,11 +531,13 @@ class Symbolic:
 
     @property
     def dtype(self):
-        """The targets' dtype (int64 for class labels); float32 for the values the model computes (compile's
-        precision decides what the program computes in)."""
+        """The targets' dtype (int64 for class labels) and the input's (int64 for token ids); float32 for the values
+        the model computes (compile's precision decides what the program computes in)."""
         from .._types import _BY_NAME
         m = self.node.module
-        return m.dtype if isinstance(m, _layers().Target) and m.dtype is not None else _BY_NAME["float32"]
+        if isinstance(m, _layers().Target) and m.dtype is not None:
+            return m.dtype
+        return self.node.dtype or _BY_NAME["float32"]
 
     @property
     def device(self):
@@ -544,10 +547,11 @@ class Symbolic:
 
     def to(self, *args, **kwargs):
         """The value itself for a floating dtype or the model's device (the program chooses the dtypes of its values);
-        an integer dtype only for the targets (y.long()), as the losses read labels as int64."""
+        an integer dtype only for the targets (y.long()), which the losses read as int64, and token ids."""
         from .._types import as_dtype
         m, labels = self.node.module, _layers().Target
-        if isinstance(m, labels) or isinstance(m, _layers().Reshape) and isinstance(self.node.inputs[0].module, labels):
+        if isinstance(m, labels) or isinstance(m, _layers().Reshape) and isinstance(self.node.inputs[0].module, labels) \
+                or not self.dtype.is_floating_point:
             return self
         for a in (*args, *kwargs.values()):
             try:
@@ -1060,12 +1064,14 @@ def bind_target(t, shape, dtype):
                            f"{read(m.dtype, t.node.shape)} elsewhere")
 
 
-def Input(shape):
-    """The model's input, of per-sample shape `shape` (e.g. (1, 28, 28))."""
+def Input(shape, dtype=None):
+    """The model's input, of per-sample shape `shape` (e.g. (1, 28, 28)) and dtype (float32, or int64 token ids)."""
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
     if not shape or any(not isinstance(n, int) or n < 1 for n in shape):
         raise ValueError(f"an input shape is a tuple of positive sizes per sample, got {shape}")
-    return Symbolic(Node(None, [], shape))
+    node = Node(None, [], shape)
+    node.dtype = dtype
+    return Symbolic(node)
 
 
 def cat(tensors, dim=1):
@@ -1093,11 +1099,11 @@ def _call(fn, what, *args):
         raise TracingError(f"{what} cannot be compiled (at {where}): {e}") from e
 
 
-def trace(model, input_shape):
+def trace(model, input_shape, input_dtype=None):
     """The outputs of model's forward on a symbolic input of per-sample `input_shape`: one Symbolic, or a tuple
     of them (the first is what predict returns)."""
     with tracing(model):
-        out = _call(model, f"{type(model).__name__}.forward", Input(input_shape))
+        out = _call(model, f"{type(model).__name__}.forward", Input(input_shape, input_dtype))
     if not (isinstance(out, Symbolic) or isinstance(out, (tuple, list)) and out
             and all(isinstance(o, Symbolic) for o in out)):
         raise TracingError(f"{type(model).__name__}.forward returned {type(out).__name__}, not traced outputs of "

@@ -149,7 +149,7 @@ def _graph(model, input_shape, loss=None, target_shape=None, target_dtype=None, 
         input_shape = model.input_shape
     elif input_shape is None:
         raise ValueError("compile: give input_shape, the per-sample shape such as (1, 28, 28)")
-    outputs = trace(model, input_shape)
+    outputs = trace(model, input_shape, input_dtype)
     first = outputs if not isinstance(outputs, (tuple, list)) else outputs[0]
     roots = [first.node]
     if loss is not None:
