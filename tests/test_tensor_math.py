@@ -1011,3 +1011,28 @@ def test_amax_norm_gather_cosine_similarity_match_torch():
               F.triplet_margin_loss(*(ft.tensor(v) for v in (a, b, a[::-1].copy())), swap=True))]
     for want, got in pairs:
         np.testing.assert_allclose(n(got), want.numpy(), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("equation, shapes", [("ij,jk->ik", [(3, 4), (4, 5)]), ("bij,bjk", [(2, 3, 4), (2, 4, 5)]),
+                                              ("i,i->", [(4,), (4,)]), ("ij->ji", [(3, 4)]),
+                                              ("i j , j -> i", [(3, 4), (4,)]), ("ii->i", [(3, 3)])])
+def test_einsum_matches_numpy(equation, shapes, ft_device):
+    arrays = [np.random.default_rng(34).standard_normal(s).astype(np.float32) for s in shapes]
+    got = ft.einsum(equation, *(ft.tensor(a, device=ft_device) for a in arrays))
+    assert got.device.type == ft_device and got.dtype is ft.float32
+    np.testing.assert_allclose(n(got.cpu()), np.einsum(equation.replace(" ", ""), *arrays), rtol=1e-5, atol=1e-6)
+    assert ft.einsum(equation, [ft.tensor(a) for a in arrays]).shape == got.shape  # the operands as one list
+
+
+def test_einsum_errors_and_torch():
+    with pytest.raises(TypeError, match="einsum: expected operands of one dtype, got float32, int64"):
+        ft.einsum("i,i->", ft.ones(3), ft.ones(3, dtype=ft.int64))
+    with pytest.raises(ValueError, match=r"einsum: .*\(equation 'ij,jk->ik', shapes \(3, 4\), \(5, 2\)\)"):
+        ft.einsum("ij,jk->ik", ft.ones(3, 4), ft.ones(5, 2))
+    with pytest.raises(TypeError, match="einsum: expected a sequence of tensors, got list at position 0"):
+        ft.einsum("i->", [[1.0]])
+    torch = pytest.importorskip("torch")
+    a, b = rng.standard_normal((2, 3, 4)).astype(np.float32), rng.standard_normal((2, 4, 5)).astype(np.float32)
+    np.testing.assert_allclose(n(ft.einsum("bij,bjk->bki", ft.tensor(a), ft.tensor(b))),
+                               torch.einsum("bij,bjk->bki", torch.tensor(a), torch.tensor(b)).numpy(), rtol=1e-5,
+                               atol=1e-6)

@@ -1148,3 +1148,68 @@ def test_token_ids_read_int64_while_tracing():
                             input_dtype=ft.int64)
     ids = np.array([[1, 2, 3], [9, 0, 4]])
     np.testing.assert_allclose(program.predict(ids).numpy(), model(ft.tensor(ids)).numpy(), rtol=1e-6, atol=1e-6)
+
+
+def einsums(lib=ft):
+    """torch.einsum as attention and mixer code writes it: head matmuls, a parameter on either side, a dot
+    product, and an elementwise product summed."""
+    L = nn if lib is ft else lib.nn
+
+    class Mixer(L.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = L.Linear(4, 12), L.Linear(4, 12)
+            self.w, self.v = L.Parameter(lib.ones(3, 5) * 0.3), L.Parameter(lib.ones(3, 5) * 0.2)
+            self.head = L.Linear(27, CLASSES)
+
+        def forward(self, x):
+            h, g = self.a(x).view(x.size(0), 2, 2, 3), self.b(x).view(x.size(0), 2, 2, 3)  # (N, heads, T, D)
+            scores = lib.einsum("bhqd,bhkd->bhqk", h, g).softmax(-1)
+            mixed = lib.einsum("bhqk,bhkd->bhqd", scores, g)
+            wide = lib.einsum("bhtd,de->bhte", h, self.w)
+            back = lib.einsum("bhte,fe->bhtf", wide, self.v)  # x @ v.T
+            dot = lib.einsum("bi,bi->b", h.flatten(1), g.flatten(1))
+            gated = lib.einsum("bhtd,bhtd->bt", h, mixed)
+            return self.head(lib.cat([mixed.flatten(1), back.flatten(1), dot.unsqueeze(1), gated], dim=1))
+
+    return Mixer()
+
+
+def test_einsum_matches_finite_differences_and_its_eager_forward():
+    x = np.random.default_rng(33).standard_normal((3, 4)).astype(np.float32)
+    ft.manual_seed(4)
+    model = einsums()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=3, input_shape=(4,))
+    assert gradcheck(program, x, np.arange(3) % CLASSES, rtol=3e-2, atol=1e-4)
+    np.testing.assert_allclose(program.predict(x).numpy(), model(ft.tensor(x)).numpy(), rtol=1e-5, atol=1e-6)
+
+
+@needs_torch
+def test_einsum_matches_pytorch():
+    x = np.random.default_rng(34).standard_normal((3, 4)).astype(np.float32)
+    tm, model = einsums(torch), einsums()
+    model.load_state_dict({k: v.detach().numpy() for k, v in tm.state_dict().items()})
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=3,
+                            input_shape=(4,))
+    assert_gradients_match(program, tm, x, np.arange(3) % CLASSES, torch.nn.CrossEntropyLoss())
+
+
+@pytest.mark.parametrize("equation, message", [
+    ("bij,bjk->ik", "index the batch first"),
+    ("bii->bi", "a repeated index, a diagonal"),
+    ("b...->b", "an ellipsis"),
+    ("bij,bjk,bkl->bil", "einsum of 2 operands"),
+])
+def test_einsum_that_cannot_be_recorded_says_why(equation, message):
+    class Bad(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x):
+            h = self.fc(x).view(x.size(0), 2, 2)
+            return ft.einsum(equation, h, h).flatten(1) if "," in equation else ft.einsum(equation, h)
+
+    model = Bad()
+    with pytest.raises(ft.nn.TracingError, match=message):
+        model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=2, input_shape=(4,))

@@ -12,7 +12,7 @@ from . import optim
 from . import nn, ops
 from .nn.functional import flatten
 from ._math import (abs, add, all, amax, amin, any, argmax, argmin, argsort, cat, clamp, clamp_max, clamp_min, clip,
-                    div, eq, exp, floor_divide, gather, ge, gt, le, log, log_softmax, logsumexp, lt, masked_fill,
+                    div, einsum, eq, exp, floor_divide, gather, ge, gt, le, log, log_softmax, logsumexp, lt, masked_fill,
                     matmul, max, maximum, mean, min, minimum, mul, multiply, ne, neg, norm, pow, promote_types, relu,
                     remainder, result_type, rsqrt, sigmoid, softmax, sort, sqrt, square, stack, std, sub, sum, tanh,
                     topk, tril, triu, unique, var, where)

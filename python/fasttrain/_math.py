@@ -989,6 +989,34 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     return _apply("cat", lambda *arrays: np.concatenate(arrays, axis=d), parts, dt, dt)
 
 
+def einsum(equation: str, *operands: Tensor) -> Tensor:
+    """The sum of products the equation names (NumPy's and PyTorch's subscripts: ``"bij,bjk->bik"``; the operands may
+    come as one list), of tensors of one dtype. While a model is traced it records matmuls, or products and sums
+    (see nn/graph.py's einsum)."""
+    from .nn.graph import Symbolic
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    if not isinstance(equation, str):
+        raise TypeError(f"einsum: the equation must be a str, got {type(equation).__name__}")
+    equation = equation.replace(" ", "")
+    if builtins.any(isinstance(x, Symbolic) for x in operands):
+        from .nn.graph import einsum as traced_einsum
+        return traced_einsum(equation, operands)
+    _tensors("einsum", operands)
+    dtypes = {x.dtype for x in operands}
+    if len(dtypes) != 1:
+        raise TypeError(f"einsum: expected operands of one dtype, got {', '.join(sorted(d.name for d in dtypes))}")
+    dt = dtypes.pop()
+
+    def contract(*arrays):
+        try:
+            return np.einsum(equation, *arrays)
+        except ValueError as e:
+            raise ValueError(f"einsum: {e} (equation {equation!r}, shapes "
+                             f"{', '.join(str(tuple(x.shape)) for x in operands)})") from None
+    return _apply("einsum", contract, list(operands), dt, dt)
+
+
 def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     """Equally shaped tensors joined along a new dimension dim, as torch.stack."""
     tensors = list(tensors)

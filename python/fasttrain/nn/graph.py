@@ -983,6 +983,84 @@ def where(condition, input, other):
     return parts[1] + parts[0] if isinstance(parts[1], Symbolic) else parts[0] + parts[1]
 
 
+def einsum(equation, operands):
+    """Traced torch.einsum of one or two operands, spaces removed from the equation. A traced operand's first
+    index is the batch, which leads the output; a tensor operand (a parameter, a constant) has none. An index only
+    one operand has and the output lacks is summed first. Two operands that share an index the output lacks
+    multiply as matrices (a matmul over the indices both keep, heads included: "bhqd,bhkd->bhqk"; a 2-d tensor is
+    x @ W or x @ W.T); otherwise they multiply elementwise, broadcast over the output's indices, and sum."""
+    from .._tensor import Tensor
+    inputs, arrow, out = equation.partition("->")
+    subs = inputs.split(",")
+    if "." in equation:
+        fail("einsum with an ellipsis", "write every index out")
+    if len(subs) != len(operands) or len(operands) not in (1, 2):
+        fail(f"einsum of {len(operands)} operands as {equation!r}", "give one or two operands, one subscript each")
+    if not arrow:  # implicit: the indices appearing once, in alphabetical order
+        out = "".join(sorted(c for c in set(inputs) if c != "," and inputs.count(c) == 1))
+    batch = {s[0] for s, x in zip(subs, operands) if isinstance(x, Symbolic) and s}
+    sizes = {}
+    for s, x in zip(subs, operands):
+        if not isinstance(x, (Symbolic, Tensor)):
+            raise TypeError(f"einsum: expected tensors, got {type(x).__name__}")
+        traced = isinstance(x, Symbolic)
+        shape = (None, *x.node.shape) if traced else tuple(x.shape)
+        if len(s) != len(shape) or len(set(s)) != len(s) or not s.isalpha():
+            fail(f"einsum subscripts {s!r} for an operand of {len(shape)} dimensions", "give one distinct letter per "
+                 "dimension (a repeated index, a diagonal, cannot be recorded)")
+        if not traced and batch & set(s):
+            fail(f"einsum with a tensor indexed by the batch's {s!r}", "a tensor in forward is every sample's")
+        for c, n in zip(s[1:] if traced else s, shape[1:] if traced else shape):
+            if sizes.setdefault(c, n) != n:
+                raise ValueError(f"einsum: index {c!r} has sizes {sizes[c]} and {n} in {equation!r}")
+    if len(batch) != 1 or out[:1] != next(iter(batch)) or len(set(out)) != len(out) or set(out) - set(inputs):
+        fail(f"einsum {equation!r}", "index the batch first in every traced operand and in the output, and give "
+             "the output distinct indices of the operands")
+
+    def summed(x, s, others):  # the indices only x has, summed away
+        drop = [i for i, c in enumerate(s) if c not in out and all(c not in o for o in others)]
+        return (x.sum(drop), "".join(c for i, c in enumerate(s) if i not in drop)) if drop else (x, s)
+
+    def arranged(x, s, order, shape=None):  # a traced x in the indices' order, then reshaped
+        order = "".join(order)
+        x = x if s == order else x.permute(0, *(s.index(c) for c in order[1:]))
+        return x if shape is None else x.reshape(N, *shape)
+
+    ops = []
+    for i, (s, x) in enumerate(zip(subs, operands)):
+        ops.append(summed(x, s, subs[:i] + subs[i + 1:]))
+    if len(ops) == 1:
+        return arranged(*ops[0], out)
+    (a, sa), (b, sb) = ops if isinstance(ops[0][0], Symbolic) else ops[::-1]
+    K = [c for c in sa if c in sb and c not in out]
+    L = [out[0]] + [c for c in out[1:] if c in sa and c in sb]  # the batch, and the indices both keep
+    M = [c for c in out[1:] if c in sa and c not in sb]
+    P = [c for c in out[1:] if c in sb and c not in sa]
+    prod = lambda cs: math.prod(sizes[c] for c in cs)  # noqa: E731
+    if K and isinstance(b, Symbolic):
+        A = arranged(a, sa, L + M + K, [sizes[c] for c in L[1:]] + [prod(M), prod(K)])
+        B = arranged(b, sb, L + K + P, [sizes[c] for c in L[1:]] + [prod(K), prod(P)])
+        if A.node is not B.node:  # (x @ x of one value has no node: it multiplies elementwise below)
+            r = (A @ B).reshape(N, *(sizes[c] for c in L[1:] + M + P))
+            return arranged(r, "".join(L + M + P), out)
+    elif len(K) == 1 and len(P) == 1 and len(sb) == 2 and len(L) == 1:  # x @ W, or x @ W.T
+        W = b if sb == K[0] + P[0] else b.T if _viewed_parameter(b) is not None else b.T.contiguous()
+        r = arranged(a, sa, L + M + K, [prod(M), prod(K)]) @ W
+        return arranged(r.reshape(N, *(sizes[c] for c in M + P)), "".join(L + M + P), out)
+    U = out + "".join(K)  # broadcast to the output's indices and the summed ones, multiply, sum
+
+    def spread(x, s):
+        shape = [sizes[c] if c in s else 1 for c in U[1:]]
+        if isinstance(x, Symbolic):
+            return arranged(x, s, "".join(c for c in U if c in s), shape)
+        if s != "".join(c for c in U if c in s):
+            fail(f"einsum of a tensor indexed {s!r} in another order than {U!r}", "order the tensor's indices as "
+                 "the output's, then the summed ones")
+        return x.reshape(shape)
+    r = spread(a, sa) * spread(b, sb)
+    return r.sum(list(range(len(out), len(U)))) if K else r
+
+
 def _transposed_parameter(t):
     """The 2-d trainable parameter whose transpose t is (self.weight.T, self.weight.t()), else None."""
     p = _viewed_parameter(t)
