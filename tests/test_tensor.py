@@ -462,3 +462,18 @@ def test_copies_into_views_whose_elements_share_memory_are_refused():
     ok = ft.zeros(3, 4)[:, ::2]  # strided, no sharing
     ok.copy_(ft.ones(3, 2))
     assert ok.numpy().sum() == 6
+
+
+def test_randn_like_and_rand_like_follow_the_generator_and_the_input():
+    x = ft.zeros(3, 500, dtype=ft.float64)
+    ft.manual_seed(3)
+    a = ft.randn_like(x)
+    ft.manual_seed(3)
+    assert a.shape == (3, 500) and a.dtype is ft.float64 and np.array_equal(a.numpy(), ft.randn_like(x).numpy())
+    assert abs(a.numpy().std() - 1) < 0.1
+    u = ft.rand_like(x, dtype=ft.float32)
+    assert u.dtype is ft.float32 and 0 <= u.numpy().min() and u.numpy().max() < 1
+    with pytest.raises(TypeError, match="randn_like: expected a tensor, got list"):
+        ft.randn_like([1.0])
+    with pytest.raises(TypeError, match="floating"):
+        ft.randn_like(ft.zeros(2, dtype=ft.int64))

@@ -1213,3 +1213,91 @@ def test_einsum_that_cannot_be_recorded_says_why(equation, message):
     model = Bad()
     with pytest.raises(ft.nn.TracingError, match=message):
         model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=2, input_shape=(4,))
+
+
+class Sampler(nn.Module):
+    """A VAE's encoder and sampling: mu + eps * std with eps = ft.randn_like(std), and uniform noise added."""
+
+    def __init__(self):
+        super().__init__()
+        self.mu, self.logvar = nn.Linear(4, 3), nn.Linear(4, 3)
+
+    def forward(self, x):
+        mu, logvar = self.mu(x), self.logvar(x)
+        std = ft.exp(0.5 * logvar)
+        return mu + ft.randn_like(std) * std + 0.1 * ft.rand_like(mu), mu, logvar
+
+
+class Reparameterized(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.enc, self.dec = Sampler(), nn.Linear(3, 4)
+
+    def forward(self, x):
+        z, mu, logvar = self.enc(x)
+        return self.dec(z), mu, logvar
+
+
+def vae_loss(out, x):
+    recon, mu, logvar = out
+    return F.mse_loss(recon, x) - 0.5 * (1 + logvar - mu ** 2 - logvar.exp()).sum(1).mean()
+
+
+def test_noise_is_drawn_afresh_each_step_from_the_programs_seed():
+    x = np.random.default_rng(35).standard_normal((8, 4)).astype(np.float32)
+    ft.manual_seed(5)
+    start = Reparameterized().state_dict()
+
+    def run(lr, recompute=False):
+        model = Reparameterized()
+        model.load_state_dict(start)
+        program = model.compile(ft.optim.SGD(model.parameters(), lr=lr), vae_loss, batch_size=8, input_shape=(4,),
+                                seed=7, recompute=[model.enc] if recompute else None)
+        return [program.train_step(x, x) for _ in range(3)], model.state_dict()
+    still = run(0.0)[0]
+    assert len(set(still)) == 3  # fresh noise in every step (a zero learning rate changes nothing else)
+    losses, weights = run(0.1)
+    assert run(0.1)[0] == losses  # the same seed, the same noise
+    # a recomputed forward draws what the first one drew: the steps are the plain program's, bit for bit
+    again, recomputed = run(0.1, recompute=True)
+    assert again == losses
+    for k in weights:
+        np.testing.assert_array_equal(recomputed[k], weights[k], err_msg=k)
+
+
+def test_noise_of_a_traced_value_has_the_distribution_asked_for():
+    class Draws(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(2, 2048)
+
+        def forward(self, x):
+            h = self.fc(x)
+            return ft.cat([ft.randn_like(h), ft.rand_like(h)], dim=1)
+
+    model = Draws()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=4, input_shape=(2,))
+    out = program.predict(np.zeros((4, 2), np.float32)).numpy().astype(np.float64)
+    normal, uniform = out[:, :2048].ravel(), out[:, 2048:].ravel()
+    assert abs(normal.mean()) < 0.05 and abs(normal.std() - 1) < 0.05
+    assert abs(np.mean(np.abs(normal) < 1) - 0.6827) < 0.02  # the mass within one sigma
+    assert uniform.min() >= 0 and uniform.max() < 1 and abs(uniform.mean() - 0.5) < 0.02
+    assert len(np.unique(normal)) > 0.99 * normal.size  # every sample and position its own draw
+
+
+@pytest.mark.parametrize("draw", [lambda h: h + ft.randn(4), lambda h: h + ft.randn(h.shape),
+                                  lambda h: h * ft.rand(1), lambda h: h[:, ft.randperm(4)],
+                                  lambda h: h + ft.randint(0, 2, (4,))])
+def test_a_random_draw_in_a_forward_is_refused_not_frozen(draw):
+    class Drawn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return draw(self.fc(x))
+
+    model = Drawn()
+    with pytest.raises(ft.nn.TracingError, match=r"ft\.rand\w* in a traced forward .* ft.randn_like\(x\)"):
+        model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=2, input_shape=(4,))
+    assert ft.randn(3).shape == (3,)  # outside compile, as before

@@ -30,7 +30,7 @@ typedef struct {
     const ft_tensor *dweight, *dbias;         /* NULL for a frozen or absent parameter */
     bool dweight_acc, dbias_acc;
     /* dropout: the Philox key, and where this node's mask starts */
-    uint64_t seed, mask_offset;
+    uint64_t seed, mask_offset; /* where the node's draws start in the program's Philox stream */
     double norm; /* losses: the batch's normalizer of this node's values (ft_node_reduction) */
 } ft_node_run;
 
@@ -72,6 +72,10 @@ typedef struct {
      * fused activation). NULL: it does. */
     bool (*reads_inputs)(const ft_node *nd);
     bool (*reads_output)(const ft_node *nd);
+    /* The Philox blocks a forward over `numel` elements draws (dropout's
+     * mask, noise): each forward takes the next ones from the program's
+     * stream, and a replay the same again. NULL: it draws none. */
+    uint64_t (*draws)(int64_t numel);
 } ft_node_kind_info;
 
 extern const ft_node_kind_info ft_node_kinds[FT_NODE_NKINDS];

@@ -2,6 +2,7 @@
  * kind, each a call of its ops on the tensors the program prepared. */
 #include <string.h>
 
+#include "core/rng.h"
 #include "nn/node.h"
 #include "ops/activation.h"
 #include "ops/attention.h"
@@ -358,6 +359,15 @@ static ft_status dropout_forward(const ft_node_run *r) {
 static ft_status dropout_backward(const ft_node_run *r) {
     ft_dropout_params dp = {r->nd->dropout_p, r->seed, r->mask_offset};
     return ft_dropout_backward(r->din[0], &r->dout, &dp, r->din_acc[0]);
+}
+
+/* Noise (randn_like, rand_like) in the shape of its input, which it does not
+ * read: core/rng.h's draws, four values per Philox block. */
+static uint64_t noise_draws(int64_t numel) { return (uint64_t)(numel + 3) / 4; }
+
+static ft_status noise_forward(const ft_node_run *r) {
+    ft_rng_state rng = {r->seed, r->mask_offset};
+    return r->nd->uniform ? ft_rng_uniform(&r->out, &rng, 0.0, 1.0) : ft_rng_normal(&r->out, &rng, 0.0, 1.0);
 }
 
 /* ---- pooling ---- */
@@ -1051,7 +1061,7 @@ const ft_node_kind_info ft_node_kinds[FT_NODE_NKINDS] = {
                      .reads_inputs = never, .reads_output = never},
     [FT_NODE_RESHAPE] = {"reshape", 1, 1, 0, same_numel, NULL, reshape_is_view, reshape_forward, reshape_backward, .precision = FT_NODE_ANY},
     [FT_NODE_DROPOUT] = {"dropout", 1, 1, 0, same_shape, NULL, dropout_is_view, dropout_forward, dropout_backward, .precision = FT_NODE_ANY,
-                         .reads_inputs = never, .reads_output = never},
+                         .reads_inputs = never, .reads_output = never, .draws = ft_dropout_blocks},
     [FT_NODE_IDENTITY] = {"identity", 1, 1, 0, same_shape, NULL, always_view, NULL, NULL, .precision = FT_NODE_ANY},
     [FT_NODE_LAYERNORM] = {"layer_norm", 1, 1, 0, layernorm_check, layernorm_aux, NULL, layernorm_forward,
                            layernorm_backward, .precision = FT_NODE_ANY},
@@ -1087,6 +1097,8 @@ const ft_node_kind_info ft_node_kinds[FT_NODE_NKINDS] = {
     [FT_NODE_ONE_HOT] = {"one_hot", 1, 1, 0, one_hot_check, NULL, NULL, one_hot_forward, NULL, one_hot_prepare,
                          .precision = FT_NODE_ANY},
     [FT_NODE_DETACH] = {"detach", 1, 1, 0, same_shape, NULL, NULL, detach_forward, NULL, .precision = FT_NODE_ANY},
+    [FT_NODE_NOISE] = {"noise", 1, 1, 0, same_shape, NULL, NULL, noise_forward, NULL, .precision = FT_NODE_ANY,
+                       .reads_inputs = never, .reads_output = never, .draws = noise_draws},
     [FT_NODE_UPSAMPLE_BILINEAR] = {"upsample_bilinear", 1, 1, 2, bilinear_check, NULL, NULL, bilinear_forward,
                                    bilinear_backward, .precision = FT_NODE_ANY, .reads_inputs = never,
                                    .reads_output = never},

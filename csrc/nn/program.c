@@ -64,7 +64,7 @@ struct ft_program {
     int *slot_left;         /* (nslots) of them, those whose backward has not run in the last micro-batch */
     void (*slot_final)(void *ctx, int slot); /* told each slot that is final (ft_program_on_slot_final) */
     void *slot_final_ctx;
-    uint64_t *dropout_at;   /* (n) the Philox offset of each dropout node's last mask */
+    uint64_t *dropout_at;   /* (n) the Philox offset of each drawing node's (dropout, noise) last draw */
     double *seconds;        /* (n, 2) time spent in each node's forward and backward */
     ft_tensor stats_backup; /* (bytes) uint8: the batch-norm running statistics before the current step */
     int64_t stats_bytes;
@@ -982,12 +982,12 @@ static ft_node_run run_of(const ft_program *p, bool training, int i, int64_t row
 }
 
 /* Node i's forward over `rows` samples, or its replay: a recomputation in
- * the backward, which takes the mask its dropout drew the first time. */
+ * the backward, which takes what it drew the first time (a dropout's mask). */
 static ft_status forward_node(ft_program *p, bool training, int i, int64_t rows, bool replay) {
     double t0 = omp_get_wtime();
-    if (p->nodes[i].kind == FT_NODE_DROPOUT && !replay) { /* each mask takes the next Philox blocks */
+    if (row(p, i)->draws && !replay) { /* each draw takes the next Philox blocks */
         p->dropout_at[i] = p->dropout_offset;
-        p->dropout_offset += ft_dropout_blocks(rows * ft_node_numel(&p->nodes[i]));
+        p->dropout_offset += row(p, i)->draws(rows * ft_node_numel(&p->nodes[i]));
     }
     ft_node_run r = run_of(p, training, i, rows);
     r.replay = replay;

@@ -64,6 +64,7 @@ typedef enum {
     FT_NODE_ONE_HOT,     /* int64 class targets as rows of an identity: (d...) -> (d..., C) */
     FT_NODE_DETACH,      /* its input's values, through which no gradient passes (PyTorch's detach) */
     FT_NODE_UPSAMPLE_BILINEAR, /* to the node's size: images (C, H, W), or (C, L) sequences linearly */
+    FT_NODE_NOISE,       /* N(0, 1), or U[0, 1) with `uniform`, drawn afresh each step, in its input's shape */
     FT_NODE_NKINDS
 } ft_node_kind;
 
@@ -105,6 +106,7 @@ typedef struct {
     int64_t padding_idx; /* embedding: a row that gets no gradient, or -1 */
     int64_t factor[2];   /* upsample: along H and W (along L: factor[1]) */
     ft_bilinear2d_params lerp; /* bilinear upsample */
+    bool uniform;              /* noise */
     int64_t slice_start, slice_step;
     ft_dtype dtype;          /* the input's and the targets' */
     ft_node_reduction reduction; /* losses: how a sample's value is normalized over the batch */

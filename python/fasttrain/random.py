@@ -135,13 +135,48 @@ def _empty(size, dtype, device, default):
 def rand(*size: int | Sequence[int], generator: Generator | None = None, dtype: DTypeLike | None = None,
          device: DeviceLike = None) -> Tensor:
     """Uniform samples in [0, 1) of the given size (float32 by default)."""
+    _refuse_draw("rand")
     return _draw(_C.uniform_, _empty(size, dtype, device, "float32"), generator, 0.0, 1.0)
 
 
 def randn(*size: int | Sequence[int], generator: Generator | None = None, dtype: DTypeLike | None = None,
           device: DeviceLike = None) -> Tensor:
     """Standard normal samples of the given size (float32 by default)."""
+    _refuse_draw("randn")
     return _draw(_C.normal_, _empty(size, dtype, device, "float32"), generator, 0.0, 1.0)
+
+
+def _refuse_draw(fn):
+    from .nn.graph import refuse_draw  # (nn imports this module)
+    refuse_draw(fn)
+
+
+def _like(name, input, dtype, device):
+    """An empty tensor in input's shape, dtype and device (unless given); a traced value records a noise node."""
+    from .nn.graph import Symbolic
+    if isinstance(input, Symbolic):
+        return None
+    if not isinstance(input, Tensor):
+        raise TypeError(f"{name}: expected a tensor, got {type(input).__name__}")
+    return empty(tuple(input.shape), dtype=input.dtype if dtype is None else dtype,
+                 device=input.device if device is None else device)
+
+
+def rand_like(input: Tensor, *, dtype: DTypeLike | None = None, device: DeviceLike = None) -> Tensor:
+    """Uniform samples in [0, 1) in input's shape (and dtype and device, unless given). Of a traced value
+    (model.compile), fresh samples in every step from the program's seeded stream (see compile's seed)."""
+    from .nn.modules import Noise
+    out = _like("rand_like", input, dtype, device)
+    return Noise(uniform=True)(input) if out is None else _draw(_C.uniform_, out, None, 0.0, 1.0)
+
+
+def randn_like(input: Tensor, *, dtype: DTypeLike | None = None, device: DeviceLike = None) -> Tensor:
+    """Standard normal samples in input's shape (and dtype and device, unless given). Of a traced value
+    (model.compile), fresh samples in every step from the program's seeded stream: a VAE's reparameterization,
+    mu + ft.randn_like(std) * std, compiles."""
+    from .nn.modules import Noise
+    out = _like("randn_like", input, dtype, device)
+    return Noise(uniform=False)(input) if out is None else _draw(_C.normal_, out, None, 0.0, 1.0)
 
 
 def randint(*args: int | Sequence[int], size: int | Sequence[int] | None = None, generator: Generator | None = None,
@@ -155,12 +190,14 @@ def randint(*args: int | Sequence[int], size: int | Sequence[int] | None = None,
         low, high, size = args
     else:
         raise TypeError("randint expects (high, size) or (low, high, size)")
+    _refuse_draw("randint")
     return _draw(_C.randint_, _empty((size,), dtype, device, "int64"), generator, int(low), int(high))
 
 
 def randperm(n: int, *, generator: Generator | None = None, dtype: DTypeLike | None = None,
              device: DeviceLike = None) -> Tensor:
     """A random permutation of 0 .. n-1 (int64 by default)."""
+    _refuse_draw("randperm")
     n = int(n)
     if n < 0:
         raise ValueError(f"randperm: n must be non-negative, got {n}")

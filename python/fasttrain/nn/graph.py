@@ -44,6 +44,8 @@ def fail(what, instead=""):
 _trainable = {}
 # The nodes recorded in each open ft.no_grad() block of a traced forward.
 _held_back = []
+# One entry per traced forward (or loss) under way.
+_active = []
 
 
 class tracing:
@@ -54,10 +56,20 @@ class tracing:
 
     def __enter__(self):
         _trainable.update(self.params)
+        _active.append(self)
 
     def __exit__(self, *exc):
         _trainable.clear()
         _held_back.clear()
+        _active.pop()
+
+
+def refuse_draw(fn):
+    """Fails for a random draw while a forward is traced: drawn once, at compile, it would be the same constant in
+    every step."""
+    if _active:
+        fail(f"ft.{fn} in a traced forward", "it would be drawn once, at compile, and every step would reuse it: "
+             "draw afresh in each step with ft.randn_like(x) or ft.rand_like(x) of a traced value x")
 
 
 def _viewed_parameter(t):

@@ -1646,6 +1646,24 @@ class Expand(Module):
         return f"{self.shape}"
 
 
+class Noise(Module):
+    """Samples of N(0, 1), or of U[0, 1) when uniform, in its input's shape, drawn afresh in every step (recorded by
+    ft.randn_like and ft.rand_like of a traced value)."""
+
+    _leaf = True
+
+    def __init__(self, uniform=False):
+        super().__init__()
+        self.uniform = uniform
+
+    def forward(self, x):
+        from .. import random
+        return (random.rand_like if self.uniform else random.randn_like)(x)
+
+    def extra_repr(self):
+        return "uniform" if self.uniform else "normal"
+
+
 class Detach(Module):
     """Its input's values, through which no gradient passes (recorded by x.detach())."""
 
