@@ -1301,3 +1301,66 @@ def test_a_random_draw_in_a_forward_is_refused_not_frozen(draw):
     with pytest.raises(ft.nn.TracingError, match=r"ft\.rand\w* in a traced forward .* ft.randn_like\(x\)"):
         model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=2, input_shape=(4,))
     assert ft.randn(3).shape == (3,)  # outside compile, as before
+
+
+def segmentation_loss(out, t):
+    """A dice-style loss on one-hot pixel labels, as segmentation code writes it."""
+    oh = F.one_hot(t, 3).permute(0, 3, 1, 2).float()
+    return -(oh * F.log_softmax(out, 1)).sum(1).mean()
+
+
+@pytest.mark.parametrize("memory_format", ["channels_last", "contiguous"])
+def test_one_hot_pixel_labels_and_embedded_grids_in_either_layout(memory_format):
+    """Rows of one-hot classes and of an embedding are written whole, in channels-last programs too (they were
+    refused there as non-contiguous outputs)."""
+    rng = np.random.default_rng(36)
+    x, y = rng.random((2, 1, 4, 5)).astype(np.float32), rng.integers(0, 3, (2, 4, 5))
+    ft.manual_seed(6)
+    model = nn.Conv2d(1, 3, 3, padding=1)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), segmentation_loss, batch_size=2,
+                            input_shape=(1, 4, 5), target_shape=(4, 5), target_dtype=ft.int64,
+                            memory_format=memory_format)
+    logp = F.log_softmax(model(ft.tensor(x)), 1).numpy().astype(np.float64)
+    want = -np.take_along_axis(logp, y[:, None], 1).mean()
+    assert program.evaluate(x, y)[0] == pytest.approx(want, rel=1e-5)
+
+    class Grid(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.fc = nn.Embedding(10, 4), nn.Linear(4, 3)
+
+        def forward(self, ids):
+            return self.fc(self.emb(ids).mean((1, 2)))
+
+    grid = Grid()
+    program = grid.compile(ft.optim.SGD(grid.parameters(), lr=0.1), batch_size=2, input_shape=(3, 5),
+                           input_dtype=ft.int64, memory_format=memory_format)
+    ids = rng.integers(0, 10, (2, 3, 5))
+    np.testing.assert_allclose(program.predict(ids).numpy(), grid(ft.tensor(ids)).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_targets_taken_as_one_value_per_sample_say_so_when_they_do_not_fit():
+    model = nn.Conv2d(1, 3, 3, padding=1)
+    with pytest.raises(ft.nn.TracingError, match=r"permute.*the targets were taken as one value per sample.*"
+                                                 r"target_shape="):
+        model.compile(ft.optim.SGD(model.parameters(), lr=0.1), segmentation_loss, batch_size=2,
+                      input_shape=(1, 4, 5))
+
+
+def test_attribute_probes_and_the_batch_transpose():
+    class Probe(nn.Module):
+        def __init__(self, use):
+            super().__init__()
+            self.fc, self.use = nn.Linear(4, 4), use
+
+        def forward(self, x):
+            h = self.fc(x)
+            assert not hasattr(h, "some_flag")  # duck typing sees a missing attribute
+            return self.use(h)
+
+    model = Probe(lambda h: h * 2)
+    model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=2, input_shape=(4,))
+    for use in (lambda h: h @ h.T, lambda h: h.t(), lambda h: h.some_flag):
+        model = Probe(use)
+        with pytest.raises(ft.nn.TracingError, match=r"x\.T / x\.t\(\) .* across the batch|x\.some_flag"):
+            model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=2, input_shape=(4,))

@@ -76,6 +76,11 @@ typedef struct {
      * mask, noise): each forward takes the next ones from the program's
      * stream, and a replay the same again. NULL: it draws none. */
     uint64_t (*draws)(int64_t numel);
+    /* Its output keeps the order of its shape in a channels-last program
+     * too, where other (C, H, W) outputs are laid out channels innermost: a
+     * reshape's values keep their order, a parameter's gradient its weight's,
+     * and rows of classes or of an embedding are written whole. */
+    bool in_order;
 } ft_node_kind_info;
 
 extern const ft_node_kind_info ft_node_kinds[FT_NODE_NKINDS];

@@ -83,8 +83,7 @@ static ft_tensor view_at(const ft_program *p, const ft_node *nd, ft_storage *are
     t.shape[0] = rows;
     memcpy(t.shape + 1, nd->shape, (size_t)nd->ndim * sizeof *nd->shape);
     ft_contiguous_strides(t.strides, t.ndim, t.shape);
-    /* a reshape keeps (C, H, W) order, and a parameter's gradient its weight's */
-    if (is_image(nd) && p->channels_last && nd->kind != FT_NODE_RESHAPE && nd->kind != FT_NODE_PARAM) {
+    if (is_image(nd) && p->channels_last && !ft_node_kinds[nd->kind].in_order) {
         int64_t C = nd->shape[0], H = nd->shape[1], W = nd->shape[2];
         int64_t s[4] = {H * W * C, 1, W * C, C};
         memcpy(t.strides, s, sizeof s);

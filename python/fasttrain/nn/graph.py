@@ -34,9 +34,13 @@ def _user_line():
     return "<unknown>"
 
 
-def fail(what, instead=""):
-    """Raises TracingError for `what`, naming the user's line and what to write instead."""
-    raise TracingError(f"{what} cannot be compiled (at {_user_line()})" + (f"; {instead}" if instead else ""))
+class NoAttribute(TracingError, AttributeError):
+    """A traced value lacks the attribute: hasattr() says False, a use names the line."""
+
+
+def fail(what, instead="", error=TracingError):
+    """Raises error (TracingError) for `what`, naming the user's line and what to write instead."""
+    raise error(f"{what} cannot be compiled (at {_user_line()})" + (f"; {instead}" if instead else ""))
 
 
 # The trainable parameters (by id) of the model whose forward (and loss) is being traced: an eager op on one
@@ -439,6 +443,7 @@ class Symbolic:
         are one value per sample: a label or a regression target. Their dtype is the loss's to fix."""
         if self.node.shape is None:
             bind_target(self, (), None)
+            self.node.module.assumed = True
 
     def view(self, *shape):
         """The same as reshape: traced values have no memory layout."""
@@ -859,7 +864,16 @@ class Symbolic:
     def __getattr__(self, name):
         if name.startswith("__"):  # protocol probes (NumPy's, copy's) see a plain object
             raise AttributeError(name)
-        fail(f"x.{name}", "see docs/models.md for what traced values support")
+        fail(f"x.{name}", "see docs/models.md for what traced values support", NoAttribute)
+
+    def t(self):
+        """Fails: the transpose of a batch of vectors or matrices swaps the batch with the features; a product
+        across the batch (a contrastive loss's z1 @ z2.T) has no per-sample form."""
+        fail("x.T / x.t() of a traced value (it would swap the batch with the features)", "a compiled step "
+             "computes each sample on its own, so similarities across the batch (z1 @ z2.T) cannot be compiled; "
+             "transpose a sample's own dimensions with x.transpose(-2, -1) or x.mT")
+
+    T = property(t)
 
     def __repr__(self):
         kind = "input" if self.node.module is None else type(self.node.module).__name__
@@ -1204,7 +1218,13 @@ def trace(model, input_shape, input_dtype=None):
 def trace_loss(loss, outputs, targets):
     """The loss Symbolic of loss(outputs, targets): reduced over the batch, one value."""
     name = getattr(loss, "__name__", type(loss).__name__)
-    value = _call(loss, f"the loss {name}", outputs, targets)
+    try:
+        value = _call(loss, f"the loss {name}", outputs, targets)
+    except (TracingError, ValueError) as e:
+        if not targets.node.module.assumed:
+            raise
+        raise type(e)(f"{e} (the targets were taken as one value per sample, by F.one_hot or a view, before a loss "
+                      "read their shape: if each sample has more, give compile(..., target_shape=))") from e
     if not isinstance(value, Symbolic):
         raise TracingError(f"the loss {name} returned {type(value).__name__}, not a traced value of the outputs")
     if not value.node.reduced:

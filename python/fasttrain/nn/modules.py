@@ -1560,6 +1560,7 @@ class Target(Module):
 
     _leaf = True
     dtype = None
+    assumed = False  # the shape was taken as one value per sample before a loss read it
 
 
 class Sum(Module):
@@ -1684,8 +1685,10 @@ class OneHot(Module):
         if not isinstance(target.node.module, Target):
             fail("F.one_hot of a value other than the targets", "the model's own int64 ids become rows through an "
                  "nn.Embedding")
-        # one label per sample unless a loss (or compile's target_shape) said otherwise
-        bind_target(target, () if target.node.shape is None else target.node.shape, "int64")
+        if target.node.shape is None:  # one label per sample unless a loss (or compile's target_shape) said otherwise
+            bind_target(target, (), "int64")
+            target.node.module.assumed = True
+        bind_target(target, target.node.shape, "int64")
         return Symbolic.record(self, [target], (*target.node.shape, self.num_classes))
 
     def extra_repr(self):
