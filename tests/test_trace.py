@@ -1364,3 +1364,49 @@ def test_attribute_probes_and_the_batch_transpose():
         model = Probe(use)
         with pytest.raises(ft.nn.TracingError, match=r"x\.T / x\.t\(\) .* across the batch|x\.some_flag"):
             model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=2, input_shape=(4,))
+
+
+def aliased(lib=ft):
+    """In-place ops on a value that another name still holds: PyTorch changes the one tensor both names read."""
+    L, Fn = (nn, F) if lib is ft else (lib.nn, lib.nn.functional)
+
+    class Aliased(L.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.act = L.Linear(4, 4), L.ReLU(inplace=True)
+
+        def forward(self, x):
+            h = self.fc(x)
+            a = self.act(h) + h  # h is relu(h) now
+            g = self.fc(x)
+            kept = g
+            g += a  # kept is g + a too
+            Fn.leaky_relu(g, 0.1, inplace=True)
+            k = self.fc(x)
+            k.mul_(2).clamp_(min=-0.5)
+            Fn.relu6(k, inplace=True)
+            return kept + g + k
+
+    return Aliased()
+
+
+def test_in_place_ops_change_every_name_of_the_value_as_eagerly():
+    x = np.random.default_rng(37).standard_normal((3, 4)).astype(np.float32)
+    ft.manual_seed(7)
+    model = aliased()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=3, input_shape=(4,))
+    np.testing.assert_allclose(program.predict(x).numpy(), model(ft.tensor(x)).numpy(), rtol=1e-5, atol=1e-6)
+    h = x.astype(np.float64) @ model.fc.weight.numpy().T + model.fc.bias.numpy()
+    g = h + 2 * np.maximum(h, 0)
+    g = np.where(g > 0, g, 0.1 * g)
+    k = np.clip(np.maximum(2 * h, -0.5), 0, 6)
+    np.testing.assert_allclose(program.predict(x).numpy(), 2 * g + k, rtol=1e-5, atol=1e-6)
+
+
+@needs_torch
+def test_in_place_ops_match_pytorch():
+    x = np.random.default_rng(38).standard_normal((3, 4)).astype(np.float32)
+    tm, model = aliased(torch), aliased()
+    model.load_state_dict({k: v.detach().numpy() for k, v in tm.state_dict().items()})
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=3, input_shape=(4,))
+    assert_gradients_match(program, tm, x, np.zeros((3, 4), np.float32), torch.nn.MSELoss())

@@ -5,6 +5,7 @@ The backward of each op is ``ft.ops.<op>_backward``; the training step in C
 calls the same entry points.
 """
 import functools
+import inspect
 import numbers
 import warnings
 
@@ -16,17 +17,22 @@ from ..amp import cast
 from .._tensor import Tensor
 from ..random import default_generator
 from . import modules as M
-from .graph import MergedRows, Symbolic, fail
+from .graph import MergedRows, Symbolic, fail, in_place
 
 
 def _traced(layer):
     """On a traced value (model.compile), the function records layer(*args) applied to it instead of
     computing: each F.* is the layer of the same name."""
     def wrap(fn):
+        signature = inspect.signature(fn)
+
         @functools.wraps(fn)
         def call(input, *args, **kwargs):
             if isinstance(input, Symbolic):
-                return layer(*args, **kwargs)(input)
+                out = layer(*args, **kwargs)(input)
+                if fn.__name__.endswith("_") or signature.bind(input, *args, **kwargs).arguments.get("inplace"):
+                    return in_place(input, out)
+                return out
             return fn(input, *args, **kwargs)
         return call
     return wrap
@@ -237,8 +243,7 @@ def hardtanh(input, min_val=-1.0, max_val=1.0, inplace=False):
     """input limited to [min_val, max_val] (clamp's values and gradient); inplace=True overwrites an eager input."""
     if min_val > max_val:
         raise ValueError(f"hardtanh: min_val {min_val} must not exceed max_val {max_val}")
-    return input.clamp_(min_val, max_val) if inplace and not isinstance(input, Symbolic) else \
-        input.clamp(min_val, max_val)
+    return input.clamp_(min_val, max_val) if inplace else input.clamp(min_val, max_val)
 
 
 def relu6(input, inplace=False):
@@ -249,7 +254,9 @@ def relu6(input, inplace=False):
 def elu(input, alpha=1.0, inplace=False):
     """input where positive, alpha (exp(input) - 1) elsewhere: relu(x) + alpha (exp(min(x, 0)) - 1)."""
     out = input.relu() + alpha * (input.clamp(max=0.0).exp() - 1.0)
-    return input.copy_(out) if inplace and not isinstance(input, Symbolic) else out
+    if not inplace:
+        return out
+    return in_place(input, out) if isinstance(input, Symbolic) else input.copy_(out)
 
 
 def normalize(input, p=2.0, dim=1, eps=1e-12):

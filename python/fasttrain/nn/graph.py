@@ -143,6 +143,13 @@ class BatchSize:
 N = BatchSize()
 
 
+def in_place(target, value):
+    """An in-place op on the traced value target: from now on every name bound to target reads value, as
+    PyTorch's in-place ops change the one tensor that names share (a = h; F.relu_(h); a is relu(h) too)."""
+    target.node = value.node
+    return target
+
+
 def _per_sample_mean(loss):
     """loss / N for a loss summed over the batch: the same losses with reduction 'batchmean' (the sum divided by the
     batch size, which is known only when the step runs) in place of 'sum', combined as loss combines them."""
@@ -350,6 +357,35 @@ class Symbolic:
 
     def __rsub__(self, other):
         return (-self) + other
+
+    def add(self, other, *, alpha=1):
+        """Records self + alpha * other."""
+        return self + (other if alpha == 1 else other * alpha)
+
+    def sub(self, other, *, alpha=1):
+        """Records self - alpha * other."""
+        return self - (other if alpha == 1 else other * alpha)
+
+    def mul(self, other):
+        """Records self * other."""
+        return self * other
+
+    def div(self, other):
+        """Records self / other."""
+        return self / other
+
+    # In place: every name bound to this value reads the result (see in_place).
+    def __iadd__(self, other):
+        return in_place(self, self + other)
+
+    def __isub__(self, other):
+        return in_place(self, self - other)
+
+    def __imul__(self, other):
+        return in_place(self, self * other)
+
+    def __itruediv__(self, other):
+        return in_place(self, self / other)
 
     def __neg__(self):
         return self * -1.0
@@ -878,6 +914,20 @@ class Symbolic:
     def __repr__(self):
         kind = "input" if self.node.module is None else type(self.node.module).__name__
         return f"Symbolic(shape={self.shape}, from={kind})"
+
+
+def _in_place_method(name):
+    def method(self, *args, **kwargs):
+        return in_place(self, getattr(self, name)(*args, **kwargs))
+    method.__name__ = method.__qualname__ = name + "_"
+    method.__doc__ = f"Records x.{name}(...) in place of x (see in_place)."
+    return method
+
+
+for _name in ("add", "sub", "mul", "div", "relu", "sigmoid", "tanh", "clamp", "clamp_min", "clamp_max", "exp",
+              "sqrt", "pow", "masked_fill"):
+    setattr(Symbolic, _name + "_", _in_place_method(_name))
+del _name
 
 
 class NoIndices:

@@ -250,11 +250,12 @@ class Module:
         if self._leaf:
             if kwargs:
                 raise TypeError(f"{type(self).__name__} takes no keyword arguments when traced")
-            from .graph import _user_line
+            from .graph import _user_line, in_place
             try:
-                return self._symbolic(*inputs)
+                out = self._symbolic(*inputs)
             except ValueError as e:  # a shape the layer does not take: say where the forward called it
                 raise ValueError(f"{e} (at {_user_line()})") from None
+            return in_place(inputs[0], out) if getattr(self, "inplace", False) else out
         from .graph import callers
         callers.append(self)
         try:
@@ -734,8 +735,9 @@ class Upsample(Module):
 
 
 class _Activation(Module):
-    """An activation layer. inplace=True overwrites the input in eager calls, as PyTorch's; a compiled program
-    plans its memory itself (and fuses the activation where it can), so there it changes nothing."""
+    """An activation layer. inplace=True overwrites the input, as PyTorch's: eagerly its memory; while traced, what
+    every name bound to the input reads (a compiled program plans its memory itself, and fuses the activation
+    where it can)."""
 
     _leaf = True
     act = None
