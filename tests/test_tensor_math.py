@@ -1036,3 +1036,53 @@ def test_einsum_errors_and_torch():
     np.testing.assert_allclose(n(ft.einsum("bij,bjk->bki", ft.tensor(a), ft.tensor(b))),
                                torch.einsum("bij,bjk->bki", torch.tensor(a), torch.tensor(b)).numpy(), rtol=1e-5,
                                atol=1e-6)
+
+
+def test_views_taken_apart_and_copies_rearranged_match_numpy(ft_device):
+    a = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    t = ft.tensor(a, device=ft_device)
+    for got, want in [(t.select(1, 2), a[:, 2]), (t.narrow(2, -3, 2), a[:, :, 1:3]), (ft.select(t, -1, 0), a[..., 0])]:
+        np.testing.assert_array_equal(n(got.cpu()), want)
+    assert [n(u.cpu()).tolist() for u in ft.unbind(t, 1)] == [a[:, i].tolist() for i in range(3)]
+    assert [u.shape for u in t.chunk(3, 2)] == [(2, 3, 2), (2, 3, 2)]  # ceil(4 / 3) each: two, as torch
+    assert [u.shape for u in ft.chunk(t, 4, 1)] == [(2, 1, 4)] * 3
+    assert [u.shape for u in ft.split(t, 3, 2)] == [(2, 3, 3), (2, 3, 1)]
+    assert [u.shape for u in t.split([1, 2], 1)] == [(2, 1, 4), (2, 2, 4)]
+    t.unbind(1)[0].zero_()  # views: written through
+    assert n(t.cpu())[:, 0].sum() == 0
+    a[:, 0] = 0
+    np.testing.assert_array_equal(n(t.repeat(2, 1, 1, 2).cpu()), np.tile(a, (2, 1, 1, 2)))
+    np.testing.assert_array_equal(n(ft.flip(t, (0, 2)).cpu()), np.flip(a, (0, 2)))
+    np.testing.assert_array_equal(n(t.roll(1, 2).cpu()), np.roll(a, 1, 2))
+    np.testing.assert_array_equal(n(ft.roll(t, (1, -1), (0, 1)).cpu()), np.roll(a, (1, -1), (0, 1)))
+    np.testing.assert_array_equal(n(t.cumsum(-1).cpu()), np.cumsum(a, -1))
+    assert ft.tensor([True, True]).cumsum(0).dtype is ft.int64
+    with pytest.raises(ValueError, match=r"split: sizes \[1, 1\] do not add up to dimension 1 of size 3"):
+        t.split([1, 1], 1)
+    with pytest.raises(IndexError, match="narrow: start 3 and length 2 exceed dimension 2 of size 4"):
+        t.narrow(2, 3, 2)
+    with pytest.raises(ValueError, match="repeat: the number of sizes"):
+        t.repeat(2)
+
+
+def test_rounding_signs_and_tests_match_numpy():
+    a = np.array([-2.5, -1.5, -0.5, 0.0, 0.5, 1.5, 2.5, np.nan, np.inf, -np.inf], np.float32)
+    t = ft.tensor(a)
+    for name in ("floor", "ceil", "round", "trunc", "sign", "isnan", "isinf", "isfinite", "log1p", "expm1"):
+        with np.errstate(all="ignore"):
+            want = np.nan_to_num(np.sign(a), nan=0.0) if name == "sign" else getattr(np, name)(a)
+        got = getattr(ft, name)(t)
+        np.testing.assert_allclose(n(got).astype(np.float64), want.astype(np.float64), rtol=1e-6, err_msg=name)
+    assert ft.floor(ft.tensor([3, -2])).tolist() == [3, -2] and ft.floor(ft.tensor([3])).dtype is ft.int64
+    assert ft.round(ft.tensor([0.5, 1.5, 2.5])).tolist() == [0.0, 2.0, 2.0]  # half to even, as torch
+    with pytest.raises(TypeError, match="floor: not supported for bool tensors"):
+        ft.floor(ft.tensor([True]))
+    torch = pytest.importorskip("torch")
+    for name in ("floor", "ceil", "round", "trunc", "sign", "isnan", "isfinite", "log1p", "expm1"):
+        np.testing.assert_allclose(n(getattr(ft, name)(t)).astype(np.float64),
+                                   getattr(torch, name)(torch.tensor(a)).numpy().astype(np.float64), rtol=1e-6,
+                                   err_msg=name)
+    b = np.arange(12.0).reshape(3, 4)
+    for ours, theirs in [(ft.tensor(b).chunk(3, 1), torch.tensor(b).chunk(3, 1)),
+                         (ft.tensor(b).split(3, 1), torch.tensor(b).split(3, 1))]:
+        assert [tuple(x.shape) for x in ours] == [tuple(x.shape) for x in theirs]

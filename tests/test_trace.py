@@ -1410,3 +1410,60 @@ def test_in_place_ops_match_pytorch():
     model.load_state_dict({k: v.detach().numpy() for k, v in tm.state_dict().items()})
     program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=3, input_shape=(4,))
     assert_gradients_match(program, tm, x, np.zeros((3, 4), np.float32), torch.nn.MSELoss())
+
+
+def timm_attention(lib=ft):
+    """timm's ViT attention: the packed projection permuted with q/k/v before the batch, taken apart with unbind
+    and indexing; both F.scaled_dot_product_attention and the softmax written out."""
+    L, Fn = (nn, F) if lib is ft else (lib.nn, lib.nn.functional)
+
+    class Attention(L.Module):
+        def __init__(self, dim=8, heads=2):
+            super().__init__()
+            self.heads, self.qkv, self.proj = heads, L.Linear(dim, dim * 3), L.Linear(dim, dim)
+            self.head = L.Linear(dim, CLASSES)
+
+        def forward(self, x):
+            B, N, C = x.shape
+            qkv = self.qkv(x).reshape(B, N, 3, self.heads, C // self.heads).permute(2, 0, 3, 1, 4)
+            q, k, v = qkv.unbind(0)
+            a = Fn.scaled_dot_product_attention(q, k, v)
+            att = (qkv[0] @ qkv[1].transpose(-2, -1) * 0.5).softmax(-1) @ qkv[2]
+            y = (a + att).transpose(1, 2).reshape(B, N, C)
+            first, *rest = y.unbind(1)  # the class token's row
+            return self.head(self.proj(first) + lib.stack(rest, dim=1).mean(1))
+
+    return Attention()
+
+
+def test_timm_attention_matches_finite_differences():
+    x = np.random.default_rng(39).standard_normal((3, 4, 8)).astype(np.float32)
+    ft.manual_seed(8)
+    model = timm_attention()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=3, input_shape=(4, 8))
+    assert gradcheck(program, x, np.arange(3) % CLASSES, rtol=3e-2, atol=1e-4)
+    np.testing.assert_allclose(program.predict(x).numpy(), model(ft.tensor(x)).numpy(), rtol=1e-5, atol=1e-6)
+
+
+@needs_torch
+def test_timm_attention_matches_pytorch():
+    x = np.random.default_rng(40).standard_normal((3, 4, 8)).astype(np.float32)
+    tm, model = timm_attention(torch), timm_attention()
+    model.load_state_dict({k: v.detach().numpy() for k, v in tm.state_dict().items()})
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=3,
+                            input_shape=(4, 8))
+    assert_gradients_match(program, tm, x, np.arange(3) % CLASSES, torch.nn.CrossEntropyLoss())
+
+
+def test_a_permute_moving_the_batch_is_only_taken_apart():
+    class Moved(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 6)
+
+        def forward(self, x):
+            return self.fc(x).view(x.size(0), 3, 2).permute(1, 0, 2).sum(-1)
+
+    model = Moved()
+    with pytest.raises(ft.nn.TracingError, match=r"permute\(1, 0, 2\) \(the batch not first\).*unbind\(0\)"):
+        model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=2, input_shape=(4,))

@@ -11,11 +11,12 @@ from . import backends, cuda
 from . import optim
 from . import nn, ops
 from .nn.functional import flatten
-from ._math import (abs, add, all, amax, amin, any, argmax, argmin, argsort, cat, clamp, clamp_max, clamp_min, clip,
-                    div, einsum, eq, exp, floor_divide, gather, ge, gt, le, log, log_softmax, logsumexp, lt, masked_fill,
-                    matmul, max, maximum, mean, min, minimum, mul, multiply, ne, neg, norm, pow, promote_types, relu,
-                    remainder, result_type, rsqrt, sigmoid, softmax, sort, sqrt, square, stack, std, sub, sum, tanh,
-                    topk, tril, triu, unique, var, where)
+from ._math import (abs, add, all, amax, amin, any, argmax, argmin, argsort, cat, ceil, chunk, clamp, clamp_max,
+                    clamp_min, clip, cumsum, div, einsum, eq, exp, expm1, flip, floor, floor_divide, gather, ge, gt,
+                    isfinite, isinf, isnan, le, log, log1p, log_softmax, logsumexp, lt, masked_fill, matmul, max,
+                    maximum, mean, min, minimum, mul, multiply, ne, neg, norm, pow, promote_types, relu, remainder,
+                    result_type, roll, round, rsqrt, select, sigmoid, sign, softmax, sort, split, sqrt, square, stack,
+                    std, sub, sum, tanh, topk, tril, triu, trunc, unbind, unique, var, where)
 from .creation import (arange, as_tensor, empty, empty_like, from_dlpack, from_numpy, full, full_like, ones,
                        ones_like, tensor, zeros, zeros_like)
 from .random import (Generator, default_generator, get_rng_state, initial_seed, manual_seed, rand, rand_like,

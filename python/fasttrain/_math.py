@@ -461,20 +461,99 @@ def abs(input: Tensor) -> Tensor:
     return _apply("abs", np.abs, [input], input.dtype, input.dtype, op="abs")
 
 
+def _integral(name, fn):
+    def rounded(input: Tensor) -> Tensor:
+        _real(name, input)
+        if input.dtype is _BOOL:
+            raise TypeError(f"{name}: not supported for bool tensors")
+        return _apply(name, fn if input.dtype.is_floating_point else np.copy, [input], input.dtype, input.dtype)
+    rounded.__name__ = rounded.__qualname__ = name
+    rounded.__doc__ = f"{name} of input elementwise in its dtype (integers as they are; round: half to even)."
+    return rounded
+
+
+floor = _integral("floor", np.floor)
+ceil = _integral("ceil", np.ceil)
+round = _integral("round", np.round)
+trunc = _integral("trunc", np.trunc)
+
+
+def sign(input: Tensor) -> Tensor:
+    """-1, 0 or 1 by the sign of input, in its dtype; 0 for NaN, as PyTorch."""
+    if input.dtype is _BOOL:
+        raise TypeError("sign: not supported for bool tensors")
+    return _apply("sign", lambda x: np.where(x == x, np.sign(x), 0), [input], input.dtype, input.dtype)
+
+
+def _test(name, fn):
+    def test(input: Tensor) -> Tensor:
+        return _apply(name, fn, [input], input.dtype, _BOOL)
+    test.__name__ = test.__qualname__ = name
+    test.__doc__ = f"Where input is {name.removeprefix('is')}, as a bool tensor."
+    return test
+
+
+isnan = _test("isnan", np.isnan)
+isinf = _test("isinf", np.isinf)
+isfinite = _test("isfinite", np.isfinite)
+
+
+def flip(input: Tensor, dims: Dims) -> Tensor:
+    """A copy of input with the order of dims reversed."""
+    axes = _axes("flip", input, dims)
+    return _apply("flip", lambda a: np.flip(a, axes) if axes else a.copy(), [input], input.dtype, input.dtype)
+
+
+def roll(input: Tensor, shifts: int | Sequence[int], dims: Dims = None) -> Tensor:
+    """A copy of input shifted cyclically by shifts along dims (the flattened tensor without dims)."""
+    axes = _axes("roll", input, dims)
+    return _apply("roll", lambda a: np.roll(a, shifts, axes), [input], input.dtype, input.dtype)
+
+
+def cumsum(input: Tensor, dim: int, *, dtype: DTypeLike | None = None) -> Tensor:
+    """The running sums along dim, in dtype if given, else int64 for bool and integer tensors and input's dtype."""
+    out = as_dtype(dtype) if dtype is not None else input.dtype if input.dtype.is_floating_point else _INT64
+    d = _norm_dim(dim, input.ndim, "cumsum: dim")
+    return _apply("cumsum", lambda a: np.cumsum(a, axis=d) if a.ndim else a.copy(), [input], out, out)
+
+
+def select(input: Tensor, dim: int, index: int) -> Tensor:
+    """The view of input at index along dim, that dimension dropped, as torch.select."""
+    return input.select(dim, index)
+
+
+def unbind(input: Tensor, dim: int = 0) -> tuple[Tensor, ...]:
+    """The views of input at each index along dim, as torch.unbind."""
+    return input.unbind(dim)
+
+
+def chunk(input: Tensor, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
+    """Views of ceil(size / chunks) along dim (the last shorter), as torch.chunk."""
+    return input.chunk(chunks, dim)
+
+
+def split(tensor: Tensor, split_size_or_sections: int | Sequence[int], dim: int = 0) -> tuple[Tensor, ...]:
+    """Views of split_size along dim (the last shorter), or of the sizes listed, as torch.split."""
+    return tensor.split(split_size_or_sections, dim)
+
+
 def _sigmoid(x):
     e = np.exp(-np.abs(x))  # never overflows; each branch is exact where it is taken
     return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
 
 
-def _floating(name, fn):
+def _floating(name, fn, on_device=True):
     def unary(input: Tensor) -> Tensor:
         dt = input.dtype if input.dtype.is_floating_point else _FLOAT32
-        return _apply(name, fn, [input], dt, dt, op=name)
+        return _apply(name, fn, [input], dt, dt, op=name if on_device else None)
     unary.__name__ = unary.__qualname__ = name
     unary.__doc__ = f"{name} of input elementwise, in input's floating dtype (float32 for bool and integer tensors)."
     return unary
 
 
+# (on CUDA tensors, those without a C op compute on the host)
+log1p = _floating("log1p", np.log1p, on_device=False)
+expm1 = _floating("expm1", np.expm1, on_device=False)
 exp = _floating("exp", np.exp)
 log = _floating("log", np.log)
 sqrt = _floating("sqrt", np.sqrt)

@@ -487,7 +487,61 @@ class Tensor(_C.TensorBase):
     sort, argsort, topk, unique = _math.sort, _math.argsort, _math.topk, _math.unique
     tril, triu, masked_fill = _math.tril, _math.triu, _math.masked_fill
     clamp_min, clamp_max, square, logsumexp = _math.clamp_min, _math.clamp_max, _math.square, _math.logsumexp
+
     amax, amin, norm, gather = _math.amax, _math.amin, _math.norm, _math.gather
+    floor, ceil, round, trunc, sign = _math.floor, _math.ceil, _math.round, _math.trunc, _math.sign
+    isnan, isinf, isfinite, log1p, expm1 = _math.isnan, _math.isinf, _math.isfinite, _math.log1p, _math.expm1
+    flip, roll, cumsum = _math.flip, _math.roll, _math.cumsum
+
+    def select(self, dim: _int, index: _int) -> Tensor:
+        """The view at index along dim, that dimension dropped."""
+        d = _norm_dim(dim, self.ndim, "select: dim")
+        return self[(slice(None),) * d + (index,)]
+
+    def narrow(self, dim: _int, start: _int, length: _int) -> Tensor:
+        """The view of length elements from start along dim."""
+        d = _norm_dim(dim, self.ndim, "narrow: dim")
+        if start < 0:
+            start += self.shape[d]
+        if not 0 <= start <= start + length <= self.shape[d]:
+            raise IndexError(f"narrow: start {start} and length {length} exceed dimension {d} of size "
+                             f"{self.shape[d]}")
+        return self[(slice(None),) * d + (slice(start, start + length),)]
+
+    def unbind(self, dim: _int = 0) -> tuple[Tensor, ...]:
+        """The views at each index along dim, that dimension dropped."""
+        d = _norm_dim(dim, self.ndim, "unbind: dim")
+        return tuple(self.select(d, i) for i in range(self.shape[d]))
+
+    def split(self, split_size: _int | Sequence[_int], dim: _int = 0) -> tuple[Tensor, ...]:
+        """Views of split_size along dim (the last shorter), or of the sizes listed."""
+        d = _norm_dim(dim, self.ndim, "split: dim")
+        n = self.shape[d]
+        if isinstance(split_size, int):
+            if split_size < 1:
+                raise ValueError(f"split: split_size must be positive, got {split_size}")
+            sizes = [min(split_size, n - at) for at in range(0, n, split_size)] or [0]
+        else:
+            sizes = list(split_size)
+            if sum(sizes) != n or any(k < 0 for k in sizes):
+                raise ValueError(f"split: sizes {sizes} do not add up to dimension {d} of size {n}")
+        starts = np.cumsum([0] + sizes[:-1])
+        return tuple(self.narrow(d, int(a), k) for a, k in zip(starts, sizes))
+
+    def chunk(self, chunks: _int, dim: _int = 0) -> tuple[Tensor, ...]:
+        """Views of ceil(size / chunks) along dim (the last shorter; fewer than chunks where they run out)."""
+        if chunks < 1:
+            raise ValueError(f"chunk: chunks must be positive, got {chunks}")
+        n = self.shape[_norm_dim(dim, self.ndim, "chunk: dim")]
+        return self.split(max(-(-n // chunks), 1), dim)
+
+    def repeat(self, *sizes: _int | Sequence[_int]) -> Tensor:
+        """A copy tiled sizes times along each dimension (more sizes than dimensions add leading ones)."""
+        sizes = _sizes(sizes)
+        if len(sizes) < self.ndim:
+            raise ValueError(f"repeat: the number of sizes ({len(sizes)}) must be at least the tensor's dimensions "
+                             f"({self.ndim})")
+        return _math._apply("repeat", lambda a: np.tile(a, sizes), [self], self.dtype, self.dtype)
 
     def expand_as(self, other: Tensor) -> Tensor:
         """self.expand(other.shape)."""

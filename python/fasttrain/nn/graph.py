@@ -532,6 +532,8 @@ class Symbolic:
         recorded as one."""
         dims = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims
         nd = len(self.node.shape)
+        if len(dims) == nd + 1 and dims[0] % (nd + 1) != 0 and dims[1] % (nd + 1) == 0:
+            return Stacked(self, tuple(d % (nd + 1) for d in dims))
         if len(dims) != nd + 1 or dims[0] % (nd + 1) != 0:
             fail(f"permute{tuple(dims)}", "keep the batch dimension first")
         perm = tuple(_dim(d, nd) for d in dims[1:])
@@ -698,6 +700,16 @@ class Symbolic:
             dim += 1
         kept.extend(shape[dim:])
         return out if tuple(kept) == out.node.shape else out.reshape(N, *kept)
+
+    def select(self, dim, index):
+        """Records the values at index along dim (not the batch), that dimension dropped, as torch.select."""
+        d = _dim(dim, len(self.node.shape))
+        return self[(slice(None),) * (d + 1) + (index,)]
+
+    def unbind(self, dim=0):
+        """The values at each index along dim (not the batch), as torch.unbind."""
+        d = _dim(dim, len(self.node.shape))
+        return tuple(self.select(d + 1, i) for i in range(self.node.shape[d]))
 
     def chunk(self, chunks, dim=-1):
         """Records chunks slices along dim, each ceil(size / chunks) long (the last shorter), as torch.chunk; dim is not
@@ -928,6 +940,40 @@ for _name in ("add", "sub", "mul", "div", "relu", "sigmoid", "tanh", "clamp", "c
               "sqrt", "pow", "masked_fill"):
     setattr(Symbolic, _name + "_", _in_place_method(_name))
 del _name
+
+
+class Stacked:
+    """Values permuted with a per-sample dimension before the batch (timm's attention: qkv.reshape(B, N, 3, H,
+    D).permute(2, 0, 3, 1, 4)): taken apart along that first dimension (q, k, v = qkv.unbind(0), qkv[0]), each
+    part is the source at one index of it, permuted as the rest of dims says. Any other use fails."""
+
+    def __init__(self, source, dims):
+        self.source, self.dims = source, dims
+
+    def __getitem__(self, i):
+        lead = self.dims[0]
+        size = self.source.node.shape[lead - 1]
+        if not isinstance(i, int) or not -size <= i < size:
+            self._refuse()
+        part = self.source.select(lead, i % size)
+        return part.permute(0, *(d if d < lead else d - 1 for d in self.dims[2:]))
+
+    def unbind(self, dim=0):
+        if dim != 0:
+            self._refuse()
+        return tuple(self[i] for i in range(self.source.node.shape[self.dims[0] - 1]))
+
+    def __iter__(self):
+        return iter(self.unbind(0))
+
+    def _refuse(self, *args, **kwargs):
+        fail(f"permute{self.dims} (the batch not first)", "such a permute can only be taken apart along its first "
+             "dimension: q, k, v = qkv.unbind(0), or qkv[0]")
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        self._refuse()
 
 
 class NoIndices:
