@@ -1467,3 +1467,51 @@ def test_a_permute_moving_the_batch_is_only_taken_apart():
     model = Moved()
     with pytest.raises(ft.nn.TracingError, match=r"permute\(1, 0, 2\) \(the batch not first\).*unbind\(0\)"):
         model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=2, input_shape=(4,))
+
+
+def more_layers(lib=ft):
+    """Layers written with other ops: InstanceNorm2d, PReLU, PixelShuffle/Unshuffle, RMSNorm, GLU, Hardsigmoid,
+    Mish, Unflatten, a ParameterList and F.pad (a negative pad crops)."""
+    L, Fn = (nn, F) if lib is ft else (lib.nn, lib.nn.functional)
+
+    class Layers(L.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = L.Conv2d(2, 8, 3, padding=1)
+            self.inorm, self.prelu, self.prelu1 = L.InstanceNorm2d(8, affine=True), L.PReLU(8), L.PReLU()
+            self.shuffle, self.unshuffle = L.PixelShuffle(2), L.PixelUnshuffle(2)
+            self.flat, self.rms, self.glu = L.Flatten(2), L.RMSNorm(36), L.GLU()
+            self.act1, self.act2, self.unflat = L.Hardsigmoid(), L.Mish(), L.Unflatten(2, (3, 6))
+            self.scales = L.ParameterList([L.Parameter(lib.ones(6) * 1.5), L.Parameter(lib.ones(6) * 0.1)])
+            self.head = L.Linear(128, CLASSES)
+
+        def forward(self, x):
+            h = self.prelu(self.inorm(self.conv(x)))
+            h = self.unshuffle(self.shuffle(h))
+            h = self.glu(self.rms(self.flat(h)))  # (N, 8, 18)
+            h = self.act1(h) + self.act2(h) + self.prelu1(h)
+            h = self.unflat(h) * self.scales[0] + self.scales[1]  # (N, 8, 3, 6)
+            return self.head(Fn.pad(h, (1, 1, 0, -1), value=0.5).flatten(1))  # (N, 8, 2, 8)
+
+    return Layers()
+
+
+def test_layers_written_with_other_ops_match_finite_differences_and_their_eager_forward():
+    x = np.random.default_rng(41).standard_normal((3, 2, 6, 6)).astype(np.float32)
+    ft.manual_seed(9)
+    model = more_layers()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=3, input_shape=(2, 6, 6))
+    assert gradcheck(program, x, np.arange(3) % CLASSES, rtol=3e-2, atol=1e-4)
+    np.testing.assert_allclose(program.predict(x).numpy(), model(ft.tensor(x)).numpy(), rtol=1e-5, atol=1e-5)
+
+
+@needs_torch
+def test_layers_written_with_other_ops_match_pytorch():
+    x = np.random.default_rng(42).standard_normal((3, 2, 6, 6)).astype(np.float32)
+    tm, model = more_layers(torch), more_layers()
+    model.load_state_dict({k: v.detach().numpy() for k, v in tm.state_dict().items()})
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=3,
+                            input_shape=(2, 6, 6))
+    assert_gradients_match(program, tm, x, np.arange(3) % CLASSES, torch.nn.CrossEntropyLoss())
+    np.testing.assert_allclose(model(ft.tensor(x)).numpy(), tm(torch.from_numpy(x)).detach().numpy(), rtol=1e-5,
+                               atol=1e-5)

@@ -57,7 +57,8 @@ __all__ = [
     "hardswish", "softplus", "dropout", "softmax", "log_softmax", "cross_entropy", "nll_loss", "mse_loss", "l1_loss",
     "smooth_l1_loss", "huber_loss", "binary_cross_entropy_with_logits", "kl_div", "add", "mul", "cat", "flatten",
     "scaled_dot_product_attention", "one_hot", "hardtanh", "relu6", "elu", "normalize", "binary_cross_entropy",
-    "cosine_similarity", "pairwise_distance", "triplet_margin_loss",
+    "cosine_similarity", "pairwise_distance", "triplet_margin_loss", "hardsigmoid", "mish", "prelu", "glu",
+    "rms_norm", "pixel_shuffle", "pixel_unshuffle", "pad",
 ]
 
 
@@ -516,6 +517,98 @@ def softplus(input, beta=1.0, threshold=20.0):
     if beta != 1.0:
         raise NotImplementedError("softplus with beta != 1 is not supported")
     return _act(input, "softplus", fn="softplus")
+
+
+# ---- written with the ops above (traced and eager alike) ----
+
+def hardsigmoid(input, inplace=False):
+    """relu6(input + 3) / 6, as torch.nn.functional.hardsigmoid."""
+    out = relu6(input + 3.0) * (1.0 / 6.0)
+    if not inplace:
+        return out
+    return in_place(input, out) if isinstance(input, Symbolic) else input.copy_(out)
+
+
+def mish(input, inplace=False):
+    """input * tanh(softplus(input)), as torch.nn.functional.mish."""
+    out = input * tanh(softplus(input))
+    if not inplace:
+        return out
+    return in_place(input, out) if isinstance(input, Symbolic) else input.copy_(out)
+
+
+def prelu(input, weight):
+    """max(0, input) + weight * min(0, input), weight one value or one per channel (dimension 1)."""
+    if weight.numel() != 1:
+        weight = weight.view(-1, *(1,) * (input.ndim - 2))
+    return relu(input) - relu(-input) * weight
+
+
+def glu(input, dim=-1):
+    """a * sigmoid(b) of input's two halves a, b along dim, as torch.nn.functional.glu."""
+    if input.shape[dim] % 2:
+        raise ValueError(f"glu: dimension {dim} of size {input.shape[dim]} is not even")
+    a, b = input.chunk(2, dim)
+    return a * sigmoid(b)
+
+
+def rms_norm(input, normalized_shape, weight=None, eps=None):
+    """input / sqrt(mean(input^2) + eps) over the trailing normalized_shape, times weight, as
+    torch.nn.functional.rms_norm; eps defaults to float32's machine epsilon, as PyTorch's for float32."""
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if tuple(input.shape[-len(shape):]) != shape:
+        raise ValueError(f"rms_norm: normalized_shape {shape} is not the trailing shape of {tuple(input.shape)}")
+    eps = float(np.finfo(np.float32).eps) if eps is None else eps
+    dims = tuple(range(-len(shape), 0))
+    out = input * (input * input).mean(dims, keepdim=True).add(eps).rsqrt()
+    return out if weight is None else out * weight
+
+
+def pixel_shuffle(input, upscale_factor):
+    """(N, C r^2, H, W) to (N, C, H r, W r), as torch.nn.functional.pixel_shuffle."""
+    r = upscale_factor
+    N, C, H, W = input.shape
+    if C % (r * r):
+        raise ValueError(f"pixel_shuffle: {C} channels are not divisible by upscale_factor^2 = {r * r}")
+    x = input.reshape(N, C // (r * r), r, r, H, W).permute(0, 1, 4, 2, 5, 3)
+    return x.reshape(N, C // (r * r), H * r, W * r)
+
+
+def pixel_unshuffle(input, downscale_factor):
+    """(N, C, H r, W r) to (N, C r^2, H, W), as torch.nn.functional.pixel_unshuffle."""
+    r = downscale_factor
+    N, C, H, W = input.shape
+    if H % r or W % r:
+        raise ValueError(f"pixel_unshuffle: {H} x {W} is not divisible by downscale_factor {r}")
+    x = input.reshape(N, C, H // r, r, W // r, r).permute(0, 1, 3, 5, 2, 4)
+    return x.reshape(N, C * r * r, H // r, W // r)
+
+
+def pad(input, pad, mode="constant", value=None):
+    """input padded by value (0 by default) on both sides of its last len(pad) / 2 dimensions, the last first:
+    (left, right, top, bottom, ...), as torch.nn.functional.pad with mode='constant'; negative pads crop."""
+    if mode != "constant":
+        raise NotImplementedError(f"pad: mode={mode!r} is not supported; only 'constant' is")
+    pad = tuple(int(p) for p in pad)
+    if len(pad) % 2 or len(pad) // 2 > input.ndim - (1 if isinstance(input, Symbolic) else 0):
+        raise ValueError(f"pad: {pad} does not pad pairs of the last dimensions of {tuple(input.shape)}")
+    value = 0.0 if value is None else float(value)
+    out = input
+    for k in range(len(pad) // 2):
+        d, (before, after) = out.ndim - 1 - k, pad[2 * k:2 * k + 2]
+        size = out.shape[d]
+        if before < 0 or after < 0:
+            out = out[(slice(None),) * d + (slice(max(-before, 0), size - max(-after, 0)),)]
+        parts = []
+        for n in (max(before, 0), None, max(after, 0)):
+            if n is None:
+                parts.append(out)
+            elif n:
+                block = [s for s in out.shape[1 if isinstance(out, Symbolic) else 0:]]
+                block[d - (1 if isinstance(out, Symbolic) else 0)] = n
+                parts.append(creation.full(tuple(block), value, device=getattr(out, "device", None)))
+        out = cat(parts, dim=d) if len(parts) > 1 else out
+    return out
 
 
 # ---- softmax ----

@@ -585,6 +585,21 @@ class LayerNorm(Module):
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.weight is not None}"
 
 
+class Unflatten(Module):
+    """Dimension dim viewed as sizes, as torch.nn.Unflatten (dim is not the batch in a compiled model)."""
+
+    def __init__(self, dim, unflattened_size):
+        super().__init__()
+        self.dim, self.unflattened_size = dim, tuple(unflattened_size)
+
+    def forward(self, x):
+        d = self.dim % x.ndim
+        return x.reshape(*x.shape[:d], *self.unflattened_size, *x.shape[d + 1:])
+
+    def extra_repr(self):
+        return f"dim={self.dim}, unflattened_size={self.unflattened_size}"
+
+
 class GroupNorm(Module):
     """Group normalization of (N, C, ...) inputs: the C channels in num_groups groups, each normalized over its channels
     and the spatial dimensions, then a per-channel weight and bias, as torch.nn.GroupNorm."""
@@ -612,6 +627,29 @@ class GroupNorm(Module):
     def extra_repr(self):
         return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}"
 
+
+
+class _InstanceNorm(GroupNorm):
+    """Each sample's channels normalized over their own positions (group norm with a group per channel), as
+    PyTorch's InstanceNorm; its default affine=False and track_running_stats=False."""
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=False, track_running_stats=False):
+        if track_running_stats:
+            raise NotImplementedError(f"{type(self).__name__}: track_running_stats=True is not supported (each "
+                                      "sample is normalized by its own statistics, in training and in eval)")
+        super().__init__(num_features, num_features, eps, affine)
+        self.num_features, self.momentum = num_features, momentum
+
+    def extra_repr(self):
+        return f"{self.num_features}, eps={self.eps}, affine={self.affine}"
+
+
+class InstanceNorm1d(_InstanceNorm):
+    """Instance normalization of (N, C, L) sequences, as torch.nn.InstanceNorm1d."""
+
+
+class InstanceNorm2d(_InstanceNorm):
+    """Instance normalization of (N, C, H, W) images, as torch.nn.InstanceNorm2d."""
 
 class Embedding(Module):
     """Rows of a (num_embeddings, embedding_dim) table for int64 ids: compile with input_dtype=ft.int64."""
@@ -839,6 +877,101 @@ class Hardswish(_Activation):
     """x * relu6(x + 3) / 6 elementwise, as torch.nn.Hardswish."""
 
     act = "hardswish"
+
+
+class Hardsigmoid(Module):
+    """relu6(x + 3) / 6, as torch.nn.Hardsigmoid."""
+
+    def __init__(self, inplace=False):
+        super().__init__()
+        self.inplace = inplace
+
+    def forward(self, x):
+        from . import functional as F
+        return F.hardsigmoid(x, self.inplace)
+
+
+class Mish(Module):
+    """x tanh(softplus(x)), as torch.nn.Mish."""
+
+    def __init__(self, inplace=False):
+        super().__init__()
+        self.inplace = inplace
+
+    def forward(self, x):
+        from . import functional as F
+        return F.mish(x, self.inplace)
+
+
+class PReLU(Module):
+    """max(0, x) + a min(0, x) with a learned slope a, one or one per channel, as torch.nn.PReLU."""
+
+    def __init__(self, num_parameters=1, init=0.25):
+        super().__init__()
+        self.num_parameters = num_parameters
+        self.weight = Parameter(creation.full((num_parameters,), float(init)))
+
+    def forward(self, x):
+        from . import functional as F
+        return F.prelu(x, self.weight)
+
+    def extra_repr(self):
+        return f"num_parameters={self.num_parameters}"
+
+
+class GLU(Module):
+    """a sigmoid(b) of the input's halves along dim, as torch.nn.GLU."""
+
+    def __init__(self, dim=-1):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x):
+        from . import functional as F
+        return F.glu(x, self.dim)
+
+
+class RMSNorm(Module):
+    """Root-mean-square normalization over the trailing normalized_shape with a learned scale, as torch.nn.RMSNorm
+    (eps=None: float32's machine epsilon)."""
+
+    def __init__(self, normalized_shape, eps=None, elementwise_affine=True):
+        super().__init__()
+        self.normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        self.eps, self.elementwise_affine = eps, elementwise_affine
+        self.register_parameter("weight", creation.ones(*self.normalized_shape) if elementwise_affine else None)
+
+    def forward(self, x):
+        from . import functional as F
+        return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)
+
+    def extra_repr(self):
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+
+
+class _PixelShuffle(Module):
+    def __init__(self, factor):
+        super().__init__()
+        self.factor = factor
+
+    def forward(self, x):
+        from . import functional as F
+        return getattr(F, self._fn)(x, self.factor)
+
+    def extra_repr(self):
+        return f"{self._arg}={self.factor}"
+
+
+class PixelShuffle(_PixelShuffle):
+    """(N, C r^2, H, W) to (N, C, H r, W r), as torch.nn.PixelShuffle."""
+
+    _fn, _arg = "pixel_shuffle", "upscale_factor"
+
+
+class PixelUnshuffle(_PixelShuffle):
+    """(N, C, H r, W r) to (N, C r^2, H, W), as torch.nn.PixelUnshuffle."""
+
+    _fn, _arg = "pixel_unshuffle", "downscale_factor"
 
 
 class Softplus(_Activation):
@@ -1168,6 +1301,71 @@ class ModuleList(Module):
     def forward(self, *args):
         """Not callable: raises TypeError. Iterate over the list in the owner's forward."""
         raise TypeError("ModuleList is not callable: iterate over it in forward")
+
+
+class ParameterList(Module):
+    """Holds parameters in a list, registered as 0, 1, ... (PyTorch's state_dict keys)."""
+
+    def __init__(self, values=()):
+        super().__init__()
+        for v in values:
+            self.append(v)
+
+    def append(self, value):
+        """Registers value (made a Parameter if it is not one) as the next parameter; returns self."""
+        self.register_parameter(str(len(self._parameters)), value)
+        return self
+
+    def extend(self, values):
+        """Appends each value of an iterable; returns self."""
+        for v in values:
+            self.append(v)
+        return self
+
+    def __getitem__(self, i):
+        return list(self._parameters.values())[i]
+
+    def __len__(self):
+        return len(self._parameters)
+
+    def __iter__(self):
+        return iter(self._parameters.values())
+
+
+class ParameterDict(Module):
+    """Holds parameters by name, registered under those names."""
+
+    def __init__(self, parameters=None):
+        super().__init__()
+        for k, v in dict(parameters or {}).items():
+            self[k] = v
+
+    def __setitem__(self, key, value):
+        self.register_parameter(key, value)
+
+    def __getitem__(self, key):
+        return self._parameters[key]
+
+    def __contains__(self, key):
+        return key in self._parameters
+
+    def __len__(self):
+        return len(self._parameters)
+
+    def __iter__(self):
+        return iter(self._parameters)
+
+    def keys(self):
+        """The names, in the order they were set."""
+        return self._parameters.keys()
+
+    def values(self):
+        """The parameters, in the order they were set."""
+        return self._parameters.values()
+
+    def items(self):
+        """(name, parameter) pairs, in the order they were set."""
+        return self._parameters.items()
 
 
 class ModuleDict(Module):
