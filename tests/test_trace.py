@@ -1515,3 +1515,31 @@ def test_layers_written_with_other_ops_match_pytorch():
     assert_gradients_match(program, tm, x, np.arange(3) % CLASSES, torch.nn.CrossEntropyLoss())
     np.testing.assert_allclose(model(ft.tensor(x)).numpy(), tm(torch.from_numpy(x)).detach().numpy(), rtol=1e-5,
                                atol=1e-5)
+
+
+def dice_loss(out, y, constant=1.0):
+    p, oh = F.softmax(out, 1), F.one_hot(y, CLASSES).float()
+    dice = (2 * (p * oh).sum(1) + 1) / (p.sum(1) + oh.sum(1) + 1)
+    return constant - dice.mean()
+
+
+@pytest.mark.parametrize("rows", [6, 4])
+def test_a_constant_added_to_a_loss_is_its_value_whatever_the_batch(rows):
+    """1 - dice.mean(): the constant is each sample's share of it, so the loss reads as written for any batch
+    (and micro-batches), and the gradients are the loss's without it."""
+    rng = np.random.default_rng(43)
+    x, y = rng.standard_normal((rows, 4)).astype(np.float32), rng.integers(0, CLASSES, rows)
+    model = nn.Linear(4, CLASSES)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), dice_loss, batch_size=6, input_shape=(4,),
+                            accumulate_steps=2 if rows == 6 else 1)
+    p = F.softmax(model(ft.tensor(x)), 1).numpy().astype(np.float64)
+    oh = np.eye(CLASSES)[y]
+    want = 1 - ((2 * (p * oh).sum(1) + 1) / (p.sum(1) + oh.sum(1) + 1)).mean()
+    assert program.evaluate(x, y)[0] == pytest.approx(want, rel=1e-5)
+    program.backward(x, y)
+    with_constant = model.weight.grad.numpy().copy()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), lambda o, t: dice_loss(o, t, 0.0),
+                            batch_size=6, input_shape=(4,))
+    model.zero_grad()  # (backward adds into .grad, as PyTorch's)
+    program.backward(x, y)
+    np.testing.assert_allclose(model.weight.grad.numpy(), with_constant, rtol=1e-6, atol=1e-7)

@@ -337,9 +337,11 @@ class Symbolic:
 
     def __add__(self, other):
         if isinstance(other, (int, float)):
-            if other != 0 and self.node.reduced:
-                fail("adding a constant to a loss", "a constant changes no gradient: leave it out")
-            return self if other == 0 else self + constant_like(self, float(other))
+            if other == 0:
+                return self
+            c = constant_like(self, float(other))
+            # a loss's constant is each sample's share of it: summed over the batch, divided by the batch size
+            return self + (c.reduce("batchmean") if self.node.reduced else c)
         o = self._operand(other)
         if o is None:
             return NotImplemented
