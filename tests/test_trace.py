@@ -497,7 +497,6 @@ def test_what_no_grad_holds_back_may_be_frozen_and_a_penalty_in_the_loss_trains(
     model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=2, input_shape=(4,))  # nothing to hold back
     ft.manual_seed(0)
     plain = nn.Linear(4, CLASSES)
-    x, y = np.ones((2, 4), np.float32), np.array([0, 1])
     with pytest.raises(ft.nn.TracingError, match="pow of a trainable parameter outside the traced graph"):
         plain.compile(ft.optim.SGD(plain.parameters(), lr=0.1),
                       lambda out, y: F.cross_entropy(out, y) + 0.1 * (plain.weight ** 3).sum(), batch_size=2,
@@ -1543,3 +1542,23 @@ def test_a_constant_added_to_a_loss_is_its_value_whatever_the_batch(rows):
     model.zero_grad()  # (backward adds into .grad, as PyTorch's)
     program.backward(x, y)
     np.testing.assert_allclose(model.weight.grad.numpy(), with_constant, rtol=1e-6, atol=1e-7)
+
+
+def test_a_traced_value_is_a_tensor_to_isinstance():
+    """A forward that checks for a tensor takes the branch it takes eagerly (it was silently skipped)."""
+    class Checked(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x):
+            h = self.fc(x)
+            if isinstance(h, ft.Tensor):
+                h = h * 2.0
+            assert not isinstance(h, nn.Parameter)
+            return h
+
+    x = np.random.default_rng(44).standard_normal((2, 4)).astype(np.float32)
+    model = Checked()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=2, input_shape=(4,))
+    np.testing.assert_allclose(program.predict(x).numpy(), model(ft.tensor(x)).numpy(), rtol=1e-6)

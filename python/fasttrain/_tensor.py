@@ -82,7 +82,19 @@ def _sizes(args):
     return tuple(args)
 
 
-class Tensor(_C.TensorBase):
+class _TensorType(type):
+    """Tensor's type: isinstance(x, ft.Tensor) holds for a traced value too (nn/graph.py's Symbolic), so a forward
+    that checks for a tensor (to take a tensor or a list of them) takes the same branch while compile traces it.
+    The library's own checks ask for _C.TensorBase, which traced values are not."""
+
+    def __instancecheck__(cls, obj):
+        if type.__instancecheck__(cls, obj):
+            return True
+        from .nn.graph import Symbolic
+        return cls is Tensor and isinstance(obj, Symbolic)
+
+
+class Tensor(_C.TensorBase, metaclass=_TensorType):
     """An n-dimensional array on a device, sharing memory with NumPy and DLPack
     without copies. Create with ``ft.tensor``, ``ft.empty``, ``ft.from_numpy`` ..."""
 
@@ -174,7 +186,7 @@ class Tensor(_C.TensorBase):
                 shape.append(n)
                 strides.append(old_strides[d] * step)
                 d += 1
-            elif isinstance(item, (int, np.integer, Tensor)) and not isinstance(item, (bool, np.bool_)):
+            elif isinstance(item, (int, np.integer, _C.TensorBase)) and not isinstance(item, (bool, np.bool_)):
                 i = operator.index(item)  # a 0-d integer tensor indexes as its value
                 if not -old_shape[d] <= i < old_shape[d]:
                     raise IndexError(f"index {i} is out of bounds for dimension {d} with size {old_shape[d]}")
@@ -315,7 +327,7 @@ class Tensor(_C.TensorBase):
     def copy_(self, src: Any, non_blocking: _bool = False) -> Tensor:
         """Copies src (a tensor, array or nested list, broadcast to self's shape) into self, converting dtype
         and device."""
-        if not isinstance(src, Tensor):
+        if not isinstance(src, _C.TensorBase):
             from .creation import as_tensor
             src = as_tensor(src)
         if src.shape != self.shape:
@@ -327,7 +339,7 @@ class Tensor(_C.TensorBase):
 
     def fill_(self, value: _bool | _int | _float | Tensor) -> Tensor:
         """Sets every element to value (a number or a one-element tensor) in place; returns self."""
-        if isinstance(value, Tensor):
+        if isinstance(value, _C.TensorBase):
             value = value.item()
         return self._fill(value)
 
@@ -353,7 +365,7 @@ class Tensor(_C.TensorBase):
         if not args and dtype is None and device is None and not copy:
             return self
         for a in args:
-            if isinstance(a, Tensor):
+            if isinstance(a, _C.TensorBase):
                 dtype, device = a.dtype, a.device
             elif isinstance(a, (device_type, int)) or (isinstance(a, str) and a.split(":")[0] in ("cpu", "cuda")):
                 device = a
@@ -582,7 +594,7 @@ class Tensor(_C.TensorBase):
 
     @data.setter
     def data(self, value: Any) -> None:
-        if isinstance(value, Tensor) and value.shape != self.shape:
+        if isinstance(value, _C.TensorBase) and value.shape != self.shape:
             raise ValueError(f"data: a tensor of shape {self.shape} cannot take values of shape {value.shape}")
         self.copy_(value)
 

@@ -7,6 +7,7 @@ import numpy as _np
 
 from . import _C
 from ._types import _BY_NAME, as_device, as_dtype
+from ._C import TensorBase
 from ._tensor import Tensor, _sizes
 
 if TYPE_CHECKING:
@@ -30,7 +31,7 @@ def full(size: int | Sequence[int], fill_value: Number | Tensor, *, dtype: DType
          device: DeviceLike = None, pin_memory: bool = False) -> Tensor:
     """A tensor filled with fill_value; the dtype follows fill_value like PyTorch (bool, int64, float32)."""
     if dtype is None:
-        dtype = _C.tensor_from_data(fill_value, -1).dtype if not isinstance(fill_value, Tensor) else fill_value.dtype
+        dtype = _C.tensor_from_data(fill_value, -1).dtype if not isinstance(fill_value, TensorBase) else fill_value.dtype
     return empty(size, dtype=dtype, device=device, pin_memory=pin_memory).fill_(fill_value)
 
 
@@ -121,7 +122,7 @@ def _check_int64_range(t: Tensor, what: str) -> None:
 def as_tensor(data: Any, dtype: DTypeLike | None = None, device: DeviceLike = None) -> Tensor:
     """A tensor for data, sharing memory whenever it can: the same tensor, a view of a NumPy array or DLPack
     producer; copied only when dtype or device differ, or when data is a list or scalar."""
-    if isinstance(data, Tensor):
+    if isinstance(data, TensorBase):
         return data.to(dtype=dtype, device=device)
     if isinstance(data, _np.ndarray):
         t = from_numpy(data)
@@ -136,7 +137,7 @@ def as_tensor(data: Any, dtype: DTypeLike | None = None, device: DeviceLike = No
 
 def tensor(data: Any, dtype: DTypeLike | None = None, device: DeviceLike = None, pin_memory: bool = False) -> Tensor:
     """A new tensor holding a copy of data (nested lists, scalars, arrays, tensors)."""
-    if isinstance(data, Tensor):
+    if isinstance(data, TensorBase):
         t = data
     elif isinstance(data, _np.ndarray):
         t = from_numpy(data)

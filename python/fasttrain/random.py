@@ -12,6 +12,7 @@ import numpy as np
 
 from . import _C
 from ._types import _BY_NAME, as_device
+from ._C import TensorBase
 from ._tensor import Tensor, _sizes
 from .creation import empty, tensor
 
@@ -68,7 +69,7 @@ class Generator:
 
     def set_state(self, state: Tensor) -> Generator:
         """Restores a state from get_state() (16 uint8 values); returns the generator."""
-        if not isinstance(state, Tensor):
+        if not isinstance(state, TensorBase):
             raise TypeError(f"set_state expects a fasttrain uint8 Tensor, got {type(state).__name__}")
         if state.dtype is not _BY_NAME["uint8"] or state.numel() != 16:
             raise ValueError(f"set_state expects 16 uint8 values from get_state(), got {state.numel()} "
@@ -156,7 +157,7 @@ def _like(name, input, dtype, device):
     from .nn.graph import Symbolic
     if isinstance(input, Symbolic):
         return None
-    if not isinstance(input, Tensor):
+    if not isinstance(input, TensorBase):
         raise TypeError(f"{name}: expected a tensor, got {type(input).__name__}")
     return empty(tuple(input.shape), dtype=input.dtype if dtype is None else dtype,
                  device=input.device if device is None else device)

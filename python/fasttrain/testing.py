@@ -2,7 +2,8 @@
 assert_close, make_tensor and gradcheck (docs/testing.md)."""
 import numpy as np
 
-from ._tensor import Tensor, _sizes
+from ._C import TensorBase
+from ._tensor import _sizes
 from ._types import _BY_NAME, as_dtype
 from .creation import empty, from_numpy
 from .random import Generator, randint
@@ -14,7 +15,7 @@ _TOLERANCES = {"float16": (1e-3, 1e-5), "bfloat16": (1.6e-2, 1e-5), "float32": (
 
 def _values(x):
     """(values as a NumPy array, fasttrain dtype or None for a Python scalar or list that carries none)."""
-    if isinstance(x, Tensor):
+    if isinstance(x, TensorBase):
         return np.asarray(x), x.dtype  # bfloat16 and CUDA tensors arrive as float32 host copies
     if isinstance(x, (np.ndarray, np.generic)):
         return np.asarray(x), as_dtype(x.dtype)
@@ -43,7 +44,7 @@ def _index(flat, shape):
 def _holds_arrays(x):
     """Whether a list or tuple holds tensors or arrays (at any depth): compared item by item, not as one array."""
     return isinstance(x, (list, tuple)) and any(
-        isinstance(v, (Tensor, np.ndarray, dict)) or v is None or _holds_arrays(v) for v in x)
+        isinstance(v, (TensorBase, np.ndarray, dict)) or v is None or _holds_arrays(v) for v in x)
 
 
 def assert_close(actual, expected, *, rtol=None, atol=None, equal_nan=False, check_dtype=True, msg=None):

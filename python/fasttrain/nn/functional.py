@@ -14,7 +14,7 @@ import numpy as np
 from .. import _C, creation
 from .._math import cat
 from ..amp import cast
-from .._tensor import Tensor
+from .._C import TensorBase
 from ..random import default_generator
 from . import modules as M
 from .graph import MergedRows, Symbolic, fail, in_place
@@ -63,7 +63,7 @@ __all__ = [
 
 
 def _check(x, name, fn):
-    if not isinstance(x, Tensor):
+    if not isinstance(x, TensorBase):
         raise TypeError(f"{fn}: {name} must be a fasttrain Tensor, got {type(x).__name__}")
 
 
@@ -716,7 +716,7 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
 # eager, a forward in float64 NumPy: values to look at (the compiled program trains with the traced form).
 
 def _host(t):
-    return np.asarray(t.cpu() if isinstance(t, Tensor) else t, dtype=np.float64)
+    return np.asarray(t.cpu() if isinstance(t, TensorBase) else t, dtype=np.float64)
 
 
 def _eager(values, reduction, like, divisor=None):

@@ -79,8 +79,8 @@ def refuse_draw(fn):
 def _viewed_parameter(t):
     """While a forward is traced: the trainable parameter whose memory t lies in (t itself, or any view of it),
     else None."""
-    from .._tensor import Tensor
-    if not _trainable or not isinstance(t, Tensor) or not t.numel():
+    from .._C import TensorBase
+    if not _trainable or not isinstance(t, TensorBase) or not t.numel():
         return None
     for p in _trainable.values():
         if p.device == t.device and p.data_ptr() <= t.data_ptr() < p.data_ptr() + p.numel() * p.element_size():
@@ -330,8 +330,8 @@ class Symbolic:
                 if isinstance(a.node.module, _layers().Target) and b.node.shape is not None:
                     bind_target(a, b.node.shape, "float32")
             return other
-        from .._tensor import Tensor
-        if isinstance(other, Tensor):
+        from .._C import TensorBase
+        if isinstance(other, TensorBase):
             return constant(other, self.node.shape)
         return None
 
@@ -1091,12 +1091,12 @@ def where(condition, input, other):
     """input where condition (a bool tensor, the same for every sample) holds, else other: each traced operand
     times its positions' 0/1 mask, each constant operand written where it is chosen and 0 elsewhere (no product
     with an infinite constant)."""
-    from .._tensor import Tensor
+    from .._C import TensorBase
     from .. import _math
     if isinstance(condition, Symbolic):
         fail("a condition computed from traced values", "a mask of padding labels is the loss's ignore_index; a "
              "mask fixed per position (a causal one) is a bool tensor")
-    if not isinstance(condition, Tensor) or condition.dtype.name != "bool":
+    if not isinstance(condition, TensorBase) or condition.dtype.name != "bool":
         raise TypeError(f"where: expected condition to be a bool tensor, got {type(condition).__name__}")
     parts = []
     for value, chosen in ((input, condition), (other, ~condition)):
@@ -1113,7 +1113,7 @@ def einsum(equation, operands):
     one operand has and the output lacks is summed first. Two operands that share an index the output lacks
     multiply as matrices (a matmul over the indices both keep, heads included: "bhqd,bhkd->bhqk"; a 2-d tensor is
     x @ W or x @ W.T); otherwise they multiply elementwise, broadcast over the output's indices, and sum."""
-    from .._tensor import Tensor
+    from .._C import TensorBase
     inputs, arrow, out = equation.partition("->")
     subs = inputs.split(",")
     if "." in equation:
@@ -1125,7 +1125,7 @@ def einsum(equation, operands):
     batch = {s[0] for s, x in zip(subs, operands) if isinstance(x, Symbolic) and s}
     sizes = {}
     for s, x in zip(subs, operands):
-        if not isinstance(x, (Symbolic, Tensor)):
+        if not isinstance(x, (Symbolic, TensorBase)):
             raise TypeError(f"einsum: expected tensors, got {type(x).__name__}")
         traced = isinstance(x, Symbolic)
         shape = (None, *x.node.shape) if traced else tuple(x.shape)
@@ -1211,8 +1211,8 @@ def _broadcast(a, b):
 
 def _matrix(t):
     """A 2-d tensor (a parameter, or a constant) as a value node for @, the same for every sample."""
-    from .._tensor import Tensor
-    if not isinstance(t, Tensor):
+    from .._C import TensorBase
+    if not isinstance(t, TensorBase):
         return None
     if t.ndim != 2:
         fail(f"@ with a tensor of shape {tuple(t.shape)}", "multiply traced values by 2-d matrices")

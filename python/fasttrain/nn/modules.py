@@ -7,6 +7,7 @@ import re
 from collections import OrderedDict
 
 from .. import creation
+from .._C import TensorBase
 from .._tensor import Tensor
 from .._types import _BY_NAME, as_device
 from . import init
@@ -23,7 +24,7 @@ class Parameter(Tensor):
     def __new__(cls, data=None, requires_grad=True):
         if data is None:
             data = creation.empty(0)
-        if not isinstance(data, Tensor):
+        if not isinstance(data, TensorBase):
             raise TypeError(f"Parameter wraps a fasttrain Tensor, got {type(data).__name__}")
         p = data.as_strided(data.shape, data.stride(), data.storage_offset())  # a new object, the same memory
         p.__class__ = cls
@@ -680,7 +681,7 @@ class Embedding(Module):
 
     def _parameter_view(self, ids):
         """For positions ids = a, a + 1, ..., b - 1 (ft.arange(T)): the rows a..b-1 of the weight."""
-        if not isinstance(ids, Tensor) or ids.ndim != 1 or ids.dtype.is_floating_point or not ids.numel():
+        if not isinstance(ids, TensorBase) or ids.ndim != 1 or ids.dtype.is_floating_point or not ids.numel():
             return None
         positions = ids.tolist()
         first, end = positions[0], positions[0] + len(positions)
@@ -1440,7 +1441,7 @@ class _ClassLoss(_Loss):
 
     def __init__(self, weight=None, ignore_index=-100, reduction="mean"):
         super().__init__(reduction)
-        if weight is not None and (not isinstance(weight, Tensor) or weight.ndim != 1):
+        if weight is not None and (not isinstance(weight, TensorBase) or weight.ndim != 1):
             raise TypeError(f"{type(self).__name__}: weight must be a 1-d fasttrain Tensor of class weights")
         self.register_buffer("weight", weight)
         self.ignore_index = int(ignore_index)

@@ -2,7 +2,7 @@
 import numpy as np
 
 from .. import _C
-from .._tensor import Tensor
+from .._C import TensorBase
 from .optimizer import _check_param
 
 
@@ -16,7 +16,7 @@ class EMA:
     ``copy_to(params=None)`` writes the averages into the params (for evaluation)."""
 
     def __init__(self, params, decay=0.999):
-        if isinstance(params, Tensor):
+        if isinstance(params, TensorBase):
             raise TypeError("params must be an iterable of Tensors, but got a Tensor")
         self.params = list(params)
         for i, p in enumerate(self.params):

@@ -7,7 +7,7 @@ import operator
 import numpy as np
 
 from .. import _C
-from .._tensor import Tensor
+from .._C import TensorBase
 from .._types import _BY_NAME
 
 _FLOAT32 = _BY_NAME["float32"]
@@ -28,7 +28,7 @@ required = _Required()
 
 
 def _check_param(p, what):
-    if not isinstance(p, Tensor):
+    if not isinstance(p, TensorBase):
         raise TypeError(f"{what} must be a fasttrain Tensor, not {type(p).__name__}")
     if p.dtype is not _FLOAT32:
         raise TypeError(f"{what} must be float32, got {p.dtype.name}: the optimizers update float32 master weights")
@@ -70,7 +70,7 @@ class Optimizer:
         self._c = None
         self._params = []
         self._pushed = []
-        if isinstance(params, Tensor):
+        if isinstance(params, TensorBase):
             raise TypeError("params must be an iterable of Tensors or dicts, but got a Tensor")
         if isinstance(params, (set, frozenset)):
             raise TypeError(_UNORDERED)
@@ -111,7 +111,7 @@ class Optimizer:
             raise TypeError(f"a param group must be a dict, not {type(param_group).__name__}")
         group = dict(param_group)
         params = group.get("params")
-        if isinstance(params, Tensor):
+        if isinstance(params, TensorBase):
             params = [params]
         elif isinstance(params, (set, frozenset)):
             raise TypeError(_UNORDERED)
