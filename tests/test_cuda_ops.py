@@ -846,6 +846,23 @@ def test_conv2d(case, layout):
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "nhwc"])
+def test_conv_transpose2d(layout):
+    """The transposed convolution runs on the convolution's cuDNN calls with the roles exchanged."""
+    xc, xg = pair(rng(144).standard_normal((2, 4, 5, 6)), layout)
+    wc, wg = pair(rng(145).standard_normal((4, 3, 3, 3)))
+    bc, bg = pair(rng(146).standard_normal(6))
+    args = ((2, 2), (1, 1), (1, 1), 2)
+    oc = ops.conv_transpose2d_forward(None, xc, wc, bc, *args, (1, 0))
+    og = ops.conv_transpose2d_forward(None, xg, wg, bg, *args, (1, 0))
+    assert_close(og, oc, 1e-4, 1e-4)
+    dyc, dyg = pair(rng(147).standard_normal(oc.shape), layout)
+    gc = ops.conv_transpose2d_backward(None, None, None, dyc, xc, wc, *args)
+    gg = ops.conv_transpose2d_backward(None, None, None, dyg, xg, wg, *args)
+    for g, c in zip(gg, gc):
+        assert_close(g, c, 1e-4, 1e-4)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "nhwc"])
 def test_conv2d_fusions(layout):
     c = dict(N=2, C=3, H=6, W=6, K=5, R=3, S=3, stride=(1, 1), pad=(1, 1), dil=(1, 1), groups=1)
     (xc, xg), (wc, wg), (bc, bg) = conv_inputs(c, layout, 140)

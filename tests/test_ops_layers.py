@@ -35,6 +35,81 @@ CONV_CASES = [
 ]
 
 
+def conv_transpose_ref(x, w, b, stride, pad, dil, groups, out_pad):
+    """A direct float64 transposed convolution, written as the scatter its definition is: input pixel (h, w) of
+    channel c adds w[c, k] at output (h stride - pad + r dil, w stride - pad + s dil) of channel k."""
+    N, C, H, W = x.shape
+    _, Kg, R, S = w.shape
+    P = (H - 1) * stride[0] - 2 * pad[0] + dil[0] * (R - 1) + out_pad[0] + 1
+    Q = (W - 1) * stride[1] - 2 * pad[1] + dil[1] * (S - 1) + out_pad[1] + 1
+    full = np.zeros((N, Kg * groups, P + 2 * pad[0] + stride[0], Q + 2 * pad[1] + stride[1]))
+    Cg = C // groups
+    for g in range(groups):
+        for r in range(R):
+            for s in range(S):
+                contrib = np.einsum("nchw,ck->nkhw", x[:, g * Cg:(g + 1) * Cg], w[g * Cg:(g + 1) * Cg, :, r, s])
+                full[:, g * Kg:(g + 1) * Kg, r * dil[0]:r * dil[0] + stride[0] * H:stride[0],
+                     s * dil[1]:s * dil[1] + stride[1] * W:stride[1]] += contrib
+    out = full[:, :, pad[0]:pad[0] + P, pad[1]:pad[1] + Q]
+    return out + (0 if b is None else b[None, :, None, None])
+
+
+CONV_TRANSPOSE_CASES = [
+    dict(C=4, K=6, G=1, R=3, stride=(2, 2), pad=(1, 1), dil=(1, 1), out_pad=(1, 1)),  # a U-Net's 2x
+    dict(C=4, K=6, G=2, R=2, stride=(2, 2), pad=(0, 0), dil=(1, 1), out_pad=(0, 0)),
+    dict(C=3, K=5, G=1, R=3, stride=(1, 2), pad=(1, 0), dil=(2, 1), out_pad=(0, 1)),
+    dict(C=4, K=4, G=4, R=4, stride=(3, 3), pad=(1, 1), dil=(1, 1), out_pad=(2, 0)),  # depthwise
+]
+
+
+@pytest.mark.parametrize("case", CONV_TRANSPOSE_CASES, ids=str)
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_conv_transpose2d_forward_and_backward(case, layout):
+    mk = nhwc if layout == "nhwc" else t
+    c = case
+    x = RNG.standard_normal((2, c["C"], 4, 5))
+    w = RNG.standard_normal((c["C"], c["K"] // c["G"], c["R"], c["R"]))
+    b = RNG.standard_normal(c["K"])
+    args = (c["stride"], c["pad"], c["dil"], c["G"])
+    out = ft.ops.conv_transpose2d_forward(None, mk(x), t(w), t(b), *args, c["out_pad"])
+    want = conv_transpose_ref(x, w, b, c["stride"], c["pad"], c["dil"], c["G"], c["out_pad"])
+    np.testing.assert_allclose(n(out), want, rtol=1e-4, atol=1e-4)
+    dy = RNG.standard_normal(want.shape)
+    dx, dw, db = ft.ops.conv_transpose2d_backward(None, None, None, mk(dy), mk(x), t(w), *args)
+    ref = lambda xx, ww: conv_transpose_ref(xx, ww, None, c["stride"], c["pad"], c["dil"], c["G"], c["out_pad"])  # noqa: E731
+    np.testing.assert_allclose(n(dx), fd_grad(lambda v: ref(v, w), x, dy), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(n(dw), fd_grad(lambda v: ref(x, v), w, dy), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(n(db), dy.sum((0, 2, 3)), rtol=1e-5, atol=1e-5)
+    held = [mk(np.ones(x.shape)), t(np.ones(w.shape)), t(np.ones(b.shape))]
+    ft.ops.conv_transpose2d_backward(*held, mk(dy), mk(x), t(w), *args, accumulate=True)
+    for h, g in zip(held, (dx, dw, db)):
+        np.testing.assert_allclose(n(h), 1 + n(g), rtol=1e-5, atol=1e-5)
+
+
+def test_conv_transpose2d_bad_input_and_torch():
+    x, w = t(RNG.standard_normal((1, 4, 3, 3))), t(RNG.standard_normal((4, 2, 3, 3)))
+    with pytest.raises(ValueError, match=r"conv_transpose2d: weight .* has 4 input channels, the input 3"):
+        ft.ops.conv_transpose2d_forward(None, x[:, :3], w)
+    with pytest.raises(ValueError, match=r"an output of 9 x 9 is not one whose convolution gives the input's 3 x 3"):
+        ft.ops.conv_transpose2d_forward(t(np.zeros((1, 2, 9, 9))), x, w, None, 2)
+    with pytest.raises(ValueError, match=r"output_padding \(2, 2\) must be smaller than either stride or dilation"):
+        ft.nn.ConvTranspose2d(4, 2, 3, stride=2, output_padding=2)
+    with pytest.raises(NotImplementedError, match=r"output_padding \(1, 1\) of at least the stride"):
+        ft.nn.ConvTranspose2d(4, 2, 3, dilation=2, output_padding=1)
+    if torch is None:
+        return
+    layer = torch.nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2)
+    ours = ft.nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2)
+    ours.load_state_dict({k: v.detach().numpy() for k, v in layer.state_dict().items()})
+    xs = RNG.standard_normal((2, 4, 5, 5)).astype(np.float32)
+    np.testing.assert_allclose(n(ours(ft.tensor(xs))), layer(torch.tensor(xs)).detach().numpy(), rtol=1e-5,
+                               atol=1e-5)
+    seq = RNG.standard_normal((2, 4, 7)).astype(np.float32)
+    l1, o1 = torch.nn.ConvTranspose1d(4, 3, 4, stride=2, padding=1), ft.nn.ConvTranspose1d(4, 3, 4, stride=2, padding=1)
+    o1.load_state_dict({k: v.detach().numpy() for k, v in l1.state_dict().items()})
+    np.testing.assert_allclose(n(o1(ft.tensor(seq))), l1(torch.tensor(seq)).detach().numpy(), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("case", CONV_CASES)
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 def test_conv2d_forward_and_backward(case, layout):

@@ -277,6 +277,7 @@ def test_group_norm_and_upsampling_in_bfloat16():
     def make():
         return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.GroupNorm(2, 8), nn.ReLU(), nn.MaxPool2d(2),
                              nn.Upsample(scale_factor=2), nn.Upsample(size=(13, 11), mode="bilinear"),
+                             nn.ConvTranspose2d(8, 8, 3, stride=2, padding=1, output_padding=1),
                              nn.Conv2d(8, 4, 3, padding=1), nn.AdaptiveAvgPool2d(1),
                              nn.Flatten(), nn.Linear(4, 5))
     prog = gradients_follow_float32(*data(), make=make)

@@ -1562,3 +1562,43 @@ def test_a_traced_value_is_a_tensor_to_isinstance():
     model = Checked()
     program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=2, input_shape=(4,))
     np.testing.assert_allclose(program.predict(x).numpy(), model(ft.tensor(x)).numpy(), rtol=1e-6)
+
+
+def decoder(lib=ft):
+    """A decoder's upsampling by transposed convolutions (a U-Net's, a VAE's or a GAN's), images and sequences."""
+    L = nn if lib is ft else lib.nn
+
+    class Decoder(L.Module):
+        def __init__(self):
+            super().__init__()
+            self.up = L.ConvTranspose2d(3, 4, 3, stride=2, padding=1, output_padding=1)
+            self.bn = L.BatchNorm2d(4)
+            self.up2 = L.ConvTranspose2d(4, 4, 2, stride=2, groups=2, bias=False)
+            self.seq = L.ConvTranspose1d(4, 2, 3, stride=2)
+            self.head = L.Linear(2 * 33, CLASSES)
+
+        def forward(self, x):
+            h = self.up2(lib.relu(self.bn(self.up(x))))  # (N, 4, 16, 16)
+            return self.head(self.seq(h.mean(2)).flatten(1))  # (N, 2, 33)
+
+    return Decoder()
+
+
+def test_transposed_convolutions_match_finite_differences_and_their_eager_forward():
+    x = np.random.default_rng(45).standard_normal((3, 3, 4, 4)).astype(np.float32)
+    ft.manual_seed(10)
+    model = decoder()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=3, input_shape=(3, 4, 4))
+    assert gradcheck(program, x, np.arange(3) % CLASSES, rtol=3e-2, atol=5e-4)  # (float32 differences through BN)
+    model.eval()
+    np.testing.assert_allclose(program.predict(x).numpy(), model(ft.tensor(x)).numpy(), rtol=1e-4, atol=1e-5)
+
+
+@needs_torch
+def test_transposed_convolutions_match_pytorch():
+    x = np.random.default_rng(46).standard_normal((3, 3, 4, 4)).astype(np.float32)
+    tm, model = decoder(torch), decoder()
+    model.load_state_dict({k: v.detach().numpy() for k, v in tm.state_dict().items()})
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=3,
+                            input_shape=(3, 4, 4))
+    assert_gradients_match(program, tm, x, np.arange(3) % CLASSES, torch.nn.CrossEntropyLoss())

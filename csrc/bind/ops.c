@@ -1119,6 +1119,74 @@ static PyObject *py_conv2d_backward(PyObject *m, PyObject *args, PyObject *kw) {
     return finish(s, o, 3);
 }
 
+static PyObject *py_conv_transpose2d_forward(PyObject *m, PyObject *args, PyObject *kw) {
+    PyObject *o_out, *o_inp, *o_w, *o_b = Py_None, *o_stride = Py_None, *o_pad = Py_None, *o_dil = Py_None;
+    PyObject *o_outpad = Py_None;
+    long long groups = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OOOOLO:conv_transpose2d_forward",
+                                     KW("out", "inp", "weight", "bias", "stride", "padding", "dilation", "groups",
+                                        "output_padding"),
+                                     &o_out, &o_inp, &o_w, &o_b, &o_stride, &o_pad, &o_dil, &groups, &o_outpad))
+        return NULL;
+    ft_module_state *st = ft_py_state(m);
+    const ft_tensor *inp, *w, *b;
+    out_arg out;
+    ft_conv2d_params p;
+    static const int64_t zero[2] = {0, 0};
+    int64_t outpad[2];
+    if (parse_conv(o_stride, o_pad, o_dil, groups, &p) < 0 ||
+        parse_pair(o_outpad, "output_padding", zero, outpad) < 0 || parse_in(st, o_inp, "inp", false, &inp) < 0 ||
+        parse_in(st, o_w, "weight", false, &w) < 0 || parse_in(st, o_b, "bias", true, &b) < 0 ||
+        parse_out(st, o_out, "out", false, &out) < 0)
+        return NULL;
+    if (needs_alloc(&out)) {
+        if (inp->ndim != 4 || w->ndim != 4)
+            return PyErr_Format(PyExc_ValueError, "conv_transpose2d: input and weight must be 4-d");
+        int64_t size[2];
+        for (int d = 0; d < 2; d++)
+            size[d] = (inp->shape[2 + d] - 1) * p.stride[d] - 2 * p.padding[d] + p.dilation[d] * (w->shape[2 + d] - 1) +
+                      outpad[d] + 1;
+        if (alloc_out(st, &out, inp, 4, (int64_t[]){inp->shape[0], w->shape[1] * groups, size[0], size[1]},
+                      inp->dtype) < 0)
+            return NULL;
+    }
+    ft_status s;
+    CALL(s, true, ft_conv_transpose2d_forward(out.t, inp, w, b, &p));
+    return finish(s, &out, 1);
+}
+
+static PyObject *py_conv_transpose2d_backward(PyObject *m, PyObject *args, PyObject *kw) {
+    PyObject *o_dinp, *o_dw, *o_db, *o_dout, *o_inp, *o_w, *o_stride = Py_None, *o_pad = Py_None, *o_dil = Py_None;
+    long long groups = 1;
+    int accumulate = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOO|OOOLp:conv_transpose2d_backward",
+                                     KW("dinp", "dweight", "dbias", "dout", "inp", "weight", "stride", "padding",
+                                        "dilation", "groups", "accumulate"),
+                                     &o_dinp, &o_dw, &o_db, &o_dout, &o_inp, &o_w, &o_stride, &o_pad, &o_dil, &groups,
+                                     &accumulate))
+        return NULL;
+    ft_module_state *st = ft_py_state(m);
+    const ft_tensor *dout, *inp, *w;
+    out_arg o[3] = {{0}};
+    ft_conv2d_params p;
+    if (parse_conv(o_stride, o_pad, o_dil, groups, &p) < 0 || parse_in(st, o_dout, "dout", false, &dout) < 0 ||
+        parse_in(st, o_inp, "inp", false, &inp) < 0 || parse_in(st, o_w, "weight", false, &w) < 0 ||
+        parse_out(st, o_dinp, "dinp", true, &o[0]) < 0 || parse_out(st, o_dw, "dweight", true, &o[1]) < 0 ||
+        parse_out(st, o_db, "dbias", true, &o[2]) < 0 || alloc_like(st, &o[0], inp) < 0 ||
+        alloc_out(st, &o[1], w, w->ndim, w->shape, FT_FLOAT32) < 0 ||
+        alloc_out(st, &o[2], inp, 1, (int64_t[]){dout->ndim > 1 ? dout->shape[1] : 0}, FT_FLOAT32) < 0) {
+        drop_outs(o, 3);
+        return NULL;
+    }
+    if (check_accumulate(o, 3, accumulate, "conv_transpose2d_backward") < 0) {
+        drop_outs(o, 3);
+        return NULL;
+    }
+    ft_status s;
+    CALL(s, true, ft_conv_transpose2d_backward(o[0].t, o[1].t, o[2].t, dout, inp, w, &p, ALL_ACC(accumulate)));
+    return finish(s, o, 3);
+}
+
 static PyObject *py_linear_forward(PyObject *m, PyObject *args, PyObject *kw) {
     PyObject *o_out, *o_inp, *o_w, *o_b = Py_None, *o_act = Py_None;
     double alpha = 0.0;
@@ -1808,6 +1876,10 @@ static PyMethodDef ops_methods[] = {
      "conv2d_backward(dinp, dweight, dbias, dout, inp, weight, stride=1, padding=0, dilation=1, groups=1, "
      "accumulate=False) -> "
      "(dinp, dweight, dbias)"},
+    KWFN(conv_transpose2d_forward, "conv_transpose2d_forward(out, inp, weight, bias=None, stride=1, padding=0, "
+                                   "dilation=1, groups=1, output_padding=0) -> out"),
+    KWFN(conv_transpose2d_backward, "conv_transpose2d_backward(dinp, dweight, dbias, dout, inp, weight, stride=1, "
+                                    "padding=0, dilation=1, groups=1, accumulate=False) -> (dinp, dweight, dbias)"),
     {"linear_forward", FN(py_linear_forward), METH_VARARGS | METH_KEYWORDS,
      "linear_forward(out, inp, weight, bias=None, act=None, alpha=0.0) -> out"},
     {"linear_backward", FN(py_linear_backward), METH_VARARGS | METH_KEYWORDS,

@@ -232,6 +232,19 @@ static ft_status conv2d_backward(const ft_node_run *r) {
                               acc_of(r));
 }
 
+static ft_status conv_transpose2d_forward(const ft_node_run *r) {
+    ft_tensor w = conv_weight(&r->nd->weight);
+    return ft_conv_transpose2d_forward(&r->out, &r->in[0], &w, param(&r->nd->bias), &r->nd->conv);
+}
+
+static ft_status conv_transpose2d_backward(const ft_node_run *r) {
+    ft_tensor w = conv_weight(&r->nd->weight), dw;
+    if (r->dweight)
+        dw = conv_weight(r->dweight);
+    return ft_conv_transpose2d_backward(r->din[0], r->dweight ? &dw : NULL, r->dbias, &r->dout, &r->in[0], &w,
+                                        &r->nd->conv, acc_of(r));
+}
+
 /* t (N, ..., F) as the (N * ..., F) rows linear works on (program
  * buffers of non-image shapes are dense). */
 static ft_tensor as_rows(const ft_tensor *t) {
@@ -1098,6 +1111,8 @@ const ft_node_kind_info ft_node_kinds[FT_NODE_NKINDS] = {
     [FT_NODE_ONE_HOT] = {"one_hot", 1, 1, 0, one_hot_check, NULL, NULL, one_hot_forward, NULL, one_hot_prepare,
                          .precision = FT_NODE_ANY, .in_order = true},
     [FT_NODE_DETACH] = {"detach", 1, 1, 0, same_shape, NULL, NULL, detach_forward, NULL, .precision = FT_NODE_ANY},
+    [FT_NODE_CONV_TRANSPOSE2D] = {"conv_transpose2d", 1, 1, 2, NULL, NULL, NULL, conv_transpose2d_forward,
+                                  conv_transpose2d_backward, .precision = FT_NODE_LOW, .reads_output = never},
     [FT_NODE_NOISE] = {"noise", 1, 1, 0, same_shape, NULL, NULL, noise_forward, NULL, .precision = FT_NODE_ANY,
                        .reads_inputs = never, .reads_output = never, .draws = noise_draws},
     [FT_NODE_UPSAMPLE_BILINEAR] = {"upsample_bilinear", 1, 1, 2, bilinear_check, NULL, NULL, bilinear_forward,

@@ -65,6 +65,7 @@ typedef enum {
     FT_NODE_DETACH,      /* its input's values, through which no gradient passes (PyTorch's detach) */
     FT_NODE_UPSAMPLE_BILINEAR, /* to the node's size: images (C, H, W), or (C, L) sequences linearly */
     FT_NODE_NOISE,       /* N(0, 1), or U[0, 1) with `uniform`, drawn afresh each step, in its input's shape */
+    FT_NODE_CONV_TRANSPOSE2D, /* the adjoint of conv2d with the node's conv params: images, or (C, L) sequences */
     FT_NODE_NKINDS
 } ft_node_kind;
 

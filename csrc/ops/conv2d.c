@@ -515,3 +515,61 @@ ft_status ft_conv2d_backward(const ft_tensor *dinp, const ft_tensor *dw, const f
     FT_TRY(s);
     return db ? ft_bias_grad(db, dout, acc.bias) : FT_OK;
 }
+
+/* ---- transposed convolution ---- */
+
+/* The checks in the transposed convolution's own terms: out (N, K, P, Q)
+ * must be an input size the convolution takes back to inp's (H, W). */
+static ft_status check_transposed(const ft_tensor *out, const ft_tensor *inp, const ft_tensor *w,
+                                  const ft_conv2d_params *p) {
+    const char *op = "conv_transpose2d";
+    ft_device dev = ft_op_device(inp);
+    FT_TRY(ft_check_float_on(op, "input", inp, dev, "input", true));
+    FT_TRY(ft_check_float_on(op, "weight", w, dev, "input", true));
+    FT_TRY(ft_check_float_on(op, "out", out, dev, "input", true));
+    if (inp->ndim != 4 || w->ndim != 4 || out->ndim != 4)
+        return ft_fail(FT_ERR_SHAPE, "%s: input, weight and output must be 4-d, got %d, %d and %d dimensions", op,
+                       inp->ndim, w->ndim, out->ndim);
+    int64_t G = p->groups, C = inp->shape[1];
+    if (w->shape[0] != C)
+        return ft_fail(FT_ERR_SHAPE, "%s: weight (C_in, C_out/groups, kH, kW) has %lld input channels, the input %lld",
+                       op, (long long)w->shape[0], (long long)C);
+    if (G < 1 || C % G || out->shape[1] != w->shape[1] * G || out->shape[0] != inp->shape[0])
+        return ft_fail(FT_ERR_SHAPE, "%s: groups=%lld, input (%lld, %lld, ...) and weight (%lld, %lld, ...) do not "
+                       "give an output of (%lld, %lld, ...)", op, (long long)G, (long long)inp->shape[0],
+                       (long long)C, (long long)w->shape[0], (long long)w->shape[1], (long long)out->shape[0],
+                       (long long)out->shape[1]);
+    int64_t H, W;
+    ft_status s = ft_conv2d_out_size(&H, &W, out->shape[2], out->shape[3], w->shape[2], w->shape[3], p);
+    if (s != FT_OK || H != inp->shape[2] || W != inp->shape[3])
+        return ft_fail(FT_ERR_SHAPE, "%s: an output of %lld x %lld is not one whose convolution gives the input's "
+                       "%lld x %lld (output_padding must stay below the stride)", op, (long long)out->shape[2],
+                       (long long)out->shape[3], (long long)inp->shape[2], (long long)inp->shape[3]);
+    return FT_OK;
+}
+
+ft_status ft_conv_transpose2d_forward(const ft_tensor *out, const ft_tensor *inp, const ft_tensor *w,
+                                      const ft_tensor *b, const ft_conv2d_params *p) {
+    FT_TRY(check_transposed(out, inp, w, p));
+    if (b) { /* the bias first, broadcast over out: the data gradient adds into it */
+        FT_TRY(ft_check_on("conv_transpose2d", "bias", b, ft_op_device(inp), "input"));
+        FT_TRY(ft_check_shape("conv_transpose2d", "bias", b, 1, &out->shape[1]));
+        ft_tensor spread = *b;
+        spread.ndim = 4;
+        memcpy(spread.shape, out->shape, sizeof out->shape);
+        spread.strides[0] = spread.strides[2] = spread.strides[3] = 0, spread.strides[1] = b->strides[0];
+        FT_TRY(ft_tensor_copy(out, &spread, false));
+    }
+    return ft_conv2d_backward(out, NULL, NULL, inp, out, w, p, (ft_grad_acc){.inp = b != NULL});
+}
+
+ft_status ft_conv_transpose2d_backward(const ft_tensor *dinp, const ft_tensor *dw, const ft_tensor *db,
+                                       const ft_tensor *dout, const ft_tensor *inp, const ft_tensor *w,
+                                       const ft_conv2d_params *p, ft_grad_acc acc) {
+    FT_TRY(check_transposed(dout, inp, w, p));
+    if (dinp)
+        FT_TRY(ft_conv2d_forward(dinp, dout, w, NULL, p, &(ft_conv2d_fusion){.sum = acc.inp}));
+    if (dw)
+        FT_TRY(ft_conv2d_backward(NULL, dw, NULL, inp, dout, w, p, acc));
+    return db ? ft_bias_grad(db, dout, acc.bias) : FT_OK;
+}

@@ -41,4 +41,22 @@ ft_status ft_conv2d_backward(const ft_tensor *dinp, const ft_tensor *dw, const f
                              const ft_tensor *dout, const ft_tensor *inp, const ft_tensor *w,
                              const ft_conv2d_params *p, ft_grad_acc acc);
 
+/* Transposed convolution (PyTorch's ConvTranspose2d): the adjoint of the
+ * convolution with the same parameters, run on the convolution's own
+ * primitives. Its forward is that convolution's data gradient, its data
+ * gradient the convolution, its weight gradient the convolution's weight
+ * gradient with input and output exchanged.
+ *
+ * out (N, K, P, Q) = convT(inp (N, C, H, W), w (C, K/G, R, S)) + b (K), b may
+ * be NULL; P and Q are any size the convolution maps back to H and W (the
+ * caller's output_padding picks one). */
+ft_status ft_conv_transpose2d_forward(const ft_tensor *out, const ft_tensor *inp, const ft_tensor *w,
+                                      const ft_tensor *b, const ft_conv2d_params *p);
+
+/* Gradients from dout (N, K, P, Q): dinp (N, C, H, W), dw (C, K/G, R, S) and
+ * db (K), each may be NULL, written or added to as `acc` says. */
+ft_status ft_conv_transpose2d_backward(const ft_tensor *dinp, const ft_tensor *dw, const ft_tensor *db,
+                                       const ft_tensor *dout, const ft_tensor *inp, const ft_tensor *w,
+                                       const ft_conv2d_params *p, ft_grad_acc acc);
+
 #endif

@@ -58,7 +58,7 @@ __all__ = [
     "smooth_l1_loss", "huber_loss", "binary_cross_entropy_with_logits", "kl_div", "add", "mul", "cat", "flatten",
     "scaled_dot_product_attention", "one_hot", "hardtanh", "relu6", "elu", "normalize", "binary_cross_entropy",
     "cosine_similarity", "pairwise_distance", "triplet_margin_loss", "hardsigmoid", "mish", "prelu", "glu",
-    "rms_norm", "pixel_shuffle", "pixel_unshuffle", "pad",
+    "rms_norm", "pixel_shuffle", "pixel_unshuffle", "pad", "conv_transpose1d", "conv_transpose2d",
 ]
 
 
@@ -76,6 +76,15 @@ def _conv_layer(weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     return _shell(M.Conv2d if n == 2 else M.Conv1d, weight=weight, bias=bias, in_channels=Cg * groups,
                   out_channels=K, groups=groups, kernel_size=tuple(kernel), stride=_tuple(stride, n),
                   padding=_tuple(padding, n), dilation=_tuple(dilation, n))
+
+
+def _conv_transpose_layer(weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    from .modules import _tuple
+    C, Kg, *kernel = weight.shape
+    n = len(kernel)
+    return _shell(M.ConvTranspose2d if n == 2 else M.ConvTranspose1d, weight=weight, bias=bias, in_channels=C,
+                  out_channels=Kg * groups, groups=groups, kernel_size=tuple(kernel), stride=_tuple(stride, n),
+                  padding=_tuple(padding, n), dilation=_tuple(dilation, n), output_padding=_tuple(output_padding, n))
 
 
 def _lift(v, fill):
@@ -106,6 +115,31 @@ def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     w = weight.unsqueeze(2)
     return _via_2d(lambda x: conv2d(x, w, bias, _lift(stride, 1), _lift(padding, 0), _lift(dilation, 1), groups),
                    input, "conv1d")
+
+
+@_traced(_conv_transpose_layer)
+def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    """Transposed 2-d convolution of input (N, C_in, H, W), or unbatched (C_in, H, W), with weight (C_in, C_out /
+    groups, kH, kW) and an optional bias (C_out,), as torch.nn.functional.conv_transpose2d: the output is
+    (H - 1) stride - 2 padding + dilation (kH - 1) + output_padding + 1 high (and as wide)."""
+    _check(input, "input", "conv_transpose2d")
+    squeeze = input.ndim == 3
+    x = input.unsqueeze(0) if squeeze else input
+    x, weight = cast(x, weight)
+    out = _C.conv_transpose2d_forward(None, x, weight, _wide_bias(bias), stride, padding, dilation, groups,
+                                      output_padding)
+    return out[0] if squeeze else out
+
+
+@_traced(_conv_transpose_layer)
+def conv_transpose1d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+    """Transposed 1-d convolution of input (N, C_in, L), or unbatched (C_in, L), with weight (C_in, C_out / groups,
+    K), as torch.nn.functional.conv_transpose1d; it runs as conv_transpose2d over (C_in, 1, L)."""
+    _check(weight, "weight", "conv_transpose1d")
+    w = weight.unsqueeze(2)
+    return _via_2d(lambda x: conv_transpose2d(x, w, bias, _lift(stride, 1), _lift(padding, 0),
+                                              _lift(output_padding, 0), groups, _lift(dilation, 1)),
+                   input, "conv_transpose1d")
 
 
 @_traced(_conv_layer)

@@ -392,6 +392,61 @@ class _ConvNd(Module):
                 + ("" if self.bias is not None else ", bias=False"))
 
 
+class _ConvTransposeNd(_ConvNd):
+    """ConvTranspose1d and ConvTranspose2d: the adjoint of the convolution with the same arguments, weight (C_in,
+    C_out / groups, k...); a 1-d one runs as the 2-d one over (C, 1, L)."""
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, groups=1,
+                 bias=True, dilation=1, padding_mode="zeros"):
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, padding_mode)
+        n = self._dims
+        self.output_padding = _tuple(output_padding, n)
+        if any(not (0 <= o < max(s, d)) for o, s, d in zip(self.output_padding, self.stride, self.dilation)):
+            raise ValueError(f"{type(self).__name__}: output_padding {self.output_padding} must be smaller than "
+                             "either stride or dilation")
+        if any(o >= s for o, s in zip(self.output_padding, self.stride)):
+            raise NotImplementedError(f"{type(self).__name__}: output_padding {self.output_padding} of at least the "
+                                      f"stride {self.stride} (PyTorch allows it below the dilation) is not supported")
+        self.register_parameter("weight", creation.empty(in_channels, out_channels // groups, *self.kernel_size))
+        self.register_parameter("bias", creation.empty(out_channels) if bias else None)
+        _init_weight_bias(self.weight, self.bias, out_channels // groups * math.prod(self.kernel_size))
+
+    def output_shape(self, shape):
+        name = type(self).__name__
+        if len(shape) != self._dims + 1:
+            raise ValueError(f"{name} takes samples of {self._dims + 1} dimensions, got {shape}")
+        if shape[0] != self.in_channels:
+            raise ValueError(f"{name} expects {self.in_channels} input channels, got {shape[0]}")
+        return (self.out_channels, *((n - 1) * s - 2 * p + d * (k - 1) + o + 1 for n, s, p, d, k, o in zip(
+            shape[1:], self.stride, self.padding, self.dilation, self.kernel_size, self.output_padding)))
+
+    def input_size(self, size):
+        """The spatial size of the input that gives an output of spatial size `size`."""
+        return tuple((n - 1 - o + 2 * p - d * (k - 1)) // s + 1 for n, s, p, d, k, o in zip(
+            size, self.stride, self.padding, self.dilation, self.kernel_size, self.output_padding))
+
+    def forward(self, x):
+        from . import functional as F
+        conv = F.conv_transpose2d if self._dims == 2 else F.conv_transpose1d
+        return conv(x, self.weight, self.bias, self.stride, self.padding, self.output_padding, self.groups,
+                    self.dilation)
+
+    def extra_repr(self):
+        return super().extra_repr() + (f", output_padding={self.output_padding}" if any(self.output_padding) else "")
+
+
+class ConvTranspose1d(_ConvTransposeNd):
+    """Transposed 1-d convolution of (N, C_in, L) sequences, as torch.nn.ConvTranspose1d; it runs as the 2-d one over
+    (C_in, 1, L)."""
+
+    _dims = 1
+
+
+class ConvTranspose2d(_ConvTransposeNd):
+    """Transposed 2-d convolution of (N, C_in, H, W) images, as torch.nn.ConvTranspose2d (a U-Net's, a GAN's or a
+    VAE's upsampling), with weight (C_in, C_out / groups, kH, kW) initialised as PyTorch does."""
+
+
 class Conv1d(_ConvNd):
     """1-d convolution of (N, C_in, L) sequences (or unbatched (C_in, L)), as torch.nn.Conv1d; it runs as the 2-d
     convolution over (C_in, 1, L). Only padding_mode='zeros' and numeric padding (not 'same' or 'valid') are

@@ -22,12 +22,12 @@ _K = _C.NODE_KINDS
 (INPUT, CONV2D, LINEAR, BATCHNORM, ACT, MAXPOOL, AVGPOOL, ADAPTIVE_AVGPOOL, ADAPTIVE_MAXPOOL, ADD, CAT, RESHAPE,
  DROPOUT, IDENTITY, LAYERNORM, MUL, SCALE, PERMUTE, SLICE, PARAM, TARGET, CROSS_ENTROPY, NLL, SUM, SOFTMAX,
  LOG_SOFTMAX, GROUPNORM, EMBEDDING, UPSAMPLE, MATMUL, ATTENTION, EXPAND, SUM_DIMS, ONE_HOT, DETACH,
- UPSAMPLE_BILINEAR, NOISE) = (_K[k] for k in (
+ UPSAMPLE_BILINEAR, NOISE, CONV_TRANSPOSE2D) = (_K[k] for k in (
     "input", "conv2d", "linear", "batch_norm", "activation", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
     "adaptive_max_pool2d", "add", "cat", "reshape", "dropout", "identity", "layer_norm", "mul", "scale", "permute",
     "slice", "parameter", "target", "cross_entropy", "nll", "sum", "softmax", "log_softmax", "group_norm",
     "embedding", "upsample_nearest", "matmul", "attention", "expand", "sum_dims", "one_hot", "detach",
-    "upsample_bilinear", "noise"))
+    "upsample_bilinear", "noise", "conv_transpose2d"))
 ACTS = _C.ACTIVATIONS
 REDUCTIONS = _C.REDUCTIONS
 # Activations whose derivative follows from their output: these can be fused
@@ -53,8 +53,9 @@ def _node_of(module, shape):
     """(kind, fields) for one layer whose input has per-sample shape `shape`."""
     m = module
     if isinstance(m, M._ConvNd):
-        return CONV2D, dict(stride=_as_2d(m, "stride", 1), padding=_as_2d(m, "padding", 0),
-                            dilation=_as_2d(m, "dilation", 1), groups=m.groups)
+        kind = CONV_TRANSPOSE2D if isinstance(m, M._ConvTransposeNd) else CONV2D
+        return kind, dict(stride=_as_2d(m, "stride", 1), padding=_as_2d(m, "padding", 0),
+                          dilation=_as_2d(m, "dilation", 1), groups=m.groups)
     if isinstance(m, M.Linear):
         return LINEAR, {}
     if isinstance(m, M._BatchNorm):
@@ -295,7 +296,7 @@ def _node_dict(e, trainable):
         d["act"] = ACTS[e.act if e.kind != ACT else e.fields["act"]]
         d["alpha"] = e.alpha if e.kind != ACT else e.fields["alpha"]
     m = e.module
-    if e.kind in (CONV2D, LINEAR, BATCHNORM, LAYERNORM, GROUPNORM, EMBEDDING):
+    if e.kind in (CONV2D, CONV_TRANSPOSE2D, LINEAR, BATCHNORM, LAYERNORM, GROUPNORM, EMBEDDING):
         if m.weight is not None:
             d["weight"], d["dweight"] = m.weight, grad(m.weight)
         if getattr(m, "bias", None) is not None and e.bias_into is None:
@@ -373,9 +374,10 @@ def _recompute(recompute, model, entries):
 def _flops(e):
     """Multiply-adds x 2 of one forward pass per sample."""
     m = e.module
-    if e.kind == CONV2D:
+    if e.kind in (CONV2D, CONV_TRANSPOSE2D):  # a transposed one: its adjoint's, whose output is its input
         c, k = m.in_channels // m.groups, m.out_channels
-        return 2 * k * c * math.prod(m.kernel_size) * math.prod(e.shape[1:])
+        positions = e.shape[1:] if e.kind == CONV2D else m.input_size(e.shape[1:])
+        return 2 * k * c * math.prod(m.kernel_size) * math.prod(positions)
     if e.kind == LINEAR:
         return 2 * m.in_features * m.out_features * math.prod(e.shape[:-1])
     if e.kind == MATMUL:
