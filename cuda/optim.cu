@@ -208,7 +208,7 @@ __global__ void adamw_kernel(ft_cuda_optim o, float scale, float clip) {
     float *vmax = seg->amsgrad ? o.max_exp_avg_sq + at : nullptr;
     const float *g = seg->flat.grad + s.start;
     for (int64_t i = threadIdx.x; i < s.len; i += THREADS) {
-        float gi = ft_optim_grad(g[i], scale, clip, maximize);
+        float gi = ft_l2_grad(ft_optim_grad(g[i], scale, clip, maximize), p[i], k.l2);
         float mi = ft_adam_exp_avg(m[i], gi, &k.mom), vi = ft_adam_exp_avg_sq(v[i], gi, &k.mom);
         m[i] = mi;
         v[i] = vi;
@@ -321,6 +321,7 @@ ft_status optim_update(const ft_cuda_optim *o, float grad_scale, float clip) {
         sgd_kernel<<<grid, THREADS, 0, st>>>(*o, grad_scale, clip);
         return ft_cuda_launched("sgd_kernel");
     case FT_OPTIM_ADAMW:
+    case FT_OPTIM_ADAM:
         adamw_kernel<<<grid, THREADS, 0, st>>>(*o, grad_scale, clip);
         return ft_cuda_launched("adamw_kernel");
     case FT_OPTIM_LAMB:

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.cuda
 SHAPES = [(3, 4), (5,), (), (2, 3, 2), (40000,), (300, 257)]  # (40000,) and (300, 257) span many blocks
 STEPS = 5
 CTOR = {ft.optim.SGD: dict(lr=0.05), ft.optim.AdamW: dict(lr=1e-2), ft.optim.LAMB: dict(lr=1e-2),
-        ft.optim.LARS: dict(lr=0.5)}
+        ft.optim.LARS: dict(lr=0.5), ft.optim.Adam: dict(lr=1e-2)}
 ALL = list(range(len(SHAPES)))
 # (class, [(param indices, group overrides)])
 CASES = [
@@ -26,6 +26,7 @@ CASES = [
     (ft.optim.AdamW, [(ALL, {})]),
     (ft.optim.AdamW, [([0, 4], dict(amsgrad=True, weight_decay=0.1)),
                       ([1, 2, 3, 5], dict(betas=(0.8, 0.99), eps=1e-6, weight_decay=0.0, maximize=True, lr=3e-3))]),
+    (ft.optim.Adam, [([0, 4], dict(amsgrad=True, weight_decay=0.1)), ([1, 2, 3, 5], dict(weight_decay=1e-2))]),
     (ft.optim.LAMB, [(ALL, {})]),
     (ft.optim.LAMB, [([0, 3, 4], dict(weight_decay=0.1)), ([1, 2, 5], dict(lars_exclude=True, weight_decay=0.0))]),
     (ft.optim.LARS, [(ALL, {})]),

@@ -1,4 +1,4 @@
-"""ft.optim: SGD, AdamW, LAMB and LARS against NumPy implementations of their documented formulas over several
+"""ft.optim: SGD, Adam, AdamW, LAMB and LARS against NumPy implementations of their documented formulas over several
 steps (param groups, nesterov, dampening, amsgrad, maximize, weight decay, grad scaling, clipping, skipped
 params), against torch.optim when torch imports, bitwise equality for 1 and 2 threads, non-finite grads,
 state_dict round trips, the weight EMA, every lr_scheduler against NumPy closed forms (and torch), and bad input."""
@@ -56,13 +56,16 @@ def ref_sgd(p, g, st, h):
     return p - h["lr"] * d
 
 
-def ref_adamw(p, g, st, h):
+def ref_adamw(p, g, st, h, l2=False):
     g = -g if h["maximize"] else g
     b1, b2 = h["betas"]
     t = st["t"] = st.get("t", 0) + 1
     st.setdefault("m", np.zeros_like(p))
     st.setdefault("v", np.zeros_like(p))
-    p = p * (1 - h["lr"] * h["weight_decay"])
+    if l2:  # Adam: the decay joins the gradient
+        g = g + h["weight_decay"] * p
+    else:
+        p = p * (1 - h["lr"] * h["weight_decay"])
     st["m"] = b1 * st["m"] + (1 - b1) * g
     st["v"] = b2 * st["v"] + (1 - b2) * g * g
     v = st["v"]
@@ -93,7 +96,8 @@ def ref_lars(p, g, st, h):
     return p - st["v"]
 
 
-REFS = {ft.optim.SGD: ref_sgd, ft.optim.AdamW: ref_adamw, ft.optim.LAMB: ref_lamb, ft.optim.LARS: ref_lars}
+REFS = {ft.optim.SGD: ref_sgd, ft.optim.AdamW: ref_adamw, ft.optim.LAMB: ref_lamb, ft.optim.LARS: ref_lars,
+        ft.optim.Adam: lambda p, g, st, h: ref_adamw(p, g, st, h, l2=True)}
 
 
 def run_reference(cls, groups, params, grads, grad_scale=1.0, max_grad_norm=None):
@@ -127,7 +131,7 @@ def run_ft(cls, param_groups, params, grads, **step_kwargs):
 
 
 CTOR = {ft.optim.SGD: dict(lr=0.05), ft.optim.AdamW: dict(lr=1e-2), ft.optim.LAMB: dict(lr=1e-2),
-        ft.optim.LARS: dict(lr=0.5)}
+        ft.optim.LARS: dict(lr=0.5), ft.optim.Adam: dict(lr=1e-2)}
 
 # (class, [(param indices, group overrides)])
 CASES = [
@@ -138,6 +142,9 @@ CASES = [
     (ft.optim.AdamW, [([0, 1, 2, 3, 4], {})]),
     (ft.optim.AdamW, [([0, 4], dict(amsgrad=True, weight_decay=0.1)),
                       ([1, 2, 3], dict(betas=(0.8, 0.99), eps=1e-6, weight_decay=0.0, maximize=True, lr=3e-3))]),
+    (ft.optim.Adam, [([0, 1, 2, 3, 4], {})]),
+    (ft.optim.Adam, [([0, 4], dict(amsgrad=True, weight_decay=0.1)),
+                     ([1, 2, 3], dict(betas=(0.8, 0.99), eps=1e-6, weight_decay=1e-2, maximize=True, lr=3e-3))]),
     (ft.optim.LAMB, [([0, 1, 2, 3, 4], {})]),
     (ft.optim.LAMB, [([0, 3, 4], dict(weight_decay=0.1)), ([1, 2], dict(lars_exclude=True, weight_decay=0.0))]),
     (ft.optim.LARS, [([0, 1, 2, 3, 4], {})]),
@@ -162,7 +169,7 @@ def test_against_numpy(cls, groups, clip):
         close(g.numpy(), w)
 
 
-@pytest.mark.parametrize("cls", [ft.optim.SGD, ft.optim.AdamW, ft.optim.LAMB, ft.optim.LARS])
+@pytest.mark.parametrize("cls", [ft.optim.SGD, ft.optim.AdamW, ft.optim.Adam, ft.optim.LAMB, ft.optim.LARS])
 def test_grad_scale_and_skipped_params(cls):
     params = make_params()
     groups = [([0, 1, 2, 3, 4], dict(weight_decay=1e-3) if cls is not ft.optim.SGD else dict(momentum=0.9))]
@@ -220,12 +227,12 @@ def test_zero_grad_and_closure():
 def torch_pair(cls, groups, params):
     tensors = [torch.tensor(f32(p), requires_grad=True) for p in params]
     spec = [dict(params=[tensors[i] for i in idx], **over) for idx, over in groups]
-    tcls = {ft.optim.SGD: torch.optim.SGD, ft.optim.AdamW: torch.optim.AdamW}[cls]
+    tcls = {ft.optim.SGD: torch.optim.SGD, ft.optim.AdamW: torch.optim.AdamW, ft.optim.Adam: torch.optim.Adam}[cls]
     return tcls(spec, foreach=False, **CTOR[cls]), tensors
 
 
 @needs_torch
-@pytest.mark.parametrize("cls, groups", [c for c in CASES if c[0] in (ft.optim.SGD, ft.optim.AdamW)],
+@pytest.mark.parametrize("cls, groups", [c for c in CASES if c[0] in (ft.optim.SGD, ft.optim.AdamW, ft.optim.Adam)],
                          ids=lambda c: getattr(c, "__name__", None))
 def test_against_torch(cls, groups):
     params = make_params()
@@ -711,7 +718,8 @@ def test_bad_scheduler_arguments(make, error, match):
 
 
 @needs_torch
-@pytest.mark.parametrize("name", ["step", "multistep", "cosine", "linear", "lambda", "warmup+cosine", "onecycle"])
+@pytest.mark.parametrize("name", ["step", "multistep", "cosine", "linear", "lambda", "warmup+cosine", "onecycle",
+                                  "exponential", "restarts"])
 def test_schedulers_against_torch(name):
     def build(mod, opt):
         return {
@@ -723,6 +731,8 @@ def test_schedulers_against_torch(name):
             "warmup+cosine": lambda: mod.SequentialLR(opt, [mod.LinearLR(opt, start_factor=0.1, total_iters=5),
                                                             mod.CosineAnnealingLR(opt, T_max=15)], milestones=[5]),
             "onecycle": lambda: mod.OneCycleLR(opt, max_lr=0.5, total_steps=30),
+            "exponential": lambda: mod.ExponentialLR(opt, gamma=0.9),
+            "restarts": lambda: mod.CosineAnnealingWarmRestarts(opt, T_0=3, T_mult=2, eta_min=0.001),
         }[name]()
 
     topt = torch.optim.SGD([torch.zeros(2, requires_grad=True)], lr=0.1, momentum=0.9)
@@ -735,3 +745,31 @@ def test_schedulers_against_torch(name):
         opt.step()
         tsched.step()
         sched.step()
+
+
+@needs_torch
+@pytest.mark.parametrize("mode, threshold_mode", [("min", "rel"), ("max", "abs"), ("min", "abs"), ("max", "rel")])
+def test_reduce_lr_on_plateau_against_torch(mode, threshold_mode):
+    topt = torch.optim.SGD([torch.zeros(2, requires_grad=True)], lr=0.1)
+    opt = sgd()
+    kw = dict(mode=mode, factor=0.5, patience=2, threshold=0.05, threshold_mode=threshold_mode, cooldown=1,
+              min_lr=0.01)
+    tsched, sched = torch.optim.lr_scheduler.ReduceLROnPlateau(topt, **kw), ls.ReduceLROnPlateau(opt, **kw)
+    metrics = [-1.0, -0.99, -0.98, -0.97, -0.96, -1.2, -1.19, 1.0, 0.99, 0.98, 0.97, 0.96, 0.95, 0.5, 0.5, 0.5]
+    for m in metrics + [-x for x in metrics]:
+        tsched.step(m)
+        sched.step(ft.tensor(m))
+        assert sched.get_last_lr() == pytest.approx(tsched.get_last_lr(), rel=1e-14)
+
+
+def test_restarts_take_fractional_epochs_and_plateau_refuses_bad_arguments():
+    opt = sgd()
+    sched = ls.CosineAnnealingWarmRestarts(opt, T_0=4, eta_min=0.0)
+    sched.step(2.0)  # half way to the first restart
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.05)
+    sched.step(5.0)  # one epoch into the second period
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.05 * (1 + math.cos(math.pi / 4)))
+    with pytest.raises(ValueError, match="Factor should be < 1.0"):
+        ls.ReduceLROnPlateau(sgd(), factor=1.0)
+    with pytest.raises(ValueError, match="positive integer T_0"):
+        ls.CosineAnnealingWarmRestarts(sgd(), T_0=0)

@@ -121,7 +121,7 @@ static int parse_kind(PyObject *obj, ft_optim_kind *out) {
     int kind = PyLong_Check(obj) ? (int)PyLong_AsLong(obj) : -1;
     if (kind == -1 && PyErr_Occurred())
         return -1;
-    if (kind < FT_OPTIM_SGD || kind > FT_OPTIM_LARS) {
+    if (kind < FT_OPTIM_SGD || kind >= FT_OPTIM_NKINDS) {
         PyErr_Format(PyExc_ValueError, "unknown optimizer kind %R", obj);
         return -1;
     }
@@ -581,7 +581,7 @@ static const char *state_name(int i) { return ft_optim_state_name((ft_optim_stat
 int ft_py_bind_optim(PyObject *module) {
     if (PyModule_AddFunctions(module, optim_functions) < 0 || ft_py_add_type(module, &optimizer_spec) < 0 ||
         ft_py_add_type(module, &ema_spec) < 0 ||
-        ft_py_add_enum(module, "OPTIM_KINDS", FT_OPTIM_LARS + 1, kind_name) < 0)
+        ft_py_add_enum(module, "OPTIM_KINDS", FT_OPTIM_NKINDS, kind_name) < 0)
         return -1;
     return ft_py_add_enum(module, "OPTIM_STATES", FT_OPTIM_NUM_STATES, state_name);
 }

@@ -25,6 +25,11 @@ static inline FT_HD float ft_optim_grad(float g, float scale, float clip, bool m
     return maximize ? -g : g;
 }
 
+/* g + weight_decay * p: the weight decay of SGD and Adam, added to the gradient (L2). */
+static inline FT_HD float ft_l2_grad(float g, float p, float weight_decay) {
+    return weight_decay != 0.0f ? g + weight_decay * p : g;
+}
+
 /* ---- SGD (torch.optim.SGD) ----
  * d = g + weight_decay * p
  * b = d on the first momentum step, else momentum * b + (1 - dampening) * d
@@ -37,7 +42,7 @@ typedef struct {
 } ft_sgd_coef;
 
 static inline FT_HD float ft_sgd_direction(float g, float p, const ft_sgd_coef *c) {
-    return c->weight_decay != 0.0f ? g + c->weight_decay * p : g;
+    return ft_l2_grad(g, p, c->weight_decay);
 }
 
 static inline FT_HD float ft_sgd_momentum(float b, float d, const ft_sgd_coef *c) {
@@ -65,16 +70,17 @@ static inline FT_HD float ft_adam_exp_avg_sq(float v, float g, const ft_adam_mom
     return c->beta2 * v + c->one_minus_beta2 * g * g;
 }
 
-/* ---- AdamW (torch.optim.AdamW) ----
- * p = p * (1 - lr * weight_decay)
+/* ---- AdamW (torch.optim.AdamW), and Adam (torch.optim.Adam) ----
+ * Adam: g = g + weight_decay * p first; AdamW: p = p * (1 - lr * weight_decay)
  * vmax = max(vmax, v) with amsgrad; the denominator uses vmax, else v
  * p = p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps) */
 typedef struct {
     ft_adam_moments mom;
-    float decay;     /* 1 - lr * weight_decay */
+    float decay;     /* 1 - lr * weight_decay (AdamW; 1 for Adam) */
     float step_size; /* lr / (1 - beta1^t) */
     float bc2_sqrt;  /* sqrt(1 - beta2^t) */
     float eps;
+    float l2; /* weight_decay (Adam; 0 for AdamW) */
 } ft_adamw_coef;
 
 /* torch.maximum: NaN wins, so a NaN second moment is not hidden. */

@@ -159,12 +159,12 @@ struct ft_optimizer {
     ft_dtype copy_dtype;
 };
 
-static const char *const kind_names[] = {"SGD", "AdamW", "LAMB", "LARS"};
+static const char *const kind_names[] = {"SGD", "AdamW", "LAMB", "LARS", "Adam"};
 
 static bool finite_ge0(double x) { return isfinite(x) && x >= 0; }
 
 const char *ft_optim_kind_name(ft_optim_kind kind) {
-    return (int)kind >= FT_OPTIM_SGD && kind <= FT_OPTIM_LARS ? kind_names[kind] : "unknown optimizer";
+    return (int)kind >= FT_OPTIM_SGD && kind < FT_OPTIM_NKINDS ? kind_names[kind] : "unknown optimizer";
 }
 
 /* The device whose memory the params are in, with page-locked host memory
@@ -184,7 +184,7 @@ static ft_status check_device(ft_device *device, const char *what) {
 }
 
 static ft_status check_kind(ft_optim_kind kind) {
-    if ((int)kind < FT_OPTIM_SGD || (int)kind > FT_OPTIM_LARS)
+    if ((int)kind < FT_OPTIM_SGD || (int)kind >= FT_OPTIM_NKINDS)
         return ft_fail(FT_ERR_VALUE, "unknown optimizer kind %d", (int)kind);
     return FT_OK;
 }
@@ -199,8 +199,8 @@ ft_status ft_optim_check_group(ft_optim_kind kind, int i, const ft_optim_group *
                        g->weight_decay);
     if (g->nesterov && kind != FT_OPTIM_SGD)
         return ft_fail(FT_ERR_VALUE, "%s group %d: nesterov is an SGD option", k, i);
-    if (g->amsgrad && kind != FT_OPTIM_ADAMW)
-        return ft_fail(FT_ERR_VALUE, "%s group %d: amsgrad is an AdamW option", k, i);
+    if (g->amsgrad && kind != FT_OPTIM_ADAMW && kind != FT_OPTIM_ADAM)
+        return ft_fail(FT_ERR_VALUE, "%s group %d: amsgrad is an Adam and AdamW option", k, i);
     if (g->lars_exclude && kind != FT_OPTIM_LAMB && kind != FT_OPTIM_LARS)
         return ft_fail(FT_ERR_VALUE, "%s group %d: lars_exclude is a LAMB and LARS option", k, i);
     if (kind == FT_OPTIM_SGD || kind == FT_OPTIM_LARS) {
@@ -216,6 +216,7 @@ ft_status ft_optim_check_group(ft_optim_kind kind, int i, const ft_optim_group *
                                          "(got momentum %g, dampening %g)", i, g->momentum, g->dampening);
         break;
     case FT_OPTIM_ADAMW:
+    case FT_OPTIM_ADAM:
     case FT_OPTIM_LAMB:
         if (!(g->beta1 >= 0 && g->beta1 < 1) || !(g->beta2 >= 0 && g->beta2 < 1))
             return ft_fail(FT_ERR_VALUE, "%s group %d: betas must be in [0, 1), got (%g, %g)", k, i, g->beta1,
@@ -291,6 +292,7 @@ static bool needs_state(const ft_optimizer *opt, ft_optim_state s) {
                 return true;
             break;
         case FT_OPTIM_ADAMW:
+        case FT_OPTIM_ADAM:
             if (s == FT_OPTIM_EXP_AVG || s == FT_OPTIM_EXP_AVG_SQ || (s == FT_OPTIM_MAX_EXP_AVG_SQ && g->amsgrad))
                 return true;
             break;
@@ -514,7 +516,7 @@ static void adamw_loop(float *p, float *m, float *v, float *vmax, const float *g
     const ft_adamw_coef k = *c;
     if (vmax) {
         FT_SIMD_FOR(i, n) {
-            float gi = ft_optim_grad(g[i], gx.scale, gx.clip, maximize);
+            float gi = ft_l2_grad(ft_optim_grad(g[i], gx.scale, gx.clip, maximize), p[i], k.l2);
             float mi = ft_adam_exp_avg(m[i], gi, &k.mom), vi = ft_adam_exp_avg_sq(v[i], gi, &k.mom);
             float vm = ft_amsgrad_max(vmax[i], vi);
             m[i] = mi;
@@ -524,7 +526,7 @@ static void adamw_loop(float *p, float *m, float *v, float *vmax, const float *g
         }
     } else {
         FT_SIMD_FOR(i, n) {
-            float gi = ft_optim_grad(g[i], gx.scale, gx.clip, maximize);
+            float gi = ft_l2_grad(ft_optim_grad(g[i], gx.scale, gx.clip, maximize), p[i], k.l2);
             float mi = ft_adam_exp_avg(m[i], gi, &k.mom), vi = ft_adam_exp_avg_sq(v[i], gi, &k.mom);
             m[i] = mi;
             v[i] = vi;
@@ -632,7 +634,8 @@ static void update_pass(ft_optimizer *opt, grad_xform gx, bool parallel) {
             sgd_loop(p, buf, gr, n, gx, g->maximize, &c->sgd);
             break;
         }
-        case FT_OPTIM_ADAMW: {
+        case FT_OPTIM_ADAMW:
+        case FT_OPTIM_ADAM: {
             float *vmax = g->amsgrad ? state_at(opt, FT_OPTIM_MAX_EXP_AVG_SQ, bk->seg) + o : NULL;
             adamw_loop(p, state_at(opt, FT_OPTIM_EXP_AVG, bk->seg) + o, state_at(opt, FT_OPTIM_EXP_AVG_SQ, bk->seg) + o,
                        vmax, gr, n, gx, g->maximize, &c->adamw);
@@ -665,10 +668,13 @@ static coef segment_coef(const ft_optimizer *opt, int i) {
         c.sgd = (ft_sgd_coef){(float)g->lr, (float)g->weight_decay, (float)g->momentum, (float)(1 - g->dampening),
                               g->nesterov, !opt->seg_state[i].momentum_valid};
         break;
-    case FT_OPTIM_ADAMW: {
+    case FT_OPTIM_ADAMW:
+    case FT_OPTIM_ADAM: {
         double bc1 = 1 - pow(g->beta1, t), bc2 = 1 - pow(g->beta2, t);
-        c.adamw = (ft_adamw_coef){adam_moments(g), (float)(1 - g->lr * g->weight_decay), (float)(g->lr / bc1),
-                                  (float)sqrt(bc2), (float)g->eps};
+        bool l2 = opt->kind == FT_OPTIM_ADAM;
+        c.adamw = (ft_adamw_coef){adam_moments(g), l2 ? 1.0f : (float)(1 - g->lr * g->weight_decay),
+                                  (float)(g->lr / bc1), (float)sqrt(bc2), (float)g->eps,
+                                  l2 ? (float)g->weight_decay : 0.0f};
         break;
     }
     case FT_OPTIM_LAMB:

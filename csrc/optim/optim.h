@@ -22,6 +22,8 @@
  * The update formulas (per element, csrc/kernels/optim.h):
  *   SGD    torch.optim.SGD: weight decay, momentum, dampening, nesterov, maximize.
  *   ADAMW  torch.optim.AdamW with bias correction and amsgrad, maximize.
+ *   ADAM   torch.optim.Adam: AdamW's update with the weight decay added to
+ *          the gradient (L2) instead of shrinking the params.
  *   LAMB   You et al. 2019, "Large Batch Optimization for Deep Learning",
  *          Algorithm 2 with bias correction and phi(x) = x:
  *            m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
@@ -60,11 +62,12 @@
 /* Elements per reduction block: the blocks, not the threads, fix the order. */
 #define FT_OPTIM_BLOCK 16384
 
-typedef enum { FT_OPTIM_SGD, FT_OPTIM_ADAMW, FT_OPTIM_LAMB, FT_OPTIM_LARS } ft_optim_kind;
+typedef enum { FT_OPTIM_SGD, FT_OPTIM_ADAMW, FT_OPTIM_LAMB, FT_OPTIM_LARS, FT_OPTIM_ADAM } ft_optim_kind;
+#define FT_OPTIM_NKINDS (FT_OPTIM_ADAM + 1)
 
 /* Hyperparameters of a parameter group. Each kind reads only its own
- * fields (SGD: lr, weight_decay, momentum, dampening, nesterov; ADAMW: lr,
- * weight_decay, beta1, beta2, eps, amsgrad; LAMB: lr, weight_decay, beta1,
+ * fields (SGD: lr, weight_decay, momentum, dampening, nesterov; ADAMW and
+ * ADAM: lr, weight_decay, beta1, beta2, eps, amsgrad; LAMB: lr, weight_decay, beta1,
  * beta2, eps, lars_exclude; LARS: lr, weight_decay, momentum, eps,
  * trust_coefficient, lars_exclude; all: maximize) and refuses options of
  * other kinds that are switched on (nesterov, amsgrad, lars_exclude). */
@@ -90,7 +93,7 @@ typedef struct {
 typedef struct ft_optimizer ft_optimizer;
 
 /* State kinds, named as in torch.optim's state dicts. SGD has a momentum
- * buffer when a group has momentum != 0; ADAMW exp_avg and exp_avg_sq, and
+ * buffer when a group has momentum != 0; ADAMW and ADAM exp_avg and exp_avg_sq, and
  * max_exp_avg_sq when a group has amsgrad; LAMB exp_avg and exp_avg_sq;
  * LARS a momentum buffer (the paper's velocity v). */
 typedef enum {
@@ -107,7 +110,7 @@ typedef struct {
     bool momentum_valid;  /* SGD: the momentum buffer holds a value (else the next step copies d) */
 } ft_optim_segment_state;
 
-/* The class name of a kind: "SGD", "AdamW", "LAMB", "LARS". */
+/* The class name of a kind: "SGD", "AdamW", "LAMB", "LARS", "Adam". */
 const char *ft_optim_kind_name(ft_optim_kind kind);
 
 /* FT_ERR_VALUE naming group `index` and its first bad hyperparameter (lr

@@ -9,8 +9,8 @@ from collections import Counter
 
 from .optimizer import Optimizer
 
-__all__ = ["LRScheduler", "LambdaLR", "StepLR", "MultiStepLR", "LinearLR", "CosineAnnealingLR", "OneCycleLR",
-           "SequentialLR"]
+__all__ = ["LRScheduler", "LambdaLR", "StepLR", "MultiStepLR", "ExponentialLR", "LinearLR", "CosineAnnealingLR",
+           "CosineAnnealingWarmRestarts", "OneCycleLR", "SequentialLR", "ReduceLROnPlateau"]
 
 
 def _per_group(name, optimizer, value):
@@ -142,6 +142,22 @@ class StepLR(LRScheduler):
         return [base_lr * self.gamma ** (self.last_epoch // self.step_size) for base_lr in self.base_lrs]
 
 
+class ExponentialLR(LRScheduler):
+    """lr = base_lr * gamma ** last_epoch."""
+
+    def __init__(self, optimizer, gamma, last_epoch=-1):
+        self.gamma = gamma
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self):
+        if self.last_epoch == 0:
+            return self._group_lrs()
+        return [group["lr"] * self.gamma for group in self.optimizer.param_groups]
+
+    def _get_closed_form_lr(self):
+        return [base_lr * self.gamma ** self.last_epoch for base_lr in self.base_lrs]
+
+
 class MultiStepLR(LRScheduler):
     """lr = base_lr * gamma ** (number of milestones <= last_epoch)."""
 
@@ -212,6 +228,53 @@ class CosineAnnealingLR(LRScheduler):
     def _get_closed_form_lr(self):
         return [self.eta_min + (base_lr - self.eta_min) * (1 + math.cos(math.pi * self.last_epoch / self.T_max)) / 2
                 for base_lr in self.base_lrs]
+
+
+class CosineAnnealingWarmRestarts(LRScheduler):
+    """SGDR (Loshchilov and Hutter 2017): lr = eta_min + (base_lr - eta_min) (1 + cos(pi T_cur / T_i)) / 2, T_cur the
+    epochs since the last restart, restarting after T_i epochs, T_i = T_0 T_mult^k; step(epoch) takes fractional
+    epochs (a restart schedule per batch), as PyTorch's."""
+
+    def __init__(self, optimizer, T_0, T_mult=1, eta_min=0.0, last_epoch=-1):
+        if not isinstance(T_0, int) or T_0 <= 0:
+            raise ValueError(f"Expected positive integer T_0, but got {T_0}")
+        if not isinstance(T_mult, int) or T_mult < 1:
+            raise ValueError(f"Expected integer T_mult >= 1, but got {T_mult}")
+        self.T_0, self.T_i, self.T_mult, self.eta_min = T_0, T_0, T_mult, eta_min
+        self.T_cur = last_epoch
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self):
+        return [self.eta_min + (base_lr - self.eta_min) * (1 + math.cos(math.pi * self.T_cur / self.T_i)) / 2
+                for base_lr in self.base_lrs]
+
+    def step(self, epoch=None):
+        """Advances one epoch, or moves to epoch (a float between restarts for steps within an epoch)."""
+        if epoch is None and self.last_epoch < 0:
+            epoch = 0
+        if epoch is None:
+            epoch = self.last_epoch + 1
+            self.T_cur += 1
+            if self.T_cur >= self.T_i:
+                self.T_cur -= self.T_i
+                self.T_i *= self.T_mult
+        else:
+            if epoch < 0:
+                raise ValueError(f"Expected non-negative epoch, but got {epoch}")
+            if epoch >= self.T_0:
+                if self.T_mult == 1:
+                    self.T_cur = epoch % self.T_0
+                else:
+                    n = int(math.log(epoch / self.T_0 * (self.T_mult - 1) + 1, self.T_mult))
+                    self.T_cur = epoch - self.T_0 * (self.T_mult ** n - 1) / (self.T_mult - 1)
+                    self.T_i = self.T_0 * self.T_mult ** n
+            else:
+                self.T_i, self.T_cur = self.T_0, epoch
+        self._step_count += 1
+        self.last_epoch = math.floor(epoch)
+        for group, lr in zip(self.optimizer.param_groups, self.get_lr()):
+            group["lr"] = lr
+        self._last_lr = self._group_lrs()
 
 
 class OneCycleLR(LRScheduler):
@@ -369,3 +432,66 @@ class SequentialLR(LRScheduler):
         self.__dict__.update(state_dict)
         for s, saved in zip(self._schedulers, schedulers):
             s.load_state_dict(saved)
+
+
+class ReduceLROnPlateau:
+    """Multiplies each group's lr by factor (down to min_lr) once a metric passed to step(metric) has not improved
+    for more than patience steps, then waits cooldown steps, as torch.optim.lr_scheduler.ReduceLROnPlateau. An
+    improvement passes best * (1 - threshold) ('rel') or best - threshold ('abs') for mode 'min' (1 + threshold and
+    + threshold for 'max'); a reduction smaller than eps is not made."""
+
+    def __init__(self, optimizer, mode="min", factor=0.1, patience=10, threshold=1e-4, threshold_mode="rel",
+                 cooldown=0, min_lr=0, eps=1e-8):
+        if not isinstance(optimizer, Optimizer):
+            raise TypeError(f"{type(optimizer).__name__} is not an ft.optim optimizer")
+        if factor >= 1.0:
+            raise ValueError("Factor should be < 1.0.")
+        if mode not in ("min", "max"):
+            raise ValueError(f"mode {mode} is unknown!")
+        if threshold_mode not in ("rel", "abs"):
+            raise ValueError(f"threshold mode {threshold_mode} is unknown!")
+        self.optimizer, self.mode, self.factor, self.patience = optimizer, mode, factor, patience
+        self.threshold, self.threshold_mode, self.cooldown, self.eps = threshold, threshold_mode, cooldown, eps
+        self.min_lrs = _per_group("min_lr", optimizer, min_lr)
+        self.best = math.inf if mode == "min" else -math.inf
+        self.num_bad_epochs, self.cooldown_counter, self.last_epoch = 0, 0, 0
+        self._last_lr = [group["lr"] for group in optimizer.param_groups]
+
+    def _better(self, value):
+        if self.threshold_mode == "rel":  # PyTorch's formulas, including their sense for a negative best
+            bound = self.best * (1 - self.threshold if self.mode == "min" else 1 + self.threshold)
+        else:
+            bound = self.best - self.threshold if self.mode == "min" else self.best + self.threshold
+        return value < bound if self.mode == "min" else value > bound
+
+    def step(self, metrics):
+        """Records one epoch's metric (a number or a 0-d tensor) and reduces the lrs when it has stopped
+        improving."""
+        current = float(metrics)
+        self.last_epoch += 1
+        if self._better(current):
+            self.best, self.num_bad_epochs = current, 0
+        else:
+            self.num_bad_epochs += 1
+        if self.cooldown_counter > 0:
+            self.cooldown_counter -= 1
+            self.num_bad_epochs = 0
+        if self.num_bad_epochs > self.patience:
+            for group, min_lr in zip(self.optimizer.param_groups, self.min_lrs):
+                new_lr = max(group["lr"] * self.factor, min_lr)
+                if group["lr"] - new_lr > self.eps:
+                    group["lr"] = new_lr
+            self.cooldown_counter, self.num_bad_epochs = self.cooldown, 0
+        self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+
+    def get_last_lr(self):
+        """The learning rate of each param group after the last step()."""
+        return self._last_lr
+
+    def state_dict(self):
+        """The scheduler's attributes (all but the optimizer) as a dict."""
+        return {k: v for k, v in self.__dict__.items() if k != "optimizer"}
+
+    def load_state_dict(self, state_dict):
+        """Restores the attributes from state_dict()."""
+        self.__dict__.update(state_dict)

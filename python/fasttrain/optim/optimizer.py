@@ -368,6 +368,17 @@ class AdamW(Optimizer):
         return ("step", "exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if group["amsgrad"] else ())
 
 
+class Adam(AdamW):
+    """torch.optim.Adam: AdamW's update with the weight decay added to the gradient (L2), bias correction, amsgrad,
+    maximize; one fused pass, as AdamW's."""
+
+    _kind = _KINDS["Adam"]
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False, *,
+                 maximize=False):
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize)
+
+
 class LAMB(Optimizer):
     """LAMB (You et al. 2019, Algorithm 2): Adam moments with bias correction, decoupled weight decay in the
     update, scaled per param tensor by the trust ratio ||p|| / ||update||. A group with lars_exclude=True (BN,
