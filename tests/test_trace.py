@@ -1602,3 +1602,23 @@ def test_transposed_convolutions_match_pytorch():
     program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=3,
                             input_shape=(3, 4, 4))
     assert_gradients_match(program, tm, x, np.arange(3) % CLASSES, torch.nn.CrossEntropyLoss())
+
+
+def test_clone_new_tensors_and_like_constants_of_traced_values():
+    class Cloned(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 3)
+
+        def forward(self, x):
+            h = self.fc(x)
+            kept = h.clone()
+            h += 1.0  # the clone keeps the value before
+            return kept * 2 + h + ft.ones_like(h) + ft.full_like(h, 0.5) + ft.zeros_like(h) + h.new_ones(3)
+
+    x = np.random.default_rng(47).standard_normal((2, 4)).astype(np.float32)
+    model = Cloned()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=2, input_shape=(4,))
+    h = x.astype(np.float64) @ model.fc.weight.numpy().T + model.fc.bias.numpy()
+    np.testing.assert_allclose(program.predict(x).numpy(), 3 * h + 3.5, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(program.predict(x).numpy(), model(ft.tensor(x)).numpy(), rtol=1e-5, atol=1e-6)

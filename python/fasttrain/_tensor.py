@@ -505,6 +505,27 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
     isnan, isinf, isfinite, log1p, expm1 = _math.isnan, _math.isinf, _math.isfinite, _math.log1p, _math.expm1
     flip, roll, cumsum = _math.flip, _math.roll, _math.cumsum
 
+    def new_full(self, size: Sequence[_int], fill_value: _float, *, dtype: DTypeLike | None = None,
+                 device: DeviceLike = None) -> Tensor:
+        """fill_value of size, in this tensor's dtype and device unless given."""
+        from .creation import full
+        return full(size, fill_value, dtype=dtype or self.dtype, device=device or self.device)
+
+    def new_zeros(self, *size: _int | Sequence[_int], dtype: DTypeLike | None = None,
+                  device: DeviceLike = None) -> Tensor:
+        """Zeros of size, in this tensor's dtype and device unless given."""
+        return self.new_full(_sizes(size), 0, dtype=dtype, device=device)
+
+    def new_ones(self, *size: _int | Sequence[_int], dtype: DTypeLike | None = None,
+                 device: DeviceLike = None) -> Tensor:
+        """Ones of size, in this tensor's dtype and device unless given."""
+        return self.new_full(_sizes(size), 1, dtype=dtype, device=device)
+
+    def new_tensor(self, data: Any, *, dtype: DTypeLike | None = None, device: DeviceLike = None) -> Tensor:
+        """A tensor of data (copied), in this tensor's dtype and device unless given."""
+        from .creation import tensor
+        return tensor(data, dtype=dtype or self.dtype, device=device or self.device)
+
     def select(self, dim: _int, index: _int) -> Tensor:
         """The view at index along dim, that dimension dropped."""
         d = _norm_dim(dim, self.ndim, "select: dim")

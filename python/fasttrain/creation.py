@@ -54,17 +54,21 @@ def empty_like(t: Tensor, *, dtype: DTypeLike | None = None, device: DeviceLike 
 
 def zeros_like(t: Tensor, *, dtype: DTypeLike | None = None, device: DeviceLike = None) -> Tensor:
     """Zeros with t's shape, and t's dtype and device unless given."""
-    return empty_like(t, dtype=dtype, device=device).fill_(0)
+    return full_like(t, 0, dtype=dtype, device=device)
 
 
 def ones_like(t: Tensor, *, dtype: DTypeLike | None = None, device: DeviceLike = None) -> Tensor:
     """Ones with t's shape, and t's dtype and device unless given."""
-    return empty_like(t, dtype=dtype, device=device).fill_(1)
+    return full_like(t, 1, dtype=dtype, device=device)
 
 
 def full_like(t: Tensor, fill_value: Number | Tensor, *, dtype: DTypeLike | None = None,
               device: DeviceLike = None) -> Tensor:
-    """fill_value with t's shape, and t's dtype and device unless given (not inferred from fill_value)."""
+    """fill_value with t's shape, and t's dtype and device unless given (not inferred from fill_value). Of a
+    traced value (model.compile), a constant of every sample's shape."""
+    from .nn.graph import Symbolic, constant_like
+    if isinstance(t, Symbolic):
+        return constant_like(t, float(fill_value))
     return empty_like(t, dtype=dtype, device=device).fill_(fill_value)
 
 

@@ -891,6 +891,20 @@ class Symbolic:
              "by it)")
     item = tolist = numpy = _value
 
+    def clone(self, *args, **kwargs):
+        """The value under a new name: an in-place op on one (see in_place) leaves the other as it was."""
+        return Symbolic(self.node)
+
+    def new_zeros(self, *size, **kwargs):
+        """Zeros of size (a tensor the same for every sample, on the value's device), as torch's new_zeros."""
+        from .. import creation
+        return creation.zeros(*size, device=_device_of(self))
+
+    def new_ones(self, *size, **kwargs):
+        """Ones of size (a tensor the same for every sample, on the value's device), as torch's new_ones."""
+        from .. import creation
+        return creation.ones(*size, device=_device_of(self))
+
     def detach(self):
         """Records the value as a constant of the step: no gradient passes back through it (x.data likewise)."""
         return _layers().Detach()(self)
