@@ -358,7 +358,7 @@ static void test_validation(void) {
         {FT_OPTIM_ADAMW, adam(1e-3, 0, 0.9, -0.1, 1e-8, false, false), "betas"},
         {FT_OPTIM_ADAMW, adam(1e-3, 0, NAN, 0.9, 1e-8, false, false), "betas"},
         {FT_OPTIM_ADAMW, adam(1e-3, 0, 0.9, 0.999, 0, false, false), "eps must be finite and > 0"},
-        {FT_OPTIM_LAMB, adam(1e-3, 0, 0.9, 0.999, 1e-6, true, false), "amsgrad is an AdamW option"},
+        {FT_OPTIM_LAMB, adam(1e-3, 0, 0.9, 0.999, 1e-6, true, false), "amsgrad is an Adam and AdamW option"},
         {FT_OPTIM_ADAMW, {.lr = 1, .beta1 = 0.9, .beta2 = 0.9, .eps = 1, .nesterov = true}, "nesterov is an SGD"},
         {FT_OPTIM_SGD, {.lr = 1, .lars_exclude = true}, "lars_exclude is a LAMB and LARS option"},
         {FT_OPTIM_LARS, {.lr = 1, .momentum = 0.9, .trust_coefficient = 0}, "trust_coefficient"},
