@@ -76,7 +76,9 @@ def test_conv_transpose2d_forward_and_backward(case, layout):
     np.testing.assert_allclose(n(out), want, rtol=1e-4, atol=1e-4)
     dy = RNG.standard_normal(want.shape)
     dx, dw, db = ft.ops.conv_transpose2d_backward(None, None, None, mk(dy), mk(x), t(w), *args)
-    ref = lambda xx, ww: conv_transpose_ref(xx, ww, None, c["stride"], c["pad"], c["dil"], c["G"], c["out_pad"])  # noqa: E731
+
+    def ref(xx, ww):
+        return conv_transpose_ref(xx, ww, None, c["stride"], c["pad"], c["dil"], c["G"], c["out_pad"])
     np.testing.assert_allclose(n(dx), fd_grad(lambda v: ref(v, w), x, dy), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(n(dw), fd_grad(lambda v: ref(x, v), w, dy), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(n(db), dy.sum((0, 2, 3)), rtol=1e-5, atol=1e-5)
@@ -96,6 +98,17 @@ def test_conv_transpose2d_bad_input_and_torch():
         ft.nn.ConvTranspose2d(4, 2, 3, stride=2, output_padding=2)
     with pytest.raises(NotImplementedError, match=r"output_padding \(1, 1\) of at least the stride"):
         ft.nn.ConvTranspose2d(4, 2, 3, dilation=2, output_padding=1)
+    with pytest.raises(ValueError, match="stride and dilation must be >= 1 and padding >= 0"):
+        ft.ops.conv_transpose2d_forward(None, x, w, None, 0)
+    with pytest.raises(TypeError, match="bias must be float32, got int64"):
+        ft.ops.conv_transpose2d_forward(None, x, w, ft.ones(2, dtype=ft.int64))
+    square = t(RNG.standard_normal((1, 2, 3, 3)))
+    with pytest.raises(ValueError, match="out cannot be input itself"):  # it reads what it has written
+        ft.ops.conv_transpose2d_forward(square, square, t(np.ones((2, 2, 1, 1))), t(np.ones(2)))
+    with pytest.raises(ValueError, match=r"ConvTranspose2d: input \(1, 1\) gives an output size \(-3, -3\)"):
+        ft.nn.ConvTranspose2d(2, 2, 3, padding=3).compile(ft.optim.SGD([ft.nn.Parameter(ft.zeros(1))], lr=0.1),
+                                                          lambda out, y: out.sum(), batch_size=2,
+                                                          input_shape=(2, 1, 1))
     if torch is None:
         return
     layer = torch.nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2)

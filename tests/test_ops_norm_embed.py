@@ -1,6 +1,6 @@
-"""group_norm, embedding and nearest and bilinear 2-d upsampling (forward and backward) against NumPy float64 references and
-finite differences, the write/add gradient rule, both memory formats, bitwise across thread counts, bad input,
-and PyTorch's functional forms when torch imports."""
+"""group_norm, embedding and nearest and bilinear 2-d upsampling (forward and backward) against NumPy float64
+references and finite differences, the write/add gradient rule, both memory formats, bitwise across thread counts,
+bad input, and PyTorch's functional forms when torch imports."""
 import numpy as np
 import pytest
 
@@ -339,8 +339,12 @@ def test_linear_interpolation_of_sequences_and_bilinear_bad_input():
         F.interpolate(img, scale_factor=-2, mode="bilinear")
     with pytest.raises(ValueError, match="align_corners can only be set with the interpolating modes"):
         F.interpolate(img, scale_factor=2, align_corners=True)
-    with pytest.raises(ValueError, match="the scale factors must be finite and not negative"):
+    with pytest.raises(ValueError, match="the scale factors must be finite, positive and above 1/FLT_MAX"):
         ft.ops.upsample_bilinear2d_forward(None, img, (6, 8), False, -1.0, 0.0)
+    with pytest.raises(ValueError, match="the scale factors must be finite, positive and above 1/FLT_MAX"):
+        ft.ops.upsample_bilinear2d_forward(None, img, (6, 8), False, 1e-300, 0.0)  # its reciprocal overflows
+    with pytest.raises(ValueError, match="out cannot be input itself"):  # it reads neighbours it has written
+        ft.ops.upsample_bilinear2d_forward(img, img, (3, 4), False, 1.5, 1.5)
     with pytest.raises(ValueError, match=r"batch and channels \(1, 3\) are not the input's \(1, 2\)"):
         ft.ops.upsample_bilinear2d_forward(ft.zeros(1, 3, 6, 8), img, (6, 8))
     with pytest.raises(ValueError, match="an empty input image cannot be resampled"):

@@ -516,7 +516,6 @@ def test_comparisons_of_traced_values_are_refused_not_one_bool(compare):
                       batch_size=2, input_shape=(4,))
 
 
-
 def assert_gradients_match(program, tm, x, y, torch_loss):
     """The program's loss and every parameter's gradient on (x, y) against the PyTorch twin tm's with torch_loss."""
     loss = program.backward(x, y)
@@ -870,7 +869,6 @@ def test_position_embeddings_of_a_range_match_pytorch():
     program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), gpt_loss, batch_size=3, input_shape=(4,),
                             input_dtype=ft.int64)
     assert_gradients_match(program, tm, x, y, lambda out, y: gpt_loss(out, y, torch.nn.functional))
-
 
 
 @pytest.mark.parametrize("forward, error, message", [
@@ -1622,3 +1620,77 @@ def test_clone_new_tensors_and_like_constants_of_traced_values():
     h = x.astype(np.float64) @ model.fc.weight.numpy().T + model.fc.bias.numpy()
     np.testing.assert_allclose(program.predict(x).numpy(), 3 * h + 3.5, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(program.predict(x).numpy(), model(ft.tensor(x)).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_in_place_ops_and_views_that_share_memory():
+    """x + 0 is a new value; a value viewed (x.view, x[:, :3], x.detach()) and changed in place through another
+    name would read the change in PyTorch: reading it after is refused, and a view changed in place alone is
+    fine."""
+    class Summed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.heads = nn.ModuleList([nn.Linear(3, 4) for _ in range(3)])
+
+        def forward(self, x):
+            feats = [h(x) for h in self.heads]
+            total = 0
+            for f in feats:
+                total += f  # 0 + f0 is a new value: the next += leaves feats[0] alone
+            h = self.heads[0](x).view(x.size(0), 2, 2)
+            h += 1.0  # a view changed in place: its base is never read again
+            return ft.cat([total] + feats + [h.flatten(1)], 1)
+
+    x = np.random.default_rng(48).standard_normal((2, 3)).astype(np.float32)
+    model = Summed()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=2, input_shape=(3,))
+    np.testing.assert_allclose(program.predict(x).numpy(), model(ft.tensor(x)).numpy(), rtol=1e-5, atol=1e-6)
+
+    for stale in (lambda h: (h[:, :3], h.relu_())[0], lambda h: (h, h[:, :3].relu_())[0],
+                  lambda h: (h, h.detach().mul_(2))[0], lambda h: (h, F.relu(h.view(h.size(0), 2, 2), True))[0]):
+        class Stale(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(3, 4)
+
+            def forward(self, x):
+                return stale(self.fc(x)) * 2.0
+
+        model = Stale()
+        with pytest.raises(ft.nn.TracingError, match="a value read after an in-place op on a value sharing its "
+                                                     "memory"):
+            model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=2, input_shape=(3,))
+
+
+@pytest.mark.parametrize("forward, message", [
+    (lambda self, x: self.fc(x) + ft.randn_like(self.scale), r"ft\.randn_like in a traced forward"),
+    (lambda self, x: self.fc(x).view(x.size(0), 2, 2).log_softmax(-1).gather(2, ft.zeros(2, 2, 1, dtype=ft.int64)),
+     r"gather\(\) of values of shape \(N, 2, 2\)"),
+])
+def test_draws_of_tensors_and_gather_of_sequences_are_refused(forward, message):
+    class Refused(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(3, 4)
+            self.register_buffer("scale", ft.ones(4))
+
+        def forward(self, x):
+            return forward(self, x)
+
+    model = Refused()
+    with pytest.raises(ft.nn.TracingError, match=message):
+        model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=2, input_shape=(3,))
+
+
+def test_float_of_token_ids_is_refused_where_it_is_written():
+    class Floats(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(3, 2)
+
+        def forward(self, ids):
+            return self.fc(ids.float())
+
+    model = Floats()
+    with pytest.raises(ft.nn.TracingError, match=r"x.to\(float32\) of a traced value of int64.*input_dtype"):
+        model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=2, input_shape=(3,),
+                      input_dtype=ft.int64)

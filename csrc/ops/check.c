@@ -178,3 +178,12 @@ ft_status ft_check_alias(const char *op, const char *out_arg, const ft_tensor *o
                                  "separate memory",
                    op, out_arg, inp_arg);
 }
+
+ft_status ft_check_apart(const char *op, const char *out_arg, const ft_tensor *out, const char *inp_arg,
+                         const ft_tensor *inp) {
+    if (ft_tensor_numel(out) && ft_same_view(out, inp))
+        return ft_fail(FT_ERR_VALUE, "%s: %s cannot be %s itself (the op reads elements after writing others); "
+                                     "pass separate memory",
+                       op, out_arg, inp_arg);
+    return ft_check_alias(op, out_arg, out, inp_arg, inp);
+}

@@ -53,6 +53,12 @@ ft_status ft_check_output(const char *op, const char *arg, const ft_tensor *t);
 ft_status ft_check_alias(const char *op, const char *out_arg, const ft_tensor *out, const char *inp_arg,
                          const ft_tensor *inp);
 
+/* FT_ERR_VALUE when output `out` shares any memory with input `inp`, itself
+ * included: for ops that read other elements than the one they write
+ * (resampling, transposed convolution), which cannot run in place. */
+ft_status ft_check_apart(const char *op, const char *out_arg, const ft_tensor *out, const char *inp_arg,
+                         const ft_tensor *inp);
+
 /* True when a and b are the same elements in the same order (same memory,
  * dtype, shape and strides). */
 bool ft_same_view(const ft_tensor *a, const ft_tensor *b);

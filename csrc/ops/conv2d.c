@@ -530,6 +530,15 @@ static ft_status check_transposed(const ft_tensor *out, const ft_tensor *inp, co
     if (inp->ndim != 4 || w->ndim != 4 || out->ndim != 4)
         return ft_fail(FT_ERR_SHAPE, "%s: input, weight and output must be 4-d, got %d, %d and %d dimensions", op,
                        inp->ndim, w->ndim, out->ndim);
+    for (int d = 0; d < 2; d++)
+        if (p->stride[d] < 1 || p->dilation[d] < 1 || p->padding[d] < 0)
+            return ft_fail(FT_ERR_VALUE, "%s: stride and dilation must be >= 1 and padding >= 0, got (%lld, %lld), "
+                                         "(%lld, %lld) and (%lld, %lld)", op, (long long)p->stride[0],
+                           (long long)p->stride[1], (long long)p->dilation[0], (long long)p->dilation[1],
+                           (long long)p->padding[0], (long long)p->padding[1]);
+    if (p->groups < 1 || w->shape[1] < 1)
+        return ft_fail(FT_ERR_VALUE, "%s: groups (%lld) and the weight's output channels per group (%lld) must be "
+                                     ">= 1", op, (long long)p->groups, (long long)w->shape[1]);
     int64_t G = p->groups, C = inp->shape[1];
     if (w->shape[0] != C)
         return ft_fail(FT_ERR_SHAPE, "%s: weight (C_in, C_out/groups, kH, kW) has %lld input channels, the input %lld",
@@ -551,8 +560,10 @@ static ft_status check_transposed(const ft_tensor *out, const ft_tensor *inp, co
 ft_status ft_conv_transpose2d_forward(const ft_tensor *out, const ft_tensor *inp, const ft_tensor *w,
                                       const ft_tensor *b, const ft_conv2d_params *p) {
     FT_TRY(check_transposed(out, inp, w, p));
+    FT_TRY(ft_check_output("conv_transpose2d", "out", out));
+    FT_TRY(ft_check_apart("conv_transpose2d", "out", out, "input", inp));
     if (b) { /* the bias first, broadcast over out: the data gradient adds into it */
-        FT_TRY(ft_check_on("conv_transpose2d", "bias", b, ft_op_device(inp), "input"));
+        FT_TRY(ft_check_float_on("conv_transpose2d", "bias", b, ft_op_device(inp), "input", false));
         FT_TRY(ft_check_shape("conv_transpose2d", "bias", b, 1, &out->shape[1]));
         ft_tensor spread = *b;
         spread.ndim = 4;
@@ -567,8 +578,10 @@ ft_status ft_conv_transpose2d_backward(const ft_tensor *dinp, const ft_tensor *d
                                        const ft_tensor *dout, const ft_tensor *inp, const ft_tensor *w,
                                        const ft_conv2d_params *p, ft_grad_acc acc) {
     FT_TRY(check_transposed(dout, inp, w, p));
-    if (dinp)
+    if (dinp) {
+        FT_TRY(ft_check_apart("conv_transpose2d_backward", "grad_input", dinp, "grad_output", dout));
         FT_TRY(ft_conv2d_forward(dinp, dout, w, NULL, p, &(ft_conv2d_fusion){.sum = acc.inp}));
+    }
     if (dw)
         FT_TRY(ft_conv2d_backward(NULL, dw, NULL, inp, dout, w, p, acc));
     return db ? ft_bias_grad(db, dout, acc.bias) : FT_OK;

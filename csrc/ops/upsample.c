@@ -1,5 +1,6 @@
 #include "ops/upsample.h"
 
+#include <float.h>
 #include <stdlib.h>
 
 #include "kernels/interp.h"
@@ -174,9 +175,12 @@ ft_status ft_upsample_nearest2d_backward(const ft_tensor *dinp, const ft_tensor 
 
 static ft_status check_bilinear(const char *op, const ft_tensor *small, const ft_tensor *big,
                                 const ft_bilinear2d_params *p) {
-    if (!(p->scale_h >= 0.0 && p->scale_w >= 0.0 && p->scale_h < INFINITY && p->scale_w < INFINITY))
-        return ft_fail(FT_ERR_VALUE, "%s: the scale factors must be finite and not negative (0: none), got (%g, %g)",
-                       op, p->scale_h, p->scale_w);
+    for (int d = 0; d < 2; d++) { /* (a factor's reciprocal must be a finite float: it places the samples) */
+        double f = d ? p->scale_w : p->scale_h;
+        if (!(f == 0.0 || (f > 0.0 && f < INFINITY && 1.0 / f < FLT_MAX)))
+            return ft_fail(FT_ERR_VALUE, "%s: the scale factors must be finite, positive and above 1/FLT_MAX, or 0 "
+                                         "(none), got (%g, %g)", op, p->scale_h, p->scale_w);
+    }
     if (big->shape[0] != small->shape[0] || big->shape[1] != small->shape[1])
         return ft_fail(FT_ERR_SHAPE, "%s: the output's batch and channels (%lld, %lld) are not the input's (%lld, %lld)",
                        op, (long long)big->shape[0], (long long)big->shape[1], (long long)small->shape[0],
@@ -204,7 +208,7 @@ ft_status ft_upsample_bilinear2d_forward(const ft_tensor *out, const ft_tensor *
     FT_TRY(check_4d(op, "out", out, dev, "input"));
     FT_TRY(check_bilinear(op, inp, out, p));
     FT_TRY(ft_check_output(op, "out", out));
-    FT_TRY(ft_check_alias(op, "out", out, "input", inp));
+    FT_TRY(ft_check_apart(op, "out", out, "input", inp));
     if (ft_tensor_numel(out) == 0)
         return FT_OK;
     if (dev.type == FT_DEV_CUDA)
@@ -253,7 +257,7 @@ ft_status ft_upsample_bilinear2d_backward(const ft_tensor *dinp, const ft_tensor
     FT_TRY(check_4d(op, "grad_input", dinp, dev, "grad_output"));
     FT_TRY(check_bilinear(op, dinp, dout, p));
     FT_TRY(ft_check_output(op, "grad_input", dinp));
-    FT_TRY(ft_check_alias(op, "grad_input", dinp, "grad_output", dout));
+    FT_TRY(ft_check_apart(op, "grad_input", dinp, "grad_output", dout));
     if (ft_tensor_numel(dinp) == 0)
         return FT_OK;
     if (dev.type == FT_DEV_CUDA)

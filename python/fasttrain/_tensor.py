@@ -589,6 +589,8 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
     masked_fill_ = _math.in_place(_math.masked_fill)
     neg_, abs_, exp_, log_, sqrt_ = (_math.in_place(f) for f in (_math.neg, _math.abs, _math.exp, _math.log,
                                                                 _math.sqrt))
+    relu_, sigmoid_, tanh_ = (_math.in_place(f) for f in (_math.relu, _math.sigmoid, _math.tanh))
+    clamp_min_, clamp_max_ = _math.in_place(_math.clamp_min), _math.in_place(_math.clamp_max)
     __iadd__, __isub__ = _math.operator_method(add_), _math.operator_method(sub_)
     __imul__, __itruediv__ = _math.operator_method(mul_), _math.operator_method(div_)
     __ifloordiv__ = _math.operator_method(_math.in_place(_math.floor_divide))

@@ -31,7 +31,7 @@ def full(size: int | Sequence[int], fill_value: Number | Tensor, *, dtype: DType
          device: DeviceLike = None, pin_memory: bool = False) -> Tensor:
     """A tensor filled with fill_value; the dtype follows fill_value like PyTorch (bool, int64, float32)."""
     if dtype is None:
-        dtype = _C.tensor_from_data(fill_value, -1).dtype if not isinstance(fill_value, TensorBase) else fill_value.dtype
+        dtype = fill_value.dtype if isinstance(fill_value, TensorBase) else _C.tensor_from_data(fill_value, -1).dtype
     return empty(size, dtype=dtype, device=device, pin_memory=pin_memory).fill_(fill_value)
 
 

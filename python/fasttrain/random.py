@@ -157,6 +157,7 @@ def _like(name, input, dtype, device):
     from .nn.graph import Symbolic
     if isinstance(input, Symbolic):
         return None
+    _refuse_draw(name)  # of a tensor in a traced forward: drawn once, at compile
     if not isinstance(input, TensorBase):
         raise TypeError(f"{name}: expected a tensor, got {type(input).__name__}")
     return empty(tuple(input.shape), dtype=input.dtype if dtype is None else dtype,

@@ -274,6 +274,13 @@ def _act(input, act, alpha=0.0, inplace=False, fn="activation"):
     return _C.activation_forward(input if inplace else None, input, act, alpha)
 
 
+def _result(input, out, inplace):
+    """out, or with inplace=True out written into input (an eager tensor's memory, a traced value's name)."""
+    if not inplace:
+        return out
+    return in_place(input, out) if isinstance(input, Symbolic) else input.copy_(out)
+
+
 def hardtanh(input, min_val=-1.0, max_val=1.0, inplace=False):
     """input limited to [min_val, max_val] (clamp's values and gradient); inplace=True overwrites an eager input."""
     if min_val > max_val:
@@ -288,10 +295,7 @@ def relu6(input, inplace=False):
 
 def elu(input, alpha=1.0, inplace=False):
     """input where positive, alpha (exp(input) - 1) elsewhere: relu(x) + alpha (exp(min(x, 0)) - 1)."""
-    out = input.relu() + alpha * (input.clamp(max=0.0).exp() - 1.0)
-    if not inplace:
-        return out
-    return in_place(input, out) if isinstance(input, Symbolic) else input.copy_(out)
+    return _result(input, input.relu() + alpha * (input.clamp(max=0.0).exp() - 1.0), inplace)
 
 
 def normalize(input, p=2.0, dim=1, eps=1e-12):
@@ -557,18 +561,12 @@ def softplus(input, beta=1.0, threshold=20.0):
 
 def hardsigmoid(input, inplace=False):
     """relu6(input + 3) / 6, as torch.nn.functional.hardsigmoid."""
-    out = relu6(input + 3.0) * (1.0 / 6.0)
-    if not inplace:
-        return out
-    return in_place(input, out) if isinstance(input, Symbolic) else input.copy_(out)
+    return _result(input, relu6(input + 3.0) * (1.0 / 6.0), inplace)
 
 
 def mish(input, inplace=False):
     """input * tanh(softplus(input)), as torch.nn.functional.mish."""
-    out = input * tanh(softplus(input))
-    if not inplace:
-        return out
-    return in_place(input, out) if isinstance(input, Symbolic) else input.copy_(out)
+    return _result(input, input * tanh(softplus(input)), inplace)
 
 
 def prelu(input, weight):

@@ -14,6 +14,7 @@ Shapes seen by ``forward`` are PyTorch's, with the batch first: ``x.shape[0]`` (
 stand-in for the batch size that ``view``/``reshape``/``expand`` accept in the batch position. Node shapes
 (``node.shape``) are per sample."""
 import copy
+import functools
 import math
 import os
 import sys
@@ -145,9 +146,30 @@ N = BatchSize()
 
 def in_place(target, value):
     """An in-place op on the traced value target: from now on every name bound to target reads value, as
-    PyTorch's in-place ops change the one tensor that names share (a = h; F.relu_(h); a is relu(h) too)."""
+    PyTorch's in-place ops change the one tensor that names share (a = h; F.relu_(h); a is relu(h) too). The
+    values that share its memory in PyTorch, its views and what it is a view of, would read the change too:
+    they become stale, and reading one fails (record), as a compiled program's values share no memory."""
+    where, seen, todo = _user_line(), {id(target)}, [target.base, *target.views]
+    while todo:
+        s = todo.pop()
+        if s is not None and id(s) not in seen:
+            seen.add(id(s))
+            s.stale = where
+            todo.extend([s.base, *s.views])
     target.node = value.node
     return target
+
+
+def _view(method):
+    """A method whose result is a view in PyTorch, sharing the value's memory (see in_place)."""
+    @functools.wraps(method)
+    def view(self, *args, **kwargs):
+        out = method(self, *args, **kwargs)
+        if isinstance(out, Symbolic) and out is not self:
+            out.base = self
+            self.views.append(out)
+        return out
+    return view
 
 
 def _per_sample_mean(loss):
@@ -277,17 +299,21 @@ def _per_sample(shape, numel):
 class Symbolic:
     """A tensor that exists only in the model description: the output of a recorded node."""
 
-    __slots__ = ("node",)
+    __slots__ = ("node", "base", "views", "stale")
     __array_priority__ = 1000  # NumPy arrays defer to Symbolic's operators
 
     def __init__(self, node):
         self.node = node
+        self.base, self.views = None, []  # what it is a view of, and its views (see in_place)
+        self.stale = None  # the line of an in-place op on a value sharing its memory, which it would read
 
     @staticmethod
     def record(module, inputs, shape, reduced=None):
         """A new node applying module to the traced inputs, with per-sample output shape; returns its output. The output
         is a loss reduced over the batch when reduced says so (by default: when every input is one). A reduced loss can
         only be scaled or added to another reduced loss; any other use fails."""
+        for x in inputs:
+            x.read()
         if reduced is None:
             flags = {x.node.reduced for x in inputs}
             if True in flags and (len(flags) > 1 or not isinstance(module, (_layers().Add, _layers().Scale))):
@@ -295,6 +321,14 @@ class Symbolic:
                      "combine reduced losses linearly (a + 0.5 * b), or reduce last (reduction='none', then .mean())")
             reduced = flags == {True}
         return Symbolic(Node(module, [x.node for x in inputs], shape, reduced))
+
+    def read(self):
+        """Fails for a value an in-place op has made stale (see in_place); every recorded op reads its inputs so."""
+        if self.stale:
+            fail(f"a value read after an in-place op on a value sharing its memory (at {self.stale})",
+                 "PyTorch reads the changed memory through views (x.view, x[:, 1:], x.detach(), ...), which a "
+                 "compiled program's values do not share: do the op out of place (h = F.relu(h)), or take the view "
+                 "after it")
 
     # ---- shape ----
     @property
@@ -337,8 +371,8 @@ class Symbolic:
 
     def __add__(self, other):
         if isinstance(other, (int, float)):
-            if other == 0:
-                return self
+            if other == 0:  # a new name for the value, as x + 0 is a new tensor (see in_place)
+                return Symbolic(self.node)
             c = constant_like(self, float(other))
             # a loss's constant is each sample's share of it: summed over the batch, divided by the batch size
             return self + (c.reduce("batchmean") if self.node.reduced else c)
@@ -394,7 +428,7 @@ class Symbolic:
 
     def __mul__(self, other):
         if isinstance(other, (int, float)):
-            return self if other == 1 else _layers().Scale(float(other))(self)
+            return Symbolic(self.node) if other == 1 else _layers().Scale(float(other))(self)
         o = self._operand(other)
         if o is None:
             return NotImplemented
@@ -440,7 +474,7 @@ class Symbolic:
         if not isinstance(other, (int, float)):
             fail("a traced value to a traced power", "raise to a constant exponent")
         if other == 1:
-            return self
+            return Symbolic(self.node)
         return self * self if other == 2 else _layers()._Elementwise("pow", other)(self)
 
     def pow(self, exponent):
@@ -487,6 +521,7 @@ class Symbolic:
         """The same as reshape: traced values have no memory layout."""
         return self.reshape(*shape)
 
+    @_view
     def reshape(self, *shape):
         """Records the values in a new shape, the batch first (``x.reshape(N, -1)``, ``x.view(x.size(0), ...)``); one
         other size may be -1. A reshape of a reshape is recorded as one. Merging the batch with the positions of
@@ -529,6 +564,7 @@ class Symbolic:
         keep = [n for i, n in enumerate(shape) if not (n == 1 and (dim is None or i == _dim(dim, len(shape))))]
         return self.reshape(N, *keep)
 
+    @_view
     def permute(self, *dims):
         """Records reordering the dimensions, which must keep the batch first (dims[0] == 0); two permutes in a row are
         recorded as one."""
@@ -607,16 +643,16 @@ class Symbolic:
         an integer dtype only for the targets (y.long()), which the losses read as int64, and token ids."""
         from .._types import as_dtype
         m, labels = self.node.module, _layers().Target
-        if isinstance(m, labels) or isinstance(m, _layers().Reshape) and isinstance(self.node.inputs[0].module, labels) \
-                or not self.dtype.is_floating_point:
+        if isinstance(m, labels) or isinstance(m, _layers().Reshape) and isinstance(self.node.inputs[0].module, labels):
             return self
         for a in (*args, *kwargs.values()):
             try:
                 dt = as_dtype(a)
             except (TypeError, ValueError):
                 continue
-            if not dt.is_floating_point:
-                fail(f"x.to({dt.name}) of a traced value", "compute in floats; labels reach a loss as they are")
+            if dt.is_floating_point != self.dtype.is_floating_point:
+                fail(f"x.to({dt.name}) of a traced value of {self.dtype.name}", "compute in floats, and take the "
+                     "input as it comes: compile(input_dtype=ft.float32) for float inputs, ft.int64 for token ids")
         return self
 
     def long(self):
@@ -628,9 +664,10 @@ class Symbolic:
         return self
 
     def float(self):
-        """The value itself: the compiled program chooses the dtypes of its values (compile's precision)."""
-        return self
+        """The value itself (see to): the compiled program chooses the dtypes of its values (compile's precision)."""
+        return self.to("float32")
 
+    @_view
     def expand(self, *sizes):
         """Records the value repeated along its per-sample dimensions of size 1 to sizes (-1 keeps a size; the
         batch's is N or -1), as torch's expand."""
@@ -662,6 +699,7 @@ class Symbolic:
         """Records expand(other.shape)."""
         return self.expand(other.shape)
 
+    @_view
     def __getitem__(self, index):
         self._one_per_sample()
         index = index if isinstance(index, tuple) else (index,)
@@ -843,17 +881,19 @@ class Symbolic:
         fail(f"norm(p={p!r}) of a traced value", "use p = 2, 1 or inf")
 
     def gather(self, dim, index):
-        """Records the values at the targets' class indices along dim: index is the labels with a dimension of size
-        1 there (logp.gather(1, y.unsqueeze(1)), as hand-written label smoothing and focal losses pick the true
+        """Records the values of (N, C) scores at the targets' classes: index is the labels with a dimension of
+        size 1 (logp.gather(1, y.unsqueeze(1)), as hand-written label smoothing and focal losses pick the true
         class's log-probability), recorded as -nll_loss(reduction='none') of those classes. Each label must lie in
-        [0, size of dim), which the step checks."""
+        [0, C), which the step checks."""
         nd = len(self.node.shape)
         d = _dim(dim, nd)
+        if nd != 1:
+            fail(f"gather() of values of shape {self.shape}", "gather the labels' classes of (N, C) scores; for a "
+                 "sequence's, F.cross_entropy(logits.transpose(1, 2), y, reduction='none') picks them")
         labels = _labels_of(index, d)
-        bind_target(labels, self.node.shape[:d] + self.node.shape[d + 1:], "int64")
-        scores = self if d == 0 else self.permute(0, d + 1, *(k + 1 for k in range(nd) if k != d))
-        picked = -_layers().NLLLoss(ignore_index=_NO_LABEL, reduction="none")(scores, labels)
-        return picked.unsqueeze(d + 1)
+        bind_target(labels, (), "int64")
+        picked = -_layers().NLLLoss(ignore_index=_NO_LABEL, reduction="none")(self, labels)
+        return picked.unsqueeze(1)
 
     # ---- activations as methods ----
     def relu(self):
@@ -905,6 +945,7 @@ class Symbolic:
         from .. import creation
         return creation.ones(*size, device=_device_of(self))
 
+    @_view
     def detach(self):
         """Records the value as a constant of the step: no gradient passes back through it (x.data likewise)."""
         return _layers().Detach()(self)
@@ -958,7 +999,19 @@ for _name in ("add", "sub", "mul", "div", "relu", "sigmoid", "tanh", "clamp", "c
 del _name
 
 
-class Stacked:
+class _Refusing:
+    """A result that only some uses take: any other attribute fails with the subclass's _refuse."""
+
+    def _refuse(self, *args, **kwargs):
+        raise NotImplementedError
+
+    def __getattr__(self, name):
+        if name.startswith("__"):  # protocol probes see a plain object
+            raise AttributeError(name)
+        self._refuse()
+
+
+class Stacked(_Refusing):
     """Values permuted with a per-sample dimension before the batch (timm's attention: qkv.reshape(B, N, 3, H,
     D).permute(2, 0, 3, 1, 4)): taken apart along that first dimension (q, k, v = qkv.unbind(0), qkv[0]), each
     part is the source at one index of it, permuted as the rest of dims says. Any other use fails."""
@@ -986,13 +1039,8 @@ class Stacked:
         fail(f"permute{self.dims} (the batch not first)", "such a permute can only be taken apart along its first "
              "dimension: q, k, v = qkv.unbind(0), or qkv[0]")
 
-    def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        self._refuse()
 
-
-class NoIndices:
+class NoIndices(_Refusing):
     """The indices of max(dim)/min(dim) of a traced value: a compiled program computes no integer values, so
     every use fails (an unused one, as in `values, _ = x.max(1)`, is fine)."""
 
@@ -1002,11 +1050,6 @@ class NoIndices:
     def _refuse(self, *args, **kwargs):
         fail(f"the indices of {self.fn}(dim) of a traced value", f"use the values: x.{self.fn}(dim).values, or "
              f"x.a{self.fn}(dim)")
-
-    def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        self._refuse()
 
     __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __add__ = __radd__ = __sub__ = __mul__ = _refuse
     __getitem__ = __bool__ = __int__ = __index__ = __iter__ = __len__ = __array__ = _refuse
@@ -1320,6 +1363,9 @@ def trace(model, input_shape, input_dtype=None):
     of them (the first is what predict returns)."""
     with tracing(model):
         out = _call(model, f"{type(model).__name__}.forward", Input(input_shape, input_dtype))
+        for o in out if isinstance(out, (tuple, list)) else [out]:
+            if isinstance(o, Symbolic):
+                o.read()
     if not (isinstance(out, Symbolic) or isinstance(out, (tuple, list)) and out
             and all(isinstance(o, Symbolic) for o in out)):
         raise TracingError(f"{type(model).__name__}.forward returned {type(out).__name__}, not traced outputs of "

@@ -347,6 +347,7 @@ class _ConvNd(Module):
 
     _leaf = True
     _dims = 2
+    _transposed = False  # weight (C_in, C_out / groups, k...) rather than (C_out, C_in / groups, k...)
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True,
                  padding_mode="zeros"):
@@ -361,9 +362,10 @@ class _ConvNd(Module):
         self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
         self.kernel_size, self.stride = _tuple(kernel_size, n), _tuple(stride, n)
         self.padding, self.dilation = _tuple(padding, n), _tuple(dilation, n)
-        self.register_parameter("weight", creation.empty(out_channels, in_channels // groups, *self.kernel_size))
+        lead = (in_channels, out_channels // groups) if self._transposed else (out_channels, in_channels // groups)
+        self.register_parameter("weight", creation.empty(*lead, *self.kernel_size))
         self.register_parameter("bias", creation.empty(out_channels) if bias else None)
-        _init_weight_bias(self.weight, self.bias, in_channels // groups * math.prod(self.kernel_size))
+        _init_weight_bias(self.weight, self.bias, lead[1] * math.prod(self.kernel_size))  # PyTorch's fan-in
 
     def output_shape(self, shape):
         name = type(self).__name__
@@ -396,6 +398,8 @@ class _ConvTransposeNd(_ConvNd):
     """ConvTranspose1d and ConvTranspose2d: the adjoint of the convolution with the same arguments, weight (C_in,
     C_out / groups, k...); a 1-d one runs as the 2-d one over (C, 1, L)."""
 
+    _transposed = True
+
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, groups=1,
                  bias=True, dilation=1, padding_mode="zeros"):
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias, padding_mode)
@@ -407,9 +411,6 @@ class _ConvTransposeNd(_ConvNd):
         if any(o >= s for o, s in zip(self.output_padding, self.stride)):
             raise NotImplementedError(f"{type(self).__name__}: output_padding {self.output_padding} of at least the "
                                       f"stride {self.stride} (PyTorch allows it below the dilation) is not supported")
-        self.register_parameter("weight", creation.empty(in_channels, out_channels // groups, *self.kernel_size))
-        self.register_parameter("bias", creation.empty(out_channels) if bias else None)
-        _init_weight_bias(self.weight, self.bias, out_channels // groups * math.prod(self.kernel_size))
 
     def output_shape(self, shape):
         name = type(self).__name__
@@ -417,8 +418,11 @@ class _ConvTransposeNd(_ConvNd):
             raise ValueError(f"{name} takes samples of {self._dims + 1} dimensions, got {shape}")
         if shape[0] != self.in_channels:
             raise ValueError(f"{name} expects {self.in_channels} input channels, got {shape[0]}")
-        return (self.out_channels, *((n - 1) * s - 2 * p + d * (k - 1) + o + 1 for n, s, p, d, k, o in zip(
-            shape[1:], self.stride, self.padding, self.dilation, self.kernel_size, self.output_padding)))
+        size = tuple((n - 1) * s - 2 * p + d * (k - 1) + o + 1 for n, s, p, d, k, o in zip(
+            shape[1:], self.stride, self.padding, self.dilation, self.kernel_size, self.output_padding))
+        if min(size) < 1:
+            raise ValueError(f"{name}: input {shape[1:]} gives an output size {size}, which is too small")
+        return (self.out_channels, *size)
 
     def input_size(self, size):
         """The spatial size of the input that gives an output of spatial size `size`."""
@@ -684,7 +688,6 @@ class GroupNorm(Module):
         return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}"
 
 
-
 class _InstanceNorm(GroupNorm):
     """Each sample's channels normalized over their own positions (group norm with a group per channel), as
     PyTorch's InstanceNorm; its default affine=False and track_running_stats=False."""
@@ -706,6 +709,7 @@ class InstanceNorm1d(_InstanceNorm):
 
 class InstanceNorm2d(_InstanceNorm):
     """Instance normalization of (N, C, H, W) images, as torch.nn.InstanceNorm2d."""
+
 
 class Embedding(Module):
     """Rows of a (num_embeddings, embedding_dim) table for int64 ids: compile with input_dtype=ft.int64."""
