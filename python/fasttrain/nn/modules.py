@@ -1327,54 +1327,41 @@ class Sequential(Module):
         return x
 
 
-class ModuleList(Module):
-    """Holds modules in a list, registered as children named 0, 1, ... (PyTorch's state_dict keys)."""
+class _Held(Module):
+    """The read side of ModuleList/Dict and ParameterList/Dict: what they hold is the table _held names."""
 
-    def __init__(self, modules=()):
-        super().__init__()
-        for m in modules:
-            self.append(m)
+    _held = "_modules"
 
-    def append(self, module):
-        """Adds module as the next child (named by its position); returns self."""
-        if not isinstance(module, Module):
-            raise TypeError(f"ModuleList holds Modules, got {type(module).__name__}")
-        setattr(self, str(len(self._modules)), module)
-        return self
-
-    def extend(self, modules):
-        """Appends each module of an iterable; returns self."""
-        for m in modules:
-            self.append(m)
-        return self
-
-    def __getitem__(self, i):
-        items = list(self._modules.values())
-        return ModuleList(items[i]) if isinstance(i, slice) else items[i]
+    def _table(self):
+        return getattr(self, self._held)
 
     def __len__(self):
-        return len(self._modules)
+        return len(self._table())
 
-    def __iter__(self):
-        return iter(self._modules.values())
+    def __contains__(self, key):
+        return key in self._table()
+
+    def keys(self):
+        """The names, in the order they were set."""
+        return self._table().keys()
+
+    def values(self):
+        """What is held, in the order it was set."""
+        return self._table().values()
+
+    def items(self):
+        """(name, value) pairs, in the order they were set."""
+        return self._table().items()
 
     def forward(self, *args):
-        """Not callable: raises TypeError. Iterate over the list in the owner's forward."""
-        raise TypeError("ModuleList is not callable: iterate over it in forward")
+        """Not callable: raises TypeError. Index or iterate over the container in the owner's forward."""
+        raise TypeError(f"{type(self).__name__} is not callable: index it or iterate over it in forward")
 
 
-class ParameterList(Module):
-    """Holds parameters in a list, registered as 0, 1, ... (PyTorch's state_dict keys)."""
-
+class _List(_Held):
     def __init__(self, values=()):
         super().__init__()
-        for v in values:
-            self.append(v)
-
-    def append(self, value):
-        """Registers value (made a Parameter if it is not one) as the next parameter; returns self."""
-        self.register_parameter(str(len(self._parameters)), value)
-        return self
+        self.extend(values)
 
     def extend(self, values):
         """Appends each value of an iterable; returns self."""
@@ -1383,91 +1370,64 @@ class ParameterList(Module):
         return self
 
     def __getitem__(self, i):
-        return list(self._parameters.values())[i]
-
-    def __len__(self):
-        return len(self._parameters)
+        items = list(self._table().values())
+        return type(self)(items[i]) if isinstance(i, slice) else items[i]
 
     def __iter__(self):
-        return iter(self._parameters.values())
+        return iter(self._table().values())
 
 
-class ParameterDict(Module):
-    """Holds parameters by name, registered under those names."""
-
-    def __init__(self, parameters=None):
+class _Dict(_Held):
+    def __init__(self, values=None):
         super().__init__()
-        for k, v in dict(parameters or {}).items():
-            self[k] = v
+        for name, v in (values.items() if isinstance(values, dict) else values or ()):
+            self[name] = v
 
-    def __setitem__(self, key, value):
-        self.register_parameter(key, value)
-
-    def __getitem__(self, key):
-        return self._parameters[key]
-
-    def __contains__(self, key):
-        return key in self._parameters
-
-    def __len__(self):
-        return len(self._parameters)
+    def __getitem__(self, name):
+        return self._table()[name]
 
     def __iter__(self):
-        return iter(self._parameters)
-
-    def keys(self):
-        """The names, in the order they were set."""
-        return self._parameters.keys()
-
-    def values(self):
-        """The parameters, in the order they were set."""
-        return self._parameters.values()
-
-    def items(self):
-        """(name, parameter) pairs, in the order they were set."""
-        return self._parameters.items()
+        return iter(self._table())
 
 
-class ModuleDict(Module):
+class ModuleList(_List):
+    """Holds modules in a list, registered as children named 0, 1, ... (PyTorch's state_dict keys)."""
+
+    def append(self, module):
+        """Adds module as the next child (named by its position); returns self."""
+        if not isinstance(module, Module):
+            raise TypeError(f"ModuleList holds Modules, got {type(module).__name__}")
+        setattr(self, str(len(self._modules)), module)
+        return self
+
+
+class ParameterList(_List):
+    """Holds parameters in a list, registered as 0, 1, ... (PyTorch's state_dict keys)."""
+
+    _held = "_parameters"
+
+    def append(self, value):
+        """Registers value (made a Parameter if it is not one) as the next parameter; returns self."""
+        self.register_parameter(str(len(self._parameters)), value)
+        return self
+
+
+class ModuleDict(_Dict):
     """Holds modules by name, registered as children under those names."""
-
-    def __init__(self, modules=None):
-        super().__init__()
-        for name, m in (modules.items() if isinstance(modules, dict) else modules or ()):
-            self[name] = m
 
     def __setitem__(self, name, module):
         if not isinstance(module, Module):
             raise TypeError(f"ModuleDict holds Modules, got {type(module).__name__}")
         setattr(self, name, module)
 
-    def __getitem__(self, name):
-        return self._modules[name]
 
-    def __contains__(self, name):
-        return name in self._modules
+class ParameterDict(_Dict):
+    """Holds parameters by name, registered under those names."""
 
-    def __len__(self):
-        return len(self._modules)
+    _held = "_parameters"
 
-    def __iter__(self):
-        return iter(self._modules)
-
-    def keys(self):
-        """The names of the modules held, in insertion order."""
-        return self._modules.keys()
-
-    def values(self):
-        """The modules held, in insertion order."""
-        return self._modules.values()
-
-    def items(self):
-        """(name, module) pairs of the modules held, in insertion order."""
-        return self._modules.items()
-
-    def forward(self, *args):
-        """Not callable: raises TypeError. Index the dict in the owner's forward."""
-        raise TypeError("ModuleDict is not callable: index it in forward")
+    def __setitem__(self, name, value):
+        self.register_parameter(name, value)
 
 
 _REDUCTIONS = ("none", "mean", "sum")
