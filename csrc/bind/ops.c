@@ -1087,11 +1087,15 @@ static PyObject *py_conv2d_forward(PyObject *m, PyObject *args, PyObject *kw) {
     return finish(s, &out, 1);
 }
 
-static PyObject *py_conv2d_backward(PyObject *m, PyObject *args, PyObject *kw) {
+/* conv2d_backward and conv_transpose2d_backward: the same arguments; the bias gradient has the output's
+ * channels, the weight's first dimension for a convolution and its second (times groups) for a transposed one. */
+static PyObject *conv_backward(PyObject *m, PyObject *args, PyObject *kw, bool transposed) {
     PyObject *o_dinp, *o_dw, *o_db, *o_dout, *o_inp, *o_w, *o_stride = Py_None, *o_pad = Py_None, *o_dil = Py_None;
     long long groups = 1;
     int accumulate = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOO|OOOLp:conv2d_backward",
+    const char *op = transposed ? "conv_transpose2d_backward" : "conv2d_backward";
+    if (!PyArg_ParseTupleAndKeywords(args, kw, transposed ? "OOOOOO|OOOLp:conv_transpose2d_backward"
+                                                          : "OOOOOO|OOOLp:conv2d_backward",
                                      KW("dinp", "dweight", "dbias", "dout", "inp", "weight", "stride", "padding",
                                         "dilation", "groups", "accumulate"),
                                      &o_dinp, &o_dw, &o_db, &o_dout, &o_inp, &o_w, &o_stride, &o_pad, &o_dil, &groups,
@@ -1106,17 +1110,24 @@ static PyObject *py_conv2d_backward(PyObject *m, PyObject *args, PyObject *kw) {
         parse_out(st, o_dinp, "dinp", true, &o[0]) < 0 || parse_out(st, o_dw, "dweight", true, &o[1]) < 0 ||
         parse_out(st, o_db, "dbias", true, &o[2]) < 0 || alloc_like(st, &o[0], inp) < 0 ||
         alloc_out(st, &o[1], w, w->ndim, w->shape, FT_FLOAT32) < 0 ||
-        alloc_out(st, &o[2], inp, 1, &w->shape[0], FT_FLOAT32) < 0) {
+        alloc_out(st, &o[2], inp, 1, (int64_t[]){transposed ? (dout->ndim > 1 ? dout->shape[1] : 0) : w->shape[0]},
+                  FT_FLOAT32) < 0) {
         drop_outs(o, 3);
         return NULL;
     }
-    if (check_accumulate(o, 3, accumulate, "conv2d_backward") < 0) {
+    if (check_accumulate(o, 3, accumulate, op) < 0) {
         drop_outs(o, 3);
         return NULL;
     }
     ft_status s;
-    CALL(s, true, ft_conv2d_backward(o[0].t, o[1].t, o[2].t, dout, inp, w, &p, ALL_ACC(accumulate)));
+    CALL(s, true,
+         (transposed ? ft_conv_transpose2d_backward : ft_conv2d_backward)(o[0].t, o[1].t, o[2].t, dout, inp, w, &p,
+                                                                          ALL_ACC(accumulate)));
     return finish(s, o, 3);
+}
+
+static PyObject *py_conv2d_backward(PyObject *m, PyObject *args, PyObject *kw) {
+    return conv_backward(m, args, kw, false);
 }
 
 static PyObject *py_conv_transpose2d_forward(PyObject *m, PyObject *args, PyObject *kw) {
@@ -1156,35 +1167,7 @@ static PyObject *py_conv_transpose2d_forward(PyObject *m, PyObject *args, PyObje
 }
 
 static PyObject *py_conv_transpose2d_backward(PyObject *m, PyObject *args, PyObject *kw) {
-    PyObject *o_dinp, *o_dw, *o_db, *o_dout, *o_inp, *o_w, *o_stride = Py_None, *o_pad = Py_None, *o_dil = Py_None;
-    long long groups = 1;
-    int accumulate = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOO|OOOLp:conv_transpose2d_backward",
-                                     KW("dinp", "dweight", "dbias", "dout", "inp", "weight", "stride", "padding",
-                                        "dilation", "groups", "accumulate"),
-                                     &o_dinp, &o_dw, &o_db, &o_dout, &o_inp, &o_w, &o_stride, &o_pad, &o_dil, &groups,
-                                     &accumulate))
-        return NULL;
-    ft_module_state *st = ft_py_state(m);
-    const ft_tensor *dout, *inp, *w;
-    out_arg o[3] = {{0}};
-    ft_conv2d_params p;
-    if (parse_conv(o_stride, o_pad, o_dil, groups, &p) < 0 || parse_in(st, o_dout, "dout", false, &dout) < 0 ||
-        parse_in(st, o_inp, "inp", false, &inp) < 0 || parse_in(st, o_w, "weight", false, &w) < 0 ||
-        parse_out(st, o_dinp, "dinp", true, &o[0]) < 0 || parse_out(st, o_dw, "dweight", true, &o[1]) < 0 ||
-        parse_out(st, o_db, "dbias", true, &o[2]) < 0 || alloc_like(st, &o[0], inp) < 0 ||
-        alloc_out(st, &o[1], w, w->ndim, w->shape, FT_FLOAT32) < 0 ||
-        alloc_out(st, &o[2], inp, 1, (int64_t[]){dout->ndim > 1 ? dout->shape[1] : 0}, FT_FLOAT32) < 0) {
-        drop_outs(o, 3);
-        return NULL;
-    }
-    if (check_accumulate(o, 3, accumulate, "conv_transpose2d_backward") < 0) {
-        drop_outs(o, 3);
-        return NULL;
-    }
-    ft_status s;
-    CALL(s, true, ft_conv_transpose2d_backward(o[0].t, o[1].t, o[2].t, dout, inp, w, &p, ALL_ACC(accumulate)));
-    return finish(s, o, 3);
+    return conv_backward(m, args, kw, true);
 }
 
 static PyObject *py_linear_forward(PyObject *m, PyObject *args, PyObject *kw) {
