@@ -68,21 +68,12 @@ ft_status ft_dnnl_md_strided(dnnl_memory_desc_t *md, ft_dtype dtype, int ndim, c
     dnnl_data_type_t dt = dnnl_f32;
     FT_TRY(dnnl_dtype(&dt, dtype));
     dnnl_dims_t d, s;
-    int64_t span = 1; /* past the last element the dimensions of size > 1 reach */
     for (int i = 0; i < ndim; i++) {
         if (strides[i] < 0)
             return ft_fail(FT_ERR_SHAPE, "oneDNN needs non-negative strides");
         d[i] = dims[i];
         s[i] = strides[i];
-        if (dims[i] > 1 && dims[i] * strides[i] > span)
-            span = dims[i] * strides[i];
     }
-    /* A dimension of size 1 reads nothing along its stride, but oneDNN takes
-     * a stride below the others' span as overlapping memory (a (1, K) view
-     * of a (K, 1) column has strides (1, 1)): it gets the span instead. */
-    for (int i = 0; i < ndim; i++)
-        if (dims[i] == 1)
-            s[i] = span;
     return ft_dnnl_check(dnnl_memory_desc_init_by_strides(md, ndim, d, dt, s), "describing a tensor for oneDNN");
 }
 
