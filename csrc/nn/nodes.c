@@ -550,6 +550,11 @@ static ft_tensor matrix(const ft_tensor *t, int64_t k, bool transposed) {
     v.ndim = 2;
     v.shape[0] = t->shape[transposed ? d + 1 : d], v.shape[1] = t->shape[transposed ? d : d + 1];
     v.strides[0] = t->strides[transposed ? d + 1 : d], v.strides[1] = t->strides[transposed ? d : d + 1];
+    /* A matrix of one row or column reads nothing along that stride, but oneDNN takes one below the other
+     * dimension's extent as overlapping memory (a (1, K) view of a (K, 1) column has strides (1, 1)). */
+    for (int k = 0; k < 2; k++)
+        if (v.shape[k] == 1 && v.strides[k] < v.shape[1 - k] * v.strides[1 - k])
+            v.strides[k] = v.shape[1 - k] * v.strides[1 - k];
     return v;
 }
 

@@ -15,24 +15,12 @@
 /* Fixed slices of the deterministic path (see conv2d.c). */
 #define DET_CHUNKS 8
 
-/* A matrix of one row or column reads nothing along that dimension's stride,
- * but oneDNN takes a stride below the other dimension's extent as
- * overlapping memory (a (1, K) view of a (K, 1) column has strides (1, 1)):
- * it gets that extent. */
-static ft_matrix matrix_of(int64_t rows, int64_t cols, int64_t rs, int64_t cs, const ft_tensor *t) {
-    if (rows == 1 && rs < cols * cs)
-        rs = cols * cs;
-    if (cols == 1 && cs < rows * rs)
-        cs = rows * rs;
-    return (ft_matrix){{rows, cols}, {rs, cs}, t->dtype, ft_tensor_data(t)};
-}
-
 static ft_matrix as_is(const ft_tensor *t) {
-    return matrix_of(t->shape[0], t->shape[1], t->strides[0], t->strides[1], t);
+    return (ft_matrix){{t->shape[0], t->shape[1]}, {t->strides[0], t->strides[1]}, t->dtype, ft_tensor_data(t)};
 }
 
 static ft_matrix transposed(const ft_tensor *t) {
-    return matrix_of(t->shape[1], t->shape[0], t->strides[1], t->strides[0], t);
+    return (ft_matrix){{t->shape[1], t->shape[0]}, {t->strides[1], t->strides[0]}, t->dtype, ft_tensor_data(t)};
 }
 
 typedef struct {
