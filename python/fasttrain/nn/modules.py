@@ -939,28 +939,30 @@ class Hardswish(_Activation):
     act = "hardswish"
 
 
-class Hardsigmoid(Module):
+class _Written(Module):
+    """An activation written with other ops: the F function _fn names, with inplace as PyTorch's."""
+
+    _fn = None
+
+    def __init__(self, inplace=False):
+        super().__init__()
+        self.inplace = inplace
+
+    def forward(self, x):
+        from . import functional as F
+        return getattr(F, self._fn)(x, self.inplace)
+
+
+class Hardsigmoid(_Written):
     """relu6(x + 3) / 6, as torch.nn.Hardsigmoid."""
 
-    def __init__(self, inplace=False):
-        super().__init__()
-        self.inplace = inplace
-
-    def forward(self, x):
-        from . import functional as F
-        return F.hardsigmoid(x, self.inplace)
+    _fn = "hardsigmoid"
 
 
-class Mish(Module):
+class Mish(_Written):
     """x tanh(softplus(x)), as torch.nn.Mish."""
 
-    def __init__(self, inplace=False):
-        super().__init__()
-        self.inplace = inplace
-
-    def forward(self, x):
-        from . import functional as F
-        return F.mish(x, self.inplace)
+    _fn = "mish"
 
 
 class PReLU(Module):
