@@ -1086,3 +1086,21 @@ def test_rounding_signs_and_tests_match_numpy():
     for ours, theirs in [(ft.tensor(b).chunk(3, 1), torch.tensor(b).chunk(3, 1)),
                          (ft.tensor(b).split(3, 1), torch.tensor(b).split(3, 1))]:
         assert [tuple(x.shape) for x in ours] == [tuple(x.shape) for x in theirs]
+
+
+def test_functions_written_with_other_ops_refuse_bad_input():
+    x = ft.ones(2, 3, 4, 4)
+    with pytest.raises(ValueError, match="triplet_margin_loss: margin must be greater than 0, got 0"):
+        F.triplet_margin_loss(ft.ones(2, 3), ft.ones(2, 3), ft.ones(2, 3), margin=0)
+    with pytest.raises(ValueError, match="glu: dimension -1 of size 3 is not even"):
+        F.glu(ft.ones(2, 3))
+    with pytest.raises(ValueError, match=r"rms_norm: normalized_shape \(5,\) is not the trailing shape"):
+        F.rms_norm(x, 5)
+    with pytest.raises(ValueError, match="pixel_shuffle: 3 channels are not divisible by upscale_factor"):
+        F.pixel_shuffle(x, 2)
+    with pytest.raises(ValueError, match="pixel_unshuffle: 4 x 4 is not divisible by downscale_factor 3"):
+        F.pixel_unshuffle(x, 3)
+    with pytest.raises(ValueError, match=r"pad: \(1, 1, 1\) does not pad pairs"):
+        F.pad(x, (1, 1, 1))
+    with pytest.raises(NotImplementedError, match="mode='replicate' is not supported"):
+        F.pad(x, (1, 1), mode="replicate")
