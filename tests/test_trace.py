@@ -1336,6 +1336,30 @@ def test_one_hot_pixel_labels_and_embedded_grids_in_either_layout(memory_format)
     np.testing.assert_allclose(program.predict(ids).numpy(), grid(ft.tensor(ids)).numpy(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("norm", [lambda: nn.BatchNorm2d(4), lambda: nn.GroupNorm(2, 4),
+                                  lambda: nn.InstanceNorm2d(4, affine=True)], ids=["batch", "group", "instance"])
+def test_norms_of_a_reshaped_vector_in_a_channels_last_program(norm):
+    """A norm reads and writes one layout: fed a vector reshaped into an image (a decoder's first block), it keeps
+    the reshape's order (the step was refused with "out must have the input's memory layout")."""
+
+    class Decoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.norm, self.conv = nn.Linear(6, 64), norm(), nn.Conv2d(4, CLASSES, 3, padding=1)
+
+        def forward(self, x):
+            h = F.relu(self.norm(self.fc(x).view(-1, 4, 4, 4)))
+            return self.conv(h).mean((2, 3))
+
+    ft.manual_seed(8)
+    model = Decoder()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=4, input_shape=(6,))
+    x, y = batch(4, shape=(6,), seed=9)
+    assert gradcheck(program, x, y, eps=1e-3, rtol=3e-2, atol=3e-3)
+    model.eval()
+    np.testing.assert_allclose(program.predict(x).numpy(), model(ft.tensor(x)).numpy(), rtol=1e-5, atol=1e-6)
+
+
 def test_targets_taken_as_one_value_per_sample_say_so_when_they_do_not_fit():
     model = nn.Conv2d(1, 3, 3, padding=1)
     with pytest.raises(ft.nn.TracingError, match=r"permute.*the targets were taken as one value per sample.*"

@@ -42,6 +42,15 @@ typedef enum {
     FT_NODE_LOW,     /* inputs, weights and output in the low precision, accumulating in float32 */
 } ft_node_precision;
 
+/* Where a kind's (C, H, W) output puts its elements in a channels-last
+ * program. */
+typedef enum {
+    FT_LAYOUT_PROGRAM,  /* channels innermost */
+    FT_LAYOUT_IN_ORDER, /* in the order of its shape: a reshape's values keep their order, a parameter's gradient
+                           its weight's, and rows of classes or of an embedding are written whole */
+    FT_LAYOUT_INPUT,    /* its input's: norms that read and write one layout take the one they are given */
+} ft_node_layout;
+
 typedef struct {
     const char *name;
     int min_inputs, max_inputs;
@@ -76,11 +85,8 @@ typedef struct {
      * mask, noise): each forward takes the next ones from the program's
      * stream, and a replay the same again. NULL: it draws none. */
     uint64_t (*draws)(int64_t numel);
-    /* Its output keeps the order of its shape in a channels-last program
-     * too, where other (C, H, W) outputs are laid out channels innermost: a
-     * reshape's values keep their order, a parameter's gradient its weight's,
-     * and rows of classes or of an embedding are written whole. */
-    bool in_order;
+    /* How its (C, H, W) output is laid out in a channels-last program. */
+    ft_node_layout layout;
 } ft_node_kind_info;
 
 extern const ft_node_kind_info ft_node_kinds[FT_NODE_NKINDS];

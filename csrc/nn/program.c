@@ -76,14 +76,32 @@ static const ft_node_kind_info *row(const ft_program *p, int i) { return &ft_nod
 
 static bool is_image(const ft_node *nd) { return nd->ndim == 3; }
 
-/* A (rows, ...) view at `offset` bytes of `arena` in the program's layout. */
-static ft_tensor view_at(const ft_program *p, const ft_node *nd, ft_storage *arena, int64_t offset, int64_t rows,
-                         ft_dtype dtype) {
-    ft_tensor t = {.storage = arena, .offset = offset, .dtype = dtype, .ndim = nd->ndim + 1};
+/* Whether node i's output is its input's memory (no op runs). */
+static bool is_view(const ft_program *p, int i, bool training) {
+    const ft_node *nd = &p->nodes[i];
+    const ft_node_kind_info *k = row(p, i);
+    return k->is_view && k->is_view(nd, nd->ninputs ? &p->nodes[nd->inputs[0]] : NULL, p->channels_last, training);
+}
+
+/* Whether node i's output is laid out in the order of its shape (else
+ * channels innermost). A view's is its input's. */
+static bool in_order(const ft_program *p, int i, bool training) {
+    const ft_node *nd = &p->nodes[i];
+    if (!is_image(nd) || !p->channels_last || row(p, i)->layout == FT_LAYOUT_IN_ORDER)
+        return true;
+    if (i > 0 && (row(p, i)->layout == FT_LAYOUT_INPUT || is_view(p, i, training)))
+        return in_order(p, nd->inputs[0], training);
+    return false;
+}
+
+/* A (rows, ...) view of node i's output at `offset` bytes of `arena`. */
+static ft_tensor view_at(const ft_program *p, int i, bool training, ft_storage *arena, int64_t offset, int64_t rows) {
+    const ft_node *nd = &p->nodes[i];
+    ft_tensor t = {.storage = arena, .offset = offset, .dtype = p->dtype[i], .ndim = nd->ndim + 1};
     t.shape[0] = rows;
     memcpy(t.shape + 1, nd->shape, (size_t)nd->ndim * sizeof *nd->shape);
     ft_contiguous_strides(t.strides, t.ndim, t.shape);
-    if (is_image(nd) && p->channels_last && !ft_node_kinds[nd->kind].in_order) {
+    if (!in_order(p, i, training)) {
         int64_t C = nd->shape[0], H = nd->shape[1], W = nd->shape[2];
         int64_t s[4] = {H * W * C, 1, W * C, C};
         memcpy(t.strides, s, sizeof s);
@@ -155,13 +173,6 @@ static int64_t place(block *b, int nb) {
     free(placed);
     free(live);
     return size;
-}
-
-/* Whether node i's output is its input's memory (no op runs). */
-static bool is_view(const ft_program *p, int i, bool training) {
-    const ft_node *nd = &p->nodes[i];
-    const ft_node_kind_info *k = row(p, i);
-    return k->is_view && k->is_view(nd, nd->ninputs ? &p->nodes[nd->inputs[0]] : NULL, p->channels_last, training);
 }
 
 /* Views in training share their input's gradient buffer too: a write to
@@ -558,7 +569,7 @@ static ft_tensor node_out(const ft_program *p, bool training, int i, int64_t row
     if (nd->kind == FT_NODE_PARAM)
         return broadcast_param(nd, rows);
     const block *b = &(training ? p->train : p->eval)[i * NBUF + block_now(p, training, i, OUT)];
-    return view_at(p, nd, training ? p->train_arena : p->eval_arena, b->offset, rows, p->dtype[i]);
+    return view_at(p, i, training, training ? p->train_arena : p->eval_arena, b->offset, rows);
 }
 
 static ft_tensor node_aux(const ft_program *p, bool training, int i) {
@@ -572,7 +583,7 @@ static ft_tensor node_dout(const ft_program *p, int i, int64_t rows) {
     const ft_node *nd = &p->nodes[i];
     if (shares_grad(p, i))
         return seen_as(nd, node_dout(p, nd->inputs[0], rows));
-    return view_at(p, nd, p->train_arena, p->train[i * NBUF + DOUT].offset, rows, p->dtype[i]);
+    return view_at(p, i, true, p->train_arena, p->train[i * NBUF + DOUT].offset, rows);
 }
 
 static ft_tensor rows_of(const ft_tensor *t, int64_t r0, int64_t rows) {
