@@ -12,7 +12,7 @@ import pytest
 
 import fasttrain as ft
 
-F = ft.nn.functional
+F, nn = ft.nn.functional, ft.nn
 rng = np.random.default_rng(0)
 TOL = {"float16": 1e-3, "bfloat16": 8e-3, "float32": 2e-6, "float64": 1e-12}
 REAL = ["bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"]
@@ -1102,5 +1102,31 @@ def test_functions_written_with_other_ops_refuse_bad_input():
         F.pixel_unshuffle(x, 3)
     with pytest.raises(ValueError, match=r"pad: \(1, 1, 1\) does not pad pairs"):
         F.pad(x, (1, 1, 1))
-    with pytest.raises(NotImplementedError, match="mode='replicate' is not supported"):
-        F.pad(x, (1, 1), mode="replicate")
+    with pytest.raises(NotImplementedError, match="mode='edge' is not supported"):
+        F.pad(x, (1, 1), mode="edge")
+    with pytest.raises(ValueError, match=r"mode='reflect' cannot pad dimension 3 of size 4 by \(1, 4\): it pads by "
+                                         r"at most 3 \(the size less one\)"):
+        F.pad(x, (1, 4), mode="reflect")
+    with pytest.raises(ValueError, match=r"mode='circular' cannot pad dimension 2 of size 4 by \(0, 5\)"):
+        F.pad(x, (0, 0, 0, 5), mode="circular")
+    with pytest.raises(ValueError, match=r"mode='replicate' cannot pad .* \(-1, 1\): only mode='constant' crops"):
+        F.pad(x, (-1, 1), mode="replicate")
+    with pytest.raises(ValueError, match="value=0.5 is only used by mode='constant'"):
+        F.pad(x, (1, 1), mode="reflect", value=0.5)
+    with pytest.raises(ValueError, match="padding_mode must be one of"):
+        nn.Conv2d(3, 3, 3, padding_mode="mirror")
+    with pytest.raises(ValueError, match="ConvTranspose2d: only padding_mode='zeros'"):
+        nn.ConvTranspose2d(3, 3, 3, padding_mode="reflect")
+    with pytest.raises(ValueError, match=r"ReflectionPad2d: padding takes 4 values, got \(1, 1\)"):
+        nn.ReflectionPad2d((1, 1))
+
+
+@pytest.mark.parametrize("mode,numpy_mode", [("reflect", "reflect"), ("replicate", "edge"), ("circular", "wrap")])
+def test_pad_modes_match_numpy(mode, numpy_mode):
+    x = np.random.default_rng(3).standard_normal((2, 3, 5, 6)).astype(np.float32)
+    for pad in [(1, 2), (2, 1, 3, 0), (0, 0, 4, 1), (5, 5), (1, 1, 1, 1)]:
+        widths = [(0, 0)] * (4 - len(pad) // 2) + [tuple(pad[k:k + 2]) for k in range(len(pad) - 2, -1, -2)]
+        np.testing.assert_array_equal(n(F.pad(ft.tensor(x), pad, mode)), np.pad(x, widths, mode=numpy_mode))
+    layers = {"reflect": nn.ReflectionPad2d, "replicate": nn.ReplicationPad2d, "circular": nn.CircularPad2d}
+    np.testing.assert_array_equal(n(layers[mode]((1, 2, 0, 3))(ft.tensor(x))),
+                                  np.pad(x, [(0, 0), (0, 0), (0, 3), (1, 2)], mode=numpy_mode))

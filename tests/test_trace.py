@@ -1360,6 +1360,33 @@ def test_norms_of_a_reshaped_vector_in_a_channels_last_program(norm):
     np.testing.assert_allclose(program.predict(x).numpy(), model(ft.tensor(x)).numpy(), rtol=1e-5, atol=1e-6)
 
 
+def padded(lib=ft):
+    """The padding modes PyTorch code uses: a reflection pad layer, convolutions padding by replication and
+    wrapping around, and F.pad with mode='circular'."""
+    L, Fn = (nn, F) if lib is ft else (lib.nn, lib.nn.functional)
+    return L.Sequential(L.ReflectionPad2d((1, 2, 2, 1)), L.Conv2d(2, 4, 3, padding_mode="replicate", padding=1),
+                        L.ReLU(), L.Conv2d(4, 3, (3, 1), padding=(2, 0), padding_mode="circular"),
+                        L.ReplicationPad2d((0, 1, 0, 0)), L.Flatten(), L.Linear(3 * 11 * 10, CLASSES))
+
+
+def test_padding_modes_match_finite_differences_and_their_eager_forward():
+    x, y = batch(3, shape=(2, 6, 6), seed=43)
+    ft.manual_seed(10)
+    model = padded()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=3, input_shape=(2, 6, 6))
+    assert gradcheck(program, x, y, eps=1e-3, rtol=3e-2, atol=3e-3)  # eps crosses few of ReLU's kinks
+    np.testing.assert_allclose(program.predict(x).numpy(), model(ft.tensor(x)).numpy(), rtol=1e-5, atol=1e-5)
+
+
+@needs_torch
+def test_padding_modes_match_pytorch():
+    x, y = batch(3, shape=(2, 6, 6), seed=44)
+    tm, model = padded(torch), padded()
+    model.load_state_dict({k: v.detach().numpy() for k, v in tm.state_dict().items()})
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=3, input_shape=(2, 6, 6))
+    assert_gradients_match(program, tm, x, y, torch.nn.CrossEntropyLoss())
+
+
 def test_targets_taken_as_one_value_per_sample_say_so_when_they_do_not_fit():
     model = nn.Conv2d(1, 3, 3, padding=1)
     with pytest.raises(ft.nn.TracingError, match=r"permute.*the targets were taken as one value per sample.*"

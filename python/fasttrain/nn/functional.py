@@ -6,6 +6,7 @@ calls the same entry points.
 """
 import functools
 import inspect
+import math
 import numbers
 import warnings
 
@@ -75,7 +76,7 @@ def _conv_layer(weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     n = len(kernel)
     return _shell(M.Conv2d if n == 2 else M.Conv1d, weight=weight, bias=bias, in_channels=Cg * groups,
                   out_channels=K, groups=groups, kernel_size=tuple(kernel), stride=_tuple(stride, n),
-                  padding=_tuple(padding, n), dilation=_tuple(dilation, n))
+                  padding=_tuple(padding, n), dilation=_tuple(dilation, n), padding_mode="zeros")
 
 
 def _conv_transpose_layer(weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
@@ -84,7 +85,8 @@ def _conv_transpose_layer(weight, bias=None, stride=1, padding=0, output_padding
     n = len(kernel)
     return _shell(M.ConvTranspose2d if n == 2 else M.ConvTranspose1d, weight=weight, bias=bias, in_channels=C,
                   out_channels=Kg * groups, groups=groups, kernel_size=tuple(kernel), stride=_tuple(stride, n),
-                  padding=_tuple(padding, n), dilation=_tuple(dilation, n), output_padding=_tuple(output_padding, n))
+                  padding=_tuple(padding, n), dilation=_tuple(dilation, n), output_padding=_tuple(output_padding, n),
+                  padding_mode="zeros")
 
 
 def _lift(v, fill):
@@ -617,28 +619,50 @@ def pixel_unshuffle(input, downscale_factor):
 
 
 def pad(input, pad, mode="constant", value=None):
-    """input padded by value (0 by default) on both sides of its last len(pad) / 2 dimensions, the last first:
-    (left, right, top, bottom, ...), as torch.nn.functional.pad with mode='constant'; negative pads crop."""
-    if mode != "constant":
-        raise NotImplementedError(f"pad: mode={mode!r} is not supported; only 'constant' is")
+    """input padded on both sides of its last len(pad) / 2 dimensions, the last first: (left, right, top, bottom,
+    ...), as torch.nn.functional.pad. mode 'constant' fills value (0 by default) and a negative pad crops; 'reflect'
+    mirrors the values next to the edge, 'replicate' repeats the edge, 'circular' wraps around. Made of slices and
+    cat, so it traces and trains."""
+    if mode not in ("constant", "reflect", "replicate", "circular"):
+        raise NotImplementedError(f"pad: mode={mode!r} is not supported; use 'constant', 'reflect', 'replicate' or "
+                                  "'circular'")
     pad = tuple(int(p) for p in pad)
-    if len(pad) % 2 or len(pad) // 2 > input.ndim - (1 if isinstance(input, Symbolic) else 0):
+    lead = 1 if isinstance(input, Symbolic) else 0  # a traced value's batch dimension
+    if len(pad) % 2 or len(pad) // 2 > input.ndim - lead:
         raise ValueError(f"pad: {pad} does not pad pairs of the last dimensions of {tuple(input.shape)}")
-    value = 0.0 if value is None else float(value)
+    if mode != "constant" and value is not None:
+        raise ValueError(f"pad: value={value} is only used by mode='constant', not {mode!r}")
     out = input
     for k in range(len(pad) // 2):
         d, (before, after) = out.ndim - 1 - k, pad[2 * k:2 * k + 2]
         size = out.shape[d]
-        if before < 0 or after < 0:
-            out = out[(slice(None),) * d + (slice(max(-before, 0), size - max(-after, 0)),)]
-        parts = []
-        for n in (max(before, 0), None, max(after, 0)):
-            if n is None:
-                parts.append(out)
-            elif n:
-                block = [s for s in out.shape[1 if isinstance(out, Symbolic) else 0:]]
-                block[d - (1 if isinstance(out, Symbolic) else 0)] = n
-                parts.append(creation.full(tuple(block), value, device=getattr(out, "device", None)))
+
+        def part(start, stop):
+            return out[(slice(None),) * d + (slice(start, stop),)]
+        if mode == "constant":
+            if before < 0 or after < 0:
+                out = part(max(-before, 0), size - max(-after, 0))
+            blocks = [creation.full(tuple(out.shape[lead:d]) + (n,) + tuple(out.shape[d + 1:]),
+                                    0.0 if value is None else float(value), device=getattr(out, "device", None))
+                      if n else None for n in (max(before, 0), max(after, 0))]
+        else:
+            limit = {"reflect": size - 1, "circular": size, "replicate": math.inf if size else 0}[mode]
+            if min(before, after) < 0 or max(before, after) > limit:
+                why = ("only mode='constant' crops" if min(before, after) < 0 else
+                       f"it pads by at most {limit}" + (" (the size less one)" if mode == "reflect" else ""))
+                raise ValueError(f"pad: mode={mode!r} cannot pad dimension {d} of size {size} by ({before}, "
+                                 f"{after}): {why}")
+            if mode == "circular":
+                blocks = [part(size - before, size) if before else None, part(0, after) if after else None]
+            elif mode == "replicate":
+                keep = (-1,) * out.ndim
+                blocks = [part(at, at + 1).expand(*keep[:d], n, *keep[d + 1:]) if n else None
+                          for at, n in ((0, before), (size - 1, after))]
+            else:  # the values next to each edge, mirrored
+                near = ([part(i, i + 1) for i in range(before, 0, -1)],
+                        [part(size - 1 - i, size - i) for i in range(1, after + 1)])
+                blocks = [cat(b, dim=d) if len(b) > 1 else (b[0] if b else None) for b in near]
+        parts = [b for b in (blocks[0], out, blocks[1]) if b is not None]
         out = cat(parts, dim=d) if len(parts) > 1 else out
     return out
 

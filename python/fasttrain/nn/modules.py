@@ -353,8 +353,11 @@ class _ConvNd(Module):
                  padding_mode="zeros"):
         super().__init__()
         name, n = type(self).__name__, self._dims
-        if padding_mode != "zeros":
-            raise ValueError(f"{name} supports padding_mode='zeros' only")
+        if padding_mode not in ("zeros", "reflect", "replicate", "circular"):
+            raise ValueError(f"{name}: padding_mode must be one of 'zeros', 'reflect', 'replicate' or 'circular', "
+                             f"got {padding_mode!r}")
+        if padding_mode != "zeros" and self._transposed:
+            raise ValueError(f"{name}: only padding_mode='zeros' is supported, as in PyTorch")
         if isinstance(padding, str):
             raise ValueError(f"{name}: string padding ('same', 'valid') is not supported; give it in elements")
         if in_channels % groups or out_channels % groups:
@@ -362,6 +365,9 @@ class _ConvNd(Module):
         self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
         self.kernel_size, self.stride = _tuple(kernel_size, n), _tuple(stride, n)
         self.padding, self.dilation = _tuple(padding, n), _tuple(dilation, n)
+        self.padding_mode = padding_mode
+        if padding_mode != "zeros":  # traced through forward: F.pad, then the convolution without padding
+            self._leaf = False
         lead = (in_channels, out_channels // groups) if self._transposed else (out_channels, in_channels // groups)
         self.register_parameter("weight", creation.empty(*lead, *self.kernel_size))
         self.register_parameter("bias", creation.empty(out_channels) if bias else None)
@@ -384,6 +390,10 @@ class _ConvNd(Module):
     def forward(self, x):
         from . import functional as F
         conv = F.conv2d if self._dims == 2 else F.conv1d
+        if self.padding_mode != "zeros":
+            pads = tuple(p for p in reversed(self.padding) for _ in range(2))
+            return conv(F.pad(x, pads, self.padding_mode), self.weight, self.bias, self.stride, 0, self.dilation,
+                        self.groups)
         return conv(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
 
     def extra_repr(self):
@@ -391,7 +401,8 @@ class _ConvNd(Module):
                 + (f", padding={self.padding}" if any(self.padding) else "")
                 + (f", dilation={self.dilation}" if any(d != 1 for d in self.dilation) else "")
                 + (f", groups={self.groups}" if self.groups != 1 else "")
-                + ("" if self.bias is not None else ", bias=False"))
+                + ("" if self.bias is not None else ", bias=False")
+                + (f", padding_mode={self.padding_mode!r}" if self.padding_mode != "zeros" else ""))
 
 
 class _ConvTransposeNd(_ConvNd):
@@ -453,16 +464,15 @@ class ConvTranspose2d(_ConvTransposeNd):
 
 class Conv1d(_ConvNd):
     """1-d convolution of (N, C_in, L) sequences (or unbatched (C_in, L)), as torch.nn.Conv1d; it runs as the 2-d
-    convolution over (C_in, 1, L). Only padding_mode='zeros' and numeric padding (not 'same' or 'valid') are
-    supported."""
+    convolution over (C_in, 1, L). Numeric padding only (not 'same' or 'valid'), in any padding_mode."""
 
     _dims = 1
 
 
 class Conv2d(_ConvNd):
     """2-d convolution of (N, C_in, H, W) images (or unbatched (C_in, H, W)), as torch.nn.Conv2d, with weight (C_out,
-    C_in / groups, kH, kW) initialised as PyTorch does. Only padding_mode='zeros' and numeric padding (not 'same' or
-    'valid') are supported."""
+    C_in / groups, kH, kW) initialised as PyTorch does. Numeric padding only (not 'same' or 'valid'), in any
+    padding_mode."""
 
     _dims = 2
 
@@ -1036,6 +1046,95 @@ class PixelUnshuffle(_PixelShuffle):
     _fn, _arg = "pixel_unshuffle", "downscale_factor"
 
 
+class _Pad(Module):
+    """F.pad with a fixed mode and padding: an int pads every side, a tuple gives (left, right[, top, bottom])."""
+
+    _mode, _dims = "constant", 2
+
+    def __init__(self, padding, value=None):
+        super().__init__()
+        self.padding = (padding,) * 2 * self._dims if isinstance(padding, int) else tuple(padding)
+        if len(self.padding) != 2 * self._dims:
+            raise ValueError(f"{type(self).__name__}: padding takes {2 * self._dims} values, got {padding}")
+        self.value = value
+
+    def forward(self, x):
+        from . import functional as F
+        return F.pad(x, self.padding, self._mode, self.value)
+
+    def extra_repr(self):
+        return f"{self.padding}" + (f", value={self.value}" if self._mode == "constant" else "")
+
+
+class ConstantPad1d(_Pad):
+    """Pads the last dimension with value, as torch.nn.ConstantPad1d."""
+
+    _dims = 1
+
+    def __init__(self, padding, value):
+        super().__init__(padding, value)
+
+
+class ConstantPad2d(_Pad):
+    """Pads the last two dimensions with value, as torch.nn.ConstantPad2d."""
+
+    def __init__(self, padding, value):
+        super().__init__(padding, value)
+
+
+class ZeroPad1d(_Pad):
+    """Pads the last dimension with zeros, as torch.nn.ZeroPad1d."""
+
+    _dims = 1
+
+    def __init__(self, padding):
+        super().__init__(padding, 0.0)
+
+
+class ZeroPad2d(_Pad):
+    """Pads the last two dimensions with zeros, as torch.nn.ZeroPad2d."""
+
+    def __init__(self, padding):
+        super().__init__(padding, 0.0)
+
+
+class ReflectionPad1d(_Pad):
+    """Pads the last dimension with its values mirrored at the edges, as torch.nn.ReflectionPad1d."""
+
+    _mode, _dims = "reflect", 1
+
+
+class ReflectionPad2d(_Pad):
+    """Pads the last two dimensions with their values mirrored at the edges, as torch.nn.ReflectionPad2d (style
+    transfer and CycleGAN generators)."""
+
+    _mode = "reflect"
+
+
+class ReplicationPad1d(_Pad):
+    """Pads the last dimension by repeating its edge values, as torch.nn.ReplicationPad1d."""
+
+    _mode, _dims = "replicate", 1
+
+
+class ReplicationPad2d(_Pad):
+    """Pads the last two dimensions by repeating their edge values, as torch.nn.ReplicationPad2d."""
+
+    _mode = "replicate"
+
+
+class CircularPad1d(_Pad):
+    """Pads the last dimension with the values of its other end, as torch.nn.CircularPad1d."""
+
+    _mode, _dims = "circular", 1
+
+
+class CircularPad2d(_Pad):
+    """Pads the last two dimensions with the values of their other ends, as torch.nn.CircularPad2d."""
+
+    _mode = "circular"
+
+
 class Softplus(_Activation):
     """log(1 + exp(x)) elementwise, as torch.nn.Softplus with beta=1 (the only beta supported). It is computed exactly
     for every x, so threshold is kept for the repr but changes nothing."""
@@ -1096,6 +1195,9 @@ class _Pool(Module):
         self.kernel_size = _tuple(kernel_size, n)
         self.stride = self.kernel_size if stride is None else _tuple(stride, n)
         self.padding, self.dilation = _tuple(padding, n), _tuple(dilation, n)
+        self.padding_mode = padding_mode
+        if padding_mode != "zeros":  # traced through forward: F.pad, then the convolution without padding
+            self._leaf = False
         self.ceil_mode, self.count_include_pad = ceil_mode, count_include_pad
         # the arguments as given, for the repr (PyTorch's shows kernel_size=2, not (2, 2))
         self._given = (kernel_size, kernel_size if stride is None else stride, padding, dilation)
