@@ -136,18 +136,21 @@ struct copy_op {
     __device__ void operator()(float *v, int64_t) const { v[0] = put(v[0], v[1], accumulate); }
 };
 
-/* slots: out, inp. Element number i (C order) is kept when word i % 4 of
- * Philox block offset + i / 4 has (word >> 8) >= threshold. The block last
- * drawn is kept: a thread's consecutive elements mostly share it. */
+/* slots: out, inp. Element number i (C order) is kept when, for j = i / span,
+ * word j % 4 of Philox block offset + j / 4 has (word >> 8) >= threshold.
+ * The block last drawn is kept: a thread's consecutive elements mostly
+ * share it. */
 struct dropout_op {
     uint64_t seed, offset;
+    int64_t span;
     uint32_t threshold;
     float scale;
     bool accumulate;
     bool drawn;
     uint64_t block;
     ft_philox_block r;
-    __device__ void operator()(float *v, int64_t i) {
+    __device__ void operator()(float *v, int64_t e) {
+        int64_t i = e / span;
         uint64_t b = offset + (uint64_t)(i >> 2);
         if (!drawn || b != block) {
             r = ft_philox(seed, 0, b);
@@ -294,6 +297,7 @@ static ft_status dropout_run(const ft_tensor *out, const ft_tensor *inp, const f
     dropout_op op = {};
     op.seed = dp->seed;
     op.offset = dp->offset;
+    op.span = dp->span;
     op.threshold = (uint32_t)ceil(dp->p * 16777216.0);
     op.scale = dp->p < 1.0 ? (float)(1.0 / (1.0 - dp->p)) : 0.0f;
     op.accumulate = accumulate;

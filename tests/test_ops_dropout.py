@@ -120,6 +120,29 @@ def test_deterministic_across_thread_counts(threads):
                                                                           7)).astype(np.float32)).tobytes()
 
 
+@pytest.mark.parametrize("make", [t, nhwc])
+def test_channel_dropout_keeps_or_drops_each_channel_with_one_draw(make):
+    """span = H W: channel j of the (N C) channels in C order has the draw u_j, whatever the layout."""
+    x = np.random.default_rng(5).normal(size=(3, 8, 4, 5))
+
+    def keep(offset):
+        words = philox_words(21, offset, (24 + 3) // 4)[:24]
+        return np.repeat((words >> 8).astype(np.float64) / 2.0 ** 24 >= 0.4, 20).reshape(x.shape)
+    want = np.where(keep(6), x.astype(np.float32) * np.float32(1 / 0.6), np.float32(0))
+    np.testing.assert_array_equal(n(ft.ops.dropout_forward(None, make(x), 0.4, 21, 6, span=20)), want)
+    np.testing.assert_array_equal(n(ft.ops.dropout_backward(None, make(x), 0.4, 21, 6, span=20)), want)
+    ft.manual_seed(21)
+    g = ft.random.default_generator
+    before = g._offset
+    np.testing.assert_array_equal(n(F.dropout2d(make(x), 0.4)) != 0, keep(before))
+    assert g._offset - before == ft.ops.dropout_blocks(24)  # one draw per channel
+    y = n(F.dropout1d(t(x[0, :, 0]), 0.5))  # (C, L): a row each
+    assert np.all((y == 0).all(1) | (y != 0).all(1)) and 0 < (y == 0).mean() < 1
+    with pytest.warns(UserWarning, match="Received a 3D input to dropout2d"):
+        y = n(F.dropout2d(t(x[:, :, 0]), 0.5))  # read as (N, C, L), as PyTorch does
+    assert np.all((y == 0) == (y[:, :, :1] == 0))
+
+
 def test_empty_and_bad_input():
     assert ft.ops.dropout_forward(None, ft.zeros(0, 4), 0.5, 1, 0).shape == (0, 4)
     for p in (-0.1, 1.5, float("nan")):
@@ -131,3 +154,35 @@ def test_empty_and_bad_input():
         ft.ops.dropout_forward(None, ft.zeros(3, dtype=ft.int64), 0.5, 1, 0)
     with pytest.raises(ValueError, match=r"dropout_backward: dinp should have shape \(3,\), got \(4,\)"):
         ft.ops.dropout_backward(ft.zeros(4), ft.zeros(3), 0.5, 1, 0)
+    with pytest.raises(ValueError, match="dropout: span must be at least 1, got 0"):
+        ft.ops.dropout_forward(None, ft.zeros(3), 0.5, 1, 0, span=0)
+    with pytest.raises(ValueError, match=r"dropout2d: expected a 3-d \(unbatched\) or 4-d \(batched\) input, got 2-d"):
+        F.dropout2d(ft.zeros(3, 4))
+    with pytest.raises(ValueError, match="Dropout1d takes samples of 2 dimensions"):
+        ft.nn.Sequential(ft.nn.Dropout1d()).compile(ft.optim.SGD([ft.nn.Parameter(ft.zeros(1))], lr=0.1),
+                                                    ft.nn.MSELoss(), batch_size=2, input_shape=(3, 4, 5))
+
+
+def test_compiled_dropout2d_drops_whole_channels_in_forward_and_backward():
+    """One sample, out = w . dropout2d(x), loss out^2: the gradient dL/dw = 2 out keep x / (1 - p) shows the mask,
+    which must be whole channels, fresh each step, and the one the forward used (out recomputed from it)."""
+    C, H, W, p = 16, 3, 4, 0.5
+    x = np.random.default_rng(6).uniform(0.5, 1.5, (1, C, H, W)).astype(np.float32)
+    ft.manual_seed(7)
+    model = ft.nn.Sequential(ft.nn.Dropout2d(p), ft.nn.Flatten(), ft.nn.Linear(C * H * W, 1, bias=False))
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.0), ft.nn.MSELoss(), batch_size=1,
+                            input_shape=(C, H, W))
+    w = model[2].weight.numpy().reshape(C, H, W).astype(np.float64)
+    dropped, masks = [], set()
+    for _ in range(20):
+        loss = program.train_step(x, np.zeros((1, 1), np.float32))
+        ratio = model[2].weight.grad.numpy().reshape(C, H, W) / x[0]
+        kept = ratio[:, 0, 0] != 0
+        assert np.all((ratio != 0) == kept[:, None, None])  # whole channels
+        out = (w * x[0] * kept[:, None, None]).sum() / (1 - p)
+        assert loss == pytest.approx(out * out, rel=1e-5)
+        np.testing.assert_allclose(ratio[kept], 2 * out / (1 - p), rtol=1e-4)
+        dropped.append(1 - kept.mean())
+        masks.add(kept.tobytes())
+    assert len(masks) > 15 and abs(np.mean(dropped) - p) < 0.1
+    np.testing.assert_allclose(program.predict(x).numpy(), [[(w * x[0]).sum()]], rtol=1e-5)  # eval: no dropout

@@ -172,3 +172,43 @@ def test_what_compile_fixed_changing_afterwards_is_refused_not_ignored():
     m.train()
     program.train_step(x, y)
     assert not np.array_equal(m[0].weight.numpy(), before)
+
+
+def test_a_parameter_replaced_after_compile_is_refused_by_every_call():
+    m = nn.Sequential(nn.Flatten(), nn.Linear(12, 3))
+    program = m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=2,
+                        input_shape=(3, 4))
+    x, y = np.ones((2, 3, 4), np.float32), np.array([0, 1])
+    m[1].weight = nn.Parameter(ft.zeros(3, 12))
+    for call in (program.train_step, program.evaluate, lambda x, y: program.predict(x),
+                 lambda x, y: ft.evaluate(program, (x, y))):
+        with pytest.raises(ValueError, match=r"1\.weight was replaced after compile .*\.copy_\(\)"):
+            call(x, y)
+    m[1].extra = nn.Linear(2, 2)
+    with pytest.raises(ValueError, match=r"parameters changed after compile \(added \['1\.extra\.bias', "
+                                         r"'1\.extra\.weight'\], removed \[\]\)"):
+        program.predict(x)
+
+
+def test_weights_loaded_after_compile_into_a_conv_before_batch_norm_keep_their_bias():
+    """compile moves such a conv's bias into the batch norm's running mean; a bias loaded afterwards (PyTorch weights
+    loaded into a compiled model) is moved too before the program runs, so eval outputs are the loaded model's."""
+    ft.manual_seed(3)
+    m = nn.Sequential(nn.Conv2d(2, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 4 * 4, 3))
+    x = np.random.default_rng(4).standard_normal((2, 2, 6, 6)).astype(np.float32)
+    rng = np.random.default_rng(5)
+    loaded = {k: np.asarray(v) + rng.standard_normal(np.shape(v)).astype(np.asarray(v).dtype)
+              for k, v in m.state_dict().items() if k != "1.num_batches_tracked"}
+    loaded["1.running_var"] = np.abs(loaded["1.running_var"]) + 0.5
+    program = m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=2,
+                        input_shape=(2, 6, 6))
+    m.load_state_dict(loaded, strict=False)
+    # the loaded model's eval output in NumPy: conv + bias, then the running statistics
+    w, b = loaded["0.weight"], loaded["0.bias"]
+    win = np.lib.stride_tricks.sliding_window_view(x, (3, 3), axis=(2, 3))  # (N, C, 4, 4, 3, 3)
+    h = np.einsum("nchwij,kcij->nkhw", win, w) + b[:, None, None]
+    h = (h - loaded["1.running_mean"][:, None, None]) / np.sqrt(loaded["1.running_var"][:, None, None] + 1e-5)
+    h = h * loaded["1.weight"][:, None, None] + loaded["1.bias"][:, None, None]
+    want = h.reshape(2, -1) @ loaded["3.weight"].T + loaded["3.bias"]
+    np.testing.assert_allclose(program.predict(x).numpy(), want, rtol=1e-4, atol=1e-4)
+    assert not m[0].bias.numpy().any()  # moved into the running mean again

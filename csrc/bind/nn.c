@@ -115,7 +115,7 @@ static int parse_node(ft_module_state *st, PyObject *d, ft_node *nd) {
     }
     memset(nd, 0, sizeof *nd);
     long long kind, groups, act, ceil_mode, include_pad, training, norm_dims, slice_dim, slice_start, slice_step, dtype,
-        reduction, ignore_index, dim, padding_idx, causal, sync, abn, align_corners, uniform;
+        reduction, ignore_index, dim, padding_idx, causal, sync, abn, align_corners, uniform, channels;
     int64_t shape[FT_NODE_MAX_DIMS], perm[FT_NODE_MAX_DIMS];
     int nperm;
     double alpha;
@@ -154,7 +154,8 @@ static int parse_node(ft_module_state *st, PyObject *d, ft_node *nd) {
         get_long(d, "ignore_index", -100, &ignore_index) < 0 || get_long(d, "sync", 0, &sync) < 0 ||
         get_long(d, "abn", 0, &abn) < 0 || get_double(d, "flops", 0.0, &nd->flops) < 0 ||
         get_long(d, "align_corners", 0, &align_corners) < 0 || get_double(d, "scale_h", 0.0, &nd->lerp.scale_h) < 0 ||
-        get_double(d, "scale_w", 0.0, &nd->lerp.scale_w) < 0 || get_long(d, "uniform", 0, &uniform) < 0)
+        get_double(d, "scale_w", 0.0, &nd->lerp.scale_w) < 0 || get_long(d, "uniform", 0, &uniform) < 0 ||
+        get_long(d, "channels", 0, &channels) < 0)
         return -1;
     if ((dtype != FT_FLOAT32 && dtype != FT_INT64) || reduction < 0 || reduction > FT_NODE_REDUCE_BATCHMEAN) {
         PyErr_Format(PyExc_ValueError, "node dtype code %lld or reduction code %lld is not one a program takes", dtype,
@@ -164,6 +165,7 @@ static int parse_node(ft_module_state *st, PyObject *d, ft_node *nd) {
     nd->dtype = (ft_dtype)dtype;
     nd->lerp.align_corners = align_corners;
     nd->uniform = uniform;
+    nd->dropout_channels = channels;
     nd->ignore_index = ignore_index;
     nd->reduction = (ft_node_reduction)reduction;
     if (nperm && nperm != nd->ndim) {

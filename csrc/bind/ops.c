@@ -550,8 +550,9 @@ done:
 
 /* ======================= dropout ======================= */
 
-static int parse_dropout(double p, PyObject *seed, PyObject *offset, ft_dropout_params *dp) {
+static int parse_dropout(double p, PyObject *seed, PyObject *offset, long long span, ft_dropout_params *dp) {
     dp->p = p;
+    dp->span = span;
     dp->seed = PyLong_AsUnsignedLongLongMask(seed);
     if (PyErr_Occurred())
         return -1;
@@ -562,14 +563,16 @@ static int parse_dropout(double p, PyObject *seed, PyObject *offset, ft_dropout_
 static PyObject *py_dropout_forward(PyObject *m, PyObject *args, PyObject *kw) {
     PyObject *o_out, *o_inp, *o_seed, *o_offset;
     double p;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOdOO:dropout_forward", KW("out", "inp", "p", "seed", "offset"),
-                                     &o_out, &o_inp, &p, &o_seed, &o_offset))
+    long long span = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOdOO|L:dropout_forward",
+                                     KW("out", "inp", "p", "seed", "offset", "span"), &o_out, &o_inp, &p, &o_seed,
+                                     &o_offset, &span))
         return NULL;
     ft_module_state *st = ft_py_state(m);
     const ft_tensor *inp;
     out_arg out;
     ft_dropout_params dp;
-    if (parse_dropout(p, o_seed, o_offset, &dp) < 0 || parse_in(st, o_inp, "inp", false, &inp) < 0 ||
+    if (parse_dropout(p, o_seed, o_offset, span, &dp) < 0 || parse_in(st, o_inp, "inp", false, &inp) < 0 ||
         parse_out(st, o_out, "out", false, &out) < 0 || alloc_like(st, &out, inp) < 0)
         return NULL;
     ft_status s;
@@ -581,15 +584,16 @@ static PyObject *py_dropout_backward(PyObject *m, PyObject *args, PyObject *kw) 
     PyObject *o_dinp, *o_dout, *o_seed, *o_offset;
     double p;
     int accumulate = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOdOO|p:dropout_backward",
-                                     KW("dinp", "dout", "p", "seed", "offset", "accumulate"), &o_dinp, &o_dout, &p,
-                                     &o_seed, &o_offset, &accumulate))
+    long long span = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOdOO|pL:dropout_backward",
+                                     KW("dinp", "dout", "p", "seed", "offset", "accumulate", "span"), &o_dinp, &o_dout,
+                                     &p, &o_seed, &o_offset, &accumulate, &span))
         return NULL;
     ft_module_state *st = ft_py_state(m);
     const ft_tensor *dout;
     out_arg dinp;
     ft_dropout_params dp;
-    if (parse_dropout(p, o_seed, o_offset, &dp) < 0 || parse_in(st, o_dout, "dout", false, &dout) < 0 ||
+    if (parse_dropout(p, o_seed, o_offset, span, &dp) < 0 || parse_in(st, o_dout, "dout", false, &dout) < 0 ||
         parse_out(st, o_dinp, "dinp", false, &dinp) < 0 || alloc_like(st, &dinp, dout) < 0)
         return NULL;
     ft_status s;
@@ -1891,8 +1895,8 @@ static PyMethodDef ops_methods[] = {
     KWFN(mul_backward, "mul_backward(da, db, dout, a, b, accumulate_a=False, accumulate_b=False) -> (da, db)"),
     KWFN(concat_forward, "concat_forward(out, inputs, dim=1) -> out"),
     KWFN(concat_backward, "concat_backward(grads, dout, sizes, dim=1, accumulate=False) -> [grads]"),
-    KWFN(dropout_forward, "dropout_forward(out, inp, p, seed, offset) -> out"),
-    KWFN(dropout_backward, "dropout_backward(dinp, dout, p, seed, offset, accumulate=False) -> dinp"),
+    KWFN(dropout_forward, "dropout_forward(out, inp, p, seed, offset, span=1) -> out"),
+    KWFN(dropout_backward, "dropout_backward(dinp, dout, p, seed, offset, accumulate=False, span=1) -> dinp"),
     {"dropout_blocks", py_dropout_blocks, METH_O, "dropout_blocks(numel) -> Philox blocks a mask uses"},
     KWFN(max_pool2d_forward, "max_pool2d_forward(out, indices, inp, kernel_size, stride=None, padding=0, "
                              "dilation=1, ceil_mode=False) -> (out, indices)"),

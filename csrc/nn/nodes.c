@@ -364,13 +364,19 @@ static bool dropout_is_view(const ft_node *nd, const ft_node *in, bool channels_
     return !training || nd->dropout_p == 0;
 }
 
+static ft_dropout_params dropout_of(const ft_node_run *r) {
+    const ft_node *nd = r->nd;
+    int64_t span = nd->dropout_channels && nd->shape[0] ? ft_node_numel(nd) / nd->shape[0] : 1;
+    return (ft_dropout_params){nd->dropout_p, r->seed, r->mask_offset, span > 0 ? span : 1};
+}
+
 static ft_status dropout_forward(const ft_node_run *r) {
-    ft_dropout_params dp = {r->nd->dropout_p, r->seed, r->mask_offset};
+    ft_dropout_params dp = dropout_of(r);
     return ft_dropout_forward(&r->out, &r->in[0], &dp);
 }
 
 static ft_status dropout_backward(const ft_node_run *r) {
-    ft_dropout_params dp = {r->nd->dropout_p, r->seed, r->mask_offset};
+    ft_dropout_params dp = dropout_of(r);
     return ft_dropout_backward(r->din[0], &r->dout, &dp, r->din_acc[0]);
 }
 

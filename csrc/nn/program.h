@@ -96,6 +96,7 @@ typedef struct {
     ft_batchnorm_params bn;
     ft_pool2d_params pool;
     double dropout_p;
+    bool dropout_channels; /* Dropout1d/2d: a channel's elements are kept or dropped together */
     int norm_dims; /* layer norm */
     double eps;    /* layer norm */
     double scale;

@@ -13,6 +13,7 @@
 
 typedef struct {
     uint64_t seed, offset;
+    int64_t span;
     uint32_t threshold; /* keep when (word >> 8) >= threshold */
     float scale;
     bool accumulate;
@@ -54,10 +55,13 @@ static void dropout_kernel(float *const *p, int64_t n, const int64_t *idx, int64
     float *y = p[0];
     const float *x = p[1];
     uint32_t w[CHUNK + 8];
-    if (idx) { /* elements not consecutive in C order: one block each */
+    if (idx || c->span > 1) { /* draws not consecutive: one block each */
+        int64_t draw[CHUNK];
         for (int64_t off = 0; off < n; off += CHUNK) {
             int64_t m = n - off < CHUNK ? n - off : CHUNK;
-            indexed_words(w, idx + off, c->seed, c->offset, m);
+            for (int64_t k = 0; k < m; k++)
+                draw[k] = (idx ? idx[off + k] : idx0 + off + k) / c->span;
+            indexed_words(w, draw, c->seed, c->offset, m);
             apply_mask(y + off, x + off, w, m, c->threshold, c->scale, c->accumulate);
         }
         return;
@@ -76,6 +80,8 @@ static ft_status run(const char *op, bool backward, const ft_tensor *out, const 
                      const char *inp_arg, const ft_dropout_params *p, bool accumulate) {
     if (!(p->p >= 0.0 && p->p <= 1.0))
         return ft_fail(FT_ERR_VALUE, "%s: dropout probability has to be between 0 and 1, but got %g", op, p->p);
+    if (p->span < 1)
+        return ft_fail(FT_ERR_VALUE, "%s: span must be at least 1, got %lld", op, (long long)p->span);
     ft_device dev = ft_op_device(inp);
     FT_TRY(ft_check_float_on(op, inp_arg, inp, dev, inp_arg, true));
     FT_TRY(ft_check_float_on(op, out_arg, out, dev, inp_arg, true));
@@ -87,7 +93,7 @@ static ft_status run(const char *op, bool backward, const ft_tensor *out, const 
             FT_CUDA_DISPATCH(op, dropout_backward, out, inp, p, accumulate);
         FT_CUDA_DISPATCH(op, dropout_forward, out, inp, p);
     }
-    dropout_ctx c = {p->seed, p->offset, (uint32_t)ceil(p->p * 16777216.0),
+    dropout_ctx c = {p->seed, p->offset, p->span, (uint32_t)ceil(p->p * 16777216.0),
                      p->p < 1.0 ? (float)(1.0 / (1.0 - p->p)) : 0.0f, accumulate};
     ft_pw_loop l = {.nops = 2, .nout = 1, .t = {out, inp}, .read_outputs = accumulate, .need_index = true,
                     .fn = dropout_kernel, .ctx = &c};

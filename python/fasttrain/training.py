@@ -53,6 +53,7 @@ def evaluate(program: Program, loader: Iterable[Any], tta_flip: bool = False) ->
     eval mode. With tta_flip the logits of each image and of its horizontal mirror are averaged (test-time
     augmentation). A fasttrain loader runs entirely in C."""
     loader = _as_loader(program, loader, program.batch_size if isinstance(loader, tuple) else None, False)
+    program._check_parameters()
     if _is_c_loader(loader):
         # The whole split, wherever an earlier iteration (or a restored state) left the loader; a position a
         # stopped fit (or ft.load) left to resume from is put back after it.

@@ -51,15 +51,14 @@ def _shell(cls, **fields):
     return m
 
 __all__ = [
-    "conv1d", "conv2d", "linear", "batch_norm", "layer_norm", "group_norm", "embedding", "interpolate",
-    "relu", "relu_", "leaky_relu", "leaky_relu_", "gelu", "silu", "sigmoid", "tanh",
-    "max_pool1d", "max_pool2d", "avg_pool1d", "avg_pool2d", "adaptive_avg_pool1d", "adaptive_avg_pool2d",
-    "adaptive_max_pool1d", "adaptive_max_pool2d",
-    "hardswish", "softplus", "dropout", "softmax", "log_softmax", "cross_entropy", "nll_loss", "mse_loss", "l1_loss",
-    "smooth_l1_loss", "huber_loss", "binary_cross_entropy_with_logits", "kl_div", "add", "mul", "cat", "flatten",
-    "scaled_dot_product_attention", "one_hot", "hardtanh", "relu6", "elu", "normalize", "binary_cross_entropy",
-    "cosine_similarity", "pairwise_distance", "triplet_margin_loss", "hardsigmoid", "mish", "prelu", "glu",
-    "rms_norm", "pixel_shuffle", "pixel_unshuffle", "pad", "conv_transpose1d", "conv_transpose2d",
+    "conv1d", "conv2d", "linear", "batch_norm", "layer_norm", "group_norm", "embedding", "interpolate", "relu",
+    "relu_", "leaky_relu", "leaky_relu_", "gelu", "silu", "sigmoid", "tanh", "max_pool1d", "max_pool2d", "avg_pool1d",
+    "avg_pool2d", "adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_max_pool1d", "adaptive_max_pool2d",
+    "hardswish", "softplus", "dropout", "dropout1d", "dropout2d", "softmax", "log_softmax", "cross_entropy",
+    "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy_with_logits", "kl_div",
+    "add", "mul", "cat", "flatten", "scaled_dot_product_attention", "one_hot", "hardtanh", "relu6", "elu", "normalize",
+    "binary_cross_entropy", "cosine_similarity", "pairwise_distance", "triplet_margin_loss", "hardsigmoid", "mish",
+    "prelu", "glu", "rms_norm", "pixel_shuffle", "pixel_unshuffle", "pad", "conv_transpose1d", "conv_transpose2d",
 ]
 
 
@@ -524,24 +523,62 @@ def _take_blocks(generator, n):
     return seed, offset
 
 
-def _dropout_layer(p=0.5, training=True, inplace=False, *, generator=None):
-    if generator is not None:
-        raise TypeError("dropout: a generator cannot be traced (compiled programs key masks by their seed)")
-    return M.Dropout(p) if training else M.Identity()
+def _dropout_layer(cls):
+    def layer(p=0.5, training=True, inplace=False, *, generator=None):
+        if generator is not None:
+            raise TypeError("dropout: a generator cannot be traced (compiled programs key masks by their seed)")
+        return cls(p) if training else M.Identity()
+    return layer
 
 
-@_traced(_dropout_layer)
-def dropout(input, p=0.5, training=True, inplace=False, *, generator=None):
-    """Zeroes each element with probability p and scales the rest by 1 / (1 - p). The mask is a pure function
-    of the generator's (seed, offset) and the element's index; ``ft.ops.dropout_backward`` with the same
-    (p, seed, offset) regenerates it. Returns input itself when not training or p == 0."""
-    _check(input, "input", "dropout")
+def _dropout(input, p, training, inplace, generator, fn, span):
+    _check(input, "input", fn)
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
     if not training or p == 0.0:
         return input
-    seed, offset = _take_blocks(generator, _C.dropout_blocks(input.numel()))
-    return _C.dropout_forward(input if inplace else None, input, float(p), seed, offset)
+    seed, offset = _take_blocks(generator, _C.dropout_blocks(input.numel() // max(span, 1)))
+    return _C.dropout_forward(input if inplace else None, input, float(p), seed, offset, span=max(span, 1))
+
+
+@_traced(_dropout_layer(M.Dropout))
+def dropout(input, p=0.5, training=True, inplace=False, *, generator=None):
+    """Zeroes each element with probability p and scales the rest by 1 / (1 - p). The mask is a pure function
+    of the generator's (seed, offset) and the element's index; ``ft.ops.dropout_backward`` with the same
+    (p, seed, offset) regenerates it. Returns input itself when not training or p == 0."""
+    return _dropout(input, p, training, inplace, generator, "dropout", 1)
+
+
+def _channel_dims(input, fn, dims):
+    """The number of values a channel of input has: input is (N, C, *spatial) or (C, *spatial) with `dims`
+    spatial dimensions; a 3-d input to dropout2d is read as (N, C, L), with PyTorch's warning."""
+    if fn == "dropout2d" and input.ndim == 3:
+        warnings.warn("dropout2d: Received a 3D input to dropout2d and assuming that channel-wise 1D dropout "
+                      "behavior is desired - input is interpreted as shape (N, C, L), where C is the channel dim. "
+                      "This behavior will change in a future release to interpret the input as one without a batch "
+                      "dimension, i.e. shape (C, H, W). To maintain the 1D channel-wise dropout behavior, please "
+                      "switch to using dropout1d instead.", stacklevel=3)
+        dims = 1
+    elif input.ndim not in (dims + 1, dims + 2):
+        raise ValueError(f"{fn}: expected a {dims + 1}-d (unbatched) or {dims + 2}-d (batched) input, got "
+                         f"{input.ndim}-d")
+    return math.prod(input.shape[input.ndim - dims:])
+
+
+@_traced(_dropout_layer(M.Dropout1d))
+def dropout1d(input, p=0.5, training=True, inplace=False):
+    """Zeroes each channel of (N, C, L) or (C, L) input whole with probability p and scales the rest by 1 / (1 - p),
+    as torch.nn.functional.dropout1d; a channel's values share one draw of the generator (see dropout)."""
+    _check(input, "input", "dropout1d")
+    return _dropout(input, p, training, inplace, None, "dropout1d", _channel_dims(input, "dropout1d", 1))
+
+
+@_traced(_dropout_layer(M.Dropout2d))
+def dropout2d(input, p=0.5, training=True, inplace=False):
+    """Zeroes each channel of (N, C, H, W) or (C, H, W) input whole with probability p and scales the rest by
+    1 / (1 - p), as torch.nn.functional.dropout2d (which reads a 3-d input as (N, C, L), and warns)."""
+    _check(input, "input", "dropout2d")
+    return _dropout(input, p, training, inplace, None, "dropout2d", _channel_dims(input, "dropout2d", 2))
 
 
 @_traced(lambda inplace=False: M.Hardswish())

@@ -1195,9 +1195,6 @@ class _Pool(Module):
         self.kernel_size = _tuple(kernel_size, n)
         self.stride = self.kernel_size if stride is None else _tuple(stride, n)
         self.padding, self.dilation = _tuple(padding, n), _tuple(dilation, n)
-        self.padding_mode = padding_mode
-        if padding_mode != "zeros":  # traced through forward: F.pad, then the convolution without padding
-            self._leaf = False
         self.ceil_mode, self.count_include_pad = ceil_mode, count_include_pad
         # the arguments as given, for the repr (PyTorch's shows kernel_size=2, not (2, 2))
         self._given = (kernel_size, kernel_size if stride is None else stride, padding, dilation)
@@ -1358,6 +1355,7 @@ class Dropout(Module):
     The mask comes from fasttrain's Philox generator (see F.dropout). Unlike PyTorch's, p = 1 is refused."""
 
     _leaf = True
+    _fn, _dims = "dropout", 0  # channel dropout: the spatial dimensions a channel's single draw covers
 
     def __init__(self, p=0.5, inplace=False):
         super().__init__()
@@ -1367,10 +1365,29 @@ class Dropout(Module):
 
     def forward(self, x):
         from . import functional as F
-        return F.dropout(x, self.p, self.training, self.inplace)
+        return getattr(F, self._fn)(x, self.p, self.training, self.inplace)
+
+    def output_shape(self, shape):
+        if self._dims and len(shape) not in (2, self._dims + 1):  # Dropout2d reads (C, L) samples as PyTorch does
+            raise ValueError(f"{type(self).__name__} takes samples of {self._dims + 1} dimensions (C, ...), got "
+                             f"{shape}")
+        return shape
 
     def extra_repr(self):
         return f"p={self.p}, inplace={self.inplace}"
+
+
+class Dropout1d(Dropout):
+    """Zeroes each channel of (N, C, L) samples whole with probability p in training, as torch.nn.Dropout1d."""
+
+    _fn, _dims = "dropout1d", 1
+
+
+class Dropout2d(Dropout):
+    """Zeroes each channel of (N, C, H, W) images whole with probability p in training, as torch.nn.Dropout2d (which
+    reads (N, C, L) as sequences, and warns)."""
+
+    _fn, _dims = "dropout2d", 2
 
 
 class Flatten(Module):

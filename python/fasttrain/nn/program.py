@@ -81,7 +81,7 @@ def _node_of(module, shape):
     if isinstance(m, (M.Flatten, M.Reshape)):
         return RESHAPE, {}
     if isinstance(m, M.Dropout):
-        return DROPOUT, dict(p=m.p)
+        return DROPOUT, dict(p=m.p, channels=int(m._dims > 0))
     if isinstance(m, M.Identity):
         return IDENTITY, {}
     if isinstance(m, M.LayerNorm):
@@ -509,14 +509,9 @@ class Program:
             lacking = [n for n, p in model.named_parameters() if id(p) not in {id(q) for q in held}]
             raise ValueError(f"compile: the optimizer holds tensors that are not parameters of this model (an "
                              f"optimizer of another model?); of this model's parameters it lacks {lacking}")
-        for e in self.entries:
-            if e.bias_into is not None:
-                # The compiled model computes the convolution without its bias. Moved into the running mean
-                # (x + b - mean = x - (mean - b)), it leaves the function as it was, in eval mode too (a
-                # pretrained model's running mean holds its bias); the saved model describes what is trained.
-                if e.bias_into.running_mean is not None:
-                    e.bias_into.running_mean.sub_(e.module.bias)
-                e.module.bias.fill_(0)
+        self._folded = [e for e in self.entries if e.bias_into is not None]
+        self._fold_biases()
+        self._compiled_params = dict(model.named_parameters())
         self._nodes = [_node_dict(e, self.trainable) for e in self.entries]
         self._grad_views = [(p, p.grad) for p in dict.fromkeys(model.parameters()) if id(p) in self.trainable]
         if seed is None:  # dropout masks follow ft.manual_seed, as PyTorch's follow torch.manual_seed
@@ -580,13 +575,37 @@ class Program:
                                  "would not honour: it trains with batch statistics and dropout, and predict/evaluate "
                                  "use the running statistics without dropout by themselves; call .train() first")
 
-    def _check_compiled(self):
-        """Fails where what compile fixed has changed since (which parameters train, the layers' training mode),
-        rather than training on as compiled."""
-        for name, p in self.model.named_parameters():
+    def _fold_biases(self):
+        """The compiled model computes a convolution before a batch norm without its bias. Moved into the running
+        mean (x + b - mean = x - (mean - b)), it leaves the function as it was, in eval mode too (a pretrained
+        model's running mean holds its bias), and the saved model describes what is trained. Run before every use
+        of the program too, for a bias loaded since (load_state_dict after compile)."""
+        for e in self._folded:
+            if e.bias_into.running_mean is not None:
+                e.bias_into.running_mean.sub_(e.module.bias)
+            e.module.bias.fill_(0)
+
+    def _check_parameters(self):
+        """Fails where the parameters compile read have changed since (replaced by new ones, or which of them
+        train), rather than running on the ones it compiled."""
+        now, before = dict(self.model.named_parameters()), self._compiled_params
+        if now.keys() != before.keys():
+            raise ValueError(f"the model's parameters changed after compile (added {sorted(now.keys() - before.keys())}"
+                             f", removed {sorted(before.keys() - now.keys())}): compile again")
+        for name, p in now.items():
+            if p is not before[name]:
+                raise ValueError(f"{name} was replaced after compile by a new tensor, which the compiled program does "
+                                 "not read: copy the values into the one it compiled (load_state_dict, or its .copy_() "
+                                 "under ft.no_grad()), or compile again")
             if p.requires_grad != (id(p) in self.trainable):
                 raise ValueError(f"{name}.requires_grad became {p.requires_grad} after compile, which the compiled "
                                  "step does not see: compile again to train with it")
+        self._fold_biases()
+
+    def _check_compiled(self):
+        """Fails where what compile fixed has changed since (the parameters, the layers' training mode), rather than
+        training on as compiled."""
+        self._check_parameters()
         self._check_modes("")
 
     def _step(self, x, y):
@@ -630,6 +649,7 @@ class Program:
         """The model's (first) output for x, in eval mode (running batch-norm statistics, no dropout): for a batch
         (N, *input_shape) the outputs (N, ...); for one sample of shape input_shape its output alone, without the
         batch dimension. Any other shape is a ValueError naming both."""
+        self._check_parameters()
         xt = self._input(x)
         shape, one = tuple(xt.shape), tuple(self.input_shape)
         if shape == one:
@@ -647,6 +667,7 @@ class Program:
         """(loss, accuracy) of one batch in eval mode: the loss as training computes it, and the fraction of
         argmax predictions equal to the labels (None unless the model classifies: (classes,) outputs, class
         targets)."""
+        self._check_parameters()
         xt, yt = self._batch(x, y)
         loss_sum, correct = self._c.evaluate(xt, yt)
         n = xt.shape[0]
