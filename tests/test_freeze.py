@@ -52,8 +52,12 @@ def test_parameter_registers_on_assignment_and_shares_memory():
     assert repr(nn.Parameter(ft.ones(2))).startswith("Parameter containing:\ntensor([1., 1.])")
     with pytest.raises(TypeError, match="Parameter wraps a fasttrain Tensor"):
         nn.Parameter(np.zeros(2))
-    m.w = ft.ones(3, 4)  # a plain tensor replaces the parameter: no longer registered
-    assert [n for n, _ in m.named_parameters()] == ["b"]
+    with pytest.raises(TypeError, match=r"cannot assign Tensor as parameter 'w' \(nn.Parameter or None expected\)"):
+        m.w = ft.ones(3, 4)  # as PyTorch: a plain tensor cannot silently take a parameter's place
+    m.w = nn.Parameter(ft.ones(3, 4))  # a replaced parameter keeps its place in the order
+    assert [n for n, _ in m.named_parameters()] == ["w", "b"] and m.w.shape == (3, 4)
+    del m.w
+    assert [n for n, _ in m.named_parameters()] == ["b"] and not hasattr(m, "w")
 
 
 def test_assigned_parameters_train_in_a_compiled_program():
@@ -163,3 +167,29 @@ def test_inplace_layers_overwrite_their_input_in_eager_calls():
     x = ft.ones(1000)
     out = nn.Dropout(0.5, inplace=True)(x)
     assert out.data_ptr() == x.data_ptr() and set(np.unique(x.numpy())) == {0.0, 2.0}
+
+
+def test_assignment_follows_pytorch_for_buffers_and_children():
+    """A tensor assigned to a buffer's name stays a buffer (saved), a replaced child keeps its place in the order
+    (fine-tuning a new head), add_module registers by name, and a wrong kind under a parameter's or a child's name is
+    a TypeError rather than an attribute that silently leaves the state."""
+    class Masked(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("mask", ft.ones(3))
+            self.body, self.head = nn.Linear(3, 3), nn.Linear(3, 2)
+
+    m = Masked()
+    m.mask = m.mask * 0
+    assert list(m.state_dict()) == ["mask", "body.weight", "body.bias", "head.weight", "head.bias"]
+    assert not m.state_dict()["mask"].any()
+    m.body = nn.Linear(3, 3, bias=False)
+    assert list(m.state_dict()) == ["mask", "body.weight", "head.weight", "head.bias"]
+    m.add_module("extra", nn.Identity())
+    assert [n for n, _ in m.named_children()] == ["body", "head", "extra"]
+    with pytest.raises(TypeError, match=r"cannot assign int as child 'head' \(nn.Module or None expected\)"):
+        m.head = 3
+    with pytest.raises(KeyError, match="without '.'"):
+        m.add_module("a.b", nn.Identity())
+    m.head = None
+    assert list(m.state_dict()) == ["mask", "body.weight"] and m.head is None

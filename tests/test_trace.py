@@ -255,12 +255,13 @@ def torch_twins():
 @needs_torch
 @pytest.mark.parametrize("name", ["Net", "Tokens"])
 def test_matches_pytorch_with_state_dicts_both_ways(name):
-    """The same model written in PyTorch: state_dict loads with strict=True both ways; one step's loss, every
-    gradient and the updated weights agree to float32 tolerance."""
+    """The same model written in PyTorch: state_dict has its keys in the same order and loads with strict=True both
+    ways; one step's loss, every gradient and the updated weights agree to float32 tolerance."""
     ours_cls, theirs_cls, shape = torch_twins()[name]
     ft.manual_seed(10)
     ours = ours_cls()
     theirs = theirs_cls().double()
+    assert list(ours.state_dict()) == list(theirs.state_dict())  # code that pairs two state_dicts by position
     theirs.load_state_dict({k: torch.tensor(v, dtype=torch.float64) for k, v in ours.state_dict().items()},
                            strict=True)
     back = ours_cls()

@@ -45,12 +45,33 @@ class Module:
         object.__setattr__(self, "training", True)
 
     def __setattr__(self, name, value):
+        """As PyTorch's: a Parameter or a Module registers under name (a replaced one keeps its place in the
+        order), a tensor or None assigned to a buffer's name replaces the buffer, and a parameter or child name
+        takes only its own kind or None."""
         if isinstance(value, Parameter):
             return self.register_parameter(name, value)
+        if isinstance(value, Module):
+            return self._register(name, value, "_modules")
+        for table, kind in (("_parameters", "nn.Parameter"), ("_modules", "nn.Module"), ("_buffers", "Tensor")):
+            if name in self.__dict__[table]:
+                if value is not None and not (table == "_buffers" and isinstance(value, TensorBase)):
+                    raise TypeError(f"cannot assign {type(value).__name__} as {table[1:-1].replace('module', 'child')}"
+                                    f" {name!r} ({kind} or None expected)")
+                return self._register(name, value, table)
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name):
         for table in ("_parameters", "_buffers", "_modules"):
             self.__dict__[table].pop(name, None)
-        if isinstance(value, Module):
-            self._modules[name] = value
+        object.__delattr__(self, name)
+
+    def _register(self, name, value, table):
+        """value under name in table, where an earlier one of the same name kept its place."""
+        for other in ("_parameters", "_buffers", "_modules"):
+            if other != table:
+                self.__dict__[other].pop(name, None)
+        self.__dict__.pop(name, None)
+        self.__dict__[table][name] = value
         object.__setattr__(self, name, value)
 
     def register_parameter(self, name, tensor):
@@ -58,11 +79,17 @@ class Module:
         parameter (a layer without bias)."""
         if tensor is not None and not isinstance(tensor, Parameter):
             tensor = Parameter(tensor)
-        for table in ("_parameters", "_buffers", "_modules"):
-            self.__dict__[table].pop(name, None)
-        self.__dict__.pop(name, None)
-        self._parameters[name] = tensor
-        object.__setattr__(self, name, tensor)
+        self._register(name, tensor, "_parameters")
+
+    def add_module(self, name, module):
+        """Registers module (or None) as a child under name, as torch.nn.Module.add_module."""
+        if not isinstance(name, str) or not name or "." in name:
+            raise KeyError(f"module name must be a non-empty string without '.', got {name!r}")
+        if module is not None and not isinstance(module, Module):
+            raise TypeError(f"{type(module).__name__} is not a Module subclass")
+        self._register(name, module, "_modules")
+
+    register_module = add_module
 
     def apply(self, fn):
         """Calls fn(module) on every submodule, children before their parent, then on this module, and returns
@@ -91,9 +118,7 @@ class Module:
         """Registers tensor under name as a buffer: state that is saved in state_dict and moved by to(), but not a
         parameter (BatchNorm's running statistics). None keeps the name for an absent buffer. Unlike PyTorch's there is
         no persistent argument: every buffer is saved."""
-        self.__dict__.pop(name, None)
-        self._buffers[name] = tensor
-        object.__setattr__(self, name, tensor)
+        self._register(name, tensor, "_buffers")
 
     # ---- traversal ----
     def named_modules(self, prefix=""):
@@ -101,15 +126,20 @@ class Module:
         Unlike PyTorch's, a module reachable along several paths is listed under each."""
         yield prefix, self
         for name, child in self._modules.items():
-            yield from child.named_modules(f"{prefix}.{name}" if prefix else name)
+            if child is not None:
+                yield from child.named_modules(f"{prefix}.{name}" if prefix else name)
 
     def modules(self):
         """This module and every module below it, depth first (the modules of named_modules)."""
         return (m for _, m in self.named_modules())
 
+    def named_children(self):
+        """(name, module) of the direct child modules, in the order they were assigned."""
+        return ((k, m) for k, m in self._modules.items() if m is not None)
+
     def children(self):
         """The direct child modules, in the order they were assigned."""
-        return iter(self._modules.values())
+        return (m for _, m in self.named_children())
 
     def _named(self, table, remove_duplicate=True):
         seen = set()
@@ -192,17 +222,23 @@ class Module:
         (undoing half() or bfloat16()); returns self."""
         return self._cast("float32")
 
-    def state_dict(self):
-        """Parameters and buffers as NumPy arrays (copies), under PyTorch's key names."""
+    def _state(self):
+        """(name, tensor) of every parameter and buffer in PyTorch's state_dict order: each module's parameters,
+        then its buffers, then its children's; shared ones under each name."""
         out = OrderedDict()
-        for name, t in list(self.named_parameters(remove_duplicate=False)) + list(self.named_buffers()):
-            out[name] = t.cpu().numpy().copy()
+        for prefix, module in self.named_modules():
+            for table in (module._parameters, module._buffers):
+                out.update(((f"{prefix}.{k}" if prefix else k), t) for k, t in table.items() if t is not None)
         return out
+
+    def state_dict(self):
+        """Parameters and buffers as NumPy arrays (copies), under PyTorch's key names and in its order."""
+        return OrderedDict((name, t.cpu().numpy().copy()) for name, t in self._state().items())
 
     def load_state_dict(self, state, strict=True):
         """Copies arrays (or tensors) into the parameters and buffers; checks every shape first so that a
         mismatch changes nothing."""
-        own = OrderedDict(list(self.named_parameters(remove_duplicate=False)) + list(self.named_buffers()))
+        own = self._state()
         missing = [k for k in own if k not in state]
         unexpected = [k for k in state if k not in own]
         if strict and (missing or unexpected):
