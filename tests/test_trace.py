@@ -1388,6 +1388,89 @@ def test_padding_modes_match_pytorch():
     assert_gradients_match(program, tm, x, y, torch.nn.CrossEntropyLoss())
 
 
+SELU_ALPHA, SELU_SCALE = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946
+WRITTEN_ACTIVATIONS = {  # PyTorch's definitions, in NumPy
+    "SELU": ({}, lambda x: SELU_SCALE * np.where(x > 0, x, SELU_ALPHA * np.expm1(x))),
+    "CELU": ({"alpha": 0.7}, lambda x: np.maximum(x, 0) + np.minimum(0, 0.7 * np.expm1(x / 0.7))),
+    "LogSigmoid": ({}, lambda x: -np.logaddexp(0, -x)),
+    "Softsign": ({}, lambda x: x / (1 + np.abs(x))),
+    "Tanhshrink": ({}, lambda x: x - np.tanh(x)),
+    "Softmax2d": ({}, lambda x: np.exp(x) / np.exp(x).sum(-3, keepdims=True)),
+    "Softplus": ({"beta": 2.5}, lambda x: np.logaddexp(0, 2.5 * x) / 2.5),
+}
+
+
+def activation_net(name, lib=ft):
+    L = nn if lib is ft else lib.nn
+    return L.Sequential(L.Conv2d(3, 4, 3), getattr(L, name)(**WRITTEN_ACTIVATIONS[name][0]), L.Flatten(),
+                        L.Linear(36, CLASSES))
+
+
+@pytest.mark.parametrize("name", WRITTEN_ACTIVATIONS)
+def test_activations_written_with_other_ops_match_numpy_and_finite_differences(name):
+    x = np.random.default_rng(45).standard_normal((2, 3, 5, 5)) * 3
+    got = getattr(nn, name)(**WRITTEN_ACTIVATIONS[name][0])(ft.tensor(x.astype(np.float32))).numpy()
+    np.testing.assert_allclose(got, WRITTEN_ACTIVATIONS[name][1](x), rtol=1e-5, atol=1e-6)
+    ft.manual_seed(11)
+    model = activation_net(name)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=2, input_shape=(3, 5, 5))
+    x, y = batch(2, shape=(3, 5, 5), seed=46)
+    assert gradcheck(program, x, y, eps=1e-3, rtol=3e-2, atol=1e-3)
+
+
+@needs_torch
+@pytest.mark.parametrize("name", WRITTEN_ACTIVATIONS)
+def test_activations_written_with_other_ops_match_pytorch(name):
+    tm, model = activation_net(name, torch), activation_net(name)
+    model.load_state_dict({k: v.detach().numpy() for k, v in tm.state_dict().items()})
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=2, input_shape=(3, 5, 5))
+    x, y = batch(2, shape=(3, 5, 5), seed=47)
+    assert_gradients_match(program, tm, x, y, torch.nn.CrossEntropyLoss())
+    assert repr(model[1]) == repr(tm[1])
+
+
+def pair_losses(outputs, y, Fn=F):
+    """Ranking and embedding losses of targets 1 or -1, written as PyTorch code writes them: the library's and by
+    hand, arithmetic on the targets before any loss fixes their shape."""
+    a, b = outputs[:, :3], outputs[:, 3:]
+    by_hand = (-y * (a[:, 0] - b[:, 0]) + 0.3).clamp(min=0).mean()
+    return (Fn.margin_ranking_loss(a[:, 1], b[:, 1], y, margin=0.2) + Fn.cosine_embedding_loss(a, b, y, margin=0.1)
+            + by_hand)
+
+
+def test_pair_losses_of_plus_minus_one_targets_match_numpy():
+    rng = np.random.default_rng(48)
+    x, y = rng.standard_normal((6, 5)).astype(np.float32), np.array([1, -1, 1, 1, -1, -1], np.float32)
+    ft.manual_seed(12)
+    model = nn.Linear(5, 6)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), pair_losses, batch_size=6, input_shape=(5,))
+    o = model(ft.tensor(x)).numpy().astype(np.float64)
+    a, b = o[:, :3], o[:, 3:]
+    cos = (a * b).sum(1) / np.sqrt((a * a).sum(1) * (b * b).sum(1))
+    want = (np.maximum(0, -y * (a[:, 1] - b[:, 1]) + 0.2).mean() + np.where(y > 0, 1 - cos, np.maximum(0, cos - 0.1))
+            .mean() + np.maximum(0, -y * (a[:, 0] - b[:, 0]) + 0.3).mean())
+    assert program.evaluate(x, y)[0] == pytest.approx(want, rel=1e-5)
+    assert pair_losses(ft.tensor(o.astype(np.float32)), ft.tensor(y)).item() == pytest.approx(want, rel=1e-5)
+    assert gradcheck(program, x, y, eps=1e-3, rtol=3e-2, atol=1e-3)
+
+
+def test_labels_read_both_as_classes_and_as_float_values_are_refused_at_compile():
+    class TwoHeads(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 3), nn.Linear(4, 1)
+
+        def forward(self, x):
+            return self.a(x), self.b(x)
+
+    model = TwoHeads()
+    for loss in (lambda o, y: F.cross_entropy(o[0], y) + F.mse_loss(o[1], y.float().unsqueeze(1)),
+                 lambda o, y: F.mse_loss(o[1], y.float().unsqueeze(1)) + F.cross_entropy(o[0], y)):
+        with pytest.raises(ft.nn.TracingError, match=r"read as int64 labels at .* and as float values \(y\.float\(\)\)"
+                                                     r" at .*: a compiled program reads its targets in one dtype"):
+            model.compile(ft.optim.SGD(model.parameters(), lr=0.1), loss, batch_size=2, input_shape=(4,))
+
+
 def test_targets_taken_as_one_value_per_sample_say_so_when_they_do_not_fit():
     model = nn.Conv2d(1, 3, 3, padding=1)
     with pytest.raises(ft.nn.TracingError, match=r"permute.*the targets were taken as one value per sample.*"

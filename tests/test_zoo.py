@@ -483,7 +483,7 @@ def test_summary_counts_every_parameter_once(name):
      r"mode='reflect' cannot pad dimension 3 of size 2 by \(2, 2\)"),
     (lambda: nn.Conv1d(2, 4, 3, padding="same"), ValueError, r"string padding"),
     (lambda: nn.Softmax(), ValueError, r"give dim"),
-    (lambda: nn.Softplus(beta=2.0), NotImplementedError, r"beta"),
+    (lambda: nn.Softplus(beta=0.0), ValueError, r"beta must not be 0"),
 ])
 def test_unsupported_layer_arguments_are_refused_at_construction(make, error, match):
     with pytest.raises(error, match=match):

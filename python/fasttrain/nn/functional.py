@@ -57,7 +57,8 @@ __all__ = [
     "hardswish", "softplus", "dropout", "dropout1d", "dropout2d", "softmax", "log_softmax", "cross_entropy",
     "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy_with_logits", "kl_div",
     "add", "mul", "cat", "flatten", "scaled_dot_product_attention", "one_hot", "hardtanh", "relu6", "elu", "normalize",
-    "binary_cross_entropy", "cosine_similarity", "pairwise_distance", "triplet_margin_loss", "hardsigmoid", "mish",
+    "binary_cross_entropy", "cosine_similarity", "pairwise_distance", "triplet_margin_loss", "margin_ranking_loss",
+    "cosine_embedding_loss", "hardsigmoid", "mish", "selu", "celu", "logsigmoid", "softsign", "tanhshrink",
     "prelu", "glu", "rms_norm", "pixel_shuffle", "pixel_unshuffle", "pad", "conv_transpose1d", "conv_transpose2d",
 ]
 
@@ -589,10 +590,12 @@ def hardswish(input, inplace=False):
 
 @_traced(lambda beta=1.0, threshold=20.0: M.Softplus(beta, threshold))
 def softplus(input, beta=1.0, threshold=20.0):
-    """log(1 + exp(input)) elementwise, computed exactly for every input: only beta=1 is supported, and threshold
-    changes nothing."""
+    """log(1 + exp(beta input)) / beta elementwise, computed exactly for every input (so threshold changes
+    nothing)."""
+    if beta == 0:
+        raise ValueError("softplus: beta must not be 0")
     if beta != 1.0:
-        raise NotImplementedError("softplus with beta != 1 is not supported")
+        return softplus(input * beta) * (1.0 / beta)
     return _act(input, "softplus", fn="softplus")
 
 
@@ -606,6 +609,35 @@ def hardsigmoid(input, inplace=False):
 def mish(input, inplace=False):
     """input * tanh(softplus(input)), as torch.nn.functional.mish."""
     return _result(input, input * tanh(softplus(input)), inplace)
+
+
+def selu(input, inplace=False):
+    """scale * elu(input, alpha) with SELU's constants (scale 1.0507..., alpha 1.6732...), as
+    torch.nn.functional.selu."""
+    return _result(input, elu(input, 1.6732632423543772848170429916717) * 1.0507009873554804934193349852946, inplace)
+
+
+def celu(input, alpha=1.0, inplace=False):
+    """max(0, input) + min(0, alpha (exp(input / alpha) - 1)) = alpha elu(input / alpha), as
+    torch.nn.functional.celu."""
+    if alpha == 0:
+        raise ValueError("celu: alpha must not be 0")
+    return _result(input, elu(input * (1.0 / alpha)) * alpha, inplace)
+
+
+def logsigmoid(input):
+    """log(sigmoid(input)) = -softplus(-input), as torch.nn.functional.logsigmoid."""
+    return -softplus(-input)
+
+
+def softsign(input):
+    """input / (1 + |input|), as torch.nn.functional.softsign."""
+    return input / (input.abs() + 1.0)
+
+
+def tanhshrink(input):
+    """input - tanh(input), as torch.nn.functional.tanhshrink."""
+    return input - tanh(input)
 
 
 def prelu(input, weight):
@@ -1013,6 +1045,22 @@ def triplet_margin_loss(anchor, positive, negative, margin=1.0, p=2.0, eps=1e-6,
         from .._math import minimum
         d_an = minimum(d_an, pairwise_distance(positive, negative, p, eps))
     return _reduced((d_ap - d_an + margin).clamp_min(0.0), reduction)
+
+
+def margin_ranking_loss(input1, input2, target, margin=0.0, size_average=None, reduce=None, reduction="mean"):
+    """max(0, -target (input1 - input2) + margin) with targets 1 (input1 should rank higher) or -1, reduced as
+    reduction says, as torch.nn.functional.margin_ranking_loss."""
+    reduction = _reduction_of("margin_ranking_loss", _legacy_reduction(size_average, reduce, reduction))
+    return _reduced((-target * (input1 - input2) + margin).clamp_min(0.0), reduction)
+
+
+def cosine_embedding_loss(input1, input2, target, margin=0.0, size_average=None, reduce=None, reduction="mean"):
+    """1 - cos(input1, input2) where target is 1 and max(0, cos - margin) where it is -1 (the cosine along dim 1),
+    reduced as reduction says, as torch.nn.functional.cosine_embedding_loss; targets are 1 or -1."""
+    reduction = _reduction_of("cosine_embedding_loss", _legacy_reduction(size_average, reduce, reduction))
+    cos = cosine_similarity(input1, input2, dim=1, eps=1e-8)
+    similar = (target + 1.0) * 0.5  # 1 where target is 1, 0 where it is -1
+    return _reduced(similar * (1.0 - cos) + (1.0 - similar) * (cos - margin).clamp_min(0.0), reduction)
 
 
 # ---- residual add, mul and concatenation ----

@@ -373,6 +373,7 @@ class Symbolic:
         if isinstance(other, (int, float)):
             if other == 0:  # a new name for the value, as x + 0 is a new tensor (see in_place)
                 return Symbolic(self.node)
+            self._one_per_sample()
             c = constant_like(self, float(other))
             # a loss's constant is each sample's share of it: summed over the batch, divided by the batch size
             return self + (c.reduce("batchmean") if self.node.reduced else c)
@@ -511,8 +512,8 @@ class Symbolic:
 
     # ---- views and movement ----
     def _one_per_sample(self):
-        """Targets of no shape yet, viewed before a loss reads them (y.unsqueeze(1), y.view(-1, 1), y[:, None]),
-        are one value per sample: a label or a regression target. Their dtype is the loss's to fix."""
+        """Targets of no shape yet, viewed or computed on before a loss reads them (y.unsqueeze(1), y[:, None],
+        -y, 1 + y), are one value per sample: a label or a regression target. Their dtype is the loss's to fix."""
         if self.node.shape is None:
             bind_target(self, (), None)
             self.node.module.assumed = True
@@ -643,7 +644,15 @@ class Symbolic:
         an integer dtype only for the targets (y.long()), which the losses read as int64, and token ids."""
         from .._types import as_dtype
         m, labels = self.node.module, _layers().Target
-        if isinstance(m, labels) or isinstance(m, _layers().Reshape) and isinstance(self.node.inputs[0].module, labels):
+        if isinstance(m, _layers().Reshape) and isinstance(self.node.inputs[0].module, labels):
+            m = self.node.inputs[0].module
+        if isinstance(m, labels):
+            for a in (*args, *kwargs.values()):
+                try:
+                    if as_dtype(a).is_floating_point:
+                        m.floated = m.floated or _user_line()
+                except (TypeError, ValueError):
+                    continue
             return self
         for a in (*args, *kwargs.values()):
             try:
@@ -1321,6 +1330,8 @@ def bind_target(t, shape, dtype):
             return f"{'values' if dt is None else dt.name} of per-sample shape {sh}"
         raise TracingError(f"the targets are read as {read(dtype, shape)} at {_user_line()}, but as "
                            f"{read(m.dtype, t.node.shape)} elsewhere")
+    if m.dtype is not None and not m.dtype.is_floating_point:
+        m.labelled = m.labelled or _user_line()
 
 
 def Input(shape, dtype=None):
@@ -1383,6 +1394,12 @@ def trace_loss(loss, outputs, targets):
             raise
         raise type(e)(f"{e} (the targets were taken as one value per sample, by F.one_hot or a view, before a loss "
                       "read their shape: if each sample has more, give compile(..., target_shape=))") from e
+    m = targets.node.module
+    if m.floated and m.labelled:  # a program reads its targets in one dtype
+        raise TracingError(f"the targets are read as {m.dtype.name} labels at {m.labelled} and as float values "
+                           f"(y.float()) at {m.floated}: a compiled program reads its targets in one dtype, so one "
+                           "tensor cannot be both yet; compute the float term from the labels' one-hot rows "
+                           "(F.one_hot(y, C).float()) or from the model's outputs")
     if not isinstance(value, Symbolic):
         raise TracingError(f"the loss {name} returned {type(value).__name__}, not a traced value of the outputs")
     if not value.node.reduced:

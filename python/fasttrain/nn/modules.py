@@ -308,6 +308,9 @@ class Module:
     def _symbolic(self, *inputs):
         from .graph import Symbolic as S
         inputs = [x if isinstance(x, S) else inputs[0]._operand(x) for x in inputs]
+        for x in inputs:
+            if x.node.shape is None:  # targets of no shape yet, as a layer's input (-y)
+                x._one_per_sample()
         return Symbolic.record(self, inputs, self.output_shape(*[x.node.shape for x in inputs]))
 
     def output_shape(self, *shapes):
@@ -1172,19 +1175,76 @@ class CircularPad2d(_Pad):
 
 
 class Softplus(_Activation):
-    """log(1 + exp(x)) elementwise, as torch.nn.Softplus with beta=1 (the only beta supported). It is computed exactly
-    for every x, so threshold is kept for the repr but changes nothing."""
+    """log(1 + exp(beta x)) / beta elementwise, as torch.nn.Softplus. It is computed exactly for every x, so threshold
+    is kept for the repr but changes nothing."""
 
     act = "softplus"
 
     def __init__(self, beta=1.0, threshold=20.0):
         super().__init__()
-        if beta != 1.0:
-            raise NotImplementedError("Softplus with beta != 1 is not supported")
+        if beta == 0:
+            raise ValueError("Softplus: beta must not be 0")
         self.beta, self.threshold = beta, threshold  # log1p(exp(x)) is computed exactly: no threshold needed
+        if beta != 1.0:  # traced through forward: the softplus node between two scales
+            self._leaf = False
+
+    def forward(self, x):
+        from . import functional as F
+        return super().forward(x) if self.beta == 1.0 else F.softplus(x * self.beta) * (1.0 / self.beta)
 
     def extra_repr(self):
         return f"beta={self.beta}, threshold={self.threshold}"
+
+
+class _Function(Module):
+    """A layer computing the F function _fn names, written with other ops (no arguments)."""
+
+    _fn = None
+
+    def forward(self, x):
+        from . import functional as F
+        return getattr(F, self._fn)(x)
+
+
+class LogSigmoid(_Function):
+    """log(sigmoid(x)) = -softplus(-x), as torch.nn.LogSigmoid."""
+
+    _fn = "logsigmoid"
+
+
+class Softsign(_Function):
+    """x / (1 + |x|), as torch.nn.Softsign."""
+
+    _fn = "softsign"
+
+
+class Tanhshrink(_Function):
+    """x - tanh(x), as torch.nn.Tanhshrink."""
+
+    _fn = "tanhshrink"
+
+
+class SELU(_Written):
+    """scale * elu(x, alpha) with PyTorch's constants, as torch.nn.SELU."""
+
+    _fn = "selu"
+
+
+class CELU(Module):
+    """max(0, x) + min(0, alpha (exp(x / alpha) - 1)), as torch.nn.CELU."""
+
+    def __init__(self, alpha=1.0, inplace=False):
+        super().__init__()
+        if alpha == 0:
+            raise ValueError("CELU: alpha must not be 0")
+        self.alpha, self.inplace = float(alpha), inplace
+
+    def forward(self, x):
+        from . import functional as F
+        return F.celu(x, self.alpha, self.inplace)
+
+    def extra_repr(self):
+        return f"alpha={self.alpha}"
 
 
 class _Elementwise(_Activation):
@@ -1376,6 +1436,16 @@ class Softmax(Module):
 
     def extra_repr(self):
         return f"dim={self.dim}"
+
+
+class Softmax2d(Softmax):
+    """softmax over the channels of (N, C, H, W) or (C, H, W) images, as torch.nn.Softmax2d."""
+
+    def __init__(self):
+        super().__init__(-3)
+
+    def extra_repr(self):
+        return ""
 
 
 class LogSoftmax(Softmax):
@@ -1781,6 +1851,33 @@ class TripletMarginLoss(_Loss):
                                      reduction=self.reduction)
 
 
+class _PairLoss(_Loss):
+    """A loss of two inputs and targets 1 or -1 with a margin: the F function _fn names."""
+
+    _fn = None
+
+    def __init__(self, margin=0.0, size_average=None, reduce=None, reduction="mean"):
+        from .functional import _legacy_reduction
+        super().__init__(_legacy_reduction(size_average, reduce, reduction))
+        self.margin = margin
+
+    def forward(self, input1, input2, target):
+        from . import functional as F
+        return getattr(F, self._fn)(input1, input2, target, self.margin, reduction=self.reduction)
+
+
+class MarginRankingLoss(_PairLoss):
+    """max(0, -y (x1 - x2) + margin), as torch.nn.MarginRankingLoss."""
+
+    _fn = "margin_ranking_loss"
+
+
+class CosineEmbeddingLoss(_PairLoss):
+    """1 - cos(x1, x2) for y = 1, max(0, cos(x1, x2) - margin) for y = -1, as torch.nn.CosineEmbeddingLoss."""
+
+    _fn = "cosine_embedding_loss"
+
+
 class CosineSimilarity(Module):
     """F.cosine_similarity along dim, as torch.nn.CosineSimilarity."""
 
@@ -1938,6 +2035,7 @@ class Target(Module):
     _leaf = True
     dtype = None
     assumed = False  # the shape was taken as one value per sample before a loss read it
+    floated = labelled = None  # where y.float() and where a loss reading labels read them
 
 
 class Sum(Module):
