@@ -1471,6 +1471,15 @@ def test_labels_read_both_as_classes_and_as_float_values_are_refused_at_compile(
             model.compile(ft.optim.SGD(model.parameters(), lr=0.1), loss, batch_size=2, input_shape=(4,))
 
 
+@pytest.mark.parametrize("key", [0, "cls"])
+def test_targets_taken_apart_as_a_tuple_or_dict_name_the_packed_form(key):
+    model = nn.Linear(4, 3)
+    with pytest.raises(ft.nn.TracingError, match=r"the targets taken apart as y\[.*\] \(a tuple or dict of targets\)"
+                                                 r".*one-hot columns, with compile\(..., target_shape=\(k,\)"):
+        model.compile(ft.optim.SGD(model.parameters(), lr=0.1), lambda o, y: F.cross_entropy(o, y[key]),
+                      batch_size=2, input_shape=(4,))
+
+
 def test_targets_taken_as_one_value_per_sample_say_so_when_they_do_not_fit():
     model = nn.Conv2d(1, 3, 3, padding=1)
     with pytest.raises(ft.nn.TracingError, match=r"permute.*the targets were taken as one value per sample.*"

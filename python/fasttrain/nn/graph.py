@@ -710,6 +710,12 @@ class Symbolic:
 
     @_view
     def __getitem__(self, index):
+        labels = isinstance(self.node.module, _layers().Target)
+        if labels and not isinstance(index, (tuple, slice)) and index is not None:
+            fail(f"the targets taken apart as y[{index!r}] (a tuple or dict of targets)", "a compiled program takes "
+                 "its targets as one tensor: pack them as the columns of one float32 (N, k) array, class labels as "
+                 "one-hot columns, with compile(..., target_shape=(k,), target_dtype=ft.float32), and read the "
+                 "columns as y[:, a:b] (cross_entropy takes the one-hot columns as class probabilities)")
         self._one_per_sample()
         index = index if isinstance(index, tuple) else (index,)
         if index and index[0] is Ellipsis:  # x[..., k]: the ellipsis spans the batch
