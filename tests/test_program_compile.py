@@ -142,15 +142,46 @@ def test_a_model_compiled_again_after_zero_grad_fills_its_gradients():
         np.testing.assert_array_equal(p.grad.numpy(), w)
 
 
-@pytest.mark.parametrize("frozen", [lambda m: m.eval(), lambda m: m[1].eval(), lambda m: m[3].eval()])
-def test_compile_refuses_layers_left_in_eval_mode(frozen):
-    """A training step would train them in training mode regardless (PyTorch would not): refused by name."""
+def test_compile_refuses_a_model_left_in_eval_mode():
+    """Every batch norm and dropout would be frozen in the training step: almost always an .eval() left behind."""
     m = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Dropout(0.5), nn.Linear(144, 5))
-    frozen(m)
-    with pytest.raises(ValueError, match=r"compile: (BatchNorm2d|Dropout) is in eval mode .*call \.train\(\)"):
+    m.eval()
+    with pytest.raises(ValueError, match=r"compile: the model is in eval mode .*call \.train\(\) first"):
         m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=2, input_shape=(3, 8, 8))
     m.train()
     m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=2, input_shape=(3, 8, 8))
+
+
+def test_layers_put_in_eval_mode_stay_frozen_in_the_training_step():
+    """A batch norm in eval mode normalizes by its running statistics and leaves them as they are, and a dropout in
+    eval mode is the identity, in the step too (a frozen teacher, frozen batch norms): the step is the function
+    written in NumPy, the conv bias before such a batch norm trains, and ft.fit keeps those layers in eval mode."""
+    ft.manual_seed(13)
+    m = nn.Sequential(nn.Conv2d(2, 3, 3), nn.BatchNorm2d(3), nn.Flatten(), nn.Dropout(0.5), nn.Linear(12, 2))
+    rng = np.random.default_rng(14)
+    m[1].running_mean.copy_(rng.standard_normal(3).astype(np.float32))
+    m[1].running_var.copy_(rng.uniform(0.5, 2.0, 3).astype(np.float32))
+    m[1].eval(), m[3].eval()
+    program = m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.MSELoss(), batch_size=2, input_shape=(2, 4, 4))
+    x, y = rng.standard_normal((2, 2, 4, 4)).astype(np.float32), rng.standard_normal((2, 2)).astype(np.float32)
+    w, b = m[0].weight.numpy().astype(np.float64), m[0].bias.numpy().astype(np.float64)
+    stats = m[1].running_mean.numpy().copy(), m[1].running_var.numpy().copy()
+    win = np.lib.stride_tricks.sliding_window_view(x, (3, 3), axis=(2, 3))
+    h = np.einsum("nchwij,kcij->nkhw", win, w) + b[:, None, None]
+    scale = m[1].weight.numpy() / np.sqrt(stats[1] + 1e-5)
+    h = (h - stats[0][:, None, None]) * scale[:, None, None] + m[1].bias.numpy()[:, None, None]
+    head = m[4].weight.numpy().astype(np.float64)  # before the step updates it
+    out = h.reshape(2, -1) @ head.T + m[4].bias.numpy()
+    assert program.train_step(x, y) == pytest.approx(((out - y) ** 2).mean(), rel=1e-5)
+    dout = 2 * (out - y) / out.size  # back to the conv bias through the fixed scale
+    want_db = ((dout @ head).reshape(2, 3, 2, 2) * scale[:, None, None]).sum((0, 2, 3))
+    np.testing.assert_allclose(m[0].bias.grad.numpy(), want_db, rtol=1e-4, atol=1e-7)
+    np.testing.assert_array_equal(m[1].running_mean.numpy(), stats[0])  # not updated
+    ft.fit(program, (x, y), epochs=1, progress=False)
+    assert m.training and not m[1].training and not m[3].training
+    m[1].train()
+    with pytest.raises(ValueError, match=r"BatchNorm2d is in training mode, but was in eval mode at compile"):
+        program.train_step(x, y)
 
 
 def test_what_compile_fixed_changing_afterwards_is_refused_not_ignored():
@@ -167,7 +198,7 @@ def test_what_compile_fixed_changing_afterwards_is_refused_not_ignored():
     np.testing.assert_array_equal(m[0].weight.numpy(), before)
     m[0].requires_grad_(True)
     m[1].eval()
-    with pytest.raises(ValueError, match=r"^BatchNorm2d is in eval mode"):
+    with pytest.raises(ValueError, match=r"^BatchNorm2d is in eval mode, but was in training mode at compile"):
         program.train_step(x, y)
     m.train()
     program.train_step(x, y)

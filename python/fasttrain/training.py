@@ -201,7 +201,7 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
     from . import distributed
     progress = progress and distributed.get_rank() == 0
     for count in range(epochs):
-        program.model.train()
+        program._train_modes()
         program._check_compiled()
         skipped_before_epoch = program.skipped_steps
         if c_loader:

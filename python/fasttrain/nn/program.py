@@ -80,8 +80,8 @@ def _node_of(module, shape):
         return CAT, dict(dim=m.sample_dim(len(shape)))
     if isinstance(m, (M.Flatten, M.Reshape)):
         return RESHAPE, {}
-    if isinstance(m, M.Dropout):
-        return DROPOUT, dict(p=m.p, channels=int(m._dims > 0))
+    if isinstance(m, M.Dropout):  # in eval mode the identity, in the training step too
+        return DROPOUT, dict(p=m.p if m.training else 0.0, channels=int(m._dims > 0))
     if isinstance(m, M.Identity):
         return IDENTITY, {}
     if isinstance(m, M.LayerNorm):
@@ -227,7 +227,9 @@ def _fuse(entries):
             if entries[k].act is not None:
                 break
         nxt = users[k][0] if len(users[k]) == 1 else None
-        if nxt is not None and entries[nxt].kind == BATCHNORM and entries[k].act is None:
+        # (a batch norm in eval mode normalizes by its running statistics: it cancels nothing)
+        if nxt is not None and entries[nxt].kind == BATCHNORM and entries[k].act is None and \
+                entries[nxt].module.training:
             e.bias_into = entries[nxt].module
     keep = [i for i in range(len(entries)) if remap[i] == i]
     new_index = {old: new for new, old in enumerate(keep)}
@@ -309,7 +311,7 @@ def _node_dict(e, trainable):
         d["running_mean"] = getattr(m, "running_mean", None)
         d["running_var"] = getattr(m, "running_var", None)
         d["num_batches_tracked"] = getattr(m, "num_batches_tracked", None)
-        d["batch_stats"] = 1
+        d["batch_stats"] = int(m.training)  # in eval mode its running statistics, in the training step too
     return d
 
 
@@ -476,8 +478,14 @@ class Program:
         if self.input_dtype not in (_BY_NAME["float32"], _BY_NAME["int64"]):
             raise TypeError(f"compile: input_dtype must be float32 or int64 (token ids), got {self.input_dtype.name}")
         entries, output = _graph(model, input_shape, loss, target_shape, target_dtype, self.input_dtype)
-        self._modal = [e.module for e in entries if isinstance(e.module, (M._BatchNorm, M.Dropout))]
-        self._check_modes("compile: ")
+        if not model.training:
+            raise ValueError("compile: the model is in eval mode (.eval()), which would freeze every batch norm and "
+                             "dropout in the training step; call .train() first (predict and evaluate run in eval "
+                             "mode by themselves). Put only the layers to freeze in eval mode.")
+        # The layers a training step runs in eval mode: batch norms by their running statistics, dropout as the
+        # identity (a frozen teacher, batch norms frozen for fine-tuning), as PyTorch's step runs them.
+        self._modal = {id(e.module): (e.module, e.module.training) for e in entries
+                       if isinstance(e.module, (M._BatchNorm, M.Dropout))}
         self.entries = _fuse(entries)
         kept = {id(e): i for i, e in enumerate(self.entries)}
         while id(entries[output]) not in kept:  # an activation fused into the layer before it: that layer's output
@@ -566,14 +574,22 @@ class Program:
         """One optimizer step on the batch (x, y): forward, loss, backward, update, all in C. Returns the loss."""
         return self._step(x, y)[0]
 
-    def _check_modes(self, when):
-        """Fails where a batch norm or dropout is in eval mode: a compiled step trains in training mode regardless
-        (predict and evaluate run in eval mode by themselves)."""
-        for m in self._modal:
-            if not m.training:
-                raise ValueError(f"{when}{type(m).__name__} is in eval mode (.eval()), which a compiled training step "
-                                 "would not honour: it trains with batch statistics and dropout, and predict/evaluate "
-                                 "use the running statistics without dropout by themselves; call .train() first")
+    def _check_modes(self):
+        """Fails where a batch norm or dropout is not in the mode compile fixed for the training step (predict and
+        evaluate run every layer in eval mode by themselves)."""
+        for m, training in self._modal.values():
+            if m.training != training:
+                now, then = ("training", "eval") if m.training else ("eval", "training")
+                raise ValueError(f"{type(m).__name__} is in {now} mode, but was in {then} mode at compile, which the "
+                                 f"compiled training step keeps; call .{'train' if training else 'eval'}() "
+                                 "on it again, or compile again")
+
+    def _train_modes(self):
+        """The model in training mode, but for the layers compile found in eval mode (what ft.fit sets each
+        epoch, where a PyTorch loop calls model.train())."""
+        self.model.train()
+        for m, training in self._modal.values():
+            m.training = training
 
     def _fold_biases(self):
         """The compiled model computes a convolution before a batch norm without its bias. Moved into the running
@@ -606,7 +622,7 @@ class Program:
         """Fails where what compile fixed has changed since (the parameters, the layers' training mode), rather than
         training on as compiled."""
         self._check_parameters()
-        self._check_modes("")
+        self._check_modes()
 
     def _step(self, x, y):
         """train_step, returning (the loss, the samples whose training-mode output's argmax is their label: 0 unless
