@@ -100,7 +100,8 @@ def refuse_eager_parameters(op, operands):
     if uses_trainable(operands):
         fail(f"{op} of a trainable parameter outside the traced graph", "the result would be a constant through "
              "which the parameter never trains: use the parameter itself with traced values (x * self.gamma, "
-             "F.linear(x, self.weight)), or freeze it with requires_grad_(False) before compile")
+             "F.linear(x, self.weight)), or freeze it with requires_grad_(False) before compile; an L2 penalty "
+             "on the weights (lambda/2 * sum of p.pow(2)) is the optimizer's weight_decay=lambda (SGD, Adam)")
 
 
 def no_grad_entered():
