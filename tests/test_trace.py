@@ -382,6 +382,31 @@ def test_cat_along_any_dimension_and_softmax_methods_match_finite_differences():
     assert gradcheck(program, x, np.arange(4) % CLASSES, rtol=3e-2, atol=1e-3)
 
 
+class Dense(nn.Module):
+    """A DenseNet block's concatenation of every earlier feature map: more values than one node reads."""
+
+    def __init__(self, growth=2, layers=11):
+        super().__init__()
+        self.convs = nn.ModuleList([nn.Conv2d(1 + k * growth, growth, 3, padding=1) for k in range(layers)])
+        self.head = nn.Linear(1 + layers * growth, CLASSES)
+
+    def forward(self, x):
+        features = [x]
+        for conv in self.convs:
+            features.append(F.relu(conv(ft.cat(features, 1))))
+        return self.head(ft.cat(features, 1).mean((2, 3)))
+
+
+def test_a_concatenation_of_more_values_than_a_node_reads_matches_finite_differences():
+    ft.manual_seed(15)
+    model = Dense()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=2, input_shape=(1, 4, 4))
+    x, y = batch(2, shape=(1, 4, 4), seed=16)
+    np.testing.assert_allclose(program.predict(x).numpy(), model.eval()(ft.tensor(x)).numpy(), rtol=1e-5, atol=1e-6)
+    model.train()
+    assert gradcheck(program, x, y, eps=1e-3, rtol=3e-2, atol=3e-3)
+
+
 def _one_step(loss, x, y, classes=3, **compile_args):
     """The loss of one SGD step of a Linear(4, classes) under loss, and the weight after it."""
     ft.manual_seed(0)

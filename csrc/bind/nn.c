@@ -1123,7 +1123,8 @@ static const char *reduction_name(int k) {
 int ft_py_bind_nn(PyObject *module) {
     if (ft_py_add_type(module, &program_spec) < 0 ||
         ft_py_add_enum(module, "NODE_KINDS", FT_NODE_NKINDS, node_kind_name) < 0 ||
-        ft_py_add_enum(module, "ACTIVATIONS", FT_NUM_ACTS, act_name) < 0)
+        ft_py_add_enum(module, "ACTIVATIONS", FT_NUM_ACTS, act_name) < 0 ||
+        PyModule_AddIntConstant(module, "NODE_MAX_INPUTS", FT_NODE_MAX_INPUTS) < 0)
         return -1;
     return ft_py_add_enum(module, "REDUCTIONS", FT_NODE_REDUCE_BATCHMEAN + 1, reduction_name);
 }

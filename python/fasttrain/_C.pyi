@@ -20,6 +20,7 @@ MAX_DIMS: int
 DTYPES: list[tuple[str, int, int, int, int]]
 ACTIVATIONS: dict[str, int]
 NODE_KINDS: dict[str, int]
+NODE_MAX_INPUTS: int
 REDUCTIONS: dict[str, int]
 OPTIM_KINDS: dict[str, int]
 OPTIM_STATES: dict[str, int]

@@ -2088,6 +2088,14 @@ class Cat(Module):
             raise ValueError(f"cat: shapes {shapes} differ outside dimension {self.dim}")
         return (*shapes[0][:d], sum(s[d] for s in shapes), *shapes[0][d + 1:])
 
+    def _symbolic(self, *inputs):
+        from .._C import NODE_MAX_INPUTS as most
+        if len(inputs) <= most:
+            return super()._symbolic(*inputs)
+        # a node reads at most `most` inputs: more are joined in groups first (a DenseNet block's features)
+        return self(*[Cat(self.dim)(*inputs[k:k + most]) if len(inputs[k:k + most]) > 1 else inputs[k]
+                      for k in range(0, len(inputs), most)])
+
     def forward(self, *xs):
         from . import functional as F
         return F.cat(xs, self.dim)
