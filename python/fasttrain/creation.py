@@ -37,7 +37,11 @@ def full(size: int | Sequence[int], fill_value: Number | Tensor, *, dtype: DType
 
 def zeros(*size: int | Sequence[int], dtype: DTypeLike | None = None, device: DeviceLike = None,
           pin_memory: bool = False) -> Tensor:
-    """A tensor of zeros of the given size, float32 by default."""
+    """A tensor of zeros of the given size, float32 by default. In a traced forward, a size naming the batch
+    (x.size(0)) gives an RNN's zero initial state (PyTorch's h0 = torch.zeros(layers, x.size(0), hidden))."""
+    from .nn.graph import BatchSize, ZeroStates
+    if any(isinstance(n, BatchSize) for n in (size[0] if len(size) == 1 and not isinstance(size[0], int) else size)):
+        return ZeroStates(size)
     return empty(*size, dtype=dtype, device=device, pin_memory=pin_memory).fill_(0)
 
 

@@ -1026,6 +1026,12 @@ class _Refusing:
             raise AttributeError(name)
         self._refuse()
 
+    def _operator(self, *args):
+        self._refuse()
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = __matmul__ = \
+        __rmatmul__ = __neg__ = __getitem__ = _operator
+
 
 class Stacked(_Refusing):
     """Values permuted with a per-sample dimension before the batch (timm's attention: qkv.reshape(B, N, 3, H,
@@ -1054,6 +1060,77 @@ class Stacked(_Refusing):
     def _refuse(self, *args, **kwargs):
         fail(f"permute{self.dims} (the batch not first)", "such a permute can only be taken apart along its first "
              "dimension: q, k, v = qkv.unbind(0), or qkv[0]")
+
+
+class Layered(_Refusing):
+    """A traced RNN's final states, one per layer and direction (PyTorch's h_n of shape (L * D, N, H), the batch
+    not first): taken apart along that first dimension (h_n[-1], torch.cat((h_n[-2], h_n[-1]), 1), h_n[-2:],
+    iterating), stacked with the batch first (h_n.permute(1, 0, 2), h_n.transpose(0, 1)), squeezed when there is one
+    (h_n.squeeze(0)), or passed to an RNN as its initial state. Any other use fails."""
+
+    def __init__(self, states):
+        self.states = list(states)
+
+    @property
+    def shape(self):
+        return (len(self.states), *self.states[0].shape)
+
+    def size(self, dim=None):
+        return self.shape if dim is None else self.shape[dim]
+
+    def __len__(self):
+        return len(self.states)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return Layered(self.states[i])
+        if not isinstance(i, int):
+            self._refuse()
+        return self.states[i]
+
+    def __iter__(self):
+        return iter(self.states)
+
+    def unbind(self, dim=0):
+        if dim != 0:
+            self._refuse()
+        return tuple(self.states)
+
+    def squeeze(self, dim=0):
+        if dim != 0 or len(self.states) != 1:
+            self._refuse()
+        return self.states[0]
+
+    def permute(self, *dims):
+        dims = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims
+        if dims != (1, 0, 2):
+            self._refuse()
+        from .._math import stack
+        return stack(self.states, 1)
+
+    def transpose(self, dim0, dim1):
+        if {dim0, dim1} != {0, 1}:
+            self._refuse()
+        return self.permute(1, 0, 2)
+
+    def _refuse(self, *args, **kwargs):
+        fail("this use of an RNN's final states (h_n: layers and directions before the batch)", "take them apart "
+             "(h_n[-1], h_n[-2:]) or put the batch first (h_n.permute(1, 0, 2))")
+
+
+class ZeroStates(_Refusing):
+    """ft.zeros of a shape naming the batch size in a traced forward: an RNN's zero initial state (h0 =
+    ft.zeros(layers, x.size(0), hidden)), which it takes as none given. Any other use fails."""
+
+    def __init__(self, size):
+        self.size = size
+
+    def to(self, *args, **kwargs):
+        return self
+
+    def _refuse(self, *args, **kwargs):
+        fail(f"ft.zeros{self.size} (a size naming the batch) other than as an RNN's initial state",
+             "zeros of every sample's shape are x.new_zeros(...) or ft.zeros_like(x)")
 
 
 class NoIndices(_Refusing):

@@ -1934,6 +1934,151 @@ class Attention(Module):
         return f"heads={self.heads}" + (", causal" if self.causal else "")
 
 
+class _RNNBase(Module):
+    """RNN, LSTM and GRU as PyTorch's (its parameter names, shapes, initialisation and gate order), written with
+    linear layers and activations over the steps, so that they run eagerly and compile alike: a compiled program
+    unrolls the steps (a node per gate and step). Traced, the input is batch first (batch_first=True)."""
+
+    _gates = 1
+    _mode = None
+
+    def __init__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False, dropout=0.0,
+                 bidirectional=False, proj_size=0):
+        super().__init__()
+        name = type(self).__name__
+        if proj_size:
+            raise NotImplementedError(f"{name}: proj_size is not supported")
+        if not 0 <= dropout < 1:
+            raise ValueError(f"{name}: dropout must be in [0, 1), got {dropout}")
+        if min(input_size, hidden_size, num_layers) < 1:
+            raise ValueError(f"{name}: input_size, hidden_size and num_layers must be positive")
+        self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
+        self.bias, self.batch_first, self.dropout, self.bidirectional = bias, batch_first, float(dropout), bidirectional
+        G, H, k = self._gates * hidden_size, hidden_size, 1.0 / math.sqrt(hidden_size)
+        for layer in range(num_layers):
+            for suffix in ("", "_reverse")[:1 + bidirectional]:
+                fan_in = input_size if layer == 0 else H * (1 + bidirectional)
+                shapes = {"weight_ih": (G, fan_in), "weight_hh": (G, H), **({"bias_ih": (G,), "bias_hh": (G,)}
+                                                                           if bias else {})}
+                for kind, shape in shapes.items():
+                    self.register_parameter(f"{kind}_l{layer}{suffix}", init.uniform_(creation.empty(*shape), -k, k))
+
+    def _weights(self, layer, direction):
+        suffix = "_reverse" if direction else ""
+        return [getattr(self, f"{kind}_l{layer}{suffix}", None) for kind in ("weight_ih", "weight_hh", "bias_ih",
+                                                                           "bias_hh")]
+
+    def forward(self, input, hx=None):
+        from . import functional as F
+        from .. import _math
+        from .graph import Layered, fail
+        traced, name = isinstance(input, Symbolic), type(self).__name__
+        if traced and not self.batch_first:
+            fail(f"{name}(batch_first=False) on a traced value", f"traced values are batch first: construct the "
+                 f"{name} with batch_first=True")
+        x, unbatched = input, not traced and input.ndim == 2
+        if not traced and input.ndim not in (2, 3):
+            raise ValueError(f"{name}: expected a 2-d (unbatched) or 3-d input, got shape {tuple(input.shape)}")
+        if unbatched:
+            x = x.unsqueeze(0)
+        elif not traced and not self.batch_first:
+            x = x.transpose(0, 1)  # (N, T, features) within
+        if x.shape[-1] != self.input_size:
+            raise ValueError(f"{name}: input has {x.shape[-1]} features, expected input_size={self.input_size}")
+        first = self._states(hx, traced, unbatched)
+        D, T = 1 + self.bidirectional, x.shape[1]
+        last = []
+        for layer in range(self.num_layers):
+            outs = []
+            for d in range(D):
+                state, steps = first[layer * D + d], [None] * T
+                for t in (reversed(range(T)) if d else range(T)):
+                    state = self._cell(x[:, t], state, *self._weights(layer, d))
+                    steps[t] = state[0]
+                outs.append(_math.stack(steps, 1))
+                last.append(state)
+            x = outs[0] if D == 1 else _math.cat(outs, 2)
+            if self.dropout and self.training and layer + 1 < self.num_layers:
+                x = F.dropout(x, self.dropout)
+        out = x.squeeze(0) if unbatched else x if traced or self.batch_first else x.transpose(0, 1)
+        finals = [[s[k] for s in last] for k in range(len(last[0]))]  # h (and c) of each layer and direction
+        finals = [Layered(f) if traced else _math.stack(f, 0)[:, 0] if unbatched else _math.stack(f, 0)
+                  for f in finals]
+        return out, tuple(finals) if len(finals) > 1 else finals[0]
+
+    def _states(self, hx, traced, unbatched):
+        """Each layer and direction's initial state: a tuple of its parts ((h,) or (h, c)), None for zeros."""
+        from .graph import ZeroStates
+        n = self.num_layers * (1 + self.bidirectional)
+        parts = hx if isinstance(hx, tuple) else (hx,)
+        if hx is None or all(isinstance(p, ZeroStates) for p in parts):
+            return [None] * n
+        if len(parts) != (2 if self._mode == "LSTM" else 1):
+            raise ValueError(f"{type(self).__name__}: hx must be {'(h_0, c_0)' if self._mode == 'LSTM' else 'h_0'}")
+        if traced and not all(type(p).__name__ == "Layered" for p in parts):
+            from .graph import fail
+            fail("an initial state of tensors for a traced RNN", "pass hx=None (zeros, PyTorch's default) or the "
+                 "final states another RNN returned")
+        if not traced:
+            parts = tuple(p.unsqueeze(1) if unbatched else p for p in parts)
+        if len(parts[0]) != n:
+            raise ValueError(f"{type(self).__name__}: hx has {len(parts[0])} states, expected num_layers * "
+                             f"directions = {n}")
+        return [tuple(p[k] for p in parts) for k in range(n)]
+
+    def _cell(self, x, state, w_ih, w_hh, b_ih, b_hh):
+        """The next state ((h,) or (h, c)) from input x (N, features) and state (None: zeros)."""
+        from . import functional as F
+        gi = F.linear(x, w_ih, b_ih)
+        gh = F.linear(state[0], w_hh, b_hh) if state is not None else b_hh  # the hidden term of h = 0: its bias
+        if self._mode == "GRU":
+            (i_r, i_z, i_n), h_r, h_z, h_n = gi.chunk(3, -1), *(gh.chunk(3, -1) if gh is not None else (0.0,) * 3)
+            r, z = F.sigmoid(i_r + h_r), F.sigmoid(i_z + h_z)
+            n = F.tanh(i_n + r * h_n)
+            return ((1.0 - z) * n + (z * state[0] if state is not None else 0.0),)
+        gates = gi + gh if gh is not None else gi
+        if self._mode == "LSTM":
+            i, f, g, o = gates.chunk(4, -1)
+            i, f, g, o = F.sigmoid(i), F.sigmoid(f), F.tanh(g), F.sigmoid(o)
+            c = i * g if state is None else f * state[1] + i * g
+            return o * F.tanh(c), c
+        return (F.tanh(gates) if self._mode == "RNN_TANH" else F.relu(gates),)
+
+    def extra_repr(self):
+        return (f"{self.input_size}, {self.hidden_size}" + (f", num_layers={self.num_layers}" if self.num_layers > 1
+                                                            else "")
+                + ("" if self.bias else ", bias=False") + (", batch_first=True" if self.batch_first else "")
+                + (f", dropout={self.dropout}" if self.dropout else "")
+                + (", bidirectional=True" if self.bidirectional else ""))
+
+
+class RNN(_RNNBase):
+    """An Elman RNN, h = tanh (or relu) of x W_ih^T + b_ih + h W_hh^T + b_hh, as torch.nn.RNN."""
+
+    def __init__(self, input_size, hidden_size, num_layers=1, nonlinearity="tanh", bias=True, batch_first=False,
+                 dropout=0.0, bidirectional=False):
+        if nonlinearity not in ("tanh", "relu"):
+            raise ValueError(f"RNN: unknown nonlinearity {nonlinearity!r}; use 'tanh' or 'relu'")
+        super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional)
+        self._mode = "RNN_TANH" if nonlinearity == "tanh" else "RNN_RELU"
+
+    def extra_repr(self):
+        return super().extra_repr() + (", nonlinearity='relu'" if self._mode == "RNN_RELU" else "")
+
+
+class LSTM(_RNNBase):
+    """Long short-term memory, gates (input, forget, cell, output) in PyTorch's order, as torch.nn.LSTM; returns
+    output, (h_n, c_n)."""
+
+    _gates, _mode = 4, "LSTM"
+
+
+class GRU(_RNNBase):
+    """Gated recurrent units, gates (reset, update, new) in PyTorch's order and formulas, as torch.nn.GRU."""
+
+    _gates, _mode = 3, "GRU"
+
+
 class MultiheadAttention(Module):
     """PyTorch's nn.MultiheadAttention (batch_first=True) over fused attention: the packed input projection
     (in_proj_weight, in_proj_bias), the heads, out_proj. The attention weights are never formed (the fused

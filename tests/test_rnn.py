@@ -1,0 +1,199 @@
+"""RNN, LSTM and GRU: PyTorch's parameters and formulas, eagerly against NumPy and PyTorch, compiled (the steps
+unrolled into the program) against finite differences and PyTorch's gradients."""
+import numpy as np
+import pytest
+
+import fasttrain as ft
+from fasttrain.testing import gradcheck
+
+nn = ft.nn
+try:  # an optional oracle
+    import torch
+except ImportError:
+    torch = None
+needs_torch = pytest.mark.skipif(torch is None, reason="PyTorch is not installed")
+
+
+def sigmoid(v):
+    return 1 / (1 + np.exp(-v))
+
+
+def reference(mode, x, w_ih, w_hh, b_ih, b_hh):
+    """One layer, one direction, zero initial state, in float64: PyTorch's documented cell equations."""
+    N, T, _ = x.shape
+    H = w_hh.shape[1]
+    h, c, out = np.zeros((N, H)), np.zeros((N, H)), []
+    for t in range(T):
+        gi, gh = x[:, t] @ w_ih.T + b_ih, h @ w_hh.T + b_hh
+        if mode == "LSTM":
+            i, f, g, o = np.split(gi + gh, 4, axis=1)
+            c = sigmoid(f) * c + sigmoid(i) * np.tanh(g)
+            h = sigmoid(o) * np.tanh(c)
+        elif mode == "GRU":
+            (i_r, i_z, i_n), (h_r, h_z, h_n) = np.split(gi, 3, axis=1), np.split(gh, 3, axis=1)
+            r, z = sigmoid(i_r + h_r), sigmoid(i_z + h_z)
+            h = (1 - z) * np.tanh(i_n + r * h_n) + z * h
+        else:
+            h = np.tanh(gi + gh)
+        out.append(h)
+    return np.stack(out, 1), h
+
+
+@pytest.mark.parametrize("mode", ["RNN", "LSTM", "GRU"])
+def test_one_layer_matches_the_cell_equations(mode):
+    ft.manual_seed(1)
+    rnn = getattr(nn, mode)(4, 5, batch_first=True)
+    gates = {"RNN": 1, "LSTM": 4, "GRU": 3}[mode]
+    assert [(k, tuple(v.shape)) for k, v in rnn.named_parameters()] == [
+        ("weight_ih_l0", (gates * 5, 4)), ("weight_hh_l0", (gates * 5, 5)), ("bias_ih_l0", (gates * 5,)),
+        ("bias_hh_l0", (gates * 5,))]
+    assert all(np.abs(p.numpy()).max() <= 1 / np.sqrt(5) for p in rnn.parameters())  # U(-1/sqrt(H), 1/sqrt(H))
+    x = np.random.default_rng(2).standard_normal((3, 6, 4))
+    out, state = rnn(ft.tensor(x.astype(np.float32)))
+    h = state[0] if mode == "LSTM" else state
+    want_out, want_h = reference(mode, x, *(p.numpy().astype(np.float64) for p in rnn.parameters()))
+    np.testing.assert_allclose(out.numpy(), want_out, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(h.numpy(), want_h[None], rtol=1e-5, atol=1e-6)
+
+
+class Tagger(nn.Module):
+    """Tokens through an embedding and a recurrent layer; the last layer's final state and the mean output."""
+
+    def __init__(self, mode, **kw):
+        super().__init__()
+        self.bidirectional = kw.get("bidirectional", False)
+        self.emb = nn.Embedding(9, 4)
+        self.rnn = getattr(nn, mode)(4, 5, batch_first=True, **kw)
+        self.head = nn.Linear(5 * (1 + self.bidirectional) * 2, 3)
+
+    def forward(self, ids):
+        out, state = self.rnn(self.emb(ids))
+        h = state[0] if isinstance(state, tuple) else state
+        last = ft.cat((h[-2], h[-1]), 1) if self.bidirectional else h[-1]
+        return self.head(ft.cat((last, out.mean(1)), 1))
+
+
+KINDS = [("RNN", {}), ("LSTM", {}), ("GRU", {}), ("LSTM", {"num_layers": 2, "bidirectional": True}),
+         ("GRU", {"num_layers": 2, "bias": False})]
+
+
+@pytest.mark.parametrize("mode,kw", KINDS)
+def test_compiled_steps_match_finite_differences_and_the_eager_forward(mode, kw):
+    ft.manual_seed(3)
+    model = Tagger(mode, **kw)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=3, input_shape=(7,),
+                            input_dtype=ft.int64)
+    ids, y = np.random.default_rng(4).integers(0, 9, (3, 7)), np.array([0, 2, 1])
+    np.testing.assert_allclose(program.predict(ids).numpy(), model(ft.tensor(ids)).numpy(), rtol=1e-5, atol=1e-6)
+    assert gradcheck(program, ids, y, eps=1e-3, rtol=3e-2, atol=1e-3)
+
+
+@needs_torch
+@pytest.mark.parametrize("mode,kw", KINDS)
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_eager_layers_match_pytorch_with_states_passed_on(mode, kw, batch_first):
+    torch.manual_seed(5)
+    theirs = getattr(torch.nn, mode)(4, 5, batch_first=batch_first, **kw)
+    ours = getattr(nn, mode)(4, 5, batch_first=batch_first, **kw)
+    assert list(ours.state_dict()) == list(theirs.state_dict()) and repr(ours) == repr(theirs)
+    ours.load_state_dict({k: v.detach().numpy() for k, v in theirs.state_dict().items()}, strict=True)
+    x = np.random.default_rng(6).standard_normal((6, 3, 4)).astype(np.float32)
+    t_out, t_state = theirs(torch.from_numpy(x))
+    out, state = ours(ft.tensor(x))
+    np.testing.assert_allclose(out.numpy(), t_out.detach().numpy(), rtol=1e-5, atol=1e-6)
+    t_out, _ = theirs(torch.from_numpy(x), t_state)  # the final states as the next call's initial ones
+    out, _ = ours(ft.tensor(x), state)
+    np.testing.assert_allclose(out.numpy(), t_out.detach().numpy(), rtol=1e-5, atol=1e-6)
+    t_out, _ = theirs(torch.from_numpy(x[:, 0]))  # one unbatched sequence
+    np.testing.assert_allclose(ours(ft.tensor(x[:, 0]))[0].numpy(), t_out.detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+@needs_torch
+@pytest.mark.parametrize("mode,kw", KINDS)
+def test_compiled_gradients_match_pytorch(mode, kw):
+    class Theirs(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bidirectional = kw.get("bidirectional", False)
+            self.emb = torch.nn.Embedding(9, 4)
+            self.rnn = getattr(torch.nn, mode)(4, 5, batch_first=True, **kw)
+            self.head = torch.nn.Linear(5 * (1 + self.bidirectional) * 2, 3)
+
+        def forward(self, ids):
+            out, state = self.rnn(self.emb(ids))
+            h = state[0] if isinstance(state, tuple) else state
+            last = torch.cat((h[-2], h[-1]), 1) if self.bidirectional else h[-1]
+            return self.head(torch.cat((last, out.mean(1)), 1))
+
+    torch.manual_seed(7)
+    theirs, model = Theirs(), Tagger(mode, **kw)
+    model.load_state_dict({k: v.detach().numpy() for k, v in theirs.state_dict().items()}, strict=True)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=4, input_shape=(7,),
+                            input_dtype=ft.int64)
+    ids, y = np.random.default_rng(8).integers(0, 9, (4, 7)), np.array([0, 2, 1, 1])
+    loss = program.backward(ids, y)
+    want = torch.nn.functional.cross_entropy(theirs(torch.from_numpy(ids)), torch.from_numpy(y))
+    want.backward()
+    assert loss == pytest.approx(want.item(), rel=1e-5)
+    grads = dict(model.named_parameters())
+    for name, p in theirs.named_parameters():
+        np.testing.assert_allclose(grads[name].grad.numpy(), p.grad.numpy(), rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+def test_what_a_compiled_rnn_cannot_take_is_refused():
+    class Uses(nn.Module):
+        def __init__(self, how, **kw):
+            super().__init__()
+            self.how, self.rnn, self.head = how, nn.LSTM(3, 4, **kw), nn.Linear(4, 2)
+
+        def forward(self, x):
+            if self.how == "zeros":
+                h0 = ft.zeros(1, 2, 4)
+                out, (h, c) = self.rnn(x, (h0, h0))
+            else:
+                out, (h, c) = self.rnn(x)
+            return self.head(h.mean(0) if self.how == "mean" else h[-1])
+
+    def compile(model):
+        model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=2, input_shape=(5, 3))
+
+    with pytest.raises(ft.nn.TracingError, match=r"LSTM\(batch_first=False\) on a traced value .* batch_first=True"):
+        compile(Uses("last"))
+    with pytest.raises(ft.nn.TracingError, match="an initial state of tensors for a traced RNN .* hx=None"):
+        compile(Uses("zeros", batch_first=True))
+    with pytest.raises(ft.nn.TracingError, match=r"this use of an RNN's final states .*take them apart \(h_n\[-1\]"):
+        compile(Uses("mean", batch_first=True))
+    with pytest.raises(NotImplementedError, match="proj_size"):
+        nn.LSTM(3, 4, proj_size=2)
+    with pytest.raises(ValueError, match="input has 2 features, expected input_size=3"):
+        nn.GRU(3, 4)(ft.zeros(5, 2, 2))
+    with pytest.raises(ValueError, match=r"hx has 1 states, expected num_layers \* directions = 2"):
+        nn.GRU(3, 4, bidirectional=True)(ft.zeros(5, 2, 3), ft.zeros(1, 2, 4))
+
+
+def test_the_tutorials_zero_initial_state_of_the_batch_size_compiles():
+    """h0 = ft.zeros(layers, x.size(0), hidden), as PyTorch tutorials write it, then the last step's output."""
+    class Classifier(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm, self.fc = nn.LSTM(3, 4, 2, batch_first=True), nn.Linear(4, 2)
+
+        def forward(self, x):
+            h0, c0 = ft.zeros(2, x.size(0), 4), ft.zeros(2, x.size(0), 4)
+            out, _ = self.lstm(x, (h0.to("cpu"), c0))
+            return self.fc(out[:, -1, :])
+
+    ft.manual_seed(9)
+    model = Classifier()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=2, input_shape=(5, 3))
+    x = np.random.default_rng(10).standard_normal((2, 5, 3)).astype(np.float32)
+    np.testing.assert_allclose(program.predict(x).numpy(), model(ft.tensor(x)).numpy(), rtol=1e-5, atol=1e-6)
+    assert gradcheck(program, x, np.array([0, 1]), eps=1e-3, rtol=3e-2, atol=1e-3)
+
+    class Other(nn.Module):
+        def forward(self, x):
+            return x + ft.zeros(x.size(0), 3)
+
+    with pytest.raises(ft.nn.TracingError, match=r"ft.zeros\(N, 3\) \(a size naming the batch\) other than as an RNN"):
+        Other().compile(ft.optim.SGD([nn.Parameter(ft.zeros(1))], lr=0.1), nn.MSELoss(), batch_size=2,
+                        input_shape=(3,))
