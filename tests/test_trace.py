@@ -1396,6 +1396,26 @@ def padded(lib=ft):
                         L.ReplicationPad2d((0, 1, 0, 0)), L.Flatten(), L.Linear(3 * 11 * 10, CLASSES))
 
 
+def test_same_padding_pads_an_odd_total_on_the_right_as_pytorch():
+    """padding='same' of an even kernel: one element more on the right and bottom; 'valid' none."""
+    x = np.random.default_rng(49).standard_normal((2, 2, 5, 6)).astype(np.float32)
+    ft.manual_seed(16)
+    conv = nn.Conv2d(2, 3, (4, 3), padding="same", dilation=(1, 2))
+    assert repr(conv).endswith("padding=same, dilation=(1, 2))")
+    w, b = conv.weight.numpy().astype(np.float64), conv.bias.numpy()
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 2), (2, 2)))  # totals 3 (1 + 2) and 4 (2 + 2)
+    win = np.lib.stride_tricks.sliding_window_view(xp, (4, 5), axis=(2, 3))[..., ::1, ::2]
+    want = np.einsum("nchwij,kcij->nkhw", win, w) + b[:, None, None]
+    np.testing.assert_allclose(conv(ft.tensor(x)).numpy(), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(F.conv2d(ft.tensor(x), conv.weight, conv.bias, padding="same", dilation=(1, 2)).numpy(),
+                               want, rtol=1e-5, atol=1e-5)
+    model = nn.Sequential(conv, nn.ReLU(), nn.Conv2d(3, 2, 2, padding="valid"), nn.Flatten(),
+                          nn.Linear(2 * 4 * 5, CLASSES))
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=2, input_shape=(2, 5, 6))
+    np.testing.assert_allclose(program.predict(x).numpy(), model(ft.tensor(x)).numpy(), rtol=1e-5, atol=1e-5)
+    assert gradcheck(program, x, np.array([0, 1]), eps=1e-3, rtol=3e-2, atol=3e-3)
+
+
 def test_padding_modes_match_finite_differences_and_their_eager_forward():
     x, y = batch(3, shape=(2, 6, 6), seed=43)
     ft.manual_seed(10)

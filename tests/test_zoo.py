@@ -481,7 +481,9 @@ def test_summary_counts_every_parameter_once(name):
     (lambda: nn.InstanceNorm2d(3, track_running_stats=True), NotImplementedError, r"track_running_stats=True"),
     (lambda: ft.nn.functional.pad(ft.ones(1, 1, 2, 2), (2, 2), mode="reflect"), ValueError,
      r"mode='reflect' cannot pad dimension 3 of size 2 by \(2, 2\)"),
-    (lambda: nn.Conv1d(2, 4, 3, padding="same"), ValueError, r"string padding"),
+    (lambda: nn.Conv1d(2, 4, 3, padding="full"), ValueError, r"padding must be a number of elements, 'valid' or 'same'"),
+    (lambda: nn.Conv2d(2, 4, 3, stride=2, padding="same"), ValueError, r"'same' is not supported for strided"),
+    (lambda: nn.ConvTranspose2d(2, 4, 3, padding="same"), ValueError, r"padding must be a number of elements"),
     (lambda: nn.Softmax(), ValueError, r"give dim"),
     (lambda: nn.Softplus(beta=0.0), ValueError, r"beta must not be 0"),
 ])

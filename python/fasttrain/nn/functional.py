@@ -108,11 +108,39 @@ def _wide_bias(bias):
     return bias.float() if bias is not None and bias.dtype.name == "bfloat16" else bias
 
 
+def string_padding(padding, kernel, stride, dilation, name):
+    """padding='valid' or 'same' in elements: (each side's, the extra element an odd total pads on the right only),
+    as PyTorch pads for 'same' (stride 1)."""
+    from .modules import _tuple
+    n = len(kernel)
+    if padding == "valid":
+        return (0,) * n, (0,) * n
+    if padding != "same":
+        raise ValueError(f"{name}: padding must be a number of elements, 'valid' or 'same', got {padding!r}")
+    if any(s != 1 for s in _tuple(stride, n)):
+        raise ValueError(f"{name}: padding='same' is not supported for strided convolutions")
+    totals = [d * (k - 1) for d, k in zip(_tuple(dilation, n), kernel)]
+    return tuple(t // 2 for t in totals), tuple(t % 2 for t in totals)
+
+
+def _string_padded(conv):
+    """conv taking padding 'valid' and 'same' too: an odd total's extra element padded on the right first."""
+    @functools.wraps(conv)
+    def call(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+        if isinstance(padding, str):
+            padding, extra = string_padding(padding, tuple(weight.shape[2:]), stride, dilation, conv.__name__)
+            if any(extra):
+                input = pad(input, tuple(p for e in reversed(extra) for p in (0, e)))
+        return conv(input, weight, bias, stride, padding, dilation, groups)
+    return call
+
+
+@_string_padded
 @_traced(_conv_layer)
 def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     """1-d convolution of input (N, C_in, L), or unbatched (C_in, L), with weight (C_out, C_in / groups, K), as
-    torch.nn.functional.conv1d; it runs as conv2d over (C_in, 1, L). Padding is given in elements ('same' and 'valid'
-    are not supported)."""
+    torch.nn.functional.conv1d; it runs as conv2d over (C_in, 1, L). Padding is given in elements, or as 'valid'
+    or 'same'."""
     _check(weight, "weight", "conv1d")
     w = weight.unsqueeze(2)
     return _via_2d(lambda x: conv2d(x, w, bias, _lift(stride, 1), _lift(padding, 0), _lift(dilation, 1), groups),
@@ -144,14 +172,13 @@ def conv_transpose1d(input, weight, bias=None, stride=1, padding=0, output_paddi
                    input, "conv_transpose1d")
 
 
+@_string_padded
 @_traced(_conv_layer)
 def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     """2-d convolution of input (N, C_in, H, W), or unbatched (C_in, H, W), with weight (C_out, C_in / groups, kH, kW)
-    and an optional bias (C_out,), as torch.nn.functional.conv2d. Padding is given in pixels ('same' and 'valid' are not
-    supported). Under ft.autocast float32 operands are multiplied as bfloat16."""
+    and an optional bias (C_out,), as torch.nn.functional.conv2d. Padding is given in pixels, or as 'valid' or 'same'.
+    Under ft.autocast float32 operands are multiplied as bfloat16."""
     _check(input, "input", "conv2d")
-    if isinstance(padding, str):
-        raise ValueError("conv2d: string padding ('same', 'valid') is not supported; give the padding in pixels")
     squeeze = input.ndim == 3
     x = input.unsqueeze(0) if squeeze else input
     x, weight = cast(x, weight)

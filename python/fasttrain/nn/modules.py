@@ -387,6 +387,7 @@ class _ConvNd(Module):
     _leaf = True
     _dims = 2
     _transposed = False  # weight (C_in, C_out / groups, k...) rather than (C_out, C_in / groups, k...)
+    _padding_given = None  # 'same' or 'valid' as given, for the repr
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True,
                  padding_mode="zeros"):
@@ -397,15 +398,18 @@ class _ConvNd(Module):
                              f"got {padding_mode!r}")
         if padding_mode != "zeros" and self._transposed:
             raise ValueError(f"{name}: only padding_mode='zeros' is supported, as in PyTorch")
-        if isinstance(padding, str):
-            raise ValueError(f"{name}: string padding ('same', 'valid') is not supported; give it in elements")
+        if isinstance(padding, str) and self._transposed:
+            raise ValueError(f"{name}: padding must be a number of elements, not {padding!r}")
         if in_channels % groups or out_channels % groups:
             raise ValueError("in_channels and out_channels must be divisible by groups")
         self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
         self.kernel_size, self.stride = _tuple(kernel_size, n), _tuple(stride, n)
-        self.padding, self.dilation = _tuple(padding, n), _tuple(dilation, n)
-        self.padding_mode = padding_mode
-        if padding_mode != "zeros":  # traced through forward: F.pad, then the convolution without padding
+        from .functional import string_padding
+        self.dilation = _tuple(dilation, n)
+        self.padding, self._extra = (_tuple(padding, n), (0,) * n) if not isinstance(padding, str) else \
+            string_padding(padding, self.kernel_size, self.stride, self.dilation, name)
+        self._padding_given, self.padding_mode = padding, padding_mode
+        if padding_mode != "zeros" or any(self._extra):  # traced through forward: F.pad, then the convolution
             self._leaf = False
         lead = (in_channels, out_channels // groups) if self._transposed else (out_channels, in_channels // groups)
         self.register_parameter("weight", creation.empty(*lead, *self.kernel_size))
@@ -429,15 +433,16 @@ class _ConvNd(Module):
     def forward(self, x):
         from . import functional as F
         conv = F.conv2d if self._dims == 2 else F.conv1d
-        if self.padding_mode != "zeros":
-            pads = tuple(p for p in reversed(self.padding) for _ in range(2))
-            return conv(F.pad(x, pads, self.padding_mode), self.weight, self.bias, self.stride, 0, self.dilation,
-                        self.groups)
+        if not self._leaf:  # a padding mode, or the extra element of an odd 'same' padding on the right
+            pads = tuple(q for p, e in zip(reversed(self.padding), reversed(self._extra)) for q in (p, p + e))
+            mode = "constant" if self.padding_mode == "zeros" else self.padding_mode
+            return conv(F.pad(x, pads, mode), self.weight, self.bias, self.stride, 0, self.dilation, self.groups)
         return conv(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
 
     def extra_repr(self):
         return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
-                + (f", padding={self.padding}" if any(self.padding) else "")
+                + (f", padding={self._padding_given}" if isinstance(self._padding_given, str)
+                   else f", padding={self.padding}" if any(self.padding) else "")
                 + (f", dilation={self.dilation}" if any(d != 1 for d in self.dilation) else "")
                 + (f", groups={self.groups}" if self.groups != 1 else "")
                 + ("" if self.bias is not None else ", bias=False")
