@@ -1416,6 +1416,22 @@ def test_same_padding_pads_an_odd_total_on_the_right_as_pytorch():
     assert gradcheck(program, x, np.array([0, 1]), eps=1e-3, rtol=3e-2, atol=3e-3)
 
 
+def test_layer_norm_without_bias_has_no_bias_parameter_and_trains():
+    ft.manual_seed(17)
+    model = nn.Sequential(nn.Linear(4, 6), nn.LayerNorm(6, bias=False), nn.Linear(6, CLASSES))
+    assert list(model.state_dict()) == ["0.weight", "0.bias", "1.weight", "2.weight", "2.bias"]
+    assert repr(model[1]) == "LayerNorm((6,), eps=1e-05, elementwise_affine=True, bias=False)"
+    model[1].weight.copy_(np.linspace(0.5, 2.0, 6, dtype=np.float32))
+    x, y = batch(3, shape=(4,), seed=18)
+    h = x.astype(np.float64) @ model[0].weight.numpy().T + model[0].bias.numpy()
+    h = (h - h.mean(1, keepdims=True)) / np.sqrt(h.var(1, keepdims=True) + 1e-5) * model[1].weight.numpy()
+    want = h @ model[2].weight.numpy().T + model[2].bias.numpy()
+    np.testing.assert_allclose(model(ft.tensor(x)).numpy(), want, rtol=1e-5, atol=1e-5)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=3, input_shape=(4,))
+    np.testing.assert_allclose(program.predict(x).numpy(), want, rtol=1e-5, atol=1e-5)
+    assert gradcheck(program, x, y, eps=1e-3, rtol=3e-2, atol=1e-3)
+
+
 def test_padding_modes_match_finite_differences_and_their_eager_forward():
     x, y = batch(3, shape=(2, 6, 6), seed=43)
     ft.manual_seed(10)

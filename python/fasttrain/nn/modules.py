@@ -679,12 +679,13 @@ class LayerNorm(Module):
 
     _leaf = True
 
-    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True):
+    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True):
         super().__init__()
         self.normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
         self.eps = eps
         self.register_parameter("weight", creation.ones(self.normalized_shape) if elementwise_affine else None)
-        self.register_parameter("bias", creation.zeros(self.normalized_shape) if elementwise_affine else None)
+        self.register_parameter("bias", creation.zeros(self.normalized_shape) if elementwise_affine and bias
+                                else None)
 
     def output_shape(self, shape):
         if tuple(shape[-len(self.normalized_shape):]) != self.normalized_shape:
@@ -696,7 +697,8 @@ class LayerNorm(Module):
         return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
     def extra_repr(self):
-        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.weight is not None}"
+        return (f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.weight is not None}"
+                + (", bias=False" if self.weight is not None and self.bias is None else ""))
 
 
 class Unflatten(Module):
