@@ -1019,6 +1019,30 @@ def hand_written_losses(lib=ft):
     return {"smoothing": smoothing, "stable": stable, "focal": focal}
 
 
+@pytest.mark.parametrize("classes_last", [True, False])
+def test_gather_of_a_sequences_labels_is_the_sequence_class_loss(classes_last):
+    """Label smoothing written by hand over (N, T, C) log-probabilities (logp.gather(2, y.unsqueeze(2))) or
+    (N, C, T) ones (gather(1, y.unsqueeze(1))): the cross-entropy node's own label smoothing over the sequence."""
+    rng = np.random.default_rng(27)
+    ids, y = rng.integers(0, 7, (3, 5)), rng.integers(0, CLASSES, (3, 5))
+    c = -1 if classes_last else 1
+
+    def smoothing(logits, y):
+        logp = F.log_softmax(logits if classes_last else logits.transpose(1, 2), dim=c)
+        nll = -logp.gather(c, y.unsqueeze(c)).squeeze(c)
+        return (0.9 * nll - 0.1 * logp.mean(dim=c)).mean()
+
+    ft.manual_seed(18)
+    model = nn.Sequential(nn.Embedding(7, 4), nn.Linear(4, CLASSES))
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), smoothing, batch_size=3, input_shape=(5,),
+                            input_dtype=ft.int64, target_shape=(5,), target_dtype=ft.int64)
+    want = F.cross_entropy(model(ft.tensor(ids)).transpose(1, 2), ft.tensor(y), label_smoothing=0.1).item()
+    assert program.evaluate(ids, y)[0] == pytest.approx(want, rel=1e-5)
+    assert gradcheck(program, ids, y, eps=1e-3, rtol=3e-2, atol=1e-3)
+    with pytest.raises(IndexError, match=rf"outside \[0, {CLASSES}\)"):
+        program.train_step(ids, np.full((3, 5), CLASSES))
+
+
 @pytest.mark.parametrize("name", ["smoothing", "stable", "focal"])
 def test_hand_written_class_losses_match_the_built_in_ones(name):
     """Against the cross-entropy node's own label smoothing, its plain form, and NumPy's focal loss."""
@@ -1870,9 +1894,9 @@ def test_in_place_ops_and_views_that_share_memory():
 @pytest.mark.parametrize("forward, message", [
     (lambda self, x: self.fc(x) + ft.randn_like(self.scale), r"ft\.randn_like in a traced forward"),
     (lambda self, x: self.fc(x).view(x.size(0), 2, 2).log_softmax(-1).gather(2, ft.zeros(2, 2, 1, dtype=ft.int64)),
-     r"gather\(\) of values of shape \(N, 2, 2\)"),
+     r"gather\(\) with an index other than the targets' labels"),
 ])
-def test_draws_of_tensors_and_gather_of_sequences_are_refused(forward, message):
+def test_draws_of_tensors_and_gather_of_other_indices_are_refused(forward, message):
     class Refused(nn.Module):
         def __init__(self):
             super().__init__()

@@ -897,19 +897,22 @@ class Symbolic:
         fail(f"norm(p={p!r}) of a traced value", "use p = 2, 1 or inf")
 
     def gather(self, dim, index):
-        """Records the values of (N, C) scores at the targets' classes: index is the labels with a dimension of
-        size 1 (logp.gather(1, y.unsqueeze(1)), as hand-written label smoothing and focal losses pick the true
-        class's log-probability), recorded as -nll_loss(reduction='none') of those classes. Each label must lie in
-        [0, C), which the step checks."""
-        nd = len(self.node.shape)
-        d = _dim(dim, nd)
-        if nd != 1:
-            fail(f"gather() of values of shape {self.shape}", "gather the labels' classes of (N, C) scores; for a "
-                 "sequence's, F.cross_entropy(logits.transpose(1, 2), y, reduction='none') picks them")
+        """Records the values of scores at the targets' classes along dim: index is the labels with a dimension of
+        size 1 there (logp.gather(1, y.unsqueeze(1)) of (N, C) scores, logp.gather(2, y.unsqueeze(2)) of a
+        sequence's (N, T, C), as hand-written label smoothing and focal losses pick the true class's
+        log-probability). Of (N, C) scores it is -nll_loss(reduction='none') of those classes; of more dimensions
+        the scores times the labels' one-hot rows, summed (a score of +-inf among the others then gives NaN). Each
+        label must lie in [0, C), which the step checks."""
+        shape = self.node.shape
+        d = _dim(dim, len(shape))
         labels = _labels_of(index, d)
-        bind_target(labels, (), "int64")
-        picked = -_layers().NLLLoss(ignore_index=_NO_LABEL, reduction="none")(self, labels)
-        return picked.unsqueeze(1)
+        bind_target(labels, shape[:d] + shape[d + 1:], "int64")
+        if len(shape) == 1:
+            return (-_layers().NLLLoss(ignore_index=_NO_LABEL, reduction="none")(self, labels)).unsqueeze(1)
+        last = len(shape) - 1
+        scores = self if d == last else self.permute(0, *(k + 1 for k in range(len(shape)) if k != d), d + 1)
+        picked = (scores * _layers().OneHot(shape[d])(labels)).sum(-1)
+        return picked.unsqueeze(d + 1)
 
     # ---- activations as methods ----
     def relu(self):
