@@ -1130,3 +1130,55 @@ def test_pad_modes_match_numpy(mode, numpy_mode):
     layers = {"reflect": nn.ReflectionPad2d, "replicate": nn.ReplicationPad2d, "circular": nn.CircularPad2d}
     np.testing.assert_array_equal(n(layers[mode]((1, 2, 0, 3))(ft.tensor(x))),
                                   np.pad(x, [(0, 0), (0, 0), (0, 3), (1, 2)], mode=numpy_mode))
+
+
+def test_alpha_scales_in_the_promoted_dtype():
+    """add/sub(input, other, alpha): alpha * other computed in the dtype of input and other promoted, as PyTorch (it
+    wrapped in other's narrow integer dtype, or overflowed float16)."""
+    f32 = ft.tensor([0.5])
+    assert ft.add(f32, ft.tensor([200], dtype=ft.uint8), alpha=2).tolist() == [400.5]
+    assert ft.sub(ft.tensor([0.0]), ft.tensor([100], dtype=ft.int8), alpha=3).tolist() == [-300.0]
+    assert ft.add(ft.tensor([0.0]), ft.tensor([30000], dtype=ft.float16), alpha=4).tolist() == [120000.0]
+    got = ft.tensor([1], dtype=ft.int32).add(ft.tensor([100], dtype=ft.int8), alpha=2)
+    assert got.tolist() == [201] and got.dtype == ft.int32
+    assert ft.add(ft.tensor(5, dtype=ft.int32), 2, alpha=3).dtype == ft.int32
+    assert ft.sub(ft.tensor(1.0, dtype=ft.bfloat16), 2.5, alpha=2).dtype == ft.bfloat16
+    x = ft.tensor([0.5])
+    x.add_(ft.tensor([200], dtype=ft.uint8), alpha=2)
+    assert x.tolist() == [400.5]
+    with pytest.raises(TypeError, match="subtraction, the `-` operator, with a bool tensor is not supported"):
+        ft.sub(ft.tensor([1], dtype=ft.uint8), ft.tensor([True]), alpha=2)
+    with pytest.raises(TypeError, match="alpha must not be a floating point number"):
+        ft.add(ft.tensor([1]), ft.tensor([1]), alpha=0.5)
+
+
+def test_integers_mixed_with_array_indices_index_first_as_pytorch():
+    """x[0, :, [0, 1]]: the integer selects first (PyTorch), rather than joining the arrays (NumPy moves their
+    dimension first when a slice separates them); assignment writes through the same view."""
+    x = ft.arange(24).reshape(2, 3, 4)
+    assert x[0, :, [0, 1]].tolist() == [[0, 1], [4, 5], [8, 9]]
+    assert x[0, ..., [1]].tolist() == [[1], [5], [9]]
+    assert x[:, 0, [0, 1]].tolist() == [[0, 1], [12, 13]]
+    assert x[ft.tensor(1), :, ft.tensor([3])].tolist() == [[15], [19], [23]]
+    assert x[1, [0, 2], [1, 3]].tolist() == [13, 23]
+    x[0, :, [0, 1]] = ft.full((3, 2), -1)
+    assert x[0].tolist() == [[-1, -1, 2, 3], [-1, -1, 6, 7], [-1, -1, 10, 11]] and x[1, 0, 0].item() == 12
+    y = ft.zeros(3)
+    y[0] = ft.tensor([7.0])  # a one-element value into one element, as PyTorch takes it
+    assert y.tolist() == [7.0, 0.0, 0.0]
+    torch = pytest.importorskip("torch")
+    a = np.arange(60).reshape(3, 4, 5)
+    for index in [(1, slice(None), [0, 2]), (slice(None), 2, [1, 1, 0]), (0, [1, 2], slice(1, 3)),
+                  (Ellipsis, 1, [0, 3]), (2, None, [True, False, True, False]), ([0, 2], 1, slice(None), None)]:
+        want = torch.from_numpy(a)[index].numpy()
+        got = n(ft.tensor(a)[index])
+        assert got.shape == want.shape and np.array_equal(got, want), index
+
+
+def test_empty_reductions_chunks_and_divisions_and_bool_math_as_pytorch():
+    np.testing.assert_array_equal(n(ft.zeros(0, 3).logsumexp(0)), np.full(3, -np.inf, np.float32))
+    assert [tuple(c.shape) for c in ft.zeros(3, 0).chunk(2, 1)] == [(3, 0), (3, 0)]
+    assert (ft.zeros(3, 0, dtype=ft.int32) // ft.zeros(3, 1, dtype=ft.int32)).shape == (3, 0)
+    b = ft.tensor([True, False])
+    assert b.square().dtype == ft.int64 and b.square().tolist() == [1, 0]
+    assert b.sign().dtype == ft.bool and b.sign().tolist() == [True, False]

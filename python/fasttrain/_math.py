@@ -237,9 +237,9 @@ def _elementwise(name, fn, operands, compute, out, device=None, op=None):
     return _apply(name, fn, operands, compute, out, device, op)
 
 
-def _binary(name, fn, a, b, div=False, op=None):
-    """fn(a, b) elementwise in the promoted dtype (float32 for integers when div: true division); op names the
-    device kernel when it is not name."""
+def _binary(name, fn, a, b, div=False, op=None, alpha=1):
+    """fn(a, alpha * b) elementwise in the promoted dtype of a and b (float32 for integers when div: true
+    division), alpha * b computed in it too; op names the device kernel when it is not name."""
     a, b = _arg(a), _arg(b)
     dt = result_type(a, b)
     if div and not dt.is_floating_point:
@@ -249,11 +249,16 @@ def _binary(name, fn, a, b, div=False, op=None):
     if name == "sub" and (_rank(a)[1] is _BOOL or _rank(b)[1] is _BOOL):
         raise TypeError("sub: subtraction, the `-` operator, with a bool tensor is not supported; to invert a mask "
                         "use the `~` operator")
+    if alpha != 1:
+        if isinstance(alpha, (float, np.floating)) and not dt.is_floating_point:
+            raise TypeError(f"{name}: for integral input tensors, argument alpha must not be a floating point number")
+        b = mul(b.to(dt), alpha).to(dt) if isinstance(b, _Tensor) else \
+            _array(b, dt) * alpha if isinstance(b, np.ndarray) else alpha * b
     op = op or name
     if op in _DIVISIONS and not dt.is_floating_point:
-        _broadcast(name, getattr(a, "shape", ()), getattr(b, "shape", ()))
         device = _device(name, [a, b])
-        if _kernels(device, dt) and _has_zero(b, dt, device):
+        empty = 0 in _broadcast(name, getattr(a, "shape", ()), getattr(b, "shape", ()))
+        if not empty and _kernels(device, dt) and _has_zero(b, dt, device):
             raise ZeroDivisionError(_ZERO_DIVISION)
     return _elementwise(name, fn, [a, b], dt, dt, op=op)
 
@@ -275,7 +280,7 @@ _DIVISIONS = ("trunc_divide", "floor_divide", "remainder")  # the device kernels
 def _nonzero_divisor(fn):
     """fn refusing integer division by zero, which NumPy would answer with 0 (PyTorch raises)."""
     def checked(x, y):
-        if x.dtype.kind in "iub" and np.any(y == 0):
+        if x.dtype.kind in "iub" and np.broadcast(x, y).size and np.any(y == 0):
             raise ZeroDivisionError(_ZERO_DIVISION)
         return fn(x, y)
     return checked
@@ -297,24 +302,16 @@ def _trunc_divide(x, y):
     return q + ((np.remainder(x, y) != 0) & ((x < 0) != (y < 0)))  # floor -> toward zero where signs differ
 
 
-def _alpha_scaled(name, input, other, alpha):
-    if alpha == 1:
-        return other
-    if isinstance(alpha, (float, np.floating)) and not result_type(input, other).is_floating_point:
-        raise TypeError(f"{name}: for integral input tensors, argument alpha must not be a floating point number")
-    return mul(other, alpha)
-
-
 # ---- arithmetic ----
 
 def add(input: Operand, other: Operand, *, alpha: int | float = 1) -> Tensor:
     """input + alpha * other, broadcast, in PyTorch's promoted dtype (bool + bool is logical or)."""
-    return _binary("add", np.add, input, _alpha_scaled("add", input, other, alpha))
+    return _binary("add", np.add, input, other, alpha=alpha)
 
 
 def sub(input: Operand, other: Operand, *, alpha: int | float = 1) -> Tensor:
     """input - alpha * other, broadcast, in PyTorch's promoted dtype."""
-    return _binary("sub", np.subtract, input, _alpha_scaled("sub", input, other, alpha))
+    return _binary("sub", np.subtract, input, other, alpha=alpha)
 
 
 def mul(input: Operand, other: Operand) -> Tensor:
@@ -479,9 +476,9 @@ trunc = _integral("trunc", np.trunc)
 
 
 def sign(input: Tensor) -> Tensor:
-    """-1, 0 or 1 by the sign of input, in its dtype; 0 for NaN, as PyTorch."""
+    """-1, 0 or 1 by the sign of input, in its dtype; 0 for NaN, as PyTorch (a bool tensor is itself)."""
     if input.dtype is _BOOL:
-        raise TypeError("sign: not supported for bool tensors")
+        return input.clone()
     return _apply("sign", lambda x: np.where(x == x, np.sign(x), 0), [input], input.dtype, input.dtype)
 
 
@@ -611,8 +608,8 @@ def clamp_max(input: Tensor, max: Operand) -> Tensor:
 
 
 def square(input: Tensor) -> Tensor:
-    """input * input."""
-    return mul(input, input)
+    """input * input (of a bool tensor in int64, as PyTorch's pow(input, 2))."""
+    return mul(input.to(_INT64), input) if input.dtype is _BOOL else mul(input, input)
 
 
 def logsumexp(input: Tensor, dim: Dims, keepdim: bool = False) -> Tensor:
@@ -620,6 +617,8 @@ def logsumexp(input: Tensor, dim: Dims, keepdim: bool = False) -> Tensor:
     dt = input.dtype if input.dtype.is_floating_point else _BY_NAME["float32"]
 
     def lse(x, axis, keepdims):
+        if x.size == 0:  # the log of an empty sum
+            return np.full(np.sum(x, axis=axis, keepdims=keepdims).shape, -np.inf, x.dtype)
         top = np.max(x, axis=axis, keepdims=True)
         top = np.where(np.isfinite(top), top, 0)  # rows of -inf stay -inf, +inf and NaN propagate
         out = np.log(np.sum(np.exp(x - top), axis=axis, keepdims=True)) + top
@@ -1173,6 +1172,35 @@ def advanced_index(index: Any) -> tuple | None:
     else:
         return None
     return tuple(_index_item(i) for i in items)
+
+
+def _is_int_index(item: Any) -> bool:
+    if isinstance(item, _Tensor):
+        return item.ndim == 0 and DTYPES[item._dtype_code].name.startswith("int")
+    return isinstance(item, (int, np.integer)) and not isinstance(item, (bool, np.bool_))
+
+
+def ints_first(index: Any) -> tuple[tuple, tuple] | None:
+    """(basic, rest) for an index mixing integers with arrays, lists or tensors: the integers taken first as a
+    basic index (a view), as PyTorch reads them, then rest on that view. NumPy counts an integer as one of the
+    arrays, whose dimensions then go first when a slice separates them (x[0, :, [0, 1]] of a (2, 3, 4) x is (3, 2)
+    in PyTorch, (2, 3) in NumPy). None when there is nothing to split."""
+    items = index if isinstance(index, tuple) else (index,)
+    if not builtins.any(_is_int_index(i) for i in items):
+        return None
+    basic, rest = [], []
+    for item in items:
+        if _is_int_index(item):
+            basic.append(item)
+        elif item is None or item is Ellipsis or isinstance(item, slice):
+            basic.append(item)
+            rest.append(Ellipsis if item is Ellipsis else slice(None))
+        else:  # an array index: the dimensions it indexes stay whole in the view (a bool scalar indexes none)
+            a = np.asarray(item._host_array() if isinstance(item, _Tensor) else item)
+            mask = a.dtype == bool or isinstance(item, _Tensor) and DTYPES[item._dtype_code] is _UINT8
+            basic += [slice(None)] * (a.ndim if mask else 1)
+            rest.append(item)
+    return tuple(basic), tuple(rest)
 
 
 def getitem(input: Tensor, index: tuple) -> Tensor:

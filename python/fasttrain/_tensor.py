@@ -152,6 +152,9 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
     def __getitem__(self, index):
         advanced = _math.advanced_index(index)
         if advanced is not None:  # masks and integer arrays: a copy, as in NumPy and PyTorch
+            split = _math.ints_first(index)
+            if split is not None:
+                return self[split[0]][split[1]]
             return _math.getitem(self, advanced)
         shape, strides, offset = self._index(index)
         return self.as_strided(shape, strides, offset)
@@ -202,12 +205,19 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
     def __setitem__(self, index, value):
         advanced = _math.advanced_index(index)
         if advanced is not None:
+            split = _math.ints_first(index)
+            if split is not None:  # written through the view the integers select
+                self[split[0]][split[1]] = value
+                return None
             return _math.setitem(self, advanced, value)
         view = self[index]
         if isinstance(value, (int, float, bool, np.number, np.bool_)):
             view.fill_(value)
-        else:
-            view.copy_(value)
+            return
+        lead = len(value.shape) - view.ndim if hasattr(value, "shape") else 0
+        if lead > 0 and all(n == 1 for n in value.shape[:lead]):  # leading 1s drop, as PyTorch's t[i] = [[v]]
+            value = value.reshape(tuple(value.shape[lead:]))
+        view.copy_(value)
 
     def view(self, *shape: _int | Sequence[_int]) -> Tensor:
         """A view with the given shape (one size may be -1) sharing self's memory, as torch.Tensor.view;
@@ -566,7 +576,9 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
         if chunks < 1:
             raise ValueError(f"chunk: chunks must be positive, got {chunks}")
         n = self.shape[_norm_dim(dim, self.ndim, "chunk: dim")]
-        return self.split(max(-(-n // chunks), 1), dim)
+        if n == 0:  # chunks empty pieces, as PyTorch's
+            return (self,) * chunks
+        return self.split(-(-n // chunks), dim)
 
     def repeat(self, *sizes: _int | Sequence[_int]) -> Tensor:
         """A copy tiled sizes times along each dimension (more sizes than dimensions add leading ones)."""
