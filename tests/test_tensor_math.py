@@ -1182,3 +1182,88 @@ def test_empty_reductions_chunks_and_divisions_and_bool_math_as_pytorch():
     b = ft.tensor([True, False])
     assert b.square().dtype == ft.int64 and b.square().tolist() == [1, 0]
     assert b.sign().dtype == ft.bool and b.sign().tolist() == [True, False]
+
+
+A = np.random.default_rng(50).standard_normal((3, 4)).astype(np.float32)
+I = np.array([[3, 0, 2, 2], [1, 1, 0, 3], [2, 3, 1, 0]])
+EVERYDAY = {  # name: (the call on a library L, given (a, i) as L's tensors), PyTorch's names throughout
+    "prod": lambda L, a, i: (a.prod(1), L.prod(i), i.prod(0, keepdim=True)),
+    "cumprod": lambda L, a, i: (a.cumprod(0), L.cumprod(i, 1)),
+    "nansum/nanmean": lambda L, a, i: (L.nansum(L.where(a > 0, a, a * float("nan")), 1),
+                                       L.nanmean(L.where(a > 0, a, a * float("nan")), 0)),
+    "count_nonzero": lambda L, a, i: (L.count_nonzero(i), L.count_nonzero(i, 0)),
+    "median": lambda L, a, i: (L.median(a), *a.median(1), *i.median(0, keepdim=True)),
+    "quantile": lambda L, a, i: (L.quantile(a, 0.3), L.quantile(a, L.tensor([0.1, 0.9]), dim=1, keepdim=True),
+                                 L.quantile(a, 0.5, 0, interpolation="lower")),
+    "unary": lambda L, a, i: tuple(getattr(L, f)(a) for f in ("log2", "exp2", "sin", "cos", "tan", "atan", "sinh",
+                                                              "cosh", "reciprocal")) + (L.log10(i), L.asin(a / 3)),
+    "binary": lambda L, a, i: (L.atan2(a, a.flip(0)), L.hypot(a, 2 * a), L.logaddexp(a, -a), L.fmod(i, 2),
+                               L.fmod(a, 0.7), L.fmod(-i, 3), L.fmax(a, L.where(a > 0, a * float("nan"), a)),
+                               L.fmin(a, L.zeros(4))),
+    "logical": lambda L, a, i: (L.logical_and(a > 0, i), L.logical_or(a, i), L.logical_xor(a > 0, a > 1),
+                                L.logical_not(i)),
+    "lerp/isclose": lambda L, a, i: (L.lerp(a, 2 * a, 0.25), L.isclose(a, a + 1e-6), L.isclose(a, a + 0.1)),
+    "creation": lambda L, a, i: (L.linspace(-1, 2, 7), L.eye(3), L.eye(2, 4, dtype=L.int64)),
+    "products": lambda L, a, i: (L.outer(a[0], a[1]), L.dot(a[0], a[1]), L.mv(a, a[0]), L.mm(a, a.T),
+                                 L.bmm(a.reshape(3, 2, 2), a.reshape(3, 2, 2))),
+    "diagonals": lambda L, a, i: (a.diagonal(), a.diagonal(1), a.diagonal(-1), L.diag(a, 1), L.diag(a[0]),
+                                  L.diag(a[0], -1), L.trace(a), L.trace(i)),
+    "selection": lambda L, a, i: (L.nonzero(i), L.index_select(a, 1, L.tensor([3, 0, 0])),
+                                  L.masked_select(a, a > 0), L.masked_select(a, L.tensor([True, False, True, True]))),
+    "scatter": lambda L, a, i: (L.scatter(L.zeros(4, 4), 0, i, a), L.scatter_add(L.zeros(4, 4), 0, i, a),
+                                L.zeros(3, 5).scatter(1, i[:, :2], 7.0) if L is not ft else
+                                ft.zeros(3, 5).scatter(1, i[:, :2], value=7.0)),
+    "counts": lambda L, a, i: (L.bincount(i.reshape(-1)), L.bincount(i.reshape(-1), a.reshape(-1), minlength=6),
+                               L.diff(a), L.diff(i, n=2, dim=0), L.diff(a > 0)),
+    "search": lambda L, a, i: (L.isin(i, L.tensor([0, 3])), L.searchsorted(L.tensor([0.0, 0.5, 1.0]), a),
+                               L.bucketize(a, L.tensor([-1.0, 0.0, 1.0]), right=True)),
+    "shapes": lambda L, a, i: (a.mT, a.reshape(3, 2, 2).movedim(0, 2), a.reshape(3, 2, 2).swapaxes(0, 1),
+                               a.view_as(a.T), a.ravel(), a.tile(2), a.tile((2, 1, 1)), a.broadcast_to((2, 3, 4)),
+                               L.repeat_interleave(i, 2), i.repeat_interleave(L.tensor([1, 0, 2]), dim=0),
+                               *L.meshgrid(L.tensor([1, 2, 3]), L.tensor([4, 5]), indexing="xy")),
+}
+
+
+def _values(results):
+    return [(np.asarray(r.float() if r.dtype.is_floating_point else r), str(r.dtype).split(".")[-1])
+            for r in (results if isinstance(results, tuple) else (results,))]
+
+
+@pytest.mark.parametrize("name", EVERYDAY)
+def test_everyday_functions_match_pytorch(name):
+    torch = pytest.importorskip("torch")
+    ours = _values(EVERYDAY[name](ft, ft.tensor(A), ft.tensor(I)))
+    theirs = _values(EVERYDAY[name](torch, torch.tensor(A), torch.tensor(I)))
+    assert len(ours) == len(theirs)
+    for k, ((got, got_dtype), (want, want_dtype)) in enumerate(zip(ours, theirs)):
+        assert got_dtype == want_dtype and got.shape == want.shape, (k, got_dtype, want_dtype, got.shape, want.shape)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, equal_nan=True, err_msg=f"{name} result {k}")
+
+
+def test_everyday_functions_match_numpy():
+    a, i = ft.tensor(A), ft.tensor(I)
+    assert a.prod(1).tolist() == pytest.approx(np.prod(A, 1).tolist(), rel=1e-6) and ft.prod(i).dtype == ft.int64
+    assert ft.median(ft.tensor([3.0, 1.0, 4.0, 2.0])).item() == 2.0  # the lower middle value, not 2.5
+    assert ft.median(ft.tensor([1.0, float("nan"), 0.0])).item() != ft.median(ft.tensor([1.0, 0.0])).item()
+    np.testing.assert_allclose(n(ft.quantile(a, 0.3, dim=1)), np.quantile(A, 0.3, axis=1), rtol=1e-6)
+    np.testing.assert_allclose(n(ft.fmod(ft.tensor([-7, 7]), 3)), np.fmod([-7, 7], 3))
+    assert ft.allclose(a, a + 1e-7) and not ft.allclose(a, a + 1e-3) and ft.equal(i, i.clone())
+    assert not ft.equal(i, i[:2]) and ft.linspace(0, 1, 5).tolist() == [0.0, 0.25, 0.5, 0.75, 1.0]
+    d = a.diagonal(1)  # a view, as PyTorch's
+    d.fill_(0)
+    assert a[0, 1].item() == 0 and a[2, 3].item() == 0
+    np.testing.assert_array_equal(n(ft.nonzero(i)), np.argwhere(I))
+    np.testing.assert_array_equal(n(ft.index_select(i, 0, ft.tensor([2, 0]))), I[[2, 0]])
+    out = n(ft.scatter_add(ft.zeros(4, 4, dtype=ft.int64), 0, i, ft.ones(3, 4, dtype=ft.int64)))
+    np.testing.assert_array_equal(out.sum(0), [3, 3, 3, 3])  # repeated places add up
+    np.testing.assert_array_equal(n(ft.bincount(i.reshape(-1))), np.bincount(I.reshape(-1)))
+    np.testing.assert_array_equal(n(ft.searchsorted(ft.tensor([1, 3, 5]), ft.tensor([3, 4]), right=True)), [2, 2])
+    assert a.reshape(3, 2, 2).movedim(0, -1).shape == (2, 2, 3) and a.mT.shape == (4, 3)
+    with pytest.raises(IndexError, match="index_select: index out of range for dimension 1 of size 4"):
+        ft.index_select(a, 1, ft.tensor([4]))
+    with pytest.raises(IndexError, match="scatter: index out of range"):
+        ft.scatter(ft.zeros(2, 2), 0, ft.tensor([[2, 0]]), 1.0)
+    with pytest.raises(ValueError, match="bincount: input must be non-negative"):
+        ft.bincount(ft.tensor([-1, 2]))
+    with pytest.raises(ValueError, match=r"mm: expected 2-d and 2-d tensors, got 1-d and 2-d"):
+        ft.mm(a[0], a)

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from typing import Any, Callable, Sequence
 
     from ._tensor import Tensor
-    from ._types import DTypeLike, dtype
+    from ._types import DeviceLike, DTypeLike, dtype
 
     Operand = Tensor | bool | int | float | np.ndarray
     Dims = int | Sequence[int] | None
@@ -1227,6 +1227,431 @@ def setitem(input: Tensor, index: tuple, value: Any) -> None:
     host = np.array(input._host_array())  # a copy: written, then copied back whole (copy_ converts, moves, checks)
     host[index] = value
     input.copy_(_C.from_numpy(host))
+
+
+# ---- more of PyTorch's everyday functions: NumPy computes them (a CUDA tensor's on the host) ----
+
+log2 = _floating("log2", np.log2, on_device=False)
+log10 = _floating("log10", np.log10, on_device=False)
+exp2 = _floating("exp2", np.exp2, on_device=False)
+sin = _floating("sin", np.sin, on_device=False)
+cos = _floating("cos", np.cos, on_device=False)
+tan = _floating("tan", np.tan, on_device=False)
+asin = _floating("asin", np.arcsin, on_device=False)
+acos = _floating("acos", np.arccos, on_device=False)
+atan = _floating("atan", np.arctan, on_device=False)
+sinh = _floating("sinh", np.sinh, on_device=False)
+cosh = _floating("cosh", np.cosh, on_device=False)
+reciprocal = _floating("reciprocal", np.reciprocal, on_device=False)
+
+
+def _host_binary(name, fn, input, other, floating=False, out=None):
+    """fn(input, other) broadcast, in their promoted dtype (float32 for integers when floating), as dtype out (the
+    computed one by default)."""
+    a, b = _arg(input), _arg(other)
+    dt = result_type(a, b)
+    if floating and not dt.is_floating_point:
+        dt = _FLOAT32
+    return _elementwise(name, fn, [a, b], dt, out or dt)
+
+
+def atan2(input: Operand, other: Operand) -> Tensor:
+    """The angle of (other, input) elementwise, as torch.atan2."""
+    return _host_binary("atan2", np.arctan2, input, other, floating=True)
+
+
+def hypot(input: Operand, other: Operand) -> Tensor:
+    """sqrt(input ** 2 + other ** 2) elementwise, without overflow, as torch.hypot."""
+    return _host_binary("hypot", np.hypot, input, other, floating=True)
+
+
+def logaddexp(input: Operand, other: Operand) -> Tensor:
+    """log(exp(input) + exp(other)) elementwise, without overflow, as torch.logaddexp."""
+    return _host_binary("logaddexp", np.logaddexp, input, other, floating=True)
+
+
+def fmod(input: Operand, other: Operand) -> Tensor:
+    """The remainder of input / other with the sign of input (C's fmod), as torch.fmod; % has other's sign."""
+    if result_type(_arg(input), _arg(other)) is _BOOL:
+        raise TypeError("fmod: not supported for bool tensors")
+    return _host_binary("fmod", _nonzero_divisor(np.fmod), input, other)
+
+
+def fmax(input: Operand, other: Operand) -> Tensor:
+    """The elementwise maximum where NaN loses to a number, as torch.fmax (maximum propagates NaN)."""
+    return _host_binary("fmax", np.fmax, input, other)
+
+
+def fmin(input: Operand, other: Operand) -> Tensor:
+    """The elementwise minimum where NaN loses to a number, as torch.fmin (minimum propagates NaN)."""
+    return _host_binary("fmin", np.fmin, input, other)
+
+
+def logical_and(input: Operand, other: Operand) -> Tensor:
+    """Whether both are nonzero, elementwise, as a bool tensor."""
+    return _host_binary("logical_and", np.logical_and, input, other, out=_BOOL)
+
+
+def logical_or(input: Operand, other: Operand) -> Tensor:
+    """Whether either is nonzero, elementwise, as a bool tensor."""
+    return _host_binary("logical_or", np.logical_or, input, other, out=_BOOL)
+
+
+def logical_xor(input: Operand, other: Operand) -> Tensor:
+    """Whether exactly one is nonzero, elementwise, as a bool tensor."""
+    return _host_binary("logical_xor", np.logical_xor, input, other, out=_BOOL)
+
+
+def logical_not(input: Tensor) -> Tensor:
+    """Whether input is zero, elementwise, as a bool tensor."""
+    return _apply("logical_not", np.logical_not, [input], input.dtype, _BOOL)
+
+
+def lerp(input: Tensor, end: Operand, weight: Operand) -> Tensor:
+    """input + weight * (end - input), as torch.lerp."""
+    return add(input, mul(weight, sub(end, input)))
+
+
+def isclose(input: Operand, other: Operand, rtol: float = 1e-05, atol: float = 1e-08,
+            equal_nan: bool = False) -> Tensor:
+    """Whether |input - other| <= atol + rtol |other| elementwise (infinities equal only to themselves), as a bool
+    tensor, as torch.isclose."""
+    return _host_binary("isclose", lambda x, y: np.isclose(x, y, rtol, atol, equal_nan), input, other, out=_BOOL)
+
+
+def allclose(input: Operand, other: Operand, rtol: float = 1e-05, atol: float = 1e-08,
+             equal_nan: bool = False) -> bool:
+    """Whether isclose holds everywhere, as torch.allclose."""
+    return bool(isclose(input, other, rtol, atol, equal_nan).all())
+
+
+def equal(input: Tensor, other: Tensor) -> bool:
+    """Whether the two have the same shape and elements, as torch.equal."""
+    return tuple(input.shape) == tuple(other.shape) and bool(eq(input, other).all())
+
+
+def _total_dtype(input, dtype):
+    return as_dtype(dtype) if dtype is not None else input.dtype if input.dtype.is_floating_point else _INT64
+
+
+def prod(input: Tensor, dim: int | None = None, keepdim: bool = False, *, dtype: DTypeLike | None = None) -> Tensor:
+    """The product over dim (all dimensions by default), in dtype if given, else int64 for bool and integer tensors
+    and input's dtype otherwise, as torch.prod."""
+    out = _total_dtype(input, dtype)
+    axes = _axes("prod", input, dim)
+    return _apply("prod", lambda a: np.prod(a, axis=axes, keepdims=keepdim), [input], out, out)
+
+
+def cumprod(input: Tensor, dim: int, *, dtype: DTypeLike | None = None) -> Tensor:
+    """The running products along dim, in dtype if given, else int64 for bool and integer tensors and input's
+    dtype, as torch.cumprod."""
+    out = _total_dtype(input, dtype)
+    d = _norm_dim(dim, input.ndim, "cumprod: dim")
+    return _apply("cumprod", lambda a: np.cumprod(a, axis=d) if a.ndim else a.copy(), [input], out, out)
+
+
+def nansum(input: Tensor, dim: Dims = None, keepdim: bool = False, *, dtype: DTypeLike | None = None) -> Tensor:
+    """The sum over dim with NaN counted as zero, as torch.nansum."""
+    out = _total_dtype(input, dtype)
+    axes = _axes("nansum", input, dim)
+    return _apply("nansum", lambda a: np.nansum(a, axis=axes, keepdims=keepdim), [input], out, out)
+
+
+def nanmean(input: Tensor, dim: Dims = None, keepdim: bool = False) -> Tensor:
+    """The mean over dim of the values that are not NaN (NaN where there are none), as torch.nanmean."""
+    if not input.dtype.is_floating_point:
+        raise TypeError(f"nanmean: expected a floating point tensor, got {input.dtype.name}")
+    axes = _axes("nanmean", input, dim)
+
+    def mean_of(a):
+        kept = ~np.isnan(a)
+        return np.sum(np.where(kept, a, 0), axis=axes, keepdims=keepdim) / np.sum(kept, axis=axes, keepdims=keepdim)
+    return _apply("nanmean", mean_of, [input], input.dtype, input.dtype)
+
+
+def count_nonzero(input: Tensor, dim: Dims = None) -> Tensor:
+    """The number of nonzero elements over dim (all by default), as an int64 tensor."""
+    axes = _axes("count_nonzero", input, dim)
+    return _apply("count_nonzero", lambda a: np.count_nonzero(a, axis=axes), [input], input.dtype, _INT64)
+
+
+def median(input: Tensor, dim: int | None = None, keepdim: bool = False) -> Tensor | ValuesIndices:
+    """The lower of the two middle values (not their mean) over all elements, or (values, indices) along dim, as
+    torch.median; NaN where a NaN is among them."""
+    _real("median", input)
+    a = input._host_array()
+    if dim is None:
+        if a.size == 0:
+            return _result(np.array(np.nan), input.dtype, input.device)
+        flat = np.sort(a.reshape(-1), kind="stable")  # NaN sorts last
+        return _result(flat[-1] if np.isnan(flat[-1]) else flat[(flat.size - 1) // 2], input.dtype, input.device)
+    d = _norm_dim(dim, input.ndim, "median: dim")
+    a = a.reshape(a.shape or (1,))
+    if a.shape[d] == 0:
+        raise IndexError(f"median(): Expected reduction dim {d} to have non-zero size.")
+    order = np.argsort(a, axis=d, kind="stable")
+    n = a.shape[d]
+    at = np.where(np.isnan(a).any(axis=d, keepdims=True), n - 1, (n - 1) // 2)
+    indices = np.take_along_axis(order, at, axis=d)
+    values = np.take_along_axis(a, indices, axis=d)
+    if not keepdim:
+        values, indices = values.squeeze(d), indices.squeeze(d)
+    if input.ndim == 0:
+        values, indices = values.reshape(()), indices.reshape(())
+    return ValuesIndices(_result(values, input.dtype, input.device), _result(indices, _INT64, input.device))
+
+
+def quantile(input: Tensor, q: float | Tensor, dim: int | None = None, keepdim: bool = False, *,
+             interpolation: str = "linear") -> Tensor:
+    """The q-th quantiles (q in [0, 1], a number or a 1-d tensor whose quantiles come first) over dim (all elements
+    by default) of a floating tensor, interpolated as interpolation says, as torch.quantile."""
+    if not input.dtype.is_floating_point:
+        raise TypeError(f"quantile: input must be a floating point tensor, got {input.dtype.name}")
+    if interpolation not in ("linear", "lower", "higher", "midpoint", "nearest"):
+        raise ValueError(f"quantile: interpolation must be one of linear, lower, higher, midpoint or nearest, got "
+                         f"{interpolation!r}")
+    qs = np.asarray(q._host_array() if isinstance(q, _Tensor) else q, np.float64)
+    if qs.ndim > 1 or np.any((qs < 0) | (qs > 1)):
+        raise ValueError("quantile: q must be a scalar or 1-d with values in [0, 1]")
+    axis = None if dim is None else _norm_dim(dim, input.ndim, "quantile: dim")
+    return _apply("quantile", lambda a: np.quantile(a, qs, axis=axis, keepdims=keepdim, method=interpolation),
+                  [input], input.dtype, input.dtype)
+
+
+def linspace(start: float, end: float, steps: int, *, dtype: DTypeLike | None = None,
+             device: DeviceLike = None) -> Tensor:
+    """steps values evenly spaced from start to end (both included), float32 by default, as torch.linspace."""
+    if steps < 0:
+        raise ValueError(f"linspace: number of steps must be non-negative, got {steps}")
+    return _result(np.linspace(start, end, steps), as_dtype(dtype or "float32"), device or CPU)
+
+
+def eye(n: int, m: int | None = None, *, dtype: DTypeLike | None = None, device: DeviceLike = None) -> Tensor:
+    """The n x m (n x n) identity matrix, float32 by default, as torch.eye."""
+    return _result(np.eye(n, m), as_dtype(dtype or "float32"), device or CPU)
+
+
+def outer(input: Tensor, vec2: Tensor) -> Tensor:
+    """The outer product of two 1-d tensors, in their promoted dtype, as torch.outer."""
+    if input.ndim != 1 or vec2.ndim != 1:
+        raise ValueError(f"outer: expected two 1-d tensors, got {input.ndim}-d and {vec2.ndim}-d")
+    return mul(input.unsqueeze(1), vec2.unsqueeze(0))
+
+
+def _product(name, ndims, input, other):
+    if (input.ndim, other.ndim) != ndims:
+        raise ValueError(f"{name}: expected {ndims[0]}-d and {ndims[1]}-d tensors, got {input.ndim}-d and "
+                         f"{other.ndim}-d")
+    return matmul(input, other)
+
+
+def dot(input: Tensor, other: Tensor) -> Tensor:
+    """The dot product of two 1-d tensors of one dtype, as torch.dot."""
+    return _product("dot", (1, 1), input, other)
+
+
+def mv(input: Tensor, vec: Tensor) -> Tensor:
+    """A matrix (2-d) times a vector (1-d), as torch.mv."""
+    return _product("mv", (2, 1), input, vec)
+
+
+def mm(input: Tensor, mat2: Tensor) -> Tensor:
+    """The product of two matrices (2-d), as torch.mm."""
+    return _product("mm", (2, 2), input, mat2)
+
+
+def bmm(input: Tensor, mat2: Tensor) -> Tensor:
+    """The products of two batches of matrices (3-d, the same batch size), as torch.bmm."""
+    if input.ndim == 3 and mat2.ndim == 3 and input.shape[0] != mat2.shape[0]:
+        raise ValueError(f"bmm: batch sizes differ: {input.shape[0]} and {mat2.shape[0]}")
+    return _product("bmm", (3, 3), input, mat2)
+
+
+def diagonal(input: Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:
+    """The view of the diagonal of dimensions dim1 and dim2 (offset above it when positive, below when negative),
+    appended as the last dimension, as torch.diagonal."""
+    a, b = _norm_dim(dim1, input.ndim, "diagonal: dim1"), _norm_dim(dim2, input.ndim, "diagonal: dim2")
+    if a == b:
+        raise ValueError(f"diagonal: dim1 and dim2 must differ, both are {a}")
+    shape, strides = list(input.shape), list(input.stride())
+    n = builtins.max(builtins.min(shape[a] + builtins.min(offset, 0), shape[b] - builtins.max(offset, 0)), 0)
+    start = input.storage_offset() + (offset * strides[b] if offset >= 0 else -offset * strides[a]) * (n > 0)
+    keep = [d for d in range(input.ndim) if d not in (a, b)]
+    return input.as_strided([shape[d] for d in keep] + [n], [strides[d] for d in keep] + [strides[a] + strides[b]],
+                            start)
+
+
+def diag(input: Tensor, diagonal: int = 0) -> Tensor:
+    """Of a 1-d tensor, the square matrix with it on the diagonal-th diagonal; of a 2-d one, that diagonal (a copy),
+    as torch.diag."""
+    if input.ndim == 1:
+        return _apply("diag", lambda v: np.diag(v, diagonal), [input], input.dtype, input.dtype)
+    if input.ndim != 2:
+        raise ValueError(f"diag: expected a 1-d or 2-d tensor, got {input.ndim}-d")
+    return input.diagonal(diagonal).clone()
+
+
+def trace(input: Tensor) -> Tensor:
+    """The sum of a matrix's diagonal, as torch.trace."""
+    if input.ndim != 2:
+        raise ValueError(f"trace: expected a 2-d tensor, got {input.ndim}-d")
+    return sum(diagonal(input))
+
+
+def nonzero(input: Tensor, *, as_tuple: bool = False) -> Tensor | tuple[Tensor, ...]:
+    """The indices of the nonzero elements: an int64 (count, ndim) tensor, or one per dimension with as_tuple, as
+    torch.nonzero."""
+    if as_tuple:
+        return where(input)
+    _real("nonzero", input)
+    return _result(np.argwhere(input._host_array()), _INT64, input.device)
+
+
+def _index_vector(name, index):
+    if not isinstance(index, _Tensor) or index.ndim > 1 or index.dtype.is_floating_point or index.dtype is _BOOL:
+        raise TypeError(f"{name}: index must be a 0-d or 1-d integer tensor")
+    return index._host_array().reshape(-1)
+
+
+def index_select(input: Tensor, dim: int, index: Tensor) -> Tensor:
+    """The entries along dim at index (a 1-d integer tensor), a copy, as torch.index_select."""
+    d = _norm_dim(dim, input.ndim, "index_select: dim")
+    i = _index_vector("index_select", index)
+    size = input.shape[d] if input.ndim else 1
+    if i.size and (i.min() < -size or i.max() >= size):
+        raise IndexError(f"index_select: index out of range for dimension {d} of size {size}")
+    return _apply("index_select", lambda a: np.take(a.reshape(a.shape or (1,)), i, axis=d).reshape(
+        (-1,) if not input.ndim else [*a.shape[:d], i.size, *a.shape[d + 1:]]), [input], input.dtype, input.dtype)
+
+
+def masked_select(input: Tensor, mask: Tensor) -> Tensor:
+    """The elements where mask (a bool tensor, broadcast) holds, as a 1-d copy, as torch.masked_select."""
+    if not isinstance(mask, _Tensor) or mask.dtype is not _BOOL:
+        raise TypeError("masked_select: mask must be a bool tensor")
+    shape = _broadcast("masked_select", input.shape, mask.shape)
+    m = np.broadcast_to(mask._host_array(), shape)
+    return _apply("masked_select", lambda a: np.broadcast_to(a, shape)[m], [input], input.dtype, input.dtype)
+
+
+def _scattered(name, input, dim, index, src, add_at):
+    d = _norm_dim(dim, input.ndim, f"{name}: dim")
+    if not isinstance(index, _Tensor) or index.dtype is not _INT64 or index.ndim != input.ndim:
+        raise TypeError(f"{name}: index must be an int64 tensor with as many dimensions as input")
+    i = index._host_array()
+    if i.size and (i.min() < 0 or i.max() >= input.shape[d]):
+        raise IndexError(f"{name}: index out of range for dimension {d} of size {input.shape[d]}")
+    if builtins.any(n > m for n, m in zip(i.shape, input.shape)):
+        raise ValueError(f"{name}: index of shape {tuple(i.shape)} is larger than input {tuple(input.shape)}")
+    values = np.asarray(_array(src, input.dtype))
+    if values.ndim:
+        if builtins.any(n > m for n, m in zip(i.shape, values.shape)):
+            raise ValueError(f"{name}: index of shape {tuple(i.shape)} is larger than src {tuple(values.shape)}")
+        values = values[tuple(slice(n) for n in i.shape)]
+    out = np.array(_array(input, input.dtype))
+    where_ = tuple(i if k == d else np.arange(n).reshape([-1 if j == k else 1 for j in range(i.ndim)])
+                   for k, n in enumerate(i.shape))
+    if add_at:
+        np.add.at(out, where_, np.broadcast_to(values, i.shape))
+    else:
+        out[where_] = np.broadcast_to(values, i.shape)
+    return _result(out, input.dtype, input.device)
+
+
+def scatter(input: Tensor, dim: int, index: Tensor, src: Operand = None, *, value: Operand = None) -> Tensor:
+    """A copy of input with src (a tensor, or value) written at index along dim: out[index[i][j]][j] = src[i][j]
+    for dim 0, as torch.scatter (where index repeats a place, one of the writes is kept)."""
+    return _scattered("scatter", input, dim, index, value if src is None else src, False)
+
+
+def scatter_add(input: Tensor, dim: int, index: Tensor, src: Tensor) -> Tensor:
+    """A copy of input with src added at index along dim (repeated places add up), as torch.scatter_add."""
+    return _scattered("scatter_add", input, dim, index, src, True)
+
+
+def bincount(input: Tensor, weights: Tensor | None = None, minlength: int = 0) -> Tensor:
+    """The count (or weights' sum) of each value of a 1-d non-negative integer tensor, as torch.bincount."""
+    if input.ndim != 1 or input.dtype.is_floating_point or input.dtype is _BOOL:
+        raise TypeError("bincount: input must be a 1-d integer tensor")
+    a = input._host_array()
+    if a.size and a.min() < 0:
+        raise ValueError("bincount: input must be non-negative")
+    w = None if weights is None else weights._host_array().astype(np.float64)
+    out = _INT64 if weights is None else weights.dtype if weights.dtype.is_floating_point else _BY_NAME["float64"]
+    return _result(np.bincount(a, w, minlength), out, input.device)
+
+
+def diff(input: Tensor, n: int = 1, dim: int = -1, prepend: Tensor | None = None,
+         append: Tensor | None = None) -> Tensor:
+    """The n-th forward differences along dim (after prepend and append joined there), as torch.diff; of a bool
+    tensor, whether neighbours differ."""
+    x = cat([t for t in (prepend, input, append) if t is not None], dim) if prepend is not None or \
+        append is not None else input
+    d = _norm_dim(dim, x.ndim, "diff: dim")
+    fn = (lambda a: np.diff(a, n, axis=d)) if x.dtype is not _BOOL else \
+        (lambda a: np.diff(a.astype(np.int8), n, axis=d) != 0)
+    return _apply("diff", fn, [x], x.dtype, x.dtype)
+
+
+def isin(elements: Operand, test_elements: Operand, *, invert: bool = False) -> Tensor:
+    """Whether each element of elements is among test_elements, as a bool tensor, as torch.isin."""
+    device = _device("isin", [elements, test_elements])
+    dt = result_type(_arg(elements), _arg(test_elements))
+    return _result(np.isin(_array(_arg(elements), dt), _array(_arg(test_elements), dt), invert=invert), _BOOL,
+                   device)
+
+
+def searchsorted(sorted_sequence: Tensor, input: Operand, *, right: bool = False, side: str | None = None) -> Tensor:
+    """Where each value of input would go in the last dimension of sorted_sequence to keep it sorted (the first
+    such place, or the last with right=True or side='right'), as int64, as torch.searchsorted."""
+    right = right or side == "right"
+    seq = sorted_sequence._host_array()
+    values = np.asarray(_array(_arg(input), result_type(sorted_sequence, _arg(input))))
+    side = "right" if right else "left"
+    if seq.ndim <= 1:
+        out = np.searchsorted(seq, values, side=side)
+    else:
+        if values.shape[:-1] != seq.shape[:-1]:
+            raise ValueError(f"searchsorted: the leading dimensions of sorted_sequence {seq.shape} and input "
+                             f"{values.shape} differ")
+        rows = [np.searchsorted(s, v, side=side) for s, v in zip(seq.reshape(-1, seq.shape[-1]),
+                                                                  values.reshape(-1, values.shape[-1]))]
+        out = np.array(rows).reshape(values.shape)
+    return _result(out, _INT64, sorted_sequence.device)
+
+
+def bucketize(input: Operand, boundaries: Tensor, *, right: bool = False) -> Tensor:
+    """The bucket of each value of input among the 1-d sorted boundaries (boundaries[i-1] < x <= boundaries[i];
+    with right=True boundaries[i-1] <= x < boundaries[i]), as int64, as torch.bucketize."""
+    if boundaries.ndim != 1:
+        raise ValueError(f"bucketize: boundaries must be 1-d, got {boundaries.ndim}-d")
+    return searchsorted(boundaries, input, right=right)
+
+
+def repeat_interleave(input: Tensor, repeats: int | Tensor, dim: int | None = None) -> Tensor:
+    """Each element repeated repeats times (a number, or one count per element along dim) along dim (of the
+    flattened input when dim is None), as torch.repeat_interleave."""
+    r = repeats._host_array() if isinstance(repeats, _Tensor) else repeats
+    if np.any(np.asarray(r) < 0):
+        raise ValueError("repeat_interleave: repeats must be non-negative")
+    d = None if dim is None else _norm_dim(dim, input.ndim, "repeat_interleave: dim")
+    return _apply("repeat_interleave", lambda a: np.repeat(a, r, axis=d), [input], input.dtype, input.dtype)
+
+
+def meshgrid(*tensors: Tensor, indexing: str = "ij") -> tuple[Tensor, ...]:
+    """Views of the 1-d tensors expanded over the grid of all of them ('ij': the first varies along the first
+    dimension; 'xy': the first two swapped), as torch.meshgrid."""
+    if len(tensors) == 1 and isinstance(tensors[0], (list, tuple)):
+        tensors = tuple(tensors[0])
+    if indexing not in ("ij", "xy"):
+        raise ValueError(f"meshgrid: indexing must be 'ij' or 'xy', got {indexing!r}")
+    if builtins.any(t.ndim != 1 for t in tensors):
+        raise ValueError("meshgrid: expects 1-d tensors")
+    order = list(range(len(tensors)))
+    if indexing == "xy" and len(tensors) >= 2:
+        order[0], order[1] = 1, 0
+    shape = [tensors[k].shape[0] for k in order]
+    return tuple(t.reshape([-1 if order[j] == i else 1 for j in range(len(tensors))]).expand(shape)
+                 for i, t in enumerate(tensors))
 
 
 # ---- the same functions on traced values ----

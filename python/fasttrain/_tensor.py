@@ -514,6 +514,70 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
     floor, ceil, round, trunc, sign = _math.floor, _math.ceil, _math.round, _math.trunc, _math.sign
     isnan, isinf, isfinite, log1p, expm1 = _math.isnan, _math.isinf, _math.isfinite, _math.log1p, _math.expm1
     flip, roll, cumsum = _math.flip, _math.roll, _math.cumsum
+    prod, cumprod, nansum, nanmean = _math.prod, _math.cumprod, _math.nansum, _math.nanmean
+    count_nonzero, median, quantile = _math.count_nonzero, _math.median, _math.quantile
+    log2, log10, exp2, reciprocal = _math.log2, _math.log10, _math.exp2, _math.reciprocal
+    sin, cos, tan, asin, acos, atan = _math.sin, _math.cos, _math.tan, _math.asin, _math.acos, _math.atan
+    sinh, cosh, atan2, hypot, logaddexp = _math.sinh, _math.cosh, _math.atan2, _math.hypot, _math.logaddexp
+    fmod, fmax, fmin, lerp = _math.fmod, _math.fmax, _math.fmin, _math.lerp
+    logical_and, logical_or, logical_xor, logical_not = (_math.logical_and, _math.logical_or, _math.logical_xor,
+                                                         _math.logical_not)
+    isclose, allclose, equal = _math.isclose, _math.allclose, _math.equal
+    outer, dot, mv, mm, bmm = _math.outer, _math.dot, _math.mv, _math.mm, _math.bmm
+    diagonal, diag, trace, nonzero = _math.diagonal, _math.diag, _math.trace, _math.nonzero
+    index_select, masked_select, scatter, scatter_add = (_math.index_select, _math.masked_select, _math.scatter,
+                                                         _math.scatter_add)
+    bincount, diff, repeat_interleave = _math.bincount, _math.diff, _math.repeat_interleave
+
+    @property
+    def mT(self) -> Tensor:
+        """A view with the last two dimensions swapped (a batch of matrices transposed)."""
+        if self.ndim < 2:
+            raise ValueError(f"mT: expected a tensor of at least 2 dimensions, got {self.ndim}")
+        return self.transpose(-2, -1)
+
+    def movedim(self, source: _int | Sequence[_int], destination: _int | Sequence[_int]) -> Tensor:
+        """A view with dimensions source moved to destination, the others in their order, as torch.movedim."""
+        src = [_norm_dim(d, self.ndim) for d in ((source,) if isinstance(source, (int, np.integer)) else source)]
+        dst = [_norm_dim(d, self.ndim) for d in ((destination,) if isinstance(destination, (int, np.integer))
+                                                 else destination)]
+        if len(src) != len(dst) or len(set(src)) != len(src) or len(set(dst)) != len(dst):
+            raise ValueError(f"movedim: source {source} and destination {destination} must be unique dimensions of "
+                             "one length")
+        order = [d for d in range(self.ndim) if d not in src]
+        for s, d in sorted(zip(src, dst), key=lambda p: p[1]):
+            order.insert(d, s)
+        return self.permute(order)
+
+    moveaxis = movedim
+
+    def swapaxes(self, axis0: _int, axis1: _int) -> Tensor:
+        """transpose(axis0, axis1), as torch.swapaxes."""
+        return self.transpose(axis0, axis1)
+
+    swapdims = swapaxes
+
+    def view_as(self, other: Tensor) -> Tensor:
+        """self.view(other.shape)."""
+        return self.view(other.shape)
+
+    def reshape_as(self, other: Tensor) -> Tensor:
+        """self.reshape(other.shape)."""
+        return self.reshape(other.shape)
+
+    def ravel(self) -> Tensor:
+        """self.reshape(-1): a view where the strides allow one."""
+        return self.reshape(-1)
+
+    def tile(self, *dims: _int | Sequence[_int]) -> Tensor:
+        """A copy repeated dims times along each dimension; fewer dims than dimensions repeat the last ones, as
+        torch.tile."""
+        dims = _sizes(dims)
+        return self.repeat((1,) * (self.ndim - len(dims)) + tuple(dims))
+
+    def broadcast_to(self, size: Sequence[_int]) -> Tensor:
+        """The broadcast view of self of shape size (self.expand(size))."""
+        return self.expand(size)
 
     def new_full(self, size: Sequence[_int], fill_value: _float, *, dtype: DTypeLike | None = None,
                  device: DeviceLike = None) -> Tensor:
@@ -603,6 +667,9 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
                                                                 _math.sqrt))
     relu_, sigmoid_, tanh_ = (_math.in_place(f) for f in (_math.relu, _math.sigmoid, _math.tanh))
     clamp_min_, clamp_max_ = _math.in_place(_math.clamp_min), _math.in_place(_math.clamp_max)
+    scatter_, scatter_add_ = _math.in_place(_math.scatter), _math.in_place(_math.scatter_add)
+    lerp_, fmod_, reciprocal_ = _math.in_place(_math.lerp), _math.in_place(_math.fmod), _math.in_place(
+        _math.reciprocal)
     __iadd__, __isub__ = _math.operator_method(add_), _math.operator_method(sub_)
     __imul__, __itruediv__ = _math.operator_method(mul_), _math.operator_method(div_)
     __ifloordiv__ = _math.operator_method(_math.in_place(_math.floor_divide))
