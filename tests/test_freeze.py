@@ -193,3 +193,22 @@ def test_assignment_follows_pytorch_for_buffers_and_children():
         m.add_module("a.b", nn.Identity())
     m.head = None
     assert list(m.state_dict()) == ["mask", "body.weight"] and m.head is None
+
+
+def test_deep_copies_and_pickles_keep_parameters_trainable():
+    """copy.deepcopy (an EMA model, cloned layers) and pickle keep a Parameter a Parameter, with its requires_grad
+    (they came back as plain frozen tensors, so a compiled copy trained nothing)."""
+    import copy
+    import pickle
+    layer = nn.Linear(4, 4)
+    layer.bias.requires_grad = False
+    for clone in (copy.deepcopy, lambda m: pickle.loads(pickle.dumps(m))):
+        c = clone(layer)
+        assert isinstance(c.weight, nn.Parameter) and c.weight.requires_grad and not c.bias.requires_grad
+        assert c.weight.data_ptr() != layer.weight.data_ptr()
+        np.testing.assert_array_equal(c.weight.numpy(), layer.weight.numpy())
+    model = nn.Sequential(copy.deepcopy(layer), nn.ReLU(), copy.deepcopy(layer), nn.Linear(4, 3))
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=3,
+                            input_shape=(4,))
+    program.backward(np.random.default_rng(1).standard_normal((3, 4)).astype(np.float32), np.array([0, 1, 2]))
+    assert np.abs(model[0].weight.grad.numpy()).max() > 0 and np.abs(model[2].weight.grad.numpy()).max() > 0

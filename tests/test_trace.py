@@ -551,7 +551,9 @@ def assert_gradients_match(program, tm, x, y, torch_loss):
     assert loss == pytest.approx(want.item(), rel=1e-5)
     grads = dict(program.model.named_parameters())
     for name, p in tm.named_parameters():
-        np.testing.assert_allclose(grads[name].grad.numpy(), p.grad.numpy(), rtol=1e-4, atol=1e-6, err_msg=name)
+        assert grads[name].requires_grad == p.requires_grad, name
+        if p.requires_grad:  # (a frozen one's .grad is None in PyTorch)
+            np.testing.assert_allclose(grads[name].grad.numpy(), p.grad.numpy(), rtol=1e-4, atol=1e-6, err_msg=name)
 
 
 def hand_attention(lib=ft, C=8, H=2, T=4):
@@ -1454,6 +1456,49 @@ def test_layer_norm_without_bias_has_no_bias_parameter_and_trains():
     program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=3, input_shape=(4,))
     np.testing.assert_allclose(program.predict(x).numpy(), want, rtol=1e-5, atol=1e-5)
     assert gradcheck(program, x, y, eps=1e-3, rtol=3e-2, atol=1e-3)
+
+
+def encoder(lib=ft):
+    """A TransformerEncoder of copies of one layer over pretrained (frozen) embeddings."""
+    L = nn if lib is ft else lib.nn
+    table = lib.linspace(-1.0, 1.0, 11 * 8).reshape(11, 8)
+
+    class Encoder(L.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = L.Embedding.from_pretrained(table, padding_idx=0)
+            layer = L.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True, norm_first=True)
+            self.enc = L.TransformerEncoder(layer, 2, norm=L.LayerNorm(8))
+            self.head = L.Linear(8, CLASSES)
+
+        def forward(self, ids):
+            return self.head(self.enc(self.emb(ids)).mean(1))
+    return Encoder()
+
+
+def test_transformer_encoder_copies_its_layer_and_pretrained_embeddings_stay_frozen():
+    ft.manual_seed(19)
+    model = encoder()
+    layers = model.enc.layers
+    assert len(layers) == 2 and layers[0].linear1.weight.data_ptr() != layers[1].linear1.weight.data_ptr()
+    assert not model.emb.weight.requires_grad and model.emb.weight[1].tolist() == ft.linspace(-1, 1, 88)[8:16].tolist()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=2, input_shape=(5,),
+                            input_dtype=ft.int64)
+    ids, y = np.random.default_rng(20).integers(0, 11, (2, 5)), np.array([0, 3])
+    assert gradcheck(program, ids, y, eps=1e-3, rtol=3e-2, atol=1e-3)
+    program.backward(ids, y)
+    assert all(np.abs(p.grad.numpy()).max() > 0 for p in layers[1].parameters())
+
+
+@needs_torch
+def test_transformer_encoder_matches_pytorch():
+    tm, model = encoder(torch), encoder()
+    assert list(model.state_dict()) == list(tm.state_dict())
+    model.load_state_dict({k: v.detach().numpy() for k, v in tm.state_dict().items()})
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=2, input_shape=(5,),
+                            input_dtype=ft.int64)
+    ids, y = np.random.default_rng(21).integers(0, 11, (2, 5)), np.array([1, 2])
+    assert_gradients_match(program, tm, ids, y, torch.nn.CrossEntropyLoss())
 
 
 def test_padding_modes_match_finite_differences_and_their_eager_forward():

@@ -745,17 +745,22 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
         return table.html() + f"<pre>{html.escape(repr(self))}</pre>"
 
     def __reduce__(self):
+        """Pickling and copy.deepcopy: the values, dtype and device, and the class and requires_grad (a module's
+        deep copy keeps its parameters trainable)."""
         return (_rebuild, (self.cpu().to(_FLOAT32).numpy() if self.dtype is _BFLOAT16 else self.cpu().numpy(),
-                           self.dtype.name, str(self.device)))
+                           self.dtype.name, str(self.device), type(self), self.requires_grad))
 
 
 dtype_type = dtype
 device_type = device
 
 
-def _rebuild(array, dtype_name, device_name):
+def _rebuild(array, dtype_name, device_name, cls=Tensor, requires_grad=False):
     from .creation import tensor
-    return tensor(array, dtype=_BY_NAME[dtype_name], device=device_name)
+    t = tensor(array, dtype=_BY_NAME[dtype_name], device=device_name)
+    t.__class__ = cls  # nn.Parameter adds no state of its own
+    t.requires_grad = requires_grad
+    return t
 
 
 _C._set_tensor_class(Tensor)

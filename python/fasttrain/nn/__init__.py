@@ -12,6 +12,6 @@ from .modules import (AdaptiveAvgPool1d, AdaptiveAvgPool2d, AdaptiveMaxPool1d, A
                       Parameter, ParameterDict, ParameterList, PixelShuffle, PixelUnshuffle, PReLU, ReflectionPad1d,
                       ReflectionPad2d, ReLU, ReLU6, ReplicationPad1d, ReplicationPad2d, RMSNorm, RNN, SELU, Sequential,
                       Sigmoid, SiLU, SmoothL1Loss, Softmax, Softmax2d, Softplus, Softsign, SyncBatchNorm, Tanh,
-                      Tanhshrink, TransformerEncoderLayer, TripletMarginLoss, Unflatten, Upsample, ZeroPad1d,
-                      ZeroPad2d)
+                      Tanhshrink, TransformerEncoder, TransformerEncoderLayer, TripletMarginLoss, Unflatten, Upsample,
+                      ZeroPad1d, ZeroPad2d)
 from .program import Program, compile

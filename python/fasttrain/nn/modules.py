@@ -787,6 +787,18 @@ class Embedding(Module):
         if padding_idx is not None:
             self.weight[padding_idx].fill_(0)
 
+    @classmethod
+    def from_pretrained(cls, embeddings, freeze=True, padding_idx=None, max_norm=None, norm_type=2.0,
+                        scale_grad_by_freq=False, sparse=False):
+        """An Embedding whose table is a copy of embeddings (2-d: rows, dim), frozen unless freeze=False, as
+        torch.nn.Embedding.from_pretrained (the padding row keeps its given values)."""
+        if not isinstance(embeddings, TensorBase) or embeddings.ndim != 2:
+            raise ValueError("Embedding.from_pretrained: embeddings must be a 2-d tensor (rows, embedding_dim)")
+        m = cls(*embeddings.shape, padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse)
+        m.weight.copy_(embeddings)
+        m.weight.requires_grad = not freeze
+        return m
+
     def output_shape(self, shape):
         return (*shape, self.embedding_dim)
 
@@ -2179,6 +2191,26 @@ class TransformerEncoderLayer(Module):
             return x + self._ff(self.norm2(x))
         x = self.norm1(x + self._sa(x, is_causal))
         return self.norm2(x + self._ff(x))
+
+
+class TransformerEncoder(Module):
+    """num_layers copies of encoder_layer (each with its own parameters, copied from it), then an optional norm,
+    as torch.nn.TransformerEncoder."""
+
+    def __init__(self, encoder_layer, num_layers, norm=None, enable_nested_tensor=True, mask_check=True):
+        super().__init__()
+        import copy
+        if not isinstance(encoder_layer, TransformerEncoderLayer) or num_layers < 1:
+            raise ValueError("TransformerEncoder: takes a TransformerEncoderLayer and num_layers >= 1")
+        self.layers = ModuleList([copy.deepcopy(encoder_layer) for _ in range(num_layers)])
+        self.num_layers, self.norm = num_layers, norm
+
+    def forward(self, src, mask=None, src_key_padding_mask=None, is_causal=False):
+        """The layers applied to src (N, T, d_model) in turn, then the norm. Masks other than is_causal=True are
+        not supported."""
+        for layer in self.layers:
+            src = layer(src, mask, src_key_padding_mask, is_causal)
+        return src if self.norm is None else self.norm(src)
 
 
 class Target(Module):
