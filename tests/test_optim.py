@@ -605,6 +605,16 @@ SCHEDULES = {
                                                                      total_iters=16)], milestones=[4]),
                             lambda t: np.where(t < 4, 0.1 * (0.2 + 0.8 * t / 4),
                                                0.1 * (1 + (0.01 - 1) * np.minimum(t - 4, 16) / 16))),
+    "polynomial": (lambda o: ls.PolynomialLR(o, total_iters=10, power=2.0),
+                   lambda t: 0.1 * (1 - np.minimum(t, 10) / 10) ** 2),
+    "constant": (lambda o: ls.ConstantLR(o, factor=0.5, total_iters=4), lambda t: np.where(t < 4, 0.05, 0.1)),
+    "multiplicative": (lambda o: ls.MultiplicativeLR(o, lambda e: 0.9), lambda t: 0.1 * 0.9 ** t),
+    "chained": (lambda o: ls.ChainedScheduler([ls.ConstantLR(o, factor=0.1, total_iters=3),
+                                               ls.ExponentialLR(o, gamma=0.9)]),
+                lambda t: 0.1 * np.where(t < 3, 0.1, 1.0) * 0.9 ** t),
+    "cyclic": (lambda o: ls.CyclicLR(o, 0.01, 0.1, step_size_up=4, step_size_down=2, mode="triangular2",
+                                     cycle_momentum=False),
+               lambda t: 0.01 + 0.09 * np.where(t % 6 <= 4, (t % 6) / 4, 1 - (t % 6 - 4) / 2) / 2.0 ** (t // 6)),
 }
 
 
@@ -711,6 +721,9 @@ def test_scheduler_state_dict_and_per_group_lrs():
     (lambda o: ls.LambdaLR(o, [lambda e: 1.0] * 2), ValueError, "Expected 1 lr_lambdas"),
     (lambda o: ls.StepLR(object(), 2), TypeError, "not an ft.optim optimizer"),
     (lambda o: ls.StepLR(o, 2, last_epoch=3), KeyError, "initial_lr"),
+    (lambda o: ls.ConstantLR(o, factor=1.5), ValueError, "Constant multiplicative factor"),
+    (lambda o: ls.CyclicLR(o, 0.01, 0.1, mode="sawtooth"), ValueError, "mode is invalid"),
+    (lambda o: ls.ChainedScheduler([ls.StepLR(sgd(), 2), ls.StepLR(o, 2)]), ValueError, "same optimizer"),
 ])
 def test_bad_scheduler_arguments(make, error, match):
     with pytest.raises(error, match=match):
@@ -719,10 +732,19 @@ def test_bad_scheduler_arguments(make, error, match):
 
 @needs_torch
 @pytest.mark.parametrize("name", ["step", "multistep", "cosine", "linear", "lambda", "warmup+cosine", "onecycle",
-                                  "exponential", "restarts"])
+                                  "exponential", "restarts", "polynomial", "constant", "multiplicative", "chained",
+                                  "cyclic", "cyclic2"])
 def test_schedulers_against_torch(name):
     def build(mod, opt):
         return {
+            "polynomial": lambda: mod.PolynomialLR(opt, total_iters=10, power=2.0),
+            "constant": lambda: mod.ConstantLR(opt, factor=0.5, total_iters=4),
+            "multiplicative": lambda: mod.MultiplicativeLR(opt, lambda e: 0.9),
+            "chained": lambda: mod.ChainedScheduler([mod.ConstantLR(opt, factor=0.1, total_iters=3),
+                                                     mod.ExponentialLR(opt, gamma=0.9)]),
+            "cyclic": lambda: mod.CyclicLR(opt, 0.01, 0.1, step_size_up=4),  # the momentum cycles too
+            "cyclic2": lambda: mod.CyclicLR(opt, 0.001, 0.01, step_size_up=3, step_size_down=5, mode="exp_range",
+                                            gamma=0.95),
             "step": lambda: mod.StepLR(opt, step_size=3, gamma=0.5),
             "multistep": lambda: mod.MultiStepLR(opt, milestones=[2, 5, 5], gamma=0.1),
             "cosine": lambda: mod.CosineAnnealingLR(opt, T_max=10, eta_min=0.01),

@@ -9,8 +9,9 @@ from collections import Counter
 
 from .optimizer import Optimizer
 
-__all__ = ["LRScheduler", "LambdaLR", "StepLR", "MultiStepLR", "ExponentialLR", "LinearLR", "CosineAnnealingLR",
-           "CosineAnnealingWarmRestarts", "OneCycleLR", "SequentialLR", "ReduceLROnPlateau"]
+__all__ = ["LRScheduler", "LambdaLR", "MultiplicativeLR", "StepLR", "MultiStepLR", "ConstantLR", "LinearLR",
+           "ExponentialLR", "PolynomialLR", "CosineAnnealingLR", "CosineAnnealingWarmRestarts", "CyclicLR", "OneCycleLR",
+           "SequentialLR", "ChainedScheduler", "ReduceLROnPlateau"]
 
 
 def _per_group(name, optimizer, value):
@@ -123,6 +124,16 @@ class LambdaLR(LRScheduler):
         return [base_lr * fn(self.last_epoch) for fn, base_lr in zip(self.lr_lambdas, self.base_lrs)]
 
 
+class MultiplicativeLR(LambdaLR):
+    """lr = the last lr * lr_lambda(last_epoch) (one function, or one per group), from the second step on."""
+
+    def get_lr(self):
+        if self.last_epoch > 0:
+            return [group["lr"] * fn(self.last_epoch) for fn, group in zip(self.lr_lambdas,
+                                                                            self.optimizer.param_groups)]
+        return self._group_lrs()
+
+
 class StepLR(LRScheduler):
     """lr = base_lr * gamma ** (last_epoch // step_size)."""
 
@@ -174,6 +185,46 @@ class MultiStepLR(LRScheduler):
     def _get_closed_form_lr(self):
         milestones = sorted(self.milestones.elements())
         return [base_lr * self.gamma ** bisect_right(milestones, self.last_epoch) for base_lr in self.base_lrs]
+
+
+class ConstantLR(LRScheduler):
+    """lr = base_lr * factor until last_epoch reaches total_iters, then base_lr."""
+
+    def __init__(self, optimizer, factor=1.0 / 3, total_iters=5, last_epoch=-1):
+        if factor > 1.0 or factor < 0:
+            raise ValueError("Constant multiplicative factor expected to be between 0 and 1.")
+        self.factor, self.total_iters = factor, total_iters
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self):
+        if self.last_epoch == 0:
+            return [group["lr"] * self.factor for group in self.optimizer.param_groups]
+        if self.last_epoch != self.total_iters:
+            return self._group_lrs()
+        return [group["lr"] * (1.0 / self.factor) for group in self.optimizer.param_groups]
+
+    def _get_closed_form_lr(self):
+        return [base_lr * (self.factor + (self.last_epoch >= self.total_iters) * (1 - self.factor))
+                for base_lr in self.base_lrs]
+
+
+class PolynomialLR(LRScheduler):
+    """lr = base_lr * (1 - min(last_epoch, total_iters) / total_iters) ** power: a polynomial decay to 0."""
+
+    def __init__(self, optimizer, total_iters=5, power=1.0, last_epoch=-1):
+        self.total_iters, self.power = total_iters, power
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self):
+        if self.last_epoch == 0 or self.last_epoch > self.total_iters:
+            return self._group_lrs()
+        factor = ((1.0 - self.last_epoch / self.total_iters) / (1.0 - (self.last_epoch - 1) / self.total_iters)) \
+            ** self.power
+        return [group["lr"] * factor for group in self.optimizer.param_groups]
+
+    def _get_closed_form_lr(self):
+        return [base_lr * (1.0 - min(self.total_iters, self.last_epoch) / self.total_iters) ** self.power
+                for base_lr in self.base_lrs]
 
 
 class LinearLR(LRScheduler):
@@ -275,6 +326,70 @@ class CosineAnnealingWarmRestarts(LRScheduler):
         for group, lr in zip(self.optimizer.param_groups, self.get_lr()):
             group["lr"] = lr
         self._last_lr = self._group_lrs()
+
+
+class CyclicLR(LRScheduler):
+    """lr cycling between base_lr and max_lr (up over step_size_up steps, down over step_size_down), the cycles'
+    amplitude scaled by mode ('triangular': 1, 'triangular2': halved each cycle, 'exp_range': gamma ** step) or
+    scale_fn; with cycle_momentum the momentum (or Adam's beta1) cycles the other way between max_momentum and
+    base_momentum, as torch.optim.lr_scheduler.CyclicLR. Stepped after every batch."""
+
+    def __init__(self, optimizer, base_lr, max_lr, step_size_up=2000, step_size_down=None, mode="triangular",
+                 gamma=1.0, scale_fn=None, scale_mode="cycle", cycle_momentum=True, base_momentum=0.8,
+                 max_momentum=0.9, last_epoch=-1):
+        base_lrs = _per_group("base_lr", optimizer, base_lr)
+        if last_epoch == -1:
+            for lr, group in zip(base_lrs, optimizer.param_groups):
+                group["lr"] = lr
+        self.max_lrs = _per_group("max_lr", optimizer, max_lr)
+        up = float(step_size_up)
+        down = float(step_size_down) if step_size_down is not None else up
+        self.total_size, self.step_ratio = up + down, up / (up + down)
+        if mode not in ("triangular", "triangular2", "exp_range") and scale_fn is None:
+            raise ValueError("mode is invalid and scale_fn is None")
+        self.mode, self.gamma = mode, gamma
+        if scale_fn is None:
+            self.scale_mode = "iterations" if mode == "exp_range" else "cycle"
+        else:
+            self._scale_fn, self.scale_mode = scale_fn, scale_mode
+        self.cycle_momentum = cycle_momentum
+        if cycle_momentum:
+            if "momentum" not in optimizer.defaults and "betas" not in optimizer.defaults:
+                raise ValueError("optimizer must support momentum or beta1 with `cycle_momentum` option enabled")
+            self.use_beta1 = "betas" in optimizer.defaults
+            self.base_momentums = _per_group("base_momentum", optimizer, base_momentum)
+            self.max_momentums = _per_group("max_momentum", optimizer, max_momentum)
+            if last_epoch == -1:
+                for momentum, group in zip(self.max_momentums, optimizer.param_groups):
+                    self._set_momentum(group, momentum)
+        super().__init__(optimizer, last_epoch)
+        self.base_lrs = base_lrs
+
+    def scale_fn(self, x):
+        """The amplitude's scale at cycle (or step) x."""
+        if hasattr(self, "_scale_fn"):
+            return self._scale_fn(x)
+        return {"triangular": 1.0, "triangular2": 1 / (2.0 ** (x - 1)), "exp_range": self.gamma ** x}[self.mode]
+
+    def _set_momentum(self, group, momentum):
+        if self.use_beta1:
+            group["betas"] = (momentum, *group["betas"][1:])
+        else:
+            group["momentum"] = momentum
+
+    def get_lr(self):
+        cycle = math.floor(1 + self.last_epoch / self.total_size)
+        x = 1.0 + self.last_epoch / self.total_size - cycle
+        height = x / self.step_ratio if x <= self.step_ratio else (x - 1) / (self.step_ratio - 1)
+        scale = self.scale_fn(cycle if self.scale_mode == "cycle" else self.last_epoch)
+        if self.cycle_momentum:
+            for lo, hi, group in zip(self.base_momentums, self.max_momentums, self.optimizer.param_groups):
+                self._set_momentum(group, hi - (hi - lo) * height * scale)
+        return [lo + (hi - lo) * height * scale for lo, hi in zip(self.base_lrs, self.max_lrs)]
+
+    def state_dict(self):
+        """The attributes but a custom scale_fn (a function is not state), as PyTorch's."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "_scale_fn")}
 
 
 class OneCycleLR(LRScheduler):
@@ -432,6 +547,29 @@ class SequentialLR(LRScheduler):
         self.__dict__.update(state_dict)
         for s, saved in zip(self._schedulers, schedulers):
             s.load_state_dict(saved)
+
+
+class ChainedScheduler(LRScheduler):
+    """Several schedulers of one optimizer stepped together: each step() steps every one of them in order, so their
+    changes compose, as torch.optim.lr_scheduler.ChainedScheduler."""
+
+    def __init__(self, schedulers, optimizer=None):
+        if len(schedulers) < 1:
+            raise ValueError("ChainedScheduler expects at least one scheduler to be chained, but got no scheduler.")
+        optimizer = optimizer or schedulers[0].optimizer
+        for i, scheduler in enumerate(schedulers):
+            if getattr(scheduler, "optimizer", None) is not optimizer:
+                raise ValueError(f"ChainedScheduler expects all schedulers to belong to the same optimizer, but got "
+                                 f"scheduler {type(scheduler).__name__} at index {i} with another optimizer")
+        self._schedulers, self.optimizer = list(schedulers), optimizer
+        self._last_lr = self._group_lrs()
+
+    def step(self):
+        for scheduler in self._schedulers:
+            scheduler.step()
+        self._last_lr = self._group_lrs()
+
+    state_dict, load_state_dict = SequentialLR.state_dict, SequentialLR.load_state_dict
 
 
 class ReduceLROnPlateau:
