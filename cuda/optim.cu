@@ -222,6 +222,35 @@ __global__ void adamw_kernel(ft_cuda_optim o, float scale, float clip) {
     }
 }
 
+__global__ void rmsprop_kernel(ft_cuda_optim o, float scale, float clip) {
+    span s;
+    const ft_cuda_optim_segment *seg = step_block(o, &s);
+    if (!seg)
+        return;
+    const ft_rmsprop_coef k = seg->coef.rmsprop;
+    const bool maximize = seg->maximize;
+    int64_t at = seg->flat.offset + s.start;
+    float *p = seg->flat.param + s.start, *v = o.square_avg + at;
+    float *a = seg->centered ? o.grad_avg + at : nullptr, *buf = seg->momentum ? o.momentum_buffer + at : nullptr;
+    const float *g = seg->flat.grad + s.start;
+    for (int64_t i = threadIdx.x; i < s.len; i += THREADS) {
+        float gi = ft_l2_grad(ft_optim_grad(g[i], scale, clip, maximize), p[i], k.weight_decay);
+        float vi = ft_rmsprop_square_avg(v[i], gi, &k);
+        v[i] = vi;
+        float ai = 0.0f;
+        if (a) {
+            ai = ft_ema_lerp(a[i], gi, k.one_minus_alpha);
+            a[i] = ai;
+        }
+        float d = gi / ft_rmsprop_avg(vi, ai, a != nullptr, &k);
+        if (buf) {
+            d = k.momentum * buf[i] + d;
+            buf[i] = d;
+        }
+        p[i] = p[i] - k.lr * d;
+    }
+}
+
 /* LAMB's param update; lamb_moments_kernel has moved the moments already. */
 __global__ void lamb_kernel(ft_cuda_optim o) {
     span s;
@@ -336,6 +365,9 @@ ft_status optim_update(const ft_cuda_optim *o, float grad_scale, float clip) {
         FT_TRY(ft_cuda_launched("trust_kernel"));
         lars_kernel<<<grid, THREADS, 0, st>>>(*o, grad_scale, clip);
         return ft_cuda_launched("lars_kernel");
+    case FT_OPTIM_RMSPROP:
+        rmsprop_kernel<<<grid, THREADS, 0, st>>>(*o, grad_scale, clip);
+        return ft_cuda_launched("rmsprop_kernel");
     }
     return ft_cuda_fail(FT_ERR_VALUE, "unknown optimizer kind %d", o->kind);
 }

@@ -62,6 +62,21 @@ def ref_lars(p, g, st, h):
     return p - st["v"]
 
 
+def ref_rmsprop(p, g, st, h):
+    """torch.optim.RMSprop's documented update (centered, momentum), float64."""
+    a = h.get("alpha", 0.99)
+    g = g + h.get("weight_decay", 0.0) * p
+    st["v"] = a * st.get("v", 0) + (1 - a) * g * g
+    v = st["v"]
+    if h.get("centered"):
+        st["a"] = a * st.get("a", 0) + (1 - a) * g
+        v = v - st["a"] ** 2
+    d = g / (np.sqrt(v) + h.get("eps", 1e-8))
+    if h.get("momentum"):
+        d = st["b"] = h["momentum"] * st.get("b", 0) + d
+    return p - h["lr"] * d
+
+
 OPTIMIZERS = {
     "sgd": (ft.optim.SGD, ref_sgd, dict(lr=0.1)),
     "sgd_momentum_dampening_wd": (ft.optim.SGD, ref_sgd, dict(lr=0.05, momentum=0.8, dampening=0.2,
@@ -71,6 +86,8 @@ OPTIMIZERS = {
     "adamw_amsgrad": (ft.optim.AdamW, ref_adamw, dict(lr=0.01, amsgrad=True)),
     "lamb": (ft.optim.LAMB, ref_lamb, dict(lr=0.01, weight_decay=0.01)),
     "lars": (ft.optim.LARS, ref_lars, dict(lr=2.0, momentum=0.9, weight_decay=1e-3, trust_coefficient=0.02)),
+    "rmsprop_centered_momentum_wd": (ft.optim.RMSprop, ref_rmsprop, dict(lr=1e-3, alpha=0.9, momentum=0.5,
+                                                                         centered=True, weight_decay=1e-3)),
 }
 
 

@@ -131,21 +131,23 @@ static int parse_kind(PyObject *obj, ft_optim_kind *out) {
 
 /* A group given as the tuple (lr, weight_decay, momentum, dampening,
  * nesterov, maximize, beta1, beta2, eps, amsgrad, trust_coefficient,
- * lars_exclude) that ft.optim builds from a param_groups dict. */
+ * lars_exclude, alpha, centered) that ft.optim builds from a param_groups
+ * dict. */
 int ft_py_parse_optim_group(PyObject *obj, ft_optim_group *g) {
     if (!PyTuple_Check(obj)) {
         PyErr_Format(PyExc_TypeError, "an optimizer group must be a tuple, not %.100s", Py_TYPE(obj)->tp_name);
         return -1;
     }
-    int nesterov, maximize, amsgrad, exclude;
-    if (!PyArg_ParseTuple(obj, "ddddppdddpdp;an optimizer group tuple", &g->lr, &g->weight_decay, &g->momentum,
+    int nesterov, maximize, amsgrad, exclude, centered;
+    if (!PyArg_ParseTuple(obj, "ddddppdddpdpdp;an optimizer group tuple", &g->lr, &g->weight_decay, &g->momentum,
                           &g->dampening, &nesterov, &maximize, &g->beta1, &g->beta2, &g->eps, &amsgrad,
-                          &g->trust_coefficient, &exclude))
+                          &g->trust_coefficient, &exclude, &g->alpha, &centered))
         return -1;
     g->nesterov = nesterov;
     g->maximize = maximize;
     g->amsgrad = amsgrad;
     g->lars_exclude = exclude;
+    g->centered = centered;
     return 0;
 }
 

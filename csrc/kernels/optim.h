@@ -124,6 +124,23 @@ static inline FT_HD float ft_lars_velocity(float v, float g, float p, const ft_l
     return c->momentum * v + c->scaled_lr * (g + c->weight_decay * p);
 }
 
+/* ---- RMSprop (torch.optim.RMSprop) ----
+ * g = g + weight_decay * p
+ * v = alpha * v + (1 - alpha) * g * g
+ * centered: a = lerp(a, g, 1 - alpha), avg = sqrt(v - a * a) + eps; else avg = sqrt(v) + eps
+ * momentum: b = momentum * b + g / avg, p = p - lr * b; else p = p - lr * g / avg */
+typedef struct {
+    float lr, weight_decay, alpha, one_minus_alpha, eps, momentum;
+} ft_rmsprop_coef;
+
+static inline FT_HD float ft_rmsprop_square_avg(float v, float g, const ft_rmsprop_coef *c) {
+    return c->alpha * v + c->one_minus_alpha * g * g;
+}
+
+static inline FT_HD float ft_rmsprop_avg(float v, float a, bool centered, const ft_rmsprop_coef *c) {
+    return (centered ? sqrtf(v - a * a) : sqrtf(v)) + c->eps;
+}
+
 /* ---- weight EMA: avg = lerp(avg, p, 1 - decay), torch.lerp's formula
  * (the form torch.optim.swa_utils.get_ema_multi_avg_fn uses) ---- */
 static inline FT_HD float ft_ema_lerp(float avg, float p, float weight) {

@@ -159,7 +159,7 @@ struct ft_optimizer {
     ft_dtype copy_dtype;
 };
 
-static const char *const kind_names[] = {"SGD", "AdamW", "LAMB", "LARS", "Adam"};
+static const char *const kind_names[] = {"SGD", "AdamW", "LAMB", "LARS", "Adam", "RMSprop"};
 
 static bool finite_ge0(double x) { return isfinite(x) && x >= 0; }
 
@@ -203,7 +203,9 @@ ft_status ft_optim_check_group(ft_optim_kind kind, int i, const ft_optim_group *
         return ft_fail(FT_ERR_VALUE, "%s group %d: amsgrad is an Adam and AdamW option", k, i);
     if (g->lars_exclude && kind != FT_OPTIM_LAMB && kind != FT_OPTIM_LARS)
         return ft_fail(FT_ERR_VALUE, "%s group %d: lars_exclude is a LAMB and LARS option", k, i);
-    if (kind == FT_OPTIM_SGD || kind == FT_OPTIM_LARS) {
+    if (g->centered && kind != FT_OPTIM_RMSPROP)
+        return ft_fail(FT_ERR_VALUE, "%s group %d: centered is an RMSprop option", k, i);
+    if (kind == FT_OPTIM_SGD || kind == FT_OPTIM_LARS || kind == FT_OPTIM_RMSPROP) {
         if (!finite_ge0(g->momentum))
             return ft_fail(FT_ERR_VALUE, "%s group %d: momentum must be finite and >= 0, got %g", k, i, g->momentum);
     }
@@ -223,6 +225,12 @@ ft_status ft_optim_check_group(ft_optim_kind kind, int i, const ft_optim_group *
                            g->beta2);
         if (!(isfinite(g->eps) && g->eps > 0))
             return ft_fail(FT_ERR_VALUE, "%s group %d: eps must be finite and > 0, got %g", k, i, g->eps);
+        break;
+    case FT_OPTIM_RMSPROP:
+        if (!(g->alpha >= 0 && g->alpha <= 1))
+            return ft_fail(FT_ERR_VALUE, "RMSprop group %d: alpha must be in [0, 1], got %g", i, g->alpha);
+        if (!finite_ge0(g->eps))
+            return ft_fail(FT_ERR_VALUE, "RMSprop group %d: eps must be finite and >= 0, got %g", i, g->eps);
         break;
     case FT_OPTIM_LARS:
         if (!(isfinite(g->trust_coefficient) && g->trust_coefficient > 0))
@@ -302,6 +310,11 @@ static bool needs_state(const ft_optimizer *opt, ft_optim_state s) {
             break;
         case FT_OPTIM_LARS:
             if (s == FT_OPTIM_MOMENTUM_BUFFER)
+                return true;
+            break;
+        case FT_OPTIM_RMSPROP:
+            if (s == FT_OPTIM_SQUARE_AVG || (s == FT_OPTIM_MOMENTUM_BUFFER && g->momentum != 0) ||
+                (s == FT_OPTIM_GRAD_AVG && g->centered))
                 return true;
             break;
         }
@@ -463,7 +476,8 @@ int64_t ft_optimizer_offset(const ft_optimizer *opt, int segment) { return opt->
 int64_t ft_optimizer_state_numel(const ft_optimizer *opt) { return plan_total(&opt->plan); }
 
 const char *ft_optim_state_name(ft_optim_state kind) {
-    static const char *const names[] = {"momentum_buffer", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+    static const char *const names[] = {"momentum_buffer", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "square_avg",
+                                        "grad_avg"};
     return (int)kind >= 0 && kind < FT_OPTIM_NUM_STATES ? names[kind] : "";
 }
 
@@ -532,6 +546,28 @@ static void adamw_loop(float *p, float *m, float *v, float *vmax, const float *g
             v[i] = vi;
             p[i] = ft_adamw_param(p[i], mi, vi, &k);
         }
+    }
+}
+
+FT_VEC_CLONES
+static void rmsprop_loop(float *p, float *v, float *a, float *buf, const float *g, int64_t n, grad_xform gx,
+                         bool maximize, const ft_rmsprop_coef *c) {
+    const ft_rmsprop_coef k = *c;
+    FT_SIMD_FOR(i, n) {
+        float gi = ft_l2_grad(ft_optim_grad(g[i], gx.scale, gx.clip, maximize), p[i], k.weight_decay);
+        float vi = ft_rmsprop_square_avg(v[i], gi, &k);
+        v[i] = vi;
+        float ai = 0.0f;
+        if (a) {
+            ai = ft_ema_lerp(a[i], gi, k.one_minus_alpha);
+            a[i] = ai;
+        }
+        float d = gi / ft_rmsprop_avg(vi, ai, a != NULL, &k);
+        if (buf) {
+            d = k.momentum * buf[i] + d;
+            buf[i] = d;
+        }
+        p[i] = p[i] - k.lr * d;
     }
 }
 
@@ -648,6 +684,12 @@ static void update_pass(ft_optimizer *opt, grad_xform gx, bool parallel) {
         case FT_OPTIM_LARS:
             lars_loop(p, state_at(opt, FT_OPTIM_MOMENTUM_BUFFER, bk->seg) + o, gr, n, gx, g->maximize, &c->lars);
             break;
+        case FT_OPTIM_RMSPROP:
+            rmsprop_loop(p, state_at(opt, FT_OPTIM_SQUARE_AVG, bk->seg) + o,
+                         g->centered ? state_at(opt, FT_OPTIM_GRAD_AVG, bk->seg) + o : NULL,
+                         g->momentum != 0 ? state_at(opt, FT_OPTIM_MOMENTUM_BUFFER, bk->seg) + o : NULL, gr, n, gx,
+                         g->maximize, &c->rmsprop);
+            break;
         }
         if (opt->copies && opt->copies[bk->seg]) /* the block is still in cache */
             copy_loop((uint16_t *)opt->copies[bk->seg] + o, p, n, opt->copy_dtype == FT_BFLOAT16);
@@ -684,6 +726,10 @@ static coef segment_coef(const ft_optimizer *opt, int i) {
     case FT_OPTIM_LARS:
         c.lars = (ft_lars_coef){(float)g->momentum, (float)g->weight_decay, 0.0f};
         break;
+    case FT_OPTIM_RMSPROP:
+        c.rmsprop = (ft_rmsprop_coef){(float)g->lr, (float)g->weight_decay, (float)g->alpha, (float)(1 - g->alpha),
+                                      (float)g->eps, (float)g->momentum};
+        break;
     }
     return c;
 }
@@ -712,6 +758,8 @@ static ft_cuda_optim cuda_view(const ft_optimizer *opt) {
         .exp_avg = state_base(opt, FT_OPTIM_EXP_AVG),
         .exp_avg_sq = state_base(opt, FT_OPTIM_EXP_AVG_SQ),
         .max_exp_avg_sq = state_base(opt, FT_OPTIM_MAX_EXP_AVG_SQ),
+        .square_avg = state_base(opt, FT_OPTIM_SQUARE_AVG),
+        .grad_avg = state_base(opt, FT_OPTIM_GRAD_AVG),
         .partial = partial,
         .total = partial + 2 * nb,
     };
@@ -734,6 +782,7 @@ static void fill_table(ft_optimizer *opt) {
             .lars_exclude = g->lars_exclude,
             .momentum = g->momentum != 0,
             .amsgrad = g->amsgrad,
+            .centered = g->centered,
         };
     }
 }

@@ -38,6 +38,7 @@
  *            v = momentum v + lr * local_lr * (g + weight_decay * p);  p = p - v
  *          norms per parameter tensor; local_lr is 1 when either norm is 0
  *          or the group has lars_exclude. eps defaults to 0 in the paper.
+ *   RMSPROP torch.optim.RMSprop: weight decay, alpha, eps, momentum, centered.
  * maximize negates the gradient for every kind.
  *
  * On a CUDA device (ft_optimizer_create) the params, grads and state all
@@ -62,15 +63,16 @@
 /* Elements per reduction block: the blocks, not the threads, fix the order. */
 #define FT_OPTIM_BLOCK 16384
 
-typedef enum { FT_OPTIM_SGD, FT_OPTIM_ADAMW, FT_OPTIM_LAMB, FT_OPTIM_LARS, FT_OPTIM_ADAM } ft_optim_kind;
-#define FT_OPTIM_NKINDS (FT_OPTIM_ADAM + 1)
+typedef enum { FT_OPTIM_SGD, FT_OPTIM_ADAMW, FT_OPTIM_LAMB, FT_OPTIM_LARS, FT_OPTIM_ADAM, FT_OPTIM_RMSPROP } ft_optim_kind;
+#define FT_OPTIM_NKINDS (FT_OPTIM_RMSPROP + 1)
 
 /* Hyperparameters of a parameter group. Each kind reads only its own
  * fields (SGD: lr, weight_decay, momentum, dampening, nesterov; ADAMW and
  * ADAM: lr, weight_decay, beta1, beta2, eps, amsgrad; LAMB: lr, weight_decay, beta1,
  * beta2, eps, lars_exclude; LARS: lr, weight_decay, momentum, eps,
  * trust_coefficient, lars_exclude; all: maximize) and refuses options of
- * other kinds that are switched on (nesterov, amsgrad, lars_exclude). */
+ * other kinds that are switched on (nesterov, amsgrad, lars_exclude,
+ * centered). RMSPROP reads lr, weight_decay, momentum, eps, alpha, centered. */
 typedef struct {
     double lr, weight_decay, momentum, dampening;
     bool nesterov, maximize;
@@ -78,6 +80,8 @@ typedef struct {
     bool amsgrad;
     double trust_coefficient;
     bool lars_exclude; /* LARS/LAMB adaptation off for this group, e.g. BN and bias */
+    double alpha;      /* RMSprop's smoothing constant */
+    bool centered;     /* RMSprop: normalize by the variance's estimate rather than the second moment */
 } ft_optim_group;
 
 /* One parameter tensor: numel contiguous float32 elements. grad may be NULL:
@@ -95,12 +99,16 @@ typedef struct ft_optimizer ft_optimizer;
 /* State kinds, named as in torch.optim's state dicts. SGD has a momentum
  * buffer when a group has momentum != 0; ADAMW and ADAM exp_avg and exp_avg_sq, and
  * max_exp_avg_sq when a group has amsgrad; LAMB exp_avg and exp_avg_sq;
- * LARS a momentum buffer (the paper's velocity v). */
+ * LARS a momentum buffer (the paper's velocity v); RMSPROP square_avg, a
+ * momentum buffer when a group has momentum != 0 and grad_avg when one is
+ * centered. */
 typedef enum {
     FT_OPTIM_MOMENTUM_BUFFER,
     FT_OPTIM_EXP_AVG,
     FT_OPTIM_EXP_AVG_SQ,
     FT_OPTIM_MAX_EXP_AVG_SQ,
+    FT_OPTIM_SQUARE_AVG,
+    FT_OPTIM_GRAD_AVG,
     FT_OPTIM_NUM_STATES
 } ft_optim_state;
 
@@ -110,7 +118,7 @@ typedef struct {
     bool momentum_valid;  /* SGD: the momentum buffer holds a value (else the next step copies d) */
 } ft_optim_segment_state;
 
-/* The class name of a kind: "SGD", "AdamW", "LAMB", "LARS", "Adam". */
+/* The class name of a kind: "SGD", "AdamW", "LAMB", "LARS", "Adam", "RMSprop". */
 const char *ft_optim_kind_name(ft_optim_kind kind);
 
 /* FT_ERR_VALUE naming group `index` and its first bad hyperparameter (lr

@@ -23,6 +23,7 @@ typedef union {
     ft_adamw_coef adamw;
     ft_lamb_coef lamb;
     ft_lars_coef lars;
+    ft_rmsprop_coef rmsprop;
 } ft_optim_coef;
 
 /* A param tensor and its place in the flat buffers. */
@@ -40,8 +41,9 @@ typedef struct {
     ft_optim_coef coef; /* LAMB's lr_trust and LARS's scaled_lr are worked out on the device */
     double lr, weight_decay, trust_coefficient, eps; /* the group's, for the trust ratios */
     bool maximize, lars_exclude;
-    bool momentum; /* SGD: the segment has a momentum buffer */
+    bool momentum; /* SGD and RMSprop: the segment has a momentum buffer */
     bool amsgrad;
+    bool centered; /* RMSprop */
 } ft_cuda_optim_segment;
 
 /* One optimizer's device memory (all of it on `device`). */
@@ -51,7 +53,8 @@ typedef struct {
     int nseg;
     int64_t nblocks;
     ft_cuda_optim_segment *table; /* (nseg): this step's, from optim_upload */
-    float *momentum_buffer, *exp_avg, *exp_avg_sq, *max_exp_avg_sq; /* flat state; NULL when absent */
+    float *momentum_buffer, *exp_avg, *exp_avg_sq, *max_exp_avg_sq, *square_avg, *grad_avg; /* flat state; NULL
+                                                                                                when absent */
     double *partial; /* (nblocks, 2): per-block sums of squares */
     double *total;   /* (1) */
 } ft_cuda_optim;

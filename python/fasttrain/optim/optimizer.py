@@ -92,18 +92,18 @@ class Optimizer:
     # ---- groups ----
     def _group_tuple(self, group, index):
         """The C group: (lr, weight_decay, momentum, dampening, nesterov, maximize, beta1, beta2, eps,
-        amsgrad, trust_coefficient, lars_exclude)."""
+        amsgrad, trust_coefficient, lars_exclude, alpha, centered)."""
         raise NotImplementedError
 
     def _tuple(self, group, index, momentum=0.0, dampening=0.0, nesterov=False, betas=(0.0, 0.0), eps=0.0,
-               amsgrad=False, trust_coefficient=0.0, lars_exclude=False):
+               amsgrad=False, trust_coefficient=0.0, lars_exclude=False, alpha=0.0, centered=False):
         try:
             beta1, beta2 = (float(b) for b in betas)
         except (TypeError, ValueError):
             raise TypeError(f"param group {index}: betas must be a pair of numbers, got {betas!r}") from None
         return (_number(group, "lr", index), _number(group, "weight_decay", index), float(momentum),
                 float(dampening), bool(nesterov), bool(group["maximize"]), beta1, beta2, float(eps), bool(amsgrad),
-                float(trust_coefficient), bool(lars_exclude))
+                float(trust_coefficient), bool(lars_exclude), float(alpha), bool(centered))
 
     def add_param_group(self, param_group):
         """Adds a group (a dict with "params" and optional overrides of the defaults)."""
@@ -377,6 +377,26 @@ class Adam(AdamW):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False, *,
                  maximize=False):
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize)
+
+
+class RMSprop(Optimizer):
+    """torch.optim.RMSprop: a running mean of squared gradients (alpha) divides each gradient, with (L2)
+    weight_decay, momentum, centered (the variance's estimate instead) and maximize; one fused pass."""
+
+    _kind = _KINDS["RMSprop"]
+
+    def __init__(self, params, lr=1e-2, alpha=0.99, eps=1e-8, weight_decay=0.0, momentum=0.0, centered=False, *,
+                 maximize=False):
+        super().__init__(params, dict(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay, momentum=momentum,
+                                      centered=centered, maximize=maximize))
+
+    def _group_tuple(self, g, i):
+        return self._tuple(g, i, momentum=_number(g, "momentum", i), eps=_number(g, "eps", i),
+                           alpha=_number(g, "alpha", i), centered=g["centered"])
+
+    def _state_keys(self, group):
+        return (("step", "square_avg") + (("momentum_buffer",) if float(group["momentum"]) != 0 else ())
+                + (("grad_avg",) if group["centered"] else ()))
 
 
 class LAMB(Optimizer):
