@@ -507,3 +507,63 @@ def test_kl_div_of_log_probability_targets_matches_numpy():
     want, gW, _ = reference_grads(lambda z, t: (np.exp(t) * (t - log_softmax(z))).sum() / N, W, b, x, t)
     assert program.backward(x, t) == pytest.approx(want, rel=1e-5)
     np.testing.assert_allclose(model.weight.grad.numpy(), gW, rtol=1e-3, atol=1e-5)
+
+
+def _softplus(v):
+    return np.logaddexp(0, v)
+
+
+# name: (the loss of (out, y) on (N, 4) outputs, NumPy's value of the same, the targets)
+MORE_LOSSES = {
+    "soft_margin": (lambda o, y: F.soft_margin_loss(o, y), lambda o, y: _softplus(-y * o).mean(),
+                    lambda rng: np.where(rng.random((6, 4)) > 0.5, 1.0, -1.0)),
+    "multilabel_soft_margin": (lambda o, y: nn.MultiLabelSoftMarginLoss(weight=ft.tensor([1.0, 2.0, 0.5, 1.0]))(o, y),
+                               lambda o, y: ((y * _softplus(-o) + (1 - y) * _softplus(o)) * [1.0, 2.0, 0.5, 1.0])
+                               .mean(1).mean(),
+                               lambda rng: (rng.random((6, 4)) > 0.5).astype(float)),
+    "gaussian_nll": (lambda o, y: nn.GaussianNLLLoss(full=True)(o[:, :2], y[:, :2], o[:, 2:].exp()),
+                     lambda o, y: (0.5 * (o[:, 2:] + (o[:, :2] - y[:, :2]) ** 2 / np.exp(o[:, 2:]))
+                                   + 0.5 * np.log(2 * np.pi)).mean(),
+                     lambda rng: rng.standard_normal((6, 4))),
+    "poisson_nll": (lambda o, y: F.poisson_nll_loss(o, y, reduction="sum"), lambda o, y: (np.exp(o) - y * o).sum(),
+                    lambda rng: rng.poisson(2.0, (6, 4)).astype(float)),
+}
+
+
+@pytest.mark.parametrize("name", MORE_LOSSES)
+def test_losses_written_with_other_ops_match_numpy_eagerly_and_compiled(name):
+    loss, reference, targets = MORE_LOSSES[name]
+    rng = np.random.default_rng(30)
+    x, y = rng.standard_normal((6, 3)).astype(np.float32), targets(rng).astype(np.float32)
+    ft.manual_seed(31)
+    model = nn.Linear(3, 4)
+    out = model(ft.tensor(x))
+    want = reference(out.numpy().astype(np.float64), y.astype(np.float64))
+    assert loss(out, ft.tensor(y)).item() == pytest.approx(want, rel=1e-5)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), loss, batch_size=6, input_shape=(3,),
+                            target_shape=(4,), target_dtype=ft.float32)
+    assert program.evaluate(x, y)[0] == pytest.approx(want, rel=1e-5)
+    assert gradcheck(program, x, y, eps=1e-3, rtol=3e-2, atol=1e-3)
+
+
+def test_losses_written_with_other_ops_match_pytorch():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(32)
+    x, var = rng.standard_normal((5, 4)).astype(np.float32), rng.uniform(0.1, 2, (5, 4)).astype(np.float32)
+    signs, counts = np.where(rng.random((5, 4)) > 0.5, 1.0, -1.0).astype(np.float32), rng.poisson(2, (5, 4))
+    counts = counts.astype(np.float32)
+    for red in ("mean", "sum", "none"):
+        for ours, theirs, args in [
+                (nn.SoftMarginLoss(reduction=red), torch.nn.SoftMarginLoss(reduction=red), (x, signs)),
+                (nn.MultiLabelSoftMarginLoss(reduction=red), torch.nn.MultiLabelSoftMarginLoss(reduction=red),
+                 (x, (signs > 0).astype(np.float32))),
+                (nn.GaussianNLLLoss(reduction=red), torch.nn.GaussianNLLLoss(reduction=red), (x, signs, var)),
+                (nn.PoissonNLLLoss(reduction=red), torch.nn.PoissonNLLLoss(reduction=red), (x, counts)),
+                (nn.PoissonNLLLoss(log_input=False, reduction=red),
+                 torch.nn.PoissonNLLLoss(log_input=False, reduction=red), (np.abs(x), counts))]:
+            np.testing.assert_allclose(ours(*map(ft.tensor, args)).numpy(),
+                                       theirs(*map(torch.from_numpy, args)).numpy(), rtol=1e-5, atol=1e-6)
+    with pytest.raises(NotImplementedError, match="full=True"):
+        nn.PoissonNLLLoss(full=True)
+    with pytest.raises(ValueError, match="eps must be >= 0"):
+        F.gaussian_nll_loss(ft.ones(2), ft.ones(2), ft.ones(2), eps=-1.0)

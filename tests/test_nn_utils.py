@@ -118,3 +118,28 @@ def test_clip_grad_norm_bad_input():
         nn.utils.clip_grad_norm_(model.parameters(), 1.0, error_if_nonfinite=True)
     with pytest.raises(ValueError, match="norm_type must be positive"):
         nn.utils.clip_grad_norm_(model.parameters(), 1.0, norm_type=0)
+
+
+def test_clip_grad_value_and_parameter_vectors():
+    a, b = nn.Parameter(ft.zeros(2, 3)), nn.Parameter(ft.zeros(4))
+    a.grad = ft.tensor([[-3.0, 0.5, 2.0], [1.0, -0.25, 9.0]])
+    nn.utils.clip_grad_value_([a, b], 1.0)  # b has no grad: skipped
+    assert a.grad.tolist() == [[-1.0, 0.5, 1.0], [1.0, -0.25, 1.0]] and b.grad is None
+    a.copy_(ft.arange(6.0).reshape(2, 3))
+    v = nn.utils.parameters_to_vector([a, b])
+    assert v.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 0.0, 0.0, 0.0, 0.0]
+    nn.utils.vector_to_parameters(ft.arange(10.0), [a, b])
+    assert a.tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]] and b.tolist() == [6.0, 7.0, 8.0, 9.0]
+    with pytest.raises(ValueError, match="1-d with 10 elements"):
+        nn.utils.vector_to_parameters(ft.zeros(9), [a, b])
+
+
+def test_eye_and_dirac_initialise_identities():
+    w = nn.init.eye_(ft.empty(3, 5))
+    np.testing.assert_array_equal(w.numpy(), np.eye(3, 5))
+    k = nn.init.dirac_(ft.empty(4, 2, 3, 3), groups=2)
+    x = np.random.default_rng(3).standard_normal((1, 2, 5, 5)).astype(np.float32)
+    out = nn.functional.conv2d(ft.tensor(x), k, padding=1).numpy()  # the identity convolution, once per group
+    np.testing.assert_allclose(out, np.concatenate([x, x], 1), rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="eye_: only 2-d"):
+        nn.init.eye_(ft.empty(3))

@@ -58,6 +58,7 @@ __all__ = [
     "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy_with_logits", "kl_div",
     "add", "mul", "cat", "flatten", "scaled_dot_product_attention", "one_hot", "hardtanh", "relu6", "elu", "normalize",
     "binary_cross_entropy", "cosine_similarity", "pairwise_distance", "triplet_margin_loss", "margin_ranking_loss",
+    "soft_margin_loss", "multilabel_soft_margin_loss", "gaussian_nll_loss", "poisson_nll_loss",
     "cosine_embedding_loss", "hardsigmoid", "mish", "selu", "celu", "logsigmoid", "softsign", "tanhshrink",
     "prelu", "glu", "rms_norm", "pixel_shuffle", "pixel_unshuffle", "pad", "conv_transpose1d", "conv_transpose2d",
 ]
@@ -1072,6 +1073,46 @@ def triplet_margin_loss(anchor, positive, negative, margin=1.0, p=2.0, eps=1e-6,
         from .._math import minimum
         d_an = minimum(d_an, pairwise_distance(positive, negative, p, eps))
     return _reduced((d_ap - d_an + margin).clamp_min(0.0), reduction)
+
+
+def soft_margin_loss(input, target, size_average=None, reduce=None, reduction="mean"):
+    """log(1 + exp(-target input)) with targets 1 or -1, reduced as reduction says, as
+    torch.nn.functional.soft_margin_loss."""
+    reduction = _reduction_of("soft_margin_loss", _legacy_reduction(size_average, reduce, reduction))
+    return _reduced(softplus(-(target * input)), reduction)
+
+
+def multilabel_soft_margin_loss(input, target, weight=None, size_average=None, reduce=None, reduction="mean"):
+    """-(y log sigmoid(x) + (1 - y) log sigmoid(-x)) averaged over the C classes of (N, C) scores (weight per
+    class), reduced over the samples as reduction says, as torch.nn.functional.multilabel_soft_margin_loss."""
+    reduction = _reduction_of("multilabel_soft_margin_loss", _legacy_reduction(size_average, reduce, reduction))
+    per_class = target * softplus(-input) + (1.0 - target) * softplus(input)  # -log sigmoid(x) = softplus(-x)
+    if weight is not None:
+        per_class = per_class * weight
+    return _reduced(per_class.mean(-1), reduction)
+
+
+def gaussian_nll_loss(input, target, var, full=False, eps=1e-6, reduction="mean"):
+    """0.5 (log(max(var, eps)) + (input - target)^2 / max(var, eps)) (+ 0.5 log(2 pi) with full), var of the
+    input's shape (or with a last dimension of 1), reduced as reduction says, as
+    torch.nn.functional.gaussian_nll_loss."""
+    reduction = _reduction_of("gaussian_nll_loss", reduction)
+    if eps < 0:
+        raise ValueError(f"gaussian_nll_loss: eps must be >= 0, got {eps}")
+    v = var.clamp_min(eps)
+    loss = 0.5 * (v.log() + (input - target).square() / v)
+    return _reduced(loss + 0.5 * math.log(2 * math.pi) if full else loss, reduction)
+
+
+def poisson_nll_loss(input, target, log_input=True, full=False, size_average=None, eps=1e-8, reduce=None,
+                     reduction="mean"):
+    """exp(input) - target input (log_input), or input - target log(input + eps), reduced as reduction says, as
+    torch.nn.functional.poisson_nll_loss; full=True (Stirling's term) is not supported."""
+    reduction = _reduction_of("poisson_nll_loss", _legacy_reduction(size_average, reduce, reduction))
+    if full:
+        raise NotImplementedError("poisson_nll_loss: full=True (Stirling's approximation term) is not supported")
+    loss = input.exp() - target * input if log_input else input - target * (input + eps).log()
+    return _reduced(loss, reduction)
 
 
 def margin_ranking_loss(input1, input2, target, margin=0.0, size_average=None, reduce=None, reduction="mean"):

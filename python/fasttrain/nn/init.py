@@ -57,6 +57,33 @@ def constant_(t, value):
     return t.fill_(value)
 
 
+def eye_(t):
+    """Fills the 2-d t with the identity matrix in place, as torch.nn.init.eye_; returns t."""
+    if t.ndim != 2:
+        raise ValueError(f"eye_: only 2-d tensors are supported, got {t.ndim}-d")
+    t.fill_(0)
+    n = min(t.shape)
+    t.diagonal()[:n].fill_(1)
+    return t
+
+
+def dirac_(t, groups=1):
+    """Fills the 3-, 4- or 5-d convolution weight t in place with the Dirac delta (the identity convolution),
+    groups as in the convolution, as torch.nn.init.dirac_; returns t."""
+    if t.ndim not in (3, 4, 5):
+        raise ValueError(f"dirac_: only 3-, 4- and 5-d tensors are supported, got {t.ndim}-d")
+    out = t.shape[0]
+    if out % groups:
+        raise ValueError("dirac_: dim 0 must be divisible by groups")
+    per = out // groups
+    t.fill_(0)
+    centre = tuple(k // 2 for k in t.shape[2:])
+    for g in range(groups):
+        for d in range(min(per, t.shape[1])):
+            t[(g * per + d, d) + centre] = 1
+    return t
+
+
 def kaiming_uniform_(t, a=0.0, mode="fan_in", nonlinearity="leaky_relu", generator=None):
     """Fills t in place from U(-bound, bound), bound = gain * sqrt(3 / fan) (He et al.), as
     torch.nn.init.kaiming_uniform_: gain from calculate_gain(nonlinearity, a), fan the fan_in or fan_out of t (at least

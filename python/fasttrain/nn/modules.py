@@ -821,6 +821,29 @@ class Embedding(Module):
             f", padding_idx={self.padding_idx}" if self.padding_idx is not None else "")
 
 
+class UpsamplingNearest2d(Module):
+    """Upsample(size, scale_factor, mode='nearest') of images, as torch.nn.UpsamplingNearest2d."""
+
+    def __init__(self, size=None, scale_factor=None):
+        super().__init__()
+        self.up = Upsample(size, scale_factor, "nearest")
+
+    def forward(self, x):
+        return self.up(x)
+
+
+class UpsamplingBilinear2d(Module):
+    """Upsample(size, scale_factor, mode='bilinear', align_corners=True) of images, as
+    torch.nn.UpsamplingBilinear2d."""
+
+    def __init__(self, size=None, scale_factor=None):
+        super().__init__()
+        self.up = Upsample(size, scale_factor, "bilinear", align_corners=True)
+
+    def forward(self, x):
+        return self.up(x)
+
+
 class Upsample(Module):
     """Upsampling of (C, H, W) images or (C, L) sequences, as torch.nn.Upsample: mode 'nearest' by integer factors,
     'bilinear' (images) and 'linear' (sequences) to any size, with PyTorch's align_corners and
@@ -1868,6 +1891,61 @@ class TripletMarginLoss(_Loss):
         from . import functional as F
         return F.triplet_margin_loss(anchor, positive, negative, self.margin, self.p, self.eps, self.swap,
                                      reduction=self.reduction)
+
+
+class SoftMarginLoss(_Loss):
+    """log(1 + exp(-y x)) for targets 1 or -1, as torch.nn.SoftMarginLoss."""
+
+    def __init__(self, size_average=None, reduce=None, reduction="mean"):
+        from .functional import _legacy_reduction
+        super().__init__(_legacy_reduction(size_average, reduce, reduction))
+
+    def forward(self, input, target):
+        from . import functional as F
+        return F.soft_margin_loss(input, target, reduction=self.reduction)
+
+
+class MultiLabelSoftMarginLoss(_Loss):
+    """Binary cross entropy of each of C classes from its score, averaged over the classes, as
+    torch.nn.MultiLabelSoftMarginLoss (weight: one per class)."""
+
+    def __init__(self, weight=None, size_average=None, reduce=None, reduction="mean"):
+        from .functional import _legacy_reduction
+        super().__init__(_legacy_reduction(size_average, reduce, reduction))
+        self.register_buffer("weight", weight)
+
+    def forward(self, input, target):
+        from . import functional as F
+        return F.multilabel_soft_margin_loss(input, target, self.weight, reduction=self.reduction)
+
+
+class GaussianNLLLoss(_Loss):
+    """The negative log likelihood of targets under Gaussians of the input's means and the variances var, as
+    torch.nn.GaussianNLLLoss; call it as loss(input, target, var)."""
+
+    def __init__(self, *, full=False, eps=1e-6, reduction="mean"):
+        super().__init__(reduction)
+        self.full, self.eps = full, eps
+
+    def forward(self, input, target, var):
+        from . import functional as F
+        return F.gaussian_nll_loss(input, target, var, self.full, self.eps, self.reduction)
+
+
+class PoissonNLLLoss(_Loss):
+    """The negative log likelihood of targets under Poisson distributions of the input's rates (log rates with
+    log_input), as torch.nn.PoissonNLLLoss without full."""
+
+    def __init__(self, log_input=True, full=False, size_average=None, eps=1e-8, reduce=None, reduction="mean"):
+        from .functional import _legacy_reduction
+        super().__init__(_legacy_reduction(size_average, reduce, reduction))
+        if full:
+            raise NotImplementedError("PoissonNLLLoss: full=True (Stirling's approximation term) is not supported")
+        self.log_input, self.eps = log_input, eps
+
+    def forward(self, input, target):
+        from . import functional as F
+        return F.poisson_nll_loss(input, target, self.log_input, eps=self.eps, reduction=self.reduction)
 
 
 class _PairLoss(_Loss):

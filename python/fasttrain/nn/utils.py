@@ -32,3 +32,32 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
         for v in views:
             v *= np.float32(coef)
     return creation.tensor(np.float32(total))
+
+
+def clip_grad_value_(parameters, clip_value):
+    """Clamps the gradients of parameters (a tensor or an iterable of them; those without .grad are skipped) to
+    [-clip_value, clip_value] in place, as torch.nn.utils.clip_grad_value_."""
+    params = [parameters] if hasattr(parameters, "grad") else list(parameters)
+    clip_value = float(clip_value)
+    for p in params:
+        if p.grad is not None:
+            p.grad.clamp_(-clip_value, clip_value)
+
+
+def parameters_to_vector(parameters):
+    """The parameters flattened and joined into one 1-d tensor (a copy), as torch.nn.utils.parameters_to_vector."""
+    from .._math import cat
+    return cat([p.reshape(-1) for p in parameters])
+
+
+def vector_to_parameters(vec, parameters):
+    """Copies consecutive slices of the 1-d vec into the parameters in place, as
+    torch.nn.utils.vector_to_parameters."""
+    params = list(parameters)
+    total = sum(p.numel() for p in params)
+    if vec.ndim != 1 or vec.numel() != total:
+        raise ValueError(f"vector_to_parameters: vec must be 1-d with {total} elements, got shape {tuple(vec.shape)}")
+    at = 0
+    for p in params:
+        p.copy_(vec[at:at + p.numel()].reshape(p.shape))
+        at += p.numel()
