@@ -235,19 +235,7 @@ __global__ void rmsprop_kernel(ft_cuda_optim o, float scale, float clip) {
     const float *g = seg->flat.grad + s.start;
     for (int64_t i = threadIdx.x; i < s.len; i += THREADS) {
         float gi = ft_l2_grad(ft_optim_grad(g[i], scale, clip, maximize), p[i], k.weight_decay);
-        float vi = ft_rmsprop_square_avg(v[i], gi, &k);
-        v[i] = vi;
-        float ai = 0.0f;
-        if (a) {
-            ai = ft_ema_lerp(a[i], gi, k.one_minus_alpha);
-            a[i] = ai;
-        }
-        float d = gi / ft_rmsprop_avg(vi, ai, a != nullptr, &k);
-        if (buf) {
-            d = k.momentum * buf[i] + d;
-            buf[i] = d;
-        }
-        p[i] = p[i] - k.lr * d;
+        p[i] = ft_rmsprop_param(p[i], gi, &v[i], a ? &a[i] : nullptr, buf ? &buf[i] : nullptr, &k);
     }
 }
 

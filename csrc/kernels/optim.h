@@ -124,6 +124,12 @@ static inline FT_HD float ft_lars_velocity(float v, float g, float p, const ft_l
     return c->momentum * v + c->scaled_lr * (g + c->weight_decay * p);
 }
 
+/* ---- weight EMA: avg = lerp(avg, p, 1 - decay), torch.lerp's formula
+ * (the form torch.optim.swa_utils.get_ema_multi_avg_fn uses) ---- */
+static inline FT_HD float ft_ema_lerp(float avg, float p, float weight) {
+    return weight < 0.5f ? avg + weight * (p - avg) : p - (p - avg) * (1.0f - weight);
+}
+
 /* ---- RMSprop (torch.optim.RMSprop) ----
  * g = g + weight_decay * p
  * v = alpha * v + (1 - alpha) * g * g
@@ -133,18 +139,25 @@ typedef struct {
     float lr, weight_decay, alpha, one_minus_alpha, eps, momentum;
 } ft_rmsprop_coef;
 
-static inline FT_HD float ft_rmsprop_square_avg(float v, float g, const ft_rmsprop_coef *c) {
-    return c->alpha * v + c->one_minus_alpha * g * g;
-}
-
-static inline FT_HD float ft_rmsprop_avg(float v, float a, bool centered, const ft_rmsprop_coef *c) {
-    return (centered ? sqrtf(v - a * a) : sqrtf(v)) + c->eps;
-}
-
-/* ---- weight EMA: avg = lerp(avg, p, 1 - decay), torch.lerp's formula
- * (the form torch.optim.swa_utils.get_ema_multi_avg_fn uses) ---- */
-static inline FT_HD float ft_ema_lerp(float avg, float p, float weight) {
-    return weight < 0.5f ? avg + weight * (p - avg) : p - (p - avg) * (1.0f - weight);
+/* The new p for gradient g, updating the element's v, its a when centered
+ * (else NULL) and its b when there is momentum (else NULL). */
+static inline FT_HD float ft_rmsprop_param(float p, float g, float *v, float *a, float *b, const ft_rmsprop_coef *c) {
+    float vi = c->alpha * *v + c->one_minus_alpha * g * g;
+    *v = vi;
+    float avg;
+    if (a) {
+        float ai = ft_ema_lerp(*a, g, c->one_minus_alpha);
+        *a = ai;
+        avg = sqrtf(vi - ai * ai) + c->eps;
+    } else {
+        avg = sqrtf(vi) + c->eps;
+    }
+    float d = g / avg;
+    if (b) {
+        d = c->momentum * *b + d;
+        *b = d;
+    }
+    return p - c->lr * d;
 }
 
 #endif

@@ -555,19 +555,7 @@ static void rmsprop_loop(float *p, float *v, float *a, float *buf, const float *
     const ft_rmsprop_coef k = *c;
     FT_SIMD_FOR(i, n) {
         float gi = ft_l2_grad(ft_optim_grad(g[i], gx.scale, gx.clip, maximize), p[i], k.weight_decay);
-        float vi = ft_rmsprop_square_avg(v[i], gi, &k);
-        v[i] = vi;
-        float ai = 0.0f;
-        if (a) {
-            ai = ft_ema_lerp(a[i], gi, k.one_minus_alpha);
-            a[i] = ai;
-        }
-        float d = gi / ft_rmsprop_avg(vi, ai, a != NULL, &k);
-        if (buf) {
-            d = k.momentum * buf[i] + d;
-            buf[i] = d;
-        }
-        p[i] = p[i] - k.lr * d;
+        p[i] = ft_rmsprop_param(p[i], gi, &v[i], a ? &a[i] : NULL, buf ? &buf[i] : NULL, &k);
     }
 }
 
