@@ -203,6 +203,16 @@ def test_what_compile_fixed_changing_afterwards_is_refused_not_ignored():
     m.train()
     program.train_step(x, y)
     assert not np.array_equal(m[0].weight.numpy(), before)
+    m[1].momentum = 0.5  # a node's hyperparameter: the step would keep 0.1
+    with pytest.raises(ValueError, match=r"BatchNorm2d.momentum changed from 0.1 to 0.5 after compile"):
+        program.train_step(x, y)
+    m[1].momentum = 0.1
+    d = nn.Sequential(nn.Flatten(), nn.Dropout(0.9), nn.Linear(192, 5))
+    dropped = d.compile(ft.optim.SGD(d.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=2,
+                        input_shape=(3, 8, 8))
+    d[1].p = 0.0
+    with pytest.raises(ValueError, match=r"Dropout.p changed from 0.9 to 0.0 after compile"):
+        ft.fit(dropped, (x, y), progress=False)
 
 
 def test_a_parameter_replaced_after_compile_is_refused_by_every_call():

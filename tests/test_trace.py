@@ -1560,6 +1560,16 @@ def test_activations_written_with_other_ops_match_pytorch(name):
     assert repr(model[1]) == repr(tm[1])
 
 
+def test_softplus_threshold_is_linear_above_it_eagerly_and_refused_below_15_compiled():
+    x = np.linspace(-4.0, 4.0, 33).astype(np.float32)
+    want = np.where(2 * x > 1.0, x, np.logaddexp(0, 2 * x.astype(np.float64)) / 2)
+    np.testing.assert_allclose(nn.Softplus(beta=2.0, threshold=1.0)(ft.tensor(x)).numpy(), want, rtol=1e-6)
+    np.testing.assert_allclose(F.softplus(ft.tensor(x), 2.0, 1.0).numpy(), want, rtol=1e-6)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Softplus(beta=2.0, threshold=1.0))
+    with pytest.raises(ft.nn.TracingError, match=r"Softplus\(threshold=1.0\) in a compiled model .* 15 or more"):
+        model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=2, input_shape=(4,))
+
+
 def pair_losses(outputs, y, Fn=F):
     """Ranking and embedding losses of targets 1 or -1, written as PyTorch code writes them: the library's and by
     hand, arithmetic on the targets before any loss fixes their shape."""

@@ -1,6 +1,7 @@
 """Issue 11, the training side: exports that outlive model.compile(), checkpoint validation, resuming through
 ft.fit, schedules in the C epoch, tensor comparisons, output shapes and the thread-count promise."""
 import gc
+import warnings
 
 import numpy as np
 import pytest
@@ -371,7 +372,8 @@ def test_a_scheduler_state_of_the_wrong_kinds_is_refused_at_load(tmp_path, key, 
     with pytest.raises(ValueError, match=f"corrupt scheduler state: '{key}'"):
         ft.load(path, target, scheduler=sched)
     assert _state_bits(target.model) == before and sched.state_dict() == sched_before
-    ft.load(path, target)  # without the scheduler, the rest loads
+    with pytest.warns(UserWarning, match="scheduler's state that this load does not restore"):
+        ft.load(path, target)  # without the scheduler, the rest loads
 
 
 def test_a_torch_save_file_is_named_as_such(tmp_path):
@@ -400,3 +402,22 @@ def test_a_state_that_does_not_fit_names_the_checkpoint(tmp_path):
     other = ft.data.Loader(ft.data.from_arrays(x, y), 4, seed=0)
     with pytest.raises(ValueError, match=r"c\.safetensors: the state is for seed=7 but this loader has seed=0"):
         ft.load(path, program, loader=other)
+
+
+def test_resuming_without_the_saved_scheduler_warns(tmp_path):
+    """A checkpoint's scheduler state left behind would restart the schedule: said, rather than silent."""
+    model = small_net()
+    program = compile_small(model)
+    sched = ft.optim.lr_scheduler.StepLR(program.optimizer, 2)
+    sched.step()
+    path = str(tmp_path / "s.safetensors")
+    ft.save(path, program, scheduler=sched)
+    target = compile_small(small_net(3))
+    with pytest.warns(UserWarning, match="scheduler's state that this load does not restore.* pass scheduler="):
+        ft.load(path, target)
+    again = ft.optim.lr_scheduler.StepLR(target.optimizer, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ft.load(path, target, scheduler=again)
+        ft.load(path, small_net(4))  # weights alone: no optimizer state resumed, nothing to warn about
+    assert again.last_epoch == 1

@@ -443,6 +443,10 @@ def load(path: str | os.PathLike[str], into: Module | Program | None = None, *, 
         opt_state = _optimizer_state(path, raw_meta, tensors, optimizer)
     sched_state = _scheduler_state(path, raw_meta, scheduler) if scheduler is not None and "scheduler" in raw_meta \
         else None
+    if scheduler is None and "scheduler" in raw_meta and opt_state is not None:
+        warnings.warn(f"{path}: the checkpoint holds a learning-rate scheduler's state that this load does not "
+                      "restore, so a new scheduler starts its schedule over; pass scheduler= to resume it",
+                      stacklevel=2)
     loader_state = _loader_state(path, raw_meta, loader) if loader is not None and "loader" in raw_meta else None
     if restore_rng is None:
         restore_rng = opt_state is not None or loader_state is not None

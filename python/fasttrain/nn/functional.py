@@ -13,7 +13,7 @@ import warnings
 import numpy as np
 
 from .. import _C, creation
-from .._math import cat
+from .._math import cat, where
 from ..amp import cast
 from .._C import TensorBase
 from ..random import default_generator
@@ -618,13 +618,14 @@ def hardswish(input, inplace=False):
 
 @_traced(lambda beta=1.0, threshold=20.0: M.Softplus(beta, threshold))
 def softplus(input, beta=1.0, threshold=20.0):
-    """log(1 + exp(beta input)) / beta elementwise, computed exactly for every input (so threshold changes
-    nothing)."""
+    """log(1 + exp(beta input)) / beta elementwise, and input itself where beta input > threshold, as
+    torch.nn.functional.softplus. A compiled program computes the logarithm exactly everywhere, which is input to
+    float32's precision above 15: it refuses a lower threshold."""
     if beta == 0:
         raise ValueError("softplus: beta must not be 0")
-    if beta != 1.0:
-        return softplus(input * beta) * (1.0 / beta)
-    return _act(input, "softplus", fn="softplus")
+    z = input * beta if beta != 1.0 else input
+    out = _act(z, "softplus", fn="softplus")
+    return where(z > threshold, input, out if beta == 1.0 else out * (1.0 / beta))
 
 
 # ---- written with the ops above (traced and eager alike) ----

@@ -1217,22 +1217,30 @@ class CircularPad2d(_Pad):
 
 
 class Softplus(_Activation):
-    """log(1 + exp(beta x)) / beta elementwise, as torch.nn.Softplus. It is computed exactly for every x, so threshold
-    is kept for the repr but changes nothing."""
+    """log(1 + exp(beta x)) / beta elementwise, and x where beta x > threshold, as torch.nn.Softplus. Compiled, the
+    logarithm is exact everywhere: x itself to float32's precision for beta x above 15, so a threshold of 15 or
+    more changes nothing there, and a lower one is refused."""
 
     act = "softplus"
+    _EXACT = 15.0  # log1p(exp(-z)) / z < 2**-24 beyond it
 
     def __init__(self, beta=1.0, threshold=20.0):
         super().__init__()
         if beta == 0:
             raise ValueError("Softplus: beta must not be 0")
-        self.beta, self.threshold = beta, threshold  # log1p(exp(x)) is computed exactly: no threshold needed
-        if beta != 1.0:  # traced through forward: the softplus node between two scales
+        self.beta, self.threshold = beta, threshold
+        if beta != 1.0 or threshold < self._EXACT:  # traced through forward: the node between two scales
             self._leaf = False
 
     def forward(self, x):
         from . import functional as F
-        return super().forward(x) if self.beta == 1.0 else F.softplus(x * self.beta) * (1.0 / self.beta)
+        if not isinstance(x, Symbolic):
+            return F.softplus(x, self.beta, self.threshold)
+        if self.threshold < self._EXACT:
+            from .graph import fail
+            fail(f"Softplus(threshold={self.threshold}) in a compiled model", "a threshold of 15 or more: beyond it "
+                 "the exact logarithm is beta x to float32's precision")
+        return F.softplus(x * self.beta) * (1.0 / self.beta)
 
     def extra_repr(self):
         return f"beta={self.beta}, threshold={self.threshold}"

@@ -482,10 +482,12 @@ class Program:
             raise ValueError("compile: the model is in eval mode (.eval()), which would freeze every batch norm and "
                              "dropout in the training step; call .train() first (predict and evaluate run in eval "
                              "mode by themselves). Put only the layers to freeze in eval mode.")
-        # The layers a training step runs in eval mode: batch norms by their running statistics, dropout as the
-        # identity (a frozen teacher, batch norms frozen for fine-tuning), as PyTorch's step runs them.
-        self._modal = {id(e.module): (e.module, e.module.training) for e in entries
-                       if isinstance(e.module, (M._BatchNorm, M.Dropout))}
+        # What the nodes of batch norms and dropout fix: their mode (in eval mode a training step runs batch norms by
+        # their running statistics and dropout as the identity, as PyTorch's step runs a frozen teacher or batch
+        # norms frozen for fine-tuning), dropout's p, and the batch norms' momentum and eps.
+        self._modal = {id(e.module): (e.module, {k: getattr(e.module, k) for k in (
+            ("training", "p") if isinstance(e.module, M.Dropout) else ("training", "momentum", "eps"))})
+            for e in entries if isinstance(e.module, (M._BatchNorm, M.Dropout))}
         self.entries = _fuse(entries)
         kept = {id(e): i for i, e in enumerate(self.entries)}
         while id(entries[output]) not in kept:  # an activation fused into the layer before it: that layer's output
@@ -576,20 +578,24 @@ class Program:
 
     def _check_modes(self):
         """Fails where a batch norm or dropout is not in the mode compile fixed for the training step (predict and
-        evaluate run every layer in eval mode by themselves)."""
-        for m, training in self._modal.values():
-            if m.training != training:
+        evaluate run every layer in eval mode by themselves), or its p, momentum or eps changed since."""
+        for m, fixed in self._modal.values():
+            if m.training != fixed["training"]:
                 now, then = ("training", "eval") if m.training else ("eval", "training")
                 raise ValueError(f"{type(m).__name__} is in {now} mode, but was in {then} mode at compile, which the "
-                                 f"compiled training step keeps; call .{'train' if training else 'eval'}() "
+                                 f"compiled training step keeps; call .{'train' if fixed['training'] else 'eval'}() "
                                  "on it again, or compile again")
+            for k, v in fixed.items():
+                if getattr(m, k) != v:
+                    raise ValueError(f"{type(m).__name__}.{k} changed from {v} to {getattr(m, k)} after compile, "
+                                     "which the compiled step does not see: set it back, or compile again")
 
     def _train_modes(self):
         """The model in training mode, but for the layers compile found in eval mode (what ft.fit sets each
         epoch, where a PyTorch loop calls model.train())."""
         self.model.train()
-        for m, training in self._modal.values():
-            m.training = training
+        for m, fixed in self._modal.values():
+            m.training = fixed["training"]
 
     def _fold_biases(self):
         """The compiled model computes a convolution before a batch norm without its bias. Moved into the running
