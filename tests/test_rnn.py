@@ -197,3 +197,83 @@ def test_the_tutorials_zero_initial_state_of_the_batch_size_compiles():
     with pytest.raises(ft.nn.TracingError, match=r"ft.zeros\(N, 3\) \(a size naming the batch\) other than as an RNN"):
         Other().compile(ft.optim.SGD([nn.Parameter(ft.zeros(1))], lr=0.1), nn.MSELoss(), batch_size=2,
                         input_shape=(3,))
+
+
+@pytest.mark.parametrize("mode", ["RNN", "LSTM", "GRU"])
+def test_a_cell_is_one_step_of_its_layer(mode):
+    ft.manual_seed(11)
+    layer, cell = getattr(nn, mode)(4, 5, batch_first=True), getattr(nn, mode + "Cell")(4, 5)
+    assert [k for k, _ in cell.named_parameters()] == ["weight_ih", "weight_hh", "bias_ih", "bias_hh"]
+    cell.load_state_dict({k.removesuffix("_l0"): v for k, v in layer.state_dict().items()})
+    x = np.random.default_rng(12).standard_normal((3, 2, 4)).astype(np.float32)
+    out, _ = layer(ft.tensor(x))
+    state = None
+    for t in range(2):
+        state = cell(ft.tensor(x[:, t]), state)
+        h = state[0] if mode == "LSTM" else state
+        np.testing.assert_allclose(h.numpy(), out[:, t].numpy(), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose((cell(ft.tensor(x[0, 0]))[0] if mode == "LSTM" else cell(ft.tensor(x[0, 0]))).numpy(),
+                               out[0, 0].numpy(), rtol=1e-6, atol=1e-7)  # one unbatched input
+
+
+def predict_steps(self, input):
+    """pytorch/examples' time sequence prediction: two LSTM cells over the steps, zero states of the batch size."""
+    lib, outputs = self.lib, []
+    h_t, c_t = lib.zeros(input.size(0), 6), lib.zeros(input.size(0), 6)
+    h_t2, c_t2 = lib.zeros(input.size(0), 6), lib.zeros(input.size(0), 6)
+    for input_t in input.split(1, dim=1):
+        h_t, c_t = self.lstm1(input_t, (h_t, c_t))
+        h_t2, c_t2 = self.lstm2(h_t, (h_t2, c_t2))
+        outputs += [self.linear(h_t2)]
+    return lib.cat(outputs, dim=1)
+
+
+class Sequence(nn.Module):
+    lib, forward = ft, predict_steps
+
+    def __init__(self):
+        super().__init__()
+        self.lstm1, self.lstm2, self.linear = nn.LSTMCell(1, 6), nn.LSTMCell(6, 6), nn.Linear(6, 1)
+
+
+def test_cells_over_the_steps_compile_and_match_finite_differences():
+    ft.manual_seed(13)
+    model = Sequence()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=3, input_shape=(6,))
+    x = np.sin(np.linspace(0, 5, 18)).reshape(3, 6).astype(np.float32)
+    y = np.roll(x, -1, 1)
+    np.testing.assert_allclose(program.predict(x).numpy(), model(ft.tensor(x)).numpy(), rtol=1e-5, atol=1e-6)
+    assert gradcheck(program, x, y, eps=1e-3, rtol=3e-2, atol=1e-4)
+
+
+@needs_torch
+def test_cells_match_pytorch():
+    class Theirs(torch.nn.Module):
+        lib, forward = torch, predict_steps
+
+        def __init__(self):
+            super().__init__()
+            self.lstm1, self.lstm2 = torch.nn.LSTMCell(1, 6), torch.nn.LSTMCell(6, 6)
+            self.linear = torch.nn.Linear(6, 1)
+
+    torch.manual_seed(14)
+    theirs, model = Theirs(), Sequence()
+    model.load_state_dict({k: v.detach().numpy() for k, v in theirs.state_dict().items()}, strict=True)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=3, input_shape=(6,))
+    x = np.cos(np.linspace(0, 4, 18)).reshape(3, 6).astype(np.float32)
+    y = np.roll(x, -1, 1)
+    loss = program.backward(x, y)
+    want = torch.nn.functional.mse_loss(theirs(torch.from_numpy(x)), torch.from_numpy(y))
+    want.backward()
+    assert loss == pytest.approx(want.item(), rel=1e-5)
+    grads = dict(model.named_parameters())
+    for name, p in theirs.named_parameters():
+        np.testing.assert_allclose(grads[name].grad.numpy(), p.grad.numpy(), rtol=1e-4, atol=1e-7, err_msg=name)
+    for mode in ("RNNCell", "GRUCell"):
+        t, c = getattr(torch.nn, mode)(3, 4), getattr(nn, mode)(3, 4)
+        assert repr(t) == repr(c)
+        c.load_state_dict({k: v.detach().numpy() for k, v in t.state_dict().items()})
+        h = np.random.default_rng(15).standard_normal((2, 4)).astype(np.float32)
+        xs = np.ones((2, 3), np.float32)
+        np.testing.assert_allclose(c(ft.tensor(xs), ft.tensor(h)).numpy(),
+                                   t(torch.from_numpy(xs), torch.from_numpy(h)).detach().numpy(), rtol=1e-5, atol=1e-6)

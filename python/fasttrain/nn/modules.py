@@ -2039,6 +2039,26 @@ class Attention(Module):
         return f"heads={self.heads}" + (", causal" if self.causal else "")
 
 
+def _rnn_cell(mode, x, state, w_ih, w_hh, b_ih, b_hh):
+    """The next state ((h,) or (h, c)) of an RNN ('RNN_TANH', 'RNN_RELU'), LSTM or GRU cell from input x
+    (N, features) and state (None: zeros), as PyTorch computes it."""
+    from . import functional as F
+    gi = F.linear(x, w_ih, b_ih)
+    gh = F.linear(state[0], w_hh, b_hh) if state is not None else b_hh  # the hidden term of h = 0: its bias
+    if mode == "GRU":
+        (i_r, i_z, i_n), h_r, h_z, h_n = gi.chunk(3, -1), *(gh.chunk(3, -1) if gh is not None else (0.0,) * 3)
+        r, z = F.sigmoid(i_r + h_r), F.sigmoid(i_z + h_z)
+        n = F.tanh(i_n + r * h_n)
+        return ((1.0 - z) * n + (z * state[0] if state is not None else 0.0),)
+    gates = gi + gh if gh is not None else gi
+    if mode == "LSTM":
+        i, f, g, o = gates.chunk(4, -1)
+        i, f, g, o = F.sigmoid(i), F.sigmoid(f), F.tanh(g), F.sigmoid(o)
+        c = i * g if state is None else f * state[1] + i * g
+        return o * F.tanh(c), c
+    return (F.tanh(gates) if mode == "RNN_TANH" else F.relu(gates),)
+
+
 class _RNNBase(Module):
     """RNN, LSTM and GRU as PyTorch's (its parameter names, shapes, initialisation and gate order), written with
     linear layers and activations over the steps, so that they run eagerly and compile alike: a compiled program
@@ -2098,7 +2118,7 @@ class _RNNBase(Module):
             for d in range(D):
                 state, steps = first[layer * D + d], [None] * T
                 for t in (reversed(range(T)) if d else range(T)):
-                    state = self._cell(x[:, t], state, *self._weights(layer, d))
+                    state = _rnn_cell(self._mode, x[:, t], state, *self._weights(layer, d))
                     steps[t] = state[0]
                 outs.append(_math.stack(steps, 1))
                 last.append(state)
@@ -2131,24 +2151,6 @@ class _RNNBase(Module):
                              f"directions = {n}")
         return [tuple(p[k] for p in parts) for k in range(n)]
 
-    def _cell(self, x, state, w_ih, w_hh, b_ih, b_hh):
-        """The next state ((h,) or (h, c)) from input x (N, features) and state (None: zeros)."""
-        from . import functional as F
-        gi = F.linear(x, w_ih, b_ih)
-        gh = F.linear(state[0], w_hh, b_hh) if state is not None else b_hh  # the hidden term of h = 0: its bias
-        if self._mode == "GRU":
-            (i_r, i_z, i_n), h_r, h_z, h_n = gi.chunk(3, -1), *(gh.chunk(3, -1) if gh is not None else (0.0,) * 3)
-            r, z = F.sigmoid(i_r + h_r), F.sigmoid(i_z + h_z)
-            n = F.tanh(i_n + r * h_n)
-            return ((1.0 - z) * n + (z * state[0] if state is not None else 0.0),)
-        gates = gi + gh if gh is not None else gi
-        if self._mode == "LSTM":
-            i, f, g, o = gates.chunk(4, -1)
-            i, f, g, o = F.sigmoid(i), F.sigmoid(f), F.tanh(g), F.sigmoid(o)
-            c = i * g if state is None else f * state[1] + i * g
-            return o * F.tanh(c), c
-        return (F.tanh(gates) if self._mode == "RNN_TANH" else F.relu(gates),)
-
     def extra_repr(self):
         return (f"{self.input_size}, {self.hidden_size}" + (f", num_layers={self.num_layers}" if self.num_layers > 1
                                                             else "")
@@ -2180,6 +2182,64 @@ class LSTM(_RNNBase):
 
 class GRU(_RNNBase):
     """Gated recurrent units, gates (reset, update, new) in PyTorch's order and formulas, as torch.nn.GRU."""
+
+    _gates, _mode = 3, "GRU"
+
+
+class _CellBase(Module):
+    """One step of RNN, LSTM or GRU (RNNCell, LSTMCell, GRUCell): PyTorch's parameter names, shapes,
+    initialisation and formulas, written with linear layers and activations (the cell of _RNNBase)."""
+
+    _gates, _mode = 1, None
+
+    def __init__(self, input_size, hidden_size, bias=True):
+        super().__init__()
+        self.input_size, self.hidden_size, self.bias = input_size, hidden_size, bias
+        G, k = self._gates * hidden_size, 1.0 / math.sqrt(hidden_size)
+        shapes = {"weight_ih": (G, input_size), "weight_hh": (G, hidden_size),
+                  **({"bias_ih": (G,), "bias_hh": (G,)} if bias else {})}
+        for name, shape in shapes.items():
+            self.register_parameter(name, init.uniform_(creation.empty(*shape), -k, k))
+
+    def forward(self, input, hx=None):
+        """The next state for input (N, input_size) (or one unbatched (input_size,)) from hx (None: zeros)."""
+        from .graph import ZeroStates
+        traced = isinstance(input, Symbolic)
+        if (len(input.node.shape) != 1) if traced else input.ndim not in (1, 2):
+            raise ValueError(f"{type(self).__name__}: expected an input of (batch, input_size) or (input_size,)")
+        unbatched = not traced and input.ndim == 1
+        state = hx if isinstance(hx, tuple) else None if hx is None or isinstance(hx, ZeroStates) else (hx,)
+        if isinstance(hx, tuple) and all(isinstance(h, ZeroStates) for h in hx):
+            state = None
+        if unbatched:
+            input, state = input.unsqueeze(0), None if state is None else tuple(h.unsqueeze(0) for h in state)
+        out = _rnn_cell(self._mode, input, state, self.weight_ih, self.weight_hh, getattr(self, "bias_ih", None),
+                        getattr(self, "bias_hh", None))
+        out = tuple(h[0] for h in out) if unbatched else out
+        return out if self._mode == "LSTM" else out[0]
+
+    def extra_repr(self):
+        return f"{self.input_size}, {self.hidden_size}" + ("" if self.bias else ", bias=False")
+
+
+class RNNCell(_CellBase):
+    """h' = tanh (or relu) of x W_ih^T + b_ih + h W_hh^T + b_hh, as torch.nn.RNNCell."""
+
+    def __init__(self, input_size, hidden_size, bias=True, nonlinearity="tanh"):
+        if nonlinearity not in ("tanh", "relu"):
+            raise ValueError(f"RNNCell: unknown nonlinearity {nonlinearity!r}; use 'tanh' or 'relu'")
+        super().__init__(input_size, hidden_size, bias)
+        self._mode = "RNN_TANH" if nonlinearity == "tanh" else "RNN_RELU"
+
+
+class LSTMCell(_CellBase):
+    """One LSTM step, (h', c') from x and (h, c), as torch.nn.LSTMCell."""
+
+    _gates, _mode = 4, "LSTM"
+
+
+class GRUCell(_CellBase):
+    """One GRU step, h' from x and h, as torch.nn.GRUCell."""
 
     _gates, _mode = 3, "GRU"
 
