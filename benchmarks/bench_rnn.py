@@ -1,0 +1,95 @@
+"""Sequences/s of whole training steps (forward, cross-entropy, backward, SGD update) of a text classifier
+written as a PyTorch user writes it (Embedding, an LSTM or GRU with batch_first=True, the last layer's final
+state into a Linear head), compiled by fasttrain (the recurrent layers unroll into linear layers and
+activations over the steps, nn/modules.py), against the same model, weights and recipe in PyTorch (its fused
+CPU LSTM/GRU kernels) on the same thread count, when torch imports.
+
+JSON lines: {"name", "value", "unit"} plus, with torch, "reference" (torch's sequences/s) and "ratio" (ours /
+torch). Medians of timed steps after warm-up; fasttrain and torch steps alternate so that load on a shared
+machine hits both alike.
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE PYTHONPATH=python python benchmarks/bench_rnn.py [--quick]
+"""
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+
+import fasttrain as ft
+
+try:
+    import torch
+except ImportError:
+    torch = None
+
+VOCAB, EMBED, CLASSES = 1000, 64, 4
+
+
+def classifier(lib, kind, hidden, layers):
+    nn = lib.nn
+
+    class Classifier(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(VOCAB, EMBED)
+            self.rnn = getattr(nn, kind)(EMBED, hidden, layers, batch_first=True)
+            self.head = nn.Linear(hidden, CLASSES)
+
+        def forward(self, ids):
+            _, state = self.rnn(self.emb(ids))
+            h = state[0] if isinstance(state, tuple) else state
+            return self.head(h[-1])
+    return Classifier()
+
+
+def timed(fn):
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer timed steps")
+    args = parser.parse_args()
+    steps = 5 if args.quick else 15
+    rng = np.random.default_rng(0)
+    for kind, hidden, layers, seq, batch in [("LSTM", 128, 1, 32, 64), ("GRU", 128, 2, 32, 64)]:
+        ids, labels = rng.integers(0, VOCAB, (batch, seq)), rng.integers(0, CLASSES, batch)
+        ft.manual_seed(0)
+        model = classifier(ft, kind, hidden, layers)
+        program = model.compile(ft.optim.SGD(model.parameters(), lr=0.01), ft.nn.CrossEntropyLoss(),
+                                batch_size=batch, input_shape=(seq,), input_dtype=ft.int64)
+        runs = {"ours": lambda: program.train_step(ids, labels)}
+        if torch is not None:
+            torch.set_num_threads(ft.get_num_threads())
+            theirs = classifier(torch, kind, hidden, layers)
+            theirs.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in model.state_dict().items()})
+            opt = torch.optim.SGD(theirs.parameters(), lr=0.01)
+            t_ids, t_labels = torch.from_numpy(ids), torch.from_numpy(labels)
+
+            def torch_step():
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(theirs(t_ids), t_labels).backward()
+                opt.step()
+            runs["theirs"] = torch_step
+        for fn in runs.values():  # warm-up
+            fn(), fn()
+        times = {k: [] for k in runs}
+        for _ in range(steps):
+            for k, fn in runs.items():
+                times[k].append(timed(fn))
+        name = f"train_step_{kind.lower()}{layers}x{hidden}_T{seq}_b{batch}"
+        line = {"name": name, "value": round(batch / statistics.median(times["ours"]), 1), "unit": "sequences/s",
+                "threads": ft.get_num_threads()}
+        if "theirs" in times:
+            ref = batch / statistics.median(times["theirs"])
+            line.update(reference=round(ref, 1), reference_name=f"torch {torch.__version__} eager float32",
+                        ratio=round(line["value"] / ref, 3))
+        print(json.dumps(line), flush=True)
+
+
+if __name__ == "__main__":
+    main()
