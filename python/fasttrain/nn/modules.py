@@ -2039,11 +2039,10 @@ class Attention(Module):
         return f"heads={self.heads}" + (", causal" if self.causal else "")
 
 
-def _rnn_cell(mode, x, state, w_ih, w_hh, b_ih, b_hh):
-    """The next state ((h,) or (h, c)) of an RNN ('RNN_TANH', 'RNN_RELU'), LSTM or GRU cell from input x
-    (N, features) and state (None: zeros), as PyTorch computes it."""
+def _rnn_cell(mode, gi, state, w_hh, b_hh):
+    """The next state ((h,) or (h, c)) of an RNN ('RNN_TANH', 'RNN_RELU'), LSTM or GRU cell from the input's
+    projection gi = x W_ih^T + b_ih (N, gates * hidden) and state (None: zeros), as PyTorch computes it."""
     from . import functional as F
-    gi = F.linear(x, w_ih, b_ih)
     gh = F.linear(state[0], w_hh, b_hh) if state is not None else b_hh  # the hidden term of h = 0: its bias
     if mode == "GRU":
         (i_r, i_z, i_n), h_r, h_z, h_n = gi.chunk(3, -1), *(gh.chunk(3, -1) if gh is not None else (0.0,) * 3)
@@ -2116,9 +2115,11 @@ class _RNNBase(Module):
         for layer in range(self.num_layers):
             outs = []
             for d in range(D):
+                w_ih, w_hh, b_ih, b_hh = self._weights(layer, d)
+                gi = F.linear(x, w_ih, b_ih)  # every step's input projection in one product, as cuDNN's
                 state, steps = first[layer * D + d], [None] * T
                 for t in (reversed(range(T)) if d else range(T)):
-                    state = _rnn_cell(self._mode, x[:, t], state, *self._weights(layer, d))
+                    state = _rnn_cell(self._mode, gi[:, t], state, w_hh, b_hh)
                     steps[t] = state[0]
                 outs.append(_math.stack(steps, 1))
                 last.append(state)
@@ -2213,8 +2214,9 @@ class _CellBase(Module):
             state = None
         if unbatched:
             input, state = input.unsqueeze(0), None if state is None else tuple(h.unsqueeze(0) for h in state)
-        out = _rnn_cell(self._mode, input, state, self.weight_ih, self.weight_hh, getattr(self, "bias_ih", None),
-                        getattr(self, "bias_hh", None))
+        from . import functional as F
+        out = _rnn_cell(self._mode, F.linear(input, self.weight_ih, getattr(self, "bias_ih", None)), state,
+                        self.weight_hh, getattr(self, "bias_hh", None))
         out = tuple(h[0] for h in out) if unbatched else out
         return out if self._mode == "LSTM" else out[0]
 
