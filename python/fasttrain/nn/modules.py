@@ -668,7 +668,7 @@ class SyncBatchNorm(_BatchNorm):
                 sync.register_buffer(name, t)
             sync.train(module.training)
             return sync
-        for name, child in list(module._modules.items()):
+        for name, child in list(module.named_children()):
             setattr(module, name, cls.convert_sync_batchnorm(child, process_group))
         return module
 
