@@ -522,6 +522,7 @@ class Program:
         self._folded = [e for e in self.entries if e.bias_into is not None]
         self._fold_biases()
         self._compiled_params = dict(model.named_parameters())
+        self._places = {name: p.data_ptr() for name, p in self._compiled_params.items()}
         self._nodes = [_node_dict(e, self.trainable) for e in self.entries]
         self._grad_views = [(p, p.grad) for p in dict.fromkeys(model.parameters()) if id(p) in self.trainable]
         if seed is None:  # dropout masks follow ft.manual_seed, as PyTorch's follow torch.manual_seed
@@ -608,8 +609,8 @@ class Program:
             e.module.bias.fill_(0)
 
     def _check_parameters(self):
-        """Fails where the parameters compile read have changed since (replaced by new ones, or which of them
-        train), rather than running on the ones it compiled."""
+        """Fails where the parameters compile read have changed since (replaced by new ones, moved into another
+        program's buffer, or which of them train), rather than running on the ones it compiled."""
         now, before = dict(self.model.named_parameters()), self._compiled_params
         if now.keys() != before.keys():
             raise ValueError(f"the model's parameters changed after compile (added {sorted(now.keys() - before.keys())}"
@@ -619,6 +620,12 @@ class Program:
                 raise ValueError(f"{name} was replaced after compile by a new tensor, which the compiled program does "
                                  "not read: copy the values into the one it compiled (load_state_dict, or its .copy_() "
                                  "under ft.no_grad()), or compile again")
+            if p.data_ptr() != self._places[name]:
+                raise ValueError(f"{name} moved after compile (compiling another model that holds this module moves "
+                                 "its parameters into that program's flat buffer; so does model.to()), so this "
+                                 "program would read its old values: compile this model again. Parameters train "
+                                 "in one program's buffer at a time: a GAN's discriminator compiled alone and inside "
+                                 "the generator's step cannot alternate between the two programs")
             if p.requires_grad != (id(p) in self.trainable):
                 raise ValueError(f"{name}.requires_grad became {p.requires_grad} after compile, which the compiled "
                                  "step does not see: compile again to train with it")
