@@ -704,17 +704,23 @@ def test_a_loss_over_rows_merged_from_the_batch_is_the_sequence_loss():
     x, y = rng.integers(0, 11, (3, 5)), rng.integers(0, 11, (3, 5))
     y[0, 2] = -1
     losses, grads = [], []
-    for loss in (gpt_loss, lambda out, y: F.cross_entropy(out.transpose(1, 2), y, ignore_index=-1),
-                 lambda out, y: nn.CrossEntropyLoss(ignore_index=-1)(out.reshape(-1, 11), y.view(-1))):
+    forms = [  # (the loss, compile's target arguments)
+        (gpt_loss, {}), (lambda out, y: F.cross_entropy(out.transpose(1, 2), y, ignore_index=-1), {}),
+        (lambda out, y: nn.CrossEntropyLoss(ignore_index=-1)(out.reshape(-1, 11), y.view(-1)), {}),
+        # pytorch/examples' word language model: log_softmax of the rows, then nll_loss
+        (lambda out, y: F.nll_loss(F.log_softmax(out.view(-1, 11), dim=1), y.view(-1), ignore_index=-1), {}),
+        # a target_shape without target_dtype: the class loss reads int64 labels
+        (lambda out, y: F.cross_entropy(out.transpose(1, 2), y, ignore_index=-1), {"target_shape": (5,)})]
+    for loss, targets in forms:
         ft.manual_seed(0)
         model = lm()
         program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), loss, batch_size=3, input_shape=(5,),
-                                input_dtype=ft.int64)
+                                input_dtype=ft.int64, **targets)
         losses.append(program.backward(x, y))
         grads.append(model.head.weight.grad.numpy())
-    assert losses[0] == losses[1] == losses[2]
-    np.testing.assert_array_equal(grads[0], grads[1])
-    np.testing.assert_array_equal(grads[0], grads[2])
+    assert len(set(losses)) == 1
+    for g in grads[1:]:
+        np.testing.assert_array_equal(grads[0], g)
 
 
 @needs_torch
@@ -737,6 +743,8 @@ def test_the_gpt_loss_matches_pytorch():
     (lambda o, y: F.cross_entropy(o.view(-1, 11), y), "view both: logits.view"),
     (lambda o, y: F.cross_entropy(o.view(-1, 11), y.view(-1), reduction="none").mean(), "reduction='none'"),
     (lambda o, y: o.view(-1, 11).sum(), "only a class loss takes it"),
+    (lambda o, y: F.nll_loss(o.view(-1, 11), y.view(-1)), "only a class loss takes it"),
+    (lambda o, y: F.softmax(o.view(-1, 11), 1).sum(), "only a class loss takes it"),
 ])
 def test_other_uses_of_rows_merged_from_the_batch_are_refused(loss, message):
     model = lm()
@@ -1979,3 +1987,36 @@ def test_float_of_token_ids_is_refused_where_it_is_written():
     with pytest.raises(ft.nn.TracingError, match=r"x.to\(float32\) of a traced value of int64.*input_dtype"):
         model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=2, input_shape=(3,),
                       input_dtype=ft.int64)
+
+
+def test_forwards_with_more_arguments_and_other_pytorch_spellings():
+    """A forward with a second required argument names it; a constant expanded as a traced value (a style loss's
+    Gram target), torch.bmm of the samples' matrices and view(-1, 1) of one value per sample compile."""
+    class Hidden(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 3)
+
+        def forward(self, x, hidden):
+            return self.fc(x)
+
+    with pytest.raises(ft.nn.TracingError, match=r"Hidden.forward takes hidden besides its input.* defaults"):
+        Hidden().compile(ft.optim.SGD(Hidden().parameters(), lr=0.1), batch_size=2, input_shape=(4,))
+    target = ft.tensor(np.eye(2, dtype=np.float32)[None])  # (1, C, C)
+
+    def style(y, t):
+        f = y.view(y.size(0), 2, 4)
+        gram = f.bmm(f.transpose(1, 2)) / 4
+        return F.mse_loss(gram, target.expand_as(gram)) + F.mse_loss(y.view(-1, 8).sum(1).view(-1, 1), t)
+
+    ft.manual_seed(20)
+    model = nn.Conv2d(2, 2, 1)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), style, batch_size=2, input_shape=(2, 2, 2),
+                            target_shape=(1,))
+    x = np.random.default_rng(21).standard_normal((2, 2, 2, 2)).astype(np.float32)
+    t = np.ones((2, 1), np.float32)
+    f = model(ft.tensor(x)).numpy().reshape(2, 2, 4).astype(np.float64)
+    gram = f @ f.transpose(0, 2, 1) / 4
+    want = ((gram - np.eye(2)) ** 2).mean() + ((f.reshape(2, 8).sum(1) - 1) ** 2).mean()
+    assert program.evaluate(x, t)[0] == pytest.approx(want, rel=1e-5)
+    assert gradcheck(program, x, t, eps=1e-3, rtol=3e-2, atol=1e-3)

@@ -294,6 +294,7 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
         """A broadcast view with zero strides (no copy), as torch.Tensor.expand. While a model is traced,
         expanding over the batch (x.shape[0]) makes the tensor a value of the model (a class token)."""
         from .nn.graph import BatchSize, constant
+        sizes = tuple(sizes[0]) if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)) else sizes
         if sizes and isinstance(sizes[0], BatchSize):
             if len(sizes) != self.ndim or self.shape[0] != 1:
                 raise ValueError(f"expand: a tensor of shape {self.shape} is expanded over the batch as (N, ...) "

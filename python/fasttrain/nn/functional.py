@@ -65,6 +65,8 @@ __all__ = [
 
 
 def _check(x, name, fn):
+    if isinstance(x, MergedRows):  # refused by what it is, not by its class's name
+        x.__getattr__(fn)
     if not isinstance(x, TensorBase):
         raise TypeError(f"{fn}: {name} must be a fasttrain Tensor, got {type(x).__name__}")
 
@@ -789,7 +791,10 @@ def softmax(input, dim=None, _stacklevel=3, dtype=None):
 @_traced(lambda dim=None, _stacklevel=3, dtype=None: M.LogSoftmax(dim))
 def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
     """log(softmax(input)) along dim, as torch.nn.functional.log_softmax; dtype converts input first. Without dim it
-    warns and picks PyTorch's implicit dimension."""
+    warns and picks PyTorch's implicit dimension. Of a sequence's scores merged into rows (logits.view(-1, V)),
+    what F.nll_loss takes as their cross entropy."""
+    if isinstance(input, MergedRows) and not input.log_probs and dim in (1, -1) and dtype is None:
+        return MergedRows(input.source, log_probs=True)
     _check(input, "input", "log_softmax")
     if dtype is not None:
         input = input.to(dtype)
@@ -905,8 +910,11 @@ def _on_device_of(x, array):
 
 
 def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean"):
-    """The negative log-likelihood of log-probabilities input (N, C) for class targets (N,)."""
+    """The negative log-likelihood of log-probabilities input (N, C) for class targets (N,); of a sequence's rows
+    F.log_softmax(logits.view(-1, V), 1) the cross entropy of the logits (the same loss)."""
     reduction = _legacy_reduction(size_average, reduce, reduction)
+    if isinstance(input, MergedRows) and input.log_probs:
+        return cross_entropy(MergedRows(input.source), target, weight, ignore_index=ignore_index, reduction=reduction)
     if isinstance(input, Symbolic):
         return M.NLLLoss(weight, ignore_index=ignore_index, reduction=reduction)(input, target)
     _check(input, "input", "nll_loss")

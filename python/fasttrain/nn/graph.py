@@ -15,6 +15,7 @@ stand-in for the batch size that ``view``/``reshape``/``expand`` accept in the b
 (``node.shape``) are per sample."""
 import copy
 import functools
+import inspect
 import math
 import os
 import sys
@@ -248,18 +249,19 @@ class MergedRows:
     sequence losses are written with (F.cross_entropy(logits.view(-1, V), y.view(-1))). A class loss takes them
     as its (N, C, d...) form, the same loss; any other use fails."""
 
-    def __init__(self, source):
+    def __init__(self, source, log_probs=False):
         self.source = source
+        self.log_probs = log_probs  # F.log_softmax(rows, 1) of scores: what F.nll_loss reads
 
     @staticmethod
     def of(x, shape):
-        """Whether x.view(*shape) merges the batch into rows: scores of more than one dimension per sample viewed
+        """Whether x.view(*shape) merges the batch into rows: scores of more than one row per sample viewed
         as (-1, C), or labels (the targets) viewed as (-1,)."""
         if not shape or isinstance(shape[0], BatchSize) or shape[0] != -1:
             return False
         if isinstance(x.node.module, _layers().Target):
             return shape == (-1,)
-        return len(x.node.shape) >= 2 and shape == (-1, x.node.shape[-1])
+        return len(x.node.shape) >= 2 and shape == (-1, x.node.shape[-1]) and math.prod(x.node.shape[:-1]) > 1
 
     def classes_first(self):
         """The (N, C, d...) scores, or the (N, d...) labels, of a class loss's own form."""
@@ -468,6 +470,10 @@ class Symbolic:
             return _layers().Matmul()(self.unsqueeze(1), o).squeeze(1)
         return _layers().Matmul()(self, o)
 
+    def bmm(self, other):
+        """Records self @ other: the samples' matrices multiplied, one product per sample (torch.bmm's batch)."""
+        return self @ other
+
     def __rmatmul__(self, other):
         o = _matrix(other)
         return NotImplemented if o is None else _layers().Matmul()(o, self)
@@ -553,6 +559,8 @@ class Symbolic:
         """Records a new dimension of size 1 at dim, which must come after the batch."""
         self._one_per_sample()
         nd = len(self.node.shape)
+        if not -(nd + 2) <= dim < nd + 2:
+            fail(f"unsqueeze({dim}) of a value of shape {self.shape}", f"a dimension in [{-(nd + 2)}, {nd + 1}]")
         d = dim % (nd + 2)
         if d == 0:
             fail("unsqueeze(0) (a dimension before the batch)")
@@ -1397,7 +1405,7 @@ def target(shape=None, dtype=None):
     reads them unless given."""
     t = Symbolic(Node(_layers().Target(), [], None))
     if shape is not None:
-        bind_target(t, shape, dtype or "float32")
+        bind_target(t, shape, dtype)  # no dtype: the loss that reads them fixes it (float32 by default)
     return t
 
 
@@ -1459,6 +1467,15 @@ def _call(fn, what, *args):
 def trace(model, input_shape, input_dtype=None):
     """The outputs of model's forward on a symbolic input of per-sample `input_shape`: one Symbolic, or a tuple
     of them (the first is what predict returns)."""
+    try:
+        params = list(inspect.signature(model.forward).parameters.values())[1:]
+    except (TypeError, ValueError):  # a forward without a signature
+        params = []
+    more = [p.name for p in params if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if more:
+        raise TracingError(f"{type(model).__name__}.forward takes {', '.join(more)} besides its input, but a compiled "
+                           "program feeds it one input, the batch: give them defaults (hidden=None) or make them in "
+                           "forward")
     with tracing(model):
         out = _call(model, f"{type(model).__name__}.forward", Input(input_shape, input_dtype))
         for o in out if isinstance(out, (tuple, list)) else [out]:
