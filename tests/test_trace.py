@@ -2020,3 +2020,34 @@ def test_forwards_with_more_arguments_and_other_pytorch_spellings():
     want = ((gram - np.eye(2)) ** 2).mean() + ((f.reshape(2, 8).sum(1) - 1) ** 2).mean()
     assert program.evaluate(x, t)[0] == pytest.approx(want, rel=1e-5)
     assert gradcheck(program, x, t, eps=1e-3, rtol=3e-2, atol=1e-3)
+
+
+@pytest.mark.parametrize("mask", [lambda T: ft.triu(ft.ones(T, T) * float("-inf"), diagonal=1),
+                                  lambda T: ft.ones(T, T, dtype=ft.bool).triu(1)], ids=["float", "bool"])
+def test_a_causal_mask_tensor_is_is_causal(mask):
+    """The mask PyTorch code builds for a causal encoder (nn.Transformer.generate_square_subsequent_mask's, or a
+    bool one) is is_causal=True; another mask is refused."""
+    class Causal(nn.Module):
+        def __init__(self, how):
+            super().__init__()
+            self.how, self.emb = how, nn.Embedding(9, 8)
+            self.enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True), 2)
+            self.head = nn.Linear(8, CLASSES)
+
+        def forward(self, ids):
+            T = ids.shape[1]
+            masks = {"flag": None, "mask": mask(T), "none": None, "other": ft.zeros(T, T)}
+            return self.head(self.enc(self.emb(ids), masks[self.how], is_causal=self.how == "flag")[:, -1])
+
+    ids, y = np.random.default_rng(22).integers(0, 9, (2, 5)), np.array([1, 3])
+    losses = []
+    for how in ("flag", "mask", "none"):
+        ft.manual_seed(23)
+        model = Causal(how)
+        program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=2, input_shape=(5,),
+                                input_dtype=ft.int64)
+        losses.append(program.backward(ids, y))
+    assert losses[0] == losses[1] != losses[2]  # unmasked, earlier positions see later ones: the 2nd layer tells
+    with pytest.raises(NotImplementedError, match="masks other than the causal one"):
+        Causal("other").compile(ft.optim.SGD(Causal("other").parameters(), lr=0.1), batch_size=2, input_shape=(5,),
+                                input_dtype=ft.int64)

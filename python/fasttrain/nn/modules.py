@@ -2246,6 +2246,23 @@ class GRUCell(_CellBase):
     _gates, _mode = 3, "GRU"
 
 
+def _causal(mask, T, name):
+    """Whether a mask tensor (or None: no) is the causal one for T positions, as PyTorch writes it (True above the
+    diagonal, or -inf there and 0 elsewhere: nn.Transformer.generate_square_subsequent_mask); any other mask is
+    refused."""
+    if mask is None:
+        return False
+    if isinstance(mask, TensorBase):
+        import numpy as np
+        a = np.asarray(mask.cpu() if mask.dtype is _BY_NAME["bool"] else mask.float().cpu())
+        above = np.triu(np.ones((T, T), bool), 1)
+        if a.shape == (T, T) and (np.array_equal(a, above) if a.dtype == bool else
+                                  bool(np.all(np.isneginf(a[above])) and np.all(a[~above] == 0))):
+            return True
+    raise NotImplementedError(f"{name}: masks other than the causal one (is_causal=True, or its mask tensor) are not "
+                              "supported")
+
+
 class MultiheadAttention(Module):
     """PyTorch's nn.MultiheadAttention (batch_first=True) over fused attention: the packed input projection
     (in_proj_weight, in_proj_bias), the heads, out_proj. The attention weights are never formed (the fused
@@ -2278,8 +2295,9 @@ class MultiheadAttention(Module):
         query, key and value are one tensor, the packed projection runs once. Masks other than is_causal=True are not
         supported, and need_weights is ignored: the attention weights are never formed."""
         from . import functional as F
-        if key_padding_mask is not None or attn_mask is not None:
-            raise NotImplementedError("MultiheadAttention: masks other than is_causal=True are not supported")
+        if key_padding_mask is not None:
+            raise NotImplementedError("MultiheadAttention: key_padding_mask is not supported")
+        is_causal = _causal(attn_mask, query.shape[1], "MultiheadAttention") or is_causal
         E, H = self.embed_dim, self.num_heads
         if query is key and key is value:  # self-attention: one packed projection
             q, k, v = F.linear(query, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)
@@ -2330,9 +2348,11 @@ class TransformerEncoderLayer(Module):
         return self.dropout2(self.linear2(self.dropout(self._act(self.linear1(x)))))
 
     def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal=False):
-        """The layer applied to src (N, T, d_model), batch first. Masks other than is_causal=True are not supported."""
-        if src_mask is not None or src_key_padding_mask is not None:
-            raise NotImplementedError("TransformerEncoderLayer: masks other than is_causal=True are not supported")
+        """The layer applied to src (N, T, d_model), batch first. Masks other than the causal one (is_causal=True, or
+        its mask tensor) are not supported."""
+        if src_key_padding_mask is not None:
+            raise NotImplementedError("TransformerEncoderLayer: src_key_padding_mask is not supported")
+        is_causal = _causal(src_mask, src.shape[1], "TransformerEncoderLayer") or is_causal
         x = src
         if self.norm_first:
             x = x + self._sa(self.norm1(x), is_causal)
