@@ -111,8 +111,19 @@ def ref_rmsprop(p, g, st, h):
     return p - h["lr"] * d
 
 
+def ref_adadelta(p, g, st, h):
+    g = -g if h["maximize"] else g
+    g = g + h["weight_decay"] * p
+    rho, eps = h["rho"], h["eps"]
+    st["v"] = rho * st.get("v", 0) + (1 - rho) * g * g
+    d = np.sqrt(st.get("u", 0) + eps) / np.sqrt(st["v"] + eps) * g
+    st["u"] = rho * st.get("u", 0) + (1 - rho) * d * d
+    return p - h["lr"] * d
+
+
 REFS = {ft.optim.SGD: ref_sgd, ft.optim.AdamW: ref_adamw, ft.optim.LAMB: ref_lamb, ft.optim.LARS: ref_lars,
-        ft.optim.Adam: lambda p, g, st, h: ref_adamw(p, g, st, h, l2=True), ft.optim.RMSprop: ref_rmsprop}
+        ft.optim.Adam: lambda p, g, st, h: ref_adamw(p, g, st, h, l2=True), ft.optim.RMSprop: ref_rmsprop,
+        ft.optim.Adadelta: ref_adadelta}
 
 
 def run_reference(cls, groups, params, grads, grad_scale=1.0, max_grad_norm=None):
@@ -146,7 +157,8 @@ def run_ft(cls, param_groups, params, grads, **step_kwargs):
 
 
 CTOR = {ft.optim.SGD: dict(lr=0.05), ft.optim.AdamW: dict(lr=1e-2), ft.optim.LAMB: dict(lr=1e-2),
-        ft.optim.LARS: dict(lr=0.5), ft.optim.Adam: dict(lr=1e-2), ft.optim.RMSprop: dict(lr=1e-2)}
+        ft.optim.LARS: dict(lr=0.5), ft.optim.Adam: dict(lr=1e-2), ft.optim.RMSprop: dict(lr=1e-2),
+        ft.optim.Adadelta: dict(lr=1.0)}
 
 # (class, [(param indices, group overrides)])
 CASES = [
@@ -168,6 +180,9 @@ CASES = [
     (ft.optim.RMSprop, [([0, 1, 2, 3, 4], {})]),
     (ft.optim.RMSprop, [([0, 4], dict(momentum=0.9, weight_decay=0.1)),
                         ([1, 2, 3], dict(alpha=0.9, centered=True, eps=1e-4, maximize=True, lr=3e-3, momentum=0.5))]),
+    (ft.optim.Adadelta, [([0, 1, 2, 3, 4], {})]),
+    (ft.optim.Adadelta, [([0, 4], dict(rho=0.5, weight_decay=0.1)), ([1, 2, 3], dict(eps=1e-4, maximize=True,
+                                                                                    lr=0.5))]),
 ]
 
 
@@ -246,13 +261,13 @@ def torch_pair(cls, groups, params):
     tensors = [torch.tensor(f32(p), requires_grad=True) for p in params]
     spec = [dict(params=[tensors[i] for i in idx], **over) for idx, over in groups]
     tcls = {ft.optim.SGD: torch.optim.SGD, ft.optim.AdamW: torch.optim.AdamW, ft.optim.Adam: torch.optim.Adam,
-            ft.optim.RMSprop: torch.optim.RMSprop}[cls]
+            ft.optim.RMSprop: torch.optim.RMSprop, ft.optim.Adadelta: torch.optim.Adadelta}[cls]
     return tcls(spec, foreach=False, **CTOR[cls]), tensors
 
 
 @needs_torch
 @pytest.mark.parametrize("cls, groups", [c for c in CASES if c[0] in (ft.optim.SGD, ft.optim.AdamW, ft.optim.Adam,
-                                                                     ft.optim.RMSprop)],
+                                                                     ft.optim.RMSprop, ft.optim.Adadelta)],
                          ids=lambda c: getattr(c, "__name__", None))
 def test_against_torch(cls, groups):
     params = make_params()
@@ -365,7 +380,8 @@ def test_clipping_reports_the_norm():
     np.testing.assert_allclose(p.numpy(), [-3.6, -4.8, 0, 0], rtol=1e-6)
 
 
-@pytest.mark.parametrize("cls", [ft.optim.SGD, ft.optim.AdamW, ft.optim.LAMB, ft.optim.LARS, ft.optim.RMSprop])
+@pytest.mark.parametrize("cls", [ft.optim.SGD, ft.optim.AdamW, ft.optim.LAMB, ft.optim.LARS, ft.optim.RMSprop,
+                                 ft.optim.Adadelta])
 def test_state_dict_resumes_exactly(cls):
     params = make_params()
     grads = make_grads(SHAPES, 6)
@@ -530,6 +546,7 @@ def test_ema_against_torch():
     (lambda p: ft.optim.RMSprop(p, alpha=1.5), r"alpha must be in \[0, 1\]"),
     (lambda p: ft.optim.RMSprop(p, eps=-1e-8), "eps must be finite and >= 0"),
     (lambda p: ft.optim.RMSprop(p, momentum=-0.5), "momentum must be finite and >= 0"),
+    (lambda p: ft.optim.Adadelta(p, rho=1.1), r"rho must be in \[0, 1\]"),
     (lambda p: ft.optim.AdamW([dict(params=p, lr=-1.0)]), "group 0: lr"),
     (lambda p: ft.optim.AdamW([dict(params=p[:1]), dict(params=p[1:], eps=-1.0)]), "group 1: eps"),
     (lambda p: ft.optim.SGD([]), "empty parameter list"),

@@ -77,6 +77,16 @@ def ref_rmsprop(p, g, st, h):
     return p - h["lr"] * d
 
 
+def ref_adadelta(p, g, st, h):
+    """torch.optim.Adadelta's documented update, float64."""
+    rho, eps = h.get("rho", 0.9), h.get("eps", 1e-6)
+    g = g + h.get("weight_decay", 0.0) * p
+    st["v"] = rho * st.get("v", 0) + (1 - rho) * g * g
+    d = np.sqrt(st.get("u", 0) + eps) / np.sqrt(st["v"] + eps) * g
+    st["u"] = rho * st.get("u", 0) + (1 - rho) * d * d
+    return p - h["lr"] * d
+
+
 OPTIMIZERS = {
     "sgd": (ft.optim.SGD, ref_sgd, dict(lr=0.1)),
     "sgd_momentum_dampening_wd": (ft.optim.SGD, ref_sgd, dict(lr=0.05, momentum=0.8, dampening=0.2,
@@ -88,6 +98,7 @@ OPTIMIZERS = {
     "lars": (ft.optim.LARS, ref_lars, dict(lr=2.0, momentum=0.9, weight_decay=1e-3, trust_coefficient=0.02)),
     "rmsprop_centered_momentum_wd": (ft.optim.RMSprop, ref_rmsprop, dict(lr=1e-3, alpha=0.9, momentum=0.5,
                                                                          centered=True, weight_decay=1e-3)),
+    "adadelta_wd": (ft.optim.Adadelta, ref_adadelta, dict(lr=1.0, rho=0.8, weight_decay=1e-3)),
 }
 
 

@@ -160,4 +160,19 @@ static inline FT_HD float ft_rmsprop_param(float p, float g, float *v, float *a,
     return p - c->lr * d;
 }
 
+/* ---- Adadelta (torch.optim.Adadelta) ----
+ * g = g + weight_decay * p
+ * v = rho * v + (1 - rho) * g * g
+ * d = sqrt(u + eps) / sqrt(v + eps) * g
+ * u = rho * u + (1 - rho) * d * d
+ * p = p - lr * d
+ * (rho in ft_rmsprop_coef's alpha) */
+static inline FT_HD float ft_adadelta_param(float p, float g, float *v, float *u, const ft_rmsprop_coef *c) {
+    float vi = c->alpha * *v + c->one_minus_alpha * g * g;
+    *v = vi;
+    float d = sqrtf(*u + c->eps) / sqrtf(vi + c->eps) * g;
+    *u = c->alpha * *u + c->one_minus_alpha * d * d;
+    return p - c->lr * d;
+}
+
 #endif

@@ -159,7 +159,7 @@ struct ft_optimizer {
     ft_dtype copy_dtype;
 };
 
-static const char *const kind_names[] = {"SGD", "AdamW", "LAMB", "LARS", "Adam", "RMSprop"};
+static const char *const kind_names[] = {"SGD", "AdamW", "LAMB", "LARS", "Adam", "RMSprop", "Adadelta"};
 
 static bool finite_ge0(double x) { return isfinite(x) && x >= 0; }
 
@@ -227,10 +227,12 @@ ft_status ft_optim_check_group(ft_optim_kind kind, int i, const ft_optim_group *
             return ft_fail(FT_ERR_VALUE, "%s group %d: eps must be finite and > 0, got %g", k, i, g->eps);
         break;
     case FT_OPTIM_RMSPROP:
+    case FT_OPTIM_ADADELTA:
         if (!(g->alpha >= 0 && g->alpha <= 1))
-            return ft_fail(FT_ERR_VALUE, "RMSprop group %d: alpha must be in [0, 1], got %g", i, g->alpha);
+            return ft_fail(FT_ERR_VALUE, "%s group %d: %s must be in [0, 1], got %g", k, i,
+                           kind == FT_OPTIM_RMSPROP ? "alpha" : "rho", g->alpha);
         if (!finite_ge0(g->eps))
-            return ft_fail(FT_ERR_VALUE, "RMSprop group %d: eps must be finite and >= 0, got %g", i, g->eps);
+            return ft_fail(FT_ERR_VALUE, "%s group %d: eps must be finite and >= 0, got %g", k, i, g->eps);
         break;
     case FT_OPTIM_LARS:
         if (!(isfinite(g->trust_coefficient) && g->trust_coefficient > 0))
@@ -315,6 +317,10 @@ static bool needs_state(const ft_optimizer *opt, ft_optim_state s) {
         case FT_OPTIM_RMSPROP:
             if (s == FT_OPTIM_SQUARE_AVG || (s == FT_OPTIM_MOMENTUM_BUFFER && g->momentum != 0) ||
                 (s == FT_OPTIM_GRAD_AVG && g->centered))
+                return true;
+            break;
+        case FT_OPTIM_ADADELTA:
+            if (s == FT_OPTIM_SQUARE_AVG || s == FT_OPTIM_ACC_DELTA)
                 return true;
             break;
         }
@@ -477,7 +483,7 @@ int64_t ft_optimizer_state_numel(const ft_optimizer *opt) { return plan_total(&o
 
 const char *ft_optim_state_name(ft_optim_state kind) {
     static const char *const names[] = {"momentum_buffer", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "square_avg",
-                                        "grad_avg"};
+                                        "grad_avg", "acc_delta"};
     return (int)kind >= 0 && kind < FT_OPTIM_NUM_STATES ? names[kind] : "";
 }
 
@@ -556,6 +562,16 @@ static void rmsprop_loop(float *p, float *v, float *a, float *buf, const float *
     FT_SIMD_FOR(i, n) {
         float gi = ft_l2_grad(ft_optim_grad(g[i], gx.scale, gx.clip, maximize), p[i], k.weight_decay);
         p[i] = ft_rmsprop_param(p[i], gi, &v[i], a ? &a[i] : NULL, buf ? &buf[i] : NULL, &k);
+    }
+}
+
+FT_VEC_CLONES
+static void adadelta_loop(float *p, float *v, float *u, const float *g, int64_t n, grad_xform gx, bool maximize,
+                          const ft_rmsprop_coef *c) {
+    const ft_rmsprop_coef k = *c;
+    FT_SIMD_FOR(i, n) {
+        float gi = ft_l2_grad(ft_optim_grad(g[i], gx.scale, gx.clip, maximize), p[i], k.weight_decay);
+        p[i] = ft_adadelta_param(p[i], gi, &v[i], &u[i], &k);
     }
 }
 
@@ -678,6 +694,10 @@ static void update_pass(ft_optimizer *opt, grad_xform gx, bool parallel) {
                          g->momentum != 0 ? state_at(opt, FT_OPTIM_MOMENTUM_BUFFER, bk->seg) + o : NULL, gr, n, gx,
                          g->maximize, &c->rmsprop);
             break;
+        case FT_OPTIM_ADADELTA:
+            adadelta_loop(p, state_at(opt, FT_OPTIM_SQUARE_AVG, bk->seg) + o, state_at(opt, FT_OPTIM_ACC_DELTA, bk->seg) + o,
+                          gr, n, gx, g->maximize, &c->rmsprop);
+            break;
         }
         if (opt->copies && opt->copies[bk->seg]) /* the block is still in cache */
             copy_loop((uint16_t *)opt->copies[bk->seg] + o, p, n, opt->copy_dtype == FT_BFLOAT16);
@@ -715,6 +735,7 @@ static coef segment_coef(const ft_optimizer *opt, int i) {
         c.lars = (ft_lars_coef){(float)g->momentum, (float)g->weight_decay, 0.0f};
         break;
     case FT_OPTIM_RMSPROP:
+    case FT_OPTIM_ADADELTA:
         c.rmsprop = (ft_rmsprop_coef){(float)g->lr, (float)g->weight_decay, (float)g->alpha, (float)(1 - g->alpha),
                                       (float)g->eps, (float)g->momentum};
         break;
@@ -748,6 +769,7 @@ static ft_cuda_optim cuda_view(const ft_optimizer *opt) {
         .max_exp_avg_sq = state_base(opt, FT_OPTIM_MAX_EXP_AVG_SQ),
         .square_avg = state_base(opt, FT_OPTIM_SQUARE_AVG),
         .grad_avg = state_base(opt, FT_OPTIM_GRAD_AVG),
+        .acc_delta = state_base(opt, FT_OPTIM_ACC_DELTA),
         .partial = partial,
         .total = partial + 2 * nb,
     };

@@ -39,6 +39,7 @@
  *          norms per parameter tensor; local_lr is 1 when either norm is 0
  *          or the group has lars_exclude. eps defaults to 0 in the paper.
  *   RMSPROP torch.optim.RMSprop: weight decay, alpha, eps, momentum, centered.
+ *   ADADELTA torch.optim.Adadelta: weight decay, rho (the group's alpha), eps.
  * maximize negates the gradient for every kind.
  *
  * On a CUDA device (ft_optimizer_create) the params, grads and state all
@@ -63,8 +64,16 @@
 /* Elements per reduction block: the blocks, not the threads, fix the order. */
 #define FT_OPTIM_BLOCK 16384
 
-typedef enum { FT_OPTIM_SGD, FT_OPTIM_ADAMW, FT_OPTIM_LAMB, FT_OPTIM_LARS, FT_OPTIM_ADAM, FT_OPTIM_RMSPROP } ft_optim_kind;
-#define FT_OPTIM_NKINDS (FT_OPTIM_RMSPROP + 1)
+typedef enum {
+    FT_OPTIM_SGD,
+    FT_OPTIM_ADAMW,
+    FT_OPTIM_LAMB,
+    FT_OPTIM_LARS,
+    FT_OPTIM_ADAM,
+    FT_OPTIM_RMSPROP,
+    FT_OPTIM_ADADELTA
+} ft_optim_kind;
+#define FT_OPTIM_NKINDS (FT_OPTIM_ADADELTA + 1)
 
 /* Hyperparameters of a parameter group. Each kind reads only its own
  * fields (SGD: lr, weight_decay, momentum, dampening, nesterov; ADAMW and
@@ -72,7 +81,8 @@ typedef enum { FT_OPTIM_SGD, FT_OPTIM_ADAMW, FT_OPTIM_LAMB, FT_OPTIM_LARS, FT_OP
  * beta2, eps, lars_exclude; LARS: lr, weight_decay, momentum, eps,
  * trust_coefficient, lars_exclude; all: maximize) and refuses options of
  * other kinds that are switched on (nesterov, amsgrad, lars_exclude,
- * centered). RMSPROP reads lr, weight_decay, momentum, eps, alpha, centered. */
+ * centered). RMSPROP reads lr, weight_decay, momentum, eps, alpha, centered;
+ * ADADELTA lr, weight_decay, eps and alpha (its rho). */
 typedef struct {
     double lr, weight_decay, momentum, dampening;
     bool nesterov, maximize;
@@ -80,7 +90,7 @@ typedef struct {
     bool amsgrad;
     double trust_coefficient;
     bool lars_exclude; /* LARS/LAMB adaptation off for this group, e.g. BN and bias */
-    double alpha;      /* RMSprop's smoothing constant */
+    double alpha;      /* the running averages' smoothing constant: RMSprop's alpha, Adadelta's rho */
     bool centered;     /* RMSprop: normalize by the variance's estimate rather than the second moment */
 } ft_optim_group;
 
@@ -101,7 +111,7 @@ typedef struct ft_optimizer ft_optimizer;
  * max_exp_avg_sq when a group has amsgrad; LAMB exp_avg and exp_avg_sq;
  * LARS a momentum buffer (the paper's velocity v); RMSPROP square_avg, a
  * momentum buffer when a group has momentum != 0 and grad_avg when one is
- * centered. */
+ * centered; ADADELTA square_avg and acc_delta. */
 typedef enum {
     FT_OPTIM_MOMENTUM_BUFFER,
     FT_OPTIM_EXP_AVG,
@@ -109,6 +119,7 @@ typedef enum {
     FT_OPTIM_MAX_EXP_AVG_SQ,
     FT_OPTIM_SQUARE_AVG,
     FT_OPTIM_GRAD_AVG,
+    FT_OPTIM_ACC_DELTA,
     FT_OPTIM_NUM_STATES
 } ft_optim_state;
 
@@ -118,7 +129,7 @@ typedef struct {
     bool momentum_valid;  /* SGD: the momentum buffer holds a value (else the next step copies d) */
 } ft_optim_segment_state;
 
-/* The class name of a kind: "SGD", "AdamW", "LAMB", "LARS", "Adam", "RMSprop". */
+/* The class name of a kind: "SGD", "AdamW", "LAMB", "LARS", "Adam", "RMSprop", "Adadelta". */
 const char *ft_optim_kind_name(ft_optim_kind kind);
 
 /* FT_ERR_VALUE naming group `index` and its first bad hyperparameter (lr

@@ -53,8 +53,8 @@ typedef struct {
     int nseg;
     int64_t nblocks;
     ft_cuda_optim_segment *table; /* (nseg): this step's, from optim_upload */
-    float *momentum_buffer, *exp_avg, *exp_avg_sq, *max_exp_avg_sq, *square_avg, *grad_avg; /* flat state; NULL
-                                                                                                when absent */
+    /* flat state; NULL when absent */
+    float *momentum_buffer, *exp_avg, *exp_avg_sq, *max_exp_avg_sq, *square_avg, *grad_avg, *acc_delta;
     double *partial; /* (nblocks, 2): per-block sums of squares */
     double *total;   /* (1) */
 } ft_cuda_optim;

@@ -399,6 +399,22 @@ class RMSprop(Optimizer):
                 + (("grad_avg",) if group["centered"] else ()))
 
 
+class Adadelta(Optimizer):
+    """torch.optim.Adadelta: running means of squared gradients and of squared updates (rho) scale each
+    gradient, with (L2) weight_decay and maximize; lr multiplies the update (1.0, PyTorch's default)."""
+
+    _kind = _KINDS["Adadelta"]
+
+    def __init__(self, params, lr=1.0, rho=0.9, eps=1e-6, weight_decay=0.0, *, maximize=False):
+        super().__init__(params, dict(lr=lr, rho=rho, eps=eps, weight_decay=weight_decay, maximize=maximize))
+
+    def _group_tuple(self, g, i):
+        return self._tuple(g, i, eps=_number(g, "eps", i), alpha=_number(g, "rho", i))
+
+    def _state_keys(self, group):
+        return ("step", "square_avg", "acc_delta")
+
+
 class LAMB(Optimizer):
     """LAMB (You et al. 2019, Algorithm 2): Adam moments with bias correction, decoupled weight decay in the
     update, scaled per param tensor by the trust ratio ||p|| / ||update||. A group with lars_exclude=True (BN,
