@@ -222,36 +222,24 @@ __global__ void adamw_kernel(ft_cuda_optim o, float scale, float clip) {
     }
 }
 
-__global__ void rmsprop_kernel(ft_cuda_optim o, float scale, float clip) {
+/* RMSprop and Adadelta: a running mean of squared gradients (square_avg) and RMSprop's grad_avg and momentum
+ * buffer or Adadelta's acc_delta. */
+__global__ void averages_kernel(ft_cuda_optim o, float scale, float clip) {
     span s;
     const ft_cuda_optim_segment *seg = step_block(o, &s);
     if (!seg)
         return;
     const ft_rmsprop_coef k = seg->coef.rmsprop;
-    const bool maximize = seg->maximize;
+    const bool maximize = seg->maximize, adadelta = o.kind == FT_OPTIM_ADADELTA;
     int64_t at = seg->flat.offset + s.start;
     float *p = seg->flat.param + s.start, *v = o.square_avg + at;
     float *a = seg->centered ? o.grad_avg + at : nullptr, *buf = seg->momentum ? o.momentum_buffer + at : nullptr;
+    float *u = adadelta ? o.acc_delta + at : nullptr;
     const float *g = seg->flat.grad + s.start;
     for (int64_t i = threadIdx.x; i < s.len; i += THREADS) {
         float gi = ft_l2_grad(ft_optim_grad(g[i], scale, clip, maximize), p[i], k.weight_decay);
-        p[i] = ft_rmsprop_param(p[i], gi, &v[i], a ? &a[i] : nullptr, buf ? &buf[i] : nullptr, &k);
-    }
-}
-
-__global__ void adadelta_kernel(ft_cuda_optim o, float scale, float clip) {
-    span s;
-    const ft_cuda_optim_segment *seg = step_block(o, &s);
-    if (!seg)
-        return;
-    const ft_rmsprop_coef k = seg->coef.rmsprop;
-    const bool maximize = seg->maximize;
-    int64_t at = seg->flat.offset + s.start;
-    float *p = seg->flat.param + s.start, *v = o.square_avg + at, *u = o.acc_delta + at;
-    const float *g = seg->flat.grad + s.start;
-    for (int64_t i = threadIdx.x; i < s.len; i += THREADS) {
-        float gi = ft_l2_grad(ft_optim_grad(g[i], scale, clip, maximize), p[i], k.weight_decay);
-        p[i] = ft_adadelta_param(p[i], gi, &v[i], &u[i], &k);
+        p[i] = adadelta ? ft_adadelta_param(p[i], gi, &v[i], &u[i], &k)
+                        : ft_rmsprop_param(p[i], gi, &v[i], a ? &a[i] : nullptr, buf ? &buf[i] : nullptr, &k);
     }
 }
 
@@ -370,11 +358,9 @@ ft_status optim_update(const ft_cuda_optim *o, float grad_scale, float clip) {
         lars_kernel<<<grid, THREADS, 0, st>>>(*o, grad_scale, clip);
         return ft_cuda_launched("lars_kernel");
     case FT_OPTIM_RMSPROP:
-        rmsprop_kernel<<<grid, THREADS, 0, st>>>(*o, grad_scale, clip);
-        return ft_cuda_launched("rmsprop_kernel");
     case FT_OPTIM_ADADELTA:
-        adadelta_kernel<<<grid, THREADS, 0, st>>>(*o, grad_scale, clip);
-        return ft_cuda_launched("adadelta_kernel");
+        averages_kernel<<<grid, THREADS, 0, st>>>(*o, grad_scale, clip);
+        return ft_cuda_launched("averages_kernel");
     }
     return ft_cuda_fail(FT_ERR_VALUE, "unknown optimizer kind %d", o->kind);
 }

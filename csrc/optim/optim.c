@@ -555,23 +555,16 @@ static void adamw_loop(float *p, float *m, float *v, float *vmax, const float *g
     }
 }
 
+/* RMSprop and Adadelta: v the running mean of squared gradients; a and buf RMSprop's grad_avg (centered) and
+ * momentum buffer, or u Adadelta's acc_delta (the others NULL). */
 FT_VEC_CLONES
-static void rmsprop_loop(float *p, float *v, float *a, float *buf, const float *g, int64_t n, grad_xform gx,
-                         bool maximize, const ft_rmsprop_coef *c) {
+static void averages_loop(float *p, float *v, float *a, float *buf, float *u, const float *g, int64_t n,
+                          grad_xform gx, bool maximize, const ft_rmsprop_coef *c) {
     const ft_rmsprop_coef k = *c;
     FT_SIMD_FOR(i, n) {
         float gi = ft_l2_grad(ft_optim_grad(g[i], gx.scale, gx.clip, maximize), p[i], k.weight_decay);
-        p[i] = ft_rmsprop_param(p[i], gi, &v[i], a ? &a[i] : NULL, buf ? &buf[i] : NULL, &k);
-    }
-}
-
-FT_VEC_CLONES
-static void adadelta_loop(float *p, float *v, float *u, const float *g, int64_t n, grad_xform gx, bool maximize,
-                          const ft_rmsprop_coef *c) {
-    const ft_rmsprop_coef k = *c;
-    FT_SIMD_FOR(i, n) {
-        float gi = ft_l2_grad(ft_optim_grad(g[i], gx.scale, gx.clip, maximize), p[i], k.weight_decay);
-        p[i] = ft_adadelta_param(p[i], gi, &v[i], &u[i], &k);
+        p[i] = u ? ft_adadelta_param(p[i], gi, &v[i], &u[i], &k)
+                 : ft_rmsprop_param(p[i], gi, &v[i], a ? &a[i] : NULL, buf ? &buf[i] : NULL, &k);
     }
 }
 
@@ -689,14 +682,14 @@ static void update_pass(ft_optimizer *opt, grad_xform gx, bool parallel) {
             lars_loop(p, state_at(opt, FT_OPTIM_MOMENTUM_BUFFER, bk->seg) + o, gr, n, gx, g->maximize, &c->lars);
             break;
         case FT_OPTIM_RMSPROP:
-            rmsprop_loop(p, state_at(opt, FT_OPTIM_SQUARE_AVG, bk->seg) + o,
-                         g->centered ? state_at(opt, FT_OPTIM_GRAD_AVG, bk->seg) + o : NULL,
-                         g->momentum != 0 ? state_at(opt, FT_OPTIM_MOMENTUM_BUFFER, bk->seg) + o : NULL, gr, n, gx,
-                         g->maximize, &c->rmsprop);
-            break;
         case FT_OPTIM_ADADELTA:
-            adadelta_loop(p, state_at(opt, FT_OPTIM_SQUARE_AVG, bk->seg) + o, state_at(opt, FT_OPTIM_ACC_DELTA, bk->seg) + o,
-                          gr, n, gx, g->maximize, &c->rmsprop);
+            averages_loop(p, state_at(opt, FT_OPTIM_SQUARE_AVG, bk->seg) + o,
+                          g->centered ? state_at(opt, FT_OPTIM_GRAD_AVG, bk->seg) + o : NULL,
+                          opt->kind == FT_OPTIM_RMSPROP && g->momentum != 0
+                              ? state_at(opt, FT_OPTIM_MOMENTUM_BUFFER, bk->seg) + o
+                              : NULL,
+                          opt->kind == FT_OPTIM_ADADELTA ? state_at(opt, FT_OPTIM_ACC_DELTA, bk->seg) + o : NULL, gr,
+                          n, gx, g->maximize, &c->rmsprop);
             break;
         }
         if (opt->copies && opt->copies[bk->seg]) /* the block is still in cache */
