@@ -2315,8 +2315,8 @@ class MultiheadAttention(Module):
 
 class TransformerEncoderLayer(Module):
     """PyTorch's nn.TransformerEncoderLayer (batch_first=True): self-attention and a feed-forward block, each
-    with dropout, a residual and a layer norm (after it, or before with norm_first=True). Attention dropout is
-    not supported: dropout applies to the residual branches only, so pass dropout=0.0 to match PyTorch."""
+    with a residual and a layer norm (after it, or before with norm_first=True). dropout must be 0.0: PyTorch's
+    also drops attention weights, which the fused attention never forms."""
 
     def __init__(self, d_model, nhead, dim_feedforward=2048, dropout=0.1, activation="relu", layer_norm_eps=1e-5,
                  batch_first=False, norm_first=False, bias=True):
