@@ -2204,17 +2204,16 @@ class _CellBase(Module):
 
     def forward(self, input, hx=None):
         """The next state for input (N, input_size) (or one unbatched (input_size,)) from hx (None: zeros)."""
+        from . import functional as F
         from .graph import ZeroStates
         traced = isinstance(input, Symbolic)
         if (len(input.node.shape) != 1) if traced else input.ndim not in (1, 2):
             raise ValueError(f"{type(self).__name__}: expected an input of (batch, input_size) or (input_size,)")
         unbatched = not traced and input.ndim == 1
-        state = hx if isinstance(hx, tuple) else None if hx is None or isinstance(hx, ZeroStates) else (hx,)
-        if isinstance(hx, tuple) and all(isinstance(h, ZeroStates) for h in hx):
-            state = None
+        parts = hx if isinstance(hx, tuple) else (hx,)
+        state = None if all(h is None or isinstance(h, ZeroStates) for h in parts) else parts
         if unbatched:
             input, state = input.unsqueeze(0), None if state is None else tuple(h.unsqueeze(0) for h in state)
-        from . import functional as F
         out = _rnn_cell(self._mode, F.linear(input, self.weight_ih, getattr(self, "bias_ih", None)), state,
                         self.weight_hh, getattr(self, "bias_hh", None))
         out = tuple(h[0] for h in out) if unbatched else out
