@@ -563,6 +563,20 @@ def test_losses_written_with_other_ops_match_pytorch():
                  torch.nn.PoissonNLLLoss(log_input=False, reduction=red), (np.abs(x), counts))]:
             np.testing.assert_allclose(ours(*map(ft.tensor, args)).numpy(),
                                        theirs(*map(torch.from_numpy, args)).numpy(), rtol=1e-5, atol=1e-6)
+    model, theirs = nn.Linear(3, 4), torch.nn.Linear(3, 4)  # variances below eps: clamped, the gradient passes on
+    model.load_state_dict({k: v.detach().numpy() for k, v in theirs.state_dict().items()})
+
+    def gaussian(o, y, lib):
+        return lib.nn.functional.gaussian_nll_loss(o[:, :2], y, o[:, 2:].abs() * 0.5, eps=0.5)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), lambda o, y: gaussian(o, y, ft), batch_size=5,
+                            input_shape=(3,), target_shape=(2,))
+    inputs, means = rng.standard_normal((5, 3)).astype(np.float32), rng.standard_normal((5, 2)).astype(np.float32)
+    loss = program.backward(inputs, means)
+    want = gaussian(theirs(torch.from_numpy(inputs)), torch.from_numpy(means), torch)
+    want.backward()
+    assert loss == pytest.approx(want.item(), rel=1e-5)
+    for ours, p in zip(model.parameters(), theirs.parameters()):
+        np.testing.assert_allclose(ours.grad.numpy(), p.grad.numpy(), rtol=1e-4, atol=1e-6)
     with pytest.raises(NotImplementedError, match="full=True"):
         nn.PoissonNLLLoss(full=True)
     with pytest.raises(ValueError, match="eps must be >= 0"):

@@ -1267,3 +1267,14 @@ def test_everyday_functions_match_numpy():
         ft.bincount(ft.tensor([-1, 2]))
     with pytest.raises(ValueError, match=r"mm: expected 2-d and 2-d tensors, got 1-d and 2-d"):
         ft.mm(a[0], a)
+
+
+def test_scatter_diff_and_index_select_edges_as_pytorch():
+    labels = ft.tensor([0, 2, 1, 2, 0, 1, 2])  # an index longer than the input along dim: class counts
+    assert ft.scatter_add(ft.zeros(3), 0, labels, ft.ones(7)).tolist() == [2.0, 2.0, 3.0]
+    with pytest.raises(ValueError, match=r"larger than input \(2, 3\) outside dimension 0"):
+        ft.scatter(ft.zeros(2, 3), 0, ft.zeros(2, 4, dtype=ft.int64), 1.0)
+    bits = ft.tensor([True, False, True, True, False, False, True])
+    assert ft.diff(bits, n=2).tolist() == [False, True, True, True, True]  # xor applied twice
+    with pytest.raises(IndexError, match="index_select: index out of range"):
+        ft.index_select(ft.zeros(2, 3), 1, ft.tensor([-1]))

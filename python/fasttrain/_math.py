@@ -1518,7 +1518,7 @@ def index_select(input: Tensor, dim: int, index: Tensor) -> Tensor:
     d = _norm_dim(dim, input.ndim, "index_select: dim")
     i = _index_vector("index_select", index)
     size = input.shape[d] if input.ndim else 1
-    if i.size and (i.min() < -size or i.max() >= size):
+    if i.size and (i.min() < 0 or i.max() >= size):
         raise IndexError(f"index_select: index out of range for dimension {d} of size {size}")
     return _apply("index_select", lambda a: np.take(a.reshape(a.shape or (1,)), i, axis=d).reshape(
         (-1,) if not input.ndim else [*a.shape[:d], i.size, *a.shape[d + 1:]]), [input], input.dtype, input.dtype)
@@ -1540,8 +1540,9 @@ def _scattered(name, input, dim, index, src, add_at):
     i = index._host_array()
     if i.size and (i.min() < 0 or i.max() >= input.shape[d]):
         raise IndexError(f"{name}: index out of range for dimension {d} of size {input.shape[d]}")
-    if builtins.any(n > m for n, m in zip(i.shape, input.shape)):
-        raise ValueError(f"{name}: index of shape {tuple(i.shape)} is larger than input {tuple(input.shape)}")
+    if builtins.any(n > m for k, (n, m) in enumerate(zip(i.shape, input.shape)) if k != d):
+        raise ValueError(f"{name}: index of shape {tuple(i.shape)} is larger than input {tuple(input.shape)} outside "
+                         f"dimension {d}")
     values = np.asarray(_array(src, input.dtype))
     if values.ndim:
         if builtins.any(n > m for n, m in zip(i.shape, values.shape)):
@@ -1587,9 +1588,7 @@ def diff(input: Tensor, n: int = 1, dim: int = -1, prepend: Tensor | None = None
     x = cat([t for t in (prepend, input, append) if t is not None], dim) if prepend is not None or \
         append is not None else input
     d = _norm_dim(dim, x.ndim, "diff: dim")
-    fn = (lambda a: np.diff(a, n, axis=d)) if x.dtype is not _BOOL else \
-        (lambda a: np.diff(a.astype(np.int8), n, axis=d) != 0)
-    return _apply("diff", fn, [x], x.dtype, x.dtype)
+    return _apply("diff", lambda a: np.diff(a, n, axis=d), [x], x.dtype, x.dtype)  # of bools NumPy's too xors
 
 
 def isin(elements: Operand, test_elements: Operand, *, invert: bool = False) -> Tensor:

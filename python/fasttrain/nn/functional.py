@@ -1108,7 +1108,7 @@ def gaussian_nll_loss(input, target, var, full=False, eps=1e-6, reduction="mean"
     reduction = _reduction_of("gaussian_nll_loss", reduction)
     if eps < 0:
         raise ValueError(f"gaussian_nll_loss: eps must be >= 0, got {eps}")
-    v = var.clamp_min(eps)
+    v = var + (var.clamp_min(eps) - var).detach()  # clamped, as PyTorch's in-place clamp: the gradient passes on
     loss = 0.5 * (v.log() + (input - target).square() / v)
     return _reduced(loss + 0.5 * math.log(2 * math.pi) if full else loss, reduction)
 
