@@ -240,3 +240,38 @@ def test_against_torch(N, H, Tq, Tk, D, causal):
     grads = ft.ops.sdpa_backward(None, None, None, t(dout), t(q), t(k), t(v), out, lse, causal=causal)
     for g, w in zip(grads, (tq.grad, tk.grad, tv.grad)):
         np.testing.assert_allclose(n(g), w.numpy(), rtol=1e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize("mask", [lambda T: ft.ones(T, T, dtype=ft.bool).tril(),
+                                  lambda T: ft.ones(1, 1, T, T, dtype=ft.bool).tril(),
+                                  lambda T: ft.triu(ft.ones(T, T) * float("-inf"), diagonal=1)],
+                         ids=["bool", "bool-broadcast", "additive"])
+def test_a_causal_attn_mask_is_is_causal(mask):
+    """The causal masks code passes as attn_mask (a bool one keeping the positions on and below the diagonal, or an
+    additive one) compute is_causal=True, eagerly and compiled; another mask is refused."""
+    q = ft.tensor(np.random.default_rng(40).standard_normal((2, 2, 5, 4)).astype(np.float32))
+    want = F.scaled_dot_product_attention(q, q, q, is_causal=True).numpy()
+    np.testing.assert_array_equal(F.scaled_dot_product_attention(q, q, q, attn_mask=mask(5)).numpy(), want)
+    assert not np.array_equal(F.scaled_dot_product_attention(q, q, q).numpy(), want)
+    with pytest.raises(NotImplementedError, match="masks other than the causal one"):
+        F.scaled_dot_product_attention(q, q, q, attn_mask=ft.ones(5, 5, dtype=ft.bool))
+
+    class Heads(ft.nn.Module):
+        def __init__(self, masked):
+            super().__init__()
+            self.masked, self.qkv, self.head = masked, ft.nn.Linear(4, 12), ft.nn.Linear(4, 3)
+
+        def forward(self, x):
+            q, k, v = (t.view(x.size(0), 5, 2, 2).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask(5)) if self.masked else \
+                F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.head(a.transpose(1, 2).reshape(x.size(0), 5, 4)[:, 0])
+
+    x, y = np.random.default_rng(41).standard_normal((2, 5, 4)).astype(np.float32), np.array([0, 2])
+    losses = []
+    for masked in (True, False):
+        ft.manual_seed(42)
+        model = Heads(masked)
+        losses.append(model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=2, input_shape=(5, 4),
+                                    memory_format="contiguous").backward(x, y))
+    assert losses[0] == losses[1]

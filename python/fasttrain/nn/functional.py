@@ -807,11 +807,11 @@ def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
     """softmax(query key^T * scale + causal mask) value over (N, H, T, D) or (N, T, D) tensors, fused (the
     (Tq, Tk) matrix is never stored). query, key and value may be views with any strides except along D, such
-    as ``x.view(N, T, H, D).transpose(1, 2)``. The backward is ``ft.ops.sdpa_backward``, which needs the
-    log-sum-exp that ``ft.ops.sdpa_forward`` returns."""
+    as ``x.view(N, T, H, D).transpose(1, 2)``. attn_mask may be the causal mask (a bool one True on and below the
+    diagonal, or -inf above it and 0 elsewhere), which is is_causal=True; no other. The backward is
+    ``ft.ops.sdpa_backward``, which needs the log-sum-exp that ``ft.ops.sdpa_forward`` returns."""
     fn = "scaled_dot_product_attention"
-    if attn_mask is not None:
-        raise NotImplementedError(f"{fn}: attn_mask is not supported; only is_causal=True masks")
+    is_causal = M._causal(attn_mask, query.shape[-2], fn, bool_keeps=True) or is_causal
     if dropout_p != 0.0:
         raise NotImplementedError(f"{fn}: dropout_p must be 0.0 (attention dropout is not supported)")
     if any(isinstance(x, Symbolic) for x in (query, key, value)):

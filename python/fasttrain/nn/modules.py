@@ -2245,17 +2245,20 @@ class GRUCell(_CellBase):
     _gates, _mode = 3, "GRU"
 
 
-def _causal(mask, T, name):
-    """Whether a mask tensor (or None: no) is the causal one for T positions, as PyTorch writes it (True above the
-    diagonal, or -inf there and 0 elsewhere: nn.Transformer.generate_square_subsequent_mask); any other mask is
+def _causal(mask, T, name, bool_keeps=False):
+    """Whether a mask tensor (or None: no) is the causal one for T positions, as PyTorch writes it: -inf above the
+    diagonal and 0 elsewhere (nn.Transformer.generate_square_subsequent_mask), or a bool one, True above the
+    diagonal (the positions masked out) or with bool_keeps below it and on it (the positions attended, as
+    F.scaled_dot_product_attention reads a bool mask); leading dimensions of size 1 broadcast. Any other mask is
     refused."""
     if mask is None:
         return False
     if isinstance(mask, TensorBase):
         import numpy as np
         a = np.asarray(mask.cpu() if mask.dtype is _BY_NAME["bool"] else mask.float().cpu())
+        a = a.reshape(a.shape[-2:]) if a.ndim >= 2 and math.prod(a.shape[:-2]) == 1 else a
         above = np.triu(np.ones((T, T), bool), 1)
-        if a.shape == (T, T) and (np.array_equal(a, above) if a.dtype == bool else
+        if a.shape == (T, T) and (np.array_equal(a, ~above if bool_keeps else above) if a.dtype == bool else
                                   bool(np.all(np.isneginf(a[above])) and np.all(a[~above] == 0))):
             return True
     raise NotImplementedError(f"{name}: masks other than the causal one (is_causal=True, or its mask tensor) are not "
