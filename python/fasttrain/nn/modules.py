@@ -2058,6 +2058,16 @@ def _rnn_cell(mode, gi, state, w_hh, b_hh):
     return (F.tanh(gates) if mode == "RNN_TANH" else F.relu(gates),)
 
 
+def _rnn_weights(module, suffix, input_size, hidden_size, gates, bias):
+    """Registers weight_ih, weight_hh (and bias_ih, bias_hh) + suffix for `gates` gates, as PyTorch shapes and
+    initialises them: U(-1/sqrt(hidden_size), 1/sqrt(hidden_size))."""
+    G, k = gates * hidden_size, 1.0 / math.sqrt(hidden_size)
+    shapes = {"weight_ih": (G, input_size), "weight_hh": (G, hidden_size), **({"bias_ih": (G,), "bias_hh": (G,)}
+                                                                             if bias else {})}
+    for kind, shape in shapes.items():
+        module.register_parameter(kind + suffix, init.uniform_(creation.empty(*shape), -k, k))
+
+
 class _RNNBase(Module):
     """RNN, LSTM and GRU as PyTorch's (its parameter names, shapes, initialisation and gate order), written with
     linear layers and activations over the steps, so that they run eagerly and compile alike: a compiled program
@@ -2078,14 +2088,10 @@ class _RNNBase(Module):
             raise ValueError(f"{name}: input_size, hidden_size and num_layers must be positive")
         self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
         self.bias, self.batch_first, self.dropout, self.bidirectional = bias, batch_first, float(dropout), bidirectional
-        G, H, k = self._gates * hidden_size, hidden_size, 1.0 / math.sqrt(hidden_size)
         for layer in range(num_layers):
             for suffix in ("", "_reverse")[:1 + bidirectional]:
-                fan_in = input_size if layer == 0 else H * (1 + bidirectional)
-                shapes = {"weight_ih": (G, fan_in), "weight_hh": (G, H), **({"bias_ih": (G,), "bias_hh": (G,)}
-                                                                           if bias else {})}
-                for kind, shape in shapes.items():
-                    self.register_parameter(f"{kind}_l{layer}{suffix}", init.uniform_(creation.empty(*shape), -k, k))
+                fan_in = input_size if layer == 0 else hidden_size * (1 + bidirectional)
+                _rnn_weights(self, f"_l{layer}{suffix}", fan_in, hidden_size, self._gates, bias)
 
     def _weights(self, layer, direction):
         suffix = "_reverse" if direction else ""
@@ -2196,11 +2202,7 @@ class _CellBase(Module):
     def __init__(self, input_size, hidden_size, bias=True):
         super().__init__()
         self.input_size, self.hidden_size, self.bias = input_size, hidden_size, bias
-        G, k = self._gates * hidden_size, 1.0 / math.sqrt(hidden_size)
-        shapes = {"weight_ih": (G, input_size), "weight_hh": (G, hidden_size),
-                  **({"bias_ih": (G,), "bias_hh": (G,)} if bias else {})}
-        for name, shape in shapes.items():
-            self.register_parameter(name, init.uniform_(creation.empty(*shape), -k, k))
+        _rnn_weights(self, "", input_size, hidden_size, self._gates, bias)
 
     def forward(self, input, hx=None):
         """The next state for input (N, input_size) (or one unbatched (input_size,)) from hx (None: zeros)."""
