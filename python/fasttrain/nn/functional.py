@@ -562,14 +562,17 @@ def _dropout_layer(cls):
     return layer
 
 
-def _dropout(input, p, training, inplace, generator, fn, span):
+def _dropout(input, p, training, inplace, generator, fn, dims=0):
+    """dropout, or with dims spatial dimensions a channel's values dropped together (dropout1d, dropout2d)."""
     _check(input, "input", fn)
+    span = _channel_dims(input, fn, dims) if dims else 1
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
     if not training or p == 0.0:
         return input
-    seed, offset = _take_blocks(generator, _C.dropout_blocks(input.numel() // max(span, 1)))
-    return _C.dropout_forward(input if inplace else None, input, float(p), seed, offset, span=max(span, 1))
+    span = max(span, 1)  # a channel of no values
+    seed, offset = _take_blocks(generator, _C.dropout_blocks(input.numel() // span))
+    return _C.dropout_forward(input if inplace else None, input, float(p), seed, offset, span=span)
 
 
 @_traced(_dropout_layer(M.Dropout))
@@ -577,7 +580,7 @@ def dropout(input, p=0.5, training=True, inplace=False, *, generator=None):
     """Zeroes each element with probability p and scales the rest by 1 / (1 - p). The mask is a pure function
     of the generator's (seed, offset) and the element's index; ``ft.ops.dropout_backward`` with the same
     (p, seed, offset) regenerates it. Returns input itself when not training or p == 0."""
-    return _dropout(input, p, training, inplace, generator, "dropout", 1)
+    return _dropout(input, p, training, inplace, generator, "dropout")
 
 
 def _channel_dims(input, fn, dims):
@@ -588,7 +591,7 @@ def _channel_dims(input, fn, dims):
                       "behavior is desired - input is interpreted as shape (N, C, L), where C is the channel dim. "
                       "This behavior will change in a future release to interpret the input as one without a batch "
                       "dimension, i.e. shape (C, H, W). To maintain the 1D channel-wise dropout behavior, please "
-                      "switch to using dropout1d instead.", stacklevel=3)
+                      "switch to using dropout1d instead.", stacklevel=5)
         dims = 1
     elif input.ndim not in (dims + 1, dims + 2):
         raise ValueError(f"{fn}: expected a {dims + 1}-d (unbatched) or {dims + 2}-d (batched) input, got "
@@ -600,16 +603,14 @@ def _channel_dims(input, fn, dims):
 def dropout1d(input, p=0.5, training=True, inplace=False):
     """Zeroes each channel of (N, C, L) or (C, L) input whole with probability p and scales the rest by 1 / (1 - p),
     as torch.nn.functional.dropout1d; a channel's values share one draw of the generator (see dropout)."""
-    _check(input, "input", "dropout1d")
-    return _dropout(input, p, training, inplace, None, "dropout1d", _channel_dims(input, "dropout1d", 1))
+    return _dropout(input, p, training, inplace, None, "dropout1d", 1)
 
 
 @_traced(_dropout_layer(M.Dropout2d))
 def dropout2d(input, p=0.5, training=True, inplace=False):
     """Zeroes each channel of (N, C, H, W) or (C, H, W) input whole with probability p and scales the rest by
     1 / (1 - p), as torch.nn.functional.dropout2d (which reads a 3-d input as (N, C, L), and warns)."""
-    _check(input, "input", "dropout2d")
-    return _dropout(input, p, training, inplace, None, "dropout2d", _channel_dims(input, "dropout2d", 2))
+    return _dropout(input, p, training, inplace, None, "dropout2d", 2)
 
 
 @_traced(lambda inplace=False: M.Hardswish())
