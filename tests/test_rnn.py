@@ -277,3 +277,12 @@ def test_cells_match_pytorch():
         xs = np.ones((2, 3), np.float32)
         np.testing.assert_allclose(c(ft.tensor(xs), ft.tensor(h)).numpy(),
                                    t(torch.from_numpy(xs), torch.from_numpy(h)).detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_cells_refuse_bad_input():
+    with pytest.raises(ValueError, match="RNNCell: unknown nonlinearity 'gelu'"):
+        nn.RNNCell(3, 4, nonlinearity="gelu")
+    with pytest.raises(ValueError, match=r"LSTMCell: expected an input of \(batch, input_size\) or \(input_size,\)"):
+        nn.LSTMCell(3, 4)(ft.zeros(2, 5, 3))
+    with pytest.raises(ValueError, match="RNN: unknown nonlinearity"):
+        nn.RNN(3, 4, nonlinearity="sigmoid")
