@@ -12,12 +12,15 @@
  *   delta (N, H, Tq) = rowsum(dout * out), one warp per query row;
  *   dq, one warp per query row, over the keys it sees;
  *   dk and dv, one warp per key row, over the queries that see it.
+ * Dropout on the probabilities follows ops/attention.c: P o Z times v, the
+ * sums over P; every lane of a warp draws its pair's factor of Z.
  *
  * Legend: as ops/attention.h; MAXD the largest head size the registers take. */
 #include <math.h>
 
 #include "backend.h"
 #include "kernels/activation.h"
+#include "kernels/philox.h"
 #include "ops/cuda_ops.h"
 
 #define WARPS 8 /* rows per block */
@@ -51,6 +54,10 @@ struct sdpa_args {
     int64_t N, H, Tq, Tk, D;
     float scale;
     bool causal;
+    bool dropout;
+    uint64_t seed, offset;
+    uint32_t threshold;
+    float keep; /* 1 / (1 - p) */
 };
 
 static __device__ float warp_sum(float x) {
@@ -85,6 +92,14 @@ static __device__ void load_tile(float (*tile)[MAXD], const rows4 &x, int64_t n,
         int r = e / MAXD, d = e % MAXD;
         tile[r][d] = r0 + r < T && d < D ? x.at(n, h, r0 + r)[d] * mul : 0.0f;
     }
+}
+
+/* Query i's dropout factor for key j of head (n, h): 1 without dropout. */
+static __device__ float drop_factor(const sdpa_args &a, int64_t n, int64_t h, int64_t i, int64_t j) {
+    if (!a.dropout)
+        return 1.0f;
+    uint64_t e = (uint64_t)(((n * a.H + h) * a.Tq + i) * a.Tk + j);
+    return ft_dropout_factor(a.seed, a.offset, e, a.threshold, a.keep);
 }
 
 static __device__ float lse_at(const sdpa_args &a, int64_t n, int64_t h, int64_t i) {
@@ -133,6 +148,7 @@ __global__ void __launch_bounds__(WARPS * 32) sdpa_forward_kernel(sdpa_args a) {
             }
             float p = ft_expf(s - m);
             l += p;
+            p *= drop_factor(a, b.n, b.h, i, j);
 #pragma unroll
             for (int t = 0; t < DT; t++)
                 o[t] = fmaf(p, vs[jj][lane + 32 * t], o[t]);
@@ -190,7 +206,7 @@ __global__ void __launch_bounds__(WARPS * 32) sdpa_dq_kernel(sdpa_args a) {
             if (j >= a.Tk || (a.causal && j > i))
                 break;
             float p = ft_expf(dot_row(q, ks[jj], lane) - ls);
-            float ds = p * (dot_row(g, vs[jj], lane) - dl);
+            float ds = p * (dot_row(g, vs[jj], lane) * drop_factor(a, b.n, b.h, i, j) - dl);
 #pragma unroll
             for (int t = 0; t < DT; t++)
                 dq[t] = fmaf(ds, ks[jj][lane + 32 * t], dq[t]);
@@ -236,11 +252,11 @@ __global__ void __launch_bounds__(WARPS * 32) sdpa_dkdv_kernel(sdpa_args a) {
                 break;
             if (a.causal && j > i)
                 continue;
-            float p = ft_expf(dot_row(k, qs[ii], lane) - lss[ii]);
-            float ds = p * (dot_row(v, gs[ii], lane) - dls[ii]);
+            float p = ft_expf(dot_row(k, qs[ii], lane) - lss[ii]), z = drop_factor(a, b.n, b.h, i, j);
+            float ds = p * (dot_row(v, gs[ii], lane) * z - dls[ii]);
 #pragma unroll
             for (int t = 0; t < DT; t++) {
-                dv[t] = fmaf(p, gs[ii][lane + 32 * t], dv[t]);
+                dv[t] = fmaf(p * z, gs[ii][lane + 32 * t], dv[t]);
                 dk[t] = fmaf(ds, qs[ii][lane + 32 * t], dk[t]);
             }
         }
@@ -268,6 +284,9 @@ static ft_status make_args(sdpa_args *a, const ft_tensor *q, const ft_tensor *k,
                             (long long)a->D);
     a->scale = p->scale > 0 ? (float)p->scale : a->D > 0 ? (float)(1.0 / sqrt((double)a->D)) : 1.0f;
     a->causal = p->causal;
+    a->dropout = p->dropout_p > 0.0;
+    a->seed = p->seed, a->offset = p->offset;
+    a->threshold = ft_dropout_threshold(p->dropout_p), a->keep = ft_dropout_scale(p->dropout_p);
     a->q = rows_of(q), a->k = rows_of(k);
     if (lse) {
         a->lse = (float *)ft_tensor_data(lse);

@@ -298,8 +298,8 @@ static ft_status dropout_run(const ft_tensor *out, const ft_tensor *inp, const f
     op.seed = dp->seed;
     op.offset = dp->offset;
     op.span = dp->span;
-    op.threshold = (uint32_t)ceil(dp->p * 16777216.0);
-    op.scale = dp->p < 1.0 ? (float)(1.0 / (1.0 - dp->p)) : 0.0f;
+    op.threshold = ft_dropout_threshold(dp->p);
+    op.scale = ft_dropout_scale(dp->p);
     op.accumulate = accumulate;
     /* 4 elements a thread: one Philox block serves 4 consecutive ones */
     return ft_cuda_pw_run<4>(p, op, kernel);

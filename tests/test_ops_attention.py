@@ -213,8 +213,13 @@ def test_bad_input():
         ft.ops.sdpa_backward(False, k, False, out, q, k, ft.zeros(2, 3, 6, 8), out, lse)
     with pytest.raises(NotImplementedError, match="masks other than the causal one"):
         F.scaled_dot_product_attention(q, k, k, attn_mask=ft.zeros(5, 6))
-    with pytest.raises(NotImplementedError, match="dropout_p must be 0.0"):
-        F.scaled_dot_product_attention(q, k, k, dropout_p=0.1)
+    for p in (1.0, -0.1, float("nan")):
+        with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\)"):
+            F.scaled_dot_product_attention(q, k, k, dropout_p=p)
+        with pytest.raises(ValueError, match=r"sdpa: dropout_p must be in \[0, 1\), got"):
+            ft.ops.sdpa_forward(None, None, q, k, k, dropout_p=p)
+        with pytest.raises(ValueError, match=r"sdpa: dropout_p must be in \[0, 1\), got"):
+            ft.ops.sdpa_backward(None, None, None, out, q, k, k, out, lse, dropout_p=p)
     with pytest.raises(ValueError, match=r"all be \(N, H, T, D\) or all \(N, T, D\)"):
         F.scaled_dot_product_attention(q, ft.zeros(2, 6, 8), k)
 
@@ -275,3 +280,169 @@ def test_a_causal_attn_mask_is_is_causal(mask):
         losses.append(model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=2, input_shape=(5, 4),
                                     memory_format="contiguous").backward(x, y))
     assert losses[0] == losses[1]
+
+
+# ---- dropout on the attention weights ----
+
+def weights_mask(shape, p, seed, offset):
+    """The factors dropout_forward gives the (N, H, Tq, Tk) weights at (p, seed, offset): its mask is checked
+    against Random123's Philox in test_ops_dropout."""
+    return n(ft.ops.dropout_forward(None, ft.ones(*shape), p, seed, offset))
+
+
+@pytest.mark.parametrize("N,H,Tq,Tk,D,causal", CASES[:6], ids=str)
+def test_dropout_drops_the_weights_by_dropouts_mask(N, H, Tq, Tk, D, causal):
+    """out = (P o Z) v with Z dropout's mask of the weights; the backward regenerates Z: dv = (P o Z)^T dout,
+    dS = P (dout v^T o Z - rowsum(dout * out)). Against NumPy float64 with that mask, and lse without it."""
+    q, k, v, dout = inputs(N, H, Tq, Tk, D, seed=11)
+    p, seed, offset, scale = 0.3, 1234, 77, 0.4
+    z = weights_mask((N, H, Tq, Tk), p, seed, offset)
+    probs, want_lse = ref_probs(q, k, scale, causal)
+    pz = probs * z
+    kw = dict(dropout_p=p, seed=seed, offset=offset)
+    out, lse = ft.ops.sdpa_forward(None, None, t(q), t(k), t(v), scale, causal, **kw)
+    np.testing.assert_allclose(n(out), pz @ v, rtol=1e-5, atol=4e-6)
+    np.testing.assert_allclose(n(lse), want_lse, rtol=1e-5, atol=2e-6)
+    dpz = dout @ np.swapaxes(v, -1, -2) * z
+    ds = probs * (dpz - (dpz * probs).sum(-1, keepdims=True))
+    want = ds @ k * scale, np.swapaxes(ds, -1, -2) @ q * scale, np.swapaxes(pz, -1, -2) @ dout
+    got = ft.ops.sdpa_backward(None, None, None, t(dout), t(q), t(k), t(v), out, lse, scale, causal, **kw)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(n(g), w, rtol=1e-4, atol=3e-5)
+    dq_alone = ft.ops.sdpa_backward(None, False, False, t(dout), t(q), t(k), t(v), out, lse, scale, causal, **kw)[0]
+    assert bits(dq_alone) == bits(got[0])
+
+
+def test_dropout_gradients_match_finite_differences():
+    """The analytic gradients under a fixed mask against central differences of the forward with that mask."""
+    q, k, v, dout = inputs(1, 2, 6, 9, 5, seed=12)
+    kw = dict(causal=True, dropout_p=0.4, seed=9, offset=3)
+
+    def f(qq, kk, vv):
+        return n(ft.ops.sdpa_forward(None, False, t(qq), t(kk), t(vv), **kw)[0])
+
+    out, lse = ft.ops.sdpa_forward(None, None, t(q), t(k), t(v), **kw)
+    got = ft.ops.sdpa_backward(None, None, None, t(dout), t(q), t(k), t(v), out, lse, **kw)
+    fds = (fd_grad(lambda x: f(x, k, v), q, dout, 1e-2), fd_grad(lambda x: f(q, x, v), k, dout, 1e-2),
+           fd_grad(lambda x: f(q, k, x), v, dout, 1e-2))
+    for g, fd in zip(got, fds):
+        np.testing.assert_allclose(n(g), fd, rtol=2e-2, atol=2e-3)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("N,H,causal", [(1, 2, False), (4, 4, True)])
+def test_dropout_is_deterministic_across_thread_counts(threads, N, H, causal, dtype):
+    q, k, v, dout = (t(a).to(dtype) for a in inputs(N, H, 151, 129, 17, seed=13))
+    kw = dict(causal=causal, dropout_p=0.2, seed=5, offset=11)
+    res = []
+    for nt in (1, 2):
+        threads(nt)
+        out, lse = ft.ops.sdpa_forward(None, None, q, k, v, **kw)
+        res.append([bits(x) for x in (out, lse, *ft.ops.sdpa_backward(None, None, None, dout, q, k, v, out, lse,
+                                                                      **kw))])
+    assert res[0] == res[1]
+
+
+def test_functional_dropout_draws_from_the_default_generator():
+    """F.scaled_dot_product_attention(dropout_p=p) takes the next dropout_blocks(N H Tq Tk) blocks of the default
+    generator, as F.dropout of the weights would: ft.manual_seed repeats it, the next call draws a new mask; the
+    dropped fraction is p, and p = 0 gives the bits of no dropout."""
+    q, k, v, _ = (t(a) for a in inputs(2, 2, 40, 50, 8, seed=14))
+    ft.manual_seed(3)
+    g = ft.default_generator
+    seed, before = g._seed, g._offset
+    a = F.scaled_dot_product_attention(q, k, v, dropout_p=0.5)
+    assert g._offset - before == ft.ops.dropout_blocks(2 * 2 * 40 * 50)
+    b = F.scaled_dot_product_attention(q, k, v, dropout_p=0.5)
+    ft.manual_seed(3)
+    assert bits(F.scaled_dot_product_attention(q, k, v, dropout_p=0.5)) == bits(a) != bits(b)
+    want = ft.ops.sdpa_forward(None, False, q, k, v, dropout_p=0.5, seed=seed, offset=before)[0]
+    assert bits(a) == bits(want)
+    assert bits(F.scaled_dot_product_attention(q, k, v, dropout_p=0.0)) == \
+        bits(F.scaled_dot_product_attention(q, k, v))
+    z = weights_mask((2, 2, 40, 50), 0.5, seed, before)
+    assert abs((z == 0).mean() - 0.5) < 0.03
+
+
+def test_compiled_attention_dropout_is_the_ops_in_the_step_and_off_in_eval():
+    """A compiled step's attention drops the weights by the mask at the program's next draw (its loss is the eager
+    forward's with that mask), draws a new one each step, and predict runs without dropout."""
+    E, H, T, p = 8, 2, 6, 0.5
+
+    class Heads(ft.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = ft.nn.Linear(E, 3 * E)
+
+        def forward(self, x, seed=None):
+            q, k, v = (a.view(x.size(0), T, H, E // H).transpose(1, 2) for a in self.qkv(x).chunk(3, -1))
+            if seed is None:
+                a = F.scaled_dot_product_attention(q, k, v, dropout_p=p if self.training else 0.0, is_causal=True)
+            else:  # the op itself at the program's draw
+                a = ft.ops.sdpa_forward(None, False, q.contiguous(), k.contiguous(), v.contiguous(), causal=True,
+                                        dropout_p=p, seed=seed[0], offset=seed[1])[0]
+            return a.transpose(1, 2).reshape(x.size(0), T, E)
+
+    ft.manual_seed(4)
+    model = Heads()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.0), ft.nn.MSELoss(), batch_size=3,
+                            input_shape=(T, E), memory_format="contiguous")
+    x = np.random.default_rng(15).standard_normal((3, T, E)).astype(np.float32)
+    y = np.zeros((3, T, E), np.float32)
+    losses = set()
+    for _ in range(3):
+        state = program._c.get_dropout_state()
+        loss = program.train_step(x, y)
+        want = model(ft.tensor(x), state).numpy()
+        assert loss == pytest.approx(float((want.astype(np.float64) ** 2).mean()), rel=1e-5)
+        losses.add(loss)
+    assert len(losses) == 3
+    model.eval()
+    np.testing.assert_allclose(program.predict(x).numpy(), model(ft.tensor(x)).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_encoder_layer_with_pytorchs_default_dropout_compiles_and_matches_it_in_eval():
+    """TransformerEncoderLayer's default dropout=0.1 (attention weights included) compiles; in eval mode its output
+    is PyTorch's layer's with the same weights, and training steps draw fresh masks."""
+    ft.manual_seed(16)
+    layer = ft.nn.TransformerEncoderLayer(16, 4, 32, batch_first=True)
+    assert layer.self_attn.dropout == 0.1 and layer.dropout.p == 0.1
+    program = layer.compile(ft.optim.SGD(layer.parameters(), lr=0.0), ft.nn.MSELoss(), batch_size=2,
+                            input_shape=(7, 16))
+    x = np.random.default_rng(17).standard_normal((2, 7, 16)).astype(np.float32)
+    y = np.zeros((2, 7, 16), np.float32)
+    assert len({program.train_step(x, y) for _ in range(3)}) == 3
+    layer.eval()
+    got = program.predict(x).numpy()
+    np.testing.assert_allclose(layer(ft.tensor(x)).numpy(), got, rtol=1e-5, atol=1e-5)
+    torch = pytest.importorskip("torch")
+    tl = torch.nn.TransformerEncoderLayer(16, 4, 32, batch_first=True).eval()
+    tl.load_state_dict({k: torch.from_numpy(v) for k, v in layer.state_dict().items()})
+    with torch.no_grad():
+        np.testing.assert_allclose(tl(torch.from_numpy(x)).numpy(), got, rtol=1e-4, atol=1e-5)
+
+
+def test_attention_dropout_fixed_at_compile_is_kept_and_changes_refused():
+    """An attention layer's dropout is fixed by compile as a Dropout's p is: changing it or the layer's mode
+    afterwards is refused, and ft.fit keeps a layer compiled in eval mode (no attention dropout) in eval mode."""
+    ft.manual_seed(18)
+    model = ft.nn.Sequential(ft.nn.Linear(4, 8), ft.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True))
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), ft.nn.MSELoss(), batch_size=2,
+                            input_shape=(3, 4))
+    x, y = np.ones((2, 3, 4), np.float32), np.zeros((2, 3, 8), np.float32)
+    attn = model[1].self_attn
+    attn.dropout = 0.2
+    with pytest.raises(ValueError, match=r"MultiheadAttention.dropout changed from 0.1 to 0.2 after compile"):
+        program.train_step(x, y)
+    attn.dropout = 0.1
+    attn.eval()
+    with pytest.raises(ValueError, match=r"MultiheadAttention is in eval mode, but was in training mode"):
+        program.train_step(x, y)
+    attn.train()
+    program.train_step(x, y)
+    attn.eval()
+    frozen = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), ft.nn.MSELoss(), batch_size=2,
+                           input_shape=(3, 4))
+    assert "dropout" not in repr(frozen.entries[2].module)  # the attention node: no dropout traced
+    ft.fit(frozen, (x, y), epochs=1, progress=False)
+    assert model.training and not attn.training

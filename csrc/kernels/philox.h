@@ -6,6 +6,8 @@
 #ifndef FT_KERNELS_PHILOX_H
 #define FT_KERNELS_PHILOX_H
 
+#include <math.h>
+
 #include "kernels/hd.h"
 
 typedef struct {
@@ -31,6 +33,20 @@ static inline FT_HD ft_philox_block ft_philox4x32_10(ft_philox_block ctr, uint32
 static inline FT_HD ft_philox_block ft_philox(uint64_t seed, uint64_t stream, uint64_t block) {
     ft_philox_block ctr = {{(uint32_t)block, (uint32_t)(block >> 32), (uint32_t)stream, (uint32_t)(stream >> 32)}};
     return ft_philox4x32_10(ctr, (uint32_t)seed, (uint32_t)(seed >> 32));
+}
+
+/* Dropout's mask (ops/dropout.h): draw i keeps its element when the 24-bit
+ * fraction of its word is at least p, (word >> 8) >= this threshold, and
+ * scales it by 1 / (1 - p). */
+static inline uint32_t ft_dropout_threshold(double p) { return (uint32_t)ceil(p * 16777216.0); }
+
+static inline float ft_dropout_scale(double p) { return p < 1.0 ? (float)(1.0 / (1.0 - p)) : 0.0f; }
+
+/* The factor of draw i of a dropout mask at (seed, offset): 0 or scale. */
+static inline FT_HD float ft_dropout_factor(uint64_t seed, uint64_t offset, uint64_t i, uint32_t threshold,
+                                            float scale) {
+    ft_philox_block r = ft_philox(seed, 0, offset + (i >> 2));
+    return (r.v[i & 3] >> 8) >= threshold ? scale : 0.0f;
 }
 
 /* [0, 1) with `bits` random bits (24 for float32, 11 float16, 8 bfloat16), so

@@ -81,10 +81,11 @@ typedef struct {
      * fused activation). NULL: it does. */
     bool (*reads_inputs)(const ft_node *nd);
     bool (*reads_output)(const ft_node *nd);
-    /* The Philox blocks a forward over `numel` elements draws (dropout's
-     * mask, noise): each forward takes the next ones from the program's
-     * stream, and a replay the same again. NULL: it draws none. */
-    uint64_t (*draws)(int64_t numel);
+    /* The Philox blocks a forward over `rows` samples draws (dropout's mask,
+     * noise), in the training step or not: each forward takes the next ones
+     * from the program's stream, and a replay the same again. NULL: it
+     * draws none. */
+    uint64_t (*draws)(const ft_node *nd, const ft_node *const *in, int64_t rows, bool training);
     /* How its (C, H, W) output is laid out in a channels-last program. */
     ft_node_layout layout;
 } ft_node_kind_info;

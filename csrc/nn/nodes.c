@@ -370,6 +370,11 @@ static ft_dropout_params dropout_of(const ft_node_run *r) {
     return (ft_dropout_params){nd->dropout_p, r->seed, r->mask_offset, span > 0 ? span : 1};
 }
 
+/* One draw per element (dropout runs only in the training step: a view otherwise). */
+static uint64_t element_draws(const ft_node *nd, const ft_node *const *in, int64_t rows, bool training) {
+    return ft_dropout_blocks(rows * ft_node_numel(nd));
+}
+
 static ft_status dropout_forward(const ft_node_run *r) {
     ft_dropout_params dp = dropout_of(r);
     return ft_dropout_forward(&r->out, &r->in[0], &dp);
@@ -381,8 +386,7 @@ static ft_status dropout_backward(const ft_node_run *r) {
 }
 
 /* Noise (randn_like, rand_like) in the shape of its input, which it does not
- * read: core/rng.h's draws, four values per Philox block. */
-static uint64_t noise_draws(int64_t numel) { return (uint64_t)(numel + 3) / 4; }
+ * read: core/rng.h's draws, four values per Philox block, as dropout's. */
 
 static ft_status noise_forward(const ft_node_run *r) {
     ft_rng_state rng = {r->seed, r->mask_offset};
@@ -640,8 +644,16 @@ static ft_tensor attention_lse(const ft_node_run *r) {
     return t;
 }
 
-static ft_sdpa_params sdpa_params(const ft_node *nd) {
-    return (ft_sdpa_params){.scale = nd->scale, .causal = nd->causal};
+/* A query's probability for each key, in the training step only: the mask's draws (ops/attention.h). */
+static uint64_t attention_draws(const ft_node *nd, const ft_node *const *in, int64_t rows, bool training) {
+    int64_t keys = in[nd->ninputs > 1]->shape[0];
+    return training && nd->dropout_p > 0 ? ft_dropout_blocks(rows * nd->groups * nd->shape[0] * keys) : 0;
+}
+
+static ft_sdpa_params sdpa_params(const ft_node_run *r) {
+    const ft_node *nd = r->nd;
+    return (ft_sdpa_params){.scale = nd->scale, .causal = nd->causal, .dropout_p = r->training ? nd->dropout_p : 0.0,
+                            .seed = r->seed, .offset = r->mask_offset};
 }
 
 static ft_status attention_forward(const ft_node_run *r) {
@@ -649,7 +661,7 @@ static ft_status attention_forward(const ft_node_run *r) {
     ft_tensor q = qkv(r, ins, 0), k = qkv(r, ins, 1), v = qkv(r, ins, 2), out = heads_of(&r->out, 0, r->nd->shape[1],
                                                                                         r->nd->groups);
     ft_tensor lse = attention_lse(r);
-    ft_sdpa_params p = sdpa_params(r->nd);
+    ft_sdpa_params p = sdpa_params(r);
     return ft_sdpa_forward(&out, r->training ? &lse : NULL, &q, &k, &v, &p);
 }
 
@@ -662,7 +674,7 @@ static ft_status attention_backward(const ft_node_run *r) {
     ft_tensor q = qkv(r, ins, 0), k = qkv(r, ins, 1), v = qkv(r, ins, 2), lse = attention_lse(r);
     int64_t E = r->nd->shape[1], H = r->nd->groups;
     ft_tensor out = heads_of(&r->out, 0, E, H), dout = heads_of(&r->dout, 0, E, H), d[3];
-    ft_sdpa_params p = sdpa_params(r->nd);
+    ft_sdpa_params p = sdpa_params(r);
     const ft_tensor *g[3] = {NULL, NULL, NULL};
     bool acc[3];
     for (int x = 0; x < 3; x++) {
@@ -1086,7 +1098,7 @@ const ft_node_kind_info ft_node_kinds[FT_NODE_NKINDS] = {
     [FT_NODE_RESHAPE] = {"reshape", 1, 1, 0, same_numel, NULL, reshape_is_view, reshape_forward, reshape_backward,
                          .precision = FT_NODE_ANY, .layout = FT_LAYOUT_IN_ORDER},
     [FT_NODE_DROPOUT] = {"dropout", 1, 1, 0, same_shape, NULL, dropout_is_view, dropout_forward, dropout_backward, .precision = FT_NODE_ANY,
-                         .reads_inputs = never, .reads_output = never, .draws = ft_dropout_blocks},
+                         .reads_inputs = never, .reads_output = never, .draws = element_draws},
     [FT_NODE_IDENTITY] = {"identity", 1, 1, 0, same_shape, NULL, always_view, NULL, NULL, .precision = FT_NODE_ANY},
     [FT_NODE_LAYERNORM] = {"layer_norm", 1, 1, 0, layernorm_check, layernorm_aux, NULL, layernorm_forward,
                            layernorm_backward, .precision = FT_NODE_ANY},
@@ -1115,7 +1127,7 @@ const ft_node_kind_info ft_node_kinds[FT_NODE_NKINDS] = {
     [FT_NODE_MATMUL] = {"matmul", 2, 2, 0, matmul_check, NULL, NULL, matmul_forward, matmul_backward,
                         .precision = FT_NODE_LOW},
     [FT_NODE_ATTENTION] = {"attention", 1, 3, 0, attention_check, attention_aux, NULL, attention_forward,
-                           attention_backward, .precision = FT_NODE_ANY},
+                           attention_backward, .precision = FT_NODE_ANY, .draws = attention_draws},
     [FT_NODE_EXPAND] = {"expand", 1, 1, 0, expand_check, NULL, NULL, expand_forward, expand_backward,
                         .precision = FT_NODE_ANY, .reads_inputs = never, .reads_output = never},
     [FT_NODE_SUM_DIMS] = {"sum_dims", 1, 1, 0, sum_dims_check, NULL, NULL, sum_dims_forward, sum_dims_backward,
@@ -1126,7 +1138,7 @@ const ft_node_kind_info ft_node_kinds[FT_NODE_NKINDS] = {
     [FT_NODE_CONV_TRANSPOSE2D] = {"conv_transpose2d", 1, 1, 2, NULL, NULL, NULL, conv_transpose2d_forward,
                                   conv_transpose2d_backward, .precision = FT_NODE_LOW, .reads_output = never},
     [FT_NODE_NOISE] = {"noise", 1, 1, 0, same_shape, NULL, NULL, noise_forward, NULL, .precision = FT_NODE_ANY,
-                       .reads_inputs = never, .reads_output = never, .draws = noise_draws},
+                       .reads_inputs = never, .reads_output = never, .draws = element_draws},
     [FT_NODE_UPSAMPLE_BILINEAR] = {"upsample_bilinear", 1, 1, 2, bilinear_check, NULL, NULL, bilinear_forward,
                                    bilinear_backward, .precision = FT_NODE_ANY, .reads_inputs = never,
                                    .reads_output = never},

@@ -996,8 +996,10 @@ static ft_node_run run_of(const ft_program *p, bool training, int i, int64_t row
 static ft_status forward_node(ft_program *p, bool training, int i, int64_t rows, bool replay) {
     double t0 = omp_get_wtime();
     if (row(p, i)->draws && !replay) { /* each draw takes the next Philox blocks */
+        const ft_node *in[FT_NODE_MAX_INPUTS + 1];
+        inputs_of(p, i, in);
         p->dropout_at[i] = p->dropout_offset;
-        p->dropout_offset += row(p, i)->draws(rows * ft_node_numel(&p->nodes[i]));
+        p->dropout_offset += row(p, i)->draws(&p->nodes[i], in, rows, training);
     }
     ft_node_run r = run_of(p, training, i, rows);
     r.replay = replay;

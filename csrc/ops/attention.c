@@ -40,6 +40,7 @@
 #include "ops/check.h"
 #include "ops/chunks.h"
 #include "ops/cuda_ops.h"
+#include "ops/dropout.h"
 #include "ops/pointwise.h"
 #include "ops/softmax.h"
 
@@ -57,6 +58,8 @@ typedef struct {
     float scale;
     bool causal;
     bool pairs; /* the products in bfloat16 pairs (see "bfloat16 products") */
+    bool dropout;         /* the probabilities through a dropout mask, drop */
+    ft_dropout_params drop;
 } geom;
 
 /* A (N, H, T, D) float32 or bfloat16 tensor: its data and its strides (in
@@ -505,10 +508,39 @@ FT_VEC_CLONES static void probs_grad(float *s, float *dp, int R, int C, const in
     }
 }
 
+/* ---- dropout ----
+ *
+ * With dropout, out = (P o Z) v for the mask's factors Z (0 or 1 / (1 - p));
+ * l and lse sum P itself. In the backward dv = (P o Z)^T dout and the
+ * gradient of P is (dout v^T) o Z; delta = rowsum(dout * out) is still
+ * rowsum(P o that gradient), so dS = P (dP o Z - delta) as without. */
+
+/* z = the dropout factors of queries [i0, i0 + nq) for keys [j0, j0 + nk)
+ * of head (n, h): query i0 + r's for key j0 + c at z[r * rs + c * cs], for
+ * r < BQ and c < BK; 0 outside the sequence. */
+static void mask_tile(float *z, int64_t rs, int64_t cs, const geom *g, int64_t n, int64_t h, int64_t i0, int nq,
+                      int64_t j0, int nk) {
+    float row[BK];
+    for (int r = 0; r < BQ; r++) {
+        int m = r < nq ? nk : 0;
+        if (m)
+            ft_dropout_factors(row, &g->drop, ((n * g->H + h) * g->Tq + i0 + r) * g->Tk + j0, m);
+        for (int c = 0; c < BK; c++)
+            z[r * rs + c * cs] = c < m ? row[c] : 0.0f;
+    }
+}
+
+/* x (n) *= z (n). */
+FT_VEC_CLONES static void times(float *x, const float *z, int64_t n) {
+    FT_SIMD_FOR(e, n)
+        x[e] *= z[e];
+}
+
 /* ---- forward ---- */
 
 typedef struct {
     float *qt, *kj, *vj, *s, *o; /* (Dp, BQ) (BK, Dp) (BK, Dp) (BK, BQ) (BQ, Dp) */
+    float *z;                    /* (BK, BQ) dropout factors */
     float *m, *l, *alpha, *acc;  /* (BQ) */
     int *seen;                   /* (BQ) */
     uint32_t *qp, *kp, *pp, *vp; /* pairs: (Dh, BQ) (BK, Dh) (BK / 2, BQ) (BK / 2, Dp) */
@@ -523,13 +555,13 @@ static float *take(float **p, int64_t n) {
 
 /* The floats fwd_ws_at carves (every size a whole number of vectors). */
 static int64_t fwd_ws_floats(const geom *g) {
-    return 2 * g->Dp * BQ + 2 * BK * g->Dp + BK * BQ + 5 * BQ + g->Dh * (BQ + BK) + BK / 2 * (BQ + g->Dp);
+    return 2 * g->Dp * BQ + 2 * BK * g->Dp + 2 * BK * BQ + 5 * BQ + g->Dh * (BQ + BK) + BK / 2 * (BQ + g->Dp);
 }
 
 static fwd_ws fwd_ws_at(float *p, const geom *g) {
     fwd_ws w;
     w.qt = take(&p, g->Dp * BQ), w.kj = take(&p, BK * g->Dp), w.vj = take(&p, BK * g->Dp);
-    w.s = take(&p, BK * BQ), w.o = take(&p, BQ * g->Dp);
+    w.s = take(&p, BK * BQ), w.o = take(&p, BQ * g->Dp), w.z = take(&p, BK * BQ);
     w.m = take(&p, BQ), w.l = take(&p, BQ), w.alpha = take(&p, BQ), w.acc = take(&p, BQ);
     w.seen = (int *)take(&p, BQ);
     w.qp = (uint32_t *)take(&p, g->Dh * BQ), w.kp = (uint32_t *)take(&p, BK * g->Dh);
@@ -570,6 +602,10 @@ static void forward_block(const fwd_ws *w, const geom *g, const view4 *out, floa
                 FT_SIMD_FOR(d, Dp)
                     oi[d] *= alpha;
             }
+        if (g->dropout) {
+            mask_tile(w->z, 1, BQ, g, n, h, i0, nq, j0, nk);
+            times(w->s, w->z, nk * BQ);
+        }
         if (g->pairs) {
             pack_tile(w->pp, w->s, BQ, nk, BQ);
             pack_rows(w->vp, v, n, h, j0, nk, g);
@@ -650,8 +686,12 @@ static ft_status make_geom(geom *g, const ft_tensor *q, const ft_tensor *k, cons
     g->nqb = (g->Tq + BQ - 1) / BQ, g->nkb = (g->Tk + BK - 1) / BK;
     g->scale = p->scale > 0 ? (float)p->scale : g->D > 0 ? (float)(1.0 / sqrt((double)g->D)) : 1.0f;
     g->causal = p->causal, g->pairs = pairs;
+    g->dropout = p->dropout_p > 0.0;
+    g->drop = (ft_dropout_params){p->dropout_p, p->seed, p->offset, 1};
     if (!isfinite(g->scale))
         return ft_fail(FT_ERR_VALUE, "sdpa: scale must be finite, got %g", p->scale);
+    if (!(p->dropout_p >= 0.0 && p->dropout_p < 1.0))
+        return ft_fail(FT_ERR_VALUE, "sdpa: dropout_p must be in [0, 1), got %g", p->dropout_p);
     return FT_OK;
 }
 
@@ -733,7 +773,7 @@ typedef struct {
     float *dob, *dot;   /* (BQ, Dp) dout, (Dp, BQ) the same transposed */
     float *kj, *vj;     /* (BK, Dp) */
     float *kt, *vt;     /* (Dp, BK) */
-    float *s, *dp;      /* (BQ, BK) or (BK, BQ) */
+    float *s, *dp, *z;  /* (BQ, BK) or (BK, BQ); z the dropout factors */
     float *dk, *dv;     /* (BK, Dp) */
     float *dq;          /* (BQ, Dp), or (nqb * BQ, Dp) for the whole sequence */
     float *lse, *delta; /* (BQ) */
@@ -750,7 +790,7 @@ typedef struct {
 /* The floats bwd_ws_at carves. */
 static int64_t bwd_ws_floats(const geom *g, bool whole_dq) {
     int64_t Dp = g->Dp, dq = whole_dq ? g->nqb * BQ * Dp : BQ * Dp;
-    return 4 * BQ * Dp + 4 * BK * Dp + 2 * BQ * BK + 2 * BK * Dp + dq + 2 * BQ + 2 * (BQ > BK ? BQ : BK) +
+    return 4 * BQ * Dp + 4 * BK * Dp + 3 * BQ * BK + 2 * BK * Dp + dq + 2 * BQ + 2 * (BQ > BK ? BQ : BK) +
            4 * g->Dh * (BQ + BK) + (BQ + BK / 2) * Dp + 3 * BQ * BK / 2;
 }
 
@@ -759,7 +799,7 @@ static bwd_ws bwd_ws_at(float *p, const geom *g, bool whole_dq) {
     bwd_ws w;
     w.qs = take(&p, BQ * Dp), w.qt = take(&p, Dp * BQ), w.dob = take(&p, BQ * Dp), w.dot = take(&p, Dp * BQ);
     w.kj = take(&p, BK * Dp), w.vj = take(&p, BK * Dp), w.kt = take(&p, Dp * BK), w.vt = take(&p, Dp * BK);
-    w.s = take(&p, BQ * BK), w.dp = take(&p, BQ * BK);
+    w.s = take(&p, BQ * BK), w.dp = take(&p, BQ * BK), w.z = take(&p, BQ * BK);
     w.dk = take(&p, BK * Dp), w.dv = take(&p, BK * Dp);
     w.dq = take(&p, whole_dq ? g->nqb * BQ * Dp : BQ * Dp);
     w.lse = take(&p, BQ), w.delta = take(&p, BQ);
@@ -806,6 +846,31 @@ static float rows_dot(const view4 *a, const view4 *b, int64_t n, int64_t h, int6
     return s;
 }
 
+/* probs_grad over the key pass's tiles (a query per row): P o Z in s, for
+ * dv, and dS in dp. */
+static void probs_grad_kv(const bwd_ws *w, const geom *g, int64_t n, int64_t h, int64_t i0, int nq, int64_t j0,
+                          int nk, float scale) {
+    int rq = round_rows(nq);
+    if (g->dropout) {
+        mask_tile(w->z, BK, 1, g, n, h, i0, nq, j0, nk);
+        times(w->dp, w->z, rq * BK);
+    }
+    probs_grad(w->s, w->dp, rq, BK, w->lo, w->hi, scale, w->lse, w->delta, true);
+    if (g->dropout)
+        times(w->s, w->z, rq * BK);
+}
+
+/* probs_grad over the dq pass's tiles (a key per row): dS in dp. */
+static void probs_grad_q(const bwd_ws *w, const geom *g, int64_t n, int64_t h, int64_t i0, int nq, int64_t j0,
+                         int nk, float scale) {
+    int rk = round_rows(nk);
+    if (g->dropout) {
+        mask_tile(w->z, 1, BQ, g, n, h, i0, nq, j0, nk);
+        times(w->dp, w->z, rk * BQ);
+    }
+    probs_grad(w->s, w->dp, rk, BQ, w->lo, w->hi, scale, w->lse, w->delta, false);
+}
+
 /* dk and dv of key block kb over every query block; with dq (the whole
  * sequence's, (nqb * BQ, Dp)) also the key block's terms of dq. The key
  * block is fixed, so the scores are S = (q * scale) k^T, a query per row:
@@ -841,7 +906,7 @@ static void backward_kv(const bwd_ws *w, const bwd_args *a, const geom *g, int64
             const uint32_t *da = pair_rows(w->drow, BQ, &ldd, &a->dout, n, h, i0, nq, g);
             gemm_pairs(w->s, BK, qa, lda, 1, w->kcol, BK, rq, Dh, BK, false);
             gemm_pairs(w->dp, BK, da, ldd, 1, w->vcol, BK, rq, Dh, BK, false);
-            probs_grad(w->s, w->dp, rq, BK, w->lo, w->hi, scale, w->lse, w->delta, true);
+            probs_grad_kv(w, g, n, h, i0, nq, j0, nk, scale);
             int qh = (nq + 1) / 2;
             pack_tile(w->ppk, w->s, BK, nq, BK);
             pack_tile(w->dspk, w->dp, BK, nq, BK);
@@ -859,7 +924,7 @@ static void backward_kv(const bwd_ws *w, const bwd_args *a, const geom *g, int64
         const float *dob = rows_tile(w->dob, BQ, &ldd, &a->dout, n, h, i0, nq, g);
         gemm(w->s, BK, w->qs, Dp, 1, w->kt, BK, rq, (int)g->D, BK, false);
         gemm(w->dp, BK, dob, ldd, 1, w->vt, BK, rq, (int)g->D, BK, false);
-        probs_grad(w->s, w->dp, rq, BK, w->lo, w->hi, scale, w->lse, w->delta, true);
+        probs_grad_kv(w, g, n, h, i0, nq, j0, nk, scale);
         gemm(w->dv, Dp, w->s, 1, BK, dob, ldd, BK, nq, (int)Dp, true);
         gemm(w->dk, Dp, w->dp, 1, BK, w->qs, Dp, BK, nq, (int)Dp, true);
         if (dq)
@@ -902,7 +967,7 @@ static void backward_q(const bwd_ws *w, const bwd_args *a, const geom *g, int64_
             const uint32_t *va = pair_rows(w->vrow, BK, &ldv, &a->v, n, h, j0, nk, g);
             gemm_pairs(w->s, BQ, ka, ldk, 1, w->qcol, BQ, rk, Dh, BQ, false);
             gemm_pairs(w->dp, BQ, va, ldv, 1, w->dcol, BQ, rk, Dh, BQ, false);
-            probs_grad(w->s, w->dp, rk, BQ, w->lo, w->hi, scale, w->lse, w->delta, false);
+            probs_grad_q(w, g, n, h, i0, nq, j0, nk, scale);
             pack_tile(w->dspk, w->dp, BQ, nk, BQ);
             pack_rows(w->kpk, &a->k, n, h, j0, nk, g);
             gemm_pairs(w->dq, Dp, w->dspk, 1, BQ, w->kpk, Dp, BQ, (nk + 1) / 2, (int)Dp, true);
@@ -912,7 +977,7 @@ static void backward_q(const bwd_ws *w, const bwd_args *a, const geom *g, int64_
         const float *vj = rows_tile(w->vj, BK, &ldv, &a->v, n, h, j0, nk, g);
         gemm(w->s, BQ, kj, ldk, 1, w->qt, BQ, rk, (int)g->D, BQ, false);
         gemm(w->dp, BQ, vj, ldv, 1, w->dot, BQ, rk, (int)g->D, BQ, false);
-        probs_grad(w->s, w->dp, rk, BQ, w->lo, w->hi, scale, w->lse, w->delta, false);
+        probs_grad_q(w, g, n, h, i0, nq, j0, nk, scale);
         gemm(w->dq, Dp, w->dp, 1, BQ, kj, ldk, BQ, nk, (int)Dp, true);
     }
     for (int r = 0; r < nq; r++)

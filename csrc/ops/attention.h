@@ -1,5 +1,5 @@
 /* Scaled dot-product attention (PyTorch's scaled_dot_product_attention
- * without a mask tensor or dropout), fused and memory-light: keys are taken
+ * without a mask tensor), fused and memory-light: keys are taken
  * in blocks with an online softmax, so no (Tq, Tk) matrix of the whole
  * sequence is ever stored; the forward saves only each query row's
  * log-sum-exp, from which the backward recomputes the probabilities block by
@@ -20,9 +20,17 @@
 
 #include "core/tensor.h"
 
+/* Dropout on the probabilities (PyTorch's dropout_p) drops exactly what
+ * ft_dropout_forward (ops/dropout.h) with (dropout_p, seed, offset) would
+ * drop of the (N, H, Tq, Tk) tensor of probabilities, so it draws
+ * ft_dropout_blocks(N H Tq Tk) Philox blocks; the backward regenerates the
+ * mask from the same parameters. The row sums (lse) are those before
+ * dropout. */
 typedef struct {
-    double scale; /* multiplies q k^T; <= 0: 1 / sqrt(D) */
-    bool causal;  /* query i sees keys j <= i (top-left aligned, PyTorch's is_causal) */
+    double scale;     /* multiplies q k^T; <= 0: 1 / sqrt(D) */
+    bool causal;      /* query i sees keys j <= i (top-left aligned, PyTorch's is_causal) */
+    double dropout_p; /* in [0, 1) */
+    uint64_t seed, offset;
 } ft_sdpa_params;
 
 /* The gradient rule (ops/gradient.h) per gradient output: false writes (=),

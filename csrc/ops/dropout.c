@@ -74,6 +74,19 @@ static void dropout_kernel(float *const *p, int64_t n, const int64_t *idx, int64
     }
 }
 
+void ft_dropout_factors(float *z, const ft_dropout_params *p, int64_t first, int64_t n) {
+    uint32_t w[CHUNK + 8], threshold = ft_dropout_threshold(p->p);
+    float scale = ft_dropout_scale(p->p);
+    for (int64_t off = 0; off < n; off += CHUNK) {
+        int64_t m = n - off < CHUNK ? n - off : CHUNK, at = first + off, b0 = at >> 2;
+        philox_words(w, p->seed, p->offset + (uint64_t)b0, ((at + m - 1) >> 2) - b0 + 1);
+        const uint32_t *wk = w + (at & 3);
+        float *zk = z + off;
+        FT_SIMD_FOR(k, m)
+            zk[k] = (wk[k] >> 8) >= threshold ? scale : 0.0f;
+    }
+}
+
 uint64_t ft_dropout_blocks(int64_t numel) { return numel > 0 ? ((uint64_t)numel + 3) / 4 : 0; }
 
 static ft_status run(const char *op, bool backward, const ft_tensor *out, const char *out_arg, const ft_tensor *inp,
@@ -93,8 +106,7 @@ static ft_status run(const char *op, bool backward, const ft_tensor *out, const 
             FT_CUDA_DISPATCH(op, dropout_backward, out, inp, p, accumulate);
         FT_CUDA_DISPATCH(op, dropout_forward, out, inp, p);
     }
-    dropout_ctx c = {p->seed, p->offset, p->span, (uint32_t)ceil(p->p * 16777216.0),
-                     p->p < 1.0 ? (float)(1.0 / (1.0 - p->p)) : 0.0f, accumulate};
+    dropout_ctx c = {p->seed, p->offset, p->span, ft_dropout_threshold(p->p), ft_dropout_scale(p->p), accumulate};
     ft_pw_loop l = {.nops = 2, .nout = 1, .t = {out, inp}, .read_outputs = accumulate, .need_index = true,
                     .fn = dropout_kernel, .ctx = &c};
     ft_pw_run(&l);

@@ -30,6 +30,10 @@ typedef struct {
 /* Philox blocks a mask of numel draws uses: ceil(numel / 4). */
 uint64_t ft_dropout_blocks(int64_t numel);
 
+/* z[k] (n) = the factor of element first + k of a mask with span 1: 0, or
+ * 1 / (1 - p) where kept (ops/attention.c's masks over probabilities). */
+void ft_dropout_factors(float *z, const ft_dropout_params *p, int64_t first, int64_t n);
+
 /* out (...) = inp (...) * keep / (1 - p) (inverted dropout; p = 0 copies,
  * p = 1 gives zeros). out may be inp itself. */
 ft_status ft_dropout_forward(const ft_tensor *out, const ft_tensor *inp, const ft_dropout_params *p);

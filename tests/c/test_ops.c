@@ -579,11 +579,13 @@ static void test_attention(void) {
     double *want = malloc(sizeof(double) * 4 * TQ * D);
     double *wq = want + TQ * D, *wk = wq + TQ * D, *wv = wk + TQ * D;
     int threads = omp_get_max_threads();
-    for (int causal = 0; causal < 2; causal++) {
-        ft_sdpa_params p = {0.3, causal};
+    /* causal or not; the last round with dropout (its values: tests/test_ops_attention.py) */
+    for (int round = 0; round < 3; round++) {
+        int causal = round == 1;
+        ft_sdpa_params p = {0.3, causal, round == 2 ? 0.25 : 0.0, 7, 3};
         CHECK_OK(ft_sdpa_forward(&out, &lse, &q, &k, &v, &p));
         CHECK_OK(ft_sdpa_backward(&dq, &dk, &dv, &dout, &q, &k, &v, &out, &lse, &p, (ft_sdpa_acc){0}));
-        for (int64_t h = 0; h < H; h++) {
+        for (int64_t h = 0; h < H && !p.dropout_p; h++) {
             naive_attention(want, wq, wk, wv, &q, &k, &v, &dout, 0, h, 0.3, causal);
             CHECKF(head_err(&out, want, 0, h) < 1e-5, "out, causal %d head %lld", causal, (long long)h);
             CHECKF(head_err(&dq, wq, 0, h) < 1e-4, "dq, causal %d head %lld", causal, (long long)h);
@@ -613,6 +615,7 @@ static void test_attention(void) {
     CHECK_STATUS(ft_sdpa_forward(&out, NULL, &q, &ks, &ks, &p), FT_ERR_SHAPE);
     CHECK_STATUS(ft_sdpa_forward(&out, NULL, &q, &k, &q, &p), FT_ERR_SHAPE);
     CHECK_STATUS(ft_sdpa_forward(&q, NULL, &q, &k, &v, &p), FT_ERR_VALUE);
+    CHECK_STATUS(ft_sdpa_forward(&out, NULL, &q, &k, &v, &(ft_sdpa_params){0, false, 1.0, 0, 0}), FT_ERR_VALUE);
     CHECK_STATUS(ft_sdpa_backward(&dq, &dk, &dv, &dout, &q, &k, &v, &out, NULL, &p, (ft_sdpa_acc){0}), FT_ERR_VALUE);
     free(want);
     ft_tensor *all[] = {&q, &k, &v, &dout, &out, &lse, &dq, &dk, &dv, &dq1, &qt, &qv, &ks};

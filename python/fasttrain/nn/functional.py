@@ -809,16 +809,19 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     """softmax(query key^T * scale + causal mask) value over (N, H, T, D) or (N, T, D) tensors, fused (the
     (Tq, Tk) matrix is never stored). query, key and value may be views with any strides except along D, such
     as ``x.view(N, T, H, D).transpose(1, 2)``. attn_mask may be the causal mask (a bool one True on and below the
-    diagonal, or -inf above it and 0 elsewhere), which is is_causal=True; no other. The backward is
-    ``ft.ops.sdpa_backward``, which needs the log-sum-exp that ``ft.ops.sdpa_forward`` returns."""
+    diagonal, or -inf above it and 0 elsewhere), which is is_causal=True; no other. dropout_p drops attention
+    weights as PyTorch does (whatever the mode: pass 0.0 in eval, as its layers do), inside the kernel: the mask
+    is F.dropout's of the (N, H, Tq, Tk) weights at the default generator's next draw. The backward is
+    ``ft.ops.sdpa_backward``, which needs the log-sum-exp that ``ft.ops.sdpa_forward`` returns (and the same
+    dropout_p, seed and offset)."""
     fn = "scaled_dot_product_attention"
     is_causal = M._causal(attn_mask, query.shape[-2], fn, bool_keeps=True) or is_causal
-    if dropout_p != 0.0:
-        raise NotImplementedError(f"{fn}: dropout_p must be 0.0 (attention dropout is not supported)")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"{fn}: dropout_p must be in [0, 1), got {dropout_p}")
     if any(isinstance(x, Symbolic) for x in (query, key, value)):
         from .graph import attention
         operand = next(x for x in (query, key, value) if isinstance(x, Symbolic))._operand
-        return attention(*(operand(x) for x in (query, key, value)), is_causal, scale)
+        return attention(*(operand(x) for x in (query, key, value)), is_causal, scale, float(dropout_p))
     for x, name in ((query, "query"), (key, "key"), (value, "value")):
         _check(x, name, fn)
     ranks = {query.ndim, key.ndim, value.ndim}
@@ -829,7 +832,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if three:
         query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
     query, key, value = cast(query, key, value)
-    out, _ = _C.sdpa_forward(None, False, query, key, value, scale, is_causal)
+    seed, offset = _take_blocks(None, _C.dropout_blocks(math.prod(query.shape[:3]) * key.shape[2])) \
+        if dropout_p else (0, 0)
+    out, _ = _C.sdpa_forward(None, False, query, key, value, scale, is_causal, dropout_p=float(dropout_p), seed=seed,
+                             offset=offset)
     return out.squeeze(1) if three else out
 
 

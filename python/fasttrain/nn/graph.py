@@ -1197,10 +1197,10 @@ def _packed(rows):
     return Symbolic(source)
 
 
-def attention(q, k, v, causal, scale):
+def attention(q, k, v, causal, scale, dropout_p):
     """Traced scaled dot-product attention of heads (N, H, T, D), or (N, T, D) for one: one node over the
     (T, H * D) rows of the projections, which reads q, k and v in place when they are column thirds of one
-    packed projection."""
+    packed projection. Its dropout drops weights in the training step only."""
     if len({len(x.node.shape) for x in (q, k, v)}) != 1 or len(q.node.shape) not in (2, 3):
         fail("attention of values of different ranks", "give query, key and value as (N, H, T, D) or (N, T, D)")
     one = len(q.node.shape) == 2
@@ -1208,7 +1208,7 @@ def attention(q, k, v, causal, scale):
     rows = [x if one else _head_rows(x) for x in (q, k, v)]
     packed = _packed(rows)
     Tq, E = rows[0].node.shape
-    node = _layers().Attention(H, causal, scale, keys=rows[1].node.shape[0])
+    node = _layers().Attention(H, causal, scale, keys=rows[1].node.shape[0], dropout=dropout_p)
     out = Symbolic.record(node, [packed] if packed is not None else rows, (Tq, E))
     return out if one else out.reshape(N, Tq, H, E // H).transpose(1, 2)
 

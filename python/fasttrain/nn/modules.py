@@ -2029,14 +2029,15 @@ class Attention(Module):
 
     _leaf = True
 
-    def __init__(self, heads, causal=False, scale=None, keys=None):
+    def __init__(self, heads, causal=False, scale=None, keys=None, dropout=0.0):
         super().__init__()
         if scale is not None and not scale > 0:
             raise ValueError(f"attention: scale must be positive (or None for 1/sqrt(D)), got {scale}")
-        self.heads, self.causal, self.scale, self.keys = heads, bool(causal), scale, keys
+        self.heads, self.causal, self.scale, self.keys, self.dropout = heads, bool(causal), scale, keys, dropout
 
     def extra_repr(self):
-        return f"heads={self.heads}" + (", causal" if self.causal else "")
+        return f"heads={self.heads}" + (", causal" if self.causal else "") + \
+            (f", dropout={self.dropout}" if self.dropout else "")
 
 
 def _rnn_cell(mode, gi, state, w_hh, b_hh):
@@ -2269,17 +2270,16 @@ def _causal(mask, T, name, bool_keeps=False):
 
 class MultiheadAttention(Module):
     """PyTorch's nn.MultiheadAttention (batch_first=True) over fused attention: the packed input projection
-    (in_proj_weight, in_proj_bias), the heads, out_proj. The attention weights are never formed (the fused
-    kernel's point), so forward returns (output, None) and attention dropout is not supported."""
+    (in_proj_weight, in_proj_bias), the heads, out_proj, and dropout on the attention weights in training mode.
+    The weights are never formed (the fused kernel's point), so forward returns (output, None)."""
 
     def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False, add_zero_attn=False,
                  kdim=None, vdim=None, batch_first=False):
         super().__init__()
         if not batch_first:
             raise ValueError("MultiheadAttention: pass batch_first=True (fasttrain's values are batch first)")
-        if dropout:
-            raise NotImplementedError("MultiheadAttention: dropout on the attention weights is not supported (the "
-                                      "fused kernel never forms them); use dropout=0.0")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"MultiheadAttention: dropout must be in [0, 1), got {dropout}")
         if add_bias_kv or add_zero_attn or kdim not in (None, embed_dim) or vdim not in (None, embed_dim):
             raise NotImplementedError("MultiheadAttention: add_bias_kv, add_zero_attn, kdim and vdim are not "
                                       "supported")
@@ -2310,25 +2310,24 @@ class MultiheadAttention(Module):
                        for i, x in enumerate((query, key, value)))
         N, T, S = query.shape[0], query.shape[1], key.shape[1]
         heads = [x.view(N, n, H, E // H).transpose(1, 2) for x, n in ((q, T), (k, S), (v, S))]
-        out = F.scaled_dot_product_attention(*heads, is_causal=is_causal)
+        out = F.scaled_dot_product_attention(*heads, dropout_p=self.dropout if self.training else 0.0,
+                                             is_causal=is_causal)
         return self.out_proj(out.transpose(1, 2).reshape(N, T, E)), None
 
     def extra_repr(self):
-        return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, batch_first=True"
+        return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, batch_first=True" + \
+            (f", dropout={self.dropout}" if self.dropout else "")
 
 
 class TransformerEncoderLayer(Module):
     """PyTorch's nn.TransformerEncoderLayer (batch_first=True): self-attention and a feed-forward block, each
-    with a residual and a layer norm (after it, or before with norm_first=True). dropout must be 0.0: PyTorch's
-    also drops attention weights, which the fused attention never forms."""
+    with a residual and a layer norm (after it, or before with norm_first=True), and PyTorch's four dropouts
+    (attention weights, feed-forward, each residual branch)."""
 
     def __init__(self, d_model, nhead, dim_feedforward=2048, dropout=0.1, activation="relu", layer_norm_eps=1e-5,
                  batch_first=False, norm_first=False, bias=True):
         super().__init__()
-        if dropout:
-            raise NotImplementedError("TransformerEncoderLayer: PyTorch applies dropout to the attention weights "
-                                      "too, which the fused attention never forms; use dropout=0.0")
-        self.self_attn = MultiheadAttention(d_model, nhead, bias=bias, batch_first=batch_first)
+        self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias, batch_first=batch_first)
         self.linear1 = Linear(d_model, dim_feedforward, bias=bias)
         self.dropout = Dropout(dropout)
         self.linear2 = Linear(dim_feedforward, d_model, bias=bias)

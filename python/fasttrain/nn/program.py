@@ -126,7 +126,7 @@ def _node_of(module, shape):
     if isinstance(m, M.Noise):
         return NOISE, dict(uniform=int(m.uniform))
     if isinstance(m, M.Attention):
-        return ATTENTION, dict(groups=m.heads, causal=int(m.causal), scale=m.scale or 0.0)
+        return ATTENTION, dict(groups=m.heads, causal=int(m.causal), scale=m.scale or 0.0, p=m.dropout)
     if isinstance(m, M.Softmax):
         from .graph import _dim
         return LOG_SOFTMAX if isinstance(m, M.LogSoftmax) else SOFTMAX, dict(dim=_dim(m.dim, len(shape)))
@@ -134,6 +134,10 @@ def _node_of(module, shape):
         return SUM, dict(reduction=REDUCTIONS[m.reduction])
     raise NotImplementedError(f"{type(m).__name__} has no compiled form yet: see docs/models.md for the layers "
                               "a compiled program supports")
+
+
+_MODAL = ((M.Dropout, ("training", "p")), (M._BatchNorm, ("training", "momentum", "eps")),
+          (M.MultiheadAttention, ("training", "dropout")))
 
 
 class _Entry:
@@ -484,10 +488,10 @@ class Program:
                              "mode by themselves). Put only the layers to freeze in eval mode.")
         # What the nodes of batch norms and dropout fix: their mode (in eval mode a training step runs batch norms by
         # their running statistics and dropout as the identity, as PyTorch's step runs a frozen teacher or batch
-        # norms frozen for fine-tuning), dropout's p, and the batch norms' momentum and eps.
-        self._modal = {id(e.module): (e.module, {k: getattr(e.module, k) for k in (
-            ("training", "p") if isinstance(e.module, M.Dropout) else ("training", "momentum", "eps"))})
-            for e in entries if isinstance(e.module, (M._BatchNorm, M.Dropout))}
+        # norms frozen for fine-tuning), dropout's p (an attention layer's too), and the batch norms' momentum and
+        # eps.
+        self._modal = {id(m): (m, {k: getattr(m, k) for k in fixed}) for e in entries for m in e.scope
+                       for cls, fixed in _MODAL if isinstance(m, cls)}
         self.entries = _fuse(entries)
         kept = {id(e): i for i, e in enumerate(self.entries)}
         while id(entries[output]) not in kept:  # an activation fused into the layer before it: that layer's output
