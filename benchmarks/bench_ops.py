@@ -38,11 +38,12 @@ Compute-bound ops, GFLOP/s (2 flops per multiply-add, no bias where a batch norm
   linear_n<N>_<in>x<out>_{fwd,bwd}   y = x @ W^T + b: fwd 2*N*in*out flops; bwd (dx, dW, db) 4*N*in*out.
       torch: F.linear; mm(dy, W) + mm(dy^T, x) + dy.sum(0) (what autograd runs for addmm).
 
-  sdpa_n<N>_h<H>_t<T>_d<D>[_causal]_{fwd,fwd_bwd}   scaled dot-product attention, q, k, v (N, H, T, D):
+  sdpa_n<N>_h<H>_t<T>_d<D>[_causal|_dropout]_{fwd,fwd_bwd}   scaled dot-product attention, q, k, v (N, H, T, D):
       fwd 4*N*H*T*T*D flops (two products), fwd_bwd 3.5 times that (the backward's five products), with
       causal counting only the T*(T+1)/2 scores a query sees; fwd = sdpa_forward with the lse kept, fwd_bwd =
       sdpa_forward + sdpa_backward. torch: F.scaled_dot_product_attention (1.13: its private
-      _scaled_dot_product_attention) and torch.autograd.grad of its output for (q, k, v). The _bf16 cases
+      _scaled_dot_product_attention) and torch.autograd.grad of its output for (q, k, v); _dropout with
+      dropout_p=0.1 on the attention weights on both sides (the same flops counted). The _bf16 cases
       run the same in bfloat16 (on a CPU with AVX512-BF16), torch in bfloat16 too; "peak_fraction" is
       still over the float32 FMA peak, which the bfloat16 products can pass (their rate is twice it).
 
@@ -372,29 +373,31 @@ def attention_cases(N, H, T, D, dev="cpu", dtype="float32"):
         tq, tk, tv = (th(a, dev=dev).to(getattr(torch, dtype)).requires_grad_() for a in (q, k, v))
         tdy = th(dy, dev=dev).to(getattr(torch, dtype))
         if hasattr(F, "scaled_dot_product_attention"):
-            sdpa = lambda causal: F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
+            sdpa = lambda causal, p: F.scaled_dot_product_attention(tq, tk, tv, dropout_p=p, is_causal=causal)
         else:
-            sdpa = lambda causal: F._scaled_dot_product_attention(tq, tk, tv, None, 0.0, False, causal)[0]
+            sdpa = lambda causal, p: F._scaled_dot_product_attention(tq, tk, tv, None, p, False, causal)[0]
 
-        def sdpa_no_grad(causal):
+        def sdpa_no_grad(causal, p):
             with torch.no_grad():
-                return sdpa(causal)
+                return sdpa(causal, p)
     cases = []
-    for causal in (False, True):
+    for causal, p in ((False, 0.0), (True, 0.0), (False, 0.1)):
         scores = N * H * (T * (T + 1) // 2 if causal else T * T)
         flops = 4.0 * scores * D
+        kw = dict(causal=causal, dropout_p=p, seed=1, offset=0)
 
-        def fwd(causal=causal):
-            return ft.ops.sdpa_forward(None, None, fq, fk, fv, causal=causal)
+        def fwd(kw=kw):
+            return ft.ops.sdpa_forward(None, None, fq, fk, fv, **kw)
 
-        def fwd_bwd(causal=causal):
-            out, lse = ft.ops.sdpa_forward(None, None, fq, fk, fv, causal=causal)
-            return ft.ops.sdpa_backward(None, None, None, fdy, fq, fk, fv, out, lse, causal=causal)
+        def fwd_bwd(kw=kw):
+            out, lse = ft.ops.sdpa_forward(None, None, fq, fk, fv, **kw)
+            return ft.ops.sdpa_backward(None, None, None, fdy, fq, fk, fv, out, lse, **kw)
         theirs_f = theirs_fb = None
         if sdpa is not None:
-            theirs_f = lambda causal=causal: sdpa_no_grad(causal)
-            theirs_fb = lambda causal=causal: torch.autograd.grad(sdpa(causal), (tq, tk, tv), tdy)
-        name = f"sdpa_n{N}_h{H}_t{T}_d{D}{'_causal' if causal else ''}{'_bf16' if dtype == 'bfloat16' else ''}"
+            theirs_f = lambda causal=causal, p=p: sdpa_no_grad(causal, p)
+            theirs_fb = lambda causal=causal, p=p: torch.autograd.grad(sdpa(causal, p), (tq, tk, tv), tdy)
+        name = f"sdpa_n{N}_h{H}_t{T}_d{D}{'_causal' if causal else ''}{'_dropout' if p else ''}" \
+               f"{'_bf16' if dtype == 'bfloat16' else ''}"
         inner = max(1, int(2e9 // flops))
         cases += [Case(f"{name}_fwd", "GFLOP/s", flops, fwd, theirs_f, inner),
                   Case(f"{name}_fwd_bwd", "GFLOP/s", 3.5 * flops, fwd_bwd, theirs_fb, inner)]

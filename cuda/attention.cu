@@ -58,6 +58,8 @@ struct sdpa_args {
     uint64_t seed, offset;
     uint32_t threshold;
     float keep; /* 1 / (1 - p) */
+    const unsigned char *km; /* the key mask, NULL when none, with strides kms over N and T */
+    int64_t kms[2];
 };
 
 static __device__ float warp_sum(float x) {
@@ -92,6 +94,11 @@ static __device__ void load_tile(float (*tile)[MAXD], const rows4 &x, int64_t n,
         int r = e / MAXD, d = e % MAXD;
         tile[r][d] = r0 + r < T && d < D ? x.at(n, h, r0 + r)[d] * mul : 0.0f;
     }
+}
+
+/* Whether key j of sample n is masked out. */
+static __device__ bool masked(const sdpa_args &a, int64_t n, int64_t j) {
+    return a.km && a.km[n * a.kms[0] + j * a.kms[1]];
 }
 
 /* Query i's dropout factor for key j of head (n, h): 1 without dropout. */
@@ -138,6 +145,8 @@ __global__ void __launch_bounds__(WARPS * 32) sdpa_forward_kernel(sdpa_args a) {
             int64_t j = j0 + jj;
             if (j >= a.Tk || (a.causal && j > i))
                 break;
+            if (masked(a, b.n, j))
+                continue;
             float s = dot_row(q, ks[jj], lane);
             if (s > m) { /* a new max: rescale what was summed (nothing when m = -inf) */
                 float alpha = m == -INFINITY ? 0.0f : ft_expf(m - s);
@@ -205,6 +214,8 @@ __global__ void __launch_bounds__(WARPS * 32) sdpa_dq_kernel(sdpa_args a) {
             int64_t j = j0 + jj;
             if (j >= a.Tk || (a.causal && j > i))
                 break;
+            if (masked(a, b.n, j))
+                continue;
             float p = ft_expf(dot_row(q, ks[jj], lane) - ls);
             float ds = p * (dot_row(g, vs[jj], lane) * drop_factor(a, b.n, b.h, i, j) - dl);
 #pragma unroll
@@ -228,7 +239,7 @@ __global__ void __launch_bounds__(WARPS * 32) sdpa_dkdv_kernel(sdpa_args a) {
     block_pos b = block_of(a, a.Tk);
     int lane = threadIdx.x % 32;
     int64_t j = b.row0 + threadIdx.x / 32;
-    bool row = j < a.Tk;
+    bool row = j < a.Tk, seen = row && !masked(a, b.n, j); /* a masked key's gradients are 0 */
     float k[DT], v[DT], dk[DT], dv[DT];
     load_reg(k, row ? a.k.at(b.n, b.h, j) : NULL, a.D, lane, 1.0f);
     load_reg(v, row ? a.v.at(b.n, b.h, j) : NULL, a.D, lane, 1.0f);
@@ -246,7 +257,7 @@ __global__ void __launch_bounds__(WARPS * 32) sdpa_dkdv_kernel(sdpa_args a) {
             dls[threadIdx.x] = i < a.Tq ? a.delta[(b.n * a.H + b.h) * a.Tq + i] : 0.0f;
         }
         __syncthreads();
-        for (int ii = 0; ii < TILE && row; ii++) {
+        for (int ii = 0; ii < TILE && seen; ii++) {
             int64_t i = i0 + ii;
             if (i >= a.Tq)
                 break;
@@ -287,6 +298,10 @@ static ft_status make_args(sdpa_args *a, const ft_tensor *q, const ft_tensor *k,
     a->dropout = p->dropout_p > 0.0;
     a->seed = p->seed, a->offset = p->offset;
     a->threshold = ft_dropout_threshold(p->dropout_p), a->keep = ft_dropout_scale(p->dropout_p);
+    if (p->key_mask) {
+        a->km = (const unsigned char *)ft_tensor_data(p->key_mask);
+        a->kms[0] = p->key_mask->strides[0], a->kms[1] = p->key_mask->strides[1];
+    }
     a->q = rows_of(q), a->k = rows_of(k);
     if (lse) {
         a->lse = (float *)ft_tensor_data(lse);

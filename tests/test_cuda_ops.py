@@ -953,21 +953,25 @@ def heads_pair(a):
     return cpu.transpose(1, 2), gpu.transpose(1, 2)
 
 
-@pytest.mark.parametrize("dropout_p", [0.0, 0.3], ids=["", "dropout"])
+@pytest.mark.parametrize("variant", ["", "dropout", "key_mask"])
 @pytest.mark.parametrize("transposed", [False, True], ids=["contiguous", "heads_view"])
 @pytest.mark.parametrize("N,H,Tq,Tk,D,causal", SDPA_CASES, ids=str)
-def test_sdpa_forward_backward(N, H, Tq, Tk, D, causal, transposed, dropout_p):
+def test_sdpa_forward_backward(N, H, Tq, Tk, D, causal, transposed, variant):
     make = heads_pair if transposed else pair
     r = rng(190)
     (qc, qg), (kc, kg), (vc, vg), (dc, dg) = (make(r.normal(size=s)) for s in
                                               ((N, H, Tq, D), (N, H, Tk, D), (N, H, Tk, D), (N, H, Tq, D)))
-    kw = dict(causal=causal, dropout_p=dropout_p, seed=21, offset=5)  # the same mask on both devices
-    oc, lc = ops.sdpa_forward(None, None, qc, kc, vc, **kw)
-    og, lg = ops.sdpa_forward(None, None, qg, kg, vg, **kw)
+    masked = r.random((N, Tk)) < 0.3
+    masked[0] = True  # a sample whose every key is masked out
+    kw = dict(causal=causal, dropout_p=0.3 if variant == "dropout" else 0.0, seed=21, offset=5)  # one mask on both
+    kc_, kg_ = (dict(kw, key_mask=ft.tensor(masked, device=d) if variant == "key_mask" else None)
+                for d in ("cpu", "cuda"))
+    oc, lc = ops.sdpa_forward(None, None, qc, kc, vc, **kc_)
+    og, lg = ops.sdpa_forward(None, None, qg, kg, vg, **kg_)
     assert_close(og, oc, 1e-5, 1e-5)
     assert_close(lg, lc, 1e-5, 1e-5)
-    for g, c in zip(ops.sdpa_backward(None, None, None, dg, qg, kg, vg, og, lg, **kw),
-                    ops.sdpa_backward(None, None, None, dc, qc, kc, vc, oc, lc, **kw)):
+    for g, c in zip(ops.sdpa_backward(None, None, None, dg, qg, kg, vg, og, lg, **kg_),
+                    ops.sdpa_backward(None, None, None, dc, qc, kc, vc, oc, lc, **kc_)):
         assert_close(g, c, 1e-4, 1e-4)
 
 

@@ -446,3 +446,235 @@ def test_attention_dropout_fixed_at_compile_is_kept_and_changes_refused():
     assert "dropout" not in repr(frozen.entries[2].module)  # the attention node: no dropout traced
     ft.fit(frozen, (x, y), epochs=1, progress=False)
     assert model.training and not attn.training
+
+
+# ---- masks of keys (padding masks) ----
+
+def ref_masked(q, k, v, dout, scale, causal, masked, z=1.0):
+    """out, lse and (dq, dk, dv) in NumPy float64 with keys masked out ((N, Tk) True) and dropout factors z; a
+    query that sees no key gets out 0, lse -inf and no gradient."""
+    s = q @ np.swapaxes(k, -1, -2) * scale
+    seen = ~masked[:, None, None, :]
+    if causal:
+        seen = seen & np.tril(np.ones(s.shape[-2:], bool))
+    s = np.where(seen, s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    e = np.exp(s - np.where(np.isfinite(m), m, 0))
+    total = e.sum(-1, keepdims=True)
+    p = e / np.where(total > 0, total, 1)
+    lse = np.where(total[..., 0] > 0, (m + np.log(np.where(total > 0, total, 1)))[..., 0], -np.inf)
+    dpz = dout @ np.swapaxes(v, -1, -2) * z
+    ds = p * (dpz - (dpz * p).sum(-1, keepdims=True))
+    return (p * z) @ v, lse, (ds @ k * scale, np.swapaxes(ds, -1, -2) @ q * scale, np.swapaxes(p * z, -1, -2) @ dout)
+
+
+@pytest.mark.parametrize("dropout_p", [0.0, 0.25])
+@pytest.mark.parametrize("N,H,Tq,Tk,D,causal", [(3, 2, 70, 130, 20, False), (4, 3, 65, 65, 16, True),
+                                                (2, 1, 5, 9, 8, False), (5, 4, 80, 80, 24, False)], ids=str)
+def test_key_mask_masks_keys_out(N, H, Tq, Tk, D, causal, dropout_p):
+    """Keys masked out get no weight (a padding mask); a sample whose keys are all masked gets out 0, lse -inf and
+    zero gradients (PyTorch gives NaN there). Against NumPy float64, with dropout too; dq alone the same bits."""
+    q, k, v, dout = inputs(N, H, Tq, Tk, D, seed=21)
+    masked = np.random.default_rng(22).random((N, Tk)) < 0.3
+    masked[0] = True
+    kw = dict(causal=causal, dropout_p=dropout_p, seed=8, offset=2, key_mask=ft.tensor(masked))
+    z = weights_mask((N, H, Tq, Tk), dropout_p, 8, 2) if dropout_p else 1.0
+    want_out, want_lse, want = ref_masked(q, k, v, dout, 0.5, causal, masked, z)
+    out, lse = ft.ops.sdpa_forward(None, None, t(q), t(k), t(v), 0.5, **kw)
+    np.testing.assert_allclose(n(out), want_out, rtol=1e-5, atol=4e-6)
+    np.testing.assert_array_equal(np.isneginf(n(lse)), np.isneginf(want_lse))
+    np.testing.assert_allclose(n(lse)[1:], want_lse[1:], rtol=1e-5, atol=2e-6)
+    got = ft.ops.sdpa_backward(None, None, None, t(dout), t(q), t(k), t(v), out, lse, 0.5, **kw)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(n(g), w, rtol=1e-4, atol=3e-5)
+    assert (n(got[0])[0] == 0).all() and (n(got[1])[0] == 0).all()
+    dq = ft.ops.sdpa_backward(None, False, False, t(dout), t(q), t(k), t(v), out, lse, 0.5, **kw)[0]
+    assert bits(dq) == bits(got[0])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_key_mask_is_deterministic_across_thread_counts(threads, dtype):
+    q, k, v, dout = (t(a).to(dtype) for a in inputs(4, 4, 151, 129, 17, seed=23))
+    kw = dict(causal=True, key_mask=ft.tensor(np.random.default_rng(24).random((4, 129)) < 0.5))
+    res = []
+    for nt in (1, 2):
+        threads(nt)
+        out, lse = ft.ops.sdpa_forward(None, None, q, k, v, **kw)
+        res.append([bits(x) for x in (out, lse, *ft.ops.sdpa_backward(None, None, None, dout, q, k, v, out, lse,
+                                                                      **kw))])
+    assert res[0] == res[1]
+
+
+def test_key_mask_bad_input():
+    q, k = ft.zeros(2, 3, 5, 8), ft.zeros(2, 3, 6, 8)
+    with pytest.raises(TypeError, match="sdpa: key_mask must be bool, got float32"):
+        ft.ops.sdpa_forward(None, None, q, k, k, key_mask=ft.zeros(2, 6))
+    with pytest.raises(ValueError, match=r"sdpa: key_mask should have shape \(2, 6\), got \(2, 5\)"):
+        ft.ops.sdpa_forward(None, None, q, k, k, key_mask=ft.zeros(2, 5, dtype=ft.bool))
+    out, lse = ft.ops.sdpa_forward(None, None, q, k, k)
+    with pytest.raises(ValueError, match=r"sdpa_backward: key_mask should have shape \(2, 6\)"):
+        ft.ops.sdpa_backward(None, None, None, out, q, k, k, out, lse, key_mask=ft.zeros(6, dtype=ft.bool))
+    with pytest.raises(NotImplementedError, match="masks other than the causal one .* or one of keys"):
+        F.scaled_dot_product_attention(q, k, k, attn_mask=ft.ones(2, 1, 5, 6, dtype=ft.bool).tril())
+    with pytest.raises(NotImplementedError, match="or one of keys"):  # additive values other than 0 and -inf
+        F.scaled_dot_product_attention(q, k, k, attn_mask=ft.ones(2, 1, 1, 6))
+    with pytest.raises(ValueError, match="a mask of keys for 3 samples, but the batch has 2"):
+        F.scaled_dot_product_attention(q, k, k, attn_mask=ft.ones(3, 1, 1, 6, dtype=ft.bool))
+
+
+PADDING_MASKS = {  # the keys kept per sample, as each form writes a padding mask for F.scaled_dot_product_attention
+    "bool": lambda kept: ft.tensor(kept[:, None, None, :]),
+    "additive": lambda kept: ft.tensor(np.where(kept, 0.0, -np.inf).astype(np.float32)[:, None, None, :]),
+    "hugging_face": lambda kept: ft.tensor(((1.0 - kept) * np.finfo(np.float32).min).astype(np.float32)[:, None,
+                                                                                                         None, :]),
+}
+
+
+@pytest.mark.parametrize("form", PADDING_MASKS)
+def test_functional_takes_padding_masks_in_pytorchs_forms(form):
+    """F.scaled_dot_product_attention(attn_mask=) of a padding mask (bool True where attention is allowed,
+    additive 0/-inf, or Hugging Face's 0/float32-lowest) equals the op's key_mask, and PyTorch's when it
+    imports; the mask broadcasts over heads and queries, and over the batch when its first dimension is 1."""
+    q, k, v, _ = (t(a) for a in inputs(3, 2, 7, 9, 8, seed=25))
+    kept = np.random.default_rng(26).random((3, 9)) < 0.6
+    kept[:, 0] = True
+    got = F.scaled_dot_product_attention(q, k, v, attn_mask=PADDING_MASKS[form](kept))
+    want = ft.ops.sdpa_forward(None, False, q, k, v, key_mask=ft.tensor(~kept))[0]
+    np.testing.assert_array_equal(n(got), n(want))
+    one = F.scaled_dot_product_attention(q, k, v, attn_mask=PADDING_MASKS[form](kept[:1]))
+    np.testing.assert_array_equal(n(one), n(ft.ops.sdpa_forward(None, False, q, k, v, key_mask=ft.tensor(
+        np.repeat(~kept[:1], 3, 0)))[0]))
+    torch = pytest.importorskip("torch")
+    mask = torch.from_numpy(PADDING_MASKS[form](kept).numpy())
+    tq, tk, tv = (torch.from_numpy(x.numpy()) for x in (q, k, v))
+    np.testing.assert_allclose(n(got), torch.nn.functional.scaled_dot_product_attention(tq, tk, tv, attn_mask=mask),
+                               rtol=1e-5, atol=2e-6)
+
+
+PAD, VOCAB = 0, 30
+
+
+def padded_classifier(lib, enable_nested_tensor=True):
+    """A text classifier as PyTorch users write one over padded batches: the padding mask from the ids
+    (ids == PAD) into the encoder's src_key_padding_mask, and a mean over the positions that are not padding."""
+    nn = lib.nn
+    extra = {} if lib is ft else dict(enable_nested_tensor=enable_nested_tensor)
+
+    class Classifier(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(VOCAB, 16, padding_idx=PAD)
+            layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+            self.enc = nn.TransformerEncoder(layer, 2, **extra)
+            self.fc = nn.Linear(16, 3)
+
+        def forward(self, ids):
+            pad = ids == PAD
+            h = self.enc(self.emb(ids), src_key_padding_mask=pad)
+            keep = (~pad).float().unsqueeze(-1)
+            return self.fc((h * keep).sum(1) / keep.sum(1))
+    return Classifier()
+
+
+def padded_batch(seed):
+    ids = np.random.default_rng(seed).integers(1, VOCAB, (4, 10))
+    for i, length in enumerate((10, 7, 3, 1)):
+        ids[i, length:] = PAD
+    return ids, np.array([0, 1, 2, 1])
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_compiled_padding_mask_from_the_ids(precision):
+    """ids == PAD traced into the encoder's key padding mask and a masked mean: the compiled step's loss equals
+    the eager model's, and PyTorch's loss and gradients with the same weights when it imports."""
+    if precision != "32-true" and not ft.backends.cpu_has_bf16():
+        pytest.skip("no AVX512-BF16")
+    ft.manual_seed(27)
+    model = padded_classifier(ft)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), ft.nn.CrossEntropyLoss(), batch_size=4,
+                            input_shape=(10,), input_dtype=ft.int64, precision=precision)
+    ids, y = padded_batch(28)
+    assert "bool" in program.summary() or precision == "32-true"
+    loss = program.backward(ids, y)
+    eager = model(ft.tensor(ids))
+    logp = eager.numpy() - np.log(np.exp(eager.numpy()).sum(1, keepdims=True))
+    want = -logp[np.arange(4), y].mean()
+    assert loss == pytest.approx(want, rel=1e-5 if precision == "32-true" else 2e-2)
+    if precision != "32-true":
+        return
+    model.eval()
+    np.testing.assert_allclose(program.predict(ids).numpy(), eager.numpy(), rtol=1e-5, atol=1e-6)
+    torch = pytest.importorskip("torch")
+    theirs = padded_classifier(torch, enable_nested_tensor=False)
+    theirs.load_state_dict({k: torch.from_numpy(v) for k, v in model.state_dict().items()})
+    tl = torch.nn.functional.cross_entropy(theirs(torch.from_numpy(ids)), torch.from_numpy(y))
+    tl.backward()
+    assert loss == pytest.approx(tl.item(), rel=1e-5)
+    for (name, p), tp in zip(model.named_parameters(), theirs.parameters()):
+        np.testing.assert_allclose(p.grad.numpy(), tp.grad.numpy(), rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+def test_padding_hides_what_it_covers_in_compiled_training():
+    """What the padded positions hold (the padding token's embedding) never reaches the loss or the other
+    positions' gradients: the keys are masked out and the mean skips them."""
+    ft.manual_seed(30)
+    model = padded_classifier(ft)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), ft.nn.CrossEntropyLoss(), batch_size=4,
+                            input_shape=(10,), input_dtype=ft.int64)
+    ids, y = padded_batch(31)
+    runs = []
+    for row in (np.zeros(16), np.random.default_rng(32).standard_normal(16)):
+        model.emb.weight[PAD].copy_(row.astype(np.float32))
+        model.zero_grad()
+        runs.append((program.backward(ids, y), [p.grad.numpy().copy() for p in model.parameters()][1:]))
+    assert runs[0][0] == runs[1][0]
+    for a, b in zip(runs[0][1], runs[1][1]):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_multihead_attention_key_padding_mask_matches_pytorch():
+    """MultiheadAttention(key_padding_mask=) eagerly, bool (True: padding) or additive, against PyTorch's layer."""
+    ft.manual_seed(32)
+    mha = ft.nn.MultiheadAttention(8, 2, batch_first=True)
+    x = ft.tensor(np.random.default_rng(33).standard_normal((3, 5, 8)).astype(np.float32))
+    pad = np.array([[0, 0, 0, 0, 0], [0, 0, 0, 1, 1], [0, 1, 1, 1, 1]], bool)
+    got = mha(x, x, x, key_padding_mask=ft.tensor(pad))[0].numpy()
+    additive = ft.tensor(np.where(pad, -np.inf, 0.0).astype(np.float32))
+    np.testing.assert_array_equal(mha(x, x, x, key_padding_mask=additive)[0].numpy(), got)
+    assert not np.allclose(mha(x, x, x)[0].numpy(), got)
+    torch = pytest.importorskip("torch")
+    theirs = torch.nn.MultiheadAttention(8, 2, batch_first=True)
+    theirs.load_state_dict({k: torch.from_numpy(v) for k, v in mha.state_dict().items()})
+    tx = torch.from_numpy(x.numpy())
+    with torch.no_grad():
+        want = theirs(tx, tx, tx, key_padding_mask=torch.from_numpy(pad), need_weights=False)[0].numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_traced_masks_refused_where_they_cannot_be_compiled():
+    """Masks a compiled program cannot take fail at compile, naming the line: a comparison with a tensor, ~ of a
+    value that is not a mask, a padding mask fixed for every sample, and a float mask computed from the input."""
+    def compile_forward(forward):
+        class M(ft.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.emb, self.attn = ft.nn.Embedding(VOCAB, 8), ft.nn.MultiheadAttention(8, 2, batch_first=True)
+
+            def forward(self, ids):
+                return forward(self, ids).mean(1)
+        m = M()
+        return m.compile(ft.optim.SGD(m.parameters(), lr=0.1), ft.nn.MSELoss(), batch_size=2, input_shape=(5,),
+                         input_dtype=ft.int64, target_shape=(8,))
+
+    def attend(m, ids, mask):
+        h = m.emb(ids)
+        return m.attn(h, h, h, key_padding_mask=mask)[0]
+    with pytest.raises(ft.nn.TracingError, match="a comparison of a traced value with a tensor"):
+        compile_forward(lambda m, ids: attend(m, ids, ids == ft.zeros(5, dtype=ft.int64)))
+    with pytest.raises(ft.nn.TracingError, match=r"~ \(logical_not\) of a traced value of float32"):
+        compile_forward(lambda m, ids: ~m.emb(ids))
+    with pytest.raises(ft.nn.TracingError, match="a mask of keys fixed for every sample"):
+        compile_forward(lambda m, ids: attend(m, ids, ft.zeros(2, 5, dtype=ft.bool)))
+    with pytest.raises(ft.nn.TracingError, match="other than a bool one of keys"):
+        compile_forward(lambda m, ids: attend(m, ids, (ids == PAD).float()))
+    compile_forward(lambda m, ids: attend(m, ids, ids == PAD))

@@ -534,12 +534,22 @@ def test_what_no_grad_holds_back_may_be_frozen_and_a_penalty_in_the_loss_trains(
 
 @pytest.mark.parametrize("compare", [lambda a, b: a == b, lambda a, b: a != b, lambda a, b: a > b,
                                      lambda a, b: a <= b])
-def test_comparisons_of_traced_values_are_refused_not_one_bool(compare):
-    """Python's default == of two objects is one bool: a padding mask (y != 0) would silently be 1."""
+def test_comparisons_of_traced_values_with_numbers_are_masks_not_one_bool(compare):
+    """Python's default == of two objects is one bool, which would make a padding mask (y != 0) silently 1: a
+    comparison with a number is a mask per element (the loss below against NumPy's), one with a tensor is
+    refused."""
+    ft.manual_seed(34)
     model = nn.Linear(4, 3)
-    with pytest.raises(ft.nn.TracingError, match="a comparison of a traced value"):
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1),
+                            lambda out, y: (F.cross_entropy(out, y, reduction="none") * compare(y, 1)).mean(),
+                            batch_size=4, input_shape=(4,))
+    x, y = np.random.default_rng(35).standard_normal((4, 4)).astype(np.float32), np.array([0, 1, 2, 1])
+    out = model(ft.tensor(x)).numpy().astype(np.float64)
+    per_sample = np.log(np.exp(out).sum(1)) - out[np.arange(4), y]
+    assert program.backward(x, y) == pytest.approx((per_sample * compare(y, 1)).mean(), rel=1e-6)
+    with pytest.raises(ft.nn.TracingError, match="a comparison of a traced value with a tensor"):
         model.compile(ft.optim.SGD(model.parameters(), lr=0.1),
-                      lambda out, y: (F.cross_entropy(out, y, reduction="none") * compare(y, 0)).mean(),
+                      lambda out, y: (F.cross_entropy(out, y, reduction="none") * compare(y, ft.ones(()))).mean(),
                       batch_size=2, input_shape=(4,))
 
 

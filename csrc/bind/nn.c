@@ -18,6 +18,7 @@
 #include "nn/reducer.h"
 #include "ops/activation.h"
 #include "ops/check.h"
+#include "ops/math.h"
 #include "ops/reduce.h"
 #include "optim/optim.h"
 
@@ -65,6 +66,23 @@ static int get_double(PyObject *d, const char *key, double dflt, double *out) {
     }
     *out = PyFloat_AsDouble(v);
     return *out == -1.0 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* An ops/math.h op by its name (as _C.math_pointwise takes it), FT_MATH_NUM_OPS when absent. */
+static int get_math_op(PyObject *d, const char *key, int *out) {
+    PyObject *v = PyDict_GetItemString(d, key);
+    *out = FT_MATH_NUM_OPS;
+    if (!v)
+        return 0;
+    const char *name = PyUnicode_AsUTF8(v);
+    ft_math_op op;
+    if (!name || ft_math_op_of(name, &op) != FT_OK) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_ValueError, "node field %s: %R names no math op", key, v);
+        return -1;
+    }
+    *out = (int)op;
+    return 0;
 }
 
 static int get_ints(PyObject *d, const char *key, int64_t *out, int max, int *n) {
@@ -155,7 +173,7 @@ static int parse_node(ft_module_state *st, PyObject *d, ft_node *nd) {
         get_long(d, "abn", 0, &abn) < 0 || get_double(d, "flops", 0.0, &nd->flops) < 0 ||
         get_long(d, "align_corners", 0, &align_corners) < 0 || get_double(d, "scale_h", 0.0, &nd->lerp.scale_h) < 0 ||
         get_double(d, "scale_w", 0.0, &nd->lerp.scale_w) < 0 || get_long(d, "uniform", 0, &uniform) < 0 ||
-        get_long(d, "channels", 0, &channels) < 0)
+        get_long(d, "channels", 0, &channels) < 0 || get_math_op(d, "math_op", &nd->math_op) < 0)
         return -1;
     if ((dtype != FT_FLOAT32 && dtype != FT_INT64) || reduction < 0 || reduction > FT_NODE_REDUCE_BATCHMEAN) {
         PyErr_Format(PyExc_ValueError, "node dtype code %lld or reduction code %lld is not one a program takes", dtype,

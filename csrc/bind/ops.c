@@ -1682,9 +1682,11 @@ static PyObject *py_upsample_bilinear2d_backward(PyObject *m, PyObject *args, Py
 /* ======================= attention ======================= */
 
 /* scale=None (or omitted): 1 / sqrt(D); seed and offset place the dropout mask (as dropout_forward's). */
-static int parse_sdpa(PyObject *scale, int causal, double dropout_p, PyObject *seed, PyObject *offset,
-                      ft_sdpa_params *p) {
+static int parse_sdpa(ft_module_state *st, PyObject *scale, int causal, double dropout_p, PyObject *seed,
+                      PyObject *offset, PyObject *key_mask, ft_sdpa_params *p) {
     memset(p, 0, sizeof *p);
+    if (key_mask && parse_in(st, key_mask, "key_mask", true, &p->key_mask) < 0)
+        return -1;
     p->causal = causal;
     p->dropout_p = dropout_p;
     p->seed = seed ? PyLong_AsUnsignedLongLongMask(seed) : 0;
@@ -1706,19 +1708,21 @@ static int parse_sdpa(PyObject *scale, int causal, double dropout_p, PyObject *s
 }
 
 static PyObject *py_sdpa_forward(PyObject *m, PyObject *args, PyObject *kw) {
-    PyObject *o_out, *o_lse, *o_q, *o_k, *o_v, *o_scale = NULL, *o_seed = NULL, *o_offset = NULL;
+    PyObject *o_out, *o_lse, *o_q, *o_k, *o_v, *o_scale = NULL, *o_seed = NULL, *o_offset = NULL, *o_mask = NULL;
     int causal = 0;
     double dropout_p = 0.0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOO|Op$dOO:sdpa_forward",
-                                     KW("out", "lse", "q", "k", "v", "scale", "causal", "dropout_p", "seed", "offset"),
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOO|Op$dOOO:sdpa_forward",
+                                     KW("out", "lse", "q", "k", "v", "scale", "causal", "dropout_p", "seed", "offset",
+                                        "key_mask"),
                                      &o_out, &o_lse, &o_q, &o_k, &o_v, &o_scale, &causal, &dropout_p, &o_seed,
-                                     &o_offset))
+                                     &o_offset, &o_mask))
         return NULL;
     ft_module_state *st = ft_py_state(m);
     const ft_tensor *q, *k, *v;
     out_arg o[2] = {{0}};
     ft_sdpa_params p;
-    if (parse_sdpa(o_scale, causal, dropout_p, o_seed, o_offset, &p) < 0 || parse_in(st, o_q, "q", false, &q) < 0 ||
+    if (parse_sdpa(st, o_scale, causal, dropout_p, o_seed, o_offset, o_mask, &p) < 0 ||
+        parse_in(st, o_q, "q", false, &q) < 0 ||
         parse_in(st, o_k, "k", false, &k) < 0 || parse_in(st, o_v, "v", false, &v) < 0 ||
         parse_out(st, o_out, "out", false, &o[0]) < 0 || parse_out(st, o_lse, "lse", true, &o[1]) < 0)
         return NULL;
@@ -1734,20 +1738,20 @@ static PyObject *py_sdpa_forward(PyObject *m, PyObject *args, PyObject *kw) {
 
 static PyObject *py_sdpa_backward(PyObject *m, PyObject *args, PyObject *kw) {
     PyObject *o_dq, *o_dk, *o_dv, *o_dout, *o_q, *o_k, *o_v, *o_out, *o_lse, *o_scale = NULL, *o_seed = NULL,
-             *o_offset = NULL;
+             *o_offset = NULL, *o_mask = NULL;
     int causal = 0, accumulate = 0;
     double dropout_p = 0.0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOOO|Opp$dOO:sdpa_backward",
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOOO|Opp$dOOO:sdpa_backward",
                                      KW("dq", "dk", "dv", "dout", "q", "k", "v", "out", "lse", "scale", "causal",
-                                        "accumulate", "dropout_p", "seed", "offset"),
+                                        "accumulate", "dropout_p", "seed", "offset", "key_mask"),
                                      &o_dq, &o_dk, &o_dv, &o_dout, &o_q, &o_k, &o_v, &o_out, &o_lse, &o_scale, &causal,
-                                     &accumulate, &dropout_p, &o_seed, &o_offset))
+                                     &accumulate, &dropout_p, &o_seed, &o_offset, &o_mask))
         return NULL;
     ft_module_state *st = ft_py_state(m);
     const ft_tensor *dout, *q, *k, *v, *out, *lse;
     out_arg o[3] = {{0}};
     ft_sdpa_params p;
-    if (parse_sdpa(o_scale, causal, dropout_p, o_seed, o_offset, &p) < 0 ||
+    if (parse_sdpa(st, o_scale, causal, dropout_p, o_seed, o_offset, o_mask, &p) < 0 ||
         parse_in(st, o_dout, "dout", false, &dout) < 0 ||
         parse_in(st, o_q, "q", false, &q) < 0 || parse_in(st, o_k, "k", false, &k) < 0 ||
         parse_in(st, o_v, "v", false, &v) < 0 || parse_in(st, o_out, "out", false, &out) < 0 ||
@@ -1954,11 +1958,12 @@ static PyMethodDef ops_methods[] = {
          "upsample_bilinear2d_forward(out, inp, size, align_corners=False, scale_h=0.0, scale_w=0.0) -> out"),
     KWFN(upsample_bilinear2d_backward, "upsample_bilinear2d_backward(dinp, dout, input_size, align_corners=False, "
                                        "scale_h=0.0, scale_w=0.0, accumulate=False) -> dinp"),
-    KWFN(sdpa_forward, "sdpa_forward(out, lse, q, k, v, scale=None, causal=False, *, dropout_p=0.0, seed=0, offset=0) "
-                       "-> (out, lse): scaled dot-product attention; lse=False when no backward follows. Dropout "
-                       "drops what dropout_forward(p, seed, offset) would of the (N, H, Tq, Tk) probabilities"),
+    KWFN(sdpa_forward, "sdpa_forward(out, lse, q, k, v, scale=None, causal=False, *, dropout_p=0.0, seed=0, offset=0, "
+                       "key_mask=None) -> (out, lse): scaled dot-product attention; lse=False when no backward "
+                       "follows. Dropout drops what dropout_forward(p, seed, offset) would of the (N, H, Tq, Tk) "
+                       "probabilities; key_mask (N, Tk) bool is True where a key is masked out"),
     KWFN(sdpa_backward, "sdpa_backward(dq, dk, dv, dout, q, k, v, out, lse, scale=None, causal=False, "
-                        "accumulate=False, *, dropout_p=0.0, seed=0, offset=0) -> (dq, dk, dv)"),
+                        "accumulate=False, *, dropout_p=0.0, seed=0, offset=0, key_mask=None) -> (dq, dk, dv)"),
     {"math_pointwise", py_math_pointwise, METH_VARARGS,
      "math_pointwise(op, operands, dtype, shape) -> the elementwise op of tensors and numbers computed in dtype (a "
      "code), of their broadcast shape"},

@@ -1,5 +1,6 @@
 /* The rows of ft_node_kinds (nn/node.h): one forward and one backward per
  * kind, each a call of its ops on the tensors the program prepared. */
+#include <math.h>
 #include <string.h>
 
 #include "core/rng.h"
@@ -15,6 +16,7 @@
 #include "ops/layernorm.h"
 #include "ops/linear.h"
 #include "ops/loss.h"
+#include "ops/math.h"
 #include "ops/reduce.h"
 #include "ops/softmax.h"
 #include "ops/upsample.h"
@@ -594,22 +596,34 @@ static ft_status matmul_backward(const ft_node_run *r) {
 
 /* ---- attention ---- */
 
+/* Whether q, k and v come packed in one input, and whether a key mask follows them. */
+static bool attention_packed(const ft_node *nd) { return nd->ninputs <= 2; }
+static bool attention_masked(const ft_node *nd) { return nd->ninputs % 2 == 0; }
+
 /* E, the width of the queries (one packed input: a third of its width). */
 static int64_t attention_width(const ft_node *nd, const ft_node *const *in) {
-    return in[0]->shape[1] / (nd->ninputs == 1 ? 3 : 1);
+    return in[0]->shape[1] / (attention_packed(nd) ? 3 : 1);
+}
+
+/* Tk, the keys' count. */
+static int64_t attention_keys(const ft_node *nd, const ft_node *const *in) {
+    return in[attention_packed(nd) ? 0 : 1]->shape[0];
 }
 
 static ft_status attention_check(const ft_node *nd, const ft_node *const *in) {
     int64_t E = in[0]->ndim == 2 ? attention_width(nd, in) : 0, H = nd->groups;
-    bool ok = nd->ninputs != 2 && in[0]->ndim == 2 && H >= 1 && E % H == 0 && E > 0 && nd->ndim == 2 &&
+    bool packed = attention_packed(nd);
+    const ft_node *mask = attention_masked(nd) ? in[nd->ninputs - 1] : NULL;
+    bool ok = in[0]->ndim == 2 && H >= 1 && E % H == 0 && E > 0 && nd->ndim == 2 &&
               nd->shape[0] == in[0]->shape[0] && nd->shape[1] == E &&
-              (nd->ninputs == 1 ? in[0]->shape[1] == 3 * E
-                                : in[1]->ndim == 2 && in[2]->ndim == 2 && in[1]->shape[1] == E &&
-                                      in[2]->shape[1] == E && in[1]->shape[0] == in[2]->shape[0] &&
-                                      (!nd->causal || in[1]->shape[0] >= 1));
+              (packed ? in[0]->shape[1] == 3 * E
+                      : in[1]->ndim == 2 && in[2]->ndim == 2 && in[1]->shape[1] == E && in[2]->shape[1] == E &&
+                            in[1]->shape[0] == in[2]->shape[0]) &&
+              (!mask || (mask->ndim == 1 && mask->shape[0] == attention_keys(nd, in)));
     return ok ? FT_OK
               : ft_fail(FT_ERR_SHAPE, "program: attention takes queries (T, E) and keys and values (S, E), or one "
-                                      "packed (T, 3E) input, with E divisible by the %lld heads",
+                                      "packed (T, 3E) input, with E divisible by the %lld heads, then optionally "
+                                      "a key mask (S,)",
                         (long long)H);
 }
 
@@ -632,7 +646,7 @@ static ft_tensor heads_of(const ft_tensor *t, int64_t col, int64_t E, int64_t H)
 /* The queries, keys and values (k 0, 1, 2) among the inputs (or their gradients) ts. */
 static ft_tensor qkv(const ft_node_run *r, const ft_tensor *const *ts, int k) {
     int64_t E = r->nd->shape[1];
-    return r->nin == 1 ? heads_of(ts[0], k * E, E, r->nd->groups) : heads_of(ts[k], 0, E, r->nd->groups);
+    return attention_packed(r->nd) ? heads_of(ts[0], k * E, E, r->nd->groups) : heads_of(ts[k], 0, E, r->nd->groups);
 }
 
 static ft_tensor attention_lse(const ft_node_run *r) {
@@ -646,22 +660,35 @@ static ft_tensor attention_lse(const ft_node_run *r) {
 
 /* A query's probability for each key, in the training step only: the mask's draws (ops/attention.h). */
 static uint64_t attention_draws(const ft_node *nd, const ft_node *const *in, int64_t rows, bool training) {
-    int64_t keys = in[nd->ninputs > 1]->shape[0];
-    return training && nd->dropout_p > 0 ? ft_dropout_blocks(rows * nd->groups * nd->shape[0] * keys) : 0;
+    return training && nd->dropout_p > 0 ? ft_dropout_blocks(rows * nd->groups * nd->shape[0] * attention_keys(nd, in))
+                                         : 0;
 }
 
-static ft_sdpa_params sdpa_params(const ft_node_run *r) {
+/* The op's parameters; *mask holds the key mask it points to. */
+static ft_sdpa_params sdpa_params(const ft_node_run *r, ft_tensor *mask) {
     const ft_node *nd = r->nd;
-    return (ft_sdpa_params){.scale = nd->scale, .causal = nd->causal, .dropout_p = r->training ? nd->dropout_p : 0.0,
-                            .seed = r->seed, .offset = r->mask_offset};
+    ft_sdpa_params p = {.scale = nd->scale, .causal = nd->causal, .dropout_p = r->training ? nd->dropout_p : 0.0,
+                        .seed = r->seed, .offset = r->mask_offset};
+    if (attention_masked(nd)) {
+        *mask = r->in[r->nin - 1];
+        p.key_mask = mask;
+    }
+    return p;
+}
+
+/* The inputs (or their gradients) ts as (q, k, v): one packed input is all three. */
+static void qkv_inputs(const ft_node_run *r, const ft_tensor **out, const ft_tensor *const *ts) {
+    bool packed = attention_packed(r->nd);
+    out[0] = ts[0], out[1] = ts[packed ? 0 : 1], out[2] = ts[packed ? 0 : 2];
 }
 
 static ft_status attention_forward(const ft_node_run *r) {
-    const ft_tensor *ins[3] = {&r->in[0], &r->in[r->nin > 1], &r->in[r->nin > 1 ? 2 : 0]};
+    const ft_tensor *all[3] = {&r->in[0], &r->in[1], &r->in[2]}, *ins[3];
+    qkv_inputs(r, ins, all);
     ft_tensor q = qkv(r, ins, 0), k = qkv(r, ins, 1), v = qkv(r, ins, 2), out = heads_of(&r->out, 0, r->nd->shape[1],
                                                                                         r->nd->groups);
-    ft_tensor lse = attention_lse(r);
-    ft_sdpa_params p = sdpa_params(r);
+    ft_tensor lse = attention_lse(r), mask;
+    ft_sdpa_params p = sdpa_params(r, &mask);
     return ft_sdpa_forward(&out, r->training ? &lse : NULL, &q, &k, &v, &p);
 }
 
@@ -670,23 +697,24 @@ static bool same_buffer(const ft_tensor *a, const ft_tensor *b) {
 }
 
 static ft_status attention_backward(const ft_node_run *r) {
-    const ft_tensor *ins[3] = {&r->in[0], &r->in[r->nin > 1], &r->in[r->nin > 1 ? 2 : 0]};
-    ft_tensor q = qkv(r, ins, 0), k = qkv(r, ins, 1), v = qkv(r, ins, 2), lse = attention_lse(r);
+    const ft_tensor *all[3] = {&r->in[0], &r->in[1], &r->in[2]}, *ins[3], *dins[3];
+    qkv_inputs(r, ins, all);
+    qkv_inputs(r, dins, r->din);
+    ft_tensor q = qkv(r, ins, 0), k = qkv(r, ins, 1), v = qkv(r, ins, 2), lse = attention_lse(r), mask;
     int64_t E = r->nd->shape[1], H = r->nd->groups;
     ft_tensor out = heads_of(&r->out, 0, E, H), dout = heads_of(&r->dout, 0, E, H), d[3];
-    ft_sdpa_params p = sdpa_params(r);
+    ft_sdpa_params p = sdpa_params(r, &mask);
     const ft_tensor *g[3] = {NULL, NULL, NULL};
-    bool acc[3];
+    bool packed = attention_packed(r->nd), acc[3];
     for (int x = 0; x < 3; x++) {
-        int i = r->nin == 1 ? 0 : x; /* a packed input's gradient holds all three */
+        int i = packed ? 0 : x; /* a packed input's gradient holds all three */
         if (r->din[i]) {
-            const ft_tensor *dins[3] = {r->din[0], r->din[r->nin > 1], r->din[r->nin > 1 ? 2 : 0]};
             d[x] = qkv(r, dins, x);
             g[x] = &d[x];
         }
         acc[x] = r->din_acc[i];
     }
-    if (r->nin == 1 || !(same_buffer(r->din[0], r->din[1]) || same_buffer(r->din[0], r->din[2]) ||
+    if (packed || !(same_buffer(r->din[0], r->din[1]) || same_buffer(r->din[0], r->din[2]) ||
                          same_buffer(r->din[1], r->din[2])))
         return ft_sdpa_backward(g[0], g[1], g[2], &dout, &q, &k, &v, &out, &lse, &p,
                                 (ft_sdpa_acc){acc[0], acc[1], acc[2]});
@@ -697,6 +725,25 @@ static ft_status attention_backward(const ft_node_run *r) {
             FT_TRY(ft_sdpa_backward(x == 0 ? g[0] : NULL, x == 1 ? g[1] : NULL, x == 2 ? g[2] : NULL, &dout, &q, &k,
                                     &v, &out, &lse, &p, (ft_sdpa_acc){acc[0], acc[1], acc[2]}));
     return FT_OK;
+}
+
+/* ---- masks ---- */
+
+static ft_status math_check(const ft_node *nd, const ft_node *const *in) {
+    if (nd->math_op < 0 || nd->math_op >= FT_MATH_NUM_OPS || ft_math_arity((ft_math_op)nd->math_op) > 2)
+        return ft_fail(FT_ERR_VALUE, "program: math op code %d is not one a node takes", nd->math_op);
+    return same_shape(nd, in);
+}
+
+/* Its input's dtype for a mask (integers compared with a fraction in float64), else the output's. */
+static ft_status math_forward(const ft_node_run *r) {
+    ft_math_op op = (ft_math_op)r->nd->math_op;
+    double s = r->nd->scale;
+    ft_dtype in = r->in[0].dtype, compute = r->out.dtype;
+    if (r->out.dtype == FT_BOOL)
+        compute = ft_dtype_is_float(in) || s == floor(s) ? in : FT_FLOAT64;
+    ft_math_arg args[2] = {{&r->in[0], {0}}, {NULL, {.kind = FT_SCALAR_FLOAT, .f = s}}};
+    return ft_math_pointwise(&r->out, op, compute, args, ft_math_arity(op));
 }
 
 /* ---- softmax ---- */
@@ -1126,7 +1173,7 @@ const ft_node_kind_info ft_node_kinds[FT_NODE_NKINDS] = {
                           upsample_backward, .precision = FT_NODE_ANY, .reads_inputs = never, .reads_output = never},
     [FT_NODE_MATMUL] = {"matmul", 2, 2, 0, matmul_check, NULL, NULL, matmul_forward, matmul_backward,
                         .precision = FT_NODE_LOW},
-    [FT_NODE_ATTENTION] = {"attention", 1, 3, 0, attention_check, attention_aux, NULL, attention_forward,
+    [FT_NODE_ATTENTION] = {"attention", 1, 4, 0, attention_check, attention_aux, NULL, attention_forward,
                            attention_backward, .precision = FT_NODE_ANY, .draws = attention_draws},
     [FT_NODE_EXPAND] = {"expand", 1, 1, 0, expand_check, NULL, NULL, expand_forward, expand_backward,
                         .precision = FT_NODE_ANY, .reads_inputs = never, .reads_output = never},
@@ -1137,6 +1184,8 @@ const ft_node_kind_info ft_node_kinds[FT_NODE_NKINDS] = {
     [FT_NODE_DETACH] = {"detach", 1, 1, 0, same_shape, NULL, NULL, detach_forward, NULL, .precision = FT_NODE_ANY},
     [FT_NODE_CONV_TRANSPOSE2D] = {"conv_transpose2d", 1, 1, 2, NULL, NULL, NULL, conv_transpose2d_forward,
                                   conv_transpose2d_backward, .precision = FT_NODE_LOW, .reads_output = never},
+    [FT_NODE_MATH] = {"math", 1, 1, 0, math_check, NULL, NULL, math_forward, NULL, .precision = FT_NODE_ANY,
+                      .reads_inputs = never, .reads_output = never},
     [FT_NODE_NOISE] = {"noise", 1, 1, 0, same_shape, NULL, NULL, noise_forward, NULL, .precision = FT_NODE_ANY,
                        .reads_inputs = never, .reads_output = never, .draws = element_draws},
     [FT_NODE_UPSAMPLE_BILINEAR] = {"upsample_bilinear", 1, 1, 2, bilinear_check, NULL, NULL, bilinear_forward,

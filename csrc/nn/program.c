@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/math.h"
 #include "nn/node.h"
 #include "ops/check.h"
 #include "ops/dropout.h"
@@ -709,6 +710,9 @@ static void plan_dtypes(ft_program *p) {
                     : nd->kind == FT_NODE_PARAM ? i <= p->output && read_by_low(p, i)
                                                 : i <= p->output && k != FT_NODE_FLOAT32);
         p->dtype[i] = low ? p->compute : i == 0 || i == p->target ? nd->dtype : FT_FLOAT32;
+        if (nd->kind == FT_NODE_MATH && (ft_math_is_comparison((ft_math_op)nd->math_op) ||
+                                         nd->math_op == FT_MATH_LOGICAL_NOT))
+            p->dtype[i] = FT_BOOL; /* a mask */
     }
     for (bool changed = p->compute != FT_FLOAT32; changed;) {
         changed = false;
@@ -719,7 +723,7 @@ static void plan_dtypes(ft_program *p) {
             bool wants_low = k == FT_NODE_LOW && p->dtype[i] == p->compute;
             for (int j = 0; j < p->nodes[i].ninputs; j++) {
                 int s = source(p, p->nodes[i].inputs[j]);
-                if (s == p->target || p->dtype[s] == FT_INT64)
+                if (s == p->target || p->dtype[s] == FT_INT64 || p->dtype[s] == FT_BOOL)
                     continue;
                 bool low = p->dtype[s] == p->compute;
                 if (low && !wants_low) {

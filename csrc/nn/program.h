@@ -58,7 +58,8 @@ typedef enum {
     FT_NODE_UPSAMPLE,    /* nearest, by integer factors: images (C, H, W) or sequences (C, L) */
     FT_NODE_MATMUL,      /* a (M, K) @ b (K, P) -> (M, P) per sample (a parameter node's b is every sample's) */
     FT_NODE_ATTENTION,   /* scaled dot-product attention of `groups` heads: queries (Tq, E), keys and values
-                            (Tk, E) as three inputs, or one packed (T, 3E) projection; out (Tq, E) */
+                            (Tk, E) as three inputs, or one packed (T, 3E) projection, then optionally a bool
+                            (Tk,) key mask (true: masked out); out (Tq, E) */
     FT_NODE_EXPAND,      /* the input repeated along the dimensions where it has size 1 and the node not */
     FT_NODE_SUM_DIMS,    /* scale * the sum over the dimensions where the node has size 1 and its input not */
     FT_NODE_ONE_HOT,     /* int64 class targets as rows of an identity: (d...) -> (d..., C) */
@@ -66,6 +67,7 @@ typedef enum {
     FT_NODE_UPSAMPLE_BILINEAR, /* to the node's size: images (C, H, W), or (C, L) sequences linearly */
     FT_NODE_NOISE,       /* N(0, 1), or U[0, 1) with `uniform`, drawn afresh each step, in its input's shape */
     FT_NODE_CONV_TRANSPOSE2D, /* the adjoint of conv2d with the node's conv params: images, or (C, L) sequences */
+    FT_NODE_MATH,        /* math_op (ops/math.h) of the input and scale: a bool mask, or a mask as floats; no gradient */
     FT_NODE_NKINDS
 } ft_node_kind;
 
@@ -109,6 +111,7 @@ typedef struct {
     int64_t factor[2];   /* upsample: along H and W (along L: factor[1]) */
     ft_bilinear2d_params lerp; /* bilinear upsample */
     bool uniform;              /* noise */
+    int math_op;               /* an ft_math_op */
     int64_t slice_start, slice_step;
     ft_dtype dtype;          /* the input's and the targets' */
     ft_node_reduction reduction; /* losses: how a sample's value is normalized over the batch */

@@ -60,6 +60,8 @@ typedef struct {
     bool pairs; /* the products in bfloat16 pairs (see "bfloat16 products") */
     bool dropout;         /* the probabilities through a dropout mask, drop */
     ft_dropout_params drop;
+    const uint8_t *km; /* the key mask (NULL: none), its strides over N and T */
+    int64_t km_n, km_t;
 } geom;
 
 /* A (N, H, T, D) float32 or bfloat16 tensor: its data and its strides (in
@@ -447,19 +449,27 @@ static inline int keys_seen(const geom *g, int64_t i, int64_t kb) {
     return n > 0 ? (int)n : 0;
 }
 
+/* kept[j] (BK) = whether key j0 + j of sample n is one: in the sequence and
+ * not masked out. */
+static void keys_kept(const geom *g, int64_t n, int64_t j0, int nk, uint8_t *kept) {
+    for (int j = 0; j < BK; j++)
+        kept[j] = j < nk && !(g->km && g->km[n * g->km_n + (j0 + j) * g->km_t]);
+}
+
 /* Folds a key block's scores s * scale (s (nk, BQ), key j in row j and
  * query i in column i) into each query's running max m and sum l: s becomes
- * exp(s * scale - m) (0 where query i sees only keys j < seen[i]), and
- * alpha[i] the factor that rescales what query i summed before. Returns
- * whether some alpha is not 1. */
-FT_VEC_CLONES static bool online_softmax(float *s, int nk, const int *seen, float scale, float *m, float *l,
-                                         float *alpha, float *acc) {
+ * exp(s * scale - m) (0 where query i sees only keys j < seen[i], or key j is
+ * not kept), and alpha[i] the factor that rescales what query i summed
+ * before. Returns whether some alpha is not 1. */
+FT_VEC_CLONES static bool online_softmax(float *s, int nk, const int *seen, const uint8_t *kept, float scale,
+                                         float *m, float *l, float *alpha, float *acc) {
     for (int i = 0; i < BQ; i++)
         acc[i] = -INFINITY;
     for (int j = 0; j < nk; j++) {
         const float *sj = s + j * BQ;
-        for (int i = 0; i < BQ; i++)
-            acc[i] = j < seen[i] && sj[i] * scale > acc[i] ? sj[i] * scale : acc[i];
+        if (kept[j])
+            for (int i = 0; i < BQ; i++)
+                acc[i] = j < seen[i] && sj[i] * scale > acc[i] ? sj[i] * scale : acc[i];
     }
     bool rescale = false;
     for (int i = 0; i < BQ; i++) {
@@ -472,8 +482,9 @@ FT_VEC_CLONES static bool online_softmax(float *s, int nk, const int *seen, floa
     }
     for (int j = 0; j < nk; j++) {
         float *sj = s + j * BQ;
+        int k = kept[j];
         for (int i = 0; i < BQ; i++) {
-            float p = j < seen[i] ? ft_expf(sj[i] * scale - m[i]) : 0.0f;
+            float p = k && j < seen[i] ? ft_expf(sj[i] * scale - m[i]) : 0.0f;
             sj[i] = p;
             acc[i] += p;
         }
@@ -596,7 +607,9 @@ static void forward_block(const fwd_ws *w, const geom *g, const view4 *out, floa
         }
         for (int i = 0; i < BQ; i++)
             w->seen[i] = keys_seen(g, i0 + i, kb);
-        if (online_softmax(w->s, nk, w->seen, scale, w->m, w->l, w->alpha, w->acc))
+        uint8_t kept[BK];
+        keys_kept(g, n, j0, nk, kept);
+        if (online_softmax(w->s, nk, w->seen, kept, scale, w->m, w->l, w->alpha, w->acc))
             for (int i = 0; i < BQ; i++) {
                 float *oi = w->o + i * Dp, alpha = w->alpha[i];
                 FT_SIMD_FOR(d, Dp)
@@ -650,6 +663,18 @@ static ft_status check_heads(const char *op, const ft_tensor *q, const ft_tensor
     return check_qkv(op, "v", v, dev, *N, *H, k->shape[2], *D);
 }
 
+/* The key mask, if any: (N, Tk) bool on dev. */
+static ft_status check_key_mask(const char *op, const ft_sdpa_params *p, ft_device dev, int64_t N, int64_t Tk) {
+    const ft_tensor *m = p->key_mask;
+    if (!m)
+        return FT_OK;
+    if (m->dtype != FT_BOOL)
+        return ft_fail(FT_ERR_DTYPE, "%s: key_mask must be bool, got %s", op, ft_dtype_get(m->dtype)->name);
+    FT_TRY(ft_check_on(op, "key_mask", m, dev, "q"));
+    int64_t shape[2] = {N, Tk};
+    return ft_check_shape(op, "key_mask", m, 2, shape);
+}
+
 /* lse (N, H, Tq) float32 on dev. */
 static ft_status check_lse(const char *op, const ft_tensor *lse, ft_device dev, int64_t N, int64_t H, int64_t Tq) {
     int64_t shape[3] = {N, H, Tq};
@@ -688,6 +713,8 @@ static ft_status make_geom(geom *g, const ft_tensor *q, const ft_tensor *k, cons
     g->causal = p->causal, g->pairs = pairs;
     g->dropout = p->dropout_p > 0.0;
     g->drop = (ft_dropout_params){p->dropout_p, p->seed, p->offset, 1};
+    g->km = p->key_mask ? (const uint8_t *)ft_tensor_data(p->key_mask) : NULL;
+    g->km_n = p->key_mask ? p->key_mask->strides[0] : 0, g->km_t = p->key_mask ? p->key_mask->strides[1] : 0;
     if (!isfinite(g->scale))
         return ft_fail(FT_ERR_VALUE, "sdpa: scale must be finite, got %g", p->scale);
     if (!(p->dropout_p >= 0.0 && p->dropout_p < 1.0))
@@ -733,6 +760,7 @@ ft_status ft_sdpa_forward(const ft_tensor *out, const ft_tensor *lse, const ft_t
         FT_TRY(check_writes(op, "lse", lse, in, names, 3));
         FT_TRY(ft_check_alias(op, "lse", lse, "out", out));
     }
+    FT_TRY(check_key_mask(op, p, dev, N, k->shape[2]));
     geom g;
     FT_TRY(make_geom(&g, q, k, p, in_pairs(in, 3)));
     ft_chunk_arg args[5] = {{out, true, false}, {lse, true, false}, {q, false, false}, {k, false, false},
@@ -858,6 +886,14 @@ static void probs_grad_kv(const bwd_ws *w, const geom *g, int64_t n, int64_t h, 
     probs_grad(w->s, w->dp, rq, BK, w->lo, w->hi, scale, w->lse, w->delta, true);
     if (g->dropout)
         times(w->s, w->z, rq * BK);
+    if (g->km) { /* the masked keys' columns: no probability, no gradient */
+        uint8_t kept[BK];
+        keys_kept(g, n, j0, nk, kept);
+        for (int r = 0; r < rq; r++)
+            for (int c = 0; c < nk; c++)
+                if (!kept[c])
+                    w->s[r * BK + c] = w->dp[r * BK + c] = 0.0f;
+    }
 }
 
 /* probs_grad over the dq pass's tiles (a key per row): dS in dp. */
@@ -956,11 +992,13 @@ static void backward_q(const bwd_ws *w, const bwd_args *a, const geom *g, int64_
     for (int64_t kb = 0; kb < g->nkb && block_active(g, qb, kb); kb++) {
         int64_t j0 = kb * BK, ldk, ldv;
         int nk = rows_in(kb, BK, g->Tk), rk = round_rows(nk);
-        /* key j sees the queries i >= j (causal) of the block's valid ones */
+        /* key j sees the queries i >= j (causal) of the block's valid ones, none when masked out */
+        uint8_t kept[BK];
+        keys_kept(g, n, j0, nk, kept);
         for (int r = 0; r < rk; r++) {
             int64_t lo = g->causal ? j0 + r - i0 : 0;
             w->lo[r] = lo < 0 ? 0 : lo > BQ ? BQ : (int)lo;
-            w->hi[r] = r < nk ? nq : 0;
+            w->hi[r] = kept[r] ? nq : 0;
         }
         if (g->pairs) {
             const uint32_t *ka = pair_rows(w->krow, BK, &ldk, &a->k, n, h, j0, nk, g);
@@ -1006,6 +1044,7 @@ ft_status ft_sdpa_backward(const ft_tensor *dq, const ft_tensor *dk, const ft_te
         FT_TRY(check_qkv(op, names[6 + i], grads[i], dev, N, H, ref->shape[2], D));
         FT_TRY(check_writes(op, names[6 + i], grads[i], in, names, 6 + i));
     }
+    FT_TRY(check_key_mask(op, p, dev, N, k->shape[2]));
     geom g;
     FT_TRY(make_geom(&g, q, k, p, in_pairs(in, 4))); /* dout, q, k and v */
     ft_chunk_arg args[8] = {{dq, true, acc.q}, {dk, true, acc.k}, {dv, true, acc.v}, {dout, false, false},

@@ -1,5 +1,5 @@
-/* Scaled dot-product attention (PyTorch's scaled_dot_product_attention
- * without a mask tensor), fused and memory-light: keys are taken
+/* Scaled dot-product attention (PyTorch's scaled_dot_product_attention with
+ * a causal mask or one masking keys out), fused and memory-light: keys are taken
  * in blocks with an online softmax, so no (Tq, Tk) matrix of the whole
  * sequence is ever stored; the forward saves only each query row's
  * log-sum-exp, from which the backward recomputes the probabilities block by
@@ -31,6 +31,10 @@ typedef struct {
     bool causal;      /* query i sees keys j <= i (top-left aligned, PyTorch's is_causal) */
     double dropout_p; /* in [0, 1) */
     uint64_t seed, offset;
+    /* (N, Tk) bool, true where a key is masked out (PyTorch's
+     * key_padding_mask), on q's device; NULL: none. A query that sees no key
+     * gets out 0 and lse -inf (PyTorch gives NaN). */
+    const ft_tensor *key_mask;
 } ft_sdpa_params;
 
 /* The gradient rule (ops/gradient.h) per gradient output: false writes (=),

@@ -806,22 +806,34 @@ def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
 # ---- attention ----
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
-    """softmax(query key^T * scale + causal mask) value over (N, H, T, D) or (N, T, D) tensors, fused (the
-    (Tq, Tk) matrix is never stored). query, key and value may be views with any strides except along D, such
-    as ``x.view(N, T, H, D).transpose(1, 2)``. attn_mask may be the causal mask (a bool one True on and below the
-    diagonal, or -inf above it and 0 elsewhere), which is is_causal=True; no other. dropout_p drops attention
-    weights as PyTorch does (whatever the mode: pass 0.0 in eval, as its layers do), inside the kernel: the mask
-    is F.dropout's of the (N, H, Tq, Tk) weights at the default generator's next draw. The backward is
+    """softmax(query key^T * scale + mask) value over (N, H, T, D) or (N, T, D) tensors, fused (the (Tq, Tk)
+    matrix is never stored). query, key and value may be views with any strides except along D, such as
+    ``x.view(N, T, H, D).transpose(1, 2)``. attn_mask may be the causal mask (a bool one True on and below the
+    diagonal, or -inf above it and 0 elsewhere), which is is_causal=True, or a mask of keys the same for every
+    query and head, shaped (N, 1, 1, Tk) or (1, Tk): a padding mask, bool (True where attention is allowed) or
+    additive (0, and -inf where not); no other. A query that sees no key gets 0 (PyTorch's gives NaN). dropout_p
+    drops weights as PyTorch does (whatever the mode: pass 0.0 in eval, as its layers do), inside the kernel: the
+    mask is F.dropout's of the (N, H, Tq, Tk) weights at the default generator's next draw. The backward is
     ``ft.ops.sdpa_backward``, which needs the log-sum-exp that ``ft.ops.sdpa_forward`` returns (and the same
-    dropout_p, seed and offset)."""
+    dropout_p, seed, offset and key_mask)."""
     fn = "scaled_dot_product_attention"
-    is_causal = M._causal(attn_mask, query.shape[-2], fn, bool_keeps=True) or is_causal
+    causal, keys = M._attention_mask(attn_mask, query.shape[-2], key.shape[-2], fn, keeps=True,
+                                     batched=attn_mask is not None and attn_mask.ndim == query.ndim)
+    return _attention(query, key, value, causal or is_causal, scale, dropout_p, keys, fn)
+
+
+def _attention(query, key, value, is_causal, scale, dropout_p, key_mask, fn):
+    """scaled_dot_product_attention with its mask read: key_mask True where a key is masked out, (B, Tk) with B the
+    batch or 1, or a traced bool value."""
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"{fn}: dropout_p must be in [0, 1), got {dropout_p}")
     if any(isinstance(x, Symbolic) for x in (query, key, value)):
         from .graph import attention
+        if key_mask is not None and not isinstance(key_mask, Symbolic):
+            fail(f"{fn}: a mask of keys fixed for every sample", "compute it from the input, so that each sample "
+                 "has its own: (ids == pad)")
         operand = next(x for x in (query, key, value) if isinstance(x, Symbolic))._operand
-        return attention(*(operand(x) for x in (query, key, value)), is_causal, scale, float(dropout_p))
+        return attention(*(operand(x) for x in (query, key, value)), is_causal, scale, float(dropout_p), key_mask)
     for x, name in ((query, "query"), (key, "key"), (value, "value")):
         _check(x, name, fn)
     ranks = {query.ndim, key.ndim, value.ndim}
@@ -832,10 +844,14 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if three:
         query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
     query, key, value = cast(query, key, value)
-    seed, offset = _take_blocks(None, _C.dropout_blocks(math.prod(query.shape[:3]) * key.shape[2])) \
-        if dropout_p else (0, 0)
+    N, Tk = query.shape[0], key.shape[2]
+    if key_mask is not None:
+        if key_mask.shape[0] not in (1, N):
+            raise ValueError(f"{fn}: a mask of keys for {key_mask.shape[0]} samples, but the batch has {N}")
+        key_mask = key_mask.to(query.device).expand(N, Tk)
+    seed, offset = _take_blocks(None, _C.dropout_blocks(math.prod(query.shape[:3]) * Tk)) if dropout_p else (0, 0)
     out, _ = _C.sdpa_forward(None, False, query, key, value, scale, is_causal, dropout_p=float(dropout_p), seed=seed,
-                             offset=offset)
+                             offset=offset, key_mask=key_mask)
     return out.squeeze(1) if three else out
 
 

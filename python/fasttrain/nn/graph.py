@@ -17,6 +17,7 @@ import copy
 import functools
 import inspect
 import math
+import numbers
 import os
 import sys
 import traceback
@@ -162,6 +163,11 @@ def in_place(target, value):
     return target
 
 
+def _bool():
+    from .._types import _BY_NAME
+    return _BY_NAME["bool"]
+
+
 def _view(method):
     """A method whose result is a view in PyTorch, sharing the value's memory (see in_place)."""
     @functools.wraps(method)
@@ -170,6 +176,8 @@ def _view(method):
         if isinstance(out, Symbolic) and out is not self:
             out.base = self
             self.views.append(out)
+            if self._is_mask() and isinstance(out.node.module, _layers().Reshape):
+                out.node.dtype = self.node.dtype
         return out
     return view
 
@@ -299,6 +307,19 @@ def _per_sample(shape, numel):
     return tuple(rest)
 
 
+def _comparison(op):
+    def compare(self, other):
+        """A bool mask of where the value compares so with a number (ids == pad: a padding mask, which attention
+        layers take as key_padding_mask, and whose .float() weighs a masked mean). Comparisons with tensors or traced
+        values fail."""
+        if isinstance(other, numbers.Real):
+            return self._math(op, float(other))
+        fail("a comparison of a traced value with a tensor or another traced value (==, !=, <, <=, >, >=)",
+             "compare with a number (ids == pad); a mask of padding labels is the loss's ignore_index; a mask "
+             "fixed for every sample is a bool tensor: x.masked_fill(mask, v), ft.where(mask, x, y)")
+    return compare
+
+
 class Symbolic:
     """A tensor that exists only in the model description: the output of a recorded node."""
 
@@ -317,6 +338,8 @@ class Symbolic:
         only be scaled or added to another reduced loss; any other use fails."""
         for x in inputs:
             x.read()
+        if not isinstance(module, (_layers().Math, _layers().Attention, _layers().Reshape)):
+            inputs = [x._floats() for x in inputs]  # PyTorch's promotion of a bool mask in arithmetic
         if reduced is None:
             flags = {x.node.reduced for x in inputs}
             if True in flags and (len(flags) > 1 or not isinstance(module, (_layers().Add, _layers().Scale))):
@@ -668,6 +691,8 @@ class Symbolic:
                 dt = as_dtype(a)
             except (TypeError, ValueError):
                 continue
+            if self._is_mask() and dt.is_floating_point:
+                return self._floats()
             if dt.is_floating_point != self.dtype.is_floating_point:
                 fail(f"x.to({dt.name}) of a traced value of {self.dtype.name}", "compute in floats, and take the "
                      "input as it comes: compile(input_dtype=ft.float32) for float inputs, ft.int64 for token ids")
@@ -682,7 +707,8 @@ class Symbolic:
         return self
 
     def float(self):
-        """The value itself (see to): the compiled program chooses the dtypes of its values (compile's precision)."""
+        """The value itself (see to), a bool mask as 0 and 1: the compiled program chooses the dtypes of its values
+        (compile's precision)."""
         return self.to("float32")
 
     @_view
@@ -984,14 +1010,32 @@ class Symbolic:
         the mask's complement, plus value where it holds (so -inf fills exactly)."""
         return where(mask, value, self)
 
-    def _compare(self, other):
-        """Fails: a compiled program has no comparison node (Python's default == would give one bool, silently)."""
-        fail("a comparison of a traced value (==, !=, <, <=, >, >=)", "a mask of padding labels is the loss's "
-             "ignore_index; a mask fixed for every sample is a bool tensor: x.masked_fill(mask, v), ft.where(mask, "
-             "x, y)")
+    # ---- masks ----
+    def _math(self, op, number=0.0):
+        """Records an elementwise op of fasttrain's tensor math on the value and a number: a comparison or logical
+        not gives a bool mask, "mul" by 1 a mask's 0/1 floats."""
+        out = _layers().Math(op, number)(self)
+        if op not in ("mul",):
+            out.node.dtype = _bool()
+        return out
 
-    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = _compare
+    __eq__, __ne__, __lt__, __le__, __gt__, __ge__ = (_comparison(op) for op in ("eq", "ne", "lt", "le", "gt", "ge"))
     __hash__ = object.__hash__  # traced values are keys by identity
+
+    def _is_mask(self):
+        return self.node.dtype is _bool()
+
+    def logical_not(self):
+        """The complement of a bool mask (~mask)."""
+        if not self._is_mask():
+            fail(f"~ (logical_not) of a traced value of {self.dtype.name}", "complement a bool mask (ids == pad)")
+        return self._math("logical_not")
+
+    __invert__ = logical_not
+
+    def _floats(self):
+        """A bool mask as floats 0 and 1 (what PyTorch's arithmetic promotes it to); any other value as it is."""
+        return self._math("mul", 1.0) if self._is_mask() else self
 
     def __getattr__(self, name):
         if name.startswith("__"):  # protocol probes (NumPy's, copy's) see a plain object
@@ -1197,10 +1241,11 @@ def _packed(rows):
     return Symbolic(source)
 
 
-def attention(q, k, v, causal, scale, dropout_p):
+def attention(q, k, v, causal, scale, dropout_p, key_mask=None):
     """Traced scaled dot-product attention of heads (N, H, T, D), or (N, T, D) for one: one node over the
     (T, H * D) rows of the projections, which reads q, k and v in place when they are column thirds of one
-    packed projection. Its dropout drops weights in the training step only."""
+    packed projection, and the key mask (a traced bool (Tk,), True where a key is masked out) after them. Its
+    dropout drops weights in the training step only."""
     if len({len(x.node.shape) for x in (q, k, v)}) != 1 or len(q.node.shape) not in (2, 3):
         fail("attention of values of different ranks", "give query, key and value as (N, H, T, D) or (N, T, D)")
     one = len(q.node.shape) == 2
@@ -1209,7 +1254,8 @@ def attention(q, k, v, causal, scale, dropout_p):
     packed = _packed(rows)
     Tq, E = rows[0].node.shape
     node = _layers().Attention(H, causal, scale, keys=rows[1].node.shape[0], dropout=dropout_p)
-    out = Symbolic.record(node, [packed] if packed is not None else rows, (Tq, E))
+    mask = [] if key_mask is None else [key_mask]
+    out = Symbolic.record(node, ([packed] if packed is not None else rows) + mask, (Tq, E))
     return out if one else out.reshape(N, Tq, H, E // H).transpose(1, 2)
 
 

@@ -2248,24 +2248,57 @@ class GRUCell(_CellBase):
     _gates, _mode = 3, "GRU"
 
 
-def _causal(mask, T, name, bool_keeps=False):
-    """Whether a mask tensor (or None: no) is the causal one for T positions, as PyTorch writes it: -inf above the
-    diagonal and 0 elsewhere (nn.Transformer.generate_square_subsequent_mask), or a bool one, True above the
-    diagonal (the positions masked out) or with bool_keeps below it and on it (the positions attended, as
-    F.scaled_dot_product_attention reads a bool mask); leading dimensions of size 1 broadcast. Any other mask is
-    refused."""
+def _is_causal(a, T, keeps):
+    """Whether the mask's values a (NumPy) are the causal mask for T positions, as PyTorch writes it: -inf above
+    the diagonal and 0 elsewhere (nn.Transformer.generate_square_subsequent_mask), or a bool one True above the
+    diagonal (the positions masked out) or, with keeps, on and below it (those attended, as
+    F.scaled_dot_product_attention reads a bool mask); leading dimensions of size 1 broadcast."""
+    import numpy as np
+    a = a.reshape(a.shape[-2:]) if a.ndim >= 2 and math.prod(a.shape[:-2]) == 1 else a
+    above = np.triu(np.ones((T, T), bool), 1)
+    return a.shape == (T, T) and (np.array_equal(a, ~above if keeps else above) if a.dtype == bool else
+                                  bool(np.all(np.isneginf(a[above])) and np.all(a[~above] == 0)))
+
+
+def _masked_keys(a, Tk, keeps, batched):
+    """The keys masked out ((B, Tk) bool, B the batch or 1) by mask values a (NumPy) that are the same for every
+    query and head, or None: a bool mask (True where attention is allowed with keeps, else where it is not), or an
+    additive one of 0 and -inf (or float32's lowest, as Hugging Face writes it). With batched, a's first dimension
+    is the batch's."""
+    import numpy as np
+    if a.ndim == 0 or a.shape[-1] != Tk or math.prod(a.shape[1 if batched else 0:-1]) != 1:
+        return None
+    rows = a.reshape(a.shape[0] if batched else 1, Tk)
+    if rows.dtype == bool:
+        return ~rows if keeps else rows
+    masked = np.isneginf(rows) | (rows <= np.finfo(np.float32).min)
+    return masked if np.all(rows[~masked] == 0) else None
+
+
+def _attention_mask(mask, Tq, Tk, name, keeps=False, batched=False):
+    """(is_causal, key_mask) of an attention mask as PyTorch's layers take it (keeps and batched: see _masked_keys;
+    None: no mask): the causal mask (Tq None: not looked for, as in a padding mask), or a mask of keys such as a
+    padding mask, as key_mask: True where a key is masked out, (B, Tk) eagerly, or a traced bool value (Tk,) per
+    sample when the mask is traced ((ids == pad), the usual padding mask). Any other mask is refused."""
     if mask is None:
-        return False
+        return False, None
+    if isinstance(mask, Symbolic):
+        from .graph import fail
+        if mask.dtype is not _BY_NAME["bool"] or mask.shape[-1] != Tk or math.prod(mask.shape[1:-1]) != 1:
+            fail(f"{name}: a mask computed from traced values other than a bool one of keys ({mask.dtype.name}, "
+                 f"shape {mask.shape})", "give a padding mask as bool (N, S) values, such as (ids == pad)")
+        rows = mask.reshape(mask.shape[0], Tk) if mask.ndim != 2 else mask
+        return False, ~rows if keeps else rows
     if isinstance(mask, TensorBase):
         import numpy as np
         a = np.asarray(mask.cpu() if mask.dtype is _BY_NAME["bool"] else mask.float().cpu())
-        a = a.reshape(a.shape[-2:]) if a.ndim >= 2 and math.prod(a.shape[:-2]) == 1 else a
-        above = np.triu(np.ones((T, T), bool), 1)
-        if a.shape == (T, T) and (np.array_equal(a, ~above if bool_keeps else above) if a.dtype == bool else
-                                  bool(np.all(np.isneginf(a[above])) and np.all(a[~above] == 0))):
-            return True
-    raise NotImplementedError(f"{name}: masks other than the causal one (is_causal=True, or its mask tensor) are not "
-                              "supported")
+        if Tq == Tk and _is_causal(a, Tq, keeps):
+            return True, None
+        rows = _masked_keys(a, Tk, keeps, batched and a.ndim >= 2)
+        if rows is not None:
+            return False, creation.tensor(rows, device=mask.device)
+    raise NotImplementedError(f"{name}: masks other than the causal one (is_causal=True, or its mask tensor) or one "
+                              "of keys (a padding mask: bool, or 0 and -inf) are not supported")
 
 
 class MultiheadAttention(Module):
@@ -2299,19 +2332,22 @@ class MultiheadAttention(Module):
         query, key and value are one tensor, the packed projection runs once. Masks other than is_causal=True are not
         supported, and need_weights is ignored: the attention weights are never formed."""
         from . import functional as F
-        if key_padding_mask is not None:
-            raise NotImplementedError("MultiheadAttention: key_padding_mask is not supported")
-        is_causal = _causal(attn_mask, query.shape[1], "MultiheadAttention") or is_causal
+        name, T, S = "MultiheadAttention", query.shape[1], key.shape[1]
+        causal, keys = _attention_mask(attn_mask, T, S, name)
+        padding = _attention_mask(key_padding_mask, None, S, name, batched=True)[1]
+        if keys is not None and padding is not None:
+            raise NotImplementedError(f"{name}: an attn_mask of keys and a key_padding_mask together are not "
+                                      "supported; merge them into key_padding_mask")
         E, H = self.embed_dim, self.num_heads
         if query is key and key is value:  # self-attention: one packed projection
             q, k, v = F.linear(query, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)
         else:  # each input through the whole projection, its third kept
             q, k, v = (F.linear(x, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)[i]
                        for i, x in enumerate((query, key, value)))
-        N, T, S = query.shape[0], query.shape[1], key.shape[1]
+        N = query.shape[0]
         heads = [x.view(N, n, H, E // H).transpose(1, 2) for x, n in ((q, T), (k, S), (v, S))]
-        out = F.scaled_dot_product_attention(*heads, dropout_p=self.dropout if self.training else 0.0,
-                                             is_causal=is_causal)
+        out = F._attention(*heads, causal or is_causal, None, self.dropout if self.training else 0.0,
+                           keys if keys is not None else padding, name)
         return self.out_proj(out.transpose(1, 2).reshape(N, T, E)), None
 
     def extra_repr(self):
@@ -2344,23 +2380,21 @@ class TransformerEncoderLayer(Module):
         from . import functional as F
         return getattr(F, self.activation)(x) if isinstance(self.activation, str) else self.activation(x)
 
-    def _sa(self, x, is_causal):
-        return self.dropout1(self.self_attn(x, x, x, is_causal=is_causal)[0])
+    def _sa(self, x, masks):
+        return self.dropout1(self.self_attn(x, x, x, need_weights=False, **masks)[0])
 
     def _ff(self, x):
         return self.dropout2(self.linear2(self.dropout(self._act(self.linear1(x)))))
 
     def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal=False):
-        """The layer applied to src (N, T, d_model), batch first. Masks other than the causal one (is_causal=True, or
-        its mask tensor) are not supported."""
-        if src_key_padding_mask is not None:
-            raise NotImplementedError("TransformerEncoderLayer: src_key_padding_mask is not supported")
-        is_causal = _causal(src_mask, src.shape[1], "TransformerEncoderLayer") or is_causal
-        x = src
+        """The layer applied to src (N, T, d_model), batch first. src_mask may be the causal mask (or is_causal=True)
+        and src_key_padding_mask (N, T) a padding mask (True, or -inf, where a position is padding), as
+        MultiheadAttention takes them."""
+        x, masks = src, dict(attn_mask=src_mask, key_padding_mask=src_key_padding_mask, is_causal=is_causal)
         if self.norm_first:
-            x = x + self._sa(self.norm1(x), is_causal)
+            x = x + self._sa(self.norm1(x), masks)
             return x + self._ff(self.norm2(x))
-        x = self.norm1(x + self._sa(x, is_causal))
+        x = self.norm1(x + self._sa(x, masks))
         return self.norm2(x + self._ff(x))
 
 
@@ -2377,8 +2411,8 @@ class TransformerEncoder(Module):
         self.num_layers, self.norm = num_layers, norm
 
     def forward(self, src, mask=None, src_key_padding_mask=None, is_causal=False):
-        """The layers applied to src (N, T, d_model) in turn, then the norm. Masks other than is_causal=True are
-        not supported."""
+        """The layers applied to src (N, T, d_model) in turn, then the norm; masks as TransformerEncoderLayer takes
+        them (padded positions are computed as the others, as PyTorch's layers do in training mode)."""
         for layer in self.layers:
             src = layer(src, mask, src_key_padding_mask, is_causal)
         return src if self.norm is None else self.norm(src)
@@ -2501,6 +2535,21 @@ class Noise(Module):
 
     def extra_repr(self):
         return "uniform" if self.uniform else "normal"
+
+
+class Math(Module):
+    """An elementwise op of fasttrain's tensor math (ft.ops.math_pointwise's names) on a traced value and a number
+    (recorded by comparisons with a number, ~ of a mask and a mask's .float()): a comparison or logical_not gives a
+    bool mask, any other op floats. No gradient passes."""
+
+    _leaf = True
+
+    def __init__(self, op, number=0.0):
+        super().__init__()
+        self.op, self.number = op, number
+
+    def extra_repr(self):
+        return f"{self.op}, {self.number:g}"
 
 
 class Detach(Module):
