@@ -420,6 +420,9 @@ def test_encoder_layer_with_pytorchs_default_dropout_compiles_and_matches_it_in_
     tl.load_state_dict({k: torch.from_numpy(v) for k, v in layer.state_dict().items()})
     with torch.no_grad():
         np.testing.assert_allclose(tl(torch.from_numpy(x)).numpy(), got, rtol=1e-4, atol=1e-5)
+    no_bias = torch.nn.TransformerEncoderLayer(16, 4, 32, batch_first=True, bias=False)
+    assert list(ft.nn.TransformerEncoderLayer(16, 4, 32, batch_first=True, bias=False).state_dict()) == \
+        list(no_bias.state_dict())  # no bias anywhere, the layer norms' included
 
 
 def test_attention_dropout_fixed_at_compile_is_kept_and_changes_refused():

@@ -198,14 +198,14 @@ def test_nan_policy_skip_with_adamw_keeps_the_step_count():
 
 
 @pytest.mark.parametrize("policy", ["raise", "skip"])
-def test_nonfinite_step_leaves_running_statistics_alone(policy):
+def test_nonfinite_step_leaves_running_statistics_and_the_dropout_stream_alone(policy):
     ft.manual_seed(17)
     model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4), nn.AdaptiveAvgPool2d(1),
-                          nn.Flatten(), nn.Linear(4, CLASSES))  # no ReLU after the BN: the NaN reaches the loss
-    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), batch_size=8,
+                          nn.Flatten(), nn.Dropout(0.2), nn.Linear(4, CLASSES))  # no ReLU after the BN: the NaN
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), batch_size=8,  # reaches the loss
                             input_shape=(3, 8, 8), nan_policy=policy)
     program.train_step(*batch(8, seed=1))
-    before = snapshot(program)
+    before, stream = snapshot(program), program._c.get_dropout_state()
     x, y = batch(8, seed=3)
     x[0, 0, 0, 0] = np.nan
     try:
@@ -217,6 +217,7 @@ def test_nonfinite_step_leaves_running_statistics_alone(policy):
         {k: v for k, v in before[0].items() if "running" not in k}  # and so are the weights
     changed = [k for k, v in snapshot(program)[0].items() if v != before[0][k]]
     assert not changed, f"changed by a step that was not applied: {changed}"  # the running statistics too
+    assert program._c.get_dropout_state() == stream  # the next step draws the masks it would have drawn
 
 
 def test_nan_policy_skip_skips_nonfinite_gradients():

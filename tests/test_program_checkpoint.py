@@ -163,6 +163,32 @@ def test_strict_load_refuses_tensors_the_model_lacks_and_strict_false_loads_the_
         ft.load(path, bigger, strict="no")
 
 
+def test_strict_false_into_a_program_of_other_names_loads_weights_alone(tmp_path):
+    """A trained program's checkpoint into a program whose head has another name (and the same shape): the
+    optimizer's state, saved by parameter position, would give the new head the old head's moments; it is not
+    restored, nor the step count or the dropout stream, and the load says so."""
+    def net(head):
+        ft.manual_seed(36)
+        m = nn.Sequential()
+        m.add_module("body", nn.Linear(4, 8))
+        m.add_module(head, nn.Linear(8, 3))
+        return m, m.compile(ft.optim.AdamW(m.parameters(), lr=0.01), nn.CrossEntropyLoss(), batch_size=2,
+                            input_shape=(4,))
+    old, trained_program = net("head")
+    x, y = np.ones((2, 4), np.float32), np.array([0, 2])
+    for _ in range(3):
+        trained_program.train_step(x, y)
+    path = str(tmp_path / "old.safetensors")
+    ft.save(path, trained_program)
+    new, program = net("cls")
+    fresh = new.cls.weight.numpy().copy()
+    with pytest.warns(UserWarning, match="the optimizer's state, kept by parameter position, .* is not restored"):
+        ft.load(path, program, strict=False)
+    assert new.body.weight.numpy().tobytes() == old.body.weight.numpy().tobytes()
+    np.testing.assert_array_equal(new.cls.weight.numpy(), fresh)
+    assert program.optimizer.state_dict()["state"] == {} and program.step_count == 0
+
+
 def test_a_programs_checkpoint_loads_strictly_into_its_bare_model(tmp_path):
     """The optimizer's state tensors in the file are not tensors the model lacks."""
     model, program = trained(plain_net, 0)

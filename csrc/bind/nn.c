@@ -455,10 +455,10 @@ typedef struct {
 } step_result;
 
 /* A step whose loss or gradients are not finite (on any rank), skipped:
- * the batch-norm statistics its forward moved are put back, and a scaling
+ * the batch-norm statistics and dropout stream its forward moved are put back, and a scaling
  * program backs off. */
 static ft_status skip_step(ft_program *prog, loss_scaler *ls, step_result *r) {
-    FT_TRY(ft_program_undo_statistics(prog));
+    FT_TRY(ft_program_undo(prog));
     if (ls)
         scaler_update(ls, true);
     r->skipped = true;
@@ -504,7 +504,7 @@ static ft_status train_step(ft_program *prog, ft_optimizer *opt, const ft_tensor
     if (!isfinite(r->loss)) { /* a rank whose own loss was finite has not put its statistics back */
         if (o->skip_nonfinite || ls)
             return skip_step(prog, ls, r);
-        FT_TRY(ft_program_undo_statistics(prog));
+        FT_TRY(ft_program_undo(prog));
         return ft_fail(FT_ERR_VALUE, "the loss is %g: no update was applied (pass nan_policy='skip' to skip such "
                                      "steps, or lower the learning rate)",
                        isnan(r->loss) ? NAN : r->loss); /* "nan", not the sign bit's "-nan" */
@@ -524,7 +524,7 @@ static ft_status train_step(ft_program *prog, ft_optimizer *opt, const ft_tensor
     }
     if ((o->skip_nonfinite || ls) && !isfinite(r->grad_norm))
         return skip_step(prog, ls, r);
-    FT_TRY(ft_program_undo_statistics(prog));
+    FT_TRY(ft_program_undo(prog));
     return s;
 }
 

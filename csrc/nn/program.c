@@ -34,6 +34,7 @@ struct ft_program {
     bool channels_last;
     ft_device device;       /* where the parameters, the arenas and every op of a step are */
     uint64_t seed, dropout_offset;
+    uint64_t step_offset; /* dropout_offset when the last ft_program_backward began */
     ft_dtype compute;       /* float32, or the low precision of a mixed-precision program */
     ft_dtype *dtype;        /* (n) each node's output and gradient dtype (see plan_dtypes) */
     ft_tensor params;       /* the model's flat float32 parameters (a borrowed view) */
@@ -958,7 +959,10 @@ static ft_status copy_statistics(ft_program *p, bool save) {
     return FT_OK;
 }
 
-ft_status ft_program_undo_statistics(ft_program *p) { return copy_statistics(p, false); }
+ft_status ft_program_undo(ft_program *p) {
+    p->dropout_offset = p->step_offset;
+    return copy_statistics(p, false);
+}
 
 void ft_program_dropout_state(const ft_program *p, uint64_t *seed, uint64_t *offset) {
     *seed = p->seed;
@@ -1258,6 +1262,7 @@ static ft_status backward_batches(ft_program *p, const ft_tensor *x, const ft_te
     int64_t B = x->shape[0];
     int last = p->n - 1;
     FT_TRY(copy_statistics(p, true));
+    p->step_offset = p->dropout_offset;
     memset(p->slot_written, accumulate, (size_t)p->nslots * sizeof *p->slot_written);
     for (int64_t r0 = 0; r0 < B; r0 += p->batch) {
         int64_t rows = B - r0 < p->batch ? B - r0 : p->batch;
@@ -1273,7 +1278,7 @@ static ft_status backward_batches(ft_program *p, const ft_tensor *x, const ft_te
         FT_TRY(forward(p, true, rows, p->output + 1, last));
         FT_TRY(add_loss(p, true, rows, loss));
         if (!isfinite(*loss)) /* the caller refuses or skips this step: leave no trace of it */
-            return copy_statistics(p, false);
+            return ft_program_undo(p);
         if (!p->trains[last])
             continue; /* nothing trains */
         memset(p->written, 0, (size_t)p->n * sizeof *p->written);
@@ -1350,7 +1355,7 @@ ft_status ft_program_backward(ft_program *p, const ft_tensor *x, const ft_tensor
         s = backward_batches(p, &xd, yd.storage ? &yd : NULL, accumulate, loss, count ? &yh : NULL, &scores,
                              correct);
         if (s != FT_OK) /* an op refused the batch midway (an embedding id out of range): leave no trace */
-            copy_statistics(p, false);
+            ft_program_undo(p);
     }
     ft_tensor *held[4] = {&xd, &yd, &yh, &scores};
     for (int k = 0; k < 4; k++)

@@ -218,9 +218,10 @@ ft_status ft_program_backward(ft_program *p, const ft_tensor *x, const ft_tensor
  * FT_ERR_VALUE (and no change) unless finite and positive. */
 ft_status ft_program_set_loss_scale(ft_program *p, float scale);
 
-/* Puts the batch-norm running statistics (and batch counts) back as they
- * were before the last ft_program_backward: for a step the caller drops. */
-ft_status ft_program_undo_statistics(ft_program *p);
+/* Puts back what the last ft_program_backward moved but the gradients: the
+ * batch-norm running statistics (and batch counts) and the dropout stream,
+ * for a step the caller drops. */
+ft_status ft_program_undo(ft_program *p);
 
 /* The Philox key and offset of the next dropout mask (checkpoints save them). */
 void ft_program_dropout_state(const ft_program *p, uint64_t *seed, uint64_t *offset);

@@ -409,7 +409,9 @@ def load(path: str | os.PathLike[str], into: Module | Program | None = None, *, 
     or the program's optimizer, the scheduler, the loader) and returns the metadata. Everything is checked before
     anything is written: a mismatch names the first tensor that differs, and a failed load changes nothing.
     strict, as load_state_dict's: the model's tensors and the checkpoint's (but the optimizer's) must be the same
-    names; strict=False loads those both have and leaves the model's others as they are.
+    names; strict=False loads those both have and leaves the model's others as they are. Where the names differ,
+    such a load is of weights alone (a pretrained backbone under a new head): the optimizer's state, which is
+    saved by parameter position, and the scheduler's, the step count and the dropout stream are not restored.
 
     The global random generator gets the checkpoint's state when the load resumes training (an optimizer's state
     or a loader's position is restored) or restore_rng=True; loading weights alone leaves it as it is."""
@@ -424,6 +426,7 @@ def load(path: str | os.PathLike[str], into: Module | Program | None = None, *, 
     if not isinstance(strict, bool):
         raise TypeError(f"load: strict must be a bool, got {strict!r}")
     own = dict(list(model.named_parameters()) + list(model.named_buffers()))
+    partial = set(own) != {k for k in tensors if not k.startswith("optimizer.state.")}
     if strict:
         unexpected = sorted(k for k in tensors if k not in own and not k.startswith("optimizer.state."))
         if unexpected:
@@ -439,10 +442,14 @@ def load(path: str | os.PathLike[str], into: Module | Program | None = None, *, 
             raise ValueError(f"{path}: tensor {name!r} has shape {tuple(tensors[name].shape)} in the checkpoint, "
                              f"{t.shape} in the model")
     opt_state = None
-    if optimizer is not None and "optimizer.param_groups" in raw_meta:
+    if partial and "optimizer.param_groups" in raw_meta and optimizer is not None:
+        warnings.warn(f"{path}: strict=False loaded {len(own)} of the model's tensors by name; the optimizer's "
+                      "state, kept by parameter position, belongs to other parameters and is not restored (nor the "
+                      "scheduler, the step count or the dropout stream): training starts afresh", stacklevel=2)
+    elif optimizer is not None and "optimizer.param_groups" in raw_meta:
         opt_state = _optimizer_state(path, raw_meta, tensors, optimizer)
-    sched_state = _scheduler_state(path, raw_meta, scheduler) if scheduler is not None and "scheduler" in raw_meta \
-        else None
+    sched_state = _scheduler_state(path, raw_meta, scheduler) \
+        if scheduler is not None and "scheduler" in raw_meta and not partial else None
     if scheduler is None and "scheduler" in raw_meta and opt_state is not None:
         warnings.warn(f"{path}: the checkpoint holds a learning-rate scheduler's state that this load does not "
                       "restore, so a new scheduler starts its schedule over; pass scheduler= to resume it",
@@ -456,11 +463,11 @@ def load(path: str | os.PathLike[str], into: Module | Program | None = None, *, 
         if not (isinstance(rng, list) and len(rng) == 2 and all(_uint64(v) for v in rng)):
             raise ValueError(f"{path}: corrupt metadata 'rng': expected [seed, offset], two integers in [0, 2**64)")
     program_step = dropout = None
-    if program is not None and "program.step" in raw_meta:
+    if program is not None and "program.step" in raw_meta and not partial:
         program_step = _json_meta(path, raw_meta, "program.step")
         if not (_uint64(program_step) and program_step < 1 << 63):
             raise ValueError(f"{path}: corrupt metadata 'program.step': {raw_meta['program.step']!r}")
-    if program is not None and "program.dropout" in raw_meta:
+    if program is not None and "program.dropout" in raw_meta and not partial:
         dropout = _json_meta(path, raw_meta, "program.dropout")
         if not (isinstance(dropout, list) and len(dropout) == 2 and all(_uint64(v) for v in dropout)):
             raise ValueError(f"{path}: corrupt metadata 'program.dropout': expected two integers in [0, 2**64)")
