@@ -681,3 +681,15 @@ def test_traced_masks_refused_where_they_cannot_be_compiled():
     with pytest.raises(ft.nn.TracingError, match="other than a bool one of keys"):
         compile_forward(lambda m, ids: attend(m, ids, (ids == PAD).float()))
     compile_forward(lambda m, ids: attend(m, ids, ids == PAD))
+
+
+def test_functional_takes_expanded_inputs():
+    """Broadcast views (stride 0 along the batch, the heads or D, as expand gives) compute what their contiguous
+    copies do, with an output of the usual layout."""
+    r = np.random.default_rng(37)
+    q = t(r.standard_normal((1, 1, 5, 8))).expand(3, 2, 5, 8)
+    k = t(r.standard_normal((3, 1, 6, 8))).expand(3, 2, 6, 8)
+    v = t(r.standard_normal((3, 2, 6, 1))).expand(3, 2, 6, 8)
+    out = F.scaled_dot_product_attention(q, k, v)
+    assert out.shape == (3, 2, 5, 8) and out.is_contiguous()
+    assert bits(out) == bits(F.scaled_dot_product_attention(q.contiguous(), k.contiguous(), v.contiguous()))

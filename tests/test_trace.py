@@ -875,7 +875,8 @@ def test_repeat_mt_and_normalize_match_numpy_with_a_finite_gradient_at_a_zero_ro
 
 
 def positions(lib=ft, V=11, T=6, D=8, how="embedding"):
-    """GPT-2's token and position embeddings: positions from arange(t), the head tied to the token table."""
+    """GPT-2's token and position embeddings: positions from arange(t) (minGPT's with .unsqueeze(0)), or the table's
+    rows, the head tied to the token table."""
     L = nn if lib is ft else lib.nn
 
     class Positions(L.Module):
@@ -888,12 +889,14 @@ def positions(lib=ft, V=11, T=6, D=8, how="embedding"):
         def forward(self, idx):
             b, t = idx.size()
             pos = lib.arange(0, t, dtype=lib.long, device=idx.device)
-            return self.head(self.wte(idx) + (self.wpe(pos) if how == "embedding" else self.wpe.weight[:t]))
+            if how == "minGPT":
+                pos = pos.unsqueeze(0)
+            return self.head(self.wte(idx) + (self.wpe.weight[:t] if how == "rows" else self.wpe(pos)))
 
     return Positions()
 
 
-@pytest.mark.parametrize("how", ["embedding", "rows"])
+@pytest.mark.parametrize("how", ["embedding", "minGPT", "rows"])
 def test_position_embeddings_of_a_range_train_their_rows(how):
     rng = np.random.default_rng(21)
     x, y = rng.integers(0, 11, (3, 4)), rng.integers(0, 11, (3, 4))
@@ -908,10 +911,11 @@ def test_position_embeddings_of_a_range_train_their_rows(how):
 
 
 @needs_torch
-def test_position_embeddings_of_a_range_match_pytorch():
+@pytest.mark.parametrize("how", ["embedding", "minGPT"])
+def test_position_embeddings_of_a_range_match_pytorch(how):
     rng = np.random.default_rng(22)
     x, y = rng.integers(0, 11, (3, 4)), rng.integers(0, 11, (3, 4))
-    tm, model = positions(torch), positions()
+    tm, model = positions(torch, how=how), positions(how=how)
     model.load_state_dict({k: v.detach().numpy() for k, v in tm.state_dict().items()})
     program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), gpt_loss, batch_size=3, input_shape=(4,),
                             input_dtype=ft.int64)
@@ -2061,3 +2065,32 @@ def test_a_causal_mask_tensor_is_is_causal(mask):
     with pytest.raises(NotImplementedError, match="masks other than the causal one"):
         Causal("other").compile(ft.optim.SGD(Causal("other").parameters(), lr=0.1), batch_size=2, input_shape=(5,),
                                 input_dtype=ft.int64)
+
+
+def test_a_forward_returning_logits_and_none_compiles():
+    """nanoGPT's forward returns (logits, None) when no targets are given: the first output is the prediction
+    and the loss reads it from the tuple; a forward whose first output is not traced is refused, saying what came
+    back."""
+    class GPTLike(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = nn.Linear(4, CLASSES)
+
+        def forward(self, x, targets=None):
+            return self.head(x), None
+    ft.manual_seed(38)
+    model = GPTLike()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), lambda out, y: F.cross_entropy(out[0], y),
+                            batch_size=2, input_shape=(4,))
+    x, y = np.random.default_rng(39).standard_normal((2, 4)).astype(np.float32), np.array([0, 2])
+    logits = model(ft.tensor(x))[0].numpy().astype(np.float64)
+    want = (np.log(np.exp(logits).sum(1)) - logits[np.arange(2), y]).mean()
+    assert program.backward(x, y) == pytest.approx(want, rel=1e-6)
+    np.testing.assert_allclose(program.predict(x).numpy(), logits, rtol=1e-6)
+
+    class Backwards(GPTLike):
+        def forward(self, x, targets=None):
+            return None, self.head(x)
+    with pytest.raises(ft.nn.TracingError, match=r"returned tuple of NoneType, traced value, not traced outputs .* the "
+                                                 r"first traced"):
+        Backwards().compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=2, input_shape=(4,))

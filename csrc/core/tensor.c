@@ -92,6 +92,9 @@ ft_status ft_tensor_empty_like(ft_tensor *out, const ft_tensor *ref, int ndim, c
     int perm[FT_MAX_DIMS]; /* dims outermost first */
     int64_t pshape[FT_MAX_DIMS] = {0};
     for (int d = 0; d < ndim; d++)
+        if (ref->shape[d] > 1 && ref->strides[d] == 0) /* expanded: no layout to follow, as PyTorch's empty_like */
+            return ft_tensor_empty(out, ndim, shape, dtype, device, false);
+    for (int d = 0; d < ndim; d++)
         perm[d] = d;
     ft_sort_dims_by_stride(perm, ndim, ref->shape, ref->strides);
     for (int k = 0; k < ndim; k++)

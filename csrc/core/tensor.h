@@ -66,7 +66,8 @@ ft_status ft_tensor_empty(ft_tensor *out, int ndim, const int64_t *shape, ft_dty
 
 /* A new, uninitialised, dense tensor of `shape` and `dtype` on `device`
  * whose dimensions lie in memory in the order of ref's (ref has ndim
- * dimensions): NCHW stays NCHW, channels-last stays channels-last. */
+ * dimensions): NCHW stays NCHW, channels-last stays channels-last; an
+ * expanded ref (a stride 0) gives a C-contiguous one. */
 ft_status ft_tensor_empty_like(ft_tensor *out, const ft_tensor *ref, int ndim, const int64_t *shape, ft_dtype dtype,
                                ft_device device);
 

@@ -843,7 +843,7 @@ def _attention(query, key, value, is_causal, scale, dropout_p, key_mask, fn):
     three = query.ndim == 3
     if three:
         query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
-    query, key, value = cast(query, key, value)
+    query, key, value = (x if x.stride(-1) == 1 else x.contiguous() for x in cast(query, key, value))  # D in a row
     N, Tk = query.shape[0], key.shape[2]
     if key_mask is not None:
         if key_mask.shape[0] not in (1, N):

@@ -1264,8 +1264,10 @@ def constant(t, like_shape):
     size-1 dimensions beyond the per-sample rank are the batch's broadcast; it broadcasts along the sample's
     dimensions as NumPy does, with no expanded copy when it varies along the first only (a per-channel
     (C, 1, 1) scale) or, for samples that are not images, the last only (a per-feature bias)."""
-    shape = tuple(t.shape)
     p = _viewed_parameter(t)
+    while p is not None and t.ndim > p.ndim and t.shape[0] == 1:  # leading size-1 dimensions broadcast
+        t = t.squeeze(0)
+    shape = tuple(t.shape)
     if p is not None and p is not t:  # a view: read as the parameter, which trains through it
         row = p.numel() // p.shape[0] * p.element_size() if p.ndim else 0
         offset = t.data_ptr() - p.data_ptr()
@@ -1512,7 +1514,8 @@ def _call(fn, what, *args):
 
 def trace(model, input_shape, input_dtype=None):
     """The outputs of model's forward on a symbolic input of per-sample `input_shape`: one Symbolic, or a tuple
-    of them (the first is what predict returns)."""
+    of them (the first is what predict returns) in which others may be None (nanoGPT's (logits, None) when no
+    targets are given)."""
     try:
         params = list(inspect.signature(model.forward).parameters.values())[1:]
     except (TypeError, ValueError):  # a forward without a signature
@@ -1527,10 +1530,13 @@ def trace(model, input_shape, input_dtype=None):
         for o in out if isinstance(out, (tuple, list)) else [out]:
             if isinstance(o, Symbolic):
                 o.read()
-    if not (isinstance(out, Symbolic) or isinstance(out, (tuple, list)) and out
-            and all(isinstance(o, Symbolic) for o in out)):
-        raise TracingError(f"{type(model).__name__}.forward returned {type(out).__name__}, not traced outputs of "
-                           "its input (the loss is given to compile separately)")
+    if not (isinstance(out, Symbolic) or isinstance(out, (tuple, list)) and out and isinstance(out[0], Symbolic)
+            and all(isinstance(o, Symbolic) or o is None for o in out)):
+        kinds = ["traced value" if isinstance(o, Symbolic) else type(o).__name__ for o in out] \
+            if isinstance(out, (tuple, list)) else []
+        got = f"{type(out).__name__} of {', '.join(kinds)}" if kinds else type(out).__name__
+        raise TracingError(f"{type(model).__name__}.forward returned {got}, not traced outputs of its input, the "
+                           "first traced (the loss is given to compile separately)")
     return out
 
 

@@ -807,14 +807,16 @@ class Embedding(Module):
         return F.embedding(x, self.weight, self.padding_idx)
 
     def _parameter_view(self, ids):
-        """For positions ids = a, a + 1, ..., b - 1 (ft.arange(T)): the rows a..b-1 of the weight."""
-        if not isinstance(ids, TensorBase) or ids.ndim != 1 or ids.dtype.is_floating_point or not ids.numel():
+        """For positions ids = a, a + 1, ..., b - 1 (ft.arange(T), or with leading dimensions of size 1 as
+        minGPT's ft.arange(T).unsqueeze(0)): the rows a..b-1 of the weight, in ids' shape."""
+        if not isinstance(ids, TensorBase) or ids.ndim < 1 or ids.dtype.is_floating_point or not ids.numel() or \
+                math.prod(ids.shape[:-1]) != 1:
             return None
-        positions = ids.tolist()
+        positions = ids.reshape(-1).tolist()
         first, end = positions[0], positions[0] + len(positions)
         if positions != list(range(first, end)) or first < 0 or end > self.num_embeddings:
             return None
-        return self.weight[first:end]
+        return self.weight[first:end].reshape(*ids.shape, self.embedding_dim)
 
     def extra_repr(self):
         return f"{self.num_embeddings}, {self.embedding_dim}" + (
