@@ -60,6 +60,42 @@ def test_float_targets_strided_views_and_low_precision_batches():
     np.testing.assert_array_equal(got, bf16_round(X.astype(np.float32)))
 
 
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.uint16])
+def test_token_ids_are_batched_as_int64_rows(dtype):
+    """Integer features (token ids) come in batches as int64, whatever the loader's float dtype, row for row in
+    the shuffled order."""
+    rng = np.random.default_rng(6)
+    X, y = rng.integers(0, 1000, (23, 7)).astype(dtype), rng.integers(0, 3, 23)
+    want_order = order_of(23, 4, seed=7, epoch=1)
+    loader = D.Loader((X, y), 4, shuffle=True, seed=7, num_workers=2, dtype="bfloat16")
+    loader.set_epoch(1)
+    xs = [a for a, _ in loader]
+    assert all(a.dtype is ft.int64 for a in xs)
+    np.testing.assert_array_equal(np.concatenate([a.numpy() for a in xs]), X[want_order].astype(np.int64))
+
+
+def test_fit_on_token_ids_is_the_steps_over_the_loaders_batches():
+    """ft.fit(program, (ids, labels)) of a token model (int64 input) trains as train_step over the loader's
+    batches in its shuffled order does, bitwise."""
+    rng = np.random.default_rng(8)
+    X, y = rng.integers(0, 50, (40, 6)), rng.integers(0, 2, 40)
+
+    def run(fit):
+        ft.manual_seed(9)
+        model = nn.Sequential(nn.Embedding(50, 8), nn.Flatten(), nn.Linear(48, 2))
+        program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=8,
+                                input_shape=(6,), input_dtype=ft.int64)
+        if fit:
+            ft.fit(program, (X, y), epochs=2, batch_size=8, progress=False)
+        else:
+            for epoch in range(2):
+                order = order_of(40, 8, seed=9, epoch=epoch)
+                for i in range(0, 40, 8):
+                    program.train_step(X[order[i:i + 8]], y[order[i:i + 8]])
+        return [p.numpy().tobytes() for p in model.parameters()]
+    assert run(True) == run(False)
+
+
 def test_tensors_and_bfloat16_features():
     """CPU fasttrain tensors are read without a copy, bfloat16 ones included (widened exactly to float32)."""
     rng = np.random.default_rng(3)
@@ -88,8 +124,10 @@ def test_bad_arrays_and_image_options(tmp_path):
         D.Loader((X, y), 4, channels_last=True)
     with pytest.raises(TypeError, match="float32, bfloat16 or float16, not uint8"):
         D.Loader((X, y), 4, dtype="uint8")
-    with pytest.raises(TypeError, match="uint8 images or floating-point features, got int32"):
-        D.from_arrays(X.astype(np.int32), y)
+    with pytest.raises(TypeError, match="floating-point features or integer ones \\(token ids\\), got bool"):
+        D.from_arrays(X.astype(bool), y)
+    with pytest.raises(ValueError, match="integer features are read as int64"):
+        D.from_arrays(np.full((8, 3), 2 ** 63, np.uint64), y)
     with pytest.raises(ValueError, match=r"\(N, 1\)"):
         D.from_arrays(np.zeros(8, np.float32), y)
     with pytest.raises(ValueError, match=r"targets must have shape \(8, \.\.\.\)"):

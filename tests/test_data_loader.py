@@ -202,8 +202,8 @@ def test_errors_and_device():
         D.Loader((images, labels), on_error="ignore")
     with pytest.raises(ValueError, match="batch_size"):
         D.Loader((images, labels), batch_size=0)
-    with pytest.raises(TypeError, match="uint8 images or floating-point features, got int64"):
-        D.from_arrays(images.astype(np.int64), labels)  # float32 arrays are features (tests/test_data_features.py)
+    with pytest.raises(TypeError, match="uint8 images, floating-point features or integer ones .*, got bool"):
+        D.from_arrays(images.astype(bool), labels)  # other arrays are features (tests/test_data_features.py)
     if not ft.cuda.is_available():
         with pytest.raises(RuntimeError, match="cuda"):
             D.Loader((images, labels), device="cuda")

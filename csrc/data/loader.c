@@ -452,7 +452,8 @@ static ft_status check_config(const ft_loader_config *c, int64_t count) {
 }
 
 /* The batch of a tensors source (whose rows are laid out as f and t): its
- * rows as they are, the features in a float dtype. */
+ * rows as they are, floating features in the output's float dtype, integer
+ * ones (token ids) as int64. */
 static ft_status tensor_batches(ft_loader *l, const ft_sample_layout *f, const ft_sample_layout *t, int nops,
                                 const ft_output *output) {
     if (nops)
@@ -460,8 +461,8 @@ static ft_status tensor_batches(ft_loader *l, const ft_sample_layout *f, const f
                                      "transform the arrays beforehand", nops);
     if (output->channels || output->height || output->width || output->channels_last)
         return ft_fail(FT_ERR_VALUE, "channels, image_size and channels_last apply to images, not to feature arrays");
-    ft_dtype dt = output->dtype;
-    if (dt != FT_FLOAT32 && dt != FT_BFLOAT16 && dt != FT_FLOAT16)
+    ft_dtype dt = f->dtype == FT_INT64 ? FT_INT64 : output->dtype;
+    if (dt != FT_FLOAT32 && dt != FT_BFLOAT16 && dt != FT_FLOAT16 && dt != FT_INT64)
         return ft_fail(FT_ERR_DTYPE, "batches of features are float32, bfloat16 or float16, not %s",
                        ft_dtype_get(dt)->name);
     l->tensors = true;

@@ -227,9 +227,15 @@ static ft_status check_rows(const ft_tensor *t, const char *what) {
     return FT_OK;
 }
 
+/* Whether t holds integers (token ids, class labels): neither floats, complex numbers nor bools. */
+static bool integral(const ft_tensor *t) {
+    return !ft_dtype_is_float(t->dtype) && !ft_dtype_is_complex(t->dtype) && t->dtype != FT_BOOL;
+}
+
 ft_status ft_source_from_tensors(ft_source **out, const ft_tensor *features, const ft_tensor *targets) {
-    if (!ft_dtype_is_float(features->dtype))
-        return ft_fail(FT_ERR_DTYPE, "features must be float16, bfloat16, float32 or float64, got %s",
+    if (!ft_dtype_is_float(features->dtype) && !integral(features))
+        return ft_fail(FT_ERR_DTYPE, "features must be floating point (float16, bfloat16, float32, float64) or "
+                                     "integers (token ids), got %s",
                        ft_dtype_get(features->dtype)->name);
     if (features->ndim < 2)
         return ft_fail(FT_ERR_SHAPE, "features must have shape (N, ...) with at least one dimension per sample, "
@@ -255,6 +261,11 @@ ft_status ft_source_from_tensors(ft_source **out, const ft_tensor *features, con
 /* Integer (and bool) targets go into batches as int64, floating ones as float32. */
 static ft_dtype target_dtype(const ft_source *s) { return ft_dtype_is_float(s->labels.dtype) ? FT_FLOAT32 : FT_INT64; }
 
+/* Integer features (token ids) go into batches as int64, floating ones in the loader's float dtype. */
+static ft_dtype feature_dtype(const ft_source *s, ft_dtype loader) {
+    return integral(&s->images) ? FT_INT64 : loader;
+}
+
 static void layout_of(const ft_tensor *t, ft_dtype dtype, ft_sample_layout *out) {
     out->ndim = t->ndim - 1;
     memcpy(out->shape, t->shape + 1, (size_t)out->ndim * sizeof *out->shape);
@@ -264,7 +275,7 @@ static void layout_of(const ft_tensor *t, ft_dtype dtype, ft_sample_layout *out)
 bool ft_source_tensor_layout(const ft_source *s, ft_sample_layout *features, ft_sample_layout *targets) {
     if (s->kind != SRC_TENSORS)
         return false;
-    layout_of(&s->images, s->images.dtype, features);
+    layout_of(&s->images, feature_dtype(s, s->images.dtype), features);
     layout_of(&s->labels, target_dtype(s), targets);
     return true;
 }
@@ -285,6 +296,7 @@ ft_status ft_source_read_tensors(const ft_source *s, int64_t i, void *features, 
     if (i < 0 || i >= s->count)
         return ft_fail(FT_ERR_INDEX, "sample %lld is out of range for a source of %lld", (long long)i,
                        (long long)s->count);
+    dtype = feature_dtype(s, dtype);
     FT_TRY(ft_copy_check_dtypes(dtype, s->images.dtype));
     copy_row(&s->images, i, features, dtype);
     copy_row(&s->labels, i, targets, target_dtype(s));

@@ -16,7 +16,8 @@
  *                 strides, shared without a copy (the source holds a
  *                 reference to both storages)
  *   tensors       ft_source_from_tensors: features (N, ...) of a floating
- *                 dtype and targets (N, ...) of any real dtype, any strides,
+ *                 or integer dtype (token ids) and targets (N, ...) of any
+ *                 real dtype, any strides,
  *                 shared without a copy; a loader copies their rows into its
  *                 batches (ft_source_read_tensors), without images' decoding
  *                 or transforms
@@ -66,14 +67,15 @@ typedef struct {
     ft_dtype dtype;
 } ft_sample_layout;
 
-/* For a tensors source: the features' per-sample shape and dtype, and the
- * targets' per-sample shape with the dtype they take in batches (int64 for
- * integer or bool targets, float32 for floating ones); false for any other
- * source (whose samples ft_source_get gives). */
+/* For a tensors source: the features' per-sample shape and dtype (int64 for
+ * integer ones, which batches take as they are), and the targets'
+ * per-sample shape with the dtype they take in batches (int64 for integer
+ * or bool targets, float32 for floating ones); false for any other source
+ * (whose samples ft_source_get gives). */
 bool ft_source_tensor_layout(const ft_source *s, ft_sample_layout *features, ft_sample_layout *targets);
 
 /* Sample i of a tensors source: its features into `features` as `dtype`
- * and its targets into `targets` as their batch dtype, both C-contiguous.
+ * (integer ones as int64 whatever dtype says) and its targets into `targets` as their batch dtype, both C-contiguous.
  * Runs on the calling thread; safe from many threads at once. */
 ft_status ft_source_read_tensors(const ft_source *s, int64_t i, void *features, ft_dtype dtype, void *targets);
 

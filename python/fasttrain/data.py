@@ -355,9 +355,10 @@ class ArraySource(Source):
     """Arrays shared without a copy (NumPy arrays or CPU fasttrain tensors), of one of two kinds:
 
     - uint8 images (N, H, W) or (N, H, W, C) and integer labels (N,): decoded and transformed as images;
-    - features of a floating dtype (float32, float64, bfloat16, float16) of any shape (N, ...) and targets
-      (N, ...): integers (class labels), which batches give as int64, or floats (regression targets), which
-      batches give as float32. The Loader batches their rows as they are: no transforms.
+    - features of a floating dtype (float32, float64, bfloat16, float16) or integers (token ids, which batches
+      give as int64) of any shape (N, ...) and targets (N, ...): integers (class labels), which batches give as
+      int64, or floats (regression targets), which batches give as float32. The Loader batches their rows as
+      they are: no transforms.
     """
 
     def __new__(cls, images, labels):
@@ -366,11 +367,13 @@ class ArraySource(Source):
             if y.dtype.is_floating_point or y.dtype.is_complex or y.dtype.name == "bool":
                 raise TypeError(f"labels of uint8 images must be integers, got {y.dtype.name}")
             kind = "arrays"
-        elif x.dtype.is_floating_point:
+        elif x.dtype.is_floating_point or not (x.dtype.is_complex or x.dtype.name == "bool"):
             kind = "tensors"
+            if not x.dtype.is_floating_point:
+                _check_int64_range(x, "integer features")
         else:
-            raise TypeError(f"arrays must be uint8 images or floating-point features, got {x.dtype.name} (convert "
-                            f"integer features with .astype(np.float32))")
+            raise TypeError(f"arrays must be uint8 images, floating-point features or integer ones (token ids), got "
+                            f"{x.dtype.name}")
         if not (y.dtype.is_floating_point or y.dtype.is_complex):
             _check_int64_range(y, "labels")
         self = super().__new__(cls, kind, (x, y))

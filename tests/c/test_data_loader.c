@@ -493,8 +493,8 @@ static void test_feature_arrays(void) {
     ft_source_release(src);
     ft_source_release(isrc);
 
-    /* Bad arrays: integer features, one dimension, targets of another length, complex targets. */
-    CHECK_STATUS(ft_source_from_tensors(&src, &ints, &ints), FT_ERR_DTYPE);
+    /* Bad arrays: one dimension (of integers, token ids, or floats), targets of another length, complex targets. */
+    CHECK_STATUS(ft_source_from_tensors(&src, &ints, &ints), FT_ERR_SHAPE);
     CHECK_STATUS(ft_source_from_tensors(&src, &targets, &targets), FT_ERR_SHAPE);
     CHECK(strstr(ft_last_error(), "(N, 1)") != NULL);
     ft_tensor short_targets, cplx;
