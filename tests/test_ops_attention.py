@@ -636,12 +636,19 @@ def test_padding_hides_what_it_covers_in_compiled_training():
 
 
 def test_multihead_attention_key_padding_mask_matches_pytorch():
-    """MultiheadAttention(key_padding_mask=) eagerly, bool (True: padding) or additive, against PyTorch's layer."""
+    """MultiheadAttention(key_padding_mask=) eagerly, bool (True: padding) or additive, against PyTorch's layer;
+    the attention weights it returns (need_weights, averaged over the heads or not) too: each query's sum to 1
+    over the keys it sees."""
     ft.manual_seed(32)
     mha = ft.nn.MultiheadAttention(8, 2, batch_first=True)
     x = ft.tensor(np.random.default_rng(33).standard_normal((3, 5, 8)).astype(np.float32))
     pad = np.array([[0, 0, 0, 0, 0], [0, 0, 0, 1, 1], [0, 1, 1, 1, 1]], bool)
-    got = mha(x, x, x, key_padding_mask=ft.tensor(pad))[0].numpy()
+    got, weights = (a.numpy() for a in mha(x, x, x, key_padding_mask=ft.tensor(pad)))
+    per_head = mha(x, x, x, key_padding_mask=ft.tensor(pad), average_attn_weights=False, is_causal=True)[1].numpy()
+    assert weights.shape == (3, 5, 5) and per_head.shape == (3, 2, 5, 5)
+    np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-6)
+    assert (weights[pad[:, None, :].repeat(5, 1)] == 0).all() and (np.triu(per_head, 1) == 0).all()
+    assert mha(x, x, x, need_weights=False)[1] is None
     additive = ft.tensor(np.where(pad, -np.inf, 0.0).astype(np.float32))
     np.testing.assert_array_equal(mha(x, x, x, key_padding_mask=additive)[0].numpy(), got)
     assert not np.allclose(mha(x, x, x)[0].numpy(), got)
@@ -650,8 +657,13 @@ def test_multihead_attention_key_padding_mask_matches_pytorch():
     theirs.load_state_dict({k: torch.from_numpy(v) for k, v in mha.state_dict().items()})
     tx = torch.from_numpy(x.numpy())
     with torch.no_grad():
-        want = theirs(tx, tx, tx, key_padding_mask=torch.from_numpy(pad), need_weights=False)[0].numpy()
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        want, want_weights = theirs(tx, tx, tx, key_padding_mask=torch.from_numpy(pad))
+        causal = torch.ones(5, 5, dtype=torch.bool).triu(1)
+        want_per_head = theirs(tx, tx, tx, key_padding_mask=torch.from_numpy(pad), attn_mask=causal,
+                               average_attn_weights=False)[1]
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(weights, want_weights.numpy(), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(per_head, want_per_head.numpy(), rtol=1e-5, atol=1e-7)
 
 
 def test_traced_masks_refused_where_they_cannot_be_compiled():
@@ -680,6 +692,8 @@ def test_traced_masks_refused_where_they_cannot_be_compiled():
         compile_forward(lambda m, ids: attend(m, ids, ft.zeros(2, 5, dtype=ft.bool)))
     with pytest.raises(ft.nn.TracingError, match="other than a bool one of keys"):
         compile_forward(lambda m, ids: attend(m, ids, (ids == PAD).float()))
+    with pytest.raises(ft.nn.TracingError, match="the attention weights of a compiled MultiheadAttention"):
+        compile_forward(lambda m, ids: m.attn(m.emb(ids), m.emb(ids), m.emb(ids))[1].sum(-1))
     compile_forward(lambda m, ids: attend(m, ids, ids == PAD))
 
 

@@ -1173,6 +1173,16 @@ class Layered(_Refusing):
              "(h_n[-1], h_n[-2:]) or put the batch first (h_n.permute(1, 0, 2))")
 
 
+class AttentionWeights(_Refusing):
+    """What a traced MultiheadAttention returns for its attention weights, which the fused kernel of a compiled
+    program never forms: ignoring them (out, _ = attn(x, x, x)) is fine, any use fails."""
+
+    def _refuse(self, *args, **kwargs):
+        fail("the attention weights of a compiled MultiheadAttention (need_weights=True)", "the fused kernel never "
+             "forms them: compute softmax(q @ k.transpose(-2, -1) * scale) from the projections yourself, or look "
+             "at them eagerly, outside the compiled program")
+
+
 class ZeroStates(_Refusing):
     """ft.zeros of a shape naming the batch size in a traced forward: an RNN's zero initial state (h0 =
     ft.zeros(layers, x.size(0), hidden)), which it takes as none given. Any other use fails."""

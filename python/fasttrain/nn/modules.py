@@ -2303,6 +2303,27 @@ def _attention_mask(mask, Tq, Tk, name, keeps=False, batched=False):
                               "of keys (a padding mask: bool, or 0 and -inf) are not supported")
 
 
+def _attention_weights(q, k, causal, masked, average):
+    """softmax(q k^T / sqrt(D)) of heads (N, H, T, D) and (N, H, S, D) under the causal mask and keys masked out
+    ((B, S) True), as (N, T, S) averaged over the heads or (N, H, T, S); 0 for a query that sees no key, as the
+    fused kernel's output."""
+    import numpy as np
+    from .. import _math
+    s = _math.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+    seen = np.ones((q.shape[0], 1, q.shape[2], k.shape[2]), bool)
+    if causal:
+        seen &= np.tril(seen[0, 0])
+    if masked is not None:
+        seen &= ~np.asarray(masked.cpu())[:, None, None, :]
+    seen = creation.tensor(seen, device=q.device)
+    s = _math.where(seen, s, float("-inf"))
+    top = _math.where(seen.any(-1, keepdim=True), s.amax(-1, keepdim=True), 0.0)
+    e = (s - top).exp()
+    total = e.sum(-1, keepdim=True)
+    p = e / _math.where(total > 0, total, 1.0)
+    return p.mean(1) if average else p
+
+
 class MultiheadAttention(Module):
     """PyTorch's nn.MultiheadAttention (batch_first=True) over fused attention: the packed input projection
     (in_proj_weight, in_proj_bias), the heads, out_proj, and dropout on the attention weights in training mode.
@@ -2330,9 +2351,11 @@ class MultiheadAttention(Module):
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True, is_causal=False):
-        """Attention of query (N, T, E) to key and value (N, S, E), batch first; returns (output (N, T, E), None). When
-        query, key and value are one tensor, the packed projection runs once. Masks other than is_causal=True are not
-        supported, and need_weights is ignored: the attention weights are never formed."""
+        """Attention of query (N, T, E) to key and value (N, S, E), batch first; returns (output (N, T, E), weights).
+        When query, key and value are one tensor, the packed projection runs once. Masks: the causal one and a key
+        padding mask (see _attention_mask). The output comes from the fused kernel; with need_weights, eagerly, the
+        weights are computed besides it as PyTorch returns them ((N, T, S) averaged over the heads, or (N, H, T, S)),
+        before dropout; a compiled program never forms them (see graph.AttentionWeights)."""
         from . import functional as F
         name, T, S = "MultiheadAttention", query.shape[1], key.shape[1]
         causal, keys = _attention_mask(attn_mask, T, S, name)
@@ -2348,9 +2371,14 @@ class MultiheadAttention(Module):
                        for i, x in enumerate((query, key, value)))
         N = query.shape[0]
         heads = [x.view(N, n, H, E // H).transpose(1, 2) for x, n in ((q, T), (k, S), (v, S))]
-        out = F._attention(*heads, causal or is_causal, None, self.dropout if self.training else 0.0,
-                           keys if keys is not None else padding, name)
-        return self.out_proj(out.transpose(1, 2).reshape(N, T, E)), None
+        masked = keys if keys is not None else padding
+        out = F._attention(*heads, causal or is_causal, None, self.dropout if self.training else 0.0, masked, name)
+        weights = None
+        if need_weights:
+            from .graph import AttentionWeights
+            weights = AttentionWeights() if isinstance(out, Symbolic) else \
+                _attention_weights(*heads[:2], causal or is_causal, masked, average_attn_weights)
+        return self.out_proj(out.transpose(1, 2).reshape(N, T, E)), weights
 
     def extra_repr(self):
         return f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, batch_first=True" + \
