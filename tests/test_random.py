@@ -171,3 +171,52 @@ def test_deterministic_flag():
         assert ft.are_deterministic_algorithms_enabled() is True
     finally:
         ft.use_deterministic_algorithms(False)
+
+
+def test_multinomial_with_replacement_is_the_uniforms_through_the_cdf():
+    """Each draw is the category whose cumulative share holds the generator's float64 uniform (an independent
+    NumPy inverse CDF of the same draws); frequencies follow the weights and a zero weight is never drawn."""
+    w = np.array([[1.0, 2.0, 3.0, 4.0, 0.0], [0.0, 0.0, 5.0, 0.0, 1.0]])
+    g = ft.Generator().manual_seed(2)
+    got = ft.multinomial(ft.tensor(w, dtype=ft.float32), 20_000, replacement=True, generator=g).numpy()
+    u = ft.rand(2, 20_000, generator=ft.Generator().manual_seed(2), dtype=ft.float64).numpy()
+    cdf = np.cumsum(w, 1) / w.sum(1, keepdims=True)
+    want = np.stack([(row[:, None] >= c[None, :]).sum(1) for row, c in zip(u, cdf)])
+    np.testing.assert_array_equal(got, want)
+    assert got.dtype == np.int64 and got.shape == (2, 20_000)
+    freq = np.stack([np.bincount(r, minlength=5) for r in got]) / 20_000
+    np.testing.assert_allclose(freq, w / w.sum(1, keepdims=True), atol=0.01)
+    assert ft.multinomial(ft.tensor([0.0, 1.0]), 3, replacement=True).tolist() == [1, 1, 1]
+
+
+def test_multinomial_without_replacement_draws_one_after_another():
+    """Without replacement: distinct categories of positive weight, and ordered pairs as often as drawing one
+    category, then another from the rest (w_a / W * w_b / (W - w_a)); ft.manual_seed repeats the samples."""
+    w = np.array([1.0, 2.0, 3.0, 0.0])
+    ft.manual_seed(3)
+    rows = ft.multinomial(ft.tensor(np.tile(w, (30_000, 1))), 2).numpy()
+    assert rows.shape == (30_000, 2) and (rows[:, 0] != rows[:, 1]).all() and (rows != 3).all()
+    W = w.sum()
+    for a in range(3):
+        for b in range(3):
+            if a != b:
+                want = w[a] / W * w[b] / (W - w[a])
+                assert abs(np.mean((rows[:, 0] == a) & (rows[:, 1] == b)) - want) < 0.01
+    ft.manual_seed(3)
+    again = ft.multinomial(ft.tensor(np.tile(w, (30_000, 1))), 2).numpy()
+    np.testing.assert_array_equal(again, rows)
+    assert sorted(ft.multinomial(ft.tensor(w), 3).tolist()) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: ft.multinomial(ft.tensor([1.0, -1.0]), 1), ValueError, "finite and non-negative"),
+    (lambda: ft.multinomial(ft.tensor([1.0, float("nan")]), 1), ValueError, "finite and non-negative"),
+    (lambda: ft.multinomial(ft.tensor([[1.0, 1.0], [0.0, 0.0]]), 1), ValueError, "positive total weight"),
+    (lambda: ft.multinomial(ft.tensor([1.0, 0.0, 1.0]), 3), ValueError, "cannot draw 3 samples without replacement"),
+    (lambda: ft.multinomial(ft.tensor([1.0, 1.0]), 0), ValueError, "num_samples must be positive"),
+    (lambda: ft.multinomial(ft.ones(2, 2, 2), 1), TypeError, "1-d or 2-d floating-point"),
+    (lambda: ft.multinomial(ft.tensor([1, 2]), 1), TypeError, "1-d or 2-d floating-point"),
+])
+def test_multinomial_bad_input(call, error, match):
+    with pytest.raises(error, match=match):
+        call()

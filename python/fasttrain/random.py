@@ -204,3 +204,40 @@ def randperm(n: int, *, generator: Generator | None = None, dtype: DTypeLike | N
     if n < 0:
         raise ValueError(f"randperm: n must be non-negative, got {n}")
     return _draw(_C.randperm_, _empty((n,), dtype, device, "int64"), generator)
+
+
+def multinomial(input: Tensor, num_samples: int, replacement: bool = False, *,
+                generator: Generator | None = None) -> Tensor:
+    """Indices of categories drawn from each row of input ((C,) or (N, C) non-negative weights), each with
+    probability proportional to its weight, as torch.multinomial: int64, (num_samples,) or (N, num_samples), on
+    input's device. With replacement a draw is the category whose cumulative share its uniform falls in; without,
+    the categories of the num_samples largest u ** (1 / weight), one uniform u each (Efraimidis and Spirakis), which
+    is drawing one after another without putting back. The uniforms are the generator's float64 draws, so
+    ft.manual_seed repeats the samples."""
+    _refuse_draw("multinomial")
+    if not isinstance(input, TensorBase) or not (input.dtype.is_floating_point and input.ndim in (1, 2)):
+        raise TypeError("multinomial: input must be a 1-d or 2-d floating-point tensor of weights")
+    num_samples = int(num_samples)
+    w = np.asarray(input.detach().cpu().double()).reshape(-1, input.shape[-1])
+    C = w.shape[1]
+    if not np.isfinite(w).all() or (w < 0).any():
+        raise ValueError("multinomial: the weights must be finite and non-negative")
+    if C == 0 or (w.sum(1) <= 0).any():
+        raise ValueError("multinomial: every row needs a positive total weight")
+    if num_samples < 1:
+        raise ValueError(f"multinomial: num_samples must be positive, got {num_samples}")
+    if not replacement and ((w > 0).sum(1) < num_samples).any():
+        raise ValueError(f"multinomial: cannot draw {num_samples} samples without replacement from a row of fewer "
+                         f"categories of positive weight")
+    u = np.asarray(rand(w.shape[0], num_samples if replacement else C, generator=generator, dtype="float64"))
+    if replacement:
+        cdf = np.cumsum(w, 1)
+        cdf /= cdf[:, -1:]
+        idx = np.stack([np.searchsorted(c, r, side="right") for c, r in zip(cdf, u)])
+        idx = np.minimum(idx, C - 1)
+    else:
+        with np.errstate(divide="ignore"):
+            keys = np.where(w > 0, np.log(u) / np.where(w > 0, w, 1.0), -np.inf)
+        idx = np.argsort(-keys, axis=1, kind="stable")[:, :num_samples]
+    out = tensor(idx.astype(np.int64), device=input.device)
+    return out[0] if input.ndim == 1 else out
