@@ -314,6 +314,130 @@ static ft_status dropout_backward(const ft_tensor *dinp, const ft_tensor *dout, 
     return dropout_run(dinp, dout, p, accumulate, "dropout_backward kernel launch");
 }
 
+/* ---- the LSTM cell (ops/rnn.h), over gate views; the CPU's formulas in its order ---- */
+
+namespace {
+
+/* slots: c, i, f, g, c_prev (absent: zeros) */
+struct lstm_cell_op {
+    bool prev;
+    __device__ void operator()(float *v, int64_t) const {
+        float ig = ft_sigmoidf(v[1]) * ft_tanhf(v[3]);
+        v[0] = prev ? fmaf(ft_sigmoidf(v[2]), v[4], ig) : ig;
+    }
+};
+
+/* slots: df, dc_prev, dc, f, c_prev */
+struct lstm_cell_f_op {
+    bool has_df, has_dcp, acc_df, acc_dcp;
+    __device__ void operator()(float *v, int64_t) const {
+        float s = ft_sigmoidf(v[3]);
+        if (has_df)
+            v[0] = put(v[0], v[2] * v[4] * (s * (1.0f - s)), acc_df);
+        if (has_dcp)
+            v[1] = put(v[1], v[2] * s, acc_dcp);
+    }
+};
+
+/* slots: di, dg, dc, i, g */
+struct lstm_cell_ig_op {
+    bool accumulate;
+    __device__ void operator()(float *v, int64_t) const {
+        float s = ft_sigmoidf(v[3]), t = ft_tanhf(v[4]);
+        v[0] = put(v[0], v[2] * t * (s * (1.0f - s)), accumulate);
+        v[1] = put(v[1], v[2] * s * fmaf(-t, t, 1.0f), accumulate);
+    }
+};
+
+/* slots: out */
+struct zero_op {
+    __device__ void operator()(float *v, int64_t) const { v[0] = 0.0f; }
+};
+
+/* slots: h, o, c */
+struct lstm_hidden_op {
+    __device__ void operator()(float *v, int64_t) const { v[0] = ft_sigmoidf(v[1]) * ft_tanhf(v[2]); }
+};
+
+/* slots: do, dc, dh, o, c */
+struct lstm_hidden_bwd_op {
+    bool has_do, has_dc, acc_do, acc_dc;
+    __device__ void operator()(float *v, int64_t) const {
+        float s = ft_sigmoidf(v[3]), t = ft_tanhf(v[4]);
+        if (has_do)
+            v[0] = put(v[0], v[2] * t * (s * (1.0f - s)), acc_do);
+        if (has_dc)
+            v[1] = put(v[1], v[2] * s * fmaf(-t, t, 1.0f), acc_dc);
+    }
+};
+
+} // namespace
+
+/* Gate k (i, f, g, o) of gates (N, 4H): its (N, H) columns. */
+static ft_tensor gate(const ft_tensor *gates, int k) {
+    int64_t H = gates->shape[1] / 4;
+    return narrow(gates, 1, k * H, H);
+}
+
+static ft_status lstm_cell_forward(const ft_tensor *c, const ft_tensor *gates, const ft_tensor *c_prev) {
+    FT_TRY(ft_cuda_use_device(c));
+    ft_tensor i = gate(gates, 0), f = gate(gates, 1), g = gate(gates, 2);
+    const ft_tensor *t[] = {c, &i, &f, &g, c_prev};
+    ft_cuda_pw p;
+    if (!ft_cuda_pw_make(&p, t, 5, 1, false, false))
+        return FT_OK;
+    return ft_cuda_pw_run<1>(p, lstm_cell_op{c_prev != NULL}, "lstm_cell kernel launch");
+}
+
+static ft_status lstm_cell_backward(const ft_tensor *dgates, const ft_tensor *dc_prev, const ft_tensor *dc,
+                                   const ft_tensor *gates, const ft_tensor *c_prev, bool accumulate_gates,
+                                   bool accumulate_c_prev) {
+    FT_TRY(ft_cuda_use_device(dc));
+    ft_tensor f = gate(gates, 1), df = dgates ? gate(dgates, 1) : ft_tensor{};
+    ft_cuda_pw p;
+    if (dgates && !c_prev && !accumulate_gates) { /* f multiplied zeros */
+        const ft_tensor *t[] = {&df};
+        if (ft_cuda_pw_make(&p, t, 1, 1, false, false))
+            FT_TRY(ft_cuda_pw_run<1>(p, zero_op{}, "lstm_cell_backward kernel launch"));
+    } else if (c_prev && (dgates || dc_prev)) {
+        const ft_tensor *t[] = {dgates ? &df : NULL, dc_prev, dc, &f, c_prev};
+        if (ft_cuda_pw_make(&p, t, 5, 2, accumulate_gates || accumulate_c_prev, false))
+            FT_TRY(ft_cuda_pw_run<1>(p, lstm_cell_f_op{dgates != NULL, dc_prev != NULL, accumulate_gates,
+                                                       accumulate_c_prev},
+                                     "lstm_cell_backward kernel launch"));
+    }
+    if (!dgates)
+        return FT_OK;
+    ft_tensor di = gate(dgates, 0), dg = gate(dgates, 2), i = gate(gates, 0), g = gate(gates, 2);
+    const ft_tensor *t[] = {&di, &dg, dc, &i, &g};
+    if (!ft_cuda_pw_make(&p, t, 5, 2, accumulate_gates, false))
+        return FT_OK;
+    return ft_cuda_pw_run<1>(p, lstm_cell_ig_op{accumulate_gates}, "lstm_cell_backward kernel launch");
+}
+
+static ft_status lstm_hidden_forward(const ft_tensor *h, const ft_tensor *gates, const ft_tensor *c) {
+    FT_TRY(ft_cuda_use_device(h));
+    ft_tensor o = gate(gates, 3);
+    const ft_tensor *t[] = {h, &o, c};
+    ft_cuda_pw p;
+    if (!ft_cuda_pw_make(&p, t, 3, 1, false, false))
+        return FT_OK;
+    return ft_cuda_pw_run<1>(p, lstm_hidden_op{}, "lstm_hidden kernel launch");
+}
+
+static ft_status lstm_hidden_backward(const ft_tensor *dgates, const ft_tensor *dc, const ft_tensor *dh,
+                                     const ft_tensor *gates, const ft_tensor *c, bool accumulate_gates,
+                                     bool accumulate_c) {
+    FT_TRY(ft_cuda_use_device(dh));
+    ft_tensor o = gate(gates, 3), dgo = dgates ? gate(dgates, 3) : ft_tensor{};
+    const ft_tensor *t[] = {dgates ? &dgo : NULL, dc, dh, &o, c};
+    ft_cuda_pw p;
+    if (!ft_cuda_pw_make(&p, t, 5, 2, accumulate_gates || accumulate_c, false))
+        return FT_OK;
+    return ft_cuda_pw_run<1>(p, lstm_hidden_bwd_op{dgates != NULL, dc != NULL, accumulate_gates, accumulate_c},
+                             "lstm_hidden_backward kernel launch");
+}
+
 /* ---- broadcasting ---- */
 
 static ft_status broadcast_to(const ft_tensor *out, const ft_tensor *inp, double scale, bool accumulate) {
@@ -372,4 +496,8 @@ void ft_cuda_register_pointwise(struct ft_cuda_ops *ops) {
     ops->concat_backward = concat_backward;
     ops->dropout_forward = dropout_forward;
     ops->dropout_backward = dropout_backward;
+    ops->lstm_cell_forward = lstm_cell_forward;
+    ops->lstm_cell_backward = lstm_cell_backward;
+    ops->lstm_hidden_forward = lstm_hidden_forward;
+    ops->lstm_hidden_backward = lstm_hidden_backward;
 }

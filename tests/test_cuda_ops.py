@@ -995,6 +995,28 @@ def test_sdpa_accumulate_skip_and_bad_input():
         ops.sdpa_forward(None, None, x, x, x)
 
 
+# ================================================================ the LSTM step
+
+@pytest.mark.parametrize("with_prev", [True, False])
+def test_lstm_step_is_the_cpus(with_prev):
+    """The fused LSTM step's kernels run the CPU's formulas in its order (explicit fmaf, --fmad=false): the same
+    bits, forward and backward, writing and accumulating, over strided gate columns."""
+    r = rng(200)
+    (gc, gg), (pc, pg), (dcc, dcg), (dhc, dhg) = (pair(r.normal(size=s)) for s in ((7, 4 * 33), (7, 33), (7, 33),
+                                                                                 (7, 33)))
+    prev = (pc, pg) if with_prev else (None, None)
+    cc, cg = (ops.lstm_cell_forward(None, g, p) for g, p in zip((gc, gg), prev))
+    assert_same(cg, cc)
+    assert_same(ops.lstm_hidden_forward(None, gg, cg), ops.lstm_hidden_forward(None, gc, cc))
+    outs = []
+    for g, p, dc, dh, c in ((gc, prev[0], dcc, dhc, cc), (gg, prev[1], dcg, dhg, cg)):
+        dgates, dcell = ops.lstm_hidden_backward(None, None, dh, g, c)
+        dgates, dprev = ops.lstm_cell_backward(dgates, None if p is None else False, dc, g, p, accumulate_gates=True)
+        ops.lstm_cell_backward(dgates, None, dcell, g, p, accumulate_gates=True)
+        outs.append(dgates)
+    assert_same(outs[1], outs[0])
+
+
 # ================================================================ bad input
 
 def test_mixed_devices_are_refused_naming_both():

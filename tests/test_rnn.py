@@ -286,3 +286,92 @@ def test_cells_refuse_bad_input():
         nn.LSTMCell(3, 4)(ft.zeros(2, 5, 3))
     with pytest.raises(ValueError, match="RNN: unknown nonlinearity"):
         nn.RNN(3, 4, nonlinearity="sigmoid")
+
+
+# ---- the fused LSTM step (ft.ops.lstm_cell_* and lstm_hidden_*) ----
+
+def lstm_step(gates, c_prev):
+    """c and h of gates (N, 4H) and c_prev (or None) in float64, with their derivatives' pieces."""
+    i, f, g, o = np.split(gates.astype(np.float64), 4, axis=1)
+    c = sigmoid(i) * np.tanh(g) + (0 if c_prev is None else sigmoid(f) * c_prev)
+    return c, sigmoid(o) * np.tanh(c), (i, f, g, o)
+
+
+@pytest.mark.parametrize("with_prev", [True, False])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fused_lstm_step_matches_the_cell_equations(with_prev, dtype):
+    """Forward against the equations; backward against their derivatives (checked by central differences of the
+    forward below): each backward writes only the gate columns it reads (the rest stay as given), and adds into
+    them with accumulate."""
+    rng = np.random.default_rng(40)
+    N, H = 6, 5
+    gates, c_prev, dc, dh = (rng.standard_normal(s).astype(np.float32) for s in ((N, 4 * H), (N, H), (N, H), (N, H)))
+    prev = c_prev if with_prev else None
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == "float32" else dict(rtol=2e-2, atol=2e-2)
+    t = lambda a: ft.tensor(a).to(dtype)
+    n = lambda x: x.float().numpy().astype(np.float64)
+    c_want, h_want, (i, f, g, o) = lstm_step(gates, prev)
+    c = ft.ops.lstm_cell_forward(None, t(gates), t(prev) if with_prev else None)
+    np.testing.assert_allclose(n(c), c_want, **tol)
+    h = ft.ops.lstm_hidden_forward(None, t(gates), c)
+    np.testing.assert_allclose(n(h), sigmoid(o) * np.tanh(n(c)), **tol)
+    ds = lambda v: sigmoid(v) * (1 - sigmoid(v))
+    want_cell = np.concatenate([dc * np.tanh(g) * ds(i), dc * (0 if prev is None else prev) * ds(f),
+                                dc * sigmoid(i) * (1 - np.tanh(g) ** 2), np.full((N, H), 7.0)], 1)
+    given = ft.tensor(np.full((N, 4 * H), 7.0, np.float32)).to(dtype)  # the o columns stay as given
+    dgates, dprev = ft.ops.lstm_cell_backward(given, None, t(dc), t(gates), t(prev) if with_prev else None)
+    assert dgates is given
+    np.testing.assert_allclose(n(dgates), want_cell, **tol)
+    if with_prev:
+        np.testing.assert_allclose(n(dprev), dc * sigmoid(f), **tol)
+    else:
+        assert dprev is None
+    cc = n(c)
+    dgates, dc_h = ft.ops.lstm_hidden_backward(dgates, None, t(dh), t(gates), c, accumulate_gates=True)
+    want_o = dh * np.tanh(cc) * ds(o)
+    np.testing.assert_allclose(n(dgates), np.concatenate([want_cell[:, :3 * H], 7.0 + want_o], 1), **tol)
+    np.testing.assert_allclose(n(dc_h), dh * sigmoid(o) * (1 - np.tanh(cc) ** 2), **tol)
+
+
+def test_fused_lstm_step_derivatives_match_finite_differences():
+    rng = np.random.default_rng(41)
+    gates, c_prev, dh = (rng.standard_normal(s) for s in ((3, 8), (3, 2), (3, 2)))
+
+    def h_of(gg, cp):
+        c = ft.ops.lstm_cell_forward(None, ft.tensor(gg, dtype=ft.float32), ft.tensor(cp, dtype=ft.float32))
+        return ft.ops.lstm_hidden_forward(None, ft.tensor(gg, dtype=ft.float32), c).numpy().astype(np.float64)
+
+    f32 = lambda a: ft.tensor(a, dtype=ft.float32)
+    c = ft.ops.lstm_cell_forward(None, f32(gates), f32(c_prev))
+    dgates, dc = ft.ops.lstm_hidden_backward(None, None, f32(dh), f32(gates), c)
+    dgates, dprev = ft.ops.lstm_cell_backward(dgates, None, dc, f32(gates), f32(c_prev), accumulate_gates=True)
+    fd_g = np.zeros_like(gates)
+    for idx in np.ndindex(*gates.shape):
+        e = np.zeros_like(gates)
+        e[idx] = 1e-3
+        fd_g[idx] = ((h_of(gates + e, c_prev) - h_of(gates - e, c_prev)) * dh).sum() / 2e-3
+    np.testing.assert_allclose(dgates.numpy(), fd_g, rtol=1e-2, atol=1e-4)
+    fd_c = np.zeros_like(c_prev)
+    for idx in np.ndindex(*c_prev.shape):
+        e = np.zeros_like(c_prev)
+        e[idx] = 1e-3
+        fd_c[idx] = ((h_of(gates, c_prev + e) - h_of(gates, c_prev - e)) * dh).sum() / 2e-3
+    np.testing.assert_allclose(dprev.numpy(), fd_c, rtol=1e-2, atol=1e-4)
+
+
+def test_fused_lstm_step_bad_input():
+    g, c = ft.zeros(2, 8), ft.zeros(2, 2)
+    with pytest.raises(ValueError, match="lstm_cell: gates must have 4H columns"):
+        ft.ops.lstm_cell_forward(None, ft.zeros(2, 7))
+    with pytest.raises(ValueError, match=r"lstm_cell: c_prev should have shape \(2, 2\), got \(2, 3\)"):
+        ft.ops.lstm_cell_forward(None, g, ft.zeros(2, 3))
+    with pytest.raises(ValueError, match=r"lstm_cell: gates should have 2 dimensions"):
+        ft.ops.lstm_cell_forward(None, ft.zeros(8))
+    with pytest.raises(TypeError, match="lstm_hidden: c must be float32 or bfloat16"):
+        ft.ops.lstm_hidden_forward(None, g, ft.zeros(2, 2, dtype=ft.int64))
+    with pytest.raises(ValueError, match="lstm_cell_backward: dc_prev needs c_prev"):
+        ft.ops.lstm_cell_backward(None, ft.zeros(2, 2), c, g, None)
+    with pytest.raises(ValueError, match="accumulate=True adds into the gradient tensors given"):
+        ft.ops.lstm_hidden_backward(None, None, c, g, c, accumulate_gates=True)
+    with pytest.raises(ValueError, match="lstm_cell: c partly overlaps gates"):
+        ft.ops.lstm_cell_forward(g[:, :2], g)

@@ -45,6 +45,7 @@
 #include "ops/loss.h"
 #include "ops/math.h"
 #include "ops/pool.h"
+#include "ops/rnn.h"
 #include "ops/softmax.h"
 #include "ops/upsample.h"
 
@@ -397,6 +398,100 @@ static PyObject *py_mul_backward(PyObject *m, PyObject *args, PyObject *kw) {
     }
     ft_status s;
     CALL(s, big(dout), ft_mul_backward(d[0].t, d[1].t, dout, a, b, acc_a, acc_b));
+    return finish(s, d, 2);
+}
+
+/* ======================= LSTM cell ======================= */
+
+static ft_status zeroed(const ft_tensor *t) { return ft_tensor_fill(t, (ft_scalar){.kind = FT_SCALAR_FLOAT, .f = 0}); }
+
+static PyObject *py_lstm_cell_forward(PyObject *m, PyObject *args, PyObject *kw) {
+    PyObject *o_c, *o_gates, *o_prev = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|O:lstm_cell_forward", KW("c", "gates", "c_prev"), &o_c, &o_gates,
+                                     &o_prev))
+        return NULL;
+    ft_module_state *st = ft_py_state(m);
+    const ft_tensor *gates, *prev;
+    out_arg c;
+    if (parse_in(st, o_gates, "gates", false, &gates) < 0 || parse_in(st, o_prev, "c_prev", true, &prev) < 0 ||
+        parse_out(st, o_c, "c", false, &c) < 0)
+        return NULL;
+    /* gates of another rank get no c: the op then names what is wrong with them */
+    int64_t shape[2] = {gates->shape[0], gates->ndim == 2 ? gates->shape[1] / 4 : 0};
+    if (gates->ndim == 2 && alloc_on(st, &c, gates, 2, shape, gates->dtype) < 0)
+        return NULL;
+    ft_status s;
+    CALL(s, big(gates), ft_lstm_cell_forward(c.t, gates, prev));
+    return finish(s, &c, 1);
+}
+
+static PyObject *py_lstm_cell_backward(PyObject *m, PyObject *args, PyObject *kw) {
+    PyObject *o_dgates, *o_dprev, *o_dc, *o_gates, *o_prev;
+    int acc_gates = 0, acc_prev = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOO|pp:lstm_cell_backward",
+                                     KW("dgates", "dc_prev", "dc", "gates", "c_prev", "accumulate_gates",
+                                        "accumulate_c_prev"),
+                                     &o_dgates, &o_dprev, &o_dc, &o_gates, &o_prev, &acc_gates, &acc_prev))
+        return NULL;
+    ft_module_state *st = ft_py_state(m);
+    const ft_tensor *dc, *gates, *prev;
+    out_arg d[2];
+    if (parse_in(st, o_dc, "dc", false, &dc) < 0 || parse_in(st, o_gates, "gates", false, &gates) < 0 ||
+        parse_in(st, o_prev, "c_prev", true, &prev) < 0 || parse_out(st, o_dgates, "dgates", true, &d[0]) < 0 ||
+        parse_out(st, o_dprev, "dc_prev", true, &d[1]) < 0)
+        return NULL;
+    if (!prev && !d[1].t) /* no c_prev: no gradient of it */
+        d[1].skip = true;
+    if (alloc_like(st, &d[0], gates) < 0 || alloc_like(st, &d[1], dc) < 0 ||
+        check_accumulate(&d[0], 1, acc_gates, "lstm_cell_backward") < 0 ||
+        check_accumulate(&d[1], 1, acc_prev, "lstm_cell_backward") < 0) {
+        drop_outs(d, 2);
+        return NULL;
+    }
+    ft_status s = d[0].owned ? zeroed(d[0].t) : FT_OK; /* the columns the op leaves */
+    if (s == FT_OK)
+        CALL(s, big(gates), ft_lstm_cell_backward(d[0].t, d[1].t, dc, gates, prev, acc_gates, acc_prev));
+    return finish(s, d, 2);
+}
+
+static PyObject *py_lstm_hidden_forward(PyObject *m, PyObject *args, PyObject *kw) {
+    PyObject *o_h, *o_gates, *o_c;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO:lstm_hidden_forward", KW("h", "gates", "c"), &o_h, &o_gates, &o_c))
+        return NULL;
+    ft_module_state *st = ft_py_state(m);
+    const ft_tensor *gates, *c;
+    out_arg h;
+    if (parse_in(st, o_gates, "gates", false, &gates) < 0 || parse_in(st, o_c, "c", false, &c) < 0 ||
+        parse_out(st, o_h, "h", false, &h) < 0 || alloc_out(st, &h, c, c->ndim, c->shape, gates->dtype) < 0)
+        return NULL;
+    ft_status s;
+    CALL(s, big(gates), ft_lstm_hidden_forward(h.t, gates, c));
+    return finish(s, &h, 1);
+}
+
+static PyObject *py_lstm_hidden_backward(PyObject *m, PyObject *args, PyObject *kw) {
+    PyObject *o_dgates, *o_dc, *o_dh, *o_gates, *o_c;
+    int acc_gates = 0, acc_c = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOO|pp:lstm_hidden_backward",
+                                     KW("dgates", "dc", "dh", "gates", "c", "accumulate_gates", "accumulate_c"),
+                                     &o_dgates, &o_dc, &o_dh, &o_gates, &o_c, &acc_gates, &acc_c))
+        return NULL;
+    ft_module_state *st = ft_py_state(m);
+    const ft_tensor *dh, *gates, *c;
+    out_arg d[2];
+    if (parse_in(st, o_dh, "dh", false, &dh) < 0 || parse_in(st, o_gates, "gates", false, &gates) < 0 ||
+        parse_in(st, o_c, "c", false, &c) < 0 || parse_out(st, o_dgates, "dgates", true, &d[0]) < 0 ||
+        parse_out(st, o_dc, "dc", true, &d[1]) < 0)
+        return NULL;
+    if (alloc_like(st, &d[0], gates) < 0 || alloc_like(st, &d[1], dh) < 0 ||
+        check_accumulate(&d[0], 1, acc_gates, "lstm_hidden_backward") < 0 ||
+        check_accumulate(&d[1], 1, acc_c, "lstm_hidden_backward") < 0) {
+        drop_outs(d, 2);
+        return NULL;
+    }
+    ft_status s = d[0].owned ? zeroed(d[0].t) : FT_OK; /* the columns the op leaves */
+    if (s == FT_OK)
+        CALL(s, big(gates), ft_lstm_hidden_backward(d[0].t, d[1].t, dh, gates, c, acc_gates, acc_c));
     return finish(s, d, 2);
 }
 
@@ -1910,6 +2005,13 @@ static PyMethodDef ops_methods[] = {
                        "accumulate_a=False, accumulate_b=False) -> (da, db)"),
     KWFN(mul_forward, "mul_forward(out, a, b) -> out"),
     KWFN(mul_backward, "mul_backward(da, db, dout, a, b, accumulate_a=False, accumulate_b=False) -> (da, db)"),
+    KWFN(lstm_cell_forward, "lstm_cell_forward(c, gates, c_prev=None) -> c: sigmoid(f) c_prev + sigmoid(i) tanh(g) of "
+                            "gates (N, 4H) in PyTorch's order (i, f, g, o)"),
+    KWFN(lstm_cell_backward, "lstm_cell_backward(dgates, dc_prev, dc, gates, c_prev, accumulate_gates=False, "
+                             "accumulate_c_prev=False) -> (dgates, dc_prev): dgates' i, f and g columns"),
+    KWFN(lstm_hidden_forward, "lstm_hidden_forward(h, gates, c) -> h: sigmoid(o) tanh(c)"),
+    KWFN(lstm_hidden_backward, "lstm_hidden_backward(dgates, dc, dh, gates, c, accumulate_gates=False, "
+                               "accumulate_c=False) -> (dgates, dc): dgates' o column"),
     KWFN(concat_forward, "concat_forward(out, inputs, dim=1) -> out"),
     KWFN(concat_backward, "concat_backward(grads, dout, sizes, dim=1, accumulate=False) -> [grads]"),
     KWFN(dropout_forward, "dropout_forward(out, inp, p, seed, offset, span=1) -> out"),

@@ -18,6 +18,7 @@
 #include "ops/loss.h"
 #include "ops/math.h"
 #include "ops/reduce.h"
+#include "ops/rnn.h"
 #include "ops/softmax.h"
 #include "ops/upsample.h"
 
@@ -746,6 +747,49 @@ static ft_status math_forward(const ft_node_run *r) {
     return ft_math_pointwise(&r->out, op, compute, args, ft_math_arity(op));
 }
 
+/* ---- LSTM cells ---- */
+
+static ft_status lstm_check(const ft_node *nd, const ft_node *const *in) {
+    bool ok = nd->ndim == 1 && in[0]->ndim == 1 && in[0]->shape[0] == 4 * nd->shape[0] &&
+              (nd->kind != FT_NODE_LSTM_HIDDEN || nd->ninputs == 2);
+    for (int k = 1; ok && k < nd->ninputs; k++)
+        ok = in[k]->ndim == 1 && in[k]->shape[0] == nd->shape[0];
+    return ok ? FT_OK : ft_fail(FT_ERR_SHAPE, "program: an LSTM cell takes gates (4H,) and states (H,)");
+}
+
+/* Columns [k0 * H, k1 * H) of the gates' gradient (N, 4H) to zero, where this node writes it (the other gates'
+ * columns: the ops write only their own, and the other node reading the gates adds its part later). */
+static ft_status other_gates(const ft_node_run *r, int k0, int k1) {
+    if (!r->din[0] || r->din_acc[0])
+        return FT_OK;
+    ft_tensor v = *r->din[0];
+    int64_t H = r->nd->shape[0];
+    v.shape[1] = (k1 - k0) * H;
+    v.offset += k0 * H * v.strides[1] * (int64_t)ft_dtype_get(v.dtype)->itemsize;
+    return ft_tensor_fill(&v, (ft_scalar){.kind = FT_SCALAR_FLOAT, .f = 0});
+}
+
+static ft_status lstm_cell_node_forward(const ft_node_run *r) {
+    return ft_lstm_cell_forward(&r->out, &r->in[0], r->nin > 1 ? &r->in[1] : NULL);
+}
+
+static ft_status lstm_cell_node_backward(const ft_node_run *r) {
+    FT_TRY(other_gates(r, 3, 4));
+    bool prev = r->nin > 1;
+    return ft_lstm_cell_backward(r->din[0], prev ? r->din[1] : NULL, &r->dout, &r->in[0], prev ? &r->in[1] : NULL,
+                                 r->din_acc[0], prev && r->din_acc[1]);
+}
+
+static ft_status lstm_hidden_node_forward(const ft_node_run *r) {
+    return ft_lstm_hidden_forward(&r->out, &r->in[0], &r->in[1]);
+}
+
+static ft_status lstm_hidden_node_backward(const ft_node_run *r) {
+    FT_TRY(other_gates(r, 0, 3));
+    return ft_lstm_hidden_backward(r->din[0], r->din[1], &r->dout, &r->in[0], &r->in[1], r->din_acc[0],
+                                   r->din_acc[1]);
+}
+
 /* ---- softmax ---- */
 
 static ft_status softmax_check(const ft_node *nd, const ft_node *const *in) {
@@ -1186,6 +1230,10 @@ const ft_node_kind_info ft_node_kinds[FT_NODE_NKINDS] = {
                                   conv_transpose2d_backward, .precision = FT_NODE_LOW, .reads_output = never},
     [FT_NODE_MATH] = {"math", 1, 1, 0, math_check, NULL, NULL, math_forward, NULL, .precision = FT_NODE_ANY,
                       .reads_inputs = never, .reads_output = never},
+    [FT_NODE_LSTM_CELL] = {"lstm_cell", 1, 2, 0, lstm_check, NULL, NULL, lstm_cell_node_forward,
+                           lstm_cell_node_backward, .precision = FT_NODE_ANY, .reads_output = never},
+    [FT_NODE_LSTM_HIDDEN] = {"lstm_hidden", 2, 2, 0, lstm_check, NULL, NULL, lstm_hidden_node_forward,
+                             lstm_hidden_node_backward, .precision = FT_NODE_ANY, .reads_output = never},
     [FT_NODE_NOISE] = {"noise", 1, 1, 0, same_shape, NULL, NULL, noise_forward, NULL, .precision = FT_NODE_ANY,
                        .reads_inputs = never, .reads_output = never, .draws = element_draws},
     [FT_NODE_UPSAMPLE_BILINEAR] = {"upsample_bilinear", 1, 1, 2, bilinear_check, NULL, NULL, bilinear_forward,

@@ -27,6 +27,7 @@
 #include "ops/math.h"
 #include "ops/pool.h"
 #include "ops/reduce.h"
+#include "ops/rnn.h"
 #include "ops/softmax.h"
 #include "ops/upsample.h"
 #include "optim/state.h"
@@ -47,6 +48,15 @@ struct ft_cuda_ops {
     ft_status (*concat_forward)(const ft_tensor *out, const ft_tensor *const *inps, int n, int dim);
     ft_status (*concat_backward)(const ft_tensor *const *dinps, const int64_t *sizes, int n,
                                  const ft_tensor *dout, int dim, bool accumulate);
+    /* rnn.h */
+    ft_status (*lstm_cell_forward)(const ft_tensor *c, const ft_tensor *gates, const ft_tensor *c_prev);
+    ft_status (*lstm_cell_backward)(const ft_tensor *dgates, const ft_tensor *dc_prev, const ft_tensor *dc,
+                                    const ft_tensor *gates, const ft_tensor *c_prev, bool accumulate_gates,
+                                    bool accumulate_c_prev);
+    ft_status (*lstm_hidden_forward)(const ft_tensor *h, const ft_tensor *gates, const ft_tensor *c);
+    ft_status (*lstm_hidden_backward)(const ft_tensor *dgates, const ft_tensor *dc, const ft_tensor *dh,
+                                      const ft_tensor *gates, const ft_tensor *c, bool accumulate_gates,
+                                      bool accumulate_c);
     /* reduce.h */
     ft_status (*sum_to)(const ft_tensor *out, const ft_tensor *inp, double scale, bool accumulate);
     ft_status (*broadcast_to)(const ft_tensor *out, const ft_tensor *inp, double scale, bool accumulate);

@@ -26,14 +26,6 @@ static void mul_loop(float *y, const float *a, const float *b, int64_t n, bool a
         FT_SIMD_FOR(i, n) y[i] = a[i] * b[i];
 }
 
-FT_VEC_CLONES
-static void copy_loop(float *y, const float *x, int64_t n, bool accumulate) {
-    if (accumulate)
-        FT_SIMD_FOR(i, n) y[i] += x[i];
-    else if (y != x)
-        FT_SIMD_FOR(i, n) y[i] = x[i];
-}
-
 /* ---- add ---- */
 
 typedef struct {
@@ -97,9 +89,9 @@ static void add_bwd_kernel(float *const *p, int64_t n, const int64_t *idx, int64
     if (c->act.kind == FT_ACT_NONE) {
         /* db first: da may be dout itself, and with accumulate changes it */
         if (db)
-            copy_loop(db, dout, n, c->acc_b);
+            ft_pw_put(db, dout, n, c->acc_b);
         if (da)
-            copy_loop(da, dout, n, c->acc_a);
+            ft_pw_put(da, dout, n, c->acc_a);
         return;
     }
     _Alignas(64) float g[CHUNK], s[CHUNK];
@@ -112,9 +104,9 @@ static void add_bwd_kernel(float *const *p, int64_t n, const int64_t *idx, int64
         }
         ft_act_backward_f32(g, dout + off, src, m, c->act, c->from_output, false);
         if (da)
-            copy_loop(da + off, g, m, c->acc_a);
+            ft_pw_put(da + off, g, m, c->acc_a);
         if (db)
-            copy_loop(db + off, g, m, c->acc_b);
+            ft_pw_put(db + off, g, m, c->acc_b);
     }
 }
 
@@ -227,7 +219,7 @@ static void mul_bwd_kernel(float *const *p, int64_t n, const int64_t *idx, int64
             int64_t m = n - off < CHUNK ? n - off : CHUNK;
             mul_loop(ga, p[c->dout] + off, p[c->b] + off, m, false);
             mul_loop(p[c->db] + off, p[c->dout] + off, p[c->a] + off, m, c->acc_b);
-            copy_loop(p[c->da] + off, ga, m, c->acc_a);
+            ft_pw_put(p[c->da] + off, ga, m, c->acc_a);
         }
     } else if (c->da >= 0) {
         mul_loop(p[c->da], p[c->dout], p[c->b], n, c->acc_a);
@@ -278,7 +270,7 @@ typedef struct {
 
 static void copy_kernel(float *const *p, int64_t n, const int64_t *idx, int64_t idx0, const void *vctx) {
     const copy_ctx *c = vctx;
-    copy_loop(p[0], p[1], n, c->accumulate);
+    ft_pw_put(p[0], p[1], n, c->accumulate);
 }
 
 /* The view of t that holds [start, start + size) along dim. */

@@ -66,4 +66,13 @@ void ft_pw_walk(const ft_pw_loop *l, const ft_pw_plan *pl, int64_t begin, int64_
 /* A loop over i in [0, n) without assumed dependencies between iterations. */
 #define FT_SIMD_FOR(i, n) _Pragma("omp simd") for (int64_t i = 0; i < (n); i++)
 
+/* y (n) = x, or += x with accumulate (the gradient rule): kernels compute a
+ * tile of results, then store it so, which keeps both loops vectorized. */
+FT_VEC_CLONES static inline void ft_pw_put(float *y, const float *x, int64_t n, bool accumulate) {
+    if (accumulate)
+        FT_SIMD_FOR(i, n) y[i] += x[i];
+    else if (y != x)
+        FT_SIMD_FOR(i, n) y[i] = x[i];
+}
+
 #endif

@@ -6,7 +6,7 @@ import math
 import re
 from collections import OrderedDict
 
-from .. import creation
+from .. import _C, creation
 from .._C import TensorBase
 from .._tensor import Tensor
 from .._types import _BY_NAME, as_device
@@ -2054,11 +2054,40 @@ def _rnn_cell(mode, gi, state, w_hh, b_hh):
         return ((1.0 - z) * n + (z * state[0] if state is not None else 0.0),)
     gates = gi + gh if gh is not None else gi
     if mode == "LSTM":
-        i, f, g, o = gates.chunk(4, -1)
-        i, f, g, o = F.sigmoid(i), F.sigmoid(f), F.tanh(g), F.sigmoid(o)
-        c = i * g if state is None else f * state[1] + i * g
-        return o * F.tanh(c), c
+        c = _lstm_step(LSTMState, _C.lstm_cell_forward, gates, None if state is None else state[1])
+        return _lstm_step(LSTMOutput, _C.lstm_hidden_forward, gates, c), c
     return (F.tanh(gates) if mode == "RNN_TANH" else F.relu(gates),)
+
+
+def _lstm_step(layer, op, gates, state):
+    """An LSTM step's cell state (layer LSTMState, op lstm_cell_forward) or output (LSTMOutput,
+    lstm_hidden_forward) from its gates (N, 4H), or (4H,) unbatched, and a state (N, H) (the last cell state, or
+    the new one; None: none): one fused pass, traced or eager."""
+    if isinstance(gates, Symbolic) or isinstance(state, Symbolic):
+        return layer()(*[x for x in (gates, state) if x is not None])
+    one = gates.ndim == 1
+    out = op(None, gates.unsqueeze(0) if one else gates, state.unsqueeze(0) if one and state is not None else state)
+    return out[0] if one else out
+
+
+class LSTMState(Module):
+    """An LSTM step's cell state sigmoid(f) c + sigmoid(i) tanh(g) from its gates (4H,) in PyTorch's order (i, f,
+    g, o) and the last cell state (H,), if any (recorded by the LSTM layers and cells)."""
+
+    _leaf = True
+
+    def output_shape(self, gates, *state):
+        return (gates[0] // 4,)
+
+
+class LSTMOutput(Module):
+    """An LSTM step's output sigmoid(o) tanh(c) from its gates (4H,) and its cell state (H,) (recorded by the LSTM
+    layers and cells)."""
+
+    _leaf = True
+
+    def output_shape(self, gates, state):
+        return state
 
 
 def _rnn_weights(module, suffix, input_size, hidden_size, gates, bias):
