@@ -157,18 +157,21 @@ def test_gradient_rule_writes_then_adds():
         ft.ops.sdpa_backward(None, acc[1], acc[2], t(dout), t(q), t(k), t(v), out, lse, accumulate=True)
 
 
+@pytest.mark.parametrize("extra", ["", "dropout", "key_mask"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("Tq,Tk,D", [(150, 130, 40), (151, 129, 17)])  # odd sizes: padded pairs and rows
 @pytest.mark.parametrize("N,H,causal", [(1, 2, False), (2, 1, True), (4, 4, True), (3, 5, False)])
-def test_deterministic_across_thread_counts(threads, N, H, causal, Tq, Tk, D, dtype):
+def test_deterministic_across_thread_counts(threads, N, H, causal, Tq, Tk, D, dtype, extra):
     # few heads: dq in a pass of its own at 2 threads, within the key pass at 1; both must give the same bits
     q, k, v, dout = (t(a).to(dtype) for a in inputs(N, H, Tq, Tk, D, seed=7))
+    kw = dict(causal=causal, dropout_p=0.2 if extra == "dropout" else 0.0, seed=5, offset=11,
+              key_mask=ft.tensor(np.random.default_rng(24).random((N, Tk)) < 0.5) if extra == "key_mask" else None)
     res = []
     for nt in (1, 2):
         threads(nt)
-        out, lse = ft.ops.sdpa_forward(None, None, q, k, v, causal=causal)
-        grads = ft.ops.sdpa_backward(None, None, None, dout, q, k, v, out, lse, causal=causal)
-        dq_alone = ft.ops.sdpa_backward(None, False, False, dout, q, k, v, out, lse, causal=causal)[0]
+        out, lse = ft.ops.sdpa_forward(None, None, q, k, v, **kw)
+        grads = ft.ops.sdpa_backward(None, None, None, dout, q, k, v, out, lse, **kw)
+        dq_alone = ft.ops.sdpa_backward(None, False, False, dout, q, k, v, out, lse, **kw)[0]
         res.append([bits(x) for x in (out, lse, *grads, dq_alone)])
     assert res[0] == res[1]
     assert res[0][2] == res[0][5]
@@ -329,20 +332,6 @@ def test_dropout_gradients_match_finite_differences():
         np.testing.assert_allclose(n(g), fd, rtol=2e-2, atol=2e-3)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("N,H,causal", [(1, 2, False), (4, 4, True)])
-def test_dropout_is_deterministic_across_thread_counts(threads, N, H, causal, dtype):
-    q, k, v, dout = (t(a).to(dtype) for a in inputs(N, H, 151, 129, 17, seed=13))
-    kw = dict(causal=causal, dropout_p=0.2, seed=5, offset=11)
-    res = []
-    for nt in (1, 2):
-        threads(nt)
-        out, lse = ft.ops.sdpa_forward(None, None, q, k, v, **kw)
-        res.append([bits(x) for x in (out, lse, *ft.ops.sdpa_backward(None, None, None, dout, q, k, v, out, lse,
-                                                                      **kw))])
-    assert res[0] == res[1]
-
-
 def test_functional_dropout_draws_from_the_default_generator():
     """F.scaled_dot_product_attention(dropout_p=p) takes the next dropout_blocks(N H Tq Tk) blocks of the default
     generator, as F.dropout of the weights would: ft.manual_seed repeats it, the next call draws a new mask; the
@@ -493,19 +482,6 @@ def test_key_mask_masks_keys_out(N, H, Tq, Tk, D, causal, dropout_p):
     assert (n(got[0])[0] == 0).all() and (n(got[1])[0] == 0).all()
     dq = ft.ops.sdpa_backward(None, False, False, t(dout), t(q), t(k), t(v), out, lse, 0.5, **kw)[0]
     assert bits(dq) == bits(got[0])
-
-
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_key_mask_is_deterministic_across_thread_counts(threads, dtype):
-    q, k, v, dout = (t(a).to(dtype) for a in inputs(4, 4, 151, 129, 17, seed=23))
-    kw = dict(causal=True, key_mask=ft.tensor(np.random.default_rng(24).random((4, 129)) < 0.5))
-    res = []
-    for nt in (1, 2):
-        threads(nt)
-        out, lse = ft.ops.sdpa_forward(None, None, q, k, v, **kw)
-        res.append([bits(x) for x in (out, lse, *ft.ops.sdpa_backward(None, None, None, dout, q, k, v, out, lse,
-                                                                      **kw))])
-    assert res[0] == res[1]
 
 
 def test_key_mask_bad_input():

@@ -102,6 +102,20 @@ typedef struct {
     bool acc_a, acc_b;
 } outs2;
 
+/* The loop of kernel fn writing (or adding to) a and b, either NULL, from the inputs x, y and z. */
+static void run_outs2(ft_pw_kernel fn, const ft_tensor *a, const ft_tensor *b, bool acc_a, bool acc_b,
+                      const ft_tensor *x, const ft_tensor *y, const ft_tensor *z) {
+    outs2 o = {-1, -1, acc_a, acc_b};
+    ft_pw_loop l = {.read_outputs = (a && acc_a) || (b && acc_b), .fn = fn, .ctx = &o};
+    if (a)
+        o.a = l.nops, l.t[l.nops++] = a;
+    if (b)
+        o.b = l.nops, l.t[l.nops++] = b;
+    l.nout = l.nops;
+    l.t[l.nops++] = x, l.t[l.nops++] = y, l.t[l.nops++] = z;
+    ft_pw_run(&l);
+}
+
 /* df = dc c_prev sigmoid'(f), dc_prev = dc sigmoid(f); inputs dc, f, c_prev after the outputs. */
 FT_VEC_CLONES static void cell_f_kernel(float *const *p, int64_t n, const int64_t *idx, int64_t idx0,
                                         const void *vctx) {
@@ -162,17 +176,10 @@ ft_status ft_lstm_cell_backward(const ft_tensor *dgates, const ft_tensor *dc_pre
     ft_tensor f = gate(gates, 1);
     if (dgates || dc_prev) {
         ft_tensor df = dgates ? gate(dgates, 1) : (ft_tensor){0};
-        if (c_prev) {
-            outs2 o = {-1, -1, accumulate_gates, accumulate_c_prev};
-            ft_pw_loop l = {.read_outputs = accumulate_gates || accumulate_c_prev, .fn = cell_f_kernel, .ctx = &o};
-            if (dgates)
-                o.a = l.nops, l.t[l.nops++] = &df;
-            if (dc_prev)
-                o.b = l.nops, l.t[l.nops++] = dc_prev;
-            l.nout = l.nops;
-            l.t[l.nops++] = dc, l.t[l.nops++] = &f, l.t[l.nops++] = c_prev;
-            ft_pw_run(&l);
-        } else if (!accumulate_gates) { /* f multiplied zeros */
+        if (c_prev)
+            run_outs2(cell_f_kernel, dgates ? &df : NULL, dc_prev, accumulate_gates, accumulate_c_prev, dc, &f,
+                      c_prev);
+        else if (!accumulate_gates) { /* f multiplied zeros */
             FT_TRY(ft_tensor_fill(&df, (ft_scalar){.kind = FT_SCALAR_FLOAT, .f = 0}));
         }
     }
@@ -246,14 +253,6 @@ ft_status ft_lstm_hidden_backward(const ft_tensor *dgates, const ft_tensor *dc, 
     if (ft_op_device(gates).type == FT_DEV_CUDA)
         FT_CUDA_DISPATCH(op, lstm_hidden_backward, dgates, dc, dh, gates, c, accumulate_gates, accumulate_c);
     ft_tensor o = gate(gates, 3), dgo = dgates ? gate(dgates, 3) : (ft_tensor){0};
-    outs2 q = {-1, -1, accumulate_gates, accumulate_c};
-    ft_pw_loop l = {.read_outputs = accumulate_gates || accumulate_c, .fn = hidden_bwd_kernel, .ctx = &q};
-    if (dgates)
-        q.a = l.nops, l.t[l.nops++] = &dgo;
-    if (dc)
-        q.b = l.nops, l.t[l.nops++] = dc;
-    l.nout = l.nops;
-    l.t[l.nops++] = dh, l.t[l.nops++] = &o, l.t[l.nops++] = c;
-    ft_pw_run(&l);
+    run_outs2(hidden_bwd_kernel, dgates ? &dgo : NULL, dc, accumulate_gates, accumulate_c, dh, &o, c);
     return FT_OK;
 }
