@@ -2094,3 +2094,69 @@ def test_a_forward_returning_logits_and_none_compiles():
     with pytest.raises(ft.nn.TracingError, match=r"returned tuple of NoneType, traced value, not traced outputs .* the "
                                                  r"first traced"):
         Backwards().compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=2, input_shape=(4,))
+
+
+@pytest.mark.parametrize("use", ["linear", "attention", "layer_norm"])
+def test_a_parameter_expanded_over_the_batch_feeds_any_layer(use):
+    """Learned queries (DETR, Perceiver): a parameter expanded over the batch, the same for every sample, read by a
+    linear layer, as attention's queries (reshaped) or by a layer norm: the compiled step's values are the eager
+    model's for every sample, and its gradients central differences'."""
+    class Queries(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.lin, self.norm = nn.Parameter(ft.randn(1, 3, 4)), nn.Linear(4, 4), nn.LayerNorm(4)
+
+        def forward(self, x):
+            q = self.q.expand(x.size(0), -1, -1)
+            if use == "linear":
+                return self.lin(q) + x[:, :3]
+            if use == "layer_norm":
+                return self.norm(q) * x[:, :3]
+            return F.scaled_dot_product_attention(q.unsqueeze(1), x.unsqueeze(1), x.unsqueeze(1)).squeeze(1)
+    ft.manual_seed(40)
+    model = Queries()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=4, input_shape=(5, 4),
+                            target_shape=(3, 4))
+    x = np.random.default_rng(41).standard_normal((4, 5, 4)).astype(np.float32)
+    y = np.zeros((4, 3, 4), np.float32)
+    np.testing.assert_allclose(program.predict(x).numpy(), model(ft.tensor(x)).numpy(), rtol=1e-5, atol=1e-6)
+    assert gradcheck(program, x, y, eps=1e-3, rtol=2e-2, atol=1e-4)
+
+
+@pytest.mark.parametrize("reduce", ["mean", "masked_sum", "weighted"])
+def test_per_position_losses_with_reduction_none(reduce):
+    """F.cross_entropy(logits.transpose(1, 2), y, reduction='none') of a sequence gives PyTorch's per-position
+    losses (N, T) when traced, which reduce as the user writes: .mean() over every position, a sum of the positions
+    a mask keeps over N, a weighting per position; against NumPy's losses, and gradients against central
+    differences."""
+    V, T = 6, 4
+
+    class Tagger(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.head = nn.Embedding(V, 8), nn.Linear(8, V)
+
+        def forward(self, ids):
+            return self.head(self.emb(ids))
+
+    def loss(out, y):
+        per = F.cross_entropy(out.transpose(1, 2), y, reduction="none", ignore_index=0)
+        assert per.shape == (per.shape[0], T)
+        if reduce == "mean":
+            return per.mean()
+        if reduce == "masked_sum":
+            return (per * (y > 2)).sum() / y.shape[0]
+        return (per * ft.tensor([1.0, 0.5, 0.25, 2.0])).mean()
+    ft.manual_seed(42)
+    model = Tagger()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), loss, batch_size=3, input_shape=(T,),
+                            input_dtype=ft.int64, target_shape=(T,), target_dtype=ft.int64)
+    rng = np.random.default_rng(43)
+    ids, y = rng.integers(0, V, (3, T)), rng.integers(0, V, (3, T))
+    out = model(ft.tensor(ids)).numpy().astype(np.float64)
+    per = np.log(np.exp(out).sum(-1)) - np.take_along_axis(out, y[..., None], -1)[..., 0]
+    per[y == 0] = 0  # ignored
+    want = per.mean() if reduce == "mean" else (per * (y > 2)).sum() / 3 if reduce == "masked_sum" else \
+        (per * np.array([1.0, 0.5, 0.25, 2.0])).mean()
+    assert program.backward(ids, y) == pytest.approx(want, rel=1e-5)
+    assert gradcheck(program, ids, y, eps=1e-3, rtol=2e-2, atol=1e-4)

@@ -1032,10 +1032,16 @@ static ft_status class_prepare(const ft_node *nd, const ft_node *const *in, cons
 }
 
 /* Cross-entropy takes scores (C,) or (C, d...) per sample (PyTorch's
- * K-dimensional form: classes first) with targets (d...); nll (C,) only. */
+ * K-dimensional form: classes first) with targets (d...); nll (C,) only.
+ * A sample's value is its loss, or with reduction none over positions its
+ * positions' losses (d...). */
+static bool per_position(const ft_node *nd) { return nd->ndim > 0; }
+
 static ft_status class_check(const ft_node *nd, const ft_node *const *in) {
     const ft_node *x = in[0], *t = in[1];
-    bool ok = nd->ndim == 0 && x->ndim >= 1 && (nd->kind == FT_NODE_CROSS_ENTROPY || x->ndim == 1) &&
+    bool shape_ok = nd->ndim == 0 || (nd->reduction == FT_NODE_REDUCE_NONE && nd->ndim == t->ndim &&
+                                      !memcmp(nd->shape, t->shape, (size_t)t->ndim * sizeof *t->shape));
+    bool ok = shape_ok && x->ndim >= 1 && (nd->kind == FT_NODE_CROSS_ENTROPY || x->ndim == 1) &&
               t->kind == FT_NODE_TARGET && t->dtype == FT_INT64 && t->ndim == x->ndim - 1 &&
               !memcmp(t->shape, x->shape + 1, (size_t)t->ndim * sizeof *t->shape) &&
               (!nd->weight.storage || ft_tensor_numel(&nd->weight) == x->shape[0]);
@@ -1082,24 +1088,30 @@ static ft_cross_entropy_params ce_params(const ft_node *nd) {
                                      .label_smoothing = nd->label_smoothing};
 }
 
-/* out = the sum of each sample's position losses / norm. */
+/* out = the sum of each sample's position losses / norm, or those losses themselves (per_position, norm 1). */
 static ft_status cross_entropy_forward(const ft_node_run *r) {
     ft_cross_entropy_params ce = ce_params(r->nd);
-    ft_tensor losses = position_losses(r), dlogits = saved_dlogits(r);
+    ft_tensor losses = per_position(r->nd) ? r->out : position_losses(r), dlogits = saved_dlogits(r);
     FT_TRY(ft_cross_entropy_forward(&losses, r->training ? &dlogits : NULL, &r->in[0], &r->in[1],
                                     param(&r->nd->weight), &ce));
-    return sum_rows(r, &losses);
+    return per_position(r->nd) ? FT_OK : sum_rows(r, &losses);
 }
 
-/* dlogits (=, +=) the saved gradient times each sample's dout / norm. */
+/* dlogits (=, +=) the saved gradient times each sample's dout / norm, or each position's dout. */
 static ft_status cross_entropy_backward(const ft_node_run *r) {
-    ft_tensor g = as_vector(&r->dout), c = factor_as(r, &g);
-    FT_TRY(ft_mul_forward(&g, &g, &c));
     ft_tensor dlogits = saved_dlogits(r), each = dlogits;
-    each.storage = g.storage;
-    each.offset = g.offset;
     memset(each.strides, 0, sizeof each.strides);
-    each.strides[0] = g.strides[0]; /* a sample's dout over its classes and positions */
+    if (per_position(r->nd)) { /* dout (N, d...) over the classes */
+        each.storage = r->dout.storage, each.offset = r->dout.offset;
+        each.strides[0] = r->dout.strides[0];
+        for (int d = 1; d < r->dout.ndim; d++)
+            each.strides[d + 1] = r->dout.strides[d];
+    } else {
+        ft_tensor g = as_vector(&r->dout), c = factor_as(r, &g);
+        FT_TRY(ft_mul_forward(&g, &g, &c));
+        each.storage = g.storage, each.offset = g.offset;
+        each.strides[0] = g.strides[0]; /* a sample's dout over its classes and positions */
+    }
     return ft_mul_backward(r->din[0], NULL, &dlogits, NULL, &each, r->din_acc[0], false);
 }
 

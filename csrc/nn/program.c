@@ -528,9 +528,12 @@ static ft_status plan(ft_program *p, bool training, const ft_recompute *rc, bloc
  * view with a shape of its own. */
 static ft_tensor seen_as(const ft_node *nd, ft_tensor t) {
     if (nd->kind == FT_NODE_RESHAPE) {
+        bool same_for_every_sample = t.strides[0] == 0; /* a parameter's value (broadcast_param) */
         t.ndim = nd->ndim + 1;
         memcpy(t.shape + 1, nd->shape, (size_t)nd->ndim * sizeof *nd->shape);
         ft_contiguous_strides(t.strides, t.ndim, t.shape);
+        if (same_for_every_sample)
+            t.strides[0] = 0;
     }
     return t;
 }

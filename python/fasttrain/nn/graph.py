@@ -338,13 +338,21 @@ class Symbolic:
         only be scaled or added to another reduced loss; any other use fails."""
         for x in inputs:
             x.read()
-        if not isinstance(module, (_layers().Math, _layers().Attention, _layers().Reshape)):
+        layers = _layers()
+        if not isinstance(module, (layers.Math, layers.Attention, layers.Reshape)):
             inputs = [x._floats() for x in inputs]  # PyTorch's promotion of a bool mask in arithmetic
+        if not isinstance(module, (layers.Add, layers.Mul, layers.Matmul, layers.Cat, layers.Expand, layers.Reshape)):
+            inputs = [layers.Expand(x.node.shape)(x) if x._broadcast() else x for x in inputs]
+        elif isinstance(module, layers.Reshape):  # of a value varying along one dimension only: no dense rows
+            inputs = [layers.Expand(x.node.shape)(x) if isinstance(x.node.module, layers.Value) and
+                      x.node.module.dim >= 0 else x for x in inputs]
         if reduced is None:
             flags = {x.node.reduced for x in inputs}
             if True in flags and (len(flags) > 1 or not isinstance(module, (_layers().Add, _layers().Scale))):
-                fail(f"{type(module).__name__} of a loss already reduced over the batch",
-                     "combine reduced losses linearly (a + 0.5 * b), or reduce last (reduction='none', then .mean())")
+                fail(f"{type(module).__name__.lstrip('_')} of a loss already reduced over the batch",
+                     "combine reduced losses linearly (a + 0.5 * b), or reduce last (reduction='none', then .mean()); "
+                     "a mean over the positions a mask keeps, (loss * mask).sum() / mask.sum(), is the loss's "
+                     "ignore_index (reduction='mean' averages over the labels not ignored)")
             reduced = flags == {True}
         return Symbolic(Node(module, [x.node for x in inputs], shape, reduced))
 
@@ -1021,6 +1029,14 @@ class Symbolic:
 
     __eq__, __ne__, __lt__, __le__, __gt__, __ge__ = (_comparison(op) for op in ("eq", "ne", "lt", "le", "gt", "ge"))
     __hash__ = object.__hash__  # traced values are keys by identity
+
+    def _broadcast(self):
+        """Whether the value is a tensor's, the same for every sample (a parameter expanded over the batch, as
+        learned queries are): a program reads it with a batch stride of 0, which only elementwise ops, matmuls and
+        concatenations take; other layers get it repeated over the batch (an expand node)."""
+        m = self.node.module
+        return isinstance(m, _layers().Value) or isinstance(m, _layers().Reshape) and self.node.inputs[0].module \
+            is not None and Symbolic(self.node.inputs[0])._broadcast()
 
     def _is_mask(self):
         return self.node.dtype is _bool()

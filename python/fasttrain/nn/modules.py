@@ -1754,7 +1754,9 @@ class _ClassLoss(_Loss):
         if self.weight is not None and self.weight.shape[0] != shape[0]:
             raise ValueError(f"{name}: {self.weight.shape[0]} class weights for {shape[0]} classes")
         bind_target(target, shape[1:], "int64")
-        return Symbolic.record(self, [scores, target], (), reduced=self.reduction != "none")
+        if self.reduction == "none":  # each sample's loss, or each position's (d...) as PyTorch gives them
+            return Symbolic.record(self, [scores, target], tuple(shape[1:]), reduced=False)
+        return Symbolic.record(self, [scores, target], (), reduced=True)
 
 
 class CrossEntropyLoss(_ClassLoss):
