@@ -122,7 +122,7 @@ def test_bad_arrays_and_image_options(tmp_path):
         D.Loader((X, y), 4, transforms=[D.RandomHorizontalFlip()])
     with pytest.raises(ValueError, match="channels_last apply to images"):
         D.Loader((X, y), 4, channels_last=True)
-    with pytest.raises(TypeError, match="float32, bfloat16 or float16, not uint8"):
+    with pytest.raises(TypeError, match=r"float32, bfloat16 or float16 \(integer ones int64\), not uint8"):
         D.Loader((X, y), 4, dtype="uint8")
     with pytest.raises(TypeError, match="floating-point features or integer ones \\(token ids\\), got bool"):
         D.from_arrays(X.astype(bool), y)

@@ -625,6 +625,13 @@ def test_multihead_attention_key_padding_mask_matches_pytorch():
     np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-6)
     assert (weights[pad[:, None, :].repeat(5, 1)] == 0).all() and (np.triu(per_head, 1) == 0).all()
     assert mha(x, x, x, need_weights=False)[1] is None
+    dropping = ft.nn.MultiheadAttention(8, 2, dropout=0.5, batch_first=True)  # weights after dropout, as PyTorch's:
+    out, w = dropping(x, x, x, average_attn_weights=False)  # the output is their product with the values
+    v = ft.nn.functional.linear(x, dropping.in_proj_weight, dropping.in_proj_bias).numpy()[..., 16:]
+    heads = (w.numpy() @ v.reshape(3, 5, 2, 4).transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3).reshape(3, 5, 8)
+    np.testing.assert_allclose(out.numpy(), heads @ dropping.out_proj.weight.numpy().T + dropping.out_proj.bias.numpy(),
+                               rtol=1e-5, atol=1e-6)
+    assert not np.allclose(w.numpy().sum(-1), 1.0)
     additive = ft.tensor(np.where(pad, -np.inf, 0.0).astype(np.float32))
     np.testing.assert_array_equal(mha(x, x, x, key_padding_mask=additive)[0].numpy(), got)
     assert not np.allclose(mha(x, x, x)[0].numpy(), got)

@@ -4,6 +4,7 @@ corrupt or truncated files, and a resume with a data loader's position."""
 import json
 import os
 import struct
+import warnings
 
 import numpy as np
 import pytest
@@ -187,6 +188,28 @@ def test_strict_false_into_a_program_of_other_names_loads_weights_alone(tmp_path
     assert new.body.weight.numpy().tobytes() == old.body.weight.numpy().tobytes()
     np.testing.assert_array_equal(new.cls.weight.numpy(), fresh)
     assert program.optimizer.state_dict()["state"] == {} and program.step_count == 0
+
+
+def test_strict_false_resumes_a_model_with_tied_weights(tmp_path):
+    """A checkpoint names a tied weight under each of its names, as state_dict does: loading it with strict=False
+    into the same model is a resume (optimizer state, step count), not a partial load."""
+    def gpt():
+        ft.manual_seed(37)
+        m = nn.Sequential(nn.Embedding(11, 6), nn.Linear(6, 11, bias=False))
+        m[1].weight = m[0].weight
+        return m, m.compile(ft.optim.AdamW(m.parameters(), lr=0.01), lambda out, y: nn.functional.cross_entropy(
+            out.transpose(1, 2), y), batch_size=2, input_shape=(3,), input_dtype=ft.int64, target_shape=(3,))
+    model, program = gpt()
+    ids = np.array([[1, 2, 3], [4, 5, 6]])
+    program.train_step(ids, ids)
+    path = str(tmp_path / "tied.safetensors")
+    ft.save(path, program)
+    again, again_program = gpt()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ft.load(path, again_program, strict=False)
+    assert again_program.step_count == 1 and again_program.optimizer.state_dict()["state"] != {}
+    assert again[0].weight.numpy().tobytes() == model[0].weight.numpy().tobytes()
 
 
 def test_a_programs_checkpoint_loads_strictly_into_its_bare_model(tmp_path):

@@ -206,6 +206,7 @@ def test_multinomial_without_replacement_draws_one_after_another():
     again = ft.multinomial(ft.tensor(np.tile(w, (30_000, 1))), 2).numpy()
     np.testing.assert_array_equal(again, rows)
     assert sorted(ft.multinomial(ft.tensor(w), 3).tolist()) == [0, 1, 2]
+    assert ft.multinomial(ft.zeros(0, 4), 2, replacement=True).shape == (0, 2)  # no rows, no draws
 
 
 @pytest.mark.parametrize("call, error, match", [
@@ -216,6 +217,7 @@ def test_multinomial_without_replacement_draws_one_after_another():
     (lambda: ft.multinomial(ft.tensor([1.0, 1.0]), 0), ValueError, "num_samples must be positive"),
     (lambda: ft.multinomial(ft.ones(2, 2, 2), 1), TypeError, "1-d or 2-d floating-point"),
     (lambda: ft.multinomial(ft.tensor([1, 2]), 1), TypeError, "1-d or 2-d floating-point"),
+    (lambda: ft.multinomial(ft.tensor([1.0, 2.0]), 2.5), TypeError, "num_samples must be an int, got float"),
 ])
 def test_multinomial_bad_input(call, error, match):
     with pytest.raises(error, match=match):

@@ -461,10 +461,13 @@ static ft_status tensor_batches(ft_loader *l, const ft_sample_layout *f, const f
                                      "transform the arrays beforehand", nops);
     if (output->channels || output->height || output->width || output->channels_last)
         return ft_fail(FT_ERR_VALUE, "channels, image_size and channels_last apply to images, not to feature arrays");
-    ft_dtype dt = f->dtype == FT_INT64 ? FT_INT64 : output->dtype;
-    if (dt != FT_FLOAT32 && dt != FT_BFLOAT16 && dt != FT_FLOAT16 && dt != FT_INT64)
-        return ft_fail(FT_ERR_DTYPE, "batches of features are float32, bfloat16 or float16, not %s",
+    ft_dtype dt = output->dtype;
+    if (dt != FT_FLOAT32 && dt != FT_BFLOAT16 && dt != FT_FLOAT16)
+        return ft_fail(FT_ERR_DTYPE, "batches of features are float32, bfloat16 or float16 (integer ones int64), "
+                                     "not %s",
                        ft_dtype_get(dt)->name);
+    if (f->dtype == FT_INT64) /* token ids stay integers */
+        dt = FT_INT64;
     l->tensors = true;
     l->out = *output;
     l->sample = *f;

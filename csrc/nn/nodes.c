@@ -389,8 +389,7 @@ static ft_status dropout_backward(const ft_node_run *r) {
 }
 
 /* Noise (randn_like, rand_like) in the shape of its input, which it does not
- * read: core/rng.h's draws, four values per Philox block, as dropout's. */
-
+ * read: core/rng.h's draws, four values per Philox block (element_draws). */
 static ft_status noise_forward(const ft_node_run *r) {
     ft_rng_state rng = {r->seed, r->mask_offset};
     return r->nd->uniform ? ft_rng_uniform(&r->out, &rng, 0.0, 1.0) : ft_rng_normal(&r->out, &rng, 0.0, 1.0);

@@ -1264,8 +1264,8 @@ static ft_status backward_batches(ft_program *p, const ft_tensor *x, const ft_te
                                   double *loss, const ft_tensor *yh, const ft_tensor *scores, int64_t *correct) {
     int64_t B = x->shape[0];
     int last = p->n - 1;
-    FT_TRY(copy_statistics(p, true));
     p->step_offset = p->dropout_offset;
+    FT_TRY(copy_statistics(p, true));
     memset(p->slot_written, accumulate, (size_t)p->nslots * sizeof *p->slot_written);
     for (int64_t r0 = 0; r0 < B; r0 += p->batch) {
         int64_t rows = B - r0 < p->batch ? B - r0 : p->batch;

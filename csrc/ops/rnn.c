@@ -86,6 +86,8 @@ ft_status ft_lstm_cell_forward(const ft_tensor *c, const ft_tensor *gates, const
     const ft_tensor *states[] = {c, c_prev};
     const char *names[] = {"c", "c_prev"};
     FT_TRY(check_cell(op, gates, states, names, 2, 1));
+    if (!c)
+        return ft_fail(FT_ERR_VALUE, "%s: c is required", op);
     if (ft_op_device(gates).type == FT_DEV_CUDA)
         FT_CUDA_DISPATCH(op, lstm_cell_forward, c, gates, c_prev);
     ft_tensor i = gate(gates, 0), f = gate(gates, 1), g = gate(gates, 2);
@@ -206,8 +208,8 @@ ft_status ft_lstm_hidden_forward(const ft_tensor *h, const ft_tensor *gates, con
     const char *op = "lstm_hidden";
     const ft_tensor *states[] = {h, c};
     const char *names[] = {"h", "c"};
-    if (!c)
-        return ft_fail(FT_ERR_VALUE, "%s: c is required", op);
+    if (!h || !c)
+        return ft_fail(FT_ERR_VALUE, "%s: h and c are required", op);
     FT_TRY(check_cell(op, gates, states, names, 2, 1));
     if (ft_op_device(gates).type == FT_DEV_CUDA)
         FT_CUDA_DISPATCH(op, lstm_hidden_forward, h, gates, c);

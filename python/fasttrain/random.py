@@ -3,6 +3,7 @@
 any thread count."""
 from __future__ import annotations
 
+import numbers
 import os
 import random as _pyrandom
 import threading
@@ -217,11 +218,15 @@ def multinomial(input: Tensor, num_samples: int, replacement: bool = False, *,
     _refuse_draw("multinomial")
     if not isinstance(input, TensorBase) or not (input.dtype.is_floating_point and input.ndim in (1, 2)):
         raise TypeError("multinomial: input must be a 1-d or 2-d floating-point tensor of weights")
+    if not isinstance(num_samples, numbers.Integral) or isinstance(num_samples, bool):
+        raise TypeError(f"multinomial: num_samples must be an int, got {type(num_samples).__name__}")
     num_samples = int(num_samples)
     w = np.asarray(input.detach().cpu().double()).reshape(-1, input.shape[-1])
     C = w.shape[1]
     if not np.isfinite(w).all() or (w < 0).any():
         raise ValueError("multinomial: the weights must be finite and non-negative")
+    if w.shape[0] == 0 and C > 0 and num_samples >= 1:  # no rows: no draws
+        return tensor(np.zeros((0, num_samples), np.int64), device=input.device)
     if C == 0 or (w.sum(1) <= 0).any():
         raise ValueError("multinomial: every row needs a positive total weight")
     if num_samples < 1:

@@ -2334,10 +2334,11 @@ def _attention_mask(mask, Tq, Tk, name, keeps=False, batched=False):
                               "of keys (a padding mask: bool, or 0 and -inf) are not supported")
 
 
-def _attention_weights(q, k, causal, masked, average):
+def _attention_weights(q, k, causal, masked, average, dropout_p, draw):
     """softmax(q k^T / sqrt(D)) of heads (N, H, T, D) and (N, H, S, D) under the causal mask and keys masked out
-    ((B, S) True), as (N, T, S) averaged over the heads or (N, H, T, S); 0 for a query that sees no key, as the
-    fused kernel's output."""
+    ((B, S) True), through the dropout the fused kernel applied (p and its generator's (seed, offset) draw), as
+    (N, T, S) averaged over the heads or (N, H, T, S), as PyTorch returns them; 0 for a query that sees no key, as
+    the fused kernel's output."""
     import numpy as np
     from .. import _math
     s = _math.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
@@ -2352,6 +2353,8 @@ def _attention_weights(q, k, causal, masked, average):
     e = (s - top).exp()
     total = e.sum(-1, keepdim=True)
     p = e / _math.where(total > 0, total, 1.0)
+    if dropout_p:
+        p = _C.dropout_forward(None, p, dropout_p, *draw)
     return p.mean(1) if average else p
 
 
@@ -2386,7 +2389,7 @@ class MultiheadAttention(Module):
         When query, key and value are one tensor, the packed projection runs once. Masks: the causal one and a key
         padding mask (see _attention_mask). The output comes from the fused kernel; with need_weights, eagerly, the
         weights are computed besides it as PyTorch returns them ((N, T, S) averaged over the heads, or (N, H, T, S)),
-        before dropout; a compiled program never forms them (see graph.AttentionWeights)."""
+        through the dropout the output saw; a compiled program never forms them (see graph.AttentionWeights)."""
         from . import functional as F
         name, T, S = "MultiheadAttention", query.shape[1], key.shape[1]
         causal, keys = _attention_mask(attn_mask, T, S, name)
@@ -2402,13 +2405,15 @@ class MultiheadAttention(Module):
                        for i, x in enumerate((query, key, value)))
         N = query.shape[0]
         heads = [x.view(N, n, H, E // H).transpose(1, 2) for x, n in ((q, T), (k, S), (v, S))]
-        masked = keys if keys is not None else padding
-        out = F._attention(*heads, causal or is_causal, None, self.dropout if self.training else 0.0, masked, name)
+        masked, p = keys if keys is not None else padding, self.dropout if self.training else 0.0
+        from ..random import default_generator
+        draw = (default_generator._seed, default_generator._offset)  # where the kernel's dropout mask comes from
+        out = F._attention(*heads, causal or is_causal, None, p, masked, name)
         weights = None
         if need_weights:
             from .graph import AttentionWeights
             weights = AttentionWeights() if isinstance(out, Symbolic) else \
-                _attention_weights(*heads[:2], causal or is_causal, masked, average_attn_weights)
+                _attention_weights(*heads[:2], causal or is_causal, masked, average_attn_weights, p, draw)
         return self.out_proj(out.transpose(1, 2).reshape(N, T, E)), weights
 
     def extra_repr(self):
