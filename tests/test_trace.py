@@ -2160,3 +2160,29 @@ def test_per_position_losses_with_reduction_none(reduce):
         (per * np.array([1.0, 0.5, 0.25, 2.0])).mean()
     assert program.backward(ids, y) == pytest.approx(want, rel=1e-5)
     assert gradcheck(program, ids, y, eps=1e-3, rtol=2e-2, atol=1e-4)
+
+
+def test_token_ids_and_masks_sliced_in_forward():
+    """The input's token ids sliced before an embedding (ids[:, :-1], as next-token models feed themselves) and a
+    padding mask sliced alike stay ids and a mask: the loss is the eager model's and the gradients central
+    differences'."""
+    class Shifted(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.attn = nn.Embedding(20, 8), nn.MultiheadAttention(8, 2, batch_first=True)
+            self.head = nn.Linear(8, 20)
+
+        def forward(self, ids):
+            x, pad = self.emb(ids[:, :-1]), (ids == 0)[:, :-1]
+            return self.head(self.attn(x, x, x, key_padding_mask=pad)[0])
+    ft.manual_seed(44)
+    model = Shifted()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1),
+                            lambda out, y: F.cross_entropy(out.transpose(1, 2), y), batch_size=2, input_shape=(6,),
+                            input_dtype=ft.int64, target_shape=(5,))
+    ids = np.array([[5, 1, 2, 3, 0, 0], [7, 4, 9, 0, 0, 0]])
+    y = ids[:, 1:]
+    out = model(ft.tensor(ids)).numpy().astype(np.float64)
+    want = (np.log(np.exp(out).sum(-1)) - np.take_along_axis(out, y[..., None], -1)[..., 0]).mean()
+    assert program.backward(ids, y) == pytest.approx(want, rel=1e-5)
+    assert gradcheck(program, ids, y, eps=1e-3, rtol=3e-2, atol=1e-3)  # the keys' bias: 0 up to rounding

@@ -168,6 +168,11 @@ def _bool():
     return _BY_NAME["bool"]
 
 
+def _int64():
+    from .._types import _BY_NAME
+    return _BY_NAME["int64"]
+
+
 def _view(method):
     """A method whose result is a view in PyTorch, sharing the value's memory (see in_place)."""
     @functools.wraps(method)
@@ -176,8 +181,6 @@ def _view(method):
         if isinstance(out, Symbolic) and out is not self:
             out.base = self
             self.views.append(out)
-            if self._is_mask() and isinstance(out.node.module, _layers().Reshape):
-                out.node.dtype = self.node.dtype
         return out
     return view
 
@@ -339,13 +342,15 @@ class Symbolic:
         for x in inputs:
             x.read()
         layers = _layers()
-        if not isinstance(module, (layers.Math, layers.Attention, layers.Reshape)):
+        if not isinstance(module, (layers.Math, layers.Attention, layers.Reshape, layers.Slice, layers.Permute)):
             inputs = [x._floats() for x in inputs]  # PyTorch's promotion of a bool mask in arithmetic
         if not isinstance(module, (layers.Add, layers.Mul, layers.Matmul, layers.Cat, layers.Expand, layers.Reshape)):
             inputs = [layers.Expand(x.node.shape)(x) if x._broadcast() else x for x in inputs]
         elif isinstance(module, layers.Reshape):  # of a value varying along one dimension only: no dense rows
             inputs = [layers.Expand(x.node.shape)(x) if isinstance(x.node.module, layers.Value) and
                       x.node.module.dim >= 0 else x for x in inputs]
+        kept = inputs[0].node.dtype if isinstance(module, (layers.Reshape, layers.Slice, layers.Permute)) and \
+            inputs and inputs[0].node.dtype in (_bool(), _int64()) else None  # token ids and masks moved about
         if reduced is None:
             flags = {x.node.reduced for x in inputs}
             if True in flags and (len(flags) > 1 or not isinstance(module, (_layers().Add, _layers().Scale))):
@@ -354,7 +359,9 @@ class Symbolic:
                      "a mean over the positions a mask keeps, (loss * mask).sum() / mask.sum(), is the loss's "
                      "ignore_index (reduction='mean' averages over the labels not ignored)")
             reduced = flags == {True}
-        return Symbolic(Node(module, [x.node for x in inputs], shape, reduced))
+        out = Symbolic(Node(module, [x.node for x in inputs], shape, reduced))
+        out.node.dtype = kept
+        return out
 
     def read(self):
         """Fails for a value an in-place op has made stale (see in_place); every recorded op reads its inputs so."""
