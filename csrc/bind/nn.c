@@ -175,8 +175,7 @@ static int parse_node(ft_module_state *st, PyObject *d, ft_node *nd) {
         get_double(d, "scale_w", 0.0, &nd->lerp.scale_w) < 0 || get_long(d, "uniform", 0, &uniform) < 0 ||
         get_long(d, "channels", 0, &channels) < 0 || get_math_op(d, "math_op", &nd->math_op) < 0)
         return -1;
-    if ((dtype != FT_FLOAT32 && dtype != FT_INT64 && dtype != FT_BOOL) || reduction < 0 ||
-        reduction > FT_NODE_REDUCE_BATCHMEAN) {
+    if ((dtype != FT_FLOAT32 && dtype != FT_INT64) || reduction < 0 || reduction > FT_NODE_REDUCE_BATCHMEAN) {
         PyErr_Format(PyExc_ValueError, "node dtype code %lld or reduction code %lld is not one a program takes", dtype,
                      reduction);
         return -1;

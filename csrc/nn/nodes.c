@@ -483,7 +483,8 @@ static ft_status groupnorm_backward(const ft_node_run *r) {
 
 static ft_status embedding_check(const ft_node *nd, const ft_node *const *in) {
     const ft_tensor *w = &nd->weight;
-    bool ok = in[0]->dtype == FT_INT64 && w->storage && w->ndim == 2 &&
+    /* the input's ids, or a slice of them (whose dtype the program's plan gives; the op checks it) */
+    bool ok = (in[0]->kind != FT_NODE_INPUT || in[0]->dtype == FT_INT64) && w->storage && w->ndim == 2 &&
               nd->ndim == in[0]->ndim + 1 && nd->shape[nd->ndim - 1] == w->shape[1] &&
               !memcmp(nd->shape, in[0]->shape, (size_t)in[0]->ndim * sizeof *nd->shape);
     return ok ? FT_OK

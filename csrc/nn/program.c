@@ -714,8 +714,11 @@ static void plan_dtypes(ft_program *p) {
                     : nd->kind == FT_NODE_PARAM ? i <= p->output && read_by_low(p, i)
                                                 : i <= p->output && k != FT_NODE_FLOAT32);
         p->dtype[i] = low ? p->compute : i == 0 || i == p->target ? nd->dtype : FT_FLOAT32;
-        if (i > 0 && i != p->target && (nd->dtype == FT_INT64 || nd->dtype == FT_BOOL))
-            p->dtype[i] = nd->dtype; /* the input's token ids or a mask, sliced or permuted */
+        if (nd->kind == FT_NODE_SLICE || nd->kind == FT_NODE_PERMUTE) { /* token ids or a mask moved about */
+            ft_dtype in = p->dtype[source(p, nd->inputs[0])];
+            if (in == FT_INT64 || in == FT_BOOL)
+                p->dtype[i] = in;
+        }
         if (nd->kind == FT_NODE_MATH && (ft_math_is_comparison((ft_math_op)nd->math_op) ||
                                          nd->math_op == FT_MATH_LOGICAL_NOT))
             p->dtype[i] = FT_BOOL; /* a mask */

@@ -115,7 +115,7 @@ typedef struct {
     bool uniform;              /* noise */
     int math_op;               /* an ft_math_op */
     int64_t slice_start, slice_step;
-    ft_dtype dtype; /* the input's and the targets'; int64 or bool for a slice or permute of token ids or a mask */
+    ft_dtype dtype;          /* the input's and the targets' */
     ft_node_reduction reduction; /* losses: how a sample's value is normalized over the batch */
     double label_smoothing;  /* cross-entropy */
     int64_t ignore_index;    /* cross-entropy, nll */

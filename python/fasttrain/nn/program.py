@@ -180,8 +180,6 @@ def _graph(model, input_shape, loss=None, target_shape=None, target_dtype=None, 
     for n in nodes:
         kind, fields = (INPUT, dict(dtype=input_dtype._code)) if n.module is None else \
             _node_of(n.module, n.inputs[0].shape if n.inputs else n.shape)
-        if n.module is not None and n.dtype in (_BY_NAME["int64"], _BY_NAME["bool"]):  # ids or a mask moved about
-            fields = dict(fields, dtype=n.dtype._code)
         entries.append(_Entry(kind, n.module, [index[id(i)] for i in n.inputs], n.shape, fields,
                               (*n.scope, n.module)))
     return entries, index[id(first.node)]
