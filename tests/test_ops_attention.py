@@ -675,6 +675,12 @@ def test_traced_masks_refused_where_they_cannot_be_compiled():
         compile_forward(lambda m, ids: attend(m, ids, ft.zeros(2, 5, dtype=ft.bool)))
     with pytest.raises(ft.nn.TracingError, match="other than a bool one of keys"):
         compile_forward(lambda m, ids: attend(m, ids, (ids == PAD).float()))
+    with pytest.raises(ft.nn.TracingError, match="PyTorch broadcasts an \\(N, S\\) one over the queries"):
+        compile_forward(lambda m, ids: F.scaled_dot_product_attention(m.emb(ids), m.emb(ids), m.emb(ids),
+                                                                      attn_mask=ids != PAD))
+    keep = (lambda m, ids: F.scaled_dot_product_attention(*(m.emb(ids).unsqueeze(1),) * 3,
+                                                          attn_mask=(ids != PAD)[:, None, None, :]).squeeze(1))
+    compile_forward(keep)
     with pytest.raises(ft.nn.TracingError, match="the attention weights of a compiled MultiheadAttention"):
         compile_forward(lambda m, ids: m.attn(m.emb(ids), m.emb(ids), m.emb(ids))[1].sum(-1))
     compile_forward(lambda m, ids: attend(m, ids, ids == PAD))

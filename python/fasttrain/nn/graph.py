@@ -1336,8 +1336,9 @@ def where(condition, input, other):
     from .._C import TensorBase
     from .. import _math
     if isinstance(condition, Symbolic):
-        fail("a condition computed from traced values", "a mask of padding labels is the loss's ignore_index; a "
-             "mask fixed per position (a causal one) is a bool tensor")
+        fail("a condition computed from traced values", "a padding mask of the input (ids == pad) goes to attention "
+             "as key_padding_mask (or attn_mask), and weighs values as floats (h * keep); a mask of padding labels "
+             "is the loss's ignore_index; a mask fixed per position (a causal one) is a bool tensor")
     if not isinstance(condition, TensorBase) or condition.dtype.name != "bool":
         raise TypeError(f"where: expected condition to be a bool tensor, got {type(condition).__name__}")
     parts = []

@@ -2317,9 +2317,12 @@ def _attention_mask(mask, Tq, Tk, name, keeps=False, batched=False):
         return False, None
     if isinstance(mask, Symbolic):
         from .graph import fail
-        if mask.dtype is not _BY_NAME["bool"] or mask.shape[-1] != Tk or math.prod(mask.shape[1:-1]) != 1:
-            fail(f"{name}: a mask computed from traced values other than a bool one of keys ({mask.dtype.name}, "
-                 f"shape {mask.shape})", "give a padding mask as bool (N, S) values, such as (ids == pad)")
+        if mask.dtype is not _BY_NAME["bool"] or mask.shape[-1] != Tk or math.prod(mask.shape[1:-1]) != 1 or \
+                not batched:
+            fail(f"{name}: a mask computed from traced values other than a bool one of keys per sample "
+                 f"({mask.dtype.name}, shape {mask.shape})", "give a padding mask as bool values, such as "
+                 "(ids == pad): (N, S) as a key_padding_mask, (N, 1, 1, S) True where attention is allowed as "
+                 "F.scaled_dot_product_attention's attn_mask (PyTorch broadcasts an (N, S) one over the queries)")
         rows = mask.reshape(mask.shape[0], Tk) if mask.ndim != 2 else mask
         return False, ~rows if keeps else rows
     if isinstance(mask, TensorBase):
