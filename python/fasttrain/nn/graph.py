@@ -163,14 +163,9 @@ def in_place(target, value):
     return target
 
 
-def _bool():
+def _dtype(name):
     from .._types import _BY_NAME
-    return _BY_NAME["bool"]
-
-
-def _int64():
-    from .._types import _BY_NAME
-    return _BY_NAME["int64"]
+    return _BY_NAME[name]
 
 
 def _view(method):
@@ -350,10 +345,10 @@ class Symbolic:
             inputs = [layers.Expand(x.node.shape)(x) if isinstance(x.node.module, layers.Value) and
                       x.node.module.dim >= 0 else x for x in inputs]
         kept = inputs[0].node.dtype if isinstance(module, (layers.Reshape, layers.Slice, layers.Permute)) and \
-            inputs and inputs[0].node.dtype in (_bool(), _int64()) else None  # token ids and masks moved about
+            inputs and inputs[0].node.dtype in (_dtype("bool"), _dtype("int64")) else None  # ids and masks moved
         if reduced is None:
             flags = {x.node.reduced for x in inputs}
-            if True in flags and (len(flags) > 1 or not isinstance(module, (_layers().Add, _layers().Scale))):
+            if True in flags and (len(flags) > 1 or not isinstance(module, (layers.Add, layers.Scale))):
                 fail(f"{type(module).__name__.lstrip('_')} of a loss already reduced over the batch",
                      "combine reduced losses linearly (a + 0.5 * b), or reduce last (reduction='none', then .mean()); "
                      "a mean over the positions a mask keeps, (loss * mask).sum() / mask.sum(), is the loss's "
@@ -1030,8 +1025,8 @@ class Symbolic:
         """Records an elementwise op of fasttrain's tensor math on the value and a number: a comparison or logical
         not gives a bool mask, "mul" by 1 a mask's 0/1 floats."""
         out = _layers().Math(op, number)(self)
-        if op not in ("mul",):
-            out.node.dtype = _bool()
+        if op != "mul":
+            out.node.dtype = _dtype("bool")
         return out
 
     __eq__, __ne__, __lt__, __le__, __gt__, __ge__ = (_comparison(op) for op in ("eq", "ne", "lt", "le", "gt", "ge"))
@@ -1046,7 +1041,7 @@ class Symbolic:
             is not None and Symbolic(self.node.inputs[0])._broadcast()
 
     def _is_mask(self):
-        return self.node.dtype is _bool()
+        return self.node.dtype is _dtype("bool")
 
     def logical_not(self):
         """The complement of a bool mask (~mask)."""

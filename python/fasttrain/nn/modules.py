@@ -2364,7 +2364,7 @@ def _attention_weights(q, k, causal, masked, average, dropout_p, draw):
 class MultiheadAttention(Module):
     """PyTorch's nn.MultiheadAttention (batch_first=True) over fused attention: the packed input projection
     (in_proj_weight, in_proj_bias), the heads, out_proj, and dropout on the attention weights in training mode.
-    The weights are never formed (the fused kernel's point), so forward returns (output, None)."""
+    The fused kernel never forms the weights; forward computes them besides only eagerly, with need_weights."""
 
     def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False, add_zero_attn=False,
                  kdim=None, vdim=None, batch_first=False):
