@@ -284,11 +284,14 @@ ft_status ft_tensor_copy(const ft_tensor *dst, const ft_tensor *src, bool non_bl
 }
 
 ft_status ft_tensor_fill(const ft_tensor *dst, ft_scalar v) {
-    ft_dtype dt = v.kind == FT_SCALAR_FLOAT ? FT_FLOAT64 : v.kind == FT_SCALAR_UINT ? FT_UINT64 : FT_INT64;
-    /* The scalar as a tensor whose zero strides broadcast it to dst's shape. */
+    /* The scalar, converted once to dst's dtype (the copy then converts nothing), as a tensor whose zero strides
+     * broadcast it to dst's shape. */
+    FT_TRY(ft_copy_check_dtypes(dst->dtype, v.kind == FT_SCALAR_FLOAT ? FT_FLOAT64 : FT_INT64));
+    _Alignas(16) unsigned char value[16] = {0};
+    ft_store_scalar(value, dst->dtype, v);
     ft_storage *s;
-    FT_TRY(ft_storage_borrow(&s, &v.i, sizeof v.i, FT_CPU, true, ft_storage_unowned, NULL));
-    ft_tensor src = {.storage = s, .dtype = dt, .ndim = dst->ndim};
+    FT_TRY(ft_storage_borrow(&s, value, sizeof value, FT_CPU, true, ft_storage_unowned, NULL));
+    ft_tensor src = {.storage = s, .dtype = dst->dtype, .ndim = dst->ndim};
     memcpy(src.shape, dst->shape, sizeof src.shape);
     ft_status st = ft_tensor_copy(dst, &src, false);
     ft_storage_release(s);
