@@ -875,8 +875,8 @@ def test_repeat_mt_and_normalize_match_numpy_with_a_finite_gradient_at_a_zero_ro
 
 
 def positions(lib=ft, V=11, T=6, D=8, how="embedding"):
-    """GPT-2's token and position embeddings: positions from arange(t) (minGPT's with .unsqueeze(0)), or the table's
-    rows, the head tied to the token table."""
+    """GPT-2's token and position embeddings: positions from arange(t) (minGPT's with .unsqueeze(0), or expanded
+    over the batch), or the table's rows, the head tied to the token table."""
     L = nn if lib is ft else lib.nn
 
     class Positions(L.Module):
@@ -891,12 +891,14 @@ def positions(lib=ft, V=11, T=6, D=8, how="embedding"):
             pos = lib.arange(0, t, dtype=lib.long, device=idx.device)
             if how == "minGPT":
                 pos = pos.unsqueeze(0)
+            elif how == "expanded":  # Hugging Face's position_ids.expand(b, t)
+                pos = pos.unsqueeze(0).expand(b, t)
             return self.head(self.wte(idx) + (self.wpe.weight[:t] if how == "rows" else self.wpe(pos)))
 
     return Positions()
 
 
-@pytest.mark.parametrize("how", ["embedding", "minGPT", "rows"])
+@pytest.mark.parametrize("how", ["embedding", "minGPT", "expanded", "rows"])
 def test_position_embeddings_of_a_range_train_their_rows(how):
     rng = np.random.default_rng(21)
     x, y = rng.integers(0, 11, (3, 4)), rng.integers(0, 11, (3, 4))
@@ -911,7 +913,7 @@ def test_position_embeddings_of_a_range_train_their_rows(how):
 
 
 @needs_torch
-@pytest.mark.parametrize("how", ["embedding", "minGPT"])
+@pytest.mark.parametrize("how", ["embedding", "minGPT", "expanded"])
 def test_position_embeddings_of_a_range_match_pytorch(how):
     rng = np.random.default_rng(22)
     x, y = rng.integers(0, 11, (3, 4)), rng.integers(0, 11, (3, 4))

@@ -806,6 +806,17 @@ class Embedding(Module):
         from . import functional as F
         return F.embedding(x, self.weight, self.padding_idx)
 
+    def _symbolic(self, ids):
+        """Positions expanded over the batch (ft.arange(T).unsqueeze(0).expand(B, T)) are a tensor's value, the
+        same for every sample: their rows of the weight, as for the positions themselves (see _parameter_view)."""
+        m = ids.node.module
+        if isinstance(m, Value) and not m.tensor.dtype.is_floating_point:
+            rows = self._parameter_view(m.tensor.reshape(m.shape))
+            if rows is not None:
+                from .graph import constant
+                return constant(rows, tuple(rows.shape))
+        return super()._symbolic(ids)
+
     def _parameter_view(self, ids):
         """For positions ids = a, a + 1, ..., b - 1 (ft.arange(T), or with leading dimensions of size 1 as
         minGPT's ft.arange(T).unsqueeze(0)): the rows a..b-1 of the weight, in ids' shape."""
