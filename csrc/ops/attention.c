@@ -449,8 +449,8 @@ static inline int keys_seen(const geom *g, int64_t i, int64_t kb) {
     return n > 0 ? (int)n : 0;
 }
 
-/* kept[j] (BK) = whether key j0 + j of sample n is one: in the sequence and
- * not masked out. */
+/* kept[j] (BK) = whether key j0 + j of sample n takes part: in the sequence
+ * and not masked out. */
 static void keys_kept(const geom *g, int64_t n, int64_t j0, int nk, uint8_t *kept) {
     for (int j = 0; j < BK; j++)
         kept[j] = j < nk && !(g->km && g->km[n * g->km_n + (j0 + j) * g->km_t]);
