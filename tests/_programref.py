@@ -54,6 +54,19 @@ def assert_grad_close(got, want, name, rtol=2e-4):
 
 # ---------------------------------------------------------------- an independent float64 NumPy network
 
+def assert_gradients_match(program, tm, x, y, torch_loss, atol=1e-6):
+    """The program's loss and every parameter's gradient on (x, y) against the PyTorch twin tm's with torch_loss."""
+    loss = program.backward(x, y)
+    want = torch_loss(tm(torch.from_numpy(x)), torch.from_numpy(y))
+    want.backward()
+    assert loss == pytest.approx(want.item(), rel=1e-5)
+    grads = dict(program.model.named_parameters())
+    for name, p in tm.named_parameters():
+        assert grads[name].requires_grad == p.requires_grad, name
+        if p.requires_grad:  # (a frozen one's .grad is None in PyTorch)
+            np.testing.assert_allclose(grads[name].grad.numpy(), p.grad.numpy(), rtol=1e-4, atol=atol, err_msg=name)
+
+
 def windows(x, k, pad):
     """(N, C, Ho, Wo, k, k) sliding windows of x padded by `pad` (stride 1)."""
     xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))

@@ -5,6 +5,7 @@ import pytest
 
 import fasttrain as ft
 from fasttrain.testing import gradcheck
+from _programref import assert_gradients_match
 
 nn = ft.nn
 try:  # an optional oracle
@@ -131,13 +132,7 @@ def test_compiled_gradients_match_pytorch(mode, kw):
     program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=4, input_shape=(7,),
                             input_dtype=ft.int64)
     ids, y = np.random.default_rng(8).integers(0, 9, (4, 7)), np.array([0, 2, 1, 1])
-    loss = program.backward(ids, y)
-    want = torch.nn.functional.cross_entropy(theirs(torch.from_numpy(ids)), torch.from_numpy(y))
-    want.backward()
-    assert loss == pytest.approx(want.item(), rel=1e-5)
-    grads = dict(model.named_parameters())
-    for name, p in theirs.named_parameters():
-        np.testing.assert_allclose(grads[name].grad.numpy(), p.grad.numpy(), rtol=1e-4, atol=1e-6, err_msg=name)
+    assert_gradients_match(program, theirs, ids, y, torch.nn.functional.cross_entropy)
 
 
 def test_what_a_compiled_rnn_cannot_take_is_refused():
@@ -262,13 +257,7 @@ def test_cells_match_pytorch():
     program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=3, input_shape=(6,))
     x = np.cos(np.linspace(0, 4, 18)).reshape(3, 6).astype(np.float32)
     y = np.roll(x, -1, 1)
-    loss = program.backward(x, y)
-    want = torch.nn.functional.mse_loss(theirs(torch.from_numpy(x)), torch.from_numpy(y))
-    want.backward()
-    assert loss == pytest.approx(want.item(), rel=1e-5)
-    grads = dict(model.named_parameters())
-    for name, p in theirs.named_parameters():
-        np.testing.assert_allclose(grads[name].grad.numpy(), p.grad.numpy(), rtol=1e-4, atol=1e-7, err_msg=name)
+    assert_gradients_match(program, theirs, x, y, torch.nn.functional.mse_loss, atol=1e-7)
     for mode in ("RNNCell", "GRUCell"):
         t, c = getattr(torch.nn, mode)(3, 4), getattr(nn, mode)(3, 4)
         assert repr(t) == repr(c)

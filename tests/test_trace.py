@@ -9,6 +9,7 @@ import fasttrain as ft
 from fasttrain import nn
 from fasttrain.nn import functional as F
 from fasttrain.testing import gradcheck
+from _programref import assert_gradients_match
 
 CLASSES = 5
 
@@ -551,19 +552,6 @@ def test_comparisons_of_traced_values_with_numbers_are_masks_not_one_bool(compar
         model.compile(ft.optim.SGD(model.parameters(), lr=0.1),
                       lambda out, y: (F.cross_entropy(out, y, reduction="none") * compare(y, ft.ones(()))).mean(),
                       batch_size=2, input_shape=(4,))
-
-
-def assert_gradients_match(program, tm, x, y, torch_loss):
-    """The program's loss and every parameter's gradient on (x, y) against the PyTorch twin tm's with torch_loss."""
-    loss = program.backward(x, y)
-    want = torch_loss(tm(torch.from_numpy(x)), torch.from_numpy(y))
-    want.backward()
-    assert loss == pytest.approx(want.item(), rel=1e-5)
-    grads = dict(program.model.named_parameters())
-    for name, p in tm.named_parameters():
-        assert grads[name].requires_grad == p.requires_grad, name
-        if p.requires_grad:  # (a frozen one's .grad is None in PyTorch)
-            np.testing.assert_allclose(grads[name].grad.numpy(), p.grad.numpy(), rtol=1e-4, atol=1e-6, err_msg=name)
 
 
 def hand_attention(lib=ft, C=8, H=2, T=4):
