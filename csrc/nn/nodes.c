@@ -1058,9 +1058,11 @@ static int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
 
 /* aux: the weights 1 / norm of the sum over positions (P, a cache line at
  * least), the logits' gradient for dloss = 1 kept from the forward (the
- * softmax is taken once), then each position's loss. */
+ * softmax is taken once), then each position's loss to sum (per_position:
+ * the output holds them). */
 static int64_t cross_entropy_aux(const ft_node *nd, const ft_node *const *in, int64_t rows) {
-    return 4 * (round16(positions(in[0])) + rows * ft_node_numel(in[0]) + rows * positions(in[0]));
+    int64_t losses = per_position(nd) ? 0 : rows * positions(in[0]);
+    return 4 * (round16(positions(in[0])) + rows * ft_node_numel(in[0]) + losses);
 }
 
 static ft_tensor saved_dlogits(const ft_node_run *r) {
