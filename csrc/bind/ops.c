@@ -403,7 +403,6 @@ static PyObject *py_mul_backward(PyObject *m, PyObject *args, PyObject *kw) {
 
 /* ======================= LSTM cell ======================= */
 
-static ft_status zeroed(const ft_tensor *t) { return ft_tensor_fill(t, (ft_scalar){.kind = FT_SCALAR_FLOAT, .f = 0}); }
 
 static PyObject *py_lstm_cell_forward(PyObject *m, PyObject *args, PyObject *kw) {
     PyObject *o_c, *o_gates, *o_prev = Py_None;
@@ -448,7 +447,7 @@ static PyObject *py_lstm_cell_backward(PyObject *m, PyObject *args, PyObject *kw
         drop_outs(d, 2);
         return NULL;
     }
-    ft_status s = d[0].owned ? zeroed(d[0].t) : FT_OK; /* the columns the op leaves */
+    ft_status s = d[0].owned ? ft_tensor_zero(d[0].t) : FT_OK; /* the columns the op leaves */
     if (s == FT_OK)
         CALL(s, big(gates), ft_lstm_cell_backward(d[0].t, d[1].t, dc, gates, prev, acc_gates, acc_prev));
     return finish(s, d, 2);
@@ -489,7 +488,7 @@ static PyObject *py_lstm_hidden_backward(PyObject *m, PyObject *args, PyObject *
         drop_outs(d, 2);
         return NULL;
     }
-    ft_status s = d[0].owned ? zeroed(d[0].t) : FT_OK; /* the columns the op leaves */
+    ft_status s = d[0].owned ? ft_tensor_zero(d[0].t) : FT_OK; /* the columns the op leaves */
     if (s == FT_OK)
         CALL(s, big(gates), ft_lstm_hidden_backward(d[0].t, d[1].t, dh, gates, c, acc_gates, acc_c));
     return finish(s, d, 2);

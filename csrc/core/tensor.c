@@ -298,6 +298,10 @@ ft_status ft_tensor_fill(const ft_tensor *dst, ft_scalar v) {
     return st;
 }
 
+ft_status ft_tensor_zero(const ft_tensor *dst) {
+    return ft_tensor_fill(dst, (ft_scalar){.kind = FT_SCALAR_FLOAT, .f = 0});
+}
+
 ft_status ft_tensor_to(ft_tensor *out, const ft_tensor *t, ft_dtype dtype, ft_device device, bool pinned,
                        bool non_blocking, bool keep_layout) {
     FT_TRY(ft_copy_check_dtypes(dtype, t->dtype));

@@ -99,6 +99,9 @@ ft_status ft_tensor_copy(const ft_tensor *dst, const ft_tensor *src, bool non_bl
 /* Every element of dst = v converted to dst's dtype. */
 ft_status ft_tensor_fill(const ft_tensor *dst, ft_scalar v);
 
+/* dst = 0: ft_tensor_fill's zero, where a gradient gets nothing. */
+ft_status ft_tensor_zero(const ft_tensor *dst);
+
 /* A copy of t with the given dtype, device and pinning: C-contiguous, or
  * with keep_layout (not pinned) dense in the order of t's dimensions, as
  * PyTorch's preserve_format (a channels-last t stays channels-last). */

@@ -152,7 +152,7 @@ static ft_status slice_forward(const ft_node_run *r) {
 /* The unsliced elements get zero (when writing) and the sliced ones dout. */
 static ft_status slice_backward(const ft_node_run *r) {
     if (!r->din_acc[0])
-        FT_TRY(ft_tensor_fill(r->din[0], (ft_scalar){.kind = FT_SCALAR_FLOAT, .f = 0}));
+        FT_TRY(ft_tensor_zero(r->din[0]));
     ft_tensor dst = sliced(r->din[0], r->nd);
     return ft_add_forward(&dst, &dst, &r->dout, no_act);
 }
@@ -757,16 +757,13 @@ static ft_status lstm_check(const ft_node *nd, const ft_node *const *in) {
     return ok ? FT_OK : ft_fail(FT_ERR_SHAPE, "program: an LSTM cell takes gates (4H,) and states (H,)");
 }
 
-/* Columns [k0 * H, k1 * H) of the gates' gradient (N, 4H) to zero, where this node writes it (the other gates'
- * columns: the ops write only their own, and the other node reading the gates adds its part later). */
+/* Gates [k0, k1) of the gates' gradient to zero, where this node writes it (the other gates' columns: the ops
+ * write only their own, and the other node reading the gates adds its part later). */
 static ft_status other_gates(const ft_node_run *r, int k0, int k1) {
     if (!r->din[0] || r->din_acc[0])
         return FT_OK;
-    ft_tensor v = *r->din[0];
-    int64_t H = r->nd->shape[0];
-    v.shape[1] = (k1 - k0) * H;
-    v.offset += k0 * H * v.strides[1] * (int64_t)ft_dtype_get(v.dtype)->itemsize;
-    return ft_tensor_fill(&v, (ft_scalar){.kind = FT_SCALAR_FLOAT, .f = 0});
+    ft_tensor v = ft_lstm_gates(r->din[0], k0, k1);
+    return ft_tensor_zero(&v);
 }
 
 static ft_status lstm_cell_node_forward(const ft_node_run *r) {

@@ -1308,7 +1308,7 @@ static ft_status backward_batches(ft_program *p, const ft_tensor *x, const ft_te
     /* A parameter no gradient reached (its branch unused) gets zero, not the last step's. */
     for (int s = 0; s < p->nslots; s++)
         if (!p->slot_written[s])
-            FT_TRY(ft_tensor_fill(&p->slots[s], (ft_scalar){.kind = FT_SCALAR_FLOAT, .f = 0}));
+            FT_TRY(ft_tensor_zero(&p->slots[s]));
     return FT_OK;
 }
 

@@ -485,12 +485,11 @@ ft_status ft_conv2d_backward(const ft_tensor *dinp, const ft_tensor *dw, const f
     }
     bool empty = ft_tensor_numel(dout) == 0;
     if (empty) { /* an empty batch contributes nothing */
-        ft_scalar zero = {.kind = FT_SCALAR_FLOAT, .f = 0};
         if (!acc.inp && dinp)
-            FT_TRY(ft_tensor_fill(dinp, zero));
+            FT_TRY(ft_tensor_zero(dinp));
         if (!acc.weight && dw)
-            FT_TRY(ft_tensor_fill(dw, zero));
-        return db && !acc.bias ? ft_tensor_fill(db, zero) : FT_OK;
+            FT_TRY(ft_tensor_zero(dw));
+        return db && !acc.bias ? ft_tensor_zero(db) : FT_OK;
     }
     bool cuda = dev.type == FT_DEV_CUDA;
     ft_grad_out gx, gw;

@@ -244,11 +244,10 @@ ft_status ft_linear_backward(const ft_tensor *dx, const ft_tensor *dw, const ft_
         FT_TRY(check1("linear_backward", "grad_bias", db, x, O));
         FT_TRY(ft_check_output("linear_backward", "grad_bias", db));
     }
-    ft_scalar zero = {.kind = FT_SCALAR_FLOAT, .f = 0};
     if (dx && N && I && O == 0 && !acc.inp) /* empty sums */
-        FT_TRY(ft_tensor_fill(dx, zero));
+        FT_TRY(ft_tensor_zero(dx));
     if (dw && O && I && N == 0 && !acc.weight)
-        FT_TRY(ft_tensor_fill(dw, zero));
+        FT_TRY(ft_tensor_zero(dw));
     bool dx_work = dx && N && I && O, dw_work = dw && O && I && N;
     if (ft_op_device(x).type == FT_DEV_CUDA) { /* the backend writes: accumulation is staged */
         ft_grad_out gx = {0}, gw = {0}, gb = {0}; /* each ended, begun or not */

@@ -730,7 +730,7 @@ ft_status ft_nll_loss_backward(const ft_tensor *dinp, const ft_tensor *dloss, co
     FT_TRY(ft_check_float_on(op, "dloss", dloss, ft_op_device(dinp), "dinp", false));
     FT_TRY(ft_check_shape(op, "dloss", dloss, 1, dinp->shape));
     if (!accumulate) /* then every device adds the targets' column */
-        FT_TRY(ft_tensor_fill(dinp, (ft_scalar){.kind = FT_SCALAR_FLOAT, .f = 0}));
+        FT_TRY(ft_tensor_zero(dinp));
     if (ft_op_device(dinp).type == FT_DEV_CUDA)
         FT_CUDA_DISPATCH(op, nll_loss_backward, dinp, dloss, target, weight, ignore_index);
     const float *w = weight ? (const float *)ft_tensor_data(weight) : NULL;

@@ -13,14 +13,15 @@
 #include "ops/cuda_ops.h"
 #include "ops/pointwise.h"
 
-/* Gate k (0 i, 1 f, 2 g, 3 o) of gates (N, 4H): its (N, H) columns. */
-static ft_tensor gate(const ft_tensor *gates, int k) {
+ft_tensor ft_lstm_gates(const ft_tensor *gates, int k0, int k1) {
     ft_tensor v = *gates;
     int64_t H = gates->shape[1] / 4;
-    v.shape[1] = H;
-    v.offset += k * H * gates->strides[1] * (int64_t)ft_dtype_get(gates->dtype)->itemsize;
+    v.shape[1] = (k1 - k0) * H;
+    v.offset += k0 * H * gates->strides[1] * (int64_t)ft_dtype_get(gates->dtype)->itemsize;
     return v;
 }
+
+static ft_tensor gate(const ft_tensor *gates, int k) { return ft_lstm_gates(gates, k, k + 1); }
 
 /* gates (N, 4H) and the (N, H) tensors on its device; outputs writable and apart from the inputs. */
 static ft_status check_cell(const char *op, const ft_tensor *gates, const ft_tensor *const *states,
@@ -182,7 +183,7 @@ ft_status ft_lstm_cell_backward(const ft_tensor *dgates, const ft_tensor *dc_pre
             run_outs2(cell_f_kernel, dgates ? &df : NULL, dc_prev, accumulate_gates, accumulate_c_prev, dc, &f,
                       c_prev);
         else if (!accumulate_gates) { /* f multiplied zeros */
-            FT_TRY(ft_tensor_fill(&df, (ft_scalar){.kind = FT_SCALAR_FLOAT, .f = 0}));
+            FT_TRY(ft_tensor_zero(&df));
         }
     }
     if (dgates) {

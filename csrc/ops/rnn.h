@@ -18,6 +18,10 @@
 
 #include "core/tensor.h"
 
+/* Gates [k0, k1) of gates (N, 4H) (0 i, 1 f, 2 g, 3 o), or of their
+ * gradient: the (N, (k1 - k0) H) view of their columns. */
+ft_tensor ft_lstm_gates(const ft_tensor *gates, int k0, int k1);
+
 /* c (N, H) from gates (N, 4H) and c_prev (N, H), or NULL. */
 ft_status ft_lstm_cell_forward(const ft_tensor *c, const ft_tensor *gates, const ft_tensor *c_prev);
 
