@@ -13,7 +13,9 @@
  *   dq, one warp per query row, over the keys it sees;
  *   dk and dv, one warp per key row, over the queries that see it.
  * Dropout on the probabilities follows ops/attention.c: P o Z times v, the
- * sums over P; every lane of a warp draws its pair's factor of Z.
+ * sums over P; every lane of a warp draws its pair's factor of Z. Operands
+ * may be float32, bfloat16 or float16, each its own: elements convert to
+ * float32 as they are loaded and round once as results are stored.
  *
  * Legend: as ops/attention.h; MAXD the largest head size the registers take. */
 #include <math.h>
@@ -30,17 +32,22 @@
 
 namespace {
 
-/* A (N, H, T, D) tensor's data and strides over N, H and T (D has unit stride). */
+/* A (N, H, T, D) tensor's data, storage (ft_cuda_kind) and strides over N,
+ * H and T (D has unit stride): at() is a row's element offset. */
 struct rows4 {
-    float *p;
+    char *p;
+    int8_t kind;
     int64_t sn, sh, st;
-    __device__ float *at(int64_t n, int64_t h, int64_t t) const { return p + n * sn + h * sh + t * st; }
+    __device__ int64_t at(int64_t n, int64_t h, int64_t t) const { return n * sn + h * sh + t * st; }
+    __device__ float get(int64_t row, int64_t d) const { return ft_cuda_load_f(p, row + d, kind); }
+    __device__ void put(int64_t row, int64_t d, float x) const { ft_cuda_store_f(p, row + d, kind, x); }
 };
 
 static rows4 rows_of(const ft_tensor *t) {
-    rows4 r = {NULL, 0, 0, 0};
+    rows4 r = {NULL, FT_CUDA_F32, 0, 0, 0};
     if (t) {
-        r.p = (float *)ft_tensor_data(t);
+        r.p = (char *)ft_tensor_data(t);
+        r.kind = ft_cuda_kind(t->dtype);
         r.sn = t->strides[0], r.sh = t->strides[1], r.st = t->strides[2];
     }
     return r;
@@ -78,12 +85,14 @@ static __device__ float dot_row(const float *reg, const float *sh, int lane) {
     return warp_sum(acc);
 }
 
-/* reg = row (D floats at p) times mul, zero past D. */
-static __device__ void load_reg(float *reg, const float *p, int64_t D, int lane, float mul) {
+/* reg = x's row (n, h, t) times mul, zero past D and when there is no such row. */
+static __device__ void load_reg(float *reg, const rows4 &x, bool row, int64_t n, int64_t h, int64_t t_, int64_t D,
+                                int lane, float mul) {
+    int64_t r = row ? x.at(n, h, t_) : 0;
 #pragma unroll
     for (int t = 0; t < DT; t++) {
         int64_t d = lane + 32 * t;
-        reg[t] = p && d < D ? p[d] * mul : 0.0f;
+        reg[t] = row && d < D ? x.get(r, d) * mul : 0.0f;
     }
 }
 
@@ -92,7 +101,7 @@ static __device__ void load_tile(float (*tile)[MAXD], const rows4 &x, int64_t n,
                                  int64_t D, float mul) {
     for (int e = threadIdx.x; e < TILE * MAXD; e += blockDim.x) {
         int r = e / MAXD, d = e % MAXD;
-        tile[r][d] = r0 + r < T && d < D ? x.at(n, h, r0 + r)[d] * mul : 0.0f;
+        tile[r][d] = r0 + r < T && d < D ? x.get(x.at(n, h, r0 + r), d) * mul : 0.0f;
     }
 }
 
@@ -130,7 +139,7 @@ __global__ void __launch_bounds__(WARPS * 32) sdpa_forward_kernel(sdpa_args a) {
     int64_t i = b.row0 + threadIdx.x / 32;
     bool row = i < a.Tq;
     float q[DT], o[DT];
-    load_reg(q, row ? a.q.at(b.n, b.h, i) : NULL, a.D, lane, a.scale);
+    load_reg(q, a.q, row, b.n, b.h, i, a.D, lane, a.scale);
     for (int t = 0; t < DT; t++)
         o[t] = 0.0f;
     float m = -INFINITY, l = 0.0f;
@@ -165,12 +174,12 @@ __global__ void __launch_bounds__(WARPS * 32) sdpa_forward_kernel(sdpa_args a) {
     }
     if (!row)
         return;
-    float *dst = a.out.at(b.n, b.h, i);
+    int64_t dst = a.out.at(b.n, b.h, i);
 #pragma unroll
     for (int t = 0; t < DT; t++) {
         int64_t d = lane + 32 * t;
         if (d < a.D)
-            dst[d] = l > 0.0f ? o[t] / l : 0.0f;
+            a.out.put(dst, d, l > 0.0f ? o[t] / l : 0.0f);
     }
     if (a.lse && lane == 0)
         a.lse[b.n * a.ls[0] + b.h * a.ls[1] + i * a.ls[2]] = l > 0.0f ? m + logf(l) : -INFINITY;
@@ -182,10 +191,10 @@ __global__ void __launch_bounds__(WARPS * 32) sdpa_delta_kernel(sdpa_args a) {
         return;
     int lane = threadIdx.x % 32;
     int64_t nh = row / a.Tq, n = nh / a.H, h = nh % a.H, i = row % a.Tq;
-    const float *x = a.dout.at(n, h, i), *y = a.out.at(n, h, i);
+    int64_t x = a.dout.at(n, h, i), y = a.out.at(n, h, i);
     float acc = 0.0f;
     for (int64_t d = lane; d < a.D; d += 32)
-        acc = fmaf(x[d], y[d], acc);
+        acc = fmaf(a.dout.get(x, d), a.out.get(y, d), acc);
     acc = warp_sum(acc);
     if (lane == 0)
         a.delta[row] = acc;
@@ -198,8 +207,8 @@ __global__ void __launch_bounds__(WARPS * 32) sdpa_dq_kernel(sdpa_args a) {
     int64_t i = b.row0 + threadIdx.x / 32;
     bool row = i < a.Tq;
     float q[DT], g[DT], dq[DT];
-    load_reg(q, row ? a.q.at(b.n, b.h, i) : NULL, a.D, lane, a.scale);
-    load_reg(g, row ? a.dout.at(b.n, b.h, i) : NULL, a.D, lane, 1.0f);
+    load_reg(q, a.q, row, b.n, b.h, i, a.D, lane, a.scale);
+    load_reg(g, a.dout, row, b.n, b.h, i, a.D, lane, 1.0f);
     for (int t = 0; t < DT; t++)
         dq[t] = 0.0f;
     float ls = row ? lse_at(a, b.n, b.h, i) : 0.0f, dl = row ? a.delta[(b.n * a.H + b.h) * a.Tq + i] : 0.0f;
@@ -225,12 +234,12 @@ __global__ void __launch_bounds__(WARPS * 32) sdpa_dq_kernel(sdpa_args a) {
     }
     if (!row)
         return;
-    float *dst = a.dq.at(b.n, b.h, i);
+    int64_t dst = a.dq.at(b.n, b.h, i);
 #pragma unroll
     for (int t = 0; t < DT; t++) {
         int64_t d = lane + 32 * t;
         if (d < a.D)
-            dst[d] = dq[t] * a.scale;
+            a.dq.put(dst, d, dq[t] * a.scale);
     }
 }
 
@@ -241,8 +250,8 @@ __global__ void __launch_bounds__(WARPS * 32) sdpa_dkdv_kernel(sdpa_args a) {
     int64_t j = b.row0 + threadIdx.x / 32;
     bool row = j < a.Tk, seen = row && !masked(a, b.n, j); /* a masked key's gradients are 0 */
     float k[DT], v[DT], dk[DT], dv[DT];
-    load_reg(k, row ? a.k.at(b.n, b.h, j) : NULL, a.D, lane, 1.0f);
-    load_reg(v, row ? a.v.at(b.n, b.h, j) : NULL, a.D, lane, 1.0f);
+    load_reg(k, a.k, row, b.n, b.h, j, a.D, lane, 1.0f);
+    load_reg(v, a.v, row, b.n, b.h, j, a.D, lane, 1.0f);
     for (int t = 0; t < DT; t++)
         dk[t] = dv[t] = 0.0f;
     /* under the mask, queries before the block's first key see none of its keys */
@@ -280,9 +289,9 @@ __global__ void __launch_bounds__(WARPS * 32) sdpa_dkdv_kernel(sdpa_args a) {
         if (d >= a.D)
             continue;
         if (a.dk.p)
-            a.dk.at(b.n, b.h, j)[d] = dk[t];
+            a.dk.put(a.dk.at(b.n, b.h, j), d, dk[t]);
         if (a.dv.p)
-            a.dv.at(b.n, b.h, j)[d] = dv[t];
+            a.dv.put(a.dv.at(b.n, b.h, j), d, dv[t]);
     }
 }
 

@@ -975,6 +975,37 @@ def test_sdpa_forward_backward(N, H, Tq, Tk, D, causal, transposed, variant):
         assert_close(g, c, 1e-4, 1e-4)
 
 
+@pytest.mark.parametrize("variant", ["", "dropout", "key_mask"])
+@pytest.mark.parametrize("dtype,rel", [(ft.bfloat16, 2.0 ** -7), (ft.float16, 2.0 ** -10)], ids=["bf16", "f16"])
+def test_sdpa_16_bit(dtype, rel, variant):
+    """The kernels read and write 16-bit operands themselves: the float32 results over the same (rounded) values,
+    each rounded once to the operands' type, within the type's resolution (and the float32 lse exactly as close as
+    the float32 kernels' own)."""
+    r = rng(192)
+    N, H, Tq, Tk, D = 2, 3, 37, 45, 40
+    xs = [heads_pair(r.normal(size=s))[1].to(dtype) for s in ((N, H, Tq, D), (N, H, Tk, D), (N, H, Tk, D),
+                                                             (N, H, Tq, D))]
+    qg, kg, vg, dg = xs
+    qc, kc, vc, dc = (x.cpu().float() for x in xs)  # the float32 reference over the same values
+    masked = r.random((N, Tk)) < 0.3
+    kw = dict(causal=variant == "", dropout_p=0.3 if variant == "dropout" else 0.0, seed=21, offset=5)
+    kc_, kg_ = (dict(kw, key_mask=ft.tensor(masked, device=d) if variant == "key_mask" else None)
+                for d in ("cpu", "cuda"))
+    og, lg = ops.sdpa_forward(None, None, qg, kg, vg, **kg_)
+    oc, lc = ops.sdpa_forward(None, None, qc, kc, vc, **kc_)
+    assert og.dtype is dtype and og.is_cuda
+    assert lg.dtype is ft.float32
+    np.testing.assert_allclose(host(lg), host(lc), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(host(og.float()), host(oc), rtol=rel, atol=rel * np.abs(host(oc)).max())
+    # the backward from the 16-bit forward's output, against the float32 backward from the float32 one
+    grads_g = ops.sdpa_backward(None, None, None, dg, qg, kg, vg, og, lg, **kg_)
+    grads_c = ops.sdpa_backward(None, None, None, dc, qc, kc, vc, oc, lc, **kc_)
+    for name, g, c in zip("qkv", grads_g, grads_c):
+        assert g.dtype is dtype, name
+        big = np.abs(host(c)).max()
+        np.testing.assert_allclose(host(g.float()), host(c), rtol=4 * rel, atol=4 * rel * big, err_msg="d" + name)
+
+
 def test_sdpa_accumulate_skip_and_bad_input():
     r = rng(191)
     (qc, qg), (kc, kg), (dc, dg) = (pair(r.normal(size=(2, 2, 9, 16))) for _ in range(3))

@@ -38,7 +38,6 @@
 #include "kernels/convert.h"
 #include "kernels/activation.h"
 #include "ops/check.h"
-#include "ops/chunks.h"
 #include "ops/cuda_ops.h"
 #include "ops/dropout.h"
 #include "ops/pointwise.h"
@@ -729,22 +728,6 @@ static ft_status ws_alloc(float **ws, size_t *granted, int64_t per, int threads,
     return FT_OK;
 }
 
-/* A GPU's 16-bit attention: its float32 kernels over copies of the operands (ops/chunks.h). */
-typedef struct {
-    const ft_tensor *lse;
-    const ft_sdpa_params *p;
-    ft_sdpa_acc acc;
-} sdpa_call;
-
-static ft_status float_forward(const ft_tensor *const *ts, int64_t first, const void *ctx) {
-    return ft_sdpa_forward(ts[0], ts[1], ts[2], ts[3], ts[4], ((const sdpa_call *)ctx)->p);
-}
-
-static ft_status float_backward(const ft_tensor *const *ts, int64_t first, const void *ctx) {
-    const sdpa_call *c = ctx;
-    return ft_sdpa_backward(ts[0], ts[1], ts[2], ts[3], ts[4], ts[5], ts[6], ts[7], c->lse, c->p, c->acc);
-}
-
 ft_status ft_sdpa_forward(const ft_tensor *out, const ft_tensor *lse, const ft_tensor *q, const ft_tensor *k,
                           const ft_tensor *v, const ft_sdpa_params *p) {
     const char *op = "sdpa";
@@ -763,10 +746,6 @@ ft_status ft_sdpa_forward(const ft_tensor *out, const ft_tensor *lse, const ft_t
     FT_TRY(check_key_mask(op, p, dev, N, k->shape[2]));
     geom g;
     FT_TRY(make_geom(&g, q, k, p, in_pairs(in, 3)));
-    ft_chunk_arg args[5] = {{out, true, false}, {lse, true, false}, {q, false, false}, {k, false, false},
-                            {v, false, false}};
-    if (dev.type == FT_DEV_CUDA && ft_chunks_needed(args, 5))
-        return ft_by_float_chunks(args, 5, float_forward, &(sdpa_call){.p = p});
     if (dev.type == FT_DEV_CUDA)
         FT_CUDA_DISPATCH(op, sdpa_forward, out, lse, q, k, v, p);
     int64_t units = N * H * g.nqb;
@@ -1047,10 +1026,6 @@ ft_status ft_sdpa_backward(const ft_tensor *dq, const ft_tensor *dk, const ft_te
     FT_TRY(check_key_mask(op, p, dev, N, k->shape[2]));
     geom g;
     FT_TRY(make_geom(&g, q, k, p, in_pairs(in, 4))); /* dout, q, k and v */
-    ft_chunk_arg args[8] = {{dq, true, acc.q}, {dk, true, acc.k}, {dv, true, acc.v}, {dout, false, false},
-                            {q, false, false},  {k, false, false},  {v, false, false},  {out, false, false}};
-    if (dev.type == FT_DEV_CUDA && ft_chunks_needed(args, 8))
-        return ft_by_float_chunks(args, 8, float_backward, &(sdpa_call){lse, p, acc});
     if (dev.type == FT_DEV_CUDA) { /* the backend writes: accumulation is staged */
         ft_grad_out gq = {0}, gk = {0}, gv = {0};
         const ft_tensor *q_to, *k_to, *v_to;

@@ -5,7 +5,7 @@
 #define MAX_ARGS 8
 #define CHUNK_ELEMS (1 << 20) /* large enough that the conversions run in parallel */
 
-static bool low_float(const ft_tensor *t) { return t->dtype == FT_BFLOAT16 || t->dtype == FT_FLOAT16; }
+static bool low_float(const ft_tensor *t) { return t->dtype == FT_BFLOAT16; }
 
 bool ft_chunks_needed(const ft_chunk_arg *args, int n) {
     for (int i = 0; i < n; i++)
@@ -22,18 +22,17 @@ static ft_tensor samples(const ft_tensor *t, int64_t n0, int64_t rows) {
     return v;
 }
 
-/* A float32 tensor of t's shape for `rows` samples on t's device, in t's layout: channels-last for a 4-d
+/* A float32 tensor of t's shape for `rows` samples, in t's layout: channels-last for a 4-d
  * channels-last t, else contiguous. */
 static ft_status float_like(ft_tensor *out, const ft_tensor *t, int64_t rows) {
     int64_t shape[FT_MAX_DIMS];
     memcpy(shape, t->shape, (size_t)t->ndim * sizeof *shape);
     shape[0] = rows;
     bool cl = t->ndim == 4 && t->shape[1] > 1 && t->strides[1] == 1;
-    ft_device dev = ft_tensor_device(t);
     if (!cl)
-        return ft_tensor_empty(out, t->ndim, shape, FT_FLOAT32, dev, false);
+        return ft_tensor_empty(out, t->ndim, shape, FT_FLOAT32, FT_CPU, false);
     int64_t C = shape[1], H = shape[2], W = shape[3];
-    FT_TRY(ft_tensor_empty(out, 4, (int64_t[]){rows, H, W, C}, FT_FLOAT32, dev, false));
+    FT_TRY(ft_tensor_empty(out, 4, (int64_t[]){rows, H, W, C}, FT_FLOAT32, FT_CPU, false));
     int64_t strides[4] = {H * W * C, 1, W * C, C};
     memcpy(out->shape, shape, 4 * sizeof *shape);
     memcpy(out->strides, strides, sizeof strides);
@@ -44,15 +43,13 @@ ft_status ft_by_float_chunks(const ft_chunk_arg *args, int n, ft_chunk_op op, co
     if (n > MAX_ARGS)
         return ft_fail(FT_ERR_VALUE, "chunks: at most %d tensors", MAX_ARGS);
     int64_t N = 0, per = 0;
-    bool whole = false;
     for (int i = 0; i < n; i++)
         if (args[i].t) {
             N = args[i].t->shape[0];
-            whole = ft_tensor_device(args[i].t).type == FT_DEV_CUDA;
             if (low_float(args[i].t) && N > 0)
                 per += ft_tensor_numel(args[i].t) / N;
         }
-    int64_t chunk = whole ? N : per > 0 && per < CHUNK_ELEMS ? CHUNK_ELEMS / per : 1;
+    int64_t chunk = per > 0 && per < CHUNK_ELEMS ? CHUNK_ELEMS / per : 1;
     chunk = chunk < N ? chunk : N;
     ft_tensor buf[MAX_ARGS] = {{0}};
     bool low[MAX_ARGS] = {false};
@@ -60,7 +57,7 @@ ft_status ft_by_float_chunks(const ft_chunk_arg *args, int n, ft_chunk_op op, co
     for (int i = 0; s == FT_OK && i < n; i++) {
         low[i] = args[i].t && low_float(args[i].t);
         if (low[i])
-            s = float_like(&buf[i], args[i].t, whole ? args[i].t->shape[0] : chunk);
+            s = float_like(&buf[i], args[i].t, chunk);
     }
     int64_t n0 = 0;
     do { /* once for an empty batch: the op still writes what it must (a gradient of zero) */
@@ -70,8 +67,8 @@ ft_status ft_by_float_chunks(const ft_chunk_arg *args, int n, ft_chunk_op op, co
         for (int i = 0; s == FT_OK && i < n; i++) {
             if (!args[i].t)
                 continue;
-            part[i] = whole ? *args[i].t : samples(args[i].t, n0, rows);
-            f[i] = low[i] ? (whole ? buf[i] : samples(&buf[i], 0, rows)) : part[i];
+            part[i] = samples(args[i].t, n0, rows);
+            f[i] = low[i] ? samples(&buf[i], 0, rows) : part[i];
             ts[i] = &f[i];
             if (low[i] && (!args[i].written || args[i].read))
                 s = ft_tensor_copy(&f[i], &part[i], false);

@@ -1,13 +1,9 @@
-/* 16-bit floats for ops that compute on float32 memory. On the CPU the op
- * runs over chunks of samples, each chunk's bfloat16 tensors converted into
- * float32 buffers of their layout and, for outputs, back, while the chunk is
- * in cache (no pass over a whole tensor): for ops whose samples are
- * independent (pooling, upsampling, group norm). On a GPU there is no cache
- * to stay in: the op runs once on float32 copies of its whole 16-bit tensors
- * (bfloat16 or float16), made on the device, so any op can take this path
- * and any tensor, of any shape, can be an argument. Attention is the one
- * CUDA op that still does; the others read and write 16-bit floats in their
- * kernels. */
+/* bfloat16 for CPU ops that compute on float32 memory: the op runs over
+ * chunks of samples, each chunk's bfloat16 tensors converted into float32
+ * buffers of their layout and, for outputs, back, while the chunk is in cache
+ * (no pass over a whole tensor): for ops whose samples are independent
+ * (pooling, upsampling, group norm). CUDA ops read and write 16-bit floats
+ * in their kernels and never come here. */
 #ifndef FT_OPS_CHUNKS_H
 #define FT_OPS_CHUNKS_H
 
@@ -15,7 +11,7 @@
 
 /* A tensor (N, ...) of the op's samples (NULL: absent). Outputs are written;
  * `read` outputs are read too (an accumulating backward). Tensors of other
- * dtypes are passed as their chunk's rows (on a GPU: whole), unconverted. */
+ * dtypes are passed as their chunk's rows, unconverted. */
 typedef struct {
     const ft_tensor *t;
     bool written, read;
