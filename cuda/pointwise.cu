@@ -7,6 +7,7 @@
  * sit in fixed slots per op, absent ones left empty. */
 #include "backend.h"
 #include "kernels/activation.h"
+#include "kernels/lstm.h"
 #include "kernels/philox.h"
 #include "ops/cuda_ops.h"
 #include "strided.h"
@@ -322,8 +323,7 @@ namespace {
 struct lstm_cell_op {
     bool prev;
     __device__ void operator()(float *v, int64_t) const {
-        float ig = ft_sigmoidf(v[1]) * ft_tanhf(v[3]);
-        v[0] = prev ? fmaf(ft_sigmoidf(v[2]), v[4], ig) : ig;
+        v[0] = ft_lstm_c(v[1], v[2], v[3], prev ? v[4] : 0.0f, prev);
     }
 };
 
@@ -333,7 +333,7 @@ struct lstm_cell_f_op {
     __device__ void operator()(float *v, int64_t) const {
         float s = ft_sigmoidf(v[3]);
         if (has_df)
-            v[0] = put(v[0], v[2] * v[4] * (s * (1.0f - s)), acc_df);
+            v[0] = put(v[0], ft_lstm_dsigmoid(v[2], v[4], s), acc_df);
         if (has_dcp)
             v[1] = put(v[1], v[2] * s, acc_dcp);
     }
@@ -344,8 +344,8 @@ struct lstm_cell_ig_op {
     bool accumulate;
     __device__ void operator()(float *v, int64_t) const {
         float s = ft_sigmoidf(v[3]), t = ft_tanhf(v[4]);
-        v[0] = put(v[0], v[2] * t * (s * (1.0f - s)), accumulate);
-        v[1] = put(v[1], v[2] * s * fmaf(-t, t, 1.0f), accumulate);
+        v[0] = put(v[0], ft_lstm_dsigmoid(v[2], t, s), accumulate);
+        v[1] = put(v[1], ft_lstm_dtanh(v[2], s, t), accumulate);
     }
 };
 
@@ -356,7 +356,7 @@ struct zero_op {
 
 /* slots: h, o, c */
 struct lstm_hidden_op {
-    __device__ void operator()(float *v, int64_t) const { v[0] = ft_sigmoidf(v[1]) * ft_tanhf(v[2]); }
+    __device__ void operator()(float *v, int64_t) const { v[0] = ft_lstm_h(v[1], v[2]); }
 };
 
 /* slots: do, dc, dh, o, c */
@@ -365,9 +365,9 @@ struct lstm_hidden_bwd_op {
     __device__ void operator()(float *v, int64_t) const {
         float s = ft_sigmoidf(v[3]), t = ft_tanhf(v[4]);
         if (has_do)
-            v[0] = put(v[0], v[2] * t * (s * (1.0f - s)), acc_do);
+            v[0] = put(v[0], ft_lstm_dsigmoid(v[2], t, s), acc_do);
         if (has_dc)
-            v[1] = put(v[1], v[2] * s * fmaf(-t, t, 1.0f), acc_dc);
+            v[1] = put(v[1], ft_lstm_dtanh(v[2], s, t), acc_dc);
     }
 };
 

@@ -250,6 +250,23 @@ def test_traced_zoo_models_match_cpu(name):
         assert_close(results[1][1][n], g, 1e-4, 1e-4)
 
 
+def test_a_compiled_lstm_matches_cpu():
+    """Whole LSTM layers (ft_lstm_forward / backward over the ops' CUDA kernels), both directions, an encoder's
+    final states as a decoder's initial ones: the loss and every gradient of one backward against the CPU."""
+    from test_rnn import encoder_decoder
+    ids, y = np.random.default_rng(21).integers(0, 9, (5, 7)), np.array([2, 0, 1, 1, 0])
+    results = []
+    for device in ("cpu", "cuda"):
+        ft.manual_seed(0)
+        model = encoder_decoder(ft, bidirectional=True).to(device)
+        program = model.compile(ft.optim.SGD(model.parameters(), lr=0.05), batch_size=5, input_shape=(7,),
+                                input_dtype=ft.int64)
+        results.append((program.backward(ids, y), {n: p.grad for n, p in model.named_parameters()}))
+    assert_losses_close([results[1][0]], [results[0][0]])
+    for n, g in results[0][1].items():
+        assert_close(results[1][1][n], g, 1e-4, 1e-4)
+
+
 def test_nccl_over_one_rank_equals_no_nccl(tmp_path):
     """The NCCL path of a distributed CUDA program (compile(distributed=True) on "cuda"), over a world of one
     MPI rank: the same losses and weights as the program without it."""

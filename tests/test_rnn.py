@@ -1,5 +1,6 @@
-"""RNN, LSTM and GRU: PyTorch's parameters and formulas, eagerly against NumPy and PyTorch, compiled (the steps
-unrolled into the program) against finite differences and PyTorch's gradients."""
+"""RNN, LSTM and GRU: PyTorch's parameters and formulas, eagerly against NumPy and PyTorch, compiled (an LSTM
+layer as one node, the others' steps unrolled into the program) against finite differences and PyTorch's
+gradients."""
 import numpy as np
 import pytest
 
@@ -133,6 +134,62 @@ def test_compiled_gradients_match_pytorch(mode, kw):
                             input_dtype=ft.int64)
     ids, y = np.random.default_rng(8).integers(0, 9, (4, 7)), np.array([0, 2, 1, 1])
     assert_gradients_match(program, theirs, ids, y, torch.nn.functional.cross_entropy)
+
+
+def encoder_decoder(lib, **kw):
+    """Sequence to sequence: an encoder LSTM's final (h, c) as the initial state of a decoder LSTM over the last
+    tokens (the state's gradient flows back into the encoder)."""
+    class EncoderDecoder(lib.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = lib.nn.Embedding(9, 4)
+            self.enc, self.dec = (lib.nn.LSTM(4, 5, 2, batch_first=True, **kw) for _ in range(2))
+            self.head = lib.nn.Linear(5 * (1 + kw.get("bidirectional", False)), 3)
+
+        def forward(self, ids):
+            _, state = self.enc(self.emb(ids[:, :4]))
+            out, _ = self.dec(self.emb(ids[:, 4:]), state)
+            return self.head(out.mean(1))
+    return EncoderDecoder()
+
+
+@pytest.mark.parametrize("kw", [{}, {"bidirectional": True}], ids=["forward", "bidirectional"])
+def test_states_passed_from_an_encoder_to_a_decoder_compile(kw):
+    ft.manual_seed(16)
+    model = encoder_decoder(ft, **kw)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=3, input_shape=(7,),
+                            input_dtype=ft.int64)
+    ids, y = np.random.default_rng(17).integers(0, 9, (3, 7)), np.array([2, 0, 1])
+    np.testing.assert_allclose(program.predict(ids).numpy(), model(ft.tensor(ids)).numpy(), rtol=1e-5, atol=1e-6)
+    assert gradcheck(program, ids, y, eps=1e-3, rtol=3e-2, atol=1e-3)
+    if torch is not None:
+        torch.manual_seed(18)
+        theirs = encoder_decoder(torch, **kw)
+        model.load_state_dict({k: v.detach().numpy() for k, v in theirs.state_dict().items()}, strict=True)
+        assert_gradients_match(program, theirs, ids, y, torch.nn.functional.cross_entropy)
+
+
+@pytest.mark.skipif(not ft.backends.cpu_has_bf16(), reason="bf16-mixed runs as float32 on this CPU")
+def test_a_bf16_mixed_lstm_trains_as_the_float32_one_within_bfloat16s_precision():
+    """The LSTM's products in bfloat16 with float32 sums (its steps' gates and states stored in bfloat16): the
+    loss and every gradient near float32's, and training from the same weights lowers the loss alike."""
+    ids = np.random.default_rng(19).integers(0, 9, (16, 7))
+    y = ids[:, 0] % 3  # learnable: the first token's class
+    programs = []
+    for precision in ("32-true", "bf16-mixed"):
+        ft.manual_seed(20)
+        model = encoder_decoder(ft, bidirectional=True)
+        programs.append(model.compile(ft.optim.Adam(model.parameters(), lr=1e-2), batch_size=16, input_shape=(7,),
+                                      input_dtype=ft.int64, precision=precision))
+    (p32, m32), (p16, m16) = ((p, p.model) for p in programs)
+    l32, l16 = p32.backward(ids, y), p16.backward(ids, y)
+    assert abs(l16 - l32) <= 2e-2 * abs(l32)
+    for (name, a), (_, b) in zip(m32.named_parameters(), m16.named_parameters()):
+        g32, g16 = a.grad.numpy(), b.grad.numpy()
+        assert np.abs(g16 - g32).max() <= 5e-2 * np.abs(g32).max() + 1e-6, name
+    curves = [[p.train_step(ids, y) for _ in range(30)] for p in programs]
+    assert curves[0][-1] < 0.5 * curves[0][0] and curves[1][-1] < 0.5 * curves[1][0]
+    np.testing.assert_allclose(curves[1], curves[0], rtol=0.1, atol=2e-2)
 
 
 def test_what_a_compiled_rnn_cannot_take_is_refused():

@@ -787,6 +787,51 @@ static ft_status lstm_hidden_node_backward(const ft_node_run *r) {
                                    r->din_acc[1]);
 }
 
+/* A whole LSTM layer: what its backward reads (T, N, 6H) fills the aux of its forward. */
+static ft_status lstm_layer_check(const ft_node *nd, const ft_node *const *in) {
+    const ft_node *x = in[0];
+    int64_t H = nd->ndim == 2 ? nd->shape[1] / 2 : 0;
+    const ft_tensor *w = &nd->weight;
+    bool ok = H > 0 && nd->shape[1] == 2 * H && x->ndim == 2 && x->shape[0] == nd->shape[0] &&
+              x->shape[1] == 4 * H && nd->ninputs != 2 && w->storage && w->ndim == 2 && w->shape[0] == 4 * H &&
+              w->shape[1] == H && (!nd->bias.storage || ft_tensor_numel(&nd->bias) == 4 * H);
+    for (int k = 1; ok && k < nd->ninputs; k++)
+        ok = in[k]->ndim == 1 && in[k]->shape[0] == H;
+    return ok ? FT_OK
+              : ft_fail(FT_ERR_SHAPE, "program: an LSTM layer takes input projections (T, 4H), optionally h0 and c0 "
+                                      "(H,), and a weight (4H, H); it gives (T, 2H)");
+}
+
+static int64_t lstm_layer_aux(const ft_node *nd, const ft_node *const *in, int64_t rows) {
+    return 4 * rows * 3 * ft_node_numel(nd);
+}
+
+static ft_tensor lstm_saved(const ft_node_run *r) {
+    const ft_tensor *o = &r->out;
+    int64_t N = o->shape[0], C = 3 * o->shape[2];
+    ft_tensor t = {.storage = r->aux.storage, .offset = r->aux.offset, .dtype = o->dtype, .ndim = 3,
+                   .shape = {o->shape[1], N, C}, .strides = {N * C, C, 1}};
+    return t;
+}
+
+static bool lstm_layer_state(const ft_node *nd) { return nd->ninputs > 1; }
+
+static ft_status lstm_layer_forward(const ft_node_run *r) {
+    ft_tensor g = lstm_saved(r);
+    bool state = r->nin > 1;
+    return ft_lstm_forward(&r->out, &g, &r->in[0], state ? &r->in[1] : NULL, state ? &r->in[2] : NULL,
+                           &r->nd->weight, param(&r->nd->bias), r->nd->reverse);
+}
+
+static ft_status lstm_layer_backward(const ft_node_run *r) {
+    ft_tensor g = lstm_saved(r);
+    bool state = r->nin > 1;
+    ft_lstm_acc acc = {r->din_acc[0], r->din_acc[1], r->din_acc[2], r->dweight_acc, r->dbias_acc};
+    return ft_lstm_backward(r->din[0], state ? r->din[1] : NULL, state ? r->din[2] : NULL, r->dweight, r->dbias,
+                            &r->dout, &g, state ? &r->in[1] : NULL, state ? &r->in[2] : NULL,
+                            &r->nd->weight, r->nd->reverse, acc);
+}
+
 /* ---- softmax ---- */
 
 static ft_status softmax_check(const ft_node *nd, const ft_node *const *in) {
@@ -1245,6 +1290,9 @@ const ft_node_kind_info ft_node_kinds[FT_NODE_NKINDS] = {
                            lstm_cell_node_backward, .precision = FT_NODE_ANY, .reads_output = never},
     [FT_NODE_LSTM_HIDDEN] = {"lstm_hidden", 2, 2, 0, lstm_check, NULL, NULL, lstm_hidden_node_forward,
                              lstm_hidden_node_backward, .precision = FT_NODE_ANY, .reads_output = never},
+    [FT_NODE_LSTM] = {"lstm", 1, 3, 0, lstm_layer_check, lstm_layer_aux, NULL, lstm_layer_forward,
+                      lstm_layer_backward, .precision = FT_NODE_LOW, .reads_inputs = lstm_layer_state,
+                      .reads_output = never},
     [FT_NODE_NOISE] = {"noise", 1, 1, 0, same_shape, NULL, NULL, noise_forward, NULL, .precision = FT_NODE_ANY,
                        .reads_inputs = never, .reads_output = never, .draws = element_draws},
     [FT_NODE_UPSAMPLE_BILINEAR] = {"upsample_bilinear", 1, 1, 2, bilinear_check, NULL, NULL, bilinear_forward,

@@ -3,14 +3,19 @@
  * (ops/pointwise.h). The cell's backward runs as two loops (f with c_prev,
  * then i with g): one would need more operands than a loop takes.
  *
- * Every formula uses the activations of kernels/activation.h and explicit
- * fmaf where a product is added, as cuda/pointwise.cu does, so that both
- * devices compute the same bits. */
+ * The formulas are kernels/lstm.h's, which cuda/pointwise.cu uses too, so
+ * that both devices compute the same bits. */
 #include "ops/rnn.h"
 
-#include "kernels/activation.h"
+#include <omp.h>
+#include <string.h>
+
+#include "kernels/convert.h"
+#include "kernels/lstm.h"
 #include "ops/check.h"
 #include "ops/cuda_ops.h"
+#include "ops/elementwise.h"
+#include "ops/linear.h"
 #include "ops/pointwise.h"
 
 ft_tensor ft_lstm_gates(const ft_tensor *gates, int k0, int k1) {
@@ -76,10 +81,10 @@ FT_VEC_CLONES static void cell_fwd_kernel(float *const *p, int64_t n, const int6
     const float *i = p[1], *f = p[2], *g = p[3], *cp = *(const bool *)ctx ? p[4] : NULL;
     if (cp)
         FT_SIMD_FOR(e, n)
-            c[e] = fmaf(ft_sigmoidf(f[e]), cp[e], ft_sigmoidf(i[e]) * ft_tanhf(g[e]));
+            c[e] = ft_lstm_c(i[e], f[e], g[e], cp[e], true);
     else
         FT_SIMD_FOR(e, n)
-            c[e] = ft_sigmoidf(i[e]) * ft_tanhf(g[e]);
+            c[e] = ft_lstm_c(i[e], 0.0f, g[e], 0.0f, false);
 }
 
 ft_status ft_lstm_cell_forward(const ft_tensor *c, const ft_tensor *gates, const ft_tensor *c_prev) {
@@ -132,7 +137,7 @@ FT_VEC_CLONES static void cell_f_kernel(float *const *p, int64_t n, const int64_
             s[e] = ft_sigmoidf(f[e]);
         if (o->a >= 0) {
             FT_SIMD_FOR(e, m)
-                v[e] = dc[e] * cp[e] * (s[e] * (1.0f - s[e]));
+                v[e] = ft_lstm_dsigmoid(dc[e], cp[e], s[e]);
             ft_pw_put(p[o->a] + at, v, m, o->acc_a);
         }
         if (o->b >= 0) {
@@ -153,8 +158,8 @@ FT_VEC_CLONES static void cell_ig_kernel(float *const *p, int64_t n, const int64
         const float *dc = p[2] + at, *i = p[3] + at, *g = p[4] + at;
         FT_SIMD_FOR(e, m) {
             float s = ft_sigmoidf(i[e]), t = ft_tanhf(g[e]);
-            vi[e] = dc[e] * t * (s * (1.0f - s));
-            vg[e] = dc[e] * s * fmaf(-t, t, 1.0f);
+            vi[e] = ft_lstm_dsigmoid(dc[e], t, s);
+            vg[e] = ft_lstm_dtanh(dc[e], s, t);
         }
         ft_pw_put(p[0] + at, vi, m, acc);
         ft_pw_put(p[1] + at, vg, m, acc);
@@ -202,7 +207,7 @@ FT_VEC_CLONES static void hidden_fwd_kernel(float *const *p, int64_t n, const in
     float *h = p[0];
     const float *o = p[1], *c = p[2];
     FT_SIMD_FOR(e, n)
-        h[e] = ft_sigmoidf(o[e]) * ft_tanhf(c[e]);
+        h[e] = ft_lstm_h(o[e], c[e]);
 }
 
 ft_status ft_lstm_hidden_forward(const ft_tensor *h, const ft_tensor *gates, const ft_tensor *c) {
@@ -231,8 +236,8 @@ FT_VEC_CLONES static void hidden_bwd_kernel(float *const *p, int64_t n, const in
         const float *dh = p[in] + at, *o = p[in + 1] + at, *c = p[in + 2] + at;
         FT_SIMD_FOR(e, m) {
             float s = ft_sigmoidf(o[e]), t = ft_tanhf(c[e]);
-            vo[e] = dh[e] * t * (s * (1.0f - s));
-            vc[e] = dh[e] * s * fmaf(-t, t, 1.0f);
+            vo[e] = ft_lstm_dsigmoid(dh[e], t, s);
+            vc[e] = ft_lstm_dtanh(dh[e], s, t);
         }
         if (q->a >= 0)
             ft_pw_put(p[q->a] + at, vo, m, q->acc_a);
@@ -258,4 +263,377 @@ ft_status ft_lstm_hidden_backward(const ft_tensor *dgates, const ft_tensor *dc, 
     ft_tensor o = gate(gates, 3), dgo = dgates ? gate(dgates, 3) : (ft_tensor){0};
     run_outs2(hidden_bwd_kernel, dgates ? &dgo : NULL, dc, accumulate_gates, accumulate_c, dh, &o, c);
     return FT_OK;
+}
+
+/* ---- a whole layer ---- */
+
+static const ft_act no_act = {FT_ACT_NONE, 0};
+
+/* Rows [r0, r1) of x (R, C). */
+static ft_tensor block(const ft_tensor *x, int64_t r0, int64_t r1) {
+    ft_tensor v = *x;
+    v.shape[0] = r1 - r0;
+    v.offset += r0 * x->strides[0] * (int64_t)ft_dtype_get(x->dtype)->itemsize;
+    return v;
+}
+
+/* A time-major (T, N, C) x seen batch-major: (N, T, C). */
+static ft_tensor batch_major(const ft_tensor *x) {
+    ft_tensor v = *x;
+    v.shape[0] = x->shape[1], v.shape[1] = x->shape[0];
+    v.strides[0] = x->strides[1], v.strides[1] = x->strides[0];
+    return v;
+}
+
+/* A contiguous (T, N, C) tensor as (T N, C) rows: a step's N rows follow the step before's. */
+static ft_tensor all_rows(const ft_tensor *x) {
+    ft_tensor v = *x;
+    v.ndim = 2;
+    v.shape[0] = x->shape[0] * x->shape[1], v.shape[1] = x->shape[2];
+    v.strides[0] = x->shape[2], v.strides[1] = 1;
+    return v;
+}
+
+/* The parts of saved (T, N, 6H): gates (T, N, 4H), then h and c (T, N, H). */
+typedef struct {
+    ft_tensor g, h, c;
+} saved_parts;
+
+static saved_parts parts_of(const ft_tensor *saved) {
+    int64_t T = saved->shape[0], N = saved->shape[1], H = saved->shape[2] / 6;
+    size_t item = ft_dtype_get(saved->dtype)->itemsize;
+    saved_parts p = {*saved, *saved, *saved};
+    ft_tensor *part[] = {&p.g, &p.h, &p.c};
+    int64_t cols[] = {4 * H, H, H}, at = 0;
+    for (int k = 0; k < 3; k++) {
+        ft_tensor *t = part[k];
+        t->shape[2] = cols[k];
+        t->strides[0] = N * cols[k], t->strides[1] = cols[k];
+        t->offset += at * (int64_t)item;
+        at += T * N * cols[k];
+    }
+    return p;
+}
+
+/* A step's pointwise work on the CPU: one loop over its rows computes what the ops above compute in several
+ * (gates += h W^T + b, then c and h; in the backward the gates' gradient and the cell state's), in the same
+ * formulas and order, with values rounded where the ops would store them, so the bits are the same. A step
+ * (N H elements) is too small for a loop of its own to split among threads; its rows are split instead. */
+
+/* Rows of a (N, k) tensor whose rows are contiguous: row r at element r * rs. */
+typedef struct {
+    char *p;
+    int64_t rs;
+    bool bf16;
+} rows_view;
+
+static rows_view rows_view_of(const ft_tensor *t) {
+    rows_view v = {NULL, 0, false};
+    if (t && t->storage)
+        v = (rows_view){ft_tensor_data(t), t->strides[0], t->dtype == FT_BFLOAT16};
+    return v;
+}
+
+static char *row_at(const rows_view *v, int64_t r) { return v->p + r * v->rs * (v->bf16 ? 2 : 4); }
+
+/* n values of row r from column j (buf holds them when converted). */
+static const float *load(const rows_view *v, int64_t r, int64_t j, int64_t n, float *buf) {
+    return ft_floats_in(row_at(v, r), v->bf16, j, n, buf);
+}
+
+/* Stores n values x at row r, column j; x becomes what was stored (bfloat16 rounds), as a later op would
+ * read it. */
+static void store(const rows_view *v, int64_t r, int64_t j, int64_t n, float *x) {
+    if (!v->bf16) {
+        memcpy((float *)row_at(v, r) + j, x, (size_t)n * sizeof *x);
+        return;
+    }
+    uint16_t *d = (uint16_t *)row_at(v, r) + j;
+    for (int64_t e = 0; e < n; e++) {
+        d[e] = ft_f32_to_bf16(x[e]);
+        x[e] = ft_bf16_to_f32(d[e]);
+    }
+}
+
+/* v: the step's gates, h W^T + b, h, c and the step before's c (p NULL: none). */
+FT_VEC_CLONES static void forward_block(const rows_view *v, int64_t H, int64_t r0, int64_t r1) {
+    const rows_view *g = &v[0], *hw = &v[1], *h = &v[2], *c = &v[3], *cp = &v[4];
+    _Alignas(64) float x[4][TILE], ba[TILE], bb[TILE], bc[TILE], bh[TILE], bp[TILE];
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t j = 0; j < H; j += TILE) {
+            int64_t m = H - j < TILE ? H - j : TILE;
+            for (int q = 0; q < 4; q++) {
+                const float *a = load(g, r, q * H + j, m, ba), *b = load(hw, r, q * H + j, m, bb);
+                FT_SIMD_FOR(e, m)
+                    x[q][e] = a[e] + b[e];
+                store(g, r, q * H + j, m, x[q]);
+            }
+            if (cp->p) {
+                const float *pc = load(cp, r, j, m, bp);
+                FT_SIMD_FOR(e, m)
+                    bc[e] = ft_lstm_c(x[0][e], x[1][e], x[2][e], pc[e], true);
+            } else {
+                FT_SIMD_FOR(e, m)
+                    bc[e] = ft_lstm_c(x[0][e], 0.0f, x[2][e], 0.0f, false);
+            }
+            store(c, r, j, m, bc);
+            FT_SIMD_FOR(e, m)
+                bh[e] = ft_lstm_h(x[3][e], bc[e]);
+            store(h, r, j, m, bh);
+        }
+}
+
+/* v: the step's gates, c, the step before's c (p NULL: none), the gates' gradient (written), h's gradient,
+ * c's (added to: h's part) and the step before's c's (added to; p NULL: none). */
+FT_VEC_CLONES static void backward_block(const rows_view *v, int64_t H, int64_t r0, int64_t r1) {
+    const rows_view *g = &v[0], *c = &v[1], *cp = &v[2], *dg = &v[3], *dh = &v[4], *dc = &v[5], *dcp = &v[6];
+    _Alignas(64) float bg[4][TILE], d[4][TILE], bc[TILE], bp[TILE], bdh[TILE], bdc[TILE], t[TILE], sf[TILE];
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t j = 0; j < H; j += TILE) {
+            int64_t m = H - j < TILE ? H - j : TILE;
+            const float *gate[4];
+            for (int q = 0; q < 4; q++)
+                gate[q] = load(g, r, q * H + j, m, bg[q]);
+            const float *cc = load(c, r, j, m, bc), *gh = load(dh, r, j, m, bdh), *gc = load(dc, r, j, m, bdc);
+            FT_SIMD_FOR(e, m) { /* h = sigmoid(o) tanh(c) */
+                float s = ft_sigmoidf(gate[3][e]), th = ft_tanhf(cc[e]);
+                d[3][e] = ft_lstm_dsigmoid(gh[e], th, s);
+                t[e] = gc[e] + ft_lstm_dtanh(gh[e], s, th);
+            }
+            store(dc, r, j, m, t);
+            FT_SIMD_FOR(e, m)
+                sf[e] = ft_sigmoidf(gate[1][e]);
+            if (cp->p) {
+                const float *pc = load(cp, r, j, m, bp);
+                FT_SIMD_FOR(e, m)
+                    d[1][e] = ft_lstm_dsigmoid(t[e], pc[e], sf[e]);
+            } else {
+                FT_SIMD_FOR(e, m)
+                    d[1][e] = 0.0f;
+            }
+            FT_SIMD_FOR(e, m) {
+                float s = ft_sigmoidf(gate[0][e]), tg = ft_tanhf(gate[2][e]);
+                d[0][e] = ft_lstm_dsigmoid(t[e], tg, s);
+                d[2][e] = ft_lstm_dtanh(t[e], s, tg);
+            }
+            for (int q = 0; q < 4; q++)
+                store(dg, r, q * H + j, m, d[q]);
+            if (dcp->p) {
+                const float *old = load(dcp, r, j, m, bp);
+                FT_SIMD_FOR(e, m)
+                    sf[e] = old[e] + t[e] * sf[e];
+                store(dcp, r, j, m, sf);
+            }
+        }
+}
+
+#define MAX_PARTS 64
+#define MIN_ROWS 8
+
+/* fn over the N rows of the views v, split among the threads. */
+static void over_rows(int64_t N, const rows_view *v, int64_t H,
+                      void (*fn)(const rows_view *v, int64_t H, int64_t r0, int64_t r1)) {
+    int64_t parts = omp_get_max_threads();
+    parts = parts < N / MIN_ROWS ? parts : N / MIN_ROWS;
+    parts = parts < MAX_PARTS ? parts : MAX_PARTS;
+    if (parts <= 1) {
+        fn(v, H, 0, N);
+        return;
+    }
+#pragma omp parallel for num_threads(parts) schedule(static)
+    for (int64_t k = 0; k < parts; k++)
+        fn(v, H, N * k / parts, N * (k + 1) / parts);
+}
+
+static ft_status scratch(ft_tensor *t, const ft_tensor *like, int ndim, const int64_t *shape, ft_dtype dtype) {
+    return ft_tensor_empty(t, ndim, shape, dtype, ft_tensor_device(like), false);
+}
+
+/* seq's columns [c0, c0 + k) (N, T, k). */
+static ft_tensor seq_cols(const ft_tensor *seq, int64_t c0, int64_t k) {
+    ft_tensor v = *seq;
+    v.shape[2] = k;
+    v.offset += c0 * seq->strides[2] * (int64_t)ft_dtype_get(seq->dtype)->itemsize;
+    return v;
+}
+
+static ft_status check_layer(const char *op, const ft_tensor *seq, const ft_tensor *saved, const ft_tensor *w) {
+    FT_TRY(ft_check_float_on(op, "seq", seq, ft_op_device(seq), "seq", true));
+    FT_TRY(ft_check_ndim(op, "seq", seq, 3, "(N, T, 2H)"));
+    int64_t N = seq->shape[0], T = seq->shape[1], H = seq->shape[2] / 2;
+    if (seq->shape[2] != 2 * H || H == 0)
+        return ft_fail(FT_ERR_SHAPE, "%s: seq must have 2H > 0 columns (h, c), got %lld", op,
+                       (long long)seq->shape[2]);
+    FT_TRY(ft_check_shape(op, "saved", saved, 3, (int64_t[]){T, N, 6 * H}));
+    if (!ft_tensor_is_contiguous(saved))
+        return ft_fail(FT_ERR_SHAPE, "%s: saved must be contiguous", op);
+    return ft_check_shape(op, "weight", w, 2, (int64_t[]){4 * H, H});
+}
+
+/* One step's pointwise work: on a GPU as the ops. */
+static ft_status forward_step(const ft_tensor *g, const ft_tensor *hw, const ft_tensor *h, const ft_tensor *c,
+                              const ft_tensor *cp) {
+    if (ft_op_device(g).type == FT_DEV_CUDA) {
+        FT_TRY(ft_add_forward(g, g, hw, no_act));
+        FT_TRY(ft_lstm_cell_forward(c, g, cp->storage ? cp : NULL));
+        return ft_lstm_hidden_forward(h, g, c);
+    }
+    rows_view v[5] = {rows_view_of(g), rows_view_of(hw), rows_view_of(h), rows_view_of(c), rows_view_of(cp)};
+    over_rows(g->shape[0], v, h->shape[1], forward_block);
+    return FT_OK;
+}
+
+/* NULL, or an initial state or its gradient: (N, H) on the op's device, each row contiguous. */
+static ft_status check_state(const char *op, const char *arg, const ft_tensor *t, const ft_tensor *saved) {
+    if (!t)
+        return FT_OK;
+    FT_TRY(ft_check_float_on(op, arg, t, ft_op_device(saved), "saved", true));
+    FT_TRY(ft_check_shape(op, arg, t, 2, (int64_t[]){saved->shape[1], saved->shape[2] / 6}));
+    if (t->strides[1] != 1 && t->shape[1] > 1)
+        return ft_fail(FT_ERR_SHAPE, "%s: the rows of %s must be contiguous", op, arg);
+    return FT_OK;
+}
+
+ft_status ft_lstm_forward(const ft_tensor *seq, const ft_tensor *saved, const ft_tensor *gi, const ft_tensor *h0,
+                          const ft_tensor *c0, const ft_tensor *w, const ft_tensor *b, bool reverse) {
+    FT_TRY(check_layer("lstm", seq, saved, w));
+    int64_t T = saved->shape[0], N = saved->shape[1], H = saved->shape[2] / 6;
+    FT_TRY(ft_check_shape("lstm", "gi", gi, 3, (int64_t[]){N, T, 4 * H}));
+    FT_TRY(check_state("lstm", "h0", h0, saved));
+    FT_TRY(check_state("lstm", "c0", c0, saved));
+    if (N == 0 || T == 0)
+        return FT_OK;
+    saved_parts p = parts_of(saved);
+    ft_tensor gates = batch_major(&p.g), gr = all_rows(&p.g), hr = all_rows(&p.h), cr = all_rows(&p.c), hw,
+              zero = {0};
+    FT_TRY(ft_tensor_copy(&gates, gi, false));
+    FT_TRY(scratch(&hw, saved, 2, (int64_t[]){N, 4 * H}, saved->dtype));
+    ft_status s = FT_OK;
+    if (!h0) { /* its product is b alone: one small product spares a branch per step */
+        s = scratch(&zero, saved, 2, (int64_t[]){N, H}, w->dtype);
+        if (s == FT_OK)
+            s = ft_tensor_zero(&zero);
+    }
+    ft_tensor hp = h0 ? *h0 : zero, cp = c0 ? *c0 : (ft_tensor){0};
+    for (int64_t k = 0; s == FT_OK && k < T; k++) {
+        int64_t r = (reverse ? T - 1 - k : k) * N;
+        ft_tensor g = block(&gr, r, r + N), h = block(&hr, r, r + N), c = block(&cr, r, r + N);
+        s = ft_linear_forward(&hw, &hp, w, b, no_act);
+        if (s == FT_OK)
+            s = forward_step(&g, &hw, &h, &c, &cp);
+        hp = h, cp = c;
+    }
+    ft_tensor_release(&hw);
+    if (zero.storage)
+        ft_tensor_release(&zero);
+    ft_tensor hs = batch_major(&p.h), cs = batch_major(&p.c), seq_h = seq_cols(seq, 0, H), seq_c = seq_cols(seq, H, H);
+    if (s == FT_OK)
+        s = ft_tensor_copy(&seq_h, &hs, false);
+    return s == FT_OK ? ft_tensor_copy(&seq_c, &cs, false) : s;
+}
+
+/* W's and b's gradients from every step's gates' gradient dg (T N, 4H) and the h each step read: the h rows
+ * hr (T N, H) one step over, in one product, and h0 for the first step. */
+static ft_status weight_grads(const ft_tensor *dw, const ft_tensor *db, const ft_tensor *dg, const ft_tensor *hr,
+                              int64_t N, const ft_tensor *h0, const ft_tensor *w, bool reverse, ft_lstm_acc acc) {
+    int64_t R = hr->shape[0], first = reverse ? R - N : 0;
+    /* forward: step t's gates pair with step t - 1's h, rows [N, R) with [0, R - N); reverse: t + 1's */
+    ft_tensor g = reverse ? block(dg, 0, R - N) : block(dg, N, R), h = reverse ? block(hr, N, R) : block(hr, 0, R - N);
+    ft_grad_acc a = {false, acc.weight, acc.bias};
+    if (R > N)
+        FT_TRY(ft_linear_backward(NULL, dw, NULL, &g, &h, w, a));
+    a.weight |= R > N;
+    ft_tensor g0 = block(dg, first, first + N);
+    if (h0)
+        FT_TRY(ft_linear_backward(NULL, dw, NULL, &g0, h0, w, a));
+    else if (R == N && dw && !acc.weight)
+        FT_TRY(ft_tensor_zero(dw)); /* one step from h = 0: no product */
+    return db ? ft_linear_backward(NULL, NULL, db, dg, hr, w, a) : FT_OK;
+}
+
+/* One step's pointwise work of the backward: on a GPU as the ops. */
+static ft_status backward_step(const ft_tensor *g, const ft_tensor *c, const ft_tensor *cp, const ft_tensor *dg,
+                               const ft_tensor *dh, const ft_tensor *dc, const ft_tensor *dcp) {
+    if (ft_op_device(g).type == FT_DEV_CUDA) {
+        FT_TRY(ft_lstm_hidden_backward(dg, dc, dh, g, c, false, true));
+        return ft_lstm_cell_backward(dg, dcp->storage ? dcp : NULL, dc, g, cp->storage ? cp : NULL, false, true);
+    }
+    rows_view v[7] = {rows_view_of(g),  rows_view_of(c),  rows_view_of(cp), rows_view_of(dg),
+                      rows_view_of(dh), rows_view_of(dc), rows_view_of(dcp)};
+    over_rows(g->shape[0], v, c->shape[1], backward_block);
+    return FT_OK;
+}
+
+ft_status ft_lstm_backward(const ft_tensor *dgi, const ft_tensor *dh0, const ft_tensor *dc0, const ft_tensor *dw,
+                           const ft_tensor *db, const ft_tensor *dseq, const ft_tensor *saved, const ft_tensor *h0,
+                           const ft_tensor *c0, const ft_tensor *w, bool reverse, ft_lstm_acc acc) {
+    const char *op = "lstm_backward";
+    FT_TRY(check_layer(op, dseq, saved, w));
+    int64_t T = saved->shape[0], N = saved->shape[1], H = saved->shape[2] / 6;
+    if (dgi)
+        FT_TRY(ft_check_shape(op, "dgi", dgi, 3, (int64_t[]){N, T, 4 * H}));
+    if ((dh0 && !h0) || (dc0 && !c0))
+        return ft_fail(FT_ERR_VALUE, "%s: a gradient of h0 or c0 needs h0 or c0", op);
+    const ft_tensor *states[] = {h0, c0, dh0, dc0};
+    const char *names[] = {"h0", "c0", "dh0", "dc0"};
+    for (int k = 0; k < 4; k++)
+        FT_TRY(check_state(op, names[k], states[k], saved));
+    if (N == 0 || T == 0) { /* empty sums */
+        const ft_tensor *out[] = {dh0, dc0, dw, db};
+        bool add[] = {acc.h0, acc.c0, acc.weight, acc.bias};
+        for (int k = 0; k < 4; k++)
+            if (out[k] && !add[k])
+                FT_TRY(ft_tensor_zero(out[k]));
+        return FT_OK;
+    }
+    saved_parts p = parts_of(saved);
+    ft_tensor gr = all_rows(&p.g), hr = all_rows(&p.h), cr = all_rows(&p.c);
+    /* time-major gradients: of h and of c (T, N, H), which each step adds what it passes back to, and of the
+     * gates (T, N, 4H) */
+    ft_tensor dH, dC = {0}, dG = {0};
+    FT_TRY(scratch(&dH, saved, 3, (int64_t[]){T, N, H}, FT_FLOAT32));
+    ft_tensor to = batch_major(&dH), from = seq_cols(dseq, 0, H);
+    ft_status s = ft_tensor_copy(&to, &from, false);
+    if (s == FT_OK)
+        s = scratch(&dC, saved, 3, (int64_t[]){T, N, H}, FT_FLOAT32);
+    if (s == FT_OK) {
+        to = batch_major(&dC), from = seq_cols(dseq, H, H);
+        s = ft_tensor_copy(&to, &from, false);
+    }
+    if (s == FT_OK)
+        s = scratch(&dG, saved, 3, (int64_t[]){T, N, 4 * H}, saved->dtype);
+    ft_tensor dhr = all_rows(&dH), dcr = all_rows(&dC), dgr = all_rows(&dG);
+    for (int64_t k = T - 1; s == FT_OK && k >= 0; k--) {
+        int64_t r = (reverse ? T - 1 - k : k) * N, rp = reverse ? r + N : r - N, rn = reverse ? r - N : r + N;
+        ft_tensor g = block(&gr, r, r + N), c = block(&cr, r, r + N), dg = block(&dgr, r, r + N),
+                  dh = block(&dhr, r, r + N), dc = block(&dcr, r, r + N);
+        if (k < T - 1) { /* through W into the h this step gave the next */
+            ft_tensor dnext = block(&dgr, rn, rn + N), h = block(&hr, r, r + N);
+            s = ft_linear_backward(&dh, NULL, NULL, &dnext, &h, w, (ft_grad_acc){.inp = true});
+        }
+        ft_tensor cp = k > 0 ? block(&cr, rp, rp + N) : c0 ? *c0 : (ft_tensor){0};
+        ft_tensor dcp = k > 0 ? block(&dcr, rp, rp + N) : dc0 && acc.c0 ? *dc0 : (ft_tensor){0};
+        if (s == FT_OK)
+            s = backward_step(&g, &c, &cp, &dg, &dh, &dc, &dcp);
+    }
+    if (s == FT_OK && dc0 && !acc.c0) { /* written: the first step's again, into dc0 alone */
+        int64_t r = reverse ? (T - 1) * N : 0;
+        ft_tensor g = block(&gr, r, r + N), dc = block(&dcr, r, r + N);
+        s = ft_lstm_cell_backward(NULL, dc0, &dc, &g, c0, false, false);
+    }
+    if (s == FT_OK && dh0) {
+        int64_t r = reverse ? (T - 1) * N : 0;
+        ft_tensor first = block(&dgr, r, r + N);
+        s = ft_linear_backward(dh0, NULL, NULL, &first, h0, w, (ft_grad_acc){.inp = acc.h0});
+    }
+    if (s == FT_OK && (dw || db))
+        s = weight_grads(dw, db, &dgr, &hr, N, h0, w, reverse, acc);
+    ft_tensor dgates = batch_major(&dG);
+    if (s == FT_OK && dgi)
+        s = acc.gi ? ft_add_forward(dgi, dgi, &dgates, no_act) : ft_tensor_copy(dgi, &dgates, false);
+    ft_tensor *bufs[] = {&dH, &dC, &dG};
+    for (int k = 0; k < 3; k++)
+        if (bufs[k]->storage)
+            ft_tensor_release(bufs[k]);
+    return s;
 }

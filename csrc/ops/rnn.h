@@ -30,6 +30,34 @@ ft_status ft_lstm_cell_backward(const ft_tensor *dgates, const ft_tensor *dc_pre
                                 const ft_tensor *gates, const ft_tensor *c_prev, bool accumulate_gates,
                                 bool accumulate_c_prev);
 
+/* A whole LSTM layer: the recurrence over T steps in one call. Step by step
+ * (from the last to the first with reverse),
+ *   gates_t = gi_t + h_prev W^T + b, then c_t and h_t as the ops above,
+ * h_prev and c_prev the step before's (first h0 and c0; NULL: zeros).
+ *   gi (N, T, 4H): every step's input projection x W_ih^T + b_ih;
+ *   w (4H, H) W_hh, b (4H) b_hh or NULL;
+ *   seq (N, T, 2H): each step's h (columns [0, H)) then c ([H, 2H));
+ *   saved (T, N, 6H), contiguous: what the backward reads, every step's
+ *   gates (T, N, 4H), then h (T, N, H), then c (T, N, H), one after another.
+ * The steps run on saved, time-major, so that a step's rows are one block
+ * (a batch-major step's rows lie T rows apart: strides of a power of two
+ * that put them all in the same cache sets); gi and seq are copied once.
+ * gi, seq, saved and w share a dtype (float32 or 16-bit); h0, c0 are (N, H). */
+ft_status ft_lstm_forward(const ft_tensor *seq, const ft_tensor *saved, const ft_tensor *gi, const ft_tensor *h0,
+                          const ft_tensor *c0, const ft_tensor *w, const ft_tensor *b, bool reverse);
+
+/* Which of the backward's gradients are added to (+=) rather than written. */
+typedef struct {
+    bool gi, h0, c0, weight, bias;
+} ft_lstm_acc;
+
+/* The gradients of gi, h0, c0, w and b (each NULL when not wanted) from
+ * dseq, the gradient of seq (h's and c's columns), running the steps the
+ * other way. W's and b's come from one product over all steps. */
+ft_status ft_lstm_backward(const ft_tensor *dgi, const ft_tensor *dh0, const ft_tensor *dc0, const ft_tensor *dw,
+                           const ft_tensor *db, const ft_tensor *dseq, const ft_tensor *saved, const ft_tensor *h0,
+                           const ft_tensor *c0, const ft_tensor *w, bool reverse, ft_lstm_acc acc);
+
 /* h (N, H) from gates (N, 4H) and c (N, H). */
 ft_status ft_lstm_hidden_forward(const ft_tensor *h, const ft_tensor *gates, const ft_tensor *c);
 
