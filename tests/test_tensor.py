@@ -54,6 +54,13 @@ def test_arange():
         ft.arange(0, 10, 0)
     with pytest.raises(ValueError):
         ft.arange(0, float("inf"))
+    # an integer dtype from real arguments, as PyTorch: start and step truncated to integers and the count from the
+    # real arguments, evenly spaced (no value repeated about zero)
+    assert ft.arange(-2.5, 2, 1, dtype=ft.int64).tolist() == np.arange(-2.5, 2, 1, dtype=np.int64).tolist() == \
+        [-2, -1, 0, 1, 2]
+    assert ft.arange(0.5, -3.5, -1, dtype=ft.int64).tolist() == [0, -1, -2, -3]
+    assert ft.arange(1.7, 6, 2, dtype=ft.int32).tolist() == [1, 3, 5]
+    assert ft.arange(0, 2, 0.5, dtype=ft.int64).tolist() == [0, 0, 0, 0]  # a step truncated to 0, as PyTorch's
 
 
 def test_tensor_from_nested_lists_infers_like_torch():

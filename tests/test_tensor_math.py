@@ -429,6 +429,12 @@ def test_softmax_errors():
     with pytest.raises(IndexError, match="dim 2 is out of range"):
         ft.ones(2, 3, dtype=ft.float64).softmax(2)
     assert_values(ft.tensor([1, 2]).softmax(0, dtype=ft.float64), np.exp([1, 2]) / np.exp([1, 2]).sum(), "float64")
+    # F.softmax / F.log_softmax on eager tensors take what the methods take
+    x = np.array([[1.0, 2.0, 4.0]])
+    assert_values(ft.nn.functional.softmax(ft.tensor(x), 1), np.exp(x) / np.exp(x).sum(), "float64")
+    assert_values(ft.nn.functional.log_softmax(ft.tensor(x), -1), np.log(np.exp(x) / np.exp(x).sum()), "float64")
+    with pytest.raises(TypeError, match="int64"):
+        ft.nn.functional.softmax(ft.tensor([1, 2]), 0)
 
 
 # ================================================================ reductions
@@ -1057,6 +1063,13 @@ def test_views_taken_apart_and_copies_rearranged_match_numpy(ft_device):
     np.testing.assert_array_equal(n(ft.roll(t, (1, -1), (0, 1)).cpu()), np.roll(a, (1, -1), (0, 1)))
     np.testing.assert_array_equal(n(t.cumsum(-1).cpu()), np.cumsum(a, -1))
     assert ft.tensor([True, True]).cumsum(0).dtype is ft.int64
+    # float32 running sums carried in float64, as PyTorch's CPU kernel (in float32 they stop growing at 2**24)
+    ones = ft.ones(2 ** 24 + 10)
+    assert ones.cumsum(0)[-1].item() == 2 ** 24 + 10 and ones.sum().item() == 2 ** 24 + 10
+    r = np.random.default_rng(3).random(10 ** 5).astype(np.float32)
+    np.testing.assert_array_equal(ft.tensor(r).cumsum(0).numpy(), np.cumsum(r, dtype=np.float64).astype(np.float32))
+    np.testing.assert_array_equal(ft.tensor(r[:50] + 0.5).cumprod(0).numpy(),
+                                  np.cumprod(r[:50] + 0.5, dtype=np.float64).astype(np.float32))
     with pytest.raises(ValueError, match=r"split: sizes \[1, 1\] do not add up to dimension 1 of size 3"):
         t.split([1, 1], 1)
     with pytest.raises(IndexError, match="narrow: start 3 and length 2 exceed dimension 2 of size 4"):
@@ -1246,6 +1259,10 @@ def test_everyday_functions_match_numpy():
     assert ft.median(ft.tensor([3.0, 1.0, 4.0, 2.0])).item() == 2.0  # the lower middle value, not 2.5
     assert ft.median(ft.tensor([1.0, float("nan"), 0.0])).item() != ft.median(ft.tensor([1.0, 0.0])).item()
     np.testing.assert_allclose(n(ft.quantile(a, 0.3, dim=1)), np.quantile(A, 0.3, axis=1), rtol=1e-6)
+    with pytest.raises(ValueError, match="quantile: the values to take quantiles of are empty"):
+        ft.zeros(0).quantile(0.5)
+    with pytest.raises(ValueError, match="quantile: the values to take quantiles of are empty"):
+        ft.zeros(3, 0).quantile(0.5, dim=1)
     np.testing.assert_allclose(n(ft.fmod(ft.tensor([-7, 7]), 3)), np.fmod([-7, 7], 3))
     assert ft.allclose(a, a + 1e-7) and not ft.allclose(a, a + 1e-3) and ft.equal(i, i.clone())
     assert not ft.equal(i, i[:2]) and ft.linspace(0, 1, 5).tolist() == [0.0, 0.25, 0.5, 0.75, 1.0]

@@ -507,11 +507,19 @@ def roll(input: Tensor, shifts: int | Sequence[int], dims: Dims = None) -> Tenso
     return _apply("roll", lambda a: np.roll(a, shifts, axes), [input], input.dtype, input.dtype)
 
 
+def _running(fn, a, axis):
+    """np.cumsum or np.cumprod along axis; floats carried in float64, as PyTorch's CPU kernels do (a float32 running
+    sum stops growing at 2**24), each result rounded once."""
+    if not a.ndim:
+        return a.copy()
+    return fn(a, axis=axis, dtype={"f": np.float64, "c": np.complex128}.get(a.dtype.kind))
+
+
 def cumsum(input: Tensor, dim: int, *, dtype: DTypeLike | None = None) -> Tensor:
     """The running sums along dim, in dtype if given, else int64 for bool and integer tensors and input's dtype."""
     out = as_dtype(dtype) if dtype is not None else input.dtype if input.dtype.is_floating_point else _INT64
     d = _norm_dim(dim, input.ndim, "cumsum: dim")
-    return _apply("cumsum", lambda a: np.cumsum(a, axis=d) if a.ndim else a.copy(), [input], out, out)
+    return _apply("cumsum", lambda a: _running(np.cumsum, a, d), [input], out, out)
 
 
 def select(input: Tensor, dim: int, index: int) -> Tensor:
@@ -921,7 +929,7 @@ def _softmax(name, input, dim, dtype, log):
     if isinstance(input, _Tensor):
         if dtype is not None:
             input = input.to(dtype)
-        if input.dtype is not _FLOAT32 and input.dtype is not _BFLOAT16:
+        if input.dtype not in (_FLOAT32, _BFLOAT16) and not (input.dtype is _FLOAT16 and input.is_cuda):
             if not input.dtype.is_floating_point:
                 raise TypeError(f"{name}: input must be a floating point tensor, got {input.dtype.name}")
             d = _norm_dim(dim, input.ndim, f"{name}: dim")
@@ -932,7 +940,9 @@ def _softmax(name, input, dim, dtype, log):
                 total = np.sum(np.exp(shifted), axis=d, keepdims=True)
                 return (shifted - np.log(total) if log else np.exp(shifted) / total).reshape(input.shape)
             return _apply(name, rows, [input], input.dtype, input.dtype)
-    # float32 and bfloat16 run the C kernel on the tensor's own device; a traced value records the layer
+    # the C kernel on the tensor's own device (float32, bfloat16, float16 on CUDA); a traced value records the layer
+    if isinstance(input, _Tensor):
+        return getattr(_C, name + "_forward")(None, input, dim)
     return getattr(F, name)(input, dim)
 
 
@@ -1347,7 +1357,7 @@ def cumprod(input: Tensor, dim: int, *, dtype: DTypeLike | None = None) -> Tenso
     dtype, as torch.cumprod."""
     out = _total_dtype(input, dtype)
     d = _norm_dim(dim, input.ndim, "cumprod: dim")
-    return _apply("cumprod", lambda a: np.cumprod(a, axis=d) if a.ndim else a.copy(), [input], out, out)
+    return _apply("cumprod", lambda a: _running(np.cumprod, a, d), [input], out, out)
 
 
 def nansum(input: Tensor, dim: Dims = None, keepdim: bool = False, *, dtype: DTypeLike | None = None) -> Tensor:
@@ -1414,6 +1424,8 @@ def quantile(input: Tensor, q: float | Tensor, dim: int | None = None, keepdim: 
     if qs.ndim > 1 or np.any((qs < 0) | (qs > 1)):
         raise ValueError("quantile: q must be a scalar or 1-d with values in [0, 1]")
     axis = None if dim is None else _norm_dim(dim, input.ndim, "quantile: dim")
+    if (input.numel() if axis is None else input.shape[axis]) == 0:
+        raise ValueError("quantile: the values to take quantiles of are empty")
     return _apply("quantile", lambda a: np.quantile(a, qs, axis=axis, keepdims=keepdim, method=interpolation),
                   [input], input.dtype, input.dtype)
 

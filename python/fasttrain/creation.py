@@ -93,10 +93,12 @@ def arange(start: int | float, end: int | float | None = None, step: int | float
     if not all(_np.isfinite(float(v)) for v in values):
         raise ValueError("arange: start, end and step must be finite")
     n = max(0, int(_np.ceil((end - start) / step)))
-    work = "int64" if not dtype.is_floating_point and all(isinstance(v, (int, _np.integer)) for v in values) \
-        else "float64"
     out = empty(n, dtype=dtype, device=device)
-    return out.copy_(from_numpy(_np.asarray(start, work) + _np.arange(n, dtype=work) * _np.asarray(step, work)))
+    if dtype.is_floating_point:
+        values = _np.float64(start) + _np.arange(n, dtype=_np.float64) * _np.float64(step)
+    else:  # PyTorch's: the count from the real arguments, the values from start and step truncated to integers
+        values = _np.int64(int(start)) + _np.arange(n, dtype=_np.int64) * _np.int64(int(step))
+    return out.copy_(from_numpy(values))
 
 
 def from_numpy(array: _np.ndarray) -> Tensor:

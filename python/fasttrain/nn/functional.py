@@ -12,7 +12,7 @@ import warnings
 
 import numpy as np
 
-from .. import _C, creation
+from .. import _C, _math, creation
 from .._math import cat, where
 from ..amp import cast
 from .._C import TensorBase
@@ -782,11 +782,8 @@ def softmax(input, dim=None, _stacklevel=3, dtype=None):
     """exp(input) normalized to sum 1 along dim, as torch.nn.functional.softmax; dtype converts input first. Without dim
     it warns and picks PyTorch's implicit dimension."""
     _check(input, "input", "softmax")
-    if dtype is not None:
-        input = input.to(dtype)
-    # + 1: the frame of _traced's wrapper
-    return _C.softmax_forward(None, input,
-                              _softmax_dim(input.ndim, "softmax", _stacklevel + 1) if dim is None else dim)
+    dim = _softmax_dim(input.ndim, "softmax", _stacklevel + 1) if dim is None else dim  # + 1: _traced's frame
+    return _math.softmax(input, dim, dtype)
 
 
 @_traced(lambda dim=None, _stacklevel=3, dtype=None: M.LogSoftmax(dim))
@@ -797,10 +794,8 @@ def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
     if isinstance(input, MergedRows) and not input.log_probs and dim in (1, -1) and dtype is None:
         return MergedRows(input.source, log_probs=True)
     _check(input, "input", "log_softmax")
-    if dtype is not None:
-        input = input.to(dtype)
-    return _C.log_softmax_forward(None, input,
-                                  _softmax_dim(input.ndim, "log_softmax", _stacklevel + 1) if dim is None else dim)
+    dim = _softmax_dim(input.ndim, "log_softmax", _stacklevel + 1) if dim is None else dim
+    return _math.log_softmax(input, dim, dtype)
 
 
 # ---- attention ----
