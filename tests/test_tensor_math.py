@@ -1259,6 +1259,17 @@ def test_everyday_functions_match_numpy():
     assert ft.median(ft.tensor([3.0, 1.0, 4.0, 2.0])).item() == 2.0  # the lower middle value, not 2.5
     assert ft.median(ft.tensor([1.0, float("nan"), 0.0])).item() != ft.median(ft.tensor([1.0, 0.0])).item()
     np.testing.assert_allclose(n(ft.quantile(a, 0.3, dim=1)), np.quantile(A, 0.3, axis=1), rtol=1e-6)
+    # PyTorch's module-level spellings of the shape methods, and the integer conversions
+    np.testing.assert_array_equal(n(ft.reshape(a, (4, -1))), A.reshape(4, -1))
+    np.testing.assert_array_equal(n(ft.transpose(a, 0, 1)), A.T)
+    np.testing.assert_array_equal(n(ft.permute(a, (1, 0))), A.T)
+    np.testing.assert_array_equal(n(ft.t(a)), A.T)
+    assert ft.squeeze(ft.zeros(1, 2, 1)).shape == (2,) and ft.squeeze(ft.zeros(1, 2, 1), 0).shape == (2, 1)
+    assert ft.unsqueeze(a, 1).shape == (A.shape[0], 1, A.shape[1]) and ft.numel(a) == A.size
+    np.testing.assert_array_equal(n(ft.take(a, ft.tensor([[0, 5], [A.size - 1, 2]]))),
+                                  np.take(A, [[0, 5], [A.size - 1, 2]]))
+    np.testing.assert_array_equal(n(ft.argwhere(i)), np.argwhere(I))
+    assert i.short().dtype is ft.int16 and i.byte().dtype is ft.uint8 and i.char().dtype is ft.int8
     with pytest.raises(ValueError, match="quantile: the values to take quantiles of are empty"):
         ft.zeros(0).quantile(0.5)
     with pytest.raises(ValueError, match="quantile: the values to take quantiles of are empty"):

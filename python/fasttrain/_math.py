@@ -532,6 +532,51 @@ def unbind(input: Tensor, dim: int = 0) -> tuple[Tensor, ...]:
     return input.unbind(dim)
 
 
+def reshape(input: Tensor, shape: Sequence[int]) -> Tensor:
+    """input.reshape(shape), as torch.reshape."""
+    return input.reshape(shape)
+
+
+def transpose(input: Tensor, dim0: int, dim1: int) -> Tensor:
+    """input.transpose(dim0, dim1), as torch.transpose."""
+    return input.transpose(dim0, dim1)
+
+
+def permute(input: Tensor, dims: Sequence[int]) -> Tensor:
+    """input.permute(dims), as torch.permute."""
+    return input.permute(*dims)
+
+
+def squeeze(input: Tensor, dim: Dims = None) -> Tensor:
+    """input.squeeze(dim) (every dimension of size 1 without dim), as torch.squeeze."""
+    return input.squeeze() if dim is None else input.squeeze(dim)
+
+
+def unsqueeze(input: Tensor, dim: int) -> Tensor:
+    """input.unsqueeze(dim), as torch.unsqueeze."""
+    return input.unsqueeze(dim)
+
+
+def t(input: Tensor) -> Tensor:
+    """input.t(): a 2-d tensor transposed (0-d and 1-d as they are), as torch.t."""
+    return input.t()
+
+
+def numel(input: Tensor) -> int:
+    """The element count, as torch.numel."""
+    return input.numel()
+
+
+def take(input: Tensor, index: Tensor) -> Tensor:
+    """The elements of input, read as one row in C order, at index (of index's shape), as torch.take."""
+    return input.reshape(-1)[index]
+
+
+def argwhere(input: Tensor) -> Tensor:
+    """The indices of the nonzero elements, (count, ndim) int64, as torch.argwhere."""
+    return nonzero(input)
+
+
 def chunk(input: Tensor, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
     """Views of ceil(size / chunks) along dim (the last shorter), as torch.chunk."""
     return input.chunk(chunks, dim)

@@ -429,6 +429,18 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
         """self.to(ft.int64)."""
         return self.to(_BY_NAME["int64"])
 
+    def short(self) -> Tensor:
+        """self.to(ft.int16)."""
+        return self.to(_BY_NAME["int16"])
+
+    def byte(self) -> Tensor:
+        """self.to(ft.uint8)."""
+        return self.to(_BY_NAME["uint8"])
+
+    def char(self) -> Tensor:
+        """self.to(ft.int8)."""
+        return self.to(_BY_NAME["int8"])
+
     def bool(self) -> Tensor:
         """self.to(ft.bool)."""
         return self.to(_BY_NAME["bool"])
