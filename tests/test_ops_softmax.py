@@ -145,7 +145,7 @@ def test_bad_input():
         F.softmax(x, 2)
     with pytest.raises(IndexError, match="log_softmax: dim -3 is out of range"):
         F.log_softmax(x, -3)
-    with pytest.raises(TypeError, match="softmax: inp must be float32 or bfloat16 \\(or float16 on CUDA\\), got int64"):
+    with pytest.raises(TypeError, match="softmax: input must be a floating point tensor, got int64"):
         F.softmax(ft.zeros(2, 3, dtype=ft.int64), 1)
     with pytest.raises(ValueError, match=r"softmax_backward: out should have shape \(2, 3\), got \(3, 2\)"):
         ft.ops.softmax_backward(None, x, ft.zeros(3, 2), 1)

@@ -255,3 +255,44 @@ def test_deterministic_mode_is_bitwise_identical_for_1_and_2_threads():
     assert one[0] == two[0]
     assert one[1] == two[1] and one[2] == two[2]
     assert (ft.get_num_threads(), ft.are_deterministic_algorithms_enabled()) == before  # settings restored
+
+
+
+DETERMINISTIC_AFTER_OTHERS = """
+import numpy as np, fasttrain as ft
+nn = ft.nn
+class Tokens(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb, self.lin, self.head = nn.Embedding(9, 4), nn.Linear(4, 20), nn.Linear(20, 3)
+    def forward(self, ids):
+        return self.head(self.lin(self.emb(ids)).mean(1))
+def loss(n, t, deterministic):
+    ft.use_deterministic_algorithms(deterministic)
+    ft.manual_seed(0)
+    model = Tokens()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=n, input_shape=(t,),
+                            input_dtype=ft.int64)
+    rng = np.random.default_rng(1)
+    return program.backward(rng.integers(0, 9, (n, t)), rng.integers(0, 3, n))
+loss(2, 2, False)
+two = loss(4, 7, True), loss(4, 7, True)
+ft.set_num_threads(1)
+print(*two, loss(4, 7, True))
+"""
+
+
+def test_deterministic_row_slices_after_other_programs():
+    """Deterministic mode runs linear layers' rows in fixed slices, each a matmul planned for one thread. After a
+    program of the same layers ran on two threads, those matmuls are still the one-thread ones: oneDNN's own
+    primitive cache once handed them two-thread primitives, whose scratchpad overran the one-thread size (a heap
+    corruption that killed the process), and whose sums could differ. In a fresh process of its own."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, OMP_NUM_THREADS="2")
+    run = subprocess.run([sys.executable, "-c", DETERMINISTIC_AFTER_OTHERS], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    losses = run.stdout.split()
+    assert len(losses) == 3 and len(set(losses)) == 1, run.stdout

@@ -2152,6 +2152,38 @@ def test_per_position_losses_with_reduction_none(reduce):
     assert gradcheck(program, ids, y, eps=1e-3, rtol=2e-2, atol=1e-4)
 
 
+@pytest.mark.parametrize("form", ["transpose", "view"])
+def test_a_sequence_loss_reads_the_scores_in_place(form):
+    """Cross-entropy of (N, T, V) scores moved classes first (logits.transpose(1, 2)) or merged into rows
+    (logits.view(-1, V)) reads them as they are: the program holds no permuted copy of the scores, and the loss,
+    with class weights and label smoothing, is the eager one; gradients against central differences."""
+    V, T = 5, 3
+    w = ft.tensor([1.0, 0.5, 2.0, 1.5, 0.75])
+
+    class Tagger(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.head = nn.Embedding(V, 6), nn.Linear(6, V)
+
+        def forward(self, ids):
+            return self.head(self.emb(ids))
+
+    def loss(out, y):
+        if form == "view":
+            return F.cross_entropy(out.view(-1, V), y.view(-1), weight=w, label_smoothing=0.1, ignore_index=4)
+        return F.cross_entropy(out.transpose(1, 2), y, weight=w, label_smoothing=0.1, ignore_index=4)
+    ft.manual_seed(44)
+    model = Tagger()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), loss, batch_size=4, input_shape=(T,),
+                            input_dtype=ft.int64, target_shape=(T,), target_dtype=ft.int64)
+    assert "Permute" not in program.summary()
+    rng = np.random.default_rng(45)
+    ids, y = rng.integers(0, V, (4, T)), rng.integers(0, V, (4, T))
+    want = loss(model(ft.tensor(ids)), ft.tensor(y)).item()
+    assert program.backward(ids, y) == pytest.approx(want, rel=1e-5)
+    assert gradcheck(program, ids, y, eps=1e-3, rtol=2e-2, atol=1e-4)
+
+
 def test_token_ids_and_masks_sliced_in_forward():
     """The input's token ids sliced before an embedding (ids[:, :-1], as next-token models feed themselves) and a
     padding mask sliced alike stay ids and a mask: the loss is the eager model's and the gradients central

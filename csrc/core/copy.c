@@ -14,6 +14,7 @@
 #include "core/tensor.h"
 #include "kernels/cast.h"
 #include "kernels/convert.h"
+#include "kernels/simd.h"
 
 /* The wide kinds are ft_scalar's, so that a scalar is a run of one. */
 enum { WIDE_I64 = FT_SCALAR_INT, WIDE_U64 = FT_SCALAR_UINT, WIDE_F64 = FT_SCALAR_FLOAT };
@@ -130,15 +131,15 @@ static void move_items(char *dst, int64_t ds, const char *src, int64_t ss, int64
     }
 }
 
-/* The conversions of mixed precision (batches, weights, pooled activations), on dense runs. */
-static void bf16_run(char *dst, const char *src, int64_t n, bool to_bf16) {
-    if (to_bf16) {
-        for (int64_t i = 0; i < n; i++)
-            ((uint16_t *)dst)[i] = ft_f32_to_bf16(((const float *)src)[i]);
-    } else {
-        for (int64_t i = 0; i < n; i++)
-            ((float *)dst)[i] = ft_bf16_to_f32(((const uint16_t *)src)[i]);
-    }
+/* The conversions of mixed precision (batches, weights, activations), on dense runs. */
+FT_VEC_CLONES void ft_bf16_to_f32_run(float *dst, const uint16_t *src, int64_t n) {
+    FT_SIMD_FOR(i, n)
+        dst[i] = ft_bf16_to_f32(src[i]);
+}
+
+FT_VEC_CLONES void ft_f32_to_bf16_run(uint16_t *dst, const float *src, int64_t n) {
+    FT_SIMD_FOR(i, n)
+        dst[i] = ft_f32_to_bf16(src[i]);
 }
 
 static void copy_run(const ft_copy_desc *d, char *dst, int64_t ds, const char *src, int64_t ss, int64_t n) {
@@ -149,7 +150,10 @@ static void copy_run(const ft_copy_desc *d, char *dst, int64_t ds, const char *s
     bool to_bf16 = d->dst_dtype == FT_BFLOAT16 && d->src_dtype == FT_FLOAT32;
     if ((to_bf16 || (d->dst_dtype == FT_FLOAT32 && d->src_dtype == FT_BFLOAT16)) &&
         ds == (int64_t)ft_dtype_get(d->dst_dtype)->itemsize && ss == (int64_t)ft_dtype_get(d->src_dtype)->itemsize) {
-        bf16_run(dst, src, n, to_bf16);
+        if (to_bf16)
+            ft_f32_to_bf16_run((uint16_t *)dst, (const float *)src, n);
+        else
+            ft_bf16_to_f32_run((float *)dst, (const uint16_t *)src, n);
         return;
     }
     wide w[RUN];

@@ -74,12 +74,15 @@ static inline float ft_float_at(const void *src, bool bf16, int64_t i) {
     return bf16 ? ft_bf16_to_f32(((const uint16_t *)src)[i]) : ((const float *)src)[i];
 }
 
+/* dst[i] = src[i] converted, for i < n: vectorised for the CPU they run on
+ * (core/copy.c), as callers' own loops compiled for plain x86-64 are not. */
+void ft_bf16_to_f32_run(float *dst, const uint16_t *src, int64_t n);
+void ft_f32_to_bf16_run(uint16_t *dst, const float *src, int64_t n);
+
 static inline const float *ft_floats_in(const void *src, bool bf16, int64_t i0, int64_t n, float *buf) {
     if (!bf16)
         return (const float *)src + i0;
-    const uint16_t *s = (const uint16_t *)src + i0;
-    for (int64_t i = 0; i < n; i++)
-        buf[i] = ft_bf16_to_f32(s[i]);
+    ft_bf16_to_f32_run(buf, (const uint16_t *)src + i0, n);
     return buf;
 }
 
@@ -90,9 +93,8 @@ static inline float *ft_floats_at(void *dst, bool bf16, int64_t i0, float *buf) 
 }
 
 static inline void ft_floats_out(void *dst, bool bf16, int64_t i0, int64_t n, const float *buf) {
-    uint16_t *d = (uint16_t *)dst + i0;
-    for (int64_t i = 0; bf16 && i < n; i++)
-        d[i] = ft_f32_to_bf16(buf[i]);
+    if (bf16)
+        ft_f32_to_bf16_run((uint16_t *)dst + i0, buf, n);
 }
 #endif
 

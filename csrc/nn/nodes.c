@@ -1063,7 +1063,7 @@ static ft_status class_prepare(const ft_node *nd, const ft_node *const *in, cons
     if (nd->weight.storage)
         FT_TRY(ft_tensor_on_host(&w, &nd->weight, FT_FLOAT32));
     double total;
-    ft_status s = class_targets(op, y, in[0]->shape[0], nd->ignore_index,
+    ft_status s = class_targets(op, y, in[0]->shape[nd->dim], nd->ignore_index,
                                 w.storage ? (const float *)ft_tensor_data(&w) : NULL, &total);
     if (w.storage)
         ft_tensor_release(&w);
@@ -1075,26 +1075,45 @@ static ft_status class_prepare(const ft_node *nd, const ft_node *const *in, cons
 
 /* Cross-entropy takes scores (C,) or (C, d...) per sample (PyTorch's
  * K-dimensional form: classes first) with targets (d...); nll (C,) only.
- * A sample's value is its loss, or with reduction none over positions its
- * positions' losses (d...). */
+ * Scores (d..., C) with classes last (dim, the classes' dimension, the
+ * last), as a sequence model gives them before logits.transpose(1, 2), are
+ * read in place, seen classes first: no copy of the scores or of their
+ * gradient. A sample's value is its loss, or with reduction none over
+ * positions its positions' losses (d...). */
 static bool per_position(const ft_node *nd) { return nd->ndim > 0; }
 
 static ft_status class_check(const ft_node *nd, const ft_node *const *in) {
     const ft_node *x = in[0], *t = in[1];
+    bool last = nd->dim > 0 && nd->dim == x->ndim - 1;
     bool shape_ok = nd->ndim == 0 || (nd->reduction == FT_NODE_REDUCE_NONE && nd->ndim == t->ndim &&
                                       !memcmp(nd->shape, t->shape, (size_t)t->ndim * sizeof *t->shape));
-    bool ok = shape_ok && x->ndim >= 1 && (nd->kind == FT_NODE_CROSS_ENTROPY || x->ndim == 1) &&
-              t->kind == FT_NODE_TARGET && t->dtype == FT_INT64 && t->ndim == x->ndim - 1 &&
-              !memcmp(t->shape, x->shape + 1, (size_t)t->ndim * sizeof *t->shape) &&
-              (!nd->weight.storage || ft_tensor_numel(&nd->weight) == x->shape[0]);
+    bool ok = shape_ok && x->ndim >= 1 && (nd->dim == 0 || last) &&
+              (nd->kind == FT_NODE_CROSS_ENTROPY || x->ndim == 1) && t->kind == FT_NODE_TARGET &&
+              t->dtype == FT_INT64 && t->ndim == x->ndim - 1 &&
+              !memcmp(t->shape, x->shape + (last ? 0 : 1), (size_t)t->ndim * sizeof *t->shape) &&
+              (!nd->weight.storage || ft_tensor_numel(&nd->weight) == x->shape[nd->dim]);
     return ok ? FT_OK
-              : ft_fail(FT_ERR_SHAPE, "program: a %s node takes scores (classes, ...) and int64 class targets of "
-                                      "the scores' shape after the classes",
+              : ft_fail(FT_ERR_SHAPE, "program: a %s node takes scores (classes, ...), or (..., classes), and int64 "
+                                      "class targets of the scores' shape without the classes",
                         ft_node_kinds[nd->kind].name);
 }
 
 /* The positions of a sample whose losses cross-entropy sums: 1 for (C,) scores. */
-static int64_t positions(const ft_node *scores) { return ft_node_numel(scores) / scores->shape[0]; }
+static int64_t positions(const ft_node *nd, const ft_node *scores) {
+    return ft_node_numel(scores) / scores->shape[nd->dim];
+}
+
+/* Scores (N, ...) as the ops take them, classes first: classes-last ones (N, d..., C) seen as (N, C, d...). */
+static ft_tensor classes_first(const ft_node *nd, ft_tensor t) {
+    if (nd->dim == 0)
+        return t;
+    int last = t.ndim - 1;
+    int64_t c = t.shape[last], cs = t.strides[last];
+    memmove(t.shape + 2, t.shape + 1, (size_t)(last - 1) * sizeof *t.shape);
+    memmove(t.strides + 2, t.strides + 1, (size_t)(last - 1) * sizeof *t.strides);
+    t.shape[1] = c, t.strides[1] = cs;
+    return t;
+}
 
 static int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
 
@@ -1103,17 +1122,18 @@ static int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
  * softmax is taken once), then each position's loss to sum (per_position:
  * the output holds them). */
 static int64_t cross_entropy_aux(const ft_node *nd, const ft_node *const *in, int64_t rows) {
-    int64_t losses = per_position(nd) ? 0 : rows * positions(in[0]);
-    return 4 * (round16(positions(in[0])) + rows * ft_node_numel(in[0]) + losses);
+    int64_t losses = per_position(nd) ? 0 : rows * positions(nd, in[0]);
+    return 4 * (round16(positions(nd, in[0])) + rows * ft_node_numel(in[0]) + losses);
 }
 
+/* The logits' gradient for dloss = 1, in the scores' layout, seen classes first. */
 static ft_tensor saved_dlogits(const ft_node_run *r) {
     ft_tensor t = r->in[0];
     t.dtype = FT_FLOAT32; /* whatever the logits' */
     t.storage = r->aux.storage;
-    t.offset = r->aux.offset + 4 * round16(ft_tensor_numel(&t) / (t.shape[0] * t.shape[1]));
+    t.offset = r->aux.offset + 4 * round16(ft_tensor_numel(&t) / (t.shape[0] * t.shape[1 + r->nd->dim]));
     ft_contiguous_strides(t.strides, t.ndim, t.shape);
-    return t;
+    return classes_first(r->nd, t);
 }
 
 /* Each position's loss (N, d...), after the saved gradient. */
@@ -1135,8 +1155,9 @@ static ft_cross_entropy_params ce_params(const ft_node *nd) {
 /* out = the sum of each sample's position losses / norm, or those losses themselves (per_position, norm 1). */
 static ft_status cross_entropy_forward(const ft_node_run *r) {
     ft_cross_entropy_params ce = ce_params(r->nd);
-    ft_tensor losses = per_position(r->nd) ? r->out : position_losses(r), dlogits = saved_dlogits(r);
-    FT_TRY(ft_cross_entropy_forward(&losses, r->training ? &dlogits : NULL, &r->in[0], &r->in[1],
+    ft_tensor losses = per_position(r->nd) ? r->out : position_losses(r), dlogits = saved_dlogits(r),
+              scores = classes_first(r->nd, r->in[0]);
+    FT_TRY(ft_cross_entropy_forward(&losses, r->training ? &dlogits : NULL, &scores, &r->in[1],
                                     param(&r->nd->weight), &ce));
     return per_position(r->nd) ? FT_OK : sum_rows(r, &losses);
 }
@@ -1156,7 +1177,8 @@ static ft_status cross_entropy_backward(const ft_node_run *r) {
         each.storage = g.storage, each.offset = g.offset;
         each.strides[0] = g.strides[0]; /* a sample's dout over its classes and positions */
     }
-    return ft_mul_backward(r->din[0], NULL, &dlogits, NULL, &each, r->din_acc[0], false);
+    ft_tensor din = r->din[0] ? classes_first(r->nd, *r->din[0]) : (ft_tensor){0};
+    return ft_mul_backward(r->din[0] ? &din : NULL, NULL, &dlogits, NULL, &each, r->din_acc[0], false);
 }
 
 static ft_status nll_forward(const ft_node_run *r) {

@@ -1029,11 +1029,11 @@ ft_status ft_sdpa_backward(const ft_tensor *dq, const ft_tensor *dk, const ft_te
     if (dev.type == FT_DEV_CUDA) { /* the backend writes: accumulation is staged */
         ft_grad_out gq = {0}, gk = {0}, gv = {0};
         const ft_tensor *q_to, *k_to, *v_to;
-        ft_status s = ft_grad_out_begin(&gq, dq, acc.q, &q_to);
+        ft_status s = ft_grad_out_begin_float(&gq, dq, acc.q, &q_to);
         if (s == FT_OK)
-            s = ft_grad_out_begin(&gk, dk, acc.k, &k_to);
+            s = ft_grad_out_begin_float(&gk, dk, acc.k, &k_to);
         if (s == FT_OK)
-            s = ft_grad_out_begin(&gv, dv, acc.v, &v_to);
+            s = ft_grad_out_begin_float(&gv, dv, acc.v, &v_to);
         if (s == FT_OK)
             s = FT_CUDA_CALL(op, sdpa_backward, q_to, k_to, v_to, dout, q, k, v, out, lse, p);
         return ft_grad_out_end(&gv, ft_grad_out_end(&gk, ft_grad_out_end(&gq, s)));

@@ -22,7 +22,14 @@ static pthread_once_t engine_once = PTHREAD_ONCE_INIT;
 static dnnl_engine_t engine;
 static dnnl_status_t engine_status;
 
-static void create_engine(void) { engine_status = dnnl_engine_create(&engine, dnnl_cpu, 0); }
+/* oneDNN's own primitive cache is off: it would hand a descriptor planned for one thread (deterministic
+ * mode's row slices) a primitive built for another thread count, which splits and sums differently; the cache
+ * below keys on the thread count. */
+static void create_engine(void) {
+    engine_status = dnnl_set_primitive_cache_capacity(0);
+    if (engine_status == dnnl_success)
+        engine_status = dnnl_engine_create(&engine, dnnl_cpu, 0);
+}
 
 ft_status ft_dnnl_engine(dnnl_engine_t *out) {
     pthread_once(&engine_once, create_engine);
@@ -134,20 +141,18 @@ ft_status ft_dnnl_get(const ft_dnnl_prim **out, const void *key, size_t key_len,
     FT_TRY(build(&pd, arg));
     dnnl_primitive_t prim;
     ft_status s = ft_dnnl_check(dnnl_primitive_create(&prim, pd), "creating a oneDNN primitive");
-    if (s != FT_OK) {
-        dnnl_primitive_desc_destroy(pd);
+    dnnl_primitive_desc_destroy(pd); /* the primitive keeps a copy, which ft_dnnl_run queries */
+    if (s != FT_OK)
         return s;
-    }
     entry *fresh = malloc(sizeof *fresh + key_len);
     if (!fresh) {
         dnnl_primitive_destroy(prim);
-        dnnl_primitive_desc_destroy(pd);
         return ft_fail(FT_ERR_NOMEM, "out of memory caching a primitive");
     }
     fresh->hash = h;
     fresh->threads = threads;
     fresh->key_len = key_len;
-    fresh->prim = (ft_dnnl_prim){pd, prim};
+    fresh->prim = (ft_dnnl_prim){prim};
     memcpy(fresh->key, key, key_len);
     pthread_mutex_lock(&cache_lock);
     e = find(h, threads, key, key_len); /* another thread may have built it meanwhile */
@@ -159,7 +164,6 @@ ft_status ft_dnnl_get(const ft_dnnl_prim **out, const void *key, size_t key_len,
     pthread_mutex_unlock(&cache_lock);
     if (fresh) {
         dnnl_primitive_destroy(fresh->prim.prim);
-        dnnl_primitive_desc_destroy(fresh->prim.pd);
         free(fresh);
     }
     *out = &e->prim;
@@ -204,6 +208,8 @@ ft_status ft_dnnl_run(const ft_dnnl_prim *p, int n, const ft_dnnl_arg *args) {
     if (n > MAX_ARGS)
         return ft_fail(FT_ERR_RUNTIME, "too many oneDNN arguments");
     ft_mem_pool host = {FT_MEM_HOST, 0};
+    const_dnnl_primitive_desc_t pd;
+    FT_TRY(ft_dnnl_check(dnnl_primitive_get_primitive_desc(p->prim, &pd), "querying a oneDNN primitive"));
     /* Arguments the primitive wants in its own layout (weights created with
      * format "any") go through a temporary in that layout. */
     void *tmp[MAX_ARGS] = {0};
@@ -211,7 +217,7 @@ ft_status ft_dnnl_run(const ft_dnnl_prim *p, int n, const ft_dnnl_arg *args) {
     const dnnl_memory_desc_t *want[MAX_ARGS];
     ft_status s = FT_OK;
     for (int i = 0; i < n && s == FT_OK; i++) {
-        want[i] = dnnl_primitive_desc_query_md(p->pd, dnnl_query_exec_arg_md, args[i].arg);
+        want[i] = dnnl_primitive_desc_query_md(pd, dnnl_query_exec_arg_md, args[i].arg);
         if (!want[i] || dnnl_memory_desc_equal(want[i], args[i].md)) {
             want[i] = args[i].md;
             continue;
@@ -233,7 +239,7 @@ ft_status ft_dnnl_run(const ft_dnnl_prim *p, int n, const ft_dnnl_arg *args) {
     }
     /* The primitive's scratchpad comes from the caching allocator: no
      * per-call malloc of large blocks, and it shows in memory_stats. */
-    const dnnl_memory_desc_t *scratch_md = dnnl_primitive_desc_query_md(p->pd, dnnl_query_scratchpad_md, 0);
+    const dnnl_memory_desc_t *scratch_md = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
     size_t scratch_bytes = scratch_md ? dnnl_memory_desc_get_size(scratch_md) : 0;
     void *scratch = NULL;
     size_t granted = 0;

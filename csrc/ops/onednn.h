@@ -28,9 +28,8 @@ ft_status ft_dnnl_md_strided(dnnl_memory_desc_t *md, ft_dtype dtype, int ndim, c
  * reorders between it and the caller's layout. */
 ft_status ft_dnnl_md_any(dnnl_memory_desc_t *md, ft_dtype dtype, int ndim, const int64_t *dims);
 
-/* A cached primitive: its descriptor (for queries) and the primitive. */
+/* A cached primitive. */
 typedef struct {
-    dnnl_primitive_desc_t pd;
     dnnl_primitive_t prim;
 } ft_dnnl_prim;
 

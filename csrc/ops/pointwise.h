@@ -19,6 +19,7 @@
 #include <stdbool.h>
 
 #include "core/tensor.h"
+#include "kernels/simd.h"
 
 #define FT_PW_MAX_OPS 6
 
@@ -54,17 +55,6 @@ typedef struct {
 bool ft_pw_plan_make(ft_pw_plan *pl, const ft_pw_loop *l);
 int64_t ft_pw_plan_numel(const ft_pw_plan *pl);
 void ft_pw_walk(const ft_pw_loop *l, const ft_pw_plan *pl, int64_t begin, int64_t end);
-
-/* Runs of pointers straight into float32 memory: the kernels mark their
- * inner loops with these to get AVX-512 / AVX2+FMA code chosen at run time. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && !defined(FT_NO_CLONES)
-#define FT_VEC_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define FT_VEC_CLONES
-#endif
-
-/* A loop over i in [0, n) without assumed dependencies between iterations. */
-#define FT_SIMD_FOR(i, n) _Pragma("omp simd") for (int64_t i = 0; i < (n); i++)
 
 /* y (n) = x, or += x with accumulate (the gradient rule): kernels compute a
  * tile of results, then store it so, which keeps both loops vectorized. */

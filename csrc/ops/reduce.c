@@ -23,44 +23,58 @@ static inline float load(const char *p, ft_dtype dt) {
     return f;
 }
 
-ft_status ft_channel_sums(double *sums, double *sq, const float *shift, const ft_tensor *t) {
-    if (t->ndim != 2 && t->ndim != 4)
-        return ft_fail(FT_ERR_SHAPE, "channel sums need a 2-d or 4-d tensor, got %d dimensions", t->ndim);
-    if (t->dtype != FT_FLOAT32 && t->dtype != FT_BFLOAT16)
-        return ft_fail(FT_ERR_DTYPE, "channel sums need float32 or bfloat16, got %s", ft_dtype_get(t->dtype)->name);
+#define ROW_TILE 256
+
+/* sums += one row of C channels at unit stride. */
+FT_VEC_CLONES static void add_row(double *sums, const char *row, bool bf16, int64_t C) {
+    if (!bf16) {
+        const float *x = (const float *)row;
+        FT_SIMD_FOR(c, C)
+            sums[c] += x[c];
+        return;
+    }
+    _Alignas(64) float buf[ROW_TILE];
+    for (int64_t c0 = 0; c0 < C; c0 += ROW_TILE) {
+        int64_t m = C - c0 < ROW_TILE ? C - c0 : ROW_TILE;
+        const float *x = ft_floats_in(row, true, c0, m, buf);
+        FT_SIMD_FOR(c, m)
+            sums[c0 + c] += x[c];
+    }
+}
+
+/* sums[c] = the sum of t over every dimension but 1, for t of 2 (N, C) or 4 (N, C, H, W) dimensions in any
+ * layout, float32 or bfloat16, in double: each chunk of rows (every index but the channel's) summed in order,
+ * then the chunks in order. */
+static ft_status channel_sums(double *sums, const ft_tensor *t) {
     int64_t C = t->shape[1];
-    /* Rows are every index but the channel: (n, h, w) flattened. */
     int64_t H = t->ndim == 4 ? t->shape[2] : 1, W = t->ndim == 4 ? t->shape[3] : 1;
     int64_t sH = t->ndim == 4 ? t->strides[2] : 0, sW = t->ndim == 4 ? t->strides[3] : 0;
     int64_t rows = t->shape[0] * H * W, nchunks = (rows + CHUNK - 1) / CHUNK;
     int64_t isz = (int64_t)ft_dtype_get(t->dtype)->itemsize;
+    bool bf16 = t->dtype == FT_BFLOAT16, dense = t->strides[1] == 1 || C == 1;
     const char *base = ft_tensor_data(t);
-    double *part = calloc((size_t)(nchunks ? nchunks : 1) * (size_t)C * 2, sizeof *part); /* (chunks, 2, C) */
+    double *part = calloc((size_t)(nchunks ? nchunks : 1) * (size_t)C, sizeof *part); /* (chunks, C) */
     if (!part)
         return ft_fail(FT_ERR_NOMEM, "out of memory for channel sums");
 #pragma omp parallel for schedule(static) if (rows * C > 32768)
     for (int64_t k = 0; k < nchunks; k++) {
-        double *ps = part + k * 2 * C, *pq = ps + C;
+        double *ps = part + k * C;
         int64_t end = (k + 1) * CHUNK < rows ? (k + 1) * CHUNK : rows;
         for (int64_t r = k * CHUNK; r < end; r++) {
             int64_t n = r / (H * W), hw = r % (H * W);
             const char *row = base + (n * t->strides[0] + (hw / W) * sH + (hw % W) * sW) * isz;
-            for (int64_t c = 0; c < C; c++) {
-                double x = load(row + c * t->strides[1] * isz, t->dtype) - (shift ? shift[c] : 0.0f);
-                ps[c] += x;
-                pq[c] += x * x;
-            }
+            if (dense)
+                add_row(ps, row, bf16, C);
+            else
+                for (int64_t c = 0; c < C; c++)
+                    ps[c] += load(row + c * t->strides[1] * isz, t->dtype);
         }
     }
     for (int64_t c = 0; c < C; c++) {
-        double s = 0, q = 0;
-        for (int64_t k = 0; k < nchunks; k++) {
-            s += part[k * 2 * C + c];
-            q += part[k * 2 * C + C + c];
-        }
+        double s = 0;
+        for (int64_t k = 0; k < nchunks; k++)
+            s += part[k * C + c];
         sums[c] = s;
-        if (sq)
-            sq[c] = q;
     }
     free(part);
     return FT_OK;
@@ -85,7 +99,7 @@ ft_status ft_bias_grad(const ft_tensor *db, const ft_tensor *dout, bool accumula
     double *sums = malloc((size_t)(C ? C : 1) * sizeof *sums);
     if (!sums)
         return ft_fail(FT_ERR_NOMEM, "out of memory for a bias gradient");
-    ft_status s = ft_channel_sums(sums, NULL, NULL, dout);
+    ft_status s = channel_sums(sums, dout);
     float *out = (float *)ft_tensor_data(db);
     for (int64_t c = 0; s == FT_OK && c < C; c++)
         out[c * db->strides[0]] = accumulate ? out[c * db->strides[0]] + (float)sums[c] : (float)sums[c];

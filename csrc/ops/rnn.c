@@ -1,7 +1,9 @@
 /* The LSTM cell's pointwise ops over column views of the gates: a gate is
  * the (N, H) view of its columns, so each op is one strided pointwise loop
  * (ops/pointwise.h). The cell's backward runs as two loops (f with c_prev,
- * then i with g): one would need more operands than a loop takes.
+ * then i with g): one would need more operands than a loop takes. Then a
+ * whole layer over its steps (ft_lstm_forward / backward): on a GPU step by
+ * step through these ops, on the CPU through one loop over a step's rows.
  *
  * The formulas are kernels/lstm.h's, which cuda/pointwise.cu uses too, so
  * that both devices compute the same bits. */
@@ -464,6 +466,7 @@ static ft_status check_layer(const char *op, const ft_tensor *seq, const ft_tens
     if (seq->shape[2] != 2 * H || H == 0)
         return ft_fail(FT_ERR_SHAPE, "%s: seq must have 2H > 0 columns (h, c), got %lld", op,
                        (long long)seq->shape[2]);
+    FT_TRY(ft_check_float_on(op, "saved", saved, ft_op_device(seq), "seq", true));
     FT_TRY(ft_check_shape(op, "saved", saved, 3, (int64_t[]){T, N, 6 * H}));
     if (!ft_tensor_is_contiguous(saved))
         return ft_fail(FT_ERR_SHAPE, "%s: saved must be contiguous", op);

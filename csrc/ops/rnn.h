@@ -53,7 +53,9 @@ typedef struct {
 
 /* The gradients of gi, h0, c0, w and b (each NULL when not wanted) from
  * dseq, the gradient of seq (h's and c's columns), running the steps the
- * other way. W's and b's come from one product over all steps. */
+ * other way. W's and b's come from one product over all steps. The
+ * gradients of h and c carried between steps are float32; the gates' have
+ * saved's dtype. */
 ft_status ft_lstm_backward(const ft_tensor *dgi, const ft_tensor *dh0, const ft_tensor *dc0, const ft_tensor *dw,
                            const ft_tensor *db, const ft_tensor *dseq, const ft_tensor *saved, const ft_tensor *h0,
                            const ft_tensor *c0, const ft_tensor *w, bool reverse, ft_lstm_acc acc);

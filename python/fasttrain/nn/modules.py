@@ -2,6 +2,7 @@
 state_dict keys. A layer called on a tensor runs eagerly (forward only); called
 on a symbolic ft.nn.Input it records a graph node, and model.compile() turns the
 graph into a C program that trains with no Python per step."""
+import copy
 import math
 import re
 from collections import OrderedDict
@@ -1747,6 +1748,7 @@ class _ClassLoss(_Loss):
     """A loss of (C,) scores per sample and int64 class targets: one node of the compiled program."""
 
     _leaf = True
+    _classes_dim = 0  # compiled: the classes' dimension in the scores the node reads (see _symbolic)
 
     def __init__(self, weight=None, ignore_index=-100, reduction="mean"):
         super().__init__(reduction)
@@ -1765,9 +1767,15 @@ class _ClassLoss(_Loss):
         if self.weight is not None and self.weight.shape[0] != shape[0]:
             raise ValueError(f"{name}: {self.weight.shape[0]} class weights for {shape[0]} classes")
         bind_target(target, shape[1:], "int64")
+        loss, node = self, scores.node
+        if kdim and isinstance(node.module, Permute) and node.module.perm == (len(shape) - 1, *range(len(shape) - 1)):
+            # classes moved first from last (logits.transpose(1, 2), logits.view(-1, V)): the node reads the
+            # scores as they are, with no copy of them or of their gradient
+            loss, scores = copy.copy(self), Symbolic(node.inputs[0])
+            loss._classes_dim = len(shape) - 1
         if self.reduction == "none":  # each sample's loss, or each position's (d...) as PyTorch gives them
-            return Symbolic.record(self, [scores, target], tuple(shape[1:]), reduced=False)
-        return Symbolic.record(self, [scores, target], (), reduced=True)
+            return Symbolic.record(loss, [scores, target], tuple(shape[1:]), reduced=False)
+        return Symbolic.record(loss, [scores, target], (), reduced=True)
 
 
 class CrossEntropyLoss(_ClassLoss):
@@ -2509,7 +2517,6 @@ class TransformerEncoder(Module):
 
     def __init__(self, encoder_layer, num_layers, norm=None, enable_nested_tensor=True, mask_check=True):
         super().__init__()
-        import copy
         if not isinstance(encoder_layer, TransformerEncoderLayer) or num_layers < 1:
             raise ValueError("TransformerEncoder: takes a TransformerEncoderLayer and num_layers >= 1")
         self.layers = ModuleList([copy.deepcopy(encoder_layer) for _ in range(num_layers)])

@@ -101,7 +101,7 @@ def _node_of(module, shape):
     if isinstance(m, M._ClassLoss):
         fields = dict(reduction=REDUCTIONS[m.reduction], ignore_index=m.ignore_index)
         if isinstance(m, M.CrossEntropyLoss):
-            return CROSS_ENTROPY, dict(fields, label_smoothing=m.label_smoothing)
+            return CROSS_ENTROPY, dict(fields, label_smoothing=m.label_smoothing, dim=m._classes_dim)
         return NLL, fields
     if isinstance(m, M.GroupNorm):
         return GROUPNORM, dict(groups=m.num_groups, layer_eps=m.eps)
