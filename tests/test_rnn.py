@@ -136,6 +136,25 @@ def test_compiled_gradients_match_pytorch(mode, kw):
     assert_gradients_match(program, theirs, ids, y, torch.nn.functional.cross_entropy)
 
 
+@pytest.mark.parametrize("kw", [{}, {"bidirectional": True, "num_layers": 2}], ids=["one", "two_bidirectional"])
+def test_a_compiled_lstm_layer_gives_the_eager_layers_bits(kw):
+    """The compiled layer's steps (one pass over each step's rows, ops/rnn.c) compute what the eager layer's ops
+    compute, in the same order: the same float32 bits."""
+    class Seq(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.rnn = nn.Embedding(9, 8), nn.LSTM(8, 16, batch_first=True, **kw)
+
+        def forward(self, ids):
+            return self.rnn(self.emb(ids))[0]
+    ft.manual_seed(22)
+    model = Seq()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=16, input_shape=(5,),
+                            input_dtype=ft.int64)
+    ids = np.random.default_rng(23).integers(0, 9, (16, 5))
+    np.testing.assert_array_equal(program.predict(ids).numpy(), model(ft.tensor(ids)).numpy())
+
+
 def encoder_decoder(lib, **kw):
     """Sequence to sequence: an encoder LSTM's final (h, c) as the initial state of a decoder LSTM over the last
     tokens (the state's gradient flows back into the encoder)."""
