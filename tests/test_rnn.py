@@ -234,6 +234,18 @@ def test_what_a_compiled_rnn_cannot_take_is_refused():
         compile(Uses("zeros", batch_first=True))
     with pytest.raises(ft.nn.TracingError, match=r"this use of an RNN's final states .*take them apart \(h_n\[-1\]"):
         compile(Uses("mean", batch_first=True))
+    class SequenceFirst(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn, self.head = nn.LSTM(3, 4), nn.Linear(4, 2)
+
+        def forward(self, x):
+            out, _ = self.rnn(x.transpose(0, 1))
+            return self.head(out[-1])
+
+    with pytest.raises(ft.nn.TracingError, match=r"LSTM of a traced value moved sequence first \(x.transpose\(0, 1\)\)"
+                       r".* batch_first=True"):
+        compile(SequenceFirst())
     with pytest.raises(NotImplementedError, match="proj_size"):
         nn.LSTM(3, 4, proj_size=2)
     with pytest.raises(ValueError, match="input has 2 features, expected input_size=3"):

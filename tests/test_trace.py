@@ -740,8 +740,8 @@ def test_the_gpt_loss_matches_pytorch():
 @pytest.mark.parametrize("loss, message", [
     (lambda o, y: F.cross_entropy(o.view(-1, 11), y), "view both: logits.view"),
     (lambda o, y: F.cross_entropy(o.view(-1, 11), y.view(-1), reduction="none").mean(), "reduction='none'"),
-    (lambda o, y: o.view(-1, 11).sum(), "only a class loss takes it"),
-    (lambda o, y: F.nll_loss(o.view(-1, 11), y.view(-1)), "only a class loss takes it"),
+    (lambda o, y: o.view(-1, 11).relu().sum(), "only a class loss takes it"),
+    (lambda o, y: F.nll_loss(o.view(-1, 11), y.view(-1)), "merged from values that are not log_softmax's"),
     (lambda o, y: F.softmax(o.view(-1, 11), 1).sum(), "only a class loss takes it"),
 ])
 def test_other_uses_of_rows_merged_from_the_batch_are_refused(loss, message):
@@ -2180,6 +2180,41 @@ def test_a_sequence_loss_reads_the_scores_in_place(form):
     rng = np.random.default_rng(45)
     ids, y = rng.integers(0, V, (4, T)), rng.integers(0, V, (4, T))
     want = loss(model(ft.tensor(ids)), ft.tensor(y)).item()
+    assert program.backward(ids, y) == pytest.approx(want, rel=1e-5)
+    assert gradcheck(program, ids, y, eps=1e-3, rtol=2e-2, atol=1e-4)
+
+
+@pytest.mark.parametrize("form", ["one_position_rows", "flattened_losses", "nll_of_rows"])
+def test_more_ways_of_writing_a_sequence_loss(form):
+    """Sequence losses as PyTorch code also writes them: logits.view(-1, V) and y.view(-1) with one position per
+    sample, per-position losses flattened before their mean (losses.view(-1).mean()), and F.nll_loss of the rows
+    of log-probabilities a forward returned; each the eager loss, gradients against central differences."""
+    V, T = 5, 1 if form == "one_position_rows" else 3
+
+    class Tagger(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.head = nn.Embedding(V, 6), nn.Linear(6, V)
+
+        def forward(self, ids):
+            out = self.head(self.emb(ids))
+            return F.log_softmax(out, dim=-1) if form == "nll_of_rows" else out
+
+    def loss(out, y):
+        if form == "flattened_losses":
+            return F.cross_entropy(out.transpose(1, 2), y, reduction="none").view(-1).mean()
+        if form == "nll_of_rows":
+            return F.nll_loss(out.view(-1, V), y.view(-1))
+        return F.cross_entropy(out.view(-1, V), y.view(-1))
+    ft.manual_seed(46)
+    model = Tagger()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), loss, batch_size=4, input_shape=(T,),
+                            input_dtype=ft.int64, target_shape=(T,), target_dtype=ft.int64)
+    rng = np.random.default_rng(47)
+    ids, y = rng.integers(0, V, (4, T)), rng.integers(0, V, (4, T))
+    out = model(ft.tensor(ids)).numpy().astype(np.float64)
+    logp = out if form == "nll_of_rows" else out - np.log(np.exp(out).sum(-1, keepdims=True))
+    want = -np.take_along_axis(logp, y[..., None], -1).mean()
     assert program.backward(ids, y) == pytest.approx(want, rel=1e-5)
     assert gradcheck(program, ids, y, eps=1e-3, rtol=2e-2, atol=1e-4)
 

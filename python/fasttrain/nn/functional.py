@@ -863,7 +863,14 @@ def _legacy_reduction(size_average, reduce, reduction):
 def _classes_first(fn, input, target, reduction):
     """Traced rows merged from a sequence's scores and labels (logits.view(-1, V), y.view(-1)) as the loss's
     (N, C, d...) and (N, d...) form, labels y.view(-1) with (N, C) scores as y; anything else as it is."""
-    if not isinstance(input, MergedRows):  # y.view(-1) of one label per sample is y
+    if not isinstance(input, MergedRows):
+        rows = input.node.inputs[0] if isinstance(input, Symbolic) and isinstance(input.node.module, M.Reshape) \
+            else None
+        if isinstance(target, MergedRows) and rows is not None and len(rows.shape) >= 2 and \
+                math.prod(rows.shape[:-1]) == 1 and target.source.node.shape == rows.shape[:-1]:
+            # one position per sample (T = 1): logits.view(-1, V) is as many rows as samples, and y.view(-1) too
+            return MergedRows(Symbolic(rows)).classes_first(), target.classes_first()
+        # y.view(-1) of one label per sample is y
         return input, target.source if isinstance(target, MergedRows) else target
     if not isinstance(target, MergedRows):
         fail(f"{fn} of rows merged from the batch and values that are not",
@@ -933,6 +940,13 @@ def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, r
     reduction = _legacy_reduction(size_average, reduce, reduction)
     if isinstance(input, MergedRows) and input.log_probs:
         return cross_entropy(MergedRows(input.source), target, weight, ignore_index=ignore_index, reduction=reduction)
+    if isinstance(input, MergedRows):  # rows of log-probabilities: the cross entropy of what log_softmax read
+        lsm = input.source.node
+        if not (isinstance(lsm.module, M.LogSoftmax) and lsm.module.dim in (-1, len(lsm.shape))):
+            fail("F.nll_loss of rows merged from values that are not log_softmax's over their last dimension",
+                 "pass F.log_softmax(logits.view(-1, V), 1), or F.cross_entropy(logits.view(-1, V), y.view(-1))")
+        return cross_entropy(MergedRows(Symbolic(lsm.inputs[0])), target, weight, ignore_index=ignore_index,
+                             reduction=reduction)
     if isinstance(input, Symbolic):
         return M.NLLLoss(weight, ignore_index=ignore_index, reduction=reduction)(input, target)
     _check(input, "input", "nll_loss")

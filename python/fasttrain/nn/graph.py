@@ -262,12 +262,23 @@ class MergedRows:
     @staticmethod
     def of(x, shape):
         """Whether x.view(*shape) merges the batch into rows: scores of more than one row per sample viewed
-        as (-1, C), or labels (the targets) viewed as (-1,)."""
+        as (-1, C), labels (the targets) viewed as (-1,), or values of more than one per sample (per-position
+        losses) viewed as (-1,)."""
         if not shape or isinstance(shape[0], BatchSize) or shape[0] != -1:
             return False
         if isinstance(x.node.module, _layers().Target):
             return shape == (-1,)
+        if shape == (-1,):
+            return not x.node.reduced and math.prod(x.node.shape) > 1
         return len(x.node.shape) >= 2 and shape == (-1, x.node.shape[-1]) and math.prod(x.node.shape[:-1]) > 1
+
+    def mean(self):
+        """The mean of every merged value: the source's mean."""
+        return self.source.mean()
+
+    def sum(self):
+        """The sum of every merged value: the source's sum."""
+        return self.source.sum()
 
     def classes_first(self):
         """The (N, C, d...) scores, or the (N, d...) labels, of a class loss's own form."""
@@ -281,8 +292,8 @@ class MergedRows:
         if name.startswith("__"):  # protocol probes see a plain object
             raise AttributeError(name)
         fail("a view merging the batch with other dimensions (x.view(-1, C))", "only a class loss takes it "
-             "(F.cross_entropy(logits.view(-1, V), y.view(-1))); keep the batch first elsewhere: "
-             "x.view(x.size(0), ...)")
+             "(F.cross_entropy(logits.view(-1, V), y.view(-1))), and per-position losses' .mean() or .sum() "
+             "(losses.view(-1).mean()); keep the batch first elsewhere: x.view(x.size(0), ...)")
 
 
 def _per_sample(shape, numel):

@@ -12,7 +12,7 @@ from .._C import TensorBase
 from .._tensor import Tensor
 from .._types import _BY_NAME, as_device
 from . import init
-from .graph import Symbolic
+from .graph import Stacked, Symbolic
 
 
 class Parameter(Tensor):
@@ -274,7 +274,7 @@ class Module:
     _leaf = False
 
     def __call__(self, *inputs, **kwargs):
-        if not any(isinstance(x, Symbolic) for x in inputs):
+        if not any(isinstance(x, (Symbolic, Stacked)) for x in inputs):  # traced values (or parts of them)
             from .graph import fail, uses_trainable
             if uses_trainable(self.parameters()):
                 view = self._parameter_view(*inputs)
@@ -2175,6 +2175,9 @@ class _RNNBase(Module):
         from .. import _math
         from .graph import Layered, fail
         traced, name = isinstance(input, Symbolic), type(self).__name__
+        if isinstance(input, Stacked):
+            fail(f"{name} of a traced value moved sequence first (x.transpose(0, 1))", f"keep the batch first: "
+                 f"construct the {name} with batch_first=True and pass it the value as it was")
         if traced and not self.batch_first:
             fail(f"{name}(batch_first=False) on a traced value", f"traced values are batch first: construct the "
                  f"{name} with batch_first=True")
