@@ -269,5 +269,9 @@ def test_torch_interop():
     assert tt.data_ptr() == t.data_ptr() and tt.tolist() == t.tolist()
     back = ft.from_dlpack(torch.arange(4, dtype=torch.bfloat16))
     assert back.dtype is ft.bfloat16 and back.tolist() == [0, 1, 2, 3]
+    src = torch.arange(4, dtype=torch.bfloat16)
+    copy = ft.tensor(src)  # a copy of another library's tensor, bfloat16 too (NumPy has no bfloat16)
+    copy.fill_(7)
+    assert copy.dtype is ft.bfloat16 and src.tolist() == [0, 1, 2, 3]
     for data in ([1, 2.5], [True, 2], [[1, 2], [3, 4]], [np.float64(1), 2.0], [np.int32(1), 2], 3.0):
         assert ft.tensor(data).dtype.name == str(torch.tensor(data).dtype).split(".")[1]

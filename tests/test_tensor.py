@@ -61,6 +61,7 @@ def test_arange():
     assert ft.arange(0.5, -3.5, -1, dtype=ft.int64).tolist() == [0, -1, -2, -3]
     assert ft.arange(1.7, 6, 2, dtype=ft.int32).tolist() == [1, 3, 5]
     assert ft.arange(0, 2, 0.5, dtype=ft.int64).tolist() == [0, 0, 0, 0]  # a step truncated to 0, as PyTorch's
+    assert ft.arange(ft.tensor(4)).tolist() == [0, 1, 2, 3] and ft.arange(ft.tensor(1.0), 3).tolist() == [1.0, 2.0]
 
 
 def test_tensor_from_nested_lists_infers_like_torch():

@@ -1059,6 +1059,7 @@ def test_views_taken_apart_and_copies_rearranged_match_numpy(ft_device):
     a[:, 0] = 0
     np.testing.assert_array_equal(n(t.repeat(2, 1, 1, 2).cpu()), np.tile(a, (2, 1, 1, 2)))
     np.testing.assert_array_equal(n(ft.flip(t, (0, 2)).cpu()), np.flip(a, (0, 2)))
+    np.testing.assert_array_equal(n(t.flip(0, 2).cpu()), np.flip(a, (0, 2)))  # PyTorch's method takes *dims
     np.testing.assert_array_equal(n(t.roll(1, 2).cpu()), np.roll(a, 1, 2))
     np.testing.assert_array_equal(n(ft.roll(t, (1, -1), (0, 1)).cpu()), np.roll(a, (1, -1), (0, 1)))
     np.testing.assert_array_equal(n(t.cumsum(-1).cpu()), np.cumsum(a, -1))

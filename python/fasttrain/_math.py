@@ -495,9 +495,9 @@ isinf = _test("isinf", np.isinf)
 isfinite = _test("isfinite", np.isfinite)
 
 
-def flip(input: Tensor, dims: Dims) -> Tensor:
-    """A copy of input with the order of dims reversed."""
-    axes = _axes("flip", input, dims)
+def flip(input: Tensor, *dims: int | Sequence[int]) -> Tensor:
+    """A copy of input with the order of dims reversed: flip(x, (0, 1)), or x.flip(0, 1) as PyTorch's method."""
+    axes = _axes("flip", input, dims[0] if len(dims) == 1 else dims)
     return _apply("flip", lambda a: np.flip(a, axes) if axes else a.copy(), [input], input.dtype, input.dtype)
 
 

@@ -79,6 +79,7 @@ def full_like(t: Tensor, fill_value: Number | Tensor, *, dtype: DTypeLike | None
 def arange(start: int | float, end: int | float | None = None, step: int | float = 1, *,
            dtype: DTypeLike | None = None, device: DeviceLike = None) -> Tensor:
     """Values start, start+step, ... below end; int64 for integer arguments, float32 otherwise."""
+    start, end, step = (v.item() if isinstance(v, TensorBase) and v.ndim == 0 else v for v in (start, end, step))
     if end is None:
         start, end = 0, start
     if step == 0:
@@ -151,6 +152,8 @@ def tensor(data: Any, dtype: DTypeLike | None = None, device: DeviceLike = None,
         t = data
     elif isinstance(data, _np.ndarray):
         t = from_numpy(data)
+    elif hasattr(data, "__dlpack__"):  # another library's tensor (PyTorch's bfloat16 too), copied below
+        t = from_dlpack(data)
     elif _is_nested_data(data):
         t = _C.tensor_from_data(data, -1 if dtype is None else as_dtype(dtype)._code)
         if device is None and not pin_memory:
