@@ -109,7 +109,7 @@ typedef struct {
     double scale;
     int perm[FT_NODE_MAX_DIMS];
     int slice_dim;
-    int dim; /* softmax, log-softmax, cat */
+    int dim; /* softmax, log-softmax, cat; cross-entropy: the classes' (0, or the last: read in place) */
     int64_t groups;      /* group norm: the groups; attention: the heads */
     bool causal;         /* attention: query i sees keys j <= i */
     bool reverse;        /* lstm: the steps from the last to the first */
