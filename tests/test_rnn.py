@@ -79,15 +79,20 @@ KINDS = [("RNN", {}), ("LSTM", {}), ("GRU", {}), ("LSTM", {"num_layers": 2, "bid
          ("GRU", {"num_layers": 2, "bias": False})]
 
 
+def compiled_as_eager(model, ids, y):
+    """The model compiled for token ids like ids: its predictions the eager model's, its gradients central
+    differences'."""
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=ids.shape[0],
+                            input_shape=ids.shape[1:], input_dtype=ft.int64)
+    np.testing.assert_allclose(program.predict(ids).numpy(), model(ft.tensor(ids)).numpy(), rtol=1e-5, atol=1e-6)
+    assert gradcheck(program, ids, y, eps=1e-3, rtol=3e-2, atol=1e-3)
+    return program
+
+
 @pytest.mark.parametrize("mode,kw", KINDS)
 def test_compiled_steps_match_finite_differences_and_the_eager_forward(mode, kw):
     ft.manual_seed(3)
-    model = Tagger(mode, **kw)
-    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=3, input_shape=(7,),
-                            input_dtype=ft.int64)
-    ids, y = np.random.default_rng(4).integers(0, 9, (3, 7)), np.array([0, 2, 1])
-    np.testing.assert_allclose(program.predict(ids).numpy(), model(ft.tensor(ids)).numpy(), rtol=1e-5, atol=1e-6)
-    assert gradcheck(program, ids, y, eps=1e-3, rtol=3e-2, atol=1e-3)
+    compiled_as_eager(Tagger(mode, **kw), np.random.default_rng(4).integers(0, 9, (3, 7)), np.array([0, 2, 1]))
 
 
 @needs_torch
@@ -176,11 +181,8 @@ def encoder_decoder(lib, **kw):
 def test_states_passed_from_an_encoder_to_a_decoder_compile(kw):
     ft.manual_seed(16)
     model = encoder_decoder(ft, **kw)
-    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=3, input_shape=(7,),
-                            input_dtype=ft.int64)
     ids, y = np.random.default_rng(17).integers(0, 9, (3, 7)), np.array([2, 0, 1])
-    np.testing.assert_allclose(program.predict(ids).numpy(), model(ft.tensor(ids)).numpy(), rtol=1e-5, atol=1e-6)
-    assert gradcheck(program, ids, y, eps=1e-3, rtol=3e-2, atol=1e-3)
+    program = compiled_as_eager(model, ids, y)
     if torch is not None:
         torch.manual_seed(18)
         theirs = encoder_decoder(torch, **kw)

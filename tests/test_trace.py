@@ -2113,6 +2113,19 @@ def test_a_parameter_expanded_over_the_batch_feeds_any_layer(use):
     assert gradcheck(program, x, y, eps=1e-3, rtol=2e-2, atol=1e-4)
 
 
+def tagger(V, width, log_probs=False):
+    """Token ids (N, T) through an embedding and a linear layer: scores (N, T, V), or their log_softmax."""
+    class Tagger(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.head = nn.Embedding(V, width), nn.Linear(width, V)
+
+        def forward(self, ids):
+            out = self.head(self.emb(ids))
+            return F.log_softmax(out, dim=-1) if log_probs else out
+    return Tagger()
+
+
 @pytest.mark.parametrize("reduce", ["mean", "masked_sum", "weighted"])
 def test_per_position_losses_with_reduction_none(reduce):
     """F.cross_entropy(logits.transpose(1, 2), y, reduction='none') of a sequence gives PyTorch's per-position
@@ -2120,14 +2133,6 @@ def test_per_position_losses_with_reduction_none(reduce):
     a mask keeps over N, a weighting per position; against NumPy's losses, and gradients against central
     differences."""
     V, T = 6, 4
-
-    class Tagger(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.emb, self.head = nn.Embedding(V, 8), nn.Linear(8, V)
-
-        def forward(self, ids):
-            return self.head(self.emb(ids))
 
     def loss(out, y):
         per = F.cross_entropy(out.transpose(1, 2), y, reduction="none", ignore_index=0)
@@ -2138,7 +2143,7 @@ def test_per_position_losses_with_reduction_none(reduce):
             return (per * (y > 2)).sum() / y.shape[0]
         return (per * ft.tensor([1.0, 0.5, 0.25, 2.0])).mean()
     ft.manual_seed(42)
-    model = Tagger()
+    model = tagger(V, 8)
     program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), loss, batch_size=3, input_shape=(T,),
                             input_dtype=ft.int64, target_shape=(T,), target_dtype=ft.int64)
     rng = np.random.default_rng(43)
@@ -2160,20 +2165,12 @@ def test_a_sequence_loss_reads_the_scores_in_place(form):
     V, T = 5, 3
     w = ft.tensor([1.0, 0.5, 2.0, 1.5, 0.75])
 
-    class Tagger(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.emb, self.head = nn.Embedding(V, 6), nn.Linear(6, V)
-
-        def forward(self, ids):
-            return self.head(self.emb(ids))
-
     def loss(out, y):
         if form == "view":
             return F.cross_entropy(out.view(-1, V), y.view(-1), weight=w, label_smoothing=0.1, ignore_index=4)
         return F.cross_entropy(out.transpose(1, 2), y, weight=w, label_smoothing=0.1, ignore_index=4)
     ft.manual_seed(44)
-    model = Tagger()
+    model = tagger(V, 6)
     program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), loss, batch_size=4, input_shape=(T,),
                             input_dtype=ft.int64, target_shape=(T,), target_dtype=ft.int64)
     assert "Permute" not in program.summary()
@@ -2191,15 +2188,6 @@ def test_more_ways_of_writing_a_sequence_loss(form):
     of log-probabilities a forward returned; each the eager loss, gradients against central differences."""
     V, T = 5, 1 if form == "one_position_rows" else 3
 
-    class Tagger(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.emb, self.head = nn.Embedding(V, 6), nn.Linear(6, V)
-
-        def forward(self, ids):
-            out = self.head(self.emb(ids))
-            return F.log_softmax(out, dim=-1) if form == "nll_of_rows" else out
-
     def loss(out, y):
         if form == "flattened_losses":
             return F.cross_entropy(out.transpose(1, 2), y, reduction="none").view(-1).mean()
@@ -2207,7 +2195,7 @@ def test_more_ways_of_writing_a_sequence_loss(form):
             return F.nll_loss(out.view(-1, V), y.view(-1))
         return F.cross_entropy(out.view(-1, V), y.view(-1))
     ft.manual_seed(46)
-    model = Tagger()
+    model = tagger(V, 6, log_probs=form == "nll_of_rows")
     program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), loss, batch_size=4, input_shape=(T,),
                             input_dtype=ft.int64, target_shape=(T,), target_dtype=ft.int64)
     rng = np.random.default_rng(47)
