@@ -133,12 +133,12 @@ static void move_items(char *dst, int64_t ds, const char *src, int64_t ss, int64
 
 /* The conversions of mixed precision (batches, weights, activations), on dense runs. */
 FT_VEC_CLONES void ft_bf16_to_f32_run(float *dst, const uint16_t *src, int64_t n) {
-    FT_SIMD_FOR(i, n)
+    for (int64_t i = 0; i < n; i++)
         dst[i] = ft_bf16_to_f32(src[i]);
 }
 
 FT_VEC_CLONES void ft_f32_to_bf16_run(uint16_t *dst, const float *src, int64_t n) {
-    FT_SIMD_FOR(i, n)
+    for (int64_t i = 0; i < n; i++)
         dst[i] = ft_f32_to_bf16(src[i]);
 }
 
