@@ -339,16 +339,6 @@ struct lstm_cell_f_op {
     }
 };
 
-/* slots: di, dg, dc, i, g */
-struct lstm_cell_ig_op {
-    bool accumulate;
-    __device__ void operator()(float *v, int64_t) const {
-        float s = ft_sigmoidf(v[3]), t = ft_tanhf(v[4]);
-        v[0] = put(v[0], ft_lstm_dsigmoid(v[2], t, s), accumulate);
-        v[1] = put(v[1], ft_lstm_dtanh(v[2], s, t), accumulate);
-    }
-};
-
 /* slots: out */
 struct zero_op {
     __device__ void operator()(float *v, int64_t) const { v[0] = 0.0f; }
@@ -359,15 +349,15 @@ struct lstm_hidden_op {
     __device__ void operator()(float *v, int64_t) const { v[0] = ft_lstm_h(v[1], v[2]); }
 };
 
-/* slots: do, dc, dh, o, c */
-struct lstm_hidden_bwd_op {
-    bool has_do, has_dc, acc_do, acc_dc;
+/* y = sigmoid(a) tanh(b), both halves of an LSTM step (c's sigmoid(i) tanh(g), h): slots da, db, dy, a, b */
+struct sig_tanh_bwd_op {
+    bool has_da, has_db, acc_da, acc_db;
     __device__ void operator()(float *v, int64_t) const {
         float s = ft_sigmoidf(v[3]), t = ft_tanhf(v[4]);
-        if (has_do)
-            v[0] = put(v[0], ft_lstm_dsigmoid(v[2], t, s), acc_do);
-        if (has_dc)
-            v[1] = put(v[1], ft_lstm_dtanh(v[2], s, t), acc_dc);
+        if (has_da)
+            v[0] = put(v[0], ft_lstm_dsigmoid(v[2], t, s), acc_da);
+        if (has_db)
+            v[1] = put(v[1], ft_lstm_dtanh(v[2], s, t), acc_db);
     }
 };
 
@@ -412,7 +402,8 @@ static ft_status lstm_cell_backward(const ft_tensor *dgates, const ft_tensor *dc
     const ft_tensor *t[] = {&di, &dg, dc, &i, &g};
     if (!ft_cuda_pw_make(&p, t, 5, 2, accumulate_gates, false))
         return FT_OK;
-    return ft_cuda_pw_run<1>(p, lstm_cell_ig_op{accumulate_gates}, "lstm_cell_backward kernel launch");
+    return ft_cuda_pw_run<1>(p, sig_tanh_bwd_op{true, true, accumulate_gates, accumulate_gates},
+                             "lstm_cell_backward kernel launch");
 }
 
 static ft_status lstm_hidden_forward(const ft_tensor *h, const ft_tensor *gates, const ft_tensor *c) {
@@ -434,7 +425,7 @@ static ft_status lstm_hidden_backward(const ft_tensor *dgates, const ft_tensor *
     ft_cuda_pw p;
     if (!ft_cuda_pw_make(&p, t, 5, 2, accumulate_gates || accumulate_c, false))
         return FT_OK;
-    return ft_cuda_pw_run<1>(p, lstm_hidden_bwd_op{dgates != NULL, dc != NULL, accumulate_gates, accumulate_c},
+    return ft_cuda_pw_run<1>(p, sig_tanh_bwd_op{dgates != NULL, dc != NULL, accumulate_gates, accumulate_c},
                              "lstm_hidden_backward kernel launch");
 }
 

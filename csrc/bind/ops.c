@@ -424,33 +424,44 @@ static PyObject *py_lstm_cell_forward(PyObject *m, PyObject *args, PyObject *kw)
     return finish(s, &c, 1);
 }
 
-static PyObject *py_lstm_cell_backward(PyObject *m, PyObject *args, PyObject *kw) {
-    PyObject *o_dgates, *o_dprev, *o_dc, *o_gates, *o_prev;
-    int acc_gates = 0, acc_prev = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOO|pp:lstm_cell_backward",
-                                     KW("dgates", "dc_prev", "dc", "gates", "c_prev", "accumulate_gates",
-                                        "accumulate_c_prev"),
-                                     &o_dgates, &o_dprev, &o_dc, &o_gates, &o_prev, &acc_gates, &acc_prev))
+/* The two LSTM backwards share one form: the gates' gradient and a state's (each Tensor / None / False) from a
+ * gradient, the gates and a state (c_prev: optional, and without it no gradient of it unless one is passed). */
+typedef ft_status (*lstm_backward_fn)(const ft_tensor *dgates, const ft_tensor *dstate, const ft_tensor *dy,
+                                      const ft_tensor *gates, const ft_tensor *state, bool accumulate_gates,
+                                      bool accumulate_state);
+
+static PyObject *lstm_backward(PyObject *m, PyObject *args, PyObject *kw, const char *fmt, char **names,
+                               bool state_optional, lstm_backward_fn fn) {
+    PyObject *o_dgates, *o_dstate, *o_dy, *o_gates, *o_state;
+    int acc_gates = 0, acc_state = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, fmt, names, &o_dgates, &o_dstate, &o_dy, &o_gates, &o_state,
+                                     &acc_gates, &acc_state))
         return NULL;
+    const char *op = strchr(fmt, ':') + 1;
     ft_module_state *st = ft_py_state(m);
-    const ft_tensor *dc, *gates, *prev;
+    const ft_tensor *dy, *gates, *state;
     out_arg d[2];
-    if (parse_in(st, o_dc, "dc", false, &dc) < 0 || parse_in(st, o_gates, "gates", false, &gates) < 0 ||
-        parse_in(st, o_prev, "c_prev", true, &prev) < 0 || parse_out(st, o_dgates, "dgates", true, &d[0]) < 0 ||
-        parse_out(st, o_dprev, "dc_prev", true, &d[1]) < 0)
+    if (parse_in(st, o_dy, names[2], false, &dy) < 0 || parse_in(st, o_gates, "gates", false, &gates) < 0 ||
+        parse_in(st, o_state, names[4], state_optional, &state) < 0 ||
+        parse_out(st, o_dgates, "dgates", true, &d[0]) < 0 || parse_out(st, o_dstate, names[1], true, &d[1]) < 0)
         return NULL;
-    if (!prev && !d[1].t) /* no c_prev: no gradient of it */
+    if (!state && !d[1].t) /* no c_prev: no gradient of it */
         d[1].skip = true;
-    if (alloc_like(st, &d[0], gates) < 0 || alloc_like(st, &d[1], dc) < 0 ||
-        check_accumulate(&d[0], 1, acc_gates, "lstm_cell_backward") < 0 ||
-        check_accumulate(&d[1], 1, acc_prev, "lstm_cell_backward") < 0) {
+    if (alloc_like(st, &d[0], gates) < 0 || alloc_like(st, &d[1], dy) < 0 ||
+        check_accumulate(&d[0], 1, acc_gates, op) < 0 || check_accumulate(&d[1], 1, acc_state, op) < 0) {
         drop_outs(d, 2);
         return NULL;
     }
     ft_status s = d[0].owned ? ft_tensor_zero(d[0].t) : FT_OK; /* the columns the op leaves */
     if (s == FT_OK)
-        CALL(s, big(gates), ft_lstm_cell_backward(d[0].t, d[1].t, dc, gates, prev, acc_gates, acc_prev));
+        CALL(s, big(gates), fn(d[0].t, d[1].t, dy, gates, state, acc_gates, acc_state));
     return finish(s, d, 2);
+}
+
+static PyObject *py_lstm_cell_backward(PyObject *m, PyObject *args, PyObject *kw) {
+    return lstm_backward(m, args, kw, "OOOOO|pp:lstm_cell_backward",
+                         KW("dgates", "dc_prev", "dc", "gates", "c_prev", "accumulate_gates", "accumulate_c_prev"),
+                         true, ft_lstm_cell_backward);
 }
 
 static PyObject *py_lstm_hidden_forward(PyObject *m, PyObject *args, PyObject *kw) {
@@ -469,29 +480,9 @@ static PyObject *py_lstm_hidden_forward(PyObject *m, PyObject *args, PyObject *k
 }
 
 static PyObject *py_lstm_hidden_backward(PyObject *m, PyObject *args, PyObject *kw) {
-    PyObject *o_dgates, *o_dc, *o_dh, *o_gates, *o_c;
-    int acc_gates = 0, acc_c = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOO|pp:lstm_hidden_backward",
-                                     KW("dgates", "dc", "dh", "gates", "c", "accumulate_gates", "accumulate_c"),
-                                     &o_dgates, &o_dc, &o_dh, &o_gates, &o_c, &acc_gates, &acc_c))
-        return NULL;
-    ft_module_state *st = ft_py_state(m);
-    const ft_tensor *dh, *gates, *c;
-    out_arg d[2];
-    if (parse_in(st, o_dh, "dh", false, &dh) < 0 || parse_in(st, o_gates, "gates", false, &gates) < 0 ||
-        parse_in(st, o_c, "c", false, &c) < 0 || parse_out(st, o_dgates, "dgates", true, &d[0]) < 0 ||
-        parse_out(st, o_dc, "dc", true, &d[1]) < 0)
-        return NULL;
-    if (alloc_like(st, &d[0], gates) < 0 || alloc_like(st, &d[1], dh) < 0 ||
-        check_accumulate(&d[0], 1, acc_gates, "lstm_hidden_backward") < 0 ||
-        check_accumulate(&d[1], 1, acc_c, "lstm_hidden_backward") < 0) {
-        drop_outs(d, 2);
-        return NULL;
-    }
-    ft_status s = d[0].owned ? ft_tensor_zero(d[0].t) : FT_OK; /* the columns the op leaves */
-    if (s == FT_OK)
-        CALL(s, big(gates), ft_lstm_hidden_backward(d[0].t, d[1].t, dh, gates, c, acc_gates, acc_c));
-    return finish(s, d, 2);
+    return lstm_backward(m, args, kw, "OOOOO|pp:lstm_hidden_backward",
+                         KW("dgates", "dc", "dh", "gates", "c", "accumulate_gates", "accumulate_c"), false,
+                         ft_lstm_hidden_backward);
 }
 
 /* concat takes a sequence of inputs; its backward a sequence of gradient

@@ -150,21 +150,26 @@ FT_VEC_CLONES static void cell_f_kernel(float *const *p, int64_t n, const int64_
     }
 }
 
-/* di = dc tanh(g) sigmoid'(i), dg = dc sigmoid(i) tanh'(g); inputs dc, i, g after the outputs. */
-FT_VEC_CLONES static void cell_ig_kernel(float *const *p, int64_t n, const int64_t *idx, int64_t idx0,
-                                         const void *ctx) {
-    bool acc = *(const bool *)ctx;
-    _Alignas(64) float vi[TILE], vg[TILE];
+/* The gradients of a and b in y = sigmoid(a) tanh(b), both halves of an LSTM step (c's sigmoid(i) tanh(g),
+ * h = sigmoid(o) tanh(c)): da = dy tanh(b) sigmoid'(a), db = dy sigmoid(a) tanh'(b); inputs dy, a, b after
+ * the outputs. */
+FT_VEC_CLONES static void sig_tanh_bwd_kernel(float *const *p, int64_t n, const int64_t *idx, int64_t idx0,
+                                              const void *vctx) {
+    const outs2 *q = vctx;
+    int in = (q->a >= 0) + (q->b >= 0);
+    _Alignas(64) float va[TILE], vb[TILE];
     for (int64_t at = 0; at < n; at += TILE) {
         int64_t m = n - at < TILE ? n - at : TILE;
-        const float *dc = p[2] + at, *i = p[3] + at, *g = p[4] + at;
+        const float *dy = p[in] + at, *a = p[in + 1] + at, *b = p[in + 2] + at;
         FT_SIMD_FOR(e, m) {
-            float s = ft_sigmoidf(i[e]), t = ft_tanhf(g[e]);
-            vi[e] = ft_lstm_dsigmoid(dc[e], t, s);
-            vg[e] = ft_lstm_dtanh(dc[e], s, t);
+            float s = ft_sigmoidf(a[e]), t = ft_tanhf(b[e]);
+            va[e] = ft_lstm_dsigmoid(dy[e], t, s);
+            vb[e] = ft_lstm_dtanh(dy[e], s, t);
         }
-        ft_pw_put(p[0] + at, vi, m, acc);
-        ft_pw_put(p[1] + at, vg, m, acc);
+        if (q->a >= 0)
+            ft_pw_put(p[q->a] + at, va, m, q->acc_a);
+        if (q->b >= 0)
+            ft_pw_put(p[q->b] + at, vb, m, q->acc_b);
     }
 }
 
@@ -195,9 +200,7 @@ ft_status ft_lstm_cell_backward(const ft_tensor *dgates, const ft_tensor *dc_pre
     }
     if (dgates) {
         ft_tensor di = gate(dgates, 0), dg = gate(dgates, 2), i = gate(gates, 0), g = gate(gates, 2);
-        ft_pw_loop l = {.nops = 5, .nout = 2, .t = {&di, &dg, dc, &i, &g}, .read_outputs = accumulate_gates,
-                        .fn = cell_ig_kernel, .ctx = &accumulate_gates};
-        ft_pw_run(&l);
+        run_outs2(sig_tanh_bwd_kernel, &di, &dg, accumulate_gates, accumulate_gates, dc, &i, &g);
     }
     return FT_OK;
 }
@@ -227,27 +230,6 @@ ft_status ft_lstm_hidden_forward(const ft_tensor *h, const ft_tensor *gates, con
     return FT_OK;
 }
 
-/* do = dh tanh(c) sigmoid'(o), dc = dh sigmoid(o) tanh'(c); inputs dh, o, c after the outputs. */
-FT_VEC_CLONES static void hidden_bwd_kernel(float *const *p, int64_t n, const int64_t *idx, int64_t idx0,
-                                            const void *vctx) {
-    const outs2 *q = vctx;
-    int in = (q->a >= 0) + (q->b >= 0);
-    _Alignas(64) float vo[TILE], vc[TILE];
-    for (int64_t at = 0; at < n; at += TILE) {
-        int64_t m = n - at < TILE ? n - at : TILE;
-        const float *dh = p[in] + at, *o = p[in + 1] + at, *c = p[in + 2] + at;
-        FT_SIMD_FOR(e, m) {
-            float s = ft_sigmoidf(o[e]), t = ft_tanhf(c[e]);
-            vo[e] = ft_lstm_dsigmoid(dh[e], t, s);
-            vc[e] = ft_lstm_dtanh(dh[e], s, t);
-        }
-        if (q->a >= 0)
-            ft_pw_put(p[q->a] + at, vo, m, q->acc_a);
-        if (q->b >= 0)
-            ft_pw_put(p[q->b] + at, vc, m, q->acc_b);
-    }
-}
-
 ft_status ft_lstm_hidden_backward(const ft_tensor *dgates, const ft_tensor *dc, const ft_tensor *dh,
                                   const ft_tensor *gates, const ft_tensor *c, bool accumulate_gates,
                                   bool accumulate_c) {
@@ -263,7 +245,7 @@ ft_status ft_lstm_hidden_backward(const ft_tensor *dgates, const ft_tensor *dc, 
     if (ft_op_device(gates).type == FT_DEV_CUDA)
         FT_CUDA_DISPATCH(op, lstm_hidden_backward, dgates, dc, dh, gates, c, accumulate_gates, accumulate_c);
     ft_tensor o = gate(gates, 3), dgo = dgates ? gate(dgates, 3) : (ft_tensor){0};
-    run_outs2(hidden_bwd_kernel, dgates ? &dgo : NULL, dc, accumulate_gates, accumulate_c, dh, &o, c);
+    run_outs2(sig_tanh_bwd_kernel, dgates ? &dgo : NULL, dc, accumulate_gates, accumulate_c, dh, &o, c);
     return FT_OK;
 }
 
