@@ -267,6 +267,28 @@ def test_a_compiled_lstm_matches_cpu():
         assert_close(results[1][1][n], g, 1e-4, 1e-4)
 
 
+def test_several_inputs_match_cpu():
+    """A forward of token ids and a bool key mask (one on the host, one on the device) and of two image inputs:
+    the loss and every gradient of one backward against the CPU."""
+    from test_multi_input import Pair, Encoder, tokens
+    ids, y = tokens(n=6)
+    r = rng(22)
+    a, b = r.standard_normal((6, 3, 6, 6)).astype(np.float32), r.standard_normal((6, 1, 6, 6)).astype(np.float32)
+    for make, shape, dtype, x in [(lambda: Encoder("bool"), ((10,), (10,)), (ft.int64, ft.bool), (ids, ids == 0)),
+                                  (Pair, ((3, 6, 6), (1, 6, 6)), None, (a, b))]:
+        results = []
+        for device in ("cpu", "cuda"):
+            ft.manual_seed(0)
+            model = make().to(device)
+            program = model.compile(ft.optim.SGD(model.parameters(), lr=0.05), batch_size=6, input_shape=shape,
+                                    input_dtype=dtype)
+            xs = x if device == "cpu" else (x[0], ft.from_numpy(x[1]).to("cuda"))
+            results.append((program.backward(xs, y), {n: p.grad for n, p in model.named_parameters()}))
+        assert_losses_close([results[1][0]], [results[0][0]])
+        for n, g in results[0][1].items():
+            assert_close(results[1][1][n], g, 1e-4, 1e-4)
+
+
 def test_nccl_over_one_rank_equals_no_nccl(tmp_path):
     """The NCCL path of a distributed CUDA program (compile(distributed=True) on "cuda"), over a world of one
     MPI rank: the same losses and weights as the program without it."""

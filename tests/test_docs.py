@@ -15,13 +15,19 @@ def blocks(path):
 
 
 def test_models_md_examples_compile_and_train():
-    first, loss_block = blocks("docs/models.md")[:2]
+    first, several, loss_block = blocks("docs/models.md")[:3]
     scope = {}
     exec(first, scope)
     program, x = scope["program"], np.random.default_rng(0).standard_normal((128, 1, 28, 28)).astype(np.float32)
     y = np.arange(128) % 10
     assert np.isfinite(program.train_step(x, y))
     assert scope["model"].state_dict().keys() >= {"blocks.1.conv.weight", "blocks.1.bn.running_var"}
+
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(5, 128, 96)
+    mask = (np.arange(128) < lengths[:, None]).astype(np.int64)
+    tokens = dict(ids=rng.integers(1, 1000, (96, 128)) * mask, mask=mask, y=rng.integers(0, 2, 96))
+    exec(several, {**scope, **tokens})
 
     class TwoHeads(ft.nn.Module):
         def __init__(self):

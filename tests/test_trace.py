@@ -2004,7 +2004,8 @@ def test_forwards_with_more_arguments_and_other_pytorch_spellings():
         def forward(self, x, hidden):
             return self.fc(x)
 
-    with pytest.raises(ft.nn.TracingError, match=r"Hidden.forward takes hidden besides its input.* defaults"):
+    with pytest.raises(ft.nn.TracingError, match=r"Hidden.forward takes hidden besides the 1 input.*input_shape=.*"
+                                                  r"defaults"):
         Hidden().compile(ft.optim.SGD(Hidden().parameters(), lr=0.1), batch_size=2, input_shape=(4,))
     target = ft.tensor(np.eye(2, dtype=np.float32)[None])  # (1, C, C)
 

@@ -176,7 +176,8 @@ static int parse_node(ft_module_state *st, PyObject *d, ft_node *nd) {
         get_double(d, "scale_w", 0.0, &nd->lerp.scale_w) < 0 || get_long(d, "uniform", 0, &uniform) < 0 ||
         get_long(d, "channels", 0, &channels) < 0 || get_math_op(d, "math_op", &nd->math_op) < 0)
         return -1;
-    if ((dtype != FT_FLOAT32 && dtype != FT_INT64) || reduction < 0 || reduction > FT_NODE_REDUCE_BATCHMEAN) {
+    if ((dtype != FT_FLOAT32 && dtype != FT_INT64 && dtype != FT_BOOL) || reduction < 0 ||
+        reduction > FT_NODE_REDUCE_BATCHMEAN) {
         PyErr_Format(PyExc_ValueError, "node dtype code %lld or reduction code %lld is not one a program takes", dtype,
                      reduction);
         return -1;
@@ -393,13 +394,44 @@ static void program_dealloc(PyObject *self) {
     Py_DECREF(type);
 }
 
-/* x and y as fasttrain tensors, or -1 with TypeError. */
-static int unwrap_xy(PyObject *self, PyObject *xo, PyObject *yo, ft_tensor **x, ft_tensor **y) {
+/* The batch's inputs, x (a tensor, or a tuple of one for each input node),
+ * into xs (FT_PROGRAM_MAX_INPUTS, borrowed from x's tensors); -1 with
+ * TypeError. */
+static int unwrap_x(PyObject *self, PyObject *xo, ft_tensor *xs) {
     ft_module_state *st = ft_py_state_of_type(Py_TYPE(self));
-    *x = ft_py_unwrap(st, xo, "x");
-    if (!*x)
+    int want = ft_program_num_inputs(((program_object *)self)->prog);
+    Py_ssize_t got = PyTuple_Check(xo) ? PyTuple_GET_SIZE(xo) : 1;
+    if (got != want) {
+        PyErr_Format(PyExc_TypeError, "the program's forward takes %d input(s): give x as %s, got %s%zd", want,
+                     want > 1 ? "a tuple of as many tensors" : "one tensor", PyTuple_Check(xo) ? "a tuple of " : "",
+                     got);
         return -1;
-    *y = yo == Py_None ? NULL : ft_py_unwrap(st, yo, "y");
+    }
+    for (int j = 0; j < want; j++) {
+        const ft_tensor *t = ft_py_unwrap(st, PyTuple_Check(xo) ? PyTuple_GET_ITEM(xo, j) : xo, "x");
+        if (!t)
+            return -1;
+        xs[j] = *t;
+    }
+    return 0;
+}
+
+/* 0, or -1 with TypeError for a program of several inputs, which a Loader's
+ * batches of (images or features, targets) cannot feed. */
+static int loader_fits(PyObject *self) {
+    int n = ft_program_num_inputs(((program_object *)self)->prog);
+    if (n == 1)
+        return 0;
+    PyErr_Format(PyExc_TypeError, "the program's forward takes %d inputs, but a fasttrain Loader's batches are (x, "
+                 "y): give ft.fit (x1, ..., y) arrays or an iterable of (x1, ..., y) batches", n);
+    return -1;
+}
+
+/* x as unwrap_x and y as a fasttrain tensor (NULL for None), or -1 with TypeError. */
+static int unwrap_xy(PyObject *self, PyObject *xo, PyObject *yo, ft_tensor *xs, ft_tensor **y) {
+    if (unwrap_x(self, xo, xs) < 0)
+        return -1;
+    *y = yo == Py_None ? NULL : ft_py_unwrap(ft_py_state_of_type(Py_TYPE(self)), yo, "y");
     return *y || yo == Py_None ? 0 : -1;
 }
 
@@ -613,9 +645,9 @@ static PyObject *program_train_step(PyObject *self, PyObject *args, PyObject *kw
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|Os:train_step", kwlist, &xo, &yo, &opt_obj, &max_norm,
                                      &policy))
         return NULL;
-    ft_tensor *x, *y;
+    ft_tensor x[FT_PROGRAM_MAX_INPUTS], *y;
     step_options o;
-    if (unwrap_xy(self, xo, yo, &x, &y) < 0 || parse_step_options(max_norm, policy, &o) < 0)
+    if (unwrap_xy(self, xo, yo, x, &y) < 0 || parse_step_options(max_norm, policy, &o) < 0)
         return NULL;
     set_program_options(&o, (program_object *)self);
     ft_optimizer *opt = program_optimizer((program_object *)self, opt_obj);
@@ -638,9 +670,9 @@ static PyObject *program_train_step(PyObject *self, PyObject *args, PyObject *kw
  * optimizer update. */
 static PyObject *program_backward(PyObject *self, PyObject *args) {
     PyObject *xo, *yo;
-    ft_tensor *x, *y;
+    ft_tensor x[FT_PROGRAM_MAX_INPUTS], *y;
     int accumulate = 0;
-    if (!PyArg_ParseTuple(args, "OO|p:backward", &xo, &yo, &accumulate) || unwrap_xy(self, xo, yo, &x, &y) < 0)
+    if (!PyArg_ParseTuple(args, "OO|p:backward", &xo, &yo, &accumulate) || unwrap_xy(self, xo, yo, x, &y) < 0)
         return NULL;
     double loss = 0;
     ft_status s;
@@ -693,8 +725,8 @@ static PyObject *program_get_gradient_buckets(PyObject *self, void *closure) {
 
 static PyObject *program_forward(PyObject *self, PyObject *xo) {
     ft_module_state *st = ft_py_state_of_type(Py_TYPE(self));
-    ft_tensor *x = ft_py_unwrap(st, xo, "x");
-    if (!x)
+    ft_tensor x[FT_PROGRAM_MAX_INPUTS];
+    if (unwrap_x(self, xo, x) < 0)
         return NULL;
     ft_program *prog = entered(self);
     int64_t shape[FT_MAX_DIMS] = {x->ndim ? x->shape[0] : 0};
@@ -717,8 +749,8 @@ static PyObject *program_forward(PyObject *self, PyObject *xo) {
 static PyObject *program_evaluate(PyObject *self, PyObject *args) {
     PyObject *xo, *yo;
     int tta = 0;
-    ft_tensor *x, *y;
-    if (!PyArg_ParseTuple(args, "OO|p:evaluate", &xo, &yo, &tta) || unwrap_xy(self, xo, yo, &x, &y) < 0)
+    ft_tensor x[FT_PROGRAM_MAX_INPUTS], *y;
+    if (!PyArg_ParseTuple(args, "OO|p:evaluate", &xo, &yo, &tta) || unwrap_xy(self, xo, yo, x, &y) < 0)
         return NULL;
     double loss = 0;
     int64_t correct = 0;
@@ -843,6 +875,8 @@ static PyObject *program_fit_epoch(PyObject *self, PyObject *args, PyObject *kwa
         return NULL;
     if (every < 0 || first_step < 0)
         return PyErr_Format(PyExc_ValueError, "fit_epoch: every and first_step must be >= 0");
+    if (loader_fits(self) < 0)
+        return NULL;
     program_object *po = (program_object *)self;
     step_options o;
     set_program_options(&o, po);
@@ -937,7 +971,7 @@ static PyObject *program_fit_epoch(PyObject *self, PyObject *args, PyObject *kwa
 static PyObject *program_eval_epoch(PyObject *self, PyObject *args) {
     PyObject *loader_obj;
     int tta = 0;
-    if (!PyArg_ParseTuple(args, "O|p:eval_epoch", &loader_obj, &tta))
+    if (!PyArg_ParseTuple(args, "O|p:eval_epoch", &loader_obj, &tta) || loader_fits(self) < 0)
         return NULL;
     ft_loader *l = ft_py_loader_begin(loader_obj);
     if (!l)

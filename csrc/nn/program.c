@@ -2,6 +2,7 @@
 
 #include <math.h>
 #include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -51,7 +52,8 @@ struct ft_program {
     block *train, *eval;    /* (n, NBUF) */
     ft_storage *train_arena, *eval_arena;
     int64_t train_bytes, eval_bytes;
-    ft_tensor x, y;         /* the micro-batch being run (borrowed views) */
+    int ninputs;            /* nodes 0 .. ninputs - 1 */
+    ft_tensor x[FT_PROGRAM_MAX_INPUTS], y; /* the micro-batch being run (borrowed views) */
     double *norm;           /* (n) each loss node's normalizer for the batch being run */
     ft_tensor loss_value;   /* (1) float32: a micro-batch's loss */
     bool *trains;           /* (n) whether a node's value depends on a trained parameter (wants a gradient) */
@@ -78,6 +80,8 @@ static const ft_node_kind_info *row(const ft_program *p, int i) { return &ft_nod
 
 static bool is_image(const ft_node *nd) { return nd->ndim == 3; }
 
+static bool is_input(const ft_program *p, int i) { return i < p->ninputs; }
+
 /* Whether node i's output is its input's memory (no op runs). */
 static bool is_view(const ft_program *p, int i, bool training) {
     const ft_node *nd = &p->nodes[i];
@@ -91,7 +95,7 @@ static bool in_order(const ft_program *p, int i, bool training) {
     const ft_node *nd = &p->nodes[i];
     if (!is_image(nd) || !p->channels_last || row(p, i)->layout == FT_LAYOUT_IN_ORDER)
         return true;
-    if (i > 0 && (row(p, i)->layout == FT_LAYOUT_INPUT || is_view(p, i, training)))
+    if (!is_input(p, i) && (row(p, i)->layout == FT_LAYOUT_INPUT || is_view(p, i, training)))
         return in_order(p, nd->inputs[0], training);
     return false;
 }
@@ -179,7 +183,7 @@ static int64_t place(block *b, int nb) {
 
 /* Views in training share their input's gradient buffer too: a write to
  * theirs is a write to their input's. */
-static bool shares_grad(const ft_program *p, int i) { return i > 0 && is_view(p, i, true); }
+static bool shares_grad(const ft_program *p, int i) { return !is_input(p, i) && is_view(p, i, true); }
 
 static int grad_owner(const ft_program *p, int i) {
     return shares_grad(p, i) && p->nodes[i].ninputs ? grad_owner(p, p->nodes[i].inputs[0]) : i;
@@ -331,7 +335,7 @@ static bool read_within(const ft_program *p, int i, const int *segment, int s) {
  * recomputations all come later, so it can be computed from the outputs
  * kept or recomputed by then. */
 static void replay_points(ft_program *p, const bool *drop) {
-    for (int i = p->n - 1; i > 0; i--) {
+    for (int i = p->n - 1; !is_input(p, i); i--) {
         int at = -1;
         for (int j = i + 1; j < p->n; j++)
             for (int k = 0; k < p->nodes[j].ninputs; k++)
@@ -564,8 +568,8 @@ static int block_now(const ft_program *p, bool training, int i, int k) {
  * input and the target nodes). */
 static ft_tensor node_out(const ft_program *p, bool training, int i, int64_t rows) {
     const ft_node *nd = &p->nodes[i];
-    if (i == 0 || i == p->target) {
-        ft_tensor t = i ? p->y : p->x;
+    if (is_input(p, i) || i == p->target) {
+        ft_tensor t = is_input(p, i) ? p->x[i] : p->y;
         t.shape[0] = rows;
         return t;
     }
@@ -607,8 +611,11 @@ static ft_status validate(ft_program *p) {
         if (nd->kind < 0 || nd->kind >= FT_NODE_NKINDS)
             return ft_fail(FT_ERR_VALUE, "program: node %d has an unknown kind %d", i, (int)nd->kind);
         const ft_node_kind_info *k = row(p, i);
-        if ((i == 0) != (nd->kind == FT_NODE_INPUT))
-            return ft_fail(FT_ERR_VALUE, "program: node 0, and only node 0, must be the input");
+        if (nd->kind == FT_NODE_INPUT && i == p->ninputs && i < FT_PROGRAM_MAX_INPUTS)
+            p->ninputs++;
+        else if (nd->kind == FT_NODE_INPUT || i == 0)
+            return ft_fail(FT_ERR_VALUE, "program: the first nodes, and only they, must be the inputs (at most %d)",
+                           FT_PROGRAM_MAX_INPUTS);
         if (nd->ninputs < k->min_inputs || nd->ninputs > k->max_inputs)
             return ft_fail(FT_ERR_VALUE, "program: node %d (%s) has %d inputs", i, k->name, nd->ninputs);
         for (int j = 0; j < nd->ninputs; j++) {
@@ -644,7 +651,7 @@ static ft_status validate(ft_program *p) {
             grads = g[j]->storage;
         }
     }
-    if (p->output < 1 || p->output >= p->n - 1)
+    if (p->output < p->ninputs || p->output >= p->n - 1)
         return ft_fail(FT_ERR_VALUE, "program: the output must be a node before the loss");
     if (p->nodes[p->n - 1].ndim != 0)
         return ft_fail(FT_ERR_VALUE, "program: the last node must be the loss, one value per sample");
@@ -710,10 +717,10 @@ static void plan_dtypes(ft_program *p) {
         const ft_node *nd = &p->nodes[i];
         ft_node_precision k = row(p, i)->precision;
         bool low = p->compute != FT_FLOAT32 &&
-                   (i == 0                       ? nd->dtype == FT_FLOAT32
+                   (is_input(p, i)               ? nd->dtype == FT_FLOAT32
                     : nd->kind == FT_NODE_PARAM ? i <= p->output && read_by_low(p, i)
                                                 : i <= p->output && k != FT_NODE_FLOAT32);
-        p->dtype[i] = low ? p->compute : i == 0 || i == p->target ? nd->dtype : FT_FLOAT32;
+        p->dtype[i] = low ? p->compute : is_input(p, i) || i == p->target ? nd->dtype : FT_FLOAT32;
         if (nd->kind == FT_NODE_SLICE || nd->kind == FT_NODE_PERMUTE) { /* token ids or a mask moved about */
             ft_dtype in = p->dtype[source(p, nd->inputs[0])];
             if (in == FT_INT64 || in == FT_BOOL)
@@ -725,7 +732,7 @@ static void plan_dtypes(ft_program *p) {
     }
     for (bool changed = p->compute != FT_FLOAT32; changed;) {
         changed = false;
-        for (int i = 1; i < p->n; i++) {
+        for (int i = p->ninputs; i < p->n; i++) {
             ft_node_precision k = row(p, i)->precision;
             if (mirrors(p, i) || k == FT_NODE_ANY)
                 continue;
@@ -1038,7 +1045,7 @@ static ft_status check_batch(const ft_program *p, int i, const char *arg, const 
     int64_t want[FT_MAX_DIMS] = {rows};
     memcpy(want + 1, nd->shape, (size_t)nd->ndim * sizeof *want);
     /* floating inputs of any width convert to the input buffer's dtype as they are copied (input_on_device) */
-    bool float_input = i == 0 && ft_dtype_is_float(nd->dtype);
+    bool float_input = is_input(p, i) && ft_dtype_is_float(nd->dtype);
     if (t->dtype != nd->dtype && !(float_input && ft_dtype_is_float(t->dtype)))
         return ft_fail(FT_ERR_DTYPE, "program: %s must be %s, got %s", arg,
                        float_input ? "floating (float32, bfloat16, float16 or float64)" : ft_dtype_get(nd->dtype)->name,
@@ -1046,17 +1053,27 @@ static ft_status check_batch(const ft_program *p, int i, const char *arg, const 
     return ft_check_shape("program", arg, t, nd->ndim + 1, want);
 }
 
+/* The checks of the batch's inputs x (ninputs tensors): shapes, dtypes, and one batch size. */
 static ft_status check_input(const ft_program *p, const ft_tensor *x) {
-    if (x->ndim < 1)
-        return ft_fail(FT_ERR_SHAPE, "program: the input must be a batch (N, ...) of samples, got a 0-d tensor");
-    if (x->shape[0] < 1)
-        return ft_fail(FT_ERR_SHAPE, "program: the batch is empty");
-    const ft_node *in = &p->nodes[0];
-    if (x->ndim == 4 && in->ndim == 3 && x->shape[1] != in->shape[0]) /* grayscale JPEGs decode as RGB */
-        return ft_fail(FT_ERR_SHAPE, "program: the batch's images have %lld channels, the model takes %lld (a "
-                                     "fasttrain Loader decodes to what channels=%lld asks for)",
-                       (long long)x->shape[1], (long long)in->shape[0], (long long)in->shape[0]);
-    return check_batch(p, 0, "input", x, x->shape[0]);
+    for (int j = 0; j < p->ninputs; j++) {
+        char arg[24] = "input";
+        if (p->ninputs > 1)
+            snprintf(arg, sizeof arg, "input %d", j);
+        if (x[j].ndim < 1)
+            return ft_fail(FT_ERR_SHAPE, "program: the %s must be a batch (N, ...) of samples, got a 0-d tensor", arg);
+        if (x[j].shape[0] < 1)
+            return ft_fail(FT_ERR_SHAPE, "program: the batch is empty");
+        if (x[j].shape[0] != x[0].shape[0])
+            return ft_fail(FT_ERR_SHAPE, "program: input %d has %lld samples, input 0 %lld", j,
+                           (long long)x[j].shape[0], (long long)x[0].shape[0]);
+        const ft_node *in = &p->nodes[j];
+        if (x[j].ndim == 4 && in->ndim == 3 && x[j].shape[1] != in->shape[0]) /* grayscale JPEGs decode as RGB */
+            return ft_fail(FT_ERR_SHAPE, "program: the batch's images have %lld channels, the model takes %lld (a "
+                                         "fasttrain Loader decodes to what channels=%lld asks for)",
+                           (long long)x[j].shape[1], (long long)in->shape[0], (long long)in->shape[0]);
+        FT_TRY(check_batch(p, j, arg, &x[j], x[0].shape[0]));
+    }
+    return FT_OK;
 }
 
 /* A batch tensor of `dtype` where the program runs: t itself, or a copy in
@@ -1071,16 +1088,16 @@ static ft_status on_device(const ft_program *p, const ft_tensor *t, ft_dtype dty
     return ft_tensor_to(out, t, dtype, p->device, false, queued, true);
 }
 
-/* The batch x where the program runs, as on_device, in the input node's
+/* Input j of a batch, x, where the program runs, as on_device, in its node's
  * dtype (converted as it is copied) and in the program's layout: images
  * copied to channels-last when the program is and to NCHW when it is not,
  * since oneDNN convolves mixed layouts with its slow reference kernels (and
  * other bits), and token ids contiguous, as an embedding reads them (slices
  * of a token stream are strided). */
-static ft_status input_on_device(const ft_program *p, const ft_tensor *x, bool queued, ft_tensor *out) {
+static ft_status input_on_device(const ft_program *p, int j, const ft_tensor *x, bool queued, ft_tensor *out) {
     if (x->dtype == FT_INT64 && !ft_tensor_is_contiguous(x))
         return ft_tensor_to(out, x, x->dtype, p->device, false, false, false);
-    ft_dtype dtype = p->dtype[0];
+    ft_dtype dtype = p->dtype[j];
     bool nhwc = x->ndim == 4 && x->strides[1] == 1 && x->strides[3] == x->shape[1] &&
                 x->strides[2] == x->shape[3] * x->shape[1];
     if (x->ndim != 4 || x->shape[1] == 1 || nhwc == p->channels_last)
@@ -1103,6 +1120,28 @@ static ft_status input_on_device(const ft_program *p, const ft_tensor *x, bool q
     }
     ft_tensor_release(&dev);
     return s;
+}
+
+static void release_inputs(const ft_program *p, ft_tensor *xd) {
+    for (int j = 0; j < p->ninputs; j++)
+        if (xd[j].storage)
+            ft_tensor_release(&xd[j]);
+}
+
+/* Each input of the batch x where the program runs (input_on_device) into
+ * xd (zeroed); the caller releases them (release_inputs), after a failure too. */
+static ft_status inputs_on_device(const ft_program *p, const ft_tensor *x, bool queued, ft_tensor *xd) {
+    for (int j = 0; j < p->ninputs; j++)
+        FT_TRY(input_on_device(p, j, &x[j], queued, &xd[j]));
+    return FT_OK;
+}
+
+/* The micro-batch of rows r0 .. r0 + rows of x and y (NULL: no targets) into p->x and p->y. */
+static void take_rows(ft_program *p, const ft_tensor *x, const ft_tensor *y, int64_t r0, int64_t rows) {
+    for (int j = 0; j < p->ninputs; j++)
+        p->x[j] = rows_of(&x[j], r0, rows);
+    if (y)
+        p->y = rows_of(y, r0, rows);
 }
 
 /* The batch's targets checked (shape, dtype, and by each loss node its
@@ -1274,11 +1313,9 @@ static ft_status backward_batches(ft_program *p, const ft_tensor *x, const ft_te
     memset(p->slot_written, accumulate, (size_t)p->nslots * sizeof *p->slot_written);
     for (int64_t r0 = 0; r0 < B; r0 += p->batch) {
         int64_t rows = B - r0 < p->batch ? B - r0 : p->batch;
-        p->x = rows_of(x, r0, rows);
-        if (y)
-            p->y = rows_of(y, r0, rows);
+        take_rows(p, x, y, r0, rows);
         p->in_backward = false;
-        FT_TRY(forward(p, true, rows, 1, p->output));
+        FT_TRY(forward(p, true, rows, p->ninputs, p->output));
         if (yh) { /* the output is read here, before the loss's nodes may reuse its memory */
             ft_tensor ym = rows_of(yh, r0, rows);
             FT_TRY(count_correct(p, true, rows, &ym, scores, correct));
@@ -1297,7 +1334,7 @@ static ft_status backward_batches(ft_program *p, const ft_tensor *x, const ft_te
         bool tell = p->slot_final && r0 + rows >= B;
         if (tell)
             memcpy(p->slot_left, p->slot_writers, (size_t)p->nslots * sizeof *p->slot_left);
-        for (int i = last, next = 0; i > 0; i--) {
+        for (int i = last, next = 0; !is_input(p, i); i--) {
             for (; next < p->nreplays && p->replay_at[p->replays[next]] == i; next++)
                 FT_TRY(forward_node(p, true, p->replays[next], rows, true));
             FT_TRY(backward_node(p, i, rows));
@@ -1330,43 +1367,46 @@ ft_status ft_program_check_batch(ft_program *p, const ft_tensor *x, const ft_ten
     FT_TRY(prepare_targets(p, y, x->shape[0], &yd, NULL));
     if (yd.storage)
         ft_tensor_release(&yd);
-    /* the ids an embedding reads from the input, which its forward would
-     * refuse only once the step runs (read on the host once) */
-    ft_tensor ids = {0};
+    /* the ids an embedding reads from an input, which its forward would
+     * refuse only once the step runs (each input read on the host once) */
+    ft_tensor ids[FT_PROGRAM_MAX_INPUTS] = {0};
     ft_status s = FT_OK;
     for (int i = 0; s == FT_OK && i < p->n; i++) {
         const ft_node *nd = &p->nodes[i];
-        if (nd->kind != FT_NODE_EMBEDDING || nd->inputs[0] != 0)
+        int j = nd->inputs[0];
+        if (nd->kind != FT_NODE_EMBEDDING || !is_input(p, j))
             continue;
-        if (!ids.storage)
-            s = ft_tensor_on_host(&ids, x, FT_INT64);
+        if (!ids[j].storage)
+            s = ft_tensor_on_host(&ids[j], &x[j], FT_INT64);
         if (s == FT_OK)
-            s = ft_embedding_check_ids(&ids, nd->weight.shape[0]);
+            s = ft_embedding_check_ids(&ids[j], nd->weight.shape[0]);
     }
-    if (ids.storage)
-        ft_tensor_release(&ids);
+    release_inputs(p, ids);
     return s;
 }
+
+int ft_program_num_inputs(const ft_program *p) { return p->ninputs; }
 
 ft_status ft_program_backward(ft_program *p, const ft_tensor *x, const ft_tensor *y, bool accumulate, double *loss,
                               int64_t *correct) {
     FT_TRY(check_input(p, x));
     FT_TRY(refresh_low_weights(p));
-    ft_tensor yd, xd = {0}, yh = {0}, scores = {0};
+    ft_tensor yd, xd[FT_PROGRAM_MAX_INPUTS] = {0}, yh = {0}, scores = {0};
     bool count = correct && classifies(p);
     FT_TRY(prepare_targets(p, y, x->shape[0], &yd, count ? &yh : NULL));
-    ft_status s = input_on_device(p, x, true, &xd);
+    ft_status s = inputs_on_device(p, x, true, xd);
     if (s == FT_OK && count)
         s = scores_buffer(p, &scores);
     if (s == FT_OK) {
         *loss = 0;
-        s = backward_batches(p, &xd, yd.storage ? &yd : NULL, accumulate, loss, count ? &yh : NULL, &scores,
+        s = backward_batches(p, xd, yd.storage ? &yd : NULL, accumulate, loss, count ? &yh : NULL, &scores,
                              correct);
         if (s != FT_OK) /* an op refused the batch midway (an embedding id out of range): leave no trace */
             ft_program_undo(p);
     }
-    ft_tensor *held[4] = {&xd, &yd, &yh, &scores};
-    for (int k = 0; k < 4; k++)
+    release_inputs(p, xd);
+    ft_tensor *held[3] = {&yd, &yh, &scores};
+    for (int k = 0; k < 3; k++)
         if (held[k]->storage)
             ft_tensor_release(held[k]);
     return s;
@@ -1382,20 +1422,19 @@ ft_status ft_program_forward(ft_program *p, const ft_tensor *x, const ft_tensor 
     FT_TRY(ft_check_shape("program", "out", out, o->ndim + 1, want));
     FT_TRY(ft_check_output("program", "out", out));
     FT_TRY(refresh_low_weights(p));
-    ft_tensor xd;
-    FT_TRY(input_on_device(p, x, false, &xd));
-    ft_status s = FT_OK;
+    ft_tensor xd[FT_PROGRAM_MAX_INPUTS] = {0};
+    ft_status s = inputs_on_device(p, x, false, xd);
     for (int64_t r0 = 0; s == FT_OK && r0 < B; r0 += p->batch) {
         int64_t rows = B - r0 < p->batch ? B - r0 : p->batch;
         ft_tensor om = rows_of(out, r0, rows);
-        p->x = rows_of(&xd, r0, rows);
-        s = forward(p, false, rows, 1, p->output);
+        take_rows(p, xd, NULL, r0, rows);
+        s = forward(p, false, rows, p->ninputs, p->output);
         if (s == FT_OK) {
             ft_tensor o = node_out(p, false, p->output, rows);
             s = ft_tensor_copy(&om, &o, false);
         }
     }
-    ft_tensor_release(&xd);
+    release_inputs(p, xd);
     return s;
 }
 
@@ -1403,9 +1442,9 @@ ft_status ft_program_forward(ft_program *p, const ft_tensor *x, const ft_tensor 
  * horizontal mirror, left in the output node (`other`: space for one
  * output, where the program runs). */
 static ft_status flip_average(ft_program *p, int64_t rows, const ft_tensor *other) {
-    const ft_tensor x = p->x;
-    if (x.ndim != 4)
-        return ft_fail(FT_ERR_VALUE, "program: test-time flipping needs image inputs");
+    const ft_tensor x = p->x[0];
+    if (x.ndim != 4 || p->ninputs > 1)
+        return ft_fail(FT_ERR_VALUE, "program: test-time flipping needs one input, of images");
     ft_tensor out = node_out(p, false, p->output, rows), kept = rows_of(other, 0, rows);
     FT_TRY(ft_tensor_copy(&kept, &out, false));
     ft_tensor mirror = x, flipped;
@@ -1413,10 +1452,10 @@ static ft_status flip_average(ft_program *p, int64_t rows, const ft_tensor *othe
     mirror.strides[3] = -x.strides[3];
     FT_TRY(ft_tensor_empty(&flipped, 4, x.shape, x.dtype, p->device, false));
     ft_status s = ft_tensor_copy(&flipped, &mirror, false);
-    p->x = flipped;
+    p->x[0] = flipped;
     if (s == FT_OK)
         s = forward(p, false, rows, 1, p->output);
-    p->x = x;
+    p->x[0] = x;
     ft_tensor_release(&flipped);
     if (s == FT_OK)
         s = ft_add_forward(&out, &out, &kept, (ft_act){FT_ACT_NONE, 0});
@@ -1442,10 +1481,8 @@ static ft_status evaluate_batches(ft_program *p, const ft_tensor *x, const ft_te
     double loss = 0;
     for (int64_t r0 = 0; r0 < B; r0 += p->batch) {
         int64_t rows = B - r0 < p->batch ? B - r0 : p->batch;
-        p->x = rows_of(x, r0, rows);
-        if (y)
-            p->y = rows_of(y, r0, rows);
-        FT_TRY(forward(p, false, rows, 1, p->output));
+        take_rows(p, x, y, r0, rows);
+        FT_TRY(forward(p, false, rows, p->ninputs, p->output));
         if (tta_flip)
             FT_TRY(flip_average(p, rows, other));
         FT_TRY(forward(p, false, rows, p->output + 1, p->n - 1));
@@ -1463,9 +1500,9 @@ ft_status ft_program_evaluate(ft_program *p, const ft_tensor *x, const ft_tensor
                               int64_t *correct) {
     FT_TRY(check_input(p, x));
     FT_TRY(refresh_low_weights(p));
-    ft_tensor yd, yh = {0}, xd = {0}, other = {0}, scores = {0};
+    ft_tensor yd, yh = {0}, xd[FT_PROGRAM_MAX_INPUTS] = {0}, other = {0}, scores = {0};
     FT_TRY(prepare_targets(p, y, x->shape[0], &yd, classifies(p) ? &yh : NULL));
-    ft_status s = input_on_device(p, x, true, &xd);
+    ft_status s = inputs_on_device(p, x, true, xd);
     const ft_node *o = &p->nodes[p->output];
     int64_t shape[FT_MAX_DIMS] = {p->batch};
     memcpy(shape + 1, o->shape, (size_t)o->ndim * sizeof *shape);
@@ -1474,9 +1511,10 @@ ft_status ft_program_evaluate(ft_program *p, const ft_tensor *x, const ft_tensor
     if (s == FT_OK && classifies(p))
         s = scores_buffer(p, &scores);
     if (s == FT_OK)
-        s = evaluate_batches(p, &xd, yd.storage ? &yd : NULL, &yh, tta_flip, loss_sum, correct, &other, &scores);
-    ft_tensor *held[5] = {&xd, &yd, &yh, &other, &scores};
-    for (int k = 0; k < 5; k++)
+        s = evaluate_batches(p, xd, yd.storage ? &yd : NULL, &yh, tta_flip, loss_sum, correct, &other, &scores);
+    release_inputs(p, xd);
+    ft_tensor *held[4] = {&yd, &yh, &other, &scores};
+    for (int k = 0; k < 4; k++)
         if (held[k]->storage)
             ft_tensor_release(held[k]);
     return s;

@@ -22,6 +22,7 @@
 #include "ops/upsample.h"
 
 #define FT_NODE_MAX_INPUTS 8
+#define FT_PROGRAM_MAX_INPUTS 8 /* of a batch: the model's forward(x1, x2, ...) */
 #define FT_NODE_MAX_DIMS (FT_MAX_DIMS - 1) /* per sample */
 
 /* The kinds of node, each a row of ft_node_kinds (nn/node.h) that also
@@ -145,7 +146,8 @@ typedef struct ft_program ft_program;
 
 /* Plans the program for micro-batches of up to `batch` samples on
  * `device`, where every parameter must be and where its activations, and
- * every op of its steps, will be. Node 0 is the input; `output` is the
+ * every op of its steps, will be. The first nodes are the inputs (up to
+ * FT_PROGRAM_MAX_INPUTS, and no input node after them); `output` is the
  * model's output (what forward and evaluate return, (classes,) per sample);
  * the last node is the loss, () per sample, computed from the output and
  * the targets (a FT_NODE_TARGET node); the nodes after `output` are the
@@ -201,6 +203,11 @@ ft_dtype ft_program_node_dtype(const ft_program *p, int i);
  * once it runs; nothing else: for ranks that agree on a batch before any of
  * them communicates. */
 ft_status ft_program_check_batch(ft_program *p, const ft_tensor *x, const ft_tensor *y);
+
+/* How many input nodes the program has. Every function taking a batch x
+ * takes that many tensors at x, one (B, ...) batch for each input node in
+ * node order, all of B samples. */
+int ft_program_num_inputs(const ft_program *p);
 
 /* Forward and backward of one batch x (B, ...) with targets y (B, ...) of
  * the target node's shape and dtype (NULL when the loss reads none; (B,)

@@ -176,7 +176,8 @@ def gradcheck(model, inputs, targets, loss=None, *, eps=1e-3, rtol=1e-2, atol=1e
     AssertionError naming the parameter and its worst element.
 
     model: an ft.nn.Module, compiled here for one batch of (inputs, targets) with ft.optim.SGD(lr=0) and `loss`
-    (by default CrossEntropyLoss for integer targets, MSELoss otherwise; integer inputs are token ids), or a
+    (by default CrossEntropyLoss for integer targets, MSELoss otherwise; integer inputs are token ids, bool ones
+    masks; a tuple of inputs feeds a forward of several), or a
     compiled ft.nn.Program (its own loss and options). Up to `count` elements of every trainable parameter, picked
     at random but the same each call, are moved by +-eps; each gradient from program.backward must be within
     atol + rtol * |difference quotient| of (loss(+eps) - loss(-eps)) / 2eps. The float32 forward rounds the loss
@@ -189,11 +190,16 @@ def gradcheck(model, inputs, targets, loss=None, *, eps=1e-3, rtol=1e-2, atol=1e
             raise ValueError("gradcheck: a compiled program computes its own loss; pass loss=None")
         program = model
     elif isinstance(model, nn.Module):
-        x, y = np.asarray(inputs), np.asarray(targets)
+        xs, y = [np.asarray(x) for x in (inputs if isinstance(inputs, tuple) else (inputs,))], np.asarray(targets)
         if loss is None:
             loss = nn.CrossEntropyLoss() if y.dtype.kind in "iu" else nn.MSELoss()
-        program = model.compile(optim.SGD(model.parameters(), lr=0), loss, batch_size=len(x), input_shape=x.shape[1:],
-                                input_dtype=_BY_NAME["int64"] if x.dtype.kind in "iu" else None)
+        shapes = [x.shape[1:] for x in xs]
+        dtypes = [_BY_NAME["int64"] if x.dtype.kind in "iu" else _BY_NAME["bool"] if x.dtype.kind == "b" else None
+                  for x in xs]
+        one = not isinstance(inputs, tuple)
+        program = model.compile(optim.SGD(model.parameters(), lr=0), loss, batch_size=len(xs[0]),
+                                input_shape=shapes[0] if one else tuple(shapes),
+                                input_dtype=dtypes[0] if one else tuple(dtypes))
     else:
         raise TypeError(f"gradcheck: expected an ft.nn.Module or a compiled ft.nn.Program, got "
                         f"{type(model).__name__}")

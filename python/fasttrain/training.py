@@ -7,6 +7,8 @@ import time
 import warnings
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from .history import History
 from .progress import ProgressBar
 
@@ -26,10 +28,48 @@ def _is_c_loader(loader):
     return isinstance(loader, Loader)
 
 
+def _split(program, batch):
+    """A batch as (x, y): (x, y), or for a forward of k inputs (x1, ..., xk, y) or ((x1, ..., xk), y) with x the
+    tuple of the k."""
+    k = len(program._input_dtypes)
+    if not isinstance(batch, (tuple, list)) or len(batch) not in (2, k + 1):
+        shape = f"(x1, ..., x{k}, y) or ((x1, ..., x{k}), y)" if k > 1 else "(x, y)"
+        got = f"a {type(batch).__name__} of {len(batch)}" if isinstance(batch, (tuple, list)) else \
+            type(batch).__name__
+        raise TypeError(f"a batch must be {shape}, got {got}")
+    return (tuple(batch[:k]), batch[k]) if k > 1 and len(batch) == k + 1 else (batch[0], batch[1])
+
+
+class _InputBatches:
+    """Batches ((x1, ..., xk), y) of the arrays of a forward's k inputs and of the targets, in the order of a
+    Loader over the sample indices: shuffled, seeded, and continued from epoch to epoch as a Loader of (x, y)
+    arrays is."""
+
+    def __init__(self, inputs, targets, batch_size, shuffle):
+        from .data import Loader, _host_tensor
+        self._inputs = [_host_tensor(a, "the inputs") for a in inputs]
+        n = len(targets)
+        if any(len(a) != n for a in self._inputs):
+            raise ValueError(f"the input arrays have {[len(a) for a in self._inputs]} samples, the targets {n}")
+        self._indices = Loader((np.arange(n, dtype=np.int64).reshape(n, 1), targets), batch_size, shuffle=shuffle)
+
+    def __len__(self):
+        return len(self._indices)
+
+    def set_epoch(self, epoch):
+        self._indices.set_epoch(epoch)
+
+    def __iter__(self):
+        for rows, y in self._indices:
+            rows = rows[:, 0]
+            yield tuple(a[rows] for a in self._inputs), y
+
+
 def _as_loader(program, data, batch_size, shuffle):
     """A fasttrain Loader of batch_size over (x, y) arrays (shuffled when training, seeded from the global seed as
-    every Loader is); a loader or iterable as it is. The program keeps the loader of the arrays it last trained
-    on (and evaluated on), so that fit on the same arrays again goes on with the next epoch's order."""
+    every Loader is), or for a forward of several inputs their batches in a Loader's order (_InputBatches); a
+    loader or iterable as it is. The program keeps the loader of the arrays it last trained on (and evaluated
+    on), so that fit on the same arrays again goes on with the next epoch's order."""
     if isinstance(data, list) and len(data) == 2 and all(hasattr(d, "shape") and len(d.shape) for d in data) \
             and data[0].shape[0] == data[1].shape[0]:
         raise TypeError("give (x, y) arrays as a tuple: a list is taken as an iterable of (x, y) batches")
@@ -37,15 +77,19 @@ def _as_loader(program, data, batch_size, shuffle):
         if batch_size is not None:
             raise ValueError("batch_size applies to (x, y) arrays: a loader makes batches of its own size")
         return data
-    if len(data) != 2:
-        raise TypeError(f"give the data as a loader or as (x, y) arrays, got a tuple of {len(data)}")
+    try:
+        x, y = _split(program, data)
+    except TypeError:
+        raise TypeError(f"give the data as a loader or as (x, y) arrays, got a tuple of {len(data)}") from None
     from .data import Loader
     loaders = program.__dict__.setdefault("_array_loaders", {})
+    # the arrays by identity: the kept loader holds them, so their ids are not reused
+    key = tuple(map(id, x)) if isinstance(x, tuple) else id(x), id(y), batch_size
     kept = loaders.get(shuffle)
-    if kept is None or kept.source.images is not data[0] or kept.source.labels is not data[1] \
-            or kept.batch_size != batch_size:
-        kept = loaders[shuffle] = Loader(data, batch_size, shuffle=shuffle)
-    return kept
+    if kept is None or kept[0] != key:
+        kept = loaders[shuffle] = key, _InputBatches(x, y, batch_size, shuffle) if isinstance(x, tuple) else \
+            Loader((x, y), batch_size, shuffle=shuffle)
+    return kept[1]
 
 
 def evaluate(program: Program, loader: Iterable[Any], tta_flip: bool = False) -> tuple[float, float | None]:
@@ -64,7 +108,8 @@ def evaluate(program: Program, loader: Iterable[Any], tta_flip: bool = False) ->
             loader.load_state_dict(resume)
     else:
         loss_sum, correct, count = 0.0, 0, 0
-        for x, y in loader:
+        for batch in loader:
+            x, y = _split(program, batch)
             s, c = program._c.evaluate(*program._batch(x, y), tta_flip)
             loss_sum, correct, count = loss_sum + s, correct + c, count + len(y)
     if program.distributed:  # every rank evaluated its shard: the whole split's figures
@@ -230,10 +275,11 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
                 program, loader, scheduler, scheduler_interval, bar, start, on_step if step_callbacks else None,
                 every_n_steps)
         else:
-            for step, (x, y) in enumerate(loader):
+            for step, batch in enumerate(loader):
                 lr = _lr(program.optimizer)
                 skipped_before = program.skipped_steps
                 try:
+                    x, y = _split(program, batch)
                     loss, step_correct = program._step(x, y)
                 except (ValueError, TypeError, IndexError, RuntimeError) as e:  # say where it happened
                     raise type(e)(f"epoch {epoch + 1}, step {step + 1}: {e}") from e

@@ -1552,21 +1552,35 @@ def _call(fn, what, *args):
         raise TracingError(f"{what} cannot be compiled (at {where}): {e}") from e
 
 
-def trace(model, input_shape, input_dtype=None):
-    """The outputs of model's forward on a symbolic input of per-sample `input_shape`: one Symbolic, or a tuple
-    of them (the first is what predict returns) in which others may be None (nanoGPT's (logits, None) when no
-    targets are given)."""
+def input_shapes(input_shape):
+    """compile's input_shape as a tuple of per-sample shapes, one for each input of forward: several when it is a
+    sequence of shapes ((T,), (T,)), else one."""
+    many = isinstance(input_shape, (tuple, list)) and input_shape and \
+        all(isinstance(s, (tuple, list)) for s in input_shape)
+    return tuple(input_shape) if many else (input_shape,)
+
+
+def trace(model, inputs):
+    """The outputs of model's forward on `inputs` (Input values, one for each of its inputs): one Symbolic, or a
+    tuple of them (the first is what predict returns) in which others may be None (nanoGPT's (logits, None) when
+    no targets are given)."""
     try:
-        params = list(inspect.signature(model.forward).parameters.values())[1:]
+        params = list(inspect.signature(model.forward).parameters.values())
     except (TypeError, ValueError):  # a forward without a signature
         params = []
-    more = [p.name for p in params if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    more = [p.name for p in positional[len(inputs):] if p.default is p.empty]
+    name = type(model).__name__
     if more:
-        raise TracingError(f"{type(model).__name__}.forward takes {', '.join(more)} besides its input, but a compiled "
-                           "program feeds it one input, the batch: give them defaults (hidden=None) or make them in "
+        raise TracingError(f"{name}.forward takes {', '.join(more)} besides the {len(inputs)} input(s) compile was "
+                           "given shapes of: give input_shape=(shape of each input, ...) (and input_dtype=(...)) to "
+                           "feed batches (x1, x2, ..., y) to all of them, or defaults (hidden=None) to those made in "
                            "forward")
+    if positional and len(positional) < len(inputs) and not any(p.kind == p.VAR_POSITIONAL for p in params):
+        raise TracingError(f"compile was given {len(inputs)} input shapes, but {name}.forward takes "
+                           f"{len(positional)} input(s)")
     with tracing(model):
-        out = _call(model, f"{type(model).__name__}.forward", Input(input_shape, input_dtype))
+        out = _call(model, f"{name}.forward", *inputs)
         for o in out if isinstance(out, (tuple, list)) else [out]:
             if isinstance(o, Symbolic):
                 o.read()
@@ -1623,5 +1637,4 @@ def topological(outputs):
 
     for o in outputs:
         visit(o)
-    order.sort(key=lambda n: n.module is not None)  # the input first: a constant may have been reached before it
     return order

@@ -15,7 +15,7 @@ from .. import _C, creation
 from .._display import Column, Table, summary as _summary
 from .._types import _BY_NAME
 from . import modules as M
-from .graph import TracingError, target, topological, trace, trace_loss, tracing
+from .graph import Input, TracingError, input_shapes, target, topological, trace, trace_loss, tracing
 
 # Node kinds, activations and reductions as the extension numbers them.
 _K = _C.NODE_KINDS
@@ -157,14 +157,31 @@ class _Entry:
         self.scope = scope  # the modules whose calls recorded it, and its own
 
 
-def _graph(model, input_shape, loss=None, target_shape=None, target_dtype=None, input_dtype=_BY_NAME["float32"]):
-    """The entries of the model's graph, with the loss's after them when a loss is given, and the index of the
-    model's (first) output."""
+def _inputs(model, input_shape, input_dtype):
+    """The (per-sample shape, dtype) of each input of the model's forward, from compile's input_shape (one shape,
+    or one for each input) and input_dtype (one dtype for all, or one for each): float32 features, int64 token ids,
+    or bool masks."""
+    from .._types import as_dtype
     if isinstance(model, M.Model):
         input_shape = model.input_shape
     elif input_shape is None:
         raise ValueError("compile: give input_shape, the per-sample shape such as (1, 28, 28)")
-    outputs = trace(model, input_shape, input_dtype)
+    shapes = input_shapes(input_shape)
+    dtypes = input_dtype if isinstance(input_dtype, (tuple, list)) else [input_dtype] * len(shapes)
+    if len(dtypes) != len(shapes):
+        raise ValueError(f"compile: input_dtype gives {len(dtypes)} dtypes for {len(shapes)} input shapes")
+    dtypes = [as_dtype(d or "float32") for d in dtypes]
+    for d in dtypes:
+        if d.name not in ("float32", "int64", "bool"):
+            raise TypeError(f"compile: input_dtype must be float32, int64 (token ids) or bool (masks), got {d.name}")
+    return list(zip(shapes, dtypes))
+
+
+def _graph(model, inputs, loss=None, target_shape=None, target_dtype=None):
+    """The entries of the model's graph on `inputs` (_inputs), with the loss's after them when a loss is given, and
+    the index of the model's (first) output. The inputs come first, in forward's order, read or not."""
+    ins = [Input(shape, dtype) for shape, dtype in inputs]
+    outputs = trace(model, ins)
     first = outputs if not isinstance(outputs, (tuple, list)) else outputs[0]
     roots = [first.node]
     if loss is not None:
@@ -176,11 +193,12 @@ def _graph(model, input_shape, loss=None, target_shape=None, target_dtype=None, 
         if value.node is first.node:
             raise TracingError("the loss is the model's output itself: compute it from the output and the targets")
         roots.append(value.node)
-    nodes = topological(roots)  # the output's ancestors first: the nodes after it are the loss's
+    # the output's ancestors first: the nodes after it are the loss's
+    nodes = [i.node for i in ins] + [n for n in topological(roots) if n.module is not None]
     index = {id(n): i for i, n in enumerate(nodes)}
     entries = []
     for n in nodes:
-        kind, fields = (INPUT, dict(dtype=input_dtype._code)) if n.module is None else \
+        kind, fields = (INPUT, dict(dtype=n.dtype._code)) if n.module is None else \
             _node_of(n.module, n.inputs[0].shape if n.inputs else n.shape)
         entries.append(_Entry(kind, n.module, [index[id(i)] for i in n.inputs], n.shape, fields,
                               (*n.scope, n.module)))
@@ -434,13 +452,13 @@ def _table(entries, dtypes=None, recomputed=None):
     return Table(columns, rows, totals)
 
 
-def summary(model, input_shape=None, batch_size=1):
+def summary(model, input_shape=None, batch_size=1, input_dtype=None):
     """What compile() would make of the model: its nodes with output shapes, parameters, FLOPs, fusions and
     dropped biases, and an estimate of the activation memory of a training step (every output and its
     gradient kept; the compiled program plans less). Changes nothing. The text prints as a table; in Jupyter it
     shows as an HTML table."""
-    entries = _fuse(_graph(model, input_shape)[0])
-    per_sample = sum(math.prod(e.shape) for e in entries[1:]) * 4
+    entries = _fuse(_graph(model, _inputs(model, input_shape, input_dtype))[0])
+    per_sample = sum(math.prod(e.shape) for e in entries if e.kind != INPUT) * 4
     table = _table(entries)
     table.notes.append(f"activation memory (upper bound): {2 * per_sample * batch_size / 2**20:.1f} MiB "
                        f"for {batch_size} samples")
@@ -448,9 +466,12 @@ def summary(model, input_shape=None, batch_size=1):
 
 
 def _as(t, dtype, what):
-    """t as a tensor of dtype: integers (token ids, labels) refused, not truncated, when given as floats."""
+    """t as a tensor of dtype: integers (token ids, labels) refused, not truncated, when given as floats, and masks
+    taken as bool only (a float 0.3 is no mask value)."""
     from ..creation import _check_int64_range, as_tensor
     t = as_tensor(t)
+    if dtype is _BY_NAME["bool"] and t.dtype is not dtype:
+        raise TypeError(f"{what} must be bool, got {t.dtype.name} (compare them to make a mask: m != 0)")
     if dtype is _BY_NAME["int64"]:
         if t.dtype.is_floating_point or t.dtype.is_complex:
             raise TypeError(f"{what} must be integers, got {t.dtype.name}")
@@ -487,11 +508,9 @@ class Program:
         self.model, self.optimizer, self.loss = model, optimizer, loss
         self.batch_size, self.accumulate_steps = batch_size, accumulate_steps
         self.clip_grad_norm, self.nan_policy = clip_grad_norm, nan_policy
-        from .._types import as_dtype
-        self.input_dtype = as_dtype(input_dtype or "float32")
-        if self.input_dtype not in (_BY_NAME["float32"], _BY_NAME["int64"]):
-            raise TypeError(f"compile: input_dtype must be float32 or int64 (token ids), got {self.input_dtype.name}")
-        entries, output = _graph(model, input_shape, loss, target_shape, target_dtype, self.input_dtype)
+        inputs = _inputs(model, input_shape, input_dtype)
+        self._input_dtypes = [dtype for _, dtype in inputs]
+        entries, output = _graph(model, inputs, loss, target_shape, target_dtype)
         if not model.training:
             raise ValueError("compile: the model is in eval mode (.eval()), which would freeze every batch norm and "
                              "dropout in the training step; call .train() first (predict and evaluate run in eval "
@@ -573,19 +592,33 @@ class Program:
             grad_scaler._attach(self._c)
 
     def _input(self, x):
-        """x as the input's dtype (a batch in a mixed-precision program's compute dtype goes as it is)."""
-        if self._compute is not _BY_NAME["float32"] and getattr(x, "dtype", None) is self._compute:
+        """x as the inputs' dtypes (a float batch in a mixed-precision program's compute dtype goes as it is): one
+        tensor, or a tuple of one for each input of forward."""
+        dtypes = self._input_dtypes
+        if len(dtypes) > 1:
+            if not isinstance(x, (tuple, list)) or len(x) != len(dtypes):
+                got = f"a {type(x).__name__} of {len(x)}" if isinstance(x, (tuple, list)) else type(x).__name__
+                raise TypeError(f"the model's forward takes {len(dtypes)} inputs: give x as a tuple of as many "
+                                f"batches, got {got}")
+            return tuple(self._input_as(t, dtype) for t, dtype in zip(x, dtypes))
+        return self._input_as(x, dtypes[0])
+
+    def _input_as(self, x, dtype):
+        if self._compute is not _BY_NAME["float32"] and dtype.is_floating_point and \
+                getattr(x, "dtype", None) is self._compute:
             return x
-        return _as(x, self.input_dtype, "token ids")
+        return _as(x, dtype, {"int64": "token ids", "bool": "masks"}.get(dtype.name, "inputs"))
 
     def _batch(self, x, y):
-        """x as the input's dtype, and the targets as the loss reads them (None when it reads none)."""
+        """x as the inputs' dtypes, and the targets as the loss reads them (None when it reads none)."""
         return self._input(x), None if self.target_dtype is None or y is None else _as(y, self.target_dtype, "labels")
 
     @property
     def input_shape(self):
-        """The per-sample shape of the program's input (without the batch dimension)."""
-        return self.entries[0].shape
+        """The per-sample shape of the program's input (without the batch dimension); for a forward of several
+        inputs a tuple of their shapes."""
+        shapes = [e.shape for e in self.entries if e.kind == INPUT]
+        return shapes[0] if len(shapes) == 1 else tuple(shapes)
 
     def train_step(self, x, y):
         """One optimizer step on the batch (x, y): forward, loss, backward, update, all in C. Returns the loss."""
@@ -691,20 +724,28 @@ class Program:
     def predict(self, x):
         """The model's (first) output for x, in eval mode (running batch-norm statistics, no dropout): for a batch
         (N, *input_shape) the outputs (N, ...); for one sample of shape input_shape its output alone, without the
-        batch dimension. Any other shape is a ValueError naming both."""
+        batch dimension. Any other shape is a ValueError naming both. A forward of several inputs takes a tuple
+        of them, all one sample or all batches."""
         self._check_parameters()
         xt = self._input(x)
-        shape, one = tuple(xt.shape), tuple(self.input_shape)
-        if shape == one:
-            return self._c.forward(xt.reshape(1, *one))[0]
+        many = isinstance(xt, tuple)
+        parts = xt if many else (xt,)
+        shapes = [tuple(t.shape) for t in parts]
+        ones = [tuple(s) for s in (self.input_shape if many else (self.input_shape,))]
+        if shapes == ones:
+            batch = tuple(t.reshape(1, *one) for t, one in zip(parts, ones))
+            return self._c.forward(batch if many else batch[0])[0]
         try:
             return self._c.forward(xt)
         except ValueError as e:
-            if shape[1:] == one:
+            if all(s[1:] == one for s, one in zip(shapes, ones)):
                 raise
-            why = f" ({e})" if len(shape) == len(one) + 1 else ""  # C's reading of it as a batch
-            raise ValueError(f"predict: x must be one sample of shape {one} or a batch of shape (N, "
-                             f"{', '.join(map(str, one))}), got {shape}{why}") from None
+            why = f" ({e})" if all(len(s) == len(one) + 1 for s, one in zip(shapes, ones)) else ""  # read as a batch
+            want, batched = (" and ".join(map(str, ones)), " and ".join(f"(N, {', '.join(map(str, one))})"
+                                                                         for one in ones))
+            got = " and ".join(map(str, shapes))
+            raise ValueError(f"predict: x must be one sample of shape {want} or a batch of shape {batched}, got "
+                             f"{got}{why}") from None
 
     def evaluate(self, x, y):
         """(loss, accuracy) of one batch in eval mode: the loss as training computes it, and the fraction of
@@ -713,7 +754,7 @@ class Program:
         self._check_parameters()
         xt, yt = self._batch(x, y)
         loss_sum, correct = self._c.evaluate(xt, yt)
-        n = xt.shape[0]
+        n = (xt[0] if isinstance(xt, tuple) else xt).shape[0]
         return loss_sum / n, correct / n if self.classifies else None
 
     def summary(self):
@@ -821,6 +862,9 @@ def compile(model, optimizer, loss=None, *, batch_size, input_shape=None, memory
     several outputs passes them to the loss as a tuple. The targets' per-sample shape and dtype follow from the
     loss that reads them (class indices: () int64; regression: the output's shape, float32) unless given as
     target_shape and target_dtype. input_dtype=ft.int64 takes token ids (for a model starting with an Embedding).
+    A forward of several inputs takes input_shape=(shape, shape, ...), one per-sample shape each, and input_dtype
+    one dtype for all or a tuple of one each (float32, int64 token ids, bool masks); its batches are then
+    (x1, ..., xk, y), and train_step, predict and evaluate take x as the tuple (x1, ..., xk).
 
     seed keys the dropout masks (by default drawn from fasttrain's generator, so ft.manual_seed fixes it).
 

@@ -1,0 +1,263 @@
+"""A forward of several inputs, as PyTorch models take them (forward(x, z), Hugging Face's forward(input_ids,
+attention_mask)): compile(input_shape=(shape, shape, ...), input_dtype=(...)) and batches (x1, ..., y)."""
+import numpy as np
+import pytest
+
+import fasttrain as ft
+from fasttrain import nn
+from fasttrain.nn import functional as F
+
+RNG = np.random.default_rng(7)
+X = RNG.standard_normal((48, 4)).astype(np.float32)
+Z = RNG.standard_normal((48, 3)).astype(np.float32)
+Y = (X[:, 0] + Z[:, 1] > 0).astype(np.int64)
+
+
+class Two(nn.Module):
+    """Two feature inputs, each through its own layer (one bias: two would train as one twice as fast):
+    relu(a(x) + b(z)) -> head."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.head = nn.Linear(4, 8), nn.Linear(3, 8, bias=False), nn.Linear(8, 2)
+
+    def forward(self, x, z):
+        return self.head(F.relu(self.a(x) + self.b(z)))
+
+
+def two(seed=0, **options):
+    ft.manual_seed(seed)
+    m = Two()
+    return m, m.compile(ft.optim.SGD(m.parameters(), lr=0.1, momentum=0.9), batch_size=16,
+                        input_shape=((4,), (3,)), **options)
+
+
+def concatenated(m):
+    """The same function of one input, [x, z]: a's and b's weights side by side."""
+    one = nn.Sequential(nn.Linear(7, 8), nn.ReLU(), nn.Linear(8, 2))
+    with ft.no_grad():
+        one[0].weight.copy_(ft.tensor(np.concatenate([m.a.weight.numpy(), m.b.weight.numpy()], 1)))
+        one[0].bias.copy_(m.a.bias)
+        one[2].weight.copy_(m.head.weight)
+        one[2].bias.copy_(m.head.bias)
+    return one, one.compile(ft.optim.SGD(one.parameters(), lr=0.1, momentum=0.9), batch_size=16, input_shape=(7,))
+
+
+def test_two_inputs_train_as_the_same_function_of_one_concatenated_input():
+    m, p = two()
+    one, q = concatenated(m)
+    for s in range(0, 48, 16):
+        loss = p.train_step((X[s:s + 16], Z[s:s + 16]), Y[s:s + 16])
+        ref = q.train_step(np.concatenate([X[s:s + 16], Z[s:s + 16]], 1), Y[s:s + 16])
+        assert loss == pytest.approx(ref, rel=1e-5)
+    np.testing.assert_allclose(np.concatenate([m.a.weight.numpy(), m.b.weight.numpy()], 1), one[0].weight.numpy(),
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(m.head.weight.numpy(), one[2].weight.numpy(), rtol=1e-5, atol=1e-6)
+    out = p.predict((X, Z)).numpy()
+    np.testing.assert_allclose(out, q.predict(np.concatenate([X, Z], 1)).numpy(), rtol=1e-5, atol=1e-6)
+    m.eval()
+    np.testing.assert_allclose(out, m(ft.tensor(X), ft.tensor(Z)).numpy(), rtol=1e-6, atol=1e-6)  # eager
+
+
+def test_gradients_of_each_input_branch_match_central_differences():
+    ft.manual_seed(0)
+    assert ft.testing.gradcheck(Two(), (X[:16].astype(np.float64), Z[:16]), Y[:16], atol=2e-4)
+    ids, y = tokens(n=8)
+    ft.manual_seed(0)  # the keys masked where the ids were padded, but no id the padding row (no gradient by design)
+    assert ft.testing.gradcheck(Encoder("bool"), (np.maximum(ids, 1), ids == 0), y, atol=2e-4)
+
+
+def test_predict_evaluate_and_one_sample():
+    m, p = two()
+    batch = p.predict((X[:5], Z[:5])).numpy()
+    assert batch.shape == (5, 2)
+    np.testing.assert_array_equal(p.predict((X[3], Z[3])).numpy(), batch[3])
+    loss, acc = p.evaluate((X, Z), Y)
+    assert loss == pytest.approx(ft.evaluate(p, ((X, Z), Y))[0], rel=1e-6)
+    assert acc == np.mean(p.predict((X, Z)).numpy().argmax(1) == Y)
+    with pytest.raises(ValueError, match=r"one sample of shape \(4,\) and \(3,\) or a batch of shape \(N, 4\) and "
+                                         r"\(N, 3\), got \(2, 5\) and \(2, 3\)"):
+        p.predict((np.zeros((2, 5), np.float32), Z[:2]))
+
+
+def test_fit_takes_arrays_and_batches_in_either_form_and_shuffles_as_for_one_input():
+    """fit over (X, Z, y) arrays visits the samples in the order fit over one input's (XZ, y) arrays does (both
+    Loaders seeded from the global seed), so the two programs train alike; ((X, Z), y) is the same data."""
+    m, p = two()
+    one, q = concatenated(m)
+    ft.manual_seed(3)
+    h = ft.fit(p, (X, Z, Y), epochs=2, batch_size=8, progress=False)
+    ft.manual_seed(3)
+    g = ft.fit(q, (np.concatenate([X, Z], 1), Y), epochs=2, batch_size=8, progress=False)
+    np.testing.assert_allclose(h["train_loss"], g["train_loss"], rtol=1e-5)
+    assert h["train_accuracy"] == g["train_accuracy"]
+    m2, p2 = two()
+    ft.manual_seed(3)
+    h2 = ft.fit(p2, ((X, Z), Y), epochs=2, batch_size=8, progress=False)
+    assert h2["train_loss"] == h["train_loss"]
+    m3, p3 = two()
+    batches = [(X[s:s + 8], Z[s:s + 8], Y[s:s + 8]) if s % 16 else ((X[s:s + 8], Z[s:s + 8]), Y[s:s + 8])
+               for s in range(0, 48, 8)]
+    assert len(ft.fit(p3, batches, epochs=1, progress=False, val_loader=batches)["val_loss"]) == 1
+
+
+class Encoder(nn.Module):
+    """Token ids through attention whose padded keys are masked: the mask derived from the ids in forward, given
+    as a bool input, or as Hugging Face's int64 attention_mask (1: attend)."""
+
+    def __init__(self, mask="derived"):
+        super().__init__()
+        self.mask = mask
+        self.emb = nn.Embedding(50, 16, padding_idx=0)
+        self.att = nn.MultiheadAttention(16, 2, batch_first=True)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, input_ids, attention_mask=None):
+        pad = input_ids == 0 if attention_mask is None else attention_mask if self.mask == "bool" \
+            else attention_mask == 0
+        h = self.emb(input_ids)
+        a, _ = self.att(h, h, h, key_padding_mask=pad, need_weights=False)
+        return self.head(a.mean(1))
+
+
+def tokens(n=24, t=10, seed=0):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(1, 50, (n, t))
+    for r in range(n):
+        ids[r, rng.integers(3, t):] = 0
+    return ids, rng.integers(0, 3, n)
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_a_mask_input_trains_bit_for_bit_as_the_mask_derived_in_forward(precision):
+    ids, y = tokens()
+    runs = {}
+    for mask, shape, dtype, x in [("derived", (10,), ft.int64, ids),
+                                  ("bool", ((10,), (10,)), (ft.int64, ft.bool), (ids, ids == 0)),
+                                  ("hf", ((10,), (10,)), ft.int64, (ids, (ids != 0).astype(np.int64)))]:
+        ft.manual_seed(0)
+        m = Encoder(mask)
+        with pytest.warns(RuntimeWarning) if precision == "bf16-mixed" and not ft.backends.cpu_has_bf16() else \
+                _nothing():
+            p = m.compile(ft.optim.Adam(m.parameters(), lr=1e-2), batch_size=12, input_shape=shape,
+                          input_dtype=dtype, precision=precision)
+        losses = [p.train_step(x, y) for _ in range(3)]
+        runs[mask] = losses, m.att.in_proj_weight.numpy().copy()
+    for mask in ("bool", "hf"):
+        assert runs[mask][0] == runs["derived"][0]
+        np.testing.assert_array_equal(runs[mask][1], runs["derived"][1])
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class Pair(nn.Module):
+    """Two image inputs of different channels, summed after their convolutions (a two-stream net)."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.c2 = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(1, 4, 3, padding=1)
+        self.bn, self.fc = nn.BatchNorm2d(4), nn.Linear(4, 2)
+
+    def forward(self, rgb, depth):
+        h = F.relu(self.bn(self.c1(rgb) + self.c2(depth)))
+        return self.fc(F.adaptive_avg_pool2d(h, 1).flatten(1))
+
+
+def test_image_inputs_in_either_memory_format_and_as_eager():
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((8, 3, 6, 6)).astype(np.float32), rng.standard_normal((8, 1, 6, 6)).astype(np.float32)
+    y = rng.integers(0, 2, 8)
+    outs = []
+    for fmt in ("channels_last", "contiguous"):
+        ft.manual_seed(0)
+        m = Pair()
+        p = m.compile(ft.optim.SGD(m.parameters(), lr=0.1), batch_size=8, input_shape=((3, 6, 6), (1, 6, 6)),
+                      memory_format=fmt)
+        losses = [p.train_step((a, b), y) for _ in range(2)]
+        outs.append((losses, p.predict((a, b)).numpy()))
+        m.eval()
+        np.testing.assert_allclose(outs[-1][1], m(ft.tensor(a), ft.tensor(b)).numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(outs[0][0], outs[1][0], rtol=1e-5)
+
+
+def test_an_input_forward_ignores_is_still_an_input():
+    class Ignores(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 2)
+
+        def forward(self, x, unused):
+            return self.fc(x)
+
+    ft.manual_seed(0)
+    m = Ignores()
+    p = m.compile(ft.optim.SGD(m.parameters(), lr=0.1), batch_size=4, input_shape=((4,), (9,)))
+    assert p.input_shape == ((4,), (9,))
+    assert p.train_step((X[:4], np.zeros((4, 9), np.float32)), Y[:4]) > 0
+    with pytest.raises(ValueError, match=r"input 1 should have shape \(4, 9\)"):
+        p.train_step((X[:4], np.zeros((4, 3), np.float32)), Y[:4])
+
+
+def weights(m):
+    return [t.numpy().copy() for t in m.parameters()]
+
+
+def test_bad_batches_are_refused_and_change_nothing():
+    m, p = two()
+    before = weights(m)
+    with pytest.raises(TypeError, match="forward takes 2 inputs: give x as a tuple of as many batches, got ndarray"):
+        p.train_step(X[:16], Y[:16])
+    with pytest.raises(TypeError, match="got a tuple of 3"):
+        p.train_step((X[:16], Z[:16], Z[:16]), Y[:16])
+    with pytest.raises(ValueError, match="input 1 has 15 samples, input 0 16"):
+        p.train_step((X[:16], Z[:15]), Y[:16])
+    with pytest.raises(ValueError, match=r"input 1 should have shape \(16, 3\)"):
+        p.train_step((X[:16], X[:16]), Y[:16])
+    with pytest.raises(TypeError, match=r"a fasttrain Loader's batches are \(x, y\)"):
+        ft.fit(p, ft.data.Loader((X, Y), 16), progress=False)
+    with pytest.raises(TypeError, match=r"epoch 1, step 2: a batch must be \(x1, ..., x2, y\)"):
+        ft.fit(p, [(X[:16], Z[:16], Y[:16]), (X[:16], Z[:16], Y[:16], Y[:16])], progress=False)
+    after_one_step = weights(m)
+    assert any(not np.array_equal(u, v) for u, v in zip(before, after_one_step))  # the first step ran
+    with pytest.raises(ValueError, match="test-time flipping needs one input, of images"):
+        ft.evaluate(p, ((X, Z), Y), tta_flip=True)
+    for u, v in zip(after_one_step, weights(m)):
+        np.testing.assert_array_equal(u, v)
+
+
+def test_a_mask_input_must_be_bool_and_ids_in_range_in_any_input():
+    ids, y = tokens(n=12)
+    ft.manual_seed(0)
+    m = Encoder("bool")
+    p = m.compile(ft.optim.SGD(m.parameters(), lr=0.1), batch_size=12, input_shape=((10,), (10,)),
+                  input_dtype=(ft.int64, ft.bool))
+    before = weights(m)
+    with pytest.raises(TypeError, match="masks must be bool, got float32"):
+        p.train_step((ids, (ids == 0).astype(np.float32)), y)
+    bad = ids.copy()
+    bad[3, 1] = 50
+    with pytest.raises(IndexError, match="50"):
+        p.train_step((bad, ids == 0), y)
+    for u, v in zip(before, weights(m)):
+        np.testing.assert_array_equal(u, v)
+
+
+def test_compile_says_what_the_input_shapes_and_dtypes_must_be():
+    m = Two()
+    sgd = ft.optim.SGD(m.parameters(), lr=0.1)
+    with pytest.raises(ft.nn.TracingError, match=r"Two.forward takes z besides the 1 input\(s\) compile was given "
+                                                 r"shapes of: give input_shape=\(shape of each input"):
+        m.compile(sgd, batch_size=4, input_shape=(4,))
+    with pytest.raises(ft.nn.TracingError, match=r"given 3 input shapes, but Two.forward takes 2 input\(s\)"):
+        m.compile(sgd, batch_size=4, input_shape=((4,), (3,), (3,)))
+    with pytest.raises(ValueError, match="input_dtype gives 3 dtypes for 2 input shapes"):
+        m.compile(sgd, batch_size=4, input_shape=((4,), (3,)), input_dtype=("float32",) * 3)
+    with pytest.raises(TypeError, match="input_dtype must be float32, int64 .token ids. or bool .masks., got float16"):
+        m.compile(sgd, batch_size=4, input_shape=((4,), (3,)), input_dtype=("float32", "float16"))
+    assert "input" in str(m.summary(((4,), (3,))))
