@@ -261,3 +261,97 @@ def test_compile_says_what_the_input_shapes_and_dtypes_must_be():
     with pytest.raises(TypeError, match="input_dtype must be float32, int64 .token ids. or bool .masks., got float16"):
         m.compile(sgd, batch_size=4, input_shape=((4,), (3,)), input_dtype=("float32", "float16"))
     assert "input" in str(m.summary(((4,), (3,))))
+
+
+V, S, T, D = 12, 7, 6, 16
+
+
+def seq2seq(lib, norm_first=False, dropout=0.0, activation="relu"):
+    """Source and target token ids (with learned positions) through nn.Transformer with PyTorch's masks: causal
+    over the target, padding (id 0) over the source's keys in both attentions and over the target's, then a
+    projection to the vocabulary. lib is fasttrain.nn or torch.nn."""
+    class Seq2Seq(lib.Module):
+        def __init__(self):
+            super().__init__()
+            self.src_emb, self.tgt_emb = lib.Embedding(V, D, padding_idx=0), lib.Embedding(V, D, padding_idx=0)
+            self.src_pos, self.tgt_pos = lib.Parameter(self.src_emb.weight[:S] * 1), \
+                lib.Parameter(self.tgt_emb.weight[:T] * 1)  # N(0, 1), as the embeddings' rows
+            self.tf = lib.Transformer(D, 2, 2, 2, 32, dropout=dropout, batch_first=True, norm_first=norm_first,
+                                      activation=activation)
+            self.out = lib.Linear(D, V)
+
+        def forward(self, src, tgt):
+            causal = self.tf.generate_square_subsequent_mask(tgt.shape[1])
+            h = self.tf(self.src_emb(src) + self.src_pos, self.tgt_emb(tgt) + self.tgt_pos, tgt_mask=causal,
+                        src_key_padding_mask=src == 0, memory_key_padding_mask=src == 0,
+                        tgt_key_padding_mask=tgt == 0)
+            return self.out(h)
+
+    return Seq2Seq()
+
+
+def pairs(n=8, seed=0):
+    rng = np.random.default_rng(seed)
+    src, tgt = rng.integers(1, V, (n, S)), rng.integers(1, V, (n, T))
+    for r in range(n):
+        src[r, rng.integers(2, S + 1):] = 0
+        tgt[r, rng.integers(2, T + 1):] = 0
+    return src, tgt, rng.integers(1, V, (n, T))
+
+
+def sequence_loss(out, y):
+    return F.cross_entropy(out.transpose(1, 2), y)
+
+
+def compiled_seq2seq(norm_first=False, dropout=0.0, n=8):
+    ft.manual_seed(0)
+    m = seq2seq(nn, norm_first, dropout)
+    return m, m.compile(ft.optim.SGD(m.parameters(), lr=0.1), sequence_loss, batch_size=n,
+                        input_shape=((S,), (T,)), input_dtype=ft.int64)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_a_transformer_seq2seq_matches_pytorch(norm_first):
+    torch = pytest.importorskip("torch")
+    m, p = compiled_seq2seq(norm_first)
+    ref = seq2seq(torch.nn, norm_first)
+    ref.load_state_dict({k: torch.tensor(np.asarray(v)) for k, v in m.state_dict().items()})  # PyTorch's names
+    src, tgt, y = pairs()
+    loss = p.backward((src, tgt), y)
+    expected = sequence_loss_torch = torch.nn.functional.cross_entropy(
+        ref(torch.tensor(src), torch.tensor(tgt)).transpose(1, 2), torch.tensor(y))
+    sequence_loss_torch.backward()
+    assert loss == pytest.approx(expected.item(), rel=1e-5)
+    grads = dict(ref.named_parameters())
+    for name, t in m.named_parameters():
+        np.testing.assert_allclose(t.grad.numpy(), grads[name].grad.numpy(), rtol=1e-4, atol=2e-6, err_msg=name)
+    m.eval()
+    ref.eval()
+    with torch.no_grad():
+        out = ref(torch.tensor(src), torch.tensor(tgt)).numpy()
+    np.testing.assert_allclose(p.predict((src, tgt)).numpy(), out, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(m(ft.tensor(src), ft.tensor(tgt)).numpy(), out, rtol=1e-4, atol=1e-5)  # eager
+
+
+def test_a_transformer_seq2seq_gradients_match_central_differences():
+    ft.manual_seed(0)
+    src, tgt, y = pairs(n=4)
+    m = seq2seq(nn, activation="gelu")  # smooth: no ReLU kink within eps of a sample
+    m.src_emb.padding_idx = m.tgt_emb.padding_idx = None  # the padding rows' gradients too (0 by design otherwise)
+    assert ft.testing.gradcheck(m, (src, tgt), y, sequence_loss, eps=1e-2, rtol=2e-2, count=6)
+
+
+def test_a_transformer_learns_to_copy_its_source():
+    """With PyTorch's default dropout (0.1, in every place), teacher forcing: the target is the source, fed
+    shifted right after a start token (1); trained, the next-token accuracy (in eval mode) is far above chance."""
+    rng = np.random.default_rng(3)
+    src = rng.integers(2, V, (1024, S - 1))
+    src = np.concatenate([src, np.zeros((1024, 1), np.int64)], 1)  # a padded position at the end
+    tgt_in = np.concatenate([np.ones((1024, 1), np.int64), src[:, :T - 1]], 1)
+    y = src[:, :T]
+    m, p = compiled_seq2seq(dropout=0.1, n=32)
+    p.optimizer = ft.optim.Adam(m.parameters(), lr=3e-3)
+    p = m.compile(p.optimizer, sequence_loss, batch_size=32, input_shape=((S,), (T,)), input_dtype=ft.int64)
+    ft.fit(p, (src, tgt_in, y), epochs=8, progress=False)
+    accuracy = np.mean(p.predict((src, tgt_in)).numpy().argmax(-1) == y)
+    assert accuracy > 0.9, accuracy  # chance: 1 / 10

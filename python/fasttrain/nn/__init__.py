@@ -13,6 +13,7 @@ from .modules import (AdaptiveAvgPool1d, AdaptiveAvgPool2d, AdaptiveMaxPool1d, A
                       PixelShuffle, PixelUnshuffle, PoissonNLLLoss, PReLU, ReflectionPad1d, ReflectionPad2d, ReLU,
                       ReLU6, ReplicationPad1d, ReplicationPad2d, RMSNorm, RNN, RNNCell, SELU, Sequential, Sigmoid,
                       SiLU, SmoothL1Loss, SoftMarginLoss, Softmax, Softmax2d, Softplus, Softsign, SyncBatchNorm, Tanh,
-                      Tanhshrink, TransformerEncoder, TransformerEncoderLayer, TripletMarginLoss, Unflatten, Upsample,
-                      UpsamplingBilinear2d, UpsamplingNearest2d, ZeroPad1d, ZeroPad2d)
+                      Tanhshrink, Transformer, TransformerDecoder, TransformerDecoderLayer, TransformerEncoder,
+                      TransformerEncoderLayer, TripletMarginLoss, Unflatten, Upsample, UpsamplingBilinear2d,
+                      UpsamplingNearest2d, ZeroPad1d, ZeroPad2d)
 from .program import Program, compile

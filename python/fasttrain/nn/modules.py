@@ -2448,11 +2448,15 @@ class MultiheadAttention(Module):
             raise NotImplementedError(f"{name}: an attn_mask of keys and a key_padding_mask together are not "
                                       "supported; merge them into key_padding_mask")
         E, H = self.embed_dim, self.num_heads
+        def projected(x):
+            return F.linear(x, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)
+
         if query is key and key is value:  # self-attention: one packed projection
-            q, k, v = F.linear(query, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)
+            q, k, v = projected(query)
+        elif key is value:  # cross-attention over one memory: its projection gives both keys and values
+            q, (k, v) = projected(query)[0], projected(key)[1:]
         else:  # each input through the whole projection, its third kept
-            q, k, v = (F.linear(x, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)[i]
-                       for i, x in enumerate((query, key, value)))
+            q, k, v = (projected(x)[i] for i, x in enumerate((query, key, value)))
         N = query.shape[0]
         heads = [x.view(N, n, H, E // H).transpose(1, 2) for x, n in ((q, T), (k, S), (v, S))]
         masked, p = keys if keys is not None else padding, self.dropout if self.training else 0.0
@@ -2531,6 +2535,119 @@ class TransformerEncoder(Module):
         for layer in self.layers:
             src = layer(src, mask, src_key_padding_mask, is_causal)
         return src if self.norm is None else self.norm(src)
+
+
+class TransformerDecoderLayer(Module):
+    """PyTorch's nn.TransformerDecoderLayer (batch_first=True): self-attention over the targets, attention over
+    the encoder's output (the memory), and a feed-forward block, each with a residual and a layer norm (after it,
+    or before with norm_first=True), and PyTorch's dropouts (the attention weights', the feed-forward's, each
+    residual branch's)."""
+
+    def __init__(self, d_model, nhead, dim_feedforward=2048, dropout=0.1, activation="relu", layer_norm_eps=1e-5,
+                 batch_first=False, norm_first=False, bias=True):
+        super().__init__()
+        self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias, batch_first=batch_first)
+        self.multihead_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias, batch_first=batch_first)
+        self.linear1 = Linear(d_model, dim_feedforward, bias=bias)
+        self.dropout = Dropout(dropout)
+        self.linear2 = Linear(dim_feedforward, d_model, bias=bias)
+        self.norm_first = norm_first
+        self.norm1, self.norm2, self.norm3 = (LayerNorm(d_model, eps=layer_norm_eps, bias=bias) for _ in range(3))
+        self.dropout1, self.dropout2, self.dropout3 = Dropout(dropout), Dropout(dropout), Dropout(dropout)
+        if activation not in ("relu", "gelu") and not callable(activation):
+            raise ValueError(f"TransformerDecoderLayer: activation must be 'relu', 'gelu' or a callable, got "
+                             f"{activation!r}")
+        self.activation = activation
+
+    _act = TransformerEncoderLayer._act
+
+    def _sa(self, x, masks):
+        return self.dropout1(self.self_attn(x, x, x, need_weights=False, **masks)[0])
+
+    def _mha(self, x, memory, masks):
+        return self.dropout2(self.multihead_attn(x, memory, memory, need_weights=False, **masks)[0])
+
+    def _ff(self, x):
+        return self.dropout3(self.linear2(self.dropout(self._act(self.linear1(x)))))
+
+    def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
+                memory_key_padding_mask=None, tgt_is_causal=False, memory_is_causal=False):
+        """The layer applied to tgt (N, T, d_model) and memory (N, S, d_model), batch first. tgt_mask may be the
+        causal mask (or tgt_is_causal=True); the key padding masks (N, T) and (N, S) are True (or -inf) at padding;
+        memory_mask a mask of the memory's positions, as MultiheadAttention takes masks."""
+        own = dict(attn_mask=tgt_mask, key_padding_mask=tgt_key_padding_mask, is_causal=bool(tgt_is_causal))
+        cross = dict(attn_mask=memory_mask, key_padding_mask=memory_key_padding_mask, is_causal=memory_is_causal)
+        x = tgt
+        if self.norm_first:
+            x = x + self._sa(self.norm1(x), own)
+            x = x + self._mha(self.norm2(x), memory, cross)
+            return x + self._ff(self.norm3(x))
+        x = self.norm1(x + self._sa(x, own))
+        x = self.norm2(x + self._mha(x, memory, cross))
+        return self.norm3(x + self._ff(x))
+
+
+class TransformerDecoder(Module):
+    """num_layers copies of decoder_layer (each with its own parameters, copied from it), then an optional norm,
+    as torch.nn.TransformerDecoder."""
+
+    def __init__(self, decoder_layer, num_layers, norm=None):
+        super().__init__()
+        if not isinstance(decoder_layer, TransformerDecoderLayer) or num_layers < 1:
+            raise ValueError("TransformerDecoder: takes a TransformerDecoderLayer and num_layers >= 1")
+        self.layers = ModuleList([copy.deepcopy(decoder_layer) for _ in range(num_layers)])
+        self.num_layers, self.norm = num_layers, norm
+
+    def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
+                memory_key_padding_mask=None, tgt_is_causal=None, memory_is_causal=False):
+        """The layers applied to tgt (N, T, d_model) over memory (N, S, d_model) in turn, then the norm; masks as
+        TransformerDecoderLayer takes them."""
+        for layer in self.layers:
+            tgt = layer(tgt, memory, tgt_mask, memory_mask, tgt_key_padding_mask, memory_key_padding_mask,
+                        tgt_is_causal, memory_is_causal)
+        return tgt if self.norm is None else self.norm(tgt)
+
+
+class Transformer(Module):
+    """PyTorch's nn.Transformer (batch_first=True): a TransformerEncoder and a TransformerDecoder, each ending in a
+    LayerNorm, their matrices initialized as PyTorch's (xavier_uniform_). A compiled model calling it takes the
+    source and the target sequences as two inputs (compile(input_shape=((S,), (T,)), ...))."""
+
+    def __init__(self, d_model=512, nhead=8, num_encoder_layers=6, num_decoder_layers=6, dim_feedforward=2048,
+                 dropout=0.1, activation="relu", custom_encoder=None, custom_decoder=None, layer_norm_eps=1e-5,
+                 batch_first=False, norm_first=False, bias=True):
+        super().__init__()
+        options = dict(dim_feedforward=dim_feedforward, dropout=dropout, activation=activation,
+                       layer_norm_eps=layer_norm_eps, batch_first=batch_first, norm_first=norm_first, bias=bias)
+        self.encoder = custom_encoder if custom_encoder is not None else TransformerEncoder(
+            TransformerEncoderLayer(d_model, nhead, **options), num_encoder_layers,
+            LayerNorm(d_model, eps=layer_norm_eps, bias=bias))
+        self.decoder = custom_decoder if custom_decoder is not None else TransformerDecoder(
+            TransformerDecoderLayer(d_model, nhead, **options), num_decoder_layers,
+            LayerNorm(d_model, eps=layer_norm_eps, bias=bias))
+        self.d_model, self.nhead, self.batch_first = d_model, nhead, batch_first
+        from .init import xavier_uniform_
+        for p in self.parameters():
+            if p.dim() > 1:
+                xavier_uniform_(p)
+
+    def forward(self, src, tgt, src_mask=None, tgt_mask=None, memory_mask=None, src_key_padding_mask=None,
+                tgt_key_padding_mask=None, memory_key_padding_mask=None, src_is_causal=None, tgt_is_causal=None,
+                memory_is_causal=False):
+        """The decoder's output (N, T, d_model) for the target tgt (N, T, d_model) over the encoded source src
+        (N, S, d_model), batch first; masks as the encoder and decoder take them."""
+        memory = self.encoder(src, mask=src_mask, src_key_padding_mask=src_key_padding_mask,
+                              is_causal=bool(src_is_causal))
+        return self.decoder(tgt, memory, tgt_mask, memory_mask, tgt_key_padding_mask, memory_key_padding_mask,
+                            tgt_is_causal, memory_is_causal)
+
+    @staticmethod
+    def generate_square_subsequent_mask(sz, device=None, dtype=None):
+        """The causal mask of sz positions: -inf above the diagonal, 0 elsewhere, as PyTorch makes it."""
+        import numpy as np
+        from ..creation import tensor
+        mask = np.triu(np.full((sz, sz), -np.inf, np.float32), 1)
+        return tensor(mask, dtype=dtype or "float32", device=device)
 
 
 class Target(Module):
