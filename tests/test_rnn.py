@@ -211,6 +211,9 @@ def test_a_bf16_mixed_lstm_trains_as_the_float32_one_within_bfloat16s_precision(
     curves = [[p.train_step(ids, y) for _ in range(30)] for p in programs]
     assert curves[0][-1] < 0.5 * curves[0][0] and curves[1][-1] < 0.5 * curves[1][0]
     np.testing.assert_allclose(curves[1], curves[0], rtol=0.1, atol=2e-2)
+    # the steps' gates, h and c a layer saves for its backward, (T, N, 6H), take 2 bytes an element in bfloat16
+    saved = [[n["saved"] for n in p.memory_plan()["nodes"] if n["node"] == "LSTMLayer"] for p in programs]
+    assert saved[0] and saved[0] == [2 * s for s in saved[1]] and saved[1][0] == 2 * 4 * 16 * 6 * 5  # the encoder's
 
 
 def test_what_a_compiled_rnn_cannot_take_is_refused():

@@ -61,8 +61,9 @@ typedef struct {
     /* The node's own fields and shape against its inputs' (NULL: none to
      * check; the ops check the rest when they run). */
     ft_status (*check)(const ft_node *nd, const ft_node *const *in);
-    /* Bytes saved for the backward by a forward over `rows` samples. */
-    int64_t (*aux_bytes)(const ft_node *nd, const ft_node *const *in, int64_t rows);
+    /* Bytes saved for the backward by a forward over `rows` samples whose
+     * output is of `dtype` (the program's plan for the node). */
+    int64_t (*aux_bytes)(const ft_node *nd, const ft_node *const *in, int64_t rows, ft_dtype dtype);
     /* Whether the output is the (first) input's memory seen anew, with no
      * op run; `in` is that input's node. NULL: never. */
     bool (*is_view)(const ft_node *nd, const ft_node *in, bool channels_last, bool training);

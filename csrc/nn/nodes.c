@@ -277,7 +277,7 @@ static ft_status linear_backward(const ft_node_run *r) {
 
 /* ---- normalization ---- */
 
-static int64_t batchnorm_aux(const ft_node *nd, const ft_node *const *in, int64_t rows) {
+static int64_t batchnorm_aux(const ft_node *nd, const ft_node *const *in, int64_t rows, ft_dtype dtype) {
     return 2 * nd->shape[0] * 4; /* mean, invstd */
 }
 
@@ -335,7 +335,7 @@ static ft_status layernorm_check(const ft_node *nd, const ft_node *const *in) {
     return same_shape(nd, in);
 }
 
-static int64_t layernorm_aux(const ft_node *nd, const ft_node *const *in, int64_t rows) {
+static int64_t layernorm_aux(const ft_node *nd, const ft_node *const *in, int64_t rows, ft_dtype dtype) {
     return 2 * rows * (ft_node_numel(nd) / norm_size(nd)) * 4; /* each row's mean and rstd */
 }
 
@@ -397,7 +397,7 @@ static ft_status noise_forward(const ft_node_run *r) {
 
 /* ---- pooling ---- */
 
-static int64_t indices_aux(const ft_node *nd, const ft_node *const *in, int64_t rows) {
+static int64_t indices_aux(const ft_node *nd, const ft_node *const *in, int64_t rows, ft_dtype dtype) {
     return rows * ft_node_numel(nd) * 4;
 }
 
@@ -455,7 +455,7 @@ static ft_status groupnorm_check(const ft_node *nd, const ft_node *const *in) {
     return same_shape(nd, in);
 }
 
-static int64_t groupnorm_aux(const ft_node *nd, const ft_node *const *in, int64_t rows) {
+static int64_t groupnorm_aux(const ft_node *nd, const ft_node *const *in, int64_t rows, ft_dtype dtype) {
     return 2 * rows * nd->groups * 4; /* each (sample, group)'s mean and rstd */
 }
 
@@ -628,7 +628,7 @@ static ft_status attention_check(const ft_node *nd, const ft_node *const *in) {
                         (long long)H);
 }
 
-static int64_t attention_aux(const ft_node *nd, const ft_node *const *in, int64_t rows) {
+static int64_t attention_aux(const ft_node *nd, const ft_node *const *in, int64_t rows, ft_dtype dtype) {
     return rows * nd->groups * nd->shape[0] * 4; /* each query row's log-sum-exp */
 }
 
@@ -802,8 +802,8 @@ static ft_status lstm_layer_check(const ft_node *nd, const ft_node *const *in) {
                                       "(H,), and a weight (4H, H); it gives (T, 2H)");
 }
 
-static int64_t lstm_layer_aux(const ft_node *nd, const ft_node *const *in, int64_t rows) {
-    return 4 * rows * 3 * ft_node_numel(nd);
+static int64_t lstm_layer_aux(const ft_node *nd, const ft_node *const *in, int64_t rows, ft_dtype dtype) {
+    return (int64_t)ft_dtype_get(dtype)->itemsize * rows * 3 * ft_node_numel(nd);
 }
 
 static ft_tensor lstm_saved(const ft_node_run *r) {
@@ -864,7 +864,7 @@ static ft_status mul_backward(const ft_node_run *r) {
     return ft_mul_backward(da, db, &r->dout, &r->in[0], &r->in[1], r->din_acc[0], r->din_acc[1]);
 }
 
-static int64_t factor_aux(const ft_node *nd, const ft_node *const *in, int64_t rows) { return 4; }
+static int64_t factor_aux(const ft_node *nd, const ft_node *const *in, int64_t rows, ft_dtype dtype) { return 4; }
 
 /* A constant factor, kept at the start of the aux block where the ops run. */
 static ft_status put_factor(const ft_node_run *r, double value) {
@@ -1008,7 +1008,7 @@ static ft_tensor sample_rows(const ft_tensor *t) {
     return v;
 }
 
-static int64_t sum_aux(const ft_node *nd, const ft_node *const *in, int64_t rows) {
+static int64_t sum_aux(const ft_node *nd, const ft_node *const *in, int64_t rows, ft_dtype dtype) {
     return 4 * ft_node_numel(in[0]);
 }
 
@@ -1121,7 +1121,7 @@ static int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
  * least), the logits' gradient for dloss = 1 kept from the forward (the
  * softmax is taken once), then each position's loss to sum (per_position:
  * the output holds them). */
-static int64_t cross_entropy_aux(const ft_node *nd, const ft_node *const *in, int64_t rows) {
+static int64_t cross_entropy_aux(const ft_node *nd, const ft_node *const *in, int64_t rows, ft_dtype dtype) {
     int64_t losses = per_position(nd) ? 0 : rows * positions(nd, in[0]);
     return 4 * (round16(positions(nd, in[0])) + rows * ft_node_numel(in[0]) + losses);
 }

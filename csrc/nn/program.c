@@ -219,7 +219,7 @@ static int64_t aux_bytes(const ft_program *p, int i) {
     const ft_node *in[FT_NODE_MAX_INPUTS + 1];
     inputs_of(p, i, in);
     const ft_node_kind_info *k = row(p, i);
-    return k->aux_bytes ? k->aux_bytes(&p->nodes[i], in, p->batch) : 0;
+    return k->aux_bytes ? k->aux_bytes(&p->nodes[i], in, p->batch, p->dtype[i]) : 0;
 }
 
 static int64_t output_bytes(const ft_program *p, int i) {

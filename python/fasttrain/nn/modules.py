@@ -2559,10 +2559,7 @@ class TransformerDecoderLayer(Module):
                              f"{activation!r}")
         self.activation = activation
 
-    _act = TransformerEncoderLayer._act
-
-    def _sa(self, x, masks):
-        return self.dropout1(self.self_attn(x, x, x, need_weights=False, **masks)[0])
+    _act, _sa = TransformerEncoderLayer._act, TransformerEncoderLayer._sa
 
     def _mha(self, x, memory, masks):
         return self.dropout2(self.multihead_attn(x, memory, memory, need_weights=False, **masks)[0])
