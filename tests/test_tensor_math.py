@@ -1307,3 +1307,59 @@ def test_scatter_diff_and_index_select_edges_as_pytorch():
     assert ft.diff(bits, n=2).tolist() == [False, True, True, True, True]  # xor applied twice
     with pytest.raises(IndexError, match="index_select: index out of range"):
         ft.index_select(ft.zeros(2, 3), 1, ft.tensor([-1]))
+
+
+def test_numpys_names_for_dimensions_as_pytorch_takes_them():
+    """axis for dim and keepdims for keepdim, in functions, methods and traced code, as PyTorch accepts them."""
+    a = rng.standard_normal((3, 4)).astype(np.float32)
+    t = ft.tensor(a)
+    np.testing.assert_allclose(n(t.sum(axis=1)), a.sum(axis=1), rtol=1e-6)
+    np.testing.assert_allclose(n(ft.mean(t, axis=0, keepdims=True)), a.mean(axis=0, keepdims=True), rtol=1e-6)
+    assert n(t.argmax(axis=1)).tolist() == a.argmax(axis=1).tolist()
+    np.testing.assert_array_equal(n(t.max(axis=0, keepdims=True).values), a.max(axis=0, keepdims=True))
+    np.testing.assert_allclose(n(t.cumsum(axis=0)), a.cumsum(axis=0), rtol=1e-6)
+    assert t.unsqueeze(axis=0).shape == (1, 3, 4) and ft.cat([t, t], axis=0).shape == (6, 4)
+    with pytest.raises(TypeError, match="sum.. got both dim and its alias axis"):
+        t.sum(dim=0, axis=1)
+
+    class Centered(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 3)
+
+        def forward(self, x):
+            h = self.fc(x)
+            return h - h.mean(axis=-1, keepdims=True)
+
+    ft.manual_seed(0)
+    m = Centered()
+    p = m.compile(ft.optim.SGD(m.parameters(), lr=0.1), batch_size=3, input_shape=(4,))
+    out = p.predict(a).numpy()
+    np.testing.assert_allclose(out.sum(axis=1), 0, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "int16", "int32", "int64"])
+def test_shifts_as_numpy_and_pytorch(dtype):
+    """<< and >> (and in place) of integers as NumPy's shifts, which PyTorch's equal: past the width 0, or -1 for a
+    negative value shifted right; floats and bools refused."""
+    info = np.iinfo(dtype)
+    a = rng.integers(info.min, info.max, (5, 4), dtype=dtype, endpoint=True)
+    s = rng.integers(0, info.bits + 3, (1, 4)).astype(dtype)
+    t, u = ft.tensor(a), ft.tensor(s)
+    assert_values(t << u, np.left_shift(a, s), dtype)
+    assert_values(t >> u, np.right_shift(a, s), dtype)
+    assert_values(t >> 1, np.right_shift(a, 1), dtype)
+    assert_values(3 << u, np.left_shift(np.asarray(3, dtype), s), dtype)
+    t <<= 1
+    np.testing.assert_array_equal(n(t), np.left_shift(a, 1))
+    with pytest.raises(TypeError, match="bitwise_left_shift: shifts need integer tensors, got float32"):
+        ft.tensor([1.5]) << 1
+    with pytest.raises(TypeError, match="shifts need integer tensors, got bool"):
+        ft.tensor([True]) >> ft.tensor([False])
+
+
+def test_numpy_force_copies_only_what_it_must():
+    t = ft.tensor(np.arange(6, dtype=np.float32))
+    a = t.numpy(force=True)
+    a[0] = 7  # a CPU tensor's memory, shared as without force
+    assert t[0].item() == 7

@@ -14,6 +14,8 @@ and within a category dimensioned tensors rank above 0-d tensors, which rank abo
 from __future__ import annotations
 
 import builtins
+import functools
+import inspect
 import math
 import operator
 from typing import TYPE_CHECKING, NamedTuple
@@ -391,6 +393,24 @@ def bitwise_or(input: Operand, other: Operand) -> Tensor:
 def bitwise_xor(input: Operand, other: Operand) -> Tensor:
     """input ^ other: logical xor of bool tensors, bitwise xor of integer ones."""
     return _bitwise("bitwise_xor", np.bitwise_xor, input, other)
+
+
+def _shift(name, fn, a, b):
+    a, b = _arg(a), _arg(b)
+    dt = result_type(a, b)
+    if dt.is_floating_point or dt is _BOOL:
+        raise TypeError(f"{name}: shifts need integer tensors, got {dt.name}")
+    return _elementwise(name, fn, [a, b], dt, dt)  # NumPy's (PyTorch's) shifts past the width: 0, or -1 right
+
+
+def bitwise_left_shift(input: Operand, other: Operand) -> Tensor:
+    """input << other of integer tensors."""
+    return _shift("bitwise_left_shift", np.left_shift, input, other)
+
+
+def bitwise_right_shift(input: Operand, other: Operand) -> Tensor:
+    """input >> other of integer tensors: arithmetic for signed ones."""
+    return _shift("bitwise_right_shift", np.right_shift, input, other)
 
 
 def bitwise_not(input: Tensor) -> Tensor:
@@ -1720,10 +1740,45 @@ def _on_traced(fn: Callable, traced: Callable) -> Callable:
         if builtins.any(isinstance(a, Symbolic) for a in args):
             return traced(*args, **kwargs)
         return fn(*args, **kwargs)
-    call.__name__ = call.__qualname__ = fn.__name__
-    call.__doc__ = fn.__doc__
-    call.__annotations__ = fn.__annotations__
-    return call
+    return functools.update_wrapper(call, fn)
+
+
+_NUMPY_NAMES = (("axis", "dim"), ("keepdims", "keepdim"))
+
+
+def numpy_names(fn: Callable) -> Callable:
+    """fn taking NumPy's names for its dimension arguments too, as PyTorch's functions and methods do: axis for
+    dim, keepdims for keepdim (fn itself when it has neither)."""
+    if getattr(fn, "_numpy_names", False):
+        return fn
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a C function
+        return fn
+    aliases = [(a, d) for a, d in _NUMPY_NAMES if d in params and a not in params]
+    if not aliases:
+        return fn
+
+    def call(*args, **kwargs):
+        for alias, name in aliases:
+            if alias in kwargs:
+                if name in kwargs:
+                    raise TypeError(f"{fn.__name__}() got both {name} and its alias {alias}")
+                kwargs[name] = kwargs.pop(alias)
+        return fn(*args, **kwargs)
+    call._numpy_names = True
+    return functools.update_wrapper(call, fn)
+
+
+def take_numpy_names(namespace: dict | type) -> None:
+    """numpy_names over the public functions of a module's globals() or a class's own methods, in place."""
+    items = vars(namespace) if isinstance(namespace, type) else namespace
+    for name, value in list(items.items()):
+        if not name.startswith("_") and inspect.isfunction(value):
+            if isinstance(namespace, type):
+                setattr(namespace, name, numpy_names(value))
+            else:
+                namespace[name] = numpy_names(value)
 
 
 def _traced_div(input, other, *, rounding_mode=None):
@@ -1767,3 +1822,4 @@ def _traced_where(condition, input, other):
 for _name, _traced in _TRACED.items():
     globals()[_name] = _on_traced(globals()[_name], _traced)
 del _name, _traced
+take_numpy_names(globals())

@@ -393,6 +393,11 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
         """self if it is on the CPU, else a copy in host memory."""
         return self.to(CPU)
 
+    def numpy(self, *, force: _bool = False) -> Any:
+        """A NumPy array sharing this CPU tensor's memory; with force=True, as PyTorch's, the values of a tensor on
+        any device (a copy in host memory for a CUDA one)."""
+        return _C.TensorBase.numpy(self.cpu() if force else self)
+
     def cuda(self, device: DeviceLike = None, non_blocking: _bool = False) -> Tensor:
         """self if it is on the CUDA device (default cuda:0; an int is an index), else a copy there."""
         return self.to(as_device("cuda" if device is None else device), non_blocking=non_blocking)
@@ -503,6 +508,10 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
     __and__, __rand__ = _math.operator_method(_math.bitwise_and), _math.operator_method(_math.bitwise_and, True)
     __or__, __ror__ = _math.operator_method(_math.bitwise_or), _math.operator_method(_math.bitwise_or, True)
     __xor__, __rxor__ = _math.operator_method(_math.bitwise_xor), _math.operator_method(_math.bitwise_xor, True)
+    __lshift__ = _math.operator_method(_math.bitwise_left_shift)
+    __rlshift__ = _math.operator_method(_math.bitwise_left_shift, True)
+    __rshift__ = _math.operator_method(_math.bitwise_right_shift)
+    __rrshift__ = _math.operator_method(_math.bitwise_right_shift, True)
     __eq__, __ne__ = _math.operator_method(_math.eq), _math.operator_method(_math.ne)
     __lt__, __le__ = _math.operator_method(_math.lt), _math.operator_method(_math.le)
     __gt__, __ge__ = _math.operator_method(_math.gt), _math.operator_method(_math.ge)
@@ -691,6 +700,8 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
     __iand__ = _math.operator_method(_math.in_place(_math.bitwise_and))
     __ior__ = _math.operator_method(_math.in_place(_math.bitwise_or))
     __ixor__ = _math.operator_method(_math.in_place(_math.bitwise_xor))
+    __ilshift__ = _math.operator_method(_math.in_place(_math.bitwise_left_shift))
+    __irshift__ = _math.operator_method(_math.in_place(_math.bitwise_right_shift))
 
     def where(self, condition: Tensor, other: Any) -> Tensor:
         """self where condition holds, else other: ft.where(condition, self, other)."""
@@ -776,4 +787,5 @@ def _rebuild(array, dtype_name, device_name, cls=Tensor, requires_grad=False):
     return t
 
 
+_math.take_numpy_names(Tensor)
 _C._set_tensor_class(Tensor)

@@ -22,6 +22,8 @@ import os
 import sys
 import traceback
 
+from .._math import take_numpy_names
+
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -1097,6 +1099,7 @@ for _name in ("add", "sub", "mul", "div", "relu", "sigmoid", "tanh", "clamp", "c
               "sqrt", "pow", "masked_fill"):
     setattr(Symbolic, _name + "_", _in_place_method(_name))
 del _name
+take_numpy_names(Symbolic)
 
 
 class _Refusing:
