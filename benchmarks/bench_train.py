@@ -2,7 +2,9 @@
 for the demo network and a ResNet-style network (also written as a PyTorch-style subclass and traced), at
 batch 256 and 512, against the FMA peak of this machine and against the same network, recipe and thread count
 in PyTorch (channels_last) when torch imports; then AdamW steps of a ViT on 32x32 images (batch 64) and of
-GPT-2 blocks on 128-token sequences (batch 16, next-token cross-entropy), against the same models in PyTorch.
+GPT-2 blocks on 128-token sequences (batch 16, next-token cross-entropy) and of an nn.Transformer translating
+64-token sources into 64-token targets (batch 16; two inputs, PyTorch's masks and default dropout), against the
+same models in PyTorch.
 
 JSON lines: {"name", "value", "unit"} plus "peak_fraction" (the step's model FLOPs per second, 3x the forward
 FLOPs, over the FMA peak measured in the same run with bench_ops.Limits; the nominal count includes the
@@ -10,7 +12,7 @@ zero-padding taps, so small images overstate the work a little) and, with torch,
 images/s) and "ratio" (ours / torch). Medians of timed steps after warm-up; fasttrain and torch steps
 alternate so that load on a shared machine hits both alike.
 
-Where the CPU has AVX512-BF16, each demo, ResNet, ViT and GPT line has a "_bf16" twin: the same step
+Where the CPU has AVX512-BF16, each demo, ResNet, ViT, GPT and seq2seq line has a "_bf16" twin: the same step
 compiled with precision="bf16-mixed", with "ratio_float32" (over fasttrain's float32 step), "ratio" over
 PyTorch's step under torch.autocast("cpu", dtype=torch.bfloat16) (channels_last for the CNNs), and
 "peak_fraction" over "bf16_matmul_peak", a large bfloat16 matmul's GFLOP/s measured in the same run.
@@ -189,6 +191,32 @@ def gpt(lib, vocab=512, steps=128, dim=128, heads=4, depth=2):
     return GPT()
 
 
+def seq2seq(lib, vocab=512, steps=64, dim=128, heads=4, layers=2):
+    """nn.Transformer (post-norm, ReLU, PyTorch's default dropout 0.1) between source and target token
+    embeddings with learned positions: the target causal, padding (id 0) masked in every attention over its
+    keys, then the projection to the vocabulary; the same code for lib = fasttrain or torch."""
+    nn = lib.nn
+
+    class Seq2Seq(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.src_emb, self.tgt_emb = nn.Embedding(vocab, dim), nn.Embedding(vocab, dim)
+            self.src_pos, self.tgt_pos = (nn.Parameter(lib.zeros(1, steps, dim)) for _ in range(2))
+            self.tf = nn.Transformer(dim, heads, layers, layers, 4 * dim, batch_first=True)
+            self.out = nn.Linear(dim, vocab)
+
+        def forward(self, src, tgt):
+            causal = self.tf.generate_square_subsequent_mask(tgt.shape[1])
+            h = self.tf(self.src_emb(src) + self.src_pos, self.tgt_emb(tgt) + self.tgt_pos, tgt_mask=causal,
+                        src_key_padding_mask=src == 0, memory_key_padding_mask=src == 0,
+                        tgt_key_padding_mask=tgt == 0)
+            return self.out(h)
+    return Seq2Seq()
+
+
+MODELS = {"vit": vit, "gpt": gpt, "seq2seq": seq2seq}
+
+
 def next_token_loss(lib):
     return lambda logits, targets: lib.nn.functional.cross_entropy(logits.transpose(1, 2), targets)
 
@@ -196,22 +224,30 @@ def next_token_loss(lib):
 def transformer_steps(net, batch, bf16):
     """(fasttrain's float32 step, its bf16-mixed step (with bf16 true, else None), FLOPs per sample, torch's
     eager float32 step and its bf16-autocast step (PyTorch's fastest CPU mode) or None, samples' unit) for the
-    ViT or GPT model."""
+    ViT, GPT or seq2seq model."""
     rng = np.random.default_rng(0)
     if net == "vit":
         x = rng.standard_normal((batch, 3, 32, 32)).astype(np.float32)
         y = rng.integers(0, 10, batch)
         shape, kw, loss, unit = (3, 32, 32), {}, ft.nn.CrossEntropyLoss(), "images/s"
-    else:
+    elif net == "gpt":
         tokens = rng.integers(0, 512, (batch, 129))
         x, y = np.ascontiguousarray(tokens[:, :-1]), np.ascontiguousarray(tokens[:, 1:])
         shape, kw, loss, unit = (128,), dict(input_dtype=ft.int64, memory_format="contiguous"), \
             next_token_loss(ft), "sequences/s"
-    xt, yt = ft.tensor(x), ft.tensor(y)
+    else:  # sources and targets of 32-64 tokens, padded with 0 to 64; the target fed shifted right
+        src, tgt = (rng.integers(1, 512, (batch, 65)) for _ in range(2))
+        for seq in (src, tgt):
+            for row, length in zip(seq, rng.integers(32, 65, batch)):
+                row[length:] = 0
+        x, y = (np.ascontiguousarray(src[:, :64]), np.ascontiguousarray(tgt[:, :-1])), np.ascontiguousarray(tgt[:, 1:])
+        shape, kw, loss, unit = ((64,), (64,)), dict(input_dtype=ft.int64, memory_format="contiguous"), \
+            next_token_loss(ft), "sequences/s"
+    xt, yt = tuple(map(ft.tensor, x)) if isinstance(x, tuple) else ft.tensor(x), ft.tensor(y)
 
     def step(precision):
         ft.manual_seed(0)
-        model = vit(ft) if net == "vit" else gpt(ft)
+        model = MODELS[net](ft)
         program = model.compile(ft.optim.AdamW(model.parameters(), lr=1e-3), loss, batch_size=batch,
                                 input_shape=shape, precision=precision, **kw)
         return (lambda: program.train_step(xt, yt)), 3 * program.flops_per_sample()
@@ -219,18 +255,18 @@ def transformer_steps(net, batch, bf16):
     ours16 = step("bf16-mixed")[0] if bf16 else None
     if torch is None:
         return ours, ours16, flops, None, None, unit
-    tm = vit(torch) if net == "vit" else gpt(torch)
+    tm = MODELS[net](torch)
     if net == "vit":
         tm = tm.to(memory_format=torch.channels_last)
     topt = torch.optim.AdamW(tm.parameters(), lr=1e-3)
-    tx = torch.from_numpy(x)
+    tx = tuple(map(torch.from_numpy, x)) if isinstance(x, tuple) else torch.from_numpy(x)
     tx = tx.contiguous(memory_format=torch.channels_last) if net == "vit" else tx
     ty = torch.from_numpy(y)
     tloss = torch.nn.CrossEntropyLoss() if net == "vit" else next_token_loss(torch)
 
     def theirs(bf16=False):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            out = tloss(tm(tx), ty)
+            out = tloss(tm(*tx) if isinstance(tx, tuple) else tm(tx), ty)
         topt.zero_grad(set_to_none=True)
         out.backward()
         topt.step()
@@ -361,7 +397,7 @@ def main():
                     extra.update(reference=round(ref, 1), ratio=round(ips16 / ref, 3),
                                  reference_name=f"torch {torch.__version__} bf16 autocast (channels_last)")
                 emit(f"train_step_{net}_b{batch}_bf16", ips16, "images/s", **extra)
-    for net, batch in (("vit", 64), ("gpt", 16)):
+    for net, batch in (("vit", 64), ("gpt", 16), ("seq2seq", 16)):
         ours, ours16, flops, theirs, autocast, unit = transformer_steps(net, batch, bf16)
         runs = [f for f in (ours, ours16, theirs, autocast) if f]
         for _ in range(2):
