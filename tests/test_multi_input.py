@@ -355,3 +355,61 @@ def test_a_transformer_learns_to_copy_its_source():
     ft.fit(p, (src, tgt_in, y), epochs=8, progress=False)
     accuracy = np.mean(p.predict((src, tgt_in)).numpy().argmax(-1) == y)
     assert accuracy > 0.9, accuracy  # chance: 1 / 10
+
+
+def test_fit_on_input_arrays_goes_on_from_epoch_to_epoch_and_from_a_stop():
+    """fit(1) twice is fit(2) (the next epoch's order, not the first's again), and a fit a step callback stopped
+    goes on with the step after it, as over one input's arrays."""
+    histories, losses = [], []
+    for calls in ([2], [1, 1]):
+        m, p = two()
+        ft.manual_seed(5)
+        h = [ft.fit(p, (X, Z, Y), epochs=n, batch_size=8, progress=False) for n in calls]
+        histories.append([e for g in h for e in g["epoch"]])
+        losses.append([v for g in h for v in g["train_loss"]])
+    assert histories == [[1, 2], [1, 2]] and losses[0] == losses[1]
+    steps = []
+    for stop in (None, 2):
+        m, p = two()
+        ft.manual_seed(5)
+        seen = []
+
+        def record(step, metrics):
+            seen.append(metrics["loss"])
+            return step == stop
+
+        ft.fit(p, (X, Z, Y), epochs=1, batch_size=8, progress=False, step_callbacks=[record])
+        if stop:
+            ft.fit(p, (X, Z, Y), epochs=1, batch_size=8, progress=False, step_callbacks=[record])
+        steps.append(seen)
+    assert len(steps[0]) == 6 and steps[1] == steps[0]
+
+
+def test_what_cannot_feed_several_inputs_is_refused_before_training():
+    m, p = two()
+    before = weights(m)
+    with pytest.raises(TypeError, match=r"a fasttrain Loader's batches are \(x, y\)"):
+        ft.fit(p, (X, Z, Y), val_loader=ft.data.Loader((X, Y), 16), progress=False)
+    images = (RNG.random((48, 4)) * 255).astype(np.uint8)
+    with pytest.raises(TypeError, match=r"uint8 arrays for a float input are images .* \(x / 255\)"):
+        ft.fit(p, (images, Z, Y), progress=False)
+    for u, v in zip(before, weights(m)):
+        np.testing.assert_array_equal(u, v)
+
+
+def test_a_bad_id_in_a_later_micro_batch_leaves_the_gradients():
+    """backward adds into .grad as PyTorch's does: an id out of range in the second micro-batch is refused before
+    the first one's gradients are added."""
+    ids, y = tokens(n=12)
+    ft.manual_seed(0)
+    m = Encoder("bool")
+    p = m.compile(ft.optim.SGD(m.parameters(), lr=0.1), batch_size=12, input_shape=((10,), (10,)),
+                  input_dtype=(ft.int64, ft.bool), accumulate_steps=2)
+    p.backward((ids, ids == 0), y)
+    grads = [t.grad.numpy().copy() for t in m.parameters()]
+    bad = ids.copy()
+    bad[9, 0] = 50
+    with pytest.raises(IndexError, match=r"\[9, 0\]"):
+        p.backward((bad, ids == 0), y)
+    for g, t in zip(grads, m.parameters()):
+        np.testing.assert_array_equal(g, t.grad.numpy())

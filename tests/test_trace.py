@@ -2232,3 +2232,13 @@ def test_token_ids_and_masks_sliced_in_forward():
     want = (np.log(np.exp(out).sum(-1)) - np.take_along_axis(out, y[..., None], -1)[..., 0]).mean()
     assert program.backward(ids, y) == pytest.approx(want, rel=1e-5)
     assert gradcheck(program, ids, y, eps=1e-3, rtol=3e-2, atol=1e-3)  # the keys' bias: 0 up to rounding
+
+
+def test_a_model_graph_whose_first_operand_is_a_constant():
+    """nn.Model of `tensor + x`: the constant is reached before the input, which still comes first."""
+    x = nn.Input((4,))
+    model = nn.Model(x, nn.Linear(4, 2)(ft.ones(4) + x))
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=2)
+    out = program.predict(np.zeros((2, 4), np.float32)).numpy()
+    np.testing.assert_allclose(out, np.ones((2, 4)) @ model.linear.weight.numpy().T + model.linear.bias.numpy(),
+                               rtol=1e-6)

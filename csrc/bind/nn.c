@@ -423,8 +423,14 @@ static int loader_fits(PyObject *self) {
     if (n == 1)
         return 0;
     PyErr_Format(PyExc_TypeError, "the program's forward takes %d inputs, but a fasttrain Loader's batches are (x, "
-                 "y): give ft.fit (x1, ..., y) arrays or an iterable of (x1, ..., y) batches", n);
+                 "y): give (x1, ..., y) arrays or an iterable of (x1, ..., y) batches", n);
     return -1;
+}
+
+/* _check_loader(): None, or TypeError where a Loader cannot feed the program (loader_fits). */
+static PyObject *program_check_loader(PyObject *self, PyObject *unused) {
+    (void)unused;
+    return loader_fits(self) < 0 ? NULL : Py_NewRef(Py_None);
 }
 
 /* x as unwrap_x and y as a fasttrain tensor (NULL for None), or -1 with TypeError. */
@@ -1088,6 +1094,7 @@ static PyMethodDef program_methods[] = {
     {"get_dropout_state", program_get_dropout_state, METH_NOARGS, "(seed, offset) of the next dropout mask"},
     {"set_dropout_state", program_set_dropout_state, METH_VARARGS, "set_dropout_state(seed, offset)"},
     {"_set_distributed", program_set_distributed, METH_O, NULL},
+    {"_check_loader", program_check_loader, METH_NOARGS, NULL},
     {"fit_epoch", (PyCFunction)(void (*)(void))program_fit_epoch, METH_VARARGS | METH_KEYWORDS,
      "fit_epoch(loader, optimizer, schedule=None, callback=None, interval=0.25, clip_grad_norm=None, "
      "nan_policy='raise', step_callback=None, every=0, first_step=0) -> (loss_sum, samples, counted, steps, skipped, "

@@ -1361,14 +1361,9 @@ ft_status ft_program_set_loss_scale(ft_program *p, float scale) {
     return FT_OK;
 }
 
-ft_status ft_program_check_batch(ft_program *p, const ft_tensor *x, const ft_tensor *y) {
-    FT_TRY(check_input(p, x));
-    ft_tensor yd;
-    FT_TRY(prepare_targets(p, y, x->shape[0], &yd, NULL));
-    if (yd.storage)
-        ft_tensor_release(&yd);
-    /* the ids an embedding reads from an input, which its forward would
-     * refuse only once the step runs (each input read on the host once) */
+/* The ids an embedding reads from an input, which its forward would
+ * refuse only once the step runs (each input read on the host once). */
+static ft_status check_ids(const ft_program *p, const ft_tensor *x) {
     ft_tensor ids[FT_PROGRAM_MAX_INPUTS] = {0};
     ft_status s = FT_OK;
     for (int i = 0; s == FT_OK && i < p->n; i++) {
@@ -1385,11 +1380,22 @@ ft_status ft_program_check_batch(ft_program *p, const ft_tensor *x, const ft_ten
     return s;
 }
 
+ft_status ft_program_check_batch(ft_program *p, const ft_tensor *x, const ft_tensor *y) {
+    FT_TRY(check_input(p, x));
+    ft_tensor yd;
+    FT_TRY(prepare_targets(p, y, x->shape[0], &yd, NULL));
+    if (yd.storage)
+        ft_tensor_release(&yd);
+    return check_ids(p, x);
+}
+
 int ft_program_num_inputs(const ft_program *p) { return p->ninputs; }
 
 ft_status ft_program_backward(ft_program *p, const ft_tensor *x, const ft_tensor *y, bool accumulate, double *loss,
                               int64_t *correct) {
     FT_TRY(check_input(p, x));
+    if (x->shape[0] > p->batch) /* an id refused in a later micro-batch would leave the earlier ones' gradients */
+        FT_TRY(check_ids(p, x));
     FT_TRY(refresh_low_weights(p));
     ft_tensor yd, xd[FT_PROGRAM_MAX_INPUTS] = {0}, yh = {0}, scores = {0};
     bool count = correct && classifies(p);

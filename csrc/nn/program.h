@@ -216,8 +216,9 @@ int ft_program_num_inputs(const ft_program *p);
  * for the first and added for the others, so they hold the gradient of the
  * batch's loss; with `accumulate` they are added to from the first (the
  * gradients of several batches summed, as PyTorch's backward). *loss gets
- * the loss. Targets are checked before anything runs: a bad batch
- * changes nothing. A non-finite loss stops the step: the batch-norm running
+ * the loss. Inputs and targets are checked before anything runs (and, for
+ * a batch of several micro-batches, the ids an embedding reads from an
+ * input): a bad batch changes nothing. A non-finite loss stops the step: the batch-norm running
  * statistics are put back as they were and *loss tells the caller. With
  * `correct` (may be NULL) and a program that classifies ((classes,)
  * outputs, class targets), the samples whose training-mode output has its

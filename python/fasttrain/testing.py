@@ -190,13 +190,13 @@ def gradcheck(model, inputs, targets, loss=None, *, eps=1e-3, rtol=1e-2, atol=1e
             raise ValueError("gradcheck: a compiled program computes its own loss; pass loss=None")
         program = model
     elif isinstance(model, nn.Module):
-        xs, y = [np.asarray(x) for x in (inputs if isinstance(inputs, tuple) else (inputs,))], np.asarray(targets)
+        one = not isinstance(inputs, tuple)  # a list is one input's values
+        xs, y = [np.asarray(x) for x in ((inputs,) if one else inputs)], np.asarray(targets)
         if loss is None:
             loss = nn.CrossEntropyLoss() if y.dtype.kind in "iu" else nn.MSELoss()
         shapes = [x.shape[1:] for x in xs]
         dtypes = [_BY_NAME["int64"] if x.dtype.kind in "iu" else _BY_NAME["bool"] if x.dtype.kind == "b" else None
                   for x in xs]
-        one = not isinstance(inputs, tuple)
         program = model.compile(optim.SGD(model.parameters(), lr=0), loss, batch_size=len(xs[0]),
                                 input_shape=shapes[0] if one else tuple(shapes),
                                 input_dtype=dtypes[0] if one else tuple(dtypes))

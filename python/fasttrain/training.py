@@ -42,12 +42,15 @@ def _split(program, batch):
 
 class _InputBatches:
     """Batches ((x1, ..., xk), y) of the arrays of a forward's k inputs and of the targets, in the order of a
-    Loader over the sample indices: shuffled, seeded, and continued from epoch to epoch as a Loader of (x, y)
-    arrays is."""
+    Loader over the sample indices: shuffled, seeded, and continued from epoch to epoch (and from where a fit
+    stopped) as a Loader of (x, y) arrays is, its epoch and position being that Loader's."""
 
-    def __init__(self, inputs, targets, batch_size, shuffle):
+    def __init__(self, inputs, targets, batch_size, shuffle, dtypes):
         from .data import Loader, _host_tensor
         self._inputs = [_host_tensor(a, "the inputs") for a in inputs]
+        if any(a.dtype.name == "uint8" and d.is_floating_point for a, d in zip(self._inputs, dtypes)):
+            raise TypeError("uint8 arrays for a float input are images that a Loader scales to [0, 1], which it "
+                            "does for one input only: give a forward of several inputs float32 images (x / 255)")
         n = len(targets)
         if any(len(a) != n for a in self._inputs):
             raise ValueError(f"the input arrays have {[len(a) for a in self._inputs]} samples, the targets {n}")
@@ -55,6 +58,13 @@ class _InputBatches:
 
     def __len__(self):
         return len(self._indices)
+
+    epoch = property(lambda self: self._indices.epoch, lambda self, epoch: setattr(self._indices, "epoch", epoch))
+    _resume = property(lambda self: self._indices._resume,
+                       lambda self, resume: setattr(self._indices, "_resume", resume))
+
+    def _position(self):
+        return self._indices._position()
 
     def set_epoch(self, epoch):
         self._indices.set_epoch(epoch)
@@ -87,8 +97,8 @@ def _as_loader(program, data, batch_size, shuffle):
     key = tuple(map(id, x)) if isinstance(x, tuple) else id(x), id(y), batch_size
     kept = loaders.get(shuffle)
     if kept is None or kept[0] != key:
-        kept = loaders[shuffle] = key, _InputBatches(x, y, batch_size, shuffle) if isinstance(x, tuple) else \
-            Loader((x, y), batch_size, shuffle=shuffle)
+        kept = loaders[shuffle] = key, _InputBatches(x, y, batch_size, shuffle, program._input_dtypes) \
+            if isinstance(x, tuple) else Loader((x, y), batch_size, shuffle=shuffle)
     return kept[1]
 
 
@@ -240,19 +250,25 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
                         (batch_size or program.batch_size) if isinstance(loader, tuple) else batch_size, True)
     if isinstance(val_loader, tuple):
         val_loader = _as_loader(program, val_loader, program.batch_size, False)
+    for fed in (loader, val_loader):  # before any step: a validation loader that cannot feed the program too
+        if _is_c_loader(fed):
+            program._c._check_loader()
     history = History((k, []) for k in ("epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy", "lr",
                                         "seconds", "images_per_second", "skipped_steps", "loss_scale"))
     c_loader = _is_c_loader(loader)
+    kept = c_loader or isinstance(loader, _InputBatches)  # keeps its epoch, and the position a stop left
     from . import distributed
     progress = progress and distributed.get_rank() == 0
     for count in range(epochs):
         program._train_modes()
         program._check_compiled()
         skipped_before_epoch = program.skipped_steps
-        if c_loader:
+        if kept:
             epoch = loader.epoch
             if loader._resume and loader._position()[1] < len(loader):
-                loader._resume = False  # finish the restored epoch from its position
+                # finish the restored epoch from its position: the C epoch starts there, a pass in Python (iter)
+                # takes the position up itself
+                loader._resume = not c_loader
             else:
                 if loader._resume:  # a position restored at an epoch's end: the next one
                     epoch += 1
@@ -282,6 +298,8 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
                     x, y = _split(program, batch)
                     loss, step_correct = program._step(x, y)
                 except (ValueError, TypeError, IndexError, RuntimeError) as e:  # say where it happened
+                    if kept:  # the next fit goes on after the steps that ran, past the bad batch, as in C
+                        loader._resume = True
                     raise type(e)(f"epoch {epoch + 1}, step {step + 1}: {e}") from e
                 n = len(y)
                 if program.skipped_steps == skipped_before:  # a skipped step's loss is not finite
@@ -305,7 +323,7 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
                     bar.close()
                 break
         seconds = time.perf_counter() - start
-        if c_loader:
+        if kept:
             if stopped:  # the next fit goes on from the position where this one stopped
                 loader._resume = True
             else:
@@ -313,7 +331,7 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
         # an epoch-interval scheduler steps when the epoch is over, a stop at its last step included (the next fit
         # starts the following epoch)
         if scheduler is not None and scheduler_interval == "epoch" and \
-                (not stopped or (c_loader and loader._position()[1] >= len(loader))):
+                (not stopped or (kept and loader._position()[1] >= len(loader))):
             scheduler.step()
         # the loss and accuracy of the steps that ran (a skipped step's loss is not finite; NaN when none ran);
         # the speed of all

@@ -1640,4 +1640,5 @@ def topological(outputs):
 
     for o in outputs:
         visit(o)
+    order.sort(key=lambda n: n.module is not None)  # the inputs first: a constant may have been reached before one
     return order

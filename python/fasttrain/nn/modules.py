@@ -328,10 +328,10 @@ class Module:
             return tuple(tuple(o.shape[1:]) if isinstance(o, Symbolic) else None for o in out)
         raise TypeError(f"{type(self).__name__}.forward returned {type(out).__name__}, not traced values")
 
-    def summary(self, input_shape=None, batch_size=1):
+    def summary(self, input_shape=None, batch_size=1, input_dtype=None):
         """Layers, output shapes, parameter counts, FLOPs and activation memory (see ft.nn.program.summary)."""
         from .program import summary
-        return summary(self, input_shape, batch_size)
+        return summary(self, input_shape, batch_size, input_dtype)
 
     def compile(self, optimizer, loss=None, **options):
         """Compiles this model into a C training program (see ft.nn.program.compile)."""

@@ -599,7 +599,8 @@ class Program:
             if not isinstance(x, (tuple, list)) or len(x) != len(dtypes):
                 got = f"a {type(x).__name__} of {len(x)}" if isinstance(x, (tuple, list)) else type(x).__name__
                 raise TypeError(f"the model's forward takes {len(dtypes)} inputs: give x as a tuple of as many "
-                                f"batches, got {got}")
+                                f"batches, got {got} (batches are (x1, ..., x{len(dtypes)}, y) or ((x1, ..., "
+                                f"x{len(dtypes)}), y))")
             return tuple(self._input_as(t, dtype) for t, dtype in zip(x, dtypes))
         return self._input_as(x, dtypes[0])
 
