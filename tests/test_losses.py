@@ -581,3 +581,133 @@ def test_losses_written_with_other_ops_match_pytorch():
         nn.PoissonNLLLoss(full=True)
     with pytest.raises(ValueError, match="eps must be >= 0"):
         F.gaussian_nll_loss(ft.ones(2), ft.ones(2), ft.ones(2), eps=-1.0)
+
+
+V, T = 7, 5
+
+
+def tagger(lib=nn):
+    """Token ids to per-position scores (N, T, V), and the input's own mask (N, T) as a second output; lib is
+    fasttrain.nn or torch.nn."""
+    class Tagger(lib.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.out = lib.Embedding(V, 6), lib.Linear(6, V)
+
+        def forward(self, ids, keep):
+            return self.out(self.emb(ids)), keep.float()
+    return Tagger()
+
+
+def sequences(n=8, seed=0):
+    rng = np.random.default_rng(seed)
+    ids, y = rng.integers(0, V, (n, T)), rng.integers(1, V, (n, T))
+    y[:, 3:] = 0  # padding
+    y[0] = 0      # a sample with nothing to learn from
+    return ids, y, rng.random((n, T)) > 0.3
+
+
+def label_masked(out, y):
+    per = F.cross_entropy(out[0].transpose(1, 2), y, reduction="none")
+    mask = (y != 0).float()
+    return (per * mask).sum() / mask.sum()
+
+
+def input_masked(out, y):
+    scores, keep = out
+    return (F.cross_entropy(scores.transpose(1, 2), y, reduction="none") * keep).sum() / keep.sum()
+
+
+def masked_program(loss, accumulate_steps=1, n=8, **kw):
+    ft.manual_seed(0)
+    model = tagger()
+    return model, model.compile(ft.optim.SGD(model.parameters(), lr=0.1), loss, batch_size=n,
+                                input_shape=((T,), (T,)), input_dtype=(ft.int64, ft.bool), target_shape=(T,),
+                                target_dtype=ft.int64, accumulate_steps=accumulate_steps, **kw)
+
+
+@pytest.mark.parametrize("accumulate_steps", [1, 2, 4])
+def test_a_masked_mean_is_the_mean_over_the_batchs_kept_positions(accumulate_steps):
+    """(loss * mask).sum() / mask.sum(): the sum over the whole batch's kept positions over their count, also when
+    the batch runs as micro-batches (each divides by the whole batch's count, counted before the step), equal to
+    cross-entropy's ignore_index; evaluate gives the same loss."""
+    ids, y, keep = sequences()
+    _, p = masked_program(label_masked, accumulate_steps)
+    ft.manual_seed(0)
+    ref_model = tagger()
+    ref = ref_model.compile(ft.optim.SGD(ref_model.parameters(), lr=0.1),
+                            lambda out, t: F.cross_entropy(out[0].transpose(1, 2), t, ignore_index=0), batch_size=8,
+                            input_shape=((T,), (T,)), input_dtype=(ft.int64, ft.bool), target_shape=(T,),
+                            target_dtype=ft.int64)
+    loss, want = p.backward((ids, keep), y), ref.backward((ids, keep), y)
+    assert loss == pytest.approx(want, rel=1e-6)
+    for a, b in zip(p.model.parameters(), ref_model.parameters()):
+        np.testing.assert_allclose(a.grad.numpy(), b.grad.numpy(), rtol=1e-5, atol=1e-7)
+    assert p.evaluate((ids, keep), y)[0] == pytest.approx(ref.evaluate((ids, keep), y)[0], rel=1e-6)
+
+
+def test_a_mask_from_an_input_matches_numpy_finite_differences_and_pytorch():
+    ids, y, keep = sequences(seed=1)
+    model, p = masked_program(input_masked)
+    scores = model(ft.tensor(ids), ft.tensor(keep))[0].numpy().astype(np.float64)
+    per = np.log(np.exp(scores).sum(-1)) - np.take_along_axis(scores, y[..., None], -1)[..., 0]
+    assert p.backward((ids, keep), y) == pytest.approx((per * keep).sum() / keep.sum(), rel=1e-5)
+    assert gradcheck(p, (ids, keep), y, eps=1e-3, rtol=2e-2, atol=1e-4)
+    torch = pytest.importorskip("torch")
+    theirs = tagger(torch.nn)
+    theirs.load_state_dict({k: torch.tensor(np.asarray(v)) for k, v in model.state_dict().items()})
+    model.zero_grad()
+    loss = p.backward((ids, keep), y)
+    out, kept = theirs(torch.tensor(ids), torch.tensor(keep))
+    expected = (torch.nn.functional.cross_entropy(out.transpose(1, 2), torch.tensor(y), reduction="none")
+                * kept).sum() / kept.sum()
+    expected.backward()
+    assert loss == pytest.approx(expected.item(), rel=1e-5)
+    for name, t in theirs.named_parameters():
+        np.testing.assert_allclose(dict(model.named_parameters())[name].grad.numpy(), t.grad.numpy(), rtol=1e-4,
+                                   atol=1e-7, err_msg=name)
+
+
+@pytest.mark.skipif(not ft.backends.cpu_has_bf16(), reason="bf16-mixed runs as float32 on this CPU")
+def test_a_bf16_mixed_masked_mean_is_near_float32():
+    ids, y, keep = sequences(seed=2)
+    losses = [masked_program(input_masked, precision=precision)[1].backward((ids, keep), y)
+              for precision in ("32-true", "bf16-mixed")]
+    assert losses[1] == pytest.approx(losses[0], rel=2e-2)
+
+
+def test_what_a_masked_mean_cannot_be_is_refused_and_a_batch_that_keeps_nothing_changes_nothing():
+    def trained_count(out, y):
+        per = F.cross_entropy(out[0].transpose(1, 2), y, reduction="none")
+        return per.sum() / out[0].sum()
+
+    with pytest.raises(ValueError, match="denominator of a ratio loss .* depends on a trained parameter"):
+        masked_program(trained_count)
+
+    def dropped_count(out, y):
+        per = F.cross_entropy(out[0].transpose(1, 2), y, reduction="none")
+        keep = F.dropout(out[1], 0.5)
+        return (per * keep).sum() / keep.sum()
+
+    with pytest.raises(ValueError, match="passes through a dropout"):
+        masked_program(dropped_count)
+
+    def sum_over_mean(out, y):
+        return F.cross_entropy(out[0].transpose(1, 2), y, reduction="none").sum() / out[1].mean()
+
+    with pytest.raises(ft.nn.TracingError, match=r"sum / sum .*\(loss \* mask\).sum\(\) / mask.sum\(\)"):
+        masked_program(sum_over_mean)
+
+    def clamped(out, y):
+        per = F.cross_entropy(out[0].transpose(1, 2), y, reduction="none")
+        return (per * out[1]).sum() / out[1].sum().clamp(min=1)
+
+    with pytest.raises(ft.nn.TracingError, match=r"compiles as \(loss \* mask\).sum\(\) / mask.sum\(\)"):
+        masked_program(clamped)
+    ids, y, keep = sequences()
+    model, p = masked_program(input_masked)
+    before = [t.numpy().copy() for t in model.parameters()]
+    with pytest.raises(ValueError, match="sums to 0 over the batch, so the loss is undefined; no step was taken"):
+        p.train_step((ids, np.zeros_like(keep)), y)
+    for a, t in zip(before, model.parameters()):
+        np.testing.assert_array_equal(a, t.numpy())

@@ -2127,12 +2127,12 @@ def tagger(V, width, log_probs=False):
     return Tagger()
 
 
-@pytest.mark.parametrize("reduce", ["mean", "masked_sum", "weighted"])
+@pytest.mark.parametrize("reduce", ["mean", "masked_sum", "weighted", "masked_mean"])
 def test_per_position_losses_with_reduction_none(reduce):
     """F.cross_entropy(logits.transpose(1, 2), y, reduction='none') of a sequence gives PyTorch's per-position
     losses (N, T) when traced, which reduce as the user writes: .mean() over every position, a sum of the positions
-    a mask keeps over N, a weighting per position; against NumPy's losses, and gradients against central
-    differences."""
+    a mask keeps over N, a weighting per position, a mean over the positions a mask keeps; against NumPy's losses,
+    and gradients against central differences."""
     V, T = 6, 4
 
     def loss(out, y):
@@ -2142,6 +2142,9 @@ def test_per_position_losses_with_reduction_none(reduce):
             return per.mean()
         if reduce == "masked_sum":
             return (per * (y > 2)).sum() / y.shape[0]
+        if reduce == "masked_mean":
+            mask = (y > 2).float()
+            return (per * mask).sum() / mask.sum()
         return (per * ft.tensor([1.0, 0.5, 0.25, 2.0])).mean()
     ft.manual_seed(42)
     model = tagger(V, 8)
@@ -2153,6 +2156,7 @@ def test_per_position_losses_with_reduction_none(reduce):
     per = np.log(np.exp(out).sum(-1)) - np.take_along_axis(out, y[..., None], -1)[..., 0]
     per[y == 0] = 0  # ignored
     want = per.mean() if reduce == "mean" else (per * (y > 2)).sum() / 3 if reduce == "masked_sum" else \
+        (per * (y > 2)).sum() / (y > 2).sum() if reduce == "masked_mean" else \
         (per * np.array([1.0, 0.5, 0.25, 2.0])).mean()
     assert program.backward(ids, y) == pytest.approx(want, rel=1e-5)
     assert gradcheck(program, ids, y, eps=1e-3, rtol=2e-2, atol=1e-4)

@@ -177,7 +177,7 @@ static int parse_node(ft_module_state *st, PyObject *d, ft_node *nd) {
         get_long(d, "channels", 0, &channels) < 0 || get_math_op(d, "math_op", &nd->math_op) < 0)
         return -1;
     if ((dtype != FT_FLOAT32 && dtype != FT_INT64 && dtype != FT_BOOL) || reduction < 0 ||
-        reduction > FT_NODE_REDUCE_BATCHMEAN) {
+        reduction > FT_NODE_REDUCE_RATIO) {
         PyErr_Format(PyExc_ValueError, "node dtype code %lld or reduction code %lld is not one a program takes", dtype,
                      reduction);
         return -1;
@@ -1177,7 +1177,8 @@ static const char *act_name(int k) { return ft_act_name((ft_act_kind)k); }
 /* PyTorch's names of the reductions a loss node does. */
 static const char *reduction_name(int k) {
     static const char *names[] = {[FT_NODE_REDUCE_NONE] = "none", [FT_NODE_REDUCE_MEAN] = "mean",
-                                  [FT_NODE_REDUCE_SUM] = "sum", [FT_NODE_REDUCE_BATCHMEAN] = "batchmean"};
+                                  [FT_NODE_REDUCE_SUM] = "sum", [FT_NODE_REDUCE_BATCHMEAN] = "batchmean",
+                                  [FT_NODE_REDUCE_RATIO] = "ratio"};
     return names[k];
 }
 
@@ -1187,5 +1188,5 @@ int ft_py_bind_nn(PyObject *module) {
         ft_py_add_enum(module, "ACTIVATIONS", FT_NUM_ACTS, act_name) < 0 ||
         PyModule_AddIntConstant(module, "NODE_MAX_INPUTS", FT_NODE_MAX_INPUTS) < 0)
         return -1;
-    return ft_py_add_enum(module, "REDUCTIONS", FT_NODE_REDUCE_BATCHMEAN + 1, reduction_name);
+    return ft_py_add_enum(module, "REDUCTIONS", FT_NODE_REDUCE_RATIO + 1, reduction_name);
 }

@@ -1216,7 +1216,12 @@ static ft_status one_hot_forward(const ft_node_run *r) { return ft_one_hot_forwa
 static ft_status detach_forward(const ft_node_run *r) { return ft_tensor_copy(&r->out, &r->in[0], false); }
 
 static ft_status sum_check(const ft_node *nd, const ft_node *const *in) {
-    return nd->ndim == 0 ? FT_OK : ft_fail(FT_ERR_SHAPE, "program: a sum gives one value per sample");
+    if (nd->ndim != 0)
+        return ft_fail(FT_ERR_SHAPE, "program: a sum gives one value per sample");
+    return (nd->ninputs == 2) == (nd->reduction == FT_NODE_REDUCE_RATIO)
+               ? FT_OK
+               : ft_fail(FT_ERR_VALUE, "program: a sum has a second input (the denominator) exactly when it is a "
+                                       "ratio");
 }
 
 static ft_status sum_prepare(const ft_node *nd, const ft_node *const *in, const ft_tensor *y, int64_t batch,
@@ -1224,7 +1229,7 @@ static ft_status sum_prepare(const ft_node *nd, const ft_node *const *in, const 
     int64_t n = ft_node_numel(in[0]);
     *norm = nd->reduction == FT_NODE_REDUCE_MEAN        ? (double)batch * (double)n
             : nd->reduction == FT_NODE_REDUCE_BATCHMEAN ? (double)batch
-                                                        : 1.0;
+                                                        : 1.0; /* a ratio's: the program's first pass (ratio_norms) */
     return FT_OK;
 }
 
@@ -1284,7 +1289,7 @@ const ft_node_kind_info ft_node_kinds[FT_NODE_NKINDS] = {
     [FT_NODE_CROSS_ENTROPY] = {"cross_entropy", 2, 2, 0, class_check, cross_entropy_aux, NULL,
                                cross_entropy_forward, cross_entropy_backward, class_prepare, .precision = FT_NODE_ANY},
     [FT_NODE_NLL] = {"nll", 2, 2, 0, class_check, factor_aux, NULL, nll_forward, nll_backward, class_prepare},
-    [FT_NODE_SUM] = {"sum", 1, 1, 0, sum_check, sum_aux, NULL, sum_forward, sum_backward, sum_prepare},
+    [FT_NODE_SUM] = {"sum", 1, 2, 0, sum_check, sum_aux, NULL, sum_forward, sum_backward, sum_prepare},
     [FT_NODE_SOFTMAX] = {"softmax", 1, 1, 0, softmax_check, NULL, NULL, softmax_forward, softmax_backward, .precision = FT_NODE_ANY},
     [FT_NODE_LOG_SOFTMAX] = {"log_softmax", 1, 1, 0, softmax_check, NULL, NULL, softmax_forward, softmax_backward, .precision = FT_NODE_ANY},
     [FT_NODE_GROUPNORM] = {"group_norm", 1, 1, 0, groupnorm_check, groupnorm_aux, NULL, groupnorm_forward,

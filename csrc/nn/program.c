@@ -57,6 +57,7 @@ struct ft_program {
     double *norm;           /* (n) each loss node's normalizer for the batch being run */
     ft_tensor loss_value;   /* (1) float32: a micro-batch's loss */
     bool *trains;           /* (n) whether a node's value depends on a trained parameter (wants a gradient) */
+    bool *ratio_pass;       /* (n) the nodes a ratio's denominator reads, run first over the whole batch, or NULL */
     bool *written;          /* (n) whether dout[i] holds a contribution of this micro-batch */
     /* Parameter gradients, each view once (tied weights share one): which
      * slot each node's dweight and dbias is, and whether the step wrote it. */
@@ -81,6 +82,10 @@ static const ft_node_kind_info *row(const ft_program *p, int i) { return &ft_nod
 static bool is_image(const ft_node *nd) { return nd->ndim == 3; }
 
 static bool is_input(const ft_program *p, int i) { return i < p->ninputs; }
+
+static bool is_ratio(const ft_program *p, int i) {
+    return p->nodes[i].kind == FT_NODE_SUM && p->nodes[i].reduction == FT_NODE_REDUCE_RATIO;
+}
 
 /* Whether node i's output is its input's memory (no op runs). */
 static bool is_view(const ft_program *p, int i, bool training) {
@@ -760,6 +765,36 @@ static void plan_dtypes(ft_program *p) {
 
 /* Points the weight of every LOW node that runs in the low precision, and of
  * every parameter node that is low, at its copy in low_params. */
+/* ratio_pass: the nodes each ratio's denominator depends on (inputs and
+ * targets aside), which ratio_norms runs over the whole batch before the
+ * step. They must hold no state a second run would move or draw differently
+ * (batch norm, dropout, noise), and no gradient may reach the denominator. */
+static ft_status plan_ratios(ft_program *p) {
+    for (int r = 0; r < p->n; r++) {
+        if (!is_ratio(p, r))
+            continue;
+        int d = p->nodes[r].inputs[1];
+        if (p->trains[d])
+            return ft_fail(FT_ERR_VALUE, "program: the denominator of a ratio loss (a masked mean's count) depends on "
+                                         "a trained parameter; compute it from the targets or the inputs");
+        if (!p->ratio_pass && !(p->ratio_pass = calloc((size_t)p->n, sizeof *p->ratio_pass)))
+            return ft_fail(FT_ERR_NOMEM, "out of memory creating a program");
+        p->ratio_pass[d] = true;
+    }
+    for (int i = p->n - 1; p->ratio_pass && i >= p->ninputs; i--) {
+        if (!p->ratio_pass[i])
+            continue;
+        ft_node_kind k = p->nodes[i].kind;
+        if (k == FT_NODE_DROPOUT || k == FT_NODE_NOISE || k == FT_NODE_BATCHNORM)
+            return ft_fail(FT_ERR_VALUE, "program: the denominator of a ratio loss (a masked mean's count) passes "
+                                         "through a %s, which a first pass over the batch would run twice",
+                           row(p, i)->name);
+        for (int k2 = 0; k2 < p->nodes[i].ninputs; k2++)
+            p->ratio_pass[p->nodes[i].inputs[k2]] = true;
+    }
+    return FT_OK;
+}
+
 static ft_status use_low_weights(ft_program *p) {
     if (p->compute == FT_FLOAT32)
         return FT_OK;
@@ -820,6 +855,7 @@ void ft_program_destroy(ft_program *p) {
     if (p->low_params.storage)
         ft_tensor_release(&p->low_params);
     free(p->dtype);
+    free(p->ratio_pass);
     free(p->nodes);
     free(p->last_consumer);
     free(p->replay_at);
@@ -897,8 +933,10 @@ ft_status ft_program_create(ft_program **out, int nnodes, const ft_node *nodes, 
     if (s == FT_OK) {
         number_slots(p);
         plan_dtypes(p);
-        s = use_low_weights(p);
+        s = plan_ratios(p);
     }
+    if (s == FT_OK)
+        s = use_low_weights(p);
     if (s == FT_OK)
         s = plan(p, true, recompute, p->train, &p->train_arena, &p->train_bytes);
     if (s == FT_OK)
@@ -1301,6 +1339,44 @@ static void slots_done(ft_program *p, int i) {
     }
 }
 
+/* Each ratio's normalizer, the batch's sum of its denominator's values:
+ * ratio_pass's nodes run over every micro-batch of x and y (where the
+ * program runs) first, so that every micro-batch's loss divides by the
+ * whole batch's count, as the batch's loss does. */
+static ft_status ratio_norms(ft_program *p, bool training, const ft_tensor *x, const ft_tensor *y, int64_t B) {
+    if (!p->ratio_pass)
+        return FT_OK;
+    for (int r = 0; r < p->n; r++)
+        if (is_ratio(p, r))
+            p->norm[r] = 0;
+    for (int64_t r0 = 0; r0 < B; r0 += p->batch) {
+        int64_t rows = B - r0 < p->batch ? B - r0 : p->batch;
+        take_rows(p, x, y, r0, rows);
+        for (int i = p->ninputs; i < p->n; i++) {
+            if (!p->ratio_pass[i])
+                continue;
+            if (!is_view(p, i, training) && row(p, i)->forward)
+                FT_TRY(forward_node(p, training, i, rows, false));
+            for (int r = i + 1; r < p->n; r++) { /* read now: later nodes of the pass may reuse its memory */
+                if (!is_ratio(p, r) || p->nodes[r].inputs[1] != i)
+                    continue;
+                ft_tensor values = node_out(p, training, i, rows), host;
+                FT_TRY(ft_tensor_on_host(&host, &values, FT_FLOAT32));
+                const float *v = (const float *)ft_tensor_data(&host);
+                for (int64_t k = 0; k < ft_tensor_numel(&host); k++)
+                    p->norm[r] += v[k];
+                ft_tensor_release(&host);
+            }
+        }
+    }
+    for (int r = 0; r < p->n; r++)
+        if (is_ratio(p, r) && !(p->norm[r] > 0))
+            return ft_fail(FT_ERR_VALUE, "program: the denominator of a ratio loss (a masked mean's count) sums to "
+                                         "%g over the batch, so the loss is undefined; no step was taken",
+                           p->norm[r]);
+    return FT_OK;
+}
+
 /* The steps of ft_program_backward over x and y where the program runs;
  * with yh (the labels on the host) the correct predictions are counted
  * through `scores`. */
@@ -1309,7 +1385,8 @@ static ft_status backward_batches(ft_program *p, const ft_tensor *x, const ft_te
     int64_t B = x->shape[0];
     int last = p->n - 1;
     p->step_offset = p->dropout_offset;
-    FT_TRY(copy_statistics(p, true));
+    FT_TRY(copy_statistics(p, true)); /* first: a failure is undone (ft_program_undo) from this backup */
+    FT_TRY(ratio_norms(p, true, x, y, B));
     memset(p->slot_written, accumulate, (size_t)p->nslots * sizeof *p->slot_written);
     for (int64_t r0 = 0; r0 < B; r0 += p->batch) {
         int64_t rows = B - r0 < p->batch ? B - r0 : p->batch;
@@ -1485,6 +1562,7 @@ static ft_status evaluate_batches(ft_program *p, const ft_tensor *x, const ft_te
                                   const ft_tensor *scores) {
     int64_t B = x->shape[0];
     double loss = 0;
+    FT_TRY(ratio_norms(p, false, x, y, B));
     for (int64_t r0 = 0; r0 < B; r0 += p->batch) {
         int64_t rows = B - r0 < p->batch ? B - r0 : p->batch;
         take_rows(p, x, y, r0, rows);

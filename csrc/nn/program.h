@@ -51,7 +51,8 @@ typedef enum {
     FT_NODE_TARGET,    /* the batch's targets (labels), a second input */
     FT_NODE_CROSS_ENTROPY, /* of logits (C,) and a class target (): each sample's loss, () */
     FT_NODE_NLL,       /* of log-probabilities (C,) and a class target (): each sample's loss, () */
-    FT_NODE_SUM,       /* of every per-sample value: (), the batch's reduction of an elementwise loss */
+    FT_NODE_SUM,       /* of every per-sample value: (), the batch's reduction of an elementwise loss; with the
+                          ratio reduction over a second input's batch sum */
     FT_NODE_SOFTMAX,     /* along per-sample dimension dim */
     FT_NODE_LOG_SOFTMAX, /* along per-sample dimension dim */
     FT_NODE_GROUPNORM,   /* over groups of channels, (C, ...) samples */
@@ -86,6 +87,8 @@ typedef enum {
                                  of the class weights of the samples not ignored, as PyTorch */
     FT_NODE_REDUCE_SUM,       /* 1 */
     FT_NODE_REDUCE_BATCHMEAN, /* the batch size */
+    FT_NODE_REDUCE_RATIO,     /* sum: the batch's sum of the values of its second input (a masked mean's count),
+                                 which no trained parameter, dropout or batch norm may reach */
 } ft_node_reduction;
 
 typedef struct {

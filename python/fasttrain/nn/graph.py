@@ -182,6 +182,20 @@ def _view(method):
     return view
 
 
+def _ratio(numerator, denominator):
+    """A loss over the batch divided by another batch sum: the masked mean (loss * mask).sum() / mask.sum(), each
+    sample's share divided by the whole batch's count (of every micro-batch) before the step runs. Two sums, or two
+    means of as many values per sample."""
+    a, b = numerator.node, denominator.node
+    layers = _layers()
+    if not (isinstance(a.module, layers.Sum) and isinstance(b.module, layers.Sum) and
+            (a.module.reduction, b.module.reduction) in (("sum", "sum"), ("mean", "mean")) and
+            (a.module.reduction == "sum" or math.prod(a.inputs[0].shape) == math.prod(b.inputs[0].shape))):
+        fail("a ratio of batch reductions other than sum / sum (or mean / mean of as many values)",
+             "divide one .sum() by another: (loss * mask).sum() / mask.sum()")
+    return Symbolic(Node(layers.Sum("ratio"), [a.inputs[0], b.inputs[0]], (), True))
+
+
 def _per_sample_mean(loss):
     """loss / N for a loss summed over the batch: the same losses with reduction 'batchmean' (the sum divided by the
     batch size, which is known only when the step runs) in place of 'sum', combined as loss combines them."""
@@ -364,8 +378,8 @@ class Symbolic:
             if True in flags and (len(flags) > 1 or not isinstance(module, (layers.Add, layers.Scale))):
                 fail(f"{type(module).__name__.lstrip('_')} of a loss already reduced over the batch",
                      "combine reduced losses linearly (a + 0.5 * b), or reduce last (reduction='none', then .mean()); "
-                     "a mean over the positions a mask keeps, (loss * mask).sum() / mask.sum(), is the loss's "
-                     "ignore_index (reduction='mean' averages over the labels not ignored)")
+                     "a mean over the positions a mask keeps compiles as (loss * mask).sum() / mask.sum(), its count "
+                     "as it is (a batch whose mask keeps nothing is refused)")
             reduced = flags == {True}
         out = Symbolic(Node(module, [x.node for x in inputs], shape, reduced))
         out.node.dtype = kept
@@ -491,6 +505,8 @@ class Symbolic:
             return self * (1.0 / other)
         if other is N:
             return _per_sample_mean(self)
+        if self.node.reduced and isinstance(other, Symbolic) and other.node.reduced:
+            return _ratio(self, other)
         o = self._operand(other)
         if o is None:
             return NotImplemented

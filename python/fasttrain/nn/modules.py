@@ -2663,7 +2663,7 @@ class Sum(Module):
 
     def __init__(self, reduction):
         super().__init__()
-        self.reduction = _reduction("reduce", reduction, ("mean", "sum", "batchmean"))
+        self.reduction = _reduction("reduce", reduction, ("mean", "sum", "batchmean", "ratio"))
 
     def extra_repr(self):
         return repr(self.reduction)
