@@ -289,6 +289,24 @@ def test_several_inputs_match_cpu():
             assert_close(results[1][1][n], g, 1e-4, 1e-4)
 
 
+def test_a_masked_mean_matches_cpu():
+    """(loss * mask).sum() / mask.sum() of a mask input over two micro-batches: the count's first pass over the
+    batch on the device, the loss and every gradient against the CPU."""
+    from test_losses import T, input_masked, sequences, tagger
+    ids, y, keep = sequences(seed=3)
+    results = []
+    for device in ("cpu", "cuda"):
+        ft.manual_seed(0)
+        model = tagger().to(device)
+        program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), input_masked, batch_size=8,
+                                input_shape=((T,), (T,)), input_dtype=(ft.int64, ft.bool), target_shape=(T,),
+                                target_dtype=ft.int64, accumulate_steps=2)
+        results.append((program.backward((ids, keep), y), {n: p.grad for n, p in model.named_parameters()}))
+    assert_losses_close([results[1][0]], [results[0][0]])
+    for n, g in results[0][1].items():
+        assert_close(results[1][1][n], g, 1e-4, 1e-4)
+
+
 def test_nccl_over_one_rank_equals_no_nccl(tmp_path):
     """The NCCL path of a distributed CUDA program (compile(distributed=True) on "cuda"), over a world of one
     MPI rank: the same losses and weights as the program without it."""
