@@ -697,6 +697,13 @@ def gpt_loss(logits, targets, F=F):
     return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
 
 
+def masked_rows_loss(logits, targets, F=F):
+    """The mean of the rows' per-position losses over the positions a mask of the labels keeps."""
+    per = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1, reduction="none")
+    mask = (targets.view(-1) != -1).float()
+    return (per * mask).sum() / mask.sum()
+
+
 def test_a_loss_over_rows_merged_from_the_batch_is_the_sequence_loss():
     rng = np.random.default_rng(13)
     x, y = rng.integers(0, 11, (3, 5)), rng.integers(0, 11, (3, 5))
@@ -708,7 +715,9 @@ def test_a_loss_over_rows_merged_from_the_batch_is_the_sequence_loss():
         # pytorch/examples' word language model: log_softmax of the rows, then nll_loss
         (lambda out, y: F.nll_loss(F.log_softmax(out.view(-1, 11), dim=1), y.view(-1), ignore_index=-1), {}),
         # a target_shape without target_dtype: the class loss reads int64 labels
-        (lambda out, y: F.cross_entropy(out.transpose(1, 2), y, ignore_index=-1), {"target_shape": (5,)})]
+        (lambda out, y: F.cross_entropy(out.transpose(1, 2), y, ignore_index=-1), {"target_shape": (5,)}),
+        # the rows' per-position losses, masked by hand: their mean over the positions kept
+        (masked_rows_loss, {})]
     for loss, targets in forms:
         ft.manual_seed(0)
         model = lm()
@@ -722,16 +731,17 @@ def test_a_loss_over_rows_merged_from_the_batch_is_the_sequence_loss():
 
 
 @needs_torch
-def test_the_gpt_loss_matches_pytorch():
+@pytest.mark.parametrize("sequence_loss", [gpt_loss, masked_rows_loss])
+def test_the_gpt_loss_matches_pytorch(sequence_loss):
     rng = np.random.default_rng(14)
     x, y = rng.integers(0, 11, (3, 5)), rng.integers(0, 11, (3, 5))
     y[1, 4] = -1
     tm, model = lm(torch), lm()
     model.load_state_dict({k: v.detach().numpy() for k, v in tm.state_dict().items()})
-    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), gpt_loss, batch_size=3, input_shape=(5,),
-                            input_dtype=ft.int64)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), sequence_loss, batch_size=3,
+                            input_shape=(5,), input_dtype=ft.int64)
     loss = program.backward(x, y)
-    want = gpt_loss(tm(torch.from_numpy(x)), torch.from_numpy(y), torch.nn.functional)
+    want = sequence_loss(tm(torch.from_numpy(x)), torch.from_numpy(y), torch.nn.functional)
     want.backward()
     assert loss == pytest.approx(want.item(), rel=1e-6)
     np.testing.assert_allclose(model.emb.weight.grad.numpy(), tm.emb.weight.grad.numpy(), rtol=1e-5, atol=1e-7)
@@ -739,7 +749,8 @@ def test_the_gpt_loss_matches_pytorch():
 
 @pytest.mark.parametrize("loss, message", [
     (lambda o, y: F.cross_entropy(o.view(-1, 11), y), "view both: logits.view"),
-    (lambda o, y: F.cross_entropy(o.view(-1, 11), y.view(-1), reduction="none").mean(), "reduction='none'"),
+    (lambda o, y: (F.cross_entropy(o.view(-1, 11), y.view(-1), reduction="none") * o.sum(-1)).sum(),
+     "merged from the batch with values that are not"),
     (lambda o, y: o.view(-1, 11).relu().sum(), "only a class loss takes it"),
     (lambda o, y: F.nll_loss(o.view(-1, 11), y.view(-1)), "merged from values that are not log_softmax's"),
     (lambda o, y: F.softmax(o.view(-1, 11), 1).sum(), "only a class loss takes it"),

@@ -860,7 +860,7 @@ def _legacy_reduction(size_average, reduce, reduction):
     return "none" if not reduce else "mean" if size_average else "sum"
 
 
-def _classes_first(fn, input, target, reduction):
+def _classes_first(fn, input, target):
     """Traced rows merged from a sequence's scores and labels (logits.view(-1, V), y.view(-1)) as the loss's
     (N, C, d...) and (N, d...) form, labels y.view(-1) with (N, C) scores as y; anything else as it is."""
     if not isinstance(input, MergedRows):
@@ -875,9 +875,6 @@ def _classes_first(fn, input, target, reduction):
     if not isinstance(target, MergedRows):
         fail(f"{fn} of rows merged from the batch and values that are not",
              "view both: logits.view(-1, V) and y.view(-1)")
-    if reduction == "none":
-        fail(f"{fn}(..., reduction='none') of merged rows", "use the (N, V, T) form, whose per-position losses "
-             "are (N, T): F.cross_entropy(logits.transpose(1, 2), y, reduction='none')")
     return input.classes_first(), target.classes_first()
 
 
@@ -885,10 +882,12 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
                   label_smoothing=0.0):
     """Class-index targets (int64 or int32) of shape (N) or (N, d...) for input (N, C) or (N, C, d...)."""
     reduction = _legacy_reduction(size_average, reduce, reduction)
-    input, target = _classes_first("cross_entropy", input, target, reduction)
+    merged = isinstance(input, MergedRows)
+    input, target = _classes_first("cross_entropy", input, target)
     if isinstance(input, Symbolic):
-        return M.CrossEntropyLoss(weight, ignore_index=ignore_index, reduction=reduction,
+        loss = M.CrossEntropyLoss(weight, ignore_index=ignore_index, reduction=reduction,
                                   label_smoothing=label_smoothing)(input, target)
+        return MergedRows(loss) if merged and reduction == "none" else loss  # per-position losses, merged too
     _check(input, "input", "cross_entropy")
     _check(target, "target", "cross_entropy")
     loss, _ = _C.cross_entropy_forward(None, False, input, target, weight, reduction, int(ignore_index),

@@ -18,6 +18,7 @@ import functools
 import inspect
 import math
 import numbers
+import operator
 import os
 import sys
 import traceback
@@ -269,7 +270,10 @@ def _dim(d, ndim):
 class MergedRows:
     """Scores (N, d..., C) viewed as (N * prod(d), C) rows, or labels (N, d...) as (N * prod(d),): what PyTorch's
     sequence losses are written with (F.cross_entropy(logits.view(-1, V), y.view(-1))). A class loss takes them
-    as its (N, C, d...) form, the same loss; any other use fails."""
+    as its (N, C, d...) form, the same loss, and gives its per-position losses (reduction='none') merged so too;
+    merged values of one shape combine elementwise, with each other and with numbers (a mask's
+    (y.view(-1) != pad).float(), losses * mask.view(-1)), and reduce by .sum() and .mean(); any other use
+    fails."""
 
     def __init__(self, source, log_probs=False):
         self.source = source
@@ -295,6 +299,51 @@ class MergedRows:
     def sum(self):
         """The sum of every merged value: the source's sum."""
         return self.source.sum()
+
+    def _elementwise(self, op, other, reflected=False):
+        """op of the merged values and a number or merged values of the same per-sample shape, merged too."""
+        if isinstance(other, MergedRows):
+            if other.source.node.shape != self.source.node.shape:
+                fail("an operation of rows merged from values of different shapes",
+                     "combine per-position values of one shape: losses * mask.view(-1)")
+            other = other.source
+        elif not isinstance(other, numbers.Real):
+            fail("an operation of rows merged from the batch with values that are not",
+                 "view both: losses * mask.view(-1)")
+        return MergedRows(op(other, self.source) if reflected else op(self.source, other))
+
+    def __mul__(self, other):
+        return self._elementwise(operator.mul, other)
+
+    def __add__(self, other):
+        return self._elementwise(operator.add, other)
+
+    def __sub__(self, other):
+        return self._elementwise(operator.sub, other)
+
+    def __truediv__(self, other):
+        return self._elementwise(operator.truediv, other)
+
+    def __rmul__(self, other):
+        return self._elementwise(operator.mul, other, True)
+
+    def __radd__(self, other):
+        return self._elementwise(operator.add, other, True)
+
+    def __rsub__(self, other):
+        return self._elementwise(operator.sub, other, True)
+
+    def __eq__(self, other):
+        return self._elementwise(operator.eq, other)
+
+    def __ne__(self, other):
+        return self._elementwise(operator.ne, other)
+
+    __hash__ = object.__hash__
+
+    def float(self):
+        """The merged values as floats (a mask's 0 and 1)."""
+        return MergedRows(self.source.float())
 
     def classes_first(self):
         """The (N, C, d...) scores, or the (N, d...) labels, of a class loss's own form."""
