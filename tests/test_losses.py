@@ -668,6 +668,25 @@ def test_a_mask_from_an_input_matches_numpy_finite_differences_and_pytorch():
                                    atol=1e-7, err_msg=name)
 
 
+@pytest.mark.parametrize("count, guarded", [(lambda s: s.clamp(min=1), lambda c: np.maximum(c, 1)),
+                                            (lambda s: s + 1e-3, lambda c: c + 1e-3),
+                                            (lambda s: (s + 0.5).clamp(min=2), lambda c: np.maximum(c + 0.5, 2))],
+                         ids=["clamp", "offset", "both"])
+def test_a_masked_means_count_may_be_guarded_as_pytorch_code_guards_it(count, guarded):
+    """mask.sum().clamp(min=1) and mask.sum() + eps: the batch's count so adjusted once, over micro-batches too; a
+    batch whose mask keeps nothing then has the loss 0."""
+    def loss(out, y):
+        per = F.cross_entropy(out[0].transpose(1, 2), y, reduction="none")
+        return (per * out[1]).sum() / count(out[1].sum())
+
+    ids, y, keep = sequences(seed=4)
+    model, p = masked_program(loss, accumulate_steps=2)
+    scores = model(ft.tensor(ids), ft.tensor(keep))[0].numpy().astype(np.float64)
+    per = np.log(np.exp(scores).sum(-1)) - np.take_along_axis(scores, y[..., None], -1)[..., 0]
+    assert p.backward((ids, keep), y) == pytest.approx((per * keep).sum() / guarded(keep.sum()), rel=1e-5)
+    assert p.backward((ids, np.zeros_like(keep)), y) == 0.0
+
+
 @pytest.mark.skipif(not ft.backends.cpu_has_bf16(), reason="bf16-mixed runs as float32 on this CPU")
 def test_a_bf16_mixed_masked_mean_is_near_float32():
     ids, y, keep = sequences(seed=2)
@@ -698,16 +717,16 @@ def test_what_a_masked_mean_cannot_be_is_refused_and_a_batch_that_keeps_nothing_
     with pytest.raises(ft.nn.TracingError, match=r"sum / sum .*\(loss \* mask\).sum\(\) / mask.sum\(\)"):
         masked_program(sum_over_mean)
 
-    def clamped(out, y):
-        per = F.cross_entropy(out[0].transpose(1, 2), y, reduction="none")
-        return (per * out[1]).sum() / out[1].sum().clamp(min=1)
+    def clamped_loss(out, y):
+        return F.cross_entropy(out[0].transpose(1, 2), y, reduction="none").sum().clamp(min=1)
 
-    with pytest.raises(ft.nn.TracingError, match=r"compiles as \(loss \* mask\).sum\(\) / mask.sum\(\)"):
-        masked_program(clamped)
+    with pytest.raises(ft.nn.TracingError, match=r"a batch sum clamped other than as a masked mean's count .*at "
+                                                 r".*test_losses.py"):
+        masked_program(clamped_loss)
     ids, y, keep = sequences()
     model, p = masked_program(input_masked)
     before = [t.numpy().copy() for t in model.parameters()]
-    with pytest.raises(ValueError, match="sums to 0 over the batch, so the loss is undefined; no step was taken"):
+    with pytest.raises(ValueError, match="count. is 0 for this batch, so the loss is undefined; no step was taken"):
         p.train_step((ids, np.zeros_like(keep)), y)
     for a, t in zip(before, model.parameters()):
         np.testing.assert_array_equal(a, t.numpy())

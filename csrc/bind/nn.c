@@ -170,6 +170,8 @@ static int parse_node(ft_module_state *st, PyObject *d, ft_node *nd) {
         get_long(d, "slice_start", 0, &slice_start) < 0 || get_long(d, "slice_step", 1, &slice_step) < 0 ||
         get_long(d, "dtype", FT_FLOAT32, &dtype) < 0 || get_long(d, "reduction", FT_NODE_REDUCE_NONE, &reduction) < 0 ||
         get_double(d, "label_smoothing", 0.0, &nd->label_smoothing) < 0 ||
+        get_double(d, "count_offset", 0.0, &nd->count_offset) < 0 ||
+        get_double(d, "count_floor", -INFINITY, &nd->count_floor) < 0 ||
         get_long(d, "ignore_index", -100, &ignore_index) < 0 || get_long(d, "sync", 0, &sync) < 0 ||
         get_long(d, "abn", 0, &abn) < 0 || get_double(d, "flops", 0.0, &nd->flops) < 0 ||
         get_long(d, "align_corners", 0, &align_corners) < 0 || get_double(d, "scale_h", 0.0, &nd->lerp.scale_h) < 0 ||

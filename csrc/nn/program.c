@@ -1369,11 +1369,16 @@ static ft_status ratio_norms(ft_program *p, bool training, const ft_tensor *x, c
             }
         }
     }
-    for (int r = 0; r < p->n; r++)
-        if (is_ratio(p, r) && !(p->norm[r] > 0))
-            return ft_fail(FT_ERR_VALUE, "program: the denominator of a ratio loss (a masked mean's count) sums to "
-                                         "%g over the batch, so the loss is undefined; no step was taken",
+    for (int r = 0; r < p->n; r++) {
+        if (!is_ratio(p, r))
+            continue;
+        const ft_node *nd = &p->nodes[r];
+        p->norm[r] = fmax(p->norm[r] + nd->count_offset, nd->count_floor);
+        if (!(p->norm[r] > 0))
+            return ft_fail(FT_ERR_VALUE, "program: the denominator of a ratio loss (a masked mean's count) is %g for "
+                                         "this batch, so the loss is undefined; no step was taken",
                            p->norm[r]);
+    }
     return FT_OK;
 }
 

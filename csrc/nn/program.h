@@ -126,6 +126,7 @@ typedef struct {
     ft_dtype dtype;          /* the input's and the targets' */
     ft_node_reduction reduction; /* losses: how a sample's value is normalized over the batch */
     double label_smoothing;  /* cross-entropy */
+    double count_offset, count_floor; /* ratio: the normalizer is max(the count + count_offset, count_floor) */
     int64_t ignore_index;    /* cross-entropy, nll */
     double flops;            /* of one sample's forward (a multiply-add counts two): what recomputing it costs */
 } ft_node;

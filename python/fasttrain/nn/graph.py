@@ -183,18 +183,37 @@ def _view(method):
     return view
 
 
+def _count(node):
+    """(the batch reduction, the offset added to it, its floor) of a masked mean's denominator: a batch sum, plus a
+    constant (mask.sum() + 1e-8), clamped from below (mask.sum().clamp(min=1))."""
+    layers, floor, offset = _layers(), -math.inf, 0.0
+    if isinstance(node.module, layers.CountFloor):
+        node, floor = node.inputs[0], node.module.floor
+    def constant(x):  # a number's share per sample (see Symbolic.__add__): the number's Value, or None
+        x = x.inputs[0] if isinstance(x.module, layers.Sum) and x.module.reduction == "batchmean" else None
+        while x is not None and isinstance(x.module, layers.Expand):
+            x = x.inputs[0]
+        return x.module.tensor if x is not None and isinstance(x.module, layers.Value) and \
+            x.module.tensor.numel() == 1 else None
+
+    if isinstance(node.module, layers.Add) and sum(constant(x) is not None for x in node.inputs) == 1:
+        offset = float(next(constant(x) for x in node.inputs if constant(x) is not None).item())
+        node = next(x for x in node.inputs if constant(x) is None)
+    return node, offset, floor
+
+
 def _ratio(numerator, denominator):
     """A loss over the batch divided by another batch sum: the masked mean (loss * mask).sum() / mask.sum(), each
     sample's share divided by the whole batch's count (of every micro-batch) before the step runs. Two sums, or two
-    means of as many values per sample."""
-    a, b = numerator.node, denominator.node
+    means of as many values per sample; the count may be offset by a constant or clamped from below."""
+    a, (b, offset, floor) = numerator.node, _count(denominator.node)
     layers = _layers()
     if not (isinstance(a.module, layers.Sum) and isinstance(b.module, layers.Sum) and
             (a.module.reduction, b.module.reduction) in (("sum", "sum"), ("mean", "mean")) and
             (a.module.reduction == "sum" or math.prod(a.inputs[0].shape) == math.prod(b.inputs[0].shape))):
         fail("a ratio of batch reductions other than sum / sum (or mean / mean of as many values)",
              "divide one .sum() by another: (loss * mask).sum() / mask.sum()")
-    return Symbolic(Node(layers.Sum("ratio"), [a.inputs[0], b.inputs[0]], (), True))
+    return Symbolic(Node(layers.Sum("ratio", offset, floor), [a.inputs[0], b.inputs[0]], (), True))
 
 
 def _per_sample_mean(loss):
@@ -428,7 +447,7 @@ class Symbolic:
                 fail(f"{type(module).__name__.lstrip('_')} of a loss already reduced over the batch",
                      "combine reduced losses linearly (a + 0.5 * b), or reduce last (reduction='none', then .mean()); "
                      "a mean over the positions a mask keeps compiles as (loss * mask).sum() / mask.sum(), its count "
-                     "as it is (a batch whose mask keeps nothing is refused)")
+                     "plus a constant or clamped from below (mask.sum().clamp(min=1)) if need be")
             reduced = flags == {True}
         out = Symbolic(Node(module, [x.node for x in inputs], shape, reduced))
         out.node.dtype = kept
@@ -722,6 +741,8 @@ class Symbolic:
             raise ValueError("clamp: at least one of 'min' or 'max' must not be None")
         if any(isinstance(b, Symbolic) or not isinstance(b, (int, float, type(None))) for b in (min, max)):
             fail("clamp to bounds that are not numbers", "clamp to constant numbers")
+        if self.node.reduced and max is None:  # a masked mean's count, mask.sum().clamp(min=1): see _ratio
+            return Symbolic(Node(_layers().CountFloor(min, _user_line()), [self.node], (), True))
         out = self if min is None else _layers()._Elementwise("clamp_min", min)(self)
         return out if max is None else _layers()._Elementwise("clamp_max", max)(out)
 

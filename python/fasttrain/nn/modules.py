@@ -2657,16 +2657,29 @@ class Target(Module):
 
 
 class Sum(Module):
-    """The batch's loss from per-sample values (recorded by .mean(), .sum() and the losses' reductions)."""
+    """The batch's loss from per-sample values (recorded by .mean(), .sum() and the losses' reductions); a ratio's
+    normalizer is max(its second input's batch sum + offset, floor)."""
 
     _leaf = True
 
-    def __init__(self, reduction):
+    def __init__(self, reduction, offset=0.0, floor=-math.inf):
         super().__init__()
         self.reduction = _reduction("reduce", reduction, ("mean", "sum", "batchmean", "ratio"))
+        self.offset, self.floor = float(offset), float(floor)
 
     def extra_repr(self):
         return repr(self.reduction)
+
+
+class CountFloor(Module):
+    """A batch sum clamped from below (mask.sum().clamp(min=1)) at the user's line `where`: only the denominator
+    of a ratio reads it."""
+
+    _leaf = True
+
+    def __init__(self, floor, where):
+        super().__init__()
+        self.floor, self.where = float(floor), where
 
 
 class Add(Module):

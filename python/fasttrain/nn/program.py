@@ -139,7 +139,10 @@ def _node_of(module, shape):
         from .graph import _dim
         return LOG_SOFTMAX if isinstance(m, M.LogSoftmax) else SOFTMAX, dict(dim=_dim(m.dim, len(shape)))
     if isinstance(m, M.Sum):
-        return SUM, dict(reduction=REDUCTIONS[m.reduction])
+        return SUM, dict(reduction=REDUCTIONS[m.reduction], count_offset=m.offset, count_floor=m.floor)
+    if isinstance(m, M.CountFloor):
+        raise TracingError(f"a batch sum clamped other than as a masked mean's count cannot be compiled (at "
+                           f"{m.where}); clamp only the count of (loss * mask).sum() / mask.sum().clamp(min=1)")
     raise NotImplementedError(f"{type(m).__name__} has no compiled form yet: see docs/models.md for the layers "
                               "a compiled program supports")
 
