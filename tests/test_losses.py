@@ -730,3 +730,33 @@ def test_what_a_masked_mean_cannot_be_is_refused_and_a_batch_that_keeps_nothing_
         p.train_step((ids, np.zeros_like(keep)), y)
     for a, t in zip(before, model.parameters()):
         np.testing.assert_array_equal(a, t.numpy())
+
+
+def test_a_masked_means_count_may_be_an_input_or_the_targets_themselves():
+    """The denominator's values straight from an input (weights per position, float32) or from the targets
+    (a regression's weights): each batch's own sum."""
+    class Weighted(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.out = nn.Embedding(V, 6), nn.Linear(6, V)
+
+        def forward(self, ids, weights):
+            return self.out(self.emb(ids)), weights
+
+    ids, y, _ = sequences(seed=5)
+    weights = np.random.default_rng(5).random((8, T)).astype(np.float32)
+    ft.manual_seed(0)
+    model = Weighted()
+    p = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), input_masked, batch_size=8, input_shape=((T,), (T,)),
+                      input_dtype=(ft.int64, ft.float32), target_shape=(T,), target_dtype=ft.int64,
+                      accumulate_steps=2)
+    scores = model(ft.tensor(ids), ft.tensor(weights))[0].numpy().astype(np.float64)
+    per = np.log(np.exp(scores).sum(-1)) - np.take_along_axis(scores, y[..., None], -1)[..., 0]
+    assert p.backward((ids, weights), y) == pytest.approx((per * weights).sum() / weights.sum(), rel=1e-5)
+    ft.manual_seed(0)
+    reg = nn.Linear(T, T)
+    q = reg.compile(ft.optim.SGD(reg.parameters(), lr=0.1), lambda out, w: (out * w).sum() / w.sum(), batch_size=8,
+                    input_shape=(T,), target_shape=(T,), target_dtype=ft.float32)
+    x = np.random.default_rng(6).random((8, T)).astype(np.float32)
+    out = reg(ft.tensor(x)).numpy().astype(np.float64)
+    assert q.backward(x, weights) == pytest.approx((out * weights).sum() / weights.sum(), rel=1e-5)

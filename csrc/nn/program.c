@@ -1352,7 +1352,7 @@ static ft_status ratio_norms(ft_program *p, bool training, const ft_tensor *x, c
     for (int64_t r0 = 0; r0 < B; r0 += p->batch) {
         int64_t rows = B - r0 < p->batch ? B - r0 : p->batch;
         take_rows(p, x, y, r0, rows);
-        for (int i = p->ninputs; i < p->n; i++) {
+        for (int i = 0; i < p->n; i++) { /* from the inputs: a denominator may be one */
             if (!p->ratio_pass[i])
                 continue;
             if (!is_view(p, i, training) && row(p, i)->forward)
