@@ -714,7 +714,8 @@ def test_what_a_masked_mean_cannot_be_is_refused_and_a_batch_that_keeps_nothing_
     def sum_over_mean(out, y):
         return F.cross_entropy(out[0].transpose(1, 2), y, reduction="none").sum() / out[1].mean()
 
-    with pytest.raises(ft.nn.TracingError, match=r"sum / sum .*\(loss \* mask\).sum\(\) / mask.sum\(\)"):
+    with pytest.raises(ft.nn.TracingError,
+                       match=r"other than sums .* over one count .* 0.5 \* \(loss \* mask\).sum\(\) / mask.sum\(\)"):
         masked_program(sum_over_mean)
 
     def clamped_loss(out, y):
@@ -726,7 +727,7 @@ def test_what_a_masked_mean_cannot_be_is_refused_and_a_batch_that_keeps_nothing_
     ids, y, keep = sequences()
     model, p = masked_program(input_masked)
     before = [t.numpy().copy() for t in model.parameters()]
-    with pytest.raises(ValueError, match="count. is 0 for this batch, so the loss is undefined; no step was taken"):
+    with pytest.raises(ValueError, match=r"count\) is 0 for this batch, not positive: .* nothing was changed"):
         p.train_step((ids, np.zeros_like(keep)), y)
     for a, t in zip(before, model.parameters()):
         np.testing.assert_array_equal(a, t.numpy())
@@ -760,3 +761,44 @@ def test_a_masked_means_count_may_be_an_input_or_the_targets_themselves():
     x = np.random.default_rng(6).random((8, T)).astype(np.float32)
     out = reg(ft.tensor(x)).numpy().astype(np.float64)
     assert q.backward(x, weights) == pytest.approx((out * weights).sum() / weights.sum(), rel=1e-5)
+
+
+class LM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb, self.out = nn.Embedding(V, 6), nn.Linear(6, V)
+
+    def forward(self, ids):
+        return self.out(self.emb(ids))
+
+
+@pytest.mark.parametrize("merged", [False, True], ids=["per_position", "merged_rows"])
+@pytest.mark.parametrize("form", [
+    lambda per, m: 0.5 * (per * m).sum() / m.sum(),
+    lambda per, m: (per * m).sum() / (2 * m.sum()),
+    lambda per, m: ((per * m).sum() + per.sum()) / m.sum(),
+    lambda per, m: per.mean() + 0.5 * (per * m).sum() / m.sum(),
+    lambda per, m: (per * (2 / (m + 1))).sum() / m.sum(),
+    lambda per, m: (-per * m).mean() + (per ** 2 * m).sum() / m.sum(),
+    lambda per, m: (abs(per - 2) * m).sum() / m.sum().clip(min=1),
+], ids=["scaled", "scaled_count", "two_sums", "plus_mean", "reflected_div", "neg_pow", "abs_clamp"])
+def test_masked_means_as_pytorch_code_writes_them(form, merged):
+    """Each form on the (N, T) per-position losses, or on the rows merged from them (view(-1, V) and y.view(-1)),
+    as NumPy computes it from the model's scores, over two micro-batches."""
+    def loss(out, y):
+        if merged:
+            per, labels = F.cross_entropy(out.view(-1, V), y.view(-1), reduction="none"), y.view(-1)
+        else:
+            per, labels = F.cross_entropy(out.transpose(1, 2), y, reduction="none"), y
+        return form(per, (labels != 0).float())
+
+    ids, y, _ = sequences(seed=7)
+    ft.manual_seed(0)
+    model = LM()
+    p = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), loss, batch_size=8, input_shape=(T,),
+                      input_dtype=ft.int64, target_shape=(T,), target_dtype=ft.int64, accumulate_steps=2)
+    scores = model(ft.tensor(ids)).numpy().astype(np.float64)
+    per = np.log(np.exp(scores).sum(-1)) - np.take_along_axis(scores, y[..., None], -1)[..., 0]
+    mask = (y != 0).astype(np.float64)
+    want = form(per.reshape(-1), mask.reshape(-1)) if merged else form(per, mask)
+    assert p.backward(ids, y) == pytest.approx(want, rel=1e-5)

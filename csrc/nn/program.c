@@ -1376,7 +1376,8 @@ static ft_status ratio_norms(ft_program *p, bool training, const ft_tensor *x, c
         p->norm[r] = fmax(p->norm[r] + nd->count_offset, nd->count_floor);
         if (!(p->norm[r] > 0))
             return ft_fail(FT_ERR_VALUE, "program: the denominator of a ratio loss (a masked mean's count) is %g for "
-                                         "this batch, so the loss is undefined; no step was taken",
+                                         "this batch, not positive: a mean over no positions is undefined (guard "
+                                         "it: mask.sum().clamp(min=1)); nothing was changed",
                            p->norm[r]);
     }
     return FT_OK;

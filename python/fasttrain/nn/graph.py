@@ -205,15 +205,24 @@ def _count(node):
 def _ratio(numerator, denominator):
     """A loss over the batch divided by another batch sum: the masked mean (loss * mask).sum() / mask.sum(), each
     sample's share divided by the whole batch's count (of every micro-batch) before the step runs. Two sums, or two
-    means of as many values per sample; the count may be offset by a constant or clamped from below."""
-    a, (b, offset, floor) = numerator.node, _count(denominator.node)
-    layers = _layers()
-    if not (isinstance(a.module, layers.Sum) and isinstance(b.module, layers.Sum) and
-            (a.module.reduction, b.module.reduction) in (("sum", "sum"), ("mean", "mean")) and
-            (a.module.reduction == "sum" or math.prod(a.inputs[0].shape) == math.prod(b.inputs[0].shape))):
-        fail("a ratio of batch reductions other than sum / sum (or mean / mean of as many values)",
-             "divide one .sum() by another: (loss * mask).sum() / mask.sum()")
-    return Symbolic(Node(layers.Sum("ratio", offset, floor), [a.inputs[0], b.inputs[0]], (), True))
+    means of as many values per sample; constant factors on either side move outside the quotient, a numerator
+    of several sums divides each, and the count may be offset by a constant or clamped from below."""
+    layers, a, b, scale = _layers(), numerator.node, denominator.node, 1.0
+    while isinstance(a.module, layers.Scale):
+        a, scale = a.inputs[0], scale * a.module.factor
+    while isinstance(b.module, layers.Scale):
+        b, scale = b.inputs[0], scale / b.module.factor
+    if isinstance(a.module, layers.Add):
+        quotient = functools.reduce(operator.add, (_ratio(Symbolic(x), Symbolic(b)) for x in a.inputs))
+    else:
+        b, offset, floor = _count(b)
+        if not (isinstance(a.module, layers.Sum) and isinstance(b.module, layers.Sum) and
+                (a.module.reduction, b.module.reduction) in (("sum", "sum"), ("mean", "mean")) and
+                (a.module.reduction == "sum" or math.prod(a.inputs[0].shape) == math.prod(b.inputs[0].shape))):
+            fail("a quotient of batch reductions other than sums (or means of as many values) over one count",
+                 "divide sums by a sum, scaled by constants if need be: 0.5 * (loss * mask).sum() / mask.sum()")
+        quotient = Symbolic(Node(layers.Sum("ratio", offset, floor), [a.inputs[0], b.inputs[0]], (), True))
+    return quotient if scale == 1.0 else quotient * scale
 
 
 def _per_sample_mean(loss):
@@ -351,6 +360,29 @@ class MergedRows:
 
     def __rsub__(self, other):
         return self._elementwise(operator.sub, other, True)
+
+    def __rtruediv__(self, other):
+        return self._elementwise(operator.truediv, other, True)
+
+    def __pow__(self, other):
+        return self._elementwise(operator.pow, other)
+
+    def __neg__(self):
+        return MergedRows(-self.source)
+
+    def abs(self):
+        return MergedRows(self.source.abs())
+
+    __abs__ = abs
+
+    def view(self, *shape):
+        """As merged (view(-1) of merged values), or the values unmerged again (view(N, -1), view(N, T))."""
+        shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        if shape == (-1,) and len(self.source.node.shape) == 1:
+            return self
+        return self.source.view(*shape) if shape and isinstance(shape[0], BatchSize) else self.__getattr__("view")
+
+    reshape = view
 
     def __eq__(self, other):
         return self._elementwise(operator.eq, other)
@@ -647,6 +679,8 @@ class Symbolic:
         """Records |x|."""
         return _layers()._Elementwise("abs")(self)
 
+    __abs__ = abs
+
     # ---- views and movement ----
     def _one_per_sample(self):
         """Targets of no shape yet, viewed or computed on before a loss reads them (y.unsqueeze(1), y[:, None],
@@ -741,7 +775,10 @@ class Symbolic:
             raise ValueError("clamp: at least one of 'min' or 'max' must not be None")
         if any(isinstance(b, Symbolic) or not isinstance(b, (int, float, type(None))) for b in (min, max)):
             fail("clamp to bounds that are not numbers", "clamp to constant numbers")
-        if self.node.reduced and max is None:  # a masked mean's count, mask.sum().clamp(min=1): see _ratio
+        if self.node.reduced:  # a masked mean's count, mask.sum().clamp(min=1): see _ratio
+            if max is not None:
+                fail("a batch reduction clamped from above", "clamp a masked mean's count from below only: "
+                     "mask.sum().clamp(min=1)")
             return Symbolic(Node(_layers().CountFloor(min, _user_line()), [self.node], (), True))
         out = self if min is None else _layers()._Elementwise("clamp_min", min)(self)
         return out if max is None else _layers()._Elementwise("clamp_max", max)(out)
