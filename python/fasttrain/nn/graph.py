@@ -371,6 +371,7 @@ class MergedRows:
         return MergedRows(-self.source)
 
     def abs(self):
+        """|x| of the merged values, merged too."""
         return MergedRows(self.source.abs())
 
     __abs__ = abs
