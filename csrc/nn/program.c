@@ -765,9 +765,9 @@ static void plan_dtypes(ft_program *p) {
 
 /* Points the weight of every LOW node that runs in the low precision, and of
  * every parameter node that is low, at its copy in low_params. */
-/* ratio_pass: the nodes each ratio's denominator depends on (inputs and
- * targets aside), which ratio_norms runs over the whole batch before the
- * step. They must hold no state a second run would move or draw differently
+/* ratio_pass: each ratio's denominator and the nodes it depends on, which
+ * ratio_norms runs (the inputs and the targets are only read) over the
+ * whole batch before the step. They must hold no state a second run would move or draw differently
  * (batch norm, dropout, noise), and no gradient may reach the denominator. */
 static ft_status plan_ratios(ft_program *p) {
     for (int r = 0; r < p->n; r++) {

@@ -189,6 +189,7 @@ def _count(node):
     layers, floor, offset = _layers(), -math.inf, 0.0
     if isinstance(node.module, layers.CountFloor):
         node, floor = node.inputs[0], node.module.floor
+
     def constant(x):  # a number's share per sample (see Symbolic.__add__): the number's Value, or None
         x = x.inputs[0] if isinstance(x.module, layers.Sum) and x.module.reduction == "batchmean" else None
         while x is not None and isinstance(x.module, layers.Expand):
@@ -196,9 +197,11 @@ def _count(node):
         return x.module.tensor if x is not None and isinstance(x.module, layers.Value) and \
             x.module.tensor.numel() == 1 else None
 
-    if isinstance(node.module, layers.Add) and sum(constant(x) is not None for x in node.inputs) == 1:
-        offset = float(next(constant(x) for x in node.inputs if constant(x) is not None).item())
-        node = next(x for x in node.inputs if constant(x) is None)
+    if isinstance(node.module, layers.Add):
+        values = [constant(x) for x in node.inputs]
+        if sum(v is not None for v in values) == 1:
+            offset = float(next(v for v in values if v is not None).item())
+            node = next(x for x, v in zip(node.inputs, values) if v is None)
     return node, offset, floor
 
 
@@ -340,33 +343,6 @@ class MergedRows:
                  "view both: losses * mask.view(-1)")
         return MergedRows(op(other, self.source) if reflected else op(self.source, other))
 
-    def __mul__(self, other):
-        return self._elementwise(operator.mul, other)
-
-    def __add__(self, other):
-        return self._elementwise(operator.add, other)
-
-    def __sub__(self, other):
-        return self._elementwise(operator.sub, other)
-
-    def __truediv__(self, other):
-        return self._elementwise(operator.truediv, other)
-
-    def __rmul__(self, other):
-        return self._elementwise(operator.mul, other, True)
-
-    def __radd__(self, other):
-        return self._elementwise(operator.add, other, True)
-
-    def __rsub__(self, other):
-        return self._elementwise(operator.sub, other, True)
-
-    def __rtruediv__(self, other):
-        return self._elementwise(operator.truediv, other, True)
-
-    def __pow__(self, other):
-        return self._elementwise(operator.pow, other)
-
     def __neg__(self):
         return MergedRows(-self.source)
 
@@ -384,13 +360,6 @@ class MergedRows:
         return self.source.view(*shape) if shape and isinstance(shape[0], BatchSize) else self.__getattr__("view")
 
     reshape = view
-
-    def __eq__(self, other):
-        return self._elementwise(operator.eq, other)
-
-    def __ne__(self, other):
-        return self._elementwise(operator.ne, other)
-
     __hash__ = object.__hash__
 
     def float(self):
@@ -411,6 +380,20 @@ class MergedRows:
         fail("a view merging the batch with other dimensions (x.view(-1, C))", "only a class loss takes it "
              "(F.cross_entropy(logits.view(-1, V), y.view(-1))), and per-position losses' .mean() or .sum() "
              "(losses.view(-1).mean()); keep the batch first elsewhere: x.view(x.size(0), ...)")
+
+
+def _merged_op(op, reflected=False):
+    def method(self, other):
+        return self._elementwise(op, other, reflected)
+    return method
+
+
+for _name, _op in (("mul", operator.mul), ("add", operator.add), ("sub", operator.sub),
+                   ("truediv", operator.truediv), ("pow", operator.pow), ("eq", operator.eq), ("ne", operator.ne)):
+    setattr(MergedRows, f"__{_name}__", _merged_op(_op))
+    if _name in ("mul", "add", "sub", "truediv"):
+        setattr(MergedRows, f"__r{_name}__", _merged_op(_op, True))
+del _name, _op
 
 
 def _per_sample(shape, numel):

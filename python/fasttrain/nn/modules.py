@@ -2475,6 +2475,13 @@ class MultiheadAttention(Module):
             (f", dropout={self.dropout}" if self.dropout else "")
 
 
+def _transformer_activation(name, activation):
+    """A transformer layer's feed-forward activation as PyTorch's takes it: 'relu', 'gelu' or a callable."""
+    if activation not in ("relu", "gelu") and not callable(activation):
+        raise ValueError(f"{name}: activation must be 'relu', 'gelu' or a callable, got {activation!r}")
+    return activation
+
+
 class TransformerEncoderLayer(Module):
     """PyTorch's nn.TransformerEncoderLayer (batch_first=True): self-attention and a feed-forward block, each
     with a residual and a layer norm (after it, or before with norm_first=True), and PyTorch's four dropouts
@@ -2491,10 +2498,7 @@ class TransformerEncoderLayer(Module):
         self.norm1 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
         self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
         self.dropout1, self.dropout2 = Dropout(dropout), Dropout(dropout)
-        if activation not in ("relu", "gelu") and not callable(activation):
-            raise ValueError(f"TransformerEncoderLayer: activation must be 'relu', 'gelu' or a callable, got "
-                             f"{activation!r}")
-        self.activation = activation
+        self.activation = _transformer_activation("TransformerEncoderLayer", activation)
 
     def _act(self, x):
         from . import functional as F
@@ -2554,10 +2558,7 @@ class TransformerDecoderLayer(Module):
         self.norm_first = norm_first
         self.norm1, self.norm2, self.norm3 = (LayerNorm(d_model, eps=layer_norm_eps, bias=bias) for _ in range(3))
         self.dropout1, self.dropout2, self.dropout3 = Dropout(dropout), Dropout(dropout), Dropout(dropout)
-        if activation not in ("relu", "gelu") and not callable(activation):
-            raise ValueError(f"TransformerDecoderLayer: activation must be 'relu', 'gelu' or a callable, got "
-                             f"{activation!r}")
-        self.activation = activation
+        self.activation = _transformer_activation("TransformerDecoderLayer", activation)
 
     _act, _sa = TransformerEncoderLayer._act, TransformerEncoderLayer._sa
 
