@@ -145,6 +145,34 @@ def test_conv2d_forward_and_backward(case, layout):
     np.testing.assert_allclose(n(db), dy.sum(axis=(0, 2, 3)), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("x_nhwc", [False, True])
+def test_convolutions_of_activations_in_two_layouts(x_nhwc, transposed):
+    """An input in one layout and the output (and its gradient) in the other, as an image viewed from a vector
+    meets a channels-last program: the input is copied into the other's layout, not run through oneDNN's
+    reference convolution; values and accumulation are those of one layout."""
+    x_mk, y_mk = (nhwc, t) if x_nhwc else (t, nhwc)
+    x = RNG.standard_normal((3, 8, 7, 7))
+    if transposed:
+        w, args = RNG.standard_normal((8, 6, 4, 4)) * 0.2, ((2, 2), (1, 1), (1, 1), 1)
+        fwd, bwd = ft.ops.conv_transpose2d_forward, ft.ops.conv_transpose2d_backward
+        want = conv_transpose_ref(x, w, None, *args, (0, 0))
+    else:
+        w, args = RNG.standard_normal((6, 8, 3, 3)) * 0.2, ((2, 2), (1, 1), (1, 1), 1)
+        fwd, bwd = ft.ops.conv2d_forward, ft.ops.conv2d_backward
+        want = conv_ref(x, w, None, *args)
+    out = y_mk(np.zeros(want.shape))
+    fwd(out, x_mk(x), t(w), None, *args)
+    np.testing.assert_allclose(n(out), want, rtol=1e-4, atol=1e-4)
+    dy = RNG.standard_normal(want.shape)
+    dx, dw = x_mk(np.ones(x.shape)), t(np.ones(w.shape))
+    bwd(dx, dw, False, y_mk(dy), x_mk(x), t(w), *args, accumulate=True)
+    ref = (lambda xx, ww: conv_transpose_ref(xx, ww, None, *args, (0, 0))) if transposed else \
+        (lambda xx, ww: conv_ref(xx, ww, None, *args))
+    np.testing.assert_allclose(n(dx), 1 + fd_grad(lambda v: ref(v, w), x, dy), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(n(dw), 1 + fd_grad(lambda v: ref(x, v), w, dy), rtol=1e-4, atol=1e-4)
+
+
 def test_conv2d_fused_relu_and_residual_sum():
     x, w, b = RNG.standard_normal((2, 3, 6, 6)), RNG.standard_normal((5, 3, 3, 3)), RNG.standard_normal(5)
     plain = conv_ref(x, w, b, (1, 1), (1, 1), (1, 1), 1)

@@ -176,6 +176,42 @@ static void match_layout(int64_t *k, bool channels_last) {
 
 static bool is_channels_last(const int64_t *k) { return k[1] > 1 && k[5] == 1; }
 
+/* Whether two activations of one convolution lie in different layouts, one
+ * channels last and the other not (an image viewed from a flat vector, in
+ * order, in a channels-last program): oneDNN then runs its reference
+ * convolution, hundreds of times slower than a reorder. One of a single
+ * channel or pixel is dense in both. */
+static bool mixed_layouts(const ft_tensor *a, const ft_tensor *b) {
+    int64_t ka[8], kb[8];
+    put_dims(ka, a);
+    put_dims(kb, b);
+    return ka[1] > 1 && kb[1] > 1 && ka[2] * ka[3] > 1 && kb[2] * kb[3] > 1 &&
+           is_channels_last(ka) != is_channels_last(kb);
+}
+
+/* *t, an activation the convolution reads, copied into tmp in like's layout
+ * where theirs differ (mixed_layouts); *t then points at the copy, which the
+ * caller releases (tmp->storage set). */
+static ft_status relayout(const ft_tensor **t, const ft_tensor *like, ft_tensor *tmp) {
+    memset(tmp, 0, sizeof *tmp);
+    if (!mixed_layouts(*t, like))
+        return FT_OK;
+    FT_TRY(ft_tensor_empty_like(tmp, like, 4, (*t)->shape, (*t)->dtype, ft_op_device(*t)));
+    ft_status s = ft_tensor_copy(tmp, *t, false);
+    if (s != FT_OK) {
+        ft_tensor_release(tmp);
+        return s;
+    }
+    *t = tmp;
+    return FT_OK;
+}
+
+static ft_status release_copy(ft_tensor *tmp, ft_status s) {
+    if (tmp->storage)
+        ft_tensor_release(tmp);
+    return s;
+}
+
 static conv_key key_of(char kind, const ft_tensor *src, const ft_tensor *wei, const ft_tensor *dst,
                        const ft_conv2d_params *p) {
     conv_key k;
@@ -290,6 +326,8 @@ ft_status ft_conv2d_forward(const ft_tensor *out, const ft_tensor *inp, const ft
         return FT_OK;
     if (dev.type == FT_DEV_CUDA)
         FT_CUDA_DISPATCH("conv2d", conv2d_forward, out, inp, w, b, p, fusion);
+    ft_tensor copy;
+    FT_TRY(relayout(&inp, out, &copy));
     conv_key k = key_of('F', inp, w, out, p);
     k.bias = b != NULL;
     ft_act act = fusion ? fusion->act : (ft_act){FT_ACT_NONE, 0};
@@ -300,7 +338,7 @@ ft_status ft_conv2d_forward(const ft_tensor *out, const ft_tensor *inp, const ft
         k.alpha = after ? 0.0f : act.alpha;
     }
     conv_data d = {ft_tensor_data(inp), ft_tensor_data(w), ft_tensor_data(out), b ? ft_tensor_data(b) : NULL};
-    FT_TRY(execute(&k, &d));
+    FT_TRY(release_copy(&copy, execute(&k, &d)));
     return after ? ft_activation_forward(out, out, act) : FT_OK;
 }
 
@@ -500,15 +538,23 @@ ft_status ft_conv2d_backward(const ft_tensor *dinp, const ft_tensor *dw, const f
     if (s == FT_OK && cuda) {
         s = FT_CUDA_CALL("conv2d_backward", conv2d_backward, dx_to, dw_to, NULL, dout, inp, w, p);
     } else if (s == FT_OK) {
+        ft_tensor copy;
         if (dx_to) {
-            conv_key k = key_of('D', dx_to, w, dout, p);
-            conv_data d = {ft_tensor_data(dx_to), ft_tensor_data(w), ft_tensor_data(dout), NULL};
-            s = execute(&k, &d);
+            const ft_tensor *dy = dout;
+            s = relayout(&dy, dx_to, &copy);
+            conv_key k = key_of('D', dx_to, w, dy, p);
+            conv_data d = {ft_tensor_data(dx_to), ft_tensor_data(w), ft_tensor_data(dy), NULL};
+            s = release_copy(&copy, s == FT_OK ? execute(&k, &d) : s);
         }
-        if (s == FT_OK && dw_to)
-            s = gemm                  ? backward_weights_gemm(dw_to, dout, inp, p, acc.weight)
-                : ft_deterministic() ? backward_weights_deterministic(dw_to, dout, inp, p, acc.weight)
-                                     : backward_weights(dw_to, dout, inp, p, false);
+        if (s == FT_OK && dw_to) { /* the one of inp and dout not channels last copied to be */
+            const ft_tensor *x = inp, *dy = dout;
+            s = dout->strides[1] == 1 ? relayout(&x, dout, &copy) : relayout(&dy, inp, &copy);
+            if (s == FT_OK)
+                s = gemm                  ? backward_weights_gemm(dw_to, dy, x, p, acc.weight)
+                    : ft_deterministic() ? backward_weights_deterministic(dw_to, dy, x, p, acc.weight)
+                                         : backward_weights(dw_to, dy, x, p, false);
+            s = release_copy(&copy, s);
+        }
     }
     s = ft_grad_out_end(&gw, ft_grad_out_end(&gx, s));
     FT_TRY(s);
