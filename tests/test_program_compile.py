@@ -254,22 +254,3 @@ def test_weights_loaded_after_compile_into_a_conv_before_batch_norm_keep_their_b
     np.testing.assert_allclose(program.predict(x).numpy(), want, rtol=1e-4, atol=1e-4)
     assert not m[0].bias.numpy().any()  # moved into the running mean again
 
-
-def test_a_program_whose_parameters_another_compile_moved_is_refused_not_stale():
-    """Compiling a model that holds an already compiled module (a GAN's discriminator inside the generator's step)
-    moves that module's parameters into the new program's buffer: the first program would train on old values."""
-    d, g = nn.Sequential(nn.Linear(4, 1)), nn.Sequential(nn.Linear(2, 4))
-    first = d.compile(ft.optim.SGD(d.parameters(), lr=0.1), nn.BCEWithLogitsLoss(), batch_size=3, input_shape=(4,),
-                      target_shape=(1,))
-    x, y = np.ones((3, 4), np.float32), np.ones((3, 1), np.float32)
-    first.train_step(x, y)
-    both = nn.Sequential(g, d)
-    second = both.compile(ft.optim.SGD(g.parameters(), lr=0.1), nn.BCEWithLogitsLoss(), batch_size=3,
-                          input_shape=(2,), target_shape=(1,))
-    for call in (first.train_step, first.backward, first.evaluate, lambda x, y: first.predict(x)):
-        with pytest.raises(ValueError, match=r"0\.weight moved after compile .* compile this model again"):
-            call(x, y)
-    second.train_step(np.ones((3, 2), np.float32), y)  # the program compiled last trains
-    again = d.compile(ft.optim.SGD(d.parameters(), lr=0.1), nn.BCEWithLogitsLoss(), batch_size=3, input_shape=(4,),
-                      target_shape=(1,))
-    np.testing.assert_allclose(again.predict(x).numpy(), d(ft.tensor(x)).numpy(), rtol=1e-6)

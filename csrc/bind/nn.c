@@ -430,6 +430,21 @@ static int loader_fits(PyObject *self) {
 }
 
 /* _check_loader(): None, or TypeError where a Loader cannot feed the program (loader_fits). */
+/* _move_weight(node, bias, tensor): the node reads its weight (bias) from
+ * tensor, the parameter's new place (ft_program_move_weight); the caller's
+ * node dict holds the tensor. */
+static PyObject *program_move_weight(PyObject *self, PyObject *args) {
+    int node, bias;
+    PyObject *obj;
+    if (!PyArg_ParseTuple(args, "ipO", &node, &bias, &obj))
+        return NULL;
+    ft_tensor *w = ft_py_unwrap(ft_py_state_of_type(Py_TYPE(self)), obj, "tensor");
+    if (!w)
+        return NULL;
+    ft_status s = ft_program_move_weight(((program_object *)self)->prog, node, bias, w);
+    return s == FT_OK ? Py_NewRef(Py_None) : ft_py_raise(s);
+}
+
 static PyObject *program_check_loader(PyObject *self, PyObject *unused) {
     (void)unused;
     return loader_fits(self) < 0 ? NULL : Py_NewRef(Py_None);
@@ -1097,6 +1112,7 @@ static PyMethodDef program_methods[] = {
     {"set_dropout_state", program_set_dropout_state, METH_VARARGS, "set_dropout_state(seed, offset)"},
     {"_set_distributed", program_set_distributed, METH_O, NULL},
     {"_check_loader", program_check_loader, METH_NOARGS, NULL},
+    {"_move_weight", program_move_weight, METH_VARARGS, NULL},
     {"fit_epoch", (PyCFunction)(void (*)(void))program_fit_epoch, METH_VARARGS | METH_KEYWORDS,
      "fit_epoch(loader, optimizer, schedule=None, callback=None, interval=0.25, clip_grad_norm=None, "
      "nan_policy='raise', step_callback=None, every=0, first_step=0) -> (loss_sum, samples, counted, steps, skipped, "

@@ -41,6 +41,11 @@ struct ft_program {
     ft_tensor params;       /* the model's flat float32 parameters (a borrowed view) */
     ft_tensor low_params;   /* mixed precision: their copy in the compute dtype, which the nodes read */
     bool low_stale;         /* whether the params may have changed since low_params was written */
+    /* (n) mixed precision: the float32 weight a node that reads it low finds
+     * outside the params (a parameter another program trains), or empty; the
+     * node reads a copy of its own, written before every run, since that
+     * weight's owner may have changed it at any time. */
+    ft_tensor *outside;
     int *last_consumer;     /* (n) the plan's last user of each node (see last_users) */
     /* Recomputation: the node before whose backward each output is computed
      * again (-1: kept from the forward), and those recomputed, in the order
@@ -763,8 +768,6 @@ static void plan_dtypes(ft_program *p) {
             p->dtype[i] = p->dtype[source(p, i)];
 }
 
-/* Points the weight of every LOW node that runs in the low precision, and of
- * every parameter node that is low, at its copy in low_params. */
 /* ratio_pass: each ratio's denominator and the nodes it depends on, which
  * ratio_norms runs (the inputs and the targets are only read) over the
  * whole batch before the step. They must hold no state a second run would move or draw differently
@@ -795,6 +798,29 @@ static ft_status plan_ratios(ft_program *p) {
     return FT_OK;
 }
 
+/* Whether node i reads its weight in the low precision: a LOW node that runs
+ * in it, or a parameter node that is low. */
+static bool reads_low(const ft_program *p, int i) {
+    return p->compute != FT_FLOAT32 && p->dtype[i] == p->compute &&
+           (row(p, i)->precision == FT_NODE_LOW || p->nodes[i].kind == FT_NODE_PARAM);
+}
+
+/* Node i reads the float32 weight w, which is not in the params: where it
+ * reads low, through its own copy (see outside). */
+static ft_status read_outside(ft_program *p, int i, ft_tensor w) {
+    ft_tensor *dst = &p->nodes[i].weight;
+    if (!reads_low(p, i)) {
+        *dst = w;
+        return FT_OK;
+    }
+    if (!p->outside[i].storage)
+        FT_TRY(ft_tensor_empty(dst, w.ndim, w.shape, p->compute, p->device, false));
+    p->outside[i] = w;
+    return FT_OK;
+}
+
+/* Points the weight of every node that reads it low at its copy: in
+ * low_params for the params, its own for a weight outside them. */
 static ft_status use_low_weights(ft_program *p) {
     if (p->compute == FT_FLOAT32)
         return FT_OK;
@@ -803,12 +829,14 @@ static ft_status use_low_weights(ft_program *p) {
     size_t low = ft_dtype_get(p->compute)->itemsize;
     for (int i = 0; i < p->n; i++) {
         ft_tensor *w = &p->nodes[i].weight;
-        bool reads = row(p, i)->precision == FT_NODE_LOW || p->nodes[i].kind == FT_NODE_PARAM;
-        if (p->dtype[i] != p->compute || !reads || !w->storage)
+        if (!reads_low(p, i) || !w->storage)
             continue;
-        if (w->storage != p->params.storage || w->dtype != FT_FLOAT32)
-            return ft_fail(FT_ERR_VALUE, "program: node %d's weight is not in the model's flat float32 parameters",
-                           i);
+        if (w->dtype != FT_FLOAT32)
+            return ft_fail(FT_ERR_VALUE, "program: node %d's weight is not float32", i);
+        if (w->storage != p->params.storage) {
+            FT_TRY(read_outside(p, i, *w));
+            continue;
+        }
         w->storage = p->low_params.storage;
         w->offset = (w->offset - p->params.offset) / 4 * (int64_t)low;
         w->dtype = p->compute;
@@ -817,8 +845,12 @@ static ft_status use_low_weights(ft_program *p) {
     return FT_OK;
 }
 
-/* low_params = the params in the compute dtype, when they may have changed. */
+/* low_params = the params in the compute dtype, when they may have changed;
+ * the weights outside them, always. */
 static ft_status refresh_low_weights(ft_program *p) {
+    for (int i = 0; i < p->n; i++)
+        if (p->outside[i].storage)
+            FT_TRY(ft_tensor_copy(&p->nodes[i].weight, &p->outside[i], false));
     if (!p->low_params.storage || !p->low_stale)
         return FT_OK;
     FT_TRY(ft_tensor_copy(&p->low_params, &p->params, false));
@@ -827,6 +859,26 @@ static ft_status refresh_low_weights(ft_program *p) {
 }
 
 void ft_program_params_changed(ft_program *p) { p->low_stale = true; }
+
+ft_status ft_program_move_weight(ft_program *p, int i, bool bias, const ft_tensor *w) {
+    if (i < 0 || i >= p->n)
+        return ft_fail(FT_ERR_INDEX, "program: no node %d", i);
+    ft_node *nd = &p->nodes[i];
+    const ft_tensor *now = bias ? &nd->bias : p->outside[i].storage ? &p->outside[i] : &nd->weight;
+    const char *what = bias ? "bias" : "weight";
+    if (!now->storage)
+        return ft_fail(FT_ERR_VALUE, "program: node %d reads no %s", i, what);
+    if (w->dtype != FT_FLOAT32 || w->ndim != now->ndim ||
+        memcmp(w->shape, now->shape, (size_t)w->ndim * sizeof *w->shape))
+        return ft_fail(FT_ERR_VALUE, "program: node %d's %s moved to a tensor of another shape or dtype", i, what);
+    if (!ft_device_eq(ft_op_device(w), p->device))
+        return ft_fail(FT_ERR_DEVICE, "program: node %d's %s moved to another device than the program's", i, what);
+    if (bias) {
+        nd->bias = *w;
+        return FT_OK;
+    }
+    return read_outside(p, i, *w);
+}
 
 int ft_program_num_slots(const ft_program *p) { return p->nslots; }
 const ft_tensor *ft_program_slot(const ft_program *p, int s) { return &p->slots[s]; }
@@ -854,6 +906,10 @@ void ft_program_destroy(ft_program *p) {
         ft_tensor_release(&p->stats_backup);
     if (p->low_params.storage)
         ft_tensor_release(&p->low_params);
+    for (int i = 0; p->outside && i < p->n; i++)
+        if (p->outside[i].storage)
+            ft_tensor_release(&p->nodes[i].weight);
+    free(p->outside);
     free(p->dtype);
     free(p->ratio_pass);
     free(p->nodes);
@@ -920,10 +976,10 @@ ft_status ft_program_create(ft_program **out, int nnodes, const ft_node *nodes, 
     p->dropout_at = calloc(n, sizeof *p->dropout_at);
     p->seconds = calloc(n * 2, sizeof *p->seconds);
     p->dtype = calloc(n, sizeof *p->dtype);
+    p->outside = calloc(n, sizeof *p->outside);
     ft_status s = p->nodes && p->last_consumer && p->replay_at && p->replays && p->train && p->eval && p->trains &&
                           p->written && p->norm && p->slots && p->slot_of && p->slot_written && p->slot_writers &&
-                          p->slot_left && p->dropout_at &&
-                          p->seconds && p->dtype
+                          p->slot_left && p->dropout_at && p->seconds && p->dtype && p->outside
                       ? FT_OK
                       : ft_fail(FT_ERR_NOMEM, "out of memory creating a program");
     if (s == FT_OK) {

@@ -186,6 +186,12 @@ const ft_tensor *ft_program_low_params(const ft_program *p);
  * them again. */
 void ft_program_params_changed(ft_program *p);
 
+/* Node i reads its weight (bias) from w from now on, a float32 tensor of the
+ * same shape on the program's device: the parameter moved (another program's
+ * compile took it into its flat buffer). A weight outside the params that the
+ * node reads in the low precision is converted before every run. */
+ft_status ft_program_move_weight(ft_program *p, int i, bool bias, const ft_tensor *w);
+
 /* The gradient slots: the distinct views of the flat gradient buffer that
  * the backward writes (a tied weight's once). */
 int ft_program_num_slots(const ft_program *p);

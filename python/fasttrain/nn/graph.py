@@ -1704,11 +1704,22 @@ def trace(model, inputs):
     return out
 
 
+def _reads_targets(loss):
+    """Whether loss takes targets: all but a function that takes one argument (a GAN's loss, an energy)."""
+    try:
+        params = inspect.signature(loss).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return len([p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]) != 1 \
+        or any(p.kind is p.VAR_POSITIONAL for p in params)
+
+
 def trace_loss(loss, outputs, targets):
-    """The loss Symbolic of loss(outputs, targets): reduced over the batch, one value."""
+    """The loss Symbolic of loss(outputs, targets), or of loss(outputs) for a loss of one parameter: reduced over
+    the batch, one value."""
     name = getattr(loss, "__name__", type(loss).__name__)
     try:
-        value = _call(loss, f"the loss {name}", outputs, targets)
+        value = _call(loss, f"the loss {name}", outputs, *[targets] if _reads_targets(loss) else [])
     except (TracingError, ValueError) as e:
         if not targets.node.module.assumed:
             raise

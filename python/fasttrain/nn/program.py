@@ -10,6 +10,7 @@ runs whole training steps."""
 import math
 import numbers
 import warnings
+import weakref
 
 from .. import _C, creation
 from .._display import Column, Table, summary as _summary
@@ -274,9 +275,24 @@ def _fuse(entries):
     return out
 
 
-def _flatten_parameters(model):
-    """Moves every float32 parameter into one flat buffer (and its gradient into another); idempotent."""
-    params = list(dict.fromkeys(model.parameters()))
+# id(parameter) -> the program that trains it (its optimizer holds it, and it sits in that program's flat buffer)
+_TRAINERS = {}
+
+
+def _trainer(p):
+    """The live program that trains p, or None."""
+    ref = _TRAINERS.get(id(p))
+    program = ref() if ref else None
+    if program is None or program._trains.get(id(p)) is not p:
+        return None
+    buf = program.flat_params
+    return program if 0 <= p.data_ptr() - buf.data_ptr() < buf.numel() * buf.element_size() else None
+
+
+def _flatten_parameters(model, lent):
+    """Moves every float32 parameter but those in `lent` (ids) into one flat buffer (and its gradient into another);
+    idempotent."""
+    params = [p for p in dict.fromkeys(model.parameters()) if id(p) not in lent]
     flat = getattr(model, "_flat", None)
     if flat is not None and flat[2] == [id(p) for p in params]:
         offset = 0
@@ -533,7 +549,20 @@ class Program:
         if memory_format == "channels_last" and any(e.kind == LAYERNORM and len(e.shape) == 3 for e in self.entries):
             raise ValueError("compile: LayerNorm over images needs memory_format='contiguous' (its weight follows "
                              "the (C, H, W) order)")
-        self.flat_params, self.flat_grads = _flatten_parameters(model)
+        own = {id(p) for p in model.parameters()}
+        held = [p for g in optimizer.param_groups for p in g["params"]]
+        if any(id(p) not in own for p in held):
+            lacking = [n for n, p in model.named_parameters() if id(p) not in {id(q) for q in held}]
+            raise ValueError(f"compile: the optimizer holds tensors that are not parameters of this model (an "
+                             f"optimizer of another model?); of this model's parameters it lacks {lacking}")
+        held = {id(p) for p in held}
+        # A parameter another program trains and this optimizer does not hold (a GAN's discriminator in the
+        # generator's step) is lent: read where it is, frozen here, so the two programs alternate. Parameters read
+        # but frozen get no gradient; the others the optimizer does not hold are differentiated (their .grad is
+        # filled) but not updated, as with torch.optim.
+        self._lent = {id(p) for p in model.parameters()
+                      if id(p) not in held and (t := _trainer(p)) is not None and t.model is not model}
+        self.flat_params, self.flat_grads = _flatten_parameters(model, self._lent)
         compute, precision = _compute_dtype(precision, self.flat_params.device)
         if precision == "16-mixed" and grad_scaler is None:
             grad_scaler = GradScaler()  # float16's range needs one (Lightning's 16-mixed scales too)
@@ -546,15 +575,8 @@ class Program:
                                  for e in self.entries):
             raise ValueError("compile: Linear over the last dimension of images needs memory_format='contiguous' "
                              "(or flatten first)")
-        # Parameters read by the program but frozen get no gradient; those the optimizer does not hold are
-        # differentiated (their .grad is filled) but not updated, as with torch.optim.
-        self.trainable = {id(p) for p in model.parameters() if p.requires_grad}
-        own = {id(p) for p in model.parameters()}
-        held = [p for g in optimizer.param_groups for p in g["params"]]
-        if any(id(p) not in own for p in held):
-            lacking = [n for n, p in model.named_parameters() if id(p) not in {id(q) for q in held}]
-            raise ValueError(f"compile: the optimizer holds tensors that are not parameters of this model (an "
-                             f"optimizer of another model?); of this model's parameters it lacks {lacking}")
+        self.trainable = {id(p) for p in model.parameters() if p.requires_grad and id(p) not in self._lent}
+        self._trains = {id(p): p for p in model.parameters() if id(p) in held and id(p) in self.trainable}
         self._folded = [e for e in self.entries if e.bias_into is not None]
         self._fold_biases()
         self._compiled_params = dict(model.named_parameters())
@@ -593,6 +615,9 @@ class Program:
         self.grad_scaler = grad_scaler  # attached last: a compile that fails leaves it free for the next
         if grad_scaler is not None:
             grad_scaler._attach(self._c)
+        for key in [k for k, ref in _TRAINERS.items() if ref() is None]:
+            del _TRAINERS[key]
+        _TRAINERS.update(dict.fromkeys(self._trains, weakref.ref(self)))
 
     def _input(self, x):
         """x as the inputs' dtypes (a float batch in a mixed-precision program's compute dtype goes as it is): one
@@ -672,15 +697,27 @@ class Program:
                                  "not read: copy the values into the one it compiled (load_state_dict, or its .copy_() "
                                  "under ft.no_grad()), or compile again")
             if p.data_ptr() != self._places[name]:
-                raise ValueError(f"{name} moved after compile (compiling another model that holds this module moves "
-                                 "its parameters into that program's flat buffer; so does model.to()), so this "
-                                 "program would read its old values: compile this model again. Parameters train "
-                                 "in one program's buffer at a time: a GAN's discriminator compiled alone and inside "
-                                 "the generator's step cannot alternate between the two programs")
-            if p.requires_grad != (id(p) in self.trainable):
+                if id(p) in self._trains:
+                    raise ValueError(f"{name} moved after compile (compiling another model that holds this module, "
+                                     "with an optimizer that holds it too, moves its parameters into that program's "
+                                     "flat buffer; so does model.to()), so this program would train its old values: "
+                                     "compile this model again. A parameter trains in one program: give it to one "
+                                     "optimizer, and the other programs read it where it is")
+                self._follow(name, p)
+            if id(p) not in self._lent and p.requires_grad != (id(p) in self.trainable):
                 raise ValueError(f"{name}.requires_grad became {p.requires_grad} after compile, which the compiled "
                                  "step does not see: compile again to train with it")
         self._fold_biases()
+
+    def _follow(self, name, p):
+        """Points the nodes reading p, which this program does not train, at its new place: the compile of a
+        program that trains it took it into that program's flat buffer (whose .grad it is now)."""
+        for i, d in enumerate(self._nodes):
+            for key in ("weight", "bias"):
+                if d.get(key) is p:
+                    self._c._move_weight(i, key == "bias", p)
+        self._places[name] = p.data_ptr()
+        self._grad_views = [(q, view) for q, view in self._grad_views if q is not p]
 
     def _check_compiled(self):
         """Fails where what compile fixed has changed since (the parameters, the layers' training mode), rather than

@@ -1,0 +1,207 @@
+"""Two programs that read each other's modules and train their own: a GAN's discriminator step (the generator's
+output detached) and generator step (the discriminator frozen), alternating as a PyTorch GAN loop does."""
+import numpy as np
+import pytest
+
+import fasttrain as ft
+from fasttrain import nn
+import fasttrain.nn.functional as F
+
+B, Z, X = 8, 6, 10
+
+
+class DStep(nn.Module):
+    """The discriminator's step: its logits for real and for generated samples, side by side."""
+
+    def __init__(self, G, D):
+        super().__init__()
+        self.G, self.D = G, D
+
+    def forward(self, real, z):
+        return ft.cat([self.D(real), self.D(self.G(z).detach())], dim=1)
+
+
+class GStep(nn.Module):
+    def __init__(self, G, D):
+        super().__init__()
+        self.G, self.D = G, D
+
+    def forward(self, z):
+        return self.D(self.G(z))
+
+
+def d_loss(out):
+    return (F.softplus(-out[:, 0]) + F.softplus(out[:, 1])).mean()  # BCE: real 1, generated 0
+
+
+def g_loss(out):
+    return F.softplus(-out[:, 0]).mean()  # BCE: generated 1
+
+
+def nets(batch_norm, seed=0):
+    """DCGAN's shape in miniature; as there, no bias before a batch norm (its gradient is rounding noise, which
+    Adam would scale up to steps of lr)."""
+    ft.manual_seed(seed)
+    norm = [nn.BatchNorm1d(16)] if batch_norm else []
+    G = nn.Sequential(nn.Linear(Z, 16, bias=not batch_norm), *norm, nn.ReLU(), nn.Linear(16, X), nn.Tanh())
+    norm = [nn.BatchNorm1d(16)] if batch_norm else []
+    D = nn.Sequential(nn.Linear(X, 16, bias=not batch_norm), *norm, nn.LeakyReLU(0.2), nn.Linear(16, 1))
+    return G, D
+
+
+def programs(G, D, g_first, precision="32-true", lr=2e-3):
+    def d_program():
+        return DStep(G, D).compile(ft.optim.Adam(D.parameters(), lr=lr, betas=(0.5, 0.999)), d_loss, batch_size=B,
+                                   input_shape=((X,), (Z,)), precision=precision)
+
+    def g_program():
+        return GStep(G, D).compile(ft.optim.Adam(G.parameters(), lr=lr, betas=(0.5, 0.999)), g_loss, batch_size=B,
+                                   input_shape=(Z,), precision=precision)
+    if g_first:
+        pg = g_program()
+        return d_program(), pg
+    pd = d_program()
+    return pd, g_program()
+
+
+def batches(steps, seed=1):
+    rng = np.random.default_rng(seed)
+    for _ in range(steps):
+        real = np.tanh(rng.normal(0.5, 0.3, (B, X))).astype(np.float32)
+        yield real, rng.normal(size=(B, Z)).astype(np.float32), rng.normal(size=(B, Z)).astype(np.float32)
+
+
+def values(module):
+    return {k: np.array(v) for k, v in module.state_dict().items()}
+
+
+def numpy_losses(G, D, real, z):
+    """The two losses from the modules' current weights (no batch norm), in float64."""
+    def linear(m, x):
+        return x @ m.weight.numpy().astype(np.float64).T + m.bias.numpy()
+
+    def g(z):
+        return np.tanh(linear(G[2], np.maximum(linear(G[0], z), 0)))
+
+    def d(x):
+        h = linear(D[0], x)
+        return linear(D[2], np.where(h > 0, h, 0.2 * h))[:, 0]
+
+    def softplus(v):
+        return np.logaddexp(0, v)
+    fake = d(g(z.astype(np.float64)))
+    return np.mean(softplus(-d(real.astype(np.float64))) + softplus(fake)), np.mean(softplus(-fake))
+
+
+@pytest.mark.parametrize("g_first", [False, True])
+def test_each_step_reads_the_other_programs_latest_weights_and_trains_only_its_own(g_first):
+    G, D = nets(batch_norm=False)
+    pd, pg = programs(G, D, g_first)
+    for real, z1, z2 in batches(4):
+        want_d, _ = numpy_losses(G, D, real, z1)
+        g_before = values(G)
+        np.testing.assert_allclose(pd.train_step((real, z1), None), want_d, rtol=1e-5)
+        assert all(np.array_equal(v, values(G)[k]) for k, v in g_before.items())
+        _, want_g = numpy_losses(G, D, real, z2)
+        d_before = values(D)
+        np.testing.assert_allclose(pg.train_step(z2, None), want_g, rtol=1e-5)
+        assert all(np.array_equal(v, values(D)[k]) for k, v in d_before.items())
+        assert not all(np.array_equal(v, values(G)[k]) for k, v in g_before.items())
+    # each optimizer's parameters sit in its own program's flat buffer; the other program reads them there
+    for program, module in ((pd, D), (pg, G)):
+        base, end = program.flat_params.data_ptr(), program.flat_params.data_ptr() + program.flat_params.nbytes
+        assert all(base <= p.data_ptr() < end for p in module.parameters())
+
+
+def test_a_parameter_two_optimizers_hold_is_refused_by_the_program_it_left():
+    """A parameter trains in one program: a second compile whose optimizer holds it too takes it into its buffer,
+    and the first program refuses its next call rather than train old values."""
+    d, g = nn.Sequential(nn.Linear(4, 1)), nn.Sequential(nn.Linear(2, 4))
+    first = d.compile(ft.optim.SGD(d.parameters(), lr=0.1), nn.BCEWithLogitsLoss(), batch_size=3, input_shape=(4,),
+                      target_shape=(1,))
+    x, y = np.ones((3, 4), np.float32), np.ones((3, 1), np.float32)
+    first.train_step(x, y)
+    both = nn.Sequential(g, d)
+    second = both.compile(ft.optim.SGD(both.parameters(), lr=0.1), nn.BCEWithLogitsLoss(), batch_size=3,
+                          input_shape=(2,), target_shape=(1,))
+    for call in (first.train_step, first.backward, first.evaluate, lambda x, y: first.predict(x)):
+        with pytest.raises(ValueError, match=r"0\.weight moved after compile .* A parameter trains in one program"):
+            call(x, y)
+    second.train_step(np.ones((3, 2), np.float32), y)  # the program compiled last trains
+    again = d.compile(ft.optim.SGD(d.parameters(), lr=0.1), nn.BCEWithLogitsLoss(), batch_size=3, input_shape=(4,),
+                      target_shape=(1,))
+    np.testing.assert_allclose(again.predict(x).numpy(), d(ft.tensor(x)).numpy(), rtol=1e-6)
+
+
+def test_a_module_read_before_its_optimizer_compiled_follows_it():
+    """Compiled first, the generator's step differentiates the discriminator (its optimizer does not hold it, no
+    other program trains it yet); the discriminator's compile then takes its parameters, and the generator's
+    step reads them there from its next call, its own gradient of them no longer being their .grad."""
+    G, D = nets(batch_norm=False)
+    pg = GStep(G, D).compile(ft.optim.SGD(G.parameters(), lr=0.1), g_loss, batch_size=B, input_shape=(Z,))
+    pd = DStep(G, D).compile(ft.optim.SGD(D.parameters(), lr=0.1), d_loss, batch_size=B, input_shape=((X,), (Z,)))
+    (real, z1, z2), = batches(1)
+    pd.train_step((real, z1), None)
+    d_grad = D[0].weight.grad
+    pg.backward(z2, None)
+    assert D[0].weight.grad is d_grad
+    np.testing.assert_allclose(pg.evaluate(z2, None)[0], numpy_losses(G, D, real, z2)[1], rtol=1e-5)
+
+
+def torch_losses(G, D, steps, lr=2e-3):
+    """The same alternating steps in PyTorch: the discriminator on real and detached generated samples, then the
+    generator through the discriminator (its gradients computed, not applied, as in every PyTorch GAN loop)."""
+    torch = pytest.importorskip("torch")
+    tG, tD = torch_net(torch, G), torch_net(torch, D)
+    opt_d = torch.optim.Adam(tD.parameters(), lr=lr, betas=(0.5, 0.999))
+    opt_g = torch.optim.Adam(tG.parameters(), lr=lr, betas=(0.5, 0.999))
+    sp = torch.nn.functional.softplus
+    out = []
+    for real, z1, z2 in batches(steps):
+        real, z1, z2 = map(torch.from_numpy, (real, z1, z2))
+        opt_d.zero_grad()
+        ld = (sp(-tD(real)[:, 0]) + sp(tD(tG(z1).detach())[:, 0])).mean()
+        ld.backward()
+        opt_d.step()
+        opt_g.zero_grad()
+        lg = sp(-tD(tG(z2))[:, 0]).mean()
+        lg.backward()
+        opt_g.step()
+        out.append((ld.item(), lg.item()))
+    return out, tG, tD
+
+
+def torch_net(torch, net):
+    layers = {nn.Linear: lambda m: torch.nn.Linear(m.in_features, m.out_features, bias=m.bias is not None),
+              nn.BatchNorm1d: lambda m: torch.nn.BatchNorm1d(m.num_features), nn.ReLU: lambda m: torch.nn.ReLU(),
+              nn.Tanh: lambda m: torch.nn.Tanh(), nn.LeakyReLU: lambda m: torch.nn.LeakyReLU(0.2)}
+    t = torch.nn.Sequential(*(layers[type(m)](m) for m in net))
+    t.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in net.state_dict().items()})
+    return t
+
+
+@pytest.mark.parametrize("g_first", [False, True])
+def test_alternating_steps_match_pytorch_with_batch_norms(g_first):
+    G, D = nets(batch_norm=True)
+    want, tG, tD = torch_losses(G, D, 6)
+    pd, pg = programs(G, D, g_first)
+    for (real, z1, z2), (ld, lg) in zip(batches(6), want):
+        np.testing.assert_allclose(pd.train_step((real, z1), None), ld, rtol=2e-5)
+        np.testing.assert_allclose(pg.train_step(z2, None), lg, rtol=2e-5)
+    for net, ref in ((G, tG), (D, tD)):
+        for k, v in ref.state_dict().items():
+            np.testing.assert_allclose(net.state_dict()[k], v.numpy(), rtol=1e-4, atol=1e-5, err_msg=k)
+
+
+@pytest.mark.parametrize("g_first", [False, True])
+def test_bf16_mixed_programs_alternate_as_float32_does(g_first):
+    """In bf16-mixed each node reads a bfloat16 copy of the other program's weights, converted before every run
+    (their owner changes them between the calls), so the losses follow float32's within bfloat16's rounding."""
+    runs = []
+    for precision in ("32-true", "bf16-mixed"):
+        G, D = nets(batch_norm=True)
+        pd, pg = programs(G, D, g_first, precision)
+        runs.append([(pd.train_step((real, z1), None), pg.train_step(z2, None))
+                     for real, z1, z2 in batches(6)])
+    np.testing.assert_allclose(runs[1], runs[0], rtol=3e-2)
+    assert runs[0][-1] != runs[0][0]
