@@ -4,7 +4,8 @@ batch 256 and 512, against the FMA peak of this machine and against the same net
 in PyTorch (channels_last) when torch imports; then AdamW steps of a ViT on 32x32 images (batch 64) and of
 GPT-2 blocks on 128-token sequences (batch 16, next-token cross-entropy) and of an nn.Transformer translating
 64-token sources into 64-token targets (batch 16; two inputs, PyTorch's masks and default dropout), against the
-same models in PyTorch.
+same models in PyTorch; and DCGAN iterations on 28x28 images (batch 64; a discriminator step, then a generator
+step, two programs that read each other's modules: "images/s" is generated images per second of iterations).
 
 JSON lines: {"name", "value", "unit"} plus "peak_fraction" (the step's model FLOPs per second, 3x the forward
 FLOPs, over the FMA peak measured in the same run with bench_ops.Limits; the nominal count includes the
@@ -12,7 +13,7 @@ zero-padding taps, so small images overstate the work a little) and, with torch,
 images/s) and "ratio" (ours / torch). Medians of timed steps after warm-up; fasttrain and torch steps
 alternate so that load on a shared machine hits both alike.
 
-Where the CPU has AVX512-BF16, each demo, ResNet, ViT, GPT and seq2seq line has a "_bf16" twin: the same step
+Where the CPU has AVX512-BF16, each demo, ResNet, ViT, GPT, seq2seq and DCGAN line has a "_bf16" twin: the same step
 compiled with precision="bf16-mixed", with "ratio_float32" (over fasttrain's float32 step), "ratio" over
 PyTorch's step under torch.autocast("cpu", dtype=torch.bfloat16) (channels_last for the CNNs), and
 "peak_fraction" over "bf16_matmul_peak", a large bfloat16 matmul's GFLOP/s measured in the same run.
@@ -217,6 +218,82 @@ def seq2seq(lib, vocab=512, steps=64, dim=128, heads=4, layers=2):
 MODELS = {"vit": vit, "gpt": gpt, "seq2seq": seq2seq}
 
 
+def dcgan(lib, z=100):
+    """DCGAN's generator and discriminator for 28x28 images (PyTorch's DCGAN example at MNIST's size): a linear
+    layer viewed as 7x7 maps, two transposed convolutions up, two strided convolutions down, batch norms; the
+    same code for lib = fasttrain or torch."""
+    nn = lib.nn
+
+    class Generator(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Sequential(nn.Linear(z, 128 * 7 * 7, bias=False), nn.BatchNorm1d(128 * 7 * 7), nn.ReLU())
+            self.up = nn.Sequential(nn.ConvTranspose2d(128, 64, 4, 2, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
+                                    nn.ConvTranspose2d(64, 1, 4, 2, 1), nn.Tanh())
+
+        def forward(self, z):
+            return self.up(self.fc(z).view(-1, 128, 7, 7))
+    D = nn.Sequential(nn.Conv2d(1, 64, 4, 2, 1), nn.LeakyReLU(0.2), nn.Conv2d(64, 128, 4, 2, 1, bias=False),
+                      nn.BatchNorm2d(128), nn.LeakyReLU(0.2), nn.Flatten(), nn.Linear(128 * 7 * 7, 1))
+    return Generator(), D
+
+
+def gan_steps(net, batch, bf16, z=100):
+    """As transformer_steps (no FLOP count: "images/s" are generated images) for DCGAN's iteration: a
+    discriminator step on real and detached generated images, then a generator step through the discriminator,
+    each with its own Adam, as PyTorch's DCGAN loop."""
+    rng = np.random.default_rng(0)
+    real = rng.uniform(-1, 1, (batch, 1, 28, 28)).astype(np.float32)
+    z1, z2 = (rng.standard_normal((batch, z)).astype(np.float32) for _ in range(2))
+    F = ft.nn.functional
+
+    class DStep(ft.nn.Module):
+        def __init__(self, G, D):
+            super().__init__()
+            self.G, self.D = G, D
+
+        def forward(self, real, z):
+            return ft.cat([self.D(real), self.D(self.G(z).detach())], dim=1)
+
+    class GStep(DStep):
+        def forward(self, z):
+            return self.D(self.G(z))
+
+    def ours(precision):
+        ft.manual_seed(0)
+        G, D = dcgan(ft, z)
+        d_step = DStep(G, D).compile(ft.optim.Adam(D.parameters(), 2e-4, betas=(0.5, 0.999)),
+                                     lambda o: (F.softplus(-o[:, 0]) + F.softplus(o[:, 1])).mean(), batch_size=batch,
+                                     input_shape=((1, 28, 28), (z,)), precision=precision)
+        g_step = GStep(G, D).compile(ft.optim.Adam(G.parameters(), 2e-4, betas=(0.5, 0.999)),
+                                     lambda o: F.softplus(-o[:, 0]).mean(), batch_size=batch, input_shape=(z,),
+                                     precision=precision)
+        x, a, b = ft.tensor(real), ft.tensor(z1), ft.tensor(z2)
+        return lambda: (d_step.train_step((x, a), None), g_step.train_step(b, None))
+    mine, mine16 = ours("32-true"), ours("bf16-mixed") if bf16 else None
+    if torch is None:
+        return mine, mine16, None, None, None, "images/s"
+    G, D = (m.to(memory_format=torch.channels_last) for m in dcgan(torch, z))
+    opt_d = torch.optim.Adam(D.parameters(), 2e-4, betas=(0.5, 0.999))
+    opt_g = torch.optim.Adam(G.parameters(), 2e-4, betas=(0.5, 0.999))
+    x = torch.from_numpy(real).contiguous(memory_format=torch.channels_last)
+    a, b = torch.from_numpy(z1), torch.from_numpy(z2)
+    sp = torch.nn.functional.softplus
+
+    def theirs(bf16=False):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            d_loss = (sp(-D(x)[:, 0]) + sp(D(G(a).detach())[:, 0])).mean()
+        opt_d.zero_grad(set_to_none=True)
+        d_loss.backward()
+        opt_d.step()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            g_loss = sp(-D(G(b))[:, 0]).mean()
+        opt_g.zero_grad(set_to_none=True)
+        g_loss.backward()
+        opt_g.step()
+    return mine, mine16, None, theirs, lambda: theirs(bf16=True), "images/s"
+
+
 def next_token_loss(lib):
     return lambda logits, targets: lib.nn.functional.cross_entropy(logits.transpose(1, 2), targets)
 
@@ -397,8 +474,9 @@ def main():
                     extra.update(reference=round(ref, 1), ratio=round(ips16 / ref, 3),
                                  reference_name=f"torch {torch.__version__} bf16 autocast (channels_last)")
                 emit(f"train_step_{net}_b{batch}_bf16", ips16, "images/s", **extra)
-    for net, batch in (("vit", 64), ("gpt", 16), ("seq2seq", 16)):
-        ours, ours16, flops, theirs, autocast, unit = transformer_steps(net, batch, bf16)
+    for net, batch in (("vit", 64), ("gpt", 16), ("seq2seq", 16), ("dcgan", 64)):
+        ours, ours16, flops, theirs, autocast, unit = (gan_steps if net == "dcgan" else transformer_steps)(net, batch,
+                                                                                                           bf16)
         runs = [f for f in (ours, ours16, theirs, autocast) if f]
         for _ in range(2):
             for f in runs:
@@ -408,7 +486,8 @@ def main():
             for f in runs:
                 times[f].append(timed(f))
         ips = batch / statistics.median(times[ours])
-        extra = {"peak_fraction": round(ips * flops / 1e9 / fma_peak, 3), "gflops": round(ips * flops / 1e9, 1)}
+        extra = {"peak_fraction": round(ips * flops / 1e9 / fma_peak, 3), "gflops": round(ips * flops / 1e9, 1)} \
+            if flops else {}
         if theirs:
             ref = batch / statistics.median(times[theirs])
             auto = batch / statistics.median(times[autocast])
@@ -418,8 +497,9 @@ def main():
         emit(f"train_step_{net}_b{batch}", ips, unit, **extra)
         if ours16:
             ips16 = batch / statistics.median(times[ours16])
-            extra = {"precision": "bf16-mixed", "peak_fraction": round(ips16 * flops / 1e9 / mm_peak, 3),
-                     "fasttrain_float32": round(ips, 2), "ratio_float32": round(ips16 / ips, 3)}
+            extra = {"precision": "bf16-mixed", "fasttrain_float32": round(ips, 2), "ratio_float32": round(ips16 / ips, 3)}
+            if flops:
+                extra["peak_fraction"] = round(ips16 * flops / 1e9 / mm_peak, 3)
             if theirs:
                 extra.update(reference=round(auto, 2), ratio=round(ips16 / auto, 3),
                              reference_name=f"torch {torch.__version__} bf16 autocast")

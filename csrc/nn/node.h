@@ -49,6 +49,9 @@ typedef enum {
     FT_LAYOUT_IN_ORDER, /* in the order of its shape: a reshape's values keep their order, a parameter's gradient
                            its weight's, and rows of classes or of an embedding are written whole */
     FT_LAYOUT_INPUT,    /* its input's: norms that read and write one layout take the one they are given */
+    FT_LAYOUT_OF_IMAGES, /* in order when its input is an image, else the program's: a reshape keeps an image's
+                            values in their order, and lays out others (a linear layer's, viewed as maps) as the
+                            convolutions after it read them */
 } ft_node_layout;
 
 typedef struct {

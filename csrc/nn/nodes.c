@@ -63,9 +63,19 @@ static ft_status same_shape(const ft_node *nd, const ft_node *const *in) {
     return FT_OK;
 }
 
-/* A reshape is a view when the input's memory order is its (C, H, W) order. */
+/* Whether an image's channels-last order is its (C, H, W) order. */
+static bool ordered_both_ways(const ft_node *image) {
+    return (image->shape[1] == 1 && image->shape[2] == 1) || image->shape[0] == 1;
+}
+
+/* A reshape is a view when its input's memory order is its output's: in a
+ * channels-last program, an image's values are gathered into (C, H, W)
+ * order, and values that are no image scattered into a channels-last one
+ * (FT_LAYOUT_OF_IMAGES). */
 static bool reshape_is_view(const ft_node *nd, const ft_node *in, bool channels_last, bool training) {
-    return !is_image(in) || !channels_last || (in->shape[1] == 1 && in->shape[2] == 1) || in->shape[0] == 1;
+    if (!channels_last)
+        return true;
+    return is_image(in) ? ordered_both_ways(in) : !is_image(nd) || ordered_both_ways(nd);
 }
 
 /* t's elements as a dense tensor of `like`'s shape. */
@@ -82,13 +92,22 @@ static ft_status put(const ft_tensor *dst, const ft_tensor *src, bool acc) {
     return acc ? ft_add_forward(dst, dst, src, no_act) : ft_tensor_copy(dst, src, false);
 }
 
-/* The copying reshape of channels-last images: gathered into (C, H, W) order. */
+/* The copying reshape: a channels-last image gathered into (C, H, W) order,
+ * or values in order scattered into a channels-last image. */
 static ft_status reshape_forward(const ft_node_run *r) {
+    if (!ft_tensor_is_contiguous(&r->out)) {
+        ft_tensor src = reshaped(&r->in[0], &r->out);
+        return ft_tensor_copy(&r->out, &src, false);
+    }
     ft_tensor dst = reshaped(&r->out, &r->in[0]);
     return ft_tensor_copy(&dst, &r->in[0], false);
 }
 
 static ft_status reshape_backward(const ft_node_run *r) {
+    if (!ft_tensor_is_contiguous(&r->dout)) {
+        ft_tensor d = reshaped(r->din[0], &r->dout);
+        return put(&d, &r->dout, r->din_acc[0]);
+    }
     ft_tensor g = reshaped(&r->dout, &r->in[0]);
     return put(r->din[0], &g, r->din_acc[0]);
 }
@@ -1270,7 +1289,7 @@ const ft_node_kind_info ft_node_kinds[FT_NODE_NKINDS] = {
     [FT_NODE_CAT] = {"cat", 1, FT_NODE_MAX_INPUTS, 0, cat_check, NULL, NULL, cat_forward, cat_backward, .precision = FT_NODE_ANY,
                      .reads_inputs = never, .reads_output = never},
     [FT_NODE_RESHAPE] = {"reshape", 1, 1, 0, same_numel, NULL, reshape_is_view, reshape_forward, reshape_backward,
-                         .precision = FT_NODE_ANY, .layout = FT_LAYOUT_IN_ORDER},
+                         .precision = FT_NODE_ANY, .layout = FT_LAYOUT_OF_IMAGES},
     [FT_NODE_DROPOUT] = {"dropout", 1, 1, 0, same_shape, NULL, dropout_is_view, dropout_forward, dropout_backward, .precision = FT_NODE_ANY,
                          .reads_inputs = never, .reads_output = never, .draws = element_draws},
     [FT_NODE_IDENTITY] = {"identity", 1, 1, 0, same_shape, NULL, always_view, NULL, NULL, .precision = FT_NODE_ANY},

@@ -103,9 +103,11 @@ static bool is_view(const ft_program *p, int i, bool training) {
  * channels innermost). A view's is its input's. */
 static bool in_order(const ft_program *p, int i, bool training) {
     const ft_node *nd = &p->nodes[i];
-    if (!is_image(nd) || !p->channels_last || row(p, i)->layout == FT_LAYOUT_IN_ORDER)
+    ft_node_layout layout = row(p, i)->layout;
+    if (!is_image(nd) || !p->channels_last || layout == FT_LAYOUT_IN_ORDER ||
+        (layout == FT_LAYOUT_OF_IMAGES && is_image(&p->nodes[nd->inputs[0]])))
         return true;
-    if (!is_input(p, i) && (row(p, i)->layout == FT_LAYOUT_INPUT || is_view(p, i, training)))
+    if (!is_input(p, i) && (layout == FT_LAYOUT_INPUT || is_view(p, i, training)))
         return in_order(p, nd->inputs[0], training);
     return false;
 }
