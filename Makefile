@@ -45,7 +45,8 @@ test: build
 
 # The stress of concurrent misuse (tests/test_stress.py), the data readers, the ops that read blocks in place or
 # convert dtypes (pooling over tiles, batch norm's planes, upsampling's gathers, the eager math's C ops), the fused
-# optimizers and the planner (recomputation, InPlace-ABN, lifetimes, several inputs, losses), against the extension built with ASan + UBSan (CPU only) in a copy of the package, the
+# optimizers and the planner (recomputation, InPlace-ABN, lifetimes, several inputs, losses, programs sharing modules),
+# against the extension built with ASan + UBSan (CPU only) in a copy of the package, the
 # sanitizers preloaded into Python. Leak detection is off: the interpreter's own allocations at exit are not ours.
 ASAN_PY := build/asan-py
 test-stress-sanitize: build
@@ -57,7 +58,8 @@ test-stress-sanitize: build
 		ASAN_OPTIONS=detect_leaks=0 PYTHONPATH=../$(ASAN_PY) ../$(PY) -m pytest -q -p no:cacheprovider test_stress.py \
 		test_precision.py test_ops_attention.py test_data_png.py test_data_badfiles.py test_data_jpeg.py test_data_features.py test_fit_callbacks.py \
 		test_recompute.py test_inplace_abn.py test_memory.py test_grad_scaler.py test_ops_pool.py test_ops_layers.py \
-		test_math_kernels.py test_ops_norm_embed.py test_optim.py test_rnn.py test_multi_input.py test_losses.py
+		test_math_kernels.py test_ops_norm_embed.py test_optim.py test_rnn.py test_multi_input.py test_losses.py \
+		test_gan.py test_program_compile.py
 
 test-py: build
 	$(PY) -m pytest -q tests
