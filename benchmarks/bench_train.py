@@ -51,6 +51,7 @@ sys.path[:0] = [HERE, os.path.join(ROOT, "examples"), os.path.join(HERE, "refere
 
 import cudabench  # noqa: E402
 import fasttrain as ft  # noqa: E402
+import gan  # noqa: E402
 from bench_ops import Limits  # noqa: E402
 
 try:
@@ -218,62 +219,23 @@ def seq2seq(lib, vocab=512, steps=64, dim=128, heads=4, layers=2):
 MODELS = {"vit": vit, "gpt": gpt, "seq2seq": seq2seq}
 
 
-def dcgan(lib, z=100):
-    """DCGAN's generator and discriminator for 28x28 images (PyTorch's DCGAN example at MNIST's size): a linear
-    layer viewed as 7x7 maps, two transposed convolutions up, two strided convolutions down, batch norms; the
-    same code for lib = fasttrain or torch."""
-    nn = lib.nn
-
-    class Generator(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc = nn.Sequential(nn.Linear(z, 128 * 7 * 7, bias=False), nn.BatchNorm1d(128 * 7 * 7), nn.ReLU())
-            self.up = nn.Sequential(nn.ConvTranspose2d(128, 64, 4, 2, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
-                                    nn.ConvTranspose2d(64, 1, 4, 2, 1), nn.Tanh())
-
-        def forward(self, z):
-            return self.up(self.fc(z).view(-1, 128, 7, 7))
-    D = nn.Sequential(nn.Conv2d(1, 64, 4, 2, 1), nn.LeakyReLU(0.2), nn.Conv2d(64, 128, 4, 2, 1, bias=False),
-                      nn.BatchNorm2d(128), nn.LeakyReLU(0.2), nn.Flatten(), nn.Linear(128 * 7 * 7, 1))
-    return Generator(), D
-
-
 def gan_steps(net, batch, bf16, z=100):
-    """As transformer_steps (no FLOP count: "images/s" are generated images) for DCGAN's iteration: a
-    discriminator step on real and detached generated images, then a generator step through the discriminator,
-    each with its own Adam, as PyTorch's DCGAN loop."""
+    """As transformer_steps (no FLOP count: "images/s" are generated images) for an iteration of examples/gan.py's
+    DCGAN: a discriminator step on real and detached generated images, then a generator step through the
+    discriminator, each with its own Adam, as PyTorch's DCGAN loop."""
     rng = np.random.default_rng(0)
     real = rng.uniform(-1, 1, (batch, 1, 28, 28)).astype(np.float32)
     z1, z2 = (rng.standard_normal((batch, z)).astype(np.float32) for _ in range(2))
-    F = ft.nn.functional
-
-    class DStep(ft.nn.Module):
-        def __init__(self, G, D):
-            super().__init__()
-            self.G, self.D = G, D
-
-        def forward(self, real, z):
-            return ft.cat([self.D(real), self.D(self.G(z).detach())], dim=1)
-
-    class GStep(DStep):
-        def forward(self, z):
-            return self.D(self.G(z))
 
     def ours(precision):
         ft.manual_seed(0)
-        G, D = dcgan(ft, z)
-        d_step = DStep(G, D).compile(ft.optim.Adam(D.parameters(), 2e-4, betas=(0.5, 0.999)),
-                                     lambda o: (F.softplus(-o[:, 0]) + F.softplus(o[:, 1])).mean(), batch_size=batch,
-                                     input_shape=((1, 28, 28), (z,)), precision=precision)
-        g_step = GStep(G, D).compile(ft.optim.Adam(G.parameters(), 2e-4, betas=(0.5, 0.999)),
-                                     lambda o: F.softplus(-o[:, 0]).mean(), batch_size=batch, input_shape=(z,),
-                                     precision=precision)
+        d_step, g_step = gan.programs(*gan.dcgan(ft, z), batch, z, precision)
         x, a, b = ft.tensor(real), ft.tensor(z1), ft.tensor(z2)
         return lambda: (d_step.train_step((x, a), None), g_step.train_step(b, None))
     mine, mine16 = ours("32-true"), ours("bf16-mixed") if bf16 else None
     if torch is None:
         return mine, mine16, None, None, None, "images/s"
-    G, D = (m.to(memory_format=torch.channels_last) for m in dcgan(torch, z))
+    G, D = (m.to(memory_format=torch.channels_last) for m in gan.dcgan(torch, z))
     opt_d = torch.optim.Adam(D.parameters(), 2e-4, betas=(0.5, 0.999))
     opt_g = torch.optim.Adam(G.parameters(), 2e-4, betas=(0.5, 0.999))
     x = torch.from_numpy(real).contiguous(memory_format=torch.channels_last)
