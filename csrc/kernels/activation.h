@@ -125,9 +125,11 @@ static inline FT_HD float ft_normcdff(float x) {
 static inline FT_HD float ft_relu(float x) { return x < 0.0f ? 0.0f : x; } /* NaN passes through */
 static inline FT_HD float ft_leaky_relu(float x, float alpha) { return x > 0.0f ? x : x * alpha; }
 static inline FT_HD float ft_gelu(float x) { return x * ft_normcdff(x); }
+/* 0.5 (1 + tanh(u)) is sigmoid(2u): one exponential and one division, where
+ * tanh takes both and a polynomial. */
 static inline FT_HD float ft_gelu_tanh(float x) {
     float inner = FT_GELU_TANH_BETA * fmaf(FT_GELU_TANH_KAPPA * x * x, x, x);
-    return 0.5f * x * (1.0f + ft_tanhf(inner));
+    return x * ft_sigmoidf(2.0f * inner);
 }
 static inline FT_HD float ft_silu(float x) { return x * ft_sigmoidf(x); }
 static inline FT_HD float ft_hardswish(float x) { return x * fminf(fmaxf(x + 3.0f, 0.0f), 6.0f) / 6.0f; }
@@ -195,11 +197,11 @@ static inline FT_HD float ft_gelu_grad(float x) {
     float pdf = FT_INV_SQRT_2PI * ft_expf(-0.5f * x * x);
     return fmaf(x, pdf, ft_normcdff(x));
 }
-static inline FT_HD float ft_gelu_tanh_grad(float x) {
+static inline FT_HD float ft_gelu_tanh_grad(float x) { /* s = sigmoid(2u) as in ft_gelu_tanh */
     float x2 = x * x;
-    float t = ft_tanhf(FT_GELU_TANH_BETA * fmaf(FT_GELU_TANH_KAPPA * x2, x, x));
+    float s = ft_sigmoidf(2.0f * FT_GELU_TANH_BETA * fmaf(FT_GELU_TANH_KAPPA * x2, x, x));
     float dinner = FT_GELU_TANH_BETA * fmaf(3.0f * FT_GELU_TANH_KAPPA, x2, 1.0f);
-    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * dinner;
+    return fmaf(2.0f * x * s * (1.0f - s), dinner, s);
 }
 static inline FT_HD float ft_silu_grad(float x) {
     float s = ft_sigmoidf(x);
