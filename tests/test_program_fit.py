@@ -249,3 +249,29 @@ class _Epochs:
         batches = self.epochs[self.pass_ % len(self.epochs)]
         self.pass_ += 1
         return iter(batches)
+
+
+# ---------------------------------------------------------------- a loss without targets
+
+def test_a_program_whose_loss_reads_no_targets_fits_its_inputs_alone():
+    """A loss of one argument (here the output's squared norm) reads no targets: fit and evaluate take the
+    inputs' array alone, (x,), or (x, None), fit(1) twice is fit(2), and the loss is NumPy's for the weights."""
+    def run(data, epochs):
+        ft.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 4), nn.Tanh(), nn.Linear(4, 8))
+        program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), lambda out: (out ** 2).sum(1).mean(),
+                                batch_size=16, input_shape=(8,))
+        for n in epochs:
+            ft.fit(program, data, n, progress=False)
+        return model, program
+    X = np.random.default_rng(0).standard_normal((64, 8)).astype(np.float32)
+    model, program = run(X, [1, 1])
+    for data in ((X,), (X, None)):
+        assert ft.evaluate(run(data, [2])[1], X) == ft.evaluate(program, X)
+    sd = {k: np.asarray(v, np.float64) for k, v in model.state_dict().items()}
+    out = np.tanh(X @ sd["0.weight"].T + sd["0.bias"]) @ sd["2.weight"].T + sd["2.bias"]
+    loss, accuracy = ft.evaluate(program, X)
+    np.testing.assert_allclose(loss, (out ** 2).sum(1).mean(), rtol=1e-5)
+    assert accuracy is None
+    with pytest.raises(TypeError, match=r"got one ndarray: the program's loss reads targets"):
+        ft.fit(compile_resnet(make_resnet(seed=1)), X, 1)

@@ -28,9 +28,23 @@ def _is_c_loader(loader):
     return isinstance(loader, Loader)
 
 
+def _with_targets(program, data):
+    """Data for a program whose loss reads no targets may be its inputs alone (x, or x1, ..., xk), or with None
+    for the targets: given here zeros for targets, which no node reads. Other data as it is."""
+    if program.target_dtype is not None:
+        return data
+    parts = data if isinstance(data, tuple) else (data,)
+    if len(parts) == 2 and parts[1] is None:
+        parts = parts[0] if isinstance(parts[0], tuple) else parts[:1]
+    if len(parts) != len(program._input_dtypes) or not all(len(getattr(a, "shape", ())) for a in parts):
+        return data
+    return (*parts, np.zeros(parts[0].shape[0], np.int64))
+
+
 def _split(program, batch):
     """A batch as (x, y): (x, y), or for a forward of k inputs (x1, ..., xk, y) or ((x1, ..., xk), y) with x the
-    tuple of the k."""
+    tuple of the k; for a program that reads no targets, the inputs alone too (_with_targets)."""
+    batch = _with_targets(program, batch)
     k = len(program._input_dtypes)
     if not isinstance(batch, (tuple, list)) or len(batch) not in (2, k + 1):
         shape = f"(x1, ..., x{k}, y) or ((x1, ..., x{k}), y)" if k > 1 else "(x, y)"
@@ -76,25 +90,31 @@ class _InputBatches:
 
 
 def _as_loader(program, data, batch_size, shuffle):
-    """A fasttrain Loader of batch_size over (x, y) arrays (shuffled when training, seeded from the global seed as
-    every Loader is), or for a forward of several inputs their batches in a Loader's order (_InputBatches); a
-    loader or iterable as it is. The program keeps the loader of the arrays it last trained on (and evaluated
-    on), so that fit on the same arrays again goes on with the next epoch's order."""
+    """A fasttrain Loader of batch_size (None: the program's) over (x, y) arrays (shuffled when training, seeded
+    from the global seed as every Loader is), or for a forward of several inputs their batches in a Loader's
+    order (_InputBatches); a loader or iterable as it is. The program keeps the loader of the arrays it last
+    trained on (and evaluated on), so that fit on the same arrays again goes on with the next epoch's order."""
     if isinstance(data, list) and len(data) == 2 and all(hasattr(d, "shape") and len(d.shape) for d in data) \
             and data[0].shape[0] == data[1].shape[0]:
         raise TypeError("give (x, y) arrays as a tuple: a list is taken as an iterable of (x, y) batches")
+    data = _with_targets(program, data)
     if not isinstance(data, tuple):
+        if hasattr(data, "shape"):
+            raise TypeError(f"give the data as (x, y) arrays or a loader, got one {type(data).__name__}: the "
+                            "program's loss reads targets")
         if batch_size is not None:
             raise ValueError("batch_size applies to (x, y) arrays: a loader makes batches of its own size")
         return data
+    batch_size = batch_size or program.batch_size
     try:
         x, y = _split(program, data)
     except TypeError:
         raise TypeError(f"give the data as a loader or as (x, y) arrays, got a tuple of {len(data)}") from None
     from .data import Loader
     loaders = program.__dict__.setdefault("_array_loaders", {})
-    # the arrays by identity: the kept loader holds them, so their ids are not reused
-    key = tuple(map(id, x)) if isinstance(x, tuple) else id(x), id(y), batch_size
+    # the arrays by identity: the kept loader holds them, so their ids are not reused (targets made up for a
+    # program that reads none are new each time)
+    key = tuple(map(id, x)) if isinstance(x, tuple) else id(x), program.target_dtype and id(y), batch_size
     kept = loaders.get(shuffle)
     if kept is None or kept[0] != key:
         kept = loaders[shuffle] = key, _InputBatches(x, y, batch_size, shuffle, program._input_dtypes) \
@@ -106,7 +126,7 @@ def evaluate(program: Program, loader: Iterable[Any], tta_flip: bool = False) ->
     """(mean loss, accuracy) of the program over a loader (or (x, y) arrays, in batches of the program's size), in
     eval mode. With tta_flip the logits of each image and of its horizontal mirror are averaged (test-time
     augmentation). A fasttrain loader runs entirely in C."""
-    loader = _as_loader(program, loader, program.batch_size if isinstance(loader, tuple) else None, False)
+    loader = _as_loader(program, loader, None, False)
     program._check_parameters()
     if _is_c_loader(loader):
         # The whole split, wherever an earlier iteration (or a restored state) left the loader; a position a
@@ -246,10 +266,9 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
         raise ValueError(f"epochs must be an int >= 0, got {epochs!r}")
     if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
         raise ValueError(f"batch_size must be a positive int (or None for the program's), got {batch_size!r}")
-    loader = _as_loader(program, loader,
-                        (batch_size or program.batch_size) if isinstance(loader, tuple) else batch_size, True)
-    if isinstance(val_loader, tuple):
-        val_loader = _as_loader(program, val_loader, program.batch_size, False)
+    loader = _as_loader(program, loader, batch_size, True)
+    if val_loader is not None:
+        val_loader = _as_loader(program, val_loader, None, False)
     for fed in (loader, val_loader):  # before any step: a validation loader that cannot feed the program too
         if _is_c_loader(fed):
             program._c._check_loader()
