@@ -273,5 +273,6 @@ def test_a_program_whose_loss_reads_no_targets_fits_its_inputs_alone():
     loss, accuracy = ft.evaluate(program, X)
     np.testing.assert_allclose(loss, (out ** 2).sum(1).mean(), rtol=1e-5)
     assert accuracy is None
+    assert ft.evaluate(program, (X[i:i + 16] for i in range(0, 64, 16))) == (loss, None)  # batches of x alone
     with pytest.raises(TypeError, match=r"got one ndarray: the program's loss reads targets"):
         ft.fit(compile_resnet(make_resnet(seed=1)), X, 1)
