@@ -11,37 +11,12 @@ import pytest
 
 import fasttrain as ft
 from fasttrain import nn
-import fasttrain.nn.functional as F
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+from gan import DStep, GStep, d_loss, g_loss  # noqa: E402  the steps of examples/gan.py
 
 B, Z, X = 8, 6, 10
-
-
-class DStep(nn.Module):
-    """The discriminator's step: its logits for real and for generated samples, side by side."""
-
-    def __init__(self, G, D):
-        super().__init__()
-        self.G, self.D = G, D
-
-    def forward(self, real, z):
-        return ft.cat([self.D(real), self.D(self.G(z).detach())], dim=1)
-
-
-class GStep(nn.Module):
-    def __init__(self, G, D):
-        super().__init__()
-        self.G, self.D = G, D
-
-    def forward(self, z):
-        return self.D(self.G(z))
-
-
-def d_loss(out):
-    return (F.softplus(-out[:, 0]) + F.softplus(out[:, 1])).mean()  # BCE: real 1, generated 0
-
-
-def g_loss(out):
-    return F.softplus(-out[:, 0]).mean()  # BCE: generated 1
 
 
 def nets(batch_norm, seed=0):
@@ -240,8 +215,7 @@ def test_the_example_trains_on_fashion_mnist(tmp_path):
         ft.data.FashionMNIST(train=True)
     except FileNotFoundError as e:
         pytest.skip(f"Fashion-MNIST is not installed (Debian package dataset-fashion-mnist): {e}")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out = subprocess.run([sys.executable, os.path.join(root, "examples", "gan.py"), "--epochs", "1", "--steps", "40",
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "gan.py"), "--epochs", "1", "--steps", "40",
                           "--threads", "2", "--out", str(tmp_path)], capture_output=True, text=True, check=True,
                          env=dict(os.environ, PYTHONPATH=os.path.dirname(ft.__path__[0])), timeout=300).stdout
     report = json.loads(out.strip().splitlines()[-1])
