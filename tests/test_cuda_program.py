@@ -307,6 +307,20 @@ def test_a_masked_mean_matches_cpu():
         assert_close(results[1][1][n], g, 1e-4, 1e-4)
 
 
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_gan_programs_alternate_as_on_the_cpu(precision):
+    """Two programs that read each other's modules (the generator's step compiled first, so it follows the
+    discriminator into the discriminator's program at its next call): the alternating losses against the CPU's."""
+    from test_gan import batches, nets, programs
+    runs = []
+    for device in ("cpu", "cuda"):
+        G, D = nets(batch_norm=True)
+        G.to(device), D.to(device)
+        pd, pg = programs(G, D, g_first=True, precision=precision)
+        runs.append([(pd.train_step((real, z1), None), pg.train_step(z2, None)) for real, z1, z2 in batches(4)])
+    assert_losses_close(runs[1], runs[0], rtol=1e-4 if precision == "32-true" else 3e-2)
+
+
 def test_nccl_over_one_rank_equals_no_nccl(tmp_path):
     """The NCCL path of a distributed CUDA program (compile(distributed=True) on "cuda"), over a world of one
     MPI rank: the same losses and weights as the program without it."""
