@@ -413,3 +413,54 @@ def test_a_bad_id_in_a_later_micro_batch_leaves_the_gradients():
         p.backward((bad, ids == 0), y)
     for g, t in zip(grads, m.parameters()):
         np.testing.assert_array_equal(g, t.grad.numpy())
+
+
+def functional_two(seed=0):
+    """Two's graph as an nn.Model of two nn.Inputs (Keras's functional form)."""
+    ft.manual_seed(seed)
+    x, z = nn.Input((4,)), nn.Input((3,))
+    a, b, head = nn.Linear(4, 8), nn.Linear(3, 8, bias=False), nn.Linear(8, 2)
+    return nn.Model([x, z], head(nn.ReLU()(a(x) + b(z))))
+
+
+def test_an_nn_model_of_two_inputs_trains_as_the_module_of_two():
+    """nn.Model([x, z], out) takes its inputs in the listed order, eagerly and compiled: the steps of the
+    subclass with forward(x, z) and the same weights (which train as one concatenated input's, above)."""
+    g = functional_two()
+    m, p = two()
+    m.load_state_dict({k: v for k, v in zip(m.state_dict(), g.state_dict().values())})
+    q = g.compile(ft.optim.SGD(g.parameters(), lr=0.1, momentum=0.9), batch_size=16)
+    assert g.input_shape == ((4,), (3,)) and q.input_shape == ((4,), (3,))
+    for s in range(0, 48, 16):
+        assert q.train_step((X[s:s + 16], Z[s:s + 16]), Y[s:s + 16]) == p.train_step((X[s:s + 16], Z[s:s + 16]),
+                                                                                        Y[s:s + 16])
+    for got, want in zip(g.state_dict().values(), m.state_dict().values()):
+        np.testing.assert_array_equal(got, want)
+    g.eval()
+    np.testing.assert_allclose(g(ft.tensor(X), ft.tensor(Z)).numpy(), q.predict((X, Z)).numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_an_nn_model_compiles_with_its_inputs_dtypes():
+    """An nn.Input of token ids (int64) and one of a bool mask: compile reads their dtypes from the inputs."""
+    ids, keep = nn.Input((6,), ft.int64), nn.Input((6,), ft.bool)
+    h = nn.Embedding(20, 4)(ids) * keep.float().unsqueeze(2)
+    model = nn.Model([ids, keep], nn.Linear(4, 2)(h.sum(1)))
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=4)
+    t = np.random.default_rng(0).integers(0, 20, (4, 6))
+    mask = t % 3 != 0
+    w = model.state_dict()
+    want = (w["embedding.weight"][t] * mask[..., None]).sum(1) @ w["linear.weight"].T + w["linear.bias"]
+    np.testing.assert_allclose(program.predict((t, mask)).numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_what_an_nn_model_of_several_inputs_refuses():
+    x, z, other = nn.Input((4,)), nn.Input((3,)), nn.Input((3,))
+    out = nn.Linear(4, 2)(x)
+    with pytest.raises(ValueError, match="does not depend on input 1"):
+        nn.Model([x, z], out)
+    with pytest.raises(ValueError, match="an nn.Input that is not among the model's inputs"):
+        nn.Model([x], out + nn.Linear(3, 2)(other))
+    with pytest.raises(ValueError, match="given twice"):
+        nn.Model([x, x], out)
+    with pytest.raises(TypeError, match=r"takes 2 input\(s\), got 1"):
+        functional_two()(ft.tensor(X))

@@ -2936,17 +2936,29 @@ class Value(Module):
 
 
 class Model(Module):
-    """A model from symbolic inputs to outputs (one input, one output)."""
+    """A model from symbolic inputs to one output, as Keras's functional models: Model(x, out) of one nn.Input,
+    or Model([x1, x2], out) of several, which forward takes in that order."""
 
     def __init__(self, inputs, outputs):
         super().__init__()
         from .graph import topological
-        if not isinstance(inputs, Symbolic) or not isinstance(outputs, Symbolic):
-            raise TypeError("Model takes one symbolic input and one symbolic output")
+        many = isinstance(inputs, (tuple, list))
+        ins = list(inputs) if many else [inputs]
+        if not ins or not all(isinstance(i, Symbolic) and i.node.module is None for i in ins) or \
+                not isinstance(outputs, Symbolic):
+            raise TypeError("Model takes a symbolic input (nn.Input), or a list of them, and one symbolic output")
         nodes = topological([outputs.node])
-        if nodes[0] is not inputs.node or sum(n.module is None for n in nodes) != 1:
-            raise ValueError("the output does not depend on exactly the given input")
+        reached = {id(n) for n in nodes if n.module is None}
+        given = [i.node for i in ins]
+        if len({id(n) for n in given}) != len(given):
+            raise ValueError("Model: an input is given twice")
+        if reached - {id(n) for n in given}:
+            raise ValueError("the output depends on an nn.Input that is not among the model's inputs")
+        lost = [k for k, n in enumerate(given) if id(n) not in reached]
+        if lost:
+            raise ValueError(f"the output does not depend on input {lost[0]} of the model's inputs")
         object.__setattr__(self, "_nodes", nodes)
+        object.__setattr__(self, "_inputs", (given, many))
         # Each layer (or block of layers called as one module) is named after its class as Keras does
         # (conv2d, conv2d_1, ...), so state_dict keys read as the model: "block_1.conv1.weight".
         counts = {}
@@ -2960,20 +2972,32 @@ class Model(Module):
 
     @property
     def input_shape(self):
-        """The per-sample shape of the model's input (without the batch dimension)."""
-        return self._nodes[0].shape
+        """The per-sample shape of the model's input (without the batch dimension); of several inputs, a tuple of
+        their shapes."""
+        given, many = self._inputs
+        return tuple(n.shape for n in given) if many else given[0].shape
 
-    def forward(self, x):
-        """Runs the recorded layers in order on x: eagerly on a tensor, or recording them again on a traced value (a
-        Model used inside another model)."""
+    @property
+    def input_dtype(self):
+        """The dtype of the model's input as nn.Input gave it (None: float32); of several inputs, a tuple."""
+        given, many = self._inputs
+        return tuple(n.dtype for n in given) if many else given[0].dtype
+
+    def forward(self, *xs):
+        """Runs the recorded layers in order on the inputs: eagerly on tensors, or recording them again on traced
+        values (a Model used inside another model)."""
         from .graph import within
-        values = {}
+        given, _ = self._inputs
+        if len(xs) != len(given):
+            raise TypeError(f"{type(self).__name__} takes {len(given)} input(s), got {len(xs)}")
+        values = {id(n): x for n, x in zip(given, xs)}
+        traced = any(isinstance(x, Symbolic) for x in xs)
         for n in self._nodes:
             if n.module is None:
-                values[id(n)] = x
-            elif not n.inputs and isinstance(x, Symbolic):  # a Value node, traced again
+                continue
+            if not n.inputs and traced:  # a Value node, traced again
                 values[id(n)] = Symbolic(n)
             else:
-                with within(n.scope if isinstance(x, Symbolic) else ()):
+                with within(n.scope if traced else ()):
                     values[id(n)] = n.module(*[values[id(i)] for i in n.inputs])
         return values[id(self._nodes[-1])]

@@ -167,7 +167,7 @@ def _inputs(model, input_shape, input_dtype):
     or bool masks."""
     from .._types import as_dtype
     if isinstance(model, M.Model):
-        input_shape = model.input_shape
+        input_shape, input_dtype = model.input_shape, model.input_dtype if input_dtype is None else input_dtype
     elif input_shape is None:
         raise ValueError("compile: give input_shape, the per-sample shape such as (1, 28, 28)")
     shapes = input_shapes(input_shape)
