@@ -815,8 +815,11 @@ static ft_status read_outside(ft_program *p, int i, ft_tensor w) {
         *dst = w;
         return FT_OK;
     }
-    if (!p->outside[i].storage)
-        FT_TRY(ft_tensor_empty(dst, w.ndim, w.shape, p->compute, p->device, false));
+    if (!p->outside[i].storage) { /* allocated apart: a failure leaves the node as it was */
+        ft_tensor copy;
+        FT_TRY(ft_tensor_empty(&copy, w.ndim, w.shape, p->compute, p->device, false));
+        *dst = copy;
+    }
     p->outside[i] = w;
     return FT_OK;
 }
