@@ -88,6 +88,9 @@ def test_each_step_reads_the_other_programs_latest_weights_and_trains_only_its_o
         np.testing.assert_allclose(pg.train_step(z2, None), want_g, rtol=1e-5)
         assert all(np.array_equal(v, values(D)[k]) for k, v in d_before.items())
         assert not all(np.array_equal(v, values(G)[k]) for k, v in g_before.items())
+    lent = G if g_first else D  # the module whose program compiled first is read by the second
+    assert f"frozen here): {sum(p.numel() for p in lent.parameters()):,} parameters" in \
+        str((pg if not g_first else pd).summary())
     # each optimizer's parameters sit in its own program's flat buffer; the other program reads them there
     for program, module in ((pd, D), (pg, G)):
         base, end = program.flat_params.data_ptr(), program.flat_params.data_ptr() + program.flat_params.nbytes

@@ -806,6 +806,9 @@ class Program:
         recomputed = self._c.recomputed()
         table = _table(self.entries, self._c.node_dtypes(), recomputed)
         table.notes += [f"precision: {self.precision}"]
+        if self._lent:
+            lent = sum(p.numel() for p in dict.fromkeys(self.model.parameters()) if id(p) in self._lent)
+            table.notes.append(f"read from another program, which trains them (frozen here): {lent:,} parameters")
         if any(recomputed):
             again = sum(_flops(e) for e, r in zip(self.entries, recomputed) if r)
             table.notes.append(f"recompute: {sum(recomputed)} node outputs computed again in the backward, "
