@@ -11,6 +11,7 @@ import pytest
 
 import fasttrain as ft
 from fasttrain import nn
+import fasttrain.nn.functional as F
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples"))
@@ -225,3 +226,71 @@ def test_the_example_trains_on_fashion_mnist(tmp_path):
     assert report["name"] == "gan" and report["precision"] == "32-true"
     assert report["d_loss"] < 2 * math.log(2)
     assert (tmp_path / "gan_samples.png").exists() or "matplotlib is not installed" in out
+
+
+def conditional(lib):
+    """A conditional GAN's generator and discriminator, each embedding the class label (an input of one value
+    per sample) next to its other input; the same code for lib = fasttrain or torch."""
+    n = lib.nn
+
+    class Generator(n.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.fc, self.out = n.Embedding(3, 4), n.Linear(Z + 4, 16), n.Linear(16, X)
+
+        def forward(self, z, c):
+            return lib.tanh(self.out(lib.relu(self.fc(lib.cat([z, self.emb(c)], 1)))))
+
+    class Discriminator(n.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.fc, self.out = n.Embedding(3, 4), n.Linear(X + 4, 16), n.Linear(16, 1)
+
+        def forward(self, x, c):
+            return self.out(n.functional.leaky_relu(self.fc(lib.cat([x, self.emb(c)], 1)), 0.2))
+    return Generator(), Discriminator()
+
+
+def test_a_conditional_gan_with_a_hinge_loss_and_two_discriminator_steps_matches_pytorch():
+    """Labels as inputs of per-sample shape (), a hinge loss for the discriminator, two of its Adam steps per SGD
+    step of the generator: every loss against PyTorch's loop."""
+    torch = pytest.importorskip("torch")
+
+    class CondD(nn.Module):
+        def __init__(self, G, D):
+            super().__init__()
+            self.G, self.D = G, D
+
+        def forward(self, real, z, c):
+            return ft.cat([self.D(real, c), self.D(self.G(z, c).detach(), c)], dim=1)
+
+    class CondG(CondD):
+        def forward(self, z, c):
+            return self.D(self.G(z, c), c)
+    ft.manual_seed(0)
+    G, D = conditional(ft)
+    tG, tD = conditional(torch)
+    for t, m in ((tG, G), (tD, D)):
+        t.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in m.state_dict().items()})
+    pd = CondD(G, D).compile(ft.optim.Adam(D.parameters(), lr=1e-3),
+                             lambda o: (F.relu(1 - o[:, 0]) + F.relu(1 + o[:, 1])).mean(), batch_size=B,
+                             input_shape=((X,), (Z,), ()), input_dtype=(ft.float32, ft.float32, ft.int64))
+    pg = CondG(G, D).compile(ft.optim.SGD(G.parameters(), lr=0.05), g_loss, batch_size=B, input_shape=((Z,), ()),
+                             input_dtype=(ft.float32, ft.int64))
+    opt_d, opt_g = torch.optim.Adam(tD.parameters(), lr=1e-3), torch.optim.SGD(tG.parameters(), lr=0.05)
+    relu, sp = torch.relu, torch.nn.functional.softplus
+    labels = np.random.default_rng(2)
+    for real, z1, z2 in batches(4):
+        c = labels.integers(0, 3, B)
+        tr, t1, t2, tc = map(torch.from_numpy, (real, z1, z2, c))
+        for _ in range(2):
+            opt_d.zero_grad()
+            want = (relu(1 - tD(tr, tc)[:, 0]) + relu(1 + tD(tG(t1, tc).detach(), tc)[:, 0])).mean()
+            want.backward()
+            opt_d.step()
+            np.testing.assert_allclose(pd.train_step((real, z1, c), None), want.item(), rtol=2e-5)
+        opt_g.zero_grad()
+        want = sp(-tD(tG(t2, tc), tc)[:, 0]).mean()
+        want.backward()
+        opt_g.step()
+        np.testing.assert_allclose(pg.train_step((z2, c), None), want.item(), rtol=2e-5)

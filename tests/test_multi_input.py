@@ -464,3 +464,39 @@ def test_what_an_nn_model_of_several_inputs_refuses():
         nn.Model([x, x], out)
     with pytest.raises(TypeError, match=r"takes 2 input\(s\), got 1"):
         functional_two()(ft.tensor(X))
+
+
+class Conditioned(nn.Module):
+    """Features scaled by a per-sample float (a diffusion model's time) and a per-sample class label's
+    embedding: inputs of per-sample shape ()."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.fc = nn.Embedding(3, 4), nn.Linear(5 + 4, 2)
+
+    def forward(self, x, t, c):
+        return self.fc(ft.cat([x * t.unsqueeze(1), self.emb(c)], 1))
+
+
+def test_inputs_of_one_value_per_sample():
+    """Inputs of per-sample shape () (compile(input_shape=((5,), (), ()))): batches (N,), one sample a 0-d value;
+    the output is NumPy's, eager equals compiled, and a batch of (N, 1) or a label out of range is refused."""
+    ft.manual_seed(0)
+    model = Conditioned()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=4,
+                            input_shape=((5,), (), ()), input_dtype=(ft.float32, ft.float32, ft.int64))
+    r = np.random.default_rng(0)
+    x, t, c, y = (r.standard_normal((16, 5)).astype(np.float32), r.random(16).astype(np.float32),
+                  r.integers(0, 3, 16), r.integers(0, 2, 16))
+    w = model.state_dict()
+    want = np.concatenate([x * t[:, None], w["emb.weight"][c]], 1) @ w["fc.weight"].T + w["fc.bias"]
+    np.testing.assert_allclose(program.predict((x, t, c)).numpy(), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(program.predict((x[3], t[3], c[3])).numpy(), want[3], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(model(ft.tensor(x), ft.tensor(t), ft.tensor(c)).numpy(), want, rtol=1e-5, atol=1e-6)
+    ft.fit(program, (x, t, c, y), 2, progress=False)
+    before = weights(model)
+    with pytest.raises(IndexError, match=r"ids\[2\] = 3 is out of range"):
+        program.train_step((x[:4], t[:4], np.array([0, 1, 3, 0])), y[:4])
+    with pytest.raises(ValueError, match=r"input 1 should have shape \(4,\), got \(4, 1\)"):
+        program.train_step((x[:4], t[:4, None], c[:4]), y[:4])
+    assert all(np.array_equal(a, b) for a, b in zip(before, weights(model)))

@@ -1628,9 +1628,10 @@ def bind_target(t, shape, dtype):
 
 
 def Input(shape, dtype=None):
-    """The model's input, of per-sample shape `shape` (e.g. (1, 28, 28)) and dtype (float32, or int64 token ids)."""
+    """The model's input, of per-sample shape `shape` (e.g. (1, 28, 28); () for one value per sample, as a
+    class label) and dtype (float32, int64 token ids or labels, bool masks)."""
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
-    if not shape or any(not isinstance(n, int) or n < 1 for n in shape):
+    if any(not isinstance(n, int) or n < 1 for n in shape):
         raise ValueError(f"an input shape is a tuple of positive sizes per sample, got {shape}")
     node = Node(None, [], shape)
     node.dtype = dtype
