@@ -500,3 +500,24 @@ def test_inputs_of_one_value_per_sample():
     with pytest.raises(ValueError, match=r"input 1 should have shape \(4,\), got \(4, 1\)"):
         program.train_step((x[:4], t[:4, None], c[:4]), y[:4])
     assert all(np.array_equal(a, b) for a, b in zip(before, weights(model)))
+
+
+def test_one_input_of_one_value_per_sample_fits_from_arrays():
+    """A forward of one label per sample (input_shape=()) trains from (labels, y) arrays, which a Loader's
+    features cannot hold, batched in a Loader's order: it learns the labels' parity."""
+    class Parity(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.fc = nn.Embedding(5, 3), nn.Linear(3, 2)
+
+        def forward(self, c):
+            return self.fc(self.emb(c))
+    ft.manual_seed(0)
+    model = Parity()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.5), nn.CrossEntropyLoss(), batch_size=4,
+                            input_shape=(), input_dtype=ft.int64)
+    c = np.random.default_rng(0).integers(0, 5, 64)
+    history = ft.fit(program, (c, c % 2), 5, progress=False)
+    assert history["train_loss"][-1] < history["train_loss"][0] / 10
+    assert ft.evaluate(program, (c, c % 2))[1] == 1.0
+    assert program.predict(c[0]).shape == (2,)

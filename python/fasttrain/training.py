@@ -55,9 +55,10 @@ def _split(program, batch):
 
 
 class _InputBatches:
-    """Batches ((x1, ..., xk), y) of the arrays of a forward's k inputs and of the targets, in the order of a
-    Loader over the sample indices: shuffled, seeded, and continued from epoch to epoch (and from where a fit
-    stopped) as a Loader of (x, y) arrays is, its epoch and position being that Loader's."""
+    """Batches ((x1, ..., xk), y) of the arrays of a forward's k inputs and of the targets (of one input, (x, y):
+    one value per sample, which a Loader's features cannot be), in the order of a Loader over the sample
+    indices: shuffled, seeded, and continued from epoch to epoch (and from where a fit stopped) as a Loader of
+    (x, y) arrays is, its epoch and position being that Loader's."""
 
     def __init__(self, inputs, targets, batch_size, shuffle, dtypes):
         from .data import Loader, _host_tensor
@@ -86,7 +87,8 @@ class _InputBatches:
     def __iter__(self):
         for rows, y in self._indices:
             rows = rows[:, 0]
-            yield tuple(a[rows] for a in self._inputs), y
+            x = tuple(a[rows] for a in self._inputs)
+            yield x if len(x) > 1 else x[0], y
 
 
 def _as_loader(program, data, batch_size, shuffle):
@@ -117,8 +119,9 @@ def _as_loader(program, data, batch_size, shuffle):
     key = tuple(map(id, x)) if isinstance(x, tuple) else id(x), program.target_dtype and id(y), batch_size
     kept = loaders.get(shuffle)
     if kept is None or kept[0] != key:
-        kept = loaders[shuffle] = key, _InputBatches(x, y, batch_size, shuffle, program._input_dtypes) \
-            if isinstance(x, tuple) else Loader((x, y), batch_size, shuffle=shuffle)
+        kept = loaders[shuffle] = key, _InputBatches(x if isinstance(x, tuple) else (x,), y, batch_size, shuffle,
+                                                     program._input_dtypes) \
+            if isinstance(x, tuple) or program.input_shape == () else Loader((x, y), batch_size, shuffle=shuffle)
     return kept[1]
 
 
