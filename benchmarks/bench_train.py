@@ -459,7 +459,8 @@ def main():
         emit(f"train_step_{net}_b{batch}", ips, unit, **extra)
         if ours16:
             ips16 = batch / statistics.median(times[ours16])
-            extra = {"precision": "bf16-mixed", "fasttrain_float32": round(ips, 2), "ratio_float32": round(ips16 / ips, 3)}
+            extra = {"precision": "bf16-mixed", "fasttrain_float32": round(ips, 2),
+                     "ratio_float32": round(ips16 / ips, 3)}
             if flops:
                 extra["peak_fraction"] = round(ips16 * flops / 1e9 / mm_peak, 3)
             if theirs:
