@@ -294,3 +294,37 @@ def test_a_conditional_gan_with_a_hinge_loss_and_two_discriminator_steps_matches
         want.backward()
         opt_g.step()
         np.testing.assert_allclose(pg.train_step((z2, c), None), want.item(), rtol=2e-5)
+
+
+def test_a_module_behind_a_detach_gets_no_update_not_even_weight_decay():
+    """One AdamW over both modules in the discriminator's step: the generator, read only through .detach(), gets
+    no gradient, and as in PyTorch (its .grad None) the optimizer leaves it alone, weight decay included."""
+    G, D = nets(batch_norm=False)
+    pd = DStep(G, D).compile(ft.optim.AdamW([*G.parameters(), *D.parameters()], lr=0.1, weight_decay=0.1), d_loss,
+                             batch_size=B, input_shape=((X,), (Z,)))
+    g_before, d_before = values(G), values(D)
+    for real, z1, _ in batches(3):
+        pd.train_step((real, z1), None)
+    assert all(np.array_equal(v, values(G)[k]) for k, v in g_before.items())
+    assert not any(np.array_equal(v, values(D)[k]) for k, v in d_before.items())
+
+
+@pytest.mark.parametrize("g_first", [False, True])
+def test_freezing_the_other_module_around_each_step_is_allowed_in_either_order(g_first):
+    """CycleGAN's idiom, D.requires_grad_(False) for the generator's step and back for the discriminator's (and
+    the generator frozen in the discriminator's step): neither program trains the module it only reads, so the
+    toggles change nothing and are not refused."""
+    runs = []
+    for toggle in (False, True):
+        G, D = nets(batch_norm=False)
+        pd, pg = programs(G, D, g_first)
+        losses = []
+        for real, z1, z2 in batches(3):
+            if toggle:
+                G.requires_grad_(False), D.requires_grad_(True)
+            losses.append(pd.train_step((real, z1), None))
+            if toggle:
+                G.requires_grad_(True), D.requires_grad_(False)
+            losses.append(pg.train_step(z2, None))
+        runs.append(losses)
+    assert runs[0] == runs[1]

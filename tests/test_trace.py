@@ -2257,3 +2257,35 @@ def test_a_model_graph_whose_first_operand_is_a_constant():
     out = program.predict(np.zeros((2, 4), np.float32)).numpy()
     np.testing.assert_allclose(out, np.ones((2, 4)) @ model.linear.weight.numpy().T + model.linear.bias.numpy(),
                                rtol=1e-6)
+
+
+@pytest.mark.parametrize("weight", [lambda m: m.V.t(), lambda m: m.W.view(4, 16)[:2], lambda m: m.W.reshape(16, 4).t()])
+def test_a_view_of_a_parameter_as_a_layers_weight_is_refused_not_frozen(weight):
+    """F.linear(h, self.V.t()) (a tied decoder's F.linear(h, enc.weight.t())): the layer would read a copy of the
+    view, a constant through which V never trains; refused with the way out (x @ self.V)."""
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.V, self.W = nn.Linear(8, 16), nn.Parameter(ft.ones(16, 4)), nn.Parameter(ft.ones(4, 16))
+
+        def forward(self, x):
+            return ft.nn.functional.linear(self.fc(x), weight(self))
+    m = Net()
+    with pytest.raises(nn.TracingError, match=r"a view of a trainable parameter .* write x @ self.W"):
+        m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=4, input_shape=(8,))
+
+
+@pytest.mark.parametrize("read", [lambda w: w.numpy(), lambda w: w.tolist()])
+def test_a_parameters_values_read_in_forward_are_refused_not_frozen(read):
+    """A spectral-norm-like scale from the weight's values: computed once at compile it would be a constant."""
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(6, 3)
+
+        def forward(self, x):
+            return self.fc(x) / float(np.linalg.norm(np.array(read(self.fc.weight)), 2))
+    m = Scaled()
+    with pytest.raises(nn.TracingError, match="of a trainable parameter outside the traced graph"):
+        m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.MSELoss(), batch_size=4, input_shape=(6,),
+                  target_shape=(3,))

@@ -94,6 +94,13 @@ class _TensorType(type):
         return cls is Tensor and isinstance(obj, Symbolic)
 
 
+def _refuse_traced_parameter(t, what):
+    """Fails for a trainable parameter's values read while its model's forward is traced: they would be a constant
+    of the compiled step."""
+    from .nn.graph import refuse_eager_parameters
+    refuse_eager_parameters(what, (t,))
+
+
 class Tensor(_C.TensorBase, metaclass=_TensorType):
     """An n-dimensional array on a device, sharing memory with NumPy and DLPack
     without copies. Create with ``ft.tensor``, ``ft.empty``, ``ft.from_numpy`` ..."""
@@ -396,6 +403,7 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
     def numpy(self, *, force: _bool = False) -> Any:
         """A NumPy array sharing this CPU tensor's memory; with force=True, as PyTorch's, the values of a tensor on
         any device (a copy in host memory for a CUDA one)."""
+        _refuse_traced_parameter(self, "numpy()")
         return _C.TensorBase.numpy(self.cpu() if force else self)
 
     def cuda(self, device: DeviceLike = None, non_blocking: _bool = False) -> Tensor:
@@ -462,9 +470,11 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
 
     def tolist(self) -> Any:
         """The values as nested Python lists (a Python number for a 0-d tensor), as NumPy's tolist."""
+        _refuse_traced_parameter(self, "tolist()")
         return self._host_array().tolist()
 
     def __array__(self, dtype=None, copy=None):
+        _refuse_traced_parameter(self, "a NumPy array")
         needs_copy = self.is_cuda or self.dtype is _BFLOAT16
         if needs_copy and copy is False:
             raise ValueError(f"a {self.dtype.name} tensor on {self.device} cannot become a NumPy array without a copy")
@@ -477,6 +487,7 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
 
     @property
     def __array_interface__(self):
+        _refuse_traced_parameter(self, "a NumPy array")
         if self.is_cuda or self.dtype._typestr is None:
             raise AttributeError(f"a {self.dtype.name} tensor on {self.device} has no __array_interface__")
         return {

@@ -42,10 +42,17 @@ def _traced(layer):
 def _shell(cls, **fields):
     """A layer of class cls around the caller's own parameters (F.linear(x, self.w, self.b)): the node reads
     them where the model keeps them, under the model's names."""
+    from .graph import _viewed_parameter, fail
     m = cls.__new__(cls)
     M.Module.__init__(m)
     for name in ("weight", "bias"):
-        object.__setattr__(m, name, fields.pop(name))
+        t = fields.pop(name)
+        p = _viewed_parameter(t)
+        if p is not None and p is not t:  # the layer would read a copy of the view, a constant that never trains
+            fail(f"a view of a trainable parameter (.t(), .view(), a slice) as the {name} of {cls.__name__.lower()}",
+                 "pass the parameter itself in the layer's shape, or for a transposed weight write x @ self.W "
+                 "(F.linear(x, self.W.t()) is x @ self.W)")
+        object.__setattr__(m, name, t)
     for key, value in fields.items():
         object.__setattr__(m, key, value)
     return m

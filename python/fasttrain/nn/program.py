@@ -333,6 +333,29 @@ def _contiguous(shape):
     return strides[::-1]
 
 
+def _read_parameters(e):
+    """The parameters an entry's node reads (as _node_dict gives them)."""
+    m = e.module
+    if e.kind == PARAM:
+        return [m.tensor]
+    if e.kind not in (CONV2D, CONV_TRANSPOSE2D, LINEAR, BATCHNORM, LAYERNORM, GROUPNORM, EMBEDDING, LSTM):
+        return []
+    return [t for t in (m.weight, getattr(m, "bias", None) if e.bias_into is None else None) if t is not None]
+
+
+def _detached_parameters(entries):
+    """The ids of the parameters that only entries behind a detach read: no gradient from the loss (the last
+    entry) reaches them."""
+    reached = [False] * len(entries)
+    reached[-1] = True
+    for i in range(len(entries) - 1, -1, -1):
+        if reached[i] and entries[i].kind != DETACH:
+            for j in entries[i].inputs:
+                reached[j] = True
+    read = [{id(p) for e, r in zip(entries, reached) if r == ok for p in _read_parameters(e)} for ok in (False, True)]
+    return read[0] - read[1]
+
+
 def _node_dict(e, trainable):
     """The C node of an entry; `trainable` holds the ids of the parameters that get gradients (the model's,
     with requires_grad): a frozen one is read, never differentiated."""
@@ -576,6 +599,10 @@ class Program:
             raise ValueError("compile: Linear over the last dimension of images needs memory_format='contiguous' "
                              "(or flatten first)")
         self.trainable = {id(p) for p in model.parameters() if p.requires_grad and id(p) not in self._lent}
+        # A parameter read only through a detach gets no gradient: as PyTorch leaves its .grad None, the optimizer
+        # skips it (no weight decay either).
+        self._detached = _detached_parameters(self.entries)
+        self.trainable -= self._detached
         self._trains = {id(p): p for p in model.parameters() if id(p) in held and id(p) in self.trainable}
         self._folded = [e for e in self.entries if e.bias_into is not None]
         self._fold_biases()
@@ -704,7 +731,7 @@ class Program:
                                      "compile this model again. A parameter trains in one program: give it to one "
                                      "optimizer, and the other programs read it where it is")
                 self._follow(name, p)
-            if id(p) not in self._lent and p.requires_grad != (id(p) in self.trainable):
+            if id(p) not in self._lent | self._detached and p.requires_grad != (id(p) in self.trainable):
                 raise ValueError(f"{name}.requires_grad became {p.requires_grad} after compile, which the compiled "
                                  "step does not see: compile again to train with it")
         self._fold_biases()
@@ -718,6 +745,7 @@ class Program:
                     self._c._move_weight(i, key == "bias", p)
         self._places[name] = p.data_ptr()
         self._grad_views = [(q, view) for q, view in self._grad_views if q is not p]
+        self._lent.add(id(p))  # read from another program's buffer now: its requires_grad is that program's
 
     def _check_compiled(self):
         """Fails where what compile fixed has changed since (the parameters, the layers' training mode), rather than
