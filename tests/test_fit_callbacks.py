@@ -209,3 +209,42 @@ def test_train_accuracy_is_none_for_regression():
                             input_shape=(F,))
     history = ft.fit(program, (X, Y.astype(np.float32)), 1, progress=False)
     assert history["train_accuracy"] == [None]
+
+
+@pytest.mark.parametrize("feed", ["loader", "batches"])
+@pytest.mark.parametrize("watched", ["val_loss", "train_loss", "val_accuracy"])
+def test_reduce_lr_on_plateau_steps_each_epoch_by_the_metric_it_watches(feed, watched):
+    """Patience 0, factor 0.5, no threshold: the lr halves after every epoch whose watched metric is no better than
+    the best before it; each epoch trains at the lr the history records."""
+    ft.manual_seed(3)
+    model = nn.Linear(F, C)
+    opt = ft.optim.SGD(model.parameters(), lr=4.0)  # large enough to make some epochs worse
+    program = model.compile(opt, nn.CrossEntropyLoss(), batch_size=B, input_shape=(F,))
+    mode = "max" if watched.endswith("accuracy") else "min"
+    plateau = ft.optim.lr_scheduler.ReduceLROnPlateau(opt, mode=mode, factor=0.5, patience=0, threshold=0)
+    data = ft.data.Loader((X, Y), B, shuffle=True, seed=9, num_workers=1) if feed == "loader" else \
+        [(X[i:i + B], Y[i:i + B]) for i in range(0, N, B)]
+    val = [(X[:30], Y[:30])] if watched.startswith("val") else None
+    history = ft.fit(program, data, 8, scheduler=plateau, val_loader=val, progress=False)
+    expected, lr, best = [], 4.0, None
+    for value in history[watched]:
+        expected.append(lr)
+        if best is None or (value < best if mode == "min" else value > best):
+            best = value
+        else:
+            lr /= 2
+    assert history["lr"] == expected and min(expected) < 4.0
+    assert opt.param_groups[0]["lr"] == lr
+
+
+def test_fit_refuses_a_scheduler_it_cannot_follow():
+    model = nn.Linear(F, 1)
+    opt = ft.optim.SGD(model.parameters(), lr=0.1)
+    program = model.compile(opt, nn.MSELoss(), batch_size=B, input_shape=(F,), target_shape=(1,))
+    xy = (X, X[:, :1].copy())
+    with pytest.raises(ValueError, match="mode='min'"):
+        ft.fit(program, xy, scheduler=ft.optim.lr_scheduler.ReduceLROnPlateau(opt, mode="max"), progress=False)
+    other = ft.optim.SGD(nn.Linear(F, 1).parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="not one of the program's optimizer"):
+        ft.fit(program, xy, scheduler=ft.optim.lr_scheduler.StepLR(other, 1), progress=False)
+    assert program.step_count == 0

@@ -190,9 +190,10 @@ def test_strict_false_into_a_program_of_other_names_loads_weights_alone(tmp_path
     assert program.optimizer.state_dict()["state"] == {} and program.step_count == 0
 
 
-def test_strict_false_resumes_a_model_with_tied_weights(tmp_path):
-    """A checkpoint names a tied weight under each of its names, as state_dict does: loading it with strict=False
-    into the same model is a resume (optimizer state, step count), not a partial load."""
+@pytest.mark.parametrize("strict", [True, False])
+def test_a_model_with_tied_weights_resumes_from_its_checkpoint(strict, tmp_path):
+    """A checkpoint names a tied weight under each of its names, as state_dict does: loading it into the same
+    model, strict or not, is a resume (optimizer state, step count, the next step), not a partial load."""
     def gpt():
         ft.manual_seed(37)
         m = nn.Sequential(nn.Embedding(11, 6), nn.Linear(6, 11, bias=False))
@@ -207,9 +208,16 @@ def test_strict_false_resumes_a_model_with_tied_weights(tmp_path):
     again, again_program = gpt()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        ft.load(path, again_program, strict=False)
+        ft.load(path, again_program, strict=strict)
     assert again_program.step_count == 1 and again_program.optimizer.state_dict()["state"] != {}
+    saved = model[0].weight.numpy().tobytes()
+    assert again[0].weight.numpy().tobytes() == saved
+    assert again_program.train_step(ids, ids) == program.train_step(ids, ids)
     assert again[0].weight.numpy().tobytes() == model[0].weight.numpy().tobytes()
+    bare = nn.Sequential(nn.Embedding(11, 6), nn.Linear(6, 11, bias=False))
+    bare[1].weight = bare[0].weight
+    ft.load(path, bare, strict=strict)
+    assert bare[1].weight is bare[0].weight and bare[1].weight.numpy().tobytes() == saved
 
 
 def test_a_programs_checkpoint_loads_strictly_into_its_bare_model(tmp_path):

@@ -2289,3 +2289,139 @@ def test_a_parameters_values_read_in_forward_are_refused_not_frozen(read):
     with pytest.raises(nn.TracingError, match="of a trainable parameter outside the traced graph"):
         m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.MSELoss(), batch_size=4, input_shape=(6,),
                   target_shape=(3,))
+
+
+class Shifted(nn.Module):
+    """A forward that branches on self.training: +shift in training mode only."""
+
+    def __init__(self, shift=1.0):
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+        self.shift = shift
+
+    def forward(self, x):
+        h = self.fc(x)
+        if self.training:
+            h = h + self.shift
+        return h
+
+
+def _affine(m, x):
+    return x @ m.fc.weight.numpy().T + m.fc.bias.numpy()
+
+
+def test_a_branch_on_training_runs_in_the_training_step_and_not_in_predict_or_evaluate():
+    ft.manual_seed(0)
+    rng = np.random.default_rng(0)
+    x, y = rng.random((8, 4), dtype=np.float32), rng.random((8, 3), dtype=np.float32)
+    m = Shifted()
+    program = m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.MSELoss(), batch_size=8, input_shape=(4,))
+    W, b = m.fc.weight.numpy().copy(), m.fc.bias.numpy().copy()
+    np.testing.assert_allclose(program.predict(x).numpy(), _affine(m, x), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(program.predict(x[0]).numpy(), _affine(m, x[:1])[0], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(program.evaluate(x, y)[0], ((_affine(m, x) - y) ** 2).mean(), rtol=1e-5)
+    out = _affine(m, x) + 1.0
+    np.testing.assert_allclose(program.train_step(x, y), ((out - y) ** 2).mean(), rtol=1e-5)
+    g = 2 * (out - y) / out.size  # the step's gradient follows the training branch too
+    np.testing.assert_allclose(m.fc.weight.numpy(), W - 0.1 * g.T @ x, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(m.fc.bias.numpy(), b - 0.1 * g.sum(0), rtol=1e-5, atol=1e-6)
+    # predict reads the weights the step wrote
+    np.testing.assert_allclose(program.predict(x).numpy(), _affine(m, x), rtol=1e-5, atol=1e-6)
+    assert "eval mode: the forward reads self.training" in str(program.summary())
+    loss, _ = ft.evaluate(program, ft.data.Loader(ft.data.from_arrays(x, y), 8, num_workers=1))
+    np.testing.assert_allclose(loss, ((_affine(m, x) - y) ** 2).mean(), rtol=1e-5)
+    history = ft.fit(program, (x, y), epochs=1, val_loader=[(x, y)], progress=False)
+    np.testing.assert_allclose(history["val_loss"][-1], ((_affine(m, x) - y) ** 2).mean(), rtol=1e-5)
+
+
+class DropPath(nn.Module):
+    """timm's drop path: each sample's residual branch dropped with probability p while training."""
+
+    def __init__(self, p):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x):
+        if not self.training or self.p == 0.0:
+            return x
+        keep = (ft.rand_like(x[:, :1]) >= self.p).float()
+        return x * keep / (1 - self.p)
+
+
+class Residual(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(6, 6)
+        self.head = nn.Linear(6, 2)
+        self.drop = DropPath(0.5)
+
+    def forward(self, x):
+        return self.head(x + self.drop(self.fc(x).relu()))
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_drop_path_is_random_in_training_and_the_identity_in_predict(precision):
+    ft.manual_seed(1)
+    rng = np.random.default_rng(1)
+    x, y = rng.standard_normal((16, 6), dtype=np.float32), rng.integers(0, 2, 16)
+    m = Residual()
+    program = m.compile(ft.optim.AdamW(m.parameters(), lr=1e-2), nn.CrossEntropyLoss(), batch_size=16,
+                        input_shape=(6,), precision=precision)
+    for _ in range(3):
+        program.train_step(x, y)
+
+    def reference(x):
+        h = np.maximum(x @ m.fc.weight.numpy().T + m.fc.bias.numpy(), 0)
+        return (x + h) @ m.head.weight.numpy().T + m.head.bias.numpy()
+
+    tol = 1e-5 if precision == "32-true" else 3e-2
+    first = program.predict(x).numpy().astype(np.float32)
+    np.testing.assert_array_equal(program.predict(x).numpy(), program.predict(x).numpy())
+    np.testing.assert_allclose(first, reference(x), rtol=tol, atol=tol)
+    # the training step's forward drops paths: its loss differs from the eval-mode loss of the same weights
+    eval_loss = program.evaluate(x, y)[0]
+    assert program.backward(x, y) != pytest.approx(eval_loss, rel=1e-3)
+
+
+def test_dropout_given_self_training_needs_no_graph_of_its_own():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 3)
+
+        def forward(self, x):
+            return F.dropout(self.fc(x), 0.5, self.training)
+
+    m = Net()
+    program = m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.MSELoss(), batch_size=8, input_shape=(4,))
+    assert "eval mode" not in str(program.summary())
+    x = np.random.default_rng(2).random((8, 4), dtype=np.float32)
+    np.testing.assert_allclose(program.predict(x).numpy(), _affine(m, x), rtol=1e-6, atol=1e-6)
+
+
+def test_a_branch_on_training_between_a_convolution_and_its_batch_norm_is_refused():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(1, 2, 3)
+            self.bn = nn.BatchNorm2d(2)
+
+        def forward(self, x):
+            h = self.conv(x)
+            return (self.bn(h) if self.training else h).flatten(1)
+
+    m = Net()
+    with pytest.raises(NotImplementedError, match="bias=False"):
+        m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.MSELoss(), batch_size=2, input_shape=(1, 5, 5))
+    bias = m.conv.bias.numpy().copy()
+
+    class Unbiased(Net):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(1, 2, 3, bias=False)
+
+    m = Unbiased()
+    program = m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.MSELoss(), batch_size=2, input_shape=(1, 5, 5))
+    x = np.random.default_rng(3).random((2, 1, 5, 5), dtype=np.float32)
+    assert np.any(bias != 0)
+    assert program.predict(x).shape == (2, 18)

@@ -425,8 +425,8 @@ def load(path: str | os.PathLike[str], into: Module | Program | None = None, *, 
         optimizer = program.optimizer
     if not isinstance(strict, bool):
         raise TypeError(f"load: strict must be a bool, got {strict!r}")
-    own = dict(list(model.named_parameters()) + list(model.named_buffers()))
-    partial = set(model._state()) != {k for k in tensors if not k.startswith("optimizer.state.")}  # tied: each name
+    own = dict(model._state())  # a tied weight under each of its names, as state_dict saves it
+    partial = set(own) != {k for k in tensors if not k.startswith("optimizer.state.")}  # tied: each name
     if strict:
         unexpected = sorted(k for k in tensors if k not in own and not k.startswith("optimizer.state."))
         if unexpected:

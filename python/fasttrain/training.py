@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from typing import Any, Callable, Iterable, Mapping, Sequence, TextIO
 
     from .nn.program import Program
-    from .optim.lr_scheduler import LRScheduler
+    from .optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
 
 def _lr(optimizer):
@@ -136,14 +136,14 @@ def evaluate(program: Program, loader: Iterable[Any], tta_flip: bool = False) ->
         # stopped fit (or ft.load) left to resume from is put back after it.
         resume = loader.state_dict() if loader._resume else None
         loader.set_epoch(loader.epoch)
-        loss_sum, correct, count = program._c.eval_epoch(loader, tta_flip)
+        loss_sum, correct, count = program._eval_c.eval_epoch(loader, tta_flip)
         if resume is not None:
             loader.load_state_dict(resume)
     else:
         loss_sum, correct, count = 0.0, 0, 0
         for batch in loader:
             x, y = _split(program, batch)
-            s, c = program._c.evaluate(*program._batch(x, y), tta_flip)
+            s, c = program._eval_c.evaluate(*program._batch(x, y), tta_flip)
             loss_sum, correct, count = loss_sum + s, correct + c, count + len(y)
     if program.distributed:  # every rank evaluated its shard: the whole split's figures
         from . import distributed
@@ -229,7 +229,7 @@ def _fit_epoch_in_c(program, loader, scheduler, interval, bar, start, on_step, e
 
 
 def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader: Iterable[Any] | None = None,
-        scheduler: LRScheduler | None = None, scheduler_interval: str = "step", tta_flip: bool = False,
+        scheduler: LRScheduler | ReduceLROnPlateau | None = None, scheduler_interval: str = "step", tta_flip: bool = False,
         progress: bool = True, callbacks: Sequence[Callable[[int, Mapping[str, Any]], Any]] = (),
         stream: TextIO | None = None, batch_size: int | None = None,
         step_callbacks: Sequence[Callable[[int, Mapping[str, Any]], Any]] = (),
@@ -247,7 +247,10 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
     in a Jupyter notebook with ipywidgets the bar on the notebook's own output is a widget that becomes that line.
     Under ft.distributed only rank 0 shows it.
 
-    scheduler: an ft.optim.lr_scheduler stepped after every batch ("step") or every epoch ("epoch").
+    scheduler: an ft.optim.lr_scheduler stepped after every batch ("step") or every epoch ("epoch"); a
+    ReduceLROnPlateau is stepped after every epoch with the metric it watches, as Lightning's monitor="val_loss":
+    in mode "min" the epoch's val_loss (train_loss without val_loader), in mode "max" its val_accuracy
+    (train_accuracy).
     callbacks: functions called as cb(epoch, metrics) after each epoch, epoch being metrics["epoch"] (counted
     from 1); one returning True stops training.
     step_callbacks: functions called as cb(step, metrics) after every `every_n_steps`-th optimizer step of the
@@ -269,6 +272,16 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
         raise ValueError(f"epochs must be an int >= 0, got {epochs!r}")
     if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
         raise ValueError(f"batch_size must be a positive int (or None for the program's), got {batch_size!r}")
+    from .optim.lr_scheduler import ReduceLROnPlateau
+    if scheduler is not None and getattr(scheduler, "optimizer", None) is not program.optimizer:
+        raise ValueError(f"fit: the scheduler ({type(scheduler).__name__}) is not one of the program's optimizer, "
+                         "whose learning rate it would not set")
+    plateau = scheduler if isinstance(scheduler, ReduceLROnPlateau) else None
+    if plateau is not None:
+        if plateau.mode == "max" and not program.classifies:
+            raise ValueError("fit: a ReduceLROnPlateau in mode 'max' watches the accuracy, which this program (no "
+                             "classifier of class targets) has none of: use mode='min', which watches the loss")
+        scheduler = None  # stepped by the epoch's metric, after validation
     loader = _as_loader(program, loader, batch_size, True)
     if val_loader is not None:
         val_loader = _as_loader(program, val_loader, None, False)
@@ -367,6 +380,10 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
         if val_loader is not None:
             program.model.eval()
             metrics["val_loss"], metrics["val_accuracy"] = evaluate(program, val_loader, tta_flip)
+        if plateau is not None and (not stopped or (kept and loader._position()[1] >= len(loader))):
+            watched = ("val_" if val_loader is not None else "train_") + ("loss" if plateau.mode == "min" else
+                                                                          "accuracy")
+            plateau.step(metrics[watched])
         if bar:
             shown = {"loss": metrics["train_loss"], "img_s": metrics["images_per_second"]}
             if metrics["val_accuracy"] is not None:

@@ -75,7 +75,7 @@ def max_batch_size(model, input_shape, budget_bytes, optimizer=None, loss=None, 
         program = model.compile(optimizer, loss, batch_size=micro * steps, input_shape=input_shape,
                                 **compile_options)
         p = program.memory_plan()
-        program._c = None  # its arenas go back to the allocator now, before the next probe allocates
+        program._c = program._eval_c = None  # its arenas go back to the allocator now, before the next probe allocates
         return p["total"], p["activations"] + p["evaluation"], len(program.entries)
 
     plans = {}

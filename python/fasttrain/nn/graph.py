@@ -56,6 +56,28 @@ _trainable = {}
 _held_back = []
 # One entry per traced forward (or loss) under way.
 _active = []
+# The mode a traced forward's own code reads in Module.training, and whether it read one: a forward that branches on
+# self.training (timm's drop path) is traced again reading False, for what predict and evaluate run.
+_mode_read = [True, False]
+
+
+def traced_mode(frame):
+    """Module.training of a module in training mode as the code of `frame` reads it while a forward is traced:
+    fasttrain's layers read True (their nodes run in either mode), the model's own code the mode being traced."""
+    if os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE + os.sep):
+        return True
+    _mode_read[1] = True
+    return _mode_read[0]
+
+
+def read_modes(training):
+    """Makes the forwards traced from now on read `training` in the modules' training mode (traced_mode)."""
+    _mode_read[:] = [training, False]
+
+
+def mode_was_read():
+    """Whether a forward's own code read a module's training mode since read_modes."""
+    return _mode_read[1]
 
 
 class tracing:

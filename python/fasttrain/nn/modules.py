@@ -5,6 +5,7 @@ graph into a C program that trains with no Python per step."""
 import copy
 import math
 import re
+import sys
 from collections import OrderedDict
 
 from .. import _C, creation
@@ -12,7 +13,7 @@ from .._C import TensorBase
 from .._tensor import Tensor
 from .._types import _BY_NAME, as_device
 from . import init
-from .graph import Stacked, Symbolic
+from .graph import Stacked, Symbolic, _active, traced_mode
 
 
 class Parameter(Tensor):
@@ -44,6 +45,17 @@ class Module:
         object.__setattr__(self, "_buffers", OrderedDict())
         object.__setattr__(self, "_modules", OrderedDict())
         object.__setattr__(self, "training", True)
+
+    @property
+    def training(self):
+        """Whether the module is in training mode (train(), eval()): dropout and batch norm behave differently in the
+        two. A forward compiled reading it is traced in both modes (predict and evaluate run the eval-mode one)."""
+        mode = self.__dict__["_training"]
+        return traced_mode(sys._getframe(1)) if mode and _active else mode
+
+    @training.setter
+    def training(self, mode):
+        self.__dict__["_training"] = mode
 
     def __setattr__(self, name, value):
         """As PyTorch's: a Parameter or a Module registers under name (a replaced one keeps its place in the

@@ -16,7 +16,8 @@ from .. import _C, creation
 from .._display import Column, Table, summary as _summary
 from .._types import _BY_NAME
 from . import modules as M
-from .graph import Input, TracingError, input_shapes, target, topological, trace, trace_loss, tracing
+from .graph import (Input, TracingError, input_shapes, mode_was_read, read_modes, target, topological, trace,
+                    trace_loss, tracing)
 
 # Node kinds, activations and reductions as the extension numbers them.
 _K = _C.NODE_KINDS
@@ -181,9 +182,11 @@ def _inputs(model, input_shape, input_dtype):
     return list(zip(shapes, dtypes))
 
 
-def _graph(model, inputs, loss=None, target_shape=None, target_dtype=None):
-    """The entries of the model's graph on `inputs` (_inputs), with the loss's after them when a loss is given, and
-    the index of the model's (first) output. The inputs come first, in forward's order, read or not."""
+def _graph(model, inputs, loss=None, target_shape=None, target_dtype=None, training=True):
+    """The entries of the model's graph on `inputs` (_inputs), with the loss's after them when a loss is given, the
+    index of the model's (first) output, and whether the forward's code read a module's training mode (which reads
+    `training`). The inputs come first, in forward's order, read or not."""
+    read_modes(training)
     ins = [Input(shape, dtype) for shape, dtype in inputs]
     outputs = trace(model, ins)
     first = outputs if not isinstance(outputs, (tuple, list)) else outputs[0]
@@ -206,7 +209,32 @@ def _graph(model, inputs, loss=None, target_shape=None, target_dtype=None):
             _node_of(n.module, n.inputs[0].shape if n.inputs else n.shape)
         entries.append(_Entry(kind, n.module, [index[id(i)] for i in n.inputs], n.shape, fields,
                               (*n.scope, n.module)))
-    return entries, index[id(first.node)]
+    return entries, index[id(first.node)], mode_was_read()
+
+
+def _fused(entries, output):
+    """The entries _fuse keeps, and the index among them of the output (where an activation fused into the layer
+    before it, that layer's)."""
+    kept_entries = _fuse(entries)
+    kept = {id(e): i for i, e in enumerate(kept_entries)}
+    while id(entries[output]) not in kept:
+        output = entries[output].inputs[0]
+    return kept_entries, kept[id(entries[output])]
+
+
+def _in_eval_mode(entries, output):
+    """What a graph computes in eval mode, to compare two: each node's C description with its tensors by identity,
+    but dropouts and identities (which eval mode passes through), and the output's place."""
+    place, described = {}, []
+    for i, e in enumerate(entries):
+        if e.kind in (DROPOUT, IDENTITY):
+            place[i] = place[e.inputs[0]]
+            continue
+        place[i] = len(described)
+        d = _node_dict(e, ())
+        d["inputs"] = tuple(place[j] for j in e.inputs)
+        described.append({k: ("tensor", id(v)) if isinstance(v, _C.TensorBase) else v for k, v in d.items()})
+    return described, place[output]
 
 
 def _consumers(entries):
@@ -552,7 +580,7 @@ class Program:
         self.clip_grad_norm, self.nan_policy = clip_grad_norm, nan_policy
         inputs = _inputs(model, input_shape, input_dtype)
         self._input_dtypes = [dtype for _, dtype in inputs]
-        entries, output = _graph(model, inputs, loss, target_shape, target_dtype)
+        entries, output, branches = _graph(model, inputs, loss, target_shape, target_dtype)
         if not model.training:
             raise ValueError("compile: the model is in eval mode (.eval()), which would freeze every batch norm and "
                              "dropout in the training step; call .train() first (predict and evaluate run in eval "
@@ -563,11 +591,7 @@ class Program:
         # eps.
         self._modal = {id(m): (m, {k: getattr(m, k) for k in fixed}) for e in entries for m in e.scope
                        for cls, fixed in _MODAL if isinstance(m, cls)}
-        self.entries = _fuse(entries)
-        kept = {id(e): i for i, e in enumerate(self.entries)}
-        while id(entries[output]) not in kept:  # an activation fused into the layer before it: that layer's output
-            output = entries[output].inputs[0]
-        self.output = kept[id(entries[output])]
+        self.entries, self.output = _fused(entries, output)
         segments = _recompute(recompute, model, self.entries)
         if memory_format == "channels_last" and any(e.kind == LAYERNORM and len(e.shape) == 3 for e in self.entries):
             raise ValueError("compile: LayerNorm over images needs memory_format='contiguous' (its weight follows "
@@ -605,6 +629,7 @@ class Program:
         self.trainable -= self._detached
         self._trains = {id(p): p for p in model.parameters() if id(p) in held and id(p) in self.trainable}
         self._folded = [e for e in self.entries if e.bias_into is not None]
+        evaluation = self._eval_graph((model, inputs, loss, target_shape, target_dtype)) if branches else None
         self._fold_biases()
         self._compiled_params = dict(model.named_parameters())
         self._places = {name: p.data_ptr() for name, p in self._compiled_params.items()}
@@ -639,12 +664,37 @@ class Program:
             # Every rank starts from rank 0's weights and buffers, as DistributedDataParallel does.
             for t in (self.flat_params, *model.buffers()):
                 dist.broadcast(t, 0)
+        self._eval_c, self._eval_nodes = self._c, self._nodes
+        if evaluation is not None:
+            self._eval_nodes = [_node_dict(e, ()) for e in evaluation[0]]
+            self._eval_c = _C.Program(self._eval_nodes, self.flat_params, self.flat_grads, evaluation[1],
+                                      batch_size // accumulate_steps, memory_format == "channels_last", 0,
+                                      compute._code, None)
         self.grad_scaler = grad_scaler  # attached last: a compile that fails leaves it free for the next
         if grad_scaler is not None:
             grad_scaler._attach(self._c)
         for key in [k for k, ref in _TRAINERS.items() if ref() is None]:
             del _TRAINERS[key]
         _TRAINERS.update(dict.fromkeys(self._trains, weakref.ref(self)))
+
+    def _eval_graph(self, graph):
+        """The graph (entries, output) predict and evaluate run when the forward branches on self.training and its
+        graph in eval mode computes something else than the training step's (a program of its own then, which
+        reads the same weights and trains nothing); else None. `graph` is _graph's arguments."""
+        entries, output = _fused(*_graph(*graph, training=False)[:2])
+        if _in_eval_mode(entries, output) == _in_eval_mode(self.entries, self.output):
+            return None
+        folded = {id(e.module): e.bias_into for e in self._folded}
+        for e in entries:
+            if id(e.module) in folded and e.bias_into is not folded[id(e.module)]:
+                raise NotImplementedError(
+                    f"compile: the {type(e.module).__name__} before {type(folded[id(e.module)]).__name__} in the "
+                    "training step, whose bias compile folds into the batch norm's running mean, is read without "
+                    "it in eval mode (a branch on self.training between them): create the convolution with "
+                    "bias=False")
+            if e.bias_into is not None and id(e.module) not in folded:
+                e.bias_into = None  # the training step reads the bias: folded here it would move under that step
+        return entries, output
 
     def _input(self, x):
         """x as the inputs' dtypes (a float batch in a mixed-precision program's compute dtype goes as it is): one
@@ -739,10 +789,12 @@ class Program:
     def _follow(self, name, p):
         """Points the nodes reading p, which this program does not train, at its new place: the compile of a
         program that trains it took it into that program's flat buffer (whose .grad it is now)."""
-        for i, d in enumerate(self._nodes):
-            for key in ("weight", "bias"):
-                if d.get(key) is p:
-                    self._c._move_weight(i, key == "bias", p)
+        for c, nodes in {id(c): (c, nodes) for c, nodes in ((self._c, self._nodes),
+                                                             (self._eval_c, self._eval_nodes))}.values():
+            for i, d in enumerate(nodes):
+                for key in ("weight", "bias"):
+                    if d.get(key) is p:
+                        c._move_weight(i, key == "bias", p)
         self._places[name] = p.data_ptr()
         self._grad_views = [(q, view) for q, view in self._grad_views if q is not p]
         self._lent.add(id(p))  # read from another program's buffer now: its requires_grad is that program's
@@ -803,9 +855,9 @@ class Program:
         ones = [tuple(s) for s in (self.input_shape if many else (self.input_shape,))]
         if shapes == ones:
             batch = tuple(t.reshape(1, *one) for t, one in zip(parts, ones))
-            return self._c.forward(batch if many else batch[0])[0]
+            return self._eval_c.forward(batch if many else batch[0])[0]
         try:
-            return self._c.forward(xt)
+            return self._eval_c.forward(xt)
         except ValueError as e:
             if all(s[1:] == one for s, one in zip(shapes, ones)):
                 raise
@@ -822,7 +874,7 @@ class Program:
         targets)."""
         self._check_parameters()
         xt, yt = self._batch(x, y)
-        loss_sum, correct = self._c.evaluate(xt, yt)
+        loss_sum, correct = self._eval_c.evaluate(xt, yt)
         n = (xt[0] if isinstance(xt, tuple) else xt).shape[0]
         return loss_sum / n, correct / n if self.classifies else None
 
@@ -834,6 +886,9 @@ class Program:
         recomputed = self._c.recomputed()
         table = _table(self.entries, self._c.node_dtypes(), recomputed)
         table.notes += [f"precision: {self.precision}"]
+        if self._eval_c is not self._c:
+            table.notes.append(f"eval mode: the forward reads self.training; predict and evaluate run its graph "
+                               f"traced reading False, a program of its own ({len(self._eval_nodes)} nodes)")
         if self._lent:
             lent = sum(p.numel() for p in dict.fromkeys(self.model.parameters()) if id(p) in self._lent)
             table.notes.append(f"read from another program, which trains them (frozen here): {lent:,} parameters")
@@ -860,7 +915,8 @@ class Program:
 
     def memory_plan(self):
         """The bytes the compiled program holds, as a dict: "activations" (the training arena, planned by
-        liveness: the outputs a backward reads, saved data, gradients), "evaluation" (its arena),
+        liveness: the outputs a backward reads, saved data, gradients), "evaluation" (its arena, and where the forward
+        branches on self.training the arenas of the eval-mode program predict and evaluate run),
         "parameters" and "gradients" (the flat float32 buffers), "optimizer_state" (the optimizer's buffers,
         counted before its first step allocates them), "weights_copy" (bf16-mixed's bfloat16 weights), "total",
         and "nodes": per node a dict of the bytes of its output, of what it saves for its backward and of its
@@ -868,6 +924,8 @@ class Program:
         it is "recomputed": not kept from the forward for the backward, but computed again just before the
         backward needs it (compile's recompute=)."""
         train, evaluation, copy = self._c.memory()
+        if self._eval_c is not self._c:
+            evaluation, copy = evaluation + sum(self._eval_c.memory()[:2]), copy + self._eval_c.memory()[2]
         state = self.optimizer._state_nbytes()
         plan = {"activations": train, "evaluation": evaluation, "parameters": self.flat_params.nbytes,
                 "gradients": self.flat_grads.nbytes, "optimizer_state": state, "weights_copy": copy}
