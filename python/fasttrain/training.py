@@ -229,8 +229,8 @@ def _fit_epoch_in_c(program, loader, scheduler, interval, bar, start, on_step, e
 
 
 def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader: Iterable[Any] | None = None,
-        scheduler: LRScheduler | ReduceLROnPlateau | None = None, scheduler_interval: str = "step", tta_flip: bool = False,
-        progress: bool = True, callbacks: Sequence[Callable[[int, Mapping[str, Any]], Any]] = (),
+        scheduler: LRScheduler | ReduceLROnPlateau | None = None, scheduler_interval: str = "step",
+        tta_flip: bool = False, progress: bool = True, callbacks: Sequence[Callable[[int, Mapping[str, Any]], Any]] = (),
         stream: TextIO | None = None, batch_size: int | None = None,
         step_callbacks: Sequence[Callable[[int, Mapping[str, Any]], Any]] = (),
         every_n_steps: int = 1) -> History:
