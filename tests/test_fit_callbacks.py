@@ -248,3 +248,62 @@ def test_fit_refuses_a_scheduler_it_cannot_follow():
     with pytest.raises(ValueError, match="not one of the program's optimizer"):
         ft.fit(program, xy, scheduler=ft.optim.lr_scheduler.StepLR(other, 1), progress=False)
     assert program.step_count == 0
+
+
+def test_a_step_callback_sees_the_optimizer_and_scheduler_as_a_python_loop_leaves_them():
+    """At each step a callback reads the param groups' lr and the scheduler's position as after that step in a
+    Python loop (scheduler.step() after each batch), in the C epoch as with a Python iterable."""
+    runs = []
+    for feed in ("c_loader", "python_iterable"):
+        model, program, sched, loader = setup(total_iters=11)
+        seen = []
+
+        def record(step, metrics):
+            seen.append((step, program.optimizer.param_groups[0]["lr"], sched.last_epoch, sched.get_last_lr()))
+
+        for epoch in range(2):
+            ft.fit(program, loader if feed == "c_loader" else epoch_batches(epoch), 1, scheduler=sched,
+                   step_callbacks=[record], progress=False)
+        runs.append(seen)
+    assert runs[0] == runs[1]
+    want = LR * (0.25 + 0.75 * 5 / 11)  # LinearLR(total_iters=11) after 5 steps
+    assert runs[0][4] == (5, pytest.approx(want), 5, [pytest.approx(want)])
+
+
+@pytest.mark.parametrize("scheduled", [False, True])
+def test_an_lr_set_in_a_step_callback_applies_from_the_next_step(scheduled):
+    """A callback that sets the lr by hand at step 3 (with a scheduler, one that then goes on from it): the C
+    epoch trains the rest with it, as the Python loop does."""
+    states = []
+    for feed in ("c_loader", "python_iterable"):
+        model, program, sched, loader = setup()
+        sched = ft.optim.lr_scheduler.ExponentialLR(program.optimizer, 0.9) if scheduled else None
+
+        def slow_down(step, metrics):
+            if step == 3:
+                program.optimizer.param_groups[0]["lr"] = 0.01
+
+        history = ft.fit(program, loader if feed == "c_loader" else epoch_batches(0), 1, scheduler=sched,
+                         step_callbacks=[slow_down], progress=False)
+        states.append((state_bits(model), program.optimizer.param_groups[0]["lr"], history["train_loss"]))
+    assert states[0] == states[1]
+    assert states[0][1] == pytest.approx(0.01 * 0.9 ** 3 if scheduled else 0.01)
+
+
+def test_a_checkpoint_saved_in_a_step_callback_resumes_at_that_step(tmp_path):
+    """ft.save(program, scheduler=, loader=) from a step callback in the C epoch (step 8, mid-epoch), loaded
+    into a fresh setup that fits on: the weights, scheduler and loader end as an uninterrupted fit(2)."""
+    path = str(tmp_path / "mid.safetensors")
+    model, program, sched, loader = setup(total_iters=11)
+
+    def save(step, metrics):
+        if step == 8:
+            ft.save(path, program, scheduler=sched, loader=loader)
+
+    ft.fit(program, loader, 2, scheduler=sched, step_callbacks=[save], progress=False)
+    resumed, program_r, sched_r, loader_r = setup(total_iters=11)
+    ft.load(path, program_r, scheduler=sched_r, loader=loader_r)
+    assert program_r.step_count == 8 and loader_r.state_dict()["batch"] == 2
+    ft.fit(program_r, loader_r, 1, scheduler=sched_r, progress=False)
+    assert state_bits(resumed) == state_bits(model)
+    assert sched_r.state_dict() == sched.state_dict() and loader_r.epoch == loader.epoch == 2

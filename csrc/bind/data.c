@@ -529,8 +529,11 @@ static PyObject *loader_seek(PyObject *self, PyObject *args) {
     return st == FT_OK ? Py_NewRef(Py_None) : ft_py_raise(st);
 }
 
+/* Where the loader stands may be read within a call that holds it on this
+ * thread too: a step callback of a C epoch saving a checkpoint. */
 static PyObject *loader_position(PyObject *self, PyObject *unused) {
-    ft_loader *l = usable((loader_object *)self);
+    loader_object *o = (loader_object *)self;
+    ft_loader *l = o->loader && o->busy && o->owner == PyThread_get_thread_ident() ? o->loader : usable(o);
     if (!l)
         return NULL;
     int64_t e, b;

@@ -155,62 +155,89 @@ def evaluate(program: Program, loader: Iterable[Any], tta_flip: bool = False) ->
 
 
 def _fit_epoch_in_c(program, loader, scheduler, interval, bar, start, on_step, every):
-    """One epoch (or what is left of it, after a restored position) in C: every step's hyperparameters (the
-    learning rate, and the momentum or betas a scheduler cycles) are computed up front by stepping the scheduler,
-    and Python runs only for the progress bar and for on_step(step, loss, lr, grad_norm) every `every` steps of the
-    program (one returning True stops the epoch there). Returns (loss sum, samples, samples of the steps not
-    skipped, last lr, correct predictions, stopped)."""
+    """One epoch (or what is left of it, after a restored position) in C, in parts (_steps_in_c): a step callback
+    that changes the optimizer's hyperparameters or the scheduler (an lr set by hand) ends one, and the next goes
+    on from there with them. Returns (loss sum, samples, samples of the steps not skipped, last lr, correct
+    predictions, stopped)."""
+    done = [0.0, 0, 0, 0, 0]  # loss sum, samples, counted, correct, steps of the parts before
+    while True:
+        loss_sum, samples, counted, correct, steps, lr, stopped, changed = _steps_in_c(
+            program, loader, scheduler if interval == "step" else None, bar, start, on_step, every, done)
+        done = [a + b for a, b in zip(done, (loss_sum, samples, counted, correct, steps))]
+        if not changed:
+            return done[0], done[1], done[2], lr, done[3], stopped
+
+
+def _steps_in_c(program, loader, scheduler, bar, start, on_step, every, done):
+    """The rest of the epoch in C, until a step callback stops it or changes the optimizer's hyperparameters or the
+    scheduler. Every step's hyperparameters (the learning rate, and the momentum or betas a scheduler cycles) are
+    computed up front by stepping the scheduler, and Python runs only for the progress bar and for on_step(step,
+    loss, lr, grad_norm) every `every` steps of the program (one returning True stops the epoch there), which sees
+    the optimizer and the scheduler as a Python loop leaves them after that step. `done`: the loss sum, samples,
+    counted samples, correct predictions and steps of the epoch's parts before. Returns this part's (loss sum,
+    samples, counted, correct, steps), its last lr, whether a callback stopped it, and whether one changed the
+    optimizer or the scheduler (the epoch goes on with them)."""
     optimizer = program.optimizer
     groups = optimizer.param_groups
 
     def hyper():
         return [optimizer._group_tuple(g, i) for i, g in enumerate(groups)]
 
-    schedule = None
-    if scheduler is not None and interval == "step":
-        # The scheduler's last step of the epoch waits until the epoch is done, so that the optimizer starts the
-        # epoch with its first step's values and never sees one from beyond the schedule's end.
-        steps = len(loader) - loader._position()[1]
-        state = copy.deepcopy(scheduler.state_dict())  # to rewind to, should a callback stop the epoch
-        first = [dict(g) for g in groups]
-        schedule = [hyper()]
-        for _ in range(steps - 1):
-            scheduler.step()
-            schedule.append(hyper())
-        last = [dict(g) for g in groups]
-        for g, values in zip(groups, first):
+    plan = None  # after k scheduler steps: (the C groups of step k + 1, the param groups, the scheduler's state)
+    if scheduler is not None:
+        # The scheduler's step after the part's last waits until the part is done, so that the optimizer never
+        # sees values from beyond the schedule's end.
+        n = max(len(loader) - loader._position()[1], 1)
+        plan = []
+        for k in range(n):
+            if k:
+                scheduler.step()
+            kept = k in (0, n - 1) or on_step is not None  # a callback may stand at any step
+            plan.append((hyper(), [dict(g) for g in groups], copy.deepcopy(scheduler.state_dict()) if kept else None))
+
+    def stand(k):
+        """The param groups and the scheduler as a Python loop leaves them after k steps of this part."""
+        if plan is None:
+            return
+        at = min(k, len(plan) - 1)
+        if plan[at][2] is None:  # stopped by an exception, without callbacks: replayed from the start
+            at = 0
+        scheduler.load_state_dict(copy.deepcopy(plan[at][2]))
+        for g, values in zip(groups, plan[at][1]):
             g.update(values)
+        for _ in range(at, k):
+            scheduler.step()
+
+    schedule = [row[0] for row in plan] if plan else None
     lrs = [[t[0] for t in row] for row in schedule] if schedule else [[g["lr"] for g in groups]]
+    stand(0)
 
     def lr_at(steps):
         return lrs[min(steps, len(lrs)) - 1][0]
 
     def progress(steps, loss, samples):
         if bar:
-            bar.update(steps - bar.count, loss=loss, lr=lr_at(steps),
-                       img_s=samples / max(time.perf_counter() - start, 1e-9))
+            bar.update(done[4] + steps - bar.count, loss=loss, lr=lr_at(steps),
+                       img_s=(done[1] + samples) / max(time.perf_counter() - start, 1e-9))
 
     first_step = program.step_count
+    standing = [None, False]  # the step a callback last saw, and whether it changed the optimizer or scheduler
 
     def step(steps, loss, grad_norm):
         program.step_count = first_step + steps  # as a callback reading the program expects it
-        return on_step(program.step_count, loss, lr_at(steps), grad_norm)
+        stand(steps)
+        before = hyper(), scheduler.state_dict() if scheduler is not None else None
+        stop = on_step(program.step_count, loss, lr_at(steps), grad_norm)
+        standing[:] = steps, (hyper(), scheduler.state_dict() if scheduler is not None else None) != before
+        return stop or standing[1]
 
-    def settle(steps, skipped, stopped):
+    def settle(steps, skipped):
         """The program's count, the scheduler and the optimizer as they stand after the steps that ran."""
         program.step_count = first_step + steps
         program.skipped_steps += skipped
+        if standing[0] != steps:  # else as the callback at that step left them
+            stand(steps)
         if schedule is not None:
-            if stopped and steps < len(schedule):
-                scheduler.load_state_dict(state)
-                for g, values in zip(groups, first):
-                    g.update(values)
-                for _ in range(steps):
-                    scheduler.step()
-            else:
-                for g, values in zip(groups, last):
-                    g.update(values)
-                scheduler.step()
             optimizer._pushed = list(schedule[steps - 1] if steps else schedule[0])  # what C holds now
 
     try:
@@ -219,13 +246,14 @@ def _fit_epoch_in_c(program, loader, scheduler, interval, bar, start, on_step, e
             step if on_step else None, every, first_step)
     except BaseException as e:  # a callback's exception, Ctrl-C, a bad batch: the steps before it were applied
         if hasattr(e, "_ft_steps"):
-            settle(e._ft_steps, e._ft_skipped, True)
+            settle(e._ft_steps, e._ft_skipped)
             loader._resume = True  # the next pass (or fit) goes on after them, past a bad batch too
         raise
-    settle(steps, skipped, stopped)
+    settle(steps, skipped)
+    changed = stopped and standing == [steps, True] and loader._position()[1] < len(loader)
     if bar:
-        bar.update(steps - bar.count)
-    return loss_sum, samples, counted, lr_at(max(steps, 1)), correct, stopped
+        bar.update(done[4] + steps - bar.count)
+    return loss_sum, samples, counted, correct, steps, lr_at(max(steps, 1)), stopped and not changed, changed
 
 
 def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader: Iterable[Any] | None = None,
@@ -257,7 +285,10 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
     program (step counted from 1 over the program's life, program.step_count), metrics holding "step",
     "epoch", "loss" (that step's), "lr" (the first group's, for that step) and "grad_norm" (its gradient norm
     before clipping, program.last_grad_norm);
-    one returning True stops training after that step. A fasttrain Loader's epoch stays in C between them.
+    one returning True stops training after that step. A fasttrain Loader's epoch stays in C between them; a step
+    callback sees the optimizer's param_groups and the scheduler as a Python loop leaves them after its step, what
+    it changes there applies from the next step, and ft.save(..., scheduler=, loader=) called in it saves that
+    step's position.
     val_loader may be (x, y) arrays too (in batches of the program's size).
 
     A fasttrain Loader says which epoch runs (its shuffle order and augmentations): its own count of epochs
