@@ -16,9 +16,17 @@ def net():
     return nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 4 * 4, 3))
 
 
+def _half(a):
+    return a.astype(np.float16).astype(np.float32)
+
+
 @pytest.mark.parametrize("convert, dtype, rounded", [
-    ("half", ft.float16, lambda a: a.astype(np.float16).astype(np.float32)),
+    ("half", ft.float16, _half),
     ("bfloat16", ft.bfloat16, bf16_round),
+    (lambda m: m.to(ft.bfloat16), ft.bfloat16, bf16_round),
+    (lambda m: m.to(dtype=ft.float16, non_blocking=True), ft.float16, _half),
+    (lambda m: m.to("cpu", ft.bfloat16), ft.bfloat16, bf16_round),
+    (lambda m: m.to(ft.zeros(1, dtype=ft.float16)), ft.float16, _half),
 ])
 def test_conversion_in_place_and_back(convert, dtype, rounded):
     model = net()
@@ -26,7 +34,7 @@ def test_conversion_in_place_and_back(convert, dtype, rounded):
     before = model.state_dict()
     objects = dict(model.named_parameters()) | dict(model.named_buffers())
     model.weight_grad = model[4].weight.grad = ft.zeros(3, 64) + 1 / 3
-    assert getattr(model, convert)() is model
+    assert (getattr(model, convert)() if isinstance(convert, str) else convert(model)) is model
     for name, t in list(model.named_parameters()) + list(model.named_buffers()):
         assert t is objects[name]
         if name.endswith("num_batches_tracked"):
@@ -80,3 +88,15 @@ def test_matches_torch(convert):
         assert mine.dtype.name == str(t.dtype).removeprefix("torch."), name
         np.testing.assert_array_equal(mine.float().numpy() if mine.dtype.is_floating_point else mine.numpy(),
                                       t.float().numpy() if t.is_floating_point() else t.numpy())
+
+
+def test_to_refuses_what_it_cannot_do_and_changes_nothing():
+    model = net()
+    before = model.state_dict()
+    with pytest.raises(TypeError, match="only accepts floating point dtypes"):
+        model.to(ft.int64)
+    with pytest.raises((TypeError, ValueError)):
+        model.to("tpu", ft.float16)
+    with pytest.raises(TypeError, match="got 3 arguments"):
+        model.to("cpu", ft.float16, ft.float16)
+    assert all(t.dtype == before[k].dtype and np.array_equal(t, before[k]) for k, t in model.state_dict().items())

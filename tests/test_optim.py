@@ -838,3 +838,23 @@ def test_restarts_take_fractional_epochs_and_plateau_refuses_bad_arguments():
         ls.ReduceLROnPlateau(sgd(), factor=1.0)
     with pytest.raises(ValueError, match="positive integer T_0"):
         ls.CosineAnnealingWarmRestarts(sgd(), T_0=0)
+
+
+@pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW", "RMSprop", "Adadelta"])
+def test_torchs_implementation_hints_are_taken_and_change_nothing(name):
+    """nanoGPT's AdamW(groups, lr, betas, fused=True) and foreach= run as the default: every step is one fused
+    pass already."""
+    results = []
+    for hints in ({}, {"fused": True}, {"foreach": False}):
+        p = ft.nn.Parameter(ft.tensor([1.0, -2.0, 3.0]))
+        opt = getattr(ft.optim, name)([p], lr=0.1, **hints)
+        for _ in range(3):
+            p.grad = ft.tensor([0.5, 0.25, -1.0])
+            opt.step()
+        results.append(p.numpy().tobytes())
+    assert results[0] == results[1] == results[2] and results[0] != ft.tensor([1.0, -2.0, 3.0]).numpy().tobytes()
+    p = ft.nn.Parameter(ft.zeros(2))
+    with pytest.raises(RuntimeError, match="cannot be `True` together"):
+        getattr(ft.optim, name)([p], lr=0.1, fused=True, foreach=True)
+    with pytest.raises(TypeError, match="fused must be None or a bool"):
+        getattr(ft.optim, name)([p], lr=0.1, fused="yes")

@@ -42,6 +42,9 @@ def trained():
      r"the input must be a batch \(N, \.\.\.\) of samples, got a 0-d tensor"),
     ("complex input", lambda x, y: (x.astype(np.complex64), y), TypeError, r"complex"),
     ("string input", lambda x, y: (np.full(x.shape, "a"), y), TypeError, None),
+    ("uint8 images", lambda x, y: ((np.clip(x, 0, 1) * 255).astype(np.uint8), y), TypeError,
+     r"inputs must be floating point, got uint8: .* scaled to \[0, 1\] \(x / 255\)"),
+    ("integer input", lambda x, y: (x.astype(np.int32), y), TypeError, r"inputs must be floating point, got int32"),
     ("labels too few", lambda x, y: (x, y[:4]), ValueError, r"labels"),
     ("labels 2-d", lambda x, y: (x, y[:, None]), ValueError, r"labels"),
     ("label = classes", lambda x, y: (x, np.where(np.arange(8) == 5, CLASSES, y)), IndexError,
@@ -77,6 +80,8 @@ def test_wrong_input_shape_in_predict():
         program.predict(np.zeros((8, 8), np.float32))
     with pytest.raises(ValueError, match=both + r"\(1, 2, 3, 8, 8\)$"):
         program.predict(np.zeros((1, 2, 3, 8, 8), np.float32))
+    with pytest.raises(TypeError, match="got uint8"):  # ft.fit's Loader scales such images; raw bytes would not be
+        program.predict(np.zeros((2, 3, 8, 8), np.uint8))
 
 
 def test_labels_of_any_integer_dtype_train_as_int64(trained):

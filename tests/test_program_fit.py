@@ -276,3 +276,24 @@ def test_a_program_whose_loss_reads_no_targets_fits_its_inputs_alone():
     assert ft.evaluate(program, (X[i:i + 16] for i in range(0, 64, 16))) == (loss, None)  # batches of x alone
     with pytest.raises(TypeError, match=r"got one ndarray: the program's loss reads targets"):
         ft.fit(compile_resnet(make_resnet(seed=1)), X, 1)
+
+
+def test_a_loss_module_whose_forward_takes_the_output_alone_reads_no_targets():
+    """nn.Module losses are read by their forward's signature (the instance's own is *args)."""
+    class Energy(nn.Module):
+        def forward(self, out):
+            return (out ** 2).sum(1).mean()
+
+    class Squared(nn.Module):
+        def forward(self, out, y):
+            return ((out - y) ** 2).sum(1).mean()
+
+    X = np.random.default_rng(1).standard_normal((16, 8)).astype(np.float32)
+    model = nn.Linear(8, 4)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), Energy(), batch_size=16, input_shape=(8,))
+    out = X @ model.weight.numpy().T + model.bias.numpy()
+    np.testing.assert_allclose(program.train_step(X, None), (out ** 2).sum(1).mean(), rtol=1e-5)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), Squared(), batch_size=16, input_shape=(8,),
+                            target_shape=(4,))
+    out = X @ model.weight.numpy().T + model.bias.numpy()
+    np.testing.assert_allclose(program.train_step(X, out + 1), 4.0, rtol=1e-5)

@@ -2425,3 +2425,79 @@ def test_a_branch_on_training_between_a_convolution_and_its_batch_norm_is_refuse
     x = np.random.default_rng(3).random((2, 1, 5, 5), dtype=np.float32)
     assert np.any(bias != 0)
     assert program.predict(x).shape == (2, 18)
+
+
+def test_rows_of_a_table_indexed_by_traced_ids_are_an_embedding():
+    """self.table[ids] of a 2-d parameter is F.embedding(ids, self.table): it trains as nn.Embedding does."""
+    class Indexed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = nn.Parameter(ft.randn(10, 4))
+
+        def forward(self, ids):
+            return self.table[ids].sum(1)
+
+    class Embedded(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = nn.Embedding(10, 4)
+
+        def forward(self, ids):
+            return self.table(ids).sum(1)
+
+    ft.manual_seed(4)
+    a, b = Indexed(), Embedded()
+    b.table.weight.copy_(a.table)
+    ids = np.random.default_rng(4).integers(0, 10, (8, 3))
+    y = np.random.default_rng(5).standard_normal((8, 4)).astype(np.float32)
+    losses = []
+    for m in (a, b):
+        program = m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.MSELoss(), batch_size=8, input_shape=(3,),
+                            input_dtype=ft.int64, target_shape=(4,))
+        losses.append([program.train_step(ids, y) for _ in range(3)])
+    assert losses[0] == losses[1]
+    assert a.table.numpy().tobytes() == b.table.weight.numpy().tobytes()
+
+    class Cube(Indexed):
+        def __init__(self):
+            super().__init__()
+            self.table = nn.Parameter(ft.randn(10, 4, 2))
+
+    m = Cube()
+    with pytest.raises(ft.nn.TracingError, match="indexing a 3-d tensor with traced values"):
+        m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.MSELoss(), batch_size=8, input_shape=(3,),
+                  input_dtype=ft.int64)
+
+
+def test_new_tensors_sized_by_the_batch_are_constants_for_every_sample():
+    """ft.ones(x.size(0), 1) and ft.full((x.size(0), 1), v) in a forward: the same constant for every sample; the
+    batch size as a number is refused with what to write."""
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.fc(x) + ft.ones(x.size(0), 1) * 3 + ft.full((x.size(0), 2), 0.5)
+
+    m = Net()
+    program = m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.MSELoss(), batch_size=4, input_shape=(4,))
+    x = np.random.default_rng(6).random((4, 4), dtype=np.float32)
+    np.testing.assert_allclose(program.predict(x).numpy(), _affine(m, x) + 3.5, rtol=1e-6, atol=1e-6)
+
+    class Counted(Net):
+        def forward(self, x):
+            return self.fc(x) * float(len(range(x.size(0))))
+
+    m = Counted()
+    with pytest.raises(ft.nn.TracingError, match=r"the batch size as a number .* ft.ones\(x.size\(0\), k\)"):
+        m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.MSELoss(), batch_size=4, input_shape=(4,))
+
+    class Joined(Net):
+        def forward(self, x):
+            return ft.cat([self.fc(x), self.fc(x)], dim=0)
+
+    m = Joined()
+    with pytest.raises(ft.nn.TracingError, match=r"along the batch dimension \(dim=0\) cannot be compiled \(at .*"
+                       r"test_trace.py"):
+        m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.MSELoss(), batch_size=4, input_shape=(4,))

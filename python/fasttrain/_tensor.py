@@ -157,6 +157,13 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
 
     # ---- views ----
     def __getitem__(self, index):
+        if isinstance(index, Tensor) and not isinstance(index, _C.TensorBase):  # traced ids: a table's rows
+            if self.ndim != 2:
+                from .nn.graph import fail
+                fail(f"indexing a {self.ndim}-d tensor with traced values", "index a 2-d table (its rows, as "
+                     "F.embedding(ids, table))")
+            from .nn import functional as F
+            return F.embedding(index, self)
         advanced = _math.advanced_index(index)
         if advanced is not None:  # masks and integer arrays: a copy, as in NumPy and PyTorch
             split = _math.ints_first(index)

@@ -258,8 +258,9 @@ def _steps_in_c(program, loader, scheduler, bar, start, on_step, every, done):
 
 def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader: Iterable[Any] | None = None,
         scheduler: LRScheduler | ReduceLROnPlateau | None = None, scheduler_interval: str = "step",
-        tta_flip: bool = False, progress: bool = True, callbacks: Sequence[Callable[[int, Mapping[str, Any]], Any]] = (),
-        stream: TextIO | None = None, batch_size: int | None = None,
+        tta_flip: bool = False, progress: bool = True,
+        callbacks: Sequence[Callable[[int, Mapping[str, Any]], Any]] = (), stream: TextIO | None = None,
+        batch_size: int | None = None,
         step_callbacks: Sequence[Callable[[int, Mapping[str, Any]], Any]] = (),
         every_n_steps: int = 1) -> History:
     """Trains `program` for `epochs` passes over `loader` (batches of (images, labels)), or over (x, y) arrays

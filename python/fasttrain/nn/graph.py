@@ -164,9 +164,20 @@ class BatchSize:
         fail("arithmetic on the batch size", "keep the batch dimension as it is (view(N, ...), reshape(N, -1)); "
              "a loss summed over the batch can be divided by it (loss.sum() / x.size(0))")
 
+    def _number(self, *args):
+        fail("the batch size as a number (int(N), range(N), N in a size but as a new tensor's first dimension)",
+             "one program runs every batch size: ft.ones(x.size(0), k) is a constant for every sample, and "
+             "ft.ones_like(x) or x.new_ones(k) make values of a sample's shape")
+
     __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __floordiv__ = __rfloordiv__ = _refuse
     __truediv__ = __rtruediv__ = _refuse
-    __index__ = __int__ = __bool__ = _refuse
+    __index__ = __int__ = __bool__ = _number
+
+
+def per_sample(size):
+    """A new tensor's size whose first dimension is the batch size while a forward is traced (ft.ones(x.size(0),
+    1)), with 1 there: a constant that broadcasts over the batch, the same for every sample."""
+    return (1, *size[1:]) if size and isinstance(size[0], BatchSize) else size
 
 
 N = BatchSize()
@@ -1668,6 +1679,10 @@ def cat(tensors, dim=1):
 
     tensors = list(tensors)
     traced = next(t for t in tensors if isinstance(t, Symbolic))  # a tensor may come first: cat([cls, x])
+    if dim in (0, -traced.ndim):
+        fail("ft.cat of traced values along the batch dimension (dim=0)", "a program computes each sample on its "
+             "own, so two batches cannot be joined in it: concatenate the data before the step (np.concatenate), "
+             "or join each sample's values along another dimension")
     return _layers().Cat(dim)(*[t if isinstance(t, Symbolic) else value(t) for t in tensors])
 
 
@@ -1728,9 +1743,11 @@ def trace(model, inputs):
 
 
 def _reads_targets(loss):
-    """Whether loss takes targets: all but a function that takes one argument (a GAN's loss, an energy)."""
+    """Whether loss takes targets: all but a function (or a module's forward) that takes one argument (a GAN's
+    loss, an energy)."""
+    from .modules import Module
     try:
-        params = inspect.signature(loss).parameters.values()
+        params = inspect.signature(loss.forward if isinstance(loss, Module) else loss).parameters.values()
     except (TypeError, ValueError):
         return True
     return len([p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]) != 1 \

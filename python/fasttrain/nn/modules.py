@@ -11,7 +11,7 @@ from collections import OrderedDict
 from .. import _C, creation
 from .._C import TensorBase
 from .._tensor import Tensor
-from .._types import _BY_NAME, as_device
+from .._types import _BY_NAME, as_device, as_dtype, dtype as _dtype
 from . import init
 from .graph import Stacked, Symbolic, _active, traced_mode
 
@@ -182,15 +182,38 @@ class Module:
         return (b for _, b in self.named_buffers())
 
     # ---- devices ----
-    def to(self, device):
-        """Moves every parameter and buffer to `device` in place, as PyTorch's Module.to: the tensor objects
-        stay the same, so build optimizers and compile after moving (they bind the memory they see then)."""
-        dev = as_device(device)
+    def to(self, *args, device=None, dtype=None, non_blocking=False):
+        """Moves every parameter and buffer to a device and/or converts the floating-point ones to a dtype in place,
+        as PyTorch's Module.to(device), to(dtype), to(device, dtype) and to(tensor) (its device and dtype); returns
+        self. The tensor objects stay the same, so build optimizers and compile after moving (they bind the memory
+        they see then). non_blocking is taken and changes nothing."""
+        if len(args) > 2:
+            raise TypeError(f"to() takes a device, a dtype, both, or a tensor, got {len(args)} arguments")
+        for a in args:
+            if isinstance(a, TensorBase):
+                device, dtype = a.device, a.dtype
+            elif isinstance(a, _dtype):
+                dtype = a
+            else:
+                device = a
+        dev = None if device is None else as_device(device)  # both checked before anything changes
+        if dtype is not None:
+            dtype = as_dtype(dtype)
+            if not dtype.is_floating_point:
+                raise TypeError(f"nn.Module.to only accepts floating point dtypes, but got desired dtype={dtype}")
+        return self._convert(dtype, dev)
+
+    def _convert(self, dtype=None, device=None):
+        """Converts every floating-point parameter and buffer (and gradient) to dtype and moves every one to
+        device, in place, as PyTorch's Module.to: the tensor objects stay the same, integer buffers
+        (num_batches_tracked) keep their dtype. Returns self."""
         for t in list(dict.fromkeys(list(self.parameters()) + list(self.buffers()))):
-            if t.device != dev:
-                t._rebind(creation.empty(max(t.numel(), 1), dtype=t.dtype, device=dev), 0)
+            to = dtype if dtype is not None and t.dtype.is_floating_point else t.dtype
+            at = t.device if device is None else device
+            if to is not t.dtype or at != t.device:
+                t._rebind(creation.empty(max(t.numel(), 1), dtype=to, device=at), 0)
                 if t.grad is not None:
-                    t.grad = t.grad.to(dev)
+                    t.grad = t.grad.to(at).to(to)
         for m in self.modules():
             m.__dict__.pop("_flat", None)  # the model's flat buffers no longer hold its parameters
         return self
@@ -204,36 +227,24 @@ class Module:
         return self.to("cpu")
 
     # ---- dtypes ----
-    def _cast(self, dtype):
-        """Converts every floating-point parameter and buffer (and gradient) to dtype in place, as PyTorch's
-        Module.half(): the tensor objects stay the same, integer buffers (num_batches_tracked) stay as they are."""
-        dtype = _BY_NAME[dtype]
-        for t in list(dict.fromkeys(list(self.parameters()) + list(self.buffers()))):
-            if t.dtype.is_floating_point and t.dtype is not dtype:
-                t._rebind(creation.empty(max(t.numel(), 1), dtype=dtype, device=t.device), 0)
-                if t.grad is not None:
-                    t.grad = t.grad.to(dtype)
-        for m in self.modules():
-            m.__dict__.pop("_flat", None)  # the model's flat buffers no longer hold its parameters
-        return self
 
     def half(self):
         """Converts the floating-point parameters and buffers to float16 in place, as PyTorch's Module.half();
         returns self. For eager use: compile() refuses a model whose parameters are not float32 (a compiled
         program keeps float32 weights); to train in low precision, keep the model float32 and compile with
         precision="bf16-mixed" (docs/precision.md). Build optimizers after converting, as after to()."""
-        return self._cast("float16")
+        return self._convert(_BY_NAME["float16"])
 
     def bfloat16(self):
         """Converts the floating-point parameters and buffers to bfloat16 in place, as PyTorch's
         Module.bfloat16(); returns self. For eager use, as half(): to train in bfloat16, keep the model float32
         and compile with precision="bf16-mixed"."""
-        return self._cast("bfloat16")
+        return self._convert(_BY_NAME["bfloat16"])
 
     def float(self):
         """Converts the floating-point parameters and buffers to float32 in place, as PyTorch's Module.float()
         (undoing half() or bfloat16()); returns self."""
-        return self._cast("float32")
+        return self._convert(_BY_NAME["float32"])
 
     def _state(self):
         """(name, tensor) of every parameter and buffer in PyTorch's state_dict order: each module's parameters,

@@ -36,6 +36,16 @@ def _check_param(p, what):
         raise ValueError(f"{what} must be contiguous")
 
 
+def _implementation(foreach, fused):
+    """Checks torch.optim's choice of implementation (foreach=, fused=), which code written for it passes: every
+    fasttrain step is one fused pass over the flat buffers, whatever it says."""
+    for name, value in (("foreach", foreach), ("fused", fused)):
+        if value is not None and not isinstance(value, bool):
+            raise TypeError(f"{name} must be None or a bool, got {value!r}")
+    if foreach and fused:
+        raise RuntimeError("`fused` and `foreach` cannot be `True` together.")
+
+
 def _number(group, key, index):
     value = group[key]
     try:
@@ -336,7 +346,8 @@ class SGD(Optimizer):
     _kind = _KINDS["SGD"]
 
     def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, *,
-                 maximize=False):
+                 maximize=False, foreach=None, fused=None):
+        _implementation(foreach, fused)
         super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
                                       nesterov=nesterov, maximize=maximize))
 
@@ -357,7 +368,8 @@ class AdamW(Optimizer):
     _kind = _KINDS["AdamW"]
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
-                 maximize=False):
+                 maximize=False, foreach=None, fused=None):
+        _implementation(foreach, fused)
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
                                       maximize=maximize))
 
@@ -375,8 +387,9 @@ class Adam(AdamW):
     _kind = _KINDS["Adam"]
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False, *,
-                 maximize=False):
-        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize)
+                 maximize=False, foreach=None, fused=None):
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize, foreach=foreach,
+                         fused=fused)
 
 
 class RMSprop(Optimizer):
@@ -386,7 +399,8 @@ class RMSprop(Optimizer):
     _kind = _KINDS["RMSprop"]
 
     def __init__(self, params, lr=1e-2, alpha=0.99, eps=1e-8, weight_decay=0.0, momentum=0.0, centered=False, *,
-                 maximize=False):
+                 maximize=False, foreach=None, fused=None):
+        _implementation(foreach, fused)
         super().__init__(params, dict(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay, momentum=momentum,
                                       centered=centered, maximize=maximize))
 
@@ -405,7 +419,9 @@ class Adadelta(Optimizer):
 
     _kind = _KINDS["Adadelta"]
 
-    def __init__(self, params, lr=1.0, rho=0.9, eps=1e-6, weight_decay=0.0, *, maximize=False):
+    def __init__(self, params, lr=1.0, rho=0.9, eps=1e-6, weight_decay=0.0, *, maximize=False, foreach=None,
+                 fused=None):
+        _implementation(foreach, fused)
         super().__init__(params, dict(lr=lr, rho=rho, eps=eps, weight_decay=weight_decay, maximize=maximize))
 
     def _group_tuple(self, g, i):
