@@ -713,7 +713,15 @@ class Program:
         if self._compute is not _BY_NAME["float32"] and dtype.is_floating_point and \
                 getattr(x, "dtype", None) is self._compute:
             return x
-        return _as(x, dtype, {"int64": "token ids", "bool": "masks"}.get(dtype.name, "inputs"))
+        what = {"int64": "token ids", "bool": "masks"}.get(dtype.name, "inputs")
+        if dtype.is_floating_point:
+            from ..creation import as_tensor
+            x = as_tensor(x)
+            if not x.dtype.is_floating_point:  # PyTorch's layers refuse them too; cast, they would read raw bytes
+                raise TypeError(f"{what} must be floating point, got {x.dtype.name}" + (
+                    ": uint8 images as ft.fit and ft.data.Loader feed them are scaled to [0, 1] (x / 255)"
+                    if x.dtype.name == "uint8" else " (x.astype(np.float32) if they are values)"))
+        return _as(x, dtype, what)
 
     def _batch(self, x, y):
         """x as the inputs' dtypes, and the targets as the loss reads them (None when it reads none)."""
@@ -915,8 +923,9 @@ class Program:
 
     def memory_plan(self):
         """The bytes the compiled program holds, as a dict: "activations" (the training arena, planned by
-        liveness: the outputs a backward reads, saved data, gradients), "evaluation" (its arena, and where the forward
-        branches on self.training the arenas of the eval-mode program predict and evaluate run),
+        liveness: the outputs a backward reads, saved data, gradients; allocated at the first training step),
+        "evaluation" (its arena, and where the forward branches on self.training that of the eval-mode program
+        predict and evaluate run),
         "parameters" and "gradients" (the flat float32 buffers), "optimizer_state" (the optimizer's buffers,
         counted before its first step allocates them), "weights_copy" (bf16-mixed's bfloat16 weights), "total",
         and "nodes": per node a dict of the bytes of its output, of what it saves for its backward and of its
@@ -925,7 +934,7 @@ class Program:
         backward needs it (compile's recompute=)."""
         train, evaluation, copy = self._c.memory()
         if self._eval_c is not self._c:
-            evaluation, copy = evaluation + sum(self._eval_c.memory()[:2]), copy + self._eval_c.memory()[2]
+            evaluation, copy = evaluation + self._eval_c.memory()[1], copy + self._eval_c.memory()[2]
         state = self.optimizer._state_nbytes()
         plan = {"activations": train, "evaluation": evaluation, "parameters": self.flat_params.nbytes,
                 "gradients": self.flat_grads.nbytes, "optimizer_state": state, "weights_copy": copy}
