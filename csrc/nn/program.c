@@ -528,6 +528,9 @@ static ft_status choose_recomputation(ft_program *p, const ft_recompute *rc) {
     return s;
 }
 
+/* Plans an arena; allocates it where `arena` is given (the training arena
+ * waits for the first training run: a program that only evaluates, as the
+ * eval-mode twin of a forward that branches on its mode, never holds it). */
 static ft_status plan(ft_program *p, bool training, const ft_recompute *rc, block *b, ft_storage **arena,
                       int64_t *bytes) {
     last_users(p, training, p->last_consumer);
@@ -537,7 +540,7 @@ static ft_status plan(ft_program *p, bool training, const ft_recompute *rc, bloc
     if (size < 0)
         return ft_fail(FT_ERR_NOMEM, "out of memory planning the activations");
     *bytes = size;
-    return ft_storage_new(arena, (size_t)size, p->device, false);
+    return arena ? ft_storage_new(arena, (size_t)size, p->device, false) : FT_OK;
 }
 
 /* A view's (rows, ...) look at its input's memory: a reshape is the only
@@ -999,7 +1002,7 @@ ft_status ft_program_create(ft_program **out, int nnodes, const ft_node *nodes, 
     if (s == FT_OK)
         s = use_low_weights(p);
     if (s == FT_OK)
-        s = plan(p, true, recompute, p->train, &p->train_arena, &p->train_bytes);
+        s = plan(p, true, recompute, p->train, NULL, &p->train_bytes);
     if (s == FT_OK)
         s = plan(p, false, NULL, p->eval, &p->eval_arena, &p->eval_bytes);
     if (s == FT_OK)
@@ -1541,6 +1544,8 @@ ft_status ft_program_backward(ft_program *p, const ft_tensor *x, const ft_tensor
     if (x->shape[0] > p->batch) /* an id refused in a later micro-batch would leave the earlier ones' gradients */
         FT_TRY(check_ids(p, x));
     FT_TRY(refresh_low_weights(p));
+    if (!p->train_arena)
+        FT_TRY(ft_storage_new(&p->train_arena, (size_t)p->train_bytes, p->device, false));
     ft_tensor yd, xd[FT_PROGRAM_MAX_INPUTS] = {0}, yh = {0}, scores = {0};
     bool count = correct && classifies(p);
     FT_TRY(prepare_targets(p, y, x->shape[0], &yd, count ? &yh : NULL));
