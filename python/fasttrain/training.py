@@ -192,7 +192,7 @@ def _steps_in_c(program, loader, scheduler, bar, start, on_step, every, done):
         for k in range(n):
             if k:
                 scheduler.step()
-            kept = k in (0, n - 1) or on_step is not None  # a callback may stand at any step
+            kept = k in (0, n - 1) or (on_step is not None and (program.step_count + k) % every == 0)  # one stands
             plan.append((hyper(), [dict(g) for g in groups], copy.deepcopy(scheduler.state_dict()) if kept else None))
 
     def stand(k):
@@ -200,8 +200,8 @@ def _steps_in_c(program, loader, scheduler, bar, start, on_step, every, done):
         if plan is None:
             return
         at = min(k, len(plan) - 1)
-        if plan[at][2] is None:  # stopped by an exception, without callbacks: replayed from the start
-            at = 0
+        while plan[at][2] is None:  # stopped by an exception between callbacks: replayed from the last kept
+            at -= 1
         scheduler.load_state_dict(copy.deepcopy(plan[at][2]))
         for g, values in zip(groups, plan[at][1]):
             g.update(values)
