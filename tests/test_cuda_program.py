@@ -321,6 +321,24 @@ def test_gan_programs_alternate_as_on_the_cpu(precision):
     assert_losses_close(runs[1], runs[0], rtol=1e-4 if precision == "32-true" else 3e-2)
 
 
+def test_a_forward_branching_on_training_predicts_its_eval_graph_as_on_the_cpu():
+    """timm's drop path (a branch on self.training): training steps as on the CPU, predict of the second,
+    eval-mode program equal to the CPU's and deterministic."""
+    from test_trace import Residual
+    x, y = rng(3).standard_normal((16, 6)).astype(np.float32), rng(4).integers(0, 2, 16)
+    runs = []
+    for device in ("cpu", "cuda"):
+        ft.manual_seed(1)
+        model = Residual().to(device)
+        program = model.compile(ft.optim.AdamW(model.parameters(), lr=1e-2), nn.CrossEntropyLoss(), batch_size=16,
+                                input_shape=(6,))
+        program.train_step(x, y)
+        runs.append((program.evaluate(x, y)[0], host(program.predict(x)), host(program.predict(x))))
+    assert_losses_close([runs[1][0]], [runs[0][0]])
+    assert_close(runs[1][1], runs[0][1], 1e-4, 1e-4)
+    np.testing.assert_array_equal(runs[1][1], runs[1][2])
+
+
 def test_nccl_over_one_rank_equals_no_nccl(tmp_path):
     """The NCCL path of a distributed CUDA program (compile(distributed=True) on "cuda"), over a world of one
     MPI rank: the same losses and weights as the program without it."""
