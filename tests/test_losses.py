@@ -802,3 +802,44 @@ def test_masked_means_as_pytorch_code_writes_them(form, merged):
     mask = (y != 0).astype(np.float64)
     want = form(per.reshape(-1), mask.reshape(-1)) if merged else form(per, mask)
     assert p.backward(ids, y) == pytest.approx(want, rel=1e-5)
+
+
+@pytest.mark.parametrize("spelling", [
+    lambda out, y: F.cross_entropy(out.view(-1, out.size(-1)), y.view(-1)),
+    lambda out, y: F.cross_entropy(out.view(out.size(0) * out.size(1), out.size(2)),
+                                   y.view(y.size(0) * y.size(1))),  # nanoGPT's B * T, C = logits.shape
+    lambda out, y: F.cross_entropy(out.flatten(0, 1), y.flatten()),  # "LLMs from scratch"
+    lambda out, y: F.cross_entropy(out.reshape(-1, V), y.flatten(0, -1)),
+], ids=["view_minus_one", "view_b_times_t", "flatten", "reshape"])
+def test_a_sequences_loss_in_each_spelling_of_its_merged_rows(spelling):
+    """The merged rows of a language model's loss, written as tutorials write them: each the mean cross entropy of
+    every position, as NumPy computes it from the model's scores."""
+    ids, y, _ = sequences(seed=8)
+    ft.manual_seed(0)
+    model = LM()
+    p = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), spelling, batch_size=8, input_shape=(T,),
+                      input_dtype=ft.int64, target_shape=(T,), target_dtype=ft.int64)
+    scores = model(ft.tensor(ids)).numpy().astype(np.float64)
+    per = np.log(np.exp(scores).sum(-1)) - np.take_along_axis(scores, y[..., None], -1)[..., 0]
+    assert p.backward(ids, y) == pytest.approx(per.mean(), rel=1e-5)
+
+
+def test_views_merging_the_batch_elsewhere_are_refused_with_the_line():
+    class Heads(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(V, 6)
+
+        def forward(self, ids):
+            h = self.emb(ids)
+            B, L, D = h.shape
+            return h.view(B * 2, L, D // 2).sum(-1)  # the heads merged into the batch
+
+    model = Heads()
+    with pytest.raises(ft.nn.TracingError, match=r"view merging the batch .* \(at .*test_losses.py"):
+        model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=8, input_shape=(T,),
+                      input_dtype=ft.int64, target_shape=(T,))
+    bad = lambda out, y: F.cross_entropy(out.view(out.size(0) * 3, -1), y.view(-1))  # noqa: E731
+    with pytest.raises(ft.nn.TracingError, match=r"merge the batch with the sizes that multiply to it"):
+        LM().compile(ft.optim.SGD(LM().parameters(), lr=0.1), bad, batch_size=8, input_shape=(T,),
+                     input_dtype=ft.int64, target_shape=(T,), target_dtype=ft.int64)

@@ -169,8 +169,43 @@ class BatchSize:
              "one program runs every batch size: ft.ones(x.size(0), k) is a constant for every sample, and "
              "ft.ones_like(x) or x.new_ones(k) make values of a sample's shape")
 
-    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __floordiv__ = __rfloordiv__ = _refuse
+    def __mul__(self, k):
+        if isinstance(k, numbers.Integral) and not isinstance(k, bool):
+            return BatchTimes(int(k))
+        self._refuse()
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __floordiv__ = __rfloordiv__ = _refuse
     __truediv__ = __rtruediv__ = _refuse
+    __rmul__ = __mul__
+    __index__ = __int__ = __bool__ = _number
+
+
+class BatchTimes:
+    """N * k while tracing: the first size of a view that merges the batch with k values of each sample, read as
+    -1 (nanoGPT's F.cross_entropy(logits.view(B * T, C), targets.view(B * T)))."""
+
+    def __init__(self, k):
+        self.k = k
+
+    def __repr__(self):
+        return f"N*{self.k}"
+
+    def __mul__(self, k):
+        if isinstance(k, numbers.Integral) and not isinstance(k, bool):
+            return BatchTimes(self.k * int(k))
+        self._refuse()
+
+    __rmul__ = __mul__
+
+    def merged(self, x, shape):
+        """shape, of which this is the first size, with -1 there, where it views x's values."""
+        if x.node.shape is not None and self.k * math.prod(shape[1:]) != math.prod(x.node.shape):
+            fail(f"a view of values of shape {(N, *x.node.shape)} as {shape}", "merge the batch with the sizes that "
+                 "multiply to it: x.view(-1, x.size(-1))")
+        return (-1, *shape[1:])
+
+    _refuse, _number = BatchSize._refuse, BatchSize._number
+    __add__ = __radd__ = __sub__ = __rsub__ = __floordiv__ = __rfloordiv__ = __truediv__ = __rtruediv__ = _refuse
     __index__ = __int__ = __bool__ = _number
 
 
@@ -410,9 +445,13 @@ class MergedRows:
     def __getattr__(self, name):
         if name.startswith("__"):  # protocol probes see a plain object
             raise AttributeError(name)
-        fail("a view merging the batch with other dimensions (x.view(-1, C))", "only a class loss takes it "
-             "(F.cross_entropy(logits.view(-1, V), y.view(-1))), and per-position losses' .mean() or .sum() "
-             "(losses.view(-1).mean()); keep the batch first elsewhere: x.view(x.size(0), ...)")
+        _refuse_merged()
+
+
+def _refuse_merged():
+    fail("a view merging the batch with other dimensions (x.view(-1, C))", "only a class loss takes it "
+         "(F.cross_entropy(logits.view(-1, V), y.view(-1))), and per-position losses' .mean() or .sum() "
+         "(losses.view(-1).mean()); keep the batch first elsewhere: x.view(x.size(0), ...)")
 
 
 def _merged_op(op, reflected=False):
@@ -716,8 +755,13 @@ class Symbolic:
         other size may be -1. A reshape of a reshape is recorded as one. Merging the batch with the positions of
         a sequence's scores (``logits.view(-1, V)``) or labels (``y.view(-1)``) gives rows only a class loss takes."""
         shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
+        merging = shape and isinstance(shape[0], BatchTimes)
+        if merging:
+            shape = shape[0].merged(self, shape)
         if MergedRows.of(self, shape):
             return MergedRows(self)
+        if merging:
+            _refuse_merged()
         if self.node.shape is None:
             if any(n not in (1, -1) for n in shape[1:]):
                 fail(f"the targets viewed as {shape} before a loss reads them", "give compile(..., target_shape=)")
@@ -728,12 +772,20 @@ class Symbolic:
         return self if target == self.node.shape else _layers().Reshape(target)(self)
 
     def flatten(self, start_dim=0, end_dim=-1):
-        """Records merging dimensions start_dim..end_dim; start_dim must be at least 1 (the batch stays apart)."""
-        nd = len(self.node.shape)
+        """Records merging dimensions start_dim..end_dim; start_dim must be at least 1 (the batch stays apart), but
+        for the rows a class loss takes (F.cross_entropy(logits.flatten(0, 1), y.flatten()), as view(-1, V))."""
+        if self.node.shape is None:  # targets of no shape yet: one label per sample
+            self._one_per_sample()
+        shape = self.node.shape
+        nd = len(shape)
         s, e = start_dim % (nd + 1), end_dim % (nd + 1)
         if s == 0:
-            fail("flatten(0) (it merges the batch into the samples)", "use x.flatten(1)")
-        shape = self.node.shape
+            if e == 0:
+                return self
+            if MergedRows.of(self, (-1, *shape[e:])):
+                return MergedRows(self)
+            fail("flatten(0) (it merges the batch into the samples)", "use x.flatten(1); a class loss takes a "
+                 "sequence's scores and labels merged (F.cross_entropy(logits.flatten(0, 1), y.flatten()))")
         return self.reshape(N, *shape[:s - 1], math.prod(shape[s - 1:e]), *shape[e:])
 
     def unsqueeze(self, dim):
