@@ -590,8 +590,20 @@ static ft_tensor matrix(const ft_tensor *t, int64_t k, bool transposed) {
     return v;
 }
 
-/* out[k] = a[k] @ b[k], as linear's x @ w^T with w = b[k]^T: one matmul per matrix. */
+/* t (..., R, C) viewed as (..., C, R). */
+static ft_tensor transpose_last(const ft_tensor *t) {
+    ft_tensor v = *t;
+    int d = t->ndim - 2;
+    v.shape[d] = t->shape[d + 1], v.shape[d + 1] = t->shape[d];
+    v.strides[d] = t->strides[d + 1], v.strides[d + 1] = t->strides[d];
+    return v;
+}
+
+/* out[k] = a[k] @ b[k]: on the CPU one batched matmul, on CUDA as linear's x @ w^T with w = b[k]^T, one matmul
+ * per matrix. */
 static ft_status matmul_forward(const ft_node_run *r) {
+    if (ft_op_device(&r->out).type == FT_DEV_CPU)
+        return ft_matmul_batched(&r->out, &r->in[0], &r->in[1], false);
     for (int64_t k = 0; k < matrices(&r->out); k++) {
         ft_tensor out = matrix(&r->out, k, false), a = matrix(&r->in[0], k, false), bt = matrix(&r->in[1], k, true);
         FT_TRY(ft_linear_forward(&out, &a, &bt, NULL, no_act));
@@ -601,6 +613,12 @@ static ft_status matmul_forward(const ft_node_run *r) {
 
 /* da[k] = dout[k] @ b[k]^T and db[k] = a[k]^T @ dout[k]: linear's dx and, transposed, its dw. */
 static ft_status matmul_backward(const ft_node_run *r) {
+    if (ft_op_device(&r->dout).type == FT_DEV_CPU) {
+        ft_tensor at = transpose_last(&r->in[0]), bt = transpose_last(&r->in[1]);
+        if (r->din[0])
+            FT_TRY(ft_matmul_batched(r->din[0], &r->dout, &bt, r->din_acc[0]));
+        return r->din[1] ? ft_matmul_batched(r->din[1], &at, &r->dout, r->din_acc[1]) : FT_OK;
+    }
     for (int64_t k = 0; k < matrices(&r->dout); k++) {
         ft_tensor g = matrix(&r->dout, k, false), a = matrix(&r->in[0], k, false), bt = matrix(&r->in[1], k, true);
         ft_tensor da, dbt;

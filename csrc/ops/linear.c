@@ -25,9 +25,9 @@ static ft_matrix transposed(const ft_tensor *t) {
 
 typedef struct {
     bool bias, sum, single_thread;
-    int act;
+    int act, nd; /* nd: 2, or 3 for a batch of matrices */
     float alpha;
-    int64_t src[4], wei[4], dst[4]; /* dims then strides */
+    int64_t src[6], wei[6], dst[6]; /* nd dims then nd strides */
     int dt_src, dt_wei, dt_dst;
 } mm_key;
 
@@ -41,9 +41,11 @@ typedef struct {
 } mm_mds;
 
 static ft_status make_mds(mm_mds *m, const mm_key *k) {
-    FT_TRY(ft_dnnl_md_strided(&m->src, (ft_dtype)k->dt_src, 2, k->src, k->src + 2));
-    FT_TRY(ft_dnnl_md_strided(&m->wei, (ft_dtype)k->dt_wei, 2, k->wei, k->wei + 2));
-    FT_TRY(ft_dnnl_md_strided(&m->dst, (ft_dtype)k->dt_dst, 2, k->dst, k->dst + 2));
+    FT_TRY(ft_dnnl_md_strided(&m->src, (ft_dtype)k->dt_src, k->nd, k->src, k->src + k->nd));
+    FT_TRY(ft_dnnl_md_strided(&m->wei, (ft_dtype)k->dt_wei, k->nd, k->wei, k->wei + k->nd));
+    FT_TRY(ft_dnnl_md_strided(&m->dst, (ft_dtype)k->dt_dst, k->nd, k->dst, k->dst + k->nd));
+    if (k->nd != 2) /* a batch of matrices takes no bias */
+        return FT_OK;
     int64_t bdims[2] = {1, k->dst[1]}, bstrides[2] = {k->dst[1], 1};
     return ft_dnnl_md_strided(&m->bias, FT_FLOAT32, 2, bdims, bstrides);
 }
@@ -86,6 +88,7 @@ ft_status ft_matmul(const ft_matrix *src, const ft_matrix *wei, const ft_matrix 
                     bool sum, bool single_thread) {
     mm_key k;
     memset(&k, 0, sizeof k);
+    k.nd = 2;
     put(k.src, src);
     put(k.wei, wei);
     put(k.dst, dst);
@@ -136,6 +139,106 @@ static ft_status matmul_rows(const ft_matrix *src, const ft_matrix *wei, const f
         ft_error_keep(&err[c], ft_matmul(&s, wei, &d, bias, act, sum, true));
     }
     return ft_error_first(err, chunks);
+}
+
+/* A dense (B, R, C) view of t (..., R, C), B its leading sizes' product: t itself where it is contiguous, else
+ * a contiguous copy of it (copied is then set; with `fill` false, its values are left to be written). */
+static ft_status dense_batch(ft_tensor *v, const ft_tensor *t, bool fill, bool *copied) {
+    *copied = !ft_tensor_is_contiguous(t);
+    if (*copied) {
+        FT_TRY(ft_tensor_empty(v, t->ndim, t->shape, t->dtype, FT_CPU, false));
+        if (fill) {
+            ft_status s = ft_tensor_copy(v, t, false);
+            if (s != FT_OK) {
+                ft_tensor_release(v);
+                return s;
+            }
+        }
+    } else {
+        *v = *t;
+    }
+    int64_t B = 1, R = t->shape[t->ndim - 2], C = t->shape[t->ndim - 1];
+    for (int i = 0; i < t->ndim - 2; i++)
+        B *= t->shape[i];
+    v->ndim = 3;
+    v->shape[0] = B, v->shape[1] = R, v->shape[2] = C;
+    v->strides[0] = R * C, v->strides[1] = C, v->strides[2] = 1;
+    return FT_OK;
+}
+
+/* A (B, R, C) batch as a key's entries: dims, then strides. */
+static void put_batch(int64_t *k, const ft_tensor *t) {
+    int64_t dims[3] = {t->shape[0], t->shape[1], t->shape[2]};
+    memcpy(k, dims, sizeof dims);
+    memcpy(k + 3, t->strides, 3 * sizeof *k);
+}
+
+/* out[b0:b1] = (or += with sum) a[b0:b1] @ w[b0:b1] of dense batches, as one oneDNN matmul. */
+static ft_status batch_part(const ft_tensor *out, const ft_tensor *a, const ft_tensor *w, int64_t b0, int64_t b1,
+                            bool sum, bool single_thread) {
+    const ft_tensor *t[3] = {a, w, out};
+    ft_tensor part[3];
+    for (int i = 0; i < 3; i++) {
+        part[i] = *t[i];
+        part[i].shape[0] = b1 - b0;
+        part[i].offset += b0 * t[i]->strides[0] * (int64_t)ft_dtype_get(t[i]->dtype)->itemsize;
+    }
+    mm_key k;
+    memset(&k, 0, sizeof k);
+    k.nd = 3, k.sum = sum, k.single_thread = single_thread;
+    put_batch(k.src, &part[0]);
+    put_batch(k.wei, &part[1]);
+    put_batch(k.dst, &part[2]);
+    k.dt_src = a->dtype, k.dt_wei = w->dtype, k.dt_dst = out->dtype;
+    const ft_dnnl_prim *prim = NULL;
+    FT_TRY(ft_dnnl_get(&prim, &k, sizeof k, build, &k));
+    mm_mds m;
+    FT_TRY(make_mds(&m, &k));
+    ft_dnnl_arg args[3] = {{DNNL_ARG_SRC, &m.src, ft_tensor_data(&part[0])},
+                           {DNNL_ARG_WEIGHTS, &m.wei, ft_tensor_data(&part[1])},
+                           {DNNL_ARG_DST, &m.dst, ft_tensor_data(&part[2])}};
+    return ft_dnnl_run(prim, 3, args);
+}
+
+ft_status ft_matmul_batched(const ft_tensor *out, const ft_tensor *a, const ft_tensor *w, bool sum) {
+    int nd = out->ndim;
+    bool ok = nd >= 2 && a->ndim == nd && w->ndim == nd && a->dtype == w->dtype &&
+              a->shape[nd - 1] == w->shape[nd - 2] && out->shape[nd - 2] == a->shape[nd - 2] &&
+              out->shape[nd - 1] == w->shape[nd - 1];
+    for (int i = 0; ok && i < nd - 2; i++)
+        ok = a->shape[i] == out->shape[i] && w->shape[i] == out->shape[i];
+    if (!ok)
+        return ft_fail(FT_ERR_SHAPE, "matmul: takes (..., M, K) and (..., K, P) of one dtype to (..., M, P)");
+    if (ft_tensor_numel(out) == 0)
+        return FT_OK;
+    ft_tensor d[3];
+    bool copied[3] = {false, false, false};
+    ft_status s = dense_batch(&d[0], a, true, &copied[0]);
+    if (s == FT_OK)
+        s = dense_batch(&d[1], w, true, &copied[1]);
+    if (s == FT_OK)
+        s = dense_batch(&d[2], out, sum, &copied[2]);
+    if (s == FT_OK && !ft_deterministic()) {
+        s = batch_part(&d[2], &d[0], &d[1], 0, d[2].shape[0], sum, false);
+    } else if (s == FT_OK) { /* fixed parts of the batch, each on one thread: the same for any thread count */
+        int64_t B = d[2].shape[0], parts = B < DET_CHUNKS ? B : DET_CHUNKS;
+        ft_error err[DET_CHUNKS];
+#pragma omp parallel for schedule(static)
+        for (int64_t c = 0; c < parts; c++)
+            ft_error_keep(&err[c], batch_part(&d[2], &d[0], &d[1], B * c / parts, B * (c + 1) / parts, sum, true));
+        s = ft_error_first(err, parts);
+    }
+    if (s == FT_OK && copied[2]) { /* back into out's own layout */
+        ft_tensor v = d[2];
+        v.ndim = out->ndim;
+        memcpy(v.shape, out->shape, sizeof v.shape);
+        ft_contiguous_strides(v.strides, v.ndim, v.shape);
+        s = ft_tensor_copy(out, &v, false);
+    }
+    for (int i = 0; i < 3; i++)
+        if (copied[i])
+            ft_tensor_release(&d[i]);
+    return s;
 }
 
 /* Every tensor on the device of the input x, float32 or 16-bit. */

@@ -25,6 +25,11 @@ typedef struct {
 ft_status ft_matmul(const ft_matrix *src, const ft_matrix *wei, const ft_matrix *dst, const float *bias, ft_act act,
                     bool sum, bool single_thread);
 
+/* out (..., M, P) = (or += with sum) a (..., M, K) @ w (..., K, P) on the CPU: each of the matrices the leading
+ * sizes index, any strides (a view of attention's heads), as one oneDNN matmul over dense copies of the
+ * operands that are not contiguous. */
+ft_status ft_matmul_batched(const ft_tensor *out, const ft_tensor *a, const ft_tensor *w, bool sum);
+
 /* out (N, O) = act(x (N, I) @ w (O, I)^T + b (O)); b may be NULL. */
 ft_status ft_linear_forward(const ft_tensor *out, const ft_tensor *x, const ft_tensor *w, const ft_tensor *b,
                             ft_act act);
