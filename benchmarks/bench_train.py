@@ -2,8 +2,9 @@
 for the demo network and a ResNet-style network (also written as a PyTorch-style subclass and traced), at
 batch 256 and 512, against the FMA peak of this machine and against the same network, recipe and thread count
 in PyTorch (channels_last) when torch imports; then AdamW steps of a ViT on 32x32 images (batch 64) and of
-GPT-2 blocks on 128-token sequences (batch 16, next-token cross-entropy) and of an nn.Transformer translating
-64-token sources into 64-token targets (batch 16; two inputs, PyTorch's masks and default dropout), against the
+GPT-2 blocks on 128-token sequences (batch 16, next-token cross-entropy; "gpt" with nn.MultiheadAttention,
+"mingpt" with minGPT's attention written out: q @ k.transpose(-2, -1), a mask buffer, att @ v) and of an
+nn.Transformer translating 64-token sources into 64-token targets (batch 16; two inputs, PyTorch's masks and default dropout), against the
 same models in PyTorch; and DCGAN iterations on 28x28 images (batch 64; a discriminator step, then a generator
 step, two programs that read each other's modules: "images/s" is generated images per second of iterations).
 
@@ -13,7 +14,8 @@ zero-padding taps, so small images overstate the work a little) and, with torch,
 images/s) and "ratio" (ours / torch). Medians of timed steps after warm-up; fasttrain and torch steps
 alternate so that load on a shared machine hits both alike.
 
-Where the CPU has AVX512-BF16, each demo, ResNet, ViT, GPT, seq2seq and DCGAN line has a "_bf16" twin: the same step
+Where the CPU has AVX512-BF16, each demo, ResNet, ViT, GPT, minGPT, seq2seq and DCGAN line has a "_bf16" twin: the
+same step
 compiled with precision="bf16-mixed", with "ratio_float32" (over fasttrain's float32 step), "ratio" over
 PyTorch's step under torch.autocast("cpu", dtype=torch.bfloat16) (channels_last for the CNNs), and
 "peak_fraction" over "bf16_matmul_peak", a large bfloat16 matmul's GFLOP/s measured in the same run.
@@ -36,7 +38,9 @@ on the CPU only.
     PYTHONPATH=python python benchmarks/bench_train.py --device cuda [--quick] [--tf32]
 """
 import argparse
+import functools
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -159,23 +163,39 @@ def vit(lib, dim=128, depth=4, heads=4, patch=4, image=32, classes=10):
     return ViT()
 
 
-def gpt(lib, vocab=512, steps=128, dim=128, heads=4, depth=2):
+def gpt(lib, vocab=512, steps=128, dim=128, heads=4, depth=2, hand=False):
     """GPT-2 blocks (causal self-attention and a tanh-GELU MLP, pre-norm) with the output projection tied to
     the token embedding, written the same way for lib = fasttrain or torch (torch's attention takes the causal
-    mask as attn_mask, fasttrain's as is_causal)."""
+    mask as attn_mask, fasttrain's as is_causal). hand: minGPT's attention (nanoGPT's without flash) written
+    out instead: q @ k.transpose(-2, -1) of heads viewed from one projection, a causal mask buffer, att @ v."""
     nn, F = lib.nn, lib.nn.functional
     causal = dict(is_causal=True) if lib is ft else dict(
         attn_mask=torch.triu(torch.full((steps, steps), float("-inf")), diagonal=1))
 
+    class HandAttention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c_attn, self.c_proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+            self.register_buffer("bias", lib.tril(lib.ones(steps, steps)).view(1, 1, steps, steps))
+
+        def forward(self, x):
+            B, T, C = x.size()
+            q, k, v = self.c_attn(x).split(C, dim=2)
+            q, k, v = (t.view(B, T, heads, C // heads).transpose(1, 2) for t in (q, k, v))
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+            att = F.softmax(att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf")), dim=-1)
+            return self.c_proj((att @ v).transpose(1, 2).contiguous().view(B, T, C))
+
     class Block(nn.Module):
         def __init__(self):
             super().__init__()
-            self.ln_1, self.attn = nn.LayerNorm(dim), nn.MultiheadAttention(dim, heads, batch_first=True)
+            self.ln_1 = nn.LayerNorm(dim)
+            self.attn = HandAttention() if hand else nn.MultiheadAttention(dim, heads, batch_first=True)
             self.ln_2, self.fc, self.proj = nn.LayerNorm(dim), nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
 
         def forward(self, x):
             h = self.ln_1(x)
-            x = x + self.attn(h, h, h, need_weights=False, **causal)[0]
+            x = x + (self.attn(h) if hand else self.attn(h, h, h, need_weights=False, **causal)[0])
             return x + self.proj(F.gelu(self.fc(self.ln_2(x)), approximate="tanh"))
 
     class GPT(nn.Module):
@@ -216,7 +236,7 @@ def seq2seq(lib, vocab=512, steps=64, dim=128, heads=4, layers=2):
     return Seq2Seq()
 
 
-MODELS = {"vit": vit, "gpt": gpt, "seq2seq": seq2seq}
+MODELS = {"vit": vit, "gpt": gpt, "mingpt": functools.partial(gpt, hand=True), "seq2seq": seq2seq}
 
 
 def gan_steps(net, batch, bf16, z=100):
@@ -269,7 +289,7 @@ def transformer_steps(net, batch, bf16):
         x = rng.standard_normal((batch, 3, 32, 32)).astype(np.float32)
         y = rng.integers(0, 10, batch)
         shape, kw, loss, unit = (3, 32, 32), {}, ft.nn.CrossEntropyLoss(), "images/s"
-    elif net == "gpt":
+    elif net in ("gpt", "mingpt"):
         tokens = rng.integers(0, 512, (batch, 129))
         x, y = np.ascontiguousarray(tokens[:, :-1]), np.ascontiguousarray(tokens[:, 1:])
         shape, kw, loss, unit = (128,), dict(input_dtype=ft.int64, memory_format="contiguous"), \
@@ -436,7 +456,7 @@ def main():
                     extra.update(reference=round(ref, 1), ratio=round(ips16 / ref, 3),
                                  reference_name=f"torch {torch.__version__} bf16 autocast (channels_last)")
                 emit(f"train_step_{net}_b{batch}_bf16", ips16, "images/s", **extra)
-    for net, batch in (("vit", 64), ("gpt", 16), ("seq2seq", 16), ("dcgan", 64)):
+    for net, batch in (("vit", 64), ("gpt", 16), ("mingpt", 16), ("seq2seq", 16), ("dcgan", 64)):
         ours, ours16, flops, theirs, autocast, unit = (gan_steps if net == "dcgan" else transformer_steps)(net, batch,
                                                                                                            bf16)
         runs = [f for f in (ours, ours16, theirs, autocast) if f]
