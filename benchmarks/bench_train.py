@@ -1,12 +1,12 @@
-"""Images/s of whole training steps (forward, loss, backward, SGD update) on Fashion-MNIST-shaped batches,
-for the demo network and a ResNet-style network (also written as a PyTorch-style subclass and traced), at
-batch 256 and 512, against the FMA peak of this machine and against the same network, recipe and thread count
-in PyTorch (channels_last) when torch imports; then AdamW steps of a ViT on 32x32 images (batch 64) and of
-GPT-2 blocks on 128-token sequences (batch 16, next-token cross-entropy; "gpt" with nn.MultiheadAttention,
-"mingpt" with minGPT's attention written out: q @ k.transpose(-2, -1), a mask buffer, att @ v) and of an
-nn.Transformer translating 64-token sources into 64-token targets (batch 16; two inputs, PyTorch's masks and
-default dropout), against the same models in PyTorch; and DCGAN iterations on 28x28 images (batch 64; a
-discriminator step, then a generator step, two programs that read each other's modules: "images/s" is generated images per second of iterations).
+"""Images/s of whole training steps (forward, loss, backward, SGD update) on Fashion-MNIST-shaped batches, for the
+demo network and a ResNet-style network (also written as a PyTorch-style subclass and traced), at batch 256 and 512,
+against the FMA peak of this machine and against the same network, recipe and thread count in PyTorch
+(channels_last) when torch imports; then AdamW steps of a ViT on 32x32 images (batch 64) and of GPT-2 blocks on
+128-token sequences (batch 16, next-token cross-entropy; "gpt" with nn.MultiheadAttention, "mingpt" with minGPT's
+attention written out: q @ k.transpose(-2, -1), a mask buffer, att @ v) and of an nn.Transformer translating
+64-token sources into 64-token targets (batch 16; two inputs, PyTorch's masks and default dropout), against the same
+models in PyTorch; and DCGAN iterations on 28x28 images (batch 64; a discriminator step, then a generator step, two
+programs that read each other's modules: "images/s" is generated images per second of iterations).
 
 JSON lines: {"name", "value", "unit"} plus "peak_fraction" (the step's model FLOPs per second, 3x the forward
 FLOPs, over the FMA peak measured in the same run with bench_ops.Limits; the nominal count includes the
