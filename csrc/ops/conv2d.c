@@ -105,6 +105,38 @@ static ft_status forward_desc(dnnl_convolution_desc_t *cd, const conv_mds *m, co
                          "conv2d forward");
 }
 
+/* oneDNN 2.6's jit_1x1 backward-weights kernel of a strided 1x1
+ * convolution (ResNet's downsample shortcut) writes outside its buffers
+ * when the channels are not a multiple of 16 (seen at 8 and 12 channels,
+ * odd batch sizes, 2 threads: heap corruption, then an abort): such a
+ * primitive takes oneDNN's next implementation. */
+static bool shuns_1x1(const conv_key *k) {
+    return k->kind == 'W' && k->wei[2] == 1 && k->wei[3] == 1 && (k->p.stride[0] > 1 || k->p.stride[1] > 1) &&
+           (k->src[1] % 16 != 0 || k->dst[1] % 16 != 0);
+}
+
+static ft_status create_without_1x1(dnnl_primitive_desc_t *pd, const_dnnl_op_desc_t desc,
+                                     const_dnnl_primitive_attr_t attr, dnnl_engine_t engine,
+                                     const_dnnl_primitive_desc_t hint) {
+    dnnl_primitive_desc_iterator_t it;
+    FT_TRY(ft_dnnl_check(dnnl_primitive_desc_iterator_create(&it, desc, attr, engine, hint), "conv2d primitive"));
+    ft_status s = FT_OK;
+    for (*pd = NULL; s == FT_OK && !*pd;) {
+        dnnl_primitive_desc_t candidate = dnnl_primitive_desc_iterator_fetch(it);
+        const char *impl = NULL;
+        s = ft_dnnl_check(dnnl_primitive_desc_query(candidate, dnnl_query_impl_info_str, 0, &impl),
+                          "conv2d primitive");
+        if (s == FT_OK && strncmp(impl, "jit_1x1", 7) != 0)
+            *pd = candidate;
+        else
+            dnnl_primitive_desc_destroy(candidate);
+        if (s == FT_OK && !*pd && dnnl_primitive_desc_iterator_next(it) != dnnl_success)
+            s = ft_fail(FT_ERR_VALUE, "conv2d: no backward-weights kernel for this strided 1x1 convolution");
+    }
+    dnnl_primitive_desc_iterator_destroy(it);
+    return s;
+}
+
 static ft_status build(dnnl_primitive_desc_t *pd, const void *arg) {
     const conv_key *k = arg;
     conv_mds m, ahead;
@@ -149,8 +181,10 @@ static ft_status build(dnnl_primitive_desc_t *pd, const void *arg) {
         int threads = omp_get_max_threads();
         if (k->single_thread)
             omp_set_num_threads(1);
-        s = ft_dnnl_check(dnnl_primitive_desc_create(pd, k->kind == 'F' ? &fwd : &cd, attr, engine, hint),
-                          "conv2d primitive");
+        s = shuns_1x1(k) ? create_without_1x1(pd, &cd, attr, engine, hint)
+                         : ft_dnnl_check(dnnl_primitive_desc_create(pd, k->kind == 'F' ? &fwd : &cd, attr, engine,
+                                                                    hint),
+                                         "conv2d primitive");
         if (k->single_thread)
             omp_set_num_threads(threads);
     }
