@@ -342,3 +342,33 @@ def test_a_finite_loss_with_non_finite_gradients_changes_nothing():
     skipping.train_step(x, y)
     assert skipping.skipped_steps == 1 and state_bits(skipping.model) == before
 
+
+
+def test_a_program_running_in_one_thread_refuses_calls_from_another():
+    """While ft.fit runs the program in one thread (held here in a step callback), predict, evaluate and
+    train_step from another thread raise instead of sharing its buffers (each returned the other's results);
+    the fit's own callback may still predict, and afterwards every call works."""
+    import threading
+    program = compile_resnet(make_resnet(seed=3))
+    x, y = batch(8, seed=4)
+    inside, release, seen = threading.Event(), threading.Event(), []
+
+    def hold(step, metrics):
+        seen.append(program.predict(x).shape)  # the fit's own thread: allowed
+        inside.set()
+        release.wait(30)
+
+    fitting = threading.Thread(target=ft.fit, args=(program, (np.concatenate([x, x]), np.concatenate([y, y])), 1),
+                               kwargs=dict(step_callbacks=[hold], every_n_steps=2, progress=False, batch_size=8))
+    fitting.start()
+    try:
+        assert inside.wait(30)
+        for call in (lambda: program.predict(x), lambda: program.evaluate(x, y), lambda: program.train_step(x, y)):
+            with pytest.raises(RuntimeError, match="running a call in another thread"):
+                call()
+    finally:
+        release.set()
+        fitting.join(30)
+    assert seen == [(8, CLASSES)] and program.step_count == 2
+    before = program.evaluate(x, y)
+    assert program.evaluate(x, y) == before and program.predict(x).shape == (8, CLASSES)

@@ -44,6 +44,8 @@ typedef struct {
     ft_reducer *reducer; /* a distributed CPU program's: its gradients summed in buckets during the backward */
     double last_grad_norm;   /* of the last step (NaN before the first) */
     loss_scaler scaler;
+    bool busy;           /* a call runs (see claim); read and written with the GIL only */
+    unsigned long owner; /* the thread of that call */
 } program_object;
 
 /* ---- parsing a node dict ---- */
@@ -661,7 +663,7 @@ static int parse_step_options(PyObject *max_norm, const char *policy, step_optio
     return 0;
 }
 
-static PyObject *program_train_step(PyObject *self, PyObject *args, PyObject *kwargs) {
+static PyObject *run_train_step(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"x", "y", "optimizer", "clip_grad_norm", "nan_policy", NULL};
     PyObject *xo, *yo, *opt_obj, *max_norm = Py_None;
     const char *policy = "raise";
@@ -691,7 +693,7 @@ static PyObject *program_train_step(PyObject *self, PyObject *args, PyObject *kw
 /* backward(x, y, accumulate=False) -> loss: the gradients into the flat
  * buffer (each parameter's .grad), written or added to, without an
  * optimizer update. */
-static PyObject *program_backward(PyObject *self, PyObject *args) {
+static PyObject *run_backward(PyObject *self, PyObject *args) {
     PyObject *xo, *yo;
     ft_tensor x[FT_PROGRAM_MAX_INPUTS], *y;
     int accumulate = 0;
@@ -746,7 +748,7 @@ static PyObject *program_get_gradient_buckets(PyObject *self, void *closure) {
     return Py_BuildValue("(iid)", ft_reducer_num_buckets(r), ft_reducer_started_early(r), ft_reducer_wait_seconds(r));
 }
 
-static PyObject *program_forward(PyObject *self, PyObject *xo) {
+static PyObject *run_forward(PyObject *self, PyObject *xo) {
     ft_module_state *st = ft_py_state_of_type(Py_TYPE(self));
     ft_tensor x[FT_PROGRAM_MAX_INPUTS];
     if (unwrap_x(self, xo, x) < 0)
@@ -769,7 +771,7 @@ static PyObject *program_forward(PyObject *self, PyObject *xo) {
     return ft_py_wrap(st, &out);
 }
 
-static PyObject *program_evaluate(PyObject *self, PyObject *args) {
+static PyObject *run_evaluate(PyObject *self, PyObject *args) {
     PyObject *xo, *yo;
     int tta = 0;
     ft_tensor x[FT_PROGRAM_MAX_INPUTS], *y;
@@ -884,7 +886,7 @@ static void note_progress(int64_t steps, int64_t skipped) {
  * hyperparameters at step k (the learning rate and whatever else a scheduler moves, such as OneCycleLR's momentum
  * or betas), as the tuples of Optimizer._group_tuple. `correct` counts the training-mode predictions equal to their
  * labels (0 unless the program classifies). */
-static PyObject *program_fit_epoch(PyObject *self, PyObject *args, PyObject *kwargs) {
+static PyObject *run_fit_epoch(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"loader", "optimizer", "schedule", "callback", "interval", "clip_grad_norm",
                              "nan_policy", "step_callback", "every", "first_step", NULL};
     PyObject *loader_obj, *opt_obj, *schedule_obj = Py_None, *callback = Py_None, *max_norm = Py_None;
@@ -991,7 +993,7 @@ static PyObject *program_fit_epoch(PyObject *self, PyObject *args, PyObject *kwa
 }
 
 /* eval_epoch(loader, tta_flip=False) -> (loss_sum, correct, count), in eval mode, in C. */
-static PyObject *program_eval_epoch(PyObject *self, PyObject *args) {
+static PyObject *run_eval_epoch(PyObject *self, PyObject *args) {
     PyObject *loader_obj;
     int tta = 0;
     if (!PyArg_ParseTuple(args, "O|p:eval_epoch", &loader_obj, &tta) || loader_fits(self) < 0)
@@ -1092,6 +1094,62 @@ static PyObject *program_recomputed(PyObject *self, PyObject *unused) { return p
 static PyObject *program_node_dtypes(PyObject *self, PyObject *unused) { return per_node(self, node_dtype); }
 
 static PyObject *program_profile(PyObject *self, PyObject *unused) { return per_node(self, node_seconds); }
+
+/* Claims the program for a call that runs without the GIL: a call from
+ * another thread meanwhile would share its arenas and batch buffers (each
+ * returning the other's results), so it is refused. A callback of the call,
+ * on its own thread between steps, may still call it (a step callback that
+ * predicts). 1: claimed, 0: already this thread's, -1: refused. */
+static int claim(PyObject *self) {
+    program_object *po = (program_object *)self;
+    unsigned long me = PyThread_get_thread_ident();
+    if (po->busy && po->owner != me) {
+        PyErr_SetString(PyExc_RuntimeError, "the program is running a call in another thread (train_step, predict, "
+                                            "evaluate and fit share its memory): call it from one thread at a "
+                                            "time, or compile a program for each thread");
+        return -1;
+    }
+    if (po->busy)
+        return 0;
+    po->busy = true, po->owner = me;
+    return 1;
+}
+
+static PyObject *claimed(PyObject *self, int claim_result, PyObject *result) {
+    if (claim_result == 1)
+        ((program_object *)self)->busy = false;
+    return result;
+}
+
+static PyObject *program_train_step(PyObject *self, PyObject *args, PyObject *kwargs) {
+    int c = claim(self);
+    return c < 0 ? NULL : claimed(self, c, run_train_step(self, args, kwargs));
+}
+
+static PyObject *program_backward(PyObject *self, PyObject *args) {
+    int c = claim(self);
+    return c < 0 ? NULL : claimed(self, c, run_backward(self, args));
+}
+
+static PyObject *program_forward(PyObject *self, PyObject *xo) {
+    int c = claim(self);
+    return c < 0 ? NULL : claimed(self, c, run_forward(self, xo));
+}
+
+static PyObject *program_evaluate(PyObject *self, PyObject *args) {
+    int c = claim(self);
+    return c < 0 ? NULL : claimed(self, c, run_evaluate(self, args));
+}
+
+static PyObject *program_fit_epoch(PyObject *self, PyObject *args, PyObject *kwargs) {
+    int c = claim(self);
+    return c < 0 ? NULL : claimed(self, c, run_fit_epoch(self, args, kwargs));
+}
+
+static PyObject *program_eval_epoch(PyObject *self, PyObject *args) {
+    int c = claim(self);
+    return c < 0 ? NULL : claimed(self, c, run_eval_epoch(self, args));
+}
 
 static PyMethodDef program_methods[] = {
     {"profile", program_profile, METH_NOARGS, "[(forward seconds, backward seconds)] per node since creation"},
