@@ -696,3 +696,25 @@ def test_functional_takes_expanded_inputs():
     out = F.scaled_dot_product_attention(q, k, v)
     assert out.shape == (3, 2, 5, 8) and out.is_contiguous()
     assert bits(out) == bits(F.scaled_dot_product_attention(q.contiguous(), k.contiguous(), v.contiguous()))
+
+
+@pytest.mark.parametrize("start", [0, 1, 7])
+def test_gradients_into_the_columns_of_one_packed_buffer_wherever_its_rows_start(start):
+    """dq, dk and dv written into the q, k, v columns of one (N, T, 3E) buffer (a packed projection's
+    gradient), its rows starting anywhere in memory: the same values as separate buffers; columns that do meet
+    are refused."""
+    N, H, T, D = 2, 3, 5, 6
+    E = H * D
+    q, k, v, dout = (t(a) for a in inputs(N, H, T, T, D, seed=3))
+    out, lse = ft.ops.sdpa_forward(None, None, q, k, v, causal=True)
+    want = ft.ops.sdpa_backward(None, None, None, dout, q, k, v, out, lse, causal=True)
+    flat = ft.zeros(start + N * T * 3 * E)
+
+    def part(column):
+        return flat.as_strided((N, H, T, D), (T * 3 * E, D, 3 * E, 1), start + column)
+
+    got = ft.ops.sdpa_backward(part(0), part(E), part(2 * E), dout, q, k, v, out, lse, causal=True)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(n(g), n(w))
+    with pytest.raises(ValueError, match="partly overlaps"):
+        ft.ops.sdpa_backward(part(0), part(D // 2), part(2 * E), dout, q, k, v, out, lse, causal=True)

@@ -150,8 +150,8 @@ static int merged_layout(const ft_tensor *t, int64_t *shape, int64_t *strides) {
 
 /* Whether a and b are disjoint column ranges of the same rows: the same
  * layout of rows of R elements (every stride a multiple of R but the unit
- * stride of the columns) at columns (offsets mod R) that do not meet (the
- * q, k and v of one packed (T, 3E) projection). */
+ * stride of the columns) whose D columns do not meet modulo R (the q, k and
+ * v of one packed (T, 3E) projection, wherever the rows start). */
 static bool columns_apart(const ft_tensor *a, const ft_tensor *b) {
     int64_t sa[FT_MAX_DIMS], ta[FT_MAX_DIMS], sb[FT_MAX_DIMS], tb[FT_MAX_DIMS];
     int64_t item = (int64_t)ft_dtype_get(a->dtype)->itemsize;
@@ -164,8 +164,8 @@ static bool columns_apart(const ft_tensor *a, const ft_tensor *b) {
     for (int k = 0; k < n; k++)
         if (sa[k] != sb[k] || ta[k] != tb[k] || ta[k] < 0 || (k < n - 1 && ta[k] % R))
             return false;
-    int64_t ca = a->offset / item % R, cb = b->offset / item % R;
-    return ca + D <= R && cb + D <= R && (ca + D <= cb || cb + D <= ca);
+    int64_t d = ((b->offset - a->offset) / item % R + R) % R; /* b's first column, counted from a's */
+    return d >= D && R - d >= D;
 }
 
 ft_status ft_check_alias(const char *op, const char *out_arg, const ft_tensor *out, const char *inp_arg,
