@@ -297,3 +297,22 @@ def test_a_loss_module_whose_forward_takes_the_output_alone_reads_no_targets():
                             target_shape=(4,))
     out = X @ model.weight.numpy().T + model.bias.numpy()
     np.testing.assert_allclose(program.train_step(X, out + 1), 4.0, rtol=1e-5)
+
+
+def test_fit_with_validation_leaves_the_modes_compile_found():
+    """fit evaluates in eval mode, then puts back the training modes (a batch norm frozen in eval mode stays so):
+    a train_step after fit runs as fit's steps did; the message of a mode changed since names the module."""
+    ft.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 6), nn.BatchNorm1d(6),
+                          nn.Linear(6, 3))
+    model[1].eval()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=8,
+                            input_shape=(4,))
+    x = np.random.default_rng(2).standard_normal((32, 4)).astype(np.float32)
+    y = np.arange(32) % 3
+    ft.fit(program, (x, y), 1, val_loader=(x, y), progress=False)
+    assert model.training and model[4].training and not model[1].training
+    program.train_step(x[:8], y[:8])
+    model.train()
+    with pytest.raises(ValueError, match="BatchNorm1d '1' is in training mode, but was in eval mode at compile"):
+        program.train_step(x[:8], y[:8])

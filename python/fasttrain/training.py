@@ -412,6 +412,7 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
         if val_loader is not None:
             program.model.eval()
             metrics["val_loss"], metrics["val_accuracy"] = evaluate(program, val_loader, tta_flip)
+            program._train_modes()  # as compile found them: a train_step after fit runs as fit's steps did
         if plateau is not None and (not stopped or (kept and loader._position()[1] >= len(loader))):
             watched = ("val_" if val_loader is not None else "train_") + ("loss" if plateau.mode == "min" else
                                                                           "accuracy")

@@ -744,9 +744,10 @@ class Program:
         for m, fixed in self._modal.values():
             if m.training != fixed["training"]:
                 now, then = ("training", "eval") if m.training else ("eval", "training")
-                raise ValueError(f"{type(m).__name__} is in {now} mode, but was in {then} mode at compile, which the "
-                                 f"compiled training step keeps; call .{'train' if fixed['training'] else 'eval'}() "
-                                 "on it again, or compile again")
+                name = next((n for n, o in self.model.named_modules() if o is m and n), None)
+                raise ValueError(f"{type(m).__name__}{f' {name!r}' if name else ''} is in {now} mode, but was in "
+                                 f"{then} mode at compile, which the compiled training step keeps; call "
+                                 f".{'train' if fixed['training'] else 'eval'}() on it again, or compile again")
             for k, v in fixed.items():
                 if getattr(m, k) != v:
                     raise ValueError(f"{type(m).__name__}.{k} changed from {v} to {getattr(m, k)} after compile, "
