@@ -3,6 +3,9 @@ NumPy reference of the same training (a linear softmax classifier, SGD with clip
 each reported loss, lr and pre-clipping gradient norm, the per-epoch training accuracy of the steps' own
 forwards, and the weights. The C epoch (a fasttrain Loader) and a Python iterable of the same batches report
 the same; a callback returning True stops training, and the next fit goes on from that step exactly."""
+import functools
+import math
+
 import numpy as np
 import pytest
 
@@ -10,6 +13,7 @@ import fasttrain as ft
 from _programref import state_bits
 
 nn = ft.nn
+fit = functools.partial(ft.fit, scheduler_interval="step")  # the schedules here are of steps
 N, F, C, B, LR, MAX_NORM = 60, 4, 3, 10, 0.5, 0.3
 rng = np.random.default_rng(7)
 X = rng.standard_normal((N, F)).astype(np.float32)
@@ -74,12 +78,12 @@ def test_step_callbacks_accuracy_and_gradient_norm_match_numpy(feed):
         seen.append((step, metrics["epoch"], metrics["loss"], metrics["lr"], metrics["grad_norm"]))
 
     if feed == "c_loader":
-        history = ft.fit(program, loader, 2, scheduler=sched, step_callbacks=[record], every_n_steps=4,
+        history = fit(program, loader, 2, scheduler=sched, step_callbacks=[record], every_n_steps=4,
                          progress=False)
     else:
         history = {"train_accuracy": []}
         for epoch in range(2):
-            h = ft.fit(program, epoch_batches(epoch), 1, scheduler=sched, step_callbacks=[record], every_n_steps=4,
+            h = fit(program, epoch_batches(epoch), 1, scheduler=sched, step_callbacks=[record], every_n_steps=4,
                        progress=False)
             history["train_accuracy"] += h["train_accuracy"]
     second = 2 if feed == "c_loader" else 1  # a plain iterable's epochs are counted within each fit call
@@ -101,7 +105,7 @@ def test_c_and_python_feeds_report_the_same():
         model, program, sched, loader = setup()
         seen = []
         data = loader if feed == "c_loader" else epoch_batches(0)
-        h = ft.fit(program, data, 1, scheduler=sched, step_callbacks=[lambda s, m: seen.append(dict(m))],
+        h = fit(program, data, 1, scheduler=sched, step_callbacks=[lambda s, m: seen.append(dict(m))],
                    progress=False)
         runs.append((seen, h["train_loss"], h["train_accuracy"], state_bits(model)))
     assert len(runs[0][0]) == 6 and runs[0] == runs[1]
@@ -112,29 +116,29 @@ def test_a_callback_stops_training_and_fit_goes_on_from_there():
     epoch: the weights, the scheduler's learning rate and the loader's position are those of an uninterrupted
     fit(2)."""
     model, program, sched, loader = setup(total_iters=11)
-    history = ft.fit(program, loader, 2, scheduler=sched, step_callbacks=[lambda step, m: step == 8],
+    history = fit(program, loader, 2, scheduler=sched, step_callbacks=[lambda step, m: step == 8],
                      progress=False)
     assert program.step_count == 8 and history["epoch"] == [1, 2]
     assert loader.state_dict()["epoch"] == 1 and loader.state_dict()["batch"] == 2
     assert sched.last_epoch == 8
     assert program.optimizer.param_groups[0]["lr"] == pytest.approx(LR * (0.25 + 0.75 * 8 / 11))
-    history = ft.fit(program, loader, 1, scheduler=sched, progress=False)
+    history = fit(program, loader, 1, scheduler=sched, progress=False)
     assert program.step_count == 12 and history["epoch"] == [2] and loader.epoch == 2
     whole, program_w, sched_w, loader_w = setup(total_iters=11)
-    ft.fit(program_w, loader_w, 2, scheduler=sched_w, progress=False)
+    fit(program_w, loader_w, 2, scheduler=sched_w, progress=False)
     assert state_bits(model) == state_bits(whole)
     assert sched.state_dict() == sched_w.state_dict()
     assert program.optimizer.param_groups[0]["lr"] == program_w.optimizer.param_groups[0]["lr"] == pytest.approx(LR)
     # A Python iterable stops as well, after the callback's step.
     model, program, sched, _ = setup()
-    ft.fit(program, epoch_batches(0), 1, step_callbacks=[lambda step, m: True], every_n_steps=2, progress=False)
+    fit(program, epoch_batches(0), 1, step_callbacks=[lambda step, m: True], every_n_steps=2, progress=False)
     assert program.step_count == 2
 
 
 def uninterrupted():
     """(model, program, scheduler) of setup(total_iters=11) after fit(2) without a stop."""
     model, program, sched, loader = setup(total_iters=11)
-    ft.fit(program, loader, 2, scheduler=sched, progress=False)
+    fit(program, loader, 2, scheduler=sched, progress=False)
     return model, program, sched
 
 
@@ -148,10 +152,10 @@ def test_an_exception_in_the_epoch_keeps_count_and_fit_goes_on_from_there(exc):
             raise exc("stop here")
     model, program, sched, loader = setup(total_iters=11)
     with pytest.raises(exc, match="stop here"):
-        ft.fit(program, loader, 2, scheduler=sched, step_callbacks=[boom], progress=False)
+        fit(program, loader, 2, scheduler=sched, step_callbacks=[boom], progress=False)
     assert program.step_count == 8 and sched.last_epoch == 8
     assert loader.state_dict()["epoch"] == 1 and loader.state_dict()["batch"] == 2
-    ft.fit(program, loader, 1, scheduler=sched, progress=False)
+    fit(program, loader, 1, scheduler=sched, progress=False)
     whole, _, sched_w = uninterrupted()
     assert program.step_count == 12 and state_bits(model) == state_bits(whole)
     assert sched.state_dict() == sched_w.state_dict()
@@ -167,11 +171,11 @@ def test_a_stop_at_an_epochs_last_step_steps_an_epoch_scheduler():
                                 input_shape=(F,))
         sched = ft.optim.lr_scheduler.StepLR(program.optimizer, 1, 0.5)
         loader = ft.data.Loader((X, Y), B, shuffle=True, seed=9, num_workers=1)
-        ft.fit(program, loader, 3, scheduler=sched, scheduler_interval="epoch", progress=False,
+        fit(program, loader, 3, scheduler=sched, scheduler_interval="epoch", progress=False,
                step_callbacks=[lambda step, m: stop and step == 6])
         if stop:
             assert program.step_count == 6 and program.optimizer.param_groups[0]["lr"] == LR / 2
-            ft.fit(program, loader, 2, scheduler=sched, scheduler_interval="epoch", progress=False)
+            fit(program, loader, 2, scheduler=sched, scheduler_interval="epoch", progress=False)
         return model, program
     (model, program), (whole, program_w) = run(True), run(False)
     assert program.step_count == 18 and state_bits(model) == state_bits(whole)
@@ -180,10 +184,10 @@ def test_a_stop_at_an_epochs_last_step_steps_an_epoch_scheduler():
 
 def test_evaluating_on_the_training_loader_keeps_fits_position():
     model, program, sched, loader = setup(total_iters=11)
-    ft.fit(program, loader, 2, scheduler=sched, step_callbacks=[lambda step, m: step == 8], progress=False)
+    fit(program, loader, 2, scheduler=sched, step_callbacks=[lambda step, m: step == 8], progress=False)
     ft.evaluate(program, loader)  # the whole split, then back to where fit stopped
     assert loader.state_dict()["epoch"] == 1 and loader.state_dict()["batch"] == 2
-    ft.fit(program, loader, 1, scheduler=sched, progress=False)
+    fit(program, loader, 1, scheduler=sched, progress=False)
     assert program.step_count == 12 and state_bits(model) == state_bits(uninterrupted()[0])
 
 
@@ -191,7 +195,7 @@ def test_gradient_norm_of_every_step():
     # every step computes it (it refuses a non-finite one), with or without clipping
     model, program, _, loader = setup(clip=None)
     seen = []
-    ft.fit(program, loader, 1, step_callbacks=[lambda s, m: seen.append(m["grad_norm"])], progress=False)
+    fit(program, loader, 1, step_callbacks=[lambda s, m: seen.append(m["grad_norm"])], progress=False)
     assert len(seen) == 6 and all(isinstance(v, float) and v > 0 for v in seen)
     assert program.last_grad_norm == seen[-1]
     ft.manual_seed(3)
@@ -207,7 +211,7 @@ def test_train_accuracy_is_none_for_regression():
     model = nn.Linear(F, 1)
     program = model.compile(ft.optim.SGD(model.parameters(), lr=0.01), nn.MSELoss(), batch_size=B,
                             input_shape=(F,))
-    history = ft.fit(program, (X, Y.astype(np.float32)), 1, progress=False)
+    history = fit(program, (X, Y.astype(np.float32)), 1, progress=False)
     assert history["train_accuracy"] == [None]
 
 
@@ -262,7 +266,7 @@ def test_a_step_callback_sees_the_optimizer_and_scheduler_as_a_python_loop_leave
             seen.append((step, program.optimizer.param_groups[0]["lr"], sched.last_epoch, sched.get_last_lr()))
 
         for epoch in range(2):
-            ft.fit(program, loader if feed == "c_loader" else epoch_batches(epoch), 1, scheduler=sched,
+            fit(program, loader if feed == "c_loader" else epoch_batches(epoch), 1, scheduler=sched,
                    step_callbacks=[record], progress=False)
         runs.append(seen)
     assert runs[0] == runs[1]
@@ -283,7 +287,7 @@ def test_an_lr_set_in_a_step_callback_applies_from_the_next_step(scheduled):
             if step == 3:
                 program.optimizer.param_groups[0]["lr"] = 0.01
 
-        history = ft.fit(program, loader if feed == "c_loader" else epoch_batches(0), 1, scheduler=sched,
+        history = fit(program, loader if feed == "c_loader" else epoch_batches(0), 1, scheduler=sched,
                          step_callbacks=[slow_down], progress=False)
         states.append((state_bits(model), program.optimizer.param_groups[0]["lr"], history["train_loss"]))
     assert states[0] == states[1]
@@ -300,10 +304,27 @@ def test_a_checkpoint_saved_in_a_step_callback_resumes_at_that_step(tmp_path):
         if step == 8:
             ft.save(path, program, scheduler=sched, loader=loader)
 
-    ft.fit(program, loader, 2, scheduler=sched, step_callbacks=[save], progress=False)
+    fit(program, loader, 2, scheduler=sched, step_callbacks=[save], progress=False)
     resumed, program_r, sched_r, loader_r = setup(total_iters=11)
     ft.load(path, program_r, scheduler=sched_r, loader=loader_r)
     assert program_r.step_count == 8 and loader_r.state_dict()["batch"] == 2
-    ft.fit(program_r, loader_r, 1, scheduler=sched_r, progress=False)
+    fit(program_r, loader_r, 1, scheduler=sched_r, progress=False)
     assert state_bits(resumed) == state_bits(model)
     assert sched_r.state_dict() == sched.state_dict() and loader_r.epoch == loader.epoch == 2
+
+
+def test_schedulers_step_by_default_as_pytorchs_documentation_steps_them():
+    """CosineAnnealingLR(T_max=epochs) given to fit is stepped after each epoch (it finished its cosine within
+    the first batches when stepped per batch), OneCycleLR(total_steps=epochs * batches) after each batch."""
+    ft.manual_seed(3)
+    model = nn.Linear(F, C)
+    opt = ft.optim.SGD(model.parameters(), lr=LR)
+    program = model.compile(opt, nn.CrossEntropyLoss(), batch_size=B, input_shape=(F,))
+    cosine = ft.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=4)
+    history = ft.fit(program, (X, Y), 4, scheduler=cosine, progress=False)
+    assert history["lr"] == pytest.approx([LR * (1 + math.cos(math.pi * e / 4)) / 2 for e in range(4)])
+    one_cycle = ft.optim.lr_scheduler.OneCycleLR(opt, max_lr=LR, total_steps=2 * N // B)
+    seen = []
+    ft.fit(program, (X, Y), 2, scheduler=one_cycle, step_callbacks=[lambda s, m: seen.append(m["lr"])],
+           progress=False)
+    assert len(set(seen)) == len(seen) == 2 * N // B and one_cycle.last_epoch == 2 * N // B

@@ -162,7 +162,7 @@ def test_fit_with_c_loader_equals_python_steps_with_the_schedule():
     a = net()
     opt = ft.optim.SGD(a.parameters(), lr=0.1, momentum=0.9)
     sched = ft.optim.lr_scheduler.LinearLR(opt, start_factor=0.25, total_iters=5)
-    history = ft.fit(comp(a, opt), loader(), 3, scheduler=sched, progress=False)
+    history = ft.fit(comp(a, opt), loader(), 3, scheduler=sched, scheduler_interval="step", progress=False)
     b = net()
     opt_b = ft.optim.SGD(b.parameters(), lr=0.1, momentum=0.9)
     pb = comp(b, opt_b)

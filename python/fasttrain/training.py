@@ -257,7 +257,7 @@ def _steps_in_c(program, loader, scheduler, bar, start, on_step, every, done):
 
 
 def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader: Iterable[Any] | None = None,
-        scheduler: LRScheduler | ReduceLROnPlateau | None = None, scheduler_interval: str = "step",
+        scheduler: LRScheduler | ReduceLROnPlateau | None = None, scheduler_interval: str | None = None,
         tta_flip: bool = False, progress: bool = True,
         callbacks: Sequence[Callable[[int, Mapping[str, Any]], Any]] = (), stream: TextIO | None = None,
         batch_size: int | None = None,
@@ -276,7 +276,10 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
     in a Jupyter notebook with ipywidgets the bar on the notebook's own output is a widget that becomes that line.
     Under ft.distributed only rank 0 shows it.
 
-    scheduler: an ft.optim.lr_scheduler stepped after every batch ("step") or every epoch ("epoch"); a
+    scheduler: an ft.optim.lr_scheduler stepped after every batch (scheduler_interval="step") or every epoch
+    ("epoch"); by default as PyTorch's documentation steps each: OneCycleLR and CyclicLR (whose lengths count
+    batches) after every batch, the others (StepLR, CosineAnnealingLR(T_max=epochs), ...) after every epoch, as
+    Lightning's default interval; a per-step warmup (a LambdaLR of the step) needs scheduler_interval="step". A
     ReduceLROnPlateau is stepped after every epoch with the metric it watches, as Lightning's monitor="val_loss":
     in mode "min" the epoch's val_loss (train_loss without val_loader), in mode "max" its val_accuracy
     (train_accuracy).
@@ -296,15 +299,17 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
     done, or the position ft.load restored, whose epoch is finished first. So fit(1) twice is fit(2), and a
     resumed run equals an uninterrupted one; after a step callback stopped training, the next fit goes on from
     the step where it stopped."""
+    from .optim.lr_scheduler import CyclicLR, OneCycleLR, ReduceLROnPlateau
+    if scheduler_interval is None:
+        scheduler_interval = "step" if isinstance(scheduler, (OneCycleLR, CyclicLR)) else "epoch"
     if scheduler_interval not in ("step", "epoch"):
-        raise ValueError("scheduler_interval must be 'step' or 'epoch'")
+        raise ValueError("scheduler_interval must be 'step', 'epoch' or None (the scheduler's own)")
     if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:
         raise ValueError(f"every_n_steps must be a positive int, got {every_n_steps!r}")
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
         raise ValueError(f"epochs must be an int >= 0, got {epochs!r}")
     if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
         raise ValueError(f"batch_size must be a positive int (or None for the program's), got {batch_size!r}")
-    from .optim.lr_scheduler import ReduceLROnPlateau
     if scheduler is not None and getattr(scheduler, "optimizer", None) is not program.optimizer:
         raise ValueError(f"fit: the scheduler ({type(scheduler).__name__}) is not one of the program's optimizer, "
                          "whose learning rate it would not set")
