@@ -843,3 +843,15 @@ def test_views_merging_the_batch_elsewhere_are_refused_with_the_line():
     with pytest.raises(ft.nn.TracingError, match=r"merge the batch with the sizes that multiply to it"):
         LM().compile(ft.optim.SGD(LM().parameters(), lr=0.1), bad, batch_size=8, input_shape=(T,),
                      input_dtype=ft.int64, target_shape=(T,), target_dtype=ft.int64)
+
+
+def test_labels_computed_from_the_targets_are_refused_with_the_way_out():
+    """Hugging Face's shifted loss slices the labels inside it; a class loss reads them as given: the refusal
+    names the line and says to shift them in the data."""
+    def shifted(out, y):
+        return F.cross_entropy(out[:, :-1].reshape(-1, V), y[:, 1:].reshape(-1))
+
+    with pytest.raises(ft.nn.TracingError, match=r"class labels computed from the targets .* \(at .*test_losses.py"
+                       r".*shift or pick them in the data"):
+        LM().compile(ft.optim.SGD(LM().parameters(), lr=0.1), shifted, batch_size=8, input_shape=(T,),
+                     input_dtype=ft.int64, target_shape=(T,), target_dtype=ft.int64)

@@ -143,3 +143,32 @@ def test_eye_and_dirac_initialise_identities():
     np.testing.assert_allclose(out, np.concatenate([x, x], 1), rtol=1e-6, atol=1e-6)
     with pytest.raises(ValueError, match="eye_: only 2-d"):
         nn.init.eye_(ft.empty(3))
+
+
+def test_non_persistent_buffers_stay_out_of_state_dict_and_checkpoints(tmp_path):
+    """register_buffer(persistent=False) as PyTorch's: moved and read like any buffer, not saved; load_state_dict
+    returns (missing_keys, unexpected_keys)."""
+    class Masked(ft.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = ft.nn.Linear(3, 3)
+            self.register_buffer("mask", ft.tril(ft.ones(3, 3)), persistent=False)
+            self.register_buffer("scale", ft.ones(3))
+
+        def forward(self, x):
+            return (self.fc(x) * self.scale) @ self.mask
+
+    model = Masked()
+    assert list(model.state_dict()) == ["scale", "fc.weight", "fc.bias"]
+    assert [n for n, _ in model.named_buffers()] == ["mask", "scale"]
+    path = str(tmp_path / "masked.safetensors")
+    ft.save(path, model)
+    assert "mask" not in ft.load(path)[0]
+    again = Masked()
+    again.mask.fill_(0.5)
+    ft.load(path, again)  # strict: the file has every persistent tensor
+    assert np.array_equal(again.fc.weight.numpy(), model.fc.weight.numpy()) and again.mask.numpy()[0, 0] == 0.5
+    result = again.load_state_dict({"fc.weight": np.zeros((3, 3), np.float32), "extra": np.zeros(1)}, strict=False)
+    assert result.missing_keys == ["scale", "fc.bias"] and result.unexpected_keys == ["extra"]
+    missing, unexpected = result
+    assert missing == result.missing_keys

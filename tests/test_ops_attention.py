@@ -428,7 +428,7 @@ def test_attention_dropout_fixed_at_compile_is_kept_and_changes_refused():
         program.train_step(x, y)
     attn.dropout = 0.1
     attn.eval()
-    with pytest.raises(ValueError, match=r"MultiheadAttention is in eval mode, but was in training mode"):
+    with pytest.raises(ValueError, match=r"MultiheadAttention '1.self_attn' is in eval mode, but was in training mode"):
         program.train_step(x, y)
     attn.train()
     program.train_step(x, y)

@@ -180,7 +180,7 @@ def test_layers_put_in_eval_mode_stay_frozen_in_the_training_step():
     ft.fit(program, (x, y), epochs=1, progress=False)
     assert m.training and not m[1].training and not m[3].training
     m[1].train()
-    with pytest.raises(ValueError, match=r"BatchNorm2d is in training mode, but was in eval mode at compile"):
+    with pytest.raises(ValueError, match=r"BatchNorm2d '[0-9.]*' is in training mode, but was in eval mode at compile"):
         program.train_step(x, y)
 
 
@@ -198,7 +198,7 @@ def test_what_compile_fixed_changing_afterwards_is_refused_not_ignored():
     np.testing.assert_array_equal(m[0].weight.numpy(), before)
     m[0].requires_grad_(True)
     m[1].eval()
-    with pytest.raises(ValueError, match=r"^BatchNorm2d is in eval mode, but was in training mode at compile"):
+    with pytest.raises(ValueError, match=r"^BatchNorm2d '[0-9.]*' is in eval mode, but was in training mode at compile"):
         program.train_step(x, y)
     m.train()
     program.train_step(x, y)
@@ -293,3 +293,25 @@ def test_values_viewed_as_maps_are_laid_out_as_the_convolutions_read_them():
         np.testing.assert_allclose(grads[name], g, rtol=1e-5, atol=1e-6, err_msg=name)
     ft.manual_seed(3)
     ft.testing.gradcheck(Decoder(), x, y)
+
+
+@pytest.mark.parametrize("frozen", [False, True])
+def test_a_batch_norm_without_running_statistics_normalizes_by_the_batch_in_eval_mode_too(frozen):
+    """BatchNorm2d(track_running_stats=False), as PyTorch: the batch's statistics in predict and evaluate, and in
+    a step whether the layer is in training or eval mode (its gradient through them, against finite
+    differences)."""
+    from fasttrain.testing import gradcheck
+    ft.manual_seed(5)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, bias=False), nn.BatchNorm2d(4, track_running_stats=False),
+                          nn.Flatten(), nn.Linear(4 * 4 * 4, 3))
+    if frozen:
+        model[1].eval()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=4,
+                            input_shape=(3, 6, 6), memory_format="contiguous")
+    x = np.random.default_rng(6).standard_normal((4, 3, 6, 6)).astype(np.float32)
+    h = model[0](ft.tensor(x)).numpy().astype(np.float64)
+    norm = (h - h.mean((0, 2, 3), keepdims=True)) / np.sqrt(h.var((0, 2, 3), keepdims=True) + 1e-5)
+    norm = norm * model[1].weight.numpy()[:, None, None] + model[1].bias.numpy()[:, None, None]
+    want = norm.reshape(4, -1) @ model[3].weight.numpy().T + model[3].bias.numpy()
+    np.testing.assert_allclose(program.predict(x).numpy(), want, rtol=1e-4, atol=1e-5)
+    assert gradcheck(program, x, np.arange(4) % 3)

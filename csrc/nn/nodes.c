@@ -308,12 +308,18 @@ static ft_status count_batch(const ft_tensor *counter) {
     return FT_OK;
 }
 
+/* Whether a batch norm normalizes by the batch's statistics: in a training run unless in eval mode at compile,
+ * and always without running statistics (track_running_stats=False), in eval mode too, as PyTorch. */
+static bool batch_statistics(const ft_node *nd, bool training) {
+    return !nd->running_mean.storage || (training && nd->bn.training);
+}
+
 static ft_status batchnorm_forward(const ft_node_run *r) {
     const ft_node *nd = r->nd;
     int64_t C = nd->shape[0];
     ft_tensor mean = aux_vector(r, 0, C), invstd = aux_vector(r, C, C);
     ft_batchnorm_params bn = nd->bn;
-    bn.training = r->training && nd->bn.training;
+    bn.training = batch_statistics(nd, r->training);
     bn.act = nd->act;
     /* a replay takes the batch statistics again (the same input gives the same ones) and updates nothing */
     bool update = bn.training && !r->replay;
@@ -330,6 +336,7 @@ static ft_status batchnorm_backward(const ft_node_run *r) {
     int64_t C = nd->shape[0];
     ft_tensor mean = aux_vector(r, 0, C), invstd = aux_vector(r, C, C);
     ft_batchnorm_params bn = nd->bn;
+    bn.training = batch_statistics(nd, true);
     bn.act = nd->act;
     /* InPlace-ABN's input may be gone: the program frees it after the forward */
     return ft_batchnorm_backward(r->din[0], r->dweight, r->dbias, &r->dout, bn.inplace_abn ? NULL : &r->in[0],

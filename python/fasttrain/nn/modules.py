@@ -6,7 +6,7 @@ import copy
 import math
 import re
 import sys
-from collections import OrderedDict
+from collections import OrderedDict, namedtuple
 
 from .. import _C, creation
 from .._C import TensorBase
@@ -35,6 +35,11 @@ class Parameter(Tensor):
 
     def __repr__(self):
         return "Parameter containing:\n" + super().__repr__()
+
+
+IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
+IncompatibleKeys.__doc__ = """What load_state_dict(strict=False) left out: the model's names the state lacks, and the state's names the
+model lacks (PyTorch's _IncompatibleKeys, a tuple)."""
 
 
 class Module:
@@ -127,11 +132,13 @@ class Module:
             p.requires_grad = requires_grad
         return self
 
-    def register_buffer(self, name, tensor):
-        """Registers tensor under name as a buffer: state that is saved in state_dict and moved by to(), but not a
-        parameter (BatchNorm's running statistics). None keeps the name for an absent buffer. Unlike PyTorch's there is
-        no persistent argument: every buffer is saved."""
+    def register_buffer(self, name, tensor, persistent=True):
+        """Registers tensor under name as a buffer: state that is moved by to(), but not a parameter (BatchNorm's
+        running statistics). None keeps the name for an absent buffer. As PyTorch's, a persistent buffer is saved
+        in state_dict (and checkpoints); persistent=False keeps it out (a causal mask, a RoPE cache)."""
         self._register(name, tensor, "_buffers")
+        transient = self.__dict__.setdefault("_non_persistent", set())
+        (transient.discard if persistent else transient.add)(name)
 
     # ---- traversal ----
     def named_modules(self, prefix=""):
@@ -247,12 +254,14 @@ class Module:
         return self._convert(_BY_NAME["float32"])
 
     def _state(self):
-        """(name, tensor) of every parameter and buffer in PyTorch's state_dict order: each module's parameters,
-        then its buffers, then its children's; shared ones under each name."""
+        """(name, tensor) of every parameter and persistent buffer in PyTorch's state_dict order: each module's
+        parameters, then its buffers, then its children's; shared ones under each name."""
         out = OrderedDict()
         for prefix, module in self.named_modules():
+            transient = module.__dict__.get("_non_persistent", ())
             for table in (module._parameters, module._buffers):
-                out.update(((f"{prefix}.{k}" if prefix else k), t) for k, t in table.items() if t is not None)
+                out.update(((f"{prefix}.{k}" if prefix else k), t) for k, t in table.items()
+                           if t is not None and (table is module._parameters or k not in transient))
         return out
 
     def state_dict(self):
@@ -260,8 +269,8 @@ class Module:
         return OrderedDict((name, t.cpu().numpy().copy()) for name, t in self._state().items())
 
     def load_state_dict(self, state, strict=True):
-        """Copies arrays (or tensors) into the parameters and buffers; checks every shape first so that a
-        mismatch changes nothing."""
+        """Copies arrays (or tensors) into the parameters and persistent buffers; checks every shape first so that a
+        mismatch changes nothing. Returns (missing_keys, unexpected_keys), as PyTorch's."""
         own = self._state()
         missing = [k for k in own if k not in state]
         unexpected = [k for k in state if k not in own]
@@ -278,7 +287,7 @@ class Module:
             staged.append((t, value))
         for t, value in staged:
             t.copy_(value)
-        return missing, unexpected
+        return IncompatibleKeys(missing, unexpected)
 
     def train(self, mode=True):
         """Sets training mode (mode=True) or evaluation mode (False) on this module and every module below it; returns
@@ -1827,6 +1836,12 @@ class CrossEntropyLoss(_ClassLoss):
         # PyTorch: -sum_c w_c t_c log_softmax(x)_c per position, smoothed first; the mean is over positions
         shape = scores.node.shape
         if t.shape != shape:
+            from .graph import fail, topological
+            if any(isinstance(n.module, Target) and not getattr(n.module.dtype, "is_floating_point", 0)
+                   for n in topological([t])):
+                fail("class labels computed from the targets (a slice y[:, 1:] or y[:, -1], y.clamp(...)) in a "
+                     "class loss", "a class loss reads the labels as given, or viewed (y.view(-1)): shift or pick "
+                     "them in the data (x, y = ids[:, :-1], ids[:, 1:]), and compile with target_shape= theirs")
             raise ValueError(f"CrossEntropyLoss: class probabilities must have the scores' shape {scores.shape}, got "
                              f"{target.shape}")
         C = shape[0]
