@@ -198,7 +198,8 @@ def test_what_compile_fixed_changing_afterwards_is_refused_not_ignored():
     np.testing.assert_array_equal(m[0].weight.numpy(), before)
     m[0].requires_grad_(True)
     m[1].eval()
-    with pytest.raises(ValueError, match=r"^BatchNorm2d '[0-9.]*' is in eval mode, but was in training mode at compile"):
+    with pytest.raises(ValueError, match=r"^BatchNorm2d '[0-9.]*' is in eval mode, but was in training mode at "
+                       r"compile"):
         program.train_step(x, y)
     m.train()
     program.train_step(x, y)

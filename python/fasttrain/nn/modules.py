@@ -38,8 +38,8 @@ class Parameter(Tensor):
 
 
 IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
-IncompatibleKeys.__doc__ = """What load_state_dict(strict=False) left out: the model's names the state lacks, and the state's names the
-model lacks (PyTorch's _IncompatibleKeys, a tuple)."""
+IncompatibleKeys.__doc__ = """What load_state_dict(strict=False) left out: the model's names the state lacks, and
+the state's names the model lacks (PyTorch's _IncompatibleKeys, a tuple)."""
 
 
 class Module:
