@@ -316,3 +316,35 @@ def test_a_batch_norm_without_running_statistics_normalizes_by_the_batch_in_eval
     want = norm.reshape(4, -1) @ model[3].weight.numpy().T + model[3].bias.numpy()
     np.testing.assert_allclose(program.predict(x).numpy(), want, rtol=1e-4, atol=1e-5)
     assert gradcheck(program, x, np.arange(4) % 3)
+
+
+class ConvNeXtBlock(nn.Module):
+    """ConvNeXt's block: a depthwise convolution, then LayerNorm and Linear layers over the channels of
+    x.permute(0, 2, 3, 1)."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.dwconv = nn.Conv2d(dim, dim, 7, padding=3, groups=dim)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.pw1, self.pw2 = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+
+    def forward(self, x):
+        y = self.dwconv(x).permute(0, 2, 3, 1)
+        return x + self.pw2(ft.nn.functional.gelu(self.pw1(self.norm(y)))).permute(0, 3, 1, 2)
+
+
+def test_a_convnext_block_compiles_by_default_and_refuses_channels_last_by_name():
+    """The default memory format is channels_last unless a LayerNorm or Linear reads 3-d samples in their own
+    order: a ConvNeXt block compiles without saying so, with finite-difference gradients, and an explicit
+    channels_last names the layer."""
+    from fasttrain.testing import gradcheck
+    ft.manual_seed(7)
+    model = nn.Sequential(nn.Conv2d(3, 4, 2, 2), ConvNeXtBlock(4), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                          nn.Linear(4, 3))
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=2, input_shape=(3, 8, 8))
+    x = np.random.default_rng(8).standard_normal((2, 3, 8, 8)).astype(np.float32)
+    assert gradcheck(program, x, np.array([0, 2]))
+    with pytest.raises(ValueError, match=r"a LayerNorm over 3-d samples of shape \(4, 4, 4\) .* needs "
+                                         r"memory_format='contiguous'"):
+        model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=2, input_shape=(3, 8, 8),
+                      memory_format="channels_last")

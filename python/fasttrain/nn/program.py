@@ -573,8 +573,9 @@ class Program:
             raise ValueError(f"accumulate_steps must be an int of at least 1, got {accumulate_steps!r}")
         if batch_size % accumulate_steps:
             raise ValueError(f"batch_size {batch_size} must be a multiple of accumulate_steps {accumulate_steps}")
-        if memory_format not in ("channels_last", "contiguous"):
-            raise ValueError("memory_format must be 'channels_last' or 'contiguous'")
+        if memory_format not in (None, "channels_last", "contiguous"):
+            raise ValueError("memory_format must be 'channels_last', 'contiguous' or None (channels_last where the "
+                             "model allows it)")
         self.model, self.optimizer, self.loss = model, optimizer, loss
         self.batch_size, self.accumulate_steps = batch_size, accumulate_steps
         self.clip_grad_norm, self.nan_policy = clip_grad_norm, nan_policy
@@ -593,9 +594,16 @@ class Program:
                        for cls, fixed in _MODAL if isinstance(m, cls)}
         self.entries, self.output = _fused(entries, output)
         segments = _recompute(recompute, model, self.entries)
-        if memory_format == "channels_last" and any(e.kind == LAYERNORM and len(e.shape) == 3 for e in self.entries):
-            raise ValueError("compile: LayerNorm over images needs memory_format='contiguous' (its weight follows "
-                             "the (C, H, W) order)")
+        # A LayerNorm or Linear over the last dimension of 3-d per-sample values (ConvNeXt's x.permute(0, 2, 3, 1))
+        # or a LayerNorm over whole images reads them in their (d0, d1, d2) order, which channels_last moves.
+        last = next((e for e in self.entries if e.kind in (LAYERNORM, LINEAR) and
+                     len((e if e.kind == LAYERNORM else self.entries[e.inputs[0]]).shape) == 3), None)
+        if memory_format is None:
+            memory_format = "contiguous" if last else "channels_last"
+        elif memory_format == "channels_last" and last:
+            raise ValueError(f"compile: a {type(last.module).__name__} over 3-d samples of shape "
+                             f"{tuple(self.entries[last.inputs[0]].shape)} (images, or ConvNeXt's x.permute(0, 2, 3, "
+                             "1)) needs memory_format='contiguous' (compile's default then)")
         own = {id(p) for p in model.parameters()}
         held = [p for g in optimizer.param_groups for p in g["params"]]
         if any(id(p) not in own for p in held):
@@ -618,10 +626,6 @@ class Program:
             raise NotImplementedError("compile: InPlaceABN runs on the CPU so far; on CUDA use BatchNorm2d and "
                                       "LeakyReLU, with recompute= to save their memory")
         self.precision = precision
-        if memory_format == "channels_last" and any(e.kind == LINEAR and len(self.entries[e.inputs[0]].shape) == 3
-                                 for e in self.entries):
-            raise ValueError("compile: Linear over the last dimension of images needs memory_format='contiguous' "
-                             "(or flatten first)")
         self.trainable = {id(p) for p in model.parameters() if p.requires_grad and id(p) not in self._lent}
         # A parameter read only through a detach gets no gradient: as PyTorch leaves its .grad None, the optimizer
         # skips it (no weight decay either).
@@ -991,7 +995,7 @@ def _compute_dtype(precision, device):
     return _BY_NAME[_PRECISIONS[precision]], precision
 
 
-def compile(model, optimizer, loss=None, *, batch_size, input_shape=None, memory_format="channels_last",
+def compile(model, optimizer, loss=None, *, batch_size, input_shape=None, memory_format=None,
             accumulate_steps=1, clip_grad_norm=None, nan_policy="raise", seed=None, target_shape=None,
             target_dtype=None, input_dtype=None, precision="32-true", distributed=False, recompute=None,
             bucket_cap_mb=25, grad_scaler=None):
@@ -1007,6 +1011,11 @@ def compile(model, optimizer, loss=None, *, batch_size, input_shape=None, memory
     (x1, ..., xk, y), and train_step, predict and evaluate take x as the tuple (x1, ..., xk).
 
     seed keys the dropout masks (by default drawn from fasttrain's generator, so ft.manual_seed fixes it).
+
+    memory_format: how images lie between layers: "channels_last" (NHWC, oneDNN's fastest convolutions) or
+    "contiguous" (NCHW); None (the default) is channels_last unless a LayerNorm or Linear reads 3-d samples along
+    their own order (ConvNeXt's LayerNorm after x.permute(0, 2, 3, 1), a LayerNorm over (C, H, W)), which
+    channels_last would move.
 
     precision: "32-true" (float32 throughout) or "bf16-mixed": convolutions and linear layers multiply bfloat16
     copies of the weights and activations with float32 accumulation, activations between layers are stored in
