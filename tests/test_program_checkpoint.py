@@ -392,3 +392,29 @@ def test_resume_with_loader_position(tmp_path):
     got += [pb.train_step(x, y) for x, y in lb]
     assert got == want
     assert state_bits(a) == state_bits(b)
+
+
+@pytest.mark.parametrize("stop", [None, 3])
+def test_a_run_fitted_on_arrays_resumes_from_its_checkpoint(stop, tmp_path):
+    """ft.fit(program, (X, y)) makes a Loader of the arrays; ft.save(program) keeps its position and ft.load
+    gives it to the next fit on arrays: saved after an epoch (or a step callback's stop mid-epoch), loaded into
+    a fresh program, the run ends as an uninterrupted fit(2)."""
+    rng = np.random.default_rng(5)
+    X, Y = rng.standard_normal((48, 6)).astype(np.float32), rng.integers(0, 3, 48)
+
+    def fresh():
+        ft.manual_seed(11)
+        model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+        return model, model.compile(ft.optim.AdamW(model.parameters(), lr=0.01), batch_size=8, input_shape=(6,))
+
+    whole, program = fresh()
+    ft.fit(program, (X, Y), 2, progress=False)
+    first, program = fresh()
+    callbacks = [lambda step, m: step == stop] if stop else []
+    ft.fit(program, (X, Y), 1, step_callbacks=callbacks, progress=False)
+    path = str(tmp_path / "arrays.safetensors")
+    ft.save(path, program)
+    resumed, program = fresh()
+    ft.load(path, program)
+    ft.fit(program, (X, Y), 2 if stop else 1, progress=False)  # the stopped epoch's rest, then the second
+    assert program.step_count == 12 and state_bits(resumed) == state_bits(whole)

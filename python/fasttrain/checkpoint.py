@@ -253,6 +253,9 @@ def save(path: str | os.PathLike[str], obj: Module | Program, *, optimizer: Opti
         meta["optimizer.tensors"] = json.dumps(names)  # what ft.load must find: a lost entry is an error
     if scheduler is not None:
         meta["scheduler"] = json.dumps(scheduler.state_dict(), default=str)
+    if loader is None and program is not None and dtype is None:  # the Loader ft.fit made of (x, y) arrays
+        loader = program.__dict__.get("_array_loaders", {}).get(True, (None, None))[1]
+        loader = loader if hasattr(loader, "state_dict") else None
     if loader is not None:
         meta["loader"] = json.dumps(loader.state_dict())
     if program is not None and dtype is None:
@@ -368,11 +371,12 @@ def _optimizer_state(path, meta, tensors, optimizer):
 
 
 def _loader_state(path, meta, loader):
+    """The checkpoint's loader position, checked against `loader` (when given)."""
     state = _json_meta(path, meta, "loader")
     if not isinstance(state, dict) or not all(isinstance(state.get(k), int) and not isinstance(state.get(k), bool)
-                                              and state[k] >= 0 for k in ("epoch", "batch")):
-        raise ValueError(f"{path}: corrupt metadata 'loader': epoch and batch must be integers >= 0")
-    if state["batch"] > len(loader):
+                                              and state[k] >= 0 for k in ("epoch", "batch", "seed")):
+        raise ValueError(f"{path}: corrupt metadata 'loader': epoch, batch and seed must be integers >= 0")
+    if loader is not None and state["batch"] > len(loader):
         raise ValueError(f"{path}: the loader position is batch {state['batch']} of an epoch of {len(loader)}")
     return state
 
@@ -455,8 +459,12 @@ def load(path: str | os.PathLike[str], into: Module | Program | None = None, *, 
                       "restore, so a new scheduler starts its schedule over; pass scheduler= to resume it",
                       stacklevel=2)
     loader_state = _loader_state(path, raw_meta, loader) if loader is not None and "loader" in raw_meta else None
+    # without a loader, the position of the Loader ft.fit made of (x, y) arrays: the next fit of the program on
+    # arrays goes on from there
+    arrays_state = _loader_state(path, raw_meta, None) if loader is None and program is not None and \
+        "loader" in raw_meta and opt_state is not None else None
     if restore_rng is None:
-        restore_rng = opt_state is not None or loader_state is not None
+        restore_rng = opt_state is not None or loader_state is not None or arrays_state is not None
     rng = None
     if restore_rng and "rng" in raw_meta:
         rng = _json_meta(path, raw_meta, "rng")
@@ -517,4 +525,7 @@ def load(path: str | os.PathLike[str], into: Module | Program | None = None, *, 
         program.step_count = program_step
     if dropout is not None:
         program._c.set_dropout_state(*dropout)
+    if arrays_state is not None:
+        program.__dict__.pop("_array_loaders", None)
+        program._resume_arrays = arrays_state
     return meta

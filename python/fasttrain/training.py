@@ -119,9 +119,14 @@ def _as_loader(program, data, batch_size, shuffle):
     key = tuple(map(id, x)) if isinstance(x, tuple) else id(x), program.target_dtype and id(y), batch_size
     kept = loaders.get(shuffle)
     if kept is None or kept[0] != key:
-        kept = loaders[shuffle] = key, _InputBatches(x if isinstance(x, tuple) else (x,), y, batch_size, shuffle,
-                                                     program._input_dtypes) \
-            if isinstance(x, tuple) or program.input_shape == () else Loader((x, y), batch_size, shuffle=shuffle)
+        resume = program.__dict__.pop("_resume_arrays", None) if shuffle else None  # a checkpoint's (ft.load)
+        if isinstance(x, tuple) or program.input_shape == ():
+            made = _InputBatches(x if isinstance(x, tuple) else (x,), y, batch_size, shuffle, program._input_dtypes)
+        else:
+            made = Loader((x, y), batch_size, shuffle=shuffle, seed=None if resume is None else resume["seed"])
+            if resume is not None:
+                made.load_state_dict(resume)
+        kept = loaders[shuffle] = key, made
     return kept[1]
 
 
