@@ -2523,3 +2523,42 @@ def test_new_tensors_sized_by_the_batch_are_constants_for_every_sample():
     with pytest.raises(ft.nn.TracingError, match=r"along the batch dimension \(dim=0\) cannot be compiled \(at .*"
                        r"test_trace.py"):
         m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.MSELoss(), batch_size=4, input_shape=(4,))
+
+
+def timm_drop_path(x, drop_prob=0.0, training=False, scale_by_keep=True):
+    """timm's drop_path, verbatim."""
+    if drop_prob == 0.0 or not training:
+        return x
+    keep_prob = 1 - drop_prob
+    shape = (x.shape[0],) + (1,) * (x.ndim - 1)
+    random_tensor = x.new_empty(shape).bernoulli_(keep_prob)
+    if keep_prob > 0.0 and scale_by_keep:
+        random_tensor.div_(keep_prob)
+    return x * random_tensor
+
+
+def test_timms_drop_path_draws_one_keep_per_sample_in_training_only():
+    """x.new_empty((N, 1, ...)).bernoulli_(keep) is a draw per sample in every step: the gradient of a weight
+    through it counts the kept samples exactly (each 1 / keep or 0), near keep * N, and differs between steps;
+    eval mode passes x through."""
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(ft.ones(1))
+
+        def forward(self, x):
+            return timm_drop_path(x * self.w, 0.25, self.training).sum((1, 2))
+
+    ft.manual_seed(12)
+    model = Net()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.0), lambda out: out.mean(), batch_size=512,
+                            input_shape=(2, 3))
+    x = np.ones((512, 2, 3), np.float32)
+    kept = []
+    for _ in range(2):
+        program.backward(x, None)
+        kept.append(float(model.w.grad.numpy()[0]) / 6 * 0.75 * 512)  # d mean / dw = 6 * kept / (0.75 N)
+        model.w.grad = None
+    assert all(abs(k - round(k)) < 1e-3 and abs(k / 512 - 0.75) < 0.06 for k in kept) and kept[0] != kept[1]
+    np.testing.assert_allclose(program.predict(x).numpy(), np.full(512, 6.0))
+    assert program.evaluate(x, None)[0] == pytest.approx(6.0)

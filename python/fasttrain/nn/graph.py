@@ -1203,6 +1203,15 @@ class Symbolic:
         """The value under a new name: an in-place op on one (see in_place) leaves the other as it was."""
         return Symbolic(self.node)
 
+    def new_empty(self, *size, **kwargs):
+        """Memory of size (N, 1, ...) that a draw fills in place (timm's drop path: x.new_empty((x.shape[0],) +
+        (1,) * (x.ndim - 1)).bernoulli_(keep_prob)): a Blank."""
+        size = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list)) else size
+        if not size or size[0] is not N or any(n != 1 for n in size[1:]) or len(size) > self.ndim:
+            fail(f"x.new_empty{size}", "draw per sample with x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1))"
+                 ".bernoulli_(p), or ft.rand_like(x)")
+        return Blank(self, len(size) - 1)
+
     def new_zeros(self, *size, **kwargs):
         """Zeros of size (a tensor the same for every sample, on the value's device), as torch's new_zeros."""
         from .. import creation
@@ -1420,6 +1429,26 @@ class ZeroStates(_Refusing):
     def _refuse(self, *args, **kwargs):
         fail(f"ft.zeros{self.size} (a size naming the batch) other than as an RNN's initial state",
              "zeros of every sample's shape are x.new_zeros(...) or ft.zeros_like(x)")
+
+
+class Blank(_Refusing):
+    """x.new_empty((N, 1, ...)) of a traced value: taken by an in-place draw, bernoulli_(p), that fills it afresh
+    in every step (timm's drop path); any other use fails."""
+
+    def __init__(self, source, ones):
+        self.source, self.ones = source, ones
+
+    def bernoulli_(self, p=0.5):
+        """1 with probability p, else 0, for each sample: a uniform draw of the program's stream below p."""
+        if not isinstance(p, numbers.Real) or not 0 <= p <= 1:
+            fail(f"bernoulli_({p!r})", "a probability in [0, 1]")
+        one = self.source[(slice(None),) + (slice(0, 1),) * self.ones] if self.ones else self.source.sum(
+            tuple(range(1, self.source.ndim)))
+        from ..random import rand_like
+        return (rand_like(one) < p).float()
+
+    def _refuse(self, *args, **kwargs):
+        fail("x.new_empty(...) other than filled by bernoulli_(p)", "draw with ft.rand_like(x)")
 
 
 class NoIndices(_Refusing):
