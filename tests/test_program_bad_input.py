@@ -344,6 +344,14 @@ def test_a_finite_loss_with_non_finite_gradients_changes_nothing():
 
 
 
+def test_a_loss_class_given_for_an_instance_is_refused_by_name():
+    model = make_resnet(seed=2)
+    with pytest.raises(TypeError, match=r"the loss is the class CrossEntropyLoss; give an instance, "
+                                        r"CrossEntropyLoss\(\)"):
+        model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss, batch_size=8,
+                      input_shape=(3, 8, 8))
+
+
 def test_a_program_running_in_one_thread_refuses_calls_from_another():
     """While ft.fit runs the program in one thread (held here in a step callback), predict, evaluate and
     train_step from another thread raise instead of sharing its buffers (each returned the other's results);

@@ -909,8 +909,10 @@ class Symbolic:
             if self._is_mask() and dt.is_floating_point:
                 return self._floats()
             if dt.is_floating_point != self.dtype.is_floating_point:
-                fail(f"x.to({dt.name}) of a traced value of {self.dtype.name}", "compute in floats, and take the "
-                     "input as it comes: compile(input_dtype=ft.float32) for float inputs, ft.int64 for token ids")
+                fail(f"x.to({dt.name}) of a traced value of {self.dtype.name}", "a 0/1 mask of integers is a "
+                     "comparison: (mask != 0).float() (or give it as a bool input, input_dtype=ft.bool); compute in "
+                     "floats, and take the input as it comes: compile(input_dtype=ft.float32) for float inputs, "
+                     "ft.int64 for token ids")
         return self
 
     def long(self):

@@ -558,6 +558,8 @@ class Program:
         from ..amp import GradScaler
         if grad_scaler is not None and not isinstance(grad_scaler, GradScaler):
             raise TypeError(f"compile: grad_scaler must be an ft.amp.GradScaler, got {type(grad_scaler).__name__}")
+        if isinstance(loss, type):
+            raise TypeError(f"compile: the loss is the class {loss.__name__}; give an instance, {loss.__name__}()")
         if not callable(loss):
             raise TypeError(f"compile: the loss must be an ft.nn loss, a Module or a function f(output, target), "
                             f"got {type(loss).__name__}")
