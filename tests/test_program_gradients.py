@@ -210,11 +210,13 @@ def test_layer_norm_in_a_program_matches_finite_differences(fmt):
     x = rng.standard_normal((4, *shape)).astype(np.float32)
     y = rng.integers(0, CLASSES, 4)
     assert gradcheck(program, x, y, eps=1e-3, rtol=2e-2, atol=2e-3)  # eps small: ReLU's kink
-    if fmt == "channels_last":
+    if fmt == "channels_last":  # a LayerNorm over images: contiguous by default, channels_last refused
+        m2 = nn.Sequential(nn.Conv2d(1, 2, 3, padding=1), nn.LayerNorm((2, 4, 4)), nn.Flatten(),
+                           nn.Linear(32, CLASSES))
+        m2.compile(ft.optim.SGD(m2.parameters(), lr=0.1), batch_size=4, input_shape=(1, 4, 4))
         with pytest.raises(ValueError, match="contiguous"):
-            m2 = nn.Sequential(nn.Conv2d(1, 2, 3, padding=1), nn.LayerNorm((2, 4, 4)), nn.Flatten(),
-                               nn.Linear(32, CLASSES))
-            m2.compile(ft.optim.SGD(m2.parameters(), lr=0.1), batch_size=4, input_shape=(1, 4, 4))
+            m2.compile(ft.optim.SGD(m2.parameters(), lr=0.1), batch_size=4, input_shape=(1, 4, 4),
+                       memory_format="channels_last")
 
 
 def test_mse_regression_program_matches_numpy():
