@@ -1209,10 +1209,10 @@ class Symbolic:
         """Memory of size (N, 1, ...) that a draw fills in place (timm's drop path: x.new_empty((x.shape[0],) +
         (1,) * (x.ndim - 1)).bernoulli_(keep_prob)): a Blank."""
         size = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list)) else size
-        if not size or size[0] is not N or any(n != 1 for n in size[1:]) or len(size) > self.ndim:
+        if len(size) != self.ndim or size[0] is not N or any(n != 1 for n in size[1:]):
             fail(f"x.new_empty{size}", "draw per sample with x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1))"
                  ".bernoulli_(p), or ft.rand_like(x)")
-        return Blank(self, len(size) - 1)
+        return Blank(self)
 
     def new_zeros(self, *size, **kwargs):
         """Zeros of size (a tensor the same for every sample, on the value's device), as torch's new_zeros."""
@@ -1437,15 +1437,14 @@ class Blank(_Refusing):
     """x.new_empty((N, 1, ...)) of a traced value: taken by an in-place draw, bernoulli_(p), that fills it afresh
     in every step (timm's drop path); any other use fails."""
 
-    def __init__(self, source, ones):
-        self.source, self.ones = source, ones
+    def __init__(self, source):
+        self.source = source
 
     def bernoulli_(self, p=0.5):
         """1 with probability p, else 0, for each sample: a uniform draw of the program's stream below p."""
         if not isinstance(p, numbers.Real) or not 0 <= p <= 1:
             fail(f"bernoulli_({p!r})", "a probability in [0, 1]")
-        one = self.source[(slice(None),) + (slice(0, 1),) * self.ones] if self.ones else self.source.sum(
-            tuple(range(1, self.source.ndim)))
+        one = self.source[(slice(None),) + (slice(0, 1),) * (self.source.ndim - 1)]  # (N, 1, ...)
         from ..random import rand_like
         return (rand_like(one) < p).float()
 
