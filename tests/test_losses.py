@@ -855,3 +855,22 @@ def test_labels_computed_from_the_targets_are_refused_with_the_way_out():
                        r".*shift or pick them in the data"):
         LM().compile(ft.optim.SGD(LM().parameters(), lr=0.1), shifted, batch_size=8, input_shape=(T,),
                      input_dtype=ft.int64, target_shape=(T,), target_dtype=ft.int64)
+
+
+def test_labels_taken_as_an_input_of_forward_are_refused_with_the_way_out():
+    """nanoGPT's forward(idx, targets) computes its loss inside forward from a second input: the refusal says to
+    return the logits and give the loss to compile."""
+    class WithTargets(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lm = LM()
+
+        def forward(self, ids, targets):
+            logits = self.lm(ids)
+            return logits, F.cross_entropy(logits.view(-1, V), targets.view(-1))
+
+    model = WithTargets()
+    with pytest.raises(ft.nn.TracingError, match=r"class labels taken as an input of forward .* give the loss to "
+                                                 r"compile"):
+        model.compile(ft.optim.SGD(model.parameters(), lr=0.1), lambda out: out[1], batch_size=8,
+                      input_shape=((T,), (T,)), input_dtype=ft.int64)

@@ -1837,6 +1837,10 @@ class CrossEntropyLoss(_ClassLoss):
         shape = scores.node.shape
         if t.shape != shape:
             from .graph import fail, topological
+            if any(n.module is None and not n.dtype.is_floating_point for n in topological([t])):
+                fail("class labels taken as an input of forward (nanoGPT's forward(idx, targets)) in a class loss",
+                     "the loss reads the batch's targets: return the logits from forward and give the loss to "
+                     "compile (model.compile(opt, loss, ...) with batches (idx, targets))")
             if any(isinstance(n.module, Target) and not getattr(n.module.dtype, "is_floating_point", 0)
                    for n in topological([t])):
                 fail("class labels computed from the targets (a slice y[:, 1:] or y[:, -1], y.clamp(...)) in a "
