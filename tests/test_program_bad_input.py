@@ -380,3 +380,13 @@ def test_a_program_running_in_one_thread_refuses_calls_from_another():
     assert seen == [(8, CLASSES)] and program.step_count == 2
     before = program.evaluate(x, y)
     assert program.evaluate(x, y) == before and program.predict(x).shape == (8, CLASSES)
+
+
+def test_one_sample_given_for_a_batch_says_so():
+    program = compile_resnet(make_resnet(seed=4))
+    x, y = batch(2, seed=5)
+    for call in (program.train_step, program.evaluate):
+        with pytest.raises(ValueError, match=r"take a batch, got one sample of shape \(3, 8, 8\): add the batch "
+                                             r"dimension \(x\[None\], y\[None\]\)"):
+            call(x[0], y[0])
+    assert program.predict(x[0]).shape == (CLASSES,) and program.step_count == 0

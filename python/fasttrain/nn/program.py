@@ -731,7 +731,13 @@ class Program:
 
     def _batch(self, x, y):
         """x as the inputs' dtypes, and the targets as the loss reads them (None when it reads none)."""
-        return self._input(x), None if self.target_dtype is None or y is None else _as(y, self.target_dtype, "labels")
+        xt = self._input(x)
+        shapes = [tuple(t.shape) for t in (xt if isinstance(xt, tuple) else (xt,))]
+        if shapes == [tuple(s) for s in (self.input_shape if isinstance(xt, tuple) else (self.input_shape,))]:
+            raise ValueError(f"train_step, backward and evaluate take a batch, got one sample of shape "
+                             f"{shapes[0] if len(shapes) == 1 else tuple(shapes)}: add the batch dimension "
+                             "(x[None], y[None]); predict takes one sample as it is")
+        return xt, None if self.target_dtype is None or y is None else _as(y, self.target_dtype, "labels")
 
     @property
     def input_shape(self):
