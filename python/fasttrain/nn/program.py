@@ -544,7 +544,9 @@ def _as(t, dtype, what):
         raise TypeError(f"{what} must be bool, got {t.dtype.name} (compare them to make a mask: m != 0)")
     if dtype is _BY_NAME["int64"]:
         if t.dtype.is_floating_point or t.dtype.is_complex:
-            raise TypeError(f"{what} must be integers, got {t.dtype.name}")
+            raise TypeError(f"{what} must be integers, got {t.dtype.name}" + (
+                "; class probabilities (mixup's soft targets) need compile(..., target_shape=(classes,), "
+                "target_dtype=ft.float32)" if what == "labels" else ""))
         _check_int64_range(t, what)
     return t.to(dtype)
 
