@@ -168,8 +168,7 @@ static ft_status dense_batch(ft_tensor *v, const ft_tensor *t, bool fill, bool *
 
 /* A (B, R, C) batch as a key's entries: dims, then strides. */
 static void put_batch(int64_t *k, const ft_tensor *t) {
-    int64_t dims[3] = {t->shape[0], t->shape[1], t->shape[2]};
-    memcpy(k, dims, sizeof dims);
+    memcpy(k, t->shape, 3 * sizeof *k);
     memcpy(k + 3, t->strides, 3 * sizeof *k);
 }
 
@@ -201,6 +200,13 @@ static ft_status batch_part(const ft_tensor *out, const ft_tensor *a, const ft_t
 }
 
 ft_status ft_matmul_batched(const ft_tensor *out, const ft_tensor *a, const ft_tensor *w, bool sum) {
+    ft_device cpu = ft_op_device(a);
+    if (cpu.type != FT_DEV_CPU)
+        return ft_fail(FT_ERR_DEVICE, "matmul: a batched matmul runs on the CPU");
+    FT_TRY(ft_check_float_on("matmul", "a", a, cpu, "a", true));
+    FT_TRY(ft_check_float_on("matmul", "w", w, cpu, "a", true));
+    FT_TRY(ft_check_float_on("matmul", "out", out, cpu, "a", true));
+    FT_TRY(ft_check_output("matmul", "out", out));
     int nd = out->ndim;
     bool ok = nd >= 2 && a->ndim == nd && w->ndim == nd && a->dtype == w->dtype &&
               a->shape[nd - 1] == w->shape[nd - 2] && out->shape[nd - 2] == a->shape[nd - 2] &&

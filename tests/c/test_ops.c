@@ -19,6 +19,7 @@
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
 #include "ops/groupnorm.h"
+#include "ops/linear.h"
 #include "ops/loss.h"
 #include "ops/pool.h"
 #include "ops/reduce.h"
@@ -410,6 +411,37 @@ static void test_group_norm(void) {
     ft_tensor_release(&dw), ft_tensor_release(&db), ft_tensor_release(&dw2), ft_tensor_release(&db2);
 }
 
+/* ft_matmul_batched: a strided (transposed) operand against a float64 product, += with sum, and refusals. */
+static void test_matmul_batched(void) {
+    ft_tensor a = make(3, SHAPE(2, 3, 4), FT_FLOAT32), wt = make(3, SHAPE(2, 5, 4), FT_FLOAT32),
+              out = make(3, SHAPE(2, 3, 5), FT_FLOAT32), ids = make(3, SHAPE(2, 3, 5), FT_INT64),
+              small = make(3, SHAPE(2, 3, 4), FT_FLOAT32);
+    fill_random(&a);
+    fill_random(&wt);
+    ft_tensor w = wt; /* (2, 4, 5): the transposed view */
+    w.shape[1] = 4, w.shape[2] = 5, w.strides[1] = 1, w.strides[2] = 4;
+    CHECK_OK(ft_matmul_batched(&out, &a, &w, false));
+    const float *av = (const float *)ft_tensor_data(&a), *wv = (const float *)ft_tensor_data(&wt);
+    float *ov = (float *)ft_tensor_data(&out);
+    for (int b = 0; b < 2; b++)
+        for (int m = 0; m < 3; m++)
+            for (int p = 0; p < 5; p++) {
+                double want = 0;
+                for (int k = 0; k < 4; k++)
+                    want += (double)av[(b * 3 + m) * 4 + k] * wv[(b * 5 + p) * 4 + k];
+                CHECKF(fabs(ov[(b * 3 + m) * 5 + p] - want) < 1e-5, "matmul_batched %d %d %d", b, m, p);
+            }
+    float first = ov[0];
+    CHECK_OK(ft_matmul_batched(&out, &a, &w, true));
+    CHECK(fabsf(ov[0] - 2 * first) < 1e-5f);
+    CHECK_STATUS(ft_matmul_batched(&small, &a, &w, false), FT_ERR_SHAPE);
+    CHECK_STATUS(ft_matmul_batched(&ids, &a, &w, false), FT_ERR_DTYPE);
+    CHECK(fabsf(ov[0] - 2 * first) < 1e-5f); /* the refusals wrote nothing */
+    ft_tensor *all[5] = {&a, &wt, &out, &ids, &small};
+    for (int i = 0; i < 5; i++)
+        ft_tensor_release(all[i]);
+}
+
 static void test_embedding(void) {
     ft_tensor w = make(2, SHAPE(7, 33), FT_FLOAT32), ids = make(2, SHAPE(2, 5), FT_INT64),
               out = make(3, SHAPE(2, 5, 33), FT_FLOAT32), dw = make(2, SHAPE(7, 33), FT_FLOAT32);
@@ -671,6 +703,7 @@ int main(void) {
     test_pool_layouts();
     test_softmax_and_losses();
     test_group_norm();
+    test_matmul_batched();
     test_embedding();
     test_upsample();
     test_upsample_bilinear();
