@@ -2537,17 +2537,36 @@ def timm_drop_path(x, drop_prob=0.0, training=False, scale_by_keep=True):
     return x * random_tensor
 
 
-def test_timms_drop_path_draws_one_keep_per_sample_in_training_only():
-    """x.new_empty((N, 1, ...)).bernoulli_(keep) is a draw per sample in every step: the gradient of a weight
-    through it counts the kept samples exactly (each 1 / keep or 0), near keep * N, and differs between steps;
-    eval mode passes x through."""
+def torchvision_stochastic_depth(input, p, mode, training=True):
+    """torchvision.ops.stochastic_depth, verbatim but for the checks of p and mode."""
+    if not training or p == 0.0:
+        return input
+    survival_rate = 1.0 - p
+    if mode == "row":
+        size = [input.shape[0]] + [1] * (input.ndim - 1)
+    else:
+        size = [1] * input.ndim
+    noise = ft.empty(size, dtype=input.dtype, device=input.device)
+    noise = noise.bernoulli_(survival_rate)
+    if survival_rate > 0.0:
+        noise.div_(survival_rate)
+    return input * noise
+
+
+@pytest.mark.parametrize("drop", [lambda x, training: timm_drop_path(x, 0.25, training),
+                                  lambda x, training: torchvision_stochastic_depth(x, 0.25, "row", training)],
+                         ids=["timm", "torchvision"])
+def test_drop_path_draws_one_keep_per_sample_in_training_only(drop):
+    """x.new_empty((N, 1, ...)).bernoulli_(keep), or ft.empty of that size, is a draw per sample in every step:
+    the gradient of a weight through it counts the kept samples exactly (each 1 / keep or 0), near keep * N, and
+    differs between steps; eval mode passes x through."""
     class Net(nn.Module):
         def __init__(self):
             super().__init__()
             self.w = nn.Parameter(ft.ones(1))
 
         def forward(self, x):
-            return timm_drop_path(x * self.w, 0.25, self.training).sum((1, 2))
+            return drop(x * self.w, self.training).sum((1, 2))
 
     ft.manual_seed(12)
     model = Net()
@@ -2562,3 +2581,38 @@ def test_timms_drop_path_draws_one_keep_per_sample_in_training_only():
     assert all(abs(k - round(k)) < 1e-3 and abs(k / 512 - 0.75) < 0.06 for k in kept) and kept[0] != kept[1]
     np.testing.assert_allclose(program.predict(x).numpy(), np.full(512, 6.0))
     assert program.evaluate(x, None)[0] == pytest.approx(6.0)
+
+
+def test_stochastic_depth_of_token_features_draws_from_the_first_input():
+    """ft.empty((N, 1)).bernoulli_(keep) in a forward of token ids: the draw's batch is the first input's, viewed
+    to the size asked; other uses of memory sized by the batch are refused, not drawn once at compile."""
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = nn.Embedding(10, 4)
+            self.w = nn.Parameter(ft.ones(1))
+
+        def forward(self, ids):
+            return torchvision_stochastic_depth(self.table(ids).sum(1) * self.w, 0.25, "row", self.training).sum(1)
+
+    ft.manual_seed(13)
+    model = Net()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.0), lambda out: out.mean(), batch_size=512,
+                            input_shape=(5,), input_dtype=ft.int64)
+    ids = np.zeros((512, 5), np.int64)
+    program.backward(ids, None)
+    kept = float(model.w.grad.numpy()[0]) / (5 * model.table.weight.numpy()[0].sum()) * 0.75 * 512
+    assert abs(kept - round(kept)) < 1e-2 and abs(kept / 512 - 0.75) < 0.06
+
+    for fill in ("normal_()", "bernoulli_(0.5)", "uniform_()"):
+        class Drawn(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(4, 3)
+
+            def forward(self, x):
+                return self.fc(x) * eval(f"ft.empty(x.size(0), 3).{fill}")
+
+        m = Drawn()
+        with pytest.raises(ft.nn.TracingError, match=r"new memory of size \(N, 3\) .* ft.rand_like\(x\)"):
+            m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.MSELoss(), batch_size=4, input_shape=(4,))

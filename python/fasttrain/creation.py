@@ -22,10 +22,13 @@ def empty(*size: int | Sequence[int], dtype: DTypeLike | None = None, device: De
           pin_memory: bool = False) -> Tensor:
     """An uninitialised tensor of the given size (``empty(2, 3)`` or ``empty((2, 3))``), float32 by default;
     pin_memory=True allocates page-locked host memory."""
-    from .nn.graph import per_sample
+    from .nn.graph import Blank, names_batch
     d = _BY_NAME["float32"] if dtype is None else as_dtype(dtype)
+    size = _sizes(size)
+    if names_batch(size):  # in a traced forward: filled in place, with a draw per sample or a constant
+        return Blank(size, d, device)
     kind, index = as_device(device)._code
-    return _C.empty(per_sample(_sizes(size)), d._code, kind, index, bool(pin_memory))
+    return _C.empty(size, d._code, kind, index, bool(pin_memory))
 
 
 def full(size: int | Sequence[int], fill_value: Number | Tensor, *, dtype: DTypeLike | None = None,

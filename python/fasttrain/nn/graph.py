@@ -81,10 +81,12 @@ def mode_was_read():
 
 
 class tracing:
-    """The block in which model's forward or loss is traced: eager ops refuse its trainable parameters."""
+    """The block in which model's forward (on inputs, its Input values) or loss is traced: eager ops refuse its
+    trainable parameters."""
 
-    def __init__(self, model):
+    def __init__(self, model, inputs=()):
         self.params = {id(p): p for p in model.parameters() if p.requires_grad}
+        self.inputs = inputs
 
     def __enter__(self):
         _trainable.update(self.params)
@@ -209,10 +211,9 @@ class BatchTimes:
     __index__ = __int__ = __bool__ = _number
 
 
-def per_sample(size):
-    """A new tensor's size whose first dimension is the batch size while a forward is traced (ft.ones(x.size(0),
-    1)), with 1 there: a constant that broadcasts over the batch, the same for every sample."""
-    return (1, *size[1:]) if size and isinstance(size[0], BatchSize) else size
+def names_batch(size):
+    """Whether a new tensor's size has the batch size first (only while a forward is traced)."""
+    return bool(size) and isinstance(size[0], BatchSize)
 
 
 N = BatchSize()
@@ -1212,7 +1213,7 @@ class Symbolic:
         if len(size) != self.ndim or size[0] is not N or any(n != 1 for n in size[1:]):
             fail(f"x.new_empty{size}", "draw per sample with x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1))"
                  ".bernoulli_(p), or ft.rand_like(x)")
-        return Blank(self)
+        return Blank(size, source=self)
 
     def new_zeros(self, *size, **kwargs):
         """Zeros of size (a tensor the same for every sample, on the value's device), as torch's new_zeros."""
@@ -1434,22 +1435,37 @@ class ZeroStates(_Refusing):
 
 
 class Blank(_Refusing):
-    """x.new_empty((N, 1, ...)) of a traced value: taken by an in-place draw, bernoulli_(p), that fills it afresh
-    in every step (timm's drop path); any other use fails."""
+    """New memory of a size naming the batch, made while a forward is traced: x.new_empty((N, 1, ...)), or
+    ft.empty(size) with N first. An in-place draw, bernoulli_(p) of size (N, 1, ...), fills it afresh in every
+    step (timm's drop path, torchvision's stochastic_depth); fill_(value) makes the constant (1, ...) that
+    broadcasts over the batch (ft.ones(x.size(0), k)); any other use fails. source: a traced value of the batch (by
+    default the forward's first input)."""
 
-    def __init__(self, source):
-        self.source = source
+    def __init__(self, size, dtype=None, device=None, source=None):
+        self.size, self.dtype, self.device, self.source = size, dtype, device, source
 
     def bernoulli_(self, p=0.5):
         """1 with probability p, else 0, for each sample: a uniform draw of the program's stream below p."""
         if not isinstance(p, numbers.Real) or not 0 <= p <= 1:
             fail(f"bernoulli_({p!r})", "a probability in [0, 1]")
-        one = self.source[(slice(None),) + (slice(0, 1),) * (self.source.ndim - 1)]  # (N, 1, ...)
+        if any(n != 1 for n in self.size[1:]):
+            self._refuse()
+        source = self.source if self.source is not None else next(iter(_active[-1].inputs), None)
+        if source is None:
+            self._refuse()
+        one = source[(slice(None),) + (slice(0, 1),) * (source.ndim - 1)]  # (N, 1, ...)
         from ..random import rand_like
-        return (rand_like(one) < p).float()
+        draw = (rand_like(one) < p).float()
+        return draw if source.ndim == len(self.size) else draw.view(-1, *self.size[1:])
+
+    def fill_(self, value):
+        """The constant of size (1, ...) filled with value, the same for every sample."""
+        from .. import creation
+        return creation.empty((1, *self.size[1:]), dtype=self.dtype, device=self.device).fill_(value)
 
     def _refuse(self, *args, **kwargs):
-        fail("x.new_empty(...) other than filled by bernoulli_(p)", "draw with ft.rand_like(x)")
+        fail(f"new memory of size {self.size} (the batch first) other than filled by bernoulli_(p) (of size (N, 1, "
+             "...)) or fill_(value)", "draw per sample with ft.rand_like(x) of a traced value x")
 
 
 class NoIndices(_Refusing):
@@ -1809,7 +1825,7 @@ def trace(model, inputs):
     if positional and len(positional) < len(inputs) and not any(p.kind == p.VAR_POSITIONAL for p in params):
         raise TracingError(f"compile was given {len(inputs)} input shapes, but {name}.forward takes "
                            f"{len(positional)} input(s)")
-    with tracing(model):
+    with tracing(model, inputs):
         out = _call(model, f"{name}.forward", *inputs)
         for o in out if isinstance(out, (tuple, list)) else [out]:
             if isinstance(o, Symbolic):
