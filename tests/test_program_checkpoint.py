@@ -394,18 +394,33 @@ def test_resume_with_loader_position(tmp_path):
     assert state_bits(a) == state_bits(b)
 
 
+class _Halves(nn.Module):
+    """A forward of two inputs: the two halves of the features."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.head = nn.Linear(2, 8), nn.Linear(4, 8), nn.Linear(8, 3)
+
+    def forward(self, a, b):
+        return self.head(ft.nn.functional.relu(self.a(a) + self.b(b)))
+
+
+@pytest.mark.parametrize("inputs", [1, 2])
 @pytest.mark.parametrize("stop", [None, 3])
-def test_a_run_fitted_on_arrays_resumes_from_its_checkpoint(stop, tmp_path):
-    """ft.fit(program, (X, y)) makes a Loader of the arrays; ft.save(program) keeps its position and ft.load
-    gives it to the next fit on arrays: saved after an epoch (or a step callback's stop mid-epoch), loaded into
-    a fresh program, the run ends as an uninterrupted fit(2)."""
+def test_a_run_fitted_on_arrays_resumes_from_its_checkpoint(stop, inputs, tmp_path):
+    """ft.fit(program, (X, y)) (or ((X1, X2), y) for a forward of two inputs) makes a Loader of the arrays;
+    ft.save(program) keeps its position and ft.load gives it to the next fit on arrays: saved after an epoch (or a
+    step callback's stop mid-epoch), loaded into a fresh program, the run ends as an uninterrupted fit(2)."""
     rng = np.random.default_rng(5)
     X, Y = rng.standard_normal((48, 6)).astype(np.float32), rng.integers(0, 3, 48)
+    if inputs == 2:
+        X = (X[:, :2].copy(), X[:, 2:].copy())
 
     def fresh():
         ft.manual_seed(11)
-        model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
-        return model, model.compile(ft.optim.AdamW(model.parameters(), lr=0.01), batch_size=8, input_shape=(6,))
+        model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3)) if inputs == 1 else _Halves()
+        return model, model.compile(ft.optim.AdamW(model.parameters(), lr=0.01), batch_size=8,
+                                    input_shape=(6,) if inputs == 1 else ((2,), (4,)))
 
     whole, program = fresh()
     ft.fit(program, (X, Y), 2, progress=False)

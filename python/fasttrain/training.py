@@ -60,7 +60,7 @@ class _InputBatches:
     indices: shuffled, seeded, and continued from epoch to epoch (and from where a fit stopped) as a Loader of
     (x, y) arrays is, its epoch and position being that Loader's."""
 
-    def __init__(self, inputs, targets, batch_size, shuffle, dtypes):
+    def __init__(self, inputs, targets, batch_size, shuffle, dtypes, seed=None):
         from .data import Loader, _host_tensor
         self._inputs = [_host_tensor(a, "the inputs") for a in inputs]
         if any(a.dtype.name == "uint8" and d.is_floating_point for a, d in zip(self._inputs, dtypes)):
@@ -69,7 +69,8 @@ class _InputBatches:
         n = len(targets)
         if any(len(a) != n for a in self._inputs):
             raise ValueError(f"the input arrays have {[len(a) for a in self._inputs]} samples, the targets {n}")
-        self._indices = Loader((np.arange(n, dtype=np.int64).reshape(n, 1), targets), batch_size, shuffle=shuffle)
+        self._indices = Loader((np.arange(n, dtype=np.int64).reshape(n, 1), targets), batch_size, shuffle=shuffle,
+                               seed=seed)
 
     def __len__(self):
         return len(self._indices)
@@ -83,6 +84,13 @@ class _InputBatches:
 
     def set_epoch(self, epoch):
         self._indices.set_epoch(epoch)
+
+    def state_dict(self):
+        """The position in the order (ft.save(program) keeps it): the index Loader's state."""
+        return self._indices.state_dict()
+
+    def load_state_dict(self, state):
+        self._indices.load_state_dict(state)
 
     def __iter__(self):
         for rows, y in self._indices:
@@ -120,12 +128,14 @@ def _as_loader(program, data, batch_size, shuffle):
     kept = loaders.get(shuffle)
     if kept is None or kept[0] != key:
         resume = program.__dict__.pop("_resume_arrays", None) if shuffle else None  # a checkpoint's (ft.load)
+        seed = None if resume is None else resume["seed"]
         if isinstance(x, tuple) or program.input_shape == ():
-            made = _InputBatches(x if isinstance(x, tuple) else (x,), y, batch_size, shuffle, program._input_dtypes)
+            made = _InputBatches(x if isinstance(x, tuple) else (x,), y, batch_size, shuffle, program._input_dtypes,
+                                 seed)
         else:
-            made = Loader((x, y), batch_size, shuffle=shuffle, seed=None if resume is None else resume["seed"])
-            if resume is not None:
-                made.load_state_dict(resume)
+            made = Loader((x, y), batch_size, shuffle=shuffle, seed=seed)
+        if resume is not None:
+            made.load_state_dict(resume)
         kept = loaders[shuffle] = key, made
     return kept[1]
 
