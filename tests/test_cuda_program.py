@@ -339,6 +339,26 @@ def test_a_forward_branching_on_training_predicts_its_eval_graph_as_on_the_cpu()
     np.testing.assert_array_equal(runs[1][1], runs[1][2])
 
 
+@pytest.mark.parametrize("kind", ["max", "attention pooling", "where", "self-attention"])
+def test_a_padding_mask_of_the_ids_matches_cpu(kind):
+    """masked_fill and ft.where with each sample's mask (ids == 0), -inf fills included: the loss and every
+    gradient against the CPU."""
+    from test_trace import PaddedPool
+    ids = rng(5).integers(0, 12, (5, 6))
+    ids[:, 0] = 1  # no sequence all padding
+    y = np.arange(5) % 3
+    runs = []
+    for device in ("cpu", "cuda"):
+        ft.manual_seed(3)
+        model = PaddedPool(kind).to(device)
+        program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=5, input_shape=(6,),
+                                input_dtype=ft.int64)
+        runs.append((program.backward(ids, y), {n: p.grad for n, p in model.named_parameters()}))
+    assert_losses_close([runs[1][0]], [runs[0][0]])
+    for n, g in runs[0][1].items():
+        assert_close(runs[1][1][n], g, 1e-4, 1e-4)
+
+
 def test_nccl_over_one_rank_equals_no_nccl(tmp_path):
     """The NCCL path of a distributed CUDA program (compile(distributed=True) on "cuda"), over a world of one
     MPI rank: the same losses and weights as the program without it."""

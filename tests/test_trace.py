@@ -498,6 +498,10 @@ class Transformed(nn.Module):
             return self.fc(x + self.pos(ft.arange(3)).sum(0))
         if self.use == "ids":  # not a range of positions
             return self.fc(x + self.pos(ft.tensor([2, 0])).sum(0))
+        if self.use == "array":  # the buffer protocol, which NumPy reads before __array__
+            return self.fc(x) + ft.from_numpy(np.array(self.fc.bias))
+        if self.use == "memoryview":
+            return self.fc(x) + float(memoryview(self.scale)[0])
         with ft.no_grad():
             t = self.teacher(x)
         return self.fc(x) + t
@@ -509,6 +513,8 @@ class Transformed(nn.Module):
     ("part", "sum of a trainable parameter outside the traced graph"),
     ("positions", "sum of a trainable parameter outside the traced graph"),
     ("ids", "Embedding with trainable parameters called on tensors that are not traced"),
+    ("array", "a NumPy array of a trainable parameter outside the traced graph"),
+    ("memoryview", r"a NumPy array \(or memoryview\) of a trainable parameter outside the traced graph"),
     ("no_grad", r"ft.no_grad\(\) around traced ops that train"),
 ])
 def test_a_parameter_computed_on_outside_the_graph_is_refused_not_frozen(use, message):
@@ -666,9 +672,81 @@ def test_where_with_a_fixed_mask_takes_traced_values_and_constants():
     np.testing.assert_allclose(program.predict(x).numpy(), np.where(mask.numpy(), 2 * h, -2 * h + 1.5), rtol=1e-5,
                                atol=1e-6)
     assert gradcheck(program, x, np.arange(4) % 3)
-    with pytest.raises(ft.nn.TracingError, match="a condition computed from traced values"):
+    with pytest.raises(ft.nn.TracingError, match="a condition of traced values other than a bool mask"):
         model.compile(ft.optim.SGD(model.parameters(), lr=0.1), lambda out, y: ft.where(out, out, 0.0).mean(),
                       batch_size=4, input_shape=(4,))
+
+
+class PaddedPool(nn.Module):
+    """Token features pooled under the padding mask of the ids (ids == 0), in one of the ways people write it."""
+
+    def __init__(self, kind):
+        super().__init__()
+        self.kind = kind
+        self.table, self.score, self.head = nn.Embedding(12, 8), nn.Linear(8, 1), nn.Linear(8, 3)
+
+    def forward(self, ids):
+        h, pad = self.table(ids), ids == 0
+        if self.kind == "max":
+            z = h.masked_fill(pad.unsqueeze(-1), -1e9).max(1).values
+        elif self.kind == "attention pooling":
+            z = (h * self.score(h).squeeze(-1).masked_fill(pad, float("-inf")).softmax(1).unsqueeze(-1)).sum(1)
+        elif self.kind == "where":
+            z = ft.where(pad.unsqueeze(-1), 0.0, h).sum(1) + ft.where(~pad.unsqueeze(-1), h, h * 0.5).sum(1)
+        else:  # self-attention, causal and over the keys that are not padding
+            causal = ft.triu(ft.ones(6, 6, dtype=ft.bool), diagonal=1)
+            s = (h @ h.transpose(-2, -1) / 8 ** 0.5).masked_fill(causal, float("-inf"))
+            s = s.masked_fill(pad[:, None, :], float("-inf")).softmax(-1).masked_fill(pad[:, :, None], 0.0)
+            z = (s @ h).sum(1)
+        return self.head(z)
+
+
+def padded_pool_reference(model, ids):
+    """PaddedPool's forward in float64 NumPy."""
+    h = model.table.weight.numpy().astype(np.float64)[ids]
+    pad = ids == 0
+
+    def softmax(s, axis):
+        e = np.exp(s - s.max(axis, keepdims=True))
+        return e / e.sum(axis, keepdims=True)
+
+    if model.kind == "max":
+        z = np.where(pad[..., None], -1e9, h).max(1)
+    elif model.kind == "attention pooling":
+        s = (h @ model.score.weight.numpy().T.astype(np.float64))[..., 0] + model.score.bias.numpy()[0]
+        z = (h * softmax(np.where(pad, -np.inf, s), 1)[..., None]).sum(1)
+    elif model.kind == "where":
+        z = np.where(pad[..., None], 0.0, h).sum(1) + np.where(pad[..., None], h * 0.5, h).sum(1)
+    else:
+        s = h @ h.transpose(0, 2, 1) / 8 ** 0.5
+        s = np.where(np.triu(np.ones((6, 6), bool), 1) | pad[:, None, :], -np.inf, s)
+        z = (np.where(pad[:, :, None], 0.0, softmax(s, -1)) @ h).sum(1)
+    return z @ model.head.weight.numpy().T.astype(np.float64) + model.head.bias.numpy()
+
+
+@pytest.mark.parametrize("kind", ["max", "attention pooling", "where", "self-attention"])
+def test_a_padding_mask_computed_from_the_ids_fills_and_selects(kind):
+    """masked_fill and ft.where with a mask of each sample (ids == 0): the value is selected, not multiplied in, so
+    -inf fills exactly (also over an earlier -inf fill); predict as NumPy, gradients by central differences, and the
+    padded rows of the table get no gradient."""
+    rng = np.random.default_rng(14)
+    ids = rng.integers(1, 12, (5, 6))
+    ids[0, 3:], ids[2, 1:], ids[4, 5:] = 0, 0, 0
+    ft.manual_seed(3)
+    model = PaddedPool(kind)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=5, input_shape=(6,),
+                            input_dtype=ft.int64)
+    np.testing.assert_allclose(program.predict(ids).numpy(), padded_pool_reference(model, ids), rtol=1e-5,
+                               atol=1e-6)
+    y = np.arange(5) % 3
+    assert gradcheck(program, ids, y, rtol=3e-2, atol=1e-4)
+    program.backward(ids, y)
+    assert kind == "where" or not model.table.weight.grad.numpy()[0].any()
+    other = PaddedPool(kind)
+    other.load_state_dict(model.state_dict())
+    low = other.compile(ft.optim.SGD(other.parameters(), lr=0.1), batch_size=5, input_shape=(6,),
+                        input_dtype=ft.int64, precision="bf16-mixed")
+    np.testing.assert_allclose(low.predict(ids).numpy(), program.predict(ids).numpy(), rtol=3e-2, atol=3e-2)
 
 
 def test_detach_passes_no_gradient_back():
@@ -953,7 +1031,11 @@ def test_position_embeddings_of_a_range_match_pytorch(how):
     (lambda x: x.repeat(2, 1), ft.nn.TracingError, r"repeat\(2, 1\) of a traced value"),
     (lambda x: x.expand(x.size(0), 8), ValueError, r"Expand: \(4,\) does not broadcast to \(8,\)"),
     (lambda x: x.to(ft.int64), ft.nn.TracingError, r"x.to\(int64\) of a traced value"),
-    (lambda x: ft.where(x, x, 0.0), ft.nn.TracingError, "a condition computed from traced values"),
+    (lambda x: ft.where(x, x, 0.0), ft.nn.TracingError, "a condition of traced values other than a bool mask"),
+    (lambda x: x.masked_fill(x[:, :2] > 0, 0.0), ft.nn.TracingError, r"a mask of shape \(N, 2\) for values of "
+     r"shape \(N, 4\) .* mask\[:, None, None, :\]"),
+    (lambda x: x.unsqueeze(1).masked_fill(x > 0, 0.0), ft.nn.TracingError, r"a mask of shape \(N, 4\) for values "
+     r"of shape \(N, 1, 4\)"),
     (lambda x: x.masked_fill(ft.ones(4), 0.0), TypeError, "where: expected condition to be a bool tensor"),
     (lambda x: x.max(1)[1] * 1.0, ft.nn.TracingError, r"the indices of max\(dim\) .* x.max\(dim\).values"),
     (lambda x: x.min(1).indices.float(), ft.nn.TracingError, r"the indices of min\(dim\)"),

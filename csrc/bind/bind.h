@@ -28,6 +28,7 @@ typedef struct {
 typedef struct {
     PyTypeObject *tensor_base;  /* fasttrain._C.TensorBase */
     PyTypeObject *tensor_class; /* the class new tensors get: fasttrain.Tensor once registered */
+    PyObject *export_check;     /* while a forward is traced: called with a tensor before its buffer is exported */
 } ft_module_state;
 
 extern PyModuleDef ft_module_def;

@@ -68,6 +68,7 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg) {
     ft_module_state *st = ft_py_state(module);
     Py_VISIT(st->tensor_base);
     Py_VISIT(st->tensor_class);
+    Py_VISIT(st->export_check);
     return 0;
 }
 
@@ -75,6 +76,7 @@ static int module_clear(PyObject *module) {
     ft_module_state *st = ft_py_state(module);
     Py_CLEAR(st->tensor_base);
     Py_CLEAR(st->tensor_class);
+    Py_CLEAR(st->export_check);
     return 0;
 }
 

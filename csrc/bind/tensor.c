@@ -357,6 +357,13 @@ struct buffer_export {
 
 static int tensor_getbuffer(PyObject *self, Py_buffer *view, int flags) {
     ft_tensor *t = SELF;
+    PyObject *check = ft_py_state_of_type(Py_TYPE(self))->export_check;
+    PyObject *checked = check ? PyObject_CallOneArg(check, self) : Py_NewRef(Py_None);
+    if (!checked) { /* a trainable parameter read by a traced forward (np.array(self.weight)) */
+        view->obj = NULL;
+        return -1;
+    }
+    Py_DECREF(checked);
     const char *format = buffer_format(t->dtype);
     bool c_contig = ft_tensor_is_contiguous(t), f_contig = ft_tensor_is_f_contiguous(t);
     const char *problem = NULL;
@@ -529,12 +536,20 @@ static PyObject *py_set_tensor_class(PyObject *module, PyObject *cls) {
     Py_RETURN_NONE;
 }
 
+/* _set_export_check(fn or None): fn(tensor) runs before each buffer export (see ft_module_state). */
+static PyObject *py_set_export_check(PyObject *module, PyObject *fn) {
+    ft_module_state *st = ft_py_state(module);
+    Py_XSETREF(st->export_check, fn == Py_None ? NULL : Py_NewRef(fn));
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef tensor_functions[] = {
     {"empty", py_empty, METH_VARARGS, "empty(shape, dtype, device_type, device_index, pinned)"},
     {"from_numpy", py_from_numpy, METH_O, "A tensor sharing the memory of a NumPy array."},
     {"from_dlpack", py_from_dlpack, METH_O, "A tensor sharing the memory of a DLPack producer or capsule."},
     {"tensor_from_data", py_tensor_from_data, METH_VARARGS, "tensor_from_data(data, dtype or -1)"},
     {"_set_tensor_class", py_set_tensor_class, METH_O, NULL},
+    {"_set_export_check", py_set_export_check, METH_O, NULL},
     {NULL, NULL, 0, NULL},
 };
 

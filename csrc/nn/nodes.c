@@ -958,6 +958,30 @@ static ft_status expand_backward(const ft_node_run *r) {
     return r->din[0] ? ft_sum_to(r->din[0], &r->dout, 1.0, r->din_acc[0]) : FT_OK;
 }
 
+static ft_status masked_fill_check(const ft_node *nd, const ft_node *const *in) {
+    bool ok = in[0]->ndim == nd->ndim && !memcmp(in[0]->shape, nd->shape, (size_t)nd->ndim * sizeof *nd->shape) &&
+              broadcasts(in[1], nd);
+    return ok ? FT_OK : ft_fail(FT_ERR_SHAPE, "program: a masked fill's mask has sizes other than its input's or 1");
+}
+
+/* scale where the mask holds, else the input: selected, not multiplied, so an infinite scale fills exactly. */
+static ft_status masked_fill_forward(const ft_node_run *r) {
+    if (r->in[1].dtype != FT_BOOL)
+        return ft_fail(FT_ERR_DTYPE, "program: a masked fill's mask must be bool");
+    ft_math_arg args[3] = {{&r->in[1], {0}}, {NULL, {.kind = FT_SCALAR_FLOAT, .f = r->nd->scale}}, {&r->in[0], {0}}};
+    return ft_math_pointwise(&r->out, FT_MATH_WHERE, r->out.dtype, args, 3);
+}
+
+/* dout where the mask is false, 0 where it holds; added to an earlier share through dout, zeroed in place. */
+static ft_status masked_fill_backward(const ft_node_run *r) {
+    if (!r->din[0])
+        return FT_OK;
+    const ft_tensor *g = r->din_acc[0] ? &r->dout : r->din[0];
+    ft_math_arg args[3] = {{&r->in[1], {0}}, {NULL, {.kind = FT_SCALAR_FLOAT, .f = 0}}, {&r->dout, {0}}};
+    FT_TRY(ft_math_pointwise(g, FT_MATH_WHERE, g->dtype, args, 3));
+    return r->din_acc[0] ? put(r->din[0], &r->dout, true) : FT_OK;
+}
+
 static ft_status sum_dims_check(const ft_node *nd, const ft_node *const *in) {
     if (broadcasts(nd, in[0]))
         return FT_OK;
@@ -1364,6 +1388,8 @@ const ft_node_kind_info ft_node_kinds[FT_NODE_NKINDS] = {
     [FT_NODE_LSTM] = {"lstm", 1, 3, 0, lstm_layer_check, lstm_layer_aux, NULL, lstm_layer_forward,
                       lstm_layer_backward, .precision = FT_NODE_LOW, .reads_inputs = lstm_layer_state,
                       .reads_output = never},
+    [FT_NODE_MASKED_FILL] = {"masked_fill", 2, 2, 0, masked_fill_check, NULL, NULL, masked_fill_forward,
+                             masked_fill_backward, .precision = FT_NODE_ANY, .reads_output = never},
     [FT_NODE_NOISE] = {"noise", 1, 1, 0, same_shape, NULL, NULL, noise_forward, NULL, .precision = FT_NODE_ANY,
                        .reads_inputs = never, .reads_output = never, .draws = element_draws},
     [FT_NODE_UPSAMPLE_BILINEAR] = {"upsample_bilinear", 1, 1, 2, bilinear_check, NULL, NULL, bilinear_forward,

@@ -75,6 +75,8 @@ typedef enum {
     FT_NODE_LSTM_HIDDEN, /* an LSTM step's output (H,) from its gates (4H,) and its cell state */
     FT_NODE_LSTM,        /* a whole LSTM layer (ops/rnn.h) with weight W_hh and bias b_hh: the input projections
                             (T, 4H), then optionally h0 and c0 (H,); out (T, 2H), each step's h then c */
+    FT_NODE_MASKED_FILL, /* the first input where the bool mask (the second input, of the node's sizes or 1) is
+                            false, scale where it holds; no gradient to the mask */
     FT_NODE_NKINDS
 } ft_node_kind;
 

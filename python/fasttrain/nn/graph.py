@@ -23,6 +23,7 @@ import os
 import sys
 import traceback
 
+from .. import _C
 from .._math import take_numpy_names
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -91,11 +92,20 @@ class tracing:
     def __enter__(self):
         _trainable.update(self.params)
         _active.append(self)
+        _C._set_export_check(_refuse_exported_parameter)
 
     def __exit__(self, *exc):
         _trainable.clear()
         _held_back.clear()
         _active.pop()
+        if not _active:
+            _C._set_export_check(None)
+
+
+def _refuse_exported_parameter(t):
+    """Fails for the buffer of a trainable parameter exported while a forward is traced (np.array(self.weight)
+    reads it so, memoryview too)."""
+    refuse_eager_parameters("a NumPy array (or memoryview)", (t,))
 
 
 def refuse_draw(fn):
@@ -521,7 +531,8 @@ class Symbolic:
         for x in inputs:
             x.read()
         layers = _layers()
-        if not isinstance(module, (layers.Math, layers.Attention, layers.Reshape, layers.Slice, layers.Permute)):
+        if not isinstance(module, (layers.Math, layers.Attention, layers.Reshape, layers.Slice, layers.Permute,
+                                   layers.MaskedFill)):
             inputs = [x._floats() for x in inputs]  # PyTorch's promotion of a bool mask in arithmetic
         if not isinstance(module, (layers.Add, layers.Mul, layers.Matmul, layers.Cat, layers.Expand, layers.Reshape)):
             inputs = [layers.Expand(x.node.shape)(x) if x._broadcast() else x for x in inputs]
@@ -1576,16 +1587,49 @@ def constant(t, like_shape):
     return Symbolic.record(_layers().Value(t, shape), [], shape)  # expanded where it meets the value
 
 
+def _masked(value, mask, fill):
+    """The traced value where the traced bool mask is false, the number fill where it holds (a MaskedFill)."""
+    if value.node.shape is None or len(mask.node.shape) != len(value.node.shape) or any(
+            m not in (v, 1) for m, v in zip(mask.node.shape, value.node.shape)):
+        fail(f"a mask of shape {mask.shape} for values of shape {value.shape}", "give the mask the values' "
+             "dimensions, each of their size or 1 (a padding mask (N, T) of scores (N, H, T, T) is "
+             "mask[:, None, None, :])")
+    return Symbolic.record(_layers().MaskedFill(float(fill)), [value, mask], value.node.shape)
+
+
+def _where_traced(condition, input, other):
+    """where() of a condition computed from traced values (a padding mask of each sample): each traced operand
+    kept where it is chosen and 0 elsewhere, a number filled where it is chosen."""
+    from .._C import TensorBase
+    if not condition._is_mask():
+        fail("a condition of traced values other than a bool mask", "compare to make one: ids == pad, x > 0")
+    operands = []
+    for v in (input, other):
+        if isinstance(v, TensorBase) and v.ndim == 0:
+            v = v.item()
+        elif isinstance(v, TensorBase):
+            v = condition._operand(v)
+        if not isinstance(v, (Symbolic, numbers.Real)):
+            raise TypeError(f"where: expected a tensor or a number, got {type(v).__name__}")
+        operands.append(v)
+    (a, b), keep = operands, ~condition
+    if isinstance(a, Symbolic) and isinstance(b, Symbolic):
+        return _masked(a, keep, 0.0) + _masked(b, condition, 0.0)
+    if isinstance(a, Symbolic):
+        return _masked(a, keep, b)
+    if isinstance(b, Symbolic):
+        return _masked(b, condition, a)
+    return _masked(_masked(condition._floats(), condition, a), keep, b)
+
+
 def where(condition, input, other):
-    """input where condition (a bool tensor, the same for every sample) holds, else other: each traced operand
-    times its positions' 0/1 mask, each constant operand written where it is chosen and 0 elsewhere (no product
-    with an infinite constant)."""
+    """input where condition (a bool tensor, the same for every sample, or a mask computed from traced values)
+    holds, else other. With a tensor condition each traced operand is multiplied by its positions' 0/1 mask, each
+    constant operand written where it is chosen and 0 elsewhere (no product with an infinite constant)."""
     from .._C import TensorBase
     from .. import _math
     if isinstance(condition, Symbolic):
-        fail("a condition computed from traced values", "a padding mask of the input (ids == pad) goes to attention "
-             "as key_padding_mask (or attn_mask), and weighs values as floats (h * keep); a mask of padding labels "
-             "is the loss's ignore_index; a mask fixed per position (a causal one) is a bool tensor")
+        return _where_traced(condition, input, other)
     if not isinstance(condition, TensorBase) or condition.dtype.name != "bool":
         raise TypeError(f"where: expected condition to be a bool tensor, got {type(condition).__name__}")
     parts = []

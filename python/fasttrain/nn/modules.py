@@ -2837,6 +2837,22 @@ class Math(Module):
         return f"{self.op}, {self.number:g}"
 
 
+class MaskedFill(Module):
+    """Its first input where a bool mask (its second input, of the input's sizes or 1) is false, the number value
+    where it holds (recorded by masked_fill and ft.where with a condition computed from traced values: a padding
+    mask of each sample). The value is selected, not multiplied in, so -inf fills exactly; the gradient passes
+    where the mask is false."""
+
+    _leaf = True
+
+    def __init__(self, value):
+        super().__init__()
+        self.value = value
+
+    def extra_repr(self):
+        return f"{self.value:g}"
+
+
 class Detach(Module):
     """Its input's values, through which no gradient passes (recorded by x.detach())."""
 

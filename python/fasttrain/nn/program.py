@@ -24,12 +24,12 @@ _K = _C.NODE_KINDS
 (INPUT, CONV2D, LINEAR, BATCHNORM, ACT, MAXPOOL, AVGPOOL, ADAPTIVE_AVGPOOL, ADAPTIVE_MAXPOOL, ADD, CAT, RESHAPE,
  DROPOUT, IDENTITY, LAYERNORM, MUL, SCALE, PERMUTE, SLICE, PARAM, TARGET, CROSS_ENTROPY, NLL, SUM, SOFTMAX,
  LOG_SOFTMAX, GROUPNORM, EMBEDDING, UPSAMPLE, MATMUL, ATTENTION, EXPAND, SUM_DIMS, ONE_HOT, DETACH,
- UPSAMPLE_BILINEAR, NOISE, CONV_TRANSPOSE2D, MATH, LSTM_CELL, LSTM_HIDDEN, LSTM) = (_K[k] for k in (
+ UPSAMPLE_BILINEAR, NOISE, CONV_TRANSPOSE2D, MATH, LSTM_CELL, LSTM_HIDDEN, LSTM, MASKED_FILL) = (_K[k] for k in (
     "input", "conv2d", "linear", "batch_norm", "activation", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
     "adaptive_max_pool2d", "add", "cat", "reshape", "dropout", "identity", "layer_norm", "mul", "scale", "permute",
     "slice", "parameter", "target", "cross_entropy", "nll", "sum", "softmax", "log_softmax", "group_norm",
     "embedding", "upsample_nearest", "matmul", "attention", "expand", "sum_dims", "one_hot", "detach",
-    "upsample_bilinear", "noise", "conv_transpose2d", "math", "lstm_cell", "lstm_hidden", "lstm"))
+    "upsample_bilinear", "noise", "conv_transpose2d", "math", "lstm_cell", "lstm_hidden", "lstm", "masked_fill"))
 ACTS = _C.ACTIVATIONS
 REDUCTIONS = _C.REDUCTIONS
 # Activations whose derivative follows from their output: these can be fused
@@ -127,6 +127,8 @@ def _node_of(module, shape):
         return DETACH, {}
     if isinstance(m, M.Math):
         return MATH, dict(math_op=m.op, scale=m.number)
+    if isinstance(m, M.MaskedFill):
+        return MASKED_FILL, dict(scale=m.value)
     if isinstance(m, M.LSTMState):
         return LSTM_CELL, {}
     if isinstance(m, M.LSTMOutput):
