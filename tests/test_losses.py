@@ -338,6 +338,24 @@ def focal(out, y, gamma=2.0):
     return -(F.one_hot(y, num_classes=OUT) * (1 - logp.exp()) ** gamma * logp).sum(dim=1).mean()
 
 
+ALPHA = ft.tensor(np.linspace(0.25, 1.0, OUT).astype(np.float32))
+
+
+@pytest.mark.parametrize("pick", [lambda y: ALPHA.gather(0, y), lambda y: ALPHA[y]], ids=["gather", "index"])
+def test_per_class_weights_picked_at_the_labels_weigh_each_sample(pick):
+    """A focal loss's alpha_t, alpha.gather(0, y) or alpha[y] of a 1-d tensor: each sample's loss times its class's
+    weight, as NumPy; gradients by central differences."""
+    model, x = make_model()
+    y = targets("class")
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1),
+                            lambda out, y: (pick(y) * F.cross_entropy(out, y, reduction="none")).mean(),
+                            batch_size=N, input_shape=(IN,))
+    logp = log_softmax(x.astype(np.float64) @ model.weight.numpy().T + model.bias.numpy())
+    want = (ALPHA.numpy()[y] * -logp[np.arange(N), y]).mean()
+    assert program.evaluate(x, y)[0] == pytest.approx(want, rel=1e-5)
+    assert gradcheck(program, x, y)
+
+
 def test_one_hot_targets_in_a_loss_train_as_the_built_in_label_smoothing():
     y = targets("class")
     weights = []

@@ -18,6 +18,20 @@ def test_apply_visits_children_before_parents_and_returns_the_module():
     assert not np.asarray(model[0].weight).any() and not np.asarray(model[1][1].weight).any()
 
 
+def test_a_module_reachable_twice_is_visited_once_and_saved_under_each_name():
+    """Sequential(l, ReLU(), l): apply, modules() and named_modules() visit l once, under its first name (as
+    PyTorch's; remove_duplicate=False lists each path), while state_dict keeps both names (as PyTorch's)."""
+    shared = nn.Linear(3, 3)
+    model = nn.Sequential(shared, nn.ReLU(), shared)
+    nn.init.ones_(shared.weight)
+    model.apply(lambda m: m.weight.mul_(0.5) if isinstance(m, nn.Linear) else None)
+    np.testing.assert_array_equal(np.asarray(shared.weight), np.full((3, 3), 0.5, np.float32))
+    assert [n for n, _ in model.named_modules()] == ["", "0", "1"] and len(list(model.modules())) == 3
+    assert [n for n, _ in model.named_modules(remove_duplicate=False)] == ["", "0", "1", "2"]
+    assert list(model.state_dict()) == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    assert len(list(model.parameters())) == 2
+
+
 def test_zero_grad_as_pytorch_and_a_program_writes_anew():
     model = nn.Sequential(nn.Linear(4, 3))
     opt = ft.optim.SGD(model.parameters(), lr=0.1)

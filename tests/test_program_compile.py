@@ -216,6 +216,80 @@ def test_what_compile_fixed_changing_afterwards_is_refused_not_ignored():
         ft.fit(dropped, (x, y), progress=False)
 
 
+class ModeReading(nn.Module):
+    """Dropout by the forward's own reading of the mode, and an LSTM's dropout between its layers."""
+
+    def __init__(self):
+        super().__init__()
+        self.rnn, self.head = nn.LSTM(4, 6, num_layers=2, dropout=0.5, batch_first=True), nn.Linear(6, 3)
+
+    def forward(self, x):
+        h = self.rnn(x)[0][:, -1]
+        return self.head(nn.functional.dropout(h, 0.5, self.training))
+
+
+@pytest.mark.parametrize("changed", ["model", "rnn"])
+def test_a_mode_the_training_step_reads_changing_after_compile_is_refused(changed):
+    """F.dropout(h, p, self.training) and an LSTM's dropout=: a module put in eval mode after compile (or back in
+    training mode) would keep dropping (or not) in the compiled step; the step is refused, and goes on once the mode
+    is back. An RNN without dropout runs alike in both modes."""
+    x, y = np.ones((2, 5, 4), np.float32), np.array([0, 1])
+    m = ModeReading()
+    program = m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=2,
+                        input_shape=(5, 4))
+    module = m if changed == "model" else m.rnn
+    module.eval()
+    m.rnn.train(changed == "model")
+    name = "ModeReading" if changed == "model" else "LSTM 'rnn'"
+    with pytest.raises(ValueError, match=f"^{name} is in eval mode, but was in training mode at compile"):
+        program.train_step(x, y)
+    m.train()
+    program.train_step(x, y)
+    m.rnn.eval()
+    frozen = m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=2,
+                       input_shape=(5, 4)) if changed == "rnn" else None
+    if frozen is not None:
+        m.rnn.train()
+        with pytest.raises(ValueError, match="^LSTM 'rnn' is in training mode, but was in eval mode at compile"):
+            frozen.train_step(x, y)
+    plain = nn.LSTM(4, 6, batch_first=True)
+    steps = plain.compile(ft.optim.SGD(plain.parameters(), lr=0.1), lambda out: out[0].mean(), batch_size=2,
+                          input_shape=(5, 4))
+    plain.eval()
+    steps.train_step(x, None)
+
+
+def test_a_forward_may_return_nested_tuples_and_a_dict_or_merged_rows_say_what_to_return():
+    """An LSTM's (out, (h, c)) compiles as it is (predict returns out, the loss gets the whole); a dict, and scores
+    merged with the batch (logits.view(-1, C)), are refused with what to return instead."""
+    x = np.random.default_rng(3).standard_normal((2, 5, 4)).astype(np.float32)
+    rnn = nn.LSTM(4, 6, batch_first=True)
+    program = rnn.compile(ft.optim.SGD(rnn.parameters(), lr=0.1),
+                          lambda out: out[0].mean() + out[1][0][-1].pow(2).mean() + out[1][1][-1].abs().mean(),
+                          batch_size=2, input_shape=(5, 4))
+    out, (h, c) = rnn(ft.tensor(x))
+    np.testing.assert_allclose(program.predict(x).numpy(), out.numpy(), rtol=1e-5, atol=1e-6)
+    want = out.numpy().mean() + (h.numpy()[-1] ** 2).mean() + np.abs(c.numpy()[-1]).mean()
+    assert program.evaluate(x, None)[0] == pytest.approx(want, rel=1e-5)
+
+    class Returns(nn.Module):
+        def __init__(self, how):
+            super().__init__()
+            self.how, self.fc = how, nn.Linear(4, 3)
+
+        def forward(self, x):
+            z = self.fc(x)
+            return {"logits": z} if self.how == "dict" else z.view(-1, 3) if self.how == "rows" else (z, 2.0)
+
+    for how, message in (("dict", r"returned a dict: return a tuple \(or a namedtuple\)"),
+                         ("rows", r"returned MergedRows: return the \(N, T, C\) scores and view them in the loss"),
+                         ("number", r"returned a tuple holding a float: return the output")):
+        m = Returns(how)
+        with pytest.raises(ft.nn.TracingError, match=f"Returns.forward {message}"):
+            m.compile(ft.optim.SGD(m.parameters(), lr=0.1), lambda out: out[0].mean(), batch_size=2,
+                      input_shape=(5, 4))
+
+
 def test_a_parameter_replaced_after_compile_is_refused_by_every_call():
     m = nn.Sequential(nn.Flatten(), nn.Linear(12, 3))
     program = m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=2,

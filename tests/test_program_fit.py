@@ -316,3 +316,65 @@ def test_fit_with_validation_leaves_the_modes_compile_found():
     model.train()
     with pytest.raises(ValueError, match="BatchNorm1d '1' is in training mode, but was in eval mode at compile"):
         program.train_step(x[:8], y[:8])
+
+
+# ---------------------------------------------------------------- means over batches
+
+def _softmax_ce(logits, y, ignore):
+    """Per-sample float64 cross-entropy and argmax hits of (N, C) logits, with the kept mask."""
+    z = logits.astype(np.float64)
+    logp = z - z.max(-1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+    keep = y != ignore
+    ce = -np.take_along_axis(logp, np.where(keep, y, 0)[..., None], -1)[..., 0]
+    return ce, keep, logits.argmax(-1) == y
+
+
+def test_an_ignored_label_counts_in_neither_the_loss_nor_the_accuracy():
+    """A classifier whose loss ignores label -1 (unlabelled samples): evaluate's loss is the mean over the labelled
+    samples and its accuracy the fraction of them predicted, for one batch and over a split of uneven batches (as
+    over one batch of them all); fit's train accuracy counts them alike (lr 0: the training forward is the eval
+    one)."""
+    rng = np.random.default_rng(21)
+    X, y = rng.standard_normal((20, 5)).astype(np.float32), rng.integers(0, 3, 20)
+    y[[0, 1, 2, 3, 4, 5, 9, 15]] = -1
+    ft.manual_seed(2)
+    model = nn.Sequential(nn.Linear(5, 3))
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.0), nn.CrossEntropyLoss(ignore_index=-1),
+                            batch_size=8, input_shape=(5,))
+    ce, keep, hit = _softmax_ce(program.predict(X).numpy(), y, -1)
+    loss, accuracy = program.evaluate(X[:8], y[:8])
+    assert loss == pytest.approx(ce[:8][keep[:8]].mean(), rel=1e-5)
+    assert accuracy == pytest.approx(hit[:8][keep[:8]].mean())
+    for split in ((X, y), [(X[k:k + 8], y[k:k + 8]) for k in (0, 8, 16)]):  # the C loader, a Python iterable
+        loss, accuracy = ft.evaluate(program, split)
+        assert loss == pytest.approx(ce[keep].mean(), rel=1e-5) and accuracy == pytest.approx(hit[keep].mean())
+    history = ft.fit(program, (X, y), 1, batch_size=8, progress=False)
+    assert history["train_accuracy"][0] == pytest.approx(hit[keep].mean())
+    assert history["train_loss"][0] == pytest.approx(ce[keep].mean(), rel=1e-5)
+
+
+def test_a_token_loss_averages_over_the_tokens_of_the_split_and_a_padding_batch_counts_for_nothing():
+    """Per-position labels with padding (ignore_index=0): ft.evaluate's loss is the mean over every kept token of
+    the split, whatever the batches hold, and a batch of padding only adds nothing (a training step refuses it;
+    validation in fit goes on)."""
+    rng = np.random.default_rng(22)
+    ids, y = rng.integers(0, 9, (20, 6)), rng.integers(1, 9, (20, 6))
+    y[:, 4:] = 0
+    y[[3, 7]] = 0
+    y[16:] = 0  # the last batch: padding only
+    ft.manual_seed(4)
+    model = nn.Sequential(nn.Embedding(9, 4), nn.Linear(4, 9))
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.0),
+                            lambda out, y: nn.functional.cross_entropy(out.transpose(1, 2), y, ignore_index=0),
+                            batch_size=8, input_shape=(6,), input_dtype=ft.int64)
+    ce, keep, _ = _softmax_ce(program.predict(ids).numpy(), y, 0)
+    batches = [(ids[k:k + 8], y[k:k + 8]) for k in (0, 8, 16)]
+    for split in ((ids, y), batches):
+        assert ft.evaluate(program, split)[0] == pytest.approx(ce[keep].mean(), rel=1e-5)
+    loss, accuracy = program.evaluate(*batches[2])
+    assert np.isnan(loss) and accuracy is None
+    with pytest.raises(ValueError, match="every target of the batch is ignored"):
+        program.train_step(*batches[2])
+    history = ft.fit(program, batches[:2], 1, val_loader=batches, progress=False)
+    assert history["val_loss"][0] == pytest.approx(ce[keep].mean(), rel=1e-5)

@@ -40,6 +40,21 @@ def test_close_values_pass(actual, expected):
     assert_close(actual, expected)
 
 
+def test_pytorch_tensors_compare_by_their_dtype_whatever_they_track():
+    """A PyTorch reference output (requiring grad, bfloat16) compares by its values and dtype, as a NumPy array
+    does."""
+    torch = pytest.importorskip("torch")
+    x = ft.tensor([1.0, 2.0])
+    assert_close(x, torch.tensor([1.0, 2.0], requires_grad=True) * 1)
+    assert_close(x.to(ft.bfloat16), torch.tensor([1.0, 2.0], dtype=torch.bfloat16))
+    for other in (torch.tensor([1.0, 2.0], dtype=torch.float64), torch.tensor([1, 2], dtype=torch.int32)):
+        with pytest.raises(AssertionError, match="The dtypes do not match: .*float32 != .*(float64|int32)"):
+            assert_close(x, other)
+    with pytest.raises(AssertionError, match="The dtypes do not match: .*float64 != .*float32"):
+        assert_close(np.array([1.0, 2.0]), torch.tensor([1.0, 2.0]))
+    assert_close(np.array([1.0, 2.0]), torch.tensor([1.0, 2.0]), check_dtype=False)
+
+
 def test_the_report_counts_and_locates_the_mismatches():
     expected = np.zeros((2, 3), np.float32)
     actual = expected.copy()

@@ -1044,8 +1044,13 @@ def test_position_embeddings_of_a_range_match_pytorch(how):
     (lambda x: x.norm(), ft.nn.TracingError, r"norm\(\) of a traced value over the batch"),
     (lambda x: x.norm(3, dim=1), ft.nn.TracingError, r"norm\(p=3\) of a traced value"),
     (lambda x: x.gather(1, ft.zeros(2, 1, dtype=ft.int64)), ft.nn.TracingError, "gather\\(\\) with an index other"),
+    (lambda x: F.interpolate(x.view(x.size(0), 1, 2, 2), scale_factor=2, mode="bilinear", antialias=True),
+     NotImplementedError, r"interpolate: antialias=True is not supported"),
+    (lambda x: F.adaptive_max_pool2d(x.view(x.size(0), 1, 2, 2), 1, return_indices=True)[0], TypeError,
+     r"adaptive_max_pool2d: return_indices=True cannot be traced"),
 ])
 def test_the_traced_math_refuses_what_it_cannot_record(forward, error, message):
+    """Each refused rather than recorded without the option (a silently different function)."""
     class Bad(nn.Module):
         def __init__(self):
             super().__init__()
@@ -2197,8 +2202,8 @@ def test_a_forward_returning_logits_and_none_compiles():
     class Backwards(GPTLike):
         def forward(self, x, targets=None):
             return None, self.head(x)
-    with pytest.raises(ft.nn.TracingError, match=r"returned tuple of NoneType, traced value, not traced outputs .* the "
-                                                 r"first traced"):
+    with pytest.raises(ft.nn.TracingError, match=r"returned a tuple whose first item is NoneType: .* whose first is "
+                                                 r"what predict returns"):
         Backwards().compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=2, input_shape=(4,))
 
 
@@ -2698,3 +2703,24 @@ def test_stochastic_depth_of_token_features_draws_from_the_first_input():
         m = Drawn()
         with pytest.raises(ft.nn.TracingError, match=r"new memory of size \(N, 3\) .* ft.rand_like\(x\)"):
             m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.MSELoss(), batch_size=4, input_shape=(4,))
+
+
+@pytest.mark.parametrize("option", [dict(max_norm=1.0), dict(scale_grad_by_freq=True), dict(sparse=True)])
+def test_functional_embedding_options_it_cannot_compute_are_refused_when_traced(option):
+    """F.embedding's max_norm (which renormalizes rows) and scale_grad_by_freq (which scales the gradient) are refused
+    in a traced forward as eagerly, not recorded as a plain lookup."""
+    class Looked(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = nn.Parameter(ft.randn(10, 4))
+
+        def forward(self, ids):
+            return F.embedding(ids, self.table, **option).sum(1)
+
+    m = Looked()
+    name = next(iter(option))
+    with pytest.raises(NotImplementedError, match=f"embedding: {name} is not supported"):
+        F.embedding(ft.tensor([[1, 2]]), m.table, **option)
+    with pytest.raises(NotImplementedError, match=f"embedding: {name} is not supported"):
+        m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.MSELoss(), batch_size=2, input_shape=(3,),
+                  input_dtype=ft.int64)

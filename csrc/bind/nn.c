@@ -504,14 +504,24 @@ static ft_status average_over_ranks(const ft_tensor *grads, void *nccl, double *
     return ft_broadcast_to(grads, grads, 1.0 / ft_dist_world_size(), false); /* in place: a scaling */
 }
 
-/* The outcome of a step: its loss, whether it was skipped, the training
- * accuracy's count of correct predictions (classifying programs), and the
- * gradient norm (NaN unless clipping or nan_policy='skip' computed it). */
+/* The outcome of a step: its loss, whether it was skipped, its tally (the
+ * training loss and accuracy's sums), and the gradient norm (NaN unless
+ * clipping or nan_policy='skip' computed it). */
 typedef struct {
     double loss, grad_norm;
-    int64_t correct;
+    ft_tally tally;
     bool skipped;
 } step_result;
+
+/* (loss, weight, correct, labelled): a tally as Python sums it (see ft_tally). */
+static PyObject *tally_tuple(const ft_tally *t) {
+    return Py_BuildValue("(ddLL)", t->loss, t->weight, (long long)t->correct, (long long)t->labelled);
+}
+
+static void tally_add(ft_tally *sum, const ft_tally *t) {
+    *sum = (ft_tally){sum->loss + t->loss, sum->weight + t->weight, sum->correct + t->correct,
+                      sum->labelled + t->labelled};
+}
 
 /* A step whose loss or gradients are not finite (on any rank), skipped:
  * the batch-norm statistics and dropout stream its forward moved are put back, and a scaling
@@ -551,15 +561,19 @@ static ft_status train_step(ft_program *prog, ft_optimizer *opt, const ft_tensor
     loss_scaler *ls = o->scaler;
     ft_status b = ft_program_set_loss_scale(prog, ls ? (float)ls->scale : 1.0f);
     if (b == FT_OK)
-        b = ft_program_backward(prog, x, y, false, &r->loss, &r->correct);
+        b = ft_program_backward(prog, x, y, false, &r->loss, &r->tally);
     (void)ft_program_set_loss_scale(prog, 1.0f); /* 1 is always taken */
     if (o->reducer) { /* even after a failed backward: leave no sum it started pending */
         ft_status f = ft_reducer_finish(o->reducer);
         b = b == FT_OK ? f : b;
     }
     FT_TRY(b);
-    if (o->rank_grads)
+    if (o->rank_grads) {
         FT_TRY(average_over_ranks(o->rank_grads, o->nccl, &r->loss));
+        /* the mean of the ranks' means, weighing each rank's samples alike (DistributedDataParallel's) */
+        r->tally.weight = (double)x->shape[0];
+        r->tally.loss = r->loss * r->tally.weight;
+    }
     if (!isfinite(r->loss)) { /* a rank whose own loss was finite has not put its statistics back */
         if (o->skip_nonfinite || ls)
             return skip_step(prog, ls, r);
@@ -687,7 +701,7 @@ static PyObject *run_train_step(PyObject *self, PyObject *args, PyObject *kwargs
     if (s != FT_OK)
         return ft_py_raise(s);
     ((program_object *)self)->last_grad_norm = r.grad_norm;
-    return Py_BuildValue("(dOL)", r.loss, r.skipped ? Py_True : Py_False, (long long)r.correct);
+    return Py_BuildValue("(dON)", r.loss, r.skipped ? Py_True : Py_False, tally_tuple(&r.tally));
 }
 
 /* backward(x, y, accumulate=False) -> loss: the gradients into the flat
@@ -777,13 +791,12 @@ static PyObject *run_evaluate(PyObject *self, PyObject *args) {
     ft_tensor x[FT_PROGRAM_MAX_INPUTS], *y;
     if (!PyArg_ParseTuple(args, "OO|p:evaluate", &xo, &yo, &tta) || unwrap_xy(self, xo, yo, x, &y) < 0)
         return NULL;
-    double loss = 0;
-    int64_t correct = 0;
+    ft_tally tally = {0};
     ft_status s;
     Py_BEGIN_ALLOW_THREADS
-    s = ft_program_evaluate(entered(self), x, y, tta, &loss, &correct);
+    s = ft_program_evaluate(entered(self), x, y, tta, &tally);
     Py_END_ALLOW_THREADS
-    return s == FT_OK ? Py_BuildValue("(dL)", loss, (long long)correct) : ft_py_raise(s);
+    return s == FT_OK ? tally_tuple(&tally) : ft_py_raise(s);
 }
 
 /* Calls callback(steps, loss, samples) with the GIL; -1 with an exception
@@ -879,13 +892,13 @@ static void note_progress(int64_t steps, int64_t skipped) {
 }
 
 /* fit_epoch(loader, optimizer, schedule=None, callback=None, interval=0.25, clip_grad_norm=None,
- * nan_policy="raise", step_callback=None, every=0, first_step=0) -> (loss_sum, samples, steps, skipped, stopped,
- * correct): one epoch of a fasttrain loader in C. Python runs only for the progress callback, every `interval`
+ * nan_policy="raise", step_callback=None, every=0, first_step=0) -> (tally, samples, steps, skipped, stopped):
+ * one epoch of a fasttrain loader in C. Python runs only for the progress callback, every `interval`
  * seconds, and for step_callback(steps, loss, grad_norm) after every step whose number counted from first_step + 1
  * is a multiple of `every` (either stops the epoch by returning True); schedule[k] gives every parameter group's
  * hyperparameters at step k (the learning rate and whatever else a scheduler moves, such as OneCycleLR's momentum
- * or betas), as the tuples of Optimizer._group_tuple. `correct` counts the training-mode predictions equal to their
- * labels (0 unless the program classifies). */
+ * or betas), as the tuples of Optimizer._group_tuple. The tally (tally_tuple) sums the steps not skipped, the
+ * accuracy's counts from their training-mode predictions. */
 static PyObject *run_fit_epoch(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"loader", "optimizer", "schedule", "callback", "interval", "clip_grad_norm",
                              "nan_policy", "step_callback", "every", "first_step", NULL};
@@ -925,8 +938,9 @@ static PyObject *run_fit_epoch(PyObject *self, PyObject *args, PyObject *kwargs)
     }
     entered(self);
     Py_INCREF(loader_obj); /* the C loader lives as long as this object */
-    double loss_sum = 0, last_report = omp_get_wtime();
-    int64_t samples = 0, counted = 0, steps = 0, skipped_steps = 0, correct = 0;
+    double last_report = omp_get_wtime();
+    ft_tally tally = {0};
+    int64_t samples = 0, steps = 0, skipped_steps = 0;
     step_result r = {.grad_norm = po->last_grad_norm};
     ft_status s = FT_OK;
     int stop = 0;
@@ -946,11 +960,8 @@ static PyObject *run_fit_epoch(PyObject *self, PyObject *args, PyObject *kwargs)
         ft_loader_release(l, &b);
         if (s != FT_OK)
             break;
-        if (!r.skipped) { /* a skipped step's loss is not finite: it says nothing about the epoch */
-            loss_sum += r.loss * (double)n;
-            correct += r.correct;
-            counted += n;
-        }
+        if (!r.skipped) /* a skipped step's loss is not finite: it says nothing about the epoch */
+            tally_add(&tally, &r.tally);
         samples += n;
         steps++;
         skipped_steps += r.skipped;
@@ -988,11 +999,11 @@ static PyObject *run_fit_epoch(PyObject *self, PyObject *args, PyObject *kwargs)
         note_progress(steps, skipped_steps);
         return NULL;
     }
-    return Py_BuildValue("(dLLLLOL)", loss_sum, (long long)samples, (long long)counted, (long long)steps,
-                         (long long)skipped_steps, stop ? Py_True : Py_False, (long long)correct);
+    return Py_BuildValue("(NLLLO)", tally_tuple(&tally), (long long)samples, (long long)steps,
+                         (long long)skipped_steps, stop ? Py_True : Py_False);
 }
 
-/* eval_epoch(loader, tta_flip=False) -> (loss_sum, correct, count), in eval mode, in C. */
+/* eval_epoch(loader, tta_flip=False) -> (tally, samples), in eval mode, in C. */
 static PyObject *run_eval_epoch(PyObject *self, PyObject *args) {
     PyObject *loader_obj;
     int tta = 0;
@@ -1003,8 +1014,8 @@ static PyObject *run_eval_epoch(PyObject *self, PyObject *args) {
         return NULL;
     ft_program *prog = entered(self);
     Py_INCREF(loader_obj);
-    double loss = 0;
-    int64_t correct = 0, count = 0;
+    ft_tally tally = {0};
+    int64_t count = 0;
     ft_status s = FT_OK;
     int stop = 0;
     PyThreadState *ts = PyEval_SaveThread();
@@ -1015,7 +1026,7 @@ static PyObject *run_eval_epoch(PyObject *self, PyObject *args) {
             stop = got < 0 && s == FT_OK;
             break;
         }
-        s = ft_program_evaluate(prog, &b.images, &b.labels, tta, &loss, &correct);
+        s = ft_program_evaluate(prog, &b.images, &b.labels, tta, &tally);
         count += b.size;
         ft_loader_release(l, &b);
         if (s != FT_OK)
@@ -1026,7 +1037,7 @@ static PyObject *run_eval_epoch(PyObject *self, PyObject *args) {
     Py_DECREF(loader_obj);
     if (stop || closed)
         return NULL;
-    return s == FT_OK ? Py_BuildValue("(dLL)", loss, (long long)correct, (long long)count) : ft_py_raise(s);
+    return s == FT_OK ? Py_BuildValue("(NL)", tally_tuple(&tally), (long long)count) : ft_py_raise(s);
 }
 
 static PyObject *program_get_dropout_state(PyObject *self, PyObject *unused) {
@@ -1155,11 +1166,12 @@ static PyMethodDef program_methods[] = {
     {"profile", program_profile, METH_NOARGS, "[(forward seconds, backward seconds)] per node since creation"},
     {"node_dtypes", program_node_dtypes, METH_NOARGS, "node_dtypes() -> [each node's output dtype name]"},
     {"train_step", (PyCFunction)(void (*)(void))program_train_step, METH_VARARGS | METH_KEYWORDS,
-     "train_step(x, y, optimizer, clip_grad_norm=None, nan_policy='raise') -> (loss, skipped, correct)"},
+     "train_step(x, y, optimizer, clip_grad_norm=None, nan_policy='raise') -> (loss, skipped, (loss * weight, weight, "
+     "correct, labelled))"},
     {"forward", program_forward, METH_O, "forward(x) -> logits, in eval mode"},
     {"backward", program_backward, METH_VARARGS,
      "backward(x, y, accumulate=False) -> loss; the gradients written (or added to), without an update"},
-    {"evaluate", program_evaluate, METH_VARARGS, "evaluate(x, y) -> (summed loss, correct predictions)"},
+    {"evaluate", program_evaluate, METH_VARARGS, "evaluate(x, y, tta_flip=False) -> (loss * weight, weight, correct, labelled)"},
     {"memory", program_memory, METH_NOARGS,
      "(training arena bytes, evaluation arena bytes, low-precision weight copy bytes)"},
     {"node_bytes", program_node_bytes, METH_NOARGS,
@@ -1173,10 +1185,10 @@ static PyMethodDef program_methods[] = {
     {"_move_weight", program_move_weight, METH_VARARGS, NULL},
     {"fit_epoch", (PyCFunction)(void (*)(void))program_fit_epoch, METH_VARARGS | METH_KEYWORDS,
      "fit_epoch(loader, optimizer, schedule=None, callback=None, interval=0.25, clip_grad_norm=None, "
-     "nan_policy='raise', step_callback=None, every=0, first_step=0) -> (loss_sum, samples, counted, steps, skipped, "
-     "stopped, correct): loss_sum and correct over the counted samples, those of the steps not skipped"},
+     "nan_policy='raise', step_callback=None, every=0, first_step=0) -> (tally, samples, steps, skipped, stopped): "
+     "the tally (as evaluate's) of the steps not skipped"},
     {"eval_epoch", program_eval_epoch, METH_VARARGS,
-     "eval_epoch(loader, tta_flip=False) -> (loss_sum, correct, count)"},
+     "eval_epoch(loader, tta_flip=False) -> (tally, samples): the tally as evaluate's"},
     {NULL, NULL, 0, NULL},
 };
 

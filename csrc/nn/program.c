@@ -60,6 +60,8 @@ struct ft_program {
     int ninputs;            /* nodes 0 .. ninputs - 1 */
     ft_tensor x[FT_PROGRAM_MAX_INPUTS], y; /* the micro-batch being run (borrowed views) */
     double *norm;           /* (n) each loss node's normalizer for the batch being run */
+    bool weightless;        /* evaluation: the final loss ignores every target of the batch, which counts for
+                               nothing (its normalizer, 0, is run as 1 over shares of 0) */
     ft_tensor loss_value;   /* (1) float32: a micro-batch's loss */
     bool *trains;           /* (n) whether a node's value depends on a trained parameter (wants a gradient) */
     bool *ratio_pass;       /* (n) the nodes a ratio's denominator reads, run first over the whole batch, or NULL */
@@ -1246,6 +1248,26 @@ static void take_rows(ft_program *p, const ft_tensor *x, const ft_tensor *y, int
         p->y = rows_of(y, r0, rows);
 }
 
+/* Whether a normalizer of node i that is not positive makes the batch count
+ * for nothing (weightless) rather than fail: in evaluation, of the final
+ * loss (a batch of padding only). */
+static bool weightless(ft_program *p, bool training, int i) {
+    if (training || i != p->n - 1 || p->norm[i] != 0)
+        return false;
+    p->norm[i] = 1;
+    p->weightless = true;
+    return true;
+}
+
+/* What the batch of B samples weighs in means over batches (see ft_tally). */
+static double loss_weight(const ft_program *p, int64_t B) {
+    const ft_node *nd = &p->nodes[p->n - 1];
+    bool mean = row(p, p->n - 1)->prepare && (nd->reduction == FT_NODE_REDUCE_MEAN ||
+                                              nd->reduction == FT_NODE_REDUCE_BATCHMEAN ||
+                                              nd->reduction == FT_NODE_REDUCE_RATIO);
+    return p->weightless ? 0 : mean ? p->norm[p->n - 1] : (double)B;
+}
+
 /* The batch's targets checked (shape, dtype, and by each loss node its
  * values) and each loss node's normalizer for the batch. *dev gets them
  * where the program runs (nothing when the loss reads no targets); *host,
@@ -1254,9 +1276,10 @@ static void take_rows(ft_program *p, const ft_tensor *x, const ft_tensor *y, int
  * (N,) for a target of per-sample shape (1,) are read as the column
  * (N, 1): one regression target per sample, as a user's y usually is
  * (PyTorch would broadcast (N, 1) against (N,) to an (N, N) loss). */
-static ft_status prepare_targets(ft_program *p, const ft_tensor *y, int64_t rows, ft_tensor *dev,
+static ft_status prepare_targets(ft_program *p, const ft_tensor *y, int64_t rows, bool training, ft_tensor *dev,
                                  ft_tensor *host_out) {
     *dev = (ft_tensor){0};
+    p->weightless = false;
     ft_tensor column;
     if (p->target < 0) {
         y = NULL; /* a loss of the outputs alone: any targets given are not read */
@@ -1286,7 +1309,7 @@ static ft_status prepare_targets(ft_program *p, const ft_tensor *y, int64_t rows
         for (int k = 0; k < p->nodes[i].ninputs; k++)
             direct |= p->nodes[i].inputs[k] == p->target;
         s = row(p, i)->prepare(&p->nodes[i], in, direct ? &host : NULL, rows, &p->norm[i]);
-        if (s == FT_OK && !(p->norm[i] > 0))
+        if (s == FT_OK && !(p->norm[i] > 0) && !weightless(p, training, i))
             s = ft_fail(FT_ERR_VALUE, "program: every target of the batch is ignored: its mean loss is undefined");
     }
     if (s == FT_OK && y)
@@ -1326,12 +1349,24 @@ static ft_status add_loss(ft_program *p, bool training, int64_t rows, double *lo
 
 /* ---- backward ---- */
 
-/* Adds to *correct the samples of the micro-batch whose argmax output (of
- * the training or the evaluation forward just run) is their class target
- * (y on the host), through `scores` (batch, classes) on the CPU. */
+/* The label the class loss reading the targets ignores (INT64_MIN, which
+ * no batch holds, when none does). */
+static int64_t ignored_label(const ft_program *p) {
+    for (int i = 0; i < p->n; i++) {
+        const ft_node *nd = &p->nodes[i];
+        if ((nd->kind == FT_NODE_CROSS_ENTROPY || nd->kind == FT_NODE_NLL) && nd->inputs[1] == p->target)
+            return nd->ignore_index;
+    }
+    return INT64_MIN;
+}
+
+/* Adds to the tally the labels of the micro-batch that the loss does not
+ * ignore and those whose argmax output (of the training or the evaluation
+ * forward just run) is the label (y on the host), through `scores`
+ * (batch, classes) on the CPU. */
 static ft_status count_correct(ft_program *p, bool training, int64_t rows, const ft_tensor *y,
-                               const ft_tensor *scores, int64_t *correct) {
-    int64_t classes = p->nodes[p->output].shape[0];
+                               const ft_tensor *scores, ft_tally *tally) {
+    int64_t classes = p->nodes[p->output].shape[0], ignored = ignored_label(p);
     ft_tensor out = node_out(p, training, p->output, rows), s = rows_of(scores, 0, rows);
     FT_TRY(ft_tensor_copy(&s, &out, false));
     const float *l = (const float *)ft_tensor_data(&s);
@@ -1341,7 +1376,8 @@ static ft_status count_correct(ft_program *p, bool training, int64_t rows, const
             if (l[r * classes + c] > l[r * classes + best])
                 best = c;
         memcpy(&label, (const char *)ft_tensor_data(y) + r * y->strides[0] * 8, 8);
-        *correct += best == label;
+        tally->labelled += label != ignored;
+        tally->correct += label != ignored && best == label;
     }
     return FT_OK;
 }
@@ -1438,7 +1474,7 @@ static ft_status ratio_norms(ft_program *p, bool training, const ft_tensor *x, c
             continue;
         const ft_node *nd = &p->nodes[r];
         p->norm[r] = fmax(p->norm[r] + nd->count_offset, nd->count_floor);
-        if (!(p->norm[r] > 0))
+        if (!(p->norm[r] > 0) && !weightless(p, training, r))
             return ft_fail(FT_ERR_VALUE, "program: the denominator of a ratio loss (a masked mean's count) is %g for "
                                          "this batch, not positive: a mean over no positions is undefined (guard "
                                          "it: mask.sum().clamp(min=1)); nothing was changed",
@@ -1449,9 +1485,9 @@ static ft_status ratio_norms(ft_program *p, bool training, const ft_tensor *x, c
 
 /* The steps of ft_program_backward over x and y where the program runs;
  * with yh (the labels on the host) the correct predictions are counted
- * through `scores`. */
+ * through `scores` into the tally. */
 static ft_status backward_batches(ft_program *p, const ft_tensor *x, const ft_tensor *y, bool accumulate,
-                                  double *loss, const ft_tensor *yh, const ft_tensor *scores, int64_t *correct) {
+                                  double *loss, const ft_tensor *yh, const ft_tensor *scores, ft_tally *tally) {
     int64_t B = x->shape[0];
     int last = p->n - 1;
     p->step_offset = p->dropout_offset;
@@ -1465,7 +1501,7 @@ static ft_status backward_batches(ft_program *p, const ft_tensor *x, const ft_te
         FT_TRY(forward(p, true, rows, p->ninputs, p->output));
         if (yh) { /* the output is read here, before the loss's nodes may reuse its memory */
             ft_tensor ym = rows_of(yh, r0, rows);
-            FT_TRY(count_correct(p, true, rows, &ym, scores, correct));
+            FT_TRY(count_correct(p, true, rows, &ym, scores, tally));
         }
         FT_TRY(forward(p, true, rows, p->output + 1, last));
         FT_TRY(add_loss(p, true, rows, loss));
@@ -1530,7 +1566,7 @@ static ft_status check_ids(const ft_program *p, const ft_tensor *x) {
 ft_status ft_program_check_batch(ft_program *p, const ft_tensor *x, const ft_tensor *y) {
     FT_TRY(check_input(p, x));
     ft_tensor yd;
-    FT_TRY(prepare_targets(p, y, x->shape[0], &yd, NULL));
+    FT_TRY(prepare_targets(p, y, x->shape[0], true, &yd, NULL));
     if (yd.storage)
         ft_tensor_release(&yd);
     return check_ids(p, x);
@@ -1539,7 +1575,7 @@ ft_status ft_program_check_batch(ft_program *p, const ft_tensor *x, const ft_ten
 int ft_program_num_inputs(const ft_program *p) { return p->ninputs; }
 
 ft_status ft_program_backward(ft_program *p, const ft_tensor *x, const ft_tensor *y, bool accumulate, double *loss,
-                              int64_t *correct) {
+                              ft_tally *tally) {
     FT_TRY(check_input(p, x));
     if (x->shape[0] > p->batch) /* an id refused in a later micro-batch would leave the earlier ones' gradients */
         FT_TRY(check_ids(p, x));
@@ -1547,17 +1583,23 @@ ft_status ft_program_backward(ft_program *p, const ft_tensor *x, const ft_tensor
     if (!p->train_arena)
         FT_TRY(ft_storage_new(&p->train_arena, (size_t)p->train_bytes, p->device, false));
     ft_tensor yd, xd[FT_PROGRAM_MAX_INPUTS] = {0}, yh = {0}, scores = {0};
-    bool count = correct && classifies(p);
-    FT_TRY(prepare_targets(p, y, x->shape[0], &yd, count ? &yh : NULL));
+    bool count = tally && classifies(p);
+    ft_tally batch = {0};
+    FT_TRY(prepare_targets(p, y, x->shape[0], true, &yd, count ? &yh : NULL));
     ft_status s = inputs_on_device(p, x, true, xd);
     if (s == FT_OK && count)
         s = scores_buffer(p, &scores);
     if (s == FT_OK) {
         *loss = 0;
         s = backward_batches(p, xd, yd.storage ? &yd : NULL, accumulate, loss, count ? &yh : NULL, &scores,
-                             correct);
+                             &batch);
         if (s != FT_OK) /* an op refused the batch midway (an embedding id out of range): leave no trace */
             ft_program_undo(p);
+    }
+    if (s == FT_OK && tally) {
+        double w = loss_weight(p, x->shape[0]);
+        *tally = (ft_tally){tally->loss + *loss * w, tally->weight + w, tally->correct + batch.correct,
+                            tally->labelled + batch.labelled};
     }
     release_inputs(p, xd);
     ft_tensor *held[3] = {&yd, &yh, &scores};
@@ -1630,8 +1672,7 @@ static ft_status flip_average(ft_program *p, int64_t rows, const ft_tensor *othe
  * host), with `other` (batch, output) where the program runs and `scores`
  * (batch, classes) on the CPU. */
 static ft_status evaluate_batches(ft_program *p, const ft_tensor *x, const ft_tensor *y, const ft_tensor *yh,
-                                  bool tta_flip, double *loss_sum, int64_t *correct, const ft_tensor *other,
-                                  const ft_tensor *scores) {
+                                  bool tta_flip, ft_tally *tally, const ft_tensor *other, const ft_tensor *scores) {
     int64_t B = x->shape[0];
     double loss = 0;
     FT_TRY(ratio_norms(p, false, x, y, B));
@@ -1645,19 +1686,20 @@ static ft_status evaluate_batches(ft_program *p, const ft_tensor *x, const ft_te
         FT_TRY(add_loss(p, false, rows, &loss));
         if (classifies(p)) {
             ft_tensor ym = rows_of(yh, r0, rows);
-            FT_TRY(count_correct(p, false, rows, &ym, scores, correct));
+            FT_TRY(count_correct(p, false, rows, &ym, scores, tally));
         }
     }
-    *loss_sum += loss * (double)B;
+    double w = loss_weight(p, B);
+    tally->loss += w ? loss * w : 0;
+    tally->weight += w;
     return FT_OK;
 }
 
-ft_status ft_program_evaluate(ft_program *p, const ft_tensor *x, const ft_tensor *y, bool tta_flip, double *loss_sum,
-                              int64_t *correct) {
+ft_status ft_program_evaluate(ft_program *p, const ft_tensor *x, const ft_tensor *y, bool tta_flip, ft_tally *tally) {
     FT_TRY(check_input(p, x));
     FT_TRY(refresh_low_weights(p));
     ft_tensor yd, yh = {0}, xd[FT_PROGRAM_MAX_INPUTS] = {0}, other = {0}, scores = {0};
-    FT_TRY(prepare_targets(p, y, x->shape[0], &yd, classifies(p) ? &yh : NULL));
+    FT_TRY(prepare_targets(p, y, x->shape[0], false, &yd, classifies(p) ? &yh : NULL));
     ft_status s = inputs_on_device(p, x, true, xd);
     const ft_node *o = &p->nodes[p->output];
     int64_t shape[FT_MAX_DIMS] = {p->batch};
@@ -1667,7 +1709,7 @@ ft_status ft_program_evaluate(ft_program *p, const ft_tensor *x, const ft_tensor
     if (s == FT_OK && classifies(p))
         s = scores_buffer(p, &scores);
     if (s == FT_OK)
-        s = evaluate_batches(p, xd, yd.storage ? &yd : NULL, &yh, tta_flip, loss_sum, correct, &other, &scores);
+        s = evaluate_batches(p, xd, yd.storage ? &yd : NULL, &yh, tta_flip, tally, &other, &scores);
     release_inputs(p, xd);
     ft_tensor *held[4] = {&yd, &yh, &other, &scores};
     for (int k = 0; k < 4; k++)

@@ -221,6 +221,19 @@ ft_status ft_program_check_batch(ft_program *p, const ft_tensor *x, const ft_ten
  * node order, all of B samples. */
 int ft_program_num_inputs(const ft_program *p);
 
+/* What a batch's loss and accuracy add to sums over batches, whose
+ * quotients loss / weight and correct / labelled are the means over all of
+ * them (as over one batch of them all). */
+typedef struct {
+    double loss;      /* the batch's loss times its weight */
+    double weight;    /* what the loss averages over: the final loss node's normalizer when it is a mean (the
+                         class weights of the targets not ignored, a masked mean's count, the elements), else the
+                         samples */
+    int64_t correct;  /* a program that classifies ((classes,) outputs, class targets): the argmax predictions
+                         equal to their label */
+    int64_t labelled; /* the labels the class loss does not ignore */
+} ft_tally;
+
 /* Forward and backward of one batch x (B, ...) with targets y (B, ...) of
  * the target node's shape and dtype (NULL when the loss reads none; (B,)
  * for a target of per-sample shape (1,) is read as (B, 1)), split
@@ -232,12 +245,10 @@ int ft_program_num_inputs(const ft_program *p);
  * a batch of several micro-batches, the ids an embedding reads from an
  * input): a bad batch changes nothing. A non-finite loss stops the step: the batch-norm running
  * statistics are put back as they were and *loss tells the caller. With
- * `correct` (may be NULL) and a program that classifies ((classes,)
- * outputs, class targets), the samples whose training-mode output has its
- * argmax at their label are added to *correct: the training accuracy from
- * the step's own forward. */
+ * `tally` (may be NULL) the batch's is added to *tally (the training loss
+ * and accuracy from the step's own forward). */
 ft_status ft_program_backward(ft_program *p, const ft_tensor *x, const ft_tensor *y, bool accumulate, double *loss,
-                              int64_t *correct);
+                              ft_tally *tally);
 
 /* What the backward starts from in place of 1, d(loss)/d(loss): loss
  * scaling, whose gradients come out multiplied by it. 1 until set;
@@ -257,14 +268,12 @@ void ft_program_set_dropout_state(ft_program *p, uint64_t seed, uint64_t offset)
  * kept) of the model's nodes: out (B, ...) = the model's output. */
 ft_status ft_program_forward(ft_program *p, const ft_tensor *x, const ft_tensor *out);
 
-/* Eval-mode loss and accuracy of one batch of B samples: adds the batch's
- * loss times B to *loss_sum (so that sums over batches, divided by the
- * samples, are means) and, for a (classes,) output with class targets, the
- * number of correct argmax predictions to *correct. With tta_flip the
- * output is the average of the images' and of their horizontal mirrors'
- * (test-time augmentation) before the loss reads it. */
-ft_status ft_program_evaluate(ft_program *p, const ft_tensor *x, const ft_tensor *y, bool tta_flip, double *loss_sum,
-                              int64_t *correct);
+/* Eval-mode loss and accuracy of one batch, added to *tally. A batch
+ * whose every target the final loss ignores (padding only) adds nothing,
+ * where a training step refuses it. With tta_flip the output is the
+ * average of the images' and of their horizontal mirrors' (test-time
+ * augmentation) before the loss reads it. */
+ft_status ft_program_evaluate(ft_program *p, const ft_tensor *x, const ft_tensor *y, bool tta_flip, ft_tally *tally);
 
 /* The model output's per-sample shape into shape; returns its rank. */
 int ft_program_output_shape(const ft_program *p, int64_t *shape);

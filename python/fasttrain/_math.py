@@ -1812,8 +1812,20 @@ _TRACED = {
     "amax": lambda x, dim=(), keepdim=False: x.amax(dim, keepdim),
     "amin": lambda x, dim=(), keepdim=False: x.amin(dim, keepdim),
     "norm": lambda x, p="fro", dim=None, keepdim=False, dtype=None: x.norm(p, dim, keepdim),
-    "gather": lambda x, dim, index: x.gather(dim, index),
+    "gather": lambda x, dim, index: _traced_gather(x, dim, index),
 }
+
+
+def _traced_gather(x, dim, index):
+    """gather() while a forward or loss is traced: of a traced value, its own; of a tensor at traced indices (a focal
+    loss's per-class weights alpha.gather(0, y)), a 1-d tensor's values at them, as x[index]."""
+    from .nn.graph import Symbolic, fail
+    if isinstance(x, Symbolic):
+        return x.gather(dim, index)
+    if x.ndim != 1 or dim not in (0, -1):
+        fail(f"gather() of a {x.ndim}-d tensor at traced indices", "pick the values of a 1-d tensor (per-class "
+             "weights: alpha.gather(0, y), alpha[y]), or the rows of a 2-d table (F.embedding(ids, table))")
+    return x[index]
 
 
 def _traced_where(condition, input, other):

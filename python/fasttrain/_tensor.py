@@ -158,10 +158,12 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
     # ---- views ----
     def __getitem__(self, index):
         if isinstance(index, Tensor) and not isinstance(index, _C.TensorBase):  # traced ids: a table's rows
+            if self.ndim == 1:  # per-class values (weights) at the labels: the rows of a one-column table
+                return self.view(-1, 1)[index].squeeze(-1)
             if self.ndim != 2:
                 from .nn.graph import fail
                 fail(f"indexing a {self.ndim}-d tensor with traced values", "index a 2-d table (its rows, as "
-                     "F.embedding(ids, table))")
+                     "F.embedding(ids, table)) or a 1-d tensor (per-class values at the labels)")
             from .nn import functional as F
             return F.embedding(index, self)
         advanced = _math.advanced_index(index)

@@ -19,6 +19,10 @@ def _values(x):
         return np.asarray(x), x.dtype  # bfloat16 and CUDA tensors arrive as float32 host copies
     if isinstance(x, (np.ndarray, np.generic)):
         return np.asarray(x), as_dtype(x.dtype)
+    if hasattr(x, "detach") and hasattr(x, "dtype"):  # a PyTorch tensor: tracking gradients, on a GPU, bfloat16
+        name = str(x.dtype).rpartition(".")[2]
+        x = x.detach().cpu()
+        return (x.float() if name == "bfloat16" else x).numpy(), as_dtype(name)
     try:
         return np.asarray(x), None
     except ValueError as e:  # ragged nested lists

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .history import History
+from .nn.program import NO_TALLY, add_tallies, tally_means
 from .progress import ProgressBar
 
 if TYPE_CHECKING:
@@ -142,8 +143,11 @@ def _as_loader(program, data, batch_size, shuffle):
 
 def evaluate(program: Program, loader: Iterable[Any], tta_flip: bool = False) -> tuple[float, float | None]:
     """(mean loss, accuracy) of the program over a loader (or (x, y) arrays, in batches of the program's size), in
-    eval mode. With tta_flip the logits of each image and of its horizontal mirror are averaged (test-time
-    augmentation). A fasttrain loader runs entirely in C."""
+    eval mode, as over one batch of the whole split: the loss averaged over what the loss averages (the targets it
+    does not ignore, a masked mean's count, the samples), the accuracy over the labels it does not ignore (None
+    unless the model classifies); a batch of ignored targets only counts for nothing. With tta_flip the logits of
+    each image and of its horizontal mirror are averaged (test-time augmentation). A fasttrain loader runs entirely
+    in C."""
     loader = _as_loader(program, loader, None, False)
     program._check_parameters()
     if _is_c_loader(loader):
@@ -151,36 +155,35 @@ def evaluate(program: Program, loader: Iterable[Any], tta_flip: bool = False) ->
         # stopped fit (or ft.load) left to resume from is put back after it.
         resume = loader.state_dict() if loader._resume else None
         loader.set_epoch(loader.epoch)
-        loss_sum, correct, count = program._eval_c.eval_epoch(loader, tta_flip)
+        tally, count = program._eval_c.eval_epoch(loader, tta_flip)
         if resume is not None:
             loader.load_state_dict(resume)
     else:
-        loss_sum, correct, count = 0.0, 0, 0
+        tally, count = NO_TALLY, 0
         for batch in loader:
             x, y = _split(program, batch)
-            s, c = program._eval_c.evaluate(*program._batch(x, y), tta_flip)
-            loss_sum, correct, count = loss_sum + s, correct + c, count + len(y)
+            tally = add_tallies(tally, program._eval_c.evaluate(*program._batch(x, y), tta_flip))
+            count += len(y)
     if program.distributed:  # every rank evaluated its shard: the whole split's figures
         from . import distributed
         from .creation import tensor
-        loss_sum, correct, count = distributed.all_reduce(tensor([loss_sum, correct, count], dtype="float64")).tolist()
+        *tally, count = distributed.all_reduce(tensor([*tally, count], dtype="float64")).tolist()
     if count == 0:
         raise ValueError("evaluate: the loader gave no samples")
-    return loss_sum / count, correct / count if program.classifies else None
+    return tally_means(tally, program.classifies)
 
 
 def _fit_epoch_in_c(program, loader, scheduler, interval, bar, start, on_step, every):
     """One epoch (or what is left of it, after a restored position) in C, in parts (_steps_in_c): a step callback
     that changes the optimizer's hyperparameters or the scheduler (an lr set by hand) ends one, and the next goes
-    on from there with them. Returns (loss sum, samples, samples of the steps not skipped, last lr, correct
-    predictions, stopped)."""
-    done = [0.0, 0, 0, 0, 0]  # loss sum, samples, counted, correct, steps of the parts before
+    on from there with them. Returns (the tally of the steps not skipped, samples, last lr, stopped)."""
+    done = [NO_TALLY, 0, 0]  # the tally, samples and steps of the parts before
     while True:
-        loss_sum, samples, counted, correct, steps, lr, stopped, changed = _steps_in_c(
+        tally, samples, steps, lr, stopped, changed = _steps_in_c(
             program, loader, scheduler if interval == "step" else None, bar, start, on_step, every, done)
-        done = [a + b for a, b in zip(done, (loss_sum, samples, counted, correct, steps))]
+        done = [add_tallies(done[0], tally), done[1] + samples, done[2] + steps]
         if not changed:
-            return done[0], done[1], done[2], lr, done[3], stopped
+            return done[0], done[1], lr, stopped
 
 
 def _steps_in_c(program, loader, scheduler, bar, start, on_step, every, done):
@@ -188,10 +191,9 @@ def _steps_in_c(program, loader, scheduler, bar, start, on_step, every, done):
     scheduler. Every step's hyperparameters (the learning rate, and the momentum or betas a scheduler cycles) are
     computed up front by stepping the scheduler, and Python runs only for the progress bar and for on_step(step,
     loss, lr, grad_norm) every `every` steps of the program (one returning True stops the epoch there), which sees
-    the optimizer and the scheduler as a Python loop leaves them after that step. `done`: the loss sum, samples,
-    counted samples, correct predictions and steps of the epoch's parts before. Returns this part's (loss sum,
-    samples, counted, correct, steps), its last lr, whether a callback stopped it, and whether one changed the
-    optimizer or the scheduler (the epoch goes on with them)."""
+    the optimizer and the scheduler as a Python loop leaves them after that step. `done`: the tally, samples and
+    steps of the epoch's parts before. Returns this part's (tally, samples, steps), its last lr, whether a callback
+    stopped it, and whether one changed the optimizer or the scheduler (the epoch goes on with them)."""
     optimizer = program.optimizer
     groups = optimizer.param_groups
 
@@ -232,7 +234,7 @@ def _steps_in_c(program, loader, scheduler, bar, start, on_step, every, done):
 
     def progress(steps, loss, samples):
         if bar:
-            bar.update(done[4] + steps - bar.count, loss=loss, lr=lr_at(steps),
+            bar.update(done[2] + steps - bar.count, loss=loss, lr=lr_at(steps),
                        img_s=(done[1] + samples) / max(time.perf_counter() - start, 1e-9))
 
     first_step = program.step_count
@@ -256,7 +258,7 @@ def _steps_in_c(program, loader, scheduler, bar, start, on_step, every, done):
             optimizer._pushed = list(schedule[steps - 1] if steps else schedule[0])  # what C holds now
 
     try:
-        loss_sum, samples, counted, steps, skipped, stopped, correct = program._c.fit_epoch(
+        tally, samples, steps, skipped, stopped = program._c.fit_epoch(
             loader, optimizer, schedule, progress, 0.25, program.clip_grad_norm, program.nan_policy,
             step if on_step else None, every, first_step)
     except BaseException as e:  # a callback's exception, Ctrl-C, a bad batch: the steps before it were applied
@@ -267,8 +269,8 @@ def _steps_in_c(program, loader, scheduler, bar, start, on_step, every, done):
     settle(steps, skipped)
     changed = stopped and standing == [steps, True] and loader._position()[1] < len(loader)
     if bar:
-        bar.update(done[4] + steps - bar.count)
-    return loss_sum, samples, counted, correct, steps, lr_at(max(steps, 1)), stopped and not changed, changed
+        bar.update(done[2] + steps - bar.count)
+    return tally, samples, steps, lr_at(max(steps, 1)), stopped and not changed, changed
 
 
 def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader: Iterable[Any] | None = None,
@@ -367,14 +369,14 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
         bar = ProgressBar(len(loader), f"epoch {epoch + 1} ({count + 1}/{epochs})", stream=stream) \
             if progress else None
         start = time.perf_counter()
-        loss_sum, samples, counted, lr, correct, stopped = 0.0, 0, 0, _lr(program.optimizer), 0, False
+        tally, samples, lr, stopped = NO_TALLY, 0, _lr(program.optimizer), False
 
         def on_step(step, loss, lr, grad_norm):
             metrics = {"step": step, "epoch": epoch + 1, "loss": loss, "lr": lr, "grad_norm": grad_norm}
             return any(cb(step, metrics) for cb in step_callbacks)
 
         if _is_c_loader(loader):
-            loss_sum, samples, counted, lr, correct, stopped = _fit_epoch_in_c(
+            tally, samples, lr, stopped = _fit_epoch_in_c(
                 program, loader, scheduler, scheduler_interval, bar, start, on_step if step_callbacks else None,
                 every_n_steps)
         else:
@@ -383,16 +385,14 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
                 skipped_before = program.skipped_steps
                 try:
                     x, y = _split(program, batch)
-                    loss, step_correct = program._step(x, y)
+                    loss, step_tally = program._step(x, y)
                 except (ValueError, TypeError, IndexError, RuntimeError) as e:  # say where it happened
                     if kept:  # the next fit goes on after the steps that ran, past the bad batch, as in C
                         loader._resume = True
                     raise type(e)(f"epoch {epoch + 1}, step {step + 1}: {e}") from e
                 n = len(y)
                 if program.skipped_steps == skipped_before:  # a skipped step's loss is not finite
-                    loss_sum += loss * n
-                    correct += step_correct
-                    counted += n
+                    tally = add_tallies(tally, step_tally)
                 samples += n
                 if scheduler is not None and scheduler_interval == "step":
                     scheduler.step()
@@ -422,9 +422,9 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
             scheduler.step()
         # the loss and accuracy of the steps that ran (a skipped step's loss is not finite; NaN when none ran);
         # the speed of all
-        metrics = {"epoch": epoch + 1, "train_loss": loss_sum / counted if counted else float("nan"), "lr": lr,
-                   "seconds": seconds,
-                   "train_accuracy": correct / counted if program.classifies and counted else None,
+        train_loss, train_accuracy = tally_means(tally, program.classifies)
+        metrics = {"epoch": epoch + 1, "train_loss": train_loss, "lr": lr, "seconds": seconds,
+                   "train_accuracy": train_accuracy,
                    "images_per_second": samples / seconds if seconds > 0 else 0.0,
                    "val_loss": None, "val_accuracy": None,
                    "skipped_steps": program.skipped_steps - skipped_before_epoch,

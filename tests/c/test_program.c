@@ -103,10 +103,12 @@ int main(void) {
     double loss_full = 0, loss_half = 0, loss_again = 0;
     CHECK_OK(ft_program_backward(full, &x, &y, false, &loss_full, NULL));
     copy_floats(whole, &m.grads);
-    int64_t correct = 0, correct_again = 0;
-    CHECK_OK(ft_program_backward(full, &x, &y, false, &loss_again, &correct));
-    CHECK_OK(ft_program_backward(full, &x, &y, false, &loss_again, &correct_again));
-    CHECK(correct >= 0 && correct <= N && correct == correct_again); /* training-mode argmax, counted in the step */
+    ft_tally tally = {0}, again_tally = {0};
+    CHECK_OK(ft_program_backward(full, &x, &y, false, &loss_again, &tally));
+    CHECK_OK(ft_program_backward(full, &x, &y, false, &loss_again, &again_tally));
+    /* training-mode argmax, counted in the step; the mean loss weighs the batch's samples */
+    CHECK(tally.correct >= 0 && tally.correct <= N && tally.correct == again_tally.correct && tally.labelled == N);
+    CHECK(tally.weight == N && tally.loss == loss_again * N);
     copy_floats(again, &m.grads);
     CHECK(loss_again == loss_full && memcmp(whole, again, (size_t)P * 4) == 0);
     CHECK(isfinite(loss_full) && loss_full > 0);

@@ -265,20 +265,29 @@ def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
     return out
 
 
-@_traced(lambda weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False, sparse=False: _shell(
-    M.Embedding, weight=weight, bias=None, num_embeddings=weight.shape[0], embedding_dim=weight.shape[1],
-    padding_idx=None if padding_idx is None else padding_idx % weight.shape[0]))
+def _embedding_options(max_norm, scale_grad_by_freq, sparse):
+    for name, given in (("max_norm", max_norm is not None), ("scale_grad_by_freq", scale_grad_by_freq),
+                        ("sparse", sparse)):
+        if given:
+            raise NotImplementedError(f"embedding: {name} is not supported (fasttrain's embedding gradient is "
+                                      f"dense and leaves the weight as it is)")
+
+
+def _embedding_layer(weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False, sparse=False):
+    _embedding_options(max_norm, scale_grad_by_freq, sparse)
+    return _shell(M.Embedding, weight=weight, bias=None, num_embeddings=weight.shape[0],
+                  embedding_dim=weight.shape[1],
+                  padding_idx=None if padding_idx is None else padding_idx % weight.shape[0])
+
+
+@_traced(_embedding_layer)
 def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False, sparse=False):
     """Rows of weight (num_embeddings, embedding_dim) for integer ids of any shape: the output is (*input.shape,
     embedding_dim). Ids narrower than int64 are widened first. max_norm, scale_grad_by_freq and sparse are not supported
     (NotImplementedError)."""
     _check(input, "input", "embedding")
     _check(weight, "weight", "embedding")
-    for name, given in (("max_norm", max_norm is not None), ("scale_grad_by_freq", scale_grad_by_freq),
-                        ("sparse", sparse)):
-        if given:
-            raise NotImplementedError(f"embedding: {name} is not supported (fasttrain's embedding gradient is "
-                                      f"dense and leaves the weight as it is)")
+    _embedding_options(max_norm, scale_grad_by_freq, sparse)
     if input.dtype.name in ("int32", "int16", "int8", "uint8"):
         input = input.long()
     return _C.embedding_forward(None, input.contiguous(), weight.contiguous(), padding_idx)
@@ -466,7 +475,13 @@ def adaptive_avg_pool2d(input, output_size):
     return _unbatch(_C.adaptive_avg_pool2d_forward(None, x, _adaptive_size(output_size, x)), squeeze)
 
 
-@_traced(lambda output_size, return_indices=False: M.AdaptiveMaxPool2d(output_size))
+def _adaptive_max_pool_layer(output_size, return_indices=False):
+    if return_indices:
+        raise TypeError("adaptive_max_pool2d: return_indices=True cannot be traced")
+    return M.AdaptiveMaxPool2d(output_size)
+
+
+@_traced(_adaptive_max_pool_layer)
 def adaptive_max_pool2d(input, output_size, return_indices=False):
     """Max pooling of (N, C, H, W) input, or unbatched (C, H, W), to output_size (an int, or a pair whose None entries
     keep the input's size). With return_indices=True (eagerly only) it returns (output, indices)."""
@@ -528,16 +543,25 @@ def _nearest_factors(input, size, scale_factor):
     return int(factors[0]), int(factors[1])
 
 
-@_traced(lambda size=None, scale_factor=None, mode="nearest", align_corners=None, recompute_scale_factor=None,
-         antialias=False: M.Upsample(size, scale_factor, mode, align_corners, recompute_scale_factor))
+def _no_antialias(antialias):
+    if antialias:
+        raise NotImplementedError("interpolate: antialias=True is not supported")
+
+
+def _interpolate_layer(size=None, scale_factor=None, mode="nearest", align_corners=None, recompute_scale_factor=None,
+                       antialias=False):
+    _no_antialias(antialias)
+    return M.Upsample(size, scale_factor, mode, align_corners, recompute_scale_factor)
+
+
+@_traced(_interpolate_layer)
 def interpolate(input, size=None, scale_factor=None, mode="nearest", align_corners=None,
                 recompute_scale_factor=None, antialias=False):
     """Upsampling of input to size or by scale_factor, as torch.nn.functional.interpolate: mode='nearest' of
     (N, C, H, W) input by integer factors, 'bilinear' of (N, C, H, W) and 'linear' of (N, C, L) input to any size,
     with align_corners. Other modes and antialias raise NotImplementedError."""
     _check(input, "input", "interpolate")
-    if antialias:
-        raise NotImplementedError("interpolate: antialias=True is not supported")
+    _no_antialias(antialias)
     layer = M.Upsample(size, scale_factor, mode, align_corners, recompute_scale_factor)
     if mode != "nearest":
         (P, Q), (sh, sw) = layer.lerp(tuple(input.shape[1:]))

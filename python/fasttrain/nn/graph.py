@@ -60,13 +60,19 @@ _active = []
 # The mode a traced forward's own code reads in Module.training, and whether it read one: a forward that branches on
 # self.training (timm's drop path) is traced again reading False, for what predict and evaluate run.
 _mode_read = [True, False]
+# The modules (by id) whose mode the forward's own code read: the training step keeps the mode each had.
+_mode_readers = {}
 
 
-def traced_mode(frame):
-    """Module.training of a module in training mode as the code of `frame` reads it while a forward is traced:
-    fasttrain's layers read True (their nodes run in either mode), the model's own code the mode being traced."""
+def traced_mode(frame, module, mode):
+    """Module.training of module, whose mode is `mode`, as the code of `frame` reads it while a forward is traced:
+    fasttrain's layers read the mode (their nodes run in either), the model's own code of a module in training mode
+    the mode being traced."""
     if os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE + os.sep):
-        return True
+        return mode
+    _mode_readers[id(module)] = module
+    if not mode:
+        return False
     _mode_read[1] = True
     return _mode_read[0]
 
@@ -74,11 +80,17 @@ def traced_mode(frame):
 def read_modes(training):
     """Makes the forwards traced from now on read `training` in the modules' training mode (traced_mode)."""
     _mode_read[:] = [training, False]
+    _mode_readers.clear()
 
 
 def mode_was_read():
     """Whether a forward's own code read a module's training mode since read_modes."""
     return _mode_read[1]
+
+
+def mode_readers():
+    """The modules whose training mode a forward's own code read since read_modes."""
+    return list(_mode_readers.values())
 
 
 class tracing:
@@ -1871,17 +1883,32 @@ def trace(model, inputs):
                            f"{len(positional)} input(s)")
     with tracing(model, inputs):
         out = _call(model, f"{name}.forward", *inputs)
-        for o in out if isinstance(out, (tuple, list)) else [out]:
+        leaves = _output_leaves(out)
+        for o in leaves:
             if isinstance(o, Symbolic):
                 o.read()
-    if not (isinstance(out, Symbolic) or isinstance(out, (tuple, list)) and out and isinstance(out[0], Symbolic)
-            and all(isinstance(o, Symbolic) or o is None for o in out)):
-        kinds = ["traced value" if isinstance(o, Symbolic) else type(o).__name__ for o in out] \
-            if isinstance(out, (tuple, list)) else []
-        got = f"{type(out).__name__} of {', '.join(kinds)}" if kinds else type(out).__name__
-        raise TracingError(f"{type(model).__name__}.forward returned {got}, not traced outputs of its input, the "
-                           "first traced (the loss is given to compile separately)")
+    if isinstance(out, dict):
+        raise TracingError(f"{name}.forward returned a dict: return a tuple (or a namedtuple) whose first item is "
+                           "what predict returns; the loss gets it whole")
+    first = out[0] if isinstance(out, (tuple, list)) and out else out
+    bad = [o for o in leaves if not isinstance(o, (Symbolic, _Refusing)) and o is not None]  # an RNN's h_n goes
+    if not isinstance(first, Symbolic) or bad:
+        bad = first if not isinstance(first, Symbolic) else bad[0]
+        kind, held = type(out).__name__, type(bad).__name__
+        what = kind if out is bad else f"a {kind} whose first item is {held}" if bad is first else \
+            f"a {kind} holding a {held}"
+        hint = "return the (N, T, C) scores and view them in the loss" if isinstance(bad, MergedRows) else \
+            "return the output (a traced value of the input), or a tuple of outputs (nested tuples and None " \
+            "too) whose first is what predict returns; the loss, given to compile, gets it whole"
+        raise TracingError(f"{name}.forward returned {what}: {hint}")
     return out
+
+
+def _output_leaves(out):
+    """The values of a forward's output: itself, or those of its (nested) tuples and lists."""
+    if isinstance(out, (tuple, list)):
+        return [leaf for o in out for leaf in _output_leaves(o)]
+    return [out]
 
 
 def _reads_targets(loss):

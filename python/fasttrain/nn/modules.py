@@ -56,7 +56,7 @@ class Module:
         """Whether the module is in training mode (train(), eval()): dropout and batch norm behave differently in the
         two. A forward compiled reading it is traced in both modes (predict and evaluate run the eval-mode one)."""
         mode = self.__dict__["_training"]
-        return traced_mode(sys._getframe(1)) if mode and _active else mode
+        return traced_mode(sys._getframe(1), self, mode) if _active else mode
 
     @training.setter
     def training(self, mode):
@@ -141,21 +141,32 @@ class Module:
         (transient.discard if persistent else transient.add)(name)
 
     # ---- traversal ----
-    def named_modules(self, prefix=""):
-        """(name, module) pairs of this module (named prefix) and every module below it, depth first, with dotted names.
-        Unlike PyTorch's, a module reachable along several paths is listed under each."""
+    def named_modules(self, memo=None, prefix="", remove_duplicate=True):
+        """(name, module) pairs of this module (named prefix) and every module below it, depth first, with dotted names;
+        a module reachable along several paths comes once, under its first name, unless remove_duplicate=False (as
+        PyTorch's; memo: the ids of modules to leave out)."""
+        memo = set() if memo is None else memo
+        if remove_duplicate:
+            if id(self) in memo:
+                return
+            memo.add(id(self))
         yield prefix, self
         for name, child in self._modules.items():
             if child is not None:
-                yield from child.named_modules(f"{prefix}.{name}" if prefix else name)
+                yield from child.named_modules(memo, f"{prefix}.{name}" if prefix else name, remove_duplicate)
 
     def modules(self):
-        """This module and every module below it, depth first (the modules of named_modules)."""
+        """This module and every module below it, depth first, each once (the modules of named_modules)."""
         return (m for _, m in self.named_modules())
 
     def named_children(self):
-        """(name, module) of the direct child modules, in the order they were assigned."""
-        return ((k, m) for k, m in self._modules.items() if m is not None)
+        """(name, module) of the direct child modules, in the order they were assigned; a child assigned under
+        several names comes once, under its first (as PyTorch's)."""
+        seen = set()
+        for k, m in self._modules.items():
+            if m is not None and id(m) not in seen:
+                seen.add(id(m))
+                yield k, m
 
     def children(self):
         """The direct child modules, in the order they were assigned."""
@@ -163,7 +174,7 @@ class Module:
 
     def _named(self, table, remove_duplicate=True):
         seen = set()
-        for prefix, module in self.named_modules():
+        for prefix, module in self.named_modules(remove_duplicate=remove_duplicate):
             for name, t in getattr(module, table).items():
                 if t is None or (remove_duplicate and id(t) in seen):
                     continue
@@ -257,7 +268,7 @@ class Module:
         """(name, tensor) of every parameter and persistent buffer in PyTorch's state_dict order: each module's
         parameters, then its buffers, then its children's; shared ones under each name."""
         out = OrderedDict()
-        for prefix, module in self.named_modules():
+        for prefix, module in self.named_modules(remove_duplicate=False):
             transient = module.__dict__.get("_non_persistent", ())
             for table in (module._parameters, module._buffers):
                 out.update(((f"{prefix}.{k}" if prefix else k), t) for k, t in table.items()

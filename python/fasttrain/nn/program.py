@@ -16,8 +16,8 @@ from .. import _C, creation
 from .._display import Column, Table, summary as _summary
 from .._types import _BY_NAME
 from . import modules as M
-from .graph import (Input, TracingError, input_shapes, mode_was_read, read_modes, target, topological, trace,
-                    trace_loss, tracing)
+from .graph import (Input, TracingError, input_shapes, mode_readers, mode_was_read, read_modes, target, topological,
+                    trace, trace_loss, tracing)
 
 # Node kinds, activations and reductions as the extension numbers them.
 _K = _C.NODE_KINDS
@@ -152,7 +152,24 @@ def _node_of(module, shape):
 
 
 _MODAL = ((M.Dropout, ("training", "p")), (M._BatchNorm, ("training", "momentum", "eps")),
-          (M.MultiheadAttention, ("training", "dropout")))
+          (M.MultiheadAttention, ("training", "dropout")), (M._RNNBase, ("training", "dropout")))
+
+
+def tally_means(tally, classifies):
+    """(mean loss, accuracy) of a tally, (loss * weight, weight, correct, labelled) summed over batches: the loss
+    averaged over what the final loss averages (the targets not ignored, a masked mean's count, the samples), the
+    accuracy over the labels not ignored (None unless the program classifies); NaN where none counted."""
+    loss, weight, correct, labelled = tally
+    accuracy = (correct / labelled if labelled else math.nan) if classifies else None
+    return loss / weight if weight else math.nan, accuracy
+
+
+def add_tallies(a, b):
+    """The tally of the batches of two tallies."""
+    return tuple(x + y for x, y in zip(a, b))
+
+
+NO_TALLY = (0.0, 0.0, 0, 0)
 
 
 class _Entry:
@@ -588,6 +605,7 @@ class Program:
         inputs = _inputs(model, input_shape, input_dtype)
         self._input_dtypes = [dtype for _, dtype in inputs]
         entries, output, branches = _graph(model, inputs, loss, target_shape, target_dtype)
+        readers = mode_readers()
         if not model.training:
             raise ValueError("compile: the model is in eval mode (.eval()), which would freeze every batch norm and "
                              "dropout in the training step; call .train() first (predict and evaluate run in eval "
@@ -595,9 +613,11 @@ class Program:
         # What the nodes of batch norms and dropout fix: their mode (in eval mode a training step runs batch norms by
         # their running statistics and dropout as the identity, as PyTorch's step runs a frozen teacher or batch
         # norms frozen for fine-tuning), dropout's p (an attention layer's too), and the batch norms' momentum and
-        # eps.
+        # eps; an RNN's dropout between layers, and the mode of each module the forward's own code read.
         self._modal = {id(m): (m, {k: getattr(m, k) for k in fixed}) for e in entries for m in e.scope
-                       for cls, fixed in _MODAL if isinstance(m, cls)}
+                       for cls, fixed in _MODAL if isinstance(m, cls) and not (isinstance(m, M._RNNBase) and
+                                                                               not m.dropout)}
+        self._modal.update((id(m), (m, {"training": m.training})) for m in readers)
         self.entries, self.output = _fused(entries, output)
         segments = _recompute(recompute, model, self.entries)
         # A LayerNorm or Linear over the last dimension of 3-d per-sample values (ConvNeXt's x.permute(0, 2, 3, 1))
@@ -755,8 +775,9 @@ class Program:
         return self._step(x, y)[0]
 
     def _check_modes(self):
-        """Fails where a batch norm or dropout is not in the mode compile fixed for the training step (predict and
-        evaluate run every layer in eval mode by themselves), or its p, momentum or eps changed since."""
+        """Fails where a batch norm, a dropout (an RNN's between layers too) or a module whose mode the forward's own
+        code reads is not in the mode compile fixed for the training step (predict and evaluate run every layer in
+        eval mode by themselves), or its p, momentum or eps changed since."""
         for m, fixed in self._modal.values():
             if m.training != fixed["training"]:
                 now, then = ("training", "eval") if m.training else ("eval", "training")
@@ -831,14 +852,14 @@ class Program:
         self._check_modes()
 
     def _step(self, x, y):
-        """train_step, returning (the loss, the samples whose training-mode output's argmax is their label: 0 unless
-        the program classifies)."""
+        """train_step, returning (the loss, its tally: see tally_means; the accuracy's counts from the training-mode
+        output)."""
         self._check_compiled()
-        loss, skipped, correct = self._c.train_step(*self._batch(x, y), self.optimizer, self.clip_grad_norm,
-                                                    self.nan_policy)
+        loss, skipped, tally = self._c.train_step(*self._batch(x, y), self.optimizer, self.clip_grad_norm,
+                                                  self.nan_policy)
         self.step_count += 1
         self.skipped_steps += skipped
-        return loss, correct
+        return loss, tally
 
     @property
     def last_grad_norm(self):
@@ -895,13 +916,10 @@ class Program:
 
     def evaluate(self, x, y):
         """(loss, accuracy) of one batch in eval mode: the loss as training computes it, and the fraction of
-        argmax predictions equal to the labels (None unless the model classifies: (classes,) outputs, class
-        targets)."""
+        argmax predictions equal to the labels among those the loss does not ignore (None unless the model
+        classifies: (classes,) outputs, class targets). NaN where the loss ignores every target."""
         self._check_parameters()
-        xt, yt = self._batch(x, y)
-        loss_sum, correct = self._eval_c.evaluate(xt, yt)
-        n = (xt[0] if isinstance(xt, tuple) else xt).shape[0]
-        return loss_sum / n, correct / n if self.classifies else None
+        return tally_means(self._eval_c.evaluate(*self._batch(x, y)), self.classifies)
 
     def summary(self):
         """A table of the compiled nodes: output shapes, parameters, FLOPs, dtypes, fusions, and the memory the
