@@ -512,15 +512,16 @@ def test_bfloat16_inference_copy(tmp_path):
 
 def test_float16_inference_copy(tmp_path):
     """dtype="float16" (or "fp16", "half"): float32 values rounded to nearest even as NumPy rounds, stored as F16,
-    widened back exactly by ft.load; a value beyond float16's range is refused, naming the tensor."""
+    read back as float16 by ft.load (as safetensors.numpy reads them), widened exactly into a float32 model; a
+    value beyond float16's range is refused, naming the tensor."""
     model, prog = compiled("32-true")
     prog.train_step(*data())
     ft.save(tmp_path / "half.safetensors", prog, dtype="fp16")
     tensors, meta = ft.load(tmp_path / "half.safetensors")
     for k, v in weights(model).items():
-        want = v.astype(np.float16).astype(np.float32) if v.dtype == np.float32 else v
+        want = v.astype(np.float16) if v.dtype == np.float32 else v
         np.testing.assert_array_equal(tensors[k], want, err_msg=k)
-        assert tensors[k].dtype == v.dtype
+        assert tensors[k].dtype == want.dtype and tensors[k].flags.writeable
     import json
     raw = (tmp_path / "half.safetensors").read_bytes()
     assert json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])["0.weight"]["dtype"] == "F16"

@@ -112,9 +112,11 @@ def save_file(path, tensors, metadata=None, bfloat16=()):
 
 
 def load_file(path):
-    """({name: ndarray}, metadata) from a safetensors file; ValueError for a corrupt or truncated one."""
+    """({name: ndarray}, metadata) from a safetensors file, each array writable and of the file's dtype (bfloat16,
+    which NumPy lacks, widened exactly to float32); ValueError for a corrupt or truncated one."""
     with open(path, "rb") as f:
-        data = f.read()
+        data = bytearray(os.fstat(f.fileno()).st_size)  # the arrays view it: writable, as a copy would be
+        data = data[:f.readinto(data)]
     if len(data) < 8:
         raise ValueError(f"{path}: not a safetensors file (only {len(data)} bytes)")
     (n,) = struct.unpack("<Q", data[:8])
@@ -169,8 +171,6 @@ def load_file(path):
     for name, (arr, dtype) in tensors.items():
         if dtype == "BF16":  # widened exactly: bfloat16 is the top half of a float32
             arr = (arr.astype(np.uint32) << 16).view(np.float32)
-        elif dtype == "F16":  # an inference copy, widened exactly
-            arr = arr.astype(np.float32)
         out[name] = arr
     return out, metadata
 
