@@ -67,6 +67,7 @@ def test_confusion_matrix_of_narrow_label_dtypes(dtype):
     for t, p in zip(y.astype(int), pred.astype(int)):
         want[t, p] += 1
     np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(ft.metrics.confusion_matrix(pred, y), want)  # the classes seen: all here
 
 
 def test_running_mean_weights_batches_by_size():

@@ -32,6 +32,45 @@ def test_a_module_reachable_twice_is_visited_once_and_saved_under_each_name():
     assert len(list(model.parameters())) == 2
 
 
+def test_sequential_slices_and_changes_in_place_as_pytorchs():
+    """model[:-1] is a Sequential of those modules under their names (it runs them); append, insert, pop,
+    assignment and deletion as PyTorch's, an insertion or deletion renumbering the children; a non-module refused."""
+    a, b, c = nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 1)
+    model = nn.Sequential(a, b, c)
+    head = model[:-1]
+    assert isinstance(head, nn.Sequential) and list(head) == [a, b]
+    assert list(head.state_dict()) == ["0.weight", "0.bias"]
+    x = ft.tensor(np.ones((1, 2), np.float32))
+    np.testing.assert_array_equal(np.asarray(head(x)), np.asarray(b(a(x))))
+    d = nn.Tanh()
+    model.insert(1, d)
+    assert list(model) == [a, d, b, c] and list(model.state_dict()) == ["0.weight", "0.bias", "3.weight", "3.bias"]
+    assert model.pop(1) is d and list(model) == [a, b, c]
+    model[1] = d
+    del model[0]
+    assert list(model) == [d, c] and list(model.state_dict()) == ["1.weight", "1.bias"]
+    model.append(b).extend([nn.Identity()])
+    assert len(model) == 4 and model[2] is b
+    with pytest.raises(TypeError, match="Sequential takes Modules, got int"):
+        model.append(3)
+    with pytest.raises(IndexError, match="out of range"):
+        model.insert(9, b)
+
+
+def test_module_lookups_take_pytorchs_arguments():
+    """get_submodule by dotted path, named_parameters/named_buffers with prefix= and recurse=, double()."""
+    model = nn.Sequential(nn.Linear(2, 3), nn.Sequential(nn.BatchNorm1d(3), nn.Linear(3, 1)))
+    assert model.get_submodule("1.0") is model[1][0] and model.get_submodule("") is model
+    with pytest.raises(AttributeError, match="Sequential has no submodule '7'"):
+        model.get_submodule("1.7")
+    assert [n for n, _ in model.named_parameters(prefix="net")][:2] == ["net.0.weight", "net.0.bias"]
+    assert list(model.parameters(recurse=False)) == [] and len(list(model[0].parameters(recurse=False))) == 2
+    assert [n for n, _ in model[1].named_buffers(recurse=True)] == ["0.running_mean", "0.running_var",
+                                                                     "0.num_batches_tracked"]
+    assert model.double()[0].weight.dtype is ft.float64 and model[0].weight.is_floating_point()
+    assert not ft.tensor([1]).is_floating_point()
+
+
 def test_zero_grad_as_pytorch_and_a_program_writes_anew():
     model = nn.Sequential(nn.Linear(4, 3))
     opt = ft.optim.SGD(model.parameters(), lr=0.1)
@@ -89,6 +128,19 @@ def test_orthogonal_rows_or_columns_are_orthonormal(shape):
     np.testing.assert_allclose(gram, 4.0 * np.eye(small), atol=1e-5)
     with pytest.raises(ValueError, match="at least 2 dimensions"):
         nn.init.orthogonal_(ft.empty(5))
+    assert nn.init.orthogonal_(ft.empty(0, 3)).shape == (0, 3)  # nothing to fill, as PyTorch's
+
+
+@pytest.mark.parametrize("fill", [nn.init.kaiming_uniform_, nn.init.kaiming_normal_])
+def test_kaiming_reads_the_fan_mode_names_and_refuses_others(fill):
+    """mode='fan_out' of a (64, 4) weight draws with std sqrt(2 / 64) (relu's gain), 'fan_in' sqrt(2 / 4); a
+    misspelt mode is refused rather than read as one of them."""
+    ft.manual_seed(5)
+    for mode, fan in (("fan_in", 4), ("fan_out", 64)):
+        w = np.asarray(fill(ft.empty(64, 4), mode=mode, nonlinearity="relu"))
+        assert w.std() == pytest.approx(math.sqrt(2 / fan), rel=0.1)
+    with pytest.raises(ValueError, match="mode 'fan_ot' not supported"):
+        fill(ft.empty(64, 4), mode="fan_ot")
 
 
 def grads_model():

@@ -234,6 +234,18 @@ def test_gradcheck_passes_a_model_and_leaves_its_parameters_as_they_were():
     assert all(p.grad is None for p in model.parameters())
 
 
+def test_gradcheck_holds_the_dropout_masks_of_the_gradients_step():
+    """A model with dropout: every loss of the differences uses the masks the gradient was computed with (a fresh
+    mask per loss would make them meaningless); an eps that cannot move the parameters is refused."""
+    ft.manual_seed(1)
+    model = nn.Sequential(nn.Linear(3, 8), nn.Dropout(0.5), nn.Linear(8, 2))
+    x, y = make_tensor(6, 3, low=-1, high=1, seed=2), np.array([0, 1, 1, 0, 1, 0])
+    assert gradcheck(model, x, y)
+    for eps in (0.0, 1e-12):
+        with pytest.raises(ValueError, match="eps must be positive|does not move .* give a larger eps"):
+            gradcheck(model, x, y, eps=eps)
+
+
 def test_gradcheck_picks_the_loss_from_the_targets_or_takes_one():
     ft.manual_seed(1)
     model = nn.Sequential(nn.Linear(3, 5), nn.GELU(), nn.Linear(5, 2))

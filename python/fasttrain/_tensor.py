@@ -123,6 +123,10 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
         """Whether the tensor is on a CUDA device."""
         return self._device_tuple[0] == 2
 
+    def is_floating_point(self) -> _bool:
+        """Whether the dtype is a floating-point one (float16, bfloat16, float32, float64), as PyTorch's."""
+        return self.dtype.is_floating_point
+
     @property
     def itemsize(self) -> _int:
         """Bytes per element."""

@@ -83,6 +83,8 @@ def save_file(path, tensors, metadata=None, bfloat16=()):
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
     directory, target = os.path.split(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"save: {path}: the directory {directory} does not exist")
     prefix = f".tmp-{target}-"
     _remove_stale_temporaries(directory, prefix)
     import tempfile  # here, not at the top: with shutil and random it is a tenth of import fasttrain's own time

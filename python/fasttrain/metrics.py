@@ -66,8 +66,8 @@ def confusion_matrix(output: Any, target: Any, num_classes: int | None = None) -
     if num_classes is None:
         if not pred.size:
             raise ValueError("confusion_matrix of an empty batch needs num_classes")
-        target_max = int(_host(target, "target").max(initial=-1))
-        num_classes = max(int(pred.max(initial=-1)), target_max) + 1
+        t = _host(target, "target")
+        num_classes = max(int(pred.max()), int(t.max()) if t.size else -1) + 1  # -1: not in a uint8 array
     if not isinstance(num_classes, (int, np.integer)) or num_classes < 1:
         raise ValueError(f"num_classes must be a positive int, got {num_classes!r}")
     y = _labels(target, pred.shape[0], num_classes)

@@ -1,5 +1,7 @@
 """Helpers for tests of code that uses fasttrain, as torch.testing gives for PyTorch:
 assert_close, make_tensor and gradcheck (docs/testing.md)."""
+import math
+
 import numpy as np
 
 from ._C import TensorBase
@@ -133,15 +135,20 @@ def assert_close(actual, expected, *, rtol=None, atol=None, equal_nan=False, che
 
 
 def make_tensor(*shape, dtype=_BY_NAME["float32"], low=None, high=None, seed=None, device=None):
-    """A tensor of the given shape, uniform in [low, high]: floating values in [-9, 9] by default, integers in
-    [-9, 9] (from 0 for unsigned types), bool True or False. The same seed gives the same tensor; without one
-    the values come from fasttrain's generator (ft.manual_seed)."""
+    """A tensor of the given shape, uniform in [low, high]: floating values in [-9, 9] by default (a bound beyond
+    the dtype's range clamped to it, as torch.testing's), integers in [-9, 9] (from 0 for unsigned types), bool True
+    or False. The same seed gives the same tensor; without one the values come from fasttrain's generator
+    (ft.manual_seed)."""
     dtype = as_dtype(dtype)
     generator = None if seed is None else Generator().manual_seed(seed)
     if dtype.is_floating_point:
         low, high = -9.0 if low is None else low, 9.0 if high is None else high
+        if math.isnan(low) or math.isnan(high):
+            raise ValueError(f"make_tensor: low and high must be numbers, got {low} and {high}")
         if not low <= high:
             raise ValueError(f"make_tensor: low {low} must not exceed high {high}")
+        largest = float(np.finfo(np.float32 if dtype.name == "bfloat16" else dtype.name).max)
+        low, high = max(low, -largest), min(high, largest)
         # drawn in float64 and rounded once, so the narrow types keep their full precision
         values = empty(_sizes(shape), dtype=_BY_NAME["float64"], device=device).uniform_(low, high, generator=generator)
         return values.to(dtype)
@@ -186,8 +193,9 @@ def gradcheck(model, inputs, targets, loss=None, *, eps=1e-3, rtol=1e-2, atol=1e
     at random but the same each call, are moved by +-eps; each gradient from program.backward must be within
     atol + rtol * |difference quotient| of (loss(+eps) - loss(-eps)) / 2eps. The float32 forward rounds the loss
     by about |loss| * 6e-8, which the quotient divides by eps: large losses need a larger atol or eps, and a kink
-    (ReLU, max pooling) closer than eps to a sample spoils its element. Batch-norm running statistics move as in
-    training steps; .grad is left set to None."""
+    (ReLU, max pooling) closer than eps to a sample spoils its element. Every loss is computed with the dropout
+    masks (and noise) of the gradient's step. Batch-norm running statistics move as in training steps; .grad is
+    left set to None."""
     from . import nn, optim
     if isinstance(model, nn.Program):
         if loss is not None:
@@ -219,8 +227,16 @@ def gradcheck(model, inputs, targets, loss=None, *, eps=1e-3, rtol=1e-2, atol=1e
         for _, p in params:
             p.grad = None
 
+    if not eps > 0:
+        raise ValueError(f"gradcheck: eps must be positive, got {eps!r}")
+    draws = program._c.get_dropout_state()
+
+    def loss():  # each with the first backward's dropout masks (and noise): the same function of the parameters
+        program._c.set_dropout_state(*draws)
+        return program.backward(inputs, targets)
+
     zero_grad()
-    program.backward(inputs, targets)
+    loss()
     grads = {name: p.grad.numpy().copy() for name, p in params}  # the backwards below overwrite .grad
     rng = np.random.default_rng(0)
     try:
@@ -231,10 +247,13 @@ def gradcheck(model, inputs, targets, loss=None, *, eps=1e-3, rtol=1e-2, atol=1e
                 i = _index(flat, values.shape)
                 old = values[i]
                 values[i] = old + eps
-                up, x_up = program.backward(inputs, targets), float(values[i])
+                up, x_up = loss(), float(values[i])
                 values[i] = old - eps
-                down, x_down = program.backward(inputs, targets), float(values[i])
+                down, x_down = loss(), float(values[i])
                 values[i] = old
+                if x_up == x_down:
+                    raise ValueError(f"gradcheck: eps={eps:g} does not move {name}[{i}] = {old:g} in float32: give "
+                                     "a larger eps")
                 fd = (up - down) / (x_up - x_down)  # the step float32 could represent, not eps itself
                 excess = abs(grads[name][i] - fd) - (atol + rtol * abs(fd))
                 excess = np.inf if np.isnan(excess) else excess  # a NaN gradient or loss fails

@@ -84,12 +84,18 @@ def dirac_(t, groups=1):
     return t
 
 
+def _fan(t, mode):
+    """t's fan_in or fan_out, as mode names it."""
+    if mode not in ("fan_in", "fan_out"):
+        raise ValueError(f"mode {mode!r} not supported, please use one of fan_in, fan_out")
+    return _fans(t)[mode == "fan_out"]
+
+
 def kaiming_uniform_(t, a=0.0, mode="fan_in", nonlinearity="leaky_relu", generator=None):
     """Fills t in place from U(-bound, bound), bound = gain * sqrt(3 / fan) (He et al.), as
     torch.nn.init.kaiming_uniform_: gain from calculate_gain(nonlinearity, a), fan the fan_in or fan_out of t (at least
     2-d) as mode says. Returns t."""
-    fan_in, fan_out = _fans(t)
-    fan = fan_in if mode == "fan_in" else fan_out
+    fan = _fan(t, mode)
     bound = calculate_gain(nonlinearity, a) * math.sqrt(3.0 / fan) if fan else 0.0
     return uniform_(t, -bound, bound, generator)
 
@@ -97,8 +103,7 @@ def kaiming_uniform_(t, a=0.0, mode="fan_in", nonlinearity="leaky_relu", generat
 def kaiming_normal_(t, a=0.0, mode="fan_in", nonlinearity="leaky_relu", generator=None):
     """Fills t in place from N(0, std^2), std = gain / sqrt(fan) (He et al.), as torch.nn.init.kaiming_normal_: gain
     from calculate_gain(nonlinearity, a), fan the fan_in or fan_out of t (at least 2-d) as mode says. Returns t."""
-    fan_in, fan_out = _fans(t)
-    fan = fan_in if mode == "fan_in" else fan_out
+    fan = _fan(t, mode)
     return normal_(t, 0.0, calculate_gain(nonlinearity, a) / math.sqrt(fan) if fan else 0.0, generator)
 
 
@@ -139,6 +144,8 @@ def orthogonal_(t, gain=1.0, generator=None):
     fixed by R's diagonal. Returns t."""
     if t.ndim < 2:
         raise ValueError(f"orthogonal_: needs a tensor of at least 2 dimensions, got {t.ndim}")
+    if t.numel() == 0:  # nothing to fill, as PyTorch's
+        return t
     rows, cols = t.shape[0], t.numel() // t.shape[0]
     flat = np.asarray(creation.empty(rows, cols).normal_(0.0, 1.0, generator=generator or default_generator),
                       np.float64)

@@ -66,6 +66,9 @@ class Module:
         """As PyTorch's: a Parameter or a Module registers under name (a replaced one keeps its place in the
         order), a tensor or None assigned to a buffer's name replaces the buffer, and a parameter or child name
         takes only its own kind or None."""
+        if "_modules" not in self.__dict__:
+            raise AttributeError(f"cannot assign {name!r} to {type(self).__name__} before Module.__init__() has run: "
+                                 "call super().__init__() first in __init__")
         if isinstance(value, Parameter):
             return self.register_parameter(name, value)
         if isinstance(value, Module):
@@ -172,32 +175,45 @@ class Module:
         """The direct child modules, in the order they were assigned."""
         return (m for _, m in self.named_children())
 
-    def _named(self, table, remove_duplicate=True):
+    def get_submodule(self, target):
+        """The module at a dotted path of child names ("" is this module), as PyTorch's."""
+        module = self
+        for name in target.split(".") if target else ():
+            child = module._modules.get(name)
+            if child is None:
+                raise AttributeError(f"{type(module).__name__} has no submodule {name!r} (in {target!r})")
+            module = child
+        return module
+
+    def _named(self, table, prefix, recurse, remove_duplicate):
         seen = set()
-        for prefix, module in self.named_modules(remove_duplicate=remove_duplicate):
+        modules = self.named_modules(prefix=prefix, remove_duplicate=remove_duplicate) if recurse else [(prefix, self)]
+        for path, module in modules:
             for name, t in getattr(module, table).items():
                 if t is None or (remove_duplicate and id(t) in seen):
                     continue
                 seen.add(id(t))
-                yield (f"{prefix}.{name}" if prefix else name), t
+                yield (f"{path}.{name}" if path else name), t
 
-    def named_parameters(self, remove_duplicate=True):
-        """(name, parameter) pairs; a parameter shared by several modules (tied weights) comes once, under its
-        first name, unless remove_duplicate=False (as PyTorch)."""
-        return self._named("_parameters", remove_duplicate)
+    def named_parameters(self, prefix="", recurse=True, remove_duplicate=True):
+        """(name, parameter) pairs, names under prefix, of this module's own parameters and (recurse) its
+        children's; a parameter shared by several modules (tied weights) comes once, under its first name, unless
+        remove_duplicate=False (as PyTorch)."""
+        return self._named("_parameters", prefix, recurse, remove_duplicate)
 
-    def parameters(self):
-        """The parameters of this module and its children, each once (see named_parameters)."""
-        return (p for _, p in self.named_parameters())
+    def parameters(self, recurse=True):
+        """The parameters of this module and (recurse) its children, each once (see named_parameters)."""
+        return (p for _, p in self.named_parameters(recurse=recurse))
 
-    def named_buffers(self):
-        """(name, buffer) pairs of this module and its children with dotted names; a buffer shared by several modules
-        comes once, and absent (None) buffers are left out."""
-        return self._named("_buffers")
+    def named_buffers(self, prefix="", recurse=True, remove_duplicate=True):
+        """(name, buffer) pairs of this module and (recurse) its children with dotted names under prefix; a buffer
+        shared by several modules comes once (unless remove_duplicate=False), and absent (None) buffers are left
+        out."""
+        return self._named("_buffers", prefix, recurse, remove_duplicate)
 
-    def buffers(self):
-        """The buffers of this module and its children, each once (see named_buffers)."""
-        return (b for _, b in self.named_buffers())
+    def buffers(self, recurse=True):
+        """The buffers of this module and (recurse) its children, each once (see named_buffers)."""
+        return (b for _, b in self.named_buffers(recurse=recurse))
 
     # ---- devices ----
     def to(self, *args, device=None, dtype=None, non_blocking=False):
@@ -263,6 +279,11 @@ class Module:
         """Converts the floating-point parameters and buffers to float32 in place, as PyTorch's Module.float()
         (undoing half() or bfloat16()); returns self."""
         return self._convert(_BY_NAME["float32"])
+
+    def double(self):
+        """Converts the floating-point parameters and buffers to float64 in place, as PyTorch's Module.double();
+        returns self. For eager use (a float64 reference), as half()."""
+        return self._convert(_BY_NAME["float64"])
 
     def _state(self):
         """(name, tensor) of every parameter and persistent buffer in PyTorch's state_dict order: each module's
@@ -1634,9 +1655,17 @@ class Identity(Module):
         return x
 
 
+def _sequential_part(module):
+    if not isinstance(module, Module):
+        raise TypeError(f"Sequential takes Modules, got {type(module).__name__}")
+    return module
+
+
 class Sequential(Module):
     """Modules applied in order, each to the previous one's output, as torch.nn.Sequential: given as arguments (children
-    named 0, 1, ...) or as one OrderedDict of names to modules. Indexing gives the i-th module."""
+    named 0, 1, ...) or as one OrderedDict of names to modules. Indexing gives the i-th module, a slice a Sequential
+    of those (under their names); append, extend, insert, pop, item assignment and deletion change it in place,
+    an insertion or deletion naming the children 0, 1, ... again (as PyTorch's)."""
 
     def __init__(self, *modules):
         super().__init__()
@@ -1645,15 +1674,57 @@ class Sequential(Module):
         else:
             modules = ((str(i), m) for i, m in enumerate(modules))
         for name, m in modules:
-            if not isinstance(m, Module):
-                raise TypeError(f"Sequential takes Modules, got {type(m).__name__}")
-            setattr(self, name, m)
+            setattr(self, name, _sequential_part(m))
 
     def __getitem__(self, i):
-        return list(self._modules.values())[i]
+        items = list(self._modules.items())
+        return Sequential(OrderedDict(items[i])) if isinstance(i, slice) else items[i][1]
+
+    def __setitem__(self, i, module):
+        setattr(self, list(self._modules)[i], _sequential_part(module))
+
+    def __delitem__(self, i):
+        held = list(self._modules.values())
+        del held[i]
+        self._renumbered(held)
+
+    def _renumbered(self, held):
+        for name in list(self._modules):
+            delattr(self, name)
+        for k, m in enumerate(held):
+            setattr(self, str(k), m)
 
     def __len__(self):
         return len(self._modules)
+
+    def __iter__(self):
+        return iter(self._modules.values())
+
+    def append(self, module):
+        """Adds module at the end (named by its position); returns self."""
+        setattr(self, str(len(self._modules)), _sequential_part(module))
+        return self
+
+    def extend(self, modules):
+        """Appends each module of an iterable; returns self."""
+        for m in modules:
+            self.append(m)
+        return self
+
+    def insert(self, index, module):
+        """Puts module at position index (-len(self) <= index <= len(self)); returns self."""
+        held = list(self._modules.values())
+        if not -len(held) <= index <= len(held):
+            raise IndexError(f"Sequential.insert: index {index} out of range for {len(held)} modules")
+        held.insert(index, _sequential_part(module))
+        self._renumbered(held)
+        return self
+
+    def pop(self, index=-1):
+        """Removes the module at index and returns it."""
+        module = self[index]
+        del self[index]
+        return module
 
     def forward(self, x):
         for m in self._modules.values():
