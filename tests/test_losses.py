@@ -842,6 +842,30 @@ def test_a_sequences_loss_in_each_spelling_of_its_merged_rows(spelling):
     assert p.backward(ids, y) == pytest.approx(per.mean(), rel=1e-5)
 
 
+@pytest.mark.parametrize("spelling", [
+    lambda out, y: F.nll_loss(F.log_softmax(out, -1).transpose(1, 2), y, ignore_index=0),
+    lambda out, y: F.nll_loss(F.log_softmax(out.permute(0, 2, 1), 1), y, ignore_index=0),
+], ids=["log_softmax_then_transpose", "transpose_then_log_softmax"])
+def test_nll_of_a_sequences_log_probabilities_classes_first(spelling):
+    """F.nll_loss of (N, C, T) log-probabilities, compiled (the cross entropy of the scores) and eagerly, as NumPy's
+    mean over the positions not ignored; other (N, C, T) values are refused."""
+    ids, y, _ = sequences(seed=9)
+    ft.manual_seed(0)
+    model = LM()
+    p = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), spelling, batch_size=8, input_shape=(T,),
+                      input_dtype=ft.int64, target_shape=(T,), target_dtype=ft.int64)
+    scores = model(ft.tensor(ids))
+    s = scores.numpy().astype(np.float64)
+    per = np.log(np.exp(s).sum(-1)) - np.take_along_axis(s, y[..., None], -1)[..., 0]
+    want = per[y != 0].mean()
+    assert p.backward(ids, y) == pytest.approx(want, rel=1e-5)
+    assert float(spelling(scores, ft.tensor(y))) == pytest.approx(want, rel=1e-5)
+    with pytest.raises(ft.nn.TracingError, match=r"F.nll_loss of \(N, C, d...\) values other than a log_softmax"):
+        LM().compile(ft.optim.SGD(LM().parameters(), lr=0.1), lambda out, y: F.nll_loss(out.transpose(1, 2), y),
+                     batch_size=8, input_shape=(T,), input_dtype=ft.int64, target_shape=(T,),
+                     target_dtype=ft.int64)
+
+
 def test_views_merging_the_batch_elsewhere_are_refused_with_the_line():
     class Heads(nn.Module):
         def __init__(self):

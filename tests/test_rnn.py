@@ -216,6 +216,38 @@ def test_a_bf16_mixed_lstm_trains_as_the_float32_one_within_bfloat16s_precision(
     assert saved[0] and saved[0] == [2 * s for s in saved[1]] and saved[1][0] == 2 * 4 * 16 * 6 * 5  # the encoder's
 
 
+FINAL_STATE_FORMS = {
+    "h_n[-2, :, :] and h_n[-1, :, :]": lambda h: ft.cat((h[-2, :, :], h[-1, :, :]), 1),
+    "h_n.view(layers, directions, N, H)[-1]": lambda h: ft.cat(tuple(h.view(2, 2, -1, 4)[-1]), 1),
+    "h_n.view(layers, directions, N, H)[-1, 0] twice": lambda h: ft.cat(
+        (h.view(2, 2, h.size(1), 4)[-1, 0], h.view(2, 2, h.size(1), 4)[-1, 1]), 1),
+}
+
+
+@pytest.mark.parametrize("form", list(FINAL_STATE_FORMS))
+def test_pytorchs_forms_of_the_last_layers_final_states_compile(form):
+    """The last layer's two directions of a 2-layer bidirectional GRU's h_n, in each form PyTorch code takes them:
+    predict equals the eager forward, which is the layer's states read by plain indexing; x.ne(0) is a mask, as
+    x != 0; flatten_parameters() is taken."""
+    class Last(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn, self.head = nn.GRU(3, 4, num_layers=2, bidirectional=True, batch_first=True), nn.Linear(8, 2)
+
+        def forward(self, x):
+            self.rnn.flatten_parameters()
+            _, h = self.rnn(x * x.ne(0).float())
+            return self.head(FINAL_STATE_FORMS[form](h))
+
+    x = np.random.default_rng(4).standard_normal((3, 5, 3)).astype(np.float32)
+    model = Last()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=3, input_shape=(5, 3))
+    _, h = model.rnn(ft.tensor(x))
+    h = np.asarray(h)
+    want = np.concatenate((h[2], h[3]), 1) @ np.asarray(model.head.weight).T + np.asarray(model.head.bias)
+    np.testing.assert_allclose(program.predict(x).numpy(), want, rtol=1e-5, atol=1e-6)
+
+
 def test_what_a_compiled_rnn_cannot_take_is_refused():
     class Uses(nn.Module):
         def __init__(self, how, **kw):

@@ -1044,6 +1044,7 @@ def test_position_embeddings_of_a_range_match_pytorch(how):
     (lambda x: x.norm(), ft.nn.TracingError, r"norm\(\) of a traced value over the batch"),
     (lambda x: x.norm(3, dim=1), ft.nn.TracingError, r"norm\(p=3\) of a traced value"),
     (lambda x: x.gather(1, ft.zeros(2, 1, dtype=ft.int64)), ft.nn.TracingError, "gather\\(\\) with an index other"),
+    (lambda x: x[x > 0], ft.nn.TracingError, r"indexing with a traced value .* \(x \* mask\).sum\(\) / mask.sum\(\)"),
     (lambda x: F.interpolate(x.view(x.size(0), 1, 2, 2), scale_factor=2, mode="bilinear", antialias=True),
      NotImplementedError, r"interpolate: antialias=True is not supported"),
     (lambda x: F.adaptive_max_pool2d(x.view(x.size(0), 1, 2, 2), 1, return_indices=True)[0], TypeError,
@@ -2724,3 +2725,18 @@ def test_functional_embedding_options_it_cannot_compute_are_refused_when_traced(
     with pytest.raises(NotImplementedError, match=f"embedding: {name} is not supported"):
         m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.MSELoss(), batch_size=2, input_shape=(3,),
                   input_dtype=ft.int64)
+
+
+def test_an_arange_of_the_batch_size_says_why_it_cannot_compile():
+    class Picked(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 3)
+
+        def forward(self, x):
+            h = self.fc(x)
+            return h[ft.arange(h.size(0)), 0]
+
+    m = Picked()
+    with pytest.raises(ft.nn.TracingError, match=r"ft.arange of the batch size .* indexing across the batch"):
+        m.compile(ft.optim.SGD(m.parameters(), lr=0.1), lambda out: out.mean(), batch_size=2, input_shape=(4,))

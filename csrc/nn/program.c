@@ -47,6 +47,8 @@ struct ft_program {
      * weight's owner may have changed it at any time. */
     ft_tensor *outside;
     int *last_consumer;     /* (n) the plan's last user of each node (see last_users) */
+    int *read_from;         /* (n + 1) where each node's readers start in readers */
+    int *readers;           /* the nodes that read each node, once per input they read it by, in node order */
     /* Recomputation: the node before whose backward each output is computed
      * again (-1: kept from the forward), and those recomputed, in the order
      * the backward recomputes them. */
@@ -131,16 +133,6 @@ static ft_tensor view_at(const ft_program *p, int i, bool training, ft_storage *
 
 static int64_t round_up(int64_t n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
 
-/* An address range [lo, hi) taken by a placed block. */
-typedef struct {
-    int64_t lo, hi;
-} range;
-
-static int by_lo(const void *a, const void *b) {
-    int64_t x = ((const range *)a)->lo, y = ((const range *)b)->lo;
-    return (x > y) - (x < y);
-}
-
 /* A block's size and index: blocks by size, descending, equal sizes in
  * index order. */
 typedef struct {
@@ -156,16 +148,17 @@ static int by_size(const void *a, const void *b) {
 }
 
 /* Greedy placement: largest blocks first, each at the lowest offset free
- * during its lifetime (a sweep over the address ranges of the placed
- * blocks alive meanwhile, sorted). Returns the arena size, -1 out of memory. */
+ * during its lifetime (a sweep, in address order, over the placed blocks,
+ * those alive meanwhile in the way). Returns the arena size, -1 out of
+ * memory. */
 static int64_t place(block *b, int nb) {
     size_t count = nb > 0 ? (size_t)nb : 1;
     sized *order = malloc(count * sizeof *order);
-    bool *placed = calloc(count, sizeof *placed);
-    range *live = malloc(count * sizeof *live);
+    int *placed = malloc(count * sizeof *placed); /* the blocks placed so far, by offset */
     int64_t size = 0;
-    if (!order || !placed || !live) {
-        free(order), free(placed), free(live);
+    int np = 0;
+    if (!order || !placed) {
+        free(order), free(placed);
         return -1;
     }
     for (int i = 0; i < nb; i++)
@@ -175,23 +168,29 @@ static int64_t place(block *b, int nb) {
         block *x = &b[order[k].index];
         if (x->bytes == 0)
             continue;
-        int m = 0;
-        for (int j = 0; j < nb; j++)
-            if (placed[j] && b[j].last >= x->first && x->last >= b[j].first)
-                live[m++] = (range){b[j].offset, b[j].offset + b[j].bytes};
-        qsort(live, (size_t)m, sizeof *live, by_lo);
         int64_t at = 0;
-        for (int r = 0; r < m && live[r].lo < at + x->bytes; r++)
-            if (live[r].hi > at)
-                at = round_up(live[r].hi);
+        for (int r = 0; r < np && b[placed[r]].offset < at + x->bytes; r++) {
+            const block *y = &b[placed[r]];
+            if (y->last >= x->first && x->last >= y->first && y->offset + y->bytes > at)
+                at = round_up(y->offset + y->bytes);
+        }
         x->offset = at;
-        placed[order[k].index] = true;
+        int lo = 0, hi = np; /* after the placed blocks at offsets up to at */
+        while (lo < hi) {
+            int mid = (lo + hi) / 2;
+            if (b[placed[mid]].offset <= at)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        memmove(placed + lo + 1, placed + lo, (size_t)(np - lo) * sizeof *placed);
+        placed[lo] = order[k].index;
+        np++;
         if (at + x->bytes > size)
             size = at + x->bytes;
     }
     free(order);
     free(placed);
-    free(live);
     return size;
 }
 
@@ -210,14 +209,13 @@ static int grad_owner(const ft_program *p, int i) {
 static void last_users(const ft_program *p, bool training, int *last) {
     for (int i = p->n - 1; i >= 0; i--) {
         last[i] = i;
-        for (int j = i + 1; j < p->n; j++)
-            for (int k = 0; k < p->nodes[j].ninputs; k++)
-                if (p->nodes[j].inputs[k] == i) {
-                    bool through = training ? shares_grad(p, j) : is_view(p, j, false);
-                    int user = through ? last[j] : j;
-                    if (user > last[i])
-                        last[i] = user;
-                }
+        for (int r = p->read_from[i]; r < p->read_from[i + 1]; r++) {
+            int j = p->readers[r];
+            bool through = training ? shares_grad(p, j) : is_view(p, j, false);
+            int user = through ? last[j] : j;
+            if (user > last[i])
+                last[i] = user;
+        }
     }
 }
 
@@ -272,10 +270,11 @@ static bool read_by_training(const ft_program *p, int i);
 
 /* Whether a recomputation reads node i's output, directly or through views. */
 static bool read_by_replay(const ft_program *p, int i) {
-    for (int j = i + 1; j < p->n; j++)
-        for (int k = 0; k < p->nodes[j].ninputs; k++)
-            if (p->nodes[j].inputs[k] == i && (is_view(p, j, true) ? read_by_replay(p, j) : p->replay_at[j] >= 0))
-                return true;
+    for (int r = p->read_from[i]; r < p->read_from[i + 1]; r++) {
+        int j = p->readers[r];
+        if (is_view(p, j, true) ? read_by_replay(p, j) : p->replay_at[j] >= 0)
+            return true;
+    }
     return false;
 }
 
@@ -316,10 +315,11 @@ static int64_t lay_out(const ft_program *p, bool training, block *b) {
 /* Whether a backward reads node i's output as its input, directly or
  * through views. */
 static bool read_by_training(const ft_program *p, int i) {
-    for (int j = i + 1; j < p->n; j++)
-        for (int k = 0; k < p->nodes[j].ninputs; k++)
-            if (p->nodes[j].inputs[k] == i && (is_view(p, j, true) ? read_by_training(p, j) : reads_inputs(p, j)))
-                return true;
+    for (int r = p->read_from[i]; r < p->read_from[i + 1]; r++) {
+        int j = p->readers[r];
+        if (is_view(p, j, true) ? read_by_training(p, j) : reads_inputs(p, j))
+            return true;
+    }
     return false;
 }
 
@@ -334,11 +334,11 @@ static bool droppable(const ft_program *p, int i) {
 
 /* Whether every node that reads node i's output (through views) is in segment s. */
 static bool read_within(const ft_program *p, int i, const int *segment, int s) {
-    for (int j = i + 1; j < p->n; j++)
-        for (int k = 0; k < p->nodes[j].ninputs; k++)
-            if (p->nodes[j].inputs[k] == i &&
-                !(is_view(p, j, true) ? read_within(p, j, segment, s) : segment[j] == s))
-                return false;
+    for (int r = p->read_from[i]; r < p->read_from[i + 1]; r++) {
+        int j = p->readers[r];
+        if (!(is_view(p, j, true) ? read_within(p, j, segment, s) : segment[j] == s))
+            return false;
+    }
     return true;
 }
 
@@ -351,12 +351,11 @@ static bool read_within(const ft_program *p, int i, const int *segment, int s) {
 static void replay_points(ft_program *p, const bool *drop) {
     for (int i = p->n - 1; !is_input(p, i); i--) {
         int at = -1;
-        for (int j = i + 1; j < p->n; j++)
-            for (int k = 0; k < p->nodes[j].ninputs; k++)
-                if (p->nodes[j].inputs[k] == i) {
-                    int need = is_view(p, j, true) || drop[j] ? p->replay_at[j] : j;
-                    at = need > at ? need : at;
-                }
+        for (int r = p->read_from[i]; r < p->read_from[i + 1]; r++) {
+            int j = p->readers[r];
+            int need = is_view(p, j, true) || drop[j] ? p->replay_at[j] : j;
+            at = need > at ? need : at;
+        }
         p->replay_at[i] = is_view(p, i, true) ? at : drop[i] ? (at > i ? at : i) : -1;
     }
     for (int i = 0; i < p->n; i++)
@@ -715,10 +714,9 @@ static int source(const ft_program *p, int i) { return mirrors(p, i) ? source(p,
 
 /* Whether a LOW kind reads node i. */
 static bool read_by_low(const ft_program *p, int i) {
-    for (int j = i + 1; j < p->n; j++)
-        for (int k = 0; k < p->nodes[j].ninputs; k++)
-            if (p->nodes[j].inputs[k] == i && row(p, j)->precision == FT_NODE_LOW)
-                return true;
+    for (int r = p->read_from[i]; r < p->read_from[i + 1]; r++)
+        if (row(p, p->readers[r])->precision == FT_NODE_LOW)
+            return true;
     return false;
 }
 
@@ -924,6 +922,8 @@ void ft_program_destroy(ft_program *p) {
     free(p->ratio_pass);
     free(p->nodes);
     free(p->last_consumer);
+    free(p->read_from);
+    free(p->readers);
     free(p->replay_at);
     free(p->replays);
     free(p->train);
@@ -939,6 +939,32 @@ void ft_program_destroy(ft_program *p) {
     free(p->dropout_at);
     free(p->seconds);
     free(p);
+}
+
+/* readers and read_from from the nodes' inputs (each an earlier node: validate checked). */
+static ft_status index_readers(ft_program *p) {
+    int edges = 0;
+    for (int j = 0; j < p->n; j++)
+        edges += p->nodes[j].ninputs;
+    p->read_from = calloc((size_t)p->n + 1, sizeof *p->read_from);
+    p->readers = malloc((size_t)(edges ? edges : 1) * sizeof *p->readers);
+    int *next = malloc((size_t)p->n * sizeof *next);
+    if (!p->read_from || !p->readers || !next) {
+        free(next);
+        return ft_fail(FT_ERR_NOMEM, "out of memory creating a program");
+    }
+    for (int j = 0; j < p->n; j++)
+        for (int k = 0; k < p->nodes[j].ninputs; k++)
+            p->read_from[p->nodes[j].inputs[k] + 1]++;
+    for (int i = 0; i < p->n; i++) {
+        p->read_from[i + 1] += p->read_from[i];
+        next[i] = p->read_from[i];
+    }
+    for (int j = 0; j < p->n; j++)
+        for (int k = 0; k < p->nodes[j].ninputs; k++)
+            p->readers[next[p->nodes[j].inputs[k]]++] = j;
+    free(next);
+    return FT_OK;
 }
 
 ft_status ft_program_create(ft_program **out, int nnodes, const ft_node *nodes, int output, int64_t batch,
@@ -996,6 +1022,8 @@ ft_status ft_program_create(ft_program **out, int nnodes, const ft_node *nodes, 
         memcpy(p->nodes, nodes, n * sizeof *nodes);
         s = validate(p);
     }
+    if (s == FT_OK)
+        s = index_readers(p);
     if (s == FT_OK) {
         number_slots(p);
         plan_dtypes(p);

@@ -964,9 +964,23 @@ def _on_device_of(x, array):
     return creation.as_tensor(np.asarray(array, dtype=np.float32)).to(_device_of(x))
 
 
+def _log_softmax_source(x):
+    """The scores whose log_softmax over the classes x (N, C, d...) is, seen in x's order (moved classes first by a
+    transpose or permute after the log_softmax too), or None."""
+    from .graph import _dim
+    node, perm = x.node, None
+    if isinstance(node.module, M.Permute):
+        perm, node = node.module.perm, node.inputs[0]
+    if not isinstance(node.module, M.LogSoftmax) or _dim(node.module.dim, len(node.shape)) != (perm or (0,))[0]:
+        return None
+    scores = Symbolic(node.inputs[0])
+    return scores.permute(0, *(p + 1 for p in perm)) if perm else scores
+
+
 def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean"):
-    """The negative log-likelihood of log-probabilities input (N, C) for class targets (N,); of a sequence's rows
-    F.log_softmax(logits.view(-1, V), 1) the cross entropy of the logits (the same loss)."""
+    """The negative log-likelihood of log-probabilities input (N, C) or (N, C, d...) for class targets (N,) or
+    (N, d...); of a sequence's rows F.log_softmax(logits.view(-1, V), 1), or of F.log_softmax(logits, -1)
+    moved classes first, the cross entropy of the logits (the same loss)."""
     reduction = _legacy_reduction(size_average, reduce, reduction)
     if isinstance(input, MergedRows) and input.log_probs:
         return cross_entropy(MergedRows(input.source), target, weight, ignore_index=ignore_index, reduction=reduction)
@@ -977,14 +991,23 @@ def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, r
                  "pass F.log_softmax(logits.view(-1, V), 1), or F.cross_entropy(logits.view(-1, V), y.view(-1))")
         return cross_entropy(MergedRows(Symbolic(lsm.inputs[0])), target, weight, ignore_index=ignore_index,
                              reduction=reduction)
+    if isinstance(input, Symbolic) and len(input.node.shape) > 1:
+        scores = _log_softmax_source(input)
+        if scores is None:
+            fail("F.nll_loss of (N, C, d...) values other than a log_softmax's over C", "pass F.log_softmax(logits, "
+                 "1) (or moved classes first after it), or F.cross_entropy of the scores")
+        return cross_entropy(scores, target, weight, ignore_index=ignore_index, reduction=reduction)
     if isinstance(input, Symbolic):
         return M.NLLLoss(weight, ignore_index=ignore_index, reduction=reduction)(input, target)
     _check(input, "input", "nll_loss")
     _check(target, "target", "nll_loss")
     _reduction_of("nll_loss", reduction)
     x, t = _host(input), np.asarray(target.cpu()).astype(np.int64)
-    if x.ndim != 2 or t.shape != (x.shape[0],):
-        raise ValueError(f"nll_loss: input (N, C) and target (N,), got {tuple(input.shape)} and {tuple(target.shape)}")
+    if x.ndim < 2 or t.shape != (x.shape[0], *x.shape[2:]):
+        raise ValueError(f"nll_loss: input (N, C, d...) and target (N, d...), got {tuple(input.shape)} and "
+                         f"{tuple(target.shape)}")
+    positions = t.shape
+    x, t = np.moveaxis(x, 1, -1).reshape(-1, x.shape[1]), t.reshape(-1)  # one row per position
     keep = t != ignore_index
     if np.any((t[keep] < 0) | (t[keep] >= x.shape[1])):
         raise IndexError(f"nll_loss: a target is outside [0, {x.shape[1]})")
@@ -992,7 +1015,7 @@ def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, r
     safe = np.where(keep, t, 0)
     wt = w[safe] * keep
     values = -x[np.arange(len(t)), safe] * wt
-    return _eager(values, reduction, input, divisor=wt.sum())
+    return _eager(values.reshape(positions), reduction, input, divisor=wt.sum())
 
 
 def mse_loss(input, target, size_average=None, reduce=None, reduction="mean"):

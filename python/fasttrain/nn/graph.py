@@ -994,6 +994,10 @@ class Symbolic:
                  "columns as y[:, a:b] (cross_entropy takes the one-hot columns as class probabilities)")
         self._one_per_sample()
         index = index if isinstance(index, tuple) else (index,)
+        if any(isinstance(i, Symbolic) for i in index):
+            fail("indexing with a traced value (x[mask] selects a number of elements that varies from batch to "
+                 "batch)", "weigh by the mask instead: a masked mean is (x * mask).sum() / mask.sum(), a fill "
+                 "x.masked_fill(~mask, v)")
         if index and index[0] is Ellipsis:  # x[..., k]: the ellipsis spans the batch
             index = (slice(None), *index)
         if not index or index[0] != slice(None):
@@ -1270,6 +1274,7 @@ class Symbolic:
         return out
 
     __eq__, __ne__, __lt__, __le__, __gt__, __ge__ = (_comparison(op) for op in ("eq", "ne", "lt", "le", "gt", "ge"))
+    eq, ne, lt, le, gt, ge = __eq__, __ne__, __lt__, __le__, __gt__, __ge__
     __hash__ = object.__hash__  # traced values are keys by identity
 
     def _broadcast(self):
@@ -1396,6 +1401,12 @@ class Layered(_Refusing):
         return len(self.states)
 
     def __getitem__(self, i):
+        if isinstance(i, tuple):  # h_n[-2, :, :]: the rest may take a state apart as a traced value
+            first, rest = (i or (slice(None),))[0], i[1:]
+            whole = all(r == slice(None) or r is Ellipsis for r in rest)
+            if isinstance(first, slice) and not whole:
+                self._refuse()
+            return self[first] if whole else self[first][rest]
         if isinstance(i, slice):
             return Layered(self.states[i])
         if not isinstance(i, int):
@@ -1404,6 +1415,16 @@ class Layered(_Refusing):
 
     def __iter__(self):
         return iter(self.states)
+
+    def view(self, *sizes):
+        """h_n.view(num_layers, num_directions, N, H), PyTorch's documented form: each layer's states, one per
+        direction."""
+        sizes = tuple(sizes[0]) if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)) else sizes
+        if len(sizes) != 4 or sizes[0] * sizes[1] != len(self.states) or sizes[3] != self.shape[-1] or not (
+                isinstance(sizes[2], BatchSize) or sizes[2] == -1):
+            self._refuse()
+        layers, each = sizes[:2]
+        return Layered(Layered(self.states[k * each:(k + 1) * each]) for k in range(layers))
 
     def unbind(self, dim=0):
         if dim != 0:

@@ -2294,6 +2294,10 @@ class _RNNBase(Module):
         return [getattr(self, f"{kind}_l{layer}{suffix}", None) for kind in ("weight_ih", "weight_hh", "bias_ih",
                                                                            "bias_hh")]
 
+    def flatten_parameters(self):
+        """Does nothing: PyTorch's packs the weights for cuDNN, which the compiled program reads where they are
+        (its flat buffer holds every parameter already)."""
+
     def forward(self, input, hx=None):
         from . import functional as F
         from .. import _math

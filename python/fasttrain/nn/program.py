@@ -7,6 +7,7 @@ parameter into one flat buffer and every gradient into another (each
 parameter object becomes a view, so optimizers built earlier see the flat
 memory), and hands the node list to C, which plans the activation memory and
 runs whole training steps."""
+import gc
 import math
 import numbers
 import warnings
@@ -1076,6 +1077,12 @@ def compile(model, optimizer, loss=None, *, batch_size, input_shape=None, memory
     count in skipped_steps; fit's history gets the scale per epoch)."""
     if loss is None:
         loss = M.CrossEntropyLoss()
-    return Program(model, optimizer, loss, batch_size, input_shape, memory_format, accumulate_steps,
-                   clip_grad_norm, nan_policy, seed, target_shape, target_dtype, input_dtype, precision, distributed,
-                   recompute, bucket_cap_mb, grad_scaler)
+    collecting = gc.isenabled()
+    gc.disable()  # a traced forward makes objects by the hundred thousand: collected once compile is done
+    try:
+        return Program(model, optimizer, loss, batch_size, input_shape, memory_format, accumulate_steps,
+                       clip_grad_norm, nan_policy, seed, target_shape, target_dtype, input_dtype, precision,
+                       distributed, recompute, bucket_cap_mb, grad_scaler)
+    finally:
+        if collecting:
+            gc.enable()
