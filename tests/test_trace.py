@@ -488,8 +488,6 @@ class Transformed(nn.Module):
         self.teacher = nn.Linear(4, CLASSES)
 
     def forward(self, x):
-        if self.use == "exp":
-            return self.fc(x) * self.scale.exp()
         if self.use == "scaled":
             return F.linear(x, self.fc.weight * 2.0)
         if self.use == "part":
@@ -508,9 +506,8 @@ class Transformed(nn.Module):
 
 
 @pytest.mark.parametrize("use, message", [
-    ("exp", "exp of a trainable parameter outside the traced graph"),
-    ("scaled", "mul of a trainable parameter outside the traced graph"),
-    ("part", "sum of a trainable parameter outside the traced graph"),
+    ("scaled", r"a value computed from parameters \(self.w \* 2.0\) as the weight of linear"),
+    ("part", "a part or a permutation of a trainable parameter used as a value"),
     ("positions", "sum of a trainable parameter outside the traced graph"),
     ("ids", "Embedding with trainable parameters called on tensors that are not traced"),
     ("array", "a NumPy array of a trainable parameter outside the traced graph"),
@@ -518,7 +515,8 @@ class Transformed(nn.Module):
     ("no_grad", r"ft.no_grad\(\) around traced ops that train"),
 ])
 def test_a_parameter_computed_on_outside_the_graph_is_refused_not_frozen(use, message):
-    """Each would otherwise be a constant of the program, silently never trained (PyTorch trains through it)."""
+    """Each would otherwise be a constant of the program, silently never trained (PyTorch trains through it), or a
+    layer's weight the node could not read where the model keeps it."""
     model = Transformed(use)
     with pytest.raises(ft.nn.TracingError, match=message):
         model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=2, input_shape=(4,))
@@ -530,13 +528,62 @@ def test_what_no_grad_holds_back_may_be_frozen_and_a_penalty_in_the_loss_trains(
     model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=2, input_shape=(4,))  # nothing to hold back
     ft.manual_seed(0)
     plain = nn.Linear(4, CLASSES)
-    with pytest.raises(ft.nn.TracingError, match="pow of a trainable parameter outside the traced graph.*an L2 "
+    program = plain.compile(ft.optim.SGD(plain.parameters(), lr=0.1),
+                            lambda out, y: F.cross_entropy(out, y) + 0.1 * (plain.weight ** 3).sum(), batch_size=2,
+                            input_shape=(4,))
+    x, y = np.random.default_rng(8).standard_normal((2, 4)).astype(np.float32), np.array([0, 2])
+    out = model_logits(plain, x)
+    want = (np.log(np.exp(out).sum(1)) - out[np.arange(2), y]).mean() + 0.1 * (np.asarray(plain.weight,
+                                                                                         np.float64) ** 3).sum()
+    assert program.evaluate(x, y)[0] == pytest.approx(want, rel=1e-5)  # the penalty once, not once per sample
+    assert gradcheck(program, x, y, rtol=3e-2, atol=1e-3)
+    with pytest.raises(ft.nn.TracingError, match="sum of a trainable parameter outside the traced graph.*an L2 "
                                                  "penalty on the weights .* is the optimizer's weight_decay"):
         plain.compile(ft.optim.SGD(plain.parameters(), lr=0.1),
-                      lambda out, y: F.cross_entropy(out, y) + 0.1 * (plain.weight ** 3).sum(), batch_size=2,
+                      lambda out, y: F.cross_entropy(out, y) + 0.1 * plain.weight.sum(1).sum(), batch_size=2,
                       input_shape=(4,))
     assert not ft.nn.graph._trainable  # a failed trace leaves eager ops free again
     assert (plain.weight ** 3).shape == (CLASSES, 4)
+
+
+def model_logits(model, x):
+    """A Linear model's logits of x, in float64 NumPy."""
+    return x.astype(np.float64) @ np.asarray(model.weight, np.float64).T + np.asarray(model.bias)
+
+
+class Gated(nn.Module):
+    """Parameters computed on in forward: CLIP's learned temperature (logit_scale.exp()), a gate (sigmoid, tanh of
+    a vector broadcast over the features), and a learned loss weight (Kendall et al.'s uncertainty weighting)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+        self.logit_scale, self.gate = nn.Parameter(ft.tensor(0.5)), nn.Parameter(ft.full((3,), 0.3))
+        self.log_var = nn.Parameter(ft.tensor(0.2))
+
+    def forward(self, x):
+        h = self.fc(x)
+        return h * self.logit_scale.exp() + h * ft.sigmoid(self.gate) + (-self.gate).tanh()
+
+
+def test_parameters_computed_on_in_forward_and_loss_train_through_the_computation():
+    """Elementwise ops on a parameter (and its whole sum) are traced values the same for every sample: predict
+    and the loss as NumPy (the learned weight multiplies the loss, its term is added once), gradients by central
+    differences."""
+    ft.manual_seed(9)
+    m = Gated()
+    program = m.compile(ft.optim.SGD(m.parameters(), lr=0.1),
+                        lambda out, y: F.cross_entropy(out, y) * (-m.log_var).exp() + m.log_var, batch_size=4,
+                        input_shape=(4,))
+    x, y = np.random.default_rng(10).standard_normal((4, 4)).astype(np.float32), np.arange(4) % 3
+    h, g = model_logits(m.fc, x), np.asarray(m.gate, np.float64)
+    out = h * np.exp(0.5) + h / (1 + np.exp(-g)) + np.tanh(-g)
+    np.testing.assert_allclose(program.predict(x).numpy(), out, rtol=1e-5, atol=1e-6)
+    ce = (np.log(np.exp(out).sum(1)) - out[np.arange(4), y]).mean()
+    assert program.evaluate(x, y)[0] == pytest.approx(ce * np.exp(-0.2) + 0.2, rel=1e-5)
+    assert gradcheck(program, x, y, rtol=3e-2, atol=1e-3)
+    program.backward(x, y)
+    assert all(abs(float(np.asarray(p.grad).sum())) > 1e-4 for p in (m.logit_scale, m.gate, m.log_var))
 
 
 @pytest.mark.parametrize("compare", [lambda a, b: a == b, lambda a, b: a != b, lambda a, b: a > b,

@@ -1735,8 +1735,16 @@ def meshgrid(*tensors: Tensor, indexing: str = "ij") -> tuple[Tensor, ...]:
 # nodes through the value's operators and methods, so a forward written with ft.exp, ft.sum, ... compiles.
 
 def _on_traced(fn: Callable, traced: Callable) -> Callable:
+    """fn, or on a traced value traced. A trainable parameter that a traced forward (or loss) reads by an
+    elementwise op, or sums or averages whole, becomes a traced value (graph.lifted): ops naming dimensions are
+    left out, as the traced value's batch dimension would shift their meaning."""
+    lifts = fn.__name__ in _LIFTED or fn.__name__ in ("sum", "mean")
+
     def call(*args, **kwargs):
-        from .nn.graph import Symbolic
+        from .nn.graph import Symbolic, lifted, uses_trainable
+        whole = fn.__name__ in _LIFTED or len(args) == 1 and kwargs.get("dim") is None
+        if lifts and whole and not builtins.any(isinstance(a, Symbolic) for a in args) and uses_trainable(args):
+            args = [lifted(a) if isinstance(a, _Tensor) else a for a in args]
         if builtins.any(isinstance(a, Symbolic) for a in args):
             return traced(*args, **kwargs)
         return fn(*args, **kwargs)
@@ -1788,8 +1796,11 @@ def _traced_div(input, other, *, rounding_mode=None):
     return input / other
 
 
+_LIFTED = {"neg", "exp", "log", "sqrt", "rsqrt", "abs", "relu", "sigmoid", "tanh", "pow", "mul", "add", "sub",
+           "div", "clamp", "clip", "clamp_min", "clamp_max", "square"}
 _TRACED = {
-    "exp": lambda x: x.exp(), "log": lambda x: x.log(), "sqrt": lambda x: x.sqrt(), "rsqrt": lambda x: x.rsqrt(),
+    "neg": operator.neg, "exp": lambda x: x.exp(), "log": lambda x: x.log(), "sqrt": lambda x: x.sqrt(),
+    "rsqrt": lambda x: x.rsqrt(),
     "abs": lambda x: x.abs(), "relu": lambda x: x.relu(), "sigmoid": lambda x: x.sigmoid(),
     "tanh": lambda x: x.tanh(), "pow": operator.pow, "mul": operator.mul, "matmul": operator.matmul,
     "add": lambda a, b, *, alpha=1: a + b * alpha, "sub": lambda a, b, *, alpha=1: a - b * alpha,

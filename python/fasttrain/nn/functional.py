@@ -47,6 +47,10 @@ def _shell(cls, **fields):
     M.Module.__init__(m)
     for name in ("weight", "bias"):
         t = fields.pop(name)
+        if isinstance(t, Symbolic):
+            fail(f"a value computed from parameters (self.w * 2.0) as the {name} of {cls.__name__.lower()}",
+                 "pass the parameter itself and compute on the layer's output (F.linear(x, self.w) * 2.0), or "
+                 "write the product out (x @ (self.w * 2.0).T)")
         p = _viewed_parameter(t)
         if p is not None and p is not t:  # the layer would read a copy of the view, a constant that never trains
             fail(f"a view of a trainable parameter (.t(), .view(), a slice) as the {name} of {cls.__name__.lower()}",

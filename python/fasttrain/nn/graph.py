@@ -146,6 +146,13 @@ def uses_trainable(tensors):
     return any(_viewed_parameter(t) is not None for t in tensors)
 
 
+def lifted(t):
+    """t as a traced value when it is a trainable parameter (or a view of one) of the model being traced, which an
+    op reads: the value it has in every sample, through which it trains (self.logit_scale.exp(),
+    ft.sigmoid(self.gate)); t itself otherwise."""
+    return constant(t, tuple(t.shape)) if _viewed_parameter(t) is not None else t
+
+
 def refuse_eager_parameters(op, operands):
     """Fails for an eager op on a trainable parameter while a forward is traced."""
     if uses_trainable(operands):
@@ -553,6 +560,13 @@ class Symbolic:
                       x.node.module.dim >= 0 else x for x in inputs]
         kept = inputs[0].node.dtype if isinstance(module, (layers.Reshape, layers.Slice, layers.Permute)) and \
             inputs and inputs[0].node.dtype in (_dtype("bool"), _dtype("int64")) else None  # ids and masks moved
+        losses = sum(x.node.reduced for x in inputs)
+        if reduced is None and losses and losses < len(inputs) and (isinstance(module, layers.Add) or isinstance(
+                module, layers.Mul) and losses == 1) and all(x.node.reduced or x._uniform_scalar() for x in inputs):
+            # a loss and a value the same for every sample (a learned loss weight): a product weighs each sample's
+            # share, a sum adds the value once (its mean over the batch, in shares)
+            inputs = [x if x.node.reduced or isinstance(module, layers.Mul) else x.reduce("mean") for x in inputs]
+            reduced = True
         if reduced is None:
             flags = {x.node.reduced for x in inputs}
             if True in flags and (len(flags) > 1 or not isinstance(module, (layers.Add, layers.Scale))):
@@ -1071,12 +1085,30 @@ class Symbolic:
 
     def reduce(self, reduction):
         """The batch's loss from per-sample (or per-element) losses: 'mean' over every value, 'sum', or
-        'batchmean' (the sum divided by the batch size); 'none' leaves them."""
+        'batchmean' (the sum divided by the batch size); 'none' leaves them. The sum of a value the same for every
+        sample (computed from parameters alone) is its own sum, once, as in PyTorch."""
         if reduction == "none":
             return self
         if self.node.reduced:
             fail("reducing a loss already reduced over the batch")
+        if reduction == "sum" and self._uniform():
+            return (self.sum(list(range(1, self.ndim))) if self.node.shape else self).reduce("mean")
         return Symbolic.record(_layers().Sum(reduction), [self], (), reduced=True)
+
+    def _uniform(self):
+        """Whether the value is the same for every sample: computed from parameters and constants alone."""
+        stack, seen = [self.node], set()
+        while stack:
+            n = stack.pop()
+            if id(n) not in seen:
+                seen.add(id(n))
+                if n.module is None or isinstance(n.module, (_layers().Target, _layers().Noise)):
+                    return False
+                stack.extend(n.inputs)
+        return True
+
+    def _uniform_scalar(self):
+        return self.node.shape == () and not self.node.reduced and self._uniform()
 
     def _dims(self, dim):
         """The per-sample dimensions dim names (the batch refused), sorted."""
@@ -1767,6 +1799,11 @@ def _broadcast(a, b):
     sa, sb = a.node.shape, b.node.shape
     if sa == sb or a.node.reduced or b.node.reduced:
         return a, b
+    low = a if len(sa) < len(sb) else b if len(sb) < len(sa) else None
+    if low is not None and low._uniform():  # a parameter's value (scale.exp()): aligned from the right, as NumPy's
+        wide = low.reshape(N, *(1,) * abs(len(sa) - len(sb)), *low.node.shape)
+        a, b = (wide, b) if low is a else (a, wide)
+        sa, sb = a.node.shape, b.node.shape
     if len(sa) != len(sb):
         fail(f"broadcasting values of shapes {(N, *sa)} and {(N, *sb)}",
              "give both the same number of dimensions (unsqueeze the smaller)")
