@@ -238,3 +238,20 @@ def test_non_persistent_buffers_stay_out_of_state_dict_and_checkpoints(tmp_path)
     assert result.missing_keys == ["scale", "fc.bias"] and result.unexpected_keys == ["extra"]
     missing, unexpected = result
     assert missing == result.missing_keys
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_pad_sequence_pads_each_to_the_longest(batch_first, side):
+    """ft.nn.utils.rnn.pad_sequence as PyTorch's: sequences of lengths 3, 1, 0 and 4 in a (L, B, 2) (or batch first)
+    block, each padded after (or before) its values; sequences of different trailing shapes are refused."""
+    seqs = [np.arange(n * 2, dtype=np.float32).reshape(n, 2) + 10 * n for n in (3, 1, 0, 4)]
+    got = np.asarray(nn.utils.rnn.pad_sequence([ft.tensor(s) for s in seqs], batch_first=batch_first,
+                                               padding_value=-1, padding_side=side))
+    want = np.full((4, 4, 2), -1, np.float32)
+    for i, s in enumerate(seqs):
+        if len(s):
+            want[i, slice(0, len(s)) if side == "right" else slice(4 - len(s), 4)] = s
+    np.testing.assert_array_equal(got, want if batch_first else want.transpose(1, 0, 2))
+    with pytest.raises(ValueError, match=r"sequence 1 is .* \(2, 3\)"):
+        nn.utils.rnn.pad_sequence([ft.zeros(2, 2), ft.zeros(2, 3)])

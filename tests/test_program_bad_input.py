@@ -391,3 +391,24 @@ def test_one_sample_given_for_a_batch_says_so():
                                              r"dimension \(x\[None\], y\[None\]\)"):
             call(x[0], y[0])
     assert program.predict(x[0]).shape == (CLASSES,) and program.step_count == 0
+
+
+def test_an_optimizer_over_other_tensors_says_whose_they_may_be():
+    """An optimizer of another model, and one holding a loss module's own parameters (learned loss weights, which a
+    compiled program trains only as the model's)."""
+    model, other = nn.Linear(4, 3), nn.Linear(4, 3)
+    with pytest.raises(ValueError, match=r"not parameters of this model \(an optimizer of another model\?\)"):
+        model.compile(ft.optim.SGD(other.parameters(), lr=0.1), batch_size=2, input_shape=(4,))
+
+    class Weighted(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.log_var = nn.Parameter(ft.zeros(()))
+
+        def forward(self, out, y):
+            return nn.functional.cross_entropy(out, y) * (-self.log_var).exp() + self.log_var
+
+    loss = Weighted()
+    with pytest.raises(ValueError, match=r"the loss module's own parameters .* assign them to the model"):
+        model.compile(ft.optim.SGD([*model.parameters(), *loss.parameters()], lr=0.1), loss, batch_size=2,
+                      input_shape=(4,))

@@ -635,8 +635,12 @@ class Program:
         held = [p for g in optimizer.param_groups for p in g["params"]]
         if any(id(p) not in own for p in held):
             lacking = [n for n, p in model.named_parameters() if id(p) not in {id(q) for q in held}]
-            raise ValueError(f"compile: the optimizer holds tensors that are not parameters of this model (an "
-                             f"optimizer of another model?); of this model's parameters it lacks {lacking}")
+            loss_own = isinstance(loss, M.Module) and any(id(p) in {id(q) for q in loss.parameters()} for p in held)
+            why = ("the loss module's own parameters (a learned loss weight) are trained as the model's: assign "
+                   "them to the model (model.log_var = nn.Parameter(...)) and read them in the loss") if loss_own \
+                else "an optimizer of another model?"
+            raise ValueError(f"compile: the optimizer holds tensors that are not parameters of this model ({why}); "
+                             f"of this model's parameters it lacks {lacking}")
         held = {id(p) for p in held}
         # A parameter another program trains and this optimizer does not hold (a GAN's discriminator in the
         # generator's step) is lent: read where it is, frozen here, so the two programs alternate. Parameters read

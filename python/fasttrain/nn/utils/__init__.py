@@ -4,7 +4,8 @@ import math
 
 import numpy as np
 
-from .. import creation
+from ... import creation
+from . import rnn  # noqa: F401 (ft.nn.utils.rnn, as torch.nn.utils.rnn)
 
 
 def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False):
@@ -46,7 +47,7 @@ def clip_grad_value_(parameters, clip_value):
 
 def parameters_to_vector(parameters):
     """The parameters flattened and joined into one 1-d tensor (a copy), as torch.nn.utils.parameters_to_vector."""
-    from .._math import cat
+    from ..._math import cat
     return cat([p.reshape(-1) for p in parameters])
 
 
