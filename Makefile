@@ -59,7 +59,7 @@ test-stress-sanitize: build
 		test_precision.py test_ops_attention.py test_data_png.py test_data_badfiles.py test_data_jpeg.py test_data_features.py test_fit_callbacks.py \
 		test_recompute.py test_inplace_abn.py test_memory.py test_grad_scaler.py test_ops_pool.py test_ops_layers.py \
 		test_math_kernels.py test_ops_norm_embed.py test_optim.py test_rnn.py test_multi_input.py test_losses.py \
-		test_gan.py test_program_compile.py
+		test_gan.py test_program_compile.py test_trace.py
 
 test-py: build
 	$(PY) -m pytest -q tests

@@ -1363,3 +1363,25 @@ def test_numpy_force_copies_only_what_it_must():
     a = t.numpy(force=True)
     a[0] = 7  # a CPU tensor's memory, shared as without force
     assert t[0].item() == 7
+
+
+def test_stacking_aliases_nan_to_num_and_unflatten_as_numpy():
+    """hstack/vstack (1-d and 0-d tensors as NumPy's), concat/concatenate (cat), nan_to_num with the dtype's
+    finite extremes (bfloat16's own), and unflatten against NumPy."""
+    a, b = np.arange(3, dtype=np.float32), np.arange(3, 6, dtype=np.float32)
+    m = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_array_equal(np.asarray(ft.hstack([ft.tensor(a), ft.tensor(b)])), np.hstack([a, b]))
+    np.testing.assert_array_equal(np.asarray(ft.hstack([ft.tensor(m), ft.tensor(m)])), np.hstack([m, m]))
+    np.testing.assert_array_equal(np.asarray(ft.vstack([ft.tensor(a), ft.tensor(m)])), np.vstack([a, m]))
+    np.testing.assert_array_equal(np.asarray(ft.hstack([ft.tensor(1.0), ft.tensor(a)])), np.hstack([1.0, a]))
+    assert ft.concat is ft.cat and ft.concatenate is ft.cat
+    x = np.array([np.nan, np.inf, -np.inf, 1.5], np.float32)
+    np.testing.assert_array_equal(np.asarray(ft.nan_to_num(ft.tensor(x))), np.nan_to_num(x))
+    np.testing.assert_array_equal(np.asarray(ft.tensor(x).nan_to_num(nan=2.0, posinf=9.0)),
+                                  np.nan_to_num(x, nan=2.0, posinf=9.0))
+    low = np.asarray(ft.tensor(x).to(ft.bfloat16).nan_to_num().float())
+    assert np.isfinite(low).all() and low[1] == 3.3895313892515355e38 and low[2] == -low[1]
+    np.testing.assert_array_equal(np.asarray(ft.tensor([1, 2]).nan_to_num()), [1, 2])
+    t = ft.tensor(np.arange(24, dtype=np.float32).reshape(2, 12))
+    np.testing.assert_array_equal(np.asarray(t.unflatten(1, (3, -1))), np.arange(24).reshape(2, 3, 4))
+    np.testing.assert_array_equal(np.asarray(t.unflatten(-1, (2, 6))), np.arange(24).reshape(2, 2, 6))

@@ -527,6 +527,17 @@ def roll(input: Tensor, shifts: int | Sequence[int], dims: Dims = None) -> Tenso
     return _apply("roll", lambda a: np.roll(a, shifts, axes), [input], input.dtype, input.dtype)
 
 
+def nan_to_num(input: Tensor, nan: float = 0.0, posinf: float | None = None, neginf: float | None = None) -> Tensor:
+    """A copy of input with NaN replaced by nan, +inf by posinf and -inf by neginf (by default the dtype's largest
+    and lowest finite values), as torch.nan_to_num; integer and bool tensors are copied as they are."""
+    if not input.dtype.is_floating_point:
+        return input.clone()
+    largest = 3.3895313892515355e38 if input.dtype is _BFLOAT16 else float(np.finfo(input.dtype.name).max)
+    posinf, neginf = largest if posinf is None else posinf, -largest if neginf is None else neginf
+    return _apply("nan_to_num", lambda a: np.nan_to_num(a, nan=nan, posinf=posinf, neginf=neginf), [input],
+                  input.dtype, input.dtype)
+
+
 def _running(fn, a, axis):
     """np.cumsum or np.cumprod along axis; floats carried in float64, as PyTorch's CPU kernels do (a float32 running
     sum stops growing at 2**24), each result rounded once."""
@@ -1140,6 +1151,18 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     if dt in (_FLOAT32, _BFLOAT16) and builtins.all(t.dtype is dt for t in parts):
         return _C.concat_forward(None, parts, d)  # the C copy, on the tensors' own device
     return _apply("cat", lambda *arrays: np.concatenate(arrays, axis=d), parts, dt, dt)
+
+
+def hstack(tensors: Sequence[Tensor]) -> Tensor:
+    """The tensors joined along their first dimension when they are 1-d (0-d ones as 1-d), else their second, as
+    torch.hstack."""
+    tensors = [t.reshape(1) if t.ndim == 0 else t for t in tensors]
+    return cat(tensors, 0 if tensors and tensors[0].ndim == 1 else 1)
+
+
+def vstack(tensors: Sequence[Tensor]) -> Tensor:
+    """The tensors joined along their first dimension, a 1-d (or 0-d) one as a row, as torch.vstack."""
+    return cat([t.reshape(1, -1) if t.ndim < 2 else t for t in tensors], 0)
 
 
 def einsum(equation: str, *operands: Tensor) -> Tensor:
@@ -1846,3 +1869,4 @@ for _name, _traced in _TRACED.items():
     globals()[_name] = _on_traced(globals()[_name], _traced)
 del _name, _traced
 take_numpy_names(globals())
+concat = concatenate = cat  # PyTorch's other names for it

@@ -271,6 +271,11 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
         shape = self.shape
         return self.reshape(shape[:s] + (math.prod(shape[s:e + 1]),) + shape[e + 1:])
 
+    def unflatten(self, dim: _int, sizes: Sequence[_int]) -> Tensor:
+        """Dimension dim split into sizes (one may be -1), through reshape, as torch.Tensor.unflatten."""
+        d = _norm_dim(dim, self.ndim)
+        return self.reshape(self.shape[:d] + tuple(sizes) + self.shape[d + 1:])
+
     def permute(self, *dims: _int | Sequence[_int]) -> Tensor:
         """A view with the dimensions reordered: dimension i of the result is dimension dims[i] of self."""
         dims = [_norm_dim(d, self.ndim) for d in _sizes(dims)]
@@ -559,7 +564,7 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
     amax, amin, norm, gather = _math.amax, _math.amin, _math.norm, _math.gather
     floor, ceil, round, trunc, sign = _math.floor, _math.ceil, _math.round, _math.trunc, _math.sign
     isnan, isinf, isfinite, log1p, expm1 = _math.isnan, _math.isinf, _math.isfinite, _math.log1p, _math.expm1
-    flip, roll, cumsum = _math.flip, _math.roll, _math.cumsum
+    flip, roll, cumsum, nan_to_num = _math.flip, _math.roll, _math.cumsum, _math.nan_to_num
     prod, cumprod, nansum, nanmean = _math.prod, _math.cumprod, _math.nansum, _math.nanmean
     count_nonzero, median, quantile = _math.count_nonzero, _math.median, _math.quantile
     log2, log10, exp2, reciprocal = _math.log2, _math.log10, _math.exp2, _math.reciprocal
