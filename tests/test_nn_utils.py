@@ -34,7 +34,8 @@ def test_a_module_reachable_twice_is_visited_once_and_saved_under_each_name():
 
 def test_sequential_slices_and_changes_in_place_as_pytorchs():
     """model[:-1] is a Sequential of those modules under their names (it runs them); append, insert, pop,
-    assignment and deletion as PyTorch's, an insertion or deletion renumbering the children; a non-module refused."""
+    assignment and deletion as PyTorch's, an insertion or deletion renumbering the children; a non-module refused;
+    a program compiled before a change refuses to run on (a parameterless layer replaced too)."""
     a, b, c = nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 1)
     model = nn.Sequential(a, b, c)
     head = model[:-1]
@@ -55,10 +56,14 @@ def test_sequential_slices_and_changes_in_place_as_pytorchs():
         model.append(3)
     with pytest.raises(IndexError, match="out of range"):
         model.insert(9, b)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=1, input_shape=(3,))
+    model[0] = nn.Sigmoid()
+    with pytest.raises(ValueError, match="the model's modules changed after compile"):
+        program.predict(np.ones((1, 3), np.float32))
 
 
 def test_module_lookups_take_pytorchs_arguments():
-    """get_submodule by dotted path, named_parameters/named_buffers with prefix= and recurse=, double()."""
+    """get_submodule by dotted path, named_parameters/named_buffers with prefix= and recurse=."""
     model = nn.Sequential(nn.Linear(2, 3), nn.Sequential(nn.BatchNorm1d(3), nn.Linear(3, 1)))
     assert model.get_submodule("1.0") is model[1][0] and model.get_submodule("") is model
     with pytest.raises(AttributeError, match="Sequential has no submodule '7'"):
@@ -67,8 +72,7 @@ def test_module_lookups_take_pytorchs_arguments():
     assert list(model.parameters(recurse=False)) == [] and len(list(model[0].parameters(recurse=False))) == 2
     assert [n for n, _ in model[1].named_buffers(recurse=True)] == ["0.running_mean", "0.running_var",
                                                                      "0.num_batches_tracked"]
-    assert model.double()[0].weight.dtype is ft.float64 and model[0].weight.is_floating_point()
-    assert not ft.tensor([1]).is_floating_point()
+    assert model[0].weight.is_floating_point() and not ft.tensor([1]).is_floating_point()
 
 
 def test_zero_grad_as_pytorch_and_a_program_writes_anew():

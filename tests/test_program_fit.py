@@ -378,3 +378,22 @@ def test_a_token_loss_averages_over_the_tokens_of_the_split_and_a_padding_batch_
         program.train_step(*batches[2])
     history = ft.fit(program, batches[:2], 1, val_loader=batches, progress=False)
     assert history["val_loss"][0] == pytest.approx(ce[keep].mean(), rel=1e-5)
+
+
+def test_the_accuracy_is_of_the_outputs_argmax_whatever_the_loss_computes_after_it():
+    """A loss of two terms (CE of the logits and of twice them), whose nodes may reuse the logits' memory in
+    evaluation: the accuracy counts the logits' argmax, as NumPy, over arrays, uneven batches and one sample."""
+    rng = np.random.default_rng(23)
+    X, y = rng.standard_normal((23, 5)).astype(np.float32), rng.integers(0, 3, 23)
+    ft.manual_seed(6)
+    model = nn.Sequential(nn.Linear(5, 3))
+    F = nn.functional
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.0),
+                            lambda o, t: F.cross_entropy(o, t) + 0.5 * F.cross_entropy(o * 2, t), batch_size=8,
+                            input_shape=(5,))
+    hit = program.predict(X).numpy().argmax(1) == y
+    assert ft.evaluate(program, (X, y))[1] == pytest.approx(hit.mean())
+    assert ft.evaluate(program, [(X[a:b], y[a:b]) for a, b in ((0, 7), (7, 8), (8, 17), (17, 23))])[1] == \
+        pytest.approx(hit.mean())
+    for k in range(23):
+        assert program.evaluate(X[k:k + 1], y[k:k + 1])[1] == float(hit[k])

@@ -1710,12 +1710,12 @@ static ft_status evaluate_batches(ft_program *p, const ft_tensor *x, const ft_te
         FT_TRY(forward(p, false, rows, p->ninputs, p->output));
         if (tta_flip)
             FT_TRY(flip_average(p, rows, other));
-        FT_TRY(forward(p, false, rows, p->output + 1, p->n - 1));
-        FT_TRY(add_loss(p, false, rows, &loss));
-        if (classifies(p)) {
+        if (classifies(p)) { /* the output is read here, before the loss's nodes may reuse its memory */
             ft_tensor ym = rows_of(yh, r0, rows);
             FT_TRY(count_correct(p, false, rows, &ym, scores, tally));
         }
+        FT_TRY(forward(p, false, rows, p->output + 1, p->n - 1));
+        FT_TRY(add_loss(p, false, rows, &loss));
     }
     double w = loss_weight(p, B);
     tally->loss += w ? loss * w : 0;

@@ -280,11 +280,6 @@ class Module:
         (undoing half() or bfloat16()); returns self."""
         return self._convert(_BY_NAME["float32"])
 
-    def double(self):
-        """Converts the floating-point parameters and buffers to float64 in place, as PyTorch's Module.double();
-        returns self. For eager use (a float64 reference), as half()."""
-        return self._convert(_BY_NAME["float64"])
-
     def _state(self):
         """(name, tensor) of every parameter and persistent buffer in PyTorch's state_dict order: each module's
         parameters, then its buffers, then its children's; shared ones under each name."""
@@ -1665,7 +1660,7 @@ class Sequential(Module):
     """Modules applied in order, each to the previous one's output, as torch.nn.Sequential: given as arguments (children
     named 0, 1, ...) or as one OrderedDict of names to modules. Indexing gives the i-th module, a slice a Sequential
     of those (under their names); append, extend, insert, pop, item assignment and deletion change it in place,
-    an insertion or deletion naming the children 0, 1, ... again (as PyTorch's)."""
+    an insertion or deletion naming the children 0, 1, ... again."""
 
     def __init__(self, *modules):
         super().__init__()

@@ -667,6 +667,7 @@ class Program:
         evaluation = self._eval_graph((model, inputs, loss, target_shape, target_dtype)) if branches else None
         self._fold_biases()
         self._compiled_params = dict(model.named_parameters())
+        self._compiled_modules = self._module_layout()
         self._places = {name: p.data_ptr() for name, p in self._compiled_params.items()}
         self._nodes = [_node_dict(e, self.trainable) for e in self.entries]
         self._grad_views = [(p, p.grad) for p in dict.fromkeys(model.parameters()) if id(p) in self.trainable]
@@ -812,9 +813,16 @@ class Program:
                 e.bias_into.running_mean.sub_(e.module.bias)
             e.module.bias.fill_(0)
 
+    def _module_layout(self):
+        return [(name, id(m)) for name, m in self.model.named_modules(remove_duplicate=False)]
+
     def _check_parameters(self):
-        """Fails where the parameters compile read have changed since (replaced by new ones, moved into another
-        program's buffer, or which of them train), rather than running on the ones it compiled."""
+        """Fails where the modules or the parameters compile read have changed since (a layer added, removed or
+        replaced; parameters replaced by new ones, moved into another program's buffer, or which of them train),
+        rather than running on the ones it compiled."""
+        if self._module_layout() != self._compiled_modules:
+            raise ValueError("the model's modules changed after compile (a layer added, removed or replaced), which "
+                             "the compiled program does not see: compile again")
         now, before = dict(self.model.named_parameters()), self._compiled_params
         if now.keys() != before.keys():
             raise ValueError(f"the model's parameters changed after compile (added {sorted(now.keys() - before.keys())}"
