@@ -339,7 +339,7 @@ def test_a_forward_branching_on_training_predicts_its_eval_graph_as_on_the_cpu()
     np.testing.assert_array_equal(runs[1][1], runs[1][2])
 
 
-@pytest.mark.parametrize("kind", ["max", "attention pooling", "where", "self-attention"])
+@pytest.mark.parametrize("kind", ["max", "attention pooling", "where", "broadcast", "self-attention", "causal | pad"])
 def test_a_padding_mask_of_the_ids_matches_cpu(kind):
     """masked_fill and ft.where with each sample's mask (ids == 0), -inf fills included: the loss and every
     gradient against the CPU."""

@@ -1764,9 +1764,11 @@ def _on_traced(fn: Callable, traced: Callable) -> Callable:
     lifts = fn.__name__ in _LIFTED or fn.__name__ in ("sum", "mean")
 
     def call(*args, **kwargs):
-        from .nn.graph import Symbolic, lifted, uses_trainable
+        from .nn.graph import Symbolic, lifted, refuse_eager_parameters, uses_trainable
         whole = fn.__name__ in _LIFTED or len(args) == 1 and kwargs.get("dim") is None
-        if lifts and whole and not builtins.any(isinstance(a, Symbolic) for a in args) and uses_trainable(args):
+        if not builtins.any(isinstance(a, Symbolic) for a in args) and uses_trainable(args):
+            if not (lifts and whole):  # a result computed here would be a constant of the program
+                refuse_eager_parameters(fn.__name__, args)
             args = [lifted(a) if isinstance(a, _Tensor) else a for a in args]
         if builtins.any(isinstance(a, Symbolic) for a in args):
             return traced(*args, **kwargs)
@@ -1847,7 +1849,16 @@ _TRACED = {
     "amin": lambda x, dim=(), keepdim=False: x.amin(dim, keepdim),
     "norm": lambda x, p="fro", dim=None, keepdim=False, dtype=None: x.norm(p, dim, keepdim),
     "gather": lambda x, dim, index: _traced_gather(x, dim, index),
+    "logical_or": lambda a, b: _traced_logical(a, b, False), "bitwise_or": lambda a, b: _traced_logical(a, b, False),
+    "logical_and": lambda a, b: _traced_logical(a, b, True), "bitwise_and": lambda a, b: _traced_logical(a, b, True),
 }
+
+
+def _traced_logical(a, b, both):
+    """or (both=False) / and of masks while a forward is traced: of a traced mask and another mask."""
+    from .nn.graph import Symbolic
+    a, b = (a, b) if isinstance(a, Symbolic) else (b, a)
+    return a._logical(b, both)
 
 
 def _traced_gather(x, dim, index):

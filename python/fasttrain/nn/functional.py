@@ -18,17 +18,27 @@ from ..amp import cast
 from .._C import TensorBase
 from ..random import default_generator
 from . import modules as M
-from .graph import MergedRows, Symbolic, fail, in_place
+from .graph import MergedRows, Symbolic, fail, in_place, lifted, refuse_eager_parameters, uses_trainable
+
+
+# The functions of one value elementwise: of a trainable parameter in a traced forward, traced (see graph.lifted).
+_ELEMENTWISE = {"relu", "leaky_relu", "gelu", "silu", "sigmoid", "tanh", "hardswish", "softplus"}
 
 
 def _traced(layer):
     """On a traced value (model.compile), the function records layer(*args) applied to it instead of
-    computing: each F.* is the layer of the same name."""
+    computing: each F.* is the layer of the same name. Of a trainable parameter while a forward is traced, an
+    elementwise function records it on the parameter's value (which trains through it); any other is refused,
+    as its result would be a constant."""
     def wrap(fn):
         signature = inspect.signature(fn)
 
         @functools.wraps(fn)
         def call(input, *args, **kwargs):
+            if not isinstance(input, Symbolic) and uses_trainable([input]):
+                if fn.__name__ not in _ELEMENTWISE or signature.bind(input, *args, **kwargs).arguments.get("inplace"):
+                    refuse_eager_parameters(fn.__name__, [input])
+                input = lifted(input)
             if isinstance(input, Symbolic):
                 out = layer(*args, **kwargs)(input)
                 if fn.__name__.endswith("_") or signature.bind(input, *args, **kwargs).arguments.get("inplace"):

@@ -565,7 +565,7 @@ class Symbolic:
                 module, layers.Mul) and losses == 1) and all(x.node.reduced or x._uniform_scalar() for x in inputs):
             # a loss and a value the same for every sample (a learned loss weight): a product weighs each sample's
             # share, a sum adds the value once (its mean over the batch, in shares)
-            inputs = [x if x.node.reduced or isinstance(module, layers.Mul) else x.reduce("mean") for x in inputs]
+            inputs = [x if x.node.reduced or isinstance(module, layers.Mul) else x._as_loss() for x in inputs]
             reduced = True
         if reduced is None:
             flags = {x.node.reduced for x in inputs}
@@ -729,6 +729,8 @@ class Symbolic:
     def bmm(self, other):
         """Records self @ other: the samples' matrices multiplied, one product per sample (torch.bmm's batch)."""
         return self @ other
+
+    matmul = bmm
 
     def __rmatmul__(self, other):
         o = _matrix(other)
@@ -1085,15 +1087,22 @@ class Symbolic:
 
     def reduce(self, reduction):
         """The batch's loss from per-sample (or per-element) losses: 'mean' over every value, 'sum', or
-        'batchmean' (the sum divided by the batch size); 'none' leaves them. The sum of a value the same for every
-        sample (computed from parameters alone) is its own sum, once, as in PyTorch."""
+        'batchmean' (the sum divided by the batch size); 'none' leaves them. Of a value the same for every sample
+        (computed from parameters alone) the whole sum or mean is its own, a value of every sample again, which a
+        loss adds once (see _as_loss)."""
         if reduction == "none":
             return self
         if self.node.reduced:
             fail("reducing a loss already reduced over the batch")
-        if reduction == "sum" and self._uniform():
-            return (self.sum(list(range(1, self.ndim))) if self.node.shape else self).reduce("mean")
+        if reduction in ("sum", "mean") and self._uniform():
+            dims = list(range(1, self.ndim))
+            return self if not dims else self.sum(dims) if reduction == "sum" else self.mean(dims)
         return Symbolic.record(_layers().Sum(reduction), [self], (), reduced=True)
+
+    def _as_loss(self):
+        """A value the same for every sample (a penalty of the parameters) as a loss reduced over the batch: each
+        sample's share is value / N, so that the batch's loss holds it once."""
+        return Symbolic.record(_layers().Sum("mean"), [self], (), reduced=True)
 
     def _uniform(self):
         """Whether the value is the same for every sample: computed from parameters and constants alone."""
@@ -1327,6 +1336,27 @@ class Symbolic:
         return self._math("logical_not")
 
     __invert__ = logical_not
+
+    def _logical(self, other, both):
+        """The element-wise or (both=False) or and of this bool mask and another (traced, or a bool tensor such as a
+        causal mask): their 0/1 floats summed or multiplied, compared with 0.5."""
+        from .._C import TensorBase
+        what = "| or & of traced values other than bool masks (or bool tensors)"
+        mask = _as_mask(self, what)
+        floats = other.float() if isinstance(other, TensorBase) and other.dtype.name == "bool" else \
+            _as_mask(other, what)._floats()
+        return (mask._floats() * floats if both else mask._floats() + floats) > 0.5
+
+    def logical_or(self, other):
+        """Where this bool mask or other holds (mask | other)."""
+        return self._logical(other, False)
+
+    def logical_and(self, other):
+        """Where this bool mask and other hold (mask & other)."""
+        return self._logical(other, True)
+
+    __or__ = __ror__ = logical_or
+    __and__ = __rand__ = logical_and
 
     def _floats(self):
         """A bool mask as floats 0 and 1 (what PyTorch's arithmetic promotes it to); any other value as it is."""
@@ -1662,21 +1692,37 @@ def _masked(value, mask, fill):
     return Symbolic.record(_layers().MaskedFill(float(fill)), [value, mask], value.node.shape)
 
 
+def _as_mask(x, what="a condition of traced values other than a bool mask"):
+    """x as a bool mask: itself, or the mask whose 0/1 floats an expand of it holds (pad.unsqueeze(-1).expand(...),
+    which masked fills and | and & broadcast by themselves); else fails, saying `what`."""
+    if isinstance(x, Symbolic) and x._is_mask():
+        return x
+    n, layers = x.node if isinstance(x, Symbolic) else None, _layers()
+    floats = n.inputs[0] if n is not None and isinstance(n.module, layers.Expand) else None
+    if floats is not None and isinstance(floats.module, layers.Math) and floats.module.op == "mul" and \
+            floats.inputs[0].dtype is _dtype("bool"):
+        return Symbolic(floats.inputs[0])
+    fail(what, "compare to make one: ids == pad, x > 0")
+
+
 def _where_traced(condition, input, other):
     """where() of a condition computed from traced values (a padding mask of each sample): each traced operand
-    kept where it is chosen and 0 elsewhere, a number filled where it is chosen."""
+    kept where it is chosen and 0 elsewhere, a number filled where it is chosen. The operands broadcast against
+    each other and the mask (a learned mask token (D,) over (N, T, D) values)."""
     from .._C import TensorBase
-    if not condition._is_mask():
-        fail("a condition of traced values other than a bool mask", "compare to make one: ids == pad, x > 0")
+    condition = _as_mask(condition)
     operands = []
     for v in (input, other):
         if isinstance(v, TensorBase) and v.ndim == 0:
             v = v.item()
-        elif isinstance(v, TensorBase):
-            v = condition._operand(v)
-        if not isinstance(v, (Symbolic, numbers.Real)):
+        if not isinstance(v, (Symbolic, TensorBase, numbers.Real)):
             raise TypeError(f"where: expected a tensor or a number, got {type(v).__name__}")
         operands.append(v)
+    shapes = [t.node.shape for t in (condition, *operands) if isinstance(t, Symbolic)]
+    shape = tuple(map(max, zip(*shapes))) if len({len(s) for s in shapes}) == 1 else condition.node.shape
+    operands = [constant(v, shape) if isinstance(v, TensorBase) else v for v in operands]
+    operands = [_layers().Expand(shape)(v) if isinstance(v, Symbolic) and len(v.node.shape) == len(shape) and
+                v.node.shape != shape else v for v in operands]
     (a, b), keep = operands, ~condition
     if isinstance(a, Symbolic) and isinstance(b, Symbolic):
         return _masked(a, keep, 0.0) + _masked(b, condition, 0.0)
@@ -2000,6 +2046,8 @@ def trace_loss(loss, outputs, targets):
                            "(F.one_hot(y, C).float()) or from the model's outputs")
     if not isinstance(value, Symbolic):
         raise TracingError(f"the loss {name} returned {type(value).__name__}, not a traced value of the outputs")
+    if value._uniform_scalar():  # a loss of the parameters alone (a penalty): the same value in every sample
+        value = value._as_loss()
     if not value.node.reduced:
         raise TracingError(f"the loss {name} returned per-sample values of shape {value.shape}, not one loss: "
                            "reduce them (.mean(), .sum(), or a loss with reduction='mean')")
