@@ -820,13 +820,13 @@ class Program:
         """Fails where the modules or the parameters compile read have changed since (a layer added, removed or
         replaced; parameters replaced by new ones, moved into another program's buffer, or which of them train),
         rather than running on the ones it compiled."""
-        if self._module_layout() != self._compiled_modules:
-            raise ValueError("the model's modules changed after compile (a layer added, removed or replaced), which "
-                             "the compiled program does not see: compile again")
         now, before = dict(self.model.named_parameters()), self._compiled_params
         if now.keys() != before.keys():
             raise ValueError(f"the model's parameters changed after compile (added {sorted(now.keys() - before.keys())}"
                              f", removed {sorted(before.keys() - now.keys())}): compile again")
+        if self._module_layout() != self._compiled_modules:
+            raise ValueError("the model's modules changed after compile (a layer added, removed or replaced), which "
+                             "the compiled program does not see: compile again")
         for name, p in now.items():
             if p is not before[name]:
                 raise ValueError(f"{name} was replaced after compile by a new tensor, which the compiled program does "
