@@ -860,6 +860,11 @@ def test_nll_of_a_sequences_log_probabilities_classes_first(spelling):
     want = per[y != 0].mean()
     assert p.backward(ids, y) == pytest.approx(want, rel=1e-5)
     assert float(spelling(scores, ft.tensor(y))) == pytest.approx(want, rel=1e-5)
+    logp = F.log_softmax(scores, -1).transpose(1, 2)
+    with pytest.raises(TypeError, match="expected integer class targets"):
+        F.nll_loss(logp, ft.tensor(y).float())
+    with pytest.raises(ValueError, match=r"one value per class \(\d+\), got shape \(3,\)"):
+        F.nll_loss(logp, ft.tensor(y), weight=ft.ones(3))
     with pytest.raises(ft.nn.TracingError, match=r"F.nll_loss of \(N, C, d...\) values other than a log_softmax"):
         LM().compile(ft.optim.SGD(LM().parameters(), lr=0.1), lambda out, y: F.nll_loss(out.transpose(1, 2), y),
                      batch_size=8, input_shape=(T,), input_dtype=ft.int64, target_shape=(T,),

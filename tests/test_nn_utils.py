@@ -257,5 +257,7 @@ def test_pad_sequence_pads_each_to_the_longest(batch_first, side):
         if len(s):
             want[i, slice(0, len(s)) if side == "right" else slice(4 - len(s), 4)] = s
     np.testing.assert_array_equal(got, want if batch_first else want.transpose(1, 0, 2))
-    with pytest.raises(ValueError, match=r"sequence 1 is .* \(2, 3\)"):
+    with pytest.raises(ValueError, match=r"sequence 1 has shape \(2, 3\)"):
         nn.utils.rnn.pad_sequence([ft.zeros(2, 2), ft.zeros(2, 3)])
+    mixed = nn.utils.rnn.pad_sequence([ft.tensor([1.5, 2.0]), ft.tensor([3])])  # the first's dtype, as PyTorch's
+    assert mixed.dtype is ft.float32 and np.asarray(mixed).tolist() == [[1.5, 3.0], [2.0, 0.0]]

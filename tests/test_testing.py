@@ -53,6 +53,9 @@ def test_pytorch_tensors_compare_by_their_dtype_whatever_they_track():
     with pytest.raises(AssertionError, match="The dtypes do not match: .*float64 != .*float32"):
         assert_close(np.array([1.0, 2.0]), torch.tensor([1.0, 2.0]))
     assert_close(np.array([1.0, 2.0]), torch.tensor([1.0, 2.0]), check_dtype=False)
+    assert_close([x, x[:1]], [torch.tensor([1.0, 2.0], requires_grad=True) * 1, torch.tensor([1.0])])
+    with pytest.raises(AssertionError, match=r"item \[1\]: The dtypes do not match"):
+        assert_close((x, x), (torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.0], dtype=torch.float64)))
 
 
 def test_the_report_counts_and_locates_the_mismatches():
@@ -180,6 +183,10 @@ def test_make_tensor_takes_a_range_and_either_form_of_shape():
     assert set(np.asarray(make_tensor(100, dtype=ft.int32, low=5, high=6, seed=1)).tolist()) == {5, 6}
     with pytest.raises(ValueError, match="low"):
         make_tensor(3, low=1, high=0)
+    with pytest.raises(ValueError, match="must be numbers"):
+        make_tensor(3, low=float("nan"))
+    for dtype in (ft.float16, ft.bfloat16, ft.float32):  # bounds beyond the dtype's range clamped to it: finite
+        assert np.isfinite(np.asarray(make_tensor(64, dtype=dtype, low=-1e39, high=1e39, seed=2).float())).all()
     with pytest.raises(ValueError, match="range"):
         make_tensor(3, dtype=ft.uint8, low=-1, high=3)
     with pytest.raises(TypeError, match="complex64"):

@@ -215,8 +215,8 @@ def save(path: str | os.PathLike[str], obj: Module | Program, *, optimizer: Opti
 
     dtype="bfloat16" (or "bf16") or "float16" (or "fp16", "half") saves an inference copy instead: the model's
     float32 parameters and buffers rounded to that dtype (half the bytes, to nearest even), without optimizer,
-    scheduler or loader state. safetensors and PyTorch read it in that dtype; ft.load widens it back to float32
-    exactly. A float16 copy refuses a value beyond float16's range (65504), which would become infinite."""
+    scheduler or loader state. safetensors and PyTorch read it in that dtype; ft.load into a model widens it back to
+    float32 exactly. A float16 copy refuses a value beyond float16's range (65504), which would become infinite."""
     from .random import default_generator
     model, program = _program_parts(obj)
     low_name = None

@@ -15,13 +15,18 @@ _TOLERANCES = {"float16": (1e-3, 1e-5), "bfloat16": (1.6e-2, 1e-5), "float32": (
                "float64": (1e-7, 1e-7), "complex64": (1.3e-6, 1e-5), "complex128": (1e-7, 1e-7)}
 
 
+def _is_torch(x):
+    """Whether x is a PyTorch tensor (read without importing torch)."""
+    return hasattr(x, "detach") and hasattr(x, "dtype") and not isinstance(x, TensorBase)
+
+
 def _values(x):
     """(values as a NumPy array, fasttrain dtype or None for a Python scalar or list that carries none)."""
     if isinstance(x, TensorBase):
         return np.asarray(x), x.dtype  # bfloat16 and CUDA tensors arrive as float32 host copies
     if isinstance(x, (np.ndarray, np.generic)):
         return np.asarray(x), as_dtype(x.dtype)
-    if hasattr(x, "detach") and hasattr(x, "dtype"):  # a PyTorch tensor: tracking gradients, on a GPU, bfloat16
+    if _is_torch(x):  # tracking gradients, on a GPU, bfloat16
         name = str(x.dtype).rpartition(".")[2]
         x = x.detach().cpu()
         return (x.float() if name == "bfloat16" else x).numpy(), as_dtype(name)
@@ -50,7 +55,7 @@ def _index(flat, shape):
 def _holds_arrays(x):
     """Whether a list or tuple holds tensors or arrays (at any depth): compared item by item, not as one array."""
     return isinstance(x, (list, tuple)) and any(
-        isinstance(v, (TensorBase, np.ndarray, dict)) or v is None or _holds_arrays(v) for v in x)
+        isinstance(v, (TensorBase, np.ndarray, dict)) or _is_torch(v) or v is None or _holds_arrays(v) for v in x)
 
 
 def assert_close(actual, expected, *, rtol=None, atol=None, equal_nan=False, check_dtype=True, msg=None):
@@ -147,7 +152,7 @@ def make_tensor(*shape, dtype=_BY_NAME["float32"], low=None, high=None, seed=Non
             raise ValueError(f"make_tensor: low and high must be numbers, got {low} and {high}")
         if not low <= high:
             raise ValueError(f"make_tensor: low {low} must not exceed high {high}")
-        largest = float(np.finfo(np.float32 if dtype.name == "bfloat16" else dtype.name).max)
+        largest = 3.3895313892515355e38 if dtype.name == "bfloat16" else float(np.finfo(dtype.name).max)
         low, high = max(low, -largest), min(high, largest)
         # drawn in float64 and rounded once, so the narrow types keep their full precision
         values = empty(_sizes(shape), dtype=_BY_NAME["float64"], device=device).uniform_(low, high, generator=generator)

@@ -280,11 +280,12 @@ def group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
 
 
 def _embedding_options(max_norm, scale_grad_by_freq, sparse):
-    for name, given in (("max_norm", max_norm is not None), ("scale_grad_by_freq", scale_grad_by_freq),
-                        ("sparse", sparse)):
+    for name, given, why in (
+            ("max_norm", max_norm is not None, "it renormalizes the weight's rows in place as it reads them"),
+            ("scale_grad_by_freq", scale_grad_by_freq, "it scales the gradient by the ids' counts in the batch"),
+            ("sparse", sparse, "fasttrain's embedding gradient is dense")):
         if given:
-            raise NotImplementedError(f"embedding: {name} is not supported (fasttrain's embedding gradient is "
-                                      f"dense and leaves the weight as it is)")
+            raise NotImplementedError(f"embedding: {name} is not supported ({why})")
 
 
 def _embedding_layer(weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False, sparse=False):
@@ -1016,6 +1017,8 @@ def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, r
     _check(input, "input", "nll_loss")
     _check(target, "target", "nll_loss")
     _reduction_of("nll_loss", reduction)
+    if target.dtype.is_floating_point or target.dtype.name == "bool":
+        raise TypeError(f"nll_loss: expected integer class targets (int64), got {target.dtype.name}")
     x, t = _host(input), np.asarray(target.cpu()).astype(np.int64)
     if x.ndim < 2 or t.shape != (x.shape[0], *x.shape[2:]):
         raise ValueError(f"nll_loss: input (N, C, d...) and target (N, d...), got {tuple(input.shape)} and "
@@ -1026,6 +1029,8 @@ def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, r
     if np.any((t[keep] < 0) | (t[keep] >= x.shape[1])):
         raise IndexError(f"nll_loss: a target is outside [0, {x.shape[1]})")
     w = _host(weight) if weight is not None else np.ones(x.shape[1])
+    if w.shape != (x.shape[1],):
+        raise ValueError(f"nll_loss: weight must have one value per class ({x.shape[1]}), got shape {w.shape}")
     safe = np.where(keep, t, 0)
     wt = w[safe] * keep
     values = -x[np.arange(len(t)), safe] * wt

@@ -1471,9 +1471,9 @@ class Layered(_Refusing):
             return self[first] if whole else self[first][rest]
         if isinstance(i, slice):
             return Layered(self.states[i])
-        if not isinstance(i, int):
+        if isinstance(i, bool) or not isinstance(i, numbers.Integral):
             self._refuse()
-        return self.states[i]
+        return self.states[int(i)]
 
     def __iter__(self):
         return iter(self.states)

@@ -5,9 +5,9 @@ from ... import creation
 
 
 def pad_sequence(sequences, batch_first=False, padding_value=0.0, padding_side="right"):
-    """The tensors of a list, (L_i, *) each of one dtype and trailing shape, padded with padding_value to the
-    longest: (L, B, *), or (B, L, *) with batch_first, the padding after each (padding_side="right") or before it
-    ("left"), as torch.nn.utils.rnn.pad_sequence."""
+    """The tensors of a list, (L_i, *) each of one trailing shape, padded with padding_value to the longest, in the
+    first one's dtype: (L, B, *), or (B, L, *) with batch_first, the padding after each (padding_side="right") or
+    before it ("left"), as torch.nn.utils.rnn.pad_sequence."""
     sequences = list(sequences)
     if not sequences:
         raise ValueError("pad_sequence: needs at least one sequence")
@@ -15,9 +15,9 @@ def pad_sequence(sequences, batch_first=False, padding_value=0.0, padding_side="
         raise ValueError(f"pad_sequence: padding_side must be 'left' or 'right', got {padding_side!r}")
     rest, dtype = tuple(sequences[0].shape[1:]), sequences[0].dtype
     for i, s in enumerate(sequences):
-        if s.ndim < 1 or tuple(s.shape[1:]) != rest or s.dtype is not dtype:
-            raise ValueError(f"pad_sequence: sequence {i} is {s.dtype} {tuple(s.shape)}, the first "
-                             f"{dtype} (L, {', '.join(map(str, rest))}): every one must be (L_i, ...) of those")
+        if s.ndim < 1 or tuple(s.shape[1:]) != rest:
+            raise ValueError(f"pad_sequence: sequence {i} has shape {tuple(s.shape)}: each must be (L_i, *rest) of "
+                             f"the first's rest {rest}")
     longest = max(s.shape[0] for s in sequences)
     out = creation.full((len(sequences), longest, *rest), padding_value, dtype=dtype, device=sequences[0].device)
     for i, s in enumerate(sequences):
