@@ -1367,7 +1367,7 @@ def test_numpy_force_copies_only_what_it_must():
 
 def test_stacking_aliases_nan_to_num_and_unflatten_as_numpy():
     """hstack/vstack (1-d and 0-d tensors as NumPy's), concat/concatenate (cat), nan_to_num with the dtype's
-    finite extremes (bfloat16's own), and unflatten against NumPy."""
+    finite extremes (bfloat16's own), unflatten and round(decimals=) against NumPy."""
     a, b = np.arange(3, dtype=np.float32), np.arange(3, 6, dtype=np.float32)
     m = np.arange(6, dtype=np.float32).reshape(2, 3)
     np.testing.assert_array_equal(np.asarray(ft.hstack([ft.tensor(a), ft.tensor(b)])), np.hstack([a, b]))
@@ -1384,4 +1384,9 @@ def test_stacking_aliases_nan_to_num_and_unflatten_as_numpy():
     np.testing.assert_array_equal(np.asarray(ft.tensor([1, 2]).nan_to_num()), [1, 2])
     t = ft.tensor(np.arange(24, dtype=np.float32).reshape(2, 12))
     np.testing.assert_array_equal(np.asarray(t.unflatten(1, (3, -1))), np.arange(24).reshape(2, 3, 4))
+    r = np.array([1.2345, -2.5, 125.0, 0.125], np.float32)
+    for decimals in (0, 2, -1):
+        np.testing.assert_array_equal(np.asarray(ft.tensor(r).round(decimals=decimals)), np.round(r, decimals))
+    with pytest.raises(TypeError, match="decimals takes floating-point tensors"):
+        ft.round(ft.tensor([1, 2]), decimals=1)
     np.testing.assert_array_equal(np.asarray(t.unflatten(-1, (2, 6))), np.arange(24).reshape(2, 2, 6))

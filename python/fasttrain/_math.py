@@ -491,8 +491,18 @@ def _integral(name, fn):
 
 floor = _integral("floor", np.floor)
 ceil = _integral("ceil", np.ceil)
-round = _integral("round", np.round)
 trunc = _integral("trunc", np.trunc)
+_round = _integral("round", np.round)
+
+
+def round(input: Tensor, *, decimals: int = 0) -> Tensor:
+    """input rounded half to even in its dtype, to `decimals` decimal places (negative: to tens, hundreds, ...), as
+    torch.round; integers as they are."""
+    if not decimals:
+        return _round(input)
+    if not input.dtype.is_floating_point:
+        raise TypeError(f"round: decimals takes floating-point tensors, got {input.dtype.name}")
+    return _apply("round", lambda a: np.round(a, decimals), [input], input.dtype, input.dtype)
 
 
 def sign(input: Tensor) -> Tensor:
