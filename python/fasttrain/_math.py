@@ -537,12 +537,17 @@ def roll(input: Tensor, shifts: int | Sequence[int], dims: Dims = None) -> Tenso
     return _apply("roll", lambda a: np.roll(a, shifts, axes), [input], input.dtype, input.dtype)
 
 
+def largest_finite(dt: dtype) -> float:
+    """The largest finite value of a floating-point dtype (bfloat16's too, which NumPy lacks)."""
+    return 3.3895313892515355e38 if dt is _BFLOAT16 else float(np.finfo(dt.name).max)
+
+
 def nan_to_num(input: Tensor, nan: float = 0.0, posinf: float | None = None, neginf: float | None = None) -> Tensor:
     """A copy of input with NaN replaced by nan, +inf by posinf and -inf by neginf (by default the dtype's largest
     and lowest finite values), as torch.nan_to_num; integer and bool tensors are copied as they are."""
     if not input.dtype.is_floating_point:
         return input.clone()
-    largest = 3.3895313892515355e38 if input.dtype is _BFLOAT16 else float(np.finfo(input.dtype.name).max)
+    largest = largest_finite(input.dtype)
     posinf, neginf = largest if posinf is None else posinf, -largest if neginf is None else neginf
     return _apply("nan_to_num", lambda a: np.nan_to_num(a, nan=nan, posinf=posinf, neginf=neginf), [input],
                   input.dtype, input.dtype)

@@ -5,6 +5,7 @@ import math
 import numpy as np
 
 from ._C import TensorBase
+from ._math import largest_finite
 from ._tensor import _sizes
 from ._types import _BY_NAME, as_dtype
 from .creation import empty, from_numpy
@@ -152,7 +153,7 @@ def make_tensor(*shape, dtype=_BY_NAME["float32"], low=None, high=None, seed=Non
             raise ValueError(f"make_tensor: low and high must be numbers, got {low} and {high}")
         if not low <= high:
             raise ValueError(f"make_tensor: low {low} must not exceed high {high}")
-        largest = 3.3895313892515355e38 if dtype.name == "bfloat16" else float(np.finfo(dtype.name).max)
+        largest = largest_finite(dtype)
         low, high = max(low, -largest), min(high, largest)
         # drawn in float64 and rounded once, so the narrow types keep their full precision
         values = empty(_sizes(shape), dtype=_BY_NAME["float64"], device=device).uniform_(low, high, generator=generator)
