@@ -1367,7 +1367,7 @@ def test_numpy_force_copies_only_what_it_must():
 
 def test_stacking_aliases_nan_to_num_and_unflatten_as_numpy():
     """hstack/vstack (1-d and 0-d tensors as NumPy's), concat/concatenate (cat), nan_to_num with the dtype's
-    finite extremes (bfloat16's own), unflatten and round(decimals=) against NumPy."""
+    finite extremes (bfloat16's own), unflatten, round(decimals=) and index_add against NumPy."""
     a, b = np.arange(3, dtype=np.float32), np.arange(3, 6, dtype=np.float32)
     m = np.arange(6, dtype=np.float32).reshape(2, 3)
     np.testing.assert_array_equal(np.asarray(ft.hstack([ft.tensor(a), ft.tensor(b)])), np.hstack([a, b]))
@@ -1389,4 +1389,11 @@ def test_stacking_aliases_nan_to_num_and_unflatten_as_numpy():
         np.testing.assert_array_equal(np.asarray(ft.tensor(r).round(decimals=decimals)), np.round(r, decimals))
     with pytest.raises(TypeError, match="decimals takes floating-point tensors"):
         ft.round(ft.tensor([1, 2]), decimals=1)
+    x = ft.tensor(np.arange(12, dtype=np.float32).reshape(3, 4))
+    x.index_add_(1, ft.tensor([1, 3, 1]), ft.ones(3, 3), alpha=2)  # repeated entries add up
+    np.testing.assert_array_equal(np.asarray(x), np.arange(12).reshape(3, 4) + [[0, 4, 0, 2]] * 3)
+    with pytest.raises(ValueError, match=r"source must have shape \(3, 2\)"):
+        x.index_add(1, ft.tensor([0, 1]), ft.ones(3, 3))
+    with pytest.raises(IndexError, match="out of range"):
+        x.index_add(0, ft.tensor([3]), ft.ones(1, 4))
     np.testing.assert_array_equal(np.asarray(t.unflatten(-1, (2, 6))), np.arange(24).reshape(2, 2, 6))

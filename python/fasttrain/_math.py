@@ -1639,6 +1639,26 @@ def index_select(input: Tensor, dim: int, index: Tensor) -> Tensor:
         (-1,) if not input.ndim else [*a.shape[:d], i.size, *a.shape[d + 1:]]), [input], input.dtype, input.dtype)
 
 
+def index_add(input: Tensor, dim: int, index: Tensor, source: Tensor, *, alpha: Operand = 1) -> Tensor:
+    """A copy of input with alpha * source's entries along dim added at index (a 1-d integer tensor; repeated
+    entries add up), in input's dtype, as torch.index_add."""
+    d = _norm_dim(dim, input.ndim, "index_add: dim")
+    i = _index_vector("index_add", index)
+    size = input.shape[d] if input.ndim else 1
+    want = tuple(input.shape[:d]) + (i.size,) + tuple(input.shape[d + 1:])
+    if tuple(source.shape) != want:
+        raise ValueError(f"index_add: source must have shape {want} (input's, with index's length along dim {d}), "
+                         f"got {tuple(source.shape)}")
+    if i.size and (i.min() < 0 or i.max() >= size):
+        raise IndexError(f"index_add: index out of range for dimension {d} of size {size}")
+
+    def added(a, s):
+        out = a.copy()
+        np.add.at(np.moveaxis(out, d, 0), i, np.moveaxis(s, d, 0) * alpha)
+        return out
+    return _apply("index_add", added, [input, source], result_type(input, source), input.dtype)
+
+
 def masked_select(input: Tensor, mask: Tensor) -> Tensor:
     """The elements where mask (a bool tensor, broadcast) holds, as a 1-d copy, as torch.masked_select."""
     if not isinstance(mask, _Tensor) or mask.dtype is not _BOOL:

@@ -719,6 +719,7 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
     relu_, sigmoid_, tanh_ = (_math.in_place(f) for f in (_math.relu, _math.sigmoid, _math.tanh))
     clamp_min_, clamp_max_ = _math.in_place(_math.clamp_min), _math.in_place(_math.clamp_max)
     scatter_, scatter_add_ = _math.in_place(_math.scatter), _math.in_place(_math.scatter_add)
+    index_add, index_add_ = _math.index_add, _math.in_place(_math.index_add)
     lerp_, fmod_, reciprocal_ = _math.in_place(_math.lerp), _math.in_place(_math.fmod), _math.in_place(
         _math.reciprocal)
     __iadd__, __isub__ = _math.operator_method(add_), _math.operator_method(sub_)
