@@ -1108,6 +1108,7 @@ def test_position_embeddings_of_a_range_match_pytorch(how):
     (lambda x: x.norm(3, dim=1), ft.nn.TracingError, r"norm\(p=3\) of a traced value"),
     (lambda x: x.gather(1, ft.zeros(2, 1, dtype=ft.int64)), ft.nn.TracingError, "gather\\(\\) with an index other"),
     (lambda x: x[x > 0], ft.nn.TracingError, r"indexing with a traced value .* \(x \* mask\).sum\(\) / mask.sum\(\)"),
+    (lambda x: x[ft.arange(x.size(0)), 0], ft.nn.TracingError, r"ft.arange of the batch size .* indexing across"),
     (lambda x: F.interpolate(x.view(x.size(0), 1, 2, 2), scale_factor=2, mode="bilinear", antialias=True),
      NotImplementedError, r"interpolate: antialias=True is not supported"),
     (lambda x: F.adaptive_max_pool2d(x.view(x.size(0), 1, 2, 2), 1, return_indices=True)[0], TypeError,
@@ -2790,19 +2791,15 @@ def test_functional_embedding_options_it_cannot_compute_are_refused_when_traced(
                   input_dtype=ft.int64)
 
 
-def test_an_arange_of_the_batch_size_says_why_it_cannot_compile():
-    class Picked(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc = nn.Linear(4, 3)
+class Gate(nn.Module):
+    """Features scaled by g of a parameter of theirs."""
 
-        def forward(self, x):
-            h = self.fc(x)
-            return h[ft.arange(h.size(0)), 0]
+    def __init__(self, g):
+        super().__init__()
+        self.g, self.fc, self.w = g, nn.Linear(4, 3), nn.Parameter(ft.tensor([0.3, -0.2, 0.5, 0.1]))
 
-    m = Picked()
-    with pytest.raises(ft.nn.TracingError, match=r"ft.arange of the batch size .* indexing across the batch"):
-        m.compile(ft.optim.SGD(m.parameters(), lr=0.1), lambda out: out.mean(), batch_size=2, input_shape=(4,))
+    def forward(self, x):
+        return self.fc(x * self.g(self.w))
 
 
 @pytest.mark.parametrize("g", [F.sigmoid, F.silu, F.gelu, lambda w: F.leaky_relu(w, 0.1), F.softplus, F.tanh],
@@ -2810,16 +2807,8 @@ def test_an_arange_of_the_batch_size_says_why_it_cannot_compile():
 def test_a_functional_activation_of_a_parameter_trains_it(g):
     """F.sigmoid(self.w) and the other elementwise F functions of a parameter are traced: its gradient by central
     differences, not a constant's zero."""
-    class Gate(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc, self.w = nn.Linear(4, 3), nn.Parameter(ft.tensor([0.3, -0.2, 0.5, 0.1]))
-
-        def forward(self, x):
-            return self.fc(x * g(self.w))
-
     ft.manual_seed(2)
-    model = Gate()
+    model = Gate(g)
     program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=4, input_shape=(4,))
     x, y = np.random.default_rng(3).standard_normal((4, 4)).astype(np.float32), np.arange(4) % 3
     assert gradcheck(program, x, y, rtol=3e-2, atol=1e-4)
@@ -2830,14 +2819,6 @@ def test_a_functional_activation_of_a_parameter_trains_it(g):
 @pytest.mark.parametrize("g, name", [(lambda w: w.softmax(0), "softmax"), (lambda w: F.softmax(w, 0), "softmax"),
                                      (F.relu_, "relu_"), (lambda w: F.relu(w, inplace=True), "relu")])
 def test_a_parameter_through_an_op_naming_a_dimension_or_in_place_is_refused(g, name):
-    class Gate(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc, self.w = nn.Linear(4, 3), nn.Parameter(ft.tensor([0.3, -0.2, 0.5, 0.1]))
-
-        def forward(self, x):
-            return self.fc(x * g(self.w))
-
-    model = Gate()
+    model = Gate(g)
     with pytest.raises(ft.nn.TracingError, match=f"{name} of a trainable parameter outside the traced graph"):
         model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=4, input_shape=(4,))
