@@ -161,9 +161,16 @@ def test_an_exception_in_the_epoch_keeps_count_and_fit_goes_on_from_there(exc):
     assert sched.state_dict() == sched_w.state_dict()
 
 
-def test_a_stop_at_an_epochs_last_step_steps_an_epoch_scheduler():
-    """scheduler_interval="epoch": the epoch a step callback ends at its last step is over, so its scheduler step
-    is taken, and the next fit runs as the rest of an uninterrupted one."""
+@pytest.mark.parametrize("how", ["returns True", "raises"])
+def test_a_stop_at_an_epochs_last_step_steps_an_epoch_scheduler(how):
+    """scheduler_interval="epoch": the epoch a step callback ends at its last step (returning True, or raising as
+    Ctrl-C would) is over, so its scheduler step is taken, and the next fit runs as the rest of an uninterrupted
+    one."""
+    def stopping(step, m):
+        if step == 6 and how == "raises":
+            raise KeyboardInterrupt
+        return step == 6
+
     def run(stop):
         ft.manual_seed(3)
         model = nn.Linear(F, C)
@@ -171,8 +178,11 @@ def test_a_stop_at_an_epochs_last_step_steps_an_epoch_scheduler():
                                 input_shape=(F,))
         sched = ft.optim.lr_scheduler.StepLR(program.optimizer, 1, 0.5)
         loader = ft.data.Loader((X, Y), B, shuffle=True, seed=9, num_workers=1)
-        fit(program, loader, 3, scheduler=sched, scheduler_interval="epoch", progress=False,
-               step_callbacks=[lambda step, m: stop and step == 6])
+        try:
+            fit(program, loader, 3, scheduler=sched, scheduler_interval="epoch", progress=False,
+                step_callbacks=[stopping] if stop else [])
+        except KeyboardInterrupt:
+            pass
         if stop:
             assert program.step_count == 6 and program.optimizer.param_groups[0]["lr"] == LR / 2
             fit(program, loader, 2, scheduler=sched, scheduler_interval="epoch", progress=False)
@@ -180,6 +190,42 @@ def test_a_stop_at_an_epochs_last_step_steps_an_epoch_scheduler():
     (model, program), (whole, program_w) = run(True), run(False)
     assert program.step_count == 18 and state_bits(model) == state_bits(whole)
     assert program.optimizer.param_groups[0]["lr"] == program_w.optimizer.param_groups[0]["lr"] == LR / 8
+
+
+def test_ctrl_c_at_any_moment_of_a_c_epoch_counts_the_steps_applied():
+    """An alarm raising KeyboardInterrupt while fit runs short C epochs (whose end comes before the loop next looks
+    for signals): whenever it lands, the program's count and the loader's position say which steps were applied, so
+    that fit then finishes the run as an uninterrupted one."""
+    import signal
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    def run(after):
+        ft.manual_seed(3)
+        model = nn.Linear(F, C)
+        program = model.compile(ft.optim.SGD(model.parameters(), lr=LR), nn.CrossEntropyLoss(), batch_size=B,
+                                input_shape=(F,))
+        loader = ft.data.Loader((X, Y), B, shuffle=True, seed=9, num_workers=1)
+        if after:
+            previous = signal.signal(signal.SIGALRM, interrupt)
+            signal.setitimer(signal.ITIMER_REAL, after)
+            try:
+                fit(program, loader, 400, progress=False)
+            except KeyboardInterrupt:
+                pass
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, previous)
+            fit(program, loader, 400 - program.step_count // 6, progress=False)  # a started epoch counts as one
+        else:
+            fit(program, loader, 400, progress=False)
+        return model, program
+
+    whole, _ = run(0)
+    for after in (0.003, 0.011, 0.023, 0.037):
+        model, program = run(after)
+        assert program.step_count == 2400 and state_bits(model) == state_bits(whole)
 
 
 def test_evaluating_on_the_training_loader_keeps_fits_position():

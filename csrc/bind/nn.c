@@ -986,6 +986,8 @@ static PyObject *run_fit_epoch(PyObject *self, PyObject *args, PyObject *kwargs)
     }
     PyEval_RestoreThread(ts);
     po->last_grad_norm = r.grad_norm;
+    if (!stop && s == FT_OK && PyErr_CheckSignals() < 0) /* Ctrl-C during the last steps: raised with their count */
+        stop = -1;
     release_optimizer(opt);
     int closed = ft_py_loader_end(loader_obj) < 0;
     Py_DECREF(loader_obj);

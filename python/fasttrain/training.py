@@ -353,8 +353,10 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
         program._check_compiled()
         skipped_before_epoch = program.skipped_steps
         if kept:
-            epoch = loader.epoch
-            if loader._resume and loader._position()[1] < len(loader):
+            # where a stopped (or restored) run left the loader: its position's epoch, which may be ahead of
+            # loader.epoch when the stop came between an epoch's last step and fit's bookkeeping
+            epoch, batch = loader._position() if loader._resume else (loader.epoch, 0)
+            if loader._resume and batch < len(loader):
                 # finish the restored epoch from its position: the C epoch starts there, a pass in Python (iter)
                 # takes the position up itself
                 loader._resume = not c_loader
@@ -375,40 +377,48 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
             metrics = {"step": step, "epoch": epoch + 1, "loss": loss, "lr": lr, "grad_norm": grad_norm}
             return any(cb(step, metrics) for cb in step_callbacks)
 
-        if _is_c_loader(loader):
-            tally, samples, lr, stopped = _fit_epoch_in_c(
-                program, loader, scheduler, scheduler_interval, bar, start, on_step if step_callbacks else None,
-                every_n_steps)
-        else:
-            for step, batch in enumerate(loader):
-                lr = _lr(program.optimizer)
-                skipped_before = program.skipped_steps
-                try:
-                    x, y = _split(program, batch)
-                    loss, step_tally = program._step(x, y)
-                except (ValueError, TypeError, IndexError, RuntimeError) as e:  # say where it happened
-                    if kept:  # the next fit goes on after the steps that ran, past the bad batch, as in C
-                        loader._resume = True
-                    raise type(e)(f"epoch {epoch + 1}, step {step + 1}: {e}") from e
-                n = len(y)
-                if program.skipped_steps == skipped_before:  # a skipped step's loss is not finite
-                    tally = add_tallies(tally, step_tally)
-                samples += n
-                if scheduler is not None and scheduler_interval == "step":
-                    scheduler.step()
-                if bar:
-                    bar.update(1, loss=loss, lr=lr, img_s=samples / max(time.perf_counter() - start, 1e-9))
-                if step_callbacks and program.step_count % every_n_steps == 0 and \
-                        on_step(program.step_count, loss, lr, program.last_grad_norm):
-                    stopped = True
+        try:
+            if _is_c_loader(loader):
+                tally, samples, lr, stopped = _fit_epoch_in_c(
+                    program, loader, scheduler, scheduler_interval, bar, start, on_step if step_callbacks else None,
+                    every_n_steps)
+            else:
+                for step, batch in enumerate(loader):
+                    lr = _lr(program.optimizer)
+                    skipped_before = program.skipped_steps
+                    try:
+                        x, y = _split(program, batch)
+                        loss, step_tally = program._step(x, y)
+                    except (ValueError, TypeError, IndexError, RuntimeError) as e:  # say where it happened
+                        raise type(e)(f"epoch {epoch + 1}, step {step + 1}: {e}") from e
+                    n = len(y)
+                    if program.skipped_steps == skipped_before:  # a skipped step's loss is not finite
+                        tally = add_tallies(tally, step_tally)
+                    samples += n
+                    if scheduler is not None and scheduler_interval == "step":
+                        scheduler.step()
+                    if bar:
+                        bar.update(1, loss=loss, lr=lr, img_s=samples / max(time.perf_counter() - start, 1e-9))
+                    if step_callbacks and program.step_count % every_n_steps == 0 and \
+                            on_step(program.step_count, loss, lr, program.last_grad_norm):
+                        stopped = True
+                        break
+                if not samples:  # said, and no epoch of NaN in the history
+                    warnings.warn(f"fit: epoch {epoch + 1} got no batches, so training stops there (a generator or "
+                                  "iterator is used up after one pass: give a list, a Loader or (x, y) arrays to "
+                                  "train several epochs)", stacklevel=2)
+                    if bar:
+                        bar.close()
                     break
-            if not samples:  # said, and no epoch of NaN in the history
-                warnings.warn(f"fit: epoch {epoch + 1} got no batches, so training stops there (a generator or "
-                              "iterator is used up after one pass: give a list, a Loader or (x, y) arrays to train "
-                              "several epochs)", stacklevel=2)
-                if bar:
-                    bar.close()
-                break
+        except BaseException as e:  # a callback's, Ctrl-C, a bad batch
+            if kept:  # the next fit goes on after the steps that ran (past a bad batch)
+                loader._resume = True
+                if scheduler is not None and scheduler_interval == "epoch" and \
+                        loader._position()[1] >= len(loader):  # they were the whole epoch
+                    scheduler.step()
+            if c_loader and isinstance(e, (ValueError, TypeError, IndexError, RuntimeError)):
+                raise type(e)(f"epoch {epoch + 1}, {e}") from e  # the C epoch said which step
+            raise
         seconds = time.perf_counter() - start
         if kept:
             if stopped:  # the next fit goes on from the position where this one stopped
