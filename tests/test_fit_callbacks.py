@@ -228,6 +228,12 @@ def test_ctrl_c_at_any_moment_of_a_c_epoch_counts_the_steps_applied():
         assert program.step_count == 2400 and state_bits(model) == state_bits(whole)
 
 
+def test_a_callback_using_the_loader_fit_trains_on_says_so():
+    model, program, sched, loader = setup()
+    with pytest.raises(RuntimeError, match="in use by the epoch running it .* use another Loader"):
+        fit(program, loader, 1, step_callbacks=[lambda step, m: ft.evaluate(program, loader)], progress=False)
+
+
 def test_evaluating_on_the_training_loader_keeps_fits_position():
     model, program, sched, loader = setup(total_iters=11)
     fit(program, loader, 2, scheduler=sched, step_callbacks=[lambda step, m: step == 8], progress=False)

@@ -352,6 +352,22 @@ def test_tensor_comparisons_are_elementwise():
     assert {a: 1}[a] == 1  # hashing stays by identity
 
 
+def test_a_multistep_schedulers_milestones_come_back_from_a_checkpoint(tmp_path):
+    """MultiStepLR's milestones, a Counter of steps whose keys JSON writes as strings, load as the Counter."""
+    program = compile_small(small_net())
+    sched = ft.optim.lr_scheduler.MultiStepLR(program.optimizer, milestones=[1, 3, 3], gamma=0.5)
+    sched.step()
+    path = str(tmp_path / "m.safetensors")
+    ft.save(path, program, scheduler=sched)
+    target = compile_small(small_net(3))
+    restored = ft.optim.lr_scheduler.MultiStepLR(target.optimizer, milestones=[7], gamma=0.5)
+    ft.load(path, target, scheduler=restored)
+    assert restored.state_dict() == sched.state_dict() and restored.milestones == {1: 1, 3: 2}
+    for _ in range(3):
+        sched.step(), restored.step()
+    assert restored.get_last_lr() == sched.get_last_lr()
+
+
 @pytest.mark.parametrize("key,value", [("last_epoch", "abc"), ("gamma", "abc"), ("base_lrs", [0.1, 0.2]),
                                         ("_last_lr", 0.1)])
 def test_a_scheduler_state_of_the_wrong_kinds_is_refused_at_load(tmp_path, key, value):

@@ -252,7 +252,11 @@ static ft_loader *usable(loader_object *o) {
         return NULL;
     }
     if (o->busy) {
-        PyErr_SetString(PyExc_RuntimeError, "the loader is in use by another thread");
+        PyErr_SetString(PyExc_RuntimeError,
+                        o->owner == PyThread_get_thread_ident()
+                            ? "the loader is in use by the epoch running it (a callback of fit cannot iterate or "
+                              "evaluate the loader fit is training on: use another Loader of the same data)"
+                            : "the loader is in use by another thread");
         return NULL;
     }
     return o->loader;

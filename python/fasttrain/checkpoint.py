@@ -396,11 +396,23 @@ def _like(value, own):
     return type(value) is type(own)
 
 
+def _keyed_like(value, own):
+    """A mapping read from JSON, whose keys are strings, with integer keys where the scheduler's own has them
+    (MultiStepLR's milestones, a Counter of steps), in its type; anything else as it is."""
+    if not (isinstance(value, dict) and isinstance(own, dict) and own and all(isinstance(k, int) for k in own)):
+        return value
+    try:
+        return type(own)({int(k): v for k, v in value.items()})
+    except ValueError:
+        return value
+
+
 def _scheduler_state(path, meta, scheduler):
     state = _json_meta(path, meta, "scheduler")
     own = scheduler.state_dict()
     if not isinstance(state, dict) or set(state) != set(own):
         raise ValueError(f"{path}: the checkpoint's scheduler state is not one of a {type(scheduler).__name__}")
+    state = {key: _keyed_like(value, own[key]) for key, value in state.items()}
     for key, value in state.items():  # checked now, rather than failing in the next fit
         if not _like(value, own[key]):
             raise ValueError(f"{path}: corrupt scheduler state: {key!r} is {value!r}, where a "

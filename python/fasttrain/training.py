@@ -416,8 +416,8 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
                 if scheduler is not None and scheduler_interval == "epoch" and \
                         loader._position()[1] >= len(loader):  # they were the whole epoch
                     scheduler.step()
-            if c_loader and isinstance(e, (ValueError, TypeError, IndexError, RuntimeError)):
-                raise type(e)(f"epoch {epoch + 1}, {e}") from e  # the C epoch said which step
+            if type(e) in (ValueError, TypeError, IndexError, RuntimeError) and str(e).startswith("step "):
+                raise type(e)(f"epoch {epoch + 1}, {e}") from e  # the C epoch's own, which says the step
             raise
         seconds = time.perf_counter() - start
         if kept:
