@@ -412,3 +412,10 @@ def test_an_optimizer_over_other_tensors_says_whose_they_may_be():
     with pytest.raises(ValueError, match=r"the loss module's own parameters .* assign them to the model"):
         model.compile(ft.optim.SGD([*model.parameters(), *loss.parameters()], lr=0.1), loss, batch_size=2,
                       input_shape=(4,))
+
+
+def test_targets_read_in_two_shapes_say_how_to_derive_one_from_the_other():
+    model = nn.Linear(4, 3)
+    with pytest.raises(ft.nn.TracingError, match=r"the targets are read as .* elsewhere .* F.one_hot\(y, C\).float\(\)"):
+        model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=2, input_shape=(4,),
+                      target_shape=(), target_dtype=ft.int64)

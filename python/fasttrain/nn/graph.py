@@ -1913,7 +1913,9 @@ def bind_target(t, shape, dtype):
         def read(dt, sh):
             return f"{'values' if dt is None else dt.name} of per-sample shape {sh}"
         raise TracingError(f"the targets are read as {read(dtype, shape)} at {_user_line()}, but as "
-                           f"{read(m.dtype, t.node.shape)} elsewhere")
+                           f"{read(m.dtype, t.node.shape)} elsewhere (a loss reading them, or compile's "
+                           "target_shape= and target_dtype=): a compiled program reads its targets in one shape and "
+                           "dtype, so compute other forms from them (class labels as F.one_hot(y, C).float())")
     if m.dtype is not None and not m.dtype.is_floating_point:
         m.labelled = m.labelled or _user_line()
 
