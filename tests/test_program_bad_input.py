@@ -416,6 +416,6 @@ def test_an_optimizer_over_other_tensors_says_whose_they_may_be():
 
 def test_targets_read_in_two_shapes_say_how_to_derive_one_from_the_other():
     model = nn.Linear(4, 3)
-    with pytest.raises(ft.nn.TracingError, match=r"the targets are read as .* elsewhere .* F.one_hot\(y, C\).float\(\)"):
+    with pytest.raises(ft.nn.TracingError, match=r"the targets are read as .* elsewhere .* F.one_hot\(y, C\)"):
         model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=2, input_shape=(4,),
                       target_shape=(), target_dtype=ft.int64)
