@@ -433,3 +433,18 @@ def test_a_run_fitted_on_arrays_resumes_from_its_checkpoint(stop, inputs, tmp_pa
     ft.load(path, program)
     ft.fit(program, (X, Y), 2 if stop else 1, progress=False)  # the stopped epoch's rest, then the second
     assert program.step_count == 12 and state_bits(resumed) == state_bits(whole)
+
+
+def test_fits_on_fresh_arrays_go_on_with_the_epochs_orders():
+    """fit on a new copy of the arrays in every call (augmented afresh, Keras-style): each call shuffles in the next
+    epoch's order, as fit on the same arrays does, not the first epoch's again."""
+    rng = np.random.default_rng(6)
+    X, Y = rng.standard_normal((48, 6)).astype(np.float32), rng.integers(0, 3, 48)
+    runs = []
+    for fresh in (False, True):
+        ft.manual_seed(11)
+        model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+        program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=8, input_shape=(6,))
+        history = [ft.fit(program, (X.copy() if fresh else X, Y), 1, progress=False)["epoch"] for _ in range(3)]
+        runs.append((history, state_bits(model)))
+    assert runs[0] == runs[1] and runs[0][0] == [[1], [2], [3]]

@@ -104,7 +104,9 @@ def _as_loader(program, data, batch_size, shuffle):
     """A fasttrain Loader of batch_size (None: the program's) over (x, y) arrays (shuffled when training, seeded
     from the global seed as every Loader is), or for a forward of several inputs their batches in a Loader's
     order (_InputBatches); a loader or iterable as it is. The program keeps the loader of the arrays it last
-    trained on (and evaluated on), so that fit on the same arrays again goes on with the next epoch's order."""
+    trained on (and evaluated on), so that fit on the same arrays again goes on with the next epoch's order, and
+    fit on new arrays (augmented afresh for each call) starts at that epoch too, in its order rather than the
+    first epoch's again."""
     if isinstance(data, list) and len(data) == 2 and all(hasattr(d, "shape") and len(d.shape) for d in data) \
             and data[0].shape[0] == data[1].shape[0]:
         raise TypeError("give (x, y) arrays as a tuple: a list is taken as an iterable of (x, y) batches")
@@ -137,6 +139,8 @@ def _as_loader(program, data, batch_size, shuffle):
             made = Loader((x, y), batch_size, shuffle=shuffle, seed=seed)
         if resume is not None:
             made.load_state_dict(resume)
+        elif kept is not None and shuffle:
+            made.set_epoch(kept[1].epoch)
         kept = loaders[shuffle] = key, made
     return kept[1]
 
