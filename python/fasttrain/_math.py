@@ -1794,17 +1794,15 @@ def meshgrid(*tensors: Tensor, indexing: str = "ij") -> tuple[Tensor, ...]:
 
 def _on_traced(fn: Callable, traced: Callable) -> Callable:
     """fn, or on a traced value traced. A trainable parameter that a traced forward (or loss) reads by an
-    elementwise op, or sums or averages whole, becomes a traced value (graph.lifted): ops naming dimensions are
+    elementwise op, or sums or averages whole, becomes a traced value (graph.read_by_op): ops naming dimensions are
     left out, as the traced value's batch dimension would shift their meaning."""
-    lifts = fn.__name__ in _LIFTED or fn.__name__ in ("sum", "mean")
+    elementwise, reduction = fn.__name__ in _LIFTED, fn.__name__ in ("sum", "mean")
 
     def call(*args, **kwargs):
-        from .nn.graph import Symbolic, lifted, refuse_eager_parameters, uses_trainable
-        whole = fn.__name__ in _LIFTED or len(args) == 1 and kwargs.get("dim") is None
-        if not builtins.any(isinstance(a, Symbolic) for a in args) and uses_trainable(args):
-            if not (lifts and whole):  # a result computed here would be a constant of the program
-                refuse_eager_parameters(fn.__name__, args)
-            args = [lifted(a) if isinstance(a, _Tensor) else a for a in args]
+        from .nn.graph import Symbolic, read_by_op
+        if not builtins.any(isinstance(a, Symbolic) for a in args):
+            whole = reduction and len(args) == 1 and kwargs.get("dim") is None
+            args = read_by_op(fn.__name__, args, elementwise or whole)
         if builtins.any(isinstance(a, Symbolic) for a in args):
             return traced(*args, **kwargs)
         return fn(*args, **kwargs)

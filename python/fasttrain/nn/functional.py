@@ -18,10 +18,10 @@ from ..amp import cast
 from .._C import TensorBase
 from ..random import default_generator
 from . import modules as M
-from .graph import MergedRows, Symbolic, fail, in_place, lifted, refuse_eager_parameters, uses_trainable
+from .graph import MergedRows, Symbolic, fail, in_place, read_by_op, uses_trainable
 
 
-# The functions of one value elementwise: of a trainable parameter in a traced forward, traced (see graph.lifted).
+# The functions of one value elementwise: of a trainable parameter in a traced forward, traced (graph.read_by_op).
 _ELEMENTWISE = {"relu", "leaky_relu", "gelu", "silu", "sigmoid", "tanh", "hardswish", "softplus"}
 
 
@@ -35,10 +35,9 @@ def _traced(layer):
 
         @functools.wraps(fn)
         def call(input, *args, **kwargs):
-            if not isinstance(input, Symbolic) and uses_trainable([input]):
-                if fn.__name__ not in _ELEMENTWISE or signature.bind(input, *args, **kwargs).arguments.get("inplace"):
-                    refuse_eager_parameters(fn.__name__, [input])
-                input = lifted(input)
+            if not isinstance(input, Symbolic) and uses_trainable([input]):  # cheap unless traced
+                inplace = signature.bind(input, *args, **kwargs).arguments.get("inplace")
+                input, = read_by_op(fn.__name__, [input], fn.__name__ in _ELEMENTWISE and not inplace)
             if isinstance(input, Symbolic):
                 out = layer(*args, **kwargs)(input)
                 if fn.__name__.endswith("_") or signature.bind(input, *args, **kwargs).arguments.get("inplace"):

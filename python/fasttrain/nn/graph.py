@@ -146,11 +146,16 @@ def uses_trainable(tensors):
     return any(_viewed_parameter(t) is not None for t in tensors)
 
 
-def lifted(t):
-    """t as a traced value when it is a trainable parameter (or a view of one) of the model being traced, which an
-    op reads: the value it has in every sample, through which it trains (self.logit_scale.exp(),
-    ft.sigmoid(self.gate)); t itself otherwise."""
-    return constant(t, tuple(t.shape)) if _viewed_parameter(t) is not None else t
+def read_by_op(op, operands, traceable):
+    """The operands of an eager op as it reads them while a forward is traced: each trainable parameter (or view
+    of one) of the model becomes a traced value, the value it has in every sample, through which it trains
+    (self.logit_scale.exp(), ft.sigmoid(self.gate)), when the op is traceable on it; otherwise the op is refused,
+    its result a constant. Operands without such a parameter come back as they are."""
+    if not uses_trainable(operands):
+        return operands
+    if not traceable:
+        refuse_eager_parameters(op, operands)
+    return [constant(t, tuple(t.shape)) if _viewed_parameter(t) is not None else t for t in operands]
 
 
 def refuse_eager_parameters(op, operands):
