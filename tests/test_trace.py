@@ -522,6 +522,17 @@ def test_a_parameter_computed_on_outside_the_graph_is_refused_not_frozen(use, me
         model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=2, input_shape=(4,))
 
 
+def test_the_export_check_takes_a_callable_and_leaves_exports_free_after_a_trace():
+    """The hook a trace sets on buffer exports (np.array of a parameter): a non-callable is refused, and none stays
+    set once compile is done."""
+    with pytest.raises(TypeError, match="_set_export_check takes a callable or None, got int"):
+        ft._C._set_export_check(3)
+    model = Transformed("array")
+    with pytest.raises(ft.nn.TracingError):
+        model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=2, input_shape=(4,))
+    assert np.array(model.fc.bias).shape == (CLASSES,) and memoryview(model.scale).nbytes == 4
+
+
 def test_what_no_grad_holds_back_may_be_frozen_and_a_penalty_in_the_loss_trains():
     model = Transformed("no_grad")
     model.teacher.requires_grad_(False)

@@ -538,6 +538,9 @@ static PyObject *py_set_tensor_class(PyObject *module, PyObject *cls) {
 
 /* _set_export_check(fn or None): fn(tensor) runs before each buffer export (see ft_module_state). */
 static PyObject *py_set_export_check(PyObject *module, PyObject *fn) {
+    if (fn != Py_None && !PyCallable_Check(fn))
+        return PyErr_Format(PyExc_TypeError, "_set_export_check takes a callable or None, got %s",
+                            Py_TYPE(fn)->tp_name);
     ft_module_state *st = ft_py_state(module);
     Py_XSETREF(st->export_check, fn == Py_None ? NULL : Py_NewRef(fn));
     Py_RETURN_NONE;
