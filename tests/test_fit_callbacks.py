@@ -365,6 +365,54 @@ def test_a_checkpoint_saved_in_a_step_callback_resumes_at_that_step(tmp_path):
     assert sched_r.state_dict() == sched.state_dict() and loader_r.epoch == loader.epoch == 2
 
 
+@pytest.mark.parametrize("at", [6, 12])
+@pytest.mark.parametrize("kind", ["StepLR", "ReduceLROnPlateau"])
+def test_a_checkpoint_saved_at_an_epochs_last_step_resumes_with_that_epochs_scheduler_step(kind, at, tmp_path):
+    """ft.save in a step callback at an epoch's last step keeps the scheduler as that step left it, before the
+    epoch's own scheduler step (a StepLR's, a ReduceLROnPlateau's of the validation loss); fit from the loaded
+    checkpoint takes that step before the next epoch, and ends as the uninterrupted run."""
+    path = str(tmp_path / "end.safetensors")
+
+    def make():
+        model, program, _, loader = setup()
+        sched = ft.optim.lr_scheduler.StepLR(program.optimizer, 1, 0.5) if kind == "StepLR" else \
+            ft.optim.lr_scheduler.ReduceLROnPlateau(program.optimizer, factor=0.5, patience=0, threshold=10.0)
+        return model, program, sched, loader
+
+    def save(step, metrics):
+        if step == at:
+            ft.save(path, program, scheduler=sched, loader=loader)
+            saved.append(program.optimizer.param_groups[0]["lr"])
+
+    saved = []
+    model, program, sched, loader = make()
+    ft.fit(program, loader, 3, scheduler=sched, val_loader=(X, Y), step_callbacks=[save], progress=False)
+    resumed, program_r, sched_r, loader_r = make()
+    ft.load(path, program_r, scheduler=sched_r, loader=loader_r)
+    assert loader_r.state_dict()["batch"] == len(loader_r) and program_r.optimizer.param_groups[0]["lr"] == saved[0]
+    done = at // len(loader)
+    history = ft.fit(program_r, loader_r, 3 - done, scheduler=sched_r, val_loader=(X, Y), progress=False)
+    assert history["epoch"] == list(range(done + 1, 4))
+    assert program_r.step_count == program.step_count == 18 and state_bits(resumed) == state_bits(model)
+    # LinearLR's start factor (setup's), then halved after each of the three epochs
+    assert program_r.optimizer.param_groups[0]["lr"] == program.optimizer.param_groups[0]["lr"] == LR / 4 / 8
+    assert sched_r.state_dict() == sched.state_dict()
+
+
+def test_a_plateau_scheduler_resumed_at_an_epochs_end_without_validation_warns():
+    """Without a val_loader, the epoch-end step of a ReduceLROnPlateau watches the training metrics of an epoch a
+    restored position at its end did not keep: fit says it skips it."""
+    model, program, _, loader = setup()
+    sched = ft.optim.lr_scheduler.ReduceLROnPlateau(program.optimizer)
+    state = loader.state_dict()
+    ft.fit(program, loader, 1, scheduler=sched, progress=False, step_callbacks=[
+        lambda step, m: state.update(loader.state_dict()) if step == len(loader) else None])
+    loader.load_state_dict(state)
+    with pytest.warns(UserWarning, match="end of epoch 1, whose ReduceLROnPlateau step"):
+        history = ft.fit(program, loader, 1, scheduler=sched, progress=False)
+    assert history["epoch"] == [2] and sched.last_epoch == 2
+
+
 def test_schedulers_step_by_default_as_pytorchs_documentation_steps_them():
     """CosineAnnealingLR(T_max=epochs) given to fit is stepped after each epoch (it finished its cosine within
     the first batches when stepped per batch), OneCycleLR(total_steps=epochs * batches) after each batch."""

@@ -277,6 +277,14 @@ def _steps_in_c(program, loader, scheduler, bar, start, on_step, every, done):
     return tally, samples, steps, lr_at(max(steps, 1)), stopped and not changed, changed
 
 
+def _validate(program, val_loader, tta_flip):
+    program.model.eval()
+    try:
+        return evaluate(program, val_loader, tta_flip)
+    finally:
+        program._train_modes()  # as compile found them: a train_step after fit runs as fit's steps did
+
+
 def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader: Iterable[Any] | None = None,
         scheduler: LRScheduler | ReduceLROnPlateau | None = None, scheduler_interval: str | None = None,
         tta_flip: bool = False, progress: bool = True,
@@ -313,7 +321,8 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
     one returning True stops training after that step. A fasttrain Loader's epoch stays in C between them; a step
     callback sees the optimizer's param_groups and the scheduler as a Python loop leaves them after its step, what
     it changes there applies from the next step, and ft.save(..., scheduler=, loader=) called in it saves that
-    step's position.
+    step's position (at an epoch's last step, before that epoch's scheduler step, which a fit resumed from it
+    takes first).
     val_loader may be (x, y) arrays too (in batches of the program's size).
 
     A fasttrain Loader says which epoch runs (its shuffle order and augmentations): its own count of epochs
@@ -365,8 +374,21 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
                 # takes the position up itself
                 loader._resume = not c_loader
             else:
-                if loader._resume:  # a position restored at an epoch's end: the next one
+                if loader._resume:
+                    # a position restored at an epoch's end (ft.save in a step callback at its last step): the
+                    # epoch's steps ran, its end did not; the next epoch runs after it
                     epoch += 1
+                    if scheduler is not None and scheduler_interval == "epoch":
+                        scheduler.step()
+                    if plateau is not None:
+                        if val_loader is None:
+                            warnings.warn(f"fit: the loader's position is the end of epoch {epoch}, whose "
+                                          "ReduceLROnPlateau step watches that epoch's training metrics, which "
+                                          "were not kept: it is not taken (give a val_loader to watch its "
+                                          "metrics, or save after fit returns)", stacklevel=2)
+                        else:
+                            val_loss, val_accuracy = _validate(program, val_loader, tta_flip)
+                            plateau.step(val_loss if plateau.mode == "min" else val_accuracy)
                 loader.set_epoch(epoch)
         else:
             epoch = count
@@ -415,24 +437,28 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
                         bar.close()
                     break
         except BaseException as e:  # a callback's, Ctrl-C, a bad batch
-            if kept:  # the next fit goes on after the steps that ran (past a bad batch)
-                loader._resume = True
-                if scheduler is not None and scheduler_interval == "epoch" and \
-                        loader._position()[1] >= len(loader):  # they were the whole epoch
-                    scheduler.step()
+            if kept and not getattr(loader, "closed", False):  # the next fit goes on after the steps that ran
+                if loader._position()[1] >= len(loader):  # they were the whole epoch, which is over
+                    loader.set_epoch(epoch + 1)
+                    if scheduler is not None and scheduler_interval == "epoch":
+                        scheduler.step()
+                else:
+                    loader._resume = True
             if type(e) in (ValueError, TypeError, IndexError, RuntimeError) and str(e).startswith("step "):
                 raise type(e)(f"epoch {epoch + 1}, {e}") from e  # the C epoch's own, which says the step
             raise
         seconds = time.perf_counter() - start
+        # an epoch is over at its last step, a stop there included (the next fit, and a checkpoint saved now, start
+        # the following epoch); a stop before it leaves the position where the next fit goes on
+        over = not stopped or (kept and loader._position()[1] >= len(loader))
         if kept:
-            if stopped:  # the next fit goes on from the position where this one stopped
+            if over and stopped:
+                loader.set_epoch(epoch + 1)
+            elif stopped:
                 loader._resume = True
             else:
                 loader.epoch = epoch + 1
-        # an epoch-interval scheduler steps when the epoch is over, a stop at its last step included (the next fit
-        # starts the following epoch)
-        if scheduler is not None and scheduler_interval == "epoch" and \
-                (not stopped or (kept and loader._position()[1] >= len(loader))):
+        if scheduler is not None and scheduler_interval == "epoch" and over:
             scheduler.step()
         # the loss and accuracy of the steps that ran (a skipped step's loss is not finite; NaN when none ran);
         # the speed of all
@@ -444,10 +470,8 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
                    "skipped_steps": program.skipped_steps - skipped_before_epoch,
                    "loss_scale": program.grad_scaler.get_scale() if program.grad_scaler is not None else None}
         if val_loader is not None:
-            program.model.eval()
-            metrics["val_loss"], metrics["val_accuracy"] = evaluate(program, val_loader, tta_flip)
-            program._train_modes()  # as compile found them: a train_step after fit runs as fit's steps did
-        if plateau is not None and (not stopped or (kept and loader._position()[1] >= len(loader))):
+            metrics["val_loss"], metrics["val_accuracy"] = _validate(program, val_loader, tta_flip)
+        if plateau is not None and over:
             watched = ("val_" if val_loader is not None else "train_") + ("loss" if plateau.mode == "min" else
                                                                           "accuracy")
             plateau.step(metrics[watched])
