@@ -1,7 +1,6 @@
 """Sequences/s of whole training steps (forward, cross-entropy, backward, SGD update) of a text classifier written
 as a PyTorch user writes it (Embedding, an LSTM or GRU with batch_first=True, the last layer's final state into a
-Linear head), compiled by fasttrain (an LSTM layer's recurrence is one node, ops/rnn.h; a GRU's steps unroll into
-linear layers and activations, nn/modules.py), against the same model, weights and recipe in PyTorch (its fused
+Linear head), compiled by fasttrain (an LSTM or GRU layer's recurrence is one node, ops/rnn.h), against the same model, weights and recipe in PyTorch (its fused
 CPU LSTM/GRU kernels) on the same thread count, when torch imports. Each model runs in float32 against torch's
 eager float32, and, on a CPU with AVX512-BF16, in fasttrain's precision="bf16-mixed" against torch under
 torch.autocast("cpu", dtype=torch.bfloat16) (the _bf16 lines).

@@ -142,13 +142,14 @@ def test_compiled_gradients_match_pytorch(mode, kw):
 
 
 @pytest.mark.parametrize("kw", [{}, {"bidirectional": True, "num_layers": 2}], ids=["one", "two_bidirectional"])
-def test_a_compiled_lstm_layer_gives_the_eager_layers_bits(kw):
-    """The compiled layer's steps (one pass over each step's rows, ops/rnn.c) compute what the eager layer's ops
-    compute, in the same order: the same float32 bits."""
+@pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+def test_a_compiled_layer_gives_the_eager_layers_bits(mode, kw):
+    """The compiled layer's steps (one node per layer and direction, one pass over each step's rows, ops/rnn.c)
+    compute what the eager layer's ops compute, in the same order: the same float32 bits."""
     class Seq(nn.Module):
         def __init__(self):
             super().__init__()
-            self.emb, self.rnn = nn.Embedding(9, 8), nn.LSTM(8, 16, batch_first=True, **kw)
+            self.emb, self.rnn = nn.Embedding(9, 8), getattr(nn, mode)(8, 16, batch_first=True, **kw)
 
         def forward(self, ids):
             return self.rnn(self.emb(ids))[0]
@@ -158,16 +159,18 @@ def test_a_compiled_lstm_layer_gives_the_eager_layers_bits(kw):
                             input_dtype=ft.int64)
     ids = np.random.default_rng(23).integers(0, 9, (16, 5))
     np.testing.assert_array_equal(program.predict(ids).numpy(), model(ft.tensor(ids)).numpy())
+    layers = sum(type(e.module).__name__ == f"{mode}Layer" for e in program.entries)
+    assert layers == model.rnn.num_layers * (1 + model.rnn.bidirectional)
 
 
-def encoder_decoder(lib, **kw):
-    """Sequence to sequence: an encoder LSTM's final (h, c) as the initial state of a decoder LSTM over the last
-    tokens (the state's gradient flows back into the encoder)."""
+def encoder_decoder(lib, mode="LSTM", **kw):
+    """Sequence to sequence: an encoder LSTM's (or GRU's) final states as the initial states of a decoder over the
+    last tokens (the states' gradient flows back into the encoder)."""
     class EncoderDecoder(lib.nn.Module):
         def __init__(self):
             super().__init__()
             self.emb = lib.nn.Embedding(9, 4)
-            self.enc, self.dec = (lib.nn.LSTM(4, 5, 2, batch_first=True, **kw) for _ in range(2))
+            self.enc, self.dec = (getattr(lib.nn, mode)(4, 5, 2, batch_first=True, **kw) for _ in range(2))
             self.head = lib.nn.Linear(5 * (1 + kw.get("bidirectional", False)), 3)
 
         def forward(self, ids):
@@ -178,28 +181,30 @@ def encoder_decoder(lib, **kw):
 
 
 @pytest.mark.parametrize("kw", [{}, {"bidirectional": True}], ids=["forward", "bidirectional"])
-def test_states_passed_from_an_encoder_to_a_decoder_compile(kw):
+@pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+def test_states_passed_from_an_encoder_to_a_decoder_compile(mode, kw):
     ft.manual_seed(16)
-    model = encoder_decoder(ft, **kw)
+    model = encoder_decoder(ft, mode, **kw)
     ids, y = np.random.default_rng(17).integers(0, 9, (3, 7)), np.array([2, 0, 1])
     program = compiled_as_eager(model, ids, y)
     if torch is not None:
         torch.manual_seed(18)
-        theirs = encoder_decoder(torch, **kw)
+        theirs = encoder_decoder(torch, mode, **kw)
         model.load_state_dict({k: v.detach().numpy() for k, v in theirs.state_dict().items()}, strict=True)
         assert_gradients_match(program, theirs, ids, y, torch.nn.functional.cross_entropy)
 
 
 @pytest.mark.skipif(not ft.backends.cpu_has_bf16(), reason="bf16-mixed runs as float32 on this CPU")
-def test_a_bf16_mixed_lstm_trains_as_the_float32_one_within_bfloat16s_precision():
-    """The LSTM's products in bfloat16 with float32 sums (its steps' gates and states stored in bfloat16): the
-    loss and every gradient near float32's, and training from the same weights lowers the loss alike."""
+@pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+def test_a_bf16_mixed_rnn_trains_as_the_float32_one_within_bfloat16s_precision(mode):
+    """An LSTM's or GRU's products in bfloat16 with float32 sums (its steps' gates and states stored in bfloat16):
+    the loss and every gradient near float32's, and training from the same weights lowers the loss alike."""
     ids = np.random.default_rng(19).integers(0, 9, (16, 7))
     y = ids[:, 0] % 3  # learnable: the first token's class
     programs = []
     for precision in ("32-true", "bf16-mixed"):
         ft.manual_seed(20)
-        model = encoder_decoder(ft, bidirectional=True)
+        model = encoder_decoder(ft, mode, bidirectional=True)
         programs.append(model.compile(ft.optim.Adam(model.parameters(), lr=1e-2), batch_size=16, input_shape=(7,),
                                       input_dtype=ft.int64, precision=precision))
     (p32, m32), (p16, m16) = ((p, p.model) for p in programs)
@@ -211,9 +216,11 @@ def test_a_bf16_mixed_lstm_trains_as_the_float32_one_within_bfloat16s_precision(
     curves = [[p.train_step(ids, y) for _ in range(30)] for p in programs]
     assert curves[0][-1] < 0.5 * curves[0][0] and curves[1][-1] < 0.5 * curves[1][0]
     np.testing.assert_allclose(curves[1], curves[0], rtol=0.1, atol=2e-2)
-    # the steps' gates, h and c a layer saves for its backward, (T, N, 6H), take 2 bytes an element in bfloat16
-    saved = [[n["saved"] for n in p.memory_plan()["nodes"] if n["node"] == "LSTMLayer"] for p in programs]
-    assert saved[0] and saved[0] == [2 * s for s in saved[1]] and saved[1][0] == 2 * 4 * 16 * 6 * 5  # the encoder's
+    # what a layer saves for its backward, an LSTM's steps' gates, h and c (T, N, 6H), a GRU's r, z, n, h W_n + b_n
+    # and h (T, N, 5H), takes 2 bytes an element in bfloat16
+    saved = [[n["saved"] for n in p.memory_plan()["nodes"] if n["node"] == f"{mode}Layer"] for p in programs]
+    width = 6 if mode == "LSTM" else 5
+    assert saved[0] and saved[0] == [2 * s for s in saved[1]] and saved[1][0] == 2 * 4 * 16 * width * 5  # encoder
 
 
 FINAL_STATE_FORMS = {

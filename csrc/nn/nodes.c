@@ -858,7 +858,8 @@ static ft_tensor lstm_saved(const ft_node_run *r) {
     return t;
 }
 
-static bool lstm_layer_state(const ft_node *nd) { return nd->ninputs > 1; }
+/* An RNN layer's backward reads its initial states, when given. */
+static bool rnn_layer_state(const ft_node *nd) { return nd->ninputs > 1; }
 
 static ft_status lstm_layer_forward(const ft_node_run *r) {
     ft_tensor g = lstm_saved(r);
@@ -870,10 +871,50 @@ static ft_status lstm_layer_forward(const ft_node_run *r) {
 static ft_status lstm_layer_backward(const ft_node_run *r) {
     ft_tensor g = lstm_saved(r);
     bool state = r->nin > 1;
-    ft_lstm_acc acc = {r->din_acc[0], r->din_acc[1], r->din_acc[2], r->dweight_acc, r->dbias_acc};
+    ft_rnn_acc acc = {r->din_acc[0], r->din_acc[1], r->din_acc[2], r->dweight_acc, r->dbias_acc};
     return ft_lstm_backward(r->din[0], state ? r->din[1] : NULL, state ? r->din[2] : NULL, r->dweight, r->dbias,
                             &r->dout, &g, state ? &r->in[1] : NULL, state ? &r->in[2] : NULL,
                             &r->nd->weight, r->nd->reverse, acc);
+}
+
+/* A whole GRU layer: what its backward reads (T, N, 5H) fills the aux of its forward. */
+static ft_status gru_layer_check(const ft_node *nd, const ft_node *const *in) {
+    const ft_node *x = in[0];
+    int64_t H = nd->ndim == 2 ? nd->shape[1] : 0;
+    const ft_tensor *w = &nd->weight;
+    bool ok = H > 0 && x->ndim == 2 && x->shape[0] == nd->shape[0] && x->shape[1] == 3 * H && w->storage &&
+              w->ndim == 2 && w->shape[0] == 3 * H && w->shape[1] == H &&
+              (!nd->bias.storage || ft_tensor_numel(&nd->bias) == 3 * H) &&
+              (nd->ninputs == 1 || (in[1]->ndim == 1 && in[1]->shape[0] == H));
+    return ok ? FT_OK
+              : ft_fail(FT_ERR_SHAPE, "program: a GRU layer takes input projections (T, 3H), optionally h0 (H,), "
+                                      "and a weight (3H, H); it gives (T, H)");
+}
+
+static int64_t gru_layer_aux(const ft_node *nd, const ft_node *const *in, int64_t rows, ft_dtype dtype) {
+    return (int64_t)ft_dtype_get(dtype)->itemsize * rows * 5 * ft_node_numel(nd);
+}
+
+static ft_tensor gru_saved(const ft_node_run *r) {
+    const ft_tensor *o = &r->out;
+    int64_t N = o->shape[0], C = 5 * o->shape[2];
+    ft_tensor t = {.storage = r->aux.storage, .offset = r->aux.offset, .dtype = o->dtype, .ndim = 3,
+                   .shape = {o->shape[1], N, C}, .strides = {N * C, C, 1}};
+    return t;
+}
+
+static ft_status gru_layer_forward(const ft_node_run *r) {
+    ft_tensor g = gru_saved(r);
+    return ft_gru_forward(&r->out, &g, &r->in[0], r->nin > 1 ? &r->in[1] : NULL, &r->nd->weight,
+                          param(&r->nd->bias), r->nd->reverse);
+}
+
+static ft_status gru_layer_backward(const ft_node_run *r) {
+    ft_tensor g = gru_saved(r);
+    bool state = r->nin > 1;
+    ft_rnn_acc acc = {r->din_acc[0], state && r->din_acc[1], false, r->dweight_acc, r->dbias_acc};
+    return ft_gru_backward(r->din[0], state ? r->din[1] : NULL, r->dweight, r->dbias, &r->dout, &g,
+                           state ? &r->in[1] : NULL, &r->nd->weight, r->nd->reverse, acc);
 }
 
 /* ---- softmax ---- */
@@ -1386,8 +1427,10 @@ const ft_node_kind_info ft_node_kinds[FT_NODE_NKINDS] = {
     [FT_NODE_LSTM_HIDDEN] = {"lstm_hidden", 2, 2, 0, lstm_check, NULL, NULL, lstm_hidden_node_forward,
                              lstm_hidden_node_backward, .precision = FT_NODE_ANY, .reads_output = never},
     [FT_NODE_LSTM] = {"lstm", 1, 3, 0, lstm_layer_check, lstm_layer_aux, NULL, lstm_layer_forward,
-                      lstm_layer_backward, .precision = FT_NODE_LOW, .reads_inputs = lstm_layer_state,
+                      lstm_layer_backward, .precision = FT_NODE_LOW, .reads_inputs = rnn_layer_state,
                       .reads_output = never},
+    [FT_NODE_GRU] = {"gru", 1, 2, 0, gru_layer_check, gru_layer_aux, NULL, gru_layer_forward, gru_layer_backward,
+                     .precision = FT_NODE_LOW, .reads_inputs = rnn_layer_state, .reads_output = never},
     [FT_NODE_MASKED_FILL] = {"masked_fill", 2, 2, 0, masked_fill_check, NULL, NULL, masked_fill_forward,
                              masked_fill_backward, .precision = FT_NODE_ANY, .reads_output = never},
     [FT_NODE_NOISE] = {"noise", 1, 1, 0, same_shape, NULL, NULL, noise_forward, NULL, .precision = FT_NODE_ANY,

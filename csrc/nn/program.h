@@ -75,6 +75,8 @@ typedef enum {
     FT_NODE_LSTM_HIDDEN, /* an LSTM step's output (H,) from its gates (4H,) and its cell state */
     FT_NODE_LSTM,        /* a whole LSTM layer (ops/rnn.h) with weight W_hh and bias b_hh: the input projections
                             (T, 4H), then optionally h0 and c0 (H,); out (T, 2H), each step's h then c */
+    FT_NODE_GRU,         /* a whole GRU layer (ops/rnn.h) with weight W_hh and bias b_hh: the input projections
+                            (T, 3H), then optionally h0 (H,); out (T, H), each step's h */
     FT_NODE_MASKED_FILL, /* the first input where the bool mask (the second input, of the node's sizes or 1) is
                             false, scale where it holds; no gradient to the mask */
     FT_NODE_NKINDS
@@ -118,7 +120,7 @@ typedef struct {
     int dim; /* softmax, log-softmax, cat; cross-entropy: the classes' (0, or the last: read in place) */
     int64_t groups;      /* group norm: the groups; attention: the heads */
     bool causal;         /* attention: query i sees keys j <= i */
-    bool reverse;        /* lstm: the steps from the last to the first */
+    bool reverse;        /* lstm, gru: the steps from the last to the first */
     int64_t padding_idx; /* embedding: a row that gets no gradient, or -1 */
     int64_t factor[2];   /* upsample: along H and W (along L: factor[1]) */
     ft_bilinear2d_params lerp; /* bilinear upsample */

@@ -4,6 +4,8 @@
  * then i with g): one would need more operands than a loop takes. Then a
  * whole layer over its steps (ft_lstm_forward / backward): on a GPU step by
  * step through these ops, on the CPU through one loop over a step's rows.
+ * A whole GRU layer the same way, on the CPU (a GPU program unrolls its
+ * steps into ops).
  *
  * The formulas are kernels/lstm.h's, which cuda/pointwise.cu uses too, so
  * that both devices compute the same bits. */
@@ -278,25 +280,30 @@ static ft_tensor all_rows(const ft_tensor *x) {
     return v;
 }
 
-/* The parts of saved (T, N, 6H): gates (T, N, 4H), then h and c (T, N, H). */
+/* A layer's saved (T, N, C) as n contiguous (T, N, widths[k]) parts, one after another (C their sum). */
+static void split_saved(const ft_tensor *saved, int n, const int64_t *widths, ft_tensor *part) {
+    int64_t T = saved->shape[0], N = saved->shape[1], at = 0;
+    size_t item = ft_dtype_get(saved->dtype)->itemsize;
+    for (int k = 0; k < n; k++) {
+        ft_tensor *t = &part[k];
+        *t = *saved;
+        t->shape[2] = widths[k];
+        t->strides[0] = N * widths[k], t->strides[1] = widths[k];
+        t->offset += at * (int64_t)item;
+        at += T * N * widths[k];
+    }
+}
+
+/* The parts of an LSTM's saved (T, N, 6H): gates (T, N, 4H), then h and c (T, N, H). */
 typedef struct {
     ft_tensor g, h, c;
 } saved_parts;
 
 static saved_parts parts_of(const ft_tensor *saved) {
-    int64_t T = saved->shape[0], N = saved->shape[1], H = saved->shape[2] / 6;
-    size_t item = ft_dtype_get(saved->dtype)->itemsize;
-    saved_parts p = {*saved, *saved, *saved};
-    ft_tensor *part[] = {&p.g, &p.h, &p.c};
-    int64_t cols[] = {4 * H, H, H}, at = 0;
-    for (int k = 0; k < 3; k++) {
-        ft_tensor *t = part[k];
-        t->shape[2] = cols[k];
-        t->strides[0] = N * cols[k], t->strides[1] = cols[k];
-        t->offset += at * (int64_t)item;
-        at += T * N * cols[k];
-    }
-    return p;
+    int64_t H = saved->shape[2] / 6;
+    ft_tensor part[3];
+    split_saved(saved, 3, (int64_t[]){4 * H, H, H}, part);
+    return (saved_parts){part[0], part[1], part[2]};
 }
 
 /* A step's pointwise work on the CPU: one loop over its rows computes what the ops above compute in several
@@ -433,11 +440,12 @@ static ft_status scratch(ft_tensor *t, const ft_tensor *like, int ndim, const in
     return ft_tensor_empty(t, ndim, shape, dtype, ft_tensor_device(like), false);
 }
 
-/* seq's columns [c0, c0 + k) (N, T, k). */
-static ft_tensor seq_cols(const ft_tensor *seq, int64_t c0, int64_t k) {
-    ft_tensor v = *seq;
-    v.shape[2] = k;
-    v.offset += c0 * seq->strides[2] * (int64_t)ft_dtype_get(seq->dtype)->itemsize;
+/* x's columns [c0, c0 + k): its last dimension's. */
+static ft_tensor cols(const ft_tensor *x, int64_t c0, int64_t k) {
+    ft_tensor v = *x;
+    int d = x->ndim - 1;
+    v.shape[d] = k;
+    v.offset += c0 * x->strides[d] * (int64_t)ft_dtype_get(x->dtype)->itemsize;
     return v;
 }
 
@@ -469,11 +477,12 @@ static ft_status forward_step(const ft_tensor *g, const ft_tensor *hw, const ft_
 }
 
 /* NULL, or an initial state or its gradient: (N, H) on the op's device, each row contiguous. */
-static ft_status check_state(const char *op, const char *arg, const ft_tensor *t, const ft_tensor *saved) {
+static ft_status check_state(const char *op, const char *arg, const ft_tensor *t, const ft_tensor *saved,
+                             int64_t H) {
     if (!t)
         return FT_OK;
     FT_TRY(ft_check_float_on(op, arg, t, ft_op_device(saved), "saved", true));
-    FT_TRY(ft_check_shape(op, arg, t, 2, (int64_t[]){saved->shape[1], saved->shape[2] / 6}));
+    FT_TRY(ft_check_shape(op, arg, t, 2, (int64_t[]){saved->shape[1], H}));
     if (t->strides[1] != 1 && t->shape[1] > 1)
         return ft_fail(FT_ERR_SHAPE, "%s: the rows of %s must be contiguous", op, arg);
     return FT_OK;
@@ -484,8 +493,8 @@ ft_status ft_lstm_forward(const ft_tensor *seq, const ft_tensor *saved, const ft
     FT_TRY(check_layer("lstm", seq, saved, w));
     int64_t T = saved->shape[0], N = saved->shape[1], H = saved->shape[2] / 6;
     FT_TRY(ft_check_shape("lstm", "gi", gi, 3, (int64_t[]){N, T, 4 * H}));
-    FT_TRY(check_state("lstm", "h0", h0, saved));
-    FT_TRY(check_state("lstm", "c0", c0, saved));
+    FT_TRY(check_state("lstm", "h0", h0, saved, H));
+    FT_TRY(check_state("lstm", "c0", c0, saved, H));
     if (N == 0 || T == 0)
         return FT_OK;
     saved_parts p = parts_of(saved);
@@ -511,7 +520,7 @@ ft_status ft_lstm_forward(const ft_tensor *seq, const ft_tensor *saved, const ft
     ft_tensor_release(&hw);
     if (zero.storage)
         ft_tensor_release(&zero);
-    ft_tensor hs = batch_major(&p.h), cs = batch_major(&p.c), seq_h = seq_cols(seq, 0, H), seq_c = seq_cols(seq, H, H);
+    ft_tensor hs = batch_major(&p.h), cs = batch_major(&p.c), seq_h = cols(seq, 0, H), seq_c = cols(seq, H, H);
     if (s == FT_OK)
         s = ft_tensor_copy(&seq_h, &hs, false);
     return s == FT_OK ? ft_tensor_copy(&seq_c, &cs, false) : s;
@@ -520,7 +529,7 @@ ft_status ft_lstm_forward(const ft_tensor *seq, const ft_tensor *saved, const ft
 /* W's and b's gradients from every step's gates' gradient dg (T N, 4H) and the h each step read: the h rows
  * hr (T N, H) one step over, in one product, and h0 for the first step. */
 static ft_status weight_grads(const ft_tensor *dw, const ft_tensor *db, const ft_tensor *dg, const ft_tensor *hr,
-                              int64_t N, const ft_tensor *h0, const ft_tensor *w, bool reverse, ft_lstm_acc acc) {
+                              int64_t N, const ft_tensor *h0, const ft_tensor *w, bool reverse, ft_rnn_acc acc) {
     int64_t R = hr->shape[0], first = reverse ? R - N : 0;
     /* forward: step t's gates pair with step t - 1's h, rows [N, R) with [0, R - N); reverse: t + 1's */
     ft_tensor g = reverse ? block(dg, 0, R - N) : block(dg, N, R), h = reverse ? block(hr, N, R) : block(hr, 0, R - N);
@@ -551,7 +560,7 @@ static ft_status backward_step(const ft_tensor *g, const ft_tensor *c, const ft_
 
 ft_status ft_lstm_backward(const ft_tensor *dgi, const ft_tensor *dh0, const ft_tensor *dc0, const ft_tensor *dw,
                            const ft_tensor *db, const ft_tensor *dseq, const ft_tensor *saved, const ft_tensor *h0,
-                           const ft_tensor *c0, const ft_tensor *w, bool reverse, ft_lstm_acc acc) {
+                           const ft_tensor *c0, const ft_tensor *w, bool reverse, ft_rnn_acc acc) {
     const char *op = "lstm_backward";
     FT_TRY(check_layer(op, dseq, saved, w));
     int64_t T = saved->shape[0], N = saved->shape[1], H = saved->shape[2] / 6;
@@ -562,7 +571,7 @@ ft_status ft_lstm_backward(const ft_tensor *dgi, const ft_tensor *dh0, const ft_
     const ft_tensor *states[] = {h0, c0, dh0, dc0};
     const char *names[] = {"h0", "c0", "dh0", "dc0"};
     for (int k = 0; k < 4; k++)
-        FT_TRY(check_state(op, names[k], states[k], saved));
+        FT_TRY(check_state(op, names[k], states[k], saved, H));
     if (N == 0 || T == 0) { /* empty sums */
         const ft_tensor *out[] = {dh0, dc0, dw, db};
         bool add[] = {acc.h0, acc.c0, acc.weight, acc.bias};
@@ -577,12 +586,12 @@ ft_status ft_lstm_backward(const ft_tensor *dgi, const ft_tensor *dh0, const ft_
      * gates (T, N, 4H) */
     ft_tensor dH, dC = {0}, dG = {0};
     FT_TRY(scratch(&dH, saved, 3, (int64_t[]){T, N, H}, FT_FLOAT32));
-    ft_tensor to = batch_major(&dH), from = seq_cols(dseq, 0, H);
+    ft_tensor to = batch_major(&dH), from = cols(dseq, 0, H);
     ft_status s = ft_tensor_copy(&to, &from, false);
     if (s == FT_OK)
         s = scratch(&dC, saved, 3, (int64_t[]){T, N, H}, FT_FLOAT32);
     if (s == FT_OK) {
-        to = batch_major(&dC), from = seq_cols(dseq, H, H);
+        to = batch_major(&dC), from = cols(dseq, H, H);
         s = ft_tensor_copy(&to, &from, false);
     }
     if (s == FT_OK)
@@ -618,6 +627,205 @@ ft_status ft_lstm_backward(const ft_tensor *dgi, const ft_tensor *dh0, const ft_
         s = acc.gi ? ft_add_forward(dgi, dgi, &dgates, no_act) : ft_tensor_copy(dgi, &dgates, false);
     ft_tensor *bufs[] = {&dH, &dC, &dG};
     for (int k = 0; k < 3; k++)
+        if (bufs[k]->storage)
+            ft_tensor_release(bufs[k]);
+    return s;
+}
+
+/* ---- a whole GRU layer ---- */
+
+/* v: the step's saved gates (r, z, n, hw_n; on entry gi's r, z and n), h W^T + b, h, and the step before's h
+ * (zeros before the first step without h0). The eager layer's formulas, in its order, each op's result a float32,
+ * so the float32 bits are the eager layer's. */
+FT_VEC_CLONES static void gru_forward_block(const rows_view *v, int64_t H, int64_t r0, int64_t r1) {
+    const rows_view *g = &v[0], *hw = &v[1], *h = &v[2], *hp = &v[3];
+    _Alignas(64) float x[3][TILE], ba[TILE], bb[TILE], bh[TILE];
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t j = 0; j < H; j += TILE) {
+            int64_t m = H - j < TILE ? H - j : TILE;
+            for (int q = 0; q < 2; q++) { /* r and z */
+                const float *a = load(g, r, q * H + j, m, ba), *b = load(hw, r, q * H + j, m, bb);
+                FT_SIMD_FOR(e, m)
+                    x[q][e] = ft_sigmoidf(a[e] + b[e]);
+                store(g, r, q * H + j, m, x[q]);
+            }
+            const float *a = load(g, r, 2 * H + j, m, ba), *b = load(hw, r, 2 * H + j, m, bb);
+            FT_SIMD_FOR(e, m)
+                x[2][e] = ft_tanhf(a[e] + x[0][e] * b[e]);
+            store(g, r, 2 * H + j, m, x[2]);
+            memcpy(bh, b, (size_t)m * sizeof *bh); /* hw_n, kept for the backward */
+            store(g, r, 3 * H + j, m, bh);
+            const float *p = load(hp, r, j, m, ba);
+            FT_SIMD_FOR(e, m)
+                bh[e] = (1.0f - x[1][e]) * x[2][e] + x[1][e] * p[e];
+            store(h, r, j, m, bh);
+        }
+}
+
+/* v: the step's saved gates, the step before's h (p NULL: zeros), this step's h's gradient (float32, whole),
+ * the gradients of gi and of hw (written), and the step before's h's (float32, added to; p NULL: none). */
+FT_VEC_CLONES static void gru_backward_block(const rows_view *v, int64_t H, int64_t r0, int64_t r1) {
+    const rows_view *g = &v[0], *hp = &v[1], *dh = &v[2], *dgi = &v[3], *dhw = &v[4], *dhp = &v[5];
+    _Alignas(64) float bg[4][TILE], d[4][TILE], bp[TILE], bd[TILE];
+    if (!hp->p)
+        memset(bp, 0, sizeof bp);
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t j = 0; j < H; j += TILE) {
+            int64_t m = H - j < TILE ? H - j : TILE;
+            const float *gate[4];
+            for (int q = 0; q < 4; q++)
+                gate[q] = load(g, r, q * H + j, m, bg[q]);
+            const float *gh = load(dh, r, j, m, bd), *p = hp->p ? load(hp, r, j, m, bp) : bp;
+            const float *rg = gate[0], *z = gate[1], *n = gate[2], *hn = gate[3];
+            FT_SIMD_FOR(e, m) {
+                float dn = gh[e] * (1.0f - z[e]) * (1.0f - n[e] * n[e]); /* through n's tanh */
+                d[0][e] = dn * hn[e] * (rg[e] * (1.0f - rg[e]));
+                d[1][e] = gh[e] * (p[e] - n[e]) * (z[e] * (1.0f - z[e]));
+                d[2][e] = dn;
+                d[3][e] = dn * rg[e]; /* hw_n's */
+            }
+            for (int q = 0; q < 3; q++)
+                store(dgi, r, q * H + j, m, d[q]);
+            for (int q = 0; q < 4; q++)
+                if (q != 2)
+                    store(dhw, r, (q < 2 ? q : 2) * H + j, m, d[q]);
+            if (dhp->p) {
+                float *old = (float *)row_at(dhp, r) + j;
+                FT_SIMD_FOR(e, m)
+                    old[e] += gh[e] * z[e];
+            }
+        }
+}
+
+static ft_status check_gru(const char *op, const ft_tensor *seq, const ft_tensor *saved, const ft_tensor *w) {
+    FT_TRY(ft_check_float_on(op, "seq", seq, ft_op_device(seq), "seq", true));
+    if (ft_op_device(seq).type != FT_DEV_CPU)
+        return ft_fail(FT_ERR_DEVICE, "%s: runs on the CPU (a GPU program unrolls a GRU's steps)", op);
+    FT_TRY(ft_check_ndim(op, "seq", seq, 3, "(N, T, H)"));
+    int64_t N = seq->shape[0], T = seq->shape[1], H = seq->shape[2];
+    if (H == 0)
+        return ft_fail(FT_ERR_SHAPE, "%s: seq must have H > 0 columns", op);
+    FT_TRY(ft_check_float_on(op, "saved", saved, ft_op_device(seq), "seq", true));
+    FT_TRY(ft_check_shape(op, "saved", saved, 3, (int64_t[]){T, N, 5 * H}));
+    if (!ft_tensor_is_contiguous(saved))
+        return ft_fail(FT_ERR_SHAPE, "%s: saved must be contiguous", op);
+    return ft_check_shape(op, "weight", w, 2, (int64_t[]){3 * H, H});
+}
+
+/* A GRU's saved (T, N, 5H) as its gates (T, N, 4H) and h (T, N, H). */
+static void gru_parts(const ft_tensor *saved, ft_tensor *part) {
+    int64_t H = saved->shape[2] / 5;
+    split_saved(saved, 2, (int64_t[]){4 * H, H}, part);
+}
+
+ft_status ft_gru_forward(const ft_tensor *seq, const ft_tensor *saved, const ft_tensor *gi, const ft_tensor *h0,
+                         const ft_tensor *w, const ft_tensor *b, bool reverse) {
+    FT_TRY(check_gru("gru", seq, saved, w));
+    int64_t T = saved->shape[0], N = saved->shape[1], H = seq->shape[2];
+    FT_TRY(ft_check_shape("gru", "gi", gi, 3, (int64_t[]){N, T, 3 * H}));
+    FT_TRY(check_state("gru", "h0", h0, saved, H));
+    if (N == 0 || T == 0)
+        return FT_OK;
+    ft_tensor part[2];
+    gru_parts(saved, part);
+    ft_tensor all = batch_major(&part[0]), gates = cols(&all, 0, 3 * H), gr = all_rows(&part[0]),
+              hr = all_rows(&part[1]), hw, zero = {0};
+    FT_TRY(ft_tensor_copy(&gates, gi, false));
+    FT_TRY(scratch(&hw, saved, 2, (int64_t[]){N, 3 * H}, saved->dtype));
+    ft_status s = FT_OK;
+    if (!h0) { /* the state before the first step: its product is b alone, and z h_prev adds zeros, as the eager
+                  layer's first step adds 0 */
+        s = scratch(&zero, saved, 2, (int64_t[]){N, H}, w->dtype);
+        if (s == FT_OK)
+            s = ft_tensor_zero(&zero);
+    }
+    ft_tensor hp = h0 ? *h0 : zero;
+    for (int64_t k = 0; s == FT_OK && k < T; k++) {
+        int64_t r = (reverse ? T - 1 - k : k) * N;
+        ft_tensor g = block(&gr, r, r + N), h = block(&hr, r, r + N);
+        s = ft_linear_forward(&hw, &hp, w, b, no_act);
+        if (s == FT_OK) {
+            rows_view v[4] = {rows_view_of(&g), rows_view_of(&hw), rows_view_of(&h), rows_view_of(&hp)};
+            over_rows(N, v, H, gru_forward_block);
+        }
+        hp = h;
+    }
+    ft_tensor_release(&hw);
+    if (zero.storage)
+        ft_tensor_release(&zero);
+    ft_tensor hs = batch_major(&part[1]);
+    return s == FT_OK ? ft_tensor_copy(seq, &hs, false) : s;
+}
+
+ft_status ft_gru_backward(const ft_tensor *dgi, const ft_tensor *dh0, const ft_tensor *dw, const ft_tensor *db,
+                          const ft_tensor *dseq, const ft_tensor *saved, const ft_tensor *h0, const ft_tensor *w,
+                          bool reverse, ft_rnn_acc acc) {
+    const char *op = "gru_backward";
+    FT_TRY(check_gru(op, dseq, saved, w));
+    int64_t T = saved->shape[0], N = saved->shape[1], H = dseq->shape[2];
+    if (dgi)
+        FT_TRY(ft_check_shape(op, "dgi", dgi, 3, (int64_t[]){N, T, 3 * H}));
+    if (dh0 && !h0)
+        return ft_fail(FT_ERR_VALUE, "%s: a gradient of h0 needs h0", op);
+    FT_TRY(check_state(op, "h0", h0, saved, H));
+    FT_TRY(check_state(op, "dh0", dh0, saved, H));
+    if (N == 0 || T == 0) { /* empty sums */
+        const ft_tensor *out[] = {dh0, dw, db};
+        bool add[] = {acc.h0, acc.weight, acc.bias};
+        for (int k = 0; k < 3; k++)
+            if (out[k] && !add[k])
+                FT_TRY(ft_tensor_zero(out[k]));
+        return FT_OK;
+    }
+    ft_tensor part[2];
+    gru_parts(saved, part);
+    ft_tensor gr = all_rows(&part[0]), hr = all_rows(&part[1]);
+    /* time-major float32 gradients of h (T, N, H), to which each step adds what it passes back, and of h0 (N, H);
+     * those of gi and hw (T, N, 3H), which differ in n's columns */
+    ft_tensor dH, dI = {0}, dW = {0}, d0 = {0};
+    FT_TRY(scratch(&dH, saved, 3, (int64_t[]){T, N, H}, FT_FLOAT32));
+    ft_tensor to = batch_major(&dH);
+    ft_status s = ft_tensor_copy(&to, dseq, false);
+    if (s == FT_OK)
+        s = scratch(&dI, saved, 3, (int64_t[]){T, N, 3 * H}, saved->dtype);
+    if (s == FT_OK)
+        s = scratch(&dW, saved, 3, (int64_t[]){T, N, 3 * H}, saved->dtype);
+    if (s == FT_OK && dh0) {
+        s = scratch(&d0, saved, 2, (int64_t[]){N, H}, FT_FLOAT32);
+        if (s == FT_OK)
+            s = acc.h0 ? ft_tensor_copy(&d0, dh0, false) : ft_tensor_zero(&d0);
+    }
+    ft_tensor dhr = all_rows(&dH), dir = all_rows(&dI), dwr = all_rows(&dW), none = {0};
+    for (int64_t k = T - 1; s == FT_OK && k >= 0; k--) {
+        int64_t r = (reverse ? T - 1 - k : k) * N, rp = reverse ? r + N : r - N, rn = reverse ? r - N : r + N;
+        ft_tensor dh = block(&dhr, r, r + N);
+        if (k < T - 1) { /* through W into the h this step gave the next */
+            ft_tensor dnext = block(&dwr, rn, rn + N), h = block(&hr, r, r + N);
+            s = ft_linear_backward(&dh, NULL, NULL, &dnext, &h, w, (ft_grad_acc){.inp = true});
+        }
+        ft_tensor g = block(&gr, r, r + N), dgi_k = block(&dir, r, r + N), dhw_k = block(&dwr, r, r + N),
+                  hp = k > 0 ? block(&hr, rp, rp + N) : h0 ? *h0 : none,
+                  dhp = k > 0 ? block(&dhr, rp, rp + N) : dh0 ? d0 : none;
+        if (s == FT_OK) {
+            rows_view v[6] = {rows_view_of(&g),     rows_view_of(&hp),    rows_view_of(&dh),
+                              rows_view_of(&dgi_k), rows_view_of(&dhw_k), rows_view_of(&dhp)};
+            over_rows(N, v, H, gru_backward_block);
+        }
+    }
+    if (s == FT_OK && dh0) {
+        int64_t r = reverse ? (T - 1) * N : 0;
+        ft_tensor first = block(&dwr, r, r + N);
+        s = ft_linear_backward(&d0, NULL, NULL, &first, h0, w, (ft_grad_acc){.inp = true});
+        if (s == FT_OK)
+            s = ft_tensor_copy(dh0, &d0, false);
+    }
+    if (s == FT_OK && (dw || db))
+        s = weight_grads(dw, db, &dwr, &hr, N, h0, w, reverse, acc);
+    ft_tensor dgates = batch_major(&dI);
+    if (s == FT_OK && dgi)
+        s = acc.gi ? ft_add_forward(dgi, dgi, &dgates, no_act) : ft_tensor_copy(dgi, &dgates, false);
+    ft_tensor *bufs[] = {&dH, &dI, &dW, &d0};
+    for (int k = 0; k < 4; k++)
         if (bufs[k]->storage)
             ft_tensor_release(bufs[k]);
     return s;

@@ -46,10 +46,11 @@ ft_status ft_lstm_cell_backward(const ft_tensor *dgates, const ft_tensor *dc_pre
 ft_status ft_lstm_forward(const ft_tensor *seq, const ft_tensor *saved, const ft_tensor *gi, const ft_tensor *h0,
                           const ft_tensor *c0, const ft_tensor *w, const ft_tensor *b, bool reverse);
 
-/* Which of the backward's gradients are added to (+=) rather than written. */
+/* Which of a layer's backward's gradients are added to (+=) rather than
+ * written (c0: an LSTM's alone). */
 typedef struct {
     bool gi, h0, c0, weight, bias;
-} ft_lstm_acc;
+} ft_rnn_acc;
 
 /* The gradients of gi, h0, c0, w and b (each NULL when not wanted) from
  * dseq, the gradient of seq (h's and c's columns), running the steps the
@@ -58,7 +59,30 @@ typedef struct {
  * saved's dtype. */
 ft_status ft_lstm_backward(const ft_tensor *dgi, const ft_tensor *dh0, const ft_tensor *dc0, const ft_tensor *dw,
                            const ft_tensor *db, const ft_tensor *dseq, const ft_tensor *saved, const ft_tensor *h0,
-                           const ft_tensor *c0, const ft_tensor *w, bool reverse, ft_lstm_acc acc);
+                           const ft_tensor *c0, const ft_tensor *w, bool reverse, ft_rnn_acc acc);
+
+/* A whole GRU layer (PyTorch's GRU, gates in its order r, z, n): step by
+ * step (from the last to the first with reverse),
+ *   hw = h_prev W^T + b                 (N, 3H)
+ *   r = sigmoid(gi_r + hw_r), z = sigmoid(gi_z + hw_z)
+ *   n = tanh(gi_n + r hw_n), h = (1 - z) n + z h_prev
+ * h_prev the step before's h (first h0; NULL: zeros).
+ *   gi (N, T, 3H): every step's input projection x W_ih^T + b_ih;
+ *   w (3H, H) W_hh, b (3H) b_hh or NULL;
+ *   seq (N, T, H): each step's h;
+ *   saved (T, N, 5H), contiguous: what the backward reads, every step's
+ *   r, z, n and hw_n (T, N, 4H), then h (T, N, H).
+ * Time-major steps, gi and seq copied once, as ft_lstm_forward. gi, seq,
+ * saved and w share a dtype (float32 or 16-bit); h0 is (N, H). */
+ft_status ft_gru_forward(const ft_tensor *seq, const ft_tensor *saved, const ft_tensor *gi, const ft_tensor *h0,
+                         const ft_tensor *w, const ft_tensor *b, bool reverse);
+
+/* The gradients of gi, h0, w and b (each NULL when not wanted) from dseq,
+ * running the steps the other way; W's and b's from one product over all
+ * steps. The gradient of h carried between steps is float32. */
+ft_status ft_gru_backward(const ft_tensor *dgi, const ft_tensor *dh0, const ft_tensor *dw, const ft_tensor *db,
+                          const ft_tensor *dseq, const ft_tensor *saved, const ft_tensor *h0, const ft_tensor *w,
+                          bool reverse, ft_rnn_acc acc);
 
 /* h (N, H) from gates (N, 4H) and c (N, H). */
 ft_status ft_lstm_hidden_forward(const ft_tensor *h, const ft_tensor *gates, const ft_tensor *c);

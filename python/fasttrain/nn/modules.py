@@ -2237,6 +2237,23 @@ class LSTMLayer(Module):
         return (gates[0], gates[1] // 2)
 
 
+class GRULayer(Module):
+    """A whole GRU layer's recurrence in one node: every step's input projection (T, 3H), and optionally the
+    initial h (H,), to each step's h (T, H), over the steps from the last to the first with reverse (recorded by
+    the GRU layers on the CPU). weight and bias are the layer's W_hh and b_hh."""
+
+    _leaf = True
+
+    def __init__(self, weight, bias, reverse):
+        super().__init__()
+        object.__setattr__(self, "weight", weight)  # the GRU's own parameters, read where it keeps them
+        object.__setattr__(self, "bias", bias)
+        self.reverse = reverse
+
+    def output_shape(self, gates, *state):
+        return (gates[0], gates[1] // 3)
+
+
 class LSTMOutput(Module):
     """An LSTM step's output sigmoid(o) tanh(c) from its gates (4H,) and its cell state (H,) (recorded by the LSTM
     layers and cells)."""
@@ -2260,9 +2277,9 @@ def _rnn_weights(module, suffix, input_size, hidden_size, gates, bias):
 class _RNNBase(Module):
     """RNN, LSTM and GRU as PyTorch's (its parameter names, shapes, initialisation and gate order), written with
     linear layers and activations over the steps, so that they run eagerly and compile alike: every step's input
-    projection is one product; a compiled program runs an LSTM layer's recurrence as one node (LSTMLayer) and
-    unrolls an RNN's or GRU's steps (a node per gate and step). Traced, the input is batch first
-    (batch_first=True)."""
+    projection is one product; a compiled program runs an LSTM layer's recurrence as one node (LSTMLayer), a GRU
+    layer's as one node on the CPU (GRULayer), and unrolls an RNN's steps and a GRU's on a GPU (a node per gate and
+    step). Traced, the input is batch first (batch_first=True)."""
 
     _gates = 1
     _mode = None
@@ -2322,11 +2339,17 @@ class _RNNBase(Module):
                 w_ih, w_hh, b_ih, b_hh = self._weights(layer, d)
                 gi = F.linear(x, w_ih, b_ih)  # every step's input projection in one product, as cuDNN's
                 state, steps = first[layer * D + d], [None] * T
+                end = 0 if d else T - 1
                 if traced and self._mode == "LSTM":  # the recurrence in one node
-                    H, end = self.hidden_size, 0 if d else T - 1
+                    H = self.hidden_size
                     seq = LSTMLayer(w_hh, b_hh, bool(d))(gi, *(state or ()))
                     outs.append(seq[..., :H])
                     last.append((seq[:, end, :H], seq[:, end, H:]))
+                    continue
+                if traced and self._mode == "GRU" and w_hh.device.type == "cpu":
+                    seq = GRULayer(w_hh, b_hh, bool(d))(gi, *(state or ()))
+                    outs.append(seq)
+                    last.append((seq[:, end],))
                     continue
                 for t in (reversed(range(T)) if d else range(T)):
                     state = _rnn_cell(self._mode, gi[:, t], state, w_hh, b_hh)

@@ -25,12 +25,13 @@ _K = _C.NODE_KINDS
 (INPUT, CONV2D, LINEAR, BATCHNORM, ACT, MAXPOOL, AVGPOOL, ADAPTIVE_AVGPOOL, ADAPTIVE_MAXPOOL, ADD, CAT, RESHAPE,
  DROPOUT, IDENTITY, LAYERNORM, MUL, SCALE, PERMUTE, SLICE, PARAM, TARGET, CROSS_ENTROPY, NLL, SUM, SOFTMAX,
  LOG_SOFTMAX, GROUPNORM, EMBEDDING, UPSAMPLE, MATMUL, ATTENTION, EXPAND, SUM_DIMS, ONE_HOT, DETACH,
- UPSAMPLE_BILINEAR, NOISE, CONV_TRANSPOSE2D, MATH, LSTM_CELL, LSTM_HIDDEN, LSTM, MASKED_FILL) = (_K[k] for k in (
+ UPSAMPLE_BILINEAR, NOISE, CONV_TRANSPOSE2D, MATH, LSTM_CELL, LSTM_HIDDEN, LSTM, GRU, MASKED_FILL) = (_K[k] for k in (
     "input", "conv2d", "linear", "batch_norm", "activation", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
     "adaptive_max_pool2d", "add", "cat", "reshape", "dropout", "identity", "layer_norm", "mul", "scale", "permute",
     "slice", "parameter", "target", "cross_entropy", "nll", "sum", "softmax", "log_softmax", "group_norm",
     "embedding", "upsample_nearest", "matmul", "attention", "expand", "sum_dims", "one_hot", "detach",
-    "upsample_bilinear", "noise", "conv_transpose2d", "math", "lstm_cell", "lstm_hidden", "lstm", "masked_fill"))
+    "upsample_bilinear", "noise", "conv_transpose2d", "math", "lstm_cell", "lstm_hidden", "lstm", "gru",
+    "masked_fill"))
 ACTS = _C.ACTIVATIONS
 REDUCTIONS = _C.REDUCTIONS
 # Activations whose derivative follows from their output: these can be fused
@@ -136,6 +137,8 @@ def _node_of(module, shape):
         return LSTM_HIDDEN, {}
     if isinstance(m, M.LSTMLayer):
         return LSTM, dict(reverse=int(m.reverse))
+    if isinstance(m, M.GRULayer):
+        return GRU, dict(reverse=int(m.reverse))
     if isinstance(m, M.Noise):
         return NOISE, dict(uniform=int(m.uniform))
     if isinstance(m, M.Attention):
@@ -386,7 +389,7 @@ def _read_parameters(e):
     m = e.module
     if e.kind == PARAM:
         return [m.tensor]
-    if e.kind not in (CONV2D, CONV_TRANSPOSE2D, LINEAR, BATCHNORM, LAYERNORM, GROUPNORM, EMBEDDING, LSTM):
+    if e.kind not in (CONV2D, CONV_TRANSPOSE2D, LINEAR, BATCHNORM, LAYERNORM, GROUPNORM, EMBEDDING, LSTM, GRU):
         return []
     return [t for t in (m.weight, getattr(m, "bias", None) if e.bias_into is None else None) if t is not None]
 
@@ -418,7 +421,7 @@ def _node_dict(e, trainable):
         d["act"] = ACTS[e.act if e.kind != ACT else e.fields["act"]]
         d["alpha"] = e.alpha if e.kind != ACT else e.fields["alpha"]
     m = e.module
-    if e.kind in (CONV2D, CONV_TRANSPOSE2D, LINEAR, BATCHNORM, LAYERNORM, GROUPNORM, EMBEDDING, LSTM):
+    if e.kind in (CONV2D, CONV_TRANSPOSE2D, LINEAR, BATCHNORM, LAYERNORM, GROUPNORM, EMBEDDING, LSTM, GRU):
         if m.weight is not None:
             d["weight"], d["dweight"] = m.weight, grad(m.weight)
         if getattr(m, "bias", None) is not None and e.bias_into is None:
@@ -504,7 +507,7 @@ def _flops(e):
         return 2 * m.in_features * m.out_features * math.prod(e.shape[:-1])
     if e.kind == MATMUL:
         return 2 * math.prod(e.shape) * m.inner
-    if e.kind == LSTM:  # each step's h W_hh^T
+    if e.kind in (LSTM, GRU):  # each step's h W_hh^T
         return 2 * m.weight.numel() * e.shape[0]
     if e.kind == ATTENTION:  # q k^T and p v, half of each under a causal mask
         Tq, E = e.shape
