@@ -1802,7 +1802,8 @@ def _on_traced(fn: Callable, traced: Callable) -> Callable:
         from .nn.graph import Symbolic, read_by_op
         if not builtins.any(isinstance(a, Symbolic) for a in args):
             whole = reduction and len(args) == 1 and kwargs.get("dim") is None
-            args = read_by_op(fn.__name__, args, elementwise or whole)
+            dims = not elementwise and (len(args) > 1 or kwargs.get("dim") is not None)
+            args = read_by_op(fn.__name__ + (" over dimensions" if dims else ""), args, elementwise or whole)
         if builtins.any(isinstance(a, Symbolic) for a in args):
             return traced(*args, **kwargs)
         return fn(*args, **kwargs)

@@ -160,11 +160,18 @@ def read_by_op(op, operands, traceable):
 
 def refuse_eager_parameters(op, operands):
     """Fails for an eager op on a trainable parameter while a forward is traced."""
-    if uses_trainable(operands):
-        fail(f"{op} of a trainable parameter outside the traced graph", "the result would be a constant through "
-             "which the parameter never trains: use the parameter itself with traced values (x * self.gamma, "
-             "F.linear(x, self.weight)), or freeze it with requires_grad_(False) before compile; an L2 penalty "
-             "on the weights (lambda/2 * sum of p.pow(2)) is the optimizer's weight_decay=lambda (SGD, Adam)")
+    if not uses_trainable(operands):
+        return
+    penalty = "an L2 penalty on the weights (lambda/2 * sum of p.pow(2)) is the optimizer's weight_decay=lambda (SGD, " \
+        "Adam)"
+    if op.endswith(" over dimensions"):
+        fail(f"{op} of a trainable parameter", "a traced value's dimensions start with the batch, so ops naming "
+             "a parameter's dimensions (w.mean(dim=...), w.var(dim=...), w.norm(dim=...): weight standardization, "
+             "weight normalization) are not compiled; use the layer's weight as it is, or freeze it with "
+             f"requires_grad_(False) before compile; {penalty}")
+    fail(f"{op} of a trainable parameter outside the traced graph", "the result would be a constant through "
+         "which the parameter never trains: use the parameter itself with traced values (x * self.gamma, "
+         f"F.linear(x, self.weight)), or freeze it with requires_grad_(False) before compile; {penalty}")
 
 
 def no_grad_entered():

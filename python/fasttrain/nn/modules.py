@@ -3,6 +3,7 @@ state_dict keys. A layer called on a tensor runs eagerly (forward only); called
 on a symbolic ft.nn.Input it records a graph node, and model.compile() turns the
 graph into a C program that trains with no Python per step."""
 import copy
+import functools
 import math
 import re
 import sys
@@ -40,6 +41,13 @@ class Parameter(Tensor):
 IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
 IncompatibleKeys.__doc__ = """What load_state_dict(strict=False) left out: the model's names the state lacks, and
 the state's names the model lacks (PyTorch's _IncompatibleKeys, a tuple)."""
+
+
+def _overrides_forward(cls):
+    """Whether a class outside fasttrain defines the forward of this layer class (a user's subclass of a layer the
+    compiler knows, such as timm's StdConv2d or BatchNormAct2d): traced through that forward, not as the layer."""
+    owner = next(c for c in cls.__mro__ if "forward" in c.__dict__)
+    return not owner.__module__.startswith("fasttrain.")
 
 
 class Module:
@@ -344,21 +352,41 @@ class Module:
                      "model's input, use its weight as a value (positions: self.pos(ft.arange(T)) or "
                      "self.pos.weight[:T]), or freeze it with requires_grad_(False) before compile")
             return self.forward(*inputs, **kwargs)
-        if self._leaf:
-            if kwargs:
-                raise TypeError(f"{type(self).__name__} takes no keyword arguments when traced")
-            from .graph import _user_line, in_place
-            try:
-                out = self._symbolic(*inputs)
-            except ValueError as e:  # a shape the layer does not take: say where the forward called it
-                raise ValueError(f"{e} (at {_user_line()})") from None
-            return in_place(inputs[0], out) if getattr(self, "inplace", False) else out
+        if self._leaf and not _overrides_forward(type(self)):
+            return self._record(*inputs, **kwargs)
         from .graph import callers
         callers.append(self)
         try:
             return self.forward(*inputs, **kwargs)
         finally:
             callers.pop()
+
+    def __init_subclass__(cls, **kwargs):
+        # A layer's own forward called on traced values (a user's subclass calling super().forward(x)) records the
+        # layer's node, as calling the layer does (one whose options the node lacks, _leaf False on the instance,
+        # traces its forward).
+        super().__init_subclass__(**kwargs)
+        forward = cls.__dict__.get("forward")
+        if forward is None or not cls._leaf or not cls.__module__.startswith("fasttrain."):
+            return
+
+        @functools.wraps(forward)
+        def traced_or_eager(self, *inputs, **kwargs):
+            if self._leaf and any(isinstance(x, (Symbolic, Stacked)) for x in inputs):
+                return self._record(*inputs, **kwargs)
+            return forward(self, *inputs, **kwargs)
+        cls.forward = traced_or_eager
+
+    def _record(self, *inputs, **kwargs):
+        """The node of a layer the compiler knows, on traced values."""
+        if kwargs:
+            raise TypeError(f"{type(self).__name__} takes no keyword arguments when traced")
+        from .graph import _user_line, in_place
+        try:
+            out = self._symbolic(*inputs)
+        except ValueError as e:  # a shape the layer does not take: say where the forward called it
+            raise ValueError(f"{e} (at {_user_line()})") from None
+        return in_place(inputs[0], out) if getattr(self, "inplace", False) else out
 
     def _parameter_view(self, *inputs):
         """While a forward is traced, for untraced inputs: the output as a view of a parameter (which a traced
