@@ -1042,6 +1042,42 @@ def test_clamp_and_the_activations_written_with_it_match_pytorch():
     assert_gradients_match(program, tm, x, y, torch.nn.MSELoss())  # (BCE of outputs near 1 amplifies rounding)
 
 
+class AtTheBounds(nn.Module):
+    """Values exactly at clamp bounds (0 and 6): a shift parameter b added to them, then an activation, alone or
+    after a batch norm in eval mode (which frozen layers of a fine-tuned model are)."""
+
+    def __init__(self, act, frozen_bn):
+        super().__init__()
+        self.b = nn.Parameter(ft.zeros(6))
+        self.bn = nn.BatchNorm1d(6).eval() if frozen_bn else nn.Identity()
+        self.act, self.fc = act, nn.Linear(6, 2)
+
+    def forward(self, x):
+        return self.fc(self.act(self.bn(x + self.b)))
+
+
+@pytest.mark.parametrize("frozen_bn", [False, True])
+@pytest.mark.parametrize("act, lo, hi", [(F.relu6, 0.0, 6.0), (lambda h: F.hardtanh(h, 0.0, 6.0), 0.0, 6.0),
+                                         (lambda h: h.clamp(0.0, 6.0), 0.0, 6.0), (lambda h: h.clamp(min=0.0), 0.0,
+                                                                                   math.inf)],
+                         ids=["relu6", "hardtanh", "clamp", "clamp_min"])
+def test_clamps_pass_no_gradient_at_their_bounds(act, lo, hi, frozen_bn):
+    """PyTorch 2's clamp, hardtanh and relu6 pass the gradient strictly within the bounds: none where a value lies
+    on one (a zero region of an image after a frozen batch norm), checked against NumPy."""
+    ft.manual_seed(3)
+    model = AtTheBounds(act, frozen_bn)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=2, input_shape=(6,))
+    x = np.array([[0, 6, 3, -1, 7, 0], [6, 0, 0.5, 6, -2, 5]], np.float32)
+    y = np.zeros((2, 2), np.float32)
+    program.backward(x, y)
+    scale = 1 / np.sqrt(1 + 1e-5, dtype=np.float32) if frozen_bn else np.float32(1)
+    h = x * scale  # exactly 0 and 6 * scale where x is 0 and 6: bounds only at 0 after the batch norm
+    out = np.clip(h, lo, hi) @ model.fc.weight.numpy().T + model.fc.bias.numpy()
+    d_act = (2 * (out - y) / out.size) @ model.fc.weight.numpy()
+    want = (d_act * ((h > lo) & (h < hi)) * scale).sum(0)
+    np.testing.assert_allclose(model.b.grad.numpy(), want, rtol=1e-5, atol=1e-7)
+
+
 class Indexed(nn.Module):
     """Indexing with new dimensions (None), a leading or inner ellipsis, and ft.stack of traced values."""
 

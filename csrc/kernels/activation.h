@@ -147,6 +147,9 @@ static inline FT_HD float ft_powf(float x, float a) {
 
 static inline FT_HD float ft_clamp_min(float x, float a) { return x < a ? a : x; }
 static inline FT_HD float ft_clamp_max(float x, float a) { return x > a ? a : x; }
+/* 0 at the bound, as PyTorch 2's clamp, hardtanh and relu6 */
+static inline FT_HD float ft_clamp_min_grad(float x, float a) { return x > a ? 1.0f : 0.0f; }
+static inline FT_HD float ft_clamp_max_grad(float x, float a) { return x < a ? 1.0f : 0.0f; }
 
 static inline FT_HD float ft_act_forward(ft_act a, float x) {
     switch (a.kind) {
@@ -241,8 +244,8 @@ static inline FT_HD float ft_act_grad_from_input(ft_act a, float x) {
     case FT_ACT_EXP: return ft_expf(x);
     case FT_ACT_LOG: return 1.0f / x;
     case FT_ACT_POW: return ft_pow_grad(x, a.alpha);
-    case FT_ACT_CLAMP_MIN: return x >= a.alpha ? 1.0f : 0.0f; /* 1 at the bound, as PyTorch's */
-    case FT_ACT_CLAMP_MAX: return x <= a.alpha ? 1.0f : 0.0f;
+    case FT_ACT_CLAMP_MIN: return ft_clamp_min_grad(x, a.alpha);
+    case FT_ACT_CLAMP_MAX: return ft_clamp_max_grad(x, a.alpha);
     default: return 1.0f;
     }
 }

@@ -114,8 +114,8 @@ void ft_act_backward_f32(float *dx, const float *dy, const float *s, int64_t n, 
     case FT_ACT_SOFTPLUS: GRAD_LOOP(ft_sigmoidf(s[i])); break;
     case FT_ACT_HUBER: GRAD_LOOP(ft_huber_grad(s[i], act.alpha)); break;
     case FT_ACT_EXP: GRAD_LOOP(ft_expf(s[i])); break;
-    case FT_ACT_CLAMP_MIN: GRAD_LOOP(s[i] >= act.alpha ? 1.0f : 0.0f); break;
-    case FT_ACT_CLAMP_MAX: GRAD_LOOP(s[i] <= act.alpha ? 1.0f : 0.0f); break;
+    case FT_ACT_CLAMP_MIN: GRAD_LOOP(ft_clamp_min_grad(s[i], act.alpha)); break;
+    case FT_ACT_CLAMP_MAX: GRAD_LOOP(ft_clamp_max_grad(s[i], act.alpha)); break;
     case FT_ACT_XLOGX:
     case FT_ACT_LOG:
     case FT_ACT_POW:

@@ -891,7 +891,7 @@ class Symbolic:
 
     def clamp(self, min=None, max=None):
         """Records the value limited to [min, max] (constants; either may be None), NaN kept, with PyTorch's
-        gradient (1 within the bounds, 0 beyond)."""
+        gradient (1 strictly within the bounds, 0 at and beyond them)."""
         if min is None and max is None:
             raise ValueError("clamp: at least one of 'min' or 'max' must not be None")
         if any(isinstance(b, Symbolic) or not isinstance(b, (int, float, type(None))) for b in (min, max)):
