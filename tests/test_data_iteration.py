@@ -215,3 +215,37 @@ def test_fit_after_a_bad_batch_goes_on_past_it(tmp_path):
     assert program.step_count == 2 and loader.state_dict()["batch"] == 3
     ft.fit(program, loader, 1, progress=False)
     assert program.step_count == 5 and loader.epoch == 1
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_loader_iterated_in_a_forked_process(workers):
+    """fork copies a Loader but not its worker threads: the child's iteration is refused with the way out (it
+    waited forever), and the child exits without waiting on them; a Loader without workers iterates there. The
+    parent's goes on."""
+    import os
+    import select
+    X, y = np.arange(40 * 4, dtype=np.float32).reshape(40, 4), np.arange(40)
+    loader = D.Loader((X, y), batch_size=8, num_workers=workers)
+    next(iter(loader))
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child reports what iterating gave and whether closing the Loader returned
+        try:
+            message = f"{sum(len(b[1]) for b in loader)} samples"
+        except RuntimeError as e:
+            message = str(e)
+        loader.close()
+        os.write(write, message.encode())
+        os.close(write)
+        os._exit(0)
+    os.close(write)
+    ready, _, _ = select.select([read], [], [], 30)
+    message = os.read(read, 4096).decode() if ready else "no answer"
+    os.close(read)
+    _, status = os.waitpid(pid, 0)
+    assert status == 0
+    if workers:
+        assert "runs worker threads, which a forked process" in message and "num_workers=0" in message
+    else:
+        assert message == "40 samples"
+    assert sum(len(b[1]) for b in loader) == 40

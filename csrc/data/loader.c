@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "core/alloc.h"
 #include "core/cuda.h"
@@ -67,6 +68,7 @@ struct ft_loader {
     ring *ring;
     pthread_t *threads;
     int nthreads;
+    pid_t pid; /* the process that started the threads: a fork copies the loader, not them */
     bool stop;
     /* the batch: (B, *sample.shape) of out.dtype, and labels (B, *label.shape) */
     ft_output out; /* images: as the plan made it */
@@ -391,6 +393,17 @@ static void *worker_main(void *arg) {
 
 /* ---- create / destroy ---- */
 
+/* A loader copied into a forked process has no workers there, and its lock may be held by one that was working
+ * at the fork: it is refused, and freeing it leaks it. */
+static bool forked(const ft_loader *l) { return l->nthreads > 0 && getpid() != l->pid; }
+
+static ft_status refuse_forked(const ft_loader *l) {
+    return ft_fail(FT_ERR_RUNTIME,
+                   "this Loader was made in process %ld and runs worker threads, which a forked process (%ld) does "
+                   "not have: make the Loader in the process that iterates it (or use num_workers=0)",
+                   (long)l->pid, (long)getpid());
+}
+
 static void stop_workers(ft_loader *l) {
     ring *r = l->ring;
     pthread_mutex_lock(&r->mu);
@@ -404,7 +417,7 @@ static void stop_workers(ft_loader *l) {
 }
 
 void ft_loader_free(ft_loader *l) {
-    if (!l)
+    if (!l || forked(l))
         return;
     if (l->ring) {
         stop_workers(l);
@@ -529,6 +542,7 @@ ft_status ft_loader_new(ft_loader **out, ft_source *source, const ft_transform *
         return ft_fail(FT_ERR_NOMEM, "out of memory creating a loader");
     ft_source_retain(source);
     l->source = source;
+    l->pid = getpid();
     l->cfg = *config;
     l->sampler = (ft_sampler){count, config->batch_size, config->shuffle, config->drop_last, config->seed,
                               config->rank, config->world_size};
@@ -651,6 +665,8 @@ static void image_layout(const ft_loader *l, ft_tensor *t, int64_t n) {
 }
 
 ft_status ft_loader_set_epoch(ft_loader *l, int64_t epoch) {
+    if (forked(l))
+        return refuse_forked(l);
     ring *r = l->ring;
     pthread_mutex_lock(&r->mu);
     ft_status st = FT_OK;
@@ -667,6 +683,8 @@ ft_status ft_loader_set_epoch(ft_loader *l, int64_t epoch) {
 }
 
 ft_status ft_loader_seek(ft_loader *l, int64_t epoch, int64_t batch) {
+    if (forked(l))
+        return refuse_forked(l);
     if (batch < 0 || batch > l->nbatches)
         return ft_fail(FT_ERR_VALUE, "batch %lld is out of range: an epoch has %lld batches", (long long)batch,
                        (long long)l->nbatches);
@@ -788,6 +806,8 @@ ft_status ft_loader_next_wait(ft_loader *l, ft_batch *out, bool *done, int timeo
     ring *r = l->ring;
     *done = false;
     *timed_out = false;
+    if (forked(l))
+        return refuse_forked(l);
     double start = now_seconds();
     struct timespec deadline;
     clock_gettime(CLOCK_MONOTONIC, &deadline);
