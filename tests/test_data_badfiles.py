@@ -127,6 +127,25 @@ def test_named_pipes_in_an_image_folder_never_block(tmp_path):
         list(D.Loader(folder, num_workers=1))
 
 
+def test_links_back_up_an_image_folder_are_not_walked_again(tmp_path):
+    """Links to directories are followed (os.walk(followlinks=True), torchvision's), but not one leading back to a
+    directory the walk is in: a class directory linking to itself and to the root listed its files once per level
+    of nesting the system allowed, and with both the walk never ended. A link to another directory is walked."""
+    import os
+    root = tmp_path / "folder"
+    for c in ("a", "b", "elsewhere"):
+        (root / c).mkdir(parents=True)
+    for name in ("a/x.jpg", "b/y.jpg", "elsewhere/z.jpg"):
+        (root / name).write_bytes(D.encode_jpeg(np.zeros((8, 8, 3), np.uint8)))
+    os.symlink(root / "a", root / "a" / "loop")
+    os.symlink(root, root / "a" / "up")
+    os.symlink(root / "b", root / "a" / "to_b")
+    folder = D.ImageFolder(root)
+    assert folder.classes == ["a", "b", "elsewhere"]
+    assert sorted(os.path.relpath(folder.describe(i), root) for i in range(len(folder))) == [
+        "a/to_b/y.jpg", "a/x.jpg", "b/y.jpg", "elsewhere/z.jpg"]
+
+
 def test_image_files_it_cannot_decode_are_named_in_a_warning(tmp_path):
     """Images in a format it does not decode (BMP, WebP, ...) are skipped with one warning that counts them,
     not silently; other files (labels, notes) are not counted."""

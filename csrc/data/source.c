@@ -401,19 +401,29 @@ static ft_status list_dir(const char *dir, str_list *dirs, str_list *files) {
     return s;
 }
 
+#define MAX_DEPTH 64
+
 /* The order of sorted(os.walk(dir)): directories by their path, each with
  * its files sorted. Collects every (dir path) first, sorts them, then lists
- * each one's files. */
-static ft_status walk_dirs(const char *dir, str_list *all, int depth) {
-    if (depth > 64)
-        return ft_fail(FT_ERR_VALUE, "%s: directories nested more than 64 deep (a link loop?)", dir);
+ * each one's files. A link to a directory is followed, as os.walk(
+ * followlinks=True) does, unless it leads back to a directory the walk is
+ * inside (a loop, which `find -L` skips too): `up` holds the device and
+ * inode of the directories above, `depth` of them. */
+static ft_status walk_dirs(const char *dir, str_list *all, int depth, struct stat *up) {
+    if (depth >= MAX_DEPTH)
+        return ft_fail(FT_ERR_VALUE, "%s: directories nested more than %d deep", dir, MAX_DEPTH);
+    if (stat(dir, &up[depth]) != 0)
+        return ft_fail(FT_ERR_IO, "cannot read %s: %s", dir, strerror(errno));
+    for (int k = 0; k < depth; k++)
+        if (up[k].st_dev == up[depth].st_dev && up[k].st_ino == up[depth].st_ino)
+            return FT_OK;
     if (str_push(all, strdup(dir)) < 0)
         return ft_fail(FT_ERR_NOMEM, "out of memory walking %s", dir);
     str_list subs = {0};
     ft_status s = list_dir(dir, &subs, NULL);
     for (size_t i = 0; s == FT_OK && i < subs.n; i++) {
         char *p = join_path(dir, subs.items[i]);
-        s = p ? walk_dirs(p, all, depth + 1) : ft_fail(FT_ERR_NOMEM, "out of memory walking %s", dir);
+        s = p ? walk_dirs(p, all, depth + 1, up) : ft_fail(FT_ERR_NOMEM, "out of memory walking %s", dir);
         free(p);
     }
     str_list_free(&subs);
@@ -449,8 +459,13 @@ ft_status ft_source_open_image_folder(ft_source **out, const char *root) {
     for (size_t c = 0; st == FT_OK && c < classes.n; c++) {
         char *cdir = join_path(root, classes.items[c]);
         str_list dirs = {0};
-        st = cdir ? walk_dirs(cdir, &dirs, 0) : ft_fail(FT_ERR_NOMEM, "out of memory");
-        qsort(dirs.items, dirs.n, sizeof *dirs.items, cmp_str);
+        struct stat up[MAX_DEPTH]; /* the root, then the class directory and those below it */
+        if (stat(root, &up[0]) != 0)
+            st = ft_fail(FT_ERR_IO, "cannot read %s: %s", root, strerror(errno));
+        if (st == FT_OK)
+            st = cdir ? walk_dirs(cdir, &dirs, 1, up) : ft_fail(FT_ERR_NOMEM, "out of memory");
+        if (dirs.n) /* a class directory that links back to the root has none */
+            qsort(dirs.items, dirs.n, sizeof *dirs.items, cmp_str);
         for (size_t d = 0; st == FT_OK && d < dirs.n; d++) {
             str_list files = {0};
             st = list_dir(dirs.items[d], NULL, &files);
