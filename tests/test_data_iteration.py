@@ -58,6 +58,19 @@ def test_loader_seed_follows_the_global_seed():
     assert np.array_equal(order(seed=7), order(seed=7)) and D.Loader((images, labels), seed=7).seed == 7
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_batch_whose_samples_are_all_skipped_is_not_handed_out(tmp_path, workers):
+    """on_error="skip": a batch of bad samples only is passed over (it came out empty, and fit stopped at it:
+    "the batch is empty"); the epoch's other batches come, and fit trains on them."""
+    path = bad_record_file(tmp_path / "b.rec", n=4, bad=2)
+    loader = D.Loader(path, batch_size=1, num_workers=workers, on_error="skip")
+    assert [int(y[0]) for _, y in loader] == [0, 1, 3]
+    assert loader.stats()["skipped"] == 1
+    program = small_program()
+    history = ft.fit(program, loader, 2, progress=False)
+    assert program.step_count == 2 * 3 and history["epoch"] == [2, 3]
+
+
 def small_program():
     ft.manual_seed(0)
     model = nn.Sequential(nn.Flatten(), nn.Linear(16, 4))

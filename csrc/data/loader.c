@@ -817,6 +817,7 @@ ft_status ft_loader_next_wait(ft_loader *l, ft_batch *out, bool *done, int timeo
         if (deadline.tv_nsec >= 1000000000L)
             deadline.tv_sec++, deadline.tv_nsec -= 1000000000L;
     }
+next:
     pthread_mutex_lock(&r->mu);
     ft_status st = FT_OK;
     if (l->pending_done || l->deliver >= l->nbatches) {
@@ -889,6 +890,14 @@ ft_status ft_loader_next_wait(ft_loader *l, ft_batch *out, bool *done, int timeo
     if (st != FT_OK)
         return st;
     int64_t n = s->err_pos >= 0 ? compact(l, s) : s->n;
+    if (n == 0) { /* every sample skipped: no empty batch is handed out, the next one is */
+        pthread_mutex_lock(&r->mu);
+        s->state = SLOT_FREE;
+        l->st_batches--;
+        pthread_cond_broadcast(&r->work_cv);
+        pthread_mutex_unlock(&r->mu);
+        goto next;
+    }
     st = deliver(l, s, n, out);
     if (st != FT_OK)
         return st;
