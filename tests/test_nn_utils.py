@@ -244,6 +244,29 @@ def test_non_persistent_buffers_stay_out_of_state_dict_and_checkpoints(tmp_path)
     assert missing == result.missing_keys
 
 
+def test_a_strict_load_names_what_differs_and_takes_a_state_without_batch_norm_counts(tmp_path):
+    """A strict load that misses or meets other keys raises PyTorch's RuntimeError with its lines and changes
+    nothing; a state without a batch norm's num_batches_tracked (older and converted PyTorch checkpoints, which
+    PyTorch's strict load takes) loads, leaving the count as it is, through load_state_dict and ft.load."""
+    model = ft.nn.Sequential(ft.nn.Conv2d(1, 2, 3), ft.nn.BatchNorm2d(2))
+    model[1].num_batches_tracked.fill_(7)
+    state = {k: v + 1 for k, v in model.state_dict().items() if k != "1.num_batches_tracked"}
+    before = model.state_dict()
+    with pytest.raises(RuntimeError, match="Error\\(s\\) in loading state_dict for Sequential:\n\tMissing key\\(s\\) in "
+                       "state_dict: '0.bias'.\n\tUnexpected key\\(s\\) in state_dict: 'extra'."):
+        model.load_state_dict({**{k: v for k, v in state.items() if k != "0.bias"}, "extra": np.zeros(1)})
+    assert all(np.array_equal(v, before[k]) for k, v in model.state_dict().items())
+    assert model.load_state_dict(state) == ([], [])
+    assert int(model[1].num_batches_tracked) == 7
+    assert np.array_equal(model[1].running_var.numpy(), state["1.running_var"])
+    path = str(tmp_path / "converted.safetensors")
+    ft.save(path, ft.nn.Sequential(ft.nn.Conv2d(1, 2, 3), ft.nn.BatchNorm2d(2)))
+    tensors, _ = ft.load(path)
+    ft.checkpoint.save_file(path, {k: v for k, v in tensors.items() if k != "1.num_batches_tracked"})
+    ft.load(path, model)
+    assert int(model[1].num_batches_tracked) == 7 and np.array_equal(model[0].weight.numpy(), tensors["0.weight"])
+
+
 @pytest.mark.parametrize("batch_first", [False, True])
 @pytest.mark.parametrize("side", ["right", "left"])
 def test_pad_sequence_pads_each_to_the_longest(batch_first, side):

@@ -512,6 +512,26 @@ def test_ema_against_numpy():
         ema.copy_to([ft.zeros(2)] + tensors[1:])
 
 
+def test_an_ema_built_before_compile_follows_the_params_into_the_program():
+    """An EMA built, as the optimizer, before compile moves the params into one flat buffer: its updates follow them
+    there, its averages kept, and it averages as one built after compile."""
+    runs = []
+    for before in (True, False):
+        ft.manual_seed(4)
+        model = ft.nn.Sequential(ft.nn.Linear(4, 8), ft.nn.ReLU(), ft.nn.Linear(8, 3))
+        ema = ft.optim.EMA(model.parameters(), decay=0.9) if before else None
+        program = model.compile(ft.optim.SGD(model.parameters(), lr=0.5), ft.nn.CrossEntropyLoss(), batch_size=8,
+                                input_shape=(4,))
+        ema = ema or ft.optim.EMA(model.parameters(), decay=0.9)
+        x, y = np.random.default_rng(5).standard_normal((8, 4)).astype(np.float32), np.arange(8) % 3
+        for _ in range(3):
+            program.train_step(x, y)
+            ema.update()
+        runs.append([s.numpy().copy() for s in ema.shadow])
+        assert not np.array_equal(runs[-1][0], model[0].weight.numpy())  # an average, not the weights
+    assert all(np.array_equal(a, b) for a, b in zip(*runs))
+
+
 @needs_torch
 def test_ema_against_torch():
     params = make_params()

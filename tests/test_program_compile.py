@@ -196,6 +196,10 @@ def test_what_compile_fixed_changing_afterwards_is_refused_not_ignored():
         with pytest.raises(ValueError, match=r"0.weight.requires_grad became False after compile.*compile again"):
             step(x, y)
     np.testing.assert_array_equal(m[0].weight.numpy(), before)
+    predicted = program.predict(x).numpy()  # inference reads the weights whichever train
+    np.testing.assert_allclose(predicted, m.eval()(ft.tensor(x)).numpy(), rtol=1e-5, atol=1e-6)
+    assert program.evaluate(x, y)[0] > 0
+    m.train()
     m[0].requires_grad_(True)
     m[1].eval()
     with pytest.raises(ValueError, match=r"^BatchNorm2d '[0-9.]*' is in eval mode, but was in training mode at "

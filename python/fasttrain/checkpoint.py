@@ -437,13 +437,16 @@ def load(path: str | os.PathLike[str], into: Module | Program | None = None, *, 
     meta = _decoded_metadata(path, raw_meta)
     if into is None:
         return tensors, meta
+    from .nn.modules import _is_counter
     from .random import default_generator
     model, program = _program_parts(into)
     if optimizer is None and program is not None:
         optimizer = program.optimizer
     if not isinstance(strict, bool):
         raise TypeError(f"load: strict must be a bool, got {strict!r}")
-    own = dict(model._state())  # a tied weight under each of its names, as state_dict saves it
+    # a tied weight under each of its names, as state_dict saves it; a batch norm's count of forwards that the file
+    # lacks (PyTorch's older and converted checkpoints) stays as it is, as PyTorch's load_state_dict leaves it
+    own = {k: t for k, t in model._state().items() if k in tensors or not _is_counter(k)}
     partial = set(own) != {k for k in tensors if not k.startswith("optimizer.state.")}  # tied: each name
     if strict:
         unexpected = sorted(k for k in tensors if k not in own and not k.startswith("optimizer.state."))

@@ -43,6 +43,11 @@ IncompatibleKeys.__doc__ = """What load_state_dict(strict=False) left out: the m
 the state's names the model lacks (PyTorch's _IncompatibleKeys, a tuple)."""
 
 
+def _is_counter(name):
+    """Whether a state_dict key is a batch norm's count of training forwards, which PyTorch's checkpoints may lack."""
+    return name == "num_batches_tracked" or name.endswith(".num_batches_tracked")
+
+
 def _overrides_forward(cls):
     """Whether a class outside fasttrain defines the forward of this layer class (a user's subclass of a layer the
     compiler knows, such as timm's StdConv2d or BatchNormAct2d): traced through that forward, not as the layer."""
@@ -305,12 +310,16 @@ class Module:
 
     def load_state_dict(self, state, strict=True):
         """Copies arrays (or tensors) into the parameters and persistent buffers; checks every shape first so that a
-        mismatch changes nothing. Returns (missing_keys, unexpected_keys), as PyTorch's."""
+        mismatch changes nothing. Returns (missing_keys, unexpected_keys), as PyTorch's; with strict, either raises
+        RuntimeError, as PyTorch's. A batch norm's num_batches_tracked that the state lacks (older and converted
+        PyTorch checkpoints) stays as it is, as PyTorch's loads it."""
         own = self._state()
-        missing = [k for k in own if k not in state]
+        missing = [k for k in own if k not in state and not _is_counter(k)]
         unexpected = [k for k in state if k not in own]
         if strict and (missing or unexpected):
-            raise KeyError(f"state_dict mismatch: missing {missing}, unexpected {unexpected}")
+            lines = [f"{what} key(s) in state_dict: {', '.join(map(repr, keys))}."
+                     for what, keys in (("Missing", missing), ("Unexpected", unexpected)) if keys]
+            raise RuntimeError(f"Error(s) in loading state_dict for {type(self).__name__}:\n\t" + "\n\t".join(lines))
         staged = []
         for name, t in own.items():
             if name not in state:

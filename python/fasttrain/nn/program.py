@@ -819,10 +819,10 @@ class Program:
     def _module_layout(self):
         return [(name, id(m)) for name, m in self.model.named_modules(remove_duplicate=False)]
 
-    def _check_parameters(self):
+    def _check_parameters(self, training=False):
         """Fails where the modules or the parameters compile read have changed since (a layer added, removed or
-        replaced; parameters replaced by new ones, moved into another program's buffer, or which of them train),
-        rather than running on the ones it compiled."""
+        replaced; parameters replaced by new ones, moved into another program's buffer, or, for a training step,
+        which of them train), rather than running on the ones it compiled."""
         now, before = dict(self.model.named_parameters()), self._compiled_params
         if now.keys() != before.keys():
             raise ValueError(f"the model's parameters changed after compile (added {sorted(now.keys() - before.keys())}"
@@ -843,9 +843,12 @@ class Program:
                                      "compile this model again. A parameter trains in one program: give it to one "
                                      "optimizer, and the other programs read it where it is")
                 self._follow(name, p)
-            if id(p) not in self._lent | self._detached and p.requires_grad != (id(p) in self.trainable):
+            if training and id(p) not in self._lent | self._detached and \
+                    p.requires_grad != (id(p) in self.trainable):
                 raise ValueError(f"{name}.requires_grad became {p.requires_grad} after compile, which the compiled "
-                                 "step does not see: compile again to train with it")
+                                 "training step does not see: compile again to train with it "
+                                 f"{'frozen' if not p.requires_grad else 'trained'} (predict and evaluate run as "
+                                 "they are)")
         self._fold_biases()
 
     def _follow(self, name, p):
@@ -864,7 +867,7 @@ class Program:
     def _check_compiled(self):
         """Fails where what compile fixed has changed since (the parameters, the layers' training mode), rather than
         training on as compiled."""
-        self._check_parameters()
+        self._check_parameters(training=True)
         self._check_modes()
 
     def _step(self, x, y):

@@ -23,7 +23,12 @@ class EMA:
             _check_param(p, f"param {i}")
         self.decay = self._check_decay(decay)
         self.num_updates = 0
+        self._build()
+
+    def _build(self):
+        """The C pass over the params where they are now, its averages starting as their values."""
         self._c = _C.EMA(self.params)
+        self._at = [p.data_ptr() for p in self.params]
         flat = self._c.average()
         self.shadow = [flat[o:o + p.numel()].view(p.shape) for o, p in zip(self._c.offsets, self.params)]
 
@@ -36,7 +41,13 @@ class EMA:
 
     def update(self, decay=None):
         """Moves every average towards its param: shadow = lerp(shadow, param, 1 - decay), with self.decay unless decay
-        is given; counts num_updates."""
+        is given; counts num_updates. Params moved since (into a compiled program's flat buffer, by compile after the
+        EMA was built) are followed, the averages kept."""
+        if [p.data_ptr() for p in self.params] != self._at:
+            averages = [np.array(s.cpu().numpy()) for s in self.shadow]
+            self._build()
+            for a, s in zip(averages, self.shadow):
+                s.copy_(a)
         self._c.update(self.decay if decay is None else self._check_decay(decay))
         self.num_updates += 1
 
