@@ -154,6 +154,32 @@ def test_png_and_jpeg_mix_and_transforms_apply(tmp_path):
             assert list(y.numpy()) == [0, 1]
 
 
+def test_a_file_decodes_by_its_contents_whatever_its_extension(tmp_path):
+    """A PNG named .jpg and a JPEG named .png (ImageNet has PNG files named .JPEG; Pillow, and so torchvision,
+    reads them) decode as what they are, in a folder and in tar shards; a file of neither format is refused as
+    what its name says."""
+    _, png, rgb, _ = case(2, 8, h=6, w=5)
+    jpeg_rgb = np.full((6, 5, 3), 90, np.uint8)
+    root = tmp_path / "tree"
+    (root / "a").mkdir(parents=True)
+    (root / "a" / "png.jpg").write_bytes(png)
+    (root / "a" / "jpeg.png").write_bytes(D.encode_jpeg(jpeg_rgb))
+    x, _ = batch(D.ImageFolder(root), 2)
+    np.testing.assert_array_equal(x[0], np.full((6, 5, 3), 90, np.uint8))  # jpeg.png: flat gray survives JPEG
+    np.testing.assert_array_equal(x[1], rgb)
+    path = tmp_path / "shard-0.tar"
+    with tarfile.open(path, "w") as tar:
+        for key, suffix, payload in (("0", ".jpg", png), ("0", ".cls", b"1")):
+            info = tarfile.TarInfo(key + suffix)
+            info.size = len(payload)
+            tar.addfile(info, io.BytesIO(payload))
+    x, y = batch(D.TarShards([str(path)]), 1)
+    np.testing.assert_array_equal(x[0], rgb)
+    (root / "a" / "zz.jpg").write_bytes(b"GIF89a, neither")
+    with pytest.raises(ValueError, match=r"zz\.jpg.*not a JPEG file"):
+        batch(D.ImageFolder(root), 3)
+
+
 def test_tar_shards_take_png_members(tmp_path):
     cases = all_cases(h=5, w=7)[:6]
     path = tmp_path / "shard-0.tar"

@@ -805,6 +805,17 @@ ft_status ft_source_open_tar(ft_source **out, const char *const *paths, int npat
 
 /* ---- access ---- */
 
+/* The format a file's bytes are in, whatever its name says (ImageNet holds PNG files named .JPEG, which Pillow
+ * reads): a PNG signature or a JPEG SOI marker, else the named one (whose decoder then says what is wrong). */
+static ft_sample_kind sniffed(const uint8_t *p, size_t n, ft_sample_kind named) {
+    static const uint8_t png[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+    if (n >= sizeof png && memcmp(p, png, sizeof png) == 0)
+        return FT_SAMPLE_PNG;
+    if (n >= 2 && p[0] == 0xFF && p[1] == 0xD8)
+        return FT_SAMPLE_JPEG;
+    return named;
+}
+
 ft_status ft_source_get(const ft_source *s, int64_t i, bool verify, ft_fetch_buf *buf, ft_sample *out) {
     if (i < 0 || i >= s->count)
         return ft_fail(FT_ERR_INDEX, "sample %lld is out of range for a source of %lld", (long long)i,
@@ -819,9 +830,10 @@ ft_status ft_source_get(const ft_source *s, int64_t i, bool verify, ft_fetch_buf
                                      "its rows as they are");
     case SRC_FOLDER: {
         const file_entry *e = &s->entries[i];
-        *out = (ft_sample){.kind = e->kind, .label = e->label};
+        *out = (ft_sample){.label = e->label};
         FT_TRY(read_file(e->name, buf, &out->size));
         out->data = buf->data;
+        out->kind = sniffed(out->data, out->size, e->kind);
         return FT_OK;
     }
     case SRC_TAR: {
@@ -831,6 +843,7 @@ ft_status ft_source_get(const ft_source *s, int64_t i, bool verify, ft_fetch_buf
         FT_TRY(ft_fetch_buf_reserve(buf, out->size));
         FT_TRY(ft_read_at(sf->fd, e->offset, buf->data, out->size, sf->path));
         out->data = buf->data;
+        out->kind = sniffed(out->data, out->size, e->kind);
         return FT_OK;
     }
     }
