@@ -75,6 +75,23 @@ def test_grayscale_decode_equals_djpeg():
         assert np.array_equal(D.decode_jpeg(read(path), mode="L"), djpeg(path, "-grayscale")), path
 
 
+def test_a_gray_batch_of_colour_files_is_pillows_luma_of_their_rgb(tmp_path):
+    """Loader(channels=1) over colour JPEGs gives Pillow's convert("L") of the RGB pixels (torchvision's
+    Grayscale), as for PNG and raw samples: not libjpeg's Y plane, which differs by the chroma's rounding."""
+    differs = False
+    for k, p in enumerate([p for p in go_jpegs() + photos() if "gray" not in p][:4]):
+        root = tmp_path / f"tree{k}"
+        (root / "a").mkdir(parents=True)
+        (root / "a" / "x.jpg").write_bytes(read(p))
+        rgb = D.decode_jpeg(read(p)).astype(np.int64)
+        want = (rgb[..., 0] * 19595 + rgb[..., 1] * 38470 + rgb[..., 2] * 7471 + 0x8000) >> 16
+        x, _ = next(iter(D.Loader(D.ImageFolder(root), channels=1, num_workers=1,
+                                  transforms=[D.PILToTensor(channels_last=True)])))
+        np.testing.assert_array_equal(x.numpy()[0, 0], want, err_msg=p)
+        differs |= not np.array_equal(want, D.decode_jpeg(read(p), mode="L"))
+    assert differs  # the two lumas differ on these files: the test tells them apart
+
+
 def test_truncated_and_corrupt_files():
     china = read(photos()[0])
     with pytest.raises(ValueError, match="truncated|Premature"):

@@ -240,6 +240,15 @@ static ft_status reserve(ft_fetch_buf *b, size_t n) {
     return ft_fetch_buf_reserve(b, n + FT_IMAGE_SLACK);
 }
 
+/* Pillow's convert("L") of n pixels of bpp bytes (RGB first): ITU-R 601-2 luma in 16-bit fixed point. dst may
+ * be src: pixel i is written after pixels 0..i are read. */
+static void to_luma(const uint8_t *src, int bpp, uint8_t *dst, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        const uint8_t *px = src + (size_t)bpp * i;
+        dst[i] = (uint8_t)((px[0] * 19595 + px[1] * 38470 + px[2] * 7471 + 0x8000) >> 16);
+    }
+}
+
 struct ft_augment_ctx {
     ft_jpeg_decoder *jpeg;
     ft_fetch_buf decode; /* (H, W, B) the decoded image */
@@ -910,12 +919,8 @@ ft_status ft_augment_sample(const ft_plan *p, ft_augment_ctx *ctx, const ft_samp
         view_set_image(&v, decoded->data, decoded->stride, H, W, decoded->bpp);
     } else if (s->kind == FT_SAMPLE_RAW) {
         if (s->channels == 3 && p->C == 1) {
-            /* Pillow's convert("L"): ITU-R 601-2 luma in 16-bit fixed point. */
             FT_TRY(reserve(&ctx->decode, (size_t)H * W));
-            for (size_t i = 0; i < (size_t)H * W; i++) {
-                const uint8_t *px = s->data + 3 * i;
-                ctx->decode.data[i] = (uint8_t)((px[0] * 19595 + px[1] * 38470 + px[2] * 7471 + 0x8000) >> 16);
-            }
+            to_luma(s->data, 3, ctx->decode.data, (size_t)H * W);
             view_set_image(&v, ctx->decode.data, (size_t)W, H, W, 1);
         } else {
             view_set_image(&v, s->data, (size_t)W * s->channels, H, W, s->channels);
@@ -938,10 +943,17 @@ ft_status ft_augment_sample(const ft_plan *p, ft_augment_ctx *ctx, const ft_samp
             double rw = st[0].kind == ST_CROP ? st[0].w : W, rh = st[0].kind == ST_CROP ? st[0].h : H;
             num = ft_jpeg_pick_scale(rw, rh, rs->w, rs->h);
         }
-        int bpp = p->C == 1 ? 1 : 4;
+        /* one channel of a colour file: its RGB made luma as Pillow's convert("L") makes it (libjpeg's own Y
+         * differs by the chroma's rounding and upsampling), as for raw and PNG images */
+        bool luma = p->C == 1 && info.components != 1;
+        int bpp = p->C == 1 && !luma ? 1 : 4;
         int sh = ft_jpeg_scaled(H, num), sw = ft_jpeg_scaled(W, num);
         FT_TRY(reserve(&ctx->decode, (size_t)sh * sw * bpp));
         FT_TRY(ft_jpeg_decode(ctx->jpeg, s->data, s->size, &info, num, bpp, ctx->decode.data, (size_t)sw * bpp));
+        if (luma) {
+            to_luma(ctx->decode.data, 4, ctx->decode.data, (size_t)sh * sw);
+            bpp = 1;
+        }
         view_set_image(&v, ctx->decode.data, (size_t)sw * bpp, sh, sw, bpp);
         v.num = num;
         if (num == 8) {
