@@ -55,6 +55,17 @@ def test_order_len_and_partial_batch():
     assert len(dropped) == 10 and len(collect(dropped)) == 10
 
 
+def test_a_batch_size_beyond_the_dataset_sizes_buffers_for_the_dataset():
+    """A batch size larger than the samples (a whole-split batch written as batch_size=10**6, the documented
+    largest 2**24 too) gives one batch of them all, in buffers of their size: it reserved gigabytes, or refused."""
+    images, labels = arrays(n=10, h=28, w=28)
+    for batch_size in (10**6, 2**24):
+        loader = D.Loader((images, labels), batch_size=batch_size, num_workers=1, dtype="uint8")
+        (x, y), = collect(loader)
+        assert np.array_equal(x.transpose(0, 2, 3, 1), images) and np.array_equal(y, labels)
+        assert loader.stats()["ring_bytes"] < 10 * images[0].nbytes + 4096
+
+
 def test_identical_batches_for_any_worker_count():
     images, labels = arrays()
     runs = [collect(D.Loader((images, labels), batch_size=16, transforms=TF, shuffle=True, seed=3, num_workers=w,

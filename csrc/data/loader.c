@@ -75,6 +75,7 @@ struct ft_loader {
     ft_sample_layout sample, label;
     size_t sample_bytes, label_bytes;
     bool tensors; /* a source of feature arrays: rows are copied, no plan */
+    int64_t rows; /* the most samples a batch holds: the batch size, or this rank's samples when fewer */
     int64_t chunk;
     /* production (under ring->mu) */
     uint64_t gen;
@@ -152,7 +153,7 @@ static void slot_released(void *owner) {
 static ft_status slot_new(ft_loader *l, slot **out) {
     ring *r = l->ring;
     slot *s = calloc(1, sizeof *s);
-    if (!s || !(s->ok = calloc((size_t)l->cfg.batch_size, 1))) {
+    if (!s || !(s->ok = calloc((size_t)l->rows, 1))) {
         free(s);
         return ft_fail(FT_ERR_NOMEM, "out of memory for a batch buffer");
     }
@@ -557,6 +558,7 @@ ft_status ft_loader_new(ft_loader **out, ft_source *source, const ft_transform *
     l->label_bytes = layout_bytes(&l->label);
     l->nsamples = ft_sampler_rank_samples(&l->sampler);
     l->nbatches = ft_sampler_num_batches(&l->sampler);
+    l->rows = config->batch_size < l->nsamples ? config->batch_size : l->nsamples > 0 ? l->nsamples : 1;
     l->order = malloc((size_t)(l->nsamples > 0 ? l->nsamples : 1) * sizeof *l->order);
     l->scratch = malloc((size_t)count * sizeof *l->scratch);
     ring *r = calloc(1, sizeof *r);
@@ -574,15 +576,15 @@ ft_status ft_loader_new(ft_loader **out, ft_source *source, const ft_transform *
     pthread_condattr_destroy(&ca);
     r->refs = 1;
     r->loader_alive = true;
-    size_t images_bytes = (size_t)config->batch_size * l->sample_bytes;
+    size_t images_bytes = (size_t)l->rows * l->sample_bytes;
     r->labels_offset = (images_bytes + 63) / 64 * 64;
-    r->slot_bytes = r->labels_offset + (size_t)config->batch_size * l->label_bytes;
+    r->slot_bytes = r->labels_offset + (size_t)l->rows * l->label_bytes;
     /* in this order: a CPU loader that asks for no pinning loads no CUDA library */
     bool pinned = (config->pin_memory || config->device.type == FT_DEV_CUDA) && ft_cuda();
     r->pool = (ft_mem_pool){pinned ? FT_MEM_PINNED : FT_MEM_HOST, 0};
     l->ring = r;
 
-    int64_t chunk = config->batch_size / (4 * (config->num_workers > 0 ? config->num_workers : 1));
+    int64_t chunk = l->rows / (4 * (config->num_workers > 0 ? config->num_workers : 1));
     l->chunk = chunk < 1 ? 1 : chunk > CHUNK_MAX ? CHUNK_MAX : chunk;
     if (config->cache != FT_CACHE_NONE && config->cache_bytes > 0 && !l->tensors &&
         !(config->cache == FT_CACHE_ENCODED && ft_source_in_memory(source)))
