@@ -2,14 +2,18 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 static _Thread_local char last_error[FT_ERROR_LEN];
 
 ft_status ft_fail(ft_status status, const char *fmt, ...) {
+    /* formatted apart first: an argument may be the last error itself, a message this one wraps */
+    char message[FT_ERROR_LEN];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    vsnprintf(message, sizeof message, fmt, ap);
     va_end(ap);
+    memcpy(last_error, message, sizeof message);
     return status;
 }
 

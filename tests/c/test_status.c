@@ -67,11 +67,23 @@ static void test_long_message(void) {
     CHECK(strlen(ft_last_error()) == FT_ERROR_LEN - 1);
 }
 
+/* A failure that wraps the last one's message (ft_fail(st, "context: %s", ft_last_error())) reads it whole: it was
+ * formatted over itself, repeating the context and cutting the message. */
+static void test_wrapping_the_last_message(void) {
+    ft_fail(FT_ERR_DEVICE, "CUDA is not available: no CUDA driver is installed");
+    CHECK_STATUS(ft_fail(FT_ERR_DEVICE, "device='cuda:0' needs a usable CUDA device: %s", ft_last_error()),
+                 FT_ERR_DEVICE);
+    CHECKF(strcmp(ft_last_error(), "device='cuda:0' needs a usable CUDA device: CUDA is not available: no CUDA "
+                                   "driver is installed") == 0,
+           "got \"%s\"", ft_last_error());
+}
+
 int main(void) {
     omp_set_dynamic(0);
     test_message_reaches_the_caller();
     test_first_failure_wins();
     test_success_keeps_no_message();
     test_long_message();
+    test_wrapping_the_last_message();
     return check_main_result("test_status");
 }
