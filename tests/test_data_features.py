@@ -105,6 +105,16 @@ def test_tensors_and_bfloat16_features():
     np.testing.assert_array_equal(got, X.float().numpy())
 
 
+def test_other_libraries_tensors_are_read_through_dlpack():
+    """PyTorch's tensors, bfloat16 ones too (which NumPy cannot hold), are read through DLPack."""
+    torch = pytest.importorskip("torch")
+    X = torch.randn(9, 6, generator=torch.Generator().manual_seed(3)).bfloat16()
+    y = torch.arange(9)
+    batches = list(D.Loader((X, y), 4, num_workers=1))
+    np.testing.assert_array_equal(np.concatenate([a.numpy() for a, _ in batches]), X.float().numpy())
+    assert np.concatenate([b.numpy() for _, b in batches]).tolist() == list(range(9))
+
+
 def test_order_follows_the_global_seed():
     X = np.arange(40, dtype=np.float32).reshape(20, 2)
     y = np.arange(20)

@@ -339,9 +339,10 @@ class TarShards(Source):
 
 
 def _host_tensor(a, what):
-    """a (a NumPy array, a CPU tensor, nested lists) as a tensor sharing its memory where it can."""
+    """a (a NumPy array, a CPU tensor, another library's through DLPack (PyTorch's bfloat16 too), nested lists) as
+    a tensor sharing its memory where it can."""
     from .creation import as_tensor
-    if not isinstance(a, (np.ndarray, _C.TensorBase)):
+    if not isinstance(a, (np.ndarray, _C.TensorBase)) and not hasattr(a, "__dlpack__"):
         a = np.asarray(a)
     if isinstance(a, np.ndarray) and not a.dtype.isnative:
         a = a.astype(a.dtype.newbyteorder("="))
