@@ -232,3 +232,5 @@ def test_a_missing_image_folder_is_file_not_found(tmp_path):
     (tmp_path / "file").write_bytes(b"x")
     with pytest.raises(FileNotFoundError, match="file is not a directory"):
         D.ImageFolder(tmp_path / "file")
+    with pytest.raises(FileNotFoundError, match="typo_dir: no such file or directory .a Loader reads an ImageFolder"):
+        D.Loader(tmp_path / "typo_dir")  # it said "cannot open record file"

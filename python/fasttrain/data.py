@@ -404,6 +404,9 @@ def _as_source(source):
             return ImageFolder(path)
         if path.endswith(".tar") or any(c in path for c in "*?["):
             return TarShards(path)
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{path}: no such file or directory (a Loader reads an ImageFolder directory, "
+                                    "a record file, .tar shards or a glob of them)")
         return RecordFile(path)
     raise TypeError(f"cannot read samples from {type(source).__name__}: give a Source, a path, (images, labels) "
                     f"or (features, targets) arrays")
