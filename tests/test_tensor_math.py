@@ -667,7 +667,9 @@ def test_python_protocols():
     with pytest.raises(ValueError, match="Boolean value of Tensor with no values is ambiguous"):
         bool(ft.ones(0))
     assert bool(ft.tensor([3])) and not ft.tensor(0.0)
-    assert f"{ft.tensor(1.23456):.2f}" == "1.23" and f"{ft.tensor(7)}" == "tensor(7)"
+    # a 0-d tensor formats as its number, as PyTorch's (f"{loss}" in a log line); others as their repr
+    assert f"{ft.tensor(1.23456):.2f}" == "1.23" and f"{ft.tensor(7)}" == "7" and f"{ft.tensor([7])}" == "tensor([7])"
+    assert ft.tensor(1.0).transpose(0, -1).tolist() == 1.0 and ft.tensor(1.0).movedim(0, -1).tolist() == 1.0
     x = ft.tensor([1.0, -2.0])
     assert (+x) is x and abs(x).tolist() == [1.0, 2.0] and (-x).tolist() == [-1.0, 2.0]
     for other in ("a", None, 1j, object()):
@@ -1216,7 +1218,10 @@ EVERYDAY = {  # name: (the call on a library L, given (a, i) as L's tensors), Py
                                L.fmin(a, L.zeros(4))),
     "logical": lambda L, a, i: (L.logical_and(a > 0, i), L.logical_or(a, i), L.logical_xor(a > 0, a > 1),
                                 L.logical_not(i)),
-    "lerp/isclose": lambda L, a, i: (L.lerp(a, 2 * a, 0.25), L.isclose(a, a + 1e-6), L.isclose(a, a + 0.1)),
+    "lerp/isclose": lambda L, a, i: (L.lerp(a, 2 * a, 0.25), L.lerp(a, -a, 0.7), L.lerp(a, a.flip(0), a.abs()),
+                                     L.lerp(a.bfloat16(), a.flip(0).bfloat16(), 0.5),
+                                     L.lerp(a, L.full_like(a, -float("inf")), 0.5), L.lerp(a, a * 3, 1.0),
+                                     L.isclose(a, a + 1e-6), L.isclose(a, a + 0.1)),
     "creation": lambda L, a, i: (L.linspace(-1, 2, 7), L.eye(3), L.eye(2, 4, dtype=L.int64)),
     "products": lambda L, a, i: (L.outer(a[0], a[1]), L.dot(a[0], a[1]), L.mv(a, a[0]), L.mm(a, a.T),
                                  L.bmm(a.reshape(3, 2, 2), a.reshape(3, 2, 2))),

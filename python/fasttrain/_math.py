@@ -1421,8 +1421,18 @@ def logical_not(input: Tensor) -> Tensor:
 
 
 def lerp(input: Tensor, end: Operand, weight: Operand) -> Tensor:
-    """input + weight * (end - input), as torch.lerp."""
-    return add(input, mul(weight, sub(end, input)))
+    """input + weight * (end - input) where |weight| < 0.5, else end - (end - input) * (1 - weight): torch.lerp's two
+    forms, exact at both ends (a weight of 1 gives end, an infinite end too)."""
+    operands, out = (input, end, weight), result_type(input, end, weight)
+    if out.is_floating_point and builtins.any(isinstance(x, _C.TensorBase) and x.dtype.is_floating_point and
+                                              x.dtype.itemsize == 2 for x in operands):
+        # 16-bit operands in float32, the result rounded once, as PyTorch's opmath
+        return lerp(*[x.float() if isinstance(x, _C.TensorBase) else x for x in operands]).to(out)
+    diff = sub(end, input)
+    low, high = add(input, mul(weight, diff)), sub(end, mul(diff, sub(1.0, weight)))
+    if isinstance(weight, _C.TensorBase):
+        return where(abs(weight) < 0.5, low, high)
+    return low if builtins.abs(weight) < 0.5 else high
 
 
 def isclose(input: Operand, other: Operand, rtol: float = 1e-05, atol: float = 1e-08,

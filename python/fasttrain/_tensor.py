@@ -288,7 +288,8 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
         """A view with dimensions dim0 and dim1 swapped."""
         dims = list(range(self.ndim))
         a, b = _norm_dim(dim0, self.ndim), _norm_dim(dim1, self.ndim)
-        dims[a], dims[b] = dims[b], dims[a]
+        if self.ndim:  # a 0-d tensor takes dimensions 0 and -1, as PyTorch's: itself
+            dims[a], dims[b] = dims[b], dims[a]
         return self.permute(dims)
 
     def t(self) -> Tensor:
@@ -598,7 +599,7 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
         order = [d for d in range(self.ndim) if d not in src]
         for s, d in sorted(zip(src, dst), key=lambda p: p[1]):
             order.insert(d, s)
-        return self.permute(order)
+        return self.permute(order if self.ndim else [])  # a 0-d tensor's dimension 0 or -1: itself
 
     moveaxis = movedim
 
@@ -763,8 +764,8 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
         return bool(self.item())
 
     def __format__(self, spec):
-        # f"{loss:.4f}" formats a one-value tensor as its number, as PyTorch does for 0-d tensors
-        return format(self.item(), spec) if spec and self.ndim == 0 else object.__format__(self, spec)
+        # f"{loss:.4f}" and f"{loss}" format a 0-d tensor as its number, as PyTorch's
+        return format(self.item(), spec) if self.ndim == 0 else object.__format__(self, spec)
 
     def __float__(self):
         return float(self.item())
