@@ -430,6 +430,32 @@ def test_batch_norm_channels_last_blocks_of_sixteen_channels(dtype, act, threads
     np.testing.assert_allclose(n(db), dz.sum((0, 2, 3)), rtol=1e-3, atol=1e-3)
 
 
+def test_batch_norm_momentum_none_keeps_cumulative_averages():
+    """momentum=None, as PyTorch's: after k training batches the running statistics are the plain mean of the k
+    batches' (the variance unbiased), eagerly and in a compiled step alike; eval reads them."""
+    nn = ft.nn
+    rng = np.random.default_rng(31)
+    batches = [rng.standard_normal((6, 3, 2, 2)).astype(np.float32) * (k + 1) + k for k in range(3)]
+    means = [b.astype(np.float64).mean((0, 2, 3)) for b in batches]
+    variances = [b.astype(np.float64).var((0, 2, 3), ddof=1) for b in batches]
+    eager = nn.BatchNorm2d(3, momentum=None)
+    assert "momentum=None" in repr(eager)
+    model = nn.Sequential(nn.BatchNorm2d(3, momentum=None), nn.Flatten(), nn.Linear(12, 2))
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.0), nn.CrossEntropyLoss(), batch_size=6,
+                            input_shape=(3, 2, 2))
+    for k, b in enumerate(batches):
+        eager(ft.tensor(b))
+        program.train_step(b, np.zeros(6, np.int64))
+        for bn in (eager, model[0]):
+            assert int(bn.num_batches_tracked) == k + 1
+            np.testing.assert_allclose(bn.running_mean.numpy(), np.mean(means[:k + 1], 0), rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(bn.running_var.numpy(), np.mean(variances[:k + 1], 0), rtol=1e-5)
+    x = batches[0][:2]
+    mean, var = model[0].running_mean.numpy()[:, None, None], model[0].running_var.numpy()[:, None, None]
+    want = (x - mean) / np.sqrt(var + 1e-5)
+    np.testing.assert_allclose(eager.eval()(ft.tensor(x)).numpy(), want, rtol=1e-5, atol=1e-5)
+
+
 def test_batch_norm_bad_inputs():
     x = ft.zeros(2, 3, 4, 4)
     with pytest.raises(ValueError, match="eval mode needs running_mean"):

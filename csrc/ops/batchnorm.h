@@ -16,7 +16,8 @@
 typedef struct {
     bool training;   /* batch statistics (and running-stat updates) vs running statistics */
     double eps;
-    double momentum; /* running = (1 - momentum) * running + momentum * batch statistic */
+    double momentum; /* running = (1 - momentum) * running + momentum * batch statistic; a program node's -1:
+                        PyTorch's momentum=None, 1 / the count of batches (nn/nodes.c) */
     ft_act act;      /* applied to the normalized output; backward needs `out` then */
     bool sync;       /* SyncBatchNorm: batch statistics over every rank of ft.distributed (CPU), as one batch */
     /* In-place activated batch norm (InPlace-ABN, CPU): the scale is

@@ -652,8 +652,6 @@ class _BatchNorm(Module):
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True):
         super().__init__()
-        if momentum is None:
-            raise ValueError(f"{type(self).__name__}: momentum=None (cumulative averages) is not supported")
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
         self.affine, self.track_running_stats = affine, track_running_stats
         self.register_parameter("weight", creation.ones(num_features) if affine else None)
@@ -673,11 +671,13 @@ class _BatchNorm(Module):
 
     def forward(self, x):
         from . import functional as F
-        use_batch = self.training or not self.track_running_stats
+        use_batch, momentum = self.training or not self.track_running_stats, self.momentum
         if self.training and self.track_running_stats:
             self.num_batches_tracked.fill_(self.num_batches_tracked.item() + 1)
+            if momentum is None:  # a cumulative average, as PyTorch's: batch k weighs 1 / k
+                momentum = 1.0 / self.num_batches_tracked.item()
         return F.batch_norm(x, getattr(self, "running_mean", None), getattr(self, "running_var", None),
-                            self._scale(), self.bias, use_batch, self.momentum, self.eps)
+                            self._scale(), self.bias, use_batch, 0.0 if momentum is None else momentum, self.eps)
 
     def _scale(self):
         """The per-channel scale of the normalized values."""
@@ -690,16 +690,16 @@ class _BatchNorm(Module):
 
 class BatchNorm1d(_BatchNorm):
     """Batch normalization of (N, C) features or (N, C, L) sequences, as torch.nn.BatchNorm1d: batch statistics in
-    training (updating running_mean and running_var with momentum), the running ones in eval mode. momentum=None (a
-    cumulative average) is not supported."""
+    training (updating running_mean and running_var with momentum, or with momentum=None by a cumulative average),
+    the running ones in eval mode."""
 
     _ranks = (1, 2)
 
 
 class BatchNorm2d(_BatchNorm):
     """Batch normalization of (N, C, H, W) images over N, H and W per channel, as torch.nn.BatchNorm2d: batch statistics
-    in training (updating running_mean and running_var with momentum), the running ones in eval mode. momentum=None (a
-    cumulative average) is not supported."""
+    in training (updating running_mean and running_var with momentum, or with momentum=None by a cumulative
+    average), the running ones in eval mode."""
 
     _ranks = (3,)
 

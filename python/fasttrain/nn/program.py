@@ -63,7 +63,9 @@ def _node_of(module, shape):
     if isinstance(m, M.Linear):
         return LINEAR, {}
     if isinstance(m, M._BatchNorm):
-        return BATCHNORM, dict(eps=m.eps, momentum=m.momentum, sync=int(isinstance(m, M.SyncBatchNorm)),
+        # momentum None (a cumulative average) goes to C as -1
+        return BATCHNORM, dict(eps=m.eps, momentum=-1.0 if m.momentum is None else m.momentum,
+                               sync=int(isinstance(m, M.SyncBatchNorm)),
                                abn=int(isinstance(m, M.InPlaceABN)))
     if isinstance(m, M._Activation):
         name, alpha = _act_of(m)
