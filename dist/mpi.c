@@ -1,15 +1,44 @@
 /* The MPI backend of ft.distributed (core/dist.h): built with mpicc into
  * libfasttrain_mpi.so, which the core opens on ft.distributed.init(). Every
- * call is on MPI_COMM_WORLD; counts larger than an int are sent in chunks. */
+ * call is on MPI_COMM_WORLD; counts larger than an int are sent in chunks.
+ * Every collective is started non-blocking and waited for with a timeout, so
+ * that the ranks still waiting for one that stopped (exited, returned, or
+ * never compiled the same program) fail instead of waiting forever. */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime in -std=c11 */
+
 #include <limits.h>
 #include <mpi.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "core/dist.h"
 
 #define CHUNK ((int64_t)1 << 30)
+#define TIMED_OUT (-1) /* not an MPI error code: they are >= 0 */
 
-static char message[MPI_MAX_ERROR_STRING];
+static char message[MPI_MAX_ERROR_STRING + 256];
+static double timeout = 1800.0; /* seconds */
+
+static void set_timeout(double seconds) { timeout = seconds; }
+
+/* Waits for n requests, or fails after `timeout` seconds. Open MPI moves a
+ * collective along only inside MPI calls: MPI_Testall polls, as MPI_Wait's
+ * own loop does. */
+static int wait_for(int n, MPI_Request *reqs) {
+    struct timespec start, now;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    for (long polls = 0;; polls++) {
+        int done, code = MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE);
+        if (code || done)
+            return code;
+        if (polls % 1024 == 0) {
+            clock_gettime(CLOCK_MONOTONIC, &now);
+            if ((double)(now.tv_sec - start.tv_sec) + 1e-9 * (double)(now.tv_nsec - start.tv_nsec) > timeout)
+                return TIMED_OUT;
+        }
+    }
+}
 
 static int init(int *rank, int *size, int *local_rank) {
     int inited, provided, code = MPI_Initialized(&inited);
@@ -36,7 +65,10 @@ static int init(int *rank, int *size, int *local_rank) {
 static int allreduce(void *buf, int64_t n, MPI_Datatype type, int64_t size) {
     for (int64_t at = 0; at < n; at += CHUNK) {
         int count = (int)(n - at < CHUNK ? n - at : CHUNK);
-        int code = MPI_Allreduce(MPI_IN_PLACE, (char *)buf + at * size, count, type, MPI_SUM, MPI_COMM_WORLD);
+        MPI_Request req;
+        int code = MPI_Iallreduce(MPI_IN_PLACE, (char *)buf + at * size, count, type, MPI_SUM, MPI_COMM_WORLD, &req);
+        if (!code)
+            code = wait_for(1, &req);
         if (code)
             return code;
     }
@@ -75,7 +107,7 @@ static int progress(void) {
 }
 
 static int wait_all(void) {
-    int code = npending ? MPI_Waitall(npending, pending, MPI_STATUSES_IGNORE) : 0;
+    int code = npending ? wait_for(npending, pending) : 0;
     npending = 0;
     return code;
 }
@@ -84,14 +116,21 @@ static int allreduce_sum_f64(double *buf, int64_t n) { return allreduce(buf, n, 
 static int bcast(void *buf, int64_t bytes, int root) {
     for (int64_t at = 0; at < bytes; at += CHUNK) {
         int count = (int)(bytes - at < CHUNK ? bytes - at : CHUNK);
-        int code = MPI_Bcast((char *)buf + at, count, MPI_BYTE, root, MPI_COMM_WORLD);
+        MPI_Request req;
+        int code = MPI_Ibcast((char *)buf + at, count, MPI_BYTE, root, MPI_COMM_WORLD, &req);
+        if (!code)
+            code = wait_for(1, &req);
         if (code)
             return code;
     }
     return 0;
 }
 
-static int barrier(void) { return MPI_Barrier(MPI_COMM_WORLD); }
+static int barrier(void) {
+    MPI_Request req;
+    int code = MPI_Ibarrier(MPI_COMM_WORLD, &req);
+    return code ? code : wait_for(1, &req);
+}
 static void abort_all(int code) { MPI_Abort(MPI_COMM_WORLD, code); }
 
 static int finalize(void) {
@@ -101,7 +140,11 @@ static int finalize(void) {
 
 static const char *error_string(int code) {
     int len = 0;
-    if (MPI_Error_string(code, message, &len) != MPI_SUCCESS)
+    if (code == TIMED_OUT)
+        snprintf(message, sizeof message, "not every rank took part within %g s (a rank stopped: it exited, "
+                                          "returned, or runs another program); ft.distributed.init(timeout=) sets "
+                                          "the wait", timeout);
+    else if (MPI_Error_string(code, message, &len) != MPI_SUCCESS)
         return "unknown MPI error";
     return message;
 }
@@ -117,6 +160,7 @@ static const ft_dist_api backend = {
     .barrier = barrier,
     .abort = abort_all,
     .finalize = finalize,
+    .set_timeout = set_timeout,
     .error_string = error_string,
 };
 

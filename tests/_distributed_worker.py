@@ -13,6 +13,8 @@ recompute: "sync_bn" with every output recomputed that can be (the SyncBatchNorm
 over the ranks again, amid the buckets' sums started by then) and the gradient in buckets.
 fit: ft.fit over a shuffled Loader sharded by rank, then ft.evaluate; every rank writes its weights and figures.
 error: rank 1 passes a label out of range: every rank must stop.
+stops: rank 1 leaves by sys.exit(0) after one step, rank 0 steps on: its gradient sum fails after init(timeout=).
+mismatch: rank 1 compiles a model of as many parameters in another layout: compile fails on both ranks.
 refused: rank 1 refuses its batch of the second of 4 steps and every rank catches its exception and goes on: that
 step is skipped on both ranks (a SyncBatchNorm communicates in the forward), which then hold the weights of 3 steps.
 refused_ids: the same with an embedding model and a token id out of range in rank 1's batch (met in the forward).
@@ -96,7 +98,7 @@ def weights(m):
 
 
 def main(mode, out):
-    ft.distributed.init()
+    ft.distributed.init(timeout=3 if mode == "stops" else 1800)
     rank = ft.distributed.get_rank()
     mine = slice(rank * B, (rank + 1) * B)
     x, y = batch()
@@ -146,6 +148,22 @@ def main(mode, out):
             labels[0] = CLASSES + 7
         for _ in range(3):
             p.train_step(x[mine], labels)
+    elif mode == "stops":
+        p = compiled(model(), True)
+        p.train_step(x[mine], y[mine])
+        if rank == 1:
+            sys.exit(0)  # SystemExit: no exception hook runs
+        for _ in range(3):
+            p.train_step(x[mine], y[mine])
+    elif mode == "mismatch":  # 6*16+16 + 16*3+3 = 163 parameters; 6*10+10 + 10*3+3 + 5*(3*3+3) = 163 too
+        ft.manual_seed(0)
+        m = model() if rank == 0 else nn.Sequential(nn.Linear(6, 10), nn.GELU(), nn.Linear(10, CLASSES),
+                                                    *[nn.Linear(CLASSES, CLASSES) for _ in range(5)])
+        assert sum(p.numel() for p in m.parameters()) == 163
+        try:
+            compiled(m, True)
+        except ValueError as e:
+            print(f"rank {rank}: {e}", flush=True)
     elif mode in ("refused", "refused_ids"):
         ids = mode == "refused_ids"
         make = token_model if ids else lambda: model("sync")

@@ -5,6 +5,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -104,6 +105,24 @@ def test_a_rank_that_fails_stops_every_rank(tmp_path):
     done = mpirun("error", tmp_path / "x", timeout=60)
     assert done.returncode != 0
     assert "label" in done.stdout and "outside" in done.stdout, done.stdout[-3000:]
+
+
+def test_a_rank_that_leaves_does_not_keep_the_others_waiting(tmp_path):
+    """sys.exit on one rank (SystemExit, which no exception hook sees): the other rank's next gradient sum fails
+    after init(timeout=) instead of waiting forever, and its exception ends the job."""
+    started = time.monotonic()
+    done = mpirun("stops", tmp_path / "x", timeout=90)
+    assert done.returncode != 0 and time.monotonic() - started < 80
+    assert "not every rank took part within 3 s" in done.stdout, done.stdout[-3000:]
+
+
+def test_ranks_compiling_different_programs_are_refused_on_every_rank(tmp_path):
+    """Two models of 163 parameters each in other layouts: rank 0's weights would be broadcast into rank 1's
+    layout and both would train on, diverging. compile refuses on both ranks, naming rank 1."""
+    done = run_ok("mismatch", tmp_path / "x", timeout=60)
+    for rank in (0, 1):
+        assert f"rank {rank}: compile(..., distributed=True): rank(s) [1] compiled another program" in done.stdout, \
+            done.stdout[-3000:]
 
 
 @pytest.mark.parametrize("mode", ["refused", "refused_ids"])

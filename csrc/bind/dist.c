@@ -32,6 +32,15 @@ static PyObject *py_dist_init(PyObject *module, PyObject *unused) {
     return Py_BuildValue("(iii)", ft_dist_rank(), ft_dist_world_size(), ft_dist_local_rank());
 }
 
+static PyObject *py_dist_set_timeout(PyObject *module, PyObject *arg) {
+    (void)module;
+    double seconds = PyFloat_AsDouble(arg);
+    if (seconds == -1.0 && PyErr_Occurred())
+        return NULL;
+    ft_status s = ft_dist_set_timeout(seconds);
+    return s == FT_OK ? Py_NewRef(Py_None) : ft_py_raise(s);
+}
+
 static PyObject *py_dist_ready(PyObject *module, PyObject *unused) {
     (void)module, (void)unused;
     return PyBool_FromLong(ft_dist_ready());
@@ -109,6 +118,7 @@ static PyMethodDef dist_functions[] = {
     {"dist_set_library", py_dist_set_library, METH_O, "Name the MPI backend library that dist_init opens."},
     {"dist_init", py_dist_init, METH_NOARGS, "dist_init() -> (rank, world size, local rank)"},
     {"dist_ready", py_dist_ready, METH_NOARGS, NULL},
+    {"dist_set_timeout", py_dist_set_timeout, METH_O, "How long a collective waits for every rank, in seconds."},
     {"dist_all_reduce_sum", py_dist_all_reduce_sum, METH_O, "Sums a CPU tensor over the ranks, in place."},
     {"dist_broadcast", py_dist_broadcast, METH_VARARGS, "broadcast(tensor, src): src's values, in place."},
     {"dist_barrier", py_dist_barrier, METH_NOARGS, NULL},

@@ -101,6 +101,16 @@ ft_status ft_dist_bcast(void *buf, int64_t bytes, int root) {
 
 ft_status ft_dist_barrier(void) { COLLECTIVE("barrier", "MPI_Barrier", api->barrier()); }
 
+ft_status ft_dist_set_timeout(double seconds) {
+    FT_TRY(check_ready("set_timeout"));
+    if (!(seconds > 0))
+        return ft_fail(FT_ERR_VALUE, "timeout must be a positive number of seconds, got %g", seconds);
+    pthread_mutex_lock(&calls);
+    api->set_timeout(seconds);
+    pthread_mutex_unlock(&calls);
+    return FT_OK;
+}
+
 void ft_dist_abort(int code) {
     if (ready)
         api->abort(code);

@@ -9,6 +9,7 @@ The MPI backend (libfasttrain_mpi.so, built when mpicc is found) is loaded by in
 from __future__ import annotations
 
 import atexit
+import datetime
 import os
 import sys
 
@@ -32,15 +33,22 @@ def is_initialized() -> bool:
     return _C.dist_ready()
 
 
-def init() -> None:
-    """Initialises MPI (once; later calls do nothing). Under mpirun or srun every process learns its rank and
-    the world size; run alone it is rank 0 of 1. With more than one rank an uncaught exception on any rank
-    aborts them all (MPI_Abort) after printing its traceback, so that no rank waits forever for a peer that
-    died."""
+def init(timeout: float | datetime.timedelta = 1800.0) -> None:
+    """Initialises MPI (once; later calls only set the timeout). Under mpirun or srun every process learns its
+    rank and the world size; run alone it is rank 0 of 1. With more than one rank an uncaught exception on any
+    rank aborts them all (MPI_Abort) after printing its traceback, and a collective (a training step's gradient
+    sum, a barrier) that not every rank joins within `timeout` (seconds or a timedelta; 30 minutes, PyTorch's
+    default) fails with RuntimeError, so that no rank waits forever for a peer that stopped (exited by
+    sys.exit, returned, or compiled another program)."""
     global _ranks
+    seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
+        raise ValueError(f"init: timeout must be a positive number of seconds or a timedelta, got {timeout!r}")
     if _ranks is not None and is_initialized():
+        _C.dist_set_timeout(float(seconds))
         return
     _ranks = _C.dist_init()
+    _C.dist_set_timeout(float(seconds))
     from . import _types
     _types._local_rank = _ranks[2]  # "cuda" is the local rank's GPU (ft.cuda.set_device)
     if _ranks[1] > 1:

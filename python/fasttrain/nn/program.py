@@ -701,6 +701,7 @@ class Program:
             from .. import distributed as dist
             if not dist.is_initialized():
                 raise RuntimeError("compile(..., distributed=True) needs ft.distributed.init() first")
+            self._check_ranks_agree(model)
             self._c._set_distributed(max(4, min(round(bucket_cap_mb * 2 ** 20), 2 ** 62)))
             # Every rank starts from rank 0's weights and buffers, as DistributedDataParallel does.
             for t in (self.flat_params, *model.buffers()):
@@ -817,6 +818,29 @@ class Program:
             if e.bias_into.running_mean is not None:
                 e.bias_into.running_mean.sub_(e.module.bias)
             e.module.bias.fill_(0)
+
+    def _check_ranks_agree(self, model):
+        """Fails on every rank where a rank compiled another program than rank 0's: rank 0's weights would be
+        broadcast into another layout (of as many parameters, silently) and the gradient sums would not match."""
+        import hashlib
+
+        from .. import distributed as dist
+        from ..creation import tensor
+        opt = self.optimizer
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+        what = repr(([(n, tuple(p.shape), p.dtype.name, p.requires_grad) for n, p in model.named_parameters()],
+                     [(e.kind, tuple(e.shape)) for e in self.entries], type(opt).__name__, groups,
+                     self.batch_size, self.accumulate_steps, self.precision))
+        mine = tensor(list(hashlib.sha256(what.encode()).digest()[:8]), dtype="float64")
+        first = dist.broadcast(mine.clone(), 0)
+        differs = tensor([0.0] * dist.get_world_size(), dtype="float64")
+        differs[dist.get_rank()] = float(not bool((mine == first).all()))
+        ranks = [r for r, d in enumerate(dist.all_reduce(differs).tolist()) if d]
+        if ranks:
+            raise ValueError(f"compile(..., distributed=True): rank(s) {ranks} compiled another program than rank 0 "
+                             "(the parameters' names, shapes or dtypes, the layers, the optimizer or its "
+                             "hyperparameters, batch_size, accumulate_steps or precision differ): every rank must "
+                             "compile the same model, optimizer and options")
 
     def _module_layout(self):
         return [(name, id(m)) for name, m in self.model.named_modules(remove_duplicate=False)]
