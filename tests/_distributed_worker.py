@@ -15,6 +15,7 @@ fit: ft.fit over a shuffled Loader sharded by rank, then ft.evaluate; every rank
 error: rank 1 passes a label out of range: every rank must stop.
 stops: rank 1 leaves by sys.exit(0) after one step, rank 0 steps on: its gradient sum fails after init(timeout=).
 mismatch: rank 1 compiles a model of as many parameters in another layout: compile fails on both ranks.
+uneven: ft.evaluate of a split of 99 samples, through a Loader and as arrays; rank 0 writes the figures.
 refused: rank 1 refuses its batch of the second of 4 steps and every rank catches its exception and goes on: that
 step is skipped on both ranks (a SyncBatchNorm communicates in the forward), which then hold the weights of 3 steps.
 refused_ids: the same with an embedding model and a token id out of range in rank 1's batch (met in the forward).
@@ -93,6 +94,12 @@ def compiled_tokens(m):
                      input_dtype=ft.int64, distributed=True)
 
 
+def uneven_split():
+    """99 samples: 2 ranks' shards are 50 and 49, the second padded with a repeat."""
+    rng = np.random.default_rng(11)
+    return rng.standard_normal((99, 6)).astype(np.float32), rng.integers(0, CLASSES, 99)
+
+
 def weights(m):
     return {k: np.array(v) for k, v in m.state_dict().items()}
 
@@ -164,6 +171,12 @@ def main(mode, out):
             compiled(m, True)
         except ValueError as e:
             print(f"rank {rank}: {e}", flush=True)
+    elif mode == "uneven":
+        p = compiled(model(), True)
+        X, Y = uneven_split()
+        figures = [ft.evaluate(p, ft.data.Loader((X, Y), B, num_workers=1)), ft.evaluate(p, (X, Y))]
+        if rank == 0:
+            np.save(out, np.array(figures))
     elif mode in ("refused", "refused_ids"):
         ids = mode == "refused_ids"
         make = token_model if ids else lambda: model("sync")

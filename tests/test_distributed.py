@@ -116,6 +116,17 @@ def test_a_rank_that_leaves_does_not_keep_the_others_waiting(tmp_path):
     assert "not every rank took part within 3 s" in done.stdout, done.stdout[-3000:]
 
 
+def test_evaluate_on_an_uneven_split_counts_each_sample_once(tmp_path):
+    """99 samples over 2 ranks: the sharded loader repeats one sample to give both ranks 50, which evaluation
+    counted twice. The figures, through a Loader or arrays, are one process's over the 99."""
+    run_ok("uneven", tmp_path / "x.npy", timeout=60)
+    p = worker.compiled(worker.model(), False)
+    X, Y = worker.uneven_split()
+    want = ft.evaluate(p, (X, Y))
+    for loss, accuracy in np.load(tmp_path / "x.npy"):
+        assert loss == pytest.approx(want[0], rel=1e-6) and accuracy == pytest.approx(want[1], abs=1e-12)
+
+
 def test_ranks_compiling_different_programs_are_refused_on_every_rank(tmp_path):
     """Two models of 163 parameters each in other layouts: rank 0's weights would be broadcast into rank 1's
     layout and both would train on, diverging. compile refuses on both ranks, naming rank 1."""

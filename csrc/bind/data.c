@@ -553,9 +553,9 @@ static PyObject *loader_info(PyObject *self, PyObject *unused) {
     PyObject *shape = ft_py_shape_tuple(s, ft_loader_batch_shape(l, s));
     if (!shape)
         return NULL;
-    return Py_BuildValue("{sLsLsNsi}", "num_batches", (long long)ft_loader_num_batches(l), "num_samples",
-                         (long long)ft_loader_num_samples(l), "batch_shape", shape, "dtype",
-                         (int)ft_loader_output(l)->dtype);
+    return Py_BuildValue("{sLsLsLsNsi}", "num_batches", (long long)ft_loader_num_batches(l), "num_samples",
+                         (long long)ft_loader_num_samples(l), "unique_samples", (long long)ft_loader_unique_samples(l),
+                         "batch_shape", shape, "dtype", (int)ft_loader_output(l)->dtype);
 }
 
 static PyObject *loader_stats(PyObject *self, PyObject *unused) {

@@ -1017,7 +1017,7 @@ static PyObject *run_eval_epoch(PyObject *self, PyObject *args) {
     ft_program *prog = entered(self);
     Py_INCREF(loader_obj);
     ft_tally tally = {0};
-    int64_t count = 0;
+    int64_t count = 0, left = ft_loader_unique_samples(l);
     ft_status s = FT_OK;
     int stop = 0;
     PyThreadState *ts = PyEval_SaveThread();
@@ -1028,8 +1028,14 @@ static PyObject *run_eval_epoch(PyObject *self, PyObject *args) {
             stop = got < 0 && s == FT_OK;
             break;
         }
-        s = ft_program_evaluate(prog, &b.images, &b.labels, tta, &tally);
-        count += b.size;
+        /* the samples a distributed loader repeats at its end to even out the ranks count once, on their rank */
+        int64_t n = b.size < left ? b.size : left;
+        ft_tensor x = b.images, y = b.labels;
+        x.shape[0] = y.shape[0] = n;
+        if (n > 0)
+            s = ft_program_evaluate(prog, &x, &y, tta, &tally);
+        count += n;
+        left -= n;
         ft_loader_release(l, &b);
         if (s != FT_OK)
             break;

@@ -639,6 +639,7 @@ ft_status ft_loader_new(ft_loader **out, ft_source *source, const ft_transform *
 
 int64_t ft_loader_num_batches(const ft_loader *l) { return l->nbatches; }
 int64_t ft_loader_num_samples(const ft_loader *l) { return l->nsamples; }
+int64_t ft_loader_unique_samples(const ft_loader *l) { return ft_sampler_rank_unique(&l->sampler); }
 const ft_output *ft_loader_output(const ft_loader *l) { return &l->out; }
 
 int ft_loader_batch_shape(const ft_loader *l, int64_t shape[FT_MAX_DIMS]) {

@@ -112,6 +112,7 @@ void ft_loader_free(ft_loader *l);
 
 int64_t ft_loader_num_batches(const ft_loader *l);
 int64_t ft_loader_num_samples(const ft_loader *l); /* per epoch, on this rank */
+int64_t ft_loader_unique_samples(const ft_loader *l); /* of those, the ones not repeated as padding */
 /* The shape of a full batch's images tensor into shape; returns its rank:
  * (N, C, H, W) for images (a channels-last batch has that shape with NHWC
  * strides, as PyTorch's channels_last memory format), (N, ...) for the

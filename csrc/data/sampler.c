@@ -19,6 +19,12 @@ int64_t ft_sampler_rank_samples(const ft_sampler *s) {
     return s->drop_last ? n / w : (n + w - 1) / w;
 }
 
+int64_t ft_sampler_rank_unique(const ft_sampler *s) {
+    int64_t n = s->num_samples, w = s->world_size, mine = ft_sampler_rank_samples(s);
+    int64_t below = n > s->rank ? (n - s->rank + w - 1) / w : 0;
+    return below < mine ? below : mine;
+}
+
 int64_t ft_sampler_num_batches(const ft_sampler *s) {
     int64_t n = ft_sampler_rank_samples(s), b = s->batch_size;
     return s->drop_last ? n / b : (n + b - 1) / b;

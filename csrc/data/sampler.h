@@ -38,6 +38,11 @@ ft_status ft_sampler_check(const ft_sampler *s);
 /* Samples this rank visits per epoch. */
 int64_t ft_sampler_rank_samples(const ft_sampler *s);
 
+/* Of those, the ones that are not padding: the first ones of the rank's
+ * order (the padding repeats the head at the end of the whole order), as
+ * many as the positions r, r+W, ... below N. Evaluation counts only them. */
+int64_t ft_sampler_rank_unique(const ft_sampler *s);
+
 /* Batches per epoch for this rank. */
 int64_t ft_sampler_num_batches(const ft_sampler *s);
 

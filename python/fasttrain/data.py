@@ -718,6 +718,8 @@ class Loader(_C.LoaderBase):
         self.batch_shape = info["batch_shape"]
         self.num_samples = info["num_samples"]
         self._num_batches = info["num_batches"]
+        # this rank's samples but those a sharded epoch repeats at its end to give every rank as many
+        self._unique_samples = info["unique_samples"]
 
     def __len__(self):
         return self._num_batches

@@ -79,6 +79,7 @@ class _InputBatches:
     epoch = property(lambda self: self._indices.epoch, lambda self, epoch: setattr(self._indices, "epoch", epoch))
     _resume = property(lambda self: self._indices._resume,
                        lambda self, resume: setattr(self._indices, "_resume", resume))
+    _unique_samples = property(lambda self: self._indices._unique_samples)
 
     def _position(self):
         return self._indices._position()
@@ -151,7 +152,8 @@ def evaluate(program: Program, loader: Iterable[Any], tta_flip: bool = False) ->
     does not ignore, a masked mean's count, the samples), the accuracy over the labels it does not ignore (None
     unless the model classifies); a batch of ignored targets only counts for nothing. With tta_flip the logits of
     each image and of its horizontal mirror are averaged (test-time augmentation). A fasttrain loader runs entirely
-    in C."""
+    in C. Under ft.distributed every rank evaluates its shard and the figures are the whole split's: the samples a
+    sharded loader repeats at its end, to give every rank as many, count once."""
     loader = _as_loader(program, loader, None, False)
     program._check_parameters()
     if _is_c_loader(loader):
@@ -164,10 +166,15 @@ def evaluate(program: Program, loader: Iterable[Any], tta_flip: bool = False) ->
             loader.load_state_dict(resume)
     else:
         tally, count = NO_TALLY, 0
+        left = getattr(loader, "_unique_samples", None)  # a sharded epoch's repeated samples count once
         for batch in loader:
             x, y = _split(program, batch)
-            tally = add_tallies(tally, program._eval_c.evaluate(*program._batch(x, y), tta_flip))
+            if left is not None and len(y) > left:
+                x, y = tuple(a[:left] for a in x) if isinstance(x, tuple) else x[:left], y[:left]
+            if len(y):
+                tally = add_tallies(tally, program._eval_c.evaluate(*program._batch(x, y), tta_flip))
             count += len(y)
+            left = None if left is None else left - len(y)
     if program.distributed:  # every rank evaluated its shard: the whole split's figures
         from . import distributed
         from .creation import tensor
