@@ -15,7 +15,10 @@ fit: ft.fit over a shuffled Loader sharded by rank, then ft.evaluate; every rank
 error: rank 1 passes a label out of range: every rank must stop.
 stops: rank 1 leaves by sys.exit(0) after one step, rank 0 steps on: its gradient sum fails after init(timeout=).
 mismatch: rank 1 compiles a model of as many parameters in another layout: compile fails on both ranks.
-uneven: ft.evaluate of a split of 99 samples, through a Loader and as arrays; rank 0 writes the figures.
+uneven: ft.evaluate of a split of 99 samples, through a Loader and as arrays; rank 0 writes the figures. Before,
+fit on a Loader of one rank (as one built before init()) is refused.
+dropout: program.backward (which does not communicate) of the same batch on both ranks through a Dropout; each
+rank writes its gradient.
 refused: rank 1 refuses its batch of the second of 4 steps and every rank catches its exception and goes on: that
 step is skipped on both ranks (a SyncBatchNorm communicates in the forward), which then hold the weights of 3 steps.
 refused_ids: the same with an embedding model and a token id out of range in rank 1's batch (met in the forward).
@@ -92,6 +95,13 @@ def token_model():
 def compiled_tokens(m):
     return m.compile(ft.optim.AdamW(m.parameters(), lr=0.01), nn.CrossEntropyLoss(), batch_size=B, input_shape=(4,),
                      input_dtype=ft.int64, distributed=True)
+
+
+def dropout_program(distributed):
+    ft.manual_seed(0)
+    m = nn.Sequential(nn.Linear(6, 64), nn.Dropout(0.5), nn.Linear(64, CLASSES))
+    return m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=2 * B, input_shape=(6,),
+                     distributed=distributed)
 
 
 def uneven_split():
@@ -171,9 +181,17 @@ def main(mode, out):
             compiled(m, True)
         except ValueError as e:
             print(f"rank {rank}: {e}", flush=True)
+    elif mode == "dropout":
+        p = dropout_program(True)
+        p.backward(x, y)
+        np.save(f"{out}.{rank}.npy", np.array(p.flat_grads))
     elif mode == "uneven":
         p = compiled(model(), True)
         X, Y = uneven_split()
+        try:
+            ft.fit(p, ft.data.Loader((X, Y), B, num_workers=1, rank=0, world_size=1), progress=False)
+        except ValueError as e:
+            print(f"rank {rank}: {e}", flush=True)
         figures = [ft.evaluate(p, ft.data.Loader((X, Y), B, num_workers=1)), ft.evaluate(p, (X, Y))]
         if rank == 0:
             np.save(out, np.array(figures))

@@ -116,10 +116,22 @@ def test_a_rank_that_leaves_does_not_keep_the_others_waiting(tmp_path):
     assert "not every rank took part within 3 s" in done.stdout, done.stdout[-3000:]
 
 
+def test_each_rank_draws_its_own_dropout_masks(tmp_path):
+    """The same batch on both ranks: their dropout masks differ (every rank drew the same ones for its rows, so
+    the ranks' samples shared masks), rank 0's being one process's, and a checkpoint keeps the one seed."""
+    run_ok("dropout", tmp_path / "g", timeout=60)
+    grads = [np.load(tmp_path / f"g.{rank}.npy") for rank in (0, 1)]
+    assert not np.array_equal(grads[0], grads[1])
+    alone = worker.dropout_program(False)
+    alone.backward(*worker.batch())
+    np.testing.assert_array_equal(grads[0], np.array(alone.flat_grads))
+
+
 def test_evaluate_on_an_uneven_split_counts_each_sample_once(tmp_path):
     """99 samples over 2 ranks: the sharded loader repeats one sample to give both ranks 50, which evaluation
     counted twice. The figures, through a Loader or arrays, are one process's over the 99."""
-    run_ok("uneven", tmp_path / "x.npy", timeout=60)
+    done = run_ok("uneven", tmp_path / "x.npy", timeout=60)
+    assert "rank 1: fit: the Loader shards its samples over 1 rank(s), the program trains on 2" in done.stdout
     p = worker.compiled(worker.model(), False)
     X, Y = worker.uneven_split()
     want = ft.evaluate(p, (X, Y))

@@ -241,6 +241,12 @@ def test_evaluating_on_the_training_loader_keeps_fits_position():
     assert loader.state_dict()["epoch"] == 1 and loader.state_dict()["batch"] == 2
     fit(program, loader, 1, scheduler=sched, progress=False)
     assert program.step_count == 12 and state_bits(model) == state_bits(uninterrupted()[0])
+    # between whole epochs too: fit(1), evaluate, fit(1) trains as fit(2)
+    model, program, sched, loader = setup(total_iters=11)
+    fit(program, loader, 1, scheduler=sched, progress=False)
+    ft.evaluate(program, loader)
+    fit(program, loader, 1, scheduler=sched, progress=False)
+    assert program.step_count == 12 and state_bits(model) == state_bits(uninterrupted()[0])
 
 
 def test_gradient_norm_of_every_step():

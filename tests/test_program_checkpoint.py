@@ -392,6 +392,14 @@ def test_resume_with_loader_position(tmp_path):
     got += [pb.train_step(x, y) for x, y in lb]
     assert got == want
     assert state_bits(a) == state_bits(b)
+    # A program fitted on a Loader and saved without it would resume at that Loader's first epoch: said.
+    ft.fit(pb, lb, 1, progress=False)
+    with pytest.warns(UserWarning, match="last trained by ft.fit on a Loader whose position this checkpoint does "
+                                         "not keep.*pass loader= to ft.save and ft.load"):
+        ft.save(path, pb)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ft.save(path, pb, loader=lb)
 
 
 class _Halves(nn.Module):

@@ -751,6 +751,7 @@ static PyObject *program_set_distributed(PyObject *self, PyObject *arg) {
             return ft_py_raise(s);
     }
     po->distributed = true;
+    ft_program_set_rank(po->prog, ft_dist_rank());
     Py_RETURN_NONE;
 }
 

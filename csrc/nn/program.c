@@ -35,6 +35,7 @@ struct ft_program {
     bool channels_last;
     ft_device device;       /* where the parameters, the arenas and every op of a step are */
     uint64_t seed, dropout_offset;
+    uint64_t rank_key;    /* mixed into seed by a distributed program's ranks (ft_program_set_rank) */
     uint64_t step_offset; /* dropout_offset when the last ft_program_backward began */
     ft_dtype compute;       /* float32, or the low precision of a mixed-precision program */
     ft_dtype *dtype;        /* (n) each node's output and gradient dtype (see plan_dtypes) */
@@ -1121,6 +1122,8 @@ void ft_program_set_dropout_state(ft_program *p, uint64_t seed, uint64_t offset)
     p->dropout_offset = offset;
 }
 
+void ft_program_set_rank(ft_program *p, int rank) { p->rank_key = (uint64_t)rank * 0x9E3779B97F4A7C15ull; }
+
 /* ---- forward ---- */
 
 /* t as the rows of node i see it: a batch of sequences (N, C, L) as images
@@ -1137,7 +1140,8 @@ static ft_tensor seen_by(const ft_program *p, int i, ft_tensor t) {
 /* The tensors node i reads and writes in a forward over `rows` samples. */
 static ft_node_run run_of(const ft_program *p, bool training, int i, int64_t rows) {
     const ft_node *nd = &p->nodes[i];
-    ft_node_run r = {.nd = nd, .training = training, .nin = nd->ninputs, .seed = p->seed, .norm = p->norm[i]};
+    ft_node_run r = {.nd = nd, .training = training, .nin = nd->ninputs, .seed = p->seed ^ p->rank_key,
+                     .norm = p->norm[i]};
     for (int k = 0; k < nd->ninputs; k++)
         r.in[k] = seen_by(p, i, node_out(p, training, nd->inputs[k], rows));
     r.out = seen_by(p, i, node_out(p, training, i, rows));

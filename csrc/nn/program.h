@@ -266,6 +266,11 @@ ft_status ft_program_undo(ft_program *p);
 void ft_program_dropout_state(const ft_program *p, uint64_t *seed, uint64_t *offset);
 void ft_program_set_dropout_state(ft_program *p, uint64_t seed, uint64_t offset);
 
+/* A distributed program's rank: its masks and noise are drawn under a key of
+ * its own, mixed from the seed (which every rank and a checkpoint share) and
+ * the rank, so that the ranks' rows do not all get the same masks. */
+void ft_program_set_rank(ft_program *p, int rank);
+
 /* Eval-mode forward (batch statistics off, dropout off, no activations
  * kept) of the model's nodes: out (B, ...) = the model's output. */
 ft_status ft_program_forward(ft_program *p, const ft_tensor *x, const ft_tensor *out);

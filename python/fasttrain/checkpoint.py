@@ -257,6 +257,11 @@ def save(path: str | os.PathLike[str], obj: Module | Program, *, optimizer: Opti
         meta["scheduler"] = json.dumps(scheduler.state_dict(), default=str)
     if loader is None and program is not None and dtype is None:  # the Loader ft.fit made of (x, y) arrays
         loader = program.__dict__.get("_array_loaders", {}).get(True, (None, None))[1]
+        fitted = program.__dict__.get("_fitted_loader", lambda: None)()
+        if fitted is not None and fitted is not loader:
+            warnings.warn(f"{path}: the program was last trained by ft.fit on a Loader whose position this "
+                          "checkpoint does not keep, so a run resumed from it starts that Loader's epochs over: "
+                          "pass loader= to ft.save and ft.load", stacklevel=2)
         loader = loader if hasattr(loader, "state_dict") else None
     if loader is not None:
         meta["loader"] = json.dumps(loader.state_dict())

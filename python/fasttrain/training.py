@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import time
 import warnings
+import weakref
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -157,13 +158,13 @@ def evaluate(program: Program, loader: Iterable[Any], tta_flip: bool = False) ->
     loader = _as_loader(program, loader, None, False)
     program._check_parameters()
     if _is_c_loader(loader):
-        # The whole split, wherever an earlier iteration (or a restored state) left the loader; a position a
-        # stopped fit (or ft.load) left to resume from is put back after it.
-        resume = loader.state_dict() if loader._resume else None
+        # The whole split, wherever an earlier iteration (or a restored state) left the loader, which is then
+        # put back where it was (fit goes on from a loader's position)
+        (epoch, batch), resume, own = loader._position(), loader._resume, loader.epoch
         loader.set_epoch(loader.epoch)
         tally, count = program._eval_c.eval_epoch(loader, tta_flip)
-        if resume is not None:
-            loader.load_state_dict(resume)
+        loader._seek(epoch, batch)
+        loader.epoch, loader._resume = own, resume
     else:
         tally, count = NO_TALLY, 0
         left = getattr(loader, "_unique_samples", None)  # a sharded epoch's repeated samples count once
@@ -366,25 +367,33 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
                                         "seconds", "images_per_second", "skipped_steps", "loss_scale"))
     c_loader = _is_c_loader(loader)
     kept = c_loader or isinstance(loader, _InputBatches)  # keeps its epoch, and the position a stop left
+    if kept:  # ft.save of the program says when it does not keep this loader's position
+        program.__dict__["_fitted_loader"] = weakref.ref(loader)
     from . import distributed
+    if program.distributed and c_loader and loader.world_size != distributed.get_world_size():
+        raise ValueError(f"fit: the Loader shards its samples over {loader.world_size} rank(s), the program trains "
+                         f"on {distributed.get_world_size()}: a Loader built before ft.distributed.init() is not "
+                         "sharded, and every rank would train on every sample; build it after init()")
     progress = progress and distributed.get_rank() == 0
     for count in range(epochs):
         program._train_modes()
         program._check_compiled()
         skipped_before_epoch = program.skipped_steps
         if kept:
-            # where a stopped (or restored) run left the loader: its position's epoch, which may be ahead of
-            # loader.epoch when the stop came between an epoch's last step and fit's bookkeeping
-            epoch, batch = loader._position() if loader._resume else (loader.epoch, 0)
+            # the loader's position says where to go on: after a finished epoch the next one's start, which is
+            # ahead of loader.epoch when Ctrl-C came between an epoch's end and fit's bookkeeping; where a stopped
+            # (or restored) run left it, to be finished; else its epoch, started over
+            epoch, batch = loader._position()
             if loader._resume and batch < len(loader):
                 # finish the restored epoch from its position: the C epoch starts there, a pass in Python (iter)
                 # takes the position up itself
                 loader._resume = not c_loader
             else:
-                if loader._resume:
-                    # a position restored at an epoch's end (ft.save in a step callback at its last step): the
-                    # epoch's steps ran, its end did not; the next epoch runs after it
+                if batch >= len(loader):  # the epoch's steps are done: the next one
                     epoch += 1
+                if loader._resume and batch >= len(loader):
+                    # a position restored at an epoch's end (ft.save in a step callback at its last step): the
+                    # epoch's steps ran, its end did not
                     if scheduler is not None and scheduler_interval == "epoch":
                         scheduler.step()
                     if plateau is not None:
