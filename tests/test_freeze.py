@@ -134,6 +134,41 @@ def test_everything_frozen_computes_the_loss_and_changes_nothing():
         np.testing.assert_array_equal(p.numpy(), b)
 
 
+class WithUnused(nn.Module):
+    """A layer the forward never calls (BERT's pooler under a masked-LM head, a leftover)."""
+
+    def __init__(self):
+        super().__init__()
+        self.body, self.unused = net(), nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.body(x)
+
+
+@pytest.mark.parametrize("loop", ["train_step", "by hand"])
+def test_a_parameter_the_forward_never_reads_keeps_no_gradient_and_is_not_updated(loop):
+    """As in PyTorch, its .grad stays None, so AdamW's weight decay and state leave it alone, in the compiled step
+    and in a loop of program.backward and optimizer.step(); the others train."""
+    x, y = batch()
+    model = WithUnused()
+    opt = ft.optim.AdamW(model.parameters(), lr=0.1, weight_decay=0.5)
+    program = model.compile(opt, nn.CrossEntropyLoss(), batch_size=6, input_shape=(3, 6, 6))
+    before = {k: v.copy() for k, v in model.state_dict().items()}
+    for _ in range(2):
+        if loop == "train_step":
+            program.train_step(x, y)
+        else:
+            opt.zero_grad()
+            program.backward(x, y)
+            opt.step()
+    after = model.state_dict()
+    assert model.unused.weight.grad is None and model.unused.bias.grad is None
+    assert np.array_equal(after["unused.weight"], before["unused.weight"])
+    assert not np.array_equal(after["body.7.weight"], before["body.7.weight"])
+    unused = {i for i, (name, _) in enumerate(model.named_parameters()) if name.startswith("unused.")}
+    assert unused and not unused & set(opt.state_dict()["state"])
+
+
 def test_freezing_matches_pytorch():
     torch = pytest.importorskip("torch")
     x, y = batch()

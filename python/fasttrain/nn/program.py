@@ -387,26 +387,28 @@ def _contiguous(shape):
 
 
 def _read_parameters(e):
-    """The parameters an entry's node reads (as _node_dict gives them)."""
+    """The parameters of an entry's node: those it reads, and a conv bias that the batch norm after it cancels
+    (folded into its running mean: its gradient is zero, where PyTorch's rounds to about zero, and weight decay
+    still applies to it)."""
     m = e.module
     if e.kind == PARAM:
         return [m.tensor]
     if e.kind not in (CONV2D, CONV_TRANSPOSE2D, LINEAR, BATCHNORM, LAYERNORM, GROUPNORM, EMBEDDING, LSTM, GRU):
         return []
-    return [t for t in (m.weight, getattr(m, "bias", None) if e.bias_into is None else None) if t is not None]
+    return [t for t in (m.weight, getattr(m, "bias", None)) if t is not None]
 
 
-def _detached_parameters(entries):
-    """The ids of the parameters that only entries behind a detach read: no gradient from the loss (the last
-    entry) reaches them."""
+def _detached_parameters(model, entries):
+    """The ids of the model's parameters that no gradient from the loss (the last entry) reaches: those the
+    forward never reads (a layer left out of it) and those only entries behind a detach read."""
     reached = [False] * len(entries)
     reached[-1] = True
     for i in range(len(entries) - 1, -1, -1):
         if reached[i] and entries[i].kind != DETACH:
             for j in entries[i].inputs:
                 reached[j] = True
-    read = [{id(p) for e, r in zip(entries, reached) if r == ok for p in _read_parameters(e)} for ok in (False, True)]
-    return read[0] - read[1]
+    return {id(p) for p in model.parameters()} - {id(p) for e, r in zip(entries, reached) if r
+                                                  for p in _read_parameters(e)}
 
 
 def _node_dict(e, trainable):
@@ -663,9 +665,9 @@ class Program:
                                       "LeakyReLU, with recompute= to save their memory")
         self.precision = precision
         self.trainable = {id(p) for p in model.parameters() if p.requires_grad and id(p) not in self._lent}
-        # A parameter read only through a detach gets no gradient: as PyTorch leaves its .grad None, the optimizer
-        # skips it (no weight decay either).
-        self._detached = _detached_parameters(self.entries)
+        # A parameter that the forward does not read, or reads only through a detach, gets no gradient: as PyTorch
+        # leaves its .grad None, the optimizer skips it (no weight decay either).
+        self._detached = _detached_parameters(model, self.entries)
         self.trainable -= self._detached
         self._trains = {id(p): p for p in model.parameters() if id(p) in held and id(p) in self.trainable}
         self._folded = [e for e in self.entries if e.bias_into is not None]
@@ -676,6 +678,9 @@ class Program:
         self._places = {name: p.data_ptr() for name, p in self._compiled_params.items()}
         self._nodes = [_node_dict(e, self.trainable) for e in self.entries]
         self._grad_views = [(p, p.grad) for p in dict.fromkeys(model.parameters()) if id(p) in self.trainable]
+        for p in model.parameters():
+            if id(p) in self._detached and id(p) not in self._lent:
+                p.grad = None
         if seed is None:  # dropout masks follow ft.manual_seed, as PyTorch's follow torch.manual_seed
             from ..random import randint
             seed = int(randint(0, 2 ** 62, (1,)).item())
