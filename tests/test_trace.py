@@ -1178,6 +1178,13 @@ def test_position_embeddings_of_a_range_train_their_rows(how):
     program.backward(x, y)
     grad = model.wpe.weight.grad.numpy()
     assert np.abs(grad[:4]).min() > 0 and (grad[4:] == 0).all()  # the rows of positions 0..3 only
+    # sequences longer than the table (T=8 > block size 6): the eager lookup's IndexError, not a refusal to trace
+    # (the table's rows sliced are 6, which do not broadcast, as in PyTorch)
+    error, match = (ValueError, "do not broadcast") if how == "rows" else \
+        (IndexError, r"ids\[6\] = 6 is out of range for a weight of 6 rows")
+    with pytest.raises(error, match=match):
+        positions(how=how).compile(ft.optim.SGD(model.parameters(), lr=0.1), gpt_loss, batch_size=3,
+                                   input_shape=(8,), input_dtype=ft.int64)
 
 
 @needs_torch

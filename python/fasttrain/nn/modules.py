@@ -922,8 +922,12 @@ class Embedding(Module):
             return None
         positions = ids.reshape(-1).tolist()
         first, end = positions[0], positions[0] + len(positions)
-        if positions != list(range(first, end)) or first < 0 or end > self.num_embeddings:
+        if positions != list(range(first, end)):
             return None
+        if first < 0 or end > self.num_embeddings:  # as the eager lookup says it (positions past a block size)
+            bad = first if first < 0 else self.num_embeddings
+            raise IndexError(f"embedding: ids[{bad - first}] = {bad} is out of range for a weight of "
+                             f"{self.num_embeddings} rows (ids must be in [0, {self.num_embeddings}))")
         return self.weight[first:end].reshape(*ids.shape, self.embedding_dim)
 
     def extra_repr(self):
