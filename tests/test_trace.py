@@ -1157,16 +1157,17 @@ def positions(lib=ft, V=11, T=6, D=8, how="embedding"):
         def forward(self, idx):
             b, t = idx.size()
             pos = lib.arange(0, t, dtype=lib.long, device=idx.device)
-            if how == "minGPT":
+            if how in ("minGPT", "scaled"):
                 pos = pos.unsqueeze(0)
             elif how == "expanded":  # Hugging Face's position_ids.expand(b, t)
                 pos = pos.unsqueeze(0).expand(b, t)
-            return self.head(self.wte(idx) + (self.wpe.weight[:t] if how == "rows" else self.wpe(pos)))
+            p = self.wpe.weight[:t] if how == "rows" else self.wpe(pos)
+            return self.head(self.wte(idx) + (p * 2.0 if how == "scaled" else p))
 
     return Positions()
 
 
-@pytest.mark.parametrize("how", ["embedding", "minGPT", "expanded", "rows"])
+@pytest.mark.parametrize("how", ["embedding", "minGPT", "expanded", "rows", "scaled"])
 def test_position_embeddings_of_a_range_train_their_rows(how):
     rng = np.random.default_rng(21)
     x, y = rng.integers(0, 11, (3, 4)), rng.integers(0, 11, (3, 4))
@@ -1188,7 +1189,7 @@ def test_position_embeddings_of_a_range_train_their_rows(how):
 
 
 @needs_torch
-@pytest.mark.parametrize("how", ["embedding", "minGPT", "expanded"])
+@pytest.mark.parametrize("how", ["embedding", "minGPT", "expanded", "scaled"])
 def test_position_embeddings_of_a_range_match_pytorch(how):
     rng = np.random.default_rng(22)
     x, y = rng.integers(0, 11, (3, 4)), rng.integers(0, 11, (3, 4))

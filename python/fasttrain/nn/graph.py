@@ -155,7 +155,7 @@ def read_by_op(op, operands, traceable):
         return operands
     if not traceable:
         refuse_eager_parameters(op, operands)
-    return [constant(t, tuple(t.shape)) if _viewed_parameter(t) is not None else t for t in operands]
+    return [constant(t, _sample_shape(t)) if _viewed_parameter(t) is not None else t for t in operands]
 
 
 def refuse_eager_parameters(op, operands):
@@ -1657,13 +1657,22 @@ def attention(q, k, v, causal, scale, dropout_p, key_mask=None):
     return out if one else out.reshape(N, Tq, H, E // H).transpose(1, 2)
 
 
+def _sample_shape(t):
+    """The shape of a view of a parameter as a sample's: without the leading size-1 dimensions it has beyond the
+    parameter's (minGPT's wpe(arange(T).unsqueeze(0)), whose first is the batch's broadcast)."""
+    p, shape = _viewed_parameter(t), tuple(t.shape)
+    while p is not None and len(shape) > p.ndim and shape[0] == 1:
+        shape = shape[1:]
+    return shape
+
+
 def constant(t, like_shape):
     """A tensor used as a value in forward: a node reading it (a parameter trains through it). Its leading
     size-1 dimensions beyond the per-sample rank are the batch's broadcast; it broadcasts along the sample's
     dimensions as NumPy does, with no expanded copy when it varies along the first only (a per-channel
     (C, 1, 1) scale) or, for samples that are not images, the last only (a per-feature bias)."""
     p = _viewed_parameter(t)
-    while p is not None and t.ndim > p.ndim and t.shape[0] == 1:  # leading size-1 dimensions broadcast
+    while t.ndim > len(_sample_shape(t)):  # leading size-1 dimensions broadcast
         t = t.squeeze(0)
     shape = tuple(t.shape)
     if p is not None and p is not t:  # a view: read as the parameter, which trains through it
