@@ -1042,6 +1042,37 @@ def test_clamp_and_the_activations_written_with_it_match_pytorch():
     assert_gradients_match(program, tm, x, y, torch.nn.MSELoss())  # (BCE of outputs near 1 amplifies rounding)
 
 
+class ListIndexed(nn.Module):
+    """nanoGPT's inference head, self.lm_head(x[:, [-1], :]), and a list of evenly spaced positions."""
+
+    def __init__(self, index=None):
+        super().__init__()
+        self.fc, self.index = nn.Linear(4, 3), index
+
+    def forward(self, x):
+        h = self.fc(x)
+        if self.index is not None:
+            return h[self.index].flatten(1)
+        return h[:, [-1], :].flatten(1) + h[:, [0, 2, 4]].sum(1)
+
+
+def test_an_index_list_of_evenly_spaced_positions_is_a_slice():
+    x = np.random.default_rng(24).standard_normal((2, 5, 4)).astype(np.float32)
+    model = ListIndexed()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=2, input_shape=(5, 4))
+    np.testing.assert_allclose(program.predict(x).numpy(), model(ft.tensor(x)).numpy(), rtol=1e-6, atol=1e-6)
+    assert gradcheck(program, x, np.zeros((2, 3), np.float32))
+    for index, match in (((slice(None), [2, 0]), r"the list \[2, 0\] \(a gather of positions\)"),
+                         ((slice(None), [0, 1], [0, 1]), "indexing with list"),
+                         ((slice(None), [True, False]), r"the list \[True, False\]")):
+        with pytest.raises(ft.nn.TracingError, match=match):
+            ListIndexed(index).compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=2,
+                                       input_shape=(5, 4))
+    with pytest.raises(IndexError, match="index 5 is out of range for size 5"):
+        ListIndexed((slice(None), [5])).compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(),
+                                                 batch_size=2, input_shape=(5, 4))
+
+
 class AtTheBounds(nn.Module):
     """Values exactly at clamp bounds (0 and 6): a shift parameter b added to them, then an activation, alone or
     after a batch norm in eval mode (which frozen layers of a fine-tuned model are)."""

@@ -1043,6 +1043,8 @@ class Symbolic:
             if dim >= len(shape):
                 raise IndexError(f"too many indices for a value of shape {self.shape}")
             size = shape[dim]
+            if isinstance(item, list) and sum(isinstance(i, list) for i in index) == 1:
+                item = _list_as_slice(item, size)  # nanoGPT's x[:, [-1], :]
             if isinstance(item, int):
                 k = item % size if -size <= item < size else None
                 if k is None:
@@ -1664,6 +1666,24 @@ def _sample_shape(t):
     while p is not None and len(shape) > p.ndim and shape[0] == 1:
         shape = shape[1:]
     return shape
+
+
+def _list_as_slice(items, size):
+    """The slice a list index of evenly spaced increasing positions picks (x[:, [-1]] is x[:, -1:]); the only
+    list of the index, so that NumPy's pairing of several lists does not arise."""
+    if not items or not all(isinstance(i, int) and not isinstance(i, bool) for i in items):
+        fail(f"indexing with the list {items!r}", "use integers, slices, None, ... and lists of evenly spaced "
+             "increasing integers")
+    ks = []
+    for i in items:
+        if not -size <= i < size:
+            raise IndexError(f"index {i} is out of range for size {size}")
+        ks.append(i % size)
+    step = ks[1] - ks[0] if len(ks) > 1 else 1
+    if step < 1 or ks != list(range(ks[0], ks[0] + step * len(ks), step)):
+        fail(f"indexing with the list {items!r} (a gather of positions)", "index with a slice, or lists of evenly "
+             "spaced increasing positions ([-1], [0, 2, 4])")
+    return slice(ks[0], ks[-1] + 1, step)
 
 
 def constant(t, like_shape):
