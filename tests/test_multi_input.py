@@ -103,7 +103,7 @@ def test_fit_takes_arrays_and_batches_in_either_form_and_shuffles_as_for_one_inp
 
 class Encoder(nn.Module):
     """Token ids through attention whose padded keys are masked: the mask derived from the ids in forward, given
-    as a bool input, or as Hugging Face's int64 attention_mask (1: attend)."""
+    as a bool input, or as Hugging Face's int64 attention_mask (1: attend), compared with 0 or negated as bool."""
 
     def __init__(self, mask="derived"):
         super().__init__()
@@ -114,7 +114,7 @@ class Encoder(nn.Module):
 
     def forward(self, input_ids, attention_mask=None):
         pad = input_ids == 0 if attention_mask is None else attention_mask if self.mask == "bool" \
-            else attention_mask == 0
+            else ~attention_mask.bool() if self.mask == "hf_bool" else attention_mask == 0
         h = self.emb(input_ids)
         a, _ = self.att(h, h, h, key_padding_mask=pad, need_weights=False)
         return self.head(a.mean(1))
@@ -134,7 +134,8 @@ def test_a_mask_input_trains_bit_for_bit_as_the_mask_derived_in_forward(precisio
     runs = {}
     for mask, shape, dtype, x in [("derived", (10,), ft.int64, ids),
                                   ("bool", ((10,), (10,)), (ft.int64, ft.bool), (ids, ids == 0)),
-                                  ("hf", ((10,), (10,)), ft.int64, (ids, (ids != 0).astype(np.int64)))]:
+                                  ("hf", ((10,), (10,)), ft.int64, (ids, (ids != 0).astype(np.int64))),
+                                  ("hf_bool", ((10,), (10,)), ft.int64, (ids, (ids != 0).astype(np.int64)))]:
         ft.manual_seed(0)
         m = Encoder(mask)
         with pytest.warns(RuntimeWarning) if precision == "bf16-mixed" and not ft.backends.cpu_has_bf16() else \
@@ -143,7 +144,7 @@ def test_a_mask_input_trains_bit_for_bit_as_the_mask_derived_in_forward(precisio
                           input_dtype=dtype, precision=precision)
         losses = [p.train_step(x, y) for _ in range(3)]
         runs[mask] = losses, m.att.in_proj_weight.numpy().copy()
-    for mask in ("bool", "hf"):
+    for mask in ("bool", "hf", "hf_bool"):
         assert runs[mask][0] == runs["derived"][0]
         np.testing.assert_array_equal(runs[mask][1], runs["derived"][1])
 

@@ -960,6 +960,8 @@ class Symbolic:
                 continue
             if self._is_mask() and dt.is_floating_point:
                 return self._floats()
+            if dt.name == "bool":  # attention_mask.bool(): where the value is not 0, as PyTorch's cast
+                return self if self._is_mask() else self != 0
             if dt.is_floating_point != self.dtype.is_floating_point:
                 fail(f"x.to({dt.name}) of a traced value of {self.dtype.name}", "a 0/1 mask of integers is a "
                      "comparison: (mask != 0).float() (or give it as a bool input, input_dtype=ft.bool); compute in "
@@ -970,6 +972,10 @@ class Symbolic:
     def long(self):
         """The targets as they are (see to); any other value fails."""
         return self.to("int64")
+
+    def bool(self):
+        """A mask of where the value is not 0 (see to), as PyTorch's cast to bool."""
+        return self.to("bool")
 
     def type_as(self, other):
         """The value itself (see to)."""
