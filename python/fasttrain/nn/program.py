@@ -681,7 +681,7 @@ class Program:
         for p in model.parameters():
             if id(p) in self._detached and id(p) not in self._lent:
                 p.grad = None
-        if seed is None:  # dropout masks follow ft.manual_seed, as PyTorch's follow torch.manual_seed
+        if seed is None:  # ft.manual_seed before compile fixes the masks, as torch.manual_seed fixes PyTorch's
             from ..random import randint
             seed = int(randint(0, 2 ** 62, (1,)).item())
         self._c = _C.Program(self._nodes, self.flat_params, self.flat_grads, self.output,
@@ -1090,7 +1090,9 @@ def compile(model, optimizer, loss=None, *, batch_size, input_shape=None, memory
     one dtype for all or a tuple of one each (float32, int64 token ids, bool masks); its batches are then
     (x1, ..., xk, y), and train_step, predict and evaluate take x as the tuple (x1, ..., xk).
 
-    seed keys the dropout masks (by default drawn from fasttrain's generator, so ft.manual_seed fixes it).
+    seed keys the dropout masks (by default drawn from fasttrain's generator at compile, so ft.manual_seed before
+    compile fixes it; the program's stream then goes on by itself: re-seeding later does not change its masks, a
+    checkpoint keeps where it stands).
 
     memory_format: how images lie between layers: "channels_last" (NHWC, oneDNN's fastest convolutions) or
     "contiguous" (NCHW); None (the default) is channels_last unless a LayerNorm or Linear reads 3-d samples along
