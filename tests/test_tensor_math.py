@@ -1218,6 +1218,8 @@ EVERYDAY = {  # name: (the call on a library L, given (a, i) as L's tensors), Py
                                L.fmin(a, L.zeros(4))),
     "logical": lambda L, a, i: (L.logical_and(a > 0, i), L.logical_or(a, i), L.logical_xor(a > 0, a > 1),
                                 L.logical_not(i)),
+    "var_mean/std_mean": lambda L, a, i: (*L.var_mean(a, 1), *L.std_mean(a, 0, keepdim=True),
+                                          *L.var_mean(a, correction=0)),
     "lerp/isclose": lambda L, a, i: (L.lerp(a, 2 * a, 0.25), L.lerp(a, -a, 0.7), L.lerp(a, a.flip(0), a.abs()),
                                      L.lerp(a.bfloat16(), a.flip(0).bfloat16(), 0.5),
                                      L.lerp(a, L.full_like(a, -float("inf")), 0.5), L.lerp(a, a * 3, 1.0),

@@ -356,7 +356,8 @@ def test_model_graphs_name_layers_after_their_classes():
 
 
 class FunctionsNet(nn.Module):
-    """A forward written with ft.* functions (RMSNorm, a variance, a softmax) rather than methods."""
+    """A forward written with ft.* functions (RMSNorm, a variance, ft.var_mean's layer norm, a softmax) rather than
+    methods."""
 
     def __init__(self):
         super().__init__()
@@ -366,6 +367,8 @@ class FunctionsNet(nn.Module):
     def forward(self, x):
         h = x * ft.rsqrt(ft.mean(ft.pow(x, 2), dim=-1, keepdim=True) + 1e-6) * self.w
         h = ft.div(h, ft.sqrt(ft.var(h, dim=-1, keepdim=True) + 1.0))
+        var, mean = ft.var_mean(h, dim=-1, keepdim=True, unbiased=False)
+        h = h + (h - mean) / (var + 1e-5).sqrt() * ft.std_mean(h, 1, keepdim=True)[0]
         h = ft.add(h, ft.exp(ft.sum(h, 1, keepdim=True) * 0.01), alpha=0.5)
         return self.fc(ft.mean(ft.softmax(h, -1) + ft.log(ft.abs(h) + 1), 1))
 

@@ -848,6 +848,18 @@ def std(input: Tensor, dim: Dims = None, unbiased: bool | None = None, keepdim: 
     return _moments("std", input, dim, unbiased, keepdim, correction)
 
 
+def var_mean(input: Tensor, dim: Dims = None, unbiased: bool | None = None, keepdim: bool = False, *,
+             correction: int | float | None = None) -> tuple[Tensor, Tensor]:
+    """(var, mean) over dim, as torch.var_mean; of a traced value too."""
+    return var(input, dim, unbiased, keepdim, correction=correction), mean(input, dim, keepdim)
+
+
+def std_mean(input: Tensor, dim: Dims = None, unbiased: bool | None = None, keepdim: bool = False, *,
+             correction: int | float | None = None) -> tuple[Tensor, Tensor]:
+    """(std, mean) over dim, as torch.std_mean; of a traced value too."""
+    return std(input, dim, unbiased, keepdim, correction=correction), mean(input, dim, keepdim)
+
+
 def _truth(name, fn, input, dim, keepdim):
     out = _UINT8 if input.dtype is _UINT8 else _BOOL  # uint8 in, uint8 out: PyTorch keeps it for old masks
     if dim is not None and not isinstance(dim, (int, np.integer)) and not tuple(dim):
