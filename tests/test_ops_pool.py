@@ -129,6 +129,21 @@ def test_avg_pool_forward_backward(case):
     assert dx2.stride()[1] == 1 and bits(dx2.contiguous()) == bits(dx)
 
 
+@pytest.mark.parametrize("case", AVG_CASES, ids=str)
+def test_avg_pool_layers_compile_as_they_run_eagerly(case):
+    """nn.AvgPool2d with each case's options (divisor_override too) in a compiled program: its predictions are
+    the eager layer's and its gradients central differences'."""
+    a = avg_args(case)
+    ft.manual_seed(5)
+    model = ft.nn.Sequential(ft.nn.Conv2d(2, 3, 1), ft.nn.AvgPool2d(**a), ft.nn.Flatten())
+    x = np.random.default_rng(6).standard_normal((2, 2, 7, 6)).astype(np.float32)
+    out = model(ft.tensor(x))
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), ft.nn.MSELoss(), batch_size=2,
+                            input_shape=(2, 7, 6))
+    np.testing.assert_allclose(program.predict(x).numpy(), out.numpy(), rtol=1e-5, atol=1e-6)
+    assert ft.testing.gradcheck(program, x, np.zeros(out.shape, np.float32), rtol=1e-2, atol=1e-4)
+
+
 def test_avg_pool_backward_analytic():
     x, dy = rng.normal(size=(1, 2, 5, 5)), rng.normal(size=(1, 2, 3, 3))
     g = np.zeros(x.shape)

@@ -134,7 +134,7 @@ static int parse_node(ft_module_state *st, PyObject *d, ft_node *nd) {
         return -1;
     }
     memset(nd, 0, sizeof *nd);
-    long long kind, groups, act, ceil_mode, include_pad, training, norm_dims, slice_dim, slice_start, slice_step, dtype,
+    long long kind, groups, act, ceil_mode, include_pad, divisor, training, norm_dims, slice_dim, slice_start, slice_step, dtype,
         reduction, ignore_index, dim, padding_idx, causal, reverse, sync, abn, align_corners, uniform, channels;
     int64_t shape[FT_NODE_MAX_DIMS], perm[FT_NODE_MAX_DIMS];
     int nperm;
@@ -161,7 +161,8 @@ static int parse_node(ft_module_state *st, PyObject *d, ft_node *nd) {
         get_pair(d, "stride", 1, nd->conv.stride) < 0 || get_pair(d, "padding", 0, nd->conv.padding) < 0 ||
         get_pair(d, "dilation", 1, nd->conv.dilation) < 0 || get_long(d, "groups", 1, &groups) < 0 ||
         get_pair(d, "kernel", 1, nd->pool.kernel) < 0 || get_long(d, "ceil_mode", 0, &ceil_mode) < 0 ||
-        get_long(d, "count_include_pad", 1, &include_pad) < 0 || get_double(d, "eps", 1e-5, &nd->bn.eps) < 0 ||
+        get_long(d, "count_include_pad", 1, &include_pad) < 0 || get_long(d, "divisor_override", 0, &divisor) < 0 ||
+        get_double(d, "eps", 1e-5, &nd->bn.eps) < 0 ||
         get_double(d, "momentum", 0.1, &nd->bn.momentum) < 0 || get_long(d, "batch_stats", 1, &training) < 0 ||
         get_double(d, "p", 0.0, &nd->dropout_p) < 0 || get_long(d, "norm_dims", 0, &norm_dims) < 0 ||
         get_double(d, "layer_eps", 1e-5, &nd->eps) < 0 || get_double(d, "scale", 1.0, &nd->scale) < 0 ||
@@ -217,6 +218,7 @@ static int parse_node(ft_module_state *st, PyObject *d, ft_node *nd) {
     memcpy(nd->pool.dilation, nd->conv.dilation, sizeof nd->pool.dilation);
     nd->pool.ceil_mode = ceil_mode;
     nd->pool.count_include_pad = include_pad;
+    nd->pool.divisor_override = divisor;
     nd->bn.training = training;
     nd->bn.sync = sync;
     nd->bn.inplace_abn = abn;

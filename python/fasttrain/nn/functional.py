@@ -454,16 +454,14 @@ def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode
 
 def _avg_pool_layer(kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
                     divisor_override=None):
-    if divisor_override is not None:
-        raise TypeError("avg_pool2d: divisor_override cannot be traced")
-    return M.AvgPool2d(kernel_size, stride or None, padding, ceil_mode, count_include_pad)
+    return M.AvgPool2d(kernel_size, stride or None, padding, ceil_mode, count_include_pad, divisor_override)
 
 
 @_traced(_avg_pool_layer)
 def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
                divisor_override=None):
     """Average pooling of (N, C, H, W) input, or unbatched (C, H, W), as torch.nn.functional.avg_pool2d (stride defaults
-    to kernel_size). divisor_override is taken eagerly only."""
+    to kernel_size); each window's sum divided by divisor_override when given."""
     x, squeeze = _batched(input, "avg_pool2d")
     out = _C.avg_pool2d_forward(None, x, kernel_size, stride if stride not in (None, ()) else None, padding,
                                 ceil_mode, count_include_pad, divisor_override)

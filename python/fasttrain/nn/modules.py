@@ -1499,8 +1499,10 @@ class _AvgPool(_Pool):
 
     def forward(self, x):
         from . import functional as F
-        pool = F.avg_pool2d if self._dims == 2 else F.avg_pool1d
-        return pool(x, self.kernel_size, self.stride, self.padding, self.ceil_mode, self.count_include_pad)
+        if self._dims == 1:
+            return F.avg_pool1d(x, self.kernel_size, self.stride, self.padding, self.ceil_mode, self.count_include_pad)
+        return F.avg_pool2d(x, self.kernel_size, self.stride, self.padding, self.ceil_mode, self.count_include_pad,
+                            self.divisor_override)
 
 
 class MaxPool1d(_MaxPool):
@@ -1525,10 +1527,18 @@ class AvgPool1d(_AvgPool):
 
 
 class AvgPool2d(_AvgPool):
-    """Average pooling of (N, C, H, W) images, as torch.nn.AvgPool2d (stride defaults to kernel_size). divisor_override
-    is not an argument here (F.avg_pool2d takes it eagerly)."""
+    """Average pooling of (N, C, H, W) images, as torch.nn.AvgPool2d (stride defaults to kernel_size); each window's sum
+    divided by divisor_override when given."""
 
     _dims = 2
+
+    def __init__(self, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+                 divisor_override=None):
+        super().__init__(kernel_size, stride, padding, ceil_mode, count_include_pad)
+        if divisor_override is not None and (isinstance(divisor_override, bool) or
+                                             not isinstance(divisor_override, int) or divisor_override < 1):
+            raise ValueError(f"AvgPool2d: divisor_override must be a positive int, got {divisor_override!r}")
+        self.divisor_override = divisor_override
 
 
 class _AdaptivePool(Module):

@@ -77,7 +77,8 @@ def _node_of(module, shape):
     if isinstance(m, M._AvgPool):
         return AVGPOOL, dict(kernel=_as_2d(m, "kernel_size", 1), stride=_as_2d(m, "stride", 1),
                              padding=_as_2d(m, "padding", 0), ceil_mode=int(m.ceil_mode),
-                             count_include_pad=int(m.count_include_pad))
+                             count_include_pad=int(m.count_include_pad),
+                             divisor_override=int(getattr(m, "divisor_override", None) or 0))
     if isinstance(m, M._AdaptivePool):
         return ADAPTIVE_AVGPOOL if m._kind == "avg" else ADAPTIVE_MAXPOOL, {}
     if isinstance(m, M.Add):
@@ -276,7 +277,8 @@ def _commutes_with_shift(e):
     if e.kind == MAXPOOL:
         return True
     m = e.module
-    return e.kind == AVGPOOL and (not any(m.padding) or not m.count_include_pad) and not m.ceil_mode
+    return e.kind == AVGPOOL and (not any(m.padding) or not m.count_include_pad) and not m.ceil_mode and \
+        getattr(m, "divisor_override", None) is None
 
 
 def _fuse(entries):
