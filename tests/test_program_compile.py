@@ -184,6 +184,31 @@ def test_layers_put_in_eval_mode_stay_frozen_in_the_training_step():
         program.train_step(x, y)
 
 
+def test_memory_formats_as_pytorch_names_them():
+    """model.to(memory_format=ft.channels_last) (a PyTorch speed guide's line) and compile(memory_format=) with
+    ft.channels_last or ft.contiguous_format choose the program's layout; a model whose LayerNorm reads (C, H, W)
+    samples in order, which channels_last would move, takes the preference as contiguous. Tensors lay themselves
+    out so, as PyTorch's."""
+    def conv():
+        return nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(24, 2))
+
+    def run(model, **kw):
+        return model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=2,
+                             input_shape=(3, 4, 5), **kw).memory_format
+
+    assert run(conv()) == "channels_last" and run(conv().to(memory_format=ft.contiguous_format)) == "contiguous"
+    assert run(conv(), memory_format=ft.contiguous_format) == "contiguous"
+    normed = nn.Sequential(nn.Conv2d(3, 4, 3), nn.LayerNorm((4, 2, 3)), nn.Flatten(), nn.Linear(24, 2))
+    assert run(normed.to(memory_format=ft.channels_last)) == "contiguous"
+    with pytest.raises(ValueError, match="memory_format must be ft.channels_last"):
+        conv().to(memory_format="nhwc")
+    x = ft.tensor(np.arange(120, dtype=np.float32).reshape(2, 3, 4, 5))
+    y = x.to(memory_format=ft.channels_last)
+    assert y.stride() == (60, 1, 15, 3) and y.is_contiguous(memory_format=ft.channels_last)
+    assert np.array_equal(y.numpy(), x.numpy()) and y.contiguous().is_contiguous()
+    assert x.contiguous(memory_format=ft.channels_last).stride() == (60, 1, 15, 3)
+
+
 def test_what_compile_fixed_changing_afterwards_is_refused_not_ignored():
     """Freezing a layer or putting a batch norm in eval mode after compile would not reach the compiled step."""
     m = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(144, 5))

@@ -5,7 +5,8 @@ DLPack, counter-based (Philox) seeding that makes runs reproducible for any
 thread count, and the training machinery built on them.
 """
 from . import _C
-from ._types import DTYPES as _DTYPES, _ALIASES, _BY_NAME, device, dtype
+from ._types import DTYPES as _DTYPES, _ALIASES, _BY_NAME, channels_last, contiguous_format, device, dtype, \
+    preserve_format
 from ._tensor import Tensor
 from . import backends, cuda
 from . import optim

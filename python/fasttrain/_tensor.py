@@ -350,11 +350,24 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
                 raise ValueError(f"expand: cannot broadcast shape {self.shape} to {tuple(sizes)}")
         return self.as_strided(shape, strides, self.storage_offset())
 
-    def contiguous(self) -> Tensor:
-        """self if its memory is C-contiguous, else a contiguous copy."""
-        if self.is_contiguous():
+    def contiguous(self, memory_format: str = "contiguous") -> Tensor:
+        """self if its memory is C-contiguous (memory_format=ft.channels_last: a 4-d tensor's NHWC-contiguous, as
+        PyTorch's), else such a copy."""
+        if self.is_contiguous(memory_format):
             return self
+        if memory_format == "channels_last":
+            return self.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
         return self._to(self._dtype_code, *self._device_tuple, False, False, False)
+
+    def is_contiguous(self, memory_format: str = "contiguous") -> _bool:
+        """Whether the memory is C-contiguous, or with memory_format=ft.channels_last a 4-d tensor's dimensions lie
+        as (N, H, W, C)."""
+        from ._types import check_memory_format
+        if check_memory_format("is_contiguous", memory_format) != "channels_last":
+            return _C.TensorBase.is_contiguous(self)
+        if self.ndim != 4:
+            raise ValueError(f"memory_format=channels_last applies to 4-d tensors, got {self.ndim}-d")
+        return self.permute(0, 2, 3, 1).is_contiguous()
 
     # ---- copies and conversions ----
     def clone(self) -> Tensor:
@@ -397,8 +410,13 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
         return _draw(_C.normal_, self, generator, float(mean), float(std))
 
     def to(self, *args: Any, dtype: DTypeLike | None = None, device: DeviceLike = None, non_blocking: _bool = False,
-           copy: _bool = False) -> Tensor:
-        """to(dtype), to(device), to(device, dtype), to(other): a converted copy, or self when nothing changes."""
+           copy: _bool = False, memory_format: str = "preserve") -> Tensor:
+        """to(dtype), to(device), to(device, dtype), to(other): a converted copy, or self when nothing changes;
+        memory_format=ft.channels_last (or ft.contiguous_format) lays it out so, as contiguous(memory_format)."""
+        from ._types import check_memory_format
+        if check_memory_format("to", memory_format) != "preserve":
+            return self.to(*args, dtype=dtype, device=device, non_blocking=non_blocking, copy=copy).contiguous(
+                memory_format)
         if not args and dtype is None and device is None and not copy:
             return self
         for a in args:

@@ -138,6 +138,17 @@ class device:
 
 CPU = device("cpu")
 
+# PyTorch's memory formats, as the names compile(memory_format=) takes
+channels_last, contiguous_format, preserve_format = "channels_last", "contiguous", "preserve"
+MEMORY_FORMATS = (channels_last, contiguous_format, preserve_format)
+
+
+def check_memory_format(what, memory_format):
+    if memory_format not in MEMORY_FORMATS:
+        raise ValueError(f"{what}: memory_format must be ft.channels_last, ft.contiguous_format or "
+                         f"ft.preserve_format, got {memory_format!r}")
+    return memory_format
+
 
 def as_device(obj: DeviceLike) -> device:
     """A fasttrain device from a device, a string like 'cuda:1', a CUDA index, or None (the CPU)."""

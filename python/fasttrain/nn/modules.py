@@ -229,11 +229,15 @@ class Module:
         return (b for _, b in self.named_buffers(recurse=recurse))
 
     # ---- devices ----
-    def to(self, *args, device=None, dtype=None, non_blocking=False):
+    def to(self, *args, device=None, dtype=None, non_blocking=False, memory_format=None):
         """Moves every parameter and buffer to a device and/or converts the floating-point ones to a dtype in place,
         as PyTorch's Module.to(device), to(dtype), to(device, dtype) and to(tensor) (its device and dtype); returns
         self. The tensor objects stay the same, so build optimizers and compile after moving (they bind the memory
-        they see then). non_blocking is taken and changes nothing."""
+        they see then). non_blocking is taken and changes nothing. memory_format (ft.channels_last,
+        ft.contiguous_format) is the layout compile gives the model's images unless told otherwise."""
+        if memory_format is not None:
+            from .._types import check_memory_format
+            object.__setattr__(self, "_memory_format", check_memory_format("to", memory_format))
         if len(args) > 2:
             raise TypeError(f"to() takes a device, a dtype, both, or a tensor, got {len(args)} arguments")
         for a in args:

@@ -606,9 +606,16 @@ class Program:
             raise ValueError(f"accumulate_steps must be an int of at least 1, got {accumulate_steps!r}")
         if batch_size % accumulate_steps:
             raise ValueError(f"batch_size {batch_size} must be a multiple of accumulate_steps {accumulate_steps}")
+        # model.to(memory_format=ft.channels_last), as a PyTorch speed guide writes it: a preference, which a model
+        # that cannot take it (below) overrides
+        hinted = memory_format is None and getattr(model, "_memory_format", None) not in (None, "preserve")
+        if hinted:
+            memory_format = model._memory_format
+        if memory_format == "preserve":
+            memory_format = None
         if memory_format not in (None, "channels_last", "contiguous"):
-            raise ValueError("memory_format must be 'channels_last', 'contiguous' or None (channels_last where the "
-                             "model allows it)")
+            raise ValueError("memory_format must be 'channels_last' (ft.channels_last), 'contiguous' "
+                             "(ft.contiguous_format) or None (channels_last where the model allows it)")
         self.model, self.optimizer, self.loss = model, optimizer, loss
         self.batch_size, self.accumulate_steps = batch_size, accumulate_steps
         self.clip_grad_norm, self.nan_policy = clip_grad_norm, nan_policy
@@ -634,12 +641,13 @@ class Program:
         # or a LayerNorm over whole images reads them in their (d0, d1, d2) order, which channels_last moves.
         last = next((e for e in self.entries if e.kind in (LAYERNORM, LINEAR) and
                      len((e if e.kind == LAYERNORM else self.entries[e.inputs[0]]).shape) == 3), None)
-        if memory_format is None:
+        if memory_format is None or (hinted and last):
             memory_format = "contiguous" if last else "channels_last"
         elif memory_format == "channels_last" and last:
             raise ValueError(f"compile: a {type(last.module).__name__} over 3-d samples of shape "
                              f"{tuple(self.entries[last.inputs[0]].shape)} (images, or ConvNeXt's x.permute(0, 2, 3, "
                              "1)) needs memory_format='contiguous' (compile's default then)")
+        self.memory_format = memory_format
         own = {id(p) for p in model.parameters()}
         held = [p for g in optimizer.param_groups for p in g["params"]]
         if any(id(p) not in own for p in held):
@@ -1099,7 +1107,8 @@ def compile(model, optimizer, loss=None, *, batch_size, input_shape=None, memory
     memory_format: how images lie between layers: "channels_last" (NHWC, oneDNN's fastest convolutions) or
     "contiguous" (NCHW); None (the default) is channels_last unless a LayerNorm or Linear reads 3-d samples along
     their own order (ConvNeXt's LayerNorm after x.permute(0, 2, 3, 1), a LayerNorm over (C, H, W)), which
-    channels_last would move.
+    channels_last would move; ft.channels_last and ft.contiguous_format name them too, and model.to(memory_format=)
+    sets the default (for a model that allows it). program.memory_format says which the program runs.
 
     precision: "32-true" (float32 throughout) or "bf16-mixed": convolutions and linear layers multiply bfloat16
     copies of the weights and activations with float32 accumulation, activations between layers are stored in
