@@ -1,9 +1,9 @@
-"""Sequences/s of whole training steps (forward, cross-entropy, backward, SGD update) of a text classifier written
-as a PyTorch user writes it (Embedding, an LSTM or GRU with batch_first=True, the last layer's final state into a
-Linear head), compiled by fasttrain (an LSTM or GRU layer's recurrence is one node, ops/rnn.h), against the same model, weights and recipe in PyTorch (its fused
-CPU LSTM/GRU kernels) on the same thread count, when torch imports. Each model runs in float32 against torch's
-eager float32, and, on a CPU with AVX512-BF16, in fasttrain's precision="bf16-mixed" against torch under
-torch.autocast("cpu", dtype=torch.bfloat16) (the _bf16 lines).
+"""Sequences/s of whole training steps (forward, cross-entropy, backward, SGD update) of a text classifier written as a
+PyTorch user writes it (Embedding, an LSTM or GRU with batch_first=True, the last layer's final state into a Linear
+head), compiled by fasttrain (an LSTM or GRU layer's recurrence is one node, ops/rnn.h), against the same model,
+weights and recipe in PyTorch (its fused CPU LSTM/GRU kernels) on the same thread count, when torch imports. Each
+model runs in float32 against torch's eager float32, and, on a CPU with AVX512-BF16, in fasttrain's
+precision="bf16-mixed" against torch under torch.autocast("cpu", dtype=torch.bfloat16) (the _bf16 lines).
 
 JSON lines: {"name", "value", "unit", "precision"} plus, with torch, "reference" (torch's sequences/s),
 "reference_name" and "ratio" (ours / torch). Medians of timed steps after warm-up; fasttrain and torch steps

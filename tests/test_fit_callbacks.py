@@ -161,11 +161,12 @@ def test_an_exception_in_the_epoch_keeps_count_and_fit_goes_on_from_there(exc):
     assert sched.state_dict() == sched_w.state_dict()
 
 
+@pytest.mark.parametrize("kind", ["StepLR", "ReduceLROnPlateau"])
 @pytest.mark.parametrize("how", ["returns True", "raises"])
-def test_a_stop_at_an_epochs_last_step_steps_an_epoch_scheduler(how):
-    """scheduler_interval="epoch": the epoch a step callback ends at its last step (returning True, or raising as
-    Ctrl-C would) is over, so its scheduler step is taken, and the next fit runs as the rest of an uninterrupted
-    one."""
+def test_a_stop_at_an_epochs_last_step_takes_its_scheduler_step(how, kind):
+    """An epoch a step callback ends at its last step is over. Returning True, fit takes its end (the epoch's
+    scheduler step, a ReduceLROnPlateau's of the validation loss) at once; raising, as Ctrl-C would, leaves it to the
+    next fit (as a checkpoint saved there does). Either way the next fit runs as the rest of an uninterrupted run."""
     def stopping(step, m):
         if step == 6 and how == "raises":
             raise KeyboardInterrupt
@@ -176,20 +177,46 @@ def test_a_stop_at_an_epochs_last_step_steps_an_epoch_scheduler(how):
         model = nn.Linear(F, C)
         program = model.compile(ft.optim.SGD(model.parameters(), lr=LR), nn.CrossEntropyLoss(), batch_size=B,
                                 input_shape=(F,))
-        sched = ft.optim.lr_scheduler.StepLR(program.optimizer, 1, 0.5)
+        sched = ft.optim.lr_scheduler.StepLR(program.optimizer, 1, 0.5) if kind == "StepLR" else \
+            ft.optim.lr_scheduler.ReduceLROnPlateau(program.optimizer, factor=0.5, patience=0, threshold=10.0)
         loader = ft.data.Loader((X, Y), B, shuffle=True, seed=9, num_workers=1)
+        options = dict(scheduler=sched, progress=False, val_loader=(X, Y), scheduler_interval="epoch")
         try:
-            fit(program, loader, 3, scheduler=sched, scheduler_interval="epoch", progress=False,
-                step_callbacks=[stopping] if stop else [])
+            fit(program, loader, 3, step_callbacks=[stopping] if stop else [], **options)
         except KeyboardInterrupt:
             pass
         if stop:
-            assert program.step_count == 6 and program.optimizer.param_groups[0]["lr"] == LR / 2
-            fit(program, loader, 2, scheduler=sched, scheduler_interval="epoch", progress=False)
+            assert program.step_count == 6
+            assert program.optimizer.param_groups[0]["lr"] == (LR if how == "raises" else LR / 2)
+            fit(program, loader, 2, **options)
         return model, program
     (model, program), (whole, program_w) = run(True), run(False)
     assert program.step_count == 18 and state_bits(model) == state_bits(whole)
     assert program.optimizer.param_groups[0]["lr"] == program_w.optimizer.param_groups[0]["lr"] == LR / 8
+
+
+def test_a_batch_taken_by_hand_after_a_stopped_fit_is_passed_over_alike_by_fit_and_a_checkpoint(tmp_path):
+    """fit stopped at step 3 of an epoch of 6, then one batch taken by hand (next(iter(loader))): the loader stands
+    at batch 4, from which the next fit goes on, as a fit from a checkpoint saved then does (the first restarted
+    the epoch, training its first 3 batches twice). A batch taken before any fit changes nothing (a fresh epoch)."""
+    path = str(tmp_path / "peek.safetensors")
+    runs = []
+    for route in ("fit", "checkpoint"):
+        model, program, sched, loader = setup()
+        fit(program, loader, 1, step_callbacks=[lambda step, m: step == 3], progress=False)
+        next(iter(loader))
+        assert loader.state_dict()["batch"] == 4
+        if route == "checkpoint":
+            ft.save(path, program, loader=loader)
+            model, program, sched, loader = setup()
+            ft.load(path, program, loader=loader)
+        fit(program, loader, 2, progress=False)
+        runs.append((program.step_count, state_bits(model)))
+    assert runs[0] == runs[1] and runs[0][0] == 3 + 2 + 6
+    model, program, sched, loader = setup()
+    next(iter(loader))
+    fit(program, loader, 1, progress=False)
+    assert program.step_count == 6 and loader.epoch == 1
 
 
 def test_ctrl_c_at_any_moment_of_a_c_epoch_counts_the_steps_applied():

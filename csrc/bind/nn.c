@@ -134,8 +134,9 @@ static int parse_node(ft_module_state *st, PyObject *d, ft_node *nd) {
         return -1;
     }
     memset(nd, 0, sizeof *nd);
-    long long kind, groups, act, ceil_mode, include_pad, divisor, training, norm_dims, slice_dim, slice_start, slice_step, dtype,
-        reduction, ignore_index, dim, padding_idx, causal, reverse, sync, abn, align_corners, uniform, channels;
+    long long kind, groups, act, ceil_mode, include_pad, divisor, training, norm_dims, slice_dim, slice_start,
+        slice_step, dtype, reduction, ignore_index, dim, padding_idx, causal, reverse, sync, abn, align_corners, uniform,
+        channels;
     int64_t shape[FT_NODE_MAX_DIMS], perm[FT_NODE_MAX_DIMS];
     int nperm;
     double alpha;

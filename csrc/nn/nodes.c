@@ -325,10 +325,13 @@ static ft_status batchnorm_forward(const ft_node_run *r) {
     bool update = bn.training && !r->replay;
     if (update && nd->num_batches.storage)
         FT_TRY(count_batch(&nd->num_batches));
-    if (nd->bn.momentum < 0) { /* momentum=None: a cumulative average, batch k weighing 1 / k (a count on the host) */
-        if (ft_op_device(&nd->num_batches).type != FT_DEV_CPU)
-            return ft_fail(FT_ERR_VALUE, "batch_norm: momentum=None (a cumulative average) runs on the CPU only");
-        bn.momentum = update ? 1.0 / (double)*(const int64_t *)ft_tensor_data(&nd->num_batches) : 0.0;
+    if (nd->bn.momentum < 0) { /* momentum=None: a cumulative average, batch k weighing 1 / k (a host count) */
+        bn.momentum = 0.0;     /* unused but by an update of running statistics */
+        if (update && nd->num_batches.storage) {
+            if (ft_op_device(&nd->num_batches).type != FT_DEV_CPU)
+                return ft_fail(FT_ERR_VALUE, "batch_norm: momentum=None (a cumulative average) trains on the CPU only");
+            bn.momentum = 1.0 / (double)*(const int64_t *)ft_tensor_data(&nd->num_batches);
+        }
     }
     bool running = update || !bn.training;
     return ft_batchnorm_forward(&r->out, &mean, &invstd, &r->in[0], param(&nd->weight), param(&nd->bias),

@@ -734,10 +734,8 @@ class Loader(_C.LoaderBase):
 
     def __iter__(self):
         self._end_pass()
-        if self._resume:
-            self._resume = False
-        else:
-            self._set_epoch(self.epoch)
+        if not self._resume:  # else the pass goes on from the position a stopped fit or load_state_dict left,
+            self._set_epoch(self.epoch)  # which stays the one to go on from until the epoch ends
         it = _LoaderIterator(self)
         self._pass = weakref.ref(it)
         return it

@@ -162,9 +162,12 @@ def evaluate(program: Program, loader: Iterable[Any], tta_flip: bool = False) ->
         # put back where it was (fit goes on from a loader's position)
         (epoch, batch), resume, own = loader._position(), loader._resume, loader.epoch
         loader.set_epoch(loader.epoch)
-        tally, count = program._eval_c.eval_epoch(loader, tta_flip)
-        loader._seek(epoch, batch)
-        loader.epoch, loader._resume = own, resume
+        try:
+            tally, count = program._eval_c.eval_epoch(loader, tta_flip)
+        finally:
+            if not loader.closed:
+                loader._seek(epoch, batch)
+                loader.epoch, loader._resume = own, resume
     else:
         tally, count = NO_TALLY, 0
         left = getattr(loader, "_unique_samples", None)  # a sharded epoch's repeated samples count once
@@ -335,8 +338,10 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
 
     A fasttrain Loader says which epoch runs (its shuffle order and augmentations): its own count of epochs
     done, or the position ft.load restored, whose epoch is finished first. So fit(1) twice is fit(2), and a
-    resumed run equals an uninterrupted one; after a step callback stopped training, the next fit goes on from
-    the step where it stopped."""
+    resumed run equals an uninterrupted one; after a step callback stopped training (or an exception, Ctrl-C), the
+    next fit goes on from the step where it stopped, as does a pass over the loader by hand, and the next fit then
+    goes on from where that pass left it. An epoch stopped by an exception at its last step leaves its end (the
+    epoch's scheduler step, a plateau's validation) to the next fit."""
     from .optim.lr_scheduler import CyclicLR, OneCycleLR, ReduceLROnPlateau
     if scheduler_interval is None:
         scheduler_interval = "step" if isinstance(scheduler, (OneCycleLR, CyclicLR)) else "epoch"
@@ -454,12 +459,13 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
                     break
         except BaseException as e:  # a callback's, Ctrl-C, a bad batch
             if kept and not getattr(loader, "closed", False):  # the next fit goes on after the steps that ran
-                if loader._position()[1] >= len(loader):  # they were the whole epoch, which is over
-                    loader.set_epoch(epoch + 1)
-                    if scheduler is not None and scheduler_interval == "epoch":
-                        scheduler.step()
-                else:
-                    loader._resume = True
+                at, batch = loader._position()
+                if at > epoch or batch >= len(loader):
+                    # they were the whole epoch: its end (scheduler steps, a plateau's validation) is the next
+                    # fit's to run, as after a checkpoint saved at its last step
+                    loader._seek(epoch, len(loader))
+                    loader.epoch = epoch
+                loader._resume = True
             if type(e) in (ValueError, TypeError, IndexError, RuntimeError) and str(e).startswith("step "):
                 raise type(e)(f"epoch {epoch + 1}, {e}") from e  # the C epoch's own, which says the step
             raise

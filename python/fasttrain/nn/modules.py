@@ -929,7 +929,7 @@ class Embedding(Module):
         if positions != list(range(first, end)):
             return None
         if first < 0 or end > self.num_embeddings:  # as the eager lookup says it (positions past a block size)
-            bad = first if first < 0 else self.num_embeddings
+            bad = first if first < 0 or first >= self.num_embeddings else self.num_embeddings
             raise IndexError(f"embedding: ids[{bad - first}] = {bad} is out of range for a weight of "
                              f"{self.num_embeddings} rows (ids must be in [0, {self.num_embeddings}))")
         return self.weight[first:end].reshape(*ids.shape, self.embedding_dim)

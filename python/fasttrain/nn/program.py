@@ -829,8 +829,8 @@ class Program:
         mean (x + b - mean = x - (mean - b)), it leaves the function as it was, in eval mode too (a pretrained
         model's running mean holds its bias), and the saved model describes what is trained. Run before every use
         of the program too, for a bias loaded since (load_state_dict after compile)."""
-        for e in self._folded:
-            if e.bias_into.running_mean is not None:
+        for e in self._folded:  # a batch norm without running statistics cancels the bias in eval mode too
+            if getattr(e.bias_into, "running_mean", None) is not None:
                 e.bias_into.running_mean.sub_(e.module.bias)
             e.module.bias.fill_(0)
 
