@@ -450,6 +450,14 @@ def test_batch_norm_momentum_none_keeps_cumulative_averages():
             assert int(bn.num_batches_tracked) == k + 1
             np.testing.assert_allclose(bn.running_mean.numpy(), np.mean(means[:k + 1], 0), rtol=1e-5, atol=1e-6)
             np.testing.assert_allclose(bn.running_var.numpy(), np.mean(variances[:k + 1], 0), rtol=1e-5)
+    # without running statistics, after a convolution whose bias it cancels: batch statistics in eval mode too
+    free = nn.Sequential(nn.Conv2d(3, 3, 1), nn.BatchNorm2d(3, momentum=None, track_running_stats=False),
+                         nn.Flatten(), nn.Linear(12, 2))
+    free_program = free.compile(ft.optim.SGD(free.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=6,
+                                input_shape=(3, 2, 2))
+    assert np.isfinite(free_program.train_step(batches[0], np.zeros(6, np.int64)))
+    np.testing.assert_allclose(free_program.predict(batches[1]).numpy(), free.eval()(ft.tensor(batches[1])).numpy(),
+                               rtol=1e-4, atol=1e-5)
     x = batches[0][:2]
     mean, var = model[0].running_mean.numpy()[:, None, None], model[0].running_var.numpy()[:, None, None]
     want = (x - mean) / np.sqrt(var + 1e-5)
