@@ -233,21 +233,24 @@ def test_fit_after_a_bad_batch_goes_on_past_it(tmp_path):
 @pytest.mark.parametrize("workers", [0, 2])
 def test_a_loader_iterated_in_a_forked_process(workers):
     """fork copies a Loader but not its worker threads: the child's iteration is refused with the way out (it
-    waited forever), and the child exits without waiting on them; a Loader without workers iterates there. The
-    parent's goes on."""
+    waited forever), its position and counters read without the workers' lock, a batch taken before the fork drops,
+    and the child exits without waiting on them; a Loader without workers iterates there. The parent's goes on."""
     import os
     import select
     X, y = np.arange(40 * 4, dtype=np.float32).reshape(40, 4), np.arange(40)
     loader = D.Loader((X, y), batch_size=8, num_workers=workers)
-    next(iter(loader))
+    held = next(iter(loader))
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child reports what iterating gave and whether closing the Loader returned
+        del held
+        position, _ = loader.state_dict()["batch"], loader.stats()
         try:
             message = f"{sum(len(b[1]) for b in loader)} samples"
         except RuntimeError as e:
             message = str(e)
         loader.close()
+        message += f" (at batch {position})"
         os.write(write, message.encode())
         os.close(write)
         os._exit(0)
@@ -260,5 +263,6 @@ def test_a_loader_iterated_in_a_forked_process(workers):
     if workers:
         assert "runs worker threads, which a forked process" in message and "num_workers=0" in message
     else:
-        assert message == "40 samples"
+        assert message.startswith("40 samples")
+    assert message.endswith("(at batch 1)")
     assert sum(len(b[1]) for b in loader) == 40

@@ -53,6 +53,7 @@ struct ring {
     pthread_cond_t ready_cv; /* consumer: a batch completed, or a failure */
     long refs;
     bool loader_alive;
+    pid_t threads_pid; /* the process whose worker threads use the lock; 0: none do */
     slot **slots;
     int nslots, cap;
     size_t slot_bytes, labels_offset;
@@ -140,6 +141,8 @@ static void ring_unref_locked_then_unlock(ring *r) {
 static void slot_released(void *owner) {
     slot *s = owner;
     ring *r = s->ring;
+    if (r->threads_pid && getpid() != r->threads_pid)
+        return; /* a batch dropped in a forked process: the lock may be held by a worker of the parent's */
     pthread_mutex_lock(&r->mu);
     if (r->loader_alive) {
         s->state = SLOT_FREE;
@@ -395,7 +398,8 @@ static void *worker_main(void *arg) {
 /* ---- create / destroy ---- */
 
 /* A loader copied into a forked process has no workers there, and its lock may be held by one that was working
- * at the fork: it is refused, and freeing it leaks it. */
+ * at the fork: it is refused, its lock is left alone (its position and counters read as they were), and freeing it
+ * leaks it. */
 static bool forked(const ft_loader *l) { return l->nthreads > 0 && getpid() != l->pid; }
 
 static ft_status refuse_forked(const ft_loader *l) {
@@ -576,6 +580,7 @@ ft_status ft_loader_new(ft_loader **out, ft_source *source, const ft_transform *
     pthread_condattr_destroy(&ca);
     r->refs = 1;
     r->loader_alive = true;
+    r->threads_pid = config->num_workers > 0 ? l->pid : 0;
     size_t images_bytes = (size_t)l->rows * l->sample_bytes;
     r->labels_offset = (images_bytes + 63) / 64 * 64;
     r->slot_bytes = r->labels_offset + (size_t)l->rows * l->label_bytes;
@@ -704,10 +709,13 @@ ft_status ft_loader_seek(ft_loader *l, int64_t epoch, int64_t batch) {
 
 void ft_loader_position(const ft_loader *l, int64_t *epoch, int64_t *batch) {
     ring *r = l->ring;
-    pthread_mutex_lock(&r->mu);
+    bool lock = !forked(l);
+    if (lock)
+        pthread_mutex_lock(&r->mu);
     *epoch = l->cons_epoch;
     *batch = l->cons_batch;
-    pthread_mutex_unlock(&r->mu);
+    if (lock)
+        pthread_mutex_unlock(&r->mu);
 }
 
 static slot *ready_slot(ft_loader *l) {
@@ -899,6 +907,7 @@ next:
         l->st_batches--;
         pthread_cond_broadcast(&r->work_cv);
         pthread_mutex_unlock(&r->mu);
+        start = now_seconds(); /* the wait so far is counted */
         goto next;
     }
     st = deliver(l, s, n, out);
@@ -925,12 +934,15 @@ void ft_loader_release(ft_loader *l, ft_batch *b) {
 
 void ft_loader_get_stats(ft_loader *l, ft_loader_stats *out) {
     ring *r = l->ring;
-    pthread_mutex_lock(&r->mu);
+    bool lock = !forked(l);
+    if (lock)
+        pthread_mutex_lock(&r->mu);
     *out = (ft_loader_stats){.samples = l->st_samples, .skipped = l->st_skipped, .errors = l->st_errors,
                              .batches = l->st_batches, .ring_buffers = r->nslots, .ring_bytes = r->slot_bytes,
                              .wait_seconds = l->wait_seconds};
     snprintf(out->last_error, sizeof out->last_error, "%s", l->last_error);
-    pthread_mutex_unlock(&r->mu);
-    if (l->cache)
+    if (lock)
+        pthread_mutex_unlock(&r->mu);
+    if (l->cache && lock)
         out->cache = ft_cache_get_stats(l->cache);
 }
