@@ -3,7 +3,9 @@
  * call is on MPI_COMM_WORLD; counts larger than an int are sent in chunks.
  * Every collective is started non-blocking and waited for with a timeout, so
  * that the ranks still waiting for one that stopped (exited, returned, or
- * never compiled the same program) fail instead of waiting forever. */
+ * never compiled the same program) end the job instead of waiting forever:
+ * a collective left running cannot be taken back (MPI may still write its
+ * buffers), so a timeout aborts, as PyTorch's watchdog does. */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime in -std=c11 */
 
 #include <limits.h>
@@ -15,16 +17,15 @@
 #include "core/dist.h"
 
 #define CHUNK ((int64_t)1 << 30)
-#define TIMED_OUT (-1) /* not an MPI error code: they are >= 0 */
 
-static char message[MPI_MAX_ERROR_STRING + 256];
+static char message[MPI_MAX_ERROR_STRING];
 static double timeout = 1800.0; /* seconds */
 
 static void set_timeout(double seconds) { timeout = seconds; }
 
-/* Waits for n requests, or fails after `timeout` seconds. Open MPI moves a
- * collective along only inside MPI calls: MPI_Testall polls, as MPI_Wait's
- * own loop does. */
+/* Waits for n requests, or ends the job after `timeout` seconds. Open MPI
+ * moves a collective along only inside MPI calls: MPI_Testall polls, as
+ * MPI_Wait's own loop does. */
 static int wait_for(int n, MPI_Request *reqs) {
     struct timespec start, now;
     clock_gettime(CLOCK_MONOTONIC, &start);
@@ -34,8 +35,15 @@ static int wait_for(int n, MPI_Request *reqs) {
             return code;
         if (polls % 1024 == 0) {
             clock_gettime(CLOCK_MONOTONIC, &now);
-            if ((double)(now.tv_sec - start.tv_sec) + 1e-9 * (double)(now.tv_nsec - start.tv_nsec) > timeout)
-                return TIMED_OUT;
+            if ((double)(now.tv_sec - start.tv_sec) + 1e-9 * (double)(now.tv_nsec - start.tv_nsec) > timeout) {
+                int rank = 0;
+                MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+                fprintf(stderr, "fasttrain.distributed: rank %d: not every rank took part in a collective within %g s "
+                        "(a rank stopped: it exited, returned, or runs another program); ending the job. "
+                        "ft.distributed.init(timeout=) sets the wait\n", rank, timeout);
+                fflush(stderr);
+                MPI_Abort(MPI_COMM_WORLD, 1);
+            }
         }
     }
 }
@@ -140,11 +148,7 @@ static int finalize(void) {
 
 static const char *error_string(int code) {
     int len = 0;
-    if (code == TIMED_OUT)
-        snprintf(message, sizeof message, "not every rank took part within %g s (a rank stopped: it exited, "
-                                          "returned, or runs another program); ft.distributed.init(timeout=) sets "
-                                          "the wait", timeout);
-    else if (MPI_Error_string(code, message, &len) != MPI_SUCCESS)
+    if (MPI_Error_string(code, message, &len) != MPI_SUCCESS)
         return "unknown MPI error";
     return message;
 }

@@ -30,7 +30,7 @@ typedef struct {
     void (*abort)(int code); /* every rank, for a failure one rank cannot recover from */
     int (*finalize)(void);
     const char *(*error_string)(int code);
-    void (*set_timeout)(double seconds); /* how long a collective waits for every rank before it fails */
+    void (*set_timeout)(double seconds); /* how long a collective waits for every rank before the job ends */
 } ft_dist_api;
 
 #define FT_DIST_BACKEND_SYMBOL "ft_dist_backend"
@@ -66,8 +66,8 @@ ft_status ft_dist_bcast(void *buf, int64_t bytes, int root);
 ft_status ft_dist_barrier(void);
 void ft_dist_abort(int code);
 ft_status ft_dist_finalize(void);
-/* How long a collective waits for every rank before it fails (FT_ERR_RUNTIME
- * naming the wait): a rank that stopped would keep the others waiting
+/* How long a collective waits for every rank before it ends the job
+ * (MPI_Abort, saying why): a rank that stopped would keep the others waiting
  * forever. 30 minutes until set, as PyTorch's default. */
 ft_status ft_dist_set_timeout(double seconds);
 

@@ -38,8 +38,9 @@ def init(timeout: float | datetime.timedelta = 1800.0) -> None:
     rank and the world size; run alone it is rank 0 of 1. With more than one rank an uncaught exception on any
     rank aborts them all (MPI_Abort) after printing its traceback, and a collective (a training step's gradient
     sum, a barrier) that not every rank joins within `timeout` (seconds or a timedelta; 30 minutes, PyTorch's
-    default) fails with RuntimeError, so that no rank waits forever for a peer that stopped (exited by
-    sys.exit, returned, or compiled another program)."""
+    default) ends the job the same way, saying so, so that no rank waits forever for a peer that stopped (exited
+    by sys.exit, returned, or compiled another program). A collective left running cannot be taken back, so the
+    job ends rather than raising, as PyTorch's watchdog ends it."""
     global _ranks
     seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
