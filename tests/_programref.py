@@ -55,15 +55,18 @@ def assert_grad_close(got, want, name, rtol=2e-4):
 # ---------------------------------------------------------------- an independent float64 NumPy network
 
 def assert_gradients_match(program, tm, x, y, torch_loss, atol=1e-6):
-    """The program's loss and every parameter's gradient on (x, y) against the PyTorch twin tm's with torch_loss."""
+    """The program's loss and every parameter's gradient on (x, y) against the PyTorch twin tm's with torch_loss; x
+    a tuple of the inputs of a forward of several."""
     loss = program.backward(x, y)
-    want = torch_loss(tm(torch.from_numpy(x)), torch.from_numpy(y))
+    want = torch_loss(tm(*map(torch.from_numpy, x if isinstance(x, tuple) else (x,))), torch.from_numpy(y))
     want.backward()
     assert loss == pytest.approx(want.item(), rel=1e-5)
     grads = dict(program.model.named_parameters())
     for name, p in tm.named_parameters():
         assert grads[name].requires_grad == p.requires_grad, name
-        if p.requires_grad:  # (a frozen one's .grad is None in PyTorch)
+        if p.grad is None:  # frozen, or read by nothing the loss reaches: None in both
+            assert grads[name].grad is None, name
+        else:
             np.testing.assert_allclose(grads[name].grad.numpy(), p.grad.numpy(), rtol=1e-4, atol=atol, err_msg=name)
 
 

@@ -89,11 +89,9 @@ def test_frozen_parameters_stay_bitwise_and_the_rest_trains_as_before(how):
     frozen = [model[0].weight, model[0].bias, model[1].weight]
     before = [p.numpy().copy() for p in frozen]
     program = compiled(model)
-    for p in frozen:
-        p.grad.fill_(float("nan"))  # a gradient pass that ran would overwrite this
     program.backward(x, y)
-    for p in frozen:
-        assert np.isnan(p.grad.numpy()).all()
+    for p in frozen:  # no gradient, as PyTorch leaves a frozen parameter's
+        assert p.grad is None
     # the gradients of what trains are those of the unfrozen model (to rounding: the unfrozen model drops the
     # conv bias the batch norm cancels, a frozen bias is kept as it is)
     for name in ("1.bias", "3.weight", "3.bias", "7.weight"):

@@ -223,6 +223,47 @@ def test_a_bf16_mixed_rnn_trains_as_the_float32_one_within_bfloat16s_precision(m
     assert saved[0] and saved[0] == [2 * s for s in saved[1]] and saved[1][0] == 2 * 4 * 16 * width * 5  # encoder
 
 
+def captioner(lib, mode, how):
+    """Image captioning's decoder (Show and Tell): the initial state made from image features, tanh(Linear(f)) as
+    one layer's (unsqueeze(0)), repeated over two layers (.repeat(2, 1, 1), .expand(2, -1, -1)) or stacked
+    (torch.stack([h, h])), then the caption's tokens through the RNN."""
+    class Captioner(lib.nn.Module):
+        def __init__(self):
+            super().__init__()
+            layers = 1 if how == "one" else 2
+            self.init_h, self.init_c, self.emb = lib.nn.Linear(6, 5), lib.nn.Linear(6, 5), lib.nn.Embedding(9, 4)
+            self.rnn = getattr(lib.nn, mode)(4, 5, layers, batch_first=True)
+            self.head = lib.nn.Linear(5, 3)
+
+        def forward(self, features, ids):
+            h0, c0 = (self.layers(lib.tanh(init(features))) for init in (self.init_h, self.init_c))
+            out, _ = self.rnn(self.emb(ids), (h0, c0) if mode == "LSTM" else h0)
+            return self.head(out[:, -1])
+
+        def layers(self, h):
+            return h.unsqueeze(0) if how == "one" else h.unsqueeze(0).repeat(2, 1, 1) if how == "repeat" else \
+                h.unsqueeze(0).expand(2, -1, -1).contiguous() if how == "expand" else lib.stack([h, -h])
+    return Captioner()
+
+
+@pytest.mark.parametrize("how", ["one", "repeat", "expand", "stack"])
+@pytest.mark.parametrize("mode", ["GRU", "LSTM"])
+def test_an_initial_state_made_from_features_compiles(mode, how):
+    rng = np.random.default_rng(25)
+    feats, ids, y = rng.standard_normal((3, 6)).astype(np.float32), rng.integers(0, 9, (3, 7)), np.array([0, 2, 1])
+    ft.manual_seed(26)
+    model = captioner(ft, mode, how)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=3, input_shape=((6,), (7,)),
+                            input_dtype=(ft.float32, ft.int64))
+    np.testing.assert_allclose(program.predict((feats, ids)).numpy(), model(ft.tensor(feats), ft.tensor(ids)).numpy(),
+                               rtol=1e-5, atol=1e-6)
+    assert gradcheck(program, (feats, ids), y, eps=1e-3, rtol=3e-2, atol=1e-3)
+    if torch is not None:
+        theirs = captioner(torch, mode, how)
+        model.load_state_dict({k: v.detach().numpy() for k, v in theirs.state_dict().items()}, strict=True)
+        assert_gradients_match(program, theirs, (feats, ids), y, torch.nn.functional.cross_entropy)
+
+
 FINAL_STATE_FORMS = {
     "h_n[-2, :, :] and h_n[-1, :, :]": lambda h: ft.cat((h[-2, :, :], h[-1, :, :]), 1),
     "h_n.view(layers, directions, N, H)[-1]": lambda h: ft.cat(tuple(h.view(2, 2, -1, 4)[-1]), 1),
@@ -276,7 +317,8 @@ def test_what_a_compiled_rnn_cannot_take_is_refused():
         compile(Uses("last"))
     with pytest.raises(ft.nn.TracingError, match="an initial state of tensors for a traced RNN .* hx=None"):
         compile(Uses("zeros", batch_first=True))
-    with pytest.raises(ft.nn.TracingError, match=r"this use of an RNN's final states .*take them apart \(h_n\[-1\]"):
+    with pytest.raises(ft.nn.TracingError, match=r"this use of values stacked before the batch .*take them apart "
+                       r"\(h_n\[-1\]"):
         compile(Uses("mean", batch_first=True))
     class SequenceFirst(nn.Module):
         def __init__(self):

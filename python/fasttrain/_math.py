@@ -1225,6 +1225,9 @@ def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     tensors = list(tensors)
     from .nn.graph import Symbolic, cat as traced_cat
     if builtins.any(isinstance(t, Symbolic) for t in tensors):  # traced: each as a new dimension, joined
+        if dim == 0 and builtins.all(isinstance(t, Symbolic) for t in tensors):
+            from .nn.graph import Layered
+            return Layered(tensors)  # before the batch: RNN states, one per layer
         return traced_cat([t.unsqueeze(dim) for t in tensors], dim)
     _tensors("stack", tensors)
     for i, t in enumerate(tensors):

@@ -841,14 +841,15 @@ class Symbolic:
         return self.reshape(N, *shape[:s - 1], math.prod(shape[s - 1:e]), *shape[e:])
 
     def unsqueeze(self, dim):
-        """Records a new dimension of size 1 at dim, which must come after the batch."""
+        """Records a new dimension of size 1 at dim after the batch; before it (dim 0), the value as the one layer
+        of an RNN's initial states (h0 = torch.tanh(self.init_h(features)).unsqueeze(0), image captioning's)."""
         self._one_per_sample()
         nd = len(self.node.shape)
         if not -(nd + 2) <= dim < nd + 2:
             fail(f"unsqueeze({dim}) of a value of shape {self.shape}", f"a dimension in [{-(nd + 2)}, {nd + 1}]")
         d = dim % (nd + 2)
         if d == 0:
-            fail("unsqueeze(0) (a dimension before the batch)")
+            return Layered([self])
         shape = list(self.node.shape)
         shape.insert(d - 1, 1)
         return self.reshape(N, *shape)
@@ -1464,10 +1465,12 @@ class Stacked(_Refusing):
 
 
 class Layered(_Refusing):
-    """A traced RNN's final states, one per layer and direction (PyTorch's h_n of shape (L * D, N, H), the batch
-    not first): taken apart along that first dimension (h_n[-1], torch.cat((h_n[-2], h_n[-1]), 1), h_n[-2:],
-    iterating), stacked with the batch first (h_n.permute(1, 0, 2), h_n.transpose(0, 1)), squeezed when there is one
-    (h_n.squeeze(0)), or passed to an RNN as its initial state. Any other use fails."""
+    """Traced values stacked before the batch, as RNN states are, one per layer and direction (PyTorch's h_n of
+    shape (L * D, N, H)): a traced RNN's final states, or values made so (h.unsqueeze(0), repeated over the layers
+    by .repeat(L, 1, 1) or .expand(L, -1, -1), or ft.stack(states) along 0). Taken apart along that first
+    dimension (h_n[-1], torch.cat((h_n[-2], h_n[-1]), 1), h_n[-2:], iterating), stacked with the batch first
+    (h_n.permute(1, 0, 2), h_n.transpose(0, 1)), squeezed when there is one (h_n.squeeze(0)), or passed to an RNN as
+    its initial state. Any other use fails."""
 
     def __init__(self, states):
         self.states = list(states)
@@ -1513,6 +1516,24 @@ class Layered(_Refusing):
             self._refuse()
         return tuple(self.states)
 
+    def repeat(self, *sizes):
+        """h.unsqueeze(0).repeat(num_layers, 1, 1): the states repeated over the first dimension."""
+        sizes = tuple(sizes[0]) if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)) else sizes
+        if len(sizes) != len(self.shape) or any(s != 1 for s in sizes[1:]) or sizes[0] < 1:
+            self._refuse()
+        return Layered(self.states * sizes[0])
+
+    def expand(self, *sizes):
+        """h.unsqueeze(0).expand(num_layers, -1, -1): one state repeated over the first dimension."""
+        sizes = tuple(sizes[0]) if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)) else sizes
+        if len(sizes) != len(self.shape) or len(self.states) != 1 or any(s != -1 for s in sizes[2:]) or \
+                not (isinstance(sizes[1], BatchSize) or sizes[1] == -1) or sizes[0] < 1:
+            self._refuse()
+        return Layered(self.states * sizes[0])
+
+    def contiguous(self, *args, **kwargs):
+        return self
+
     def squeeze(self, dim=0):
         if dim != 0 or len(self.states) != 1:
             self._refuse()
@@ -1531,8 +1552,9 @@ class Layered(_Refusing):
         return self.permute(1, 0, 2)
 
     def _refuse(self, *args, **kwargs):
-        fail("this use of an RNN's final states (h_n: layers and directions before the batch)", "take them apart "
-             "(h_n[-1], h_n[-2:]) or put the batch first (h_n.permute(1, 0, 2))")
+        fail("this use of values stacked before the batch (an RNN's states: h_n, h.unsqueeze(0))", "pass them to an "
+             "RNN as its initial states, take them apart (h_n[-1], h_n[-2:]) or put the batch first "
+             "(h_n.permute(1, 0, 2))")
 
 
 class AttentionWeights(_Refusing):

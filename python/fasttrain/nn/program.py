@@ -688,8 +688,8 @@ class Program:
         self._places = {name: p.data_ptr() for name, p in self._compiled_params.items()}
         self._nodes = [_node_dict(e, self.trainable) for e in self.entries]
         self._grad_views = [(p, p.grad) for p in dict.fromkeys(model.parameters()) if id(p) in self.trainable]
-        for p in model.parameters():
-            if id(p) in self._detached and id(p) not in self._lent:
+        for p in model.parameters():  # a frozen one's, or one the loss does not reach: None, as PyTorch's
+            if id(p) not in self.trainable and id(p) not in self._lent:
                 p.grad = None
         if seed is None:  # ft.manual_seed before compile fixes the masks, as torch.manual_seed fixes PyTorch's
             from ..random import randint
