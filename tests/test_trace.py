@@ -1045,6 +1045,27 @@ def test_clamp_and_the_activations_written_with_it_match_pytorch():
     assert_gradients_match(program, tm, x, y, torch.nn.MSELoss())  # (BCE of outputs near 1 amplifies rounding)
 
 
+@pytest.mark.parametrize("loss", [
+    lambda o, y: F.binary_cross_entropy(o.sigmoid(), y), lambda o, y: F.mse_loss(o.relu(), y),
+    lambda o, y: ((o.tanh() - y) ** 2).mean(), lambda o, y: F.mse_loss(F.leaky_relu(o, 0.1), y)],
+    ids=["sigmoid", "relu", "tanh", "leaky_relu"])
+def test_an_activation_only_the_loss_applies_leaves_predict_the_models_output(loss):
+    """The loss's activation of the logits is not folded into the layer that makes them (predict gave the
+    activated values), in either precision; the loss and the gradients are the activated values'."""
+    x = np.random.default_rng(27).standard_normal((4, 5)).astype(np.float32)
+    y = np.random.default_rng(28).uniform(0, 1, (4, 3)).astype(np.float32)
+    for precision in ("32-true", "bf16-mixed"):
+        ft.manual_seed(29)
+        model = nn.Sequential(nn.Linear(5, 6), nn.ReLU(), nn.Linear(6, 3))
+        program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), loss, batch_size=4, input_shape=(5,),
+                                precision=precision)
+        tol = 1e-5 if precision == "32-true" else 3e-2
+        np.testing.assert_allclose(program.predict(x).numpy(), model(ft.tensor(x)).numpy(), rtol=tol, atol=tol)
+        assert program.evaluate(x, y)[0] == pytest.approx(loss(model(ft.tensor(x)), ft.tensor(y)).item(), rel=tol)
+    assert gradcheck(program.model.float().compile(ft.optim.SGD(model.parameters(), lr=0.1), loss, batch_size=4,
+                                                   input_shape=(5,)), x, y, rtol=3e-2, atol=1e-4)
+
+
 class ListIndexed(nn.Module):
     """nanoGPT's inference head, self.lm_head(x[:, [-1], :]), and a list of evenly spaced positions."""
 

@@ -241,7 +241,7 @@ def _graph(model, inputs, loss=None, target_shape=None, target_dtype=None, train
 def _fused(entries, output):
     """The entries _fuse keeps, and the index among them of the output (where an activation fused into the layer
     before it, that layer's)."""
-    kept_entries = _fuse(entries)
+    kept_entries = _fuse(entries, output)
     kept = {id(e): i for i, e in enumerate(kept_entries)}
     while id(entries[output]) not in kept:
         output = entries[output].inputs[0]
@@ -281,9 +281,12 @@ def _commutes_with_shift(e):
         getattr(m, "divisor_override", None) is None
 
 
-def _fuse(entries):
+def _fuse(entries, output):
     """Folds single-consumer activations into their producer and drops conv
-    biases a batch norm cancels. Returns the surviving entries, re-indexed."""
+    biases a batch norm cancels. Returns the surviving entries, re-indexed.
+    The model's output (entry `output`) keeps its values: an activation that
+    only the loss applies to it (binary_cross_entropy(o.sigmoid(), y)) does
+    not fold into it, or predict would give the activated values."""
     users = _consumers(entries)
     remap = list(range(len(entries)))
     for e in entries:  # InPlace-ABN's activation is its own, and must stay invertible: nothing fuses into it
@@ -297,7 +300,7 @@ def _fuse(entries):
         name = e.fields["act"]
         ok = prod.act is None and not isinstance(prod.module, M.InPlaceABN) and len(users[e.inputs[0]]) == 1 and (
             prod.kind == ADD or (prod.kind in (CONV2D, LINEAR, BATCHNORM) and name in FROM_OUTPUT))
-        if name == "leaky_relu" and e.fields["alpha"] < 0:
+        if (name == "leaky_relu" and e.fields["alpha"] < 0) or (e.inputs[0] == output and j != output):
             ok = False
         if ok:
             prod.act, prod.alpha = name, e.fields["alpha"]
@@ -556,7 +559,7 @@ def summary(model, input_shape=None, batch_size=1, input_dtype=None):
     dropped biases, and an estimate of the activation memory of a training step (every output and its
     gradient kept; the compiled program plans less). Changes nothing. The text prints as a table; in Jupyter it
     shows as an HTML table."""
-    entries = _fuse(_graph(model, _inputs(model, input_shape, input_dtype))[0])
+    entries = _fuse(*_graph(model, _inputs(model, input_shape, input_dtype))[:2])
     per_sample = sum(math.prod(e.shape) for e in entries if e.kind != INPUT) * 4
     table = _table(entries)
     table.notes.append(f"activation memory (upper bound): {2 * per_sample * batch_size / 2**20:.1f} MiB "
