@@ -1191,8 +1191,8 @@ class Symbolic:
 
     def amax(self, dim, keepdim=False):
         """Records the largest value over dim (not the batch), as torch.amax: adaptive max pooling of the values
-        moved last. NaN is the largest. Where several values are the largest, the gradient goes to the first (as
-        torch.max(dim)'s; torch.amax shares it among them)."""
+        moved last. NaN is the largest. Where several values are the largest, the gradient goes to the first, as
+        torch.max(dim)'s does (torch.amax and amin split it evenly among them instead, so ties train otherwise)."""
         dims = self._dims(dim)
         shape = self.node.shape
         kept = [d for d in range(len(shape)) if d not in dims]
