@@ -288,6 +288,13 @@ def _steps_in_c(program, loader, scheduler, bar, start, on_step, every, done):
     return tally, samples, steps, lr_at(max(steps, 1)), stopped and not changed, changed
 
 
+def _epoch_done(loader, epoch):
+    """Whether a kept loader's position is past the epoch's steps: at its end, or at the next epoch's start (where
+    the C epoch leaves it once it read the end)."""
+    at, batch = loader._position()
+    return at > epoch or batch >= len(loader)
+
+
 def _validate(program, val_loader, tta_flip):
     program.model.eval()
     try:
@@ -459,8 +466,7 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
                     break
         except BaseException as e:  # a callback's, Ctrl-C, a bad batch
             if kept and not getattr(loader, "closed", False):  # the next fit goes on after the steps that ran
-                at, batch = loader._position()
-                if at > epoch or batch >= len(loader):
+                if _epoch_done(loader, epoch):
                     # they were the whole epoch: its end (scheduler steps, a plateau's validation) is the next
                     # fit's to run, as after a checkpoint saved at its last step
                     loader._seek(epoch, len(loader))
@@ -472,7 +478,7 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
         seconds = time.perf_counter() - start
         # an epoch is over at its last step, a stop there included (the next fit, and a checkpoint saved now, start
         # the following epoch); a stop before it leaves the position where the next fit goes on
-        over = not stopped or (kept and loader._position()[1] >= len(loader))
+        over = not stopped or (kept and _epoch_done(loader, epoch))
         if kept:
             if over and stopped:
                 loader.set_epoch(epoch + 1)
