@@ -237,7 +237,7 @@ class Module:
         ft.contiguous_format) is the layout compile gives the model's images unless told otherwise."""
         if memory_format is not None:
             from .._types import check_memory_format
-            object.__setattr__(self, "_memory_format", check_memory_format("to", memory_format))
+            check_memory_format("to", memory_format)
         if len(args) > 2:
             raise TypeError(f"to() takes a device, a dtype, both, or a tensor, got {len(args)} arguments")
         for a in args:
@@ -252,6 +252,8 @@ class Module:
             dtype = as_dtype(dtype)
             if not dtype.is_floating_point:
                 raise TypeError(f"nn.Module.to only accepts floating point dtypes, but got desired dtype={dtype}")
+        if memory_format is not None:
+            object.__setattr__(self, "_memory_format", memory_format)
         return self._convert(dtype, dev)
 
     def _convert(self, dtype=None, device=None):
