@@ -393,8 +393,8 @@ def _contiguous(shape):
 
 def _read_parameters(e):
     """The parameters of an entry's node: those it reads, and a conv bias that the batch norm after it cancels
-    (folded into its running mean: its gradient is zero, where PyTorch's rounds to about zero, and weight decay
-    still applies to it)."""
+    (folded into its running mean: still a parameter the loss reaches, with a zero gradient where PyTorch's is
+    about zero)."""
     m = e.module
     if e.kind == PARAM:
         return [m.tensor]
