@@ -858,9 +858,11 @@ static int64_t lstm_layer_aux(const ft_node *nd, const ft_node *const *in, int64
     return (int64_t)ft_dtype_get(dtype)->itemsize * rows * 3 * ft_node_numel(nd);
 }
 
-static ft_tensor lstm_saved(const ft_node_run *r) {
+/* A recurrent layer's aux, what its backward reads, as (T, N, k C) contiguous, C the columns of its output
+ * (N, T, C): an LSTM's k = 3 (6H of its 2H), a GRU's 5. */
+static ft_tensor layer_saved(const ft_node_run *r, int64_t k) {
     const ft_tensor *o = &r->out;
-    int64_t N = o->shape[0], C = 3 * o->shape[2];
+    int64_t N = o->shape[0], C = k * o->shape[2];
     ft_tensor t = {.storage = r->aux.storage, .offset = r->aux.offset, .dtype = o->dtype, .ndim = 3,
                    .shape = {o->shape[1], N, C}, .strides = {N * C, C, 1}};
     return t;
@@ -870,14 +872,14 @@ static ft_tensor lstm_saved(const ft_node_run *r) {
 static bool rnn_layer_state(const ft_node *nd) { return nd->ninputs > 1; }
 
 static ft_status lstm_layer_forward(const ft_node_run *r) {
-    ft_tensor g = lstm_saved(r);
+    ft_tensor g = layer_saved(r, 3);
     bool state = r->nin > 1;
     return ft_lstm_forward(&r->out, &g, &r->in[0], state ? &r->in[1] : NULL, state ? &r->in[2] : NULL,
                            &r->nd->weight, param(&r->nd->bias), r->nd->reverse);
 }
 
 static ft_status lstm_layer_backward(const ft_node_run *r) {
-    ft_tensor g = lstm_saved(r);
+    ft_tensor g = layer_saved(r, 3);
     bool state = r->nin > 1;
     ft_rnn_acc acc = {r->din_acc[0], r->din_acc[1], r->din_acc[2], r->dweight_acc, r->dbias_acc};
     return ft_lstm_backward(r->din[0], state ? r->din[1] : NULL, state ? r->din[2] : NULL, r->dweight, r->dbias,
@@ -903,22 +905,14 @@ static int64_t gru_layer_aux(const ft_node *nd, const ft_node *const *in, int64_
     return (int64_t)ft_dtype_get(dtype)->itemsize * rows * 5 * ft_node_numel(nd);
 }
 
-static ft_tensor gru_saved(const ft_node_run *r) {
-    const ft_tensor *o = &r->out;
-    int64_t N = o->shape[0], C = 5 * o->shape[2];
-    ft_tensor t = {.storage = r->aux.storage, .offset = r->aux.offset, .dtype = o->dtype, .ndim = 3,
-                   .shape = {o->shape[1], N, C}, .strides = {N * C, C, 1}};
-    return t;
-}
-
 static ft_status gru_layer_forward(const ft_node_run *r) {
-    ft_tensor g = gru_saved(r);
+    ft_tensor g = layer_saved(r, 5);
     return ft_gru_forward(&r->out, &g, &r->in[0], r->nin > 1 ? &r->in[1] : NULL, &r->nd->weight,
                           param(&r->nd->bias), r->nd->reverse);
 }
 
 static ft_status gru_layer_backward(const ft_node_run *r) {
-    ft_tensor g = gru_saved(r);
+    ft_tensor g = layer_saved(r, 5);
     bool state = r->nin > 1;
     ft_rnn_acc acc = {r->din_acc[0], state && r->din_acc[1], false, r->dweight_acc, r->dbias_acc};
     return ft_gru_backward(r->din[0], state ? r->din[1] : NULL, r->dweight, r->dbias, &r->dout, &g,

@@ -2277,35 +2277,30 @@ class LSTMState(Module):
         return (gates[0] // 4,)
 
 
-class LSTMLayer(Module):
-    """A whole LSTM layer's recurrence in one node: every step's input projection (T, 4H), and optionally the
-    initial h and c (H,), to each step's h and c side by side (T, 2H), over the steps from the last to the first
-    with reverse (recorded by the LSTM layers). weight and bias are the layer's W_hh and b_hh."""
+class _RecurrentLayer(Module):
+    """A whole recurrent layer's steps in one node, over the steps from the last to the first with reverse (recorded
+    by the RNN layers); weight and bias are the layer's W_hh and b_hh."""
 
     _leaf = True
 
     def __init__(self, weight, bias, reverse):
         super().__init__()
-        object.__setattr__(self, "weight", weight)  # the LSTM's own parameters, read where it keeps them
+        object.__setattr__(self, "weight", weight)  # the RNN's own parameters, read where it keeps them
         object.__setattr__(self, "bias", bias)
         self.reverse = reverse
+
+
+class LSTMLayer(_RecurrentLayer):
+    """An LSTM layer's node: every step's input projection (T, 4H), and optionally the initial h and c (H,), to
+    each step's h and c side by side (T, 2H)."""
 
     def output_shape(self, gates, *state):
         return (gates[0], gates[1] // 2)
 
 
-class GRULayer(Module):
-    """A whole GRU layer's recurrence in one node: every step's input projection (T, 3H), and optionally the
-    initial h (H,), to each step's h (T, H), over the steps from the last to the first with reverse (recorded by
-    the GRU layers on the CPU). weight and bias are the layer's W_hh and b_hh."""
-
-    _leaf = True
-
-    def __init__(self, weight, bias, reverse):
-        super().__init__()
-        object.__setattr__(self, "weight", weight)  # the GRU's own parameters, read where it keeps them
-        object.__setattr__(self, "bias", bias)
-        self.reverse = reverse
+class GRULayer(_RecurrentLayer):
+    """A GRU layer's node (on the CPU): every step's input projection (T, 3H), and optionally the initial h (H,),
+    to each step's h (T, H)."""
 
     def output_shape(self, gates, *state):
         return (gates[0], gates[1] // 3)
