@@ -332,6 +332,14 @@ static const float *load(const rows_view *v, int64_t r, int64_t j, int64_t n, fl
     return ft_floats_in(row_at(v, r), v->bf16, j, n, buf);
 }
 
+/* The four gate columns (of H each) of row r, from column j: n values of each (buf holds them when
+ * converted). */
+static void load_gates(const rows_view *v, int64_t r, int64_t j, int64_t H, int64_t n, float buf[4][TILE],
+                       const float *gate[4]) {
+    for (int q = 0; q < 4; q++)
+        gate[q] = load(v, r, q * H + j, n, buf[q]);
+}
+
 /* Stores n values x at row r, column j; x becomes what was stored (bfloat16 rounds), as a later op would
  * read it. */
 static void store(const rows_view *v, int64_t r, int64_t j, int64_t n, float *x) {
@@ -383,8 +391,7 @@ FT_VEC_CLONES static void backward_block(const rows_view *v, int64_t H, int64_t 
         for (int64_t j = 0; j < H; j += TILE) {
             int64_t m = H - j < TILE ? H - j : TILE;
             const float *gate[4];
-            for (int q = 0; q < 4; q++)
-                gate[q] = load(g, r, q * H + j, m, bg[q]);
+            load_gates(g, r, j, H, m, bg, gate);
             const float *cc = load(c, r, j, m, bc), *gh = load(dh, r, j, m, bdh), *gc = load(dc, r, j, m, bdc);
             FT_SIMD_FOR(e, m) { /* h = sigmoid(o) tanh(c) */
                 float s = ft_sigmoidf(gate[3][e]), th = ft_tanhf(cc[e]);
@@ -673,8 +680,7 @@ FT_VEC_CLONES static void gru_backward_block(const rows_view *v, int64_t H, int6
         for (int64_t j = 0; j < H; j += TILE) {
             int64_t m = H - j < TILE ? H - j : TILE;
             const float *gate[4];
-            for (int q = 0; q < 4; q++)
-                gate[q] = load(g, r, q * H + j, m, bg[q]);
+            load_gates(g, r, j, H, m, bg, gate);
             const float *gh = load(dh, r, j, m, bd), *p = hp->p ? load(hp, r, j, m, bp) : bp;
             const float *rg = gate[0], *z = gate[1], *n = gate[2], *hn = gate[3];
             FT_SIMD_FOR(e, m) {
@@ -686,9 +692,9 @@ FT_VEC_CLONES static void gru_backward_block(const rows_view *v, int64_t H, int6
             }
             for (int q = 0; q < 3; q++)
                 store(dgi, r, q * H + j, m, d[q]);
-            for (int q = 0; q < 4; q++)
-                if (q != 2)
-                    store(dhw, r, (q < 2 ? q : 2) * H + j, m, d[q]);
+            store(dhw, r, j, m, d[0]); /* hw's r and z columns are gi's; its n column is d[3] */
+            store(dhw, r, H + j, m, d[1]);
+            store(dhw, r, 2 * H + j, m, d[3]);
             if (dhp->p) {
                 float *old = (float *)row_at(dhp, r) + j;
                 FT_SIMD_FOR(e, m)

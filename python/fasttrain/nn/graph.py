@@ -464,7 +464,7 @@ class MergedRows:
 
     def view(self, *shape):
         """As merged (view(-1) of merged values), or the values unmerged again (view(N, -1), view(N, T))."""
-        shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        shape = _size_args(shape)
         if shape == (-1,) and len(self.source.node.shape) == 1:
             return self
         return self.source.view(*shape) if shape and isinstance(shape[0], BatchSize) else self.__getattr__("view")
@@ -512,7 +512,7 @@ del _name, _op
 
 def _per_sample(shape, numel):
     """The per-sample shape of a batch-first view/reshape target (N or -1 first; one -1 inferred)."""
-    shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
+    shape = _size_args(shape)
     if not shape or not (shape[0] is N or shape[0] == -1):
         fail(f"reshape to {shape}", "keep the batch first: x.view(x.size(0), ...) or x.reshape(N, -1)")
     rest = list(shape[1:])
@@ -806,7 +806,7 @@ class Symbolic:
         """Records the values in a new shape, the batch first (``x.reshape(N, -1)``, ``x.view(x.size(0), ...)``); one
         other size may be -1. A reshape of a reshape is recorded as one. Merging the batch with the positions of
         a sequence's scores (``logits.view(-1, V)``) or labels (``y.view(-1)``) gives rows only a class loss takes."""
-        shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
+        shape = _size_args(shape)
         merging = shape and isinstance(shape[0], BatchTimes)
         if merging:
             shape = shape[0].merged(self, shape)
@@ -864,7 +864,7 @@ class Symbolic:
     def permute(self, *dims):
         """Records reordering the dimensions, which must keep the batch first (dims[0] == 0); two permutes in a row are
         recorded as one."""
-        dims = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims
+        dims = _size_args(dims)
         nd = len(self.node.shape)
         if len(dims) == nd + 1 and dims[0] % (nd + 1) != 0 and dims[1] % (nd + 1) == 0:
             return Stacked(self, tuple(d % (nd + 1) for d in dims))
@@ -991,7 +991,7 @@ class Symbolic:
     def expand(self, *sizes):
         """Records the value repeated along its per-sample dimensions of size 1 to sizes (-1 keeps a size; the
         batch's is N or -1), as torch's expand."""
-        sizes = tuple(sizes[0]) if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)) else tuple(sizes)
+        sizes = _size_args(sizes)
         if len(sizes) != self.ndim or not (sizes[0] is N or sizes[0] == -1):
             fail(f"expand{sizes} of a traced value", "keep the batch first (N or -1) and the number of dimensions")
         shape = tuple(have if s == -1 else s for s, have in zip(sizes[1:], self.node.shape))
@@ -1001,7 +1001,7 @@ class Symbolic:
 
     def repeat(self, *sizes):
         """Records the value tiled sizes[d] times along each dimension (the batch's 1), as torch's repeat."""
-        sizes = tuple(sizes[0]) if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)) else tuple(sizes)
+        sizes = _size_args(sizes)
         if len(sizes) != self.ndim or sizes[0] != 1:
             fail(f"repeat{sizes} of a traced value", "repeat each dimension but the batch's, which stays 1")
         out = self
@@ -1298,7 +1298,7 @@ class Symbolic:
     def new_empty(self, *size, **kwargs):
         """Memory of size (N, 1, ...) that a draw fills in place (timm's drop path: x.new_empty((x.shape[0],) +
         (1,) * (x.ndim - 1)).bernoulli_(keep_prob)): a Blank."""
-        size = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list)) else size
+        size = _size_args(size)
         if len(size) != self.ndim or size[0] is not N or any(n != 1 for n in size[1:]):
             fail(f"x.new_empty{size}", "draw per sample with x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1))"
                  ".bernoulli_(p), or ft.rand_like(x)")
@@ -1504,7 +1504,7 @@ class Layered(_Refusing):
     def view(self, *sizes):
         """h_n.view(num_layers, num_directions, N, H), PyTorch's documented form: each layer's states, one per
         direction."""
-        sizes = tuple(sizes[0]) if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)) else sizes
+        sizes = _size_args(sizes)
         if len(sizes) != 4 or sizes[0] * sizes[1] != len(self.states) or sizes[3] != self.shape[-1] or not (
                 isinstance(sizes[2], BatchSize) or sizes[2] == -1):
             self._refuse()
@@ -1518,14 +1518,14 @@ class Layered(_Refusing):
 
     def repeat(self, *sizes):
         """h.unsqueeze(0).repeat(num_layers, 1, 1): the states repeated over the first dimension."""
-        sizes = tuple(sizes[0]) if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)) else sizes
+        sizes = _size_args(sizes)
         if len(sizes) != len(self.shape) or any(s != 1 for s in sizes[1:]) or sizes[0] < 1:
             self._refuse()
         return Layered(self.states * sizes[0])
 
     def expand(self, *sizes):
         """h.unsqueeze(0).expand(num_layers, -1, -1): one state repeated over the first dimension."""
-        sizes = tuple(sizes[0]) if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)) else sizes
+        sizes = _size_args(sizes)
         if len(sizes) != len(self.shape) or len(self.states) != 1 or any(s != -1 for s in sizes[2:]) or \
                 not (isinstance(sizes[1], BatchSize) or sizes[1] == -1) or sizes[0] < 1:
             self._refuse()
@@ -1540,7 +1540,7 @@ class Layered(_Refusing):
         return self.states[0]
 
     def permute(self, *dims):
-        dims = tuple(dims[0]) if len(dims) == 1 and isinstance(dims[0], (tuple, list)) else dims
+        dims = _size_args(dims)
         if dims != (1, 0, 2):
             self._refuse()
         from .._math import stack
@@ -1687,6 +1687,11 @@ def attention(q, k, v, causal, scale, dropout_p, key_mask=None):
     return out if one else out.reshape(N, Tq, H, E // H).transpose(1, 2)
 
 
+def _size_args(args):
+    """Sizes or dimensions given as f(2, 3) or f((2, 3)), as PyTorch takes them."""
+    return tuple(args[0]) if len(args) == 1 and isinstance(args[0], (tuple, list)) else tuple(args)
+
+
 def _sample_shape(t):
     """The shape of a view of a parameter as a sample's: without the leading size-1 dimensions it has beyond the
     parameter's (minGPT's wpe(arange(T).unsqueeze(0)), whose first is the batch's broadcast)."""
@@ -1720,7 +1725,8 @@ def constant(t, like_shape):
     dimensions as NumPy does, with no expanded copy when it varies along the first only (a per-channel
     (C, 1, 1) scale) or, for samples that are not images, the last only (a per-feature bias)."""
     p = _viewed_parameter(t)
-    while t.ndim > len(_sample_shape(t)):  # leading size-1 dimensions broadcast
+    rank = len(_sample_shape(t))
+    while t.ndim > rank:  # leading size-1 dimensions broadcast
         t = t.squeeze(0)
     shape = tuple(t.shape)
     if p is not None and p is not t:  # a view: read as the parameter, which trains through it
