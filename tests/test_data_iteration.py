@@ -239,7 +239,8 @@ def test_a_loader_iterated_in_a_forked_process(workers):
     import select
     X, y = np.arange(40 * 4, dtype=np.float32).reshape(40, 4), np.arange(40)
     loader = D.Loader((X, y), batch_size=8, num_workers=workers)
-    held = next(iter(loader))
+    held = next(iter(loader))  # a batch taken before the fork, dropped in the child
+    assert len(held[1]) == 8
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child reports what iterating gave and whether closing the Loader returned
