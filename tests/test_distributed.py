@@ -181,6 +181,10 @@ def test_without_init_everything_is_one_process():
         with pytest.raises(ValueError, match="bucket_cap_mb must be a positive number"):
             worker.compiled(m, distributed=True, bucket_cap_mb=bad)
     assert worker.compiled(m, distributed=False).gradient_buckets is None
+    for bad in (0, -3.0, float("nan"), True, "30"):  # refused before MPI starts
+        with pytest.raises(ValueError, match="init: timeout must be a positive number of seconds or a timedelta"):
+            ft.distributed.init(timeout=bad)
+    assert not ft.distributed.is_initialized()
 
 
 def test_convert_sync_batchnorm_keeps_parameters_and_buffers():

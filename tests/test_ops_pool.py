@@ -142,6 +142,9 @@ def test_avg_pool_layers_compile_as_they_run_eagerly(case):
                             input_shape=(2, 7, 6))
     np.testing.assert_allclose(program.predict(x).numpy(), out.numpy(), rtol=1e-5, atol=1e-6)
     assert ft.testing.gradcheck(program, x, np.zeros(out.shape, np.float32), rtol=1e-2, atol=1e-4)
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match="AvgPool2d: divisor_override must be a positive int"):
+            ft.nn.AvgPool2d(2, divisor_override=bad)
 
 
 def test_avg_pool_backward_analytic():
