@@ -1356,6 +1356,30 @@ def test_max_amax_norms_and_cosine_similarity_match_finite_differences_and_numpy
 
 
 @needs_torch
+class TiedMax(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(ft.ones(4))
+
+    def forward(self, x):
+        return (x * self.w).amax(1, keepdim=True)
+
+
+def test_amax_gives_the_gradient_of_tied_maxima_to_the_first():
+    """Exact ties (3 at positions 1 and 2): the gradient goes to the first of them only, as torch.max(dim)'s does
+    (torch.amax would split it), as docs/models.md says."""
+    model = TiedMax()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=2, input_shape=(4,))
+    x = np.array([[1, 3, 3, 0], [2, 5, 1, 5]], np.float32)
+    program.backward(x, np.zeros((2, 1), np.float32))
+    d = 2 * x.max(1) / 2  # d(mean of squares) / d(each sample's max)
+    want = np.zeros(4, np.float32)
+    for row, g in zip(x, d):
+        want[np.argmax(row)] += g * row[np.argmax(row)]  # argmax: the first of tied maxima
+    np.testing.assert_allclose(model.w.grad.numpy(), want, rtol=1e-6)
+    assert model.w.grad.numpy()[2] == 0 and model.w.grad.numpy()[3] == 0
+
+
 def test_max_amax_norms_and_cosine_similarity_match_pytorch():
     x = np.random.default_rng(25).standard_normal((5, 4)).astype(np.float32)
     y = np.arange(5) % CLASSES
