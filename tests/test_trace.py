@@ -1355,7 +1355,6 @@ def test_max_amax_norms_and_cosine_similarity_match_finite_differences_and_numpy
     np.testing.assert_allclose(program.predict(x).numpy(), want, rtol=1e-5, atol=1e-5)
 
 
-@needs_torch
 class TiedMax(nn.Module):
     def __init__(self):
         super().__init__()
@@ -1380,6 +1379,7 @@ def test_amax_gives_the_gradient_of_tied_maxima_to_the_first():
     assert model.w.grad.numpy()[2] == 0 and model.w.grad.numpy()[3] == 0
 
 
+@needs_torch
 def test_max_amax_norms_and_cosine_similarity_match_pytorch():
     x = np.random.default_rng(25).standard_normal((5, 4)).astype(np.float32)
     y = np.arange(5) % CLASSES
