@@ -234,3 +234,23 @@ def test_a_missing_image_folder_is_file_not_found(tmp_path):
         D.ImageFolder(tmp_path / "file")
     with pytest.raises(FileNotFoundError, match="typo_dir: no such file or directory .a Loader reads an ImageFolder"):
         D.Loader(tmp_path / "typo_dir")  # it said "cannot open record file"
+
+
+def test_a_class_directory_without_images_is_refused_unless_allowed(tmp_path):
+    """As torchvision (FileNotFoundError, allow_empty=): an empty class directory kept silently shifted nothing
+    but left a label no sample has, which a model sized from len(classes) trained towards without a word."""
+    root = tmp_path / "folder"
+    for c in ("a", "b", "c", "d"):
+        (root / c).mkdir(parents=True)
+    for name in ("a/1.jpg", "a/2.jpg", "c/1.jpg"):
+        (root / name).write_bytes(D.encode_jpeg(np.zeros((8, 8, 3), np.uint8)))
+    (root / "d" / "notes.txt").write_text("not an image")
+    with pytest.raises(FileNotFoundError, match=r"no \.jpg, \.jpeg or \.png file for the classes 'b', 'd' "
+                                                r"\(pass allow_empty=True"):
+        D.ImageFolder(root)
+    folder = D.ImageFolder(root, allow_empty=True)
+    assert folder.classes == ["a", "b", "c", "d"] and folder.class_counts == [2, 0, 1, 0]
+    assert [folder.get(i)[2] for i in range(len(folder))] == [0, 0, 2]
+    (root / "b" / "1.jpeg").write_bytes(D.encode_jpeg(np.zeros((8, 8, 3), np.uint8)))
+    (root / "d" / "x.jpg").write_bytes(D.encode_jpeg(np.zeros((8, 8, 3), np.uint8)))
+    assert D.ImageFolder(root).class_counts == [2, 1, 1, 1]

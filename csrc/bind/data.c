@@ -112,20 +112,36 @@ static PyObject *source_get_skipped_images(PyObject *self, void *closure) {
     return PyLong_FromLongLong((long long)ft_source_skipped_images(((source_object *)self)->src));
 }
 
-static PyObject *source_get_classes(PyObject *self, void *closure) {
-    (void)closure;
+/* A list of item(s, c) for each class c of an ImageFolder. */
+static PyObject *per_class(PyObject *self, PyObject *(*item)(const ft_source *, int)) {
     ft_source *s = ((source_object *)self)->src;
     int n = ft_source_num_classes(s);
     PyObject *list = PyList_New(n);
     for (int c = 0; list && c < n; c++) {
-        PyObject *name = PyUnicode_DecodeFSDefault(ft_source_class_name(s, c));
-        if (!name) {
+        PyObject *x = item(s, c);
+        if (!x) {
             Py_CLEAR(list);
             break;
         }
-        PyList_SET_ITEM(list, c, name);
+        PyList_SET_ITEM(list, c, x);
     }
     return list;
+}
+
+static PyObject *class_name(const ft_source *s, int c) { return PyUnicode_DecodeFSDefault(ft_source_class_name(s, c)); }
+
+static PyObject *class_count(const ft_source *s, int c) {
+    return PyLong_FromLongLong((long long)ft_source_class_count(s, c));
+}
+
+static PyObject *source_get_classes(PyObject *self, void *closure) {
+    (void)closure;
+    return per_class(self, class_name);
+}
+
+static PyObject *source_get_class_counts(PyObject *self, void *closure) {
+    (void)closure;
+    return per_class(self, class_count);
 }
 
 static PyObject *source_get_meta(PyObject *self, void *closure) {
@@ -174,6 +190,7 @@ static PyObject *source_describe(PyObject *self, PyObject *arg) {
 static PyGetSetDef source_getset[] = {
     {"kind", source_get_kind, NULL, "record, image_folder, tar or arrays", NULL},
     {"classes", source_get_classes, NULL, "ImageFolder class names (label = position)", NULL},
+    {"class_counts", source_get_class_counts, NULL, "ImageFolder: the number of samples of each class", NULL},
     {"skipped_images", source_get_skipped_images, NULL,
      "ImageFolder: image files in a format it does not decode (PNG, ...), not samples", NULL},
     {"meta", source_get_meta, NULL, "a record file's meta bytes", NULL},

@@ -98,6 +98,24 @@ bool ft_source_in_memory(const ft_source *s) { return s->kind != SRC_FOLDER; }
 int ft_source_num_classes(const ft_source *s) { return s->nclasses; }
 int64_t ft_source_skipped_images(const ft_source *s) { return s->skipped_images; }
 
+/* The folder's entries are in label order: the class's first entry and the
+ * next class's, by binary search. */
+static int64_t first_of_label(const ft_source *s, int64_t label) {
+    int64_t lo = 0, hi = s->count;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (s->entries[mid].label < label)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+int64_t ft_source_class_count(const ft_source *s, int c) {
+    return c >= 0 && c < s->nclasses ? first_of_label(s, c + 1) - first_of_label(s, c) : 0;
+}
+
 const char *ft_source_class_name(const ft_source *s, int c) {
     return c >= 0 && c < s->nclasses ? s->classes[c] : NULL;
 }

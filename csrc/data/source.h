@@ -88,6 +88,8 @@ int ft_source_num_classes(const ft_source *s);
  * skipped, not samples. */
 int64_t ft_source_skipped_images(const ft_source *s);
 const char *ft_source_class_name(const ft_source *s, int c);
+/* The number of an ImageFolder's samples of class c. */
+int64_t ft_source_class_count(const ft_source *s, int c);
 
 /* The record file's meta bytes (NULL elsewhere). */
 const char *ft_source_meta(const ft_source *s, size_t *len);

@@ -297,19 +297,25 @@ class RecordFile(Source):
 
 class ImageFolder(Source):
     """torchvision's ImageFolder layout, read directly: root/<class>/.../*.jpg; classes sorted by name and
-    numbered from 0; .jpg/.jpeg and .png files are samples."""
+    numbered from 0; .jpg/.jpeg and .png files are samples. A class directory without any is refused, as by
+    torchvision, unless allow_empty=True (its label is then never drawn)."""
 
-    def __new__(cls, root):
+    def __new__(cls, root, allow_empty=False):
         if not os.path.isdir(root):  # FileNotFoundError, as torchvision raises
             raise FileNotFoundError(f"ImageFolder root {os.fspath(root)} is not a directory")
         self = super().__new__(cls, "image_folder", os.fspath(root))
         self.root = os.fspath(root)
+        empty = [name for name, n in zip(self.classes, self.class_counts) if n == 0]
+        if empty and not allow_empty:
+            raise FileNotFoundError(f"ImageFolder {self.root}: no .jpg, .jpeg or .png file for the class"
+                                    f"{'es' if len(empty) > 1 else ''} {', '.join(map(repr, empty))} (pass "
+                                    "allow_empty=True to keep such classes, as torchvision's allow_empty)")
         if self.skipped_images:
             warnings.warn(f"ImageFolder {self.root}: {self.skipped_images} image files that are not JPEG or PNG "
                           f"(.bmp, .webp, ...) are skipped; only .jpg, .jpeg and .png files are samples", stacklevel=2)
         return self
 
-    def __init__(self, root):
+    def __init__(self, root, allow_empty=False):
         pass
 
     @property
