@@ -186,3 +186,41 @@ def test_compiled_dropout2d_drops_whole_channels_in_forward_and_backward():
         masks.add(kept.tobytes())
     assert len(masks) > 15 and abs(np.mean(dropped) - p) < 0.1
     np.testing.assert_allclose(program.predict(x).numpy(), [[(w * x[0]).sum()]], rtol=1e-5)  # eval: no dropout
+
+
+def test_p_one_drops_everything_in_compiled_layers():
+    """Dropout(1.0), an RNN's dropout=1.0 and attention's dropout_p=1.0 are PyTorch's: every value dropped (they were
+    refused). With the hidden layer's output dropped whole, the loss sees only the last bias: its gradient is
+    softmax(b) - onehot, and nothing reaches the layers before."""
+    x = np.random.default_rng(8).standard_normal((4, 3, 6)).astype(np.float32)
+    y = np.arange(4) % 3
+
+    class M(ft.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.att = ft.nn.MultiheadAttention(6, 2, dropout=1.0, batch_first=True)
+            self.gru = ft.nn.GRU(6, 5, num_layers=2, dropout=1.0, batch_first=True)
+            self.drop, self.out = ft.nn.Dropout(1.0), ft.nn.Linear(5, 3)
+
+        def forward(self, v):
+            a, _ = self.att(v, v, v)
+            o, _ = self.gru(v + a)
+            return self.out(self.drop(o[:, -1]))
+
+    model = M()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), ft.nn.CrossEntropyLoss(), batch_size=4,
+                            input_shape=(3, 6))
+    b = model.out.bias.numpy().astype(np.float64)
+    loss = program.backward(x, y)
+    logp = b - np.log(np.exp(b).sum())
+    assert loss == pytest.approx(-logp[y].mean(), rel=1e-6)
+    np.testing.assert_allclose(model.out.bias.grad.numpy(), np.exp(logp) - np.bincount(y, minlength=3) / 4,
+                               rtol=1e-5, atol=1e-7)
+    for name, p in model.named_parameters():
+        if name != "out.bias":
+            assert not p.grad.numpy().any(), name
+    assert program.predict(x).numpy().std(0).max() > 0  # eval mode drops nothing
+    with pytest.raises(ValueError, match=r"dropout probability has to be between 0 and 1, but got 1.5"):
+        ft.nn.Dropout(1.5)
+    with pytest.raises(ValueError, match=r"GRU: dropout must be in \[0, 1\], got -0.5"):
+        ft.nn.GRU(6, 5, dropout=-0.5)

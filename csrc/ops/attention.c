@@ -716,8 +716,8 @@ static ft_status make_geom(geom *g, const ft_tensor *q, const ft_tensor *k, cons
     g->km_n = p->key_mask ? p->key_mask->strides[0] : 0, g->km_t = p->key_mask ? p->key_mask->strides[1] : 0;
     if (!isfinite(g->scale))
         return ft_fail(FT_ERR_VALUE, "sdpa: scale must be finite, got %g", p->scale);
-    if (!(p->dropout_p >= 0.0 && p->dropout_p < 1.0))
-        return ft_fail(FT_ERR_VALUE, "sdpa: dropout_p must be in [0, 1), got %g", p->dropout_p);
+    if (!(p->dropout_p >= 0.0 && p->dropout_p <= 1.0))
+        return ft_fail(FT_ERR_VALUE, "sdpa: dropout_p must be in [0, 1], got %g", p->dropout_p);
     return FT_OK;
 }
 

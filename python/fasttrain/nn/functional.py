@@ -863,8 +863,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 def _attention(query, key, value, is_causal, scale, dropout_p, key_mask, fn):
     """scaled_dot_product_attention with its mask read: key_mask True where a key is masked out, (B, Tk) with B the
     batch or 1, or a traced bool value."""
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"{fn}: dropout_p must be in [0, 1), got {dropout_p}")
+    if not 0.0 <= dropout_p <= 1.0:
+        raise ValueError(f"{fn}: dropout_p must be in [0, 1], got {dropout_p}")
     if any(isinstance(x, Symbolic) for x in (query, key, value)):
         from .graph import attention
         if key_mask is not None and not isinstance(key_mask, Symbolic):

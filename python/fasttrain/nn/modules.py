@@ -1638,15 +1638,15 @@ class LogSoftmax(Softmax):
 
 class Dropout(Module):
     """Zeroes each element with probability p in training and scales the rest by 1 / (1 - p); the identity in eval mode.
-    The mask comes from fasttrain's Philox generator (see F.dropout). Unlike PyTorch's, p = 1 is refused."""
+    The mask comes from fasttrain's Philox generator (see F.dropout); p = 1 zeroes everything, as PyTorch's."""
 
     _leaf = True
     _fn, _dims = "dropout", 0  # channel dropout: the spatial dimensions a channel's single draw covers
 
     def __init__(self, p=0.5, inplace=False):
         super().__init__()
-        if not 0 <= p < 1:
-            raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+        if not 0 <= p <= 1:
+            raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
         self.p, self.inplace = p, inplace  # inplace: eager calls only, as for the activations
 
     def forward(self, x):
@@ -2342,8 +2342,8 @@ class _RNNBase(Module):
         name = type(self).__name__
         if proj_size:
             raise NotImplementedError(f"{name}: proj_size is not supported")
-        if not 0 <= dropout < 1:
-            raise ValueError(f"{name}: dropout must be in [0, 1), got {dropout}")
+        if not 0 <= dropout <= 1:
+            raise ValueError(f"{name}: dropout must be in [0, 1], got {dropout}")
         if min(input_size, hidden_size, num_layers) < 1:
             raise ValueError(f"{name}: input_size, hidden_size and num_layers must be positive")
         self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
@@ -2616,8 +2616,8 @@ class MultiheadAttention(Module):
         super().__init__()
         if not batch_first:
             raise ValueError("MultiheadAttention: pass batch_first=True (fasttrain's values are batch first)")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"MultiheadAttention: dropout must be in [0, 1), got {dropout}")
+        if not 0.0 <= dropout <= 1.0:
+            raise ValueError(f"MultiheadAttention: dropout must be in [0, 1], got {dropout}")
         if add_bias_kv or add_zero_attn or kdim not in (None, embed_dim) or vdim not in (None, embed_dim):
             raise NotImplementedError("MultiheadAttention: add_bias_kv, add_zero_attn, kdim and vdim are not "
                                       "supported")
