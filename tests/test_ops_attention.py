@@ -7,6 +7,7 @@ import pytest
 
 import fasttrain as ft
 from _opref import bits, fd_grad, n, t
+from fasttrain.testing import gradcheck
 
 F = ft.nn.functional
 rng = np.random.default_rng(0)
@@ -214,14 +215,14 @@ def test_bad_input():
         ft.ops.sdpa_backward(None, None, None, out, q, k, k, out, ft.zeros(2, 3))
     with pytest.raises(ValueError, match="sdpa_backward: dk cannot be k itself"):
         ft.ops.sdpa_backward(False, k, False, out, q, k, ft.zeros(2, 3, 6, 8), out, lse)
-    with pytest.raises(NotImplementedError, match="masks other than the causal one"):
-        F.scaled_dot_product_attention(q, k, k, attn_mask=ft.zeros(5, 6))
-    for p in (1.0, -0.1, float("nan")):
-        with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\)"):
+    for p in (1.5, -0.1, float("nan")):
+        with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\]"):
             F.scaled_dot_product_attention(q, k, k, dropout_p=p)
-        with pytest.raises(ValueError, match=r"sdpa: dropout_p must be in \[0, 1\), got"):
+        with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\]"):
+            F.scaled_dot_product_attention(q, k, k, attn_mask=ft.zeros(5, 6), dropout_p=p)
+        with pytest.raises(ValueError, match=r"sdpa: dropout_p must be in \[0, 1\], got"):
             ft.ops.sdpa_forward(None, None, q, k, k, dropout_p=p)
-        with pytest.raises(ValueError, match=r"sdpa: dropout_p must be in \[0, 1\), got"):
+        with pytest.raises(ValueError, match=r"sdpa: dropout_p must be in \[0, 1\], got"):
             ft.ops.sdpa_backward(None, None, None, out, q, k, k, out, lse, dropout_p=p)
     with pytest.raises(ValueError, match=r"all be \(N, H, T, D\) or all \(N, T, D\)"):
         F.scaled_dot_product_attention(q, ft.zeros(2, 6, 8), k)
@@ -256,13 +257,11 @@ def test_against_torch(N, H, Tq, Tk, D, causal):
                          ids=["bool", "bool-broadcast", "additive"])
 def test_a_causal_attn_mask_is_is_causal(mask):
     """The causal masks code passes as attn_mask (a bool one keeping the positions on and below the diagonal, or an
-    additive one) compute is_causal=True, eagerly and compiled; another mask is refused."""
+    additive one) compute is_causal=True, eagerly and compiled."""
     q = ft.tensor(np.random.default_rng(40).standard_normal((2, 2, 5, 4)).astype(np.float32))
     want = F.scaled_dot_product_attention(q, q, q, is_causal=True).numpy()
     np.testing.assert_array_equal(F.scaled_dot_product_attention(q, q, q, attn_mask=mask(5)).numpy(), want)
     assert not np.array_equal(F.scaled_dot_product_attention(q, q, q).numpy(), want)
-    with pytest.raises(NotImplementedError, match="masks other than the causal one"):
-        F.scaled_dot_product_attention(q, q, q, attn_mask=ft.ones(5, 5, dtype=ft.bool))
 
     class Heads(ft.nn.Module):
         def __init__(self, masked):
@@ -493,10 +492,6 @@ def test_key_mask_bad_input():
     out, lse = ft.ops.sdpa_forward(None, None, q, k, k)
     with pytest.raises(ValueError, match=r"sdpa_backward: key_mask should have shape \(2, 6\)"):
         ft.ops.sdpa_backward(None, None, None, out, q, k, k, out, lse, key_mask=ft.zeros(6, dtype=ft.bool))
-    with pytest.raises(NotImplementedError, match="masks other than the causal one .* or one of keys"):
-        F.scaled_dot_product_attention(q, k, k, attn_mask=ft.ones(2, 1, 5, 6, dtype=ft.bool).tril())
-    with pytest.raises(NotImplementedError, match="or one of keys"):  # additive values other than 0 and -inf
-        F.scaled_dot_product_attention(q, k, k, attn_mask=ft.ones(2, 1, 1, 6))
     with pytest.raises(ValueError, match="a mask of keys for 3 samples, but the batch has 2"):
         F.scaled_dot_product_attention(q, k, k, attn_mask=ft.ones(3, 1, 1, 6, dtype=ft.bool))
 
@@ -651,7 +646,8 @@ def test_multihead_attention_key_padding_mask_matches_pytorch():
 
 def test_traced_masks_refused_where_they_cannot_be_compiled():
     """Masks a compiled program cannot take fail at compile, naming the line: a comparison with a tensor, ~ of a
-    value that is not a mask, a padding mask fixed for every sample, and a float mask computed from the input."""
+    value that is not a mask, a padding mask fixed for every sample, and a mask computed from the input that PyTorch
+    would broadcast against the queries."""
     def compile_forward(forward):
         class M(ft.nn.Module):
             def __init__(self):
@@ -673,8 +669,6 @@ def test_traced_masks_refused_where_they_cannot_be_compiled():
         compile_forward(lambda m, ids: ~m.emb(ids))
     with pytest.raises(ft.nn.TracingError, match="a mask of keys fixed for every sample"):
         compile_forward(lambda m, ids: attend(m, ids, ft.zeros(2, 5, dtype=ft.bool)))
-    with pytest.raises(ft.nn.TracingError, match="other than a bool one of keys"):
-        compile_forward(lambda m, ids: attend(m, ids, (ids == PAD).float()))
     with pytest.raises(ft.nn.TracingError, match="PyTorch broadcasts an \\(N, S\\) one over the queries"):
         compile_forward(lambda m, ids: F.scaled_dot_product_attention(m.emb(ids), m.emb(ids), m.emb(ids),
                                                                       attn_mask=ids != PAD))
@@ -718,3 +712,125 @@ def test_gradients_into_the_columns_of_one_packed_buffer_wherever_its_rows_start
         np.testing.assert_array_equal(n(g), n(w))
     with pytest.raises(ValueError, match="partly overlaps"):
         ft.ops.sdpa_backward(part(0), part(D // 2), part(2 * E), dout, q, k, v, out, lse, causal=True)
+
+
+# ---- masks the fused kernel does not take: attention written out ----
+
+def ref_biased(q, k, v, bias):
+    """softmax(q k^T / sqrt(D) + bias) v in float64, bias -inf where a score is masked out."""
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1]) + bias
+    e = np.exp(s - s.max(-1, keepdims=True))
+    return (e / e.sum(-1, keepdims=True)) @ v
+
+
+class Biased(ft.nn.Module):
+    """Self-attention of 2 heads under a learned (1, H, T, T) bias of the scores (T5's or Swin's relative positions,
+    as a table) and, with `block`, a fixed bool pattern of the keys each query sees."""
+
+    def __init__(self, block=None):
+        super().__init__()
+        self.qkv, self.head = ft.nn.Linear(4, 12), ft.nn.Linear(4, 3)
+        self.bias = ft.nn.Parameter(ft.tensor(np.random.default_rng(45).normal(size=(1, 2, 5, 5)).astype(np.float32)))
+        self.block = block
+
+    def forward(self, x):
+        q, k, v = (t.view(x.size(0), 5, 2, 2).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=self.bias)
+        if self.block is not None:
+            a = a + F.scaled_dot_product_attention(q, k, v, attn_mask=self.block)
+        return self.head(a.transpose(1, 2).reshape(x.size(0), 5, 4)[:, 0])
+
+
+def test_other_masks_run_the_attention_written_out():
+    """A bias added to the scores (ALiBi's, a learned one) and a bool pattern that is neither causal nor of keys
+    (they were refused) give PyTorch's formula, eagerly against NumPy float64 and compiled against finite
+    differences, through the learned bias too; MultiheadAttention takes them as PyTorch's, (T, S) or (N * H, T, S)."""
+    q, k, v, _ = inputs(2, 2, 5, 6, 4, seed=44)
+    alibi = -np.abs(np.arange(5)[:, None] - np.arange(6)[None]) * np.array([0.5, 0.25])[:, None, None]
+    block = np.random.default_rng(46).random((5, 6)) > 0.4
+    block[:, 0] = True  # every query sees a key
+    for mask, bias in ((alibi, alibi), (block, np.where(block, 0.0, -np.inf)),
+                       (np.broadcast_to(alibi, (2, 2, 5, 6)), alibi)):
+        got = F.scaled_dot_product_attention(t(q), t(k), t(v), attn_mask=ft.tensor(mask.astype(mask.dtype)))
+        np.testing.assert_allclose(n(got), ref_biased(q, k, v, bias), rtol=1e-5, atol=1e-6)
+    mha = ft.nn.MultiheadAttention(4, 2, batch_first=True)
+    x = t(np.random.default_rng(47).normal(size=(2, 5, 4)))
+    weights = []
+    for mask in (alibi[0, :, :5], np.tile(alibi[:, :, :5], (2, 1, 1))):  # (T, S) for every head; (N * H, T, S)
+        out, w = mha(x, x, x, attn_mask=ft.tensor(mask.astype(np.float32)), average_attn_weights=False)
+        weights.append(n(w))
+        qh, kh, vh = (n(p).reshape(2, 5, 2, 2).transpose(0, 2, 1, 3)
+                      for p in F.linear(x, mha.in_proj_weight, mha.in_proj_bias).chunk(3, -1))
+        heads = ref_biased(qh, kh, vh, mask.reshape(-1, 2, 5, 5) if mask.ndim == 3 else mask)
+        np.testing.assert_allclose(n(out), n(mha.out_proj(t(heads.transpose(0, 2, 1, 3).reshape(2, 5, 4)))),
+                                   rtol=1e-5, atol=1e-6)
+    assert not np.allclose(weights[0][:, 1], weights[1][:, 1])  # the 3-d mask's second head has its own bias
+    for block in (None, ft.tensor(block[:, :5])):
+        ft.manual_seed(48)
+        model = Biased(block)
+        program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=2, input_shape=(5, 4),
+                                memory_format="contiguous")
+        xs, y = np.random.default_rng(49).standard_normal((2, 5, 4)).astype(np.float32), np.array([0, 2])
+        np.testing.assert_allclose(n(program.predict(xs)), n(model(ft.tensor(xs))), rtol=1e-5, atol=1e-6)
+        assert gradcheck(program, xs, y, eps=1e-3, rtol=3e-2, atol=1e-3)
+        program.backward(xs, y)
+        assert np.abs(n(model.bias.grad)).max() > 1e-3
+
+
+@pytest.mark.parametrize("how", ["alibi", "learned", "block", "pairs", "mha_padding", "float_padding", "encoder"])
+def test_other_masks_match_pytorch(how):
+    """Each mask that runs the attention written out, eagerly and compiled, against PyTorch's loss and gradients:
+    ALiBi's constant bias, a learned one, a bool pattern, pairs of tokens both not padding (a mask computed from
+    the input), MultiheadAttention's (T, S) bias with a padding mask, a padding mask of floats added to the scores,
+    and an encoder layer's."""
+    torch = pytest.importorskip("torch")
+    alibi = (-np.abs(np.arange(5)[None] - np.arange(5)[:, None]) * np.array([0.5, 0.25])[:, None, None])
+    block = (np.random.default_rng(50).random((5, 5)) > 0.3) | np.eye(5, dtype=bool)
+
+    def build(lib):
+        L = lib.nn
+        Fn = L.functional
+
+        class M(L.Module):
+            def __init__(self):
+                super().__init__()
+                self.emb, self.qkv, self.out = L.Embedding(7, 8), L.Linear(8, 24), L.Linear(8, 3)
+                self.bias = L.Parameter(lib.tensor(np.random.default_rng(51).normal(size=(1, 2, 5, 5)).astype(
+                    np.float32)))
+                self.mha = L.MultiheadAttention(8, 2, batch_first=True)
+                self.enc = L.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+
+            def forward(self, ids):
+                x, N = self.emb(ids), ids.shape[0]
+                if how == "mha_padding":
+                    return self.out(self.mha(x, x, x, attn_mask=lib.tensor(alibi[0], dtype=lib.float32),
+                                             key_padding_mask=ids == 0)[0][:, 0])
+                if how == "float_padding":
+                    return self.out(self.mha(x, x, x, key_padding_mask=(ids == 0).float() * -3.0)[0][:, 0])
+                if how == "encoder":
+                    return self.out(self.enc(x, src_mask=lib.tensor(alibi[1], dtype=lib.float32),
+                                             src_key_padding_mask=ids == 0)[:, 0])
+                q, k, v = self.qkv(x).view(N, 5, 3, 2, 4).permute(2, 0, 3, 1, 4)
+                keep = ids != 0
+                mask = {"alibi": lib.tensor(alibi, dtype=lib.float32), "learned": self.bias,
+                        "block": lib.tensor(block),
+                        "pairs": (keep[:, None, :, None] & keep[:, None, None, :]) | lib.tensor(np.eye(5, dtype=bool))
+                        }[how]
+                o = Fn.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+                return self.out(o.transpose(1, 2).reshape(N, 5, 8)[:, 0])
+        return M()
+
+    torch.manual_seed(52)
+    tm, model = build(torch), build(ft)
+    model.load_state_dict({k: v.detach().numpy() for k, v in tm.state_dict().items()})
+    ids, y = np.random.default_rng(53).integers(0, 7, (3, 5)), np.array([0, 1, 2])
+    ids[:, 0] = 1
+    want = torch.nn.functional.cross_entropy(tm(torch.tensor(ids)), torch.tensor(y))
+    want.backward()
+    assert F.cross_entropy(model(ft.tensor(ids)), ft.tensor(y)).item() == pytest.approx(want.item(), rel=1e-5)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=3, input_shape=(5,),
+                            input_dtype=ft.int64)
+    assert program.backward(ids, y) == pytest.approx(want.item(), rel=1e-5)
+    for (name, p), tp in zip(model.named_parameters(), tm.parameters()):
+        if tp.grad is not None:
+            np.testing.assert_allclose(n(p.grad), tp.grad.numpy(), rtol=1e-4, atol=1e-6, err_msg=name)

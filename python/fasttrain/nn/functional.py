@@ -846,25 +846,51 @@ def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
     """softmax(query key^T * scale + mask) value over (N, H, T, D) or (N, T, D) tensors, fused (the (Tq, Tk)
     matrix is never stored). query, key and value may be views with any strides except along D, such as
-    ``x.view(N, T, H, D).transpose(1, 2)``. attn_mask may be the causal mask (a bool one True on and below the
-    diagonal, or -inf above it and 0 elsewhere), which is is_causal=True, or a mask of keys the same for every
-    query and head, shaped (N, 1, 1, Tk) or (1, Tk): a padding mask, bool (True where attention is allowed) or
-    additive (0, and -inf where not); no other. A query that sees no key gets 0 (PyTorch's gives NaN). dropout_p
-    drops weights as PyTorch does (whatever the mode: pass 0.0 in eval, as its layers do), inside the kernel: the
-    mask is F.dropout's of the (N, H, Tq, Tk) weights at the default generator's next draw. The backward is
+    ``x.view(N, T, H, D).transpose(1, 2)``. The kernel takes as attn_mask the causal mask (a bool one True on and
+    below the diagonal, or -inf above it and 0 elsewhere), which is is_causal=True, and a mask of keys the same for
+    every query and head, shaped (N, 1, 1, Tk) or (1, Tk): a padding mask, bool (True where attention is allowed)
+    or additive (0, and -inf where not). A query that sees no key gets 0 there (PyTorch's gives NaN). Any other
+    mask broadcasting to (N, H, Tq, Tk), bool or added to the scores (ALiBi's, T5's relative positions, a learned
+    bias), runs the attention written out as PyTorch's reference formula (see _written_attention). dropout_p drops
+    weights as PyTorch does (whatever the mode: pass 0.0 in eval, as its layers do), inside the kernel: the mask is
+    F.dropout's of the (N, H, Tq, Tk) weights at the default generator's next draw. The backward is
     ``ft.ops.sdpa_backward``, which needs the log-sum-exp that ``ft.ops.sdpa_forward`` returns (and the same
     dropout_p, seed, offset and key_mask)."""
     fn = "scaled_dot_product_attention"
-    causal, keys = M._attention_mask(attn_mask, query.shape[-2], key.shape[-2], fn, keeps=True,
-                                     batched=attn_mask is not None and attn_mask.ndim == query.ndim)
+    causal, keys, scores = M._attention_mask(attn_mask, query.shape[-2], key.shape[-2], fn, keeps=True,
+                                             batched=attn_mask is not None and attn_mask.ndim == query.ndim)
+    if scores is not None:
+        return _written_attention(query, key, value, is_causal, scale, dropout_p, [scores], fn)[0]
     return _attention(query, key, value, causal or is_causal, scale, dropout_p, keys, fn)
+
+
+def _written_attention(query, key, value, is_causal, scale, dropout_p, masks, fn):
+    """Attention under masks the fused kernel does not take, written out as PyTorch's reference formula (the
+    (N, H, Tq, Tk) scores are formed, as in attention code that spells it out): softmax(query key^T * scale, masked)
+    value, each mask True where a score is masked out or a float added to the scores. Returns the output and the
+    weights after dropout. A query that sees no key gets NaN, as PyTorch's."""
+    _check_dropout_p(dropout_p, fn)
+    Tq, Tk = query.shape[-2], key.shape[-2]
+    if is_causal:
+        masks = [creation.tensor(np.triu(np.ones((Tq, Tk), bool), 1)), *masks]
+    s = (query @ key.transpose(-2, -1)) * (1 / math.sqrt(query.shape[-1]) if scale is None else scale)
+    for m in masks:
+        s = s.masked_fill(m, float("-inf")) if m.dtype.name == "bool" else s + m.to(s.dtype)
+    w = softmax(s, dim=-1)
+    if dropout_p:
+        w = dropout(w, dropout_p)
+    return w @ value, w
+
+
+def _check_dropout_p(p, fn):
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"{fn}: dropout_p must be in [0, 1], got {p}")
 
 
 def _attention(query, key, value, is_causal, scale, dropout_p, key_mask, fn):
     """scaled_dot_product_attention with its mask read: key_mask True where a key is masked out, (B, Tk) with B the
     batch or 1, or a traced bool value."""
-    if not 0.0 <= dropout_p <= 1.0:
-        raise ValueError(f"{fn}: dropout_p must be in [0, 1], got {dropout_p}")
+    _check_dropout_p(dropout_p, fn)
     if any(isinstance(x, Symbolic) for x in (query, key, value)):
         from .graph import attention
         if key_mask is not None and not isinstance(key_mask, Symbolic):

@@ -2554,32 +2554,36 @@ def _masked_keys(a, Tk, keeps, batched):
 
 
 def _attention_mask(mask, Tq, Tk, name, keeps=False, batched=False):
-    """(is_causal, key_mask) of an attention mask as PyTorch's layers take it (keeps and batched: see _masked_keys;
-    None: no mask): the causal mask (Tq None: not looked for, as in a padding mask), or a mask of keys such as a
-    padding mask, as key_mask: True where a key is masked out, (B, Tk) eagerly, or a traced bool value (Tk,) per
-    sample when the mask is traced ((ids == pad), the usual padding mask). Any other mask is refused."""
+    """(is_causal, key_mask, scores_mask) of an attention mask as PyTorch's layers take it (keeps and batched: see
+    _masked_keys; None: no mask). The fused kernel takes the causal mask (Tq None: not looked for, as in a padding
+    mask) and a mask of keys such as a padding mask, as key_mask: True where a key is masked out, (B, Tk) eagerly,
+    or a traced bool value (Tk,) per sample when the mask is traced ((ids == pad), the usual padding mask). Any other
+    mask is scores_mask, for attention written out (F._written_attention): bool True where a score is masked out,
+    or a float one added to the scores."""
     if mask is None:
-        return False, None
+        return False, None, None
+    bool_mask = mask.dtype is _BY_NAME["bool"]
     if isinstance(mask, Symbolic):
-        from .graph import fail
-        if mask.dtype is not _BY_NAME["bool"] or mask.shape[-1] != Tk or math.prod(mask.shape[1:-1]) != 1 or \
-                not batched:
-            fail(f"{name}: a mask computed from traced values other than a bool one of keys per sample "
+        if not batched:  # PyTorch would broadcast the batch against the queries or heads
+            from .graph import fail
+            fail(f"{name}: a mask computed from traced values without the dimensions of the scores "
                  f"({mask.dtype.name}, shape {mask.shape})", "give a padding mask as bool values, such as "
                  "(ids == pad): (N, S) as a key_padding_mask, (N, 1, 1, S) True where attention is allowed as "
                  "F.scaled_dot_product_attention's attn_mask (PyTorch broadcasts an (N, S) one over the queries)")
-        rows = mask.reshape(mask.shape[0], Tk) if mask.ndim != 2 else mask
-        return False, ~rows if keeps else rows
-    if isinstance(mask, TensorBase):
+        if bool_mask and mask.shape[-1] == Tk and math.prod(mask.shape[1:-1]) == 1:
+            rows = mask.reshape(mask.shape[0], Tk) if mask.ndim != 2 else mask
+            return False, ~rows if keeps else rows, None
+    elif isinstance(mask, TensorBase) and not mask.requires_grad:  # a learned bias is added to the scores
         import numpy as np
-        a = np.asarray(mask.cpu() if mask.dtype is _BY_NAME["bool"] else mask.float().cpu())
+        a = np.asarray(mask.cpu() if bool_mask else mask.float().cpu())
         if Tq == Tk and _is_causal(a, Tq, keeps):
-            return True, None
+            return True, None, None
         rows = _masked_keys(a, Tk, keeps, batched and a.ndim >= 2)
         if rows is not None:
-            return False, creation.tensor(rows, device=mask.device)
-    raise NotImplementedError(f"{name}: masks other than the causal one (is_causal=True, or its mask tensor) or one "
-                              "of keys (a padding mask: bool, or 0 and -inf) are not supported")
+            return False, creation.tensor(rows, device=mask.device), None
+    elif not isinstance(mask, TensorBase):
+        raise TypeError(f"{name}: a mask must be a tensor, got {type(mask).__name__}")
+    return False, None, ~mask if bool_mask and keeps else mask
 
 
 def _attention_weights(q, k, causal, masked, average, dropout_p, draw):
@@ -2634,18 +2638,18 @@ class MultiheadAttention(Module):
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
                 average_attn_weights=True, is_causal=False):
         """Attention of query (N, T, E) to key and value (N, S, E), batch first; returns (output (N, T, E), weights).
-        When query, key and value are one tensor, the packed projection runs once. Masks: the causal one and a key
-        padding mask (see _attention_mask). The output comes from the fused kernel; with need_weights, eagerly, the
-        weights are computed besides it as PyTorch returns them ((N, T, S) averaged over the heads, or (N, H, T, S)),
-        through the dropout the output saw; a compiled program never forms them (see graph.AttentionWeights)."""
+        When query, key and value are one tensor, the packed projection runs once. Masks as PyTorch's: attn_mask
+        (T, S) or (N * num_heads, T, S), key_padding_mask (N, S), each bool (True where masked out) or added to the
+        scores. The causal one and a padding mask go to the fused kernel (see _attention_mask); with need_weights,
+        eagerly, the weights are computed besides it as PyTorch returns them ((N, T, S) averaged over the heads, or
+        (N, H, T, S)), through the dropout the output saw; a compiled program never forms them (see
+        graph.AttentionWeights). Other masks, or two masks of keys, run the attention written out (its weights are
+        those it formed)."""
         from . import functional as F
-        name, T, S = "MultiheadAttention", query.shape[1], key.shape[1]
-        causal, keys = _attention_mask(attn_mask, T, S, name)
-        padding = _attention_mask(key_padding_mask, None, S, name, batched=True)[1]
-        if keys is not None and padding is not None:
-            raise NotImplementedError(f"{name}: an attn_mask of keys and a key_padding_mask together are not "
-                                      "supported; merge them into key_padding_mask")
+        name, T, S, N = "MultiheadAttention", query.shape[1], key.shape[1], query.shape[0]
         E, H = self.embed_dim, self.num_heads
+        causal, keys, scores = _attention_mask(attn_mask, T, S, name)
+        _, padding, pad_scores = _attention_mask(key_padding_mask, None, S, name, batched=True)
         def projected(x):
             return F.linear(x, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)
 
@@ -2655,9 +2659,16 @@ class MultiheadAttention(Module):
             q, (k, v) = projected(query)[0], projected(key)[1:]
         else:  # each input through the whole projection, its third kept
             q, k, v = (projected(x)[i] for i, x in enumerate((query, key, value)))
-        N = query.shape[0]
         heads = [x.view(N, n, H, E // H).transpose(1, 2) for x, n in ((q, T), (k, S), (v, S))]
-        masked, p = keys if keys is not None else padding, self.dropout if self.training else 0.0
+        p = self.dropout if self.training else 0.0
+        if scores is not None or pad_scores is not None or (keys is not None and padding is not None):
+            masks = [m.reshape(m.shape[0], 1, 1, S) for m in (keys, padding, pad_scores) if m is not None]
+            if scores is not None:  # PyTorch's (N * num_heads, T, S) is each sample's heads in turn
+                masks.append(scores.reshape(-1, H, T, S) if scores.ndim == 3 else scores)
+            out, weights = F._written_attention(*heads, causal or is_causal, None, p, masks, name)
+            weights = (weights.mean(1) if average_attn_weights else weights) if need_weights else None
+            return self.out_proj(out.transpose(1, 2).reshape(N, T, E)), weights
+        masked = keys if keys is not None else padding
         from ..random import default_generator
         draw = (default_generator._seed, default_generator._offset)  # where the kernel's dropout mask comes from
         out = F._attention(*heads, causal or is_causal, None, p, masked, name)
