@@ -456,3 +456,81 @@ def test_fits_on_fresh_arrays_go_on_with_the_epochs_orders():
         history = [ft.fit(program, (X.copy() if fresh else X, Y), 1, progress=False)["epoch"] for _ in range(3)]
         runs.append((history, state_bits(model)))
     assert runs[0] == runs[1] and runs[0][0] == [[1], [2], [3]]
+
+
+class TwoLayers(nn.Module):
+    """The same parameter names declared in either order: their positions in parameters() differ."""
+
+    def __init__(self, swapped):
+        super().__init__()
+        if swapped:
+            self.fc2, self.fc1 = nn.Linear(4, 4), nn.Linear(4, 4)
+        else:
+            self.fc1, self.fc2 = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.fc2(self.fc1(x).relu())
+
+
+def test_optimizer_state_follows_the_parameter_names(tmp_path):
+    """A checkpoint of a model whose layers are declared in another order (fc2 before fc1) gives each layer its own
+    AdamW moments: the resumed step is bitwise the uninterrupted one. By position (a state_dict's way) fc1 took
+    fc2's moments without a word."""
+    x, y = (np.random.default_rng(s).standard_normal((8, 4)).astype(np.float32) for s in (60, 61))
+
+    def make(swapped):
+        ft.manual_seed(62)
+        model = TwoLayers(swapped)
+        return model, model.compile(ft.optim.AdamW(model.parameters(), lr=0.05), nn.MSELoss(), batch_size=8,
+                                    input_shape=(4,))
+
+    (a, pa), (b, pb) = make(False), make(True)
+    assert [n for n, _ in a.named_parameters()] != [n for n, _ in b.named_parameters()]
+    b.load_state_dict(a.state_dict())
+    for k in range(3):
+        pa.train_step(x * (k + 1), y)
+    ft.save(tmp_path / "a.safetensors", pa)
+    ft.load(tmp_path / "a.safetensors", pb)
+    pa.train_step(x, y)
+    pb.train_step(x, y)
+    want, got = a.state_dict(), b.state_dict()
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+def test_a_failed_load_changes_nothing(tmp_path):
+    """A load failing at its last tensor (read-only memory; a complex value of the right shape) puts back the
+    tensors it had written: ft.load and load_state_dict change nothing on failure."""
+    ft.manual_seed(63)
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    model[1].bias = nn.Parameter(ft.from_numpy(np.frombuffer(bytes(8), np.float32)))  # read-only memory
+    before = model.state_dict()
+    ft.save(tmp_path / "other.safetensors", nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2)))
+    with pytest.raises(ValueError, match="read-only"):
+        ft.load(tmp_path / "other.safetensors", model)
+    for name, value in model.state_dict().items():
+        np.testing.assert_array_equal(value, before[name], err_msg=name)
+    model[1].bias = nn.Parameter(ft.zeros(2))
+    before = model.state_dict()
+    with pytest.raises(TypeError, match="complex"):
+        model.load_state_dict({**{k: np.full_like(v, 7) for k, v in before.items()},
+                               "1.bias": np.zeros(2, np.complex64)})
+    for name, value in model.state_dict().items():
+        np.testing.assert_array_equal(value, before[name], err_msg=name)
+
+
+def test_a_bfloat16_model_saves_and_loads(tmp_path):
+    """model.bfloat16() (whose state_dict NumPy cannot hold) saves its tensors as bfloat16 and loads them back
+    exactly, into a bfloat16 model or widened into a float32 one."""
+    ft.manual_seed(64)
+    model = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2)).bfloat16()
+    ft.save(tmp_path / "b.safetensors", model)
+    raw = (tmp_path / "b.safetensors").read_bytes()
+    header = json.loads(raw[8:8 + struct.unpack("<Q", raw[:8])[0]])
+    assert header["0.weight"]["dtype"] == "BF16" and header["1.num_batches_tracked"]["dtype"] == "I64"
+    again = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2)).bfloat16()
+    wide = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2))
+    for into in (again, wide):
+        ft.load(tmp_path / "b.safetensors", into)
+        for (name, t), (_, want) in zip(into._state().items(), model._state().items()):
+            np.testing.assert_array_equal(t.float().numpy(), want.float().numpy(), err_msg=name)

@@ -232,10 +232,14 @@ def save(path: str | os.PathLike[str], obj: Module | Program, *, optimizer: Opti
                              f"scheduler and loader in a float32 checkpoint")
     elif optimizer is None and program is not None:
         optimizer = program.optimizer
-    tensors = dict(model.state_dict())
-    low = {k for k, v in tensors.items() if dtype is not None and np.asarray(v).dtype == np.float32}
+    own = model._state()
+    wide = {k for k, t in own.items() if t.dtype.name == "bfloat16"}  # a model.bfloat16(): NumPy has no bfloat16
+    tensors = {k: (t.float() if k in wide else t).cpu().numpy().copy() for k, t in own.items()}
+    low = {k for k, v in tensors.items() if dtype is not None and v.dtype == np.float32 and k not in wide}
     tensors.update((k, _bfloat16_bits(tensors[k]) if low_name == "bfloat16" else _float16(k, tensors[k]))
                    for k in low)
+    tensors.update((k, _bfloat16_bits(tensors[k])) for k in wide)
+    bfloat16 = wide | (low if low_name == "bfloat16" else set())
     meta = {"format": "fasttrain", "rng": json.dumps([default_generator.initial_seed(), default_generator._offset])}
     if optimizer is not None:
         state = optimizer.state_dict()
@@ -253,6 +257,9 @@ def save(path: str | os.PathLike[str], obj: Module | Program, *, optimizer: Opti
         meta["optimizer.param_groups"] = json.dumps(state["param_groups"])
         meta["optimizer.class"] = type(optimizer).__name__
         meta["optimizer.tensors"] = json.dumps(names)  # what ft.load must find: a lost entry is an error
+        params = _param_names(model, optimizer)
+        if None not in params:
+            meta["optimizer.params"] = json.dumps(params)
     if scheduler is not None:
         meta["scheduler"] = json.dumps(scheduler.state_dict(), default=str)
     if loader is None and program is not None and dtype is None:  # the Loader ft.fit made of (x, y) arrays
@@ -292,7 +299,7 @@ def save(path: str | os.PathLike[str], obj: Module | Program, *, optimizer: Opti
         meta[_TYPED] = json.dumps(typed)
     from . import distributed
     if distributed.get_rank() == 0:  # under ft.distributed every rank holds the same state: rank 0 writes it
-        save_file(path, tensors, meta, low if low_name == "bfloat16" else ())
+        save_file(path, tensors, meta, bfloat16)
     if distributed.is_initialized():
         distributed.barrier()  # the file is complete before any rank goes on (and may load it)
 
@@ -325,6 +332,44 @@ def _json_meta(path, meta, key):
 
 def _uint64(value):
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 64
+
+
+def _param_names(model, optimizer):
+    """The model's name of each of the optimizer's params in its groups' order (None for one the model lacks)."""
+    names = {}
+    for name, p in model.named_parameters():
+        names.setdefault(id(p), name)
+    return [names.get(id(p)) for g in optimizer.param_groups for p in g["params"]]
+
+
+def _by_name(path, meta, opt_state, model, optimizer):
+    """opt_state with each param's state moved to the position of the param of its name in this optimizer: a
+    state_dict is by position, and a model declaring its layers in another order has other positions."""
+    saved = _json_meta(path, meta, "optimizer.params")
+    own = _param_names(model, optimizer)
+    if saved == own:
+        return opt_state
+    sizes = [len(g["params"]) for g in optimizer.param_groups]
+    groups = opt_state["param_groups"]
+    if not (isinstance(saved, list) and all(isinstance(n, str) for n in saved) and len(set(saved)) == len(saved)) \
+            or [len(g.get("params", ())) for g in groups] != sizes:
+        raise ValueError(f"{path}: corrupt metadata 'optimizer.params', or the optimizer's groups differ")
+    at, start = {}, 0
+    for i, n in enumerate(sizes):
+        names = saved[start:start + n]
+        if None in own[start:start + n] or set(names) != set(own[start:start + n]):
+            other = sorted(set(names) ^ set(own[start:start + n]), key=str)[0]
+            raise ValueError(f"{path}: the optimizer's parameter group {i} holds {other!r} in one of the checkpoint "
+                             "and the optimizer but not the other")
+        at.update((name, own.index(name, start, start + n)) for name in names)
+        start += n
+    keys = [k for g in groups for k in g["params"]]
+    state = {at[saved[j]]: opt_state["state"][k] for j, k in enumerate(keys) if k in opt_state["state"]}
+    ordered, start = [], 0
+    for g, n in zip(groups, sizes):
+        ordered.append({**g, "params": list(range(start, start + n))})
+        start += n
+    return {"state": state, "param_groups": ordered}
 
 
 def _optimizer_state(path, meta, tensors, optimizer):
@@ -433,8 +478,10 @@ def load(path: str | os.PathLike[str], into: Module | Program | None = None, *, 
     anything is written: a mismatch names the first tensor that differs, and a failed load changes nothing.
     strict, as load_state_dict's: the model's tensors and the checkpoint's (but the optimizer's) must be the same
     names; strict=False loads those both have and leaves the model's others as they are. Where the names differ,
-    such a load is of weights alone (a pretrained backbone under a new head): the optimizer's state, which is
-    saved by parameter position, and the scheduler's, the step count and the dropout stream are not restored.
+    such a load is of weights alone (a pretrained backbone under a new head): the optimizer's state and the
+    scheduler's, the step count and the dropout stream are not restored. The optimizer's state follows its params'
+    names (a model declaring its layers in another order gets each layer's own), as a state_dict's positions do
+    not.
 
     The global random generator gets the checkpoint's state when the load resumes training (an optimizer's state
     or a loader's position is restored) or restore_rng=True; loading weights alone leaves it as it is."""
@@ -474,6 +521,8 @@ def load(path: str | os.PathLike[str], into: Module | Program | None = None, *, 
                       "scheduler, the step count or the dropout stream): training starts afresh", stacklevel=2)
     elif optimizer is not None and "optimizer.param_groups" in raw_meta:
         opt_state = _optimizer_state(path, raw_meta, tensors, optimizer)
+        if "optimizer.params" in raw_meta:
+            opt_state = _by_name(path, raw_meta, opt_state, model, optimizer)
     sched_state = _scheduler_state(path, raw_meta, scheduler) \
         if scheduler is not None and "scheduler" in raw_meta and not partial else None
     if scheduler is None and "scheduler" in raw_meta and opt_state is not None:
@@ -515,7 +564,7 @@ def load(path: str | os.PathLike[str], into: Module | Program | None = None, *, 
 
     # Everything read; the parts whose own checks run as they load go first, and a refusal puts back what was
     # already written. The model goes first: the optimizer checks its state against the parameters.
-    previous = model.state_dict()
+    previous = {k: t.clone() for k, t in model._state().items()}
     previous_opt = optimizer.state_dict() if opt_state is not None else None
     previous_sched = scheduler.state_dict() if sched_state is not None else None
     done = []

@@ -315,8 +315,8 @@ class Module:
         return OrderedDict((name, t.cpu().numpy().copy()) for name, t in self._state().items())
 
     def load_state_dict(self, state, strict=True):
-        """Copies arrays (or tensors) into the parameters and persistent buffers; checks every shape first so that a
-        mismatch changes nothing. Returns (missing_keys, unexpected_keys), as PyTorch's; with strict, either raises
+        """Copies arrays (or tensors) into the parameters and persistent buffers; checks every shape first, and a
+        failure (a mismatch, a value of a dtype it cannot copy, read-only memory) changes nothing. Returns (missing_keys, unexpected_keys), as PyTorch's; with strict, either raises
         RuntimeError, as PyTorch's. A batch norm's num_batches_tracked that the state lacks (older and converted
         PyTorch checkpoints) stays as it is, as PyTorch's loads it."""
         own = self._state()
@@ -335,8 +335,16 @@ class Module:
             if shape != t.shape:
                 raise ValueError(f"state_dict: {name} has shape {shape}, the model expects {t.shape}")
             staged.append((t, value))
-        for t, value in staged:
-            t.copy_(value)
+        written = []
+        try:
+            for t, value in staged:
+                before = t.clone()
+                t.copy_(value)
+                written.append((t, before))
+        except Exception:
+            for t, before in reversed(written):
+                t.copy_(before)
+            raise
         return IncompatibleKeys(missing, unexpected)
 
     def train(self, mode=True):
