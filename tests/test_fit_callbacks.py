@@ -398,6 +398,26 @@ def test_a_checkpoint_saved_in_a_step_callback_resumes_at_that_step(tmp_path):
     assert sched_r.state_dict() == sched.state_dict() and loader_r.epoch == loader.epoch == 2
 
 
+@pytest.mark.filterwarnings("ignore:.*a Loader whose position this checkpoint does not keep")
+def test_a_checkpoint_loaded_in_a_step_callback_sets_the_step_count(tmp_path):
+    """ft.load of an earlier step's checkpoint from a step callback in the C epoch (a rollback) puts the program's
+    count back: the callbacks after it see the steps counted from there, and the program ends at that count (the
+    epoch's end overwrote it with the steps run)."""
+    path = str(tmp_path / "early.safetensors")
+    model, program, sched, loader = setup(total_iters=11)
+    seen = []
+
+    def rollback(step, metrics):
+        seen.append(step)
+        if step == 2:
+            ft.save(path, program, scheduler=sched)
+        if step == 4 and len(seen) == 4:
+            ft.load(path, program, scheduler=sched)
+
+    fit(program, loader, 1, scheduler=sched, step_callbacks=[rollback], progress=False)
+    assert seen == [1, 2, 3, 4, 3, 4] and program.step_count == 4
+
+
 @pytest.mark.parametrize("at", [6, 12])
 @pytest.mark.parametrize("kind", ["StepLR", "ReduceLROnPlateau"])
 def test_a_checkpoint_saved_at_an_epochs_last_step_resumes_with_that_epochs_scheduler_step(kind, at, tmp_path):

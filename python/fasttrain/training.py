@@ -256,11 +256,14 @@ def _steps_in_c(program, loader, scheduler, bar, start, on_step, every, done):
     standing = [None, False]  # the step a callback last saw, and whether it changed the optimizer or scheduler
 
     def step(steps, loss, grad_norm):
+        nonlocal first_step
         program.step_count = first_step + steps  # as a callback reading the program expects it
         stand(steps)
         before = hyper(), scheduler.state_dict() if scheduler is not None else None
         stop = on_step(program.step_count, loss, lr_at(steps), grad_norm)
-        standing[:] = steps, (hyper(), scheduler.state_dict() if scheduler is not None else None) != before
+        moved = program.step_count != first_step + steps  # the callback set the count (ft.load of a checkpoint)
+        first_step = program.step_count - steps
+        standing[:] = steps, (hyper(), scheduler.state_dict() if scheduler is not None else None) != before or moved
         return stop or standing[1]
 
     def settle(steps, skipped):
