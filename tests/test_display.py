@@ -259,6 +259,17 @@ def test_fit_through_the_c_loader_writes_one_line_per_epoch():
     assert all(" 8/8 " in line for line in lines)
 
 
+def test_fit_over_a_generator_counts_its_batches_without_a_bar():
+    """A generator has no length (it failed with TypeError unless progress=False): the line counts the batches and
+    the time, without a bar or a percentage."""
+    program = small_program()
+    stream = io.StringIO()
+    history = ft.fit(program, (b for b in batches()), 1, stream=stream)
+    line, = stream.getvalue().splitlines()
+    assert re.match(rf"^epoch 1 \(1/1\) {len(batches())} \[00:\d\d\] loss ", line), line
+    assert "%" not in line and f"loss {history['train_loss'][0]:.4g}" in line
+
+
 def test_no_progress_writes_nothing(capsys):
     ft.fit(small_program(), batches(), 1, progress=False)
     assert capsys.readouterr() == ("", "")

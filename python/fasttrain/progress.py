@@ -55,7 +55,8 @@ def _mode(stream):
 
 class ProgressBar:
     """ProgressBar(total, desc): update(n, **stats) as work completes; close(**stats) at the end writes the final
-    line. mode says how it draws: "terminal", "widget" or "lines" (see the module's docstring)."""
+    line. mode says how it draws: "terminal", "widget" or "lines" (see the module's docstring). total None (batches
+    of a generator): the count and the time so far, without a bar."""
 
     def __init__(self, total, desc="", stream=None, width=28, min_interval=0.2, line_interval=30.0):
         self.total, self.desc, self.width = total, desc, width
@@ -73,6 +74,9 @@ class ProgressBar:
     def _frac(self):
         return self.count / self.total if self.total else 1.0
 
+    def _done(self):
+        return self.total is not None and self.count >= self.total
+
     def _bar(self):
         filled = int(self._frac() * self.width)
         return "█" * filled + ("▏" if filled < self.width else "") + " " * max(self.width - filled - 1, 0)
@@ -86,6 +90,9 @@ class ProgressBar:
         return f"{self.count}/{self.total} [{_fmt_time(elapsed)}<{_fmt_time(eta)}] {stats}"
 
     def _line(self):
+        if self.total is None:
+            stats = "  ".join(f"{k} {_fmt_stat(v)}" for k, v in self.stats.items())
+            return f"{self.desc} {self.count} [{_fmt_time(time.perf_counter() - self.start)}] {stats}".rstrip()
         return f"{self.desc} {self._frac() * 100:3.0f}%|{self._bar()}| {self._tail()}".rstrip()
 
     def _write(self, text):
@@ -101,14 +108,15 @@ class ProgressBar:
                 return bar._line()
 
         label = widgets.Label(f"{self.desc} ")
-        progress = widgets.IntProgress(value=0, min=0, max=max(self.total, 1))
+        progress = widgets.IntProgress(value=0, min=0, max=max(self.total or 0, 1))
         box = Box([label, progress, widgets.Label(self._tail())])
         return box, display.display(box, display_id=True)
 
     def _draw_widget(self):
         label, progress, tail = self._widget.children
         progress.value = min(self.count, progress.max)
-        tail.value = f" {self._frac() * 100:3.0f}% {self._tail()}"
+        tail.value = f" {self._frac() * 100:3.0f}% {self._tail()}" if self.total is not None else \
+            self._line()[len(self.desc):]
 
     def update(self, n=1, **stats):
         self.count += n
@@ -117,10 +125,10 @@ class ProgressBar:
         if self.mode == "lines":
             # Files and pipes get a line now and then during a long run, not a flood of redraws; the last one
             # is close()'s.
-            if now - self._last >= self.line_interval and self.count < self.total:
+            if now - self._last >= self.line_interval and not self._done():
                 self._last = now
                 self._write(self._line() + "\n")
-        elif now - self._last >= self.min_interval or self.count >= self.total:
+        elif now - self._last >= self.min_interval or self._done():
             self._last = now
             if self.mode == "widget":
                 self._draw_widget()

@@ -425,8 +425,8 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
             epoch = count
             if hasattr(loader, "set_epoch"):
                 loader.set_epoch(epoch)
-        bar = ProgressBar(len(loader), f"epoch {epoch + 1} ({count + 1}/{epochs})", stream=stream) \
-            if progress else None
+        total = len(loader) if hasattr(loader, "__len__") else None  # a generator's is unknown
+        bar = ProgressBar(total, f"epoch {epoch + 1} ({count + 1}/{epochs})", stream=stream) if progress else None
         start = time.perf_counter()
         tally, samples, lr, stopped = NO_TALLY, 0, _lr(program.optimizer), False
 
