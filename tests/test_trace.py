@@ -380,6 +380,32 @@ def test_ft_functions_of_traced_values_compile_and_match_finite_differences():
     assert gradcheck(FunctionsNet(), x, y, rtol=3e-2, atol=1e-3)
 
 
+def test_std_of_equal_values_passes_no_gradient():
+    """std over values that are all equal (a constant feature; in bf16-mixed, near-constant ones rounded to one
+    bfloat16) has gradient 0 there, as PyTorch's std (sqrt's own derivative at 0 is infinite: the gradient was NaN
+    and every step was refused); elsewhere (x - mean) / ((n - 1) std), by finite differences."""
+    class Spread(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.w = nn.Linear(3, CLASSES), nn.Parameter(ft.ones(3))
+
+        def forward(self, x):
+            return self.fc((x * self.w).std(1))
+
+    x = np.random.default_rng(26).standard_normal((4, 6, 3)).astype(np.float32)
+    x[:, :, 1] = 0.5
+    y = np.arange(4) % CLASSES
+    for precision in ("32-true", "bf16-mixed"):
+        ft.manual_seed(27)
+        model = Spread()
+        program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=4, input_shape=(6, 3),
+                                precision=precision)
+        program.backward(x, y)
+        g = model.w.grad.numpy()
+        assert np.all(np.isfinite(g)) and g[1] == 0 and abs(g[0]) > 1e-3, (precision, g)
+    assert gradcheck(Spread(), x, y, rtol=3e-2, atol=1e-3)
+
+
 def test_broadcast_sum_and_division_values_match_numpy():
     """The forward values of broadcasting, sums over dimensions, division and powers, against NumPy."""
     class Net(nn.Module):

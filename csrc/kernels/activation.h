@@ -35,6 +35,7 @@ typedef enum {
     FT_ACT_POW,       /* x ** alpha (x * x, sqrt, 1 / sqrt and 1 / x for alpha 2, 0.5, -0.5 and -1, as torch's ops) */
     FT_ACT_CLAMP_MIN, /* max(x, alpha), NaN kept (PyTorch's clamp(min=)) */
     FT_ACT_CLAMP_MAX, /* min(x, alpha), NaN kept */
+    FT_ACT_STD_SQRT,  /* sqrt(x) with gradient 0 at 0: a variance to torch.std, whose backward passes none there */
     FT_NUM_ACTS
 } ft_act_kind;
 
@@ -170,6 +171,7 @@ static inline FT_HD float ft_act_forward(ft_act a, float x) {
     case FT_ACT_POW: return ft_powf(x, a.alpha);
     case FT_ACT_CLAMP_MIN: return ft_clamp_min(x, a.alpha);
     case FT_ACT_CLAMP_MAX: return ft_clamp_max(x, a.alpha);
+    case FT_ACT_STD_SQRT: return sqrtf(x);
     default: return x;
     }
 }
@@ -226,6 +228,8 @@ static inline FT_HD float ft_sign(float x) { return x > 0.0f ? 1.0f : x < 0.0f ?
 static inline FT_HD float ft_huber_grad(float x, float delta) { return fabsf(x) < delta ? x : delta * ft_sign(x); }
 static inline FT_HD float ft_xlogx_grad(float x) { return x > 0.0f ? logf(x) + 1.0f : 0.0f; }
 static inline FT_HD float ft_pow_grad(float x, float a) { return a == 0.0f ? 0.0f : a * ft_powf(x, a - 1.0f); }
+/* all values equal: no deviation to move, where sqrt's own derivative is infinite */
+static inline FT_HD float ft_std_sqrt_grad(float x) { return x > 0.0f ? 0.5f / sqrtf(x) : 0.0f; }
 
 static inline FT_HD float ft_act_grad_from_input(ft_act a, float x) {
     switch (a.kind) {
@@ -246,6 +250,7 @@ static inline FT_HD float ft_act_grad_from_input(ft_act a, float x) {
     case FT_ACT_POW: return ft_pow_grad(x, a.alpha);
     case FT_ACT_CLAMP_MIN: return ft_clamp_min_grad(x, a.alpha);
     case FT_ACT_CLAMP_MAX: return ft_clamp_max_grad(x, a.alpha);
+    case FT_ACT_STD_SQRT: return ft_std_sqrt_grad(x);
     default: return 1.0f;
     }
 }

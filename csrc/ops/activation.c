@@ -29,6 +29,7 @@ const char *ft_act_name(ft_act_kind kind) {
     case FT_ACT_POW: return "pow";
     case FT_ACT_CLAMP_MIN: return "clamp_min";
     case FT_ACT_CLAMP_MAX: return "clamp_max";
+    case FT_ACT_STD_SQRT: return "std_sqrt";
     default: return "activation";
     }
 }
@@ -51,6 +52,7 @@ void ft_act_forward_f32(float *y, const float *x, int64_t n, ft_act act) {
     case FT_ACT_EXP: FT_SIMD_FOR(i, n) y[i] = ft_expf(x[i]); break;
     case FT_ACT_CLAMP_MIN: FT_SIMD_FOR(i, n) y[i] = ft_clamp_min(x[i], alpha); break;
     case FT_ACT_CLAMP_MAX: FT_SIMD_FOR(i, n) y[i] = ft_clamp_max(x[i], alpha); break;
+    case FT_ACT_STD_SQRT: FT_SIMD_FOR(i, n) y[i] = sqrtf(x[i]); break;
     case FT_ACT_SOFTPLUS:
     case FT_ACT_HUBER:
     case FT_ACT_XLOGX:
@@ -116,6 +118,7 @@ void ft_act_backward_f32(float *dx, const float *dy, const float *s, int64_t n, 
     case FT_ACT_EXP: GRAD_LOOP(ft_expf(s[i])); break;
     case FT_ACT_CLAMP_MIN: GRAD_LOOP(ft_clamp_min_grad(s[i], act.alpha)); break;
     case FT_ACT_CLAMP_MAX: GRAD_LOOP(ft_clamp_max_grad(s[i], act.alpha)); break;
+    case FT_ACT_STD_SQRT: GRAD_LOOP(ft_std_sqrt_grad(s[i])); break;
     case FT_ACT_XLOGX:
     case FT_ACT_LOG:
     case FT_ACT_POW:

@@ -1186,8 +1186,9 @@ class Symbolic:
         return (centered * centered)._sum_dims(dims, keepdim, 1.0 / n if n > 0 else math.inf)
 
     def std(self, dim=None, unbiased=True, keepdim=False, *, correction=None):
-        """Records the standard deviation over dim (not the batch), as torch.std."""
-        return self.var(dim, unbiased, keepdim, correction=correction).sqrt()
+        """Records the standard deviation over dim (not the batch), as torch.std: no gradient where all the values
+        are equal (a zero deviation), as PyTorch's."""
+        return _layers()._Elementwise("std_sqrt")(self.var(dim, unbiased, keepdim, correction=correction))
 
     def amax(self, dim, keepdim=False):
         """Records the largest value over dim (not the batch), as torch.amax: adaptive max pooling of the values
