@@ -517,6 +517,31 @@ def test_binary_cross_entropy_of_probabilities_matches_numpy_eagerly_and_compile
     assert gradcheck(program, x, yt)
 
 
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_sigmoid_and_bce_loss_train_through_saturated_outputs(precision):
+    """A model ending in nn.Sigmoid with nn.BCELoss (the DCGAN tutorial's discriminator): an output that rounds to
+    exactly 1 (a logit of 20 in float32; in bfloat16 any above about 6, which the mixed program no longer stores)
+    passes no gradient, as PyTorch's, instead of NaN (which refused every step); the others pass (p - y) / count,
+    the loss is NumPy's of float32 probabilities (a log(1 - p) of a p of exactly 1 held at -100)."""
+    model = nn.Sequential(nn.Linear(2, 3), nn.Sigmoid())
+    w = np.array([[20.0, 0.0], [7.0, 0.0], [0.5, 0.0]], np.float32)  # logits x0 * (20, 7, 0.5)
+    model.load_state_dict({"0.weight": w, "0.bias": np.zeros(3, np.float32)})
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.BCELoss(), batch_size=4, input_shape=(2,),
+                            precision=precision)
+    x = np.array([[1, 0], [1, 1], [-1, 0], [0.5, 0]], np.float32)
+    y = np.array([[1, 0.9, 1], [0, 1, 0.5], [0, 0, 1], [1, 1, 0]], np.float32)
+    z = x @ w.T
+    p = (1 / (1 + np.exp(-z))).astype(np.float64)
+    with np.errstate(divide="ignore"):
+        want = -(y * np.maximum(np.log(p), -100) + (1 - y) * np.maximum(np.log1p(-p), -100)).mean()
+    saturated = p == 1
+    dz = np.where(saturated, 0.0, p - y) / y.size
+    assert program.backward(x, y) == pytest.approx(want, rel=1e-5 if precision == "32-true" else 1e-3)
+    got = model[0].weight.grad.numpy()
+    assert np.all(np.isfinite(got)) and saturated.any()
+    np.testing.assert_allclose(got, dz.T @ x, rtol=1e-4 if precision == "32-true" else 3e-2, atol=1e-7)
+
+
 def test_kl_div_of_log_probability_targets_matches_numpy():
     model, x = make_model()
     t = np.log(np.random.default_rng(5).dirichlet(np.ones(OUT), N)).astype(np.float32)

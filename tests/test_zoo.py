@@ -468,7 +468,7 @@ def test_summary_counts_every_parameter_once(name):
 
 @pytest.mark.parametrize("make, error, match", [
     (lambda: nn.MultiheadAttention(8, 2), ValueError, r"batch_first=True"),
-    (lambda: nn.MultiheadAttention(8, 2, dropout=1.0, batch_first=True), ValueError, r"dropout must be in \[0, 1\)"),
+    (lambda: nn.MultiheadAttention(8, 2, dropout=1.5, batch_first=True), ValueError, r"dropout must be in \[0, 1\]"),
     (lambda: nn.MultiheadAttention(8, 3, batch_first=True), ValueError, r"divisible by num_heads"),
     (lambda: nn.TransformerEncoderLayer(8, 2, dropout=0.0, activation="tanh", batch_first=True), ValueError,
      r"activation"),

@@ -36,6 +36,7 @@ typedef enum {
     FT_ACT_CLAMP_MIN, /* max(x, alpha), NaN kept (PyTorch's clamp(min=)) */
     FT_ACT_CLAMP_MAX, /* min(x, alpha), NaN kept */
     FT_ACT_STD_SQRT,  /* sqrt(x) with gradient 0 at 0: a variance to torch.std, whose backward passes none there */
+    FT_ACT_LOG_FLOOR, /* max(log x, alpha), no gradient below alpha: binary cross entropy's logs (alpha -100) */
     FT_NUM_ACTS
 } ft_act_kind;
 
@@ -148,6 +149,12 @@ static inline FT_HD float ft_powf(float x, float a) {
 
 static inline FT_HD float ft_clamp_min(float x, float a) { return x < a ? a : x; }
 static inline FT_HD float ft_clamp_max(float x, float a) { return x > a ? a : x; }
+/* NaN kept; log(0) = -inf held at the floor */
+static inline FT_HD float ft_log_floor(float x, float floor) {
+    float y = logf(x);
+    return y < floor ? floor : y;
+}
+
 /* 0 at the bound, as PyTorch 2's clamp, hardtanh and relu6 */
 static inline FT_HD float ft_clamp_min_grad(float x, float a) { return x > a ? 1.0f : 0.0f; }
 static inline FT_HD float ft_clamp_max_grad(float x, float a) { return x < a ? 1.0f : 0.0f; }
@@ -172,6 +179,7 @@ static inline FT_HD float ft_act_forward(ft_act a, float x) {
     case FT_ACT_CLAMP_MIN: return ft_clamp_min(x, a.alpha);
     case FT_ACT_CLAMP_MAX: return ft_clamp_max(x, a.alpha);
     case FT_ACT_STD_SQRT: return sqrtf(x);
+    case FT_ACT_LOG_FLOOR: return ft_log_floor(x, a.alpha);
     default: return x;
     }
 }
@@ -230,6 +238,8 @@ static inline FT_HD float ft_xlogx_grad(float x) { return x > 0.0f ? logf(x) + 1
 static inline FT_HD float ft_pow_grad(float x, float a) { return a == 0.0f ? 0.0f : a * ft_powf(x, a - 1.0f); }
 /* all values equal: no deviation to move, where sqrt's own derivative is infinite */
 static inline FT_HD float ft_std_sqrt_grad(float x) { return x > 0.0f ? 0.5f / sqrtf(x) : 0.0f; }
+/* a probability of exactly 0 (or 1 in log(1 - p)) passes none, where 1 / x is infinite */
+static inline FT_HD float ft_log_floor_grad(float x, float floor) { return logf(x) > floor ? 1.0f / x : 0.0f; }
 
 static inline FT_HD float ft_act_grad_from_input(ft_act a, float x) {
     switch (a.kind) {
@@ -251,6 +261,7 @@ static inline FT_HD float ft_act_grad_from_input(ft_act a, float x) {
     case FT_ACT_CLAMP_MIN: return ft_clamp_min_grad(x, a.alpha);
     case FT_ACT_CLAMP_MAX: return ft_clamp_max_grad(x, a.alpha);
     case FT_ACT_STD_SQRT: return ft_std_sqrt_grad(x);
+    case FT_ACT_LOG_FLOOR: return ft_log_floor_grad(x, a.alpha);
     default: return 1.0f;
     }
 }

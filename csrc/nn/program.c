@@ -723,7 +723,9 @@ static bool read_by_low(const ft_program *p, int i) {
 
 /* Each node's dtype (of its output and of its gradient). In a mixed-precision
  * program the model's nodes compute in the low precision where their kind
- * can, and the loss's in float32; the input is converted as it is copied in,
+ * can, and the loss's in float32, as does an output that is no product (a
+ * sigmoid's probabilities: one within 2^-9 of 1 would round to 1, and the
+ * loss's log(1 - p) to its floor); the input is converted as it is copied in,
  * and a parameter node read by a LOW kind is its weight's low copy.
  * A float32-only kind needs float32 inputs and a LOW kind low ones: where
  * they meet, the producer (or the LOW reader) falls back to float32 until
@@ -735,7 +737,8 @@ static void plan_dtypes(ft_program *p) {
         bool low = p->compute != FT_FLOAT32 &&
                    (is_input(p, i)               ? nd->dtype == FT_FLOAT32
                     : nd->kind == FT_NODE_PARAM ? i <= p->output && read_by_low(p, i)
-                                                : i <= p->output && k != FT_NODE_FLOAT32);
+                                                : i <= p->output && k != FT_NODE_FLOAT32 &&
+                                                      (i < p->output || k == FT_NODE_LOW));
         p->dtype[i] = low ? p->compute : is_input(p, i) || i == p->target ? nd->dtype : FT_FLOAT32;
         if (nd->kind == FT_NODE_SLICE || nd->kind == FT_NODE_PERMUTE) { /* token ids or a mask moved about */
             ft_dtype in = p->dtype[source(p, nd->inputs[0])];

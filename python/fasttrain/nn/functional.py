@@ -1145,7 +1145,9 @@ def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=N
     same shape, each log held at -100 or above, as PyTorch (binary_cross_entropy_with_logits is the stabler form)."""
     reduction = _reduction_of("binary_cross_entropy", _legacy_reduction(size_average, reduce, reduction))
     if isinstance(input, Symbolic):
-        values = -(target * input.log().clamp_min(-100.0) + (1.0 - target) * (1.0 - input).log().clamp_min(-100.0))
+        def log(p):  # held at -100, with no gradient there (a sigmoid's probability of exactly 1)
+            return M._Elementwise("log_floor", -100.0)(p)
+        values = -(target * log(input) + (1.0 - target) * log(1.0 - input))
         return (values if weight is None else values * weight).reduce(reduction)
     target = _pair_check(input, target, "binary_cross_entropy")
     p, y = _host(input), _host(target)

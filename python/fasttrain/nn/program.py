@@ -238,10 +238,10 @@ def _graph(model, inputs, loss=None, target_shape=None, target_dtype=None, train
     return entries, index[id(first.node)], mode_was_read()
 
 
-def _fused(entries, output):
+def _fused(entries, output, low=False):
     """The entries _fuse keeps, and the index among them of the output (where an activation fused into the layer
     before it, that layer's)."""
-    kept_entries = _fuse(entries, output)
+    kept_entries = _fuse(entries, output, low)
     kept = {id(e): i for i, e in enumerate(kept_entries)}
     while id(entries[output]) not in kept:
         output = entries[output].inputs[0]
@@ -281,12 +281,16 @@ def _commutes_with_shift(e):
         getattr(m, "divisor_override", None) is None
 
 
-def _fuse(entries, output):
+def _fuse(entries, output, low=False):
     """Folds single-consumer activations into their producer and drops conv
     biases a batch norm cancels. Returns the surviving entries, re-indexed.
     The model's output (entry `output`) keeps its values: an activation that
     only the loss applies to it (binary_cross_entropy(o.sigmoid(), y)) does
-    not fold into it, or predict would give the activated values."""
+    not fold into it, or predict would give the activated values. In a
+    mixed-precision program (low) an activation that is the output stays a
+    node of its own, which computes in float32: a sigmoid's probabilities
+    within 2^-9 of 1 would round to 1 in bfloat16 (BCELoss's log(1 - p) at
+    its floor, its gradient NaN)."""
     users = _consumers(entries)
     remap = list(range(len(entries)))
     for e in entries:  # InPlace-ABN's activation is its own, and must stay invertible: nothing fuses into it
@@ -300,7 +304,8 @@ def _fuse(entries, output):
         name = e.fields["act"]
         ok = prod.act is None and not isinstance(prod.module, M.InPlaceABN) and len(users[e.inputs[0]]) == 1 and (
             prod.kind == ADD or (prod.kind in (CONV2D, LINEAR, BATCHNORM) and name in FROM_OUTPUT))
-        if (name == "leaky_relu" and e.fields["alpha"] < 0) or (e.inputs[0] == output and j != output):
+        if (name == "leaky_relu" and e.fields["alpha"] < 0) or (e.inputs[0] == output and j != output) or \
+                (low and j == output):
             ok = False
         if ok:
             prod.act, prod.alpha = name, e.fields["alpha"]
@@ -638,7 +643,7 @@ class Program:
                        for cls, fixed in _MODAL if isinstance(m, cls) and not (isinstance(m, M._RNNBase) and
                                                                                not m.dropout)}
         self._modal.update((id(m), (m, {"training": m.training})) for m in readers)
-        self.entries, self.output = _fused(entries, output)
+        self.entries, self.output = _fused(entries, output, precision not in ("32-true", "32"))
         segments = _recompute(recompute, model, self.entries)
         # A LayerNorm or Linear over the last dimension of 3-d per-sample values (ConvNeXt's x.permute(0, 2, 3, 1))
         # or a LayerNorm over whole images reads them in their (d0, d1, d2) order, which channels_last moves.
@@ -741,7 +746,7 @@ class Program:
         """The graph (entries, output) predict and evaluate run when the forward branches on self.training and its
         graph in eval mode computes something else than the training step's (a program of its own then, which
         reads the same weights and trains nothing); else None. `graph` is _graph's arguments."""
-        entries, output = _fused(*_graph(*graph, training=False)[:2])
+        entries, output = _fused(*_graph(*graph, training=False)[:2], self._compute is not _BY_NAME["float32"])
         if _in_eval_mode(entries, output) == _in_eval_mode(self.entries, self.output):
             return None
         folded = {id(e.module): e.bias_into for e in self._folded}
