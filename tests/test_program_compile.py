@@ -56,6 +56,31 @@ def test_dropped_bias_gradient_with_micro_batches():
     np.testing.assert_array_equal(params_of(model)["0.bias"], bias)  # so plain SGD leaves it as it is
 
 
+def test_a_batch_larger_than_compiled_with_batch_norm_warns_once():
+    """A batch of 16 on a program compiled for 8 trains as two micro-batches: with a batch norm in training mode
+    each is normalized by its own statistics, which differs from a step of 16 at once: one warning says so (a batch
+    of the compiled size, or no batch norm, none)."""
+    import warnings
+    x, y = batch(16, seed=2)
+    model = big_bias_net()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=8,
+                            input_shape=(3, 8, 8))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        program.train_step(x[:8], y[:8])
+    with pytest.warns(UserWarning, match=r"a batch of 16 samples trains as micro-batches of at most 8 .* \(compile "
+                                         r"with batch_size=16") as record:
+        program.train_step(x, y)
+        program.backward(x, y)
+    assert len(record) == 1 and record[0].filename == __file__
+    plain = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, CLASSES))
+    program = plain.compile(ft.optim.SGD(plain.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=8,
+                            input_shape=(3, 8, 8))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        program.train_step(x, y)
+
+
 def avgpool3_pad1(x):
     """AvgPool2d(3, stride=1, padding=1) with count_include_pad=True: the zero padding counts in every window."""
     xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))

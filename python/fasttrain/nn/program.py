@@ -798,6 +798,21 @@ class Program:
                              "(x[None], y[None]); predict takes one sample as it is")
         return xt, None if self.target_dtype is None or y is None else _as(y, self.target_dtype, "labels")
 
+    def _training_batch(self, x, y, stacklevel):
+        """_batch for a training step, which warns once when a batch larger than the compiled one meets a batch norm
+        in training mode: it runs as micro-batches, each normalized by its own statistics."""
+        xt, yt = self._batch(x, y)
+        n = (xt[0] if isinstance(xt, tuple) else xt).shape[0]
+        if n > self.batch_size and not self.__dict__.get("_warned_split") and any(
+                e.kind == BATCHNORM and e.module.training for e in self.entries):
+            self._warned_split = True
+            warnings.warn(f"a batch of {n} samples trains as micro-batches of at most "
+                          f"{self.batch_size // self.accumulate_steps} (the compiled batch_size "
+                          f"{self.batch_size}): each batch norm normalizes every micro-batch by its own statistics, "
+                          f"where a step of {n} at once would use the {n} samples' (compile with batch_size={n} for "
+                          "that)", stacklevel=stacklevel + 1)
+        return xt, yt
+
     @property
     def input_shape(self):
         """The per-sample shape of the program's input (without the batch dimension); for a forward of several
@@ -923,7 +938,7 @@ class Program:
         """train_step, returning (the loss, its tally: see tally_means; the accuracy's counts from the training-mode
         output)."""
         self._check_compiled()
-        loss, skipped, tally = self._c.train_step(*self._batch(x, y), self.optimizer, self.clip_grad_norm,
+        loss, skipped, tally = self._c.train_step(*self._training_batch(x, y, 3), self.optimizer, self.clip_grad_norm,
                                                   self.nan_policy)
         self.step_count += 1
         self.skipped_steps += skipped
@@ -954,7 +969,7 @@ class Program:
         for p, view in self._grad_views:
             if p.grad is not view:  # set to None (or replaced): the program's memory is .grad again
                 p.grad, zeroed = view, True
-        return self._c.backward(*self._batch(x, y), not zeroed)
+        return self._c.backward(*self._training_batch(x, y, 2), not zeroed)
 
     def predict(self, x):
         """The model's (first) output for x, in eval mode (running batch-norm statistics, no dropout): for a batch
