@@ -235,7 +235,8 @@ def test_memory_formats_as_pytorch_names_them():
 
 
 def test_what_compile_fixed_changing_afterwards_is_refused_not_ignored():
-    """Freezing a layer or putting a batch norm in eval mode after compile would not reach the compiled step."""
+    """Freezing a layer, putting a batch norm in eval mode or setting the program's precision, batch size or
+    accumulation after compile would not reach the compiled step (the program reported the precision set)."""
     m = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(144, 5))
     program = m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=2,
                         input_shape=(3, 8, 8))
@@ -258,6 +259,12 @@ def test_what_compile_fixed_changing_afterwards_is_refused_not_ignored():
     m.train()
     program.train_step(x, y)
     assert not np.array_equal(m[0].weight.numpy(), before)
+    for name, value in (("precision", "bf16-mixed"), ("batch_size", 4), ("accumulate_steps", 2)):
+        kept = getattr(program, name)
+        with pytest.raises(AttributeError, match=rf"program.{name} is fixed at compile .*compile the model again "
+                                                 rf"with {name}="):
+            setattr(program, name, value)
+        assert getattr(program, name) == kept
     m[1].momentum = 0.5  # a node's hyperparameter: the step would keep 0.1
     with pytest.raises(ValueError, match=r"BatchNorm2d.momentum changed from 0.1 to 0.5 after compile"):
         program.train_step(x, y)

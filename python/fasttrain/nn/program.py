@@ -588,8 +588,26 @@ def _as(t, dtype, what):
     return t.to(dtype)
 
 
+class _Fixed:
+    """An attribute compile fixes: read as any, refused when set afterwards, which the C program would ignore."""
+
+    def __set_name__(self, owner, name):
+        self.name = name
+
+    def __get__(self, program, owner=None):
+        return self if program is None else program.__dict__[self.name]
+
+    def __set__(self, program, value):
+        if self.name in program.__dict__:
+            raise AttributeError(f"program.{self.name} is fixed at compile ({program.__dict__[self.name]!r}): compile "
+                                 f"the model again with {self.name}={value!r}")
+        program.__dict__[self.name] = value
+
+
 class Program:
     """A compiled model: train_step, predict and evaluate run in C."""
+
+    batch_size, accumulate_steps, precision = _Fixed(), _Fixed(), _Fixed()
 
     def __init__(self, model, optimizer, loss, batch_size, input_shape, memory_format, accumulate_steps,
                  clip_grad_norm, nan_policy, seed, target_shape=None, target_dtype=None, input_dtype=None,
