@@ -581,6 +581,9 @@ def test_bad_hyperparameters(make, match):
 def test_bad_params_and_grads():
     with pytest.raises(TypeError, match="float32"):
         ft.optim.SGD([ft.zeros(3, dtype=ft.float64)])
+    with pytest.raises(TypeError, match=r"got bfloat16: .*call model.float\(\) first; to train in bfloat16, "
+                                        r"compile the float32 model with precision='bf16-mixed'"):
+        ft.optim.AdamW(ft.nn.Linear(2, 2).bfloat16().parameters())
     with pytest.raises(TypeError, match="fasttrain Tensor"):
         ft.optim.SGD([np.zeros(3, np.float32)])
     with pytest.raises(TypeError, match="but got a Tensor"):

@@ -31,7 +31,9 @@ def _check_param(p, what):
     if not isinstance(p, TensorBase):
         raise TypeError(f"{what} must be a fasttrain Tensor, not {type(p).__name__}")
     if p.dtype is not _FLOAT32:
-        raise TypeError(f"{what} must be float32, got {p.dtype.name}: the optimizers update float32 master weights")
+        raise TypeError(f"{what} must be float32, got {p.dtype.name}: the optimizers update float32 master weights "
+                        "(call model.float() first; to train in bfloat16, compile the float32 model with "
+                        "precision='bf16-mixed')")
     if not p.is_contiguous():
         raise ValueError(f"{what} must be contiguous")
 
