@@ -118,6 +118,22 @@ def test_a_parameter_two_optimizers_hold_is_refused_by_the_program_it_left():
     np.testing.assert_allclose(again.predict(x).numpy(), d(ft.tensor(x)).numpy(), rtol=1e-6)
 
 
+def test_a_model_compiled_again_shares_its_weights_with_the_first_program():
+    """The same model compiled twice (float32, then bf16-mixed) keeps one flat buffer: a step of either moves the
+    weights the other reads next."""
+    m = nn.Sequential(nn.Linear(4, 3))
+    first = m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=8, input_shape=(4,))
+    x, y = np.random.default_rng(9).standard_normal((8, 4)).astype(np.float32), np.arange(8) % 3
+    first.train_step(x, y)
+    second = m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=8, input_shape=(4,),
+                       precision="bf16-mixed")
+    for stepping, reading in ((first, second), (second, first)):
+        before = reading.predict(x).numpy()
+        stepping.train_step(x, y)
+        np.testing.assert_allclose(reading.predict(x).numpy(), m(ft.tensor(x)).numpy(), rtol=2e-2, atol=2e-2)
+        assert not np.array_equal(reading.predict(x).numpy(), before)
+
+
 def test_a_module_read_before_its_optimizer_compiled_follows_it():
     """Compiled first, the generator's step differentiates the discriminator (its optimizer does not hold it, no
     other program trains it yet); the discriminator's compile then takes its parameters, and the generator's
