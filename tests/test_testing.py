@@ -180,7 +180,8 @@ def test_make_tensor_draws_the_default_range_of_each_dtype(dtype, low, high):
 def test_make_tensor_takes_a_range_and_either_form_of_shape():
     t = make_tensor((3, 4), low=2, high=2.5, seed=1)
     assert t.shape == (3, 4) and 2 <= np.asarray(t).min() and np.asarray(t).max() <= 2.5
-    assert set(np.asarray(make_tensor(100, dtype=ft.int32, low=5, high=6, seed=1)).tolist()) == {5, 6}
+    assert set(np.asarray(make_tensor(100, dtype=ft.int32, low=5, high=7, seed=1)).tolist()) == {5, 6}  # [5, 7)
+    assert set(np.asarray(make_tensor(100, dtype=ft.int64, low=0, high=3, seed=1)).tolist()) == {0, 1, 2}
     with pytest.raises(ValueError, match="low"):
         make_tensor(3, low=1, high=0)
     with pytest.raises(ValueError, match="must be numbers"):
@@ -189,19 +190,21 @@ def test_make_tensor_takes_a_range_and_either_form_of_shape():
         assert np.isfinite(np.asarray(make_tensor(64, dtype=dtype, low=-1e39, high=1e39, seed=2).float())).all()
     with pytest.raises(ValueError, match="range"):
         make_tensor(3, dtype=ft.uint8, low=-1, high=3)
+    with pytest.raises(ValueError, match=r"\[4, 4\) is not a range of .* \(high is excluded"):
+        make_tensor(3, dtype=ft.int64, low=4, high=4)
     with pytest.raises(TypeError, match="complex64"):
         make_tensor(3, dtype=ft.complex64)
 
 
-@pytest.mark.parametrize("dtype,low,high", [("int64", -2 ** 63, 2 ** 63 - 1), ("uint64", 0, 2 ** 64 - 1),
-                                            ("uint64", 2 ** 64 - 3, 2 ** 64 - 1), ("int64", 2 ** 63 - 3, 2 ** 63 - 1),
-                                            ("uint64", 5, 2 ** 64 - 1)])
+@pytest.mark.parametrize("dtype,low,high", [("int64", -2 ** 63, 2 ** 63), ("uint64", 0, 2 ** 64),
+                                            ("uint64", 2 ** 64 - 3, 2 ** 64), ("int64", 2 ** 63 - 3, 2 ** 63),
+                                            ("uint64", 5, 2 ** 64)])
 def test_make_tensor_draws_ranges_beyond_int64(dtype, low, high):
     t = make_tensor(4000, dtype=getattr(ft, dtype), low=low, high=high, seed=3)
     v = [int(x) for x in t.tolist()]
-    assert t.dtype is getattr(ft, dtype) and min(v) >= low and max(v) <= high
+    assert t.dtype is getattr(ft, dtype) and min(v) >= low and max(v) < high
     if high - low < 10:
-        assert set(v) == set(range(low, high + 1))
+        assert set(v) == set(range(low, high))
     else:  # both halves of the range
         mid = low + (high - low) // 2
         assert 0.45 < sum(x > mid for x in v) / len(v) < 0.55

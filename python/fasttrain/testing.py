@@ -141,9 +141,9 @@ def assert_close(actual, expected, *, rtol=None, atol=None, equal_nan=False, che
 
 
 def make_tensor(*shape, dtype=_BY_NAME["float32"], low=None, high=None, seed=None, device=None):
-    """A tensor of the given shape, uniform in [low, high]: floating values in [-9, 9] by default (a bound beyond
-    the dtype's range clamped to it, as torch.testing's), integers in [-9, 9] (from 0 for unsigned types), bool True
-    or False. The same seed gives the same tensor; without one the values come from fasttrain's generator
+    """A tensor of the given shape, uniform in [low, high), as torch.testing's: floating values in [-9, 9] by default
+    (a bound beyond the dtype's range clamped to it), integers from low up to high - 1 (-9 to 9 by default, from 0
+    for unsigned types), bool True or False. The same seed gives the same tensor; without one the values come from fasttrain's generator
     (ft.manual_seed)."""
     dtype = as_dtype(dtype)
     generator = None if seed is None else Generator().manual_seed(seed)
@@ -164,15 +164,16 @@ def make_tensor(*shape, dtype=_BY_NAME["float32"], low=None, high=None, seed=Non
         return randint(0, 2, _sizes(shape), generator=generator, device=device).to(dtype)
     info = np.iinfo(dtype.name)
     low = max(info.min, -9) if low is None else low
-    high = min(info.max, 9) if high is None else high
-    if not info.min <= low <= high <= info.max:
-        raise ValueError(f"make_tensor: [{low}, {high}] is not a range of {dtype} values")
-    if high < 2 ** 63 - 1:  # randint's bounds are int64
-        return randint(low, high + 1, _sizes(shape), generator=generator, device=device).to(dtype)
+    high = min(info.max, 9) + 1 if high is None else high
+    if not info.min <= low < high <= info.max + 1:
+        raise ValueError(f"make_tensor: [{low}, {high}) is not a range of {dtype} values (high is excluded, as "
+                         "torch.testing's)")
+    if high <= 2 ** 63 - 1:  # randint's bounds are int64
+        return randint(low, high, _sizes(shape), generator=generator, device=device).to(dtype)
     # offsets from low, added with wrap-around: drawn by randint for a span within int64, else (up to uint64's
     # 2**64 values) as 64 random bits from two 32-bit draws, those at or above the span drawn again (at least
     # half of them pass each round)
-    span, size = high - low + 1, _sizes(shape)
+    span, size = high - low, _sizes(shape)
     offsets = np.empty(int(np.prod(size)), np.uint64)
     todo = np.arange(offsets.size)
     if span <= 2 ** 63 - 1:
