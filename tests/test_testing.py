@@ -304,24 +304,35 @@ PLUGIN = ["-p", "fasttrain.pytest_plugin"]  # as an installed fasttrain's entry 
 
 
 def seeds(result):
-    return dict(re.findall(r"SEED (\S+) (\S+ \S+ \S+)", result.stdout.str()))
+    return dict(re.findall(r"SEED (\w+) (\d+ \S+ \S+)", result.stdout.str()))
 
 
-def test_ft_seed_follows_the_node_id(pytester):
-    pytester.makepyfile("""
-        import numpy as np
-        import fasttrain as ft
+def test_ft_seed_follows_the_test_wherever_pytest_starts(pytester, monkeypatch):
+    """The seed comes from the file's name and the test's name in it: the same every run, from the project's root
+    or from the tests' directory (a node id relative to pytest's rootdir gave CI another seed than a local run);
+    a failure's report shows it."""
+    pytester.mkpydir("tests")
+    (pytester.path / "tests" / "test_seeds.py").write_text("""
+import numpy as np
+import fasttrain as ft
 
-        def test_a(ft_seed):
-            print("SEED a", ft_seed, ft.rand(1).item(), np.random.rand())
+def test_a(ft_seed):
+    print("SEED a", ft_seed, ft.rand(1).item(), np.random.rand())
 
-        def test_b(ft_seed):
-            print("SEED b", ft_seed, ft.rand(1).item(), np.random.rand())
-    """)
-    first, second = (pytester.runpytest(*PLUGIN, "-s") for _ in range(2))
-    first.assert_outcomes(passed=2)
+def test_b(ft_seed):
+    print("SEED b", ft_seed, ft.rand(1).item(), np.random.rand())
+    assert False
+""")
+    first, second = (pytester.runpytest(*PLUGIN, "-s", "tests") for _ in range(2))
+    first.assert_outcomes(passed=1, failed=1)
     assert seeds(first) == seeds(second) and len(seeds(first)) == 2  # the same seeds and draws every run
     assert seeds(first)["a"].split()[0] != seeds(first)["b"].split()[0]
+    b = seeds(first)["b"].split()[0]
+    first.stdout.fnmatch_lines([f"*ft_seed {b} (from test_seeds.py::test_b)*"])
+    inside = pytester.path / "tests"
+    monkeypatch.chdir(inside)
+    assert seeds(pytester.runpytest_inprocess(*PLUGIN, "-s", "--rootdir", str(inside), "test_seeds.py")) == \
+        seeds(first)
 
 
 def test_ft_seed_and_ft_deterministic_put_back_what_they_change(pytester):

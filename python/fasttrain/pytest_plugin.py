@@ -46,9 +46,12 @@ def ft_device(request):
 
 @pytest.fixture
 def ft_seed(request):
-    """Seeds fasttrain's generator and NumPy's global one from the test's node id (the same seed every run of the
-    same test, another for each test) and yields the seed; both generators get their state back afterwards."""
-    seed = int.from_bytes(hashlib.sha256(request.node.nodeid.encode()).digest()[:4], "little")
+    """Seeds fasttrain's generator and NumPy's global one from the test's file name and its name in the file (the
+    same seed every run of the same test, wherever pytest starts; another for each test) and yields the seed, which
+    a failure's report shows; both generators get their state back afterwards."""
+    name = f"{request.node.path.name}::{request.node.nodeid.split('::', 1)[-1]}"
+    seed = int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "little")
+    request.node.add_report_section("call", "ft_seed", f"ft_seed {seed} (from {name})")
     ft_state, np_state = ft.get_rng_state(), np.random.get_state()
     ft.manual_seed(seed)
     np.random.seed(seed)
