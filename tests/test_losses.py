@@ -452,7 +452,7 @@ def soft_targets():
 @pytest.mark.parametrize("case", SOFT_CASES, ids=str)
 def test_cross_entropy_of_class_probabilities_matches_numpy(case):
     """Mixup's or a teacher's probabilities as targets (compile(target_shape=(C,), target_dtype=ft.float32)), as
-    PyTorch's CrossEntropyLoss takes them."""
+    PyTorch's CrossEntropyLoss takes them, compiled and eagerly (which refused them)."""
     kw = dict(case, weight=ft.tensor(np.array(case["weight"], np.float32))) if "weight" in case else case
     model, x = make_model()
     t = soft_targets()
@@ -470,6 +470,10 @@ def test_cross_entropy_of_class_probabilities_matches_numpy(case):
     want, gW, _ = reference_grads(ref, W, b, x, t)
     assert loss == pytest.approx(want, rel=1e-5)
     np.testing.assert_allclose(model.weight.grad.numpy(), gW, rtol=1e-3, atol=1e-5)
+    eager = nn.CrossEntropyLoss(**kw)(model(ft.tensor(x)), ft.tensor(t)).item()
+    assert eager == pytest.approx(ref(x.astype(np.float64) @ W.T + b, t), rel=1e-5)
+    with pytest.raises(ValueError, match=r"class probabilities must have the input's shape \(8, 3\), got \(8, 2\)"):
+        F.cross_entropy(model(ft.tensor(x)), ft.tensor(t[:, :2]))
 
 
 def test_cross_entropy_of_a_teachers_probabilities_trains_the_student_only():

@@ -949,7 +949,8 @@ def _classes_first(fn, input, target):
 
 def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean",
                   label_smoothing=0.0):
-    """Class-index targets (int64 or int32) of shape (N) or (N, d...) for input (N, C) or (N, C, d...)."""
+    """Class-index targets (int64 or int32) of shape (N) or (N, d...) for input (N, C) or (N, C, d...), or class
+    probabilities of input's shape (soft labels, mixup's), as torch.nn.functional.cross_entropy."""
     reduction = _legacy_reduction(size_average, reduce, reduction)
     merged = isinstance(input, MergedRows)
     input, target = _classes_first("cross_entropy", input, target)
@@ -959,6 +960,17 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
         return MergedRows(loss) if merged and reduction == "none" else loss  # per-position losses, merged too
     _check(input, "input", "cross_entropy")
     _check(target, "target", "cross_entropy")
+    if target.dtype.is_floating_point:  # class probabilities: in float64 NumPy, as the other eager losses
+        if tuple(target.shape) != tuple(input.shape):
+            raise ValueError(f"cross_entropy: class probabilities must have the input's shape {tuple(input.shape)}, "
+                             f"got {tuple(target.shape)}")
+        x, p = _host(input), _host(target)
+        classes = x.shape[1]
+        p = p * (1 - label_smoothing) + label_smoothing / classes
+        z = x - x.max(1, keepdims=True)
+        w = np.ones(classes) if weight is None else _host(weight)
+        values = -(p * (z - np.log(np.exp(z).sum(1, keepdims=True))) * w.reshape(-1, *(1,) * (x.ndim - 2))).sum(1)
+        return _eager(values, _reduction_of("cross_entropy", reduction), input)
     loss, _ = _C.cross_entropy_forward(None, False, input, target, weight, reduction, int(ignore_index),
                                        float(label_smoothing))
     return loss
