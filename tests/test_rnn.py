@@ -359,13 +359,38 @@ def test_the_tutorials_zero_initial_state_of_the_batch_size_compiles():
     np.testing.assert_allclose(program.predict(x).numpy(), model(ft.tensor(x)).numpy(), rtol=1e-5, atol=1e-6)
     assert gradcheck(program, x, np.array([0, 1]), eps=1e-3, rtol=3e-2, atol=1e-3)
 
-    class Other(nn.Module):
-        def forward(self, x):
-            return x + ft.zeros(x.size(0), 3)
 
-    with pytest.raises(ft.nn.TracingError, match=r"ft.zeros\(N, 3\) \(a size naming the batch\) other than as an RNN"):
-        Other().compile(ft.optim.SGD([nn.Parameter(ft.zeros(1))], lr=0.1), nn.MSELoss(), batch_size=2,
-                        input_shape=(3,))
+
+class HandWritten(nn.Module):
+    """A hand-written RNN over the steps from a zero state, torch.zeros(x.size(0), hidden), as the char-RNN tutorial
+    writes it (cat of the input and the state), and a decoder's start tokens torch.empty(N, 1, dtype=long)
+    .fill_(SOS) through an embedding; ones(N) scales each sample."""
+
+    def __init__(self):
+        super().__init__()
+        self.i2h, self.emb, self.fc = nn.Linear(3 + 4, 4), nn.Embedding(5, 4), nn.Linear(4, 2)
+
+    def forward(self, x):
+        h = ft.zeros(x.size(0), 4)
+        for t in range(x.size(1)):
+            h = ft.tanh(self.i2h(ft.cat((x[:, t], h), 1)))
+        start = ft.empty(x.size(0), 1, dtype=ft.long).fill_(3)
+        return self.fc(h + self.emb(start)[:, 0]) * ft.ones(x.size(0)).unsqueeze(1)
+
+
+def test_constants_of_the_batch_size_are_values_of_every_sample():
+    """zeros/ones/empty().fill_ of a size with the batch first are the constant for every sample (they were refused:
+    the state and the start tokens, or failed inside on ft.ones(N)): predict is the eager forward, the gradients
+    finite differences'."""
+    ft.manual_seed(12)
+    model = HandWritten()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=2, input_shape=(5, 3))
+    x = np.random.default_rng(13).standard_normal((2, 5, 3)).astype(np.float32)
+    np.testing.assert_allclose(program.predict(x).numpy(), model(ft.tensor(x)).numpy(), rtol=1e-5, atol=1e-6)
+    assert gradcheck(program, x, np.array([0, 1]), eps=1e-3, rtol=3e-2, atol=1e-3)
+    program.backward(x, np.array([0, 1]))
+    grad = model.emb.weight.grad.numpy()
+    assert np.abs(grad[3]).max() > 0 and not np.delete(grad, 3, 0).any()  # only the start token's row
 
 
 @pytest.mark.parametrize("mode", ["RNN", "LSTM", "GRU"])

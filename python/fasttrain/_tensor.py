@@ -77,7 +77,7 @@ def _contiguous_strides(shape):
 
 def _sizes(args):
     """size arguments given as f(2, 3) or f((2, 3))."""
-    if len(args) == 1 and not isinstance(args[0], int):
+    if len(args) == 1 and not isinstance(args[0], int) and hasattr(args[0], "__iter__"):  # not the batch size N
         return tuple(args[0])
     return tuple(args)
 

@@ -41,11 +41,14 @@ def full(size: int | Sequence[int], fill_value: Number | Tensor, *, dtype: DType
 
 def zeros(*size: int | Sequence[int], dtype: DTypeLike | None = None, device: DeviceLike = None,
           pin_memory: bool = False) -> Tensor:
-    """A tensor of zeros of the given size, float32 by default. In a traced forward, a size naming the batch
-    (x.size(0)) gives an RNN's zero initial state (PyTorch's h0 = torch.zeros(layers, x.size(0), hidden))."""
-    from .nn.graph import BatchSize, ZeroStates
-    if any(isinstance(n, BatchSize) for n in (size[0] if len(size) == 1 and not isinstance(size[0], int) else size)):
-        return ZeroStates(size)
+    """A tensor of zeros of the given size, float32 by default. In a traced forward, a size with the batch
+    (x.size(0)) first is zeros for every sample (a hand-written RNN's zero state, torch.zeros(x.size(0), hidden)),
+    and one with the batch second an RNN's zero initial state (PyTorch's h0 = torch.zeros(layers, x.size(0),
+    hidden))."""
+    from .nn.graph import BatchSize, ZeroStates, names_batch
+    sizes = _sizes(size)
+    if not names_batch(sizes) and any(isinstance(n, BatchSize) for n in sizes):
+        return ZeroStates(sizes)
     return empty(*size, dtype=dtype, device=device, pin_memory=pin_memory).fill_(0)
 
 

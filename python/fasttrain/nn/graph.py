@@ -1608,9 +1608,11 @@ class Blank(_Refusing):
         return draw if source.ndim == len(self.size) else draw.view(-1, *self.size[1:])
 
     def fill_(self, value):
-        """The constant of size (1, ...) filled with value, the same for every sample."""
+        """value for every sample: a constant of the model (a hand-written RNN's zero state, a decoder's start
+        token ids)."""
         from .. import creation
-        return creation.empty((1, *self.size[1:]), dtype=self.dtype, device=self.device).fill_(value)
+        return creation.empty((1, *self.size[1:]), dtype=self.dtype, device=self.device).fill_(value).expand(
+            N, *self.size[1:])
 
     def _refuse(self, *args, **kwargs):
         fail(f"new memory of size {self.size} (the batch first) other than filled by bernoulli_(p) (of size (N, 1, "
