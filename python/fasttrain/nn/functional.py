@@ -962,8 +962,9 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     _check(target, "target", "cross_entropy")
     if target.dtype.is_floating_point:  # class probabilities: in float64 NumPy, as the other eager losses
         if tuple(target.shape) != tuple(input.shape):
-            raise ValueError(f"cross_entropy: class probabilities must have the input's shape {tuple(input.shape)}, "
-                             f"got {tuple(target.shape)}")
+            raise TypeError(f"cross_entropy: target must hold class indices as int64 or int32, or class "
+                            f"probabilities of the input's shape {tuple(input.shape)}; got {target.dtype.name} of "
+                            f"shape {tuple(target.shape)}")
         x, p = _host(input), _host(target)
         classes = x.shape[1]
         p = p * (1 - label_smoothing) + label_smoothing / classes
