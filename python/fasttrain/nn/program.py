@@ -820,7 +820,8 @@ class Program:
         """_batch for a training step, which warns once when a batch larger than the compiled one meets a batch norm
         in training mode: it runs as micro-batches, each normalized by its own statistics."""
         xt, yt = self._batch(x, y)
-        n = (xt[0] if isinstance(xt, tuple) else xt).shape[0]
+        first = (xt[0] if isinstance(xt, tuple) else xt).shape
+        n = first[0] if first else 0  # a 0-d input: refused by the step
         if n > self.batch_size and not self.__dict__.get("_warned_split") and any(
                 e.kind == BATCHNORM and e.module.training for e in self.entries):
             self._warned_split = True
