@@ -312,14 +312,18 @@ def test_transformer_layers_in_bfloat16():
 
 
 def test_unknown_and_unavailable_precisions_are_refused():
-    with pytest.raises(ValueError, match="precision must be one of '32-true', '32', 'bf16-mixed', '16-mixed', "
-                                         "got 'fp8'"):
+    with pytest.raises(ValueError, match="precision must be one of '32-true', 'bf16-mixed', '16-mixed' \\(or "
+                                         "Lightning's short forms '32', 32, 'bf16', '16', 16\\), got 'fp8'"):
         compiled("fp8")
-    for bad in (["bf16-mixed"], None, 16, b"32"):
+    for bad in (["bf16-mixed"], None, True, 64, b"32", "bf16-true"):
         with pytest.raises(ValueError, match=f"precision must be one of .*got {re.escape(repr(bad))}"):
             compiled(bad)
-    with pytest.raises(ValueError, match="'16-mixed' computes in float16, which fasttrain runs on CUDA only"):
-        compiled("16-mixed")
+    for short in (16, "16", "16-mixed"):
+        with pytest.raises(ValueError, match="'16-mixed' computes in float16, which fasttrain runs on CUDA only"):
+            compiled(short)
+    for short, name in ((32, "32-true"), ("32", "32-true"), ("bf16", "bf16-mixed" if ft.backends.cpu_has_bf16()
+                                                                  else "32-true")):
+        assert compiled(short)[1].precision == name  # Lightning's short forms, shown by their names
 
 
 def test_float16_is_refused_on_the_cpu():

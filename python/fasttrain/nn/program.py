@@ -613,6 +613,7 @@ class Program:
                  clip_grad_norm, nan_policy, seed, target_shape=None, target_dtype=None, input_dtype=None,
                  precision="32-true", distributed=False, recompute=None, bucket_cap_mb=25, grad_scaler=None):
         from ..amp import GradScaler
+        precision = _precision_name(precision)
         if grad_scaler is not None and not isinstance(grad_scaler, GradScaler):
             raise TypeError(f"compile: grad_scaler must be an ft.amp.GradScaler, got {type(grad_scaler).__name__}")
         if isinstance(loss, type):
@@ -661,7 +662,7 @@ class Program:
                        for cls, fixed in _MODAL if isinstance(m, cls) and not (isinstance(m, M._RNNBase) and
                                                                                not m.dropout)}
         self._modal.update((id(m), (m, {"training": m.training})) for m in readers)
-        self.entries, self.output = _fused(entries, output, precision not in ("32-true", "32"))
+        self.entries, self.output = _fused(entries, output, precision != "32-true")
         segments = _recompute(recompute, model, self.entries)
         # A LayerNorm or Linear over the last dimension of 3-d per-sample values (ConvNeXt's x.permute(0, 2, 3, 1))
         # or a LayerNorm over whole images reads them in their (d0, d1, d2) order, which channels_last moves.
@@ -1094,16 +1095,23 @@ class Program:
         return sum(_flops(e) for e in self.entries[:self.output + 1])
 
 
-_PRECISIONS = {"32-true": "float32", "32": "float32", "bf16-mixed": "bfloat16", "16-mixed": "float16"}
+_PRECISIONS = {"32-true": "float32", "bf16-mixed": "bfloat16", "16-mixed": "float16"}
+_ALIASES = {"32": "32-true", 32: "32-true", "bf16": "bf16-mixed", "16": "16-mixed", 16: "16-mixed"}  # Lightning's
+
+
+def _precision_name(precision):
+    """precision= as its name in _PRECISIONS (Lightning's short forms taken too): ValueError for an unknown one."""
+    name = _ALIASES.get(precision, precision) if isinstance(precision, (str, int)) and \
+        not isinstance(precision, bool) else None
+    if name not in _PRECISIONS:
+        raise ValueError(f"compile: precision must be one of {', '.join(map(repr, _PRECISIONS))} (or Lightning's "
+                         f"short forms {', '.join(map(repr, _ALIASES))}), got {precision!r}")
+    return name
 
 
 def _compute_dtype(precision, device):
-    """(the dtype a precision= string computes in, the precision that runs) on device: ValueError for an unknown
-    one; where the CPU has no bfloat16 instructions, or the GPU no bfloat16 tensor cores, bf16-mixed runs as
+    """(the dtype a precision's name computes in, the precision that runs) on device; where the CPU has no bfloat16 instructions, or the GPU no bfloat16 tensor cores, bf16-mixed runs as
     32-true, with a warning."""
-    if not isinstance(precision, str) or precision not in _PRECISIONS:
-        raise ValueError(f"compile: precision must be one of {', '.join(map(repr, _PRECISIONS))}, got "
-                         f"{precision!r}")
     if precision == "16-mixed" and device.type != "cuda":
         raise ValueError("compile: precision='16-mixed' computes in float16, which fasttrain runs on CUDA only (the "
                          "CPU has no float16 arithmetic); use precision='bf16-mixed'")
