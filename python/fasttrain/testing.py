@@ -143,8 +143,8 @@ def assert_close(actual, expected, *, rtol=None, atol=None, equal_nan=False, che
 def make_tensor(*shape, dtype=_BY_NAME["float32"], low=None, high=None, seed=None, device=None):
     """A tensor of the given shape, uniform in [low, high), as torch.testing's: floating values in [-9, 9] by default
     (a bound beyond the dtype's range clamped to it), integers from low up to high - 1 (-9 to 9 by default, from 0
-    for unsigned types), bool True or False. The same seed gives the same tensor; without one the values come from fasttrain's generator
-    (ft.manual_seed)."""
+    for unsigned types), bool True or False. The same seed gives the same tensor; without one the values come from
+    fasttrain's generator (ft.manual_seed)."""
     dtype = as_dtype(dtype)
     generator = None if seed is None else Generator().manual_seed(seed)
     if dtype.is_floating_point:

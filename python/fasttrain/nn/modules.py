@@ -316,9 +316,10 @@ class Module:
 
     def load_state_dict(self, state, strict=True):
         """Copies arrays (or tensors) into the parameters and persistent buffers; checks every shape first, and a
-        failure (a mismatch, a value of a dtype it cannot copy, read-only memory) changes nothing. Returns (missing_keys, unexpected_keys), as PyTorch's; with strict, either raises
-        RuntimeError, as PyTorch's. A batch norm's num_batches_tracked that the state lacks (older and converted
-        PyTorch checkpoints) stays as it is, as PyTorch's loads it."""
+        failure (a mismatch, a value of a dtype it cannot copy, read-only memory) changes nothing. Returns
+        (missing_keys, unexpected_keys), as PyTorch's; with strict, either raises RuntimeError, as PyTorch's. A batch
+        norm's num_batches_tracked that the state lacks (older and converted PyTorch checkpoints) stays as it is, as
+        PyTorch's loads it."""
         own = self._state()
         missing = [k for k in own if k not in state and not _is_counter(k)]
         unexpected = [k for k in state if k not in own]

@@ -1110,8 +1110,8 @@ def _precision_name(precision):
 
 
 def _compute_dtype(precision, device):
-    """(the dtype a precision's name computes in, the precision that runs) on device; where the CPU has no bfloat16 instructions, or the GPU no bfloat16 tensor cores, bf16-mixed runs as
-    32-true, with a warning."""
+    """(the dtype a precision's name computes in, the precision that runs) on device; where the CPU has no bfloat16
+    instructions, or the GPU no bfloat16 tensor cores, bf16-mixed runs as 32-true, with a warning."""
     if precision == "16-mixed" and device.type != "cuda":
         raise ValueError("compile: precision='16-mixed' computes in float16, which fasttrain runs on CUDA only (the "
                          "CPU has no float16 arithmetic); use precision='bf16-mixed'")
