@@ -221,6 +221,19 @@ def test_metadata_types_round_trip(tmp_path):
     assert ft.load(path, small_net())["epoch"] == 3
     with pytest.raises(TypeError, match="when"):
         ft.save(path, program, metadata={"when": object()})
+    ft.save(path, program, epoch=np.int64(4), metadata={"acc": np.float32(0.5), "ok": np.bool_(True)})
+    _, meta = ft.load(path)  # NumPy scalars (an epoch counter, an accuracy) as the numbers they are
+    assert meta["epoch"] == 4 and meta["acc"] == 0.5 and meta["ok"] is True
+
+
+@pytest.mark.parametrize("key", ["scheduler", "loader", "rng", "format", "program.step", "optimizer.param_groups",
+                                 "optimizer.anything", "fasttrain.json_keys"])
+def test_metadata_keys_that_load_reads_are_refused(tmp_path, key):
+    """A user's 'scheduler' or 'loader' (a name, say) saved with no scheduler or loader given was read back by
+    ft.load as their state: it refused its own file. Every key ft.load reads is refused by ft.save."""
+    path, program = _saved(tmp_path)
+    with pytest.raises(ValueError, match=f"metadata key '{key}' is one fasttrain uses itself"):
+        ft.save(path, program, metadata={key: "cosine"})
 
 
 # ---------------------------------------------------------------- ft.fit: epochs, resume, schedules (12, 13, 22)

@@ -285,13 +285,13 @@ def save(path: str | os.PathLike[str], obj: Module | Program, *, optimizer: Opti
     typed = []
     for key, value in user.items():
         key = str(key)
-        if key in meta or key == _TYPED:
-            raise ValueError(f"ft.save: metadata key {key!r} is one fasttrain uses itself")
+        if key in meta or key in _RESERVED or key.startswith(("optimizer.", "program.")):
+            raise ValueError(f"ft.save: metadata key {key!r} is one fasttrain uses itself (ft.load would read it)")
         if isinstance(value, str):
             meta[key] = value
             continue
         try:
-            meta[key] = json.dumps(value, allow_nan=False)
+            meta[key] = json.dumps(value, allow_nan=False, default=_numpy_scalar)
         except (TypeError, ValueError) as e:
             raise TypeError(f"ft.save: metadata {key!r} must be a string or JSON-serializable: {e}") from None
         typed.append(key)
@@ -304,7 +304,15 @@ def save(path: str | os.PathLike[str], obj: Module | Program, *, optimizer: Opti
         distributed.barrier()  # the file is complete before any rank goes on (and may load it)
 
 
+def _numpy_scalar(value):
+    """A NumPy scalar (np.int64(3), an accuracy's np.float32) as the Python number JSON writes."""
+    if isinstance(value, np.generic) and value.ndim == 0 and value.dtype.kind in "biuf":
+        return value.item()
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
 _TYPED = "fasttrain.json_keys"  # the metadata keys whose values were not strings, stored as JSON
+_RESERVED = {"format", "rng", "scheduler", "loader", _TYPED}  # with optimizer.* and program.*: what ft.load reads
 
 
 def _decoded_metadata(path, meta):
