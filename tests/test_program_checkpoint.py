@@ -296,6 +296,8 @@ def _crafted_bad_types(raw):
     crafted("a string offset", lambda h: h["0.weight"].__setitem__("data_offsets", [0, "x"]))
     crafted("a dtype that is a list", lambda h: h["0.weight"].__setitem__("dtype", ["F32"]))
     crafted("a dimension of 10**30", lambda h: h["0.weight"].__setitem__("shape", [10 ** 30]))
+    crafted("a shape of true", lambda h: h["0.bias"].__setitem__("shape", [True] * len(h["0.bias"]["shape"])))
+    crafted("70 dimensions", lambda h: h["0.bias"].__setitem__("shape", h["0.bias"]["shape"] + [1] * 69))
     crafted("metadata not a dict", lambda h: h.__setitem__("__metadata__", [1]))
     return out
 

@@ -130,7 +130,7 @@ def load_file(path):
         raise ValueError(f"{path}: corrupt or truncated safetensors file (header of {n} bytes)")
     try:
         header = json.loads(data[8:8 + n])
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except ValueError as e:  # bad UTF-8 or JSON, an integer of thousands of digits
         raise ValueError(f"{path}: corrupt safetensors header: {e}") from None
     except RecursionError:
         raise ValueError(f"{path}: corrupt safetensors header: nested too deeply") from None
@@ -146,7 +146,7 @@ def load_file(path):
             dtype, shape, (begin, end) = info["dtype"], info["shape"], info["data_offsets"]
             if not isinstance(dtype, str) or dtype not in _DTYPES:
                 raise ValueError(f"unsupported dtype {dtype!r}")
-            if not all(isinstance(v, int) and v >= 0 for v in [*shape, begin, end]):
+            if not all(type(v) is int and v >= 0 for v in [*shape, begin, end]):  # true is no size
                 raise ValueError("shape and offsets must be non-negative integers")
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"{path}: corrupt entry for tensor {name!r}: {e}") from None
@@ -155,7 +155,10 @@ def load_file(path):
             raise ValueError(f"{path}: tensor {name!r} lies outside the file or has the wrong size (truncated?)")
         spans.append((begin, end, name))
         raw = np.frombuffer(body[begin:end], dtype=np.uint16 if dtype == "BF16" else _DTYPES[dtype])
-        tensors[name] = (raw.reshape(shape), dtype)
+        try:
+            tensors[name] = (raw.reshape(shape), dtype)
+        except ValueError as e:  # more dimensions than NumPy holds, or a size beyond its range (with a zero)
+            raise ValueError(f"{path}: corrupt entry for tensor {name!r}: shape {shape}: {e}") from None
     # The format requires the tensors to fill the body exactly, one after the other: a header length one byte
     # short (its JSON ending in padding) would otherwise shift every tensor by a byte and still load.
     spans.sort()
