@@ -581,6 +581,17 @@ def test_bad_hyperparameters(make, match):
 def test_bad_params_and_grads():
     with pytest.raises(TypeError, match="float32"):
         ft.optim.SGD([ft.zeros(3, dtype=ft.float64)])
+    p = ft.zeros(3)
+    p.grad = ft.ones(3)
+    opt = ft.optim.AdamW([p])
+    opt.step()
+    sd = opt.state_dict()
+    sd["state"][0]["step"] = np.float32("inf")
+    with pytest.raises(ValueError, match="step must be a whole number >= 0, got inf"):  # was an OverflowError
+        ft.optim.AdamW([ft.zeros(3)]).load_state_dict(sd)
+    loader = ft.data.Loader((np.zeros((4, 2), np.float32), np.zeros(4, np.int64)), 2)
+    with pytest.raises(ValueError, match=r"the state's epoch must be an integer in \[0, 2\*\*63\)"):
+        loader.load_state_dict({**loader.state_dict(), "epoch": 2 ** 64 + 5})
     with pytest.raises(TypeError, match=r"got bfloat16: .*call model.float\(\) first; to train in bfloat16, "
                                         r"compile the float32 model with precision='bf16-mixed'"):
         ft.optim.AdamW(ft.nn.Linear(2, 2).bfloat16().parameters())

@@ -173,10 +173,23 @@ def _state_bits(model):
     return {k: np.ascontiguousarray(v).tobytes() for k, v in model.state_dict().items()}
 
 
-@pytest.mark.parametrize("key,value", [("rng", '[0, "x"]'), ("rng", "[1]"), ("program.step", '"x"'),
-                                        ("program.dropout", "[1, -2]"), ("loader", '{"epoch": "a", "batch": 0}'),
-                                        ("scheduler", '{"unrelated": 1}')])
-def test_load_checks_all_metadata_before_changing_anything(tmp_path, key, value):
+def _groups(edit):
+    import json
+    return lambda text: json.dumps([edit(g) or g for g in json.loads(text)])
+
+
+@pytest.mark.parametrize("key,value,match", [
+    ("rng", '[0, "x"]', "rng"), ("rng", "[1]", "rng"), ("program.step", '"x"', "program.step"),
+    ("program.dropout", "[1, -2]", "program.dropout"), ("loader", '{"epoch": "a", "batch": 0}', "loader"),
+    ("loader", '{"epoch": 18446744073709551621, "batch": 0}', "loader"),
+    ("scheduler", '{"unrelated": 1}', "scheduler"),
+    ("optimizer.param_groups", _groups(lambda g: g.pop("weight_decay")), "group 0 of the state_dict has no "
+                                                                        "'weight_decay'"),
+    ("optimizer.param_groups", _groups(lambda g: g.__setitem__("nesterov", "yes")), "nesterov must be a bool")])
+def test_load_checks_all_metadata_before_changing_anything(tmp_path, key, value, match):
+    """Tampered metadata (tampered by hand or a bug) is a ValueError or TypeError naming it, before anything
+    changes (a missing hyperparameter was a KeyError, an infinite step or a huge epoch an OverflowError, "yes" a
+    flag that is set)."""
     images = np.zeros((8, 6, 6), np.uint8)
     loader = ft.data.Loader(ft.data.from_arrays(images, np.zeros(8, np.int64)), 4, num_workers=1)
     model = small_net()
@@ -184,7 +197,8 @@ def test_load_checks_all_metadata_before_changing_anything(tmp_path, key, value)
     sched = ft.optim.lr_scheduler.StepLR(program.optimizer, 2)
     path = str(tmp_path / "c.safetensors")
     ft.save(path, program, scheduler=sched, loader=loader)
-    _rewrite(path, lambda h: h["__metadata__"].__setitem__(key, value))
+    _rewrite(path, lambda h: h["__metadata__"].__setitem__(key, value(h["__metadata__"][key]) if callable(value)
+                                                            else value))
     fresh = small_net(3)
     target = compile_small(fresh)
     target_sched = ft.optim.lr_scheduler.StepLR(target.optimizer, 2)
@@ -192,7 +206,7 @@ def test_load_checks_all_metadata_before_changing_anything(tmp_path, key, value)
     ft.manual_seed(77)
     rng_before = ft.random.default_generator.get_state().numpy().tobytes()
     sched_before = target_sched.state_dict()
-    with pytest.raises(ValueError, match=key):
+    with pytest.raises((ValueError, TypeError), match=match):
         ft.load(path, target, scheduler=target_sched, loader=loader, restore_rng=True)
     assert _state_bits(fresh) == before
     assert ft.random.default_generator.get_state().numpy().tobytes() == rng_before

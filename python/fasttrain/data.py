@@ -769,8 +769,12 @@ class Loader(_C.LoaderBase):
             mine = self.state_dict()[key] if key == "num_samples" else getattr(self, key)
             if key in state and state[key] != mine:
                 raise ValueError(f"the state is for {key}={state[key]!r} but this loader has {key}={mine!r}")
-        self._seek(int(state["epoch"]), int(state["batch"]))
-        self.epoch = int(state["epoch"])
+        epoch, batch = state["epoch"], state["batch"]
+        for name, v in (("epoch", epoch), ("batch", batch)):
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or not 0 <= v < 2 ** 63:
+                raise ValueError(f"the state's {name} must be an integer in [0, 2**63), got {v!r}")
+        self._seek(int(epoch), int(batch))
+        self.epoch = int(epoch)
         self._resume = True
         self._end_pass()
 

@@ -48,6 +48,12 @@ def _implementation(foreach, fused):
         raise RuntimeError("`fused` and `foreach` cannot be `True` together.")
 
 
+def _flag(value, key, index):
+    if not isinstance(value, (bool, np.bool_)):  # "yes" or 0.0 would read as a choice
+        raise TypeError(f"param group {index}: {key} must be a bool, got {value!r}")
+    return bool(value)
+
+
 def _number(group, key, index):
     value = group[key]
     try:
@@ -114,8 +120,9 @@ class Optimizer:
         except (TypeError, ValueError):
             raise TypeError(f"param group {index}: betas must be a pair of numbers, got {betas!r}") from None
         return (_number(group, "lr", index), _number(group, "weight_decay", index), float(momentum),
-                float(dampening), bool(nesterov), bool(group["maximize"]), beta1, beta2, float(eps), bool(amsgrad),
-                float(trust_coefficient), bool(lars_exclude), float(alpha), bool(centered))
+                float(dampening), _flag(nesterov, "nesterov", index), _flag(group["maximize"], "maximize", index),
+                beta1, beta2, float(eps), _flag(amsgrad, "amsgrad", index), float(trust_coefficient),
+                _flag(lars_exclude, "lars_exclude", index), float(alpha), _flag(centered, "centered", index))
 
     def add_param_group(self, param_group):
         """Adds a group (a dict with "params" and optional overrides of the defaults)."""
@@ -255,7 +262,7 @@ class Optimizer:
                 value = entry.get(name)
                 if name == "step":
                     step = float(np.asarray(value))
-                    if not (step >= 0 and step == math.floor(step) and step < 2 ** 62):
+                    if not (math.isfinite(step) and step >= 0 and step == math.floor(step) and step < 2 ** 62):
                         raise ValueError(f"the state of param {i}: step must be a whole number >= 0, got {step}")
                     checked[name] = int(step)
                 elif value is None:
@@ -324,7 +331,10 @@ class Optimizer:
                                  f"{len(group['params'])} in the optimizer")
             new = {k: v for k, v in saved.items() if k != "params"}
             new["params"] = group["params"]
-            _C.optim_check_group(self._kind, i, self._group_tuple(new, i))
+            try:
+                _C.optim_check_group(self._kind, i, self._group_tuple(new, i))
+            except KeyError as e:
+                raise ValueError(f"parameter group {i} of the state_dict has no {e.args[0]!r}") from None
             groups.append(new)
         # The saved indices name the params in group order, as ours do.
         order = {old: i for i, old in enumerate(p for g in saved_groups for p in g["params"])}
