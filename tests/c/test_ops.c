@@ -647,7 +647,7 @@ static void test_attention(void) {
     CHECK_STATUS(ft_sdpa_forward(&out, NULL, &q, &ks, &ks, &p), FT_ERR_SHAPE);
     CHECK_STATUS(ft_sdpa_forward(&out, NULL, &q, &k, &q, &p), FT_ERR_SHAPE);
     CHECK_STATUS(ft_sdpa_forward(&q, NULL, &q, &k, &v, &p), FT_ERR_VALUE);
-    CHECK_STATUS(ft_sdpa_forward(&out, NULL, &q, &k, &v, &(ft_sdpa_params){0, false, 1.0, 0, 0}), FT_ERR_VALUE);
+    CHECK_STATUS(ft_sdpa_forward(&out, NULL, &q, &k, &v, &(ft_sdpa_params){0, false, 1.5, 0, 0}), FT_ERR_VALUE);
     CHECK_STATUS(ft_sdpa_backward(&dq, &dk, &dv, &dout, &q, &k, &v, &out, NULL, &p, (ft_sdpa_acc){0}), FT_ERR_VALUE);
     free(want);
     ft_tensor *all[] = {&q, &k, &v, &dout, &out, &lse, &dq, &dk, &dv, &dq1, &qt, &qv, &ks};
