@@ -5,6 +5,9 @@ import pytest
 
 import fasttrain as ft
 from _opref import bits, fd_grad, n, nhwc, t, torch
+from fasttrain.testing import gradcheck
+
+nn, F = ft.nn, ft.nn.functional
 
 RNG = np.random.default_rng(7)
 
@@ -568,3 +571,132 @@ def test_autotuner_gives_the_same_results_and_persists_choices(tmp_path, monkeyp
         np.testing.assert_allclose(n(a), n(b), rtol=1e-4, atol=1e-4)
     lines = (tmp_path / "fasttrain-autotune.txt").read_text().split()
     assert len(lines) == 6 and set(lines[1::2]) <= {"0", "1", "2", "3"}  # a choice per kind: forward, data, weights
+
+
+# ---- layers written with other ops: EmbeddingBag, Bilinear, the shrinks, Threshold, Softmin, ChannelShuffle ----
+
+def bags_ref(table, ids, mode, padding_idx=None, weights=None):
+    """Each row of ids a bag: the sum, mean or max of its rows of table, padding_idx's ids left out (0 when none)."""
+    out = []
+    for k, bag in enumerate(ids):
+        keep = [j for j, i in enumerate(bag) if i != padding_idx]
+        rows = table[bag[keep]] * (1.0 if weights is None else weights[k][keep][:, None])
+        out.append(np.zeros(table.shape[1]) if not keep else rows.sum(0) if mode == "sum" else
+                   rows.mean(0) if mode == "mean" else rows.max(0))
+    return np.array(out)
+
+
+def test_embedding_bag_reduces_each_bag_as_numpy():
+    """Bags of one length (B, L) with padding left out of the sums, means and counts; 1-d ids cut at offsets (the
+    text classification tutorial's form, include_last_offset too); per-sample weights in mode 'sum'."""
+    ft.manual_seed(30)
+    ids = np.random.default_rng(31).integers(0, 10, (5, 4))
+    ids[0], ids[1, :2] = 0, 0  # a bag of padding only, and one half padded
+    for mode in ("sum", "mean", "max"):
+        bag = nn.EmbeddingBag(10, 3, mode=mode, padding_idx=0)
+        bag.weight[0].fill_(5.0)  # left out whatever it holds
+        table = bag.weight.numpy().astype(np.float64)
+        np.testing.assert_allclose(bag(ft.tensor(ids)).numpy(), bags_ref(table, ids, mode, 0), rtol=1e-6, atol=1e-7)
+        flat, starts = ids.reshape(-1), [0, 3, 3, 9]  # bags of 3, 0, 6 and 11 ids
+        want = [bags_ref(table, flat[a:b][None], mode)[0] if b > a else np.zeros(3)
+                for a, b in zip(starts, starts[1:] + [20])]
+        plain = nn.EmbeddingBag(10, 3, mode=mode, _weight=bag.weight)
+        np.testing.assert_allclose(plain(ft.tensor(flat), ft.tensor(np.array(starts))).numpy(), want, rtol=1e-6,
+                                   atol=1e-7)
+        last = nn.EmbeddingBag(10, 3, mode=mode, _weight=bag.weight, include_last_offset=True)
+        np.testing.assert_allclose(last(ft.tensor(flat), ft.tensor(np.array(starts + [20]))).numpy(), want,
+                                   rtol=1e-6, atol=1e-7)
+    w = np.random.default_rng(32).random((5, 4)).astype(np.float32)
+    bag = nn.EmbeddingBag(10, 3, mode="sum")
+    np.testing.assert_allclose(bag(ft.tensor(ids), per_sample_weights=ft.tensor(w)).numpy(),
+                               bags_ref(bag.weight.numpy().astype(np.float64), ids, "sum", weights=w), rtol=1e-5)
+    with pytest.raises(NotImplementedError, match="per_sample_weights is only supported for mode='sum'"):
+        nn.EmbeddingBag(10, 3)(ft.tensor(ids), per_sample_weights=ft.tensor(w))
+    with pytest.raises(ValueError, match="offsets must rise from 0"):
+        bag(ft.tensor(ids.reshape(-1)), ft.tensor(np.array([0, 5, 2])))
+    with pytest.raises(ValueError, match="mode must be 'sum', 'mean' or 'max'"):
+        nn.EmbeddingBag(10, 3, mode="median")
+
+
+def test_bilinear_shrinks_threshold_softmin_and_channel_shuffle_match_numpy():
+    x = np.random.default_rng(33).standard_normal((4, 6)).astype(np.float32)
+    xd = x.astype(np.float64)
+    layer = nn.Bilinear(6, 5, 3)
+    x2 = np.random.default_rng(34).standard_normal((4, 5)).astype(np.float32)
+    want = np.einsum("ni,kij,nj->nk", xd, layer.weight.numpy().astype(np.float64), x2) + layer.bias.numpy()
+    np.testing.assert_allclose(layer(ft.tensor(x), ft.tensor(x2)).numpy(), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(F.hardshrink(ft.tensor(x), 0.4).numpy(), np.where(np.abs(x) > 0.4, x, 0))
+    np.testing.assert_allclose(F.softshrink(ft.tensor(x), 0.4).numpy(), np.sign(x) * np.maximum(np.abs(x) - 0.4, 0),
+                               atol=1e-7)
+    np.testing.assert_array_equal(nn.Threshold(0.1, -2.0)(ft.tensor(x)).numpy(), np.where(x > 0.1, x, -2.0))
+    e = np.exp(-xd - (-xd).max(1, keepdims=True))
+    np.testing.assert_allclose(nn.Softmin(1)(ft.tensor(x)).numpy(), e / e.sum(1, keepdims=True), rtol=1e-6)
+    y = ft.tensor(x.copy())
+    assert F.threshold_(y, 0.0, 0.0) is y and np.array_equal(y.numpy(), np.maximum(x, 0))
+    for fn, args in ((F.elu_, ()), (F.selu_, ()), (F.celu_, (0.5,)), (F.hardtanh_, (-0.2, 0.3))):
+        y = ft.tensor(x.copy())
+        assert fn(y, *args) is y
+        np.testing.assert_array_equal(y.numpy(), getattr(F, fn.__name__[:-1])(ft.tensor(x), *args).numpy())
+    img = np.random.default_rng(35).standard_normal((2, 6, 2, 3)).astype(np.float32)
+    np.testing.assert_array_equal(nn.ChannelShuffle(3)(ft.tensor(img)).numpy(),
+                                  img.reshape(2, 3, 2, 2, 3).transpose(0, 2, 1, 3, 4).reshape(2, 6, 2, 3))
+
+
+class BagsAndPairs(nn.Module):
+    """A text model of padded bags (EmbeddingBag's compiled form), a bilinear layer over two views of them, the
+    shrinks and Threshold, and a ShuffleNet channel shuffle of the features viewed as maps."""
+
+    def __init__(self):
+        super().__init__()
+        self.bag = nn.EmbeddingBag(12, 8, mode="mean", padding_idx=0)
+        self.peak = nn.EmbeddingBag(12, 8, mode="max", padding_idx=0)
+        self.pair = nn.Bilinear(8, 8, 8)
+        self.acts = nn.Sequential(nn.Softshrink(0.1), nn.Hardshrink(0.05), nn.Threshold(-0.5, 0.25))
+        self.conv, self.out = nn.Conv2d(4, 4, 1), nn.Linear(8, 3)
+
+    def forward(self, ids):
+        h = self.acts(self.pair(self.bag(ids), self.peak(ids).tanh()))
+        maps = self.conv(F.channel_shuffle(h.view(h.size(0), 4, 2, 1), 2))
+        return self.out(maps.flatten(1)) + F.softmin(h[:, :3], 1)
+
+
+def test_layers_written_with_other_ops_compile_and_match_finite_differences():
+    ft.manual_seed(36)
+    model = BagsAndPairs()
+    ids = np.random.default_rng(37).integers(0, 12, (4, 5))
+    ids[0, 2:], ids[1] = 0, np.arange(1, 6)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=4, input_shape=(5,),
+                            input_dtype=ft.int64)
+    np.testing.assert_allclose(program.predict(ids).numpy(), model(ft.tensor(ids)).numpy(), rtol=1e-5, atol=1e-6)
+    assert gradcheck(program, ids, np.array([0, 1, 2, 0]), eps=1e-3, rtol=3e-2, atol=1e-3)
+    program.backward(ids, np.array([0, 1, 2, 0]))
+    assert not model.bag.weight.grad.numpy()[0].any()  # the padding row
+
+
+def test_layers_written_with_other_ops_match_pytorch():
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(38)
+    ft.manual_seed(36)
+    model = BagsAndPairs()
+    tm = torch.nn.ModuleDict(dict(bag=torch.nn.EmbeddingBag(12, 8, mode="mean", padding_idx=0),
+                                  peak=torch.nn.EmbeddingBag(12, 8, mode="max", padding_idx=0),
+                                  pair=torch.nn.Bilinear(8, 8, 8), conv=torch.nn.Conv2d(4, 4, 1),
+                                  out=torch.nn.Linear(8, 3)))
+    with torch.no_grad():
+        for name, p in tm.named_parameters():
+            p.copy_(torch.from_numpy(dict(model.named_parameters())[name].numpy()))
+    ids = np.random.default_rng(37).integers(0, 12, (4, 5))
+    ids[0, 2:] = 0
+    tf, ti = torch.nn.functional, torch.tensor(ids)
+    h = tf.threshold(tf.hardshrink(tf.softshrink(tm["pair"](tm["bag"](ti), tm["peak"](ti).tanh()), 0.1), 0.05),
+                     -0.5, 0.25)
+    want = tm["out"](tm["conv"](tf.channel_shuffle(h.view(4, 4, 2, 1), 2)).flatten(1)) + tf.softmin(h[:, :3], 1)
+    y = np.array([0, 1, 2, 0])
+    loss = tf.cross_entropy(want, torch.tensor(y))
+    loss.backward()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=4, input_shape=(5,),
+                            input_dtype=ft.int64)
+    assert program.backward(ids, y) == pytest.approx(loss.item(), rel=1e-5)
+    for name, p in tm.named_parameters():
+        np.testing.assert_allclose(dict(model.named_parameters())[name].grad.numpy(), p.grad.numpy(), rtol=1e-4,
+                                   atol=1e-6, err_msg=name)

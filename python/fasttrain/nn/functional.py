@@ -81,6 +81,8 @@ __all__ = [
     "soft_margin_loss", "multilabel_soft_margin_loss", "gaussian_nll_loss", "poisson_nll_loss",
     "cosine_embedding_loss", "hardsigmoid", "mish", "selu", "celu", "logsigmoid", "softsign", "tanhshrink",
     "prelu", "glu", "rms_norm", "pixel_shuffle", "pixel_unshuffle", "pad", "conv_transpose1d", "conv_transpose2d",
+    "softmin", "threshold", "threshold_", "hardshrink", "softshrink", "hardtanh_", "elu_", "selu_", "celu_",
+    "bilinear", "embedding_bag", "channel_shuffle",
 ]
 
 
@@ -720,6 +722,132 @@ def prelu(input, weight):
     if weight.numel() != 1:
         weight = weight.view(-1, *(1,) * (input.ndim - 2))
     return relu(input) - relu(-input) * weight
+
+
+def softmin(input, dim=None, _stacklevel=3, dtype=None):
+    """softmax(-input) along dim, as torch.nn.functional.softmin."""
+    return softmax(-input, dim, _stacklevel + 1, dtype)
+
+
+def _thresholded(input, at, value, inplace):
+    return _result(input, where(input > at, input, float(value)), inplace)
+
+
+def threshold(input, threshold, value, inplace=False):
+    """input where it exceeds threshold, value elsewhere (the gradient passes where it exceeds), as
+    torch.nn.functional.threshold."""
+    return _thresholded(input, threshold, value, inplace)
+
+
+def threshold_(input, threshold, value):
+    """threshold in place; returns input."""
+    return _thresholded(input, threshold, value, True)
+
+
+def hardshrink(input, lambd=0.5):
+    """input where |input| > lambd, 0 elsewhere, as torch.nn.functional.hardshrink."""
+    return where(input.abs() > lambd, input, 0.0)
+
+
+def softshrink(input, lambd=0.5):
+    """input moved towards 0 by lambd, 0 within [-lambd, lambd]: input - clamp(input, -lambd, lambd), as
+    torch.nn.functional.softshrink."""
+    if lambd < 0:
+        raise ValueError(f"softshrink: lambd must be at least 0, got {lambd}")
+    return input - input.clamp(-lambd, lambd)
+
+
+def hardtanh_(input, min_val=-1.0, max_val=1.0):
+    """hardtanh in place; returns input."""
+    return hardtanh(input, min_val, max_val, inplace=True)
+
+
+def elu_(input, alpha=1.0):
+    """elu in place; returns input."""
+    return elu(input, alpha, inplace=True)
+
+
+def selu_(input):
+    """selu in place; returns input."""
+    return selu(input, inplace=True)
+
+
+def celu_(input, alpha=1.0):
+    """celu in place; returns input."""
+    return celu(input, alpha, inplace=True)
+
+
+def bilinear(input1, input2, weight, bias=None):
+    """x1^T A_k x2 + b_k for each output k, weight A of shape (out, in1, in2), as torch.nn.functional.bilinear:
+    A_k x2 for every k in one product with weight's rows (out * in1, in2), then each one's dot product with x1."""
+    out, in1, in2 = weight.shape
+    rows = (weight.reshape(out * in1, in2) @ input2.unsqueeze(-1)).squeeze(-1)
+    y = (rows.reshape(*rows.shape[:-1], out, in1) * input1.unsqueeze(-2)).sum(-1)
+    return y if bias is None else y + bias
+
+
+def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale_grad_by_freq=False, mode="mean",
+                  sparse=False, per_sample_weights=None, include_last_offset=False, padding_idx=None):
+    """The sum, mean or max of each bag's rows of weight, as torch.nn.functional.embedding_bag: bags of one length
+    as the rows of a 2-d input (B, L), padding_idx leaving its ids out of the sums and the counts (an empty bag
+    gives 0), or, eagerly, a 1-d input cut at offsets. per_sample_weights (the input's shape) scale the rows in
+    mode 'sum'. A compiled model takes the 2-d form: pad the bags to one length with padding_idx."""
+    if mode not in ("sum", "mean", "max"):
+        raise ValueError(f"embedding_bag: mode must be 'sum', 'mean' or 'max', got {mode!r}")
+    if per_sample_weights is not None and mode != "sum":
+        raise NotImplementedError(f"embedding_bag: per_sample_weights is only supported for mode='sum' (got mode="
+                                  f"{mode!r}), as PyTorch's")
+    if input.ndim == 1:
+        return _bags_of_offsets(input, weight, offsets, max_norm, scale_grad_by_freq, mode, sparse,
+                                per_sample_weights, include_last_offset, padding_idx)
+    if input.ndim != 2 or offsets is not None:
+        raise ValueError(f"embedding_bag: input must be bags of one length (B, L) without offsets, or 1-d ids with "
+                         f"offsets; got {input.ndim}-d ids{' and offsets' if offsets is not None else ''}")
+    rows = embedding(input, weight, padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse)
+    kept = None if padding_idx is None else (input != (padding_idx % weight.shape[0])).unsqueeze(-1)
+    if per_sample_weights is not None:
+        rows = rows * per_sample_weights.unsqueeze(-1)
+    if kept is None:
+        return rows.amax(1) if mode == "max" else rows.sum(1) if mode == "sum" else rows.mean(1)
+    count = kept.float().sum(1)
+    if mode == "max":
+        return rows.masked_fill(~kept, float("-inf")).amax(1).masked_fill(count == 0, 0.0)
+    total = rows.masked_fill(~kept, 0.0).sum(1)  # whatever the padding row holds
+    return total if mode == "sum" else total / count.clamp_min(1.0)
+
+
+def _bags_of_offsets(input, weight, offsets, max_norm, scale_grad_by_freq, mode, sparse, per_sample_weights,
+                     include_last_offset, padding_idx):
+    """embedding_bag of 1-d ids cut at offsets: the bags one by one (eager values)."""
+    if isinstance(input, Symbolic):
+        fail("embedding_bag of 1-d ids cut at offsets", "a compiled model reads each sample on its own: pad the bags "
+             "to one length with padding_idx (ft.nn.utils.rnn.pad_sequence) and pass them as a 2-d input")
+    if offsets is None or offsets.ndim != 1:
+        raise ValueError("embedding_bag: 1-d ids need 1-d offsets, where each bag starts")
+    starts = [int(v) for v in offsets.tolist()]
+    if include_last_offset:
+        starts, end = starts[:-1], starts[-1]
+    else:
+        end = input.shape[0]
+    if any(b < a for a, b in zip(starts, starts[1:] + [end])) or (starts and (starts[0] < 0 or end > input.shape[0])):
+        raise ValueError(f"embedding_bag: offsets must rise from 0 to at most {input.shape[0]}, got {starts}")
+    bags = []
+    for a, b in zip(starts, starts[1:] + [end]):
+        ids = input[a:b].unsqueeze(0)
+        w = None if per_sample_weights is None else per_sample_weights[a:b].unsqueeze(0)
+        bags.append(embedding_bag(ids, weight, None, max_norm, 2, scale_grad_by_freq, mode, sparse, w,
+                                  padding_idx=padding_idx) if b > a else creation.zeros(1, weight.shape[1]))
+    return cat(bags, 0) if bags else creation.zeros(0, weight.shape[1])
+
+
+def channel_shuffle(input, groups):
+    """The channels of (N, C, ...) regrouped: (N, groups, C / groups, ...) transposed to (N, C / groups, groups,
+    ...), as torch.nn.functional.channel_shuffle (ShuffleNet)."""
+    N, C = input.shape[0], input.shape[1]
+    if C % groups:
+        raise ValueError(f"channel_shuffle: {C} channels do not split into {groups} groups")
+    rest = tuple(input.shape[2:])
+    return input.reshape(N, groups, C // groups, *rest).transpose(1, 2).reshape(N, C, *rest)
 
 
 def glu(input, dim=-1):

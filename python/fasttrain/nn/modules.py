@@ -659,6 +659,29 @@ class Linear(Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
+class Bilinear(Module):
+    """y_k = x1^T A_k x2 + b_k, as torch.nn.Bilinear: weight (out_features, in1_features, in2_features) and bias
+    (out_features,), both uniform in +-1/sqrt(in1_features) as PyTorch initialises them."""
+
+    def __init__(self, in1_features, in2_features, out_features, bias=True):
+        super().__init__()
+        self.in1_features, self.in2_features, self.out_features = in1_features, in2_features, out_features
+        self.register_parameter("weight", creation.empty(out_features, in1_features, in2_features))
+        self.register_parameter("bias", creation.empty(out_features) if bias else None)
+        bound = 1 / math.sqrt(in1_features)
+        init.uniform_(self.weight, -bound, bound)
+        if bias:
+            init.uniform_(self.bias, -bound, bound)
+
+    def forward(self, input1, input2):
+        from . import functional as F
+        return F.bilinear(input1, input2, self.weight, self.bias)
+
+    def extra_repr(self):
+        return (f"in1_features={self.in1_features}, in2_features={self.in2_features}, "
+                f"out_features={self.out_features}, bias={self.bias is not None}")
+
+
 class _BatchNorm(Module):
     """BatchNorm1d over (C,) features or (C, L) sequences, BatchNorm2d over (C, H, W) images."""
 
@@ -948,6 +971,43 @@ class Embedding(Module):
     def extra_repr(self):
         return f"{self.num_embeddings}, {self.embedding_dim}" + (
             f", padding_idx={self.padding_idx}" if self.padding_idx is not None else "")
+
+
+class EmbeddingBag(Module):
+    """The sum, mean or max of each bag's rows of a (num_embeddings, embedding_dim) table, as torch.nn.EmbeddingBag
+    (see F.embedding_bag): bags of one length as a 2-d input (B, L), padding_idx's ids left out, or eagerly 1-d ids
+    cut at offsets (the text classification tutorial's form). Initialised N(0, 1) as PyTorch's, the padding row
+    zero."""
+
+    def __init__(self, num_embeddings, embedding_dim, max_norm=None, norm_type=2.0, scale_grad_by_freq=False,
+                 mode="mean", sparse=False, _weight=None, include_last_offset=False, padding_idx=None):
+        super().__init__()
+        if max_norm is not None or scale_grad_by_freq or sparse:
+            raise NotImplementedError("EmbeddingBag: max_norm, scale_grad_by_freq and sparse are not supported")
+        if mode not in ("sum", "mean", "max"):
+            raise ValueError(f"EmbeddingBag: mode must be 'sum', 'mean' or 'max', got {mode!r}")
+        if padding_idx is not None:
+            if not -num_embeddings <= padding_idx < num_embeddings:
+                raise ValueError(f"EmbeddingBag: padding_idx {padding_idx} is outside the {num_embeddings} rows")
+            padding_idx %= num_embeddings
+        self.num_embeddings, self.embedding_dim, self.mode = num_embeddings, embedding_dim, mode
+        self.include_last_offset, self.padding_idx = include_last_offset, padding_idx
+        self.register_parameter("weight", creation.empty(num_embeddings, embedding_dim))
+        if _weight is None:
+            init.normal_(self.weight)
+            if padding_idx is not None:
+                self.weight[padding_idx].fill_(0)
+        else:
+            self.weight.copy_(_weight)
+
+    def forward(self, input, offsets=None, per_sample_weights=None):
+        from . import functional as F
+        return F.embedding_bag(input, self.weight, offsets, mode=self.mode, per_sample_weights=per_sample_weights,
+                               include_last_offset=self.include_last_offset, padding_idx=self.padding_idx)
+
+    def extra_repr(self):
+        return f"{self.num_embeddings}, {self.embedding_dim}, mode={self.mode!r}" + \
+            (f", padding_idx={self.padding_idx}" if self.padding_idx is not None else "")
 
 
 class UpsamplingNearest2d(Module):
@@ -1625,6 +1685,74 @@ class Softmax(Module):
 
     def extra_repr(self):
         return f"dim={self.dim}"
+
+
+class Softmin(Module):
+    """softmax(-x) along dim, as torch.nn.Softmin."""
+
+    def __init__(self, dim=None):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x):
+        from . import functional as F
+        return F.softmin(x, self.dim)
+
+    def extra_repr(self):
+        return f"dim={self.dim}"
+
+
+class Threshold(Module):
+    """x where x > threshold, value elsewhere, as torch.nn.Threshold."""
+
+    def __init__(self, threshold, value, inplace=False):
+        super().__init__()
+        self.threshold, self.value, self.inplace = threshold, value, inplace
+
+    def forward(self, x):
+        from . import functional as F
+        return F.threshold(x, self.threshold, self.value, self.inplace)
+
+    def extra_repr(self):
+        return f"threshold={self.threshold}, value={self.value}" + (", inplace=True" if self.inplace else "")
+
+
+class Hardshrink(Module):
+    """x where |x| > lambd, 0 elsewhere, as torch.nn.Hardshrink."""
+
+    def __init__(self, lambd=0.5):
+        super().__init__()
+        self.lambd = lambd
+
+    def forward(self, x):
+        from . import functional as F
+        return F.hardshrink(x, self.lambd)
+
+    def extra_repr(self):
+        return f"{self.lambd}"
+
+
+class Softshrink(Hardshrink):
+    """x moved towards 0 by lambd, 0 within [-lambd, lambd], as torch.nn.Softshrink."""
+
+    def forward(self, x):
+        from . import functional as F
+        return F.softshrink(x, self.lambd)
+
+
+class ChannelShuffle(Module):
+    """The channels regrouped as F.channel_shuffle does (ShuffleNet), as torch.nn.ChannelShuffle."""
+
+    def __init__(self, groups):
+        super().__init__()
+        self.groups = groups
+
+    def forward(self, x):
+        from . import functional as F
+        return F.channel_shuffle(x, self.groups)
+
+    def extra_repr(self):
+        return f"groups={self.groups}"
 
 
 class Softmax2d(Softmax):
