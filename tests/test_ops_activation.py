@@ -194,8 +194,11 @@ def test_bad_input():
         ft.ops.activation_forward(None, x, "swish")
     with pytest.raises(TypeError, match="inp must be a fasttrain Tensor"):
         ft.ops.activation_forward(None, np.zeros(3, np.float32), "relu")
-    with pytest.raises(TypeError, match="relu: input must be a fasttrain Tensor"):
+    with pytest.raises(TypeError, match=r"relu: input must be a fasttrain Tensor, got list$"):
         F.relu([1.0, 2.0])
+    with pytest.raises(TypeError, match=r"linear: input must be a fasttrain Tensor, got numpy.ndarray \(convert a "
+                                        r"NumPy array with ft.from_numpy\(a\)"):
+        ft.nn.Linear(3, 2)(np.zeros((2, 3), np.float32))  # a PyTorch tensor's message names ft.from_dlpack
     big = ft.zeros(8)
     with pytest.raises(ValueError, match="partly overlaps"):
         ft.ops.activation_forward(big[1:5], big[0:4], "relu")

@@ -90,7 +90,12 @@ def _check(x, name, fn):
     if isinstance(x, MergedRows):  # refused by what it is, not by its class's name
         x.__getattr__(fn)
     if not isinstance(x, TensorBase):
-        raise TypeError(f"{fn}: {name} must be a fasttrain Tensor, got {type(x).__name__}")
+        how = (" (convert a NumPy array with ft.from_numpy(a), or ft.tensor(a) for a copy)" if isinstance(x, np.ndarray)
+               else " (convert another library's tensor with ft.from_dlpack(t), sharing its memory)"
+               if hasattr(x, "__dlpack__") else "")
+        kind = type(x).__name__ if type(x).__module__ == "builtins" else \
+            f"{type(x).__module__.split('.')[0]}.{type(x).__name__}"
+        raise TypeError(f"{fn}: {name} must be a fasttrain Tensor, got {kind}{how}")
 
 
 # ---- convolution, linear, normalization ----
