@@ -197,8 +197,8 @@ def _float16(name, a):
     with np.errstate(over="ignore"):
         half = a.astype(np.float16)
     if np.any(np.isinf(half) & np.isfinite(a)):
-        raise ValueError(f"ft.save: {name} holds values up to {np.abs(a[np.isfinite(a)]).max():.6g}, beyond "
-                         f"float16's largest (65504); save a bfloat16 copy instead")
+        raise ValueError(f"ft.save: {name} holds values of magnitude up to {np.abs(a[np.isfinite(a)]).max():.6g}, "
+                         f"beyond float16's largest (65504); save a bfloat16 copy instead")
     return half
 
 
