@@ -584,6 +584,12 @@ def test_autocast_runs_products_in_bfloat16_and_nests():
     def predict(t):
         return model(t)
     assert predict(x).dtype is ft.bfloat16
+    y = ft.tensor(np.arange(4) % 5)
+    with ft.autocast():  # the losses of bfloat16 logits in float32, as torch.autocast's
+        loss = F.cross_entropy(model(x), y)
+        assert loss.dtype is ft.float32 and F.mse_loss(out, out * 0).dtype is ft.float32
+        assert loss.item() == F.cross_entropy(model(x).float(), y).item()
+    assert F.cross_entropy(out, y).dtype is ft.bfloat16  # outside autocast, the inputs' dtype
 
 
 def test_autocast_matches_explicit_bfloat16_operands():

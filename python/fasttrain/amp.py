@@ -3,7 +3,8 @@
 Inside ``with ft.autocast():`` (the CPU's ops) or ``with ft.autocast("cuda"):`` (the GPU's) the products (conv1d/
 conv2d, linear, scaled_dot_product_attention, and the layers built on them) on that device take float32
 operands in the autocast dtype (each call converts its input and weight, as torch.autocast does) and return
-it; every other op runs in its inputs' dtype (they all read 16-bit floats). The dtype defaults to torch's:
+it; the losses take 16-bit inputs as float32 and return a float32 loss, as torch.autocast's; every other op
+runs in its inputs' dtype (they all read 16-bit floats). The dtype defaults to torch's:
 bfloat16 on the CPU, float16 on CUDA (which also takes bfloat16).
 It is for eager inference and evaluation code: a compiled program chooses its precision once, at
 ``compile(precision=...)``, and autocast does not change it."""
@@ -62,6 +63,16 @@ def cast(*tensors):
         return tensors
     return tuple(t.to(on[t.device.type]) if t is not None and t.dtype is _BY_NAME["float32"] and
                  on.get(t.device.type) else t for t in tensors)
+
+
+def widen(*tensors):
+    """The tensors as a loss under autocast takes them (torch.autocast's float32 ops): 16-bit floats on a device
+    type autocast is on for converted to float32 (None stays None); unchanged outside autocast."""
+    on = _blocks.get()[0]
+    if not any(on.values()):
+        return tensors
+    return tuple(t.float() if t is not None and t.dtype.name in ("bfloat16", "float16") and on.get(t.device.type)
+                 else t for t in tensors)
 
 
 class GradScaler:

@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import _C, _math, creation
 from .._math import cat, where
-from ..amp import cast
+from ..amp import cast, widen
 from .._C import TensorBase
 from ..random import default_generator
 from . import modules as M
@@ -1105,7 +1105,7 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
         w = np.ones(classes) if weight is None else _host(weight)
         values = -(p * (z - np.log(np.exp(z).sum(1, keepdims=True))) * w.reshape(-1, *(1,) * (x.ndim - 2))).sum(1)
         return _eager(values, _reduction_of("cross_entropy", reduction), input)
-    loss, _ = _C.cross_entropy_forward(None, False, input, target, weight, reduction, int(ignore_index),
+    loss, _ = _C.cross_entropy_forward(None, False, *widen(input, target, weight), reduction, int(ignore_index),
                                        float(label_smoothing))
     return loss
 
@@ -1215,7 +1215,7 @@ def mse_loss(input, target, size_average=None, reduce=None, reduction="mean"):
         d = input - target
         return (d * d).reduce(_reduction_of("mse_loss", reduction))
     target = _pair_check(input, target, "mse_loss")
-    return _C.mse_loss_forward(None, input, target, reduction)
+    return _C.mse_loss_forward(None, *widen(input, target), reduction)
 
 
 def _distance_loss(fn, act, alpha, scale, host_fn, input, target, reduction):
