@@ -592,6 +592,22 @@ def test_autocast_runs_products_in_bfloat16_and_nests():
     assert F.cross_entropy(out, y).dtype is ft.bfloat16  # outside autocast, the inputs' dtype
 
 
+def test_subnormal_values_are_zero_to_bfloat16_products():
+    """AVX512-BF16's conversions and dot products treat subnormal float32 inputs as zero: a bf16-mixed identity
+    layer gives 0 for 1e-40 and 1e-39, where float32 keeps them."""
+    x = np.array([[1e-40, 1e-39], [1.0, 2.0]], np.float32)
+    got = {}
+    for precision in ("32-true", "bf16-mixed"):
+        model = nn.Linear(2, 2)
+        model.load_state_dict({"weight": np.eye(2, dtype=np.float32), "bias": np.zeros(2, np.float32)})
+        program = model.compile(ft.optim.SGD(model.parameters(), lr=0.0), nn.MSELoss(), batch_size=2,
+                                input_shape=(2,), precision=precision)
+        got[program.precision] = program.predict(x).numpy()
+    np.testing.assert_array_equal(got["32-true"], x)
+    if "bf16-mixed" in got:
+        np.testing.assert_array_equal(got["bf16-mixed"], [[0, 0], [1, 2]])
+
+
 def test_autocast_matches_explicit_bfloat16_operands():
     rng = np.random.default_rng(0)
     x, w = rng.standard_normal((6, 32)).astype(np.float32), rng.standard_normal((8, 32)).astype(np.float32)
