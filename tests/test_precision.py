@@ -592,6 +592,42 @@ def test_autocast_runs_products_in_bfloat16_and_nests():
     assert F.cross_entropy(out, y).dtype is ft.bfloat16  # outside autocast, the inputs' dtype
 
 
+class AuxHead(nn.Module):
+    """A model returning (logits, auxiliary logits), the auxiliary head computed before or after the main one."""
+
+    def __init__(self, aux_first):
+        super().__init__()
+        self.aux_first, self.stem, self.fc = aux_first, nn.Conv2d(3, 8, 3, padding=1), nn.Linear(8, 5)
+        self.aux, self.aux_fc = nn.Conv2d(8, 8, 3, padding=1), nn.Linear(8, 5)
+
+    def forward(self, x):
+        h = F.relu(self.stem(x))
+        aux = self.aux_fc(F.relu(self.aux(h)).mean((2, 3))) if self.aux_first else None
+        logits = self.fc(h.mean((2, 3)))
+        return logits, aux if aux is not None else self.aux_fc(F.relu(self.aux(h)).mean((2, 3)))
+
+
+@pytest.mark.parametrize("aux_first", [True, False])
+def test_an_auxiliary_heads_products_run_in_bfloat16_too(aux_first):
+    """Every output's nodes are the model's (deep supervision, an auxiliary classifier): their products run in
+    bfloat16, in whichever order forward computes them (after the first output they counted as the loss's: the
+    auxiliary convolutions, and the stem they read, ran in float32), and the FLOPs count them."""
+    ft.manual_seed(3)
+    model = AuxHead(aux_first)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1),
+                            lambda out, y: F.cross_entropy(out[0], y) + 0.4 * F.cross_entropy(out[1], y),
+                            batch_size=4, input_shape=(3, 8, 8), precision="bf16-mixed")
+    if program.precision != "bf16-mixed":
+        pytest.skip("no AVX512-BF16 on this CPU")
+    dtypes = {type(e.module).__name__: set() for e in program.entries}
+    for e, d in zip(program.entries, program._c.node_dtypes()):
+        dtypes[type(e.module).__name__].add(d)
+    assert dtypes["Conv2d"] == dtypes["Linear"] == {"bfloat16"}, dtypes
+    assert program.flops_per_sample() > 2 * (8 * 27 * 64 + 8 * 72 * 64)  # both convolutions' multiply-adds
+    x, y = data(4)
+    assert np.isfinite(program.train_step(x[:, :, :8, :8], y))
+
+
 def test_subnormal_values_are_zero_to_bfloat16_products():
     """AVX512-BF16's conversions and dot products treat subnormal float32 inputs as zero: a bf16-mixed identity
     layer gives 0 for 1e-40 and 1e-39, where float32 keeps them."""
