@@ -256,6 +256,11 @@ def test_a_strict_load_names_what_differs_and_takes_a_state_without_batch_norm_c
                        "state_dict: '0.bias'.\n\tUnexpected key\\(s\\) in state_dict: 'extra'."):
         model.load_state_dict({**{k: v for k, v in state.items() if k != "0.bias"}, "extra": np.zeros(1)})
     assert all(np.array_equal(v, before[k]) for k, v in model.state_dict().items())
+    with pytest.raises(RuntimeError, match=r"\tsize mismatch for 0.weight: copying a param with shape \(2, 1, 2, 3\) "
+                                           r"from checkpoint, the shape in current model is \(2, 1, 3, 3\).\n\tsize "
+                                           r"mismatch for 0.bias: copying None"):  # PyTorch's, all listed
+        model.load_state_dict({**state, "0.weight": np.zeros((2, 1, 2, 3), np.float32), "0.bias": None})
+    assert all(np.array_equal(v, before[k]) for k, v in model.state_dict().items())
     assert model.load_state_dict(state) == ([], [])
     assert int(model[1].num_batches_tracked) == 7
     assert np.array_equal(model[1].running_var.numpy(), state["1.running_var"])

@@ -317,25 +317,29 @@ class Module:
     def load_state_dict(self, state, strict=True):
         """Copies arrays (or tensors) into the parameters and persistent buffers; checks every shape first, and a
         failure (a mismatch, a value of a dtype it cannot copy, read-only memory) changes nothing. Returns
-        (missing_keys, unexpected_keys), as PyTorch's; with strict, either raises RuntimeError, as PyTorch's. A batch
+        (missing_keys, unexpected_keys), as PyTorch's; with strict, either raises RuntimeError, as does a shape
+        mismatch, with PyTorch's message. A batch
         norm's num_batches_tracked that the state lacks (older and converted PyTorch checkpoints) stays as it is, as
         PyTorch's loads it."""
+        import numpy as np
         own = self._state()
         missing = [k for k in own if k not in state and not _is_counter(k)]
         unexpected = [k for k in state if k not in own]
-        if strict and (missing or unexpected):
-            lines = [f"{what} key(s) in state_dict: {', '.join(map(repr, keys))}."
-                     for what, keys in (("Missing", missing), ("Unexpected", unexpected)) if keys]
-            raise RuntimeError(f"Error(s) in loading state_dict for {type(self).__name__}:\n\t" + "\n\t".join(lines))
+        lines = [f"{what} key(s) in state_dict: {', '.join(map(repr, keys))}."
+                 for what, keys in (("Missing", missing), ("Unexpected", unexpected)) if keys and strict]
         staged = []
         for name, t in own.items():
             if name not in state:
                 continue
             value = state[name]
-            shape = tuple(getattr(value, "shape", ()))
+            shape = tuple(value.shape) if hasattr(value, "shape") else None if value is None else np.shape(value)
             if shape != t.shape:
-                raise ValueError(f"state_dict: {name} has shape {shape}, the model expects {t.shape}")
+                copying = "None" if shape is None else f"a param with shape {shape}"
+                lines.append(f"size mismatch for {name}: copying {copying} from checkpoint, the shape in current model "
+                             f"is {t.shape}.")
             staged.append((t, value))
+        if lines:  # PyTorch's message and exception
+            raise RuntimeError(f"Error(s) in loading state_dict for {type(self).__name__}:\n\t" + "\n\t".join(lines))
         written = []
         try:
             for t, value in staged:
