@@ -343,7 +343,8 @@ def test_a_forward_may_return_nested_tuples_and_a_dict_or_merged_rows_say_what_t
             return {"logits": z} if self.how == "dict" else z.view(-1, 3) if self.how == "rows" else (z, 2.0)
 
     for how, message in (("dict", r"returned a dict: return a tuple \(or a namedtuple\)"),
-                         ("rows", r"returned MergedRows: return the \(N, T, C\) scores and view them in the loss"),
+                         ("rows", r"returned scores merged with the batch \(x.view\(-1, C\)\): return the "
+                                  r"\(N, T, C\) scores and view them in the loss"),
                          ("number", r"returned a tuple holding a float: return the output")):
         m = Returns(how)
         with pytest.raises(ft.nn.TracingError, match=f"Returns.forward {message}"):

@@ -2078,7 +2078,8 @@ def trace(model, inputs):
     bad = [o for o in leaves if not isinstance(o, (Symbolic, _Refusing)) and o is not None]  # an RNN's h_n goes
     if not isinstance(first, Symbolic) or bad:
         bad = first if not isinstance(first, Symbolic) else bad[0]
-        kind, held = type(out).__name__, type(bad).__name__
+        kind, held = (("scores merged with the batch (x.view(-1, C))" if isinstance(v, MergedRows) else
+                       type(v).__name__) for v in (out, bad))
         what = kind if out is bad else f"a {kind} whose first item is {held}" if bad is first else \
             f"a {kind} holding a {held}"
         hint = "return the (N, T, C) scores and view them in the loss" if isinstance(bad, MergedRows) else \

@@ -17,8 +17,8 @@ from .. import _C, creation
 from .._display import Column, Table, summary as _summary
 from .._types import _BY_NAME
 from . import modules as M
-from .graph import (Input, Symbolic, TracingError, input_shapes, mode_readers, mode_was_read, read_modes, target,
-                    topological, trace, trace_loss, tracing)
+from .graph import (Input, Symbolic, TracingError, _output_leaves, input_shapes, mode_readers, mode_was_read,
+                    read_modes, target, topological, trace, trace_loss, tracing)
 
 # Node kinds, activations and reductions as the extension numbers them.
 _K = _C.NODE_KINDS
@@ -208,14 +208,6 @@ def _inputs(model, input_shape, input_dtype):
     return list(zip(shapes, dtypes))
 
 
-def _leaves(x):
-    """The traced values in a forward's output: itself, or those of a (nested) tuple, list or dict."""
-    if isinstance(x, Symbolic):
-        return [x]
-    items = x.values() if isinstance(x, dict) else x if isinstance(x, (tuple, list)) else ()
-    return [s for v in items for s in _leaves(v)]
-
-
 def _graph(model, inputs, loss=None, target_shape=None, target_dtype=None, training=True):
     """The entries of the model's graph on `inputs` (_inputs), with the loss's after them when a loss is given, the
     index of the model's (first) output, and whether the forward's code read a module's training mode (which reads
@@ -226,7 +218,8 @@ def _graph(model, inputs, loss=None, target_shape=None, target_dtype=None, train
     first = outputs if not isinstance(outputs, (tuple, list)) else outputs[0]
     # the other outputs' ancestors (an auxiliary head) before the first's: every node up to the first output is
     # the model's (a mixed-precision program computes them in low precision), the nodes after it the loss's
-    roots = [s.node for s in _leaves(outputs) if s.node is not first.node] + [first.node]
+    roots = [s.node for s in _output_leaves(outputs) if isinstance(s, Symbolic) and s.node is not first.node]
+    roots.append(first.node)
     if loss is not None:
         with tracing(model):  # a penalty on the weights written in the loss trains them
             targets = target(target_shape, target_dtype)
