@@ -256,7 +256,7 @@ def test_fit_through_the_c_loader_writes_one_line_per_epoch():
     ft.fit(program, loader, 2, stream=stream)
     lines = stream.getvalue().splitlines()
     assert "\r" not in stream.getvalue() and len(lines) == 2 and all(FINAL.match(line) for line in lines)
-    assert all(" 8/8 " in line for line in lines)
+    assert all(" 8/8 " in line and " lr 0.1" in line for line in lines)  # the lr even when no redraw showed it
 
 
 def test_fit_over_a_generator_counts_its_batches_without_a_bar():

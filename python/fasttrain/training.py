@@ -507,7 +507,7 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
                                                                           "accuracy")
             plateau.step(metrics[watched])
         if bar:
-            shown = {"loss": metrics["train_loss"], "img_s": metrics["images_per_second"]}
+            shown = {"loss": metrics["train_loss"], "lr": metrics["lr"], "img_s": metrics["images_per_second"]}
             if metrics["val_accuracy"] is not None:
                 shown["val_acc"] = metrics["val_accuracy"]
             bar.close(**shown)
