@@ -18,3 +18,8 @@ from .modules import (AdaptiveAvgPool1d, AdaptiveAvgPool2d, AdaptiveMaxPool1d, A
                       TransformerEncoder, TransformerEncoderLayer, TripletMarginLoss, Unflatten, Upsample,
                       UpsamplingBilinear2d, UpsamplingNearest2d, ZeroPad1d, ZeroPad2d)
 from .program import Program, compile
+
+
+def __getattr__(name):
+    from .graph import missing
+    raise missing(__name__, name)

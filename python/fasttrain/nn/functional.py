@@ -19,6 +19,7 @@ from .._C import TensorBase
 from ..random import default_generator
 from . import modules as M
 from .graph import MergedRows, Symbolic, fail, in_place, read_by_op, uses_trainable
+from .graph import missing as graph_missing
 
 
 # The functions of one value elementwise: of a trainable parameter in a traced forward, traced (graph.read_by_op).
@@ -1436,3 +1437,7 @@ def mul(input, other):
 def flatten(input, start_dim=0, end_dim=-1):
     """torch.flatten: dimensions start_dim..end_dim merged into one (a view where the strides allow)."""
     return input.flatten(start_dim, end_dim)
+
+
+def __getattr__(name):
+    raise graph_missing(__name__, name)

@@ -197,6 +197,37 @@ def no_grad_exited(failed):
              "requires_grad_(False) before compile (a frozen teacher needs no ft.no_grad())")
 
 
+# PyTorch names fasttrain does not have, with the way a port goes on without them (see missing())
+_VOLUMETRIC = ("3-d (volumetric) layers are not supported: fold the depth into the batch or the channels and use the "
+               "2-d ones")
+_WITHOUT = {
+    **dict.fromkeys(("Conv3d", "ConvTranspose3d", "MaxPool3d", "AvgPool3d", "AdaptiveAvgPool3d", "AdaptiveMaxPool3d",
+                     "BatchNorm3d", "InstanceNorm3d", "Dropout3d", "conv3d", "conv_transpose3d", "max_pool3d",
+                     "avg_pool3d", "adaptive_avg_pool3d", "adaptive_max_pool3d", "dropout3d"), _VOLUMETRIC),
+    **dict.fromkeys(("LazyLinear", "LazyConv1d", "LazyConv2d", "LazyConvTranspose1d", "LazyConvTranspose2d",
+                     "LazyBatchNorm1d", "LazyBatchNorm2d"), "lazy layers are not supported: give the input size"),
+    **dict.fromkeys(("Unfold", "Fold", "unfold", "fold"), "im2col is not supported: a vision transformer's patches "
+                    "are Conv2d(C, D, kernel_size=p, stride=p)"),
+    **dict.fromkeys(("affine_grid", "grid_sample"), "spatial transformers (affine_grid, grid_sample) are not "
+                    "supported"),
+    **dict.fromkeys(("CTCLoss", "ctc_loss"), "the CTC loss is not supported"),
+    **dict.fromkeys(("pack_padded_sequence", "pack_sequence", "pad_packed_sequence", "PackedSequence"),
+                    "packed sequences are not supported: pad the batch to one length (pad_sequence) and keep the "
+                    "padding out of the loss (ignore_index) or of attention (a key padding mask)"),
+    "DataParallel": "use the model itself; data-parallel training over processes is compile(..., distributed=True) "
+                    "(docs/distributed.md)",
+}
+
+
+def missing(module, name):
+    """The AttributeError for a name the module (ft.nn, ft.nn.functional, ft.nn.utils.rnn) lacks: for one of
+    PyTorch's, what to write instead."""
+    if name.startswith("__"):
+        return AttributeError(f"module {module!r} has no attribute {name!r}")
+    why = _WITHOUT.get(name, "see docs/models.md for the layers and functions it has")
+    return AttributeError(f"module {module!r} has no attribute {name!r}: {why}")
+
+
 class BatchSize:
     """The batch size N while tracing: usable where a shape names the batch dimension, and nowhere else."""
 

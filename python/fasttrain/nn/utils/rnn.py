@@ -25,3 +25,8 @@ def pad_sequence(sequences, batch_first=False, padding_value=0.0, padding_side="
         if n:
             out[i, slice(longest - n, longest) if padding_side == "left" else slice(0, n)] = s
     return out if batch_first else out.transpose(0, 1).contiguous()
+
+
+def __getattr__(name):
+    from ..graph import missing
+    raise missing(__name__, name)
