@@ -418,6 +418,21 @@ def test_a_checkpoint_loaded_in_a_step_callback_sets_the_step_count(tmp_path):
     assert seen == [1, 2, 3, 4, 3, 4] and program.step_count == 4
 
 
+def test_a_change_at_an_epochs_last_step_does_not_end_fit():
+    """A step callback setting the lr (or loading a checkpoint) at an epoch's last step: fit goes on to the next
+    epoch (the change stopped the C epoch, which counted as the callback stopping training)."""
+    model, program, sched, loader = setup()
+    steps = N // B
+
+    def nudge(step, metrics):
+        if step == steps:
+            program.optimizer.param_groups[0]["lr"] = 0.01
+
+    history = fit(program, loader, 2, step_callbacks=[nudge], progress=False)
+    assert history["epoch"] == [1, 2] and program.step_count == 2 * steps
+    assert history["lr"][1] == 0.01
+
+
 @pytest.mark.parametrize("at", [6, 12])
 @pytest.mark.parametrize("kind", ["StepLR", "ReduceLROnPlateau"])
 def test_a_checkpoint_saved_at_an_epochs_last_step_resumes_with_that_epochs_scheduler_step(kind, at, tmp_path):

@@ -253,7 +253,8 @@ def _steps_in_c(program, loader, scheduler, bar, start, on_step, every, done):
                        img_s=(done[1] + samples) / max(time.perf_counter() - start, 1e-9))
 
     first_step = program.step_count
-    standing = [None, False]  # the step a callback last saw, and whether it changed the optimizer or scheduler
+    # the step a callback last saw, whether it changed the optimizer or scheduler, and whether it asked to stop
+    standing = [None, False, False]
 
     def step(steps, loss, grad_norm):
         nonlocal first_step
@@ -263,8 +264,9 @@ def _steps_in_c(program, loader, scheduler, bar, start, on_step, every, done):
         stop = on_step(program.step_count, loss, lr_at(steps), grad_norm)
         moved = program.step_count != first_step + steps  # the callback set the count (ft.load of a checkpoint)
         first_step = program.step_count - steps
-        standing[:] = steps, (hyper(), scheduler.state_dict() if scheduler is not None else None) != before or moved
-        return stop or standing[1]
+        changed = (hyper(), scheduler.state_dict() if scheduler is not None else None) != before or moved
+        standing[:] = steps, changed, bool(stop)
+        return stop or changed
 
     def settle(steps, skipped):
         """The program's count, the scheduler and the optimizer as they stand after the steps that ran."""
@@ -285,10 +287,12 @@ def _steps_in_c(program, loader, scheduler, bar, start, on_step, every, done):
             loader._resume = True  # the next pass (or fit) goes on after them, past a bad batch too
         raise
     settle(steps, skipped)
-    changed = stopped and standing == [steps, True] and loader._position()[1] < len(loader)
+    asked = stopped and standing[0] == steps and standing[2]
+    # a change at the epoch's last step leaves nothing to go on with: the epoch ends as any does
+    changed = stopped and not asked and standing[:2] == [steps, True] and loader._position()[1] < len(loader)
     if bar:
         bar.update(done[2] + steps - bar.count)
-    return tally, samples, steps, lr_at(max(steps, 1)), stopped and not changed, changed
+    return tally, samples, steps, lr_at(max(steps, 1)), asked, changed
 
 
 def _epoch_done(loader, epoch):
