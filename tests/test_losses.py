@@ -472,6 +472,8 @@ def test_cross_entropy_of_class_probabilities_matches_numpy(case):
     np.testing.assert_allclose(model.weight.grad.numpy(), gW, rtol=1e-3, atol=1e-5)
     eager = nn.CrossEntropyLoss(**kw)(model(ft.tensor(x)), ft.tensor(t)).item()
     assert eager == pytest.approx(ref(x.astype(np.float64) @ W.T + b, t), rel=1e-5)
+    one = F.cross_entropy(model(ft.tensor(x))[0], ft.tensor(t[0]), **kw).item()  # one unbatched sample
+    assert one == pytest.approx(ref(x[:1].astype(np.float64) @ W.T + b, t[:1]), rel=1e-5)
     with pytest.raises(TypeError, match=r"or class probabilities of the input's shape \(8, 3\); got float32 of shape "
                                         r"\(8, 2\)"):
         F.cross_entropy(model(ft.tensor(x)), ft.tensor(t[:, :2]))
@@ -545,6 +547,29 @@ def test_sigmoid_and_bce_loss_train_through_saturated_outputs(precision):
     got = model[0].weight.grad.numpy()
     assert np.all(np.isfinite(got)) and saturated.any()
     np.testing.assert_allclose(got, dz.T @ x, rtol=1e-4 if precision == "32-true" else 3e-2, atol=1e-7)
+
+
+def test_a_sigmoid_auxiliary_output_keeps_float32_probabilities_in_bf16_mixed():
+    """A second output of probabilities that only the loss reads computes in float32 as the first output would:
+    in bfloat16 p = sigmoid(7) rounded to 1 and BCELoss's log(1 - p) to its floor (a loss of 5.3, not 0.61)."""
+    class TwoHeads(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.main, self.aux = nn.Linear(2, 3), nn.Linear(2, 1)
+
+        def forward(self, x):
+            return self.main(x), self.aux(x).sigmoid()
+
+    model = TwoHeads()
+    model.load_state_dict({"main.weight": np.zeros((3, 2), np.float32), "main.bias": np.zeros(3, np.float32),
+                           "aux.weight": np.array([[7.0, 0.0]], np.float32), "aux.bias": np.zeros(1, np.float32)})
+    x, y = np.array([[1, 0], [1, 1], [0.5, 0], [-1, 0]], np.float32), np.array([[0.0], [1.0], [1.0], [0.0]], np.float32)
+    p = (1 / (1 + np.exp(-7.0 * x[:, :1]))).astype(np.float64)
+    want = -(y * np.log(p) + (1 - y) * np.log1p(-p)).mean()
+    for precision in ("32-true", "bf16-mixed"):
+        program = model.compile(ft.optim.SGD(model.parameters(), lr=0.0), lambda out, t: F.binary_cross_entropy(
+            out[1], t), batch_size=4, input_shape=(2,), target_shape=(1,), precision=precision)
+        assert program.backward(x, y) == pytest.approx(want, rel=1e-3), precision
 
 
 def test_kl_div_of_log_probability_targets_matches_numpy():

@@ -834,3 +834,30 @@ def test_other_masks_match_pytorch(how):
     for (name, p), tp in zip(model.named_parameters(), tm.parameters()):
         if tp.grad is not None:
             np.testing.assert_allclose(n(p.grad), tp.grad.numpy(), rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+def test_a_query_that_sees_no_key_gets_zero_under_any_mask():
+    """A row of scores all masked out (a bool pattern, -inf in a float mask, a mask with a padding mask) gives weights
+    0, as the fused kernel and PyTorch 2 give, eagerly and compiled, with finite gradients (a softmax of -inf alone
+    was NaN, and its gradient NaN in every parameter before it); the others rows are unchanged."""
+    q, k, v, _ = inputs(1, 2, 4, 5, 3, seed=54)
+    block = np.ones((4, 5), bool)
+    block[2] = False  # query 2 sees no key
+    got = F.scaled_dot_product_attention(t(q), t(k), t(v), attn_mask=ft.tensor(block)).numpy()
+    assert not got[:, :, 2].any() and np.isfinite(got).all()
+    np.testing.assert_allclose(got[:, :, [0, 1, 3]], ref_biased(q, k, v, np.zeros((4, 5)))[:, :, [0, 1, 3]], rtol=1e-5,
+                               atol=1e-6)
+    ft.manual_seed(55)
+    model = Biased(ft.tensor(block[[0, 1, 2, 3, 3], :]))  # 5 queries, the third seeing no key
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=2, input_shape=(5, 4),
+                            memory_format="contiguous")
+    xs = np.random.default_rng(56).standard_normal((2, 5, 4)).astype(np.float32)
+    program.backward(xs, np.array([0, 2]))
+    assert all(np.isfinite(p.grad.numpy()).all() for p in model.parameters())
+    with pytest.raises(ValueError, match="explicit attn_mask should not be given with is_causal=True"):
+        F.scaled_dot_product_attention(t(q), t(k), t(v), attn_mask=ft.tensor(block), is_causal=True)
+    mha = ft.nn.MultiheadAttention(4, 2, batch_first=True)
+    x = ft.tensor(xs)
+    with pytest.raises(ValueError, match=r"a 3-d attn_mask should be \(N \* num_heads, T, S\) = \(4, 5, 5\), got "
+                                         r"\(2, 5, 5\)"):
+        mha(x, x, x, attn_mask=ft.zeros(2, 5, 5))

@@ -614,6 +614,14 @@ def test_embedding_bag_reduces_each_bag_as_numpy():
         nn.EmbeddingBag(10, 3)(ft.tensor(ids), per_sample_weights=ft.tensor(w))
     with pytest.raises(ValueError, match="offsets must rise from 0"):
         bag(ft.tensor(ids.reshape(-1)), ft.tensor(np.array([0, 5, 2])))
+    with pytest.raises(ValueError, match="offsets must rise from 0"):  # leading ids in no bag
+        bag(ft.tensor(ids.reshape(-1)), ft.tensor(np.array([2, 5])))
+    for offsets, kw in ((np.array([0.0, 2.0]), {}), (np.zeros(0, np.int64), {"include_last_offset": True})):
+        with pytest.raises(ValueError, match="1-d ids need 1-d integer offsets"):
+            F.embedding_bag(ft.tensor(ids.reshape(-1)), bag.weight, ft.tensor(offsets), **kw)
+    with pytest.raises(ValueError, match=r"per_sample_weights must have the ids' shape \(20,\), got \(20, 1\)"):
+        F.embedding_bag(ft.tensor(ids.reshape(-1)), bag.weight, ft.tensor(np.array([0, 5])), mode="sum",
+                        per_sample_weights=ft.ones(20, 1))
     with pytest.raises(ValueError, match="mode must be 'sum', 'mean' or 'max'"):
         nn.EmbeddingBag(10, 3, mode="median")
 
@@ -640,6 +648,14 @@ def test_bilinear_shrinks_threshold_softmin_and_channel_shuffle_match_numpy():
     img = np.random.default_rng(35).standard_normal((2, 6, 2, 3)).astype(np.float32)
     np.testing.assert_array_equal(nn.ChannelShuffle(3)(ft.tensor(img)).numpy(),
                                   img.reshape(2, 3, 2, 2, 3).transpose(0, 2, 1, 3, 4).reshape(2, 6, 2, 3))
+    nan = ft.tensor(np.array([np.nan, 1.0], np.float32))  # kept, as PyTorch's
+    for fn in (lambda v: F.threshold(v, 0.1, -2.0), lambda v: F.hardshrink(v, 0.4), lambda v: F.softshrink(v, 0.4)):
+        assert np.isnan(fn(nan).numpy()[0])
+    for bad in (0, -2, 4):
+        with pytest.raises(ValueError, match="channels do not split into"):
+            F.channel_shuffle(ft.tensor(img), bad)
+    with pytest.raises(ValueError, match="input1 and input2 must have the same leading shape"):
+        layer(ft.tensor(x[:1]), ft.tensor(x2))
 
 
 class BagsAndPairs(nn.Module):
@@ -671,6 +687,26 @@ def test_layers_written_with_other_ops_compile_and_match_finite_differences():
     assert gradcheck(program, ids, np.array([0, 1, 2, 0]), eps=1e-3, rtol=3e-2, atol=1e-3)
     program.backward(ids, np.array([0, 1, 2, 0]))
     assert not model.bag.weight.grad.numpy()[0].any()  # the padding row
+
+
+def test_shrinks_pass_no_gradient_at_their_bounds():
+    """d/dx softshrink and hardshrink are 0 at |x| = lambd, as PyTorch's, 1 beyond it."""
+    class Shrunk(nn.Module):
+        def __init__(self, shrink):
+            super().__init__()
+            self.w, self.shrink = nn.Parameter(ft.ones(4)), shrink
+
+        def forward(self, x):
+            return self.shrink(x * self.w).sum(1, keepdim=True)
+
+    x = np.array([[0.5, -0.5, 0.7, 0.2]], np.float32)
+    for shrink in (nn.Softshrink(0.5), nn.Hardshrink(0.5)):
+        model = Shrunk(shrink)
+        program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=1,
+                                input_shape=(4,))
+        program.backward(x, np.zeros((1, 1), np.float32))
+        out = float(shrink(ft.tensor(x)).numpy().sum())
+        np.testing.assert_allclose(model.w.grad.numpy(), 2 * out * x[0] * [0, 0, 1, 0], rtol=1e-6)
 
 
 def test_layers_written_with_other_ops_match_pytorch():

@@ -592,6 +592,9 @@ def test_bad_params_and_grads():
     loader = ft.data.Loader((np.zeros((4, 2), np.float32), np.zeros(4, np.int64)), 2)
     with pytest.raises(ValueError, match=r"the state's epoch must be an integer in \[0, 2\*\*63\)"):
         loader.load_state_dict({**loader.state_dict(), "epoch": 2 ** 64 + 5})
+    assert ft.optim.SGD([ft.zeros(3)], momentum=0.9, nesterov=1).param_groups[0]["nesterov"] == 1  # as PyTorch
+    with pytest.raises(TypeError, match="amsgrad must be a bool, got 'yes'"):
+        ft.optim.AdamW([ft.zeros(3)], amsgrad="yes")
     with pytest.raises(TypeError, match=r"got bfloat16: .*call model.float\(\) first; to train in bfloat16, "
                                         r"compile the float32 model with precision='bf16-mixed'"):
         ft.optim.AdamW(ft.nn.Linear(2, 2).bfloat16().parameters())

@@ -182,6 +182,7 @@ def test_make_tensor_takes_a_range_and_either_form_of_shape():
     assert t.shape == (3, 4) and 2 <= np.asarray(t).min() and np.asarray(t).max() <= 2.5
     assert set(np.asarray(make_tensor(100, dtype=ft.int32, low=5, high=7, seed=1)).tolist()) == {5, 6}  # [5, 7)
     assert set(np.asarray(make_tensor(100, dtype=ft.int64, low=0, high=3, seed=1)).tolist()) == {0, 1, 2}
+    assert set(np.asarray(make_tensor(100, dtype=ft.int64, low=2.5, high=4.5, seed=1)).tolist()) == {3, 4}
     with pytest.raises(ValueError, match="low"):
         make_tensor(3, low=1, high=0)
     with pytest.raises(ValueError, match="must be numbers"):

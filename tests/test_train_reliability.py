@@ -235,6 +235,8 @@ def test_metadata_types_round_trip(tmp_path):
     assert ft.load(path, small_net())["epoch"] == 3
     with pytest.raises(TypeError, match="when"):
         ft.save(path, program, metadata={"when": object()})
+    with pytest.raises(ValueError, match="epoch given both as an argument and in metadata"):
+        ft.save(path, program, epoch=5, metadata={"epoch": 3})
     ft.save(path, program, epoch=np.int64(4), metadata={"acc": np.float32(0.5), "ok": np.bool_(True)})
     _, meta = ft.load(path)  # NumPy scalars (an epoch counter, an accuracy) as the numbers they are
     assert meta["epoch"] == 4 and meta["acc"] == 0.5 and meta["ok"] is True

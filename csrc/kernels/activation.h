@@ -149,12 +149,6 @@ static inline FT_HD float ft_powf(float x, float a) {
 
 static inline FT_HD float ft_clamp_min(float x, float a) { return x < a ? a : x; }
 static inline FT_HD float ft_clamp_max(float x, float a) { return x > a ? a : x; }
-/* NaN kept; log(0) = -inf held at the floor */
-static inline FT_HD float ft_log_floor(float x, float floor) {
-    float y = logf(x);
-    return y < floor ? floor : y;
-}
-
 /* 0 at the bound, as PyTorch 2's clamp, hardtanh and relu6 */
 static inline FT_HD float ft_clamp_min_grad(float x, float a) { return x > a ? 1.0f : 0.0f; }
 static inline FT_HD float ft_clamp_max_grad(float x, float a) { return x < a ? 1.0f : 0.0f; }
@@ -179,7 +173,7 @@ static inline FT_HD float ft_act_forward(ft_act a, float x) {
     case FT_ACT_CLAMP_MIN: return ft_clamp_min(x, a.alpha);
     case FT_ACT_CLAMP_MAX: return ft_clamp_max(x, a.alpha);
     case FT_ACT_STD_SQRT: return sqrtf(x);
-    case FT_ACT_LOG_FLOOR: return ft_log_floor(x, a.alpha);
+    case FT_ACT_LOG_FLOOR: return ft_clamp_min(logf(x), a.alpha); /* log(0) = -inf held at the floor */
     default: return x;
     }
 }

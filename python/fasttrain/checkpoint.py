@@ -281,10 +281,11 @@ def save(path: str | os.PathLike[str], obj: Module | Program, *, optimizer: Opti
         if program.grad_scaler is not None and program.grad_scaler.is_enabled():
             meta["program.grad_scaler"] = json.dumps(program.grad_scaler.state_dict())
     user = dict(metadata or {})
-    if epoch is not None:
-        user["epoch"] = epoch
-    if step is not None:
-        user["step"] = step
+    for key, value in (("epoch", epoch), ("step", step)):
+        if value is not None:
+            if key in user:
+                raise ValueError(f"ft.save: {key} given both as an argument and in metadata")
+            user[key] = value
     typed = []
     for key, value in user.items():
         key = str(key)
@@ -358,17 +359,16 @@ def _by_name(path, meta, opt_state, model, optimizer):
     state_dict is by position, and a model declaring its layers in another order has other positions."""
     saved = _json_meta(path, meta, "optimizer.params")
     own = _param_names(model, optimizer)
-    if saved == own:
-        return opt_state
+    if saved == own or not isinstance(saved, list) or sorted(map(str, saved)) != sorted(map(str, own)):
+        return opt_state  # by position, as a state_dict: other names (a tied weight first named otherwise)
     sizes = [len(g["params"]) for g in optimizer.param_groups]
     groups = opt_state["param_groups"]
-    if not (isinstance(saved, list) and all(isinstance(n, str) for n in saved) and len(set(saved)) == len(saved)) \
-            or [len(g.get("params", ())) for g in groups] != sizes:
+    if len(set(saved)) != len(saved) or [len(g.get("params", ())) for g in groups] != sizes:
         raise ValueError(f"{path}: corrupt metadata 'optimizer.params', or the optimizer's groups differ")
     at, start = {}, 0
     for i, n in enumerate(sizes):
         names = saved[start:start + n]
-        if None in own[start:start + n] or set(names) != set(own[start:start + n]):
+        if set(names) != set(own[start:start + n]):
             other = sorted(set(names) ^ set(own[start:start + n]), key=str)[0]
             raise ValueError(f"{path}: the optimizer's parameter group {i} holds {other!r} in one of the checkpoint "
                              "and the optimizer but not the other")
@@ -528,7 +528,7 @@ def load(path: str | os.PathLike[str], into: Module | Program | None = None, *, 
     opt_state = None
     if partial and "optimizer.param_groups" in raw_meta and optimizer is not None:
         warnings.warn(f"{path}: strict=False loaded {len(own)} of the model's tensors by name; the optimizer's "
-                      "state, kept by parameter position, belongs to other parameters and is not restored (nor the "
+                      "state, of other parameters, is not restored (nor the "
                       "scheduler, the step count or the dropout stream): training starts afresh", stacklevel=2)
     elif optimizer is not None and "optimizer.param_groups" in raw_meta:
         opt_state = _optimizer_state(path, raw_meta, tensors, optimizer)

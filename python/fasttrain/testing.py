@@ -163,8 +163,8 @@ def make_tensor(*shape, dtype=_BY_NAME["float32"], low=None, high=None, seed=Non
     if dtype is _BY_NAME["bool"]:
         return randint(0, 2, _sizes(shape), generator=generator, device=device).to(dtype)
     info = np.iinfo(dtype.name)
-    low = max(info.min, -9) if low is None else low
-    high = min(info.max, 9) + 1 if high is None else high
+    low = max(info.min, -9) if low is None else math.ceil(low)  # PyTorch's rounding of a bound between integers
+    high = min(info.max, 9) + 1 if high is None else math.ceil(high)
     if not info.min <= low < high <= info.max + 1:
         raise ValueError(f"make_tensor: [{low}, {high}) is not a range of {dtype} values (high is excluded, as "
                          "torch.testing's)")

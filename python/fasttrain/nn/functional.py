@@ -736,7 +736,7 @@ def softmin(input, dim=None, _stacklevel=3, dtype=None):
 
 
 def _thresholded(input, at, value, inplace):
-    return _result(input, where(input > at, input, float(value)), inplace)
+    return _result(input, where(input <= at, float(value), input), inplace)  # NaN kept, as PyTorch's
 
 
 def threshold(input, threshold, value, inplace=False):
@@ -751,8 +751,8 @@ def threshold_(input, threshold, value):
 
 
 def hardshrink(input, lambd=0.5):
-    """input where |input| > lambd, 0 elsewhere, as torch.nn.functional.hardshrink."""
-    return where(input.abs() > lambd, input, 0.0)
+    """input where |input| > lambd, 0 elsewhere (NaN kept), as torch.nn.functional.hardshrink."""
+    return where(input.abs() <= lambd, 0.0, input)
 
 
 def softshrink(input, lambd=0.5):
@@ -760,7 +760,7 @@ def softshrink(input, lambd=0.5):
     torch.nn.functional.softshrink."""
     if lambd < 0:
         raise ValueError(f"softshrink: lambd must be at least 0, got {lambd}")
-    return input - input.clamp(-lambd, lambd)
+    return where(input.abs() <= lambd, 0.0, input - input.clamp(-lambd, lambd))  # no gradient at +-lambd
 
 
 def hardtanh_(input, min_val=-1.0, max_val=1.0):
@@ -787,6 +787,9 @@ def bilinear(input1, input2, weight, bias=None):
     """x1^T A_k x2 + b_k for each output k, weight A of shape (out, in1, in2), as torch.nn.functional.bilinear:
     A_k x2 for every k in one product with weight's rows (out * in1, in2), then each one's dot product with x1."""
     out, in1, in2 = weight.shape
+    if tuple(input1.shape[:-1]) != tuple(input2.shape[:-1]):
+        raise ValueError(f"bilinear: input1 and input2 must have the same leading shape, got {tuple(input1.shape)} "
+                         f"and {tuple(input2.shape)}")
     rows = (weight.reshape(out * in1, in2) @ input2.unsqueeze(-1)).squeeze(-1)
     y = (rows.reshape(*rows.shape[:-1], out, in1) * input1.unsqueeze(-2)).sum(-1)
     return y if bias is None else y + bias
@@ -828,14 +831,19 @@ def _bags_of_offsets(input, weight, offsets, max_norm, scale_grad_by_freq, mode,
     if isinstance(input, Symbolic):
         fail("embedding_bag of 1-d ids cut at offsets", "a compiled model reads each sample on its own: pad the bags "
              "to one length with padding_idx (ft.nn.utils.rnn.pad_sequence) and pass them as a 2-d input")
-    if offsets is None or offsets.ndim != 1:
-        raise ValueError("embedding_bag: 1-d ids need 1-d offsets, where each bag starts")
+    if offsets is None or offsets.ndim != 1 or offsets.dtype.is_floating_point or \
+            (include_last_offset and not offsets.shape[0]):
+        raise ValueError("embedding_bag: 1-d ids need 1-d integer offsets, where each bag starts (and with "
+                         "include_last_offset, where the last ends)")
+    if per_sample_weights is not None and tuple(per_sample_weights.shape) != tuple(input.shape):
+        raise ValueError(f"embedding_bag: per_sample_weights must have the ids' shape {tuple(input.shape)}, got "
+                         f"{tuple(per_sample_weights.shape)}")
     starts = [int(v) for v in offsets.tolist()]
     if include_last_offset:
         starts, end = starts[:-1], starts[-1]
     else:
         end = input.shape[0]
-    if any(b < a for a, b in zip(starts, starts[1:] + [end])) or (starts and (starts[0] < 0 or end > input.shape[0])):
+    if (starts and starts[0] != 0) or any(b < a for a, b in zip(starts, starts[1:] + [end])) or end > input.shape[0]:
         raise ValueError(f"embedding_bag: offsets must rise from 0 to at most {input.shape[0]}, got {starts}")
     bags = []
     for a, b in zip(starts, starts[1:] + [end]):
@@ -850,8 +858,8 @@ def channel_shuffle(input, groups):
     """The channels of (N, C, ...) regrouped: (N, groups, C / groups, ...) transposed to (N, C / groups, groups,
     ...), as torch.nn.functional.channel_shuffle (ShuffleNet)."""
     N, C = input.shape[0], input.shape[1]
-    if C % groups:
-        raise ValueError(f"channel_shuffle: {C} channels do not split into {groups} groups")
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1 or C % groups:
+        raise ValueError(f"channel_shuffle: {C} channels do not split into {groups!r} groups")
     rest = tuple(input.shape[2:])
     return input.reshape(N, groups, C // groups, *rest).transpose(1, 2).reshape(N, C, *rest)
 
@@ -983,7 +991,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     ``x.view(N, T, H, D).transpose(1, 2)``. The kernel takes as attn_mask the causal mask (a bool one True on and
     below the diagonal, or -inf above it and 0 elsewhere), which is is_causal=True, and a mask of keys the same for
     every query and head, shaped (N, 1, 1, Tk) or (1, Tk): a padding mask, bool (True where attention is allowed)
-    or additive (0, and -inf where not). A query that sees no key gets 0 there (PyTorch's gives NaN). Any other
+    or additive (0, and -inf where not). A query that sees no key gets 0, as PyTorch 2's. Any other
     mask broadcasting to (N, H, Tq, Tk), bool or added to the scores (ALiBi's, T5's relative positions, a learned
     bias), runs the attention written out as PyTorch's reference formula (see _written_attention). dropout_p drops
     weights as PyTorch does (whatever the mode: pass 0.0 in eval, as its layers do), inside the kernel: the mask is
@@ -991,6 +999,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     ``ft.ops.sdpa_backward``, which needs the log-sum-exp that ``ft.ops.sdpa_forward`` returns (and the same
     dropout_p, seed, offset and key_mask)."""
     fn = "scaled_dot_product_attention"
+    if attn_mask is not None and is_causal:
+        raise ValueError(f"{fn}: an explicit attn_mask should not be given with is_causal=True (PyTorch's refuses "
+                         "it too): add the causal mask to it, or pass one")
     causal, keys, scores = M._attention_mask(attn_mask, query.shape[-2], key.shape[-2], fn, keeps=True,
                                              batched=attn_mask is not None and attn_mask.ndim == query.ndim)
     if scores is not None:
@@ -998,19 +1009,32 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     return _attention(query, key, value, causal or is_causal, scale, dropout_p, keys, fn)
 
 
-def _written_attention(query, key, value, is_causal, scale, dropout_p, masks, fn):
-    """Attention under masks the fused kernel does not take, written out as PyTorch's reference formula (the
-    (N, H, Tq, Tk) scores are formed, as in attention code that spells it out): softmax(query key^T * scale, masked)
-    value, each mask True where a score is masked out or a float added to the scores. Returns the output and the
-    weights after dropout. A query that sees no key gets NaN, as PyTorch's."""
-    _check_dropout_p(dropout_p, fn)
+_NO_KEY = -1e30  # scores held at or above it: a query whose every key is masked out has a finite row to zero
+
+
+def _attention_probs(query, key, is_causal, scale, masks):
+    """softmax(query key^T * scale) under the causal mask and masks, each True where a score is masked out or a float
+    added to the scores, written out (the (N, H, Tq, Tk) scores are formed): 0 for a query that sees no key, as the
+    fused kernel and PyTorch 2's attention give (a softmax of -inf alone is NaN, and so would its gradient be)."""
     Tq, Tk = query.shape[-2], key.shape[-2]
     if is_causal:
-        masks = [creation.tensor(np.triu(np.ones((Tq, Tk), bool), 1)), *masks]
+        masks = [creation.tensor(np.triu(np.ones((Tq, Tk), bool), 1), device=query.device), *masks]
     s = (query @ key.transpose(-2, -1)) * (1 / math.sqrt(query.shape[-1]) if scale is None else scale)
     for m in masks:
         s = s.masked_fill(m, float("-inf")) if m.dtype.name == "bool" else s + m.to(s.dtype)
-    w = softmax(s, dim=-1)
+    s = s.clamp_min(_NO_KEY)
+    return softmax(s, dim=-1).masked_fill(s.amax(-1, keepdim=True) <= _NO_KEY, 0.0)
+
+
+def _written_attention(query, key, value, is_causal, scale, dropout_p, masks, fn):
+    """Attention under masks the fused kernel does not take, as PyTorch's reference formula: the weights of
+    _attention_probs, dropped out, times value. Returns the output and the weights after dropout."""
+    _check_dropout_p(dropout_p, fn)
+    if not any(isinstance(x, Symbolic) for x in (query, key, value)):
+        for x, name in ((query, "query"), (key, "key"), (value, "value")):
+            _check(x, name, fn)
+        query, key, value = cast(query, key, value)
+    w = _attention_probs(query, key, is_causal, scale, masks)
     if dropout_p:
         w = dropout(w, dropout_p)
     return w @ value, w
@@ -1100,6 +1124,8 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
                             f"probabilities of the input's shape {tuple(input.shape)}; got {target.dtype.name} of "
                             f"shape {tuple(target.shape)}")
         x, p = _host(input), _host(target)
+        if x.ndim == 1:  # one unbatched sample
+            x, p = x[None], p[None]
         classes = x.shape[1]
         p = p * (1 - label_smoothing) + label_smoothing / classes
         z = x - x.max(1, keepdims=True)

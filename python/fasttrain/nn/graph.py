@@ -1617,8 +1617,8 @@ class ZeroStates(_Refusing):
 class Blank(_Refusing):
     """New memory of a size naming the batch, made while a forward is traced: x.new_empty((N, 1, ...)), or
     ft.empty(size) with N first. An in-place draw, bernoulli_(p) of size (N, 1, ...), fills it afresh in every
-    step (timm's drop path, torchvision's stochastic_depth); fill_(value) makes the constant (1, ...) that
-    broadcasts over the batch (ft.ones(x.size(0), k)); any other use fails. source: a traced value of the batch (by
+    step (timm's drop path, torchvision's stochastic_depth); fill_(value) makes the constant of every sample
+    (ft.ones(x.size(0), k)); any other use fails. source: a traced value of the batch (by
     default the forward's first input)."""
 
     def __init__(self, size, dtype=None, device=None, source=None):

@@ -1721,22 +1721,24 @@ class Threshold(Module):
         return f"threshold={self.threshold}, value={self.value}" + (", inplace=True" if self.inplace else "")
 
 
-class Hardshrink(Module):
-    """x where |x| > lambd, 0 elsewhere, as torch.nn.Hardshrink."""
-
+class _Shrink(Module):
     def __init__(self, lambd=0.5):
         super().__init__()
         self.lambd = lambd
-
-    def forward(self, x):
-        from . import functional as F
-        return F.hardshrink(x, self.lambd)
 
     def extra_repr(self):
         return f"{self.lambd}"
 
 
-class Softshrink(Hardshrink):
+class Hardshrink(_Shrink):
+    """x where |x| > lambd, 0 elsewhere, as torch.nn.Hardshrink."""
+
+    def forward(self, x):
+        from . import functional as F
+        return F.hardshrink(x, self.lambd)
+
+
+class Softshrink(_Shrink):
     """x moved towards 0 by lambd, 0 within [-lambd, lambd], as torch.nn.Softshrink."""
 
     def forward(self, x):
@@ -2732,20 +2734,8 @@ def _attention_weights(q, k, causal, masked, average, dropout_p, draw):
     ((B, S) True), through the dropout the fused kernel applied (p and its generator's (seed, offset) draw), as
     (N, T, S) averaged over the heads or (N, H, T, S), as PyTorch returns them; 0 for a query that sees no key, as
     the fused kernel's output."""
-    import numpy as np
-    from .. import _math
-    s = _math.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
-    seen = np.ones((q.shape[0], 1, q.shape[2], k.shape[2]), bool)
-    if causal:
-        seen &= np.tril(seen[0, 0])
-    if masked is not None:
-        seen &= ~np.asarray(masked.cpu())[:, None, None, :]
-    seen = creation.tensor(seen, device=q.device)
-    s = _math.where(seen, s, float("-inf"))
-    top = _math.where(seen.any(-1, keepdim=True), s.amax(-1, keepdim=True), 0.0)
-    e = (s - top).exp()
-    total = e.sum(-1, keepdim=True)
-    p = e / _math.where(total > 0, total, 1.0)
+    from . import functional as F
+    p = F._attention_probs(q, k, causal, None, [] if masked is None else [masked.to(q.device)[:, None, None, :]])
     if dropout_p:
         p = _C.dropout_forward(None, p, dropout_p, *draw)
     return p.mean(1) if average else p
@@ -2804,8 +2794,13 @@ class MultiheadAttention(Module):
         p = self.dropout if self.training else 0.0
         if scores is not None or pad_scores is not None or (keys is not None and padding is not None):
             masks = [m.reshape(m.shape[0], 1, 1, S) for m in (keys, padding, pad_scores) if m is not None]
-            if scores is not None:  # PyTorch's (N * num_heads, T, S) is each sample's heads in turn
-                masks.append(scores.reshape(-1, H, T, S) if scores.ndim == 3 else scores)
+            if scores is not None and scores.ndim == 3:  # PyTorch's (N * num_heads, T, S): each sample's heads
+                if isinstance(scores.shape[0], int) and scores.shape[0] != N * H:
+                    raise ValueError(f"{name}: a 3-d attn_mask should be (N * num_heads, T, S) = {(N * H, T, S)}, "
+                                     f"got {tuple(scores.shape)}")
+                scores = scores.reshape(-1, H, T, S)
+            if scores is not None:
+                masks.append(scores)
             out, weights = F._written_attention(*heads, causal or is_causal, None, p, masks, name)
             weights = (weights.mean(1) if average_attn_weights else weights) if need_weights else None
             return self.out_proj(out.transpose(1, 2).reshape(N, T, E)), weights

@@ -290,10 +290,11 @@ def _fuse(entries, output, low=False):
     The model's output (entry `output`) keeps its values: an activation that
     only the loss applies to it (binary_cross_entropy(o.sigmoid(), y)) does
     not fold into it, or predict would give the activated values. In a
-    mixed-precision program (low) an activation that is the output stays a
-    node of its own, which computes in float32: a sigmoid's probabilities
-    within 2^-9 of 1 would round to 1 in bfloat16 (BCELoss's log(1 - p) at
-    its floor, its gradient NaN)."""
+    mixed-precision program (low) an activation that is a model output (the
+    first, or one only the loss reads) stays a node of its own, which
+    computes in float32: a sigmoid's probabilities within 2^-9 of 1 would
+    round to 1 in bfloat16 (BCELoss's log(1 - p) at its floor, its gradient
+    NaN)."""
     users = _consumers(entries)
     remap = list(range(len(entries)))
     for e in entries:  # InPlace-ABN's activation is its own, and must stay invertible: nothing fuses into it
@@ -308,7 +309,7 @@ def _fuse(entries, output, low=False):
         ok = prod.act is None and not isinstance(prod.module, M.InPlaceABN) and len(users[e.inputs[0]]) == 1 and (
             prod.kind == ADD or (prod.kind in (CONV2D, LINEAR, BATCHNORM) and name in FROM_OUTPUT))
         if (name == "leaky_relu" and e.fields["alpha"] < 0) or (e.inputs[0] == output and j != output) or \
-                (low and j == output):
+                (low and (j == output or (users[j] and min(users[j]) > output))):
             ok = False
         if ok:
             prod.act, prod.alpha = name, e.fields["alpha"]
@@ -598,7 +599,12 @@ class _Fixed:
         self.name = name
 
     def __get__(self, program, owner=None):
-        return self if program is None else program.__dict__[self.name]
+        if program is None:
+            return self
+        try:
+            return program.__dict__[self.name]
+        except KeyError:
+            raise AttributeError(self.name) from None
 
     def __set__(self, program, value):
         if self.name in program.__dict__:
@@ -665,7 +671,8 @@ class Program:
                        for cls, fixed in _MODAL if isinstance(m, cls) and not (isinstance(m, M._RNNBase) and
                                                                                not m.dropout)}
         self._modal.update((id(m), (m, {"training": m.training})) for m in readers)
-        self.entries, self.output = _fused(entries, output, precision != "32-true")
+        self._low = precision != "32-true"  # as asked (a CPU without bfloat16 then runs float32 on the same graph)
+        self.entries, self.output = _fused(entries, output, self._low)
         segments = _recompute(recompute, model, self.entries)
         # A LayerNorm or Linear over the last dimension of 3-d per-sample values (ConvNeXt's x.permute(0, 2, 3, 1))
         # or a LayerNorm over whole images reads them in their (d0, d1, d2) order, which channels_last moves.
@@ -768,7 +775,7 @@ class Program:
         """The graph (entries, output) predict and evaluate run when the forward branches on self.training and its
         graph in eval mode computes something else than the training step's (a program of its own then, which
         reads the same weights and trains nothing); else None. `graph` is _graph's arguments."""
-        entries, output = _fused(*_graph(*graph, training=False)[:2], self._compute is not _BY_NAME["float32"])
+        entries, output = _fused(*_graph(*graph, training=False)[:2], self._low)
         if _in_eval_mode(entries, output) == _in_eval_mode(self.entries, self.output):
             return None
         folded = {id(e.module): e.bias_into for e in self._folded}

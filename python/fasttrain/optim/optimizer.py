@@ -49,7 +49,7 @@ def _implementation(foreach, fused):
 
 
 def _flag(value, key, index):
-    if not isinstance(value, (bool, np.bool_)):  # "yes" or 0.0 would read as a choice
+    if not isinstance(value, (bool, np.bool_, int, np.integer)):  # "yes" would read as a choice; 0 and 1 as PyTorch
         raise TypeError(f"param group {index}: {key} must be a bool, got {value!r}")
     return bool(value)
 
