@@ -2398,6 +2398,24 @@ def test_float_of_token_ids_is_refused_where_it_is_written():
                       input_dtype=ft.int64)
 
 
+@pytest.mark.parametrize("ids_of", [lambda ids: ids + 1, lambda ids: ids * 2,
+                                    lambda ids: ft.empty(ids.size(0), 1, dtype=ft.long).fill_(3) + 2])
+def test_arithmetic_on_integer_values_is_refused_where_it_is_written(ids_of):
+    """Token ids shifted, or an integer constant of the batch size, compiled and then failed in every call (the
+    program adds in floats): it is refused at compile, naming the line."""
+    class Shifted(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.fc = nn.Embedding(10, 4), nn.Linear(4, 2)
+
+        def forward(self, ids):
+            return self.fc(self.emb(ids_of(ids)).mean(1))
+
+    model = Shifted()
+    with pytest.raises(ft.nn.TracingError, match=r"arithmetic on traced integer values \(int64.*at .*test_trace.py"):
+        model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=2, input_shape=(3,), input_dtype=ft.int64)
+
+
 def test_forwards_with_more_arguments_and_other_pytorch_spellings():
     """A forward with a second required argument names it; a constant expanded as a traced value (a style loss's
     Gram target), torch.bmm of the samples' matrices and view(-1, 1) of one value per sample compile."""

@@ -669,7 +669,21 @@ class Symbolic:
             return constant(other, self.node.shape)
         return None
 
+    def _numeric(self, other=None):
+        """Fails for arithmetic on integer values (token ids, an integer constant of the batch size): the program's
+        arithmetic is in floats (a bool mask computes as 0 and 1)."""
+        for v in (self, other):
+            if not isinstance(v, Symbolic):
+                continue
+            m = v.node.module
+            dtype = m.tensor.dtype if isinstance(m, _layers().Value) else v.dtype  # a constant's own
+            if dtype.name.startswith(("int", "uint")):
+                fail(f"arithmetic on traced integer values ({dtype.name}: token ids, or an integer constant)",
+                     "compute on the ids before they enter the model, or as a comparison, a mask (ids == pad); "
+                     "make a constant of floats (ft.ones(x.size(0), k))")
+
     def __add__(self, other):
+        self._numeric(other)
         if isinstance(other, (int, float)):
             if other == 0:  # a new name for the value, as x + 0 is a new tensor (see in_place)
                 return Symbolic(self.node)
@@ -728,6 +742,7 @@ class Symbolic:
         return self * -1.0
 
     def __mul__(self, other):
+        self._numeric(other)
         if isinstance(other, (int, float)):
             return Symbolic(self.node) if other == 1 else _layers().Scale(float(other))(self)
         o = self._operand(other)
@@ -780,6 +795,7 @@ class Symbolic:
         return NotImplemented if o is None else _layers().Matmul()(o, self)
 
     def __pow__(self, other):
+        self._numeric()
         if not isinstance(other, (int, float)):
             fail("a traced value to a traced power", "raise to a constant exponent")
         if other == 1:
