@@ -353,11 +353,17 @@ def test_the_tutorials_zero_initial_state_of_the_batch_size_compiles():
             return self.fc(out[:, -1, :])
 
     ft.manual_seed(9)
-    model = Classifier()
+    matches_eager_and_finite_differences(Classifier(), 10)
+
+
+def matches_eager_and_finite_differences(model, seed):
+    """model compiled for batches of two (5, 3) sequences: predict is its eager forward, the gradients finite
+    differences'. Returns the program and the batch."""
     program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=2, input_shape=(5, 3))
-    x = np.random.default_rng(10).standard_normal((2, 5, 3)).astype(np.float32)
+    x = np.random.default_rng(seed).standard_normal((2, 5, 3)).astype(np.float32)
     np.testing.assert_allclose(program.predict(x).numpy(), model(ft.tensor(x)).numpy(), rtol=1e-5, atol=1e-6)
     assert gradcheck(program, x, np.array([0, 1]), eps=1e-3, rtol=3e-2, atol=1e-3)
+    return program, x
 
 
 
@@ -384,10 +390,7 @@ def test_constants_of_the_batch_size_are_values_of_every_sample():
     finite differences'."""
     ft.manual_seed(12)
     model = HandWritten()
-    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=2, input_shape=(5, 3))
-    x = np.random.default_rng(13).standard_normal((2, 5, 3)).astype(np.float32)
-    np.testing.assert_allclose(program.predict(x).numpy(), model(ft.tensor(x)).numpy(), rtol=1e-5, atol=1e-6)
-    assert gradcheck(program, x, np.array([0, 1]), eps=1e-3, rtol=3e-2, atol=1e-3)
+    program, x = matches_eager_and_finite_differences(model, 13)
     program.backward(x, np.array([0, 1]))
     grad = model.emb.weight.grad.numpy()
     assert np.abs(grad[3]).max() > 0 and not np.delete(grad, 3, 0).any()  # only the start token's row
