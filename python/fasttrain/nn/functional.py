@@ -850,8 +850,9 @@ def _bags_of_offsets(input, weight, offsets, max_norm, scale_grad_by_freq, mode,
         ids = input[a:b].unsqueeze(0)
         w = None if per_sample_weights is None else per_sample_weights[a:b].unsqueeze(0)
         bags.append(embedding_bag(ids, weight, None, max_norm, 2, scale_grad_by_freq, mode, sparse, w,
-                                  padding_idx=padding_idx) if b > a else creation.zeros(1, weight.shape[1]))
-    return cat(bags, 0) if bags else creation.zeros(0, weight.shape[1])
+                                  padding_idx=padding_idx) if b > a else
+                    creation.zeros(1, weight.shape[1], device=weight.device))
+    return cat(bags, 0) if bags else creation.zeros(0, weight.shape[1], device=weight.device)
 
 
 def channel_shuffle(input, groups):

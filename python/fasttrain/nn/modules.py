@@ -318,9 +318,8 @@ class Module:
         """Copies arrays (or tensors) into the parameters and persistent buffers; checks every shape first, and a
         failure (a mismatch, a value of a dtype it cannot copy, read-only memory) changes nothing. Returns
         (missing_keys, unexpected_keys), as PyTorch's; with strict, either raises RuntimeError, as does a shape
-        mismatch, with PyTorch's message. A batch
-        norm's num_batches_tracked that the state lacks (older and converted PyTorch checkpoints) stays as it is, as
-        PyTorch's loads it."""
+        mismatch, with PyTorch's message. A batch norm's num_batches_tracked that the state lacks (older and
+        converted PyTorch checkpoints) stays as it is, as PyTorch's loads it."""
         import numpy as np
         own = self._state()
         missing = [k for k in own if k not in state and not _is_counter(k)]
@@ -906,6 +905,15 @@ class InstanceNorm2d(_InstanceNorm):
     """Instance normalization of (N, C, H, W) images, as torch.nn.InstanceNorm2d."""
 
 
+def _table_options(name, rows, padding_idx, max_norm, scale_grad_by_freq, sparse):
+    """An embedding table's padding_idx, counted from 0, with the options it does not support refused."""
+    if max_norm is not None or scale_grad_by_freq or sparse:
+        raise NotImplementedError(f"{name}: max_norm, scale_grad_by_freq and sparse are not supported")
+    if padding_idx is not None and not -rows <= padding_idx < rows:
+        raise ValueError(f"{name}: padding_idx {padding_idx} is outside the {rows} rows")
+    return None if padding_idx is None else padding_idx % rows
+
+
 class Embedding(Module):
     """Rows of a (num_embeddings, embedding_dim) table for int64 ids: compile with input_dtype=ft.int64."""
 
@@ -914,12 +922,7 @@ class Embedding(Module):
     def __init__(self, num_embeddings, embedding_dim, padding_idx=None, max_norm=None, norm_type=2.0,
                  scale_grad_by_freq=False, sparse=False):
         super().__init__()
-        if max_norm is not None or scale_grad_by_freq or sparse:
-            raise NotImplementedError("Embedding: max_norm, scale_grad_by_freq and sparse are not supported")
-        if padding_idx is not None:
-            if not -num_embeddings <= padding_idx < num_embeddings:
-                raise ValueError(f"Embedding: padding_idx {padding_idx} is outside the {num_embeddings} rows")
-            padding_idx %= num_embeddings
+        padding_idx = _table_options("Embedding", num_embeddings, padding_idx, max_norm, scale_grad_by_freq, sparse)
         self.num_embeddings, self.embedding_dim, self.padding_idx = num_embeddings, embedding_dim, padding_idx
         self.register_parameter("weight", creation.empty(num_embeddings, embedding_dim))
         init.normal_(self.weight)  # PyTorch's N(0, 1), the padding row zero
@@ -986,14 +989,9 @@ class EmbeddingBag(Module):
     def __init__(self, num_embeddings, embedding_dim, max_norm=None, norm_type=2.0, scale_grad_by_freq=False,
                  mode="mean", sparse=False, _weight=None, include_last_offset=False, padding_idx=None):
         super().__init__()
-        if max_norm is not None or scale_grad_by_freq or sparse:
-            raise NotImplementedError("EmbeddingBag: max_norm, scale_grad_by_freq and sparse are not supported")
+        padding_idx = _table_options("EmbeddingBag", num_embeddings, padding_idx, max_norm, scale_grad_by_freq, sparse)
         if mode not in ("sum", "mean", "max"):
             raise ValueError(f"EmbeddingBag: mode must be 'sum', 'mean' or 'max', got {mode!r}")
-        if padding_idx is not None:
-            if not -num_embeddings <= padding_idx < num_embeddings:
-                raise ValueError(f"EmbeddingBag: padding_idx {padding_idx} is outside the {num_embeddings} rows")
-            padding_idx %= num_embeddings
         self.num_embeddings, self.embedding_dim, self.mode = num_embeddings, embedding_dim, mode
         self.include_last_offset, self.padding_idx = include_last_offset, padding_idx
         self.register_parameter("weight", creation.empty(num_embeddings, embedding_dim))
