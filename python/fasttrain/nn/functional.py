@@ -1023,8 +1023,24 @@ def _attention_probs(query, key, is_causal, scale, masks):
     s = (query @ key.transpose(-2, -1)) * (1 / math.sqrt(query.shape[-1]) if scale is None else scale)
     for m in masks:
         s = s.masked_fill(m, float("-inf")) if m.dtype.name == "bool" else s + m.to(s.dtype)
+    if not any(_may_hide_a_row(m) for m in masks):  # a bias of finite values (ALiBi's, a learned one)
+        return softmax(s, dim=-1)
     s = s.clamp_min(_NO_KEY)
     return softmax(s, dim=-1).masked_fill(s.amax(-1, keepdim=True) <= _NO_KEY, 0.0)
+
+
+def _may_hide_a_row(mask):
+    """Whether mask may mask out every key of a query: a bool one, or one of floats holding -inf (or float32's
+    lowest) or computed in the forward; a learned bias, or a constant of finite values, cannot."""
+    if mask.dtype.name == "bool":
+        return True
+    if isinstance(mask, Symbolic):
+        if not isinstance(mask.node.module, M.Value):
+            return True
+        mask = mask.node.module.tensor
+    if mask.requires_grad:  # trains (its values are not read while tracing)
+        return False
+    return bool((np.asarray(mask.float().cpu()) <= _NO_KEY).any())
 
 
 def _written_attention(query, key, value, is_causal, scale, dropout_p, masks, fn):
