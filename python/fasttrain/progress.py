@@ -86,13 +86,15 @@ class ProgressBar:
         elapsed = time.perf_counter() - self.start
         frac = self._frac()
         eta = elapsed / frac - elapsed if frac > 0 else 0.0
-        stats = "  ".join(f"{k} {_fmt_stat(v)}" for k, v in self.stats.items())
-        return f"{self.count}/{self.total} [{_fmt_time(elapsed)}<{_fmt_time(eta)}] {stats}"
+        return f"{self.count}/{self.total} [{_fmt_time(elapsed)}<{_fmt_time(eta)}] {self._stats()}"
+
+    def _stats(self):
+        return "  ".join(f"{k} {_fmt_stat(v)}" for k, v in self.stats.items())
 
     def _line(self):
         if self.total is None:
-            stats = "  ".join(f"{k} {_fmt_stat(v)}" for k, v in self.stats.items())
-            return f"{self.desc} {self.count} [{_fmt_time(time.perf_counter() - self.start)}] {stats}".rstrip()
+            elapsed = _fmt_time(time.perf_counter() - self.start)
+            return f"{self.desc} {self.count} [{elapsed}] {self._stats()}".rstrip()
         return f"{self.desc} {self._frac() * 100:3.0f}%|{self._bar()}| {self._tail()}".rstrip()
 
     def _write(self, text):

@@ -18,8 +18,7 @@ from ..amp import cast, widen
 from .._C import TensorBase
 from ..random import default_generator
 from . import modules as M
-from .graph import MergedRows, Symbolic, fail, in_place, read_by_op, uses_trainable
-from .graph import missing as graph_missing
+from .graph import MergedRows, Symbolic, fail, in_place, missing as graph_missing, read_by_op, uses_trainable
 
 
 # The functions of one value elementwise: of a trainable parameter in a traced forward, traced (graph.read_by_op).
@@ -1140,14 +1139,13 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
             raise TypeError(f"cross_entropy: target must hold class indices as int64 or int32, or class "
                             f"probabilities of the input's shape {tuple(input.shape)}; got {target.dtype.name} of "
                             f"shape {tuple(target.shape)}")
-        x, p = _host(input), _host(target)
-        if x.ndim == 1:  # one unbatched sample
-            x, p = x[None], p[None]
-        classes = x.shape[1]
+        logp, p = _host(log_softmax(input.double(), min(input.ndim - 1, 1))), _host(target)
+        if logp.ndim == 1:  # one unbatched sample
+            logp, p = logp[None], p[None]
+        classes = logp.shape[1]
         p = p * (1 - label_smoothing) + label_smoothing / classes
-        z = x - x.max(1, keepdims=True)
         w = np.ones(classes) if weight is None else _host(weight)
-        values = -(p * (z - np.log(np.exp(z).sum(1, keepdims=True))) * w.reshape(-1, *(1,) * (x.ndim - 2))).sum(1)
+        values = -(p * logp * w.reshape(-1, *(1,) * (logp.ndim - 2))).sum(1)
         return _eager(values, _reduction_of("cross_entropy", reduction), input)
     loss, _ = _C.cross_entropy_forward(None, False, *widen(input, target, weight), reduction, int(ignore_index),
                                        float(label_smoothing))

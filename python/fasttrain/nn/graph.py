@@ -25,6 +25,7 @@ import traceback
 
 from .. import _C
 from .._math import take_numpy_names
+from .._tensor import _sizes
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -495,7 +496,7 @@ class MergedRows:
 
     def view(self, *shape):
         """As merged (view(-1) of merged values), or the values unmerged again (view(N, -1), view(N, T))."""
-        shape = _size_args(shape)
+        shape = _sizes(shape)
         if shape == (-1,) and len(self.source.node.shape) == 1:
             return self
         return self.source.view(*shape) if shape and isinstance(shape[0], BatchSize) else self.__getattr__("view")
@@ -543,7 +544,7 @@ del _name, _op
 
 def _per_sample(shape, numel):
     """The per-sample shape of a batch-first view/reshape target (N or -1 first; one -1 inferred)."""
-    shape = _size_args(shape)
+    shape = _sizes(shape)
     if not shape or not (shape[0] is N or shape[0] == -1):
         fail(f"reshape to {shape}", "keep the batch first: x.view(x.size(0), ...) or x.reshape(N, -1)")
     rest = list(shape[1:])
@@ -853,7 +854,7 @@ class Symbolic:
         """Records the values in a new shape, the batch first (``x.reshape(N, -1)``, ``x.view(x.size(0), ...)``); one
         other size may be -1. A reshape of a reshape is recorded as one. Merging the batch with the positions of
         a sequence's scores (``logits.view(-1, V)``) or labels (``y.view(-1)``) gives rows only a class loss takes."""
-        shape = _size_args(shape)
+        shape = _sizes(shape)
         merging = shape and isinstance(shape[0], BatchTimes)
         if merging:
             shape = shape[0].merged(self, shape)
@@ -911,7 +912,7 @@ class Symbolic:
     def permute(self, *dims):
         """Records reordering the dimensions, which must keep the batch first (dims[0] == 0); two permutes in a row are
         recorded as one."""
-        dims = _size_args(dims)
+        dims = _sizes(dims)
         nd = len(self.node.shape)
         if len(dims) == nd + 1 and dims[0] % (nd + 1) != 0 and dims[1] % (nd + 1) == 0:
             return Stacked(self, tuple(d % (nd + 1) for d in dims))
@@ -1038,7 +1039,7 @@ class Symbolic:
     def expand(self, *sizes):
         """Records the value repeated along its per-sample dimensions of size 1 to sizes (-1 keeps a size; the
         batch's is N or -1), as torch's expand."""
-        sizes = _size_args(sizes)
+        sizes = _sizes(sizes)
         if len(sizes) != self.ndim or not (sizes[0] is N or sizes[0] == -1):
             fail(f"expand{sizes} of a traced value", "keep the batch first (N or -1) and the number of dimensions")
         shape = tuple(have if s == -1 else s for s, have in zip(sizes[1:], self.node.shape))
@@ -1048,7 +1049,7 @@ class Symbolic:
 
     def repeat(self, *sizes):
         """Records the value tiled sizes[d] times along each dimension (the batch's 1), as torch's repeat."""
-        sizes = _size_args(sizes)
+        sizes = _sizes(sizes)
         if len(sizes) != self.ndim or sizes[0] != 1:
             fail(f"repeat{sizes} of a traced value", "repeat each dimension but the batch's, which stays 1")
         out = self
@@ -1346,7 +1347,7 @@ class Symbolic:
     def new_empty(self, *size, **kwargs):
         """Memory of size (N, 1, ...) that a draw fills in place (timm's drop path: x.new_empty((x.shape[0],) +
         (1,) * (x.ndim - 1)).bernoulli_(keep_prob)): a Blank."""
-        size = _size_args(size)
+        size = _sizes(size)
         if len(size) != self.ndim or size[0] is not N or any(n != 1 for n in size[1:]):
             fail(f"x.new_empty{size}", "draw per sample with x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1))"
                  ".bernoulli_(p), or ft.rand_like(x)")
@@ -1552,7 +1553,7 @@ class Layered(_Refusing):
     def view(self, *sizes):
         """h_n.view(num_layers, num_directions, N, H), PyTorch's documented form: each layer's states, one per
         direction."""
-        sizes = _size_args(sizes)
+        sizes = _sizes(sizes)
         if len(sizes) != 4 or sizes[0] * sizes[1] != len(self.states) or sizes[3] != self.shape[-1] or not (
                 isinstance(sizes[2], BatchSize) or sizes[2] == -1):
             self._refuse()
@@ -1566,14 +1567,14 @@ class Layered(_Refusing):
 
     def repeat(self, *sizes):
         """h.unsqueeze(0).repeat(num_layers, 1, 1): the states repeated over the first dimension."""
-        sizes = _size_args(sizes)
+        sizes = _sizes(sizes)
         if len(sizes) != len(self.shape) or any(s != 1 for s in sizes[1:]) or sizes[0] < 1:
             self._refuse()
         return Layered(self.states * sizes[0])
 
     def expand(self, *sizes):
         """h.unsqueeze(0).expand(num_layers, -1, -1): one state repeated over the first dimension."""
-        sizes = _size_args(sizes)
+        sizes = _sizes(sizes)
         if len(sizes) != len(self.shape) or len(self.states) != 1 or any(s != -1 for s in sizes[2:]) or \
                 not (isinstance(sizes[1], BatchSize) or sizes[1] == -1) or sizes[0] < 1:
             self._refuse()
@@ -1588,7 +1589,7 @@ class Layered(_Refusing):
         return self.states[0]
 
     def permute(self, *dims):
-        dims = _size_args(dims)
+        dims = _sizes(dims)
         if dims != (1, 0, 2):
             self._refuse()
         from .._math import stack
@@ -1735,11 +1736,6 @@ def attention(q, k, v, causal, scale, dropout_p, key_mask=None):
     mask = [] if key_mask is None else [key_mask]
     out = Symbolic.record(node, ([packed] if packed is not None else rows) + mask, (Tq, E))
     return out if one else out.reshape(N, Tq, H, E // H).transpose(1, 2)
-
-
-def _size_args(args):
-    """Sizes or dimensions given as f(2, 3) or f((2, 3)), as PyTorch takes them."""
-    return tuple(args[0]) if len(args) == 1 and isinstance(args[0], (tuple, list)) else tuple(args)
 
 
 def _sample_shape(t):
