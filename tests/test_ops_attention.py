@@ -854,6 +854,9 @@ def test_a_query_that_sees_no_key_gets_zero_under_any_mask():
     xs = np.random.default_rng(56).standard_normal((2, 5, 4)).astype(np.float32)
     program.backward(xs, np.array([0, 2]))
     assert all(np.isfinite(p.grad.numpy()).all() for p in model.parameters())
+    for mask in ([[True] * 5] * 4, np.ones((4, 5), bool)):
+        with pytest.raises(TypeError, match="scaled_dot_product_attention: a mask must be a tensor, got"):
+            F.scaled_dot_product_attention(t(q), t(k), t(v), attn_mask=mask)
     with pytest.raises(ValueError, match="explicit attn_mask should not be given with is_causal=True"):
         F.scaled_dot_product_attention(t(q), t(k), t(v), attn_mask=ft.tensor(block), is_causal=True)
     mha = ft.nn.MultiheadAttention(4, 2, batch_first=True)

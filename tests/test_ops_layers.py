@@ -654,6 +654,8 @@ def test_bilinear_shrinks_threshold_softmin_and_channel_shuffle_match_numpy():
     for bad in (0, -2, 4):
         with pytest.raises(ValueError, match="channels do not split into"):
             F.channel_shuffle(ft.tensor(img), bad)
+    with pytest.raises(ValueError, match="softshrink: lambd must be at least 0, got -0.1"):
+        F.softshrink(ft.tensor(x), -0.1)
     with pytest.raises(ValueError, match="input1 and input2 must have the same leading shape"):
         layer(ft.tensor(x[:1]), ft.tensor(x2))
 

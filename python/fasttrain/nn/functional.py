@@ -1003,7 +1003,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         raise ValueError(f"{fn}: an explicit attn_mask should not be given with is_causal=True (PyTorch's refuses "
                          "it too): add the causal mask to it, or pass one")
     causal, keys, scores = M._attention_mask(attn_mask, query.shape[-2], key.shape[-2], fn, keeps=True,
-                                             batched=attn_mask is not None and attn_mask.ndim == query.ndim)
+                                             batched=getattr(attn_mask, "ndim", None) == query.ndim)
     if scores is not None:
         return _written_attention(query, key, value, is_causal, scale, dropout_p, [scores], fn)[0]
     return _attention(query, key, value, causal or is_causal, scale, dropout_p, keys, fn)

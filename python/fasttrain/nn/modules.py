@@ -2703,6 +2703,8 @@ def _attention_mask(mask, Tq, Tk, name, keeps=False, batched=False):
     or a float one added to the scores."""
     if mask is None:
         return False, None, None
+    if not isinstance(mask, (Symbolic, TensorBase)):
+        raise TypeError(f"{name}: a mask must be a tensor, got {type(mask).__name__}")
     bool_mask = mask.dtype is _BY_NAME["bool"]
     if isinstance(mask, Symbolic):
         if not batched:  # PyTorch would broadcast the batch against the queries or heads
@@ -2722,8 +2724,6 @@ def _attention_mask(mask, Tq, Tk, name, keeps=False, batched=False):
         rows = _masked_keys(a, Tk, keeps, batched and a.ndim >= 2)
         if rows is not None:
             return False, creation.tensor(rows, device=mask.device), None
-    elif not isinstance(mask, TensorBase):
-        raise TypeError(f"{name}: a mask must be a tensor, got {type(mask).__name__}")
     return False, None, ~mask if bool_mask and keeps else mask
 
 
