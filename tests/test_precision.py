@@ -628,6 +628,40 @@ def test_an_auxiliary_heads_products_run_in_bfloat16_too(aux_first):
     assert np.isfinite(program.train_step(x[:, :, :8, :8], y))
 
 
+def test_a_float32_node_moves_the_products_feeding_it_to_float32():
+    """A plain mean of the logits in the loss (a node of float32 only) reads the last linear layer: it and the
+    products before it run in float32, up to a node that converts as it runs (a layer norm)."""
+    def linears(model):
+        program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1),
+                                lambda out, y: F.cross_entropy(out, y) + 0.1 * out.mean(), batch_size=4,
+                                input_shape=(8,), precision="bf16-mixed")
+        if program.precision != "bf16-mixed":
+            pytest.skip("no AVX512-BF16 on this CPU")
+        return [d for e, d in zip(program.entries, program._c.node_dtypes()) if type(e.module).__name__ == "Linear"]
+
+    assert linears(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 3))) == ["float32", "float32"]
+    assert linears(nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8), nn.Linear(8, 3))) == ["bfloat16", "float32"]
+
+
+def test_a_sum_inside_the_model_writes_bfloat16():
+    """A sum between two layers stays in the activations' dtype, as summary() shows it."""
+    class Summed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.out = nn.Linear(8, 30), nn.Linear(3, 2)
+
+        def forward(self, x):
+            return self.out(self.fc(x).view(x.size(0), 3, 10).sum(2))
+
+    model = Summed()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=4, input_shape=(8,),
+                            precision="bf16-mixed")
+    if program.precision != "bf16-mixed":
+        pytest.skip("no AVX512-BF16 on this CPU")
+    dtypes = {type(e.module).__name__: d for e, d in zip(program.entries, program._c.node_dtypes())}
+    assert dtypes["SumDims"] == "bfloat16" and "bfloat16" in program.summary()
+
+
 def test_subnormal_values_are_zero_to_bfloat16_products():
     """AVX512-BF16's conversions and dot products treat subnormal float32 inputs as zero: a bf16-mixed identity
     layer gives 0 for 1e-40 and 1e-39, where float32 keeps them."""
