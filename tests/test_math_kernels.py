@@ -137,6 +137,31 @@ def test_where_and_clamp(both, dtype):
         check(both, ft.clamp, [a, layouts(dtype, 3)[3], 50], exact=True)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "bool"])
+def test_operands_longer_than_the_loops_runs_and_blocks(both, dtype):
+    """The typed float loop works in runs of 256 values and blocks of 16384 elements: rows that end inside a run,
+    runs that cross a block, strided and broadcast operands over 3 * 7 * 1001 elements, NaN and infinities."""
+    base = sample(dtype, (3, 1001, 7), 21, special=True)
+    views = [View(base, lambda t: t.permute(0, 2, 1), "permuted"),
+             View(sample(dtype, (3, 7, 2001), 22, special=True), lambda t: t[:, :, ::2], "strided"),
+             View(sample(dtype, (7, 1), 23), lambda t: t, "column (7, 1)"),
+             View(sample(dtype, (1001,), 24), lambda t: t, "row (1001,)")]
+    cond = View(sample("bool", (3, 7, 1001), 25), lambda t: t, "cond")
+    names = ("eq", "ne") if dtype == "bool" else ("add", "sub", "mul", "div", "maximum", "minimum", "lt", "ge")
+    for a in views[:2]:
+        for b in views:
+            for name in names:
+                check(both, getattr(_math, name), [a, b], exact=True)
+            check(both, ft.where, [cond, a, b], exact=True)
+        check(both, ft.where, [cond, 0.5 if dtype != "bool" else True, a], exact=True)
+        if dtype == "bool":
+            check(both, ft.logical_not, [a], exact=True)
+        else:
+            check(both, ft.clamp, [a, views[2], 0.75], exact=True)
+            for name in ("neg", "abs", "relu"):
+                check(both, getattr(ft, name), [a], exact=True)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_exact_reductions_over_any_dims(both, dtype):
     for v in reduction_views(dtype):

@@ -86,6 +86,137 @@ static ft_math_val scalar_value(ft_scalar s, ft_dtype compute) {
 
 /* ---- elementwise ---- */
 
+/* The CPU loop of the float ops a program's nodes run (masked fills, comparisons, a mask's 0/1 floats) and of most
+ * eager float math: typed loads along the walk's innermost dimension where each operand is bool or of the compute
+ * dtype (float32, bfloat16; bool for a mask's logical ops), instead of the element function's casts through the
+ * widest types. These ops round once in float, as the element function does, so the results are its own. */
+static bool fast_op(ft_math_op op, ft_dtype compute) {
+    if (compute == FT_BOOL)
+        return op == FT_MATH_LOGICAL_NOT || op == FT_MATH_WHERE || op == FT_MATH_EQ || op == FT_MATH_NE;
+    if (compute != FT_FLOAT32 && compute != FT_BFLOAT16)
+        return false;
+    switch (op) {
+    case FT_MATH_NEG:
+    case FT_MATH_ABS:
+    case FT_MATH_RELU:
+    case FT_MATH_ADD:
+    case FT_MATH_SUB:
+    case FT_MATH_MUL:
+    case FT_MATH_DIV:
+    case FT_MATH_MAXIMUM:
+    case FT_MATH_MINIMUM:
+    case FT_MATH_CLAMP:
+    case FT_MATH_WHERE: return true;
+    default: return ft_math_is_comparison(op);
+    }
+}
+
+enum { FAST_BLOCK = 16384, FAST_RUN = 256 };
+
+/* n values of dtype dt at p, step bytes apart (0: one value broadcast), as floats. */
+static void fast_gather(float *v, const char *p, int64_t step, ft_dtype dt, int64_t n) {
+    if (dt == FT_FLOAT32)
+        for (int64_t j = 0; j < n; j++)
+            v[j] = *(const float *)(p + j * step);
+    else if (dt == FT_BFLOAT16)
+        for (int64_t j = 0; j < n; j++)
+            v[j] = ft_bf16_to_f32(*(const uint16_t *)(p + j * step));
+    else
+        for (int64_t j = 0; j < n; j++)
+            v[j] = p[j * step] != 0;
+}
+
+static void fast_scatter(char *p, int64_t step, ft_dtype dt, const float *v, int64_t n) {
+    if (dt == FT_FLOAT32)
+        for (int64_t j = 0; j < n; j++)
+            *(float *)(p + j * step) = v[j];
+    else if (dt == FT_BFLOAT16)
+        for (int64_t j = 0; j < n; j++)
+            *(uint16_t *)(p + j * step) = ft_f32_to_bf16(v[j]);
+    else
+        for (int64_t j = 0; j < n; j++)
+            p[j * step] = v[j] != 0;
+}
+
+/* The element function's maximum and minimum: NaN wins. */
+static inline float fast_max(float a, float b) { return a >= b || a != a ? a : b; }
+static inline float fast_min(float a, float b) { return a <= b || a != a ? a : b; }
+
+#define FAST_LOOP(expr)                                                                                              \
+    for (int64_t j = 0; j < n; j++) {                                                                                \
+        float x = a[j], y = b[j], z = c[j];                                                                          \
+        (void)y, (void)z;                                                                                            \
+        r[j] = (expr);                                                                                               \
+    }                                                                                                                \
+    break
+
+/* r = op(a, b, c) over n values. */
+static void fast_apply(ft_math_op op, float *r, const float *a, const float *b, const float *c, int64_t n) {
+    switch (op) {
+    case FT_MATH_WHERE: FAST_LOOP(x != 0 ? y : z);
+    case FT_MATH_EQ: FAST_LOOP(x == y);
+    case FT_MATH_NE: FAST_LOOP(x != y);
+    case FT_MATH_LT: FAST_LOOP(x < y);
+    case FT_MATH_LE: FAST_LOOP(x <= y);
+    case FT_MATH_GT: FAST_LOOP(x > y);
+    case FT_MATH_GE: FAST_LOOP(x >= y);
+    case FT_MATH_LOGICAL_NOT: FAST_LOOP(x == 0);
+    case FT_MATH_NEG: FAST_LOOP(-x);
+    case FT_MATH_ABS: FAST_LOOP(fabsf(x));
+    case FT_MATH_RELU: FAST_LOOP(fast_max(x, 0));
+    case FT_MATH_ADD: FAST_LOOP(x + y);
+    case FT_MATH_SUB: FAST_LOOP(x - y);
+    case FT_MATH_MUL: FAST_LOOP(x * y);
+    case FT_MATH_DIV: FAST_LOOP(x / y);
+    case FT_MATH_MAXIMUM: FAST_LOOP(fast_max(x, y));
+    case FT_MATH_MINIMUM: FAST_LOOP(fast_min(x, y));
+    default: FAST_LOOP(fast_min(fast_max(x, y), z)); /* clamp */
+    }
+}
+
+#undef FAST_LOOP
+
+/* Elements [i0, i1) of m, FAST_RUN at a time along the innermost dimension. */
+static void fast_block(const ft_math_map *m, int64_t i0, int64_t i1) {
+    const ft_math_walk *w = &m->walk;
+    int last = w->ndim - 1;
+    int64_t inner = last >= 0 ? w->shape[last] : 1, size[FT_MATH_SLOTS], step[FT_MATH_SLOTS];
+    const char *base[FT_MATH_SLOTS] = {m->out, m->in[0], m->in[1], m->in[2]};
+    ft_dtype dt[FT_MATH_SLOTS] = {m->out_dtype, m->in_dtype[0], m->in_dtype[1], m->in_dtype[2]};
+    float v[4][FAST_RUN] = {{0}};
+    for (int k = 0; k < FT_MATH_SLOTS; k++) {
+        size[k] = k == 0 || (k <= m->nin && base[k]) ? ft_math_itemsize(dt[k]) : 0;
+        step[k] = last >= 0 ? w->st[k][last] * size[k] : 0;
+    }
+    for (int k = 0; k < m->nin; k++)
+        if (!base[k + 1])
+            for (int j = 0; j < FAST_RUN; j++)
+                v[k + 1][j] = m->compute == FT_BOOL ? (float)m->scalar[k].i : (float)m->scalar[k].f;
+    for (int64_t i = i0; i < i1;) {
+        int64_t off[FT_MATH_SLOTS], n = inner - i % inner;
+        n = n < i1 - i ? n : i1 - i;
+        n = n < FAST_RUN ? n : FAST_RUN;
+        ft_math_offsets(w, i, off);
+        for (int k = 1; k <= m->nin; k++)
+            if (base[k])
+                fast_gather(v[k], base[k] + off[k] * size[k], step[k], dt[k], n);
+        fast_apply(m->op, v[0], v[1], v[2], v[3], n);
+        fast_scatter(m->out + off[0] * size[0], step[0], dt[0], v[0], n);
+        i += n;
+    }
+}
+
+/* Whether m's operands suit fast_block: each bool or of the compute dtype, out too. */
+static bool fast_map(const ft_math_map *m) {
+    if (!fast_op(m->op, m->compute) || (m->out_dtype != m->compute && m->out_dtype != FT_BOOL))
+        return false;
+    for (int k = 0; k < m->nin; k++)
+        if (m->in[k] && m->in_dtype[k] != m->compute && m->in_dtype[k] != FT_BOOL)
+            return false;
+    return true;
+}
+
+
 ft_status ft_math_pointwise(const ft_tensor *out, ft_math_op op, ft_dtype compute, const ft_math_arg *args, int n) {
     if ((unsigned)op >= FT_MATH_NUM_OPS)
         return ft_fail(FT_ERR_VALUE, "unknown elementwise op %d", (int)op);
@@ -138,6 +269,13 @@ ft_status ft_math_pointwise(const ft_tensor *out, ft_math_op op, ft_dtype comput
     }
     if (dev.type == FT_DEV_CUDA)
         FT_CUDA_DISPATCH(name, math_pointwise, out, &m);
+    if (fast_map(&m)) {
+        int64_t blocks = (m.n + FAST_BLOCK - 1) / FAST_BLOCK;
+#pragma omp parallel for schedule(static) if (blocks > 1)
+        for (int64_t b = 0; b < blocks; b++)
+            fast_block(&m, b * FAST_BLOCK, b * FAST_BLOCK + FAST_BLOCK < m.n ? b * FAST_BLOCK + FAST_BLOCK : m.n);
+        return FT_OK;
+    }
 #pragma omp parallel for schedule(static) if (m.n > 32768)
     for (int64_t i = 0; i < m.n; i++)
         ft_math_map_element(&m, i);
