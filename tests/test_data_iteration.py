@@ -56,6 +56,12 @@ def test_loader_seed_follows_the_global_seed():
     assert D.Loader((images, labels)).seed == 1
     ft.seed_everything(2)
     assert np.array_equal(order(seed=7), order(seed=7)) and D.Loader((images, labels), seed=7).seed == 7
+    # a seed is an int in [-2**63, 2**64), as ft.manual_seed's: 1.5 or "1" would collide with seed=1
+    assert D.Loader((images, labels), seed=-1).seed == 2 ** 64 - 1
+    for bad, error in ((1.5, TypeError), (True, TypeError), ("1", TypeError), (np.float32(1.2), TypeError),
+                       (2 ** 64 + 1, ValueError), (-2 ** 64 + 1, ValueError)):
+        with pytest.raises(error, match="seed"):
+            D.Loader((images, labels), seed=bad)
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -187,6 +193,37 @@ def test_a_new_pass_ends_the_one_under_way():
         assert sum(len(b) for _, b in loader) == 64
 
 
+def test_the_state_after_a_loop_left_early_is_where_the_next_pass_starts():
+    """A loop left with break drops its pass: the next `for` starts the epoch over, and state_dict() says so (it
+    said the batch the dropped pass stood at, so a checkpoint taken then skipped those batches); while a pass is
+    under way it says that pass's batch."""
+    x, y = np.zeros((28, 2), np.float32), np.arange(28)
+    loader = D.Loader((x, y), 4, shuffle=True, seed=5, num_workers=1)
+    for i, _ in enumerate(loader):
+        if i == 2:
+            assert loader.state_dict()["batch"] == 3
+            break
+    assert (loader.state_dict()["epoch"], loader.state_dict()["batch"]) == (0, 0)
+    resumed = D.Loader((x, y), 4, shuffle=True, seed=5, num_workers=1)
+    resumed.load_state_dict(loader.state_dict())
+    assert [b.tolist() for _, b in resumed] == [b.tolist() for _, b in loader]
+    assert loader.epoch == resumed.epoch == 1
+
+
+def test_fit_on_a_loader_without_batches_warns_and_trains_nothing():
+    """10 samples in batches of 16 with drop_last: no batch, so fit says so instead of epochs of NaN losses (and
+    the loader's epoch does not move)."""
+    x, y = np.zeros((10, 4), np.float32), np.zeros(10, np.int64)
+    model = ft.nn.Linear(4, 2)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), ft.nn.CrossEntropyLoss(), batch_size=16,
+                            input_shape=(4,))
+    for loader in (D.Loader((x, y), 16, drop_last=True, num_workers=1), []):
+        with pytest.warns(UserWarning, match="the loader has no batches"):
+            history = ft.fit(program, loader, 2, progress=False)
+        assert history["epoch"] == [] and program.step_count == 0
+        assert getattr(loader, "epoch", 0) == 0
+
+
 def test_batch_sizes_must_be_whole_numbers():
     x, y = np.zeros((20, 4), np.float32), np.zeros(20, np.int64)
     for bad in (8.7, True, "8"):
@@ -265,5 +302,5 @@ def test_a_loader_iterated_in_a_forked_process(workers):
         assert "runs worker threads, which a forked process" in message and "num_workers=0" in message
     else:
         assert message.startswith("40 samples")
-    assert message.endswith("(at batch 1)")
+    assert message.endswith("(at batch 0)")  # the peeking pass was dropped: the next one starts the epoch
     assert sum(len(b[1]) for b in loader) == 40

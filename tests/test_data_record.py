@@ -62,6 +62,18 @@ def test_writer_failure_leaves_nothing(tmp_path):
         D.RecordWriter(tmp_path / "x.rec").add_image(np.zeros((2, 2, 2), np.uint8), 0)
 
 
+@pytest.mark.parametrize("pixels", [np.full((4, 4, 3), 0.5, np.float32), np.full((4, 4), 300), [[1, 2], [3, 4]]])
+def test_pixels_other_than_uint8_are_refused_not_wrapped(tmp_path, pixels):
+    """Float pixels in [0, 1] stored as uint8 would all be 0, 300 would be 44: both writers refuse any dtype but
+    uint8 (as torchvision's encode_jpeg), and the record file is not left behind."""
+    with pytest.raises(TypeError, match="pixels must be uint8"):
+        D.encode_jpeg(pixels)
+    with pytest.raises(TypeError, match="pixels must be uint8"):
+        with D.RecordWriter(tmp_path / "x.rec") as w:
+            w.add_image(pixels, 0)
+    assert os.listdir(tmp_path) == []
+
+
 def flip(path, offset):
     with open(path, "r+b") as f:
         f.seek(offset)

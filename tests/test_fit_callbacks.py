@@ -188,7 +188,8 @@ def test_a_stop_at_an_epochs_last_step_takes_its_scheduler_step(how, kind):
         if stop:
             assert program.step_count == 6
             assert program.optimizer.param_groups[0]["lr"] == (LR if how == "raises" else LR / 2)
-            fit(program, loader, 2, **options)
+            assert loader.epoch == 1  # its batches are done: fit(3 - loader.epoch) resumes the run
+            fit(program, loader, 3 - loader.epoch, **options)
         return model, program
     (model, program), (whole, program_w) = run(True), run(False)
     assert program.step_count == 18 and state_bits(model) == state_bits(whole)
@@ -459,6 +460,7 @@ def test_a_checkpoint_saved_at_an_epochs_last_step_resumes_with_that_epochs_sche
     ft.load(path, program_r, scheduler=sched_r, loader=loader_r)
     assert loader_r.state_dict()["batch"] == len(loader_r) and program_r.optimizer.param_groups[0]["lr"] == saved[0]
     done = at // len(loader)
+    assert loader_r.epoch == done  # the epochs whose batches are done, the saved one's included
     history = ft.fit(program_r, loader_r, 3 - done, scheduler=sched_r, val_loader=(X, Y), progress=False)
     assert history["epoch"] == list(range(done + 1, 4))
     assert program_r.step_count == program.step_count == 18 and state_bits(resumed) == state_bits(model)

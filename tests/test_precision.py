@@ -628,19 +628,46 @@ def test_an_auxiliary_heads_products_run_in_bfloat16_too(aux_first):
     assert np.isfinite(program.train_step(x[:, :, :8, :8], y))
 
 
-def test_a_float32_node_moves_the_products_feeding_it_to_float32():
-    """A plain mean of the logits in the loss (a node of float32 only) reads the last linear layer: it and the
-    products before it run in float32, up to a node that converts as it runs (a layer norm)."""
-    def linears(model):
-        program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1),
-                                lambda out, y: F.cross_entropy(out, y) + 0.1 * out.mean(), batch_size=4,
-                                input_shape=(8,), precision="bf16-mixed")
-        if program.precision != "bf16-mixed":
-            pytest.skip("no AVX512-BF16 on this CPU")
-        return [d for e, d in zip(program.entries, program._c.node_dtypes()) if type(e.module).__name__ == "Linear"]
+def _linear_dtypes(model, loss):
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), loss, batch_size=4, input_shape=(8,),
+                            precision="bf16-mixed")
+    if program.precision != "bf16-mixed":
+        pytest.skip("no AVX512-BF16 on this CPU")
+    return [d for e, d in zip(program.entries, program._c.node_dtypes()) if type(e.module).__name__ == "Linear"]
 
-    assert linears(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 3))) == ["float32", "float32"]
-    assert linears(nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8), nn.Linear(8, 3))) == ["bfloat16", "float32"]
+
+def test_a_float32_node_moves_the_products_feeding_it_to_float32():
+    """NLL reading the last linear layer directly (a node of float32 only): it and the products before it run in
+    float32, up to a node that converts as it runs (a layer norm)."""
+    def loss(out, y):
+        return F.nll_loss(out, y)
+
+    assert _linear_dtypes(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 3)), loss) == ["float32", "float32"]
+    assert _linear_dtypes(nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8), nn.Linear(8, 3)), loss) == \
+        ["bfloat16", "float32"]
+
+
+def test_a_mean_of_the_outputs_in_the_loss_keeps_the_products_bfloat16():
+    """A plain mean or sum of the logits in the loss (a regularizer, a hand-written MSE) reads bfloat16 and sums in
+    float64: the layers stay bfloat16, and the loss and gradients are the float32 program's within bf16 rounding."""
+    def loss(out, y):
+        return F.cross_entropy(out, y) + 0.1 * out.mean() + 0.01 * (out ** 2).sum()
+
+    def net():
+        ft.manual_seed(3)
+        return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))
+
+    assert _linear_dtypes(net(), loss) == ["bfloat16", "bfloat16"]
+    x, y = np.random.default_rng(0).normal(size=(4, 8)).astype(np.float32), np.array([0, 1, 2, 1])
+    got = {}
+    for precision in ("32-true", "bf16-mixed"):
+        model = net()
+        program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), loss, batch_size=4, input_shape=(8,),
+                                precision=precision)
+        got[precision] = program.backward(x, y), model[0].weight.grad.numpy().copy()
+    (l32, g32), (l16, g16) = got["32-true"], got["bf16-mixed"]
+    assert abs(l16 - l32) <= 2e-2 * abs(l32)
+    np.testing.assert_allclose(g16, g32, rtol=0.05, atol=0.02 * np.abs(g32).max())
 
 
 def test_a_sum_inside_the_model_writes_bfloat16():

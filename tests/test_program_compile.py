@@ -81,6 +81,29 @@ def test_a_batch_larger_than_compiled_with_batch_norm_warns_once():
         program.train_step(x, y)
 
 
+def test_a_split_leaving_one_sample_to_batch_norm1d_is_refused_before_any_change():
+    """A batch of 9 on a program compiled for 4 runs as micro-batches of 4, 4 and 1: BatchNorm1d cannot normalize
+    a single sample's features (PyTorch raises for a batch of 1 too), so the step is refused before it runs, naming
+    the split, with the weights as they were; BatchNorm2d normalizes one image's pixels, and 9 runs."""
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(9, 6)).astype(np.float32), np.arange(9) % 3
+    model = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=4,
+                            input_shape=(6,))
+    before = params_of(model)
+    with pytest.raises(ValueError, match=r"micro-batches of 4, the last of 1 sample.*batch_size=9"):
+        program.train_step(x, y)
+    for name, value in params_of(model).items():
+        np.testing.assert_array_equal(value, before[name])
+    with pytest.warns(UserWarning, match="micro-batches"):
+        assert np.isfinite(program.train_step(x[:8], y[:8]))
+    images = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.Flatten(), nn.Linear(2 * 4 * 4, 3))
+    program = images.compile(ft.optim.SGD(images.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=4,
+                             input_shape=(1, 6, 6))
+    with pytest.warns(UserWarning, match="micro-batches"):
+        assert np.isfinite(program.train_step(rng.normal(size=(9, 1, 6, 6)).astype(np.float32), y))
+
+
 def avgpool3_pad1(x):
     """AvgPool2d(3, stride=1, padding=1) with count_include_pad=True: the zero padding counts in every window."""
     xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))

@@ -1256,7 +1256,7 @@ def test_position_embeddings_of_a_range_train_their_rows(how):
     model = positions(how=how)
     program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), gpt_loss, batch_size=3, input_shape=(4,),
                             input_dtype=ft.int64)
-    assert gradcheck(program, x, y)
+    assert gradcheck(program, x, y, eps=1e-2)  # a float32 loss of 11 moves in steps of 1e-6: eps=1e-3 is noise
     program.backward(x, y)
     grad = model.wpe.weight.grad.numpy()
     assert np.abs(grad[:4]).min() > 0 and (grad[4:] == 0).all()  # the rows of positions 0..3 only

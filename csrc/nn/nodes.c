@@ -1119,29 +1119,14 @@ static ft_tensor sample_rows(const ft_tensor *t) {
     return v;
 }
 
-static int64_t sum_aux(const ft_node *nd, const ft_node *const *in, int64_t rows, ft_dtype dtype) {
-    return 4 * ft_node_numel(in[0]);
-}
-
-/* The weights (1, F) of a sum of F values per sample, each 1 / norm, at the start of aux. */
-static ft_status sum_weights(const ft_node_run *r, int64_t F, ft_tensor *w) {
-    ft_tensor v = aux_vector(r, 0, F);
-    FT_TRY(ft_tensor_fill(&v, (ft_scalar){.kind = FT_SCALAR_FLOAT, .f = (float)(1.0 / r->norm)}));
-    *w = v;
-    w->ndim = 2;
-    w->shape[0] = 1, w->shape[1] = F;
-    w->strides[0] = F, w->strides[1] = 1;
-    return FT_OK;
-}
-
-/* out (N, 1) = values (N, F) @ (1 / norm, ...)^T: a deterministic matmul. */
+/* out (N, 1) = the sum of each sample's values (N, F) / norm, of any float dtype: in double, one row on one thread,
+ * so the same for any thread count. */
 static ft_status sum_rows(const ft_node_run *r, const ft_tensor *values) {
-    ft_tensor w, x = sample_rows(values), out = as_vector(&r->out);
-    FT_TRY(sum_weights(r, x.shape[1], &w));
+    ft_tensor x = sample_rows(values), out = as_vector(&r->out);
     out.ndim = 2;
     out.shape[1] = 1;
     out.strides[1] = 1;
-    return ft_linear_forward(&out, &x, &w, NULL, no_act);
+    return ft_sum_to(&out, &x, 1.0 / r->norm, false);
 }
 
 /* The class targets of a batch (B, d...), on the host: each in [0, C) or ignore_index;
@@ -1226,15 +1211,12 @@ static ft_tensor classes_first(const ft_node *nd, ft_tensor t) {
     return t;
 }
 
-static int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
-
-/* aux: the weights 1 / norm of the sum over positions (P, a cache line at
- * least), the logits' gradient for dloss = 1 kept from the forward (the
- * softmax is taken once), then each position's loss to sum (per_position:
- * the output holds them). */
+/* aux: the backward's factor 1 / norm (a cache line), the logits' gradient
+ * for dloss = 1 kept from the forward (the softmax is taken once), then each
+ * position's loss to sum (per_position: the output holds them). */
 static int64_t cross_entropy_aux(const ft_node *nd, const ft_node *const *in, int64_t rows, ft_dtype dtype) {
     int64_t losses = per_position(nd) ? 0 : rows * positions(nd, in[0]);
-    return 4 * (round16(positions(nd, in[0])) + rows * ft_node_numel(in[0]) + losses);
+    return 4 * (16 + rows * ft_node_numel(in[0]) + losses);
 }
 
 /* The logits' gradient for dloss = 1, in the scores' layout, seen classes first. */
@@ -1242,7 +1224,7 @@ static ft_tensor saved_dlogits(const ft_node_run *r) {
     ft_tensor t = r->in[0];
     t.dtype = FT_FLOAT32; /* whatever the logits' */
     t.storage = r->aux.storage;
-    t.offset = r->aux.offset + 4 * round16(ft_tensor_numel(&t) / (t.shape[0] * t.shape[1 + r->nd->dim]));
+    t.offset = r->aux.offset + 64; /* after the factor */
     ft_contiguous_strides(t.strides, t.ndim, t.shape);
     return classes_first(r->nd, t);
 }
@@ -1284,6 +1266,7 @@ static ft_status cross_entropy_backward(const ft_node_run *r) {
             each.strides[d + 1] = r->dout.strides[d];
     } else {
         ft_tensor g = as_vector(&r->dout), c = factor_as(r, &g);
+        FT_TRY(put_factor(r, 1.0 / r->norm));
         FT_TRY(ft_mul_forward(&g, &g, &c));
         each.storage = g.storage, each.offset = g.offset;
         each.strides[0] = g.strides[0]; /* a sample's dout over its classes and positions */
@@ -1347,12 +1330,11 @@ static ft_status sum_prepare(const ft_node *nd, const ft_node *const *in, const 
 static ft_status sum_forward(const ft_node_run *r) { return sum_rows(r, &r->in[0]); }
 
 static ft_status sum_backward(const ft_node_run *r) {
-    ft_tensor w, x = sample_rows(&r->in[0]), g = as_vector(&r->dout), dx = sample_rows(r->din[0]);
-    FT_TRY(sum_weights(r, x.shape[1], &w));
+    ft_tensor g = as_vector(&r->dout), dx = sample_rows(r->din[0]);
     g.ndim = 2;
     g.shape[1] = 1;
     g.strides[1] = 1;
-    return ft_linear_backward(&dx, NULL, NULL, &g, &x, &w, (ft_grad_acc){.inp = r->din_acc[0]});
+    return ft_broadcast_to(&dx, &g, 1.0 / r->norm, r->din_acc[0]);
 }
 
 const ft_node_kind_info ft_node_kinds[FT_NODE_NKINDS] = {
@@ -1400,7 +1382,8 @@ const ft_node_kind_info ft_node_kinds[FT_NODE_NKINDS] = {
     [FT_NODE_CROSS_ENTROPY] = {"cross_entropy", 2, 2, 0, class_check, cross_entropy_aux, NULL,
                                cross_entropy_forward, cross_entropy_backward, class_prepare, .precision = FT_NODE_ANY},
     [FT_NODE_NLL] = {"nll", 2, 2, 0, class_check, factor_aux, NULL, nll_forward, nll_backward, class_prepare},
-    [FT_NODE_SUM] = {"sum", 1, 2, 0, sum_check, sum_aux, NULL, sum_forward, sum_backward, sum_prepare},
+    [FT_NODE_SUM] = {"sum", 1, 2, 0, sum_check, NULL, NULL, sum_forward, sum_backward, sum_prepare,
+                     .precision = FT_NODE_ANY},
     [FT_NODE_SOFTMAX] = {"softmax", 1, 1, 0, softmax_check, NULL, NULL, softmax_forward, softmax_backward, .precision = FT_NODE_ANY},
     [FT_NODE_LOG_SOFTMAX] = {"log_softmax", 1, 1, 0, softmax_check, NULL, NULL, softmax_forward, softmax_backward, .precision = FT_NODE_ANY},
     [FT_NODE_GROUPNORM] = {"group_norm", 1, 1, 0, groupnorm_check, groupnorm_aux, NULL, groupnorm_forward,

@@ -25,7 +25,7 @@ import numpy as np
 from . import _C
 from ._types import _BY_NAME, as_device, as_dtype
 from .creation import _check_int64_range, from_numpy
-from .random import initial_seed
+from .random import _check_seed, initial_seed
 
 __all__ = [
     "Loader", "Source", "RecordFile", "ImageFolder", "TarShards", "ArraySource", "from_arrays", "FashionMNIST",
@@ -513,7 +513,7 @@ class RecordWriter(_C.RecordWriterBase):
 
     def add_image(self, pixels, label):
         """Appends a sample stored as raw uint8 pixels (H, W), (H, W, 1) or (H, W, 3), with its integer label."""
-        a = np.ascontiguousarray(pixels, dtype=np.uint8)
+        a = np.ascontiguousarray(_uint8_pixels(pixels, "add_image"))
         if a.ndim == 2:
             a = a[:, :, None]
         if a.ndim != 3 or a.shape[2] not in (1, 3):
@@ -579,7 +579,17 @@ def decode_jpeg(data, scale=1, mode="RGB"):
 
 def encode_jpeg(pixels, quality=90, subsampling="420", progressive=False):
     """Encodes uint8 (H, W) or (H, W, 1|3) pixels with TurboJPEG; returns bytes."""
-    return _C.jpeg_encode(np.asarray(pixels, dtype=np.uint8), quality, subsampling, progressive)
+    return _C.jpeg_encode(_uint8_pixels(pixels, "encode_jpeg"), quality, subsampling, progressive)
+
+
+def _uint8_pixels(pixels, op):
+    """pixels as a uint8 array; another dtype is a TypeError (as torchvision's encode_jpeg), never wrapped modulo 256
+    (float pixels in [0, 1] would all be 0)."""
+    a = np.asarray(pixels)
+    if a.dtype != np.uint8:
+        raise TypeError(f"{op}: pixels must be uint8 (0-255), got {a.dtype}: convert them first (float pixels in "
+                        "[0, 1]: (x * 255).round().astype(np.uint8))")
+    return a
 
 
 # ---------------------------------------------------------------- Loader
@@ -633,7 +643,7 @@ class _LoaderIterator:
         if item is None:
             self._done = True
             loader._resume = False
-            loader.epoch += 1
+            loader.epoch = loader._position()[0]  # the next one's, where C now stands
             raise StopIteration
         # No reference to the batch stays here: once the consumer drops it, its buffer can be reused.
         return item[0], item[1]
@@ -646,7 +656,7 @@ class Loader(_C.LoaderBase):
     int64, in order, N = batch_size except in a last partial batch (or when on_error='skip' dropped samples).
     Feature arrays (from_arrays) give (features, targets): their rows as they are, the features float32 (or
     `dtype`: bfloat16, float16), the targets int64 or float32; they take no transforms and no image options.
-    Each complete pass advances `epoch` by one (set_epoch sets it, as DistributedSampler's). The
+    `epoch` counts the epochs whose batches are all done (set_epoch sets it, as DistributedSampler's). The
     transforms are given torchvision-style; their random parameters are a pure function of
     (seed, epoch, sample index), so results do not depend on num_workers.
 
@@ -697,7 +707,7 @@ class Loader(_C.LoaderBase):
         self.drop_last = bool(drop_last)
         # Without a seed of its own the loader follows ft.seed_everything / ft.manual_seed, so that a seed
         # sweep also varies the data order and augmentations.
-        self.seed = int(initial_seed() if seed is None else seed) % (1 << 64)
+        self.seed = initial_seed() if seed is None else _check_seed(seed)
         self.num_workers = int(num_workers)
         self.prefetch = int(prefetch)
         self.device = dev
@@ -755,8 +765,12 @@ class Loader(_C.LoaderBase):
         self._end_pass()
 
     def state_dict(self):
-        """Where iteration stands: load_state_dict on a loader built the same way resumes exactly there."""
+        """Where iteration stands: load_state_dict on a loader built the same way resumes exactly there. Between
+        passes that is where the next pass starts: after a loop left early (break), the start of its epoch again,
+        as the next `for` starts it."""
         epoch, batch = self._position()
+        if not self._resume and self._pass is not None and self._pass() is None:  # a dropped pass
+            epoch, batch = self.epoch, 0
         return {"epoch": epoch, "batch": batch, "seed": self.seed, "num_samples": len(self.source),
                 "batch_size": self.batch_size, "shuffle": self.shuffle, "drop_last": self.drop_last,
                 "rank": self.rank, "world_size": self.world_size}
@@ -774,7 +788,7 @@ class Loader(_C.LoaderBase):
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or not 0 <= v < 2 ** 63:
                 raise ValueError(f"the state's {name} must be an integer in [0, 2**63), got {v!r}")
         self._seek(int(epoch), int(batch))
-        self.epoch = int(epoch)
+        self.epoch = int(epoch) + (batch >= len(self))  # a position at an epoch's end: its batches are done
         self._resume = True
         self._end_pass()
 

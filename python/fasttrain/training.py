@@ -394,6 +394,10 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
                          f"on {distributed.get_world_size()}: a Loader built before ft.distributed.init() is not "
                          "sharded, and every rank would train on every sample; build it after init()")
     progress = progress and distributed.get_rank() == 0
+    if epochs and hasattr(loader, "__len__") and not len(loader):  # rather than epochs of NaN losses
+        warnings.warn("fit: the loader has no batches (an empty list, or fewer samples than one batch with "
+                      "drop_last=True), so nothing trains", stacklevel=2)
+        return history
     for count in range(epochs):
         program._train_modes()
         program._check_compiled()
@@ -477,7 +481,7 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
                     # they were the whole epoch: its end (scheduler steps, a plateau's validation) is the next
                     # fit's to run, as after a checkpoint saved at its last step
                     loader._seek(epoch, len(loader))
-                    loader.epoch = epoch
+                    loader.epoch = epoch + 1  # whose batches are done
                 loader._resume = True
             if type(e) in (ValueError, TypeError, IndexError, RuntimeError) and str(e).startswith("step "):
                 raise type(e)(f"epoch {epoch + 1}, {e}") from e  # the C epoch's own, which says the step

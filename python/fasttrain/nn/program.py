@@ -829,15 +829,21 @@ class Program:
 
     def _training_batch(self, x, y, stacklevel):
         """_batch for a training step, which warns once when a batch larger than the compiled one meets a batch norm
-        in training mode: it runs as micro-batches, each normalized by its own statistics."""
+        in training mode: it runs as micro-batches, each normalized by its own statistics; one that would leave a
+        micro-batch of one sample to a batch norm of one value per channel (BatchNorm1d on features) is refused."""
         xt, yt = self._batch(x, y)
         first = (xt[0] if isinstance(xt, tuple) else xt).shape
         n = first[0] if first else 0  # a 0-d input: refused by the step
-        if n > self.batch_size and not self.__dict__.get("_warned_split") and any(
-                e.kind == BATCHNORM and e.module.training for e in self.entries):
+        micro = self.batch_size // self.accumulate_steps
+        norms = [e for e in self.entries if e.kind == BATCHNORM and e.module.training]
+        if n > micro and n % micro == 1 and any(math.prod(e.shape[1:]) == 1 for e in norms):
+            raise ValueError(f"a batch of {n} samples trains as micro-batches of {micro}, the last of 1 sample, which a "
+                             "batch norm in training mode cannot normalize (it needs more than 1 value per channel); "
+                             f"give batches of {micro} samples or a multiple (drop_last=True drops the odd one), or "
+                             f"compile with batch_size={n}")
+        if n > self.batch_size and not self.__dict__.get("_warned_split") and norms:
             self._warned_split = True
-            warnings.warn(f"a batch of {n} samples trains as micro-batches of at most "
-                          f"{self.batch_size // self.accumulate_steps} (the compiled batch_size "
+            warnings.warn(f"a batch of {n} samples trains as micro-batches of at most {micro} (the compiled batch_size "
                           f"{self.batch_size}): each batch norm normalizes every micro-batch by its own statistics, "
                           f"where a step of {n} at once would use the {n} samples' (compile with batch_size={n} for "
                           "that)", stacklevel=stacklevel + 1)
