@@ -837,8 +837,8 @@ class Program:
         micro = self.batch_size // self.accumulate_steps
         norms = [e for e in self.entries if e.kind == BATCHNORM and e.module.training]
         if n > micro and n % micro == 1 and any(math.prod(e.shape[1:]) == 1 for e in norms):
-            raise ValueError(f"a batch of {n} samples trains as micro-batches of {micro}, the last of 1 sample, which a "
-                             "batch norm in training mode cannot normalize (it needs more than 1 value per channel); "
+            raise ValueError(f"a batch of {n} samples trains as micro-batches of {micro}, the last of 1 sample, which "
+                             "a batch norm in training mode cannot normalize (it needs more than 1 value per channel); "
                              f"give batches of {micro} samples or a multiple (drop_last=True drops the odd one), or "
                              f"compile with batch_size={n}")
         if n > self.batch_size and not self.__dict__.get("_warned_split") and norms:
