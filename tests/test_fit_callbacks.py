@@ -469,14 +469,51 @@ def test_a_checkpoint_saved_at_an_epochs_last_step_resumes_with_that_epochs_sche
     assert sched_r.state_dict() == sched.state_dict()
 
 
-def test_a_plateau_scheduler_resumed_at_an_epochs_end_without_validation_warns():
-    """Without a val_loader, the epoch-end step of a ReduceLROnPlateau watches the training metrics of an epoch a
-    restored position at its end did not keep: fit says it skips it."""
+@pytest.mark.parametrize("route", ["checkpoint", "in process"])
+@pytest.mark.parametrize("at", [4, 6, 9])
+def test_a_plateau_scheduler_watching_the_training_loss_resumes_as_the_uninterrupted_run(at, route, tmp_path):
+    """Without a val_loader a ReduceLROnPlateau watches each epoch's training loss: a run stopped at step `at` (of
+    epochs of 6) keeps the metrics of its epoch's steps with the loader's position (in its state_dict, so in a
+    checkpoint saved then), and the fit finishing the epoch reports and watches the whole epoch's, not only its
+    own steps' (which halved the lr where the uninterrupted run did not)."""
+    path = str(tmp_path / "plateau.safetensors")
+
+    def make():
+        model, program, _, loader = setup()
+        sched = ft.optim.lr_scheduler.ReduceLROnPlateau(program.optimizer, factor=0.5, patience=0)
+        return model, program, sched, loader
+
+    model_w, program_w, sched_w, loader_w = make()
+    whole = ft.fit(program_w, loader_w, 3, scheduler=sched_w, progress=False)
+
+    def stop(step, metrics):
+        if step == at:
+            ft.save(path, program, scheduler=sched, loader=loader)
+            return True
+
+    model, program, sched, loader = make()
+    ft.fit(program, loader, 3, scheduler=sched, step_callbacks=[stop], progress=False)
+    if route == "checkpoint":
+        model, program, sched, loader = make()
+        ft.load(path, program, scheduler=sched, loader=loader)
+    rest = ft.fit(program, loader, 3 - loader.epoch, scheduler=sched, progress=False)
+    assert program.step_count == 18 and state_bits(model) == state_bits(model_w)
+    assert sched.state_dict() == sched_w.state_dict()
+    n = len(rest["epoch"])
+    assert rest["epoch"] == whole["epoch"][-n:]
+    assert rest["train_loss"] == pytest.approx(whole["train_loss"][-n:], rel=1e-12)
+    assert rest["train_accuracy"] == whole["train_accuracy"][-n:]
+
+
+def test_a_plateau_scheduler_resumed_at_an_epochs_end_without_its_metrics_warns():
+    """Without a val_loader, the epoch-end step of a ReduceLROnPlateau watches the training metrics of the epoch: a
+    position restored at its end without them (a state from before they were kept) makes fit say it skips it."""
     model, program, _, loader = setup()
     sched = ft.optim.lr_scheduler.ReduceLROnPlateau(program.optimizer)
     state = loader.state_dict()
     ft.fit(program, loader, 1, scheduler=sched, progress=False, step_callbacks=[
         lambda step, m: state.update(loader.state_dict()) if step == len(loader) else None])
+    assert len(state.pop("tally")) == 4
     loader.load_state_dict(state)
     with pytest.warns(UserWarning, match="end of epoch 1, whose ReduceLROnPlateau step"):
         history = ft.fit(program, loader, 1, scheduler=sched, progress=False)

@@ -44,6 +44,10 @@ typedef struct {
     ft_reducer *reducer; /* a distributed CPU program's: its gradients summed in buckets during the backward */
     double last_grad_norm;   /* of the last step (NaN before the first) */
     loss_scaler scaler;
+    /* fit_epoch's calls, and the steps the last one applied, skipped and tallied: kept here rather than only
+     * returned, since a signal's handler may raise as the result reaches Python, after the steps were applied */
+    int64_t fit_calls, fit_steps, fit_skipped;
+    ft_tally fit_tally;
     bool busy;           /* a call runs (see claim); read and written with the GIL only */
     unsigned long owner; /* the thread of that call */
 } program_object;
@@ -868,10 +872,13 @@ static int parse_schedule(PyObject *obj, int ngroups, ft_optim_group **out, Py_s
     return 0;
 }
 
-/* Calls step_callback(steps, loss, grad_norm or None) with the GIL; as report. */
-static int report_step(PyObject *callback, int64_t steps, const step_result *r) {
+/* Calls step_callback(steps, loss, grad_norm or None, the tally so far) with the GIL; as report. */
+static int report_step(PyObject *callback, int64_t steps, const step_result *r, const ft_tally *tally) {
     PyObject *norm = isnan(r->grad_norm) ? Py_NewRef(Py_None) : PyFloat_FromDouble(r->grad_norm);
-    PyObject *res = norm ? PyObject_CallFunction(callback, "LdN", (long long)steps, r->loss, norm) : NULL;
+    PyObject *t = norm ? tally_tuple(tally) : NULL;
+    PyObject *res = t ? PyObject_CallFunction(callback, "LdNN", (long long)steps, r->loss, norm, t) : NULL;
+    if (!t)
+        Py_XDECREF(norm);
     if (!res)
         return -1;
     int stop = PyObject_IsTrue(res);
@@ -879,29 +886,13 @@ static int report_step(PyObject *callback, int64_t steps, const step_result *r) 
     return stop;
 }
 
-/* Sets the steps an epoch applied, and how many of them were skipped, on the
- * exception that ends it (as _ft_steps and _ft_skipped): fit keeps count of
- * them, and of where the schedule stands. */
-static void note_progress(int64_t steps, int64_t skipped) {
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-    PyErr_NormalizeException(&type, &value, &tb);
-    PyObject *a = PyLong_FromLongLong(steps), *b = PyLong_FromLongLong(skipped);
-    if (!value || !a || !b || PyObject_SetAttrString(value, "_ft_steps", a) < 0 ||
-        PyObject_SetAttrString(value, "_ft_skipped", b) < 0)
-        PyErr_Clear(); /* the exception goes on without them */
-    Py_XDECREF(a);
-    Py_XDECREF(b);
-    PyErr_Restore(type, value, tb);
-}
-
 /* fit_epoch(loader, optimizer, schedule=None, callback=None, interval=0.25, clip_grad_norm=None,
  * nan_policy="raise", step_callback=None, every=0, first_step=0) -> (tally, samples, steps, skipped, stopped):
  * one epoch of a fasttrain loader in C. Python runs only for the progress callback, every `interval`
- * seconds, and for step_callback(steps, loss, grad_norm) after every step whose number counted from first_step + 1
- * is a multiple of `every` (either stops the epoch by returning True); schedule[k] gives every parameter group's
- * hyperparameters at step k (the learning rate and whatever else a scheduler moves, such as OneCycleLR's momentum
- * or betas), as the tuples of Optimizer._group_tuple. The tally (tally_tuple) sums the steps not skipped, the
+ * seconds, and for step_callback(steps, loss, grad_norm, tally so far) after every step whose number counted from
+ * first_step + 1 is a multiple of `every` (either stops the epoch by returning True); schedule[k] gives every
+ * parameter group's hyperparameters at step k (the learning rate and whatever else a scheduler moves, such as
+ * OneCycleLR's momentum or betas), as the tuples of Optimizer._group_tuple. The tally (tally_tuple) sums the steps not skipped, the
  * accuracy's counts from their training-mode predictions. */
 static PyObject *run_fit_epoch(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"loader", "optimizer", "schedule", "callback", "interval", "clip_grad_norm",
@@ -911,6 +902,10 @@ static PyObject *run_fit_epoch(PyObject *self, PyObject *args, PyObject *kwargs)
     double interval = 0.25;
     const char *policy = "raise";
     long long every = 0, first_step = 0;
+    program_object *po = (program_object *)self;
+    po->fit_calls++;
+    po->fit_steps = po->fit_skipped = 0;
+    po->fit_tally = (ft_tally){0};
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OOdOsOLL:fit_epoch", kwlist, &loader_obj, &opt_obj,
                                      &schedule_obj, &callback, &interval, &max_norm, &policy, &step_callback, &every,
                                      &first_step))
@@ -919,7 +914,6 @@ static PyObject *run_fit_epoch(PyObject *self, PyObject *args, PyObject *kwargs)
         return PyErr_Format(PyExc_ValueError, "fit_epoch: every and first_step must be >= 0");
     if (loader_fits(self) < 0)
         return NULL;
-    program_object *po = (program_object *)self;
     step_options o;
     set_program_options(&o, po);
     if (parse_step_options(max_norm, policy, &o) < 0)
@@ -969,6 +963,7 @@ static PyObject *run_fit_epoch(PyObject *self, PyObject *args, PyObject *kwargs)
         samples += n;
         steps++;
         skipped_steps += r.skipped;
+        po->fit_steps = steps, po->fit_skipped = skipped_steps, po->fit_tally = tally;
         double now = omp_get_wtime();
         bool step_due = step_callback != Py_None && every > 0 && (first_step + steps) % every == 0;
         bool report_due = now - last_report >= interval;
@@ -977,7 +972,7 @@ static PyObject *run_fit_epoch(PyObject *self, PyObject *args, PyObject *kwargs)
             po->last_grad_norm = r.grad_norm;
             stop = PyErr_CheckSignals() < 0 ? -1 : 0;
             if (!stop && step_due)
-                stop = report_step(step_callback, steps, &r);
+                stop = report_step(step_callback, steps, &r, &tally);
             if (!stop && report_due && callback != Py_None)
                 stop = report(callback, steps, r.loss, samples);
             if (report_due)
@@ -1002,7 +997,6 @@ static PyObject *run_fit_epoch(PyObject *self, PyObject *args, PyObject *kwargs)
             snprintf(message, sizeof message, "%s", ft_last_error());
             ft_py_raise(ft_fail(s, "step %lld of the epoch: %s", (long long)steps + 1, message));
         }
-        note_progress(steps, skipped_steps);
         return NULL;
     }
     return Py_BuildValue("(NLLLO)", tally_tuple(&tally), (long long)samples, (long long)steps,
@@ -1211,6 +1205,13 @@ static PyObject *program_get_last_grad_norm(PyObject *self, void *closure) {
     return isnan(norm) ? Py_NewRef(Py_None) : PyFloat_FromDouble(norm);
 }
 
+static PyObject *program_get_fit_record(PyObject *self, void *closure) {
+    (void)closure;
+    const program_object *po = (const program_object *)self;
+    return Py_BuildValue("(LLLN)", (long long)po->fit_calls, (long long)po->fit_steps, (long long)po->fit_skipped,
+                         tally_tuple(&po->fit_tally));
+}
+
 static PyObject *program_get_loss_scaler(PyObject *self, void *closure) {
     const loss_scaler *ls = &((program_object *)self)->scaler;
     if (!(ls->scale > 0))
@@ -1244,6 +1245,9 @@ static int program_set_loss_scaler(PyObject *self, PyObject *value, void *closur
 static PyGetSetDef program_getset[] = {
     {"loss_scaler", program_get_loss_scaler, program_set_loss_scaler,
      "dynamic loss scaling: (scale, growth, backoff, interval, good steps since the last change), or None", NULL},
+    {"fit_record", program_get_fit_record, NULL,
+     "(calls of fit_epoch, and the steps its last call applied, skipped and tallied): what a call that raised did",
+     NULL},
     {"last_grad_norm", program_get_last_grad_norm, NULL,
      "the gradient norm of the last step that computed it (with clipping or nan_policy='skip'), else None", NULL},
     {"gradient_buckets", program_get_gradient_buckets, NULL,

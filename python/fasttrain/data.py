@@ -15,6 +15,7 @@ bitwise identical for any num_workers. docs/data.md has the details.
 """
 import glob as _glob
 import json
+import math
 import numbers
 import os
 import warnings
@@ -642,7 +643,7 @@ class _LoaderIterator:
             raise
         if item is None:
             self._done = True
-            loader._resume = False
+            loader._resume, loader._tally = False, None
             loader.epoch = loader._position()[0]  # the next one's, where C now stands
             raise StopIteration
         # No reference to the batch stays here: once the consumer drops it, its buffer can be reused.
@@ -719,6 +720,9 @@ class Loader(_C.LoaderBase):
         self.dtype = out_dtype
         self.epoch = 0
         self._resume = False
+        # the training tally of the epoch's steps a stopped fit ran, (loss * weight, weight, correct, labelled),
+        # which the fit finishing the epoch adds its own to (or None)
+        self._tally = None
         self._pass = None  # a weak reference to the iterator of the pass under way
         super().__init__(
             src, ops,
@@ -761,7 +765,7 @@ class Loader(_C.LoaderBase):
         epoch = int(epoch)
         self._set_epoch(epoch)
         self.epoch = epoch
-        self._resume = False
+        self._resume, self._tally = False, None
         self._end_pass()
 
     def state_dict(self):
@@ -771,9 +775,12 @@ class Loader(_C.LoaderBase):
         epoch, batch = self._position()
         if not self._resume and self._pass is not None and self._pass() is None:  # a dropped pass
             epoch, batch = self.epoch, 0
-        return {"epoch": epoch, "batch": batch, "seed": self.seed, "num_samples": len(self.source),
-                "batch_size": self.batch_size, "shuffle": self.shuffle, "drop_last": self.drop_last,
-                "rank": self.rank, "world_size": self.world_size}
+        state = {"epoch": epoch, "batch": batch, "seed": self.seed, "num_samples": len(self.source),
+                 "batch_size": self.batch_size, "shuffle": self.shuffle, "drop_last": self.drop_last,
+                 "rank": self.rank, "world_size": self.world_size}
+        if self._tally is not None:  # fit's metrics of the epoch so far
+            state["tally"] = list(self._tally)
+        return state
 
     def load_state_dict(self, state):
         """Resumes from state_dict(): the next iteration starts at the saved epoch and batch. The state must come from a
@@ -787,9 +794,15 @@ class Loader(_C.LoaderBase):
         for name, v in (("epoch", epoch), ("batch", batch)):
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or not 0 <= v < 2 ** 63:
                 raise ValueError(f"the state's {name} must be an integer in [0, 2**63), got {v!r}")
+        tally = state.get("tally")
+        if tally is not None and not (isinstance(tally, (list, tuple)) and len(tally) == 4 and all(
+                isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) for v in tally)
+                and tally[1] >= 0 and all(float(v).is_integer() and v >= 0 for v in tally[2:])):
+            raise ValueError(f"the state's tally must be [loss * weight, weight, correct, labelled], got {tally!r}")
         self._seek(int(epoch), int(batch))
         self.epoch = int(epoch) + (batch >= len(self))  # a position at an epoch's end: its batches are done
         self._resume = True
+        self._tally = None if tally is None else (float(tally[0]), float(tally[1]), int(tally[2]), int(tally[3]))
         self._end_pass()
 
     def __enter__(self):

@@ -80,6 +80,7 @@ class _InputBatches:
     epoch = property(lambda self: self._indices.epoch, lambda self, epoch: setattr(self._indices, "epoch", epoch))
     _resume = property(lambda self: self._indices._resume,
                        lambda self, resume: setattr(self._indices, "_resume", resume))
+    _tally = property(lambda self: self._indices._tally, lambda self, tally: setattr(self._indices, "_tally", tally))
     _unique_samples = property(lambda self: self._indices._unique_samples)
 
     def _position(self):
@@ -160,14 +161,14 @@ def evaluate(program: Program, loader: Iterable[Any], tta_flip: bool = False) ->
     if _is_c_loader(loader):
         # The whole split, wherever an earlier iteration (or a restored state) left the loader, which is then
         # put back where it was (fit goes on from a loader's position)
-        (epoch, batch), resume, own = loader._position(), loader._resume, loader.epoch
+        (epoch, batch), kept = loader._position(), (loader.epoch, loader._resume, loader._tally)
         loader.set_epoch(loader.epoch)
         try:
             tally, count = program._eval_c.eval_epoch(loader, tta_flip)
         finally:
             if not loader.closed:
                 loader._seek(epoch, batch)
-                loader.epoch, loader._resume = own, resume
+                loader.epoch, loader._resume, loader._tally = kept
     else:
         tally, count = NO_TALLY, 0
         left = getattr(loader, "_unique_samples", None)  # a sharded epoch's repeated samples count once
@@ -188,11 +189,12 @@ def evaluate(program: Program, loader: Iterable[Any], tta_flip: bool = False) ->
     return tally_means(tally, program.classifies)
 
 
-def _fit_epoch_in_c(program, loader, scheduler, interval, bar, start, on_step, every):
+def _fit_epoch_in_c(program, loader, scheduler, interval, bar, start, on_step, every, resumed):
     """One epoch (or what is left of it, after a restored position) in C, in parts (_steps_in_c): a step callback
     that changes the optimizer's hyperparameters or the scheduler (an lr set by hand) ends one, and the next goes
-    on from there with them. Returns (the tally of the steps not skipped, samples, last lr, stopped)."""
-    done = [NO_TALLY, 0, 0]  # the tally, samples and steps of the parts before
+    on from there with them. Returns (the tally of the steps not skipped, `resumed`'s (a stopped fit's) included,
+    samples, last lr, stopped)."""
+    done = [resumed, 0, 0]  # the tally, samples and steps of the parts before
     while True:
         tally, samples, steps, lr, stopped, changed = _steps_in_c(
             program, loader, scheduler if interval == "step" else None, bar, start, on_step, every, done)
@@ -256,10 +258,11 @@ def _steps_in_c(program, loader, scheduler, bar, start, on_step, every, done):
     # the step a callback last saw, whether it changed the optimizer or scheduler, and whether it asked to stop
     standing = [None, False, False]
 
-    def step(steps, loss, grad_norm):
+    def step(steps, loss, grad_norm, tally):
         nonlocal first_step
         program.step_count = first_step + steps  # as a callback reading the program expects it
         stand(steps)
+        loader._tally = add_tallies(done[0], tally)  # the epoch's so far, which a checkpoint saved now keeps
         before = hyper(), scheduler.state_dict() if scheduler is not None else None
         stop = on_step(program.step_count, loss, lr_at(steps), grad_norm)
         moved = program.step_count != first_step + steps  # the callback set the count (ft.load of a checkpoint)
@@ -277,16 +280,21 @@ def _steps_in_c(program, loader, scheduler, bar, start, on_step, every, done):
         if schedule is not None:
             optimizer._pushed = list(schedule[steps - 1] if steps else schedule[0])  # what C holds now
 
+    calls, settled = program._c.fit_record[0], False
     try:
         tally, samples, steps, skipped, stopped = program._c.fit_epoch(
             loader, optimizer, schedule, progress, 0.25, program.clip_grad_norm, program.nan_policy,
             step if on_step else None, every, first_step)
+        settle(steps, skipped)
+        settled = True
     except BaseException as e:  # a callback's exception, Ctrl-C, a bad batch: the steps before it were applied
-        if hasattr(e, "_ft_steps"):
-            settle(e._ft_steps, e._ft_skipped)
+        now, steps, skipped, tally = program._c.fit_record
+        if now != calls:  # the call ran (Ctrl-C may come as its result reaches Python, before settle)
+            if not settled:
+                settle(steps, skipped)
             loader._resume = True  # the next pass (or fit) goes on after them, past a bad batch too
+            e._ft_tally = add_tallies(done[0], tally)  # the epoch's so far
         raise
-    settle(steps, skipped)
     asked = stopped and standing[0] == steps and standing[2]
     # a change at the epoch's last step leaves nothing to go on with: the epoch ends as any does
     changed = stopped and not asked and standing[:2] == [steps, True] and loader._position()[1] < len(loader)
@@ -402,6 +410,7 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
         program._train_modes()
         program._check_compiled()
         skipped_before_epoch = program.skipped_steps
+        resumed = NO_TALLY  # the tally of the epoch's steps a stopped fit ran
         if kept:
             # the loader's position says where to go on: after a finished epoch the next one's start, which is
             # ahead of loader.epoch when Ctrl-C came between an epoch's end and fit's bookkeeping; where a stopped
@@ -411,6 +420,7 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
                 # finish the restored epoch from its position: the C epoch starts there, a pass in Python (iter)
                 # takes the position up itself
                 loader._resume = not c_loader
+                resumed = loader._tally or NO_TALLY
             else:
                 if batch >= len(loader):  # the epoch's steps are done: the next one
                     epoch += 1
@@ -420,14 +430,18 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
                     if scheduler is not None and scheduler_interval == "epoch":
                         scheduler.step()
                     if plateau is not None:
-                        if val_loader is None:
+                        if val_loader is not None:
+                            watched = _validate(program, val_loader, tta_flip)
+                        elif loader._tally is not None:  # the epoch's training metrics, kept with the position
+                            watched = tally_means(loader._tally, program.classifies)
+                        else:
+                            watched = None
                             warnings.warn(f"fit: the loader's position is the end of epoch {epoch}, whose "
                                           "ReduceLROnPlateau step watches that epoch's training metrics, which "
                                           "were not kept: it is not taken (give a val_loader to watch its "
                                           "metrics, or save after fit returns)", stacklevel=2)
-                        else:
-                            val_loss, val_accuracy = _validate(program, val_loader, tta_flip)
-                            plateau.step(val_loss if plateau.mode == "min" else val_accuracy)
+                        if watched is not None:
+                            plateau.step(watched[0] if plateau.mode == "min" else watched[1])
                 loader.set_epoch(epoch)
         else:
             epoch = count
@@ -436,7 +450,7 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
         total = len(loader) if hasattr(loader, "__len__") else None  # a generator's is unknown
         bar = ProgressBar(total, f"epoch {epoch + 1} ({count + 1}/{epochs})", stream=stream) if progress else None
         start = time.perf_counter()
-        tally, samples, lr, stopped = NO_TALLY, 0, _lr(program.optimizer), False
+        tally, samples, lr, stopped = resumed, 0, _lr(program.optimizer), False
 
         def on_step(step, loss, lr, grad_norm):
             metrics = {"step": step, "epoch": epoch + 1, "loss": loss, "lr": lr, "grad_norm": grad_norm}
@@ -446,7 +460,7 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
             if _is_c_loader(loader):
                 tally, samples, lr, stopped = _fit_epoch_in_c(
                     program, loader, scheduler, scheduler_interval, bar, start, on_step if step_callbacks else None,
-                    every_n_steps)
+                    every_n_steps, resumed)
             else:
                 for step, batch in enumerate(loader):
                     lr = _lr(program.optimizer)
@@ -464,6 +478,8 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
                         scheduler.step()
                     if bar:
                         bar.update(1, loss=loss, lr=lr, img_s=samples / max(time.perf_counter() - start, 1e-9))
+                    if kept:
+                        loader._tally = tally  # the epoch's so far, which a checkpoint saved in a callback keeps
                     if step_callbacks and program.step_count % every_n_steps == 0 and \
                             on_step(program.step_count, loss, lr, program.last_grad_norm):
                         stopped = True
@@ -483,6 +499,7 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
                     loader._seek(epoch, len(loader))
                     loader.epoch = epoch + 1  # whose batches are done
                 loader._resume = True
+                loader._tally = getattr(e, "_ft_tally", None) if c_loader else tally
             if type(e) in (ValueError, TypeError, IndexError, RuntimeError) and str(e).startswith("step "):
                 raise type(e)(f"epoch {epoch + 1}, {e}") from e  # the C epoch's own, which says the step
             raise
@@ -494,13 +511,13 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
             if over and stopped:
                 loader.set_epoch(epoch + 1)
             elif stopped:
-                loader._resume = True
+                loader._resume, loader._tally = True, tally
             else:
-                loader.epoch = epoch + 1
+                loader.epoch, loader._tally = epoch + 1, None
         if scheduler is not None and scheduler_interval == "epoch" and over:
             scheduler.step()
-        # the loss and accuracy of the steps that ran (a skipped step's loss is not finite; NaN when none ran);
-        # the speed of all
+        # the loss and accuracy of the epoch's steps, a stopped fit's before this one included (a skipped step's
+        # loss is not finite; NaN when none ran); the speed of this fit's
         train_loss, train_accuracy = tally_means(tally, program.classifies)
         metrics = {"epoch": epoch + 1, "train_loss": train_loss, "lr": lr, "seconds": seconds,
                    "train_accuracy": train_accuracy,
