@@ -1001,17 +1001,28 @@ static ft_status expand_backward(const ft_node_run *r) {
     return r->din[0] ? ft_sum_to(r->din[0], &r->dout, 1.0, r->din_acc[0]) : FT_OK;
 }
 
+/* The mask: the second input (a mask of each sample), or the weight (a bool tensor the same for every sample,
+ * a causal mask, of the sample's sizes or 1, which the ops broadcast over the batch from the right). */
 static ft_status masked_fill_check(const ft_node *nd, const ft_node *const *in) {
-    bool ok = in[0]->ndim == nd->ndim && !memcmp(in[0]->shape, nd->shape, (size_t)nd->ndim * sizeof *nd->shape) &&
-              broadcasts(in[1], nd);
+    bool ok = in[0]->ndim == nd->ndim && !memcmp(in[0]->shape, nd->shape, (size_t)nd->ndim * sizeof *nd->shape);
+    if (nd->ninputs == 2) {
+        ok = ok && broadcasts(in[1], nd);
+    } else {
+        const ft_tensor *m = &nd->weight;
+        ok = ok && m->storage && m->dtype == FT_BOOL && m->ndim == nd->ndim;
+        for (int d = 0; ok && d < nd->ndim; d++)
+            ok = m->shape[d] == nd->shape[d] || m->shape[d] == 1;
+    }
     return ok ? FT_OK : ft_fail(FT_ERR_SHAPE, "program: a masked fill's mask has sizes other than its input's or 1");
 }
 
+static const ft_tensor *fill_mask(const ft_node_run *r) { return r->nin == 2 ? &r->in[1] : &r->nd->weight; }
+
 /* scale where the mask holds, else the input: selected, not multiplied, so an infinite scale fills exactly. */
 static ft_status masked_fill_forward(const ft_node_run *r) {
-    if (r->in[1].dtype != FT_BOOL)
+    if (fill_mask(r)->dtype != FT_BOOL)
         return ft_fail(FT_ERR_DTYPE, "program: a masked fill's mask must be bool");
-    ft_math_arg args[3] = {{&r->in[1], {0}}, {NULL, {.kind = FT_SCALAR_FLOAT, .f = r->nd->scale}}, {&r->in[0], {0}}};
+    ft_math_arg args[3] = {{fill_mask(r), {0}}, {NULL, {.kind = FT_SCALAR_FLOAT, .f = r->nd->scale}}, {&r->in[0], {0}}};
     return ft_math_pointwise(&r->out, FT_MATH_WHERE, r->out.dtype, args, 3);
 }
 
@@ -1020,7 +1031,7 @@ static ft_status masked_fill_backward(const ft_node_run *r) {
     if (!r->din[0])
         return FT_OK;
     const ft_tensor *g = r->din_acc[0] ? &r->dout : r->din[0];
-    ft_math_arg args[3] = {{&r->in[1], {0}}, {NULL, {.kind = FT_SCALAR_FLOAT, .f = 0}}, {&r->dout, {0}}};
+    ft_math_arg args[3] = {{fill_mask(r), {0}}, {NULL, {.kind = FT_SCALAR_FLOAT, .f = 0}}, {&r->dout, {0}}};
     FT_TRY(ft_math_pointwise(g, FT_MATH_WHERE, g->dtype, args, 3));
     return r->din_acc[0] ? put(r->din[0], &r->dout, true) : FT_OK;
 }
@@ -1416,7 +1427,7 @@ const ft_node_kind_info ft_node_kinds[FT_NODE_NKINDS] = {
                       .reads_output = never},
     [FT_NODE_GRU] = {"gru", 1, 2, 0, gru_layer_check, gru_layer_aux, NULL, gru_layer_forward, gru_layer_backward,
                      .precision = FT_NODE_LOW, .reads_inputs = rnn_layer_state, .reads_output = never},
-    [FT_NODE_MASKED_FILL] = {"masked_fill", 2, 2, 0, masked_fill_check, NULL, NULL, masked_fill_forward,
+    [FT_NODE_MASKED_FILL] = {"masked_fill", 1, 2, 0, masked_fill_check, NULL, NULL, masked_fill_forward,
                              masked_fill_backward, .precision = FT_NODE_ANY, .reads_output = never},
     [FT_NODE_NOISE] = {"noise", 1, 1, 0, same_shape, NULL, NULL, noise_forward, NULL, .precision = FT_NODE_ANY,
                        .reads_inputs = never, .reads_output = never, .draws = element_draws},

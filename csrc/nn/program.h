@@ -77,8 +77,9 @@ typedef enum {
                             (T, 4H), then optionally h0 and c0 (H,); out (T, 2H), each step's h then c */
     FT_NODE_GRU,         /* a whole GRU layer (ops/rnn.h) with weight W_hh and bias b_hh: the input projections
                             (T, 3H), then optionally h0 (H,); out (T, H), each step's h */
-    FT_NODE_MASKED_FILL, /* the first input where the bool mask (the second input, of the node's sizes or 1) is
-                            false, scale where it holds; no gradient to the mask */
+    FT_NODE_MASKED_FILL, /* the first input where the bool mask (the second input, of the node's sizes or 1; or the
+                            weight, one bool mask for every sample) is false, scale where it holds; no gradient to
+                            the mask */
     FT_NODE_NKINDS
 } ft_node_kind;
 

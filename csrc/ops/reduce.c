@@ -140,11 +140,73 @@ static inline void store(char *p, ft_dtype dt, float v) {
     }
 }
 
+/* The sums of x's rows of n values at a stride of `step` elements, `count` consecutive ones at a time (acc[c] the
+ * sum of the row starting at element c), each in order, in double. */
+static void sum_rows(double *acc, const char *x, bool bf16, int64_t n, int64_t step, int64_t count) {
+    for (int64_t c = 0; c < count; c++)
+        acc[c] = 0;
+    for (int64_t r = 0; r < n; r++) {
+        if (bf16) {
+            const uint16_t *v = (const uint16_t *)x + r * step;
+            for (int64_t c = 0; c < count; c++)
+                acc[c] += ft_bf16_to_f32(v[c]);
+        } else {
+            const float *v = (const float *)x + r * step;
+            if (count == 1) {
+                acc[0] += v[0];
+                continue;
+            }
+            for (int64_t c = 0; c < count; c++)
+                acc[c] += v[c];
+        }
+    }
+}
+
+/* ft_sum_to on the CPU where inp and out are dense and the summed dimensions consecutive (inp (A, R, K), out
+ * (A, 1, K): a mean over tokens, the sum of each sample's values): the general loop's sums, in its order, K at a
+ * time instead of one element at a time through the strides; false where the layout is another. */
+static bool sum_block(const ft_tensor *out, const ft_tensor *inp, double scale, bool accumulate) {
+    enum { RUN = 256 };
+    int nd = inp->ndim, first = nd, last = nd;
+    for (int d = 0; d < nd; d++)
+        if (out->shape[d] != inp->shape[d]) {
+            first = first < nd ? first : d;
+            last = d;
+        }
+    for (int d = first; d < last; d++)
+        if (out->shape[d] == inp->shape[d] && inp->shape[d] != 1)
+            return false;
+    if (!ft_tensor_is_contiguous(inp) || !ft_tensor_is_contiguous(out))
+        return false;
+    int64_t A = 1, R = 1, K = 1;
+    for (int d = 0; d < nd; d++)
+        *(d < first ? &A : d <= last ? &R : &K) *= inp->shape[d];
+    int64_t runs = (K + RUN - 1) / RUN, jobs = A * runs;
+    const char *src = ft_tensor_data(inp);
+    char *dst = ft_tensor_data(out);
+    bool bf16 = inp->dtype == FT_BFLOAT16;
+    size_t isz = ft_dtype_get(inp->dtype)->itemsize, osz = ft_dtype_get(out->dtype)->itemsize;
+#pragma omp parallel for schedule(static) if (A * R * K > 32768)
+    for (int64_t j = 0; j < jobs; j++) {
+        int64_t a = j / runs, k0 = j % runs * RUN, n = K - k0 < RUN ? K - k0 : RUN;
+        double acc[RUN];
+        sum_rows(acc, src + (size_t)(a * R * K + k0) * isz, bf16, R, K, n);
+        for (int64_t k = 0; k < n; k++) {
+            char *p = dst + (size_t)(a * K + k0 + k) * osz;
+            float v = (float)(acc[k] * scale);
+            store(p, out->dtype, accumulate ? load(p, out->dtype) + v : v);
+        }
+    }
+    return true;
+}
+
 ft_status ft_sum_to(const ft_tensor *out, const ft_tensor *inp, double scale, bool accumulate) {
     const char *op = "sum_to";
     FT_TRY(check_broadcast(op, out, inp, true));
     if (ft_op_device(inp).type == FT_DEV_CUDA)
         FT_CUDA_DISPATCH(op, sum_to, out, inp, scale, accumulate);
+    if (sum_block(out, inp, scale, accumulate))
+        return FT_OK;
     int nd = inp->ndim, nred = 0, red[FT_MAX_DIMS];
     int64_t count = 1; /* inp elements per out element */
     for (int d = 0; d < nd; d++)

@@ -696,6 +696,37 @@ static void test_broadcasting(void) {
     ft_tensor_release(&wrong), ft_tensor_release(&flat);
 }
 
+/* sum_to over dense tensors whose summed dimensions are consecutive (a mean over tokens, each sample's sum): every
+ * sum in C order in double, as the general loop's, so equal to that sum exactly; rows longer than its runs of 256
+ * values, and bfloat16 values. */
+static void test_dense_sums(void) {
+    const int64_t *s = SHAPE(3, 7, 300), *outs[3] = {SHAPE(3, 1, 300), SHAPE(3, 1, 1), SHAPE(1, 1, 300)};
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+        ft_tensor x = make(3, s, bf16 ? FT_BFLOAT16 : FT_FLOAT32);
+        fill_random(&x);
+        for (int o = 0; o < 3; o++) {
+            ft_tensor sums = make(3, outs[o], FT_FLOAT32);
+            CHECK_OK(ft_sum_to(&sums, &x, 0.25, false));
+            int64_t i[FT_MAX_DIMS] = {0};
+            do {
+                double want = 0;
+                int64_t j[FT_MAX_DIMS] = {0};
+                do {
+                    bool summed = true;
+                    for (int d = 0; d < 3; d++)
+                        summed = summed && (outs[o][d] == 1 || j[d] == i[d]);
+                    if (summed)
+                        want += get(&x, j);
+                } while (next(j, &x));
+                CHECKF(get(&sums, i) == (float)(want * 0.25), "dense sum_to %d [%lld, %lld, %lld]", o,
+                       (long long)i[0], (long long)i[1], (long long)i[2]);
+            } while (next(i, &sums));
+            ft_tensor_release(&sums);
+        }
+        ft_tensor_release(&x);
+    }
+}
+
 int main(void) {
     test_elementary();
     test_activation_paths();
@@ -709,5 +740,6 @@ int main(void) {
     test_upsample_bilinear();
     test_attention();
     test_broadcasting();
+    test_dense_sums();
     return check_main_result("test_ops");
 }

@@ -1854,6 +1854,18 @@ def _where_traced(condition, input, other):
     return _masked(_masked(condition._floats(), condition, a), keep, b)
 
 
+def _sample_mask(mask, shape):
+    """A bool tensor the same for every sample as a mask of samples of `shape` (its sizes or 1), or None: leading
+    size-1 dimensions beyond the sample's rank dropped (a causal mask (1, 1, T, T)), missing ones added."""
+    sizes = tuple(mask.shape)
+    while len(sizes) > len(shape) and sizes[0] == 1:
+        sizes = sizes[1:]
+    sizes = (1,) * (len(shape) - len(sizes)) + sizes
+    if len(sizes) != len(shape) or any(m not in (s, 1) for m, s in zip(sizes, shape)):
+        return None
+    return mask.reshape(sizes).contiguous()
+
+
 def where(condition, input, other):
     """input where condition (a bool tensor, the same for every sample, or a mask computed from traced values)
     holds, else other. With a tensor condition each traced operand is multiplied by its positions' 0/1 mask, each
@@ -1864,6 +1876,12 @@ def where(condition, input, other):
         return _where_traced(condition, input, other)
     if not isinstance(condition, TensorBase) or condition.dtype.name != "bool":
         raise TypeError(f"where: expected condition to be a bool tensor, got {type(condition).__name__}")
+    fills = [v.item() if isinstance(v, TensorBase) and v.ndim == 0 else v for v in (input, other)]
+    for value, fill, held in ((input, fills[1], lambda: ~condition), (other, fills[0], lambda: condition)):
+        if isinstance(value, Symbolic) and isinstance(fill, numbers.Real):  # a masked fill by a causal mask
+            mask = _sample_mask(held(), value.node.shape)
+            if mask is not None:
+                return Symbolic.record(_layers().MaskedFill(float(fill), mask), [value], value.node.shape)
     parts = []
     for value, chosen in ((input, condition), (other, ~condition)):
         if isinstance(value, Symbolic):

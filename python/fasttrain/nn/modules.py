@@ -3139,16 +3139,17 @@ class Math(Module):
 
 
 class MaskedFill(Module):
-    """Its first input where a bool mask (its second input, of the input's sizes or 1) is false, the number value
-    where it holds (recorded by masked_fill and ft.where with a condition computed from traced values: a padding
-    mask of each sample). The value is selected, not multiplied in, so -inf fills exactly; the gradient passes
-    where the mask is false."""
+    """Its first input where a bool mask (its second input, of the input's sizes or 1: a padding mask of each
+    sample; or `mask`, a bool tensor the same for every sample: a causal mask) is false, the number value where it
+    holds (recorded by masked_fill and ft.where). The value is selected, not multiplied in, so -inf fills exactly;
+    the gradient passes where the mask is false."""
 
     _leaf = True
 
-    def __init__(self, value):
+    def __init__(self, value, mask=None):
         super().__init__()
         self.value = value
+        object.__setattr__(self, "mask", mask)  # a constant, not a buffer of the model
 
     def extra_repr(self):
         return f"{self.value:g}"

@@ -448,6 +448,8 @@ def _node_dict(e, trainable):
         d["weight"], d["dweight"] = m.tensor, grad(m.tensor)
     if e.kind in (CROSS_ENTROPY, NLL):
         d["weight"] = m.weight  # class weights: constants
+    if e.kind == MASKED_FILL and m.mask is not None:
+        d["weight"] = m.mask
     if e.kind == BATCHNORM:
         d["running_mean"] = getattr(m, "running_mean", None)
         d["running_var"] = getattr(m, "running_var", None)
