@@ -522,3 +522,70 @@ def test_one_input_of_one_value_per_sample_fits_from_arrays():
     assert history["train_loss"][-1] < history["train_loss"][0] / 10
     assert ft.evaluate(program, (c, c % 2))[1] == 1.0
     assert program.predict(c[0]).shape == (2,)
+
+
+@pytest.mark.parametrize("returns", ["pair", "b - a"])
+def test_a_batch_norm_called_twice_updates_its_statistics_in_call_order(returns):
+    """A shared encoder's batch norm called on a, then on b (a siamese network): its running statistics move
+    with a's batch, then b's, as PyTorch's, whatever order the loss reads the outputs in (they followed the loss's
+    order: b's update first)."""
+    class Siamese(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bn = nn.BatchNorm1d(2, momentum=0.1)
+
+        def forward(self, a, b):
+            ya, yb = self.bn(a), self.bn(b)
+            return (ya, yb) if returns == "pair" else yb - ya
+
+    a = np.arange(8, dtype=np.float32).reshape(4, 2)
+    b = 10 + 3 * a ** 2
+    model = Siamese()
+    loss = (lambda o, y: ((o[1] - o[0]) ** 2).mean()) if returns == "pair" else (lambda o, y: (o ** 2).mean())
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.0), loss, batch_size=4, input_shape=((2,), (2,)))
+    program.train_step((a, b), None)
+    mean, var = np.zeros(2), np.ones(2)
+    for x in (a, b):  # PyTorch's update: the batch mean, and the unbiased batch variance
+        mean, var = 0.9 * mean + 0.1 * x.mean(0), 0.9 * var + 0.1 * x.var(0, ddof=1)
+    np.testing.assert_allclose(model.bn.running_mean.numpy(), mean, rtol=1e-6)
+    np.testing.assert_allclose(model.bn.running_var.numpy(), var, rtol=1e-6)
+
+
+def test_a_contrastive_loss_over_the_batch_trains_with_the_batch_as_one_sample():
+    """InfoNCE's similarities across the batch (z1 @ z2.T) have no per-sample form; with the batch as one sample
+    (batch_size=1, input_shape=(B, D), what the TracingError for z2.T suggests) they are a sample's own matmul:
+    the loss is NumPy's and the gradients central differences'."""
+    B, D = 6, 5
+
+    class Siamese(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.enc = nn.Linear(D, 4)
+
+        def forward(self, x1, x2):
+            z1, z2 = F.normalize(self.enc(x1), dim=-1), F.normalize(self.enc(x2), dim=-1)
+            return z1 @ z2.transpose(-2, -1) / 0.5
+
+    class AcrossTheBatch(Siamese):
+        def forward(self, x1, x2):
+            return self.enc(x1) @ self.enc(x2).T
+
+    across = AcrossTheBatch()
+    with pytest.raises(ft.nn.TracingError, match=r"batch_size=1, input_shape=\(B, \.\.\.\)"):
+        across.compile(ft.optim.SGD(across.parameters(), lr=0.1), nn.MSELoss(), batch_size=B, input_shape=((D,), (D,)))
+    ft.manual_seed(0)
+    model = Siamese()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1),
+                            lambda logits, y: F.cross_entropy(logits.view(-1, B), y.view(-1)), batch_size=1,
+                            input_shape=((B, D), (B, D)), target_shape=(B,))
+    x1, x2 = np.random.default_rng(4).standard_normal((2, 1, B, D)).astype(np.float32)
+    y = np.arange(B)[None]
+    w, b = model.enc.weight.numpy().astype(np.float64), model.enc.bias.numpy().astype(np.float64)
+
+    def enc(x):
+        z = x[0] @ w.T + b
+        return z / np.linalg.norm(z, axis=1, keepdims=True)
+
+    s = enc(x1) @ enc(x2).T / 0.5
+    assert program.backward((x1, x2), y) == pytest.approx(np.mean(np.log(np.exp(s).sum(1)) - np.diag(s)), rel=1e-5)
+    assert ft.testing.gradcheck(program, (x1, x2), y)

@@ -736,6 +736,9 @@ def test_hand_written_causal_attention_matches_finite_differences():
     program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=3, input_shape=(4, 8),
                             memory_format="contiguous")
     assert gradcheck(program, x, np.arange(3) % CLASSES)
+    # the causal buffer is read as the constant mask of one masked fill (not products of expanded 0/1 masks)
+    kinds = [type(e.module).__name__ for e in program.entries]
+    assert kinds.count("MaskedFill") == 1 and "Expand" not in kinds and "Mul" not in kinds
 
 
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
@@ -1281,6 +1284,18 @@ def test_position_embeddings_of_a_range_match_pytorch(how):
     assert_gradients_match(program, tm, x, y, lambda out, y: gpt_loss(out, y, torch.nn.functional))
 
 
+def assigned_into_a_tensor(x):
+    """A decoder's outputs[:, t] = y."""
+    out = ft.zeros(2, 4)
+    out[:, 0] = x[:, 0]
+    return out
+
+
+def assigned_into_a_traced_value(x):
+    x[:, 0] = 0.0
+    return x
+
+
 @pytest.mark.parametrize("forward, error, message", [
     (lambda x: x.clamp(), ValueError, "at least one of 'min' or 'max'"),
     (lambda x: x.clamp(min=x), ft.nn.TracingError, "clamp to bounds that are not numbers"),
@@ -1308,6 +1323,9 @@ def test_position_embeddings_of_a_range_match_pytorch(how):
      NotImplementedError, r"interpolate: antialias=True is not supported"),
     (lambda x: F.adaptive_max_pool2d(x.view(x.size(0), 1, 2, 2), 1, return_indices=True)[0], TypeError,
      r"adaptive_max_pool2d: return_indices=True cannot be traced"),
+    (assigned_into_a_tensor, ft.nn.TracingError, r"assigning .* \(outputs\[:, t\] = y\).* ft.stack\(steps, dim=1\)"),
+    (assigned_into_a_traced_value, ft.nn.TracingError, r"assigning into a traced value"),
+    (lambda x: x.argmax(1), ft.nn.TracingError, r"x.argmax cannot be compiled .* teacher forcing"),
 ])
 def test_the_traced_math_refuses_what_it_cannot_record(forward, error, message):
     """Each refused rather than recorded without the option (a silently different function)."""
@@ -3062,3 +3080,13 @@ def test_a_parameter_through_an_op_naming_a_dimension_or_in_place_is_refused(g, 
     model = Gate(g)
     with pytest.raises(ft.nn.TracingError, match=f"{name} (over dimensions )?of a trainable parameter"):
         model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=4, input_shape=(4,))
+
+
+@pytest.mark.parametrize("layer", [lambda: nn.MultiheadAttention(8, 2), lambda: nn.TransformerEncoderLayer(8, 2),
+                                   lambda: nn.TransformerDecoderLayer(8, 2), lambda: nn.Transformer(8, 2)])
+def test_attention_layers_without_batch_first_say_which_layer(layer):
+    """PyTorch's default is sequence first; fasttrain's values are batch first: each layer says so by its own
+    name (the encoder layer's said MultiheadAttention)."""
+    name = layer.__code__.co_names[-1]
+    with pytest.raises(ValueError, match=rf"^{name}: pass batch_first=True"):
+        layer()

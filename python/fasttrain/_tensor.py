@@ -223,6 +223,9 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
         return shape, strides, offset
 
     def __setitem__(self, index, value):
+        if isinstance(value, Tensor) and not isinstance(value, _C.TensorBase):  # a traced value
+            from .nn.graph import refuse_assignment
+            refuse_assignment()
         advanced = _math.advanced_index(index)
         if advanced is not None:
             split = _math.ints_first(index)

@@ -15,7 +15,9 @@ stand-in for the batch size that ``view``/``reshape``/``expand`` accept in the b
 (``node.shape``) are per sample."""
 import copy
 import functools
+import heapq
 import inspect
+import itertools
 import math
 import numbers
 import operator
@@ -395,10 +397,11 @@ class Node:
     """A recorded op. `reduced`: a loss reduced over the batch, whose per-sample value is each sample's share of
     the batch's loss (their sum is the loss); such values combine only linearly. The targets' node has shape None
     until a loss (or compile's target_shape) fixes it."""
-    __slots__ = ("module", "inputs", "shape", "reduced", "owner", "scope", "dtype")
+    __slots__ = ("module", "inputs", "shape", "reduced", "owner", "scope", "dtype", "seq")
 
     def __init__(self, module, inputs, shape, reduced=False):
         self.module, self.inputs, self.reduced = module, list(inputs), reduced
+        self.seq = next(_recorded)  # the order of the calls, which state updates (batch norms' statistics) follow
         self.dtype = None  # the model input's: float32, or int64 token ids
         self.shape = None if shape is None else tuple(shape)
         self.owner = callers[0] if callers else module  # the outermost module whose call recorded it
@@ -407,8 +410,22 @@ class Node:
             block.append(self)
 
 
+def refuse_assignment():
+    """Fails: an assignment into a traced value, or of one into a tensor (a decoder's outputs[:, t] = y)."""
+    fail("assigning into a traced value, or a traced value into a tensor (outputs[:, t] = y)", "a compiled "
+         "program's values are written once: collect the steps in a list and ft.stack(steps, dim=1) them")
+
+
+# What to write instead of a tensor method traced values lack, where there is something.
+_TRACED_HINTS = dict.fromkeys(
+    ("argmax", "argmin", "topk", "sort", "argsort"),
+    "a compiled program computes no integer values of the samples: a decoder fed its own greedy choices "
+    "trains on the targets instead (teacher forcing: the ground-truth token at every step), or on the "
+    "probabilities (softmax) themselves; choose tokens eagerly at inference (model(x).argmax(-1))")
+
 # The modules whose forward is being traced, outermost first (nn.Model names its layers after them).
 callers = []
+_recorded = itertools.count()
 
 
 class within:
@@ -1435,14 +1452,18 @@ class Symbolic:
     def __getattr__(self, name):
         if name.startswith("__"):  # protocol probes (NumPy's, copy's) see a plain object
             raise AttributeError(name)
-        fail(f"x.{name}", "see docs/models.md for what traced values support", NoAttribute)
+        fail(f"x.{name}", _TRACED_HINTS.get(name, "see docs/models.md for what traced values support"), NoAttribute)
+
+    def __setitem__(self, key, value):
+        refuse_assignment()
 
     def t(self):
         """Fails: the transpose of a batch of vectors or matrices swaps the batch with the features; a product
         across the batch (a contrastive loss's z1 @ z2.T) has no per-sample form."""
         fail("x.T / x.t() of a traced value (it would swap the batch with the features)", "a compiled step "
-             "computes each sample on its own, so similarities across the batch (z1 @ z2.T) cannot be compiled; "
-             "transpose a sample's own dimensions with x.transpose(-2, -1) or x.mT")
+             "computes each sample on its own: transpose a sample's own dimensions with x.transpose(-2, -1) or "
+             "x.mT; for similarities across the batch (a contrastive loss's z1 @ z2.T) compile the batch as one "
+             "sample, batch_size=1, input_shape=(B, ...), and multiply z1 @ z2.transpose(-2, -1) (docs/models.md)")
 
     T = property(t)
 
@@ -2197,23 +2218,28 @@ def trace_loss(loss, outputs, targets):
 
 
 def topological(outputs):
-    """The nodes that `outputs` depend on, each after its inputs."""
-    order, seen = [], set()
-
-    def visit(node):
-        stack = [(node, False)]
-        while stack:
-            n, done = stack.pop()
-            if done:
-                order.append(n)
-                continue
-            if id(n) in seen:
-                continue
-            seen.add(id(n))
-            stack.append((n, True))
-            stack.extend((i, False) for i in reversed(n.inputs) if id(i) not in seen)
-
-    for o in outputs:
-        visit(o)
-    order.sort(key=lambda n: n.module is not None)  # the inputs first: a constant may have been reached before one
+    """The nodes that `outputs` depend on, each after its inputs: the inputs first, then in the order forward
+    recorded them where that allows (a batch norm called on a, then on b, updates its statistics in that order, as
+    PyTorch's, whatever order the loss reads the outputs in)."""
+    nodes, stack = {}, list(outputs)
+    while stack:
+        n = stack.pop()
+        if id(n) not in nodes:
+            nodes[id(n)] = n
+            stack.extend(n.inputs)
+    waiting = {k: len({id(i) for i in n.inputs}) for k, n in nodes.items()}
+    readers = {k: [] for k in nodes}
+    for k, n in nodes.items():
+        for i in {id(i): i for i in n.inputs}:
+            readers[i].append(n)
+    ready = [(n.module is not None, n.seq, k) for k, n in nodes.items() if not waiting[k]]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        n = nodes[heapq.heappop(ready)[2]]
+        order.append(n)
+        for r in readers[id(n)]:
+            waiting[id(r)] -= 1
+            if not waiting[id(r)]:
+                heapq.heappush(ready, (r.module is not None, r.seq, id(r)))
     return order

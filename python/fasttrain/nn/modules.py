@@ -2739,6 +2739,12 @@ def _attention_weights(q, k, causal, masked, average, dropout_p, draw):
     return p.mean(1) if average else p
 
 
+def _need_batch_first(name, batch_first):
+    if not batch_first:
+        raise ValueError(f"{name}: pass batch_first=True (fasttrain's values are batch first: (N, T, E), where "
+                         "PyTorch's default is (T, N, E))")
+
+
 class MultiheadAttention(Module):
     """PyTorch's nn.MultiheadAttention (batch_first=True) over fused attention: the packed input projection
     (in_proj_weight, in_proj_bias), the heads, out_proj, and dropout on the attention weights in training mode.
@@ -2747,8 +2753,7 @@ class MultiheadAttention(Module):
     def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False, add_zero_attn=False,
                  kdim=None, vdim=None, batch_first=False):
         super().__init__()
-        if not batch_first:
-            raise ValueError("MultiheadAttention: pass batch_first=True (fasttrain's values are batch first)")
+        _need_batch_first("MultiheadAttention", batch_first)
         if not 0.0 <= dropout <= 1.0:
             raise ValueError(f"MultiheadAttention: dropout must be in [0, 1], got {dropout}")
         if add_bias_kv or add_zero_attn or kdim not in (None, embed_dim) or vdim not in (None, embed_dim):
@@ -2832,6 +2837,7 @@ class TransformerEncoderLayer(Module):
 
     def __init__(self, d_model, nhead, dim_feedforward=2048, dropout=0.1, activation="relu", layer_norm_eps=1e-5,
                  batch_first=False, norm_first=False, bias=True):
+        _need_batch_first("TransformerEncoderLayer", batch_first)
         super().__init__()
         self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias, batch_first=batch_first)
         self.linear1 = Linear(d_model, dim_feedforward, bias=bias)
@@ -2892,6 +2898,7 @@ class TransformerDecoderLayer(Module):
 
     def __init__(self, d_model, nhead, dim_feedforward=2048, dropout=0.1, activation="relu", layer_norm_eps=1e-5,
                  batch_first=False, norm_first=False, bias=True):
+        _need_batch_first("TransformerDecoderLayer", batch_first)
         super().__init__()
         self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias, batch_first=batch_first)
         self.multihead_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias, batch_first=batch_first)
@@ -2957,6 +2964,7 @@ class Transformer(Module):
     def __init__(self, d_model=512, nhead=8, num_encoder_layers=6, num_decoder_layers=6, dim_feedforward=2048,
                  dropout=0.1, activation="relu", custom_encoder=None, custom_decoder=None, layer_norm_eps=1e-5,
                  batch_first=False, norm_first=False, bias=True):
+        _need_batch_first("Transformer", batch_first)
         super().__init__()
         options = dict(dim_feedforward=dim_feedforward, dropout=dropout, activation=activation,
                        layer_norm_eps=layer_norm_eps, batch_first=batch_first, norm_first=norm_first, bias=bias)
