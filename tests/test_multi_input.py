@@ -549,6 +549,8 @@ def test_a_batch_norm_called_twice_updates_its_statistics_in_call_order(returns)
         mean, var = 0.9 * mean + 0.1 * x.mean(0), 0.9 * var + 0.1 * x.var(0, ddof=1)
     np.testing.assert_allclose(model.bn.running_mean.numpy(), mean, rtol=1e-6)
     np.testing.assert_allclose(model.bn.running_var.numpy(), var, rtol=1e-6)
+    if returns == "pair":  # the first output (through the view that ends the model's nodes) in eval mode
+        np.testing.assert_allclose(program.predict((a, b)).numpy(), (a - mean) / np.sqrt(var + 1e-5), rtol=1e-5)
 
 
 def test_a_contrastive_loss_over_the_batch_trains_with_the_batch_as_one_sample():

@@ -713,10 +713,10 @@ static bool mirrors(const ft_program *p, int i) { return row(p, i)->is_view && p
 
 static int source(const ft_program *p, int i) { return mirrors(p, i) ? source(p, p->nodes[i].inputs[0]) : i; }
 
-/* Whether node i is a model output only the loss reads (an auxiliary head). */
+/* Whether node i is a model output only the loss reads (an auxiliary head), or a view of it the output. */
 static bool read_by_loss_only(const ft_program *p, int i) {
     for (int r = p->read_from[i]; r < p->read_from[i + 1]; r++)
-        if (p->readers[r] <= p->output)
+        if (p->readers[r] < p->output || (p->readers[r] == p->output && !is_view(p, p->output, true)))
             return false;
     return p->read_from[i] < p->read_from[i + 1];
 }

@@ -2217,10 +2217,10 @@ def trace_loss(loss, outputs, targets):
     return value
 
 
-def topological(outputs):
-    """The nodes that `outputs` depend on, each after its inputs: the inputs first, then in the order forward
-    recorded them where that allows (a batch norm called on a, then on b, updates its statistics in that order, as
-    PyTorch's, whatever order the loss reads the outputs in)."""
+def topological(outputs, rank=lambda n: 0):
+    """The nodes that `outputs` depend on, each after its inputs: the inputs first, then by rank(node) and in the
+    order forward recorded them, where that allows (a batch norm called on a, then on b, updates its statistics in
+    that order, as PyTorch's, whatever order the loss reads the outputs in)."""
     nodes, stack = {}, list(outputs)
     while stack:
         n = stack.pop()
@@ -2232,14 +2232,14 @@ def topological(outputs):
     for k, n in nodes.items():
         for i in {id(i): i for i in n.inputs}:
             readers[i].append(n)
-    ready = [(n.module is not None, n.seq, k) for k, n in nodes.items() if not waiting[k]]
+    ready = [(n.module is not None, rank(n), n.seq, k) for k, n in nodes.items() if not waiting[k]]
     heapq.heapify(ready)
     order = []
     while ready:
-        n = nodes[heapq.heappop(ready)[2]]
+        n = nodes[heapq.heappop(ready)[-1]]
         order.append(n)
         for r in readers[id(n)]:
             waiting[id(r)] -= 1
             if not waiting[id(r)]:
-                heapq.heappush(ready, (r.module is not None, r.seq, id(r)))
+                heapq.heappush(ready, (r.module is not None, rank(r), r.seq, id(r)))
     return order

@@ -17,8 +17,8 @@ from .. import _C, creation
 from .._display import Column, Table, summary as _summary
 from .._types import _BY_NAME
 from . import modules as M
-from .graph import (Input, Symbolic, TracingError, _output_leaves, input_shapes, mode_readers, mode_was_read,
-                    read_modes, target, topological, trace, trace_loss, tracing)
+from .graph import (Input, Node, Symbolic, TracingError, _output_leaves, input_shapes, mode_readers,
+                    mode_was_read, read_modes, target, topological, trace, trace_loss, tracing)
 
 # Node kinds, activations and reductions as the extension numbers them.
 _K = _C.NODE_KINDS
@@ -216,10 +216,14 @@ def _graph(model, inputs, loss=None, target_shape=None, target_dtype=None, train
     ins = [Input(shape, dtype) for shape, dtype in inputs]
     outputs = trace(model, ins)
     first = outputs if not isinstance(outputs, (tuple, list)) else outputs[0]
-    # the other outputs' ancestors (an auxiliary head) before the first's: every node up to the first output is
-    # the model's (a mixed-precision program computes them in low precision), the nodes after it the loss's
+    # every node up to the first output is the model's (a mixed-precision program computes them in low precision),
+    # the nodes after it the loss's: the first output comes after the others' nodes (an auxiliary head), or a
+    # view of it does where it is a batch norm's, whose statistics then still move in the order of the calls
     roots = [s.node for s in _output_leaves(outputs) if isinstance(s, Symbolic) and s.node is not first.node]
+    if roots and isinstance(first.node.module, M._BatchNorm):
+        first = Symbolic(Node(M.Identity(), [first.node], first.node.shape))
     roots.append(first.node)
+    of_model = {id(n) for n in topological(roots)}
     if loss is not None:
         with tracing(model):  # a penalty on the weights written in the loss trains them
             targets = target(target_shape, target_dtype)
@@ -230,7 +234,8 @@ def _graph(model, inputs, loss=None, target_shape=None, target_dtype=None, train
             raise TracingError("the loss is the model's output itself: compute it from the output and the targets")
         roots.append(value.node)
     # the output's ancestors first: the nodes after it are the loss's
-    nodes = [i.node for i in ins] + [n for n in topological(roots) if n.module is not None]
+    nodes = [i.node for i in ins] + [n for n in topological(
+        roots, lambda n: 2 if id(n) not in of_model else n is first.node) if n.module is not None]
     index = {id(n): i for i, n in enumerate(nodes)}
     entries = []
     for n in nodes:
