@@ -892,8 +892,8 @@ static int report_step(PyObject *callback, int64_t steps, const step_result *r, 
  * seconds, and for step_callback(steps, loss, grad_norm, tally so far) after every step whose number counted from
  * first_step + 1 is a multiple of `every` (either stops the epoch by returning True); schedule[k] gives every
  * parameter group's hyperparameters at step k (the learning rate and whatever else a scheduler moves, such as
- * OneCycleLR's momentum or betas), as the tuples of Optimizer._group_tuple. The tally (tally_tuple) sums the steps not skipped, the
- * accuracy's counts from their training-mode predictions. */
+ * OneCycleLR's momentum or betas), as the tuples of Optimizer._group_tuple. The tally (tally_tuple) sums the steps
+ * not skipped, the accuracy's counts from their training-mode predictions. */
 static PyObject *run_fit_epoch(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"loader", "optimizer", "schedule", "callback", "interval", "clip_grad_norm",
                              "nan_policy", "step_callback", "every", "first_step", NULL};
@@ -903,9 +903,6 @@ static PyObject *run_fit_epoch(PyObject *self, PyObject *args, PyObject *kwargs)
     const char *policy = "raise";
     long long every = 0, first_step = 0;
     program_object *po = (program_object *)self;
-    po->fit_calls++;
-    po->fit_steps = po->fit_skipped = 0;
-    po->fit_tally = (ft_tally){0};
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OOdOsOLL:fit_epoch", kwlist, &loader_obj, &opt_obj,
                                      &schedule_obj, &callback, &interval, &max_norm, &policy, &step_callback, &every,
                                      &first_step))
@@ -935,6 +932,9 @@ static PyObject *run_fit_epoch(PyObject *self, PyObject *args, PyObject *kwargs)
         return NULL;
     }
     entered(self);
+    po->fit_calls++; /* from here the call runs steps: fit_record says how many */
+    po->fit_steps = po->fit_skipped = 0;
+    po->fit_tally = (ft_tally){0};
     Py_INCREF(loader_obj); /* the C loader lives as long as this object */
     double last_report = omp_get_wtime();
     ft_tally tally = {0};
@@ -963,12 +963,12 @@ static PyObject *run_fit_epoch(PyObject *self, PyObject *args, PyObject *kwargs)
         samples += n;
         steps++;
         skipped_steps += r.skipped;
-        po->fit_steps = steps, po->fit_skipped = skipped_steps, po->fit_tally = tally;
         double now = omp_get_wtime();
         bool step_due = step_callback != Py_None && every > 0 && (first_step + steps) % every == 0;
         bool report_due = now - last_report >= interval;
         if (step_due || report_due) {
             PyEval_RestoreThread(ts);
+            po->fit_steps = steps, po->fit_skipped = skipped_steps, po->fit_tally = tally;
             po->last_grad_norm = r.grad_norm;
             stop = PyErr_CheckSignals() < 0 ? -1 : 0;
             if (!stop && step_due)
@@ -984,6 +984,7 @@ static PyObject *run_fit_epoch(PyObject *self, PyObject *args, PyObject *kwargs)
         }
     }
     PyEval_RestoreThread(ts);
+    po->fit_steps = steps, po->fit_skipped = skipped_steps, po->fit_tally = tally;
     po->last_grad_norm = r.grad_norm;
     if (!stop && s == FT_OK && PyErr_CheckSignals() < 0) /* Ctrl-C during the last steps: raised with their count */
         stop = -1;

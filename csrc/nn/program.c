@@ -713,10 +713,10 @@ static bool mirrors(const ft_program *p, int i) { return row(p, i)->is_view && p
 
 static int source(const ft_program *p, int i) { return mirrors(p, i) ? source(p, p->nodes[i].inputs[0]) : i; }
 
-/* Whether node i is a model output only the loss reads (an auxiliary head), or a view of it the output. */
+/* Whether node i is a model output only the loss reads (an auxiliary head). */
 static bool read_by_loss_only(const ft_program *p, int i) {
     for (int r = p->read_from[i]; r < p->read_from[i + 1]; r++)
-        if (p->readers[r] < p->output || (p->readers[r] == p->output && !is_view(p, p->output, true)))
+        if (p->readers[r] <= p->output)
             return false;
     return p->read_from[i] < p->read_from[i + 1];
 }
@@ -732,8 +732,9 @@ static bool read_by_low(const ft_program *p, int i) {
 /* Each node's dtype (of its output and of its gradient). In a mixed-precision
  * program the model's nodes compute in the low precision where their kind
  * can, and the loss's in float32, as does a model output that is no product
- * (a sigmoid's probabilities: one within 2^-9 of 1 would round to 1, and the
- * loss's log(1 - p) to its floor); the input is converted as it is copied in,
+ * (the output, or the node a view of it shows; a sigmoid's probabilities:
+ * one within 2^-9 of 1 would round to 1, and the loss's log(1 - p) to its
+ * floor); the input is converted as it is copied in,
  * and a parameter node read by a LOW kind is its weight's low copy.
  * A float32-only kind needs float32 inputs and a LOW kind low ones: where
  * they meet, the producer (or the LOW reader) falls back to float32 until
@@ -742,12 +743,12 @@ static void plan_dtypes(ft_program *p) {
     for (int i = 0; i < p->n; i++) {
         const ft_node *nd = &p->nodes[i];
         ft_node_precision k = row(p, i)->precision;
+        bool output = i == p->output || i == source(p, p->output); /* or what a view of it shows */
         bool low = p->compute != FT_FLOAT32 &&
                    (is_input(p, i)               ? nd->dtype == FT_FLOAT32
                     : nd->kind == FT_NODE_PARAM ? i <= p->output && read_by_low(p, i)
                                                 : i <= p->output && k != FT_NODE_FLOAT32 &&
-                                                      (k == FT_NODE_LOW ||
-                                                       (i < p->output && !read_by_loss_only(p, i))));
+                                                      (k == FT_NODE_LOW || (!output && !read_by_loss_only(p, i))));
         p->dtype[i] = low ? p->compute : is_input(p, i) || i == p->target ? nd->dtype : FT_FLOAT32;
         if (nd->kind == FT_NODE_SLICE || nd->kind == FT_NODE_PERMUTE) { /* token ids or a mask moved about */
             ft_dtype in = p->dtype[source(p, nd->inputs[0])];

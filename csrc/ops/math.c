@@ -4,6 +4,7 @@
 
 #include "ops/check.h"
 #include "ops/cuda_ops.h"
+#include "ops/pointwise.h"
 
 /* Indexed by ft_math_op and ft_red_op: the names _C takes. */
 static const char *const op_names[FT_MATH_NUM_OPS] = {
@@ -113,31 +114,6 @@ static bool fast_op(ft_math_op op, ft_dtype compute) {
 
 enum { FAST_BLOCK = 16384, FAST_RUN = 256 };
 
-/* n values of dtype dt at p, step bytes apart (0: one value broadcast), as floats. */
-static void fast_gather(float *v, const char *p, int64_t step, ft_dtype dt, int64_t n) {
-    if (dt == FT_FLOAT32)
-        for (int64_t j = 0; j < n; j++)
-            v[j] = *(const float *)(p + j * step);
-    else if (dt == FT_BFLOAT16)
-        for (int64_t j = 0; j < n; j++)
-            v[j] = ft_bf16_to_f32(*(const uint16_t *)(p + j * step));
-    else
-        for (int64_t j = 0; j < n; j++)
-            v[j] = p[j * step] != 0;
-}
-
-static void fast_scatter(char *p, int64_t step, ft_dtype dt, const float *v, int64_t n) {
-    if (dt == FT_FLOAT32)
-        for (int64_t j = 0; j < n; j++)
-            *(float *)(p + j * step) = v[j];
-    else if (dt == FT_BFLOAT16)
-        for (int64_t j = 0; j < n; j++)
-            *(uint16_t *)(p + j * step) = ft_f32_to_bf16(v[j]);
-    else
-        for (int64_t j = 0; j < n; j++)
-            p[j * step] = v[j] != 0;
-}
-
 /* The element function's maximum and minimum: NaN wins. */
 static inline float fast_max(float a, float b) { return a >= b || a != a ? a : b; }
 static inline float fast_min(float a, float b) { return a <= b || a != a ? a : b; }
@@ -199,9 +175,9 @@ static void fast_block(const ft_math_map *m, int64_t i0, int64_t i1) {
         ft_math_offsets(w, i, off);
         for (int k = 1; k <= m->nin; k++)
             if (base[k])
-                fast_gather(v[k], base[k] + off[k] * size[k], step[k], dt[k], n);
+                ft_pw_gather(v[k], base[k] + off[k] * size[k], step[k], dt[k], n);
         fast_apply(m->op, v[0], v[1], v[2], v[3], n);
-        fast_scatter(m->out + off[0] * size[0], step[0], dt[0], v[0], n);
+        ft_pw_scatter(m->out + off[0] * size[0], step[0], dt[0], v[0], n);
         i += n;
     }
 }

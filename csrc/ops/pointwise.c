@@ -71,15 +71,18 @@ bool ft_pw_plan_make(ft_pw_plan *pl, const ft_pw_loop *l) {
     return true;
 }
 
-/* A tile of n elements at a byte step into floats and back; dense runs
- * (the usual case) take vectorised loops. */
-FT_VEC_CLONES static void gather(float *dst, const char *src, int64_t step, bool bf16, int64_t n) {
-    if (step == (bf16 ? 2 : 4)) {
-        if (bf16)
+/* A tile of n elements of dtype dt (float32, bfloat16, or bool as 0 and 1) at a byte step into floats and back;
+ * dense runs (the usual case) take vectorised loops. */
+FT_VEC_CLONES void ft_pw_gather(float *dst, const char *src, int64_t step, ft_dtype dt, int64_t n) {
+    if (dt == FT_BOOL) {
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = src[i * step] != 0;
+    } else if (step == (int64_t)ft_dtype_get(dt)->itemsize) {
+        if (dt == FT_BFLOAT16)
             ft_floats_in(src, true, 0, n, dst);
         else
             memcpy(dst, src, (size_t)n * sizeof *dst);
-    } else if (bf16) {
+    } else if (dt == FT_BFLOAT16) {
         for (int64_t i = 0; i < n; i++)
             dst[i] = ft_bf16_to_f32(*(const uint16_t *)(src + i * step));
     } else {
@@ -88,13 +91,16 @@ FT_VEC_CLONES static void gather(float *dst, const char *src, int64_t step, bool
     }
 }
 
-FT_VEC_CLONES static void scatter(char *dst, int64_t step, bool bf16, const float *src, int64_t n) {
-    if (step == (bf16 ? 2 : 4)) {
-        if (bf16)
+FT_VEC_CLONES void ft_pw_scatter(char *dst, int64_t step, ft_dtype dt, const float *src, int64_t n) {
+    if (dt == FT_BOOL) {
+        for (int64_t i = 0; i < n; i++)
+            dst[i * step] = src[i] != 0;
+    } else if (step == (int64_t)ft_dtype_get(dt)->itemsize) {
+        if (dt == FT_BFLOAT16)
             ft_floats_out(dst, true, 0, n, src);
         else
             memcpy(dst, src, (size_t)n * sizeof *src);
-    } else if (bf16) {
+    } else if (dt == FT_BFLOAT16) {
         for (int64_t i = 0; i < n; i++)
             *(uint16_t *)(dst + i * step) = ft_f32_to_bf16(src[i]);
     } else {
@@ -122,13 +128,15 @@ static void run(const ft_pw_loop *l, const ft_pw_plan *pl, char *const *ptr, int
     for (int64_t off = 0; off < n; off += TILE) {
         int64_t m = n - off < TILE ? n - off : TILE;
         for (int k = l->read_outputs ? 0 : l->nout; k < l->nops; k++)
-            gather(tiles[k], ptr[k] + off * pl->st[k][in], pl->st[k][in], pl->bf16[k], m);
+            ft_pw_gather(tiles[k], ptr[k] + off * pl->st[k][in], pl->st[k][in], pl->bf16[k] ? FT_BFLOAT16 : FT_FLOAT32,
+                         m);
         if (l->need_index && istep != 1)
             for (int64_t i = 0; i < m; i++)
                 idx[i] = idx0 + (off + i) * istep;
         l->fn(p, m, l->need_index && istep != 1 ? idx : NULL, idx0 + off * istep, l->ctx);
         for (int k = 0; k < l->nout; k++)
-            scatter(ptr[k] + off * pl->st[k][in], pl->st[k][in], pl->bf16[k], tiles[k], m);
+            ft_pw_scatter(ptr[k] + off * pl->st[k][in], pl->st[k][in], pl->bf16[k] ? FT_BFLOAT16 : FT_FLOAT32,
+                          tiles[k], m);
     }
 }
 

@@ -39,6 +39,10 @@ typedef struct {
 
 void ft_pw_run(const ft_pw_loop *l);
 
+/* n values of dtype dt (float32, bfloat16, or bool as 0 and 1), `step` bytes apart, into floats and back. */
+void ft_pw_gather(float *dst, const char *src, int64_t step, ft_dtype dt, int64_t n);
+void ft_pw_scatter(char *dst, int64_t step, ft_dtype dt, const float *src, int64_t n);
+
 /* For reductions with a fixed order: the loop's plan (false when it has no
  * elements), its element count, and a walk over elements [begin, end) of the
  * plan's order on the calling thread. Splitting [0, numel) into ranges that

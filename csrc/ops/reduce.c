@@ -1,5 +1,6 @@
 #include "ops/reduce.h"
 
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -140,9 +141,9 @@ static inline void store(char *p, ft_dtype dt, float v) {
     }
 }
 
-/* The sums of x's rows of n values at a stride of `step` elements, `count` consecutive ones at a time (acc[c] the
- * sum of the row starting at element c), each in order, in double. */
-static void sum_rows(double *acc, const char *x, bool bf16, int64_t n, int64_t step, int64_t count) {
+/* The sums of `count` consecutive runs of n values at a stride of `step` elements (acc[c] that of the run starting
+ * at element c), each in order, in double. */
+static void sum_runs(double *acc, const char *x, bool bf16, int64_t n, int64_t step, int64_t count) {
     for (int64_t c = 0; c < count; c++)
         acc[c] = 0;
     for (int64_t r = 0; r < n; r++) {
@@ -181,16 +182,19 @@ static bool sum_block(const ft_tensor *out, const ft_tensor *inp, double scale, 
     int64_t A = 1, R = 1, K = 1;
     for (int d = 0; d < nd; d++)
         *(d < first ? &A : d <= last ? &R : &K) *= inp->shape[d];
-    int64_t runs = (K + RUN - 1) / RUN, jobs = A * runs;
+    int64_t run = RUN; /* shorter where fewer outputs than threads would leave threads idle (a sum to (1, K)) */
+    while (run > 16 && A * ((K + run - 1) / run) < omp_get_max_threads())
+        run /= 2;
+    int64_t runs = (K + run - 1) / run, jobs = A * runs;
     const char *src = ft_tensor_data(inp);
     char *dst = ft_tensor_data(out);
     bool bf16 = inp->dtype == FT_BFLOAT16;
     size_t isz = ft_dtype_get(inp->dtype)->itemsize, osz = ft_dtype_get(out->dtype)->itemsize;
 #pragma omp parallel for schedule(static) if (A * R * K > 32768)
     for (int64_t j = 0; j < jobs; j++) {
-        int64_t a = j / runs, k0 = j % runs * RUN, n = K - k0 < RUN ? K - k0 : RUN;
+        int64_t a = j / runs, k0 = j % runs * run, n = K - k0 < run ? K - k0 : run;
         double acc[RUN];
-        sum_rows(acc, src + (size_t)(a * R * K + k0) * isz, bf16, R, K, n);
+        sum_runs(acc, src + (size_t)(a * R * K + k0) * isz, bf16, R, K, n);
         for (int64_t k = 0; k < n; k++) {
             char *p = dst + (size_t)(a * K + k0 + k) * osz;
             float v = (float)(acc[k] * scale);

@@ -161,14 +161,14 @@ def evaluate(program: Program, loader: Iterable[Any], tta_flip: bool = False) ->
     if _is_c_loader(loader):
         # The whole split, wherever an earlier iteration (or a restored state) left the loader, which is then
         # put back where it was (fit goes on from a loader's position)
-        (epoch, batch), kept = loader._position(), (loader.epoch, loader._resume, loader._tally)
+        (epoch, batch), kept = loader._position(), (loader.epoch, loader._resume, loader._tally, loader._pass)
         loader.set_epoch(loader.epoch)
         try:
             tally, count = program._eval_c.eval_epoch(loader, tta_flip)
         finally:
             if not loader.closed:
                 loader._seek(epoch, batch)
-                loader.epoch, loader._resume, loader._tally = kept
+                loader.epoch, loader._resume, loader._tally, loader._pass = kept
     else:
         tally, count = NO_TALLY, 0
         left = getattr(loader, "_unique_samples", None)  # a sharded epoch's repeated samples count once
@@ -272,28 +272,27 @@ def _steps_in_c(program, loader, scheduler, bar, start, on_step, every, done):
         return stop or changed
 
     def settle(steps, skipped):
-        """The program's count, the scheduler and the optimizer as they stand after the steps that ran."""
+        """The program's counts, the scheduler and the optimizer as they stand after the steps that ran (again the
+        same, should a Ctrl-C interrupt it and the handler settle once more)."""
         program.step_count = first_step + steps
-        program.skipped_steps += skipped
+        program.skipped_steps = skipped_before + skipped
         if standing[0] != steps:  # else as the callback at that step left them
             stand(steps)
         if schedule is not None:
             optimizer._pushed = list(schedule[steps - 1] if steps else schedule[0])  # what C holds now
 
-    calls, settled = program._c.fit_record[0], False
+    calls, skipped_before = program._c.fit_record[0], program.skipped_steps
     try:
         tally, samples, steps, skipped, stopped = program._c.fit_epoch(
             loader, optimizer, schedule, progress, 0.25, program.clip_grad_norm, program.nan_policy,
             step if on_step else None, every, first_step)
         settle(steps, skipped)
-        settled = True
     except BaseException as e:  # a callback's exception, Ctrl-C, a bad batch: the steps before it were applied
         now, steps, skipped, tally = program._c.fit_record
-        if now != calls:  # the call ran (Ctrl-C may come as its result reaches Python, before settle)
-            if not settled:
-                settle(steps, skipped)
+        if now != calls:  # the call ran (Ctrl-C may come as its result reaches Python, or during settle)
+            settle(steps, skipped)
             loader._resume = True  # the next pass (or fit) goes on after them, past a bad batch too
-            e._ft_tally = add_tallies(done[0], tally)  # the epoch's so far
+        e._ft_tally = add_tallies(done[0], tally if now != calls else NO_TALLY)  # the epoch's so far
         raise
     asked = stopped and standing[0] == steps and standing[2]
     # a change at the epoch's last step leaves nothing to go on with: the epoch ends as any does
@@ -499,7 +498,7 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
                     loader._seek(epoch, len(loader))
                     loader.epoch = epoch + 1  # whose batches are done
                 loader._resume = True
-                loader._tally = getattr(e, "_ft_tally", None) if c_loader else tally
+                loader._tally = getattr(e, "_ft_tally", tally) if c_loader else tally
             if type(e) in (ValueError, TypeError, IndexError, RuntimeError) and str(e).startswith("step "):
                 raise type(e)(f"epoch {epoch + 1}, {e}") from e  # the C epoch's own, which says the step
             raise

@@ -1388,8 +1388,8 @@ class Symbolic:
     data = property(detach)
 
     def masked_fill(self, mask, value):
-        """Records value where mask (a bool tensor, fixed for every sample: a causal mask) holds: the value times
-        the mask's complement, plus value where it holds (so -inf fills exactly)."""
+        """Records value where mask (a bool tensor fixed for every sample, a causal mask, or one computed from
+        traced values) holds: a masked-fill node, which selects rather than multiplies (so -inf fills exactly)."""
         return where(mask, value, self)
 
     # ---- masks ----
@@ -1889,7 +1889,8 @@ def _sample_mask(mask, shape):
 
 def where(condition, input, other):
     """input where condition (a bool tensor, the same for every sample, or a mask computed from traced values)
-    holds, else other. With a tensor condition each traced operand is multiplied by its positions' 0/1 mask, each
+    holds, else other. With a tensor condition, a traced operand and a number are a masked fill of the number by
+    the condition as a constant; otherwise each traced operand is multiplied by its positions' 0/1 mask, each
     constant operand written where it is chosen and 0 elsewhere (no product with an infinite constant)."""
     from .._C import TensorBase
     from .. import _math
@@ -1899,7 +1900,8 @@ def where(condition, input, other):
         raise TypeError(f"where: expected condition to be a bool tensor, got {type(condition).__name__}")
     fills = [v.item() if isinstance(v, TensorBase) and v.ndim == 0 else v for v in (input, other)]
     for value, fill, held in ((input, fills[1], lambda: ~condition), (other, fills[0], lambda: condition)):
-        if isinstance(value, Symbolic) and isinstance(fill, numbers.Real):  # a masked fill by a causal mask
+        if isinstance(value, Symbolic) and value.node.shape is not None and isinstance(fill, numbers.Real):
+            # a masked fill by a mask the same for every sample (a causal mask): one node reading it
             mask = _sample_mask(held(), value.node.shape)
             if mask is not None:
                 return Symbolic.record(_layers().MaskedFill(float(fill), mask), [value], value.node.shape)
