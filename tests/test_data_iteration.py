@@ -210,6 +210,21 @@ def test_the_state_after_a_loop_left_early_is_where_the_next_pass_starts():
     assert loader.epoch == resumed.epoch == 1
 
 
+def test_a_states_tally_is_checked_and_kept():
+    """state_dict's tally (the training metrics of the epoch so far, which fit puts there) comes back from
+    load_state_dict; one that is no tally is refused before anything moves."""
+    x, y = np.zeros((28, 2), np.float32), np.arange(28)
+    loader = D.Loader((x, y), 4, num_workers=0)
+    state = dict(loader.state_dict(), batch=3, tally=[2.5, 12.0, 7, 12])
+    loader.load_state_dict(state)
+    assert loader.state_dict()["tally"] == [2.5, 12.0, 7, 12] and loader.state_dict()["batch"] == 3
+    for bad in ([1.0, -1.0, 0, 0], [1.0, 2.0, 0.5, 1], [float("nan"), 1.0, 0, 0], [1.0, 2.0, 0], "1,2,0,0",
+                [True, 1.0, 0, 0]):
+        with pytest.raises(ValueError, match="tally must be"):
+            loader.load_state_dict(dict(state, batch=5, tally=bad))
+        assert loader.state_dict()["batch"] == 3
+
+
 def test_fit_on_a_loader_without_batches_warns_and_trains_nothing():
     """10 samples in batches of 16 with drop_last: no batch, so fit says so instead of epochs of NaN losses (and
     the loader's epoch does not move)."""
