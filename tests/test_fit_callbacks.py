@@ -535,3 +535,54 @@ def test_schedulers_step_by_default_as_pytorchs_documentation_steps_them():
     ft.fit(program, (X, Y), 2, scheduler=one_cycle, step_callbacks=[lambda s, m: seen.append(m["lr"])],
            progress=False)
     assert len(set(seen)) == len(seen) == 2 * N // B and one_cycle.last_epoch == 2 * N // B
+
+
+def test_a_step_callback_unfreezing_a_layer_is_refused_at_the_next_step_of_a_c_epoch():
+    """requires_grad_(True) on a layer frozen at compile, in a step callback of fit's C epoch: the next step is
+    refused (it ran as compiled, leaving the layer untrained while it said requires_grad), as a Python loop's
+    train_step refuses it; the steps before count."""
+    model, program, sched, loader = setup()
+    model.weight.requires_grad_(False)
+    program = model.compile(ft.optim.SGD([model.bias], lr=LR), nn.CrossEntropyLoss(), batch_size=B,
+                            input_shape=(F,))
+
+    def unfreeze(step, metrics):
+        if step == 2:
+            model.weight.requires_grad_(True)
+
+    with pytest.raises(ValueError, match="requires_grad became True after compile"):
+        fit(program, loader, 1, step_callbacks=[unfreeze], progress=False)
+    assert program.step_count == 2
+
+
+def test_only_true_from_a_callback_stops_fit():
+    """A callback returning something truthy that is not True (a lambda's tuple, what list.append gave) goes on;
+    True, or NumPy's True, stops."""
+    seen = []
+    for returned, steps in (((1, None), 12), ([0], 12), (np.True_, 1), (True, 1)):
+        model, program, sched, loader = setup()
+        fit(program, loader, 2, step_callbacks=[lambda step, m: (seen.append(step), returned)[1]], progress=False)
+        assert program.step_count == steps, returned
+    model, program, sched, loader = setup()
+    history = fit(program, loader, 3, callbacks=[lambda epoch, m: "done"], progress=False)
+    assert history["epoch"] == [1, 2, 3]
+
+
+def test_class_labels_for_a_soft_target_program_are_refused_before_any_step():
+    """A program of class probabilities (mixup's soft targets) validated on class labels: refused before the first
+    step, saying to evaluate a second program compiled with a class loss (which reads the same weights)."""
+    ft.manual_seed(3)
+    model = nn.Linear(F, C)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=LR), nn.CrossEntropyLoss(), batch_size=B,
+                            input_shape=(F,), target_shape=(C,), target_dtype=ft.float32)
+    soft = np.eye(C, dtype=np.float32)[Y]
+    with pytest.raises(TypeError, match=r"val_loader's targets are class labels.* compile the model a second time"):
+        fit(program, (X, soft), 1, val_loader=(X, Y), progress=False)
+    with pytest.raises(TypeError, match="evaluate: the targets are class labels"):
+        ft.evaluate(program, (X, Y))
+    assert program.step_count == 0
+    labels = model.compile(ft.optim.SGD(model.parameters(), lr=0.0), nn.CrossEntropyLoss(), batch_size=B,
+                           input_shape=(F,))
+    fit(program, (X, soft), 1, progress=False)
+    loss, accuracy = ft.evaluate(labels, (X, Y))
+    assert np.isfinite(loss) and 0 <= accuracy <= 1

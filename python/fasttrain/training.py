@@ -156,6 +156,7 @@ def evaluate(program: Program, loader: Iterable[Any], tta_flip: bool = False) ->
     each image and of its horizontal mirror are averaged (test-time augmentation). A fasttrain loader runs entirely
     in C. Under ft.distributed every rank evaluates its shard and the figures are the whole split's: the samples a
     sharded loader repeats at its end, to give every rank as many, count once."""
+    _check_labels(program, loader, "evaluate: the targets")
     loader = _as_loader(program, loader, None, False)
     program._check_parameters()
     if _is_c_loader(loader):
@@ -265,6 +266,8 @@ def _steps_in_c(program, loader, scheduler, bar, start, on_step, every, done):
         loader._tally = add_tallies(done[0], tally)  # the epoch's so far, which a checkpoint saved now keeps
         before = hyper(), scheduler.state_dict() if scheduler is not None else None
         stop = on_step(program.step_count, loss, lr_at(steps), grad_norm)
+        if not stop:  # what the callback changed that the compiled step cannot follow (a layer unfrozen): refused
+            program._check_compiled()  # at the next step, as a Python loop's train_step refuses it
         moved = program.step_count != first_step + steps  # the callback set the count (ft.load of a checkpoint)
         first_step = program.step_count - steps
         changed = (hyper(), scheduler.state_dict() if scheduler is not None else None) != before or moved
@@ -300,6 +303,26 @@ def _steps_in_c(program, loader, scheduler, bar, start, on_step, every, done):
     if bar:
         bar.update(done[2] + steps - bar.count)
     return tally, samples, steps, lr_at(max(steps, 1)), asked, changed
+
+
+def _check_labels(program, data, what):
+    """Fails before any step where (x, y) arrays give class labels to a program whose loss takes class
+    probabilities (a soft-target loss, validated on labels as timm does), saying how to validate on them."""
+    if not (isinstance(data, tuple) and len(data) == 2) or program.target_dtype is None or \
+            not program.target_dtype.is_floating_point:
+        return
+    labels = np.asarray(data[1][:1])
+    if labels.dtype.kind in "iub" and labels.shape[1:] != tuple(program.target_shape):
+        raise TypeError(f"{what} are class labels, but the program's loss takes float targets of shape "
+                        f"{tuple(program.target_shape)} (class probabilities): to validate on labels, compile the "
+                        "model a second time with nn.CrossEntropyLoss() (both programs train and read the same "
+                        "weights) and ft.evaluate that one in an epoch callback or after fit")
+
+
+def _stops(returned):
+    """Whether a callback's return asks fit to stop: True only (a lambda returning what it appended, a tuple or a
+    list, would stop training silently)."""
+    return returned is True or isinstance(returned, np.bool_) and bool(returned)
 
 
 def _epoch_done(loader, epoch):
@@ -345,7 +368,7 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
     in mode "min" the epoch's val_loss (train_loss without val_loader), in mode "max" its val_accuracy
     (train_accuracy).
     callbacks: functions called as cb(epoch, metrics) after each epoch, epoch being metrics["epoch"] (counted
-    from 1); one returning True stops training.
+    from 1); one returning True (itself, not any truthy value) stops training.
     step_callbacks: functions called as cb(step, metrics) after every `every_n_steps`-th optimizer step of the
     program (step counted from 1 over the program's life, program.step_count), metrics holding "step",
     "epoch", "loss" (that step's), "lr" (the first group's, for that step) and "grad_norm" (its gradient norm
@@ -385,6 +408,7 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
         scheduler = None  # stepped by the epoch's metric, after validation
     loader = _as_loader(program, loader, batch_size, True)
     if val_loader is not None:
+        _check_labels(program, val_loader, "fit: val_loader's targets")
         val_loader = _as_loader(program, val_loader, None, False)
     for fed in (loader, val_loader):  # before any step: a validation loader that cannot feed the program too
         if _is_c_loader(fed):
@@ -453,7 +477,7 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
 
         def on_step(step, loss, lr, grad_norm):
             metrics = {"step": step, "epoch": epoch + 1, "loss": loss, "lr": lr, "grad_norm": grad_norm}
-            return any(cb(step, metrics) for cb in step_callbacks)
+            return any(_stops(cb(step, metrics)) for cb in step_callbacks)
 
         try:
             if _is_c_loader(loader):
@@ -537,6 +561,6 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
             bar.close(**shown)
         for k in history:
             history[k].append(metrics[k])
-        if any(cb(metrics["epoch"], metrics) for cb in callbacks) or stopped:
+        if any(_stops(cb(metrics["epoch"], metrics)) for cb in callbacks) or stopped:
             break
     return history

@@ -750,6 +750,7 @@ class Program:
                               stacklevel=3)
         targets = [e for e in self.entries if e.kind == TARGET]
         self.target_dtype = targets[0].module.dtype if targets else None
+        self.target_shape = tuple(targets[0].shape) if targets else None  # per sample
         # evaluate() counts correct argmax predictions of (classes,) outputs against class targets
         self.classifies = self.target_dtype is _BY_NAME["int64"] and targets[0].shape == () \
             and len(self.entries[self.output].shape) == 1
