@@ -311,8 +311,9 @@ def _check_labels(program, data, what):
     if not (isinstance(data, tuple) and len(data) == 2) or program.target_dtype is None or \
             not program.target_dtype.is_floating_point:
         return
-    labels = np.asarray(data[1][:1])
-    if labels.dtype.kind in "iub" and labels.shape[1:] != tuple(program.target_shape):
+    y = data[1] if hasattr(data[1], "dtype") and hasattr(data[1], "shape") else np.asarray(data[1])
+    floating = y.dtype.kind == "f" if isinstance(y.dtype, np.dtype) else y.dtype.is_floating_point  # or a tensor's
+    if not floating and tuple(y.shape[1:]) != tuple(program.target_shape):
         raise TypeError(f"{what} are class labels, but the program's loss takes float targets of shape "
                         f"{tuple(program.target_shape)} (class probabilities): to validate on labels, compile the "
                         "model a second time with nn.CrossEntropyLoss() (both programs train and read the same "
