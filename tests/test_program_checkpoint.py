@@ -55,6 +55,48 @@ def test_checkpoint_resume_is_bitwise_exact(case, tmp_path):
             assert np.asarray(sa["state"][i][key]).tobytes() == np.asarray(sb["state"][i][key]).tobytes()
 
 
+def test_an_ema_of_the_weights_resumes_from_the_checkpoint(tmp_path):
+    """ft.save(..., ema=) keeps the averages as "ema.<parameter>" tensors (readable by safetensors) with the decay and
+    the update count; ft.load(..., ema=) puts them back, so updates after the load go on as an uninterrupted run's.
+    A checkpoint without one, or an EMA of other parameters, is refused and changes nothing."""
+    def run(seed):
+        model = plain_net(seed)
+        program = compile_plain(model, ft.optim.AdamW(model.parameters(), lr=0.01))
+        return model, program, ft.optim.EMA(model.parameters(), decay=0.9)
+
+    path = str(tmp_path / "ema.safetensors")
+    a, pa, ema_a = run(0)
+    for k in range(3):
+        pa.train_step(*batch(8, seed=600 + k))
+        ema_a.update()
+    ft.save(path, pa, ema=ema_a)
+    tensors, meta = ft.load(path)
+    names = [n for n, _ in a.named_parameters()]
+    np.testing.assert_array_equal(tensors[f"ema.{names[0]}"], ema_a.shadow[0].numpy())
+    b, pb, ema_b = run(9)
+    ft.load(path, pb, ema=ema_b)
+    assert ema_b.num_updates == 3 and ema_b.decay == 0.9
+    for k in range(3, 5):
+        for program, ema in ((pa, ema_a), (pb, ema_b)):
+            program.train_step(*batch(8, seed=600 + k))
+            ema.update()
+    for sa, sb in zip(ema_a.shadow, ema_b.shadow):
+        assert sa.numpy().tobytes() == sb.numpy().tobytes()
+    bare = str(tmp_path / "bare.safetensors")
+    ft.save(bare, pa)
+    c, pc, ema_c = run(5)
+    before = [s.numpy().copy() for s in ema_c.shadow], state_bits(c)
+    with pytest.raises(KeyError, match="holds no EMA"):
+        ft.load(bare, pc, ema=ema_c)
+    with pytest.raises(ValueError, match=r"EMA averages \d+ parameters .*, this EMA 1 "):
+        ft.load(path, pc, ema=ft.optim.EMA(list(c.parameters())[:1]))
+    with pytest.raises(ValueError, match="not this model's parameters"):
+        ft.save(bare, pa, ema=ema_c)
+    assert all(np.array_equal(s.numpy(), w) for s, w in zip(ema_c.shadow, before[0])) and state_bits(c) == before[1]
+    with pytest.warns(UserWarning, match="holds an EMA of the weights that this load does not restore"):
+        ft.load(path, pc)
+
+
 def test_checkpoint_round_trip_values(tmp_path):
     """Parameters (PyTorch key names), optimizer state and metadata as written."""
     model = plain_net(1)

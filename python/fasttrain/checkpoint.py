@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from .data import Loader
     from .nn.modules import Module
     from .nn.program import Program
+    from .optim.ema import EMA
     from .optim.lr_scheduler import LRScheduler
     from .optim.optimizer import Optimizer
 
@@ -210,9 +211,11 @@ def _bfloat16_bits(a):
 
 
 def save(path: str | os.PathLike[str], obj: Module | Program, *, optimizer: Optimizer | None = None,
-         scheduler: LRScheduler | None = None, loader: Loader | None = None, epoch: int | None = None,
-         step: int | None = None, metadata: Mapping[str, Any] | None = None, dtype: str | _dtype | None = None) -> None:
-    """Saves a model or a compiled program (with its optimizer) and the training position to `path`.
+         scheduler: LRScheduler | None = None, loader: Loader | None = None, ema: EMA | None = None,
+         epoch: int | None = None, step: int | None = None, metadata: Mapping[str, Any] | None = None,
+         dtype: str | _dtype | None = None) -> None:
+    """Saves a model or a compiled program (with its optimizer) and the training position to `path`; `ema`, an
+    ft.optim.EMA of the model's parameters, as "ema." tensors named after them (timm's checkpoints keep theirs).
     `epoch`, `step` and the values of `metadata` come back from ft.load with their types: strings as they are,
     anything else through JSON.
 
@@ -230,9 +233,10 @@ def save(path: str | os.PathLike[str], obj: Module | Program, *, optimizer: Opti
         if low_name is None:
             raise ValueError(f"ft.save: dtype must be 'bfloat16' or 'float16' (an inference copy) or None, got "
                              f"{dtype!r}")
-        if optimizer is not None or scheduler is not None or loader is not None:
+        if optimizer is not None or scheduler is not None or loader is not None or ema is not None:
             raise ValueError(f"ft.save: a {low_name} inference copy holds the model only; save the optimizer, "
-                             f"scheduler and loader in a float32 checkpoint")
+                             f"scheduler, loader and EMA in a float32 checkpoint (or ema.copy_to() the averages "
+                             "into the model first, to export them)")
     elif optimizer is None and program is not None:
         optimizer = program.optimizer
     own = model._state()
@@ -265,6 +269,10 @@ def save(path: str | os.PathLike[str], obj: Module | Program, *, optimizer: Opti
             meta["optimizer.params"] = json.dumps(params)
     if scheduler is not None:
         meta["scheduler"] = json.dumps(scheduler.state_dict(), default=str)
+    if ema is not None:
+        names = _ema_names(model, ema, "ft.save")
+        tensors.update((f"ema.{name}", a) for name, a in zip(names, ema.state_dict()["shadow"]))
+        meta["ema"] = json.dumps({"decay": ema.decay, "num_updates": ema.num_updates, "params": names})
     if loader is None and program is not None and dtype is None:  # the Loader ft.fit made of (x, y) arrays
         loader = program.__dict__.get("_array_loaders", {}).get(True, (None, None))[1]
         fitted = program.__dict__.get("_fitted_loader", lambda: None)()
@@ -316,7 +324,44 @@ def _numpy_scalar(value):
 
 
 _TYPED = "fasttrain.json_keys"  # the metadata keys whose values were not strings, stored as JSON
-_RESERVED = {"format", "rng", "scheduler", "loader", _TYPED}  # with optimizer.* and program.*: what ft.load reads
+# with optimizer.* and program.*: what ft.load reads
+_RESERVED = {"format", "rng", "scheduler", "loader", "ema", _TYPED}
+_STATE_TENSORS = ("optimizer.state.", "ema.")  # the training state's tensors, not the model's
+
+
+def _ema_names(model, ema, op):
+    """The model's names of the parameters an EMA averages (a tied weight's first name)."""
+    names = {}
+    for name, p in model.named_parameters():
+        names.setdefault(id(p), name)
+    missing = [i for i, p in enumerate(ema.params) if id(p) not in names]
+    if missing:
+        raise ValueError(f"{op}: the EMA averages {len(missing)} tensor(s) that are not this model's parameters "
+                         f"(first, param {missing[0]})")
+    return [names[id(p)] for p in ema.params]
+
+
+def _ema_state(path, meta, tensors, model, ema):
+    """The checkpoint's EMA state for `ema`, checked against its parameters' names and shapes."""
+    state = _json_meta(path, meta, "ema")
+    if not (isinstance(state, dict) and isinstance(state.get("params"), list) and
+            all(isinstance(n, str) for n in state["params"]) and isinstance(state.get("num_updates"), int) and
+            not isinstance(state["num_updates"], bool) and state["num_updates"] >= 0 and
+            isinstance(state.get("decay"), (int, float)) and not isinstance(state["decay"], bool)):
+        raise ValueError(f"{path}: corrupt metadata 'ema': expected decay, num_updates and params")
+    names = _ema_names(model, ema, f"{path}")
+    if state["params"] != names:
+        raise ValueError(f"{path}: the checkpoint's EMA averages {len(state['params'])} parameters "
+                         f"({', '.join(state['params'][:3])}...), this EMA {len(names)} ({', '.join(names[:3])}...)")
+    shadow = []
+    for name, p in zip(names, ema.params):
+        a = tensors.get(f"ema.{name}")
+        if a is None or tuple(a.shape) != tuple(p.shape):
+            raise ValueError(f"{path}: the EMA average of {name!r} is "
+                             f"{'missing' if a is None else f'of shape {tuple(a.shape)}'}, the parameter "
+                             f"{tuple(p.shape)}")
+        shadow.append(a)
+    return {"decay": state["decay"], "num_updates": state["num_updates"], "shadow": shadow}
 
 
 def _decoded_metadata(path, meta):
@@ -482,8 +527,9 @@ def _scheduler_state(path, meta, scheduler):
 
 
 def load(path: str | os.PathLike[str], into: Module | Program | None = None, *, optimizer: Optimizer | None = None,
-         scheduler: LRScheduler | None = None, loader: Loader | None = None, restore_rng: bool | None = None,
-         strict: bool = True) -> dict[str, Any] | tuple[dict[str, np.ndarray], dict[str, Any]]:
+         scheduler: LRScheduler | None = None, loader: Loader | None = None, ema: EMA | None = None,
+         restore_rng: bool | None = None, strict: bool = True) -> dict[str, Any] | tuple[dict[str, np.ndarray],
+                                                                                        dict[str, Any]]:
     """Without `into`: ({name: ndarray}, metadata). With a model or program: loads into it (and into the given
     or the program's optimizer, the scheduler, the loader) and returns the metadata. Everything is checked before
     anything is written: a mismatch names the first tensor that differs, and a failed load changes nothing.
@@ -510,9 +556,9 @@ def load(path: str | os.PathLike[str], into: Module | Program | None = None, *, 
     # a tied weight under each of its names, as state_dict saves it; a batch norm's count of forwards that the file
     # lacks (PyTorch's older and converted checkpoints) stays as it is, as PyTorch's load_state_dict leaves it
     own = {k: t for k, t in model._state().items() if k in tensors or not _is_counter(k)}
-    partial = set(own) != {k for k in tensors if not k.startswith("optimizer.state.")}  # tied: each name
+    partial = set(own) != {k for k in tensors if not k.startswith(_STATE_TENSORS)}  # tied: each name
     if strict:
-        unexpected = sorted(k for k in tensors if k not in own and not k.startswith("optimizer.state."))
+        unexpected = sorted(k for k in tensors if k not in own and not k.startswith(_STATE_TENSORS))
         if unexpected:
             raise KeyError(f"{path}: the checkpoint has {len(unexpected)} tensor(s) the model does not, first "
                            f"{unexpected[0]!r}; strict=False loads only those the model has")
@@ -540,6 +586,12 @@ def load(path: str | os.PathLike[str], into: Module | Program | None = None, *, 
         warnings.warn(f"{path}: the checkpoint holds a learning-rate scheduler's state that this load does not "
                       "restore, so a new scheduler starts its schedule over; pass scheduler= to resume it",
                       stacklevel=2)
+    if ema is not None and "ema" not in raw_meta:
+        raise KeyError(f"{path}: the checkpoint holds no EMA (saved without ft.save(..., ema=)) to load into ema=")
+    ema_state = _ema_state(path, raw_meta, tensors, model, ema) if ema is not None else None
+    if ema is None and "ema" in raw_meta and opt_state is not None:
+        warnings.warn(f"{path}: the checkpoint holds an EMA of the weights that this load does not restore; pass "
+                      "ema=", stacklevel=2)
     loader_state = _loader_state(path, raw_meta, loader) if loader is not None and "loader" in raw_meta else None
     # without a loader, the position of the Loader ft.fit made of (x, y) arrays: the next fit of the program on
     # arrays goes on from there
@@ -578,6 +630,7 @@ def load(path: str | os.PathLike[str], into: Module | Program | None = None, *, 
     previous = {k: t.clone() for k, t in model._state().items()}
     previous_opt = optimizer.state_dict() if opt_state is not None else None
     previous_sched = scheduler.state_dict() if sched_state is not None else None
+    previous_ema = ema.state_dict() if ema_state is not None else None
     done = []
     try:
         model.load_state_dict({k: tensors[k] for k in own}, strict=strict)
@@ -592,6 +645,9 @@ def load(path: str | os.PathLike[str], into: Module | Program | None = None, *, 
             previous_scaler = program.grad_scaler.state_dict()
             program.grad_scaler.load_state_dict(scaler)
             done.append(lambda: program.grad_scaler.load_state_dict(previous_scaler))
+        if ema_state is not None:
+            ema.load_state_dict(ema_state)
+            done.append(lambda: ema.load_state_dict(previous_ema))
         if loader_state is not None:
             loader.load_state_dict(loader_state)
     except Exception as e:
