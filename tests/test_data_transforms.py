@@ -198,8 +198,8 @@ def test_gray_to_rgb_and_rgb_to_gray():
 
 def test_bad_transform_arguments():
     images, labels = arrays(n=2)
-    with pytest.raises(ValueError, match="floating-point"):
-        run(images, labels, [D.Normalize(0.5, 0.5), D.PILToTensor()])
+    with pytest.raises(ValueError, match=r"^Normalize needs a floating-point output dtype, not uint8 \(PILToTensor\)"):
+        run(images, labels, [D.Normalize(0.5, 0.5), D.PILToTensor()])  # said of the pipeline, not of a file
     with pytest.raises(ValueError, match="before"):
         run(images, labels, [D.Normalize(0.5, 0.5), D.RandomCrop(4)])
     with pytest.raises(ValueError, match="std"):

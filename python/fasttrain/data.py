@@ -696,6 +696,9 @@ class Loader(_C.LoaderBase):
             layout = bool(channels_last)
         if out_dtype.name not in ("float32", "bfloat16", "float16", "uint8"):
             raise TypeError(f"batches can be float32, bfloat16, float16 or uint8, not {out_dtype.name}")
+        if out_dtype.name == "uint8" and any(isinstance(t, Normalize) for t in transforms):
+            raise ValueError("Normalize needs a floating-point output dtype, not uint8 (PILToTensor): end with "
+                             "ToTensor() instead, or normalize the uint8 batches after they arrive")
         dev = as_device(device)
         height = width = 0
         if image_size is not None:
