@@ -586,3 +586,34 @@ def test_class_labels_for_a_soft_target_program_are_refused_before_any_step():
     fit(program, (X, soft), 1, progress=False)
     loss, accuracy = ft.evaluate(labels, (X, Y))
     assert np.isfinite(loss) and 0 <= accuracy <= 1
+
+
+def test_fit_updates_an_ema_after_every_step_as_a_loop_does():
+    """fit(..., ema=) moves an ft.optim.EMA after every step, in the C epoch of a Loader (no Python per step) and
+    in a Python loop over batches: its averages are bitwise a train_step loop's with ema.update() after each step,
+    a run stopped by a callback and fit again included."""
+    def averages(how):
+        model, program, sched, loader = setup()
+        ema = ft.optim.EMA(model.parameters(), decay=0.8)
+        if how == "loop":
+            for _ in range(2):
+                for x, y in loader:
+                    program.train_step(x, y)
+                    ema.update()
+        elif how == "stopped":
+            fit(program, loader, 2, ema=ema, step_callbacks=[lambda step, m: step == 4], progress=False)
+            fit(program, loader, 2, ema=ema, progress=False)
+        else:
+            fit(program, loader if how == "loader" else [(x.numpy(), y.numpy()) for x, y in loader], 1, ema=ema,
+                progress=False)
+            fit(program, loader if how == "loader" else [(x.numpy(), y.numpy()) for x, y in loader], 1, ema=ema,
+                progress=False)
+        return [s.numpy().tobytes() for s in ema.shadow], ema.num_updates, program.step_count
+
+    want = averages("loop")
+    assert want[1] == want[2] == 12
+    for how in ("loader", "batches", "stopped"):
+        assert averages(how) == want, how
+    model, program, sched, loader = setup()
+    with pytest.raises(TypeError, match="ema must be an ft.optim.EMA"):
+        fit(program, loader, 1, ema=model.parameters(), progress=False)

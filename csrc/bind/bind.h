@@ -111,6 +111,12 @@ int ft_py_bind_optim(PyObject *module);
  * step() clears them again. NULL with TypeError if py_optimizer is neither. */
 typedef struct ft_optimizer ft_optimizer;
 ft_optimizer *ft_py_optimizer_of(PyObject *py_optimizer);
+/* The C EMA of a _C.EMA for a C loop that updates it after every step
+ * (fit's epoch), marked in use until ft_py_ema_end; NULL with an exception
+ * where obj is no _C.EMA, is in use, or its params moved. With the GIL. */
+typedef struct ft_ema ft_ema;
+ft_ema *ft_py_ema_begin(PyObject *obj);
+void ft_py_ema_end(PyObject *obj);
 /* A parameter group's hyperparameters from the tuple ft.optim builds
  * (Optimizer._group_tuple); -1 with TypeError otherwise. */
 int ft_py_parse_optim_group(PyObject *obj, ft_optim_group *g);

@@ -887,25 +887,27 @@ static int report_step(PyObject *callback, int64_t steps, const step_result *r, 
 }
 
 /* fit_epoch(loader, optimizer, schedule=None, callback=None, interval=0.25, clip_grad_norm=None,
- * nan_policy="raise", step_callback=None, every=0, first_step=0) -> (tally, samples, steps, skipped, stopped):
+ * nan_policy="raise", step_callback=None, every=0, first_step=0, ema=None, ema_decay=0) -> (tally, samples, steps,
+ * skipped, stopped):
  * one epoch of a fasttrain loader in C. Python runs only for the progress callback, every `interval`
  * seconds, and for step_callback(steps, loss, grad_norm, tally so far) after every step whose number counted from
  * first_step + 1 is a multiple of `every` (either stops the epoch by returning True); schedule[k] gives every
  * parameter group's hyperparameters at step k (the learning rate and whatever else a scheduler moves, such as
  * OneCycleLR's momentum or betas), as the tuples of Optimizer._group_tuple. The tally (tally_tuple) sums the steps
- * not skipped, the accuracy's counts from their training-mode predictions. */
+ * not skipped, the accuracy's counts from their training-mode predictions. ema, a _C.EMA, moves its averages
+ * towards the params with ema_decay after every step. */
 static PyObject *run_fit_epoch(PyObject *self, PyObject *args, PyObject *kwargs) {
     static char *kwlist[] = {"loader", "optimizer", "schedule", "callback", "interval", "clip_grad_norm",
-                             "nan_policy", "step_callback", "every", "first_step", NULL};
+                             "nan_policy", "step_callback", "every", "first_step", "ema", "ema_decay", NULL};
     PyObject *loader_obj, *opt_obj, *schedule_obj = Py_None, *callback = Py_None, *max_norm = Py_None;
-    PyObject *step_callback = Py_None;
-    double interval = 0.25;
+    PyObject *step_callback = Py_None, *ema_obj = Py_None;
+    double interval = 0.25, ema_decay = 0;
     const char *policy = "raise";
     long long every = 0, first_step = 0;
     program_object *po = (program_object *)self;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OOdOsOLL:fit_epoch", kwlist, &loader_obj, &opt_obj,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OOdOsOLLOd:fit_epoch", kwlist, &loader_obj, &opt_obj,
                                      &schedule_obj, &callback, &interval, &max_norm, &policy, &step_callback, &every,
-                                     &first_step))
+                                     &first_step, &ema_obj, &ema_decay))
         return NULL;
     if (every < 0 || first_step < 0)
         return PyErr_Format(PyExc_ValueError, "fit_epoch: every and first_step must be >= 0");
@@ -915,20 +917,22 @@ static PyObject *run_fit_epoch(PyObject *self, PyObject *args, PyObject *kwargs)
     set_program_options(&o, po);
     if (parse_step_options(max_norm, policy, &o) < 0)
         return NULL;
-    ft_optimizer *opt = program_optimizer(po, opt_obj);
-    if (!opt)
+    ft_ema *ema = NULL;
+    if (ema_obj != Py_None && !(ema = ft_py_ema_begin(ema_obj)))
         return NULL;
-    int ngroups = ft_optimizer_num_groups(opt);
+    ft_optimizer *opt = program_optimizer(po, opt_obj);
+    int ngroups = opt ? ft_optimizer_num_groups(opt) : 0;
     Py_ssize_t nscheduled = 0;
     ft_optim_group *schedule = NULL;
-    if (schedule_obj != Py_None && parse_schedule(schedule_obj, ngroups, &schedule, &nscheduled) < 0) {
-        release_optimizer(opt);
-        return NULL;
-    }
-    ft_loader *l = ft_py_loader_begin(loader_obj);
+    bool scheduled = opt && (schedule_obj == Py_None || parse_schedule(schedule_obj, ngroups, &schedule,
+                                                                        &nscheduled) == 0);
+    ft_loader *l = scheduled ? ft_py_loader_begin(loader_obj) : NULL;
     if (!l) {
-        release_optimizer(opt);
+        if (opt)
+            release_optimizer(opt);
         PyMem_Free(schedule);
+        if (ema)
+            ft_py_ema_end(ema_obj);
         return NULL;
     }
     entered(self);
@@ -956,6 +960,8 @@ static PyObject *run_fit_epoch(PyObject *self, PyObject *args, PyObject *kwargs)
             s = train_step(po->prog, opt, &b.images, &b.labels, &o, &r);
         int64_t n = b.size;
         ft_loader_release(l, &b);
+        if (s == FT_OK && ema) /* after every step, as a Python loop's ema.update() after optimizer.step() */
+            s = ft_ema_update(ema, ema_decay);
         if (s != FT_OK)
             break;
         if (!r.skipped) /* a skipped step's loss is not finite: it says nothing about the epoch */
@@ -986,6 +992,8 @@ static PyObject *run_fit_epoch(PyObject *self, PyObject *args, PyObject *kwargs)
     PyEval_RestoreThread(ts);
     po->fit_steps = steps, po->fit_skipped = skipped_steps, po->fit_tally = tally;
     po->last_grad_norm = r.grad_norm;
+    if (ema)
+        ft_py_ema_end(ema_obj);
     if (!stop && s == FT_OK && PyErr_CheckSignals() < 0) /* Ctrl-C during the last steps: raised with their count */
         stop = -1;
     release_optimizer(opt);
@@ -1193,8 +1201,8 @@ static PyMethodDef program_methods[] = {
     {"_move_weight", program_move_weight, METH_VARARGS, NULL},
     {"fit_epoch", (PyCFunction)(void (*)(void))program_fit_epoch, METH_VARARGS | METH_KEYWORDS,
      "fit_epoch(loader, optimizer, schedule=None, callback=None, interval=0.25, clip_grad_norm=None, "
-     "nan_policy='raise', step_callback=None, every=0, first_step=0) -> (tally, samples, steps, skipped, stopped): "
-     "the tally (as evaluate's) of the steps not skipped"},
+     "nan_policy='raise', step_callback=None, every=0, first_step=0, ema=None, ema_decay=0) -> (tally, samples, "
+     "steps, skipped, stopped): the tally (as evaluate's) of the steps not skipped; a _C.EMA updated after each step"},
     {"eval_epoch", program_eval_epoch, METH_VARARGS,
      "eval_epoch(loader, tta_flip=False) -> (tally, samples): the tally as evaluate's"},
     {NULL, NULL, 0, NULL},

@@ -508,6 +508,24 @@ static PyObject *ema_update(PyObject *self, PyObject *arg) {
     return s == FT_OK ? Py_NewRef(Py_None) : ft_py_raise(s);
 }
 
+ft_ema *ft_py_ema_begin(PyObject *obj) {
+    if (Py_TYPE(obj)->tp_dealloc != ema_dealloc) {
+        PyErr_Format(PyExc_TypeError, "expected a _C.EMA, got %.100s", Py_TYPE(obj)->tp_name);
+        return NULL;
+    }
+    ema_object *e = EMA(obj);
+    if (refuse_busy(e->busy) < 0)
+        return NULL;
+    if (ema_params_moved(e)) {
+        PyErr_SetString(PyExc_RuntimeError, "EMA: a param's memory moved since the EMA was built");
+        return NULL;
+    }
+    e->busy = true;
+    return e->ema;
+}
+
+void ft_py_ema_end(PyObject *obj) { EMA(obj)->busy = false; }
+
 static PyObject *ema_average(PyObject *self, PyObject *unused) {
     (void)unused;
     return wrap_flat(self, ft_ema_average(EMA(self)->ema));

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from typing import Any, Callable, Iterable, Mapping, Sequence, TextIO
 
     from .nn.program import Program
+    from .optim.ema import EMA
     from .optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
 
@@ -190,7 +191,7 @@ def evaluate(program: Program, loader: Iterable[Any], tta_flip: bool = False) ->
     return tally_means(tally, program.classifies)
 
 
-def _fit_epoch_in_c(program, loader, scheduler, interval, bar, start, on_step, every, resumed):
+def _fit_epoch_in_c(program, loader, scheduler, interval, bar, start, on_step, every, resumed, ema):
     """One epoch (or what is left of it, after a restored position) in C, in parts (_steps_in_c): a step callback
     that changes the optimizer's hyperparameters or the scheduler (an lr set by hand) ends one, and the next goes
     on from there with them. Returns (the tally of the steps not skipped, `resumed`'s (a stopped fit's) included,
@@ -198,13 +199,13 @@ def _fit_epoch_in_c(program, loader, scheduler, interval, bar, start, on_step, e
     done = [resumed, 0, 0]  # the tally, samples and steps of the parts before
     while True:
         tally, samples, steps, lr, stopped, changed = _steps_in_c(
-            program, loader, scheduler if interval == "step" else None, bar, start, on_step, every, done)
+            program, loader, scheduler if interval == "step" else None, bar, start, on_step, every, done, ema)
         done = [add_tallies(done[0], tally), done[1] + samples, done[2] + steps]
         if not changed:
             return done[0], done[1], lr, stopped
 
 
-def _steps_in_c(program, loader, scheduler, bar, start, on_step, every, done):
+def _steps_in_c(program, loader, scheduler, bar, start, on_step, every, done, ema):
     """The rest of the epoch in C, until a step callback stops it or changes the optimizer's hyperparameters or the
     scheduler. Every step's hyperparameters (the learning rate, and the momentum or betas a scheduler cycles) are
     computed up front by stepping the scheduler, and Python runs only for the progress bar and for on_step(step,
@@ -279,16 +280,22 @@ def _steps_in_c(program, loader, scheduler, bar, start, on_step, every, done):
         same, should a Ctrl-C interrupt it and the handler settle once more)."""
         program.step_count = first_step + steps
         program.skipped_steps = skipped_before + skipped
+        if ema is not None:
+            ema.num_updates = updates_before + steps
         if standing[0] != steps:  # else as the callback at that step left them
             stand(steps)
         if schedule is not None:
             optimizer._pushed = list(schedule[steps - 1] if steps else schedule[0])  # what C holds now
 
+    if ema is not None:
+        ema._follow()
     calls, skipped_before = program._c.fit_record[0], program.skipped_steps
+    updates_before = ema.num_updates if ema is not None else 0
     try:
         tally, samples, steps, skipped, stopped = program._c.fit_epoch(
             loader, optimizer, schedule, progress, 0.25, program.clip_grad_norm, program.nan_policy,
-            step if on_step else None, every, first_step)
+            step if on_step else None, every, first_step, ema._c if ema is not None else None,
+            ema.decay if ema is not None else 0.0)
         settle(steps, skipped)
     except BaseException as e:  # a callback's exception, Ctrl-C, a bad batch: the steps before it were applied
         now, steps, skipped, tally = program._c.fit_record
@@ -347,7 +354,7 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
         callbacks: Sequence[Callable[[int, Mapping[str, Any]], Any]] = (), stream: TextIO | None = None,
         batch_size: int | None = None,
         step_callbacks: Sequence[Callable[[int, Mapping[str, Any]], Any]] = (),
-        every_n_steps: int = 1) -> History:
+        every_n_steps: int = 1, ema: EMA | None = None) -> History:
     """Trains `program` for `epochs` passes over `loader` (batches of (images, labels)), or over (x, y) arrays
     (NumPy arrays or CPU tensors: uint8 images or floating-point features, see ft.data.from_arrays) in shuffled
     batches of `batch_size` (the program's by default), made by a Loader seeded from the global seed. Returns
@@ -380,6 +387,8 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
     step's position (at an epoch's last step, before that epoch's scheduler step, which a fit resumed from it
     takes first).
     val_loader may be (x, y) arrays too (in batches of the program's size).
+    ema: an ft.optim.EMA of the weights, updated after every optimizer step (in the C epoch of a fasttrain Loader,
+    with no Python per step), as a loop calling ema.update() after each step (timm's ModelEmaV2) updates it.
 
     A fasttrain Loader says which epoch runs (its shuffle order and augmentations): its own count of epochs
     done, or the position ft.load restored, whose epoch is finished first. So fit(1) twice is fit(2), and a
@@ -387,7 +396,10 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
     next fit goes on from the step where it stopped, as does a pass over the loader by hand, and the next fit then
     goes on from where that pass left it. An epoch stopped by an exception at its last step leaves its end (the
     epoch's scheduler step, a plateau's validation) to the next fit."""
+    from .optim.ema import EMA
     from .optim.lr_scheduler import CyclicLR, OneCycleLR, ReduceLROnPlateau
+    if ema is not None and not isinstance(ema, EMA):
+        raise TypeError(f"fit: ema must be an ft.optim.EMA, got {type(ema).__name__}")
     if scheduler_interval is None:
         scheduler_interval = "step" if isinstance(scheduler, (OneCycleLR, CyclicLR)) else "epoch"
     if scheduler_interval not in ("step", "epoch"):
@@ -484,7 +496,7 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
             if _is_c_loader(loader):
                 tally, samples, lr, stopped = _fit_epoch_in_c(
                     program, loader, scheduler, scheduler_interval, bar, start, on_step if step_callbacks else None,
-                    every_n_steps, resumed)
+                    every_n_steps, resumed, ema)
             else:
                 for step, batch in enumerate(loader):
                     lr = _lr(program.optimizer)
@@ -492,6 +504,8 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
                     try:
                         x, y = _split(program, batch)
                         loss, step_tally = program._step(x, y)
+                        if ema is not None:
+                            ema.update()
                     except (ValueError, TypeError, IndexError, RuntimeError) as e:  # say where it happened
                         raise type(e)(f"epoch {epoch + 1}, step {step + 1}: {e}") from e
                     n = len(y)

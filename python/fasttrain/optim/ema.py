@@ -43,13 +43,18 @@ class EMA:
         """Moves every average towards its param: shadow = lerp(shadow, param, 1 - decay), with self.decay unless decay
         is given; counts num_updates. Params moved since (into a compiled program's flat buffer, by compile after the
         EMA was built) are followed, the averages kept."""
+        self._follow()
+        self._c.update(self.decay if decay is None else self._check_decay(decay))
+        self.num_updates += 1
+
+    def _follow(self):
+        """The C pass over the params where they are now (a compile moves them into its flat buffer), the averages
+        kept: what update() and ft.fit's C epoch, which updates it after every step, run."""
         if [p.data_ptr() for p in self.params] != self._at:
             averages = [np.array(s.cpu().numpy()) for s in self.shadow]
             self._build()
             for a, s in zip(averages, self.shadow):
                 s.copy_(a)
-        self._c.update(self.decay if decay is None else self._check_decay(decay))
-        self.num_updates += 1
 
     def copy_to(self, params=None):
         """Copies the averages into params (default: the params the EMA was built on), which must have their shapes; for
