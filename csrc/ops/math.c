@@ -192,7 +192,6 @@ static bool fast_map(const ft_math_map *m) {
     return true;
 }
 
-
 ft_status ft_math_pointwise(const ft_tensor *out, ft_math_op op, ft_dtype compute, const ft_math_arg *args, int n) {
     if ((unsigned)op >= FT_MATH_NUM_OPS)
         return ft_fail(FT_ERR_VALUE, "unknown elementwise op %d", (int)op);
