@@ -18,7 +18,7 @@ bool ft_pw_plan_make(ft_pw_plan *pl, const ft_pw_loop *l) {
     ft_contiguous_strides(cstride, t0->ndim, t0->shape);
     for (int k = 0; k < l->nops; k++) {
         pl->base[k] = ft_tensor_data(l->t[k]);
-        pl->bf16[k] = l->t[k]->dtype == FT_BFLOAT16;
+        pl->dtype[k] = l->t[k]->dtype;
     }
     /* keep dimensions of size > 1 */
     int nd = 0, order[FT_MAX_DIMS];
@@ -67,7 +67,7 @@ bool ft_pw_plan_make(ft_pw_plan *pl, const ft_pw_loop *l) {
     int in = pl->ndim - 1;
     pl->direct = !l->need_index || pl->st[l->nops][in] == 1;
     for (int k = 0; k < l->nops; k++)
-        pl->direct = pl->direct && !pl->bf16[k] && pl->st[k][in] == 4;
+        pl->direct = pl->direct && pl->dtype[k] == FT_FLOAT32 && pl->st[k][in] == 4;
     return true;
 }
 
@@ -128,15 +128,13 @@ static void run(const ft_pw_loop *l, const ft_pw_plan *pl, char *const *ptr, int
     for (int64_t off = 0; off < n; off += TILE) {
         int64_t m = n - off < TILE ? n - off : TILE;
         for (int k = l->read_outputs ? 0 : l->nout; k < l->nops; k++)
-            ft_pw_gather(tiles[k], ptr[k] + off * pl->st[k][in], pl->st[k][in], pl->bf16[k] ? FT_BFLOAT16 : FT_FLOAT32,
-                         m);
+            ft_pw_gather(tiles[k], ptr[k] + off * pl->st[k][in], pl->st[k][in], pl->dtype[k], m);
         if (l->need_index && istep != 1)
             for (int64_t i = 0; i < m; i++)
                 idx[i] = idx0 + (off + i) * istep;
         l->fn(p, m, l->need_index && istep != 1 ? idx : NULL, idx0 + off * istep, l->ctx);
         for (int k = 0; k < l->nout; k++)
-            ft_pw_scatter(ptr[k] + off * pl->st[k][in], pl->st[k][in], pl->bf16[k] ? FT_BFLOAT16 : FT_FLOAT32,
-                          tiles[k], m);
+            ft_pw_scatter(ptr[k] + off * pl->st[k][in], pl->st[k][in], pl->dtype[k], tiles[k], m);
     }
 }
 

@@ -52,7 +52,7 @@ typedef struct {
     int64_t shape[FT_MAX_DIMS];
     int64_t st[FT_PW_MAX_OPS + 1][FT_MAX_DIMS]; /* bytes; row nops: the C-order index, in elements */
     char *base[FT_PW_MAX_OPS];
-    bool bf16[FT_PW_MAX_OPS];
+    ft_dtype dtype[FT_PW_MAX_OPS]; /* float32 or bfloat16 */
     bool direct; /* every operand float32 and the inner dimension contiguous in all */
 } ft_pw_plan;
 
