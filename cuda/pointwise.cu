@@ -76,7 +76,8 @@ struct scaled_copy_op {
 };
 
 /* A thread per out element, summing its inp elements in C order (as the CPU
- * loop of ops/reduce.c, in double). */
+ * loop of ops/reduce.c, in double); a block per out element where there are
+ * few of them, each of many (sum_to_rows_kernel). */
 struct sum_to_args {
     int ndim, nred;
     int red[FT_MAX_DIMS];
@@ -118,6 +119,46 @@ __device__ void sum_to_one(const sum_to_args &a, int64_t o) {
 __global__ void sum_to_kernel(sum_to_args a) {
     for (int64_t o = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; o < a.n; o += (int64_t)gridDim.x * blockDim.x)
         sum_to_one(a, o);
+}
+
+/* Output element o per block, for few sums of many elements each (a per-pixel loss's per-sample sums, which one
+ * thread per output reads serially): thread t adds elements t, t + blockDim, ..., then a tree in shared memory
+ * adds the threads' sums. The order is fixed by the block size alone, so the sums are the same in every run. */
+__global__ void __launch_bounds__(FT_CUDA_PW_THREADS) sum_to_rows_kernel(sum_to_args a) {
+    __shared__ double part[FT_CUDA_PW_THREADS];
+    for (int64_t o = blockIdx.x; o < a.n; o += gridDim.x) {
+        int64_t rest = o, at_in = 0, at_out = 0;
+        for (int d = a.ndim - 1; d >= 0; d--) {
+            int64_t i = rest % a.out_shape[d];
+            rest /= a.out_shape[d];
+            at_in += i * a.inp_st[d];
+            at_out += i * a.out_st[d];
+        }
+        double sum = 0;
+        for (int64_t k = threadIdx.x; k < a.count; k += blockDim.x) {
+            int64_t off = at_in, left = k;
+            for (int r = a.nred - 1; r >= 0; r--) {
+                int d = a.red[r];
+                off += left % a.inp_shape[d] * a.inp_st[d];
+                left /= a.inp_shape[d];
+            }
+            sum += ft_cuda_load_f(a.src, off, a.src_kind);
+        }
+        part[threadIdx.x] = sum;
+        __syncthreads();
+        for (int s = blockDim.x / 2; s > 0; s /= 2) {
+            if (threadIdx.x < s)
+                part[threadIdx.x] += part[threadIdx.x + s];
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) {
+            float v = (float)(part[0] * a.scale);
+            if (a.accumulate)
+                v += ft_cuda_load_f(a.dst, at_out, a.dst_kind);
+            ft_cuda_store_f(a.dst, at_out, a.dst_kind, v);
+        }
+        __syncthreads(); /* part is the next output's */
+    }
 }
 
 /* slots: da, db, dout, a (for db), b (for da) */
@@ -470,7 +511,11 @@ static ft_status sum_to(const ft_tensor *out, const ft_tensor *inp, double scale
     a.dst_kind = ft_cuda_kind(out->dtype);
     a.accumulate = accumulate;
     a.scale = scale;
-    sum_to_kernel<<<ft_cuda_blocks(a.n, FT_CUDA_PW_THREADS), FT_CUDA_PW_THREADS, 0, FT_CUDA_STREAM>>>(a);
+    /* a block per output where the outputs would not fill a device with threads but each sums thousands */
+    if (a.count >= 4 * FT_CUDA_PW_THREADS && a.n < 65536)
+        sum_to_rows_kernel<<<(unsigned)a.n, FT_CUDA_PW_THREADS, 0, FT_CUDA_STREAM>>>(a);
+    else
+        sum_to_kernel<<<ft_cuda_blocks(a.n, FT_CUDA_PW_THREADS), FT_CUDA_PW_THREADS, 0, FT_CUDA_STREAM>>>(a);
     return ft_cuda_launched("sum_to kernel launch");
 }
 

@@ -307,6 +307,26 @@ def test_a_masked_mean_matches_cpu():
         assert_close(results[1][1][n], g, 1e-4, 1e-4)
 
 
+def test_a_per_pixel_loss_matches_cpu():
+    """A per-pixel loss over 32x32 images, each sample's sum over 3,072 values (a block of threads per sample on
+    the device): the loss and every gradient against the CPU, and the same loss bit for bit in a second pass."""
+    x = rng(40).standard_normal((8, 3, 32, 32)).astype(np.float32)
+    y = rng(41).standard_normal((8, 3, 32, 32)).astype(np.float32)
+    results = []
+    for device in ("cpu", "cuda"):
+        ft.manual_seed(0)
+        model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 3, 3, padding=1)).to(device)
+        program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), lambda out, t: ((out - t) ** 2).mean(),
+                                batch_size=8, input_shape=(3, 32, 32), target_shape=(3, 32, 32),
+                                target_dtype=ft.float32)
+        loss = program.backward(x, y)
+        assert program.backward(x, y) == loss
+        results.append((loss, {n: p.grad for n, p in model.named_parameters()}))
+    assert_losses_close([results[1][0]], [results[0][0]], 1e-5)
+    for n, g in results[0][1].items():
+        assert_close(results[1][1][n], g, 1e-4, 1e-4)
+
+
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
 def test_gan_programs_alternate_as_on_the_cpu(precision):
     """Two programs that read each other's modules (the generator's step compiled first, so it follows the
