@@ -617,3 +617,32 @@ def test_fit_updates_an_ema_after_every_step_as_a_loop_does():
     model, program, sched, loader = setup()
     with pytest.raises(TypeError, match="ema must be an ft.optim.EMA"):
         fit(program, loader, 1, ema=model.parameters(), progress=False)
+
+
+def test_an_ema_that_fit_updates_refuses_an_update_from_another_thread():
+    """While fit's C epoch updates the EMA (held here in a step callback), ema.update() from another thread is
+    refused naming the EMA, and the averages are a loop's afterwards."""
+    import threading
+    model, program, sched, loader = setup()
+    ema = ft.optim.EMA(model.parameters(), decay=0.8)
+    inside, release, errors = threading.Event(), threading.Event(), []
+
+    def hold(step, metrics):
+        if step == 2:
+            inside.set()
+            release.wait(30)
+
+    fitting = threading.Thread(target=fit, args=(program, loader, 1),
+                               kwargs=dict(ema=ema, step_callbacks=[hold], progress=False))
+    fitting.start()
+    try:
+        assert inside.wait(30)
+        try:
+            ema.update()
+        except RuntimeError as e:
+            errors.append(str(e))
+    finally:
+        release.set()
+        fitting.join(30)
+    assert errors == ["the EMA is running a step in another thread"]
+    assert ema.num_updates == program.step_count == 6

@@ -111,9 +111,10 @@ static PyObject *wrap_flat(PyObject *self, ft_storage *s) {
     return ft_py_wrap(ft_py_state_of_type(Py_TYPE(self)), &t);
 }
 
-static int refuse_busy(bool busy) {
+/* what: "the optimizer", "the EMA" */
+static int refuse_busy(bool busy, const char *what) {
     if (busy)
-        PyErr_SetString(PyExc_RuntimeError, "the optimizer is running a step in another thread");
+        PyErr_Format(PyExc_RuntimeError, "%s is running a step in another thread", what);
     return busy ? -1 : 0;
 }
 
@@ -253,7 +254,8 @@ static PyObject *optimizer_step(PyObject *self, PyObject *args) {
     float scale;
     double max_norm;
     int want_norm;
-    if (!PyArg_ParseTuple(args, "Ofdp", &grads_obj, &scale, &max_norm, &want_norm) || refuse_busy(o->busy) < 0)
+    if (!PyArg_ParseTuple(args, "Ofdp", &grads_obj, &scale, &max_norm, &want_norm) ||
+        refuse_busy(o->busy, "the optimizer") < 0)
         return NULL;
     const char *what = ft_optim_kind_name(ft_optimizer_kind(o->opt));
     if (params_moved(o->params, o->opt))
@@ -320,7 +322,7 @@ static PyObject *optimizer_set_group(PyObject *self, PyObject *args) {
     int index;
     PyObject *tuple;
     ft_optim_group g;
-    if (!PyArg_ParseTuple(args, "iO", &index, &tuple) || refuse_busy(OPT(self)->busy) < 0 ||
+    if (!PyArg_ParseTuple(args, "iO", &index, &tuple) || refuse_busy(OPT(self)->busy, "the optimizer") < 0 ||
         ft_py_parse_optim_group(tuple, &g) < 0)
         return NULL;
     ft_status s = ft_optimizer_set_group(OPT(self)->opt, index, &g);
@@ -349,7 +351,7 @@ static PyObject *optimizer_segment_state(PyObject *self, PyObject *arg) {
 static PyObject *optimizer_set_segment_state(PyObject *self, PyObject *args) {
     int i, valid;
     long long steps;
-    if (!PyArg_ParseTuple(args, "iLp", &i, &steps, &valid) || refuse_busy(OPT(self)->busy) < 0)
+    if (!PyArg_ParseTuple(args, "iLp", &i, &steps, &valid) || refuse_busy(OPT(self)->busy, "the optimizer") < 0)
         return NULL;
     ft_status s = ft_optimizer_set_segment_state(OPT(self)->opt, i, (ft_optim_segment_state){steps, valid});
     return s == FT_OK ? Py_NewRef(Py_None) : ft_py_raise(s);
@@ -495,7 +497,7 @@ static bool ema_params_moved(const ema_object *e) {
 static PyObject *ema_update(PyObject *self, PyObject *arg) {
     ema_object *e = EMA(self);
     double decay = PyFloat_AsDouble(arg);
-    if ((decay == -1 && PyErr_Occurred()) || refuse_busy(e->busy) < 0)
+    if ((decay == -1 && PyErr_Occurred()) || refuse_busy(e->busy, "the EMA") < 0)
         return NULL;
     if (ema_params_moved(e))
         return PyErr_Format(PyExc_RuntimeError, "EMA: a param's memory moved since the EMA was built");
@@ -514,7 +516,7 @@ ft_ema *ft_py_ema_begin(PyObject *obj) {
         return NULL;
     }
     ema_object *e = EMA(obj);
-    if (refuse_busy(e->busy) < 0)
+    if (refuse_busy(e->busy, "the EMA") < 0)
         return NULL;
     if (ema_params_moved(e)) {
         PyErr_SetString(PyExc_RuntimeError, "EMA: a param's memory moved since the EMA was built");
