@@ -147,6 +147,25 @@ def test_avg_pool_layers_compile_as_they_run_eagerly(case):
             ft.nn.AvgPool2d(2, divisor_override=bad)
 
 
+def test_max_pool_layers_take_pytorchs_argument_order():
+    """nn.MaxPool2d(3, 2, 0, 1, True) asks for the indices (PyTorch's fifth argument), not ceil_mode: eagerly
+    (output, indices) as the NumPy reference gives them; ceil_mode is the sixth; a compiled forward refuses the
+    indices, and MaxPool1d refuses them at construction."""
+    x = rng.standard_normal((1, 2, 6, 6)).astype(np.float32)
+    out, idx = ft.nn.MaxPool2d(3, 2, 0, 1, True)(t(x))
+    want, want_idx = ref_max_pool(x, 3, 2)
+    np.testing.assert_array_equal(n(out), want)
+    np.testing.assert_array_equal(n(idx), want_idx)
+    assert n(ft.nn.MaxPool2d(3, 2, 0, 1, False, True)(t(x))).shape == (1, 2, 3, 3)  # ceil_mode
+    assert n(ft.nn.MaxPool2d(3, 2, 0, 1, False)(t(x))).shape == (1, 2, 2, 2)
+    model = ft.nn.Sequential(ft.nn.Conv2d(2, 2, 1), ft.nn.MaxPool2d(2, return_indices=True))
+    with pytest.raises(ft.nn.TracingError, match=r"MaxPool2d\(return_indices=True\) in a compiled forward"):
+        model.compile(ft.optim.SGD(model.parameters(), lr=0.1), lambda o, y: o[0].sum(), batch_size=2,
+                      input_shape=(2, 6, 6))
+    with pytest.raises(NotImplementedError, match="MaxPool1d: return_indices=True is not supported"):
+        ft.nn.MaxPool1d(2, 2, 0, 1, True)
+
+
 def test_avg_pool_backward_analytic():
     x, dy = rng.normal(size=(1, 2, 5, 5)), rng.normal(size=(1, 2, 3, 3))
     g = np.zeros(x.shape)

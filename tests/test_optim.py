@@ -243,6 +243,40 @@ def test_param_group_lr_changes_take_effect():
     assert opt.state_dict()["state"][0]["momentum_buffer"].tolist() == [1, 1, 1, 1]
 
 
+@pytest.mark.parametrize("kind", ["SGD", "Adam"])
+def test_params_taken_out_of_a_group_after_a_step_are_left_alone(kind):
+    """A param taken out of param_groups after steps is not updated again, by optimizer.step() and by a compiled
+    step, while the others go on with their state (Adam's step count, SGD's momentum: the same values as an
+    optimizer that never held it). A str learning rate is refused."""
+    def run(drop):
+        a, b = ft.from_numpy(np.ones(3, np.float32)), ft.from_numpy(np.ones(2, np.float32))
+        opt = getattr(ft.optim, kind)([a, b] if drop else [a], lr=0.1, **({"momentum": 0.9} if kind == "SGD" else {}))
+        for step in range(3):
+            if drop and step == 1:
+                opt.param_groups[0]["params"] = [a]
+            a.grad, b.grad = ft.full((3,), 1.0 + step), ft.ones(2)
+            opt.step()
+        return a.numpy().copy(), b.numpy().copy(), opt
+
+    a, b, opt = run(True)
+    a_alone = run(False)[0]
+    np.testing.assert_array_equal(a, a_alone)
+    np.testing.assert_allclose(b, 0.9, rtol=1e-6)  # one step of a unit gradient (Adam's first step is lr too)
+    opt.param_groups[0]["lr"] = "0.5"
+    with pytest.raises(TypeError, match="param group 0: lr must be a number, got str"):
+        opt.step()
+
+    model = ft.nn.Sequential(ft.nn.Linear(4, 8), ft.nn.ReLU(), ft.nn.Linear(8, 3))
+    opt = getattr(ft.optim, kind)(model.parameters(), lr=0.1)
+    program = model.compile(opt, ft.nn.CrossEntropyLoss(), batch_size=8, input_shape=(4,))
+    x, y = np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32), np.arange(8) % 3
+    program.train_step(x, y)
+    opt.param_groups[0]["params"] = opt.param_groups[0]["params"][:2]  # the first layer only
+    last = model[2].weight.numpy().copy(), model[0].weight.numpy().copy()
+    program.train_step(x, y)
+    assert np.array_equal(model[2].weight.numpy(), last[0]) and not np.array_equal(model[0].weight.numpy(), last[1])
+
+
 def test_zero_grad_and_closure():
     p = ft.from_numpy(np.ones(3, np.float32))
     opt = ft.optim.SGD([p], lr=0.1)

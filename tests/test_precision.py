@@ -248,6 +248,39 @@ def test_matmuls_by_hand_in_bfloat16():
 
 
 @needs_bf16
+def test_an_input_read_first_by_elementwise_ops_stays_float32():
+    """Features around 1000 normalized in forward, (x - 1000) / 2: the subtraction reads the float32 batch (rounded
+    to bfloat16 as it is copied in, 3 of 512 values would stay distinct), as torch.autocast keeps it; the model's
+    predictions follow float32's and it learns as float32 does. An input only a convolution reads still rounds as it
+    is copied in."""
+    class Offset(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(8, 32), nn.Linear(32, 2)
+
+        def forward(self, x):
+            return self.b(F.relu(self.a((x - 1000.0) / 2)))
+
+    rng = np.random.default_rng(0)
+    z = rng.standard_normal((256, 8)).astype(np.float32)
+    x, y = 1000 + 2 * z, (z[:, 0] + 0.5 * z[:, 1] > 0).astype(np.int64)
+    runs = {}
+    for precision in ("32-true", "bf16-mixed"):
+        ft.manual_seed(0)
+        model = Offset()
+        prog = model.compile(ft.optim.Adam(model.parameters(), lr=1e-2), nn.CrossEntropyLoss(), batch_size=64,
+                             input_shape=(8,), precision=precision)
+        before = np.asarray(prog.predict(x))
+        losses = [prog.train_step(x[i % 4 * 64:][:64], y[i % 4 * 64:][:64]) for i in range(40)]
+        runs[precision] = before, losses, (np.asarray(prog.predict(x)).argmax(1) == y).mean(), prog
+    assert runs["bf16-mixed"][3]._c.node_dtypes()[0] == "float32"
+    np.testing.assert_allclose(runs["bf16-mixed"][0], runs["32-true"][0], rtol=0.05, atol=0.02)
+    assert runs["32-true"][2] > 0.95 and runs["bf16-mixed"][2] > 0.95
+    assert abs(np.mean(runs["bf16-mixed"][1][-5:]) - np.mean(runs["32-true"][1][-5:])) < 0.05
+    assert compiled("bf16-mixed")[1]._c.node_dtypes()[0] == "bfloat16"
+
+
+@needs_bf16
 def test_layers_without_bfloat16_fall_back_to_float32():
     """NLLLoss reads float32 log-probabilities: the LogSoftmax it reads writes float32, the linear layer before
     it stays bfloat16, and the model trains."""
@@ -577,7 +610,13 @@ def test_autocast_runs_products_in_bfloat16_and_nests():
         with ft.autocast(enabled=False):
             assert model(x).dtype is ft.float32
         assert F.linear(x.flatten(1), ft.randn(5, 432)).dtype is ft.bfloat16
-    assert model(x).dtype is ft.float32
+        a, b = ft.randn(4, 6), ft.randn(6, 3)
+        for product in (a @ b, ft.mm(a, b), ft.bmm(a[None], b[None]), ft.einsum("ij,jk->ik", a, b),
+                        a @ b.to(ft.bfloat16)):  # torch.autocast's products of either dtype
+            assert product.dtype is ft.bfloat16
+            np.testing.assert_array_equal(np.asarray(product.float()).reshape(4, 3),
+                                          bf16_round(bf16_round(a.numpy()) @ bf16_round(b.numpy())))
+    assert model(x).dtype is ft.float32 and (a @ b).dtype is ft.float32
     np.testing.assert_allclose(np.asarray(out.to("float32")), ref, rtol=0.03, atol=0.03)
 
     @ft.autocast()

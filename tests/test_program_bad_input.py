@@ -174,6 +174,32 @@ def test_nonfinite_loss_raises_and_changes_nothing(bad):
     assert np.isfinite(program.train_step(*batch(8, seed=4)))  # and training goes on
 
 
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_backward_of_a_nan_batch_raises_and_leaves_grad_as_it_was(set_to_none):
+    """program.backward of a batch whose loss is NaN (in its first micro-batch, or in its second, after the first's
+    gradients were added) is refused as train_step refuses it: .grad is what it was (None after
+    zero_grad(set_to_none=True), the sum so far when accumulating), the batch-norm-free model and the optimizer
+    untouched, and the next batch adds to it as if the bad one had not come."""
+    program = nan_loss_program("raise")
+    params = list(program.model.parameters())
+    good, y = batch(16, seed=3)
+    for bad_row in (2, 12):  # micro-batches of 8: the first, the second
+        program.optimizer.zero_grad(set_to_none=set_to_none)
+        program.backward(good[:8], y[:8])
+        want = [np.array(p.grad) for p in params]
+        x = good.copy()
+        x[bad_row, 1, 4, 4] = np.nan
+        before = snapshot(program)
+        with pytest.raises(ValueError, match="backward: the loss is nan: no gradient of this batch was kept"):
+            program.backward(x, y)
+        assert snapshot(program) == before
+        assert all(np.array_equal(p.grad, w) for p, w in zip(params, want))
+        program.optimizer.zero_grad(set_to_none=set_to_none)
+        with pytest.raises(ValueError, match="the loss is nan"):
+            program.backward(x, y)
+        assert all(p.grad is None for p in params) if set_to_none else all(not np.asarray(p.grad).any() for p in params)
+
+
 def test_nan_policy_skip_skips_the_step():
     program = nan_loss_program("skip")
     x, y = batch(8, seed=3)
@@ -298,8 +324,15 @@ def test_bad_compile_options():
     for steps in (0, -2, 1.5):
         with pytest.raises(ValueError, match="accumulate_steps must be an int of at least 1"):
             compile_resnet(model, batch_size=8, accumulate_steps=steps)
-    with pytest.raises(ValueError):
-        compile_resnet(model, batch_size=0)
+    for size in (0, 3.5, True, "8"):
+        with pytest.raises(ValueError, match="batch_size must be a positive int"):
+            compile_resnet(model, batch_size=size)
+    assert compile_resnet(model, batch_size=np.int64(8)).batch_size == 8
+    for seed, error in ((2 ** 64, ValueError), (-2 ** 63 - 1, ValueError), (1.0, TypeError), ("1", TypeError)):
+        with pytest.raises(error, match="seed"):  # 2**64 was seed 0
+            compile_resnet(model, seed=seed)
+    assert compile_resnet(model, seed=np.int64(1))._c.get_dropout_state() == \
+        compile_resnet(model, seed=1)._c.get_dropout_state() != compile_resnet(model, seed=2)._c.get_dropout_state()
     with pytest.raises(ValueError):
         compile_resnet(model, memory_format="nchw")
     for kw in (dict(clip_grad_norm=-1.0), dict(clip_grad_norm=float("nan")), dict(nan_policy="ignore")):

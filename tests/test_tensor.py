@@ -485,3 +485,11 @@ def test_randn_like_and_rand_like_follow_the_generator_and_the_input():
         ft.randn_like([1.0])
     with pytest.raises(TypeError, match="floating"):
         ft.randn_like(ft.zeros(2, dtype=ft.int64))
+
+
+def test_backward_of_an_eager_tensor_names_the_compiled_way():
+    w = ft.ones(3).requires_grad_()
+    assert w.requires_grad
+    with pytest.raises(RuntimeError, match=r"eager fasttrain tensors record no graph.*program.backward\(x, y\) "
+                                           r"fills each parameter's .grad"):
+        (w * 2).sum().backward()

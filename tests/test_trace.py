@@ -700,10 +700,75 @@ def test_comparisons_of_traced_values_with_numbers_are_masks_not_one_bool(compar
     out = model(ft.tensor(x)).numpy().astype(np.float64)
     per_sample = np.log(np.exp(out).sum(1)) - out[np.arange(4), y]
     assert program.backward(x, y) == pytest.approx((per_sample * compare(y, 1)).mean(), rel=1e-6)
-    with pytest.raises(ft.nn.TracingError, match="a comparison of a traced value with a tensor"):
-        model.compile(ft.optim.SGD(model.parameters(), lr=0.1),
-                      lambda out, y: (F.cross_entropy(out, y, reduction="none") * compare(y, ft.ones(()))).mean(),
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1),  # a 0-d tensor compares as its number
+                            lambda out, y: (F.cross_entropy(out, y, reduction="none") * compare(y, ft.ones(()))).mean(),
+                            batch_size=4, input_shape=(4,))
+    assert program.backward(x, y) == pytest.approx((per_sample * compare(y, 1)).mean(), rel=1e-6)
+    with pytest.raises(ft.nn.TracingError, match="a comparison of a bool mask with values that are not one"):
+        model.compile(ft.optim.SGD(model.parameters(), lr=0.1), lambda out, y: (out * ((out > 0) == out)).sum(),
                       batch_size=2, input_shape=(4,))
+
+
+class Extremes(nn.Module):
+    """torch.maximum and minimum of two traced values and of a traced value and a tensor, a comparison of two
+    traced values as a mask, and torch.roll of a traced value (Swin's cyclic shift)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 6), nn.Linear(4, 6)
+        self.floor = ft.tensor(np.linspace(-0.5, 0.5, 6, dtype=np.float32))
+
+    def forward(self, x):
+        p, q = self.a(x), self.b(x)
+        h = ft.maximum(p, q) + ft.minimum(self.floor, q) + p * (p > q).float() - q.maximum(self.floor) * (q <= p)
+        return ft.roll(h.view(-1, 2, 3), shifts=(1, -1), dims=(1, 2)).flatten(1) + p.view(-1, 2, 3).roll(1, 2).flatten(1)
+
+
+def test_maximum_minimum_comparisons_and_roll_of_traced_values_match_numpy_and_finite_differences():
+    ft.manual_seed(36)
+    model = Extremes()
+    x = np.random.default_rng(37).standard_normal((5, 4)).astype(np.float32)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=5, input_shape=(4,))
+    p, q = ((x.astype(np.float64) @ layer.weight.numpy().T + layer.bias.numpy()) for layer in (model.a, model.b))
+    floor = model.floor.numpy()
+    h = np.maximum(p, q) + np.minimum(floor, q) + p * (p > q) - np.maximum(q, floor) * (q <= p)
+    want = np.roll(h.reshape(5, 2, 3), (1, -1), (1, 2)).reshape(5, 6) + np.roll(p.reshape(5, 2, 3), 1, 2).reshape(5, 6)
+    np.testing.assert_allclose(program.predict(x).numpy(), want, rtol=1e-5, atol=1e-6)
+    assert gradcheck(program, x, np.zeros((5, 6), np.float32), rtol=3e-2, atol=1e-3)
+    linear = nn.Linear(4, 6)
+    for loss, message in ((lambda out, y: out.roll(1).sum(), r"roll without dims .*x.roll\(s, dims=2\)"),
+                          (lambda out, y: ft.maximum(out, 0.5).sum(), r"maximum with a number .*clamp\(min=number\)"),
+                          (lambda out, y: out.cumsum(1).sum(), r"x.cumsum cannot be .*ft.ones\(T, T\).triu\(\)"),
+                          (lambda out, y: out.topk(2).values.sum(), r"x.topk .* does not sort: .*x.amax\(dim\)")):
+        with pytest.raises(ft.nn.TracingError, match=message):
+            linear.compile(ft.optim.SGD(linear.parameters(), lr=0.1), loss, batch_size=5, input_shape=(4,))
+
+
+def test_a_tie_of_maximum_gives_each_side_half_the_gradient_as_pytorch():
+    """maximum(p, p * 1) is p with the whole gradient: half through each operand, as torch's rule splits a tie; the
+    value at a tie is the operand itself, infinite ones included (minimum likewise)."""
+    class Tied(nn.Module):
+        def __init__(self, tie):
+            super().__init__()
+            self.fc, self.tie = nn.Linear(4, 3), tie
+
+        def forward(self, x):
+            h = self.fc(x)
+            return ft.maximum(h, h * 1.0) if self.tie == "max" else ft.minimum(h * 1.0, h) if self.tie else h
+
+    x = np.random.default_rng(38).standard_normal((4, 4)).astype(np.float32)
+    x[0] = np.inf
+    runs = []
+    for tie in (None, "max", "min"):
+        ft.manual_seed(39)
+        model = Tied(tie)
+        program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), lambda out, y: out.sum(), batch_size=4,
+                                input_shape=(4,))
+        runs.append((program.predict(x).numpy(), program.backward(x[1:], None), model.fc.weight.grad.numpy()))
+    for out, loss, grad in runs[1:]:
+        np.testing.assert_array_equal(out, runs[0][0])
+        assert loss == runs[0][1]
+        np.testing.assert_array_equal(grad, runs[0][2])
 
 
 def hand_attention(lib=ft, C=8, H=2, T=4):
@@ -2054,6 +2119,22 @@ def test_targets_taken_apart_as_a_tuple_or_dict_name_the_packed_form(key):
                                                  r".*one-hot columns, with compile\(..., target_shape=\(k,\)"):
         model.compile(ft.optim.SGD(model.parameters(), lr=0.1), lambda o, y: F.cross_entropy(o, y[key]),
                       batch_size=2, input_shape=(4,))
+
+
+def test_targets_unpacked_or_labels_cast_from_float_targets_name_the_packed_form():
+    """A multi-task loss written for a tuple of targets (yc, yr = y), or for class labels in a float column
+    (y[:, 0].long()), names the packed form that compiles."""
+    def unpacked(o, y):
+        yc, yr = y
+        return F.cross_entropy(o[:, :3], yc) + F.mse_loss(o[:, 3:], yr)
+
+    model = nn.Linear(4, 5)
+    for loss, what in ((unpacked, r"the targets taken apart \(yc, yr = y"),
+                       (lambda o, y: F.cross_entropy(o[:, :3], y[:, 0].long()) + F.mse_loss(o[:, 3:], y[:, 1:]),
+                        r"class labels computed from float targets \(y\[:, 0\].to\(int64\)\)")):
+        with pytest.raises(ft.nn.TracingError, match=what + r".*one-hot columns, with compile\(..., target_shape"):
+            model.compile(ft.optim.SGD(model.parameters(), lr=0.1), loss, batch_size=2, input_shape=(4,),
+                          target_shape=(3,), target_dtype=ft.float32)
 
 
 def test_targets_taken_as_one_value_per_sample_say_so_when_they_do_not_fit():

@@ -725,6 +725,9 @@ static PyObject *run_backward(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     s = ft_program_backward(entered(self), x, y, accumulate, &loss, NULL);
     Py_END_ALLOW_THREADS
+    if (s == FT_OK && !isfinite(loss)) /* as train_step refuses it: the program left no trace of the batch */
+        return PyErr_Format(PyExc_ValueError, "backward: the loss is %s: no gradient of this batch was kept",
+                            isnan(loss) ? "nan" : loss > 0 ? "inf" : "-inf");
     return s == FT_OK ? PyFloat_FromDouble(loss) : ft_py_raise(s);
 }
 

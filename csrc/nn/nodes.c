@@ -783,19 +783,27 @@ static ft_status attention_backward(const ft_node_run *r) {
 /* ---- masks ---- */
 
 static ft_status math_check(const ft_node *nd, const ft_node *const *in) {
-    if (nd->math_op < 0 || nd->math_op >= FT_MATH_NUM_OPS || ft_math_arity((ft_math_op)nd->math_op) > 2)
-        return ft_fail(FT_ERR_VALUE, "program: math op code %d is not one a node takes", nd->math_op);
+    if (nd->math_op < 0 || nd->math_op >= FT_MATH_NUM_OPS || ft_math_arity((ft_math_op)nd->math_op) > 2 ||
+        (nd->ninputs == 2 && ft_math_arity((ft_math_op)nd->math_op) != 2))
+        return ft_fail(FT_ERR_VALUE, "program: math op code %d is not one a node of %d inputs takes", nd->math_op,
+                       nd->ninputs);
     return same_shape(nd, in);
 }
 
-/* Its input's dtype for a mask (integers compared with a fraction in float64), else the output's. */
+/* A mask computes in its inputs' dtype (integers compared with a fraction, or two of different dtypes, in
+ * float64; a float32 and a bfloat16 value in float32), any other op in the output's. The second operand is the
+ * node's second input, or else the number nd->scale. */
 static ft_status math_forward(const ft_node_run *r) {
     ft_math_op op = (ft_math_op)r->nd->math_op;
     double s = r->nd->scale;
     ft_dtype in = r->in[0].dtype, compute = r->out.dtype;
-    if (r->out.dtype == FT_BOOL)
+    if (r->out.dtype == FT_BOOL && r->nin == 2) {
+        ft_dtype other = r->in[1].dtype;
+        compute = in == other ? in : ft_dtype_is_float(in) && ft_dtype_is_float(other) ? FT_FLOAT32 : FT_FLOAT64;
+    } else if (r->out.dtype == FT_BOOL) {
         compute = ft_dtype_is_float(in) || s == floor(s) ? in : FT_FLOAT64;
-    ft_math_arg args[2] = {{&r->in[0], {0}}, {NULL, {.kind = FT_SCALAR_FLOAT, .f = s}}};
+    }
+    ft_math_arg args[2] = {{&r->in[0], {0}}, {r->nin == 2 ? &r->in[1] : NULL, {.kind = FT_SCALAR_FLOAT, .f = s}}};
     return ft_math_pointwise(&r->out, op, compute, args, ft_math_arity(op));
 }
 
@@ -1416,7 +1424,7 @@ const ft_node_kind_info ft_node_kinds[FT_NODE_NKINDS] = {
     [FT_NODE_DETACH] = {"detach", 1, 1, 0, same_shape, NULL, NULL, detach_forward, NULL, .precision = FT_NODE_ANY},
     [FT_NODE_CONV_TRANSPOSE2D] = {"conv_transpose2d", 1, 1, 2, NULL, NULL, NULL, conv_transpose2d_forward,
                                   conv_transpose2d_backward, .precision = FT_NODE_LOW, .reads_output = never},
-    [FT_NODE_MATH] = {"math", 1, 1, 0, math_check, NULL, NULL, math_forward, NULL, .precision = FT_NODE_ANY,
+    [FT_NODE_MATH] = {"math", 1, 2, 0, math_check, NULL, NULL, math_forward, NULL, .precision = FT_NODE_ANY,
                       .reads_inputs = never, .reads_output = never},
     [FT_NODE_LSTM_CELL] = {"lstm_cell", 1, 2, 0, lstm_check, NULL, NULL, lstm_cell_node_forward,
                            lstm_cell_node_backward, .precision = FT_NODE_ANY, .reads_output = never},

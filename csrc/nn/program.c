@@ -729,13 +729,25 @@ static bool read_by_low(const ft_program *p, int i) {
     return false;
 }
 
+/* Whether every reader of node i, through the views that show it, computes in the low precision (a convolution, a
+ * matmul), which would round it there anyway: an input then rounds as it is copied in. Read first by any other op (a
+ * normalization written in forward, x - 1000) it stays float32, as torch.autocast keeps it. */
+static bool read_by_low_only(const ft_program *p, int i) {
+    for (int r = p->read_from[i]; r < p->read_from[i + 1]; r++) {
+        int j = p->readers[r];
+        if (mirrors(p, j) ? !read_by_low_only(p, j) : row(p, j)->precision != FT_NODE_LOW)
+            return false;
+    }
+    return true;
+}
+
 /* Each node's dtype (of its output and of its gradient). In a mixed-precision
  * program the model's nodes compute in the low precision where their kind
  * can, and the loss's in float32, as does a model output that is no product
  * (the output, or the node a view of it shows; a sigmoid's probabilities:
  * one within 2^-9 of 1 would round to 1, and the loss's log(1 - p) to its
- * floor); the input is converted as it is copied in,
- * and a parameter node read by a LOW kind is its weight's low copy.
+ * floor); a float input read only by LOW kinds is converted as it is copied
+ * in, and a parameter node read by a LOW kind is its weight's low copy.
  * A float32-only kind needs float32 inputs and a LOW kind low ones: where
  * they meet, the producer (or the LOW reader) falls back to float32 until
  * every edge agrees. Dtypes only go from low to float32, so this ends. */
@@ -745,7 +757,7 @@ static void plan_dtypes(ft_program *p) {
         ft_node_precision k = row(p, i)->precision;
         bool output = i == p->output || i == source(p, p->output); /* or what a view of it shows */
         bool low = p->compute != FT_FLOAT32 &&
-                   (is_input(p, i)               ? nd->dtype == FT_FLOAT32
+                   (is_input(p, i)               ? nd->dtype == FT_FLOAT32 && read_by_low_only(p, i)
                     : nd->kind == FT_NODE_PARAM ? i <= p->output && read_by_low(p, i)
                                                 : i <= p->output && k != FT_NODE_FLOAT32 &&
                                                       (k == FT_NODE_LOW || (!output && !read_by_loss_only(p, i))));

@@ -69,8 +69,8 @@ typedef enum {
     FT_NODE_UPSAMPLE_BILINEAR, /* to the node's size: images (C, H, W), or (C, L) sequences linearly */
     FT_NODE_NOISE,       /* N(0, 1), or U[0, 1) with `uniform`, drawn afresh each step, in its input's shape */
     FT_NODE_CONV_TRANSPOSE2D, /* the adjoint of conv2d with the node's conv params: images, or (C, L) sequences */
-    FT_NODE_MATH,        /* math_op (ops/math.h) of the input and scale: a bool mask, or a mask as floats; no
-                            gradient */
+    FT_NODE_MATH,        /* math_op (ops/math.h) of the input and scale, or of its two inputs: a bool mask, or a
+                            mask as floats; no gradient */
     FT_NODE_LSTM_CELL,   /* an LSTM step's cell state (H,) from its gates (4H,) and the last cell state, if any */
     FT_NODE_LSTM_HIDDEN, /* an LSTM step's output (H,) from its gates (4H,) and its cell state */
     FT_NODE_LSTM,        /* a whole LSTM layer (ops/rnn.h) with weight W_hh and bias b_hh: the input projections

@@ -24,6 +24,7 @@ import numpy as np
 
 from . import _C
 from ._types import CPU, DTYPES, _BY_NAME, as_dtype, device_of_code
+from .amp import cast
 
 if TYPE_CHECKING:
     from typing import Any, Callable, Sequence
@@ -440,11 +441,13 @@ ge = _comparison("ge", np.greater_equal, ">=")
 
 def matmul(input: Tensor, other: Tensor) -> Tensor:
     """The matrix product of two tensors (or NumPy arrays) of one dtype, as torch.matmul: 1-d operands are vectors,
-    leading dimensions broadcast as batches."""
+    leading dimensions broadcast as batches. Under ft.autocast float32 operands are multiplied as its dtype (mm,
+    bmm, mv, dot and einsum likewise)."""
     input, other = (_C.from_numpy(x) if isinstance(x, np.ndarray) else x for x in (input, other))
     for x in (input, other):
         if not isinstance(x, _Tensor):
             raise TypeError(f"matmul: expected tensors or arrays, got {type(x).__name__}")
+    input, other = cast(input, other)
     if input.ndim == 0 or other.ndim == 0:
         raise ValueError(f"matmul: both arguments need to be at least 1-d, but they are {input.ndim}-d and "
                          f"{other.ndim}-d")
@@ -1206,6 +1209,7 @@ def einsum(equation: str, *operands: Tensor) -> Tensor:
         from .nn.graph import einsum as traced_einsum
         return traced_einsum(equation, operands)
     _tensors("einsum", operands)
+    operands = cast(*operands)
     dtypes = {x.dtype for x in operands}
     if len(dtypes) != 1:
         raise TypeError(f"einsum: expected operands of one dtype, got {', '.join(sorted(d.name for d in dtypes))}")
@@ -1910,7 +1914,16 @@ _TRACED = {
     "gather": lambda x, dim, index: _traced_gather(x, dim, index),
     "logical_or": lambda a, b: _traced_logical(a, b, False), "bitwise_or": lambda a, b: _traced_logical(a, b, False),
     "logical_and": lambda a, b: _traced_logical(a, b, True), "bitwise_and": lambda a, b: _traced_logical(a, b, True),
+    "maximum": lambda a, b: _traced_extremum(a, b, True), "minimum": lambda a, b: _traced_extremum(a, b, False),
+    "roll": lambda x, shifts, dims=None: x.roll(shifts, dims),
 }
+
+
+def _traced_extremum(a, b, larger):
+    """torch.maximum (larger) or minimum of a traced value and another value, in either order."""
+    from .nn.graph import Symbolic
+    a, b = (a, b) if isinstance(a, Symbolic) else (b, a)
+    return a._extremum(b, larger)
 
 
 def _traced_logical(a, b, both):

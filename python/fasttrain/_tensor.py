@@ -159,6 +159,13 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
         self.requires_grad = requires_grad
         return self
 
+    def backward(self, *args, **kwargs):
+        """Refused with the way gradients are computed: eager tensors record no graph."""
+        raise RuntimeError("Tensor.backward: eager fasttrain tensors record no graph. Compile the model with its "
+                           "loss, program = model.compile(optimizer, loss, batch_size=...): program.backward(x, y) "
+                           "fills each parameter's .grad (then optimizer.step()), program.train_step(x, y) runs the "
+                           "whole step (docs/models.md)")
+
     # ---- views ----
     def __getitem__(self, index):
         if isinstance(index, Tensor) and not isinstance(index, _C.TensorBase):  # traced ids: a table's rows

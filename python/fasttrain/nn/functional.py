@@ -442,9 +442,7 @@ def _unbatch(t, squeeze):
 
 
 def _max_pool_layer(kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
-    if return_indices:
-        raise TypeError("max_pool2d: return_indices=True cannot be traced")
-    return M.MaxPool2d(kernel_size, stride or None, padding, dilation, ceil_mode)
+    return M.MaxPool2d(kernel_size, stride or None, padding, dilation, return_indices, ceil_mode)
 
 
 @_traced(_max_pool_layer)

@@ -418,10 +418,25 @@ def refuse_assignment():
 
 # What to write instead of a tensor method traced values lack, where there is something.
 _TRACED_HINTS = dict.fromkeys(
-    ("argmax", "argmin", "topk", "sort", "argsort"),
+    ("argmax", "argmin", "argsort"),
     "a compiled program computes no integer values of the samples: a decoder fed its own greedy choices "
     "trains on the targets instead (teacher forcing: the ground-truth token at every step), or on the "
     "probabilities (softmax) themselves; choose tokens eagerly at inference (model(x).argmax(-1))")
+_TRACED_HINTS.update(dict.fromkeys(
+    ("topk", "sort"), "a compiled program does not sort: the largest value along a dimension is x.amax(dim) (or "
+    "x.max(dim).values), a smooth top-k a softmax; choose tokens eagerly at inference (model(x).topk(k))"))
+_TRACED_HINTS.update(
+    cumsum="a running sum along the last dimension is a product with a triangular matrix of ones: "
+    "x @ ft.ones(T, T).triu() (T that dimension's size)",
+    flip="reverse a dimension by a product with the reversed identity, x @ ft.eye(T).flip(0) (finite values), or "
+    "flip the data before the step",
+    index_select="pick positions with slices and integers (x[:, 2:5], x[:, [-1]]), and a tensor's rows at traced "
+    "indices with F.embedding(ids, table)")
+
+_PACK_TARGETS = ("a compiled program takes its targets as one tensor: pack them as the columns of one float32 (N, k) "
+                 "array, class labels as one-hot columns, with compile(..., target_shape=(k,), "
+                 "target_dtype=ft.float32), and read the columns as y[:, a:b] (cross_entropy takes the one-hot "
+                 "columns as class probabilities)")
 
 # The modules whose forward is being traced, outermost first (nn.Model names its layers after them).
 callers = []
@@ -582,13 +597,27 @@ def _per_sample(shape, numel):
 def _comparison(op):
     def compare(self, other):
         """A bool mask of where the value compares so with a number (ids == pad: a padding mask, which attention
-        layers take as key_padding_mask, and whose .float() weighs a masked mean). Comparisons with tensors or traced
-        values fail."""
+        layers take as key_padding_mask, and whose .float() weighs a masked mean), with another traced value or with
+        a tensor the same for every sample (the two broadcast to each other, as PyTorch's operands)."""
+        from .._C import TensorBase
+        if isinstance(other, TensorBase) and other.ndim == 0:
+            other = other.item()
         if isinstance(other, numbers.Real):
             return self._math(op, float(other))
-        fail("a comparison of a traced value with a tensor or another traced value (==, !=, <, <=, >, >=)",
-             "compare with a number (ids == pad); a mask of padding labels is the loss's ignore_index; a mask "
-             "fixed for every sample is a bool tensor: x.masked_fill(mask, v), ft.where(mask, x, y)")
+        o = self._operand(other)
+        if o is None:
+            fail(f"a comparison of a traced value with {type(other).__name__}", "compare with a number, a tensor "
+                 "or another traced value")
+        if o._is_mask() != self._is_mask():
+            fail("a comparison of a bool mask with values that are not one", "compare masks with masks, values "
+                 "with values")
+        if not all(v._is_mask() or (v.node.module.tensor.dtype if isinstance(v.node.module, _layers().Value) else
+                                    v.dtype).is_floating_point for v in (self, o)):
+            fail("a comparison of a traced value with a tensor or another traced value of integers", "compare ids "
+                 "with a number (ids == pad)")
+        out = _layers().Math(op)(*_broadcast(self, o))
+        out.node.dtype = _dtype("bool")
+        return out
     return compare
 
 
@@ -980,6 +1009,44 @@ class Symbolic:
         """Records clamp(max=max)."""
         return self.clamp(max=max)
 
+    def _extremum(self, other, larger):
+        """The elementwise larger (or smaller) of the value and another traced value or a tensor, broadcast, as
+        torch.maximum: NaN where either is, and at a tie half the gradient to each, as PyTorch's (the tie's value
+        a / 2 + b / 2 is a itself, infinities included)."""
+        from .._C import TensorBase
+        if isinstance(other, numbers.Real) or isinstance(other, TensorBase) and other.ndim == 0:
+            fail(f"torch.{'maximum' if larger else 'minimum'} with a number", f"clamp({'min' if larger else 'max'}="
+                 "number), which gives the value the gradient at a tie")
+        a, b = _broadcast(self, self._operand(other) if isinstance(other, TensorBase) else other)
+        first, second = (a > b, a < b) if larger else (a < b, a > b)
+        return where(first, a, where(second, b, a * 0.5 + b * 0.5))
+
+    def maximum(self, other):
+        """Records torch.maximum of the value and another (see _extremum)."""
+        return self._extremum(other, True)
+
+    def minimum(self, other):
+        """Records torch.minimum of the value and another (see _extremum)."""
+        return self._extremum(other, False)
+
+    def roll(self, shifts, dims=None):
+        """Records the values shifted cyclically along dims (not the batch), as torch.roll: a concatenation of two
+        slices per dimension (Swin's shifted windows)."""
+        if dims is None:
+            fail("roll without dims (it would roll the flattened batch)", "give the dimensions: x.roll(s, dims=2)")
+        shifts, dims = (tuple(v) if isinstance(v, (tuple, list)) else (v,) for v in (shifts, dims))
+        if len(shifts) != len(dims):
+            raise ValueError(f"roll: shifts {shifts} and dims {dims} must have the same length")
+        out = self
+        for shift, dim in zip(shifts, dims):
+            d = _dim(dim, len(self.node.shape))
+            size = self.node.shape[d]
+            s = operator.index(shift) % size
+            if s:
+                head = (slice(None),) * (d + 1)
+                out = cat([out[head + (slice(size - s, size),)], out[head + (slice(0, size - s),)]], d + 1)
+        return out
+
     def logsumexp(self, dim, keepdim=False):
         """Records log(sum(exp(x))) over one dimension (not the batch) as x - log_softmax(x) at its first index:
         exact, and stable for large values."""
@@ -1028,6 +1095,8 @@ class Symbolic:
                 return self._floats()
             if dt.name == "bool":  # attention_mask.bool(): where the value is not 0, as PyTorch's cast
                 return self if self._is_mask() else self != 0
+            if dt.is_floating_point != self.dtype.is_floating_point and self._of_targets():
+                fail(f"class labels computed from float targets (y[:, 0].to({dt.name}))", _PACK_TARGETS)
             if dt.is_floating_point != self.dtype.is_floating_point:
                 fail(f"x.to({dt.name}) of a traced value of {self.dtype.name}", "a 0/1 mask of integers is a "
                      "comparison: (mask != 0).float() (or give it as a bool input, input_dtype=ft.bool); compute in "
@@ -1088,10 +1157,7 @@ class Symbolic:
     def __getitem__(self, index):
         labels = isinstance(self.node.module, _layers().Target)
         if labels and not isinstance(index, (tuple, slice)) and index is not None:
-            fail(f"the targets taken apart as y[{index!r}] (a tuple or dict of targets)", "a compiled program takes "
-                 "its targets as one tensor: pack them as the columns of one float32 (N, k) array, class labels as "
-                 "one-hot columns, with compile(..., target_shape=(k,), target_dtype=ft.float32), and read the "
-                 "columns as y[:, a:b] (cross_entropy takes the one-hot columns as class probabilities)")
+            fail(f"the targets taken apart as y[{index!r}] (a tuple or dict of targets)", _PACK_TARGETS)
         self._one_per_sample()
         index = index if isinstance(index, tuple) else (index,)
         if any(isinstance(i, Symbolic) for i in index):
@@ -1349,7 +1415,17 @@ class Symbolic:
         fail("Python control flow or conversion on a traced value (if/while/bool/int/float/len/iteration)",
              "make it depend on shapes or constructor arguments only")
 
-    __bool__ = __int__ = __float__ = __index__ = __iter__ = _value
+    __bool__ = __int__ = __float__ = __index__ = _value
+
+    def __iter__(self):
+        if isinstance(self.node.module, _layers().Target):
+            fail("the targets taken apart (yc, yr = y: a tuple of targets)", _PACK_TARGETS)
+        self._value()
+
+    def _of_targets(self):
+        """Whether the value is the targets or computed from them alone."""
+        nodes = topological([self.node])
+        return any(isinstance(n.module, _layers().Target) for n in nodes) and all(n.module is not None for n in nodes)
 
     def __len__(self):
         """Fails: the batch size is known only as N (x.size(0)), which Python's len cannot return."""

@@ -1558,13 +1558,26 @@ class _Pool(Module):
 
 
 class _MaxPool(_Pool):
-    def __init__(self, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False):
+    def __init__(self, kernel_size, stride=None, padding=0, dilation=1, return_indices=False, ceil_mode=False):
         super().__init__(kernel_size, stride, padding, dilation, ceil_mode)
+        if return_indices and self._dims == 1:
+            raise NotImplementedError("MaxPool1d: return_indices=True is not supported (MaxPool2d gives the indices "
+                                      "eagerly)")
+        self.return_indices = bool(return_indices)
 
     def forward(self, x):
         from . import functional as F
-        pool = F.max_pool2d if self._dims == 2 else F.max_pool1d
-        return pool(x, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode)
+        if self._dims == 1:
+            return F.max_pool1d(x, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode)
+        return F.max_pool2d(x, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode,
+                            self.return_indices)
+
+    def _record(self, *inputs, **kwargs):
+        if self.return_indices:
+            from .graph import fail
+            fail("MaxPool2d(return_indices=True) in a compiled forward", "a compiled program computes no integer "
+                 "indices: pool without them (eagerly, the layer returns (output, indices))")
+        return super()._record(*inputs, **kwargs)
 
     def extra_repr(self):
         return f"{super().extra_repr()}, dilation={self._given[3]}, ceil_mode={self.ceil_mode}"
@@ -1584,14 +1597,14 @@ class _AvgPool(_Pool):
 
 class MaxPool1d(_MaxPool):
     """Max pooling of (N, C, L) sequences, as torch.nn.MaxPool1d without return_indices (stride defaults to
-    kernel_size); it runs as the 2-d pooling over (C, 1, L)."""
+    kernel_size; PyTorch's argument order); it runs as the 2-d pooling over (C, 1, L)."""
 
     _dims = 1
 
 
 class MaxPool2d(_MaxPool):
-    """Max pooling of (N, C, H, W) images, as torch.nn.MaxPool2d (stride defaults to kernel_size). return_indices is not
-    an argument here: F.max_pool2d gives the indices eagerly."""
+    """Max pooling of (N, C, H, W) images, as torch.nn.MaxPool2d (stride defaults to kernel_size; PyTorch's argument
+    order). With return_indices=True it returns (output, indices) eagerly; a compiled forward refuses it."""
 
     _dims = 2
 

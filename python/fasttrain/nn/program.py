@@ -16,6 +16,7 @@ import weakref
 from .. import _C, creation
 from .._display import Column, Table, summary as _summary
 from .._types import _BY_NAME
+from ..random import _check_seed
 from . import modules as M
 from .graph import (Input, Node, Symbolic, TracingError, _output_leaves, input_shapes, mode_readers,
                     mode_was_read, read_modes, target, topological, trace, trace_loss, tracing)
@@ -647,6 +648,10 @@ class Program:
             raise ValueError(f"bucket_cap_mb must be a positive number, got {bucket_cap_mb!r}")
         if isinstance(accumulate_steps, bool) or not isinstance(accumulate_steps, int) or accumulate_steps < 1:
             raise ValueError(f"accumulate_steps must be an int of at least 1, got {accumulate_steps!r}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        batch_size = int(batch_size)
+        seed = None if seed is None else _check_seed(seed)
         if batch_size % accumulate_steps:
             raise ValueError(f"batch_size {batch_size} must be a multiple of accumulate_steps {accumulate_steps}")
         # model.to(memory_format=ft.channels_last), as a PyTorch speed guide writes it: a preference, which a model
@@ -1007,13 +1012,24 @@ class Program:
         """Forward and backward of the batch in training mode, without an update (batch-norm running statistics
         are updated as in a step); returns the loss. As PyTorch's loss.backward(), the gradients are added to
         what .grad holds, so that several batches' gradients sum until optimizer.zero_grad(); after
-        zero_grad(set_to_none=True) (PyTorch's default) they are written anew into .grad."""
+        zero_grad(set_to_none=True) (PyTorch's default) they are written anew into .grad. A batch whose loss is not
+        finite is refused with a ValueError, .grad as it was."""
         self._check_compiled()
-        zeroed = False
+        x, y = self._training_batch(x, y, 2)
+        replaced = [(p, p.grad) for p, view in self._grad_views if p.grad is not view]
+        # a loss found not finite in a later micro-batch comes after the earlier ones' gradients were added
+        rows = ((x[0] if isinstance(x, tuple) else x).shape or (0,))[0]  # a 0-d x: C names the mistake
+        kept = self.flat_grads.clone() if not replaced and rows > self.batch_size // self.accumulate_steps else None
         for p, view in self._grad_views:
-            if p.grad is not view:  # set to None (or replaced): the program's memory is .grad again
-                p.grad, zeroed = view, True
-        return self._c.backward(*self._training_batch(x, y, 2), not zeroed)
+            p.grad = view  # (set to None or replaced) the program's memory is .grad again
+        try:
+            return self._c.backward(x, y, not replaced)
+        except BaseException:
+            if kept is not None:
+                self.flat_grads.copy_(kept)
+            for p, grad in replaced:
+                p.grad = grad
+            raise
 
     def predict(self, x):
         """The model's (first) output for x, in eval mode (running batch-norm statistics, no dropout): for a batch

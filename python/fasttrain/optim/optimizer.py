@@ -57,6 +57,8 @@ def _flag(value, key, index):
 def _number(group, key, index):
     value = group[key]
     try:
+        if isinstance(value, (str, bytes)):  # "0.5" would read as a number
+            raise TypeError
         return float(value)
     except (TypeError, ValueError):
         raise TypeError(f"param group {index}: {key} must be a number, got {type(value).__name__}") from None
@@ -168,11 +170,20 @@ class Optimizer:
             self._import_state(state)
 
     def _sync(self):
-        """The C optimizer, (re)built for the current params and given the current hyperparameters."""
+        """The C optimizer, (re)built for the current params (moved, or put in or taken out of the groups since,
+        each keeping its state) and given the current hyperparameters."""
         if self._c is None:
             self._build(None)
-        elif self._c.params_moved():
-            self._build(self._checked_state(self._export_state(), self.param_groups))
+        elif self._c.params_moved() or [(id(p), i) for i, g in enumerate(self.param_groups) for p in g["params"]] \
+                != [(id(p), i) for p, i in zip(self._params, self._group_of)]:
+            old = {id(self._params[k]): s for k, s in self._export_state().items()}
+            params = [p for g in self.param_groups for p in g["params"]]
+            for k, p in enumerate(params):
+                _check_param(p, f"param {k}")
+            if len({id(p) for p in params}) != len(params):
+                raise ValueError("some parameters appear in more than one parameter group")
+            state = {k: old[id(p)] for k, p in enumerate(params) if id(p) in old}
+            self._build(self._checked_state(state, self.param_groups))
         for i, group in enumerate(self.param_groups):
             t = self._group_tuple(group, i)
             if t != self._pushed[i]:
