@@ -277,6 +277,53 @@ def test_params_taken_out_of_a_group_after_a_step_are_left_alone(kind):
     assert np.array_equal(model[2].weight.numpy(), last[0]) and not np.array_equal(model[0].weight.numpy(), last[1])
 
 
+def test_torch_2_implementation_arguments_are_taken():
+    """Arguments torch 2 configs pass: capturable= (no effect: one fused pass in any case), decoupled_weight_decay=True
+    (Adam's update becomes AdamW's, bit for bit), differentiable=True refused."""
+    def run(make):
+        p = ft.from_numpy(np.linspace(-1, 1, 5).astype(np.float32))
+        opt = make([p])
+        for step in range(3):
+            p.grad = ft.full((5,), 0.5 - step)
+            opt.step()
+        return p.numpy().tobytes()
+
+    adamw = run(lambda ps: ft.optim.AdamW(ps, lr=0.1, weight_decay=0.1))
+    assert run(lambda ps: ft.optim.Adam(ps, lr=0.1, weight_decay=0.1, decoupled_weight_decay=True)) == adamw
+    assert run(lambda ps: ft.optim.Adam(ps, lr=0.1, weight_decay=0.1)) != adamw
+    assert run(lambda ps: ft.optim.AdamW(ps, lr=0.1, weight_decay=0.1, capturable=True, foreach=False)) == adamw
+    for make in (ft.optim.SGD, ft.optim.Adam, ft.optim.RMSprop):
+        with pytest.raises(NotImplementedError, match="differentiable=True: a fasttrain optimizer step records no"):
+            make([ft.zeros(2)], lr=0.1, differentiable=True)
+
+
+def test_deepcopy_and_pickle_after_steps_go_on_as_the_original():
+    """copy.deepcopy (and pickle) of an optimizer that has stepped, of a scheduler holding it and of an EMA: copies
+    with their own params and state, which step on bit for bit as the original does (it raised "cannot pickle
+    '_C.Optimizer'")."""
+    import copy
+    import pickle
+    p = ft.from_numpy(np.linspace(-1, 1, 4).astype(np.float32))
+    opt = ft.optim.Adam([p], lr=0.1)
+    for _ in range(2):
+        p.grad = ft.ones(4)
+        opt.step()
+    ema = ft.optim.EMA([p], decay=0.5)
+    ema.update()
+    for twin in (copy.deepcopy(opt), pickle.loads(pickle.dumps(opt)),
+                 copy.deepcopy(ft.optim.lr_scheduler.StepLR(opt, 2)).optimizer):
+        q = twin.param_groups[0]["params"][0]
+        assert q is not p and q.tolist() == p.tolist()
+        q.grad = ft.full((4,), 0.5)
+        twin.step()
+        assert twin.state_dict()["state"][0]["step"] == 3
+    p.grad = ft.full((4,), 0.5)
+    opt.step()
+    assert q.tolist() == p.tolist()
+    copied = copy.deepcopy(ema)
+    assert copied.params[0] is not p and copied.num_updates == 1 and copied.shadow[0].tolist() == ema.shadow[0].tolist()
+
+
 def test_zero_grad_and_closure():
     p = ft.from_numpy(np.ones(3, np.float32))
     opt = ft.optim.SGD([p], lr=0.1)

@@ -5,6 +5,7 @@ nor the optimizer."""
 import json
 import math
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -315,6 +316,50 @@ def test_non_finite_learning_rate_is_refused(trained, lr):
         assert state_bits(trained.model) == before[0] and snapshot(trained)[1] == before[1]
     finally:
         opt.param_groups[0]["lr"] = 0.01
+
+
+def test_batches_seen_through_negative_strides_are_read_as_their_copies():
+    """x[::-1] (a reversed NumPy view or tensor view) trains and predicts as its contiguous copy (it was refused with
+    "oneDNN needs non-negative strides")."""
+    x, y = batch(8, seed=9)
+    results = []
+    for viewed in (True, False):
+        program = compile_resnet(make_resnet(seed=17))
+        xs = (x[::-1], ft.from_numpy(x)[::-1]) if viewed else (x[::-1].copy(), ft.from_numpy(x[::-1].copy()))
+        results.append((program.train_step(xs[0], y[::-1]), program.predict(xs[1]).numpy().tobytes()))
+    assert results[0] == results[1]
+
+
+def test_settings_changed_after_compile_are_refused_or_named():
+    """A batch norm's eps changed after compile is refused by predict and evaluate too (predict used the old eps
+    silently); a number a module holds that its forward reads (a temperature) changed after compile is named in a
+    warning, once, since the program keeps the value compile read."""
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.bn, self.temperature = nn.Linear(4, 3), nn.BatchNorm1d(3), 1.0
+
+        def forward(self, x):
+            return self.bn(self.fc(x)) / self.temperature
+
+    model = Scaled()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=4,
+                            input_shape=(4,))
+    x, y = np.ones((4, 4), np.float32), np.arange(4) % 3
+    program.train_step(x, y)
+    model.temperature = 10.0
+    with pytest.warns(RuntimeWarning, match=r"Scaled.temperature changed from 1.0 to 10.0 after compile: the compiled "
+                                            r"program keeps the value its forward read"):
+        program.predict(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        program.train_step(x, y)  # named once
+    model.bn.eps = 10.0
+    for call in (lambda: program.predict(x), lambda: program.evaluate(x, y), lambda: program.train_step(x, y)):
+        with pytest.raises(ValueError, match="BatchNorm1d.eps changed from 1e-05 to 10.0 after compile"):
+            call()
+    model.bn.eps = 1e-5
+    program.predict(x)
 
 
 def test_bad_compile_options():

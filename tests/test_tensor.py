@@ -54,6 +54,9 @@ def test_arange():
         ft.arange(0, 10, 0)
     with pytest.raises(ValueError):
         ft.arange(0, float("inf"))
+    for args in ((5, 0, 1), (0, 5, -1), (-1,)):  # away from end: refused, as PyTorch's (an empty range was returned)
+        with pytest.raises(ValueError, match="arange: the step .* goes away from end"):
+            ft.arange(*args)
     # an integer dtype from real arguments, as PyTorch: start and step truncated to integers and the count from the
     # real arguments, evenly spaced (no value repeated about zero)
     assert ft.arange(-2.5, 2, 1, dtype=ft.int64).tolist() == np.arange(-2.5, 2, 1, dtype=np.int64).tolist() == \
@@ -169,6 +172,15 @@ def test_setitem():
     np.testing.assert_array_equal(a, want)  # written through the shared memory
     with pytest.raises(ValueError):
         t[0] = ft.ones(3)
+
+
+def test_masked_and_index_assignment_from_a_view_of_itself_reads_the_values_first():
+    """t[mask] = t[:3] writes the values t held before, as a copy of them would (NumPy's masked write into the memory
+    it reads gave [0, 0, 2, 0, 4, 2])."""
+    for index in (np.array([0, 1, 0, 1, 0, 1], bool), [1, 3, 5]):
+        t = ft.tensor(np.arange(6, dtype=np.float32))
+        t[ft.tensor(index) if isinstance(index, np.ndarray) else index] = t[:3]
+        assert t.tolist() == [0, 0, 2, 1, 4, 2]
 
 
 def test_view_and_reshape():

@@ -149,6 +149,9 @@ def test_nans_are_equal_only_with_equal_nan():
     assert "Greatest absolute difference: 0.5 at index (2,)" in text  # the NaN hides no number
     assert_close(ft.tensor([nan, 1.0]), [nan, 1.0], equal_nan=True)
     assert "Mismatched NaNs: 1" in report(ft.tensor([nan, 1.0]), [1.0, 1.0], equal_nan=True)
+    text = report(ft.tensor([1.0, nan, 3.0]), [1.0, 2.0, nan])  # only NaNs differ: theirs, not a matching element's
+    assert "Greatest absolute difference: nan at index (1,)" in text
+    assert "Greatest relative difference: nan at index (1,)" in text
 
 
 def test_msg_replaces_or_rewrites_the_report():

@@ -1354,7 +1354,10 @@ def setitem(input: Tensor, index: tuple, value: Any) -> None:
         value = _C.tensor_from_data(value, input.dtype._code)
     value = value.to(input.dtype)._host_array()
     if not input.is_cuda and input.dtype is not _BFLOAT16 and not input._readonly:
-        input.numpy()[index] = value  # straight into the tensor's memory
+        target = input.numpy()
+        if np.may_share_memory(target, value):  # t[mask] = t[:3]: NumPy's masked write reads as it writes
+            value = value.copy()
+        target[index] = value  # straight into the tensor's memory
         return
     host = np.array(input._host_array())  # a copy: written, then copied back whole (copy_ converts, moves, checks)
     host[index] = value

@@ -105,6 +105,8 @@ def arange(start: int | float, end: int | float | None = None, step: int | float
     dtype = as_dtype(dtype)
     if not all(_np.isfinite(float(v)) for v in values):
         raise ValueError("arange: start, end and step must be finite")
+    if (end - start) * step < 0:  # PyTorch's refusal: such a range is a mistake more often than an empty one
+        raise ValueError(f"arange: the step {step} goes away from end {end} from start {start}")
     n = max(0, int(_np.ceil((end - start) / step)))
     out = empty(n, dtype=dtype, device=device)
     if dtype.is_floating_point:

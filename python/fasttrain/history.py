@@ -22,8 +22,12 @@ class History(dict):
         pyplot (imported here, so fasttrain itself does not need matplotlib). Returns the list of Axes, one per
         panel (axes[0].figure is the figure): in a notebook the figure shows once, and in a script plt.show() or
         axes[0].figure.savefig(path) shows or saves it."""
-        import matplotlib.pyplot as plt
-        from matplotlib.ticker import MaxNLocator
+        try:
+            import matplotlib.pyplot as plt
+            from matplotlib.ticker import MaxNLocator
+        except ImportError as e:
+            raise ImportError(f"History.plot() draws with matplotlib, which is not installed ({e}): "
+                              "pip install matplotlib") from e
 
         epochs = self.get("epoch") or list(range(1, len(self.get("train_loss", ())) + 1))
 

@@ -133,6 +133,9 @@ def assert_close(actual, expected, *, rtol=None, atol=None, equal_nan=False, che
              f"Mismatched elements: {mismatched} / {a.size} ({100 * mismatched / a.size:.1f}%)"]
     if nans.size:
         lines.append(f"Mismatched NaNs: {nans.size}, the first at index {_index(nans[0], shape)}")
+    if nans.size == mismatched:  # no numeric difference: the NaN's, as torch reports it
+        diff[nans[0]] = rel[nans[0]] = np.nan
+        worst_abs = worst_rel = int(nans[0])
     lines += [f"Greatest absolute difference: {diff[worst_abs]:.6g} at index {_index(worst_abs, shape)} "
               f"(up to {atol:g} allowed)",
               f"Greatest relative difference: {rel[worst_rel]:.6g} at index {_index(worst_rel, shape)} "

@@ -584,11 +584,16 @@ def summary(model, input_shape=None, batch_size=1, input_dtype=None):
     return _summary(table)
 
 
+def _forward_strides(t):
+    """t, or its copy where a stride is negative (x[::-1]): the C ops read memory forwards."""
+    return t.contiguous() if any(s < 0 for s in t.stride()) else t
+
+
 def _as(t, dtype, what):
     """t as a tensor of dtype: integers (token ids, labels) refused, not truncated, when given as floats, and masks
     taken as bool only (a float 0.3 is no mask value)."""
     from ..creation import _check_int64_range, as_tensor
-    t = as_tensor(t)
+    t = _forward_strides(as_tensor(t))
     if dtype is _BY_NAME["bool"] and t.dtype is not dtype:
         raise TypeError(f"{what} must be bool, got {t.dtype.name} (compare them to make a mask: m != 0)")
     if dtype is _BY_NAME["int64"]:
@@ -683,6 +688,9 @@ class Program:
                        for cls, fixed in _MODAL if isinstance(m, cls) and not (isinstance(m, M._RNNBase) and
                                                                                not m.dropout)}
         self._modal.update((id(m), (m, {"training": m.training})) for m in readers)
+        self._numbers = [[m, k, v] for m in model.modules() for k, v in vars(m).items()
+                         if type(v) in (int, float, bool) and not k.startswith("_") and k != "training" and
+                         k not in self._modal.get(id(m), (None, {}))[1]]
         self._low = precision != "32-true"  # as asked (a CPU without bfloat16 then runs float32 on the same graph)
         self.entries, self.output = _fused(entries, output, self._low)
         segments = _recompute(recompute, model, self.entries)
@@ -819,7 +827,7 @@ class Program:
     def _input_as(self, x, dtype):
         if self._compute is not _BY_NAME["float32"] and dtype.is_floating_point and \
                 getattr(x, "dtype", None) is self._compute:
-            return x
+            return _forward_strides(x)
         what = {"int64": "token ids", "bool": "masks"}.get(dtype.name, "inputs")
         if dtype.is_floating_point:
             from ..creation import as_tensor
@@ -876,7 +884,7 @@ class Program:
     def _check_modes(self):
         """Fails where a batch norm, a dropout (an RNN's between layers too) or a module whose mode the forward's own
         code reads is not in the mode compile fixed for the training step (predict and evaluate run every layer in
-        eval mode by themselves), or its p, momentum or eps changed since."""
+        eval mode by themselves)."""
         for m, fixed in self._modal.values():
             if m.training != fixed["training"]:
                 now, then = ("training", "eval") if m.training else ("eval", "training")
@@ -884,10 +892,24 @@ class Program:
                 raise ValueError(f"{type(m).__name__}{f' {name!r}' if name else ''} is in {now} mode, but was in "
                                  f"{then} mode at compile, which the compiled training step keeps; call "
                                  f".{'train' if fixed['training'] else 'eval'}() on it again, or compile again")
+
+    def _check_settings(self):
+        """Fails where a batch norm's momentum or eps or a dropout's p changed since compile; warns (once each) where
+        another number a module holds did (a temperature its forward reads), which the program keeps as compile
+        read it."""
+        for m, fixed in self._modal.values():
             for k, v in fixed.items():
-                if getattr(m, k) != v:
+                if k != "training" and getattr(m, k) != v:
                     raise ValueError(f"{type(m).__name__}.{k} changed from {v} to {getattr(m, k)} after compile, "
-                                     "which the compiled step does not see: set it back, or compile again")
+                                     "which the compiled program does not see: set it back, or compile again")
+        for number in self._numbers:
+            m, k, v = number
+            now = getattr(m, k, v)
+            if now != v and now == now:  # NaN: itself
+                number[2] = now
+                warnings.warn(f"{type(m).__name__}.{k} changed from {v!r} to {now!r} after compile: the compiled "
+                              "program keeps the value its forward read at compile (compile again to use the new "
+                              "one)", RuntimeWarning, stacklevel=4)
 
     def _train_modes(self):
         """The model in training mode, but for the layers compile found in eval mode (what ft.fit sets each
@@ -962,6 +984,7 @@ class Program:
                                  "training step does not see: compile again to train with it "
                                  f"{'frozen' if not p.requires_grad else 'trained'} (predict and evaluate run as "
                                  "they are)")
+        self._check_settings()
         self._fold_biases()
 
     def _follow(self, name, p):

@@ -47,6 +47,15 @@ class EMA:
         self._c.update(self.decay if decay is None else self._check_decay(decay))
         self.num_updates += 1
 
+    def __getstate__(self):
+        """For copy.deepcopy and pickle: the params (copied with it) and state_dict()."""
+        return {"params": self.params, "state": self.state_dict()}
+
+    def __setstate__(self, state):
+        self.params, self.decay, self.num_updates = state["params"], 0.0, 0
+        self._build()
+        self.load_state_dict(state["state"])
+
     def _follow(self):
         """The C pass over the params where they are now (a compile moves them into its flat buffer), the averages
         kept: what update() and ft.fit's C epoch, which updates it after every step, run."""

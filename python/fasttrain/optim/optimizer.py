@@ -38,14 +38,21 @@ def _check_param(p, what):
         raise ValueError(f"{what} must be contiguous")
 
 
-def _implementation(foreach, fused):
-    """Checks torch.optim's choice of implementation (foreach=, fused=), which code written for it passes: every
-    fasttrain step is one fused pass over the flat buffers, whatever it says."""
+def _implementation(foreach, fused, capturable=False, differentiable=False):
+    """Checks torch.optim's choice of implementation (foreach=, fused=, capturable=), which code written for it
+    passes: every fasttrain step is one fused pass over the flat buffers, whatever it says. differentiable=True
+    (autograd through the step) is refused."""
     for name, value in (("foreach", foreach), ("fused", fused)):
         if value is not None and not isinstance(value, bool):
             raise TypeError(f"{name} must be None or a bool, got {value!r}")
+    for name, value in (("capturable", capturable), ("differentiable", differentiable)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be a bool, got {value!r}")
     if foreach and fused:
         raise RuntimeError("`fused` and `foreach` cannot be `True` together.")
+    if differentiable:
+        raise NotImplementedError("differentiable=True: a fasttrain optimizer step records no graph to "
+                                  "differentiate through")
 
 
 def _flag(value, key, index):
@@ -101,6 +108,19 @@ class Optimizer:
             groups = [{"params": groups}]
         for group in groups:
             self.add_param_group(group)
+
+    def __getstate__(self):
+        """For copy.deepcopy and pickle, as PyTorch's: the groups (their params copied with them) and the state in
+        PyTorch's layout, from which the copy builds its own C optimizer."""
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_c", "_params", "_group_of", "_pushed")}
+        state["_state"] = self._export_state()
+        return state
+
+    def __setstate__(self, state):
+        kept = state.pop("_state")
+        self.__dict__.update(state, _c=None, _params=[], _pushed=[])
+        if kept:
+            self._build(self._checked_state(kept, self.param_groups))
 
     def __repr__(self):
         lines = [type(self).__name__ + " ("]
@@ -369,8 +389,8 @@ class SGD(Optimizer):
     _kind = _KINDS["SGD"]
 
     def __init__(self, params, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False, *,
-                 maximize=False, foreach=None, fused=None):
-        _implementation(foreach, fused)
+                 maximize=False, foreach=None, differentiable=False, fused=None):
+        _implementation(foreach, fused, differentiable=differentiable)
         super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
                                       nesterov=nesterov, maximize=maximize))
 
@@ -391,8 +411,8 @@ class AdamW(Optimizer):
     _kind = _KINDS["AdamW"]
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
-                 maximize=False, foreach=None, fused=None):
-        _implementation(foreach, fused)
+                 maximize=False, foreach=None, capturable=False, differentiable=False, fused=None):
+        _implementation(foreach, fused, capturable, differentiable)
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
                                       maximize=maximize))
 
@@ -405,14 +425,19 @@ class AdamW(Optimizer):
 
 class Adam(AdamW):
     """torch.optim.Adam: AdamW's update with the weight decay added to the gradient (L2), bias correction, amsgrad,
-    maximize; one fused pass, as AdamW's."""
+    maximize; one fused pass, as AdamW's. decoupled_weight_decay=True is AdamW's update, as PyTorch's."""
 
     _kind = _KINDS["Adam"]
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False, *,
-                 maximize=False, foreach=None, fused=None):
+                 maximize=False, foreach=None, capturable=False, differentiable=False, fused=None,
+                 decoupled_weight_decay=False):
+        if not isinstance(decoupled_weight_decay, bool):
+            raise TypeError(f"decoupled_weight_decay must be a bool, got {decoupled_weight_decay!r}")
+        if decoupled_weight_decay:
+            self._kind = _KINDS["AdamW"]
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize, foreach=foreach,
-                         fused=fused)
+                         capturable=capturable, differentiable=differentiable, fused=fused)
 
 
 class RMSprop(Optimizer):
@@ -422,8 +447,8 @@ class RMSprop(Optimizer):
     _kind = _KINDS["RMSprop"]
 
     def __init__(self, params, lr=1e-2, alpha=0.99, eps=1e-8, weight_decay=0.0, momentum=0.0, centered=False, *,
-                 maximize=False, foreach=None, fused=None):
-        _implementation(foreach, fused)
+                 maximize=False, foreach=None, capturable=False, differentiable=False, fused=None):
+        _implementation(foreach, fused, capturable, differentiable)
         super().__init__(params, dict(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay, momentum=momentum,
                                       centered=centered, maximize=maximize))
 
@@ -443,8 +468,8 @@ class Adadelta(Optimizer):
     _kind = _KINDS["Adadelta"]
 
     def __init__(self, params, lr=1.0, rho=0.9, eps=1e-6, weight_decay=0.0, *, maximize=False, foreach=None,
-                 fused=None):
-        _implementation(foreach, fused)
+                 capturable=False, differentiable=False, fused=None):
+        _implementation(foreach, fused, capturable, differentiable)
         super().__init__(params, dict(lr=lr, rho=rho, eps=eps, weight_decay=weight_decay, maximize=maximize))
 
     def _group_tuple(self, g, i):
