@@ -15,7 +15,7 @@ def blocks(path):
 
 
 def test_models_md_examples_compile_and_train():
-    first, several, loss_block = blocks("docs/models.md")[:3]
+    first, several, targets, loss_block = blocks("docs/models.md")[:4]
     scope = {}
     exec(first, scope)
     program, x = scope["program"], np.random.default_rng(0).standard_normal((128, 1, 28, 28)).astype(np.float32)
@@ -28,6 +28,21 @@ def test_models_md_examples_compile_and_train():
     mask = (np.arange(128) < lengths[:, None]).astype(np.int64)
     tokens = dict(ids=rng.integers(1, 1000, (96, 128)) * mask, mask=mask, y=rng.integers(0, 2, 96))
     exec(several, {**scope, **tokens})
+
+    class Detector(ft.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.cls, self.box = ft.nn.Conv2d(3, 4, 3), ft.nn.Linear(4, 5), ft.nn.Linear(4, 4)
+
+        def forward(self, x):
+            f = ft.nn.functional.adaptive_avg_pool2d(self.conv(x).relu(), 1).flatten(1)
+            return self.cls(f), self.box(f)
+
+    detector = Detector()
+    boxes = dict(model=detector, opt=ft.optim.Adam(detector.parameters()), F=ft.nn.functional,
+                 x=rng.standard_normal((64, 3, 32, 32)).astype(np.float32), labels=rng.integers(0, 5, 64),
+                 boxes=rng.random((64, 4)).astype(np.float32))
+    exec(targets, {**scope, **boxes})
 
     class TwoHeads(ft.nn.Module):
         def __init__(self):

@@ -591,3 +591,102 @@ def test_a_contrastive_loss_over_the_batch_trains_with_the_batch_as_one_sample()
     s = enc(x1) @ enc(x2).T / 0.5
     assert program.backward((x1, x2), y) == pytest.approx(np.mean(np.log(np.exp(s).sum(1)) - np.diag(s)), rel=1e-5)
     assert ft.testing.gradcheck(program, (x1, x2), y)
+
+
+class Tasks(nn.Module):
+    """A trunk with a class head and a box head: forward returns (logits, boxes)."""
+
+    def __init__(self):
+        super().__init__()
+        self.trunk, self.cls, self.box = nn.Linear(8, 16), nn.Linear(16, 5), nn.Linear(16, 4)
+
+    def forward(self, x):
+        f = F.relu(self.trunk(x))
+        return self.cls(f), self.box(f)
+
+
+def tasks_loss(out, y):
+    logits, boxes = out
+    labels, true_boxes = y
+    return F.cross_entropy(logits, labels) + 0.5 * F.mse_loss(boxes, true_boxes)
+
+
+def tasks_data(n=32, seed=0):
+    r = np.random.default_rng(seed)
+    x = r.standard_normal((n, 8)).astype(np.float32)
+    return x, r.integers(0, 5, n), (x[:, :4] * 0.5).astype(np.float32)
+
+
+def tasks_reference(model, x, labels, boxes):
+    """The loss of Tasks and tasks_loss in float64 NumPy."""
+    f = np.maximum(x.astype(np.float64) @ model.trunk.weight.numpy().T + model.trunk.bias.numpy(), 0)
+    logits = f @ model.cls.weight.numpy().T + model.cls.bias.numpy()
+    out = f @ model.box.weight.numpy().T + model.box.bias.numpy()
+    ce = np.log(np.exp(logits).sum(1)) - logits[np.arange(len(x)), labels]
+    return ce.mean() + 0.5 * ((out - boxes) ** 2).mean()
+
+
+def test_a_loss_of_two_targets_matches_numpy_and_trains_from_arrays():
+    """Class labels and box coordinates as two targets (target_shape=((), (4,))): the loss the tuple of them gives
+    is NumPy's, gradients match central differences, and fit over (x, (labels, boxes)) arrays learns both tasks;
+    evaluate gives the loss without an accuracy."""
+    x, labels, boxes = tasks_data()
+    ft.manual_seed(3)
+    model = Tasks()
+    program = model.compile(ft.optim.Adam(model.parameters(), lr=1e-2), tasks_loss, batch_size=8, input_shape=(8,),
+                            target_shape=((), (4,)), target_dtype=(ft.int64, ft.float32))
+    assert program.target_shape == ((), (4,)) and program.target_dtype == (ft.int64, ft.float32)
+    assert program.backward(x[:8], (labels[:8], boxes[:8])) == pytest.approx(
+        tasks_reference(model, x[:8], labels[:8], boxes[:8]), rel=1e-5)
+    assert ft.testing.gradcheck(program, x[:8], (labels[:8], boxes[:8]), rtol=3e-2, atol=1e-3)
+    history = ft.fit(program, (x, (labels, boxes)), 30, batch_size=8, progress=False)
+    assert history["train_loss"][-1] < 0.5 * history["train_loss"][0]
+    loss, accuracy = ft.evaluate(program, (x, (labels, boxes)))
+    assert accuracy is None and loss == pytest.approx(tasks_reference(model, x, labels, boxes), rel=1e-4)
+    batches = [(x[i:i + 8], (labels[i:i + 8], boxes[i:i + 8])) for i in range(0, 32, 8)]
+    assert len(ft.fit(program, batches, 1, progress=False)["train_loss"]) == 1
+
+
+def test_two_class_heads_with_ignored_labels_and_mistaken_targets():
+    """Two class heads, the second's labels partly ignored (ignore_index=-1), one dtype given for both: the loss is
+    NumPy's; mistaken targets (one array, too few, floats for labels, a label out of range, a Loader's single
+    labels, a target the loss never reads) are refused and change nothing."""
+    class Heads(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(8, 5), nn.Linear(8, 3)
+
+        def forward(self, x):
+            return self.a(x), self.b(x)
+
+    def loss(out, y):
+        return F.cross_entropy(out[0], y[0]) + F.cross_entropy(out[1], y[1], ignore_index=-1)
+
+    x, first, _ = tasks_data(8, seed=1)
+    second = np.array([0, -1, 2, -1, 1, 1, -1, 0])
+    model = Heads()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), loss, batch_size=8, input_shape=(8,),
+                            target_shape=((), ()), target_dtype=ft.int64)
+
+    def ce(logits, y):
+        keep = y >= 0
+        return (np.log(np.exp(logits[keep]).sum(1)) - logits[keep][np.arange(keep.sum()), y[keep]]).mean()
+
+    a = x.astype(np.float64) @ model.a.weight.numpy().T + model.a.bias.numpy()
+    b = x.astype(np.float64) @ model.b.weight.numpy().T + model.b.bias.numpy()
+    before = weights(model)
+    assert program.evaluate(x, (first, second))[0] == pytest.approx(ce(a, first) + ce(b, second), rel=1e-5)
+    for y, error, match in (
+            (first, TypeError, "the program's loss reads 2 targets: give y as a tuple of as many batches, got ndarray"),
+            ((first,), TypeError, "got a tuple of 1"),
+            ((first, second.astype(np.float32)), TypeError, "labels of target 1 must be integers, got float32"),
+            ((first, np.where(second == 2, 3, second)), IndexError, r"label 3 at position 2 is outside \[0, 3\)")):
+        with pytest.raises(error, match=match):
+            program.train_step(x, y)
+    with pytest.raises(TypeError, match=r"the program's loss reads 2 targets, but a fasttrain Loader's batches"):
+        ft.fit(program, ft.data.Loader((x, first), 8), 1, progress=False)
+    for u, v in zip(before, weights(model)):
+        np.testing.assert_array_equal(u, v)
+    with pytest.raises(ft.nn.TracingError, match="the loss reads no value of target 1 of 2"):
+        model.compile(ft.optim.SGD(model.parameters(), lr=0.1), lambda out, y: F.cross_entropy(out[0], y[0]),
+                      batch_size=8, input_shape=(8,), target_shape=((), ()), target_dtype=ft.int64)

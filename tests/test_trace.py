@@ -2116,14 +2116,15 @@ def test_labels_read_both_as_classes_and_as_float_values_are_refused_at_compile(
 def test_targets_taken_apart_as_a_tuple_or_dict_name_the_packed_form(key):
     model = nn.Linear(4, 3)
     with pytest.raises(ft.nn.TracingError, match=r"the targets taken apart as y\[.*\] \(a tuple or dict of targets\)"
-                                                 r".*one-hot columns, with compile\(..., target_shape=\(k,\)"):
+                                                 r".*for several targets give each one's per-sample shape, "
+                                                 r"compile\(..., target_shape=\(\(\), \(4,\)\)"):
         model.compile(ft.optim.SGD(model.parameters(), lr=0.1), lambda o, y: F.cross_entropy(o, y[key]),
                       batch_size=2, input_shape=(4,))
 
 
-def test_targets_unpacked_or_labels_cast_from_float_targets_name_the_packed_form():
+def test_targets_unpacked_or_labels_cast_from_float_targets_name_several_targets():
     """A multi-task loss written for a tuple of targets (yc, yr = y), or for class labels in a float column
-    (y[:, 0].long()), names the packed form that compiles."""
+    (y[:, 0].long()), compiled for one target, names the target_shape of several that compiles."""
     def unpacked(o, y):
         yc, yr = y
         return F.cross_entropy(o[:, :3], yc) + F.mse_loss(o[:, 3:], yr)
@@ -2132,7 +2133,8 @@ def test_targets_unpacked_or_labels_cast_from_float_targets_name_the_packed_form
     for loss, what in ((unpacked, r"the targets taken apart \(yc, yr = y"),
                        (lambda o, y: F.cross_entropy(o[:, :3], y[:, 0].long()) + F.mse_loss(o[:, 3:], y[:, 1:]),
                         r"class labels computed from float targets \(y\[:, 0\].to\(int64\)\)")):
-        with pytest.raises(ft.nn.TracingError, match=what + r".*one-hot columns, with compile\(..., target_shape"):
+        with pytest.raises(ft.nn.TracingError, match=what + r".*target_dtype=\(ft.int64, ft.float32\)\), and batches "
+                                                        r"\(x, \(labels, boxes\)\)"):
             model.compile(ft.optim.SGD(model.parameters(), lr=0.1), loss, batch_size=2, input_shape=(4,),
                           target_shape=(3,), target_dtype=ft.float32)
 

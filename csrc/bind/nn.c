@@ -405,37 +405,44 @@ static void program_dealloc(PyObject *self) {
     Py_DECREF(type);
 }
 
-/* The batch's inputs, x (a tensor, or a tuple of one for each input node),
- * into xs (FT_PROGRAM_MAX_INPUTS, borrowed from x's tensors); -1 with
+/* A batch's inputs x (or targets y: `name`), a tensor or a tuple of one for
+ * each of `want` nodes, into out (borrowed from their tensors); -1 with
  * TypeError. */
-static int unwrap_x(PyObject *self, PyObject *xo, ft_tensor *xs) {
+static int unwrap_parts(PyObject *self, PyObject *obj, int want, const char *name, ft_tensor *out) {
     ft_module_state *st = ft_py_state_of_type(Py_TYPE(self));
-    int want = ft_program_num_inputs(((program_object *)self)->prog);
-    Py_ssize_t got = PyTuple_Check(xo) ? PyTuple_GET_SIZE(xo) : 1;
+    Py_ssize_t got = PyTuple_Check(obj) ? PyTuple_GET_SIZE(obj) : 1;
     if (got != want) {
-        PyErr_Format(PyExc_TypeError, "the program's forward takes %d input(s): give x as %s, got %s%zd", want,
-                     want > 1 ? "a tuple of as many tensors" : "one tensor", PyTuple_Check(xo) ? "a tuple of " : "",
+        PyErr_Format(PyExc_TypeError, "the program's %s %d %s: give %s as %s, got %s%zd", *name == 'x' ? "forward takes"
+                     : "loss reads", want, *name == 'x' ? "input(s)" : "targets", name,
+                     want > 1 ? "a tuple of as many tensors" : "one tensor", PyTuple_Check(obj) ? "a tuple of " : "",
                      got);
         return -1;
     }
     for (int j = 0; j < want; j++) {
-        const ft_tensor *t = ft_py_unwrap(st, PyTuple_Check(xo) ? PyTuple_GET_ITEM(xo, j) : xo, "x");
+        const ft_tensor *t = ft_py_unwrap(st, PyTuple_Check(obj) ? PyTuple_GET_ITEM(obj, j) : obj, name);
         if (!t)
             return -1;
-        xs[j] = *t;
+        out[j] = *t;
     }
     return 0;
 }
 
-/* 0, or -1 with TypeError for a program of several inputs, which a Loader's
- * batches of (images or features, targets) cannot feed. */
+static int unwrap_x(PyObject *self, PyObject *xo, ft_tensor *xs) {
+    return unwrap_parts(self, xo, ft_program_num_inputs(((program_object *)self)->prog), "x", xs);
+}
+
+/* 0, or -1 with TypeError for a program of several inputs or targets, which
+ * a Loader's batches of (images or features, targets) cannot feed. */
 static int loader_fits(PyObject *self) {
-    int n = ft_program_num_inputs(((program_object *)self)->prog);
-    if (n == 1)
-        return 0;
-    PyErr_Format(PyExc_TypeError, "the program's forward takes %d inputs, but a fasttrain Loader's batches are (x, "
-                 "y): give (x1, ..., y) arrays or an iterable of (x1, ..., y) batches", n);
-    return -1;
+    const ft_program *prog = ((program_object *)self)->prog;
+    int n = ft_program_num_inputs(prog), t = ft_program_num_targets(prog);
+    if (n > 1)
+        PyErr_Format(PyExc_TypeError, "the program's forward takes %d inputs, but a fasttrain Loader's batches are "
+                     "(x, y): give (x1, ..., y) arrays or an iterable of (x1, ..., y) batches", n);
+    else if (t > 1)
+        PyErr_Format(PyExc_TypeError, "the program's loss reads %d targets, but a fasttrain Loader's batches are "
+                     "(x, y): give (x, (y1, ..., y%d)) arrays or an iterable of such batches", t, t);
+    return n > 1 || t > 1 ? -1 : 0;
 }
 
 /* _check_loader(): None, or TypeError where a Loader cannot feed the program (loader_fits). */
@@ -459,12 +466,14 @@ static PyObject *program_check_loader(PyObject *self, PyObject *unused) {
     return loader_fits(self) < 0 ? NULL : Py_NewRef(Py_None);
 }
 
-/* x as unwrap_x and y as a fasttrain tensor (NULL for None), or -1 with TypeError. */
-static int unwrap_xy(PyObject *self, PyObject *xo, PyObject *yo, ft_tensor *xs, ft_tensor **y) {
+/* x as unwrap_x and y as unwrap_parts into ys (*y NULL for None: no
+ * targets), or -1 with TypeError. */
+static int unwrap_xy(PyObject *self, PyObject *xo, PyObject *yo, ft_tensor *xs, ft_tensor *ys, const ft_tensor **y) {
     if (unwrap_x(self, xo, xs) < 0)
         return -1;
-    *y = yo == Py_None ? NULL : ft_py_unwrap(ft_py_state_of_type(Py_TYPE(self)), yo, "y");
-    return *y || yo == Py_None ? 0 : -1;
+    int want = ft_program_num_targets(((program_object *)self)->prog);
+    *y = yo == Py_None ? NULL : ys;
+    return yo == Py_None ? 0 : unwrap_parts(self, yo, want > 1 ? want : 1, "y", ys);
 }
 
 /* ---- the step ---- */
@@ -691,9 +700,10 @@ static PyObject *run_train_step(PyObject *self, PyObject *args, PyObject *kwargs
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|Os:train_step", kwlist, &xo, &yo, &opt_obj, &max_norm,
                                      &policy))
         return NULL;
-    ft_tensor x[FT_PROGRAM_MAX_INPUTS], *y;
+    ft_tensor x[FT_PROGRAM_MAX_INPUTS], ys[FT_PROGRAM_MAX_TARGETS];
+    const ft_tensor *y;
     step_options o;
-    if (unwrap_xy(self, xo, yo, x, &y) < 0 || parse_step_options(max_norm, policy, &o) < 0)
+    if (unwrap_xy(self, xo, yo, x, ys, &y) < 0 || parse_step_options(max_norm, policy, &o) < 0)
         return NULL;
     set_program_options(&o, (program_object *)self);
     ft_optimizer *opt = program_optimizer((program_object *)self, opt_obj);
@@ -716,9 +726,10 @@ static PyObject *run_train_step(PyObject *self, PyObject *args, PyObject *kwargs
  * optimizer update. */
 static PyObject *run_backward(PyObject *self, PyObject *args) {
     PyObject *xo, *yo;
-    ft_tensor x[FT_PROGRAM_MAX_INPUTS], *y;
+    ft_tensor x[FT_PROGRAM_MAX_INPUTS], ys[FT_PROGRAM_MAX_TARGETS];
+    const ft_tensor *y;
     int accumulate = 0;
-    if (!PyArg_ParseTuple(args, "OO|p:backward", &xo, &yo, &accumulate) || unwrap_xy(self, xo, yo, x, &y) < 0)
+    if (!PyArg_ParseTuple(args, "OO|p:backward", &xo, &yo, &accumulate) || unwrap_xy(self, xo, yo, x, ys, &y) < 0)
         return NULL;
     double loss = 0;
     ft_status s;
@@ -799,8 +810,9 @@ static PyObject *run_forward(PyObject *self, PyObject *xo) {
 static PyObject *run_evaluate(PyObject *self, PyObject *args) {
     PyObject *xo, *yo;
     int tta = 0;
-    ft_tensor x[FT_PROGRAM_MAX_INPUTS], *y;
-    if (!PyArg_ParseTuple(args, "OO|p:evaluate", &xo, &yo, &tta) || unwrap_xy(self, xo, yo, x, &y) < 0)
+    ft_tensor x[FT_PROGRAM_MAX_INPUTS], ys[FT_PROGRAM_MAX_TARGETS];
+    const ft_tensor *y;
+    if (!PyArg_ParseTuple(args, "OO|p:evaluate", &xo, &yo, &tta) || unwrap_xy(self, xo, yo, x, ys, &y) < 0)
         return NULL;
     ft_tally tally = {0};
     ft_status s;

@@ -30,7 +30,8 @@ enum { OUT, AUX, DOUT, RE_OUT, RE_AUX, NBUF };
 struct ft_program {
     int n;
     ft_node *nodes;
-    int output, target;     /* the model's output node; the targets' node (-1: none) */
+    int output;             /* the model's output node */
+    int targets[FT_PROGRAM_MAX_TARGETS], ntargets; /* the targets' nodes (a multi-task loss reads several) */
     int64_t batch;
     bool channels_last;
     ft_device device;       /* where the parameters, the arenas and every op of a step are */
@@ -61,7 +62,7 @@ struct ft_program {
     ft_storage *train_arena, *eval_arena;
     int64_t train_bytes, eval_bytes;
     int ninputs;            /* nodes 0 .. ninputs - 1 */
-    ft_tensor x[FT_PROGRAM_MAX_INPUTS], y; /* the micro-batch being run (borrowed views) */
+    ft_tensor x[FT_PROGRAM_MAX_INPUTS], y[FT_PROGRAM_MAX_TARGETS]; /* the micro-batch being run (borrowed views) */
     double *norm;           /* (n) each loss node's normalizer for the batch being run */
     bool weightless;        /* evaluation: the final loss ignores every target of the batch, which counts for
                                nothing (its normalizer, 0, is run as 1 over shares of 0) */
@@ -92,6 +93,14 @@ static const ft_node_kind_info *row(const ft_program *p, int i) { return &ft_nod
 static bool is_image(const ft_node *nd) { return nd->ndim == 3; }
 
 static bool is_input(const ft_program *p, int i) { return i < p->ninputs; }
+
+/* Which of the targets node i is (its index in p->targets), or -1. */
+static int target_of(const ft_program *p, int i) {
+    for (int k = 0; k < p->ntargets; k++)
+        if (p->targets[k] == i)
+            return k;
+    return -1;
+}
 
 static bool is_ratio(const ft_program *p, int i) {
     return p->nodes[i].kind == FT_NODE_SUM && p->nodes[i].reduction == FT_NODE_REDUCE_RATIO;
@@ -585,8 +594,8 @@ static int block_now(const ft_program *p, bool training, int i, int k) {
  * input and the target nodes). */
 static ft_tensor node_out(const ft_program *p, bool training, int i, int64_t rows) {
     const ft_node *nd = &p->nodes[i];
-    if (is_input(p, i) || i == p->target) {
-        ft_tensor t = is_input(p, i) ? p->x[i] : p->y;
+    if (is_input(p, i) || target_of(p, i) >= 0) {
+        ft_tensor t = is_input(p, i) ? p->x[i] : p->y[target_of(p, i)];
         t.shape[0] = rows;
         return t;
     }
@@ -674,9 +683,10 @@ static ft_status validate(ft_program *p) {
         return ft_fail(FT_ERR_VALUE, "program: the last node must be the loss, one value per sample");
     for (int i = 0; i < p->n; i++)
         if (p->nodes[i].kind == FT_NODE_TARGET) {
-            if (p->target >= 0 || i <= p->output)
-                return ft_fail(FT_ERR_VALUE, "program: one target node, after the output");
-            p->target = i;
+            if (p->ntargets == FT_PROGRAM_MAX_TARGETS || i <= p->output)
+                return ft_fail(FT_ERR_VALUE, "program: at most %d target nodes, after the output",
+                               FT_PROGRAM_MAX_TARGETS);
+            p->targets[p->ntargets++] = i;
         }
     return FT_OK;
 }
@@ -761,7 +771,7 @@ static void plan_dtypes(ft_program *p) {
                     : nd->kind == FT_NODE_PARAM ? i <= p->output && read_by_low(p, i)
                                                 : i <= p->output && k != FT_NODE_FLOAT32 &&
                                                       (k == FT_NODE_LOW || (!output && !read_by_loss_only(p, i))));
-        p->dtype[i] = low ? p->compute : is_input(p, i) || i == p->target ? nd->dtype : FT_FLOAT32;
+        p->dtype[i] = low ? p->compute : is_input(p, i) || target_of(p, i) >= 0 ? nd->dtype : FT_FLOAT32;
         if (nd->kind == FT_NODE_SLICE || nd->kind == FT_NODE_PERMUTE) { /* token ids or a mask moved about */
             ft_dtype in = p->dtype[source(p, nd->inputs[0])];
             if (in == FT_INT64 || in == FT_BOOL)
@@ -780,7 +790,7 @@ static void plan_dtypes(ft_program *p) {
             bool wants_low = k == FT_NODE_LOW && p->dtype[i] == p->compute;
             for (int j = 0; j < p->nodes[i].ninputs; j++) {
                 int s = source(p, p->nodes[i].inputs[j]);
-                if (s == p->target || p->dtype[s] == FT_INT64 || p->dtype[s] == FT_BOOL)
+                if (target_of(p, s) >= 0 || p->dtype[s] == FT_INT64 || p->dtype[s] == FT_BOOL)
                     continue;
                 bool low = p->dtype[s] == p->compute;
                 if (low && !wants_low) {
@@ -1019,7 +1029,6 @@ ft_status ft_program_create(ft_program **out, int nnodes, const ft_node *nodes, 
     if (params)
         p->params = *params;
     p->output = output;
-    p->target = -1;
     size_t n = (size_t)nnodes;
     p->nodes = malloc(n * sizeof *p->nodes);
     p->last_consumer = malloc(n * sizeof *p->last_consumer);
@@ -1301,8 +1310,8 @@ static ft_status inputs_on_device(const ft_program *p, const ft_tensor *x, bool 
 static void take_rows(ft_program *p, const ft_tensor *x, const ft_tensor *y, int64_t r0, int64_t rows) {
     for (int j = 0; j < p->ninputs; j++)
         p->x[j] = rows_of(&x[j], r0, rows);
-    if (y)
-        p->y = rows_of(y, r0, rows);
+    for (int k = 0; y && k < p->ntargets; k++)
+        p->y[k] = rows_of(&y[k], r0, rows);
 }
 
 /* Whether a normalizer of node i that is not positive makes the batch count
@@ -1326,55 +1335,55 @@ static double loss_weight(const ft_program *p, int64_t B) {
 }
 
 /* The batch's targets checked (shape, dtype, and by each loss node its
- * values) and each loss node's normalizer for the batch. *dev gets them
- * where the program runs (nothing when the loss reads no targets); *host,
- * when not NULL, their contiguous copy on the CPU that the checks read (for
+ * values) and each loss node's normalizer for the batch. dev (one per
+ * target) gets them where the program runs (nothing when the loss reads no
+ * targets; the caller releases them, after a failure too); *host, when not
+ * NULL, the first's contiguous copy on the CPU that the checks read (for
  * counting correct predictions; the caller releases it). Targets
  * (N,) for a target of per-sample shape (1,) are read as the column
  * (N, 1): one regression target per sample, as a user's y usually is
  * (PyTorch would broadcast (N, 1) against (N,) to an (N, N) loss). */
 static ft_status prepare_targets(ft_program *p, const ft_tensor *y, int64_t rows, bool training, ft_tensor *dev,
                                  ft_tensor *host_out) {
-    *dev = (ft_tensor){0};
+    memset(dev, 0, FT_PROGRAM_MAX_TARGETS * sizeof *dev);
     p->weightless = false;
-    ft_tensor column;
-    if (p->target < 0) {
-        y = NULL; /* a loss of the outputs alone: any targets given are not read */
-    } else if (!y) {
+    if (p->ntargets && !y)
         return ft_fail(FT_ERR_VALUE, "program: the loss reads targets: give them");
-    } else {
-        const ft_node *t = &p->nodes[p->target];
-        if (y->ndim == 1 && t->ndim == 1 && t->shape[0] == 1) {
-            column = *y; /* a view for this call: y's storage outlives it */
-            column.ndim = 2;
-            column.shape[1] = 1;
-            column.strides[1] = 1;
-            y = &column;
-        }
-        FT_TRY(check_batch(p, p->target, t->dtype == FT_INT64 ? "labels" : "targets", y, rows));
-    }
-    ft_tensor host = {0}; /* contiguous, on the CPU: the loss nodes' prepare reads it */
-    if (y)
-        FT_TRY(ft_tensor_on_host(&host, y, y->dtype));
+    /* host: each target contiguous on the CPU, which the loss nodes' prepare reads */
+    ft_tensor column[FT_PROGRAM_MAX_TARGETS], host[FT_PROGRAM_MAX_TARGETS] = {{0}};
     ft_status s = FT_OK;
+    for (int k = 0; s == FT_OK && k < p->ntargets; k++) { /* none: a loss of the outputs alone ignores any y */
+        const ft_node *t = &p->nodes[p->targets[k]];
+        column[k] = y[k]; /* a view for this call: y's storage outlives it */
+        if (y[k].ndim == 1 && t->ndim == 1 && t->shape[0] == 1) {
+            column[k].ndim = 2;
+            column[k].shape[1] = 1;
+            column[k].strides[1] = 1;
+        }
+        s = check_batch(p, p->targets[k], t->dtype == FT_INT64 ? "labels" : "targets", &column[k], rows);
+        if (s == FT_OK)
+            s = ft_tensor_on_host(&host[k], &column[k], column[k].dtype);
+    }
     for (int i = 0; s == FT_OK && i < p->n; i++) {
         if (!row(p, i)->prepare)
             continue;
         const ft_node *in[FT_NODE_MAX_INPUTS + 1];
         inputs_of(p, i, in);
-        bool direct = false;
-        for (int k = 0; k < p->nodes[i].ninputs; k++)
-            direct |= p->nodes[i].inputs[k] == p->target;
-        s = row(p, i)->prepare(&p->nodes[i], in, direct ? &host : NULL, rows, &p->norm[i]);
+        const ft_tensor *direct = NULL;
+        for (int k = 0; k < p->nodes[i].ninputs && !direct; k++)
+            if (target_of(p, p->nodes[i].inputs[k]) >= 0)
+                direct = &host[target_of(p, p->nodes[i].inputs[k])];
+        s = row(p, i)->prepare(&p->nodes[i], in, direct, rows, &p->norm[i]);
         if (s == FT_OK && !(p->norm[i] > 0) && !weightless(p, training, i))
             s = ft_fail(FT_ERR_VALUE, "program: every target of the batch is ignored: its mean loss is undefined");
     }
-    if (s == FT_OK && y)
-        s = on_device(p, y, y->dtype, true, dev);
-    if (s == FT_OK && host_out)
-        *host_out = host;
-    else if (host.storage)
-        ft_tensor_release(&host);
+    for (int k = 0; s == FT_OK && k < p->ntargets; k++)
+        s = on_device(p, &column[k], column[k].dtype, true, &dev[k]);
+    for (int k = 0; k < p->ntargets; k++)
+        if (s == FT_OK && host_out && k == 0)
+            *host_out = host[0];
+        else if (host[k].storage)
+            ft_tensor_release(&host[k]);
     return s;
 }
 
@@ -1411,7 +1420,7 @@ static ft_status add_loss(ft_program *p, bool training, int64_t rows, double *lo
 static int64_t ignored_label(const ft_program *p) {
     for (int i = 0; i < p->n; i++) {
         const ft_node *nd = &p->nodes[i];
-        if ((nd->kind == FT_NODE_CROSS_ENTROPY || nd->kind == FT_NODE_NLL) && nd->inputs[1] == p->target)
+        if ((nd->kind == FT_NODE_CROSS_ENTROPY || nd->kind == FT_NODE_NLL) && nd->inputs[1] == p->targets[0])
             return nd->ignore_index;
     }
     return INT64_MIN;
@@ -1439,9 +1448,9 @@ static ft_status count_correct(ft_program *p, bool training, int64_t rows, const
     return FT_OK;
 }
 
-/* Whether evaluate counts correct predictions: a (classes,) output and class targets. */
+/* Whether evaluate counts correct predictions: a (classes,) output and class targets, the only ones. */
 static bool classifies(const ft_program *p) {
-    return p->target >= 0 && p->nodes[p->target].dtype == FT_INT64 && p->nodes[p->target].ndim == 0 &&
+    return p->ntargets == 1 && p->nodes[p->targets[0]].dtype == FT_INT64 && p->nodes[p->targets[0]].ndim == 0 &&
            p->nodes[p->output].ndim == 1;
 }
 
@@ -1620,16 +1629,24 @@ static ft_status check_ids(const ft_program *p, const ft_tensor *x) {
     return s;
 }
 
+/* Releases the targets prepare_targets put where the program runs. */
+static void release_targets(ft_tensor *dev) {
+    for (int k = 0; k < FT_PROGRAM_MAX_TARGETS; k++)
+        if (dev[k].storage)
+            ft_tensor_release(&dev[k]);
+}
+
 ft_status ft_program_check_batch(ft_program *p, const ft_tensor *x, const ft_tensor *y) {
     FT_TRY(check_input(p, x));
-    ft_tensor yd;
-    FT_TRY(prepare_targets(p, y, x->shape[0], true, &yd, NULL));
-    if (yd.storage)
-        ft_tensor_release(&yd);
-    return check_ids(p, x);
+    ft_tensor yd[FT_PROGRAM_MAX_TARGETS];
+    ft_status s = prepare_targets(p, y, x->shape[0], true, yd, NULL);
+    release_targets(yd);
+    return s == FT_OK ? check_ids(p, x) : s;
 }
 
 int ft_program_num_inputs(const ft_program *p) { return p->ninputs; }
+
+int ft_program_num_targets(const ft_program *p) { return p->ntargets; }
 
 ft_status ft_program_backward(ft_program *p, const ft_tensor *x, const ft_tensor *y, bool accumulate, double *loss,
                               ft_tally *tally) {
@@ -1639,16 +1656,17 @@ ft_status ft_program_backward(ft_program *p, const ft_tensor *x, const ft_tensor
     FT_TRY(refresh_low_weights(p));
     if (!p->train_arena)
         FT_TRY(ft_storage_new(&p->train_arena, (size_t)p->train_bytes, p->device, false));
-    ft_tensor yd, xd[FT_PROGRAM_MAX_INPUTS] = {0}, yh = {0}, scores = {0};
+    ft_tensor yd[FT_PROGRAM_MAX_TARGETS], xd[FT_PROGRAM_MAX_INPUTS] = {0}, yh = {0}, scores = {0};
     bool count = tally && classifies(p);
     ft_tally batch = {0};
-    FT_TRY(prepare_targets(p, y, x->shape[0], true, &yd, count ? &yh : NULL));
-    ft_status s = inputs_on_device(p, x, true, xd);
+    ft_status s = prepare_targets(p, y, x->shape[0], true, yd, count ? &yh : NULL);
+    if (s == FT_OK)
+        s = inputs_on_device(p, x, true, xd);
     if (s == FT_OK && count)
         s = scores_buffer(p, &scores);
     if (s == FT_OK) {
         *loss = 0;
-        s = backward_batches(p, xd, yd.storage ? &yd : NULL, accumulate, loss, count ? &yh : NULL, &scores,
+        s = backward_batches(p, xd, p->ntargets ? yd : NULL, accumulate, loss, count ? &yh : NULL, &scores,
                              &batch);
         if (s != FT_OK) /* an op refused the batch midway (an embedding id out of range): leave no trace */
             ft_program_undo(p);
@@ -1659,8 +1677,9 @@ ft_status ft_program_backward(ft_program *p, const ft_tensor *x, const ft_tensor
                             tally->labelled + batch.labelled};
     }
     release_inputs(p, xd);
-    ft_tensor *held[3] = {&yd, &yh, &scores};
-    for (int k = 0; k < 3; k++)
+    release_targets(yd);
+    ft_tensor *held[2] = {&yh, &scores};
+    for (int k = 0; k < 2; k++)
         if (held[k]->storage)
             ft_tensor_release(held[k]);
     return s;
@@ -1755,9 +1774,10 @@ static ft_status evaluate_batches(ft_program *p, const ft_tensor *x, const ft_te
 ft_status ft_program_evaluate(ft_program *p, const ft_tensor *x, const ft_tensor *y, bool tta_flip, ft_tally *tally) {
     FT_TRY(check_input(p, x));
     FT_TRY(refresh_low_weights(p));
-    ft_tensor yd, yh = {0}, xd[FT_PROGRAM_MAX_INPUTS] = {0}, other = {0}, scores = {0};
-    FT_TRY(prepare_targets(p, y, x->shape[0], false, &yd, classifies(p) ? &yh : NULL));
-    ft_status s = inputs_on_device(p, x, true, xd);
+    ft_tensor yd[FT_PROGRAM_MAX_TARGETS], yh = {0}, xd[FT_PROGRAM_MAX_INPUTS] = {0}, other = {0}, scores = {0};
+    ft_status s = prepare_targets(p, y, x->shape[0], false, yd, classifies(p) ? &yh : NULL);
+    if (s == FT_OK)
+        s = inputs_on_device(p, x, true, xd);
     const ft_node *o = &p->nodes[p->output];
     int64_t shape[FT_MAX_DIMS] = {p->batch};
     memcpy(shape + 1, o->shape, (size_t)o->ndim * sizeof *shape);
@@ -1766,10 +1786,11 @@ ft_status ft_program_evaluate(ft_program *p, const ft_tensor *x, const ft_tensor
     if (s == FT_OK && classifies(p))
         s = scores_buffer(p, &scores);
     if (s == FT_OK)
-        s = evaluate_batches(p, xd, yd.storage ? &yd : NULL, &yh, tta_flip, tally, &other, &scores);
+        s = evaluate_batches(p, xd, p->ntargets ? yd : NULL, &yh, tta_flip, tally, &other, &scores);
     release_inputs(p, xd);
-    ft_tensor *held[4] = {&yd, &yh, &other, &scores};
-    for (int k = 0; k < 4; k++)
+    release_targets(yd);
+    ft_tensor *held[3] = {&yh, &other, &scores};
+    for (int k = 0; k < 3; k++)
         if (held[k]->storage)
             ft_tensor_release(held[k]);
     return s;

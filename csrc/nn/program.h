@@ -22,7 +22,8 @@
 #include "ops/upsample.h"
 
 #define FT_NODE_MAX_INPUTS 8
-#define FT_PROGRAM_MAX_INPUTS 8 /* of a batch: the model's forward(x1, x2, ...) */
+#define FT_PROGRAM_MAX_INPUTS 8  /* of a batch: the model's forward(x1, x2, ...) */
+#define FT_PROGRAM_MAX_TARGETS 8 /* of a batch: a multi-task loss's (labels, boxes, ...) */
 #define FT_NODE_MAX_DIMS (FT_MAX_DIMS - 1) /* per sample */
 
 /* The kinds of node, each a row of ft_node_kinds (nn/node.h) that also
@@ -159,8 +160,8 @@ typedef struct ft_program ft_program;
  * FT_PROGRAM_MAX_INPUTS, and no input node after them); `output` is the
  * model's output (what forward and evaluate return, (classes,) per sample);
  * the last node is the loss, () per sample, computed from the output and
- * the targets (a FT_NODE_TARGET node); the nodes after `output` are the
- * loss's own. Batches may come from any device (a CUDA program copies CPU
+ * the targets (FT_NODE_TARGET nodes, up to FT_PROGRAM_MAX_TARGETS, after
+ * `output`); the nodes after `output` are the loss's own. Batches may come from any device (a CUDA program copies CPU
  * batches over, without waiting when they are in page-locked memory). The
  * nodes are copied; their parameter views must outlive the program.
  *
@@ -224,6 +225,11 @@ ft_status ft_program_check_batch(ft_program *p, const ft_tensor *x, const ft_ten
  * node order, all of B samples. */
 int ft_program_num_inputs(const ft_program *p);
 
+/* How many target nodes the program has. Every function taking targets y
+ * takes that many tensors at y (NULL when there are none), one (B, ...)
+ * batch for each target node in node order. */
+int ft_program_num_targets(const ft_program *p);
+
 /* What a batch's loss and accuracy add to sums over batches, whose
  * quotients loss / weight and correct / labelled are the means over all of
  * them (as over one batch of them all). */
@@ -238,7 +244,7 @@ typedef struct {
 } ft_tally;
 
 /* Forward and backward of one batch x (B, ...) with targets y (B, ...) of
- * the target node's shape and dtype (NULL when the loss reads none; (B,)
+ * the target nodes' shapes and dtypes (NULL when the loss reads none; (B,)
  * for a target of per-sample shape (1,) is read as (B, 1)), split
  * into micro-batches of the planned size: parameter gradients are written
  * for the first and added for the others, so they hold the gradient of the

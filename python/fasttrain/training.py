@@ -59,20 +59,23 @@ def _split(program, batch):
 
 class _InputBatches:
     """Batches ((x1, ..., xk), y) of the arrays of a forward's k inputs and of the targets (of one input, (x, y):
-    one value per sample, which a Loader's features cannot be), in the order of a Loader over the sample
-    indices: shuffled, seeded, and continued from epoch to epoch (and from where a fit stopped) as a Loader of
-    (x, y) arrays is, its epoch and position being that Loader's."""
+    one value per sample, which a Loader's features cannot be; y a tuple of several targets' arrays, (x, (y1,
+    y2))), in the order of a Loader over the sample indices: shuffled, seeded, and continued from epoch to epoch
+    (and from where a fit stopped) as a Loader of (x, y) arrays is, its epoch and position being that Loader's."""
 
     def __init__(self, inputs, targets, batch_size, shuffle, dtypes, seed=None):
         from .data import Loader, _host_tensor
         self._inputs = [_host_tensor(a, "the inputs") for a in inputs]
         if any(a.dtype.name == "uint8" and d.is_floating_point for a, d in zip(self._inputs, dtypes)):
             raise TypeError("uint8 arrays for a float input are images that a Loader scales to [0, 1], which it "
-                            "does for one input only: give a forward of several inputs float32 images (x / 255)")
-        n = len(targets)
-        if any(len(a) != n for a in self._inputs):
-            raise ValueError(f"the input arrays have {[len(a) for a in self._inputs]} samples, the targets {n}")
-        self._indices = Loader((np.arange(n, dtype=np.int64).reshape(n, 1), targets), batch_size, shuffle=shuffle,
+                            "does for (x, y) arrays of one input and one target only: give float32 images (x / 255)")
+        self._targets = [_host_tensor(a, "the targets") for a in targets] if isinstance(targets, tuple) else None
+        n = len(targets[0] if self._targets else targets)
+        if any(len(a) != n for a in [*self._inputs, *(self._targets or ())]):
+            raise ValueError(f"the input arrays have {[len(a) for a in self._inputs]} samples, the targets "
+                             f"{[len(a) for a in self._targets] if self._targets else n}")
+        labels = np.zeros(n, np.int64) if self._targets else targets  # the index Loader's own, then
+        self._indices = Loader((np.arange(n, dtype=np.int64).reshape(n, 1), labels), batch_size, shuffle=shuffle,
                                seed=seed)
 
     def __len__(self):
@@ -101,7 +104,7 @@ class _InputBatches:
         for rows, y in self._indices:
             rows = rows[:, 0]
             x = tuple(a[rows] for a in self._inputs)
-            yield x if len(x) > 1 else x[0], y
+            yield x if len(x) > 1 else x[0], tuple(a[rows] for a in self._targets) if self._targets else y
 
 
 def _as_loader(program, data, batch_size, shuffle):
@@ -131,12 +134,13 @@ def _as_loader(program, data, batch_size, shuffle):
     loaders = program.__dict__.setdefault("_array_loaders", {})
     # the arrays by identity: the kept loader holds them, so their ids are not reused (targets made up for a
     # program that reads none are new each time)
-    key = tuple(map(id, x)) if isinstance(x, tuple) else id(x), program.target_dtype and id(y), batch_size
+    key = (tuple(map(id, x)) if isinstance(x, tuple) else id(x),
+           program.target_dtype and (tuple(map(id, y)) if isinstance(y, tuple) else id(y)), batch_size)
     kept = loaders.get(shuffle)
     if kept is None or kept[0] != key:
         resume = program.__dict__.pop("_resume_arrays", None) if shuffle else None  # a checkpoint's (ft.load)
         seed = None if resume is None else resume["seed"]
-        if isinstance(x, tuple) or program.input_shape == ():
+        if isinstance(x, tuple) or isinstance(y, tuple) or program.input_shape == ():
             made = _InputBatches(x if isinstance(x, tuple) else (x,), y, batch_size, shuffle, program._input_dtypes,
                                  seed)
         else:
@@ -316,7 +320,7 @@ def _check_labels(program, data, what):
     """Fails before any step where (x, y) arrays give class labels to a program whose loss takes class
     probabilities (a soft-target loss, validated on labels as timm does), saying how to validate on them."""
     if not (isinstance(data, tuple) and len(data) == 2) or program.target_dtype is None or \
-            not program.target_dtype.is_floating_point:
+            isinstance(program.target_dtype, tuple) or not program.target_dtype.is_floating_point:
         return
     y = data[1] if hasattr(data[1], "dtype") and hasattr(data[1], "shape") else np.asarray(data[1])
     floating = y.dtype.kind == "f" if isinstance(y.dtype, np.dtype) else y.dtype.is_floating_point  # or a tensor's

@@ -433,10 +433,9 @@ _TRACED_HINTS.update(
     index_select="pick positions with slices and integers (x[:, 2:5], x[:, [-1]]), and a tensor's rows at traced "
     "indices with F.embedding(ids, table)")
 
-_PACK_TARGETS = ("a compiled program takes its targets as one tensor: pack them as the columns of one float32 (N, k) "
-                 "array, class labels as one-hot columns, with compile(..., target_shape=(k,), "
-                 "target_dtype=ft.float32), and read the columns as y[:, a:b] (cross_entropy takes the one-hot "
-                 "columns as class probabilities)")
+_PACK_TARGETS = ("for several targets give each one's per-sample shape, compile(..., target_shape=((), (4,)), "
+                 "target_dtype=(ft.int64, ft.float32)), and batches (x, (labels, boxes)): the loss gets them as a "
+                 "tuple")
 
 # The modules whose forward is being traced, outermost first (nn.Model names its layers after them).
 callers = []
@@ -2129,7 +2128,14 @@ def _device_of(x):
 
 def target(shape=None, dtype=None):
     """The batch's targets as the loss sees them; shape (per sample) and dtype are fixed by the first loss that
-    reads them unless given."""
+    reads them unless given. Several targets (a multi-task loss's labels and boxes) when shape is a sequence of
+    shapes: a tuple of them, dtype None or one for each."""
+    shapes = input_shapes(shape) if shape is not None else (None,)
+    if len(shapes) > 1:
+        dtypes = dtype if isinstance(dtype, (tuple, list)) else (dtype,) * len(shapes)
+        if len(dtypes) != len(shapes):
+            raise ValueError(f"compile: target_dtype gives {len(dtypes)} dtypes for {len(shapes)} targets")
+        return tuple(target(s, d) for s, d in zip(shapes, dtypes))
     t = Symbolic(Node(_layers().Target(), [], None))
     if shape is not None:
         bind_target(t, shape, dtype)  # no dtype: the loss that reads them fixes it (float32 by default)
@@ -2272,19 +2278,21 @@ def trace_loss(loss, outputs, targets):
     """The loss Symbolic of loss(outputs, targets), or of loss(outputs) for a loss of one parameter: reduced over
     the batch, one value."""
     name = getattr(loss, "__name__", type(loss).__name__)
+    each = targets if isinstance(targets, tuple) else (targets,)
     try:
         value = _call(loss, f"the loss {name}", outputs, *[targets] if _reads_targets(loss) else [])
     except (TracingError, ValueError) as e:
-        if not targets.node.module.assumed:
+        if not any(t.node.module.assumed for t in each):
             raise
         raise type(e)(f"{e} (the targets were taken as one value per sample, by F.one_hot or a view, before a loss "
                       "read their shape: if each sample has more, give compile(..., target_shape=))") from e
-    m = targets.node.module
-    if m.floated and m.labelled:  # a program reads its targets in one dtype
-        raise TracingError(f"the targets are read as {m.dtype.name} labels at {m.labelled} and as float values "
-                           f"(y.float()) at {m.floated}: a compiled program reads its targets in one dtype, so one "
-                           "tensor cannot be both yet; compute the float term from the labels' one-hot rows "
-                           "(F.one_hot(y, C).float()) or from the model's outputs")
+    for t in each:
+        m = t.node.module
+        if m.floated and m.labelled:  # a program reads its targets in one dtype
+            raise TracingError(f"the targets are read as {m.dtype.name} labels at {m.labelled} and as float values "
+                               f"(y.float()) at {m.floated}: a compiled program reads its targets in one dtype, so "
+                               "one tensor cannot be both yet; compute the float term from the labels' one-hot rows "
+                               "(F.one_hot(y, C).float()) or from the model's outputs")
     if not isinstance(value, Symbolic):
         raise TracingError(f"the loss {name} returned {type(value).__name__}, not a traced value of the outputs")
     if value._uniform_scalar():  # a loss of the parameters alone (a penalty): the same value in every sample

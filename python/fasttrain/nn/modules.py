@@ -3017,6 +3017,7 @@ class Target(Module):
 
     _leaf = True
     dtype = None
+    index = 0  # its place in a tuple of several targets
     assumed = False  # the shape was taken as one value per sample before a loss read it
     floated = labelled = None  # where y.float() and where a loss reading labels read them
 

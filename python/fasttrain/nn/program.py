@@ -229,8 +229,14 @@ def _graph(model, inputs, loss=None, target_shape=None, target_dtype=None, train
         with tracing(model):  # a penalty on the weights written in the loss trains them
             targets = target(target_shape, target_dtype)
             value = trace_loss(loss, outputs, targets)
-        if targets.node.module.dtype is None:  # only viewed (y.unsqueeze(1)) into a loss of values
-            targets.node.module.dtype = _BY_NAME["float32"]
+        read = {id(n) for n in topological([value.node])}
+        for k, t in enumerate(targets if isinstance(targets, tuple) else (targets,)):
+            t.node.module.index = k  # its place in the batch's tuple of targets
+            if isinstance(targets, tuple) and id(t.node) not in read:
+                raise TracingError(f"the loss reads no value of target {k} of {len(targets)}: give target_shape= "
+                                   "the shapes of those it reads")
+            if t.node.module.dtype is None:  # only viewed (y.unsqueeze(1)) into a loss of values
+                t.node.module.dtype = _BY_NAME["float32"]
         if value.node is first.node:
             raise TracingError("the loss is the model's output itself: compute it from the output and the targets")
         roots.append(value.node)
@@ -762,8 +768,13 @@ class Program:
                               f"is read outside them (list the block around them instead)", RuntimeWarning,
                               stacklevel=3)
         targets = [e for e in self.entries if e.kind == TARGET]
+        self._target_order = [e.module.index for e in targets]  # the batch's tuple of targets in node order
+        targets.sort(key=lambda e: e.module.index)
         self.target_dtype = targets[0].module.dtype if targets else None
         self.target_shape = tuple(targets[0].shape) if targets else None  # per sample
+        if len(targets) > 1:
+            self.target_dtype = tuple(e.module.dtype for e in targets)
+            self.target_shape = tuple(tuple(e.shape) for e in targets)
         # evaluate() counts correct argmax predictions of (classes,) outputs against class targets
         self.classifies = self.target_dtype is _BY_NAME["int64"] and targets[0].shape == () \
             and len(self.entries[self.output].shape) == 1
@@ -846,7 +857,16 @@ class Program:
             raise ValueError(f"train_step, backward and evaluate take a batch, got one sample of shape "
                              f"{shapes[0] if len(shapes) == 1 else tuple(shapes)}: add the batch dimension "
                              "(x[None], y[None]); predict takes one sample as it is")
-        return xt, None if self.target_dtype is None or y is None else _as(y, self.target_dtype, "labels")
+        if self.target_dtype is None or y is None:
+            return xt, None
+        if not isinstance(self.target_dtype, tuple):
+            return xt, _as(y, self.target_dtype, "labels")
+        if not isinstance(y, (tuple, list)) or len(y) != len(self.target_dtype):
+            got = f"a {type(y).__name__} of {len(y)}" if isinstance(y, (tuple, list)) else type(y).__name__
+            raise TypeError(f"the program's loss reads {len(self.target_dtype)} targets: give y as a tuple of as many "
+                            f"batches, got {got}")
+        ys = [_as(t, dtype, f"labels of target {k}") for k, (t, dtype) in enumerate(zip(y, self.target_dtype))]
+        return xt, tuple(ys[k] for k in self._target_order)
 
     def _training_batch(self, x, y, stacklevel):
         """_batch for a training step, which warns once when a batch larger than the compiled one meets a batch norm
