@@ -210,6 +210,25 @@ def test_the_state_after_a_loop_left_early_is_where_the_next_pass_starts():
     assert loader.epoch == resumed.epoch == 1
 
 
+def test_a_state_taken_at_an_epochs_last_batch_resumes_with_the_next_epoch():
+    """A hand-written loop that saves state_dict() at each epoch's last batch and resumes with
+    `for epoch in range(loader.epoch, total): for batch in loader` sees every batch of the uninterrupted run (the
+    first pass after the restore was the empty rest of the finished epoch, so an epoch was lost)."""
+    x, y = np.zeros((12, 2), np.float32), np.arange(12)
+    loader = D.Loader((x, y), 4, shuffle=True, seed=6)
+    want = [b.tolist() for _ in range(3) for _, b in loader]
+    run = D.Loader((x, y), 4, shuffle=True, seed=6)
+    for i, (_, b) in enumerate(run):
+        if i == 2:
+            state = run.state_dict()
+    assert (state["epoch"], state["batch"]) == (0, 3)
+    resumed = D.Loader((x, y), 4, shuffle=True, seed=6)
+    resumed.load_state_dict(state)
+    assert resumed.epoch == 1
+    got = [b.tolist() for _ in range(resumed.epoch, 3) for _, b in resumed]
+    assert got == want[3:]
+
+
 def test_a_states_tally_is_checked_and_kept():
     """state_dict's tally (the training metrics of the epoch so far, which fit puts there) comes back from
     load_state_dict; one that is no tally is refused before anything moves."""

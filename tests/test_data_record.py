@@ -62,6 +62,25 @@ def test_writer_failure_leaves_nothing(tmp_path):
         D.RecordWriter(tmp_path / "x.rec").add_image(np.zeros((2, 2, 2), np.uint8), 0)
 
 
+def test_labels_and_bytes_the_readers_would_not_take_are_refused_when_written(tmp_path):
+    """A label 1.5 or True was stored truncated, as 1; bytes that are no JPEG were written and refused only when a
+    reader decoded them: both are refused by add_jpeg / add_image, and the file keeps only good samples."""
+    jpeg = D.encode_jpeg(np.zeros((4, 4, 3), np.uint8))
+    path = tmp_path / "labels.rec"
+    with D.RecordWriter(path) as w:
+        for label in (1.5, True, np.float32(2.0), "3"):
+            with pytest.raises(TypeError, match="a label must be an integer"):
+                w.add_jpeg(jpeg, label)
+            with pytest.raises(TypeError, match="a label must be an integer"):
+                w.add_image(np.zeros((2, 2), np.uint8), label)
+        for data in (b"", b"\x89PNG\r\n\x1a\n", b"garbage"):
+            with pytest.raises(ValueError, match="the data is no JPEG"):
+                w.add_jpeg(data, 0)
+        w.add_jpeg(jpeg, np.int64(4))
+    rf = D.RecordFile(path)
+    assert len(rf) == 1 and rf.get(0)[2] == 4
+
+
 @pytest.mark.parametrize("pixels", [np.full((4, 4, 3), 0.5, np.float32), np.full((4, 4), 300), [[1, 2], [3, 4]]])
 def test_pixels_other_than_uint8_are_refused_not_wrapped(tmp_path, pixels):
     """Float pixels in [0, 1] stored as uint8 would all be 0, 300 would be 44: both writers refuse any dtype but

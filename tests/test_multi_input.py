@@ -646,6 +646,13 @@ def test_a_loss_of_two_targets_matches_numpy_and_trains_from_arrays():
     batches = [(x[i:i + 8], (labels[i:i + 8], boxes[i:i + 8])) for i in range(0, 32, 8)]
     assert len(ft.fit(program, batches, 1, progress=False)["train_loss"]) == 1
 
+    def stop(step, metrics):  # at the epoch's last step: the error itself reaches the caller
+        if step == program.step_count and step % 4 == 0:
+            raise RuntimeError("stopped by the callback")
+    with pytest.raises(RuntimeError, match="stopped by the callback"):
+        ft.fit(program, (x, (labels, boxes)), 2, batch_size=8, step_callbacks=[stop], progress=False)
+    assert ft.fit(program, (x, (labels, boxes)), 1, batch_size=8, progress=False)["epoch"] == [32]
+
 
 def test_two_class_heads_with_ignored_labels_and_mistaken_targets():
     """Two class heads, the second's labels partly ignored (ignore_index=-1), one dtype given for both: the loss is

@@ -266,6 +266,16 @@ def test_params_taken_out_of_a_group_after_a_step_are_left_alone(kind):
     with pytest.raises(TypeError, match="param group 0: lr must be a number, got str"):
         opt.step()
 
+    p, q = ft.ones(3), ft.ones(2)
+    two = getattr(ft.optim, kind)([{"params": [p]}, {"params": [q], "lr": 0.5}], lr=0.1,
+                                  **({"momentum": 0.9} if kind == "SGD" else {}))
+    p.grad, q.grad = ft.ones(3), ft.ones(2)
+    two.step()
+    del two.param_groups[1]  # a whole group taken out
+    kept = q.numpy().copy()
+    two.step()
+    assert np.array_equal(q.numpy(), kept) and list(two.state_dict()["state"]) == [0]
+
     model = ft.nn.Sequential(ft.nn.Linear(4, 8), ft.nn.ReLU(), ft.nn.Linear(8, 3))
     opt = getattr(ft.optim, kind)(model.parameters(), lr=0.1)
     program = model.compile(opt, ft.nn.CrossEntropyLoss(), batch_size=8, input_shape=(4,))

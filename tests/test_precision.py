@@ -248,18 +248,22 @@ def test_matmuls_by_hand_in_bfloat16():
 
 
 @needs_bf16
-def test_an_input_read_first_by_elementwise_ops_stays_float32():
-    """Features around 1000 normalized in forward, (x - 1000) / 2: the subtraction reads the float32 batch (rounded
-    to bfloat16 as it is copied in, 3 of 512 values would stay distinct), as torch.autocast keeps it; the model's
-    predictions follow float32's and it learns as float32 does. An input only a convolution reads still rounds as it
-    is copied in."""
+@pytest.mark.parametrize("normalize", [lambda x: (x - 1000.0) / 2,
+                                       lambda x: ft.cat([x[:, :4] - 1000.0, x[:, 4:] - 1000.0], 1),
+                                       lambda x: (x - x.mean(1, keepdim=True)) / x.std(1, keepdim=True)],
+                         ids=["offset", "slices", "standardized"])
+def test_an_input_read_first_by_elementwise_ops_stays_float32(normalize):
+    """Features around 1000 normalized in forward ((x - 1000) / 2, slices of it, each sample standardized by its
+    mean and deviation): those ops read the float32 batch and write float32, as torch.autocast keeps them (rounded
+    to bfloat16 first, 3 of 512 values would stay distinct); the model's predictions follow float32's and it learns
+    as float32 does. An input only a convolution reads still rounds as it is copied in."""
     class Offset(nn.Module):
         def __init__(self):
             super().__init__()
             self.a, self.b = nn.Linear(8, 32), nn.Linear(32, 2)
 
         def forward(self, x):
-            return self.b(F.relu(self.a((x - 1000.0) / 2)))
+            return self.b(F.relu(self.a(normalize(x))))
 
     rng = np.random.default_rng(0)
     z = rng.standard_normal((256, 8)).astype(np.float32)
@@ -275,7 +279,7 @@ def test_an_input_read_first_by_elementwise_ops_stays_float32():
         runs[precision] = before, losses, (np.asarray(prog.predict(x)).argmax(1) == y).mean(), prog
     assert runs["bf16-mixed"][3]._c.node_dtypes()[0] == "float32"
     np.testing.assert_allclose(runs["bf16-mixed"][0], runs["32-true"][0], rtol=0.05, atol=0.02)
-    assert runs["32-true"][2] > 0.95 and runs["bf16-mixed"][2] > 0.95
+    assert runs["32-true"][2] > 0.85 and runs["bf16-mixed"][2] >= runs["32-true"][2] - 0.03
     assert abs(np.mean(runs["bf16-mixed"][1][-5:]) - np.mean(runs["32-true"][1][-5:])) < 0.05
     assert compiled("bf16-mixed")[1]._c.node_dtypes()[0] == "bfloat16"
 
@@ -616,6 +620,10 @@ def test_autocast_runs_products_in_bfloat16_and_nests():
             assert product.dtype is ft.bfloat16
             np.testing.assert_array_equal(np.asarray(product.float()).reshape(4, 3),
                                           bf16_round(bf16_round(a.numpy()) @ bf16_round(b.numpy())))
+        v = ft.randn(6)  # what torch.autocast leaves alone: mv, dot, einsums that contract nothing
+        for kept in (ft.mv(b.T, v), ft.dot(v, v), ft.einsum("ij->ji", a), ft.einsum("ij,ij->ij", a, a)):
+            assert kept.dtype is ft.float32
+        assert ft.einsum("ij,jk", a, b).dtype is ft.bfloat16
     assert model(x).dtype is ft.float32 and (a @ b).dtype is ft.float32
     np.testing.assert_allclose(np.asarray(out.to("float32")), ref, rtol=0.03, atol=0.03)
 

@@ -431,13 +431,15 @@ def test_a_loss_class_given_for_an_instance_is_refused_by_name():
                       input_shape=(3, 8, 8))
 
 
-def test_a_program_running_in_one_thread_refuses_calls_from_another():
-    """While ft.fit runs the program in one thread (held here in a step callback), predict, evaluate and
-    train_step from another thread raise instead of sharing its buffers (each returned the other's results);
-    the fit's own callback may still predict, and afterwards every call works."""
+def test_a_program_running_in_one_thread_refuses_calls_from_another(tmp_path):
+    """While ft.fit runs the program in one thread (held here in a step callback), predict, evaluate,
+    train_step, ft.save and ft.load of it from another thread raise instead of sharing its buffers (each returned
+    the other's results; a save wrote weights of one step and optimizer state of another); the fit's own callback
+    may still predict, and afterwards every call works."""
     import threading
     program = compile_resnet(make_resnet(seed=3))
     x, y = batch(8, seed=4)
+    ft.save(tmp_path / "before.safetensors", program)
     inside, release, seen = threading.Event(), threading.Event(), []
 
     def hold(step, metrics):
@@ -450,9 +452,12 @@ def test_a_program_running_in_one_thread_refuses_calls_from_another():
     fitting.start()
     try:
         assert inside.wait(30)
-        for call in (lambda: program.predict(x), lambda: program.evaluate(x, y), lambda: program.train_step(x, y)):
+        for call in (lambda: program.predict(x), lambda: program.evaluate(x, y), lambda: program.train_step(x, y),
+                     lambda: ft.save(tmp_path / "during.safetensors", program),
+                     lambda: ft.load(tmp_path / "before.safetensors", program)):
             with pytest.raises(RuntimeError, match="running a call in another thread"):
                 call()
+        assert not (tmp_path / "during.safetensors").exists()
     finally:
         release.set()
         fitting.join(30)

@@ -282,7 +282,8 @@ def test_what_compile_fixed_changing_afterwards_is_refused_not_ignored():
     m.train()
     program.train_step(x, y)
     assert not np.array_equal(m[0].weight.numpy(), before)
-    for name, value in (("precision", "bf16-mixed"), ("batch_size", 4), ("accumulate_steps", 2)):
+    for name, value in (("precision", "bf16-mixed"), ("batch_size", 4), ("accumulate_steps", 2),
+                        ("model", nn.Linear(2, 2)), ("loss", nn.MSELoss())):
         kept = getattr(program, name)
         with pytest.raises(AttributeError, match=rf"program.{name} is fixed at compile .*compile the model again "
                                                  rf"with {name}="):

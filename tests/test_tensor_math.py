@@ -1064,6 +1064,7 @@ def test_views_taken_apart_and_copies_rearranged_match_numpy(ft_device):
     np.testing.assert_array_equal(n(t.flip(0, 2).cpu()), np.flip(a, (0, 2)))  # PyTorch's method takes *dims
     np.testing.assert_array_equal(n(t.roll(1, 2).cpu()), np.roll(a, 1, 2))
     np.testing.assert_array_equal(n(ft.roll(t, (1, -1), (0, 1)).cpu()), np.roll(a, (1, -1), (0, 1)))
+    np.testing.assert_array_equal(n(ft.roll(t, (1, 2), (1, 1)).cpu()), np.roll(a, 3, 1))  # a dim twice: both shifts
     np.testing.assert_array_equal(n(t.cumsum(-1).cpu()), np.cumsum(a, -1))
     assert ft.tensor([True, True]).cumsum(0).dtype is ft.int64
     # float32 running sums carried in float64, as PyTorch's CPU kernel (in float32 they stop growing at 2**24)

@@ -1162,6 +1162,14 @@ static PyObject *claimed(PyObject *self, int claim_result, PyObject *result) {
     return result;
 }
 
+/* _check_free(): None, or RuntimeError while another thread runs a call (ft.save and ft.load read and write what
+ * that call changes). */
+static PyObject *program_check_free(PyObject *self, PyObject *unused) {
+    (void)unused;
+    int c = claim(self);
+    return c < 0 ? NULL : claimed(self, c, Py_NewRef(Py_None));
+}
+
 static PyObject *program_train_step(PyObject *self, PyObject *args, PyObject *kwargs) {
     int c = claim(self);
     return c < 0 ? NULL : claimed(self, c, run_train_step(self, args, kwargs));
@@ -1213,6 +1221,7 @@ static PyMethodDef program_methods[] = {
     {"set_dropout_state", program_set_dropout_state, METH_VARARGS, "set_dropout_state(seed, offset)"},
     {"_set_distributed", program_set_distributed, METH_O, NULL},
     {"_check_loader", program_check_loader, METH_NOARGS, NULL},
+    {"_check_free", program_check_free, METH_NOARGS, NULL},
     {"_move_weight", program_move_weight, METH_VARARGS, NULL},
     {"fit_epoch", (PyCFunction)(void (*)(void))program_fit_epoch, METH_VARARGS | METH_KEYWORDS,
      "fit_epoch(loader, optimizer, schedule=None, callback=None, interval=0.25, clip_grad_norm=None, "

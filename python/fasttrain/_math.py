@@ -442,12 +442,16 @@ ge = _comparison("ge", np.greater_equal, ">=")
 def matmul(input: Tensor, other: Tensor) -> Tensor:
     """The matrix product of two tensors (or NumPy arrays) of one dtype, as torch.matmul: 1-d operands are vectors,
     leading dimensions broadcast as batches. Under ft.autocast float32 operands are multiplied as its dtype (mm,
-    bmm, mv, dot and einsum likewise)."""
+    bmm and an einsum that contracts likewise; mv and dot not, as torch.autocast's)."""
     input, other = (_C.from_numpy(x) if isinstance(x, np.ndarray) else x for x in (input, other))
     for x in (input, other):
         if not isinstance(x, _Tensor):
             raise TypeError(f"matmul: expected tensors or arrays, got {type(x).__name__}")
-    input, other = cast(input, other)
+    return _matmul(*cast(input, other))
+
+
+def _matmul(input: Tensor, other: Tensor) -> Tensor:
+    """matmul of tensors as given (mv and dot, which torch.autocast leaves in their dtype)."""
     if input.ndim == 0 or other.ndim == 0:
         raise ValueError(f"matmul: both arguments need to be at least 1-d, but they are {input.ndim}-d and "
                          f"{other.ndim}-d")
@@ -535,8 +539,10 @@ def flip(input: Tensor, *dims: int | Sequence[int]) -> Tensor:
 
 
 def roll(input: Tensor, shifts: int | Sequence[int], dims: Dims = None) -> Tensor:
-    """A copy of input shifted cyclically by shifts along dims (the flattened tensor without dims)."""
-    axes = _axes("roll", input, dims)
+    """A copy of input shifted cyclically by shifts along dims (the flattened tensor without dims; a dimension given
+    twice rolls by both shifts, as PyTorch's)."""
+    axes = None if dims is None else tuple(_norm_dim(d, input.ndim, "roll: dim") for d in (
+        (dims,) if isinstance(dims, (int, np.integer)) else dims))
     return _apply("roll", lambda a: np.roll(a, shifts, axes), [input], input.dtype, input.dtype)
 
 
@@ -1209,7 +1215,12 @@ def einsum(equation: str, *operands: Tensor) -> Tensor:
         from .nn.graph import einsum as traced_einsum
         return traced_einsum(equation, operands)
     _tensors("einsum", operands)
-    operands = cast(*operands)
+    inputs, arrow, out = equation.partition("->")
+    subs = inputs.split(",")
+    if not arrow:  # implicit: the indices appearing once
+        out = "".join(c for c in set(inputs) if inputs.count(c) == 1)
+    if builtins.any(c not in out and builtins.sum(c in s for s in subs) > 1 for c in set(inputs) - {","}):
+        operands = cast(*operands)  # a contraction: torch.autocast's einsum runs it as bmm, in its dtype
     dtypes = {x.dtype for x in operands}
     if len(dtypes) != 1:
         raise TypeError(f"einsum: expected operands of one dtype, got {', '.join(sorted(d.name for d in dtypes))}")
@@ -1589,7 +1600,7 @@ def _product(name, ndims, input, other):
     if (input.ndim, other.ndim) != ndims:
         raise ValueError(f"{name}: expected {ndims[0]}-d and {ndims[1]}-d tensors, got {input.ndim}-d and "
                          f"{other.ndim}-d")
-    return matmul(input, other)
+    return matmul(input, other) if name in ("mm", "bmm") else _matmul(input, other)
 
 
 def dot(input: Tensor, other: Tensor) -> Tensor:

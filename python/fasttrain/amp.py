@@ -1,8 +1,8 @@
 """ft.autocast, PyTorch's torch.autocast(device_type, dtype=torch.bfloat16) for eager ops, and ft.amp.GradScaler.
 
 Inside ``with ft.autocast():`` (the CPU's ops) or ``with ft.autocast("cuda"):`` (the GPU's) the products (conv1d/
-conv2d, linear, scaled_dot_product_attention, matmul/@, mm, bmm, einsum, and the layers built on them) on that
-device take float32
+conv2d, linear, scaled_dot_product_attention, matmul/@, mm, bmm, an einsum that contracts, and the layers built on
+them) on that device take float32
 operands in the autocast dtype (each call converts its input and weight, as torch.autocast does) and return
 it; the losses take 16-bit inputs as float32 and return a float32 loss, as torch.autocast's; every other op
 runs in its inputs' dtype (they all read 16-bit floats). The dtype defaults to torch's:

@@ -188,6 +188,8 @@ def _program_parts(obj):
     model = getattr(obj, "model", None)
     if model is None:
         raise TypeError(f"ft.save expects a Module or a compiled Program, got {type(obj).__name__}")
+    for c in {id(c): c for c in (obj._c, obj._eval_c)}.values():  # fit in another thread: its step moves all this
+        c._check_free()
     return model, obj
 
 

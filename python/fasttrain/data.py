@@ -17,6 +17,7 @@ import glob as _glob
 import json
 import math
 import numbers
+import operator
 import os
 import warnings
 import weakref
@@ -370,6 +371,10 @@ class ArraySource(Source):
     """
 
     def __new__(cls, images, labels):
+        if isinstance(labels, (tuple, list)) and labels and all(hasattr(a, "shape") for a in labels):
+            raise TypeError(f"a Loader's batches hold one label array, got a {type(labels).__name__} of "
+                            f"{len(labels)}: a program of several targets takes (x, (y1, ..., y{len(labels)})) "
+                            "arrays in ft.fit, or an iterable of such batches")
         x, y = _host_tensor(images, "the images"), _host_tensor(labels, "the labels")
         if x.dtype.name == "uint8":
             if y.dtype.is_floating_point or y.dtype.is_complex or y.dtype.name == "bool":
@@ -500,6 +505,16 @@ class FashionMNIST(ArraySource):
 
 # ---------------------------------------------------------------- writing records
 
+def _label(label):
+    """An integer label as an int: 1.5 or True are refused, not truncated."""
+    if isinstance(label, (bool, np.bool_)):
+        raise TypeError(f"a label must be an integer, got {label!r}")
+    try:
+        return operator.index(label)
+    except TypeError:
+        raise TypeError(f"a label must be an integer, got {type(label).__name__} {label!r}") from None
+
+
 class RecordWriter(_C.RecordWriterBase):
     """Writes a record file; use as a context manager (a writer left without close() removes its partial
     file). add_jpeg(bytes, label) stores encoded JPEG; add_image(uint8 (H, W) or (H, W, C), label) raw pixels."""
@@ -510,7 +525,10 @@ class RecordWriter(_C.RecordWriterBase):
 
     def add_jpeg(self, data, label):
         """Appends a sample stored as encoded JPEG bytes, with its integer label."""
-        self._add(1, data, int(label))
+        if bytes(memoryview(data)[:2]) != b"\xff\xd8":  # what readers would refuse only when they decode it
+            raise ValueError("add_jpeg: the data is no JPEG (it does not start with the marker FF D8); store raw "
+                             "pixels with add_image")
+        self._add(1, data, _label(label))
 
     def add_image(self, pixels, label):
         """Appends a sample stored as raw uint8 pixels (H, W), (H, W, 1) or (H, W, 3), with its integer label."""
@@ -519,7 +537,7 @@ class RecordWriter(_C.RecordWriterBase):
             a = a[:, :, None]
         if a.ndim != 3 or a.shape[2] not in (1, 3):
             raise ValueError(f"an image must be (H, W), (H, W, 1) or (H, W, 3) uint8, got shape {a.shape}")
-        self._add(2, a, int(label), a.shape[0], a.shape[1], a.shape[2])
+        self._add(2, a, _label(label), a.shape[0], a.shape[1], a.shape[2])
 
     def close(self, meta=None):
         super().close(json.dumps(meta).encode() if meta is not None else b"")
@@ -757,6 +775,8 @@ class Loader(_C.LoaderBase):
 
     def __iter__(self):
         self._end_pass()
+        if self._resume and self._position()[1] >= len(self):  # restored at an epoch's end: its batches are done
+            self._resume, self._tally = False, None
         if not self._resume:  # else the pass goes on from the position a stopped fit or load_state_dict left,
             self._set_epoch(self.epoch)  # which stays the one to go on from until the epoch ends
         it = _LoaderIterator(self)

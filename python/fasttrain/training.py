@@ -90,6 +90,9 @@ class _InputBatches:
     def _position(self):
         return self._indices._position()
 
+    def _seek(self, epoch, batch):
+        self._indices._seek(epoch, batch)
+
     def set_epoch(self, epoch):
         self._indices.set_epoch(epoch)
 
@@ -155,8 +158,9 @@ def _as_loader(program, data, batch_size, shuffle):
 
 def evaluate(program: Program, loader: Iterable[Any], tta_flip: bool = False) -> tuple[float, float | None]:
     """(mean loss, accuracy) of the program over a loader (or (x, y) arrays, in batches of the program's size), in
-    eval mode, as over one batch of the whole split: the loss averaged over what the loss averages (the targets it
-    does not ignore, a masked mean's count, the samples), the accuracy over the labels it does not ignore (None
+    eval mode, as over one batch of the whole split for a loss of one term: the loss averaged over what the loss
+    averages (the targets it does not ignore, a masked mean's count, the samples; a loss of several terms weighs
+    each batch by its samples), the accuracy over the labels it does not ignore (None
     unless the model classifies); a batch of ignored targets only counts for nothing. With tta_flip the logits of
     each image and of its horizontal mirror are averaged (test-time augmentation). A fasttrain loader runs entirely
     in C. Under ft.distributed every rank evaluates its shard and the figures are the whole split's: the samples a

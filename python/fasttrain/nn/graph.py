@@ -2136,6 +2136,8 @@ def target(shape=None, dtype=None):
         if len(dtypes) != len(shapes):
             raise ValueError(f"compile: target_dtype gives {len(dtypes)} dtypes for {len(shapes)} targets")
         return tuple(target(s, d) for s, d in zip(shapes, dtypes))
+    if isinstance(dtype, (tuple, list)) and len(dtype) == 1:  # one target given as a tuple of one
+        dtype = dtype[0]
     t = Symbolic(Node(_layers().Target(), [], None))
     if shape is not None:
         bind_target(t, shape, dtype)  # no dtype: the loss that reads them fixes it (float32 by default)

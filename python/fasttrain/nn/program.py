@@ -627,8 +627,10 @@ class _Fixed:
 
     def __set__(self, program, value):
         if self.name in program.__dict__:
-            raise AttributeError(f"program.{self.name} is fixed at compile ({program.__dict__[self.name]!r}): compile "
-                                 f"the model again with {self.name}={value!r}")
+            def shown(v):
+                return repr(v) if isinstance(v, (int, float, str)) else type(v).__name__
+            raise AttributeError(f"program.{self.name} is fixed at compile ({shown(program.__dict__[self.name])}): "
+                                 f"compile the model again with {self.name}={shown(value)}")
         program.__dict__[self.name] = value
 
 
@@ -636,6 +638,7 @@ class Program:
     """A compiled model: train_step, predict and evaluate run in C."""
 
     batch_size, accumulate_steps, precision = _Fixed(), _Fixed(), _Fixed()
+    model, loss = _Fixed(), _Fixed()  # the C program runs the ones it was compiled with
 
     def __init__(self, model, optimizer, loss, batch_size, input_shape, memory_format, accumulate_steps,
                  clip_grad_norm, nan_policy, seed, target_shape=None, target_dtype=None, input_dtype=None,
@@ -694,9 +697,6 @@ class Program:
                        for cls, fixed in _MODAL if isinstance(m, cls) and not (isinstance(m, M._RNNBase) and
                                                                                not m.dropout)}
         self._modal.update((id(m), (m, {"training": m.training})) for m in readers)
-        self._numbers = [[m, k, v] for m in model.modules() for k, v in vars(m).items()
-                         if type(v) in (int, float, bool) and not k.startswith("_") and k != "training" and
-                         k not in self._modal.get(id(m), (None, {}))[1]]
         self._low = precision != "32-true"  # as asked (a CPU without bfloat16 then runs float32 on the same graph)
         self.entries, self.output = _fused(entries, output, self._low)
         segments = _recompute(recompute, model, self.entries)
@@ -796,6 +796,10 @@ class Program:
             self._eval_c = _C.Program(self._eval_nodes, self.flat_params, self.flat_grads, evaluation[1],
                                       batch_size // accumulate_steps, memory_format == "channels_last", 0,
                                       compute._code, None)
+        # the numbers modules hold once forward is traced (in eval mode too): the program keeps what it read
+        self._numbers = [[m, k, v] for m in model.modules() for k, v in vars(m).items()
+                         if type(v) in (int, float, bool) and not k.startswith("_") and k != "training" and
+                         k not in self._modal.get(id(m), (None, {}))[1]]
         self.grad_scaler = grad_scaler  # attached last: a compile that fails leaves it free for the next
         if grad_scaler is not None:
             grad_scaler._attach(self._c)
@@ -865,6 +869,9 @@ class Program:
             got = f"a {type(y).__name__} of {len(y)}" if isinstance(y, (tuple, list)) else type(y).__name__
             raise TypeError(f"the program's loss reads {len(self.target_dtype)} targets: give y as a tuple of as many "
                             f"batches, got {got}")
+        if any(t is None for t in y):
+            raise TypeError(f"target {[t is None for t in y].index(True)} is None: the program's loss reads all "
+                            f"{len(y)} targets")
         ys = [_as(t, dtype, f"labels of target {k}") for k, (t, dtype) in enumerate(zip(y, self.target_dtype))]
         return xt, tuple(ys[k] for k in self._target_order)
 

@@ -112,7 +112,7 @@ class Optimizer:
     def __getstate__(self):
         """For copy.deepcopy and pickle, as PyTorch's: the groups (their params copied with them) and the state in
         PyTorch's layout, from which the copy builds its own C optimizer."""
-        state = {k: v for k, v in self.__dict__.items() if k not in ("_c", "_params", "_group_of", "_pushed")}
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_c", "_params", "_group_of", "_pushed", "_built")}
         state["_state"] = self._export_state()
         return state
 
@@ -185,7 +185,8 @@ class Optimizer:
         group_of = [i for i, g in enumerate(self.param_groups) for _ in g["params"]]
         groups = [self._group_tuple(g, i) for i, g in enumerate(self.param_groups)]
         self._c = _C.Optimizer(self._kind, groups, params, group_of)
-        self._params, self._group_of, self._pushed = params, group_of, groups
+        # the groups it was built from: _export_state reads their settings after one is taken out of param_groups
+        self._params, self._group_of, self._pushed, self._built = params, group_of, groups, list(self.param_groups)
         if state:
             self._import_state(state)
 
@@ -263,7 +264,7 @@ class Optimizer:
             if steps == 0 or (self._kind == _KINDS["SGD"] and not momentum_valid):
                 continue
             entry = {}
-            for key in self._state_keys(self.param_groups[self._group_of[i]]):
+            for key in self._state_keys(self._built[self._group_of[i]]):
                 if key == "step":
                     entry[key] = np.array(steps, dtype=np.float32)
                 else:
