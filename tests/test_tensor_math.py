@@ -1105,6 +1105,17 @@ def test_rounding_signs_and_tests_match_numpy():
         assert [tuple(x.shape) for x in ours] == [tuple(x.shape) for x in theirs]
 
 
+def test_pad_keeps_the_dtype_as_numpy():
+    """F.pad of int64 ids, bool masks and bfloat16 values keeps their dtype (it padded in float32: 2**40 + 1 came
+    back as 2**40), NumPy's np.pad being the reference."""
+    for a in (np.array([[2 ** 40 + 1, 7]]), np.array([[True, False]]), np.array([[1.5, -2.25]], np.float32)):
+        got = F.pad(ft.tensor(a), (1, 2), value=1)
+        assert got.dtype.name == a.dtype.name
+        np.testing.assert_array_equal(n(got), np.pad(a, ((0, 0), (1, 2)), constant_values=1))
+    got = F.pad(ft.tensor([[1.5, -2.25]]).bfloat16(), (0, 1), value=3)
+    assert got.dtype is ft.bfloat16 and got.float().tolist() == [[1.5, -2.25, 3.0]]
+
+
 def test_functions_written_with_other_ops_refuse_bad_input():
     x = ft.ones(2, 3, 4, 4)
     with pytest.raises(ValueError, match="triplet_margin_loss: margin must be greater than 0, got 0"):

@@ -269,6 +269,33 @@ def test_gradcheck_picks_the_loss_from_the_targets_or_takes_one():
     assert gradcheck(model, x, np.array([0, 1, 1, 0, 1, 0]))  # class indices: cross-entropy
 
 
+def test_gradcheck_takes_a_tuple_of_targets_and_names_what_it_cannot_take():
+    """A model of two heads and a loss of two targets (class labels and values), compiled here for the tuple; a
+    list of differently shaped inputs (which NumPy refused as inhomogeneous), a 0-d input, and several targets
+    without their loss are refused by name."""
+    class Heads(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(3, 4), nn.Linear(3, 2)
+
+        def forward(self, x):
+            return self.a(x), self.b(x)
+
+    def loss(out, y):
+        return nn.functional.cross_entropy(out[0], y[0]) + nn.functional.mse_loss(out[1], y[1])
+
+    ft.manual_seed(4)
+    x = make_tensor(6, 3, low=-1, high=1, seed=5)
+    y = (np.array([0, 1, 3, 2, 1, 0]), make_tensor(6, 2, low=-1, high=1, seed=6).numpy())
+    assert gradcheck(Heads(), x, y, loss)
+    with pytest.raises(ValueError, match="give the loss that reads the tuple of targets"):
+        gradcheck(Heads(), x, y)
+    with pytest.raises(TypeError, match="inputs and targets are arrays, or tuples of arrays for several"):
+        gradcheck(Heads(), [np.ones((6, 3)), np.ones((6, 2))], y, loss)
+    with pytest.raises(ValueError, match="batches, with the batch dimension first"):
+        gradcheck(Heads(), np.float32(1.0), y, loss)
+
+
 def test_gradcheck_takes_a_compiled_program_with_its_own_options():
     model = conv_net()
     program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=4, input_shape=(1, 4, 4),
@@ -419,3 +446,11 @@ def test_the_downstream_example_passes_its_tests():
                           "examples/downstream/tests"], cwd=ROOT, env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr
     assert re.search(r"\b5 passed\b", run.stdout), run.stdout
+
+
+@pytest.mark.cuda
+def test_check_device_fails_tensors_on_two_devices_as_torch():
+    cpu = ft.ones(3)
+    with pytest.raises(AssertionError, match="The values are on different devices: cpu and cuda:0"):
+        assert_close(cpu, cpu.to("cuda"))
+    assert_close(cpu, cpu.to("cuda"), check_device=False)

@@ -744,6 +744,38 @@ def test_maximum_minimum_comparisons_and_roll_of_traced_values_match_numpy_and_f
             linear.compile(ft.optim.SGD(linear.parameters(), lr=0.1), loss, batch_size=5, input_shape=(4,))
 
 
+def test_relative_position_biases_sines_and_window_partitions_name_the_way_that_compiles():
+    """A trainable table read at a constant index buffer (Swin's relative position bias, table[index] or
+    F.embedding(index, table)) compiled into a constant, so the table never trained: refused with the forms that
+    train. ft.sin of a traced value (a timestep embedding) failed inside NumPy, and a view folding windows into
+    the batch with a ValueError: each names its line and the way out."""
+    class Bias(nn.Module):
+        def __init__(self, how):
+            super().__init__()
+            self.table, self.how, self.fc = nn.Parameter(ft.zeros(7, 1)), how, nn.Linear(4, 4)
+            self.register_buffer("index", ft.tensor(np.arange(16).reshape(4, 4) % 7))
+
+        def forward(self, x):
+            h = self.fc(x)
+            if self.how == "index":
+                return h + self.table[self.index.view(-1)].view(4, 4)
+            if self.how == "embedding":
+                return h + F.embedding(self.index, self.table).view(4, 4)
+            if self.how == "sin":
+                return ft.sin(h)
+            return h.view(-1, 2, 4)  # two rows of each sample into the batch
+
+    for how, message in (("index", r"a trainable parameter indexed by a tensor .*nn.Parameter\(ft.zeros\(heads, T, "
+                                   r"T\)\)"),
+                         ("embedding", r"F.embedding of a trainable table at ids that are not traced .* never trains"),
+                         ("sin", r"ft.sin of a traced value .* F.embedding\(t, self.table\)"),
+                         ("window", r"folds 2 parts of each sample into the batch .* x.view\(x.size\(0\), 2, 2, 4\)")):
+        model = Bias(how)
+        with pytest.raises(ft.nn.TracingError, match=message):
+            model.compile(ft.optim.SGD(model.parameters(), lr=0.1), lambda o, y: o.sum(), batch_size=2,
+                          input_shape=(4, 4))
+
+
 def test_a_tie_of_maximum_gives_each_side_half_the_gradient_as_pytorch():
     """maximum(p, p * 1) is p with the whole gradient: half through each operand, as torch's rule splits a tie; the
     value at a tie is the operand itself, infinite ones included (minimum likewise)."""

@@ -382,6 +382,12 @@ static ft_status read_layout(ft_record_file *f, const uint8_t *h) {
     return FT_OK;
 }
 
+/* Whether the header is intact (its checksum holds) but of a version or with flags this build does not know:
+ * a newer writer's file, which recovery would misread rather than repair. */
+static bool newer_header(const uint8_t *h) {
+    return get_u32(h + 52) == ft_crc32c(0, h, 52) && (get_u32(h + 8) != FT_RECORD_VERSION || get_u32(h + 12) != 0);
+}
+
 ft_status ft_record_open(ft_record_file **out, const char *path, bool recover) {
     ft_record_file *f = calloc(1, sizeof *f);
     if (!f || !(f->path = strdup(path))) {
@@ -404,7 +410,7 @@ ft_status ft_record_open(ft_record_file **out, const char *path, bool recover) {
             s = ft_fail(FT_ERR_FORMAT, "%s is not a fasttrain record file (no FTRECORD header)", path);
     } else {
         s = read_layout(f, h);
-        if (s == FT_ERR_FORMAT && recover)
+        if (s == FT_ERR_FORMAT && recover && !newer_header(h))
             s = recover_index(f);
     }
     if (s != FT_OK) {

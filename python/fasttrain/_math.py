@@ -220,9 +220,12 @@ def _real(name, *operands):
 def _apply(name, fn, operands, compute, out, device=None, op=None):
     """fn of the operands' values in compute's NumPy dtype, as a tensor of dtype out on their device (or device);
     on a CUDA device the elementwise kernel op instead, where one is named."""
+    from .nn.graph import _TRACED_HINTS, Symbolic, fail, refuse_eager_parameters
+    if builtins.any(isinstance(x, Symbolic) for x in operands):  # an eager function in a traced forward
+        fail(f"ft.{name} of a traced value", _TRACED_HINTS.get(name, "see docs/models.md for what traced values "
+                                                                       "support"))
     if name != "cat":  # joining copies, which complex tensors allow
         _real(name, *operands)
-    from .nn.graph import refuse_eager_parameters
     refuse_eager_parameters(name, operands)
     device = _device(name, operands) if device is None else device
     # (numbers alone, as alpha's scaling, have no device to run on)

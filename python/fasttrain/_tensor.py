@@ -179,6 +179,12 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
             return F.embedding(index, self)
         advanced = _math.advanced_index(index)
         if advanced is not None:  # masks and integer arrays: a copy, as in NumPy and PyTorch
+            from .nn.graph import fail, uses_trainable
+            if uses_trainable([self]):  # while a forward is traced
+                fail("a trainable parameter indexed by a tensor (a relative position bias, table[index])", "its "
+                     "rows would be a constant through which it never trains: give the bias as a parameter of its "
+                     "full shape (nn.Parameter(ft.zeros(heads, T, T))), or index the table by values of the model's "
+                     "input (F.embedding(ids, table))")
             split = _math.ints_first(index)
             if split is not None:
                 return self[split[0]][split[1]]

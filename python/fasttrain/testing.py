@@ -59,7 +59,8 @@ def _holds_arrays(x):
         isinstance(v, (TensorBase, np.ndarray, dict)) or _is_torch(v) or v is None or _holds_arrays(v) for v in x)
 
 
-def assert_close(actual, expected, *, rtol=None, atol=None, equal_nan=False, check_dtype=True, msg=None):
+def assert_close(actual, expected, *, rtol=None, atol=None, equal_nan=False, check_device=True, check_dtype=True,
+                 msg=None):
     """Raises AssertionError unless actual and expected (fasttrain tensors, NumPy arrays, scalars or nested
     lists) have the same shape and dtype and |actual - expected| <= atol + rtol * |expected| everywhere.
     Sequences of tensors and mappings (a state_dict) compare item by item, each at its own dtype's tolerances,
@@ -67,11 +68,13 @@ def assert_close(actual, expected, *, rtol=None, atol=None, equal_nan=False, che
 
     Without rtol and atol the tolerances follow the dtype as in torch.testing.assert_close (float32: 1.3e-6 and
     1e-5; integers and bool: exact); with check_dtype=False (or a scalar or list, which carries no dtype) the
-    looser of the two dtypes' tolerances applies. NaNs compare equal only with equal_nan=True. msg replaces the
-    report, or, when callable, is called with it and returns the message."""
+    looser of the two dtypes' tolerances applies. NaNs compare equal only with equal_nan=True. Two tensors on
+    different devices fail unless check_device=False. msg replaces the report, or, when callable, is called with it
+    and returns the message."""
     if (rtol is None) != (atol is None):
         raise ValueError("assert_close: give both rtol and atol, or neither (for the dtype's defaults)")
-    options = dict(rtol=rtol, atol=atol, equal_nan=equal_nan, check_dtype=check_dtype, msg=msg)
+    options = dict(rtol=rtol, atol=atol, equal_nan=equal_nan, check_device=check_device, check_dtype=check_dtype,
+                   msg=msg)
     if actual is None or expected is None:
         if actual is not expected:
             raise AssertionError(f"None mismatch: {actual!r} is not {expected!r}")
@@ -98,6 +101,9 @@ def assert_close(actual, expected, *, rtol=None, atol=None, equal_nan=False, che
     def fail(report):
         raise AssertionError(msg(report) if callable(msg) else msg or report)
 
+    if check_device and all(isinstance(v, TensorBase) for v in (actual, expected)) and \
+            actual.device != expected.device:
+        fail(f"The values are on different devices: {actual.device} and {expected.device}.")
     if a.shape != e.shape:
         fail(f"The shapes do not match: {a.shape} != {e.shape}.")
     if check_dtype and a_dtype is not None and e_dtype is not None and a_dtype is not e_dtype:
@@ -198,7 +204,7 @@ def gradcheck(model, inputs, targets, loss=None, *, eps=1e-3, rtol=1e-2, atol=1e
 
     model: an ft.nn.Module, compiled here for one batch of (inputs, targets) with ft.optim.SGD(lr=0) and `loss`
     (by default CrossEntropyLoss for integer targets, MSELoss otherwise; integer inputs are token ids, bool ones
-    masks; a tuple of inputs feeds a forward of several), or a
+    masks; a tuple of inputs feeds a forward of several, a tuple of targets a loss of several), or a
     compiled ft.nn.Program (its own loss and options). Up to `count` elements of every trainable parameter, picked
     at random but the same each call, are moved by +-eps; each gradient from program.backward must be within
     atol + rtol * |difference quotient| of (loss(+eps) - loss(-eps)) / 2eps. The float32 forward rounds the loss
@@ -212,16 +218,26 @@ def gradcheck(model, inputs, targets, loss=None, *, eps=1e-3, rtol=1e-2, atol=1e
             raise ValueError("gradcheck: a compiled program computes its own loss; pass loss=None")
         program = model
     elif isinstance(model, nn.Module):
-        one = not isinstance(inputs, tuple)  # a list is one input's values
-        xs, y = [np.asarray(x) for x in ((inputs,) if one else inputs)], np.asarray(targets)
+        one, single = not isinstance(inputs, tuple), not isinstance(targets, tuple)  # a list is one tensor's values
+        try:
+            xs = [np.asarray(x) for x in ((inputs,) if one else inputs)]
+            ys = [np.asarray(y) for y in ((targets,) if single else targets)]
+        except ValueError as e:
+            raise TypeError(f"gradcheck: inputs and targets are arrays, or tuples of arrays for several ({e})") from None
+        if any(a.ndim == 0 for a in xs + ys):
+            raise ValueError("gradcheck: inputs and targets are batches, with the batch dimension first")
+        if loss is None and not single:
+            raise ValueError("gradcheck: give the loss that reads the tuple of targets")
         if loss is None:
-            loss = nn.CrossEntropyLoss() if y.dtype.kind in "iu" else nn.MSELoss()
+            loss = nn.CrossEntropyLoss() if ys[0].dtype.kind in "iu" else nn.MSELoss()
         shapes = [x.shape[1:] for x in xs]
         dtypes = [_BY_NAME["int64"] if x.dtype.kind in "iu" else _BY_NAME["bool"] if x.dtype.kind == "b" else None
                   for x in xs]
+        several = {} if single else dict(target_shape=tuple(y.shape[1:] for y in ys), target_dtype=tuple(
+            _BY_NAME["int64"] if y.dtype.kind in "iu" else _BY_NAME["float32"] for y in ys))
         program = model.compile(optim.SGD(model.parameters(), lr=0), loss, batch_size=len(xs[0]),
                                 input_shape=shapes[0] if one else tuple(shapes),
-                                input_dtype=dtypes[0] if one else tuple(dtypes))
+                                input_dtype=dtypes[0] if one else tuple(dtypes), **several)
     else:
         raise TypeError(f"gradcheck: expected an ft.nn.Module or a compiled ft.nn.Program, got "
                         f"{type(model).__name__}")

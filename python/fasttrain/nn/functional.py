@@ -311,6 +311,11 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, sca
     _embedding_options(max_norm, scale_grad_by_freq, sparse)
     if input.dtype.name in ("int32", "int16", "int8", "uint8"):
         input = input.long()
+    if uses_trainable([weight]):  # constant ids (a buffer) into a trainable table while a forward is traced
+        fail("F.embedding of a trainable table at ids that are not traced (a relative position bias, "
+             "table[index])", "its output would be a constant through which the table never trains: give the bias "
+             "as a parameter of its full shape (nn.Parameter(ft.zeros(heads, T, T))), or index the table by values "
+             "of the model's input")
     return _C.embedding_forward(None, input.contiguous(), weight.contiguous(), padding_idx)
 
 
@@ -926,8 +931,9 @@ def pad(input, pad, mode="constant", value=None):
         if mode == "constant":
             if before < 0 or after < 0:
                 out = part(max(-before, 0), size - max(-after, 0))
-            blocks = [creation.full(tuple(out.shape[lead:d]) + (n,) + tuple(out.shape[d + 1:]),
-                                    0.0 if value is None else float(value), device=getattr(out, "device", None))
+            fill = (0 if value is None else value) if lead == 0 else 0.0 if value is None else float(value)
+            blocks = [creation.full(tuple(out.shape[lead:d]) + (n,) + tuple(out.shape[d + 1:]), fill,
+                                    dtype=None if lead else out.dtype, device=getattr(out, "device", None))
                       if n else None for n in (max(before, 0), max(after, 0))]
         else:
             limit = {"reflect": size - 1, "circular": size, "replicate": math.inf if size else 0}[mode]

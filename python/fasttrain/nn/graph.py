@@ -432,6 +432,10 @@ _TRACED_HINTS.update(
     "flip the data before the step",
     index_select="pick positions with slices and integers (x[:, 2:5], x[:, [-1]]), and a tensor's rows at traced "
     "indices with F.embedding(ids, table)")
+_TRACED_HINTS.update(dict.fromkeys(
+    ("sin", "cos"), "a sinusoidal embedding of a time or position is a table's rows: precompute the table as a buffer "
+    "and give the integer times as an input, F.embedding(t, self.table) (or compute the embedding on the data "
+    "before the step)"))
 
 _PACK_TARGETS = ("for several targets give each one's per-sample shape, compile(..., target_shape=((), (4,)), "
                  "target_dtype=(ft.int64, ft.float32)), and batches (x, (labels, boxes)): the loss gets them as a "
@@ -588,6 +592,10 @@ def _per_sample(shape, numel):
         if known == 0 or numel % known:
             raise ValueError(f"reshape: {numel} values per sample do not fit {shape}")
         rest[rest.index(-1)] = numel // known
+    if shape[0] == -1 and math.prod(rest) and numel % math.prod(rest) == 0 and math.prod(rest) != numel:
+        fail(f"reshape to {shape}, which folds {numel // math.prod(rest)} parts of each sample into the batch "
+             "(Swin's window partition, heads moved into the batch)", "keep them a dimension of their own, after "
+             f"the batch: x.view(x.size(0), {numel // math.prod(rest)}, {', '.join(map(str, rest))})")
     if math.prod(rest) != numel:
         raise ValueError(f"reshape: {numel} values per sample do not fit {shape}")
     return tuple(rest)
