@@ -223,7 +223,8 @@ def gradcheck(model, inputs, targets, loss=None, *, eps=1e-3, rtol=1e-2, atol=1e
             xs = [np.asarray(x) for x in ((inputs,) if one else inputs)]
             ys = [np.asarray(y) for y in ((targets,) if single else targets)]
         except ValueError as e:
-            raise TypeError(f"gradcheck: inputs and targets are arrays, or tuples of arrays for several ({e})") from None
+            raise TypeError(f"gradcheck: inputs and targets are arrays, or tuples of arrays for several ({e})") \
+                from None
         if any(a.ndim == 0 for a in xs + ys):
             raise ValueError("gradcheck: inputs and targets are batches, with the batch dimension first")
         if loss is None and not single:
