@@ -721,7 +721,8 @@ class Extremes(nn.Module):
     def forward(self, x):
         p, q = self.a(x), self.b(x)
         h = ft.maximum(p, q) + ft.minimum(self.floor, q) + p * (p > q).float() - q.maximum(self.floor) * (q <= p)
-        return ft.roll(h.view(-1, 2, 3), shifts=(1, -1), dims=(1, 2)).flatten(1) + p.view(-1, 2, 3).roll(1, 2).flatten(1)
+        rolled = ft.roll(h.view(-1, 2, 3), shifts=(1, -1), dims=(1, 2)).flatten(1)
+        return rolled + p.view(-1, 2, 3).roll(1, 2).flatten(1)
 
 
 def test_maximum_minimum_comparisons_and_roll_of_traced_values_match_numpy_and_finite_differences():
