@@ -285,6 +285,51 @@ def test_an_input_read_first_by_elementwise_ops_stays_float32(normalize):
 
 
 @needs_bf16
+def test_copies_of_a_float32_product_stay_float32_so_they_compare_equal():
+    """x @ x^T of an input read in float32 (it is read by a transpose too) is a float32 product: its slices,
+    concatenations and rolls were rounded to bfloat16, so a comparison of it with its own row max or with an exact
+    copy found them unequal everywhere (0 ones per row); autocast and float32 find one per row."""
+    class Copies(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.s = nn.Parameter(ft.ones(1))
+
+        def forward(self, x):
+            h = x @ x.transpose(1, 2)
+            top = (h == h.amax(-1, keepdim=True)).float()
+            same = (h.roll(1, 2).roll(-1, 2) == h).float()
+            return ft.cat([top, same], 2) * self.s
+
+    x = np.random.default_rng(8).standard_normal((2, 4, 4)).astype(np.float32)
+    model = Copies()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.0), lambda out: out.mean(), batch_size=2,
+                            input_shape=(4, 4), precision="bf16-mixed")
+    out = program.predict(x).numpy()
+    np.testing.assert_array_equal(out[..., :4].sum(-1), 1)
+    assert out[..., 4:].all()
+
+
+@needs_bf16
+@pytest.mark.parametrize("shape", [(8, 4, 5, 5, 6), (8, 4, 5, 1, 60), (8, 16, 3, 5, 6), (8, 4, 16, 5, 6)])
+def test_bfloat16_data_gradient_of_a_channels_last_1x1_convolution(shape):
+    """oneDNN's bfloat16 1x1 backward-data kernel gave errors of the gradient's own size for channels-last planes of
+    channels that are no multiple of 16 (5 output channels over 5 x 6 pixels): within bfloat16's rounding of the
+    float64 product now."""
+    N, C, CO, H, W = shape
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal((CO, C, 1, 1)).astype(np.float32)
+    dout = rng.standard_normal((N, CO, H, W)).astype(np.float32)
+    want = np.einsum("nohw,oc->nchw", bf16_round(dout).astype(np.float64), bf16_round(w)[:, :, 0, 0])
+
+    def last(a):
+        return ft.tensor(a).bfloat16().contiguous(memory_format=ft.channels_last)
+    dinp = ft.empty(N, C, H, W, dtype=ft.bfloat16).contiguous(memory_format=ft.channels_last)
+    ft._C.conv2d_backward(dinp, None, None, last(dout), last(np.zeros((N, C, H, W), np.float32)),
+                          ft.tensor(w).bfloat16())
+    np.testing.assert_allclose(dinp.float().numpy(), want, rtol=2 ** -7, atol=2 ** -7 * np.abs(want).max())
+
+
+@needs_bf16
 def test_layers_without_bfloat16_fall_back_to_float32():
     """NLLLoss reads float32 log-probabilities: the LogSoftmax it reads writes float32, the linear layer before
     it stays bfloat16, and the model trains."""

@@ -757,25 +757,22 @@ static bool read_by_low_only(const ft_program *p, int i) {
  * (the output, or the node a view of it shows; a sigmoid's probabilities:
  * one within 2^-9 of 1 would round to 1, and the loss's log(1 - p) to its
  * floor); a float input read only by LOW kinds is converted as it is copied
- * in, and a parameter node read by a LOW kind is its weight's low copy. A
- * float input read by other kinds stays float32, as do the ops between it
- * and the LOW kinds (a slice, a mean, x - 1000: torch.autocast's float32
- * ops), each rounding its output only where LOW kinds alone read it.
+ * in, and a parameter node read by a LOW kind is its weight's low copy.
+ * Another kind whose float inputs are all float32 computes in float32 too,
+ * as torch.autocast runs the ops other than products in their inputs' dtype
+ * (the ops between a float input and the first product: a slice, a mean,
+ * x - 1000; copies of a float32 product, which a comparison with it would
+ * find unequal once rounded), rounding its output only where LOW kinds
+ * alone read it.
  * A float32-only kind needs float32 inputs and a LOW kind low ones: where
  * they meet, the producer (or the LOW reader) falls back to float32 until
  * every edge agrees. Dtypes only go from low to float32, so this ends. */
 static void plan_dtypes(ft_program *p) {
-    bool *raw = calloc((size_t)p->n, sizeof *raw); /* the float inputs' float32 region (NULL: none kept) */
     for (int i = 0; i < p->n; i++) {
         const ft_node *nd = &p->nodes[i];
         ft_node_precision k = row(p, i)->precision;
         bool output = i == p->output || i == source(p, p->output); /* or what a view of it shows */
-        bool reads_raw = is_input(p, i) && nd->dtype == FT_FLOAT32;
-        for (int j = 0; raw && k == FT_NODE_ANY && i <= p->output && j < nd->ninputs; j++)
-            reads_raw |= raw[source(p, nd->inputs[j])];
-        if (raw)
-            raw[i] = reads_raw && !read_by_low_only(p, i);
-        bool low = p->compute != FT_FLOAT32 && !(raw && raw[i]) &&
+        bool low = p->compute != FT_FLOAT32 &&
                    (is_input(p, i)               ? nd->dtype == FT_FLOAT32 && read_by_low_only(p, i)
                     : nd->kind == FT_NODE_PARAM ? i <= p->output && read_by_low(p, i)
                                                 : i <= p->output && k != FT_NODE_FLOAT32 &&
@@ -794,6 +791,17 @@ static void plan_dtypes(ft_program *p) {
         changed = false;
         for (int i = p->ninputs; i < p->n; i++) {
             ft_node_precision k = row(p, i)->precision;
+            if (k == FT_NODE_ANY && !mirrors(p, i) && p->dtype[i] == p->compute && !read_by_low_only(p, i)) {
+                bool all_float32 = true; /* of its float inputs */
+                for (int j = 0; j < p->nodes[i].ninputs; j++) {
+                    ft_dtype d = p->dtype[source(p, p->nodes[i].inputs[j])];
+                    all_float32 &= d != p->compute;
+                }
+                if (all_float32) {
+                    p->dtype[i] = FT_FLOAT32;
+                    changed = true;
+                }
+            }
             if (mirrors(p, i) || k == FT_NODE_ANY)
                 continue;
             bool wants_low = k == FT_NODE_LOW && p->dtype[i] == p->compute;
@@ -816,7 +824,6 @@ static void plan_dtypes(ft_program *p) {
     for (int i = 0; i < p->n; i++)
         if (mirrors(p, i))
             p->dtype[i] = p->dtype[source(p, i)];
-    free(raw);
 }
 
 /* ratio_pass: each ratio's denominator and the nodes it depends on, which

@@ -108,11 +108,16 @@ static ft_status forward_desc(dnnl_convolution_desc_t *cd, const conv_mds *m, co
 /* oneDNN 2.6's jit_1x1 backward-weights kernel of a strided 1x1
  * convolution (ResNet's downsample shortcut) writes outside its buffers
  * when the channels are not a multiple of 16 (seen at 8 and 12 channels,
- * odd batch sizes, 2 threads: heap corruption, then an abort): such a
- * primitive takes oneDNN's next implementation. */
+ * odd batch sizes, 2 threads: heap corruption, then an abort), and its
+ * bfloat16 backward-data kernel of a channels-last 1x1 convolution gives
+ * wrong values for some planes when they are not (5 output channels over
+ * 5 x 6 or 1 x 60 pixels: errors of the gradient's size): such a primitive
+ * takes oneDNN's next implementation. */
 static bool shuns_1x1(const conv_key *k) {
-    return k->kind == 'W' && k->wei[2] == 1 && k->wei[3] == 1 && (k->p.stride[0] > 1 || k->p.stride[1] > 1) &&
-           (k->src[1] % 16 != 0 || k->dst[1] % 16 != 0);
+    bool one = k->wei[2] == 1 && k->wei[3] == 1, odd = k->src[1] % 16 != 0 || k->dst[1] % 16 != 0;
+    return one && odd &&
+           ((k->kind == 'W' && (k->p.stride[0] > 1 || k->p.stride[1] > 1)) ||
+            (k->kind == 'D' && k->dt_dst == FT_BFLOAT16));
 }
 
 static ft_status create_without_1x1(dnnl_primitive_desc_t *pd, const_dnnl_op_desc_t desc,
@@ -126,12 +131,12 @@ static ft_status create_without_1x1(dnnl_primitive_desc_t *pd, const_dnnl_op_des
         const char *impl = NULL;
         s = ft_dnnl_check(dnnl_primitive_desc_query(candidate, dnnl_query_impl_info_str, 0, &impl),
                           "conv2d primitive");
-        if (s == FT_OK && strncmp(impl, "jit_1x1", 7) != 0)
+        if (s == FT_OK && !strstr(impl, "1x1")) /* jit_1x1, jit_bf16_1x1 */
             *pd = candidate;
         else
             dnnl_primitive_desc_destroy(candidate);
         if (s == FT_OK && !*pd && dnnl_primitive_desc_iterator_next(it) != dnnl_success)
-            s = ft_fail(FT_ERR_VALUE, "conv2d: no backward-weights kernel for this strided 1x1 convolution");
+            s = ft_fail(FT_ERR_VALUE, "conv2d: no kernel but jit_1x1 for this 1x1 convolution's backward");
     }
     dnnl_primitive_desc_iterator_destroy(it);
     return s;
