@@ -740,8 +740,8 @@ static bool read_by_low(const ft_program *p, int i) {
 }
 
 /* Whether every reader of node i, through the views that show it, computes in the low precision (a convolution, a
- * matmul), which would round it there anyway: an input then rounds as it is copied in. Read first by any other op (a
- * normalization written in forward, x - 1000) it stays float32, as torch.autocast keeps it. */
+ * matmul), which would round it there anyway: it may then be rounded where it is written (an input as it is copied
+ * in). Read by any other op (a normalization written in forward, x - 1000) it stays float32 (see plan_dtypes). */
 static bool read_by_low_only(const ft_program *p, int i) {
     for (int r = p->read_from[i]; r < p->read_from[i + 1]; r++) {
         int j = p->readers[r];
