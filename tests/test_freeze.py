@@ -245,3 +245,24 @@ def test_deep_copies_and_pickles_keep_parameters_trainable():
                             input_shape=(4,))
     program.backward(np.random.default_rng(1).standard_normal((3, 4)).astype(np.float32), np.array([0, 1, 2]))
     assert np.abs(model[0].weight.grad.numpy()).max() > 0 and np.abs(model[2].weight.grad.numpy()).max() > 0
+
+
+def test_a_model_compiled_again_with_its_optimizer_goes_on_counting_steps():
+    """Fine-tuning in two stages: the backbone frozen for 3 steps, then unfrozen and the model compiled again with
+    the same optimizer: program.step_count goes on from 3 (it started at 0, so step callbacks' every_n_steps and
+    checkpoints' step restarted); a program with another optimizer counts its own."""
+    model = net()
+    for p in model[0].parameters():
+        p.requires_grad_(False)
+    optimizer = ft.optim.SGD(model.parameters(), lr=0.1)
+    program = model.compile(optimizer, nn.CrossEntropyLoss(), batch_size=6, input_shape=(3, 6, 6))
+    x, y = batch()
+    for _ in range(3):
+        program.train_step(x, y)
+    for p in model[0].parameters():
+        p.requires_grad_(True)
+    again = model.compile(optimizer, nn.CrossEntropyLoss(), batch_size=6, input_shape=(3, 6, 6))
+    assert again.step_count == 3
+    again.train_step(x, y)
+    assert again.step_count == 4
+    assert compiled(net(1)).step_count == 0

@@ -386,7 +386,8 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
     callbacks: functions called as cb(epoch, metrics) after each epoch, epoch being metrics["epoch"] (counted
     from 1); one returning True (itself, not any truthy value) stops training.
     step_callbacks: functions called as cb(step, metrics) after every `every_n_steps`-th optimizer step of the
-    program (step counted from 1 over the program's life, program.step_count), metrics holding "step",
+    program (step counted from 1 over the program's life, and on from the last one's in a model compiled again
+    with its optimizer; program.step_count), metrics holding "step",
     "epoch", "loss" (that step's), "lr" (the first group's, for that step) and "grad_norm" (its gradient norm
     before clipping, program.last_grad_norm);
     one returning True stops training after that step. A fasttrain Loader's epoch stays in C between them; a step

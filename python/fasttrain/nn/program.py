@@ -805,6 +805,11 @@ class Program:
             grad_scaler._attach(self._c)
         for key in [k for k, ref in _TRAINERS.items() if ref() is None]:
             del _TRAINERS[key]
+        # the model compiled again with its optimizer (a backbone unfrozen): the steps go on being counted
+        before = next((q for q in (r() for r in map(_TRAINERS.get, self._trains) if r) if q is not None and
+                       q.optimizer is optimizer), None)
+        if before is not None:
+            self.step_count, self.skipped_steps = before.step_count, before.skipped_steps
         _TRAINERS.update(dict.fromkeys(self._trains, weakref.ref(self)))
 
     def _eval_graph(self, graph):
