@@ -90,15 +90,28 @@ struct sum_to_args {
     double scale;
 };
 
-/* Output element o: the sum of its input elements, in their row-major order. */
-__device__ void sum_to_one(const sum_to_args &a, int64_t o) {
-    int64_t rest = o, at_in = 0, at_out = 0;
+/* Where output element o and the first of its input elements are. */
+__device__ void sum_to_places(const sum_to_args &a, int64_t o, int64_t *at_in, int64_t *at_out) {
+    int64_t rest = o;
+    *at_in = *at_out = 0;
     for (int d = a.ndim - 1; d >= 0; d--) {
         int64_t i = rest % a.out_shape[d];
         rest /= a.out_shape[d];
-        at_in += i * a.inp_st[d];
-        at_out += i * a.out_st[d];
+        *at_in += i * a.inp_st[d];
+        *at_out += i * a.out_st[d];
     }
+}
+
+/* Output element at at_out: sum times the scale, written or added. */
+__device__ void sum_to_store(const sum_to_args &a, int64_t at_out, double sum) {
+    float v = (float)(sum * a.scale);
+    ft_cuda_store_f(a.dst, at_out, a.dst_kind, a.accumulate ? ft_cuda_load_f(a.dst, at_out, a.dst_kind) + v : v);
+}
+
+/* Output element o: the sum of its input elements, in their row-major order. */
+__device__ void sum_to_one(const sum_to_args &a, int64_t o) {
+    int64_t at_in, at_out;
+    sum_to_places(a, o, &at_in, &at_out);
     int64_t idx[FT_MAX_DIMS] = {0}, off = at_in;
     double sum = 0;
     for (int64_t k = 0; k < a.count; k++) {
@@ -112,8 +125,7 @@ __device__ void sum_to_one(const sum_to_args &a, int64_t o) {
             idx[r] = 0;
         }
     }
-    float v = (float)(sum * a.scale);
-    ft_cuda_store_f(a.dst, at_out, a.dst_kind, a.accumulate ? ft_cuda_load_f(a.dst, at_out, a.dst_kind) + v : v);
+    sum_to_store(a, at_out, sum);
 }
 
 __global__ void sum_to_kernel(sum_to_args a) {
@@ -127,13 +139,8 @@ __global__ void sum_to_kernel(sum_to_args a) {
 __global__ void __launch_bounds__(FT_CUDA_PW_THREADS) sum_to_rows_kernel(sum_to_args a) {
     __shared__ double part[FT_CUDA_PW_THREADS];
     for (int64_t o = blockIdx.x; o < a.n; o += gridDim.x) {
-        int64_t rest = o, at_in = 0, at_out = 0;
-        for (int d = a.ndim - 1; d >= 0; d--) {
-            int64_t i = rest % a.out_shape[d];
-            rest /= a.out_shape[d];
-            at_in += i * a.inp_st[d];
-            at_out += i * a.out_st[d];
-        }
+        int64_t at_in, at_out;
+        sum_to_places(a, o, &at_in, &at_out);
         double sum = 0;
         for (int64_t k = threadIdx.x; k < a.count; k += blockDim.x) {
             int64_t off = at_in, left = k;
@@ -151,12 +158,8 @@ __global__ void __launch_bounds__(FT_CUDA_PW_THREADS) sum_to_rows_kernel(sum_to_
                 part[threadIdx.x] += part[threadIdx.x + s];
             __syncthreads();
         }
-        if (threadIdx.x == 0) {
-            float v = (float)(part[0] * a.scale);
-            if (a.accumulate)
-                v += ft_cuda_load_f(a.dst, at_out, a.dst_kind);
-            ft_cuda_store_f(a.dst, at_out, a.dst_kind, v);
-        }
+        if (threadIdx.x == 0)
+            sum_to_store(a, at_out, part[0]);
         __syncthreads(); /* part is the next output's */
     }
 }

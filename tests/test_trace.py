@@ -743,6 +743,9 @@ def test_maximum_minimum_comparisons_and_roll_of_traced_values_match_numpy_and_f
                           (lambda out, y: out.topk(2).values.sum(), r"x.topk .* does not sort: .*x.amax\(dim\)")):
         with pytest.raises(ft.nn.TracingError, match=message):
             linear.compile(ft.optim.SGD(linear.parameters(), lr=0.1), loss, batch_size=5, input_shape=(4,))
+    with pytest.raises(TypeError, match="minimum: expected a tensor, got list"):
+        linear.compile(ft.optim.SGD(linear.parameters(), lr=0.1), lambda out, y: ft.minimum(out, [0.5] * 6).sum(),
+                       batch_size=5, input_shape=(4,))
 
 
 def test_relative_position_biases_sines_and_window_partitions_name_the_way_that_compiles():

@@ -594,8 +594,9 @@ static int block_now(const ft_program *p, bool training, int i, int k) {
  * input and the target nodes). */
 static ft_tensor node_out(const ft_program *p, bool training, int i, int64_t rows) {
     const ft_node *nd = &p->nodes[i];
-    if (is_input(p, i) || target_of(p, i) >= 0) {
-        ft_tensor t = is_input(p, i) ? p->x[i] : p->y[target_of(p, i)];
+    int k = target_of(p, i);
+    if (is_input(p, i) || k >= 0) {
+        ft_tensor t = is_input(p, i) ? p->x[i] : p->y[k];
         t.shape[0] = rows;
         return t;
     }
@@ -1386,10 +1387,11 @@ static ft_status prepare_targets(ft_program *p, const ft_tensor *y, int64_t rows
             continue;
         const ft_node *in[FT_NODE_MAX_INPUTS + 1];
         inputs_of(p, i, in);
-        const ft_tensor *direct = NULL;
-        for (int k = 0; k < p->nodes[i].ninputs && !direct; k++)
-            if (target_of(p, p->nodes[i].inputs[k]) >= 0)
-                direct = &host[target_of(p, p->nodes[i].inputs[k])];
+        const ft_tensor *direct = NULL; /* the targets it reads directly, if any */
+        for (int j = 0; j < p->nodes[i].ninputs && !direct; j++) {
+            int k = target_of(p, p->nodes[i].inputs[j]);
+            direct = k >= 0 ? &host[k] : NULL;
+        }
         s = row(p, i)->prepare(&p->nodes[i], in, direct, rows, &p->norm[i]);
         if (s == FT_OK && !(p->norm[i] > 0) && !weightless(p, training, i))
             s = ft_fail(FT_ERR_VALUE, "program: every target of the batch is ignored: its mean loss is undefined");

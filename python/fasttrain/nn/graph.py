@@ -437,7 +437,7 @@ _TRACED_HINTS.update(dict.fromkeys(
     "and give the integer times as an input, F.embedding(t, self.table) (or compute the embedding on the data "
     "before the step)"))
 
-_PACK_TARGETS = ("for several targets give each one's per-sample shape, compile(..., target_shape=((), (4,)), "
+_SEVERAL_TARGETS = ("for several targets give each one's per-sample shape, compile(..., target_shape=((), (4,)), "
                  "target_dtype=(ft.int64, ft.float32)), and batches (x, (labels, boxes)): the loss gets them as a "
                  "tuple")
 
@@ -618,8 +618,7 @@ def _comparison(op):
         if o._is_mask() != self._is_mask():
             fail("a comparison of a bool mask with values that are not one", "compare masks with masks, values "
                  "with values")
-        if not all(v._is_mask() or (v.node.module.tensor.dtype if isinstance(v.node.module, _layers().Value) else
-                                    v.dtype).is_floating_point for v in (self, o)):
+        if not all(v._is_mask() or v._own_dtype().is_floating_point for v in (self, o)):
             fail("a comparison of a traced value with a tensor or another traced value of integers", "compare ids "
                  "with a number (ids == pad)")
         out = _layers().Math(op)(*_broadcast(self, o))
@@ -723,14 +722,18 @@ class Symbolic:
             return constant(other, self.node.shape)
         return None
 
+    def _own_dtype(self):
+        """The value's dtype; a constant's, its tensor's own."""
+        m = self.node.module
+        return m.tensor.dtype if isinstance(m, _layers().Value) else self.dtype
+
     def _numeric(self, other=None):
         """Fails for arithmetic on integer values (token ids, an integer constant of the batch size): the program's
         arithmetic is in floats (a bool mask computes as 0 and 1)."""
         for v in (self, other):
             if not isinstance(v, Symbolic):
                 continue
-            m = v.node.module
-            dtype = m.tensor.dtype if isinstance(m, _layers().Value) else v.dtype  # a constant's own
+            dtype = v._own_dtype()
             if dtype.name.startswith(("int", "uint")):
                 fail(f"arithmetic on traced integer values ({dtype.name}: token ids, or an integer constant)",
                      "compute on the ids before they enter the model, or as a comparison, a mask (ids == pad); "
@@ -1024,7 +1027,10 @@ class Symbolic:
         if isinstance(other, numbers.Real) or isinstance(other, TensorBase) and other.ndim == 0:
             fail(f"torch.{'maximum' if larger else 'minimum'} with a number", f"clamp({'min' if larger else 'max'}="
                  "number), which gives the value the gradient at a tie")
-        a, b = _broadcast(self, self._operand(other) if isinstance(other, TensorBase) else other)
+        o = self._operand(other)
+        if o is None:
+            raise TypeError(f"{'maximum' if larger else 'minimum'}: expected a tensor, got {type(other).__name__}")
+        a, b = _broadcast(self, o)
         first, second = (a > b, a < b) if larger else (a < b, a > b)
         return where(first, a, where(second, b, a * 0.5 + b * 0.5))
 
@@ -1103,7 +1109,7 @@ class Symbolic:
             if dt.name == "bool":  # attention_mask.bool(): where the value is not 0, as PyTorch's cast
                 return self if self._is_mask() else self != 0
             if dt.is_floating_point != self.dtype.is_floating_point and self._of_targets():
-                fail(f"class labels computed from float targets (y[:, 0].to({dt.name}))", _PACK_TARGETS)
+                fail(f"class labels computed from float targets (y[:, 0].to({dt.name}))", _SEVERAL_TARGETS)
             if dt.is_floating_point != self.dtype.is_floating_point:
                 fail(f"x.to({dt.name}) of a traced value of {self.dtype.name}", "a 0/1 mask of integers is a "
                      "comparison: (mask != 0).float() (or give it as a bool input, input_dtype=ft.bool); compute in "
@@ -1164,7 +1170,7 @@ class Symbolic:
     def __getitem__(self, index):
         labels = isinstance(self.node.module, _layers().Target)
         if labels and not isinstance(index, (tuple, slice)) and index is not None:
-            fail(f"the targets taken apart as y[{index!r}] (a tuple or dict of targets)", _PACK_TARGETS)
+            fail(f"the targets taken apart as y[{index!r}] (a tuple or dict of targets)", _SEVERAL_TARGETS)
         self._one_per_sample()
         index = index if isinstance(index, tuple) else (index,)
         if any(isinstance(i, Symbolic) for i in index):
@@ -1426,7 +1432,7 @@ class Symbolic:
 
     def __iter__(self):
         if isinstance(self.node.module, _layers().Target):
-            fail("the targets taken apart (yc, yr = y: a tuple of targets)", _PACK_TARGETS)
+            fail("the targets taken apart (yc, yr = y: a tuple of targets)", _SEVERAL_TARGETS)
         self._value()
 
     def _of_targets(self):
