@@ -595,9 +595,8 @@ class Transformed(nn.Module):
 
 @pytest.mark.parametrize("use, message", [
     ("scaled", r"a value computed from parameters \(self.w \* 2.0\) as the weight of linear"),
-    ("part", "a part or a permutation of a trainable parameter used as a value"),
     ("positions", "sum over dimensions of a trainable parameter cannot be compiled"),
-    ("ids", "Embedding with trainable parameters called on tensors that are not traced"),
+    ("ids", r"\.sum of a trainable parameter's elements at fixed positions .* add it to the traced value first"),
     ("array", "a NumPy array of a trainable parameter outside the traced graph"),
     ("memoryview", r"a NumPy array \(or memoryview\) of a trainable parameter outside the traced graph"),
     ("no_grad", r"ft.no_grad\(\) around traced ops that train"),
@@ -608,6 +607,16 @@ def test_a_parameter_computed_on_outside_the_graph_is_refused_not_frozen(use, me
     model = Transformed(use)
     with pytest.raises(ft.nn.TracingError, match=message):
         model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=2, input_shape=(4,))
+
+
+def test_a_part_of_a_weight_used_as_a_value_trains():
+    """self.fc.weight[:, :1].sum() added to the logits: the column's elements train through it (it was refused)."""
+    model = Transformed("part")
+    x = np.random.default_rng(9).standard_normal((2, 4)).astype(np.float32)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=2, input_shape=(4,))
+    want = x @ model.fc.weight.numpy().T + model.fc.bias.numpy() + model.fc.weight.numpy()[:, 0].sum()
+    np.testing.assert_allclose(program.predict(x).numpy(), want, rtol=1e-5, atol=1e-6)
+    assert gradcheck(program, x, np.array([1, 3]), rtol=3e-2, atol=1e-3)
 
 
 def test_the_export_check_takes_a_callable_and_leaves_exports_free_after_a_trace():
@@ -748,30 +757,100 @@ def test_maximum_minimum_comparisons_and_roll_of_traced_values_match_numpy_and_f
                        batch_size=5, input_shape=(4,))
 
 
-def test_relative_position_biases_sines_and_window_partitions_name_the_way_that_compiles():
-    """A trainable table read at a constant index buffer (Swin's relative position bias, table[index] or
-    F.embedding(index, table)) compiled into a constant, so the table never trained: refused with the forms that
-    train. ft.sin of a traced value (a timestep embedding) failed inside NumPy, and a view folding windows into
-    the batch with a ValueError: each names its line and the way out."""
+def _relative_index(w):
+    """Swin's relative position index of a w x w window: (w*w, w*w) rows of a ((2w - 1)**2, heads) table."""
+    coords = np.stack(np.meshgrid(np.arange(w), np.arange(w), indexing="ij")).reshape(2, -1)
+    rel = (coords[:, :, None] - coords[:, None, :]).transpose(1, 2, 0) + (w - 1)
+    return rel[..., 0] * (2 * w - 1) + rel[..., 1]
+
+
+class RelativeBias(nn.Module):
+    """Attention scores plus a learned relative position bias, written as Swin/BEiT (table[index].view(T, T,
+    -1).permute(2, 0, 1)), as T5 (an Embedding of bucket ids), or through F.scaled_dot_product_attention's
+    attn_mask; and parts of a parameter as values (its transpose, a block, a one-column table)."""
+
+    def __init__(self, how, w=2, heads=2):
+        super().__init__()
+        self.how, self.T, self.heads = how, w * w, heads
+        self.qk = nn.Linear(4, 2 * 2 * heads)
+        self.table = nn.Parameter(ft.randn((2 * w - 1) ** 2, heads))
+        self.buckets = nn.Embedding((2 * w - 1) ** 2, heads)
+        self.w = nn.Parameter(ft.randn(4, 6) * 0.5)
+        self.column = nn.Parameter(ft.randn(9, 1))
+        self.register_buffer("index", ft.tensor(_relative_index(w)))
+
+    def forward(self, x):
+        B, T, H = x.shape[0], self.T, self.heads
+        q, k = self.qk(x).view(B, T, 2, H, 2).permute(2, 0, 3, 1, 4)
+        if self.how == "swin":
+            bias = self.table[self.index.view(-1)].view(T, T, -1).permute(2, 0, 1).contiguous().unsqueeze(0)
+        elif self.how == "t5":
+            bias = self.buckets(self.index).permute([2, 0, 1])[None]
+        else:
+            v = q + self.w.T[:1, :2]  # a part of a transposed parameter
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=self.table[self.index].permute(2, 0, 1)) \
+                + (x @ self.w[:, 1:6:2])[:, None, :, :2] + self.column[self.index[0]].view(T, 1)
+        return (q @ k.transpose(-2, -1) + bias).softmax(-1)
+
+    def reference(self, x):
+        """The forward in NumPy, float64."""
+        B, T, H = x.shape[0], self.T, self.heads
+        q, k = (x.astype(np.float64) @ self.qk.weight.numpy().T + self.qk.bias.numpy()).reshape(B, T, 2, H, 2) \
+            .transpose(2, 0, 3, 1, 4)
+        table = (self.buckets.weight if self.how == "t5" else self.table).numpy().astype(np.float64)
+        s = q @ k.transpose(0, 1, 3, 2) * (1 if self.how != "sdpa" else 2 ** -0.5) + \
+            table[self.index.numpy()].transpose(2, 0, 1)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        if self.how != "sdpa":
+            return p
+        w = self.w.numpy().astype(np.float64)
+        return p @ (q + w.T[:1, :2]) + (x @ w[:, 1:6:2])[:, None, :, :2] + \
+            self.column.numpy()[self.index.numpy()[0]].reshape(T, 1)
+
+
+@pytest.mark.parametrize("how", ["swin", "t5", "sdpa"])
+def test_a_relative_position_bias_and_parts_of_parameters_train_through_their_positions(how):
+    """A trainable table read at a fixed index buffer (Swin's and BEiT's relative position bias, T5's buckets, a
+    bias given as SDPA's attn_mask), and a transposed parameter's part, a block of columns and a one-column table
+    as values: each trains, its gradient the sum over the samples and positions reading each element (it compiled
+    to a constant that never trained, then was refused)."""
+    ft.manual_seed(40)
+    model = RelativeBias(how)
+    x = np.random.default_rng(41).standard_normal((3, 4, 4)).astype(np.float32)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=3, input_shape=(4, 4))
+    np.testing.assert_allclose(program.predict(x).numpy(), model.reference(x), rtol=1e-5, atol=1e-6)
+    y = np.random.default_rng(42).standard_normal(model.reference(x).shape).astype(np.float32)
+    assert gradcheck(program, x, y, rtol=3e-2, atol=1e-4)
+    table = model.buckets.weight if how == "t5" else model.table
+    before = table.numpy().copy()
+    program.train_step(x, y)
+    assert not np.array_equal(table.numpy(), before)
+
+
+def test_gathered_parameters_name_what_compiles():
+    """Arithmetic on a table's gathered elements before they meet a traced value, and elements that are neither
+    rows nor evenly spaced columns, are refused naming the line and the form that compiles; ft.sin of a traced
+    value (a timestep embedding) and a view folding windows into the batch name theirs."""
     class Bias(nn.Module):
         def __init__(self, how):
             super().__init__()
-            self.table, self.how, self.fc = nn.Parameter(ft.zeros(7, 1)), how, nn.Linear(4, 4)
+            self.table, self.how, self.fc = nn.Parameter(ft.zeros(7, 2)), how, nn.Linear(4, 4)
             self.register_buffer("index", ft.tensor(np.arange(16).reshape(4, 4) % 7))
 
         def forward(self, x):
             h = self.fc(x)
-            if self.how == "index":
-                return h + self.table[self.index.view(-1)].view(4, 4)
-            if self.how == "embedding":
-                return h + F.embedding(self.index, self.table).view(4, 4)
+            if self.how == "scaled":
+                return h + self.table[self.index][..., 0] * 2
+            if self.how == "scattered":
+                return h + self.table.view(-1)[self.index]
             if self.how == "sin":
                 return ft.sin(h)
             return h.view(-1, 2, 4)  # two rows of each sample into the batch
 
-    for how, message in (("index", r"a trainable parameter indexed by a tensor .*nn.Parameter\(ft.zeros\(heads, T, "
-                                   r"T\)\)"),
-                         ("embedding", r"F.embedding of a trainable table at ids that are not traced .* never trains"),
+    for how, message in (("scaled", r"the operator __mul__ of a trainable parameter's elements at fixed positions .*"
+                                     r"add it to the traced value first"),
+                         ("scattered", r"elements at positions that are neither rows nor evenly spaced columns"),
                          ("sin", r"ft.sin of a traced value .* F.embedding\(t, self.table\)"),
                          ("window", r"folds 2 parts of each sample into the batch .* x.view\(x.size\(0\), 2, 2, 4\)")):
         model = Bias(how)

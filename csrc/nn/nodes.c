@@ -526,12 +526,39 @@ static ft_status embedding_check(const ft_node *nd, const ft_node *const *in) {
                                       "rows of its (V, D) weight (compile with input_dtype=ft.int64)");
 }
 
+/* Sample s of t (samples first). */
+static ft_tensor sample_at(const ft_tensor *t, int64_t s) {
+    ft_tensor v = *t;
+    v.shape[0] = 1;
+    v.offset += s * t->strides[0] * (int64_t)ft_dtype_get(t->dtype)->itemsize;
+    return v;
+}
+
+/* Ids the same for every sample (a parameter node's, read with a batch
+ * stride of 0: the fixed positions of a relative position bias) are the
+ * ops' ids one sample at a time. */
 static ft_status embedding_forward(const ft_node_run *r) {
-    return ft_embedding_forward(&r->out, &r->in[0], &r->nd->weight, r->nd->padding_idx);
+    const ft_tensor *ids = &r->in[0];
+    if (ids->strides[0] != 0)
+        return ft_embedding_forward(&r->out, ids, &r->nd->weight, r->nd->padding_idx);
+    ft_tensor id = sample_at(ids, 0);
+    for (int64_t s = 0; s < ids->shape[0]; s++) {
+        ft_tensor out = sample_at(&r->out, s);
+        FT_TRY(ft_embedding_forward(&out, &id, &r->nd->weight, r->nd->padding_idx));
+    }
+    return FT_OK;
 }
 
 static ft_status embedding_backward(const ft_node_run *r) {
-    return ft_embedding_backward(r->dweight, &r->dout, &r->in[0], r->nd->padding_idx, r->dweight_acc);
+    const ft_tensor *ids = &r->in[0];
+    if (ids->strides[0] != 0)
+        return ft_embedding_backward(r->dweight, &r->dout, ids, r->nd->padding_idx, r->dweight_acc);
+    ft_tensor id = sample_at(ids, 0);
+    for (int64_t s = 0; s < ids->shape[0]; s++) {
+        ft_tensor dout = sample_at(&r->dout, s);
+        FT_TRY(ft_embedding_backward(r->dweight, &dout, &id, r->nd->padding_idx, r->dweight_acc || s > 0));
+    }
+    return FT_OK;
 }
 
 static ft_status upsample_check(const ft_node *nd, const ft_node *const *in) {

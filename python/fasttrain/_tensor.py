@@ -179,12 +179,9 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
             return F.embedding(index, self)
         advanced = _math.advanced_index(index)
         if advanced is not None:  # masks and integer arrays: a copy, as in NumPy and PyTorch
-            from .nn.graph import fail, uses_trainable
-            if uses_trainable([self]):  # while a forward is traced
-                fail("a trainable parameter indexed by a tensor (a relative position bias, table[index])", "its "
-                     "rows would be a constant through which it never trains: give the bias as a parameter of its "
-                     "full shape (nn.Parameter(ft.zeros(heads, T, T))), or index the table by values of the model's "
-                     "input (F.embedding(ids, table))")
+            from .nn.graph import Gathered, uses_trainable
+            if uses_trainable([self]):  # while a forward is traced: a relative position bias's table[index]
+                return Gathered.of(self)[index]
             split = _math.ints_first(index)
             if split is not None:
                 return self[split[0]][split[1]]

@@ -311,11 +311,12 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, sca
     _embedding_options(max_norm, scale_grad_by_freq, sparse)
     if input.dtype.name in ("int32", "int16", "int8", "uint8"):
         input = input.long()
-    if uses_trainable([weight]):  # constant ids (a buffer) into a trainable table while a forward is traced
-        fail("F.embedding of a trainable table at ids that are not traced (a relative position bias, "
-             "table[index])", "its output would be a constant through which the table never trains: give the bias "
-             "as a parameter of its full shape (nn.Parameter(ft.zeros(heads, T, T))), or index the table by values "
-             "of the model's input")
+    if uses_trainable([weight]):  # fixed ids (T5's relative position buckets) while a forward is traced
+        from .graph import Gathered
+        g = Gathered.of(weight)[input]
+        if padding_idx is not None and g.parameter is not weight:  # its rows are the parameter's, not the view's
+            fail("F.embedding with padding_idx of a view of a trainable table", "pass the table itself")
+        return Gathered(g.parameter, g.positions, padding_idx)
     return _C.embedding_forward(None, input.contiguous(), weight.contiguous(), padding_idx)
 
 

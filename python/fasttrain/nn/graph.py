@@ -649,7 +649,8 @@ class Symbolic:
         if not isinstance(module, (layers.Math, layers.Attention, layers.Reshape, layers.Slice, layers.Permute,
                                    layers.MaskedFill)):
             inputs = [x._floats() for x in inputs]  # PyTorch's promotion of a bool mask in arithmetic
-        if not isinstance(module, (layers.Add, layers.Mul, layers.Matmul, layers.Cat, layers.Expand, layers.Reshape)):
+        if not isinstance(module, (layers.Add, layers.Mul, layers.Matmul, layers.Cat, layers.Expand, layers.Reshape,
+                                   layers.Embedding)):
             inputs = [layers.Expand(x.node.shape)(x) if x._broadcast() else x for x in inputs]
         elif isinstance(module, layers.Reshape):  # of a value varying along one dimension only: no dense rows
             inputs = [layers.Expand(x.node.shape)(x) if isinstance(x.node.module, layers.Value) and
@@ -720,6 +721,8 @@ class Symbolic:
         from .._C import TensorBase
         if isinstance(other, TensorBase):
             return constant(other, self.node.shape)
+        if isinstance(other, Gathered):
+            return other.traced(self.node.shape)
         return None
 
     def _own_dtype(self):
@@ -1895,9 +1898,7 @@ def constant(t, like_shape):
             whole = Symbolic.record(_layers().Value(p, tuple(p.shape)), [], tuple(p.shape))
             return whole[:, offset // row:offset // row + t.shape[0]]
         else:
-            fail("a part or a permutation of a trainable parameter used as a value", "use the whole parameter in "
-                 "its own order (x @ self.weight.T is F.linear(x, self.weight)), a range of its rows "
-                 "(self.pos.weight[:T]), or a parameter of the part's size")
+            return Gathered.of(t).traced(like_shape)
     while len(shape) > len(like_shape) and shape[0] == 1:
         shape = shape[1:]
     if len(shape) > len(like_shape):
@@ -1911,6 +1912,153 @@ def constant(t, like_shape):
     if into and (varies == [0] or (varies == [len(shape) - 1] and len(shape) != 3)):
         return Symbolic.record(_layers().Value(t, like_shape, varies[0]), [], like_shape)
     return Symbolic.record(_layers().Value(t, shape), [], shape)  # expanded where it meets the value
+
+
+class Gathered:
+    """Elements of a trainable 2-d parameter (R, D) at fixed positions, while a forward is traced: a relative
+    position bias (Swin's and BEiT's table[index].view(T, T, -1).permute(2, 0, 1), T5's bias(buckets)), or a part
+    or a permutation of a parameter. Its views and copies move its positions (flat indices into the parameter);
+    where it meets a traced value it becomes one, the same for every sample: an embedding node reading the
+    parameter's rows at the positions' rows, through which the parameter trains."""
+
+    __slots__ = ("parameter", "positions", "padding_idx")
+
+    def __init__(self, parameter, positions, padding_idx=None):
+        self.parameter, self.positions, self.padding_idx = parameter, positions, padding_idx
+
+    @staticmethod
+    def of(t):
+        """The elements of t, a view of a trainable parameter."""
+        from .. import creation
+        p = _viewed_parameter(t)
+        flat = creation.arange(p.numel())
+        return Gathered(p, flat.as_strided(tuple(t.shape), tuple(t.stride()), (t.data_ptr() - p.data_ptr()) //
+                                           p.element_size()))
+
+    shape = property(lambda self: self.positions.shape)
+    ndim = property(lambda self: self.positions.ndim)
+    dtype = property(lambda self: self.parameter.dtype)
+    device = property(lambda self: self.parameter.device)
+    requires_grad = property(lambda self: True)
+
+    def size(self, dim=None):
+        return self.positions.size(dim) if dim is not None else self.positions.size()
+
+    def dim(self):
+        return self.ndim
+
+    def numel(self):
+        return self.positions.numel()
+
+    def to(self, *args, **kwargs):
+        """Itself, to its own dtype and device; to any other is refused (a copy would not train)."""
+        from .. import creation
+        probe = creation.zeros((), dtype=self.dtype, device=self.device)
+        if probe.to(*args, **kwargs).dtype != self.dtype or probe.to(*args, **kwargs).device != self.device:
+            self._refuse("a conversion")
+        return self
+
+    def float(self):
+        return self.to(_dtype("float32"))
+
+    def type_as(self, other):
+        return self.to(other.dtype)
+
+    @property
+    def T(self):
+        return Gathered(self.parameter, self.positions.T, self.padding_idx)
+
+    mT = T
+
+    def _refuse(self, op, error=TracingError):
+        fail(f"{op} of a trainable parameter's elements at fixed positions (table[index], a view of a parameter) "
+             "before they meet a traced value", "views (view, permute, unsqueeze, indexing) compile: add it to the "
+             "traced value first (scores + bias.unsqueeze(0)), then compute on the sum", error)
+
+    def traced(self, like_shape):
+        """The elements as a traced value for one of per-sample shape like_shape: leading size-1 dimensions beyond
+        that rank are the batch's broadcast, as a constant's (see constant)."""
+        import numpy as np
+        pos = self.positions
+        while pos.ndim > len(like_shape) and pos.shape[0] == 1:
+            pos = pos.squeeze(0)
+        if pos.ndim > len(like_shape):
+            fail(f"a tensor of shape {tuple(self.positions.shape)} in a value of shape {(N, *like_shape)}",
+                 "a tensor used in forward must be the same for every sample")
+        p = self.parameter
+        if p.ndim != 2:
+            fail(f"a part or a permutation of a trainable {p.ndim}-d parameter used as a value", "use the whole "
+                 "parameter, a range of its rows, or a 2-d table (its elements at any positions train)")
+        rows, cols = np.divmod(np.asarray(pos.contiguous()), p.shape[1])
+        column, picked = self._columns(rows, cols, p.shape[1])
+        from .. import creation
+        from . import functional as F
+        ids = rows if column is None else rows.take(0, column)
+        value = F.embedding(constant(creation.tensor(np.ascontiguousarray(ids), device=p.device), ids.shape), p,
+                            self.padding_idx)
+        if picked != slice(None):
+            value = value[(slice(None),) * (ids.ndim + 1) + (picked,)]
+        if column is None:  # one column: its dimension goes
+            return value.reshape(N, *ids.shape)
+        k = ids.ndim
+        return value if column == k else value.permute(0, *(1 + d for d in (*range(column), k, *range(column, k))))
+
+    @staticmethod
+    def _columns(rows, cols, D):
+        """(the dimension along which the positions run through the columns of one row of D, the slice of the
+        columns they take: the same at every other index), preferring one of every column; (None, that column)
+        for positions all in one column. Fails for other positions."""
+        import numpy as np
+        found = None
+        for d in reversed(range(rows.ndim)):
+            along = np.moveaxis(cols, d, -1).reshape(-1, cols.shape[d])
+            c = along[0] if len(along) else None
+            step = int(c[1] - c[0]) if c is not None and len(c) > 1 else 1
+            if c is not None and step >= 1 and (c == c[0] + step * np.arange(len(c))).all() and (along == c).all() \
+                    and (rows == rows.take([0], d)).all():
+                found = d, slice(int(c[0]), int(c[-1]) + 1, step)
+                if c[0] == 0 and step == 1 and len(c) == D:  # every column: no slice
+                    return d, slice(None)
+        if found is None and cols.size and (cols == cols.flat[0]).all():
+            found = None, slice(int(cols.flat[0]), int(cols.flat[0]) + 1)
+        if found is None:
+            fail("a trainable parameter's elements at positions that are neither rows nor evenly spaced columns "
+                 "of them used as a value", "read whole rows (table[index], F.embedding(index, table)) and move "
+                 "their last dimension where it goes (.permute(2, 0, 1))")
+        return found
+
+    def __getattr__(self, name):
+        self._refuse(f".{name}", NoAttribute)
+
+    def __neg__(self):
+        self._refuse("a negation")
+
+
+def _moves_positions(name):
+    def method(self, *args, **kwargs):
+        return Gathered(self.parameter, getattr(self.positions, name)(*args, **kwargs), self.padding_idx)
+    method.__name__ = name
+    method.__doc__ = f"Tensor.{name} of the elements: of their positions."
+    return method
+
+
+def _operator_of_traced(name):
+    def method(self, other):
+        if isinstance(other, Symbolic):
+            return NotImplemented  # the traced value's reflected operator takes it
+        self._refuse(f"the operator {name}")
+    method.__name__ = name
+    return method
+
+
+for _name in ("view", "reshape", "permute", "transpose", "t", "contiguous", "unsqueeze", "squeeze", "flatten",
+              "unflatten", "expand", "repeat", "flip", "roll", "narrow", "movedim", "swapaxes", "clone",
+              "__getitem__"):
+    setattr(Gathered, _name, _moves_positions(_name))
+for _name in ("add", "sub", "mul", "truediv", "matmul", "pow"):
+    for _side in ("", "r"):
+        setattr(Gathered, f"__{_side}{_name}__", _operator_of_traced(f"__{_side}{_name}__"))
+del _name, _side
 
 
 def _masked(value, mask, fill):

@@ -950,20 +950,28 @@ class Embedding(Module):
 
     def _symbolic(self, ids):
         """Positions expanded over the batch (ft.arange(T).unsqueeze(0).expand(B, T)) are a tensor's value, the
-        same for every sample: their rows of the weight, as for the positions themselves (see _parameter_view)."""
+        same for every sample: their rows of the weight, as for the positions themselves (see _rows)."""
         m = ids.node.module
         if isinstance(m, Value) and not m.tensor.dtype.is_floating_point:
-            rows = self._parameter_view(m.tensor.reshape(m.shape))
+            rows = self._rows(m.tensor.reshape(m.shape))
             if rows is not None:
                 from .graph import constant
                 return constant(rows, tuple(rows.shape))
         return super()._symbolic(ids)
 
     def _parameter_view(self, ids):
+        """The weight's rows at fixed ids (positions, T5's relative position buckets) while a forward is traced: a
+        view for a range of positions (see _rows), else gathered (graph.Gathered); None for ids that are not."""
+        if not isinstance(ids, TensorBase) or ids.dtype.is_floating_point:
+            return None
+        rows = self._rows(ids)
+        from . import functional as F
+        return rows if rows is not None else F.embedding(ids, self.weight, self.padding_idx)
+
+    def _rows(self, ids):
         """For positions ids = a, a + 1, ..., b - 1 (ft.arange(T), or with leading dimensions of size 1 as
         minGPT's ft.arange(T).unsqueeze(0)): the rows a..b-1 of the weight, in ids' shape."""
-        if not isinstance(ids, TensorBase) or ids.ndim < 1 or ids.dtype.is_floating_point or not ids.numel() or \
-                math.prod(ids.shape[:-1]) != 1:
+        if ids.ndim < 1 or not ids.numel() or math.prod(ids.shape[:-1]) != 1:
             return None
         positions = ids.reshape(-1).tolist()
         first, end = positions[0], positions[0] + len(positions)
@@ -2716,6 +2724,9 @@ def _attention_mask(mask, Tq, Tk, name, keeps=False, batched=False):
     or a float one added to the scores."""
     if mask is None:
         return False, None, None
+    from .graph import Gathered
+    if isinstance(mask, Gathered):  # a learned relative position bias
+        return False, None, mask
     if not isinstance(mask, (Symbolic, TensorBase)):
         raise TypeError(f"{name}: a mask must be a tensor, got {type(mask).__name__}")
     bool_mask = mask.dtype is _BY_NAME["bool"]
