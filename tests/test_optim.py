@@ -638,6 +638,26 @@ def test_ema_against_torch():
         np.testing.assert_allclose(s.numpy(), t.numpy(), rtol=1e-6, atol=1e-7)
 
 
+@needs_torch
+def test_a_first_update_at_decay_zero_is_torchs_averaged_model():
+    """AveragedModel(multi_avg_fn=get_ema_multi_avg_fn(d)) copies the params at its first update, where EMA starts
+    from them at construction: a first update(decay=0.0) gives AveragedModel's averages (docs/optim.md)."""
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+    params = make_params()
+    tensors = to_ft(params)
+    ema = ft.optim.EMA(tensors, decay=0.9)
+    module = torch.nn.ParameterList([torch.nn.Parameter(torch.tensor(f32(p))) for p in params])
+    averaged = AveragedModel(module, multi_avg_fn=get_ema_multi_avg_fn(0.9))
+    for step in range(3):
+        for t, m in zip(tensors, module):
+            t.numpy()[...] *= np.float32(1.1)
+            m.data.copy_(torch.from_numpy(t.numpy()))
+        ema.update(decay=0.0 if step == 0 else None)
+        averaged.update_parameters(module)
+    for s, t in zip(ema.shadow, averaged.module):
+        np.testing.assert_allclose(s.numpy(), t.detach().numpy(), rtol=1e-6, atol=1e-7)
+
+
 # ---- bad input ----
 
 @pytest.mark.parametrize("make, match", [

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import fasttrain as ft
+from fasttrain.nn import functional as F
 from _programref import CLASSES, batch, compile_resnet, make_resnet, state_bits
 
 nn = ft.nn
@@ -349,7 +350,7 @@ def test_settings_changed_after_compile_are_refused_or_named():
     program.train_step(x, y)
     model.temperature = 10.0
     with pytest.warns(RuntimeWarning, match=r"Scaled.temperature changed from 1.0 to 10.0 after compile: the compiled "
-                                            r"program keeps the value its forward read"):
+                                            r"program keeps the value its forward \(or loss\) read"):
         program.predict(x)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -360,6 +361,73 @@ def test_settings_changed_after_compile_are_refused_or_named():
             call()
     model.bn.eps = 1e-5
     program.predict(x)
+
+
+LAM = 0.5
+
+
+def test_numbers_the_loss_reads_and_buffers_read_eagerly_are_named_when_they_change():
+    """mixup's lam * CE(out, ya) + (1 - lam) * CE(out, yb) read a global (or a loss module's attribute, or a
+    closure's variable, or a NumPy number) that compile fixed: a new lam each batch trained with the first one,
+    silently. And (1 - self.lam) of a buffer computed eagerly stayed what compile read while the buffer itself was
+    read live. Each change is named in a warning now (the program keeps what compile read)."""
+    global LAM
+    x, y = np.ones((4, 4), np.float32), np.arange(4) % 3
+
+    class Mix(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lam = np.float64(0.5)
+
+        def forward(self, out, y):
+            return self.lam * F.cross_entropy(out, y)
+
+    def closure():
+        lam = 0.5
+
+        def loss(out, y):
+            return lam * F.cross_entropy(out, y)
+
+        def change():
+            nonlocal lam
+            lam = 0.9
+        return loss, change
+
+    loss_of_closure, change_closure = closure()
+    mix = Mix()
+    for loss, change, name in ((lambda out, y: LAM * F.cross_entropy(out, y), lambda: globals().update(LAM=0.9),
+                                "the global LAM that .*<lambda> reads"),
+                               (mix, lambda: setattr(mix, "lam", np.float64(0.9)), "Mix.lam"),
+                               (loss_of_closure, change_closure, "the variable lam that .*loss reads")):
+        model = nn.Linear(4, 3)
+        program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), loss, batch_size=4, input_shape=(4,))
+        program.train_step(x, y)
+        change()
+        with pytest.warns(RuntimeWarning, match=f"{name} changed from .*0.5.* to .*0.9.* after compile"):
+            program.train_step(x, y)
+        LAM = 0.5
+
+    class Gate(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 3)
+            self.register_buffer("g", ft.tensor([0.5]))
+
+        def forward(self, x):
+            h = self.fc(x)
+            return self.g * h + (1 - self.g) * h * 2.0
+
+    model = Gate()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=4,
+                            input_shape=(4,))
+    program.predict(x)
+    model.g.fill_(0.9)
+    with pytest.warns(RuntimeWarning, match=r"buffer g changed after compile, but what forward computed from it by "
+                                            r"eager ops \(.*\(1 - self.g\).*\) keeps the value it had at compile"):
+        program.predict(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        program.predict(x)  # named once
 
 
 def test_bad_compile_options():

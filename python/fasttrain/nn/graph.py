@@ -65,6 +65,9 @@ _active = []
 _mode_read = [True, False]
 # The modules (by id) whose mode the forward's own code read: the training step keeps the mode each had.
 _mode_readers = {}
+# The model's buffers (by id) that an eager op read while a forward (or loss) was traced, each with its first such
+# line: the op's result is a constant of the program, which a change of the buffer after compile would not reach.
+_buffers_read = {}
 
 
 def traced_mode(frame, module, mode):
@@ -84,6 +87,12 @@ def read_modes(training):
     """Makes the forwards traced from now on read `training` in the modules' training mode (traced_mode)."""
     _mode_read[:] = [training, False]
     _mode_readers.clear()
+    _buffers_read.clear()
+
+
+def buffers_read():
+    """{id: (buffer, line)} of the model's buffers that eager ops read since read_modes."""
+    return dict(_buffers_read)
 
 
 def mode_was_read():
@@ -102,6 +111,7 @@ class tracing:
 
     def __init__(self, model, inputs=()):
         self.params = {id(p): p for p in model.parameters() if p.requires_grad}
+        self.buffers = [b for b in model.buffers() if b.numel()]
         self.inputs = inputs
 
     def __enter__(self):
@@ -161,8 +171,22 @@ def read_by_op(op, operands, traceable):
     return [constant(t, _sample_shape(t)) if _viewed_parameter(t) is not None else t for t in operands]
 
 
+def _note_buffers(operands):
+    """Records the model's buffers among the operands of an eager op while a forward is traced (_buffers_read)."""
+    from .._C import TensorBase
+    for t in operands:
+        if isinstance(t, TensorBase) and t.numel():
+            for b in _active[-1].buffers:
+                if id(b) not in _buffers_read and b.device == t.device and \
+                        b.data_ptr() <= t.data_ptr() < b.data_ptr() + b.numel() * b.element_size():
+                    _buffers_read[id(b)] = (b, _user_line())
+
+
 def refuse_eager_parameters(op, operands):
-    """Fails for an eager op on a trainable parameter while a forward is traced."""
+    """Fails for an eager op on a trainable parameter while a forward is traced; notes the model's buffers it
+    reads."""
+    if _active:
+        _note_buffers(operands)
     if not uses_trainable(operands):
         return
     penalty = "an L2 penalty on the weights (lambda/2 * sum of p.pow(2)) is the optimizer's weight_decay=lambda (SGD, " \

@@ -7,18 +7,22 @@ parameter into one flat buffer and every gradient into another (each
 parameter object becomes a view, so optimizers built earlier see the flat
 memory), and hands the node list to C, which plans the activation memory and
 runs whole training steps."""
+import functools
 import gc
+import inspect
 import math
 import numbers
 import warnings
 import weakref
+
+import numpy as np
 
 from .. import _C, creation
 from .._display import Column, Table, summary as _summary
 from .._types import _BY_NAME
 from ..random import _check_seed
 from . import modules as M
-from .graph import (Input, Node, Symbolic, TracingError, _output_leaves, input_shapes, mode_readers,
+from .graph import (Input, Node, Symbolic, TracingError, _output_leaves, buffers_read, input_shapes, mode_readers,
                     mode_was_read, read_modes, target, topological, trace, trace_loss, tracing)
 
 # Node kinds, activations and reductions as the extension numbers them.
@@ -207,6 +211,41 @@ def _inputs(model, input_shape, input_dtype):
         if d.name not in ("float32", "int64", "bool"):
             raise TypeError(f"compile: input_dtype must be float32, int64 (token ids) or bool (masks), got {d.name}")
     return list(zip(shapes, dtypes))
+
+
+def _numbers_read(model, loss, modal):
+    """[name, read, value] of each number traced code may have read into the program as a constant: those the
+    model's modules hold (and a loss module's) but the settings compile fixes (modal), and the globals and closure
+    variables a loss function, or a module's own forward, reads."""
+    found = []
+    modules = [*model.modules(), *(loss.modules() if isinstance(loss, M.Module) else ())]
+    for m in modules:
+        found += [[f"{type(m).__name__}.{k}", functools.partial(getattr, m, k, v), v] for k, v in vars(m).items()
+                  if _is_number(v) and not k.startswith("_") and k != "training" and
+                  k not in modal.get(id(m), (None, {}))[1]]
+    functions = [f for f in (loss, *(type(m).forward for m in modules)) if inspect.isfunction(f) and
+                 not f.__module__.startswith("fasttrain.")]
+    for f in dict.fromkeys(functions):
+        cells = dict(zip(f.__code__.co_freevars, f.__closure__ or ()))
+        names = inspect.getclosurevars(f)
+        for k, v in names.globals.items():
+            if _is_number(v):
+                found.append([f"the global {k} that {f.__qualname__} reads", functools.partial(
+                    f.__globals__.get, k, v), v])
+        for k, v in names.nonlocals.items():
+            if _is_number(v):
+                found.append([f"the variable {k} that {f.__qualname__} reads", functools.partial(
+                    getattr, cells[k], "cell_contents", v), v])
+    return found
+
+
+def _is_number(v):
+    return isinstance(v, numbers.Real) and not isinstance(v, (_C.TensorBase, Symbolic))
+
+
+def _values(b):
+    """A buffer's values as an array (its memory, where NumPy can view it)."""
+    return np.asarray(b.cpu())
 
 
 def _graph(model, inputs, loss=None, target_shape=None, target_dtype=None, training=True):
@@ -684,7 +723,7 @@ class Program:
         inputs = _inputs(model, input_shape, input_dtype)
         self._input_dtypes = [dtype for _, dtype in inputs]
         entries, output, branches = _graph(model, inputs, loss, target_shape, target_dtype)
-        readers = mode_readers()
+        readers, read = mode_readers(), buffers_read()
         if not model.training:
             raise ValueError("compile: the model is in eval mode (.eval()), which would freeze every batch norm and "
                              "dropout in the training step; call .train() first (predict and evaluate run in eval "
@@ -796,10 +835,12 @@ class Program:
             self._eval_c = _C.Program(self._eval_nodes, self.flat_params, self.flat_grads, evaluation[1],
                                       batch_size // accumulate_steps, memory_format == "channels_last", 0,
                                       compute._code, None)
-        # the numbers modules hold once forward is traced (in eval mode too): the program keeps what it read
-        self._numbers = [[m, k, v] for m in model.modules() for k, v in vars(m).items()
-                         if type(v) in (int, float, bool) and not k.startswith("_") and k != "training" and
-                         k not in self._modal.get(id(m), (None, {}))[1]]
+        # the numbers forward and the loss may have read once traced (in eval mode too), and the buffers eager ops
+        # read: the program keeps what they computed
+        self._numbers = _numbers_read(model, loss, self._modal)
+        names = {id(b): name for name, b in model.named_buffers()}
+        self._buffers_read = [[names[i], b, _values(b).copy(), line] for i, (b, line) in
+                              {**read, **buffers_read()}.items()]
         self.grad_scaler = grad_scaler  # attached last: a compile that fails leaves it free for the next
         if grad_scaler is not None:
             grad_scaler._attach(self._c)
@@ -935,13 +976,21 @@ class Program:
                     raise ValueError(f"{type(m).__name__}.{k} changed from {v} to {getattr(m, k)} after compile, "
                                      "which the compiled program does not see: set it back, or compile again")
         for number in self._numbers:
-            m, k, v = number
-            now = getattr(m, k, v)
+            name, now, v = number[0], number[1](), number[2]
             if now != v and now == now:  # NaN: itself
                 number[2] = now
-                warnings.warn(f"{type(m).__name__}.{k} changed from {v!r} to {now!r} after compile: the compiled "
-                              "program keeps the value its forward read at compile (compile again to use the new "
-                              "one)", RuntimeWarning, stacklevel=4)
+                warnings.warn(f"{name} changed from {v!r} to {now!r} after compile: the compiled program keeps the "
+                              "value its forward (or loss) read at compile; compile again to use the new one; a number "
+                              "that changes every batch belongs in the batch (a soft target: mixup's "
+                              "lam * onehot(a) + (1 - lam) * onehot(b))", RuntimeWarning, stacklevel=4)
+        for entry in self._buffers_read:
+            name, b, then, line = entry
+            now = _values(b)
+            if not np.array_equal(now, then, equal_nan=now.dtype.kind == "f"):
+                entry[2] = now.copy()
+                warnings.warn(f"buffer {name} changed after compile, but what forward computed from it by eager ops "
+                              f"({line}) keeps the value it had at compile: compile again to use the new one, or "
+                              "use the buffer itself in traced ops", RuntimeWarning, stacklevel=4)
 
     def _train_modes(self):
         """The model in training mode, but for the layers compile found in eval mode (what ft.fit sets each

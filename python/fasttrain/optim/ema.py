@@ -9,8 +9,8 @@ from .optimizer import _check_param
 class EMA:
     """``shadow = lerp(shadow, param, 1 - decay)`` for every param after each ``update()``: the average
     ``torch.optim.swa_utils.get_ema_multi_avg_fn(decay)`` keeps (timm's ModelEmaV2 likewise). The averages
-    start as copies of the params and live in one flat buffer on the params' device; ``shadow`` holds a view
-    per param.
+    start as copies of the params (torch's AveragedModel copies them at its first update instead: a first
+    ``update(decay=0.0)``) and live in one flat buffer on the params' device; ``shadow`` holds a view per param.
 
     ``update(decay=None)`` uses ``self.decay`` unless given one (for a warmup schedule of the decay);
     ``copy_to(params=None)`` writes the averages into the params (for evaluation)."""
