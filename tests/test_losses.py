@@ -978,3 +978,22 @@ def test_labels_taken_as_an_input_of_forward_are_refused_with_the_way_out():
                                                  r"compile"):
         model.compile(ft.optim.SGD(model.parameters(), lr=0.1), lambda out: out[1], batch_size=8,
                       input_shape=((T,), (T,)), input_dtype=ft.int64)
+
+
+def test_eager_losses_promote_infinite_logits_and_unbatched_soft_targets_as_pytorch():
+    """mse_loss of a bfloat16 input and a float32 target rounded the target to bfloat16 and returned bfloat16
+    (PyTorch promotes to float32); binary_cross_entropy_with_logits of an infinite logit was NaN (the loss is
+    infinite, or 0 where the target agrees); an unbatched (C,) input with class probabilities gave (1,) losses."""
+    x = ft.tensor([1.5]).to(ft.bfloat16)
+    loss = F.mse_loss(x, ft.tensor([0.3]))
+    assert loss.dtype == ft.float32 and loss.item() == pytest.approx(1.44, rel=1e-6)
+    logits = ft.tensor([float("inf"), float("-inf"), float("inf"), float("-inf"), 2.0])
+    target = ft.tensor([0.5, 0.5, 1.0, 0.0, 0.25])
+    values = F.binary_cross_entropy_with_logits(logits, target, reduction="none").numpy()
+    want = 0.75 * np.log1p(np.exp(2.0)) + 0.25 * np.log1p(np.exp(-2.0))
+    np.testing.assert_allclose(values, [np.inf, np.inf, 0.0, 0.0, want], rtol=1e-6)
+    scores = ft.tensor([0.3, -1.2, 2.0])
+    p = scores.softmax(0)
+    loss = F.cross_entropy(scores, p, reduction="none")
+    logp = scores.numpy() - np.log(np.exp(scores.numpy().astype(np.float64)).sum())
+    assert loss.shape == () and loss.item() == pytest.approx(-(p.numpy() * logp).sum(), rel=1e-6)

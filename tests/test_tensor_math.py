@@ -631,7 +631,7 @@ def test_mask_and_integer_array_indexing_copy():
     assert t.T[ft.tensor([0, 2])].shape == (2, 4)
     b = t.bfloat16()
     assert b[b > 20].dtype is ft.bfloat16 and b[b > 20].tolist() == [21.0, 22.0, 23.0]
-    with pytest.raises(IndexError, match="boolean index did not match"):
+    with pytest.raises(IndexError, match="the shape of the mask \\[2\\] at index 0 does not match the shape \\[4\\]"):
         t[ft.tensor([True, False])]
     with pytest.raises(IndexError, match="out of bounds"):
         t[[4]]
@@ -1416,3 +1416,29 @@ def test_stacking_aliases_nan_to_num_and_unflatten_as_numpy():
     with pytest.raises(IndexError, match="out of range"):
         x.index_add(0, ft.tensor([3]), ft.ones(1, 4))
     np.testing.assert_array_equal(np.asarray(t.unflatten(-1, (2, 6))), np.arange(24).reshape(2, 2, 6))
+
+
+def test_masks_fills_zero_d_selections_and_ravel_as_pytorch():
+    """An empty bool mask indexed a dimension of any size (NumPy's rule; PyTorch refuses it), masked_fill wrapped
+    a number its dtype cannot hold (int8 1000 gave -24; fill_ and t[i] = v refuse it), index_select of a 0-d
+    tensor gave (1,), and ravel of a strided view returned a view sharing its memory (torch.ravel is contiguous)."""
+    t = ft.arange(6).reshape(3, 2)
+    with pytest.raises(IndexError, match=r"the shape of the mask \[0\] at index 0 does not match the shape \[3\]"):
+        t[ft.zeros(0, dtype=ft.bool)]
+    with pytest.raises(IndexError, match=r"mask \[2\] at index 1 does not match the shape \[3\]"):
+        t.reshape(2, 3)[..., ft.tensor([True, False])] = 7
+    np.testing.assert_array_equal(t[..., ft.tensor([True, False])].numpy(), [[0], [2], [4]])
+    mask = ft.tensor([True, False])
+    for dtype, value in ((ft.int8, 1000), (ft.int64, float("nan")), (ft.int32, 1e10)):
+        with pytest.raises(OverflowError, match="without overflow"):
+            ft.tensor([5, 6], dtype=dtype).masked_fill(mask, value)
+    assert ft.tensor([5, 6]).masked_fill(mask, 2.7).tolist() == [2, 6]
+    assert ft.tensor([5, 6], dtype=ft.uint8).masked_fill(mask, -1).tolist() == [255, 6]  # as PyTorch
+    assert ft.tensor(5).index_select(0, ft.tensor([0])).shape == ()
+    with pytest.raises(IndexError, match="a 0-d tensor takes an index of one value, got 2"):
+        ft.tensor(5).index_select(0, ft.tensor([0, 0]))
+    base = ft.arange(24.0).reshape(3, 8)
+    flat = base[:, ::2].ravel()
+    flat[0] = -1.0
+    assert flat.is_contiguous() and base[0, 0].item() == 0.0
+    assert base.ravel().data_ptr() == base.data_ptr()  # a contiguous tensor's is a view

@@ -772,6 +772,9 @@ def masked_fill(input: Tensor, mask: Tensor, value: Operand) -> Tensor:
     if _broadcast("masked_fill", input.shape, mask.shape) != tuple(input.shape):
         raise ValueError(f"masked_fill: a mask of shape {tuple(mask.shape)} does not broadcast to the input's "
                          f"{tuple(input.shape)}")
+    if not isinstance(value, _Tensor):  # in input's dtype as fill_ converts it: a number it cannot hold is refused
+        from .creation import full
+        value = full((), value, dtype=input.dtype, device=input.device)
     return where(mask, value, input).to(input.dtype)
 
 
@@ -1349,8 +1352,30 @@ def ints_first(index: Any) -> tuple[tuple, tuple] | None:
     return tuple(basic), tuple(rest)
 
 
+def _check_masks(shape: tuple, index: tuple) -> None:
+    """Fails for a bool mask of other sizes than the dimensions it indexes, as PyTorch does (NumPy takes an empty
+    one for a dimension of any size)."""
+    items = [np.asarray(i) if isinstance(i, list) else i for i in index]
+
+    def span(i):  # the dimensions item i indexes
+        if i is None or isinstance(i, (bool, np.bool_)):
+            return 0
+        return i.ndim if isinstance(i, np.ndarray) and i.dtype == bool else 1
+    at = 0
+    for i in items:
+        if i is Ellipsis:
+            at += len(shape) - builtins.sum(span(k) for k in items if k is not Ellipsis)
+            continue
+        n = span(i)
+        if isinstance(i, np.ndarray) and i.dtype == bool and tuple(shape[at:at + n]) != i.shape:
+            raise IndexError(f"the shape of the mask {list(i.shape)} at index {at} does not match the shape "
+                             f"{list(shape[at:at + n])} of the indexed tensor there")
+        at += n
+
+
 def getitem(input: Tensor, index: tuple) -> Tensor:
     """input[index] for an advanced (NumPy) index: a new tensor on input's device."""
+    _check_masks(tuple(input.shape), index)
     a = input._host_array()
     out = a[index]
     if np.may_share_memory(out, a):  # a bool scalar alone indexes as a view in NumPy
@@ -1362,6 +1387,7 @@ def setitem(input: Tensor, index: tuple, value: Any) -> None:
     """input[index] = value for an advanced (NumPy) index, written into input's memory. The values convert to
     input's dtype as basic-index assignment converts them: numbers checked as fill_ checks them, tensors and
     arrays by the casts' rules (tensors.md)."""
+    _check_masks(tuple(input.shape), index)
     if isinstance(value, np.ndarray):
         value = _C.from_numpy(value)
     elif not isinstance(value, _Tensor):
@@ -1681,8 +1707,10 @@ def index_select(input: Tensor, dim: int, index: Tensor) -> Tensor:
     size = input.shape[d] if input.ndim else 1
     if i.size and (i.min() < 0 or i.max() >= size):
         raise IndexError(f"index_select: index out of range for dimension {d} of size {size}")
+    if not input.ndim and i.size != 1:
+        raise IndexError(f"index_select: a 0-d tensor takes an index of one value, got {i.size}")
     return _apply("index_select", lambda a: np.take(a.reshape(a.shape or (1,)), i, axis=d).reshape(
-        (-1,) if not input.ndim else [*a.shape[:d], i.size, *a.shape[d + 1:]]), [input], input.dtype, input.dtype)
+        [*a.shape[:d], i.size, *a.shape[d + 1:]] if input.ndim else ()), [input], input.dtype, input.dtype)
 
 
 def index_add(input: Tensor, dim: int, index: Tensor, source: Tensor, *, alpha: Operand = 1) -> Tensor:

@@ -649,8 +649,8 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
         return self.reshape(other.shape)
 
     def ravel(self) -> Tensor:
-        """self.reshape(-1): a view where the strides allow one."""
-        return self.reshape(-1)
+        """The elements in one contiguous dimension: a view of a contiguous tensor, else a copy (as torch.ravel)."""
+        return self.contiguous().view(-1)
 
     def tile(self, *dims: _int | Sequence[_int]) -> Tensor:
         """A copy repeated dims times along each dimension; fewer dims than dimensions repeat the last ones, as

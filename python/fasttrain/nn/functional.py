@@ -1151,7 +1151,7 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
         p = p * (1 - label_smoothing) + label_smoothing / classes
         w = np.ones(classes) if weight is None else _host(weight)
         values = -(p * logp * w.reshape(-1, *(1,) * (logp.ndim - 2))).sum(1)
-        return _eager(values, _reduction_of("cross_entropy", reduction), input)
+        return _eager(values if input.ndim > 1 else values[0], _reduction_of("cross_entropy", reduction), input)
     loss, _ = _C.cross_entropy_forward(None, False, *widen(input, target, weight), reduction, int(ignore_index),
                                        float(label_smoothing))
     return loss
@@ -1262,6 +1262,8 @@ def mse_loss(input, target, size_average=None, reduce=None, reduction="mean"):
         d = input - target
         return (d * d).reduce(_reduction_of("mse_loss", reduction))
     target = _pair_check(input, target, "mse_loss")
+    if input.dtype != target.dtype:  # promoted, as PyTorch: to float32 (the other float is 16-bit)
+        input, target = input.float(), target.float()
     return _C.mse_loss_forward(None, *widen(input, target), reduction)
 
 
@@ -1311,7 +1313,8 @@ def huber_loss(input, target, reduction="mean", delta=1.0):
 def binary_cross_entropy_with_logits(input, target, weight=None, size_average=None, reduce=None, reduction="mean",
                                      pos_weight=None):
     """-w [p y log sigmoid(x) + (1 - y) log(1 - sigmoid(x))], p the pos_weight (broadcast over the last
-    dimension), computed as softplus(x) (1 + (p - 1) y) - p x y."""
+    dimension), computed as softplus(x) (1 + (p - 1) y) - p x y; eagerly as (1 - y) softplus(x) + p y
+    softplus(-x), each term left out where its weight is 0, so that an infinite logit's loss is infinite or 0."""
     reduction = _reduction_of("binary_cross_entropy_with_logits", _legacy_reduction(size_average, reduce, reduction))
     if isinstance(input, Symbolic):
         xy = input * target
@@ -1327,7 +1330,10 @@ def binary_cross_entropy_with_logits(input, target, weight=None, size_average=No
     target = _pair_check(input, target, "binary_cross_entropy_with_logits")
     x, y = _host(input), _host(target)
     p = _host(pos_weight) if pos_weight is not None else 1.0
-    values = (np.maximum(x, 0) + np.log1p(np.exp(-np.abs(x)))) * (1 + (p - 1) * y) - p * x * y
+    def softplus(v):
+        return np.maximum(v, 0) + np.log1p(np.exp(-np.abs(v)))
+    with np.errstate(invalid="ignore"):  # 0 * inf in the term left out
+        values = np.where(y != 1, (1 - y) * softplus(x), 0) + np.where(y != 0, p * y * softplus(-x), 0)
     if weight is not None:
         values = values * _host(weight)
     return _eager(values, reduction, input)
