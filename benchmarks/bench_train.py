@@ -1,7 +1,8 @@
 """Images/s of whole training steps (forward, loss, backward, SGD update) on Fashion-MNIST-shaped batches, for the
 demo network and a ResNet-style network (also written as a PyTorch-style subclass and traced), at batch 256 and 512,
 against the FMA peak of this machine and against the same network, recipe and thread count in PyTorch
-(channels_last) when torch imports; then AdamW steps of a ViT on 32x32 images (batch 64) and of GPT-2 blocks on
+(channels_last) when torch imports; then AdamW steps of a ViT on 32x32 images (batch 64), of the same with BEiT's
+relative position biases given to F.scaled_dot_product_attention as attn_mask ("beit"), and of GPT-2 blocks on
 128-token sequences (batch 16, next-token cross-entropy; "gpt" with nn.MultiheadAttention, "mingpt" with minGPT's
 attention written out: q @ k.transpose(-2, -1), a mask buffer, att @ v) and of an nn.Transformer translating
 64-token sources into 64-token targets (batch 16; two inputs, PyTorch's masks and default dropout), against the same
@@ -14,7 +15,7 @@ zero-padding taps, so small images overstate the work a little) and, with torch,
 images/s) and "ratio" (ours / torch). Medians of timed steps after warm-up; fasttrain and torch steps
 alternate so that load on a shared machine hits both alike.
 
-Where the CPU has AVX512-BF16, each demo, ResNet, ViT, GPT, minGPT, seq2seq and DCGAN line has a "_bf16" twin: the
+Where the CPU has AVX512-BF16, each demo, ResNet, ViT, BEiT, GPT, minGPT, seq2seq and DCGAN line has a "_bf16" twin: the
 same step
 compiled with precision="bf16-mixed", with "ratio_float32" (over fasttrain's float32 step), "ratio" over
 PyTorch's step under torch.autocast("cpu", dtype=torch.bfloat16) (channels_last for the CNNs), and
@@ -236,7 +237,46 @@ def seq2seq(lib, vocab=512, steps=64, dim=128, heads=4, layers=2):
     return Seq2Seq()
 
 
-MODELS = {"vit": vit, "gpt": gpt, "mingpt": functools.partial(gpt, hand=True), "seq2seq": seq2seq}
+def beit(lib, dim=128, depth=4, heads=4, patch=4, image=32, classes=10):
+    """The ViT with BEiT's attention instead of a position embedding: each block's learned relative position bias,
+    a ((2W - 1)^2, heads) table read at a fixed index of the W x W patches' offsets, given to
+    F.scaled_dot_product_attention as attn_mask (timm's Beit Attention); mean-pooled patches to the head."""
+    nn, F = lib.nn, lib.nn.functional
+    W = image // patch
+    coords = np.stack(np.meshgrid(np.arange(W), np.arange(W), indexing="ij")).reshape(2, -1)
+    offsets = (coords[:, :, None] - coords[:, None, :]).transpose(1, 2, 0) + W - 1
+    index = offsets[..., 0] * (2 * W - 1) + offsets[..., 1]
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm1, self.qkv, self.proj = nn.LayerNorm(dim), nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+            self.norm2, self.fc1, self.fc2 = nn.LayerNorm(dim), nn.Linear(dim, 2 * dim), nn.Linear(2 * dim, dim)
+            self.table = nn.Parameter(lib.zeros((2 * W - 1) ** 2, heads))
+            self.register_buffer("index", lib.tensor(index))
+
+        def forward(self, x):
+            B, T = x.shape[0], W * W
+            q, k, v = self.qkv(self.norm1(x)).reshape(B, T, 3, heads, dim // heads).permute(2, 0, 3, 1, 4)
+            bias = self.table[self.index.view(-1)].view(T, T, -1).permute(2, 0, 1).contiguous().unsqueeze(0)
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+            x = x + self.proj(a.transpose(1, 2).reshape(B, T, dim))
+            return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
+
+    class Beit(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.patch = nn.Conv2d(3, dim, patch, stride=patch)
+            self.blocks = nn.Sequential(*[Block() for _ in range(depth)])
+            self.norm, self.head = nn.LayerNorm(dim), nn.Linear(dim, classes)
+
+        def forward(self, x):
+            x = self.blocks(self.patch(x).flatten(2).transpose(1, 2))
+            return self.head(self.norm(x).mean(1))
+    return Beit()
+
+
+MODELS = {"vit": vit, "beit": beit, "gpt": gpt, "mingpt": functools.partial(gpt, hand=True), "seq2seq": seq2seq}
 
 
 def gan_steps(net, batch, bf16, z=100):
@@ -285,7 +325,7 @@ def transformer_steps(net, batch, bf16):
     eager float32 step and its bf16-autocast step (PyTorch's fastest CPU mode) or None, samples' unit) for the
     ViT, GPT or seq2seq model."""
     rng = np.random.default_rng(0)
-    if net == "vit":
+    if net in ("vit", "beit"):
         x = rng.standard_normal((batch, 3, 32, 32)).astype(np.float32)
         y = rng.integers(0, 10, batch)
         shape, kw, loss, unit = (3, 32, 32), {}, ft.nn.CrossEntropyLoss(), "images/s"
@@ -315,13 +355,13 @@ def transformer_steps(net, batch, bf16):
     if torch is None:
         return ours, ours16, flops, None, None, unit
     tm = MODELS[net](torch)
-    if net == "vit":
+    if net in ("vit", "beit"):
         tm = tm.to(memory_format=torch.channels_last)
     topt = torch.optim.AdamW(tm.parameters(), lr=1e-3)
     tx = tuple(map(torch.from_numpy, x)) if isinstance(x, tuple) else torch.from_numpy(x)
-    tx = tx.contiguous(memory_format=torch.channels_last) if net == "vit" else tx
+    tx = tx.contiguous(memory_format=torch.channels_last) if net in ("vit", "beit") else tx
     ty = torch.from_numpy(y)
-    tloss = torch.nn.CrossEntropyLoss() if net == "vit" else next_token_loss(torch)
+    tloss = torch.nn.CrossEntropyLoss() if net in ("vit", "beit") else next_token_loss(torch)
 
     def theirs(bf16=False):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
@@ -456,7 +496,7 @@ def main():
                     extra.update(reference=round(ref, 1), ratio=round(ips16 / ref, 3),
                                  reference_name=f"torch {torch.__version__} bf16 autocast (channels_last)")
                 emit(f"train_step_{net}_b{batch}_bf16", ips16, "images/s", **extra)
-    for net, batch in (("vit", 64), ("gpt", 16), ("mingpt", 16), ("seq2seq", 16), ("dcgan", 64)):
+    for net, batch in (("vit", 64), ("beit", 64), ("gpt", 16), ("mingpt", 16), ("seq2seq", 16), ("dcgan", 64)):
         ours, ours16, flops, theirs, autocast, unit = (gan_steps if net == "dcgan" else transformer_steps)(net, batch,
                                                                                                            bf16)
         runs = [f for f in (ours, ours16, theirs, autocast) if f]

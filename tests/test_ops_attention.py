@@ -741,10 +741,61 @@ class Biased(ft.nn.Module):
         return self.head(a.transpose(1, 2).reshape(x.size(0), 5, 4)[:, 0])
 
 
+@pytest.mark.parametrize("N,H,Tq,Tk,D,causal", CASES, ids=str)
+def test_a_bias_of_the_scores_runs_fused_with_its_gradient(N, H, Tq, Tk, D, causal):
+    """softmax(q k^T * scale + bias) v with the bias inside the kernel (a relative position bias, ALiBi's), shared
+    by the samples (a stride of 0) or each sample's own, against NumPy float64: out, lse, dq, dk, dv and the bias's
+    gradient dS, which is 0 where a key is not seen; bfloat16 within its rounding."""
+    q, k, v, dout = inputs(N, H, Tq, Tk, D, seed=60)
+    r = np.random.default_rng(61)
+    for shape in ((1, H, Tq, Tk), (N, H, Tq, Tk)):
+        bias = r.normal(size=shape)
+        s = q @ np.swapaxes(k, -1, -2) * 0.3 + bias
+        if causal:
+            s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
+        m = s.max(-1, keepdims=True)
+        p = np.exp(s - m) / np.exp(s - m).sum(-1, keepdims=True)
+        dp = dout @ np.swapaxes(v, -1, -2)
+        ds = p * (dp - (dp * p).sum(-1, keepdims=True))
+        want = (p @ v, (m + np.log(np.exp(s - m).sum(-1, keepdims=True)))[..., 0], ds @ k * 0.3,
+                np.swapaxes(ds, -1, -2) @ q * 0.3, np.swapaxes(p, -1, -2) @ dout, ds)
+        for dtype, tol in ((ft.float32, 1e-5), (ft.bfloat16, 3e-2)):
+            b = t(bias).to(dtype).expand(N, H, Tq, Tk)
+            qs = [t(x).to(dtype) for x in (q, k, v, dout)]
+            out, lse = ft.ops.sdpa_forward(None, None, *qs[:3], 0.3, causal, bias=b)
+            got = (out, lse, *ft.ops.sdpa_backward(None, None, None, qs[3], *qs[:3], out, lse, 0.3, causal, bias=b))
+            for g, w in zip(got, want):
+                scale = max(np.abs(w).max(), 1e-30)
+                assert np.abs(g.float().numpy() - w).max() <= tol * scale + tol * 1e-1, (dtype, shape)
+    with pytest.raises(ValueError, match=r"bias should have shape"):
+        ft.ops.sdpa_forward(None, None, t(q), t(k), t(v), bias=t(np.zeros((N, H, Tq, Tk + 1))))
+    with pytest.raises(ValueError, match="dbias is the gradient of a bias, and none was given"):
+        out, lse = ft.ops.sdpa_forward(None, None, t(q), t(k), t(v))
+        ft._C.sdpa_backward(None, None, None, t(dout), t(q), t(k), t(v), out, lse, dbias=t(np.zeros((N, H, Tq, Tk))))
+
+
+def test_a_learned_bias_compiles_into_the_fused_attention():
+    """F.scaled_dot_product_attention(q, k, v, attn_mask=bias) of a learned bias (a relative position table's
+    rows) runs as one attention node with the bias added inside the kernel (it formed the (N, H, T, T) scores and
+    their softmax as separate nodes), with the same loss and gradients as the scores written out."""
+    from test_trace import RelativeBias
+    ft.manual_seed(62)
+    model = RelativeBias("sdpa")
+    x = np.random.default_rng(63).standard_normal((3, 4, 4)).astype(np.float32)
+    y = np.random.default_rng(64).standard_normal(model.reference(x).shape).astype(np.float32)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), ft.nn.MSELoss(), batch_size=3,
+                            input_shape=(4, 4))
+    kinds = [row.split()[1] for row in program.summary().splitlines()[1:] if row.strip()[:1].isdigit()]
+    assert "Attention" in kinds and "Softmax" not in kinds
+    np.testing.assert_allclose(n(program.predict(x)), model.reference(x), rtol=1e-5, atol=1e-6)
+    assert gradcheck(program, x, y, rtol=3e-2, atol=1e-4)
+
+
 def test_other_masks_run_the_attention_written_out():
-    """A bias added to the scores (ALiBi's, a learned one) and a bool pattern that is neither causal nor of keys
-    (they were refused) give PyTorch's formula, eagerly against NumPy float64 and compiled against finite
-    differences, through the learned bias too; MultiheadAttention takes them as PyTorch's, (T, S) or (N * H, T, S)."""
+    """A bias added to the scores (ALiBi's, a learned one: fused, see above) and a bool pattern that is neither
+    causal nor of keys (they were refused) give PyTorch's formula, eagerly against NumPy float64 and compiled against
+    finite differences, through the learned bias too; MultiheadAttention takes them as PyTorch's, (T, S) or
+    (N * H, T, S)."""
     q, k, v, _ = inputs(2, 2, 5, 6, 4, seed=44)
     alibi = -np.abs(np.arange(5)[:, None] - np.arange(6)[None]) * np.array([0.5, 0.25])[:, None, None]
     block = np.random.default_rng(46).random((5, 6)) > 0.4

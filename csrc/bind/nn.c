@@ -140,7 +140,7 @@ static int parse_node(ft_module_state *st, PyObject *d, ft_node *nd) {
     memset(nd, 0, sizeof *nd);
     long long kind, groups, act, ceil_mode, include_pad, divisor, training, norm_dims, slice_dim, slice_start,
         slice_step, dtype, reduction, ignore_index, dim, padding_idx, causal, reverse, sync, abn, align_corners, uniform,
-        channels;
+        channels, score_bias;
     int64_t shape[FT_NODE_MAX_DIMS], perm[FT_NODE_MAX_DIMS];
     int nperm;
     double alpha;
@@ -173,7 +173,8 @@ static int parse_node(ft_module_state *st, PyObject *d, ft_node *nd) {
         get_double(d, "layer_eps", 1e-5, &nd->eps) < 0 || get_double(d, "scale", 1.0, &nd->scale) < 0 ||
         get_ints(d, "perm", perm, FT_NODE_MAX_DIMS, &nperm) < 0 || get_long(d, "slice_dim", 0, &slice_dim) < 0 ||
         get_long(d, "dim", 0, &dim) < 0 || get_long(d, "padding_idx", -1, &padding_idx) < 0 ||
-        get_long(d, "causal", 0, &causal) < 0 || get_long(d, "reverse", 0, &reverse) < 0 ||
+        get_long(d, "causal", 0, &causal) < 0 || get_long(d, "score_bias", 0, &score_bias) < 0 ||
+        get_long(d, "reverse", 0, &reverse) < 0 ||
         get_pair(d, "factor", 1, nd->factor) < 0 ||
         get_long(d, "slice_start", 0, &slice_start) < 0 || get_long(d, "slice_step", 1, &slice_step) < 0 ||
         get_long(d, "dtype", FT_FLOAT32, &dtype) < 0 || get_long(d, "reduction", FT_NODE_REDUCE_NONE, &reduction) < 0 ||
@@ -217,6 +218,7 @@ static int parse_node(ft_module_state *st, PyObject *d, ft_node *nd) {
     nd->conv.groups = nd->groups = groups;
     nd->padding_idx = padding_idx;
     nd->causal = causal;
+    nd->score_bias = score_bias;
     nd->reverse = reverse;
     memcpy(nd->pool.stride, nd->conv.stride, sizeof nd->pool.stride);
     memcpy(nd->pool.padding, nd->conv.padding, sizeof nd->pool.padding);

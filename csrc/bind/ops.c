@@ -1768,9 +1768,11 @@ static PyObject *py_upsample_bilinear2d_backward(PyObject *m, PyObject *args, Py
 
 /* scale=None (or omitted): 1 / sqrt(D); seed and offset place the dropout mask (as dropout_forward's). */
 static int parse_sdpa(ft_module_state *st, PyObject *scale, int causal, double dropout_p, PyObject *seed,
-                      PyObject *offset, PyObject *key_mask, ft_sdpa_params *p) {
+                      PyObject *offset, PyObject *key_mask, PyObject *bias, ft_sdpa_params *p) {
     memset(p, 0, sizeof *p);
     if (key_mask && parse_in(st, key_mask, "key_mask", true, &p->key_mask) < 0)
+        return -1;
+    if (bias && parse_in(st, bias, "bias", true, &p->bias) < 0)
         return -1;
     p->causal = causal;
     p->dropout_p = dropout_p;
@@ -1793,20 +1795,21 @@ static int parse_sdpa(ft_module_state *st, PyObject *scale, int causal, double d
 }
 
 static PyObject *py_sdpa_forward(PyObject *m, PyObject *args, PyObject *kw) {
-    PyObject *o_out, *o_lse, *o_q, *o_k, *o_v, *o_scale = NULL, *o_seed = NULL, *o_offset = NULL, *o_mask = NULL;
+    PyObject *o_out, *o_lse, *o_q, *o_k, *o_v, *o_scale = NULL, *o_seed = NULL, *o_offset = NULL, *o_mask = NULL,
+             *o_bias = NULL;
     int causal = 0;
     double dropout_p = 0.0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOO|Op$dOOO:sdpa_forward",
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOO|Op$dOOOO:sdpa_forward",
                                      KW("out", "lse", "q", "k", "v", "scale", "causal", "dropout_p", "seed", "offset",
-                                        "key_mask"),
+                                        "key_mask", "bias"),
                                      &o_out, &o_lse, &o_q, &o_k, &o_v, &o_scale, &causal, &dropout_p, &o_seed,
-                                     &o_offset, &o_mask))
+                                     &o_offset, &o_mask, &o_bias))
         return NULL;
     ft_module_state *st = ft_py_state(m);
     const ft_tensor *q, *k, *v;
     out_arg o[2] = {{0}};
     ft_sdpa_params p;
-    if (parse_sdpa(st, o_scale, causal, dropout_p, o_seed, o_offset, o_mask, &p) < 0 ||
+    if (parse_sdpa(st, o_scale, causal, dropout_p, o_seed, o_offset, o_mask, o_bias, &p) < 0 ||
         parse_in(st, o_q, "q", false, &q) < 0 ||
         parse_in(st, o_k, "k", false, &k) < 0 || parse_in(st, o_v, "v", false, &v) < 0 ||
         parse_out(st, o_out, "out", false, &o[0]) < 0 || parse_out(st, o_lse, "lse", true, &o[1]) < 0)
@@ -1823,36 +1826,40 @@ static PyObject *py_sdpa_forward(PyObject *m, PyObject *args, PyObject *kw) {
 
 static PyObject *py_sdpa_backward(PyObject *m, PyObject *args, PyObject *kw) {
     PyObject *o_dq, *o_dk, *o_dv, *o_dout, *o_q, *o_k, *o_v, *o_out, *o_lse, *o_scale = NULL, *o_seed = NULL,
-             *o_offset = NULL, *o_mask = NULL;
+             *o_offset = NULL, *o_mask = NULL, *o_bias = NULL, *o_dbias = Py_None;
     int causal = 0, accumulate = 0;
     double dropout_p = 0.0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOOO|Opp$dOOO:sdpa_backward",
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOOOOOOO|Opp$dOOOOO:sdpa_backward",
                                      KW("dq", "dk", "dv", "dout", "q", "k", "v", "out", "lse", "scale", "causal",
-                                        "accumulate", "dropout_p", "seed", "offset", "key_mask"),
+                                        "accumulate", "dropout_p", "seed", "offset", "key_mask", "bias", "dbias"),
                                      &o_dq, &o_dk, &o_dv, &o_dout, &o_q, &o_k, &o_v, &o_out, &o_lse, &o_scale, &causal,
-                                     &accumulate, &dropout_p, &o_seed, &o_offset, &o_mask))
+                                     &accumulate, &dropout_p, &o_seed, &o_offset, &o_mask, &o_bias, &o_dbias))
         return NULL;
     ft_module_state *st = ft_py_state(m);
     const ft_tensor *dout, *q, *k, *v, *out, *lse;
-    out_arg o[3] = {{0}};
+    out_arg o[4] = {{0}};
     ft_sdpa_params p;
-    if (parse_sdpa(st, o_scale, causal, dropout_p, o_seed, o_offset, o_mask, &p) < 0 ||
+    if (parse_sdpa(st, o_scale, causal, dropout_p, o_seed, o_offset, o_mask, o_bias, &p) < 0 ||
         parse_in(st, o_dout, "dout", false, &dout) < 0 ||
         parse_in(st, o_q, "q", false, &q) < 0 || parse_in(st, o_k, "k", false, &k) < 0 ||
         parse_in(st, o_v, "v", false, &v) < 0 || parse_in(st, o_out, "out", false, &out) < 0 ||
         parse_in(st, o_lse, "lse", false, &lse) < 0 || parse_out(st, o_dq, "dq", true, &o[0]) < 0 ||
-        parse_out(st, o_dk, "dk", true, &o[1]) < 0 || parse_out(st, o_dv, "dv", true, &o[2]) < 0)
+        parse_out(st, o_dk, "dk", true, &o[1]) < 0 || parse_out(st, o_dv, "dv", true, &o[2]) < 0 ||
+        parse_out(st, o_dbias == Py_None && !p.bias ? Py_False : o_dbias, "dbias", true, &o[3]) < 0)
         return NULL;
+    /* with a bias, its gradient too: (N, H, Tq, Tk) in the bias's dtype */
+    int64_t bshape[4] = {q->shape[0], q->shape[1], q->shape[2], k->ndim == 4 ? k->shape[2] : 0};
     if (alloc_like(st, &o[0], q) < 0 || alloc_like(st, &o[1], k) < 0 || alloc_like(st, &o[2], v) < 0 ||
-        check_accumulate(o, 3, accumulate, "sdpa_backward") < 0) {
-        drop_outs(o, 3);
+        (p.bias && q->ndim == 4 && alloc_on(st, &o[3], q, 4, bshape, p.bias->dtype) < 0) ||
+        check_accumulate(o, 4, accumulate, "sdpa_backward") < 0) {
+        drop_outs(o, 4);
         return NULL;
     }
     ft_status s;
     CALL(s, big(q) || big(k),
-         ft_sdpa_backward(o[0].t, o[1].t, o[2].t, dout, q, k, v, out, lse, &p,
-                          (ft_sdpa_acc){accumulate, accumulate, accumulate}));
-    return finish(s, o, 3);
+         ft_sdpa_backward(o[0].t, o[1].t, o[2].t, o[3].t, dout, q, k, v, out, lse, &p,
+                          (ft_sdpa_acc){accumulate, accumulate, accumulate, accumulate}));
+    return finish(s, o, p.bias ? 4 : 3);
 }
 
 /* ======================= eager tensor math ======================= */
@@ -2053,9 +2060,12 @@ static PyMethodDef ops_methods[] = {
     KWFN(sdpa_forward, "sdpa_forward(out, lse, q, k, v, scale=None, causal=False, *, dropout_p=0.0, seed=0, offset=0, "
                        "key_mask=None) -> (out, lse): scaled dot-product attention; lse=False when no backward "
                        "follows. Dropout drops what dropout_forward(p, seed, offset) would of the (N, H, Tq, Tk) "
-                       "probabilities; key_mask (N, Tk) bool is True where a key is masked out"),
+                       "probabilities; key_mask (N, Tk) bool is True where a key is masked out; bias (N, H, Tq, Tk) "
+                       "(CPU; strides 0 where it broadcasts) is added to the scaled scores"),
     KWFN(sdpa_backward, "sdpa_backward(dq, dk, dv, dout, q, k, v, out, lse, scale=None, causal=False, "
-                        "accumulate=False, *, dropout_p=0.0, seed=0, offset=0, key_mask=None) -> (dq, dk, dv)"),
+                        "accumulate=False, *, dropout_p=0.0, seed=0, offset=0, key_mask=None, bias=None, "
+                        "dbias=None) -> (dq, dk, dv), and dbias (the bias's gradient, contiguous) after them with a "
+                        "bias"),
     {"math_pointwise", py_math_pointwise, METH_VARARGS,
      "math_pointwise(op, operands, dtype, shape) -> the elementwise op of tensors and numbers computed in dtype (a "
      "code), of their broadcast shape"},

@@ -677,8 +677,10 @@ static ft_status matmul_backward(const ft_node_run *r) {
 /* ---- attention ---- */
 
 /* Whether q, k and v come packed in one input, and whether a key mask follows them. */
-static bool attention_packed(const ft_node *nd) { return nd->ninputs <= 2; }
-static bool attention_masked(const ft_node *nd) { return nd->ninputs % 2 == 0; }
+/* The inputs: q, k and v (or one packed input), a key mask, then a score bias. */
+static int attention_qkv_mask(const ft_node *nd) { return nd->ninputs - nd->score_bias; }
+static bool attention_packed(const ft_node *nd) { return attention_qkv_mask(nd) <= 2; }
+static bool attention_masked(const ft_node *nd) { return attention_qkv_mask(nd) % 2 == 0; }
 
 /* E, the width of the queries (one packed input: a third of its width). */
 static int64_t attention_width(const ft_node *nd, const ft_node *const *in) {
@@ -693,17 +695,20 @@ static int64_t attention_keys(const ft_node *nd, const ft_node *const *in) {
 static ft_status attention_check(const ft_node *nd, const ft_node *const *in) {
     int64_t E = in[0]->ndim == 2 ? attention_width(nd, in) : 0, H = nd->groups;
     bool packed = attention_packed(nd);
-    const ft_node *mask = attention_masked(nd) ? in[nd->ninputs - 1] : NULL;
+    const ft_node *mask = attention_masked(nd) ? in[attention_qkv_mask(nd) - 1] : NULL;
+    const ft_node *bias = nd->score_bias ? in[nd->ninputs - 1] : NULL;
     bool ok = in[0]->ndim == 2 && H >= 1 && E % H == 0 && E > 0 && nd->ndim == 2 &&
               nd->shape[0] == in[0]->shape[0] && nd->shape[1] == E &&
               (packed ? in[0]->shape[1] == 3 * E
                       : in[1]->ndim == 2 && in[2]->ndim == 2 && in[1]->shape[1] == E && in[2]->shape[1] == E &&
                             in[1]->shape[0] == in[2]->shape[0]) &&
-              (!mask || (mask->ndim == 1 && mask->shape[0] == attention_keys(nd, in)));
+              (!mask || (mask->ndim == 1 && mask->shape[0] == attention_keys(nd, in))) &&
+              (!bias || (bias->ndim == 3 && bias->shape[0] == H && bias->shape[1] == nd->shape[0] &&
+                         bias->shape[2] == attention_keys(nd, in)));
     return ok ? FT_OK
               : ft_fail(FT_ERR_SHAPE, "program: attention takes queries (T, E) and keys and values (S, E), or one "
                                       "packed (T, 3E) input, with E divisible by the %lld heads, then optionally "
-                                      "a key mask (S,)",
+                                      "a key mask (S,) and a score bias (heads, T, S)",
                         (long long)H);
 }
 
@@ -744,15 +749,15 @@ static uint64_t attention_draws(const ft_node *nd, const ft_node *const *in, int
                                          : 0;
 }
 
-/* The op's parameters; *mask holds the key mask it points to. */
-static ft_sdpa_params sdpa_params(const ft_node_run *r, ft_tensor *mask) {
+/* The op's parameters, pointing at the key mask and the score bias among the inputs. */
+static ft_sdpa_params sdpa_params(const ft_node_run *r) {
     const ft_node *nd = r->nd;
     ft_sdpa_params p = {.scale = nd->scale, .causal = nd->causal, .dropout_p = r->training ? nd->dropout_p : 0.0,
                         .seed = r->seed, .offset = r->mask_offset};
-    if (attention_masked(nd)) {
-        *mask = r->in[r->nin - 1];
-        p.key_mask = mask;
-    }
+    if (attention_masked(nd))
+        p.key_mask = &r->in[attention_qkv_mask(nd) - 1];
+    if (nd->score_bias)
+        p.bias = &r->in[r->nin - 1];
     return p;
 }
 
@@ -767,8 +772,8 @@ static ft_status attention_forward(const ft_node_run *r) {
     qkv_inputs(r, ins, all);
     ft_tensor q = qkv(r, ins, 0), k = qkv(r, ins, 1), v = qkv(r, ins, 2), out = heads_of(&r->out, 0, r->nd->shape[1],
                                                                                         r->nd->groups);
-    ft_tensor lse = attention_lse(r), mask;
-    ft_sdpa_params p = sdpa_params(r, &mask);
+    ft_tensor lse = attention_lse(r);
+    ft_sdpa_params p = sdpa_params(r);
     return ft_sdpa_forward(&out, r->training ? &lse : NULL, &q, &k, &v, &p);
 }
 
@@ -780,10 +785,13 @@ static ft_status attention_backward(const ft_node_run *r) {
     const ft_tensor *all[3] = {&r->in[0], &r->in[1], &r->in[2]}, *ins[3], *dins[3];
     qkv_inputs(r, ins, all);
     qkv_inputs(r, dins, r->din);
-    ft_tensor q = qkv(r, ins, 0), k = qkv(r, ins, 1), v = qkv(r, ins, 2), lse = attention_lse(r), mask;
+    ft_tensor q = qkv(r, ins, 0), k = qkv(r, ins, 1), v = qkv(r, ins, 2), lse = attention_lse(r);
     int64_t E = r->nd->shape[1], H = r->nd->groups;
     ft_tensor out = heads_of(&r->out, 0, E, H), dout = heads_of(&r->dout, 0, E, H), d[3];
-    ft_sdpa_params p = sdpa_params(r, &mask);
+    ft_sdpa_params p = sdpa_params(r);
+    int b = r->nin - 1; /* the bias's gradient, if it has one: with the first call's */
+    const ft_tensor *dbias = r->nd->score_bias ? r->din[b] : NULL;
+    bool dbias_acc = dbias && r->din_acc[b];
     const ft_tensor *g[3] = {NULL, NULL, NULL};
     bool packed = attention_packed(r->nd), acc[3];
     for (int x = 0; x < 3; x++) {
@@ -796,14 +804,19 @@ static ft_status attention_backward(const ft_node_run *r) {
     }
     if (packed || !(same_buffer(r->din[0], r->din[1]) || same_buffer(r->din[0], r->din[2]) ||
                          same_buffer(r->din[1], r->din[2])))
-        return ft_sdpa_backward(g[0], g[1], g[2], &dout, &q, &k, &v, &out, &lse, &p,
-                                (ft_sdpa_acc){acc[0], acc[1], acc[2]});
+        return ft_sdpa_backward(g[0], g[1], g[2], dbias, &dout, &q, &k, &v, &out, &lse, &p,
+                                (ft_sdpa_acc){acc[0], acc[1], acc[2], dbias_acc});
     /* One node read as two of q, k and v (the attention of x to itself): each share in turn, under the rule
      * the program set for it (the later shares add). */
     for (int x = 0; x < 3; x++)
-        if (g[x])
-            FT_TRY(ft_sdpa_backward(x == 0 ? g[0] : NULL, x == 1 ? g[1] : NULL, x == 2 ? g[2] : NULL, &dout, &q, &k,
-                                    &v, &out, &lse, &p, (ft_sdpa_acc){acc[0], acc[1], acc[2]}));
+        if (g[x]) {
+            FT_TRY(ft_sdpa_backward(x == 0 ? g[0] : NULL, x == 1 ? g[1] : NULL, x == 2 ? g[2] : NULL, dbias, &dout,
+                                    &q, &k, &v, &out, &lse, &p, (ft_sdpa_acc){acc[0], acc[1], acc[2], dbias_acc}));
+            dbias = NULL;
+        }
+    if (dbias) /* no other gradient wanted */
+        FT_TRY(ft_sdpa_backward(NULL, NULL, NULL, dbias, &dout, &q, &k, &v, &out, &lse, &p,
+                                (ft_sdpa_acc){.bias = dbias_acc}));
     return FT_OK;
 }
 
@@ -1440,7 +1453,7 @@ const ft_node_kind_info ft_node_kinds[FT_NODE_NKINDS] = {
                           upsample_backward, .precision = FT_NODE_ANY, .reads_inputs = never, .reads_output = never},
     [FT_NODE_MATMUL] = {"matmul", 2, 2, 0, matmul_check, NULL, NULL, matmul_forward, matmul_backward,
                         .precision = FT_NODE_LOW},
-    [FT_NODE_ATTENTION] = {"attention", 1, 4, 0, attention_check, attention_aux, NULL, attention_forward,
+    [FT_NODE_ATTENTION] = {"attention", 1, 5, 0, attention_check, attention_aux, NULL, attention_forward,
                            attention_backward, .precision = FT_NODE_ANY, .draws = attention_draws},
     [FT_NODE_EXPAND] = {"expand", 1, 1, 0, expand_check, NULL, NULL, expand_forward, expand_backward,
                         .precision = FT_NODE_ANY, .reads_inputs = never, .reads_output = never},

@@ -122,6 +122,7 @@ typedef struct {
     int dim; /* softmax, log-softmax, cat; cross-entropy: the classes' (0, or the last: read in place) */
     int64_t groups;      /* group norm: the groups; attention: the heads */
     bool causal;         /* attention: query i sees keys j <= i */
+    bool score_bias;     /* attention: its last input (H, Tq, Tk) is added to the scaled scores */
     bool reverse;        /* lstm, gru: the steps from the last to the first */
     int64_t padding_idx; /* embedding: a row that gets no gradient, or -1 */
     int64_t factor[2];   /* upsample: along H and W (along L: factor[1]) */

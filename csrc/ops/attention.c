@@ -61,6 +61,9 @@ typedef struct {
     ft_dropout_params drop;
     const uint8_t *km; /* the key mask (NULL: none), its strides over N and T */
     int64_t km_n, km_t;
+    const void *bias; /* the additive bias (NULL: none), its strides over N, H, Tq and Tk */
+    int64_t b_n, b_h, b_q, b_k;
+    bool b_bf16;
 } geom;
 
 /* A (N, H, T, D) float32 or bfloat16 tensor: its data and its strides (in
@@ -518,6 +521,20 @@ FT_VEC_CLONES static void probs_grad(float *s, float *dp, int R, int C, const in
     }
 }
 
+/* ---- bias ---- */
+
+/* s = s * scale + the bias, over the tile of queries [i0, i0 + nq) and keys
+ * [j0, j0 + nk) of head (n, h): query r's score for key c at s[r * rs + c * cs]. */
+static void add_bias(float *s, int64_t rs, int64_t cs, const geom *g, int64_t n, int64_t h, int64_t i0, int nq,
+                     int64_t j0, int nk, float scale) {
+    const char *b = (const char *)g->bias + (n * g->b_n + h * g->b_h + i0 * g->b_q + j0 * g->b_k) * (g->b_bf16 ? 2 : 4);
+    for (int r = 0; r < nq; r++)
+        for (int c = 0; c < nk; c++) {
+            float *x = s + r * rs + c * cs;
+            *x = *x * scale + ft_float_at(b, g->b_bf16, r * g->b_q + c * g->b_k);
+        }
+}
+
 /* ---- dropout ----
  *
  * With dropout, out = (P o Z) v for the mask's factors Z (0 or 1 / (1 - p));
@@ -608,7 +625,9 @@ static void forward_block(const fwd_ws *w, const geom *g, const view4 *out, floa
             w->seen[i] = keys_seen(g, i0 + i, kb);
         uint8_t kept[BK];
         keys_kept(g, n, j0, nk, kept);
-        if (online_softmax(w->s, nk, w->seen, kept, scale, w->m, w->l, w->alpha, w->acc))
+        if (g->bias)
+            add_bias(w->s, 1, BQ, g, n, h, i0, nq, j0, nk, scale);
+        if (online_softmax(w->s, nk, w->seen, kept, g->bias ? 1.0f : scale, w->m, w->l, w->alpha, w->acc))
             for (int i = 0; i < BQ; i++) {
                 float *oi = w->o + i * Dp, alpha = w->alpha[i];
                 FT_SIMD_FOR(d, Dp)
@@ -674,6 +693,20 @@ static ft_status check_key_mask(const char *op, const ft_sdpa_params *p, ft_devi
     return ft_check_shape(op, "key_mask", m, 2, shape);
 }
 
+/* The bias, if any: (N, H, Tq, Tk) float32 or bfloat16 on the CPU. */
+static ft_status check_bias(const char *op, const ft_sdpa_params *p, ft_device dev, int64_t N, int64_t H, int64_t Tq,
+                            int64_t Tk) {
+    const ft_tensor *b = p->bias;
+    if (!b)
+        return FT_OK;
+    if (dev.type == FT_DEV_CUDA)
+        return ft_fail(FT_ERR_VALUE, "%s: an additive bias runs on the CPU (on CUDA, add it to the scores written "
+                                     "out)", op);
+    FT_TRY(ft_check_float_on(op, "bias", b, dev, "q", true));
+    int64_t shape[4] = {N, H, Tq, Tk};
+    return ft_check_shape(op, "bias", b, 4, shape);
+}
+
 /* lse (N, H, Tq) float32 on dev. */
 static ft_status check_lse(const char *op, const ft_tensor *lse, ft_device dev, int64_t N, int64_t H, int64_t Tq) {
     int64_t shape[3] = {N, H, Tq};
@@ -714,6 +747,10 @@ static ft_status make_geom(geom *g, const ft_tensor *q, const ft_tensor *k, cons
     g->drop = (ft_dropout_params){p->dropout_p, p->seed, p->offset, 1};
     g->km = p->key_mask ? (const uint8_t *)ft_tensor_data(p->key_mask) : NULL;
     g->km_n = p->key_mask ? p->key_mask->strides[0] : 0, g->km_t = p->key_mask ? p->key_mask->strides[1] : 0;
+    const ft_tensor *b = p->bias;
+    g->bias = b ? ft_tensor_data(b) : NULL, g->b_bf16 = b && b->dtype == FT_BFLOAT16;
+    g->b_n = b ? b->strides[0] : 0, g->b_h = b ? b->strides[1] : 0, g->b_q = b ? b->strides[2] : 0;
+    g->b_k = b ? b->strides[3] : 0;
     if (!isfinite(g->scale))
         return ft_fail(FT_ERR_VALUE, "sdpa: scale must be finite, got %g", p->scale);
     if (!(p->dropout_p >= 0.0 && p->dropout_p <= 1.0))
@@ -744,6 +781,7 @@ ft_status ft_sdpa_forward(const ft_tensor *out, const ft_tensor *lse, const ft_t
         FT_TRY(ft_check_alias(op, "lse", lse, "out", out));
     }
     FT_TRY(check_key_mask(op, p, dev, N, k->shape[2]));
+    FT_TRY(check_bias(op, p, dev, N, H, Tq, k->shape[2]));
     geom g;
     FT_TRY(make_geom(&g, q, k, p, in_pairs(in, 3)));
     if (dev.type == FT_DEV_CUDA)
@@ -826,6 +864,9 @@ static bwd_ws bwd_ws_at(float *p, const geom *g, bool whole_dq) {
 
 typedef struct {
     view4 dq, dk, dv, dout, q, k, v;
+    char *dbias; /* (N, H, Tq, Tk) with strides db_st, or NULL */
+    int64_t db_st[4];
+    bool dbias_bf16;
     const float *lse; /* (N, H, Tq) with strides lse_st */
     int64_t lse_st[3];
     const float *delta; /* (N * H, Tq) */
@@ -854,10 +895,14 @@ static float rows_dot(const view4 *a, const view4 *b, int64_t n, int64_t h, int6
 }
 
 /* probs_grad over the key pass's tiles (a query per row): P o Z in s, for
- * dv, and dS in dp. */
-static void probs_grad_kv(const bwd_ws *w, const geom *g, int64_t n, int64_t h, int64_t i0, int nq, int64_t j0,
-                          int nk, float scale) {
+ * dv, and dS in dp, which is the bias's gradient. */
+static void probs_grad_kv(const bwd_ws *w, const bwd_args *a, const geom *g, int64_t n, int64_t h, int64_t i0,
+                          int nq, int64_t j0, int nk, float scale) {
     int rq = round_rows(nq);
+    if (g->bias) {
+        add_bias(w->s, BK, 1, g, n, h, i0, nq, j0, nk, scale);
+        scale = 1.0f;
+    }
     if (g->dropout) {
         mask_tile(w->z, BK, 1, g, n, h, i0, nq, j0, nk);
         times(w->dp, w->z, rq * BK);
@@ -873,12 +918,29 @@ static void probs_grad_kv(const bwd_ws *w, const geom *g, int64_t n, int64_t h, 
                 if (!kept[c])
                     w->s[r * BK + c] = w->dp[r * BK + c] = 0.0f;
     }
+    if (a->dbias)
+        for (int r = 0; r < nq; r++)
+            for (int c = 0; c < nk; c++) {
+                float ds = w->dp[r * BK + c];
+                int64_t at = n * a->db_st[0] + h * a->db_st[1] + (i0 + r) * a->db_st[2] + (j0 + c) * a->db_st[3];
+                if (a->dbias_bf16) {
+                    uint16_t *d = (uint16_t *)a->dbias + at;
+                    *d = ft_f32_to_bf16(a->acc.bias ? ft_bf16_to_f32(*d) + ds : ds);
+                } else {
+                    float *d = (float *)a->dbias + at;
+                    *d = a->acc.bias ? *d + ds : ds;
+                }
+            }
 }
 
 /* probs_grad over the dq pass's tiles (a key per row): dS in dp. */
 static void probs_grad_q(const bwd_ws *w, const geom *g, int64_t n, int64_t h, int64_t i0, int nq, int64_t j0,
                          int nk, float scale) {
     int rk = round_rows(nk);
+    if (g->bias) {
+        add_bias(w->s, 1, BQ, g, n, h, i0, nq, j0, nk, scale);
+        scale = 1.0f;
+    }
     if (g->dropout) {
         mask_tile(w->z, 1, BQ, g, n, h, i0, nq, j0, nk);
         times(w->dp, w->z, rk * BQ);
@@ -921,7 +983,7 @@ static void backward_kv(const bwd_ws *w, const bwd_args *a, const geom *g, int64
             const uint32_t *da = pair_rows(w->drow, BQ, &ldd, &a->dout, n, h, i0, nq, g);
             gemm_pairs(w->s, BK, qa, lda, 1, w->kcol, BK, rq, Dh, BK, false);
             gemm_pairs(w->dp, BK, da, ldd, 1, w->vcol, BK, rq, Dh, BK, false);
-            probs_grad_kv(w, g, n, h, i0, nq, j0, nk, scale);
+            probs_grad_kv(w, a, g, n, h, i0, nq, j0, nk, scale);
             int qh = (nq + 1) / 2;
             pack_tile(w->ppk, w->s, BK, nq, BK);
             pack_tile(w->dspk, w->dp, BK, nq, BK);
@@ -939,7 +1001,7 @@ static void backward_kv(const bwd_ws *w, const bwd_args *a, const geom *g, int64
         const float *dob = rows_tile(w->dob, BQ, &ldd, &a->dout, n, h, i0, nq, g);
         gemm(w->s, BK, w->qs, Dp, 1, w->kt, BK, rq, (int)g->D, BK, false);
         gemm(w->dp, BK, dob, ldd, 1, w->vt, BK, rq, (int)g->D, BK, false);
-        probs_grad_kv(w, g, n, h, i0, nq, j0, nk, scale);
+        probs_grad_kv(w, a, g, n, h, i0, nq, j0, nk, scale);
         gemm(w->dv, Dp, w->s, 1, BK, dob, ldd, BK, nq, (int)Dp, true);
         gemm(w->dk, Dp, w->dp, 1, BK, w->qs, Dp, BK, nq, (int)Dp, true);
         if (dq)
@@ -1001,9 +1063,9 @@ static void backward_q(const bwd_ws *w, const bwd_args *a, const geom *g, int64_
         store_row(&a->dq, n, h, i0 + r, w->dq + r * Dp, g->D, g->scale, a->acc.q);
 }
 
-ft_status ft_sdpa_backward(const ft_tensor *dq, const ft_tensor *dk, const ft_tensor *dv, const ft_tensor *dout,
-                           const ft_tensor *q, const ft_tensor *k, const ft_tensor *v, const ft_tensor *out,
-                           const ft_tensor *lse, const ft_sdpa_params *p, ft_sdpa_acc acc) {
+ft_status ft_sdpa_backward(const ft_tensor *dq, const ft_tensor *dk, const ft_tensor *dv, const ft_tensor *dbias,
+                           const ft_tensor *dout, const ft_tensor *q, const ft_tensor *k, const ft_tensor *v,
+                           const ft_tensor *out, const ft_tensor *lse, const ft_sdpa_params *p, ft_sdpa_acc acc) {
     const char *op = "sdpa_backward";
     ft_device dev = ft_op_device(q);
     int64_t N, H, Tq, D;
@@ -1024,6 +1086,16 @@ ft_status ft_sdpa_backward(const ft_tensor *dq, const ft_tensor *dk, const ft_te
         FT_TRY(check_writes(op, names[6 + i], grads[i], in, names, 6 + i));
     }
     FT_TRY(check_key_mask(op, p, dev, N, k->shape[2]));
+    FT_TRY(check_bias(op, p, dev, N, H, Tq, k->shape[2]));
+    if (dbias) {
+        if (!p->bias)
+            return ft_fail(FT_ERR_VALUE, "%s: dbias is the gradient of a bias, and none was given", op);
+        int64_t shape[4] = {N, H, Tq, k->shape[2]};
+        FT_TRY(ft_check_float_on(op, "dbias", dbias, dev, "q", true));
+        FT_TRY(ft_check_shape(op, "dbias", dbias, 4, shape));
+        FT_TRY(check_writes(op, "dbias", dbias, in, names, 9));
+        FT_TRY(ft_check_alias(op, "dbias", dbias, "bias", p->bias));
+    }
     geom g;
     FT_TRY(make_geom(&g, q, k, p, in_pairs(in, 4))); /* dout, q, k and v */
     if (dev.type == FT_DEV_CUDA) { /* the backend writes: accumulation is staged */
@@ -1038,11 +1110,14 @@ ft_status ft_sdpa_backward(const ft_tensor *dq, const ft_tensor *dk, const ft_te
             s = FT_CUDA_CALL(op, sdpa_backward, q_to, k_to, v_to, dout, q, k, v, out, lse, p);
         return ft_grad_out_end(&gv, ft_grad_out_end(&gk, ft_grad_out_end(&gq, s)));
     }
-    if (N * H == 0 || (!dq && !dk && !dv))
+    if (N * H == 0 || (!dq && !dk && !dv && !dbias))
         return FT_OK;
+    bool key_pass = dk || dv || dbias;
+    if (dbias && !acc.bias) /* the keys no query sees (causal blocks skipped) get 0 */
+        FT_TRY(ft_tensor_fill(dbias, (ft_scalar){.kind = FT_SCALAR_FLOAT, .f = 0.0f}));
     int threads = omp_get_max_threads();
     /* dq within the (n, h) units of the key pass when they keep every thread busy */
-    bool fused = dq && (dk || dv) && N * H >= 2 * threads;
+    bool fused = dq && key_pass && N * H >= 2 * threads;
     int64_t per = bwd_ws_floats(&g, fused);
     float *ws;
     size_t granted;
@@ -1057,6 +1132,10 @@ ft_status ft_sdpa_backward(const ft_tensor *dq, const ft_tensor *dk, const ft_te
         return s;
     }
     bwd_args a = {view_of(dq), view_of(dk), view_of(dv), view_of(dout), view_of(q), view_of(k), view_of(v),
+                  dbias ? ft_tensor_data(dbias) : NULL,
+                  {dbias ? dbias->strides[0] : 0, dbias ? dbias->strides[1] : 0, dbias ? dbias->strides[2] : 0,
+                   dbias ? dbias->strides[3] : 0},
+                  dbias && dbias->dtype == FT_BFLOAT16,
                   (const float *)ft_tensor_data(lse), {lse->strides[0], lse->strides[1], lse->strides[2]},
                   delta, acc};
     view4 vo = view_of(out);
@@ -1079,7 +1158,7 @@ ft_status ft_sdpa_backward(const ft_tensor *dq, const ft_tensor *dk, const ft_te
                     store_row(&a.dq, nh / H, nh % H, i, w.dq + i * g.Dp, D, g.scale, acc.q);
             }
         } else {
-            if (dk || dv) {
+            if (key_pass) {
                 int64_t units = N * H * g.nkb;
 #pragma omp for schedule(static, 1)
                 for (int64_t u = 0; u < units; u++)

@@ -1,5 +1,5 @@
 /* Scaled dot-product attention (PyTorch's scaled_dot_product_attention with
- * a causal mask or one masking keys out), fused and memory-light: keys are taken
+ * a causal mask, one masking keys out, or an additive bias), fused and memory-light: keys are taken
  * in blocks with an online softmax, so no (Tq, Tk) matrix of the whole
  * sequence is ever stored; the forward saves only each query row's
  * log-sum-exp, from which the backward recomputes the probabilities block by
@@ -35,12 +35,18 @@ typedef struct {
      * key_padding_mask), on q's device; NULL: none. A query that sees no key
      * gets out 0 and lse -inf (PyTorch gives NaN). */
     const ft_tensor *key_mask;
+    /* (N, H, Tq, Tk) float32 or bfloat16 added to the scaled scores (a
+     * relative position bias, ALiBi's), on the CPU, with any strides (0
+     * along N or H where it is the same for every sample or head); NULL:
+     * none. Its values should be finite: a query whose every score is -inf
+     * gets NaN. */
+    const ft_tensor *bias;
 } ft_sdpa_params;
 
 /* The gradient rule (ops/gradient.h) per gradient output: false writes (=),
  * true adds (+=). */
 typedef struct {
-    bool q, k, v;
+    bool q, k, v, bias;
 } ft_sdpa_acc;
 
 /* out (N, H, Tq, D) = softmax(q k^T * scale + mask) v, with q (N, H, Tq, D),
@@ -51,11 +57,12 @@ ft_status ft_sdpa_forward(const ft_tensor *out, const ft_tensor *lse, const ft_t
                           const ft_tensor *v, const ft_sdpa_params *p);
 
 /* dq (N, H, Tq, D), dk and dv (N, H, Tk, D) from dout (N, H, Tq, D) and the
- * forward's out and lse; each gradient may be NULL (not computed) and is
- * written or added to as `acc` says. None may overlap an input or another
- * gradient. */
-ft_status ft_sdpa_backward(const ft_tensor *dq, const ft_tensor *dk, const ft_tensor *dv, const ft_tensor *dout,
-                           const ft_tensor *q, const ft_tensor *k, const ft_tensor *v, const ft_tensor *out,
-                           const ft_tensor *lse, const ft_sdpa_params *p, ft_sdpa_acc acc);
+ * forward's out and lse, and with p->bias its gradient dbias (N, H, Tq, Tk)
+ * (the scores' gradient, 0 where a key is not seen); each
+ * gradient may be NULL (not computed) and is written or added to as `acc`
+ * says. None may overlap an input or another gradient. */
+ft_status ft_sdpa_backward(const ft_tensor *dq, const ft_tensor *dk, const ft_tensor *dv, const ft_tensor *dbias,
+                           const ft_tensor *dout, const ft_tensor *q, const ft_tensor *k, const ft_tensor *v,
+                           const ft_tensor *out, const ft_tensor *lse, const ft_sdpa_params *p, ft_sdpa_acc acc);
 
 #endif

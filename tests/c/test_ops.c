@@ -616,7 +616,7 @@ static void test_attention(void) {
         int causal = round == 1;
         ft_sdpa_params p = {0.3, causal, round == 2 ? 0.25 : 0.0, 7, 3};
         CHECK_OK(ft_sdpa_forward(&out, &lse, &q, &k, &v, &p));
-        CHECK_OK(ft_sdpa_backward(&dq, &dk, &dv, &dout, &q, &k, &v, &out, &lse, &p, (ft_sdpa_acc){0}));
+        CHECK_OK(ft_sdpa_backward(&dq, &dk, &dv, NULL, &dout, &q, &k, &v, &out, &lse, &p, (ft_sdpa_acc){0}));
         for (int64_t h = 0; h < H && !p.dropout_p; h++) {
             naive_attention(want, wq, wk, wv, &q, &k, &v, &dout, 0, h, 0.3, causal);
             CHECKF(head_err(&out, want, 0, h) < 1e-5, "out, causal %d head %lld", causal, (long long)h);
@@ -626,11 +626,11 @@ static void test_attention(void) {
         }
         /* one thread computes dq within the key pass, more in a pass of its own: the same bits */
         omp_set_num_threads(1);
-        CHECK_OK(ft_sdpa_backward(&dq1, &dk, &dv, &dout, &q, &k, &v, &out, &lse, &p, (ft_sdpa_acc){0}));
+        CHECK_OK(ft_sdpa_backward(&dq1, &dk, &dv, NULL, &dout, &q, &k, &v, &out, &lse, &p, (ft_sdpa_acc){0}));
         omp_set_num_threads(threads);
         CHECK(memcmp(ft_tensor_data(&dq), ft_tensor_data(&dq1), sizeof(float) * N * H * TQ * D) == 0);
         /* accumulate adds the same contribution again */
-        CHECK_OK(ft_sdpa_backward(&dq1, NULL, NULL, &dout, &q, &k, &v, &out, &lse, &p, (ft_sdpa_acc){true}));
+        CHECK_OK(ft_sdpa_backward(&dq1, NULL, NULL, NULL, &dout, &q, &k, &v, &out, &lse, &p, (ft_sdpa_acc){true}));
         CHECK(fabsf(get(&dq1, SHAPE(0, 1, 5, 3)) - 2 * get(&dq, SHAPE(0, 1, 5, 3))) < 1e-5f);
     }
     /* a transposed (N, T, H, D) buffer as q: the same bits */
@@ -648,7 +648,8 @@ static void test_attention(void) {
     CHECK_STATUS(ft_sdpa_forward(&out, NULL, &q, &k, &q, &p), FT_ERR_SHAPE);
     CHECK_STATUS(ft_sdpa_forward(&q, NULL, &q, &k, &v, &p), FT_ERR_VALUE);
     CHECK_STATUS(ft_sdpa_forward(&out, NULL, &q, &k, &v, &(ft_sdpa_params){0, false, 1.5, 0, 0}), FT_ERR_VALUE);
-    CHECK_STATUS(ft_sdpa_backward(&dq, &dk, &dv, &dout, &q, &k, &v, &out, NULL, &p, (ft_sdpa_acc){0}), FT_ERR_VALUE);
+    CHECK_STATUS(ft_sdpa_backward(&dq, &dk, &dv, NULL, &dout, &q, &k, &v, &out, NULL, &p, (ft_sdpa_acc){0}),
+                 FT_ERR_VALUE);
     free(want);
     ft_tensor *all[] = {&q, &k, &v, &dout, &out, &lse, &dq, &dk, &dv, &dq1, &qt, &qv, &ks};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)

@@ -1009,9 +1009,17 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                          "it too): add the causal mask to it, or pass one")
     causal, keys, scores = M._attention_mask(attn_mask, query.shape[-2], key.shape[-2], fn, keeps=True,
                                              batched=getattr(attn_mask, "ndim", None) == query.ndim)
-    if scores is not None:
+    if scores is not None and not _adds_to_scores(scores, query):
         return _written_attention(query, key, value, is_causal, scale, dropout_p, [scores], fn)[0]
-    return _attention(query, key, value, causal or is_causal, scale, dropout_p, keys, fn)
+    return _attention(query, key, value, causal or is_causal, scale, dropout_p, keys, fn, bias=scores)
+
+
+def _adds_to_scores(mask, query):
+    """Whether the fused kernel takes mask as a bias added to the scores: floats that cannot mask out a query's
+    every key (a learned bias, a constant of finite values), on the CPU."""
+    from .graph import _device_of
+    device = _device_of(query) if isinstance(query, Symbolic) else query.device
+    return mask.dtype.name != "bool" and not _may_hide_a_row(mask) and device.type == "cpu"
 
 
 _NO_KEY = -1e30  # scores held at or above it: a query whose every key is masked out has a finite row to zero
@@ -1066,9 +1074,9 @@ def _check_dropout_p(p, fn):
         raise ValueError(f"{fn}: dropout_p must be in [0, 1], got {p}")
 
 
-def _attention(query, key, value, is_causal, scale, dropout_p, key_mask, fn):
+def _attention(query, key, value, is_causal, scale, dropout_p, key_mask, fn, bias=None):
     """scaled_dot_product_attention with its mask read: key_mask True where a key is masked out, (B, Tk) with B the
-    batch or 1, or a traced bool value."""
+    batch or 1, or a traced bool value; bias added to the scores, broadcasting to (N, H, Tq, Tk)."""
     _check_dropout_p(dropout_p, fn)
     if any(isinstance(x, Symbolic) for x in (query, key, value)):
         from .graph import attention
@@ -1076,7 +1084,8 @@ def _attention(query, key, value, is_causal, scale, dropout_p, key_mask, fn):
             fail(f"{fn}: a mask of keys fixed for every sample", "compute it from the input, so that each sample "
                  "has its own: (ids == pad)")
         operand = next(x for x in (query, key, value) if isinstance(x, Symbolic))._operand
-        return attention(*(operand(x) for x in (query, key, value)), is_causal, scale, float(dropout_p), key_mask)
+        return attention(*(operand(x) for x in (query, key, value)), is_causal, scale, float(dropout_p), key_mask,
+                         bias)
     for x, name in ((query, "query"), (key, "key"), (value, "value")):
         _check(x, name, fn)
     ranks = {query.ndim, key.ndim, value.ndim}
@@ -1092,9 +1101,12 @@ def _attention(query, key, value, is_causal, scale, dropout_p, key_mask, fn):
         if key_mask.shape[0] not in (1, N):
             raise ValueError(f"{fn}: a mask of keys for {key_mask.shape[0]} samples, but the batch has {N}")
         key_mask = key_mask.to(query.device).expand(N, Tk)
+    if bias is not None:
+        bias = bias.to(query.device).to(query.dtype)  # as the written-out formula adds it
+        bias = bias.reshape((1,) * (4 - bias.ndim) + tuple(bias.shape)).expand(*query.shape[:3], Tk)
     seed, offset = _take_blocks(None, _C.dropout_blocks(math.prod(query.shape[:3]) * Tk)) if dropout_p else (0, 0)
     out, _ = _C.sdpa_forward(None, False, query, key, value, scale, is_causal, dropout_p=float(dropout_p), seed=seed,
-                             offset=offset, key_mask=key_mask)
+                             offset=offset, key_mask=key_mask, bias=bias)
     return out.squeeze(1) if three else out
 
 

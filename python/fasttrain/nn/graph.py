@@ -1857,11 +1857,12 @@ def _packed(rows):
     return Symbolic(source)
 
 
-def attention(q, k, v, causal, scale, dropout_p, key_mask=None):
+def attention(q, k, v, causal, scale, dropout_p, key_mask=None, bias=None):
     """Traced scaled dot-product attention of heads (N, H, T, D), or (N, T, D) for one: one node over the
     (T, H * D) rows of the projections, which reads q, k and v in place when they are column thirds of one
-    packed projection, and the key mask (a traced bool (Tk,), True where a key is masked out) after them. Its
-    dropout drops weights in the training step only."""
+    packed projection, the key mask (a traced bool (Tk,), True where a key is masked out) after them, then the
+    bias added to the scores (a tensor, traced value or gathered parameter broadcasting to (N, H, Tq, Tk), as
+    (H, Tq, Tk)). Its dropout drops weights in the training step only."""
     if len({len(x.node.shape) for x in (q, k, v)}) != 1 or len(q.node.shape) not in (2, 3):
         fail("attention of values of different ranks", "give query, key and value as (N, H, T, D) or (N, T, D)")
     one = len(q.node.shape) == 2
@@ -1869,9 +1870,18 @@ def attention(q, k, v, causal, scale, dropout_p, key_mask=None):
     rows = [x if one else _head_rows(x) for x in (q, k, v)]
     packed = _packed(rows)
     Tq, E = rows[0].node.shape
-    node = _layers().Attention(H, causal, scale, keys=rows[1].node.shape[0], dropout=dropout_p)
-    mask = [] if key_mask is None else [key_mask]
-    out = Symbolic.record(node, ([packed] if packed is not None else rows) + mask, (Tq, E))
+    Tk = rows[1].node.shape[0]
+    node = _layers().Attention(H, causal, scale, keys=Tk, dropout=dropout_p, bias=bias is not None)
+    extra = [] if key_mask is None else [key_mask]
+    if bias is not None:
+        scores = (H, Tq, Tk)[1 if one else 0:]
+        b = bias if isinstance(bias, Symbolic) else bias.traced(scores) if isinstance(bias, Gathered) else \
+            constant(bias, scores)
+        b = b.reshape(N, *(1,) * (len(scores) - len(b.node.shape)), *b.node.shape)._floats()  # PyTorch's alignment
+        if b.node.shape != scores:
+            b = _layers().Expand(scores)(b)
+        extra.append(b.reshape(N, H, Tq, Tk))
+    out = Symbolic.record(node, ([packed] if packed is not None else rows) + extra, (Tq, E))
     return out if one else out.reshape(N, Tq, H, E // H).transpose(1, 2)
 
 

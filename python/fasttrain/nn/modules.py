@@ -2390,15 +2390,16 @@ class Attention(Module):
 
     _leaf = True
 
-    def __init__(self, heads, causal=False, scale=None, keys=None, dropout=0.0):
+    def __init__(self, heads, causal=False, scale=None, keys=None, dropout=0.0, bias=False):
         super().__init__()
         if scale is not None and not scale > 0:
             raise ValueError(f"attention: scale must be positive (or None for 1/sqrt(D)), got {scale}")
         self.heads, self.causal, self.scale, self.keys, self.dropout = heads, bool(causal), scale, keys, dropout
+        self.bias = bias  # the last input is added to the scores
 
     def extra_repr(self):
         return f"heads={self.heads}" + (", causal" if self.causal else "") + \
-            (f", dropout={self.dropout}" if self.dropout else "")
+            (f", dropout={self.dropout}" if self.dropout else "") + (", score bias" if self.bias else "")
 
 
 def _rnn_cell(mode, gi, state, w_hh, b_hh):

@@ -150,7 +150,8 @@ def _node_of(module, shape):
     if isinstance(m, M.Noise):
         return NOISE, dict(uniform=int(m.uniform))
     if isinstance(m, M.Attention):
-        return ATTENTION, dict(groups=m.heads, causal=int(m.causal), scale=m.scale or 0.0, p=m.dropout)
+        return ATTENTION, dict(groups=m.heads, causal=int(m.causal), scale=m.scale or 0.0, p=m.dropout,
+                               score_bias=int(m.bias))
     if isinstance(m, M.Softmax):
         from .graph import _dim
         return LOG_SOFTMAX if isinstance(m, M.LogSoftmax) else SOFTMAX, dict(dim=_dim(m.dim, len(shape)))
