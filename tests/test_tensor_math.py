@@ -4,6 +4,7 @@ negative dims, empty and non-contiguous inputs, bfloat16), in-place identity, er
 promotion written out; against PyTorch itself when it is installed (the promotion matrix, every operator over
 every dtype pair, topk, sort, unique, std and var)."""
 import itertools
+import math
 import operator
 import warnings
 
@@ -1442,3 +1443,34 @@ def test_masks_fills_zero_d_selections_and_ravel_as_pytorch():
     flat[0] = -1.0
     assert flat.is_contiguous() and base[0, 0].item() == 0.0
     assert base.ravel().data_ptr() == base.data_ptr()  # a contiguous tensor's is a view
+
+
+def test_finfo_iinfo_erf_addmm_and_sizes_by_name_as_pytorch():
+    """Names ported code reaches for (Hugging Face's masks use finfo(dtype).min, GPT-2's Conv1D addmm, BEiT's
+    zeros(size=...)), against NumPy and math; ft.stack's result is contiguous, so that .view(-1) works (it was laid
+    out with the new dimension innermost)."""
+    assert ft.finfo(ft.float32).min == float(np.finfo(np.float32).min) and ft.finfo().eps == 2.0 ** -23
+    b = ft.finfo(ft.bfloat16)
+    assert (b.bits, b.eps, b.max, b.tiny) == (16, 2.0 ** -7, float.fromhex("0x1.fep127"), 2.0 ** -126)
+    assert ft.tensor([b.max]).to(ft.bfloat16).item() == b.max  # the largest finite bfloat16
+    assert (ft.iinfo(ft.int8).min, ft.iinfo(ft.uint8).max, ft.iinfo(ft.int64).max) == (-128, 255, 2 ** 63 - 1)
+    for bad, call in (("int64", lambda: ft.finfo(ft.int64)), ("float32", lambda: ft.iinfo(ft.float32))):
+        with pytest.raises(TypeError, match=bad):
+            call()
+    x = np.array([-3.0, -0.5, 0.0, 0.25, 2.0], np.float32)
+    np.testing.assert_allclose(ft.erf(ft.tensor(x)).numpy(), [math.erf(v) for v in x], rtol=1e-6)
+    np.testing.assert_allclose(ft.erfc(ft.tensor(x)).numpy(), [math.erfc(v) for v in x], rtol=1e-6)
+    r = np.random.default_rng(74)
+    bias, m1, m2 = r.standard_normal(3), r.standard_normal((2, 4)), r.standard_normal((4, 3))
+    got = ft.addmm(ft.tensor(bias), ft.tensor(m1), ft.tensor(m2), beta=0.5, alpha=2.0)
+    np.testing.assert_allclose(got.numpy(), 0.5 * bias + 2.0 * m1 @ m2, rtol=1e-5)
+    nan = ft.full((2, 3), float("nan"))
+    np.testing.assert_allclose(ft.addmm(nan, ft.tensor(m1), ft.tensor(m2), beta=0).numpy(), m1 @ m2, rtol=1e-5)
+    b1, b2 = r.standard_normal((2, 3, 4)), r.standard_normal((2, 4, 5))
+    np.testing.assert_allclose(ft.baddbmm(ft.ones(2, 3, 5), ft.tensor(b1), ft.tensor(b2)).numpy(), 1 + b1 @ b2,
+                               rtol=1e-5)
+    assert ft.zeros(size=(2, 3)).shape == ft.empty(size=[2, 3]).shape == (2, 3) and ft.ones(size=4).shape == (4,)
+    with pytest.raises(TypeError, match="positionally or as size=, not both"):
+        ft.zeros(2, size=(3,))
+    s = ft.stack([ft.arange(4.0), ft.arange(4.0) + 4])
+    assert s.is_contiguous() and s.view(-1).tolist() == list(range(8))

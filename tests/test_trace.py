@@ -1,6 +1,7 @@
 """model.compile() on a user's own nn.Module: forward traced once into the C program (torch.fx style), with
 PyTorch's parameter names, the operators and functional calls of everyday PyTorch code, and clear errors."""
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -2599,17 +2600,27 @@ def test_draws_of_tensors_and_gather_of_other_indices_are_refused(forward, messa
         model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=2, input_shape=(3,))
 
 
-def test_float_of_token_ids_is_refused_where_it_is_written():
+def test_integers_become_floats_and_floats_do_not_become_integers():
+    """ids.float() (Hugging Face's mask.to(dtype)) converts as PyTorch's cast (it was refused); x.long() of floats
+    is refused where it is written."""
     class Floats(nn.Module):
-        def __init__(self):
+        def __init__(self, back):
             super().__init__()
-            self.fc = nn.Linear(3, 2)
+            self.fc, self.back = nn.Linear(3, 2), back
 
         def forward(self, ids):
-            return self.fc(ids.float())
+            out = self.fc(ids.float())
+            return out.long() if self.back else out
 
-    model = Floats()
-    with pytest.raises(ft.nn.TracingError, match=r"x.to\(float32\) of a traced value of int64.*input_dtype"):
+    model = Floats(False)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=2, input_shape=(3,),
+                            input_dtype=ft.int64)
+    ids = np.array([[1, 5, 9], [2 ** 20, 0, -3]])
+    want = ids.astype(np.float64) @ model.fc.weight.numpy().T + model.fc.bias.numpy()
+    np.testing.assert_allclose(program.predict(ids).numpy(), want, rtol=1e-6)
+    model = Floats(True)
+    with pytest.raises(ft.nn.TracingError, match=r"x.to\(int64\) of a traced value of float32 .* does not turn "
+                                                 r"floats into integers"):
         model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=2, input_shape=(3,),
                       input_dtype=ft.int64)
 
@@ -3288,3 +3299,105 @@ def test_attention_layers_without_batch_first_say_which_layer(layer):
     name = layer.__code__.co_names[-1]
     with pytest.raises(ValueError, match=rf"^{name}: pass batch_first=True"):
         layer()
+
+
+class BatchNormAct(nn.BatchNorm2d):
+    """timm's BatchNormAct2d: F.batch_norm of the module's own buffers in its forward, num_batches_tracked counted
+    eagerly, then the activation."""
+
+    def forward(self, x):
+        if self.training:
+            self.num_batches_tracked.add_(1)
+        x = F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, self.training,
+                         self.momentum, self.eps)
+        return F.relu(x)
+
+
+def test_f_batch_norm_in_a_forward_trains_as_the_layer():
+    """F.batch_norm of traced values (timm's BatchNormAct2d) was refused with "input must be a fasttrain Tensor, got
+    Symbolic": it is the batch norm layer's node now, the same losses, weights and running statistics, bit for bit,
+    and predict runs on the running statistics."""
+    x = np.random.default_rng(70).standard_normal((4, 3, 6, 6)).astype(np.float32)
+    y = np.arange(4) % CLASSES
+    results = []
+    for norm in (BatchNormAct, lambda c: nn.Sequential(nn.BatchNorm2d(c), nn.ReLU())):
+        ft.manual_seed(71)
+        model = nn.Sequential(nn.Conv2d(3, 4, 3, bias=False), norm(4), nn.Flatten(), nn.Linear(64, CLASSES))
+        program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=4,
+                                input_shape=(3, 6, 6))
+        losses = [program.train_step(x, y) for _ in range(3)]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # num_batches_tracked counted eagerly is no buffer read into a constant
+            results.append((losses, program.predict(x).numpy().tobytes(),
+                            [b.numpy().tobytes() for name, b in model.named_buffers() if "running" in name]))
+    assert results[0] == results[1]
+
+
+class PortedPieces(nn.Module):
+    """Pieces of Hugging Face and timm models: BEiT's q/v bias joined by ft.cat (as F.linear's bias, added, or
+    added in place), GPT-2's Conv1D (addmm of the rows merged from the batch), a submodule called with keyword
+    arguments, and an int64 attention mask turned into an additive mask with finfo.min and pooled by its count."""
+
+    def __init__(self, how):
+        super().__init__()
+        self.how = how
+        self.emb = nn.Embedding(20, 8)
+        self.qkv = nn.Linear(8, 24, bias=False)
+        self.q_bias, self.v_bias = nn.Parameter(ft.zeros(8) + 0.1), nn.Parameter(ft.zeros(8) - 0.2)
+        self.register_buffer("k_bias", ft.zeros(8), persistent=False)
+        self.conv_w, self.conv_b = nn.Parameter(ft.randn(8, 6) * 0.3), nn.Parameter(ft.randn(6) * 0.1)
+        self.head = nn.Linear(6, 3)
+
+    def embed(self, input_ids=None):
+        return self.emb(input_ids)
+
+    def forward(self, ids, mask):
+        x = self.embed(input_ids=ids)
+        bias = ft.cat((self.q_bias, self.k_bias, self.v_bias))
+        if self.how == "linear":
+            qkv = F.linear(x, self.qkv.weight, bias)
+        elif self.how == "add":
+            qkv = self.qkv(x) + bias
+        else:
+            qkv = self.qkv(x)
+            qkv += bias
+        B, T = ids.shape
+        q, k, v = qkv.view(B, T, 3, 2, 4).permute(2, 0, 3, 1, 4)
+        additive = (1.0 - mask[:, None, None, :].to(dtype=ft.float32)) * ft.finfo(ft.float32).min
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=additive).transpose(1, 2).reshape(B, T, 8)
+        rows = ft.addmm(self.conv_b, o.reshape(-1, 8), self.conv_w)  # GPT-2's Conv1D
+        h = rows.view(B, T, 6) * mask[:, :, None].float()
+        return self.head(h.sum(1) / mask.sum(1, keepdim=True).float())
+
+    def reference(self, ids, mask):
+        """The forward in NumPy, float64."""
+        w = {k: np.asarray(v, np.float64) for k, v in self.state_dict().items()}
+        x = w["emb.weight"][ids]
+        qkv = x @ w["qkv.weight"].T + np.concatenate([w["q_bias"], np.zeros(8), w["v_bias"]])
+        B, T = ids.shape
+        q, k, v = qkv.reshape(B, T, 3, 2, 4).transpose(2, 0, 3, 1, 4)
+        s = q @ k.transpose(0, 1, 3, 2) / 2 + (1.0 - mask[:, None, None, :]) * np.finfo(np.float32).min
+        p = np.exp(s - s.max(-1, keepdims=True))
+        o = ((p / p.sum(-1, keepdims=True)) @ v).transpose(0, 2, 1, 3).reshape(B, T, 8)
+        h = (o @ w["conv_w"] + w["conv_b"]) * mask[:, :, None]
+        return h.sum(1) / mask.sum(1, keepdims=True) @ w["head.weight"].T + w["head.bias"]
+
+
+@pytest.mark.parametrize("how", ["linear", "add", "iadd"])
+def test_pieces_of_ported_models_compile_and_train(how):
+    """Each was silently frozen (ft.cat of parameters compiled to a constant: BEiT's q_bias and v_bias never
+    trained) or refused (Conv1D's addmm of merged rows, a keyword-only submodule call, mask.to(float32), a sum of
+    an int64 mask, ft.finfo): now against NumPy float64 and finite differences, through q_bias and v_bias too."""
+    ft.manual_seed(72)
+    model = PortedPieces(how)
+    rng = np.random.default_rng(73)
+    ids, mask = rng.integers(0, 20, (3, 5)), np.ones((3, 5), np.int64)
+    mask[0, 3:] = mask[2, 1:] = 0
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=3,
+                            input_shape=((5,), (5,)), input_dtype=(ft.int64, ft.int64))
+    np.testing.assert_allclose(program.predict((ids, mask)).numpy(), model.reference(ids, mask), rtol=1e-4,
+                               atol=1e-5)
+    assert gradcheck(program, (ids, mask), np.array([0, 2, 1]), rtol=3e-2, atol=1e-4)
+    before = model.q_bias.numpy().copy(), model.v_bias.numpy().copy()
+    program.train_step((ids, mask), np.array([0, 2, 1]))
+    assert not np.array_equal(model.q_bias.numpy(), before[0]) and not np.array_equal(model.v_bias.numpy(), before[1])

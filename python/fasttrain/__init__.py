@@ -5,26 +5,26 @@ DLPack, counter-based (Philox) seeding that makes runs reproducible for any
 thread count, and the training machinery built on them.
 """
 from . import _C
-from ._types import DTYPES as _DTYPES, _ALIASES, _BY_NAME, channels_last, contiguous_format, device, dtype, \
-    preserve_format
+from ._types import DTYPES as _DTYPES, _ALIASES, _BY_NAME, channels_last, contiguous_format, device, dtype, finfo, \
+    iinfo, preserve_format
 from ._tensor import Tensor
 from . import backends, cuda
 from . import optim
 from . import nn, ops
 from .nn.functional import flatten
-from ._math import (abs, acos, add, all, allclose, amax, amin, any, argmax, argmin, argsort, argwhere, asin, atan,
-                    atan2, bincount, bmm, bucketize, cat, ceil, chunk, clamp, clamp_max, clamp_min, clip, concat,
-                    concatenate, cos, cosh, count_nonzero, cumprod, cumsum, diag, diagonal, diff, div, dot, einsum, eq,
-                    equal, exp, exp2, expm1, eye, flip, floor, floor_divide, fmax, fmin, fmod, gather, ge, gt, hstack,
-                    hypot, index_add, index_select, isclose, isfinite, isin, isinf, isnan, le, lerp, linspace, log,
-                    log10, log1p, log2, log_softmax, logaddexp, logical_and, logical_not, logical_or, logical_xor,
-                    logsumexp, lt, masked_fill, masked_select, matmul, max, maximum, mean, median, meshgrid, min,
-                    minimum, mm, mul, multiply, mv, nan_to_num, nanmean, nansum, ne, neg, nonzero, norm, numel, outer,
-                    permute, pow, prod, promote_types, quantile, reciprocal, relu, remainder, repeat_interleave,
-                    reshape, result_type, roll, round, rsqrt, scatter, scatter_add, searchsorted, select, sigmoid, sign,
-                    sin, sinh, softmax, sort, split, sqrt, square, squeeze, stack, std, std_mean, sub, sum, t, take, tan,
-                    tanh, topk, trace, transpose, tril, triu, trunc, unbind, unique, unsqueeze, var, var_mean, vstack,
-                    where)
+from ._math import (abs, acos, add, addmm, all, allclose, amax, amin, any, argmax, argmin, argsort, argwhere, asin,
+                    atan, atan2, baddbmm, bincount, bmm, bucketize, cat, ceil, chunk, clamp, clamp_max, clamp_min, clip,
+                    concat, concatenate, cos, cosh, count_nonzero, cumprod, cumsum, diag, diagonal, diff, div, dot,
+                    einsum, eq, equal, erf, erfc, exp, exp2, expm1, eye, flip, floor, floor_divide, fmax, fmin, fmod,
+                    gather, ge, gt, hstack, hypot, index_add, index_select, isclose, isfinite, isin, isinf, isnan, le,
+                    lerp, linspace, log, log10, log1p, log2, log_softmax, logaddexp, logical_and, logical_not,
+                    logical_or, logical_xor, logsumexp, lt, masked_fill, masked_select, matmul, max, maximum, mean,
+                    median, meshgrid, min, minimum, mm, mul, multiply, mv, nan_to_num, nanmean, nansum, ne, neg,
+                    nonzero, norm, numel, outer, permute, pow, prod, promote_types, quantile, reciprocal, relu,
+                    remainder, repeat_interleave, reshape, result_type, roll, round, rsqrt, scatter, scatter_add,
+                    searchsorted, select, sigmoid, sign, sin, sinh, softmax, sort, split, sqrt, square, squeeze, stack,
+                    std, std_mean, sub, sum, t, take, tan, tanh, topk, trace, transpose, tril, triu, trunc, unbind,
+                    unique, unsqueeze, var, var_mean, vstack, where)
 from .creation import (arange, as_tensor, empty, empty_like, from_dlpack, from_numpy, full, full_like, ones,
                        ones_like, tensor, zeros, zeros_like)
 from .random import (Generator, default_generator, get_rng_state, initial_seed, manual_seed, multinomial, rand,

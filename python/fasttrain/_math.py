@@ -1172,12 +1172,13 @@ def _tensors(name, tensors):
 def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     """The tensors joined along dim (their other sizes equal), in their promoted dtype, as torch.cat; empty 1-d
     tensors are skipped, as PyTorch does. While a model is traced it records the concatenation."""
-    from .nn.graph import Symbolic
+    from .nn.graph import Symbolic, cat as traced_cat, read_by_op, uses_trainable
     tensors = list(tensors)
     if builtins.any(isinstance(t, Symbolic) for t in tensors):
-        from .nn.graph import cat as traced_cat
         return traced_cat(tensors, dim)
     _tensors("cat", tensors)
+    if uses_trainable(tensors):  # while a forward is traced: parameters joined (BEiT's q, k and v biases) train
+        return traced_cat(read_by_op("cat", tensors, True), dim)
     for i, t in enumerate(tensors):
         if t.ndim == 0:
             raise ValueError(f"cat: zero-dimensional tensor (at position {i}) cannot be concatenated")
@@ -1260,7 +1261,9 @@ def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
         raise IndexError(f"stack: dim {dim} is out of range for stacking {n - 1}-d tensors (expected in [{-n}, "
                          f"{n - 1}])")
     d = _norm_dim(dim, n)
-    return cat([t.unsqueeze(d) for t in tensors], d)
+    # a reshape's size-1 dimension has the stride of a contiguous tensor's (unsqueeze's 0 would lay the result
+    # out with that dimension innermost)
+    return cat([t.reshape(*t.shape[:d], 1, *t.shape[d:]) for t in tensors], d)
 
 
 # ---- Tensor methods: operators, in-place forms, advanced indexing ----
@@ -1418,6 +1421,8 @@ atan = _floating("atan", np.arctan, on_device=False)
 sinh = _floating("sinh", np.sinh, on_device=False)
 cosh = _floating("cosh", np.cosh, on_device=False)
 reciprocal = _floating("reciprocal", np.reciprocal, on_device=False)
+erf = _floating("erf", np.vectorize(math.erf, otypes=[np.float64]), on_device=False)
+erfc = _floating("erfc", np.vectorize(math.erfc, otypes=[np.float64]), on_device=False)
 
 
 def _host_binary(name, fn, input, other, floating=False, out=None):
@@ -1645,6 +1650,22 @@ def mv(input: Tensor, vec: Tensor) -> Tensor:
 def mm(input: Tensor, mat2: Tensor) -> Tensor:
     """The product of two matrices (2-d), as torch.mm."""
     return _product("mm", (2, 2), input, mat2)
+
+
+def addmm(input: Tensor, mat1: Tensor, mat2: Tensor, *, beta: Operand = 1, alpha: Operand = 1) -> Tensor:
+    """beta * input + alpha * (mat1 @ mat2), input broadcasting to the product (a bias), as torch.addmm (input not
+    read where beta is 0). Traced, of rows merged from the batch too (GPT-2's Conv1D: addmm(b, x.view(-1, C), W))."""
+    return _scaled_sum(input, mat1 @ mat2, beta, alpha)
+
+
+def baddbmm(input: Tensor, batch1: Tensor, batch2: Tensor, *, beta: Operand = 1, alpha: Operand = 1) -> Tensor:
+    """beta * input + alpha * (batch1 @ batch2) of batches of matrices, as torch.baddbmm."""
+    return _scaled_sum(input, batch1 @ batch2, beta, alpha)
+
+
+def _scaled_sum(input, product, beta, alpha):
+    out = product if alpha == 1 else product * alpha
+    return out if beta == 0 else out + (input if beta == 1 else input * beta)
 
 
 def bmm(input: Tensor, mat2: Tensor) -> Tensor:

@@ -40,6 +40,43 @@ def _dtype_by_name(name):
     return _BY_NAME[name]
 
 
+class finfo:
+    """The limits of a floating dtype (float32 by default), as torch.finfo: bits, eps, max, min, tiny
+    (= smallest_normal) and resolution."""
+
+    def __init__(self, type: DTypeLike | None = None):
+        self.dtype = as_dtype("float32" if type is None else type)
+        if not self.dtype.is_floating_point:
+            raise TypeError(f"finfo takes a floating dtype, got {self.dtype.name} (iinfo is for integers)")
+        if self.dtype.name == "bfloat16":  # float32's exponent with 8 bits of significand
+            self.bits, self.eps, self.max, self.tiny, self.resolution = 16, 2.0 ** -7, float.fromhex("0x1.fep127"), \
+                2.0 ** -126, 0.01
+        else:
+            info = np.finfo(self.dtype.name)
+            self.bits, self.eps, self.max, self.tiny = info.bits, float(info.eps), float(info.max), \
+                float(info.smallest_normal)
+            self.resolution = 10.0 ** -info.precision
+        self.min, self.smallest_normal = -self.max, self.tiny
+
+    def __repr__(self):
+        return f"finfo(resolution={self.resolution}, min={self.min:g}, max={self.max:g}, eps={self.eps:g}, " \
+               f"tiny={self.tiny:g}, dtype={self.dtype.name})"
+
+
+class iinfo:
+    """The limits of an integer dtype, as torch.iinfo: bits, min and max."""
+
+    def __init__(self, type: DTypeLike):
+        self.dtype = as_dtype(type)
+        if self.dtype.is_floating_point or self.dtype.is_complex or self.dtype.name == "bool":
+            raise TypeError(f"iinfo takes an integer dtype, got {self.dtype.name} (finfo is for floats)")
+        info = np.iinfo(self.dtype.name)
+        self.bits, self.min, self.max = info.bits, int(info.min), int(info.max)
+
+    def __repr__(self):
+        return f"iinfo(min={self.min}, max={self.max}, bits={self.bits}, dtype={self.dtype.name})"
+
+
 def as_dtype(obj: DTypeLike) -> dtype:
     """A fasttrain dtype from a dtype, a NumPy dtype or type, or a name like 'float32'."""
     if isinstance(obj, dtype):

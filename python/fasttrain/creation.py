@@ -18,13 +18,22 @@ if TYPE_CHECKING:
     Number = bool | int | float
 
 
-def empty(*size: int | Sequence[int], dtype: DTypeLike | None = None, device: DeviceLike = None,
-          pin_memory: bool = False) -> Tensor:
-    """An uninitialised tensor of the given size (``empty(2, 3)`` or ``empty((2, 3))``), float32 by default;
-    pin_memory=True allocates page-locked host memory."""
+def _given_size(sizes: tuple, size: Any) -> tuple:
+    """The size given positionally (2, 3 or (2, 3)) or as size=(2, 3), as PyTorch takes either."""
+    if size is None:
+        return _sizes(sizes)
+    if sizes:
+        raise TypeError("give the size positionally or as size=, not both")
+    return _sizes((size,))
+
+
+def empty(*sizes: int | Sequence[int], size: Sequence[int] | None = None, dtype: DTypeLike | None = None,
+          device: DeviceLike = None, pin_memory: bool = False) -> Tensor:
+    """An uninitialised tensor of the given size (``empty(2, 3)``, ``empty((2, 3))`` or ``empty(size=(2, 3))``),
+    float32 by default; pin_memory=True allocates page-locked host memory."""
     from .nn.graph import Blank, names_batch
     d = _BY_NAME["float32"] if dtype is None else as_dtype(dtype)
-    size = _sizes(size)
+    size = _given_size(sizes, size)
     if names_batch(size):  # in a traced forward: filled in place, with a draw per sample or a constant
         return Blank(size, d, device)
     kind, index = as_device(device)._code
@@ -39,23 +48,23 @@ def full(size: int | Sequence[int], fill_value: Number | Tensor, *, dtype: DType
     return empty(size, dtype=dtype, device=device, pin_memory=pin_memory).fill_(fill_value)
 
 
-def zeros(*size: int | Sequence[int], dtype: DTypeLike | None = None, device: DeviceLike = None,
-          pin_memory: bool = False) -> Tensor:
+def zeros(*sizes: int | Sequence[int], size: Sequence[int] | None = None, dtype: DTypeLike | None = None,
+          device: DeviceLike = None, pin_memory: bool = False) -> Tensor:
     """A tensor of zeros of the given size, float32 by default. In a traced forward, a size with the batch
     (x.size(0)) first is zeros for every sample (a hand-written RNN's zero state, torch.zeros(x.size(0), hidden)),
     and one with the batch second an RNN's zero initial state (PyTorch's h0 = torch.zeros(layers, x.size(0),
     hidden))."""
     from .nn.graph import BatchSize, ZeroStates, names_batch
-    sizes = _sizes(size)
+    sizes = _given_size(sizes, size)
     if not names_batch(sizes) and any(isinstance(n, BatchSize) for n in sizes):
         return ZeroStates(sizes)
-    return empty(*size, dtype=dtype, device=device, pin_memory=pin_memory).fill_(0)
+    return empty(sizes, dtype=dtype, device=device, pin_memory=pin_memory).fill_(0)
 
 
-def ones(*size: int | Sequence[int], dtype: DTypeLike | None = None, device: DeviceLike = None,
-         pin_memory: bool = False) -> Tensor:
+def ones(*sizes: int | Sequence[int], size: Sequence[int] | None = None, dtype: DTypeLike | None = None,
+         device: DeviceLike = None, pin_memory: bool = False) -> Tensor:
     """A tensor of ones of the given size, float32 by default."""
-    return empty(*size, dtype=dtype, device=device, pin_memory=pin_memory).fill_(1)
+    return empty(_given_size(sizes, size), dtype=dtype, device=device, pin_memory=pin_memory).fill_(1)
 
 
 def empty_like(t: Tensor, *, dtype: DTypeLike | None = None, device: DeviceLike = None) -> Tensor:

@@ -23,6 +23,8 @@ from .graph import MergedRows, Symbolic, fail, in_place, missing as graph_missin
 
 # The functions of one value elementwise: of a trainable parameter in a traced forward, traced (graph.read_by_op).
 _ELEMENTWISE = {"relu", "leaky_relu", "gelu", "silu", "sigmoid", "tanh", "hardswish", "softplus"}
+# Those of each row alone, which rows merged from the batch take (GPT-2's x.view(-1, C) through its projection).
+_ROW_WISE = _ELEMENTWISE | {"_linear", "layer_norm", "dropout"}
 
 
 def _traced(layer):
@@ -35,6 +37,8 @@ def _traced(layer):
 
         @functools.wraps(fn)
         def call(input, *args, **kwargs):
+            if isinstance(input, MergedRows) and fn.__name__ in _ROW_WISE:
+                return input.rowwise(call, *args, **kwargs)
             if not isinstance(input, Symbolic) and uses_trainable([input]):  # cheap unless traced
                 inplace = signature.bind(input, *args, **kwargs).arguments.get("inplace")
                 input, = read_by_op(fn.__name__, [input], fn.__name__ in _ELEMENTWISE and not inplace)
@@ -216,12 +220,18 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     return out[0] if squeeze else out
 
 
-@_traced(lambda weight, bias=None: _shell(M.Linear, weight=weight, bias=bias, in_features=weight.shape[1],
-                                          out_features=weight.shape[0]))
 def linear(input, weight, bias=None):
     """input W^T + b, as torch.nn.functional.linear: input (..., in_features), weight (out_features, in_features), bias
     (out_features,); the output is (..., out_features). Under ft.autocast float32 operands are multiplied as
-    bfloat16."""
+    bfloat16. Traced, a bias computed from parameters (BEiT's ft.cat of its q, k and v biases) is added after."""
+    if isinstance(bias, Symbolic) and not isinstance(input, MergedRows):
+        return _linear(input, weight) + bias
+    return _linear(input, weight, bias)
+
+
+@_traced(lambda weight, bias=None: _shell(M.Linear, weight=weight, bias=bias, in_features=weight.shape[1],
+                                          out_features=weight.shape[0]))
+def _linear(input, weight, bias=None):
     _check(input, "input", "linear")
     if input.ndim == 0:
         raise ValueError("linear: the input must have at least 1 dimension")
@@ -232,10 +242,21 @@ def linear(input, weight, bias=None):
     return out.reshape(*lead, weight.shape[0]) if input.ndim != 2 else out
 
 
+def _batch_norm_layer(running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
+    if running_mean is None and not training:
+        raise ValueError("batch_norm: running_mean and running_var are needed with training=False")
+    return _shell(M._BatchNorm, weight=weight, bias=bias, running_mean=running_mean, running_var=running_var,
+                  num_batches_tracked=None, num_features=(weight if running_mean is None else running_mean).shape[0],
+                  eps=eps, momentum=momentum, affine=weight is not None, track_running_stats=running_mean is not None,
+                  training=bool(training), _ranks=(1, 2, 3))
+
+
+@_traced(_batch_norm_layer)
 def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
     """Batch normalization of (N, C), (N, C, L) or (N, C, H, W) inputs per channel, as torch.nn.functional.batch_norm:
     with training=True the batch's statistics, updating running_mean and running_var in place with momentum; else the
-    running ones. Eager only: a model uses nn.BatchNorm1d/2d."""
+    running ones. Traced (timm's BatchNormAct2d calls it), a batch norm node, its statistics updated in every training
+    step; num_batches_tracked is not counted."""
     _check(input, "input", "batch_norm")
     if input.ndim == 3:  # (N, C, L) sequences as (N, C, 1, L) images
         return batch_norm(input.unsqueeze(2), running_mean, running_var, weight, bias, training, momentum,
@@ -1050,7 +1071,7 @@ def _may_hide_a_row(mask):
         if not isinstance(mask.node.module, M.Value):
             return True
         mask = mask.node.module.tensor
-    if mask.requires_grad:  # trains (its values are not read while tracing)
+    if mask.requires_grad or uses_trainable([mask]):  # trains (its values are not read while tracing)
         return False
     return bool((np.asarray(mask.float().cpu()) <= _NO_KEY).any())
 

@@ -65,8 +65,9 @@ _active = []
 _mode_read = [True, False]
 # The modules (by id) whose mode the forward's own code read: the training step keeps the mode each had.
 _mode_readers = {}
-# The model's buffers (by id) that an eager op read while a forward (or loss) was traced, each with its first such
-# line: the op's result is a constant of the program, which a change of the buffer after compile would not reach.
+# The model's buffers and frozen parameters (by id) that an eager op read (or a copy was taken of) while a forward
+# (or loss) was traced, each with its first such line: the result is a constant of the program, which a change of
+# the buffer after compile would not reach.
 _buffers_read = {}
 
 
@@ -111,7 +112,7 @@ class tracing:
 
     def __init__(self, model, inputs=()):
         self.params = {id(p): p for p in model.parameters() if p.requires_grad}
-        self.buffers = [b for b in model.buffers() if b.numel()]
+        self.buffers = [b for b in (*model.buffers(), *model.parameters()) if b.numel() and id(b) not in self.params]
         self.inputs = inputs
 
     def __enter__(self):
@@ -533,16 +534,27 @@ class MergedRows:
         return self.source.sum()
 
     def _elementwise(self, op, other, reflected=False):
-        """op of the merged values and a number or merged values of the same per-sample shape, merged too."""
+        """op of the merged values and a number, merged values of the same per-sample shape, or a tensor the same
+        for every row (a bias), merged too."""
+        from .._C import TensorBase
         if isinstance(other, MergedRows):
             if other.source.node.shape != self.source.node.shape:
                 fail("an operation of rows merged from values of different shapes",
                      "combine per-position values of one shape: losses * mask.view(-1)")
             other = other.source
-        elif not isinstance(other, numbers.Real):
+        elif not (isinstance(other, numbers.Real) or isinstance(other, TensorBase) and
+                  math.prod(other.shape[:-1]) == 1):
             fail("an operation of rows merged from the batch with values that are not",
                  "view both: losses * mask.view(-1)")
         return MergedRows(op(other, self.source) if reflected else op(self.source, other))
+
+    def __matmul__(self, other):
+        """The rows times a matrix (GPT-2's Conv1D: x.view(-1, C) @ W), merged too."""
+        return MergedRows(self.source @ other)
+
+    def rowwise(self, fn, *args, **kwargs):
+        """fn (a layer or function of each row alone: Linear, LayerNorm, an activation) of the rows, merged too."""
+        return MergedRows(fn(self.source, *args, **kwargs))
 
     def __neg__(self):
         return MergedRows(-self.source)
@@ -1113,7 +1125,8 @@ class Symbolic:
 
     def to(self, *args, **kwargs):
         """The value itself for a floating dtype or the model's device (the program chooses the dtypes of its values);
-        an integer dtype only for the targets (y.long()), which the losses read as int64, and token ids."""
+        an integer dtype only for the targets (y.long()), which the losses read as int64, and token ids; integers
+        (an attention mask of 0 and 1, Hugging Face's mask.to(dtype)) converted to floats."""
         from .._types import as_dtype
         m, labels = self.node.module, _layers().Target
         if isinstance(m, _layers().Reshape) and isinstance(self.node.inputs[0].module, labels):
@@ -1137,16 +1150,29 @@ class Symbolic:
                 return self if self._is_mask() else self != 0
             if dt.is_floating_point != self.dtype.is_floating_point and self._of_targets():
                 fail(f"class labels computed from float targets (y[:, 0].to({dt.name}))", _SEVERAL_TARGETS)
+            if dt.is_floating_point and not self.dtype.is_floating_point:
+                return self._math("mul", 1.0)  # converted as the op reads them
             if dt.is_floating_point != self.dtype.is_floating_point:
-                fail(f"x.to({dt.name}) of a traced value of {self.dtype.name}", "a 0/1 mask of integers is a "
-                     "comparison: (mask != 0).float() (or give it as a bool input, input_dtype=ft.bool); compute in "
-                     "floats, and take the input as it comes: compile(input_dtype=ft.float32) for float inputs, "
-                     "ft.int64 for token ids")
+                fail(f"x.to({dt.name}) of a traced value of {self.dtype.name}", "a compiled program does not turn "
+                     "floats into integers: compute integer ids or labels before the step and take them as an input "
+                     "(compile(input_dtype=ft.int64)), or compare (x > 0.5) for a mask")
         return self
 
     def long(self):
         """The targets as they are (see to); any other value fails."""
         return self.to("int64")
+
+    def int(self):
+        """Integers as they are (see to), as int64."""
+        return self.to("int32")
+
+    def type(self, dtype):
+        """self.to(dtype)."""
+        return self.to(dtype)
+
+    def is_floating_point(self):
+        """Whether the value is of a floating dtype."""
+        return self.dtype.is_floating_point
 
     def bool(self):
         """A mask of where the value is not 0 (see to), as PyTorch's cast to bool."""
@@ -1320,8 +1346,10 @@ class Symbolic:
         return dims
 
     def _sum_dims(self, dims, keepdim, scale):
-        """Records scale * the sum over the per-sample dimensions dims."""
-        out = _layers().SumDims(dims, scale)(self)
+        """Records scale * the sum over the per-sample dimensions dims (of integers, such as a mask's count, in
+        floats)."""
+        x = self if self.dtype.is_floating_point or self._is_mask() else self._math("mul", 1.0)
+        out = _layers().SumDims(dims, scale)(x)
         return out if keepdim else out.reshape(N, *(n for d, n in enumerate(self.node.shape) if d not in dims))
 
     def sum(self, dim=None, keepdim=False):
@@ -1933,6 +1961,9 @@ def constant(t, like_shape):
             return whole[:, offset // row:offset // row + t.shape[0]]
         else:
             return Gathered.of(t).traced(like_shape)
+    if p is None and not t.is_contiguous():  # a copy, which a change of the buffer it views would not reach
+        _note_buffers([t])
+        t = t.contiguous()
     while len(shape) > len(like_shape) and shape[0] == 1:
         shape = shape[1:]
     if len(shape) > len(like_shape):
@@ -2029,7 +2060,7 @@ class Gathered:
         from . import functional as F
         ids = rows if column is None else rows.take(0, column)
         value = F.embedding(constant(creation.tensor(np.ascontiguousarray(ids), device=p.device), ids.shape), p,
-                            self.padding_idx)
+                            self.padding_idx).reshape(N, *ids.shape, p.shape[1])  # a range of rows keeps its 1s
         if picked != slice(None):
             value = value[(slice(None),) * (ids.ndim + 1) + (picked,)]
         if column is None:  # one column: its dimension goes
@@ -2381,6 +2412,11 @@ def cat(tensors, dim=1):
 
     tensors = list(tensors)
     traced = next(t for t in tensors if isinstance(t, Symbolic))  # a tensor may come first: cat([cls, x])
+    if all(t._uniform() for t in tensors if isinstance(t, Symbolic)):  # of parameters alone: dims of their own
+        rank = len(traced.node.shape)
+        if not -rank <= dim < rank:
+            raise IndexError(f"cat: dim {dim} is out of range for {rank}-d tensors")
+        dim = dim % rank + 1
     if dim in (0, -traced.ndim):
         fail("ft.cat of traced values along the batch dimension (dim=0)", "a program computes each sample on its "
              "own, so two batches cannot be joined in it: concatenate the data before the step (np.concatenate), "

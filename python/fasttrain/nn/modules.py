@@ -4,6 +4,7 @@ on a symbolic ft.nn.Input it records a graph node, and model.compile() turns the
 graph into a C program that trains with no Python per step."""
 import copy
 import functools
+import inspect
 import math
 import re
 import sys
@@ -14,7 +15,7 @@ from .._C import TensorBase
 from .._tensor import Tensor
 from .._types import _BY_NAME, as_device, as_dtype, dtype as _dtype
 from . import init
-from .graph import Stacked, Symbolic, _active, traced_mode
+from .graph import Stacked, Symbolic, _active, traced_mode, uses_trainable
 
 
 class Parameter(Tensor):
@@ -368,8 +369,12 @@ class Module:
     _leaf = False
 
     def __call__(self, *inputs, **kwargs):
-        if not any(isinstance(x, (Symbolic, Stacked)) for x in inputs):  # traced values (or parts of them)
-            from .graph import fail, uses_trainable
+        from .graph import MergedRows
+        if len(inputs) == 1 and isinstance(inputs[0], MergedRows) and isinstance(self, _ROW_WISE):
+            return inputs[0].rowwise(self, **kwargs)  # GPT-2's x.view(-1, C) through its projection
+        if not any(isinstance(x, (Symbolic, Stacked)) for x in (*inputs, *kwargs.values())):  # traced values (or
+            # parts of them)
+            from .graph import fail
             if uses_trainable(self.parameters()):
                 view = self._parameter_view(*inputs)
                 if view is not None:
@@ -380,6 +385,9 @@ class Module:
                      "self.pos.weight[:T]), or freeze it with requires_grad_(False) before compile")
             return self.forward(*inputs, **kwargs)
         if self._leaf and not _overrides_forward(type(self)):
+            if kwargs:  # inputs given by name (Linear(input=x)): in forward's order
+                bound = inspect.signature(self.forward).bind(*inputs, **kwargs)
+                inputs, kwargs = bound.args, bound.kwargs
             return self._record(*inputs, **kwargs)
         from .graph import callers
         callers.append(self)
@@ -1869,6 +1877,10 @@ class Identity(Module):
         return x
 
 
+# The layers of each row alone, which rows merged from the batch go through (see Module.__call__).
+_ROW_WISE = (Linear, LayerNorm, _Activation, Identity)
+
+
 def _sequential_part(module):
     if not isinstance(module, Module):
         raise TypeError(f"Sequential takes Modules, got {type(module).__name__}")
@@ -2741,7 +2753,8 @@ def _attention_mask(mask, Tq, Tk, name, keeps=False, batched=False):
         if bool_mask and mask.shape[-1] == Tk and math.prod(mask.shape[1:-1]) == 1:
             rows = mask.reshape(mask.shape[0], Tk) if mask.ndim != 2 else mask
             return False, ~rows if keeps else rows, None
-    elif isinstance(mask, TensorBase) and not mask.requires_grad:  # a learned bias is added to the scores
+    elif isinstance(mask, TensorBase) and not mask.requires_grad and not uses_trainable([mask]):  # a learned bias
+        # (a parameter, or a view of one while traced) is added to the scores
         import numpy as np
         a = np.asarray(mask.cpu() if bool_mask else mask.float().cpu())
         if Tq == Tk and _is_causal(a, Tq, keeps):

@@ -225,7 +225,7 @@ def _numbers_read(model, loss, modal):
                   if _is_number(v) and not k.startswith("_") and k != "training" and
                   k not in modal.get(id(m), (None, {}))[1]]
     functions = [f for f in (loss, *(type(m).forward for m in modules)) if inspect.isfunction(f) and
-                 not f.__module__.startswith("fasttrain.")]
+                 not (f.__module__ or "").startswith("fasttrain.")]
     for f in dict.fromkeys(functions):
         cells = dict(zip(f.__code__.co_freevars, f.__closure__ or ()))
         names = inspect.getclosurevars(f)
@@ -839,9 +839,11 @@ class Program:
         # the numbers forward and the loss may have read once traced (in eval mode too), and the buffers eager ops
         # read: the program keeps what they computed
         self._numbers = _numbers_read(model, loss, self._modal)
-        names = {id(b): name for name, b in model.named_buffers()}
+        names = {id(b): name for name, b in (*model.named_buffers(), *model.named_parameters())}
+        stepped = {id(getattr(e.module, k, None)) for e in entries if e.kind == BATCHNORM  # the step moves them
+                   for k in ("running_mean", "running_var", "num_batches_tracked")}
         self._buffers_read = [[names[i], b, _values(b).copy(), line] for i, (b, line) in
-                              {**read, **buffers_read()}.items()]
+                              {**read, **buffers_read()}.items() if i not in stepped]
         self.grad_scaler = grad_scaler  # attached last: a compile that fails leaves it free for the next
         if grad_scaler is not None:
             grad_scaler._attach(self._c)
