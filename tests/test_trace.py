@@ -3401,3 +3401,33 @@ def test_pieces_of_ported_models_compile_and_train(how):
     before = model.q_bias.numpy().copy(), model.v_bias.numpy().copy()
     program.train_step((ids, mask), np.array([0, 2, 1]))
     assert not np.array_equal(model.q_bias.numpy(), before[0]) and not np.array_equal(model.v_bias.numpy(), before[1])
+
+
+def test_bert_relative_key_positions_in_einsum_train():
+    """Hugging Face BERT's relative_key_query scores: an Embedding of the fixed distances l - r read through
+    ft.einsum with the queries and the keys (it failed with "einsum: expected tensors, got Gathered")."""
+    T, D = 5, 4
+
+    class RelativeKey(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.k, self.distance = nn.Linear(D, D), nn.Linear(D, D), nn.Embedding(2 * T - 1, D)
+
+        def forward(self, x):
+            q, k = self.q(x), self.k(x)
+            distance = ft.arange(T).view(-1, 1) - ft.arange(T).view(1, -1)
+            positions = self.distance(distance + T - 1)
+            s = q @ k.transpose(-1, -2) + ft.einsum("bld,lrd->blr", q, positions) + \
+                ft.einsum("brd,lrd->blr", k, positions)
+            return s.softmax(-1) @ x
+
+    ft.manual_seed(75)
+    model = RelativeKey()
+    x = np.random.default_rng(76).standard_normal((2, T, D)).astype(np.float32)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=2, input_shape=(T, D))
+    q, k = (x.astype(np.float64) @ m.weight.numpy().T + m.bias.numpy() for m in (model.q, model.k))
+    pe = model.distance.weight.numpy()[np.arange(T)[:, None] - np.arange(T)[None] + T - 1]
+    s = q @ k.transpose(0, 2, 1) + np.einsum("bld,lrd->blr", q, pe) + np.einsum("brd,lrd->blr", k, pe)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    np.testing.assert_allclose(program.predict(x).numpy(), p / p.sum(-1, keepdims=True) @ x, rtol=1e-5, atol=1e-6)
+    assert gradcheck(program, x, np.zeros((2, T, D), np.float32), rtol=3e-2, atol=1e-4)

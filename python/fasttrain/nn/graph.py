@@ -2234,7 +2234,7 @@ def einsum(equation, operands):
     batch = {s[0] for s, x in zip(subs, operands) if isinstance(x, Symbolic) and s}
     sizes = {}
     for s, x in zip(subs, operands):
-        if not isinstance(x, (Symbolic, TensorBase)):
+        if not isinstance(x, (Symbolic, TensorBase, Gathered)):  # (a gathered table: BERT's relative_key positions)
             raise TypeError(f"einsum: expected tensors, got {type(x).__name__}")
         traced = isinstance(x, Symbolic)
         shape = (None, *x.node.shape) if traced else tuple(x.shape)
@@ -2326,11 +2326,11 @@ def _broadcast(a, b):
 def _matrix(t):
     """A 2-d tensor (a parameter, or a constant) as a value node for @, the same for every sample."""
     from .._C import TensorBase
-    if not isinstance(t, TensorBase):
+    if not isinstance(t, (TensorBase, Gathered)):
         return None
     if t.ndim != 2:
         fail(f"@ with a tensor of shape {tuple(t.shape)}", "multiply traced values by 2-d matrices")
-    return constant(t, tuple(t.shape))
+    return t.traced(tuple(t.shape)) if isinstance(t, Gathered) else constant(t, tuple(t.shape))
 
 
 def constant_like(x, value):
