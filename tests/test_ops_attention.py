@@ -915,3 +915,12 @@ def test_a_query_that_sees_no_key_gets_zero_under_any_mask():
     with pytest.raises(ValueError, match=r"a 3-d attn_mask should be \(N \* num_heads, T, S\) = \(4, 5, 5\), got "
                                          r"\(2, 5, 5\)"):
         mha(x, x, x, attn_mask=ft.zeros(2, 5, 5))
+
+
+def test_the_bias_gradient_cannot_be_the_bias():
+    """dbias written over the bias it is read from gave wrong dq and dbias: refused, as dq over q is."""
+    q, k, v, dout = (t(x) for x in inputs(1, 2, 5, 5, 4, seed=65))
+    bias = t(np.random.default_rng(66).normal(size=(1, 2, 5, 5)))
+    out, lse = ft.ops.sdpa_forward(None, None, q, k, v, bias=bias)
+    with pytest.raises(ValueError, match="dbias cannot be bias itself"):
+        ft.ops.sdpa_backward(None, None, None, dout, q, k, v, out, lse, bias=bias, dbias=bias)

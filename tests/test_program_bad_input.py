@@ -422,8 +422,9 @@ def test_numbers_the_loss_reads_and_buffers_read_eagerly_are_named_when_they_cha
                             input_shape=(4,))
     program.predict(x)
     model.g.fill_(0.9)
-    with pytest.warns(RuntimeWarning, match=r"buffer g changed after compile, but what forward computed from it by "
-                                            r"eager ops \(.*\(1 - self.g\).*\) keeps the value it had at compile"):
+    with pytest.warns(RuntimeWarning, match=r"^g changed after compile, but what forward computed from it by eager "
+                                            r"ops \(or copied of it, .*\(1 - self.g\).*\) keeps the value it had at "
+                                            r"compile"):
         program.predict(x)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -570,3 +571,37 @@ def test_targets_read_in_two_shapes_say_how_to_derive_one_from_the_other():
     with pytest.raises(ft.nn.TracingError, match=r"the targets are read as .* elsewhere .* F.one_hot\(y, C\)"):
         model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=2, input_shape=(4,),
                       target_shape=(), target_dtype=ft.int64)
+
+
+def test_attribute_names_are_not_globals_and_a_loss_objects_numbers_are_watched():
+    """self.eps and w.t() in a forward made the globals eps and t (unrelated script variables) watched: a warning
+    at every step, and a crash once t became an array. A number of the object whose method (or __call__) is the loss
+    is watched as a loss module's is."""
+    global eps, t
+    eps, t = 1.0, 2.0
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.eps = nn.Linear(4, 3), 1e-5
+
+        def forward(self, x):
+            return x @ self.fc.weight.t() + self.eps
+
+    class Weighted:
+        def __init__(self):
+            self.alpha = 1.0
+
+        def loss(self, out, y):
+            return F.cross_entropy(out, y) * self.alpha
+
+    x, y = np.ones((4, 4), np.float32), np.arange(4) % 3
+    model, weighted = Net(), Weighted()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), weighted.loss, batch_size=4, input_shape=(4,))
+    eps, t = 3.0, np.arange(3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        program.train_step(x, y)
+    weighted.alpha = 2.0
+    with pytest.warns(RuntimeWarning, match=r"Weighted.alpha changed from 1.0 to 2.0 after compile"):
+        program.train_step(x, y)

@@ -11,6 +11,7 @@ import pytest
 
 import fasttrain as ft
 from _programref import state_bits
+from fasttrain.utils.checkpoint import checkpoint, checkpoint_sequential
 
 nn = ft.nn
 MiB = 1 << 20
@@ -62,12 +63,24 @@ def sequential(width=8):
         nn.Linear(32, 5))
 
 
+class Checkpointed(ResNet):
+    """The ResNet's forward with its blocks run through torch.utils.checkpoint's checkpoint, as Hugging Face's and
+    timm's gradient checkpointing write it, and the deep stage through checkpoint_sequential."""
+
+    def forward(self, x):
+        x = self.stem(x)
+        for block in self.blocks:
+            x = checkpoint(block, x, use_reentrant=False)
+        x = checkpoint_sequential(self.deep, 2, nn.functional.relu(self.down(x)))
+        return self.head(self.drop(nn.functional.adaptive_avg_pool2d(x, 1).flatten(1)))
+
+
 def make(kind):
-    """The ResNet, the Sequential, or the ResNet with its stem frozen."""
+    """The ResNet, the Sequential, the ResNet with its stem frozen, or the ResNet checkpointing its blocks."""
     ft.manual_seed(3)
     if kind == "sequential":
         return sequential()
-    model = ResNet()
+    model = Checkpointed() if kind == "checkpointed" else ResNet()
     if kind == "frozen":
         model.stem.requires_grad_(False)
     return model
@@ -151,6 +164,19 @@ def least_arena(kind, **options):
 def test_recompute_trains_bitwise_as_keeping_every_output(kind, name, opt):
     program, plain = assert_same_training(kind, mode(name, kind), opt)
     assert program.memory_plan()["activations"] < plain.memory_plan()["activations"]
+
+
+def test_torch_checkpoint_in_a_forward_recomputes_those_modules():
+    """ft.utils.checkpoint.checkpoint(block, x) and checkpoint_sequential in a forward (the names of
+    torch.utils.checkpoint) make those modules the recomputed segments, as compile(recompute=[...]) listing them:
+    bitwise the same training, a smaller arena; recompute= given to compile takes precedence."""
+    want_losses, want_state, plain = train("resnet", None)
+    losses, state, program = train("checkpointed", None)
+    assert any(program._c.recomputed()) and not any(plain._c.recomputed())
+    assert losses == want_losses and state == want_state
+    assert program.memory_plan()["activations"] < plain.memory_plan()["activations"]
+    assert program.memory_plan() == train("resnet", blocks_of, steps=0)[2].memory_plan()
+    assert train("checkpointed", "auto", steps=0)[2].memory_plan() == train("resnet", "auto", steps=0)[2].memory_plan()
 
 
 @pytest.mark.parametrize("kind", ["sequential", "resnet"])

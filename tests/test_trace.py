@@ -3303,34 +3303,43 @@ def test_attention_layers_without_batch_first_say_which_layer(layer):
 
 class BatchNormAct(nn.BatchNorm2d):
     """timm's BatchNormAct2d: F.batch_norm of the module's own buffers in its forward, num_batches_tracked counted
-    eagerly, then the activation."""
+    eagerly and momentum=None a cumulative average, then the activation."""
 
     def forward(self, x):
+        factor = self.momentum
         if self.training:
             self.num_batches_tracked.add_(1)
-        x = F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, self.training,
-                         self.momentum, self.eps)
+            if self.momentum is None:
+                factor = 1.0 / float(self.num_batches_tracked)
+        x = F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, self.training, factor,
+                         self.eps)
         return F.relu(x)
 
 
-def test_f_batch_norm_in_a_forward_trains_as_the_layer():
+@pytest.mark.parametrize("momentum", [0.1, None])
+def test_f_batch_norm_in_a_forward_trains_as_the_layer(momentum):
     """F.batch_norm of traced values (timm's BatchNormAct2d) was refused with "input must be a fasttrain Tensor, got
-    Symbolic": it is the batch norm layer's node now, the same losses, weights and running statistics, bit for bit,
-    and predict runs on the running statistics."""
+    Symbolic": it is the batch norm layer's node now, the same losses, weights, running statistics and count, bit
+    for bit (momentum=None too, whose 1 / count the forward computes once while traced), predict runs on the
+    running statistics, and the trace's own count (add_(1)) is undone."""
     x = np.random.default_rng(70).standard_normal((4, 3, 6, 6)).astype(np.float32)
     y = np.arange(4) % CLASSES
     results = []
     for norm in (BatchNormAct, lambda c: nn.Sequential(nn.BatchNorm2d(c), nn.ReLU())):
         ft.manual_seed(71)
         model = nn.Sequential(nn.Conv2d(3, 4, 3, bias=False), norm(4), nn.Flatten(), nn.Linear(64, CLASSES))
+        model[1].momentum = momentum
+        if isinstance(model[1], nn.Sequential):
+            model[1][0].momentum = momentum
         program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=4,
                                 input_shape=(3, 6, 6))
         losses = [program.train_step(x, y) for _ in range(3)]
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # num_batches_tracked counted eagerly is no buffer read into a constant
             results.append((losses, program.predict(x).numpy().tobytes(),
-                            [b.numpy().tobytes() for name, b in model.named_buffers() if "running" in name]))
+                            [b.numpy().tobytes() for _, b in model.named_buffers()]))
     assert results[0] == results[1]
+    assert [b for name, b in model.named_buffers() if "num_batches" in name][0].item() == 3
 
 
 class PortedPieces(nn.Module):
@@ -3431,3 +3440,139 @@ def test_bert_relative_key_positions_in_einsum_train():
     p = np.exp(s - s.max(-1, keepdims=True))
     np.testing.assert_allclose(program.predict(x).numpy(), p / p.sum(-1, keepdims=True) @ x, rtol=1e-5, atol=1e-6)
     assert gradcheck(program, x, np.zeros((2, T, D), np.float32), rtol=3e-2, atol=1e-4)
+
+
+class Copies(nn.Module):
+    """Eager copies and detaches of a trainable parameter's parts in a forward."""
+
+    def __init__(self, how):
+        super().__init__()
+        self.how, self.fc = how, nn.Linear(6, 6)
+        self.w, self.v = nn.Parameter(ft.randn(6, 6)), nn.Parameter(ft.randn(4, 6))
+
+    def forward(self, x):
+        h = self.fc(x)
+        if self.how == "clone":
+            return h + self.w[1:5].clone() + self.v.clone()
+        if self.how == "contiguous":
+            return h + self.w.T[:, 1:5].contiguous().T
+        return h + self.w[1:5].detach() * self.v
+
+
+@pytest.mark.parametrize("how", ["clone", "contiguous", "detach"])
+def test_copies_of_a_parameter_train_and_its_detach_does_not(how):
+    """self.w[1:5].clone() (and .contiguous() of a strided part) compiled to a constant: w never trained, where
+    PyTorch's copy passes the gradient; self.w[1:5].detach() trained w, where PyTorch's stops it. Against NumPy
+    and finite differences, and w's gradient 0 through the detach."""
+    ft.manual_seed(77)
+    model = Copies(how)
+    x = np.random.default_rng(78).standard_normal((3, 4, 6)).astype(np.float32)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=3, input_shape=(4, 6))
+    w, v = model.w.numpy().astype(np.float64), model.v.numpy().astype(np.float64)
+    h = x @ model.fc.weight.numpy().T + model.fc.bias.numpy()
+    want = h + (w[1:5] + v if how == "clone" else w.T[:, 1:5].T if how == "contiguous" else w[1:5] * v)
+    np.testing.assert_allclose(program.predict(x).numpy(), want, rtol=1e-5, atol=1e-6)
+    y = np.zeros((3, 4, 6), np.float32)
+    assert gradcheck(program, x, y, rtol=3e-2, atol=1e-4) if how != "detach" else True
+    program.backward(x, y)
+    assert (model.w.grad is None) == (how == "detach")  # no gradient reaches it: .grad stays None, as PyTorch's
+
+
+class Pooled(nn.Module):
+    """sentence-transformers' mean pooling of an int64 attention mask, mask.type_as(h), rows merged from the batch
+    through addmm with beta and alpha and viewed back with -1, and BEiT's zeros_like(..., requires_grad=False)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(20, 8)
+        self.W, self.b = nn.Parameter(ft.randn(8, 6) * 0.3), nn.Parameter(ft.randn(6) * 0.1)
+        self.fc = nn.Linear(8, 6)
+
+    def forward(self, ids, mask):
+        h = self.emb(ids)
+        m = mask.unsqueeze(-1).expand(h.size()).float()
+        pooled = (h * m).sum(1) / m.sum(1).clamp(min=1e-9)
+        bias = ft.cat((self.b[:3], ft.zeros_like(self.b[3:], requires_grad=False)))
+        rows = ft.addmm(bias, h.view(-1, 8), self.W, beta=0.5, alpha=2.0).view(-1, ids.shape[1], 6)
+        return self.fc(pooled) + (rows * mask.type_as(h)[:, :, None]).sum(1)
+
+
+def test_integer_masks_expand_and_convert_and_merged_rows_come_back():
+    """Each compiled and failed in every call (an expand of int64: "broadcast_to: inp must be float32"), or was
+    refused: mask.type_as(h) left integers, rows merged by x.view(-1, C) did not come back by view(-1, T, F),
+    addmm's beta and alpha of merged rows, zeros_like(requires_grad=False). Against NumPy float64."""
+    ft.manual_seed(79)
+    model = Pooled()
+    rng = np.random.default_rng(80)
+    ids, mask = rng.integers(0, 20, (3, 5)), np.ones((3, 5), np.int64)
+    mask[1, 2:] = 0
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=3,
+                            input_shape=((5,), (5,)), input_dtype=(ft.int64, ft.int64))
+    h = model.emb.weight.numpy().astype(np.float64)[ids]
+    m = mask[:, :, None].astype(np.float64)
+    pooled = (h * m).sum(1) / m.sum(1)
+    rows = 0.5 * np.concatenate([model.b.numpy()[:3], np.zeros(3)]) + 2.0 * h @ model.W.numpy()
+    want = pooled @ model.fc.weight.numpy().T + model.fc.bias.numpy() + (rows * m).sum(1)
+    np.testing.assert_allclose(program.predict((ids, mask)).numpy(), want, rtol=1e-5, atol=1e-5)
+    program.train_step((ids, mask), np.zeros((3, 6), np.float32))
+
+
+class DenseLayer(nn.Module):
+    """torchvision's _DenseLayer as written: a list of features in, torch.jit's decorators and is_scripting, the
+    features' requires_grad before torch.utils.checkpoint, torch._assert, and CLIP's class embedding expanded with
+    new leading dimensions."""
+
+    def __init__(self, c, grow):
+        super().__init__()
+        self.norm, self.conv = nn.BatchNorm2d(c), nn.Conv2d(c, grow, 3, padding=1, bias=False)
+        self.token = nn.Parameter(ft.randn(grow))
+
+    def bn_function(self, inputs):
+        return self.conv(F.relu(self.norm(ft.cat(inputs, 1))))
+
+    @ft.jit.unused
+    def call_checkpoint_bottleneck(self, inputs):
+        return ft.utils.checkpoint.checkpoint(lambda *features: self.bn_function(features), *inputs)
+
+    def forward(self, input):
+        features = [input] if isinstance(input, ft.Tensor) else input
+        ft._assert(features[0].shape[1] > 0, "no channels")
+        if any(f.requires_grad for f in features) and not ft.jit.is_scripting():
+            out = self.call_checkpoint_bottleneck(features)
+        else:
+            out = self.bn_function(features)
+        return out + self.token.expand(out.shape[0], 1, 1, -1).permute(0, 3, 1, 2)
+
+
+def test_torchvisions_dense_layer_compiles_as_written():
+    """A module called with a list of traced values was refused as "called on tensors that are not traced";
+    ft.jit, ft.utils.checkpoint, ft._assert, a traced value's requires_grad and a (D,) parameter expanded as
+    (N, 1, D) were missing or refused. The two-layer block matches NumPy's forward and finite differences."""
+    ft.manual_seed(81)
+    first, second = DenseLayer(3, 2), DenseLayer(5, 2)
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.first, self.second = first, second
+
+        def forward(self, x):
+            features = [x]
+            features.append(self.first(features))
+            features.append(self.second(features))
+            return ft.cat(features, 1).mean((2, 3))
+
+    model = Block()
+    x = np.random.default_rng(82).standard_normal((2, 3, 4, 4)).astype(np.float32)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=2,
+                            input_shape=(3, 4, 4))
+    model.eval()
+    np.testing.assert_allclose(program.predict(x).numpy(), model(ft.tensor(x)).numpy(), rtol=1e-5, atol=1e-6)
+    model.train()
+    assert gradcheck(program, x, np.zeros((2, 7), np.float32), rtol=3e-2, atol=1e-3)
+    assert ft.jit.is_scripting() is False and ft.fx.wrap("stochastic_depth") == "stochastic_depth"
+    assert ft.divide(ft.ones(2), 4).tolist() == [0.25, 0.25]
+    with pytest.raises(AssertionError, match="no channels"):
+        ft._assert(False, "no channels")
+    with pytest.raises(NotImplementedError, match="model.compile"):
+        ft.jit.script(model)

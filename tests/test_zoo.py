@@ -526,12 +526,15 @@ def test_layer_reprs_read_as_pytorchs():
 
 def test_pytorch_names_fasttrain_lacks_say_what_to_write_instead():
     """A port reaching for a layer or function fasttrain does not have gets an AttributeError with the way on (it
-    was a bare one), and hasattr stays False for them."""
-    for get, match in ((lambda: nn.Conv3d, "3-d .* fold the depth into the batch"),
+    was a bare one), and hasattr stays False for them; a 3-d layer's name exists, so that a file naming it as a
+    default argument (torchvision's ops/misc.py) imports, and building one says what to write instead."""
+    with pytest.raises(NotImplementedError, match=r"nn.Conv3d: 3-d .* fold the depth into the batch"):
+        nn.Conv3d(3, 4, 3)
+    for get, match in ((lambda: nn.functional.conv3d, "3-d .* fold the depth into the batch"),
                        (lambda: nn.functional.grid_sample, "spatial transformers"),
                        (lambda: ft.nn.utils.rnn.pack_padded_sequence, "pad the batch to one length"),
                        (lambda: nn.LazyLinear, "give the input size"),
                        (lambda: nn.NoSuchLayer, "see docs/models.md")):
         with pytest.raises(AttributeError, match=match):
             get()
-    assert not hasattr(nn, "Conv3d") and hasattr(nn, "Conv2d") and not hasattr(nn.functional, "ctc_loss")
+    assert not hasattr(nn.functional, "conv3d") and hasattr(nn, "Conv2d") and not hasattr(nn.functional, "ctc_loss")

@@ -1093,8 +1093,10 @@ ft_status ft_sdpa_backward(const ft_tensor *dq, const ft_tensor *dk, const ft_te
         int64_t shape[4] = {N, H, Tq, k->shape[2]};
         FT_TRY(ft_check_float_on(op, "dbias", dbias, dev, "q", true));
         FT_TRY(ft_check_shape(op, "dbias", dbias, 4, shape));
+        const ft_tensor *bias_in[] = {p->bias};
+        const char *bias_name[] = {"bias"};
         FT_TRY(check_writes(op, "dbias", dbias, in, names, 9));
-        FT_TRY(ft_check_alias(op, "dbias", dbias, "bias", p->bias));
+        FT_TRY(check_writes(op, "dbias", dbias, bias_in, bias_name, 1));
     }
     geom g;
     FT_TRY(make_geom(&g, q, k, p, in_pairs(in, 4))); /* dout, q, k and v */

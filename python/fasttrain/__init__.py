@@ -14,10 +14,10 @@ from . import nn, ops
 from .nn.functional import flatten
 from ._math import (abs, acos, add, addmm, all, allclose, amax, amin, any, argmax, argmin, argsort, argwhere, asin,
                     atan, atan2, baddbmm, bincount, bmm, bucketize, cat, ceil, chunk, clamp, clamp_max, clamp_min, clip,
-                    concat, concatenate, cos, cosh, count_nonzero, cumprod, cumsum, diag, diagonal, diff, div, dot,
-                    einsum, eq, equal, erf, erfc, exp, exp2, expm1, eye, flip, floor, floor_divide, fmax, fmin, fmod,
-                    gather, ge, gt, hstack, hypot, index_add, index_select, isclose, isfinite, isin, isinf, isnan, le,
-                    lerp, linspace, log, log10, log1p, log2, log_softmax, logaddexp, logical_and, logical_not,
+                    concat, concatenate, cos, cosh, count_nonzero, cumprod, cumsum, diag, diagonal, diff, div, divide,
+                    dot, einsum, eq, equal, erf, erfc, exp, exp2, expm1, eye, flip, floor, floor_divide, fmax, fmin,
+                    fmod, gather, ge, gt, hstack, hypot, index_add, index_select, isclose, isfinite, isin, isinf, isnan,
+                    le, lerp, linspace, log, log10, log1p, log2, log_softmax, logaddexp, logical_and, logical_not,
                     logical_or, logical_xor, logsumexp, lt, masked_fill, masked_select, matmul, max, maximum, mean,
                     median, meshgrid, min, minimum, mm, mul, multiply, mv, nan_to_num, nanmean, nansum, ne, neg,
                     nonzero, norm, numel, outer, permute, pow, prod, promote_types, quantile, reciprocal, relu,
@@ -34,13 +34,19 @@ from .settings import (are_deterministic_algorithms_enabled, empty_cache, get_nu
 from . import data
 from . import distributed
 from . import metrics
-from . import testing, utils
+from . import fx, jit, testing, utils
 from .amp import autocast
 from .checkpoint import load, save
 from .history import History
 from .training import evaluate, fit
 
 __version__ = "0.1.0"
+
+
+def _assert(condition, message):
+    """torch._assert: AssertionError(message) unless condition holds (torchvision's models check shapes so)."""
+    if not condition:
+        raise AssertionError(message)
 
 # ft.float32, ... and PyTorch's aliases ft.float, ft.long, ...; these (and ft.sum, ft.max, ft.abs ... above) shadow
 # builtins inside this module only, so nothing below may use int/float/bool/sum/max/min/abs/all/any/pow.

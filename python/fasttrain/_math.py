@@ -339,6 +339,9 @@ def div(input: Operand, other: Operand, *, rounding_mode: str | None = None) -> 
     return _binary("div", _nonzero_divisor(fns[rounding_mode]), input, other, op=f"{rounding_mode}_divide")
 
 
+divide = div  # PyTorch's other name
+
+
 def floor_divide(input: Operand, other: Operand) -> Tensor:
     """input // other: division rounded toward minus infinity, as Python's (and PyTorch's) //."""
     return _binary("floor_divide", _nonzero_divisor(np.floor_divide), input, other)

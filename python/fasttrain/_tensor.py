@@ -94,6 +94,15 @@ class _TensorType(type):
         return cls is Tensor and isinstance(obj, Symbolic)
 
 
+def _traced_copy(t):
+    """While a forward is traced, a copy of a trainable parameter (or of a view of one: self.w[1:5].clone()) as the
+    elements it copies, through which the parameter trains, as PyTorch's copy is differentiable; None otherwise."""
+    from .nn.graph import Gathered, uses_trainable
+    if not uses_trainable([t]):
+        return None
+    return t if t.is_contiguous() else Gathered.of(t)
+
+
 def _refuse_traced_parameter(t, what):
     """Fails for a trainable parameter's values read while its model's forward is traced: they would be a constant
     of the compiled step."""
@@ -335,6 +344,8 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
         from .nn.graph import BatchSize, constant
         sizes = tuple(sizes[0]) if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)) else sizes
         if sizes and isinstance(sizes[0], BatchSize):
+            if len(sizes) > self.ndim:  # new leading dimensions (CLIP's class_embedding.expand(N, 1, -1))
+                return self.reshape((1,) * (len(sizes) - self.ndim) + tuple(self.shape)).expand(*sizes)
             if len(sizes) != self.ndim or self.shape[0] != 1:
                 raise ValueError(f"expand: a tensor of shape {self.shape} is expanded over the batch as (N, ...) "
                                  "from a leading size of 1")
@@ -370,7 +381,8 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
             return self
         if memory_format == "channels_last":
             return self.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
-        return self._to(self._dtype_code, *self._device_tuple, False, False, False)
+        traced = _traced_copy(self)
+        return traced if traced is not None else self._to(self._dtype_code, *self._device_tuple, False, False, False)
 
     def is_contiguous(self, memory_format: str = "contiguous") -> _bool:
         """Whether the memory is C-contiguous, or with memory_format=ft.channels_last a 4-d tensor's dimensions lie
@@ -385,7 +397,8 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
     # ---- copies and conversions ----
     def clone(self) -> Tensor:
         """A copy with the same dtype, device and memory layout (a channels-last tensor stays channels-last)."""
-        return self._to(self._dtype_code, *self._device_tuple, False, False, True)
+        traced = _traced_copy(self)
+        return traced if traced is not None else self._to(self._dtype_code, *self._device_tuple, False, False, True)
 
     def copy_(self, src: Any, non_blocking: _bool = False) -> Tensor:
         """Copies src (a tensor, array or nested list, broadcast to self's shape) into self, converting dtype
@@ -607,6 +620,7 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
                                                          _math.logical_not)
     isclose, allclose, equal = _math.isclose, _math.allclose, _math.equal
     outer, dot, mv, mm, bmm = _math.outer, _math.dot, _math.mv, _math.mm, _math.bmm
+    erf, erfc, addmm, baddbmm = _math.erf, _math.erfc, _math.addmm, _math.baddbmm
     diagonal, diag, trace, nonzero = _math.diagonal, _math.diag, _math.trace, _math.nonzero
     index_select, masked_select, scatter, scatter_add = (_math.index_select, _math.masked_select, _math.scatter,
                                                          _math.scatter_add)
@@ -771,7 +785,11 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
 
     def detach(self) -> Tensor:
         """A new tensor object viewing self's memory, as torch.Tensor.detach (fasttrain's eager tensors record no
-        graph, so nothing else changes)."""
+        graph, so nothing else changes). Of a trainable parameter (or a view of one) while its model's forward is
+        traced, its value through which no gradient passes."""
+        from .nn.graph import constant, _sample_shape, uses_trainable
+        if uses_trainable([self]):
+            return constant(self, _sample_shape(self)).detach()
         return self.as_strided(self.shape, self.stride(), self.storage_offset())
 
     @property

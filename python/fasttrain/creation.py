@@ -28,28 +28,33 @@ def _given_size(sizes: tuple, size: Any) -> tuple:
 
 
 def empty(*sizes: int | Sequence[int], size: Sequence[int] | None = None, dtype: DTypeLike | None = None,
-          device: DeviceLike = None, pin_memory: bool = False) -> Tensor:
+          device: DeviceLike = None, pin_memory: bool = False, requires_grad: bool = False) -> Tensor:
     """An uninitialised tensor of the given size (``empty(2, 3)``, ``empty((2, 3))`` or ``empty(size=(2, 3))``),
-    float32 by default; pin_memory=True allocates page-locked host memory."""
+    float32 by default; pin_memory=True allocates page-locked host memory. requires_grad sets the tensor's flag, as
+    the other creation functions' do (a compiled model trains its registered parameters)."""
     from .nn.graph import Blank, names_batch
     d = _BY_NAME["float32"] if dtype is None else as_dtype(dtype)
     size = _given_size(sizes, size)
     if names_batch(size):  # in a traced forward: filled in place, with a draw per sample or a constant
         return Blank(size, d, device)
     kind, index = as_device(device)._code
-    return _C.empty(size, d._code, kind, index, bool(pin_memory))
+    t = _C.empty(size, d._code, kind, index, bool(pin_memory))
+    if requires_grad:
+        t.requires_grad = True
+    return t
 
 
 def full(size: int | Sequence[int], fill_value: Number | Tensor, *, dtype: DTypeLike | None = None,
-         device: DeviceLike = None, pin_memory: bool = False) -> Tensor:
+         device: DeviceLike = None, pin_memory: bool = False, requires_grad: bool = False) -> Tensor:
     """A tensor filled with fill_value; the dtype follows fill_value like PyTorch (bool, int64, float32)."""
     if dtype is None:
         dtype = fill_value.dtype if isinstance(fill_value, TensorBase) else _C.tensor_from_data(fill_value, -1).dtype
-    return empty(size, dtype=dtype, device=device, pin_memory=pin_memory).fill_(fill_value)
+    return empty(size, dtype=dtype, device=device, pin_memory=pin_memory, requires_grad=requires_grad).fill_(
+        fill_value)
 
 
 def zeros(*sizes: int | Sequence[int], size: Sequence[int] | None = None, dtype: DTypeLike | None = None,
-          device: DeviceLike = None, pin_memory: bool = False) -> Tensor:
+          device: DeviceLike = None, pin_memory: bool = False, requires_grad: bool = False) -> Tensor:
     """A tensor of zeros of the given size, float32 by default. In a traced forward, a size with the batch
     (x.size(0)) first is zeros for every sample (a hand-written RNN's zero state, torch.zeros(x.size(0), hidden)),
     and one with the batch second an RNN's zero initial state (PyTorch's h0 = torch.zeros(layers, x.size(0),
@@ -58,38 +63,43 @@ def zeros(*sizes: int | Sequence[int], size: Sequence[int] | None = None, dtype:
     sizes = _given_size(sizes, size)
     if not names_batch(sizes) and any(isinstance(n, BatchSize) for n in sizes):
         return ZeroStates(sizes)
-    return empty(sizes, dtype=dtype, device=device, pin_memory=pin_memory).fill_(0)
+    return empty(sizes, dtype=dtype, device=device, pin_memory=pin_memory, requires_grad=requires_grad).fill_(0)
 
 
 def ones(*sizes: int | Sequence[int], size: Sequence[int] | None = None, dtype: DTypeLike | None = None,
-         device: DeviceLike = None, pin_memory: bool = False) -> Tensor:
+         device: DeviceLike = None, pin_memory: bool = False, requires_grad: bool = False) -> Tensor:
     """A tensor of ones of the given size, float32 by default."""
-    return empty(_given_size(sizes, size), dtype=dtype, device=device, pin_memory=pin_memory).fill_(1)
+    return empty(_given_size(sizes, size), dtype=dtype, device=device, pin_memory=pin_memory,
+                 requires_grad=requires_grad).fill_(1)
 
 
-def empty_like(t: Tensor, *, dtype: DTypeLike | None = None, device: DeviceLike = None) -> Tensor:
+def empty_like(t: Tensor, *, dtype: DTypeLike | None = None, device: DeviceLike = None,
+               requires_grad: bool = False) -> Tensor:
     """An uninitialised contiguous tensor with t's shape, and t's dtype and device unless given."""
-    return empty(t.shape, dtype=t.dtype if dtype is None else dtype, device=t.device if device is None else device)
+    return empty(t.shape, dtype=t.dtype if dtype is None else dtype, device=t.device if device is None else device,
+                 requires_grad=requires_grad)
 
 
-def zeros_like(t: Tensor, *, dtype: DTypeLike | None = None, device: DeviceLike = None) -> Tensor:
+def zeros_like(t: Tensor, *, dtype: DTypeLike | None = None, device: DeviceLike = None,
+               requires_grad: bool = False) -> Tensor:
     """Zeros with t's shape, and t's dtype and device unless given."""
-    return full_like(t, 0, dtype=dtype, device=device)
+    return full_like(t, 0, dtype=dtype, device=device, requires_grad=requires_grad)
 
 
-def ones_like(t: Tensor, *, dtype: DTypeLike | None = None, device: DeviceLike = None) -> Tensor:
+def ones_like(t: Tensor, *, dtype: DTypeLike | None = None, device: DeviceLike = None,
+              requires_grad: bool = False) -> Tensor:
     """Ones with t's shape, and t's dtype and device unless given."""
-    return full_like(t, 1, dtype=dtype, device=device)
+    return full_like(t, 1, dtype=dtype, device=device, requires_grad=requires_grad)
 
 
 def full_like(t: Tensor, fill_value: Number | Tensor, *, dtype: DTypeLike | None = None,
-              device: DeviceLike = None) -> Tensor:
+              device: DeviceLike = None, requires_grad: bool = False) -> Tensor:
     """fill_value with t's shape, and t's dtype and device unless given (not inferred from fill_value). Of a
     traced value (model.compile), a constant of every sample's shape."""
     from .nn.graph import Symbolic, constant_like
     if isinstance(t, Symbolic):
         return constant_like(t, float(fill_value))
-    return empty_like(t, dtype=dtype, device=device).fill_(fill_value)
+    return empty_like(t, dtype=dtype, device=device, requires_grad=requires_grad).fill_(fill_value)
 
 
 def arange(start: int | float, end: int | float | None = None, step: int | float = 1, *,

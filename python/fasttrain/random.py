@@ -15,7 +15,7 @@ from . import _C
 from ._types import _BY_NAME, as_device
 from ._C import TensorBase
 from ._tensor import Tensor, _sizes
-from .creation import empty, tensor
+from .creation import _given_size, empty, tensor
 
 if TYPE_CHECKING:
     from typing import Sequence
@@ -134,18 +134,18 @@ def _empty(size, dtype, device, default):
     return empty(_sizes(size), dtype=default if dtype is None else dtype, device=device)
 
 
-def rand(*size: int | Sequence[int], generator: Generator | None = None, dtype: DTypeLike | None = None,
-         device: DeviceLike = None) -> Tensor:
+def rand(*sizes: int | Sequence[int], size: Sequence[int] | None = None, generator: Generator | None = None,
+         dtype: DTypeLike | None = None, device: DeviceLike = None) -> Tensor:
     """Uniform samples in [0, 1) of the given size (float32 by default)."""
     _refuse_draw("rand")
-    return _draw(_C.uniform_, _empty(size, dtype, device, "float32"), generator, 0.0, 1.0)
+    return _draw(_C.uniform_, _empty(_given_size(sizes, size), dtype, device, "float32"), generator, 0.0, 1.0)
 
 
-def randn(*size: int | Sequence[int], generator: Generator | None = None, dtype: DTypeLike | None = None,
-          device: DeviceLike = None) -> Tensor:
+def randn(*sizes: int | Sequence[int], size: Sequence[int] | None = None, generator: Generator | None = None,
+          dtype: DTypeLike | None = None, device: DeviceLike = None) -> Tensor:
     """Standard normal samples of the given size (float32 by default)."""
     _refuse_draw("randn")
-    return _draw(_C.normal_, _empty(size, dtype, device, "float32"), generator, 0.0, 1.0)
+    return _draw(_C.normal_, _empty(_given_size(sizes, size), dtype, device, "float32"), generator, 0.0, 1.0)
 
 
 def _refuse_draw(fn):

@@ -243,10 +243,17 @@ def _linear(input, weight, bias=None):
 
 
 def _batch_norm_layer(running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
+    from .graph import callers
     if running_mean is None and not training:
         raise ValueError("batch_norm: running_mean and running_var are needed with training=False")
+    counted = None
+    owner = callers[-1] if callers else None
+    if running_mean is not None and isinstance(owner, M._BatchNorm) and owner.running_mean is running_mean:
+        # the batch norm's own forward (timm's BatchNormAct2d): its count moves, and its momentum=None is PyTorch's
+        # cumulative average, not the 1 / count its code computed at compile
+        counted, momentum = owner.num_batches_tracked, owner.momentum
     return _shell(M._BatchNorm, weight=weight, bias=bias, running_mean=running_mean, running_var=running_var,
-                  num_batches_tracked=None, num_features=(weight if running_mean is None else running_mean).shape[0],
+                  num_batches_tracked=counted, num_features=(weight if running_mean is None else running_mean).shape[0],
                   eps=eps, momentum=momentum, affine=weight is not None, track_running_stats=running_mean is not None,
                   training=bool(training), _ranks=(1, 2, 3))
 
@@ -255,8 +262,9 @@ def _batch_norm_layer(running_mean, running_var, weight=None, bias=None, trainin
 def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
     """Batch normalization of (N, C), (N, C, L) or (N, C, H, W) inputs per channel, as torch.nn.functional.batch_norm:
     with training=True the batch's statistics, updating running_mean and running_var in place with momentum; else the
-    running ones. Traced (timm's BatchNormAct2d calls it), a batch norm node, its statistics updated in every training
-    step; num_batches_tracked is not counted."""
+    running ones. Traced, a batch norm node, its statistics updated in every training step; in a batch norm's own
+    forward (timm's BatchNormAct2d) with its num_batches_tracked counted and its momentum (None: the cumulative
+    average)."""
     _check(input, "input", "batch_norm")
     if input.ndim == 3:  # (N, C, L) sequences as (N, C, 1, L) images
         return batch_norm(input.unsqueeze(2), running_mean, running_var, weight, bias, training, momentum,
@@ -1366,7 +1374,7 @@ def binary_cross_entropy_with_logits(input, target, weight=None, size_average=No
     def softplus(v):
         return np.maximum(v, 0) + np.log1p(np.exp(-np.abs(v)))
     with np.errstate(invalid="ignore"):  # 0 * inf in the term left out
-        values = np.where(y != 1, (1 - y) * softplus(x), 0) + np.where(y != 0, p * y * softplus(-x), 0)
+        values = np.where(y != 1, (1 - y) * softplus(x), 0) + np.where(p * y != 0, p * y * softplus(-x), 0)
     if weight is not None:
         values = values * _host(weight)
     return _eager(values, reduction, input)

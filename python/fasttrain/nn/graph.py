@@ -65,6 +65,9 @@ _active = []
 _mode_read = [True, False]
 # The modules (by id) whose mode the forward's own code read: the training step keeps the mode each had.
 _mode_readers = {}
+# The modules (or lists of them) a traced forward ran through torch.utils.checkpoint's checkpoint: the segments
+# compile recomputes when not told otherwise.
+_checkpointed = []
 # The model's buffers and frozen parameters (by id) that an eager op read (or a copy was taken of) while a forward
 # (or loss) was traced, each with its first such line: the result is a constant of the program, which a change of
 # the buffer after compile would not reach.
@@ -89,6 +92,15 @@ def read_modes(training):
     _mode_read[:] = [training, False]
     _mode_readers.clear()
     _buffers_read.clear()
+    _checkpointed.clear()
+
+
+def checkpointed(segment=None):
+    """Notes segment (a module, or a list of modules) run through checkpoint while a forward is traced; returns the
+    segments noted since read_modes."""
+    if segment is not None and _active:
+        _checkpointed.append(segment)
+    return list(_checkpointed)
 
 
 def buffers_read():
@@ -229,9 +241,8 @@ def no_grad_exited(failed):
 _VOLUMETRIC = ("3-d (volumetric) layers are not supported: fold the depth into the batch or the channels and use the "
                "2-d ones")
 _WITHOUT = {
-    **dict.fromkeys(("Conv3d", "ConvTranspose3d", "MaxPool3d", "AvgPool3d", "AdaptiveAvgPool3d", "AdaptiveMaxPool3d",
-                     "BatchNorm3d", "InstanceNorm3d", "Dropout3d", "conv3d", "conv_transpose3d", "max_pool3d",
-                     "avg_pool3d", "adaptive_avg_pool3d", "adaptive_max_pool3d", "dropout3d"), _VOLUMETRIC),
+    **dict.fromkeys(("conv3d", "conv_transpose3d", "max_pool3d", "avg_pool3d", "adaptive_avg_pool3d",
+                     "adaptive_max_pool3d", "dropout3d"), _VOLUMETRIC),
     **dict.fromkeys(("LazyLinear", "LazyConv1d", "LazyConv2d", "LazyConvTranspose1d", "LazyConvTranspose2d",
                      "LazyBatchNorm1d", "LazyBatchNorm2d"), "lazy layers are not supported: give the input size"),
     **dict.fromkeys(("Unfold", "Fold", "unfold", "fold"), "im2col is not supported: a vision transformer's patches "
@@ -542,8 +553,8 @@ class MergedRows:
                 fail("an operation of rows merged from values of different shapes",
                      "combine per-position values of one shape: losses * mask.view(-1)")
             other = other.source
-        elif not (isinstance(other, numbers.Real) or isinstance(other, TensorBase) and
-                  math.prod(other.shape[:-1]) == 1):
+        elif not (isinstance(other, numbers.Real) or isinstance(other, TensorBase) and math.prod(other.shape[:-1]) == 1
+                  or isinstance(other, Symbolic) and other._uniform() and len(other.node.shape) <= 1):
             fail("an operation of rows merged from the batch with values that are not",
                  "view both: losses * mask.view(-1)")
         return MergedRows(op(other, self.source) if reflected else op(self.source, other))
@@ -566,10 +577,14 @@ class MergedRows:
     __abs__ = abs
 
     def view(self, *shape):
-        """As merged (view(-1) of merged values), or the values unmerged again (view(N, -1), view(N, T))."""
+        """As merged (view(-1) of merged values), or the values unmerged again (view(N, -1), view(N, T), view(-1, T,
+        F) of the source's per-sample size)."""
         shape = _sizes(shape)
         if shape == (-1,) and len(self.source.node.shape) == 1:
             return self
+        if shape and shape[0] == -1 and -1 not in shape[1:] and \
+                math.prod(shape[1:]) == math.prod(self.source.node.shape):
+            shape = (N, *shape[1:])
         return self.source.view(*shape) if shape and isinstance(shape[0], BatchSize) else self.__getattr__("view")
 
     reshape = view
@@ -1174,13 +1189,28 @@ class Symbolic:
         """Whether the value is of a floating dtype."""
         return self.dtype.is_floating_point
 
+    @property
+    def requires_grad(self):
+        """Whether the value is computed from a trainable parameter, as PyTorch's flag (DenseNet asks it of its
+        features before checkpointing)."""
+        stack, seen = [self.node], set()
+        while stack:
+            n = stack.pop()
+            if id(n) not in seen:
+                seen.add(id(n))
+                if any(getattr(getattr(n.module, k, None), "requires_grad", False) is True
+                       for k in ("weight", "bias", "tensor")):
+                    return True
+                stack.extend(n.inputs)
+        return False
+
     def bool(self):
         """A mask of where the value is not 0 (see to), as PyTorch's cast to bool."""
         return self.to("bool")
 
     def type_as(self, other):
-        """The value itself (see to)."""
-        return self
+        """self.to(other.dtype): integers as floats for a float other (see to)."""
+        return self.to(other.dtype)
 
     def float(self):
         """The value itself (see to), a bool mask as 0 and 1: the compiled program chooses the dtypes of its values
@@ -1197,7 +1227,9 @@ class Symbolic:
         shape = tuple(have if s == -1 else s for s, have in zip(sizes[1:], self.node.shape))
         if shape == self.node.shape:
             return self
-        return _layers().Expand(shape)(self)  # sizes other than 1 are refused by the layer's shape check
+        x = self if self.dtype.is_floating_point or self._is_mask() else self._math("mul", 1.0)  # integers (an
+        # attention mask of 0 and 1, sentence-transformers' pooling) repeated as the floats they become
+        return _layers().Expand(shape)(x)  # sizes other than 1 are refused by the layer's shape check
 
     def repeat(self, *sizes):
         """Records the value tiled sizes[d] times along each dimension (the batch's 1), as torch's repeat."""
@@ -1998,7 +2030,7 @@ class Gathered:
         p = _viewed_parameter(t)
         flat = creation.arange(p.numel())
         return Gathered(p, flat.as_strided(tuple(t.shape), tuple(t.stride()), (t.data_ptr() - p.data_ptr()) //
-                                           p.element_size()))
+                                           p.element_size()).contiguous())  # positions: viewed as any tensor
 
     shape = property(lambda self: self.positions.shape)
     ndim = property(lambda self: self.positions.ndim)
@@ -2018,8 +2050,8 @@ class Gathered:
     def to(self, *args, **kwargs):
         """Itself, to its own dtype and device; to any other is refused (a copy would not train)."""
         from .. import creation
-        probe = creation.zeros((), dtype=self.dtype, device=self.device)
-        if probe.to(*args, **kwargs).dtype != self.dtype or probe.to(*args, **kwargs).device != self.device:
+        converted = creation.zeros((), dtype=self.dtype, device=self.device).to(*args, **kwargs)
+        if converted.dtype != self.dtype or converted.device != self.device:
             self._refuse("a conversion")
         return self
 

@@ -15,7 +15,7 @@ from .._C import TensorBase
 from .._tensor import Tensor
 from .._types import _BY_NAME, as_device, as_dtype, dtype as _dtype
 from . import init
-from .graph import Stacked, Symbolic, _active, traced_mode, uses_trainable
+from .graph import MergedRows, Stacked, Symbolic, _active, traced_mode, uses_trainable
 
 
 class Parameter(Tensor):
@@ -369,11 +369,12 @@ class Module:
     _leaf = False
 
     def __call__(self, *inputs, **kwargs):
-        from .graph import MergedRows
-        if len(inputs) == 1 and isinstance(inputs[0], MergedRows) and isinstance(self, _ROW_WISE):
+        if len(inputs) == 1 and isinstance(inputs[0], MergedRows) and (isinstance(self, _ROW_WISE) or
+                                                                      type(self) is Dropout):
             return inputs[0].rowwise(self, **kwargs)  # GPT-2's x.view(-1, C) through its projection
-        if not any(isinstance(x, (Symbolic, Stacked)) for x in (*inputs, *kwargs.values())):  # traced values (or
-            # parts of them)
+        given = [y for x in (*inputs, *kwargs.values()) for y in (x if isinstance(x, (list, tuple)) else (x,))]
+        if not any(isinstance(x, (Symbolic, Stacked)) for x in given):  # traced values (or parts of them, or lists
+            # of them: DenseNet's layer(features))
             from .graph import fail
             if uses_trainable(self.parameters()):
                 view = self._parameter_view(*inputs)
@@ -1879,6 +1880,22 @@ class Identity(Module):
 
 # The layers of each row alone, which rows merged from the batch go through (see Module.__call__).
 _ROW_WISE = (Linear, LayerNorm, _Activation, Identity)
+
+
+def _volumetric(name):
+    """A 3-d layer's name, so that code naming it (a default argument: torchvision's Conv3dNormActivation) imports;
+    building one raises NotImplementedError."""
+    def __init__(self, *args, **kwargs):
+        from .graph import _VOLUMETRIC
+        raise NotImplementedError(f"nn.{name}: {_VOLUMETRIC}")
+    return type(name, (Module,), {"__init__": __init__, "__module__": __name__,
+                                  "__doc__": f"torch.nn.{name}'s name: building one raises NotImplementedError (3-d "
+                                             "layers are not supported)."})
+
+
+Conv3d, ConvTranspose3d, MaxPool3d, AvgPool3d, AdaptiveAvgPool3d, AdaptiveMaxPool3d, BatchNorm3d, InstanceNorm3d, \
+    Dropout3d = map(_volumetric, ("Conv3d", "ConvTranspose3d", "MaxPool3d", "AvgPool3d", "AdaptiveAvgPool3d",
+                                  "AdaptiveMaxPool3d", "BatchNorm3d", "InstanceNorm3d", "Dropout3d"))
 
 
 def _sequential_part(module):

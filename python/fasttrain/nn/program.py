@@ -7,6 +7,7 @@ parameter into one flat buffer and every gradient into another (each
 parameter object becomes a view, so optimizers built earlier see the flat
 memory), and hands the node list to C, which plans the activation memory and
 runs whole training steps."""
+import dis
 import functools
 import gc
 import inspect
@@ -14,6 +15,7 @@ import math
 import numbers
 import warnings
 import weakref
+import zlib
 
 import numpy as np
 
@@ -22,8 +24,8 @@ from .._display import Column, Table, summary as _summary
 from .._types import _BY_NAME
 from ..random import _check_seed
 from . import modules as M
-from .graph import (Input, Node, Symbolic, TracingError, _output_leaves, buffers_read, input_shapes, mode_readers,
-                    mode_was_read, read_modes, target, topological, trace, trace_loss, tracing)
+from .graph import (Input, Node, Symbolic, TracingError, _output_leaves, buffers_read, checkpointed, input_shapes,
+                    mode_readers, mode_was_read, read_modes, target, topological, trace, trace_loss, tracing)
 
 # Node kinds, activations and reductions as the extension numbers them.
 _K = _C.NODE_KINDS
@@ -216,27 +218,33 @@ def _inputs(model, input_shape, input_dtype):
 
 def _numbers_read(model, loss, modal):
     """[name, read, value] of each number traced code may have read into the program as a constant: those the
-    model's modules hold (and a loss module's) but the settings compile fixes (modal), and the globals and closure
-    variables a loss function, or a module's own forward, reads."""
+    model's modules hold (and a loss module's, or the object of a loss method or callable) but the settings compile
+    fixes (modal), and the globals and closure variables a loss function, or a module's own forward, reads."""
     found = []
     modules = [*model.modules(), *(loss.modules() if isinstance(loss, M.Module) else ())]
-    for m in modules:
+    owner = getattr(loss, "__self__", None) if inspect.ismethod(loss) else \
+        loss if loss is not None and not inspect.isfunction(loss) and not isinstance(loss, M.Module) else None
+    for m in (*modules, *([owner] if owner is not None and hasattr(owner, "__dict__") else ())):  # a loss method's
         found += [[f"{type(m).__name__}.{k}", functools.partial(getattr, m, k, v), v] for k, v in vars(m).items()
                   if _is_number(v) and not k.startswith("_") and k != "training" and
                   k not in modal.get(id(m), (None, {}))[1]]
-    functions = [f for f in (loss, *(type(m).forward for m in modules)) if inspect.isfunction(f) and
-                 not (f.__module__ or "").startswith("fasttrain.")]
+    callables = (getattr(loss, "__func__", None) or (loss if inspect.isfunction(loss) else
+                                                      getattr(type(loss), "__call__", None)),
+                 *(type(m).forward for m in modules))  # a bound method's function, a callable object's __call__
+    functions = [f for f in callables if inspect.isfunction(f) and not (f.__module__ or "").startswith("fasttrain.")]
     for f in dict.fromkeys(functions):
         cells = dict(zip(f.__code__.co_freevars, f.__closure__ or ()))
-        names = inspect.getclosurevars(f)
-        for k, v in names.globals.items():
+        loaded = {i.argval for i in dis.get_instructions(f) if i.opname == "LOAD_GLOBAL"}  # not attributes' names
+        for k in sorted(loaded):
+            v = f.__globals__.get(k)
             if _is_number(v):
                 found.append([f"the global {k} that {f.__qualname__} reads", functools.partial(
                     f.__globals__.get, k, v), v])
-        for k, v in names.nonlocals.items():
+        for k, cell in cells.items():
+            v = getattr(cell, "cell_contents", None)
             if _is_number(v):
                 found.append([f"the variable {k} that {f.__qualname__} reads", functools.partial(
-                    getattr, cells[k], "cell_contents", v), v])
+                    getattr, cell, "cell_contents", v), v])
     return found
 
 
@@ -244,12 +252,23 @@ def _is_number(v):
     return isinstance(v, numbers.Real) and not isinstance(v, (_C.TensorBase, Symbolic))
 
 
-def _values(b):
-    """A buffer's values as an array (its memory, where NumPy can view it)."""
-    return np.asarray(b.cpu())
+def _fingerprint(b):
+    """A checksum of a buffer's bytes, to tell a change from (rather than a copy of it)."""
+    return zlib.crc32(np.ascontiguousarray(np.asarray(b.cpu())).view(np.uint8))
 
 
-def _graph(model, inputs, loss=None, target_shape=None, target_dtype=None, training=True):
+def _graph(model, *args, **kwargs):
+    """_traced_graph's result, the model's buffers and frozen parameters left as they were: tracing runs the
+    forward's eager code once, and its in-place updates (timm's self.num_batches_tracked.add_(1)) are no step's."""
+    kept = [(t, t.clone()) for t in (*model.buffers(), *(p for p in model.parameters() if not p.requires_grad))]
+    try:
+        return _traced_graph(model, *args, **kwargs)
+    finally:
+        for t, value in kept:
+            t.copy_(value)
+
+
+def _traced_graph(model, inputs, loss=None, target_shape=None, target_dtype=None, training=True):
     """The entries of the model's graph on `inputs` (_inputs), with the loss's after them when a loss is given, the
     index of the model's (first) output, and whether the forward's code read a module's training mode (which reads
     `training`). The inputs come first, in forward's order, read or not."""
@@ -724,7 +743,7 @@ class Program:
         inputs = _inputs(model, input_shape, input_dtype)
         self._input_dtypes = [dtype for _, dtype in inputs]
         entries, output, branches = _graph(model, inputs, loss, target_shape, target_dtype)
-        readers, read = mode_readers(), buffers_read()
+        readers, read, checkpoints = mode_readers(), buffers_read(), checkpointed()
         if not model.training:
             raise ValueError("compile: the model is in eval mode (.eval()), which would freeze every batch norm and "
                              "dropout in the training step; call .train() first (predict and evaluate run in eval "
@@ -739,7 +758,9 @@ class Program:
         self._modal.update((id(m), (m, {"training": m.training})) for m in readers)
         self._low = precision != "32-true"  # as asked (a CPU without bfloat16 then runs float32 on the same graph)
         self.entries, self.output = _fused(entries, output, self._low)
-        segments = _recompute(recompute, model, self.entries)
+        # the modules the forward ran through torch.utils.checkpoint's checkpoint, unless recompute= says otherwise
+        segments = _recompute(recompute if recompute is not None or not checkpoints else checkpoints, model,
+                              self.entries)
         # A LayerNorm or Linear over the last dimension of 3-d per-sample values (ConvNeXt's x.permute(0, 2, 3, 1))
         # or a LayerNorm over whole images reads them in their (d0, d1, d2) order, which channels_last moves.
         last = next((e for e in self.entries if e.kind in (LAYERNORM, LINEAR) and
@@ -842,7 +863,7 @@ class Program:
         names = {id(b): name for name, b in (*model.named_buffers(), *model.named_parameters())}
         stepped = {id(getattr(e.module, k, None)) for e in entries if e.kind == BATCHNORM  # the step moves them
                    for k in ("running_mean", "running_var", "num_batches_tracked")}
-        self._buffers_read = [[names[i], b, _values(b).copy(), line] for i, (b, line) in
+        self._buffers_read = [[names[i], b, _fingerprint(b), line] for i, (b, line) in
                               {**read, **buffers_read()}.items() if i not in stepped]
         self.grad_scaler = grad_scaler  # attached last: a compile that fails leaves it free for the next
         if grad_scaler is not None:
@@ -980,7 +1001,7 @@ class Program:
                                      "which the compiled program does not see: set it back, or compile again")
         for number in self._numbers:
             name, now, v = number[0], number[1](), number[2]
-            if now != v and now == now:  # NaN: itself
+            if not _is_number(now) or now != v and now == now:  # NaN: itself
                 number[2] = now
                 warnings.warn(f"{name} changed from {v!r} to {now!r} after compile: the compiled program keeps the "
                               "value its forward (or loss) read at compile; compile again to use the new one; a number "
@@ -988,12 +1009,12 @@ class Program:
                               "lam * onehot(a) + (1 - lam) * onehot(b))", RuntimeWarning, stacklevel=4)
         for entry in self._buffers_read:
             name, b, then, line = entry
-            now = _values(b)
-            if not np.array_equal(now, then, equal_nan=now.dtype.kind == "f"):
-                entry[2] = now.copy()
-                warnings.warn(f"buffer {name} changed after compile, but what forward computed from it by eager ops "
-                              f"({line}) keeps the value it had at compile: compile again to use the new one, or "
-                              "use the buffer itself in traced ops", RuntimeWarning, stacklevel=4)
+            now = _fingerprint(b)
+            if now != then:
+                entry[2] = now
+                warnings.warn(f"{name} changed after compile, but what forward computed from it by eager ops (or "
+                              f"copied of it, {line}) keeps the value it had at compile: compile again to use the "
+                              "new one, or use it itself in traced ops", RuntimeWarning, stacklevel=4)
 
     def _train_modes(self):
         """The model in training mode, but for the layers compile found in eval mode (what ft.fit sets each

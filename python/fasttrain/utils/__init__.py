@@ -1,5 +1,8 @@
-"""ft.utils: planning helpers that answer questions from a compiled program's memory plan (docs/memory.md)."""
+"""ft.utils: planning helpers that answer questions from a compiled program's memory plan (docs/memory.md), and
+ft.utils.checkpoint (torch.utils.checkpoint's names)."""
 import numbers
+
+from . import checkpoint
 
 __all__ = ["max_batch_size"]
 
@@ -36,8 +39,8 @@ def max_batch_size(model, input_shape, budget_bytes, optimizer=None, loss=None, 
     A training step also allocates short-lived workspace outside the plan (docs/memory.md): leave headroom when
     the budget is the machine's whole memory. Raises ValueError when even the smallest batch does not fit,
     saying how many bytes it needs."""
-    from .nn import Module
-    from .optim import SGD
+    from ..nn import Module
+    from ..optim import SGD
     if not isinstance(model, Module):
         raise TypeError(f"max_batch_size: model must be an ft.nn.Module, got {type(model).__name__}")
     if input_shape is not None:
