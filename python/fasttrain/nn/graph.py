@@ -1227,8 +1227,8 @@ class Symbolic:
         shape = tuple(have if s == -1 else s for s, have in zip(sizes[1:], self.node.shape))
         if shape == self.node.shape:
             return self
-        x = self if self.dtype.is_floating_point or self._is_mask() else self._math("mul", 1.0)  # integers (an
-        # attention mask of 0 and 1, sentence-transformers' pooling) repeated as the floats they become
+        # integers (an attention mask of 0 and 1 in sentence-transformers' pooling) repeat as the floats they become
+        x = self if self.dtype.is_floating_point or self._is_mask() else self._math("mul", 1.0)
         return _layers().Expand(shape)(x)  # sizes other than 1 are refused by the layer's shape check
 
     def repeat(self, *sizes):

@@ -372,9 +372,9 @@ class Module:
         if len(inputs) == 1 and isinstance(inputs[0], MergedRows) and (isinstance(self, _ROW_WISE) or
                                                                       type(self) is Dropout):
             return inputs[0].rowwise(self, **kwargs)  # GPT-2's x.view(-1, C) through its projection
+        # traced values, or parts of them, or lists of them (DenseNet's layer(features))
         given = [y for x in (*inputs, *kwargs.values()) for y in (x if isinstance(x, (list, tuple)) else (x,))]
-        if not any(isinstance(x, (Symbolic, Stacked)) for x in given):  # traced values (or parts of them, or lists
-            # of them: DenseNet's layer(features))
+        if not any(isinstance(x, (Symbolic, Stacked)) for x in given):
             from .graph import fail
             if uses_trainable(self.parameters()):
                 view = self._parameter_view(*inputs)
