@@ -3576,3 +3576,30 @@ def test_torchvisions_dense_layer_compiles_as_written():
         ft._assert(False, "no channels")
     with pytest.raises(NotImplementedError, match="model.compile"):
         ft.jit.script(model)
+
+
+def test_the_error_function_of_traced_values_is_berts_gelu():
+    """ft.erf of a traced value (BERT's GELU written out, x * 0.5 * (1 + erf(x / sqrt(2)))) was refused: it is an
+    elementwise node now, the same function as F.gelu (losses equal to rounding), its gradient against finite
+    differences, and of a parameter too."""
+    class Written(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.out, self.s = nn.Linear(4, 5), nn.Linear(5, 3), nn.Parameter(ft.tensor([0.3]))
+
+        def forward(self, x):
+            h = self.fc(x)
+            return self.out(h * 0.5 * (1.0 + ft.erf(h / math.sqrt(2.0)))) * ft.erf(self.s).exp()
+
+    class Builtin(Written):
+        def forward(self, x):
+            return self.out(F.gelu(self.fc(x))) * math.exp(math.erf(0.3))
+
+    ft.manual_seed(83)
+    written, builtin = Written(), Builtin()
+    builtin.load_state_dict(written.state_dict())
+    x, y = np.random.default_rng(84).standard_normal((4, 4)).astype(np.float32), np.array([0, 1, 2, 0])
+    programs = [m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=4,
+                          input_shape=(4,)) for m in (written, builtin)]
+    np.testing.assert_allclose(programs[0].predict(x).numpy(), programs[1].predict(x).numpy(), rtol=1e-6, atol=1e-6)
+    assert gradcheck(programs[0], x, y, rtol=3e-2, atol=1e-4)

@@ -37,6 +37,7 @@ typedef enum {
     FT_ACT_CLAMP_MAX, /* min(x, alpha), NaN kept */
     FT_ACT_STD_SQRT,  /* sqrt(x) with gradient 0 at 0: a variance to torch.std, whose backward passes none there */
     FT_ACT_LOG_FLOOR, /* max(log x, alpha), no gradient below alpha: binary cross entropy's logs (alpha -100) */
+    FT_ACT_ERF,       /* the error function (BERT's GELU written out: x * 0.5 * (1 + erf(x / sqrt(2)))) */
     FT_NUM_ACTS
 } ft_act_kind;
 
@@ -174,6 +175,7 @@ static inline FT_HD float ft_act_forward(ft_act a, float x) {
     case FT_ACT_CLAMP_MAX: return ft_clamp_max(x, a.alpha);
     case FT_ACT_STD_SQRT: return sqrtf(x);
     case FT_ACT_LOG_FLOOR: return ft_clamp_min(logf(x), a.alpha); /* log(0) = -inf held at the floor */
+    case FT_ACT_ERF: return erff(x);
     default: return x;
     }
 }
@@ -234,6 +236,7 @@ static inline FT_HD float ft_pow_grad(float x, float a) { return a == 0.0f ? 0.0
 static inline FT_HD float ft_std_sqrt_grad(float x) { return x > 0.0f ? 0.5f / sqrtf(x) : 0.0f; }
 /* a probability of exactly 0 (or 1 in log(1 - p)) passes none, where 1 / x is infinite */
 static inline FT_HD float ft_log_floor_grad(float x, float floor) { return logf(x) > floor ? 1.0f / x : 0.0f; }
+static inline FT_HD float ft_erf_grad(float x) { return 1.12837916709551257f * ft_expf(-x * x); } /* 2 / sqrt(pi) */
 
 static inline FT_HD float ft_act_grad_from_input(ft_act a, float x) {
     switch (a.kind) {
@@ -256,6 +259,7 @@ static inline FT_HD float ft_act_grad_from_input(ft_act a, float x) {
     case FT_ACT_CLAMP_MAX: return ft_clamp_max_grad(x, a.alpha);
     case FT_ACT_STD_SQRT: return ft_std_sqrt_grad(x);
     case FT_ACT_LOG_FLOOR: return ft_log_floor_grad(x, a.alpha);
+    case FT_ACT_ERF: return ft_erf_grad(x);
     default: return 1.0f;
     }
 }

@@ -31,6 +31,7 @@ const char *ft_act_name(ft_act_kind kind) {
     case FT_ACT_CLAMP_MAX: return "clamp_max";
     case FT_ACT_STD_SQRT: return "std_sqrt";
     case FT_ACT_LOG_FLOOR: return "log_floor";
+    case FT_ACT_ERF: return "erf";
     default: return "activation";
     }
 }
@@ -59,7 +60,8 @@ void ft_act_forward_f32(float *y, const float *x, int64_t n, ft_act act) {
     case FT_ACT_XLOGX:
     case FT_ACT_LOG:
     case FT_ACT_LOG_FLOOR:
-    case FT_ACT_POW: /* libm's log, pow, sqrt: not vectorized */
+    case FT_ACT_ERF:
+    case FT_ACT_POW: /* libm's log, pow, sqrt, erf: not vectorized */
         for (int64_t i = 0; i < n; i++)
             y[i] = ft_act_forward(act, x[i]);
         break;
@@ -121,6 +123,7 @@ void ft_act_backward_f32(float *dx, const float *dy, const float *s, int64_t n, 
     case FT_ACT_CLAMP_MIN: GRAD_LOOP(ft_clamp_min_grad(s[i], act.alpha)); break;
     case FT_ACT_CLAMP_MAX: GRAD_LOOP(ft_clamp_max_grad(s[i], act.alpha)); break;
     case FT_ACT_STD_SQRT: GRAD_LOOP(ft_std_sqrt_grad(s[i])); break;
+    case FT_ACT_ERF: GRAD_LOOP(ft_erf_grad(s[i])); break;
     case FT_ACT_XLOGX:
     case FT_ACT_LOG:
     case FT_ACT_LOG_FLOOR:

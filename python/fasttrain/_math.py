@@ -1953,10 +1953,11 @@ def _traced_div(input, other, *, rounding_mode=None):
     return input / other
 
 
-_LIFTED = {"neg", "exp", "log", "sqrt", "rsqrt", "abs", "relu", "sigmoid", "tanh", "pow", "mul", "add", "sub",
+_LIFTED = {"neg", "exp", "erf", "log", "sqrt", "rsqrt", "abs", "relu", "sigmoid", "tanh", "pow", "mul", "add", "sub",
            "div", "clamp", "clip", "clamp_min", "clamp_max", "square"}
 _TRACED = {
-    "neg": operator.neg, "exp": lambda x: x.exp(), "log": lambda x: x.log(), "sqrt": lambda x: x.sqrt(),
+    "neg": operator.neg, "exp": lambda x: x.exp(), "erf": lambda x: x.erf(), "log": lambda x: x.log(),
+    "sqrt": lambda x: x.sqrt(),
     "rsqrt": lambda x: x.rsqrt(),
     "abs": lambda x: x.abs(), "relu": lambda x: x.relu(), "sigmoid": lambda x: x.sigmoid(),
     "tanh": lambda x: x.tanh(), "pow": operator.pow, "mul": operator.mul, "matmul": operator.matmul,

@@ -937,6 +937,10 @@ class Symbolic:
         """Records exp(x)."""
         return _layers()._Elementwise("exp")(self)
 
+    def erf(self):
+        """Records the error function of x (BERT's GELU written out: x * 0.5 * (1 + erf(x / sqrt(2))))."""
+        return _layers()._Elementwise("erf")(self)
+
     def log(self):
         """Records the natural logarithm of x."""
         return _layers()._Elementwise("log")(self)
