@@ -412,10 +412,11 @@ def test_numbers_the_loss_reads_and_buffers_read_eagerly_are_named_when_they_cha
             super().__init__()
             self.fc = nn.Linear(4, 3)
             self.register_buffer("g", ft.tensor([0.5]))
+            self.register_buffer("s", ft.tensor(1.0))
 
         def forward(self, x):
             h = self.fc(x)
-            return self.g * h + (1 - self.g) * h * 2.0
+            return self.g * h + (1 - self.g) * h * 2.0 * self.s.item()
 
     model = Gate()
     program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=4,
@@ -429,6 +430,9 @@ def test_numbers_the_loss_reads_and_buffers_read_eagerly_are_named_when_they_cha
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         program.predict(x)  # named once
+    model.s.fill_(2.0)  # read as a Python number by .item()
+    with pytest.warns(RuntimeWarning, match=r"^s changed after compile"):
+        program.predict(x)
 
 
 def test_bad_compile_options():

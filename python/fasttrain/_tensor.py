@@ -816,6 +816,13 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
         # f"{loss:.4f}" and f"{loss}" format a 0-d tensor as its number, as PyTorch's
         return format(self.item(), spec) if self.ndim == 0 else object.__format__(self, spec)
 
+    def item(self) -> Any:
+        """The value of a one-element tensor as a Python number (a model's buffer read so while its forward is traced
+        is a constant of the program, named if the buffer changes after compile)."""
+        from .nn.graph import _note_buffers
+        _note_buffers((self,))
+        return _C.TensorBase.item(self)
+
     def __float__(self):
         return float(self.item())
 

@@ -185,9 +185,10 @@ def read_by_op(op, operands, traceable):
 
 
 def _note_buffers(operands):
-    """Records the model's buffers among the operands of an eager op while a forward is traced (_buffers_read)."""
+    """Records the model's buffers among the operands of an eager op (or a value read as a Python number) while a
+    forward is traced (_buffers_read)."""
     from .._C import TensorBase
-    for t in operands:
+    for t in operands if _active else ():
         if isinstance(t, TensorBase) and t.numel():
             for b in _active[-1].buffers:
                 if id(b) not in _buffers_read and b.device == t.device and \
@@ -198,8 +199,7 @@ def _note_buffers(operands):
 def refuse_eager_parameters(op, operands):
     """Fails for an eager op on a trainable parameter while a forward is traced; notes the model's buffers it
     reads."""
-    if _active:
-        _note_buffers(operands)
+    _note_buffers(operands)
     if not uses_trainable(operands):
         return
     penalty = "an L2 penalty on the weights (lambda/2 * sum of p.pow(2)) is the optimizer's weight_decay=lambda (SGD, " \
