@@ -11,6 +11,14 @@
 
 #include "nn/program.h"
 
+/* Rows [r0, r0 + rows) of t, samples first: a view. */
+static inline ft_tensor ft_rows_of(const ft_tensor *t, int64_t r0, int64_t rows) {
+    ft_tensor v = *t;
+    v.shape[0] = rows;
+    v.offset += r0 * t->strides[0] * (int64_t)ft_dtype_get(t->dtype)->itemsize;
+    return v;
+}
+
 /* Everything one forward or backward of one node reads and writes. */
 typedef struct {
     const ft_node *nd;

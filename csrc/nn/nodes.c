@@ -526,14 +526,6 @@ static ft_status embedding_check(const ft_node *nd, const ft_node *const *in) {
                                       "rows of its (V, D) weight (compile with input_dtype=ft.int64)");
 }
 
-/* Sample s of t (samples first). */
-static ft_tensor sample_at(const ft_tensor *t, int64_t s) {
-    ft_tensor v = *t;
-    v.shape[0] = 1;
-    v.offset += s * t->strides[0] * (int64_t)ft_dtype_get(t->dtype)->itemsize;
-    return v;
-}
-
 /* Ids the same for every sample (a parameter node's, read with a batch
  * stride of 0: the fixed positions of a relative position bias) are the
  * ops' ids one sample at a time. */
@@ -541,9 +533,9 @@ static ft_status embedding_forward(const ft_node_run *r) {
     const ft_tensor *ids = &r->in[0];
     if (ids->strides[0] != 0)
         return ft_embedding_forward(&r->out, ids, &r->nd->weight, r->nd->padding_idx);
-    ft_tensor id = sample_at(ids, 0);
+    ft_tensor id = ft_rows_of(ids, 0, 1);
     for (int64_t s = 0; s < ids->shape[0]; s++) {
-        ft_tensor out = sample_at(&r->out, s);
+        ft_tensor out = ft_rows_of(&r->out, s, 1);
         FT_TRY(ft_embedding_forward(&out, &id, &r->nd->weight, r->nd->padding_idx));
     }
     return FT_OK;
@@ -553,9 +545,9 @@ static ft_status embedding_backward(const ft_node_run *r) {
     const ft_tensor *ids = &r->in[0];
     if (ids->strides[0] != 0)
         return ft_embedding_backward(r->dweight, &r->dout, ids, r->nd->padding_idx, r->dweight_acc);
-    ft_tensor id = sample_at(ids, 0);
+    ft_tensor id = ft_rows_of(ids, 0, 1);
     for (int64_t s = 0; s < ids->shape[0]; s++) {
-        ft_tensor dout = sample_at(&r->dout, s);
+        ft_tensor dout = ft_rows_of(&r->dout, s, 1);
         FT_TRY(ft_embedding_backward(r->dweight, &dout, &id, r->nd->padding_idx, r->dweight_acc || s > 0));
     }
     return FT_OK;

@@ -622,13 +622,6 @@ static ft_tensor node_dout(const ft_program *p, int i, int64_t rows) {
     return view_at(p, i, true, p->train_arena, p->train[i * NBUF + DOUT].offset, rows);
 }
 
-static ft_tensor rows_of(const ft_tensor *t, int64_t r0, int64_t rows) {
-    ft_tensor v = *t;
-    v.shape[0] = rows;
-    v.offset += r0 * t->strides[0] * (int64_t)ft_dtype_get(t->dtype)->itemsize;
-    return v;
-}
-
 /* ---- creation ---- */
 
 static ft_status validate(ft_program *p) {
@@ -1327,9 +1320,9 @@ static ft_status inputs_on_device(const ft_program *p, const ft_tensor *x, bool 
 /* The micro-batch of rows r0 .. r0 + rows of x and y (NULL: no targets) into p->x and p->y. */
 static void take_rows(ft_program *p, const ft_tensor *x, const ft_tensor *y, int64_t r0, int64_t rows) {
     for (int j = 0; j < p->ninputs; j++)
-        p->x[j] = rows_of(&x[j], r0, rows);
+        p->x[j] = ft_rows_of(&x[j], r0, rows);
     for (int k = 0; y && k < p->ntargets; k++)
-        p->y[k] = rows_of(&y[k], r0, rows);
+        p->y[k] = ft_rows_of(&y[k], r0, rows);
 }
 
 /* Whether a normalizer of node i that is not positive makes the batch count
@@ -1452,7 +1445,7 @@ static int64_t ignored_label(const ft_program *p) {
 static ft_status count_correct(ft_program *p, bool training, int64_t rows, const ft_tensor *y,
                                const ft_tensor *scores, ft_tally *tally) {
     int64_t classes = p->nodes[p->output].shape[0], ignored = ignored_label(p);
-    ft_tensor out = node_out(p, training, p->output, rows), s = rows_of(scores, 0, rows);
+    ft_tensor out = node_out(p, training, p->output, rows), s = ft_rows_of(scores, 0, rows);
     FT_TRY(ft_tensor_copy(&s, &out, false));
     const float *l = (const float *)ft_tensor_data(&s);
     for (int64_t r = 0; r < rows; r++) {
@@ -1585,7 +1578,7 @@ static ft_status backward_batches(ft_program *p, const ft_tensor *x, const ft_te
         p->in_backward = false;
         FT_TRY(forward(p, true, rows, p->ninputs, p->output));
         if (yh) { /* the output is read here, before the loss's nodes may reuse its memory */
-            ft_tensor ym = rows_of(yh, r0, rows);
+            ft_tensor ym = ft_rows_of(yh, r0, rows);
             FT_TRY(count_correct(p, true, rows, &ym, scores, tally));
         }
         FT_TRY(forward(p, true, rows, p->output + 1, last));
@@ -1718,7 +1711,7 @@ ft_status ft_program_forward(ft_program *p, const ft_tensor *x, const ft_tensor 
     ft_status s = inputs_on_device(p, x, false, xd);
     for (int64_t r0 = 0; s == FT_OK && r0 < B; r0 += p->batch) {
         int64_t rows = B - r0 < p->batch ? B - r0 : p->batch;
-        ft_tensor om = rows_of(out, r0, rows);
+        ft_tensor om = ft_rows_of(out, r0, rows);
         take_rows(p, xd, NULL, r0, rows);
         s = forward(p, false, rows, p->ninputs, p->output);
         if (s == FT_OK) {
@@ -1737,7 +1730,7 @@ static ft_status flip_average(ft_program *p, int64_t rows, const ft_tensor *othe
     const ft_tensor x = p->x[0];
     if (x.ndim != 4 || p->ninputs > 1)
         return ft_fail(FT_ERR_VALUE, "program: test-time flipping needs one input, of images");
-    ft_tensor out = node_out(p, false, p->output, rows), kept = rows_of(other, 0, rows);
+    ft_tensor out = node_out(p, false, p->output, rows), kept = ft_rows_of(other, 0, rows);
     FT_TRY(ft_tensor_copy(&kept, &out, false));
     ft_tensor mirror = x, flipped;
     mirror.offset += (x.shape[3] - 1) * x.strides[3] * (int64_t)ft_dtype_get(x.dtype)->itemsize;
@@ -1778,7 +1771,7 @@ static ft_status evaluate_batches(ft_program *p, const ft_tensor *x, const ft_te
         if (tta_flip)
             FT_TRY(flip_average(p, rows, other));
         if (classifies(p)) { /* the output is read here, before the loss's nodes may reuse its memory */
-            ft_tensor ym = rows_of(yh, r0, rows);
+            ft_tensor ym = ft_rows_of(yh, r0, rows);
             FT_TRY(count_correct(p, false, rows, &ym, scores, tally));
         }
         FT_TRY(forward(p, false, rows, p->output + 1, p->n - 1));

@@ -1170,7 +1170,7 @@ class Symbolic:
             if dt.is_floating_point != self.dtype.is_floating_point and self._of_targets():
                 fail(f"class labels computed from float targets (y[:, 0].to({dt.name}))", _SEVERAL_TARGETS)
             if dt.is_floating_point and not self.dtype.is_floating_point:
-                return self._math("mul", 1.0)  # converted as the op reads them
+                return self._numbers()
             if dt.is_floating_point != self.dtype.is_floating_point:
                 fail(f"x.to({dt.name}) of a traced value of {self.dtype.name}", "a compiled program does not turn "
                      "floats into integers: compute integer ids or labels before the step and take them as an input "
@@ -1232,8 +1232,7 @@ class Symbolic:
         if shape == self.node.shape:
             return self
         # integers (an attention mask of 0 and 1 in sentence-transformers' pooling) repeat as the floats they become
-        x = self if self.dtype.is_floating_point or self._is_mask() else self._math("mul", 1.0)
-        return _layers().Expand(shape)(x)  # sizes other than 1 are refused by the layer's shape check
+        return _layers().Expand(shape)(self if self._is_mask() else self._numbers())  # sizes other than 1 are refused by the layer's shape check
 
     def repeat(self, *sizes):
         """Records the value tiled sizes[d] times along each dimension (the batch's 1), as torch's repeat."""
@@ -1384,8 +1383,7 @@ class Symbolic:
     def _sum_dims(self, dims, keepdim, scale):
         """Records scale * the sum over the per-sample dimensions dims (of integers, such as a mask's count, in
         floats)."""
-        x = self if self.dtype.is_floating_point or self._is_mask() else self._math("mul", 1.0)
-        out = _layers().SumDims(dims, scale)(x)
+        out = _layers().SumDims(dims, scale)(self if self._is_mask() else self._numbers())
         return out if keepdim else out.reshape(N, *(n for d, n in enumerate(self.node.shape) if d not in dims))
 
     def sum(self, dim=None, keepdim=False):
@@ -1627,7 +1625,12 @@ class Symbolic:
 
     def _floats(self):
         """A bool mask as floats 0 and 1 (what PyTorch's arithmetic promotes it to); any other value as it is."""
-        return self._math("mul", 1.0) if self._is_mask() else self
+        return self._numbers() if self._is_mask() else self
+
+    def _numbers(self):
+        """The value as floats: integers and a mask's 0 and 1 converted as a math node reads them (PyTorch's
+        cast); floats as they are."""
+        return self if self.dtype.is_floating_point else self._math("mul", 1.0)
 
     def __getattr__(self, name):
         if name.startswith("__"):  # protocol probes (NumPy's, copy's) see a plain object
