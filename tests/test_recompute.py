@@ -177,6 +177,8 @@ def test_torch_checkpoint_in_a_forward_recomputes_those_modules():
     assert program.memory_plan()["activations"] < plain.memory_plan()["activations"]
     assert program.memory_plan() == train("resnet", blocks_of, steps=0)[2].memory_plan()
     assert train("checkpointed", "auto", steps=0)[2].memory_plan() == train("resnet", "auto", steps=0)[2].memory_plan()
+    with pytest.raises(ValueError, match="checkpoint_sequential: segments must be at least 1, got 0"):
+        checkpoint_sequential(nn.Sequential(nn.ReLU()), 0, ft.ones(2))
 
 
 @pytest.mark.parametrize("kind", ["sequential", "resnet"])
