@@ -2521,6 +2521,66 @@ def test_transposed_convolutions_match_pytorch():
     assert_gradients_match(program, tm, x, np.arange(3) % CLASSES, torch.nn.CrossEntropyLoss())
 
 
+def skip_sized(lib=ft):
+    """A U-Net's upsampling back to the size of its skip connection: ConvTranspose2d(h, output_size=x.size())."""
+    L = nn if lib is ft else lib.nn
+
+    class Up(L.Module):
+        def __init__(self):
+            super().__init__()
+            self.down = L.Conv2d(3, 4, 3, stride=2, padding=1)
+            self.up = L.ConvTranspose2d(4, 3, 3, stride=2, padding=1)
+            self.up1d = L.ConvTranspose1d(4, 2, 3, stride=2, padding=1)
+            self.head = L.Linear(3 * 6 * 6 + 2 * 6, CLASSES)
+
+        def forward(self, x):
+            h = self.down(x)  # (N, 4, 3, 3): 5 x 5 and 6 x 6 both map here
+            skip = self.up(h, output_size=x.size()) + x
+            seq = self.up1d(h.mean(3), output_size=[6])
+            return self.head(input=lib.cat((skip.flatten(1), seq.flatten(1)), 1))  # by PyTorch's name
+
+    return Up()
+
+
+def test_transposed_convolution_to_a_given_output_size():
+    x = np.random.default_rng(48).standard_normal((2, 3, 6, 6)).astype(np.float32)
+    model = skip_sized()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=2,
+                            input_shape=(3, 6, 6))
+    assert gradcheck(program, x, np.arange(2), rtol=3e-2, atol=5e-4)
+    np.testing.assert_allclose(program.predict(x).numpy(), model(ft.tensor(x)).numpy(), rtol=1e-5, atol=1e-6)
+    assert model.up(ft.zeros(2, 4, 3, 3), output_size=(5, 5)).shape == (2, 3, 5, 5)
+    with pytest.raises(ValueError, match=r"ConvTranspose2d: requested an output size of \(7, 7\), but valid sizes "
+                                         r"for this input range from \(5, 5\) to \(6, 6\)"):
+        model.up(ft.zeros(1, 4, 3, 3), output_size=(7, 7))
+
+
+@needs_torch
+def test_transposed_convolution_to_a_given_output_size_matches_pytorch():
+    x = np.random.default_rng(49).standard_normal((2, 3, 6, 6)).astype(np.float32)
+    tm, model = skip_sized(torch), skip_sized()
+    model.load_state_dict({k: v.detach().numpy() for k, v in tm.state_dict().items()})
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=2,
+                            input_shape=(3, 6, 6))
+    assert_gradients_match(program, tm, x, np.arange(2), torch.nn.CrossEntropyLoss())
+
+
+@needs_torch
+def test_layers_take_their_inputs_by_pytorchs_names():
+    import inspect
+    for name in dir(nn):
+        ours, theirs = getattr(nn, name), getattr(torch.nn, name, None)
+        if isinstance(ours, type) and issubclass(ours, nn.Module) and isinstance(theirs, type) and \
+                not name.endswith("3d") and ours not in (nn.Module, nn.ModuleList, nn.ModuleDict, nn.ParameterList,
+                                                          nn.ParameterDict):
+            assert list(inspect.signature(ours.forward).parameters) == \
+                list(inspect.signature(theirs.forward).parameters), name
+    x = ft.randn(2, 3)
+    layer = nn.Linear(3, 4)
+    np.testing.assert_array_equal(nn.Sequential(layer, nn.GELU())(input=x).numpy(),
+                                  F.gelu(layer(x)).numpy())
+
+
 def test_clone_new_tensors_and_like_constants_of_traced_values():
     class Cloned(nn.Module):
         def __init__(self):

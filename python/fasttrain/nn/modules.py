@@ -554,14 +554,14 @@ class _ConvNd(Module):
             raise ValueError(f"{name}: input {shape[1:]} is too small for the kernel")
         return (self.out_channels, *size)
 
-    def forward(self, x):
+    def forward(self, input):
         from . import functional as F
         conv = F.conv2d if self._dims == 2 else F.conv1d
         if not self._leaf:  # a padding mode, or the extra element of an odd 'same' padding on the right
             pads = tuple(q for p, e in zip(reversed(self.padding), reversed(self._extra)) for q in (p, p + e))
             mode = "constant" if self.padding_mode == "zeros" else self.padding_mode
-            return conv(F.pad(x, pads, mode), self.weight, self.bias, self.stride, 0, self.dilation, self.groups)
-        return conv(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+            return conv(F.pad(input, pads, mode), self.weight, self.bias, self.stride, 0, self.dilation, self.groups)
+        return conv(input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
 
     def extra_repr(self):
         return (f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
@@ -608,11 +608,34 @@ class _ConvTransposeNd(_ConvNd):
         return tuple((n - 1 - o + 2 * p - d * (k - 1)) // s + 1 for n, s, p, d, k, o in zip(
             size, self.stride, self.padding, self.dilation, self.kernel_size, self.output_padding))
 
-    def forward(self, x):
+    def forward(self, input, output_size=None):
+        return self._convolve(input, output_size)
+
+    def _record(self, input, output_size=None):
+        # an output size records the functional form: a node of its own output padding
+        return super()._record(input) if output_size is None else self._convolve(input, output_size)
+
+    def _convolve(self, input, output_size):
         from . import functional as F
         conv = F.conv_transpose2d if self._dims == 2 else F.conv_transpose1d
-        return conv(x, self.weight, self.bias, self.stride, self.padding, self.output_padding, self.groups,
-                    self.dilation)
+        padding = self.output_padding if output_size is None else self._output_padding(input, output_size)
+        return conv(input, self.weight, self.bias, self.stride, self.padding, padding, self.groups, self.dilation)
+
+    def _output_padding(self, input, output_size):
+        """The output padding that gives the spatial size `output_size` (its last dims), as PyTorch's forward
+        computes it: the same transposed convolution maps several input sizes to one output size."""
+        size = tuple(output_size)[-self._dims:]
+        if len(size) != self._dims:
+            raise ValueError(f"{type(self).__name__}: output_size {tuple(output_size)} needs {self._dims} spatial "
+                             f"size(s)")
+        least = tuple((n - 1) * s - 2 * p + d * (k - 1) + 1 for n, s, p, d, k in zip(
+            tuple(input.shape)[-self._dims:], self.stride, self.padding, self.dilation, self.kernel_size))
+        padding = tuple(int(o) - n for o, n in zip(size, least))
+        if any(not 0 <= o < s for o, s in zip(padding, self.stride)):
+            largest = tuple(n + s - 1 for n, s in zip(least, self.stride))
+            raise ValueError(f"{type(self).__name__}: requested an output size of {size}, but valid sizes for this "
+                             f"input range from {least} to {largest}")
+        return padding
 
     def extra_repr(self):
         return super().extra_repr() + (f", output_padding={self.output_padding}" if any(self.output_padding) else "")
@@ -663,9 +686,9 @@ class Linear(Module):
             raise ValueError(f"Linear expects {self.in_features} input features, got {shape[-1]}")
         return (*shape[:-1], self.out_features)
 
-    def forward(self, x):
+    def forward(self, input):
         from . import functional as F
-        return F.linear(x, self.weight, self.bias)
+        return F.linear(input, self.weight, self.bias)
 
     def extra_repr(self):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
@@ -719,14 +742,14 @@ class _BatchNorm(Module):
             raise ValueError(f"{type(self).__name__} expects {self.num_features} channels, got {shape[0]}")
         return shape
 
-    def forward(self, x):
+    def forward(self, input):
         from . import functional as F
         use_batch, momentum = self.training or not self.track_running_stats, self.momentum
         if self.training and self.track_running_stats:
             self.num_batches_tracked.fill_(self.num_batches_tracked.item() + 1)
             if momentum is None:  # a cumulative average, as PyTorch's: batch k weighs 1 / k
                 momentum = 1.0 / self.num_batches_tracked.item()
-        return F.batch_norm(x, getattr(self, "running_mean", None), getattr(self, "running_var", None),
+        return F.batch_norm(input, getattr(self, "running_mean", None), getattr(self, "running_var", None),
                             self._scale(), self.bias, use_batch, 0.0 if momentum is None else momentum, self.eps)
 
     def _scale(self):
@@ -780,9 +803,9 @@ class InPlaceABN(_BatchNorm):
     def _scale(self):
         return None if self.weight is None else self.weight.abs() + self.eps
 
-    def forward(self, x):
+    def forward(self, input):
         from . import functional as F
-        y = super().forward(x)
+        y = super().forward(input)
         return F.leaky_relu(y, self.activation_param) if self.activation == "leaky_relu" else y
 
     def extra_repr(self):
@@ -839,9 +862,9 @@ class LayerNorm(Module):
             raise ValueError(f"LayerNorm expects trailing shape {self.normalized_shape}, got {shape}")
         return shape
 
-    def forward(self, x):
+    def forward(self, input):
         from . import functional as F
-        return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+        return F.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
 
     def extra_repr(self):
         return (f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.weight is not None}"
@@ -855,9 +878,9 @@ class Unflatten(Module):
         super().__init__()
         self.dim, self.unflattened_size = dim, tuple(unflattened_size)
 
-    def forward(self, x):
-        d = self.dim % x.ndim
-        return x.reshape(*x.shape[:d], *self.unflattened_size, *x.shape[d + 1:])
+    def forward(self, input):
+        d = self.dim % input.ndim
+        return input.reshape(*input.shape[:d], *self.unflattened_size, *input.shape[d + 1:])
 
     def extra_repr(self):
         return f"dim={self.dim}, unflattened_size={self.unflattened_size}"
@@ -883,9 +906,9 @@ class GroupNorm(Module):
                              f"of shape {shape}")
         return shape
 
-    def forward(self, x):
+    def forward(self, input):
         from . import functional as F
-        return F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
+        return F.group_norm(input, self.num_groups, self.weight, self.bias, self.eps)
 
     def extra_repr(self):
         return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}"
@@ -953,9 +976,9 @@ class Embedding(Module):
     def output_shape(self, shape):
         return (*shape, self.embedding_dim)
 
-    def forward(self, x):
+    def forward(self, input):
         from . import functional as F
-        return F.embedding(x, self.weight, self.padding_idx)
+        return F.embedding(input, self.weight, self.padding_idx)
 
     def _symbolic(self, ids):
         """Positions expanded over the batch (ft.arange(T).unsqueeze(0).expand(B, T)) are a tensor's value, the
@@ -1036,8 +1059,8 @@ class UpsamplingNearest2d(Module):
         super().__init__()
         self.up = Upsample(size, scale_factor, "nearest")
 
-    def forward(self, x):
-        return self.up(x)
+    def forward(self, input):
+        return self.up(input)
 
 
 class UpsamplingBilinear2d(Module):
@@ -1048,8 +1071,8 @@ class UpsamplingBilinear2d(Module):
         super().__init__()
         self.up = Upsample(size, scale_factor, "bilinear", align_corners=True)
 
-    def forward(self, x):
-        return self.up(x)
+    def forward(self, input):
+        return self.up(input)
 
 
 class Upsample(Module):
@@ -1116,10 +1139,10 @@ class Upsample(Module):
             return (shape[0], *size[3 - len(shape):])
         return (shape[0], *(n * f for n, f in zip(shape[1:], self.factors(shape))))
 
-    def forward(self, x):
+    def forward(self, input):
         from . import functional as F
-        return F.interpolate(x, self.size, self.scale_factor, self.mode, self.align_corners if self.mode != "nearest"
-                             else None, self.recompute_scale_factor)
+        align = self.align_corners if self.mode != "nearest" else None
+        return F.interpolate(input, self.size, self.scale_factor, self.mode, align, self.recompute_scale_factor)
 
     def extra_repr(self):
         if self.size is not None:
@@ -1143,9 +1166,9 @@ class _Activation(Module):
         super().__init__()
         self.inplace = inplace
 
-    def forward(self, x):
+    def forward(self, input):
         from . import functional as F
-        return F._act(x, self.act, getattr(self, "alpha", 0.0), self.inplace, self.act)
+        return F._act(input, self.act, getattr(self, "alpha", 0.0), self.inplace, self.act)
 
     def extra_repr(self):
         return "inplace=True" if self.inplace else ""
@@ -1164,9 +1187,9 @@ class Hardtanh(Module):
         super().__init__()
         self.min_val, self.max_val, self.inplace = float(min_val), float(max_val), inplace
 
-    def forward(self, x):
+    def forward(self, input):
         from . import functional as F
-        return F.hardtanh(x, self.min_val, self.max_val, self.inplace)
+        return F.hardtanh(input, self.min_val, self.max_val, self.inplace)
 
 
 class ReLU6(Hardtanh):
@@ -1183,9 +1206,9 @@ class ELU(Module):
         super().__init__()
         self.alpha, self.inplace = float(alpha), inplace
 
-    def forward(self, x):
+    def forward(self, input):
         from . import functional as F
-        return F.elu(x, self.alpha, self.inplace)
+        return F.elu(input, self.alpha, self.inplace)
 
 
 class SiLU(_Activation):
@@ -1224,9 +1247,9 @@ class GELU(_Activation):
             raise ValueError("GELU approximate must be 'none' or 'tanh'")
         self.approximate = approximate
 
-    def forward(self, x):
+    def forward(self, input):
         from . import functional as F
-        return F.gelu(x, approximate=self.approximate)
+        return F.gelu(input, approximate=self.approximate)
 
     def extra_repr(self):
         return f"approximate={self.approximate!r}"
@@ -1247,9 +1270,9 @@ class _Written(Module):
         super().__init__()
         self.inplace = inplace
 
-    def forward(self, x):
+    def forward(self, input):
         from . import functional as F
-        return getattr(F, self._fn)(x, self.inplace)
+        return getattr(F, self._fn)(input, self.inplace)
 
 
 class Hardsigmoid(_Written):
@@ -1272,9 +1295,9 @@ class PReLU(Module):
         self.num_parameters = num_parameters
         self.weight = Parameter(creation.full((num_parameters,), float(init)))
 
-    def forward(self, x):
+    def forward(self, input):
         from . import functional as F
-        return F.prelu(x, self.weight)
+        return F.prelu(input, self.weight)
 
     def extra_repr(self):
         return f"num_parameters={self.num_parameters}"
@@ -1287,9 +1310,9 @@ class GLU(Module):
         super().__init__()
         self.dim = dim
 
-    def forward(self, x):
+    def forward(self, input):
         from . import functional as F
-        return F.glu(x, self.dim)
+        return F.glu(input, self.dim)
 
 
 class RMSNorm(Module):
@@ -1315,9 +1338,9 @@ class _PixelShuffle(Module):
         super().__init__()
         self.factor = factor
 
-    def forward(self, x):
+    def forward(self, input):
         from . import functional as F
-        return getattr(F, self._fn)(x, self.factor)
+        return getattr(F, self._fn)(input, self.factor)
 
     def extra_repr(self):
         return f"{self._arg}={self.factor}"
@@ -1347,9 +1370,9 @@ class _Pad(Module):
             raise ValueError(f"{type(self).__name__}: padding takes {2 * self._dims} values, got {padding}")
         self.value = value
 
-    def forward(self, x):
+    def forward(self, input):
         from . import functional as F
-        return F.pad(x, self.padding, self._mode, self.value)
+        return F.pad(input, self.padding, self._mode, self.value)
 
     def extra_repr(self):
         return f"{self.padding}" + (f", value={self.value}" if self._mode == "constant" else "")
@@ -1440,15 +1463,15 @@ class Softplus(_Activation):
         if beta != 1.0 or threshold < self._EXACT:  # traced through forward: the node between two scales
             self._leaf = False
 
-    def forward(self, x):
+    def forward(self, input):
         from . import functional as F
-        if not isinstance(x, Symbolic):
-            return F.softplus(x, self.beta, self.threshold)
+        if not isinstance(input, Symbolic):
+            return F.softplus(input, self.beta, self.threshold)
         if self.threshold < self._EXACT:
             from .graph import fail
             fail(f"Softplus(threshold={self.threshold}) in a compiled model", "a threshold of 15 or more: beyond it "
                  "the exact logarithm is beta x to float32's precision")
-        return F.softplus(x * self.beta) * (1.0 / self.beta)
+        return F.softplus(input * self.beta) * (1.0 / self.beta)
 
     def extra_repr(self):
         return f"beta={self.beta}, threshold={self.threshold}"
@@ -1459,9 +1482,9 @@ class _Function(Module):
 
     _fn = None
 
-    def forward(self, x):
+    def forward(self, input):
         from . import functional as F
-        return getattr(F, self._fn)(x)
+        return getattr(F, self._fn)(input)
 
 
 class LogSigmoid(_Function):
@@ -1497,9 +1520,9 @@ class CELU(Module):
             raise ValueError("CELU: alpha must not be 0")
         self.alpha, self.inplace = float(alpha), inplace
 
-    def forward(self, x):
+    def forward(self, input):
         from . import functional as F
-        return F.celu(x, self.alpha, self.inplace)
+        return F.celu(input, self.alpha, self.inplace)
 
     def extra_repr(self):
         return f"alpha={self.alpha}"
@@ -1512,9 +1535,9 @@ class _Elementwise(_Activation):
         super().__init__()
         self.act, self.alpha = act, float(alpha)
 
-    def forward(self, x):
+    def forward(self, input):
         from . import functional as F
-        return F._act(x, self.act, self.alpha)
+        return F._act(input, self.act, self.alpha)
 
     def extra_repr(self):
         return f"{self.act}" + (f", {self.alpha}" if self.alpha else "")
@@ -1529,9 +1552,9 @@ class LeakyReLU(_Activation):
         super().__init__(inplace)
         self.negative_slope = negative_slope
 
-    def forward(self, x):
+    def forward(self, input):
         from . import functional as F
-        return F.leaky_relu(x, self.negative_slope, self.inplace)
+        return F.leaky_relu(input, self.negative_slope, self.inplace)
 
     def extra_repr(self):
         return f"negative_slope={self.negative_slope}" + (", inplace=True" if self.inplace else "")
@@ -1582,11 +1605,11 @@ class _MaxPool(_Pool):
                                       "eagerly)")
         self.return_indices = bool(return_indices)
 
-    def forward(self, x):
+    def forward(self, input):
         from . import functional as F
         if self._dims == 1:
-            return F.max_pool1d(x, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode)
-        return F.max_pool2d(x, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode,
+            return F.max_pool1d(input, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode)
+        return F.max_pool2d(input, self.kernel_size, self.stride, self.padding, self.dilation, self.ceil_mode,
                             self.return_indices)
 
     def _record(self, *inputs, **kwargs):
@@ -1604,11 +1627,12 @@ class _AvgPool(_Pool):
     def __init__(self, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
         super().__init__(kernel_size, stride, padding, 1, ceil_mode, count_include_pad)
 
-    def forward(self, x):
+    def forward(self, input):
         from . import functional as F
         if self._dims == 1:
-            return F.avg_pool1d(x, self.kernel_size, self.stride, self.padding, self.ceil_mode, self.count_include_pad)
-        return F.avg_pool2d(x, self.kernel_size, self.stride, self.padding, self.ceil_mode, self.count_include_pad,
+            return F.avg_pool1d(input, self.kernel_size, self.stride, self.padding, self.ceil_mode,
+                                self.count_include_pad)
+        return F.avg_pool2d(input, self.kernel_size, self.stride, self.padding, self.ceil_mode, self.count_include_pad,
                             self.divisor_override)
 
 
@@ -1661,9 +1685,9 @@ class _AdaptivePool(Module):
             raise ValueError(f"{type(self).__name__} takes samples of {self._dims + 1} dimensions, got {shape}")
         return (shape[0], *(s if o is None else o for o, s in zip(self.output_size, shape[1:])))
 
-    def forward(self, x):
+    def forward(self, input):
         from . import functional as F
-        return getattr(F, f"adaptive_{self._kind}_pool{self._dims}d")(x, self.output_size)
+        return getattr(F, f"adaptive_{self._kind}_pool{self._dims}d")(input, self.output_size)
 
     def extra_repr(self):
         return f"output_size={self.output_size}"
@@ -1711,9 +1735,9 @@ class Softmax(Module):
         _dim(self.dim, len(shape))  # a dimension of the sample, not the batch
         return shape
 
-    def forward(self, x):
+    def forward(self, input):
         from . import functional as F
-        return F.softmax(x, self.dim)
+        return F.softmax(input, self.dim)
 
     def extra_repr(self):
         return f"dim={self.dim}"
@@ -1726,9 +1750,9 @@ class Softmin(Module):
         super().__init__()
         self.dim = dim
 
-    def forward(self, x):
+    def forward(self, input):
         from . import functional as F
-        return F.softmin(x, self.dim)
+        return F.softmin(input, self.dim)
 
     def extra_repr(self):
         return f"dim={self.dim}"
@@ -1741,9 +1765,9 @@ class Threshold(Module):
         super().__init__()
         self.threshold, self.value, self.inplace = threshold, value, inplace
 
-    def forward(self, x):
+    def forward(self, input):
         from . import functional as F
-        return F.threshold(x, self.threshold, self.value, self.inplace)
+        return F.threshold(input, self.threshold, self.value, self.inplace)
 
     def extra_repr(self):
         return f"threshold={self.threshold}, value={self.value}" + (", inplace=True" if self.inplace else "")
@@ -1761,17 +1785,17 @@ class _Shrink(Module):
 class Hardshrink(_Shrink):
     """x where |x| > lambd, 0 elsewhere, as torch.nn.Hardshrink."""
 
-    def forward(self, x):
+    def forward(self, input):
         from . import functional as F
-        return F.hardshrink(x, self.lambd)
+        return F.hardshrink(input, self.lambd)
 
 
 class Softshrink(_Shrink):
     """x moved towards 0 by lambd, 0 within [-lambd, lambd], as torch.nn.Softshrink."""
 
-    def forward(self, x):
+    def forward(self, input):
         from . import functional as F
-        return F.softshrink(x, self.lambd)
+        return F.softshrink(input, self.lambd)
 
 
 class ChannelShuffle(Module):
@@ -1781,9 +1805,9 @@ class ChannelShuffle(Module):
         super().__init__()
         self.groups = groups
 
-    def forward(self, x):
+    def forward(self, input):
         from . import functional as F
-        return F.channel_shuffle(x, self.groups)
+        return F.channel_shuffle(input, self.groups)
 
     def extra_repr(self):
         return f"groups={self.groups}"
@@ -1802,9 +1826,9 @@ class Softmax2d(Softmax):
 class LogSoftmax(Softmax):
     """log(softmax(x)) along dim, as torch.nn.LogSoftmax; dim must be given."""
 
-    def forward(self, x):
+    def forward(self, input):
         from . import functional as F
-        return F.log_softmax(x, self.dim)
+        return F.log_softmax(input, self.dim)
 
 
 class Dropout(Module):
@@ -1820,9 +1844,9 @@ class Dropout(Module):
             raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
         self.p, self.inplace = p, inplace  # inplace: eager calls only, as for the activations
 
-    def forward(self, x):
+    def forward(self, input):
         from . import functional as F
-        return getattr(F, self._fn)(x, self.p, self.training, self.inplace)
+        return getattr(F, self._fn)(input, self.p, self.training, self.inplace)
 
     def output_shape(self, shape):
         if self._dims and len(shape) not in (2, self._dims + 1):  # Dropout2d reads (C, L) samples as PyTorch does
@@ -1865,8 +1889,8 @@ class Flatten(Module):
             raise ValueError("Flatten in a model keeps the batch dimension: start_dim must be >= 1")
         return (*shape[:s - 1], math.prod(shape[s - 1:e]), *shape[e:])
 
-    def forward(self, x):
-        return x.flatten(self.start_dim, self.end_dim)
+    def forward(self, input):
+        return input.flatten(self.start_dim, self.end_dim)
 
 
 class Identity(Module):
@@ -1874,8 +1898,8 @@ class Identity(Module):
 
     _leaf = True
 
-    def forward(self, x):
-        return x
+    def forward(self, input):
+        return input
 
 
 # The layers of each row alone, which rows merged from the batch go through (see Module.__call__).
@@ -1969,10 +1993,10 @@ class Sequential(Module):
         del self[index]
         return module
 
-    def forward(self, x):
+    def forward(self, input):
         for m in self._modules.values():
-            x = m(x)
-        return x
+            input = m(input)
+        return input
 
 
 class _Held(Module):
@@ -2341,9 +2365,9 @@ class PoissonNLLLoss(_Loss):
             raise NotImplementedError("PoissonNLLLoss: full=True (Stirling's approximation term) is not supported")
         self.log_input, self.eps = log_input, eps
 
-    def forward(self, input, target):
+    def forward(self, log_input, target):
         from . import functional as F
-        return F.poisson_nll_loss(input, target, self.log_input, eps=self.eps, reduction=self.reduction)
+        return F.poisson_nll_loss(log_input, target, self.log_input, eps=self.eps, reduction=self.reduction)
 
 
 class _PairLoss(_Loss):
@@ -3179,9 +3203,9 @@ class Noise(Module):
         super().__init__()
         self.uniform = uniform
 
-    def forward(self, x):
+    def forward(self, input):
         from .. import random
-        return (random.rand_like if self.uniform else random.randn_like)(x)
+        return (random.rand_like if self.uniform else random.randn_like)(input)
 
     def extra_repr(self):
         return "uniform" if self.uniform else "normal"
