@@ -595,19 +595,28 @@ class Transformed(nn.Module):
 
 
 @pytest.mark.parametrize("use, message", [
-    ("scaled", r"a value computed from parameters \(self.w \* 2.0\) as the weight of linear"),
-    ("positions", "sum over dimensions of a trainable parameter cannot be compiled"),
     ("ids", r"\.sum of a trainable parameter's elements at fixed positions .* add it to the traced value first"),
     ("array", "a NumPy array of a trainable parameter outside the traced graph"),
     ("memoryview", r"a NumPy array \(or memoryview\) of a trainable parameter outside the traced graph"),
     ("no_grad", r"ft.no_grad\(\) around traced ops that train"),
 ])
 def test_a_parameter_computed_on_outside_the_graph_is_refused_not_frozen(use, message):
-    """Each would otherwise be a constant of the program, silently never trained (PyTorch trains through it), or a
-    layer's weight the node could not read where the model keeps it."""
+    """Each would otherwise be a constant of the program, silently never trained (PyTorch trains through it)."""
     model = Transformed(use)
     with pytest.raises(ft.nn.TracingError, match=message):
         model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=2, input_shape=(4,))
+
+
+@pytest.mark.parametrize("use", ["scaled", "part", "positions"])
+def test_a_weight_or_rows_computed_from_parameters_alone_train(use):
+    """A layer's weight computed in forward (F.linear(x, 2 w)), a part of a weight summed, a table's rows summed
+    over its own dimension 0: values of the parameters alone, through which they train."""
+    ft.manual_seed(3)
+    model = Transformed(use)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=2, input_shape=(4,))
+    x, y = np.random.default_rng(9).standard_normal((2, 4)).astype(np.float32), np.array([0, 3])
+    np.testing.assert_allclose(program.predict(x).numpy(), model(ft.tensor(x)).numpy(), rtol=1e-5, atol=1e-6)
+    assert gradcheck(program, x, y, rtol=3e-2, atol=1e-3)
 
 
 def test_a_part_of_a_weight_used_as_a_value_trains():
@@ -646,12 +655,14 @@ def test_what_no_grad_holds_back_may_be_frozen_and_a_penalty_in_the_loss_trains(
                                                                                          np.float64) ** 3).sum()
     assert program.evaluate(x, y)[0] == pytest.approx(want, rel=1e-5)  # the penalty once, not once per sample
     assert gradcheck(program, x, y, rtol=3e-2, atol=1e-3)
-    with pytest.raises(ft.nn.TracingError, match="sum over dimensions of a trainable parameter cannot be compiled"
-                                                 ".*an L2 penalty on the weights .* is the optimizer's weight_decay"):
-        plain.compile(ft.optim.SGD(plain.parameters(), lr=0.1),
-                      lambda out, y: F.cross_entropy(out, y) + 0.1 * plain.weight.sum(1).sum(), batch_size=2,
-                      input_shape=(4,))
-    assert not ft.nn.graph._trainable  # a failed trace leaves eager ops free again
+    rows = plain.compile(ft.optim.SGD(plain.parameters(), lr=0.1),  # over the weight's own dimension 1: its rows
+                         lambda out, y: F.cross_entropy(out, y) + 0.1 * plain.weight.sum(1).square().sum(),
+                         batch_size=2, input_shape=(4,))
+    w = np.asarray(plain.weight, np.float64)
+    assert rows.evaluate(x, y)[0] == pytest.approx(want - 0.1 * (w ** 3).sum() + 0.1 * (w.sum(1) ** 2).sum(),
+                                                   rel=1e-5)
+    assert gradcheck(rows, x, y, rtol=3e-2, atol=1e-3)
+    assert not ft.nn.graph._trainable  # tracing leaves eager ops free again
     assert (plain.weight ** 3).shape == (CLASSES, 4)
 
 
@@ -3329,11 +3340,12 @@ class Gate(nn.Module):
         return self.fc(x * self.g(self.w))
 
 
-@pytest.mark.parametrize("g", [F.sigmoid, F.silu, F.gelu, lambda w: F.leaky_relu(w, 0.1), F.softplus, F.tanh],
-                         ids=["sigmoid", "silu", "gelu", "leaky_relu", "softplus", "tanh"])
+@pytest.mark.parametrize("g", [F.sigmoid, F.silu, F.gelu, lambda w: F.leaky_relu(w, 0.1), F.softplus, F.tanh,
+                               lambda w: w.softmax(0), lambda w: F.softmax(w, 0)],
+                         ids=["sigmoid", "silu", "gelu", "leaky_relu", "softplus", "tanh", "softmax", "F.softmax"])
 def test_a_functional_activation_of_a_parameter_trains_it(g):
-    """F.sigmoid(self.w) and the other elementwise F functions of a parameter are traced: its gradient by central
-    differences, not a constant's zero."""
+    """F.sigmoid(self.w) and the other F functions of a parameter (a softmax over its own dimension 0) are traced:
+    its gradient by central differences, not a constant's zero."""
     ft.manual_seed(2)
     model = Gate(g)
     program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=4, input_shape=(4,))
@@ -3343,11 +3355,10 @@ def test_a_functional_activation_of_a_parameter_trains_it(g):
     assert np.abs(model.w.grad.numpy()).min() > 1e-4
 
 
-@pytest.mark.parametrize("g, name", [(lambda w: w.softmax(0), "softmax"), (lambda w: F.softmax(w, 0), "softmax"),
-                                     (F.relu_, "relu_"), (lambda w: F.relu(w, inplace=True), "relu")])
-def test_a_parameter_through_an_op_naming_a_dimension_or_in_place_is_refused(g, name):
+@pytest.mark.parametrize("g, name", [(F.relu_, "relu_"), (lambda w: F.relu(w, inplace=True), "relu")])
+def test_a_parameter_through_an_op_in_place_is_refused(g, name):
     model = Gate(g)
-    with pytest.raises(ft.nn.TracingError, match=f"{name} (over dimensions )?of a trainable parameter"):
+    with pytest.raises(ft.nn.TracingError, match=f"{name} of a trainable parameter"):
         model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=4, input_shape=(4,))
 
 

@@ -140,7 +140,7 @@ static int parse_node(ft_module_state *st, PyObject *d, ft_node *nd) {
     memset(nd, 0, sizeof *nd);
     long long kind, groups, act, ceil_mode, include_pad, divisor, training, norm_dims, slice_dim, slice_start,
         slice_step, dtype, reduction, ignore_index, dim, padding_idx, causal, reverse, sync, abn, align_corners, uniform,
-        channels, score_bias;
+        channels, score_bias, common, weight_input;
     int64_t shape[FT_NODE_MAX_DIMS], perm[FT_NODE_MAX_DIMS];
     int nperm;
     double alpha;
@@ -185,7 +185,8 @@ static int parse_node(ft_module_state *st, PyObject *d, ft_node *nd) {
         get_long(d, "abn", 0, &abn) < 0 || get_double(d, "flops", 0.0, &nd->flops) < 0 ||
         get_long(d, "align_corners", 0, &align_corners) < 0 || get_double(d, "scale_h", 0.0, &nd->lerp.scale_h) < 0 ||
         get_double(d, "scale_w", 0.0, &nd->lerp.scale_w) < 0 || get_long(d, "uniform", 0, &uniform) < 0 ||
-        get_long(d, "channels", 0, &channels) < 0 || get_math_op(d, "math_op", &nd->math_op) < 0)
+        get_long(d, "channels", 0, &channels) < 0 || get_math_op(d, "math_op", &nd->math_op) < 0 ||
+        get_long(d, "common", 0, &common) < 0 || get_long(d, "weight_input", 0, &weight_input) < 0)
         return -1;
     if ((dtype != FT_FLOAT32 && dtype != FT_INT64 && dtype != FT_BOOL) || reduction < 0 ||
         reduction > FT_NODE_REDUCE_RATIO) {
@@ -196,6 +197,8 @@ static int parse_node(ft_module_state *st, PyObject *d, ft_node *nd) {
     nd->dtype = (ft_dtype)dtype;
     nd->lerp.align_corners = align_corners;
     nd->uniform = uniform;
+    nd->common = common;
+    nd->weight_input = (int)weight_input;
     nd->dropout_channels = channels;
     nd->ignore_index = ignore_index;
     nd->reduction = (ft_node_reduction)reduction;

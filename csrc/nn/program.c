@@ -118,13 +118,17 @@ static bool is_view(const ft_program *p, int i, bool training) {
 static bool in_order(const ft_program *p, int i, bool training) {
     const ft_node *nd = &p->nodes[i];
     ft_node_layout layout = row(p, i)->layout;
-    if (!is_image(nd) || !p->channels_last || layout == FT_LAYOUT_IN_ORDER ||
+    if (!is_image(nd) || !p->channels_last || layout == FT_LAYOUT_IN_ORDER || nd->common || /* a weight's order */
         (layout == FT_LAYOUT_OF_IMAGES && is_image(&p->nodes[nd->inputs[0]])))
         return true;
     if (!is_input(p, i) && (layout == FT_LAYOUT_INPUT || is_view(p, i, training)))
         return in_order(p, nd->inputs[0], training);
     return false;
 }
+
+/* The rows node i computes for a micro-batch of `rows` samples: one for a
+ * common node. */
+static int64_t rows_for(const ft_program *p, int i, int64_t rows) { return p->nodes[i].common ? 1 : rows; }
 
 /* A (rows, ...) view of node i's output at `offset` bytes of `arena`. */
 static ft_tensor view_at(const ft_program *p, int i, bool training, ft_storage *arena, int64_t offset, int64_t rows) {
@@ -241,11 +245,11 @@ static int64_t aux_bytes(const ft_program *p, int i) {
     const ft_node *in[FT_NODE_MAX_INPUTS + 1];
     inputs_of(p, i, in);
     const ft_node_kind_info *k = row(p, i);
-    return k->aux_bytes ? k->aux_bytes(&p->nodes[i], in, p->batch, p->dtype[i]) : 0;
+    return k->aux_bytes ? k->aux_bytes(&p->nodes[i], in, rows_for(p, i, p->batch), p->dtype[i]) : 0;
 }
 
 static int64_t output_bytes(const ft_program *p, int i) {
-    return p->batch * ft_node_numel(&p->nodes[i]) * (int64_t)ft_dtype_get(p->dtype[i])->itemsize;
+    return rows_for(p, i, p->batch) * ft_node_numel(&p->nodes[i]) * (int64_t)ft_dtype_get(p->dtype[i])->itemsize;
 }
 
 /* Whether node i's output is a buffer of its own (not its input's memory,
@@ -595,6 +599,7 @@ static int block_now(const ft_program *p, bool training, int i, int k) {
 static ft_tensor node_out(const ft_program *p, bool training, int i, int64_t rows) {
     const ft_node *nd = &p->nodes[i];
     int k = target_of(p, i);
+    rows = rows_for(p, i, rows);
     if (is_input(p, i) || k >= 0) {
         ft_tensor t = is_input(p, i) ? p->x[i] : p->y[k];
         t.shape[0] = rows;
@@ -617,12 +622,46 @@ static ft_tensor node_aux(const ft_program *p, bool training, int i) {
 
 static ft_tensor node_dout(const ft_program *p, int i, int64_t rows) {
     const ft_node *nd = &p->nodes[i];
+    rows = rows_for(p, i, rows);
     if (shares_grad(p, i))
         return seen_as(nd, node_dout(p, nd->inputs[0], rows));
     return view_at(p, i, true, p->train_arena, p->train[i * NBUF + DOUT].offset, rows);
 }
 
 /* ---- creation ---- */
+
+/* Node i's place among the common nodes: a common node reads common nodes
+ * only (or is a parameter node) and is neither an input, a target, the
+ * output nor the loss; another node reads one only by an expand, which
+ * repeats it over the samples, or as its weight input, whose shape it takes
+ * as its weight's. */
+static ft_status check_common(ft_program *p, int i) {
+    ft_node *nd = &p->nodes[i];
+    if (nd->weight_input) {
+        int w = nd->weight_input == nd->ninputs - 1 ? nd->inputs[nd->weight_input] : -1;
+        if ((nd->kind != FT_NODE_CONV2D && nd->kind != FT_NODE_CONV_TRANSPOSE2D && nd->kind != FT_NODE_LINEAR) ||
+            w < 0 || !p->nodes[w].common || nd->weight.storage || nd->dweight.storage)
+            return ft_fail(FT_ERR_VALUE, "program: node %d's weight input must be its last input (not its first), a "
+                                         "common node, read by a conv2d, conv_transpose2d or linear node that has no "
+                                         "weight parameter", i);
+        const ft_node *v = &p->nodes[w];
+        nd->weight = (ft_tensor){.dtype = FT_FLOAT32, .ndim = v->ndim}; /* the shape, for the checks */
+        memcpy(nd->weight.shape, v->shape, sizeof v->shape);
+        ft_contiguous_strides(nd->weight.strides, nd->weight.ndim, nd->weight.shape);
+    }
+    for (int j = 0; j < nd->ninputs; j++) {
+        bool common = p->nodes[nd->inputs[j]].common;
+        if (nd->common ? !common : common && nd->kind != FT_NODE_EXPAND && (!nd->weight_input || j != nd->weight_input))
+            return ft_fail(FT_ERR_VALUE, "program: node %d (%s) reads node %d, %s", i, row(p, i)->name,
+                           nd->inputs[j], nd->common ? "which is not common, as a common node"
+                                                     : "a common node, other than by an expand or as its weight");
+    }
+    if (nd->common && (nd->kind == FT_NODE_INPUT || nd->kind == FT_NODE_TARGET || i == p->output || i == p->n - 1 ||
+                       (!nd->ninputs && nd->kind != FT_NODE_PARAM)))
+        return ft_fail(FT_ERR_VALUE, "program: node %d (%s) cannot be common: a common node is computed from "
+                                     "parameters alone", i, row(p, i)->name);
+    return FT_OK;
+}
 
 static ft_status validate(ft_program *p) {
     const ft_storage *grads = NULL;
@@ -636,14 +675,15 @@ static ft_status validate(ft_program *p) {
         else if (nd->kind == FT_NODE_INPUT || i == 0)
             return ft_fail(FT_ERR_VALUE, "program: the first nodes, and only they, must be the inputs (at most %d)",
                            FT_PROGRAM_MAX_INPUTS);
-        if (nd->ninputs < k->min_inputs || nd->ninputs > k->max_inputs)
-            return ft_fail(FT_ERR_VALUE, "program: node %d (%s) has %d inputs", i, k->name, nd->ninputs);
+        int data_inputs = nd->ninputs - (nd->weight_input > 0);
+        if (data_inputs < k->min_inputs || data_inputs > k->max_inputs)
+            return ft_fail(FT_ERR_VALUE, "program: node %d (%s) has %d inputs", i, k->name, data_inputs);
         for (int j = 0; j < nd->ninputs; j++) {
             if (nd->inputs[j] < 0 || nd->inputs[j] >= i)
                 return ft_fail(FT_ERR_VALUE, "program: node %d reads node %d, which does not come before it", i,
                                nd->inputs[j]);
             int in_ndim = p->nodes[nd->inputs[j]].ndim;
-            if (k->images == 2 && (in_ndim < 2 || in_ndim > 3 || nd->ndim != in_ndim))
+            if (k->images == 2 && j < data_inputs && (in_ndim < 2 || in_ndim > 3 || nd->ndim != in_ndim))
                 return ft_fail(FT_ERR_VALUE, "program: node %d (%s) takes images (C, H, W) or sequences (C, L) to "
                                "the same rank, its input %d has %d dimensions", i, k->name, j, in_ndim);
         }
@@ -652,6 +692,7 @@ static ft_status validate(ft_program *p) {
         for (int d = 0; d < nd->ndim; d++)
             if (nd->shape[d] < 1)
                 return ft_fail(FT_ERR_VALUE, "program: node %d has an empty per-sample shape", i);
+        FT_TRY(check_common(p, i));
         const ft_node *in[FT_NODE_MAX_INPUTS + 1];
         inputs_of(p, i, in);
         if (k->check)
@@ -766,7 +807,7 @@ static void plan_dtypes(ft_program *p) {
         const ft_node *nd = &p->nodes[i];
         ft_node_precision k = row(p, i)->precision;
         bool output = i == p->output || i == source(p, p->output); /* or what a view of it shows */
-        bool low = p->compute != FT_FLOAT32 &&
+        bool low = p->compute != FT_FLOAT32 && !nd->common && /* a computed weight: float32, as the params */
                    (is_input(p, i)               ? nd->dtype == FT_FLOAT32 && read_by_low_only(p, i)
                     : nd->kind == FT_NODE_PARAM ? i <= p->output && read_by_low(p, i)
                                                 : i <= p->output && k != FT_NODE_FLOAT32 &&
@@ -1182,12 +1223,32 @@ static ft_tensor seen_by(const ft_program *p, int i, ft_tensor t) {
     return t;
 }
 
-/* The tensors node i reads and writes in a forward over `rows` samples. */
-static ft_node_run run_of(const ft_program *p, bool training, int i, int64_t rows) {
+/* t, one row of a common node, in the shape of the weight `like`. */
+static ft_tensor as_weight(ft_tensor t, const ft_tensor *like) {
+    t.ndim = like->ndim;
+    memcpy(t.shape, like->shape, sizeof t.shape);
+    ft_contiguous_strides(t.strides, t.ndim, t.shape);
+    return t;
+}
+
+/* Node i as its rows see it: `own`, a copy whose weight is the value of its
+ * weight input, for a node that has one; else the node itself. */
+static const ft_node *with_weight(const ft_program *p, bool training, int i, ft_node *own) {
     const ft_node *nd = &p->nodes[i];
-    ft_node_run r = {.nd = nd, .training = training, .nin = nd->ninputs, .seed = p->seed ^ p->rank_key,
-                     .norm = p->norm[i]};
-    for (int k = 0; k < nd->ninputs; k++)
+    if (!nd->weight_input)
+        return nd;
+    *own = *nd;
+    own->weight = as_weight(node_out(p, training, nd->inputs[nd->weight_input], 1), &nd->weight);
+    return own;
+}
+
+/* The tensors node i reads and writes in a forward over `rows` samples; its
+ * weight input, if it has one, is the weight of `own` (with_weight). */
+static ft_node_run run_of(const ft_program *p, bool training, int i, int64_t rows, ft_node *own) {
+    const ft_node *nd = &p->nodes[i];
+    ft_node_run r = {.nd = with_weight(p, training, i, own), .training = training,
+                     .nin = nd->ninputs - (nd->weight_input > 0), .seed = p->seed ^ p->rank_key, .norm = p->norm[i]};
+    for (int k = 0; k < r.nin; k++)
         r.in[k] = seen_by(p, i, node_out(p, training, nd->inputs[k], rows));
     r.out = seen_by(p, i, node_out(p, training, i, rows));
     r.aux = node_aux(p, training, i);
@@ -1203,9 +1264,10 @@ static ft_status forward_node(ft_program *p, bool training, int i, int64_t rows,
         const ft_node *in[FT_NODE_MAX_INPUTS + 1];
         inputs_of(p, i, in);
         p->dropout_at[i] = p->dropout_offset;
-        p->dropout_offset += row(p, i)->draws(&p->nodes[i], in, rows, training);
+        p->dropout_offset += row(p, i)->draws(&p->nodes[i], in, rows_for(p, i, rows), training);
     }
-    ft_node_run r = run_of(p, training, i, rows);
+    ft_node own;
+    ft_node_run r = run_of(p, training, i, rows, &own);
     r.replay = replay;
     FT_TRY(row(p, i)->forward(&r));
     p->seconds[2 * i] += omp_get_wtime() - t0;
@@ -1482,7 +1544,8 @@ static ft_status backward_node(ft_program *p, int i, int64_t rows) {
     const ft_node *nd = &p->nodes[i];
     if (!p->written[i] || shares_grad(p, i))
         return FT_OK; /* no gradient reaches it, or a view sharing its input's gradient */
-    ft_node_run r = run_of(p, true, i, rows);
+    ft_node own;
+    ft_node_run r = run_of(p, true, i, rows, &own);
     r.dout = seen_by(p, i, node_dout(p, i, rows));
     ft_tensor din[FT_NODE_MAX_INPUTS];
     bool any = false;
@@ -1490,13 +1553,20 @@ static ft_status backward_node(ft_program *p, int i, int64_t rows) {
         int owner = grad_owner(p, nd->inputs[k]);
         if (!p->trains[owner])
             continue; /* the batch, the targets, a constant or a frozen branch: no gradient wanted */
-        din[k] = seen_by(p, i, node_dout(p, nd->inputs[k], rows));
-        r.din[k] = &din[k];
-        r.din_acc[k] = p->written[owner];
+        bool weight = nd->weight_input && k == nd->weight_input;
+        din[k] = weight ? as_weight(node_dout(p, nd->inputs[k], 1), &nd->weight)
+                        : seen_by(p, i, node_dout(p, nd->inputs[k], rows));
+        bool acc = p->written[owner];
         p->written[owner] = true; /* an input read twice adds its second share */
         any = true;
+        if (weight) {
+            r.dweight = &din[k], r.dweight_acc = acc;
+        } else {
+            r.din[k] = &din[k], r.din_acc[k] = acc;
+        }
     }
-    r.dweight = param_grad(p, i, 0, &r.dweight_acc);
+    if (!nd->weight_input)
+        r.dweight = param_grad(p, i, 0, &r.dweight_acc);
     r.dbias = param_grad(p, i, 1, &r.dbias_acc);
     if (!any && !r.dweight && !r.dbias)
         return FT_OK;

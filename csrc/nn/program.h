@@ -136,6 +136,16 @@ typedef struct {
     double count_offset, count_floor; /* ratio: the normalizer is max(the count + count_offset, count_floor) */
     int64_t ignore_index;    /* cross-entropy, nll */
     double flops;            /* of one sample's forward (a multiply-add counts two): what recomputing it costs */
+    /* A value of the parameters and constants alone (w - w.mean(), a
+     * weight's norm): computed once per micro-batch, as one row, from other
+     * common nodes (or a parameter node marked so), and read by common
+     * nodes, by an expand that repeats it over the samples, or as a layer's
+     * weight. */
+    bool common;
+    /* conv2d, conv_transpose2d, linear: the input (the last, never 0)
+     * whose value, a common node of the weight's shape, is the weight, its
+     * gradient that input's; 0: the weight parameter. */
+    int weight_input;
 } ft_node;
 
 /* Activation recomputation (gradient checkpointing): outputs a training

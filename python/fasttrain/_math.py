@@ -220,8 +220,8 @@ def _real(name, *operands):
 def _apply(name, fn, operands, compute, out, device=None, op=None):
     """fn of the operands' values in compute's NumPy dtype, as a tensor of dtype out on their device (or device);
     on a CUDA device the elementwise kernel op instead, where one is named."""
-    from .nn.graph import _TRACED_HINTS, Symbolic, fail, refuse_eager_parameters
-    if builtins.any(isinstance(x, Symbolic) for x in operands):  # an eager function in a traced forward
+    from .nn.graph import _TRACED_HINTS, Common, Symbolic, fail, refuse_eager_parameters
+    if builtins.any(isinstance(x, (Symbolic, Common)) for x in operands):  # an eager function in a traced forward
         fail(f"ft.{name} of a traced value", _TRACED_HINTS.get(name, "see docs/models.md for what traced values "
                                                                        "support"))
     if name != "cat":  # joining copies, which complex tensors allow
@@ -1175,9 +1175,9 @@ def _tensors(name, tensors):
 def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     """The tensors joined along dim (their other sizes equal), in their promoted dtype, as torch.cat; empty 1-d
     tensors are skipped, as PyTorch does. While a model is traced it records the concatenation."""
-    from .nn.graph import Symbolic, cat as traced_cat, read_by_op, uses_trainable
+    from .nn.graph import Common, Symbolic, cat as traced_cat, read_by_op, uses_trainable
     tensors = list(tensors)
-    if builtins.any(isinstance(t, Symbolic) for t in tensors):
+    if builtins.any(isinstance(t, (Symbolic, Common)) for t in tensors):
         return traced_cat(tensors, dim)
     _tensors("cat", tensors)
     if uses_trainable(tensors):  # while a forward is traced: parameters joined (BEiT's q, k and v biases) train
@@ -1215,13 +1215,13 @@ def einsum(equation: str, *operands: Tensor) -> Tensor:
     """The sum of products the equation names (NumPy's and PyTorch's subscripts: ``"bij,bjk->bik"``; the operands may
     come as one list), of tensors of one dtype. While a model is traced it records matmuls, or products and sums
     (see nn/graph.py's einsum)."""
-    from .nn.graph import Symbolic
+    from .nn.graph import Common, Symbolic
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
     if not isinstance(equation, str):
         raise TypeError(f"einsum: the equation must be a str, got {type(equation).__name__}")
     equation = equation.replace(" ", "")
-    if builtins.any(isinstance(x, Symbolic) for x in operands):
+    if builtins.any(isinstance(x, (Symbolic, Common)) for x in operands):
         from .nn.graph import einsum as traced_einsum
         return traced_einsum(equation, operands)
     _tensors("einsum", operands)
@@ -1247,9 +1247,9 @@ def einsum(equation: str, *operands: Tensor) -> Tensor:
 
 def stack(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     """Equally shaped tensors joined along a new dimension dim, as torch.stack."""
-    tensors = list(tensors)
-    from .nn.graph import Symbolic, cat as traced_cat
-    if builtins.any(isinstance(t, Symbolic) for t in tensors):  # traced: each as a new dimension, joined
+    from .nn.graph import Common, Symbolic, cat as traced_cat, read_by_op
+    tensors = read_by_op("stack", list(tensors), True)  # parameters stacked in a traced forward train
+    if builtins.any(isinstance(t, (Symbolic, Common)) for t in tensors):  # traced: each as a new dimension, joined
         if dim == 0 and builtins.all(isinstance(t, Symbolic) for t in tensors):
             from .nn.graph import Layered
             return Layered(tensors)  # before the batch: RNN states, one per layer
@@ -1891,18 +1891,12 @@ def meshgrid(*tensors: Tensor, indexing: str = "ij") -> tuple[Tensor, ...]:
 # nodes through the value's operators and methods, so a forward written with ft.exp, ft.sum, ... compiles.
 
 def _on_traced(fn: Callable, traced: Callable) -> Callable:
-    """fn, or on a traced value traced. A trainable parameter that a traced forward (or loss) reads by an
-    elementwise op, or sums or averages whole, becomes a traced value (graph.read_by_op): ops naming dimensions are
-    left out, as the traced value's batch dimension would shift their meaning."""
-    elementwise, reduction = fn.__name__ in _LIFTED, fn.__name__ in ("sum", "mean")
-
+    """fn, or on a traced value traced. A trainable parameter that a traced forward (or loss) reads becomes a value
+    of its own shape computed once per step (graph.read_by_op)."""
     def call(*args, **kwargs):
-        from .nn.graph import Symbolic, read_by_op
-        if not builtins.any(isinstance(a, Symbolic) for a in args):
-            whole = reduction and len(args) == 1 and kwargs.get("dim") is None
-            dims = not elementwise and (len(args) > 1 or kwargs.get("dim") is not None)
-            args = read_by_op(fn.__name__ + (" over dimensions" if dims else ""), args, elementwise or whole)
-        if builtins.any(isinstance(a, Symbolic) for a in args):
+        from .nn.graph import Common, Symbolic, read_by_op
+        args = read_by_op(fn.__name__, args, True)
+        if builtins.any(isinstance(a, (Symbolic, Common)) for a in args):
             return traced(*args, **kwargs)
         return fn(*args, **kwargs)
     return functools.update_wrapper(call, fn)
@@ -1953,8 +1947,6 @@ def _traced_div(input, other, *, rounding_mode=None):
     return input / other
 
 
-_LIFTED = {"neg", "exp", "erf", "log", "sqrt", "rsqrt", "abs", "relu", "sigmoid", "tanh", "pow", "mul", "add", "sub",
-           "div", "clamp", "clip", "clamp_min", "clamp_max", "square"}
 _TRACED = {
     "neg": operator.neg, "exp": lambda x: x.exp(), "erf": lambda x: x.erf(), "log": lambda x: x.log(),
     "sqrt": lambda x: x.sqrt(),
@@ -1991,16 +1983,16 @@ _TRACED = {
 
 def _traced_extremum(a, b, larger):
     """torch.maximum (larger) or minimum of a traced value and another value, in either order."""
-    from .nn.graph import Symbolic
-    a, b = (a, b) if isinstance(a, Symbolic) else (b, a)
-    return a._extremum(b, larger)
+    from .nn.graph import Common, Symbolic
+    a, b = (a, b) if isinstance(a, (Symbolic, Common)) else (b, a)
+    return a.maximum(b) if larger else a.minimum(b)
 
 
 def _traced_logical(a, b, both):
     """or (both=False) / and of masks while a forward is traced: of a traced mask and another mask."""
-    from .nn.graph import Symbolic
-    a, b = (a, b) if isinstance(a, Symbolic) else (b, a)
-    return a._logical(b, both)
+    from .nn.graph import Common, Symbolic
+    a, b = (a, b) if isinstance(a, (Symbolic, Common)) else (b, a)
+    return a.logical_and(b) if both else a.logical_or(b)
 
 
 def _traced_gather(x, dim, index):

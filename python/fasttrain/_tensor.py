@@ -90,8 +90,8 @@ class _TensorType(type):
     def __instancecheck__(cls, obj):
         if type.__instancecheck__(cls, obj):
             return True
-        from .nn.graph import Symbolic
-        return cls is Tensor and isinstance(obj, Symbolic)
+        from .nn.graph import Common, Symbolic
+        return cls is Tensor and isinstance(obj, (Symbolic, Common))
 
 
 def _traced_copy(t):

@@ -18,10 +18,10 @@ from ..amp import cast, widen
 from .._C import TensorBase
 from ..random import default_generator
 from . import modules as M
-from .graph import MergedRows, Symbolic, fail, in_place, missing as graph_missing, read_by_op, uses_trainable
+from .graph import Common, MergedRows, Symbolic, fail, in_place, missing as graph_missing, read_by_op, uses_trainable
 
 
-# The functions of one value elementwise: of a trainable parameter in a traced forward, traced (graph.read_by_op).
+# The functions of one value elementwise.
 _ELEMENTWISE = {"relu", "leaky_relu", "gelu", "silu", "sigmoid", "tanh", "hardswish", "softplus"}
 # Those of each row alone, which rows merged from the batch take (GPT-2's x.view(-1, C) through its projection).
 _ROW_WISE = _ELEMENTWISE | {"_linear", "layer_norm", "dropout"}
@@ -29,9 +29,9 @@ _ROW_WISE = _ELEMENTWISE | {"_linear", "layer_norm", "dropout"}
 
 def _traced(layer):
     """On a traced value (model.compile), the function records layer(*args) applied to it instead of
-    computing: each F.* is the layer of the same name. Of a trainable parameter while a forward is traced, an
-    elementwise function records it on the parameter's value (which trains through it); any other is refused,
-    as its result would be a constant."""
+    computing: each F.* is the layer of the same name. Of a trainable parameter while a forward is traced, it
+    records it on the parameter's value (graph.Common, which trains through it); in place it is refused, as the
+    parameter would change in the forward."""
     def wrap(fn):
         signature = inspect.signature(fn)
 
@@ -39,14 +39,12 @@ def _traced(layer):
         def call(input, *args, **kwargs):
             if isinstance(input, MergedRows) and fn.__name__ in _ROW_WISE:
                 return input.rowwise(call, *args, **kwargs)
+            inplace = fn.__name__.endswith("_") or signature.bind(input, *args, **kwargs).arguments.get("inplace")
             if not isinstance(input, Symbolic) and uses_trainable([input]):  # cheap unless traced
-                inplace = signature.bind(input, *args, **kwargs).arguments.get("inplace")
-                input, = read_by_op(fn.__name__, [input], fn.__name__ in _ELEMENTWISE and not inplace)
-            if isinstance(input, Symbolic):
+                input, = read_by_op(fn.__name__, [input], not inplace)
+            if isinstance(input, (Symbolic, Common)):
                 out = layer(*args, **kwargs)(input)
-                if fn.__name__.endswith("_") or signature.bind(input, *args, **kwargs).arguments.get("inplace"):
-                    return in_place(input, out)
-                return out
+                return in_place(input, out) if inplace else out
             return fn(input, *args, **kwargs)
         return call
     return wrap
@@ -60,10 +58,14 @@ def _shell(cls, **fields):
     M.Module.__init__(m)
     for name in ("weight", "bias"):
         t = fields.pop(name)
-        if isinstance(t, Symbolic):
-            fail(f"a value computed from parameters (self.w * 2.0) as the {name} of {cls.__name__.lower()}",
-                 "pass the parameter itself and compute on the layer's output (F.linear(x, self.w) * 2.0), or "
-                 "write the product out (x @ (self.w * 2.0).T)")
+        if isinstance(t, Common) and name == "weight" and cls in (M.Conv2d, M.Conv1d, M.ConvTranspose2d,
+                                                                   M.ConvTranspose1d, M.Linear):
+            object.__setattr__(m, "_computed_weight", t.value)  # the node's last input, which its gradient reaches
+            t = None
+        elif isinstance(t, (Symbolic, Common)):
+            fail(f"a value computed from traced values as the {name} of {cls.__name__.lower()}", "compute the "
+                 "weight from parameters alone (a weight standardized, normalized or masked), or add the bias to "
+                 "the layer's output")
         p = _viewed_parameter(t)
         if p is not None and p is not t:  # the layer would read a copy of the view, a constant that never trains
             fail(f"a view of a trainable parameter (.t(), .view(), a slice) as the {name} of {cls.__name__.lower()}",
@@ -224,7 +226,7 @@ def linear(input, weight, bias=None):
     """input W^T + b, as torch.nn.functional.linear: input (..., in_features), weight (out_features, in_features), bias
     (out_features,); the output is (..., out_features). Under ft.autocast float32 operands are multiplied as
     bfloat16. Traced, a bias computed from parameters (BEiT's ft.cat of its q, k and v biases) is added after."""
-    if isinstance(bias, Symbolic) and not isinstance(input, MergedRows):
+    if isinstance(bias, (Symbolic, Common)) and not isinstance(input, MergedRows):
         return _linear(input, weight) + bias
     return _linear(input, weight, bias)
 
@@ -253,7 +255,8 @@ def _batch_norm_layer(running_mean, running_var, weight=None, bias=None, trainin
         # cumulative average, not the 1 / count its code computed at compile
         counted, momentum = owner.num_batches_tracked, owner.momentum
     return _shell(M._BatchNorm, weight=weight, bias=bias, running_mean=running_mean, running_var=running_var,
-                  num_batches_tracked=counted, num_features=(weight if running_mean is None else running_mean).shape[0],
+                  num_batches_tracked=counted,
+                  num_features=next((t.shape[0] for t in (running_mean, weight) if t is not None), None),
                   eps=eps, momentum=momentum, affine=weight is not None, track_running_stats=running_mean is not None,
                   training=bool(training), _ranks=(1, 2, 3))
 

@@ -174,14 +174,15 @@ def uses_trainable(tensors):
 
 def read_by_op(op, operands, traceable):
     """The operands of an eager op as it reads them while a forward is traced: each trainable parameter (or view
-    of one) of the model becomes a traced value, the value it has in every sample, through which it trains
-    (self.logit_scale.exp(), ft.sigmoid(self.gate)), when the op is traceable on it; otherwise the op is refused,
-    its result a constant. Operands without such a parameter come back as they are."""
+    of one) of the model becomes a value of its own shape computed once per step (Common), through which it trains
+    (self.logit_scale.exp(), ft.sigmoid(self.gate), w - w.mean((1, 2, 3), keepdim=True)), when the op is
+    traceable on it; otherwise the op is refused, its result a constant. Operands without such a parameter come
+    back as they are."""
     if not uses_trainable(operands):
         return operands
     if not traceable:
         refuse_eager_parameters(op, operands)
-    return [constant(t, _sample_shape(t)) if _viewed_parameter(t) is not None else t for t in operands]
+    return [common_value(t) if _viewed_parameter(t) is not None else t for t in operands]
 
 
 def _note_buffers(operands):
@@ -204,11 +205,6 @@ def refuse_eager_parameters(op, operands):
         return
     penalty = "an L2 penalty on the weights (lambda/2 * sum of p.pow(2)) is the optimizer's weight_decay=lambda (SGD, " \
         "Adam)"
-    if op.endswith(" over dimensions"):
-        fail(f"{op} of a trainable parameter", "a traced value's dimensions start with the batch, so ops naming "
-             "a parameter's dimensions (w.mean(dim=...), w.var(dim=...), w.norm(dim=...): weight standardization, "
-             "weight normalization) are not compiled; use the layer's weight as it is, or freeze it with "
-             f"requires_grad_(False) before compile; {penalty}")
     fail(f"{op} of a trainable parameter outside the traced graph", "the result would be a constant through "
          "which the parameter never trains: use the parameter itself with traced values (x * self.gamma, "
          f"F.linear(x, self.weight)), or freeze it with requires_grad_(False) before compile; {penalty}")
@@ -335,6 +331,8 @@ def in_place(target, value):
     PyTorch's in-place ops change the one tensor that names share (a = h; F.relu_(h); a is relu(h) too). The
     values that share its memory in PyTorch, its views and what it is a view of, would read the change too:
     they become stale, and reading one fails (record), as a compiled program's values share no memory."""
+    if isinstance(target, Common):
+        fail("an in-place op on a value of the parameters alone", "write it out of place (y = F.relu(w))")
     where, seen, todo = _user_line(), {id(target)}, [target.base, *target.views]
     while todo:
         s = todo.pop()
@@ -433,10 +431,11 @@ class Node:
     """A recorded op. `reduced`: a loss reduced over the batch, whose per-sample value is each sample's share of
     the batch's loss (their sum is the loss); such values combine only linearly. The targets' node has shape None
     until a loss (or compile's target_shape) fixes it."""
-    __slots__ = ("module", "inputs", "shape", "reduced", "owner", "scope", "dtype", "seq")
+    __slots__ = ("module", "inputs", "shape", "reduced", "owner", "scope", "dtype", "seq", "common")
 
     def __init__(self, module, inputs, shape, reduced=False):
         self.module, self.inputs, self.reduced = module, list(inputs), reduced
+        self.common = False  # a value of the parameters alone, computed once per step (see Common)
         self.seq = next(_recorded)  # the order of the calls, which state updates (batch norms' statistics) follow
         self.dtype = None  # the model input's: float32, or int64 token ids
         self.shape = None if shape is None else tuple(shape)
@@ -553,8 +552,8 @@ class MergedRows:
                 fail("an operation of rows merged from values of different shapes",
                      "combine per-position values of one shape: losses * mask.view(-1)")
             other = other.source
-        elif not (isinstance(other, numbers.Real) or isinstance(other, TensorBase) and math.prod(other.shape[:-1]) == 1
-                  or isinstance(other, Symbolic) and other._uniform() and len(other.node.shape) <= 1):
+        elif not (isinstance(other, (numbers.Real, Common)) and math.prod(getattr(other, "shape", ())[:-1]) == 1 or
+                  isinstance(other, TensorBase) and math.prod(other.shape[:-1]) == 1):
             fail("an operation of rows merged from the batch with values that are not",
                  "view both: losses * mask.view(-1)")
         return MergedRows(op(other, self.source) if reflected else op(self.source, other))
@@ -697,6 +696,18 @@ class Symbolic:
         for x in inputs:
             x.read()
         layers = _layers()
+        inputs = list(inputs)
+        weight = inputs.pop() if getattr(module, "_computed_weight", None) is not None else None
+        common = any(x.node.common for x in inputs) and all(
+            x.node.common or isinstance(x.node.module, layers.Value) for x in inputs) and not reduced and \
+            not isinstance(module, (layers.Sum, layers.CountFloor)) and \
+            getattr(module, "running_mean", None) is None  # (a batch norm's statistics move with the samples)
+        if common:  # constants and parameters read as its own values, computed once per step too
+            inputs = [x if x.node.common else _common_copy(x) for x in inputs]
+        else:  # values of the parameters alone among the samples' values: repeated over the batch
+            rank = max((len(x.node.shape) for x in inputs if not x.node.common and x.node.shape is not None),
+                       default=None)
+            inputs = [_to_samples(x, rank) if x.node.common else x for x in inputs]
         if not isinstance(module, (layers.Math, layers.Attention, layers.Reshape, layers.Slice, layers.Permute,
                                    layers.MaskedFill)):
             inputs = [x._floats() for x in inputs]  # PyTorch's promotion of a bool mask in arithmetic
@@ -723,8 +734,10 @@ class Symbolic:
                      "a mean over the positions a mask keeps compiles as (loss * mask).sum() / mask.sum(), its count "
                      "plus a constant or clamped from below (mask.sum().clamp(min=1)) if need be")
             reduced = flags == {True}
-        out = Symbolic(Node(module, [x.node for x in inputs], shape, reduced))
+        read = [x.node for x in inputs] + ([weight.node] if weight is not None else [])
+        out = Symbolic(Node(module, read, shape, reduced))
         out.node.dtype = kept
+        out.node.common = common
         return out
 
     def read(self):
@@ -764,6 +777,8 @@ class Symbolic:
     def _operand(self, other):
         """other as a Symbolic: traced values as they are, tensors as constant (or parameter) nodes. Targets of
         a yet unknown shape meeting a value take its shape, as float32 (and must have it if fixed already)."""
+        if isinstance(other, Common):
+            return other.value if self.node.common else other.for_samples(len(self.node.shape))
         if isinstance(other, Symbolic):
             for a, b in ((self, other), (other, self)):
                 if isinstance(a.node.module, _layers().Target) and b.node.shape is not None:
@@ -886,11 +901,15 @@ class Symbolic:
         if weight is not None:  # x @ self.weight.T: a linear layer's product
             from .functional import linear
             return linear(self, weight)
+        if isinstance(other, Common):  # its last two dimensions a matrix's, never the batch's
+            other = other.value if self.node.common else other.for_samples(max(len(self.node.shape), 2))
         o = other if isinstance(other, Symbolic) else _matrix(other)
         if o is None:
             return NotImplemented
         if o.node is self.node:
             fail("x @ x of one traced value", "multiply by a copy's transpose, x @ x.transpose(1, 2)")
+        if len(o.node.shape) == 1:  # times a vector: (.., K) @ (K,) is the matrix times the column (K, 1)
+            return (self @ o.unsqueeze(-1)).squeeze(-1)
         if len(self.node.shape) == 1:  # a vector per sample: (K,) @ (K, P) is the row (1, K) times it
             return _layers().Matmul()(self.unsqueeze(1), o).squeeze(1)
         return _layers().Matmul()(self, o)
@@ -1670,6 +1689,358 @@ del _name
 take_numpy_names(Symbolic)
 
 
+class Common:
+    """A value of the parameters and constants alone while a forward is traced (self.w.exp(), w - w.mean((1, 2, 3),
+    keepdim=True), ft.cat of biases): a tensor whose dimensions are its own, as in PyTorch, which the program
+    computes once per step, not once per sample (Node.common). Where it meets the samples' values it is repeated
+    over the batch, its leading dimensions beyond theirs (of size 1) being the batch's broadcast; a convolution or
+    a linear layer takes it as its weight (a weight standardized, normalized or masked in forward), which trains
+    through it. Its methods take its own dimensions; value is the batch-first traced value the library computes
+    with."""
+
+    __slots__ = ("value",)
+    __array_priority__ = 1000
+
+    def __init__(self, value):
+        self.value = value
+
+    @property
+    def shape(self):
+        """Its own shape (no batch dimension)."""
+        return self.value.node.shape
+
+    def size(self, dim=None):
+        return self.shape if dim is None else self.shape[dim]
+
+    def dim(self):
+        return len(self.shape)
+
+    ndim = property(dim, doc="The number of its dimensions.")
+
+    def numel(self):
+        return math.prod(self.shape)
+
+    def __len__(self):
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    def __iter__(self):
+        return iter(self.unbind(0))
+
+    dtype = property(lambda self: self.value.dtype, doc="The value's dtype.")
+    device = property(lambda self: self.value.device, doc="The device of the parameters it is computed from.")
+    requires_grad = property(lambda self: self.value.requires_grad, doc="Whether it is differentiated: True.")
+    is_floating_point = property(lambda self: self.value.is_floating_point, doc="Whether its dtype is a float's.")
+
+    data = property(lambda self: self.detach(), doc="The value as a constant of the step (detach).")
+
+    def __repr__(self):
+        return f"Common(shape={self.shape})"
+
+    __hash__ = object.__hash__
+
+    def for_samples(self, rank):
+        """The batch-first value, for values of the samples of `rank` per-sample dimensions: its leading dimensions
+        beyond theirs, the batch's broadcast, dropped (each must be 1)."""
+        shape, v = self.shape, self.value
+        if len(shape) > rank:
+            extra = shape[:len(shape) - rank]
+            if any(n != 1 for n in extra):
+                fail(f"a value of the parameters alone of shape {shape} with values of the samples of shape "
+                     f"{(N, *('?',) * rank)}", "its leading dimensions beyond theirs would be the batch's: give it "
+                     "the samples' own shape (or size 1 there)")
+            v = v.reshape(N, *shape[len(extra):])
+        return v
+
+    def _own(self, d, extra=0):
+        """The batch-first dimension of own dimension d (of ndim + extra, unsqueeze's one more)."""
+        nd = self.ndim + extra
+        if not -nd <= d < nd:
+            raise IndexError(f"dimension {d} is out of range for a {self.ndim}-d value of shape {self.shape}")
+        return d % nd + 1
+
+    def _dims(self, dim):
+        return tuple(self._own(d) for d in dim) if isinstance(dim, (tuple, list)) else self._own(dim)
+
+    def _all(self, dim):
+        """dim, or every dimension for None."""
+        return tuple(range(self.ndim)) if dim is None else dim
+
+    # ---- shapes ----
+    def reshape(self, *shape):
+        return common(self.value.reshape(N, *_sizes(shape)))
+
+    view = reshape
+
+    def flatten(self, start_dim=0, end_dim=-1):
+        if not self.ndim:
+            return self.reshape(1)
+        return common(self.value.flatten(self._own(start_dim), self._own(end_dim)))
+
+    def unsqueeze(self, dim):
+        return common(self.value.unsqueeze(self._own(dim, 1)))
+
+    def squeeze(self, dim=None):
+        return common(self.value.squeeze(None if dim is None else self._dims(dim)))
+
+    def permute(self, *dims):
+        return common(self.value.permute(0, *(self._own(d) for d in _sizes(dims))))
+
+    def transpose(self, dim0, dim1):
+        return common(self.value.transpose(self._own(dim0), self._own(dim1)))
+
+    swapaxes = transpose
+
+    def t(self):
+        return self if self.ndim < 2 else self.transpose(0, 1)
+
+    T = property(lambda self: self.permute(*reversed(range(self.ndim))), doc="Its dimensions reversed.")
+    mT = property(lambda self: self.transpose(-2, -1), doc="Its last two dimensions swapped.")
+
+    def expand(self, *sizes):
+        """Repeated along its dimensions of size 1 (and new leading ones) to sizes; with the batch size first
+        (x.size(0)) a value of every sample (CLIP's class embedding expanded over the batch)."""
+        sizes = _sizes(sizes)
+        if sizes and isinstance(sizes[0], BatchSize):
+            return self.for_samples(len(sizes) - 1).expand(*sizes)
+        if len(sizes) < self.ndim:
+            raise ValueError(f"expand{sizes}: fewer sizes than the value's {self.ndim} dimensions")
+        v = self.value.reshape(N, *(1,) * (len(sizes) - self.ndim), *self.shape)
+        return common(v.expand(N, *sizes))
+
+    def expand_as(self, other):
+        return self.expand(other.shape)
+
+    def reshape_as(self, other):
+        return self.reshape(other.shape)
+
+    view_as = reshape_as
+
+    def repeat(self, *sizes):
+        sizes = _sizes(sizes)
+        if len(sizes) < self.ndim:
+            raise ValueError(f"repeat{sizes}: fewer repeats than the value's {self.ndim} dimensions")
+        v = self.value.reshape(N, *(1,) * (len(sizes) - self.ndim), *self.shape)
+        return common(v.repeat(1, *sizes))
+
+    def __getitem__(self, index):
+        index = index if isinstance(index, tuple) else (index,)
+        if any(isinstance(i, (Symbolic, Common)) for i in index):
+            fail("indexing a value of the parameters alone at traced positions", "index with integers and slices")
+        return common(self.value[(slice(None), *index)])
+
+    def __setitem__(self, key, value):
+        refuse_assignment()
+
+    def select(self, dim, index):
+        return common(self.value.select(self._own(dim), index))
+
+    def unbind(self, dim=0):
+        return tuple(common(v) for v in self.value.unbind(self._own(dim)))
+
+    def chunk(self, chunks, dim=0):
+        return tuple(common(v) for v in self.value.chunk(chunks, self._own(dim)))
+
+    def split(self, split_size, dim=0):
+        return tuple(common(v) for v in self.value.split(split_size, self._own(dim)))
+
+    def roll(self, shifts, dims=None):
+        if dims is None:
+            return self.flatten().roll(shifts, 0).reshape(self.shape)
+        return common(self.value.roll(shifts, self._dims(dims)))
+
+    # ---- reductions ----
+    def sum(self, dim=None, keepdim=False, *, dtype=None):
+        return common(self.value.sum(self._dims(self._all(dim)), keepdim)) if self.ndim else self
+
+    def mean(self, dim=None, keepdim=False, *, dtype=None):
+        return common(self.value.mean(self._dims(self._all(dim)), keepdim)) if self.ndim else self
+
+    def var(self, dim=None, unbiased=True, keepdim=False, *, correction=None):
+        return common(self.value.var(self._dims(self._all(dim)), unbiased, keepdim, correction=correction))
+
+    def std(self, dim=None, unbiased=True, keepdim=False, *, correction=None):
+        return common(self.value.std(self._dims(self._all(dim)), unbiased, keepdim, correction=correction))
+
+    def amax(self, dim=(), keepdim=False):
+        return common(self.value.amax(self._dims(self._all(None) if dim == () else dim), keepdim)) if self.ndim \
+            else self
+
+    def amin(self, dim=(), keepdim=False):
+        return -(-self).amax(dim, keepdim)
+
+    def max(self, dim=None, keepdim=False):
+        from .._math import ValuesIndices
+        return self.amax() if dim is None else ValuesIndices(self.amax(dim, keepdim), NoIndices("max"))
+
+    def min(self, dim=None, keepdim=False):
+        from .._math import ValuesIndices
+        return self.amin() if dim is None else ValuesIndices(self.amin(dim, keepdim), NoIndices("min"))
+
+    def norm(self, p="fro", dim=None, keepdim=False, dtype=None):
+        return common(self.value.norm(p, self._dims(self._all(dim)), keepdim)) if self.ndim else self.abs()
+
+    def logsumexp(self, dim, keepdim=False):
+        return common(self.value.logsumexp(self._own(dim), keepdim))
+
+    def softmax(self, dim, dtype=None):
+        return common(self.value.softmax(self._own(dim)))
+
+    def log_softmax(self, dim, dtype=None):
+        return common(self.value.log_softmax(self._own(dim)))
+
+    # ---- elementwise ----
+    def __getattr__(self, name):
+        if name.startswith("__") or name not in _COMMON_METHODS:
+            if name.startswith("__"):
+                raise AttributeError(name)
+            fail(f"x.{name} of a value of the parameters alone", _TRACED_HINTS.get(
+                name, "see docs/models.md for what values of the parameters support"), NoAttribute)
+        method = getattr(self.value, name)
+
+        def call(*args, **kwargs):
+            other = next((a for a in args if isinstance(a, (Symbolic, Common))), None)
+            base = self.value if other is None else _pair(self, other)[0]
+            return _user(getattr(base, name)(*[a.value if isinstance(a, Common) else a for a in args], **kwargs))
+        return functools.update_wrapper(call, method)
+
+
+# what a value of the parameters alone takes from the methods of traced values: those without dimensions
+_COMMON_METHODS = frozenset((
+    "exp", "erf", "log", "sqrt", "rsqrt", "reciprocal", "abs", "relu", "sigmoid", "tanh", "square", "pow", "clamp",
+    "clip", "clamp_min", "clamp_max", "maximum", "minimum", "masked_fill", "float", "to", "type", "type_as",
+    "detach", "clone", "contiguous", "add", "sub", "mul", "div", "logical_not", "logical_or",
+    "logical_and", "requires_grad_"))
+
+
+def _pair(a, b, least=0):
+    """Common a's batch-first value and b's, for an op of the two: with values of the samples, a's leading
+    dimensions beyond theirs (and beyond `least`, a matrix's 2) dropped (Common.for_samples); a tensor b a value of
+    its own shape."""
+    from .._C import TensorBase
+    if isinstance(b, Common):
+        return a.value, b.value
+    if isinstance(b, Symbolic):
+        return a.for_samples(max(len(b.node.shape), least)), b
+    if isinstance(b, TensorBase):
+        return a.value, common_value(b).value
+    return a.value, b
+
+
+def _common_operator(name):
+    reflected = name.startswith("__r")
+
+    def op(self, other):
+        a, b = _pair(self, other, 2 if "matmul" in name else 0)
+        if reflected and isinstance(b, Symbolic):  # other OP self, other traced
+            return _user(getattr(b, "__" + name[3:])(a))
+        return _user(getattr(a, name)(b))
+    op.__name__ = name
+    return op
+
+
+for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__", "__rtruediv__",
+              "__matmul__", "__rmatmul__", "__pow__", "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__",
+              "__and__", "__rand__", "__or__", "__ror__", "maximum", "minimum"):
+    setattr(Common, _name, _common_operator(_name))
+Common.__neg__ = lambda self: common(-self.value)
+Common.__invert__ = lambda self: common(~self.value)
+Common.matmul = Common.bmm = Common.__matmul__
+for _name, _method in list(vars(Common).items()):  # each as the tensor method of its name
+    if inspect.isfunction(_method) and not _name.startswith("_") and not _method.__doc__:
+        _method.__doc__ = f"Records Tensor.{_name} of the value, whose dimensions are its own."
+del _name, _method
+
+
+def common(v):
+    """v as its user sees it: a Common for a value of the parameters alone, else itself."""
+    return Common(v) if isinstance(v, Symbolic) and v.node.common else v
+
+
+def _user(out):
+    """common() over a result: a value, a tuple or list of them, values and indices."""
+    from .._math import ValuesIndices
+    if isinstance(out, ValuesIndices):
+        return ValuesIndices(_user(out.values), out.indices)
+    if isinstance(out, (tuple, list)):
+        return type(out)(_user(o) for o in out)
+    return common(out)
+
+
+def internal(x):
+    """A Common's batch-first value; anything else as it is."""
+    return x.value if isinstance(x, Common) else x
+
+
+def common_value(t):
+    """Tensor t read as a value of its own shape, computed once per step: a trainable parameter (or its reshape,
+    transpose or block of rows), through which it trains, or a constant."""
+    layers = _layers()
+    p = _viewed_parameter(t)
+
+    def value(tensor, shape):
+        node = Node(layers.Value(tensor, shape), [], shape)
+        node.common = True
+        return Symbolic(node)
+
+    if p is None:
+        if not t.is_contiguous():  # a copy, which a change of the buffer it views would not reach
+            _note_buffers([t])
+            t = t.contiguous()
+        return Common(value(t, tuple(t.shape)))
+    if t.data_ptr() == p.data_ptr() and t.numel() == p.numel() and t.is_contiguous():
+        return Common(value(p, tuple(t.shape)))  # the whole parameter, reshaped
+    return _part(p, t, Common(value(p, tuple(p.shape))))
+
+
+def _part(p, t, whole):
+    """t, a view of parameter p (a transpose, a slice, an index: any of them), as the Common whole (p's value)
+    indexed and permuted so: each dimension of t runs along one of p's with a step, p's others fixed."""
+    import numpy as np
+    rest, start = (t.data_ptr() - p.data_ptr()) // p.element_size(), []
+    for s in p.stride():  # (a parameter's memory is contiguous)
+        start.append(rest // s)
+        rest %= s
+    index, along = list(start), []
+    for n, s in zip(t.shape, t.stride()):
+        d = max((d for d in range(p.ndim) if d not in along and s % p.stride(d) == 0), key=p.stride, default=None) \
+            if n > 1 else None
+        if n > 1 and d is None:
+            along = None
+            break
+        if d is not None:
+            step = s // p.stride(d)
+            index[d] = slice(start[d], start[d] + step * (n - 1) + 1, step)
+            along.append(d)
+    positions = np.asarray(Gathered.of(t).positions)
+    if along is not None:
+        kept = sorted(along)
+        order = [kept.index(d) for d in along]
+        found = np.arange(p.numel()).reshape(tuple(p.shape))[tuple(index)].transpose(order).reshape(positions.shape)
+        if np.array_equal(found, positions):
+            return whole[tuple(index)].permute(*order).reshape(tuple(t.shape))
+    fail("a view of a trainable parameter whose elements are not a part of it along its dimensions, computed on "
+         "alone", "compute on the parameter itself, then index the result")
+
+
+def _common_copy(x):
+    """Constant (or parameter) node x's value as a common node's input: a node of its own, which only common nodes
+    (and the expands that repeat them over the batch) read."""
+    node = Node(x.node.module, [], x.node.shape)
+    node.dtype, node.common = x.node.dtype, True
+    return Symbolic(node)
+
+
+def _to_samples(x, rank):
+    """Common value x (batch-first) read by a node of every sample: repeated over the batch by an expand node, its
+    leading dimensions beyond the samples' `rank` dropped first."""
+    v = x if rank is None else Common(x).for_samples(rank)
+    node = Node(_layers().Expand(v.node.shape), [v.node], v.node.shape)
+    node.dtype = v.node.dtype
+    return Symbolic(node)
+
+
 class _Refusing:
     """A result that only some uses take: any other attribute fails with the subclass's _refuse."""
 
@@ -2235,6 +2606,15 @@ def where(condition, input, other):
     constant operand written where it is chosen and 0 elsewhere (no product with an infinite constant)."""
     from .._C import TensorBase
     from .. import _math
+    chosen = (condition, input, other)
+    if any(isinstance(v, Common) for v in chosen):  # values of the parameters alone: with the samples' or alone
+        rank = max((len(v.node.shape) for v in chosen if isinstance(v, Symbolic)), default=None)
+
+        def aligned(v):  # with the samples' values: of their rank, its leading sizes 1
+            v = v.for_samples(rank)
+            return v.reshape(N, *(1,) * (rank - len(v.node.shape)), *v.node.shape)
+        return common(where(*(v if not isinstance(v, Common) else v.value if rank is None else aligned(v)
+                              for v in chosen)))
     if isinstance(condition, Symbolic):
         return _where_traced(condition, input, other)
     if not isinstance(condition, TensorBase) or condition.dtype.name != "bool":
@@ -2273,7 +2653,7 @@ def einsum(equation, operands):
     batch = {s[0] for s, x in zip(subs, operands) if isinstance(x, Symbolic) and s}
     sizes = {}
     for s, x in zip(subs, operands):
-        if not isinstance(x, (Symbolic, TensorBase, Gathered)):  # (a gathered table: BERT's relative_key positions)
+        if not isinstance(x, (Symbolic, TensorBase, Gathered, Common)):  # (a gathered table: BERT's relative_key)
             raise TypeError(f"einsum: expected tensors, got {type(x).__name__}")
         traced = isinstance(x, Symbolic)
         shape = (None, *x.node.shape) if traced else tuple(x.shape)
@@ -2450,12 +2830,11 @@ def cat(tensors, dim=1):
         return constant(t, shape[1:] if len(shape) == traced.ndim and shape[0] == 1 else shape)
 
     tensors = list(tensors)
-    traced = next(t for t in tensors if isinstance(t, Symbolic))  # a tensor may come first: cat([cls, x])
-    if all(t._uniform() for t in tensors if isinstance(t, Symbolic)):  # of parameters alone: dims of their own
-        rank = len(traced.node.shape)
-        if not -rank <= dim < rank:
-            raise IndexError(f"cat: dim {dim} is out of range for {rank}-d tensors")
-        dim = dim % rank + 1
+    traced = next((t for t in tensors if isinstance(t, Symbolic)), None)  # a tensor may come first: cat([cls, x])
+    if traced is None:  # values of the parameters alone (and tensors): dimensions of their own
+        values = [t if isinstance(t, Common) else common_value(t) for t in tensors]
+        return common(_layers().Cat(values[0]._own(dim))(*[v.value for v in values]))
+    tensors = [t.for_samples(len(traced.node.shape)) if isinstance(t, Common) else t for t in tensors]
     if dim in (0, -traced.ndim):
         fail("ft.cat of traced values along the batch dimension (dim=0)", "a program computes each sample on its "
              "own, so two batches cannot be joined in it: concatenate the data before the step (np.concatenate), "
@@ -2514,6 +2893,9 @@ def trace(model, inputs):
         raise TracingError(f"{name}.forward returned a dict: return a tuple (or a namedtuple) whose first item is "
                            "what predict returns; the loss gets it whole")
     first = out[0] if isinstance(out, (tuple, list)) and out else out
+    if isinstance(first, Common):
+        raise TracingError(f"{name}.forward returned a value of the parameters alone (of shape {first.shape}), "
+                           "the same for every sample: compute the output from the input")
     bad = [o for o in leaves if not isinstance(o, (Symbolic, _Refusing)) and o is not None]  # an RNN's h_n goes
     if not isinstance(first, Symbolic) or bad:
         bad = first if not isinstance(first, Symbolic) else bad[0]
@@ -2566,6 +2948,7 @@ def trace_loss(loss, outputs, targets):
                                f"(y.float()) at {m.floated}: a compiled program reads its targets in one dtype, so "
                                "one tensor cannot be both yet; compute the float term from the labels' one-hot rows "
                                "(F.one_hot(y, C).float()) or from the model's outputs")
+    value = internal(value)  # a loss of the parameters alone
     if not isinstance(value, Symbolic):
         raise TracingError(f"the loss {name} returned {type(value).__name__}, not a traced value of the outputs")
     if value._uniform_scalar():  # a loss of the parameters alone (a penalty): the same value in every sample

@@ -15,7 +15,8 @@ from .._C import TensorBase
 from .._tensor import Tensor
 from .._types import _BY_NAME, as_device, as_dtype, dtype as _dtype
 from . import init
-from .graph import MergedRows, Stacked, Symbolic, _active, traced_mode, uses_trainable
+from .graph import (N, Common, MergedRows, Stacked, Symbolic, _active, common, internal, traced_mode,
+                    uses_trainable)
 
 
 class Parameter(Tensor):
@@ -374,7 +375,9 @@ class Module:
             return inputs[0].rowwise(self, **kwargs)  # GPT-2's x.view(-1, C) through its projection
         # traced values, or parts of them, or lists of them (DenseNet's layer(features))
         given = [y for x in (*inputs, *kwargs.values()) for y in (x if isinstance(x, (list, tuple)) else (x,))]
-        if not any(isinstance(x, (Symbolic, Stacked)) for x in given):
+        if self._leaf and not _overrides_forward(type(self)) and any(isinstance(x, Common) for x in given):
+            return self._common_call(*inputs, **kwargs)
+        if not any(isinstance(x, (Symbolic, Stacked, Common)) for x in given):
             from .graph import fail
             if uses_trainable(self.parameters()):
                 view = self._parameter_view(*inputs)
@@ -413,6 +416,25 @@ class Module:
             return forward(self, *inputs, **kwargs)
         cls.forward = traced_or_eager
 
+    def _common_call(self, *inputs, **kwargs):
+        """The layer on a value of the parameters alone (graph.Common), whose dimensions are its own: recorded with
+        the dimensions it takes (Softmax(dim), Flatten(start_dim)) counted past the batch's."""
+        first = next(x for x in inputs if isinstance(x, Common))
+        if isinstance(self, _BatchNorm):  # over its first dimension (timm's StdConv2d: a weight (1, K, -1)), one row
+            if getattr(self, "running_mean", None) is not None or first.ndim < 2 or first.shape[0] != 1:
+                from .graph import fail
+                fail(f"a batch norm with running statistics, or of a batch other than 1, on a value of the parameters "
+                     f"alone (of shape {first.shape})", "normalize a weight as a batch of one without running "
+                     "statistics, F.batch_norm(w.reshape(1, K, -1), None, None, training=True)")
+            return common(self(first.value.reshape(N, *first.shape[1:])).reshape(N, *first.shape))
+        layer = self
+        dims = {k: v for k in ("dim", "start_dim", "end_dim") if isinstance(v := getattr(self, k, None), int)}
+        if dims:
+            layer = copy.copy(self)
+            for k, v in dims.items():
+                object.__setattr__(layer, k, first._own(v))
+        return common(layer(*[internal(x) for x in inputs], **kwargs))
+
     def _record(self, *inputs, **kwargs):
         """The node of a layer the compiler knows, on traced values."""
         if kwargs:
@@ -435,7 +457,9 @@ class Module:
         for x in inputs:
             if x.node.shape is None:  # targets of no shape yet, as a layer's input (-y)
                 x._one_per_sample()
-        return Symbolic.record(self, inputs, self.output_shape(*[x.node.shape for x in inputs]))
+        shape = self.output_shape(*[x.node.shape for x in inputs])
+        weight = getattr(self, "_computed_weight", None)  # read as the node's last input
+        return Symbolic.record(self, inputs + ([weight] if weight is not None else []), shape)
 
     def output_shape(self, *shapes):
         """The output shape (without the batch dimension) for these input shapes. A layer keeps its input's shape
@@ -738,7 +762,7 @@ class _BatchNorm(Module):
         if len(shape) not in self._ranks:
             raise ValueError(f"{type(self).__name__} takes samples of {' or '.join(map(str, self._ranks))} "
                              f"dimensions, got {shape}")
-        if shape[0] != self.num_features:
+        if self.num_features is not None and shape[0] != self.num_features:  # (None: F.batch_norm's, of any)
             raise ValueError(f"{type(self).__name__} expects {self.num_features} channels, got {shape[0]}")
         return shape
 

@@ -188,12 +188,14 @@ NO_TALLY = (0.0, 0.0, 0, 0)
 
 
 class _Entry:
-    __slots__ = ("kind", "module", "inputs", "shape", "fields", "act", "alpha", "bias_into", "fused", "scope")
+    __slots__ = ("kind", "module", "inputs", "shape", "fields", "act", "alpha", "bias_into", "fused", "scope",
+                 "common")
 
-    def __init__(self, kind, module, inputs, shape, fields, scope=()):
+    def __init__(self, kind, module, inputs, shape, fields, scope=(), common=False):
         self.kind, self.module, self.inputs, self.shape, self.fields = kind, module, inputs, shape, fields
         self.act, self.alpha, self.bias_into, self.fused = None, 0.0, None, []  # bias_into: the batch norm
         self.scope = scope  # the modules whose calls recorded it, and its own
+        self.common = common  # computed once per step, from parameters alone (graph.Common)
 
 
 def _inputs(model, input_shape, input_dtype):
@@ -308,7 +310,7 @@ def _traced_graph(model, inputs, loss=None, target_shape=None, target_dtype=None
         kind, fields = (INPUT, dict(dtype=n.dtype._code)) if n.module is None else \
             _node_of(n.module, n.inputs[0].shape if n.inputs else n.shape)
         entries.append(_Entry(kind, n.module, [index[id(i)] for i in n.inputs], n.shape, fields,
-                              (*n.scope, n.module)))
+                              (*n.scope, n.module), n.common))
     return entries, index[id(first.node)], mode_was_read()
 
 
@@ -502,7 +504,7 @@ def _node_dict(e, trainable):
     def grad(p):
         return p.grad if id(p) in trainable else None
 
-    d = dict(kind=e.kind, inputs=tuple(e.inputs), shape=tuple(e.shape), flops=float(_flops(e)))
+    d = dict(kind=e.kind, inputs=tuple(e.inputs), shape=tuple(e.shape), flops=float(_flops(e)), common=int(e.common))
     for key, value in e.fields.items():
         if key not in ("act", "alpha"):
             d[key] = value
@@ -513,6 +515,8 @@ def _node_dict(e, trainable):
     if e.kind in (CONV2D, CONV_TRANSPOSE2D, LINEAR, BATCHNORM, LAYERNORM, GROUPNORM, EMBEDDING, LSTM, GRU):
         if m.weight is not None:
             d["weight"], d["dweight"] = m.weight, grad(m.weight)
+        elif getattr(m, "_computed_weight", None) is not None:
+            d["weight_input"] = len(e.inputs) - 1
         if getattr(m, "bias", None) is not None and e.bias_into is None:
             d["bias"], d["dbias"] = m.bias, grad(m.bias)
     if e.kind == PARAM:
@@ -588,8 +592,10 @@ def _recompute(recompute, model, entries):
 
 
 def _flops(e):
-    """Multiply-adds x 2 of one forward pass per sample."""
+    """Multiply-adds x 2 of one forward pass per sample (none for a node computed once per step)."""
     m = e.module
+    if e.common:
+        return 0
     if e.kind in (CONV2D, CONV_TRANSPOSE2D):  # a transposed one: its adjoint's, whose output is its input
         c, k = m.in_channels // m.groups, m.out_channels
         positions = e.shape[1:] if e.kind == CONV2D else m.input_size(e.shape[1:])
@@ -629,6 +635,8 @@ def _table(entries, dtypes=None, recomputed=None):
             notes.append("bias folded into the batch norm's running mean")
         if recomputed and recomputed[i]:
             notes.append("recomputed in the backward")
+        if e.common:
+            notes.append("of the parameters alone: once per step")
         rows.append([str(i), name, str(tuple(e.shape)), f"{params:,}", f"{flops / 1e6:.2f}"]
                     + ([dtypes[i]] if dtypes else []) + [", ".join(notes)])
     totals = {"params": ("parameters", f"{sum(counted.values()):,}"),
