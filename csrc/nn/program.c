@@ -1398,13 +1398,19 @@ static bool weightless(ft_program *p, bool training, int i) {
     return true;
 }
 
-/* What the batch of B samples weighs in means over batches (see ft_tally). */
-static double loss_weight(const ft_program *p, int64_t B) {
+/* Adds the batch of B samples and its loss to the tally's loss and weight:
+ * a mean's loss weighs what it averages over, a sum's (reduction 'sum')
+ * counts as it is over the samples, and a loss of several terms weighs its
+ * samples (see ft_tally). */
+static void tally_loss(const ft_program *p, int64_t B, double loss, ft_tally *tally) {
     const ft_node *nd = &p->nodes[p->n - 1];
-    bool mean = row(p, p->n - 1)->prepare && (nd->reduction == FT_NODE_REDUCE_MEAN ||
-                                              nd->reduction == FT_NODE_REDUCE_BATCHMEAN ||
-                                              nd->reduction == FT_NODE_REDUCE_RATIO);
-    return p->weightless ? 0 : mean ? p->norm[p->n - 1] : (double)B;
+    bool reduces = row(p, p->n - 1)->prepare != NULL;
+    bool mean = reduces && (nd->reduction == FT_NODE_REDUCE_MEAN || nd->reduction == FT_NODE_REDUCE_BATCHMEAN ||
+                            nd->reduction == FT_NODE_REDUCE_RATIO);
+    double w = p->weightless ? 0 : mean ? p->norm[p->n - 1] : (double)B;
+    bool sum = reduces && nd->reduction == FT_NODE_REDUCE_SUM;
+    tally->loss += w ? loss * (sum ? 1 : w) : 0;
+    tally->weight += w;
 }
 
 /* The batch's targets checked (shape, dtype, and by each loss node its
@@ -1754,9 +1760,9 @@ ft_status ft_program_backward(ft_program *p, const ft_tensor *x, const ft_tensor
             ft_program_undo(p);
     }
     if (s == FT_OK && tally) {
-        double w = loss_weight(p, x->shape[0]);
-        *tally = (ft_tally){tally->loss + *loss * w, tally->weight + w, tally->correct + batch.correct,
-                            tally->labelled + batch.labelled};
+        tally_loss(p, x->shape[0], *loss, tally);
+        tally->correct += batch.correct;
+        tally->labelled += batch.labelled;
     }
     release_inputs(p, xd);
     release_targets(yd);
@@ -1847,9 +1853,7 @@ static ft_status evaluate_batches(ft_program *p, const ft_tensor *x, const ft_te
         FT_TRY(forward(p, false, rows, p->output + 1, p->n - 1));
         FT_TRY(add_loss(p, false, rows, &loss));
     }
-    double w = loss_weight(p, B);
-    tally->loss += w ? loss * w : 0;
-    tally->weight += w;
+    tally_loss(p, B, loss, tally);
     return FT_OK;
 }
 

@@ -160,7 +160,8 @@ def evaluate(program: Program, loader: Iterable[Any], tta_flip: bool = False) ->
     """(mean loss, accuracy) of the program over a loader (or (x, y) arrays, in batches of the program's size), in
     eval mode, as over one batch of the whole split for a loss of one term: the loss averaged over what the loss
     averages (the targets it does not ignore, a masked mean's count, the samples; a loss of several terms weighs
-    each batch by its samples), the accuracy over the labels it does not ignore (None
+    each batch by its samples; a loss summed over the batch, reduction='sum', is the split's sum per sample, as
+    PyTorch's examples divide it by len(dataset)), the accuracy over the labels it does not ignore (None
     unless the model classifies); a batch of ignored targets only counts for nothing. With tta_flip the logits of
     each image and of its horizontal mirror are averaged (test-time augmentation). A fasttrain loader runs entirely
     in C. Under ft.distributed every rank evaluates its shard and the figures are the whole split's: the samples a
