@@ -7,6 +7,7 @@ import pytest
 
 import fasttrain as ft
 from fasttrain import nn
+from _opref import torch
 
 
 def test_apply_visits_children_before_parents_and_returns_the_module():
@@ -289,3 +290,75 @@ def test_pad_sequence_pads_each_to_the_longest(batch_first, side):
         nn.utils.rnn.pad_sequence([ft.zeros(2, 2), ft.zeros(2, 3)])
     mixed = nn.utils.rnn.pad_sequence([ft.tensor([1.5, 2.0]), ft.tensor([3])])  # the first's dtype, as PyTorch's
     assert mixed.dtype is ft.float32 and np.asarray(mixed).tolist() == [[1.5, 3.0], [2.0, 0.0]]
+
+
+def weight_normed(lib, new):
+    """A conv and a linear layer weight-normalized, by PyTorch's older API (weight_g, weight_v) or its
+    parametrizations (parametrizations.weight.original0, original1), the linear one over the whole weight."""
+    L = nn if lib is ft else lib.nn
+    U = L.utils.parametrizations if new else L.utils
+
+    class Net(L.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.fc = U.weight_norm(L.Conv2d(3, 4, 3, padding=1)), U.weight_norm(L.Linear(4, 5), dim=None)
+
+        def forward(self, x):
+            return self.fc(self.conv(x).mean((2, 3)))
+
+    return Net()
+
+
+@pytest.mark.parametrize("new", [False, True], ids=["weight_g", "parametrizations"])
+def test_weight_norm_keeps_the_weight_and_trains_through_g_and_v(new):
+    from fasttrain.testing import gradcheck
+    ft.manual_seed(1)
+    conv = nn.Conv2d(3, 4, 3)
+    before = conv.weight.numpy().copy()
+    normed = (nn.utils.parametrizations if new else nn.utils).weight_norm(conv)
+    assert normed is conv and "weight" not in dict(conv.named_parameters())
+    np.testing.assert_allclose(conv.weight.numpy(), before, rtol=1e-6, atol=1e-7)  # computed at each access
+    g = conv.parametrizations.weight.original0 if new else conv.weight_g
+    assert g.shape == (4, 1, 1, 1)
+    np.testing.assert_allclose(g.numpy().ravel(), np.sqrt((before ** 2).reshape(4, -1).sum(1)), rtol=1e-5)
+    model = weight_normed(ft, new)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=3,
+                            input_shape=(3, 5, 5))
+    x = np.random.default_rng(2).standard_normal((3, 3, 5, 5)).astype(np.float32)
+    np.testing.assert_allclose(program.predict(x).numpy(), model(ft.tensor(x)).numpy(), rtol=1e-5, atol=1e-6)
+    assert gradcheck(program, x, np.arange(3), rtol=3e-2, atol=1e-3)
+
+
+@pytest.mark.skipif(torch is None, reason="PyTorch is not installed")
+@pytest.mark.parametrize("new", [False, True], ids=["weight_g", "parametrizations"])
+def test_weight_norm_matches_pytorch_and_its_names(new):
+    import warnings
+    from _programref import assert_gradients_match
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # (PyTorch's older API is deprecated, not gone)
+        tm = weight_normed(torch, new)
+    model = weight_normed(ft, new)
+    assert list(model.state_dict()) == list(tm.state_dict())
+    model.load_state_dict({k: v.detach().numpy() for k, v in tm.state_dict().items()})
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=3,
+                            input_shape=(3, 5, 5))
+    x = np.random.default_rng(3).standard_normal((3, 3, 5, 5)).astype(np.float32)
+    assert_gradients_match(program, tm, x, np.arange(3), torch.nn.CrossEntropyLoss())
+
+
+def test_remove_weight_norm_and_spectral_norm():
+    layer = nn.utils.weight_norm(nn.Linear(3, 2))
+    weight = layer.weight.numpy().copy()
+    assert nn.utils.remove_weight_norm(layer) is layer
+    assert list(dict(layer.named_parameters())) == ["bias", "weight"]
+    np.testing.assert_array_equal(layer.weight.numpy(), weight)
+    with pytest.raises(ValueError, match="weight_norm of 'weight' not found in Linear"):
+        nn.utils.remove_weight_norm(layer)
+    for spectral in (nn.utils.spectral_norm, nn.utils.parametrizations.spectral_norm):
+        with pytest.raises(NotImplementedError, match="spectral_norm of Linear.weight is not supported: its power "
+                                                      "iteration updates buffers"):
+            spectral(layer)
+    with pytest.raises(ft.nn.TracingError, match="a value computed from parameters as the weight of embedding"):
+        table = nn.utils.weight_norm(nn.Embedding(4, 3))
+        table.compile(ft.optim.SGD(table.parameters(), lr=0.1), lambda out: out.sum(), batch_size=2, input_shape=(1,),
+                      input_dtype=ft.int64)

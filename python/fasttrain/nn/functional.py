@@ -62,7 +62,11 @@ def _shell(cls, **fields):
                                                                    M.ConvTranspose1d, M.Linear):
             object.__setattr__(m, "_computed_weight", t.value)  # the node's last input, which its gradient reaches
             t = None
-        elif isinstance(t, (Symbolic, Common)):
+        elif isinstance(t, Common):
+            fail(f"a value computed from parameters as the {name} of {cls.__name__.lower()}", "only a "
+                 "convolution's or a linear layer's weight may be computed in forward; add a computed bias to the "
+                 "layer's output")
+        elif isinstance(t, Symbolic):
             fail(f"a value computed from traced values as the {name} of {cls.__name__.lower()}", "compute the "
                  "weight from parameters alone (a weight standardized, normalized or masked), or add the bias to "
                  "the layer's output")

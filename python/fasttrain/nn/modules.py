@@ -64,6 +64,7 @@ class Module:
         object.__setattr__(self, "_parameters", OrderedDict())
         object.__setattr__(self, "_buffers", OrderedDict())
         object.__setattr__(self, "_modules", OrderedDict())
+        object.__setattr__(self, "_computed", {})  # attributes computed at each access (nn.utils.weight_norm)
         object.__setattr__(self, "training", True)
 
     @property
@@ -95,6 +96,12 @@ class Module:
                                     f" {name!r} ({kind} or None expected)")
                 return self._register(name, value, table)
         object.__setattr__(self, name, value)
+
+    def __getattr__(self, name):
+        computed = self.__dict__.get("_computed")
+        if computed and name in computed:
+            return computed[name](self)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __delattr__(self, name):
         for table in ("_parameters", "_buffers", "_modules"):

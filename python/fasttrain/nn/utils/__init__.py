@@ -5,7 +5,9 @@ import math
 import numpy as np
 
 from ... import creation
-from . import rnn  # noqa: F401 (ft.nn.utils.rnn, as torch.nn.utils.rnn)
+from .. import modules as M
+from . import parametrizations, rnn  # noqa: F401 (ft.nn.utils.rnn, as torch.nn.utils.rnn)
+from .parametrizations import _computed_from, _norm_except, _weighed, spectral_norm  # noqa: F401 (PyTorch's name)
 
 
 def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False):
@@ -62,3 +64,29 @@ def vector_to_parameters(vec, parameters):
     for p in params:
         p.copy_(vec[at:at + p.numel()].reshape(p.shape))
         at += p.numel()
+
+
+def weight_norm(module, name="weight", dim=0):
+    """Reparametrizes module's parameter `name` as g * v / |v|, the norm over every dimension but dim (over all of
+    them for dim None or -1), as torch.nn.utils.weight_norm: parameters name_g and name_v, initialized so that the
+    weight is unchanged; the weight is computed from them at each access, in a compiled forward too, where they
+    train through it. Returns module."""
+    weight = getattr(module, name)
+    module.register_parameter(f"{name}_g", M.Parameter(_norm_except(weight, dim).clone()))
+    module.register_parameter(f"{name}_v", M.Parameter(weight.detach().clone()))
+    return _computed_from(module, name, lambda m: _weighed(getattr(m, f"{name}_v"), getattr(m, f"{name}_g"), dim))
+
+
+def remove_weight_norm(module, name="weight"):
+    """The weight as a parameter again, its value now (torch.nn.utils.remove_weight_norm); returns module."""
+    if name not in module._computed:
+        raise ValueError(f"weight_norm of {name!r} not found in {type(module).__name__}")
+    weight = getattr(module, name).detach().clone()
+    del module._computed[name]
+    for part in (f"{name}_g", f"{name}_v"):
+        delattr(module, part)
+    if not module._computed:
+        object.__delattr__(module, "_leaf")
+    module.register_parameter(name, M.Parameter(weight))
+    return module
+
