@@ -3674,3 +3674,45 @@ def test_the_error_function_of_traced_values_is_berts_gelu():
                           input_shape=(4,)) for m in (written, builtin)]
     np.testing.assert_allclose(programs[0].predict(x).numpy(), programs[1].predict(x).numpy(), rtol=1e-6, atol=1e-6)
     assert gradcheck(programs[0], x, y, rtol=3e-2, atol=1e-4)
+
+
+def grouped_query(lib, flag):
+    """Llama's grouped-query attention: 4 query heads, 2 key and value heads repeated by repeat_interleave (the
+    method and the function), or given to SDPA with enable_gqa=True."""
+    L = nn if lib is ft else lib.nn
+    G = L.functional
+
+    class Attention(L.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.kv, self.o = L.Linear(8, 8), L.Linear(8, 4), L.Linear(8, CLASSES)
+
+        def forward(self, x):
+            n, t, _ = x.shape
+            q = self.q(x).view(n, t, 4, 2).transpose(1, 2)
+            k = self.kv(x).view(n, t, 2, 2).transpose(1, 2)
+            v = k * 2.0
+            if not flag:
+                k, v = k.repeat_interleave(2, dim=1), lib.repeat_interleave(v, 2, dim=1)
+            o = G.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=flag)
+            return self.o(o.transpose(1, 2).reshape(n, t, 8)).mean(1)
+
+    return Attention()
+
+
+@pytest.mark.parametrize("flag", [False, True], ids=["repeat_interleave", "enable_gqa"])
+def test_grouped_query_attention_repeats_the_key_heads(flag):
+    ft.manual_seed(5)
+    model = grouped_query(ft, flag)
+    x = np.random.default_rng(50).standard_normal((2, 5, 8)).astype(np.float32)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=2,
+                            input_shape=(5, 8))
+    np.testing.assert_allclose(program.predict(x).numpy(), model(ft.tensor(x)).numpy(), rtol=1e-5, atol=1e-6)
+    assert gradcheck(program, x, np.arange(2), rtol=3e-2, atol=1e-3)
+    if torch is not None:
+        tm = grouped_query(torch, flag)
+        model.load_state_dict({k: v.detach().numpy() for k, v in tm.state_dict().items()})
+        assert_gradients_match(program, tm, x, np.arange(2), torch.nn.CrossEntropyLoss())
+    with pytest.raises(ValueError, match=r"enable_gqa needs the query's heads \(4\) a multiple of the key's \(3\)"):
+        F.scaled_dot_product_attention(ft.zeros(1, 4, 2, 2), ft.zeros(1, 3, 2, 2), ft.zeros(1, 3, 2, 2),
+                                       enable_gqa=True)

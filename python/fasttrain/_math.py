@@ -1978,6 +1978,7 @@ _TRACED = {
     "logical_and": lambda a, b: _traced_logical(a, b, True), "bitwise_and": lambda a, b: _traced_logical(a, b, True),
     "maximum": lambda a, b: _traced_extremum(a, b, True), "minimum": lambda a, b: _traced_extremum(a, b, False),
     "roll": lambda x, shifts, dims=None: x.roll(shifts, dims),
+    "repeat_interleave": lambda input, repeats, dim=None: input.repeat_interleave(repeats, dim),
 }
 
 

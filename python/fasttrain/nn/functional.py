@@ -1026,7 +1026,8 @@ def log_softmax(input, dim=None, _stacklevel=3, dtype=None):
 
 # ---- attention ----
 
-def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                 enable_gqa=False):
     """softmax(query key^T * scale + mask) value over (N, H, T, D) or (N, T, D) tensors, fused (the (Tq, Tk)
     matrix is never stored). query, key and value may be views with any strides except along D, such as
     ``x.view(N, T, H, D).transpose(1, 2)``. The kernel takes as attn_mask the causal mask (a bool one True on and
@@ -1038,8 +1039,15 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     weights as PyTorch does (whatever the mode: pass 0.0 in eval, as its layers do), inside the kernel: the mask is
     F.dropout's of the (N, H, Tq, Tk) weights at the default generator's next draw. The backward is
     ``ft.ops.sdpa_backward``, which needs the log-sum-exp that ``ft.ops.sdpa_forward`` returns (and the same
-    dropout_p, seed, offset and key_mask)."""
+    dropout_p, seed, offset and key_mask). With enable_gqa, key and value of fewer heads than query (grouped-query
+    attention, a divisor of its heads) serve consecutive groups of its heads, as PyTorch's."""
     fn = "scaled_dot_product_attention"
+    if enable_gqa and query.ndim >= 3 and key.shape[-3] != query.shape[-3]:
+        groups, left = divmod(query.shape[-3], key.shape[-3])
+        if left:
+            raise ValueError(f"{fn}: enable_gqa needs the query's heads ({query.shape[-3]}) a multiple of the key's "
+                             f"({key.shape[-3]})")
+        key, value = key.repeat_interleave(groups, dim=-3), value.repeat_interleave(groups, dim=-3)
     if attn_mask is not None and is_causal:
         raise ValueError(f"{fn}: an explicit attn_mask should not be given with is_causal=True (PyTorch's refuses "
                          "it too): add the causal mask to it, or pass one")

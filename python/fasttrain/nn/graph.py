@@ -1253,6 +1253,18 @@ class Symbolic:
         # integers (an attention mask of 0 and 1 in sentence-transformers' pooling) repeat as the floats they become
         return _layers().Expand(shape)(self if self._is_mask() else self._numbers())  # sizes other than 1 are refused by the layer's shape check
 
+    def repeat_interleave(self, repeats, dim=None):
+        """Records each value repeated `repeats` times in a row along dim (not the batch), as torch's
+        repeat_interleave by a number (Llama's repeat_kv of grouped-query attention): a new dimension expanded
+        and merged."""
+        if isinstance(repeats, bool) or not isinstance(repeats, int) or dim is None:
+            fail("repeat_interleave of a traced value by counts or without dim", "repeat by a number along a "
+                 "dimension: x.repeat_interleave(2, dim=1)")
+        shape = self.node.shape
+        d = _dim(dim, len(shape))
+        wide = self.unsqueeze(d + 2).expand(N, *shape[:d + 1], repeats, *shape[d + 1:])
+        return wide.reshape(N, *shape[:d], shape[d] * repeats, *shape[d + 1:])
+
     def repeat(self, *sizes):
         """Records the value tiled sizes[d] times along each dimension (the batch's 1), as torch's repeat."""
         sizes = _sizes(sizes)
@@ -1823,6 +1835,11 @@ class Common:
             raise ValueError(f"repeat{sizes}: fewer repeats than the value's {self.ndim} dimensions")
         v = self.value.reshape(N, *(1,) * (len(sizes) - self.ndim), *self.shape)
         return common(v.repeat(1, *sizes))
+
+    def repeat_interleave(self, repeats, dim=None):
+        if dim is None:
+            return self.flatten().repeat_interleave(repeats, 0)
+        return common(self.value.repeat_interleave(repeats, self._own(dim)))
 
     def __getitem__(self, index):
         index = index if isinstance(index, tuple) else (index,)
