@@ -842,8 +842,8 @@ def test_a_relative_position_bias_and_parts_of_parameters_train_through_their_po
 
 def test_gathered_parameters_name_what_compiles():
     """Arithmetic on a table's gathered elements before they meet a traced value, and elements that are neither
-    rows nor evenly spaced columns, are refused naming the line and the form that compiles; ft.sin of a traced
-    value (a timestep embedding) and a view folding windows into the batch name theirs."""
+    rows nor evenly spaced columns, are refused naming the line and the form that compiles; a view folding windows
+    into the batch names its."""
     class Bias(nn.Module):
         def __init__(self, how):
             super().__init__()
@@ -856,14 +856,11 @@ def test_gathered_parameters_name_what_compiles():
                 return h + self.table[self.index][..., 0] * 2
             if self.how == "scattered":
                 return h + self.table.view(-1)[self.index]
-            if self.how == "sin":
-                return ft.sin(h)
             return h.view(-1, 2, 4)  # two rows of each sample into the batch
 
     for how, message in (("scaled", r"the operator __mul__ of a trainable parameter's elements at fixed positions .*"
                                      r"add it to the traced value first"),
                          ("scattered", r"elements at positions that are neither rows nor evenly spaced columns"),
-                         ("sin", r"ft.sin of a traced value .* F.embedding\(t, self.table\)"),
                          ("window", r"folds 2 parts of each sample into the batch .* x.view\(x.size\(0\), 2, 2, 4\)")):
         model = Bias(how)
         with pytest.raises(ft.nn.TracingError, match=message):
@@ -3716,3 +3713,41 @@ def test_grouped_query_attention_repeats_the_key_heads(flag):
     with pytest.raises(ValueError, match=r"enable_gqa needs the query's heads \(4\) a multiple of the key's \(3\)"):
         F.scaled_dot_product_attention(ft.zeros(1, 4, 2, 2), ft.zeros(1, 3, 2, 2), ft.zeros(1, 3, 2, 2),
                                        enable_gqa=True)
+
+
+def timestep_embedded(lib):
+    """DDPM's sinusoidal embedding of integer times computed in forward (sin and cos of t * frequencies), and sin
+    and cos of a parameter and of the input."""
+    L = nn if lib is ft else lib.nn
+
+    class Embedded(L.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.w = L.Linear(8, CLASSES), L.Parameter(lib.linspace(0.1, 1.0, CLASSES))
+
+        def forward(self, x, t):
+            freqs = lib.exp(-math.log(10000.0) * lib.arange(4, dtype=lib.float32) / 4)
+            angles = t.float()[:, None] * freqs[None]
+            emb = lib.cat([lib.sin(angles), angles.cos()], dim=-1)
+            return self.fc(emb * x) + lib.sin(self.w) * lib.cos(x[:, :CLASSES])
+
+    return Embedded()
+
+
+def test_sin_and_cos_of_traced_values_embed_a_time_in_forward():
+    ft.manual_seed(6)
+    model = timestep_embedded(ft)
+    rng = np.random.default_rng(51)
+    x, t = rng.standard_normal((3, 8)).astype(np.float32), np.array([5, 900, 31])
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=3,
+                            input_shape=((8,), ()), input_dtype=(ft.float32, ft.int64))
+    angles = t[:, None] * np.exp(-math.log(10000.0) * np.arange(4) / 4)[None]
+    h = np.concatenate([np.sin(angles), np.cos(angles)], 1) * x
+    w = model.w.numpy().astype(np.float64)
+    want = h @ model.fc.weight.numpy().T + model.fc.bias.numpy() + np.sin(w) * np.cos(x[:, :CLASSES])
+    np.testing.assert_allclose(program.predict((x, t)).numpy(), want, rtol=1e-5, atol=1e-5)
+    assert gradcheck(program, (x, t), np.arange(3), rtol=3e-2, atol=1e-3)
+    if torch is not None:
+        tm = timestep_embedded(torch)
+        model.load_state_dict({k: v.detach().numpy() for k, v in tm.state_dict().items()})
+        assert_gradients_match(program, tm, (x, t), np.arange(3), torch.nn.CrossEntropyLoss())

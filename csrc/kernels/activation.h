@@ -38,6 +38,8 @@ typedef enum {
     FT_ACT_STD_SQRT,  /* sqrt(x) with gradient 0 at 0: a variance to torch.std, whose backward passes none there */
     FT_ACT_LOG_FLOOR, /* max(log x, alpha), no gradient below alpha: binary cross entropy's logs (alpha -100) */
     FT_ACT_ERF,       /* the error function (BERT's GELU written out: x * 0.5 * (1 + erf(x / sqrt(2)))) */
+    FT_ACT_SIN,       /* sin x, and */
+    FT_ACT_COS,       /* cos x: a sinusoidal embedding of a time computed in forward (DDPM's), Fourier features */
     FT_NUM_ACTS
 } ft_act_kind;
 
@@ -176,6 +178,8 @@ static inline FT_HD float ft_act_forward(ft_act a, float x) {
     case FT_ACT_STD_SQRT: return sqrtf(x);
     case FT_ACT_LOG_FLOOR: return ft_clamp_min(logf(x), a.alpha); /* log(0) = -inf held at the floor */
     case FT_ACT_ERF: return erff(x);
+    case FT_ACT_SIN: return sinf(x);
+    case FT_ACT_COS: return cosf(x);
     default: return x;
     }
 }
@@ -260,6 +264,8 @@ static inline FT_HD float ft_act_grad_from_input(ft_act a, float x) {
     case FT_ACT_STD_SQRT: return ft_std_sqrt_grad(x);
     case FT_ACT_LOG_FLOOR: return ft_log_floor_grad(x, a.alpha);
     case FT_ACT_ERF: return ft_erf_grad(x);
+    case FT_ACT_SIN: return cosf(x);
+    case FT_ACT_COS: return -sinf(x);
     default: return 1.0f;
     }
 }

@@ -32,6 +32,8 @@ const char *ft_act_name(ft_act_kind kind) {
     case FT_ACT_STD_SQRT: return "std_sqrt";
     case FT_ACT_LOG_FLOOR: return "log_floor";
     case FT_ACT_ERF: return "erf";
+    case FT_ACT_SIN: return "sin";
+    case FT_ACT_COS: return "cos";
     default: return "activation";
     }
 }
@@ -61,7 +63,9 @@ void ft_act_forward_f32(float *y, const float *x, int64_t n, ft_act act) {
     case FT_ACT_LOG:
     case FT_ACT_LOG_FLOOR:
     case FT_ACT_ERF:
-    case FT_ACT_POW: /* libm's log, pow, sqrt, erf: not vectorized */
+    case FT_ACT_SIN:
+    case FT_ACT_COS:
+    case FT_ACT_POW: /* libm's log, pow, sqrt, erf, sin, cos: not vectorized */
         for (int64_t i = 0; i < n; i++)
             y[i] = ft_act_forward(act, x[i]);
         break;
@@ -124,6 +128,8 @@ void ft_act_backward_f32(float *dx, const float *dy, const float *s, int64_t n, 
     case FT_ACT_CLAMP_MAX: GRAD_LOOP(ft_clamp_max_grad(s[i], act.alpha)); break;
     case FT_ACT_STD_SQRT: GRAD_LOOP(ft_std_sqrt_grad(s[i])); break;
     case FT_ACT_ERF: GRAD_LOOP(ft_erf_grad(s[i])); break;
+    case FT_ACT_SIN: GRAD_LOOP(cosf(s[i])); break;
+    case FT_ACT_COS: GRAD_LOOP(-sinf(s[i])); break;
     case FT_ACT_XLOGX:
     case FT_ACT_LOG:
     case FT_ACT_LOG_FLOOR:

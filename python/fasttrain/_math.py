@@ -1949,6 +1949,7 @@ def _traced_div(input, other, *, rounding_mode=None):
 
 _TRACED = {
     "neg": operator.neg, "exp": lambda x: x.exp(), "erf": lambda x: x.erf(), "log": lambda x: x.log(),
+    "sin": lambda x: x.sin(), "cos": lambda x: x.cos(),
     "sqrt": lambda x: x.sqrt(),
     "rsqrt": lambda x: x.rsqrt(),
     "abs": lambda x: x.abs(), "relu": lambda x: x.relu(), "sigmoid": lambda x: x.sigmoid(),

@@ -467,10 +467,6 @@ _TRACED_HINTS.update(
     "flip the data before the step",
     index_select="pick positions with slices and integers (x[:, 2:5], x[:, [-1]]), and a tensor's rows at traced "
     "indices with F.embedding(ids, table)")
-_TRACED_HINTS.update(dict.fromkeys(
-    ("sin", "cos"), "a sinusoidal embedding of a time or position is a table's rows: precompute the table as a buffer "
-    "and give the integer times as an input, F.embedding(t, self.table) (or compute the embedding on the data "
-    "before the step)"))
 
 _SEVERAL_TARGETS = ("for several targets give each one's per-sample shape, compile(..., target_shape=((), (4,)), "
                  "target_dtype=(ft.int64, ft.float32)), and batches (x, (labels, boxes)): the loss gets them as a "
@@ -959,6 +955,14 @@ class Symbolic:
     def erf(self):
         """Records the error function of x (BERT's GELU written out: x * 0.5 * (1 + erf(x / sqrt(2))))."""
         return _layers()._Elementwise("erf")(self)
+
+    def sin(self):
+        """Records sin x (a sinusoidal embedding of a time computed in forward, DDPM's; Fourier features)."""
+        return _layers()._Elementwise("sin")(self)
+
+    def cos(self):
+        """Records cos x."""
+        return _layers()._Elementwise("cos")(self)
 
     def log(self):
         """Records the natural logarithm of x."""
@@ -1925,7 +1929,7 @@ class Common:
 
 # what a value of the parameters alone takes from the methods of traced values: those without dimensions
 _COMMON_METHODS = frozenset((
-    "exp", "erf", "log", "sqrt", "rsqrt", "reciprocal", "abs", "relu", "sigmoid", "tanh", "square", "pow", "clamp",
+    "exp", "erf", "sin", "cos", "log", "sqrt", "rsqrt", "reciprocal", "abs", "relu", "sigmoid", "tanh", "square", "pow", "clamp",
     "clip", "clamp_min", "clamp_max", "maximum", "minimum", "masked_fill", "float", "to", "type", "type_as",
     "detach", "clone", "contiguous", "add", "sub", "mul", "div", "logical_not", "logical_or",
     "logical_and", "requires_grad_"))
