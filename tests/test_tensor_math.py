@@ -704,6 +704,27 @@ def test_detach_data_and_no_grad():
     def bare(v):
         return v + 2
     assert y.tolist() == [6.0, 8.0] and called(1) == 2 and bare(1) == 3
+    for phase in ("train", "val"):  # a transfer-learning loop's phases
+        with ft.set_grad_enabled(phase == "train"), ft.enable_grad():
+            assert (x * 2).tolist() == [6.0, 8.0]
+
+    @ft.inference_mode
+    def inferred(v):
+        return v * 3
+    with ft.inference_mode(), ft.inference_mode(False):
+        assert inferred(2) == 6
+
+
+def test_pytorch_habits_of_everyday_code():
+    """The quickstart's (pred.argmax(1) == y).type(ft.float), len(loader.dataset), ft.randn(..., requires_grad=True),
+    Module.double()."""
+    right = (ft.tensor([[0.1, 0.9], [0.8, 0.2]]).argmax(1) == ft.tensor([1, 1])).type(ft.float)
+    assert right.dtype == ft.float32 and right.tolist() == [1.0, 0.0] and right.type() == "fasttrain.float32"
+    loader = ft.data.Loader((np.zeros((10, 3), np.float32), np.zeros(10, np.int64)), batch_size=4)
+    assert len(loader.dataset) == 10 and len(loader) == 3
+    assert ft.randn(2, 3, requires_grad=True).requires_grad and not ft.rand(2).requires_grad
+    layer = ft.nn.Linear(2, 3).double()
+    assert layer.weight.dtype == ft.float64 and layer.bias.dtype == ft.float64
 
 
 def test_traced_values_take_tensor_operands():

@@ -29,8 +29,9 @@ from .creation import (arange, as_tensor, empty, empty_like, from_dlpack, from_n
                        ones_like, tensor, zeros, zeros_like)
 from .random import (Generator, default_generator, get_rng_state, initial_seed, manual_seed, multinomial, rand,
                      rand_like, randint, randn, randn_like, randperm, seed, seed_everything, set_rng_state)
-from .settings import (are_deterministic_algorithms_enabled, empty_cache, get_num_threads, memory_stats, no_grad,
-                       reset_peak_memory_stats, set_num_threads, use_deterministic_algorithms)
+from .settings import (are_deterministic_algorithms_enabled, empty_cache, enable_grad, get_num_threads,
+                       inference_mode, memory_stats, no_grad, reset_peak_memory_stats, set_grad_enabled,
+                       set_num_threads, use_deterministic_algorithms)
 from . import data
 from . import distributed
 from . import metrics

@@ -861,6 +861,11 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
         return (_rebuild, (self.cpu().to(_FLOAT32).numpy() if self.dtype is _BFLOAT16 else self.cpu().numpy(),
                            self.dtype.name, str(self.device), type(self), self.requires_grad))
 
+    def type(self, dtype: DTypeLike | None = None, non_blocking: _bool = False) -> "Tensor | str":
+        """The tensor as dtype (itself when it has it), as torch's Tensor.type(dtype) (the quickstart's
+        ``(pred.argmax(1) == y).type(ft.float)``); without a dtype its name, "fasttrain.float32"."""
+        return f"fasttrain.{self.dtype.name}" if dtype is None else self.to(dtype)
+
 
 dtype_type = dtype
 device_type = device

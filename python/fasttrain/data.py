@@ -765,6 +765,11 @@ class Loader(_C.LoaderBase):
     def __len__(self):
         return self._num_batches
 
+    @property
+    def dataset(self):
+        """The source it batches, whose len() is the number of samples (as torch's DataLoader.dataset)."""
+        return self.source
+
     def _end_pass(self):
         """Ends the pass under way, if any: the Loader has one position in C, which a new pass (or a seek) takes
         over, so the old iterator raises instead of sharing it (a nested loop would restart its outer loop)."""

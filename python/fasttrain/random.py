@@ -135,17 +135,21 @@ def _empty(size, dtype, device, default):
 
 
 def rand(*sizes: int | Sequence[int], size: Sequence[int] | None = None, generator: Generator | None = None,
-         dtype: DTypeLike | None = None, device: DeviceLike = None) -> Tensor:
-    """Uniform samples in [0, 1) of the given size (float32 by default)."""
+         dtype: DTypeLike | None = None, device: DeviceLike = None, requires_grad: bool = False) -> Tensor:
+    """Uniform samples in [0, 1) of the given size (float32 by default); requires_grad sets the tensor's flag."""
     _refuse_draw("rand")
-    return _draw(_C.uniform_, _empty(_given_size(sizes, size), dtype, device, "float32"), generator, 0.0, 1.0)
+    t = _draw(_C.uniform_, _empty(_given_size(sizes, size), dtype, device, "float32"), generator, 0.0, 1.0)
+    t.requires_grad = bool(requires_grad)
+    return t
 
 
 def randn(*sizes: int | Sequence[int], size: Sequence[int] | None = None, generator: Generator | None = None,
-          dtype: DTypeLike | None = None, device: DeviceLike = None) -> Tensor:
-    """Standard normal samples of the given size (float32 by default)."""
+          dtype: DTypeLike | None = None, device: DeviceLike = None, requires_grad: bool = False) -> Tensor:
+    """Standard normal samples of the given size (float32 by default); requires_grad sets the tensor's flag."""
     _refuse_draw("randn")
-    return _draw(_C.normal_, _empty(_given_size(sizes, size), dtype, device, "float32"), generator, 0.0, 1.0)
+    t = _draw(_C.normal_, _empty(_given_size(sizes, size), dtype, device, "float32"), generator, 0.0, 1.0)
+    t.requires_grad = bool(requires_grad)
+    return t
 
 
 def _refuse_draw(fn):

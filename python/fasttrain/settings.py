@@ -80,3 +80,26 @@ class no_grad(contextlib.ContextDecorator):
         from .nn.graph import no_grad_exited
         no_grad_exited(exc[0] is not None)
         return False
+
+
+class enable_grad(contextlib.ContextDecorator):
+    """A context manager and decorator that changes nothing (torch.enable_grad): see no_grad."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def set_grad_enabled(mode: bool) -> "no_grad | enable_grad":
+    """no_grad() for mode False, enable_grad() for True, as ``with torch.set_grad_enabled(phase == "train"):``
+    uses it (a transfer-learning loop's train and validation phases)."""
+    return enable_grad() if mode else no_grad()
+
+
+def inference_mode(mode: bool = True) -> "no_grad | enable_grad":
+    """no_grad() (torch.inference_mode), or enable_grad() for mode False; ``@ft.inference_mode`` decorates too."""
+    if callable(mode):  # used bare, as @ft.inference_mode
+        return no_grad()(mode)
+    return no_grad() if mode else enable_grad()

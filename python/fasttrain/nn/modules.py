@@ -308,6 +308,11 @@ class Module:
         (undoing half() or bfloat16()); returns self."""
         return self._convert(_BY_NAME["float32"])
 
+    def double(self):
+        """Converts the floating-point parameters and buffers to float64 in place, as PyTorch's Module.double();
+        returns self. For eager use, as half()."""
+        return self._convert(_BY_NAME["float64"])
+
     def _state(self):
         """(name, tensor) of every parameter and persistent buffer in PyTorch's state_dict order: each module's
         parameters, then its buffers, then its children's; shared ones under each name."""
