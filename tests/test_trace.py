@@ -3751,3 +3751,39 @@ def test_sin_and_cos_of_traced_values_embed_a_time_in_forward():
         tm = timestep_embedded(torch)
         model.load_state_dict({k: v.detach().numpy() for k, v in tm.state_dict().items()})
         assert_gradients_match(program, tm, (x, t), np.arange(3), torch.nn.CrossEntropyLoss())
+
+
+def test_a_loss_reduced_over_dim_0_and_eager_functions_named():
+    """A VAE's ft.mean(kld, dim=0) of one value per sample is the batch's mean, as .mean(); ft.topk of a traced value
+    and floor_ (an older drop path's mask) are refused naming the function and what compiles."""
+    class Encoder(nn.Module):
+        def __init__(self, use=None):
+            super().__init__()
+            self.fc, self.use = nn.Linear(4, 6), use
+
+        def forward(self, x):
+            h = self.fc(x)
+            if self.use == "topk":
+                return ft.topk(h, 2).values
+            if self.use == "floor":
+                return h * (h + 0.5).floor_()
+            return h.chunk(2, 1)
+
+    def loss(out, y):
+        mu, log_var = out
+        kld = ft.mean(-0.5 * ft.sum(1 + log_var - mu ** 2 - log_var.exp(), dim=1), dim=0)
+        return F.mse_loss(mu, y, reduction="none").sum(1).sum(dim=0) / 4 + kld
+
+    model = Encoder()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), loss, batch_size=4, input_shape=(4,),
+                            target_shape=(3,))
+    rng = np.random.default_rng(52)
+    x, y = rng.standard_normal((4, 4)).astype(np.float32), rng.standard_normal((4, 3)).astype(np.float32)
+    mu, log_var = (v.numpy().astype(np.float64) for v in model(ft.tensor(x)))
+    want = ((mu - y) ** 2).sum() / 4 + (-0.5 * (1 + log_var - mu ** 2 - np.exp(log_var)).sum(1)).mean()
+    assert program.evaluate(x, y)[0] == pytest.approx(want, rel=1e-5)
+    for use, message in (("topk", r"ft.topk of a traced value .* a compiled program does not sort"),
+                         ("floor", r"x.floor_ .* x.new_empty\(\(x.size\(0\), 1, 1, 1\)\).bernoulli_\(p\)")):
+        with pytest.raises(ft.nn.TracingError, match=message):
+            Encoder(use).compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=4,
+                                 input_shape=(4,))

@@ -151,7 +151,8 @@ def refuse_draw(fn):
     every step."""
     if _active:
         fail(f"ft.{fn} in a traced forward", "it would be drawn once, at compile, and every step would reuse it: "
-             "draw afresh in each step with ft.randn_like(x) or ft.rand_like(x) of a traced value x")
+             "draw afresh in each step with ft.randn_like(x) or ft.rand_like(x) of a traced value x (of "
+             "x[:, :1, :1, :1] for one draw per sample, a drop path's)")
 
 
 def _viewed_parameter(t):
@@ -460,6 +461,9 @@ _TRACED_HINTS = dict.fromkeys(
 _TRACED_HINTS.update(dict.fromkeys(
     ("topk", "sort"), "a compiled program does not sort: the largest value along a dimension is x.amax(dim) (or "
     "x.max(dim).values), a smooth top-k a softmax; choose tokens eagerly at inference (model(x).topk(k))"))
+_TRACED_HINTS.update(dict.fromkeys(
+    ("floor", "floor_"), "a mask keeping each sample with probability p is (ft.rand_like(x[:, :1, :1, :1]) < p), or "
+    "timm's drop_path: x.new_empty((x.size(0), 1, 1, 1)).bernoulli_(p)"))
 _TRACED_HINTS.update(
     cumsum="a running sum along the last dimension is a product with a triangular matrix of ones: "
     "x @ ft.ones(T, T).triu() (T that dimension's size)",
@@ -1421,10 +1425,15 @@ class Symbolic:
         out = _layers().SumDims(dims, scale)(self if self._is_mask() else self._numbers())
         return out if keepdim else out.reshape(N, *(n for d, n in enumerate(self.node.shape) if d not in dims))
 
+    def _over_batch(self, dim, keepdim):
+        """Whether dim names the batch alone of one value per sample (a VAE's kld.mean(dim=0)): the reduction
+        over the batch, as .sum() or .mean()."""
+        return not self.node.shape and not keepdim and dim in (0, -1, (0,), (-1,), [0], [-1])
+
     def sum(self, dim=None, keepdim=False):
         """Records the sum of every value (a loss reduced over the batch), or the sums over the given dimensions
         (not the batch)."""
-        if dim is None:
+        if dim is None or self._over_batch(dim, keepdim):
             return self.reduce("sum")
         return self._sum_dims(self._dims(dim), keepdim, 1.0)
 
@@ -1432,7 +1441,7 @@ class Symbolic:
         """Records the mean of every value (a loss reduced over the batch), or the means over the given dimensions
         (not the batch); the spatial mean (2, 3) of images and the mean over the steps of sequences run as adaptive
         average pooling."""
-        if dim is None:
+        if dim is None or self._over_batch(dim, keepdim):
             return self.reduce("mean")
         nd, dims = len(self.node.shape), self._dims(dim)
         if nd == 3 and dims == [1, 2]:  # global average pooling of (C, H, W) images
@@ -1670,6 +1679,13 @@ class Symbolic:
     def __getattr__(self, name):
         if name.startswith("__"):  # protocol probes (NumPy's, copy's) see a plain object
             raise AttributeError(name)
+        if name == "_host_array":  # an eager function reading the values: name it (ft.topk, ft.sort)
+            frame = sys._getframe(1)
+            while frame.f_code.co_name.startswith("_") and frame.f_back is not None:  # past its helpers
+                frame = frame.f_back
+            name = frame.f_code.co_name
+            fail(f"ft.{name} of a traced value", _TRACED_HINTS.get(name, "see docs/models.md for what traced "
+                                                                          "values support"), NoAttribute)
         fail(f"x.{name}", _TRACED_HINTS.get(name, "see docs/models.md for what traced values support"), NoAttribute)
 
     def __setitem__(self, key, value):
