@@ -1399,9 +1399,8 @@ static bool weightless(ft_program *p, bool training, int i) {
 }
 
 /* Adds the batch of B samples and its loss to the tally's loss and weight:
- * a mean's loss weighs what it averages over, a sum's (reduction 'sum')
- * counts as it is over the samples, and a loss of several terms weighs its
- * samples (see ft_tally). */
+ * a mean's loss weighs what it averages over, a sum's (reduction 'sum') adds
+ * as it is, and a loss of several terms weighs its samples (see ft_tally). */
 static void tally_loss(const ft_program *p, int64_t B, double loss, ft_tally *tally) {
     const ft_node *nd = &p->nodes[p->n - 1];
     bool reduces = row(p, p->n - 1)->prepare != NULL;

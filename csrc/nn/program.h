@@ -243,8 +243,8 @@ int ft_program_num_targets(const ft_program *p);
 
 /* What a batch's loss and accuracy add to sums over batches, whose
  * quotients loss / weight and correct / labelled are the means over all of
- * them (as over one batch of them all; a loss summed over the batch, the
- * sum over them all per sample). */
+ * them (as over one batch of them all; a loss summed over the batch adds
+ * its sums, whose total is the one batch's). */
 typedef struct {
     double loss;      /* the batch's loss times its weight; a sum's (reduction 'sum') as it is */
     double weight;    /* what the loss averages over: the final loss node's normalizer when it is a mean (the

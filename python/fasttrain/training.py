@@ -160,8 +160,7 @@ def evaluate(program: Program, loader: Iterable[Any], tta_flip: bool = False) ->
     """(mean loss, accuracy) of the program over a loader (or (x, y) arrays, in batches of the program's size), in
     eval mode, as over one batch of the whole split for a loss of one term: the loss averaged over what the loss
     averages (the targets it does not ignore, a masked mean's count, the samples; a loss of several terms weighs
-    each batch by its samples; a loss summed over the batch, reduction='sum', is the split's sum per sample, as
-    PyTorch's examples divide it by len(dataset)), the accuracy over the labels it does not ignore (None
+    each batch by its samples; a loss summed over the batch, reduction='sum', sums over the split), the accuracy over the labels it does not ignore (None
     unless the model classifies); a batch of ignored targets only counts for nothing. With tta_flip the logits of
     each image and of its horizontal mirror are averaged (test-time augmentation). A fasttrain loader runs entirely
     in C. Under ft.distributed every rank evaluates its shard and the figures are the whole split's: the samples a
@@ -197,7 +196,7 @@ def evaluate(program: Program, loader: Iterable[Any], tta_flip: bool = False) ->
         *tally, count = distributed.all_reduce(tensor([*tally, count], dtype="float64")).tolist()
     if count == 0:
         raise ValueError("evaluate: the loader gave no samples")
-    return tally_means(tally, program.classifies)
+    return tally_means(tally, program)
 
 
 def _fit_epoch_in_c(program, loader, scheduler, interval, bar, start, on_step, every, resumed, ema):
@@ -479,7 +478,7 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
                         if val_loader is not None:
                             watched = _validate(program, val_loader, tta_flip)
                         elif loader._tally is not None:  # the epoch's training metrics, kept with the position
-                            watched = tally_means(loader._tally, program.classifies)
+                            watched = tally_means(loader._tally, program)
                         else:
                             watched = None
                             warnings.warn(f"fit: the loader's position is the end of epoch {epoch}, whose "
@@ -566,7 +565,7 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
             scheduler.step()
         # the loss and accuracy of the epoch's steps, a stopped fit's before this one included (a skipped step's
         # loss is not finite; NaN when none ran); the speed of this fit's
-        train_loss, train_accuracy = tally_means(tally, program.classifies)
+        train_loss, train_accuracy = tally_means(tally, program)
         metrics = {"epoch": epoch + 1, "train_loss": train_loss, "lr": lr, "seconds": seconds,
                    "train_accuracy": train_accuracy,
                    "images_per_second": samples / seconds if seconds > 0 else 0.0,

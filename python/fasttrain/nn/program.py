@@ -170,13 +170,14 @@ _MODAL = ((M.Dropout, ("training", "p")), (M._BatchNorm, ("training", "momentum"
           (M.MultiheadAttention, ("training", "dropout")), (M._RNNBase, ("training", "dropout")))
 
 
-def tally_means(tally, classifies):
-    """(mean loss, accuracy) of a tally, (loss * weight, weight, correct, labelled) summed over batches: the loss
-    averaged over what the final loss averages (the targets not ignored, a masked mean's count, the samples), the
-    accuracy over the labels not ignored (None unless the program classifies); NaN where none counted."""
+def tally_means(tally, program):
+    """(mean loss, accuracy) of a program's tally, (loss * weight, weight, correct, labelled) summed over batches:
+    the loss averaged over what the final loss averages (the targets not ignored, a masked mean's count, the
+    samples), or of a loss summed over the batch (reduction='sum') its sum over them all, as of one batch holding
+    them; the accuracy over the labels not ignored (None unless the program classifies); NaN where none counted."""
     loss, weight, correct, labelled = tally
-    accuracy = (correct / labelled if labelled else math.nan) if classifies else None
-    return loss / weight if weight else math.nan, accuracy
+    accuracy = (correct / labelled if labelled else math.nan) if program.classifies else None
+    return (loss if program.sums_loss else loss / weight) if weight else math.nan, accuracy
 
 
 def add_tallies(a, b):
@@ -847,6 +848,7 @@ class Program:
         # evaluate() counts correct argmax predictions of (classes,) outputs against class targets
         self.classifies = self.target_dtype is _BY_NAME["int64"] and targets[0].shape == () \
             and len(self.entries[self.output].shape) == 1
+        self.sums_loss = self.entries[-1].fields.get("reduction") == REDUCTIONS["sum"]  # (see tally_means)
         self.step_count = 0
         self.skipped_steps = 0
         self.distributed = bool(distributed)
@@ -1198,7 +1200,7 @@ class Program:
         argmax predictions equal to the labels among those the loss does not ignore (None unless the model
         classifies: (classes,) outputs, class targets). NaN where the loss ignores every target."""
         self._check_parameters()
-        return tally_means(self._eval_c.evaluate(*self._batch(x, y)), self.classifies)
+        return tally_means(self._eval_c.evaluate(*self._batch(x, y)), self)
 
     def summary(self):
         """A table of the compiled nodes: output shapes, parameters, FLOPs, dtypes, fusions, and the memory the
