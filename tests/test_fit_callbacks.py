@@ -646,3 +646,19 @@ def test_an_ema_that_fit_updates_refuses_an_update_from_another_thread():
         fitting.join(30)
     assert errors == ["the EMA is running a step in another thread"]
     assert ema.num_updates == program.step_count == 6
+
+
+def test_callbacks_that_are_not_a_list_of_functions_are_refused_before_any_step():
+    model, program, _, loader = setup()
+    before = state_bits(model)
+
+    def report(epoch, metrics):
+        pass
+
+    for given, message in (([1], r"callbacks must be a list of functions, got \[1\]"),
+                           (report, r"callbacks must be a list of functions, got <function .* \(give \[report\]\)")):
+        with pytest.raises(TypeError, match=message):
+            ft.fit(program, loader, epochs=1, callbacks=given, progress=False)
+        with pytest.raises(TypeError, match="step_" + message):
+            ft.fit(program, loader, epochs=1, step_callbacks=given, progress=False)
+    assert state_bits(model) == before and program.step_count == 0

@@ -302,6 +302,9 @@ def test_optimizer_of_another_model_is_refused():
     with pytest.raises(ValueError, match="another model"):
         program.train_step(*batch(8))
     assert state_bits(model) == mine and state_bits(other) == theirs
+    with pytest.raises(TypeError, match=r"compile takes one optimizer, got a list of 2: give one optimizer the "
+                                        r"parameters of every module .* program.backward\(x, y\)"):
+        compile_resnet(model, [ft.optim.SGD(model.parameters(), lr=0.1), ft.optim.SGD(other.parameters(), lr=0.1)])
 
 
 @pytest.mark.parametrize("lr", [float("nan"), float("inf"), -0.1])

@@ -415,6 +415,10 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
         raise ValueError("scheduler_interval must be 'step', 'epoch' or None (the scheduler's own)")
     if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:
         raise ValueError(f"every_n_steps must be a positive int, got {every_n_steps!r}")
+    for name, given in (("callbacks", callbacks), ("step_callbacks", step_callbacks)):  # before any step
+        if callable(given) or not isinstance(given, (list, tuple)) or not all(map(callable, given)):
+            raise TypeError(f"fit: {name} must be a list of functions, got {given!r}"
+                            + (f" (give [{getattr(given, '__name__', 'fn')}])" if callable(given) else ""))
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
         raise ValueError(f"epochs must be an int >= 0, got {epochs!r}")
     if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):

@@ -1367,6 +1367,12 @@ def compile(model, optimizer, loss=None, *, batch_size, input_shape=None, memory
     count in skipped_steps; fit's history gets the scale per epoch)."""
     if loss is None:
         loss = M.CrossEntropyLoss()
+    if isinstance(optimizer, (list, tuple)):
+        raise TypeError(f"compile takes one optimizer, got a {type(optimizer).__name__} of {len(optimizer)}: give one "
+                        "optimizer the parameters of every module it trains (param groups keep their own learning "
+                        "rates: ft.optim.Adam([{'params': enc.parameters()}, {'params': dec.parameters(), 'lr': "
+                        "1e-4}])), or fill the gradients with program.backward(x, y) and call each optimizer's "
+                        "step()")
     collecting = gc.isenabled()
     gc.disable()  # a traced forward makes objects by the hundred thousand: collected once compile is done
     try:
