@@ -114,6 +114,13 @@ def test_checkpoint_round_trip_values(tmp_path):
     assert meta["epoch"] == 4 and meta["step"] == 7 and meta["note"] == "hello"
     assert json.loads(meta["optimizer.param_groups"])[0]["lr"] == 0.05
     assert not [f for f in os.listdir(tmp_path) if f != "c.safetensors"]  # no temporary file left behind
+    assert ft.load(path, weights_only=True)[1] == meta  # PyTorch's call
+    with pytest.raises(TypeError, match=r"a \(tensors, metadata\) tuple, what ft.load\(path\) returns without a "
+                                        r"model: pass ft.load\(path\)\[0\]"):
+        model.load_state_dict(ft.load(path))
+    for obj, hint in ((model.state_dict(), r"a state_dict: give the model itself"), (path, "the path comes first")):
+        with pytest.raises(TypeError, match=rf"ft.save expects a Module or a compiled Program, got \w+ \({hint}"):
+            ft.save(path, obj)
 
 
 @pytest.mark.parametrize("make", [plain_net, make_resnet], ids=["plain", "batchnorm"])

@@ -187,7 +187,10 @@ def _program_parts(obj):
         return obj, None
     model = getattr(obj, "model", None)
     if model is None:
-        raise TypeError(f"ft.save expects a Module or a compiled Program, got {type(obj).__name__}")
+        hint = " (a state_dict: give the model itself, ft.save(path, model))" if isinstance(obj, dict) else \
+            " (the path comes first: ft.save(path, model), where torch.save takes the object first)" \
+            if isinstance(obj, (str, os.PathLike)) else ""
+        raise TypeError(f"ft.save expects a Module or a compiled Program, got {type(obj).__name__}{hint}")
     for c in {id(c): c for c in (obj._c, obj._eval_c)}.values():  # fit in another thread: its step moves all this
         c._check_free()
     return model, obj
@@ -530,8 +533,8 @@ def _scheduler_state(path, meta, scheduler):
 
 def load(path: str | os.PathLike[str], into: Module | Program | None = None, *, optimizer: Optimizer | None = None,
          scheduler: LRScheduler | None = None, loader: Loader | None = None, ema: EMA | None = None,
-         restore_rng: bool | None = None, strict: bool = True) -> dict[str, Any] | tuple[dict[str, np.ndarray],
-                                                                                        dict[str, Any]]:
+         restore_rng: bool | None = None, strict: bool = True, weights_only: bool = True
+         ) -> dict[str, Any] | tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Without `into`: ({name: ndarray}, metadata). With a model or program: loads into it (and into the given
     or the program's optimizer, the scheduler, the loader) and returns the metadata. Everything is checked before
     anything is written: a mismatch names the first tensor that differs, and a failed load changes nothing.
@@ -543,7 +546,9 @@ def load(path: str | os.PathLike[str], into: Module | Program | None = None, *, 
     not.
 
     The global random generator gets the checkpoint's state when the load resumes training (an optimizer's state
-    or a loader's position is restored) or restore_rng=True; loading weights alone leaves it as it is."""
+    or a loader's position is restored) or restore_rng=True; loading weights alone leaves it as it is.
+    weights_only is taken for PyTorch's torch.load(path, weights_only=True): a safetensors file holds tensors and
+    metadata only, never code, whatever it is."""
     tensors, raw_meta = load_file(path)
     meta = _decoded_metadata(path, raw_meta)
     if into is None:

@@ -335,6 +335,9 @@ class Module:
         mismatch, with PyTorch's message. A batch norm's num_batches_tracked that the state lacks (older and
         converted PyTorch checkpoints) stays as it is, as PyTorch's loads it."""
         import numpy as np
+        if isinstance(state, tuple) and len(state) == 2 and isinstance(state[0], dict):
+            raise TypeError("load_state_dict got a (tensors, metadata) tuple, what ft.load(path) returns without a "
+                            "model: pass ft.load(path)[0], or load into the model with ft.load(path, model)")
         own = self._state()
         missing = [k for k in own if k not in state and not _is_counter(k)]
         unexpected = [k for k in state if k not in own]
