@@ -115,6 +115,9 @@ def test_checkpoint_round_trip_values(tmp_path):
     assert json.loads(meta["optimizer.param_groups"])[0]["lr"] == 0.05
     assert not [f for f in os.listdir(tmp_path) if f != "c.safetensors"]  # no temporary file left behind
     assert ft.load(path, weights_only=True)[1] == meta  # PyTorch's call
+    ft.checkpoint.save_file(str(tmp_path / "bare.safetensors"), tensors)  # its tensors rewritten without metadata
+    with pytest.warns(UserWarning, match="holds optimizer state tensors but not the metadata"):
+        ft.load(str(tmp_path / "bare.safetensors"), program)
     with pytest.raises(TypeError, match=r"a \(tensors, metadata\) tuple, what ft.load\(path\) returns without a "
                                         r"model: pass ft.load\(path\)\[0\]"):
         model.load_state_dict(ft.load(path))

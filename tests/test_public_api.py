@@ -8,7 +8,8 @@ import types
 
 NAMESPACES = ["fasttrain", "fasttrain.nn", "fasttrain.nn.functional", "fasttrain.nn.init", "fasttrain.optim",
               "fasttrain.optim.lr_scheduler", "fasttrain.data", "fasttrain.backends", "fasttrain.cuda",
-              "fasttrain.ops", "fasttrain.utils"]
+              "fasttrain.ops", "fasttrain.utils", "fasttrain.accelerator", "fasttrain.nn.utils",
+              "fasttrain.nn.utils.parametrizations"]
 
 
 def is_ours(obj):

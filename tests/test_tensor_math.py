@@ -725,6 +725,11 @@ def test_pytorch_habits_of_everyday_code():
     assert ft.randn(2, 3, requires_grad=True).requires_grad and not ft.rand(2).requires_grad
     layer = ft.nn.Linear(2, 3).double()
     assert layer.weight.dtype == ft.float64 and layer.bias.dtype == ft.float64
+    device = ft.accelerator.current_accelerator().type if ft.accelerator.is_available() else "cpu"
+    assert device == ("cuda" if ft.cuda.is_available() else "cpu")
+    for name, why in (("autograd", "gradients of gradients"), ("polar", "complex tensors are storage-only")):
+        with pytest.raises(AttributeError, match=f"module 'fasttrain' has no attribute '{name}': {why}"):
+            getattr(ft, name)
 
 
 def test_traced_values_take_tensor_operands():

@@ -3787,3 +3787,35 @@ def test_a_loss_reduced_over_dim_0_and_eager_functions_named():
         with pytest.raises(ft.nn.TracingError, match=message):
             Encoder(use).compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=4,
                                  input_shape=(4,))
+
+
+class Guided(nn.Module):
+    """Classifier-free guidance's label dropout: a learned null embedding where a sample's label is dropped (the ids
+    themselves replaced is refused: a program computes no integers)."""
+
+    def __init__(self, ids=False):
+        super().__init__()
+        self.emb, self.null, self.fc, self.ids = nn.Embedding(4, 3), nn.Parameter(ft.zeros(3)), nn.Linear(3, 2), ids
+
+    def forward(self, x, y):
+        drop = x[:, 0] > 0.5
+        if self.ids:
+            return self.fc(self.emb(ft.where(drop, ft.full_like(y, 3), y)))
+        return self.fc(ft.where(drop[:, None], self.null, self.emb(y)))
+
+
+def test_label_dropout_chooses_a_learned_null_embedding():
+    ft.manual_seed(7)
+    model = Guided()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=2,
+                            input_shape=((1,), ()), input_dtype=(ft.float32, ft.int64))
+    x, y = np.array([[0.9], [0.1]], np.float32), np.array([1, 2])
+    emb = model.emb.weight.numpy()
+    want = np.stack([model.null.numpy(), emb[2]]) @ model.fc.weight.numpy().T + model.fc.bias.numpy()
+    np.testing.assert_allclose(program.predict((x, y)).numpy(), want, rtol=1e-6, atol=1e-6)
+    program.backward((x, y), np.array([0, 1]))
+    assert np.abs(model.null.grad.numpy()).max() > 0 and not model.emb.weight.grad.numpy()[1].any()
+    with pytest.raises(ft.nn.TracingError, match=r"ft.where \(or masked_fill\) of integer values .* "
+                                                 r"self.null_embedding"):
+        Guided(ids=True).compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=2,
+                                 input_shape=((1,), ()), input_dtype=(ft.float32, ft.int64))

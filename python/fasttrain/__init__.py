@@ -8,7 +8,7 @@ from . import _C
 from ._types import DTYPES as _DTYPES, _ALIASES, _BY_NAME, channels_last, contiguous_format, device, dtype, finfo, \
     iinfo, preserve_format
 from ._tensor import Tensor
-from . import backends, cuda
+from . import accelerator, backends, cuda
 from . import optim
 from . import nn, ops
 from .nn.functional import flatten
@@ -42,6 +42,11 @@ from .history import History
 from .training import evaluate, fit
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    from .nn.graph import missing
+    raise missing(__name__, name)
 
 
 def _assert(condition, message):

@@ -587,6 +587,10 @@ def load(path: str | os.PathLike[str], into: Module | Program | None = None, *, 
         opt_state = _optimizer_state(path, raw_meta, tensors, optimizer)
         if "optimizer.params" in raw_meta:
             opt_state = _by_name(path, raw_meta, opt_state, model, optimizer)
+    elif optimizer is not None and any(k.startswith("optimizer.state.") for k in tensors):
+        warnings.warn(f"{path}: the checkpoint holds optimizer state tensors but not the metadata that describes "
+                      "them (rewritten by another tool?): the optimizer's state is not restored, and training "
+                      "resumes with a fresh one", stacklevel=2)
     sched_state = _scheduler_state(path, raw_meta, scheduler) \
         if scheduler is not None and "scheduler" in raw_meta and not partial else None
     if scheduler is None and "scheduler" in raw_meta and opt_state is not None:

@@ -252,6 +252,11 @@ _WITHOUT = {
                     "padding out of the loss (ignore_index) or of attention (a key padding mask)"),
     "DataParallel": "use the model itself; data-parallel training over processes is compile(..., distributed=True) "
                     "(docs/distributed.md)",
+    "autograd": "gradients of gradients (torch.autograd.grad: a WGAN-GP's gradient penalty) are not supported: a "
+                "compiled step takes one backward of its loss (program.backward fills each parameter's .grad)",
+    **dict.fromkeys(("polar", "view_as_complex", "view_as_real", "complex"), "complex tensors are storage-only: "
+                    "rotary embeddings compile with real pairs, rotate_half's ft.cat((-x2, x1), dim=-1) or "
+                    "interleaved pairs through ft.stack and flatten"),
 }
 
 
@@ -2652,6 +2657,10 @@ def where(condition, input, other):
             return v.reshape(N, *(1,) * (rank - len(v.node.shape)), *v.node.shape)
         return common(where(*(v if not isinstance(v, Common) else v.value if rank is None else aligned(v)
                               for v in chosen)))
+    if any(isinstance(v, Symbolic) and v.dtype.name.startswith(("int", "uint")) for v in (input, other)):
+        fail("ft.where (or masked_fill) of integer values (token ids, labels)", "a compiled program computes no "
+             "integer values: choose between embeddings instead, ft.where(drop[:, None], self.null_embedding, "
+             "self.embed(y)) (classifier-free guidance's dropped labels), or change the ids in the data")
     if isinstance(condition, Symbolic):
         return _where_traced(condition, input, other)
     if not isinstance(condition, TensorBase) or condition.dtype.name != "bool":
