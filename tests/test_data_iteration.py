@@ -273,6 +273,14 @@ def test_batch_sizes_must_be_whole_numbers():
     with pytest.raises(TypeError, match=r"give \(x, y\) arrays as a tuple"):
         ft.fit(program, [x, y], 1, progress=False)
     assert program.step_count == 0
+    for name, bad in (("num_workers", 2.5), ("prefetch", 1.5), ("rank", 1.7), ("world_size", 2.0)):
+        with pytest.raises(TypeError, match=f"Loader: {name} must be an int, got {bad!r}"):
+            ft.data.Loader((x, y), 4, **{name: bad})
+    loader = ft.data.Loader((x, y), 4, num_workers=0)
+    for bad in (1.5, "3", 2 ** 63, -1):
+        with pytest.raises(ValueError, match=r"set_epoch: the epoch must be an int in \[0, 2\*\*63\)"):
+            loader.set_epoch(bad)
+    assert loader.epoch == 0
 
 
 def test_a_used_up_iterator_ends_fit_with_a_warning():

@@ -699,6 +699,10 @@ class Loader(_C.LoaderBase):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         if num_workers is None:
             num_workers = min(4, os.cpu_count() or 1)
+        for name, value in (("num_workers", num_workers), ("prefetch", prefetch), ("rank", rank),
+                            ("world_size", world_size)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+                raise TypeError(f"Loader: {name} must be an int, got {value!r}")
         out_dtype, layout, ops = _BY_NAME["float32"], False, []
         for t in transforms:
             if isinstance(t, ToTensor):
@@ -790,6 +794,8 @@ class Loader(_C.LoaderBase):
 
     def set_epoch(self, epoch):
         """The epoch the next pass runs (its shuffle order and augmentations); preparation starts now."""
+        if isinstance(epoch, bool) or not isinstance(epoch, numbers.Integral) or not 0 <= epoch < 2 ** 63:
+            raise ValueError(f"set_epoch: the epoch must be an int in [0, 2**63), got {epoch!r}")
         epoch = int(epoch)
         self._set_epoch(epoch)
         self.epoch = epoch
