@@ -272,6 +272,8 @@ def test_batch_sizes_must_be_whole_numbers():
             ft.fit(program, (x, y), 1, batch_size=bad, progress=False)
     with pytest.raises(TypeError, match=r"give \(x, y\) arrays as a tuple"):
         ft.fit(program, [x, y], 1, progress=False)
+    with pytest.raises(TypeError, match="the targets are None, but the program's loss reads targets"):
+        ft.fit(program, (x, None), 1, progress=False)
     assert program.step_count == 0
     for name, bad in (("num_workers", 2.5), ("prefetch", 1.5), ("rank", 1.7), ("world_size", 2.0)):
         with pytest.raises(TypeError, match=f"Loader: {name} must be an int, got {bad!r}"):

@@ -133,6 +133,8 @@ def _as_loader(program, data, batch_size, shuffle):
         x, y = _split(program, data)
     except TypeError:
         raise TypeError(f"give the data as a loader or as (x, y) arrays, got a tuple of {len(data)}") from None
+    if y is None and program.target_dtype is not None:
+        raise TypeError("the targets are None, but the program's loss reads targets: give (x, y) arrays")
     from .data import Loader
     loaders = program.__dict__.setdefault("_array_loaders", {})
     # the arrays by identity: the kept loader holds them, so their ids are not reused (targets made up for a
