@@ -201,7 +201,7 @@ def test_an_input_forward_ignores_is_still_an_input():
     p = m.compile(ft.optim.SGD(m.parameters(), lr=0.1), batch_size=4, input_shape=((4,), (9,)))
     assert p.input_shape == ((4,), (9,))
     assert p.train_step((X[:4], np.zeros((4, 9), np.float32)), Y[:4]) > 0
-    with pytest.raises(ValueError, match=r"input 1 should have shape \(4, 9\)"):
+    with pytest.raises(ValueError, match=r"input 1 should be a batch of samples of shape \(9,\)"):
         p.train_step((X[:4], np.zeros((4, 3), np.float32)), Y[:4])
 
 
@@ -218,7 +218,7 @@ def test_bad_batches_are_refused_and_change_nothing():
         p.train_step((X[:16], Z[:16], Z[:16]), Y[:16])
     with pytest.raises(ValueError, match="input 1 has 15 samples, input 0 16"):
         p.train_step((X[:16], Z[:15]), Y[:16])
-    with pytest.raises(ValueError, match=r"input 1 should have shape \(16, 3\)"):
+    with pytest.raises(ValueError, match=r"input 1 should be a batch of samples of shape \(3,\)"):
         p.train_step((X[:16], X[:16]), Y[:16])
     with pytest.raises(TypeError, match=r"a fasttrain Loader's batches are \(x, y\)"):
         ft.fit(p, ft.data.Loader((X, Y), 16), progress=False)
@@ -498,7 +498,7 @@ def test_inputs_of_one_value_per_sample():
     before = weights(model)
     with pytest.raises(IndexError, match=r"ids\[2\] = 3 is out of range"):
         program.train_step((x[:4], t[:4], np.array([0, 1, 3, 0])), y[:4])
-    with pytest.raises(ValueError, match=r"input 1 should have shape \(4,\), got \(4, 1\)"):
+    with pytest.raises(ValueError, match=r"input 1 should be a batch of samples of shape \(\), got \(4, 1\)"):
         program.train_step((x[:4], t[:4, None], c[:4]), y[:4])
     assert all(np.array_equal(a, b) for a, b in zip(before, weights(model)))
 

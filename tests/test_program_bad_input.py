@@ -36,7 +36,7 @@ def trained():
 
 
 @pytest.mark.parametrize("what,make,error,match", [
-    ("spatial size", lambda x, y: (x[:, :, :7], y), ValueError, r"shape \(8, 3, 8, 8\)"),
+    ("spatial size", lambda x, y: (x[:, :, :7], y), ValueError, r"samples of shape \(3, 8, 8\)"),
     ("channels", lambda x, y: (x[:, :2], y), ValueError, r"images have 2 channels, the model takes 3"),
     ("no batch dim", lambda x, y: (x[0], y), ValueError, r"shape"),
     ("empty batch", lambda x, y: (x[:0], y[:0]), ValueError, r"empty"),

@@ -1293,7 +1293,12 @@ static ft_status check_batch(const ft_program *p, int i, const char *arg, const 
         return ft_fail(FT_ERR_DTYPE, "program: %s must be %s, got %s", arg,
                        float_input ? "floating (float32, bfloat16, float16 or float64)" : ft_dtype_get(nd->dtype)->name,
                        ft_dtype_get(t->dtype)->name);
-    return ft_check_shape("program", arg, t, nd->ndim + 1, want);
+    if (ft_check_shape("program", arg, t, nd->ndim + 1, want) == FT_OK)
+        return FT_OK;
+    char sample[160], have[160]; /* of any batch size: what a sample is */
+    return ft_fail(FT_ERR_SHAPE, "program: %s should be a batch of samples of shape %s, got %s",
+                   arg, ft_shape_str(sample, sizeof sample, nd->ndim, nd->shape),
+                   ft_shape_str(have, sizeof have, t->ndim, t->shape));
 }
 
 /* The checks of the batch's inputs x (ninputs tensors): shapes, dtypes, and one batch size. */
