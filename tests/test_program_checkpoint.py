@@ -121,6 +121,8 @@ def test_checkpoint_round_trip_values(tmp_path):
     with pytest.raises(TypeError, match=r"a \(tensors, metadata\) tuple, what ft.load\(path\) returns without a "
                                         r"model: pass ft.load\(path\)\[0\]"):
         model.load_state_dict(ft.load(path))
+    with pytest.raises(IsADirectoryError, match=f"save: {tmp_path} is a directory: give a file's path in it"):
+        ft.save(str(tmp_path), program)
     for obj, hint in ((model.state_dict(), r"a state_dict: give the model itself"), (path, "the path comes first")):
         with pytest.raises(TypeError, match=rf"ft.save expects a Module or a compiled Program, got \w+ \({hint}"):
             ft.save(path, obj)

@@ -86,6 +86,8 @@ def save_file(path, tensors, metadata=None, bfloat16=()):
     directory, target = os.path.split(os.path.abspath(path))
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"save: {path}: the directory {directory} does not exist")
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"save: {path} is a directory: give a file's path in it")
     prefix = f".tmp-{target}-"
     _remove_stale_temporaries(directory, prefix)
     import tempfile  # here, not at the top: with shutil and random it is a tenth of import fasttrain's own time
