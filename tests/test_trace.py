@@ -3819,3 +3819,25 @@ def test_label_dropout_chooses_a_learned_null_embedding():
                                                  r"self.null_embedding"):
         Guided(ids=True).compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=2,
                                  input_shape=((1,), ()), input_dtype=(ft.float32, ft.int64))
+
+
+def test_lerp_of_traced_values_interpolates():
+    """torch.lerp in a forward (a learned mix of two branches), the method and the function, of a parameter too."""
+    class Mixed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.w = nn.Linear(4, 3), nn.Linear(4, 3), nn.Parameter(ft.tensor([0.2, 0.5, 0.9]))
+
+        def forward(self, x):
+            return self.a(x).lerp(self.b(x), self.w.sigmoid()) + ft.lerp(self.b(x), self.a(x), 0.25)
+
+    ft.manual_seed(8)
+    model = Mixed()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=2,
+                            input_shape=(4,))
+    x = np.random.default_rng(53).standard_normal((2, 4)).astype(np.float32)
+    a, b = (x @ m.weight.numpy().T + m.bias.numpy() for m in (model.a, model.b))
+    s = 1 / (1 + np.exp(-model.w.numpy()))
+    np.testing.assert_allclose(program.predict(x).numpy(), a + s * (b - a) + b + 0.25 * (a - b), rtol=1e-5,
+                               atol=1e-6)
+    assert gradcheck(program, x, np.array([0, 2]), rtol=3e-2, atol=1e-3)

@@ -1980,6 +1980,7 @@ _TRACED = {
     "maximum": lambda a, b: _traced_extremum(a, b, True), "minimum": lambda a, b: _traced_extremum(a, b, False),
     "roll": lambda x, shifts, dims=None: x.roll(shifts, dims),
     "repeat_interleave": lambda input, repeats, dim=None: input.repeat_interleave(repeats, dim),
+    "lerp": lambda input, end, weight: input + weight * (end - input),
 }
 
 

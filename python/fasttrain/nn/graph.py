@@ -1124,6 +1124,10 @@ class Symbolic:
         first, second = (a > b, a < b) if larger else (a < b, a > b)
         return where(first, a, where(second, b, a * 0.5 + b * 0.5))
 
+    def lerp(self, end, weight):
+        """Records self + weight * (end - self), as torch.lerp (an interpolation in forward)."""
+        return self + weight * (end - self)
+
     def maximum(self, other):
         """Records torch.maximum of the value and another (see _extremum)."""
         return self._extremum(other, True)
@@ -1951,7 +1955,7 @@ class Common:
 # what a value of the parameters alone takes from the methods of traced values: those without dimensions
 _COMMON_METHODS = frozenset((
     "exp", "erf", "sin", "cos", "log", "sqrt", "rsqrt", "reciprocal", "abs", "relu", "sigmoid", "tanh", "square", "pow", "clamp",
-    "clip", "clamp_min", "clamp_max", "maximum", "minimum", "masked_fill", "float", "to", "type", "type_as",
+    "clip", "clamp_min", "clamp_max", "maximum", "minimum", "masked_fill", "lerp", "float", "to", "type", "type_as",
     "detach", "clone", "contiguous", "add", "sub", "mul", "div", "logical_not", "logical_or",
     "logical_and", "requires_grad_"))
 
