@@ -625,6 +625,19 @@ def test_embedding_bag_reduces_each_bag_as_numpy():
     with pytest.raises(ValueError, match="mode must be 'sum', 'mean' or 'max'"):
         nn.EmbeddingBag(10, 3, mode="median")
 
+    class Text(nn.Module):  # the text-classification tutorial's forward(text, offsets), ids of one sample traced
+        def __init__(self):
+            super().__init__()
+            self.bag, self.offsets = nn.EmbeddingBag(10, 3), ft.tensor([0])
+
+        def forward(self, text):
+            return self.bag(text, self.offsets)
+
+    model = Text()
+    with pytest.raises(ft.nn.TracingError, match=r"embedding_bag of 1-d ids cut at offsets .* pad the bags to one "
+                                                  r"length with padding_idx"):
+        model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=2, input_shape=(5,), input_dtype=ft.int64)
+
 
 def test_bilinear_shrinks_threshold_softmin_and_channel_shuffle_match_numpy():
     x = np.random.default_rng(33).standard_normal((4, 6)).astype(np.float32)

@@ -845,7 +845,7 @@ def embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2, scale
     if per_sample_weights is not None and mode != "sum":
         raise NotImplementedError(f"embedding_bag: per_sample_weights is only supported for mode='sum' (got mode="
                                   f"{mode!r}), as PyTorch's")
-    if input.ndim == 1:
+    if input.ndim == 1 or isinstance(input, Symbolic) and offsets is not None:
         return _bags_of_offsets(input, weight, offsets, max_norm, scale_grad_by_freq, mode, sparse,
                                 per_sample_weights, include_last_offset, padding_idx)
     if input.ndim != 2 or offsets is not None:
