@@ -1954,9 +1954,9 @@ class Common:
 
 # what a value of the parameters alone takes from the methods of traced values: those without dimensions
 _COMMON_METHODS = frozenset((
-    "exp", "erf", "sin", "cos", "log", "sqrt", "rsqrt", "reciprocal", "abs", "relu", "sigmoid", "tanh", "square", "pow", "clamp",
-    "clip", "clamp_min", "clamp_max", "maximum", "minimum", "masked_fill", "lerp", "float", "to", "type", "type_as",
-    "detach", "clone", "contiguous", "add", "sub", "mul", "div", "logical_not", "logical_or",
+    "exp", "erf", "sin", "cos", "log", "sqrt", "rsqrt", "reciprocal", "abs", "relu", "sigmoid", "tanh", "square",
+    "pow", "clamp", "clip", "clamp_min", "clamp_max", "maximum", "minimum", "masked_fill", "lerp", "float", "to",
+    "type", "type_as", "detach", "clone", "contiguous", "add", "sub", "mul", "div", "logical_not", "logical_or",
     "logical_and", "requires_grad_"))
 
 
