@@ -165,8 +165,9 @@ def evaluate(program: Program, loader: Iterable[Any], tta_flip: bool = False) ->
     each batch by its samples; a loss summed over the batch, reduction='sum', sums over the split), the accuracy
     over the labels it does not ignore (None unless the model classifies); a batch of ignored targets only counts
     for nothing. With tta_flip the logits of each image and of its horizontal mirror are averaged (test-time
-    augmentation). A fasttrain loader runs entirely in C. Under ft.distributed every rank evaluates its shard and the figures are the whole split's: the samples a
-    sharded loader repeats at its end, to give every rank as many, count once."""
+    augmentation). A fasttrain loader runs entirely in C. Under ft.distributed every rank evaluates its shard
+    and the figures are the whole split's: the samples a sharded loader repeats at its end, to give every rank as
+    many, count once."""
     _check_labels(program, loader, "evaluate: the targets")
     loader = _as_loader(program, loader, None, False)
     program._check_parameters()
