@@ -278,3 +278,53 @@ def test_misused_values_of_the_parameters_alone_are_refused(use, message):
     model = Misused(use)
     with pytest.raises(ft.nn.TracingError, match=message):
         model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=2, input_shape=(3,))
+
+
+EXPRESSIONS = {  # of x (N, 4) and the parameters w (3, 4), u (2, 3, 4), v (4,), a bool buffer m (3, 4)
+    "where of a broadcast mask": lambda L, s, x: x * L.where(s.m[0, 0], s.u, s.u * 2.0).sum(2)[1, :, None].sum(0),
+    "where of a column mask": lambda L, s, x: x * L.where(s.m[:, :1], s.w, -s.w).softmax(1)[2],
+    "a bool mask in arithmetic": lambda L, s, x: s.fc(x) * (s.w * s.m).sum(1)[:2].sum(),
+    "a comparison of the parameter": lambda L, s, x: x * L.where(s.w > 0, s.w, 0.1 * s.w)[1],
+    "a run of its memory": lambda L, s, x: x * s.w.view(-1)[3:7].exp() + x * s.u.view(6, 4)[1:5].sigmoid()[2],
+    "a strided run": lambda L, s, x: x * s.w.reshape(-1)[::3].exp(),
+    "an expanded part": lambda L, s, x: x * s.w[:, :1].expand(-1, 4).exp()[0] + x * s.v[1:2].expand(4).exp(),
+    "a copy of a transpose": lambda L, s, x: x * L.softmax(s.w.t().reshape(-1), 0)[4:8] + x * s.w.t().contiguous()
+    .exp()[1:, 0].sum() + x * L.cat([s.v, s.w.t().flatten()])[2:6],
+    "rows at fixed ids": lambda L, s, x: x * s.table(L.tensor([2, 0])).sum(0),
+}
+
+
+def expressed(lib, name):
+    L = nn if lib is ft else lib.nn
+
+    class Net(L.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = L.Parameter(lib.linspace(-1.2, 1.1, 12).reshape(3, 4))
+            self.u = L.Parameter(lib.linspace(0.9, -1.3, 24).reshape(2, 3, 4))
+            self.v = L.Parameter(lib.linspace(-0.4, 0.7, 4))
+            self.table = L.Embedding(3, 4)
+            self.fc = L.Linear(4, 4)
+            self.register_buffer("m", lib.tensor(np.arange(12).reshape(3, 4) % 3 == 1))
+
+        def forward(self, x):
+            return self.fc(EXPRESSIONS[name](lib, self, x))
+
+    return Net()
+
+
+@pytest.mark.parametrize("name", list(EXPRESSIONS))
+def test_parts_masks_and_comparisons_of_parameters(name):
+    """Masks that broadcast against values of the parameters alone, bool buffers in arithmetic, comparisons of a
+    parameter, and any view of one (a run of its memory, a strided or expanded part, a copy of a transpose)."""
+    ft.manual_seed(2)
+    model = expressed(ft, name)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=3,
+                            input_shape=(4,))
+    x, y = data((4,), 3)
+    np.testing.assert_allclose(program.predict(x).numpy(), model(ft.tensor(x)).numpy(), rtol=1e-5, atol=1e-6)
+    assert gradcheck(program, x, y, rtol=3e-2, atol=1e-3)
+    if torch is not None:
+        tm = expressed(torch, name)
+        model.load_state_dict({k: v.detach().numpy() for k, v in tm.state_dict().items()})
+        assert_gradients_match(program, tm, x, y, torch.nn.CrossEntropyLoss())

@@ -595,7 +595,6 @@ class Transformed(nn.Module):
 
 
 @pytest.mark.parametrize("use, message", [
-    ("ids", r"\.sum of a trainable parameter's elements at fixed positions .* add it to the traced value first"),
     ("array", "a NumPy array of a trainable parameter outside the traced graph"),
     ("memoryview", r"a NumPy array \(or memoryview\) of a trainable parameter outside the traced graph"),
     ("no_grad", r"ft.no_grad\(\) around traced ops that train"),
@@ -607,10 +606,10 @@ def test_a_parameter_computed_on_outside_the_graph_is_refused_not_frozen(use, me
         model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=2, input_shape=(4,))
 
 
-@pytest.mark.parametrize("use", ["scaled", "part", "positions"])
+@pytest.mark.parametrize("use", ["scaled", "part", "positions", "ids"])
 def test_a_weight_or_rows_computed_from_parameters_alone_train(use):
-    """A layer's weight computed in forward (F.linear(x, 2 w)), a part of a weight summed, a table's rows summed
-    over its own dimension 0: values of the parameters alone, through which they train."""
+    """A layer's weight computed in forward (F.linear(x, 2 w)), a part of a weight summed, a table's rows (a range,
+    or at fixed ids) summed over its own dimension 0: values of the parameters alone, through which they train."""
     ft.manual_seed(3)
     model = Transformed(use)
     program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=2, input_shape=(4,))
@@ -841,9 +840,8 @@ def test_a_relative_position_bias_and_parts_of_parameters_train_through_their_po
 
 
 def test_gathered_parameters_name_what_compiles():
-    """Arithmetic on a table's gathered elements before they meet a traced value, and elements that are neither
-    rows nor evenly spaced columns, are refused naming the line and the form that compiles; a view folding windows
-    into the batch names its."""
+    """A table's elements at positions that are neither rows nor evenly spaced columns are refused naming the line
+    and the form that compiles; a view folding windows into the batch names its."""
     class Bias(nn.Module):
         def __init__(self, how):
             super().__init__()
@@ -852,15 +850,11 @@ def test_gathered_parameters_name_what_compiles():
 
         def forward(self, x):
             h = self.fc(x)
-            if self.how == "scaled":
-                return h + self.table[self.index][..., 0] * 2
             if self.how == "scattered":
                 return h + self.table.view(-1)[self.index]
             return h.view(-1, 2, 4)  # two rows of each sample into the batch
 
-    for how, message in (("scaled", r"the operator __mul__ of a trainable parameter's elements at fixed positions .*"
-                                     r"add it to the traced value first"),
-                         ("scattered", r"elements at positions that are neither rows nor evenly spaced columns"),
+    for how, message in (("scattered", r"elements at positions that are neither rows nor evenly spaced columns"),
                          ("window", r"folds 2 parts of each sample into the batch .* x.view\(x.size\(0\), 2, 2, 4\)")):
         model = Bias(how)
         with pytest.raises(ft.nn.TracingError, match=message):

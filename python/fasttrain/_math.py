@@ -1175,13 +1175,11 @@ def _tensors(name, tensors):
 def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     """The tensors joined along dim (their other sizes equal), in their promoted dtype, as torch.cat; empty 1-d
     tensors are skipped, as PyTorch does. While a model is traced it records the concatenation."""
-    from .nn.graph import Common, Symbolic, cat as traced_cat, read_by_op, uses_trainable
-    tensors = list(tensors)
+    from .nn.graph import Common, Symbolic, cat as traced_cat, read_by_op
+    tensors = read_by_op("cat", list(tensors), True)  # in a traced forward: parameters joined (BEiT's biases) train
     if builtins.any(isinstance(t, (Symbolic, Common)) for t in tensors):
         return traced_cat(tensors, dim)
     _tensors("cat", tensors)
-    if uses_trainable(tensors):  # while a forward is traced: parameters joined (BEiT's q, k and v biases) train
-        return traced_cat(read_by_op("cat", tensors, True), dim)
     for i, t in enumerate(tensors):
         if t.ndim == 0:
             raise ValueError(f"cat: zero-dimensional tensor (at position {i}) cannot be concatenated")
@@ -1981,6 +1979,7 @@ _TRACED = {
     "roll": lambda x, shifts, dims=None: x.roll(shifts, dims),
     "repeat_interleave": lambda input, repeats, dim=None: input.repeat_interleave(repeats, dim),
     "lerp": lambda input, end, weight: input + weight * (end - input),
+    "eq": operator.eq, "ne": operator.ne, "lt": operator.lt, "le": operator.le, "gt": operator.gt, "ge": operator.ge,
 }
 
 

@@ -18,7 +18,8 @@ from ..amp import cast, widen
 from .._C import TensorBase
 from ..random import default_generator
 from . import modules as M
-from .graph import Common, MergedRows, Symbolic, fail, in_place, missing as graph_missing, read_by_op, uses_trainable
+from .graph import (Common, Gathered, MergedRows, Symbolic, fail, in_place, missing as graph_missing, read_by_op,
+                    uses_trainable)
 
 
 # The functions of one value elementwise.
@@ -40,7 +41,7 @@ def _traced(layer):
             if isinstance(input, MergedRows) and fn.__name__ in _ROW_WISE:
                 return input.rowwise(call, *args, **kwargs)
             inplace = fn.__name__.endswith("_") or signature.bind(input, *args, **kwargs).arguments.get("inplace")
-            if not isinstance(input, Symbolic) and uses_trainable([input]):  # cheap unless traced
+            if isinstance(input, Gathered) or not isinstance(input, Symbolic) and uses_trainable([input]):
                 input, = read_by_op(fn.__name__, [input], not inplace)
             if isinstance(input, (Symbolic, Common)):
                 out = layer(*args, **kwargs)(input)
@@ -58,6 +59,8 @@ def _shell(cls, **fields):
     M.Module.__init__(m)
     for name in ("weight", "bias"):
         t = fields.pop(name)
+        if isinstance(t, Gathered):  # a copy of a parameter's view (w.t().contiguous()): its elements computed on
+            t = t.common()
         if isinstance(t, Common) and name == "weight" and cls in (M.Conv2d, M.Conv1d, M.ConvTranspose2d,
                                                                    M.ConvTranspose1d, M.Linear):
             object.__setattr__(m, "_computed_weight", t.value)  # the node's last input, which its gradient reaches

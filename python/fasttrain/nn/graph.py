@@ -179,11 +179,12 @@ def read_by_op(op, operands, traceable):
     (self.logit_scale.exp(), ft.sigmoid(self.gate), w - w.mean((1, 2, 3), keepdim=True)), when the op is
     traceable on it; otherwise the op is refused, its result a constant. Operands without such a parameter come
     back as they are."""
-    if not uses_trainable(operands):
+    if not uses_trainable(operands) and not any(isinstance(t, Gathered) for t in operands):
         return operands
     if not traceable:
         refuse_eager_parameters(op, operands)
-    return [common_value(t) if _viewed_parameter(t) is not None else t for t in operands]
+    return [t.common() if isinstance(t, Gathered) else common_value(t) if _viewed_parameter(t) is not None else t
+            for t in operands]
 
 
 def _note_buffers(operands):
@@ -703,12 +704,12 @@ class Symbolic:
         layers = _layers()
         inputs = list(inputs)
         weight = inputs.pop() if getattr(module, "_computed_weight", None) is not None else None
-        common = any(x.node.common for x in inputs) and all(
-            x.node.common or isinstance(x.node.module, layers.Value) for x in inputs) and not reduced and \
+        common = any(x.node.common for x in inputs) and all(x.node.common or x._uniform() for x in inputs) and \
+            not reduced and \
             not isinstance(module, (layers.Sum, layers.CountFloor)) and \
             getattr(module, "running_mean", None) is None  # (a batch norm's statistics move with the samples)
-        if common:  # constants and parameters read as its own values, computed once per step too
-            inputs = [x if x.node.common else _common_copy(x) for x in inputs]
+        if common:  # constants and parameters (and what was computed of them alone) read as its own values
+            inputs = [x if x.node.common else _as_common(x) for x in inputs]
         else:  # values of the parameters alone among the samples' values: repeated over the batch
             rank = max((len(x.node.shape) for x in inputs if not x.node.common and x.node.shape is not None),
                        default=None)
@@ -1970,6 +1971,9 @@ def _pair(a, b, least=0):
     if isinstance(b, Symbolic):
         return a.for_samples(max(len(b.node.shape), least)), b
     if isinstance(b, TensorBase):
+        if b.dtype.name == "bool":  # in arithmetic as its 0 and 1, as PyTorch promotes it
+            _note_buffers([b])
+            b = b.float()
         return a.value, common_value(b).value
     return a.value, b
 
@@ -2020,38 +2024,51 @@ def internal(x):
 
 
 def common_value(t):
-    """Tensor t read as a value of its own shape, computed once per step: a trainable parameter (or its reshape,
-    transpose or block of rows), through which it trains, or a constant."""
-    layers = _layers()
+    """Tensor t read as a value of its own shape, computed once per step: a trainable parameter (or any view of
+    one, see _part), through which it trains, or a constant."""
     p = _viewed_parameter(t)
-
-    def value(tensor, shape):
-        node = Node(layers.Value(tensor, shape), [], shape)
-        node.common = True
-        return Symbolic(node)
-
     if p is None:
         if not t.is_contiguous():  # a copy, which a change of the buffer it views would not reach
             _note_buffers([t])
             t = t.contiguous()
-        return Common(value(t, tuple(t.shape)))
+        return Common(_common_node(t, tuple(t.shape)))
     if t.data_ptr() == p.data_ptr() and t.numel() == p.numel() and t.is_contiguous():
-        return Common(value(p, tuple(t.shape)))  # the whole parameter, reshaped
-    return _part(p, t, Common(value(p, tuple(p.shape))))
+        return Common(_common_node(p, tuple(t.shape)))  # the whole parameter, reshaped
+    offset = (t.data_ptr() - p.data_ptr()) // p.element_size()
+    return _part(p, offset, t.shape, t.stride(), Common(_common_node(p, tuple(p.shape))))
 
 
-def _part(p, t, whole):
-    """t, a view of parameter p (a transpose, a slice, an index: any of them), as the Common whole (p's value)
-    indexed and permuted so: each dimension of t runs along one of p's with a step, p's others fixed."""
+def _common_node(tensor, shape):
+    """A common node reading tensor (a parameter, which trains through it, or a constant) in shape."""
+    node = Node(_layers().Value(tensor, shape), [], shape)
+    node.common = True
+    return Symbolic(node)
+
+
+def _part(p, offset, shape, strides, whole):
+    """The elements of parameter p at flat positions offset + sum(i_k strides_k) over index i of shape (a view of
+    p, or a copy of one), as the Common whole (p's value) viewed so: repeated along dimensions of stride 0 (an
+    expand); a run of p's memory (a reshape of rows, view(-1)[:k]) or a strided one of one dimension as a slice of p
+    flattened; else p indexed and permuted: each dimension along one of p's with a step, p's others fixed (a
+    transpose, a slice, an index). Fails for other positions."""
     import numpy as np
-    rest, start = (t.data_ptr() - p.data_ptr()) // p.element_size(), []
+    shape, strides = tuple(shape), tuple(strides)
+    repeated = [d for d, (n, s) in enumerate(zip(shape, strides)) if s == 0 and n > 1]
+    if repeated:
+        one = tuple(1 if d in repeated else n for d, n in enumerate(shape))
+        return _part(p, offset, one, strides, whole).expand(shape)
+    dims = [(n, s) for n, s in zip(shape, strides) if n > 1]
+    if all(s == math.prod(n for n, _ in dims[k + 1:]) for k, (_, s) in enumerate(dims)) or len(dims) <= 1:
+        step = dims[0][1] if len(dims) == 1 else 1  # a run, or evenly spaced along one dimension
+        return whole.flatten()[offset:offset + step * (math.prod(shape) - 1) + 1:step].reshape(shape)
+    rest, start = offset, []
     for s in p.stride():  # (a parameter's memory is contiguous)
         start.append(rest // s)
         rest %= s
     index, along = list(start), []
-    for n, s in zip(t.shape, t.stride()):
-        d = max((d for d in range(p.ndim) if d not in along and s % p.stride(d) == 0), key=p.stride, default=None) \
-            if n > 1 else None
+    for n, s in zip(shape, strides):
+        d = max((d for d in range(p.ndim) if d not in along and s % p.stride(d) == 0 and s >= p.stride(d) and
+                 start[d] + s // p.stride(d) * (n - 1) < p.shape[d]), key=p.stride, default=None) if n > 1 else None
         if n > 1 and d is None:
             along = None
             break
@@ -2059,32 +2076,68 @@ def _part(p, t, whole):
             step = s // p.stride(d)
             index[d] = slice(start[d], start[d] + step * (n - 1) + 1, step)
             along.append(d)
-    positions = np.asarray(Gathered.of(t).positions)
     if along is not None:
         kept = sorted(along)
         order = [kept.index(d) for d in along]
-        found = np.arange(p.numel()).reshape(tuple(p.shape))[tuple(index)].transpose(order).reshape(positions.shape)
-        if np.array_equal(found, positions):
-            return whole[tuple(index)].permute(*order).reshape(tuple(t.shape))
-    fail("a view of a trainable parameter whose elements are not a part of it along its dimensions, computed on "
-         "alone", "compute on the parameter itself, then index the result")
+        found = np.arange(p.numel()).reshape(tuple(p.shape))[tuple(index)].transpose(order).reshape(shape)
+        if np.array_equal(found, _lattice(offset, shape, strides)):
+            return whole[tuple(index)].permute(*order).reshape(shape)
+    fail("a trainable parameter's elements at positions that are not a part of it along its dimensions, computed "
+         "on alone", "compute on the parameter itself, then index the result")
 
 
-def _common_copy(x):
-    """Constant (or parameter) node x's value as a common node's input: a node of its own, which only common nodes
+def _factored(flat):
+    """(offset, shape, strides) of the lattice whose positions in C order are the 1-d array flat (a view's, or
+    a view of a copy's: w.t().reshape(-1)), found from its innermost run outwards; None where there is none."""
+    import numpy as np
+    n = len(flat)
+    step = int(flat[1] - flat[0]) if n > 1 else 0
+    run = 1
+    while run < n and flat[run] - flat[run - 1] == step:
+        run += 1
+    if n % run:
+        return None
+    outer = (int(flat[0]), (), ()) if run == n else _factored(flat[::run])
+    if outer is None:
+        return None
+    found = (outer[0], (*outer[1], run), (*outer[2], step))
+    return found if np.array_equal(_lattice(*found).ravel(), flat) else None
+
+
+def _lattice(offset, shape, strides):
+    """The flat positions offset + sum(i_k strides_k) over the index i of shape, as a NumPy array."""
+    import numpy as np
+    pos = np.full(shape, offset, np.int64)
+    for k, (n, s) in enumerate(zip(shape, strides)):
+        pos = pos + (np.arange(n) * s).reshape((1,) * k + (n,) + (1,) * (len(shape) - k - 1))
+    return pos
+
+
+def _as_common(x):
+    """x, computed from constants and parameters alone but recorded as a value of every sample (a constant's node,
+    the expand of a mask), as a common node's input: a copy of its nodes marked common, which only common nodes
     (and the expands that repeat them over the batch) read."""
-    node = Node(x.node.module, [], x.node.shape)
-    node.dtype, node.common = x.node.dtype, True
-    return Symbolic(node)
+    copies = {}
+
+    def copy(n):
+        if id(n) not in copies:
+            c = Node(n.module, [copy(i) for i in n.inputs], n.shape, n.reduced)
+            c.dtype, c.common = n.dtype, True
+            copies[id(n)] = c
+        return copies[id(n)]
+    return Symbolic(copy(x.node))
 
 
 def _to_samples(x, rank):
     """Common value x (batch-first) read by a node of every sample: repeated over the batch by an expand node, its
     leading dimensions beyond the samples' `rank` dropped first."""
     v = x if rank is None else Common(x).for_samples(rank)
+    mask = v._is_mask()  # repeated as its 0 and 1, a mask again after
+    if mask:
+        v = v._floats()
     node = Node(_layers().Expand(v.node.shape), [v.node], v.node.shape)
     node.dtype = v.node.dtype
-    return Symbolic(node)
+    return Symbolic(node) > 0.5 if mask else Symbolic(node)
 
 
 class _Refusing:
@@ -2476,7 +2529,8 @@ class Gathered:
         from .. import creation
         converted = creation.zeros((), dtype=self.dtype, device=self.device).to(*args, **kwargs)
         if converted.dtype != self.dtype or converted.device != self.device:
-            self._refuse("a conversion")
+            fail("a conversion of a trainable parameter's elements to another dtype or device", "the copy would not "
+                 "train: keep the parameter's dtype (the program chooses what it computes in)")
         return self
 
     def float(self):
@@ -2490,11 +2544,6 @@ class Gathered:
         return Gathered(self.parameter, self.positions.T, self.padding_idx)
 
     mT = T
-
-    def _refuse(self, op, error=TracingError):
-        fail(f"{op} of a trainable parameter's elements at fixed positions (table[index], a view of a parameter) "
-             "before they meet a traced value", "views (view, permute, unsqueeze, indexing) compile: add it to the "
-             "traced value first (scores + bias.unsqueeze(0)), then compute on the sum", error)
 
     def traced(self, like_shape):
         """The elements as a traced value for one of per-sample shape like_shape: leading size-1 dimensions beyond
@@ -2548,11 +2597,21 @@ class Gathered:
                  "their last dimension where it goes (.permute(2, 0, 1))")
         return found
 
+    def common(self):
+        """The elements as a value of the parameters alone (Common), which computes on them: positions of a view
+        or a copy of one (any part of the parameter), or a 2-d table's rows at any positions."""
+        import numpy as np
+        pos, p = np.asarray(self.positions), self.parameter
+        found = _factored(pos.ravel()) if pos.size else None
+        if found is not None and min(found[2]) >= 0:  # (rows picked backwards gather as rows do)
+            return _part(p, *found, Common(_common_node(p, tuple(p.shape)))).reshape(pos.shape)
+        return Common(_as_common(self.traced(tuple(pos.shape))))
+
     def __getattr__(self, name):
-        self._refuse(f".{name}", NoAttribute)
+        return getattr(self.common(), name)
 
     def __neg__(self):
-        self._refuse("a negation")
+        return -self.common()
 
 
 def _moves_positions(name):
@@ -2567,7 +2626,7 @@ def _operator_of_traced(name):
     def method(self, other):
         if isinstance(other, Symbolic):
             return NotImplemented  # the traced value's reflected operator takes it
-        self._refuse(f"the operator {name}")
+        return getattr(self.common(), name)(other)
     method.__name__ = name
     return method
 
