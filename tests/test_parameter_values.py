@@ -291,6 +291,9 @@ EXPRESSIONS = {  # of x (N, 4) and the parameters w (3, 4), u (2, 3, 4), v (4,),
     "a copy of a transpose": lambda L, s, x: x * L.softmax(s.w.t().reshape(-1), 0)[4:8] + x * s.w.t().contiguous()
     .exp()[1:, 0].sum() + x * L.cat([s.v, s.w.t().flatten()])[2:6],
     "rows at fixed ids": lambda L, s, x: x * s.table(L.tensor([2, 0])).sum(0),
+    "products of any ranks": lambda L, s, x: ((x[:, None] * s.v).expand(-1, 2, -1) @ (s.w * 2.0).t()).sum(1) @ s.w
+    + x * (s.u @ s.v).sum() + ((s.w * 0.5) @ (x[:, :, None] * s.v)).sum(1),
+    "expanded over the batch": lambda L, s, x: L.cat([(s.v * 2).expand(x.size(0), 1, -1), x[:, None]], 1).mean(1),
 }
 
 

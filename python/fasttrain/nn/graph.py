@@ -916,6 +916,12 @@ class Symbolic:
             fail("x @ x of one traced value", "multiply by a copy's transpose, x @ x.transpose(1, 2)")
         if len(o.node.shape) == 1:  # times a vector: (.., K) @ (K,) is the matrix times the column (K, 1)
             return (self @ o.unsqueeze(-1)).squeeze(-1)
+        lead, dense = len(self.node.shape) - 2, o.node.common or not o._broadcast()  # (a constant takes any)
+        if dense and len(o.node.shape) == 2 and lead > 0:  # (..., M, K) @ (K, P): the ... as rows
+            *outer, m, k = self.node.shape
+            return (self.reshape(N, -1, k) @ o).reshape(N, *outer, m, o.node.shape[1])
+        if dense and lead == 0 and len(o.node.shape) > 2:  # (M, K) @ (..., K, P), transposed
+            return (o.transpose(-2, -1) @ self.transpose(-2, -1)).transpose(-2, -1)
         if len(self.node.shape) == 1:  # a vector per sample: (K,) @ (K, P) is the row (1, K) times it
             return _layers().Matmul()(self.unsqueeze(1), o).squeeze(1)
         return _layers().Matmul()(self, o)
@@ -1845,7 +1851,8 @@ class Common:
         (x.size(0)) a value of every sample (CLIP's class embedding expanded over the batch)."""
         sizes = _sizes(sizes)
         if sizes and isinstance(sizes[0], BatchSize):
-            return self.for_samples(len(sizes) - 1).expand(*sizes)
+            v = self.for_samples(len(sizes) - 1)
+            return v.reshape(N, *(1,) * (len(sizes) - 1 - len(v.node.shape)), *v.node.shape).expand(*sizes)
         if len(sizes) < self.ndim:
             raise ValueError(f"expand{sizes}: fewer sizes than the value's {self.ndim} dimensions")
         v = self.value.reshape(N, *(1,) * (len(sizes) - self.ndim), *self.shape)
