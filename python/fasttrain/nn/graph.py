@@ -1926,11 +1926,19 @@ class Common:
 
     def max(self, dim=None, keepdim=False):
         from .._math import ValuesIndices
-        return self.amax() if dim is None else ValuesIndices(self.amax(dim, keepdim), NoIndices("max"))
+        if dim is None:
+            return self.amax()
+        if not isinstance(dim, (int, tuple, list)):  # torch.max(a, b): the larger of each pair
+            return self.maximum(dim)
+        return ValuesIndices(self.amax(dim, keepdim), NoIndices("max"))
 
     def min(self, dim=None, keepdim=False):
         from .._math import ValuesIndices
-        return self.amin() if dim is None else ValuesIndices(self.amin(dim, keepdim), NoIndices("min"))
+        if dim is None:
+            return self.amin()
+        if not isinstance(dim, (int, tuple, list)):
+            return self.minimum(dim)
+        return ValuesIndices(self.amin(dim, keepdim), NoIndices("min"))
 
     def norm(self, p="fro", dim=None, keepdim=False, dtype=None):
         return common(self.value.norm(p, self._dims(self._all(dim)), keepdim)) if self.ndim else self.abs()
@@ -2002,6 +2010,7 @@ for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__
               "__and__", "__rand__", "__or__", "__ror__", "maximum", "minimum"):
     setattr(Common, _name, _common_operator(_name))
 Common.__neg__ = lambda self: common(-self.value)
+Common.__abs__ = lambda self: common(self.value.abs())
 Common.__invert__ = lambda self: common(~self.value)
 Common.matmul = Common.bmm = Common.__matmul__
 for _name, _method in list(vars(Common).items()):  # each as the tensor method of its name
