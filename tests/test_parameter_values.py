@@ -264,6 +264,8 @@ class Misused(nn.Module):
             return self.w.exp()
         if self.use == "running":
             return self.fc(x * self.bn(self.w.exp().unsqueeze(0)).sum(1)[0])
+        if self.use == "branch":
+            return self.fc(x) if self.w.sum() > 0 else self.fc(-x)
         return self.fc(x * (self.w * 2).as_strided((3,), (2,))[0])
 
 
@@ -272,6 +274,7 @@ class Misused(nn.Module):
     ("in place", "an in-place op on a value of the parameters alone"),
     ("output", r"returned a value of the parameters alone \(of shape \(2, 3\)\)"),
     ("running", "a batch norm with running statistics, or of a batch other than 1, on a value of the parameters alone"),
+    ("branch", r"Python control flow or conversion on a value of the parameters alone \(if/bool/int/float\)"),
     ("strided", r"x.as_strided of a value of the parameters alone"),
 ])
 def test_misused_values_of_the_parameters_alone_are_refused(use, message):
@@ -294,6 +297,9 @@ EXPRESSIONS = {  # of x (N, 4) and the parameters w (3, 4), u (2, 3, 4), v (4,),
     "products of any ranks": lambda L, s, x: ((x[:, None] * s.v).expand(-1, 2, -1) @ (s.w * 2.0).t()).sum(1) @ s.w
     + x * (s.u @ s.v).sum() + ((s.w * 0.5) @ (x[:, :, None] * s.v)).sum(1),
     "expanded over the batch": lambda L, s, x: L.cat([(s.v * 2).expand(x.size(0), 1, -1), x[:, None]], 1).mean(1),
+    "converted, powers": lambda L, s, x: x * (s.v[None] * 1.0).type_as(x).sum(0) + x * 2.0 ** s.v
+    + x * abs(s.w * 1.0)[0],
+    "a layer of a parameter": lambda L, s, x: x * s.fc(s.w).sum(0),
 }
 
 
@@ -331,3 +337,43 @@ def test_parts_masks_and_comparisons_of_parameters(name):
         tm = expressed(torch, name)
         model.load_state_dict({k: v.detach().numpy() for k, v in tm.state_dict().items()})
         assert_gradients_match(program, tm, x, y, torch.nn.CrossEntropyLoss())
+
+
+def test_a_value_of_the_parameters_alone_as_a_second_output_reaches_the_loss():
+    """open_clip's forward returns (features, self.logit_scale.exp()) and its loss scales by the second."""
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.logit_scale = nn.Linear(4, CLASSES), nn.Parameter(ft.tensor(0.5))
+
+        def forward(self, x):
+            return self.fc(x), self.logit_scale.exp()
+
+    ft.manual_seed(4)
+    model = Scaled()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), lambda out, y: F.cross_entropy(out[0] * out[1], y),
+                            batch_size=3, input_shape=(4,))
+    x, y = data((4,), 5)
+    np.testing.assert_allclose(program.predict(x).numpy(), model(ft.tensor(x))[0].numpy(), rtol=1e-6)
+    assert gradcheck(program, x, y, rtol=3e-2, atol=1e-3)
+
+
+def test_a_detached_parameter_has_its_own_dimensions_and_no_gradient():
+    class Detached(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w, self.fc = nn.Parameter(ft.linspace(-1.2, 1.1, 12).reshape(3, 4)), nn.Linear(4, CLASSES)
+
+        def forward(self, x):
+            return self.fc(x * self.w.detach().mean(0) + x * self.w.data.sum(1)[:1])
+
+    model = Detached()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=3,
+                            input_shape=(4,))
+    x, y = data((4,), 6)
+    w = model.w.numpy().astype(np.float64)
+    h = x * w.mean(0) + x * w.sum(1)[:1]
+    np.testing.assert_allclose(program.predict(x).numpy(), h @ model.fc.weight.numpy().T + model.fc.bias.numpy(),
+                               rtol=1e-5, atol=1e-6)
+    program.backward(x, y)
+    assert model.w.grad is None or not model.w.grad.numpy().any()

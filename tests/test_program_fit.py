@@ -98,18 +98,21 @@ def test_predict_and_evaluate_match_numpy_eval_forward():
     assert state_bits(model) == {k: np.ascontiguousarray(v).tobytes() for k, v in sd.items()}
 
 
-@pytest.mark.parametrize("reduction", ["sum", "mean"])
+@pytest.mark.parametrize("reduction", ["sum", "mean", "sums combined"])
 def test_evaluate_of_a_split_does_not_depend_on_its_batches(reduction):
     """A loss summed over the batch is the split's sum, a mean the mean over it: as over one batch of the whole
     split, whatever batches a loader cuts it into (a sum's was the batch sums weighed by their samples, growing
     with the batch size)."""
     ft.manual_seed(4)
     model = ft.nn.Sequential(ft.nn.Linear(8, 16), ft.nn.ReLU(), ft.nn.Linear(16, 3))
-    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), ft.nn.CrossEntropyLoss(reduction=reduction),
-                            batch_size=10, input_shape=(8,))
+    F = ft.nn.functional
+    loss = (lambda o, y: 0.5 * F.cross_entropy(o, y, reduction="sum") + F.cross_entropy(o, y, reduction="sum")) \
+        if reduction == "sums combined" else ft.nn.CrossEntropyLoss(reduction=reduction)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), loss, batch_size=10, input_shape=(8,))
     rng = np.random.default_rng(5)
     x, y = rng.standard_normal((23, 8)).astype(np.float32), rng.integers(0, 3, 23)
-    want = ce_f(program.predict(x).numpy().astype(np.float64), y, 0.0)[0] * (23 if reduction == "sum" else 1)
+    want = ce_f(program.predict(x).numpy().astype(np.float64), y, 0.0)[0] * {"sum": 23, "sums combined": 34.5}.get(
+        reduction, 1)
     assert program.evaluate(x, y)[0] == pytest.approx(want, rel=1e-5)
     for size in (4, 10, 23):
         loss, _ = ft.evaluate(program, ft.data.Loader((x, y), batch_size=size))

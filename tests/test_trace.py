@@ -2963,19 +2963,25 @@ def test_a_model_graph_whose_first_operand_is_a_constant():
 
 
 @pytest.mark.parametrize("weight", [lambda m: m.V.t(), lambda m: m.W.view(4, 16)[:2], lambda m: m.W.reshape(16, 4).t()])
-def test_a_view_of_a_parameter_as_a_layers_weight_is_refused_not_frozen(weight):
-    """F.linear(h, self.V.t()) (a tied decoder's F.linear(h, enc.weight.t())): the layer would read a copy of the
-    view, a constant through which V never trains; refused with the way out (x @ self.V)."""
+def test_a_view_of_a_parameter_as_a_layers_weight_trains(weight):
+    """F.linear(h, self.V.t()) (a tied decoder's F.linear(h, enc.weight.t())), a part or a transposed reshape of a
+    parameter as the weight: a computed weight, through which the parameter trains (it was refused, as the layer
+    would have read a constant copy)."""
     class Net(nn.Module):
         def __init__(self):
             super().__init__()
-            self.fc, self.V, self.W = nn.Linear(8, 16), nn.Parameter(ft.ones(16, 4)), nn.Parameter(ft.ones(4, 16))
+            self.fc = nn.Linear(8, 16)
+            self.V = nn.Parameter(ft.linspace(-1, 1, 64).reshape(16, 4))
+            self.W = nn.Parameter(ft.linspace(1, -0.5, 64).reshape(4, 16))
 
         def forward(self, x):
             return ft.nn.functional.linear(self.fc(x), weight(self))
+    ft.manual_seed(9)
     m = Net()
-    with pytest.raises(nn.TracingError, match=r"a view of a trainable parameter .* write x @ self.W"):
-        m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=4, input_shape=(8,))
+    program = m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=4, input_shape=(8,))
+    x = np.random.default_rng(54).standard_normal((4, 8)).astype(np.float32)
+    np.testing.assert_allclose(program.predict(x).numpy(), m(ft.tensor(x)).numpy(), rtol=1e-5, atol=1e-5)
+    assert gradcheck(program, x, np.array([0, 1, 0, 1]), rtol=3e-2, atol=1e-3)
 
 
 @pytest.mark.parametrize("read", [lambda w: w.numpy(), lambda w: w.tolist()])

@@ -1137,6 +1137,11 @@ static PyObject *program_node_bytes(PyObject *self, PyObject *unused) { return p
 
 static PyObject *program_recomputed(PyObject *self, PyObject *unused) { return per_node(self, node_recomputed); }
 
+static PyObject *program_sums_loss(PyObject *self, PyObject *unused) {
+    (void)unused;
+    return PyBool_FromLong(ft_program_sums_loss(((program_object *)self)->prog));
+}
+
 static PyObject *program_node_dtypes(PyObject *self, PyObject *unused) { return per_node(self, node_dtype); }
 
 static PyObject *program_profile(PyObject *self, PyObject *unused) { return per_node(self, node_seconds); }
@@ -1222,6 +1227,7 @@ static PyMethodDef program_methods[] = {
      "node_bytes() -> [(output, saved, gradient) bytes of each node in the training arena]"},
     {"recomputed", program_recomputed, METH_NOARGS,
      "recomputed() -> [whether each node's output is recomputed in the backward instead of kept]"},
+    {"sums_loss", program_sums_loss, METH_NOARGS, "sums_loss() -> whether the loss sums over the batch"},
     {"get_dropout_state", program_get_dropout_state, METH_NOARGS, "(seed, offset) of the next dropout mask"},
     {"set_dropout_state", program_set_dropout_state, METH_VARARGS, "set_dropout_state(seed, offset)"},
     {"_set_distributed", program_set_distributed, METH_O, NULL},

@@ -1161,6 +1161,19 @@ void ft_program_node_bytes(const ft_program *p, int i, int64_t bytes[3]) {
 
 bool ft_program_recomputed(const ft_program *p, int i) { return p->replay_at[i] >= 0; }
 
+bool ft_program_sums_loss(const ft_program *p) {
+    bool any = false;
+    for (int i = p->output + 1; i < p->n; i++) {
+        const ft_node *nd = &p->nodes[i];
+        if (!row(p, i)->prepare || nd->reduction == FT_NODE_REDUCE_NONE)
+            continue; /* no reduction over the batch */
+        if (nd->reduction != FT_NODE_REDUCE_SUM)
+            return false;
+        any = true;
+    }
+    return any;
+}
+
 /* ---- batch-norm running statistics ---- */
 
 /* `bytes` bytes at t's data as a flat uint8 tensor: byte copies between any
@@ -1404,16 +1417,16 @@ static bool weightless(ft_program *p, bool training, int i) {
 }
 
 /* Adds the batch of B samples and its loss to the tally's loss and weight:
- * a mean's loss weighs what it averages over, a sum's (reduction 'sum') adds
- * as it is, and a loss of several terms weighs its samples (see ft_tally). */
+ * a mean's loss weighs what it averages over, a sum's (ft_program_sums_loss)
+ * adds as it is, and a loss of several terms weighs its samples (see
+ * ft_tally). */
 static void tally_loss(const ft_program *p, int64_t B, double loss, ft_tally *tally) {
     const ft_node *nd = &p->nodes[p->n - 1];
-    bool reduces = row(p, p->n - 1)->prepare != NULL;
-    bool mean = reduces && (nd->reduction == FT_NODE_REDUCE_MEAN || nd->reduction == FT_NODE_REDUCE_BATCHMEAN ||
-                            nd->reduction == FT_NODE_REDUCE_RATIO);
+    bool mean = row(p, p->n - 1)->prepare && (nd->reduction == FT_NODE_REDUCE_MEAN ||
+                                              nd->reduction == FT_NODE_REDUCE_BATCHMEAN ||
+                                              nd->reduction == FT_NODE_REDUCE_RATIO);
     double w = p->weightless ? 0 : mean ? p->norm[p->n - 1] : (double)B;
-    bool sum = reduces && nd->reduction == FT_NODE_REDUCE_SUM;
-    tally->loss += w ? loss * (sum ? 1 : w) : 0;
+    tally->loss += w ? loss * (ft_program_sums_loss(p) ? 1 : w) : 0;
     tally->weight += w;
 }
 

@@ -322,4 +322,9 @@ void ft_program_node_bytes(const ft_program *p, int i, int64_t bytes[3]);
  * last reader, and from its recomputation until its backward). */
 bool ft_program_recomputed(const ft_program *p, int i);
 
+/* Whether the loss sums over the batch: every reduction of the loss's nodes
+ * is a sum (reduction 'sum', scaled or added to others of its kind), so that
+ * a tally of batches adds their losses as they are (see ft_tally). */
+bool ft_program_sums_loss(const ft_program *p);
+
 #endif

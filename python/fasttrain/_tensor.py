@@ -787,9 +787,9 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
         """A new tensor object viewing self's memory, as torch.Tensor.detach (fasttrain's eager tensors record no
         graph, so nothing else changes). Of a trainable parameter (or a view of one) while its model's forward is
         traced, its value through which no gradient passes."""
-        from .nn.graph import constant, _sample_shape, uses_trainable
+        from .nn.graph import common_value, uses_trainable
         if uses_trainable([self]):
-            return constant(self, _sample_shape(self)).detach()
+            return common_value(self).detach()
         return self.as_strided(self.shape, self.stride(), self.storage_offset())
 
     @property

@@ -54,13 +54,15 @@ def _traced(layer):
 def _shell(cls, **fields):
     """A layer of class cls around the caller's own parameters (F.linear(x, self.w, self.b)): the node reads
     them where the model keeps them, under the model's names."""
-    from .graph import _viewed_parameter, fail
+    from .graph import _viewed_parameter, common_value, fail
     m = cls.__new__(cls)
     M.Module.__init__(m)
     for name in ("weight", "bias"):
         t = fields.pop(name)
         if isinstance(t, Gathered):  # a copy of a parameter's view (w.t().contiguous()): its elements computed on
             t = t.common()
+        elif _viewed_parameter(t) is not None and _viewed_parameter(t) is not t:  # a view (self.W.t()): its elements
+            t = common_value(t)
         if isinstance(t, Common) and name == "weight" and cls in (M.Conv2d, M.Conv1d, M.ConvTranspose2d,
                                                                    M.ConvTranspose1d, M.Linear):
             object.__setattr__(m, "_computed_weight", t.value)  # the node's last input, which its gradient reaches
@@ -73,11 +75,6 @@ def _shell(cls, **fields):
             fail(f"a value computed from traced values as the {name} of {cls.__name__.lower()}", "compute the "
                  "weight from parameters alone (a weight standardized, normalized or masked), or add the bias to "
                  "the layer's output")
-        p = _viewed_parameter(t)
-        if p is not None and p is not t:  # the layer would read a copy of the view, a constant that never trains
-            fail(f"a view of a trainable parameter (.t(), .view(), a slice) as the {name} of {cls.__name__.lower()}",
-                 "pass the parameter itself in the layer's shape, or for a transposed weight write x @ self.W "
-                 "(F.linear(x, self.W.t()) is x @ self.W)")
         object.__setattr__(m, name, t)
     for key, value in fields.items():
         object.__setattr__(m, key, value)

@@ -914,7 +914,7 @@ class Symbolic:
             return NotImplemented
         if o.node is self.node:
             fail("x @ x of one traced value", "multiply by a copy's transpose, x @ x.transpose(1, 2)")
-        if len(o.node.shape) == 1:  # times a vector: (.., K) @ (K,) is the matrix times the column (K, 1)
+        if len(o.node.shape) == 1 and o.node.common:  # times a vector: (.., K) @ (K,) is the matrix times (K, 1)
             return (self @ o.unsqueeze(-1)).squeeze(-1)
         lead, dense = len(self.node.shape) - 2, o.node.common or not o._broadcast()  # (a constant takes any)
         if dense and len(o.node.shape) == 2 and lead > 0:  # (..., M, K) @ (K, P): the ... as rows
@@ -1778,8 +1778,11 @@ class Common:
 
     dtype = property(lambda self: self.value.dtype, doc="The value's dtype.")
     device = property(lambda self: self.value.device, doc="The device of the parameters it is computed from.")
-    requires_grad = property(lambda self: self.value.requires_grad, doc="Whether it is differentiated: True.")
-    is_floating_point = property(lambda self: self.value.is_floating_point, doc="Whether its dtype is a float's.")
+    requires_grad = property(lambda self: self.value.requires_grad, doc="Whether it is differentiated.")
+
+    def is_floating_point(self):
+        """Whether its dtype is a float's."""
+        return self.value.is_floating_point()
 
     data = property(lambda self: self.detach(), doc="The value as a constant of the step (detach).")
 
@@ -1962,18 +1965,25 @@ class Common:
         method = getattr(self.value, name)
 
         def call(*args, **kwargs):
-            other = next((a for a in args if isinstance(a, (Symbolic, Common))), None)
-            base = self.value if other is None else _pair(self, other)[0]
+            other = next((a for a in args if isinstance(a, (Symbolic, Common))), None) if name in _PAIRED else None
+            base = self.value if other is None else _pair(self, other)[0]  # with values of the samples: aligned
             return _user(getattr(base, name)(*[a.value if isinstance(a, Common) else a for a in args], **kwargs))
         return functools.update_wrapper(call, method)
+
+    def _value(self, *args):
+        fail("Python control flow or conversion on a value of the parameters alone (if/bool/int/float)", "a "
+             "compiled program has one graph for every step: make it depend on shapes or constructor arguments")
+
+    __bool__ = __int__ = __float__ = __index__ = _value
 
 
 # what a value of the parameters alone takes from the methods of traced values: those without dimensions
 _COMMON_METHODS = frozenset((
     "exp", "erf", "sin", "cos", "log", "sqrt", "rsqrt", "reciprocal", "abs", "relu", "sigmoid", "tanh", "square",
-    "pow", "clamp", "clip", "clamp_min", "clamp_max", "maximum", "minimum", "masked_fill", "lerp", "float", "to",
-    "type", "type_as", "detach", "clone", "contiguous", "add", "sub", "mul", "div", "logical_not", "logical_or",
-    "logical_and", "requires_grad_"))
+    "pow", "clamp", "clip", "clamp_min", "clamp_max", "masked_fill", "lerp", "float", "to", "type", "type_as",
+    "detach", "clone", "contiguous", "add", "sub", "mul", "div", "logical_not", "logical_or", "logical_and",
+    "requires_grad_"))
+_PAIRED = frozenset(("masked_fill", "lerp", "add", "sub", "mul", "div", "logical_or", "logical_and"))  # elementwise
 
 
 def _pair(a, b, least=0):
@@ -2011,6 +2021,16 @@ for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__
     setattr(Common, _name, _common_operator(_name))
 Common.__neg__ = lambda self: common(-self.value)
 Common.__abs__ = lambda self: common(self.value.abs())
+
+
+def _common_rpow(self, base):
+    """base ** self of a positive number base, as exp(self ln base)."""
+    if not isinstance(base, numbers.Real) or base <= 0:
+        fail(f"{base!r} ** a value of the parameters alone", "raise a positive number to it")
+    return (self * math.log(base)).exp()
+
+
+Common.__rpow__ = _common_rpow
 Common.__invert__ = lambda self: common(~self.value)
 Common.matmul = Common.bmm = Common.__matmul__
 for _name, _method in list(vars(Common).items()):  # each as the tensor method of its name
@@ -2077,6 +2097,11 @@ def _part(p, offset, shape, strides, whole):
     if all(s == math.prod(n for n, _ in dims[k + 1:]) for k, (_, s) in enumerate(dims)) or len(dims) <= 1:
         step = dims[0][1] if len(dims) == 1 else 1  # a run, or evenly spaced along one dimension
         return whole.flatten()[offset:offset + step * (math.prod(shape) - 1) + 1:step].reshape(shape)
+    order = sorted(range(len(shape)), key=lambda d: -strides[d])
+    if all(strides[d] == math.prod(shape[e] for e in order[k + 1:]) for k, d in enumerate(order) if shape[d] > 1):
+        # a run permuted (a ViT's position table viewed as an image, pos.reshape(1, H, W, C).permute(0, 3, 1, 2))
+        run = whole.flatten()[offset:offset + math.prod(shape)].reshape(tuple(shape[d] for d in order))
+        return run.permute(*(order.index(d) for d in range(len(shape))))
     rest, start = offset, []
     for s in p.stride():  # (a parameter's memory is contiguous)
         start.append(rest // s)
@@ -3021,7 +3046,8 @@ def trace(model, inputs):
     if isinstance(first, Common):
         raise TracingError(f"{name}.forward returned a value of the parameters alone (of shape {first.shape}), "
                            "the same for every sample: compute the output from the input")
-    bad = [o for o in leaves if not isinstance(o, (Symbolic, _Refusing)) and o is not None]  # an RNN's h_n goes
+    # (an RNN's h_n goes, and a value of the parameters alone for the loss: open_clip's logit_scale.exp())
+    bad = [o for o in leaves if not isinstance(o, (Symbolic, _Refusing, Common)) and o is not None]
     if not isinstance(first, Symbolic) or bad:
         bad = first if not isinstance(first, Symbolic) else bad[0]
         kind, held = (("scores merged with the batch (x.view(-1, C))" if isinstance(v, MergedRows) else

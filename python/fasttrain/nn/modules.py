@@ -390,6 +390,10 @@ class Module:
             return inputs[0].rowwise(self, **kwargs)  # GPT-2's x.view(-1, C) through its projection
         # traced values, or parts of them, or lists of them (DenseNet's layer(features))
         given = [y for x in (*inputs, *kwargs.values()) for y in (x if isinstance(x, (list, tuple)) else (x,))]
+        if uses_trainable(inputs):  # a parameter itself (Perceiver's self.norm(self.latents)): its value in the step
+            from .graph import read_by_op
+            inputs = tuple(read_by_op(type(self).__name__, list(inputs), True))
+            given = [*inputs, *given[len(inputs):]]
         if self._leaf and not _overrides_forward(type(self)) and any(isinstance(x, Common) for x in given):
             return self._common_call(*inputs, **kwargs)
         if not any(isinstance(x, (Symbolic, Stacked, Common)) for x in given):
@@ -435,13 +439,21 @@ class Module:
         """The layer on a value of the parameters alone (graph.Common), whose dimensions are its own: recorded with
         the dimensions it takes (Softmax(dim), Flatten(start_dim)) counted past the batch's."""
         first = next(x for x in inputs if isinstance(x, Common))
-        if isinstance(self, _BatchNorm):  # over its first dimension (timm's StdConv2d: a weight (1, K, -1)), one row
-            if getattr(self, "running_mean", None) is not None or first.ndim < 2 or first.shape[0] != 1:
-                from .graph import fail
-                fail(f"a batch norm with running statistics, or of a batch other than 1, on a value of the parameters "
-                     f"alone (of shape {first.shape})", "normalize a weight as a batch of one without running "
-                     "statistics, F.batch_norm(w.reshape(1, K, -1), None, None, training=True)")
-            return common(self(first.value.reshape(N, *first.shape[1:])).reshape(N, *first.shape))
+        norm = isinstance(self, _BatchNorm)  # whose statistics are over a batch: the value's first dimension
+        if norm and (getattr(self, "running_mean", None) is not None or first.ndim < 2 or first.shape[0] != 1):
+            from .graph import fail
+            fail(f"a batch norm with running statistics, or of a batch other than 1, on a value of the parameters "
+                 f"alone (of shape {first.shape})", "normalize a weight as a batch of one without running "
+                 "statistics (timm's StdConv2d), F.batch_norm(w.reshape(1, K, -1), None, None, training=True)")
+        if len(inputs) == 1 and first.ndim > 1 and first.shape[0] == 1 and not kwargs:
+            try:  # a batch of one, as PyTorch's layers read (1, C, H, W) (a conv of a learned image)
+                self.output_shape(first.shape)
+                batched = norm
+            except ValueError:
+                batched = True
+            if batched:
+                one = self(first.value.reshape(N, *first.shape[1:]))
+                return common(one.reshape(N, 1, *one.node.shape))
         layer = self
         dims = {k: v for k in ("dim", "start_dim", "end_dim") if isinstance(v := getattr(self, k, None), int)}
         if dims:

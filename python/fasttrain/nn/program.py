@@ -848,7 +848,7 @@ class Program:
         # evaluate() counts correct argmax predictions of (classes,) outputs against class targets
         self.classifies = self.target_dtype is _BY_NAME["int64"] and targets[0].shape == () \
             and len(self.entries[self.output].shape) == 1
-        self.sums_loss = self.entries[-1].fields.get("reduction") == REDUCTIONS["sum"]  # (see tally_means)
+        self.sums_loss = self._c.sums_loss()  # (see tally_means)
         self.step_count = 0
         self.skipped_steps = 0
         self.distributed = bool(distributed)
