@@ -351,8 +351,8 @@ def test_a_value_of_the_parameters_alone_as_a_second_output_reaches_the_loss():
 
     ft.manual_seed(4)
     model = Scaled()
-    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), lambda out, y: F.cross_entropy(out[0] * out[1], y),
-                            batch_size=3, input_shape=(4,))
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1),
+                            lambda out, y: F.cross_entropy(out[0] * out[1], y), batch_size=3, input_shape=(4,))
     x, y = data((4,), 5)
     np.testing.assert_allclose(program.predict(x).numpy(), model(ft.tensor(x))[0].numpy(), rtol=1e-6)
     assert gradcheck(program, x, y, rtol=3e-2, atol=1e-3)
