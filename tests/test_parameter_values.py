@@ -270,7 +270,7 @@ class Misused(nn.Module):
 
 
 @pytest.mark.parametrize("use, message", [
-    ("batch", r"a value of the parameters alone of shape \(2, 3\) with values of the samples \\(of rank 1 each\\)"),
+    ("batch", r"a value of the parameters alone of shape \(2, 3\) with values of the samples \(of rank 1 each\)"),
     ("in place", "an in-place op on a value of the parameters alone"),
     ("output", r"returned a value of the parameters alone \(of shape \(2, 3\)\)"),
     ("running", "a batch norm with running statistics, or of a batch other than 1, on a value of the parameters alone"),
