@@ -1799,8 +1799,8 @@ class Common:
             extra = shape[:len(shape) - rank]
             if any(n != 1 for n in extra):
                 fail(f"a value of the parameters alone of shape {shape} with values of the samples (of rank {rank} "
-                     "each)", "its leading dimensions beyond theirs would be the batch's: give it the samples' own shape (or "
-                     "size 1 there)")
+                     "each)", "its leading dimensions beyond theirs would be the batch's: give it the samples' own "
+                     "shape (or size 1 there)")
             v = v.reshape(N, *shape[len(extra):])
         return v
 
