@@ -1804,6 +1804,12 @@ class Common:
             v = v.reshape(N, *shape[len(extra):])
         return v
 
+    def _of_rank(self, rank, v=None):
+        """The batch-first value v (by default its own) of `rank` per-sample dimensions, new leading ones of size
+        1."""
+        v = self.value if v is None else v
+        return v.reshape(N, *(1,) * (rank - len(v.node.shape)), *v.node.shape)
+
     def _own(self, d, extra=0):
         """The batch-first dimension of own dimension d (of ndim + extra, unsqueeze's one more)."""
         nd = self.ndim + extra
@@ -1854,12 +1860,10 @@ class Common:
         (x.size(0)) a value of every sample (CLIP's class embedding expanded over the batch)."""
         sizes = _sizes(sizes)
         if sizes and isinstance(sizes[0], BatchSize):
-            v = self.for_samples(len(sizes) - 1)
-            return v.reshape(N, *(1,) * (len(sizes) - 1 - len(v.node.shape)), *v.node.shape).expand(*sizes)
+            return self._of_rank(len(sizes) - 1, self.for_samples(len(sizes) - 1)).expand(*sizes)
         if len(sizes) < self.ndim:
             raise ValueError(f"expand{sizes}: fewer sizes than the value's {self.ndim} dimensions")
-        v = self.value.reshape(N, *(1,) * (len(sizes) - self.ndim), *self.shape)
-        return common(v.expand(N, *sizes))
+        return common(self._of_rank(len(sizes)).expand(N, *sizes))
 
     def expand_as(self, other):
         return self.expand(other.shape)
@@ -1873,8 +1877,7 @@ class Common:
         sizes = _sizes(sizes)
         if len(sizes) < self.ndim:
             raise ValueError(f"repeat{sizes}: fewer repeats than the value's {self.ndim} dimensions")
-        v = self.value.reshape(N, *(1,) * (len(sizes) - self.ndim), *self.shape)
-        return common(v.repeat(1, *sizes))
+        return common(self._of_rank(len(sizes)).repeat(1, *sizes))
 
     def repeat_interleave(self, repeats, dim=None):
         if dim is None:
@@ -2755,12 +2758,8 @@ def where(condition, input, other):
     chosen = (condition, input, other)
     if any(isinstance(v, Common) for v in chosen):  # values of the parameters alone: with the samples' or alone
         rank = max((len(v.node.shape) for v in chosen if isinstance(v, Symbolic)), default=None)
-
-        def aligned(v):  # with the samples' values: of their rank, its leading sizes 1
-            v = v.for_samples(rank)
-            return v.reshape(N, *(1,) * (rank - len(v.node.shape)), *v.node.shape)
-        return common(where(*(v if not isinstance(v, Common) else v.value if rank is None else aligned(v)
-                              for v in chosen)))
+        return common(where(*(v if not isinstance(v, Common) else v.value if rank is None else  # of the samples' rank
+                              v._of_rank(rank, v.for_samples(rank)) for v in chosen)))
     if any(isinstance(v, Symbolic) and v.dtype.name.startswith(("int", "uint")) for v in (input, other)):
         fail("ft.where (or masked_fill) of integer values (token ids, labels)", "a compiled program computes no "
              "integer values: choose between embeddings instead, ft.where(drop[:, None], self.null_embedding, "
