@@ -2553,19 +2553,22 @@ class Gathered:
         return Gathered(p, flat.as_strided(tuple(t.shape), tuple(t.stride()), (t.data_ptr() - p.data_ptr()) //
                                            p.element_size()).contiguous())  # positions: viewed as any tensor
 
-    shape = property(lambda self: self.positions.shape)
-    ndim = property(lambda self: self.positions.ndim)
-    dtype = property(lambda self: self.parameter.dtype)
-    device = property(lambda self: self.parameter.device)
-    requires_grad = property(lambda self: True)
+    shape = property(lambda self: self.positions.shape, doc="The shape of the elements.")
+    ndim = property(lambda self: self.positions.ndim, doc="The number of their dimensions.")
+    dtype = property(lambda self: self.parameter.dtype, doc="The parameter's dtype.")
+    device = property(lambda self: self.parameter.device, doc="The parameter's device.")
+    requires_grad = property(lambda self: True, doc="True: the parameter trains through them.")
 
     def size(self, dim=None):
+        """The shape, or the size of dimension dim."""
         return self.positions.size(dim) if dim is not None else self.positions.size()
 
     def dim(self):
+        """The number of dimensions."""
         return self.ndim
 
     def numel(self):
+        """The number of elements."""
         return self.positions.numel()
 
     def to(self, *args, **kwargs):
@@ -2578,13 +2581,16 @@ class Gathered:
         return self
 
     def float(self):
+        """Itself, of a float32 parameter (see to)."""
         return self.to(_dtype("float32"))
 
     def type_as(self, other):
+        """self.to(other.dtype)."""
         return self.to(other.dtype)
 
     @property
     def T(self):
+        """The elements with their dimensions reversed."""
         return Gathered(self.parameter, self.positions.T, self.padding_idx)
 
     mT = T
