@@ -61,7 +61,7 @@ def _shell(cls, **fields):
         t = fields.pop(name)
         if isinstance(t, Gathered):  # a copy of a parameter's view (w.t().contiguous()): its elements computed on
             t = t.common()
-        elif _viewed_parameter(t) is not None and _viewed_parameter(t) is not t:  # a view (self.W.t()): its elements
+        elif (p := _viewed_parameter(t)) is not None and p is not t:  # a view (self.W.t()): its elements
             t = common_value(t)
         if isinstance(t, Common) and name == "weight" and cls in (M.Conv2d, M.Conv1d, M.ConvTranspose2d,
                                                                    M.ConvTranspose1d, M.Linear):

@@ -389,11 +389,10 @@ class Module:
                                                                       type(self) is Dropout):
             return inputs[0].rowwise(self, **kwargs)  # GPT-2's x.view(-1, C) through its projection
         # traced values, or parts of them, or lists of them (DenseNet's layer(features))
-        given = [y for x in (*inputs, *kwargs.values()) for y in (x if isinstance(x, (list, tuple)) else (x,))]
         if uses_trainable(inputs):  # a parameter itself (Perceiver's self.norm(self.latents)): its value in the step
             from .graph import read_by_op
             inputs = tuple(read_by_op(type(self).__name__, list(inputs), True))
-            given = [*inputs, *given[len(inputs):]]
+        given = [y for x in (*inputs, *kwargs.values()) for y in (x if isinstance(x, (list, tuple)) else (x,))]
         if self._leaf and not _overrides_forward(type(self)) and any(isinstance(x, Common) for x in given):
             return self._common_call(*inputs, **kwargs)
         if not any(isinstance(x, (Symbolic, Stacked, Common)) for x in given):
@@ -437,7 +436,8 @@ class Module:
 
     def _common_call(self, *inputs, **kwargs):
         """The layer on a value of the parameters alone (graph.Common), whose dimensions are its own: recorded with
-        the dimensions it takes (Softmax(dim), Flatten(start_dim)) counted past the batch's."""
+        the dimensions it takes (Softmax(dim), Flatten(start_dim)) counted past the batch's; a value (1, ...) that
+        the layer takes only as a batch (a conv of a learned (1, C, H, W) image, a batch norm) as a batch of one."""
         first = next(x for x in inputs if isinstance(x, Common))
         norm = isinstance(self, _BatchNorm)  # whose statistics are over a batch: the value's first dimension
         if norm and (getattr(self, "running_mean", None) is not None or first.ndim < 2 or first.shape[0] != 1):
