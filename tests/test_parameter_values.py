@@ -300,6 +300,8 @@ EXPRESSIONS = {  # of x (N, 4) and the parameters w (3, 4), u (2, 3, 4), v (4,),
     "converted, powers": lambda L, s, x: x * (s.v[None] * 1.0).type_as(x).sum(0) + x * 2.0 ** s.v
     + x * abs(s.w * 1.0)[0],
     "a layer of a parameter": lambda L, s, x: x * s.fc(s.w).sum(0),
+    "einsum of parameters": lambda L, s, x: x * L.einsum("ij,kj->ik", s.w, s.u[0]).sum(0)[:, None].expand(3, 4)[1]
+    + x * L.einsum("ij->j", s.w),
 }
 
 

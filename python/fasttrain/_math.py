@@ -1213,12 +1213,14 @@ def einsum(equation: str, *operands: Tensor) -> Tensor:
     """The sum of products the equation names (NumPy's and PyTorch's subscripts: ``"bij,bjk->bik"``; the operands may
     come as one list), of tensors of one dtype. While a model is traced it records matmuls, or products and sums
     (see nn/graph.py's einsum)."""
-    from .nn.graph import Common, Symbolic
+    from .nn.graph import Common, Symbolic, read_by_op
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
     if not isinstance(equation, str):
         raise TypeError(f"einsum: the equation must be a str, got {type(equation).__name__}")
     equation = equation.replace(" ", "")
+    if not builtins.any(isinstance(x, Symbolic) for x in operands):  # parameters alone in a traced forward
+        operands = read_by_op("einsum", list(operands), True)
     if builtins.any(isinstance(x, (Symbolic, Common)) for x in operands):
         from .nn.graph import einsum as traced_einsum
         return traced_einsum(equation, operands)

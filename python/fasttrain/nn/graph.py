@@ -2805,6 +2805,11 @@ def einsum(equation, operands):
         fail(f"einsum of {len(operands)} operands as {equation!r}", "give one or two operands, one subscript each")
     if not arrow:  # implicit: the indices appearing once, in alphabetical order
         out = "".join(sorted(c for c in set(inputs) if c != "," and inputs.count(c) == 1))
+    if not any(isinstance(x, Symbolic) for x in operands):  # values of the parameters alone: the first (Common)
+        k = next(i for i, x in enumerate(operands) if isinstance(x, Common))  # as traced, of a batch index of its own
+        b = next(c for c in "zyxwvutsrqponmlkjihgfedcba" if c not in equation)
+        subs[k] = b + subs[k]
+        return common(einsum(f"{','.join(subs)}->{b}{out}", [x.value if i == k else x for i, x in enumerate(operands)]))
     batch = {s[0] for s, x in zip(subs, operands) if isinstance(x, Symbolic) and s}
     sizes = {}
     for s, x in zip(subs, operands):
