@@ -784,7 +784,7 @@ class Symbolic:
         """other as a Symbolic: traced values as they are, tensors as constant (or parameter) nodes. Targets of
         a yet unknown shape meeting a value take its shape, as float32 (and must have it if fixed already)."""
         if isinstance(other, Common):
-            return other.value if self.node.common else other.for_samples(len(self.node.shape))
+            return other.against(self)
         if isinstance(other, Symbolic):
             for a, b in ((self, other), (other, self)):
                 if isinstance(a.node.module, _layers().Target) and b.node.shape is not None:
@@ -908,7 +908,7 @@ class Symbolic:
             from .functional import linear
             return linear(self, weight)
         if isinstance(other, Common):  # its last two dimensions a matrix's, never the batch's
-            other = other.value if self.node.common else other.for_samples(max(len(self.node.shape), 2))
+            other = other.against(self, 2)
         o = other if isinstance(other, Symbolic) else _matrix(other)
         if o is None:
             return NotImplemented
@@ -1804,10 +1804,15 @@ class Common:
             v = v.reshape(N, *shape[len(extra):])
         return v
 
-    def _of_rank(self, rank, v=None):
-        """The batch-first value v (by default its own) of `rank` per-sample dimensions, new leading ones of size
-        1."""
-        v = self.value if v is None else v
+    def against(self, x, least=0):
+        """The batch-first value as traced value x reads it: itself for a common x, else for_samples of x's rank
+        (and of at least `least`, a matrix's 2)."""
+        return self.value if x.node.common else self.for_samples(max(len(x.node.shape), least))
+
+    def _of_rank(self, rank):
+        """The batch-first value of `rank` per-sample dimensions: for_samples of that rank, new leading dimensions
+        of size 1 where it has fewer."""
+        v = self.for_samples(rank)
         return v.reshape(N, *(1,) * (rank - len(v.node.shape)), *v.node.shape)
 
     def _own(self, d, extra=0):
@@ -1860,7 +1865,7 @@ class Common:
         (x.size(0)) a value of every sample (CLIP's class embedding expanded over the batch)."""
         sizes = _sizes(sizes)
         if sizes and isinstance(sizes[0], BatchSize):
-            return self._of_rank(len(sizes) - 1, self.for_samples(len(sizes) - 1)).expand(*sizes)
+            return self._of_rank(len(sizes) - 1).expand(*sizes)
         if len(sizes) < self.ndim:
             raise ValueError(f"expand{sizes}: fewer sizes than the value's {self.ndim} dimensions")
         return common(self._of_rank(len(sizes)).expand(N, *sizes))
@@ -1960,9 +1965,9 @@ class Common:
 
     # ---- elementwise ----
     def __getattr__(self, name):
-        if name.startswith("__") or name not in _COMMON_METHODS:
-            if name.startswith("__"):
-                raise AttributeError(name)
+        if name.startswith("__"):  # protocol probes see a plain object
+            raise AttributeError(name)
+        if name not in _COMMON_METHODS:
             fail(f"x.{name} of a value of the parameters alone", _TRACED_HINTS.get(
                 name, "see docs/models.md for what values of the parameters support"), NoAttribute)
         method = getattr(self.value, name)
@@ -2067,14 +2072,21 @@ def common_value(t):
     one, see _part), through which it trains, or a constant."""
     p = _viewed_parameter(t)
     if p is None:
-        if not t.is_contiguous():  # a copy, which a change of the buffer it views would not reach
-            _note_buffers([t])
-            t = t.contiguous()
+        t = _dense(t)
         return Common(_common_node(t, tuple(t.shape)))
     if t.data_ptr() == p.data_ptr() and t.numel() == p.numel() and t.is_contiguous():
         return Common(_common_node(p, tuple(t.shape)))  # the whole parameter, reshaped
     offset = (t.data_ptr() - p.data_ptr()) // p.element_size()
     return _part(p, offset, t.shape, t.stride(), Common(_common_node(p, tuple(p.shape))))
+
+
+def _dense(t):
+    """Constant tensor t as a value node reads it: itself, or the copy of a non-contiguous view, which a change of
+    the buffer it views would not reach (so the buffer is watched, _note_buffers)."""
+    if t.is_contiguous():
+        return t
+    _note_buffers([t])
+    return t.contiguous()
 
 
 def _common_node(tensor, shape):
@@ -2514,9 +2526,8 @@ def constant(t, like_shape):
             return whole[:, offset // row:offset // row + t.shape[0]]
         else:
             return Gathered.of(t).traced(like_shape)
-    if p is None and not t.is_contiguous():  # a copy, which a change of the buffer it views would not reach
-        _note_buffers([t])
-        t = t.contiguous()
+    if p is None:
+        t = _dense(t)
     while len(shape) > len(like_shape) and shape[0] == 1:
         shape = shape[1:]
     if len(shape) > len(like_shape):
@@ -2658,6 +2669,8 @@ class Gathered:
         return Common(_as_common(self.traced(tuple(pos.shape))))
 
     def __getattr__(self, name):
+        if name.startswith("__"):  # protocol probes see a plain object, computing nothing
+            raise AttributeError(name)
         return getattr(self.common(), name)
 
     def __neg__(self):
@@ -2765,7 +2778,7 @@ def where(condition, input, other):
     if any(isinstance(v, Common) for v in chosen):  # values of the parameters alone: with the samples' or alone
         rank = max((len(v.node.shape) for v in chosen if isinstance(v, Symbolic)), default=None)
         return common(where(*(v if not isinstance(v, Common) else v.value if rank is None else  # of the samples' rank
-                              v._of_rank(rank, v.for_samples(rank)) for v in chosen)))
+                              v._of_rank(rank) for v in chosen)))
     if any(isinstance(v, Symbolic) and v.dtype.name.startswith(("int", "uint")) for v in (input, other)):
         fail("ft.where (or masked_fill) of integer values (token ids, labels)", "a compiled program computes no "
              "integer values: choose between embeddings instead, ft.where(drop[:, None], self.null_embedding, "
