@@ -362,3 +362,46 @@ def test_remove_weight_norm_and_spectral_norm():
         table = nn.utils.weight_norm(nn.Embedding(4, 3))
         table.compile(ft.optim.SGD(table.parameters(), lr=0.1), lambda out: out.sum(), batch_size=2, input_shape=(1,),
                       input_dtype=ft.int64)
+
+
+RESETTABLE = {
+    "Linear": lambda lib: lib.nn.Linear(30, 40),
+    "Conv2d": lambda lib: lib.nn.Conv2d(6, 8, 3),
+    "Conv1d": lambda lib: lib.nn.Conv1d(6, 8, 5, groups=2),
+    "ConvTranspose2d": lambda lib: lib.nn.ConvTranspose2d(6, 8, 3),
+    "Bilinear": lambda lib: lib.nn.Bilinear(5, 6, 7),
+    "BatchNorm2d": lambda lib: lib.nn.BatchNorm2d(4),
+    "LayerNorm": lambda lib: lib.nn.LayerNorm(8),
+    "GroupNorm": lambda lib: lib.nn.GroupNorm(2, 8),
+    "RMSNorm": lambda lib: lib.nn.RMSNorm(8),
+    "Embedding": lambda lib: lib.nn.Embedding(50, 8, padding_idx=3),
+    "EmbeddingBag": lambda lib: lib.nn.EmbeddingBag(50, 8, mode="sum"),
+    "PReLU": lambda lib: lib.nn.PReLU(4, 0.1),
+    "LSTM": lambda lib: lib.nn.LSTM(5, 16, 2, bidirectional=True),
+    "GRUCell": lambda lib: lib.nn.GRUCell(5, 16),
+}
+
+
+@pytest.mark.parametrize("name", list(RESETTABLE))
+def test_reset_parameters_draws_the_initialisation_again(name):
+    """layer.reset_parameters() (which PyTorch's layers have, and re-initialising loops call where hasattr finds it)
+    gives from one seed the values construction gave, buffers included; a batch norm's reset_running_stats()
+    restores its statistics."""
+    ft.manual_seed(5)
+    layer = RESETTABLE[name](ft)
+    made = {k: np.array(v) for k, v in layer.state_dict().items()}
+    with ft.no_grad():
+        for t in (*layer.parameters(), *layer.buffers()):
+            t.fill_(7)
+    ft.manual_seed(5)
+    layer.reset_parameters()
+    for k, v in layer.state_dict().items():
+        np.testing.assert_array_equal(np.array(v), made[k], err_msg=k)
+    if torch is not None:
+        assert hasattr(RESETTABLE[name](torch), "reset_parameters")
+    if name == "BatchNorm2d":
+        layer.running_mean.fill_(2)
+        layer.num_batches_tracked.fill_(3)
+        layer.reset_running_stats()
+        assert not layer.running_mean.numpy().any() and (layer.running_var.numpy() == 1).all()
+        assert int(layer.num_batches_tracked) == 0

@@ -346,6 +346,31 @@ def test_zero_grad_and_closure():
     assert p.tolist() == [1, 1, 1]
 
 
+def test_state_is_pytorchs_per_param_mapping_of_views():
+    """optimizer.state as torch's: empty before a step, then {param: {"step", buffers}} with the state_dict's
+    values; a buffer changed in place is the optimizer's; SGD without momentum keeps none."""
+    rng = np.random.default_rng(7)
+    params = [ft.from_numpy(f32(rng.standard_normal(s))) for s in ((2, 3), (3,))]
+    opt = ft.optim.Adam(params, lr=0.1)
+    assert len(opt.state) == 0 and opt.state[params[0]] == {}
+    for _ in range(2):
+        for p in params:
+            p.grad = ft.from_numpy(f32(rng.standard_normal(p.shape)))
+        opt.step()
+    state, saved = opt.state, opt.state_dict()["state"]
+    assert list(state) == params and list(state[params[0]]) == ["step", "exp_avg", "exp_avg_sq"]
+    for i, p in enumerate(params):
+        assert float(state[p]["step"]) == 2.0
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert state[p][key].shape == p.shape
+            np.testing.assert_array_equal(state[p][key].numpy(), saved[i][key])
+    state[params[1]]["exp_avg"].zero_()
+    assert not opt.state_dict()["state"][1]["exp_avg"].any()
+    sgd = ft.optim.SGD(params, lr=0.1)
+    sgd.step()
+    assert len(sgd.state) == 0
+
+
 # ---- against torch.optim ----
 
 def torch_pair(cls, groups, params):
@@ -681,7 +706,7 @@ def test_a_first_update_at_decay_zero_is_torchs_averaged_model():
     (lambda p: ft.optim.AdamW([dict(params=p, lr=-1.0)]), "group 0: lr"),
     (lambda p: ft.optim.AdamW([dict(params=p[:1]), dict(params=p[1:], eps=-1.0)]), "group 1: eps"),
     (lambda p: ft.optim.SGD([]), "empty parameter list"),
-    (lambda p: ft.optim.SGD(p + p[:1]), "more than one parameter group"),
+    (lambda p: ft.optim.SGD(p + p[:1]), "param group 0 holds a parameter more than once"),
     (lambda p: ft.optim.SGD([dict(params=p), dict(params=p[:1])]), "more than one parameter group"),
 ])
 def test_bad_hyperparameters(make, match):

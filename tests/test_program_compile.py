@@ -104,6 +104,27 @@ def test_a_split_leaving_one_sample_to_batch_norm1d_is_refused_before_any_change
         assert np.isfinite(program.train_step(rng.normal(size=(9, 1, 6, 6)).astype(np.float32), y))
 
 
+def test_a_last_batch_of_one_sample_for_batch_norm1d_is_refused_or_dropped():
+    """ft.fit on 9 samples in batches of 4 ends on a batch of 1, which BatchNorm1d cannot normalize (PyTorch
+    raises there too): refused with the way out, and fit(..., drop_last=True) trains on the two full batches per
+    epoch; drop_last with a loader of its own batches is refused."""
+    rng = np.random.default_rng(1)
+    x, y = rng.normal(size=(9, 6)).astype(np.float32), np.arange(9) % 3
+    model = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=4,
+                            input_shape=(6,))
+    with pytest.raises(ValueError, match=r"a batch of 1 sample, which a batch norm .*drop_last=True"):
+        program.train_step(x[:1], y[:1])
+    with pytest.raises(ValueError, match="a batch of 1 sample"):
+        ft.fit(program, (x, y), epochs=1, progress=False)
+    seen = []
+    history = ft.fit(program, (x, y), epochs=2, progress=False, drop_last=True,
+                     step_callbacks=[lambda step, metrics: seen.append(step)])
+    assert len(seen) == 4 and all(np.isfinite(history["train_loss"]))
+    with pytest.raises(ValueError, match="drop_last applies to"):
+        ft.fit(program, [(x[:4], y[:4])], drop_last=True, progress=False)
+
+
 def avgpool3_pad1(x):
     """AvgPool2d(3, stride=1, padding=1) with count_include_pad=True: the zero padding counts in every window."""
     xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
@@ -392,7 +413,34 @@ def test_a_parameter_replaced_after_compile_is_refused_by_every_call():
         program.predict(x)
 
 
-def test_weights_loaded_after_compile_into_a_conv_before_batch_norm_keep_their_bias():
+def test_a_buffer_replaced_after_compile_is_refused():
+    """A batch norm's running mean or a loss's class weights rebound to new tensors would be read by nothing (the
+    program keeps the ones it compiled, so predict and the eager model would disagree): refused as a parameter's
+    replacement is; copied in place, they are what the program reads."""
+    m = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3))
+    loss = nn.CrossEntropyLoss(weight=ft.ones(3))
+    program = m.compile(ft.optim.SGD(m.parameters(), lr=0.1), loss, batch_size=4, input_shape=(4,))
+    x, y = np.random.default_rng(5).standard_normal((4, 4)).astype(np.float32), np.array([0, 1, 2, 0])
+    program.train_step(x, y)
+    m[1].running_mean = ft.zeros(3)
+    with pytest.raises(ValueError, match=r"1\.running_mean was replaced after compile by a new tensor"):
+        program.predict(x)
+    m[1].running_mean = None
+    with pytest.raises(ValueError, match=r"1\.running_mean was replaced after compile by None"):
+        program.train_step(x, y)
+    m = nn.Linear(4, 3)
+    program = m.compile(ft.optim.SGD(m.parameters(), lr=0.0), loss, batch_size=4, input_shape=(4,))
+    compiled = loss.weight
+    loss.weight = ft.tensor([1.0, 2.0, 3.0])
+    with pytest.raises(ValueError, match=r"loss\.weight was replaced after compile"):
+        program.train_step(x, y)
+    loss.weight = compiled
+    loss.weight.copy_(ft.tensor([1.0, 2.0, 3.0]))
+    logits = program.predict(x).numpy().astype(np.float64)
+    nll = np.log(np.exp(logits).sum(1)) - logits[np.arange(4), y]
+    w = np.array([1.0, 2.0, 3.0])[y]
+    np.testing.assert_allclose(program.train_step(x, y), (w * nll).sum() / w.sum(), rtol=1e-5)
+
     """compile moves such a conv's bias into the batch norm's running mean; a bias loaded afterwards (PyTorch weights
     loaded into a compiled model) is moved too before the program runs, so eval outputs are the loaded model's."""
     ft.manual_seed(3)

@@ -177,6 +177,31 @@ def test_learning_rate_changes_take_effect_between_steps():
             np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-7, err_msg=f"step {k} {name}")
 
 
+def test_a_gradient_kept_across_zero_grad_keeps_its_values():
+    """g1 = p.grad, then zero_grad() (to None) and the next batch's backward: g1 keeps the first batch's gradient,
+    as the tensor PyTorch's zero_grad drops does (gradient surgery compares the two), while .grad is the program's
+    memory again (the step reads it); zero_grad(set_to_none=False) zeroes the one tensor in place, as PyTorch."""
+    model = make_resnet(seed=19)
+    program = compile_resnet(model, ft.optim.SGD(model.parameters(), lr=0.1))
+    (x1, y1), (x2, y2) = batch(8, seed=300), batch(8, seed=301)
+    program.backward(x1, y1)
+    g1 = model.linear.weight.grad
+    first = g1.numpy().copy()
+    program.optimizer.zero_grad()
+    program.backward(x2, y2)
+    np.testing.assert_array_equal(g1.numpy(), first)
+    g2 = model.linear.weight.grad
+    assert not np.array_equal(g2.numpy(), first)
+    before = model.linear.weight.numpy().copy()
+    g2.mul_(0)  # the step reads .grad: an edit of it is what the update sees
+    program.optimizer.step()
+    np.testing.assert_array_equal(model.linear.weight.numpy(), before)
+    program.optimizer.zero_grad(set_to_none=False)
+    assert not g2.numpy().any()
+    program.backward(x1, y1)
+    assert model.linear.weight.grad is g2 and g2.numpy().any()
+
+
 def test_optimizer_over_a_subset_updates_only_its_parameters():
     """As torch.optim: the parameters the optimizer does not hold get their gradient but keep their values."""
     model = make_resnet(seed=18)

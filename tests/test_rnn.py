@@ -308,7 +308,7 @@ def test_what_a_compiled_rnn_cannot_take_is_refused():
                 out, (h, c) = self.rnn(x, (h0, h0))
             else:
                 out, (h, c) = self.rnn(x)
-            return self.head(h.mean(0) if self.how == "mean" else h[-1])
+            return self.head(h.mean(1) if self.how == "mean" else h[-1])
 
     def compile(model):
         model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=2, input_shape=(5, 3))
@@ -340,16 +340,36 @@ def test_what_a_compiled_rnn_cannot_take_is_refused():
         nn.GRU(3, 4, bidirectional=True)(ft.zeros(5, 2, 3), ft.zeros(1, 2, 4))
 
 
+def test_values_stacked_before_the_batch_sum_along_it():
+    """WaveNet's skip connections summed as ft.sum(ft.stack(skips), dim=0), and an LSTM's final states averaged
+    over its layers (h_n.mean(0)): predict is the eager forward, the gradients finite differences'."""
+    class Summed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.convs = nn.ModuleList([nn.Conv1d(3, 3, 1) for _ in range(3)])
+            self.lstm, self.fc = nn.LSTM(3, 4, 2, batch_first=True), nn.Linear(4, 2)
+
+        def forward(self, x):
+            skips = [c(x.transpose(1, 2)) for c in self.convs]
+            s = ft.sum(ft.stack(skips), dim=0) + ft.stack(skips).mean(0)
+            _, (h, _) = self.lstm(s.transpose(1, 2))
+            return self.fc(h.mean(0))
+
+    ft.manual_seed(8)
+    matches_eager_and_finite_differences(Summed(), 9)
+
+
 def test_the_tutorials_zero_initial_state_of_the_batch_size_compiles():
-    """h0 = ft.zeros(layers, x.size(0), hidden), as PyTorch tutorials write it, then the last step's output."""
+    """h0 = ft.zeros(layers, x.size(0), hidden), as PyTorch tutorials write it (also .requires_grad_() there and
+    .detach() at the call), then the last step's output."""
     class Classifier(nn.Module):
         def __init__(self):
             super().__init__()
             self.lstm, self.fc = nn.LSTM(3, 4, 2, batch_first=True), nn.Linear(4, 2)
 
         def forward(self, x):
-            h0, c0 = ft.zeros(2, x.size(0), 4), ft.zeros(2, x.size(0), 4)
-            out, _ = self.lstm(x, (h0.to("cpu"), c0))
+            h0, c0 = ft.zeros(2, x.size(0), 4), ft.zeros(2, x.size(0), 4).requires_grad_()
+            out, _ = self.lstm(x, (h0.to("cpu"), c0.detach()))
             return self.fc(out[:, -1, :])
 
     ft.manual_seed(9)

@@ -420,9 +420,20 @@ def test_tolist_len_iter():
     assert ft.tensor(5).tolist() == 5
 
 
-def test_tensor_class_cannot_be_called():
-    with pytest.raises(TypeError):
-        ft.Tensor()
+def test_the_tensor_class_is_pytorchs_legacy_constructor():
+    """ft.Tensor(2, 3) is uninitialised float32 memory (nn.Parameter(ft.Tensor(out, in)) before an init, as older
+    PyTorch code makes parameters), ft.Tensor(data) float32 values; nn.Parameter still wraps."""
+    assert ft.Tensor(2, 3).shape == (2, 3) and ft.Tensor(2, 3).dtype == ft.float32 and ft.Tensor().shape == (0,)
+    t = ft.Tensor(np.arange(3))
+    assert t.dtype == ft.float32 and t.tolist() == [0.0, 1.0, 2.0] and ft.Tensor((2, 3)).tolist() == [2.0, 3.0]
+    p = ft.nn.Parameter(ft.Tensor(4, 3))
+    assert type(p) is ft.nn.Parameter and p.shape == (4, 3) and p.requires_grad
+    with pytest.raises(TypeError, match="expected sizes or one sequence of values"):
+        ft.Tensor(2, "a")
+    with pytest.raises(TypeError, match="unexpected keyword arguments"):
+        ft.Tensor(2, dtype=ft.int64)
+    with pytest.raises(AttributeError, match=r"legacy typed tensor classes .* ft.tensor\(data, dtype=ft.int64\)"):
+        ft.LongTensor([1, 2])
 
 
 def test_as_strided_bounds():

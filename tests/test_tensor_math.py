@@ -1500,3 +1500,15 @@ def test_finfo_iinfo_erf_addmm_and_sizes_by_name_as_pytorch():
         ft.zeros(2, size=(3,))
     s = ft.stack([ft.arange(4.0), ft.arange(4.0) + 4])
     assert s.is_contiguous() and s.view(-1).tolist() == list(range(8))
+
+
+def test_triangle_indices_are_pytorchs_documented_examples():
+    assert ft.tril_indices(3, 3).tolist() == [[0, 1, 1, 2, 2, 2], [0, 0, 1, 0, 1, 2]]
+    assert ft.tril_indices(4, 3, -1).tolist() == [[1, 2, 2, 3, 3, 3], [0, 0, 1, 0, 1, 2]]
+    assert ft.tril_indices(4, 3, 1).tolist() == [[0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3], [0, 1, 0, 1, 2, 0, 1, 2, 0, 1, 2]]
+    assert ft.triu_indices(3, 3).tolist() == [[0, 0, 0, 1, 1, 2], [0, 1, 2, 1, 2, 2]]
+    assert ft.triu_indices(4, 3, -1).tolist() == [[0, 0, 0, 1, 1, 1, 2, 2, 3], [0, 1, 2, 0, 1, 2, 1, 2, 2]]
+    assert ft.triu_indices(4, 3, 1).tolist() == [[0, 0, 1], [1, 2, 2]]
+    assert ft.tril_indices(0, 3).shape == (2, 0) and ft.tril_indices(2, 2).dtype == ft.int64
+    with pytest.raises(ValueError, match="row and col must be non-negative"):
+        ft.triu_indices(-1, 3)

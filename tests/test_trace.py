@@ -1278,35 +1278,127 @@ def test_an_activation_only_the_loss_applies_leaves_predict_the_models_output(lo
                                                    input_shape=(5,)), x, y, rtol=3e-2, atol=1e-4)
 
 
-class ListIndexed(nn.Module):
-    """nanoGPT's inference head, self.lm_head(x[:, [-1], :]), and a list of evenly spaced positions."""
+class GatheredPositions(nn.Module):
+    """Values indexed by index (constant positions among them), then a linear layer, so that every position's
+    gradient differs."""
 
-    def __init__(self, index=None):
+    def __init__(self, index):
         super().__init__()
-        self.fc, self.index = nn.Linear(4, 3), index
+        self.fc, self.index = nn.Linear(4, 5), index
+        self.head = nn.Linear(np.zeros((1, 5, 5))[tuple(np.asarray(i) if isinstance(i, ft.Tensor) else i
+                                                        for i in index)].size, 3)
 
     def forward(self, x):
-        h = self.fc(x)
-        if self.index is not None:
-            return h[self.index].flatten(1)
-        return h[:, [-1], :].flatten(1) + h[:, [0, 2, 4]].sum(1)
+        return self.head(self.fc(x)[self.index].flatten(1))
 
 
-def test_an_index_list_of_evenly_spaced_positions_is_a_slice():
+GATHERS = {
+    "nanoGPT's [:, [-1], :]": (slice(None), [-1], slice(None)),
+    "evenly spaced": (slice(None), [0, 2, 4]),
+    "out of order": (slice(None), [2, 0, 0]),
+    "paired lists": (slice(None), [0, 1, 4], [0, 1, 2]),
+    "DLRM's tril_indices pairs": (slice(None), *ft.tril_indices(5, 5, -1)),
+    "a 2-d tensor": (slice(None), slice(None), ft.tensor([[0, 3], [4, 1]])),
+    "an int beside a list": (slice(None), 2, [0, 4, 1]),
+    "None and an ellipsis": (Ellipsis, None, np.array([3, 1])),
+}
+
+
+@pytest.mark.parametrize("name", list(GATHERS))
+def test_constant_positions_index_as_numpy_does(name):
+    """x[:, ids], x[:, rows, cols] of lists, arrays and tensors of positions (the same for every sample): predict
+    equals the eager forward (NumPy's advanced indexing), the gradients finite differences'."""
     x = np.random.default_rng(24).standard_normal((2, 5, 4)).astype(np.float32)
-    model = ListIndexed()
+    ft.manual_seed(25)
+    model = GatheredPositions(GATHERS[name])
     program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=2, input_shape=(5, 4))
     np.testing.assert_allclose(program.predict(x).numpy(), model(ft.tensor(x)).numpy(), rtol=1e-6, atol=1e-6)
     assert gradcheck(program, x, np.zeros((2, 3), np.float32))
-    for index, match in (((slice(None), [2, 0]), r"the list \[2, 0\] \(a gather of positions\)"),
-                         ((slice(None), [0, 1], [0, 1]), "indexing with list"),
-                         ((slice(None), [True, False]), r"the list \[True, False\]")):
-        with pytest.raises(ft.nn.TracingError, match=match):
-            ListIndexed(index).compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=2,
-                                       input_shape=(5, 4))
-    with pytest.raises(IndexError, match="index 5 is out of range for size 5"):
-        ListIndexed((slice(None), [5])).compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(),
-                                                 batch_size=2, input_shape=(5, 4))
+
+
+class Windowed(nn.Module):
+    """PatchTST's patches: a convolution's output unfolded into windows along dimension dim, then a linear layer
+    over each window's elements."""
+
+    def __init__(self, dim, size, step):
+        super().__init__()
+        self.conv, self.window = nn.Conv1d(3, 4, 1), (dim, size, step)
+        self.fc = nn.Linear(size, 2)
+
+    def forward(self, x):
+        return self.fc(self.conv(x).unfold(*self.window)).flatten(1)
+
+
+@pytest.mark.parametrize("window", [(-1, 4, 2), (2, 3, 3), (1, 2, 1), (-1, 9, 1)])
+def test_unfold_windows_as_tensor_unfold(window):
+    """x.unfold(dim, size, step) of a traced value: predict equals the eager forward (a strided view, checked
+    against NumPy's sliding windows), the gradients finite differences'."""
+    x = np.random.default_rng(26).standard_normal((2, 3, 9)).astype(np.float32)
+    dim, size, step = window
+    windows = np.lib.stride_tricks.sliding_window_view(x, size, axis=dim)
+    np.testing.assert_array_equal(ft.tensor(x).unfold(dim, size, step).numpy(),
+                                  windows[(slice(None),) * (dim % 3) + (slice(None, None, step),)])
+    ft.manual_seed(27)
+    model = Windowed(dim, size, step)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), lambda out, y: (out ** 2).mean(),
+                            batch_size=2, input_shape=(3, 9))
+    np.testing.assert_allclose(program.predict(x).numpy(), model(ft.tensor(x)).numpy(), rtol=1e-5, atol=1e-6)
+    assert gradcheck(program, x, np.zeros(2, np.float32), eps=1e-3, rtol=3e-2, atol=1e-3)
+    with pytest.raises(RuntimeError, match="unfold: maximum size for tensor at dimension 2 is 9 but size is 10"):
+        ft.tensor(x).unfold(2, 10, 1)
+
+
+class DegreeNormalized(nn.Module):
+    """Kipf's GCN normalisation of an adjacency given per sample: deg^-1/2 with the isolated nodes' inf set to 0
+    in each of PyTorch's spellings."""
+
+    def __init__(self, how):
+        super().__init__()
+        self.how, self.fc = how, nn.Linear(5, 2)
+
+    def forward(self, x, adj):
+        d = adj.sum(-1).pow(-0.5)
+        if self.how == "setitem":
+            d[ft.isinf(d)] = 0.
+        elif self.how == "masked_fill":
+            d = d.masked_fill(d.isinf(), 0.)
+        elif self.how == "isfinite":
+            d = ft.where(ft.isfinite(d), d, 0.)
+        else:
+            d = ft.where(ft.isnan(d * 0), 0., d)  # inf * 0 is NaN
+        d = d * adj.new_tensor([0.5, 0.7, 0.9, 1.1, 1.3, 1.5])  # a constant of each node, adj's dtype and device
+        return self.fc((d.unsqueeze(-1) * adj * d.unsqueeze(-2) @ x).mean(1))
+
+
+@pytest.mark.parametrize("how", ["setitem", "masked_fill", "isfinite", "isnan"])
+def test_isinf_isnan_and_isfinite_are_masks(how):
+    """ft.isinf / isnan / isfinite of traced values, and d[mask] = 0. as masked_fill_: an isolated node's
+    infinite scale is zeroed as in the eager forward, the gradients finite differences'; x.new_tensor(data) is a
+    constant."""
+    rng = np.random.default_rng(28)
+    x = rng.standard_normal((2, 6, 5)).astype(np.float32)
+    adj = (rng.random((2, 6, 6)) < 0.5).astype(np.float32)
+    adj[:, 0] = 0
+    ft.manual_seed(29)
+    model = DegreeNormalized(how)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=2,
+                            input_shape=((6, 5), (6, 6)))
+    out = program.predict((x, adj)).numpy()
+    assert np.isfinite(out).all()
+    np.testing.assert_allclose(out, model(ft.tensor(x), ft.tensor(adj)).numpy(), rtol=1e-5, atol=1e-6)
+    assert gradcheck(program, (x, adj), np.array([0, 1]), eps=1e-3, rtol=3e-2, atol=1e-3)
+
+
+def test_positions_that_cannot_index_say_so():
+    model = GatheredPositions((slice(None), [0]))
+    for index, error, match in (((slice(None), [True, False]), ft.nn.TracingError, "indexing with list"),
+                                ((slice(None), [0, 1], None, 1), ft.nn.TracingError, "index arrays apart"),
+                                ((slice(None), [4, 3, 2, 1] * 100), ft.nn.TracingError,
+                                 r"400 positions in \d+ runs \(more than 256\)"),
+                                ((slice(None), [5]), IndexError, "index 5 is out of range for size 5")):
+        model.index = index
+        with pytest.raises(error, match=match):
+            model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=2, input_shape=(5, 4))
 
 
 class AtTheBounds(nn.Module):

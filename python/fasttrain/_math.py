@@ -1626,6 +1626,26 @@ def eye(n: int, m: int | None = None, *, dtype: DTypeLike | None = None, device:
     return _result(np.eye(n, m), as_dtype(dtype or "float32"), device or CPU)
 
 
+def _triangle_indices(name, numpy_fn, row, col, offset, dtype, device):
+    if row < 0 or col < 0:
+        raise ValueError(f"{name}: row and col must be non-negative, got {row} and {col}")
+    return _result(np.stack(numpy_fn(row, offset, col)).reshape(2, -1), as_dtype(dtype or "int64"), device or CPU)
+
+
+def tril_indices(row: int, col: int, offset: int = 0, *, dtype: DTypeLike | None = None,
+                 device: DeviceLike = None) -> Tensor:
+    """The (2, K) row and column indices of a row x col matrix's lower triangle (on and below diagonal offset),
+    row by row, as torch.tril_indices (DLRM's pairs of features: Z[:, li, lj])."""
+    return _triangle_indices("tril_indices", np.tril_indices, row, col, offset, dtype, device)
+
+
+def triu_indices(row: int, col: int, offset: int = 0, *, dtype: DTypeLike | None = None,
+                 device: DeviceLike = None) -> Tensor:
+    """The (2, K) row and column indices of a row x col matrix's upper triangle (on and above diagonal offset),
+    row by row, as torch.triu_indices."""
+    return _triangle_indices("triu_indices", np.triu_indices, row, col, offset, dtype, device)
+
+
 def outer(input: Tensor, vec2: Tensor) -> Tensor:
     """The outer product of two 1-d tensors, in their promoted dtype, as torch.outer."""
     if input.ndim != 1 or vec2.ndim != 1:
@@ -1894,9 +1914,9 @@ def _on_traced(fn: Callable, traced: Callable) -> Callable:
     """fn, or on a traced value traced. A trainable parameter that a traced forward (or loss) reads becomes a value
     of its own shape computed once per step (graph.read_by_op)."""
     def call(*args, **kwargs):
-        from .nn.graph import Common, Symbolic, read_by_op
+        from .nn.graph import Common, Layered, Symbolic, read_by_op
         args = read_by_op(fn.__name__, args, True)
-        if builtins.any(isinstance(a, (Symbolic, Common)) for a in args):
+        if builtins.any(isinstance(a, (Symbolic, Common, Layered)) for a in args):
             return traced(*args, **kwargs)
         return fn(*args, **kwargs)
     return functools.update_wrapper(call, fn)
@@ -1950,7 +1970,8 @@ def _traced_div(input, other, *, rounding_mode=None):
 _TRACED = {
     "neg": operator.neg, "exp": lambda x: x.exp(), "erf": lambda x: x.erf(), "log": lambda x: x.log(),
     "sin": lambda x: x.sin(), "cos": lambda x: x.cos(),
-    "sqrt": lambda x: x.sqrt(),
+    "sqrt": lambda x: x.sqrt(), "isnan": lambda x: x.isnan(), "isinf": lambda x: x.isinf(),
+    "isfinite": lambda x: x.isfinite(),
     "rsqrt": lambda x: x.rsqrt(),
     "abs": lambda x: x.abs(), "relu": lambda x: x.relu(), "sigmoid": lambda x: x.sigmoid(),
     "tanh": lambda x: x.tanh(), "pow": operator.pow, "mul": operator.mul, "matmul": operator.matmul,
@@ -1975,6 +1996,7 @@ _TRACED = {
     "amin": lambda x, dim=(), keepdim=False: x.amin(dim, keepdim),
     "norm": lambda x, p="fro", dim=None, keepdim=False, dtype=None: x.norm(p, dim, keepdim),
     "gather": lambda x, dim, index: _traced_gather(x, dim, index),
+    "index_select": lambda x, dim, index: _traced_index_select(x, dim, index),
     "logical_or": lambda a, b: _traced_logical(a, b, False), "bitwise_or": lambda a, b: _traced_logical(a, b, False),
     "logical_and": lambda a, b: _traced_logical(a, b, True), "bitwise_and": lambda a, b: _traced_logical(a, b, True),
     "maximum": lambda a, b: _traced_extremum(a, b, True), "minimum": lambda a, b: _traced_extremum(a, b, False),
@@ -2009,6 +2031,13 @@ def _traced_gather(x, dim, index):
         fail(f"gather() of a {x.ndim}-d tensor at traced indices", "pick the values of a 1-d tensor (per-class "
              "weights: alpha.gather(0, y), alpha[y]), or the rows of a 2-d table (F.embedding(ids, table))")
     return x[index]
+
+
+def _traced_index_select(x, dim, index):
+    from .nn.graph import Symbolic, fail
+    if isinstance(index, Symbolic):
+        fail("ft.index_select at traced indices", "a tensor's rows at traced indices are F.embedding(ids, table)")
+    return x.index_select(dim, index)
 
 
 def _traced_where(condition, input, other):

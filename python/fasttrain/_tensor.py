@@ -93,6 +93,21 @@ class _TensorType(type):
         from .nn.graph import Common, Symbolic
         return cls is Tensor and isinstance(obj, (Symbolic, Common))
 
+    def __call__(cls, *args, device=None, **kwargs):
+        """ft.Tensor(2, 3), PyTorch's legacy constructor, with which older code makes parameters
+        (nn.Parameter(ft.Tensor(out, in)) before an init): uninitialised float32 of those sizes; of one sequence or
+        array, float32 of its values (ft.Tensor([1, 2])). Subclasses (nn.Parameter) construct as they define."""
+        if cls is not Tensor:
+            return super().__call__(*args, **kwargs, **({} if device is None else {"device": device}))
+        from . import creation
+        if kwargs:
+            raise TypeError(f"Tensor(): unexpected keyword arguments {sorted(kwargs)}")
+        if not args or all(isinstance(a, int) and not isinstance(a, bool) for a in args):
+            return creation.empty(*(args or (0,)), device=device)
+        if len(args) > 1:
+            raise TypeError(f"Tensor(): expected sizes or one sequence of values, got {args!r}")
+        return creation.tensor(args[0], dtype="float32", device=device)
+
 
 def _traced_copy(t):
     """While a forward is traced, a copy of a trainable parameter (or of a view of one: self.w[1:5].clone()) as the
@@ -711,6 +726,19 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
             raise IndexError(f"narrow: start {start} and length {length} exceed dimension {d} of size "
                              f"{self.shape[d]}")
         return self[(slice(None),) * d + (slice(start, start + length),)]
+
+    def unfold(self, dimension: _int, size: _int, step: _int) -> Tensor:
+        """The view of every window of size elements along dimension, one each step: that dimension becomes the
+        windows' count and a last dimension of size their elements, as torch.Tensor.unfold."""
+        d = _norm_dim(dimension, self.ndim, "unfold: dimension")
+        if step <= 0:
+            raise RuntimeError(f"unfold: step is {step} but must be > 0")
+        if not 0 <= size <= self.shape[d]:
+            raise RuntimeError(f"unfold: maximum size for tensor at dimension {d} is {self.shape[d]} but size is "
+                               f"{size}")
+        shape, strides = list(self.shape), list(self.stride())
+        shape[d], strides[d] = (shape[d] - size) // step + 1, strides[d] * step
+        return self.as_strided(shape + [size], strides + [self.stride(d)], self.storage_offset())
 
     def unbind(self, dim: _int = 0) -> tuple[Tensor, ...]:
         """The views at each index along dim, that dimension dropped."""

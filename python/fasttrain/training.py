@@ -63,7 +63,7 @@ class _InputBatches:
     y2))), in the order of a Loader over the sample indices: shuffled, seeded, and continued from epoch to epoch
     (and from where a fit stopped) as a Loader of (x, y) arrays is, its epoch and position being that Loader's."""
 
-    def __init__(self, inputs, targets, batch_size, shuffle, dtypes, seed=None):
+    def __init__(self, inputs, targets, batch_size, shuffle, dtypes, seed=None, drop_last=False):
         from .data import Loader, _host_tensor
         self._inputs = [_host_tensor(a, "the inputs") for a in inputs]
         if any(a.dtype.name == "uint8" and d.is_floating_point for a, d in zip(self._inputs, dtypes)):
@@ -76,7 +76,7 @@ class _InputBatches:
                              f"{[len(a) for a in self._targets] if self._targets else n}")
         labels = np.zeros(n, np.int64) if self._targets else targets  # the index Loader's own, then
         self._indices = Loader((np.arange(n, dtype=np.int64).reshape(n, 1), labels), batch_size, shuffle=shuffle,
-                               seed=seed)
+                               seed=seed, drop_last=drop_last)
 
     def __len__(self):
         return len(self._indices)
@@ -110,13 +110,13 @@ class _InputBatches:
             yield x if len(x) > 1 else x[0], tuple(a[rows] for a in self._targets) if self._targets else y
 
 
-def _as_loader(program, data, batch_size, shuffle):
+def _as_loader(program, data, batch_size, shuffle, drop_last=False):
     """A fasttrain Loader of batch_size (None: the program's) over (x, y) arrays (shuffled when training, seeded
-    from the global seed as every Loader is), or for a forward of several inputs their batches in a Loader's
-    order (_InputBatches); a loader or iterable as it is. The program keeps the loader of the arrays it last
-    trained on (and evaluated on), so that fit on the same arrays again goes on with the next epoch's order, and
-    fit on new arrays (augmented afresh for each call) starts at that epoch too, in its order rather than the
-    first epoch's again."""
+    from the global seed as every Loader is; drop_last leaves out a last batch short of batch_size), or for a
+    forward of several inputs their batches in a Loader's order (_InputBatches); a loader or iterable as it is.
+    The program keeps the loader of the arrays it last trained on (and evaluated on), so that fit on the same
+    arrays again goes on with the next epoch's order, and fit on new arrays (augmented afresh for each call)
+    starts at that epoch too, in its order rather than the first epoch's again."""
     if isinstance(data, list) and len(data) == 2 and all(hasattr(d, "shape") and len(d.shape) for d in data) \
             and data[0].shape[0] == data[1].shape[0]:
         raise TypeError("give (x, y) arrays as a tuple: a list is taken as an iterable of (x, y) batches")
@@ -125,8 +125,9 @@ def _as_loader(program, data, batch_size, shuffle):
         if hasattr(data, "shape"):
             raise TypeError(f"give the data as (x, y) arrays or a loader, got one {type(data).__name__}: the "
                             "program's loss reads targets")
-        if batch_size is not None:
-            raise ValueError("batch_size applies to (x, y) arrays: a loader makes batches of its own size")
+        for name, given in (("batch_size", batch_size is not None), ("drop_last", drop_last)):
+            if given:
+                raise ValueError(f"{name} applies to (x, y) arrays: a loader makes batches of its own")
         return data
     batch_size = batch_size or program.batch_size
     try:
@@ -140,16 +141,16 @@ def _as_loader(program, data, batch_size, shuffle):
     # the arrays by identity: the kept loader holds them, so their ids are not reused (targets made up for a
     # program that reads none are new each time)
     key = (tuple(map(id, x)) if isinstance(x, tuple) else id(x),
-           program.target_dtype and (tuple(map(id, y)) if isinstance(y, tuple) else id(y)), batch_size)
+           program.target_dtype and (tuple(map(id, y)) if isinstance(y, tuple) else id(y)), batch_size, drop_last)
     kept = loaders.get(shuffle)
     if kept is None or kept[0] != key:
         resume = program.__dict__.pop("_resume_arrays", None) if shuffle else None  # a checkpoint's (ft.load)
         seed = None if resume is None else resume["seed"]
         if isinstance(x, tuple) or isinstance(y, tuple) or program.input_shape == ():
             made = _InputBatches(x if isinstance(x, tuple) else (x,), y, batch_size, shuffle, program._input_dtypes,
-                                 seed)
+                                 seed, drop_last)
         else:
-            made = Loader((x, y), batch_size, shuffle=shuffle, seed=seed)
+            made = Loader((x, y), batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last)
         if resume is not None:
             made.load_state_dict(resume)
         elif kept is not None and shuffle:
@@ -363,17 +364,18 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
         scheduler: LRScheduler | ReduceLROnPlateau | None = None, scheduler_interval: str | None = None,
         tta_flip: bool = False, progress: bool = True,
         callbacks: Sequence[Callable[[int, Mapping[str, Any]], Any]] = (), stream: TextIO | None = None,
-        batch_size: int | None = None,
+        batch_size: int | None = None, drop_last: bool = False,
         step_callbacks: Sequence[Callable[[int, Mapping[str, Any]], Any]] = (),
         every_n_steps: int = 1, ema: EMA | None = None) -> History:
     """Trains `program` for `epochs` passes over `loader` (batches of (images, labels)), or over (x, y) arrays
     (NumPy arrays or CPU tensors: uint8 images or floating-point features, see ft.data.from_arrays) in shuffled
-    batches of `batch_size` (the program's by default), made by a Loader seeded from the global seed. Returns
-    the history, a dict (ft.History, which adds plot()) of per-epoch lists of train_loss, train_accuracy,
-    val_loss, val_accuracy, lr, seconds and images_per_second. train_accuracy (None unless the model
-    classifies) counts the argmax of the logits of each training step's own forward, in training mode (dropout
-    on, batch statistics), as the weights stood before that step's update; under ft.distributed it is this
-    rank's.
+    batches of `batch_size` (the program's by default; drop_last=True leaves out a last batch short of it, which
+    a batch norm of one value per channel cannot normalize when it has one sample), made by a Loader seeded from
+    the global seed. Returns the history, a dict (ft.History, which adds plot()) of per-epoch lists of
+    train_loss, train_accuracy, val_loss, val_accuracy, lr, seconds and images_per_second. train_accuracy (None
+    unless the model classifies) counts the argmax of the logits of each training step's own forward, in
+    training mode (dropout on, batch statistics), as the weights stood before that step's update; under
+    ft.distributed it is this rank's.
 
     progress: a progress bar per epoch that ends in one final line, written to `stream` (sys.stdout by default);
     in a Jupyter notebook with ipywidgets the bar on the notebook's own output is a widget that becomes that line.
@@ -435,13 +437,16 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
             raise ValueError("fit: a ReduceLROnPlateau in mode 'max' watches the accuracy, which this program (no "
                              "classifier of class targets) has none of: use mode='min', which watches the loss")
         scheduler = None  # stepped by the epoch's metric, after validation
-    loader = _as_loader(program, loader, batch_size, True)
+    loader = _as_loader(program, loader, batch_size, True, drop_last)
     if val_loader is not None:
         _check_labels(program, val_loader, "fit: val_loader's targets")
         val_loader = _as_loader(program, val_loader, None, False)
     for fed in (loader, val_loader):  # before any step: a validation loader that cannot feed the program too
         if _is_c_loader(fed):
             program._c._check_loader()
+    batches = loader._indices if isinstance(loader, _InputBatches) else loader
+    if _is_c_loader(batches) and not batches.drop_last and batches.num_samples % batches.batch_size:
+        program._check_split(batches.num_samples % batches.batch_size)  # the epoch's last batch, before any step
     history = History((k, []) for k in ("epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy", "lr",
                                         "seconds", "images_per_second", "skipped_steps", "loss_scale"))
     c_loader = _is_c_loader(loader)

@@ -251,6 +251,10 @@ _WITHOUT = {
     **dict.fromkeys(("pack_padded_sequence", "pack_sequence", "pad_packed_sequence", "PackedSequence"),
                     "packed sequences are not supported: pad the batch to one length (pad_sequence) and keep the "
                     "padding out of the loss (ignore_index) or of attention (a key padding mask)"),
+    **dict.fromkeys(("FloatTensor", "DoubleTensor", "HalfTensor", "BFloat16Tensor", "LongTensor", "IntTensor",
+                     "ShortTensor", "ByteTensor", "CharTensor", "BoolTensor"), "PyTorch's legacy typed tensor "
+                    "classes are not kept: ft.Tensor(2, 3) or ft.empty(2, 3, dtype=ft.float64) make memory, "
+                    "ft.tensor(data, dtype=ft.int64) values, and x.dtype == ft.int64 tests a type"),
     "DataParallel": "use the model itself; data-parallel training over processes is compile(..., distributed=True) "
                     "(docs/distributed.md)",
     "autograd": "gradients of gradients (torch.autograd.grad: a WGAN-GP's gradient penalty) are not supported: a "
@@ -474,9 +478,7 @@ _TRACED_HINTS.update(
     cumsum="a running sum along the last dimension is a product with a triangular matrix of ones: "
     "x @ ft.ones(T, T).triu() (T that dimension's size)",
     flip="reverse a dimension by a product with the reversed identity, x @ ft.eye(T).flip(0) (finite values), or "
-    "flip the data before the step",
-    index_select="pick positions with slices and integers (x[:, 2:5], x[:, [-1]]), and a tensor's rows at traced "
-    "indices with F.embedding(ids, table)")
+    "flip the data before the step")
 
 _SEVERAL_TARGETS = ("for several targets give each one's per-sample shape, compile(..., target_shape=((), (4,)), "
                  "target_dtype=(ft.int64, ft.float32)), and batches (x, (labels, boxes)): the loss gets them as a "
@@ -1324,6 +1326,9 @@ class Symbolic:
             index = (slice(None), *index)
         if not index or index[0] != slice(None):
             fail(f"indexing [{index}]", "keep the batch dimension whole: x[:, ...]")
+        index = tuple(_index_item(i) for i in index)
+        if any(isinstance(i, _Positions) for i in index):
+            return self._gather(index)
         out, dim, shape, kept = self, 0, self.node.shape, []  # kept: the result's per-sample sizes
         for pos, item in enumerate(index[1:], 1):
             if item is Ellipsis:
@@ -1337,8 +1342,6 @@ class Symbolic:
             if dim >= len(shape):
                 raise IndexError(f"too many indices for a value of shape {self.shape}")
             size = shape[dim]
-            if isinstance(item, list) and sum(isinstance(i, list) for i in index) == 1:
-                item = _list_as_slice(item, size)  # nanoGPT's x[:, [-1], :]
             if isinstance(item, int):
                 k = item % size if -size <= item < size else None
                 if k is None:
@@ -1360,6 +1363,62 @@ class Symbolic:
         kept.extend(shape[dim:])
         return out if tuple(kept) == out.node.shape else out.reshape(N, *kept)
 
+    def _gather(self, index):
+        """x[:, ids] or x[:, rows, cols] of constant positions (lists, NumPy arrays, integer tensors; DLRM's
+        pairs of features, Z[:, li, lj]), as PyTorch's advanced indexing: the indexed dimensions merged, their
+        positions broadcast to one shape that takes their place, then the rest of the index. The positions are
+        taken in runs of evenly spaced increasing ones, a slice node each, joined."""
+        import numpy as np
+        shape, dims, dim = self.node.shape, {}, 0  # dims: the dimension of each index item that takes one
+        for pos, item in enumerate(index[1:], 1):
+            if item is Ellipsis:
+                dim = len(shape) - sum(i is not None and i is not Ellipsis for i in index[pos + 1:])
+            elif item is not None:
+                dims[pos], dim = dim, dim + 1
+        advanced = [pos for pos in dims if isinstance(index[pos], (_Positions, int))]
+        if advanced != list(range(advanced[0], advanced[-1] + 1)):
+            fail("index arrays apart from each other (PyTorch moves their dimensions before the batch)", "index "
+                 "adjacent dimensions together, or one dimension at a time")
+        arrays = [pos for pos in advanced if isinstance(index[pos], _Positions)]
+        first, count = dims[arrays[0]], len(arrays)
+        if first + count > len(shape):
+            raise IndexError(f"too many indices for a value of shape {self.shape}")
+        sizes = shape[first:first + count]
+        found = np.broadcast_arrays(*(index[pos].ids for pos in arrays))
+        for ids, size in zip(found, sizes):
+            bad = ids[(ids < -size) | (ids >= size)]
+            if bad.size:
+                raise IndexError(f"index {bad.flat[0]} is out of range for size {size}")
+        flat = np.ravel_multi_index(tuple(ids % size for ids, size in zip(found, sizes)), sizes)
+        merged = self if count == 1 else self.reshape(N, *shape[:first], math.prod(sizes), *shape[first + count:])
+        taken = merged._take(first, [int(p) for p in flat.flat])
+        out = taken.reshape(N, *shape[:first], *flat.shape, *shape[first + count:])
+        rest = [i for pos, i in enumerate(index) if pos not in arrays[1:]]
+        rest[arrays[0]:arrays[0] + 1] = [slice(None)] * flat.ndim
+        return out[tuple(rest)]
+
+    def _take(self, dim, positions):
+        """The values at positions along per-sample dimension dim, in runs of evenly spaced increasing ones."""
+        runs = []  # [start, step, length]
+        for p in positions:
+            if runs and runs[-1][2] == 1 and p > runs[-1][0]:
+                runs[-1][1:] = p - runs[-1][0], 2
+            elif runs and runs[-1][2] > 1 and p == runs[-1][0] + runs[-1][1] * runs[-1][2]:
+                runs[-1][2] += 1
+            else:
+                runs.append([p, 1, 1])
+        if len(runs) > _MAX_RUNS:
+            fail(f"a gather of {len(positions)} positions in {len(runs)} runs (more than {_MAX_RUNS})", "gather "
+                 "fewer scattered positions, or reorder the data before the step")
+        size = self.node.shape[dim]
+        parts = [self if run == [0, 1, size] else _layers().Slice(dim, *run)(self) for run in runs]
+        return parts[0] if len(parts) == 1 else cat(parts, dim + 1)
+
+    def index_select(self, dim, index):
+        """Records the values at the constant positions index (1-d) along dim (not the batch)."""
+        d = _dim(dim, len(self.node.shape))
+        return self[(slice(None),) * (d + 1) + (index if isinstance(index, Symbolic) else _index_item(index, True),)]
+
     def select(self, dim, index):
         """Records the values at index along dim (not the batch), that dimension dropped, as torch.select."""
         d = _dim(dim, len(self.node.shape))
@@ -1369,6 +1428,19 @@ class Symbolic:
         """The values at each index along dim (not the batch), as torch.unbind."""
         d = _dim(dim, len(self.node.shape))
         return tuple(self.select(d + 1, i) for i in range(self.node.shape[d]))
+
+    def unfold(self, dimension, size, step):
+        """Records the windows of size elements along dimension (not the batch), one each step, as a new last
+        dimension, as Tensor.unfold (PatchTST's patches, a signal's frames): slices of the value joined."""
+        shape = self.node.shape
+        d = _dim(dimension, len(shape))
+        if step <= 0 or not 0 < size <= shape[d]:
+            raise RuntimeError(f"unfold: windows of {size} every {step} of a dimension of size {shape[d]}")
+        at = (slice(None),) * (d + 1)
+        out = cat([self[at + (slice(k, k + size),)].unsqueeze(d + 1) for k in range(0, shape[d] - size + 1, step)],
+                  d + 1)
+        last = len(shape) + 1
+        return out if d + 2 == last else out.permute(0, *(k for k in range(1, last + 1) if k != d + 2), d + 2)
 
     def chunk(self, chunks, dim=-1):
         """Records chunks slices along dim, each ceil(size / chunks) long (the last shorter), as torch.chunk; dim is not
@@ -1618,6 +1690,12 @@ class Symbolic:
         from .. import creation
         return creation.ones(*size, device=_device_of(self))
 
+    def new_tensor(self, data, dtype=None, **kwargs):
+        """data as a tensor the same for every sample, on the value's device, of the value's dtype unless dtype is
+        given, as torch's new_tensor."""
+        from .. import creation
+        return creation.tensor(data, dtype=dtype or self.dtype, device=_device_of(self))
+
     @_view
     def detach(self):
         """Records the value as a constant of the step: no gradient passes back through it (x.data likewise)."""
@@ -1705,7 +1783,27 @@ class Symbolic:
         fail(f"x.{name}", _TRACED_HINTS.get(name, "see docs/models.md for what traced values support"), NoAttribute)
 
     def __setitem__(self, key, value):
-        refuse_assignment()
+        """x[mask] = v of a bool mask (traced, or a tensor the same for every sample) and a number: masked_fill_
+        (GCN's d[torch.isinf(d)] = 0.); any other assignment fails."""
+        from .._C import TensorBase
+        if isinstance(value, TensorBase) and value.ndim == 0:
+            value = value.item()
+        mask = key._is_mask() if isinstance(key, Symbolic) else isinstance(key, TensorBase) and key.dtype.name == "bool"
+        if not (mask and isinstance(value, numbers.Real)):
+            refuse_assignment()
+        self.masked_fill_(key, value)
+
+    def isnan(self):
+        """A bool mask of where the value is NaN (x != x)."""
+        return self != self
+
+    def isinf(self):
+        """A bool mask of where the value is +-inf."""
+        return self.abs() == math.inf
+
+    def isfinite(self):
+        """A bool mask of where the value is neither +-inf nor NaN."""
+        return self.abs() < math.inf
 
     def t(self):
         """Fails: the transpose of a batch of vectors or matrices swaps the batch with the features; a product
@@ -2258,6 +2356,16 @@ class Layered(_Refusing):
     def shape(self):
         return (len(self.states), *self.states[0].shape)
 
+    def sum(self, dim=None, keepdim=False, *, dtype=None):
+        """The values added, summed along the first dimension (WaveNet's ft.stack(skips).sum(0))."""
+        if dim not in (0, -len(self.shape)) or keepdim or dtype is not None:
+            self._refuse()
+        return functools.reduce(operator.add, self.states)
+
+    def mean(self, dim=None, keepdim=False, *, dtype=None):
+        """The values' mean along the first dimension."""
+        return self.sum(dim, keepdim, dtype=dtype) / len(self.states)
+
     def size(self, dim=None):
         return self.shape if dim is None else self.shape[dim]
 
@@ -2331,9 +2439,10 @@ class Layered(_Refusing):
         return self.permute(1, 0, 2)
 
     def _refuse(self, *args, **kwargs):
-        fail("this use of values stacked before the batch (an RNN's states: h_n, h.unsqueeze(0))", "pass them to an "
-             "RNN as its initial states, take them apart (h_n[-1], h_n[-2:]) or put the batch first "
-             "(h_n.permute(1, 0, 2))")
+        fail("this use of values stacked before the batch (ft.stack(values) along dim 0; an RNN's states: h_n, "
+             "h.unsqueeze(0))", "sum them along it (.sum(0), .mean(0)), stack them after the batch "
+             "(ft.stack(values, dim=1)), take them apart (h_n[-1], h_n[-2:]), put the batch first "
+             "(h_n.permute(1, 0, 2)), or pass them to an RNN as its initial states")
 
 
 class AttentionWeights(_Refusing):
@@ -2354,7 +2463,11 @@ class ZeroStates(_Refusing):
         self.size = size
 
     def to(self, *args, **kwargs):
+        """The zeros as they are: .to(device), and the tutorials' ft.zeros(...).requires_grad_() then h0.detach(),
+        which no gradient reaches either way."""
         return self
+
+    detach = requires_grad_ = to
 
     def _refuse(self, *args, **kwargs):
         fail(f"ft.zeros{self.size} (a size naming the batch) other than as an RNN's initial state",
@@ -2487,22 +2600,36 @@ def _sample_shape(t):
     return shape
 
 
-def _list_as_slice(items, size):
-    """The slice a list index of evenly spaced increasing positions picks (x[:, [-1]] is x[:, -1:]); the only
-    list of the index, so that NumPy's pairing of several lists does not arise."""
-    if not items or not all(isinstance(i, int) and not isinstance(i, bool) for i in items):
-        fail(f"indexing with the list {items!r}", "use integers, slices, None, ... and lists of evenly spaced "
-             "increasing integers")
-    ks = []
-    for i in items:
-        if not -size <= i < size:
-            raise IndexError(f"index {i} is out of range for size {size}")
-        ks.append(i % size)
-    step = ks[1] - ks[0] if len(ks) > 1 else 1
-    if step < 1 or ks != list(range(ks[0], ks[0] + step * len(ks), step)):
-        fail(f"indexing with the list {items!r} (a gather of positions)", "index with a slice, or lists of evenly "
-             "spaced increasing positions ([-1], [0, 2, 4])")
-    return slice(ks[0], ks[-1] + 1, step)
+_MAX_RUNS = 256  # slice nodes one gather of constant positions may take
+
+
+class _Positions:
+    """Constant integer positions indexing a traced value: ids, an int64 NumPy array of at least one dimension."""
+
+    def __init__(self, ids):
+        self.ids = ids
+
+
+def _index_item(item, positions=False):
+    """An item of an index into a traced value as __getitem__ takes it: an integer (a Python int, a NumPy one, a
+    one-element tensor of no dimensions) as int; a list, NumPy array or tensor of integers as _Positions (with
+    positions, any integer index); anything else as it is."""
+    import numpy as np
+    from .._C import TensorBase
+    if isinstance(item, (list, np.ndarray, TensorBase)) or positions:
+        try:
+            ids = np.asarray(item.cpu().numpy() if isinstance(item, TensorBase) else item)
+        except ValueError:
+            ids = None
+        if ids is not None and ids.ndim == 0 and ids.dtype.kind in "iu" and not positions:
+            return int(ids)
+        if ids is None or ids.dtype.kind not in "iu":
+            fail(f"indexing with {type(item).__name__} {item!r}", "use integers, slices, None, ... and lists or "
+                 "tensors of integer positions, the same for every sample")
+        if ids.size == 0:
+            raise IndexError("indexing with no positions")
+        return _Positions(ids.astype(np.int64).reshape(ids.shape or (1,)))
+    return operator.index(item) if isinstance(item, numbers.Integral) and not isinstance(item, bool) else item
 
 
 def constant(t, like_shape):

@@ -551,6 +551,21 @@ def _init_weight_bias(weight, bias, fan_in):
         init.uniform_(bias, -bound, bound)
 
 
+def _reset_affine(module):
+    """A norm's weight to ones and its bias to zeros, where it has them."""
+    if module.weight is not None:
+        module.weight.fill_(1)
+    if getattr(module, "bias", None) is not None:
+        module.bias.zero_()
+
+
+def _init_table(module):
+    """An embedding table drawn from PyTorch's N(0, 1), its padding row zero."""
+    init.normal_(module.weight)
+    if module.padding_idx is not None:
+        module.weight[module.padding_idx].fill_(0)
+
+
 def _tuple(v, n):
     """A size per spatial dimension: v itself when it gives one for each, else v repeated."""
     return tuple(v) if isinstance(v, (tuple, list)) else (v,) * n
@@ -589,7 +604,11 @@ class _ConvNd(Module):
         lead = (in_channels, out_channels // groups) if self._transposed else (out_channels, in_channels // groups)
         self.register_parameter("weight", creation.empty(*lead, *self.kernel_size))
         self.register_parameter("bias", creation.empty(out_channels) if bias else None)
-        _init_weight_bias(self.weight, self.bias, lead[1] * math.prod(self.kernel_size))  # PyTorch's fan-in
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        """The weight and bias drawn afresh, as PyTorch initialises them."""
+        _init_weight_bias(self.weight, self.bias, math.prod(self.weight.shape[1:]))  # PyTorch's fan-in
 
     def output_shape(self, shape):
         name = type(self).__name__
@@ -730,7 +749,11 @@ class Linear(Module):
         self.in_features, self.out_features = in_features, out_features
         self.register_parameter("weight", creation.empty(out_features, in_features))
         self.register_parameter("bias", creation.empty(out_features) if bias else None)
-        _init_weight_bias(self.weight, self.bias, in_features)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        """The weight and bias drawn afresh, as PyTorch initialises them."""
+        _init_weight_bias(self.weight, self.bias, self.in_features)
 
     def output_shape(self, shape):
         if shape[-1] != self.in_features:
@@ -754,9 +777,13 @@ class Bilinear(Module):
         self.in1_features, self.in2_features, self.out_features = in1_features, in2_features, out_features
         self.register_parameter("weight", creation.empty(out_features, in1_features, in2_features))
         self.register_parameter("bias", creation.empty(out_features) if bias else None)
-        bound = 1 / math.sqrt(in1_features)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        """The weight and bias drawn afresh from U(-1/sqrt(in1_features), 1/sqrt(in1_features))."""
+        bound = 1 / math.sqrt(self.in1_features)
         init.uniform_(self.weight, -bound, bound)
-        if bias:
+        if self.bias is not None:
             init.uniform_(self.bias, -bound, bound)
 
     def forward(self, input1, input2):
@@ -778,12 +805,25 @@ class _BatchNorm(Module):
         super().__init__()
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
         self.affine, self.track_running_stats = affine, track_running_stats
-        self.register_parameter("weight", creation.ones(num_features) if affine else None)
-        self.register_parameter("bias", creation.zeros(num_features) if affine else None)
+        self.register_parameter("weight", creation.empty(num_features) if affine else None)
+        self.register_parameter("bias", creation.empty(num_features) if affine else None)
         if track_running_stats:
-            self.register_buffer("running_mean", creation.zeros(num_features))
-            self.register_buffer("running_var", creation.ones(num_features))
-            self.register_buffer("num_batches_tracked", creation.zeros((), dtype="int64"))
+            self.register_buffer("running_mean", creation.empty(num_features))
+            self.register_buffer("running_var", creation.empty(num_features))
+            self.register_buffer("num_batches_tracked", creation.empty((), dtype="int64"))
+        self.reset_parameters()
+
+    def reset_running_stats(self):
+        """The running statistics as at construction: mean 0, variance 1, no batches counted."""
+        if self.track_running_stats:
+            self.running_mean.zero_()
+            self.running_var.fill_(1)
+            self.num_batches_tracked.zero_()
+
+    def reset_parameters(self):
+        """The running statistics, weight (1) and bias (0) as at construction."""
+        self.reset_running_stats()
+        _reset_affine(self)
 
     def output_shape(self, shape):
         if len(shape) not in self._ranks:
@@ -904,9 +944,14 @@ class LayerNorm(Module):
         super().__init__()
         self.normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
         self.eps = eps
-        self.register_parameter("weight", creation.ones(self.normalized_shape) if elementwise_affine else None)
-        self.register_parameter("bias", creation.zeros(self.normalized_shape) if elementwise_affine and bias
+        self.register_parameter("weight", creation.empty(self.normalized_shape) if elementwise_affine else None)
+        self.register_parameter("bias", creation.empty(self.normalized_shape) if elementwise_affine and bias
                                 else None)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        """The weight (1) and bias (0) as at construction."""
+        _reset_affine(self)
 
     def output_shape(self, shape):
         if tuple(shape[-len(self.normalized_shape):]) != self.normalized_shape:
@@ -948,8 +993,13 @@ class GroupNorm(Module):
         if num_groups < 1 or num_channels % num_groups:
             raise ValueError(f"GroupNorm: num_channels {num_channels} must be divisible by num_groups {num_groups}")
         self.num_groups, self.num_channels, self.eps, self.affine = num_groups, num_channels, eps, affine
-        self.register_parameter("weight", creation.ones(num_channels) if affine else None)
-        self.register_parameter("bias", creation.zeros(num_channels) if affine else None)
+        self.register_parameter("weight", creation.empty(num_channels) if affine else None)
+        self.register_parameter("bias", creation.empty(num_channels) if affine else None)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        """The weight (1) and bias (0) as at construction."""
+        _reset_affine(self)
 
     def output_shape(self, shape):
         if not shape or shape[0] % self.num_groups or self.num_channels not in (None, shape[0]):
@@ -1008,9 +1058,11 @@ class Embedding(Module):
         padding_idx = _table_options("Embedding", num_embeddings, padding_idx, max_norm, scale_grad_by_freq, sparse)
         self.num_embeddings, self.embedding_dim, self.padding_idx = num_embeddings, embedding_dim, padding_idx
         self.register_parameter("weight", creation.empty(num_embeddings, embedding_dim))
-        init.normal_(self.weight)  # PyTorch's N(0, 1), the padding row zero
-        if padding_idx is not None:
-            self.weight[padding_idx].fill_(0)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        """The table drawn afresh from PyTorch's N(0, 1), the padding row zero."""
+        _init_table(self)
 
     @classmethod
     def from_pretrained(cls, embeddings, freeze=True, padding_idx=None, max_norm=None, norm_type=2.0,
@@ -1087,11 +1139,13 @@ class EmbeddingBag(Module):
         self.include_last_offset, self.padding_idx = include_last_offset, padding_idx
         self.register_parameter("weight", creation.empty(num_embeddings, embedding_dim))
         if _weight is None:
-            init.normal_(self.weight)
-            if padding_idx is not None:
-                self.weight[padding_idx].fill_(0)
+            self.reset_parameters()
         else:
             self.weight.copy_(_weight)
+
+    def reset_parameters(self):
+        """The table drawn afresh from PyTorch's N(0, 1), the padding row zero."""
+        _init_table(self)
 
     def forward(self, input, offsets=None, per_sample_weights=None):
         from . import functional as F
@@ -1343,8 +1397,13 @@ class PReLU(Module):
 
     def __init__(self, num_parameters=1, init=0.25):
         super().__init__()
-        self.num_parameters = num_parameters
-        self.weight = Parameter(creation.full((num_parameters,), float(init)))
+        self.num_parameters, self.init = num_parameters, float(init)
+        self.weight = Parameter(creation.empty(num_parameters))
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        """The slopes as at construction (init)."""
+        self.weight.fill_(self.init)
 
     def forward(self, input):
         from . import functional as F
@@ -1374,7 +1433,12 @@ class RMSNorm(Module):
         super().__init__()
         self.normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
         self.eps, self.elementwise_affine = eps, elementwise_affine
-        self.register_parameter("weight", creation.ones(*self.normalized_shape) if elementwise_affine else None)
+        self.register_parameter("weight", creation.empty(*self.normalized_shape) if elementwise_affine else None)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        """The weight (1) as at construction."""
+        _reset_affine(self)
 
     def forward(self, x):
         from . import functional as F
@@ -2586,11 +2650,19 @@ class LSTMOutput(Module):
 def _rnn_weights(module, suffix, input_size, hidden_size, gates, bias):
     """Registers weight_ih, weight_hh (and bias_ih, bias_hh) + suffix for `gates` gates, as PyTorch shapes and
     initialises them: U(-1/sqrt(hidden_size), 1/sqrt(hidden_size))."""
-    G, k = gates * hidden_size, 1.0 / math.sqrt(hidden_size)
+    G = gates * hidden_size
     shapes = {"weight_ih": (G, input_size), "weight_hh": (G, hidden_size), **({"bias_ih": (G,), "bias_hh": (G,)}
                                                                              if bias else {})}
     for kind, shape in shapes.items():
-        module.register_parameter(kind + suffix, init.uniform_(creation.empty(*shape), -k, k))
+        module.register_parameter(kind + suffix, creation.empty(*shape))
+
+
+def _reset_rnn(module):
+    """Every weight and bias of an RNN (or cell) drawn afresh from U(-1/sqrt(hidden_size), 1/sqrt(hidden_size)),
+    in the order of its parameters, as PyTorch's reset_parameters."""
+    k = 1.0 / math.sqrt(module.hidden_size)
+    for p in module.parameters():
+        init.uniform_(p, -k, k)
 
 
 class _RNNBase(Module):
@@ -2619,6 +2691,9 @@ class _RNNBase(Module):
             for suffix in ("", "_reverse")[:1 + bidirectional]:
                 fan_in = input_size if layer == 0 else hidden_size * (1 + bidirectional)
                 _rnn_weights(self, f"_l{layer}{suffix}", fan_in, hidden_size, self._gates, bias)
+        self.reset_parameters()
+
+    reset_parameters = _reset_rnn
 
     def _weights(self, layer, direction):
         suffix = "_reverse" if direction else ""
@@ -2749,6 +2824,9 @@ class _CellBase(Module):
         super().__init__()
         self.input_size, self.hidden_size, self.bias = input_size, hidden_size, bias
         _rnn_weights(self, "", input_size, hidden_size, self._gates, bias)
+        self.reset_parameters()
+
+    reset_parameters = _reset_rnn
 
     def forward(self, input, hx=None):
         """The next state for input (N, input_size) (or one unbatched (input_size,)) from hx (None: zeros)."""
@@ -2893,10 +2971,15 @@ class MultiheadAttention(Module):
             raise ValueError(f"MultiheadAttention: embed_dim {embed_dim} must be divisible by num_heads {num_heads}")
         self.embed_dim, self.num_heads, self.batch_first, self.dropout = embed_dim, num_heads, batch_first, dropout
         self.register_parameter("in_proj_weight", creation.empty(3 * embed_dim, embed_dim))
-        self.register_parameter("in_proj_bias", creation.zeros(3 * embed_dim) if bias else None)
+        self.register_parameter("in_proj_bias", creation.empty(3 * embed_dim) if bias else None)
         self.out_proj = Linear(embed_dim, embed_dim, bias=bias)
-        init.xavier_uniform_(self.in_proj_weight)  # PyTorch's initialization
-        if bias:
+        self._reset_parameters()
+
+    def _reset_parameters(self):
+        """PyTorch's (private) initialisation: the input projection Xavier-uniform, both biases zero."""
+        init.xavier_uniform_(self.in_proj_weight)
+        if self.in_proj_bias is not None:
+            init.zeros_(self.in_proj_bias)
             init.zeros_(self.out_proj.bias)
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,

@@ -818,6 +818,7 @@ class Program:
         self._fold_biases()
         self._compiled_params = dict(model.named_parameters())
         self._compiled_modules = self._module_layout()
+        self._compiled_buffers = self._named_buffers()
         self._places = {name: p.data_ptr() for name, p in self._compiled_params.items()}
         self._nodes = [_node_dict(e, self.trainable) for e in self.entries]
         self._grad_views = [(p, p.grad) for p in dict.fromkeys(model.parameters()) if id(p) in self.trainable]
@@ -962,20 +963,29 @@ class Program:
         xt, yt = self._batch(x, y)
         first = (xt[0] if isinstance(xt, tuple) else xt).shape
         n = first[0] if first else 0  # a 0-d input: refused by the step
-        micro = self.batch_size // self.accumulate_steps
+        self._check_split(n)
         norms = [e for e in self.entries if e.kind == BATCHNORM and e.module.training]
-        if n > micro and n % micro == 1 and any(math.prod(e.shape[1:]) == 1 for e in norms):
-            raise ValueError(f"a batch of {n} samples trains as micro-batches of {micro}, the last of 1 sample, which "
-                             "a batch norm in training mode cannot normalize (it needs more than 1 value per channel); "
-                             f"give batches of {micro} samples or a multiple (drop_last=True drops the odd one), or "
-                             f"compile with batch_size={n}")
         if n > self.batch_size and not self.__dict__.get("_warned_split") and norms:
             self._warned_split = True
-            warnings.warn(f"a batch of {n} samples trains as micro-batches of at most {micro} (the compiled batch_size "
+            warnings.warn(f"a batch of {n} samples trains as micro-batches of at most "
+                          f"{self.batch_size // self.accumulate_steps} (the compiled batch_size "
                           f"{self.batch_size}): each batch norm normalizes every micro-batch by its own statistics, "
                           f"where a step of {n} at once would use the {n} samples' (compile with batch_size={n} for "
                           "that)", stacklevel=stacklevel + 1)
         return xt, yt
+
+    def _check_split(self, n):
+        """Fails where a batch of n would leave a (micro-)batch of one sample to a batch norm of one value per
+        channel in training mode (BatchNorm1d on features), as PyTorch's fails for a batch of one."""
+        micro = self.batch_size // self.accumulate_steps
+        norms = [e for e in self.entries if e.kind == BATCHNORM and e.module.training]
+        if n % micro == 1 and micro > 1 and any(math.prod(e.shape[1:]) == 1 for e in norms):
+            what = "a batch of 1 sample, which" if n == 1 else \
+                f"a batch of {n} samples trains as micro-batches of {micro}, the last of 1 sample, which"
+            raise ValueError(f"{what} a batch norm in training mode cannot normalize (it needs more than 1 value per "
+                             f"channel, as PyTorch's); give batches of {micro} samples or a multiple (drop_last=True "
+                             "of a Loader, or of ft.fit on arrays, leaves out a short last batch)"
+                             + (f", or compile with batch_size={n}" if n > 1 else ""))
 
     @property
     def input_shape(self):
@@ -1066,6 +1076,13 @@ class Program:
                              "hyperparameters, batch_size, accumulate_steps or precision differ): every rank must "
                              "compile the same model, optimizer and options")
 
+    def _named_buffers(self):
+        """The model's buffers, and the loss module's (a class weight), by name."""
+        found = dict(self.model.named_buffers())
+        if isinstance(self.loss, M.Module):
+            found.update(self.loss.named_buffers(prefix="loss"))
+        return found
+
     def _module_layout(self):
         return [(name, id(m)) for name, m in self.model.named_modules(remove_duplicate=False)]
 
@@ -1080,6 +1097,12 @@ class Program:
         if self._module_layout() != self._compiled_modules:
             raise ValueError("the model's modules changed after compile (a layer added, removed or replaced), which "
                              "the compiled program does not see: compile again")
+        buffers = self._named_buffers()
+        for name, b in self._compiled_buffers.items():
+            if buffers.get(name) is not b:
+                raise ValueError(f"{name} was replaced after compile by {'a new tensor' if name in buffers else 'None'}"
+                                 ", which the compiled program does not read: copy the values into the one it "
+                                 "compiled (its .copy_(), .zero_(), load_state_dict), or compile again")
         for name, p in now.items():
             if p is not before[name]:
                 raise ValueError(f"{name} was replaced after compile by a new tensor, which the compiled program does "
@@ -1158,6 +1181,7 @@ class Program:
         # a loss found not finite in a later micro-batch comes after the earlier ones' gradients were added
         rows = ((x[0] if isinstance(x, tuple) else x).shape or (0,))[0]  # a 0-d x: C names the mistake
         kept = self.flat_grads.clone() if not replaced and rows > self.batch_size // self.accumulate_steps else None
+        self._let_go({id(p) for p, _ in replaced})
         for p, view in self._grad_views:
             p.grad = view  # (set to None or replaced) the program's memory is .grad again
         try:
@@ -1168,6 +1192,20 @@ class Program:
             for p, grad in replaced:
                 p.grad = grad
             raise
+
+    def _let_go(self, dropped):
+        """New views of the program's gradient memory for the parameters (by id) whose .grad was set to None
+        (zero_grad's default) or replaced. An old view still held elsewhere (g1 = p.grad before zero_grad(), kept to
+        compare with the next batch's) moves into memory of its own with its values, as the tensor that PyTorch's
+        zero_grad drops keeps them."""
+        for i, (p, view) in enumerate(self._grad_views):
+            if id(p) in dropped:
+                self._grad_views[i] = (p, view.as_strided(view.shape, view.stride(), view.storage_offset()))
+                old = weakref.ref(view)
+                del view
+                if (held := old()) is not None:
+                    held._rebind(creation.empty(held.numel(), dtype=held.dtype, device=held.device), 0)
+                    del held
 
     def predict(self, x):
         """The model's (first) output for x, in eval mode (running batch-norm statistics, no dropout): for a batch

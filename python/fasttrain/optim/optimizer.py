@@ -1,12 +1,13 @@
 """Optimizers with PyTorch's interface whose update is one fused C pass over
 every parameter (csrc/optim/optim.h has the exact formulas), on the CPU or on
 the CUDA device that holds the parameters."""
+import collections
 import math
 import operator
 
 import numpy as np
 
-from .. import _C
+from .. import _C, creation
 from .._C import TensorBase
 from .._types import _BY_NAME
 
@@ -164,8 +165,10 @@ class Optimizer:
         first = sum(len(g["params"]) for g in self.param_groups)
         for i, p in enumerate(params):
             _check_param(p, f"param {first + i}")
+        if len({id(p) for p in params}) != len(params):
+            raise ValueError(f"param group {index} holds a parameter more than once: list each once")
         seen = {id(p) for g in self.param_groups for p in g["params"]}
-        if len({id(p) for p in params}) != len(params) or any(id(p) in seen for p in params):
+        if any(id(p) in seen for p in params):
             raise ValueError("some parameters appear in more than one parameter group")
         for key, value in self.defaults.items():
             if value is required and key not in group:
@@ -249,28 +252,35 @@ class Optimizer:
             names |= {name for name, k in _STATES.items() if self._c.state_buffer(k) is not None}
         return 4 * len(names) * sum(p.numel() for g in self.param_groups for p in g["params"])
 
-    def _export_state(self):
-        """{param index: {key: value}} in PyTorch's layout, NumPy copies, for params that have state."""
+    def _stateful(self):
+        """(index, param, offset in the flat buffers, steps taken, state keys) of each param that has state."""
         c = self._c
-        if c is None:
-            return {}
-        buffers = {name: c.state_buffer(k) for name, k in _STATES.items()}
-        # .cpu(): one copy of each buffer when the state is on a device, none on the CPU
-        flats = {name: f.cpu().numpy() for name, f in buffers.items() if f is not None}
-        state = {}
-        for i, (p, off) in enumerate(zip(self._params, c.offsets)):
+        for i, (p, off) in enumerate(zip(self._params, c.offsets) if c is not None else ()):
             steps, momentum_valid = c.segment_state(i)
             # torch's SGD keeps no state without momentum
-            if steps == 0 or (self._kind == _KINDS["SGD"] and not momentum_valid):
-                continue
-            entry = {}
-            for key in self._state_keys(self._built[self._group_of[i]]):
-                if key == "step":
-                    entry[key] = np.array(steps, dtype=np.float32)
-                else:
-                    entry[key] = flats[key][off:off + p.numel()].reshape(p.shape).copy()
-            state[i] = entry
-        return state
+            if steps and (self._kind != _KINDS["SGD"] or momentum_valid):
+                yield i, p, off, steps, self._state_keys(self._built[self._group_of[i]])
+
+    def _export_state(self):
+        """{param index: {key: value}} in PyTorch's layout, NumPy copies, for params that have state."""
+        if self._c is None:
+            return {}
+        # .cpu(): one copy of each buffer when the state is on a device, none on the CPU
+        flats = {name: f.cpu().numpy() for name, k in _STATES.items() if (f := self._c.state_buffer(k)) is not None}
+        return {i: {key: np.array(steps, dtype=np.float32) if key == "step" else
+                     flats[key][off:off + p.numel()].reshape(p.shape).copy() for key in keys}
+                for i, p, off, steps, keys in self._stateful()}
+
+    @property
+    def state(self):
+        """Each param's state, as PyTorch's optimizer.state (a defaultdict(dict) keyed by the params, those
+        without state absent): its buffers (exp_avg, momentum_buffer, ...) views of the optimizer's flat state, so
+        that a change in place is the optimizer's; "step" a float32 tensor of the steps taken (a copy)."""
+        out = collections.defaultdict(dict)
+        for i, p, off, steps, keys in self._stateful():
+            out[p] = {key: creation.tensor(float(steps)) if key == "step" else
+                      self._c.state_buffer(_STATES[key])[off:off + p.numel()].view(p.shape) for key in keys}
+        return out
 
     def _checked_state(self, state, groups):
         """state with every value converted and checked against the params and groups; raises ValueError."""
