@@ -181,7 +181,29 @@ def spectral(lib):
     return Net(), (5,)
 
 
-MODELS = [std_conv, timm_std_conv, weight_norm, masked_conv, lora, normalized_up, own_dimensions, scan, spectral]
+def position_mlp(lib):
+    """Swin V2's continuous position bias: an MLP of a constant table of coordinates (a buffer), called as a
+    module (self.cpb_mlp(self.coords)) and written with F.linear, 16 * sigmoid of it added to the scores."""
+    L, G = (nn, F) if lib is ft else (lib.nn, lib.nn.functional)
+
+    class Net(L.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = L.Linear(5, CLASSES)
+            self.cpb_mlp = L.Sequential(L.Linear(2, 8), L.ReLU(inplace=True), L.Linear(8, 1, bias=False))
+            self.register_buffer("coords", lib.linspace(-1, 1, 2 * CLASSES).reshape(1, CLASSES, 2))
+
+        def forward(self, x):
+            first, _, last = self.cpb_mlp
+            table = self.cpb_mlp(self.coords) + G.linear(G.relu(G.linear(self.coords, first.weight, first.bias)),
+                                                         last.weight)
+            return self.fc(x) + 16 * lib.sigmoid(table.view(-1))
+
+    return Net(), (5,)
+
+
+MODELS = [std_conv, timm_std_conv, weight_norm, masked_conv, lora, normalized_up, own_dimensions, scan, spectral,
+          position_mlp]
 
 
 def data(shape, seed=0):

@@ -3092,6 +3092,63 @@ def test_a_parameters_values_read_in_forward_are_refused_not_frozen(read):
                   target_shape=(3,))
 
 
+def test_a_forward_changing_a_trainable_parameter_in_place_is_refused_and_undone():
+    """Swin V2's qkv_bias = self.qkv.bias.clone(); qkv_bias[k:2 * k].zero_(): the clone of a parameter reads as
+    the parameter, so the zeroing would have written the weights once, at compile, and every step would train
+    the entries PyTorch zeroes. Refused naming the parameter and the way out; the weights are as before."""
+    class Zeroed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = nn.Linear(4, 6)
+
+        def forward(self, x):
+            qkv_bias = self.qkv.bias.clone()
+            qkv_bias[2:4].zero_()
+            return F.linear(x, self.qkv.weight, qkv_bias)
+
+    m = Zeroed()
+    with ft.no_grad():
+        m.qkv.bias.copy_(ft.arange(1.0, 7.0))
+    with pytest.raises(nn.TracingError, match=r"changed trainable parameter qkv\.bias in place .* ft\.cat"):
+        m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=2, input_shape=(4,))
+    assert m.qkv.bias.tolist() == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+
+
+def test_torchvisions_spellings_of_containers_axes_and_draws():
+    """maxvit's nn.parameter.Parameter, self.layers += [...] on a ModuleList and torch.swapaxes of traced values
+    compile as in PyTorch; stochastic_depth's mode="batch" draw (one for the whole batch) is refused as a draw made
+    once at compile, and bernoulli_ draws eagerly."""
+    class Block(nn.Module):
+        def __init__(self, mode):
+            super().__init__()
+            self.mode, self.layers = mode, nn.ModuleList([nn.Linear(3, 3)])
+            self.layers += [nn.Linear(3, 3)]
+            self.scale = nn.parameter.Parameter(ft.ones(3))
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            x = ft.swapaxes(x, 1, 2).swapdims(1, 2) * self.scale
+            if self.mode == "batch":
+                x = x * ft.empty([1] * x.ndim).bernoulli_(0.5)
+            return x.mean(1)
+
+    m = Block("row")
+    assert [k for k, _ in m.named_parameters()] == ["scale", "layers.0.weight", "layers.0.bias", "layers.1.weight",
+                                                    "layers.1.bias"]
+    x = np.random.default_rng(30).standard_normal((2, 4, 3)).astype(np.float32)
+    program = m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=2, input_shape=(4, 3))
+    np.testing.assert_allclose(program.predict(x).numpy(), m(ft.tensor(x)).numpy(), rtol=1e-6, atol=1e-6)
+    with pytest.raises(nn.TracingError, match="ft.bernoulli_ in a traced forward .* drawn once, at compile"):
+        Block("batch").compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=2,
+                               input_shape=(4, 3))
+    ft.manual_seed(31)
+    drawn = ft.empty(20000).bernoulli_(0.25)
+    assert set(np.unique(drawn.numpy())) == {0.0, 1.0} and abs(float(drawn.mean()) - 0.25) < 0.01
+    with pytest.raises(ValueError, match=r"p must be in \[0, 1\]"):
+        ft.empty(2).bernoulli_(1.5)
+
+
 class Shifted(nn.Module):
     """A forward that branches on self.training: +shift in training mode only."""
 

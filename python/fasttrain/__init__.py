@@ -23,8 +23,8 @@ from ._math import (abs, acos, add, addmm, all, allclose, amax, amin, any, argma
                     nonzero, norm, numel, outer, permute, pow, prod, promote_types, quantile, reciprocal, relu,
                     remainder, repeat_interleave, reshape, result_type, roll, round, rsqrt, scatter, scatter_add,
                     searchsorted, select, sigmoid, sign, sin, sinh, softmax, sort, split, sqrt, square, squeeze, stack,
-                    std, std_mean, sub, sum, t, take, tan, tanh, topk, trace, transpose, tril, tril_indices, triu,
-                    triu_indices, trunc, unbind, unique, unsqueeze, var, var_mean, vstack, where)
+                    std, std_mean, sub, sum, swapaxes, swapdims, t, take, tan, tanh, topk, trace, transpose, tril,
+                    tril_indices, triu, triu_indices, trunc, unbind, unique, unsqueeze, var, var_mean, vstack, where)
 from .creation import (arange, as_tensor, empty, empty_like, from_dlpack, from_numpy, full, full_like, ones,
                        ones_like, tensor, zeros, zeros_like)
 from .random import (Generator, default_generator, get_rng_state, initial_seed, manual_seed, multinomial, rand,

@@ -2047,4 +2047,5 @@ for _name, _traced in _TRACED.items():
     globals()[_name] = _on_traced(globals()[_name], _traced)
 del _name, _traced
 take_numpy_names(globals())
-concat = concatenate = cat  # PyTorch's other names for it
+concat = concatenate = cat  # PyTorch's other names for them
+swapaxes = swapdims = transpose

@@ -450,6 +450,16 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
         from .random import _draw
         return _draw(_C.normal_, self, generator, float(mean), float(std))
 
+    def bernoulli_(self, p: _float = 0.5, *, generator: Generator | None = None) -> Tensor:
+        """Fills self in place with 1 where a uniform draw (as uniform_'s) falls below p and 0 elsewhere, as
+        torch's bernoulli_."""
+        from . import creation
+        from .random import _refuse_draw
+        _refuse_draw("bernoulli_")  # in a traced forward: drawn once, at compile
+        if not 0 <= p <= 1:
+            raise ValueError(f"bernoulli_: p must be in [0, 1], got {p}")
+        return self.copy_(creation.empty(self.shape, device=self.device).uniform_(generator=generator) < p)
+
     def to(self, *args: Any, dtype: DTypeLike | None = None, device: DeviceLike = None, non_blocking: _bool = False,
            copy: _bool = False, memory_format: str = "preserve") -> Tensor:
         """to(dtype), to(device), to(device, dtype), to(other): a converted copy, or self when nothing changes;

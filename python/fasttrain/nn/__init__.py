@@ -1,5 +1,5 @@
 """fasttrain.nn: functional ops (``ft.nn.functional``, PyTorch's names) and the layers built on them."""
-from . import functional, init, utils
+from . import functional, init, parameter, utils
 from .graph import Input, Symbolic, TracingError, cat
 from .modules import (AdaptiveAvgPool1d, AdaptiveAvgPool2d, AdaptiveAvgPool3d, AdaptiveMaxPool1d, AdaptiveMaxPool2d,
                       AdaptiveMaxPool3d, Add, AvgPool1d, AvgPool2d, AvgPool3d, BatchNorm1d, BatchNorm2d, BatchNorm3d,

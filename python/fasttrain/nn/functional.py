@@ -18,8 +18,8 @@ from ..amp import cast, widen
 from .._C import TensorBase
 from ..random import default_generator
 from . import modules as M
-from .graph import (Common, Gathered, MergedRows, Symbolic, fail, in_place, missing as graph_missing, read_by_op,
-                    uses_trainable)
+from .graph import (Common, Gathered, MergedRows, Symbolic, common_value, fail, in_place, missing as graph_missing,
+                    read_by_op, uses_trainable)
 
 
 # The functions of one value elementwise.
@@ -43,6 +43,9 @@ def _traced(layer):
             inplace = fn.__name__.endswith("_") or signature.bind(input, *args, **kwargs).arguments.get("inplace")
             if isinstance(input, Gathered) or not isinstance(input, Symbolic) and uses_trainable([input]):
                 input, = read_by_op(fn.__name__, [input], not inplace)
+            elif isinstance(input, TensorBase) and (uses_trainable(others := [*args, *kwargs.values()]) or any(
+                    isinstance(a, (Symbolic, Common, Gathered)) for a in others)):
+                input = common_value(input)  # a constant through parameters (F.linear(self.coords, self.w1.weight))
             if isinstance(input, (Symbolic, Common)):
                 out = layer(*args, **kwargs)(input)
                 return in_place(input, out) if inplace else out
@@ -54,7 +57,7 @@ def _traced(layer):
 def _shell(cls, **fields):
     """A layer of class cls around the caller's own parameters (F.linear(x, self.w, self.b)): the node reads
     them where the model keeps them, under the model's names."""
-    from .graph import _viewed_parameter, common_value, fail
+    from .graph import _viewed_parameter
     m = cls.__new__(cls)
     M.Module.__init__(m)
     for name in ("weight", "bias"):
@@ -325,7 +328,8 @@ def _embedding_options(max_norm, scale_grad_by_freq, sparse):
     for name, given, why in (
             ("max_norm", max_norm is not None, "it renormalizes the weight's rows in place as it reads them"),
             ("scale_grad_by_freq", scale_grad_by_freq, "it scales the gradient by the ids' counts in the batch"),
-            ("sparse", sparse, "fasttrain's embedding gradient is dense")):
+            ("sparse", sparse, "fasttrain's embedding gradient is dense, which the fused optimizer pass updates: "
+             "leave sparse out, and plain SGD updates the same rows")):
         if given:
             raise NotImplementedError(f"embedding: {name} is not supported ({why})")
 

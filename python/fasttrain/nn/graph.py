@@ -616,9 +616,11 @@ class MergedRows:
 
 
 def _refuse_merged():
-    fail("a view merging the batch with other dimensions (x.view(-1, C))", "only a class loss takes it "
-         "(F.cross_entropy(logits.view(-1, V), y.view(-1))), and per-position losses' .mean() or .sum() "
-         "(losses.view(-1).mean()); keep the batch first elsewhere: x.view(x.size(0), ...)")
+    fail("a view merging the batch with other dimensions (x.view(-1, C), Swin's windows x.reshape(B * nW, ws * ws, "
+         "C))", "only a class loss takes it (F.cross_entropy(logits.view(-1, V), y.view(-1))), and per-position "
+         "losses' .mean() or .sum() (losses.view(-1).mean()); keep the batch first elsewhere: "
+         "x.view(x.size(0), ...); windows stay a dimension of each sample, x.reshape(B, nW, ws * ws, C), with "
+         "attention over the last two")
 
 
 def _merged_op(op, reflected=False):
@@ -1088,6 +1090,8 @@ class Symbolic:
         a, b = dim0 % (nd + 1), dim1 % (nd + 1)
         order[a], order[b] = order[b], order[a]
         return self.permute(order)
+
+    swapaxes = swapdims = transpose
 
     def contiguous(self, *args, **kwargs):
         """The value itself: traced values have no memory layout."""
@@ -1950,7 +1954,7 @@ class Common:
     def transpose(self, dim0, dim1):
         return common(self.value.transpose(self._own(dim0), self._own(dim1)))
 
-    swapaxes = transpose
+    swapaxes = swapdims = transpose
 
     def t(self):
         return self if self.ndim < 2 else self.transpose(0, 1)

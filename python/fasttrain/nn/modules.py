@@ -401,6 +401,9 @@ class Module:
                 view = self._parameter_view(*inputs)
                 if view is not None:
                     return view
+                if inputs and all(isinstance(x, TensorBase) for x in inputs):  # Swin V2's self.cpb_mlp(self.coords)
+                    from .graph import common_value
+                    return self(*(common_value(x) for x in inputs), **kwargs)
                 fail(f"{type(self).__name__} with trainable parameters called on tensors that are not traced",
                      "its output would be a constant through which they never train: call it on values of the "
                      "model's input, use its weight as a value (positions: self.pos(ft.arange(T)) or "
@@ -1040,8 +1043,8 @@ class InstanceNorm2d(_InstanceNorm):
 
 def _table_options(name, rows, padding_idx, max_norm, scale_grad_by_freq, sparse):
     """An embedding table's padding_idx, counted from 0, with the options it does not support refused."""
-    if max_norm is not None or scale_grad_by_freq or sparse:
-        raise NotImplementedError(f"{name}: max_norm, scale_grad_by_freq and sparse are not supported")
+    from .functional import _embedding_options
+    _embedding_options(max_norm, scale_grad_by_freq, sparse)
     if padding_idx is not None and not -rows <= padding_idx < rows:
         raise ValueError(f"{name}: padding_idx {padding_idx} is outside the {rows} rows")
     return None if padding_idx is None else padding_idx % rows
@@ -2151,10 +2154,16 @@ class _List(_Held):
         self.extend(values)
 
     def extend(self, values):
-        """Appends each value of an iterable; returns self."""
+        """Appends each value of an iterable; returns self (also as list += values)."""
         for v in values:
             self.append(v)
         return self
+
+    __iadd__ = extend
+
+    def __add__(self, other):
+        """A new list of this one's values, then other's."""
+        return type(self)([*self, *other])
 
     def __getitem__(self, i):
         items = list(self._table().values())

@@ -261,14 +261,24 @@ def _fingerprint(b):
 
 
 def _graph(model, *args, **kwargs):
-    """_traced_graph's result, the model's buffers and frozen parameters left as they were: tracing runs the
-    forward's eager code once, and its in-place updates (timm's self.num_batches_tracked.add_(1)) are no step's."""
-    kept = [(t, t.clone()) for t in (*model.buffers(), *(p for p in model.parameters() if not p.requires_grad))]
+    """_traced_graph's result, the model's buffers and parameters left as they were: tracing runs the forward's
+    eager code once, and its in-place updates (timm's self.num_batches_tracked.add_(1)) are no step's. One that
+    changed a trainable parameter (through a .clone() of it, which reads as the parameter) fails: each step would
+    train the parameter, not what the forward made of it."""
+    kept = [(t, t.clone()) for t in (*model.buffers(), *model.parameters())]
+    trained = [(name, p, _fingerprint(p)) for name, p in model.named_parameters() if p.requires_grad]
     try:
-        return _traced_graph(model, *args, **kwargs)
+        out = _traced_graph(model, *args, **kwargs)
+        changed = [name for name, p, before in trained if _fingerprint(p) != before]
     finally:
         for t, value in kept:
             t.copy_(value)
+    if changed:
+        raise TracingError(f"{type(model).__name__}.forward changed trainable parameter {changed[0]} in place (an "
+                           "in-place op on it, on a view of it or on its .clone(), which a traced forward reads as "
+                           "the parameter): write it out of place, b = ft.cat((b[:k], ft.zeros_like(b[k:2 * k]), "
+                           "b[2 * k:])) rather than b[k:2 * k].zero_()")
+    return out
 
 
 def _traced_graph(model, inputs, loss=None, target_shape=None, target_dtype=None, training=True):
