@@ -1389,6 +1389,58 @@ def test_isinf_isnan_and_isfinite_are_masks(how):
     assert gradcheck(program, (x, adj), np.array([0, 1]), eps=1e-3, rtol=3e-2, atol=1e-3)
 
 
+def test_an_int_between_index_arrays_is_indexed_with_them():
+    """x[:, rows, k, cols]: the int is an index of no dimensions among the arrays, all three broadcast together
+    (NumPy's and PyTorch's rule), not k applied after rows and cols paired on the first two dimensions."""
+    class Between(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(3, 60)
+
+        def forward(self, x):
+            return self.fc(x).view(x.size(0), 3, 4, 5)[:, [0, 2], 1, [1, 2]]
+
+    x = np.random.default_rng(32).standard_normal((2, 3)).astype(np.float32)
+    ft.manual_seed(33)
+    model = Between()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=2, input_shape=(3,),
+                            target_shape=(2,))
+    h = (x @ model.fc.weight.numpy().T + model.fc.bias.numpy()).reshape(2, 3, 4, 5)
+    np.testing.assert_allclose(program.predict(x).numpy(), h[:, [0, 2], 1, [1, 2]], rtol=1e-5, atol=1e-6)
+    assert gradcheck(program, x, np.zeros((2, 2), np.float32))
+
+
+def test_in_place_ops_on_an_input_and_views_read_after_one():
+    """An in-place op on the forward's input (x.mul_(2), x[ft.isnan(x)] = 0) is the input changed, as in
+    PyTorch (it failed inside compile); a view taken before an in-place op on its base (a reshape of it, or
+    windows of x.unfold) and read after it is refused, as PyTorch would read the changed memory."""
+    class Cleaned(nn.Module):
+        def __init__(self, how):
+            super().__init__()
+            self.how, self.fc = how, nn.Linear(4, 12)
+
+        def forward(self, x):
+            if self.how == "input":
+                x[ft.isnan(x)] = 0.0
+                x.mul_(2)
+                return self.fc(x)
+            h = self.fc(x).view(x.size(0), 3, 4)
+            a = h[:, 1] if self.how == "reshape" else h.unfold(2, 2, 2)
+            h.mul_(2.0)
+            return a.reshape(x.size(0), -1)
+
+    x = np.array([[1, np.nan, 2, 3], [np.nan, 0, 1, 1]], np.float32)
+    model = Cleaned("input")
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=2, input_shape=(4,),
+                            target_shape=(12,))
+    want = np.nan_to_num(x) * 2 @ model.fc.weight.numpy().T + model.fc.bias.numpy()
+    np.testing.assert_allclose(program.predict(x).numpy(), want, rtol=1e-5, atol=1e-6)
+    for how in ("reshape", "unfold"):
+        with pytest.raises(nn.TracingError, match="a value read after an in-place op on a value sharing its memory"):
+            Cleaned(how).compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=2,
+                                 input_shape=(4,), target_shape=(4,))
+
+
 def test_positions_that_cannot_index_say_so():
     model = GatheredPositions((slice(None), [0]))
     for index, error, match in (((slice(None), [True, False]), ft.nn.TracingError, "indexing with list"),

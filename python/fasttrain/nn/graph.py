@@ -1025,6 +1025,7 @@ class Symbolic:
             self._one_per_sample()
         target = _per_sample(shape, math.prod(self.node.shape))
         if isinstance(self.node.module, _layers().Reshape):  # a reshape of a reshape is one reshape
+            self.read()
             return Symbolic(self.node.inputs[0]).reshape(N, *target)
         return self if target == self.node.shape else _layers().Reshape(target)(self)
 
@@ -1383,12 +1384,13 @@ class Symbolic:
         if advanced != list(range(advanced[0], advanced[-1] + 1)):
             fail("index arrays apart from each other (PyTorch moves their dimensions before the batch)", "index "
                  "adjacent dimensions together, or one dimension at a time")
-        arrays = [pos for pos in advanced if isinstance(index[pos], _Positions)]
+        arrays = advanced  # an int among index arrays is one too, of no dimensions (NumPy's x[:, rows, k, cols])
         first, count = dims[arrays[0]], len(arrays)
         if first + count > len(shape):
             raise IndexError(f"too many indices for a value of shape {self.shape}")
         sizes = shape[first:first + count]
-        found = np.broadcast_arrays(*(index[pos].ids for pos in arrays))
+        found = np.broadcast_arrays(*(np.asarray(index[pos].ids if isinstance(index[pos], _Positions) else index[pos])
+                                      for pos in arrays))
         for ids, size in zip(found, sizes):
             bad = ids[(ids < -size) | (ids >= size)]
             if bad.size:
@@ -1433,6 +1435,7 @@ class Symbolic:
         d = _dim(dim, len(self.node.shape))
         return tuple(self.select(d + 1, i) for i in range(self.node.shape[d]))
 
+    @_view
     def unfold(self, dimension, size, step):
         """Records the windows of size elements along dimension (not the batch), one each step, as a new last
         dimension, as Tensor.unfold (PatchTST's patches, a signal's frames): slices of the value joined."""

@@ -287,6 +287,7 @@ def _traced_graph(model, inputs, loss=None, target_shape=None, target_dtype=None
     `training`). The inputs come first, in forward's order, read or not."""
     read_modes(training)
     ins = [Input(shape, dtype) for shape, dtype in inputs]
+    in_nodes = [i.node for i in ins]  # (an in-place op on an input, x.mul_(2), rebinds its Symbolic)
     outputs = trace(model, ins)
     first = outputs if not isinstance(outputs, (tuple, list)) else outputs[0]
     # every node up to the first output is the model's (a mixed-precision program computes them in low precision),
@@ -313,7 +314,7 @@ def _traced_graph(model, inputs, loss=None, target_shape=None, target_dtype=None
             raise TracingError("the loss is the model's output itself: compute it from the output and the targets")
         roots.append(value.node)
     # the output's ancestors first: the nodes after it are the loss's
-    nodes = [i.node for i in ins] + [n for n in topological(
+    nodes = in_nodes + [n for n in topological(
         roots, lambda n: 2 if id(n) not in of_model else n is first.node) if n.module is not None]
     index = {id(n): i for i, n in enumerate(nodes)}
     entries = []
