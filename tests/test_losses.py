@@ -997,3 +997,58 @@ def test_eager_losses_promote_infinite_logits_and_unbatched_soft_targets_as_pyto
     loss = F.cross_entropy(scores, p, reduction="none")
     logp = scores.numpy() - np.log(np.exp(scores.numpy().astype(np.float64)).sum())
     assert loss.shape == () and loss.item() == pytest.approx(-(p.numpy() * logp).sum(), rel=1e-6)
+
+
+@pytest.mark.parametrize("how", ["sigmoid_", "clamp_", "relu_inplace", "iadd"])
+def test_a_loss_changing_the_output_or_targets_in_place_leaves_predict_and_the_targets_as_they_are(how):
+    """CenterNet's torch.clamp(x.sigmoid_(), 1e-4, 1 - 1e-4) in the loss, fast neural style's y.div_(255.0) of the
+    targets: the loss computes as written (NumPy's value, finite differences' gradients), predict still returns
+    the model's raw output (it returned the loss's sigmoid of it), and the targets are read as given (the program
+    failed inside on them)."""
+    def loss(out, y):
+        if how == "sigmoid_":
+            out = ft.clamp(out.sigmoid_(), 1e-4, 1 - 1e-4)
+        elif how == "clamp_":
+            out.clamp_(-0.5, 0.5)
+        elif how == "relu_inplace":
+            out = F.relu(out, inplace=True)
+        else:
+            out += 1.0
+        y.div_(255.0)
+        return ((out - y) ** 2).mean()
+
+    rng = np.random.default_rng(40)
+    x, y = rng.standard_normal((4, 3)).astype(np.float32), rng.uniform(0, 255, (4, 2)).astype(np.float32)
+    ft.manual_seed(41)
+    model = nn.Linear(3, 2)
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), loss, batch_size=4, input_shape=(3,),
+                            target_shape=(2,))
+    raw = x @ model.weight.numpy().T + model.bias.numpy()
+    np.testing.assert_allclose(program.predict(x).numpy(), raw, rtol=1e-6, atol=1e-6)
+    out = {"sigmoid_": np.clip(1 / (1 + np.exp(-raw)), 1e-4, 1 - 1e-4), "clamp_": np.clip(raw, -0.5, 0.5),
+           "relu_inplace": np.maximum(raw, 0), "iadd": raw + 1.0}[how]
+    np.testing.assert_allclose(program.evaluate(x, y)[0], ((out - y / 255.0) ** 2).mean(), rtol=1e-5)
+    assert gradcheck(program, x, y, eps=1e-3, rtol=3e-2, atol=1e-4)
+
+
+def test_a_mask_target_of_one_channel_broadcasts_over_the_outputs_channels():
+    """A (1, H, W) mask given as target_shape over (C, H, W) outputs, as PyTorch broadcasts it (it was refused as a
+    second shape of the targets), alone and as the second of two targets: NumPy's loss, finite differences'
+    gradients."""
+    rng = np.random.default_rng(42)
+    x = rng.standard_normal((2, 3, 6, 6)).astype(np.float32)
+    t, mask = rng.standard_normal((2, 2, 6, 6)).astype(np.float32), (rng.random((2, 1, 6, 6)) < 0.5).astype(np.float32)
+    ft.manual_seed(43)
+    model = nn.Conv2d(3, 2, 3, padding=1)
+    alone = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), lambda out, y: ((out - 0.5) ** 2 * y).mean(),
+                          batch_size=2, input_shape=(3, 6, 6), target_shape=(1, 6, 6))
+    pair = model.compile(ft.optim.SGD(model.parameters(), lr=0.1),
+                         lambda out, y: ((out - y[0]) ** 2 * y[1]).sum() / (y[1].sum() + 1), batch_size=2,
+                         input_shape=(3, 6, 6), target_shape=((2, 6, 6), (1, 6, 6)),
+                         target_dtype=(ft.float32, ft.float32))
+    out = alone.predict(x).numpy().astype(np.float64)
+    np.testing.assert_allclose(alone.evaluate(x, mask)[0], ((out - 0.5) ** 2 * mask).mean(), rtol=1e-5)
+    np.testing.assert_allclose(pair.evaluate(x, (t, mask))[0], ((out - t) ** 2 * mask).sum() / (mask.sum() + 1),
+                               rtol=1e-5)
+    assert gradcheck(alone, x, mask, eps=1e-3, rtol=3e-2, atol=1e-4)
+    assert gradcheck(pair, x, (t, mask), eps=1e-3, rtol=3e-2, atol=1e-4)

@@ -123,6 +123,8 @@ def test_a_last_batch_of_one_sample_for_batch_norm1d_is_refused_or_dropped():
     assert len(seen) == 4 and all(np.isfinite(history["train_loss"]))
     with pytest.raises(ValueError, match="drop_last applies to"):
         ft.fit(program, [(x[:4], y[:4])], drop_last=True, progress=False)
+    with pytest.raises(ValueError, match="micro-batches of 4, the last of 1 sample"):  # batches of 5 split 4 + 1
+        ft.fit(program, (x, y), batch_size=5, drop_last=True, progress=False)
 
 
 def avgpool3_pad1(x):

@@ -432,6 +432,8 @@ def test_the_tensor_class_is_pytorchs_legacy_constructor():
         ft.Tensor(2, "a")
     with pytest.raises(TypeError, match="unexpected keyword arguments"):
         ft.Tensor(2, dtype=ft.int64)
+    with pytest.raises(TypeError, match="data must be a sequence or sizes, got float"):
+        ft.Tensor(2.5)
     with pytest.raises(AttributeError, match=r"legacy typed tensor classes .* ft.tensor\(data, dtype=ft.int64\)"):
         ft.LongTensor([1, 2])
 

@@ -1512,3 +1512,27 @@ def test_triangle_indices_are_pytorchs_documented_examples():
     assert ft.tril_indices(0, 3).shape == (2, 0) and ft.tril_indices(2, 2).dtype == ft.int64
     with pytest.raises(ValueError, match="row and col must be non-negative"):
         ft.triu_indices(-1, 3)
+
+
+def test_arange_movedim_and_bernoulli_spellings_as_pytorch():
+    """ft.arange(end=n) (ultralytics' make_anchors), ft.movedim / ft.moveaxis as functions, ft.bernoulli of
+    probabilities and bernoulli_ of a tensor of them, a 0-d tensor's unfold, and F.upsample (old PSPNet and FPN
+    code's name of interpolate)."""
+    assert ft.arange(end=3).tolist() == [0, 1, 2] and ft.arange(0.0, 2).dtype == ft.float32
+    with pytest.raises(TypeError, match="missing 1 required argument: 'end'"):
+        ft.arange()
+    a = np.arange(24.0).reshape(2, 3, 4)
+    for fn in (ft.movedim, ft.moveaxis):
+        np.testing.assert_array_equal(fn(ft.tensor(a), (0, 1), (2, 0)).numpy(), np.moveaxis(a, (0, 1), (2, 0)))
+    ft.manual_seed(3)
+    p = ft.tensor(np.repeat(np.float32([0.0, 0.25, 1.0]), 4000))
+    drawn = ft.bernoulli(p).numpy().reshape(3, -1)
+    assert drawn.dtype == np.float32 and not drawn[0].any() and drawn[2].all() and abs(drawn[1].mean() - 0.25) < 0.03
+    assert ft.empty(3).bernoulli_(ft.tensor([1.0, 0.0, 1.0])).tolist() == [1.0, 0.0, 1.0]
+    with pytest.raises(ValueError, match=r"p must be in \[0, 1\]"):
+        ft.empty(2).bernoulli_(ft.tensor([0.5, 2.0]))
+    assert ft.tensor(3.0).unfold(0, 1, 1).tolist() == [3.0]
+    x = ft.tensor(a[:, :, None].astype(np.float32))
+    with pytest.warns(UserWarning, match="upsample is deprecated"):
+        up = ft.nn.functional.upsample(x, scale_factor=2)
+    np.testing.assert_array_equal(up.numpy(), ft.nn.functional.interpolate(x, scale_factor=2).numpy())

@@ -3161,33 +3161,65 @@ def test_a_forward_changing_a_trainable_parameter_in_place_is_refused_and_undone
     m = Zeroed()
     with ft.no_grad():
         m.qkv.bias.copy_(ft.arange(1.0, 7.0))
-    with pytest.raises(nn.TracingError, match=r"changed trainable parameter qkv\.bias in place .* ft\.cat"):
+    with pytest.raises(nn.TracingError, match=r"zero_ on a trainable parameter \(or a view or \.clone\(\) of it\) "
+                                              r".*ft\.cat"):
         m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=2, input_shape=(4,))
     assert m.qkv.bias.tolist() == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
 
+    class Drawn(nn.Module):  # a write no op refuses as it runs (a draw into the weight) is found after the trace
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 2)
+
+        def forward(self, x):
+            self.fc.weight.uniform_()
+            return self.fc(x)
+
+    m = Drawn()
+    before = m.fc.weight.numpy().copy()
+    with pytest.raises(nn.TracingError, match=r"changed trainable parameter fc\.weight in place"):
+        m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=2, input_shape=(4,))
+    np.testing.assert_array_equal(m.fc.weight.numpy(), before)
+
+    class Scaled(nn.Module):  # a buffer written in forward and read as a value: the write would run once
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 2)
+            self.register_buffer("scale", ft.tensor([1.0, 2.0]))
+
+        def forward(self, x):
+            self.scale.fill_(1.0)
+            return self.fc(x) * self.scale
+
+    m = Scaled()
+    with pytest.raises(nn.TracingError, match="writes buffer scale in place and reads it as a value"):
+        m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=2, input_shape=(4,))
+    assert m.scale.tolist() == [1.0, 2.0]
+
 
 def test_torchvisions_spellings_of_containers_axes_and_draws():
-    """maxvit's nn.parameter.Parameter, self.layers += [...] on a ModuleList and torch.swapaxes of traced values
-    compile as in PyTorch; stochastic_depth's mode="batch" draw (one for the whole batch) is refused as a draw made
+    """maxvit's nn.parameter.Parameter, self.layers += [...] (and insert) on a ModuleList and torch.swapaxes (and
+    movedim) of traced values compile as in PyTorch; stochastic_depth's mode="batch" draw (one for the whole batch) is refused as a draw made
     once at compile, and bernoulli_ draws eagerly."""
     class Block(nn.Module):
         def __init__(self, mode):
             super().__init__()
             self.mode, self.layers = mode, nn.ModuleList([nn.Linear(3, 3)])
             self.layers += [nn.Linear(3, 3)]
+            self.layers.insert(1, nn.Tanh())
             self.scale = nn.parameter.Parameter(ft.ones(3))
 
         def forward(self, x):
             for layer in self.layers:
                 x = layer(x)
-            x = ft.swapaxes(x, 1, 2).swapdims(1, 2) * self.scale
+            x = ft.movedim(ft.swapaxes(x, 1, 2).swapdims(1, 2), 1, 2).moveaxis(2, 1) * self.scale
             if self.mode == "batch":
                 x = x * ft.empty([1] * x.ndim).bernoulli_(0.5)
             return x.mean(1)
 
     m = Block("row")
-    assert [k for k, _ in m.named_parameters()] == ["scale", "layers.0.weight", "layers.0.bias", "layers.1.weight",
-                                                    "layers.1.bias"]
+    assert [k for k, _ in m.named_parameters()] == ["scale", "layers.0.weight", "layers.0.bias", "layers.2.weight",
+                                                    "layers.2.bias"]
     x = np.random.default_rng(30).standard_normal((2, 4, 3)).astype(np.float32)
     program = m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=2, input_shape=(4, 3))
     np.testing.assert_allclose(program.predict(x).numpy(), m(ft.tensor(x)).numpy(), rtol=1e-6, atol=1e-6)

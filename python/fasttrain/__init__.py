@@ -19,16 +19,17 @@ from ._math import (abs, acos, add, addmm, all, allclose, amax, amin, any, argma
                     fmod, gather, ge, gt, hstack, hypot, index_add, index_select, isclose, isfinite, isin, isinf, isnan,
                     le, lerp, linspace, log, log10, log1p, log2, log_softmax, logaddexp, logical_and, logical_not,
                     logical_or, logical_xor, logsumexp, lt, masked_fill, masked_select, matmul, max, maximum, mean,
-                    median, meshgrid, min, minimum, mm, mul, multiply, mv, nan_to_num, nanmean, nansum, ne, neg,
-                    nonzero, norm, numel, outer, permute, pow, prod, promote_types, quantile, reciprocal, relu,
-                    remainder, repeat_interleave, reshape, result_type, roll, round, rsqrt, scatter, scatter_add,
-                    searchsorted, select, sigmoid, sign, sin, sinh, softmax, sort, split, sqrt, square, squeeze, stack,
-                    std, std_mean, sub, sum, swapaxes, swapdims, t, take, tan, tanh, topk, trace, transpose, tril,
-                    tril_indices, triu, triu_indices, trunc, unbind, unique, unsqueeze, var, var_mean, vstack, where)
+                    median, meshgrid, min, minimum, mm, moveaxis, movedim, mul, multiply, mv, nan_to_num, nanmean,
+                    nansum, ne, neg, nonzero, norm, numel, outer, permute, pow, prod, promote_types, quantile,
+                    reciprocal, relu, remainder, repeat_interleave, reshape, result_type, roll, round, rsqrt, scatter,
+                    scatter_add, searchsorted, select, sigmoid, sign, sin, sinh, softmax, sort, split, sqrt, square,
+                    squeeze, stack, std, std_mean, sub, sum, swapaxes, swapdims, t, take, tan, tanh, topk, trace,
+                    transpose, tril, tril_indices, triu, triu_indices, trunc, unbind, unique, unsqueeze, var, var_mean,
+                    vstack, where)
 from .creation import (arange, as_tensor, empty, empty_like, from_dlpack, from_numpy, full, full_like, ones,
                        ones_like, tensor, zeros, zeros_like)
-from .random import (Generator, default_generator, get_rng_state, initial_seed, manual_seed, multinomial, rand,
-                     rand_like, randint, randn, randn_like, randperm, seed, seed_everything, set_rng_state)
+from .random import (Generator, bernoulli, default_generator, get_rng_state, initial_seed, manual_seed, multinomial,
+                     rand, rand_like, randint, randn, randn_like, randperm, seed, seed_everything, set_rng_state)
 from .settings import (are_deterministic_algorithms_enabled, empty_cache, enable_grad, get_num_threads,
                        inference_mode, memory_stats, no_grad, reset_peak_memory_stats, set_grad_enabled,
                        set_num_threads, use_deterministic_algorithms)

@@ -608,6 +608,11 @@ def permute(input: Tensor, dims: Sequence[int]) -> Tensor:
     return input.permute(*dims)
 
 
+def movedim(input: Tensor, source: int | Sequence[int], destination: int | Sequence[int]) -> Tensor:
+    """input.movedim(source, destination), as torch.movedim (and moveaxis)."""
+    return input.movedim(source, destination)
+
+
 def squeeze(input: Tensor, dim: Dims = None) -> Tensor:
     """input.squeeze(dim) (every dimension of size 1 without dim), as torch.squeeze."""
     return input.squeeze() if dim is None else input.squeeze(dim)
@@ -1288,6 +1293,8 @@ def in_place(fn: Callable) -> Callable:
     name = fn.__name__ + "_"
 
     def method(self, *args, **kwargs):
+        from ._tensor import _refuse_traced_write
+        _refuse_traced_write(self, name)
         out = fn(self, *args, **kwargs)
         if not _can_cast(out.dtype, self.dtype):
             raise TypeError(f"{name}: result type {out.dtype.name} can't be cast to the desired output type "
@@ -2049,3 +2056,4 @@ del _name, _traced
 take_numpy_names(globals())
 concat = concatenate = cat  # PyTorch's other names for them
 swapaxes = swapdims = transpose
+moveaxis = movedim

@@ -102,6 +102,8 @@ class _TensorType(type):
         from . import creation
         if kwargs:
             raise TypeError(f"Tensor(): unexpected keyword arguments {sorted(kwargs)}")
+        if len(args) == 1 and not isinstance(args[0], int) and np.ndim(args[0]) == 0:
+            raise TypeError(f"Tensor(): data must be a sequence or sizes, got {type(args[0]).__name__}")
         if not args or all(isinstance(a, int) and not isinstance(a, bool) for a in args):
             return creation.empty(*(args or (0,)), device=device)
         if len(args) > 1:
@@ -116,6 +118,26 @@ def _traced_copy(t):
     if not uses_trainable([t]):
         return None
     return t if t.is_contiguous() else Gathered.of(t)
+
+
+def moved(ndim, source, destination):
+    """The order of ndim dimensions after movedim(source, destination): source moved to destination, the others
+    in their order."""
+    src = [_norm_dim(d, ndim) for d in ((source,) if isinstance(source, (int, np.integer)) else source)]
+    dst = [_norm_dim(d, ndim) for d in ((destination,) if isinstance(destination, (int, np.integer)) else destination)]
+    if len(src) != len(dst) or len(set(src)) != len(src) or len(set(dst)) != len(dst):
+        raise ValueError(f"movedim: source {source} and destination {destination} must be unique dimensions of one "
+                         "length")
+    order = [d for d in range(ndim) if d not in src]
+    for s, d in sorted(zip(src, dst), key=lambda p: p[1]):
+        order.insert(d, s)
+    return order
+
+
+def _refuse_traced_write(t, op):
+    """Fails for an in-place write into a trainable parameter while its model's forward is traced."""
+    from .nn.graph import refuse_parameter_write
+    refuse_parameter_write(op, t)
 
 
 def _refuse_traced_parameter(t, what):
@@ -260,6 +282,7 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
         if isinstance(value, Tensor) and not isinstance(value, _C.TensorBase):  # a traced value
             from .nn.graph import refuse_assignment
             refuse_assignment()
+        _refuse_traced_write(self, "x[...] = v")
         advanced = _math.advanced_index(index)
         if advanced is not None:
             split = _math.ints_first(index)
@@ -418,6 +441,7 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
     def copy_(self, src: Any, non_blocking: _bool = False) -> Tensor:
         """Copies src (a tensor, array or nested list, broadcast to self's shape) into self, converting dtype
         and device."""
+        _refuse_traced_write(self, "copy_")
         if not isinstance(src, _C.TensorBase):
             from .creation import as_tensor
             src = as_tensor(src)
@@ -430,12 +454,14 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
 
     def fill_(self, value: _bool | _int | _float | Tensor) -> Tensor:
         """Sets every element to value (a number or a one-element tensor) in place; returns self."""
+        _refuse_traced_write(self, "fill_")
         if isinstance(value, _C.TensorBase):
             value = value.item()
         return self._fill(value)
 
     def zero_(self) -> Tensor:
         """Sets every element to zero in place; returns self."""
+        _refuse_traced_write(self, "zero_")
         return self._fill(0)
 
     def uniform_(self, a: _float = 0.0, b: _float = 1.0, *, generator: Generator | None = None) -> Tensor:
@@ -456,7 +482,8 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
         from . import creation
         from .random import _refuse_draw
         _refuse_draw("bernoulli_")  # in a traced forward: drawn once, at compile
-        if not 0 <= p <= 1:
+        chances = np.asarray(p.cpu().numpy() if isinstance(p, _C.TensorBase) else p)
+        if not ((chances >= 0) & (chances <= 1)).all():
             raise ValueError(f"bernoulli_: p must be in [0, 1], got {p}")
         return self.copy_(creation.empty(self.shape, device=self.device).uniform_(generator=generator) < p)
 
@@ -660,15 +687,7 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
 
     def movedim(self, source: _int | Sequence[_int], destination: _int | Sequence[_int]) -> Tensor:
         """A view with dimensions source moved to destination, the others in their order, as torch.movedim."""
-        src = [_norm_dim(d, self.ndim) for d in ((source,) if isinstance(source, (int, np.integer)) else source)]
-        dst = [_norm_dim(d, self.ndim) for d in ((destination,) if isinstance(destination, (int, np.integer))
-                                                 else destination)]
-        if len(src) != len(dst) or len(set(src)) != len(src) or len(set(dst)) != len(dst):
-            raise ValueError(f"movedim: source {source} and destination {destination} must be unique dimensions of "
-                             "one length")
-        order = [d for d in range(self.ndim) if d not in src]
-        for s, d in sorted(zip(src, dst), key=lambda p: p[1]):
-            order.insert(d, s)
+        order = moved(self.ndim, source, destination)
         return self.permute(order if self.ndim else [])  # a 0-d tensor's dimension 0 or -1: itself
 
     moveaxis = movedim
@@ -739,7 +758,10 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
 
     def unfold(self, dimension: _int, size: _int, step: _int) -> Tensor:
         """The view of every window of size elements along dimension, one each step: that dimension becomes the
-        windows' count and a last dimension of size their elements, as torch.Tensor.unfold."""
+        windows' count and a last dimension of size their elements, as torch.Tensor.unfold (of a 0-d tensor, itself
+        as one window of one element)."""
+        if not self.ndim:
+            return self.reshape(1).unfold(dimension, size, step).reshape(size)
         d = _norm_dim(dimension, self.ndim, "unfold: dimension")
         if step <= 0:
             raise RuntimeError(f"unfold: step is {step} but must be > 0")

@@ -102,12 +102,14 @@ def full_like(t: Tensor, fill_value: Number | Tensor, *, dtype: DTypeLike | None
     return empty_like(t, dtype=dtype, device=device, requires_grad=requires_grad).fill_(fill_value)
 
 
-def arange(start: int | float, end: int | float | None = None, step: int | float = 1, *,
+def arange(start: int | float | None = None, end: int | float | None = None, step: int | float = 1, *,
            dtype: DTypeLike | None = None, device: DeviceLike = None) -> Tensor:
-    """Values start, start+step, ... below end; int64 for integer arguments, float32 otherwise."""
+    """Values start, start+step, ... below end (arange(n) and arange(end=n) from 0); int64 for integer arguments,
+    float32 otherwise."""
     start, end, step = (v.item() if isinstance(v, TensorBase) and v.ndim == 0 else v for v in (start, end, step))
-    if end is None:
-        start, end = 0, start
+    if start is None and end is None:
+        raise TypeError("arange() missing 1 required argument: 'end'")
+    start, end = (0, start) if end is None else (0 if start is None else start, end)
     if step == 0:
         raise ValueError("arange: step must be nonzero")
     values = (start, end, step)

@@ -177,6 +177,17 @@ def rand_like(input: Tensor, *, dtype: DTypeLike | None = None, device: DeviceLi
     return Noise(uniform=True)(input) if out is None else _draw(_C.uniform_, out, None, 0.0, 1.0)
 
 
+def bernoulli(input: Tensor, p: float | None = None, *, generator: Generator | None = None) -> Tensor:
+    """Draws of 1 with probability input (or p) elementwise and 0 otherwise, in input's dtype, as
+    torch.bernoulli. Of a traced value, fresh draws in every step: (ft.rand_like(input) < input).float()."""
+    from .nn.graph import Symbolic
+    chance = input if p is None else p
+    if isinstance(input, Symbolic):
+        return (rand_like(input) < chance).float()
+    from .creation import empty_like
+    return empty_like(input).bernoulli_(chance, generator=generator)
+
+
 def randn_like(input: Tensor, *, dtype: DTypeLike | None = None, device: DeviceLike = None) -> Tensor:
     """Standard normal samples in input's shape (and dtype and device, unless given). Of a traced value
     (model.compile), fresh samples in every step from the program's seeded stream: a VAE's reparameterization,

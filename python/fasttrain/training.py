@@ -445,8 +445,10 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
         if _is_c_loader(fed):
             program._c._check_loader()
     batches = loader._indices if isinstance(loader, _InputBatches) else loader
-    if _is_c_loader(batches) and not batches.drop_last and batches.num_samples % batches.batch_size:
-        program._check_split(batches.num_samples % batches.batch_size)  # the epoch's last batch, before any step
+    if _is_c_loader(batches):  # before any step: a batch, or the epoch's last, that leaves one sample to a norm
+        program._check_split(min(batches.batch_size, batches.num_samples))
+        if not batches.drop_last and batches.num_samples % batches.batch_size:
+            program._check_split(batches.num_samples % batches.batch_size)
     history = History((k, []) for k in ("epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy", "lr",
                                         "seconds", "images_per_second", "skipped_steps", "loss_scale"))
     c_loader = _is_c_loader(loader)

@@ -43,9 +43,11 @@ def _traced(layer):
             inplace = fn.__name__.endswith("_") or signature.bind(input, *args, **kwargs).arguments.get("inplace")
             if isinstance(input, Gathered) or not isinstance(input, Symbolic) and uses_trainable([input]):
                 input, = read_by_op(fn.__name__, [input], not inplace)
-            elif isinstance(input, TensorBase) and (uses_trainable(others := [*args, *kwargs.values()]) or any(
-                    isinstance(a, (Symbolic, Common, Gathered)) for a in others)):
-                input = common_value(input)  # a constant through parameters (F.linear(self.coords, self.w1.weight))
+            elif isinstance(input, TensorBase) and input.dtype.is_floating_point and (uses_trainable(
+                    others := [*args, *kwargs.values()]) or any(isinstance(a, (Symbolic, Common, Gathered))
+                                                                for a in others)):
+                input = common_value(input)  # values through parameters (F.linear(self.coords, self.w1.weight));
+                # (fixed ids of a table are its rows, F.embedding's own)
             if isinstance(input, (Symbolic, Common)):
                 out = layer(*args, **kwargs)(input)
                 return in_place(input, out) if inplace else out
@@ -646,6 +648,13 @@ def _take_blocks(generator, n):
         seed, offset = g._seed, g._offset
         g._offset += n
     return seed, offset
+
+
+def upsample(input, size=None, scale_factor=None, mode="nearest", align_corners=None):
+    """F.interpolate under its old name, as torch.nn.functional.upsample (which warns that it is deprecated)."""
+    warnings.warn("nn.functional.upsample is deprecated. Use nn.functional.interpolate instead.", UserWarning,
+                  stacklevel=2)
+    return interpolate(input, size, scale_factor, mode, align_corners)
 
 
 def _dropout_layer(cls):

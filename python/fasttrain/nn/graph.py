@@ -27,7 +27,7 @@ import traceback
 
 from .. import _C
 from .._math import take_numpy_names
-from .._tensor import _sizes
+from .._tensor import _sizes, moved
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -210,6 +210,16 @@ def refuse_eager_parameters(op, operands):
     fail(f"{op} of a trainable parameter outside the traced graph", "the result would be a constant through "
          "which the parameter never trains: use the parameter itself with traced values (x * self.gamma, "
          f"F.linear(x, self.weight)), or freeze it with requires_grad_(False) before compile; {penalty}")
+
+
+def refuse_parameter_write(op, t):
+    """Fails for an in-place write into a trainable parameter (or any view of it, or its .clone(), which reads as
+    it) while a forward is traced."""
+    if _viewed_parameter(t) is not None:
+        fail(f"{op} on a trainable parameter (or a view or .clone() of it) in a traced forward", "it would change "
+             "the weights once, at compile, and not in each step: compute out of place (w = self.w * 2, "
+             "ft.cat((b[:k], ft.zeros_like(b[k:2 * k]), b[2 * k:])) for b[k:2 * k].zero_()), or change the weights "
+             "outside forward under ft.no_grad()")
 
 
 def no_grad_entered():
@@ -790,9 +800,10 @@ class Symbolic:
         if isinstance(other, Common):
             return other.against(self)
         if isinstance(other, Symbolic):
-            for a, b in ((self, other), (other, self)):
+            for a, b in ((self, other), (other, self)):  # targets of no shape yet take the partner's (a mask of
+                # a shape given broadcasts against it, as a (1, H, W) mask over (C, H, W) values)
                 if isinstance(a.node.module, _layers().Target) and b.node.shape is not None:
-                    bind_target(a, b.node.shape, "float32")
+                    bind_target(a, a.node.shape or b.node.shape, "float32")
             return other
         from .._C import TensorBase
         if isinstance(other, TensorBase):
@@ -821,8 +832,8 @@ class Symbolic:
     def __add__(self, other):
         self._numeric(other)
         if isinstance(other, (int, float)):
-            if other == 0:  # a new name for the value, as x + 0 is a new tensor (see in_place)
-                return Symbolic(self.node)
+            if other == 0:
+                return self._renamed()
             self._one_per_sample()
             c = constant_like(self, float(other))
             # a loss's constant is each sample's share of it: summed over the batch, divided by the batch size
@@ -880,7 +891,7 @@ class Symbolic:
     def __mul__(self, other):
         self._numeric(other)
         if isinstance(other, (int, float)):
-            return Symbolic(self.node) if other == 1 else _layers().Scale(float(other))(self)
+            return self._renamed() if other == 1 else _layers().Scale(float(other))(self)
         o = self._operand(other)
         if o is None:
             return NotImplemented
@@ -945,7 +956,7 @@ class Symbolic:
         if not isinstance(other, (int, float)):
             fail("a traced value to a traced power", "raise to a constant exponent")
         if other == 1:
-            return Symbolic(self.node)
+            return self._renamed()
         return self * self if other == 2 else _layers()._Elementwise("pow", other)(self)
 
     def pow(self, exponent):
@@ -1080,6 +1091,7 @@ class Symbolic:
         if sorted(perm) != list(range(nd)):
             raise ValueError(f"permute: {dims} is not a permutation of {nd + 1} dimensions")
         if isinstance(self.node.module, _layers().Permute):  # two permutes are one (or none: heads split and joined)
+            self.read()
             first = self.node.module.perm
             return Symbolic(self.node.inputs[0]).permute(0, *(first[p] + 1 for p in perm))
         return self if perm == tuple(range(nd)) else _layers().Permute(perm)(self)
@@ -1094,9 +1106,23 @@ class Symbolic:
 
     swapaxes = swapdims = transpose
 
+    def movedim(self, source, destination):
+        """Records moving dimensions source to destination (the batch stays first), as permute."""
+        return self.permute(moved(len(self.node.shape) + 1, source, destination))
+
+    moveaxis = movedim
+
     def contiguous(self, *args, **kwargs):
-        """The value itself: traced values have no memory layout."""
-        return self
+        """The value itself, but for a permuted or sliced view, of which PyTorch makes a copy: that under a new name
+        (traced values have no memory layout)."""
+        return self._renamed() if self.base is not None and isinstance(self.node.module, (
+            _layers().Permute, _layers().Slice)) else self
+
+    def _renamed(self):
+        """The value under a new name, as PyTorch's x + 0, x * 1 and x.clone() are new tensors: an in-place op on
+        one (see in_place) leaves the other as it was. Read now, as an op reads its input."""
+        self.read()
+        return Symbolic(self.node)
 
     def clamp(self, min=None, max=None):
         """Records the value limited to [min, max] (constants; either may be None), NaN kept, with PyTorch's
@@ -1166,7 +1192,7 @@ class Symbolic:
             if s:
                 head = (slice(None),) * (d + 1)
                 out = cat([out[head + (slice(size - s, size),)], out[head + (slice(0, size - s),)]], d + 1)
-        return out
+        return out._renamed() if out is self else out
 
     def logsumexp(self, dim, keepdim=False):
         """Records log(sum(exp(x))) over one dimension (not the batch) as x - log_softmax(x) at its first index:
@@ -1305,7 +1331,7 @@ class Symbolic:
         for d, k in enumerate(sizes[1:], 1):
             if k != 1:
                 out = cat([out] * k, d)
-        return out
+        return out._renamed() if out is self else out
 
     @property
     def mT(self):
@@ -1316,7 +1342,6 @@ class Symbolic:
         """Records expand(other.shape)."""
         return self.expand(other.shape)
 
-    @_view
     def __getitem__(self, index):
         labels = isinstance(self.node.module, _layers().Target)
         if labels and not isinstance(index, (tuple, slice)) and index is not None:
@@ -1332,8 +1357,11 @@ class Symbolic:
         if not index or index[0] != slice(None):
             fail(f"indexing [{index}]", "keep the batch dimension whole: x[:, ...]")
         index = tuple(_index_item(i) for i in index)
-        if any(isinstance(i, _Positions) for i in index):
-            return self._gather(index)
+        return self._gather(index) if any(isinstance(i, _Positions) for i in index) else self._sliced(index)
+
+    @_view
+    def _sliced(self, index):
+        """x[index] of integers, slices, None and ... (the batch's whole slice first): a view."""
         out, dim, shape, kept = self, 0, self.node.shape, []  # kept: the result's per-sample sizes
         for pos, item in enumerate(index[1:], 1):
             if item is Ellipsis:
@@ -1374,6 +1402,7 @@ class Symbolic:
         positions broadcast to one shape that takes their place, then the rest of the index. The positions are
         taken in runs of evenly spaced increasing ones, a slice node each, joined."""
         import numpy as np
+        self.read()
         shape, dims, dim = self.node.shape, {}, 0  # dims: the dimension of each index item that takes one
         for pos, item in enumerate(index[1:], 1):
             if item is Ellipsis:
@@ -1401,7 +1430,7 @@ class Symbolic:
         out = taken.reshape(N, *shape[:first], *flat.shape, *shape[first + count:])
         rest = [i for pos, i in enumerate(index) if pos not in arrays[1:]]
         rest[arrays[0]:arrays[0] + 1] = [slice(None)] * flat.ndim
-        return out[tuple(rest)]
+        return out[tuple(rest)]._renamed()  # a copy, as PyTorch's advanced indexing makes: no view of self
 
     def _take(self, dim, positions):
         """The values at positions along per-sample dimension dim, in runs of evenly spaced increasing ones."""
@@ -1676,7 +1705,7 @@ class Symbolic:
 
     def clone(self, *args, **kwargs):
         """The value under a new name: an in-place op on one (see in_place) leaves the other as it was."""
-        return Symbolic(self.node)
+        return self._renamed()
 
     def new_empty(self, *size, **kwargs):
         """Memory of size (N, 1, ...) that a draw fills in place (timm's drop path: x.new_empty((x.shape[0],) +
@@ -1790,15 +1819,17 @@ class Symbolic:
         fail(f"x.{name}", _TRACED_HINTS.get(name, "see docs/models.md for what traced values support"), NoAttribute)
 
     def __setitem__(self, key, value):
-        """x[mask] = v of a bool mask (traced, or a tensor the same for every sample) and a number: masked_fill_
-        (GCN's d[torch.isinf(d)] = 0.); any other assignment fails."""
+        """x[mask] = v of a traced bool mask of the value's leading sizes (the batch's first) and a number:
+        masked_fill_ (GCN's d[torch.isinf(d)] = 0.); any other assignment fails."""
         from .._C import TensorBase
-        if isinstance(value, TensorBase) and value.ndim == 0:
+        if isinstance(value, TensorBase) and value.numel() == 1:
             value = value.item()
-        mask = key._is_mask() if isinstance(key, Symbolic) else isinstance(key, TensorBase) and key.dtype.name == "bool"
-        if not (mask and isinstance(value, numbers.Real)):
+        if not (isinstance(key, Symbolic) and key._is_mask() and isinstance(value, numbers.Real)):
             refuse_assignment()
-        self.masked_fill_(key, value)
+        lead, shape = key.node.shape, self.node.shape
+        if lead != shape[:len(lead)]:
+            raise IndexError(f"the mask of shape {key.shape} does not match the indexed value's {self.shape}")
+        self.masked_fill_(key.reshape(N, *lead, *[1] * (len(shape) - len(lead))), value)
 
     def isnan(self):
         """A bool mask of where the value is NaN (x != x)."""
@@ -3241,16 +3272,15 @@ def trace_loss(loss, outputs, targets):
     """The loss Symbolic of loss(outputs, targets), or of loss(outputs) for a loss of one parameter: reduced over
     the batch, one value."""
     name = getattr(loss, "__name__", type(loss).__name__)
-    each = targets if isinstance(targets, tuple) else (targets,)
+    each = [t.node.module for t in (targets if isinstance(targets, tuple) else (targets,))]  # (y.div_(255) rebinds y)
     try:
         value = _call(loss, f"the loss {name}", outputs, *[targets] if _reads_targets(loss) else [])
     except (TracingError, ValueError) as e:
-        if not any(t.node.module.assumed for t in each):
+        if not any(m.assumed for m in each):
             raise
         raise type(e)(f"{e} (the targets were taken as one value per sample, by F.one_hot or a view, before a loss "
                       "read their shape: if each sample has more, give compile(..., target_shape=))") from e
-    for t in each:
-        m = t.node.module
+    for m in each:
         if m.floated and m.labelled:  # a program reads its targets in one dtype
             raise TracingError(f"the targets are read as {m.dtype.name} labels at {m.labelled} and as float values "
                                f"(y.float()) at {m.floated}: a compiled program reads its targets in one dtype, so "

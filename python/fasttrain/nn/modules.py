@@ -2196,6 +2196,14 @@ class ModuleList(_List):
         setattr(self, str(len(self._modules)), module)
         return self
 
+    def insert(self, index, module):
+        """Puts module at index (the ones from there on move up one, renamed by their positions)."""
+        held = list(self)
+        held.insert(index, module)
+        for name in list(self._modules):
+            delattr(self, name)
+        self.extend(held)
+
 
 class ParameterList(_List):
     """Holds parameters in a list, registered as 0, 1, ... (PyTorch's state_dict keys)."""

@@ -266,19 +266,40 @@ def _graph(model, *args, **kwargs):
     changed a trainable parameter (through a .clone() of it, which reads as the parameter) fails: each step would
     train the parameter, not what the forward made of it."""
     kept = [(t, t.clone()) for t in (*model.buffers(), *model.parameters())]
-    trained = [(name, p, _fingerprint(p)) for name, p in model.named_parameters() if p.requires_grad]
+    watched = [(name, t, _fingerprint(t), isinstance(t, M.Parameter) and t.requires_grad)
+               for name, t in (*model.named_buffers(), *model.named_parameters())]
     try:
         out = _traced_graph(model, *args, **kwargs)
-        changed = [name for name, p, before in trained if _fingerprint(p) != before]
+        changed = [(name, t, trained) for name, t, before, trained in watched if _fingerprint(t) != before]
     finally:
         for t, value in kept:
             t.copy_(value)
-    if changed:
-        raise TracingError(f"{type(model).__name__}.forward changed trainable parameter {changed[0]} in place (an "
+    name = next((name for name, t, trained in changed if trained), None)
+    if name is not None:
+        raise TracingError(f"{type(model).__name__}.forward changed trainable parameter {name} in place (an "
                            "in-place op on it, on a view of it or on its .clone(), which a traced forward reads as "
                            "the parameter): write it out of place, b = ft.cat((b[:k], ft.zeros_like(b[k:2 * k]), "
                            "b[2 * k:])) rather than b[k:2 * k].zero_()")
+    values = [e.module.tensor for e in out[0] if isinstance(e.module, M.Value)]
+    name = next((name for name, t, _ in changed if any(_overlap(t, v) for v in values)), None)
+    if name is not None:
+        raise TracingError(f"{type(model).__name__}.forward writes buffer {name} in place and reads it as a value: "
+                           "the write would run once, at compile, and every step would read the buffer as it was; "
+                           "compute the value out of place (scale = ft.ones_like(self.scale)), or write the buffer "
+                           "outside forward")
     return out
+
+
+def _own_view(t):
+    """A new tensor object viewing t's memory as t does."""
+    return t.as_strided(t.shape, t.stride(), t.storage_offset())
+
+
+def _overlap(a, b):
+    """Whether tensors a and b share memory."""
+    ends = [t.data_ptr() + t.numel() * t.element_size() for t in (a, b)]
+    return a.device == b.device and a.numel() > 0 and b.numel() > 0 and a.data_ptr() < ends[1] and \
+        b.data_ptr() < ends[0]
 
 
 def _traced_graph(model, inputs, loss=None, target_shape=None, target_dtype=None, training=True):
@@ -296,26 +317,28 @@ def _traced_graph(model, inputs, loss=None, target_shape=None, target_dtype=None
     roots = [s.node for s in _output_leaves(outputs) if isinstance(s, Symbolic) and s.node is not first.node]
     if roots and isinstance(first.node.module, M._BatchNorm):
         first = Symbolic(Node(M.Identity(), [first.node], first.node.shape))
-    roots.append(first.node)
+    output = first.node  # (an in-place op of the loss on the output, x.sigmoid_(), rebinds its Symbolic)
+    roots.append(output)
     of_model = {id(n) for n in topological(roots)}
     if loss is not None:
         with tracing(model):  # a penalty on the weights written in the loss trains them
             targets = target(target_shape, target_dtype)
+            target_nodes = [t.node for t in (targets if isinstance(targets, tuple) else (targets,))]  # (as output)
             value = trace_loss(loss, outputs, targets)
         read = {id(n) for n in topological([value.node])}
-        for k, t in enumerate(targets if isinstance(targets, tuple) else (targets,)):
-            t.node.module.index = k  # its place in the batch's tuple of targets
-            if isinstance(targets, tuple) and id(t.node) not in read:
+        for k, t in enumerate(target_nodes):
+            t.module.index = k  # its place in the batch's tuple of targets
+            if isinstance(targets, tuple) and id(t) not in read:
                 raise TracingError(f"the loss reads no value of target {k} of {len(targets)}: give target_shape= "
                                    "the shapes of those it reads")
-            if t.node.module.dtype is None:  # only viewed (y.unsqueeze(1)) into a loss of values
-                t.node.module.dtype = _BY_NAME["float32"]
-        if value.node is first.node:
+            if t.module.dtype is None:  # only viewed (y.unsqueeze(1)) into a loss of values
+                t.module.dtype = _BY_NAME["float32"]
+        if value.node is output:
             raise TracingError("the loss is the model's output itself: compute it from the output and the targets")
         roots.append(value.node)
     # the output's ancestors first: the nodes after it are the loss's
     nodes = in_nodes + [n for n in topological(
-        roots, lambda n: 2 if id(n) not in of_model else n is first.node) if n.module is not None]
+        roots, lambda n: 2 if id(n) not in of_model else n is output) if n.module is not None]
     index = {id(n): i for i, n in enumerate(nodes)}
     entries = []
     for n in nodes:
@@ -323,7 +346,7 @@ def _traced_graph(model, inputs, loss=None, target_shape=None, target_dtype=None
             _node_of(n.module, n.inputs[0].shape if n.inputs else n.shape)
         entries.append(_Entry(kind, n.module, [index[id(i)] for i in n.inputs], n.shape, fields,
                               (*n.scope, n.module), n.common))
-    return entries, index[id(first.node)], mode_was_read()
+    return entries, index[id(output)], mode_was_read()
 
 
 def _fused(entries, output, low=False):
@@ -832,7 +855,9 @@ class Program:
         self._compiled_buffers = self._named_buffers()
         self._places = {name: p.data_ptr() for name, p in self._compiled_params.items()}
         self._nodes = [_node_dict(e, self.trainable) for e in self.entries]
-        self._grad_views = [(p, p.grad) for p in dict.fromkeys(model.parameters()) if id(p) in self.trainable]
+        # views of its own (another program of the same model, compiled again, shares the memory, not the objects)
+        self._grad_views = [(p, _own_view(p.grad)) for p in dict.fromkeys(model.parameters())
+                            if id(p) in self.trainable]
         for p in model.parameters():  # a frozen one's, or one the loss does not reach: None, as PyTorch's
             if id(p) not in self.trainable and id(p) not in self._lent:
                 p.grad = None
@@ -1188,7 +1213,10 @@ class Program:
         finite is refused with a ValueError, .grad as it was."""
         self._check_compiled()
         x, y = self._training_batch(x, y, 2)
-        replaced = [(p, p.grad) for p, view in self._grad_views if p.grad is not view]
+        # .grad set to None or to another tensor (not to another program's view of the same memory, whose gradients
+        # add up with these, as two backwards of PyTorch's)
+        replaced = [(p, p.grad) for p, view in self._grad_views if p.grad is None or p.grad.data_ptr() !=
+                    view.data_ptr()]
         # a loss found not finite in a later micro-batch comes after the earlier ones' gradients were added
         rows = ((x[0] if isinstance(x, tuple) else x).shape or (0,))[0]  # a 0-d x: C names the mistake
         kept = self.flat_grads.clone() if not replaced and rows > self.batch_size // self.accumulate_steps else None
@@ -1211,7 +1239,7 @@ class Program:
         zero_grad drops keeps them."""
         for i, (p, view) in enumerate(self._grad_views):
             if id(p) in dropped:
-                self._grad_views[i] = (p, view.as_strided(view.shape, view.stride(), view.storage_offset()))
+                self._grad_views[i] = (p, _own_view(view))
                 old = weakref.ref(view)
                 del view
                 if (held := old()) is not None:
