@@ -3199,8 +3199,8 @@ def test_a_forward_changing_a_trainable_parameter_in_place_is_refused_and_undone
 
 def test_torchvisions_spellings_of_containers_axes_and_draws():
     """maxvit's nn.parameter.Parameter, self.layers += [...] (and insert) on a ModuleList and torch.swapaxes (and
-    movedim) of traced values compile as in PyTorch; stochastic_depth's mode="batch" draw (one for the whole batch) is refused as a draw made
-    once at compile, and bernoulli_ draws eagerly."""
+    movedim) of traced values compile as in PyTorch; stochastic_depth's mode="batch" draw (one for the whole
+    batch) is refused as a draw made once at compile, and bernoulli_ draws eagerly."""
     class Block(nn.Module):
         def __init__(self, mode):
             super().__init__()
