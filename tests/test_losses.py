@@ -1052,3 +1052,18 @@ def test_a_mask_target_of_one_channel_broadcasts_over_the_outputs_channels():
                                rtol=1e-5)
     assert gradcheck(alone, x, mask, eps=1e-3, rtol=3e-2, atol=1e-4)
     assert gradcheck(pair, x, (t, mask), eps=1e-3, rtol=3e-2, atol=1e-4)
+
+
+def test_a_branch_on_a_count_over_the_batch_says_to_guard_the_quotient():
+    """CenterNet's focal loss branches on its count of positives (if num_pos == 0:), which one graph for every batch
+    cannot: refused naming the comparison and the guarded count that compiles."""
+    def loss(out, y):
+        num_pos = (y == 1).float().sum()
+        if num_pos == 0:
+            return out.sum() * 0
+        return ((out - y) ** 2).sum() / num_pos
+
+    model = nn.Linear(3, 2)
+    with pytest.raises(ft.nn.TracingError, match=r"a comparison of a value reduced over the batch .*clamp\(min=1\)"):
+        model.compile(ft.optim.SGD(model.parameters(), lr=0.1), loss, batch_size=2, input_shape=(3,),
+                      target_shape=(2,))

@@ -348,11 +348,14 @@ def test_zero_grad_and_closure():
 
 def test_state_is_pytorchs_per_param_mapping_of_views():
     """optimizer.state as torch's: empty before a step, then {param: {"step", buffers}} with the state_dict's
-    values; a buffer changed in place is the optimizer's; SGD without momentum keeps none."""
+    values; a buffer changed in place is the optimizer's, an entry cannot be replaced; SGD without momentum keeps
+    none."""
     rng = np.random.default_rng(7)
     params = [ft.from_numpy(f32(rng.standard_normal(s))) for s in ((2, 3), (3,))]
     opt = ft.optim.Adam(params, lr=0.1)
     assert len(opt.state) == 0 and opt.state[params[0]] == {}
+    with pytest.raises(KeyError):
+        opt.state[ft.zeros(2)]
     for _ in range(2):
         for p in params:
             p.grad = ft.from_numpy(f32(rng.standard_normal(p.shape)))
@@ -366,6 +369,8 @@ def test_state_is_pytorchs_per_param_mapping_of_views():
             np.testing.assert_array_equal(state[p][key].numpy(), saved[i][key])
     state[params[1]]["exp_avg"].zero_()
     assert not opt.state_dict()["state"][1]["exp_avg"].any()
+    with pytest.raises(TypeError):  # read-only: the state lives in the optimizer's flat buffers
+        state[params[1]]["exp_avg"] = ft.zeros(3)
     sgd = ft.optim.SGD(params, lr=0.1)
     sgd.step()
     assert len(sgd.state) == 0

@@ -1285,11 +1285,13 @@ class GatheredPositions(nn.Module):
     def __init__(self, index):
         super().__init__()
         self.fc, self.index = nn.Linear(4, 5), index
-        self.head = nn.Linear(np.zeros((1, 5, 5))[tuple(np.asarray(i) if isinstance(i, ft.Tensor) else i
-                                                        for i in index)].size, 3)
+        self.head = nn.Linear(self.gathered(ft.zeros(1, 5, 5)).numel(), 3)
+
+    def gathered(self, h):
+        return self.index(h) if callable(self.index) else h[self.index]
 
     def forward(self, x):
-        return self.head(self.fc(x)[self.index].flatten(1))
+        return self.head(self.gathered(self.fc(x)).flatten(1))
 
 
 GATHERS = {
@@ -1300,14 +1302,18 @@ GATHERS = {
     "DLRM's tril_indices pairs": (slice(None), *ft.tril_indices(5, 5, -1)),
     "a 2-d tensor": (slice(None), slice(None), ft.tensor([[0, 3], [4, 1]])),
     "an int beside a list": (slice(None), 2, [0, 4, 1]),
+    "an int apart from a list (PyTorch takes it first)": (slice(None), 1, None, [3, 0]),
     "None and an ellipsis": (Ellipsis, None, np.array([3, 1])),
+    "index_select": lambda h: h.index_select(2, ft.tensor([4, 1, 1])),
+    "ft.index_select": lambda h: ft.index_select(h, 1, ft.tensor([2])),
 }
 
 
 @pytest.mark.parametrize("name", list(GATHERS))
-def test_constant_positions_index_as_numpy_does(name):
-    """x[:, ids], x[:, rows, cols] of lists, arrays and tensors of positions (the same for every sample): predict
-    equals the eager forward (NumPy's advanced indexing), the gradients finite differences'."""
+def test_constant_positions_index_as_pytorch_does(name):
+    """x[:, ids], x[:, rows, cols] of lists, arrays and tensors of positions (the same for every sample), and
+    index_select: predict equals the eager forward (PyTorch's advanced indexing, integers first), the gradients
+    finite differences'."""
     x = np.random.default_rng(24).standard_normal((2, 5, 4)).astype(np.float32)
     ft.manual_seed(25)
     model = GatheredPositions(GATHERS[name])
@@ -1444,7 +1450,7 @@ def test_in_place_ops_on_an_input_and_views_read_after_one():
 def test_positions_that_cannot_index_say_so():
     model = GatheredPositions((slice(None), [0]))
     for index, error, match in (((slice(None), [True, False]), ft.nn.TracingError, "indexing with list"),
-                                ((slice(None), [0, 1], None, 1), ft.nn.TracingError, "index arrays apart"),
+                                ((slice(None), [0, 1], None, [2, 3]), ft.nn.TracingError, "index arrays apart"),
                                 ((slice(None), [4, 3, 2, 1] * 100), ft.nn.TracingError,
                                  r"400 positions in \d+ runs \(more than 256\)"),
                                 ((slice(None), [5]), IndexError, "index 5 is out of range for size 5")):
@@ -3212,20 +3218,25 @@ def test_torchvisions_spellings_of_containers_axes_and_draws():
         def forward(self, x):
             for layer in self.layers:
                 x = layer(x)
-            x = ft.movedim(ft.swapaxes(x, 1, 2).swapdims(1, 2), 1, 2).moveaxis(2, 1) * self.scale
+            x = ft.movedim(ft.swapaxes(x, 1, 2).swapdims(1, 2), 1, 2).moveaxis(2, 1).transpose(1, 2)  # 5 swaps
+            x = x.mean(2) * self.scale * ft.bernoulli(ft.ones_like(x[:, :, 0]))  # (a draw of 1 at p = 1)
             if self.mode == "batch":
                 x = x * ft.empty([1] * x.ndim).bernoulli_(0.5)
-            return x.mean(1)
+            return x
 
     m = Block("row")
     assert [k for k, _ in m.named_parameters()] == ["scale", "layers.0.weight", "layers.0.bias", "layers.2.weight",
                                                     "layers.2.bias"]
-    x = np.random.default_rng(30).standard_normal((2, 4, 3)).astype(np.float32)
-    program = m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=2, input_shape=(4, 3))
+    x = np.random.default_rng(30).standard_normal((2, 3, 3)).astype(np.float32)
+    program = m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=2, input_shape=(3, 3))
     np.testing.assert_allclose(program.predict(x).numpy(), m(ft.tensor(x)).numpy(), rtol=1e-6, atol=1e-6)
+    h = x
+    for layer in m.layers:
+        h = layer(ft.tensor(h)).numpy()
+    np.testing.assert_allclose(program.predict(x).numpy(), h.mean(1), rtol=1e-5, atol=1e-6)  # the swaps' transpose
     with pytest.raises(nn.TracingError, match="ft.bernoulli_ in a traced forward .* drawn once, at compile"):
         Block("batch").compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=2,
-                               input_shape=(4, 3))
+                               input_shape=(3, 3))
     ft.manual_seed(31)
     drawn = ft.empty(20000).bernoulli_(0.25)
     assert set(np.unique(drawn.numpy())) == {0.0, 1.0} and abs(float(drawn.mean()) - 0.25) < 0.01

@@ -102,10 +102,10 @@ class _TensorType(type):
         from . import creation
         if kwargs:
             raise TypeError(f"Tensor(): unexpected keyword arguments {sorted(kwargs)}")
-        if len(args) == 1 and not isinstance(args[0], int) and np.ndim(args[0]) == 0:
+        if all(isinstance(a, (int, np.integer)) and not isinstance(a, (bool, np.bool_)) for a in args):
+            return creation.empty(*(int(a) for a in args or (0,)), device=device)
+        if len(args) == 1 and np.ndim(args[0]) == 0:
             raise TypeError(f"Tensor(): data must be a sequence or sizes, got {type(args[0]).__name__}")
-        if not args or all(isinstance(a, int) and not isinstance(a, bool) for a in args):
-            return creation.empty(*(args or (0,)), device=device)
         if len(args) > 1:
             raise TypeError(f"Tensor(): expected sizes or one sequence of values, got {args!r}")
         return creation.tensor(args[0], dtype="float32", device=device)
@@ -120,7 +120,7 @@ def _traced_copy(t):
     return t if t.is_contiguous() else Gathered.of(t)
 
 
-def moved(ndim, source, destination):
+def _moved(ndim, source, destination):
     """The order of ndim dimensions after movedim(source, destination): source moved to destination, the others
     in their order."""
     src = [_norm_dim(d, ndim) for d in ((source,) if isinstance(source, (int, np.integer)) else source)]
@@ -687,7 +687,7 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
 
     def movedim(self, source: _int | Sequence[_int], destination: _int | Sequence[_int]) -> Tensor:
         """A view with dimensions source moved to destination, the others in their order, as torch.movedim."""
-        order = moved(self.ndim, source, destination)
+        order = _moved(self.ndim, source, destination)
         return self.permute(order if self.ndim else [])  # a 0-d tensor's dimension 0 or -1: itself
 
     moveaxis = movedim

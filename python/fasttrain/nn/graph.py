@@ -27,7 +27,7 @@ import traceback
 
 from .. import _C
 from .._math import take_numpy_names
-from .._tensor import _sizes, moved
+from .._tensor import _moved, _sizes
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -748,6 +748,10 @@ class Symbolic:
             reduced = True
         if reduced is None:
             flags = {x.node.reduced for x in inputs}
+            if True in flags and isinstance(module, layers.Math) and module.op in ("eq", "ne", "lt", "le", "gt", "ge"):
+                fail("a comparison of a value reduced over the batch (CenterNet's if num_pos == 0:)", "a compiled "
+                     "program has one graph for every batch, so it cannot branch on one: guard the quotient instead, "
+                     "a count clamped from below (mask.sum().clamp(min=1)) or plus a constant")
             if True in flags and (len(flags) > 1 or not isinstance(module, (layers.Add, layers.Scale))):
                 fail(f"{type(module).__name__.lstrip('_')} of a loss already reduced over the batch",
                      "combine reduced losses linearly (a + 0.5 * b), or reduce last (reduction='none', then .mean()); "
@@ -1108,14 +1112,17 @@ class Symbolic:
 
     def movedim(self, source, destination):
         """Records moving dimensions source to destination (the batch stays first), as permute."""
-        return self.permute(moved(len(self.node.shape) + 1, source, destination))
+        return self.permute(_moved(len(self.node.shape) + 1, source, destination))
 
     moveaxis = movedim
 
     def contiguous(self, *args, **kwargs):
-        """The value itself, but for a permuted or sliced view, of which PyTorch makes a copy: that under a new name
-        (traced values have no memory layout)."""
-        return self._renamed() if self.base is not None and isinstance(self.node.module, (
+        """The value itself, but for a view of a permutation or slice (reshaped or not: x[:, 0]), of which PyTorch
+        makes a copy: that under a new name (traced values have no memory layout)."""
+        node = self.node
+        while isinstance(node.module, _layers().Reshape):
+            node = node.inputs[0]
+        return self._renamed() if self.base is not None and isinstance(node.module, (
             _layers().Permute, _layers().Slice)) else self
 
     def _renamed(self):
@@ -1357,7 +1364,13 @@ class Symbolic:
         if not index or index[0] != slice(None):
             fail(f"indexing [{index}]", "keep the batch dimension whole: x[:, ...]")
         index = tuple(_index_item(i) for i in index)
-        return self._gather(index) if any(isinstance(i, _Positions) for i in index) else self._sliced(index)
+        if not any(isinstance(i, _Positions) for i in index):
+            return self._sliced(index)
+        if any(isinstance(i, int) for i in index):  # PyTorch takes the integers first, as a view (x[:, 0, :, ids])
+            ints = self._sliced(tuple(slice(None) if isinstance(i, _Positions) else i for i in index))
+            return ints._gather(tuple(i if isinstance(i, (_Positions, type(Ellipsis))) else slice(None)
+                                      for i in index if not isinstance(i, int)))
+        return self._gather(index)
 
     @_view
     def _sliced(self, index):
@@ -1409,17 +1422,15 @@ class Symbolic:
                 dim = len(shape) - sum(i is not None and i is not Ellipsis for i in index[pos + 1:])
             elif item is not None:
                 dims[pos], dim = dim, dim + 1
-        advanced = [pos for pos in dims if isinstance(index[pos], (_Positions, int))]
-        if advanced != list(range(advanced[0], advanced[-1] + 1)):
+        arrays = [pos for pos in dims if isinstance(index[pos], _Positions)]
+        if arrays != list(range(arrays[0], arrays[-1] + 1)):
             fail("index arrays apart from each other (PyTorch moves their dimensions before the batch)", "index "
                  "adjacent dimensions together, or one dimension at a time")
-        arrays = advanced  # an int among index arrays is one too, of no dimensions (NumPy's x[:, rows, k, cols])
         first, count = dims[arrays[0]], len(arrays)
         if first + count > len(shape):
             raise IndexError(f"too many indices for a value of shape {self.shape}")
         sizes = shape[first:first + count]
-        found = np.broadcast_arrays(*(np.asarray(index[pos].ids if isinstance(index[pos], _Positions) else index[pos])
-                                      for pos in arrays))
+        found = np.broadcast_arrays(*(index[pos].ids for pos in arrays))
         for ids, size in zip(found, sizes):
             bad = ids[(ids < -size) | (ids >= size)]
             if bad.size:

@@ -404,9 +404,9 @@ class Module:
                 if inputs and all(isinstance(x, TensorBase) for x in inputs):  # Swin V2's self.cpb_mlp(self.coords)
                     from .graph import common_value
                     return self(*(common_value(x) for x in inputs), **kwargs)
-                fail(f"{type(self).__name__} with trainable parameters called on tensors that are not traced",
-                     "its output would be a constant through which they never train: call it on values of the "
-                     "model's input, use its weight as a value (positions: self.pos(ft.arange(T)) or "
+                fail(f"{type(self).__name__} with trainable parameters called on something neither traced nor a "
+                     "tensor", "its output would be a constant through which they never train: call it on values "
+                     "of the model's input, use its weight as a value (positions: self.pos(ft.arange(T)) or "
                      "self.pos.weight[:T]), or freeze it with requires_grad_(False) before compile")
             return self.forward(*inputs, **kwargs)
         if self._leaf and not _overrides_forward(type(self)):

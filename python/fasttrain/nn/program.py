@@ -13,6 +13,7 @@ import gc
 import inspect
 import math
 import numbers
+import sys
 import warnings
 import weakref
 import zlib
@@ -288,6 +289,15 @@ def _graph(model, *args, **kwargs):
                            "compute the value out of place (scale = ft.ones_like(self.scale)), or write the buffer "
                            "outside forward")
     return out
+
+
+def _references_of_an_unheld_view():
+    """sys.getrefcount of a view that only Program._grad_views holds, as _let_go's loop counts it."""
+    for i, (p, view) in enumerate([(None, object())]):
+        return sys.getrefcount(view)
+
+
+_UNHELD = _references_of_an_unheld_view()
 
 
 def _own_view(t):
@@ -858,6 +868,8 @@ class Program:
         # views of its own (another program of the same model, compiled again, shares the memory, not the objects)
         self._grad_views = [(p, _own_view(p.grad)) for p in dict.fromkeys(model.parameters())
                             if id(p) in self.trainable]
+        for p, view in self._grad_views:
+            p.grad = view
         for p in model.parameters():  # a frozen one's, or one the loss does not reach: None, as PyTorch's
             if id(p) not in self.trainable and id(p) not in self._lent:
                 p.grad = None
@@ -1238,13 +1250,9 @@ class Program:
         compare with the next batch's) moves into memory of its own with its values, as the tensor that PyTorch's
         zero_grad drops keeps them."""
         for i, (p, view) in enumerate(self._grad_views):
-            if id(p) in dropped:
+            if id(p) in dropped and sys.getrefcount(view) > _UNHELD:
                 self._grad_views[i] = (p, _own_view(view))
-                old = weakref.ref(view)
-                del view
-                if (held := old()) is not None:
-                    held._rebind(creation.empty(held.numel(), dtype=held.dtype, device=held.device), 0)
-                    del held
+                view._rebind(creation.empty(view.numel(), dtype=view.dtype, device=view.device), 0)
 
     def predict(self, x):
         """The model's (first) output for x, in eval mode (running batch-norm statistics, no dropout): for a batch

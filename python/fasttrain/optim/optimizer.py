@@ -4,6 +4,7 @@ the CUDA device that holds the parameters."""
 import collections
 import math
 import operator
+import types
 
 import numpy as np
 
@@ -70,6 +71,32 @@ def _number(group, key, index):
         return float(value)
     except (TypeError, ValueError):
         raise TypeError(f"param group {index}: {key} must be a number, got {type(value).__name__}") from None
+
+
+class _State(collections.abc.Mapping):
+    """optimizer.state: each param's entry made when asked for (one param's, not every param's)."""
+
+    def __init__(self, optimizer):
+        self._optimizer = optimizer
+
+    def __getitem__(self, param):
+        opt = self._optimizer
+        index = next((i for i, p in enumerate(opt._params if opt._c is not None else ()) if p is param), None)
+        if index is None and not any(p is param for g in opt.param_groups for p in g["params"]):
+            raise KeyError(param)
+        entry = None if index is None else opt._entry(index)
+        if entry is None:
+            return types.MappingProxyType({})
+        off, steps, keys = entry
+        return types.MappingProxyType({
+            key: creation.tensor(float(steps)) if key == "step" else
+            opt._c.state_buffer(_STATES[key])[off:off + param.numel()].view(param.shape) for key in keys})
+
+    def __iter__(self):
+        return (p for _, p, _, _, _ in self._optimizer._stateful())
+
+    def __len__(self):
+        return sum(1 for _ in self._optimizer._stateful())
 
 
 class Optimizer:
@@ -252,14 +279,20 @@ class Optimizer:
             names |= {name for name, k in _STATES.items() if self._c.state_buffer(k) is not None}
         return 4 * len(names) * sum(p.numel() for g in self.param_groups for p in g["params"])
 
+    def _entry(self, i):
+        """(offset in the flat buffers, steps taken, state keys) of the param of index i, None while it has no
+        state."""
+        steps, momentum_valid = self._c.segment_state(i)
+        # torch's SGD keeps no state without momentum
+        if steps and (self._kind != _KINDS["SGD"] or momentum_valid):
+            return self._c.offsets[i], steps, self._state_keys(self._built[self._group_of[i]])
+        return None
+
     def _stateful(self):
         """(index, param, offset in the flat buffers, steps taken, state keys) of each param that has state."""
-        c = self._c
-        for i, (p, off) in enumerate(zip(self._params, c.offsets) if c is not None else ()):
-            steps, momentum_valid = c.segment_state(i)
-            # torch's SGD keeps no state without momentum
-            if steps and (self._kind != _KINDS["SGD"] or momentum_valid):
-                yield i, p, off, steps, self._state_keys(self._built[self._group_of[i]])
+        for i, p in enumerate(self._params if self._c is not None else ()):
+            if (entry := self._entry(i)) is not None:
+                yield i, p, *entry
 
     def _export_state(self):
         """{param index: {key: value}} in PyTorch's layout, NumPy copies, for params that have state."""
@@ -273,14 +306,11 @@ class Optimizer:
 
     @property
     def state(self):
-        """Each param's state, as PyTorch's optimizer.state (a defaultdict(dict) keyed by the params, those
-        without state absent): its buffers (exp_avg, momentum_buffer, ...) views of the optimizer's flat state, so
-        that a change in place is the optimizer's; "step" a float32 tensor of the steps taken (a copy)."""
-        out = collections.defaultdict(dict)
-        for i, p, off, steps, keys in self._stateful():
-            out[p] = {key: creation.tensor(float(steps)) if key == "step" else
-                      self._c.state_buffer(_STATES[key])[off:off + p.numel()].view(p.shape) for key in keys}
-        return out
+        """Each param's state, as PyTorch's optimizer.state: state[p] (empty for a param without state yet) maps
+        "step" to a float32 tensor of the steps taken (a copy) and each buffer (exp_avg, momentum_buffer, ...) to a
+        view of the optimizer's flat state, so that a change in place is the optimizer's; iterating it gives the
+        params that have state. It is read-only, as the optimizer's state lives in its flat buffers."""
+        return _State(self)
 
     def _checked_state(self, state, groups):
         """state with every value converted and checked against the params and groups; raises ValueError."""

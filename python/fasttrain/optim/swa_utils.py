@@ -28,8 +28,12 @@ def get_swa_multi_avg_fn():
     """The equal average of lists of tensors, in place: avg += (current - avg) / (num_averaged + 1) (of integer
     tensors converted back)."""
     def swa_update(averaged_params, current_params, num_averaged):
+        weight = 1 / (int(num_averaged) + 1)
         for a, c in zip(averaged_params, current_params):
-            a.copy_(a + (c - a) / (int(num_averaged) + 1))
+            if a.dtype.is_floating_point:
+                a.lerp_(c, weight)
+            else:
+                a.copy_(a + (c - a) * weight)
     return swa_update
 
 
