@@ -1450,6 +1450,7 @@ def test_in_place_ops_on_an_input_and_views_read_after_one():
 def test_positions_that_cannot_index_say_so():
     model = GatheredPositions((slice(None), [0]))
     for index, error, match in (((slice(None), [True, False]), ft.nn.TracingError, "indexing with list"),
+                                ((slice(None), np.uint8([1, 0])), ft.nn.TracingError, "deprecated form of a mask"),
                                 ((slice(None), [0, 1], None, [2, 3]), ft.nn.TracingError, "index arrays apart"),
                                 ((slice(None), [4, 3, 2, 1] * 100), ft.nn.TracingError,
                                  r"400 positions in \d+ runs \(more than 256\)"),

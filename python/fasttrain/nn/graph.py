@@ -2670,6 +2670,9 @@ def _index_item(item, positions=False):
             ids = np.asarray(item.cpu().numpy() if isinstance(item, TensorBase) else item)
         except ValueError:
             ids = None
+        if ids is not None and ids.dtype == np.uint8:
+            fail(f"indexing with uint8 {type(item).__name__} {item!r} (PyTorch's deprecated form of a mask)",
+                 "index with int64 positions, or fill by a bool mask (x.masked_fill(mask, v))")
         if ids is not None and ids.ndim == 0 and ids.dtype.kind in "iu" and not positions:
             return int(ids)
         if ids is None or ids.dtype.kind not in "iu":
