@@ -3264,6 +3264,48 @@ def _affine(m, x):
     return x @ m.fc.weight.numpy().T + m.fc.bias.numpy()
 
 
+class AuxHead(nn.Module):
+    """PSPNet's auxiliary head: (main, aux) in training, main alone in eval mode."""
+
+    def __init__(self):
+        super().__init__()
+        self.body, self.cls, self.aux = nn.Linear(4, 6), nn.Linear(6, 3), nn.Linear(6, 3)
+
+    def forward(self, x):
+        f = F.relu(self.body(x))
+        return (self.cls(f), self.aux(f)) if self.training else self.cls(f)
+
+
+def test_a_loss_written_for_the_training_outputs_only_leaves_predict_and_refuses_evaluate():
+    """A loss taking main, aux = out apart cannot read the eval-mode output (it failed compile): training and
+    predict run, evaluate (and fit with a validation split, before any step) says why and what to write; a loss
+    that takes both forms evaluates."""
+    def loss(out, y):
+        main, aux = out
+        return F.cross_entropy(main, y) + 0.4 * F.cross_entropy(aux, y)
+
+    def guarded(out, y):
+        return F.cross_entropy(out, y) if not isinstance(out, tuple) else loss(out, y)
+
+    rng = np.random.default_rng(50)
+    x, y = rng.standard_normal((4, 4)).astype(np.float32), np.array([0, 1, 2, 0])
+    ft.manual_seed(51)
+    model = AuxHead()
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), loss, batch_size=4, input_shape=(4,))
+    assert np.isfinite(program.train_step(x, y))
+    model.eval()
+    np.testing.assert_allclose(program.predict(x).numpy(), model(ft.tensor(x)).numpy(), rtol=1e-6, atol=1e-6)
+    for call in (lambda: program.evaluate(x, y), lambda: ft.evaluate(program, (x, y)),
+                 lambda: ft.fit(program, (x, y), val_loader=(x, y), progress=False)):
+        with pytest.raises(nn.TracingError, match=r"the loss cannot read the model's eval-mode output .*main, aux"):
+            call()
+    model.train()
+    both = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), guarded, batch_size=4, input_shape=(4,))
+    logits = both.predict(x).numpy().astype(np.float64)
+    want = np.mean(np.log(np.exp(logits).sum(1)) - logits[np.arange(4), y])
+    np.testing.assert_allclose(both.evaluate(x, y)[0], want, rtol=1e-5)
+
+
 def test_a_branch_on_training_runs_in_the_training_step_and_not_in_predict_or_evaluate():
     ft.manual_seed(0)
     rng = np.random.default_rng(0)

@@ -171,7 +171,7 @@ def evaluate(program: Program, loader: Iterable[Any], tta_flip: bool = False) ->
     many, count once."""
     _check_labels(program, loader, "evaluate: the targets")
     loader = _as_loader(program, loader, None, False)
-    program._check_parameters()
+    program._check_evaluable()
     if _is_c_loader(loader):
         # The whole split, wherever an earlier iteration (or a restored state) left the loader, which is then
         # put back where it was (fit goes on from a loader's position)
@@ -439,6 +439,7 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
         scheduler = None  # stepped by the epoch's metric, after validation
     loader = _as_loader(program, loader, batch_size, True, drop_last)
     if val_loader is not None:
+        program._check_evaluable()
         _check_labels(program, val_loader, "fit: val_loader's targets")
         val_loader = _as_loader(program, val_loader, None, False)
     for fed in (loader, val_loader):  # before any step: a validation loader that cannot feed the program too

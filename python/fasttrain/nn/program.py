@@ -314,8 +314,10 @@ def _overlap(a, b):
 
 def _traced_graph(model, inputs, loss=None, target_shape=None, target_dtype=None, training=True):
     """The entries of the model's graph on `inputs` (_inputs), with the loss's after them when a loss is given, the
-    index of the model's (first) output, and whether the forward's code read a module's training mode (which reads
-    `training`). The inputs come first, in forward's order, read or not."""
+    index of the model's (first) output, whether the forward's code read a module's training mode (which reads
+    `training`), and, in eval mode, the TracingError of a loss that cannot read the eval-mode output (PSPNet's
+    main, aux = out of a forward returning aux in training only), whose graph then has no loss. The inputs come
+    first, in forward's order, read or not."""
     read_modes(training)
     ins = [Input(shape, dtype) for shape, dtype in inputs]
     in_nodes = [i.node for i in ins]  # (an in-place op on an input, x.mul_(2), rebinds its Symbolic)
@@ -330,11 +332,19 @@ def _traced_graph(model, inputs, loss=None, target_shape=None, target_dtype=None
     output = first.node  # (an in-place op of the loss on the output, x.sigmoid_(), rebinds its Symbolic)
     roots.append(output)
     of_model = {id(n) for n in topological(roots)}
+    unread = None
     if loss is not None:
         with tracing(model):  # a penalty on the weights written in the loss trains them
             targets = target(target_shape, target_dtype)
             target_nodes = [t.node for t in (targets if isinstance(targets, tuple) else (targets,))]  # (as output)
-            value = trace_loss(loss, outputs, targets)
+            try:
+                value = trace_loss(loss, outputs, targets)
+            except TracingError as e:
+                if training:
+                    raise
+                unread, target_nodes = e, []
+                value = Symbolic(output).reduce("mean")  # a stand-in, so that predict runs
+    if loss is not None:
         read = {id(n) for n in topological([value.node])}
         for k, t in enumerate(target_nodes):
             t.module.index = k  # its place in the batch's tuple of targets
@@ -356,7 +366,7 @@ def _traced_graph(model, inputs, loss=None, target_shape=None, target_dtype=None
             _node_of(n.module, n.inputs[0].shape if n.inputs else n.shape)
         entries.append(_Entry(kind, n.module, [index[id(i)] for i in n.inputs], n.shape, fields,
                               (*n.scope, n.module), n.common))
-    return entries, index[id(output)], mode_was_read()
+    return entries, index[id(output)], mode_was_read(), unread
 
 
 def _fused(entries, output, low=False):
@@ -795,7 +805,7 @@ class Program:
         self.clip_grad_norm, self.nan_policy = clip_grad_norm, nan_policy
         inputs = _inputs(model, input_shape, input_dtype)
         self._input_dtypes = [dtype for _, dtype in inputs]
-        entries, output, branches = _graph(model, inputs, loss, target_shape, target_dtype)
+        entries, output, branches, _ = _graph(model, inputs, loss, target_shape, target_dtype)
         readers, read, checkpoints = mode_readers(), buffers_read(), checkpointed()
         if not model.training:
             raise ValueError("compile: the model is in eval mode (.eval()), which would freeze every batch norm and "
@@ -858,6 +868,7 @@ class Program:
         self.trainable -= self._detached
         self._trains = {id(p): p for p in model.parameters() if id(p) in held and id(p) in self.trainable}
         self._folded = [e for e in self.entries if e.bias_into is not None]
+        self._eval_loss_error = None
         evaluation = self._eval_graph((model, inputs, loss, target_shape, target_dtype)) if branches else None
         self._fold_biases()
         self._compiled_params = dict(model.named_parameters())
@@ -940,9 +951,11 @@ class Program:
         """The graph (entries, output) predict and evaluate run when the forward branches on self.training and its
         graph in eval mode computes something else than the training step's (a program of its own then, which
         reads the same weights and trains nothing); else None. `graph` is _graph's arguments."""
-        entries, output = _fused(*_graph(*graph, training=False)[:2], self._low)
+        entries, output, _, unread = _graph(*graph, training=False)
+        entries, output = _fused(entries, output, self._low)
         if _in_eval_mode(entries, output) == _in_eval_mode(self.entries, self.output):
             return None
+        self._eval_loss_error = unread
         folded = {id(e.module): e.bias_into for e in self._folded}
         for e in entries:
             if id(e.module) in folded and e.bias_into is not folded[id(e.module)]:
@@ -1284,8 +1297,18 @@ class Program:
         """(loss, accuracy) of one batch in eval mode: the loss as training computes it, and the fraction of
         argmax predictions equal to the labels among those the loss does not ignore (None unless the model
         classifies: (classes,) outputs, class targets). NaN where the loss ignores every target."""
-        self._check_parameters()
+        self._check_evaluable()
         return tally_means(self._eval_c.evaluate(*self._batch(x, y)), self)
+
+    def _check_evaluable(self):
+        """_check_parameters, and a failure where the loss cannot read the eval-mode output (so that predict
+        alone runs in eval mode)."""
+        self._check_parameters()
+        if self._eval_loss_error is not None:
+            raise TracingError(f"evaluate: the loss cannot read the model's eval-mode output ({self._eval_loss_error})"
+                               "; predict runs, and training; to evaluate, let the loss take both outputs (if not "
+                               "isinstance(out, tuple): return F.cross_entropy(out, y)), or return the same "
+                               "structure in both modes")
 
     def summary(self):
         """A table of the compiled nodes: output shapes, parameters, FLOPs, dtypes, fusions, and the memory the
