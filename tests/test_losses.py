@@ -1067,3 +1067,41 @@ def test_a_branch_on_a_count_over_the_batch_says_to_guard_the_quotient():
     with pytest.raises(ft.nn.TracingError, match=r"a comparison of a value reduced over the batch .*clamp\(min=1\)"):
         model.compile(ft.optim.SGD(model.parameters(), lr=0.1), loss, batch_size=2, input_shape=(3,),
                       target_shape=(2,))
+
+
+def test_class_rows_of_labels_with_ignored_pixels_as_the_refusals_say():
+    """A dice term over label maps with ignored pixels (255): the spellings computing on the integer labels
+    (yc[yc == 255] = 0, y * (y != 255)) are refused with the form that compiles, whose rows are zeros at ignored
+    pixels; that loss is NumPy's."""
+    C = 3
+
+    def loss(how):
+        def dice(out, y):
+            if how == "setitem":
+                yc = y.clone()
+                yc[yc == 255] = 0
+                rows = F.one_hot(yc, C).permute(0, 3, 1, 2).float()
+            elif how == "product":
+                rows = F.one_hot(y * (y != 255), C).permute(0, 3, 1, 2).float()
+            else:
+                rows = ft.stack([(y == c).float() for c in range(C)], 1)
+            p = F.softmax(out, 1) * (y != 255).unsqueeze(1).float()
+            return 1 - ((2 * (p * rows).sum((2, 3)) + 1) / (p.sum((2, 3)) + rows.sum((2, 3)) + 1)).mean()
+        return dice
+
+    model = nn.Conv2d(3, C, 1)
+    for how in ("setitem", "product"):
+        with pytest.raises(ft.nn.TracingError, match=r"ft\.stack\(\[\(y == c\)\.float\(\) for c in range\(C\)\], 1\)"):
+            model.compile(ft.optim.SGD(model.parameters(), lr=0.1), loss(how), batch_size=2, input_shape=(3, 4, 4),
+                          target_shape=(4, 4))
+    rng = np.random.default_rng(44)
+    x, y = rng.standard_normal((2, 3, 4, 4)).astype(np.float32), rng.integers(0, C, (2, 4, 4))
+    y[0, 0] = 255
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), loss("stack"), batch_size=2,
+                            input_shape=(3, 4, 4), target_shape=(4, 4))
+    out = program.predict(x).numpy().astype(np.float64)
+    p = np.exp(out - out.max(1, keepdims=True))
+    p = p / p.sum(1, keepdims=True) * (y != 255)[:, None]
+    rows = np.stack([(y == c) for c in range(C)], 1).astype(np.float64)
+    want = 1 - ((2 * (p * rows).sum((2, 3)) + 1) / (p.sum((2, 3)) + rows.sum((2, 3)) + 1)).mean()
+    np.testing.assert_allclose(program.evaluate(x, y)[0], want, rtol=1e-5)

@@ -490,6 +490,10 @@ _TRACED_HINTS.update(
     flip="reverse a dimension by a product with the reversed identity, x @ ft.eye(T).flip(0) (finite values), or "
     "flip the data before the step")
 
+# What a loss reading integer labels writes for their class rows, where ignored labels (255) must not index.
+_CLASS_ROWS = ("; labels as class rows are F.one_hot(y, C).float(), and with labels to ignore (255) "
+               "ft.stack([(y == c).float() for c in range(C)], 1), rows of zeros where y is none of the classes")
+
 _SEVERAL_TARGETS = ("for several targets give each one's per-sample shape, compile(..., target_shape=((), (4,)), "
                  "target_dtype=(ft.int64, ft.float32)), and batches (x, (labels, boxes)): the loss gets them as a "
                  "tuple")
@@ -690,7 +694,7 @@ def _comparison(op):
                  "with values")
         if not all(v._is_mask() or v._own_dtype().is_floating_point for v in (self, o)):
             fail("a comparison of a traced value with a tensor or another traced value of integers", "compare ids "
-                 "with a number (ids == pad)")
+                 "with a number (ids == pad)" + _CLASS_ROWS)
         out = _layers().Math(op)(*_broadcast(self, o))
         out.node.dtype = _dtype("bool")
         return out
@@ -831,7 +835,7 @@ class Symbolic:
             if dtype.name.startswith(("int", "uint")):
                 fail(f"arithmetic on traced integer values ({dtype.name}: token ids, or an integer constant)",
                      "compute on the ids before they enter the model, or as a comparison, a mask (ids == pad); "
-                     "make a constant of floats (ft.ones(x.size(0), k))")
+                     "make a constant of floats (ft.ones(x.size(0), k))" + _CLASS_ROWS)
 
     def __add__(self, other):
         self._numeric(other)
@@ -2961,7 +2965,8 @@ def where(condition, input, other):
     if any(isinstance(v, Symbolic) and v.dtype.name.startswith(("int", "uint")) for v in (input, other)):
         fail("ft.where (or masked_fill) of integer values (token ids, labels)", "a compiled program computes no "
              "integer values: choose between embeddings instead, ft.where(drop[:, None], self.null_embedding, "
-             "self.embed(y)) (classifier-free guidance's dropped labels), or change the ids in the data")
+             "self.embed(y)) (classifier-free guidance's dropped labels), or change the ids in the data"
+             + _CLASS_ROWS)
     if isinstance(condition, Symbolic):
         return _where_traced(condition, input, other)
     if not isinstance(condition, TensorBase) or condition.dtype.name != "bool":

@@ -3410,10 +3410,11 @@ class OneHot(Module):
         self.num_classes = num_classes
 
     def _symbolic(self, target):
-        from .graph import bind_target, fail
+        from .graph import _CLASS_ROWS, bind_target, fail
         if not isinstance(target.node.module, Target):
             fail("F.one_hot of a value other than the targets as given", "map labels in the data (leave some out by "
-                 "the loss's ignore_index); the model's own int64 ids become rows through an nn.Embedding")
+                 "the loss's ignore_index); the model's own int64 ids become rows through an nn.Embedding"
+                 + _CLASS_ROWS)
         if target.node.shape is None:  # one label per sample unless a loss (or compile's target_shape) said otherwise
             bind_target(target, (), "int64")
             target.node.module.assumed = True
