@@ -266,14 +266,13 @@ def _graph(model, *args, **kwargs):
     eager code once, and its in-place updates (timm's self.num_batches_tracked.add_(1)) are no step's. One that
     changed a trainable parameter (through a .clone() of it, which reads as the parameter) fails: each step would
     train the parameter, not what the forward made of it."""
-    kept = [(t, t.clone()) for t in (*model.buffers(), *model.parameters())]
-    watched = [(name, t, _fingerprint(t), isinstance(t, M.Parameter) and t.requires_grad)
-               for name, t in (*model.named_buffers(), *model.named_parameters())]
+    kept = [(name, t, t.clone()) for name, t in (*model.named_buffers(), *model.named_parameters())]
     try:
         out = _traced_graph(model, *args, **kwargs)
-        changed = [(name, t, trained) for name, t, before, trained in watched if _fingerprint(t) != before]
+        changed = [(name, t, isinstance(t, M.Parameter) and t.requires_grad) for name, t, value in kept
+                   if _fingerprint(t) != _fingerprint(value)]
     finally:
-        for t, value in kept:
+        for _, t, value in kept:
             t.copy_(value)
     name = next((name for name, t, trained in changed if trained), None)
     if name is not None:
@@ -298,11 +297,6 @@ def _references_of_an_unheld_view():
 
 
 _UNHELD = _references_of_an_unheld_view()
-
-
-def _own_view(t):
-    """A new tensor object viewing t's memory as t does."""
-    return t.as_strided(t.shape, t.stride(), t.storage_offset())
 
 
 def _overlap(a, b):
@@ -877,7 +871,7 @@ class Program:
         self._places = {name: p.data_ptr() for name, p in self._compiled_params.items()}
         self._nodes = [_node_dict(e, self.trainable) for e in self.entries]
         # views of its own (another program of the same model, compiled again, shares the memory, not the objects)
-        self._grad_views = [(p, _own_view(p.grad)) for p in dict.fromkeys(model.parameters())
+        self._grad_views = [(p, p.grad.detach()) for p in dict.fromkeys(model.parameters())
                             if id(p) in self.trainable]
         for p, view in self._grad_views:
             p.grad = view
@@ -1025,8 +1019,8 @@ class Program:
         first = (xt[0] if isinstance(xt, tuple) else xt).shape
         n = first[0] if first else 0  # a 0-d input: refused by the step
         self._check_split(n)
-        norms = [e for e in self.entries if e.kind == BATCHNORM and e.module.training]
-        if n > self.batch_size and not self.__dict__.get("_warned_split") and norms:
+        if n > self.batch_size and not self.__dict__.get("_warned_split") and any(
+                e.kind == BATCHNORM and e.module.training for e in self.entries):
             self._warned_split = True
             warnings.warn(f"a batch of {n} samples trains as micro-batches of at most "
                           f"{self.batch_size // self.accumulate_steps} (the compiled batch_size "
@@ -1264,7 +1258,7 @@ class Program:
         zero_grad drops keeps them."""
         for i, (p, view) in enumerate(self._grad_views):
             if id(p) in dropped and sys.getrefcount(view) > _UNHELD:
-                self._grad_views[i] = (p, _own_view(view))
+                self._grad_views[i] = (p, view.detach())
                 view._rebind(creation.empty(view.numel(), dtype=view.dtype, device=view.device), 0)
 
     def predict(self, x):
