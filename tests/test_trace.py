@@ -1447,6 +1447,32 @@ def test_in_place_ops_on_an_input_and_views_read_after_one():
                                  input_shape=(4,), target_shape=(4,))
 
 
+def test_assignments_by_a_mask_that_cannot_compile_say_so():
+    """d[mask] = v takes a traced bool mask of the value's leading sizes and a number: a mask of other sizes, a
+    constant mask (PyTorch would index the batch with it) or a traced value assigned are refused."""
+    class Assigned(nn.Module):
+        def __init__(self, how):
+            super().__init__()
+            self.how, self.fc = how, nn.Linear(4, 6)
+
+        def forward(self, x):
+            d = self.fc(x).view(x.size(0), 2, 3)
+            if self.how == "sizes":
+                d[(d > 0)[:, :, :2]] = 0.0
+            elif self.how == "constant":
+                d[ft.tensor([True, False])] = 0.0
+            else:
+                d[d > 0] = d * 2
+            return d.flatten(1)
+
+    for how, error, match in (("sizes", IndexError, r"the mask of shape \(N, 2, 2\) does not match"),
+                              ("constant", nn.TracingError, "assigning into a traced value"),
+                              ("value", nn.TracingError, "assigning into a traced value")):
+        model = Assigned(how)
+        with pytest.raises(error, match=match):
+            model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.MSELoss(), batch_size=2, input_shape=(4,))
+
+
 def test_positions_that_cannot_index_say_so():
     model = GatheredPositions((slice(None), [0]))
     for index, error, match in (((slice(None), [True, False]), ft.nn.TracingError, "indexing with list"),
