@@ -213,7 +213,7 @@ __global__ void adamw_kernel(ft_cuda_optim o, float scale, float clip) {
         m[i] = mi;
         v[i] = vi;
         if (vmax) {
-            float vm = ft_amsgrad_max(vmax[i], vi);
+            float vm = ft_optim_max(vmax[i], vi);
             vmax[i] = vm;
             p[i] = ft_adamw_param(p[i], mi, vm, &k);
         } else {
@@ -240,6 +240,33 @@ __global__ void averages_kernel(ft_cuda_optim o, float scale, float clip) {
         float gi = ft_l2_grad(ft_optim_grad(g[i], scale, clip, maximize), p[i], k.weight_decay);
         p[i] = adadelta ? ft_adadelta_param(p[i], gi, &v[i], &u[i], &k)
                         : ft_rmsprop_param(p[i], gi, &v[i], a ? &a[i] : nullptr, buf ? &buf[i] : nullptr, &k);
+    }
+}
+
+/* Adagrad (its sum) and Adamax, NAdam, RAdam (exp_avg and exp_inf or exp_avg_sq). */
+__global__ void moments_kernel(ft_cuda_optim o, float scale, float clip) {
+    span s;
+    const ft_cuda_optim_segment *seg = step_block(o, &s);
+    if (!seg)
+        return;
+    const ft_optim_coef k = seg->coef;
+    const bool maximize = seg->maximize;
+    const int kind = o.kind;
+    int64_t at = seg->flat.offset + s.start;
+    float *p = seg->flat.param + s.start;
+    float *a = (kind == FT_OPTIM_ADAGRAD ? o.sum : o.exp_avg) + at;
+    float *b = kind == FT_OPTIM_ADAMAX ? o.exp_inf + at : kind == FT_OPTIM_ADAGRAD ? nullptr : o.exp_avg_sq + at;
+    const float *g = seg->flat.grad + s.start;
+    for (int64_t i = threadIdx.x; i < s.len; i += THREADS) {
+        float gi = ft_optim_grad(g[i], scale, clip, maximize);
+        if (kind == FT_OPTIM_ADAGRAD)
+            p[i] = ft_adagrad_param(p[i], ft_l2_grad(gi, p[i], k.adagrad.weight_decay), &a[i], &k.adagrad);
+        else if (kind == FT_OPTIM_ADAMAX)
+            p[i] = ft_adamax_param(p[i], ft_l2_grad(gi, p[i], k.moments.l2), &a[i], &b[i], &k.moments);
+        else if (kind == FT_OPTIM_NADAM)
+            p[i] = ft_nadam_param(p[i], ft_l2_grad(gi, p[i], k.moments.l2), &a[i], &b[i], &k.moments);
+        else
+            p[i] = ft_radam_param(p[i], ft_l2_grad(gi, p[i], k.moments.l2), &a[i], &b[i], &k.moments);
     }
 }
 
@@ -361,6 +388,12 @@ ft_status optim_update(const ft_cuda_optim *o, float grad_scale, float clip) {
     case FT_OPTIM_ADADELTA:
         averages_kernel<<<grid, THREADS, 0, st>>>(*o, grad_scale, clip);
         return ft_cuda_launched("averages_kernel");
+    case FT_OPTIM_ADAGRAD:
+    case FT_OPTIM_ADAMAX:
+    case FT_OPTIM_NADAM:
+    case FT_OPTIM_RADAM:
+        moments_kernel<<<grid, THREADS, 0, st>>>(*o, grad_scale, clip);
+        return ft_cuda_launched("moments_kernel");
     }
     return ft_cuda_fail(FT_ERR_VALUE, "unknown optimizer kind %d", o->kind);
 }

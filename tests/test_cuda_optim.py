@@ -1,4 +1,4 @@
-"""The optimizers (SGD, AdamW, LAMB, LARS; param groups, clipping, grad scaling, skipped params) and the weight
+"""The optimizers (each of ft.optim's; param groups, clipping, grad scaling, skipped params) and the weight
 EMA on CUDA parameters against the same optimizers on CPU copies after several steps, the optimizer state
 living on the device, non-finite gradients, bitwise repeatability, state_dict interchange with a CPU
 optimizer, and mixed devices refused.
@@ -15,7 +15,9 @@ pytestmark = pytest.mark.cuda
 SHAPES = [(3, 4), (5,), (), (2, 3, 2), (40000,), (300, 257)]  # (40000,) and (300, 257) span many blocks
 STEPS = 5
 CTOR = {ft.optim.SGD: dict(lr=0.05), ft.optim.AdamW: dict(lr=1e-2), ft.optim.LAMB: dict(lr=1e-2),
-        ft.optim.LARS: dict(lr=0.5), ft.optim.Adam: dict(lr=1e-2)}
+        ft.optim.LARS: dict(lr=0.5), ft.optim.Adam: dict(lr=1e-2), ft.optim.RMSprop: dict(lr=1e-2),
+        ft.optim.Adadelta: dict(lr=1.0), ft.optim.Adagrad: dict(lr=0.1), ft.optim.Adamax: dict(lr=1e-2),
+        ft.optim.NAdam: dict(lr=1e-2), ft.optim.RAdam: dict(lr=1e-2)}
 ALL = list(range(len(SHAPES)))
 # (class, [(param indices, group overrides)])
 CASES = [
@@ -32,6 +34,16 @@ CASES = [
     (ft.optim.LARS, [(ALL, {})]),
     (ft.optim.LARS, [([0, 3, 4, 5], dict(weight_decay=5e-4, trust_coefficient=0.02)),
                      ([1, 2], dict(lars_exclude=True, lr=0.05, momentum=0.5, maximize=True))]),
+    (ft.optim.RMSprop, [([0, 4], dict(momentum=0.9, weight_decay=0.1)),
+                        ([1, 2, 3, 5], dict(alpha=0.9, centered=True, eps=1e-4, maximize=True, momentum=0.5))]),
+    (ft.optim.Adadelta, [([0, 4], dict(rho=0.5, weight_decay=0.1)), ([1, 2, 3, 5], dict(eps=1e-4, maximize=True))]),
+    (ft.optim.Adagrad, [([0, 4], dict(lr_decay=0.1, weight_decay=0.1)),
+                        ([1, 2, 3, 5], dict(initial_accumulator_value=0.5, maximize=True))]),
+    (ft.optim.Adamax, [([0, 4], dict(weight_decay=0.1)), ([1, 2, 3, 5], dict(betas=(0.8, 0.9), maximize=True))]),
+    (ft.optim.NAdam, [([0, 4], dict(weight_decay=0.1)), ([1, 2, 3, 5], dict(weight_decay=0.1,
+                                                                           decoupled_weight_decay=True))]),
+    (ft.optim.RAdam, [([0, 4], dict(weight_decay=0.1, betas=(0.9, 0.8))),
+                      ([1, 2, 3, 5], dict(decoupled_weight_decay=True, weight_decay=0.1, maximize=True))]),
 ]
 
 

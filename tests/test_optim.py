@@ -1,13 +1,15 @@
-"""ft.optim: SGD, Adam, AdamW, LAMB and LARS against NumPy implementations of their documented formulas over several
-steps (param groups, nesterov, dampening, amsgrad, maximize, weight decay, grad scaling, clipping, skipped
-params), against torch.optim when torch imports, bitwise equality for 1 and 2 threads, non-finite grads,
-state_dict round trips, the weight EMA, every lr_scheduler against NumPy closed forms (and torch), and bad input."""
+"""ft.optim: SGD, Adam, AdamW, RMSprop, Adadelta, Adagrad, Adamax, NAdam, RAdam, LAMB and LARS against NumPy
+implementations of their documented formulas over several steps (param groups, nesterov, dampening, amsgrad,
+maximize, weight decay, grad scaling, clipping, skipped params), against torch.optim when torch imports, bitwise
+equality for 1 and 2 threads, non-finite grads, state_dict round trips, the weight EMA, every lr_scheduler against
+NumPy closed forms (and torch), and bad input."""
 import math
 
 import numpy as np
 import pytest
 
 import fasttrain as ft
+from _optimref import REFS, hyper
 from fasttrain.optim import lr_scheduler as ls
 
 try:
@@ -44,88 +46,6 @@ def close(got, want, rtol=2e-5, atol=2e-6):
     np.testing.assert_allclose(np.asarray(got, dtype=np.float64), want, rtol=rtol, atol=atol)
 
 
-# ---- NumPy references: torch.optim's documented update of one param, in float64 ----
-
-def ref_sgd(p, g, st, h):
-    d = -g if h["maximize"] else g
-    if h["weight_decay"]:
-        d = d + h["weight_decay"] * p
-    if h["momentum"]:
-        st["buf"] = d.copy() if "buf" not in st else h["momentum"] * st["buf"] + (1 - h["dampening"]) * d
-        d = d + h["momentum"] * st["buf"] if h["nesterov"] else st["buf"]
-    return p - h["lr"] * d
-
-
-def ref_adamw(p, g, st, h, l2=False):
-    g = -g if h["maximize"] else g
-    b1, b2 = h["betas"]
-    t = st["t"] = st.get("t", 0) + 1
-    st.setdefault("m", np.zeros_like(p))
-    st.setdefault("v", np.zeros_like(p))
-    if l2:  # Adam: the decay joins the gradient
-        g = g + h["weight_decay"] * p
-    else:
-        p = p * (1 - h["lr"] * h["weight_decay"])
-    st["m"] = b1 * st["m"] + (1 - b1) * g
-    st["v"] = b2 * st["v"] + (1 - b2) * g * g
-    v = st["v"]
-    if h["amsgrad"]:
-        v = st["vmax"] = np.maximum(st.get("vmax", np.zeros_like(p)), v)
-    denom = np.sqrt(v) / math.sqrt(1 - b2 ** t) + h["eps"]
-    return p - h["lr"] / (1 - b1 ** t) * st["m"] / denom
-
-
-def ref_lamb(p, g, st, h):
-    g = -g if h["maximize"] else g
-    b1, b2 = h["betas"]
-    t = st["t"] = st.get("t", 0) + 1
-    st["m"] = b1 * st.get("m", 0) + (1 - b1) * g
-    st["v"] = b2 * st.get("v", 0) + (1 - b2) * g * g
-    u = (st["m"] / (1 - b1 ** t)) / (np.sqrt(st["v"] / (1 - b2 ** t)) + h["eps"]) + h["weight_decay"] * p
-    wn, un = np.linalg.norm(p), np.linalg.norm(u)
-    trust = 1.0 if h["lars_exclude"] or wn == 0 or un == 0 else wn / un
-    return p - h["lr"] * trust * u
-
-
-def ref_lars(p, g, st, h):
-    g = -g if h["maximize"] else g
-    wn, gn = np.linalg.norm(p), np.linalg.norm(g)
-    local = 1.0 if h["lars_exclude"] or wn == 0 or gn == 0 else \
-        h["trust_coefficient"] * wn / (gn + h["weight_decay"] * wn + h["eps"])
-    st["v"] = h["momentum"] * st.get("v", 0) + h["lr"] * local * (g + h["weight_decay"] * p)
-    return p - st["v"]
-
-
-def ref_rmsprop(p, g, st, h):
-    g = -g if h["maximize"] else g
-    g = g + h["weight_decay"] * p
-    a = h["alpha"]
-    st["v"] = a * st.get("v", 0) + (1 - a) * g * g
-    v = st["v"]
-    if h["centered"]:
-        st["a"] = st.get("a", 0) + (1 - a) * (g - st.get("a", 0))
-        v = v - st["a"] ** 2
-    d = g / (np.sqrt(v) + h["eps"])
-    if h["momentum"]:
-        d = st["b"] = h["momentum"] * st.get("b", 0) + d
-    return p - h["lr"] * d
-
-
-def ref_adadelta(p, g, st, h):
-    g = -g if h["maximize"] else g
-    g = g + h["weight_decay"] * p
-    rho, eps = h["rho"], h["eps"]
-    st["v"] = rho * st.get("v", 0) + (1 - rho) * g * g
-    d = np.sqrt(st.get("u", 0) + eps) / np.sqrt(st["v"] + eps) * g
-    st["u"] = rho * st.get("u", 0) + (1 - rho) * d * d
-    return p - h["lr"] * d
-
-
-REFS = {ft.optim.SGD: ref_sgd, ft.optim.AdamW: ref_adamw, ft.optim.LAMB: ref_lamb, ft.optim.LARS: ref_lars,
-        ft.optim.Adam: lambda p, g, st, h: ref_adamw(p, g, st, h, l2=True), ft.optim.RMSprop: ref_rmsprop,
-        ft.optim.Adadelta: ref_adadelta}
-
-
 def run_reference(cls, groups, params, grads, grad_scale=1.0, max_grad_norm=None):
     """groups: [(param indices, full hyperparameter dict)]; grads[step][i] may be None (skipped)."""
     ps = [p.astype(np.float64) for p in params]
@@ -158,7 +78,8 @@ def run_ft(cls, param_groups, params, grads, **step_kwargs):
 
 CTOR = {ft.optim.SGD: dict(lr=0.05), ft.optim.AdamW: dict(lr=1e-2), ft.optim.LAMB: dict(lr=1e-2),
         ft.optim.LARS: dict(lr=0.5), ft.optim.Adam: dict(lr=1e-2), ft.optim.RMSprop: dict(lr=1e-2),
-        ft.optim.Adadelta: dict(lr=1.0)}
+        ft.optim.Adadelta: dict(lr=1.0), ft.optim.Adagrad: dict(lr=0.1), ft.optim.Adamax: dict(lr=1e-2),
+        ft.optim.NAdam: dict(lr=1e-2), ft.optim.RAdam: dict(lr=1e-2)}
 
 # (class, [(param indices, group overrides)])
 CASES = [
@@ -183,12 +104,25 @@ CASES = [
     (ft.optim.Adadelta, [([0, 1, 2, 3, 4], {})]),
     (ft.optim.Adadelta, [([0, 4], dict(rho=0.5, weight_decay=0.1)), ([1, 2, 3], dict(eps=1e-4, maximize=True,
                                                                                     lr=0.5))]),
+    (ft.optim.Adagrad, [([0, 1, 2, 3, 4], {})]),
+    (ft.optim.Adagrad, [([0, 4], dict(lr_decay=0.1, weight_decay=0.1, initial_accumulator_value=0.5)),
+                        ([1, 2, 3], dict(eps=1e-3, maximize=True, lr=0.5, initial_accumulator_value=0.5))]),
+    (ft.optim.Adamax, [([0, 1, 2, 3, 4], {})]),
+    (ft.optim.Adamax, [([0, 4], dict(weight_decay=0.1, betas=(0.8, 0.9))), ([1, 2, 3], dict(eps=1e-3, maximize=True,
+                                                                                           lr=0.1))]),
+    (ft.optim.NAdam, [([0, 1, 2, 3, 4], {})]),
+    (ft.optim.NAdam, [([0, 4], dict(weight_decay=0.1, momentum_decay=0.05)),
+                      ([1, 2, 3], dict(weight_decay=0.1, decoupled_weight_decay=True, maximize=True, lr=3e-3))]),
+    # betas[1] 0.9: the variance's length passes 5 at step 4, so the steps before and after both run
+    (ft.optim.RAdam, [([0, 1, 2, 3, 4], dict(betas=(0.9, 0.9)))]),
+    (ft.optim.RAdam, [([0, 4], dict(weight_decay=0.1, betas=(0.8, 0.8))),
+                      ([1, 2, 3], dict(weight_decay=0.1, decoupled_weight_decay=True, maximize=True, lr=3e-3,
+                                       betas=(0.9, 0.85)))]),
 ]
 
 
 def full_groups(cls, param_groups):
-    defaults = cls([ft.zeros(1)], **CTOR[cls]).defaults
-    return [(idx, {**defaults, **over}) for idx, over in param_groups]
+    return [(idx, hyper(cls, **{**CTOR[cls], **over})) for idx, over in param_groups]
 
 
 @pytest.mark.parametrize("cls, groups", CASES, ids=lambda c: getattr(c, "__name__", None))
@@ -202,7 +136,8 @@ def test_against_numpy(cls, groups, clip):
         close(g.numpy(), w)
 
 
-@pytest.mark.parametrize("cls", [ft.optim.SGD, ft.optim.AdamW, ft.optim.Adam, ft.optim.LAMB, ft.optim.LARS])
+@pytest.mark.parametrize("cls", [ft.optim.SGD, ft.optim.AdamW, ft.optim.Adam, ft.optim.LAMB, ft.optim.LARS,
+                                 ft.optim.Adamax, ft.optim.NAdam])
 def test_grad_scale_and_skipped_params(cls):
     params = make_params()
     groups = [([0, 1, 2, 3, 4], dict(weight_decay=1e-3) if cls is not ft.optim.SGD else dict(momentum=0.9))]
@@ -381,14 +316,13 @@ def test_state_is_pytorchs_per_param_mapping_of_views():
 def torch_pair(cls, groups, params):
     tensors = [torch.tensor(f32(p), requires_grad=True) for p in params]
     spec = [dict(params=[tensors[i] for i in idx], **over) for idx, over in groups]
-    tcls = {ft.optim.SGD: torch.optim.SGD, ft.optim.AdamW: torch.optim.AdamW, ft.optim.Adam: torch.optim.Adam,
-            ft.optim.RMSprop: torch.optim.RMSprop, ft.optim.Adadelta: torch.optim.Adadelta}[cls]
-    return tcls(spec, foreach=False, **CTOR[cls]), tensors
+    # torch.optim.Adagrad reads initial_accumulator_value from its defaults only (the cases give one value to all)
+    init = {k: v for _, over in groups for k, v in over.items() if k == "initial_accumulator_value"}
+    return getattr(torch.optim, cls.__name__)(spec, foreach=False, **CTOR[cls], **init), tensors
 
 
 @needs_torch
-@pytest.mark.parametrize("cls, groups", [c for c in CASES if c[0] in (ft.optim.SGD, ft.optim.AdamW, ft.optim.Adam,
-                                                                     ft.optim.RMSprop, ft.optim.Adadelta)],
+@pytest.mark.parametrize("cls, groups", [c for c in CASES if c[0] not in (ft.optim.LAMB, ft.optim.LARS)],
                          ids=lambda c: getattr(c, "__name__", None))
 def test_against_torch(cls, groups):
     params = make_params()
@@ -421,22 +355,25 @@ def test_against_torch(cls, groups):
 
 
 @needs_torch
-def test_state_dict_interchange_with_torch():
+@pytest.mark.parametrize("cls, options", [(ft.optim.AdamW, dict(amsgrad=True)),
+                                          (ft.optim.NAdam, dict(momentum_decay=0.05)),  # its mu_product state
+                                          (ft.optim.Adagrad, dict(initial_accumulator_value=0.1))])
+def test_state_dict_interchange_with_torch(cls, options):
     params = make_params()
     grads = make_grads(SHAPES, 6)
-    groups = [([0, 1, 2, 3, 4], dict(amsgrad=True))]
-    topt, tparams = torch_pair(ft.optim.AdamW, groups, params)
+    groups = [([0, 1, 2, 3, 4], options)]
+    topt, tparams = torch_pair(cls, groups, params)
     for step_grads in grads[:3]:
         for t, g in zip(tparams, step_grads):
             t.grad = torch.from_numpy(f32(g))
         topt.step()
     # torch's state continues in fasttrain ...
     mine = to_ft([t.detach().numpy() for t in tparams])
-    opt = ft.optim.AdamW([dict(params=mine, amsgrad=True)], lr=1e-2)
+    opt = cls([dict(params=mine, **options)], **CTOR[cls])
     opt.load_state_dict(topt.state_dict())
     # ... and fasttrain's in torch.
     back = [torch.tensor(t.detach().numpy().copy(), requires_grad=True) for t in tparams]
-    topt2 = torch.optim.AdamW(back, lr=1e-2, amsgrad=True, foreach=False)
+    topt2 = getattr(torch.optim, cls.__name__)(back, foreach=False, **options, **CTOR[cls])
     sd = opt.state_dict()
     topt2.load_state_dict({"state": {i: {k: torch.from_numpy(np.array(v)) for k, v in e.items()}
                                      for i, e in sd["state"].items()}, "param_groups": sd["param_groups"]})
@@ -453,7 +390,8 @@ def test_state_dict_interchange_with_torch():
 
 # ---- determinism, non-finite grads, state ----
 
-@pytest.mark.parametrize("cls", [ft.optim.SGD, ft.optim.AdamW, ft.optim.LAMB, ft.optim.LARS, ft.optim.RMSprop])
+@pytest.mark.parametrize("cls", [ft.optim.SGD, ft.optim.AdamW, ft.optim.LAMB, ft.optim.LARS, ft.optim.RMSprop,
+                                 ft.optim.Adagrad, ft.optim.NAdam, ft.optim.RAdam])
 def test_bitwise_identical_with_1_and_2_threads(cls, threads):
     shapes = [(300, 500), (7,), (100000,)]
     params, grads = make_params(shapes), make_grads(shapes, 4)
@@ -502,7 +440,8 @@ def test_clipping_reports_the_norm():
 
 
 @pytest.mark.parametrize("cls", [ft.optim.SGD, ft.optim.AdamW, ft.optim.LAMB, ft.optim.LARS, ft.optim.RMSprop,
-                                 ft.optim.Adadelta])
+                                 ft.optim.Adadelta, ft.optim.Adagrad, ft.optim.Adamax, ft.optim.NAdam,
+                                 ft.optim.RAdam])
 def test_state_dict_resumes_exactly(cls):
     params = make_params()
     grads = make_grads(SHAPES, 6)
@@ -708,6 +647,14 @@ def test_a_first_update_at_decay_zero_is_torchs_averaged_model():
     (lambda p: ft.optim.RMSprop(p, eps=-1e-8), "eps must be finite and >= 0"),
     (lambda p: ft.optim.RMSprop(p, momentum=-0.5), "momentum must be finite and >= 0"),
     (lambda p: ft.optim.Adadelta(p, rho=1.1), r"rho must be in \[0, 1\]"),
+    (lambda p: ft.optim.Adagrad(p, lr_decay=-0.1), "Adagrad group 0: lr_decay must be finite and >= 0"),
+    (lambda p: ft.optim.Adagrad(p, initial_accumulator_value=-1), "initial_accumulator_value must be finite and >= 0"),
+    (lambda p: ft.optim.Adagrad(p, eps=-1e-10), "Adagrad group 0: eps must be finite and >= 0"),
+    (lambda p: ft.optim.Adamax(p, betas=(0.9, 1.0)), r"Adamax group 0: betas must be in \[0, 1\)"),
+    (lambda p: ft.optim.Adamax(p, eps=-1.0), "eps must be finite and >= 0"),
+    (lambda p: ft.optim.NAdam(p, momentum_decay=-4e-3), "NAdam group 0: momentum_decay must be finite and >= 0"),
+    (lambda p: ft.optim.NAdam(p, betas=(-0.1, 0.9)), "betas"),
+    (lambda p: ft.optim.RAdam(p, weight_decay=-0.1), "RAdam group 0: weight_decay"),
     (lambda p: ft.optim.AdamW([dict(params=p, lr=-1.0)]), "group 0: lr"),
     (lambda p: ft.optim.AdamW([dict(params=p[:1]), dict(params=p[1:], eps=-1.0)]), "group 1: eps"),
     (lambda p: ft.optim.SGD([]), "empty parameter list"),

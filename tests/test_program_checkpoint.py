@@ -23,6 +23,7 @@ RESUME_CASES = {
     "sgd_nesterov": (plain_net, compile_plain, lambda ps: ft.optim.SGD(ps, lr=0.05, momentum=0.9, nesterov=True,
                                                                       weight_decay=1e-3)),
     "adamw": (plain_net, compile_plain, lambda ps: ft.optim.AdamW(ps, lr=0.01)),
+    "nadam": (plain_net, compile_plain, lambda ps: ft.optim.NAdam(ps, lr=0.01)),  # a scalar state: mu_product
     "batchnorm_sgd": (make_resnet, compile_resnet, lambda ps: ft.optim.SGD(ps, lr=0.05, momentum=0.9)),
     "dropout_sgd": (lambda seed: plain_net(seed, dropout=0.3), compile_plain,
                     lambda ps: ft.optim.SGD(ps, lr=0.05, momentum=0.9)),

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import fasttrain as ft
+from _optimref import REFS, hyper
 from _programref import batch, compile_resnet, grads_of, make_resnet, params_of, perturb_bn, state_bits
 
 nn = ft.nn
@@ -14,98 +15,29 @@ nn = ft.nn
 
 # ---------------------------------------------------------------- optimizers through train_step
 
-def ref_sgd(p, g, st, h):
-    """torch.optim.SGD's documented update, float64."""
-    d = g + h.get("weight_decay", 0.0) * p
-    mu = h.get("momentum", 0.0)
-    if mu:
-        st["buf"] = d.copy() if "buf" not in st else mu * st["buf"] + (1 - h.get("dampening", 0.0)) * d
-        d = d + mu * st["buf"] if h.get("nesterov") else st["buf"]
-    return p - h["lr"] * d
-
-
-def ref_adamw(p, g, st, h):
-    """torch.optim.AdamW's documented update, float64."""
-    b1, b2 = h.get("betas", (0.9, 0.999))
-    t = st["t"] = st.get("t", 0) + 1
-    p = p * (1 - h["lr"] * h.get("weight_decay", 1e-2))
-    st["m"] = b1 * st.get("m", 0) + (1 - b1) * g
-    st["v"] = b2 * st.get("v", 0) + (1 - b2) * g * g
-    v = st["v"]
-    if h.get("amsgrad"):
-        v = st["vmax"] = np.maximum(st.get("vmax", 0), v)
-    mhat, vhat = st["m"] / (1 - b1 ** t), v / (1 - b2 ** t)
-    return p - h["lr"] * mhat / (np.sqrt(vhat) + h.get("eps", 1e-8))
-
-
-def ref_lamb(p, g, st, h):
-    """LAMB (You et al. 2019, Algorithm 2, bias-corrected Adam moments, phi(x) = x): the update
-    u = mhat / (sqrt(vhat) + eps) + weight_decay * p scaled by the per-tensor trust ratio ||p|| / ||u||
-    (1 when a norm is zero)."""
-    b1, b2 = h.get("betas", (0.9, 0.999))
-    t = st["t"] = st.get("t", 0) + 1
-    st["m"] = b1 * st.get("m", 0) + (1 - b1) * g
-    st["v"] = b2 * st.get("v", 0) + (1 - b2) * g * g
-    u = st["m"] / (1 - b1 ** t) / (np.sqrt(st["v"] / (1 - b2 ** t)) + h.get("eps", 1e-6)) \
-        + h.get("weight_decay", 1e-2) * p
-    pn, un = np.linalg.norm(p), np.linalg.norm(u)
-    return p - h["lr"] * (pn / un if pn > 0 and un > 0 else 1.0) * u
-
-
-def ref_lars(p, g, st, h):
-    """LARS (You, Gitman, Ginsburg 2017, Algorithm 1): local_lr = eta ||p|| / (||g|| + wd ||p|| + eps) per tensor
-    (1 when a norm is zero), v = momentum v + lr local_lr (g + wd p), p = p - v."""
-    wd = h.get("weight_decay", 0.0)
-    pn, gn = np.linalg.norm(p), np.linalg.norm(g)
-    local = h.get("trust_coefficient", 1e-3) * pn / (gn + wd * pn + h.get("eps", 0.0)) if pn > 0 and gn > 0 else 1.0
-    st["v"] = h.get("momentum", 0.9) * st.get("v", 0) + h["lr"] * local * (g + wd * p)
-    return p - st["v"]
-
-
-def ref_rmsprop(p, g, st, h):
-    """torch.optim.RMSprop's documented update (centered, momentum), float64."""
-    a = h.get("alpha", 0.99)
-    g = g + h.get("weight_decay", 0.0) * p
-    st["v"] = a * st.get("v", 0) + (1 - a) * g * g
-    v = st["v"]
-    if h.get("centered"):
-        st["a"] = a * st.get("a", 0) + (1 - a) * g
-        v = v - st["a"] ** 2
-    d = g / (np.sqrt(v) + h.get("eps", 1e-8))
-    if h.get("momentum"):
-        d = st["b"] = h["momentum"] * st.get("b", 0) + d
-    return p - h["lr"] * d
-
-
-def ref_adadelta(p, g, st, h):
-    """torch.optim.Adadelta's documented update, float64."""
-    rho, eps = h.get("rho", 0.9), h.get("eps", 1e-6)
-    g = g + h.get("weight_decay", 0.0) * p
-    st["v"] = rho * st.get("v", 0) + (1 - rho) * g * g
-    d = np.sqrt(st.get("u", 0) + eps) / np.sqrt(st["v"] + eps) * g
-    st["u"] = rho * st.get("u", 0) + (1 - rho) * d * d
-    return p - h["lr"] * d
-
-
 OPTIMIZERS = {
-    "sgd": (ft.optim.SGD, ref_sgd, dict(lr=0.1)),
-    "sgd_momentum_dampening_wd": (ft.optim.SGD, ref_sgd, dict(lr=0.05, momentum=0.8, dampening=0.2,
-                                                              weight_decay=1e-2)),
-    "sgd_nesterov_wd": (ft.optim.SGD, ref_sgd, dict(lr=0.05, momentum=0.9, nesterov=True, weight_decay=5e-3)),
-    "adamw": (ft.optim.AdamW, ref_adamw, dict(lr=0.01, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.05)),
-    "adamw_amsgrad": (ft.optim.AdamW, ref_adamw, dict(lr=0.01, amsgrad=True)),
-    "lamb": (ft.optim.LAMB, ref_lamb, dict(lr=0.01, weight_decay=0.01)),
-    "lars": (ft.optim.LARS, ref_lars, dict(lr=2.0, momentum=0.9, weight_decay=1e-3, trust_coefficient=0.02)),
-    "rmsprop_centered_momentum_wd": (ft.optim.RMSprop, ref_rmsprop, dict(lr=1e-3, alpha=0.9, momentum=0.5,
-                                                                         centered=True, weight_decay=1e-3)),
-    "adadelta_wd": (ft.optim.Adadelta, ref_adadelta, dict(lr=1.0, rho=0.8, weight_decay=1e-3)),
+    "sgd": (ft.optim.SGD, dict(lr=0.1)),
+    "sgd_momentum_dampening_wd": (ft.optim.SGD, dict(lr=0.05, momentum=0.8, dampening=0.2, weight_decay=1e-2)),
+    "sgd_nesterov_wd": (ft.optim.SGD, dict(lr=0.05, momentum=0.9, nesterov=True, weight_decay=5e-3)),
+    "adamw": (ft.optim.AdamW, dict(lr=0.01, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.05)),
+    "adamw_amsgrad": (ft.optim.AdamW, dict(lr=0.01, amsgrad=True)),
+    "lamb": (ft.optim.LAMB, dict(lr=0.01, weight_decay=0.01)),
+    "lars": (ft.optim.LARS, dict(lr=2.0, momentum=0.9, weight_decay=1e-3, trust_coefficient=0.02)),
+    "rmsprop_centered_momentum_wd": (ft.optim.RMSprop, dict(lr=1e-3, alpha=0.9, momentum=0.5, centered=True,
+                                                            weight_decay=1e-3)),
+    "adadelta_wd": (ft.optim.Adadelta, dict(lr=1.0, rho=0.8, weight_decay=1e-3)),
+    "adagrad_lr_decay_wd": (ft.optim.Adagrad, dict(lr=0.05, lr_decay=0.1, weight_decay=1e-3,
+                                                   initial_accumulator_value=0.1)),
+    "adamax_wd": (ft.optim.Adamax, dict(lr=0.01, betas=(0.8, 0.99), weight_decay=1e-3)),
+    "nadam_decoupled_wd": (ft.optim.NAdam, dict(lr=0.01, weight_decay=0.01, decoupled_weight_decay=True)),
+    "radam_wd": (ft.optim.RAdam, dict(lr=0.01, betas=(0.9, 0.8), weight_decay=1e-3)),  # rectified from step 3
 }
 
 
 def run_against_reference(model, program, groups, ref, steps=4, clip=None, batch_size=8):
     """Per step: the gradient from program.backward at the current parameters, the reference update (with the
     optimizer state carried in float64 over the steps), then train_step; the parameters must agree.
-    groups: [(names, hyperparameters)]."""
+    groups: [(names, full hyperparameters, as hyper gives them)]."""
     state = {name: {} for name in dict(model.named_parameters())}
     hyper = {name: h for names, h in groups for name in names}
     for k in range(steps):
@@ -130,11 +62,11 @@ def run_against_reference(model, program, groups, ref, steps=4, clip=None, batch
 
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_optimizer_steps_match_pytorch_formula(name):
-    cls, ref, h = OPTIMIZERS[name]
+    cls, h = OPTIMIZERS[name]
     model = make_resnet(seed=11)
     perturb_bn(model)
     program = compile_resnet(model, cls(model.parameters(), **h))
-    run_against_reference(model, program, [(list(dict(model.named_parameters())), h)], ref)
+    run_against_reference(model, program, [(list(dict(model.named_parameters())), hyper(cls, **h))], REFS[cls])
 
 
 @pytest.mark.parametrize("cls", [ft.optim.SGD, ft.optim.AdamW])
@@ -144,14 +76,11 @@ def test_param_groups_through_train_step(cls):
     decay = [n for n, p in model.named_parameters() if p.ndim > 1]
     rest = [n for n, p in model.named_parameters() if p.ndim == 1]
     named = dict(model.named_parameters())
-    if cls is ft.optim.SGD:
-        base, ref = dict(momentum=0.9, nesterov=True), ref_sgd
-    else:
-        base, ref = dict(betas=(0.9, 0.99)), ref_adamw
+    base = dict(momentum=0.9, nesterov=True) if cls is ft.optim.SGD else dict(betas=(0.9, 0.99))
     h0, h1 = dict(base, lr=0.05, weight_decay=0.01), dict(base, lr=0.02, weight_decay=0.0)
     opt = cls([dict(params=[named[n] for n in decay], **h0), dict(params=[named[n] for n in rest], **h1)])
     program = compile_resnet(model, opt)
-    run_against_reference(model, program, [(decay, h0), (rest, h1)], ref)
+    run_against_reference(model, program, [(decay, hyper(cls, **h0)), (rest, hyper(cls, **h1))], REFS[cls])
 
 
 def test_learning_rate_changes_take_effect_between_steps():
@@ -168,8 +97,8 @@ def test_learning_rate_changes_take_effect_between_steps():
         program.optimizer.zero_grad()
         program.backward(x, y)
         G = grads_of(model)
-        h = dict(lr=0.2 * 0.1 ** (k // 2), momentum=0.5)
-        want = {name: ref_sgd(P[name], G[name], state[name], h) for name in P}
+        h = hyper(ft.optim.SGD, lr=0.2 * 0.1 ** (k // 2), momentum=0.5)
+        want = {name: REFS[ft.optim.SGD](P[name], G[name], state[name], h) for name in P}
         program.train_step(x, y)
         sched.step()
         got = params_of(model)
@@ -226,8 +155,8 @@ def test_clip_grad_norm_matches_numpy(cls, h, clip):
     program.backward(x, y)
     norm = math.sqrt(sum(float(np.sum(g * g)) for g in grads_of(model).values()))
     assert (norm > 2 * clip) if clip < 1 else (norm < clip / 2)  # the first step clips (or not) for sure
-    ref = ref_sgd if cls is ft.optim.SGD else ref_adamw
-    run_against_reference(model, program, [(list(dict(model.named_parameters())), h)], ref, clip=clip)
+    run_against_reference(model, program, [(list(dict(model.named_parameters())), hyper(cls, **h))], REFS[cls],
+                          clip=clip)
 
 
 # ---------------------------------------------------------------- reproducibility

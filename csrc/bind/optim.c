@@ -132,18 +132,21 @@ static int parse_kind(PyObject *obj, ft_optim_kind *out) {
 
 /* A group given as the tuple (lr, weight_decay, momentum, dampening,
  * nesterov, maximize, beta1, beta2, eps, amsgrad, trust_coefficient,
- * lars_exclude, alpha, centered) that ft.optim builds from a param_groups
- * dict. */
+ * lars_exclude, alpha, centered, lr_decay, initial_accumulator_value,
+ * momentum_decay, decoupled_weight_decay) that ft.optim builds from a
+ * param_groups dict. */
 int ft_py_parse_optim_group(PyObject *obj, ft_optim_group *g) {
     if (!PyTuple_Check(obj)) {
         PyErr_Format(PyExc_TypeError, "an optimizer group must be a tuple, not %.100s", Py_TYPE(obj)->tp_name);
         return -1;
     }
-    int nesterov, maximize, amsgrad, exclude, centered;
-    if (!PyArg_ParseTuple(obj, "ddddppdddpdpdp;an optimizer group tuple", &g->lr, &g->weight_decay, &g->momentum,
+    int nesterov, maximize, amsgrad, exclude, centered, decoupled;
+    if (!PyArg_ParseTuple(obj, "ddddppdddpdpdpdddp;an optimizer group tuple", &g->lr, &g->weight_decay, &g->momentum,
                           &g->dampening, &nesterov, &maximize, &g->beta1, &g->beta2, &g->eps, &amsgrad,
-                          &g->trust_coefficient, &exclude, &g->alpha, &centered))
+                          &g->trust_coefficient, &exclude, &g->alpha, &centered, &g->lr_decay,
+                          &g->initial_accumulator_value, &g->momentum_decay, &decoupled))
         return -1;
+    g->decoupled_weight_decay = decoupled;
     g->nesterov = nesterov;
     g->maximize = maximize;
     g->amsgrad = amsgrad;
@@ -345,15 +348,18 @@ static PyObject *optimizer_segment_state(PyObject *self, PyObject *arg) {
     if (i < 0 || i >= ft_optimizer_num_segments(OPT(self)->opt))
         return PyErr_Format(PyExc_IndexError, "no param %R", arg);
     ft_optim_segment_state s = ft_optimizer_segment_state(OPT(self)->opt, i);
-    return Py_BuildValue("(LO)", (long long)s.steps, s.momentum_valid ? Py_True : Py_False);
+    return Py_BuildValue("(LOd)", (long long)s.steps, s.momentum_valid ? Py_True : Py_False, s.mu_product);
 }
 
 static PyObject *optimizer_set_segment_state(PyObject *self, PyObject *args) {
     int i, valid;
     long long steps;
-    if (!PyArg_ParseTuple(args, "iLp", &i, &steps, &valid) || refuse_busy(OPT(self)->busy, "the optimizer") < 0)
+    double mu_product;
+    if (!PyArg_ParseTuple(args, "iLpd", &i, &steps, &valid, &mu_product) ||
+        refuse_busy(OPT(self)->busy, "the optimizer") < 0)
         return NULL;
-    ft_status s = ft_optimizer_set_segment_state(OPT(self)->opt, i, (ft_optim_segment_state){steps, valid});
+    ft_status s =
+        ft_optimizer_set_segment_state(OPT(self)->opt, i, (ft_optim_segment_state){steps, valid, mu_product});
     return s == FT_OK ? Py_NewRef(Py_None) : ft_py_raise(s);
 }
 
@@ -384,8 +390,9 @@ static PyMethodDef optimizer_methods[] = {
     {"set_group", optimizer_set_group, METH_VARARGS, "set_group(index, hyperparameter tuple)"},
     {"state_buffer", optimizer_state_buffer, METH_O,
      "The flat float32 state of one kind (an index into OPTIM_STATES), sharing memory, or None."},
-    {"segment_state", optimizer_segment_state, METH_O, "segment_state(i) -> (steps, momentum_valid)"},
-    {"set_segment_state", optimizer_set_segment_state, METH_VARARGS, "set_segment_state(i, steps, momentum_valid)"},
+    {"segment_state", optimizer_segment_state, METH_O, "segment_state(i) -> (steps, momentum_valid, mu_product)"},
+    {"set_segment_state", optimizer_set_segment_state, METH_VARARGS,
+     "set_segment_state(i, steps, momentum_valid, mu_product)"},
     {"params_moved", optimizer_params_moved, METH_NOARGS, "True when a param's memory moved since construction."},
     {NULL, NULL, 0, NULL},
 };

@@ -83,8 +83,8 @@ typedef struct {
     float l2; /* weight_decay (Adam; 0 for AdamW) */
 } ft_adamw_coef;
 
-/* torch.maximum: NaN wins, so a NaN second moment is not hidden. */
-static inline FT_HD float ft_amsgrad_max(float vmax, float v) { return vmax != vmax || vmax > v ? vmax : v; }
+/* torch.maximum: NaN wins, so a NaN moment (AMSGrad's, Adamax's) is not hidden. */
+static inline FT_HD float ft_optim_max(float vmax, float v) { return vmax != vmax || vmax > v ? vmax : v; }
 
 static inline FT_HD float ft_adamw_param(float p, float m, float v, const ft_adamw_coef *c) {
     float denom = sqrtf(v) / c->bc2_sqrt + c->eps;
@@ -173,6 +173,67 @@ static inline FT_HD float ft_adadelta_param(float p, float g, float *v, float *u
     float d = sqrtf(*u + c->eps) / sqrtf(vi + c->eps) * g;
     *u = c->alpha * *u + c->one_minus_alpha * d * d;
     return p - c->lr * d;
+}
+
+/* ---- Adagrad (torch.optim.Adagrad) ----
+ * g = g + weight_decay * p
+ * s = s + g * g                       (s starts at initial_accumulator_value)
+ * p = p - clr * g / (sqrt(s) + eps),  clr = lr / (1 + (t - 1) * lr_decay) */
+typedef struct {
+    float clr, weight_decay, eps, initial;
+    bool first; /* the sum starts at `initial` (a loaded sum is the same value until a step has run) */
+} ft_adagrad_coef;
+
+static inline FT_HD float ft_adagrad_param(float p, float g, float *s, const ft_adagrad_coef *c) {
+    float si = (c->first ? c->initial : *s) + g * g;
+    *s = si;
+    return p - c->clr * (g / (sqrtf(si) + c->eps));
+}
+
+/* ---- Adamax, NAdam and RAdam (torch.optim's), on Adam's first moment m ----
+ * each: g = g + l2 * p (weight_decay, or 0 when decoupled), p = p * decay
+ * (1 - lr * weight_decay when decoupled, else 1), m as Adam's, then
+ * Adamax: u = max(beta2 * u, |g| + eps);  p = p - clr * m / u,  clr = lr / (1 - beta1^t)
+ * NAdam:  v as Adam's;  d = sqrt(v / (1 - beta2^t)) + eps
+ *         p = p - lr (1 - mu_t) / (1 - prod_{i<=t} mu_i) * g / d
+ *               - lr mu_{t+1} / (1 - prod_{i<=t+1} mu_i) * m / d,  mu_i = beta1 (1 - 0.5 * 0.96^(i momentum_decay))
+ * RAdam:  v as Adam's;  p = p - lr * m / (1 - beta1^t) * r,  r = sqrt(1 - beta2^t) / (sqrt(v) + eps) * rect
+ *         while the variance's length rho_t > 5 (rect its rectification), else r = 1 */
+typedef struct {
+    ft_adam_moments mom;
+    float l2, decay, eps;
+    float bc1;                  /* 1 - beta1^t (RAdam) */
+    float bc2;                  /* 1 - beta2^t (NAdam); its square root (RAdam) */
+    float lr;                   /* clr (Adamax); lr (RAdam) */
+    float grad_coef, avg_coef;  /* NAdam's two step sizes */
+    float rect;                 /* RAdam: 0 while the update is not adaptive */
+    double mu_product;          /* NAdam: prod_{i<=t} mu_i, the segment's state after the step */
+} ft_moments_coef;
+
+static inline FT_HD float ft_adamax_param(float p, float g, float *m, float *u, const ft_moments_coef *c) {
+    float mi = ft_adam_exp_avg(*m, g, &c->mom), ui = ft_optim_max(c->mom.beta2 * *u, fabsf(g) + c->eps);
+    *m = mi;
+    *u = ui;
+    return p * c->decay - c->lr * (mi / ui);
+}
+
+static inline FT_HD float ft_nadam_param(float p, float g, float *m, float *v, const ft_moments_coef *c) {
+    float mi = ft_adam_exp_avg(*m, g, &c->mom), vi = ft_adam_exp_avg_sq(*v, g, &c->mom);
+    *m = mi;
+    *v = vi;
+    float d = sqrtf(vi / c->bc2) + c->eps;
+    p = p * c->decay - c->grad_coef * (g / d);
+    return p - c->avg_coef * (mi / d);
+}
+
+static inline FT_HD float ft_radam_param(float p, float g, float *m, float *v, const ft_moments_coef *c) {
+    float mi = ft_adam_exp_avg(*m, g, &c->mom), vi = ft_adam_exp_avg_sq(*v, g, &c->mom);
+    *m = mi;
+    *v = vi;
+    float u = mi / c->bc1 * c->lr;
+    if (c->rect != 0.0f)
+        u = u * (c->bc2 / (sqrtf(vi) + c->eps)) * c->rect;
+    return p * c->decay - u;
 }
 
 #endif

@@ -159,7 +159,8 @@ struct ft_optimizer {
     ft_dtype copy_dtype;
 };
 
-static const char *const kind_names[] = {"SGD", "AdamW", "LAMB", "LARS", "Adam", "RMSprop", "Adadelta"};
+static const char *const kind_names[] = {"SGD",      "AdamW",   "LAMB",   "LARS",  "Adam", "RMSprop",
+                                         "Adadelta", "Adagrad", "Adamax", "NAdam", "RAdam"};
 
 static bool finite_ge0(double x) { return isfinite(x) && x >= 0; }
 
@@ -205,6 +206,8 @@ ft_status ft_optim_check_group(ft_optim_kind kind, int i, const ft_optim_group *
         return ft_fail(FT_ERR_VALUE, "%s group %d: lars_exclude is a LAMB and LARS option", k, i);
     if (g->centered && kind != FT_OPTIM_RMSPROP)
         return ft_fail(FT_ERR_VALUE, "%s group %d: centered is an RMSprop option", k, i);
+    if (g->decoupled_weight_decay && kind != FT_OPTIM_NADAM && kind != FT_OPTIM_RADAM)
+        return ft_fail(FT_ERR_VALUE, "%s group %d: decoupled_weight_decay is a NAdam and RAdam option", k, i);
     if (kind == FT_OPTIM_SGD || kind == FT_OPTIM_LARS || kind == FT_OPTIM_RMSPROP) {
         if (!finite_ge0(g->momentum))
             return ft_fail(FT_ERR_VALUE, "%s group %d: momentum must be finite and >= 0, got %g", k, i, g->momentum);
@@ -220,11 +223,27 @@ ft_status ft_optim_check_group(ft_optim_kind kind, int i, const ft_optim_group *
     case FT_OPTIM_ADAMW:
     case FT_OPTIM_ADAM:
     case FT_OPTIM_LAMB:
+    case FT_OPTIM_ADAMAX:
+    case FT_OPTIM_NADAM:
+    case FT_OPTIM_RADAM:
         if (!(g->beta1 >= 0 && g->beta1 < 1) || !(g->beta2 >= 0 && g->beta2 < 1))
             return ft_fail(FT_ERR_VALUE, "%s group %d: betas must be in [0, 1), got (%g, %g)", k, i, g->beta1,
                            g->beta2);
-        if (!(isfinite(g->eps) && g->eps > 0))
-            return ft_fail(FT_ERR_VALUE, "%s group %d: eps must be finite and > 0, got %g", k, i, g->eps);
+        if (kind >= FT_OPTIM_ADAMAX ? !finite_ge0(g->eps) : !(isfinite(g->eps) && g->eps > 0)) /* as torch.optim */
+            return ft_fail(FT_ERR_VALUE, "%s group %d: eps must be finite and %s 0, got %g", k, i,
+                           kind >= FT_OPTIM_ADAMAX ? ">=" : ">", g->eps);
+        if (kind == FT_OPTIM_NADAM && !finite_ge0(g->momentum_decay))
+            return ft_fail(FT_ERR_VALUE, "NAdam group %d: momentum_decay must be finite and >= 0, got %g", i,
+                           g->momentum_decay);
+        break;
+    case FT_OPTIM_ADAGRAD:
+        if (!finite_ge0(g->lr_decay))
+            return ft_fail(FT_ERR_VALUE, "Adagrad group %d: lr_decay must be finite and >= 0, got %g", i, g->lr_decay);
+        if (!finite_ge0(g->initial_accumulator_value))
+            return ft_fail(FT_ERR_VALUE, "Adagrad group %d: initial_accumulator_value must be finite and >= 0, got %g",
+                           i, g->initial_accumulator_value);
+        if (!finite_ge0(g->eps))
+            return ft_fail(FT_ERR_VALUE, "Adagrad group %d: eps must be finite and >= 0, got %g", i, g->eps);
         break;
     case FT_OPTIM_RMSPROP:
     case FT_OPTIM_ADADELTA:
@@ -321,6 +340,19 @@ static bool needs_state(const ft_optimizer *opt, ft_optim_state s) {
             break;
         case FT_OPTIM_ADADELTA:
             if (s == FT_OPTIM_SQUARE_AVG || s == FT_OPTIM_ACC_DELTA)
+                return true;
+            break;
+        case FT_OPTIM_ADAGRAD:
+            if (s == FT_OPTIM_SUM)
+                return true;
+            break;
+        case FT_OPTIM_ADAMAX:
+            if (s == FT_OPTIM_EXP_AVG || s == FT_OPTIM_EXP_INF)
+                return true;
+            break;
+        case FT_OPTIM_NADAM:
+        case FT_OPTIM_RADAM:
+            if (s == FT_OPTIM_EXP_AVG || s == FT_OPTIM_EXP_AVG_SQ)
                 return true;
             break;
         }
@@ -483,7 +515,7 @@ int64_t ft_optimizer_state_numel(const ft_optimizer *opt) { return plan_total(&o
 
 const char *ft_optim_state_name(ft_optim_state kind) {
     static const char *const names[] = {"momentum_buffer", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "square_avg",
-                                        "grad_avg", "acc_delta"};
+                                        "grad_avg",        "acc_delta", "exp_inf",    "sum"};
     return (int)kind >= 0 && kind < FT_OPTIM_NUM_STATES ? names[kind] : "";
 }
 
@@ -498,6 +530,9 @@ ft_status ft_optimizer_set_segment_state(ft_optimizer *opt, int segment, ft_opti
     if (st.steps < 0)
         return ft_fail(FT_ERR_VALUE, "%s: segment %d: the step count must be >= 0, got %lld", kind_names[opt->kind],
                        segment, (long long)st.steps);
+    if (opt->kind == FT_OPTIM_NADAM && st.steps > 0 && !(st.mu_product >= 0 && st.mu_product < 1))
+        return ft_fail(FT_ERR_VALUE, "NAdam: segment %d: mu_product must be in [0, 1), got %g", segment,
+                       st.mu_product);
     opt->seg_state[segment] = st;
     return FT_OK;
 }
@@ -538,7 +573,7 @@ static void adamw_loop(float *p, float *m, float *v, float *vmax, const float *g
         FT_SIMD_FOR(i, n) {
             float gi = ft_l2_grad(ft_optim_grad(g[i], gx.scale, gx.clip, maximize), p[i], k.l2);
             float mi = ft_adam_exp_avg(m[i], gi, &k.mom), vi = ft_adam_exp_avg_sq(v[i], gi, &k.mom);
-            float vm = ft_amsgrad_max(vmax[i], vi);
+            float vm = ft_optim_max(vmax[i], vi);
             m[i] = mi;
             v[i] = vi;
             vmax[i] = vm;
@@ -565,6 +600,37 @@ static void averages_loop(float *p, float *v, float *a, float *buf, float *u, co
         float gi = ft_l2_grad(ft_optim_grad(g[i], gx.scale, gx.clip, maximize), p[i], k.weight_decay);
         p[i] = u ? ft_adadelta_param(p[i], gi, &v[i], &u[i], &k)
                  : ft_rmsprop_param(p[i], gi, &v[i], a ? &a[i] : NULL, buf ? &buf[i] : NULL, &k);
+    }
+}
+
+/* Adagrad, Adamax, NAdam and RAdam: a the sum (Adagrad) or exp_avg, b exp_inf (Adamax), exp_avg_sq or NULL. */
+FT_VEC_CLONES
+static void moments_loop(ft_optim_kind kind, float *p, float *a, float *b, const float *g, int64_t n, grad_xform gx,
+                         bool maximize, const coef *c) {
+    switch (kind) {
+    case FT_OPTIM_ADAGRAD: {
+        const ft_adagrad_coef k = c->adagrad;
+        FT_SIMD_FOR(i, n) p[i] = ft_adagrad_param(p[i], ft_l2_grad(ft_optim_grad(g[i], gx.scale, gx.clip, maximize),
+                                                                   p[i], k.weight_decay), &a[i], &k);
+        break;
+    }
+    case FT_OPTIM_ADAMAX: {
+        const ft_moments_coef k = c->moments;
+        FT_SIMD_FOR(i, n) p[i] = ft_adamax_param(p[i], ft_l2_grad(ft_optim_grad(g[i], gx.scale, gx.clip, maximize),
+                                                                  p[i], k.l2), &a[i], &b[i], &k);
+        break;
+    }
+    case FT_OPTIM_NADAM: {
+        const ft_moments_coef k = c->moments;
+        FT_SIMD_FOR(i, n) p[i] = ft_nadam_param(p[i], ft_l2_grad(ft_optim_grad(g[i], gx.scale, gx.clip, maximize),
+                                                                 p[i], k.l2), &a[i], &b[i], &k);
+        break;
+    }
+    default: {
+        const ft_moments_coef k = c->moments;
+        FT_SIMD_FOR(i, n) p[i] = ft_radam_param(p[i], ft_l2_grad(ft_optim_grad(g[i], gx.scale, gx.clip, maximize),
+                                                                 p[i], k.l2), &a[i], &b[i], &k);
+    }
     }
 }
 
@@ -691,6 +757,18 @@ static void update_pass(ft_optimizer *opt, grad_xform gx, bool parallel) {
                           opt->kind == FT_OPTIM_ADADELTA ? state_at(opt, FT_OPTIM_ACC_DELTA, bk->seg) + o : NULL, gr,
                           n, gx, g->maximize, &c->rmsprop);
             break;
+        case FT_OPTIM_ADAGRAD:
+        case FT_OPTIM_ADAMAX:
+        case FT_OPTIM_NADAM:
+        case FT_OPTIM_RADAM: {
+            bool adagrad = opt->kind == FT_OPTIM_ADAGRAD;
+            float *b = adagrad ? NULL
+                               : state_at(opt, opt->kind == FT_OPTIM_ADAMAX ? FT_OPTIM_EXP_INF : FT_OPTIM_EXP_AVG_SQ,
+                                          bk->seg) + o;
+            moments_loop(opt->kind, p, state_at(opt, adagrad ? FT_OPTIM_SUM : FT_OPTIM_EXP_AVG, bk->seg) + o, b, gr,
+                         n, gx, g->maximize, c);
+            break;
+        }
         }
         if (opt->copies && opt->copies[bk->seg]) /* the block is still in cache */
             copy_loop((uint16_t *)opt->copies[bk->seg] + o, p, n, opt->copy_dtype == FT_BFLOAT16);
@@ -699,6 +777,33 @@ static void update_pass(ft_optimizer *opt, grad_xform gx, bool parallel) {
 
 static ft_adam_moments adam_moments(const ft_optim_group *g) {
     return (ft_adam_moments){(float)g->beta1, (float)(1 - g->beta1), (float)g->beta2, (float)(1 - g->beta2)};
+}
+
+/* Adamax's, NAdam's or RAdam's coefficients of step t (as torch.optim works them out in double, rounded to float;
+ * NAdam's mu_product as its float32 state tensor) after the steps of `st`. */
+static ft_moments_coef moments_coef(ft_optim_kind kind, const ft_optim_group *g, double t, ft_optim_segment_state st) {
+    bool decoupled = g->decoupled_weight_decay;
+    ft_moments_coef c = {adam_moments(g), decoupled ? 0.0f : (float)g->weight_decay,
+                         decoupled ? (float)(1 - g->lr * g->weight_decay) : 1.0f, (float)g->eps};
+    double bc1 = 1 - pow(g->beta1, t), bc2 = 1 - pow(g->beta2, t);
+    if (kind == FT_OPTIM_ADAMAX) {
+        c.lr = (float)(g->lr / bc1);
+    } else if (kind == FT_OPTIM_NADAM) {
+        double mu = g->beta1 * (1 - 0.5 * pow(0.96, t * g->momentum_decay));
+        double mu_next = g->beta1 * (1 - 0.5 * pow(0.96, (t + 1) * g->momentum_decay));
+        c.mu_product = (float)(st.steps > 0 ? st.mu_product : 1.0) * (float)mu;
+        c.bc2 = (float)bc2;
+        c.grad_coef = (float)(g->lr * (1 - mu) / (1 - c.mu_product));
+        c.avg_coef = (float)(g->lr * mu_next / (1 - c.mu_product * mu_next));
+    } else {
+        double rho_inf = 2 / (1 - g->beta2) - 1, rho_t = rho_inf - 2 * t * pow(g->beta2, t) / bc2;
+        c.bc1 = (float)bc1;
+        c.bc2 = (float)sqrt(bc2);
+        c.lr = (float)g->lr;
+        if (rho_t > 5)
+            c.rect = (float)sqrt((rho_t - 4) * (rho_t - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho_t));
+    }
+    return c;
 }
 
 /* The coefficients of segment i that do not depend on a norm pass. */
@@ -732,6 +837,16 @@ static coef segment_coef(const ft_optimizer *opt, int i) {
         c.rmsprop = (ft_rmsprop_coef){(float)g->lr, (float)g->weight_decay, (float)g->alpha, (float)(1 - g->alpha),
                                       (float)g->eps, (float)g->momentum};
         break;
+    case FT_OPTIM_ADAGRAD:
+        c.adagrad = (ft_adagrad_coef){(float)(g->lr / (1 + (t - 1) * g->lr_decay)), (float)g->weight_decay,
+                                      (float)g->eps, (float)g->initial_accumulator_value,
+                                      opt->seg_state[i].steps == 0};
+        break;
+    case FT_OPTIM_ADAMAX:
+    case FT_OPTIM_NADAM:
+    case FT_OPTIM_RADAM:
+        c.moments = moments_coef(opt->kind, g, t, opt->seg_state[i]);
+        break;
     }
     return c;
 }
@@ -763,6 +878,8 @@ static ft_cuda_optim cuda_view(const ft_optimizer *opt) {
         .square_avg = state_base(opt, FT_OPTIM_SQUARE_AVG),
         .grad_avg = state_base(opt, FT_OPTIM_GRAD_AVG),
         .acc_delta = state_base(opt, FT_OPTIM_ACC_DELTA),
+        .exp_inf = state_base(opt, FT_OPTIM_EXP_INF),
+        .sum = state_base(opt, FT_OPTIM_SUM),
         .partial = partial,
         .total = partial + 2 * nb,
     };
@@ -865,6 +982,8 @@ ft_status ft_optimizer_step(ft_optimizer *opt, float grad_scale, double max_grad
         opt->seg_state[i].steps++;
         if (opt->kind == FT_OPTIM_SGD && opt->groups[opt->segs[i].group].momentum != 0)
             opt->seg_state[i].momentum_valid = true;
+        if (opt->kind == FT_OPTIM_NADAM)
+            opt->seg_state[i].mu_product = opt->coefs[i].moments.mu_product;
     }
     opt->nsteps++;
     return FT_OK;

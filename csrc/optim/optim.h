@@ -40,6 +40,10 @@
  *          or the group has lars_exclude. eps defaults to 0 in the paper.
  *   RMSPROP torch.optim.RMSprop: weight decay, alpha, eps, momentum, centered.
  *   ADADELTA torch.optim.Adadelta: weight decay, rho (the group's alpha), eps.
+ *   ADAGRAD torch.optim.Adagrad: weight decay, lr_decay, initial_accumulator_value, eps.
+ *   ADAMAX torch.optim.Adamax: weight decay, betas, eps.
+ *   NADAM  torch.optim.NAdam: weight decay (L2 or decoupled), betas, eps, momentum_decay.
+ *   RADAM  torch.optim.RAdam: weight decay (L2 or decoupled), betas, eps.
  * maximize negates the gradient for every kind.
  *
  * On a CUDA device (ft_optimizer_create) the params, grads and state all
@@ -71,9 +75,13 @@ typedef enum {
     FT_OPTIM_LARS,
     FT_OPTIM_ADAM,
     FT_OPTIM_RMSPROP,
-    FT_OPTIM_ADADELTA
+    FT_OPTIM_ADADELTA,
+    FT_OPTIM_ADAGRAD,
+    FT_OPTIM_ADAMAX,
+    FT_OPTIM_NADAM,
+    FT_OPTIM_RADAM
 } ft_optim_kind;
-#define FT_OPTIM_NKINDS (FT_OPTIM_ADADELTA + 1)
+#define FT_OPTIM_NKINDS (FT_OPTIM_RADAM + 1)
 
 /* Hyperparameters of a parameter group. Each kind reads only its own
  * fields (SGD: lr, weight_decay, momentum, dampening, nesterov; ADAMW and
@@ -81,8 +89,12 @@ typedef enum {
  * beta2, eps, lars_exclude; LARS: lr, weight_decay, momentum, eps,
  * trust_coefficient, lars_exclude; all: maximize) and refuses options of
  * other kinds that are switched on (nesterov, amsgrad, lars_exclude,
- * centered). RMSPROP reads lr, weight_decay, momentum, eps, alpha, centered;
- * ADADELTA lr, weight_decay, eps and alpha (its rho). */
+ * centered, decoupled_weight_decay). RMSPROP reads lr, weight_decay,
+ * momentum, eps, alpha, centered; ADADELTA lr, weight_decay, eps and alpha
+ * (its rho); ADAGRAD lr, weight_decay, lr_decay, initial_accumulator_value,
+ * eps; ADAMAX lr, weight_decay, beta1, beta2, eps; NADAM those and
+ * momentum_decay, decoupled_weight_decay; RADAM ADAMAX's and
+ * decoupled_weight_decay. */
 typedef struct {
     double lr, weight_decay, momentum, dampening;
     bool nesterov, maximize;
@@ -92,6 +104,9 @@ typedef struct {
     bool lars_exclude; /* LARS/LAMB adaptation off for this group, e.g. BN and bias */
     double alpha;      /* the running averages' smoothing constant: RMSprop's alpha, Adadelta's rho */
     bool centered;     /* RMSprop: normalize by the variance's estimate rather than the second moment */
+    double lr_decay, initial_accumulator_value; /* Adagrad */
+    double momentum_decay;                      /* NAdam */
+    bool decoupled_weight_decay;                /* NAdam, RAdam: shrink the params (AdamW's) instead of L2 */
 } ft_optim_group;
 
 /* One parameter tensor: numel contiguous float32 elements. grad may be NULL:
@@ -111,7 +126,8 @@ typedef struct ft_optimizer ft_optimizer;
  * max_exp_avg_sq when a group has amsgrad; LAMB exp_avg and exp_avg_sq;
  * LARS a momentum buffer (the paper's velocity v); RMSPROP square_avg, a
  * momentum buffer when a group has momentum != 0 and grad_avg when one is
- * centered; ADADELTA square_avg and acc_delta. */
+ * centered; ADADELTA square_avg and acc_delta; ADAGRAD sum; ADAMAX exp_avg
+ * and exp_inf; NADAM and RADAM exp_avg and exp_avg_sq. */
 typedef enum {
     FT_OPTIM_MOMENTUM_BUFFER,
     FT_OPTIM_EXP_AVG,
@@ -120,6 +136,8 @@ typedef enum {
     FT_OPTIM_SQUARE_AVG,
     FT_OPTIM_GRAD_AVG,
     FT_OPTIM_ACC_DELTA,
+    FT_OPTIM_EXP_INF,
+    FT_OPTIM_SUM,
     FT_OPTIM_NUM_STATES
 } ft_optim_state;
 
@@ -127,9 +145,11 @@ typedef enum {
 typedef struct {
     int64_t steps;        /* updates applied to this segment (t - 1 of the next bias correction) */
     bool momentum_valid;  /* SGD: the momentum buffer holds a value (else the next step copies d) */
+    double mu_product;    /* NAdam: the product of the momentum coefficients of the steps taken (read when steps > 0) */
 } ft_optim_segment_state;
 
-/* The class name of a kind: "SGD", "AdamW", "LAMB", "LARS", "Adam", "RMSprop", "Adadelta". */
+/* The class name of a kind: "SGD", "AdamW", "LAMB", "LARS", "Adam", "RMSprop", "Adadelta", "Adagrad", "Adamax",
+ * "NAdam", "RAdam". */
 const char *ft_optim_kind_name(ft_optim_kind kind);
 
 /* FT_ERR_VALUE naming group `index` and its first bad hyperparameter (lr

@@ -24,6 +24,8 @@ typedef union {
     ft_lamb_coef lamb;
     ft_lars_coef lars;
     ft_rmsprop_coef rmsprop;
+    ft_adagrad_coef adagrad;
+    ft_moments_coef moments; /* Adamax, NAdam, RAdam */
 } ft_optim_coef;
 
 /* A param tensor and its place in the flat buffers. */
@@ -54,7 +56,8 @@ typedef struct {
     int64_t nblocks;
     ft_cuda_optim_segment *table; /* (nseg): this step's, from optim_upload */
     /* flat state; NULL when absent */
-    float *momentum_buffer, *exp_avg, *exp_avg_sq, *max_exp_avg_sq, *square_avg, *grad_avg, *acc_delta;
+    float *momentum_buffer, *exp_avg, *exp_avg_sq, *max_exp_avg_sq, *square_avg, *grad_avg, *acc_delta, *exp_inf,
+        *sum;
     double *partial; /* (nblocks, 2): per-block sums of squares */
     double *total;   /* (1) */
 } ft_cuda_optim;

@@ -227,8 +227,8 @@ static void test_kernels(void) {
     ft_adam_moments mo = {0.9f, 0.1f, 0.999f, 0.001f};
     CHECK(ft_adam_exp_avg(1.0f, 2.0f, &mo) == 0.9f * 1.0f + 0.1f * 2.0f);
     CHECK(ft_adam_exp_avg_sq(1.0f, 2.0f, &mo) == 0.999f * 1.0f + 0.001f * 2.0f * 2.0f);
-    CHECK(ft_amsgrad_max(1.0f, 2.0f) == 2.0f && ft_amsgrad_max(3.0f, 2.0f) == 3.0f);
-    CHECK(isnan(ft_amsgrad_max(NAN, 2.0f)) && isnan(ft_amsgrad_max(1.0f, NAN)));
+    CHECK(ft_optim_max(1.0f, 2.0f) == 2.0f && ft_optim_max(3.0f, 2.0f) == 3.0f);
+    CHECK(isnan(ft_optim_max(NAN, 2.0f)) && isnan(ft_optim_max(1.0f, NAN)));
     ft_adamw_coef ac = {mo, 0.99f, 0.01f, 0.5f, 1e-8f};
     double want = 0.5 * 0.99 - 0.01 * (0.2 / (sqrt(0.04) / 0.5 + 1e-8));
     CHECK(close_to(ft_adamw_param(0.5f, 0.2f, 0.04f, &ac), want, 1e-6));
@@ -240,6 +240,12 @@ static void test_kernels(void) {
     CHECK(close_to(ft_lars_velocity(1.0f, 0.5f, 2.0f, &rc), 0.9 + 0.2 * (0.5 + 0.01 * 2.0), 1e-6));
     CHECK(ft_ema_lerp(1.0f, 3.0f, 0.25f) == 1.5f && ft_ema_lerp(1.0f, 3.0f, 0.75f) == 2.5f);
     CHECK(ft_ema_lerp(1.0f, 3.0f, 0.0f) == 1.0f && ft_ema_lerp(1.0f, 3.0f, 1.0f) == 3.0f);
+    /* Adagrad's sum starts at initial_accumulator_value, whatever its memory holds before the first step. */
+    ft_adagrad_coef gc = {0.5f, 0.0f, 0.0f, 3.0f, true};
+    float sum = 7.0f;
+    CHECK(ft_adagrad_param(1.0f, 1.0f, &sum, &gc) == 1.0f - 0.5f * (1.0f / 2.0f) && sum == 4.0f);
+    gc.first = false;
+    CHECK(ft_adagrad_param(1.0f, 0.0f, &sum, &gc) == 1.0f && sum == 4.0f);
 }
 
 /* Runs `steps` steps with `threads` threads from the same start; returns the params and the last norm. */
@@ -372,7 +378,7 @@ static void test_validation(void) {
         CHECK_STATUS(ft_optim_check_group(bad[i].kind, 0, &bad[i].g), FT_ERR_VALUE);
     }
     ft_optim_group g = sgd(0.1, 0, 0, 0, false, false);
-    CHECK_STATUS(ft_optimizer_create(&opt, FT_CPU, (ft_optim_kind)7, 1, &g, NSEG, m.seg), FT_ERR_VALUE);
+    CHECK_STATUS(ft_optimizer_create(&opt, FT_CPU, (ft_optim_kind)FT_OPTIM_NKINDS, 1, &g, NSEG, m.seg), FT_ERR_VALUE);
     CHECK_STATUS(ft_optimizer_create(&opt, FT_CPU, FT_OPTIM_SGD, 0, &g, NSEG, m.seg), FT_ERR_VALUE);
     CHECK_STATUS(ft_optimizer_create(&opt, FT_CPU, FT_OPTIM_SGD, 1, &g, -1, m.seg), FT_ERR_VALUE);
     ft_optim_segment segs[NSEG];
@@ -481,9 +487,30 @@ static void test_state_buffers(void) {
     a.amsgrad = true;
     CHECK_OK(ft_optimizer_set_group(opt, 0, &a));
     CHECK(ft_optimizer_state(opt, FT_OPTIM_MAX_EXP_AVG_SQ) != NULL);
-    CHECK(ft_optimizer_state(opt, (ft_optim_state)9) == NULL);
+    CHECK(ft_optimizer_state(opt, FT_OPTIM_NUM_STATES) == NULL);
     CHECK(strcmp(ft_optim_state_name(FT_OPTIM_EXP_AVG_SQ), "exp_avg_sq") == 0);
+    CHECK(strcmp(ft_optim_state_name(FT_OPTIM_SUM), "sum") == 0);
     CHECK(strcmp(ft_optim_kind_name(FT_OPTIM_LARS), "LARS") == 0);
+    CHECK(strcmp(ft_optim_kind_name(FT_OPTIM_RADAM), "RAdam") == 0);
+    ft_optimizer_destroy(opt);
+
+    /* NAdam keeps each segment's product of momentum coefficients (float32, as torch's state tensor). */
+    a.amsgrad = false;
+    a.momentum_decay = -4e-3;
+    CHECK_STATUS(ft_optimizer_create(&opt, FT_CPU, FT_OPTIM_NADAM, 1, &a, NSEG, m.seg), FT_ERR_VALUE);
+    a.momentum_decay = 4e-3;
+    CHECK_OK(ft_optimizer_create(&opt, FT_CPU, FT_OPTIM_NADAM, 1, &a, NSEG, m.seg));
+    CHECK(!ft_optimizer_state(opt, FT_OPTIM_SUM) && ft_optimizer_state(opt, FT_OPTIM_EXP_AVG_SQ));
+    float mu_product = 1.0f;
+    for (int t = 1; t <= 2; t++) {
+        model_grads(&m, t, 1.0f);
+        CHECK_OK(ft_optimizer_step(opt, 1.0f, 0, NULL));
+        mu_product *= (float)(0.9 * (1 - 0.5 * pow(0.96, t * 4e-3)));
+    }
+    CHECK(ft_optimizer_segment_state(opt, 2).mu_product == mu_product);
+    CHECK_STATUS(ft_optimizer_set_segment_state(opt, 0, (ft_optim_segment_state){2, false, 1.0}), FT_ERR_VALUE);
+    CHECK_STATUS(ft_optimizer_set_segment_state(opt, 0, (ft_optim_segment_state){2, false, NAN}), FT_ERR_VALUE);
+    CHECK_OK(ft_optimizer_set_segment_state(opt, 0, (ft_optim_segment_state){0, false, 1.0})); /* read as 1 anyway */
     ft_optimizer_destroy(opt);
     model_free(&m);
 }

@@ -87,13 +87,14 @@ class _State(collections.abc.Mapping):
         entry = None if index is None else opt._entry(index)
         if entry is None:
             return types.MappingProxyType({})
-        off, steps, keys = entry
+        off, steps, mu_product, keys = entry
         return types.MappingProxyType({
-            key: creation.tensor(float(steps)) if key == "step" else
-            opt._c.state_buffer(_STATES[key])[off:off + param.numel()].view(param.shape) for key in keys})
+            key: creation.tensor(float(steps)) if key == "step" else creation.tensor(mu_product)
+            if key == "mu_product" else opt._c.state_buffer(_STATES[key])[off:off + param.numel()].view(param.shape)
+            for key in keys})
 
     def __iter__(self):
-        return (p for _, p, _, _, _ in self._optimizer._stateful())
+        return (p for _, p, *_ in self._optimizer._stateful())
 
     def __len__(self):
         return sum(1 for _ in self._optimizer._stateful())
@@ -160,11 +161,13 @@ class Optimizer:
     # ---- groups ----
     def _group_tuple(self, group, index):
         """The C group: (lr, weight_decay, momentum, dampening, nesterov, maximize, beta1, beta2, eps,
-        amsgrad, trust_coefficient, lars_exclude, alpha, centered)."""
+        amsgrad, trust_coefficient, lars_exclude, alpha, centered, lr_decay, initial_accumulator_value,
+        momentum_decay, decoupled_weight_decay)."""
         raise NotImplementedError
 
     def _tuple(self, group, index, momentum=0.0, dampening=0.0, nesterov=False, betas=(0.0, 0.0), eps=0.0,
-               amsgrad=False, trust_coefficient=0.0, lars_exclude=False, alpha=0.0, centered=False):
+               amsgrad=False, trust_coefficient=0.0, lars_exclude=False, alpha=0.0, centered=False, lr_decay=0.0,
+               initial_accumulator_value=0.0, momentum_decay=0.0, decoupled_weight_decay=False):
         try:
             beta1, beta2 = (float(b) for b in betas)
         except (TypeError, ValueError):
@@ -172,7 +175,9 @@ class Optimizer:
         return (_number(group, "lr", index), _number(group, "weight_decay", index), float(momentum),
                 float(dampening), _flag(nesterov, "nesterov", index), _flag(group["maximize"], "maximize", index),
                 beta1, beta2, float(eps), _flag(amsgrad, "amsgrad", index), float(trust_coefficient),
-                _flag(lars_exclude, "lars_exclude", index), float(alpha), _flag(centered, "centered", index))
+                _flag(lars_exclude, "lars_exclude", index), float(alpha), _flag(centered, "centered", index),
+                float(lr_decay), float(initial_accumulator_value), float(momentum_decay),
+                _flag(decoupled_weight_decay, "decoupled_weight_decay", index))
 
     def add_param_group(self, param_group):
         """Adds a group (a dict with "params" and optional overrides of the defaults)."""
@@ -269,7 +274,7 @@ class Optimizer:
 
     def _buffers_of(self, group):
         """The state buffers the C optimizer keeps over every param while a group like this one is present."""
-        return [key for key in self._state_keys(group) if key != "step"]
+        return [key for key in self._state_keys(group) if key in _STATES]
 
     def _state_nbytes(self):
         """Bytes of the state buffers: those the C optimizer holds, and those its first step will allocate (one
@@ -280,16 +285,17 @@ class Optimizer:
         return 4 * len(names) * sum(p.numel() for g in self.param_groups for p in g["params"])
 
     def _entry(self, i):
-        """(offset in the flat buffers, steps taken, state keys) of the param of index i, None while it has no
-        state."""
-        steps, momentum_valid = self._c.segment_state(i)
+        """(offset in the flat buffers, steps taken, NAdam's mu_product, state keys) of the param of index i, None
+        while it has no state."""
+        steps, momentum_valid, mu_product = self._c.segment_state(i)
         # torch's SGD keeps no state without momentum
         if steps and (self._kind != _KINDS["SGD"] or momentum_valid):
-            return self._c.offsets[i], steps, self._state_keys(self._built[self._group_of[i]])
+            return self._c.offsets[i], steps, mu_product, self._state_keys(self._built[self._group_of[i]])
         return None
 
     def _stateful(self):
-        """(index, param, offset in the flat buffers, steps taken, state keys) of each param that has state."""
+        """(index, param, offset in the flat buffers, steps taken, mu_product, state keys) of each param that has
+        state."""
         for i, p in enumerate(self._params if self._c is not None else ()):
             if (entry := self._entry(i)) is not None:
                 yield i, p, *entry
@@ -301,8 +307,9 @@ class Optimizer:
         # .cpu(): one copy of each buffer when the state is on a device, none on the CPU
         flats = {name: f.cpu().numpy() for name, k in _STATES.items() if (f := self._c.state_buffer(k)) is not None}
         return {i: {key: np.array(steps, dtype=np.float32) if key == "step" else
+                     np.array(mu_product, dtype=np.float32) if key == "mu_product" else
                      flats[key][off:off + p.numel()].reshape(p.shape).copy() for key in keys}
-                for i, p, off, steps, keys in self._stateful()}
+                for i, p, off, steps, mu_product, keys in self._stateful()}
 
     @property
     def state(self):
@@ -337,6 +344,11 @@ class Optimizer:
                     if not (math.isfinite(step) and step >= 0 and step == math.floor(step) and step < 2 ** 62):
                         raise ValueError(f"the state of param {i}: step must be a whole number >= 0, got {step}")
                     checked[name] = int(step)
+                elif name == "mu_product":
+                    mu_product = float(np.asarray(value))
+                    if not 0 <= mu_product < 1:
+                        raise ValueError(f"the state of param {i}: mu_product must be in [0, 1), got {mu_product}")
+                    checked[name] = mu_product
                 elif value is None:
                     if self._kind != _KINDS["SGD"]:
                         raise ValueError(f"the state of param {i}: {name} is None")
@@ -367,10 +379,10 @@ class Optimizer:
                 else:
                     flat[span] = np.asarray(value, dtype=np.float32).reshape(-1)
             if entry is None:
-                c.set_segment_state(i, 0, False)
+                c.set_segment_state(i, 0, False, 1.0)
             else:
                 momentum = entry.get("momentum_buffer") is not None
-                c.set_segment_state(i, entry.get("step", 1), momentum)
+                c.set_segment_state(i, entry.get("step", 1), momentum, entry.get("mu_product", 1.0))
         for name, flat in flats.items():
             if buffers[name].is_cuda:
                 buffers[name].copy_(flat)
@@ -518,6 +530,90 @@ class Adadelta(Optimizer):
 
     def _state_keys(self, group):
         return ("step", "square_avg", "acc_delta")
+
+
+class Adagrad(Optimizer):
+    """torch.optim.Adagrad: each gradient divided by the root of the sum of its squares so far (starting at
+    initial_accumulator_value), with (L2) weight_decay, lr_decay (lr / (1 + (t - 1) lr_decay)) and maximize."""
+
+    _kind = _KINDS["Adagrad"]
+
+    def __init__(self, params, lr=1e-2, lr_decay=0.0, weight_decay=0.0, initial_accumulator_value=0.0, eps=1e-10,
+                 foreach=None, *, maximize=False, differentiable=False, fused=None):
+        _implementation(foreach, fused, differentiable=differentiable)
+        super().__init__(params, dict(lr=lr, lr_decay=lr_decay, weight_decay=weight_decay,
+                                      initial_accumulator_value=initial_accumulator_value, eps=eps,
+                                      maximize=maximize))
+
+    def _group_tuple(self, g, i):
+        return self._tuple(g, i, eps=_number(g, "eps", i), lr_decay=_number(g, "lr_decay", i),
+                           initial_accumulator_value=_number(g, "initial_accumulator_value", i))
+
+    def _state_keys(self, group):
+        return ("step", "sum")
+
+
+class Adamax(Optimizer):
+    """torch.optim.Adamax: Adam's first moment over an exponentially weighted infinity norm of the gradients
+    (max(beta2 u, |g| + eps)), bias-corrected, with (L2) weight_decay and maximize."""
+
+    _kind = _KINDS["Adamax"]
+
+    def __init__(self, params, lr=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, foreach=None, *,
+                 maximize=False, differentiable=False, capturable=False):
+        _implementation(foreach, None, capturable, differentiable)
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, maximize=maximize))
+
+    def _group_tuple(self, g, i):
+        return self._tuple(g, i, betas=g["betas"], eps=_number(g, "eps", i))
+
+    def _state_keys(self, group):
+        return ("step", "exp_avg", "exp_inf")
+
+
+class NAdam(Optimizer):
+    """torch.optim.NAdam: Adam with Nesterov momentum (Dozat 2016), the momentum coefficient warmed up by
+    momentum_decay, with weight_decay added to the gradient (L2) or, with decoupled_weight_decay, shrinking the
+    params as AdamW's; maximize."""
+
+    _kind = _KINDS["NAdam"]
+
+    def __init__(self, params, lr=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, momentum_decay=4e-3,
+                 decoupled_weight_decay=False, *, foreach=None, maximize=False, capturable=False,
+                 differentiable=False):
+        _implementation(foreach, None, capturable, differentiable)
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                                      momentum_decay=momentum_decay, decoupled_weight_decay=decoupled_weight_decay,
+                                      maximize=maximize))
+
+    def _group_tuple(self, g, i):
+        return self._tuple(g, i, betas=g["betas"], eps=_number(g, "eps", i),
+                           momentum_decay=_number(g, "momentum_decay", i),
+                           decoupled_weight_decay=g["decoupled_weight_decay"])
+
+    def _state_keys(self, group):
+        return ("step", "mu_product", "exp_avg", "exp_avg_sq")
+
+
+class RAdam(Optimizer):
+    """torch.optim.RAdam: Adam with the variance of its adaptive rate rectified (Liu et al. 2019), plain
+    bias-corrected momentum for the first steps (while the variance's length is <= 5), with weight_decay added to
+    the gradient (L2) or, with decoupled_weight_decay, shrinking the params as AdamW's; maximize."""
+
+    _kind = _KINDS["RAdam"]
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, decoupled_weight_decay=False,
+                 *, foreach=None, maximize=False, capturable=False, differentiable=False):
+        _implementation(foreach, None, capturable, differentiable)
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                                      decoupled_weight_decay=decoupled_weight_decay, maximize=maximize))
+
+    def _group_tuple(self, g, i):
+        return self._tuple(g, i, betas=g["betas"], eps=_number(g, "eps", i),
+                           decoupled_weight_decay=g["decoupled_weight_decay"])
+
+    def _state_keys(self, group):
+        return ("step", "exp_avg", "exp_avg_sq")
 
 
 class LAMB(Optimizer):
