@@ -84,6 +84,24 @@ def small_program():
                          input_shape=(1, 4, 4))
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_loop_over_a_loader_goes_on_after_evaluate_on_it(workers):
+    """ft.evaluate on the loader a hand-written loop is going over (the training split's metrics mid-epoch): the
+    loop goes on with the batches it would have had (it raised, ended by evaluate's pass)."""
+    rng = np.random.default_rng(1)
+    images, labels = rng.integers(0, 256, (28, 4, 4), np.uint8), rng.integers(0, 4, 28)
+    program = small_program()
+    train = D.Loader((images, labels), batch_size=4, shuffle=True, seed=3, num_workers=workers)
+    want = [y.numpy().copy() for _, y in train]
+    train.set_epoch(0)
+    got = []
+    for i, (_, y) in enumerate(train):
+        got.append(y.numpy().copy())
+        if i == 2:
+            ft.evaluate(program, train)
+    assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want))
+
+
 def test_evaluate_covers_the_whole_split_after_partial_iteration():
     rng = np.random.default_rng(0)
     images, labels = rng.integers(0, 256, (20, 4, 4), np.uint8), rng.integers(0, 4, 20)
@@ -294,6 +312,12 @@ def test_a_used_up_iterator_ends_fit_with_a_warning():
     with pytest.warns(UserWarning, match="epoch 2 got no batches, so training stops there"):
         history = ft.fit(program, once, 3, progress=False)
     assert history["epoch"] == [1] and np.isfinite(history["train_loss"]).all() and program.step_count == 2
+    val = ((x[i:i + 4], y[i:i + 4]) for i in (0, 4))  # evaluated each epoch: refused before the first step
+    with pytest.raises(TypeError, match="fit: val_loader is a generator, used up after one pass, and each of the 3 "
+                                        "epochs evaluates it"):
+        ft.fit(program, [(x, y)], 3, val_loader=val, progress=False)
+    assert program.step_count == 2
+    assert ft.fit(program, [(x, y)], 1, val_loader=val, progress=False)["val_loss"][0] >= 0  # one epoch: once
 
 
 def test_fit_after_a_bad_batch_goes_on_past_it(tmp_path):

@@ -142,6 +142,11 @@ def test_loader_pixels_equal_djpeg(tmp_path):
         want = np.repeat(want, 3, axis=2) if want.shape[2] == 1 else want
         assert np.array_equal(x.numpy()[k].transpose(1, 2, 0), want), path
         assert int(y[k]) == ["a_color", "b_gray"].index(cls)
+    folder = loader.source  # torchvision's attributes: the same samples, paths and labels
+    assert folder.class_to_idx == {"a_color": 0, "b_gray": 1}
+    assert folder.samples == folder.imgs == [(str(root / cls / name), ["a_color", "b_gray"].index(cls))
+                                             for cls, name, _ in samples]
+    assert folder.targets == [int(v) for v in y.numpy()]
 
 
 def test_sources_agree_and_workers_do_not_matter(tmp_path):

@@ -697,3 +697,51 @@ def test_two_class_heads_with_ignored_labels_and_mistaken_targets():
     with pytest.raises(ft.nn.TracingError, match="the loss reads no value of target 1 of 2"):
         model.compile(ft.optim.SGD(model.parameters(), lr=0.1), lambda out, y: F.cross_entropy(out[0], y[0]),
                       batch_size=8, input_shape=(8,), target_shape=((), ()), target_dtype=ft.int64)
+
+
+def test_integer_lengths_mask_a_sequence_in_forward_and_in_the_loss():
+    """d2l's sequence mask, ft.arange(T)[None, :] < valid_len[:, None], of integer lengths: an input of the forward
+    (masked attention scores) and a target of the loss (a masked cross entropy); the loss and its gradients are
+    those of the eager model's (a length mask from an int64 target failed in the step)."""
+    V, D, T, B = 11, 8, 6, 5
+
+    class Masked(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.out = nn.Embedding(V, D), nn.Linear(D, V)
+
+        def forward(self, x, valid_lens):
+            h = self.emb(x)
+            scores = h @ h.transpose(1, 2) / D ** 0.5
+            keep = ft.arange(T)[None, None, :] < valid_lens[:, None, None]
+            return self.out(F.softmax(scores.masked_fill(~keep, -1e6), dim=-1) @ h)
+
+    def loss(out, y):
+        label, valid_len = y
+        weights = (ft.arange(T)[None, :] < valid_len[:, None]).float()
+        return (F.cross_entropy(out.permute(0, 2, 1), label, reduction="none") * weights).mean(dim=1).sum()
+
+    rng = np.random.default_rng(0)
+    x, label = rng.integers(0, V, (B, T)), rng.integers(0, V, (B, T))
+    lens = np.array([1, 6, 3, 4, 2])
+    ft.manual_seed(0)
+    m = Masked()
+    eager = loss(m(ft.tensor(x), ft.tensor(lens)), (ft.tensor(label), ft.tensor(lens)))
+    p = m.compile(ft.optim.SGD(m.parameters(), lr=0.1), loss, batch_size=B, input_shape=((T,), ()),
+                  input_dtype=(ft.int64, ft.int64), target_shape=((T,), ()), target_dtype=(ft.int64, ft.int64))
+    got = p.backward((x, lens), (label, lens))
+    np.testing.assert_allclose(got, float(eager), rtol=1e-5)
+    grads = [g.grad.numpy().copy() for g in m.parameters()]
+    h = 1e-2  # central differences of the eager loss along the gradient of the output layer's bias
+    bias = m.out.bias.numpy()
+    direction = grads[-1] / np.linalg.norm(grads[-1])
+    values = []
+    for sign in (1, -1):
+        bias += sign * h * direction
+        values.append(float(loss(m(ft.tensor(x), ft.tensor(lens)), (ft.tensor(label), ft.tensor(lens)))))
+        bias -= sign * h * direction
+    np.testing.assert_allclose((values[0] - values[1]) / (2 * h), np.linalg.norm(grads[-1]), rtol=1e-3)
+    first = p.train_step((x, lens), (label, lens))
+    for _ in range(20):
+        last = p.train_step((x, lens), (label, lens))
+    assert last < first

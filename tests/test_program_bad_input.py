@@ -47,7 +47,8 @@ def trained():
     ("uint8 images", lambda x, y: ((np.clip(x, 0, 1) * 255).astype(np.uint8), y), TypeError,
      r"inputs must be floating point, got uint8: .* scaled to \[0, 1\] \(x / 255\)"),
     ("integer input", lambda x, y: (x.astype(np.int32), y), TypeError, r"inputs must be floating point, got int32"),
-    ("labels too few", lambda x, y: (x, y[:4]), ValueError, r"labels"),
+    ("labels too few", lambda x, y: (x, y[:4]), ValueError, r"the batch has 8 input samples and 4 labels \(one "
+     r"each\)"),
     ("labels 2-d", lambda x, y: (x, y[:, None]), ValueError, r"labels"),
     ("label = classes", lambda x, y: (x, np.where(np.arange(8) == 5, CLASSES, y)), IndexError,
      r"label 5 at position 5 is outside \[0, 5\)"),

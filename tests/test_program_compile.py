@@ -73,6 +73,12 @@ def test_a_batch_larger_than_compiled_with_batch_norm_warns_once():
         program.train_step(x, y)
         program.backward(x, y)
     assert len(record) == 1 and record[0].filename == __file__
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=8,
+                            input_shape=(3, 8, 8))
+    images = (x.transpose(0, 2, 3, 1) * 255).clip(0, 255).astype(np.uint8)
+    with pytest.warns(UserWarning, match=r"a batch of 16 samples trains as micro-batches of at most 8") as record:
+        ft.fit(program, ft.data.Loader((images, y), batch_size=16), progress=False)  # a Loader's batches in fit too
+    assert len(record) == 1 and record[0].filename == __file__
     plain = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, CLASSES))
     program = plain.compile(ft.optim.SGD(plain.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=8,
                             input_shape=(3, 8, 8))
@@ -558,3 +564,85 @@ def test_a_convnext_block_compiles_by_default_and_refuses_channels_last_by_name(
                                          r"memory_format='contiguous'"):
         model.compile(ft.optim.SGD(model.parameters(), lr=0.1), batch_size=2, input_shape=(3, 8, 8),
                       memory_format="channels_last")
+
+
+def test_attributes_a_forward_rebinds_are_put_back_and_state_it_would_carry_is_refused():
+    """A traced forward's plain attributes: a value kept to look at (d2l's self.attention_weights, an entry of a list
+    of them) is put back as it was before compile, not left a traced object; a tensor rebound to a value of its own
+    shape (a running statistic kept by hand, an RNN state kept across batches), which each step would carry to the
+    next, is refused, as is a state of the batch; a counter warns and is put back."""
+    class Net(nn.Module):
+        def __init__(self, kind):
+            super().__init__()
+            self.lin, self.kind, self.kept = nn.Linear(4, 3), kind, [None]
+            self.moving, self.calls = ft.zeros(3), 0
+
+        def forward(self, x):
+            y = self.lin(x)
+            if self.kind == "look":
+                self.attention_weights = ft.softmax(y, -1)
+                self.kept[0] = y
+            elif self.kind == "moving":  # PyTorch's moves with every step; a compiled one would read zeros forever
+                self.moving = 0.9 * self.moving + 0.1 * self.lin.bias.detach()
+            elif self.kind == "state":
+                self.state = y
+            elif self.kind == "count":
+                self.calls += 1
+            return y
+
+    x, y = np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32), np.arange(4) % 3
+
+    def compiled(kind):
+        model = Net(kind)
+        return model, model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=4,
+                                    input_shape=(4,))
+
+    model, program = compiled("look")
+    assert not hasattr(model, "attention_weights") and model.kept == [None]
+    program.train_step(x, y)
+    model(ft.tensor(x))  # an eager call keeps what it looks at
+    assert model.attention_weights.shape == (4, 3) and model.kept[0].shape == (4, 3)
+    with pytest.raises(ft.nn.TracingError, match="forward rebinds Net.moving to a value computed in the traced "
+                                                 "forward: a compiled step runs no Python"):
+        compiled("moving")
+    model = Net("state")
+    model.state = ft.zeros(4, 3)  # left by an eager call of the compiled batch's size
+    with pytest.raises(ft.nn.TracingError, match="forward rebinds Net.state .* set state to None before compile"):
+        model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=4,
+                      input_shape=(4,))
+    assert model.state.shape == (4, 3)  # as it was
+    with pytest.warns(RuntimeWarning, match="forward changed Net.calls from 0 to 1 while traced"):
+        model, _ = compiled("count")
+    assert model.calls == 0
+
+
+def test_lazy_layers_take_their_size_from_a_dry_run_then_compile():
+    """d2l 1.0's models are made of lazy layers: the first (eager) call gives each its input size and parameters,
+    initialised as the layer's constructor does, in its training mode, and the model compiles and trains as the one
+    of the sized layers; compiled before that call, it is refused with PyTorch's rule."""
+    def lazy():
+        return nn.Sequential(nn.LazyConv2d(4, 3, padding=1), nn.LazyBatchNorm2d(), nn.ReLU(), nn.Flatten(),
+                             nn.LazyLinear(5))
+
+    x = np.random.default_rng(0).standard_normal((4, 3, 6, 6)).astype(np.float32)
+    with pytest.raises(ft.nn.TracingError, match="LazyConv2d before its first call cannot be compiled .* run the "
+                                                 "model once on a batch"):
+        m = lazy()
+        m.compile(ft.optim.SGD([ft.nn.Parameter(ft.zeros(1))], lr=0.1), nn.CrossEntropyLoss(), batch_size=4,
+                  input_shape=(3, 6, 6))
+    ft.manual_seed(5)
+    m = lazy()
+    m[1].eval()
+    m(ft.tensor(x))
+    assert [type(c).__name__ for c in m] == ["Conv2d", "BatchNorm2d", "ReLU", "Flatten", "Linear"]
+    assert (m[0].in_channels, m[1].num_features, m[4].in_features) == (3, 4, 4 * 36)
+    assert not m[1].training and m[0].training
+    assert np.abs(m[4].weight.numpy()).max() <= 1 / 12  # PyTorch's bound 1 / sqrt(in_features)
+    ft.manual_seed(5)
+    sized = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(144, 5))
+    for a, b in zip(m.parameters(), sized.parameters()):  # the same draws, in the same order
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    m[1].train()
+    losses = [net.compile(ft.optim.SGD(net.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=4,
+                          input_shape=(3, 6, 6)).train_step(x, np.arange(4) % 5) for net in (m, sized)]
+    assert losses[0] == losses[1]

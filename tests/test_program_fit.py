@@ -11,6 +11,7 @@ from _programref import (CLASSES, SMOOTHING, batch, ce_f, compile_resnet, make_r
                          ref_net, ref_predict, set_params, state_bits, torch_resnet)
 
 nn = ft.nn
+F = nn.functional
 
 
 # ---------------------------------------------------------------- running statistics and eval mode
@@ -420,3 +421,60 @@ def test_the_accuracy_is_of_the_outputs_argmax_whatever_the_loss_computes_after_
         pytest.approx(hit.mean())
     for k in range(23):
         assert program.evaluate(X[k:k + 1], y[k:k + 1])[1] == float(hit[k])
+
+
+def test_fit_on_arrays_takes_targets_as_train_step_does():
+    """Integer regression targets (counts, ratings) train as floats through ft.fit on arrays, as through
+    train_step (fit refused them), and labels given as floats are refused by both with the same hint."""
+    rng = np.random.default_rng(0)
+    x, counts = rng.standard_normal((16, 8)).astype(np.float32), rng.integers(0, 10, 16)
+    losses = []
+    for ints in (True, False):
+        ft.manual_seed(0)
+        m = nn.Linear(8, 1)
+        p = m.compile(ft.optim.SGD(m.parameters(), lr=0.01), nn.MSELoss(), batch_size=8, input_shape=(8,))
+        losses.append(ft.fit(p, (x, counts if ints else counts.astype(np.float32)), 2, progress=False)["train_loss"])
+    assert losses[0] == losses[1]
+    m = nn.Linear(8, 3)
+    p = m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=8, input_shape=(8,))
+    for run in (lambda: p.train_step(x[:8], counts[:8].astype(np.float32)),
+                lambda: ft.fit(p, (x, counts.astype(np.float32) % 3), 1, progress=False)):
+        with pytest.raises(TypeError, match=r"labels must be integers, got float32; class probabilities"):
+            run()
+    assert p.step_count == 0
+
+
+def test_a_forward_choosing_its_path_by_is_grad_enabled_evaluates_as_under_no_grad():
+    """A batch norm choosing by torch.is_grad_enabled() whether to normalize by the batch (d2l's): a compiled step
+    trains on the batch's statistics and predict reads the running ones, as PyTorch evaluating under no_grad does;
+    ft.is_grad_enabled() is False in no_grad(), True in an enable_grad() within it and elsewhere."""
+    class BN(nn.Module):
+        def __init__(self, n):
+            super().__init__()
+            self.gamma, self.beta = nn.Parameter(ft.ones(n)), nn.Parameter(ft.zeros(n))
+            self.register_buffer("moving_mean", ft.zeros(n))
+            self.register_buffer("moving_var", ft.ones(n))
+
+        def forward(self, x):
+            return F.batch_norm(x, self.moving_mean, self.moving_var, self.gamma, self.beta,
+                                ft.is_grad_enabled(), 0.1, 1e-5)
+
+    assert ft.is_grad_enabled()
+    with ft.no_grad():
+        assert not ft.is_grad_enabled()
+        with ft.enable_grad():
+            assert ft.is_grad_enabled()
+        assert not ft.is_grad_enabled()
+    rng = np.random.default_rng(0)
+    x, y = (3 + 2 * rng.standard_normal((8, 4))).astype(np.float32), np.arange(8) % 3
+    ft.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), BN(6), nn.ReLU(), nn.Linear(6, 3))
+    program = model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=8,
+                            input_shape=(4,))
+    for _ in range(3):
+        program.train_step(x, y)
+    assert not np.array_equal(model[1].moving_mean.numpy(), np.zeros(6))  # the steps moved the statistics
+    with ft.no_grad():
+        want = model(ft.tensor(x)).numpy()
+    np.testing.assert_allclose(program.predict(x), want, rtol=1e-5, atol=1e-5)
+    assert not np.allclose(program.predict(x), model(ft.tensor(x)).numpy(), atol=1e-3)  # not the batch's statistics

@@ -73,6 +73,25 @@ def test_randn_is_box_muller_of_philox():
     np.testing.assert_allclose(got, z.astype(np.float32), rtol=1e-6, atol=1e-6)
 
 
+def test_normal_of_numbers_and_of_tensors_is_randn_scaled():
+    """torch.normal's two forms: numbers and a size (d2l's torch.normal(0, 0.01, size=(n, h))) are randn's draws
+    times std plus mean; tensors of means and standard deviations give one sample per element, broadcast; a
+    negative std and a size with tensors (or none with numbers) are refused."""
+    draws = ft.randn(2, 3, generator=ft.Generator().manual_seed(4)).numpy()
+    got = ft.normal(2.0, 0.5, size=(2, 3), generator=ft.Generator().manual_seed(4))
+    assert got.dtype == ft.float32 and got.shape == (2, 3)
+    np.testing.assert_allclose(got.numpy(), draws * 0.5 + 2.0, rtol=1e-6)
+    means, stds = ft.tensor([[0.0], [10.0]]), ft.tensor([1.0, 0.0, 2.0])
+    got = ft.normal(means, stds, generator=ft.Generator().manual_seed(4))
+    np.testing.assert_allclose(got.numpy(), draws * stds.numpy() + means.numpy(), rtol=1e-6)
+    np.testing.assert_array_equal(ft.normal(ft.arange(3.0), 0.0).numpy(), [0.0, 1.0, 2.0])
+    for bad, error, match in ((lambda: ft.normal(0, -1.0, (2,)), ValueError, "std >= 0.0, got -1"),
+                              (lambda: ft.normal(0, 1), TypeError, "give size with numbers"),
+                              (lambda: ft.normal(ft.zeros(2), 1.0, (2,)), TypeError, "no size with a tensor")):
+        with pytest.raises(error, match=match):
+            bad()
+
+
 @pytest.mark.parametrize("draw", [
     lambda g: ft.rand(300_001, generator=g),
     lambda g: ft.randn(300_001, generator=g, dtype=ft.float64),

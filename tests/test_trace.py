@@ -1678,14 +1678,15 @@ def assigned_into_a_traced_value(x):
     (lambda x: x.norm(3, dim=1), ft.nn.TracingError, r"norm\(p=3\) of a traced value"),
     (lambda x: x.gather(1, ft.zeros(2, 1, dtype=ft.int64)), ft.nn.TracingError, "gather\\(\\) with an index other"),
     (lambda x: x[x > 0], ft.nn.TracingError, r"indexing with a traced value .* \(x \* mask\).sum\(\) / mask.sum\(\)"),
-    (lambda x: x[ft.arange(x.size(0)), 0], ft.nn.TracingError, r"ft.arange of the batch size .* indexing across"),
+    (lambda x: x[ft.arange(x.size(0)), 0], ft.nn.TracingError, r"ft.arange of the batch size other than as "
+     r"x\[ft.arange\(N\), y\] cannot be compiled"),
     (lambda x: F.interpolate(x.view(x.size(0), 1, 2, 2), scale_factor=2, mode="bilinear", antialias=True),
      NotImplementedError, r"interpolate: antialias=True is not supported"),
     (lambda x: F.adaptive_max_pool2d(x.view(x.size(0), 1, 2, 2), 1, return_indices=True)[0], TypeError,
      r"adaptive_max_pool2d: return_indices=True cannot be traced"),
     (assigned_into_a_tensor, ft.nn.TracingError, r"assigning .* \(outputs\[:, t\] = y\).* ft.stack\(steps, dim=1\)"),
     (assigned_into_a_traced_value, ft.nn.TracingError, r"assigning into a traced value"),
-    (lambda x: x.argmax(1), ft.nn.TracingError, r"x.argmax cannot be compiled .* teacher forcing"),
+    (lambda x: x.argmax(1), ft.nn.TracingError, r"x.argmax cannot be compiled .*\(teacher forcing"),
 ])
 def test_the_traced_math_refuses_what_it_cannot_record(forward, error, message):
     """Each refused rather than recorded without the option (a silently different function)."""
@@ -4154,3 +4155,74 @@ def test_lerp_of_traced_values_interpolates():
     np.testing.assert_allclose(program.predict(x).numpy(), a + s * (b - a) + b + 0.25 * (a - b), rtol=1e-5,
                                atol=1e-6)
     assert gradcheck(program, x, np.array([0, 2]), rtol=3e-2, atol=1e-3)
+
+
+def test_one_hot_rows_of_the_models_ids_compile_and_check_the_ids():
+    """d2l's RNNLMScratch feeds F.one_hot(X, vocab_size).float() of its int64 input: the rows compile (an identity
+    table's, as F.embedding(X, ft.eye(V))), give the eager model's loss, and an id out of range is refused before
+    the step as an embedding's is (PyTorch raises too); a table of more rows than it is worth is refused."""
+    V, T = 6, 5
+
+    class Scratch(nn.Module):
+        def __init__(self, classes=V):
+            super().__init__()
+            self.classes, self.lin = classes, nn.Linear(classes, V)
+
+        def forward(self, X):
+            return self.lin(F.one_hot(X, self.classes).type(ft.float32))
+
+    def loss(o, y):
+        return F.cross_entropy(o.reshape(-1, V), y.reshape(-1))
+
+    rng = np.random.default_rng(0)
+    x, y = rng.integers(0, V, (4, T)), rng.integers(0, V, (4, T))
+    m = Scratch()
+    p = m.compile(ft.optim.SGD(m.parameters(), lr=0.1), loss, batch_size=4, input_shape=(T,), input_dtype=ft.int64,
+                  target_shape=(T,))
+    np.testing.assert_allclose(p.backward(x, y), float(loss(m(ft.tensor(x)), ft.tensor(y))), rtol=1e-6)
+    before = m.lin.weight.numpy().copy()
+    bad = x.copy()
+    bad[2, 3] = V
+    with pytest.raises(IndexError, match=r"ids\[2, 3\] = 6 is out of range"):
+        p.train_step(bad, y)
+    np.testing.assert_array_equal(m.lin.weight.numpy(), before)
+    big = Scratch(5000)
+    with pytest.raises(ft.nn.TracingError, match="F.one_hot of the model's ids into 5000 classes .* nn.Embedding"):
+        big.compile(ft.optim.SGD(big.parameters(), lr=0.1), loss, batch_size=4, input_shape=(T,),
+                    input_dtype=ft.int64, target_shape=(T,))
+
+
+def test_max_and_min_of_a_traced_value_and_another_are_maximum_and_minimum():
+    """torch.max(X, other) and torch.min(X, other) of a tensor or a traced value (d2l's relu,
+    torch.max(X, torch.zeros_like(X))) compile as maximum and minimum: the eager model's loss."""
+    class Clipped(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 3), nn.Linear(4, 3)
+
+        def forward(self, x):
+            h = ft.max(self.a(x), ft.zeros_like(self.a(x)))
+            return ft.min(h, self.b(x)).max(ft.full((3,), -0.5))
+
+    x, y = np.random.default_rng(1).standard_normal((8, 4)).astype(np.float32), np.arange(8) % 3
+    m = Clipped()
+    p = m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=8, input_shape=(4,))
+    want = float(F.cross_entropy(m(ft.tensor(x)), ft.tensor(y)))
+    np.testing.assert_allclose(p.backward(x, y), want, rtol=1e-6)
+
+
+def test_each_samples_entry_at_its_label_by_arange_of_the_batch():
+    """d2l's hand-written cross entropy, -log(y_hat[ft.arange(N), y]) of softmax rows (range(len(y_hat)) says to
+    write it so): each sample's entry at its label, as gather's, the loss and gradients of F.cross_entropy."""
+    x, y = np.random.default_rng(2).standard_normal((6, 4)).astype(np.float32), np.arange(6) % 3
+    losses = []
+    for loss in (lambda o, t: -ft.log(F.softmax(o, 1)[ft.arange(o.size(0)), t]).mean(), nn.CrossEntropyLoss()):
+        ft.manual_seed(3)
+        m = nn.Linear(4, 3)
+        p = m.compile(ft.optim.SGD(m.parameters(), lr=0.1), loss, batch_size=6, input_shape=(4,))
+        losses.append((p.backward(x, y), m.weight.grad.numpy().copy()))
+    np.testing.assert_allclose(losses[0][0], losses[1][0], rtol=1e-6)
+    np.testing.assert_allclose(losses[0][1], losses[1][1], rtol=1e-5, atol=1e-7)
+    with pytest.raises(ft.nn.TracingError, match=r"y_hat\[range\(len\(y_hat\)\), y\], is y_hat\[ft.arange"):
+        m.compile(ft.optim.SGD(m.parameters(), lr=0.1), lambda o, t: -o[range(len(o)), t].mean(), batch_size=6,
+                  input_shape=(4,))

@@ -1308,6 +1308,10 @@ static ft_status check_batch(const ft_program *p, int i, const char *arg, const 
                        ft_dtype_get(t->dtype)->name);
     if (ft_check_shape("program", arg, t, nd->ndim + 1, want) == FT_OK)
         return FT_OK;
+    if (t->ndim == nd->ndim + 1 && t->shape[0] != rows &&
+        !memcmp(t->shape + 1, nd->shape, (size_t)nd->ndim * sizeof *nd->shape)) /* samples of the right shape */
+        return ft_fail(FT_ERR_SHAPE, "program: the batch has %lld input samples and %lld %s (one each)",
+                       (long long)rows, (long long)t->shape[0], arg);
     char sample[160], have[160]; /* of any batch size: what a sample is */
     return ft_fail(FT_ERR_SHAPE, "program: %s should be a batch of samples of shape %s, got %s",
                    arg, ft_shape_str(sample, sizeof sample, nd->ndim, nd->shape),

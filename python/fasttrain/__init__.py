@@ -29,9 +29,11 @@ from ._math import (abs, acos, add, addmm, all, allclose, amax, amin, any, argma
 from .creation import (arange, as_tensor, empty, empty_like, from_dlpack, from_numpy, full, full_like, ones,
                        ones_like, tensor, zeros, zeros_like)
 from .random import (Generator, bernoulli, default_generator, get_rng_state, initial_seed, manual_seed, multinomial,
-                     rand, rand_like, randint, randn, randn_like, randperm, seed, seed_everything, set_rng_state)
+                     normal, rand, rand_like, randint, randn, randn_like, randperm, seed, seed_everything,
+                     set_rng_state)
 from .settings import (are_deterministic_algorithms_enabled, empty_cache, enable_grad, get_num_threads,
-                       inference_mode, memory_stats, no_grad, reset_peak_memory_stats, set_grad_enabled,
+                       inference_mode, is_grad_enabled, memory_stats, no_grad, reset_peak_memory_stats,
+                       set_grad_enabled,
                        set_num_threads, use_deterministic_algorithms)
 from . import data
 from . import distributed

@@ -114,11 +114,11 @@ def arange(start: int | float | None = None, end: int | float | None = None, ste
         raise ValueError("arange: step must be nonzero")
     values = (start, end, step)
     if not all(isinstance(v, (int, float, _np.integer, _np.floating)) and not isinstance(v, bool) for v in values):
-        from .nn.graph import BatchSize, fail
+        from .nn.graph import BatchPositions, BatchSize
+        if start == 0 and isinstance(end, BatchSize) and step == 1:  # x[ft.arange(N), y] while tracing
+            return BatchPositions()
         if any(isinstance(v, BatchSize) for v in values):
-            fail("ft.arange of the batch size", "a compiled program computes each sample on its own, so indexing "
-                 "across the batch (h[ft.arange(N), idx]) has no per-sample form; a position of every sample is "
-                 "a per-sample index: h[:, -1], or an RNN's final states h_n[-1]")
+            BatchPositions()._refuse()
         raise TypeError("arange expects real numbers")
     if dtype is None:
         is_int = all(isinstance(v, (int, _np.integer)) for v in values)

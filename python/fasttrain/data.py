@@ -325,6 +325,23 @@ class ImageFolder(Source):
         """The class folder names, sorted: label i is class_names[i]."""
         return self.classes
 
+    @property
+    def class_to_idx(self):
+        """{class folder name: its label}, as torchvision's."""
+        return {name: i for i, name in enumerate(self.classes)}
+
+    @property
+    def targets(self):
+        """The label of each sample, in order (the samples are grouped by class), as torchvision's."""
+        return [label for label, n in enumerate(self.class_counts) for _ in range(n)]
+
+    @property
+    def samples(self):
+        """[(path, label)] of each sample, in order, as torchvision's (and its alias imgs)."""
+        return [(self.describe(i), label) for i, label in enumerate(self.targets)]
+
+    imgs = samples
+
 
 class TarShards(Source):
     """WebDataset tar shards: members KEY.jpg (or .jpeg, .png) with KEY.cls (decimal label), grouped by key.

@@ -152,6 +152,30 @@ def randn(*sizes: int | Sequence[int], size: Sequence[int] | None = None, genera
     return t
 
 
+def normal(mean: float | Tensor = 0.0, std: float | Tensor = 1.0, size: Sequence[int] | None = None, *,
+           generator: Generator | None = None, dtype: DTypeLike | None = None, device: DeviceLike = None,
+           requires_grad: bool = False) -> Tensor:
+    """Normal samples, as torch.normal: of numbers mean and std, a tensor of size (float32 by default; d2l's
+    torch.normal(0, 0.01, size=(n, h))); with a tensor of means or of standard deviations (the other may be a
+    number), one sample per element of their broadcast shape, of that element's mean and std."""
+    tensors = isinstance(mean, TensorBase) or isinstance(std, TensorBase)
+    if tensors == (size is not None):
+        raise TypeError("normal: give size with numbers mean and std, and no size with a tensor of them")
+    if isinstance(std, TensorBase) and std.numel() and float(std.min()) < 0 or not tensors and not std >= 0:
+        raise ValueError(f"normal expects std >= 0.0, got {std if not tensors else float(std.min())}")
+    if tensors:
+        shape = np.broadcast_shapes(*(tuple(getattr(v, "shape", ())) for v in (mean, std)))
+        t = randn(shape, generator=generator, dtype=dtype or next(v.dtype for v in (mean, std)
+                                                                  if isinstance(v, TensorBase)), device=device)
+        t = t * std + mean
+    else:
+        _refuse_draw("normal")
+        t = _draw(_C.normal_, _empty(_given_size((), size), dtype, device, "float32"), generator, float(mean),
+                  float(std))
+    t.requires_grad = bool(requires_grad)
+    return t
+
+
 def _refuse_draw(fn):
     from .nn.graph import refuse_draw  # (nn imports this module)
     refuse_draw(fn)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import TYPE_CHECKING
 
 from . import _C, cuda
@@ -63,10 +64,30 @@ def are_deterministic_algorithms_enabled() -> bool:
     return _C.get_deterministic()
 
 
+_grad = threading.local()  # .modes: the enclosing no_grad (False) and enable_grad (True) contexts, innermost last
+
+
+def is_grad_enabled() -> bool:
+    """False inside no_grad(), True elsewhere or inside an enable_grad() within it, as torch.is_grad_enabled (which
+    code written for PyTorch asks, as d2l's batch norm does). A traced forward reads True: a batch norm's node
+    normalizes by the batch in the training step and by its running statistics in predict and evaluate."""
+    modes = getattr(_grad, "modes", None)
+    return modes[-1] if modes else True
+
+
+def _enter_grad_mode(enabled):
+    _grad.__dict__.setdefault("modes", []).append(enabled)
+
+
+def _exit_grad_mode():
+    _grad.modes.pop()
+
+
 class no_grad(contextlib.ContextDecorator):
-    """A context manager and decorator that changes nothing, for code written for PyTorch (``with ft.no_grad():``,
-    ``@ft.no_grad()``, ``@ft.no_grad``): fasttrain's eager ops record no graph, and compiled programs take their
-    gradients themselves. In a forward being traced, it refuses to hold back ops that train (nn/graph.py)."""
+    """A context manager and decorator for code written for PyTorch (``with ft.no_grad():``, ``@ft.no_grad()``,
+    ``@ft.no_grad``) that changes no computation: fasttrain's eager ops record no graph, and compiled programs take
+    their gradients themselves; is_grad_enabled() reads False inside it. In a forward being traced, it refuses to
+    hold back ops that train (nn/graph.py)."""
 
     def __new__(cls, func=None):
         return func if func is not None else super().__new__(cls)  # used bare, as @ft.no_grad
@@ -74,21 +95,26 @@ class no_grad(contextlib.ContextDecorator):
     def __enter__(self):
         from .nn.graph import no_grad_entered
         no_grad_entered()
+        _enter_grad_mode(False)
         return self
 
     def __exit__(self, *exc):
         from .nn.graph import no_grad_exited
+        _exit_grad_mode()
         no_grad_exited(exc[0] is not None)
         return False
 
 
 class enable_grad(contextlib.ContextDecorator):
-    """A context manager and decorator that changes nothing (torch.enable_grad): see no_grad."""
+    """A context manager and decorator that changes no computation (torch.enable_grad): see no_grad;
+    is_grad_enabled() reads True inside it."""
 
     def __enter__(self):
+        _enter_grad_mode(True)
         return self
 
     def __exit__(self, *exc):
+        _exit_grad_mode()
         return False
 
 

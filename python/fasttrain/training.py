@@ -2,6 +2,7 @@
 per-epoch metrics, learning-rate schedules and callbacks."""
 from __future__ import annotations
 
+import collections.abc
 import copy
 import time
 import warnings
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .history import History
-from .nn.program import NO_TALLY, add_tallies, tally_means
+from .nn.program import NO_TALLY, _as, add_tallies, tally_means
 from .progress import ProgressBar
 
 if TYPE_CHECKING:
@@ -149,7 +150,9 @@ def _as_loader(program, data, batch_size, shuffle, drop_last=False):
         if isinstance(x, tuple) or isinstance(y, tuple) or program.input_shape == ():
             made = _InputBatches(x if isinstance(x, tuple) else (x,), y, batch_size, shuffle, program._input_dtypes,
                                  seed, drop_last)
-        else:
+        else:  # the targets as train_step takes them: int regression targets as floats, float labels refused
+            if y is not None and program.target_dtype is not None and not isinstance(program.target_dtype, tuple):
+                y = _as(y, program.target_dtype, "labels")
             made = Loader((x, y), batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last)
         if resume is not None:
             made.load_state_dict(resume)
@@ -183,6 +186,8 @@ def evaluate(program: Program, loader: Iterable[Any], tta_flip: bool = False) ->
             if not loader.closed:
                 loader._seek(epoch, batch)
                 loader.epoch, loader._resume, loader._tally, loader._pass = kept
+                if (live := loader._pass and loader._pass()) is not None:  # a loop over it goes on from there
+                    live._ended = False
     else:
         tally, count = NO_TALLY, 0
         left = getattr(loader, "_unique_samples", None)  # a sharded epoch's repeated samples count once
@@ -442,12 +447,16 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
         program._check_evaluable()
         _check_labels(program, val_loader, "fit: val_loader's targets")
         val_loader = _as_loader(program, val_loader, None, False)
+        if epochs > 1 and isinstance(val_loader, collections.abc.Iterator):
+            raise TypeError(f"fit: val_loader is a {type(val_loader).__name__}, used up after one pass, and each of "
+                            f"the {epochs} epochs evaluates it: give a list, a Loader or (x, y) arrays")
     for fed in (loader, val_loader):  # before any step: a validation loader that cannot feed the program too
         if _is_c_loader(fed):
             program._c._check_loader()
     batches = loader._indices if isinstance(loader, _InputBatches) else loader
     if _is_c_loader(batches):  # before any step: a batch, or the epoch's last, that leaves one sample to a norm
         program._check_split(min(batches.batch_size, batches.num_samples))
+        program._warn_split(min(batches.batch_size, batches.num_samples), 2)
         if not batches.drop_last and batches.num_samples % batches.batch_size:
             program._check_split(batches.num_samples % batches.batch_size)
     history = History((k, []) for k in ("epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy", "lr",

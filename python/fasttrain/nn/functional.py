@@ -362,16 +362,28 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, sca
     return _C.embedding_forward(None, input.contiguous(), weight.contiguous(), padding_idx)
 
 
+_ONE_HOT_TABLE = 4096  # classes of the identity table F.one_hot of traced ids reads: 64 MiB of float32
+
+
 def one_hot(tensor, num_classes=-1):
     """Class indices (int64, any shape) as int64 rows (*tensor.shape, num_classes) with a 1 at each index, as
-    torch.nn.functional.one_hot; num_classes=-1 counts up to the largest index. On the targets while tracing, the
-    rows are floats in the loss's dtype, as a loss goes on to use them, and num_classes must be given (the
-    program's shapes are fixed before it sees a label)."""
+    torch.nn.functional.one_hot; num_classes=-1 counts up to the largest index. While tracing, the rows are
+    floats, as the model or the loss goes on to use them, and num_classes must be given (the program's shapes are
+    fixed before it sees a label): of the targets, in the loss's dtype; of the model's ids (d2l's
+    F.one_hot(X, vocab_size).float()), the rows of an identity table, which checks the ids as an embedding does."""
     if isinstance(num_classes, bool) or not isinstance(num_classes, numbers.Integral) or num_classes < -1:
         raise ValueError(f"one_hot: num_classes must be a number of classes or -1, got {num_classes!r}")
     if isinstance(tensor, Symbolic):
         if num_classes == -1:
             fail("F.one_hot without num_classes", "give num_classes: F.one_hot(y, num_classes=10)")
+        if not tensor._of_targets():
+            if tensor.dtype.is_floating_point:
+                fail(f"F.one_hot of {tensor.dtype.name} values", "one_hot takes class indices (int64), as PyTorch's")
+            if num_classes > _ONE_HOT_TABLE:
+                fail(f"F.one_hot of the model's ids into {num_classes} classes (a table of more than "
+                     f"{_ONE_HOT_TABLE} rows)", "one-hot rows into a linear layer are an nn.Embedding(num_classes, "
+                     "out_features) of the ids")
+            return embedding(tensor, _math.eye(int(num_classes)))
         return M.OneHot(int(num_classes))(tensor)
     _check(tensor, "tensor", "one_hot")
     if not tensor.dtype.name.startswith(("int", "uint")):

@@ -250,9 +250,8 @@ _VOLUMETRIC = ("3-d (volumetric) layers are not supported: fold the depth into t
                "2-d ones")
 _WITHOUT = {
     **dict.fromkeys(("conv3d", "conv_transpose3d", "max_pool3d", "avg_pool3d", "adaptive_avg_pool3d",
-                     "adaptive_max_pool3d", "dropout3d"), _VOLUMETRIC),
-    **dict.fromkeys(("LazyLinear", "LazyConv1d", "LazyConv2d", "LazyConvTranspose1d", "LazyConvTranspose2d",
-                     "LazyBatchNorm1d", "LazyBatchNorm2d"), "lazy layers are not supported: give the input size"),
+                     "adaptive_max_pool3d", "dropout3d", "LazyConv3d", "LazyConvTranspose3d", "LazyBatchNorm3d",
+                     "LazyInstanceNorm3d"), _VOLUMETRIC),
     **dict.fromkeys(("Unfold", "Fold", "unfold", "fold"), "im2col is not supported: a vision transformer's patches "
                     "are Conv2d(C, D, kernel_size=p, stride=p)"),
     **dict.fromkeys(("affine_grid", "grid_sample"), "spatial transformers (affine_grid, grid_sample) are not "
@@ -528,7 +527,10 @@ def _dim(d, ndim):
         raise IndexError(f"dimension {d} is out of range for {ndim + 1} dimensions")
     d = d % (ndim + 1)
     if d == 0:
-        fail("an operation over the batch dimension", "compiled models treat samples independently")
+        fail("an operation over the batch dimension", "compiled models treat samples independently; a batch "
+             "norm written out (d2l's X.mean(dim=(0, 2, 3))) is F.batch_norm(X, running_mean, running_var, gamma, "
+             "beta, training, momentum, eps) of the module's buffers, or nn.BatchNorm2d; a loss over the batch is "
+             "one over each sample, reduced (loss.mean())")
     return d - 1
 
 
@@ -679,12 +681,19 @@ def _comparison(op):
     def compare(self, other):
         """A bool mask of where the value compares so with a number (ids == pad: a padding mask, which attention
         layers take as key_padding_mask, and whose .float() weighs a masked mean), with another traced value or with
-        a tensor the same for every sample (the two broadcast to each other, as PyTorch's operands)."""
+        a tensor the same for every sample (the two broadcast to each other, as PyTorch's operands: d2l's sequence
+        mask ft.arange(T)[None, :] < valid_len[:, None]). Integers compare as the float32 values they are below
+        2 ** 24 (a constant of larger ones fails)."""
         from .._C import TensorBase
         if isinstance(other, TensorBase) and other.ndim == 0:
             other = other.item()
         if isinstance(other, numbers.Real):
             return self._math(op, float(other))
+        if isinstance(other, TensorBase) and not other.dtype.is_floating_point and other.dtype.name != "bool":
+            if other.numel() and int(other.abs().max()) >= 2 ** 24:
+                fail("a comparison of a traced value with integers of 2 ** 24 or more", "the program compares "
+                     "integers as float32 values, exact below 2 ** 24")
+            other = other.float()
         o = self._operand(other)
         if o is None:
             fail(f"a comparison of a traced value with {type(other).__name__}", "compare with a number, a tensor "
@@ -692,10 +701,8 @@ def _comparison(op):
         if o._is_mask() != self._is_mask():
             fail("a comparison of a bool mask with values that are not one", "compare masks with masks, values "
                  "with values")
-        if not all(v._is_mask() or v._own_dtype().is_floating_point for v in (self, o)):
-            fail("a comparison of a traced value with a tensor or another traced value of integers", "compare ids "
-                 "with a number (ids == pad)" + _CLASS_ROWS)
-        out = _layers().Math(op)(*_broadcast(self, o))
+        a, b = (v if v._is_mask() else v._numbers() for v in (self, o))
+        out = _layers().Math(op)(*_broadcast(a, b))
         out.node.dtype = _dtype("bool")
         return out
     return compare
@@ -1221,6 +1228,9 @@ class Symbolic:
         m = self.node.module
         if isinstance(m, _layers().Target) and m.dtype is not None:
             return m.dtype
+        if self.node.dtype is None and self.base is not None and \
+                not getattr(self.base.node.module, "floated", None):  # a view of labels, valid_len[:, None], not
+            return self.base.dtype                                      # of y.float()
         return self.node.dtype or _BY_NAME["float32"]
 
     @property
@@ -1359,6 +1369,11 @@ class Symbolic:
             fail(f"the targets taken apart as y[{index!r}] (a tuple or dict of targets)", _SEVERAL_TARGETS)
         self._one_per_sample()
         index = index if isinstance(index, tuple) else (index,)
+        if len(index) == 2 and isinstance(index[0], BatchPositions) and isinstance(index[1], Symbolic):
+            return self.gather(1, index[1].unsqueeze(1)).squeeze(1)
+        for i in index:
+            if isinstance(i, BatchPositions):
+                i._refuse()
         if any(isinstance(i, Symbolic) for i in index):
             fail("indexing with a traced value (x[mask] selects a number of elements that varies from batch to "
                  "batch)", "weigh by the mask instead: a masked mean is (x * mask).sum() / mask.sum(), a fill "
@@ -1625,7 +1640,11 @@ class Symbolic:
 
     def max(self, dim=None, keepdim=False):
         """Records (values, indices) of the largest value along dim (not the batch), as torch.max(x, dim): the
-        values are amax's; the indices are no value a compiled program computes, and any use of them fails."""
+        values are amax's; the indices are no value a compiled program computes, and any use of them fails.
+        torch.max(x, other) of a tensor or a traced value is maximum's (d2l's relu, torch.max(X, zeros_like(X)))."""
+        from .._C import TensorBase
+        if isinstance(dim, (Symbolic, TensorBase)):
+            return self.maximum(dim)
         if dim is None or not isinstance(dim, (int, tuple, list)):
             fail("max() of a traced value over the batch, or against another value",
                  "give a per-sample dimension (x.max(dim=1).values), or write ft.clamp(x, min=...)")
@@ -1633,7 +1652,11 @@ class Symbolic:
         return ValuesIndices(self.amax(dim, keepdim), NoIndices("max"))
 
     def min(self, dim=None, keepdim=False):
-        """Records (values, indices) of the smallest value along dim (not the batch), as torch.min(x, dim)."""
+        """Records (values, indices) of the smallest value along dim (not the batch), as torch.min(x, dim);
+        torch.min(x, other) is minimum's."""
+        from .._C import TensorBase
+        if isinstance(dim, (Symbolic, TensorBase)):
+            return self.minimum(dim)
         if dim is None or not isinstance(dim, (int, tuple, list)):
             fail("min() of a traced value over the batch, or against another value",
                  "give a per-sample dimension (x.min(dim=1).values), or write ft.clamp(x, max=...)")
@@ -1715,7 +1738,8 @@ class Symbolic:
     def __len__(self):
         """Fails: the batch size is known only as N (x.size(0)), which Python's len cannot return."""
         fail("len() of a traced value", "x.size(0) is the batch size N (a loss summed over the batch can be divided "
-             "by it)")
+             "by it); each sample's entry at its label, d2l's y_hat[range(len(y_hat)), y], is "
+             "y_hat[ft.arange(y_hat.size(0)), y]")
     item = tolist = numpy = _value
 
     def clone(self, *args, **kwargs):
@@ -2525,6 +2549,17 @@ class ZeroStates(_Refusing):
     def _refuse(self, *args, **kwargs):
         fail(f"ft.zeros{self.size} (a size naming the batch) other than as an RNN's initial state",
              "zeros of every sample's shape are x.new_zeros(...) or ft.zeros_like(x)")
+
+
+class BatchPositions(_Refusing):
+    """ft.arange(N) of the batch size N while tracing: the first index of x[ft.arange(x.size(0)), y], each sample's
+    entry at its label y (a hand-written cross entropy's -log(p[ft.arange(N), y])), which is
+    x.gather(1, y.unsqueeze(1)).squeeze(1). Any other use fails."""
+
+    def _refuse(self, *args, **kwargs):
+        fail("ft.arange of the batch size other than as x[ft.arange(N), y]", "a compiled program computes each "
+             "sample on its own; a position of every sample is a per-sample index: h[:, -1], or an RNN's final "
+             "states h_n[-1]")
 
 
 class Blank(_Refusing):

@@ -1041,6 +1041,60 @@ class InstanceNorm2d(_InstanceNorm):
     """Instance normalization of (N, C, H, W) images, as torch.nn.InstanceNorm2d."""
 
 
+class _Lazy(Module):
+    """A layer whose input size its first input gives, as PyTorch's lazy modules: that call (an eager forward, the
+    dry run PyTorch asks for before the optimizer is made, as d2l's apply_init) turns it into cls_to_become(size,
+    *args), initialised as that layer's constructor does, keeping its training mode."""
+
+    cls_to_become = None
+    _in_size = None  # the size of an input of this shape
+
+    def __init__(self, *args, **kwargs):
+        from ..random import get_rng_state, set_rng_state
+        super().__init__()
+        state = get_rng_state()  # the arguments checked now, as the layer's constructor checks them, drawing nothing
+        try:
+            self.cls_to_become(1, *args, **kwargs)
+        finally:
+            set_rng_state(state)
+        self._lazy_args = args, kwargs
+
+    def forward(self, input):
+        from .graph import Symbolic, fail
+        if isinstance(input, Symbolic):
+            fail(f"{type(self).__name__} before its first call", "run the model once on a batch (model(x)) before "
+                 "making the optimizer, as PyTorch's lazy modules ask: that call gives the layer its size and "
+                 "parameters")
+        args, kwargs = self._lazy_args
+        layer = self.cls_to_become(int(self._in_size(tuple(input.shape))), *args, **kwargs)
+        training, state = self.training, {k: v for k, v in layer.__dict__.items() if k != "_training"}
+        self.__dict__.pop("_lazy_args")
+        self.__dict__.update(state)
+        self.__class__ = layer.__class__
+        self.train(training)
+        return self(input)
+
+
+def _lazy(layer, in_size):
+    return type(f"Lazy{layer.__name__}", (_Lazy,), {
+        "cls_to_become": layer, "_in_size": staticmethod(in_size),
+        "__doc__": f"{layer.__name__} whose first argument its first input gives, as torch.nn.Lazy{layer.__name__} "
+                   "(see _Lazy).", "__module__": __name__})
+
+
+def _channels(batched_rank):
+    """The channels of an input of a convolution or instance norm: dimension 1 of a batch, 0 of one sample."""
+    return lambda shape: shape[1] if len(shape) == batched_rank else shape[0]
+
+
+LazyLinear = _lazy(Linear, lambda shape: shape[-1])
+LazyConv1d, LazyConvTranspose1d, LazyInstanceNorm1d = (_lazy(c, _channels(3))
+                                                       for c in (Conv1d, ConvTranspose1d, InstanceNorm1d))
+LazyConv2d, LazyConvTranspose2d, LazyInstanceNorm2d = (_lazy(c, _channels(4))
+                                                       for c in (Conv2d, ConvTranspose2d, InstanceNorm2d))
+LazyBatchNorm1d, LazyBatchNorm2d = (_lazy(c, lambda shape: shape[1]) for c in (BatchNorm1d, BatchNorm2d))
+
+
 def _table_options(name, rows, padding_idx, max_norm, scale_grad_by_freq, sparse):
     """An embedding table's padding_idx, counted from 0, with the options it does not support refused."""
     from .functional import _embedding_options
@@ -3412,9 +3466,8 @@ class OneHot(Module):
     def _symbolic(self, target):
         from .graph import _CLASS_ROWS, bind_target, fail
         if not isinstance(target.node.module, Target):
-            fail("F.one_hot of a value other than the targets as given", "map labels in the data (leave some out by "
-                 "the loss's ignore_index); the model's own int64 ids become rows through an nn.Embedding"
-                 + _CLASS_ROWS)
+            fail("F.one_hot of labels computed from the targets", "map labels in the data (leave some out by the "
+                 "loss's ignore_index)" + _CLASS_ROWS)
         if target.node.shape is None:  # one label per sample unless a loss (or compile's target_shape) said otherwise
             bind_target(target, (), "int64")
             target.node.module.assumed = True

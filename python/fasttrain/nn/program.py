@@ -7,6 +7,7 @@ parameter into one flat buffer and every gradient into another (each
 parameter object becomes a view, so optimizers built earlier see the flat
 memory), and hands the node list to C, which plans the activation memory and
 runs whole training steps."""
+import copy
 import dis
 import functools
 import gc
@@ -25,8 +26,9 @@ from .._display import Column, Table, summary as _summary
 from .._types import _BY_NAME
 from ..random import _check_seed
 from . import modules as M
-from .graph import (Input, Node, Symbolic, TracingError, _output_leaves, buffers_read, checkpointed, input_shapes,
-                    mode_readers, mode_was_read, read_modes, target, topological, trace, trace_loss, tracing)
+from .graph import (N, Common, Gathered, Input, MergedRows, Node, Symbolic, TracingError, _output_leaves, _Refusing,
+                    buffers_read, checkpointed, input_shapes, mode_readers, mode_was_read, read_modes, target,
+                    topological, trace, trace_loss, tracing)
 
 # Node kinds, activations and reductions as the extension numbers them.
 _K = _C.NODE_KINDS
@@ -261,12 +263,76 @@ def _fingerprint(b):
     return zlib.crc32(np.ascontiguousarray(np.asarray(b.cpu())).view(np.uint8))
 
 
+_TABLES = ("_parameters", "_buffers", "_modules")
+
+
+def _attributes(model):
+    """[(module name, module, its plain attributes, copies of those that are lists or dicts)]: what a forward may
+    rebind."""
+    return [(name, m, attrs, {k: copy.copy(v) for k, v in attrs.items() if type(v) in (list, dict)})
+            for name, m in model.named_modules() for attrs in [{k: v for k, v in vars(m).items() if k not in _TABLES}]]
+
+
+def _counter(v):
+    return _is_number(v) and not isinstance(v, bool)
+
+
+def _traced(value):
+    return isinstance(value, (Symbolic, Common, Gathered, MergedRows, _Refusing))
+
+
+def _rebound(snapshot):
+    """Puts back the plain attributes a traced forward rebound (d2l's self.attention_weights, an entry of a list of
+    them, a counter), and returns [(name, value before, value the forward left)] of those."""
+    found = []
+    for prefix, m, before, copies in snapshot:
+        now = vars(m)
+        for key in [k for k in now if k not in _TABLES]:
+            value, old = now[key], before.get(key, None)
+            name = f"{type(m).__name__}.{key}" if not prefix else f"{prefix}.{key}"
+            if key in copies and value is old and (any(map(_traced, value)) if type(value) is list else
+                                                   any(map(_traced, value.values()))):
+                found.append((name, copies[key], value.copy()))
+                if type(value) is list:
+                    value[:] = copies[key]
+                else:
+                    value.clear()
+                    value.update(copies[key])
+            elif _traced(value) or key in before and _counter(value) and _counter(old) and value != old:
+                found.append((name, old, value))
+                if key in before:
+                    object.__setattr__(m, key, old)
+                else:
+                    del now[key]
+    return found
+
+
+def _carried(rebound):
+    """A TracingError for the first attribute a forward rebinds to a traced value of its tensor's shape (a running
+    statistic kept by hand, an RNN's state kept across batches): state each step would carry to the next, which a
+    compiled step, running no Python, does not."""
+    for name, old, new in rebound:
+        shape = getattr(new, "shape", None) if _traced(new) else None
+        if isinstance(old, _C.TensorBase) and shape is not None and len(shape) == old.ndim and \
+                all(b is N or a == b for a, b in zip(old.shape, shape)):
+            return TracingError(
+                f"forward rebinds {name} to a value computed in the traced forward: a compiled step runs no Python, "
+                "so it would not carry the value to the next step (a running statistic kept by hand, an RNN state "
+                "kept across batches); running statistics are F.batch_norm(x, running_mean, running_var, weight, "
+                "bias, training, momentum) of buffers, which the step moves; an RNN starts each batch from its "
+                "initial state; a value kept only to look at later (attention weights) is kept by an eager call: "
+                f"set {name.rsplit('.', 1)[-1]} to None before compile")
+    return None
+
+
 def _graph(model, *args, **kwargs):
-    """_traced_graph's result, the model's buffers and parameters left as they were: tracing runs the forward's
-    eager code once, and its in-place updates (timm's self.num_batches_tracked.add_(1)) are no step's. One that
-    changed a trainable parameter (through a .clone() of it, which reads as the parameter) fails: each step would
-    train the parameter, not what the forward made of it."""
+    """_traced_graph's result, the model's buffers, parameters and plain attributes left as they were: tracing runs
+    the forward's eager code once, and its in-place updates (timm's self.num_batches_tracked.add_(1)) and the values
+    it binds (d2l's self.attention_weights) are no step's. One that changed a trainable parameter (through a .clone()
+    of it, which reads as the parameter) fails: each step would train the parameter, not what the forward made of
+    it; so does state a forward would carry from step to step (_carried); a number it changes (a counter) warns."""
     kept = [(name, t, t.clone()) for name, t in (*model.named_buffers(), *model.named_parameters())]
+    attributes = _attributes(model)
     try:
         out = _traced_graph(model, *args, **kwargs)
         changed = [(name, t, isinstance(t, M.Parameter) and t.requires_grad) for name, t, value in kept
@@ -274,6 +340,14 @@ def _graph(model, *args, **kwargs):
     finally:
         for _, t, value in kept:
             t.copy_(value)
+        rebound = _rebound(attributes)
+    if (error := _carried(rebound)) is not None:
+        raise error
+    for name, old, new in rebound:
+        if _counter(new):
+            warnings.warn(f"forward changed {name} from {old!r} to {new!r} while traced: a compiled step runs no "
+                          "Python and changes it no more (it is put back); a count of steps is program.step_count",
+                          RuntimeWarning, stacklevel=3)
     name = next((name for name, t, trained in changed if trained), None)
     if name is not None:
         raise TracingError(f"{type(model).__name__}.forward changed trainable parameter {name} in place (an "
@@ -834,8 +908,11 @@ class Program:
         if any(id(p) not in own for p in held):
             lacking = [n for n, p in model.named_parameters() if id(p) not in {id(q) for q in held}]
             loss_own = isinstance(loss, M.Module) and any(id(p) in {id(q) for q in loss.parameters()} for p in held)
+            loose = not loss_own and any(not isinstance(p, M.Parameter) for p in held if id(p) not in own)
             why = ("the loss module's own parameters (a learned loss weight) are trained as the model's: assign "
                    "them to the model (model.log_var = nn.Parameter(...)) and read them in the loss") if loss_own \
+                else ("a tensor made with requires_grad=True is no module's parameter: wrap it, self.W = "
+                      "nn.Parameter(ft.randn(n, h) * 0.01), or hold several in an nn.ParameterList") if loose \
                 else "an optimizer of another model?"
             raise ValueError(f"compile: the optimizer holds tensors that are not parameters of this model ({why}); "
                              f"of this model's parameters it lacks {lacking}")
@@ -1019,6 +1096,12 @@ class Program:
         first = (xt[0] if isinstance(xt, tuple) else xt).shape
         n = first[0] if first else 0  # a 0-d input: refused by the step
         self._check_split(n)
+        self._warn_split(n, stacklevel + 1)
+        return xt, yt
+
+    def _warn_split(self, n, stacklevel):
+        """Warns once when batches of n samples, more than the compiled batch, meet a batch norm in training mode
+        (a train_step's, a Loader's in ft.fit): they run as micro-batches, each normalized by its own statistics."""
         if n > self.batch_size and not self.__dict__.get("_warned_split") and any(
                 e.kind == BATCHNORM and e.module.training for e in self.entries):
             self._warned_split = True
@@ -1027,7 +1110,6 @@ class Program:
                           f"{self.batch_size}): each batch norm normalizes every micro-batch by its own statistics, "
                           f"where a step of {n} at once would use the {n} samples' (compile with batch_size={n} for "
                           "that)", stacklevel=stacklevel + 1)
-        return xt, yt
 
     def _check_split(self, n):
         """Fails where a batch of n would leave a (micro-)batch of one sample to a batch norm of one value per
