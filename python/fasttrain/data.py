@@ -438,7 +438,8 @@ def _as_source(source):
                                     "a record file, .tar shards or a glob of them)")
         return RecordFile(path)
     raise TypeError(f"cannot read samples from {type(source).__name__}: give a Source, a path, (images, labels) "
-                    f"or (features, targets) arrays")
+                    f"or (features, targets) arrays; a dataset of Python samples (__getitem__ and __len__, "
+                    f"torch's Dataset) is batched by ft.utils.data.DataLoader(dataset, batch_size=...)")
 
 
 # ---------------------------------------------------------------- Fashion-MNIST
@@ -720,6 +721,9 @@ class Loader(_C.LoaderBase):
                             ("world_size", world_size)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
                 raise TypeError(f"Loader: {name} must be an int, got {value!r}")
+        if isinstance(transforms, bool):  # DataLoader(ds, 32, True) is torch's shuffle
+            raise TypeError("Loader: the third argument is transforms (a list), not shuffle: give shuffle=True by "
+                            "name")
         out_dtype, layout, ops = _BY_NAME["float32"], False, []
         for t in transforms:
             if isinstance(t, ToTensor):

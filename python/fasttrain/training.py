@@ -122,6 +122,9 @@ def _as_loader(program, data, batch_size, shuffle, drop_last=False):
             and data[0].shape[0] == data[1].shape[0]:
         raise TypeError("give (x, y) arrays as a tuple: a list is taken as an iterable of (x, y) batches")
     data = _with_targets(program, data)
+    if any(c.__name__ == "Dataset" and c.__module__.startswith(("fasttrain.", "torch.")) for c in type(data).__mro__):
+        raise TypeError(f"{type(data).__name__} is a dataset of samples: batch it with "
+                        "ft.utils.data.DataLoader(dataset, batch_size=...) (or torch's DataLoader)")
     if not isinstance(data, tuple):
         if hasattr(data, "shape"):
             raise TypeError(f"give the data as (x, y) arrays or a loader, got one {type(data).__name__}: the "

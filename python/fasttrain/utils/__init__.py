@@ -1,8 +1,8 @@
-"""ft.utils: planning helpers that answer questions from a compiled program's memory plan (docs/memory.md), and
-ft.utils.checkpoint (torch.utils.checkpoint's names)."""
+"""ft.utils: planning helpers that answer questions from a compiled program's memory plan (docs/memory.md),
+ft.utils.checkpoint (torch.utils.checkpoint's names) and ft.utils.data (torch.utils.data's)."""
 import numbers
 
-from . import checkpoint
+from . import checkpoint, data
 
 __all__ = ["max_batch_size"]
 
