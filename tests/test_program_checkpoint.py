@@ -470,6 +470,18 @@ class _Halves(nn.Module):
         return self.head(ft.nn.functional.relu(self.a(a) + self.b(b)))
 
 
+def test_a_loader_without_a_position_is_refused_before_anything_is_written(tmp_path):
+    """loader= of a loader that keeps no position (a DataLoader of a Python dataset, torch's) is a TypeError that
+    says to leave it out, and no file is written."""
+    model = plain_net(0)
+    program = compile_plain(model, ft.optim.SGD(model.parameters(), lr=0.1))
+    batches = ft.utils.data.DataLoader(ft.utils.data.TensorDataset(*batch(8)), batch_size=4)
+    path = tmp_path / "run.safetensors"
+    with pytest.raises(TypeError, match="a DataLoader has none, so leave it out"):
+        ft.save(str(path), program, loader=batches)
+    assert not path.exists()
+
+
 @pytest.mark.parametrize("inputs", [1, 2])
 @pytest.mark.parametrize("stop", [None, 3])
 def test_a_run_fitted_on_arrays_resumes_from_its_checkpoint(stop, inputs, tmp_path):

@@ -124,7 +124,8 @@ def test_evaluate_of_a_split_does_not_depend_on_its_batches(reduction):
 
 def test_predict_one_unbatched_sample():
     """One sample of the input shape (a NumPy array or a tensor) gives its output alone, without the batch dimension;
-    a batch gives the batch's outputs, as before."""
+    a batch gives the batch's outputs, as before; an empty batch an empty one, as PyTorch's forward (training on
+    one is refused)."""
     model = make_resnet(seed=6)
     set_params(model, {"conv2d.bias": np.zeros(6)})
     program = compile_resnet(model)
@@ -136,6 +137,9 @@ def test_predict_one_unbatched_sample():
         np.testing.assert_allclose(one.numpy(), want[3], rtol=1e-4, atol=1e-5)
     assert program.predict(x).shape == (5, CLASSES) and program.predict(x[:1]).shape == (1, CLASSES)
     np.testing.assert_allclose(program.predict(x).numpy(), want, rtol=1e-4, atol=1e-5)
+    assert program.predict(x[:0]).shape == (0, CLASSES)
+    with pytest.raises(ValueError, match="the batch is empty"):
+        program.train_step(x[:0], np.zeros(0, np.int64))
 
 
 def _eval_with_flip(program, x, y):

@@ -533,7 +533,7 @@ def test_pytorch_names_fasttrain_lacks_say_what_to_write_instead():
     for get, match in ((lambda: nn.functional.conv3d, "3-d .* fold the depth into the batch"),
                        (lambda: nn.functional.grid_sample, "spatial transformers"),
                        (lambda: ft.nn.utils.rnn.pack_padded_sequence, "pad the batch to one length"),
-                       (lambda: nn.LazyLinear, "give the input size"),
+                       (lambda: nn.LazyConv3d, "3-d .* fold the depth into the batch"),
                        (lambda: nn.NoSuchLayer, "see docs/models.md")):
         with pytest.raises(AttributeError, match=match):
             get()

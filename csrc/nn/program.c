@@ -1318,15 +1318,16 @@ static ft_status check_batch(const ft_program *p, int i, const char *arg, const 
                    ft_shape_str(have, sizeof have, t->ndim, t->shape));
 }
 
-/* The checks of the batch's inputs x (ninputs tensors): shapes, dtypes, and one batch size. */
-static ft_status check_input(const ft_program *p, const ft_tensor *x) {
+/* The checks of the batch's inputs x (ninputs tensors): shapes, dtypes, and one batch size, of at least one sample
+ * unless empty_ok. */
+static ft_status check_input(const ft_program *p, const ft_tensor *x, bool empty_ok) {
     for (int j = 0; j < p->ninputs; j++) {
         char arg[24] = "input";
         if (p->ninputs > 1)
             snprintf(arg, sizeof arg, "input %d", j);
         if (x[j].ndim < 1)
             return ft_fail(FT_ERR_SHAPE, "program: the %s must be a batch (N, ...) of samples, got a 0-d tensor", arg);
-        if (x[j].shape[0] < 1)
+        if (x[j].shape[0] < 1 && !empty_ok)
             return ft_fail(FT_ERR_SHAPE, "program: the batch is empty");
         if (x[j].shape[0] != x[0].shape[0])
             return ft_fail(FT_ERR_SHAPE, "program: input %d has %lld samples, input 0 %lld", j,
@@ -1746,7 +1747,7 @@ static void release_targets(ft_tensor *dev) {
 }
 
 ft_status ft_program_check_batch(ft_program *p, const ft_tensor *x, const ft_tensor *y) {
-    FT_TRY(check_input(p, x));
+    FT_TRY(check_input(p, x, false));
     ft_tensor yd[FT_PROGRAM_MAX_TARGETS];
     ft_status s = prepare_targets(p, y, x->shape[0], true, yd, NULL);
     release_targets(yd);
@@ -1759,7 +1760,7 @@ int ft_program_num_targets(const ft_program *p) { return p->ntargets; }
 
 ft_status ft_program_backward(ft_program *p, const ft_tensor *x, const ft_tensor *y, bool accumulate, double *loss,
                               ft_tally *tally) {
-    FT_TRY(check_input(p, x));
+    FT_TRY(check_input(p, x, false));
     if (x->shape[0] > p->batch) /* an id refused in a later micro-batch would leave the earlier ones' gradients */
         FT_TRY(check_ids(p, x));
     FT_TRY(refresh_low_weights(p));
@@ -1795,7 +1796,7 @@ ft_status ft_program_backward(ft_program *p, const ft_tensor *x, const ft_tensor
 }
 
 ft_status ft_program_forward(ft_program *p, const ft_tensor *x, const ft_tensor *out) {
-    FT_TRY(check_input(p, x));
+    FT_TRY(check_input(p, x, true));
     int64_t B = x->shape[0];
     const ft_node *o = &p->nodes[p->output];
     int64_t want[FT_MAX_DIMS] = {B};
@@ -1803,6 +1804,8 @@ ft_status ft_program_forward(ft_program *p, const ft_tensor *x, const ft_tensor 
     FT_TRY(ft_check_float("program", "out", out, false));
     FT_TRY(ft_check_shape("program", "out", out, o->ndim + 1, want));
     FT_TRY(ft_check_output("program", "out", out));
+    if (B == 0) /* nothing to compute, as a PyTorch forward of an empty batch */
+        return FT_OK;
     FT_TRY(refresh_low_weights(p));
     ft_tensor xd[FT_PROGRAM_MAX_INPUTS] = {0};
     ft_status s = inputs_on_device(p, x, false, xd);
@@ -1879,7 +1882,7 @@ static ft_status evaluate_batches(ft_program *p, const ft_tensor *x, const ft_te
 }
 
 ft_status ft_program_evaluate(ft_program *p, const ft_tensor *x, const ft_tensor *y, bool tta_flip, ft_tally *tally) {
-    FT_TRY(check_input(p, x));
+    FT_TRY(check_input(p, x, false));
     FT_TRY(refresh_low_weights(p));
     ft_tensor yd[FT_PROGRAM_MAX_TARGETS], yh = {0}, xd[FT_PROGRAM_MAX_INPUTS] = {0}, other = {0}, scores = {0};
     ft_status s = prepare_targets(p, y, x->shape[0], false, yd, classifies(p) ? &yh : NULL);

@@ -291,7 +291,8 @@ void ft_program_set_dropout_state(ft_program *p, uint64_t seed, uint64_t offset)
 void ft_program_set_rank(ft_program *p, int rank);
 
 /* Eval-mode forward (batch statistics off, dropout off, no activations
- * kept) of the model's nodes: out (B, ...) = the model's output. */
+ * kept) of the model's nodes: out (B, ...) = the model's output; an empty
+ * batch (B = 0) of the right per-sample shape computes nothing. */
 ft_status ft_program_forward(ft_program *p, const ft_tensor *x, const ft_tensor *out);
 
 /* Eval-mode loss and accuracy of one batch, added to *tally. A batch

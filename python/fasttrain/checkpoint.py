@@ -289,6 +289,10 @@ def save(path: str | os.PathLike[str], obj: Module | Program, *, optimizer: Opti
                           "pass loader= to ft.save and ft.load", stacklevel=2)
         loader = loader if hasattr(loader, "state_dict") else None
     if loader is not None:
+        if not callable(getattr(loader, "state_dict", None)):
+            raise TypeError(f"ft.save: loader= keeps where a fasttrain Loader (or a loader with a state_dict) stands "
+                            f"in its epochs; a {type(loader).__name__} has none, so leave it out: a run resumed from "
+                            "the checkpoint then starts its loader's epoch afresh")
         meta["loader"] = json.dumps(loader.state_dict())
     if program is not None and dtype is None:
         meta["program.step"] = str(program.step_count)

@@ -1059,20 +1059,21 @@ class _Lazy(Module):
             set_rng_state(state)
         self._lazy_args = args, kwargs
 
-    def forward(self, input):
+    def forward(self, input, *args, **kwargs):
+        """Becomes the sized layer, then its forward (ConvTranspose's output_size passed on)."""
         from .graph import Symbolic, fail
         if isinstance(input, Symbolic):
             fail(f"{type(self).__name__} before its first call", "run the model once on a batch (model(x)) before "
                  "making the optimizer, as PyTorch's lazy modules ask: that call gives the layer its size and "
                  "parameters")
-        args, kwargs = self._lazy_args
-        layer = self.cls_to_become(int(self._in_size(tuple(input.shape))), *args, **kwargs)
+        given, options = self._lazy_args
+        layer = self.cls_to_become(int(self._in_size(tuple(input.shape))), *given, **options)
         training, state = self.training, {k: v for k, v in layer.__dict__.items() if k != "_training"}
         self.__dict__.pop("_lazy_args")
         self.__dict__.update(state)
         self.__class__ = layer.__class__
         self.train(training)
-        return self(input)
+        return self(input, *args, **kwargs)
 
 
 def _lazy(layer, in_size):
