@@ -147,6 +147,13 @@ def test_bad_arrays_and_image_options(tmp_path):
     with pytest.raises(ValueError, match="holds no images"):
         D.write_records(tmp_path / "features.rec", (X, y))
     assert list(tmp_path.iterdir()) == []
+    # uint8 arrays are images, read channels last: torchvision's layout and uint8 features say what to give
+    with pytest.raises(ValueError, match=r"got \(8, 1, 28, 28\), which looks \(N, C, H, W\): give "
+                                         r"x.transpose\(0, 2, 3, 1\)"):
+        D.Loader((np.zeros((8, 1, 28, 28), np.uint8), y), 4)
+    with pytest.raises(ValueError, match="uint8 arrays are images.* got 2 dimensions \(uint8 features or byte "
+                                         "tokens: give them as float32 or int64\)"):
+        D.Loader((np.zeros((8, 3), np.uint8), y), 4)
     if ft.cuda.is_available():
         with pytest.raises(ValueError, match="host memory"):
             D.from_arrays(ft.from_numpy(X).cuda(), y)

@@ -38,6 +38,8 @@ def trained():
 @pytest.mark.parametrize("what,make,error,match", [
     ("spatial size", lambda x, y: (x[:, :, :7], y), ValueError, r"samples of shape \(3, 8, 8\)"),
     ("channels", lambda x, y: (x[:, :2], y), ValueError, r"images have 2 channels, the model takes 3"),
+    ("channels last", lambda x, y: (x.transpose(0, 2, 3, 1), y), ValueError, r"the batch's images are \(N, H, W, "
+     r"C\), channels last; the model takes \(N, C, H, W\): give x.transpose\(0, 3, 1, 2\)"),
     ("no batch dim", lambda x, y: (x[0], y), ValueError, r"shape"),
     ("empty batch", lambda x, y: (x[:0], y[:0]), ValueError, r"empty"),
     ("0-d input", lambda x, y: (ft.tensor(1.0), y[:1]), ValueError,

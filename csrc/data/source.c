@@ -160,11 +160,20 @@ ft_status ft_source_from_arrays(ft_source **out, const ft_tensor *images, const 
         return ft_fail(FT_ERR_DTYPE, "images must be uint8 (N, H, W) or (N, H, W, C), got %s",
                        ft_dtype_get(images->dtype)->name);
     if (images->ndim != 3 && images->ndim != 4)
-        return ft_fail(FT_ERR_SHAPE, "images must have shape (N, H, W) or (N, H, W, C), got %d dimensions",
+        return ft_fail(FT_ERR_SHAPE, "uint8 arrays are images, of shape (N, H, W) or (N, H, W, C); got %d "
+                                     "dimensions (uint8 features or byte tokens: give them as float32 or int64)",
                        images->ndim);
     int channels = images->ndim == 4 ? (int)images->shape[3] : 1;
-    if (channels != 1 && channels != 3)
-        return ft_fail(FT_ERR_SHAPE, "images must have 1 or 3 channels, got %d", channels);
+    if (channels != 1 && channels != 3) {
+        if (images->shape[1] == 1 || images->shape[1] == 3) /* torchvision's layout */
+            return ft_fail(FT_ERR_SHAPE, "uint8 images are read as (N, H, W, C), with 1 or 3 channels last; got "
+                                         "(%lld, %lld, %lld, %lld), which looks (N, C, H, W): give "
+                                         "x.transpose(0, 2, 3, 1)",
+                           (long long)images->shape[0], (long long)images->shape[1], (long long)images->shape[2],
+                           (long long)images->shape[3]);
+        return ft_fail(FT_ERR_SHAPE, "uint8 images are read as (N, H, W, C), with 1 or 3 channels last; got %d",
+                       channels);
+    }
     if (images->shape[1] < 1 || images->shape[2] < 1 || images->shape[1] > (1 << 24) || images->shape[2] > (1 << 24))
         return ft_fail(FT_ERR_SHAPE, "images of %lld x %lld pixels are not supported", (long long)images->shape[1],
                        (long long)images->shape[2]);

@@ -1333,6 +1333,10 @@ static ft_status check_input(const ft_program *p, const ft_tensor *x, bool empty
             return ft_fail(FT_ERR_SHAPE, "program: input %d has %lld samples, input 0 %lld", j,
                            (long long)x[j].shape[0], (long long)x[0].shape[0]);
         const ft_node *in = &p->nodes[j];
+        if (x[j].ndim == 4 && in->ndim == 3 && x[j].shape[1] != in->shape[0] && x[j].shape[3] == in->shape[0] &&
+            x[j].shape[1] == in->shape[1] && x[j].shape[2] == in->shape[2])
+            return ft_fail(FT_ERR_SHAPE, "program: the batch's images are (N, H, W, C), channels last; the model "
+                                         "takes (N, C, H, W): give x.transpose(0, 3, 1, 2)");
         if (x[j].ndim == 4 && in->ndim == 3 && x[j].shape[1] != in->shape[0]) /* grayscale JPEGs decode as RGB */
             return ft_fail(FT_ERR_SHAPE, "program: the batch's images have %lld channels, the model takes %lld (a "
                                          "fasttrain Loader decodes to what channels=%lld asks for)",
