@@ -86,6 +86,8 @@ def test_normal_of_numbers_and_of_tensors_is_randn_scaled():
     np.testing.assert_allclose(got.numpy(), draws * stds.numpy() + means.numpy(), rtol=1e-6)
     np.testing.assert_array_equal(ft.normal(ft.arange(3.0), 0.0).numpy(), [0.0, 1.0, 2.0])
     for bad, error, match in ((lambda: ft.normal(0, -1.0, (2,)), ValueError, "std >= 0.0, got -1"),
+                              (lambda: ft.normal(ft.zeros(2), -1.0), ValueError, "std >= 0.0, got -1"),
+                              (lambda: ft.normal(0.0, ft.tensor([1.0, -2.0])), ValueError, "std >= 0.0, got -2"),
                               (lambda: ft.normal(0, 1), TypeError, "give size with numbers"),
                               (lambda: ft.normal(ft.zeros(2), 1.0, (2,)), TypeError, "no size with a tensor")):
         with pytest.raises(error, match=match):

@@ -161,8 +161,9 @@ def normal(mean: float | Tensor = 0.0, std: float | Tensor = 1.0, size: Sequence
     tensors = isinstance(mean, TensorBase) or isinstance(std, TensorBase)
     if tensors == (size is not None):
         raise TypeError("normal: give size with numbers mean and std, and no size with a tensor of them")
-    if isinstance(std, TensorBase) and std.numel() and float(std.min()) < 0 or not tensors and not std >= 0:
-        raise ValueError(f"normal expects std >= 0.0, got {std if not tensors else float(std.min())}")
+    least = (float(std.min()) if std.numel() else 0.0) if isinstance(std, TensorBase) else std
+    if not least >= 0:
+        raise ValueError(f"normal expects std >= 0.0, got {least}")
     if tensors:
         shape = np.broadcast_shapes(*(tuple(getattr(v, "shape", ())) for v in (mean, std)))
         t = randn(shape, generator=generator, dtype=dtype or next(v.dtype for v in (mean, std)
