@@ -567,53 +567,56 @@ def test_a_convnext_block_compiles_by_default_and_refuses_channels_last_by_name(
 
 
 def test_attributes_a_forward_rebinds_are_put_back_and_state_it_would_carry_is_refused():
-    """A traced forward's plain attributes: a value kept to look at (d2l's self.attention_weights, an entry of a list
-    of them) is put back as it was before compile, not left a traced object; a tensor rebound to a value of its own
-    shape (a running statistic kept by hand, an RNN state kept across batches), which each step would carry to the
-    next, is refused, as is a state of the batch; a counter warns and is put back."""
+    """A traced forward's plain attributes: values kept to look at (d2l's self.attention_weights, as a tensor left by
+    an eager call before, a new list of them, an entry of a list) are put back as they were before compile, not left
+    traced objects; an attribute the forward reads and rebinds to a value it computes (a running statistic kept by
+    hand, an RNN state carried across batches, as a tensor or a tuple of them), which each step would carry to the
+    next, is refused; a number it sets (a shape it keeps) stays."""
     class Net(nn.Module):
         def __init__(self, kind):
             super().__init__()
             self.lin, self.kind, self.kept = nn.Linear(4, 3), kind, [None]
-            self.moving, self.calls = ft.zeros(3), 0
+            self.moving, self.pair = ft.zeros(3), (ft.zeros(3), ft.ones(3))
 
         def forward(self, x):
             y = self.lin(x)
+            self.features = x.size(1)
             if self.kind == "look":
                 self.attention_weights = ft.softmax(y, -1)
                 self.kept[0] = y
+                self.layers = [[y], {"w": y}]
             elif self.kind == "moving":  # PyTorch's moves with every step; a compiled one would read zeros forever
                 self.moving = 0.9 * self.moving + 0.1 * self.lin.bias.detach()
             elif self.kind == "state":
+                y = y + self.state
                 self.state = y
-            elif self.kind == "count":
-                self.calls += 1
+            elif self.kind == "pair":  # a running mean and square, kept together
+                self.pair = (0.9 * self.pair[0] + 0.1 * self.lin.bias.detach(), self.pair[1])
             return y
 
     x, y = np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32), np.arange(4) % 3
 
-    def compiled(kind):
-        model = Net(kind)
-        return model, model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=4,
-                                    input_shape=(4,))
+    def compiled(model):
+        return model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=4,
+                             input_shape=(4,))
 
-    model, program = compiled("look")
-    assert not hasattr(model, "attention_weights") and model.kept == [None]
+    model = Net("look")
+    model(ft.tensor(x))  # an eager call first (the dry run of lazy layers), which binds a tensor of the same shape
+    eager = model.attention_weights
+    program = compiled(model)
+    assert model.attention_weights is eager and model.kept[0].shape == (4, 3) and model.features == 4
+    assert all(isinstance(v, ft.Tensor) for v in (model.layers[0][0], model.layers[1]["w"]))
     program.train_step(x, y)
-    model(ft.tensor(x))  # an eager call keeps what it looks at
-    assert model.attention_weights.shape == (4, 3) and model.kept[0].shape == (4, 3)
-    with pytest.raises(ft.nn.TracingError, match="forward rebinds Net.moving to a value computed in the traced "
-                                                 "forward: a compiled step runs no Python"):
-        compiled("moving")
-    model = Net("state")
-    model.state = ft.zeros(4, 3)  # left by an eager call of the compiled batch's size
-    with pytest.raises(ft.nn.TracingError, match="forward rebinds Net.state .* set state to None before compile"):
-        model.compile(ft.optim.SGD(model.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=4,
-                      input_shape=(4,))
-    assert model.state.shape == (4, 3)  # as it was
-    with pytest.warns(RuntimeWarning, match="forward changed Net.calls from 0 to 1 while traced"):
-        model, _ = compiled("count")
-    assert model.calls == 0
+    model = Net("look")
+    compiled(model)
+    assert not hasattr(model, "attention_weights") and model.kept == [None] and not hasattr(model, "layers")
+    for kind, name in (("moving", "Net.moving"), ("state", "Net.state"), ("pair", "Net.pair")):
+        model = Net(kind)
+        model.state = ft.zeros(3)
+        with pytest.raises(ft.nn.TracingError, match=f"forward reads {name} and rebinds it to a value computed in "
+                                                     "the traced forward: a compiled step runs no Python"):
+            compiled(model)
+        assert model.state.shape == (3,) and isinstance(model.pair[0], ft.Tensor)  # as they were
 
 
 def test_lazy_layers_take_their_size_from_a_dry_run_then_compile():
@@ -642,6 +645,16 @@ def test_lazy_layers_take_their_size_from_a_dry_run_then_compile():
     sized = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(144, 5))
     for a, b in zip(m.parameters(), sized.parameters()):  # the same draws, in the same order
         np.testing.assert_array_equal(a.numpy(), b.numpy())
+    late = nn.Sequential(nn.Flatten(), nn.LazyLinear(8), nn.ReLU(), nn.Linear(8, 5))
+    optimizer = ft.optim.SGD(late.parameters(), lr=0.1)  # before the dry run: it lacks the lazy layer's parameters
+    late(ft.tensor(x))
+    with pytest.raises(ValueError, match="the optimizer lacks the parameters of 1, a lazy layer that its first call "
+                                         "sized after the optimizer was made"):
+        late.compile(optimizer, nn.CrossEntropyLoss(), batch_size=4, input_shape=(3, 6, 6))
+    grouped = nn.LazyConv2d(4, 3, groups=2)  # checked when sized, with the input's channels
+    assert grouped(ft.randn(1, 2, 5, 5)).shape == (1, 4, 3, 3)
+    with pytest.raises(ValueError, match="divisible by groups"):
+        nn.LazyConv2d(4, 3, groups=2)(ft.randn(1, 3, 5, 5))
     m[1].train()
     losses = [net.compile(ft.optim.SGD(net.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=4,
                           input_shape=(3, 6, 6)).train_step(x, np.arange(4) % 5) for net in (m, sized)]

@@ -451,7 +451,8 @@ def test_fit_on_arrays_takes_targets_as_train_step_does():
 def test_a_forward_choosing_its_path_by_is_grad_enabled_evaluates_as_under_no_grad():
     """A batch norm choosing by torch.is_grad_enabled() whether to normalize by the batch (d2l's): a compiled step
     trains on the batch's statistics and predict reads the running ones, as PyTorch evaluating under no_grad does;
-    ft.is_grad_enabled() is False in no_grad(), True in an enable_grad() within it and elsewhere."""
+    ft.is_grad_enabled() is False in no_grad() and after set_grad_enabled(False), True in an enable_grad() within
+    it and elsewhere."""
     class BN(nn.Module):
         def __init__(self, n):
             super().__init__()
@@ -469,6 +470,12 @@ def test_a_forward_choosing_its_path_by_is_grad_enabled_evaluates_as_under_no_gr
         with ft.enable_grad():
             assert ft.is_grad_enabled()
         assert not ft.is_grad_enabled()
+    with ft.set_grad_enabled(False):
+        assert not ft.is_grad_enabled()
+    ft.set_grad_enabled(False)  # called, as torch's: until set again
+    assert not ft.is_grad_enabled()
+    ft.set_grad_enabled(True)
+    assert ft.is_grad_enabled()
     rng = np.random.default_rng(0)
     x, y = (3 + 2 * rng.standard_normal((8, 4))).astype(np.float32), np.arange(8) % 3
     ft.manual_seed(0)

@@ -4226,3 +4226,29 @@ def test_each_samples_entry_at_its_label_by_arange_of_the_batch():
     with pytest.raises(ft.nn.TracingError, match=r"y_hat\[range\(len\(y_hat\)\), y\], is y_hat\[ft.arange"):
         m.compile(ft.optim.SGD(m.parameters(), lr=0.1), lambda o, t: -o[range(len(o)), t].mean(), batch_size=6,
                   input_shape=(4,))
+
+
+def test_two_traced_integer_values_do_not_compare():
+    """Integers compare as float32 values, exact below 2 ** 24: a constant is checked, two traced integer values
+    (token ids against other ids) cannot be, and are refused."""
+    class Same(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 2)
+
+        def forward(self, a, b):
+            return self.lin((a == b).float())
+
+    m = Same()
+    with pytest.raises(ft.nn.TracingError, match="a comparison of two traced integer values cannot be compiled"):
+        m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=2,
+                  input_shape=((3,), (3,)), input_dtype=(ft.int64, ft.int64))
+
+    class Big(Same):
+        def forward(self, a, b):
+            return self.lin((a < ft.tensor([0, 2 ** 24, 1])).float())
+
+    m = Big()
+    with pytest.raises(ft.nn.TracingError, match=r"integers of 2 \*\* 24 or more"):
+        m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=2,
+                  input_shape=((3,), (3,)), input_dtype=(ft.int64, ft.int64))

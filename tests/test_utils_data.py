@@ -152,8 +152,33 @@ def test_default_collate_is_torchs():
             assert ours == theirs
 
     same(default_collate(samples), tud.default_collate(samples))
+    same(default_collate([1, 2.5]), tud.default_collate([1, 2.5]))  # inferred from all: float32
+    same(DataLoader([Point(np.ones(2), (3, np.zeros(1)))], batch_size=None).__iter__().__next__(),
+         next(iter(tud.DataLoader([Point(np.ones(2), (3, np.zeros(1)))], batch_size=None))))
     with pytest.raises(RuntimeError, match="each element in list of batch should be of equal size"):
         default_collate([[1, 2], [3]])
+
+
+def test_a_stuck_worker_times_out_and_leaving_early_does_not_wait():
+    import threading
+    import time
+    release = threading.Event()
+
+    class Slow(Dataset):
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            if i == 2:
+                release.wait(10)
+            return np.float32([i]), i
+
+    start = time.monotonic()
+    with pytest.raises(TimeoutError):
+        for _ in DataLoader(Slow(), batch_size=1, num_workers=2, timeout=0.2):
+            pass
+    assert time.monotonic() - start < 5
+    release.set()
 
 
 def test_a_stream_is_batched_in_its_order():
@@ -167,6 +192,16 @@ def test_a_stream_is_batched_in_its_order():
                                                                                                    [3, 4, 5]]
     with pytest.raises(ValueError, match="IterableDataset: expected unspecified shuffle option"):
         DataLoader(Stream(), shuffle=True)
+
+    class Batches(IterableDataset):  # a stream of whole batches, given to ft.fit as it is
+        def __iter__(self):
+            return iter((np.ones((4, 1), np.float32), np.zeros(4, np.int64)) for _ in range(3))
+
+    m = ft.nn.Linear(1, 2)
+    program = m.compile(ft.optim.SGD(m.parameters(), lr=0.1), ft.nn.CrossEntropyLoss(), batch_size=4,
+                        input_shape=(1,))
+    ft.fit(program, Batches(), 1, progress=False)
+    assert program.step_count == 3
 
 
 def test_fit_trains_on_a_dataloader_as_on_its_batches():
@@ -216,6 +251,7 @@ def test_fit_trains_on_a_dataloader_as_on_its_batches():
     (lambda: WeightedRandomSampler([1.0, -1.0], 2), ValueError, "weights must be a 1-d sequence of finite values"),
     (lambda: WeightedRandomSampler([1.0, 0.0], 2, replacement=False), ValueError, "only 1 weights are > 0"),
     (lambda: RandomSampler(Squares(), num_samples=0), ValueError, "num_samples should be a positive integer"),
+    (lambda: DataLoader(Squares(0), shuffle=True), ValueError, "num_samples should be a positive integer"),
     (lambda: BatchSampler(range(3), 2, drop_last=1), TypeError, "drop_last should be a boolean value"),
 ])
 def test_options_torch_refuses_are_refused(make, error, match):

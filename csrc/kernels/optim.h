@@ -203,7 +203,7 @@ typedef struct {
     ft_adam_moments mom;
     float l2, decay, eps;
     float bc1;                  /* 1 - beta1^t (RAdam) */
-    float bc2;                  /* 1 - beta2^t (NAdam); its square root (RAdam) */
+    float bc2, bc2_sqrt;        /* 1 - beta2^t (NAdam), its square root (RAdam) */
     float lr;                   /* clr (Adamax); lr (RAdam) */
     float grad_coef, avg_coef;  /* NAdam's two step sizes */
     float rect;                 /* RAdam: 0 while the update is not adaptive */
@@ -232,7 +232,7 @@ static inline FT_HD float ft_radam_param(float p, float g, float *m, float *v, c
     *v = vi;
     float u = mi / c->bc1 * c->lr;
     if (c->rect != 0.0f)
-        u = u * (c->bc2 / (sqrtf(vi) + c->eps)) * c->rect;
+        u = u * (c->bc2_sqrt / (sqrtf(vi) + c->eps)) * c->rect;
     return p * c->decay - u;
 }
 

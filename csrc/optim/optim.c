@@ -229,9 +229,11 @@ ft_status ft_optim_check_group(ft_optim_kind kind, int i, const ft_optim_group *
         if (!(g->beta1 >= 0 && g->beta1 < 1) || !(g->beta2 >= 0 && g->beta2 < 1))
             return ft_fail(FT_ERR_VALUE, "%s group %d: betas must be in [0, 1), got (%g, %g)", k, i, g->beta1,
                            g->beta2);
-        if (kind >= FT_OPTIM_ADAMAX ? !finite_ge0(g->eps) : !(isfinite(g->eps) && g->eps > 0)) /* as torch.optim */
-            return ft_fail(FT_ERR_VALUE, "%s group %d: eps must be finite and %s 0, got %g", k, i,
-                           kind >= FT_OPTIM_ADAMAX ? ">=" : ">", g->eps);
+        /* as torch.optim, but Adam's, AdamW's and LAMB's eps > 0: 0 divides 0 by 0 where a gradient is 0 */
+        bool eps0 = kind == FT_OPTIM_ADAMAX || kind == FT_OPTIM_NADAM || kind == FT_OPTIM_RADAM;
+        if (eps0 ? !finite_ge0(g->eps) : !(isfinite(g->eps) && g->eps > 0))
+            return ft_fail(FT_ERR_VALUE, "%s group %d: eps must be finite and %s 0, got %g", k, i, eps0 ? ">=" : ">",
+                           g->eps);
         if (kind == FT_OPTIM_NADAM && !finite_ge0(g->momentum_decay))
             return ft_fail(FT_ERR_VALUE, "NAdam group %d: momentum_decay must be finite and >= 0, got %g", i,
                            g->momentum_decay);
@@ -565,13 +567,18 @@ static void copy_loop(uint16_t *dst, const float *p, int64_t n, bool bf16) {
         dst[i] = bf16 ? ft_f32_to_bf16(p[i]) : ft_f32_to_f16(p[i]);
 }
 
+/* The gradient an update pass sees: scaled, clipped, negated for maximize, with the L2 weight decay added. */
+static inline float pass_grad(float g, float p, grad_xform gx, bool maximize, float l2) {
+    return ft_l2_grad(ft_optim_grad(g, gx.scale, gx.clip, maximize), p, l2);
+}
+
 FT_VEC_CLONES
 static void adamw_loop(float *p, float *m, float *v, float *vmax, const float *g, int64_t n, grad_xform gx,
                        bool maximize, const ft_adamw_coef *c) {
     const ft_adamw_coef k = *c;
     if (vmax) {
         FT_SIMD_FOR(i, n) {
-            float gi = ft_l2_grad(ft_optim_grad(g[i], gx.scale, gx.clip, maximize), p[i], k.l2);
+            float gi = pass_grad(g[i], p[i], gx, maximize, k.l2);
             float mi = ft_adam_exp_avg(m[i], gi, &k.mom), vi = ft_adam_exp_avg_sq(v[i], gi, &k.mom);
             float vm = ft_optim_max(vmax[i], vi);
             m[i] = mi;
@@ -581,7 +588,7 @@ static void adamw_loop(float *p, float *m, float *v, float *vmax, const float *g
         }
     } else {
         FT_SIMD_FOR(i, n) {
-            float gi = ft_l2_grad(ft_optim_grad(g[i], gx.scale, gx.clip, maximize), p[i], k.l2);
+            float gi = pass_grad(g[i], p[i], gx, maximize, k.l2);
             float mi = ft_adam_exp_avg(m[i], gi, &k.mom), vi = ft_adam_exp_avg_sq(v[i], gi, &k.mom);
             m[i] = mi;
             v[i] = vi;
@@ -597,40 +604,35 @@ static void averages_loop(float *p, float *v, float *a, float *buf, float *u, co
                           grad_xform gx, bool maximize, const ft_rmsprop_coef *c) {
     const ft_rmsprop_coef k = *c;
     FT_SIMD_FOR(i, n) {
-        float gi = ft_l2_grad(ft_optim_grad(g[i], gx.scale, gx.clip, maximize), p[i], k.weight_decay);
+        float gi = pass_grad(g[i], p[i], gx, maximize, k.weight_decay);
         p[i] = u ? ft_adadelta_param(p[i], gi, &v[i], &u[i], &k)
                  : ft_rmsprop_param(p[i], gi, &v[i], a ? &a[i] : NULL, buf ? &buf[i] : NULL, &k);
     }
 }
 
-/* Adagrad, Adamax, NAdam and RAdam: a the sum (Adagrad) or exp_avg, b exp_inf (Adamax), exp_avg_sq or NULL. */
+/* Adagrad, Adamax, NAdam and RAdam: a the sum (Adagrad) or exp_avg, b exp_inf (Adamax), exp_avg_sq or NULL. One
+ * loop per kind, so that each vectorizes. */
 FT_VEC_CLONES
 static void moments_loop(ft_optim_kind kind, float *p, float *a, float *b, const float *g, int64_t n, grad_xform gx,
                          bool maximize, const coef *c) {
+    const ft_adagrad_coef ka = c->adagrad;
+    const ft_moments_coef km = c->moments;
     switch (kind) {
-    case FT_OPTIM_ADAGRAD: {
-        const ft_adagrad_coef k = c->adagrad;
-        FT_SIMD_FOR(i, n) p[i] = ft_adagrad_param(p[i], ft_l2_grad(ft_optim_grad(g[i], gx.scale, gx.clip, maximize),
-                                                                   p[i], k.weight_decay), &a[i], &k);
+    case FT_OPTIM_ADAGRAD:
+        FT_SIMD_FOR(i, n) p[i] = ft_adagrad_param(p[i], pass_grad(g[i], p[i], gx, maximize, ka.weight_decay), &a[i],
+                                                  &ka);
         break;
-    }
-    case FT_OPTIM_ADAMAX: {
-        const ft_moments_coef k = c->moments;
-        FT_SIMD_FOR(i, n) p[i] = ft_adamax_param(p[i], ft_l2_grad(ft_optim_grad(g[i], gx.scale, gx.clip, maximize),
-                                                                  p[i], k.l2), &a[i], &b[i], &k);
+    case FT_OPTIM_ADAMAX:
+        FT_SIMD_FOR(i, n) p[i] = ft_adamax_param(p[i], pass_grad(g[i], p[i], gx, maximize, km.l2), &a[i], &b[i], &km);
         break;
-    }
-    case FT_OPTIM_NADAM: {
-        const ft_moments_coef k = c->moments;
-        FT_SIMD_FOR(i, n) p[i] = ft_nadam_param(p[i], ft_l2_grad(ft_optim_grad(g[i], gx.scale, gx.clip, maximize),
-                                                                 p[i], k.l2), &a[i], &b[i], &k);
+    case FT_OPTIM_NADAM:
+        FT_SIMD_FOR(i, n) p[i] = ft_nadam_param(p[i], pass_grad(g[i], p[i], gx, maximize, km.l2), &a[i], &b[i], &km);
         break;
-    }
-    default: {
-        const ft_moments_coef k = c->moments;
-        FT_SIMD_FOR(i, n) p[i] = ft_radam_param(p[i], ft_l2_grad(ft_optim_grad(g[i], gx.scale, gx.clip, maximize),
-                                                                 p[i], k.l2), &a[i], &b[i], &k);
-    }
+    case FT_OPTIM_RADAM:
+        FT_SIMD_FOR(i, n) p[i] = ft_radam_param(p[i], pass_grad(g[i], p[i], gx, maximize, km.l2), &a[i], &b[i], &km);
+        break;
+    default:
+        break;
     }
 }
 
@@ -798,7 +800,7 @@ static ft_moments_coef moments_coef(ft_optim_kind kind, const ft_optim_group *g,
     } else {
         double rho_inf = 2 / (1 - g->beta2) - 1, rho_t = rho_inf - 2 * t * pow(g->beta2, t) / bc2;
         c.bc1 = (float)bc1;
-        c.bc2 = (float)sqrt(bc2);
+        c.bc2_sqrt = (float)sqrt(bc2);
         c.lr = (float)g->lr;
         if (rho_t > 5)
             c.rect = (float)sqrt((rho_t - 4) * (rho_t - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho_t));

@@ -64,30 +64,38 @@ def are_deterministic_algorithms_enabled() -> bool:
     return _C.get_deterministic()
 
 
-_grad = threading.local()  # .modes: the enclosing no_grad (False) and enable_grad (True) contexts, innermost last
+_grad = threading.local()  # .enabled: what is_grad_enabled() reads (True when unset)
 
 
 def is_grad_enabled() -> bool:
-    """False inside no_grad(), True elsewhere or inside an enable_grad() within it, as torch.is_grad_enabled (which
-    code written for PyTorch asks, as d2l's batch norm does). A traced forward reads True: a batch norm's node
-    normalizes by the batch in the training step and by its running statistics in predict and evaluate."""
-    modes = getattr(_grad, "modes", None)
-    return modes[-1] if modes else True
+    """False inside no_grad() (or after set_grad_enabled(False)), True elsewhere or inside an enable_grad() within
+    it, as torch.is_grad_enabled (which code written for PyTorch asks, as d2l's batch norm does). A traced forward
+    reads True: a batch norm's node normalizes by the batch in the training step and by its running statistics in
+    predict and evaluate."""
+    return getattr(_grad, "enabled", True)
 
 
-def _enter_grad_mode(enabled):
-    _grad.__dict__.setdefault("modes", []).append(enabled)
+class _GradMode(contextlib.ContextDecorator):
+    """A context manager and decorator that sets what is_grad_enabled() reads while it lasts, and changes no
+    computation: fasttrain's eager ops record no graph, and compiled programs take their gradients themselves."""
+
+    _enabled = True
+
+    def __enter__(self):
+        self._before = is_grad_enabled()
+        _grad.enabled = self._enabled
+        return self
+
+    def __exit__(self, *exc):
+        _grad.enabled = self._before
+        return False
 
 
-def _exit_grad_mode():
-    _grad.modes.pop()
+class no_grad(_GradMode):
+    """torch.no_grad for code written for PyTorch (``with ft.no_grad():``, ``@ft.no_grad()``, ``@ft.no_grad``): see
+    _GradMode. In a forward being traced, it refuses to hold back ops that train (nn/graph.py)."""
 
-
-class no_grad(contextlib.ContextDecorator):
-    """A context manager and decorator for code written for PyTorch (``with ft.no_grad():``, ``@ft.no_grad()``,
-    ``@ft.no_grad``) that changes no computation: fasttrain's eager ops record no graph, and compiled programs take
-    their gradients themselves; is_grad_enabled() reads False inside it. In a forward being traced, it refuses to
-    hold back ops that train (nn/graph.py)."""
+    _enabled = False
 
     def __new__(cls, func=None):
         return func if func is not None else super().__new__(cls)  # used bare, as @ft.no_grad
@@ -95,33 +103,40 @@ class no_grad(contextlib.ContextDecorator):
     def __enter__(self):
         from .nn.graph import no_grad_entered
         no_grad_entered()
-        _enter_grad_mode(False)
-        return self
+        return super().__enter__()
 
     def __exit__(self, *exc):
         from .nn.graph import no_grad_exited
-        _exit_grad_mode()
+        super().__exit__(*exc)
         no_grad_exited(exc[0] is not None)
         return False
 
 
-class enable_grad(contextlib.ContextDecorator):
-    """A context manager and decorator that changes no computation (torch.enable_grad): see no_grad;
-    is_grad_enabled() reads True inside it."""
+class enable_grad(_GradMode):
+    """torch.enable_grad: see _GradMode."""
+
+
+class set_grad_enabled(_GradMode):
+    """torch.set_grad_enabled(mode): called, it sets what is_grad_enabled() reads at once; as a context manager
+    (``with ft.set_grad_enabled(phase == "train"):``, a transfer-learning loop's phases) it puts the mode before it
+    back at the end; mode False in a traced forward is no_grad()'s."""
+
+    def __init__(self, mode: bool):
+        self._enabled, self._before = bool(mode), is_grad_enabled()
+        _grad.enabled = self._enabled
+        self._held = None if self._enabled else no_grad()
 
     def __enter__(self):
-        _enter_grad_mode(True)
+        if self._held is not None:
+            self._held.__enter__()
+        _grad.enabled = self._enabled
         return self
 
     def __exit__(self, *exc):
-        _exit_grad_mode()
+        if self._held is not None:
+            self._held.__exit__(*exc)
+        _grad.enabled = self._before
         return False
-
-
-def set_grad_enabled(mode: bool) -> "no_grad | enable_grad":
-    """no_grad() for mode False, enable_grad() for True, as ``with torch.set_grad_enabled(phase == "train"):``
-    uses it (a transfer-learning loop's train and validation phases)."""
-    return enable_grad() if mode else no_grad()
 
 
 def inference_mode(mode: bool = True) -> "no_grad | enable_grad":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections.abc
 import copy
+import sys
 import time
 import warnings
 import weakref
@@ -111,6 +112,16 @@ class _InputBatches:
             yield x if len(x) > 1 else x[0], tuple(a[rows] for a in self._targets) if self._targets else y
 
 
+def _map_dataset(data):
+    """Whether data is a map-style Dataset of samples (fasttrain's, or torch's where torch is imported), which ft.fit
+    cannot take as batches; a stream of them may give batches."""
+    from .utils import data as ud
+    kinds = [(ud.Dataset, ud.IterableDataset)]
+    if (torch_data := sys.modules.get("torch.utils.data")) is not None:
+        kinds.append((torch_data.Dataset, torch_data.IterableDataset))
+    return any(isinstance(data, mapped) and not isinstance(data, stream) for mapped, stream in kinds)
+
+
 def _as_loader(program, data, batch_size, shuffle, drop_last=False):
     """A fasttrain Loader of batch_size (None: the program's) over (x, y) arrays (shuffled when training, seeded
     from the global seed as every Loader is; drop_last leaves out a last batch short of batch_size), or for a
@@ -122,7 +133,7 @@ def _as_loader(program, data, batch_size, shuffle, drop_last=False):
             and data[0].shape[0] == data[1].shape[0]:
         raise TypeError("give (x, y) arrays as a tuple: a list is taken as an iterable of (x, y) batches")
     data = _with_targets(program, data)
-    if any(c.__name__ == "Dataset" and c.__module__.startswith(("fasttrain.", "torch.")) for c in type(data).__mro__):
+    if _map_dataset(data):
         raise TypeError(f"{type(data).__name__} is a dataset of samples: batch it with "
                         "ft.utils.data.DataLoader(dataset, batch_size=...) (or torch's DataLoader)")
     if not isinstance(data, tuple):

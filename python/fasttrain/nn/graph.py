@@ -72,6 +72,7 @@ _checkpointed = []
 # (or loss) was traced, each with its first such line: the result is a constant of the program, which a change of
 # the buffer after compile would not reach.
 _buffers_read = {}
+_watched, _watched_read = {}, set()  # a traced model's plain tensor attributes (watch), and the ids of those read
 
 
 def traced_mode(frame, module, mode):
@@ -101,6 +102,30 @@ def checkpointed(segment=None):
     if segment is not None and _active:
         _checkpointed.append(segment)
     return list(_checkpointed)
+
+
+def watch(tensors):
+    """Notes from now on which of tensors (a model's plain tensor attributes) a traced forward reads, by an eager
+    op, as a number or as a constant: watched_read() gives their ids."""
+    _watched.clear()
+    _watched.update((id(t), t) for t in tensors if t.numel())
+    _watched_read.clear()
+
+
+def watched_read():
+    return set(_watched_read)
+
+
+def _note_watched(operands):
+    from .._C import TensorBase
+    for t in operands if _watched else ():
+        if isinstance(t, TensorBase) and t.numel():
+            _watched_read.update(i for i, w in _watched.items() if _within(t, w))
+
+
+def _within(t, b):
+    """Whether tensor t lies in b's memory."""
+    return b.device == t.device and b.data_ptr() <= t.data_ptr() < b.data_ptr() + b.numel() * b.element_size()
 
 
 def buffers_read():
@@ -162,7 +187,7 @@ def _viewed_parameter(t):
     if not _trainable or not isinstance(t, TensorBase) or not t.numel():
         return None
     for p in _trainable.values():
-        if p.device == t.device and p.data_ptr() <= t.data_ptr() < p.data_ptr() + p.numel() * p.element_size():
+        if _within(t, p):
             return p
     return None
 
@@ -191,11 +216,11 @@ def _note_buffers(operands):
     """Records the model's buffers among the operands of an eager op (or a value read as a Python number) while a
     forward is traced (_buffers_read)."""
     from .._C import TensorBase
+    _note_watched(operands)
     for t in operands if _active else ():
         if isinstance(t, TensorBase) and t.numel():
             for b in _active[-1].buffers:
-                if id(b) not in _buffers_read and b.device == t.device and \
-                        b.data_ptr() <= t.data_ptr() < b.data_ptr() + b.numel() * b.element_size():
+                if id(b) not in _buffers_read and _within(t, b):
                     _buffers_read[id(b)] = (b, _user_line())
 
 
@@ -682,8 +707,8 @@ def _comparison(op):
         """A bool mask of where the value compares so with a number (ids == pad: a padding mask, which attention
         layers take as key_padding_mask, and whose .float() weighs a masked mean), with another traced value or with
         a tensor the same for every sample (the two broadcast to each other, as PyTorch's operands: d2l's sequence
-        mask ft.arange(T)[None, :] < valid_len[:, None]). Integers compare as the float32 values they are below
-        2 ** 24 (a constant of larger ones fails)."""
+        mask ft.arange(T)[None, :] < valid_len[:, None]). Integers compare as the float32 values they are, exact
+        below 2 ** 24: a constant of larger ones fails, and so do two traced integer values."""
         from .._C import TensorBase
         if isinstance(other, TensorBase) and other.ndim == 0:
             other = other.item()
@@ -701,6 +726,11 @@ def _comparison(op):
         if o._is_mask() != self._is_mask():
             fail("a comparison of a bool mask with values that are not one", "compare masks with masks, values "
                  "with values")
+        if all(not v._is_mask() and not v._own_dtype().is_floating_point and
+               not isinstance(v.node.module, _layers().Value) for v in (self, o)):
+            fail("a comparison of two traced integer values", "integers compare as the float32 values they are, "
+                 "exact below 2 ** 24 only, which a constant is checked to be: compare ids with a number or a "
+                 "tensor (ids == pad, ft.arange(T)[None, :] < lengths[:, None])")
         a, b = (v if v._is_mask() else v._numbers() for v in (self, o))
         out = _layers().Math(op)(*_broadcast(a, b))
         out.node.dtype = _dtype("bool")
@@ -1228,9 +1258,9 @@ class Symbolic:
         m = self.node.module
         if isinstance(m, _layers().Target) and m.dtype is not None:
             return m.dtype
-        if self.node.dtype is None and self.base is not None and \
-                not getattr(self.base.node.module, "floated", None):  # a view of labels, valid_len[:, None], not
-            return self.base.dtype                                      # of y.float()
+        # a view (of labels, valid_len[:, None]) has its base's dtype, unless the base is labels read as floats
+        if self.node.dtype is None and self.base is not None and not getattr(self.base.node.module, "floated", None):
+            return self.base.dtype
         return self.node.dtype or _BY_NAME["float32"]
 
     @property
@@ -2247,6 +2277,7 @@ def common_value(t):
     one, see _part), through which it trains, or a constant."""
     p = _viewed_parameter(t)
     if p is None:
+        _note_watched([t])
         t = _dense(t)
         return Common(_common_node(t, tuple(t.shape)))
     if t.data_ptr() == p.data_ptr() and t.numel() == p.numel() and t.is_contiguous():
@@ -2729,6 +2760,8 @@ def constant(t, like_shape):
     dimensions as NumPy does, with no expanded copy when it varies along the first only (a per-channel
     (C, 1, 1) scale) or, for samples that are not images, the last only (a per-feature bias)."""
     p = _viewed_parameter(t)
+    if p is None:
+        _note_watched([t])
     rank = len(_sample_shape(t))
     while t.ndim > rank:  # leading size-1 dimensions broadcast
         t = t.squeeze(0)

@@ -1044,19 +1044,14 @@ class InstanceNorm2d(_InstanceNorm):
 class _Lazy(Module):
     """A layer whose input size its first input gives, as PyTorch's lazy modules: that call (an eager forward, the
     dry run PyTorch asks for before the optimizer is made, as d2l's apply_init) turns it into cls_to_become(size,
-    *args), initialised as that layer's constructor does, keeping its training mode."""
+    *args), initialised as that layer's constructor does (which checks the other arguments then), keeping its
+    training mode; compile refuses an optimizer made before it (program._check_lazy)."""
 
     cls_to_become = None
     _in_size = None  # the size of an input of this shape
 
     def __init__(self, *args, **kwargs):
-        from ..random import get_rng_state, set_rng_state
         super().__init__()
-        state = get_rng_state()  # the arguments checked now, as the layer's constructor checks them, drawing nothing
-        try:
-            self.cls_to_become(1, *args, **kwargs)
-        finally:
-            set_rng_state(state)
         self._lazy_args = args, kwargs
 
     def forward(self, input, *args, **kwargs):
@@ -1070,7 +1065,7 @@ class _Lazy(Module):
         layer = self.cls_to_become(int(self._in_size(tuple(input.shape))), *given, **options)
         training, state = self.training, {k: v for k, v in layer.__dict__.items() if k != "_training"}
         self.__dict__.pop("_lazy_args")
-        self.__dict__.update(state)
+        self.__dict__.update(state, _made_lazily=True)
         self.__class__ = layer.__class__
         self.train(training)
         return self(input, *args, **kwargs)

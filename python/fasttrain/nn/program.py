@@ -7,7 +7,6 @@ parameter into one flat buffer and every gradient into another (each
 parameter object becomes a view, so optimizers built earlier see the flat
 memory), and hands the node list to C, which plans the activation memory and
 runs whole training steps."""
-import copy
 import dis
 import functools
 import gc
@@ -26,9 +25,9 @@ from .._display import Column, Table, summary as _summary
 from .._types import _BY_NAME
 from ..random import _check_seed
 from . import modules as M
-from .graph import (N, Common, Gathered, Input, MergedRows, Node, Symbolic, TracingError, _output_leaves, _Refusing,
+from .graph import (Common, Gathered, Input, MergedRows, Node, Symbolic, TracingError, _output_leaves, _Refusing,
                     buffers_read, checkpointed, input_shapes, mode_readers, mode_was_read, read_modes, target,
-                    topological, trace, trace_loss, tracing)
+                    topological, trace, trace_loss, tracing, watch, watched_read)
 
 # Node kinds, activations and reductions as the extension numbers them.
 _K = _C.NODE_KINDS
@@ -267,14 +266,31 @@ _TABLES = ("_parameters", "_buffers", "_modules")
 
 
 def _attributes(model):
-    """[(module name, module, its plain attributes, copies of those that are lists or dicts)]: what a forward may
-    rebind."""
-    return [(name, m, attrs, {k: copy.copy(v) for k, v in attrs.items() if type(v) in (list, dict)})
-            for name, m in model.named_modules() for attrs in [{k: v for k, v in vars(m).items() if k not in _TABLES}]]
+    """[(module name, module, its plain attributes (not parameters, buffers or children), copies of the lists and
+    dicts among them)]: what a traced forward may rebind or fill (_rebound)."""
+    out = []
+    for name, m in model.named_modules():
+        attrs = {k: v for k, v in vars(m).items() if k not in _TABLES and not any(k in vars(m)[t] for t in _TABLES)}
+        out.append((name, m, attrs, {k: _copied(v) for k, v in attrs.items() if type(v) in (list, dict)}))
+    return out
 
 
-def _counter(v):
-    return _is_number(v) and not isinstance(v, bool)
+def _copied(value, depth=3):
+    """value with its lists, tuples and dicts (to a few levels) copied, what they hold shared."""
+    if depth and type(value) in (list, tuple):
+        return type(value)(_copied(v, depth - 1) for v in value)
+    if depth and type(value) is dict:
+        return {k: _copied(v, depth - 1) for k, v in value.items()}
+    return value
+
+
+def _holds(value, test, depth=3):
+    """The objects passing test that value is or holds in lists, tuples and dicts (to a few levels)."""
+    if test(value):
+        return [value]
+    if depth and isinstance(value, (list, tuple, dict)):
+        return [x for v in (value.values() if isinstance(value, dict) else value) for x in _holds(v, test, depth - 1)]
+    return []
 
 
 def _traced(value):
@@ -282,47 +298,25 @@ def _traced(value):
 
 
 def _rebound(snapshot):
-    """Puts back the plain attributes a traced forward rebound (d2l's self.attention_weights, an entry of a list of
-    them, a counter), and returns [(name, value before, value the forward left)] of those."""
+    """Puts back each plain attribute a traced forward bound to a traced value or to a list, tuple or dict holding
+    one (d2l's self.attention_weights, a new list of them), or filled so in place (an entry of a list); returns
+    [(name, the value before)] of those."""
     found = []
     for prefix, m, before, copies in snapshot:
         now = vars(m)
-        for key in [k for k in now if k not in _TABLES]:
-            value, old = now[key], before.get(key, None)
-            name = f"{type(m).__name__}.{key}" if not prefix else f"{prefix}.{key}"
-            if key in copies and value is old and (any(map(_traced, value)) if type(value) is list else
-                                                   any(map(_traced, value.values()))):
-                found.append((name, copies[key], value.copy()))
-                if type(value) is list:
-                    value[:] = copies[key]
+        for key in [k for k in now if k not in _TABLES and _holds(now[k], _traced)]:
+            found.append((f"{prefix or type(m).__name__}.{key}", before.get(key)))
+            if key in copies and now[key] is before[key]:  # filled in place
+                if type(now[key]) is list:
+                    now[key][:] = copies[key]
                 else:
-                    value.clear()
-                    value.update(copies[key])
-            elif _traced(value) or key in before and _counter(value) and _counter(old) and value != old:
-                found.append((name, old, value))
-                if key in before:
-                    object.__setattr__(m, key, old)
-                else:
-                    del now[key]
+                    now[key].clear()
+                    now[key].update(copies[key])
+            elif key in before:
+                object.__setattr__(m, key, before[key])
+            else:
+                del now[key]
     return found
-
-
-def _carried(rebound):
-    """A TracingError for the first attribute a forward rebinds to a traced value of its tensor's shape (a running
-    statistic kept by hand, an RNN's state kept across batches): state each step would carry to the next, which a
-    compiled step, running no Python, does not."""
-    for name, old, new in rebound:
-        shape = getattr(new, "shape", None) if _traced(new) else None
-        if isinstance(old, _C.TensorBase) and shape is not None and len(shape) == old.ndim and \
-                all(b is N or a == b for a, b in zip(old.shape, shape)):
-            return TracingError(
-                f"forward rebinds {name} to a value computed in the traced forward: a compiled step runs no Python, "
-                "so it would not carry the value to the next step (a running statistic kept by hand, an RNN state "
-                "kept across batches); running statistics are F.batch_norm(x, running_mean, running_var, weight, "
-                "bias, training, momentum) of buffers, which the step moves; an RNN starts each batch from its "
-                "initial state; a value kept only to look at later (attention weights) is kept by an eager call: "
-                f"set {name.rsplit('.', 1)[-1]} to None before compile")
-    return None
 
 
 def _graph(model, *args, **kwargs):
@@ -330,9 +324,13 @@ def _graph(model, *args, **kwargs):
     the forward's eager code once, and its in-place updates (timm's self.num_batches_tracked.add_(1)) and the values
     it binds (d2l's self.attention_weights) are no step's. One that changed a trainable parameter (through a .clone()
     of it, which reads as the parameter) fails: each step would train the parameter, not what the forward made of
-    it; so does state a forward would carry from step to step (_carried); a number it changes (a counter) warns."""
+    it; so does a tensor attribute the forward reads and rebinds to a traced value (a running statistic kept by
+    hand, an RNN's state kept across batches), state each step would carry to the next, which a compiled step,
+    running no Python, does not."""
     kept = [(name, t, t.clone()) for name, t in (*model.named_buffers(), *model.named_parameters())]
     attributes = _attributes(model)
+    watch([t for _, _, attrs, _ in attributes for v in attrs.values()
+           for t in _holds(v, lambda x: isinstance(x, _C.TensorBase))])
     try:
         out = _traced_graph(model, *args, **kwargs)
         changed = [(name, t, isinstance(t, M.Parameter) and t.requires_grad) for name, t, value in kept
@@ -340,14 +338,16 @@ def _graph(model, *args, **kwargs):
     finally:
         for _, t, value in kept:
             t.copy_(value)
-        rebound = _rebound(attributes)
-    if (error := _carried(rebound)) is not None:
-        raise error
-    for name, old, new in rebound:
-        if _counter(new):
-            warnings.warn(f"forward changed {name} from {old!r} to {new!r} while traced: a compiled step runs no "
-                          "Python and changes it no more (it is put back); a count of steps is program.step_count",
-                          RuntimeWarning, stacklevel=3)
+        rebound, read = _rebound(attributes), watched_read()
+        watch(())
+    for name, old in rebound:
+        if any(id(t) in read for t in _holds(old, lambda x: isinstance(x, _C.TensorBase))):
+            raise TracingError(
+                f"forward reads {name} and rebinds it to a value computed in the traced forward: a compiled step runs "
+                "no Python, so it would not carry the value to the next step (a running statistic kept by hand, an "
+                "RNN state kept across batches); running statistics are F.batch_norm(x, running_mean, running_var, "
+                "weight, bias, training, momentum) of buffers, which the step moves; an RNN starts each batch from "
+                "its initial state")
     name = next((name for name, t, trained in changed if trained), None)
     if name is not None:
         raise TracingError(f"{type(model).__name__}.forward changed trainable parameter {name} in place (an "
@@ -917,6 +917,12 @@ class Program:
             raise ValueError(f"compile: the optimizer holds tensors that are not parameters of this model ({why}); "
                              f"of this model's parameters it lacks {lacking}")
         held = {id(p) for p in held}
+        late = next((n for n, m in model.named_modules() if m.__dict__.get("_made_lazily") and
+                     any(p.requires_grad and id(p) not in held and _trainer(p) is None for p in m.parameters())), None)
+        if late is not None:  # (PyTorch's optimizer holds the lazy parameters it materializes)
+            raise ValueError(f"compile: the optimizer lacks the parameters of {late or 'the model'}, a lazy layer "
+                             "that its first call sized after the optimizer was made: make the optimizer after that "
+                             "call (model(x)), as PyTorch asks")
         # A parameter another program trains and this optimizer does not hold (a GAN's discriminator in the
         # generator's step) is lent: read where it is, frozen here, so the two programs alternate. Parameters read
         # but frozen get no gradient; the others the optimizer does not hold are differentiated (their .grad is

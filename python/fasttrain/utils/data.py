@@ -175,7 +175,8 @@ class RandomSampler(Sampler):
 
     def __init__(self, data_source, replacement=False, num_samples=None, generator=None):
         self.data_source, self.replacement, self.generator = data_source, _flag(replacement, "replacement"), generator
-        self._num_samples = None if num_samples is None else _count(num_samples, "num_samples")
+        self._num_samples = None if num_samples is None else num_samples
+        _count(self.num_samples, "num_samples")  # (an empty dataset's 0 too, as torch's)
 
     @property
     def num_samples(self):
@@ -252,10 +253,11 @@ class BatchSampler(Sampler):
 # ---------------------------------------------------------------- collation
 
 def default_collate(batch):
-    """Samples joined into a batch as torch's default_collate joins them: tensors and arrays (NumPy's, or anything
-    NumPy reads, a torch tensor) stacked along a new first dimension as fasttrain tensors, Python ints as int64,
-    floats as float64 and bools as bool tensors; dicts, named tuples, tuples and lists collated field by field (a
-    tuple's fields as a list, as torch's); strings and bytes kept as a list."""
+    """Samples joined into a batch as torch's default_collate joins them: tensors and arrays (NumPy's, or anything NumPy
+    reads, a torch tensor) stacked along a new first dimension as fasttrain tensors, Python floats as float64, ints
+    and bools as ft.tensor infers them (int64, bool; float32 when a float is among them); dicts, named tuples,
+    tuples and lists collated field by field (a tuple's fields as a list, as torch's); strings and bytes kept as a
+    list."""
     elem = batch[0]
     if isinstance(elem, TensorBase):
         return stack(batch)
@@ -265,9 +267,10 @@ def default_collate(batch):
         arrays = [np.asarray(sample) for sample in batch]
         if arrays[0].dtype.kind not in "USOV":  # (strings and objects have no tensor)
             return creation.from_numpy(np.stack(arrays))
-    elif isinstance(elem, numbers.Real):
-        dtype = "bool" if isinstance(elem, bool) else "int64" if isinstance(elem, numbers.Integral) else "float64"
-        return creation.tensor(batch, dtype=dtype)
+    elif isinstance(elem, float):
+        return creation.tensor(batch, dtype="float64")
+    elif isinstance(elem, numbers.Real):  # ints (and bools) as torch.tensor infers them: [1, 2.5] is float32
+        return creation.tensor(batch)
     elif isinstance(elem, collections.abc.Mapping):
         fields = {key: default_collate([sample[key] for sample in batch]) for key in elem}
         try:
@@ -285,14 +288,16 @@ def default_collate(batch):
 
 
 def _convert(sample):
-    """A sample as it is when batch_size=None (no batching): NumPy arrays as fasttrain tensors, inside tuples, lists
-    and dicts too (torch's default_convert)."""
+    """A sample as torch's default_convert leaves it when batch_size=None (no batching): NumPy arrays as fasttrain
+    tensors, inside dicts, named tuples, tuples and lists too (a tuple becomes a list, as there)."""
     if isinstance(sample, np.ndarray) and sample.dtype.kind not in "USOV":  # (strings and objects have no tensor)
         return creation.from_numpy(sample)
     if isinstance(sample, collections.abc.Mapping):
         return {key: _convert(value) for key, value in sample.items()}
-    if isinstance(sample, (tuple, list)) and not hasattr(sample, "_fields"):
-        return type(sample)(_convert(value) for value in sample)
+    if isinstance(sample, tuple) and hasattr(sample, "_fields"):
+        return type(sample)(*(_convert(value) for value in sample))
+    if isinstance(sample, (tuple, list)):
+        return [_convert(value) for value in sample]
     return sample
 
 
@@ -391,14 +396,14 @@ class DataLoader:
         pending = collections.deque()
         # a stream is read by one thread at a time, in order: the workers then collate its batches
         jobs = self._jobs()
-        with ThreadPoolExecutor(self.num_workers, initializer=start) as pool:
-            try:
-                for job in jobs:
-                    pending.append(pool.submit(self._batch, job))
-                    if len(pending) >= self.num_workers * self.prefetch_factor:
-                        yield pending.popleft().result(timeout=self.timeout or None)
-                while pending:
+        pool, done = ThreadPoolExecutor(self.num_workers, initializer=start), False
+        try:
+            for job in jobs:
+                pending.append(pool.submit(self._batch, job))
+                if len(pending) >= self.num_workers * self.prefetch_factor:
                     yield pending.popleft().result(timeout=self.timeout or None)
-            finally:
-                for future in pending:
-                    future.cancel()
+            while pending:
+                yield pending.popleft().result(timeout=self.timeout or None)
+            done = True
+        finally:  # left early (a break, an error, a timeout): the loop does not wait for the batches under way
+            pool.shutdown(wait=done, cancel_futures=True)
