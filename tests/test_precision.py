@@ -10,7 +10,7 @@ import pytest
 
 import fasttrain as ft
 import fasttrain.nn.functional as F
-from _opref import bf16_round
+from _opref import bf16_round, torch
 from fasttrain import backends, nn
 
 # bfloat16 keeps 8 significant bits: one rounding is a relative error of at most 2^-8. Activations and their
@@ -459,6 +459,34 @@ def test_bf16_mixed_warns_when_capped():
     assert np.isfinite(prog.train_step(x, y))
 
 
+_AVX2_PRODUCTS = """
+import numpy as np, fasttrain as ft
+F = ft.nn.functional
+rng = np.random.default_rng(0)
+def bf(*shape):
+    return ft.tensor(rng.standard_normal(shape).astype(np.float32)).bfloat16()
+x, w, b = bf(5, 7), bf(3, 7), bf(3)
+i, k, kt = bf(2, 3, 6, 6), bf(4, 3, 3, 3), bf(3, 4, 3, 3)
+for got, want in ((F.linear(x, w, b), F.linear(x.float(), w.float(), b.float())),
+                  (F.conv2d(i, k, padding=1), F.conv2d(i.float(), k.float(), padding=1)),
+                  (F.conv_transpose2d(i, kt, stride=2), F.conv_transpose2d(i.float(), kt.float(), stride=2))):
+    assert got.dtype == ft.bfloat16 and np.array_equal(got.float().numpy(), want.bfloat16().float().numpy())
+with ft.autocast():
+    assert ft.nn.Linear(7, 3)(x.float()).dtype == ft.bfloat16
+print("ok")
+"""
+
+
+def test_eager_bfloat16_products_are_float32_rounded_where_onednn_has_none():
+    """A CPU without AVX-512 (a process capped to AVX2 here) has no oneDNN bfloat16 inner products or convolutions:
+    eager F.linear, F.conv2d and F.conv_transpose2d of bfloat16 tensors, and ft.autocast code calling them, multiply
+    as float32 and round the result once (they raised oneDNN's "no implementation")."""
+    env = dict(os.environ, ONEDNN_MAX_CPU_ISA="AVX2")
+    done = subprocess.run([sys.executable, "-c", _AVX2_PRODUCTS], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stdout[-2000:] + done.stderr[-3000:]
+
+
 # ---------------------------------------------------------------- the ops' bfloat16 paths against float32
 
 def test_batch_norm_bfloat16_matches_float32_of_the_rounded_input():
@@ -816,6 +844,22 @@ def test_autocast_bad_arguments():
     for enabled in ("no", 1, None):  # as torch.autocast: bool("no") would turn it on
         with pytest.raises(TypeError, match="enabled must be a bool"):
             ft.autocast(enabled=enabled)
+
+
+def test_autocast_takes_devices_and_the_arguments_pytorch_code_passes():
+    """ft.autocast(x.device), ft.device("cpu") and "cpu:0" stand for their type (a device object turned nothing on),
+    cache_enabled is taken, a disabled block's dtype is not checked, and torch dtypes read as theirs (ft.save's
+    and .to's too)."""
+    x, w = ft.randn(2, 3), ft.randn(4, 3)
+    for device in (x.device, ft.device("cpu"), "cpu:0", "cpu"):
+        with ft.autocast(device, cache_enabled=False):
+            assert F.linear(x, w).dtype == ft.bfloat16, device
+    with ft.autocast(dtype=ft.float16, enabled=False):
+        assert F.linear(x, w).dtype == ft.float32
+    if torch is not None:
+        with ft.autocast(dtype=torch.bfloat16):
+            assert F.linear(x, w).dtype == ft.bfloat16
+        assert x.to(torch.bfloat16).dtype == ft.bfloat16 and ft.zeros(2, dtype=torch.int64).dtype == ft.int64
 
 
 def test_one_autocast_object_serves_blocks_in_several_threads():

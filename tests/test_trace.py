@@ -1679,7 +1679,7 @@ def assigned_into_a_traced_value(x):
     (lambda x: x.gather(1, ft.zeros(2, 1, dtype=ft.int64)), ft.nn.TracingError, "gather\\(\\) with an index other"),
     (lambda x: x[x > 0], ft.nn.TracingError, r"indexing with a traced value .* \(x \* mask\).sum\(\) / mask.sum\(\)"),
     (lambda x: x[ft.arange(x.size(0)), 0], ft.nn.TracingError, r"ft.arange of the batch size other than as "
-     r"x\[ft.arange\(N\), y\] cannot be compiled"),
+     r"x\[ft.arange\(N\), y\] of \(N, C\) scores cannot be compiled"),
     (lambda x: F.interpolate(x.view(x.size(0), 1, 2, 2), scale_factor=2, mode="bilinear", antialias=True),
      NotImplementedError, r"interpolate: antialias=True is not supported"),
     (lambda x: F.adaptive_max_pool2d(x.view(x.size(0), 1, 2, 2), 1, return_indices=True)[0], TypeError,
@@ -4252,3 +4252,17 @@ def test_two_traced_integer_values_do_not_compare():
     with pytest.raises(ft.nn.TracingError, match=r"integers of 2 \*\* 24 or more"):
         m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.CrossEntropyLoss(), batch_size=2,
                   input_shape=((3,), (3,)), input_dtype=(ft.int64, ft.int64))
+
+
+def test_half_bfloat16_and_double_of_traced_values_are_the_value():
+    """x.half(), x.bfloat16() and x.double() of traced values, in a forward or of the loss (a loss written
+    F.cross_entropy(o, y).half()), are the value, as x.to(dtype) is: the program chooses its dtypes."""
+    x, y = np.random.default_rng(3).standard_normal((4, 3)).astype(np.float32), np.arange(4) % 2
+    losses = []
+    for cast in (lambda v: v, lambda v: v.half(), lambda v: v.bfloat16().double()):
+        ft.manual_seed(0)
+        m = nn.Linear(3, 2)
+        p = m.compile(ft.optim.SGD(m.parameters(), lr=0.1), lambda o, t: cast(F.cross_entropy(cast(o), t)),
+                      batch_size=4, input_shape=(3,))
+        losses.append(p.backward(x, y))
+    assert losses[0] == losses[1] == losses[2]

@@ -78,9 +78,12 @@ class iinfo:
 
 
 def as_dtype(obj: DTypeLike) -> dtype:
-    """A fasttrain dtype from a dtype, a NumPy dtype or type, or a name like 'float32'."""
+    """A fasttrain dtype from a dtype, a NumPy dtype or type, a name like 'float32', or a torch dtype (by its name:
+    code written for PyTorch passes torch.bfloat16)."""
     if isinstance(obj, dtype):
         return obj
+    if type(obj).__module__ == "torch" and type(obj).__name__ == "dtype":
+        obj = str(obj).removeprefix("torch.")
     if isinstance(obj, str):
         name = _ALIASES.get(obj, obj)
         if name in _BY_NAME:

@@ -25,17 +25,20 @@ class autocast:
     """Context manager (and decorator) turning autocast on (enabled=True) or off within its block for one device
     type ("cpu" or "cuda"); nests, and blocks for the two device types combine, as torch.autocast's."""
 
-    def __init__(self, device_type="cpu", dtype=None, enabled=True):
-        if device_type not in ("cpu", "cuda"):
+    def __init__(self, device_type="cpu", dtype=None, enabled=True, cache_enabled=None):
+        """device_type is a device's type, "cpu" or "cuda" (a device, or "cuda:1", stands for its type);
+        cache_enabled is taken, as torch's: no cast is kept between ops to cache."""
+        kind = str(getattr(device_type, "type", device_type)).split(":")[0]
+        if kind not in ("cpu", "cuda"):
             raise ValueError(f"ft.autocast: device_type must be 'cpu' or 'cuda', got {device_type!r}")
-        dtype = as_dtype(dtype or ("float16" if device_type == "cuda" else "bfloat16"))
-        allowed = ("bfloat16", "float16") if device_type == "cuda" else ("bfloat16",)
-        if dtype.name not in allowed:
-            raise ValueError(f"ft.autocast: dtype must be {' or '.join(allowed)} on {device_type} (the CPU has no "
-                             f"float16 arithmetic), got {dtype.name}")
+        dtype = as_dtype(dtype or ("float16" if kind == "cuda" else "bfloat16"))
+        allowed = ("bfloat16", "float16") if kind == "cuda" else ("bfloat16",)
         if not isinstance(enabled, bool):
             raise TypeError(f"ft.autocast: enabled must be a bool, got {type(enabled).__name__}")
-        self.device_type, self.dtype, self.enabled = device_type, dtype, enabled
+        if enabled and dtype.name not in allowed:
+            raise ValueError(f"ft.autocast: dtype must be {' or '.join(allowed)} on {kind} (the CPU has no "
+                             f"float16 arithmetic), got {dtype.name}")
+        self.device_type, self.dtype, self.enabled = kind, dtype, enabled
 
     def __enter__(self):
         outer = _blocks.get()

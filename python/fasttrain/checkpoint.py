@@ -236,7 +236,7 @@ def save(path: str | os.PathLike[str], obj: Module | Program, *, optimizer: Opti
     if dtype is not None:
         names = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16",
                  "half": "float16"}
-        low_name = names.get(str(dtype).removeprefix("fasttrain."))
+        low_name = names.get(str(dtype).removeprefix("fasttrain.").removeprefix("torch.").lower())
         if low_name is None:
             raise ValueError(f"ft.save: dtype must be 'bfloat16' or 'float16' (an inference copy) or None, got "
                              f"{dtype!r}")

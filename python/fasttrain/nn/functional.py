@@ -148,6 +148,18 @@ def _via_2d(fn, input, name):
     return fn(input.unsqueeze(-2)).squeeze(-2)
 
 
+def _products(op, x, weight, *args):
+    """op(None, x, weight, *args), a oneDNN convolution or inner product. bfloat16 operands on a CPU whose oneDNN
+    has no bfloat16 products (one without AVX-512, where torch emulates them) are multiplied as float32 and the
+    result rounded to bfloat16 once, as autocast code run there expects."""
+    try:
+        return op(None, x, weight, *args)
+    except RuntimeError as e:
+        if "oneDNN has no implementation" not in str(e) or "bfloat16" not in (x.dtype.name, weight.dtype.name):
+            raise
+    return op(None, x.float(), weight.float(), *args).bfloat16()
+
+
 def _wide_bias(bias):
     """The bias as the ops add it, in float32: a bfloat16 model's (Module.bfloat16()) is widened, exactly."""
     return bias.float() if bias is not None and bias.dtype.name == "bfloat16" else bias
@@ -201,8 +213,8 @@ def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_paddi
     squeeze = input.ndim == 3
     x = input.unsqueeze(0) if squeeze else input
     x, weight = cast(x, weight)
-    out = _C.conv_transpose2d_forward(None, x, weight, _wide_bias(bias), stride, padding, dilation, groups,
-                                      output_padding)
+    out = _products(_C.conv_transpose2d_forward, x, weight, _wide_bias(bias), stride, padding, dilation, groups,
+                    output_padding)
     return out[0] if squeeze else out
 
 
@@ -227,7 +239,7 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     squeeze = input.ndim == 3
     x = input.unsqueeze(0) if squeeze else input
     x, weight = cast(x, weight)
-    out = _C.conv2d_forward(None, x, weight, _wide_bias(bias), stride, padding, dilation, groups)
+    out = _products(_C.conv2d_forward, x, weight, _wide_bias(bias), stride, padding, dilation, groups)
     return out[0] if squeeze else out
 
 
@@ -249,7 +261,7 @@ def _linear(input, weight, bias=None):
     lead = input.shape[:-1]
     x = input.reshape(-1, input.shape[-1]) if input.ndim != 2 else input
     x, weight = cast(x, weight)
-    out = _C.linear_forward(None, x, weight, _wide_bias(bias))
+    out = _products(_C.linear_forward, x, weight, _wide_bias(bias))
     return out.reshape(*lead, weight.shape[0]) if input.ndim != 2 else out
 
 

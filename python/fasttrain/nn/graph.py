@@ -1348,6 +1348,18 @@ class Symbolic:
         (compile's precision)."""
         return self.to("float32")
 
+    def half(self):
+        """The value itself, as float() (see to): a loss's F.cross_entropy(o, y).half() too."""
+        return self.to("float16")
+
+    def bfloat16(self):
+        """The value itself, as float() (see to)."""
+        return self.to("bfloat16")
+
+    def double(self):
+        """The value itself, as float() (see to)."""
+        return self.to("float64")
+
     @_view
     def expand(self, *sizes):
         """Records the value repeated along its per-sample dimensions of size 1 to sizes (-1 keeps a size; the
@@ -1399,7 +1411,8 @@ class Symbolic:
             fail(f"the targets taken apart as y[{index!r}] (a tuple or dict of targets)", _SEVERAL_TARGETS)
         self._one_per_sample()
         index = index if isinstance(index, tuple) else (index,)
-        if len(index) == 2 and isinstance(index[0], BatchPositions) and isinstance(index[1], Symbolic):
+        if len(index) == 2 and isinstance(index[0], BatchPositions) and isinstance(index[1], Symbolic) and \
+                len(self.node.shape) == 1:  # (N, C) scores at (N,) labels
             return self.gather(1, index[1].unsqueeze(1)).squeeze(1)
         for i in index:
             if isinstance(i, BatchPositions):
@@ -2588,9 +2601,9 @@ class BatchPositions(_Refusing):
     x.gather(1, y.unsqueeze(1)).squeeze(1). Any other use fails."""
 
     def _refuse(self, *args, **kwargs):
-        fail("ft.arange of the batch size other than as x[ft.arange(N), y]", "a compiled program computes each "
-             "sample on its own; a position of every sample is a per-sample index: h[:, -1], or an RNN's final "
-             "states h_n[-1]")
+        fail("ft.arange of the batch size other than as x[ft.arange(N), y] of (N, C) scores", "a compiled program "
+             "computes each sample on its own; a position of every sample is a per-sample index: h[:, -1], or an "
+             "RNN's final states h_n[-1]; a sequence's scores at its labels are x.gather(2, y.unsqueeze(2))")
 
 
 class Blank(_Refusing):
