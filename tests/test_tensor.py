@@ -269,12 +269,15 @@ def test_float_to_int_saturates():
         for src in ("float64", "float32"):
             t = ft.from_numpy(values.astype(src))
             np.testing.assert_array_equal(t.to(getattr(ft, dst)).numpy(), want, err_msg=f"{src} -> {dst}")
-            # assignment converts as the cast does, through a basic or an advanced index
+            # assignment converts as the cast does, through a basic index, or an advanced one of an array (a tensor
+            # of another dtype is refused there, as PyTorch's index_put_ refuses it)
             basic, advanced = ft.zeros(len(values), dtype=getattr(ft, dst)), ft.zeros(len(values), dtype=getattr(ft, dst))
             basic[:] = t
-            advanced[list(range(len(values)))] = t
+            advanced[list(range(len(values)))] = values.astype(src)
             np.testing.assert_array_equal(basic.numpy(), want)
             np.testing.assert_array_equal(advanced.numpy(), want)
+            with pytest.raises(TypeError, match=f"got {dst} for the destination and {src} for the source"):
+                advanced[list(range(len(values)))] = t
 
 
 # (dtype, number, stored value or None where PyTorch refuses it: "value cannot be converted ... without overflow")
@@ -288,7 +291,9 @@ CHECKED_NUMBERS = [("uint8", 300, None), ("uint8", -1, 255), ("uint8", -255, 1),
 @pytest.mark.parametrize("dtype,number,stored", CHECKED_NUMBERS)
 def test_numbers_convert_as_pytorch_checks_them(dtype, number, stored):
     """ft.tensor, fill_ and assignment through basic and advanced indices take a Python number as torch.tensor and
-    fill_ do: a fraction goes, a negative integer wraps into uint8..uint32, anything else out of range raises."""
+    fill_ do: a fraction goes, a negative integer wraps into uint8..uint32, anything else out of range raises; a
+    float beyond a float dtype's range is inf, but fill_ and advanced-index assignment (PyTorch's checked fill)
+    refuse it."""
     dt = getattr(ft, dtype)
     makers = [lambda: ft.tensor([number], dtype=dt), lambda: ft.zeros(1, dtype=dt).fill_(number)]
     for index in (0, [0], slice(None)):
@@ -297,8 +302,9 @@ def test_numbers_convert_as_pytorch_checks_them(dtype, number, stored):
             t[index] = number
             return t
         makers.append(assign)
+    checked = makers[1], makers[3]
     for make in makers:
-        if stored is None:
+        if stored is None or (stored == float("inf") and make in checked):
             with pytest.raises(OverflowError, match=f"cannot be converted to type {dtype} without overflow"):
                 make()
         else:

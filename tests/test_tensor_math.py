@@ -1536,3 +1536,235 @@ def test_arange_movedim_and_bernoulli_spellings_as_pytorch():
     with pytest.warns(UserWarning, match="upsample is deprecated"):
         up = ft.nn.functional.upsample(x, scale_factor=2)
     np.testing.assert_array_equal(up.numpy(), ft.nn.functional.interpolate(x, scale_factor=2).numpy())
+
+
+# ================================================================ differences a fuzzer found against PyTorch
+
+def test_einsum_sums_one_integer_operand_into_int64():
+    """One bool or integer operand summed over an index sums in int64, as torch.sum (it wrapped around in int8);
+    without a sum, or with two operands, the dtype stays."""
+    for eq, x, want in (("i->", ft.tensor([100, 100, 100], dtype=ft.int8), 300),
+                        ("ii->", ft.tensor([[100, 0], [0, 100]], dtype=ft.int8), 200),
+                        ("ii", ft.tensor([[30000, 0], [0, 30000]], dtype=ft.int16), 60000),
+                        ("i->", ft.tensor([True, True]), 2)):
+        r = ft.einsum(eq, x)
+        assert r.dtype == ft.int64 and r.item() == want, eq
+    r = ft.einsum("ij->j", ft.full((2, 3), 200, dtype=ft.uint8))
+    assert r.dtype == ft.int64 and r.tolist() == [400] * 3
+    assert ft.einsum("ii->i", ft.tensor([[1, 2], [3, 4]], dtype=ft.int8)).dtype == ft.int8
+    assert ft.einsum("ij->ji", ft.ones(2, 3, dtype=ft.int32)).dtype == ft.int32
+    assert ft.einsum("i,i->", ft.tensor([1, 2], dtype=ft.int8), ft.tensor([3, 4], dtype=ft.int8)).dtype == ft.int8
+    assert ft.einsum("i->", ft.tensor([1.0, 2.0], dtype=ft.float16)).dtype == ft.float16
+
+
+def test_a_list_of_sequences_indexes_as_a_tuple_of_indices():
+    """PyTorch reads a list holding a sequence, tensor, slice, None or ... as a tuple (a[[[0], [1]]] is a[[0], [1]]);
+    a list of numbers stays one index array."""
+    a = ft.arange(24).reshape(2, 3, 4)
+    assert a[[[0], [1]]].tolist() == [[4, 5, 6, 7]]
+    view = a[[1, slice(1, 3)]]  # basic, a view
+    assert view.tolist() == a[1, 1:3].tolist() and view.data_ptr() == a[1, 1].data_ptr()
+    assert a[[0, None]].shape == (1, 3, 4) and a[[1, ...]].tolist() == a[1].tolist()
+    assert a[[ft.tensor(1), 1]].tolist() == [16, 17, 18, 19] and a[[np.array([1]), 1]].shape == (1, 4)
+    assert a[[(0, 1), 1]].tolist() == [[4, 5, 6, 7], [16, 17, 18, 19]]
+    assert a[[1, 0]].shape == (2, 3, 4) and a[[1, 0]][0].tolist() == a[1].tolist()  # numbers: one array
+    b = ft.zeros(3, 3, dtype=ft.int64)
+    b[[[0], [1]]] = 7
+    b[[2, slice(0, 2)]] = 5
+    assert b.tolist() == [[0, 7, 0], [0, 0, 0], [5, 5, 0]]
+
+
+def test_16_bit_rounded_division_rounds_each_step_to_the_dtype():
+    """div(rounding_mode='trunc'/'floor') and // of float16 and bfloat16 as PyTorch's CPU kernels: the quotient
+    rounded to the dtype before trunc (6 / bf16(0.1) is 59.94, 60 in bfloat16), floor by divmod's steps each
+    rounded (values from torch 2.15)."""
+    x, y = ft.tensor([6.0, 7.0, -9.0], dtype=ft.bfloat16), ft.full((3,), 0.1, dtype=ft.bfloat16)
+    assert ft.div(x, y, rounding_mode="trunc").tolist() == [60.0, 70.0, -90.0]
+    assert ft.div(x, y, rounding_mode="floor").tolist() == [59.0, 69.0, -91.0]
+    assert (x // y).tolist() == [59.0, 69.0, -91.0] and (x // y).dtype == ft.bfloat16
+    h = ft.tensor([-80.25, -76.75, 41.875, 0.0], dtype=ft.float16)
+    d = ft.tensor([-3.2109375, 0.030242919921875, 0.0, 0.0], dtype=ft.float16)
+    got = ft.div(h, d, rounding_mode="trunc").tolist()
+    assert got[:2] == [25.0, -2538.0] and got[2] == float("inf") and math.isnan(got[3])
+    assert ft.div(h, d, rounding_mode="floor").tolist()[:3] == [24.0, -2540.0, float("inf")]
+
+
+def test_masked_fill_takes_a_number_or_a_0_d_tensor():
+    a = ft.tensor([[1], [2]])
+    with pytest.raises(ValueError, match=r"only a 0-dimensional value tensor .* got one with 1 dimension"):
+        a.masked_fill(a > 1, ft.arange(3))
+    with pytest.raises(ValueError, match="0-dimensional value tensor"):
+        a.masked_fill_(a > 1, ft.tensor([5]))
+    assert a.masked_fill(a > 1, ft.tensor(5)).tolist() == [[1], [5]]
+    assert a.masked_fill(a > 1, ft.tensor(2.7)).tolist() == [[1], [2]]  # its number, converted as fill_'s
+
+
+def test_roll_takes_one_shift_per_dim():
+    a = ft.arange(6).reshape(2, 3)
+    for shifts, dims in (((1,), (0, 1)), ((1, 2), 1), ((1, 1), (0,)), ((1, 2), None)):
+        with pytest.raises(ValueError, match="shifts and dimensions must align"):
+            a.roll(shifts, dims)
+    with pytest.raises(ValueError, match="`shifts` required"):
+        a.roll((), ())
+    assert a.roll(1).tolist() == a.roll([1]).tolist() == a.roll(1, []).tolist() == [[5, 0, 1], [2, 3, 4]]
+    assert a.roll((1,), 0).tolist() == [[3, 4, 5], [0, 1, 2]] and a.roll((1, 1), (0, 0)).tolist() == a.tolist()
+
+
+def test_lerp_takes_floating_tensors_of_one_dtype():
+    """As torch.lerp: input floating, end of its dtype, a weight tensor of dimensions too (a 0-d weight of any
+    dtype); it gave garbage for a 0-d int16 start and a uint8 end."""
+    f = ft.tensor([1.0, 2.0])
+    with pytest.raises(TypeError, match="expected a floating point tensor, got int16"):
+        ft.lerp(ft.tensor(9, dtype=ft.int16), ft.tensor([43, 5, 3], dtype=ft.uint8), 0.5)
+    for start, end, weight, name in ((f.half(), f, 0.5, "end"), (f.bfloat16(), f.half(), 0.5, "end"),
+                                     (f, f.double(), 0.5, "end"), (f, ft.tensor(3.0, dtype=ft.float64), 0.5, "end"),
+                                     (f.half(), f.half(), ft.tensor([0.5, 0.5]), "weight")):
+        with pytest.raises(TypeError, match=f"expected dtype {start.dtype.name} for `{name}` but got dtype"):
+            ft.lerp(start, end, weight)
+    with pytest.raises(TypeError, match="for `end`"):
+        f.clone().lerp_(f.double(), 0.5)
+    assert ft.lerp(f, f * 3, ft.tensor(0.25, dtype=ft.float64)).tolist() == [1.5, 3.0]
+    half = ft.lerp(f.half(), f.half() * 3, ft.tensor(1))
+    assert half.dtype == ft.float16 and half.tolist() == [3.0, 6.0]
+
+
+def test_zero_d_and_empty_edges_as_pytorch():
+    """topk(0) of a 0-d tensor is itself, median's index of a NaN its first one, a 0-d bound beside a number bound a
+    number (clamp keeps float16), an empty tensor contiguous, quantile and scatter_ of 0-d tensors (IndexError)."""
+    r = ft.tensor(5.0).topk(0)
+    assert r.values.shape == () and r.values.item() == 5.0 and r.indices.item() == 0
+    assert ft.tensor([5.0]).topk(0).values.shape == (0,)
+    nan = float("nan")
+    assert ft.tensor([3.0, nan, 1.0, nan]).median(0).indices.item() == 1
+    m = ft.tensor([[nan, 1.0, nan], [2.0, nan, nan], [3.0, 1.0, 2.0]]).median(1)
+    assert m.indices.tolist() == [0, 1, 2] and m.values.tolist()[2] == 2.0
+    assert ft.clamp(ft.tensor(3.0, dtype=ft.float16), min=ft.tensor(0.5), max=1).dtype == ft.float16
+    assert ft.clamp(ft.tensor([3, 0]), min=ft.tensor(0.5, dtype=ft.float16), max=1).dtype == ft.float32
+    assert ft.clamp(ft.tensor(3.0, dtype=ft.float16), min=ft.tensor(0.5), max=ft.tensor(1.0)).dtype == ft.float32
+    assert ft.zeros(2, 0, 3).transpose(0, 2).is_contiguous() and ft.zeros(2, 0, 3)[:, :, ::2].is_contiguous()
+    assert not ft.zeros(3, 1)[::2].is_contiguous()
+    x = ft.tensor(-6.1)
+    assert x.quantile(0.5, dim=-1).item() == x.item() and x.quantile(0.5, dim=0, keepdim=True).shape == ()
+    assert x.quantile(ft.tensor([0.5, 0.25]), dim=0).tolist() == [x.item()] * 2
+    with pytest.raises(IndexError, match="dim 1 is out of range"):
+        x.quantile(0.5, dim=1)
+    assert ft.tensor(5).scatter_(0, ft.tensor(0), 7).tolist() == 7
+    assert ft.tensor(5).scatter_add(0, ft.tensor([0]), ft.tensor(3)).tolist() == 8
+    assert ft.tensor([5, 6]).scatter(0, ft.tensor(1), 7).tolist() == [5, 7]
+    with pytest.raises(IndexError, match="index out of range for dimension 0 of size 1"):
+        ft.tensor(5).scatter(0, ft.tensor(1), 7)
+
+
+def test_numbers_a_dtype_cannot_hold_are_refused_as_pytorch():
+    """where's and pow's numbers in an integer result dtype, clamp's bounds, fill_, full, masked_fill and an
+    advanced-index assignment's number: OverflowError naming the value and dtype, where PyTorch refuses them; what
+    PyTorch takes stays (a negative int wrapping into uint8, a 16-bit where's inf, a float32 tensor's exponent)."""
+    c, i8, u8, h = ft.tensor([True, False]), ft.tensor([1, 5], dtype=ft.int8), ft.tensor([1, 5], dtype=ft.uint8), \
+        ft.tensor([1.0, 5.0], dtype=ft.float16)
+    refused = [(lambda: ft.where(c, i8, 200), "value 200 .* int8"), (lambda: ft.where(c, 200, i8), "int8"),
+               (lambda: ft.where(c, u8, -256), "uint8"), (lambda: ft.where(c, h.float(), 1e39), "float32"),
+               (lambda: i8 ** 255, "value 255 .* int8"), (lambda: u8 ** 256, "uint8"),
+               (lambda: h ** 70000, "float16"), (lambda: i8.clone().pow_(300), "int8"),
+               (lambda: u8.clamp(max=-1), "max value -1 is outside the representable range of uint8"),
+               (lambda: i8.clamp(min=128), "min value 128 .* int8"), (lambda: i8.clamp_max(-200), "int8"),
+               (lambda: h.clamp(max=1e6), "value 1000000.0 .* float16"),
+               (lambda: h.clamp(min=-65504.5), "float16"),
+               (lambda: h.float().clamp(max=1e39), "float32"),
+               (lambda: ft.zeros(2, dtype=ft.float16).fill_(1e6), "value 1000000.0 .* float16"),
+               (lambda: ft.zeros(2, dtype=ft.float16).fill_(65519), "float16"),
+               (lambda: ft.zeros(2, dtype=ft.bfloat16).fill_(1e39), "bfloat16"),
+               (lambda: ft.zeros(0, dtype=ft.float32).fill_(-1e39), "float32"),
+               (lambda: h.masked_fill(c, 1e6), "float16"), (lambda: h.masked_fill(~c & c, 1e6), "float16"),
+               (lambda: i8.masked_fill(c, ft.tensor(200)), "value 200 .* int8"),
+               (lambda: ft.full((2,), 1e6, dtype=ft.float16), "float16"),
+               (lambda: h.new_full((2,), -1e6), "float16"), (lambda: ft.full_like(h, 1e6), "float16"),
+               (lambda: h.clone().__setitem__(ft.tensor([0]), 1e6), "float16"),
+               (lambda: h.clone().__setitem__(c, 1e6), "float16")]
+    for fn, match in refused:
+        with pytest.raises(OverflowError, match=match):
+            fn()
+    assert ft.where(c, u8, -1).tolist() == [1, 255] and ft.where(c, i8, 127).tolist() == [1, 127]
+    assert ft.where(c, h, 1e6).tolist() == [1.0, float("inf")]
+    assert ft.where(c, i8, ft.tensor(200)).tolist() == [1, -56]  # a 0-d tensor casts
+    assert (i8 ** 127).tolist() == [1, (pow(5, 127, 256) + 128) % 256 - 128]  # wraps, as PyTorch's
+    with np.errstate(over="ignore"):  # (NumPy warns as it casts 1e39 to float32)
+        assert (h.float() ** 1e39).tolist() == [1.0, float("inf")]
+    assert (h ** float("inf")).tolist() == [1.0, float("inf")] and (200 ** i8).tolist() == [-56, 0]
+    assert u8.clamp(min=-1).tolist() == [1, 5] and i8.clamp(-200, 200).tolist() == [1, 5]
+    assert h.clamp(min=-float("inf"), max=65504).tolist() == [1.0, 5.0]
+    assert ft.zeros(1, dtype=ft.float16).fill_(float("inf")).tolist() == [float("inf")]
+    assert ft.zeros(1, dtype=ft.float16).fill_(ft.tensor(1e6)).tolist() == [float("inf")]  # a tensor casts
+    assert ft.zeros(1, dtype=ft.uint8).fill_(-255).tolist() == [1]
+    t = ft.zeros(2, dtype=ft.float16)
+    t[0] = 1e6  # basic-index assignment converts as PyTorch's: inf
+    assert t.tolist() == [float("inf"), 0.0]
+
+
+def test_sources_of_another_dtype_are_refused_as_pytorch():
+    """index_add, scatter and scatter_add (and their in-place forms) take a source of input's dtype, and assignment
+    through an advanced index a tensor of its dtype (but one value by a mask, as PyTorch's masked_fill_ path);
+    basic-index assignment, numbers and arrays convert."""
+    refused = [lambda: ft.zeros(3, dtype=ft.int32).index_add(0, ft.tensor([0, 0]), ft.ones(2)),
+               lambda: ft.zeros(3).index_add_(0, ft.tensor([0, 0]), ft.ones(2, dtype=ft.float64)),
+               lambda: ft.zeros(2, 3).scatter(1, ft.tensor([[0, 1]]), ft.ones(1, 2, dtype=ft.float64)),
+               lambda: ft.zeros(2, 3).scatter_(1, ft.tensor([[0, 1]]), ft.tensor(2)),
+               lambda: ft.zeros(3, dtype=ft.uint8).scatter_add(0, ft.tensor([0, 0]), ft.full((2,), 200)),
+               lambda: ft.zeros(3, dtype=ft.uint8).scatter_add_(0, ft.tensor([0, 0]), ft.full((2,), 200))]
+    for fn in refused:
+        with pytest.raises(TypeError, match="expected s.* of input's dtype"):
+            fn()
+    for index, value in ((ft.tensor([0, 1]), ft.tensor([1.7, 2.5])), (ft.tensor([0, 1]), ft.tensor(5)),
+                         ([0, 1], ft.tensor([1.0, 2.0])), (ft.tensor([True, False, True]), ft.tensor([1.0, 2.0])),
+                         (ft.tensor(True), ft.tensor(1.5))):
+        with pytest.raises(TypeError, match="got int32 for the destination and"):
+            ft.zeros(3, dtype=ft.int32)[index] = value
+    with pytest.raises(TypeError, match="got int32 for the destination and float32"):
+        ft.zeros(2, 3, dtype=ft.int32)[0, ft.tensor([0, 1])] = ft.tensor([1.0, 2.0])
+    t = ft.zeros(3, dtype=ft.int32)
+    t[ft.tensor([True, False, True])] = ft.tensor(1.5)
+    t[1:] = ft.tensor([3.7, 4.2])
+    t[ft.tensor([0])] = 9.9
+    assert t.tolist() == [9, 3, 4]
+    t[[0, 1]] = np.array([5.5, 6.5])
+    t[ft.tensor([2])] = ft.tensor([8], dtype=ft.int32)
+    assert t.tolist() == [5, 6, 8]
+    assert ft.zeros(3, dtype=ft.uint8).scatter_add(0, ft.tensor([0, 0]), ft.full((2,), 200, dtype=ft.uint8)) \
+        .tolist() == [144, 0, 0]
+
+
+def test_the_fuzzer_cases_match_torch():
+    """The cases above, and random 16-bit divisions, against PyTorch itself: values, dtypes and shapes, or both
+    refusing."""
+    torch = pytest.importorskip("torch")
+    nan = float("nan")
+    cases = [
+        lambda L: L.einsum("i->", L.tensor([100, 100, 100], dtype=L.int8)),
+        lambda L: L.einsum("...i->...", L.full((2, 3), 30000, dtype=L.int16)),
+        lambda L: L.arange(24).reshape(2, 3, 4)[[[0], [1]]],
+        lambda L: L.arange(24).reshape(2, 3, 4)[[0, slice(1, 3)]],
+        lambda L: L.masked_fill(L.tensor([[1], [2]]), L.tensor([[False], [True]]), L.arange(3)),
+        lambda L: L.arange(6).reshape(2, 3).roll(1, (0, 1)),
+        lambda L: L.lerp(L.tensor([1.0], dtype=L.bfloat16), L.tensor([2.0], dtype=L.float16), 0.5),
+        lambda L: L.lerp(L.tensor([1, 2]), L.tensor([3, 4]), 0.5),
+        lambda L: L.tensor(5.0).topk(0).values,
+        lambda L: L.tensor([3.0, nan, 1.0, nan]).median(0).indices,
+        lambda L: L.clamp(L.tensor(3.0, dtype=L.float16), min=L.tensor(0.5), max=1),
+        lambda L: L.tensor(-6.1).quantile(0.5, dim=-1),
+        lambda L: L.tensor(5).scatter_(0, L.tensor(0), 7),
+        lambda L: L.where(L.tensor([True, False]), L.tensor([1], dtype=L.int8), 200),
+        lambda L: L.tensor([1, 5], dtype=L.uint8).clamp(max=-1),
+        lambda L: L.full((2,), 1e6, dtype=L.float16),
+        lambda L: L.zeros(3, dtype=L.int32).index_add(0, L.tensor([0, 0]), L.ones(2)),
+        lambda L: L.zeros(2, 3).scatter(1, L.tensor([[0, 1]]), L.ones(1, 2, dtype=L.float64)),
+    ]
+    for k, case in enumerate(cases):
+        same_as_torch(torch, outcome(lambda: case(torch)), outcome(lambda: case(ft)), f"case {k}")
+    assert ft.zeros(2, 0, 3).transpose(0, 2).is_contiguous() == torch.zeros(2, 0, 3).transpose(0, 2).is_contiguous()
+    r = np.random.default_rng(1)
+    a, b = r.uniform(-100, 100, 4000), r.uniform(-2, 2, 4000) ** 3
+    for dtype in ("bfloat16", "float16"):
+        ta, tb = (torch.tensor(v).to(getattr(torch, dtype)) for v in (a, b))
+        fa, fb = (ft.tensor(v.float().numpy()).to(dtype) for v in (ta, tb))
+        for mode in ("trunc", "floor"):
+            want = torch.div(ta, tb, rounding_mode=mode).float().numpy()
+            np.testing.assert_array_equal(n(ft.div(fa, fb, rounding_mode=mode).float()), want, err_msg=mode)

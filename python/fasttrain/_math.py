@@ -261,6 +261,8 @@ def _binary(name, fn, a, b, div=False, op=None, alpha=1):
         b = mul(b.to(dt), alpha).to(dt) if isinstance(b, _Tensor) else \
             _array(b, dt) * alpha if isinstance(b, np.ndarray) else alpha * b
     op = op or name
+    if op in ("trunc_divide", "floor_divide") and dt in _HALF:
+        fn, op = _half_division(op, dt), None
     if op in _DIVISIONS and not dt.is_floating_point:
         device = _device(name, [a, b])
         empty = 0 in _broadcast(name, getattr(a, "shape", ()), getattr(b, "shape", ()))
@@ -306,6 +308,26 @@ def _trunc_divide(x, y):
         return np.trunc(x / y)
     q = np.floor_divide(x, y)
     return q + ((np.remainder(x, y) != 0) & ((x < 0) != (y < 0)))  # floor -> toward zero where signs differ
+
+
+def _half_division(op, dt):
+    """The trunc_divide or floor_divide of float32 values as PyTorch's CPU kernels compute them in a 16-bit dt:
+    every step rounded to dt (trunc of the rounded quotient; floor by Python's divmod, which NumPy's float
+    floor_divide follows, a step at a time). No device kernel rounds so: these compute on the host."""
+    def rounded(v):
+        return _C.from_numpy(np.asarray(v, np.float32)).to(dt)._host_array().astype(np.float32)
+
+    def trunc_divide(x, y):
+        return np.trunc(rounded(x / y))
+
+    def floor_divide(x, y):
+        mod = rounded(np.fmod(x, y))
+        q = rounded(rounded(x - mod) / y)
+        q = np.where((mod != 0) & ((y < 0) != (mod < 0)), rounded(q - 1), q)
+        floor = np.floor(q)
+        floor = np.where(q - floor > 0.5, floor + 1, floor)
+        return np.where(y == 0, x / y, np.where(q == 0, np.copysign(0, x / y), floor))
+    return trunc_divide if op == "trunc_divide" else floor_divide
 
 
 # ---- arithmetic ----
@@ -363,10 +385,14 @@ def _power(x, y):
 
 def pow(input: Operand, exponent: Operand) -> Tensor:
     """input ** exponent elementwise in the promoted dtype (an integer tensor to a float power gives float32);
-    a negative Python integer exponent of an integer tensor is refused, as in PyTorch."""
+    a negative Python integer exponent of an integer tensor is refused, as in PyTorch, and so is a number exponent
+    the result dtype cannot hold (but a float32 or float64 tensor's, which PyTorch takes as a double)."""
+    dt = result_type(input, exponent)
     negative = isinstance(exponent, (int, np.integer)) and not isinstance(exponent, bool) and exponent < 0
-    if negative and not result_type(input, exponent).is_floating_point:
+    if negative and not dt.is_floating_point:
         raise ValueError("pow: integers to negative integer powers are not allowed")
+    if isinstance(exponent, _SCALARS) and dt not in (_FLOAT32, _BY_NAME["float64"]):
+        checked_number(exponent, dt)
     return _binary("pow", _power, input, exponent)
 
 
@@ -545,16 +571,33 @@ def flip(input: Tensor, *dims: int | Sequence[int]) -> Tensor:
 
 
 def roll(input: Tensor, shifts: int | Sequence[int], dims: Dims = None) -> Tensor:
-    """A copy of input shifted cyclically by shifts along dims (the flattened tensor without dims; a dimension given
-    twice rolls by both shifts, as PyTorch's)."""
-    axes = None if dims is None else tuple(_norm_dim(d, input.ndim, "roll: dim") for d in (
-        (dims,) if isinstance(dims, (int, np.integer)) else dims))
-    return _apply("roll", lambda a: np.roll(a, shifts, axes), [input], input.dtype, input.dtype)
+    """A copy of input shifted cyclically by shifts along dims, one shift per dim (the flattened tensor by one shift
+    without dims; a dimension given twice rolls by both shifts, as PyTorch's)."""
+    shifts = (shifts,) if isinstance(shifts, (int, np.integer)) else tuple(shifts)
+    dims = () if dims is None else (dims,) if isinstance(dims, (int, np.integer)) else tuple(dims)
+    if not shifts:
+        raise ValueError("roll: `shifts` required")
+    if len(shifts) != builtins.max(len(dims), 1):
+        raise ValueError(f"roll: shifts and dimensions must align, as in PyTorch; got {len(shifts)} shifts and "
+                         f"{len(dims)} dims")
+    axes = tuple(_norm_dim(d, input.ndim, "roll: dim") for d in dims) or None
+    return _apply("roll", lambda a: np.roll(a, shifts if axes else shifts[0], axes), [input], input.dtype,
+                  input.dtype)
 
 
 def largest_finite(dt: dtype) -> float:
     """The largest finite value of a floating-point dtype (bfloat16's too, which NumPy lacks)."""
     return 3.3895313892515355e38 if dt is _BFLOAT16 else float(np.finfo(dt.name).max)
+
+
+def checked_number(value: bool | int | float, dt: dtype) -> None:
+    """Fails where PyTorch's checked conversion of a Python number into dt fails (fill_, full, masked_fill, advanced-
+    index assignment, clamp's bounds, where's and pow's numbers where PyTorch checks them): out of an integer dtype's
+    range (the C conversion's check; a negative int wraps into uint8 ... uint32), or finite beyond a float dtype's
+    largest value (inf and NaN pass)."""
+    _C.tensor_from_data(value, dt._code)
+    if dt.is_floating_point and math.isfinite(value) and builtins.abs(value) > largest_finite(dt):
+        raise OverflowError(f"value {value} cannot be converted to type {dt.name} without overflow")
 
 
 def nan_to_num(input: Tensor, nan: float = 0.0, posinf: float | None = None, neginf: float | None = None) -> Tensor:
@@ -685,24 +728,34 @@ def relu(input: Tensor) -> Tensor:
     return _apply("relu", lambda x: np.maximum(x, x.dtype.type(0)), [input], input.dtype, input.dtype, op="relu")
 
 
-def _int_bound(bound, dt):
-    """A Python integer bound clipped into an integer dtype's range (a bound outside it clamps nothing)."""
-    if dt.is_floating_point or not isinstance(bound, (int, np.integer)) or dt is _BOOL:
+def _clamp_bound(which, bound, dt):
+    """A number bound of clamp in dt, as PyTorch's: refused where a float dtype cannot hold it, or where it lies
+    beyond an integer dtype's range on the side that would clamp every element; clipped into that range otherwise
+    (beyond it on the other side it clamps nothing)."""
+    if not isinstance(bound, _SCALARS) or dt is _BOOL:
+        return bound
+    if dt.is_floating_point:
+        checked_number(bound, dt)
         return bound
     info = np.iinfo(dt.name)
+    if (bound < info.min) if which == "max" else (bound > info.max):
+        raise OverflowError(f"clamp: {which} value {bound} is outside the representable range of {dt.name}")
     return info.min if bound < info.min else info.max if bound > info.max else bound
 
 
 def clamp(input: Tensor, min: Operand | None = None, max: Operand | None = None) -> Tensor:
     """input limited to [min, max] elementwise (numbers or broadcast tensors; either may be None), in the dtype
-    promoted with the bounds, as torch.clamp; NaN stays NaN."""
+    promoted with the bounds, as torch.clamp; NaN stays NaN. Beside a number bound a 0-d tensor bound counts as a
+    number, as PyTorch reads it then (its clamp(Tensor, Scalar?, Scalar?))."""
     if min is None and max is None:
         raise ValueError("clamp: at least one of 'min' or 'max' must not be None")
     _real("clamp", input, min, max)
     lo, hi = _arg(min), _arg(max)
+    if isinstance(lo, _SCALARS) or isinstance(hi, _SCALARS):
+        lo, hi = (b.item() if isinstance(b, (_Tensor, np.ndarray)) and b.ndim == 0 else b for b in (lo, hi))
     given = [b for b in (lo, hi) if b is not None]
     dt = result_type(input, *given)
-    given = [_int_bound(b, dt) for b in given]
+    given = [_clamp_bound(which, b, dt) for which, b in (("min", lo), ("max", hi)) if b is not None]
 
     def clip(x, *bounds):
         b = iter(bounds)
@@ -766,6 +819,9 @@ def where(condition: Tensor, input: Operand | None = None, other: Operand | None
     device = _device("where", [condition, a, b])
     _broadcast("where", condition.shape, *(getattr(x, "shape", ()) for x in (a, b)))
     dt = result_type(a, b)
+    for x in (a, b):
+        if isinstance(x, _SCALARS) and dt not in _HALF:  # (PyTorch's scalar_tensor lets 16-bit floats overflow)
+            checked_number(x, dt)
     if _kernels(device, dt):
         return _on_device("where", [condition, a, b], dt, device)
     c = condition._host_array()
@@ -780,9 +836,13 @@ def masked_fill(input: Tensor, mask: Tensor, value: Operand) -> Tensor:
     if _broadcast("masked_fill", input.shape, mask.shape) != tuple(input.shape):
         raise ValueError(f"masked_fill: a mask of shape {tuple(mask.shape)} does not broadcast to the input's "
                          f"{tuple(input.shape)}")
-    if not isinstance(value, _Tensor):  # in input's dtype as fill_ converts it: a number it cannot hold is refused
-        from .creation import full
-        value = full((), value, dtype=input.dtype, device=input.device)
+    if isinstance(value, _Tensor):
+        if value.ndim:
+            raise ValueError(f"masked_fill: only a 0-dimensional value tensor is supported, as in PyTorch, but got "
+                             f"one with {value.ndim} dimension(s)")
+        value = value.item()  # PyTorch reads a 0-d value as its number
+    from .creation import full
+    value = full((), value, dtype=input.dtype, device=input.device)  # fill_'s check: a number dtype cannot hold fails
     return where(mask, value, input).to(input.dtype)
 
 
@@ -1105,8 +1165,8 @@ def _sorted_along(name, input, dim, descending, k=None):
     if k is not None:
         idx = np.take(idx, np.arange(k), axis=d)
     values = np.take_along_axis(a, idx, d)
-    if input.ndim == 0 and values.size == 1:
-        values, idx = values.reshape(()), idx.reshape(())
+    if input.ndim == 0:  # itself, as PyTorch's (topk(0) too)
+        values, idx = a.reshape(()), np.zeros((), np.int64)
     return ValuesIndices(_result(values, input.dtype, input.device), _result(idx, _INT64, input.device))
 
 
@@ -1240,6 +1300,8 @@ def einsum(equation: str, *operands: Tensor) -> Tensor:
     if len(dtypes) != 1:
         raise TypeError(f"einsum: expected operands of one dtype, got {', '.join(sorted(d.name for d in dtypes))}")
     dt = dtypes.pop()
+    if len(operands) == 1 and not dt.is_floating_point and set(subs[0]) - set(out) - {"."}:
+        dt = _INT64  # one operand summed over an index: torch.sum's int64 for bool and integers, as torch.einsum
 
     def contract(*arrays):
         try:
@@ -1321,15 +1383,26 @@ def _index_item(item):
     return item
 
 
+def sequence_as_tuple(index: Any) -> Any:
+    """A list index holding a tensor, a sequence, a slice, None or ... as the tuple of indices PyTorch reads it as
+    (its treatSequenceAsTuple, NumPy's old rule, for lists shorter than 32): a[[[0], [1]]] is a[[0], [1]]; other
+    lists are one index array."""
+    if isinstance(index, list) and len(index) < 32 and builtins.any(
+            isinstance(i, (_Tensor, list, tuple, np.ndarray, slice)) or i is None or i is Ellipsis
+            for i in index):
+        return tuple(index)
+    return index
+
+
 def advanced_index(index: Any) -> tuple | None:
-    """index as a NumPy index when it holds arrays, lists, bool or tensors beyond 0-d integer ones (advanced
-    indexing, which copies); None when it is a basic index (a view)."""
+    """index as a NumPy index when it holds arrays, lists or tuples, bool or tensors beyond 0-d integer ones
+    (advanced indexing, which copies); None when it is a basic index (a view)."""
     items = index if isinstance(index, tuple) else (index,)
     for item in items:
         if isinstance(item, _Tensor):
             if item.ndim or not (DTYPES[item._dtype_code].name.startswith("int")):
                 break
-        elif isinstance(item, (list, np.ndarray, bool, np.bool_)):
+        elif isinstance(item, (list, tuple, np.ndarray, bool, np.bool_)):
             break
     else:
         return None
@@ -1368,7 +1441,7 @@ def ints_first(index: Any) -> tuple[tuple, tuple] | None:
 def _check_masks(shape: tuple, index: tuple) -> None:
     """Fails for a bool mask of other sizes than the dimensions it indexes, as PyTorch does (NumPy takes an empty
     one for a dimension of any size)."""
-    items = [np.asarray(i) if isinstance(i, list) else i for i in index]
+    items = [np.asarray(i) if isinstance(i, (list, tuple)) else i for i in index]
 
     def span(i):  # the dimensions item i indexes
         if i is None or isinstance(i, (bool, np.bool_)):
@@ -1397,13 +1470,21 @@ def getitem(input: Tensor, index: tuple) -> Tensor:
 
 
 def setitem(input: Tensor, index: tuple, value: Any) -> None:
-    """input[index] = value for an advanced (NumPy) index, written into input's memory. The values convert to
-    input's dtype as basic-index assignment converts them: numbers checked as fill_ checks them, tensors and
-    arrays by the casts' rules (tensors.md)."""
+    """input[index] = value for an advanced (NumPy) index, written into input's memory. Numbers are checked as fill_
+    checks them, arrays and lists convert by the casts' rules (tensors.md); a tensor of another dtype is refused, as
+    PyTorch's index_put_ refuses it, but for one value written by a mask (PyTorch's masked_fill_ then)."""
     _check_masks(tuple(input.shape), index)
+    if isinstance(value, _Tensor) and value.dtype is not input.dtype:
+        arrays = [i for i in index if isinstance(i, (np.ndarray, list, tuple))]
+        by_mask = len(arrays) == 1 and np.asarray(arrays[0]).dtype == bool and np.ndim(arrays[0])
+        if arrays and not (by_mask and value.numel() == 1):
+            raise TypeError(f"index put requires the source and destination dtypes to match, as in PyTorch: got "
+                            f"{input.dtype.name} for the destination and {value.dtype.name} for the source")
     if isinstance(value, np.ndarray):
         value = _C.from_numpy(value)
     elif not isinstance(value, _Tensor):
+        if isinstance(value, _SCALARS):
+            checked_number(value, input.dtype)
         value = _C.tensor_from_data(value, input.dtype._code)
     value = value.to(input.dtype)._host_array()
     if not input.is_cuda and input.dtype is not _BFLOAT16 and not input._readonly:
@@ -1499,7 +1580,14 @@ def logical_not(input: Tensor) -> Tensor:
 
 def lerp(input: Tensor, end: Operand, weight: Operand) -> Tensor:
     """input + weight * (end - input) where |weight| < 0.5, else end - (end - input) * (1 - weight): torch.lerp's two
-    forms, exact at both ends (a weight of 1 gives end, an infinite end too)."""
+    forms, exact at both ends (a weight of 1 gives end, an infinite end too). Of floating tensors: end (a tensor)
+    and a weight of dimensions must have input's dtype, as in PyTorch."""
+    if not isinstance(input, _Tensor) or not input.dtype.is_floating_point:
+        got = input.dtype.name if isinstance(input, _Tensor) else type(input).__name__
+        raise TypeError(f"lerp: expected a floating point tensor, got {got}")
+    for name, x in (("end", end), ("weight", weight)):
+        if isinstance(x, _Tensor) and x.dtype is not input.dtype and (name == "end" or x.ndim):
+            raise TypeError(f"lerp: expected dtype {input.dtype.name} for `{name}` but got dtype {x.dtype.name}")
     operands, out = (input, end, weight), result_type(input, end, weight)
     if out.is_floating_point and builtins.any(isinstance(x, _C.TensorBase) and x.dtype.is_floating_point and
                                               x.dtype.itemsize == 2 for x in operands):
@@ -1590,9 +1678,9 @@ def median(input: Tensor, dim: int | None = None, keepdim: bool = False) -> Tens
     if a.shape[d] == 0:
         raise IndexError(f"median(): Expected reduction dim {d} to have non-zero size.")
     order = np.argsort(a, axis=d, kind="stable")
-    n = a.shape[d]
-    at = np.where(np.isnan(a).any(axis=d, keepdims=True), n - 1, (n - 1) // 2)
-    indices = np.take_along_axis(order, at, axis=d)
+    middle = np.take_along_axis(order, np.full((1,) * a.ndim, (a.shape[d] - 1) // 2), axis=d)
+    nan = np.isnan(a)
+    indices = np.where(nan.any(axis=d, keepdims=True), np.argmax(nan, axis=d, keepdims=True), middle)  # first NaN
     values = np.take_along_axis(a, indices, axis=d)
     if not keepdim:
         values, indices = values.squeeze(d), indices.squeeze(d)
@@ -1614,6 +1702,8 @@ def quantile(input: Tensor, q: float | Tensor, dim: int | None = None, keepdim: 
     if qs.ndim > 1 or np.any((qs < 0) | (qs > 1)):
         raise ValueError("quantile: q must be a scalar or 1-d with values in [0, 1]")
     axis = None if dim is None else _norm_dim(dim, input.ndim, "quantile: dim")
+    if not input.ndim:  # dim 0 (or -1) of a 0-d tensor: its one value
+        axis = None
     if (input.numel() if axis is None else input.shape[axis]) == 0:
         raise ValueError("quantile: the values to take quantiles of are empty")
     return _apply("quantile", lambda a: np.quantile(a, qs, axis=axis, keepdims=keepdim, method=interpolation),
@@ -1766,7 +1856,9 @@ def index_select(input: Tensor, dim: int, index: Tensor) -> Tensor:
 
 def index_add(input: Tensor, dim: int, index: Tensor, source: Tensor, *, alpha: Operand = 1) -> Tensor:
     """A copy of input with alpha * source's entries along dim added at index (a 1-d integer tensor; repeated
-    entries add up), in input's dtype, as torch.index_add."""
+    entries add up), as torch.index_add: source of input's dtype."""
+    if source.dtype is not input.dtype:
+        raise TypeError(f"index_add: expected source of input's dtype {input.dtype.name}, got {source.dtype.name}")
     d = _norm_dim(dim, input.ndim, "index_add: dim")
     i = _index_vector("index_add", index)
     size = input.shape[d] if input.ndim else 1
@@ -1781,7 +1873,7 @@ def index_add(input: Tensor, dim: int, index: Tensor, source: Tensor, *, alpha: 
         out = a.copy()
         np.add.at(np.moveaxis(out, d, 0), i, np.moveaxis(s, d, 0) * alpha)
         return out
-    return _apply("index_add", added, [input, source], result_type(input, source), input.dtype)
+    return _apply("index_add", added, [input, source], input.dtype, input.dtype)
 
 
 def masked_select(input: Tensor, mask: Tensor) -> Tensor:
@@ -1794,13 +1886,19 @@ def masked_select(input: Tensor, mask: Tensor) -> Tensor:
 
 
 def _scattered(name, input, dim, index, src, add_at):
+    """scatter or scatter_add (add_at) of src (a tensor of input's dtype, or a number), 0-d tensors taken as 1-d,
+    as PyTorch's."""
     d = _norm_dim(dim, input.ndim, f"{name}: dim")
-    if not isinstance(index, _Tensor) or index.dtype is not _INT64 or index.ndim != input.ndim:
+    if not isinstance(index, _Tensor) or index.dtype is not _INT64 or builtins.max(index.ndim, 1) != \
+            builtins.max(input.ndim, 1):
         raise TypeError(f"{name}: index must be an int64 tensor with as many dimensions as input")
-    i = index._host_array()
-    if i.size and (i.min() < 0 or i.max() >= input.shape[d]):
-        raise IndexError(f"{name}: index out of range for dimension {d} of size {input.shape[d]}")
-    if builtins.any(n > m for k, (n, m) in enumerate(zip(i.shape, input.shape)) if k != d):
+    if isinstance(src, _Tensor) and src.dtype is not input.dtype:
+        raise TypeError(f"{name}: expected src of input's dtype {input.dtype.name}, got {src.dtype.name}")
+    shape = input.shape or (1,)
+    i = index._host_array().reshape(index.shape or (1,))
+    if i.size and (i.min() < 0 or i.max() >= shape[d]):
+        raise IndexError(f"{name}: index out of range for dimension {d} of size {shape[d]}")
+    if builtins.any(n > m for k, (n, m) in enumerate(zip(i.shape, shape)) if k != d):
         raise ValueError(f"{name}: index of shape {tuple(i.shape)} is larger than input {tuple(input.shape)} outside "
                          f"dimension {d}")
     values = np.asarray(_array(src, input.dtype))
@@ -1808,14 +1906,14 @@ def _scattered(name, input, dim, index, src, add_at):
         if builtins.any(n > m for n, m in zip(i.shape, values.shape)):
             raise ValueError(f"{name}: index of shape {tuple(i.shape)} is larger than src {tuple(values.shape)}")
         values = values[tuple(slice(n) for n in i.shape)]
-    out = np.array(_array(input, input.dtype))
+    out = np.array(_array(input, input.dtype)).reshape(shape)
     where_ = tuple(i if k == d else np.arange(n).reshape([-1 if j == k else 1 for j in range(i.ndim)])
                    for k, n in enumerate(i.shape))
     if add_at:
         np.add.at(out, where_, np.broadcast_to(values, i.shape))
     else:
         out[where_] = np.broadcast_to(values, i.shape)
-    return _result(out, input.dtype, input.device)
+    return _result(out.reshape(input.shape), input.dtype, input.device)
 
 
 def scatter(input: Tensor, dim: int, index: Tensor, src: Operand = None, *, value: Operand = None) -> Tensor:

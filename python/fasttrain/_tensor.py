@@ -223,6 +223,7 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
                      "F.embedding(ids, table)) or a 1-d tensor (per-class values at the labels)")
             from .nn import functional as F
             return F.embedding(index, self)
+        index = _math.sequence_as_tuple(index)
         advanced = _math.advanced_index(index)
         if advanced is not None:  # masks and integer arrays: a copy, as in NumPy and PyTorch
             from .nn.graph import Gathered, uses_trainable
@@ -283,6 +284,7 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
             from .nn.graph import refuse_assignment
             refuse_assignment()
         _refuse_traced_write(self, "x[...] = v")
+        index = _math.sequence_as_tuple(index)
         advanced = _math.advanced_index(index)
         if advanced is not None:
             split = _math.ints_first(index)
@@ -292,7 +294,7 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
             return _math.setitem(self, advanced, value)
         view = self[index]
         if isinstance(value, (int, float, bool, np.number, np.bool_)):
-            view.fill_(value)
+            view._fill(value)  # converted as a copy converts it: t[0] = 1e6 of float16 is inf, as in PyTorch
             return
         lead = len(value.shape) - view.ndim if hasattr(value, "shape") else 0
         if lead > 0 and all(n == 1 for n in value.shape[:lead]):  # leading 1s drop, as PyTorch's t[i] = [[v]]
@@ -423,14 +425,14 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
         return traced if traced is not None else self._to(self._dtype_code, *self._device_tuple, False, False, False)
 
     def is_contiguous(self, memory_format: str = "contiguous") -> _bool:
-        """Whether the memory is C-contiguous, or with memory_format=ft.channels_last a 4-d tensor's dimensions lie
-        as (N, H, W, C)."""
+        """Whether the memory is C-contiguous (an empty tensor always is, as in PyTorch: no element is out of place),
+        or with memory_format=ft.channels_last a 4-d tensor's dimensions lie as (N, H, W, C)."""
         from ._types import check_memory_format
         if check_memory_format("is_contiguous", memory_format) != "channels_last":
-            return _C.TensorBase.is_contiguous(self)
+            return self.numel() == 0 or _C.TensorBase.is_contiguous(self)
         if self.ndim != 4:
             raise ValueError(f"memory_format=channels_last applies to 4-d tensors, got {self.ndim}-d")
-        return self.permute(0, 2, 3, 1).is_contiguous()
+        return _C.TensorBase.is_contiguous(self.permute(0, 2, 3, 1))
 
     # ---- copies and conversions ----
     def clone(self) -> Tensor:
@@ -453,10 +455,13 @@ class Tensor(_C.TensorBase, metaclass=_TensorType):
         return self._copy_from(src, non_blocking)
 
     def fill_(self, value: _bool | _int | _float | Tensor) -> Tensor:
-        """Sets every element to value (a number or a one-element tensor) in place; returns self."""
+        """Sets every element to value (a number or a one-element tensor) in place; returns self. A number the dtype
+        cannot hold fails, as in PyTorch (a tensor's value converts as copies do)."""
         _refuse_traced_write(self, "fill_")
         if isinstance(value, _C.TensorBase):
             value = value.item()
+        else:
+            _math.checked_number(value, self.dtype)
         return self._fill(value)
 
     def zero_(self) -> Tensor:
