@@ -177,6 +177,10 @@ def test_bad_arguments():
     assert scaler.state_dict() == state
     scaler.load_state_dict(dict(state, growth_interval=np.int64(7)))
     assert scaler.state_dict()["growth_interval"] == 7
+    for name in ("scale", "step", "update", "unscale_"):  # torch's hand-written loop: the program does it
+        with pytest.raises(AttributeError, match=f"GradScaler.{name}: a compiled program scales its own backward"):
+            getattr(scaler, name)
+    assert not hasattr(scaler, "no_such_method")
 
 
 @pytest.mark.parametrize("loop", ["c_loader", "python"])

@@ -144,6 +144,13 @@ class GradScaler:
         else:
             self._state = new
 
+    def __getattr__(self, name):
+        if name in ("scale", "step", "update", "unscale_"):  # torch's loop: scaler.scale(loss).backward() ...
+            raise AttributeError(f"GradScaler.{name}: a compiled program scales its own backward and steps its "
+                                 "optimizer, so the loop has nothing to scale: compile(..., grad_scaler=scaler), then "
+                                 "train_step or ft.fit (docs/precision.md)")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
 
 def _count(value):
     """An integer count of a state_dict: an int (or an integral tensor or NumPy value) as it is."""
