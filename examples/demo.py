@@ -96,7 +96,7 @@ def main():
         when = f"{sum(history['seconds'][:reached[0] + 1]):.1f} s of training (epoch {reached[0] + 1})" \
             if reached else "not reached"
         print(f"time to {100 * target:.0f}%: {when}")
-    ft.save(os.path.join(args.out, "demo.safetensors"), program, scheduler=sched, epoch=args.epochs)
+    ft.save(os.path.join(args.out, "demo.safetensors"), program, scheduler=sched, loader=train, epoch=args.epochs)
     print(f"checkpoint: {os.path.join(args.out, 'demo.safetensors')}")
     plot(history, os.path.join(args.out, "demo_curve.png"))
     print(json.dumps({"name": "demo", "test_accuracy": round(acc, 4), "train_seconds": round(seconds, 2),
