@@ -2759,6 +2759,7 @@ def test_layers_take_their_inputs_by_pytorchs_names():
     layer = nn.Linear(3, 4)
     np.testing.assert_array_equal(nn.Sequential(layer, nn.GELU())(input=x).numpy(),
                                   F.gelu(layer(x)).numpy())
+    assert nn.Identity(54, unused="argument")(x) is x  # its arguments taken and ignored, as torch's
 
 
 def test_clone_new_tensors_and_like_constants_of_traced_values():

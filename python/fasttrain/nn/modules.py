@@ -2062,9 +2062,13 @@ class Flatten(Module):
 
 
 class Identity(Module):
-    """Returns its input unchanged, as torch.nn.Identity (a placeholder layer)."""
+    """Returns its input unchanged, as torch.nn.Identity (a placeholder layer), whose arguments it takes and ignores
+    (nn.Identity(54, unused=...) stands in for a layer of those arguments)."""
 
     _leaf = True
+
+    def __init__(self, *args, **kwargs):
+        super().__init__()
 
     def forward(self, input):
         return input
