@@ -205,6 +205,24 @@ def test_clip_grad_value_and_parameter_vectors():
         nn.utils.vector_to_parameters(ft.zeros(9), [a, b])
 
 
+def test_clip_grad_value_between_a_programs_backward_and_step_clips_its_update():
+    """PyTorch's loop of value clipping, with a compiled program: backward, clip_grad_value_ on the .grad views of
+    the program's gradients, then the optimizer's step, which reads them clipped."""
+    rng = np.random.default_rng(4)
+    x, y = rng.standard_normal((8, 5)).astype(np.float32) * 20, np.arange(8) % 3
+    model = nn.Linear(5, 3)
+    opt = ft.optim.SGD(model.parameters(), lr=0.5)
+    program = model.compile(opt, nn.CrossEntropyLoss(), batch_size=8, input_shape=(5,))
+    before = [p.numpy().copy() for p in model.parameters()]
+    program.backward(x, y)
+    grads = [p.grad.numpy().copy() for p in model.parameters()]
+    assert max(np.abs(g).max() for g in grads) > 0.1  # so that the clip below changes some
+    nn.utils.clip_grad_value_(model.parameters(), 0.1)
+    opt.step()
+    for p, w, g in zip(model.parameters(), before, grads):
+        np.testing.assert_allclose(p.numpy(), w - 0.5 * np.clip(g, -0.1, 0.1), rtol=1e-6, atol=1e-7)
+
+
 def test_eye_and_dirac_initialise_identities():
     w = nn.init.eye_(ft.empty(3, 5))
     np.testing.assert_array_equal(w.numpy(), np.eye(3, 5))
