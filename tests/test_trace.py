@@ -4267,3 +4267,34 @@ def test_half_bfloat16_and_double_of_traced_values_are_the_value():
                       batch_size=4, input_shape=(3,))
         losses.append(p.backward(x, y))
     assert losses[0] == losses[1] == losses[2]
+
+
+def test_logsumexp_of_traced_values_with_masked_and_infinite_entries():
+    """logsumexp over scores with a masked entry far below the others (-1e9 at the first index, which
+    x - log_softmax(x) there cancelled), a row of -inf and a +inf: the eager values, and the gradient softmax(x)."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, 2, 4)).astype(np.float32)
+    masks = [np.array([[True, False, False, False], [False, False, True, False]]),
+             np.array([[True, True, True, True], [False, False, False, False]])]
+
+    class Lse(nn.Module):
+        def __init__(self, mask, fill):
+            super().__init__()
+            self.lin, self.mask, self.fill = nn.Linear(4, 4), ft.tensor(mask), fill
+
+        def forward(self, x):
+            return ft.logsumexp(self.lin(x).masked_fill(self.mask, self.fill), 2)
+
+    for mask, fill in ((masks[0], -1e9), (masks[0], float("-inf")), (masks[1], float("-inf")),
+                       (masks[0], float("inf"))):
+        m = Lse(mask, fill)
+        want = m(ft.tensor(x)).numpy()
+        p = m.compile(ft.optim.SGD(m.parameters(), lr=0.1), lambda o, t: o.sum(), batch_size=3, input_shape=(2, 4),
+                      target_shape=(), target_dtype=ft.float32)
+        np.testing.assert_allclose(p.predict(x).numpy(), want, rtol=1e-6, atol=1e-6)
+        if np.isfinite(want).all():  # d(sum of lse)/d(bias) = the softmax rows summed
+            p.backward(x, np.zeros(3, np.float32))
+            s = m.lin(ft.tensor(x)).masked_fill(m.mask, fill).numpy()
+            soft = np.exp(s - s.max(-1, keepdims=True))
+            soft /= soft.sum(-1, keepdims=True)
+            np.testing.assert_allclose(m.lin.bias.grad.numpy(), soft.sum((0, 1)), rtol=1e-5, atol=1e-6)

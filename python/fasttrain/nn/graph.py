@@ -1243,12 +1243,15 @@ class Symbolic:
         return out._renamed() if out is self else out
 
     def logsumexp(self, dim, keepdim=False):
-        """Records log(sum(exp(x))) over one dimension (not the batch) as x - log_softmax(x) at its first index:
-        exact, and stable for large values."""
-        nd = len(self.node.shape)
-        d = _dim(dim, nd)
-        first = (self - self.log_softmax(dim))[(slice(None),) * (d + 1) + (slice(0, 1),)]
-        return first if keepdim else first.squeeze(d + 1)
+        """Records log(sum(exp(x))) over one dimension (not the batch) as m + log(sum(exp(x - m))), m the largest
+        value (through which no gradient passes: the gradient is softmax(x)), held finite so that a row of -inf
+        gives -inf and a +inf gives +inf, as PyTorch's: stable for large values, and for entries far below the others
+        (a masked score of -1e9, which x - log_softmax(x) at a fixed index cancelled)."""
+        _dim(dim, len(self.node.shape))
+        big = 3.4028234663852886e38  # float32's largest
+        m = self.amax(dim, keepdim=True).detach().clamp(-big, big)
+        out = m + (self - m).exp().sum(dim, keepdim=True).log()
+        return out if keepdim else out.squeeze(dim)
 
     @property
     def dtype(self):
