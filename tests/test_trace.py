@@ -4298,3 +4298,31 @@ def test_logsumexp_of_traced_values_with_masked_and_infinite_entries():
             soft = np.exp(s - s.max(-1, keepdims=True))
             soft /= soft.sum(-1, keepdims=True)
             np.testing.assert_allclose(m.lin.bias.grad.numpy(), soft.sum((0, 1)), rtol=1e-5, atol=1e-6)
+
+
+def test_a_constant_bool_mask_in_arithmetic_and_a_choice_by_it_between_traced_values():
+    """A bool tensor the same for every sample multiplies as its 0 and 1 (it compiled, then every step failed in
+    the mul node), and ft.where of two traced values by it selects: an infinite value on the side not chosen (a
+    score masked to -inf) leaves the chosen value, not NaN (it was their sum of products with 0 and 1)."""
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    keep = rng.random((3, 4)) < 0.5
+
+    class Masked(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+            self.register_buffer("keep", ft.tensor(keep))
+
+        def forward(self, x):
+            h = self.lin(x)
+            scores = h.masked_fill(~self.keep, float("-inf"))  # -inf where not kept
+            return h * self.keep + ft.where(self.keep, scores, h * 2.0)
+
+    m = Masked()
+    want = m(ft.tensor(x)).numpy()
+    assert np.isfinite(want).all()
+    p = m.compile(ft.optim.SGD(m.parameters(), lr=0.1), nn.MSELoss(), batch_size=2, input_shape=(3, 4))
+    np.testing.assert_allclose(p.predict(x).numpy(), want, rtol=1e-6, atol=1e-6)
+    y = np.zeros((2, 3, 4), np.float32)
+    np.testing.assert_allclose(p.backward(x, y), float((want ** 2).mean()), rtol=1e-5)

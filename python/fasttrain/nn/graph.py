@@ -2778,6 +2778,9 @@ def constant(t, like_shape):
     p = _viewed_parameter(t)
     if p is None:
         _note_watched([t])
+        if t.dtype.name == "bool":  # in arithmetic as its 0 and 1, as PyTorch promotes it: a copy, so the buffer
+            _note_buffers([t])     # it may be is watched for changes after compile
+            t = t.float()
     rank = len(_sample_shape(t))
     while t.ndim > rank:  # leading size-1 dimensions broadcast
         t = t.squeeze(0)
@@ -3037,8 +3040,9 @@ def _sample_mask(mask, shape):
 def where(condition, input, other):
     """input where condition (a bool tensor, the same for every sample, or a mask computed from traced values)
     holds, else other. With a tensor condition, a traced operand and a number are a masked fill of the number by
-    the condition as a constant; otherwise each traced operand is multiplied by its positions' 0/1 mask, each
-    constant operand written where it is chosen and 0 elsewhere (no product with an infinite constant)."""
+    the condition as a constant; otherwise each traced operand is 0 where it is not chosen (a masked fill, so that
+    an infinite value there does not become NaN), each constant operand written where it is chosen and 0
+    elsewhere, and the two added."""
     from .._C import TensorBase
     from .. import _math
     chosen = (condition, input, other)
@@ -3064,10 +3068,13 @@ def where(condition, input, other):
                 return Symbolic.record(_layers().MaskedFill(float(fill), mask), [value], value.node.shape)
     parts = []
     for value, chosen in ((input, condition), (other, ~condition)):
-        if isinstance(value, Symbolic):
-            parts.append(value * _math.where(chosen, 1.0, 0.0))
-        else:
+        if not isinstance(value, Symbolic):
             parts.append(_math.where(chosen, value, 0.0))
+            continue
+        # 0 written where not chosen, selected (an infinite value there must not turn the sum into NaN)
+        off = _sample_mask(~chosen, value.node.shape) if value.node.shape is not None else None
+        parts.append(Symbolic.record(_layers().MaskedFill(0.0, off), [value], value.node.shape) if off is not None
+                     else value * _math.where(chosen, 1.0, 0.0))
     return parts[1] + parts[0] if isinstance(parts[1], Symbolic) else parts[0] + parts[1]
 
 
