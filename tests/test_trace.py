@@ -4326,3 +4326,17 @@ def test_a_constant_bool_mask_in_arithmetic_and_a_choice_by_it_between_traced_va
     np.testing.assert_allclose(p.predict(x).numpy(), want, rtol=1e-6, atol=1e-6)
     y = np.zeros((2, 3, 4), np.float32)
     np.testing.assert_allclose(p.backward(x, y), float((want ** 2).mean()), rtol=1e-5)
+
+
+def test_elu_selu_and_celu_pass_alphas_gradient_at_zero():
+    """At an input of exactly 0 (a zero-initialised layer's output: LoRA's B, ReZero) ELU's derivative is alpha, as
+    PyTorch's (SELU's scale * alpha, CELU's 1), not 0: such a layer trains."""
+    x = np.random.default_rng(7).standard_normal((3, 4)).astype(np.float32)
+    for act, slope in ((F.elu, 1.0), (lambda h: F.elu(h, 0.5), 0.5), (F.selu, 1.0507009873554805 * 1.6732632423543772),
+                       (lambda h: F.celu(h, 2.0), 1.0)):
+        m = nn.Linear(4, 2)
+        m.weight.zero_(), m.bias.zero_()
+        p = m.compile(ft.optim.SGD(m.parameters(), lr=0.1), lambda o, t: act(o).sum(), batch_size=3, input_shape=(4,),
+                      target_shape=(), target_dtype=ft.float32)
+        p.backward(x, np.zeros(3, np.float32))
+        np.testing.assert_allclose(m.bias.grad.numpy(), [3 * slope] * 2, rtol=1e-6)

@@ -435,8 +435,10 @@ def relu6(input, inplace=False):
 
 
 def elu(input, alpha=1.0, inplace=False):
-    """input where positive, alpha (exp(input) - 1) elsewhere: relu(x) + alpha (exp(min(x, 0)) - 1)."""
-    return _result(input, input.relu() + alpha * (input.clamp(max=0.0).exp() - 1.0), inplace)
+    """input where positive, alpha (exp(input) - 1) elsewhere, as torch's: the gradient at 0 is alpha's side (a
+    zero-initialised layer before an ELU trains; relu and a clamp at 0 gave 0 there). The exponential reads
+    min(x, 1), finite where it is not chosen."""
+    return _result(input, _math.where(input > 0, input, alpha * (input.clamp(max=1.0).exp() - 1.0)), inplace)
 
 
 def normalize(input, p=2.0, dim=1, eps=1e-12):
