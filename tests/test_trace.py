@@ -4203,7 +4203,7 @@ def test_max_and_min_of_a_traced_value_and_another_are_maximum_and_minimum():
 
         def forward(self, x):
             h = ft.max(self.a(x), ft.zeros_like(self.a(x)))
-            return ft.min(h, self.b(x)).max(ft.full((3,), -0.5))
+            return ft.min(ft.full((3,), 2.0), ft.min(h, self.b(x)).max(ft.full((3,), -0.5)))  # a tensor first too
 
     x, y = np.random.default_rng(1).standard_normal((8, 4)).astype(np.float32), np.arange(8) % 3
     m = Clipped()

@@ -2095,8 +2095,9 @@ _TRACED = {
     "square": lambda x: x.square(), "logsumexp": lambda x, dim, keepdim=False: x.logsumexp(dim, keepdim),
     "where": lambda condition, input, other: _traced_where(condition, input, other),
     "masked_fill": lambda input, mask, value: input.masked_fill(mask, value),
-    "max": lambda x, dim=None, keepdim=False: x.max(dim, keepdim),
-    "min": lambda x, dim=None, keepdim=False: x.min(dim, keepdim),
+    # ft.max(tensor, traced) is the traced value's maximum with the tensor (x.max would come back here)
+    "max": lambda x, dim=None, keepdim=False: dim.maximum(x) if isinstance(x, _C.TensorBase) else x.max(dim, keepdim),
+    "min": lambda x, dim=None, keepdim=False: dim.minimum(x) if isinstance(x, _C.TensorBase) else x.min(dim, keepdim),
     "amax": lambda x, dim=(), keepdim=False: x.amax(dim, keepdim),
     "amin": lambda x, dim=(), keepdim=False: x.amin(dim, keepdim),
     "norm": lambda x, p="fro", dim=None, keepdim=False, dtype=None: x.norm(p, dim, keepdim),
