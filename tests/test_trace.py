@@ -4285,6 +4285,18 @@ def test_logsumexp_of_traced_values_with_masked_and_infinite_entries():
         def forward(self, x):
             return ft.logsumexp(self.lin(x).masked_fill(self.mask, self.fill), 2)
 
+    class Lse2(nn.Module):  # over two dimensions (a tuple), kept
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.lin(x).logsumexp((1, -1), keepdim=True) + self.lin(x).logsumexp((-1,)).unsqueeze(-1)
+
+    m = Lse2()
+    p = m.compile(ft.optim.SGD(m.parameters(), lr=0.1), lambda o, t: o.sum(), batch_size=3, input_shape=(2, 4),
+                  target_shape=(), target_dtype=ft.float32)
+    np.testing.assert_allclose(p.predict(x).numpy(), m(ft.tensor(x)).numpy(), rtol=1e-6, atol=1e-6)
     for mask, fill in ((masks[0], -1e9), (masks[0], float("-inf")), (masks[1], float("-inf")),
                        (masks[0], float("inf"))):
         m = Lse(mask, fill)

@@ -1243,15 +1243,17 @@ class Symbolic:
         return out._renamed() if out is self else out
 
     def logsumexp(self, dim, keepdim=False):
-        """Records log(sum(exp(x))) over one dimension (not the batch) as m + log(sum(exp(x - m))), m the largest
+        """Records log(sum(exp(x))) over dimensions (not the batch) as m + log(sum(exp(x - m))), m the largest
         value (through which no gradient passes: the gradient is softmax(x)), held finite so that a row of -inf
         gives -inf and a +inf gives +inf, as PyTorch's: stable for large values, and for entries far below the others
         (a masked score of -1e9, which x - log_softmax(x) at a fixed index cancelled)."""
-        _dim(dim, len(self.node.shape))
+        dims = sorted({_dim(d, len(self.node.shape)) + 1 for d in (dim if isinstance(dim, (tuple, list)) else (dim,))})
         big = 3.4028234663852886e38  # float32's largest
-        m = self.amax(dim, keepdim=True).detach().clamp(-big, big)
-        out = m + (self - m).exp().sum(dim, keepdim=True).log()
-        return out if keepdim else out.squeeze(dim)
+        m = self.amax(tuple(dims), keepdim=True).detach().clamp(-big, big)
+        out = m + (self - m).exp().sum(tuple(dims), keepdim=True).log()
+        for d in dims[::-1] if not keepdim else ():
+            out = out.squeeze(d)
+        return out
 
     @property
     def dtype(self):
