@@ -469,8 +469,9 @@ def fit(program: Program, loader: Iterable[Any], epochs: int = 1, *, val_loader:
             program._c._check_loader()
     batches = loader._indices if isinstance(loader, _InputBatches) else loader
     if _is_c_loader(batches):  # before any step: a batch, or the epoch's last, that leaves one sample to a norm
-        program._check_split(min(batches.batch_size, batches.num_samples))
-        program._warn_split(min(batches.batch_size, batches.num_samples), 2)
+        full = min(batches.batch_size, batches.num_samples)
+        program._check_split(full)
+        program._warn_split(full, 2)
         if not batches.drop_last and batches.num_samples % batches.batch_size:
             program._check_split(batches.num_samples % batches.batch_size)
     history = History((k, []) for k in ("epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy", "lr",

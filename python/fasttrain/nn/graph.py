@@ -1248,7 +1248,8 @@ class Symbolic:
         gives -inf and a +inf gives +inf, as PyTorch's: stable for large values, and for entries far below the others
         (a masked score of -1e9, which x - log_softmax(x) at a fixed index cancelled)."""
         dims = sorted({_dim(d, len(self.node.shape)) + 1 for d in (dim if isinstance(dim, (tuple, list)) else (dim,))})
-        big = 3.4028234663852886e38  # float32's largest
+        from .._math import largest_finite
+        big = largest_finite(_dtype("float32"))
         m = self.amax(tuple(dims), keepdim=True).detach().clamp(-big, big)
         out = m + (self - m).exp().sum(tuple(dims), keepdim=True).log()
         for d in dims[::-1] if not keepdim else ():
@@ -2778,11 +2779,11 @@ def constant(t, like_shape):
     dimensions as NumPy does, with no expanded copy when it varies along the first only (a per-channel
     (C, 1, 1) scale) or, for samples that are not images, the last only (a per-feature bias)."""
     p = _viewed_parameter(t)
-    if p is None:
+    if p is None and t.dtype.name == "bool":  # in arithmetic as its 0 and 1, as PyTorch promotes it: a copy, so
+        _note_buffers([t])                     # a buffer's change after compile is named (and a watched read noted)
+        t = t.float()
+    elif p is None:
         _note_watched([t])
-        if t.dtype.name == "bool":  # in arithmetic as its 0 and 1, as PyTorch promotes it: a copy, so the buffer
-            _note_buffers([t])     # it may be is watched for changes after compile
-            t = t.float()
     rank = len(_sample_shape(t))
     while t.ndim > rank:  # leading size-1 dimensions broadcast
         t = t.squeeze(0)

@@ -297,6 +297,10 @@ def _traced(value):
     return isinstance(value, (Symbolic, Common, Gathered, MergedRows, _Refusing))
 
 
+def _tensor(value):
+    return isinstance(value, _C.TensorBase)
+
+
 def _rebound(snapshot):
     """Puts back each plain attribute a traced forward bound to a traced value or to a list, tuple or dict holding
     one (d2l's self.attention_weights, a new list of them), or filled so in place (an entry of a list); returns
@@ -329,8 +333,7 @@ def _graph(model, *args, **kwargs):
     running no Python, does not."""
     kept = [(name, t, t.clone()) for name, t in (*model.named_buffers(), *model.named_parameters())]
     attributes = _attributes(model)
-    watch([t for _, _, attrs, _ in attributes for v in attrs.values()
-           for t in _holds(v, lambda x: isinstance(x, _C.TensorBase))])
+    watch([t for _, _, attrs, _ in attributes for v in attrs.values() for t in _holds(v, _tensor)])
     try:
         out = _traced_graph(model, *args, **kwargs)
         changed = [(name, t, isinstance(t, M.Parameter) and t.requires_grad) for name, t, value in kept
@@ -341,7 +344,7 @@ def _graph(model, *args, **kwargs):
         rebound, read = _rebound(attributes), watched_read()
         watch(())
     for name, old in rebound:
-        if any(id(t) in read for t in _holds(old, lambda x: isinstance(x, _C.TensorBase))):
+        if any(id(t) in read for t in _holds(old, _tensor)):
             raise TracingError(
                 f"forward reads {name} and rebinds it to a value computed in the traced forward: a compiled step runs "
                 "no Python, so it would not carry the value to the next step (a running statistic kept by hand, an "

@@ -175,7 +175,7 @@ class RandomSampler(Sampler):
 
     def __init__(self, data_source, replacement=False, num_samples=None, generator=None):
         self.data_source, self.replacement, self.generator = data_source, _flag(replacement, "replacement"), generator
-        self._num_samples = None if num_samples is None else num_samples
+        self._num_samples = num_samples
         _count(self.num_samples, "num_samples")  # (an empty dataset's 0 too, as torch's)
 
     @property
@@ -355,27 +355,20 @@ class DataLoader:
                                          else _convert)
 
     def __len__(self):
-        if self._iterable:
-            n = len(self.dataset)
-            if self.batch_size is None:
-                return n
-            return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
-        return len(self.batch_sampler if self.batch_sampler is not None else self.sampler)
+        return len(self._jobs(range(len(self.dataset))) if self._iterable else
+                   self.batch_sampler if self.batch_sampler is not None else self.sampler)
 
-    def _jobs(self):
+    def _jobs(self, stream=None):
         """What makes each batch, in order: lists of indices (or one index, unbatched) of a map-style dataset, or
-        the lists of samples of a stream."""
+        the samples of a stream (of `stream` in place of the dataset's), in lists of batch_size unless unbatched."""
         if not self._iterable:
             return iter(self.batch_sampler if self.batch_sampler is not None else self.sampler)
-        samples = iter(self.dataset)
-        if self.batch_size is None:
-            return ([s] for s in samples)
-        return (b for b in iter(lambda: list(itertools.islice(samples, self.batch_size)), [])
-                if len(b) == self.batch_size or not self.drop_last)
+        samples = iter(self.dataset) if stream is None else stream
+        return samples if self.batch_size is None else BatchSampler(samples, self.batch_size, self.drop_last)
 
     def _batch(self, job):
         if self._iterable:
-            return self.collate_fn(job if self.batch_size is not None else job[0])
+            return self.collate_fn(job)
         if self.batch_sampler is None:
             return self.collate_fn(self.dataset[job])
         return self.collate_fn([self.dataset[i] for i in job])
